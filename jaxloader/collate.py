@@ -1,0 +1,202 @@
+"""Batch layout and stacking of records into a given buffer.
+
+::
+
+    records ─┐                       ┌─> Layout (treedef, per-leaf path/shape/dtype/offset)
+             ├─ columns (one a leaf) ┤
+    batch  ──┘  (validated)          └─> write into buffer (one copy) ─> NumPy views, zero copy
+
+A *column* holds one leaf of the batch: either the per-record values still to stack, or an
+already-batched array (from a vectorised ``__getitems__``). Columns are validated before anything
+is written: every record must have the same structure, and each leaf the same shape and dtype, or
+a ``CollateError`` names the leaf path, both shapes/dtypes and the record positions.
+
+Numeric leaves go into one flat byte buffer, each at a 64-byte aligned offset; object leaves
+(strings, bytes, arbitrary objects) cannot live in shared memory and travel beside it.
+
+Example:
+    >>> records = [{"x": np.zeros(3, np.float32), "y": i} for i in range(4)]
+    >>> batch, layout = collate(records)
+    >>> batch["x"].shape, batch["y"].tolist(), layout.nbytes
+    ((4, 3), [0, 1, 2, 3], 128)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from jaxloader import tree as tree_lib
+from jaxloader.errors import CollateError
+
+_ALIGN = 64  # bytes: cache-line alignment of every leaf in a buffer
+
+
+class LeafSpec(NamedTuple):
+    """One leaf of a batch: its path, full batch shape, dtype and byte offset in the buffer."""
+
+    path: str
+    shape: tuple
+    dtype: np.dtype
+    offset: int  # -1 for object leaves, which do not live in the buffer
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class Layout(NamedTuple):
+    """Tree structure, shapes and dtypes of a batch: plain data that crosses processes."""
+
+    treedef: tree_lib.TreeDef
+    leaves: tuple[LeafSpec, ...]
+    nbytes: int
+
+    def views(self, buffer: Any, objects: list | None = None) -> Any:
+        """The batch as NumPy arrays over ``buffer`` (no copy); object leaves from ``objects``."""
+        objs = iter(objects or ())
+        arrays = [
+            next(objs) if spec.offset < 0
+            else np.ndarray(spec.shape, spec.dtype, buffer=buffer, offset=spec.offset)
+            for spec in self.leaves
+        ]
+        return tree_lib.unflatten(self.treedef, arrays)
+
+
+class _Column(NamedTuple):
+    path: str
+    shape: tuple  # of the whole batch leaf
+    dtype: np.dtype
+    values: Any  # list of per-record values to stack, or an ndarray already batched
+
+
+def _record_column(path: str, values: list, positions: Any) -> _Column:
+    first = values[0]
+    n = len(values)
+    if isinstance(first, (np.ndarray, np.generic)):
+        try:
+            signatures = {(v.shape, v.dtype) for v in values}
+        except AttributeError:
+            signatures = set()
+        if len(signatures) != 1 or not all(isinstance(v, (np.ndarray, np.generic)) for v in values):
+            _raise_leaf_mismatch(path, values, positions)
+        return _Column(path, (n, *first.shape), first.dtype, values)
+    if isinstance(first, (bool, int, float, complex)):
+        if len({type(v) for v in values}) != 1:
+            _raise_leaf_mismatch(path, values, positions)
+        array = np.asarray(values)
+        return _Column(path, array.shape, array.dtype, array)
+    # Strings, bytes and other objects: an object array, one entry a record.
+    array = np.empty(n, dtype=object)
+    for j, v in enumerate(values):  # item by item: NumPy must not broadcast into the objects
+        array[j] = v
+    return _Column(path, (n,), array.dtype, array)
+
+
+def _raise_leaf_mismatch(path: str, values: list, positions: Any) -> None:
+    def describe(v: Any) -> str:
+        if isinstance(v, (np.ndarray, np.generic)):
+            return f"shape {v.shape} dtype {v.dtype}"
+        return f"{type(v).__name__} {v!r:.40}"
+
+    where = (lambda j: f"record position {positions[j]}") if positions is not None else (
+        lambda j: f"item {j}"
+    )
+    first = describe(values[0])
+    for j, v in enumerate(values):
+        if describe(v) != first:
+            raise CollateError(
+                f"batch leaf {path}: records differ: {where(0)} has {first}, {where(j)} has "
+                f"{describe(v)}; make every record's leaf the same shape and dtype (pad or crop "
+                "in a Map), or use batch_size=1"
+            )
+    raise CollateError(f"batch leaf {path}: records differ in type")
+
+
+def record_columns(records: list, positions: Any = None) -> tuple[tree_lib.TreeDef, list[_Column]]:
+    """Validated columns of a list of records (``positions[j]`` names ``records[j]``)."""
+    if not records:
+        raise CollateError("collate: expected at least one record, got an empty list")
+    treedef = tree_lib.structure(records[0])
+    paths = tree_lib.leaf_paths(treedef)
+    values = tree_lib.gather(records, treedef, positions)
+    return treedef, [_record_column(p, v, positions) for p, v in zip(paths, values)]
+
+
+def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[_Column]]:
+    """Validated columns of an already batched tree whose leaves have ``size`` rows."""
+    leaves, treedef = tree_lib.flatten(batch)
+    columns = []
+    for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
+        array = np.asarray(leaf)
+        if array.ndim == 0 or array.shape[0] != size:
+            raise CollateError(
+                f"batch leaf {path}: expected {size} rows (the batch size) along axis 0, got "
+                f"shape {array.shape}; a batch transform or __getitems__ must keep the batch axis"
+            )
+        columns.append(_Column(path, array.shape, array.dtype, array))
+    return treedef, columns
+
+
+def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarray) -> tuple:
+    """Appends ``array`` as leaf ``key`` of a dict batch (used for the pad mask)."""
+    if treedef[0] != "dict":
+        raise CollateError(
+            f"last_batch='pad' adds a {key!r} leaf to each batch, so records must be dicts; got "
+            f"{tree_lib._describe(treedef)}; return a dict from a Map, or use last_batch='drop'"
+        )
+    if key in treedef[1]:
+        raise CollateError(
+            f"last_batch='pad' adds the leaf {key!r}, but records already have a key {key!r}; "
+            "pass another mask_key= to the DataLoader"
+        )
+    new_def = ("dict", (*treedef[1], key), (*treedef[2], tree_lib.LEAF))
+    return new_def, [*columns, _Column(f"[{key!r}]", array.shape, array.dtype, array)]
+
+
+def layout_of(treedef: tree_lib.TreeDef, columns: list) -> Layout:
+    """Places numeric leaves at aligned offsets; object leaves get offset -1."""
+    specs, offset = [], 0
+    for c in columns:
+        if c.dtype.hasobject:
+            specs.append(LeafSpec(c.path, c.shape, c.dtype, -1))
+            continue
+        specs.append(LeafSpec(c.path, c.shape, c.dtype, offset))
+        offset += -(-specs[-1].nbytes // _ALIGN) * _ALIGN
+    return Layout(treedef, tuple(specs), offset)
+
+
+def materialize(
+    treedef: tree_lib.TreeDef, columns: list, alloc: Callable[[int], Any] | None = None
+) -> tuple[Any, Layout]:
+    """Builds the batch: into ``alloc(layout.nbytes)`` when given (one copy), else fresh arrays."""
+    layout = layout_of(treedef, columns)
+    if alloc is None:
+        arrays = [_stack(c) for c in columns]
+        return tree_lib.unflatten(treedef, arrays), layout
+    buffer = alloc(layout.nbytes)
+    objects = [_stack(c) for c in columns if c.dtype.hasobject]
+    batch = layout.views(buffer, objects)
+    for column, out in zip(columns, tree_lib.flatten(batch)[0]):
+        if not column.dtype.hasobject:
+            _stack(column, out)
+    return batch, layout
+
+
+def _stack(column: _Column, out: np.ndarray | None = None) -> np.ndarray:
+    values = column.values
+    if isinstance(values, np.ndarray):
+        if out is None:
+            return values
+        out[...] = values
+        return out
+    if out is None:
+        return np.stack(values)
+    return np.stack(values, out=out)
+
+
+def collate(records: list, positions: Any = None, alloc: Callable[[int], Any] | None = None):
+    """Stacks records into a batch; returns ``(batch, layout)``. See the module docstring."""
+    treedef, columns = record_columns(records, positions)
+    return materialize(treedef, columns, alloc)

@@ -1,0 +1,32 @@
+"""The exceptions jaxloader raises.
+
+Every error says what was expected, what came instead, where (step, record position, leaf path)
+and what to do. They derive from the builtin a user would catch anyway (``ValueError`` for bad
+arguments and data), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class JaxloaderError(Exception):
+    """Base class of every error raised by jaxloader itself."""
+
+
+class ConfigError(JaxloaderError, ValueError):
+    """An argument of the loader or of a source is invalid."""
+
+
+class RecordError(JaxloaderError, RuntimeError):
+    """Reading or transforming one record failed.
+
+    Names the step, the record position in its epoch and the source index; the original
+    exception is kept as ``__cause__``.
+    """
+
+
+class CollateError(JaxloaderError, ValueError):
+    """Records of one batch cannot be stacked: structure, shape or dtype differ."""
+
+
+class StateDictError(JaxloaderError, ValueError):
+    """A state dict does not fit this loader (other data, seed, batch or version)."""

@@ -1,0 +1,207 @@
+"""``DataLoader``: wires sampler, batch maker and engine; iteration and state.
+
+::
+
+    DataLoader ── cursor: the global step of the next batch handed to the user
+       │ iter() ─> LoaderIterator(start=cursor, stop=end of epoch (+ num_epochs-1) | endless)
+       │              └─ engine.batches(start, stop) ─> BatchMaker.make(step) in order
+       └ state_dict() = {"step": cursor, ...config}; load_state_dict() moves the cursor, O(1)
+
+The cursor moves when a batch is handed to the user, never earlier, so ``state_dict()`` taken
+between two ``next()`` calls always names the next batch the user would have seen.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator, Sequence
+
+from jaxloader.errors import ConfigError, JaxloaderError
+from jaxloader.pipeline import BatchMaker
+from jaxloader.sampling import Sampler
+from jaxloader.sources import check_source
+from jaxloader.state import check_state, make_state
+from jaxloader.transforms import split_transforms
+
+
+class _InProcessEngine:
+    """Makes batches in the calling thread (``num_workers=0``)."""
+
+    def __init__(self, maker: BatchMaker) -> None:
+        self._maker = maker
+
+    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
+        steps = itertools.count(start) if stop is None else range(start, stop)
+        make = self._maker.make
+        for step in steps:
+            yield make(step)[0]
+
+    def close(self) -> None:
+        pass
+
+
+class DataLoader:
+    """Batches of a random-access source, deterministic in ``(seed, epoch, step)``.
+
+    Args:
+        source: an ``ArraySource`` or any object with ``__len__``/``__getitem__``.
+        batch_size: records per batch *per process*; the global batch is
+            ``batch_size * process_count``.
+        shuffle: reshuffle every epoch with an O(1)-memory index shuffle.
+        seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
+        transforms: ``Map``/``RandomMap`` (per record), then ``BatchMap`` (per batch).
+        num_workers: worker processes; 0 makes batches in the main process.
+        last_batch: ``"drop"`` the short last batch of an epoch, ``"pad"`` it to full size with
+            repeated records and a bool leaf ``batch[mask_key]`` (True on real rows; records must
+            be dicts), or keep it ``"partial"`` (smaller; one process only).
+        num_epochs: epochs per ``iter(loader)``; ``None`` for an endless iterator.
+        process_index, process_count: this process's place among the hosts that share the
+            global batch; default to ``jax.process_index()``/``jax.process_count()``.
+        mask_key: name of the mask leaf added by ``last_batch="pad"``.
+
+    Two ways to loop, both resumable with ``state_dict()``::
+
+        loader = DataLoader(ArraySource(arrays), batch_size=128, shuffle=True, seed=0)
+        for epoch in range(3):          # each iter() is the next epoch, reshuffled
+            for batch in loader:
+                ...
+
+        loader = DataLoader(ArraySource(arrays), batch_size=128, shuffle=True, num_epochs=None)
+        it = iter(loader)               # endless: a step loop
+        for step in range(10_000):
+            batch = next(it)
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        transforms: Sequence[Any] = (),
+        num_workers: int = 0,
+        last_batch: str = "drop",
+        num_epochs: int | None = 1,
+        process_index: int | None = None,
+        process_count: int | None = None,
+        mask_key: str = "mask",
+    ) -> None:
+        num_records = check_source(source)
+        if process_index is None or process_count is None:
+            import jax  # only when the caller leaves it to JAX; workers never get here
+
+            process_index = jax.process_index() if process_index is None else process_index
+            process_count = jax.process_count() if process_count is None else process_count
+        self._sampler = Sampler(
+            num_records, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
+            process_index=process_index, process_count=process_count,
+        )
+        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int)
+                                       or num_epochs < 1):
+            raise ConfigError(
+                f"num_epochs: expected an int >= 1 or None (endless), got {num_epochs!r}"
+            )
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(
+                f"num_workers: expected an int >= 0, got {num_workers!r}; 0 runs in this process"
+            )
+        if num_workers > 0:
+            raise ConfigError(
+                f"num_workers={num_workers}: worker processes are not available yet in this "
+                "version of jaxloader; use num_workers=0"
+            )
+        record_transforms, batch_transforms = split_transforms(transforms)
+        self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
+                                 mask_key)
+        self._engine = _InProcessEngine(self._maker)
+        self.num_epochs = num_epochs
+        self._step = 0
+        self._generation = 0
+        self._closed = False
+
+    # -- sizes and position ---------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self._sampler.steps_per_epoch
+
+    @property
+    def batch_size(self) -> int:
+        return self._sampler.batch_size
+
+    @property
+    def step(self) -> int:
+        """The global step of the next batch this loader hands out."""
+        return self._step
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._step // self._sampler.steps_per_epoch
+
+    # -- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> "LoaderIterator":
+        self._check_open()
+        self._generation += 1
+        start = self._step
+        stop = None
+        if self.num_epochs is not None:
+            stop = (self.epoch + self.num_epochs) * self._sampler.steps_per_epoch
+        return LoaderIterator(self, self._generation, start, stop)
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The position (next global step) and the configuration it depends on; JSON-ready."""
+        return make_state(self._sampler, self._step)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
+        self._step = check_state(state, self._sampler)
+        self._generation += 1
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Releases workers and buffers; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._generation += 1
+            self._engine.close()
+
+    def __enter__(self) -> "DataLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JaxloaderError("DataLoader is closed; create a new one to iterate again")
+
+
+class LoaderIterator:
+    """Yields batches from a start step; valid until the next ``iter()``, restore or close."""
+
+    def __init__(self, loader: DataLoader, generation: int, start: int, stop: int | None) -> None:
+        self._loader = loader
+        self._generation = generation
+        self._step = start
+        self._stop = stop
+        self._batches = loader._engine.batches(start, stop)
+
+    def __iter__(self) -> "LoaderIterator":
+        return self
+
+    def __next__(self) -> Any:
+        loader = self._loader
+        if loader._generation != self._generation:
+            loader._check_open()
+            raise JaxloaderError(
+                "this iterator is stale: iter(), load_state_dict() or close() was called on its "
+                "DataLoader since it was made; call iter(loader) again"
+            )
+        if self._stop is not None and self._step >= self._stop:
+            raise StopIteration
+        batch = next(self._batches)
+        self._step += 1
+        loader._step = self._step
+        return batch

@@ -1,0 +1,117 @@
+"""One batch from its step: sample, read, transform, collate.
+
+::
+
+    step ─> Sampler.batch ─> source.__getitems__(indices)          (vectorised, no record transform)
+                          └> source[i] -> Map / RandomMap(rng_i)   (per record)
+          ─> columns ─> [+ pad mask] ─> BatchMap ... ─> buffer from alloc (one copy) ─> batch
+
+``BatchMaker`` is plain, picklable data: the main process runs it with ``num_workers=0`` and every
+worker runs its own copy, so a batch is the same wherever it is made. It keeps no state between
+calls other than memos (the sampler's shuffle chunk, the RandomMap bit generator).
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.sampling import Sampler
+    >>> from jaxloader.sources import ArraySource
+    >>> maker = BatchMaker(ArraySource({"x": np.arange(10)}),
+    ...                    Sampler(10, 4, shuffle=False, seed=0, last_batch="drop"))
+    >>> maker.make(1)[0]["x"].tolist()
+    [4, 5, 6, 7]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from jaxloader import collate
+from jaxloader.errors import JaxloaderError, RecordError
+from jaxloader.sampling import BatchSpec, Sampler
+from jaxloader.transforms import BatchMap, Map, RecordRng
+
+
+class BatchMaker:
+    """Makes the batch of a global step for one process (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: Any,
+        sampler: Sampler,
+        record_transforms: tuple = (),
+        batch_transforms: tuple[BatchMap, ...] = (),
+        mask_key: str = "mask",
+    ) -> None:
+        self.source = source
+        self.sampler = sampler
+        self.record_transforms = record_transforms
+        self.batch_transforms = batch_transforms
+        self.mask_key = mask_key
+        self._vectorised = not record_transforms and hasattr(source, "__getitems__")
+        self._rng = RecordRng(sampler.seed)
+
+    def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
+        """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
+        spec = self.sampler.batch(step)
+        if self._vectorised:
+            treedef, columns = self._read_vectorised(spec)
+        else:
+            treedef, columns = collate.record_columns(self._read_records(spec), spec.positions)
+        if spec.valid is not None:
+            treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
+        if not self.batch_transforms:
+            return collate.materialize(treedef, columns, alloc)
+        batch, _ = collate.materialize(treedef, columns)
+        for t in self.batch_transforms:
+            try:
+                batch = t.fn(batch)
+            except Exception as e:
+                raise RecordError(
+                    f"step {spec.step} (epoch {spec.epoch}, record positions "
+                    f"{_span(spec)}): {t!r} raised {type(e).__name__}: {e}"
+                ) from e
+        treedef, columns = collate.batch_columns(batch, len(spec.indices))
+        return collate.materialize(treedef, columns, alloc)
+
+    def _read_vectorised(self, spec: BatchSpec) -> tuple:
+        try:
+            got = self.source.__getitems__(spec.indices)
+        except Exception as e:
+            raise RecordError(
+                f"step {spec.step} (epoch {spec.epoch}, record positions {_span(spec)}): "
+                f"source.__getitems__ raised {type(e).__name__}: {e}"
+            ) from e
+        if isinstance(got, list):
+            return collate.record_columns(got, spec.positions)
+        return collate.batch_columns(got, len(spec.indices))
+
+    def _read_records(self, spec: BatchSpec) -> list:
+        source, transforms, epoch = self.source, self.record_transforms, spec.epoch
+        records = []
+        position = index = None
+        stage = "source[index]"
+        try:
+            for position, index in zip(spec.positions.tolist(), spec.indices.tolist()):
+                stage = "source[index]"
+                record = source[index]
+                for t_index, t in enumerate(transforms):
+                    stage = repr(t)
+                    if type(t) is Map:
+                        record = t.fn(record)
+                    else:
+                        rng = self._rng.at(epoch=epoch, position=position, transform_index=t_index)
+                        record = t.fn(record, rng)
+                records.append(record)
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            raise RecordError(
+                f"step {spec.step}, epoch {epoch}, record position {position} (source index "
+                f"{index}): {stage} raised {type(e).__name__}: {e}; the original error is the "
+                "cause below"
+            ) from e
+        return records
+
+
+def _span(spec: BatchSpec) -> str:
+    p = spec.positions
+    return f"{p[0]}..{p[-1]}" if len(p) else "none"

@@ -1,0 +1,215 @@
+"""The order of records: a pure function of ``(seed, epoch, step)``.
+
+::
+
+    global step s ──> epoch e = s // steps_per_epoch, k = s % steps_per_epoch
+                      positions [k*G + p*B, k*G + (p+1)*B)     (G = B * process_count)
+                      index = shuffle(seed, e)(position)      (keyed bijection, O(1) memory)
+
+Nothing here depends on the worker count or on what was iterated before, so a batch can be
+recomputed anywhere (a worker, a restored loader, another host) from its step alone. The shuffle
+is a Feistel network over the smallest even power of two >= N, with cycle-walking to land back in
+``[0, N)``: a billion-record epoch needs no billion-entry array.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxloader.errors import ConfigError
+
+LAST_BATCH_POLICIES = ("drop", "pad", "partial")
+
+_MASK64 = (1 << 64) - 1
+_FEISTEL_ROUNDS = 6  # 4 rounds make a pseudo-random permutation; 2 more for margin.
+# Shuffled indices are computed for this many positions at a time and the last chunk is kept:
+# amortises NumPy's per-call overhead over many small batches, bounded memory (64 KiB).
+_CHUNK_POSITIONS = 8192
+
+
+def _splitmix64(x: int) -> int:
+    """One step of SplitMix64 on a Python int: a cheap, well-mixed 64-bit hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class IndexShuffle:
+    """A keyed bijection of ``[0, n)``, evaluated on arrays of positions.
+
+    Example:
+        >>> perm = IndexShuffle(10, seed=0, epoch=0)
+        >>> sorted(perm(np.arange(10)).tolist()) == list(range(10))
+        True
+    """
+
+    def __init__(self, n: int, *, seed: int, epoch: int) -> None:
+        self.n = n
+        bits = max(2, int(n - 1).bit_length())
+        self._half_bits = (bits + 1) // 2
+        self._half_mask = np.uint64((1 << self._half_bits) - 1)
+        base = _splitmix64(_splitmix64(seed) ^ epoch)
+        self._keys = [np.uint64(_splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
+
+    def _round_fn(self, right: np.ndarray, key: np.uint64) -> np.ndarray:
+        x = (right + key) * np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(31)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(29)
+        return x & self._half_mask
+
+    def _permute_domain(self, x: np.ndarray) -> np.ndarray:
+        shift = np.uint64(self._half_bits)
+        left, right = x >> shift, x & self._half_mask
+        for key in self._keys:
+            left, right = right, left ^ self._round_fn(right, key)
+        return (left << shift) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """Maps positions (int array, each in ``[0, n)``) to record indices (int64)."""
+        if self.n <= 1:
+            return np.asarray(positions, dtype=np.int64).copy()
+        x = self._permute_domain(np.asarray(positions, dtype=np.uint64))
+        limit = np.uint64(self.n)
+        outside = x >= limit
+        while outside.any():  # cycle-walking: the domain is < 4n, so few iterations
+            x[outside] = self._permute_domain(x[outside])
+            outside = x >= limit
+        return x.astype(np.int64)
+
+
+class BatchSpec(NamedTuple):
+    """Which records make up one process's batch at one global step.
+
+    ``positions`` are places in the epoch's order (pad rows have positions >= num_records);
+    ``indices`` are the source indices to read (pad rows repeat real records); ``valid`` is
+    ``None`` unless the policy is ``"pad"``, then a bool array (in every batch), False on pad rows.
+    """
+
+    step: int
+    epoch: int
+    positions: np.ndarray
+    indices: np.ndarray
+    valid: np.ndarray | None
+
+
+class Sampler:
+    """Maps a global step to this process's record positions and indices.
+
+    Example:
+        >>> s = Sampler(10, batch_size=4, shuffle=False, seed=0, last_batch="drop")
+        >>> s.steps_per_epoch, s.batch(1).indices.tolist()
+        (2, [4, 5, 6, 7])
+    """
+
+    def __init__(
+        self,
+        num_records: int,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        last_batch: str,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> None:
+        _check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
+        _check_int("num_records", num_records, low=1, remedy="the source is empty: give it records")
+        _check_int("seed", seed, low=0, high=_MASK64, remedy="use a seed in [0, 2**64)")
+        _check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
+        _check_int(
+            "process_index", process_index, low=0, high=process_count - 1,
+            remedy=f"use an index in [0, {process_count}) (process_count={process_count})",
+        )
+        if last_batch not in LAST_BATCH_POLICIES:
+            raise ConfigError(
+                f"last_batch: expected one of {LAST_BATCH_POLICIES}, got {last_batch!r}; "
+                "use 'drop' to skip the short last batch, 'pad' to fill it with masked rows"
+            )
+        if last_batch == "partial" and process_count > 1:
+            raise ConfigError(
+                f"last_batch='partial' with process_count={process_count}: the processes would "
+                "get batches of different sizes; use last_batch='pad' (full batches with a mask) "
+                "or 'drop'"
+            )
+        self.num_records = num_records
+        self.batch_size = batch_size
+        self.global_batch_size = batch_size * process_count
+        self.shuffle = shuffle
+        self.seed = seed
+        self.last_batch = last_batch
+        self.process_index = process_index
+        self.process_count = process_count
+        full, rest = divmod(num_records, self.global_batch_size)
+        self.steps_per_epoch = full + (1 if rest and last_batch != "drop" else 0)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"batch_size: with last_batch='drop', the global batch ({batch_size} x "
+                f"{process_count} processes = {self.global_batch_size}) must be <= the number of "
+                f"records ({num_records}); use a smaller batch_size or last_batch='pad'"
+            )
+        chunk = max(1, _CHUNK_POSITIONS // self.global_batch_size) * self.global_batch_size
+        self._chunk_positions = chunk
+        self._cache_key: tuple[int, int] | None = None
+        self._cache: np.ndarray | None = None
+        self._shuffle_epoch: int | None = None
+        self._shuffler: IndexShuffle | None = None
+
+    def batch(self, step: int) -> BatchSpec:
+        """The records of global step ``step`` (``step >= 0``) for this process."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        start = k * self.global_batch_size + self.process_index * self.batch_size
+        stop = start + self.batch_size
+        n = self.num_records
+        valid = None
+        if stop <= n:
+            positions = np.arange(start, stop, dtype=np.int64)
+            indices = self._indices(epoch, start, stop)
+            if self.last_batch == "pad":  # every batch of a padded loader carries its mask
+                valid = np.ones(self.batch_size, dtype=bool)
+        elif self.last_batch == "partial":
+            positions = np.arange(start, n, dtype=np.int64)
+            indices = self._indices(epoch, start, n)
+        else:  # "pad": full size, pad rows repeat records from the start of the epoch
+            positions = np.arange(start, stop, dtype=np.int64)
+            valid = positions < n
+            indices = self._indices_of(epoch, positions % n)
+        return BatchSpec(step, epoch, positions, indices, valid)
+
+    def _indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(start, stop, dtype=np.int64)
+        chunk, offset = divmod(start, self._chunk_positions)
+        if (stop - 1) // self._chunk_positions != chunk:
+            return self._indices_of(epoch, np.arange(start, stop, dtype=np.int64))
+        if self._cache_key != (epoch, chunk):
+            first = chunk * self._chunk_positions
+            last = min(first + self._chunk_positions, self.num_records)
+            self._cache = self._indices_of(epoch, np.arange(first, last, dtype=np.int64))
+            self._cache_key = (epoch, chunk)
+        return self._cache[offset : offset + stop - start]
+
+    def _indices_of(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        if not self.shuffle:
+            return positions
+        if self._shuffle_epoch != epoch:
+            self._shuffler = IndexShuffle(self.num_records, seed=self.seed, epoch=epoch)
+            self._shuffle_epoch = epoch
+        return self._shuffler(positions)
+
+    def __getstate__(self) -> dict:
+        # The cache is a per-process memo; a copy sent to a worker starts without it.
+        state = dict(self.__dict__)
+        state.update(_cache_key=None, _cache=None, _shuffle_epoch=None, _shuffler=None)
+        return state
+
+
+def _check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{name}: expected an int {bound}, got {value}; {remedy}")

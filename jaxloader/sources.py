@@ -1,0 +1,108 @@
+"""Random-access sources: anything with ``__len__`` and ``__getitem__``.
+
+A source maps an index in ``[0, len)`` to a record (a pytree of arrays and scalars). HuggingFace
+datasets, Grain sources and PyTorch map-style datasets are sources by duck typing. A source may
+also offer ``__getitems__(indices)`` for a vectorised read of many records at once; it returns
+either a ``list`` of records (PyTorch's and HuggingFace's convention) or an already batched
+pytree (any other container) whose leaves have ``len(indices)`` rows. The loader uses it when no
+per-record transform needs single records.
+
+Example:
+    >>> import numpy as np
+    >>> src = ArraySource({"image": np.zeros((10, 28, 28), np.uint8), "label": np.arange(10)})
+    >>> len(src), src[3]["label"], src.__getitems__(np.array([1, 2]))["image"].shape
+    (10, np.int64(3), (2, 28, 28))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from jaxloader import tree as tree_lib
+from jaxloader.errors import ConfigError
+
+
+@runtime_checkable
+class Source(Protocol):
+    """The source protocol: a length and random access by integer index."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+class ArraySource:
+    """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0.
+
+    Example:
+        >>> src = ArraySource((np.arange(6).reshape(3, 2), np.array([7, 8, 9])))
+        >>> src[1]
+        (array([2, 3]), np.int64(8))
+    """
+
+    def __init__(self, tree: Any) -> None:
+        leaves, self._treedef = tree_lib.flatten(tree)
+        paths = tree_lib.leaf_paths(self._treedef)
+        if not leaves:
+            raise ConfigError("ArraySource(tree): expected at least one array leaf, got none")
+        arrays = []
+        for path, leaf in zip(paths, leaves):
+            array = leaf if isinstance(leaf, np.ndarray) else np.asarray(leaf)
+            if array.ndim == 0 or array.dtype.hasobject:
+                raise ConfigError(
+                    f"ArraySource leaf {path}: expected a numeric NumPy array with records along "
+                    f"axis 0, got {type(leaf).__name__} with shape {array.shape} dtype "
+                    f"{array.dtype}; wrap scalars in an array, keep strings in your own source"
+                )
+            arrays.append(array)
+        lengths = {path: a.shape[0] for path, a in zip(paths, arrays)}
+        if len(set(lengths.values())) != 1:
+            raise ConfigError(
+                "ArraySource: every leaf must have the same number of records (axis 0), got "
+                + ", ".join(f"{p}: {n}" for p, n in lengths.items())
+                + "; slice the arrays to one length"
+            )
+        self._arrays = arrays
+        self._len = arrays[0].shape[0]
+        keys = self._treedef[1] if self._treedef[0] == "dict" else None
+        flat_dict = keys is not None and all(c == tree_lib.LEAF for c in self._treedef[2])
+        self._items = list(zip(keys, arrays)) if flat_dict else None
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        """The leaves, in treedef order."""
+        return self._arrays
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> Any:
+        if self._items is not None:  # fast path for the common flat dict
+            return {k: a[index] for k, a in self._items}
+        return tree_lib.unflatten(self._treedef, [a[index] for a in self._arrays])
+
+    def __getitems__(self, indices: np.ndarray) -> Any:
+        """A batched pytree of the records at ``indices`` (one gather per leaf)."""
+        return tree_lib.unflatten(self._treedef, [a.take(indices, axis=0) for a in self._arrays])
+
+    def __repr__(self) -> str:
+        leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)
+        return f"ArraySource({self._len} records; {leaves})"
+
+
+def check_source(source: Any) -> int:
+    """Checks the source protocol; returns ``len(source)``."""
+    if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+        raise ConfigError(
+            f"source: expected an object with __len__ and __getitem__ (a random-access source), "
+            f"got {type(source).__name__}; wrap NumPy arrays as ArraySource(arrays)"
+        )
+    n = len(source)
+    if n <= 0:
+        raise ConfigError(
+            f"source: expected at least one record, got an empty source ({type(source).__name__} "
+            "of length 0); check the path or the split you loaded"
+        )
+    return n

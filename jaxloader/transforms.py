@@ -1,0 +1,150 @@
+"""Per-record and per-batch transforms.
+
+- ``Map(fn)``: ``fn(record) -> record``.
+- ``RandomMap(fn)``: ``fn(record, rng) -> record``; ``rng`` is a ``np.random.Generator`` seeded
+  from ``(seed, epoch, position, transform index)``, never from the worker running it, so the
+  result does not depend on the worker count or on a restore.
+- ``BatchMap(fn)``: ``fn(batch) -> batch`` after collation, on the stacked NumPy batch.
+
+Plain callables in ``transforms=`` are taken as ``Map``. Record transforms must come before
+batch transforms.
+
+Example:
+    >>> import numpy as np
+    >>> flip = RandomMap(lambda r, rng: r[::-1] if rng.random() < 0.5 else r)
+    >>> rng = RecordRng(seed=0)
+    >>> flip.fn(np.arange(3), rng.at(epoch=0, position=7, transform_index=0)).shape
+    (3,)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxloader.errors import ConfigError
+
+_MASK64 = (1 << 64) - 1
+_POSITION_BITS = 40  # positions < 2**40 (1e12 records); the epoch takes the bits above
+
+
+class Map:
+    """A per-record transform ``fn(record) -> record``.
+
+    Example:
+        >>> Map(lambda r: {"x": r["x"] / 255.0}).fn({"x": 255})
+        {'x': 1.0}
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        _check_callable(fn, "Map")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Map({_name(self.fn)})"
+
+
+class RandomMap:
+    """A per-record transform ``fn(record, rng) -> record`` with a per-record seeded ``rng``.
+
+    Example:
+        >>> noise = RandomMap(lambda r, rng: r + rng.normal(size=r.shape))
+    """
+
+    def __init__(self, fn: Callable[[Any, np.random.Generator], Any]) -> None:
+        _check_callable(fn, "RandomMap")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"RandomMap({_name(self.fn)})"
+
+
+class BatchMap:
+    """A transform of a whole collated batch ``fn(batch) -> batch`` (leaves keep the batch axis).
+
+    Example:
+        >>> to_float = BatchMap(lambda b: {**b, "x": b["x"].astype("float32") / 255})
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        _check_callable(fn, "BatchMap")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"BatchMap({_name(self.fn)})"
+
+
+RecordTransform = Map | RandomMap
+
+
+def split_transforms(transforms: Sequence[Any]) -> tuple[tuple, tuple]:
+    """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``."""
+    if callable(transforms) or isinstance(transforms, (Map, RandomMap, BatchMap)):
+        transforms = (transforms,)
+    record, batch = [], []
+    for i, t in enumerate(transforms):
+        if not isinstance(t, (Map, RandomMap, BatchMap)):
+            if not callable(t):
+                raise ConfigError(
+                    f"transforms[{i}]: expected Map, RandomMap, BatchMap or a callable, got "
+                    f"{type(t).__name__} {t!r:.60}; wrap functions as Map(fn)"
+                )
+            t = Map(t)
+        if isinstance(t, BatchMap):
+            batch.append(t)
+        elif batch:
+            raise ConfigError(
+                f"transforms[{i}]: {t!r} is a record transform after a batch transform "
+                f"({batch[0]!r}); put record transforms (Map, RandomMap) before BatchMap"
+            )
+        else:
+            record.append(t)
+    return tuple(record), tuple(batch)
+
+
+class RecordRng:
+    """Per-record generators: Philox keyed by ``(seed, epoch, position)``, counter by transform.
+
+    One bit generator is reset for each record (constructing Philox costs ~25 us, a reset ~2 us);
+    the stream equals that of ``np.random.Philox(key=..., counter=...)`` built fresh. The
+    generator handed to a transform is valid until the next record.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed & _MASK64
+        self._bitgen = np.random.Philox(key=np.zeros(2, np.uint64))
+        self._generator = np.random.Generator(self._bitgen)
+        self._state = self._bitgen.state
+
+    @staticmethod
+    def key_counter(seed: int, epoch: int, position: int, transform_index: int):
+        key = np.array([seed & _MASK64, (epoch << _POSITION_BITS) | position], dtype=np.uint64)
+        counter = np.array([0, 0, 0, transform_index], dtype=np.uint64)
+        return key, counter
+
+    def at(self, *, epoch: int, position: int, transform_index: int) -> np.random.Generator:
+        key, counter = self.key_counter(self._seed, epoch, int(position), transform_index)
+        state = self._state
+        state["state"]["key"] = key
+        state["state"]["counter"] = counter
+        state["buffer_pos"] = 4  # Philox's 4-word output buffer: empty
+        state["has_uint32"] = 0
+        state["uinteger"] = 0
+        self._bitgen.state = state
+        return self._generator
+
+    def __getstate__(self) -> dict:
+        return {"seed": self._seed}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["seed"])
+
+
+def _check_callable(fn: Any, kind: str) -> None:
+    if not callable(fn):
+        raise ConfigError(f"{kind}(fn): expected a callable, got {type(fn).__name__} {fn!r:.60}")
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)

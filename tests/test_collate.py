@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+import pytest
+
+from jaxloader.collate import batch_columns, collate, materialize
+from jaxloader.errors import CollateError
+
+Pair = namedtuple("Pair", "image label")
+
+
+def test_containers_scalars_and_strings():
+    records = [
+        {"img": np.full((2, 2), i, np.uint8), "pair": Pair(np.float32(i), i), "tags": [b"x", "y"],
+         "t": (True, 1.5)}
+        for i in range(3)
+    ]
+    batch, layout = collate(records)
+    assert batch["img"].shape == (3, 2, 2) and batch["img"].dtype == np.uint8
+    assert isinstance(batch["pair"], Pair)
+    assert batch["pair"].image.dtype == np.float32
+    assert batch["pair"].label.tolist() == [0, 1, 2]
+    assert batch["tags"][0].dtype == object and batch["tags"][0].tolist() == [b"x"] * 3
+    assert batch["tags"][1].dtype == object and batch["tags"][1].tolist() == ["y"] * 3
+    assert batch["t"][0].dtype == np.bool_ and batch["t"][1].dtype == np.float64
+    assert [spec.path for spec in layout.leaves][:2] == ["['img']", "['pair'].image"]
+
+
+def test_stacks_into_a_given_buffer_and_views_it():
+    records = [{"a": np.arange(5, dtype=np.int16) + i, "s": "str"} for i in range(4)]
+    buffers = []
+
+    def alloc(n):
+        buffers.append(bytearray(n))
+        return buffers[-1]
+
+    batch, layout = collate(records, alloc=alloc)
+    assert len(buffers) == 1 and len(buffers[0]) == layout.nbytes
+    assert np.shares_memory(batch["a"], np.frombuffer(buffers[0], np.uint8))
+    again = layout.views(buffers[0], [batch["s"]])
+    assert again["a"].tolist() == [list(range(i, i + 5)) for i in range(4)]
+    assert again["s"].tolist() == ["str"] * 4
+    assert all(spec.offset % 64 == 0 for spec in layout.leaves if spec.offset >= 0)
+
+
+def test_shape_mismatch_names_leaf_shapes_and_positions():
+    records = [{"x": {"y": np.zeros((2, 3))}}, {"x": {"y": np.zeros((2, 4))}}]
+    with pytest.raises(CollateError) as e:
+        collate(records, positions=[40, 41])
+    msg = str(e.value)
+    for part in ["['x']['y']", "(2, 3)", "(2, 4)", "position 40", "position 41"]:
+        assert part in msg
+
+
+def test_dtype_mismatch_is_refused_not_upcast():
+    records = [np.zeros(3, np.float32), np.zeros(3, np.float64)]
+    with pytest.raises(CollateError, match="float32.*float64"):
+        collate(records, positions=[0, 1])
+    with pytest.raises(CollateError, match="int.*float"):
+        collate([{"a": 1}, {"a": 2.0}], positions=[0, 1])
+
+
+def test_batch_columns_checks_the_batch_axis():
+    with pytest.raises(CollateError, match=r"\['b'\].*expected 4 rows.*\(3,\)"):
+        batch_columns({"a": np.zeros(4), "b": np.zeros(3)}, 4)
+    treedef, cols = batch_columns({"a": np.zeros((4, 2))}, 4)
+    batch, layout = materialize(treedef, cols)
+    assert batch["a"].shape == (4, 2) and layout.nbytes == 64

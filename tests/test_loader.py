@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.errors import RecordError, StateDictError
+
+
+def source(n=10):
+    return jl.ArraySource({"x": np.arange(n, dtype=np.int32), "y": np.arange(n) % 3})
+
+
+def loader(n=10, **kw):
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("process_index", 0)
+    kw.setdefault("process_count", 1)
+    return jl.DataLoader(source(n), **kw)
+
+
+def test_len_and_policies():
+    assert len(loader()) == 2 and [b["x"].tolist() for b in loader()] == [[0, 1, 2, 3],
+                                                                         [4, 5, 6, 7]]
+    partial = [b["x"].tolist() for b in loader(last_batch="partial")]
+    assert partial[-1] == [8, 9] and len(loader(last_batch="partial")) == 3
+    padded = list(loader(last_batch="pad"))
+    assert padded[-1]["x"].tolist() == [8, 9, 0, 1]
+    assert padded[-1]["mask"].tolist() == [True, True, False, False]
+    assert all(b["mask"].dtype == np.bool_ for b in padded)
+
+
+def test_pad_needs_dict_records_and_a_free_mask_key():
+    tuple_source = jl.ArraySource((np.arange(10),))
+    with pytest.raises(jl.CollateError, match="dicts"):
+        next(iter(jl.DataLoader(tuple_source, batch_size=4, last_batch="pad", process_index=0,
+                                process_count=1)))
+    with pytest.raises(jl.CollateError, match="mask_key"):
+        next(iter(jl.DataLoader(jl.ArraySource({"mask": np.arange(10)}), batch_size=4,
+                                last_batch="pad", process_index=0, process_count=1)))
+    named = loader(last_batch="pad", mask_key="valid")
+    assert "valid" in next(iter(named))
+
+
+def test_epoch_loop_and_num_epochs():
+    dl = loader(shuffle=True)
+    first, second = [list(dl) for _ in range(2)]
+    assert len(first) == len(second) == 2 and dl.epoch == 2 and dl.step == 4
+    assert len(list(loader(num_epochs=3))) == 6
+    it = iter(loader(num_epochs=None))
+    assert len([next(it) for _ in range(50)]) == 50
+
+
+def test_vectorised_and_per_record_paths_agree():
+    fast = list(loader(shuffle=True, num_epochs=2))
+    slow = list(loader(shuffle=True, num_epochs=2, transforms=[jl.Map(lambda r: r)]))
+    for a, b in zip(fast, slow):
+        assert a["x"].tolist() == b["x"].tolist() and a["y"].dtype == b["y"].dtype
+
+
+def test_batch_map_runs_after_collation():
+    dl = loader(transforms=[jl.Map(lambda r: {**r, "x": r["x"] * 2}),
+                            jl.BatchMap(lambda b: {**b, "sum": b["x"].sum(keepdims=True)
+                                                   .repeat(len(b["x"]))})])
+    batch = next(iter(dl))
+    assert batch["x"].tolist() == [0, 2, 4, 6] and batch["sum"].tolist() == [12] * 4
+
+
+def test_list_getitems_sources_are_collated():
+    class ListBatches:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return {"v": np.float32(i)}
+
+        def __getitems__(self, idx):
+            return [self[i] for i in idx]
+
+    batch = next(iter(jl.DataLoader(ListBatches(), batch_size=3, process_index=0,
+                                    process_count=1)))
+    assert batch["v"].dtype == np.float32 and batch["v"].tolist() == [0, 1, 2]
+
+
+def test_a_raising_transform_names_the_record_and_keeps_the_cause():
+    def boom(r):
+        if int(r["x"]) == 6:
+            raise KeyError("bad record")
+        return r
+
+    dl = loader(transforms=[jl.Map(boom)])
+    it = iter(dl)
+    next(it)
+    with pytest.raises(RecordError) as e:
+        next(it)
+    msg = str(e.value)
+    assert "record position 6" in msg and "step 1" in msg and "KeyError" in msg
+    assert isinstance(e.value.__cause__, KeyError)
+
+
+def test_a_raising_source_names_the_index():
+    class Broken:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i == 5:
+                raise OSError("disk")
+            return {"i": i}
+
+    with pytest.raises(RecordError, match=r"source index 5.*source\[index\].*OSError"):
+        list(jl.DataLoader(Broken(), batch_size=4, process_index=0, process_count=1))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(batch_size=0), "batch_size"),
+    (dict(batch_size=-1), "batch_size"),
+    (dict(last_batch="padd"), "last_batch.*'padd'"),
+    (dict(num_epochs=0), "num_epochs"),
+    (dict(num_workers=-1), "num_workers"),
+    (dict(transforms=[5]), r"transforms\[0\]"),
+])
+def test_bad_arguments(kw, match):
+    with pytest.raises(jl.ConfigError, match=match):
+        loader(**kw)
+
+
+def test_empty_source_is_refused():
+    with pytest.raises(jl.ConfigError, match="empty"):
+        jl.DataLoader(jl.ArraySource({"a": np.zeros((0,))}), batch_size=1)
+
+
+@pytest.mark.parametrize("change,key", [
+    (dict(n=12), "num_records"),
+    (dict(seed=3), "seed"),
+    (dict(batch_size=2), "global_batch_size"),
+    (dict(shuffle=False), "shuffle"),
+    (dict(last_batch="pad"), "last_batch"),
+])
+def test_state_from_another_loader_lists_expected_and_received(change, key):
+    n = change.pop("n", 10)
+    state = loader(shuffle=True, seed=1).state_dict()
+    kw = {"shuffle": True, "seed": 1, **change}
+    with pytest.raises(StateDictError, match=f"{key}: expected .*, received "):
+        loader(n=n, **kw).load_state_dict(state)
+
+
+def test_state_with_unknown_version_or_missing_keys():
+    dl = loader()
+    state = dl.state_dict()
+    with pytest.raises(StateDictError, match="version.*expected 1, received 99"):
+        dl.load_state_dict({**state, "version": 99})
+    with pytest.raises(StateDictError, match=r"missing keys \['seed'\]"):
+        dl.load_state_dict({k: v for k, v in state.items() if k != "seed"})
+    with pytest.raises(StateDictError, match="step"):
+        dl.load_state_dict({**state, "step": -1})
+
+
+def test_stale_iterators_and_close():
+    dl = loader(num_epochs=None)
+    it = iter(dl)
+    next(it)
+    dl.load_state_dict(dl.state_dict())
+    with pytest.raises(jl.JaxloaderError, match="stale"):
+        next(it)
+    with dl:
+        pass
+    dl.close()  # idempotent
+    with pytest.raises(jl.JaxloaderError, match="closed"):
+        iter(dl)
+    with pytest.raises(jl.JaxloaderError, match="closed"):
+        next(it)
+
+
+def test_process_defaults_come_from_jax():
+    import jax
+
+    dl = jl.DataLoader(source(), batch_size=2)
+    assert dl.state_dict()["process_count"] == jax.process_count() == 1

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxloader.errors import ConfigError
+from jaxloader.sampling import IndexShuffle, Sampler
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 3000), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 10**6))
+def test_index_shuffle_is_a_permutation(n, seed, epoch):
+    out = IndexShuffle(n, seed=seed, epoch=epoch)(np.arange(n))
+    assert out.dtype == np.int64
+    assert np.array_equal(np.sort(out), np.arange(n))
+
+
+def test_index_shuffle_depends_on_seed_and_epoch_only():
+    n = 1000
+    a = IndexShuffle(n, seed=1, epoch=2)(np.arange(n))
+    assert np.array_equal(a, IndexShuffle(n, seed=1, epoch=2)(np.arange(n)))
+    assert not np.array_equal(a, IndexShuffle(n, seed=1, epoch=3)(np.arange(n)))
+    assert not np.array_equal(a, IndexShuffle(n, seed=2, epoch=2)(np.arange(n)))
+    # any subset of positions maps like the whole: batches can be computed alone
+    assert np.array_equal(a[500:600], IndexShuffle(n, seed=1, epoch=2)(np.arange(500, 600)))
+
+
+def test_index_shuffle_looks_shuffled():
+    n = 10_000
+    out = IndexShuffle(n, seed=0, epoch=0)(np.arange(n))
+    fixed = np.count_nonzero(out == np.arange(n))
+    assert fixed < 20  # a random permutation has ~1 fixed point
+    assert abs(np.corrcoef(out, np.arange(n))[0, 1]) < 0.05
+
+
+def test_steps_per_epoch_and_policies():
+    assert Sampler(10, 4, shuffle=False, seed=0, last_batch="drop").steps_per_epoch == 2
+    assert Sampler(10, 4, shuffle=False, seed=0, last_batch="pad").steps_per_epoch == 3
+    s = Sampler(10, 4, shuffle=False, seed=0, last_batch="partial")
+    assert s.steps_per_epoch == 3 and s.batch(2).indices.tolist() == [8, 9]
+    p = Sampler(10, 4, shuffle=False, seed=0, last_batch="pad").batch(2)
+    assert p.positions.tolist() == [8, 9, 10, 11]
+    assert p.valid.tolist() == [True, True, False, False]
+    assert p.indices.tolist() == [8, 9, 0, 1]
+
+
+def test_process_slices():
+    s = [Sampler(20, 3, shuffle=True, seed=5, last_batch="drop", process_index=p,
+                 process_count=2) for p in range(2)]
+    whole = Sampler(20, 6, shuffle=True, seed=5, last_batch="drop")
+    for step in range(7):
+        joined = np.concatenate([s[0].batch(step).indices, s[1].batch(step).indices])
+        assert np.array_equal(joined, whole.batch(step).indices)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(num_records=10, batch_size=0), "batch_size"),
+    (dict(num_records=10, batch_size=-3), "batch_size"),
+    (dict(num_records=10, batch_size=2.5), "batch_size"),
+    (dict(num_records=0, batch_size=2), "num_records"),
+    (dict(num_records=10, batch_size=2, seed=-1), "seed"),
+    (dict(num_records=10, batch_size=2, last_batch="dropp"), "last_batch"),
+    (dict(num_records=10, batch_size=20), "batch_size"),
+    (dict(num_records=10, batch_size=2, process_index=2, process_count=2), "process_index"),
+    (dict(num_records=10, batch_size=2, last_batch="partial", process_count=2), "partial"),
+])
+def test_bad_arguments_name_the_field(kwargs, field):
+    kwargs = {"shuffle": False, "seed": 0, "last_batch": "drop", **kwargs}
+    n = kwargs.pop("num_records")
+    b = kwargs.pop("batch_size")
+    with pytest.raises(ConfigError, match=field):
+        Sampler(n, b, **kwargs)

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.transforms import RecordRng, split_transforms
+
+
+def test_record_rng_equals_a_fresh_philox_and_ignores_history():
+    rng = RecordRng(seed=11)
+    rng.at(epoch=0, position=1, transform_index=0).random(1001)  # odd draws leave a buffer
+    got = rng.at(epoch=3, position=99, transform_index=2).random(5)
+    key, counter = RecordRng.key_counter(11, 3, 99, 2)
+    want = np.random.Generator(np.random.Philox(key=key, counter=counter)).random(5)
+    assert np.array_equal(got, want)
+
+
+def test_record_rng_streams_differ_by_position_epoch_and_transform():
+    rng = RecordRng(seed=0)
+    draws = {
+        (e, p, t): rng.at(epoch=e, position=p, transform_index=t).integers(0, 2**62)
+        for e in range(2) for p in range(3) for t in range(2)
+    }
+    assert len(set(draws.values())) == len(draws)
+
+
+def test_split_transforms_order_and_types():
+    m, b = jl.Map(abs), jl.BatchMap(abs)
+    record, batch = split_transforms([m, len, b])
+    assert record[0] is m and isinstance(record[1], jl.Map) and batch == (b,)
+    with pytest.raises(jl.ConfigError, match=r"transforms\[1\].*before BatchMap"):
+        split_transforms([b, m])
+    with pytest.raises(jl.ConfigError, match=r"transforms\[0\].*int"):
+        split_transforms([3])
+    with pytest.raises(jl.ConfigError, match="callable"):
+        jl.RandomMap("nope")
