@@ -88,13 +88,12 @@ class BatchMaker:
         source, transforms, epoch = self.source, self.record_transforms, spec.epoch
         records = []
         position = index = None
-        stage = "source[index]"
+        t_index = -1  # -1: reading the source; else the transform running
         try:
             for position, index in zip(spec.positions.tolist(), spec.indices.tolist()):
-                stage = "source[index]"
+                t_index = -1
                 record = source[index]
                 for t_index, t in enumerate(transforms):
-                    stage = repr(t)
                     if type(t) is Map:
                         record = t.fn(record)
                     else:
@@ -104,6 +103,7 @@ class BatchMaker:
         except JaxloaderError:
             raise
         except Exception as e:
+            stage = "source[index]" if t_index < 0 else f"transforms[{t_index}] {transforms[t_index]!r}"
             raise RecordError(
                 f"step {spec.step}, epoch {epoch}, record position {position} (source index "
                 f"{index}): {stage} raised {type(e).__name__}: {e}; the original error is the "

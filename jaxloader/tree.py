@@ -100,7 +100,8 @@ def _gather(trees: list, treedef: TreeDef, positions: Any, path: str, out: list)
     if kind == "dict":
         keys = treedef[1]
         keyset = set(keys)
-        if not all(isinstance(t, Mapping) and t.keys() == keyset for t in trees):
+        if not all((type(t) is dict or isinstance(t, Mapping)) and t.keys() == keyset
+                   for t in trees):
             _raise_mismatch(trees, treedef, positions, path)
         for k, child in zip(keys, treedef[2]):
             _gather([t[k] for t in trees], child, positions, f"{path}[{k!r}]", out)

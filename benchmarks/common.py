@@ -1,0 +1,48 @@
+"""Helpers shared by the benchmarks: timing with repeats, medians, markdown tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Iterable
+
+OUT_DIR = os.path.join(os.path.dirname(__file__), "out")
+
+
+def rate(run_epoch: Callable[[], int], repeats: int, min_seconds: float = 0.5) -> dict:
+    """Runs ``run_epoch`` (returns records done) ``repeats`` times; median records/s.
+
+    Each repeat runs at least ``min_seconds`` so short epochs are not dominated by timer noise.
+    """
+    rates = []
+    for _ in range(repeats):
+        done, start = 0, time.perf_counter()
+        while True:
+            done += run_epoch()
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        rates.append(done / elapsed)
+    return {"median": statistics.median(rates), "all": rates}
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def table(rows: Iterable[tuple], headers: tuple) -> str:
+    rows = list(rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save(name: str, results: dict) -> str:
+    os.makedirs(OUT_DIR, exist_ok=True)
+    path = os.path.join(OUT_DIR, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    return path
