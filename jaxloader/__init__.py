@@ -15,10 +15,12 @@ from jaxloader.errors import (
     JaxloaderError,
     RecordError,
     StateDictError,
+    WorkerError,
 )
 from jaxloader.loader import DataLoader, LoaderIterator
 from jaxloader.sources import ArraySource, Source
 from jaxloader.transforms import BatchMap, Map, RandomMap
+from jaxloader.workers import WorkerInfo, get_worker_info
 
 __all__ = [
     "ArraySource",
@@ -33,5 +35,8 @@ __all__ = [
     "RecordError",
     "Source",
     "StateDictError",
+    "WorkerError",
+    "WorkerInfo",
+    "get_worker_info",
 ]
 __version__ = "0.1.0"

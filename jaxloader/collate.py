@@ -139,6 +139,21 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[_Column
     return treedef, columns
 
 
+class _Take(NamedTuple):
+    """A leaf still to gather: rows ``indices`` of ``array`` (written straight into a slot)."""
+
+    array: np.ndarray
+    indices: np.ndarray
+
+
+def take_columns(treedef: tree_lib.TreeDef, arrays: list, indices: np.ndarray) -> tuple:
+    """Columns gathering ``indices`` from each array, without an intermediate copy."""
+    paths = tree_lib.leaf_paths(treedef)
+    n = len(indices)
+    return treedef, [_Column(p, (n, *a.shape[1:]), a.dtype, _Take(a, indices))
+                     for p, a in zip(paths, arrays)]
+
+
 def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarray) -> tuple:
     """Appends ``array`` as leaf ``key`` of a dict batch (used for the pad mask)."""
     if treedef[0] != "dict":
@@ -186,6 +201,8 @@ def materialize(
 
 def _stack(column: _Column, out: np.ndarray | None = None) -> np.ndarray:
     values = column.values
+    if type(values) is _Take:
+        return np.take(values.array, values.indices, axis=0, out=out)
     if isinstance(values, np.ndarray):
         if out is None:
             return values

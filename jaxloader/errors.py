@@ -30,3 +30,11 @@ class CollateError(JaxloaderError, ValueError):
 
 class StateDictError(JaxloaderError, ValueError):
     """A state dict does not fit this loader (other data, seed, batch or version)."""
+
+
+class WorkerError(JaxloaderError, RuntimeError):
+    """A worker process raised or died. The loader is broken: every later call raises this.
+
+    Names the worker id, its pid, its exit code or the exception, the step and record
+    positions, and carries the worker's traceback in the message.
+    """

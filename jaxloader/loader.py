@@ -14,9 +14,9 @@ between two ``next()`` calls always names the next batch the user would have see
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from jaxloader.errors import ConfigError, JaxloaderError
+from jaxloader.errors import ConfigError, JaxloaderError, WorkerError
 from jaxloader.pipeline import BatchMaker
 from jaxloader.sampling import Sampler
 from jaxloader.sources import check_source
@@ -55,6 +55,12 @@ class DataLoader:
             repeated records and a bool leaf ``batch[mask_key]`` (True on real rows; records must
             be dicts), or keep it ``"partial"`` (smaller; one process only).
         num_epochs: epochs per ``iter(loader)``; ``None`` for an endless iterator.
+        prefetch: batches in flight per worker (``num_workers > 0``).
+        worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
+            ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.
+        start_method: ``"exec"`` (default): workers are fresh interpreters that never re-run
+            your main script and are never forked from a process running JAX; ``"fork"``:
+            faster start, refused once JAX is imported.
         process_index, process_count: this process's place among the hosts that share the
             global batch; default to ``jax.process_index()``/``jax.process_count()``.
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
@@ -86,6 +92,9 @@ class DataLoader:
         process_index: int | None = None,
         process_count: int | None = None,
         mask_key: str = "mask",
+        prefetch: int = 2,
+        worker_init_fn: Callable[[int], None] | None = None,
+        start_method: str = "exec",
     ) -> None:
         num_records = check_source(source)
         if process_index is None or process_count is None:
@@ -106,19 +115,24 @@ class DataLoader:
             raise ConfigError(
                 f"num_workers: expected an int >= 0, got {num_workers!r}; 0 runs in this process"
             )
-        if num_workers > 0:
-            raise ConfigError(
-                f"num_workers={num_workers}: worker processes are not available yet in this "
-                "version of jaxloader; use num_workers=0"
-            )
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ConfigError(f"prefetch: expected an int >= 1 (batches per worker), got {prefetch!r}")
         record_transforms, batch_transforms = split_transforms(transforms)
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key)
-        self._engine = _InProcessEngine(self._maker)
         self.num_epochs = num_epochs
         self._step = 0
         self._generation = 0
         self._closed = False
+        self._broken: JaxloaderError | None = None
+        if num_workers == 0:
+            self._engine: Any = _InProcessEngine(self._maker)
+        else:
+            from jaxloader.workers.pool import WorkerPool
+
+            self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,
+                                      start_method=start_method, worker_init_fn=worker_init_fn)
+        self.num_workers = num_workers
 
     # -- sizes and position ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -174,6 +188,8 @@ class DataLoader:
         self.close()
 
     def _check_open(self) -> None:
+        if self._broken is not None:
+            raise self._broken
         if self._closed:
             raise JaxloaderError("DataLoader is closed; create a new one to iterate again")
 
@@ -193,6 +209,8 @@ class LoaderIterator:
 
     def __next__(self) -> Any:
         loader = self._loader
+        if loader._broken is not None:
+            raise loader._broken
         if loader._generation != self._generation:
             loader._check_open()
             raise JaxloaderError(
@@ -201,7 +219,11 @@ class LoaderIterator:
             )
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration
-        batch = next(self._batches)
+        try:
+            batch = next(self._batches)
+        except WorkerError as e:
+            loader._broken = e
+            raise
         self._step += 1
         loader._step = self._step
         return batch

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.sampling import BatchSpec, Sampler
+from jaxloader.sources import ArraySource
 from jaxloader.transforms import BatchMap, Map, RecordRng
 
 
@@ -73,6 +74,8 @@ class BatchMaker:
         return collate.materialize(treedef, columns, alloc)
 
     def _read_vectorised(self, spec: BatchSpec) -> tuple:
+        if type(self.source) is ArraySource:  # gather straight into the output: one copy
+            return collate.take_columns(self.source.treedef, self.source.arrays, spec.indices)
         try:
             got = self.source.__getitems__(spec.indices)
         except Exception as e:

@@ -71,6 +71,11 @@ class ArraySource:
         self._items = list(zip(keys, arrays)) if flat_dict else None
 
     @property
+    def treedef(self) -> tree_lib.TreeDef:
+        """The structure of one record."""
+        return self._treedef
+
+    @property
     def arrays(self) -> list[np.ndarray]:
         """The leaves, in treedef order."""
         return self._arrays

@@ -8,6 +8,25 @@ import os
 import pytest
 
 
+def live_children() -> list[tuple[int, str]]:
+    """Live (not zombie) child processes of this process, except Python's resource tracker."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == me and state != "Z" and "resource_tracker" not in cmdline:
+            found.append((int(entry), cmdline))
+    return found
+
+
 def _segments() -> set[str]:
     try:
         return {n for n in os.listdir("/dev/shm") if "jaxloader" in n}
@@ -19,7 +38,7 @@ def _segments() -> set[str]:
 def no_leaks():
     before = _segments()
     yield
-    children = [p for p in multiprocessing.active_children() if p.is_alive()]
+    children = [p for p in multiprocessing.active_children() if p.is_alive()] + live_children()
     assert not children, f"live child processes left behind: {children}"
     leaked = _segments() - before
     assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"

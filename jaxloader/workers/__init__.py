@@ -1,0 +1,5 @@
+"""Worker processes over a shared-memory slot ring (see ``pool.py`` for the data flow)."""
+
+from jaxloader.workers.worker import WorkerInfo, get_worker_info
+
+__all__ = ["WorkerInfo", "get_worker_info"]

@@ -1,0 +1,85 @@
+"""What crosses to a worker: the batch maker and init function, by ``cloudpickle``.
+
+Lambdas, notebook functions and classes defined in ``__main__`` cross by value. Large NumPy
+arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by a closure) do not
+cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
+and pickles a reference, and ``loads`` maps it, read-only, in the worker. 10 GB of arrays then
+cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays cross as their file.
+
+Example:
+    >>> import numpy as np
+    >>> shared = []
+    >>> blob = dumps({"a": np.ones(1 << 20, np.uint8)}, shared.append)
+    >>> loads(blob)["a"].sum(), len(shared)
+    (np.uint64(1048576), 1)
+    >>> shared[0].destroy()
+    True
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any, Callable
+
+import cloudpickle
+import numpy as np
+
+from jaxloader.workers.shm import Segment, attach
+
+SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
+
+
+class _Pickler(cloudpickle.Pickler):
+    def __init__(self, file: io.BytesIO, keep: Callable[[Segment], None]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._keep = keep
+        self._shared: dict[int, tuple] = {}
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is np.memmap and isinstance(obj.filename, str) and obj.base is not None:
+            array = np.asarray(obj)
+            offset = array.__array_interface__["data"][0] - _base_address(obj)
+            return ("memmap", obj.filename, obj.offset + offset, array.shape, array.dtype.str,
+                    array.strides)
+        if type(obj) is not np.ndarray or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
+            return None
+        ref = self._shared.get(id(obj))
+        if ref is None:
+            segment = Segment.create(obj.nbytes, prefault=False)
+            np.ndarray(obj.shape, obj.dtype, buffer=segment.buf)[...] = obj
+            self._keep(segment)
+            ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype.str)
+            self._shared[id(obj)] = ref
+        return ref
+
+
+def _base_address(mm: np.memmap) -> int:
+    base = mm
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    return np.asarray(base).__array_interface__["data"][0]
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid: tuple) -> np.ndarray:
+        if pid[0] == "shm":
+            _, name, size, shape, dtype = pid
+            array = np.ndarray(shape, np.dtype(dtype), buffer=attach(name, size))
+        else:
+            _, filename, offset, shape, dtype, strides = pid
+            mm = np.memmap(filename, dtype=np.uint8, mode="r")
+            array = np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset, strides=strides)
+        array.flags.writeable = False  # the source is shared: a transform must not write it
+        return array
+
+
+def dumps(obj: Any, keep: Callable[[Segment], None]) -> bytes:
+    """Pickles ``obj``; each shared segment is passed to ``keep`` (its owner must destroy it)."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, keep).dump(obj)
+    return buffer.getvalue()
+
+
+def loads(blob: bytes) -> Any:
+    return _Unpickler(io.BytesIO(blob)).load()

@@ -1,0 +1,243 @@
+"""The worker pool: hands steps to workers, takes batches back in step order.
+
+::
+
+    batches(start, stop)                          workers 0..N-1
+      submit step s ──("task", id, s, slot)──────> make(s) into the slot
+      reorder buffer {step: slot} <──("done", id)─┘
+      yield ring.hand_out(slot) in step order     (zero-copy NumPy views)
+      block on connection.wait(all worker pipes)  (a dead worker's pipe reports EOF at once)
+
+At most ``prefetch`` tasks are in flight per worker and at most ``num_workers * prefetch``
+batches are ahead of the consumer. Which worker makes a step does not matter: a batch is a pure
+function of its step. A new ``batches()`` run makes the old run's tasks stale: their results are
+dropped and their slots reused, so a restore never waits for them.
+
+Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
+worker, its pid, the exit code or exception, the step and record positions, with the worker's
+traceback, and every later call raises that same error.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import weakref
+from multiprocessing.connection import wait
+from typing import Any, Callable, Iterator, NamedTuple
+
+from jaxloader.errors import WorkerError
+from jaxloader.pipeline import BatchMaker
+from jaxloader.workers import payload
+from jaxloader.workers.process import WorkerProcess
+from jaxloader.workers.ring import SlotRing
+from jaxloader.workers.shm import Segment
+
+_DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
+
+
+class _Task(NamedTuple):
+    worker: int
+    step: int
+    run: int
+    segment: Segment
+
+
+class WorkerPool:
+    """Makes batches in ``num_workers`` processes (see the module docstring).
+
+    Example:
+        >>> pool = WorkerPool(maker, num_workers=2)          # doctest: +SKIP
+        >>> [b["x"] for b in pool.batches(0, 3)]              # doctest: +SKIP
+        >>> pool.close()                                      # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        maker: BatchMaker,
+        num_workers: int,
+        *,
+        prefetch: int = 2,
+        start_method: str = "exec",
+        worker_init_fn: Callable[[int], None] | None = None,
+    ) -> None:
+        self._maker = maker
+        self._prefetch = prefetch
+        self._ring = SlotRing()
+        self._shared: list[Segment] = []  # source arrays shared with the workers
+        self._workers: list[WorkerProcess] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._ring,
+                                           self._shared)
+        try:
+            blob = payload.dumps((maker, worker_init_fn), self._shared.append)
+        except Exception as e:
+            self.close()
+            raise _unpicklable(e, maker, worker_init_fn) from e
+        for i in range(num_workers):
+            worker = WorkerProcess(i, start_method)
+            self._workers.append(worker)
+            worker.conn.send(("init", sys.path, i, num_workers, maker.sampler.seed, blob))
+        self._tasks: dict[int, _Task] = {}
+        self._in_flight = [0] * num_workers
+        self._layouts: list[Any] = [None] * num_workers
+        self._next_task = 0
+        self._run = 0
+        self._broken: WorkerError | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers]
+
+    @property
+    def segment_count(self) -> int:
+        """Shared-memory segments this pool owns now (ring slots + shared source arrays)."""
+        return self._ring.segment_count + len(self._shared)
+
+    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
+        """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order."""
+        self._raise_if_broken()
+        self._run += 1
+        run = self._run
+        ready: dict[int, tuple] = {}
+        next_submit = next_yield = start
+        window = len(self._workers) * self._prefetch
+        try:
+            while stop is None or next_yield < stop:
+                while (stop is None or next_submit < stop) and next_submit - next_yield < window:
+                    worker = min(range(len(self._workers)), key=self._in_flight.__getitem__)
+                    if self._in_flight[worker] >= self._prefetch:
+                        break
+                    self._submit(worker, next_submit, run)
+                    next_submit += 1
+                if next_yield in ready:
+                    segment, layout, objects = ready.pop(next_yield)
+                    next_yield += 1
+                    yield self._ring.hand_out(segment, layout, objects)
+                else:
+                    self._receive(run, ready)
+        finally:
+            for segment, _, _ in ready.values():
+                self._ring.give_back(segment)
+
+    def _submit(self, worker: int, step: int, run: int) -> None:
+        segment = self._ring.take()
+        task_id = self._next_task
+        self._next_task += 1
+        self._tasks[task_id] = _Task(worker, step, run, segment)
+        self._in_flight[worker] += 1
+        self._send(worker, ("task", task_id, step, segment.name, segment.size))
+
+    def _send(self, worker: int, message: tuple) -> None:
+        try:
+            self._workers[worker].conn.send(message)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            self._worker_died(worker)
+
+    def _receive(self, run: int, ready: dict) -> None:
+        """Blocks until some worker reports; files its result or raises its failure."""
+        by_conn = {w.conn: i for i, w in enumerate(self._workers)}
+        for conn in wait(list(by_conn)):
+            worker = by_conn[conn]
+            try:
+                message = conn.recv()
+            except (EOFError, ConnectionResetError, OSError):
+                self._worker_died(worker)
+            kind = message[0]
+            if kind == "done":
+                _, task_id, name, layout, objects = message
+                task = self._tasks.pop(task_id)
+                self._in_flight[worker] -= 1
+                if layout is not None:
+                    self._layouts[worker] = layout
+                if task.run == run:
+                    ready[task.step] = (task.segment, self._layouts[worker], objects)
+                else:
+                    self._ring.give_back(task.segment)
+            elif kind == "grow":
+                _, task_id, nbytes = message
+                task = self._tasks[task_id]
+                segment = self._ring.grow(task.segment, nbytes)
+                self._tasks[task_id] = task._replace(segment=segment)
+                self._send(worker, ("slot", task_id, segment.name, segment.size))
+            elif kind == "error":
+                self._worker_failed(worker, *message[1:])
+            # "ready" needs no action: tasks were queued in the pipe behind the payload
+
+    def _worker_failed(self, worker: int, task_id: int, step: int | None, summary: str,
+                       remote_traceback: str, pickled: bytes | None) -> None:
+        w = self._workers[worker]
+        where = "while starting (loading the payload or running worker_init_fn)"
+        if step is not None:
+            where = f"at step {step} (record positions {self._positions(step)})"
+        cause = None
+        if pickled is not None:
+            try:
+                cause = pickle.loads(pickled)
+            except Exception:  # noqa: BLE001 - the text below still says what happened
+                cause = None
+        self._break(WorkerError(
+            f"worker {worker} (pid {w.pid}) raised {where}: {summary}\n"
+            f"--- traceback in the worker ---\n{remote_traceback.rstrip()}\n"
+            "--- the loader is broken; fix the cause and create a new DataLoader ---"
+        ), cause)
+
+    def _worker_died(self, worker: int) -> None:
+        w = self._workers[worker]
+        code = w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S)
+        steps = sorted(t.step for t in self._tasks.values() if t.worker == worker)
+        how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
+        if code is not None and code < 0 and -code == 9:
+            how += " (SIGKILL: often the out-of-memory killer)"
+        doing = (f"while making step {steps[0]} (record positions {self._positions(steps[0])})"
+                 if steps else "while idle")
+        self._break(WorkerError(
+            f"worker {worker} (pid {w.pid}) died {doing}: {how}; the loader is broken; check "
+            "memory use and native code in transforms, then create a new DataLoader"
+        ), None)
+
+    def _positions(self, step: int) -> str:
+        positions = self._maker.sampler.batch(step).positions
+        return f"{positions[0]}..{positions[-1]}, epoch {step // self._maker.sampler.steps_per_epoch}"
+
+    def _break(self, error: WorkerError, cause: BaseException | None) -> None:
+        error.__cause__ = cause
+        self._broken = error
+        self.close()
+        raise error
+
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+
+    def close(self) -> None:
+        """Stops the workers (signal, drain, join, kill) and unlinks every segment. Idempotent."""
+        self._finalizer()
+
+
+def _shutdown(workers: list[WorkerProcess], ring: SlotRing, shared: list[Segment]) -> None:
+    for worker in workers:
+        try:
+            worker.conn.send(("stop",))  # all at once, so they wind down in parallel
+        except (OSError, ValueError):
+            pass
+    for worker in workers:
+        worker.stop()
+    ring.close()
+    for segment in shared:
+        segment.destroy()
+    shared.clear()
+
+
+def _unpicklable(e: Exception, maker: BatchMaker, init_fn: Any) -> WorkerError:
+    suspects = [("source", maker.source), ("worker_init_fn", init_fn)]
+    suspects += [(f"transforms {t!r}", t) for t in maker.record_transforms + maker.batch_transforms]
+    for name, obj in suspects:
+        try:
+            payload.dumps(obj, lambda seg: seg.destroy())
+        except Exception as inner:  # noqa: BLE001
+            return WorkerError(
+                f"cannot send the {name} ({obj!r:.80}) to worker processes: "
+                f"{type(inner).__name__}: {inner}; make it picklable by cloudpickle (no open "
+                "files, locks or sockets; open them lazily in the worker), or use num_workers=0"
+            )
+    return WorkerError(f"cannot send the loader to worker processes: {type(e).__name__}: {e}")

@@ -1,0 +1,154 @@
+"""The worker process: make the batches it is asked for, straight into shared-memory slots.
+
+::
+
+    main ──("init", sys.path, payload)──> worker: set sys.path, loads(payload), init_fn(id)
+         ──("task", id, step, slot, size)─>        maker.make(step, alloc=slot) ─┐
+         <─("done", id, layout|None, objects)───────────────────────────────────┘
+         <─("grow", id, nbytes) ... ("slot", name, size)──>   (batch larger than its slot)
+         <─("error", id, step, summary, traceback, pickled exception or None)
+         ──("stop",) / EOF ──> exit
+
+The pipe is the only link: when the main process dies, ``recv`` sees EOF and the worker exits;
+Ctrl-C in the terminal is left to the main process (the worker ignores SIGINT). The worker never
+imports JAX and never unlinks a segment.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import traceback
+from collections import OrderedDict, deque
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple
+
+from jaxloader.tree import flatten
+from jaxloader.workers import payload, shm
+
+_MAX_MAPPED = 32  # slot mappings kept per worker: more than a ring holds in steady state
+
+
+class WorkerInfo(NamedTuple):
+    """What ``get_worker_info()`` returns inside a worker."""
+
+    id: int
+    num_workers: int
+    seed: int
+
+
+_INFO: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """``WorkerInfo(id, num_workers, seed)`` inside a worker process, ``None`` elsewhere.
+
+    Example:
+        >>> get_worker_info() is None  # in the main process
+        True
+    """
+    return _INFO
+
+
+class _Slots:
+    """The worker's mappings of slots by name, most recent last; at most ``_MAX_MAPPED``."""
+
+    def __init__(self) -> None:
+        self._maps: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, name: str, size: int) -> memoryview:
+        mapped = self._maps.pop(name, None)
+        if mapped is None or len(mapped) < size:
+            mapped = shm.attach(name, size)
+        self._maps[name] = mapped
+        while len(self._maps) > _MAX_MAPPED:  # slots the main process replaced or retired
+            self._maps.popitem(last=False)[1].close()
+        return memoryview(mapped)[:size]
+
+
+class _Inbox:
+    """Messages from the main process; those that arrive while a batch waits for a bigger
+    slot are kept for later, in order."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._pending: deque = deque()
+
+    def next(self) -> tuple:
+        return self._pending.popleft() if self._pending else self.conn.recv()
+
+    def wait_for_slot(self, task_id: int) -> tuple:
+        while True:
+            message = self.conn.recv()
+            if message[0] == "slot" and message[1] == task_id:
+                return message
+            if message[0] == "stop":
+                raise SystemExit(0)
+            self._pending.append(message)
+
+
+def serve(conn: Connection) -> None:
+    """The worker loop; returns when told to stop or when the main process is gone."""
+    global _INFO
+    _, path, worker_id, num_workers, seed, blob = conn.recv()
+    sys.path[:] = path
+    try:
+        maker, init_fn = payload.loads(blob)
+        _INFO = WorkerInfo(worker_id, num_workers, seed)
+        if init_fn is not None:
+            init_fn(worker_id)
+    except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
+        conn.send(("error", -1, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                   _pickled(e)))
+        return
+    conn.send(("ready", os.getpid()))
+    inbox, slots = _Inbox(conn), _Slots()
+    last_layout = None
+    while True:
+        message = inbox.next()
+        if message[0] == "stop":
+            return
+        _, task_id, step, name, size = message
+        slot = [name, size]
+
+        def alloc(nbytes: int) -> memoryview:
+            if nbytes > slot[1]:
+                conn.send(("grow", task_id, nbytes))
+                _, _, slot[0], slot[1] = inbox.wait_for_slot(task_id)
+            return slots.get(slot[0], slot[1])[:nbytes]
+
+        try:
+            batch, layout = maker.make(step, alloc)
+        except SystemExit:
+            return
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
+            conn.send(("error", task_id, step, f"{type(e).__name__}: {e}",
+                       traceback.format_exc(), _pickled(e)))
+            continue
+        objects = [leaf for spec, leaf in zip(layout.leaves, flatten(batch)[0])
+                   if spec.offset < 0]
+        del batch  # drop the views of the slot before the main process may reuse it
+        same = layout == last_layout
+        last_layout = layout
+        conn.send(("done", task_id, slot[0], None if same else layout, objects))
+
+
+def _pickled(e: BaseException) -> bytes | None:
+    try:
+        return pickle.dumps(e)
+    except Exception:  # noqa: BLE001 - an unpicklable exception still reaches the user as text
+        return None
+
+
+def main(fd: int) -> None:
+    """Entry point of an exec'd worker: ``fd`` is its end of the pipe to the main process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    try:
+        serve(conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process is gone or closed the pipe: nothing left to do
+    finally:
+        conn.close()

@@ -1,0 +1,261 @@
+"""Workers: same stream as in-process, resume across worker counts, failures, no leaks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import assert_same_stream, check_resume, take
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def source(n=61):
+    return jl.ArraySource({"x": np.arange(n * 4, dtype=np.float32).reshape(n, 4),
+                           "y": np.arange(n, dtype=np.int64)})
+
+
+def jitter(r, rng):
+    return {"x": r["x"] + rng.normal(size=4).astype(np.float32), "y": r["y"]}
+
+
+def make(num_workers, random_map=True, shuffle=True, last_batch="drop", **kw):
+    transforms = [jl.RandomMap(jitter)] if random_map else []
+    return lambda: jl.DataLoader(source(), batch_size=6, shuffle=shuffle, seed=5,
+                                 transforms=transforms, num_workers=num_workers,
+                                 last_batch=last_batch, process_index=0, process_count=1, **kw)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("random_map,last_batch", [(True, "drop"), (False, "pad"),
+                                                   (True, "partial")])
+def test_workers_give_the_in_process_stream(num_workers, random_map, last_batch):
+    total = 25  # crosses two epoch boundaries
+    with make(0, random_map, last_batch=last_batch)() as ref_loader:
+        reference = [dict((k, v.copy()) for k, v in b.items()) for b in take(ref_loader, total)]
+    with make(num_workers, random_map, last_batch=last_batch)() as loader:
+        got = take(loader, total)
+        assert_same_stream(got, reference)
+
+
+@pytest.mark.parametrize("restored_workers", [0, 1])
+def test_state_from_3_workers_restores_into_fewer(restored_workers):
+    for k in (0, 4, 10, 19):
+        check_resume(make(3), 22, k, make_restored=make(restored_workers))
+
+
+def test_restore_mid_run_drops_in_flight_batches():
+    with make(2)() as loader:
+        it = iter(loader)
+        next(it)
+        next(it)
+        state = loader.state_dict()
+        next(it)  # more batches are in flight now
+        loader.load_state_dict(state)
+        again = take(loader, 3)
+        expected = take(make(0)(), 5)[2:]
+        assert_same_stream(again, expected)
+
+
+def test_held_numpy_batches_never_change():
+    with make(2, prefetch=3)() as loader:
+        held = take(loader, 30)  # every slot stays referenced
+        assert_same_stream(held, take(make(0)(), 30))
+
+
+def test_slots_are_reused_in_steady_state():
+    with make(2)() as loader:
+        it = iter(jl.DataLoader(source(), batch_size=6, num_workers=0, process_index=0,
+                                process_count=1))  # unrelated loader: no interference
+        counts = []
+        loader.num_epochs = None
+        stream = iter(loader)
+        for _ in range(60):
+            next(stream)
+            counts.append(loader._engine.segment_count)
+        assert max(counts[10:]) == counts[10] <= 8, counts
+        del it
+
+
+class Ragged:
+    """Records whose length grows with the index: every batch needs a bigger slot."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return {"v": np.full(1000 * (i + 1), i, np.int32)}
+
+
+def test_slots_grow_for_variable_length_batches():
+    with jl.DataLoader(Ragged(), batch_size=1, num_workers=2, process_index=0,
+                       process_count=1) as loader:
+        for i, batch in enumerate(loader):
+            assert batch["v"].shape == (1, 1000 * (i + 1)) and (batch["v"] == i).all()
+
+
+def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
+    def boom(r):
+        if int(r["y"]) == 13:
+            raise ValueError("record thirteen is bad")
+        return r
+
+    loader = jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(boom)], num_workers=2,
+                           process_index=0, process_count=1)
+    pids = loader._engine.pids
+    it = iter(loader)
+    with pytest.raises(jl.WorkerError) as e:
+        list(it)
+    msg = str(e.value)
+    assert "at step 2" in msg and "record position 13" in msg
+    assert any(f"pid {p}" in msg for p in pids) and "worker " in msg
+    assert "traceback in the worker" in msg and "record thirteen is bad" in msg
+    assert "boom" in msg  # the remote traceback names the user's function
+    assert isinstance(e.value.__cause__, jl.RecordError)
+    with pytest.raises(jl.WorkerError) as again:  # broken is a state
+        iter(loader)
+    assert again.value is e.value
+    with pytest.raises(jl.WorkerError):
+        next(it)
+    loader.close()
+
+
+@pytest.mark.parametrize("how", ["sigkill", "exit"])
+def test_a_dead_worker_is_reported_at_once(how):
+    def die(r):
+        if int(r["y"]) == 20:
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3)
+        return r
+
+    loader = jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(die)], num_workers=2,
+                           process_index=0, process_count=1)
+    start = time.monotonic()
+    with pytest.raises(jl.WorkerError) as e:
+        list(loader)
+    assert time.monotonic() - start < 2.0 + 1.0  # startup + detection; never a hang
+    msg = str(e.value)
+    want = "killed by signal 9" if how == "sigkill" else "exit code 3"
+    assert want in msg and "pid " in msg and "step 3" in msg, msg
+    loader.close()
+
+
+def test_an_unpicklable_transform_is_named_at_construction():
+    lock = threading.Lock()
+
+    def uses_lock(r):
+        with lock:
+            return r
+
+    with pytest.raises(jl.WorkerError, match=r"transforms Map\(.*uses_lock.*lock"):
+        jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(uses_lock)], num_workers=2,
+                      process_index=0, process_count=1)
+
+
+def test_worker_info_and_init_fn():
+    def tag(r):
+        info = jl.get_worker_info()
+        return {"worker": np.int64(info.id), "count": np.int64(info.num_workers),
+                "inited": np.int64(os.environ.get("JAXLOADER_TEST_INIT", "-1")),
+                "jax": np.bool_("jax" in sys.modules)}
+
+    def init(worker_id):
+        os.environ["JAXLOADER_TEST_INIT"] = str(worker_id)
+
+    with jl.DataLoader(source(), batch_size=3, transforms=[jl.Map(tag)], num_workers=2,
+                       worker_init_fn=init, process_index=0, process_count=1) as loader:
+        batches = list(loader)
+    workers = np.concatenate([b["worker"] for b in batches])
+    assert set(workers.tolist()) == {0, 1}
+    assert all((b["count"] == 2).all() for b in batches)
+    assert all((b["inited"] == b["worker"]).all() for b in batches)
+    assert not any(b["jax"].any() for b in batches)  # workers stay light: no JAX
+    assert jl.get_worker_info() is None
+
+
+def test_bad_worker_arguments():
+    with pytest.raises(jl.ConfigError, match="prefetch"):
+        make(1, prefetch=0)()
+    with pytest.raises(jl.ConfigError, match="start_method.*'spawn'"):
+        make(1, start_method="spawn")()
+
+
+def _run_script(tmp_path, body: str, **popen) -> subprocess.Popen:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, **popen)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids, names, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        left = [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+        if not alive and not left:
+            return [], []
+        time.sleep(0.05)
+    return alive, left
+
+
+SCRIPT_HEAD = """
+    import os, sys, time
+    import numpy as np
+    import jaxloader as jl
+    open("side_effects.txt", "a").write("main script ran\\n")   # unguarded top level
+    src = jl.ArraySource({"x": np.zeros((4000, 300), np.float32), "y": np.arange(4000)})
+    loader = jl.DataLoader(src, batch_size=8, num_workers=2, num_epochs=None,
+                           transforms=[jl.Map(lambda r: r)], process_index=0, process_count=1)
+    it = iter(loader)
+    next(it)
+    segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"jaxloader_{os.getpid()}_")]
+    print(" ".join(map(str, loader._engine.pids)), "|", " ".join(segments), flush=True)
+"""
+
+
+def test_killed_main_process_leaves_no_workers_and_no_segments(tmp_path):
+    proc = _run_script(tmp_path, SCRIPT_HEAD + "    time.sleep(60)\n")
+    pids_part, names_part = proc.stdout.readline().split("|")
+    pids = [int(p) for p in pids_part.split()]
+    names = names_part.split()
+    assert len(pids) == 2 and names
+    proc.kill()
+    proc.wait()
+    alive, left = _wait_gone(pids, names)
+    assert not alive, f"workers outlived their parent: {alive}"
+    assert not left, f"segments left in /dev/shm: {left}"
+    assert (tmp_path / "side_effects.txt").read_text().count("ran") == 1  # never re-run
+
+
+def test_ctrl_c_shuts_down_cleanly(tmp_path):
+    proc = _run_script(tmp_path, SCRIPT_HEAD + """
+    while True:
+        next(it)
+    """)
+    pids_part, names_part = proc.stdout.readline().split("|")
+    pids, names = [int(p) for p in pids_part.split()], names_part.split()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert "KeyboardInterrupt" in err
+    alive, left = _wait_gone(pids, names, seconds=2.0)
+    assert not alive and not left, (alive, left, err)
+    assert "leaked shared_memory" not in err  # we unlinked them, not the resource tracker
