@@ -1,0 +1,281 @@
+"""jaxloader workers vs Grain (``mp_prefetch`` and ``grain.DataLoader``), 2 workers, one run.
+
+Run: ``python benchmarks/bench_workers.py [--quick]`` (needs ``pip install -e .[benchmark]``).
+
+Cases (same data, same process run, median of repeats):
+- large: 2,048 records of 224x224x3 uint8 + label, batch 64, in-memory, no transform;
+- small: 60,000 x (784 uint8 + label), batch 128, shuffled, per-record identity Map;
+- cpu: the large images through a random crop to 192, flip and normalise to float32;
+- time to first batch (construction -> first batch) on the small and the large data;
+- resident memory of the workers and /dev/shm use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+import jaxloader as jl
+from common import machine, save, table
+
+WORKERS = 2
+
+
+class RecordSource:
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.images[i], "label": self.labels[i]}
+
+
+def identity(record: dict) -> dict:
+    return record
+
+
+def crop_flip_normalise(record: dict, rng: np.random.Generator) -> dict:
+    image = record["image"]
+    y, x = rng.integers(0, 224 - 192 + 1, size=2)
+    image = image[y:y + 192, x:x + 192]
+    if rng.random() < 0.5:
+        image = image[:, ::-1]
+    image = (image.astype(np.float32) - 127.5) / 127.5
+    return {"image": image, "label": record["label"]}
+
+
+def batches_per_second(make_iter: Callable[[], Iterator], warmup: int, count: int,
+                       repeats: int) -> float:
+    rates = []
+    it = make_iter()
+    for _ in range(warmup):
+        next(it)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(count):
+            next(it)
+        rates.append(count / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def first_batch_seconds(make_iter: Callable[[], Iterator], repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        it = make_iter()
+        next(it)
+        times.append(time.perf_counter() - start)
+        del it
+    return statistics.median(times)
+
+
+# -- the loaders -------------------------------------------------------------------------------
+def grain_mp(source, batch, map_fn=None, random_fn=None, shuffle=True) -> Callable[[], Iterator]:
+    import grain
+
+    def make() -> Iterator:
+        ds = grain.MapDataset.source(source)
+        ds = ds.shuffle(seed=0) if shuffle else ds
+        ds = ds.repeat()
+        if map_fn is not None:
+            ds = ds.map(map_fn)
+        if random_fn is not None:
+            ds = ds.random_map(random_fn, seed=0)
+        ds = ds.batch(batch, drop_remainder=True).to_iter_dataset()
+        return iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=WORKERS)))
+    return make
+
+
+def grain_loader(source, batch, map_fn=None, random_fn=None, shuffle=True):
+    import grain
+
+    ops = []
+    if map_fn is not None:
+        ops.append(_GrainMap(map_fn))
+    if random_fn is not None:
+        ops.append(_GrainRandomMap(random_fn))
+    ops.append(grain.transforms.Batch(batch, drop_remainder=True))
+
+    def make() -> Iterator:
+        sampler = grain.samplers.IndexSampler(len(source), shuffle=shuffle, num_epochs=None,
+                                              seed=0)
+        return iter(grain.DataLoader(data_source=source, sampler=sampler, operations=ops,
+                                     worker_count=WORKERS))
+    return make
+
+
+def _grain_classes():
+    import grain
+
+    class GrainMap(grain.transforms.Map):
+        def __init__(self, fn):
+            self.fn = fn
+
+        def map(self, element):
+            return self.fn(element)
+
+    class GrainRandomMap(grain.transforms.RandomMap):
+        def __init__(self, fn):
+            self.fn = fn
+
+        def random_map(self, element, rng):
+            return self.fn(element, rng)
+
+    return GrainMap, GrainRandomMap
+
+
+_GrainMap, _GrainRandomMap = _grain_classes()
+
+
+def jaxloader_iter(source, batch, workers, transforms=(), shuffle=True):
+    holder = {}
+
+    def make() -> Iterator:
+        old = holder.pop("loader", None)
+        if old is not None:
+            old.close()
+        loader = jl.DataLoader(source, batch_size=batch, shuffle=shuffle, seed=0,
+                               transforms=list(transforms), num_workers=workers, num_epochs=None,
+                               process_index=0, process_count=1)
+        holder["loader"] = loader
+        return iter(loader)
+    make.holder = holder  # type: ignore[attr-defined]
+    return make
+
+
+def close(make) -> None:
+    loader = getattr(make, "holder", {}).pop("loader", None)
+    if loader is not None:
+        loader.close()
+
+
+# -- memory ------------------------------------------------------------------------------------
+def rss_kib(pid: int) -> dict:
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssShmem", "RssFile"):
+                fields[key] = int(value.split()[0])
+    return fields
+
+
+def shm_bytes(pid: int) -> int:
+    total = 0
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"jaxloader_{pid}_"):
+            total += os.stat(f"/dev/shm/{name}").st_blocks * 512
+    return total
+
+
+def memory_report(source_bytes: int, arrays: dict, workers: int) -> dict:
+    loader = jl.DataLoader(jl.ArraySource(arrays), batch_size=64, shuffle=True, seed=0,
+                           transforms=[jl.Map(identity)], num_workers=workers, num_epochs=None,
+                           process_index=0, process_count=1)
+    it = iter(loader)
+    for _ in range(3 * len(loader)):  # touch every record a few times
+        next(it)
+    report = {
+        "source_MiB": source_bytes / 2**20,
+        "workers": workers,
+        "worker_rss_MiB": [rss_kib(p)["VmRSS"] / 1024 for p in loader._engine.pids],
+        "worker_private_MiB": [rss_kib(p)["RssAnon"] / 1024 for p in loader._engine.pids],
+        "worker_shared_MiB": [rss_kib(p)["RssShmem"] / 1024 for p in loader._engine.pids],
+        "dev_shm_MiB": shm_bytes(os.getpid()) / 2**20,
+    }
+    loader.close()
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer batches and repeats")
+    parser.add_argument("--big-source-gib", type=float, default=2.0)
+    parser.add_argument("--only", default="large,small,cpu,first,memory",
+                        help="comma-separated subset of: large, small, cpu, first, memory")
+    args = parser.parse_args()
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; we pass none
+    repeats = 2 if args.quick else 3
+    rng = np.random.default_rng(0)
+    large_images = rng.integers(0, 256, (2048, 224, 224, 3), dtype=np.uint8)
+    large_labels = rng.integers(0, 10, 2048).astype(np.int64)
+    small_images = rng.integers(0, 256, (60_000, 784), dtype=np.uint8)
+    small_labels = rng.integers(0, 10, 60_000).astype(np.int64)
+    large_plain = RecordSource(large_images, large_labels)
+    small_plain = RecordSource(small_images, small_labels)
+    large_arrays = jl.ArraySource({"image": large_images, "label": large_labels})
+    small_arrays = jl.ArraySource({"image": small_images, "label": small_labels})
+    random_map = jl.RandomMap(crop_flip_normalise)
+
+    cases = {
+        "large": (64, 40 if args.quick else 150, {
+            "grain mp_prefetch": grain_mp(large_plain, 64),
+            "grain.DataLoader": grain_loader(large_plain, 64),
+            "jaxloader 0 workers": jaxloader_iter(large_arrays, 64, 0),
+            "jaxloader 2 workers": jaxloader_iter(large_arrays, 64, WORKERS),
+        }),
+        "small": (128, 200 if args.quick else 600, {
+            "grain mp_prefetch": grain_mp(small_plain, 128, map_fn=identity),
+            "grain.DataLoader": grain_loader(small_plain, 128, map_fn=identity),
+            "jaxloader 0 workers": jaxloader_iter(small_arrays, 128, 0, [jl.Map(identity)]),
+            "jaxloader 2 workers": jaxloader_iter(small_arrays, 128, WORKERS,
+                                                  [jl.Map(identity)]),
+        }),
+        "cpu": (64, 10 if args.quick else 30, {
+            "grain mp_prefetch": grain_mp(large_plain, 64, random_fn=crop_flip_normalise),
+            "grain.DataLoader": grain_loader(large_plain, 64, random_fn=crop_flip_normalise),
+            "jaxloader 0 workers": jaxloader_iter(large_arrays, 64, 0, [random_map]),
+            "jaxloader 2 workers": jaxloader_iter(large_arrays, 64, WORKERS, [random_map]),
+        }),
+    }
+    only = set(args.only.split(","))
+    results: dict = {"machine": machine(), "throughput": {}, "first_batch_s": {}}
+    for case, (batch, count, loaders) in cases.items():
+        if case not in only:
+            continue
+        results["throughput"][case] = {}
+        for name, make in loaders.items():
+            bps = batches_per_second(make, warmup=5, count=count, repeats=repeats)
+            close(make)
+            results["throughput"][case][name] = bps
+            print(f"{case:6s} {name:22s} {bps:10.1f} batches/s", flush=True)
+    for case in ("small", "large") if "first" in only else ():
+        results["first_batch_s"][case] = {}
+        for name in ("grain mp_prefetch", "grain.DataLoader", "jaxloader 2 workers"):
+            make = cases[case][2][name]
+            seconds = first_batch_seconds(make)
+            close(make)
+            results["first_batch_s"][case][name] = seconds
+            print(f"first batch {case:6s} {name:22s} {seconds:.3f} s", flush=True)
+
+    if "memory" in only:
+        big_n = int(args.big_source_gib * 2**30 // (224 * 224 * 3))
+        big = {"image": np.resize(large_images, (big_n, 224, 224, 3)),
+               "label": np.resize(large_labels, big_n)}
+        source_bytes = big["image"].nbytes + big["label"].nbytes
+        results["memory"] = memory_report(source_bytes, big, 4)
+        del big
+        print(results["memory"])
+
+    for case, (batch, _, _) in cases.items():
+        if case not in results["throughput"]:
+            continue
+        rows, base = [], results["throughput"][case]["grain mp_prefetch"]
+        for name, bps in results["throughput"][case].items():
+            rows.append((name, f"{bps:,.1f}", f"{bps * batch / 1e3:,.1f}k", f"{bps / base:.2f}x"))
+        print(f"\n{case}, batch {batch}; {machine()}")
+        print(table(rows, ("loader", "batches/s", "records/s", "vs grain mp_prefetch")))
+    save("workers", results)
+
+
+if __name__ == "__main__":
+    main()
