@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -69,21 +70,39 @@ class _Column(NamedTuple):
     shape: tuple  # of the whole batch leaf
     dtype: np.dtype
     values: Any  # list of per-record values to stack, or an ndarray already batched
+    positions: Any = None  # record positions, for error messages
+
+
+_SHAPE = attrgetter("shape")
+_SIGNATURE = attrgetter("shape", "dtype")
 
 
 def _record_column(path: str, values: list, positions: Any) -> _Column:
     first = values[0]
     n = len(values)
-    if isinstance(first, (np.ndarray, np.generic)):
+    if isinstance(first, np.ndarray) and first.ndim:
+        # Shapes are checked here; dtypes by the stacking itself (casting="no" refuses any
+        # difference), which saves a second pass over the records.
         try:
-            signatures = {(v.shape, v.dtype) for v in values}
+            same = len(set(map(_SHAPE, values))) == 1
         except AttributeError:  # a Python scalar or an object among the arrays
-            signatures = set()
-        if len(signatures) != 1:
+            same = False
+        if not same:
             _raise_leaf_mismatch(path, values, positions)
-        return _Column(path, (n, *first.shape), first.dtype, values)
+        return _Column(path, (n, *first.shape), first.dtype, values, positions)
+    if isinstance(first, (np.ndarray, np.generic)):
+        if first.dtype.kind in "biufc" and type(first) is not np.ndarray:
+            same = len(set(map(type, values))) == 1  # a numeric scalar type fixes the dtype
+        else:
+            try:
+                same = len(set(map(_SIGNATURE, values))) == 1
+            except AttributeError:
+                same = False
+        if not same:
+            _raise_leaf_mismatch(path, values, positions)
+        return _Column(path, (n, *first.shape), first.dtype, values, positions)
     if isinstance(first, (bool, int, float, complex)):
-        if len({type(v) for v in values}) != 1:
+        if len(set(map(type, values))) != 1:
             _raise_leaf_mismatch(path, values, positions)
         array = np.asarray(values)
         return _Column(path, array.shape, array.dtype, array)
@@ -216,7 +235,10 @@ def _stack(column: _Column, out: np.ndarray | None = None) -> np.ndarray:
     elif column.shape[1] == 0 or column.dtype.hasobject:
         out[...] = np.stack(values)
     else:  # rows of equal shape: one concatenate along axis 0 straight into out
-        np.concatenate(values, axis=0, out=out.reshape(-1, *column.shape[2:]))
+        try:
+            np.concatenate(values, axis=0, out=out.reshape(-1, *column.shape[2:]), casting="no")
+        except TypeError:  # a record's dtype differs from the first record's
+            _raise_leaf_mismatch(column.path, values, column.positions)
     return out
 
 

@@ -88,6 +88,8 @@ class BatchMaker:
         return collate.batch_columns(got, len(spec.indices))
 
     def _read_records(self, spec: BatchSpec) -> list:
+        if all(type(t) is Map for t in self.record_transforms):
+            return self._read_mapped(spec)
         source, transforms, epoch = self.source, self.record_transforms, spec.epoch
         records = []
         position = index = None
@@ -106,13 +108,38 @@ class BatchMaker:
         except JaxloaderError:
             raise
         except Exception as e:
-            stage = "source[index]" if t_index < 0 else f"transforms[{t_index}] {transforms[t_index]!r}"
-            raise RecordError(
-                f"step {spec.step}, epoch {epoch}, record position {position} (source index "
-                f"{index}): {stage} raised {type(e).__name__}: {e}; the original error is the "
-                "cause below"
-            ) from e
+            raise self._record_error(spec, position, index, t_index, e) from e
         return records
+
+    def _read_mapped(self, spec: BatchSpec) -> list:
+        """``_read_records`` when every record transform is a ``Map``: no generator needed."""
+        source, fns = self.source, [t.fn for t in self.record_transforms]
+        records = []
+        index = None
+        t_index = -1
+        try:
+            for index in spec.indices.tolist():
+                t_index = -1
+                record = source[index]
+                for t_index, fn in enumerate(fns):
+                    record = fn(record)
+                records.append(record)
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            position = spec.positions[len(records)]
+            raise self._record_error(spec, position, index, t_index, e) from e
+        return records
+
+    def _record_error(self, spec: BatchSpec, position: Any, index: Any, t_index: int,
+                      e: Exception) -> RecordError:
+        transforms = self.record_transforms
+        stage = "source[index]" if t_index < 0 else f"transforms[{t_index}] {transforms[t_index]!r}"
+        return RecordError(
+            f"step {spec.step}, epoch {spec.epoch}, record position {position} (source index "
+            f"{index}): {stage} raised {type(e).__name__}: {e}; the original error is the cause "
+            "below"
+        )
 
 
 def _span(spec: BatchSpec) -> str:

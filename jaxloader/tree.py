@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -67,8 +68,9 @@ def _build(treedef: TreeDef, next_leaf: Callable[[], Any]) -> Any:
     return tuple(children) if kind == "tuple" else children
 
 
+@functools.lru_cache(maxsize=256)  # one treedef per data set in practice; formatting costs
 def leaf_paths(treedef: TreeDef, prefix: str = "") -> list[str]:
-    """Readable paths of the leaves, e.g. ``["['image']", "['label']"]``."""
+    """Readable paths of the leaves, e.g. ``["['image']", "['label']"]`` (do not mutate)."""
     kind = treedef[0]
     if kind == "leaf":
         return [prefix or "<root>"]

@@ -62,7 +62,18 @@ def _base_address(mm: np.memmap) -> int:
 
 
 class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self._loaded: dict[tuple, np.ndarray] = {}  # pickle does not memoize persistent ids
+
     def persistent_load(self, pid: tuple) -> np.ndarray:
+        array = self._loaded.get(pid)
+        if array is None:
+            array = self._loaded[pid] = self._load(pid)
+        return array
+
+    @staticmethod
+    def _load(pid: tuple) -> np.ndarray:
         if pid[0] == "shm":
             _, name, size, shape, dtype = pid
             array = np.ndarray(shape, np.dtype(dtype), buffer=attach(name, size))

@@ -259,3 +259,48 @@ def test_ctrl_c_shuts_down_cleanly(tmp_path):
     alive, left = _wait_gone(pids, names, seconds=2.0)
     assert not alive and not left, (alive, left, err)
     assert "leaked shared_memory" not in err  # we unlinked them, not the resource tracker
+
+
+def _status_kib(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def test_an_in_memory_source_is_shared_not_copied_into_workers():
+    n = 256  # 256 records of 1 MiB: a 256 MiB source
+    arrays = {"x": np.ones((n, 1 << 20), np.uint8), "y": np.arange(n)}
+    with jl.DataLoader(jl.ArraySource(arrays), batch_size=8, transforms=[jl.Map(lambda r: r)],
+                       num_workers=2, process_index=0, process_count=1) as loader:
+        assert sum(int(b["x"][:, 0].sum()) for b in loader) == n  # every record read
+        for pid in loader._engine.pids:
+            private_mib = _status_kib(pid, "RssAnon") / 1024
+            shared_mib = _status_kib(pid, "RssShmem") / 1024
+            assert private_mib < 128, f"worker {pid} holds {private_mib:.0f} MiB privately"
+            assert shared_mib > 64, f"worker {pid} maps only {shared_mib:.0f} MiB shared"
+
+
+def test_fork_is_refused_once_jax_is_imported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax", sys.modules.get("jax", object()))
+    with pytest.raises(jl.ConfigError, match="fork.*JAX is imported.*'exec'"):
+        make(2, start_method="fork")()
+
+
+def test_fork_start_method_gives_the_same_stream(tmp_path):
+    proc = _run_script(tmp_path, """
+    import numpy as np, jaxloader as jl, sys
+    assert "jax" not in sys.modules
+    src = jl.ArraySource({"x": np.arange(50.0), "y": np.arange(50)})
+    def noise(r, rng):
+        return {"x": r["x"] + rng.random(), "y": r["y"]}
+    def run(**kw):
+        with jl.DataLoader(src, batch_size=4, shuffle=True, transforms=[jl.RandomMap(noise)],
+                           process_index=0, process_count=1, num_epochs=2, **kw) as dl:
+            return [b["x"].copy() for b in dl]
+    a, b = run(num_workers=2, start_method="fork"), run(num_workers=0)
+    print(len(a), all(np.array_equal(x, y) for x, y in zip(a, b)))
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert out.split() == ["24", "True"], err

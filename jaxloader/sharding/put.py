@@ -1,0 +1,105 @@
+"""Host batch -> sharded ``jax.Array``s, on one host or many.
+
+- One process: ``jax.device_put(leaf, sharding)``.
+- Several processes: each passes its local rows to
+  ``jax.make_array_from_process_local_data(sharding, local, global_shape)`` and gets the global
+  array; the global batch is ``batch_size * process_count`` rows.
+
+``sharding`` is one ``jax.sharding.Sharding`` for every leaf, or a pytree of them that is a
+prefix of the batch (one per leaf or per subtree). ``data_sharding(mesh, "data")`` builds the
+usual data-parallel one: the batch axis split over the mesh axis ``"data"``, the other axes (and
+the other mesh axes) replicated. Object leaves (strings, bytes) stay NumPy arrays.
+
+Example:
+    >>> import jax, numpy as np
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    >>> put = Putter(data_sharding(mesh), process_count=1)
+    >>> put({"x": np.zeros((jax.device_count() * 2, 3))})["x"].sharding == data_sharding(mesh)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+
+from jaxloader.errors import ConfigError
+
+
+def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> NamedSharding:
+    """The batch axis split over ``data_axis`` of ``mesh``; everything else replicated.
+
+    Example:
+        >>> mesh = jax.make_mesh((jax.device_count(), 1), ("data", "model"))
+        >>> data_sharding(mesh).spec
+        PartitionSpec('data',)
+    """
+    axes = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
+    missing = [a for a in axes if a not in mesh.axis_names]
+    if missing:
+        raise ConfigError(
+            f"data_sharding: mesh axis {missing[0]!r} not in the mesh, whose axes are "
+            f"{tuple(mesh.axis_names)}; pass data_axis= one of them"
+        )
+    return NamedSharding(mesh, PartitionSpec(axes[0] if len(axes) == 1 else axes))
+
+
+def _is_sharding(x: Any) -> bool:
+    return isinstance(x, Sharding)
+
+
+class Putter:
+    """Turns a host batch (pytree of NumPy arrays) into a batch of global ``jax.Array``s."""
+
+    def __init__(self, sharding: Any, process_count: int) -> None:
+        leaves = jax.tree_util.tree_leaves(sharding, is_leaf=_is_sharding)
+        if not leaves or not all(_is_sharding(s) for s in leaves):
+            bad = next((s for s in leaves if not _is_sharding(s)), sharding)
+            raise ConfigError(
+                f"sharding: expected a jax.sharding.Sharding or a pytree of them, got "
+                f"{type(bad).__name__} {bad!r:.80}; for data parallelism pass "
+                "jaxloader.data_sharding(mesh, 'data')"
+            )
+        self.sharding = sharding
+        self.process_count = process_count
+
+    def __call__(self, batch: Any) -> Any:
+        try:
+            return jax.tree_util.tree_map(self._put_subtree, self.sharding, batch,
+                                          is_leaf=_is_sharding)
+        except ValueError as e:
+            if "structure" not in str(e) and "prefix" not in str(e):
+                raise
+            raise ConfigError(
+                f"sharding: its tree must be a prefix of the batch's tree; sharding tree "
+                f"{jax.tree_util.tree_structure(self.sharding, is_leaf=_is_sharding)}, batch "
+                f"tree {jax.tree_util.tree_structure(batch)}; pass one Sharding for all leaves "
+                "or mirror the batch's keys"
+            ) from e
+
+    def _put_subtree(self, sharding: Sharding, subtree: Any) -> Any:
+        paths_leaves = jax.tree_util.tree_flatten_with_path(subtree)[0]
+        treedef = jax.tree_util.tree_structure(subtree)
+        placed = [self._put_leaf(sharding, leaf, jax.tree_util.keystr(path))
+                  for path, leaf in paths_leaves]
+        return jax.tree_util.tree_unflatten(treedef, placed)
+
+    def _put_leaf(self, sharding: Sharding, leaf: Any, path: str) -> Any:
+        if isinstance(leaf, np.ndarray) and leaf.dtype.hasobject:
+            return leaf  # strings and objects have no device representation
+        try:
+            if self.process_count == 1:
+                return jax.device_put(leaf, sharding)
+            global_shape = (leaf.shape[0] * self.process_count, *leaf.shape[1:])
+            return jax.make_array_from_process_local_data(sharding, leaf, global_shape)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(
+                f"sharding: cannot place batch leaf {path or '<root>'} (local shape "
+                f"{np.shape(leaf)}, dtype {getattr(leaf, 'dtype', type(leaf).__name__)}, "
+                f"{self.process_count} process(es)) with {sharding}: {e}; the global batch "
+                "(batch_size x process_count) must divide evenly over the devices of the data "
+                "axis"
+            ) from e

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+
+from jaxloader.collate import collate
+from jaxloader.workers.ring import SlotRing
+
+
+def _fill(ring, segment, value):
+    records = [{"v": np.full(100, value, np.int32)} for _ in range(4)]
+    buf = segment.buf
+    _, layout = collate(records, alloc=lambda n: buf[:n])
+    return layout
+
+
+def test_slots_come_back_only_when_the_views_are_garbage():
+    ring = SlotRing()
+    first = ring.take()
+    layout = _fill(ring, first, 1)
+    batch = ring.hand_out(first, layout, [])
+    second = ring.take()
+    assert second.name != first.name  # the first is still read by the user
+    ring.give_back(second)
+    view = batch["v"][2:]  # a view of a view keeps the slot too
+    del batch
+    gc.collect()
+    assert ring.take().name == second.name
+    assert view.sum() == 100 * 2
+    del view
+    gc.collect()
+    assert ring.take().name == first.name
+    assert ring.segment_count == 2
+    ring.close()
+
+
+def test_grow_replaces_the_slot_and_new_slots_get_the_largest_size():
+    ring = SlotRing()
+    small = ring.take()
+    big = ring.grow(small, small.size * 3)
+    assert big.size >= small.size * 3 and not os.path.exists(f"/dev/shm/{small.name}")
+    ring.give_back(big)
+    assert ring.take().size == big.size
+    assert ring.take().size >= big.size  # a fresh slot is created at the grown size
+    ring.close()
+
+
+def test_close_unlinks_everything_even_while_views_live():
+    ring = SlotRing()
+    seg = ring.take()
+    batch = ring.hand_out(seg, _fill(ring, seg, 7), [])
+    ring.close()
+    assert not os.path.exists(f"/dev/shm/{seg.name}")
+    assert (batch["v"] == 7).all()  # still readable until the user drops it
