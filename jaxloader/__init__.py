@@ -19,6 +19,7 @@ from jaxloader.errors import (
 )
 from jaxloader.loader import DataLoader, LoaderIterator
 from jaxloader.sources import ArraySource, Source
+from jaxloader.stats import LoaderStats
 from jaxloader.transforms import BatchMap, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 
@@ -30,6 +31,7 @@ __all__ = [
     "DataLoader",
     "JaxloaderError",
     "LoaderIterator",
+    "LoaderStats",
     "Map",
     "RandomMap",
     "RecordError",
@@ -40,3 +42,17 @@ __all__ = [
     "get_worker_info",
 ]
 __version__ = "0.1.0"
+
+
+def data_sharding(mesh, data_axis="data"):  # noqa: ANN001, ANN201 - re-exported lazily
+    """The batch axis split over ``data_axis`` of ``mesh``, the rest replicated.
+
+    Imported on first use so that ``import jaxloader`` (and every worker) stays free of JAX.
+    See ``jaxloader.sharding.put.data_sharding``.
+    """
+    from jaxloader.sharding.put import data_sharding as build
+
+    return build(mesh, data_axis)
+
+
+__all__.append("data_sharding")

@@ -14,13 +14,16 @@ between two ``next()`` calls always names the next batch the user would have see
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 from jaxloader.errors import ConfigError, JaxloaderError, WorkerError
 from jaxloader.pipeline import BatchMaker
 from jaxloader.sampling import Sampler
+from jaxloader.sharding.prefetch import DevicePrefetcher
 from jaxloader.sources import check_source
 from jaxloader.state import check_state, make_state
+from jaxloader.stats import LoaderStats
 from jaxloader.transforms import split_transforms
 
 
@@ -64,6 +67,11 @@ class DataLoader:
         process_index, process_count: this process's place among the hosts that share the
             global batch; default to ``jax.process_index()``/``jax.process_count()``.
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
+        sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
+            ``jaxloader.data_sharding(mesh, "data")``; batches are then global ``jax.Array``s
+            (``batch_size * process_count`` rows), placed by a background thread.
+        device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
+            0 places each batch in ``next()``.
 
     Two ways to loop, both resumable with ``state_dict()``::
 
@@ -95,6 +103,8 @@ class DataLoader:
         prefetch: int = 2,
         worker_init_fn: Callable[[int], None] | None = None,
         start_method: str = "exec",
+        sharding: Any = None,
+        device_prefetch: int = 2,
     ) -> None:
         num_records = check_source(source)
         if process_index is None or process_count is None:
@@ -117,6 +127,18 @@ class DataLoader:
             )
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ConfigError(f"prefetch: expected an int >= 1 (batches per worker), got {prefetch!r}")
+        if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or (
+                device_prefetch < 0):
+            raise ConfigError(
+                f"device_prefetch: expected an int >= 0 (batches ready on device), got "
+                f"{device_prefetch!r}"
+            )
+        self._putter = None
+        if sharding is not None:
+            from jaxloader.sharding.put import Putter
+
+            self._putter = Putter(sharding, self._sampler.process_count)
+        self.device_prefetch = device_prefetch
         record_transforms, batch_transforms = split_transforms(transforms)
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key)
@@ -125,6 +147,8 @@ class DataLoader:
         self._generation = 0
         self._closed = False
         self._broken: JaxloaderError | None = None
+        self._active: LoaderIterator | None = None
+        self._stats = [0, 0.0, 0.0]  # batches, wait_s, run_s
         if num_workers == 0:
             self._engine: Any = _InProcessEngine(self._maker)
         else:
@@ -153,15 +177,31 @@ class DataLoader:
         """The epoch of the next batch."""
         return self._step // self._sampler.steps_per_epoch
 
+    @property
+    def stats(self) -> LoaderStats:
+        """Batches handed out, time waited inside ``next()`` and time run between calls."""
+        return LoaderStats(*self._stats)
+
+    def reset_stats(self) -> None:
+        self._stats = [0, 0.0, 0.0]
+
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> "LoaderIterator":
         self._check_open()
-        self._generation += 1
+        self._invalidate()
         start = self._step
         stop = None
         if self.num_epochs is not None:
             stop = (self.epoch + self.num_epochs) * self._sampler.steps_per_epoch
-        return LoaderIterator(self, self._generation, start, stop)
+        self._active = LoaderIterator(self, self._generation, start, stop)
+        return self._active
+
+    def _invalidate(self) -> None:
+        """Makes live iterators stale and stops what they run (thread, engine run)."""
+        self._generation += 1
+        if self._active is not None:
+            self._active._stop_work()
+            self._active = None
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -171,14 +211,14 @@ class DataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
         self._step = check_state(state, self._sampler)
-        self._generation += 1
+        self._invalidate()
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
         """Releases workers and buffers; idempotent."""
         if not self._closed:
             self._closed = True
-            self._generation += 1
+            self._invalidate()
             self._engine.close()
 
     def __enter__(self) -> "DataLoader":
@@ -203,11 +243,22 @@ class LoaderIterator:
         self._step = start
         self._stop = stop
         self._batches = loader._engine.batches(start, stop)
+        self._prefetcher: DevicePrefetcher | None = None
+        self._last_return: float | None = None
+        put = loader._putter
+        if put is None:
+            self._next: Callable[[], Any] = self._batches.__next__
+        elif loader.device_prefetch == 0:
+            self._next = lambda: put(next(self._batches))
+        else:
+            self._prefetcher = DevicePrefetcher(self._batches, put, loader.device_prefetch)
+            self._next = self._prefetcher.next
 
     def __iter__(self) -> "LoaderIterator":
         return self
 
     def __next__(self) -> Any:
+        entered = time.perf_counter()
         loader = self._loader
         if loader._broken is not None:
             raise loader._broken
@@ -220,10 +271,24 @@ class LoaderIterator:
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration
         try:
-            batch = next(self._batches)
+            batch = self._next()
         except WorkerError as e:
             loader._broken = e
             raise
         self._step += 1
         loader._step = self._step
+        returned = time.perf_counter()
+        stats = loader._stats
+        stats[0] += 1
+        stats[1] += returned - entered
+        if self._last_return is not None:
+            stats[2] += entered - self._last_return
+        self._last_return = returned
         return batch
+
+    def _stop_work(self) -> None:
+        """Stops the device-put thread or closes the engine run (frees its slots)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+        else:
+            self._batches.close()

@@ -112,13 +112,16 @@ class WorkerPool:
                     next_submit += 1
                 if next_yield in ready:
                     segment, layout, objects = ready.pop(next_yield)
+                    if segment is None:  # the step failed: raise in order, at its turn
+                        self._break(*layout)
                     next_yield += 1
                     yield self._ring.hand_out(segment, layout, objects)
                 else:
                     self._receive(run, ready)
         finally:
             for segment, _, _ in ready.values():
-                self._ring.give_back(segment)
+                if segment is not None:
+                    self._ring.give_back(segment)
 
     def _submit(self, worker: int, step: int, run: int) -> None:
         segment = self._ring.take()
@@ -161,11 +164,20 @@ class WorkerPool:
                 self._tasks[task_id] = task._replace(segment=segment)
                 self._send(worker, ("slot", task_id, segment.name, segment.size))
             elif kind == "error":
-                self._worker_failed(worker, *message[1:])
+                _, task_id, step = message[:3]
+                failure = self._worker_failed(worker, *message[1:])
+                task = self._tasks.pop(task_id, None)
+                if task is None:  # the worker failed to start: nothing else can run
+                    self._break(*failure)
+                self._in_flight[worker] -= 1
+                self._ring.give_back(task.segment)
+                if task.run == run:
+                    ready[task.step] = (None, failure, None)
             # "ready" needs no action: tasks were queued in the pipe behind the payload
 
     def _worker_failed(self, worker: int, task_id: int, step: int | None, summary: str,
-                       remote_traceback: str, pickled: bytes | None) -> None:
+                       remote_traceback: str, pickled: bytes | None) -> tuple:
+        """The (error, cause) to raise for a worker's failure report."""
         w = self._workers[worker]
         where = "while starting (loading the payload or running worker_init_fn)"
         if step is not None:
@@ -176,11 +188,11 @@ class WorkerPool:
                 cause = pickle.loads(pickled)
             except Exception:  # noqa: BLE001 - the text below still says what happened
                 cause = None
-        self._break(WorkerError(
+        return WorkerError(
             f"worker {worker} (pid {w.pid}) raised {where}: {summary}\n"
             f"--- traceback in the worker ---\n{remote_traceback.rstrip()}\n"
             "--- the loader is broken; fix the cause and create a new DataLoader ---"
-        ), cause)
+        ), cause
 
     def _worker_died(self, worker: int) -> None:
         w = self._workers[worker]

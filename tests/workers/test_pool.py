@@ -304,3 +304,22 @@ def test_fork_start_method_gives_the_same_stream(tmp_path):
     """)
     out, err = proc.communicate(timeout=60)
     assert out.split() == ["24", "True"], err
+
+
+def test_a_worker_error_surfaces_at_its_own_step_after_the_earlier_batches():
+    import time as _time
+
+    def slow_then_bad(r):
+        y = int(r["y"])
+        if y < 6:
+            _time.sleep(0.05)  # step 0 is slow, so step 1's failure arrives first
+        if y == 6:
+            raise ValueError("step one fails")
+        return r
+
+    with jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(slow_then_bad)],
+                       num_workers=2, process_index=0, process_count=1) as loader:
+        it = iter(loader)
+        assert next(it)["y"].tolist() == [0, 1, 2, 3, 4, 5]
+        with pytest.raises(jl.WorkerError, match="at step 1"):
+            next(it)

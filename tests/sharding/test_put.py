@@ -1,0 +1,100 @@
+"""Sharded batches on 8 CPU devices: every device holds exactly its rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharding.devices import run_with_devices
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_data_parallel_mesh_each_device_holds_its_rows():
+    out = run_with_devices("""
+    mesh = jax.make_mesh((8,), ("data",))
+    loader = jl.DataLoader(source(40), batch_size=16, shuffle=True, seed=1, num_workers=2,
+                           sharding=jl.data_sharding(mesh), process_index=0, process_count=1)
+    ref = reference(40, batch_size=16, shuffle=True, seed=1)
+    devices = list(mesh.devices.flat)
+    with loader:
+        batches = list(loader)
+    assert len(batches) == len(ref) == 2
+    for batch, want in zip(batches, ref):
+        for key in ("x", "y"):
+            arr = batch[key]
+            assert isinstance(arr, jax.Array) and arr.shape == want[key].shape
+            assert len(arr.addressable_shards) == 8
+            for shard in arr.addressable_shards:
+                i = devices.index(shard.device)
+                assert shard.index[0] == slice(2 * i, 2 * i + 2), shard.index
+                assert np.array_equal(np.asarray(shard.data), want[key][2 * i:2 * i + 2])
+    print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_2d_mesh_replicates_over_the_model_axis():
+    out = run_with_devices("""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    loader = jl.DataLoader(source(24), batch_size=8, num_workers=0, last_batch="pad",
+                           sharding=jl.data_sharding(mesh, "data"), device_prefetch=0,
+                           process_index=0, process_count=1)
+    ref = reference(24, batch_size=8, last_batch="pad")
+    for batch, want in zip(loader, ref):
+        for key in ("x", "y", "mask"):
+            rows = {}
+            for shard in batch[key].addressable_shards:
+                d, m = np.argwhere(mesh.devices == shard.device)[0]
+                assert shard.index[0] == slice(2 * d, 2 * d + 2)
+                data = np.asarray(shard.data)
+                assert np.array_equal(data, want[key][2 * d:2 * d + 2])
+                rows.setdefault(d, []).append(data)
+            assert sorted(rows) == [0, 1, 2, 3] and all(len(v) == 2 for v in rows.values())
+    print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_pytree_of_shardings_and_object_leaves():
+    out = run_with_devices("""
+    mesh = jax.make_mesh((4,), ("data",))
+    class Tagged:
+        def __len__(self): return 8
+        def __getitem__(self, i):
+            return {"x": np.full(2, i, np.float32), "name": f"r{i}"}
+    replicated = NamedSharding(mesh, P())
+    loader = jl.DataLoader(Tagged(), batch_size=4, num_workers=1, process_index=0,
+                           process_count=1,
+                           sharding={"x": replicated, "name": jl.data_sharding(mesh)})
+    with loader:
+        batch = next(iter(loader))
+    assert batch["x"].sharding == replicated and batch["x"].shape == (4, 2)
+    assert isinstance(batch["name"], np.ndarray) and batch["name"].tolist() == ["r0", "r1", "r2", "r3"]
+    print("ok")
+    """, n=4)
+    assert out.strip() == "ok"
+
+
+def test_bad_shardings_give_clear_errors():
+    out = run_with_devices("""
+    mesh = jax.make_mesh((4,), ("data",))
+    for bad, match in [("nope", "expected a jax.sharding.Sharding"),]:
+        try:
+            jl.DataLoader(source(8), batch_size=4, sharding=bad)
+        except jl.ConfigError as e:
+            assert match in str(e), e
+    try:
+        jl.data_sharding(mesh, "batch")
+    except jl.ConfigError as e:
+        assert "'batch' not in the mesh" in str(e) and "('data',)" in str(e)
+    loader = jl.DataLoader(source(12), batch_size=6, sharding=jl.data_sharding(mesh),
+                           device_prefetch=0)
+    try:
+        next(iter(loader))
+    except jl.ConfigError as e:
+        assert "['x']" in str(e) and "(6, 3, 2)" in str(e) and "divide evenly" in str(e), e
+    else:
+        raise AssertionError("6 rows over 4 devices must be refused")
+    print("ok")
+    """, n=4)
+    assert out.strip() == "ok"
