@@ -1,0 +1,44 @@
+"""One host of a two-host run (started by test_multihost.py): jax.distributed on the CPU backend.
+
+Usage: multihost_run.py PROCESS_ID PORT OUT_DIR STEPS [SAVE_AT | resume]
+
+Runs the loader (2 workers, sharded over both hosts' devices), gathers each global batch and,
+on host 0, saves the stream. With SAVE_AT it also writes each host's state after SAVE_AT steps;
+with "resume" it first loads OUT_DIR/resume_state.json and continues from there.
+"""
+
+import json
+import sys
+
+import jax
+
+process_id, port, out_dir, steps, mode = sys.argv[1:6]
+jax.config.update("jax_num_cpu_devices", 2)
+jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
+                           process_id=int(process_id))
+
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+import jaxloader as jl  # noqa: E402
+from sharding.multihost_config import make_loader  # noqa: E402
+
+mesh = jax.make_mesh((jax.device_count(),), ("data",))
+loader = make_loader(batch_size=4, num_workers=2, sharding=jl.data_sharding(mesh))
+assert loader.state_dict()["process_count"] == 2
+if mode == "resume":
+    with open(f"{out_dir}/resume_state.json") as f:
+        loader.load_state_dict(json.load(f))
+stream = {"x": [], "y": []}
+it = iter(loader)
+for step in range(int(steps)):
+    batch = next(it)
+    for key in stream:
+        stream[key].append(np.asarray(multihost_utils.process_allgather(batch[key], tiled=True)))
+    if mode != "resume" and step + 1 == int(mode):
+        with open(f"{out_dir}/state_{process_id}.json", "w") as f:
+            json.dump(loader.state_dict(), f)
+loader.close()
+if process_id == "0":
+    np.savez(f"{out_dir}/stream_{mode}.npz", **{k: np.stack(v) for k, v in stream.items()})
+print("done", process_id)
