@@ -213,6 +213,24 @@ class DataLoader:
         self._step = check_state(state, self._sampler)
         self._invalidate()
 
+    # -- orbax v1 (StatefulCheckpointable) ----------------------------------------------------
+    async def save(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable.save``: this process's state as a JSON file.
+
+        Example:
+            >>> from orbax.checkpoint.experimental import v1 as ocp_v1     # doctest: +SKIP
+            >>> ocp_v1.save_checkpointables(path, {"state": state, "loader": loader})  # +SKIP
+        """
+        from jaxloader.checkpoint import save_v1
+
+        return await save_v1(self, directory)
+
+    async def load(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable.load``: continues from the saved position."""
+        from jaxloader.checkpoint import load_v1
+
+        return await load_v1(self, directory)
+
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
         """Releases workers and buffers; idempotent."""

@@ -1,0 +1,163 @@
+"""Orbax checkpointing of a loader's position, next to the model, in one step.
+
+Importing this module imports Orbax; ``import jaxloader`` does not (workers stay light).
+
+Classic API (``CheckpointManager``)::
+
+    import orbax.checkpoint as ocp
+    from jaxloader.checkpoint import LoaderSave, LoaderRestore
+
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                               loader=LoaderSave(loader)))
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), loader=LoaderRestore(loader)))
+
+Newer API (``orbax.checkpoint.experimental.v1``): a ``DataLoader`` is a
+``StatefulCheckpointable``::
+
+    ocp_v1.save_checkpointables(path, {"state": state, "loader": loader})
+    ocp_v1.load_checkpointables(path, {"state": abstract_state, "loader": loader})
+
+Each process writes its own ``process_{i}-of-{n}.json`` (the loader's ``state_dict()``). A
+restore reads this process's file when the process count is the same, and otherwise any file
+of the checkpoint: every process of one step holds the same global position, and
+``load_state_dict`` checks that the global batch, data, seed and policy still fit, listing what
+differs when they do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Awaitable
+
+import orbax.checkpoint as ocp
+
+from jaxloader.errors import StateDictError
+
+_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
+
+
+def state_filename(loader: Any) -> str:
+    """``process_{i}-of-{n}.json`` for this loader's process index and count."""
+    sampler = loader._sampler
+    return f"process_{sampler.process_index}-of-{sampler.process_count}.json"
+
+
+def write_state(directory: os.PathLike | str, loader: Any, state: dict | None = None) -> None:
+    """Writes this process's loader state into ``directory`` (which must exist)."""
+    state = loader.state_dict() if state is None else state
+    path = os.path.join(os.fspath(directory), state_filename(loader))
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+    os.replace(tmp, path)
+
+
+def read_state(directory: os.PathLike | str, loader: Any) -> dict:
+    """The state in ``directory`` that fits this process (see the module docstring)."""
+    directory = os.fspath(directory)
+    own = os.path.join(directory, state_filename(loader))
+    if os.path.exists(own):
+        path = own
+    else:
+        files = sorted(f for f in os.listdir(directory) if _FILE.match(f)) if os.path.isdir(
+            directory) else []
+        if not files:
+            raise StateDictError(
+                f"checkpoint {directory}: expected loader state files "
+                f"'process_<i>-of-<n>.json', found {sorted(os.listdir(directory)) if os.path.isdir(directory) else 'no directory'}; "
+                "was the loader saved with jaxloader.checkpoint (LoaderSave or the v1 API)?"
+            )
+        path = os.path.join(directory, files[0])
+    with open(path) as f:
+        return json.load(f)
+
+
+def restore_into(directory: os.PathLike | str, loader: Any) -> dict:
+    """Reads the fitting state and loads it into ``loader``; returns the state."""
+    state = read_state(directory, loader)
+    try:
+        loader.load_state_dict(state)
+    except StateDictError as e:
+        raise StateDictError(f"checkpoint {os.fspath(directory)}: {e}") from e
+    return state
+
+
+# -- classic API -----------------------------------------------------------------------------
+@dataclasses.dataclass
+class LoaderSave(ocp.args.CheckpointArgs):
+    """Saves ``loader``'s position with ``LoaderCheckpointHandler``.
+
+    Example:
+        >>> ocp.args.Composite(loader=LoaderSave(loader))  # doctest: +SKIP
+    """
+
+    loader: Any
+
+
+@dataclasses.dataclass
+class LoaderRestore(ocp.args.CheckpointArgs):
+    """Restores a checkpointed position into ``loader`` (which must exist already)."""
+
+    loader: Any
+
+
+class LoaderCheckpointHandler(ocp.CheckpointHandler):
+    """Orbax handler: one JSON file per process with the loader's ``state_dict()``."""
+
+    def save(self, directory: Any, *args: Any, **kwargs: Any) -> None:
+        save_args = _args(args, kwargs, LoaderSave)
+        os.makedirs(os.fspath(directory), exist_ok=True)
+        write_state(directory, save_args.loader)
+
+    def restore(self, directory: Any, *args: Any, **kwargs: Any) -> dict:
+        restore_args = _args(args, kwargs, LoaderRestore)
+        return restore_into(directory, restore_args.loader)
+
+    def metadata(self, directory: Any) -> None:
+        return None
+
+    def finalize(self, directory: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _args(args: tuple, kwargs: dict, cls: type) -> Any:
+    value = kwargs.get("args", args[0] if args else None)
+    if not isinstance(value, cls):
+        raise TypeError(
+            f"LoaderCheckpointHandler: expected args={cls.__name__}(loader), got "
+            f"{type(value).__name__}; save with LoaderSave(loader), restore with "
+            "LoaderRestore(loader)"
+        )
+    return value
+
+
+ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)(LoaderSave)
+ocp.args.register_with_handler(LoaderCheckpointHandler, for_restore=True)(LoaderRestore)
+
+
+# -- orbax v1: DataLoader.save / DataLoader.load call these ----------------------------------
+async def save_v1(loader: Any, directory: Any) -> Awaitable[None]:
+    """``StatefulCheckpointable.save``: the state is taken now, written in the background."""
+    state = loader.state_dict()
+
+    async def write() -> None:
+        path = await directory.await_creation()
+        write_state(path, loader, state)
+
+    return write()
+
+
+async def load_v1(loader: Any, directory: Any) -> Awaitable[None]:
+    """``StatefulCheckpointable.load``: reads and applies the fitting state."""
+
+    async def read() -> None:
+        restore_into(directory, loader)
+
+    return read()

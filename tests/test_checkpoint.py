@@ -1,0 +1,116 @@
+"""Orbax checkpointing of the loader: both APIs, other process counts, incompatible loaders."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from orbax.checkpoint.experimental import v1 as ocp_v1
+
+import jaxloader as jl
+from jaxloader.checkpoint import LoaderRestore, LoaderSave, read_state, write_state
+from resume_harness import assert_same_stream, take
+
+pytestmark = pytest.mark.timeout(240)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make(batch_size=4, seed=0, process_index=0, process_count=1, **kw):
+    source = jl.ArraySource({"x": np.arange(50.0), "y": np.arange(50)})
+    return jl.DataLoader(source, batch_size=batch_size, shuffle=True, seed=seed,
+                         num_epochs=None, process_index=process_index,
+                         process_count=process_count, **kw)
+
+
+def test_classic_manager_round_trip_continues_exactly(tmp_path):
+    state = {"w": np.arange(3.0)}
+    with make() as loader:
+        take(loader, 7)
+        manager = ocp.CheckpointManager(tmp_path)
+        manager.save(7, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                loader=LoaderSave(loader)))
+        manager.wait_until_finished()
+        expected = take(loader, 5)
+    assert "process_0-of-1.json" in os.listdir(tmp_path / "7" / "loader")
+    with make() as fresh:
+        restored = manager.restore(7, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(state), loader=LoaderRestore(fresh)))
+        assert restored["loader"]["step"] == 7 and fresh.step == 7
+        assert_same_stream(take(fresh, 5), expected)
+
+
+def test_v1_checkpointables_round_trip(tmp_path):
+    with make(num_workers=1) as loader:
+        take(loader, 3)
+        ocp_v1.save_checkpointables(tmp_path / "ckpt", {"loader": loader,
+                                                        "state": {"w": np.ones(2)}})
+        expected = take(loader, 4)
+    with make(num_workers=0) as fresh:
+        ocp_v1.load_checkpointables(tmp_path / "ckpt", {"loader": fresh,
+                                                        "state": {"w": np.ones(2)}})
+        assert_same_stream(take(fresh, 4), expected)
+
+
+def test_an_incompatible_loader_is_refused_with_the_differences(tmp_path):
+    with make() as loader:
+        take(loader, 2)
+        manager = ocp.CheckpointManager(tmp_path)
+        manager.save(2, args=ocp.args.Composite(loader=LoaderSave(loader)))
+        manager.wait_until_finished()
+    with make(batch_size=5, seed=9) as other, pytest.raises(jl.StateDictError) as e:
+        manager.restore(2, args=ocp.args.Composite(loader=LoaderRestore(other)))
+    msg = str(e.value)
+    assert "global_batch_size: expected 5, received 4" in msg and "seed: expected 9" in msg
+
+
+def test_one_file_per_process_and_restore_into_another_process_count(tmp_path):
+    hosts = [make(batch_size=2, process_index=p, process_count=2) for p in range(2)]
+    for loader in hosts:
+        take(loader, 6)
+        write_state(tmp_path, loader)
+    assert sorted(os.listdir(tmp_path)) == ["process_0-of-2.json", "process_1-of-2.json"]
+    single = make(batch_size=4)
+    assert read_state(tmp_path, single)["step"] == 6
+    from jaxloader.checkpoint import restore_into
+
+    restore_into(tmp_path, single)
+    reference = take(make(batch_size=4), 10)[6:]
+    assert_same_stream(take(single, 4), reference)
+    with pytest.raises(jl.StateDictError, match="process_<i>-of-<n>.json"):
+        read_state(tmp_path / "missing", single)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _run(root, nproc: int, mode: str) -> None:
+    port = _free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "checkpoint_run.py"), str(i),
+                               str(nproc), str(port), str(root), mode], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(nproc)]
+    for i, p in enumerate(procs):
+        out, err = p.communicate(timeout=200)
+        assert p.returncode == 0 and f"done {i}" in out, f"process {i}: {out}\n{err[-3000:]}"
+
+
+def test_two_process_checkpoints_restore_into_one_and_two_processes(tmp_path):
+    _run(tmp_path, 2, "save")
+    expected = np.load(tmp_path / "expected.npy")
+    assert sorted(os.listdir(tmp_path / "v1" / "loader")) == ["process_0-of-2.json",
+                                                               "process_1-of-2.json"]
+    for nproc in (1, 2):
+        _run(tmp_path, nproc, "restore")
+        for api in ("classic", "v1"):
+            got = np.load(tmp_path / f"{api}_into_{nproc}.npy")
+            assert np.array_equal(got, expected), f"{api} into {nproc} process(es)"
