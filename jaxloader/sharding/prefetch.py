@@ -1,16 +1,23 @@
-"""The device-put thread: host batches in, device batches out, ``depth`` ready ahead.
+"""Device prefetch: host batches made ahead in a thread, device copies dispatched ahead.
 
 ::
 
-    host batches (engine) ──> thread: put(batch) ──> block_until_ready ──> ready queue ──> next()
-                               ^ acquires one of `depth` permits         consumer releases one ┘
+    engine (workers or in-process) ──> host thread ──(queue, `depth` ahead)──┐
+                                       NumPy only, never calls JAX           │
+    next() ── in the caller's thread: dispatch put(host) for the next batches ┘
+              keep `depth` device batches in flight, return the oldest
 
-At most ``depth`` batches are ahead of the consumer (made, being copied, or ready on device).
-The thread drops its references to a host batch once the copy is done; the shared-memory slot
-under it returns to the ring when nothing else reads it (on the CPU backend ``device_put`` may
-keep the host memory as the device buffer, and then the slot stays out for as long as the device
-array lives: a held array never changes). An exception in the thread reaches the consumer,
-unchanged, at the batch where it happened.
+JAX calls stay in the thread that runs the training step. On JAX's CPU backend a
+``device_put`` issued from another thread while a multi-device step waits in a collective
+deadlocks the collective's rendezvous (measured: 8 CPU devices, an all-reduce, hung for good);
+issued from the caller's thread the copies are ordered with the steps. ``jax.device_put`` is
+asynchronous, so on an accelerator the copy of batch N+``depth`` overlaps the step on batch N.
+
+Bounds: ``depth`` device copies in flight and ``depth`` host batches made ahead of them.
+Once dispatched, the host batch is dropped: JAX keeps the host memory alive until its copy is
+done (or, on CPU, for as long as the device array aliases it), so the shared-memory slot
+returns to the ring only when nothing reads it. An exception from the host side reaches the
+consumer, unchanged, after the batches before it.
 
 Example:
     >>> p = DevicePrefetcher(iter([1, 2, 3]), put=lambda b: b * 10, depth=2)
@@ -21,63 +28,56 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from typing import Any, Callable, Iterator
 
-_JOIN_TIMEOUT_S = 10.0  # the thread may be finishing one batch (a worker's, a device copy)
+_JOIN_TIMEOUT_S = 10.0  # the thread may be finishing one batch (a worker's, an in-process one)
 _END = object()
 
 
-class DevicePrefetcher:
-    """Runs ``put`` over ``host_batches`` in a thread; ``next()`` returns them in order."""
+class HostPrefetcher:
+    """Runs ``host_batches`` in a thread, at most ``depth`` batches ahead of ``get()``."""
 
-    def __init__(self, host_batches: Iterator[Any], put: Callable[[Any], Any], depth: int) -> None:
+    def __init__(self, host_batches: Iterator[Any], depth: int) -> None:
         self._host_batches = host_batches
-        self._put = put
         self._permits = threading.Semaphore(depth)
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
-        self._finished = False
-        self._thread = threading.Thread(target=self._run, name="jaxloader-device-put",
+        self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        import jax
-
         try:
             while True:
                 self._permits.acquire()
                 if self._stop.is_set():
                     return
                 host = next(self._host_batches, _END)
+                self._ready.put((host, None))
                 if host is _END:
-                    self._ready.put((_END, None))
                     return
-                device = jax.block_until_ready(self._put(host))
-                del host  # the copy is done: the host memory may be reused
-                self._ready.put((device, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, in order
             self._ready.put((None, e))
         finally:
             close = getattr(self._host_batches, "close", None)
             if close is not None:
                 close()  # in this thread, which ran it: returns its slots to the ring
 
-    def next(self) -> Any:
-        """The next device batch; raises StopIteration at the end, or the thread's error."""
-        if self._finished:
-            raise StopIteration
-        device, error = self._ready.get()
+    def ready(self) -> bool:
+        """True if ``get()`` would not wait."""
+        return not self._ready.empty()
+
+    def get(self) -> Any:
+        """The next host batch, ``_END`` at the end; raises the thread's error."""
+        host, error = self._ready.get()
         if error is not None:
-            self._finished = True
             raise error
-        if device is _END:
-            self._finished = True
-            raise StopIteration
-        self._permits.release()
-        return device
+        if host is not _END:
+            self._permits.release()
+        return host
 
     def close(self) -> None:
         """Stops the thread (after the batch it is making) and waits for it. Idempotent."""
@@ -85,3 +85,40 @@ class DevicePrefetcher:
         self._permits.release()  # wakes a thread waiting for a permit
         if self._thread is not threading.current_thread():
             self._thread.join(_JOIN_TIMEOUT_S)
+
+
+class DevicePrefetcher:
+    """``next()`` returns ``put(batch)`` in order, with ``depth`` copies dispatched ahead."""
+
+    def __init__(self, host_batches: Iterator[Any], put: Callable[[Any], Any], depth: int) -> None:
+        self._host = HostPrefetcher(host_batches, depth)
+        self._put = put
+        self._depth = depth
+        self._in_flight: collections.deque = collections.deque()
+        self._pending: BaseException | None = None  # raised once the batches before it are out
+        self._ended = False
+
+    def next(self) -> Any:
+        """The next device batch; raises StopIteration at the end, or the host side's error."""
+        try:
+            while len(self._in_flight) < self._depth and not self._ended and self._pending is None:
+                if self._in_flight and not self._host.ready():
+                    break  # do not wait for a batch that is not needed yet
+                host = self._host.get()
+                if host is _END:
+                    self._ended = True
+                else:
+                    self._in_flight.append(self._put(host))
+                    del host  # dispatched: JAX holds the host memory until the copy is done
+        except BaseException as e:  # noqa: BLE001 - delivered after the batches before it
+            self._pending = e
+        if self._in_flight:
+            return self._in_flight.popleft()
+        if self._pending is not None:
+            raise self._pending
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stops the host thread and drops the batches in flight. Idempotent."""
+        self._host.close()
+        self._in_flight.clear()
