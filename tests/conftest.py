@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 import pytest
 
@@ -34,11 +35,20 @@ def _segments() -> set[str]:
         return set()
 
 
+_EXIT_GRACE_S = 3.0  # a child told to stop (a worker, a notebook kernel) may still be exiting
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     before = _segments()
     yield
-    children = [p for p in multiprocessing.active_children() if p.is_alive()] + live_children()
+    deadline = time.monotonic() + _EXIT_GRACE_S
+    while True:
+        children = [p for p in multiprocessing.active_children() if p.is_alive()]
+        children += live_children()
+        if not children or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert not children, f"live child processes left behind: {children}"
     leaked = _segments() - before
     assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"
