@@ -13,22 +13,9 @@ from typing import Callable
 import numpy as np
 
 import jaxloader as jl
-from common import machine, rate, save, table
+from common import RecordSource, machine, rate, save, table
 
 N, D, BATCH = 60_000, 784, 128
-
-
-class RecordSource:
-    """A plain random-access source (what Grain and a hand loop get)."""
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"image": self.images[i], "label": self.labels[i]}
 
 
 def main() -> None:

@@ -21,20 +21,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 import jaxloader as jl
-from common import machine, save, table
+from common import RecordSource, machine, save, table
 
 WORKERS = 2
-
-
-class RecordSource:
-    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"image": self.images[i], "label": self.labels[i]}
 
 
 def identity(record: dict) -> dict:

@@ -9,6 +9,8 @@ import statistics
 import time
 from typing import Callable, Iterable
 
+import numpy as np
+
 OUT_DIR = os.path.join(os.path.dirname(__file__), "out")
 
 
@@ -46,3 +48,16 @@ def save(name: str, results: dict) -> str:
     with open(path, "w") as f:
         json.dump(results, f, indent=2)
     return path
+
+
+class RecordSource:
+    """A plain random-access source of {"image", "label"} records: what every peer reads."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.images[i], "label": self.labels[i]}

@@ -9,6 +9,8 @@ Example:
     [(4,), (4,)]
 """
 
+from typing import TYPE_CHECKING
+
 from jaxloader.errors import (
     CollateError,
     ConfigError,
@@ -43,12 +45,18 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # for annotations only: importing jaxloader must not import JAX
+    from jax.sharding import Mesh, NamedSharding
 
-def data_sharding(mesh, data_axis="data"):  # noqa: ANN001, ANN201 - re-exported lazily
+
+def data_sharding(mesh: "Mesh", data_axis: str | tuple[str, ...] = "data") -> "NamedSharding":
     """The batch axis split over ``data_axis`` of ``mesh``, the rest replicated.
 
-    Imported on first use so that ``import jaxloader`` (and every worker) stays free of JAX.
-    See ``jaxloader.sharding.put.data_sharding``.
+    Imported on first use, so that ``import jaxloader`` (and every worker) stays free of JAX.
+
+    Example:
+        >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))     # doctest: +SKIP
+        >>> loader = DataLoader(source, batch_size=64, sharding=data_sharding(mesh))  # +SKIP
     """
     from jaxloader.sharding.put import data_sharding as build
 

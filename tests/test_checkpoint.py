@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -15,6 +11,7 @@ from orbax.checkpoint.experimental import v1 as ocp_v1
 
 import jaxloader as jl
 from jaxloader.checkpoint import LoaderRestore, LoaderSave, read_state, write_state
+from launch import run_hosts
 from resume_harness import assert_same_stream, take
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,22 +83,9 @@ def test_one_file_per_process_and_restore_into_another_process_count(tmp_path):
         read_state(tmp_path / "missing", single)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _run(root, nproc: int, mode: str) -> None:
-    port = _free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "checkpoint_run.py"), str(i),
-                               str(nproc), str(port), str(root), mode], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(nproc)]
-    for i, p in enumerate(procs):
-        out, err = p.communicate(timeout=200)
-        assert p.returncode == 0 and f"done {i}" in out, f"process {i}: {out}\n{err[-3000:]}"
+    run_hosts(os.path.join(HERE, "checkpoint_run.py"), nproc,
+              [str(nproc), "{port}", str(root), mode])
 
 
 def test_two_process_checkpoints_restore_into_one_and_two_processes(tmp_path):

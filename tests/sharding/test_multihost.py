@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from launch import run_hosts
 from sharding.multihost_config import make_loader
 
 pytestmark = pytest.mark.timeout(240)
@@ -18,23 +16,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, SAVE_AT = 14, 5  # 90 records / global batch 8 = 12 steps an epoch: crosses a boundary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _two_hosts(out_dir, steps: int, mode: str) -> None:
-    port = _free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multihost_run.py"), str(i),
-                               str(port), str(out_dir), str(steps), mode],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for i in range(2)]
-    for i, p in enumerate(procs):
-        out, err = p.communicate(timeout=200)
-        assert p.returncode == 0 and f"done {i}" in out, f"host {i}: {out}\n{err[-3000:]}"
+    pythonpath = os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
+    run_hosts(os.path.join(HERE, "multihost_run.py"), 2,
+              ["{port}", str(out_dir), str(steps), mode], env={"PYTHONPATH": pythonpath})
 
 
 def _single(steps: int, state: dict | None = None) -> dict:
