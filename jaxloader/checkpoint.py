@@ -63,15 +63,16 @@ def read_state(directory: os.PathLike | str, loader: Any) -> dict:
     if os.path.exists(own):
         path = own
     else:
-        files = sorted(f for f in os.listdir(directory) if _FILE.match(f)) if os.path.isdir(
-            directory) else []
+        present = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+        files = [f for f in present if _FILE.match(f)]
         if not files:
+            found = present if os.path.isdir(directory) else "no such directory"
             raise StateDictError(
                 f"checkpoint {directory}: expected loader state files "
-                f"'process_<i>-of-<n>.json', found {sorted(os.listdir(directory)) if os.path.isdir(directory) else 'no directory'}; "
-                "was the loader saved with jaxloader.checkpoint (LoaderSave or the v1 API)?"
+                f"'process_<i>-of-<n>.json', found {found}; was the loader saved with "
+                "jaxloader.checkpoint (LoaderSave or the v1 API)?"
             )
-        path = os.path.join(directory, files[0])
+        path = os.path.join(directory, files[0])  # every process's file holds the same step
     with open(path) as f:
         return json.load(f)
 

@@ -56,13 +56,16 @@ class Layout(NamedTuple):
 
     def views(self, buffer: Any, objects: list | None = None) -> Any:
         """The batch as NumPy arrays over ``buffer`` (no copy); object leaves from ``objects``."""
+        return tree_lib.unflatten(self.treedef, self.leaf_views(buffer, objects))
+
+    def leaf_views(self, buffer: Any, objects: list | None = None) -> list:
+        """``views`` as a list of leaves, in treedef order."""
         objs = iter(objects or ())
-        arrays = [
+        return [
             next(objs) if spec.offset < 0
             else np.ndarray(spec.shape, spec.dtype, buffer=buffer, offset=spec.offset)
             for spec in self.leaves
         ]
-        return tree_lib.unflatten(self.treedef, arrays)
 
 
 class _Column(NamedTuple):
@@ -211,11 +214,11 @@ def materialize(
         return tree_lib.unflatten(treedef, arrays), layout
     buffer = alloc(layout.nbytes)
     objects = [_stack(c) for c in columns if c.dtype.hasobject]
-    batch = layout.views(buffer, objects)
-    for column, out in zip(columns, tree_lib.flatten(batch)[0]):
+    leaves = layout.leaf_views(buffer, objects)
+    for column, out in zip(columns, leaves):
         if not column.dtype.hasobject:
             _stack(column, out)
-    return batch, layout
+    return tree_lib.unflatten(treedef, leaves), layout
 
 
 def _stack(column: _Column, out: np.ndarray | None = None) -> np.ndarray:

@@ -78,6 +78,7 @@ class WorkerPool:
             raise _unpicklable(e, maker, worker_init_fn) from e
         for i, worker in enumerate(self._workers):
             worker.conn.send(("init", sys.path, i, num_workers, maker.sampler.seed, blob))
+        self._by_conn = {w.conn: i for i, w in enumerate(self._workers)}
         self._tasks: dict[int, _Task] = {}
         self._in_flight = [0] * num_workers
         self._layouts: list[Any] = [None] * num_workers
@@ -139,9 +140,8 @@ class WorkerPool:
 
     def _receive(self, run: int, ready: dict) -> None:
         """Blocks until some worker reports; files its result or raises its failure."""
-        by_conn = {w.conn: i for i, w in enumerate(self._workers)}
-        for conn in wait(list(by_conn)):
-            worker = by_conn[conn]
+        for conn in wait(list(self._by_conn)):
+            worker = self._by_conn[conn]
             try:
                 message = conn.recv()
             except (EOFError, ConnectionResetError, OSError):

@@ -127,8 +127,10 @@ def serve(conn: Connection) -> None:
             conn.send(("error", task_id, step, f"{type(e).__name__}: {e}",
                        traceback.format_exc(), _pickled(e)))
             continue
-        objects = [leaf for spec, leaf in zip(layout.leaves, flatten(batch)[0])
-                   if spec.offset < 0]
+        objects = []
+        if any(spec.offset < 0 for spec in layout.leaves):  # strings/objects travel by pipe
+            objects = [leaf for spec, leaf in zip(layout.leaves, flatten(batch)[0])
+                       if spec.offset < 0]
         del batch  # drop the views of the slot before the main process may reuse it
         same = layout == last_layout
         last_layout = layout

@@ -74,8 +74,6 @@ def test_held_numpy_batches_never_change():
 
 def test_slots_are_reused_in_steady_state():
     with make(2)() as loader:
-        it = iter(jl.DataLoader(source(), batch_size=6, num_workers=0, process_index=0,
-                                process_count=1))  # unrelated loader: no interference
         counts = []
         loader.num_epochs = None
         stream = iter(loader)
@@ -83,7 +81,6 @@ def test_slots_are_reused_in_steady_state():
             next(stream)
             counts.append(loader._engine.segment_count)
         assert max(counts[10:]) == counts[10] <= 8, counts
-        del it
 
 
 class Ragged:
