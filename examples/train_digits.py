@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 
 import flax.linen as nn
 import jax
@@ -69,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--checkpoint-dir", default=os.path.join("checkpoints", "digits"))
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--fresh", action="store_true",
+                        help="delete --checkpoint-dir first and start a new run")
     parser.add_argument("--loss-log", help="append every step's loss here, as JSON lines")
     return parser.parse_args()
 
@@ -99,11 +102,20 @@ def main() -> None:
         return {"params": optax.apply_updates(state["params"], updates),
                 "opt_state": opt_state}, loss
 
+    directory = os.path.abspath(args.checkpoint_dir)
+    if args.fresh and os.path.isdir(directory):
+        shutil.rmtree(directory)
     manager = ocp.CheckpointManager(
-        os.path.abspath(args.checkpoint_dir),
+        directory,
         options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
     )
     step = 0
+    if not args.resume and manager.latest_step() is not None:
+        raise SystemExit(
+            f"{directory} already holds checkpoints of another run (latest step "
+            f"{manager.latest_step()}): pass --resume to continue it, --fresh to delete it and "
+            "start over, or --checkpoint-dir to start a new run elsewhere"
+        )
     if args.resume and manager.latest_step() is not None:
         step = manager.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
