@@ -181,7 +181,7 @@ def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarr
     if treedef[0] != "dict":
         raise CollateError(
             f"last_batch='pad' adds a {key!r} leaf to each batch, so records must be dicts; got "
-            f"{tree_lib._describe(treedef)}; return a dict from a Map, or use last_batch='drop'"
+            f"{tree_lib.describe(treedef)}; return a dict from a Map, or use last_batch='drop'"
         )
     if key in treedef[1]:
         raise CollateError(

@@ -75,9 +75,6 @@ class BatchMap:
         return f"BatchMap({_name(self.fn)})"
 
 
-RecordTransform = Map | RandomMap
-
-
 def split_transforms(transforms: Sequence[Any]) -> tuple[tuple, tuple]:
     """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``."""
     if callable(transforms) or isinstance(transforms, (Map, RandomMap, BatchMap)):

@@ -117,7 +117,8 @@ def _gather(trees: list, treedef: TreeDef, positions: Any, path: str, out: list)
         _gather([t[i] for t in trees], child, positions, path + name, out)
 
 
-def _describe(treedef: TreeDef) -> str:
+def describe(treedef: TreeDef) -> str:
+    """A short readable description of a structure, for error messages."""
     kind = treedef[0]
     if kind == "dict":
         return f"dict with keys {sorted(map(str, treedef[1]))}"
@@ -136,7 +137,7 @@ def _raise_mismatch(trees: list, treedef: TreeDef, positions: Any, path: str) ->
             first = f"record position {positions[0]}" if positions is not None else "item 0"
             raise CollateError(
                 f"batch leaf {path or '<root>'}: records differ in structure: {first} has "
-                f"{_describe(treedef)}, {where} has {_describe(got)}; make every record the "
+                f"{describe(treedef)}, {where} has {describe(got)}; make every record the "
                 "same structure (a Map can add missing keys)"
             )
     raise CollateError(f"batch leaf {path or '<root>'}: records differ in structure")

@@ -89,6 +89,20 @@ class _Inbox:
             self._pending.append(message)
 
 
+class _Lease:
+    """The slot a task writes into; ``alloc`` asks the main process for a bigger one if needed."""
+
+    def __init__(self, task_id: int, name: str, size: int, inbox: _Inbox, slots: _Slots) -> None:
+        self.task_id, self.name, self.size = task_id, name, size
+        self._inbox, self._slots = inbox, slots
+
+    def alloc(self, nbytes: int) -> memoryview:
+        if nbytes > self.size:
+            self._inbox.conn.send(("grow", self.task_id, nbytes))
+            _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id)
+        return self._slots.get(self.name, self.size)[:nbytes]
+
+
 def serve(conn: Connection) -> None:
     """The worker loop; returns when told to stop or when the main process is gone."""
     global _INFO
@@ -111,16 +125,9 @@ def serve(conn: Connection) -> None:
         if message[0] == "stop":
             return
         _, task_id, step, name, size = message
-        slot = [name, size]
-
-        def alloc(nbytes: int) -> memoryview:
-            if nbytes > slot[1]:
-                conn.send(("grow", task_id, nbytes))
-                _, _, slot[0], slot[1] = inbox.wait_for_slot(task_id)
-            return slots.get(slot[0], slot[1])[:nbytes]
-
+        lease = _Lease(task_id, name, size, inbox, slots)
         try:
-            batch, layout = maker.make(step, alloc)
+            batch, layout = maker.make(step, lease.alloc)
         except SystemExit:
             return
         except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
@@ -134,7 +141,7 @@ def serve(conn: Connection) -> None:
         del batch  # drop the views of the slot before the main process may reuse it
         same = layout == last_layout
         last_layout = layout
-        conn.send(("done", task_id, slot[0], None if same else layout, objects))
+        conn.send(("done", task_id, lease.name, None if same else layout, objects))
 
 
 def _pickled(e: BaseException) -> bytes | None:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
-import jaxloader as jl
 from jaxloader.sharding.prefetch import DevicePrefetcher
 from sharding.devices import run_with_devices
 
