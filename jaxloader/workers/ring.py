@@ -7,15 +7,16 @@
       └──────────────────┴──── give_back() / views garbage-collected <──┘
 
 A slot is a ``Segment`` reused batch after batch (no per-batch segment in steady state). It goes
-back to the free list only when nothing can read it any more: a ``weakref.finalize`` on the one
-base array that every handed-out view hangs from. New slots are created at the largest size seen,
+back to the free list only when nothing can read it any more: a weak reference to the one base
+array that every handed-out view hangs from. Its callback is ``deque.append``, a builtin: no
+Python code runs when the views die, so a Ctrl-C can never land in (and be swallowed by) a slot
+return, as it could in a ``weakref.finalize`` callback. New slots are created at the largest size seen,
 so variable-length data grows the ring once, not every batch. The ring owns (and at ``close()``
 unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they die.
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections import deque
 from typing import Any
@@ -29,15 +30,15 @@ _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing dat
 
 
 class SlotRing:
-    """Owns the slots; see the module docstring. Not thread-safe except ``_release``."""
+    """Owns the slots; see the module docstring. Not thread-safe, except that views may die
+    in any thread."""
 
     def __init__(self) -> None:
         self._free: list[Segment] = []
-        self._released: deque[Segment] = deque()  # appended by finalizers, from any thread
+        self._lent: dict[int, tuple[weakref.ref, Segment]] = {}  # id(ref) -> (ref, its slot)
+        self._dead: deque[weakref.ref] = deque()  # refs whose views died (appended atomically)
         self._segments: dict[str, Segment] = {}
         self._size = 0  # bytes: the size new slots get
-        self._closed = False
-        self._lock = threading.Lock()  # orders _release against close()
 
     @property
     def segment_count(self) -> int:
@@ -45,8 +46,9 @@ class SlotRing:
 
     def take(self) -> Segment:
         """A free slot (the largest size seen so far), created if none is free."""
-        while self._released:
-            self._free.append(self._released.popleft())
+        while self._dead:
+            _, segment = self._lent.pop(id(self._dead.popleft()))
+            self._free.append(segment)
         while self._free:
             segment = self._free.pop()
             if segment.size >= self._size:
@@ -67,29 +69,23 @@ class SlotRing:
     def hand_out(self, segment: Segment, layout: Layout, objects: list) -> Any:
         """The batch in ``segment`` as NumPy views; the slot returns when they are all gone."""
         base = np.frombuffer(segment.buf, np.uint8, count=layout.nbytes)
-        weakref.finalize(base, self._release, segment)
+        ref = weakref.ref(base, self._dead.append)
+        self._lent[id(ref)] = (ref, segment)  # the ref must outlive the views to call back
         return layout.views(base, objects)
 
-    def _release(self, segment: Segment) -> None:
-        with self._lock:
-            if not self._closed:  # else: close() unlinked it; it unmaps when the views go
-                self._released.append(segment)
-
     def _create(self, size: int) -> Segment:
-        segment = Segment.create(size)
-        self._segments[segment.name] = segment
-        return segment
+        return Segment.create(size, registry=self._segments)  # close() finds it, even if cut short
 
     def _destroy(self, segment: Segment) -> None:
         self._segments.pop(segment.name, None)
         segment.destroy()  # unmapped now, or when the last view of it dies
 
     def close(self) -> None:
-        """Unlinks every segment; unmaps those no view reads. Idempotent."""
-        with self._lock:
-            self._closed = True
+        """Unlinks every segment; unmaps those no view reads (the rest when their views die).
+        Idempotent."""
         for segment in list(self._segments.values()):
             segment.destroy()
         self._segments.clear()
         self._free.clear()
-        self._released.clear()
+        self._lent.clear()
+        self._dead.clear()

@@ -51,21 +51,34 @@ class Segment:
         self._linked = True
 
     @classmethod
-    def create(cls, size: int, prefault: bool = True) -> "Segment":
-        """A new segment of at least ``size`` bytes (rounded up to whole pages)."""
+    def create(cls, size: int, prefault: bool = True,
+               registry: dict[str, "Segment"] | None = None) -> "Segment":
+        """A new segment of at least ``size`` bytes (rounded up to whole pages).
+
+        It enters ``registry`` (name -> segment) as soon as it exists, so a create cut short by
+        a Ctrl-C either unlinks the segment or leaves it where its owner's ``close()`` finds it.
+        """
         size = max(_PAGE, -(-size // _PAGE) * _PAGE)
         name = segment_name()
-        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        fd = -1
         try:
+            fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             os.ftruncate(fd, size)
-            mapping = mmap.mmap(fd, size)
+            segment = cls(name, mmap.mmap(fd, size), size)
+            if registry is not None:
+                registry[name] = segment
+            resource_tracker.register("/" + name, "shared_memory")
         except BaseException:
-            _posixshmem.shm_unlink("/" + name)
+            try:  # by name: a Ctrl-C right after shm_open returns loses the fd, not the name
+                _posixshmem.shm_unlink("/" + name)
+            except FileNotFoundError:
+                pass
+            if registry is not None:
+                registry.pop(name, None)
             raise
         finally:
-            os.close(fd)
-        resource_tracker.register("/" + name, "shared_memory")
-        segment = cls(name, mapping, size)
+            if fd >= 0:
+                os.close(fd)
         if prefault:  # first touch of a fresh shared page costs ~30x a warm write: pay it now
             np.frombuffer(segment.buf, np.uint8).fill(0)
         return segment
