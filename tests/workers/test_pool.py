@@ -247,15 +247,53 @@ def test_ctrl_c_shuts_down_cleanly(tmp_path):
     while True:
         next(it)
     """)
-    pids_part, names_part = proc.stdout.readline().split("|")
-    pids, names = [int(p) for p in pids_part.split()], names_part.split()
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)
-    assert "KeyboardInterrupt" in err
+    try:
+        pids_part, names_part = proc.stdout.readline().split("|")
+        pids, names = [int(p) for p in pids_part.split()], names_part.split()
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"Ctrl-C did not stop the loop within 20 s; its stderr:\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "KeyboardInterrupt" in err and "Exception ignored" not in err, err[-3000:]
     alive, left = _wait_gone(pids, names, seconds=2.0)
     assert not alive and not left, (alive, left, err)
     assert "leaked shared_memory" not in err  # we unlinked them, not the resource tracker
+
+
+def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment(monkeypatch):
+    from jaxloader.workers.process import WorkerProcess
+
+    loader = make(3)()
+    it = iter(loader)
+    next(it)
+    pids, pool = loader._engine.pids, loader._engine
+    names = [n for n in os.listdir("/dev/shm") if n.startswith(f"jaxloader_{os.getpid()}_")]
+    assert names
+    real_stop, calls = WorkerProcess.stop, []
+
+    def stop(self):
+        calls.append(self.id)
+        if self.id == 0:
+            real_stop(self)
+            raise KeyboardInterrupt  # a Ctrl-C during the first worker's drain
+        return real_stop(self)
+
+    monkeypatch.setattr(WorkerProcess, "stop", stop)
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    assert calls == [0, 1, 2]  # the other workers were still stopped
+    alive, left = _wait_gone(pids, names, seconds=2.0)
+    assert not alive and not left, (alive, left)
+    pool.close()  # idempotent after an interrupted close
+    assert pool.segment_count == 0
 
 
 def _status_kib(pid: int, key: str) -> int:
