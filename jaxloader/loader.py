@@ -26,6 +26,8 @@ from jaxloader.state import check_state, make_state
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import split_transforms
 
+_STOP_TIMEOUT_S = 10.0  # the host-batch thread finishes the batch it is making, then stops
+
 
 class _InProcessEngine:
     """Makes batches in the calling thread (``num_workers=0``)."""
@@ -260,9 +262,14 @@ class LoaderIterator:
         self._generation = generation
         self._step = start
         self._stop = stop
-        self._batches = loader._engine.batches(start, stop)
         self._prefetcher: DevicePrefetcher | None = None
         self._last_return: float | None = None
+        self._start_work()
+
+    def _start_work(self) -> None:
+        """The engine run (and device prefetch) from this iterator's step."""
+        loader = self._loader
+        self._batches = loader._engine.batches(self._step, self._stop)
         put = loader._putter
         if put is None:
             self._next: Callable[[], Any] = self._batches.__next__
@@ -271,6 +278,8 @@ class LoaderIterator:
         else:
             self._prefetcher = DevicePrefetcher(self._batches, put, loader.device_prefetch)
             self._next = self._prefetcher.next
+            self._prefetcher.start()  # held before it runs: an interrupt cannot orphan it
+        self._interrupted = False
 
     def __iter__(self) -> "LoaderIterator":
         return self
@@ -288,14 +297,29 @@ class LoaderIterator:
             )
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration
+        if self._interrupted:
+            # Until the old thread is gone (the first try may itself have been cut short):
+            # two threads must never drive the engine at once.
+            self._stop_work(timeout=None)
+            self._start_work()
         try:
             batch = self._next()
+            returned = time.perf_counter()
         except WorkerError as e:
             loader._broken = e
             raise
+        except StopIteration:
+            raise
+        except BaseException:
+            # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
+            # dropped, and the next call makes this same step again, so nothing is skipped.
+            self._interrupted = True
+            self._last_return = None
+            self._stop_work()
+            raise
+        # No calls from here to the return: a signal cannot split the step from its batch.
         self._step += 1
         loader._step = self._step
-        returned = time.perf_counter()
         stats = loader._stats
         stats[0] += 1
         stats[1] += returned - entered
@@ -304,9 +328,9 @@ class LoaderIterator:
         self._last_return = returned
         return batch
 
-    def _stop_work(self) -> None:
-        """Stops the device-put thread or closes the engine run (frees its slots)."""
+    def _stop_work(self, timeout: float | None = _STOP_TIMEOUT_S) -> None:
+        """Stops the host-batch thread or closes the engine run (frees its slots)."""
         if self._prefetcher is not None:
-            self._prefetcher.close()
+            self._prefetcher.close(timeout)
         else:
             self._batches.close()

@@ -97,6 +97,41 @@ def test_a_raising_transform_names_the_record_and_keeps_the_cause():
     assert isinstance(e.value.__cause__, KeyError)
 
 
+def test_an_error_in_the_main_process_repeats_its_step_instead_of_ending_the_stream():
+    failures = {"left": 1}
+
+    def flaky(r):  # fails once at record 6, like a network read that times out
+        if int(r["x"]) == 6 and failures["left"]:
+            failures["left"] -= 1
+            raise OSError("timed out")
+        return r
+
+    with loader(transforms=[jl.Map(flaky)]) as dl:
+        it = iter(dl)
+        first = next(it)
+        with pytest.raises(RecordError):
+            next(it)
+        assert dl.step == 1
+        retried = next(it)  # the same step again, not the one after, not StopIteration
+    with loader() as plain:
+        want = [b["x"].copy() for b in plain]
+    assert first["x"].tolist() == want[0].tolist() and retried["x"].tolist() == want[1].tolist()
+
+
+def test_a_lasting_error_raises_again_at_the_same_step():
+    def broken(r):
+        if int(r["x"]) == 6:
+            raise ValueError("corrupt record")
+        return r
+
+    with loader(transforms=[jl.Map(broken)]) as dl:
+        it = iter(dl)
+        next(it)
+        for _ in range(2):
+            with pytest.raises(RecordError, match="step 1"):
+                next(it)
+
+
 def test_a_raising_source_names_the_index():
     class Broken:
         def __len__(self):

@@ -20,7 +20,7 @@ returns to the ring only when nothing reads it. An exception from the host side 
 consumer, unchanged, after the batches before it.
 
 Example:
-    >>> p = DevicePrefetcher(iter([1, 2, 3]), put=lambda b: b * 10, depth=2)
+    >>> p = DevicePrefetcher(iter([1, 2, 3]), put=lambda b: b * 10, depth=2).start()
     >>> [p.next() for _ in range(3)]
     [10, 20, 30]
     >>> p.close()
@@ -47,6 +47,9 @@ class HostPrefetcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
+
+    def start(self) -> None:
+        """Starts the thread; apart from ``__init__`` so that its owner holds it first."""
         self._thread.start()
 
     def _run(self) -> None:
@@ -70,28 +73,27 @@ class HostPrefetcher:
         """True if ``get()`` would not wait."""
         return not self._ready.empty()
 
-    def get(self) -> Any:
-        """The next host batch, ``_END`` at the end; raises the thread's error."""
+    def get(self) -> tuple[Any, BaseException | None]:
+        """``(next host batch or _END, None)``, or ``(None, the thread's error)``."""
         host, error = self._ready.get()
-        if error is not None:
-            raise error
-        if host is not _END:
+        if error is None and host is not _END:
             self._permits.release()
-        return host
+        return host, error
 
-    def close(self) -> None:
-        """Stops the thread (after the batch it is making) and waits for it. Idempotent."""
+    def close(self, timeout: float | None = _JOIN_TIMEOUT_S) -> None:
+        """Stops the thread (after the batch it is making) and waits for it, at most ``timeout``
+        seconds (``None``: until it is gone). Idempotent."""
         self._stop.set()
         self._permits.release()  # wakes a thread waiting for a permit
-        if self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_TIMEOUT_S)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
 
 class DevicePrefetcher:
     """``next()`` returns ``put(batch)`` in order, with ``depth`` copies dispatched ahead."""
 
     def __init__(self, host_batches: Iterator[Any], put: Callable[[Any], Any], depth: int) -> None:
-        self._host = HostPrefetcher(host_batches, depth)
+        self._host = HostPrefetcher(host_batches, depth)  # started by start()
         self._put = put
         self._depth = depth
         self._in_flight: collections.deque = collections.deque()
@@ -100,25 +102,32 @@ class DevicePrefetcher:
 
     def next(self) -> Any:
         """The next device batch; raises StopIteration at the end, or the host side's error."""
-        try:
-            while len(self._in_flight) < self._depth and not self._ended and self._pending is None:
-                if self._in_flight and not self._host.ready():
-                    break  # do not wait for a batch that is not needed yet
-                host = self._host.get()
-                if host is _END:
-                    self._ended = True
-                else:
+        while len(self._in_flight) < self._depth and not self._ended and self._pending is None:
+            if self._in_flight and not self._host.ready():
+                break  # do not wait for a batch that is not needed yet
+            host, error = self._host.get()
+            if error is not None:
+                self._pending = error  # delivered after the batches before it
+            elif host is _END:
+                self._ended = True
+            else:
+                try:
                     self._in_flight.append(self._put(host))
-                    del host  # dispatched: JAX holds the host memory until the copy is done
-        except BaseException as e:  # noqa: BLE001 - delivered after the batches before it
-            self._pending = e
+                except Exception as e:  # noqa: BLE001 - a Ctrl-C here is raised at once
+                    self._pending = e
+                del host  # dispatched: JAX holds the host memory until the copy is done
         if self._in_flight:
             return self._in_flight.popleft()
         if self._pending is not None:
             raise self._pending
         raise StopIteration
 
-    def close(self) -> None:
-        """Stops the host thread and drops the batches in flight. Idempotent."""
-        self._host.close()
+    def start(self) -> "DevicePrefetcher":
+        self._host.start()
+        return self
+
+    def close(self, timeout: float | None = _JOIN_TIMEOUT_S) -> None:
+        """Stops the host thread (see ``HostPrefetcher.close``) and drops the batches in
+        flight. Idempotent."""
+        self._host.close(timeout)
         self._in_flight.clear()

@@ -63,28 +63,41 @@ class WorkerPool:
     ) -> None:
         self._maker = maker
         self._prefetch = prefetch
-        self._ring = SlotRing()
+        self._start_method = start_method
+        self._num_workers = num_workers
         self._shared: list[Segment] = []  # source arrays shared with the workers
-        self._workers: list[WorkerProcess] = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._ring,
-                                           self._shared)
-        # Start the interpreters first: their imports (~0.3 s) overlap with sharing the payload.
-        for i in range(num_workers):
-            self._workers.append(WorkerProcess(i, start_method))
+        self._broken: WorkerError | None = None
+        self._mixed_up = False  # an interrupt may have cut a message: restart the workers
+        self.restarts = 0  # times the workers were replaced after such an interrupt
+        self._shared_finalizer = weakref.finalize(self, _destroy_all, self._shared)
+        self._start()
         try:
-            blob = payload.dumps((maker, worker_init_fn), self._shared.append)
+            self._blob = payload.dumps((maker, worker_init_fn), self._shared.append)
         except Exception as e:
             self.close()
             raise _unpicklable(e, maker, worker_init_fn) from e
-        for i, worker in enumerate(self._workers):
-            worker.conn.send(("init", sys.path, i, num_workers, maker.sampler.seed, blob))
+        self._send_payload()
+
+    def _start(self) -> None:
+        """Starts the interpreters (their imports, ~0.3 s, overlap with what follows) and a
+        fresh ring; the bookkeeping of tasks starts empty."""
+        self._ring = SlotRing()
+        self._workers: list[WorkerProcess] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._ring)
+        for i in range(self._num_workers):
+            self._workers.append(WorkerProcess(i, self._start_method))
         self._by_conn = {w.conn: i for i, w in enumerate(self._workers)}
         self._tasks: dict[int, _Task] = {}
-        self._in_flight = [0] * num_workers
-        self._layouts: list[Any] = [None] * num_workers
+        self._in_flight = [0] * self._num_workers
+        self._layouts: list[Any] = [None] * self._num_workers
         self._next_task = 0
         self._run = 0
-        self._broken: WorkerError | None = None
+        self._waiting = False  # True only inside wait(): an interrupt there leaves no mess
+
+    def _send_payload(self) -> None:
+        for i, worker in enumerate(self._workers):
+            worker.conn.send(("init", sys.path, i, self._num_workers, self._maker.sampler.seed,
+                              self._blob))
 
     @property
     def pids(self) -> list[int]:
@@ -98,6 +111,8 @@ class WorkerPool:
     def batches(self, start: int, stop: int | None) -> Iterator[Any]:
         """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order."""
         self._raise_if_broken()
+        if self._mixed_up:
+            self._restart()
         self._run += 1
         run = self._run
         ready: dict[int, tuple] = {}
@@ -119,7 +134,15 @@ class WorkerPool:
                     yield self._ring.hand_out(segment, layout, objects)
                 else:
                     self._receive(run, ready)
+        except BaseException as e:
+            # An exception raised between a message's first and last byte (a Ctrl-C, say)
+            # may leave a pipe or the task table half updated: the next run restarts the
+            # workers. One raised while blocked in wait() changed nothing.
+            if not (self._waiting or isinstance(e, (GeneratorExit, WorkerError))):
+                self._mixed_up = True
+            raise
         finally:
+            self._waiting = False
             for segment, _, _ in ready.values():
                 if segment is not None:
                     self._ring.give_back(segment)
@@ -140,7 +163,10 @@ class WorkerPool:
 
     def _receive(self, run: int, ready: dict) -> None:
         """Blocks until some worker reports; files its result or raises its failure."""
-        for conn in wait(list(self._by_conn)):
+        self._waiting = True
+        ready_conns = wait(list(self._by_conn))
+        self._waiting = False
+        for conn in ready_conns:
             worker = self._by_conn[conn]
             try:
                 message = conn.recv()
@@ -218,27 +244,51 @@ class WorkerPool:
         self.close()
         raise error
 
+    def _restart(self) -> None:
+        """New workers and ring after an interrupted run (the batches it handed out stay
+        readable); the shared source arrays and the payload are reused. Interrupted itself, it
+        runs again next time."""
+        self._finalizer()
+        self._start()
+        self._send_payload()
+        self._mixed_up = False
+        self.restarts += 1
+
     def _raise_if_broken(self) -> None:
         if self._broken is not None:
             raise self._broken
 
     def close(self) -> None:
-        """Stops the workers (signal, drain, join, kill) and unlinks every segment. Idempotent."""
-        self._finalizer()
-
-
-def _shutdown(workers: list[WorkerProcess], ring: SlotRing, shared: list[Segment]) -> None:
-    for worker in workers:
+        """Stops the workers (signal, drain, join, kill) and unlinks every segment. Idempotent;
+        an interrupt (Ctrl-C) during it does not stop the later steps, it is raised after them."""
         try:
-            worker.conn.send(("stop",))  # all at once, so they wind down in parallel
-        except (OSError, ValueError):
-            pass
-    for worker in workers:
-        worker.stop()
-    ring.close()
-    for segment in shared:
-        segment.destroy()
-    shared.clear()
+            self._finalizer()
+        finally:
+            self._shared_finalizer()
+
+
+def _shutdown(workers: list[WorkerProcess], ring: SlotRing) -> None:
+    """Every step runs even if an earlier one is interrupted; the first interrupt is re-raised
+    at the end. A second Ctrl-C while a worker drains makes ``stop`` kill it."""
+    steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]  # all wind down together
+    steps += [w.stop for w in workers] + [ring.close]
+    _run_all(steps)
+
+
+def _destroy_all(segments: list[Segment]) -> None:
+    _run_all([s.destroy for s in segments])
+    segments.clear()
+
+
+def _run_all(steps: list[Callable[[], Any]]) -> None:
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as e:  # noqa: BLE001 - the remaining steps still run
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def _unpicklable(e: Exception, maker: BatchMaker, init_fn: Any) -> WorkerError:

@@ -55,6 +55,7 @@ class WorkerProcess:
         self._popen: subprocess.Popen | None = None
         self._fork_pid: int | None = None
         self._exitcode: int | None = None
+        self._asked = False
         if start_method == "exec":
             fd = child.fileno()
             code = _BOOT.format(root=_PACKAGE_ROOT, fd=fd)
@@ -90,22 +91,33 @@ class WorkerProcess:
                     self._exitcode = os.waitstatus_to_exitcode(status)
         return self._exitcode
 
+    def ask_to_stop(self) -> None:
+        """Sends the stop message without waiting (so several workers wind down together)."""
+        if not self._asked and self._exitcode is None:
+            self._asked = True
+            try:
+                self.conn.send(("stop",))
+            except (OSError, ValueError):
+                pass  # already gone or already closed
+
     def stop(self) -> int | None:
-        """Asks the worker to stop, waits for its pipe to close, kills it if it does not;
-        idempotent. Messages still in the pipe are dropped."""
+        """Asks the worker to stop, waits for its pipe to close, kills it if it does not (or if
+        the wait is interrupted); idempotent. Messages still in the pipe are dropped."""
         if self._exitcode is not None:
             return self._exitcode
+        self.ask_to_stop()
+        drained = False
         try:
-            self.conn.send(("stop",))
-        except (OSError, ValueError):
-            pass  # already gone or already closed
-        if not self._wait_for_eof(_JOIN_TIMEOUT_S):
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.conn.close()
-        return self.exitcode(timeout=_KILL_TIMEOUT_S if self._popen else None)
+            drained = self._wait_for_eof(_JOIN_TIMEOUT_S)
+        finally:
+            if not drained:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.conn.close()
+            code = self.exitcode(timeout=_KILL_TIMEOUT_S if self._popen else None)
+        return code
 
     def _wait_for_eof(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -106,7 +106,10 @@ class _Lease:
 def serve(conn: Connection) -> None:
     """The worker loop; returns when told to stop or when the main process is gone."""
     global _INFO
-    _, path, worker_id, num_workers, seed, blob = conn.recv()
+    first = conn.recv()
+    if first[0] == "stop":  # stopped before its payload came (a start cut short by Ctrl-C)
+        return
+    _, path, worker_id, num_workers, seed, blob = first
     sys.path[:] = path
     try:
         maker, init_fn = payload.loads(blob)

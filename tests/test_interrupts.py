@@ -1,0 +1,155 @@
+"""Ctrl-C anywhere inside ``next()`` loses nothing: the next call gives the same stream.
+
+A thread sends SIGUSR1 to the main thread at random moments; while the test is inside
+``next(it)`` the handler raises ``_Tick`` (a ``BaseException`` standing in for
+``KeyboardInterrupt``, which pytest would take as the user stopping the run). The loop catches it
+and carries on with the same iterator. Every batch received must equal the uninterrupted
+stream's batch at the step the loader says it was, and after an interrupt the loader's step is
+either unchanged (the batch will come again) or one further (``next`` had returned and the
+interrupt landed in the caller, before the assignment). The autouse fixture checks that no
+segment and no worker is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class _Tick(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def interrupts(low_s: float, high_s: float, seed: int):
+    """Raises ``_Tick`` in the main thread at random moments while ``state["armed"]``."""
+    state = {"armed": False, "sent": 0}
+
+    def handler(signum, frame):
+        if state["armed"]:
+            state["armed"] = False
+            raise _Tick()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    stop = threading.Event()
+    rng = random.Random(seed)
+    main = threading.main_thread().ident
+
+    def fire():
+        while not stop.wait(rng.uniform(low_s, high_s)):
+            signal.pthread_kill(main, signal.SIGUSR1)  # to the main thread: ends a blocked wait
+            state["sent"] += 1
+
+    thread = threading.Thread(target=fire, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        stop.set()
+        thread.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def source():
+    return jl.ArraySource({"x": np.arange(4000 * 300, dtype=np.float32).reshape(4000, 300),
+                           "y": np.arange(4000)})
+
+
+def noisy(r, rng):
+    return {"x": r["x"] + rng.random(), "y": r["y"]}
+
+
+def make(num_workers, **kw):
+    return jl.DataLoader(source(), batch_size=8, shuffle=True, seed=3, num_epochs=None,
+                         transforms=[jl.RandomMap(noisy)], num_workers=num_workers,
+                         process_index=0, process_count=1, **kw)
+
+
+def host(batch):
+    return {k: np.asarray(v).copy() for k, v in batch.items()}
+
+
+def interrupted_run(loader, steps: int, low_s: float, high_s: float, seed: int,
+                    min_caught: int = 30, deadline_s: float = 90.0):
+    """Reads until ``steps`` steps and ``min_caught`` interrupts inside ``next()``."""
+    got, caught, wrong = {}, 0, []
+    it = iter(loader)
+    deadline = time.monotonic() + deadline_s
+    with interrupts(low_s, high_s, seed) as state:
+        while ((loader.step < steps or caught < min_caught)
+               and time.monotonic() < deadline):
+            before = loader.step
+            try:
+                state["armed"] = True
+                batch = next(it)
+                state["armed"] = False
+                got[before] = host(batch)
+                if loader.step != before + 1:
+                    wrong.append(("returned", before, loader.step))
+            except _Tick:
+                caught += 1
+                if loader.step not in (before, before + 1):
+                    wrong.append(("interrupted", before, loader.step))
+    return got, caught, wrong
+
+
+@pytest.mark.parametrize("num_workers,steps,low_s,high_s", [
+    (0, 400, 0.001, 0.004),
+    (2, 150, 0.02, 0.08),  # an interrupt outside wait() restarts the workers: ~0.3 s each
+])
+def test_interrupts_inside_next_lose_and_repeat_nothing(num_workers, steps, low_s, high_s):
+    with make(num_workers) as loader:
+        got, caught, wrong = interrupted_run(loader, steps, low_s, high_s, seed=num_workers)
+        reached = loader.step
+        restarts = getattr(loader._engine, "restarts", None)
+        assert next(iter(loader)) is not None  # still usable afterwards
+    assert not wrong, wrong
+    assert reached >= steps, f"only {reached} of {steps} steps in the time allowed"
+    assert caught >= 30, f"only {caught} interrupts landed inside next()"
+    if num_workers:  # some landed mid-message: the pool replaced its workers and went on
+        assert restarts >= 1, restarts
+    with make(0) as reference:
+        it = iter(reference)
+        want = [host(next(it)) for _ in range(reached)]
+    for step, batch in got.items():
+        for key in batch:
+            np.testing.assert_array_equal(batch[key], want[step][key], err_msg=f"step {step}")
+
+
+def test_interrupts_with_device_prefetch_lose_and_repeat_nothing():
+    import jax
+
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with make(2, sharding=sharding, device_prefetch=2) as loader:
+        got, caught, wrong = interrupted_run(loader, 120, 0.02, 0.08, seed=7)
+        reached = loader.step
+    assert not wrong, wrong
+    assert reached >= 120 and caught >= 30, (reached, caught)
+    with make(0) as reference:
+        it = iter(reference)
+        want = [host(next(it)) for _ in range(reached)]
+    for step, batch in got.items():
+        np.testing.assert_array_equal(batch["x"], want[step]["x"], err_msg=f"step {step}")
+
+
+def test_no_thread_is_left_after_interrupted_device_prefetch():
+    import jax
+
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    before = {t.ident for t in threading.enumerate()}
+    with make(1, sharding=sharding, device_prefetch=2) as loader:
+        interrupted_run(loader, 40, 0.005, 0.02, seed=11, min_caught=10)
+    time.sleep(0.1)
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()
+            and t.name.startswith("jaxloader")]
+    assert not left, left  # the autouse fixture checks processes and /dev/shm
