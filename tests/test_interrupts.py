@@ -111,13 +111,10 @@ def test_interrupts_inside_next_lose_and_repeat_nothing(num_workers, steps, low_
     with make(num_workers) as loader:
         got, caught, wrong = interrupted_run(loader, steps, low_s, high_s, seed=num_workers)
         reached = loader.step
-        restarts = getattr(loader._engine, "restarts", None)
         assert next(iter(loader)) is not None  # still usable afterwards
     assert not wrong, wrong
     assert reached >= steps, f"only {reached} of {steps} steps in the time allowed"
     assert caught >= 30, f"only {caught} interrupts landed inside next()"
-    if num_workers:  # some landed mid-message: the pool replaced its workers and went on
-        assert restarts >= 1, restarts
     with make(0) as reference:
         it = iter(reference)
         want = [host(next(it)) for _ in range(reached)]

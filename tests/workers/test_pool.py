@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from multiprocessing.connection import wait
 
 import numpy as np
 import pytest
@@ -266,6 +267,34 @@ def test_ctrl_c_shuts_down_cleanly(tmp_path):
     alive, left = _wait_gone(pids, names, seconds=2.0)
     assert not alive and not left, (alive, left, err)
     assert "leaked shared_memory" not in err  # we unlinked them, not the resource tracker
+
+
+def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(monkeypatch):
+    with make(0)() as ref_loader:
+        reference = [b["x"].copy() for b in take(ref_loader, 20)]
+    with make(2, num_epochs=None)() as loader:
+        pool, it = loader._engine, iter(loader)
+        old_pids = pool.pids
+        got = [next(it)["x"].copy() for _ in range(3)]
+        real_receive = pool._receive
+
+        def cut(run, ready):  # reads a worker's report and drops it, as a Ctrl-C mid-recv would
+            monkeypatch.setattr(pool, "_receive", real_receive)
+            wait(list(pool._by_conn))[0].recv()
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(pool, "_receive", cut)
+        with pytest.raises(KeyboardInterrupt):
+            while True:
+                got.append(next(it)["x"].copy())
+        assert loader.step == len(got)
+        while len(got) < 20:
+            got.append(next(it)["x"].copy())
+        # Without a restart the dropped report's in-flight place would be lost for good (and a
+        # report cut in half would leave the pipe unreadable): fresh workers took over.
+        assert pool.restarts == 1 and not set(pool.pids) & set(old_pids)
+    for step, (a, b) in enumerate(zip(got, reference)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
 
 
 def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment(monkeypatch):
