@@ -26,8 +26,6 @@ from jaxloader.state import check_state, make_state
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import split_transforms
 
-_STOP_TIMEOUT_S = 10.0  # the host-batch thread finishes the batch it is making, then stops
-
 
 class _InProcessEngine:
     """Makes batches in the calling thread (``num_workers=0``)."""
@@ -300,7 +298,7 @@ class LoaderIterator:
         if self._interrupted:
             # Until the old thread is gone (the first try may itself have been cut short):
             # two threads must never drive the engine at once.
-            self._stop_work(timeout=None)
+            self._stop_work(until_gone=True)
             self._start_work()
         try:
             batch = self._next()
@@ -328,9 +326,13 @@ class LoaderIterator:
         self._last_return = returned
         return batch
 
-    def _stop_work(self, timeout: float | None = _STOP_TIMEOUT_S) -> None:
-        """Stops the host-batch thread or closes the engine run (frees its slots)."""
+    def _stop_work(self, until_gone: bool = False) -> None:
+        """Stops the host-batch thread (waiting for it at most its join timeout, or
+        ``until_gone``) or closes the engine run (frees its slots)."""
         if self._prefetcher is not None:
-            self._prefetcher.close(timeout)
+            if until_gone:
+                self._prefetcher.close(timeout=None)
+            else:
+                self._prefetcher.close()
         else:
             self._batches.close()
