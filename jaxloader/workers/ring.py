@@ -11,8 +11,9 @@ back to the free list only when nothing can read it any more: a weak reference t
 array that every handed-out view hangs from. Its callback is ``deque.append``, a builtin: no
 Python code runs when the views die, so a Ctrl-C can never land in (and be swallowed by) a slot
 return, as it could in a ``weakref.finalize`` callback. New slots are created at the largest
-size seen, so variable-length data grows the ring once, not every batch. The ring owns (and at ``close()``
-unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they die.
+size seen, so variable-length data grows the ring once, not every batch. The ring owns (and at
+``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they
+die.
 """
 
 from __future__ import annotations
