@@ -80,28 +80,26 @@ def test_errors_in_the_thread_reach_the_user_and_break_the_loader():
         if int(r["y"]) == 9:
             raise ZeroDivisionError("nine")
         return r
+    def raised(it, kind):
+        try:
+            next(it)
+        except kind as e:
+            return e
+        raise AssertionError(f"next() did not raise {kind.__name__}")
     loader = jl.DataLoader(source(20), batch_size=4, transforms=[jl.Map(bad)], num_workers=2,
                            sharding=jl.data_sharding(mesh), process_index=0, process_count=1)
     it = iter(loader)
     next(it); next(it)
-    try:
-        next(it)
-    except jl.WorkerError as e:
-        assert "record position 9" in str(e) and "nine" in str(e)
-        first = e
-    try:
-        next(it)
-    except jl.WorkerError as e:
-        assert e is first
+    first = raised(it, jl.WorkerError)
+    assert "record position 9" in str(first) and "nine" in str(first)
+    assert raised(it, jl.WorkerError) is first
     loader.close()
     loader0 = jl.DataLoader(source(20), batch_size=4, transforms=[jl.Map(bad)],
                             sharding=jl.data_sharding(mesh), process_index=0, process_count=1)
     it = iter(loader0)
     next(it); next(it)
-    try:
-        next(it)
-    except jl.RecordError as e:
-        assert isinstance(e.__cause__, ZeroDivisionError)
+    assert isinstance(raised(it, jl.RecordError).__cause__, ZeroDivisionError)
+    loader0.close()
     print("ok")
     """, n=2)
     assert out.strip() == "ok"
