@@ -57,6 +57,7 @@ def batches_per_second(make_iter: Callable[[], Iterator], warmup: int, count: in
 def first_batch_seconds(make_iter: Callable[[], Iterator], repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
+        close(make_iter)  # the previous loader's shutdown is not part of this one's start
         start = time.perf_counter()
         it = make_iter()
         next(it)

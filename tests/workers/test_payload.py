@@ -30,3 +30,19 @@ def test_memmaps_cross_as_their_file(tmp_path):
     out = loads(dumps([mm, mm[100:200, 3:]], segments.append))
     assert not segments
     assert np.array_equal(out[0], mm) and np.array_equal(out[1], mm[100:200, 3:])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 4099])
+def test_large_copies_split_over_threads_give_the_same_array(monkeypatch, rows):
+    import jaxloader.workers.payload as payload
+
+    monkeypatch.setattr(payload, "SPLIT_MIN_BYTES", 0)  # split even these (small) arrays
+    monkeypatch.setattr(payload.os, "cpu_count", lambda: 4)
+    base = np.random.default_rng(rows).integers(0, 1 << 30, (rows, 2 * SHARE_MIN_BYTES // rows))
+    strided = base[::-1, ::3]  # not contiguous: rows must be split, not flattened bytes
+    segments = []
+    out = loads(dumps([strided, base[0]], segments.append))
+    assert np.array_equal(out[0], strided) and np.array_equal(out[1], base[0])
+    del out
+    for seg in segments:
+        seg.destroy()
