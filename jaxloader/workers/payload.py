@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import pickle
 import threading
@@ -66,7 +67,7 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         return
     bounds = [len(src) * i // parts for i in range(parts + 1)]
     helpers = [threading.Thread(target=np.copyto, args=(dst[a:b], src[a:b]), daemon=True)
-               for a, b in zip(bounds[1:-1], bounds[2:])]
+               for a, b in itertools.pairwise(bounds[1:])]
     for helper in helpers:
         helper.start()
     try:

@@ -34,7 +34,7 @@ def test_memmaps_cross_as_their_file(tmp_path):
 
 @pytest.mark.parametrize("rows", [1, 3, 7, 4099])
 def test_large_copies_split_over_threads_give_the_same_array(monkeypatch, rows):
-    import jaxloader.workers.payload as payload
+    from jaxloader.workers import payload
 
     monkeypatch.setattr(payload, "SPLIT_MIN_BYTES", 0)  # split even these (small) arrays
     monkeypatch.setattr(payload.os, "cpu_count", lambda: 4)
