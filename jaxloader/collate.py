@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from operator import attrgetter
 from typing import Any, Callable, NamedTuple
 
@@ -44,7 +45,7 @@ class LeafSpec(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 class Layout(NamedTuple):

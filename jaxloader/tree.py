@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -52,8 +53,15 @@ def flatten(tree: Any) -> tuple[list, TreeDef]:
 
 def unflatten(treedef: TreeDef, leaves: list) -> Any:
     """Rebuilds a tree of ``treedef`` from its leaves (in order)."""
+    if _is_flat_dict(treedef):  # the common record: one dict() call, no recursion
+        return dict(zip(treedef[1], leaves))
     it = iter(leaves)
     return _build(treedef, lambda: next(it))
+
+
+@functools.lru_cache(maxsize=256)
+def _is_flat_dict(treedef: TreeDef) -> bool:
+    return treedef[0] == "dict" and all(c == LEAF for c in treedef[2])
 
 
 def _build(treedef: TreeDef, next_leaf: Callable[[], Any]) -> Any:
@@ -101,12 +109,14 @@ def _gather(trees: list, treedef: TreeDef, positions: Any, path: str, out: list)
         return
     if kind == "dict":
         keys = treedef[1]
-        keyset = set(keys)
-        if not all((type(t) is dict or isinstance(t, Mapping)) and t.keys() == keyset
-                   for t in trees):
-            _raise_mismatch(trees, treedef, positions, path)
-        for k, child in zip(keys, treedef[2]):
-            _gather([t[k] for t in trees], child, positions, f"{path}[{k!r}]", out)
+        by_key = _dict_columns(trees, keys)
+        if by_key is None:
+            keyset = set(keys)
+            if not all(isinstance(t, Mapping) and t.keys() == keyset for t in trees):
+                _raise_mismatch(trees, treedef, positions, path)
+            by_key = [[t[k] for t in trees] for k in keys]
+        for k, child, values in zip(keys, treedef[2], by_key):
+            _gather(values, child, positions, f"{path}[{k!r}]", out)
         return
     children = treedef[-1]
     want = treedef[1] if kind == "namedtuple" else (tuple if kind == "tuple" else list)
@@ -115,6 +125,19 @@ def _gather(trees: list, treedef: TreeDef, positions: Any, path: str, out: list)
     for i, child in enumerate(children):
         name = f".{treedef[1]._fields[i]}" if kind == "namedtuple" else f"[{i}]"
         _gather([t[i] for t in trees], child, positions, path + name, out)
+
+
+def _dict_columns(trees: list, keys: tuple) -> list | None:
+    """One list per key when every tree is a plain dict with exactly ``keys``, else None.
+
+    All in C: each dict has ``len(keys)`` entries and every key (so no other key), or None.
+    """
+    if set(map(type, trees)) != {dict} or set(map(len, trees)) != {len(keys)}:
+        return None
+    try:
+        return [list(map(operator.itemgetter(k), trees)) for k in keys]
+    except KeyError:
+        return None
 
 
 def describe(treedef: TreeDef) -> str:

@@ -6,7 +6,7 @@
       submit step s ──("task", id, s, slot)──────> make(s) into the slot
       reorder buffer {step: slot} <──("done", id)─┘
       yield ring.hand_out(slot) in step order     (zero-copy NumPy views)
-      block on connection.wait(all worker pipes)  (a dead worker's pipe reports EOF at once)
+      block in poll(all worker pipes)              (a dead worker's pipe reports EOF at once)
 
 At most ``prefetch`` tasks are in flight per worker and at most ``num_workers * prefetch``
 batches are ahead of the consumer. Which worker makes a step does not matter: a batch is a pure
@@ -21,9 +21,9 @@ traceback, and every later call raises that same error.
 from __future__ import annotations
 
 import pickle
+import select
 import sys
 import weakref
-from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator, NamedTuple
 
 from jaxloader.errors import WorkerError
@@ -86,13 +86,19 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._ring)
         for i in range(self._num_workers):
             self._workers.append(WorkerProcess(i, self._start_method))
-        self._by_conn = {w.conn: i for i, w in enumerate(self._workers)}
+        # One poller for the pool's life: blocking in poll() costs a syscall, where
+        # multiprocessing.connection.wait builds and fills a new selector every call.
+        self._poller = select.poll()
+        self._by_fd: dict[int, int] = {}
+        for i, w in enumerate(self._workers):
+            self._by_fd[w.conn.fileno()] = i
+            self._poller.register(w.conn.fileno(), select.POLLIN)
         self._tasks: dict[int, _Task] = {}
         self._in_flight = [0] * self._num_workers
         self._layouts: list[Any] = [None] * self._num_workers
         self._next_task = 0
         self._run = 0
-        self._waiting = False  # True only inside wait(): an interrupt there leaves no mess
+        self._waiting = False  # True only inside poll(): an interrupt there leaves no mess
 
     def _send_payload(self) -> None:
         for i, worker in enumerate(self._workers):
@@ -137,7 +143,7 @@ class WorkerPool:
         except BaseException as e:
             # An exception raised between a message's first and last byte (a Ctrl-C, say)
             # may leave a pipe or the task table half updated: the next run restarts the
-            # workers. One raised while blocked in wait() changed nothing.
+            # workers. One raised while blocked in poll() changed nothing.
             if not (self._waiting or isinstance(e, (GeneratorExit, WorkerError))):
                 self._mixed_up = True
             raise
@@ -156,20 +162,20 @@ class WorkerPool:
         self._send(worker, ("task", task_id, step, segment.name, segment.size))
 
     def _send(self, worker: int, message: tuple) -> None:
-        try:
-            self._workers[worker].conn.send(message)
+        try:  # pickle.dumps in C: Connection.send builds a ForkingPickler per message
+            self._workers[worker].conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, ConnectionResetError, EOFError):
             self._worker_died(worker)
 
     def _receive(self, run: int, ready: dict) -> None:
         """Blocks until some worker reports; files its result or raises its failure."""
         self._waiting = True
-        ready_conns = wait(list(self._by_conn))
+        events = self._poller.poll()  # readable, or hung up (EOF) or failed: all reported
         self._waiting = False
-        for conn in ready_conns:
-            worker = self._by_conn[conn]
+        for fd, _ in events:
+            worker = self._by_fd[fd]
             try:
-                message = conn.recv()
+                message = pickle.loads(self._workers[worker].conn.recv_bytes())
             except (EOFError, ConnectionResetError, OSError):
                 self._worker_died(worker)
             kind = message[0]

@@ -144,7 +144,8 @@ def serve(conn: Connection) -> None:
         del batch  # drop the views of the slot before the main process may reuse it
         same = layout == last_layout
         last_layout = layout
-        conn.send(("done", task_id, lease.name, None if same else layout, objects))
+        conn.send_bytes(pickle.dumps(("done", task_id, lease.name, None if same else layout,
+                                      objects), pickle.HIGHEST_PROTOCOL))
 
 
 def _pickled(e: BaseException) -> bytes | None:

@@ -280,7 +280,7 @@ def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(
 
         def cut(run, ready):  # reads a worker's report and drops it, as a Ctrl-C mid-recv would
             monkeypatch.setattr(pool, "_receive", real_receive)
-            wait(list(pool._by_conn))[0].recv()
+            wait([w.conn for w in pool._workers])[0].recv()
             raise KeyboardInterrupt
 
         monkeypatch.setattr(pool, "_receive", cut)
