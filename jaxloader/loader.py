@@ -69,7 +69,8 @@ class DataLoader:
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
         sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
             ``jaxloader.data_sharding(mesh, "data")``; batches are then global ``jax.Array``s
-            (``batch_size * process_count`` rows), placed by a background thread.
+            (``batch_size * process_count`` rows), placed ahead by a background thread (one
+            device) or by ``next()`` in your thread (several devices; see the README).
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
             0 places each batch in ``next()``.
 
@@ -274,7 +275,8 @@ class LoaderIterator:
         elif loader.device_prefetch == 0:
             self._next = lambda: put(next(self._batches))
         else:
-            self._prefetcher = DevicePrefetcher(self._batches, put, loader.device_prefetch)
+            self._prefetcher = DevicePrefetcher(self._batches, put, loader.device_prefetch,
+                                                put_in_thread=put.single_device)
             self._next = self._prefetcher.next
             self._prefetcher.start()  # held before it runs: an interrupt cannot orphan it
         self._interrupted = False

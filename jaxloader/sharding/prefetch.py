@@ -1,23 +1,31 @@
-"""Device prefetch: host batches made ahead in a thread, device copies dispatched ahead.
+"""Device prefetch: host batches made ahead in a thread, device copies made ahead.
 
 ::
 
     engine (workers or in-process) ──> host thread ──(queue, `depth` ahead)──┐
-                                       NumPy only, never calls JAX           │
-    next() ── in the caller's thread: dispatch put(host) for the next batches ┘
-              keep `depth` device batches in flight, return the oldest
+                                       [put(host) here: one device]          │
+    next() ── [many devices: in the caller's thread, dispatch put(host) for the next batches]
+              keep `depth` device batches ready, return the oldest
 
-JAX calls stay in the thread that runs the training step. On JAX's CPU backend a
-``device_put`` issued from another thread while a multi-device step waits in a collective
-deadlocks the collective's rendezvous (measured: 8 CPU devices, an all-reduce, hung for good);
-issued from the caller's thread the copies are ordered with the steps. ``jax.device_put`` is
-asynchronous, so on an accelerator the copy of batch N+``depth`` overlaps the step on batch N.
+Where the copy is made depends on the sharding:
 
-Bounds: ``depth`` device copies in flight and ``depth`` host batches made ahead of them.
-Once dispatched, the host batch is dropped: JAX keeps the host memory alive until its copy is
-done (or, on CPU, for as long as the device array aliases it), so the shared-memory slot
-returns to the ring only when nothing reads it. An exception from the host side reaches the
-consumer, unchanged, after the batches before it.
+- One device, one process (a single GPU, a Colab runtime): the thread places each batch
+  (``put_in_thread=True``), so ``next()`` only takes a ready device batch. No collective can
+  be waiting on that device, and taking the copy's cost off the training thread matters on
+  the CPU backend, where a ``device_put`` after the thread sat idle costs ~0.5 ms here.
+- Several devices or processes: JAX calls stay in the thread that runs the training step. On
+  JAX's CPU backend a ``device_put`` issued from another thread while a multi-device step waits
+  in a collective deadlocks the collective's rendezvous (measured: 8 CPU devices, an
+  all-reduce, hung for good); issued from the caller's thread the copies are ordered with the
+  steps. ``jax.device_put`` is asynchronous, so on an accelerator the copy of batch
+  N+``depth`` overlaps the step on batch N.
+
+Bounds: ``depth`` placed batches waiting (thread placing), or ``depth`` device copies in flight
+and ``depth`` host batches made ahead of them (caller placing). Once placed, the host batch is
+dropped: JAX keeps the host memory alive until its copy is done (or, on CPU, for as long as the
+device array aliases it), so the shared-memory slot returns to the ring only when nothing reads
+it. An exception from the host side or from ``put`` reaches the consumer, unchanged, after the
+batches before it.
 
 Example:
     >>> p = DevicePrefetcher(iter([1, 2, 3]), put=lambda b: b * 10, depth=2).start()
@@ -40,8 +48,10 @@ _END = object()
 class HostPrefetcher:
     """Runs ``host_batches`` in a thread, at most ``depth`` batches ahead of ``get()``."""
 
-    def __init__(self, host_batches: Iterator[Any], depth: int) -> None:
+    def __init__(self, host_batches: Iterator[Any], depth: int,
+                 put: Callable[[Any], Any] | None = None) -> None:
         self._host_batches = host_batches
+        self._put = put  # applied in the thread to each batch, when given
         self._permits = threading.Semaphore(depth)
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -59,6 +69,8 @@ class HostPrefetcher:
                 if self._stop.is_set():
                     return
                 host = next(self._host_batches, _END)
+                if host is not _END and self._put is not None:
+                    host = self._put(host)
                 self._ready.put((host, None))
                 if host is _END:
                     return
@@ -92,16 +104,21 @@ class HostPrefetcher:
 class DevicePrefetcher:
     """``next()`` returns ``put(batch)`` in order, with ``depth`` copies dispatched ahead."""
 
-    def __init__(self, host_batches: Iterator[Any], put: Callable[[Any], Any], depth: int) -> None:
-        self._host = HostPrefetcher(host_batches, depth)  # started by start()
+    def __init__(self, host_batches: Iterator[Any], put: Callable[[Any], Any], depth: int,
+                 put_in_thread: bool = False) -> None:
+        # started by start(); with put_in_thread it places the batches too
+        self._host = HostPrefetcher(host_batches, depth, put if put_in_thread else None)
         self._put = put
         self._depth = depth
+        self._put_in_thread = put_in_thread
         self._in_flight: collections.deque = collections.deque()
         self._pending: BaseException | None = None  # raised once the batches before it are out
         self._ended = False
 
     def next(self) -> Any:
         """The next device batch; raises StopIteration at the end, or the host side's error."""
+        if self._put_in_thread:
+            return self._next_placed()
         while len(self._in_flight) < self._depth and not self._ended and self._pending is None:
             if self._in_flight and not self._host.ready():
                 break  # do not wait for a batch that is not needed yet
@@ -118,6 +135,20 @@ class DevicePrefetcher:
                 del host  # dispatched: JAX holds the host memory until the copy is done
         if self._in_flight:
             return self._in_flight.popleft()
+        if self._pending is not None:
+            raise self._pending
+        raise StopIteration
+
+    def _next_placed(self) -> Any:
+        """``next()`` when the thread places the batches: they come ready, in order."""
+        if self._pending is None and not self._ended:
+            batch, error = self._host.get()
+            if error is not None:
+                self._pending = error
+            elif batch is _END:
+                self._ended = True
+            else:
+                return batch
         if self._pending is not None:
             raise self._pending
         raise StopIteration

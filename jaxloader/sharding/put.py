@@ -65,6 +65,9 @@ class Putter:
             )
         self.sharding = sharding
         self.process_count = process_count
+        # One process, every leaf on one device: no step can wait in a collective, so the
+        # copies may be issued from a thread (see jaxloader.sharding.prefetch).
+        self.single_device = process_count == 1 and all(len(s.device_set) == 1 for s in leaves)
 
     def __call__(self, batch: Any) -> Any:
         if self.process_count == 1 and not any(

@@ -12,7 +12,8 @@ from sharding.devices import run_with_devices
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_prefetcher_orders_bounds_and_passes_errors():
+@pytest.mark.parametrize("put_in_thread", [False, True])
+def test_prefetcher_orders_bounds_and_passes_errors(put_in_thread):
     made = []
 
     def host():
@@ -22,16 +23,34 @@ def test_prefetcher_orders_bounds_and_passes_errors():
                 raise KeyError("host batch 6")
             yield i
 
-    p = DevicePrefetcher(host(), put=lambda b: b * 2, depth=3).start()
+    p = DevicePrefetcher(host(), put=lambda b: b * 2, depth=3, put_in_thread=put_in_thread)
+    p.start()
     assert p.next() == 0
     threading.Event().wait(0.2)
-    assert len(made) <= 1 + 2 * 3  # one taken; `depth` copies in flight, `depth` host batches
+    # one taken; then `depth` placed batches (the thread places them), or `depth` copies in
+    # flight and `depth` host batches behind them (the caller places them)
+    assert len(made) <= (1 + 3 if put_in_thread else 1 + 2 * 3)
     assert [p.next() for _ in range(5)] == [2, 4, 6, 8, 10]
     with pytest.raises(KeyError, match="host batch 6"):
         p.next()
     with pytest.raises(KeyError, match="host batch 6"):  # and again: it stays failed
         p.next()
     p.close()
+    p.close()
+
+
+@pytest.mark.parametrize("put_in_thread", [False, True])
+def test_an_error_in_put_comes_after_the_batches_before_it(put_in_thread):
+    def put(b):
+        if b == 4:
+            raise ValueError("cannot place 4")
+        return -b
+
+    p = DevicePrefetcher(iter(range(10)), put, depth=2, put_in_thread=put_in_thread).start()
+    assert [p.next() for _ in range(4)] == [0, -1, -2, -3]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cannot place 4"):
+            p.next()
     p.close()
 
 
@@ -56,7 +75,9 @@ def test_held_jax_and_numpy_batches_never_change():
               num_epochs=None)
     ref = reference(30, num_epochs=10, **{k: v for k, v in kw.items() if k != "num_epochs"})
     held = {}
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[1])  # placed in the thread
     for name, extra in [("jax", dict(sharding=jl.data_sharding(mesh), device_prefetch=2)),
+                        ("jax one device", dict(sharding=one_device, device_prefetch=2)),
                         ("numpy", {})]:
         with jl.DataLoader(source(30), num_workers=2, process_index=0, process_count=1,
                            **kw, **extra) as loader:
@@ -94,12 +115,13 @@ def test_errors_in_the_thread_reach_the_user_and_break_the_loader():
     assert "record position 9" in str(first) and "nine" in str(first)
     assert raised(it, jl.WorkerError) is first
     loader.close()
-    loader0 = jl.DataLoader(source(20), batch_size=4, transforms=[jl.Map(bad)],
-                            sharding=jl.data_sharding(mesh), process_index=0, process_count=1)
-    it = iter(loader0)
-    next(it); next(it)
-    assert isinstance(raised(it, jl.RecordError).__cause__, ZeroDivisionError)
-    loader0.close()
+    for sharding in (jl.data_sharding(mesh), jax.sharding.SingleDeviceSharding(jax.devices()[0])):
+        loader0 = jl.DataLoader(source(20), batch_size=4, transforms=[jl.Map(bad)],
+                                sharding=sharding, process_index=0, process_count=1)
+        it = iter(loader0)
+        next(it); next(it)
+        assert isinstance(raised(it, jl.RecordError).__cause__, ZeroDivisionError)
+        loader0.close()
     print("ok")
     """, n=2)
     assert out.strip() == "ok"
@@ -169,3 +191,27 @@ def test_jax_is_called_only_from_the_stepping_thread_around_a_collective_step():
     """, timeout=100)
     count, threads = out.strip().split(" ", 1)
     assert int(count) >= 40 and threads == "['MainThread']", out
+
+
+def test_one_device_batches_are_placed_in_the_thread_and_many_device_ones_are_not():
+    """With one device no step can wait in a collective, so the copies leave the training
+    thread; with several they stay in it (see the collective test above)."""
+    out = run_with_devices("""
+    import threading
+    callers = []
+    real = jax.device_put
+    def spy(*a, **k):
+        callers.append(threading.current_thread().name)
+        return real(*a, **k)
+    jax.device_put = spy
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[1])
+    for sharding in (one, jl.data_sharding(jax.make_mesh((2,), ("data",)))):
+        callers.clear()
+        with jl.DataLoader(source(40), batch_size=4, num_epochs=None, device_prefetch=2,
+                           sharding=sharding, process_index=0, process_count=1) as loader:
+            it = iter(loader)
+            batches = [next(it) for _ in range(12)]
+        assert [b["y"].sharding for b in batches] == [sharding] * 12
+        print(len(callers) >= 12, sorted(set(callers)))
+    """, n=2)
+    assert out.splitlines() == ["True ['jaxloader-host-prefetch']", "True ['MainThread']"], out
