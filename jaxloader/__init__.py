@@ -56,7 +56,7 @@ def data_sharding(mesh: "Mesh", data_axis: str | tuple[str, ...] = "data") -> "N
 
     Example:
         >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))     # doctest: +SKIP
-        >>> loader = DataLoader(source, batch_size=64, sharding=data_sharding(mesh))  # +SKIP
+        >>> loader = DataLoader(source, batch_size=64, sharding=data_sharding(mesh))  # doctest: +SKIP
     """
     from jaxloader.sharding.put import data_sharding as build
 

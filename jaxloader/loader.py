@@ -220,7 +220,7 @@ class DataLoader:
 
         Example:
             >>> from orbax.checkpoint.experimental import v1 as ocp_v1     # doctest: +SKIP
-            >>> ocp_v1.save_checkpointables(path, {"state": state, "loader": loader})  # +SKIP
+            >>> ocp_v1.save_checkpointables(path, {"state": state, "loader": loader})  # doctest: +SKIP
         """
         from jaxloader.checkpoint import save_v1
 
