@@ -52,8 +52,8 @@ class _Pickler(cloudpickle.Pickler):
         ref = self._shared.get(id(obj))
         if ref is None:
             segment = Segment.create(obj.nbytes, prefault=False)
+            self._keep(segment)  # before the copy: its owner destroys it if the copy fails
             _copy(np.ndarray(obj.shape, obj.dtype, buffer=segment.buf), obj)
-            self._keep(segment)
             ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype.str)
             self._shared[id(obj)] = ref
         return ref
@@ -66,8 +66,16 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
         return
     bounds = [len(src) * i // parts for i in range(parts + 1)]
-    helpers = [threading.Thread(target=np.copyto, args=(dst[a:b], src[a:b]), daemon=True)
-               for a, b in itertools.pairwise(bounds[1:])]
+    errors: list[BaseException] = []
+
+    def copy_rows(a: int, b: int) -> None:
+        try:
+            np.copyto(dst[a:b], src[a:b])
+        except BaseException as e:  # noqa: BLE001 - raised in the calling thread below
+            errors.append(e)
+
+    helpers = [threading.Thread(target=copy_rows, args=bounds_, daemon=True)
+               for bounds_ in itertools.pairwise(bounds[1:])]
     for helper in helpers:
         helper.start()
     try:
@@ -75,6 +83,8 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
     finally:
         for helper in helpers:
             helper.join()
+    if errors:  # a part not copied must not pass for shared data
+        raise errors[0]
 
 
 def _base_address(mm: np.memmap) -> int:

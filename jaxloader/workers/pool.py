@@ -301,12 +301,15 @@ def _unpicklable(e: Exception, maker: BatchMaker, init_fn: Any) -> WorkerError:
     suspects = [("source", maker.source), ("worker_init_fn", init_fn)]
     suspects += [(f"transforms {t!r}", t) for t in maker.record_transforms + maker.batch_transforms]
     for name, obj in suspects:
+        shared: list[Segment] = []
         try:
-            payload.dumps(obj, lambda seg: seg.destroy())
+            payload.dumps(obj, shared.append)
         except Exception as inner:  # noqa: BLE001
             return WorkerError(
                 f"cannot send the {name} ({obj!r:.80}) to worker processes: "
                 f"{type(inner).__name__}: {inner}; make it picklable by cloudpickle (no open "
                 "files, locks or sockets; open them lazily in the worker), or use num_workers=0"
             )
+        finally:
+            _destroy_all(shared)  # only a probe: nothing will read these
     return WorkerError(f"cannot send the loader to worker processes: {type(e).__name__}: {e}")

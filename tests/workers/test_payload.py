@@ -46,3 +46,25 @@ def test_large_copies_split_over_threads_give_the_same_array(monkeypatch, rows):
     del out
     for seg in segments:
         seg.destroy()
+
+
+def test_an_error_in_a_copy_thread_is_raised_not_lost(monkeypatch):
+    import threading
+
+    from jaxloader.workers import payload
+
+    real = np.copyto
+
+    def copyto(dst, src):
+        if threading.current_thread() is not threading.main_thread():
+            raise MemoryError("no room for these rows")
+        real(dst, src)
+
+    monkeypatch.setattr(payload, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(payload.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(payload.np, "copyto", copyto)
+    segments = []
+    with pytest.raises(MemoryError, match="no room"):
+        dumps(np.ones((4, SHARE_MIN_BYTES), np.uint8), segments.append)
+    for seg in segments:
+        seg.destroy()

@@ -155,9 +155,11 @@ def test_an_unpicklable_transform_is_named_at_construction():
         with lock:
             return r
 
-    with pytest.raises(jl.WorkerError, match=r"transforms Map\(.*uses_lock.*lock"):
-        jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(uses_lock)], num_workers=2,
-                      process_index=0, process_count=1)
+    big = jl.ArraySource({"x": np.zeros((64, 1 << 15), np.float32)})  # 8 MiB: shared, probed
+    for src in (source(), big):  # the fixture checks that the probes' segments are gone
+        with pytest.raises(jl.WorkerError, match=r"transforms Map\(.*uses_lock.*lock"):
+            jl.DataLoader(src, batch_size=6, transforms=[jl.Map(uses_lock)], num_workers=2,
+                          process_index=0, process_count=1)
 
 
 def test_worker_info_and_init_fn():
