@@ -46,7 +46,8 @@ _END = object()
 
 
 class HostPrefetcher:
-    """Runs ``host_batches`` in a thread, at most ``depth`` batches ahead of ``get()``."""
+    """Runs ``host_batches`` (and ``put`` on each batch, when given) in a thread, at most
+    ``depth`` batches ahead of ``get()``."""
 
     def __init__(self, host_batches: Iterator[Any], depth: int,
                  put: Callable[[Any], Any] | None = None) -> None:
@@ -102,7 +103,8 @@ class HostPrefetcher:
 
 
 class DevicePrefetcher:
-    """``next()`` returns ``put(batch)`` in order, with ``depth`` copies dispatched ahead."""
+    """``next()`` returns ``put(batch)`` in order, ``depth`` batches ahead; ``put`` runs in
+    the thread with ``put_in_thread``, else in the caller's ``next()``."""
 
     def __init__(self, host_batches: Iterator[Any], put: Callable[[Any], Any], depth: int,
                  put_in_thread: bool = False) -> None:
