@@ -27,6 +27,14 @@ device array aliases it), so the shared-memory slot returns to the ring only whe
 it. An exception from the host side or from ``put`` reaches the consumer, unchanged, after the
 batches before it.
 
+Staying out of the way: when the consumer takes a batch while another is still ready, it is
+about to free its previous batch and dispatch a step, which needs a core and the GIL for a
+fraction of a millisecond. The thread (and the worker it hands the next task to) would compete
+for exactly those, so it waits ``_BACK_OFF_S`` first, or until the consumer asks again,
+whichever is sooner. Measured with 2 workers feeding a ~25 ms step on 2 cores: the consumer's
+time in ``next()`` plus freeing the old batch went from ~0.7 to ~0.12 ms a step. When no batch
+is ready the thread never waits.
+
 Example:
     >>> p = DevicePrefetcher(iter([1, 2, 3]), put=lambda b: b * 10, depth=2).start()
     >>> [p.next() for _ in range(3)]
@@ -42,6 +50,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 _JOIN_TIMEOUT_S = 10.0  # the thread may be finishing one batch (a worker's, an in-process one)
+_BACK_OFF_S = 0.001  # see "Staying out of the way"; covers a step's dispatch, not a step
 _END = object()
 
 
@@ -55,6 +64,7 @@ class HostPrefetcher:
         self._put = put  # applied in the thread to each batch, when given
         self._permits = threading.Semaphore(depth)
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
+        self._taken = threading.Event()  # set by get(): the consumer came for a batch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
@@ -67,6 +77,9 @@ class HostPrefetcher:
         try:
             while True:
                 self._permits.acquire()
+                if self._stop.is_set():
+                    return
+                self._back_off()
                 if self._stop.is_set():
                     return
                 host = next(self._host_batches, _END)
@@ -82,6 +95,16 @@ class HostPrefetcher:
             if close is not None:
                 close()  # in this thread, which ran it: returns its slots to the ring
 
+    def _back_off(self) -> None:
+        """After the consumer took a batch: waits ``_BACK_OFF_S`` while another is still
+        ready, unless the consumer asks again sooner (see the module docstring)."""
+        if not self._taken.is_set():
+            return  # filling up, not woken by a take: no step is starting
+        self._taken.clear()
+        if not self._ready.empty():  # checked after clear(): a get() in between ends the wait
+            self._taken.wait(_BACK_OFF_S)
+            self._taken.clear()  # a take that ended the wait: a fast consumer, fill up
+
     def ready(self) -> bool:
         """True if ``get()`` would not wait."""
         return not self._ready.empty()
@@ -91,6 +114,7 @@ class HostPrefetcher:
         host, error = self._ready.get()
         if error is None and host is not _END:
             self._permits.release()
+            self._taken.set()
         return host, error
 
     def close(self, timeout: float | None = _JOIN_TIMEOUT_S) -> None:
@@ -98,6 +122,7 @@ class HostPrefetcher:
         seconds (``None``: until it is gone). Idempotent."""
         self._stop.set()
         self._permits.release()  # wakes a thread waiting for a permit
+        self._taken.set()  # or backing off
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 

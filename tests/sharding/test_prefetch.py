@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from jaxloader.sharding.prefetch import DevicePrefetcher
+from jaxloader.sharding import prefetch
+from jaxloader.sharding.prefetch import DevicePrefetcher, HostPrefetcher
 from sharding.devices import run_with_devices
 
 pytestmark = pytest.mark.timeout(180)
@@ -66,6 +68,38 @@ def test_close_stops_an_endless_thread():
     p.next()
     p.close()
     assert threading.active_count() == before
+
+
+def _until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_after_a_take_the_thread_waits_while_a_batch_is_ready_unless_asked_again(monkeypatch):
+    monkeypatch.setattr(prefetch, "_BACK_OFF_S", 60.0)  # long enough to tell waiting from not
+    pulled = []
+
+    def host():
+        for i in range(100):
+            pulled.append(i)
+            yield i
+
+    p = HostPrefetcher(host(), depth=2)
+    p.start()
+    assert _until(lambda: len(pulled) == 2)  # filling up: no waiting
+    assert p.get() == (0, None)  # batch 1 still ready: the consumer is stepping, stay away
+    time.sleep(0.3)
+    assert len(pulled) == 2
+    assert p.get() == (1, None)  # asked again: the wait ends at once, the thread fills up
+    assert _until(lambda: len(pulled) == 4)
+    assert p.get() == (2, None)  # waiting again (batch 3 ready); close() must end that too
+    started = time.monotonic()
+    p.close()
+    assert time.monotonic() - started < 10
+    assert not p._thread.is_alive()
+    assert len(pulled) == 4
 
 
 def test_held_jax_and_numpy_batches_never_change():
