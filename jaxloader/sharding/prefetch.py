@@ -113,8 +113,8 @@ class HostPrefetcher:
         """``(next host batch or _END, None)``, or ``(None, the thread's error)``."""
         host, error = self._ready.get()
         if error is None and host is not _END:
+            self._taken.set()  # before the permit: the woken thread must see the take
             self._permits.release()
-            self._taken.set()
         return host, error
 
     def close(self, timeout: float | None = _JOIN_TIMEOUT_S) -> None:
