@@ -2,7 +2,9 @@
 
 Run: ``python benchmarks/bench_workers.py [--quick]`` (needs ``pip install -e .[benchmark]``).
 
-Cases (same data, same process run, median of repeats):
+Cases (same data, same process run; the loaders take turns, a fresh iterator each, over several
+rounds; medians per loader and the median of each round's ratio; warm-up: 5 batches, one epoch
+for the large data):
 - large: 2,048 records of 224x224x3 uint8 + label, batch 64, in-memory, no transform;
 - small: 60,000 x (784 uint8 + label), batch 128, shuffled, per-record identity Map;
 - cpu: the large images through a random crop to 192, flip and normalise to float32;
@@ -13,9 +15,11 @@ Cases (same data, same process run, median of repeats):
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import time
+from multiprocessing import shared_memory
 from typing import Callable, Iterator
 
 import numpy as np
@@ -40,18 +44,30 @@ def crop_flip_normalise(record: dict, rng: np.random.Generator) -> dict:
     return {"image": image, "label": record["label"]}
 
 
-def batches_per_second(make_iter: Callable[[], Iterator], warmup: int, count: int,
-                       repeats: int) -> float:
-    rates = []
+def batches_per_second(make_iter: Callable[[], Iterator], warmup: int, count: int) -> float:
+    """One fresh iterator: ``warmup`` batches, then the rate over ``count`` batches."""
     it = make_iter()
     for _ in range(warmup):
         next(it)
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(count):
-            next(it)
-        rates.append(count / (time.perf_counter() - start))
-    return statistics.median(rates)
+    start = time.perf_counter()
+    for _ in range(count):
+        next(it)
+    rate = count / (time.perf_counter() - start)
+    del it
+    return rate
+
+
+def interleaved_rates(loaders: dict, warmup: int, count: int, rounds: int) -> dict:
+    """Each round runs every loader once, starting from a different one each round, so a slow
+    moment of the machine hits all of them alike; returns the list of rates per loader."""
+    names = list(loaders)
+    rates: dict = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rates[name].append(batches_per_second(loaders[name], warmup, count))
+            close(loaders[name])
+            print(f"  round {r + 1}: {name:22s} {rates[name][-1]:10.1f} batches/s", flush=True)
+    return rates
 
 
 def first_batch_seconds(make_iter: Callable[[], Iterator], repeats: int = 3) -> float:
@@ -146,6 +162,46 @@ def close(make) -> None:
         loader.close()
 
 
+# -- the copy ceiling --------------------------------------------------------------------------
+def _gather(name: str, shape: tuple, batch: int, seconds: float, go, rates) -> None:
+    shm = shared_memory.SharedMemory(name=name)
+    source = np.ndarray(shape, np.uint8, buffer=shm.buf)
+    out = np.zeros((4, batch, *shape[1:]), np.uint8)  # reused and touched, like the slots
+    rng = np.random.default_rng(os.getpid())
+    go.wait()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        np.take(source, rng.integers(0, shape[0], batch), axis=0, out=out[n % 4], mode="clip")
+        n += 1
+    rates.put(n / (time.perf_counter() - start))
+    del source
+    shm.close()
+
+
+def gather_ceiling(images: np.ndarray, batch: int, processes: int = WORKERS,
+                   seconds: float = 3.0) -> float:
+    """Batches/s of ``processes`` processes doing nothing but gathering random rows of a
+    shared copy of ``images`` into reused buffers: what any loader's copies cost here."""
+    ctx = multiprocessing.get_context("spawn")
+    shm = shared_memory.SharedMemory(create=True, size=images.nbytes)
+    try:
+        np.ndarray(images.shape, np.uint8, buffer=shm.buf)[...] = images
+        go, rates = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_gather, args=(shm.name, images.shape, batch, seconds, go,
+                                                    rates)) for _ in range(processes)]
+        for p in procs:
+            p.start()
+        time.sleep(1.0)  # let both interpreters start before the clock does
+        go.set()
+        total = sum(rates.get(timeout=60 + seconds) for _ in procs)
+        for p in procs:
+            p.join()
+        return total
+    finally:
+        shm.close()
+        shm.unlink()
+
+
 # -- memory ------------------------------------------------------------------------------------
 def rss_kib(pid: int) -> dict:
     fields = {}
@@ -194,7 +250,7 @@ def main() -> None:
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; we pass none
-    repeats = 2 if args.quick else 3
+    rounds = 3 if args.quick else 5
     rng = np.random.default_rng(0)
     large_images = rng.integers(0, 256, (2048, 224, 224, 3), dtype=np.uint8)
     large_labels = rng.integers(0, 10, 2048).astype(np.int64)
@@ -228,16 +284,26 @@ def main() -> None:
         }),
     }
     only = set(args.only.split(","))
-    results: dict = {"machine": machine(), "throughput": {}, "first_batch_s": {}}
+    results: dict = {"machine": machine(), "throughput": {}, "rates": {}, "ratio_per_round": {},
+                     "first_batch_s": {}}
     for case, (batch, count, loaders) in cases.items():
         if case not in only:
             continue
-        results["throughput"][case] = {}
-        for name, make in loaders.items():
-            bps = batches_per_second(make, warmup=5, count=count, repeats=repeats)
-            close(make)
-            results["throughput"][case][name] = bps
-            print(f"{case:6s} {name:22s} {bps:10.1f} batches/s", flush=True)
+        # large: one epoch (32 batches) first, so every loader has touched each source page once
+        # (the first touch is a page fault: ~15,000 a run, ~12% of a 150-batch stretch)
+        warmup = 40 if case == "large" else 5
+        rates = interleaved_rates(loaders, warmup=warmup, count=count, rounds=rounds)
+        results["rates"][case] = rates
+        results["throughput"][case] = {name: statistics.median(r) for name, r in rates.items()}
+        results["ratio_per_round"][case] = [
+            a / b for a, b in zip(rates["jaxloader 2 workers"], rates["grain mp_prefetch"])]
+        for name, bps in results["throughput"][case].items():
+            print(f"{case:6s} {name:22s} {bps:10.1f} batches/s (median)", flush=True)
+        if case == "large":
+            ceiling = [gather_ceiling(large_images, batch) for _ in range(3)]
+            results["large_copy_ceiling"] = statistics.median(ceiling)
+            print(f"large  copy ceiling ({WORKERS} processes, np.take only) "
+                  f"{results['large_copy_ceiling']:10.1f} batches/s (median of 3)", flush=True)
     for case in ("small", "large") if "first" in only else ():
         results["first_batch_s"][case] = {}
         for name in ("grain mp_prefetch", "grain.DataLoader", "jaxloader 2 workers"):
@@ -262,8 +328,15 @@ def main() -> None:
         rows, base = [], results["throughput"][case]["grain mp_prefetch"]
         for name, bps in results["throughput"][case].items():
             rows.append((name, f"{bps:,.1f}", f"{bps * batch / 1e3:,.1f}k", f"{bps / base:.2f}x"))
-        print(f"\n{case}, batch {batch}; {machine()}")
+        per_round = ", ".join(f"{x:.1f}x" for x in results["ratio_per_round"][case])
+        print(f"\n{case}, batch {batch}; {machine()}; median of {rounds} rounds")
+        if case == "large" and "large_copy_ceiling" in results:
+            c = results["large_copy_ceiling"]
+            rows.append((f"ceiling: {WORKERS} processes only copying", f"{c:,.1f}",
+                         f"{c * batch / 1e3:,.1f}k", f"{c / base:.2f}x"))
         print(table(rows, ("loader", "batches/s", "records/s", "vs grain mp_prefetch")))
+        print(f"jaxloader 2 workers / grain mp_prefetch, round by round: {per_round} "
+              f"(median {statistics.median(results['ratio_per_round'][case]):.1f}x)")
     save("workers", results)
 
 
