@@ -11,8 +11,10 @@ already-batched array (from a vectorised ``__getitems__``). Columns are validate
 is written: every record must have the same structure, and each leaf the same shape and dtype, or
 a ``CollateError`` names the leaf path, both shapes/dtypes and the record positions.
 
-Numeric leaves go into one flat byte buffer, each at a 64-byte aligned offset; object leaves
-(strings, bytes, arbitrary objects) cannot live in shared memory and travel beside it.
+Numeric leaves go into one flat byte buffer, each at a 64-byte aligned offset. Anything with the
+array protocol (a torch tensor, a PIL image, a ``jax.Array``) becomes a NumPy array; ``str`` and
+``bytes`` stay Python objects (an object array, which cannot live in shared memory and travels
+beside it); any other object is refused with the leaf's path and what to do.
 
 Example:
     >>> records = [{"x": np.zeros(3, np.float32), "y": i} for i in range(4)]
@@ -94,6 +96,14 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
         if not same:
             _raise_leaf_mismatch(path, values, positions)
         return _Column(path, (n, *first.shape), first.dtype, values, positions)
+    if isinstance(first, (str, bytes)):
+        # Strings and bytes stay Python objects on purpose (an object array, one entry a
+        # record): they have no device form, and fixed-width NumPy strings would pad them.
+        if not all(isinstance(v, (str, bytes)) for v in values):
+            _raise_leaf_mismatch(path, values, positions)
+        array = np.empty(n, dtype=object)
+        array[:] = values
+        return _Column(path, (n,), array.dtype, array)
     if isinstance(first, (np.ndarray, np.generic)):
         if first.dtype.kind in "biufc" and type(first) is not np.ndarray:
             same = len(set(map(type, values))) == 1  # a numeric scalar type fixes the dtype
@@ -110,29 +120,45 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
             _raise_leaf_mismatch(path, values, positions)
         array = np.asarray(values)
         return _Column(path, array.shape, array.dtype, array)
-    # Strings, bytes and other objects: an object array, one entry a record.
-    array = np.empty(n, dtype=object)
-    for j, v in enumerate(values):  # item by item: NumPy must not broadcast into the objects
-        array[j] = v
-    return _Column(path, (n,), array.dtype, array)
+    if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
+        return _record_column(path, [np.asarray(v) for v in values], positions)
+    raise CollateError(
+        f"batch leaf {path}: {_where(positions, 0)} holds a {_type_name(first)}, which is "
+        "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
+        "convert it in a Map (np.asarray(x), or str(x)), or register its class as a JAX "
+        "pytree node (jax.tree_util.register_dataclass) in a module the workers can import"
+    )
+
+
+def _has_array_protocol(value: Any) -> bool:
+    return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
+                                           "__array_struct__"))
+
+
+def _type_name(value: Any) -> str:
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _where(positions: Any, j: int) -> str:
+    return f"record position {positions[j]}" if positions is not None else f"item {j}"
 
 
 def _raise_leaf_mismatch(path: str, values: list, positions: Any) -> None:
     def describe(v: Any) -> str:
         if isinstance(v, (np.ndarray, np.generic)):
             return f"shape {v.shape} dtype {v.dtype}"
-        return f"{type(v).__name__} {v!r:.40}"
+        return "None" if v is None else f"{_type_name(v)} {v!r:.40}"
 
-    where = (lambda j: f"record position {positions[j]}") if positions is not None else (
-        lambda j: f"item {j}"
-    )
     first = describe(values[0])
     for j, v in enumerate(values):
         if describe(v) != first:
+            fix = ("give every record an array there (an empty or a masked one), not None"
+                   if v is None else "make every record's leaf the same shape and dtype (pad or "
+                   "crop in a Map), or use batch_size=1")
             raise CollateError(
-                f"batch leaf {path}: records differ: {where(0)} has {first}, {where(j)} has "
-                f"{describe(v)}; make every record's leaf the same shape and dtype (pad or crop "
-                "in a Map), or use batch_size=1"
+                f"batch leaf {path}: records differ: {_where(positions, 0)} has {first}, "
+                f"{_where(positions, j)} has {describe(v)}; {fix}"
             )
     raise CollateError(f"batch leaf {path}: records differ in type")
 

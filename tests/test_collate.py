@@ -68,3 +68,63 @@ def test_batch_columns_checks_the_batch_axis():
     treedef, cols = batch_columns({"a": np.zeros((4, 2))}, 4)
     batch, layout = materialize(treedef, cols)
     assert batch["a"].shape == (4, 2) and layout.nbytes == 64
+
+
+# -- leaves that are not NumPy arrays ----------------------------------------------------------
+class _ArrayLike:
+    """Speaks only the array protocol, as a torch tensor or a jax.Array does."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype=dtype)
+
+
+def test_array_protocol_leaves_become_numpy_arrays():
+    batch, _ = collate([{"x": _ArrayLike(np.full((2, 3), i, np.int16))} for i in range(3)])
+    assert type(batch["x"]) is np.ndarray and batch["x"].dtype == np.int16
+    assert batch["x"].shape == (3, 2, 3) and batch["x"][:, 0, 0].tolist() == [0, 1, 2]
+
+
+def test_jax_arrays_become_numpy_arrays():
+    jnp = pytest.importorskip("jax.numpy")
+    batch, _ = collate([jnp.arange(4, dtype=jnp.float32) + i for i in range(2)])
+    assert type(batch) is np.ndarray and batch.dtype == np.float32 and batch.shape == (2, 4)
+
+
+def test_pil_images_become_numpy_arrays():
+    image = pytest.importorskip("PIL.Image")  # in the test extra
+    records = [{"img": image.new("RGB", (5, 4), color=(i, 2 * i, 3 * i))} for i in range(3)]
+    batch, _ = collate(records)
+    assert batch["img"].shape == (3, 4, 5, 3) and batch["img"].dtype == np.uint8
+    assert batch["img"][:, 0, 0].tolist() == [[0, 0, 0], [1, 2, 3], [2, 4, 6]]
+
+
+def test_torch_tensors_become_numpy_arrays():
+    torch = pytest.importorskip("torch")  # optional: tested where torch is installed
+    batch, _ = collate([{"t": torch.full((2,), float(i))} for i in range(3)])
+    assert type(batch["t"]) is np.ndarray and batch["t"].tolist() == [[0, 0], [1, 1], [2, 2]]
+
+
+def test_strings_and_bytes_stay_objects_of_any_length():
+    batch, _ = collate([{"s": "a" * (i + 1), "b": b"x" * i} for i in range(3)])
+    assert batch["s"].dtype == object and batch["s"].tolist() == ["a", "aa", "aaa"]
+    assert batch["b"].tolist() == [b"", b"x", b"xx"]
+    with pytest.raises(CollateError, match=r"\['s'\].*position 0 has str.*position 1 has int"):
+        collate([{"s": "a"}, {"s": 1}], positions=[0, 1])
+
+
+def test_other_objects_are_refused_naming_the_leaf_the_type_and_the_fix():
+    class Opaque:
+        pass
+
+    with pytest.raises(CollateError) as e:
+        collate([{"a": {"b": Opaque()}}, {"a": {"b": Opaque()}}], positions=[7, 8])
+    for part in ["['a']['b']", "position 7", "Opaque", "np.asarray(x)", "register"]:
+        assert part in str(e.value)
+
+
+def test_none_where_another_record_has_an_array_is_refused_naming_the_leaf():
+    with pytest.raises(CollateError, match=r"\['y'\].*position 6 has None; give every record an array"):
+        collate([{"y": np.zeros(2)}, {"y": None}], positions=[5, 6])
