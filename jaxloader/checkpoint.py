@@ -27,6 +27,7 @@ differs when they do not.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -34,10 +35,12 @@ import re
 from typing import Any, Awaitable
 
 import orbax.checkpoint as ocp
+from etils import epath
 
 from jaxloader.errors import StateDictError
 
 _FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
+PathLike = str | os.PathLike  # epath.Path included
 
 
 def state_filename(loader: Any) -> str:
@@ -46,45 +49,49 @@ def state_filename(loader: Any) -> str:
     return f"process_{sampler.process_index}-of-{sampler.process_count}.json"
 
 
-def write_state(directory: os.PathLike | str, loader: Any, state: dict | None = None) -> None:
-    """Writes this process's loader state into ``directory`` (which must exist)."""
+def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> None:
+    """Writes this process's loader state into ``directory`` (which must exist).
+
+    Paths go through ``etils.epath``, as Orbax's do, so ``gs://`` and other remote directories
+    work. Orbax makes the whole checkpoint appear at once (it renames its temporary directory
+    when every item is written), so the file is written in place.
+    """
     state = loader.state_dict() if state is None else state
-    path = os.path.join(os.fspath(directory), state_filename(loader))
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-    os.replace(tmp, path)
+    (epath.Path(directory) / state_filename(loader)).write_text(json.dumps(state))
 
 
-def read_state(directory: os.PathLike | str, loader: Any) -> dict:
+def read_state(directory: PathLike, loader: Any) -> dict:
     """The state in ``directory`` that fits this process (see the module docstring)."""
-    directory = os.fspath(directory)
-    own = os.path.join(directory, state_filename(loader))
-    if os.path.exists(own):
+    directory = epath.Path(directory)
+    own = directory / state_filename(loader)
+    if own.exists():
         path = own
     else:
-        present = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+        present = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
         files = [f for f in present if _FILE.match(f)]
         if not files:
-            found = present if os.path.isdir(directory) else "no such directory"
+            found = present if directory.is_dir() else "no such directory"
             raise StateDictError(
                 f"checkpoint {directory}: expected loader state files "
                 f"'process_<i>-of-<n>.json', found {found}; was the loader saved with "
                 "jaxloader.checkpoint (LoaderSave or the v1 API)?"
             )
-        path = os.path.join(directory, files[0])  # every process's file holds the same step
-    with open(path) as f:
-        return json.load(f)
+        path = directory / files[0]  # every process's file holds the same step
+    return json.loads(path.read_text())
 
 
-def restore_into(directory: os.PathLike | str, loader: Any) -> dict:
-    """Reads the fitting state and loads it into ``loader``; returns the state."""
-    state = read_state(directory, loader)
+def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
+    """Loads ``state`` (read from ``directory``) into ``loader``; returns it."""
     try:
         loader.load_state_dict(state)
     except StateDictError as e:
-        raise StateDictError(f"checkpoint {os.fspath(directory)}: {e}") from e
+        raise StateDictError(f"checkpoint {directory}: {e}") from e
     return state
+
+
+def restore_into(directory: PathLike, loader: Any) -> dict:
+    """Reads the fitting state and loads it into ``loader``; returns the state."""
+    return apply_state(directory, loader, read_state(directory, loader))
 
 
 # -- classic API -----------------------------------------------------------------------------
@@ -111,8 +118,9 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):
 
     def save(self, directory: Any, *args: Any, **kwargs: Any) -> None:
         save_args = _args(args, kwargs, LoaderSave)
-        os.makedirs(os.fspath(directory), exist_ok=True)
-        write_state(directory, save_args.loader)
+        path = epath.Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        write_state(path, save_args.loader)
 
     def restore(self, directory: Any, *args: Any, **kwargs: Any) -> dict:
         restore_args = _args(args, kwargs, LoaderRestore)
@@ -144,13 +152,15 @@ ocp.args.register_with_handler(LoaderCheckpointHandler, for_restore=True)(Loader
 
 
 # -- orbax v1: DataLoader.save / DataLoader.load call these ----------------------------------
+# File I/O runs in a thread (asyncio.to_thread): on a remote path it takes a round trip, and the
+# event loop it would block is the one Orbax runs every other item's save on.
 async def save_v1(loader: Any, directory: Any) -> Awaitable[None]:
     """``StatefulCheckpointable.save``: the state is taken now, written in the background."""
     state = loader.state_dict()
 
     async def write() -> None:
         path = await directory.await_creation()
-        write_state(path, loader, state)
+        await asyncio.to_thread(write_state, path, loader, state)
 
     return write()
 
@@ -159,6 +169,7 @@ async def load_v1(loader: Any, directory: Any) -> Awaitable[None]:
     """``StatefulCheckpointable.load``: reads and applies the fitting state."""
 
     async def read() -> None:
-        restore_into(directory, loader)
+        state = await asyncio.to_thread(read_state, directory, loader)
+        apply_state(directory, loader, state)
 
     return read()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 from orbax.checkpoint.experimental import v1 as ocp_v1
 
 import jaxloader as jl
+from jaxloader import checkpoint
 from jaxloader.checkpoint import LoaderRestore, LoaderSave, read_state, write_state
 from launch import run_hosts
 from resume_harness import assert_same_stream, take
@@ -98,3 +102,57 @@ def test_two_process_checkpoints_restore_into_one_and_two_processes(tmp_path):
         for api in ("classic", "v1"):
             got = np.load(tmp_path / f"{api}_into_{nproc}.npy")
             assert np.array_equal(got, expected), f"{api} into {nproc} process(es)"
+
+
+def test_an_epath_directory_works_for_both_apis(tmp_path):
+    root = epath.Path(tmp_path)
+    with make() as loader:
+        take(loader, 3)
+        manager = ocp.CheckpointManager(root / "classic")
+        manager.save(3, args=ocp.args.Composite(loader=LoaderSave(loader)))
+        manager.wait_until_finished()
+        write_state(root, loader)
+        expected = take(loader, 4)
+    assert read_state(root, make())["step"] == 3
+    with make() as fresh:
+        manager.restore(3, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
+        assert_same_stream(take(fresh, 4), expected)
+
+
+class _Awaiting:
+    """Stands for Orbax's PathAwaitingCreation."""
+
+    def __init__(self, path):
+        self.path = path
+
+    async def await_creation(self):
+        return self.path
+
+
+def test_v1_save_and_load_let_other_coroutines_run_during_file_io(tmp_path, monkeypatch):
+    io_started, other_ran = threading.Event(), threading.Event()
+
+    def slow(real):
+        def io(*args):
+            io_started.set()  # a write that blocked the event loop would wait here in vain
+            assert other_ran.wait(10), "no other coroutine ran while the file was written/read"
+            return real(*args)
+        return io
+
+    monkeypatch.setattr(checkpoint, "write_state", slow(checkpoint.write_state))
+    monkeypatch.setattr(checkpoint, "read_state", slow(checkpoint.read_state))
+
+    async def other():
+        while not io_started.is_set():
+            await asyncio.sleep(0.001)
+        other_ran.set()
+
+    async def save_and_load(loader, fresh):
+        await asyncio.gather(await loader.save(_Awaiting(tmp_path)), other())
+        io_started.clear(), other_ran.clear()
+        await asyncio.gather(await fresh.load(tmp_path), other())
+
+    with make() as loader, make() as fresh:
+        take(loader, 5)
+        asyncio.run(save_and_load(loader, fresh))
+        assert fresh.step == 5 and os.listdir(tmp_path) == ["process_0-of-1.json"]
