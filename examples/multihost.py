@@ -40,17 +40,19 @@ def host(args: argparse.Namespace) -> None:
     import numpy as np
     import optax
     from jax.experimental import multihost_utils
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     import jaxloader as jl
     from train_digits import MLP, augment, digits_split
 
     train, test = digits_split()
-    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    # every host's devices in one mesh; Explicit axes: the batch's type is f32[64@data,8,8]
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
     loader = jl.DataLoader(jl.ArraySource(train), batch_size=args.batch_size, shuffle=True,
                            seed=0, transforms=[jl.RandomMap(augment)], num_workers=2,
                            num_epochs=None, sharding=jl.data_sharding(mesh), last_batch="pad")
     model, tx = MLP(), optax.adam(3e-3)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    replicated = NamedSharding(mesh, PartitionSpec())
     params = model.init(jax.random.key(0), jnp.zeros((1, 8, 8)))
     state = jax.device_put({"params": params, "opt_state": tx.init(params)}, replicated)
 
@@ -58,7 +60,8 @@ def host(args: argparse.Namespace) -> None:
     def train_step(state, batch):
         def loss_fn(p):
             logits = model.apply(p, batch["image"])
-            losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+            one_hot = jax.nn.one_hot(batch["label"], logits.shape[-1])  # see train_digits.cross_entropy
+            losses = optax.softmax_cross_entropy(logits, one_hot)
             return (losses * batch["mask"]).sum() / batch["mask"].sum()  # pad rows do not count
 
         loss, grads = jax.value_and_grad(loss_fn)(state["params"])
@@ -66,7 +69,7 @@ def host(args: argparse.Namespace) -> None:
         return {"params": optax.apply_updates(state["params"], updates),
                 "opt_state": opt_state}, loss
 
-    with loader:
+    with loader, jax.set_mesh(mesh):
         batches = iter(loader)
         for _ in range(args.steps):
             batch = next(batches)

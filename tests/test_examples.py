@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def test_notebook_runs_top_to_bottom():
                    resources={"metadata": {"path": EXAMPLES}}).execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                    for o in c.outputs)
+    assert re.search(r"jax \d+\.\d+\S* on \w+ with \d+ device", text)  # the first cell's report
     assert "same batches after restore: True" in text
     assert "test accuracy" in text
 

@@ -3,7 +3,8 @@
 Usage: multihost_run.py PROCESS_ID PORT OUT_DIR STEPS [SAVE_AT | resume]
 
 Runs the loader (2 workers, sharded over both hosts' devices), gathers each global batch and,
-on host 0, saves the stream. With SAVE_AT it also writes each host's state after SAVE_AT steps;
+on host 0, saves the stream. The mesh has Explicit axes when saving and Auto axes when resuming,
+so that both kinds assemble the same global batches. With SAVE_AT it also writes each host's state after SAVE_AT steps;
 with "resume" it first loads OUT_DIR/resume_state.json and continues from there.
 """
 
@@ -19,11 +20,13 @@ jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processe
 
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
 
 import jaxloader as jl  # noqa: E402
 from sharding.multihost_config import make_loader  # noqa: E402
 
-mesh = jax.make_mesh((jax.device_count(),), ("data",))
+axis_type = AxisType.Auto if mode == "resume" else AxisType.Explicit
+mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(axis_type,))
 loader = make_loader(batch_size=4, num_workers=2, sharding=jl.data_sharding(mesh))
 assert loader.state_dict()["process_count"] == 2
 if mode == "resume":
@@ -33,6 +36,7 @@ stream = {"x": [], "y": []}
 it = iter(loader)
 for step in range(int(steps)):
     batch = next(it)
+    assert batch["x"].sharding == jl.data_sharding(mesh) and batch["x"].shape[0] == 8
     for key in stream:
         stream[key].append(np.asarray(multihost_utils.process_allgather(batch[key], tiled=True)))
     if mode != "resume" and step + 1 == int(mode):

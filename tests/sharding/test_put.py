@@ -98,3 +98,45 @@ def test_bad_shardings_give_clear_errors():
     print("ok")
     """, n=4)
     assert out.strip() == "ok"
+
+
+def test_explicit_and_auto_meshes_feed_the_same_jitted_step():
+    out = run_with_devices("""
+    from jax.sharding import AxisType
+
+    def train(axis_type):
+        mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+        loader = jl.DataLoader(source(64), batch_size=16, shuffle=True, seed=3, num_workers=1,
+                               transforms=[jl.RandomMap(noise)], num_epochs=2,
+                               sharding=jl.data_sharding(mesh), process_index=0, process_count=1)
+        w = jax.device_put(np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2),
+                           NamedSharding(mesh, P()))
+
+        @jax.jit
+        def step(w, batch):
+            def loss(w):
+                logits = jnp.einsum("bij,ij->b", batch["x"], w)
+                labels = jax.nn.one_hot(batch["y"] % 2, 2)
+                return -jnp.mean(jnp.sum(labels * jax.nn.log_softmax(
+                    jnp.stack([logits, -logits], -1)), -1))
+            value, grad = jax.value_and_grad(loss)(w)
+            return w - 0.01 * grad, value
+
+        losses, types = [], set()
+        with loader, jax.set_mesh(mesh):
+            for batch in loader:
+                assert batch["x"].sharding == jl.data_sharding(mesh)
+                types.add(str(jax.typeof(batch["x"])))
+                w, value = step(w, batch)
+                losses.append(float(value))
+        return losses, np.asarray(w), types
+
+    import jax.numpy as jnp
+    explicit, auto = train(AxisType.Explicit), train(AxisType.Auto)
+    assert explicit[2] == {"float32[16@data,3,2]"}, explicit[2]  # the sharding is in the type
+    assert auto[2] == {"float32[16,3,2]"}, auto[2]
+    assert len(explicit[0]) == 8 and explicit[0] == auto[0], (explicit[0], auto[0])
+    assert np.array_equal(explicit[1], auto[1])
+    print("ok")
+    """)
+    assert out.strip() == "ok"
