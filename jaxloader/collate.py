@@ -122,11 +122,15 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
         return _Column(path, array.shape, array.dtype, array)
     if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
         return _record_column(path, [np.asarray(v) for v in values], positions)
+    hint = ""
+    if type(first).__module__ == "__main__":
+        hint = (" (a class from __main__ or a notebook reaches worker processes by value, "
+                "without its JAX registration: define it in a module, or use num_workers=0)")
     raise CollateError(
         f"batch leaf {path}: {_where(positions, 0)} holds a {_type_name(first)}, which is "
         "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
         "convert it in a Map (np.asarray(x), or str(x)), or register its class as a JAX "
-        "pytree node (jax.tree_util.register_dataclass) in a module the workers can import"
+        f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
     )
 
 

@@ -156,3 +156,34 @@ def test_v1_save_and_load_let_other_coroutines_run_during_file_io(tmp_path, monk
         take(loader, 5)
         asyncio.run(save_and_load(loader, fresh))
         assert fresh.step == 5 and os.listdir(tmp_path) == ["process_0-of-1.json"]
+
+
+def _v1_training_run(path, total: int, crash_after: int | None = None):
+    """README's Orbax v1 loop: save every 5 steps, resume from the latest checkpoint."""
+    state, seen = {"w": np.zeros(3)}, []
+    policy = ocp_v1.training.save_decision_policies.FixedIntervalPolicy(5)
+    with make() as loader, ocp_v1.training.Checkpointer(
+            path, save_decision_policy=policy) as checkpointer:
+        start = 0
+        if checkpointer.latest is not None:
+            start = checkpointer.latest.step
+            restored = checkpointer.load_checkpointables(start, {"state": state, "loader": loader})
+            state = restored["state"]
+        batches = iter(loader)
+        for step in range(start, total):
+            batch = next(batches)
+            seen.append(batch["x"].copy())
+            state = {"w": state["w"] + batch["x"][:3]}
+            checkpointer.save_checkpointables(step + 1, {"state": state, "loader": loader})
+            if step + 1 == crash_after:
+                break
+    return start, seen, state
+
+
+def test_v1_training_checkpointer_loop_resumes_from_the_latest_step(tmp_path):
+    _, whole, whole_state = _v1_training_run(tmp_path / "whole", 17)
+    _v1_training_run(tmp_path / "cut", 17, crash_after=13)
+    start, rest, state = _v1_training_run(tmp_path / "cut", 17)
+    assert start == 10  # the latest save at or before the crash
+    assert_same_stream(rest, whole[10:])
+    assert np.array_equal(state["w"], whole_state["w"])
