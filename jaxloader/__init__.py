@@ -16,6 +16,7 @@ from jaxloader.errors import (
     ConfigError,
     JaxloaderError,
     RecordError,
+    SharedMemoryError,
     StateDictError,
     WorkerError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "Map",
     "RandomMap",
     "RecordError",
+    "SharedMemoryError",
     "Source",
     "StateDictError",
     "WorkerError",

@@ -38,3 +38,12 @@ class WorkerError(JaxloaderError, RuntimeError):
     Names the worker id, its pid, its exit code or the exception, the step and record
     positions, and carries the worker's traceback in the message.
     """
+
+
+class SharedMemoryError(JaxloaderError, MemoryError):
+    """Shared memory for a batch or a shared source could not be reserved.
+
+    Names the bytes asked for, what was free (memory, or ``/dev/shm`` on the POSIX path) and
+    what to do. Raised where the memory is asked for (at construction for a shared source, at
+    the batch that needs a bigger slot), never as a SIGBUS during a copy.
+    """

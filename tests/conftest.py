@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import time
@@ -29,10 +30,19 @@ def live_children() -> list[tuple[int, str]]:
 
 
 def _segments() -> set[str]:
+    """jaxloader's POSIX segments in /dev/shm, and the memory files this process holds open."""
     try:
-        return {n for n in os.listdir("/dev/shm") if "jaxloader" in n}
+        found = {n for n in os.listdir("/dev/shm") if "jaxloader" in n}
     except FileNotFoundError:
-        return set()
+        found = set()
+    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("/memfd:jaxloader"):
+            found.add(f"{link} (fd {fd})")
+    return found
 
 
 _EXIT_GRACE_S = 3.0  # a child told to stop (a worker, a notebook kernel) may still be exiting
@@ -50,5 +60,6 @@ def no_leaks():
             break
         time.sleep(0.05)
     assert not children, f"live child processes left behind: {children}"
+    gc.collect()  # a mapping holds its memory file open until the last view of it is garbage
     leaked = _segments() - before
-    assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"
+    assert not leaked, f"shared memory left behind (/dev/shm, memory files): {sorted(leaked)}"

@@ -1,14 +1,19 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 
-from jaxloader.workers.shm import PREFIX, Segment, attach
+from jaxloader.workers.shm import MEMFD_AVAILABLE, PREFIX, Segment, attach
+
+needs_memfd = pytest.mark.skipif(not MEMFD_AVAILABLE, reason="memory files are Linux-only")
 
 
-def test_names_carry_prefix_and_owner_pid_and_unlink_removes_them():
-    seg = Segment.create(10_000)
+def test_posix_names_carry_prefix_and_owner_pid_and_unlink_removes_them():
+    seg = Segment.create(10_000, memfd=False)
     assert seg.name.startswith(f"{PREFIX}_{os.getpid()}_") and seg.size % 4096 == 0
     assert os.path.exists(f"/dev/shm/{seg.name}")
     other = attach(seg.name, seg.size)
@@ -20,11 +25,70 @@ def test_names_carry_prefix_and_owner_pid_and_unlink_removes_them():
     seg.destroy()  # idempotent
 
 
-def test_close_with_live_views_never_raises_and_the_views_stay_valid():
+@needs_memfd
+def test_memory_files_leave_nothing_in_dev_shm_and_close_their_descriptor():
+    before = set(os.listdir("/dev/shm"))
+    seg = Segment.create(10_000)
+    kind, pid, fd, inode = seg.name.split(":")
+    assert kind == "memfd" and int(pid) == os.getpid()
+    assert os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{PREFIX}_")
+    assert set(os.listdir("/dev/shm")) == before
+    other = attach(seg.name, seg.size)
+    other[5] = 42
+    assert seg.buf[5] == 42
+    other.close()
+    assert seg.destroy()
+    assert not os.path.exists(f"/proc/self/fd/{fd}") or not os.readlink(
+        f"/proc/self/fd/{fd}").startswith("/memfd:")
+
+
+@needs_memfd
+def test_a_reused_descriptor_number_is_never_mapped_as_the_old_segment():
     seg = Segment.create(4096)
+    _, pid, fd, inode = seg.name.split(":")
+    seg.destroy()
+    other = Segment.create(4096)  # likely takes the same descriptor number
+    stale = f"memfd:{pid}:{other.name.split(':')[2]}:{inode}"
+    with pytest.raises(Exception, match="another file|No such file"):
+        attach(stale, 4096)
+    other.destroy()
+
+
+@pytest.mark.parametrize("memfd", [pytest.param(True, marks=needs_memfd), False])
+def test_close_with_live_views_never_raises_and_the_views_stay_valid(memfd):
+    seg = Segment.create(4096, memfd=memfd)
     view = np.frombuffer(seg.buf, np.uint8)
     view[:3] = [1, 2, 3]
     assert seg.destroy() is False  # still read by the view: unmapped when the view dies
     assert not os.path.exists(f"/dev/shm/{seg.name}")
     assert view[:3].tolist() == [1, 2, 3]
     del view
+
+
+def _in_small_dev_shm(case: str) -> str:
+    """Runs small_shm_run.py CASE in a mount namespace whose /dev/shm is a 64 MB tmpfs."""
+    if os.geteuid() != 0:
+        pytest.skip("a 64 MB /dev/shm of its own needs root (unshare -m, mount)")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "small_shm_run.py")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c",
+                           'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"',
+                           sys.executable, script, case],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@needs_memfd
+@pytest.mark.parametrize("case", ["source", "batches"])
+def test_a_64_mb_dev_shm_limits_nothing(case):
+    out = _in_small_dev_shm(case)
+    assert f"ok {case} left in /dev/shm: []" in out
+
+
+def test_memory_that_cannot_be_reserved_is_refused_at_construction_not_a_sigbus():
+    # POSIX shared memory in a full /dev/shm: the limit a test can set (a memory-limited
+    # cgroup would OOM-kill instead, for memory files and any other allocation alike)
+    out = _in_small_dev_shm("posix")
+    assert "refused: shared memory: could not reserve" in out and "in /dev/shm" in out
+    assert "bytes were free in /dev/shm" in out and "--shm-size" in out
+    assert "ok posix left in /dev/shm: []" in out
