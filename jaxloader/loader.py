@@ -332,9 +332,6 @@ class LoaderIterator:
         """Stops the host-batch thread (waiting for it at most its join timeout, or
         ``until_gone``) or closes the engine run (frees its slots)."""
         if self._prefetcher is not None:
-            if until_gone:
-                self._prefetcher.close(timeout=None)
-            else:
-                self._prefetcher.close()
+            self._prefetcher.close(until_gone)
         else:
             self._batches.close()

@@ -117,14 +117,14 @@ class HostPrefetcher:
             self._permits.release()
         return host, error
 
-    def close(self, timeout: float | None = _JOIN_TIMEOUT_S) -> None:
-        """Stops the thread (after the batch it is making) and waits for it, at most ``timeout``
-        seconds (``None``: until it is gone). Idempotent."""
+    def close(self, until_gone: bool = False) -> None:
+        """Stops the thread (after the batch it is making) and waits for it, at most
+        ``_JOIN_TIMEOUT_S`` (or ``until_gone``). Idempotent."""
         self._stop.set()
         self._permits.release()  # wakes a thread waiting for a permit
         self._taken.set()  # or backing off
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._thread.join(None if until_gone else _JOIN_TIMEOUT_S)
 
 
 class DevicePrefetcher:
@@ -184,8 +184,8 @@ class DevicePrefetcher:
         self._host.start()
         return self
 
-    def close(self, timeout: float | None = _JOIN_TIMEOUT_S) -> None:
+    def close(self, until_gone: bool = False) -> None:
         """Stops the host thread (see ``HostPrefetcher.close``) and drops the batches in
         flight. Idempotent."""
-        self._host.close(timeout)
+        self._host.close(until_gone)
         self._in_flight.clear()

@@ -3,8 +3,8 @@
 ::
 
     batches(start, stop)                          workers 0..N-1
-      submit step s ──("task", id, s, slot)──────> make(s) into the slot
-      reorder buffer {step: slot} <──("done", id)─┘
+      submit step s ──Task(id, s, slot)──────────> make(s) into the slot
+      reorder buffer {step: slot} <──Done(id)─────┘  (messages: jaxloader.workers.protocol)
       yield ring.hand_out(slot) in step order     (zero-copy NumPy views)
       block in poll(all worker pipes)              (a dead worker's pipe reports EOF at once)
 
@@ -16,6 +16,14 @@ dropped and their slots reused, so a restore never waits for them.
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
 worker, its pid, the exit code or exception, the step and record positions, with the worker's
 traceback, and every later call raises that same error.
+
+One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run may
+be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run holds
+``_driver`` (a re-entrant lock) while it executes, never while suspended at a ``yield``; it takes
+it in ``with`` blocks, which leave no gap for a Ctrl-C between taking and owning it. ``close()``
+takes it; if a run still holds it after ``_DRIVER_WAIT_S`` (a worker busy with a slow record), it
+kills the workers, which only sends signals: the run's ``poll()`` then sees their pipes close,
+the run breaks and closes the pool itself, in its own thread, and ``close()`` gets the lock.
 """
 
 from __future__ import annotations
@@ -23,24 +31,36 @@ from __future__ import annotations
 import pickle
 import select
 import sys
+import threading
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple
 
-from jaxloader.errors import WorkerError
+from jaxloader.errors import SharedMemoryError, WorkerError
 from jaxloader.pipeline import BatchMaker
-from jaxloader.workers import payload
+from jaxloader.workers import payload, protocol
 from jaxloader.workers.process import WorkerProcess
+from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.shm import Segment
 
 _DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
+_DRIVER_WAIT_S = 1.0  # close() first lets a run in another thread reach its next yield
 
 
 class _Task(NamedTuple):
+    """A task in flight: which worker makes which step, for which run, into which slot."""
+
     worker: int
     step: int
     run: int
     segment: Segment
+
+
+class _Failure(NamedTuple):
+    """A step that failed in its worker: raised at its turn, after the batches before it."""
+
+    error: WorkerError
+    cause: BaseException | None
 
 
 class WorkerPool:
@@ -70,9 +90,13 @@ class WorkerPool:
         self._mixed_up = False  # an interrupt may have cut a message: restart the workers
         self.restarts = 0  # times the workers were replaced after such an interrupt
         self._shared_finalizer = weakref.finalize(self, _destroy_all, self._shared)
+        self._driver = threading.RLock()  # held by a run while it executes (module docstring)
         self._start()
         try:
             self._blob = payload.dumps((maker, worker_init_fn), self._shared.append)
+        except SharedMemoryError:
+            self.close()
+            raise  # picklable, but no memory to share it in: the error says so
         except Exception as e:
             self.close()
             raise _unpicklable(e, maker, worker_init_fn) from e
@@ -102,8 +126,8 @@ class WorkerPool:
 
     def _send_payload(self) -> None:
         for i, worker in enumerate(self._workers):
-            worker.conn.send(("init", sys.path, i, self._num_workers, self._maker.sampler.seed,
-                              self._blob))
+            protocol.send(worker.conn, Init(sys.path, i, self._num_workers,
+                                            self._maker.sampler.seed, self._blob))
 
     @property
     def pids(self) -> list[int]:
@@ -116,30 +140,35 @@ class WorkerPool:
 
     def batches(self, start: int, stop: int | None) -> Iterator[Any]:
         """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order."""
-        self._raise_if_broken()
-        if self._mixed_up:
-            self._restart()
-        self._run += 1
-        run = self._run
+        with self._driver:  # never held across a yield; `with` leaves no window for a Ctrl-C
+            self._raise_if_broken()
+            if self._mixed_up:
+                self._restart()
+            self._run += 1
+            run = self._run
         ready: dict[int, tuple] = {}
         next_submit = next_yield = start
         window = len(self._workers) * self._prefetch
         try:
             while stop is None or next_yield < stop:
-                while (stop is None or next_submit < stop) and next_submit - next_yield < window:
-                    worker = min(range(len(self._workers)), key=self._in_flight.__getitem__)
-                    if self._in_flight[worker] >= self._prefetch:
-                        break
-                    self._submit(worker, next_submit, run)
-                    next_submit += 1
-                if next_yield in ready:
-                    segment, layout, objects = ready.pop(next_yield)
-                    if segment is None:  # the step failed: raise in order, at its turn
-                        self._break(*layout)
+                with self._driver:
+                    while ((stop is None or next_submit < stop)
+                           and next_submit - next_yield < window):
+                        worker = min(range(len(self._workers)), key=self._in_flight.__getitem__)
+                        if self._in_flight[worker] >= self._prefetch:
+                            break
+                        self._submit(worker, next_submit, run)
+                        next_submit += 1
+                    if next_yield not in ready:
+                        self._receive(run, ready)
+                        continue
+                    made = ready.pop(next_yield)  # (segment, layout, objects) or a _Failure
+                    if type(made) is _Failure:  # raised in order, at its turn
+                        self._break(*made)
                     next_yield += 1
-                    yield self._ring.hand_out(segment, layout, objects)
-                else:
-                    self._receive(run, ready)
+                    batch = self._ring.hand_out(*made)
+                yield batch
+                del batch
         except BaseException as e:
             # An exception raised between a message's first and last byte (a Ctrl-C, say)
             # may leave a pipe or the task table half updated: the next run restarts the
@@ -148,10 +177,11 @@ class WorkerPool:
                 self._mixed_up = True
             raise
         finally:
-            self._waiting = False
-            for segment, _, _ in ready.values():
-                if segment is not None:
-                    self._ring.give_back(segment)
+            with self._driver:
+                self._waiting = False
+                for made in ready.values():
+                    if type(made) is not _Failure:
+                        self._ring.give_back(made[0])
 
     def _submit(self, worker: int, step: int, run: int) -> None:
         segment = self._ring.take()
@@ -159,11 +189,11 @@ class WorkerPool:
         self._next_task += 1
         self._tasks[task_id] = _Task(worker, step, run, segment)
         self._in_flight[worker] += 1
-        self._send(worker, ("task", task_id, step, segment.name, segment.size))
+        self._send(worker, Task(task_id, step, segment.name, segment.size))
 
-    def _send(self, worker: int, message: tuple) -> None:
-        try:  # pickle.dumps in C: Connection.send builds a ForkingPickler per message
-            self._workers[worker].conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+    def _send(self, worker: int, message: Any) -> None:
+        try:
+            protocol.send(self._workers[worker].conn, message)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             self._worker_died(worker)
 
@@ -175,56 +205,50 @@ class WorkerPool:
         for fd, _ in events:
             worker = self._by_fd[fd]
             try:
-                message = pickle.loads(self._workers[worker].conn.recv_bytes())
+                message = protocol.receive(self._workers[worker].conn)
             except (EOFError, ConnectionResetError, OSError):
                 self._worker_died(worker)
-            kind = message[0]
-            if kind == "done":
-                _, task_id, name, layout, objects = message
-                task = self._tasks.pop(task_id)
+            if type(message) is Done:
+                task = self._tasks.pop(message.task_id)
                 self._in_flight[worker] -= 1
-                if layout is not None:
-                    self._layouts[worker] = layout
-                if task.run == run:
-                    ready[task.step] = (task.segment, self._layouts[worker], objects)
+                if message.layout is not None:
+                    self._layouts[worker] = message.layout
+                if task.run == run:  # a plain tuple: built once a batch
+                    ready[task.step] = (task.segment, self._layouts[worker], message.objects)
                 else:
                     self._ring.give_back(task.segment)
-            elif kind == "grow":
-                _, task_id, nbytes = message
-                task = self._tasks[task_id]
-                segment = self._ring.grow(task.segment, nbytes)
-                self._tasks[task_id] = task._replace(segment=segment)
-                self._send(worker, ("slot", task_id, segment.name, segment.size))
-            elif kind == "error":
-                _, task_id, step = message[:3]
-                failure = self._worker_failed(worker, *message[1:])
-                task = self._tasks.pop(task_id, None)
+            elif type(message) is Grow:
+                task = self._tasks[message.task_id]
+                segment = self._ring.grow(task.segment, message.nbytes)
+                self._tasks[message.task_id] = task._replace(segment=segment)
+                self._send(worker, Slot(message.task_id, segment.name, segment.size))
+            elif type(message) is Failed:
+                failure = self._worker_failed(worker, message)
+                task = self._tasks.pop(message.task_id, None)
                 if task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)
                 self._in_flight[worker] -= 1
                 self._ring.give_back(task.segment)
                 if task.run == run:
-                    ready[task.step] = (None, failure, None)
-            # "ready" needs no action: tasks were queued in the pipe behind the payload
+                    ready[task.step] = failure
 
-    def _worker_failed(self, worker: int, task_id: int, step: int | None, summary: str,
-                       remote_traceback: str, pickled: bytes | None) -> tuple:
-        """The (error, cause) to raise for a worker's failure report."""
+    def _worker_failed(self, worker: int, failed: Failed) -> _Failure:
+        """The error to raise, and its cause, for a worker's failure report."""
         w = self._workers[worker]
         where = "while starting (loading the payload or running worker_init_fn)"
-        if step is not None:
-            where = f"at step {step} (record positions {self._positions(step)})"
+        if failed.step is not None:
+            where = f"at step {failed.step} (record positions {self._positions(failed.step)})"
         cause = None
-        if pickled is not None:
+        if failed.pickled is not None:
             try:
-                cause = pickle.loads(pickled)
+                cause = pickle.loads(failed.pickled)
             except Exception:  # noqa: BLE001 - the text below still says what happened
                 cause = None
-        return WorkerError(
-            f"worker {worker} (pid {w.pid}) raised {where}: {summary}\n"
-            f"--- traceback in the worker ---\n{remote_traceback.rstrip()}\n"
+        return _Failure(WorkerError(
+            f"worker {worker} (pid {w.pid}) raised {where}: {failed.summary}\n"
+            f"--- traceback in the worker ---\n{failed.traceback.rstrip()}\n"
             "--- the loader is broken; fix the cause and create a new DataLoader ---"
-        ), cause
+        ), cause)
 
     def _worker_died(self, worker: int) -> None:
         w = self._workers[worker]
@@ -266,11 +290,18 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stops the workers (signal, drain, join, kill) and unlinks every segment. Idempotent;
-        an interrupt (Ctrl-C) during it does not stop the later steps, it is raised after them."""
-        try:
-            self._finalizer()
-        finally:
-            self._shared_finalizer()
+        an interrupt (Ctrl-C) during it does not stop the later steps, it is raised after them.
+        Safe from any thread while another drives a run (see the module docstring)."""
+        if not self._driver.acquire(timeout=_DRIVER_WAIT_S):
+            for worker in self._workers:  # the run in the other thread sees them go, and stops
+                worker.kill()
+        else:
+            self._driver.release()
+        with self._driver:
+            try:
+                self._finalizer()
+            finally:
+                self._shared_finalizer()
 
 
 def _shutdown(workers: list[WorkerProcess], ring: SlotRing) -> None:

@@ -24,6 +24,8 @@ import time
 from multiprocessing.connection import Pipe, wait
 
 from jaxloader.errors import ConfigError
+from jaxloader.workers import protocol
+from jaxloader.workers.protocol import Stop
 
 START_METHODS = ("exec", "fork")
 _JOIN_TIMEOUT_S = 5.0  # a worker told to stop finishes its current batch first; then SIGKILL
@@ -96,9 +98,18 @@ class WorkerProcess:
         if not self._asked and self._exitcode is None:
             self._asked = True
             try:
-                self.conn.send(("stop",))
+                protocol.send(self.conn, Stop())
             except (OSError, ValueError):
                 pass  # already gone or already closed
+
+    def kill(self) -> None:
+        """SIGKILL, unless it is known to have exited (its pid may then be another process's).
+        Only a signal: safe from a thread other than the one talking to the worker."""
+        if self._exitcode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def stop(self) -> int | None:
         """Asks the worker to stop, waits for its pipe to close, kills it if it does not (or if
@@ -111,10 +122,7 @@ class WorkerProcess:
             drained = self._wait_for_eof(_JOIN_TIMEOUT_S)
         finally:
             if not drained:
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self.kill()
             self.conn.close()
             code = self.exitcode(timeout=_KILL_TIMEOUT_S if self._popen else None)
         return code
@@ -126,7 +134,7 @@ class WorkerProcess:
             if left <= 0 or not wait([self.conn], left):
                 return False
             try:
-                self.conn.recv()
+                self.conn.recv_bytes()  # dropped unread
             except (EOFError, OSError):
                 return True
         return True

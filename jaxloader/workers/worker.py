@@ -2,12 +2,12 @@
 
 ::
 
-    main ──("init", sys.path, payload)──> worker: set sys.path, loads(payload), init_fn(id)
-         ──("task", id, step, slot, size)─>        maker.make(step, alloc=slot) ─┐
-         <─("done", id, layout|None, objects)───────────────────────────────────┘
-         <─("grow", id, nbytes) ... ("slot", name, size)──>   (batch larger than its slot)
-         <─("error", id, step, summary, traceback, pickled exception or None)
-         ──("stop",) / EOF ──> exit
+    Init ──> set sys.path, loads(payload), init_fn(id)
+    Task ──> maker.make(step, alloc=the slot) ──> Done  (Grow ... Slot when it needs more room)
+                                              └─> Failed (the exception, its traceback)
+    Stop / EOF ──> exit
+
+The messages are in ``jaxloader.workers.protocol``.
 
 The pipe is the only link: when the main process dies, ``recv`` sees EOF and the worker exits;
 Ctrl-C in the terminal is left to the main process (the worker ignores SIGINT). The worker never
@@ -16,7 +16,6 @@ imports JAX and never unlinks a segment.
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import sys
@@ -26,7 +25,8 @@ from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 from jaxloader.tree import flatten
-from jaxloader.workers import payload, shm
+from jaxloader.workers import payload, protocol, shm
+from jaxloader.workers.protocol import Done, Failed, Grow, Slot, Stop, Task
 
 _MAX_MAPPED = 32  # slot mappings kept per worker: more than a ring holds in steady state
 
@@ -76,15 +76,15 @@ class _Inbox:
         self.conn = conn
         self._pending: deque = deque()
 
-    def next(self) -> tuple:
-        return self._pending.popleft() if self._pending else self.conn.recv()
+    def next(self) -> Any:
+        return self._pending.popleft() if self._pending else protocol.receive(self.conn)
 
-    def wait_for_slot(self, task_id: int) -> tuple:
+    def wait_for_slot(self, task_id: int) -> Slot:
         while True:
-            message = self.conn.recv()
-            if message[0] == "slot" and message[1] == task_id:
+            message = protocol.receive(self.conn)
+            if type(message) is Slot and message.task_id == task_id:
                 return message
-            if message[0] == "stop":
+            if type(message) is Stop:
                 raise SystemExit(0)
             self._pending.append(message)
 
@@ -98,18 +98,18 @@ class _Lease:
 
     def alloc(self, nbytes: int) -> memoryview:
         if nbytes > self.size:
-            self._inbox.conn.send(("grow", self.task_id, nbytes))
-            _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id)
+            protocol.send(self._inbox.conn, Grow(self.task_id, nbytes))
+            _, self.name, self.size = self._inbox.wait_for_slot(self.task_id)
         return self._slots.get(self.name, self.size)[:nbytes]
 
 
 def serve(conn: Connection) -> None:
     """The worker loop; returns when told to stop or when the main process is gone."""
     global _INFO
-    first = conn.recv()
-    if first[0] == "stop":  # stopped before its payload came (a start cut short by Ctrl-C)
+    first = protocol.receive(conn)
+    if type(first) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
         return
-    _, path, worker_id, num_workers, seed, blob = first
+    path, worker_id, num_workers, seed, blob = first
     sys.path[:] = path
     try:
         maker, init_fn = payload.loads(blob)
@@ -117,25 +117,22 @@ def serve(conn: Connection) -> None:
         if init_fn is not None:
             init_fn(worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
-        conn.send(("error", -1, None, f"{type(e).__name__}: {e}", traceback.format_exc(),
-                   _pickled(e)))
+        protocol.send(conn, _failed(-1, None, e))
         return
-    conn.send(("ready", os.getpid()))
     inbox, slots = _Inbox(conn), _Slots()
     last_layout = None
     while True:
         message = inbox.next()
-        if message[0] == "stop":
+        if type(message) is not Task:  # Stop
             return
-        _, task_id, step, name, size = message
+        task_id, step, name, size = message
         lease = _Lease(task_id, name, size, inbox, slots)
         try:
             batch, layout = maker.make(step, lease.alloc)
         except SystemExit:
             return
         except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
-            conn.send(("error", task_id, step, f"{type(e).__name__}: {e}",
-                       traceback.format_exc(), _pickled(e)))
+            protocol.send(conn, _failed(task_id, step, e))
             continue
         objects = []
         if any(spec.offset < 0 for spec in layout.leaves):  # strings/objects travel by pipe
@@ -144,15 +141,15 @@ def serve(conn: Connection) -> None:
         del batch  # drop the views of the slot before the main process may reuse it
         same = layout == last_layout
         last_layout = layout
-        conn.send_bytes(pickle.dumps(("done", task_id, lease.name, None if same else layout,
-                                      objects), pickle.HIGHEST_PROTOCOL))
+        protocol.send(conn, Done(task_id, lease.name, None if same else layout, objects))
 
 
-def _pickled(e: BaseException) -> bytes | None:
+def _failed(task_id: int, step: int | None, e: BaseException) -> Failed:
     try:
-        return pickle.dumps(e)
+        pickled = pickle.dumps(e)
     except Exception:  # noqa: BLE001 - an unpicklable exception still reaches the user as text
-        return None
+        pickled = None
+    return Failed(task_id, step, f"{type(e).__name__}: {e}", traceback.format_exc(), pickled)
 
 
 def main(fd: int) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 import jaxloader as jl
 from resume_harness import assert_same_stream, check_resume, take
+from workers.shm_probe import held_segments, still_held
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -209,14 +210,14 @@ def _wait_gone(pids, names, seconds=5.0):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         alive = [p for p in pids if _alive(p)]
-        left = [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+        left = still_held(names)
         if not alive and not left:
             return [], []
         time.sleep(0.05)
     return alive, left
 
 
-SCRIPT_HEAD = """
+SCRIPT_HEAD = f"\n    PROBE_DIR = {os.path.dirname(os.path.abspath(__file__))!r}" + """
     import os, sys, time
     import numpy as np
     import jaxloader as jl
@@ -226,8 +227,9 @@ SCRIPT_HEAD = """
                            transforms=[jl.Map(lambda r: r)], process_index=0, process_count=1)
     it = iter(loader)
     next(it)
-    segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"jaxloader_{os.getpid()}_")]
-    print(" ".join(map(str, loader._engine.pids)), "|", " ".join(segments), flush=True)
+    sys.path.insert(0, PROBE_DIR)
+    from shm_probe import held_segments
+    print(" ".join(map(str, loader._engine.pids)), "|", " ".join(held_segments()), flush=True)
 """
 
 
@@ -241,7 +243,7 @@ def test_killed_main_process_leaves_no_workers_and_no_segments(tmp_path):
     proc.wait()
     alive, left = _wait_gone(pids, names)
     assert not alive, f"workers outlived their parent: {alive}"
-    assert not left, f"segments left in /dev/shm: {left}"
+    assert not left, f"shared memory still held after the kill: {left}"
     assert (tmp_path / "side_effects.txt").read_text().count("ran") == 1  # never re-run
 
 
@@ -306,7 +308,7 @@ def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment
     it = iter(loader)
     next(it)
     pids, pool = loader._engine.pids, loader._engine
-    names = [n for n in os.listdir("/dev/shm") if n.startswith(f"jaxloader_{os.getpid()}_")]
+    names = held_segments()
     assert names
     real_stop, calls = WorkerProcess.stop, []
 
@@ -389,3 +391,56 @@ def test_a_worker_error_surfaces_at_its_own_step_after_the_earlier_batches():
         assert next(it)["y"].tolist() == [0, 1, 2, 3, 4, 5]
         with pytest.raises(jl.WorkerError, match="at step 1"):
             next(it)
+
+
+def _slow_from(first_slow: int, seconds: float):
+    def slow(record):
+        if record["y"] >= first_slow:
+            time.sleep(seconds)
+        return record
+    return slow
+
+
+def test_close_while_the_prefetch_thread_waits_on_a_slow_worker_never_shares_the_pipes(
+        monkeypatch):
+    """close() must not read the worker pipes (or touch the ring) from the main thread while the
+    device-prefetch thread still drives the pool: it used to, once the join timed out."""
+    import jax
+
+    from jaxloader.sharding import prefetch
+    from jaxloader.workers import pool, process
+
+    monkeypatch.setattr(prefetch, "_JOIN_TIMEOUT_S", 0.2)  # the thread outlives close()'s wait
+    spans: list[tuple[int, float, float]] = []  # (thread, entered, left) of every pipe reader
+
+    def spied(fn):
+        def reader(*args, **kwargs):
+            entered = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spans.append((threading.get_ident(), entered, time.monotonic()))
+        return reader
+
+    monkeypatch.setattr(pool.WorkerPool, "_receive", spied(pool.WorkerPool._receive))
+    monkeypatch.setattr(process.WorkerProcess, "_wait_for_eof",
+                        spied(process.WorkerProcess._wait_for_eof))
+    src = jl.ArraySource({"x": np.zeros((64, 3), np.float32), "y": np.arange(64)})
+    loader = jl.DataLoader(src, batch_size=4, num_workers=1, num_epochs=None,
+                           transforms=[jl.Map(_slow_from(4, 30.0))], process_index=0,
+                           process_count=1, device_prefetch=1,
+                           sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    it = iter(loader)
+    assert np.asarray(next(it)["y"]).tolist() == [0, 1, 2, 3]
+    time.sleep(0.3)  # the thread now waits in poll() for step 1, which takes 4 x 30 s
+    pids = loader._engine.pids
+    started = time.monotonic()
+    loader.close()  # no error
+    assert time.monotonic() - started < 15, "close() waited for the slow record"
+    alive, _ = _wait_gone(pids, [], seconds=5.0)
+    assert not alive
+    assert any(t != threading.get_ident() for t, _, _ in spans), spans  # the thread received
+    for a in spans:
+        for b in spans:
+            if a[0] != b[0]:
+                assert a[2] <= b[1] or b[2] <= a[1], f"two threads read the pipes at once: {a} {b}"
