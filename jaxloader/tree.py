@@ -35,6 +35,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Callable
 
+import numpy as np
+
 from jaxloader.errors import CollateError
 
 LEAF = ("leaf",)
@@ -78,7 +80,8 @@ def _kind(tree: Any) -> str:
     kind = _KINDS.get(cls)
     if kind is not None:
         return kind
-    jax = sys.modules.get("jax")
+    # JAX is asked only once it is imported (and done importing: it has tree_util).
+    jax = getattr(sys.modules.get("jax"), "tree_util", None) and sys.modules["jax"]
     if issubclass(cls, collections.OrderedDict):
         kind = "ordered"
     elif issubclass(cls, collections.defaultdict):
@@ -97,7 +100,7 @@ def _kind(tree: Any) -> str:
 
 
 # Leaves for certain, whatever is registered: no need to ask JAX about them.
-_NEVER_NODES = (str, bytes, int, float, complex, bool)
+_NEVER_NODES = (str, bytes, int, float, complex, bool, np.ndarray, np.generic)
 
 
 def _jax_children(tree: Any) -> tuple[list, Any, tuple]:
