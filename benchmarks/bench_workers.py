@@ -9,7 +9,7 @@ for the large data):
 - small: 60,000 x (784 uint8 + label), batch 128, shuffled, per-record identity Map;
 - cpu: the large images through a random crop to 192, flip and normalise to float32;
 - time to first batch (construction -> first batch) on the small and the large data;
-- resident memory of the workers and /dev/shm use.
+- resident memory of the workers and the shared memory the loader holds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 import jaxloader as jl
-from common import RecordSource, machine, save, table
+from common import RecordSource, machine, save, shared_bytes, table
 
 WORKERS = 2
 
@@ -213,14 +213,6 @@ def rss_kib(pid: int) -> dict:
     return fields
 
 
-def shm_bytes(pid: int) -> int:
-    total = 0
-    for name in os.listdir("/dev/shm"):
-        if name.startswith(f"jaxloader_{pid}_"):
-            total += os.stat(f"/dev/shm/{name}").st_blocks * 512
-    return total
-
-
 def memory_report(source_bytes: int, arrays: dict, workers: int) -> dict:
     loader = jl.DataLoader(jl.ArraySource(arrays), batch_size=64, shuffle=True, seed=0,
                            transforms=[jl.Map(identity)], num_workers=workers, num_epochs=None,
@@ -234,7 +226,7 @@ def memory_report(source_bytes: int, arrays: dict, workers: int) -> dict:
         "worker_rss_MiB": [rss_kib(p)["VmRSS"] / 1024 for p in loader._engine.pids],
         "worker_private_MiB": [rss_kib(p)["RssAnon"] / 1024 for p in loader._engine.pids],
         "worker_shared_MiB": [rss_kib(p)["RssShmem"] / 1024 for p in loader._engine.pids],
-        "dev_shm_MiB": shm_bytes(os.getpid()) / 2**20,
+        "shared_MiB": shared_bytes(os.getpid()) / 2**20,
     }
     loader.close()
     return report

@@ -50,6 +50,24 @@ def save(name: str, results: dict) -> str:
     return path
 
 
+def shared_bytes(pid: int) -> int:
+    """Bytes of the memory files ``pid`` holds open, and of its segments in /dev/shm."""
+    total, seen = 0, set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:jaxloader"):
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+                if st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+        except OSError:
+            continue
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"jaxloader_{pid}_"):
+            total += os.stat(f"/dev/shm/{name}").st_blocks * 512
+    return total
+
+
 class RecordSource:
     """A plain random-access source of {"image", "label"} records: what every peer reads."""
 
