@@ -20,7 +20,8 @@ from jaxloader.errors import (
     StateDictError,
     WorkerError,
 )
-from jaxloader.loader import DataLoader, LoaderIterator
+from jaxloader.iterator import LoaderIterator
+from jaxloader.loader import DataLoader
 from jaxloader.sources import ArraySource, Source
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import BatchMap, Map, RandomMap

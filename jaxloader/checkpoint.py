@@ -45,8 +45,7 @@ PathLike = str | os.PathLike  # epath.Path included
 
 def state_filename(loader: Any) -> str:
     """``process_{i}-of-{n}.json`` for this loader's process index and count."""
-    sampler = loader._sampler
-    return f"process_{sampler.process_index}-of-{sampler.process_count}.json"
+    return f"process_{loader.process_index}-of-{loader.process_count}.json"
 
 
 def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> None:

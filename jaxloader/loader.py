@@ -1,46 +1,30 @@
-"""``DataLoader``: wires sampler, batch maker and engine; iteration and state.
+"""``DataLoader``: wires options, sampler, batch maker, engine and device placement; state.
 
 ::
 
-    DataLoader ── cursor: the global step of the next batch handed to the user
-       │ iter() ─> LoaderIterator(start=cursor, stop=end of epoch (+ num_epochs-1) | endless)
+    DataLoader ── Progress: the global step of the next batch handed to the user, ...
+       │ iter() ─> LoaderIterator(start=step, stop=end of epoch (+ num_epochs-1) | endless)
        │              └─ engine.batches(start, stop) ─> BatchMaker.make(step) in order
-       └ state_dict() = {"step": cursor, ...config}; load_state_dict() moves the cursor, O(1)
+       └ state_dict() = {"step": ..., config and a fingerprint of the source};
+         load_state_dict() moves the step, O(1)
 
-The cursor moves when a batch is handed to the user, never earlier, so ``state_dict()`` taken
-between two ``next()`` calls always names the next batch the user would have seen.
+See ``jaxloader.iterator`` for iteration and ``jaxloader.engine`` for the engines.
 """
 
 from __future__ import annotations
 
-import itertools
-import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-from jaxloader.errors import ConfigError, JaxloaderError, WorkerError
+from jaxloader.engine import Engine, InProcessEngine
+from jaxloader.fingerprint import source_fingerprint
+from jaxloader.iterator import LoaderIterator, Progress
+from jaxloader.options import LoaderOptions
 from jaxloader.pipeline import BatchMaker
 from jaxloader.sampling import Sampler
-from jaxloader.sharding.prefetch import DevicePrefetcher
 from jaxloader.sources import check_source
 from jaxloader.state import check_state, make_state
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import split_transforms
-
-
-class _InProcessEngine:
-    """Makes batches in the calling thread (``num_workers=0``)."""
-
-    def __init__(self, maker: BatchMaker) -> None:
-        self._maker = maker
-
-    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
-        steps = itertools.count(start) if stop is None else range(start, stop)
-        make = self._maker.make
-        for step in steps:
-            yield make(step)[0]
-
-    def close(self) -> None:
-        pass
 
 
 class DataLoader:
@@ -74,7 +58,8 @@ class DataLoader:
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
             0 places each batch in ``next()``.
 
-    Two ways to loop, both resumable with ``state_dict()``::
+    ``loader.peek()`` gives the next batch without moving the position (to build a model from
+    its shapes). Two ways to loop, both resumable with ``state_dict()``::
 
         loader = DataLoader(ArraySource(arrays), batch_size=128, shuffle=True, seed=0)
         for epoch in range(3):          # each iter() is the next epoch, reshuffled
@@ -117,102 +102,139 @@ class DataLoader:
             num_records, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
             process_index=process_index, process_count=process_count,
         )
-        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int)
-                                       or num_epochs < 1):
-            raise ConfigError(
-                f"num_epochs: expected an int >= 1 or None (endless), got {num_epochs!r}"
-            )
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ConfigError(
-                f"num_workers: expected an int >= 0, got {num_workers!r}; 0 runs in this process"
-            )
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ConfigError(f"prefetch: expected an int >= 1 (batches per worker), got {prefetch!r}")
-        if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or (
-                device_prefetch < 0):
-            raise ConfigError(
-                f"device_prefetch: expected an int >= 0 (batches ready on device), got "
-                f"{device_prefetch!r}"
-            )
+        self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
+                                      device_prefetch)
         self._putter = None
         if sharding is not None:
             from jaxloader.sharding.put import Putter
 
-            self._putter = Putter(sharding, self._sampler.process_count)
-        self.device_prefetch = device_prefetch
+            self._putter = Putter(sharding, process_count)
         record_transforms, batch_transforms = split_transforms(transforms)
+        self._source = source
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key)
-        self.num_epochs = num_epochs
-        self._step = 0
-        self._generation = 0
-        self._closed = False
-        self._broken: JaxloaderError | None = None
+        self._fingerprint: dict[str, str] | None = None  # computed on first use, then kept
+        self._progress = Progress()
         self._active: LoaderIterator | None = None
-        self._stats = [0, 0.0, 0.0]  # batches, wait_s, run_s
+        self._engine: Engine
         if num_workers == 0:
-            self._engine: Any = _InProcessEngine(self._maker)
+            self._engine = InProcessEngine(self._maker)
         else:
             from jaxloader.workers.pool import WorkerPool
 
             self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,
                                       start_method=start_method, worker_init_fn=worker_init_fn)
-        self.num_workers = num_workers
 
-    # -- sizes and position ---------------------------------------------------------------
+    # -- sizes, placement and position ------------------------------------------------------
     def __len__(self) -> int:
         """Batches per epoch."""
         return self._sampler.steps_per_epoch
 
     @property
     def batch_size(self) -> int:
+        """Records per batch in this process."""
         return self._sampler.batch_size
+
+    @property
+    def process_index(self) -> int:
+        """This process's place among the processes sharing the global batch."""
+        return self._sampler.process_index
+
+    @property
+    def process_count(self) -> int:
+        """Processes sharing the global batch (``batch_size * process_count`` records)."""
+        return self._sampler.process_count
+
+    @property
+    def num_workers(self) -> int:
+        return self._options.num_workers
+
+    @property
+    def num_epochs(self) -> int | None:
+        """Epochs per ``iter(loader)``; ``None``: endless."""
+        return self._options.num_epochs
+
+    @property
+    def device_prefetch(self) -> int:
+        return self._options.device_prefetch
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes (empty with ``num_workers=0``)."""
+        return self._engine.pids
 
     @property
     def step(self) -> int:
         """The global step of the next batch this loader hands out."""
-        return self._step
+        return self._progress.step
 
     @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
-        return self._step // self._sampler.steps_per_epoch
+        return self._progress.step // self._sampler.steps_per_epoch
 
     @property
     def stats(self) -> LoaderStats:
         """Batches handed out, time waited inside ``next()`` and time run between calls."""
-        return LoaderStats(*self._stats)
+        return self._progress.stats()
 
     def reset_stats(self) -> None:
-        self._stats = [0, 0.0, 0.0]
+        self._progress.reset_stats()
+
+    def peek(self) -> Any:
+        """The batch the next ``next()`` gives, without moving the position.
+
+        Made in this process (also with workers), and placed like the others when a sharding
+        is given: use it to build a model from the batch's shapes.
+
+        Example:
+            >>> import numpy as np, jaxloader as jl
+            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.zeros((10, 3))}), batch_size=4,
+            ...                        process_index=0, process_count=1)
+            >>> loader.peek()["x"].shape, loader.step
+            ((4, 3), 0)
+        """
+        self._progress.check()
+        batch, _ = self._maker.make(self._progress.step)
+        return batch if self._putter is None else self._putter(batch)
 
     # -- iteration --------------------------------------------------------------------------
-    def __iter__(self) -> "LoaderIterator":
-        self._check_open()
+    def __iter__(self) -> LoaderIterator:
+        self._progress.check()
         self._invalidate()
-        start = self._step
+        start = self._progress.step
         stop = None
         if self.num_epochs is not None:
             stop = (self.epoch + self.num_epochs) * self._sampler.steps_per_epoch
-        self._active = LoaderIterator(self, self._generation, start, stop)
+        put = self._putter
+        self._active = LoaderIterator(
+            self._progress, start, stop, self._engine, put, self.device_prefetch,
+            single_device=put is not None and put.single_device,
+        )
         return self._active
 
     def _invalidate(self) -> None:
         """Makes live iterators stale and stops what they run (thread, engine run)."""
-        self._generation += 1
+        self._progress.generation += 1
         if self._active is not None:
-            self._active._stop_work()
+            self._active.stop_work()
             self._active = None
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The position (next global step) and the configuration it depends on; JSON-ready."""
-        return make_state(self._sampler, self._step)
+        """The position (next global step), the configuration it depends on and a fingerprint
+        of the source; JSON-ready."""
+        return make_state(self._sampler, self._progress.step, self._source_fingerprint())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
-        self._step = check_state(state, self._sampler)
+        self._progress.step = check_state(state, self._sampler, self._source_fingerprint())
         self._invalidate()
+
+    def _source_fingerprint(self) -> dict[str, str]:
+        if self._fingerprint is None:
+            self._fingerprint = source_fingerprint(self._source)
+        return self._fingerprint
 
     # -- orbax v1 (StatefulCheckpointable) ----------------------------------------------------
     async def save(self, directory: Any) -> Any:
@@ -235,8 +257,8 @@ class DataLoader:
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
         """Releases workers and buffers; idempotent."""
-        if not self._closed:
-            self._closed = True
+        if not self._progress.closed:
+            self._progress.closed = True
             self._invalidate()
             self._engine.close()
 
@@ -245,93 +267,3 @@ class DataLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _check_open(self) -> None:
-        if self._broken is not None:
-            raise self._broken
-        if self._closed:
-            raise JaxloaderError("DataLoader is closed; create a new one to iterate again")
-
-
-class LoaderIterator:
-    """Yields batches from a start step; valid until the next ``iter()``, restore or close."""
-
-    def __init__(self, loader: DataLoader, generation: int, start: int, stop: int | None) -> None:
-        self._loader = loader
-        self._generation = generation
-        self._step = start
-        self._stop = stop
-        self._prefetcher: DevicePrefetcher | None = None
-        self._last_return: float | None = None
-        self._start_work()
-
-    def _start_work(self) -> None:
-        """The engine run (and device prefetch) from this iterator's step."""
-        loader = self._loader
-        self._batches = loader._engine.batches(self._step, self._stop)
-        put = loader._putter
-        if put is None:
-            self._next: Callable[[], Any] = self._batches.__next__
-        elif loader.device_prefetch == 0:
-            self._next = lambda: put(next(self._batches))
-        else:
-            self._prefetcher = DevicePrefetcher(self._batches, put, loader.device_prefetch,
-                                                put_in_thread=put.single_device)
-            self._next = self._prefetcher.next
-            self._prefetcher.start()  # held before it runs: an interrupt cannot orphan it
-        self._interrupted = False
-
-    def __iter__(self) -> "LoaderIterator":
-        return self
-
-    def __next__(self) -> Any:
-        entered = time.perf_counter()
-        loader = self._loader
-        if loader._broken is not None:
-            raise loader._broken
-        if loader._generation != self._generation:
-            loader._check_open()
-            raise JaxloaderError(
-                "this iterator is stale: iter(), load_state_dict() or close() was called on its "
-                "DataLoader since it was made; call iter(loader) again"
-            )
-        if self._stop is not None and self._step >= self._stop:
-            raise StopIteration
-        if self._interrupted:
-            # Until the old thread is gone (the first try may itself have been cut short):
-            # two threads must never drive the engine at once.
-            self._stop_work(until_gone=True)
-            self._start_work()
-        try:
-            batch = self._next()
-            returned = time.perf_counter()
-        except WorkerError as e:
-            loader._broken = e
-            raise
-        except StopIteration:
-            raise
-        except BaseException:
-            # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
-            # dropped, and the next call makes this same step again, so nothing is skipped.
-            self._interrupted = True
-            self._last_return = None
-            self._stop_work()
-            raise
-        # No calls from here to the return: a signal cannot split the step from its batch.
-        self._step += 1
-        loader._step = self._step
-        stats = loader._stats
-        stats[0] += 1
-        stats[1] += returned - entered
-        if self._last_return is not None:
-            stats[2] += entered - self._last_return
-        self._last_return = returned
-        return batch
-
-    def _stop_work(self, until_gone: bool = False) -> None:
-        """Stops the host-batch thread (waiting for it at most its join timeout, or
-        ``until_gone``) or closes the engine run (frees its slots)."""
-        if self._prefetcher is not None:
-            self._prefetcher.close(until_gone)
-        else:
-            self._batches.close()

@@ -18,11 +18,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError
 
 LAST_BATCH_POLICIES = ("drop", "pad", "partial")
 
-_MASK64 = (1 << 64) - 1
 _FEISTEL_ROUNDS = 6  # 4 rounds make a pseudo-random permutation; 2 more for margin.
 # Shuffled indices are computed for this many positions at a time and the last chunk is kept:
 # amortises NumPy's per-call overhead over many small batches, bounded memory (64 KiB).
@@ -31,9 +31,9 @@ _CHUNK_POSITIONS = 8192
 
 def _splitmix64(x: int) -> int:
     """One step of SplitMix64 on a Python int: a cheap, well-mixed 64-bit hash."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
     return x ^ (x >> 31)
 
 
@@ -116,11 +116,11 @@ class Sampler:
         process_index: int = 0,
         process_count: int = 1,
     ) -> None:
-        _check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
-        _check_int("num_records", num_records, low=1, remedy="the source is empty: give it records")
-        _check_int("seed", seed, low=0, high=_MASK64, remedy="use a seed in [0, 2**64)")
-        _check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
-        _check_int(
+        check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
+        check_int("num_records", num_records, low=1, remedy="the source is empty: give it records")
+        check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
+        check_int(
             "process_index", process_index, low=0, high=process_count - 1,
             remedy=f"use an index in [0, {process_count}) (process_count={process_count})",
         )
@@ -205,11 +205,3 @@ class Sampler:
         state = dict(self.__dict__)
         state.update(_cache_key=None, _cache=None, _shuffle_epoch=None, _shuffler=None)
         return state
-
-
-def _check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{name}: expected an int {bound}, got {value}; {remedy}")

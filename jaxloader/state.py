@@ -1,29 +1,36 @@
 """The loader's state: plain JSON-serialisable data, checked on restore.
 
 The position is one number, the global step; the rest is the configuration a restore must match
-for that step to mean the same batches. Prefetched batches are not part of it: they are
-recomputed. Restore is O(1): no replay, no fast-forward.
+for that step to mean the same batches, and a fingerprint of the source (``fingerprint.py``).
+Prefetched batches are not part of it: they are recomputed. Restore is O(1): no replay, no
+fast-forward. Every field is checked for its type and range before it is compared, and a state
+that does not fit lists what differs.
 
 Example:
     >>> from jaxloader.sampling import Sampler
     >>> s = Sampler(100, 10, shuffle=True, seed=1, last_batch="drop")
-    >>> check_state(make_state(s, step=7), s)
+    >>> fp = {"record_spec": "['x']: int64()", "record_hash": "00"}
+    >>> check_state(make_state(s, 7, fp), s, fp)
     7
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import StateDictError
-from jaxloader.sampling import Sampler
+from jaxloader.sampling import LAST_BATCH_POLICIES, Sampler
 
 STATE_VERSION = 1
 # Keys whose values must equal this loader's for a step to mean the same global batch.
 _CHECKED = ("num_records", "global_batch_size", "seed", "shuffle", "last_batch")
+# Fingerprint keys: compared when both the state and the loader have them (states written
+# before fingerprints existed have none).
+_FINGERPRINT = ("source", "record_spec", "record_hash")
 
 
-def make_state(sampler: Sampler, step: int) -> dict[str, Any]:
+def make_state(sampler: Sampler, step: int, fingerprint: dict[str, str]) -> dict[str, Any]:
     """The state of a loader over ``sampler`` whose next batch is global step ``step``."""
     return {
         "version": STATE_VERSION,
@@ -33,15 +40,49 @@ def make_state(sampler: Sampler, step: int) -> dict[str, Any]:
         "seed": sampler.seed,
         "shuffle": sampler.shuffle,
         "last_batch": sampler.last_batch,
+        **fingerprint,
         # Informational: a restore may use another split of the same global batch.
         "batch_size": sampler.batch_size,
         "process_count": sampler.process_count,
     }
 
 
-def check_state(state: Any, sampler: Sampler) -> int:
-    """Validates ``state`` against ``sampler``; returns the step to continue from."""
-    expected = make_state(sampler, 0)
+def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        check_int(name, value, low=low, high=high, error=StateDictError,
+                  remedy="pass the dict that DataLoader.state_dict() returned, unchanged")
+    return check
+
+
+def _of_type(kind: type, choices: tuple = ()) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if type(value) is not kind or (choices and value not in choices):
+            want = f"one of {choices}" if choices else f"a {kind.__name__}"
+            raise StateDictError(
+                f"{name}: expected {want}, received {type(value).__name__} {value!r}; pass the "
+                "dict that DataLoader.state_dict() returned, unchanged"
+            )
+    return check
+
+
+_FIELDS: dict[str, Callable[[str, Any], None]] = {
+    "version": _int(1),
+    "step": _int(0),
+    "num_records": _int(1),
+    "global_batch_size": _int(1),
+    "seed": _int(0, MASK64),
+    "shuffle": _of_type(bool),
+    "last_batch": _of_type(str, LAST_BATCH_POLICIES),
+    "batch_size": _int(1),
+    "process_count": _int(1),
+    **{key: _of_type(str) for key in _FINGERPRINT},
+}
+
+
+def check_state(state: Any, sampler: Sampler, fingerprint: dict[str, str]) -> int:
+    """Validates ``state`` against ``sampler`` and the source's ``fingerprint``; returns the
+    step to continue from."""
+    expected = make_state(sampler, 0, fingerprint)
     if not isinstance(state, dict):
         raise StateDictError(
             f"state: expected a dict from DataLoader.state_dict(), got {type(state).__name__}"
@@ -52,20 +93,23 @@ def check_state(state: Any, sampler: Sampler) -> int:
             f"state: missing keys {missing}; expected keys {sorted(expected)}, received "
             f"{sorted(state)}; pass the dict that DataLoader.state_dict() returned"
         )
+    for key, check in _FIELDS.items():
+        if key in state:
+            check(f"state[{key!r}]", state[key])
     if state["version"] != STATE_VERSION:
         raise StateDictError(
             f"state['version']: expected {STATE_VERSION}, received {state['version']!r}; this "
             "state was written by another jaxloader version that this one cannot read"
         )
-    diffs = [f"{k}: expected {expected[k]!r}, received {state[k]!r}" for k in _CHECKED
-             if state[k] != expected[k]]
+    fingerprinted = any(k in state for k in _FINGERPRINT)  # older states have no fingerprint
+    compared = [*_CHECKED, *(k for k in _FINGERPRINT
+                             if fingerprinted and (k in state or k in expected))]
+    diffs = [f"{k}: expected {expected.get(k)!r}, received {state.get(k)!r}" for k in compared
+             if state.get(k) != expected.get(k)]
     if diffs:
         raise StateDictError(
             "state does not fit this loader (" + "; ".join(diffs) + "); restore it into a "
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
             "size (batch_size x process_count)"
         )
-    step = state["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise StateDictError(f"state['step']: expected an int >= 0, received {step!r}")
-    return step
+    return state["step"]

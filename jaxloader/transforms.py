@@ -23,9 +23,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jaxloader.checks import MASK64
 from jaxloader.errors import ConfigError
 
-_MASK64 = (1 << 64) - 1
 _POSITION_BITS = 40  # positions < 2**40 (1e12 records); the epoch takes the bits above
 
 
@@ -109,14 +109,14 @@ class RecordRng:
     """
 
     def __init__(self, seed: int) -> None:
-        self._seed = seed & _MASK64
+        self._seed = seed & MASK64
         self._bitgen = np.random.Philox(key=np.zeros(2, np.uint64))
         self._generator = np.random.Generator(self._bitgen)
         self._state = self._bitgen.state
 
     @staticmethod
     def key_counter(seed: int, epoch: int, position: int, transform_index: int):
-        key = np.array([seed & _MASK64, (epoch << _POSITION_BITS) | position], dtype=np.uint64)
+        key = np.array([seed & MASK64, (epoch << _POSITION_BITS) | position], dtype=np.uint64)
         counter = np.array([0, 0, 0, transform_index], dtype=np.uint64)
         return key, counter
 

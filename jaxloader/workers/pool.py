@@ -108,8 +108,8 @@ class WorkerPool:
         self._ring = SlotRing()
         self._workers: list[WorkerProcess] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._ring)
-        for i in range(self._num_workers):
-            self._workers.append(WorkerProcess(i, self._start_method))
+        for _ in range(self._num_workers):
+            self._workers.append(WorkerProcess(self._start_method))
         # One poller for the pool's life: blocking in poll() costs a syscall, where
         # multiprocessing.connection.wait builds and fills a new selector every call.
         self._poller = select.poll()
@@ -166,9 +166,10 @@ class WorkerPool:
                     if type(made) is _Failure:  # raised in order, at its turn
                         self._break(*made)
                     next_yield += 1
-                    batch = self._ring.hand_out(*made)
-                yield batch
-                del batch
+                    # Made under the lock, held by nothing here while suspended at the yield
+                    # (a local would keep the slot lent until the next resume).
+                    handed = [self._ring.hand_out(*made)]
+                yield handed.pop()
         except BaseException as e:
             # An exception raised between a message's first and last byte (a Ctrl-C, say)
             # may leave a pipe or the task table half updated: the next run restarts the

@@ -27,7 +27,6 @@ from jaxloader.errors import ConfigError
 from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Stop
 
-START_METHODS = ("exec", "fork")
 _JOIN_TIMEOUT_S = 5.0  # a worker told to stop finishes its current batch first; then SIGKILL
 _KILL_TIMEOUT_S = 2.0  # after SIGKILL the kernel reaps quickly; bound it so close() never hangs
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,19 +39,13 @@ _BOOT = (
 class WorkerProcess:
     """A started worker: ``conn`` to talk to it, ``pid``, ``exitcode()``, ``stop()``."""
 
-    def __init__(self, worker_id: int, start_method: str) -> None:
-        if start_method not in START_METHODS:
-            raise ConfigError(
-                f"start_method: expected one of {START_METHODS}, got {start_method!r}; 'exec' "
-                "is the safe default"
-            )
+    def __init__(self, start_method: str) -> None:
         if start_method == "fork" and "jax" in sys.modules:
             raise ConfigError(
                 "start_method='fork': JAX is imported in this process, and forking a process "
                 "whose JAX runtime may have started threads can deadlock the workers; use "
                 "start_method='exec' (the default)"
             )
-        self.id = worker_id
         self.conn, child = Pipe(duplex=True)
         self._popen: subprocess.Popen | None = None
         self._fork_pid: int | None = None

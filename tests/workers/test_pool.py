@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from jaxloader.pipeline import BatchMaker
+from jaxloader.sampling import Sampler
+from jaxloader.workers.pool import WorkerPool
 from resume_harness import assert_same_stream, check_resume, take
 from workers.shm_probe import held_segments, still_held
 
@@ -35,6 +38,13 @@ def make(num_workers, random_map=True, shuffle=True, last_batch="drop", **kw):
     return lambda: jl.DataLoader(source(), batch_size=6, shuffle=shuffle, seed=5,
                                  transforms=transforms, num_workers=num_workers,
                                  last_batch=last_batch, process_index=0, process_count=1, **kw)
+
+
+def make_pool(num_workers) -> WorkerPool:
+    """make()'s loader as a bare pool (tests of the pool's own bookkeeping)."""
+    maker = BatchMaker(source(), Sampler(61, 6, shuffle=True, seed=5, last_batch="drop"),
+                       (jl.RandomMap(jitter),))
+    return WorkerPool(maker, num_workers)
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
@@ -75,14 +85,14 @@ def test_held_numpy_batches_never_change():
 
 
 def test_slots_are_reused_in_steady_state():
-    with make(2)() as loader:
+    pool = make_pool(2)
+    try:
         counts = []
-        loader.num_epochs = None
-        stream = iter(loader)
-        for _ in range(60):
-            next(stream)
-            counts.append(loader._engine.segment_count)
+        for _ in pool.batches(0, 60):
+            counts.append(pool.segment_count)
         assert max(counts[10:]) == counts[10] <= 8, counts
+    finally:
+        pool.close()
 
 
 class Ragged:
@@ -110,7 +120,7 @@ def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
 
     loader = jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(boom)], num_workers=2,
                            process_index=0, process_count=1)
-    pids = loader._engine.pids
+    pids = loader.worker_pids
     it = iter(loader)
     with pytest.raises(jl.WorkerError) as e:
         list(it)
@@ -229,7 +239,7 @@ SCRIPT_HEAD = f"\n    PROBE_DIR = {os.path.dirname(os.path.abspath(__file__))!r}
     next(it)
     sys.path.insert(0, PROBE_DIR)
     from shm_probe import held_segments
-    print(" ".join(map(str, loader._engine.pids)), "|", " ".join(held_segments()), flush=True)
+    print(" ".join(map(str, loader.worker_pids)), "|", " ".join(held_segments()), flush=True)
 """
 
 
@@ -276,8 +286,9 @@ def test_ctrl_c_shuts_down_cleanly(tmp_path):
 def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(monkeypatch):
     with make(0)() as ref_loader:
         reference = [b["x"].copy() for b in take(ref_loader, 20)]
-    with make(2, num_epochs=None)() as loader:
-        pool, it = loader._engine, iter(loader)
+    pool = make_pool(2)
+    try:
+        it = pool.batches(0, None)
         old_pids = pool.pids
         got = [next(it)["x"].copy() for _ in range(3)]
         real_receive = pool._receive
@@ -291,12 +302,14 @@ def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(
         with pytest.raises(KeyboardInterrupt):
             while True:
                 got.append(next(it)["x"].copy())
-        assert loader.step == len(got)
+        it = pool.batches(len(got), None)  # what the loader's next next() does: the same step
         while len(got) < 20:
             got.append(next(it)["x"].copy())
         # Without a restart the dropped report's in-flight place would be lost for good (and a
         # report cut in half would leave the pipe unreadable): fresh workers took over.
         assert pool.restarts == 1 and not set(pool.pids) & set(old_pids)
+    finally:
+        pool.close()
     for step, (a, b) in enumerate(zip(got, reference)):
         np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
 
@@ -304,24 +317,24 @@ def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(
 def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment(monkeypatch):
     from jaxloader.workers.process import WorkerProcess
 
-    loader = make(3)()
-    it = iter(loader)
+    pool = make_pool(3)
+    it = pool.batches(0, None)
     next(it)
-    pids, pool = loader._engine.pids, loader._engine
+    pids = pool.pids
     names = held_segments()
     assert names
     real_stop, calls = WorkerProcess.stop, []
 
     def stop(self):
-        calls.append(self.id)
-        if self.id == 0:
+        calls.append(pids.index(self.pid))
+        if self.pid == pids[0]:
             real_stop(self)
             raise KeyboardInterrupt  # a Ctrl-C during the first worker's drain
         return real_stop(self)
 
     monkeypatch.setattr(WorkerProcess, "stop", stop)
     with pytest.raises(KeyboardInterrupt):
-        loader.close()
+        pool.close()
     assert calls == [0, 1, 2]  # the other workers were still stopped
     alive, left = _wait_gone(pids, names, seconds=2.0)
     assert not alive and not left, (alive, left)
@@ -343,7 +356,7 @@ def test_an_in_memory_source_is_shared_not_copied_into_workers():
     with jl.DataLoader(jl.ArraySource(arrays), batch_size=8, transforms=[jl.Map(lambda r: r)],
                        num_workers=2, process_index=0, process_count=1) as loader:
         assert sum(int(b["x"][:, 0].sum()) for b in loader) == n  # every record read
-        for pid in loader._engine.pids:
+        for pid in loader.worker_pids:
             private_mib = _status_kib(pid, "RssAnon") / 1024
             shared_mib = _status_kib(pid, "RssShmem") / 1024
             assert private_mib < 128, f"worker {pid} holds {private_mib:.0f} MiB privately"
@@ -433,7 +446,7 @@ def test_close_while_the_prefetch_thread_waits_on_a_slow_worker_never_shares_the
     it = iter(loader)
     assert np.asarray(next(it)["y"]).tolist() == [0, 1, 2, 3]
     time.sleep(0.3)  # the thread now waits in poll() for step 1, which takes 4 x 30 s
-    pids = loader._engine.pids
+    pids = loader.worker_pids
     started = time.monotonic()
     loader.close()  # no error
     assert time.monotonic() - started < 15, "close() waited for the slow record"

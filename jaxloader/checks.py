@@ -1,0 +1,30 @@
+"""Argument checks shared by the loader, the sampler and the state: one wording everywhere.
+
+Example:
+    >>> check_int("num_workers", 2, low=0, remedy="0 runs in this process")
+    2
+    >>> check_int("num_workers", -1, low=0, remedy="0 runs in this process")
+    Traceback (most recent call last):
+    ...
+    jaxloader.errors.ConfigError: num_workers: expected an int >= 0, got -1; 0 runs in this process
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxloader.errors import ConfigError
+
+MASK64 = (1 << 64) - 1  # seeds and hash keys are 64-bit
+
+
+def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,
+              error: type[Exception] = ConfigError) -> int:
+    """``value`` as an int if it is one (not a bool) in ``[low, high]``; else ``error`` naming
+    ``name``, what was expected, what came, and ``remedy``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise error(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise error(f"{name}: expected an int {bound}, got {value}; {remedy}")
+    return int(value)

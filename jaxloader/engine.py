@@ -1,0 +1,67 @@
+"""Engines make the batches of a run of steps, in order; a DataLoader has one.
+
+::
+
+    DataLoader ── engine.batches(start, stop) ──> batch of start, start+1, ... (stop: exclusive,
+                                                 None: endless), each a pure function of its step
+               └─ engine.close()
+
+Two engines: ``InProcessEngine`` (``num_workers=0``, in the calling thread) and
+``jaxloader.workers.pool.WorkerPool`` (worker processes). A new ``batches()`` run makes older
+runs stale; closing a run's generator returns whatever it holds. A stream source will be
+another engine behind the same contract.
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.pipeline import BatchMaker
+    >>> from jaxloader.sampling import Sampler
+    >>> from jaxloader.sources import ArraySource
+    >>> maker = BatchMaker(ArraySource({"x": np.arange(6)}),
+    ...                    Sampler(6, 2, shuffle=False, seed=0, last_batch="drop"))
+    >>> [b["x"].tolist() for b in InProcessEngine(maker).batches(1, 3)]
+    [[2, 3], [4, 5]]
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator, Protocol
+
+from jaxloader.pipeline import BatchMaker
+
+
+class Engine(Protocol):
+    """The contract between a DataLoader and what makes its batches."""
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers (empty when there are none)."""
+        ...
+
+    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
+        """The batches of steps ``start``, ``start + 1``, ... up to ``stop`` (or endless)."""
+        ...
+
+    def close(self) -> None:
+        """Releases workers and buffers; idempotent."""
+        ...
+
+
+class InProcessEngine:
+    """Makes batches in the calling thread (``num_workers=0``)."""
+
+    def __init__(self, maker: BatchMaker) -> None:
+        self._maker = maker
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
+        steps = itertools.count(start) if stop is None else range(start, stop)
+        make = self._maker.make
+        for step in steps:
+            yield make(step)[0]
+
+    def close(self) -> None:
+        pass
