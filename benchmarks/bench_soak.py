@@ -49,7 +49,7 @@ def soak(source: jl.ArraySource, batch: int, epochs: int, transforms: list) -> d
     start = time.perf_counter()
     with jl.DataLoader(source, batch_size=batch, shuffle=True, seed=0, transforms=transforms,
                        num_workers=WORKERS, process_index=0, process_count=1) as loader:
-        pids = loader._engine.pids
+        pids = loader.worker_pids
         for epoch in range(epochs):
             for b in loader:
                 del b

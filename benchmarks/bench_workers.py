@@ -223,9 +223,9 @@ def memory_report(source_bytes: int, arrays: dict, workers: int) -> dict:
     report = {
         "source_MiB": source_bytes / 2**20,
         "workers": workers,
-        "worker_rss_MiB": [rss_kib(p)["VmRSS"] / 1024 for p in loader._engine.pids],
-        "worker_private_MiB": [rss_kib(p)["RssAnon"] / 1024 for p in loader._engine.pids],
-        "worker_shared_MiB": [rss_kib(p)["RssShmem"] / 1024 for p in loader._engine.pids],
+        "worker_rss_MiB": [rss_kib(p)["VmRSS"] / 1024 for p in loader.worker_pids],
+        "worker_private_MiB": [rss_kib(p)["RssAnon"] / 1024 for p in loader.worker_pids],
+        "worker_shared_MiB": [rss_kib(p)["RssShmem"] / 1024 for p in loader.worker_pids],
         "shared_MiB": shared_bytes(os.getpid()) / 2**20,
     }
     loader.close()

@@ -9,7 +9,7 @@ Example:
     [(4,), (4,)]
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jaxloader.errors import (
     CollateError,
@@ -44,26 +44,21 @@ __all__ = [
     "StateDictError",
     "WorkerError",
     "WorkerInfo",
+    "data_sharding",
     "get_worker_info",
 ]
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # for annotations only: importing jaxloader must not import JAX
-    from jax.sharding import Mesh, NamedSharding
+if TYPE_CHECKING:  # for type checkers; at run time the lazy __getattr__ below serves it
+    from jaxloader.sharding.put import data_sharding
 
 
-def data_sharding(mesh: "Mesh", data_axis: str | tuple[str, ...] = "data") -> "NamedSharding":
-    """The batch axis split over ``data_axis`` of ``mesh``, the rest replicated.
+def __getattr__(name: str) -> Any:
+    """Imports ``data_sharding`` (and with it JAX) on first use: ``import jaxloader``, and every
+    worker, stay free of JAX."""
+    if name == "data_sharding":
+        from jaxloader.sharding.put import data_sharding as value
 
-    Imported on first use, so that ``import jaxloader`` (and every worker) stays free of JAX.
-
-    Example:
-        >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))     # doctest: +SKIP
-        >>> loader = DataLoader(source, batch_size=64, sharding=data_sharding(mesh))  # doctest: +SKIP
-    """
-    from jaxloader.sharding.put import data_sharding as build
-
-    return build(mesh, data_axis)
-
-
-__all__.append("data_sharding")
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jaxloader' has no attribute {name!r}")

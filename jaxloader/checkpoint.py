@@ -61,21 +61,21 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
 
 def read_state(directory: PathLike, loader: Any) -> dict:
     """The state in ``directory`` that fits this process (see the module docstring)."""
-    directory = epath.Path(directory)
-    own = directory / state_filename(loader)
+    root = epath.Path(directory)
+    own = root / state_filename(loader)
     if own.exists():
         path = own
     else:
-        present = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+        present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
         files = [f for f in present if _FILE.match(f)]
         if not files:
-            found = present if directory.is_dir() else "no such directory"
+            found = present if root.is_dir() else "no such directory"
             raise StateDictError(
-                f"checkpoint {directory}: expected loader state files "
+                f"checkpoint {root}: expected loader state files "
                 f"'process_<i>-of-<n>.json', found {found}; was the loader saved with "
                 "jaxloader.checkpoint (LoaderSave or the v1 API)?"
             )
-        path = directory / files[0]  # every process's file holds the same step
+        path = root / files[0]  # every process's file holds the same step
     return json.loads(path.read_text())
 
 
@@ -99,7 +99,16 @@ class LoaderSave(ocp.args.CheckpointArgs):
     """Saves ``loader``'s position with ``LoaderCheckpointHandler``.
 
     Example:
-        >>> ocp.args.Composite(loader=LoaderSave(loader))  # doctest: +SKIP
+        >>> import tempfile, numpy as np, jaxloader as jl
+        >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+        ...                        process_index=0, process_count=1)
+        >>> manager = ocp.CheckpointManager(tempfile.mkdtemp())
+        >>> manager.save(0, args=ocp.args.Composite(loader=LoaderSave(loader)))
+        True
+        >>> manager.wait_until_finished()
+        >>> restored = manager.restore(0, args=ocp.args.Composite(loader=LoaderRestore(loader)))
+        >>> restored["loader"]["step"]
+        0
     """
 
     loader: Any

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator, Protocol
+from typing import Any, Generator, Protocol
 
 from jaxloader.pipeline import BatchMaker
 
@@ -38,8 +38,9 @@ class Engine(Protocol):
         """Process ids of the workers (empty when there are none)."""
         ...
 
-    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
-        """The batches of steps ``start``, ``start + 1``, ... up to ``stop`` (or endless)."""
+    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+        """The batches of steps ``start``, ``start + 1``, ... up to ``stop`` (or endless);
+        closing the generator releases what the run holds."""
         ...
 
     def close(self) -> None:
@@ -57,7 +58,7 @@ class InProcessEngine:
     def pids(self) -> list[int]:
         return []
 
-    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
+    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
         steps = itertools.count(start) if stop is None else range(start, stop)
         make = self._maker.make
         for step in steps:

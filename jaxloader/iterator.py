@@ -123,7 +123,7 @@ class LoaderIterator:
             raise
         except BaseException:
             # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
-            # dropped, and the next call makes this same step again, so nothing is skipped.
+            # dropped, and the next call makes this same step again (jaxloader.interrupts, 1).
             self._interrupted = True
             self._last_return = None
             self.stop_work()

@@ -241,8 +241,18 @@ class DataLoader:
         """Orbax v1 ``StatefulCheckpointable.save``: this process's state as a JSON file.
 
         Example:
-            >>> from orbax.checkpoint.experimental import v1 as ocp_v1     # doctest: +SKIP
-            >>> ocp_v1.save_checkpointables(path, {"state": state, "loader": loader})  # doctest: +SKIP
+            >>> import tempfile, numpy as np, jaxloader as jl
+            >>> from orbax.checkpoint.experimental import v1 as ocp_v1
+            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+            ...                        process_index=0, process_count=1)
+            >>> _ = next(iter(loader))
+            >>> path = tempfile.mkdtemp() + "/ckpt"
+            >>> ocp_v1.save_checkpointables(path, {"loader": loader})
+            >>> fresh = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+            ...                       process_index=0, process_count=1)
+            >>> _ = ocp_v1.load_checkpointables(path, {"loader": fresh})
+            >>> fresh.step
+            1
         """
         from jaxloader.checkpoint import save_v1
 

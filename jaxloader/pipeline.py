@@ -49,6 +49,8 @@ class BatchMaker:
         self.mask_key = mask_key
         self._vectorised = not record_transforms and hasattr(source, "__getitems__")
         self._rng = RecordRng(sampler.seed)
+        # (index, (fn, takes an rng)) per record transform: one loop serves Map and RandomMap
+        self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
 
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
@@ -67,8 +69,7 @@ class BatchMaker:
                 batch = t.fn(batch)
             except Exception as e:
                 raise RecordError(
-                    f"step {spec.step} (epoch {spec.epoch}, record positions "
-                    f"{_span(spec)}): {t!r} raised {type(e).__name__}: {e}"
+                    f"{spec.location()}: {t!r} raised {type(e).__name__}: {e}"
                 ) from e
         treedef, columns = collate.batch_columns(batch, len(spec.indices))
         return collate.materialize(treedef, columns, alloc)
@@ -80,68 +81,45 @@ class BatchMaker:
             got = self.source.__getitems__(spec.indices)
         except Exception as e:
             raise RecordError(
-                f"step {spec.step} (epoch {spec.epoch}, record positions {_span(spec)}): "
-                f"source.__getitems__ raised {type(e).__name__}: {e}"
+                f"{spec.location()}: source.__getitems__ raised {type(e).__name__}: {e}"
             ) from e
         if isinstance(got, list):
             return collate.record_columns(got, spec.positions)
         return collate.batch_columns(got, len(spec.indices))
 
     def _read_records(self, spec: BatchSpec) -> list:
-        if all(type(t) is Map for t in self.record_transforms):
-            return self._read_mapped(spec)
-        source, transforms, epoch = self.source, self.record_transforms, spec.epoch
-        records = []
-        position = index = None
+        """Each record read and transformed; a ``RandomMap`` gets its record's generator."""
+        source, epoch, rng = self.source, spec.epoch, self._rng
+        steps = self._steps
+        records: list = []
+        position = index = -1
         t_index = -1  # -1: reading the source; else the transform running
         try:
             for position, index in zip(spec.positions.tolist(), spec.indices.tolist()):
                 t_index = -1
                 record = source[index]
-                for t_index, t in enumerate(transforms):
-                    if type(t) is Map:
-                        record = t.fn(record)
+                for t_index, (fn, random) in steps:
+                    if random:
+                        record = fn(record, rng.at(epoch=epoch, position=position,
+                                                   transform_index=t_index))
                     else:
-                        rng = self._rng.at(epoch=epoch, position=position, transform_index=t_index)
-                        record = t.fn(record, rng)
+                        record = fn(record)
                 records.append(record)
         except JaxloaderError:
             raise
         except Exception as e:
-            raise self._record_error(spec, position, index, t_index, e) from e
+            stage = ("source[index]" if t_index < 0
+                     else f"transforms[{t_index}] {self.record_transforms[t_index]!r}")
+            raise RecordError(
+                f"{spec.record_location(position, index)}: {stage} raised "
+                f"{type(e).__name__}: {e}{_read_only_hint(e)}; the original error is the cause "
+                "below"
+            ) from e
         return records
 
-    def _read_mapped(self, spec: BatchSpec) -> list:
-        """``_read_records`` when every record transform is a ``Map``: no generator needed."""
-        source, fns = self.source, [t.fn for t in self.record_transforms]
-        records = []
-        index = None
-        t_index = -1
-        try:
-            for index in spec.indices.tolist():
-                t_index = -1
-                record = source[index]
-                for t_index, fn in enumerate(fns):
-                    record = fn(record)
-                records.append(record)
-        except JaxloaderError:
-            raise
-        except Exception as e:
-            position = spec.positions[len(records)]
-            raise self._record_error(spec, position, index, t_index, e) from e
-        return records
 
-    def _record_error(self, spec: BatchSpec, position: Any, index: Any, t_index: int,
-                      e: Exception) -> RecordError:
-        transforms = self.record_transforms
-        stage = "source[index]" if t_index < 0 else f"transforms[{t_index}] {transforms[t_index]!r}"
-        return RecordError(
-            f"step {spec.step}, epoch {spec.epoch}, record position {position} (source index "
-            f"{index}): {stage} raised {type(e).__name__}: {e}; the original error is the cause "
-            "below"
-        )
-
-
-def _span(spec: BatchSpec) -> str:
-    p = spec.positions
-    return f"{p[0]}..{p[-1]}" if len(p) else "none"
+def _read_only_hint(e: Exception) -> str:
+    if isinstance(e, ValueError) and "read-only" in str(e):
+        return (" (source records are read-only views, shared with the workers and the "
+                "source itself: copy what you change, e.g. r['x'].copy() or np.array(r['x']))")
+    return ""

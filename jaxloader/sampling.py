@@ -95,6 +95,17 @@ class BatchSpec(NamedTuple):
     indices: np.ndarray
     valid: np.ndarray | None
 
+    def location(self) -> str:
+        """Where this batch is, for messages: ``step 5 (epoch 0, record positions 20..23)``."""
+        p = self.positions
+        span = f"{p[0]}..{p[-1]}" if len(p) else "none"
+        return f"step {self.step} (epoch {self.epoch}, record positions {span})"
+
+    def record_location(self, position: int, index: int) -> str:
+        """One record of it: ``step 5 (epoch 0), record position 21 (source index 99)``."""
+        return (f"step {self.step} (epoch {self.epoch}), record position {position} "
+                f"(source index {index})")
+
 
 class Sampler:
     """Maps a global step to this process's record positions and indices.
@@ -185,20 +196,22 @@ class Sampler:
         chunk, offset = divmod(start, self._chunk_positions)
         if (stop - 1) // self._chunk_positions != chunk:
             return self._indices_of(epoch, np.arange(start, stop, dtype=np.int64))
-        if self._cache_key != (epoch, chunk):
+        cache = self._cache
+        if cache is None or self._cache_key != (epoch, chunk):
             first = chunk * self._chunk_positions
             last = min(first + self._chunk_positions, self.num_records)
-            self._cache = self._indices_of(epoch, np.arange(first, last, dtype=np.int64))
+            cache = self._cache = self._indices_of(epoch, np.arange(first, last, dtype=np.int64))
             self._cache_key = (epoch, chunk)
-        return self._cache[offset : offset + stop - start]
+        return cache[offset : offset + stop - start]
 
     def _indices_of(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         if not self.shuffle:
             return positions
-        if self._shuffle_epoch != epoch:
-            self._shuffler = IndexShuffle(self.num_records, seed=self.seed, epoch=epoch)
+        shuffler = self._shuffler
+        if shuffler is None or self._shuffle_epoch != epoch:
+            shuffler = self._shuffler = IndexShuffle(self.num_records, seed=self.seed, epoch=epoch)
             self._shuffle_epoch = epoch
-        return self._shuffler(positions)
+        return shuffler(positions)
 
     def __getstate__(self) -> dict:
         # The cache is a per-process memo; a copy sent to a worker starts without it.

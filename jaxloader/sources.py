@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -35,6 +36,9 @@ class Source(Protocol):
 
 class ArraySource:
     """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0.
+
+    Records are read-only views of the arrays (also in worker processes): a transform copies
+    what it changes.
 
     Example:
         >>> src = ArraySource((np.arange(6).reshape(3, 2), np.array([7, 8, 9])))
@@ -64,11 +68,22 @@ class ArraySource:
                 + ", ".join(f"{p}: {n}" for p, n in lengths.items())
                 + "; slice the arrays to one length"
             )
-        self._arrays = arrays
         self._len = arrays[0].shape[0]
-        keys = self._treedef[1] if self._treedef[0] == "dict" else None
-        flat_dict = keys is not None and all(c == tree_lib.LEAF for c in self._treedef[2])
-        self._items = list(zip(keys, arrays)) if flat_dict else None
+        self._set_arrays(arrays)
+
+    def _set_arrays(self, arrays: list[np.ndarray]) -> None:
+        # Read-only views, here and in every worker: a transform that writes into a record
+        # fails the same way with any number of workers, and never changes your arrays.
+        self._arrays = [_read_only(a) for a in arrays]
+        flat = tree_lib.is_flat_dict(self._treedef)
+        self._items = list(zip(self._treedef[1], self._arrays)) if flat else None
+
+    def __getstate__(self) -> dict:
+        return {"treedef": self._treedef, "arrays": self._arrays, "len": self._len}
+
+    def __setstate__(self, state: dict) -> None:
+        self._treedef, self._len = state["treedef"], state["len"]
+        self._set_arrays(state["arrays"])  # small arrays arrive as writable copies
 
     @property
     def treedef(self) -> tree_lib.TreeDef:
@@ -97,9 +112,22 @@ class ArraySource:
         return f"ArraySource({self._len} records; {leaves})"
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def check_source(source: Any) -> int:
     """Checks the source protocol; returns ``len(source)``."""
-    if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+    if isinstance(source, Mapping):
+        raise ConfigError(
+            f"source: got a {type(source).__name__} of {len(source)} entries "
+            f"({', '.join(map(repr, list(source)[:4]))}), which would be read as "
+            f"{len(source)} records; for arrays with the records along axis 0, wrap it: "
+            "jaxloader.ArraySource(your_dict)"
+        )
+    if not isinstance(source, Source):
         raise ConfigError(
             f"source: expected an object with __len__ and __getitem__ (a random-access source), "
             f"got {type(source).__name__}; wrap NumPy arrays as ArraySource(arrays)"

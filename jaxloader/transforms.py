@@ -103,12 +103,16 @@ def split_transforms(transforms: Sequence[Any]) -> tuple[tuple, tuple]:
 class RecordRng:
     """Per-record generators: Philox keyed by ``(seed, epoch, position)``, counter by transform.
 
-    One bit generator is reset for each record (constructing Philox costs ~25 us, a reset ~2 us);
+    One bit generator is reset for each record (a reset costs a tenth of constructing Philox;
+    docs/benchmarks.md);
     the stream equals that of ``np.random.Philox(key=..., counter=...)`` built fresh. The
     generator handed to a transform is valid until the next record.
     """
 
     def __init__(self, seed: int) -> None:
+        self._reset(seed)
+
+    def _reset(self, seed: int) -> None:
         self._seed = seed & MASK64
         self._bitgen = np.random.Philox(key=np.zeros(2, np.uint64))
         self._generator = np.random.Generator(self._bitgen)
@@ -135,7 +139,7 @@ class RecordRng:
         return {"seed": self._seed}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["seed"])
+        self._reset(state["seed"])
 
 
 def _check_callable(fn: Any, kind: str) -> None:

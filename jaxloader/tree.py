@@ -33,7 +33,7 @@ import functools
 import operator
 import sys
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -62,8 +62,8 @@ def structure(tree: Any) -> TreeDef:
     if kind == "namedtuple":
         return ("namedtuple", cls, tuple(structure(c) for c in tree))
     if kind == "node":
-        children, one_level, names = _jax_children(tree)
-        return ("node", cls, one_level, names, tuple(structure(c) for c in children))
+        nodes, one_level, names = _jax_children(tree)
+        return ("node", cls, one_level, names, tuple(structure(c) for c in nodes))
     keys = tuple(tree)
     children = tuple(structure(tree[k]) for k in keys)
     if kind == "defaultdict":
@@ -126,14 +126,15 @@ def flatten(tree: Any) -> tuple[list, TreeDef]:
 
 def unflatten(treedef: TreeDef, leaves: list) -> Any:
     """Rebuilds a tree of ``treedef`` from its leaves (in order)."""
-    if _is_flat_dict(treedef):  # the common record: one dict() call, no recursion
+    if is_flat_dict(treedef):  # the common record: one dict() call, no recursion
         return dict(zip(treedef[1], leaves))
     it = iter(leaves)
     return _build(treedef, lambda: next(it))
 
 
 @functools.lru_cache(maxsize=256)
-def _is_flat_dict(treedef: TreeDef) -> bool:
+def is_flat_dict(treedef: TreeDef) -> bool:
+    """A dict whose values are all leaves (the common record)."""
     return treedef[0] == "dict" and all(c == LEAF for c in treedef[2])
 
 
@@ -217,8 +218,10 @@ def _gather(trees: list, treedef: TreeDef, positions: Any, path: str, out: list)
     children = treedef[-1]
     if kind == "node":
         cls, one_level = treedef[1], treedef[2]
-        split = [_jax_children(t) if type(t) is cls else None for t in trees]
-        if not all(s is not None and s[1] == one_level for s in split):
+        if not all(type(t) is cls for t in trees):
+            _raise_mismatch(trees, treedef, positions, path)
+        split = [_jax_children(t) for t in trees]
+        if not all(s[1] == one_level for s in split):
             _raise_mismatch(trees, treedef, positions, path)
         by_child = [[s[0][i] for s in split] for i in range(len(children))]
     else:
@@ -241,6 +244,16 @@ def _dict_columns(trees: list, keys: tuple) -> list | None:
         return [list(map(operator.itemgetter(k), trees)) for k in keys]
     except KeyError:
         return None
+
+
+def record_name(positions: Any, j: int) -> str:
+    """How messages name the ``j``-th record of a batch: by its position when known."""
+    return f"record position {positions[j]}" if positions is not None else f"item {j}"
+
+
+def with_leaf(treedef: TreeDef, key: str) -> TreeDef:
+    """A dict treedef with one more leaf, ``key``, last."""
+    return ("dict", (*treedef[1], key), (*treedef[2], LEAF))
 
 
 def describe(treedef: TreeDef) -> str:
@@ -267,16 +280,15 @@ def _top(treedef: TreeDef) -> tuple:
     return (*treedef[:-1], len(treedef[-1])) if len(treedef) > 1 else treedef
 
 
-def _raise_mismatch(trees: list, treedef: TreeDef, positions: Any, path: str) -> None:
+def _raise_mismatch(trees: list, treedef: TreeDef, positions: Any, path: str) -> NoReturn:
     want = _top(treedef)
     for j, t in enumerate(trees):
         got = structure(t)
         if _top(got) != want:
-            where = f"record position {positions[j]}" if positions is not None else f"item {j}"
-            first = f"record position {positions[0]}" if positions is not None else "item 0"
             raise CollateError(
-                f"batch leaf {path or '<root>'}: records differ in structure: {first} has "
-                f"{describe(treedef)}, {where} has {describe(got)}; make every record the "
+                f"batch leaf {path or '<root>'}: records differ in structure: "
+                f"{record_name(positions, 0)} has {describe(treedef)}, "
+                f"{record_name(positions, j)} has {describe(got)}; make every record the "
                 "same structure (a Map can add missing keys; a None where other records have "
                 "an array must become an array too)"
             )

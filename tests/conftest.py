@@ -45,6 +45,9 @@ def _segments() -> set[str]:
     return found
 
 
+# Scripts the tests start in processes of their own: never imported by the doctest collector.
+collect_ignore_glob = ["*_run.py"]
+
 _EXIT_GRACE_S = 3.0  # a child told to stop (a worker, a notebook kernel) may still be exiting
 
 

@@ -5,10 +5,15 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-from jaxloader.collate import batch_columns, collate, materialize
+from jaxloader.collate import batch_columns, materialize, record_columns
 from jaxloader.errors import CollateError
 
 Pair = namedtuple("Pair", "image label")
+
+
+def collate(records, positions=None, alloc=None):
+    """Records -> (batch, layout), as the batch maker does."""
+    return materialize(*record_columns(records, positions), alloc)
 
 
 def test_containers_scalars_and_strings():

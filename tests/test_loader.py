@@ -211,3 +211,23 @@ def test_process_defaults_come_from_jax():
 
     dl = jl.DataLoader(source(), batch_size=2)
     assert dl.state_dict()["process_count"] == jax.process_count() == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_peek_shows_the_next_batch_and_leaves_the_stream_unchanged(num_workers):
+    def make():
+        return jl.DataLoader(jl.ArraySource({"x": np.arange(40.0).reshape(20, 2)}), batch_size=4,
+                             shuffle=True, seed=3, num_workers=num_workers,
+                             transforms=[jl.RandomMap(lambda r, g: {"x": r["x"] + g.random()})],
+                             process_index=0, process_count=1)
+
+    with make() as reference:
+        want = [b["x"].copy() for b in reference]
+    with make() as loader:
+        first = loader.peek()
+        assert loader.step == 0 and np.array_equal(first["x"], want[0])
+        it = iter(loader)
+        got = [next(it)["x"].copy()]
+        assert np.array_equal(loader.peek()["x"], want[1]) and loader.step == 1
+        got += [b["x"].copy() for b in it]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))

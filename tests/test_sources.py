@@ -32,3 +32,29 @@ def test_empty_and_non_sources():
         check_source(jl.ArraySource({"a": np.zeros((0, 3))}))
     with pytest.raises(jl.ConfigError, match="__len__ and __getitem__"):
         check_source(iter([1, 2]))
+
+
+def test_a_dict_passed_as_the_source_gets_the_array_source_hint():
+    with pytest.raises(jl.ConfigError, match=r"dict of 2 entries.*'x', 'y'.*ArraySource"):
+        jl.DataLoader({"x": np.zeros((10, 3)), "y": np.zeros(10)}, batch_size=4,
+                      process_index=0, process_count=1)
+
+
+def _writes_in_place(record):
+    record["x"][0] = -1.0  # the mistake: the record is the source's memory
+    return record
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("rows", [4, 1 << 16], ids=["small array", "2 MiB array"])
+def test_in_place_writes_fail_alike_in_every_mode_and_change_nothing(num_workers, rows):
+    x = np.ones((rows, 8), np.float32)  # 2 MiB or more is shared with the workers, not copied
+    loader = jl.DataLoader(jl.ArraySource({"x": x}), batch_size=2, num_workers=num_workers,
+                           transforms=[jl.Map(_writes_in_place)], process_index=0,
+                           process_count=1)
+    with loader, pytest.raises((jl.RecordError, jl.WorkerError)) as e:
+        next(iter(loader))
+    msg = str(e.value)
+    assert "assignment destination is read-only" in msg
+    assert "source records are read-only views" in msg and ".copy()" in msg
+    assert np.all(x == 1.0)  # the caller's array is untouched

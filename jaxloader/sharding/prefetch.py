@@ -12,7 +12,8 @@ Where the copy is made depends on the sharding:
 - One device, one process (a single GPU, a Colab runtime): the thread places each batch
   (``put_in_thread=True``), so ``next()`` only takes a ready device batch. No collective can
   be waiting on that device, and taking the copy's cost off the training thread matters on
-  the CPU backend, where a ``device_put`` after the thread sat idle costs ~0.5 ms here.
+  the CPU backend, where a ``device_put`` after the thread sat idle costs about half a
+  millisecond (docs/benchmarks.md).
 - Several devices or processes: JAX calls stay in the thread that runs the training step. On
   JAX's CPU backend a ``device_put`` issued from another thread while a multi-device step waits
   in a collective deadlocks the collective's rendezvous (measured: 8 CPU devices, an
@@ -31,9 +32,8 @@ Staying out of the way: when the consumer takes a batch while another is still r
 about to free its previous batch and dispatch a step, which needs a core and the GIL for a
 fraction of a millisecond. The thread (and the worker it hands the next task to) would compete
 for exactly those, so it waits ``_BACK_OFF_S`` first, or until the consumer asks again,
-whichever is sooner. Measured with 2 workers feeding a ~25 ms step on 2 cores: the consumer's
-time in ``next()`` plus freeing the old batch went from ~0.7 to ~0.12 ms a step. When no batch
-is ready the thread never waits.
+whichever is sooner (the measurements are in docs/benchmarks.md). When no batch is ready the
+thread never waits.
 
 Example:
     >>> p = DevicePrefetcher(iter([1, 2, 3]), put=lambda b: b * 10, depth=2).start()

@@ -47,6 +47,9 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
     return NamedSharding(mesh, PartitionSpec(axes[0] if len(axes) == 1 else axes))
 
 
+_NUMERIC = np.dtype(np.float32)  # what a leaf without a dtype counts as: not an object leaf
+
+
 def _is_sharding(x: Any) -> bool:
     return isinstance(x, Sharding)
 
@@ -71,7 +74,7 @@ class Putter:
 
     def __call__(self, batch: Any) -> Any:
         if self.process_count == 1 and not any(
-                getattr(leaf, "dtype", np.float32).hasobject for leaf in jax.tree_util.tree_leaves(batch)):
+                getattr(leaf, "dtype", _NUMERIC).hasobject for leaf in jax.tree_util.tree_leaves(batch)):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code
                 return jax.device_put(batch, self.sharding)
             except (TypeError, ValueError):

@@ -32,7 +32,7 @@ from jaxloader.workers.shm import Segment, attach
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
 SPLIT_MIN_BYTES = 64 << 20  # copies over 64 MiB run on up to 4 threads: faulting in fresh
-# shared pages is CPU-bound (~1.2 GB/s on one core here), and it is on the path to the first batch
+# shared pages is CPU-bound (docs/benchmarks.md), and it is on the path to the first batch
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -53,7 +53,7 @@ class _Pickler(cloudpickle.Pickler):
         if ref is None:
             segment = Segment.create(obj.nbytes, prefault=False)
             self._keep(segment)  # before the copy: its owner destroys it if the copy fails
-            _copy(np.ndarray(obj.shape, obj.dtype, buffer=segment.buf), obj)
+            _copy(np.ndarray(obj.shape, obj.dtype, buffer=segment.memory), obj)
             ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype.str)
             self._shared[id(obj)] = ref
         return ref
@@ -88,7 +88,7 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
 
 
 def _base_address(mm: np.memmap) -> int:
-    base = mm
+    base: np.ndarray = mm
     while isinstance(base.base, np.ndarray):
         base = base.base
     return np.asarray(base).__array_interface__["data"][0]

@@ -33,9 +33,10 @@ import select
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Generator, NamedTuple, NoReturn
 
 from jaxloader.errors import SharedMemoryError, WorkerError
+from jaxloader.interrupts import run_all
 from jaxloader.pipeline import BatchMaker
 from jaxloader.workers import payload, protocol
 from jaxloader.workers.process import WorkerProcess
@@ -67,9 +68,15 @@ class WorkerPool:
     """Makes batches in ``num_workers`` processes (see the module docstring).
 
     Example:
-        >>> pool = WorkerPool(maker, num_workers=2)          # doctest: +SKIP
-        >>> [b["x"] for b in pool.batches(0, 3)]              # doctest: +SKIP
-        >>> pool.close()                                      # doctest: +SKIP
+        >>> import numpy as np
+        >>> from jaxloader.sampling import Sampler
+        >>> from jaxloader.sources import ArraySource
+        >>> maker = BatchMaker(ArraySource({"x": np.arange(6)}),
+        ...                    Sampler(6, 2, shuffle=False, seed=0, last_batch="drop"))
+        >>> pool = WorkerPool(maker, num_workers=2)
+        >>> [b["x"].tolist() for b in pool.batches(0, 3)]
+        [[0, 1], [2, 3], [4, 5]]
+        >>> pool.close()
     """
 
     def __init__(
@@ -103,7 +110,7 @@ class WorkerPool:
         self._send_payload()
 
     def _start(self) -> None:
-        """Starts the interpreters (their imports, ~0.3 s, overlap with what follows) and a
+        """Starts the interpreters (their imports overlap with what follows) and a
         fresh ring; the bookkeeping of tasks starts empty."""
         self._ring = SlotRing()
         self._workers: list[WorkerProcess] = []
@@ -138,9 +145,9 @@ class WorkerPool:
         """Shared-memory segments this pool owns now (ring slots + shared source arrays)."""
         return self._ring.segment_count + len(self._shared)
 
-    def batches(self, start: int, stop: int | None) -> Iterator[Any]:
+    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
         """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order."""
-        with self._driver:  # never held across a yield; `with` leaves no window for a Ctrl-C
+        with self._driver:  # never held across a yield (``jaxloader.interrupts``, 3)
             self._raise_if_broken()
             if self._mixed_up:
                 self._restart()
@@ -171,9 +178,8 @@ class WorkerPool:
                     handed = [self._ring.hand_out(*made)]
                 yield handed.pop()
         except BaseException as e:
-            # An exception raised between a message's first and last byte (a Ctrl-C, say)
-            # may leave a pipe or the task table half updated: the next run restarts the
-            # workers. One raised while blocked in poll() changed nothing.
+            # A message may have been cut (``jaxloader.interrupts``, 2): unless blocked in
+            # poll(), the next run restarts the workers.
             if not (self._waiting or isinstance(e, (GeneratorExit, WorkerError))):
                 self._mixed_up = True
             raise
@@ -225,20 +231,20 @@ class WorkerPool:
                 self._send(worker, Slot(message.task_id, segment.name, segment.size))
             elif type(message) is Failed:
                 failure = self._worker_failed(worker, message)
-                task = self._tasks.pop(message.task_id, None)
-                if task is None:  # the worker failed to start: nothing else can run
+                failed_task = self._tasks.pop(message.task_id, None)
+                if failed_task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)
                 self._in_flight[worker] -= 1
-                self._ring.give_back(task.segment)
-                if task.run == run:
-                    ready[task.step] = failure
+                self._ring.give_back(failed_task.segment)
+                if failed_task.run == run:
+                    ready[failed_task.step] = failure
 
     def _worker_failed(self, worker: int, failed: Failed) -> _Failure:
         """The error to raise, and its cause, for a worker's failure report."""
         w = self._workers[worker]
         where = "while starting (loading the payload or running worker_init_fn)"
         if failed.step is not None:
-            where = f"at step {failed.step} (record positions {self._positions(failed.step)})"
+            where = f"at {self._maker.sampler.batch(failed.step).location()}"
         cause = None
         if failed.pickled is not None:
             try:
@@ -251,25 +257,21 @@ class WorkerPool:
             "--- the loader is broken; fix the cause and create a new DataLoader ---"
         ), cause)
 
-    def _worker_died(self, worker: int) -> None:
+    def _worker_died(self, worker: int) -> NoReturn:
         w = self._workers[worker]
         code = w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S)
         steps = sorted(t.step for t in self._tasks.values() if t.worker == worker)
         how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
         if code is not None and code < 0 and -code == 9:
             how += " (SIGKILL: often the out-of-memory killer)"
-        doing = (f"while making step {steps[0]} (record positions {self._positions(steps[0])})"
+        doing = (f"while making {self._maker.sampler.batch(steps[0]).location()}"
                  if steps else "while idle")
         self._break(WorkerError(
             f"worker {worker} (pid {w.pid}) died {doing}: {how}; the loader is broken; check "
             "memory use and native code in transforms, then create a new DataLoader"
         ), None)
 
-    def _positions(self, step: int) -> str:
-        positions = self._maker.sampler.batch(step).positions
-        return f"{positions[0]}..{positions[-1]}, epoch {step // self._maker.sampler.steps_per_epoch}"
-
-    def _break(self, error: WorkerError, cause: BaseException | None) -> None:
+    def _break(self, error: WorkerError, cause: BaseException | None) -> NoReturn:
         error.__cause__ = cause
         self._broken = error
         self.close()
@@ -306,27 +308,15 @@ class WorkerPool:
 
 
 def _shutdown(workers: list[WorkerProcess], ring: SlotRing) -> None:
-    """Every step runs even if an earlier one is interrupted; the first interrupt is re-raised
-    at the end. A second Ctrl-C while a worker drains makes ``stop`` kill it."""
+    """Every step runs even if an earlier one is interrupted (``jaxloader.interrupts``, 4)."""
     steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]  # all wind down together
     steps += [w.stop for w in workers] + [ring.close]
-    _run_all(steps)
+    run_all(steps)
 
 
 def _destroy_all(segments: list[Segment]) -> None:
-    _run_all([s.destroy for s in segments])
+    run_all([s.destroy for s in segments])
     segments.clear()
-
-
-def _run_all(steps: list[Callable[[], Any]]) -> None:
-    first: BaseException | None = None
-    for step in steps:
-        try:
-            step()
-        except BaseException as e:  # noqa: BLE001 - the remaining steps still run
-            first = first or e
-    if first is not None:
-        raise first
 
 
 def _unpicklable(e: Exception, maker: BatchMaker, init_fn: Any) -> WorkerError:

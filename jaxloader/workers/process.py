@@ -6,7 +6,7 @@ Start methods:
   ``subprocess`` that imports only ``jaxloader.workers.worker``. It never re-runs the user's main
   script (so a top-level ``jax.distributed.initialize()`` runs once) and is never a fork of a
   process in which JAX has started threads. Costs an interpreter start plus NumPy's import
-  (~0.2 s, in parallel for all workers).
+  (in parallel for all workers; docs/benchmarks.md has the time to first batch).
 - ``"fork"`` (POSIX): ``os.fork()`` of the main process; starts faster and shares memory
   copy-on-write, but is refused once JAX has been imported, because forking a process with JAX's
   threads running can deadlock the child.
@@ -53,8 +53,8 @@ class WorkerProcess:
         self._asked = False
         if start_method == "exec":
             fd = child.fileno()
-            code = _BOOT.format(root=_PACKAGE_ROOT, fd=fd)
-            self._popen = subprocess.Popen([sys.executable, "-c", code], pass_fds=(fd,))
+            boot = _BOOT.format(root=_PACKAGE_ROOT, fd=fd)
+            self._popen = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(fd,))
             self.pid = self._popen.pid
         else:
             self.pid = self._fork_pid = os.fork()
@@ -80,7 +80,7 @@ class WorkerProcess:
                     self._exitcode = self._popen.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     return None
-            else:
+            elif self._fork_pid is not None:
                 pid, status = os.waitpid(self._fork_pid, 0 if timeout is None else os.WNOHANG)
                 if pid:
                     self._exitcode = os.waitstatus_to_exitcode(status)

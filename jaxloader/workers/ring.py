@@ -10,7 +10,7 @@ A slot is a ``Segment`` reused batch after batch (no per-batch segment in steady
 back to the free list only when nothing can read it any more: a weak reference to the one base
 array that every handed-out view hangs from. Its callback is ``deque.append``, a builtin: no
 Python code runs when the views die, so a Ctrl-C can never land in (and be swallowed by) a slot
-return, as it could in a ``weakref.finalize`` callback. New slots are created at the largest
+return, as it could in a ``weakref.finalize`` callback (``jaxloader.interrupts``, 5). New slots are created at the largest
 size seen, so variable-length data grows the ring once, not every batch. The ring owns (and at
 ``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they
 die.
@@ -69,7 +69,7 @@ class SlotRing:
 
     def hand_out(self, segment: Segment, layout: Layout, objects: list) -> Any:
         """The batch in ``segment`` as NumPy views; the slot returns when they are all gone."""
-        base = np.frombuffer(segment.buf, np.uint8, count=layout.nbytes)
+        base = np.frombuffer(segment.memory, np.uint8, count=layout.nbytes)
         ref = weakref.ref(base, self._dead.append)
         self._lent[id(ref)] = (ref, segment)  # the ref must outlive the views to call back
         return layout.views(base, objects)

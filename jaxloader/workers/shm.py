@@ -69,13 +69,14 @@ class Segment:
         reserved; a memory file unless ``memfd=False`` or the platform has none.
 
         It enters ``registry`` (name -> segment) as soon as it exists, so a create cut short by
-        a Ctrl-C either releases the segment or leaves it where its owner's ``close()`` finds it.
+        a Ctrl-C either releases the segment or leaves it where its owner's ``close()`` finds it
+        (``jaxloader.interrupts``, 3).
         """
         size = max(_PAGE, -(-size // _PAGE) * _PAGE)
         use_memfd = MEMFD_AVAILABLE if memfd is None else memfd
         segment = (cls._create_memfd if use_memfd else cls._create_posix)(size, registry)
-        if prefault:  # first touch of a fresh shared page costs ~30x a warm write: pay it now
-            np.frombuffer(segment.buf, np.uint8).fill(0)
+        if prefault:  # first touch of a fresh page costs far more than a warm write: pay it now
+            np.frombuffer(segment.memory, np.uint8).fill(0)
         return segment
 
     @classmethod
@@ -122,6 +123,13 @@ class Segment:
                 os.close(fd)
         return segment
 
+    @property
+    def memory(self) -> memoryview:
+        """``buf`` of a segment that is still mapped here."""
+        if self.buf is None:
+            raise JaxloaderError(f"shared memory {self.name}: used after close()")
+        return self.buf
+
     def unlink(self) -> None:
         """Makes the segment unreachable for new workers (mappings stay valid). Idempotent."""
         if not self._linked:
@@ -141,7 +149,7 @@ class Segment:
         """Drops this mapping; True if unmapped now, False if views still read it."""
         buf, mapping = self.buf, self._mmap
         self.buf = self._mmap = None
-        if mapping is None:
+        if mapping is None or buf is None:
             return True
         try:
             buf.release()

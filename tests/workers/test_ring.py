@@ -7,14 +7,14 @@ import weakref
 
 import numpy as np
 
-from jaxloader.collate import collate
+from jaxloader.collate import materialize, record_columns
 from jaxloader.workers.ring import SlotRing
 
 
 def _fill(ring, segment, value):
     records = [{"v": np.full(100, value, np.int32)} for _ in range(4)]
     buf = segment.buf
-    _, layout = collate(records, alloc=lambda n: buf[:n])
+    _, layout = materialize(*record_columns(records), alloc=lambda n: buf[:n])
     return layout
 
 

@@ -1,0 +1,67 @@
+"""Interrupt safety: what a Ctrl-C (``KeyboardInterrupt``) may and may not do, in one place.
+
+The problem. Python raises ``KeyboardInterrupt`` (or whatever a signal handler raises) between
+any two bytecodes of the main thread. A loader that is interrupted in the middle of its own
+bookkeeping can lose a batch, hand out the same batch twice, leave half a message in a worker
+pipe, leak a shared-memory segment or a worker, or hang the next call. In a notebook, where
+interrupting a cell and running it again is routine, each of those is a bug a user meets.
+
+What does not work: catching ``KeyboardInterrupt`` and carrying on (the user asked to stop);
+masking signals around critical sections (the main thread would not react to a hung worker);
+``__del__`` or ``weakref.finalize`` callbacks that run Python code when a batch dies (an
+interrupt landing inside one is printed and swallowed).
+
+The invariants the rest of the code keeps:
+
+1. **Nothing is lost or repeated by ``next()``.** The position moves only after a batch is in
+   hand, with no call between taking the batch and returning it (``iterator.LoaderIterator``).
+   An exception inside ``next()`` marks the iterator interrupted; the next ``next()`` stops what
+   was in flight (waiting until the prefetch thread is gone: never two drivers) and makes the
+   same step again.
+2. **A message is whole or the pipes are not trusted.** An interrupt while blocked in
+   ``poll()`` changes nothing; one anywhere else in a run may have cut a message in half, so the
+   next run starts fresh workers (``workers.pool``, ``_mixed_up``).
+3. **Everything owned is reachable by its owner before it can leak.** A segment enters its
+   owner's registry in the same ``try`` that creates it, and a create cut short releases it by
+   name or token (``workers.shm``); a thread is held by its owner before it starts
+   (``sharding.prefetch``); locks are taken in ``with`` blocks, which leave no gap between
+   taking and owning (``workers.pool``).
+4. **Shutdown runs to the end.** ``run_all`` runs every step of a shutdown even if one is
+   interrupted, then raises the first interrupt; a second Ctrl-C while a worker drains kills it
+   instead of waiting (``workers.process``).
+5. **No Python code runs when a batch dies.** A slot returns to the ring through a weak
+   reference whose callback is a builtin (``deque.append``), so an interrupt cannot land in it
+   (``workers.ring``).
+6. **Workers leave Ctrl-C to the main process.** They ignore SIGINT and exit when their pipe
+   reports EOF (``workers.worker``).
+
+The tests that hold the code to these: ``tests/test_interrupts.py`` (interrupts fired at random
+into long runs, with and without workers and device prefetch) and the interrupted-close and
+lost-message tests in ``tests/workers/test_pool.py``.
+
+Example:
+    >>> done = []
+    >>> def interrupted():
+    ...     raise KeyboardInterrupt
+    >>> try:
+    ...     run_all([lambda: done.append(1), interrupted, lambda: done.append(3)])
+    ... except KeyboardInterrupt:
+    ...     print(done)
+    [1, 3]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def run_all(steps: list[Callable[[], Any]]) -> None:
+    """Runs every step even if an earlier one raises (a Ctrl-C, say); then raises the first."""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as e:  # noqa: BLE001 - the remaining steps still run
+            first = first or e
+    if first is not None:
+        raise first

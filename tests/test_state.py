@@ -1,0 +1,67 @@
+"""The state: every field checked for type and range, and a source fingerprint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.errors import StateDictError
+
+
+def make(x, **kw):
+    return jl.DataLoader(jl.ArraySource({"x": x}), batch_size=4, shuffle=True, seed=1,
+                         process_index=0, process_count=1, **kw)
+
+
+def test_other_data_of_the_same_length_is_refused_with_what_differs():
+    state = make(np.arange(40.0).reshape(20, 2)).state_dict()
+    other_values = make(np.arange(40.0).reshape(20, 2) + 1)
+    with pytest.raises(StateDictError, match=r"record_hash: expected '\w+', received '\w+'"):
+        other_values.load_state_dict(state)
+    other_shape = make(np.arange(60.0).reshape(20, 3))
+    with pytest.raises(StateDictError) as e:
+        other_shape.load_state_dict(state)
+    assert "record_spec: expected \"['x']: float64(3,)\", received \"['x']: float64(2,)\"" in str(
+        e.value)
+    make(np.arange(40.0).reshape(20, 2)).load_state_dict(state)  # the same data: accepted
+
+
+def test_a_source_may_give_its_own_fingerprint_and_old_states_without_one_still_load():
+    class Versioned:
+        def __init__(self, version):
+            self.fingerprint = f"corpus-v{version}"
+
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return {"i": np.int64(i)}
+
+    def loader(version):
+        return jl.DataLoader(Versioned(version), batch_size=4, process_index=0, process_count=1)
+
+    state = loader(1).state_dict()
+    assert state["source"] == "corpus-v1" and "record_hash" not in state
+    with pytest.raises(StateDictError, match="source: expected 'corpus-v2', received 'corpus-v1'"):
+        loader(2).load_state_dict(state)
+    old = {k: v for k, v in state.items() if k != "source"}  # written before fingerprints
+    loader(2).load_state_dict(old)
+
+
+@pytest.mark.parametrize("key", ["batch_size", "process_count", "version", "step",
+                                 "num_records", "global_batch_size", "seed"])
+@pytest.mark.parametrize("bad", [None, -1, "x", [], True, 1.5])
+def test_every_integer_field_is_checked_and_named(key, bad):
+    loader = make(np.zeros((20, 2)))
+    state = loader.state_dict()
+    with pytest.raises(StateDictError, match=rf"state\['{key}'\]: expected an int"):
+        loader.load_state_dict({**state, key: bad})
+
+
+@pytest.mark.parametrize("key,bad", [("shuffle", 1), ("shuffle", "yes"), ("last_batch", "keep"),
+                                     ("last_batch", None), ("record_hash", 5)])
+def test_other_fields_are_checked_and_named(key, bad):
+    loader = make(np.zeros((20, 2)))
+    with pytest.raises(StateDictError, match=rf"state\['{key}'\]: expected"):
+        loader.load_state_dict({**loader.state_dict(), key: bad})
