@@ -22,7 +22,7 @@ from jaxloader.errors import (
 )
 from jaxloader.iterator import LoaderIterator
 from jaxloader.loader import DataLoader
-from jaxloader.sources import ArraySource, Source
+from jaxloader.sources import ArraySource, ConcatSource, FileListSource, ParquetSource, Source
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import BatchMap, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
@@ -31,12 +31,15 @@ __all__ = [
     "ArraySource",
     "BatchMap",
     "CollateError",
+    "ConcatSource",
     "ConfigError",
     "DataLoader",
+    "FileListSource",
     "JaxloaderError",
     "LoaderIterator",
     "LoaderStats",
     "Map",
+    "ParquetSource",
     "RandomMap",
     "RecordError",
     "SharedMemoryError",

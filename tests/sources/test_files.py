@@ -1,0 +1,54 @@
+"""FileListSource: one record per file, its bytes and label; a missing file is named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+
+def files(tmp_path, n=9):
+    paths = []
+    for i in range(n):
+        path = tmp_path / f"img-{i}.bin"
+        path.write_bytes(bytes([i]) * (i + 1))
+        paths.append(str(path))
+    return paths
+
+
+def decode(record):  # what a user's Map does: bytes -> array
+    data = np.frombuffer(record["data"], np.uint8)
+    return {"first": data[0], "size": np.int64(len(data)), "label": record["label"]}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bytes_and_labels_decoded_in_a_map(tmp_path, num_workers):
+    paths = files(tmp_path)
+    src = jl.FileListSource(paths, labels=[i % 3 for i in range(9)])
+    with jl.DataLoader(src, batch_size=3, shuffle=True, seed=0, transforms=[jl.Map(decode)],
+                       num_workers=num_workers, process_index=0, process_count=1) as loader:
+        batches = list(loader)
+    first = np.concatenate([b["first"] for b in batches])
+    assert sorted(first.tolist()) == list(range(9))
+    for b in batches:
+        assert np.array_equal(b["size"], b["first"].astype(np.int64) + 1)
+        assert np.array_equal(b["label"], b["first"] % 3)
+
+
+def test_a_missing_file_fails_at_its_record_naming_the_path(tmp_path):
+    paths = files(tmp_path, 4)
+    (tmp_path / "img-2.bin").unlink()
+    loader = jl.DataLoader(jl.FileListSource(paths), batch_size=4, process_index=0,
+                           process_count=1, transforms=[jl.Map(lambda r: r)])
+    with pytest.raises(jl.RecordError, match=r"img-2.bin.*record 2"):
+        next(iter(loader))
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(jl.ConfigError, match="one path"):
+        jl.FileListSource(str(tmp_path))
+    with pytest.raises(jl.ConfigError, match=r"one label per path \(2\), got 1"):
+        jl.FileListSource(["a", "b"], labels=[0])
+    a = jl.FileListSource(["a", "b"]).fingerprint
+    assert a != jl.FileListSource(["b", "a"]).fingerprint and a.startswith("files:2:")

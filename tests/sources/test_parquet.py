@@ -1,0 +1,152 @@
+"""ParquetSource: rows of several files, decoded by row group, exact resume, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import assert_same_batch, check_resume, take
+
+pa = pytest.importorskip("pyarrow")  # in the test extra; ParquetSource's optional dependency
+pq = pytest.importorskip("pyarrow.parquet")
+pytestmark = pytest.mark.timeout(180)
+
+
+def write_parts(directory, rows=(50, 37, 41), group=16):
+    """Parquet files of an int64 id, a float32[16] vector and a short string; small row
+    groups, so that batches cross groups and files."""
+    paths, start = [], 0
+    for k, n in enumerate(rows):
+        ids = np.arange(start, start + n, dtype=np.int64)
+        vectors = (ids[:, None] * 100 + np.arange(16)).astype(np.float32)
+        table = pa.table({
+            "id": ids,
+            "vector": pa.array(list(vectors), type=pa.list_(pa.float32(), 16)),
+            "text": [f"row-{i}" + "x" * (i % 5) for i in ids],
+        })
+        paths.append(str(directory / f"part-{k}.parquet"))
+        pq.write_table(table, paths[-1], row_group_size=group)
+        start += n
+    return paths
+
+
+def test_rows_in_order_with_numpy_leaves_and_strings(tmp_path):
+    src = jl.ParquetSource(write_parts(tmp_path))
+    assert len(src) == 128 and src.num_row_groups == 4 + 3 + 3
+    row = src[60]  # second file
+    assert row["id"] == 60 and row["id"].dtype == np.int64
+    assert row["vector"].dtype == np.float32 and row["vector"].tolist() == list(
+        np.arange(6000, 6016, dtype=np.float32))
+    assert row["text"] == "row-60" and type(row["text"]) is str
+    batch = src.__getitems__(np.array([127, 3, 60, 4, 90]))
+    assert batch["id"].tolist() == [127, 3, 60, 4, 90] and batch["vector"].shape == (5, 16)
+    assert batch["text"].tolist() == [src[i]["text"] for i in (127, 3, 60, 4, 90)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_loader_reads_every_row_once_an_epoch_vectorised_or_per_record(tmp_path,
+                                                                           num_workers):
+    paths = write_parts(tmp_path)
+
+    def epoch(transforms):
+        with jl.DataLoader(jl.ParquetSource(paths), batch_size=16, shuffle=True, seed=4,
+                           transforms=transforms, num_workers=num_workers, process_index=0,
+                           process_count=1) as loader:
+            return list(loader)
+
+    vectorised, per_record = epoch([]), epoch([jl.Map(lambda r: r)])
+    for a, b in zip(vectorised, per_record):
+        assert_same_batch(a, b)
+    ids = np.concatenate([b["id"] for b in vectorised])
+    assert sorted(ids.tolist()) == list(range(128))
+    for b in vectorised:
+        assert np.array_equal(b["vector"][:, 0], b["id"].astype(np.float32) * 100)
+        assert all(t.startswith(f"row-{i}") for t, i in zip(b["text"], b["id"]))
+
+
+@pytest.mark.parametrize("k", [1, 9, 13])
+def test_resume_over_three_files_into_other_worker_and_process_counts(tmp_path, k):
+    paths = write_parts(tmp_path)
+
+    def make(num_workers=0, batch_size=8, process_index=0, process_count=1):
+        return lambda: jl.DataLoader(
+            jl.ParquetSource(paths), batch_size=batch_size, shuffle=True, seed=1,
+            num_workers=num_workers, transforms=[jl.RandomMap(_noisy)], last_batch="pad",
+            process_index=process_index, process_count=process_count)
+
+    check_resume(make(), total=20, k=k, make_restored=make(num_workers=2))
+    # one process of batch 8 -> two processes of batch 4: the same global batches
+    with make()() as whole:
+        reference = take(whole, 20)
+    with make()() as first:
+        take(first, k)
+        state = first.state_dict()
+    halves = []
+    for p in range(2):
+        with make(batch_size=4, process_index=p, process_count=2)() as host:
+            host.load_state_dict(state)
+            halves.append(take(host, 20 - k))
+    for step, (a, b) in enumerate(zip(*halves)):
+        for key in ("id", "vector", "mask"):
+            assert np.array_equal(np.concatenate([a[key], b[key]]), reference[k + step][key])
+
+
+def _noisy(record, rng):
+    return {**record, "vector": record["vector"] + rng.normal(size=16).astype(np.float32)}
+
+
+def test_the_cache_stays_within_its_bound(tmp_path):
+    src = jl.ParquetSource(write_parts(tmp_path, rows=(400,), group=50), cache_bytes=8 << 10)
+    for i in range(0, 400, 7):
+        src[i]
+        assert src._cached_bytes <= max(8 << 10, max(_sizes(src)))
+    assert len(src._cache) < src.num_row_groups
+
+
+def _sizes(src):
+    from jaxloader.sources.parquet import _nbytes
+
+    return [sum(_nbytes(c) for c in group.values()) for group in src._cache.values()]
+
+
+def test_ragged_lists_become_one_array_per_row(tmp_path):
+    path = str(tmp_path / "ragged.parquet")
+    pq.write_table(pa.table({"tokens": [[1, 2, 3], [4], [5, 6]]}), path)
+    src = jl.ParquetSource(path)
+    assert [src[i]["tokens"].tolist() for i in range(3)] == [[1, 2, 3], [4], [5, 6]]
+    rows = src.__getitems__(np.array([2, 0]))
+    assert isinstance(rows, list) and rows[1]["tokens"].tolist() == [1, 2, 3]
+
+
+def test_another_file_list_is_refused_on_restore(tmp_path):
+    paths = write_parts(tmp_path)
+    state = jl.DataLoader(jl.ParquetSource(paths), batch_size=8, process_index=0,
+                          process_count=1).state_dict()
+    assert state["source"].startswith("parquet:128:")
+    other = jl.DataLoader(jl.ParquetSource(paths[:2] + paths[2:][::-1]), batch_size=8,
+                          process_index=0, process_count=1)
+    other.load_state_dict(state)  # the same files in the same order: accepted
+    swapped = jl.DataLoader(jl.ParquetSource([paths[1], paths[0], paths[2]]), batch_size=8,
+                            process_index=0, process_count=1)
+    with pytest.raises(jl.StateDictError, match="source: expected 'parquet:128:"):
+        swapped.load_state_dict(state)
+
+
+def test_bad_input_names_the_file_or_the_column(tmp_path):
+    paths = write_parts(tmp_path, rows=(10, 10))
+    with pytest.raises(jl.ConfigError, match=r"file '.*missing.parquet' does not exist"):
+        jl.ParquetSource([paths[0], str(tmp_path / "missing.parquet")])
+    (tmp_path / "notes.txt").write_text("not a parquet file")
+    with pytest.raises(jl.ConfigError, match=r"'.*notes.txt' is not a Parquet file"):
+        jl.ParquetSource(str(tmp_path / "notes.txt"))
+    pq.write_table(pa.table({"id": np.arange(3, dtype=np.int32)}), tmp_path / "other.parquet")
+    with pytest.raises(jl.ConfigError, match=r"other.parquet' has another schema.*id: int64"):
+        jl.ParquetSource([paths[0], str(tmp_path / "other.parquet")])
+    with pytest.raises(jl.ConfigError, match=r"\['label'\] not in .*columns are \['id', "):
+        jl.ParquetSource(paths, columns=["id", "label"])
+    assert list(jl.ParquetSource(paths, columns=["text"])[0]) == ["text"]
+    nulls = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
+    with pytest.raises(ValueError, match="column 'x' of .*nulls.parquet' has 1 null"):
+        jl.ParquetSource(str(nulls))[0]
