@@ -22,6 +22,7 @@ from jaxloader.errors import (
 )
 from jaxloader.iterator import LoaderIterator
 from jaxloader.loader import DataLoader
+from jaxloader.mixture import Mixture, mix
 from jaxloader.sources import ArraySource, ConcatSource, FileListSource, ParquetSource, Source
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import BatchMap, Map, RandomMap
@@ -39,6 +40,7 @@ __all__ = [
     "LoaderIterator",
     "LoaderStats",
     "Map",
+    "Mixture",
     "ParquetSource",
     "RandomMap",
     "RecordError",
@@ -49,6 +51,7 @@ __all__ = [
     "WorkerInfo",
     "data_sharding",
     "get_worker_info",
+    "mix",
 ]
 __version__ = "0.1.0"
 

@@ -20,7 +20,8 @@ from jaxloader.fingerprint import source_fingerprint
 from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.options import LoaderOptions
 from jaxloader.pipeline import BatchMaker
-from jaxloader.sampling import Sampler
+from jaxloader.mixture import Mixture, MixtureSampler
+from jaxloader.sampling import Order, Sampler
 from jaxloader.sources import check_source
 from jaxloader.state import check_state, make_state
 from jaxloader.stats import LoaderStats
@@ -98,10 +99,17 @@ class DataLoader:
 
             process_index = jax.process_index() if process_index is None else process_index
             process_count = jax.process_count() if process_count is None else process_count
-        self._sampler = Sampler(
-            num_records, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
-            process_index=process_index, process_count=process_count,
-        )
+        self._sampler: Order
+        if isinstance(source, Mixture):
+            self._sampler = MixtureSampler(
+                source, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
+                process_index=process_index, process_count=process_count,
+            )
+        else:
+            self._sampler = Sampler(
+                num_records, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
+                process_index=process_index, process_count=process_count,
+            )
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
         self._putter = None

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
-from jaxloader.sampling import BatchSpec, Sampler
+from jaxloader.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource
 from jaxloader.transforms import BatchMap, Map, RecordRng
 
@@ -37,7 +37,7 @@ class BatchMaker:
     def __init__(
         self,
         source: Any,
-        sampler: Sampler,
+        sampler: Order,
         record_transforms: tuple = (),
         batch_transforms: tuple[BatchMap, ...] = (),
         mask_key: str = "mask",

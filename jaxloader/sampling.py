@@ -14,12 +14,12 @@ is a Feistel network over the smallest even power of two >= N, with cycle-walkin
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from jaxloader.checks import MASK64, check_int
-from jaxloader.errors import ConfigError
+from jaxloader.errors import ConfigError, StateDictError
 
 LAST_BATCH_POLICIES = ("drop", "pad", "partial")
 
@@ -29,7 +29,7 @@ _FEISTEL_ROUNDS = 6  # 4 rounds make a pseudo-random permutation; 2 more for mar
 _CHUNK_POSITIONS = 8192
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
     """One step of SplitMix64 on a Python int: a cheap, well-mixed 64-bit hash."""
     x = (x + 0x9E3779B97F4A7C15) & MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
@@ -51,8 +51,9 @@ class IndexShuffle:
         bits = max(2, int(n - 1).bit_length())
         self._half_bits = (bits + 1) // 2
         self._half_mask = np.uint64((1 << self._half_bits) - 1)
-        base = _splitmix64(_splitmix64(seed) ^ epoch)
-        self._keys = [np.uint64(_splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
+        self.epoch = epoch
+        base = splitmix64(splitmix64(seed) ^ epoch)
+        self._keys = [np.uint64(splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
 
     def _round_fn(self, right: np.ndarray, key: np.uint64) -> np.ndarray:
         x = (right + key) * np.uint64(0xBF58476D1CE4E5B9)
@@ -105,6 +106,26 @@ class BatchSpec(NamedTuple):
         """One record of it: ``step 5 (epoch 0), record position 21 (source index 99)``."""
         return (f"step {self.step} (epoch {self.epoch}), record position {position} "
                 f"(source index {index})")
+
+
+class Order(Protocol):
+    """What the loader needs of a sampler: ``Sampler`` or ``mixture.MixtureSampler``."""
+
+    num_records: int
+    batch_size: int
+    global_batch_size: int
+    shuffle: bool
+    seed: int
+    last_batch: str
+    process_index: int
+    process_count: int
+    steps_per_epoch: int
+
+    def batch(self, step: int) -> BatchSpec: ...
+
+    def extra_state(self) -> dict[str, Any]: ...
+
+    def check_extra_state(self, state: dict, step: int) -> None: ...
 
 
 class Sampler:
@@ -212,6 +233,17 @@ class Sampler:
             shuffler = self._shuffler = IndexShuffle(self.num_records, seed=self.seed, epoch=epoch)
             self._shuffle_epoch = epoch
         return shuffler(positions)
+
+    def extra_state(self) -> dict[str, Any]:
+        """Nothing beyond the common fields (a mixture's sampler adds its weights)."""
+        return {}
+
+    def check_extra_state(self, state: dict, step: int) -> None:
+        if "mixture" in state:
+            raise StateDictError(
+                "state['mixture']: this state is from a loader over a mixture (jaxloader.mix); "
+                "restore it into a loader over the same mixture"
+            )
 
     def __getstate__(self) -> dict:
         # The cache is a per-process memo; a copy sent to a worker starts without it.

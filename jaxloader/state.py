@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import StateDictError
-from jaxloader.sampling import LAST_BATCH_POLICIES, Sampler
+from jaxloader.sampling import LAST_BATCH_POLICIES, Order
 
 STATE_VERSION = 1
 # Keys whose values must equal this loader's for a step to mean the same global batch.
@@ -30,7 +30,7 @@ _CHECKED = ("num_records", "global_batch_size", "seed", "shuffle", "last_batch")
 _FINGERPRINT = ("source", "record_spec", "record_hash")
 
 
-def make_state(sampler: Sampler, step: int, fingerprint: dict[str, str]) -> dict[str, Any]:
+def make_state(sampler: Order, step: int, fingerprint: dict[str, str]) -> dict[str, Any]:
     """The state of a loader over ``sampler`` whose next batch is global step ``step``."""
     return {
         "version": STATE_VERSION,
@@ -41,6 +41,7 @@ def make_state(sampler: Sampler, step: int, fingerprint: dict[str, str]) -> dict
         "shuffle": sampler.shuffle,
         "last_batch": sampler.last_batch,
         **fingerprint,
+        **sampler.extra_state(),  # a mixture's weights
         # Informational: a restore may use another split of the same global batch.
         "batch_size": sampler.batch_size,
         "process_count": sampler.process_count,
@@ -79,7 +80,7 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
 }
 
 
-def check_state(state: Any, sampler: Sampler, fingerprint: dict[str, str]) -> int:
+def check_state(state: Any, sampler: Order, fingerprint: dict[str, str]) -> int:
     """Validates ``state`` against ``sampler`` and the source's ``fingerprint``; returns the
     step to continue from."""
     expected = make_state(sampler, 0, fingerprint)
@@ -112,4 +113,5 @@ def check_state(state: Any, sampler: Sampler, fingerprint: dict[str, str]) -> in
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
             "size (batch_size x process_count)"
         )
+    sampler.check_extra_state(state, state["step"])
     return state["step"]

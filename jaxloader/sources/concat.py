@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloader.errors import ConfigError
+from jaxloader import tree as tree_lib
+from jaxloader.errors import CollateError, ConfigError
 from jaxloader.sources.base import check_source
 
 
@@ -53,5 +54,55 @@ class ConcatSource:
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
         return self.sources[part][int(index - self.offsets[part])]
 
+    def __getitems__(self, indices: np.ndarray) -> Any:
+        """The records at ``indices``, each part read with its own ``__getitems__`` (when it
+        has one): a batched pytree when every part gives one, else a list of records."""
+        located = self.locate(np.asarray(indices, dtype=np.int64))
+        parts, local = located[:, 0], located[:, 1]
+        order = np.argsort(parts, kind="stable")
+        runs = np.split(order, np.flatnonzero(np.diff(parts[order])) + 1)
+        pieces = []
+        for run in runs:
+            source = self.sources[int(parts[run[0]])]
+            if hasattr(source, "__getitems__"):
+                pieces.append((run, source.__getitems__(local[run])))
+            else:
+                pieces.append((run, [source[int(i)] for i in local[run]]))
+        if any(isinstance(got, list) for _, got in pieces):
+            records: list = [None] * len(parts)
+            for run, got in pieces:
+                for j, record in zip(run, _records(got, len(run))):
+                    records[j] = record
+            return records
+        return _merge(pieces, len(parts))
+
     def __repr__(self) -> str:
         return f"ConcatSource({len(self)} records in {len(self.sources)} sources)"
+
+
+def _records(got: Any, n: int) -> list:
+    """A part's answer as a list of records (a batched pytree is split by rows)."""
+    if isinstance(got, list):
+        return got
+    leaves, treedef = tree_lib.flatten(got)
+    return [tree_lib.unflatten(treedef, [leaf[j] for leaf in leaves]) for j in range(n)]
+
+
+def _merge(pieces: list, n: int) -> Any:
+    """Batched answers of the parts, rows put back in the order asked for."""
+    first_leaves, treedef = tree_lib.flatten(pieces[0][1])
+    outs = [np.empty((n, *np.shape(leaf)[1:]), np.asarray(leaf).dtype) for leaf in first_leaves]
+    paths = tree_lib.leaf_paths(treedef)
+    for run, got in pieces:
+        leaves, other = tree_lib.flatten(got)
+        for path, out, leaf in zip(paths, outs, leaves):
+            leaf = np.asarray(leaf)
+            if other != treedef or leaf.dtype != out.dtype or leaf.shape[1:] != out.shape[1:]:
+                raise CollateError(
+                    f"batch leaf {path}: the parts of a ConcatSource differ: "
+                    f"{out.dtype}{out.shape[1:]} in one, {leaf.dtype}{leaf.shape[1:]} in "
+                    "another; make the parts' records alike (a Map on the loader cannot, since "
+                    "parts are read together: convert the arrays before)"
+                )
+            out[run] = leaf
+    return tree_lib.unflatten(treedef, outs)

@@ -44,3 +44,36 @@ def test_bad_parts_are_named():
         jl.ConcatSource([])
     with pytest.raises(jl.ConfigError, match=r"sources\[1\]: source: expected at least one"):
         jl.ConcatSource([jl.ArraySource({"x": np.zeros(2)}), []])
+
+
+def test_vectorised_reads_merge_the_parts_in_order():
+    x, sources = parts()
+    both = jl.ConcatSource(sources)
+    batch = both.__getitems__(np.array([34, 0, 10, 11, 9]))
+    assert batch["x"].tolist() == x[[34, 0, 10, 11, 9]].tolist()
+
+    class Listed:  # a part that answers __getitems__ with a list of records
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"x": np.full(2, 100 + i, np.float32)}
+
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    mixed = jl.ConcatSource([sources[0], Listed()])
+    rows = mixed.__getitems__(np.array([11, 2, 10]))
+    assert [r["x"][0] for r in rows] == [101, 4, 100]
+    with pytest.raises(jl.CollateError, match=r"\['x'\]: the parts of a ConcatSource differ"):
+        jl.ConcatSource([sources[0], jl.ArraySource({"x": np.zeros((3, 2))})]).__getitems__(
+            np.array([0, 11]))
+
+
+def test_a_loader_without_transforms_reads_parts_vectorised():
+    x, sources = parts()
+    with jl.DataLoader(jl.ConcatSource(sources), batch_size=4, shuffle=True, seed=2,
+                       process_index=0, process_count=1) as joined, jl.DataLoader(
+            jl.ArraySource({"x": x}), batch_size=4, shuffle=True, seed=2, process_index=0,
+            process_count=1) as whole:
+        assert_same_stream(list(joined), list(whole))

@@ -1,0 +1,264 @@
+"""Weighted mixtures of sources: which component each position reads, as a pure function.
+
+::
+
+    global position P = step * G + process_index * B + row          (G = B * process_count)
+      block k = P // K, slot r = P % K                               (K positions a block)
+      per block: n_c positions for component c, from the weights     (cumulative, exact)
+      q = permutation_k(r) ─> component c (q's range), rank in it
+      j = C_c(k) + rank        (component c's positions before block k, closed form)
+      record = shuffle(seed_c, j // len_c)(j % len_c)                 (c's own epochs)
+
+Each block of ``K`` (1,000) positions holds each component's share of the weights exactly (up to
+rounding by one), spread over the block by a keyed permutation: any window of 10,000 positions
+is within a fraction of a percent of the weights, and nothing depends on what was read before.
+Component ``c`` reads its records in its own reshuffled epochs, so a small component wraps (and
+is reshuffled) more often than a large one. A weight change from step ``s`` takes effect from
+the first block that starts at or after step ``s``'s first position; ``C_c(k)`` is summed over
+the schedule's regimes, so the batches of every earlier step stay what they were. Everything
+is computed per batch from the step: resume is O(1) and elastic, as for a single source.
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.sources import ArraySource
+    >>> a, b = ArraySource({"x": np.zeros(100)}), ArraySource({"x": np.ones(50)})
+    >>> sampler = MixtureSampler(mix([a, b], [0.75, 0.25]), batch_size=1000, shuffle=True,
+    ...                          seed=0, last_batch="drop")
+    >>> int((sampler.batch(3).indices >= 100).sum())  # component b's records in 1,000 positions
+    250
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxloader.checks import MASK64, check_int
+from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.sampling import LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, splitmix64
+from jaxloader.sources.concat import ConcatSource
+
+_BLOCK = 1000  # positions a block; at least m * (m - 1) for m components (see _Regime)
+_CHUNK = 8192  # a component's shuffled order is computed this many reads at a time
+
+
+class Mixture(ConcatSource):
+    """The components as one source, and the weights (from step 0, and from later steps)."""
+
+    def __init__(self, sources: Sequence[Any], schedule: dict[int, np.ndarray]) -> None:
+        super().__init__(sources)
+        self.schedule = schedule  # step -> normalised weights, from step 0
+
+    @property
+    def fingerprint(self) -> str:
+        """The components' fingerprints; the weights are checked apart (``check_schedule``)."""
+        from jaxloader.fingerprint import source_fingerprint
+
+        digest = hashlib.blake2b(digest_size=16)
+        for source in self.sources:
+            digest.update(repr(sorted(source_fingerprint(source).items())).encode())
+        return f"mixture:{len(self.sources)}:{digest.hexdigest()}"
+
+
+def mix(sources: Sequence[Any], weights: Sequence[float],
+        from_step: Mapping[int, Sequence[float]] | None = None) -> Mixture:
+    """A mixture of ``sources``, a record of ``sources[c]`` at a position with probability
+    ``weights[c]`` (normalised); ``from_step={step: weights}`` changes them from that step on.
+
+    Pass it to ``DataLoader`` as the source: every component is reshuffled in its own epochs
+    (``shuffle`` says whether components are shuffled), and the loader's epoch is the sum of
+    the components' lengths.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> parts = [jl.ArraySource({"x": np.full(n, n)}) for n in (60, 30, 10)]
+        >>> loader = jl.DataLoader(jl.mix(parts, [0.5, 0.3, 0.2], from_step={40: [1, 1, 0]}),
+        ...                        batch_size=20, shuffle=True, process_index=0, process_count=1)
+        >>> sorted(np.unique(next(iter(loader))["x"]).tolist())
+        [10, 30, 60]
+    """
+    schedule = {0: _weights(weights, len(sources), "weights")}
+    for step, later in sorted((from_step or {}).items()):
+        check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
+        schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]")
+    return Mixture(sources, schedule)
+
+
+def _weights(weights: Sequence[float], count: int, name: str) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (count,):
+        raise ConfigError(
+            f"mix({name}): expected one weight per source ({count}), got {len(w)}: {list(w)}"
+        )
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ConfigError(f"mix({name}): weights must be finite and >= 0, got {list(w)}")
+    if w.sum() <= 0:
+        raise ConfigError(f"mix({name}): weights sum to zero ({list(w)}); give one a weight > 0")
+    return w / w.sum()
+
+
+class _Regime:
+    """Weights in force from block ``start``; ``before`` = each component's positions before."""
+
+    def __init__(self, start: int, weights: np.ndarray, before: np.ndarray, block: int) -> None:
+        self.start, self.weights, self.before, self.block = start, weights, before, block
+        self.remainder = int(np.argmax(weights))  # takes what rounding leaves: never negative
+
+    def counts(self, blocks: int) -> np.ndarray:
+        """Each component's positions in this regime's first ``blocks`` blocks."""
+        n = np.floor(blocks * self.block * self.weights).astype(np.int64)
+        n[self.remainder] = 0
+        n[self.remainder] = blocks * self.block - n.sum()
+        return n
+
+
+class MixtureSampler:
+    """The ``Sampler`` of a ``Mixture``: global step -> this process's positions and indices
+    into the mixture (a ``ConcatSource`` of the components)."""
+
+    def __init__(self, mixture: Mixture, batch_size: int, *, shuffle: bool, seed: int,
+                 last_batch: str, process_index: int = 0, process_count: int = 1) -> None:
+        check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
+        check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
+        check_int("process_index", process_index, low=0, high=process_count - 1,
+                  remedy=f"use an index in [0, {process_count})")
+        if last_batch not in LAST_BATCH_POLICIES:
+            raise ConfigError(f"last_batch: expected one of {LAST_BATCH_POLICIES}, got "
+                              f"{last_batch!r}")
+        self.num_records = len(mixture)
+        self.batch_size = batch_size
+        self.global_batch_size = batch_size * process_count
+        self.shuffle, self.seed, self.last_batch = shuffle, seed, last_batch
+        self.process_index, self.process_count = process_index, process_count
+        # A mixture has no short last batch: positions run on across epochs.
+        self.steps_per_epoch = max(1, self.num_records // self.global_batch_size)
+        self.schedule = {step: w.tolist() for step, w in mixture.schedule.items()}
+        self._lengths = np.diff(mixture.offsets)
+        self._offsets = mixture.offsets[:-1]
+        m = len(self._lengths)
+        self._block = max(_BLOCK, m * (m - 1))
+        self._regimes = self._plan(mixture.schedule)
+        self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
+        self._reset_memos()
+
+    def _plan(self, schedule: dict[int, np.ndarray]) -> list[_Regime]:
+        regimes: list[_Regime] = []
+        for step, weights in sorted(schedule.items()):
+            start = -(-step * self.global_batch_size // self._block)  # first block at/after it
+            if regimes:
+                last = regimes[-1]
+                if start <= last.start:  # two changes in one block: the later one wins
+                    regimes.pop()
+                    before = last.before
+                    start = last.start
+                else:
+                    before = last.before + last.counts(start - last.start)
+            else:
+                before = np.zeros(len(weights), np.int64)
+            regimes.append(_Regime(start, weights, before, self._block))
+        return regimes
+
+    def _reset_memos(self) -> None:
+        self._table_block: int | None = None
+        self._table: np.ndarray | None = None
+        self._chunks: dict[tuple[int, int], np.ndarray] = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for key in ("_table_block", "_table", "_chunks"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset_memos()
+
+    def batch(self, step: int) -> BatchSpec:
+        epoch, k = divmod(step, self.steps_per_epoch)
+        offset = self.process_index * self.batch_size
+        rows = np.arange(self.batch_size, dtype=np.int64) + offset
+        positions = k * self.global_batch_size + rows
+        indices = self.indices(step * self.global_batch_size + rows)
+        valid = np.ones(self.batch_size, bool) if self.last_batch == "pad" else None
+        return BatchSpec(step, epoch, positions, indices, valid)
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        """Indices into the mixture of global positions (vectorised)."""
+        blocks = positions // self._block
+        out = np.empty(len(positions), np.int64)
+        for block in np.unique(blocks):  # one or two for a batch
+            at = blocks == block
+            out[at] = self._block_table(int(block))[positions[at] - block * self._block]
+        return out
+
+    def _block_table(self, block: int) -> np.ndarray:
+        """The indices of every position of ``block`` (memoised: several batches share one)."""
+        if self._table is not None and self._table_block == block:
+            return self._table
+        regime = next(r for r in reversed(self._regimes) if r.start <= block)
+        before = regime.before + regime.counts(block - regime.start)
+        here = regime.before + regime.counts(block - regime.start + 1) - before
+        ends = np.cumsum(here)
+        q = IndexShuffle(self._block, seed=self.seed, epoch=block)(np.arange(self._block))
+        components = np.searchsorted(ends, q, side="right")
+        ranks = q - (ends - here)[components]
+        table = np.empty(self._block, np.int64)
+        for c in np.flatnonzero(here):
+            at = components == c
+            table[at] = self._record(int(c), before[c] + ranks[at])
+        self._table, self._table_block = table, block
+        return table
+
+    def _record(self, c: int, j: np.ndarray) -> np.ndarray:
+        """Indices into the mixture of component ``c``'s ``j``-th positions."""
+        length = int(self._lengths[c])
+        epochs, within = np.divmod(j, length)
+        if self.shuffle:
+            chunks = epochs * -(-length // _CHUNK) + within // _CHUNK
+            for chunk in np.unique(chunks):
+                at = chunks == chunk
+                within[at] = self._shuffled_chunk(c, int(chunk))[within[at] % _CHUNK]
+        return self._offsets[c] + within
+
+    def _shuffled_chunk(self, c: int, chunk: int) -> np.ndarray:
+        """Component ``c``'s shuffled order for ``_CHUNK`` consecutive reads (memoised: a batch
+        reads a few hundred neighbouring ones, and one Feistel call on many is far cheaper)."""
+        key = (c, chunk)
+        cached = self._chunks.get(key)
+        if cached is None:
+            length = int(self._lengths[c])
+            epoch, part = divmod(chunk, -(-length // _CHUNK))
+            start = part * _CHUNK
+            shuffle = IndexShuffle(length, seed=self._seeds[c], epoch=epoch)
+            cached = shuffle(np.arange(start, min(start + _CHUNK, length), dtype=np.int64))
+            if len(self._chunks) >= 4 * len(self._lengths):
+                self._chunks.pop(next(iter(self._chunks)))
+            self._chunks[key] = cached
+        return cached
+
+    # -- state: the weights that made the steps so far must be the same --------------------
+    def extra_state(self) -> dict[str, Any]:
+        return {"mixture": [[step, weights] for step, weights in sorted(self.schedule.items())]}
+
+    def check_extra_state(self, state: dict, step: int) -> None:
+        saved = state.get("mixture")
+        if not isinstance(saved, list):
+            raise StateDictError(
+                "state['mixture']: expected the mixture's weights ([[step, weights], ...]), "
+                f"received {saved!r}; this state is not from a loader over a mixture"
+            )
+        ours = {s: w for s, w in self.schedule.items() if s < step}
+        theirs = {int(s): [float(x) for x in w] for s, w in saved if int(s) < step}
+        same = ours.keys() == theirs.keys() and all(
+            math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+            for s in ours for a, b in zip(ours[s], theirs[s]))
+        if not same:
+            raise StateDictError(
+                f"state['mixture']: the weights before step {step} differ: expected "
+                f"{sorted(ours.items())}, received {sorted(theirs.items())}; a restore may add "
+                "weight changes at or after the step it resumes from, never change earlier ones"
+            )

@@ -1,0 +1,134 @@
+"""Weighted mixtures: proportions in every window, each component in its own epochs, exact and
+elastic resume, weight changes that leave earlier steps alone."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.mixture import MixtureSampler
+from resume_harness import assert_same_stream, check_resume, take
+
+LENGTHS = (600, 250, 77)
+WEIGHTS = (0.5, 0.3, 0.2)
+
+
+def components():
+    return [jl.ArraySource({"c": np.full(n, c, np.int64), "i": np.arange(n, dtype=np.int64)})
+            for c, n in enumerate(LENGTHS)]
+
+
+def sampler(weights=WEIGHTS, batch_size=1000, from_step=None, **kw):
+    kw = {"shuffle": True, "seed": 7, "last_batch": "drop", **kw}
+    return MixtureSampler(jl.mix(components(), weights, from_step), batch_size, **kw)
+
+
+def component_of(indices):
+    offsets = np.cumsum((0,) + LENGTHS)
+    return np.searchsorted(offsets, indices, side="right") - 1
+
+
+def test_every_window_of_10000_positions_is_within_1_percent_of_the_weights():
+    s = sampler()
+    positions = np.arange(300_000)
+    comps = component_of(s.indices(positions))
+    counts = np.stack([np.concatenate([[0], np.cumsum(comps == c)]) for c in range(3)])
+    starts = np.arange(0, len(positions) - 10_000, 37)  # windows at every alignment, stepped
+    shares = (counts[:, starts + 10_000] - counts[:, starts]) / 10_000
+    worst = np.abs(shares - np.asarray(WEIGHTS)[:, None]).max()
+    assert worst < 0.01, worst
+
+
+def test_each_component_reads_its_records_once_per_epoch_of_its_own_reshuffled():
+    s = sampler()
+    offsets = np.cumsum((0,) + LENGTHS)
+    for c, n in enumerate(LENGTHS):
+        records = s._record(c, np.arange(3 * n)) - offsets[c]  # its j-th reads, j = 0, 1, ...
+        epochs = records.reshape(3, n)
+        assert all(sorted(e.tolist()) == list(range(n)) for e in epochs)
+        assert not np.array_equal(epochs[0], epochs[1])  # reshuffled as it wraps
+    # In the stream: up to a block boundary, every record of a component is read as often as
+    # every other one of it, give or take one (a small component has wrapped several times).
+    indices = s.indices(np.arange(20_000))
+    for c, n in enumerate(LENGTHS):
+        reads = np.bincount(indices[component_of(indices) == c] - offsets[c], minlength=n)
+        assert reads.max() - reads.min() <= 1 and reads.min() >= 1, (c, reads.min(), reads.max())
+
+
+def test_the_plan_is_a_pure_function_of_position():
+    a, b = sampler(), sampler()
+    b.indices(np.arange(5000, 9000))  # other memos first
+    positions = np.random.default_rng(0).integers(0, 10**9, 500)
+    assert np.array_equal(a.indices(positions), b.indices(positions))
+    assert np.array_equal(a.indices(np.arange(100)), sampler(seed=7).indices(np.arange(100)))
+    assert not np.array_equal(a.indices(np.arange(100)), sampler(seed=8).indices(np.arange(100)))
+
+
+def make(num_workers=0, batch_size=8, process_index=0, process_count=1, from_step=None):
+    return lambda: jl.DataLoader(
+        jl.mix(components(), WEIGHTS, from_step), batch_size=batch_size, shuffle=True, seed=3,
+        num_workers=num_workers, num_epochs=None, transforms=[jl.Map(lambda r: r)],
+        process_index=process_index, process_count=process_count)
+
+
+@pytest.mark.parametrize("k", [3, 117])  # 927 records / global batch 8: epoch 0 ends at 115
+def test_resume_into_other_worker_and_process_counts(k):
+    check_resume(make(), total=k + 6, k=k, make_restored=make(num_workers=2))
+    with make()() as whole:
+        reference = take(whole, k + 6)
+    with make()() as first:
+        take(first, k)
+        state = json.loads(json.dumps(first.state_dict()))
+    halves = []
+    for p in range(2):
+        with make(batch_size=4, process_index=p, process_count=2)() as host:
+            host.load_state_dict(state)
+            halves.append(take(host, 6))
+    for step, (a, b) in enumerate(zip(*halves)):
+        assert np.array_equal(np.concatenate([a["i"], b["i"]]), reference[k + step]["i"])
+
+
+def test_a_weight_change_leaves_earlier_steps_alone_and_restores_exactly():
+    change = {500: (0.0, 0.0, 1.0)}  # from step 500 (position 4,000): the third component only
+    with make()() as plain, make(from_step=change)() as changed:
+        before, after = take(plain, 600), take(changed, 600)
+    assert_same_stream(after[:500], before[:500])
+    late = np.concatenate([b["c"] for b in after[510:]])
+    assert (late == 2).all()  # in force from the first block after the change
+    # a state saved before the change restores into the changed loader: the change may be new
+    with make()() as first:
+        take(first, 200)
+        state = first.state_dict()
+    with make(from_step=change)() as second:
+        second.load_state_dict(state)
+        assert_same_stream(take(second, 400), after[200:])
+    # but a state saved after the change does not restore into a loader without it
+    with make(from_step=change)() as first:
+        take(first, 550)
+        state = first.state_dict()
+    with make()() as other, pytest.raises(jl.StateDictError, match="weights before step 550"):
+        other.load_state_dict(state)
+
+
+def test_a_plain_state_is_not_restored_into_a_mixture_and_back():
+    plain = jl.DataLoader(jl.ConcatSource(components()), batch_size=8, process_index=0,
+                          process_count=1)
+    with make()() as mixed, pytest.raises(jl.StateDictError):
+        mixed.load_state_dict(plain.state_dict())
+    with make()() as mixed, pytest.raises(jl.StateDictError):
+        plain.load_state_dict(mixed.state_dict())
+
+
+@pytest.mark.parametrize("weights,match", [
+    ((0.5, -0.1, 0.6), "finite and >= 0"),
+    ((0, 0, 0), "sum to zero"),
+    ((1, 2), r"one weight per source \(3\), got 2"),
+])
+def test_bad_weights_are_named(weights, match):
+    with pytest.raises(jl.ConfigError, match=match):
+        jl.mix(components(), weights)
+    with pytest.raises(jl.ConfigError, match=r"from_step\[9\].*" + match):
+        jl.mix(components(), WEIGHTS, from_step={9: weights})
