@@ -22,6 +22,7 @@ from jaxloader.errors import (
 )
 from jaxloader.iterator import LoaderIterator
 from jaxloader.loader import DataLoader
+from jaxloader.local_shuffle import LocalShuffle
 from jaxloader.mixture import Mixture, mix
 from jaxloader.sources import ArraySource, ConcatSource, FileListSource, ParquetSource, Source
 from jaxloader.stats import LoaderStats
@@ -39,6 +40,7 @@ __all__ = [
     "JaxloaderError",
     "LoaderIterator",
     "LoaderStats",
+    "LocalShuffle",
     "Map",
     "Mixture",
     "ParquetSource",

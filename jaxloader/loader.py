@@ -13,6 +13,7 @@ See ``jaxloader.iterator`` for iteration and ``jaxloader.engine`` for the engine
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 from jaxloader.engine import Engine, InProcessEngine
@@ -20,6 +21,8 @@ from jaxloader.fingerprint import source_fingerprint
 from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.options import LoaderOptions
 from jaxloader.pipeline import BatchMaker
+from jaxloader.errors import ConfigError
+from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.mixture import Mixture, MixtureSampler
 from jaxloader.sampling import Order, Sampler
 from jaxloader.sources import check_source
@@ -35,7 +38,9 @@ class DataLoader:
         source: an ``ArraySource`` or any object with ``__len__``/``__getitem__``.
         batch_size: records per batch *per process*; the global batch is
             ``batch_size * process_count``.
-        shuffle: reshuffle every epoch with an O(1)-memory index shuffle.
+        shuffle: reshuffle every epoch with an O(1)-memory index shuffle; or
+            ``LocalShuffle(window=8)``: shuffle blocks of neighbouring records (a Parquet
+            file's row groups) and records within windows of blocks, for data in files.
         seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
         transforms: ``Map``/``RandomMap`` (per record), then ``BatchMap`` (per batch).
         num_workers: worker processes; 0 makes batches in the main process.
@@ -78,7 +83,7 @@ class DataLoader:
         source: Any,
         *,
         batch_size: int,
-        shuffle: bool = False,
+        shuffle: bool | LocalShuffle = False,
         seed: int = 0,
         transforms: Sequence[Any] = (),
         num_workers: int = 0,
@@ -101,9 +106,22 @@ class DataLoader:
             process_count = jax.process_count() if process_count is None else process_count
         self._sampler: Order
         if isinstance(source, Mixture):
+            if isinstance(shuffle, LocalShuffle):
+                raise ConfigError(
+                    "shuffle=LocalShuffle(...) with a mixture: mix() orders its components "
+                    "itself; pass shuffle=True (or False for components in order)"
+                )
             self._sampler = MixtureSampler(
                 source, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
                 process_index=process_index, process_count=process_count,
+            )
+        elif isinstance(shuffle, LocalShuffle):
+            starts = shuffle.block_starts(source, num_records)
+            self._sampler = Sampler(
+                num_records, batch_size, shuffle=True, seed=seed, last_batch=last_batch,
+                process_index=process_index, process_count=process_count,
+                order=functools.partial(BlockOrder, starts, window=shuffle.window, seed=seed),
+                order_description=shuffle.describe(source),
             )
         else:
             self._sampler = Sampler(

@@ -14,7 +14,7 @@ is a Feistel network over the smallest even power of two >= N, with cycle-walkin
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -147,7 +147,12 @@ class Sampler:
         last_batch: str,
         process_index: int = 0,
         process_count: int = 1,
+        order: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = None,
+        order_description: str | None = None,
     ) -> None:
+        """``order(epoch=e)``, when given, makes epoch ``e``'s shuffled order (a bijection of
+        positions) instead of the full ``IndexShuffle``; ``order_description`` goes into the
+        state (a read-local order: ``jaxloader.local_shuffle``)."""
         check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
         check_int("num_records", num_records, low=1, remedy="the source is empty: give it records")
         check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
@@ -187,8 +192,10 @@ class Sampler:
         self._chunk_positions = chunk
         self._cache_key: tuple[int, int] | None = None
         self._cache: np.ndarray | None = None
+        self._order = order
+        self.order_description = order_description
         self._shuffle_epoch: int | None = None
-        self._shuffler: IndexShuffle | None = None
+        self._shuffler: Callable[[np.ndarray], np.ndarray] | None = None
 
     def batch(self, step: int) -> BatchSpec:
         """The records of global step ``step`` (``step >= 0``) for this process."""
@@ -230,15 +237,25 @@ class Sampler:
             return positions
         shuffler = self._shuffler
         if shuffler is None or self._shuffle_epoch != epoch:
-            shuffler = self._shuffler = IndexShuffle(self.num_records, seed=self.seed, epoch=epoch)
+            if self._order is not None:
+                shuffler = self._order(epoch=epoch)
+            else:
+                shuffler = IndexShuffle(self.num_records, seed=self.seed, epoch=epoch)
+            self._shuffler = shuffler
             self._shuffle_epoch = epoch
         return shuffler(positions)
 
     def extra_state(self) -> dict[str, Any]:
-        """Nothing beyond the common fields (a mixture's sampler adds its weights)."""
-        return {}
+        """A read-local order's description (a mixture's sampler adds its weights)."""
+        return {"local_shuffle": self.order_description} if self.order_description else {}
 
     def check_extra_state(self, state: dict, step: int) -> None:
+        if state.get("local_shuffle") != self.order_description:
+            raise StateDictError(
+                f"state['local_shuffle']: expected {self.order_description!r}, received "
+                f"{state.get('local_shuffle')!r}; restore into a loader with the same shuffle= "
+                "(a full shuffle and a read-local one order the records differently)"
+            )
         if "mixture" in state:
             raise StateDictError(
                 "state['mixture']: this state is from a loader over a mixture (jaxloader.mix); "

@@ -107,6 +107,11 @@ class ParquetSource:
         return len(self._groups)
 
     @property
+    def block_starts(self) -> np.ndarray:
+        """Where each row group starts, and the row count last: ``LocalShuffle``'s blocks."""
+        return self._starts
+
+    @property
     def fingerprint(self) -> str:
         """Paths, row counts and schema: enough to tell other data, with no read."""
         digest = hashlib.blake2b(digest_size=16)

@@ -1,0 +1,99 @@
+"""Read-local shuffling: a bijection every epoch, batches from few blocks, exact resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.local_shuffle import BlockOrder
+from resume_harness import check_resume, take
+
+
+def test_every_epoch_is_a_bijection_of_blocks_read_window_by_window():
+    starts = np.array([0, 7, 30, 31, 64, 100, 130, 131, 160])  # blocks of uneven sizes
+    seen = []
+    for epoch in range(3):
+        order = BlockOrder(starts, window=3, seed=5, epoch=epoch)
+        indices = order(np.arange(160))
+        assert sorted(indices.tolist()) == list(range(160))
+        blocks = np.searchsorted(starts, indices, side="right") - 1
+        permuted = order._order
+        at = np.concatenate([[0], np.cumsum(np.diff(starts)[permuted])])
+        for w in range(0, len(permuted), 3):  # a window's positions read only its own blocks
+            window = blocks[at[w]:at[min(w + 3, len(permuted))]]
+            assert set(window.tolist()) == set(permuted[w:w + 3].tolist())
+        seen.append(indices)
+    assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[1], seen[2])
+
+
+def parquet(tmp_path, rows=(300, 220, 180), group=40):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    paths, start = [], 0
+    for k, n in enumerate(rows):
+        ids = np.arange(start, start + n, dtype=np.int64)
+        paths.append(str(tmp_path / f"part-{k}.parquet"))
+        pq.write_table(pa.table({"id": ids, "v": ids.astype(np.float32) * 2}), paths[-1],
+                       row_group_size=group)
+        start += n
+    return jl.ParquetSource(paths)
+
+
+def test_a_parquet_epoch_reads_each_row_once_and_few_row_groups_a_batch(tmp_path):
+    src = parquet(tmp_path)
+    with jl.DataLoader(src, batch_size=32, shuffle=jl.LocalShuffle(window=2), seed=1,
+                       process_index=0, process_count=1) as loader:
+        batches = list(loader)
+    ids = np.concatenate([b["id"] for b in batches])
+    assert len(ids) == 21 * 32 and len(set(ids.tolist())) == len(ids)
+    groups_per_batch = [len(np.unique(np.searchsorted(src.block_starts, b["id"], "right")))
+                        for b in batches]
+    assert max(groups_per_batch) <= 4  # a window (2 row groups), rarely two windows
+    with jl.DataLoader(src, batch_size=32, shuffle=True, seed=1, process_index=0,
+                       process_count=1) as full:
+        spread = [len(np.unique(np.searchsorted(src.block_starts, b["id"], "right")))
+                  for b in full]
+    assert np.median(spread) > 2 * np.median(groups_per_batch)  # the point of it
+
+
+@pytest.mark.parametrize("k", [2, 25])
+def test_resume_into_other_worker_and_process_counts(tmp_path, k):
+    src = parquet(tmp_path)
+
+    def make(num_workers=0, batch_size=16, process_index=0, process_count=1):
+        return lambda: jl.DataLoader(src, batch_size=batch_size, seed=3,
+                                     shuffle=jl.LocalShuffle(window=3), num_workers=num_workers,
+                                     process_index=process_index, process_count=process_count)
+
+    check_resume(make(), total=k + 8, k=k, make_restored=make(num_workers=2))
+    with make()() as whole:
+        reference = take(whole, k + 8)
+    with make()() as first:
+        take(first, k)
+        state = first.state_dict()
+    hosts = []
+    for p in range(2):
+        with make(batch_size=8, process_index=p, process_count=2)() as host:
+            host.load_state_dict(state)
+            hosts.append(take(host, 8))
+    for step, (a, b) in enumerate(zip(*hosts)):
+        assert np.array_equal(np.concatenate([a["id"], b["id"]]), reference[k + step]["id"])
+
+
+def test_fixed_blocks_for_in_memory_data_and_a_full_shuffle_state_is_refused():
+    src = jl.ArraySource({"x": np.arange(5000)})
+    local = jl.DataLoader(src, batch_size=100, shuffle=jl.LocalShuffle(window=2, block_size=50),
+                          process_index=0, process_count=1)
+    batch = next(iter(local))["x"]
+    assert len(np.unique(batch // 50)) == 2  # one window: two blocks of 50
+    full = jl.DataLoader(src, batch_size=100, shuffle=True, process_index=0, process_count=1)
+    with pytest.raises(jl.StateDictError, match=r"local_shuffle.*window 2, blocks 50"):
+        full.load_state_dict(local.state_dict())
+    with pytest.raises(jl.StateDictError, match="local_shuffle"):
+        local.load_state_dict(full.state_dict())
+    with pytest.raises(jl.ConfigError, match="LocalShuffle"):
+        jl.DataLoader(jl.mix([src, src], [1, 1]), batch_size=10, shuffle=jl.LocalShuffle(),
+                      process_index=0, process_count=1)
+    with pytest.raises(jl.ConfigError, match=r"LocalShuffle\(window\)"):
+        jl.LocalShuffle(window=0)
