@@ -24,12 +24,20 @@ from jaxloader.iterator import LoaderIterator
 from jaxloader.loader import DataLoader
 from jaxloader.local_shuffle import LocalShuffle
 from jaxloader.mixture import Mixture, mix
-from jaxloader.sources import ArraySource, ConcatSource, FileListSource, ParquetSource, Source
+from jaxloader.sources import (
+    ArrayRecordSource,
+    ArraySource,
+    ConcatSource,
+    FileListSource,
+    ParquetSource,
+    Source,
+)
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import BatchMap, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 
 __all__ = [
+    "ArrayRecordSource",
     "ArraySource",
     "BatchMap",
     "CollateError",

@@ -96,13 +96,18 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
         if not same:
             _raise_leaf_mismatch(path, values, positions)
         return _Column(path, (n, *first.shape), first.dtype, values, positions)
+    if isinstance(first, np.ndarray) and first.ndim == 0 and first.dtype.kind in "US":
+        # a NumPy string scalar in an array (fixed width, padded): a Python string instead
+        return _record_column(path, [v.item() if isinstance(v, np.ndarray) else v
+                                     for v in values], positions)
     if isinstance(first, (str, bytes)):
         # Strings and bytes stay Python objects on purpose (an object array, one entry a
         # record): they have no device form, and fixed-width NumPy strings would pad them.
         if not all(isinstance(v, (str, bytes)) for v in values):
             _raise_leaf_mismatch(path, values, positions)
         array = np.empty(n, dtype=object)
-        array[:] = values
+        array[:] = [v if type(v) is str or type(v) is bytes  # np.str_ -> str, np.bytes_ -> bytes
+                    else (str(v) if isinstance(v, str) else bytes(v)) for v in values]
         return _Column(path, (n,), array.dtype, array)
     if isinstance(first, (np.ndarray, np.generic)):
         if first.dtype.kind in "biufc" and type(first) is not np.ndarray:

@@ -4,7 +4,8 @@ A step means the same batches only over the same records. The state therefore ca
 the source's length, the structure of its first record (leaf paths, dtypes and shapes) and a hash
 of a few records at fixed positions (the first, the middle and the last): a few reads, however
 large the source. A source may supply its own fingerprint: a ``fingerprint`` attribute (a str,
-or a method returning one); a Hugging Face ``datasets.Dataset``'s own ``_fingerprint`` is used.
+or a method returning one); a Hugging Face ``datasets.Dataset``'s own is used
+(``sources.huggingface``).
 
 Example:
     >>> import numpy as np
@@ -27,8 +28,6 @@ from jaxloader import tree as tree_lib
 def source_fingerprint(source: Any) -> dict[str, str]:
     """``{"source": its own}`` when the source has one, else ``{"record_spec", "record_hash"}``."""
     own = getattr(source, "fingerprint", None)
-    if own is None and type(source).__module__.startswith("datasets."):
-        own = getattr(source, "_fingerprint", None)  # Hugging Face's, kept up to date by it
     if callable(own):
         own = own()
     if isinstance(own, str):

@@ -25,7 +25,7 @@ from jaxloader.errors import ConfigError
 from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.mixture import Mixture, MixtureSampler
 from jaxloader.sampling import Order, Sampler
-from jaxloader.sources import check_source
+from jaxloader.sources import check_source, huggingface
 from jaxloader.state import check_state, make_state
 from jaxloader.stats import LoaderStats
 from jaxloader.transforms import split_transforms
@@ -99,6 +99,7 @@ class DataLoader:
         device_prefetch: int = 2,
     ) -> None:
         num_records = check_source(source)
+        source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         if process_index is None or process_count is None:
             import jax  # only when the caller leaves it to JAX; workers never get here
 

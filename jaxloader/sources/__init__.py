@@ -6,13 +6,16 @@
 | ``concat`` | ``ConcatSource``: sources one after another in one index space |
 | ``parquet`` | ``ParquetSource``: rows of Parquet files, read by row group (pyarrow) |
 | ``files`` | ``FileListSource``: one record per file: its bytes (and a label) |
+| ``array_record`` | ``ArrayRecordSource``: records of ArrayRecord files, as bytes |
+| ``huggingface`` | ``HuggingFaceSource``: a ``datasets.Dataset`` read as NumPy (automatic) |
 """
 
+from jaxloader.sources.array_record import ArrayRecordSource
 from jaxloader.sources.arrays import ArraySource
 from jaxloader.sources.base import Source, check_source
 from jaxloader.sources.concat import ConcatSource
 from jaxloader.sources.files import FileListSource
 from jaxloader.sources.parquet import ParquetSource
 
-__all__ = ["ArraySource", "ConcatSource", "FileListSource", "ParquetSource", "Source",
+__all__ = ["ArrayRecordSource", "ArraySource", "ConcatSource", "FileListSource", "ParquetSource", "Source",
            "check_source"]

@@ -1,0 +1,52 @@
+"""ArrayRecordSource: records of several files as bytes, parsed by a Map; clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import check_resume
+
+array_record = pytest.importorskip("array_record.python.array_record_module")
+
+
+def write(tmp_path, counts=(20, 7, 13)):
+    paths, start = [], 0
+    for k, n in enumerate(counts):
+        path = str(tmp_path / f"part-{k}.array_record")
+        writer = array_record.ArrayRecordWriter(path, "group_size:4")
+        for i in range(start, start + n):
+            writer.write(np.arange(i, i + 3, dtype=np.int32).tobytes())
+        writer.close()
+        paths.append(path)
+        start += n
+    return paths
+
+
+def parse(raw):
+    return {"x": np.frombuffer(raw, np.int32).copy()}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_records_of_every_file_parsed_by_a_map(tmp_path, num_workers):
+    src = jl.ArrayRecordSource(write(tmp_path))
+    assert len(src) == 40 and np.frombuffer(src[21], np.int32).tolist() == [21, 22, 23]
+    assert [np.frombuffer(r, np.int32)[0] for r in src.__getitems__(np.array([39, 0, 25]))] == [
+        39, 0, 25]
+    with jl.DataLoader(src, batch_size=8, shuffle=True, seed=0, transforms=[jl.Map(parse)],
+                       num_workers=num_workers, process_index=0, process_count=1) as loader:
+        firsts = np.concatenate([b["x"][:, 0] for b in loader])
+    assert sorted(firsts.tolist()) == list(range(40))
+
+
+def test_resume_and_bad_files(tmp_path):
+    paths = write(tmp_path)
+    check_resume(lambda: jl.DataLoader(jl.ArrayRecordSource(paths), batch_size=4, shuffle=True,
+                                       seed=1, transforms=[jl.Map(parse)], num_epochs=None,
+                                       process_index=0, process_count=1), total=14, k=5)
+    with pytest.raises(jl.ConfigError, match=r"'.*nope.array_record' does not exist"):
+        jl.ArrayRecordSource([paths[0], str(tmp_path / "nope.array_record")])
+    (tmp_path / "text.array_record").write_text("not an array record file")
+    with pytest.raises(jl.ConfigError, match=r"'.*text.array_record' is not an ArrayRecord"):
+        jl.ArrayRecordSource(str(tmp_path / "text.array_record"))

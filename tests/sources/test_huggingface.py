@@ -1,0 +1,52 @@
+"""A Hugging Face datasets.Dataset passed as it is: list features as arrays, strings as str."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import check_resume
+
+datasets = pytest.importorskip("datasets")  # a test-only dependency
+
+
+def dataset(n=40):
+    rng = np.random.default_rng(0)
+    return datasets.Dataset.from_dict({
+        "vector": [list(rng.random(32, dtype=np.float32)) for _ in range(n)],
+        "text": ["w" * (1 + i % 9) for i in range(n)],  # different lengths
+        "label": list(range(n)),
+    })
+
+
+@pytest.mark.parametrize("fmt", [None, "numpy"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("per_record", [False, True])
+def test_list_features_batch_as_one_array_and_strings_stay_strings(fmt, num_workers,
+                                                                   per_record):
+    ds = dataset() if fmt is None else dataset().with_format(fmt)
+    transforms = [jl.Map(lambda r: r)] if per_record else []
+    with jl.DataLoader(ds, batch_size=8, shuffle=True, seed=1, num_workers=num_workers,
+                       transforms=transforms, process_index=0, process_count=1) as loader:
+        batches = list(loader)
+    assert len(batches) == 5
+    for batch in batches:
+        assert batch["vector"].shape == (8, 32) and batch["vector"].dtype == np.float32
+        assert batch["text"].dtype == object and all(type(t) is str for t in batch["text"])
+        assert [len(t) for t in batch["text"]] == [1 + i % 9 for i in batch["label"]]
+        want = np.asarray(dataset().with_format("numpy")[batch["label"].tolist()]["vector"])
+        assert np.array_equal(batch["vector"], want)
+    assert sorted(np.concatenate([b["label"] for b in batches]).tolist()) == list(range(40))
+
+
+def test_resume_and_the_datasets_own_fingerprint():
+    ds = dataset()
+    check_resume(lambda: jl.DataLoader(ds, batch_size=4, shuffle=True, seed=2, num_epochs=None,
+                                       process_index=0, process_count=1), total=14, k=6)
+    state = jl.DataLoader(ds, batch_size=4, process_index=0, process_count=1).state_dict()
+    assert state["source"] == ds._fingerprint
+    changed = ds.map(lambda r: {"label": r["label"] + 1})
+    with pytest.raises(jl.StateDictError, match="source: expected"):
+        jl.DataLoader(changed, batch_size=4, process_index=0, process_count=1).load_state_dict(
+            state)
