@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from jaxloader import collate
+from jaxloader import tree as tree_lib
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource
@@ -48,6 +49,11 @@ class BatchMaker:
         self.batch_transforms = batch_transforms
         self.mask_key = mask_key
         self._vectorised = not record_transforms and hasattr(source, "__getitems__")
+        # With record transforms, a source that reads many records at once still does (a file
+        # source decodes a row group once, not once a record); an ArraySource's records stay
+        # read-only views of its arrays, indexed one by one.
+        self._batched_reads = (hasattr(source, "__getitems__")
+                               and not isinstance(source, ArraySource))
         self._rng = RecordRng(sampler.seed)
         # (index, (fn, takes an rng)) per record transform: one loop serves Map and RandomMap
         self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
@@ -77,27 +83,35 @@ class BatchMaker:
     def _read_vectorised(self, spec: BatchSpec) -> tuple:
         if type(self.source) is ArraySource:  # gather straight into the output: one copy
             return collate.take_columns(self.source.treedef, self.source.arrays, spec.indices)
+        got = self._getitems(spec)
+        if isinstance(got, list):
+            return collate.record_columns(got, spec.positions)
+        return collate.batch_columns(got, len(spec.indices))
+
+    def _getitems(self, spec: BatchSpec) -> Any:
         try:
-            got = self.source.__getitems__(spec.indices)
+            return self.source.__getitems__(spec.indices)
         except Exception as e:
             raise RecordError(
                 f"{spec.location()}: source.__getitems__ raised {type(e).__name__}: {e}"
             ) from e
-        if isinstance(got, list):
-            return collate.record_columns(got, spec.positions)
-        return collate.batch_columns(got, len(spec.indices))
 
     def _read_records(self, spec: BatchSpec) -> list:
         """Each record read and transformed; a ``RandomMap`` gets its record's generator."""
         source, epoch, rng = self.source, spec.epoch, self._rng
         steps = self._steps
+        raw = None
+        if self._batched_reads:
+            got = self._getitems(spec)
+            raw = got if isinstance(got, list) else tree_lib.split_rows(got, len(spec.indices))
         records: list = []
         position = index = -1
         t_index = -1  # -1: reading the source; else the transform running
         try:
-            for position, index in zip(spec.positions.tolist(), spec.indices.tolist()):
+            for j, (position, index) in enumerate(zip(spec.positions.tolist(),
+                                                      spec.indices.tolist())):
                 t_index = -1
-                record = source[index]
+                record = source[index] if raw is None else raw[j]
                 for t_index, (fn, random) in steps:
                     if random:
                         record = fn(record, rng.at(epoch=epoch, position=position,

@@ -246,6 +246,12 @@ def _dict_columns(trees: list, keys: tuple) -> list | None:
         return None
 
 
+def split_rows(batched: Any, n: int) -> list:
+    """A batched tree (leaves with ``n`` rows) as ``n`` trees of one row each."""
+    leaves, treedef = flatten(batched)
+    return [unflatten(treedef, [leaf[j] for leaf in leaves]) for j in range(n)]
+
+
 def record_name(positions: Any, j: int) -> str:
     """How messages name the ``j``-th record of a batch: by its position when known."""
     return f"record position {positions[j]}" if positions is not None else f"item {j}"

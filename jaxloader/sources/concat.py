@@ -71,21 +71,14 @@ class ConcatSource:
         if any(isinstance(got, list) for _, got in pieces):
             records: list = [None] * len(parts)
             for run, got in pieces:
-                for j, record in zip(run, _records(got, len(run))):
+                rows = got if isinstance(got, list) else tree_lib.split_rows(got, len(run))
+                for j, record in zip(run, rows):
                     records[j] = record
             return records
         return _merge(pieces, len(parts))
 
     def __repr__(self) -> str:
         return f"ConcatSource({len(self)} records in {len(self.sources)} sources)"
-
-
-def _records(got: Any, n: int) -> list:
-    """A part's answer as a list of records (a batched pytree is split by rows)."""
-    if isinstance(got, list):
-        return got
-    leaves, treedef = tree_lib.flatten(got)
-    return [tree_lib.unflatten(treedef, [leaf[j] for leaf in leaves]) for j in range(n)]
 
 
 def _merge(pieces: list, n: int) -> Any:

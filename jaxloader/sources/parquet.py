@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxloader.errors import ConfigError
 
-_DEFAULT_CACHE_BYTES = 64 << 20  # decoded row groups kept per process
+_DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (docs/benchmarks.md)
 
 
 class ParquetSource:
@@ -152,6 +152,7 @@ class ParquetSource:
         return batch
 
     def _decoded(self, group: int) -> dict[str, Any]:
+        """Row group ``group``'s columns (arrays, or ``_ArrowRows``), from the cache if there."""
         cached = self._cache.get(group)
         if cached is not None:
             self._cache.move_to_end(group)
@@ -162,7 +163,7 @@ class ParquetSource:
             handle = self._files[file_number] = _open(_pyarrow_parquet(), self.paths[file_number])
         table = handle.read_row_group(in_file, columns=self.columns)
         path = self.paths[file_number]
-        decoded = {name: _to_numpy(table.column(name), name, path) for name in self.columns}
+        decoded = {name: _decode(table.column(name), name, path) for name in self.columns}
         nbytes = sum(_nbytes(c) for c in decoded.values())
         self._cache[group] = decoded
         self._cached_bytes += nbytes
@@ -209,9 +210,9 @@ def _metadata(pq: Any, path: str) -> Any:
         ) from None
 
 
-def _to_numpy(column: Any, name: str, path: str) -> np.ndarray:
-    """One column of a row group as a read-only NumPy array (object arrays for strings,
-    bytes and ragged lists)."""
+def _decode(column: Any, name: str, path: str) -> Any:
+    """One column of a row group: a read-only NumPy array, or ``_ArrowRows`` for strings,
+    bytes and ragged lists."""
     import pyarrow as pa
 
     if column.null_count:
@@ -222,20 +223,16 @@ def _to_numpy(column: Any, name: str, path: str) -> np.ndarray:
     array = column.combine_chunks()
     kind = array.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        values = array.flatten().to_numpy(zero_copy_only=False)
         offsets = np.asarray(array.offsets) if not pa.types.is_fixed_size_list(kind) else (
             np.arange(len(array) + 1) * kind.list_size)
         lengths = np.diff(offsets)
-        if len(lengths) and np.all(lengths == lengths[0]):
-            out = values.reshape(len(array), int(lengths[0]), *values.shape[1:])
-        else:
-            out = np.empty(len(array), dtype=object)
-            for j, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-                out[j] = values[a:b]  # one by one: NumPy must not stack the rows
+        if not (len(lengths) and np.all(lengths == lengths[0])):
+            return _ArrowRows(array, ragged=True)
+        values = array.flatten().to_numpy(zero_copy_only=False)
+        out = values.reshape(len(array), int(lengths[0]), *values.shape[1:])
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
-        out = np.empty(len(array), dtype=object)
-        out[:] = array.to_pylist()
+        return _ArrowRows(array, ragged=False)
     else:
         out = array.to_numpy(zero_copy_only=False)
     out = np.asarray(out)
@@ -243,7 +240,32 @@ def _to_numpy(column: Any, name: str, path: str) -> np.ndarray:
     return out
 
 
-def _nbytes(column: np.ndarray) -> int:
-    if column.dtype.hasobject:  # strings and ragged rows: their own sizes, roughly
-        return column.nbytes + sum(getattr(v, "nbytes", None) or len(v) for v in column)
-    return column.nbytes
+class _ArrowRows:
+    """A column kept in Arrow form in the cache (strings, bytes, ragged lists): a tenth of the
+    memory of Python objects, converted only for the rows read."""
+
+    def __init__(self, array: Any, ragged: bool) -> None:
+        self.array, self.ragged, self.nbytes = array, ragged, array.nbytes
+
+    def _convert(self, value: Any) -> Any:
+        if not self.ragged:
+            return value.as_py()  # str or bytes
+        row = value.values.to_numpy(zero_copy_only=False)
+        row.flags.writeable = False
+        return row
+
+    def __getitem__(self, rows: Any) -> Any:
+        if isinstance(rows, (int, np.integer)):
+            return self._convert(self.array[int(rows)])
+        taken = self.array.take(np.asarray(rows))
+        out = np.empty(len(taken), dtype=object)
+        if self.ragged:
+            for j in range(len(taken)):  # one by one: NumPy must not stack the rows
+                out[j] = self._convert(taken[j])
+        else:
+            out[:] = taken.to_pylist()
+        return out
+
+
+def _nbytes(column: Any) -> int:
+    return int(column.nbytes)

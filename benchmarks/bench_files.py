@@ -1,0 +1,253 @@
+"""Data in files: Parquet and ArrayRecord against Grain and Hugging Face datasets; mixtures.
+
+Run: ``python benchmarks/bench_files.py [--rows 1000000] [--rounds 3]`` (needs
+``pip install -e ".[benchmark,parquet,array-record]" datasets``).
+
+Cases, batch 256, rows of an int64 id, a float32[16] vector and a short string:
+- Parquet (one file, row groups of 10,000 rows): jaxloader ``ParquetSource`` with 2 workers
+  and ``LocalShuffle(window=8)``, with the full shuffle, and in file order; Grain's
+  ``ParquetIterDataset`` in file order (it has no shuffle); a Hugging Face ``Dataset`` over the
+  same file (NumPy format) in file order and in shuffled batches. Peers in one process, as the
+  issue measured them.
+- ArrayRecord (the same rows serialised): jaxloader ``ArrayRecordSource`` + a parsing ``Map``,
+  2 workers, against Grain ``MapDataset.source(ArrayRecordDataSource)`` with the same parse,
+  shuffled, ``mp_prefetch`` with 2 workers.
+- A mixture of 3 in-memory sources (0.5/0.3/0.2) against one ``ArraySource`` of the same rows.
+
+The loaders take turns over ``--rounds`` rounds (a fresh iterator each, warm-up, a timed
+stretch); the table gives median rows/s and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import struct
+import tempfile
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+import jaxloader as jl
+from common import machine, save, table
+
+BATCH, WORKERS, GROUP_ROWS = 256, 2, 10_000
+
+
+def write_parquet(path: str, rows: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    for start in range(0, rows, 100_000):
+        ids = np.arange(start, min(start + 100_000, rows), dtype=np.int64)
+        vectors = np.random.default_rng(start).random((len(ids), 16), dtype=np.float32)
+        table_ = pa.table({
+            "id": ids,
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 16),
+            "text": [f"row {i}" for i in ids],
+        })
+        writer = writer or pq.ParquetWriter(path, table_.schema)
+        writer.write_table(table_, row_group_size=GROUP_ROWS)
+    assert writer is not None
+    writer.close()
+
+
+_LAYOUT = "<q64s"  # id, then the 16 float32 of the vector (a str: parse crosses to workers)
+_HEAD = struct.calcsize(_LAYOUT)
+
+
+def serialise(i: int, vector: np.ndarray) -> bytes:
+    text = f"row {i}".encode()
+    return struct.pack(_LAYOUT, i, vector.tobytes()) + text
+
+
+def parse(raw: bytes) -> dict:
+    i, vector = struct.unpack_from(_LAYOUT, raw)
+    return {"id": np.int64(i), "vector": np.frombuffer(vector, np.float32),
+            "text": raw[_HEAD:].decode()}
+
+
+def write_array_record(path: str, rows: int) -> None:
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for start in range(0, rows, 100_000):
+        vectors = np.random.default_rng(start).random((min(100_000, rows - start), 16),
+                                                       dtype=np.float32)
+        for k, vector in enumerate(vectors):
+            writer.write(serialise(start + k, vector))
+    writer.close()
+
+
+def rows_per_second(make: Callable[[], Iterator], warmup: int = 10, count: int = 200) -> float:
+    it = make()
+    for _ in range(warmup):
+        next(it)
+    start, rows = time.perf_counter(), 0
+    for _ in range(count):
+        batch = next(it)
+        rows += len(batch["id"])
+    return rows / (time.perf_counter() - start)
+
+
+def jaxloader_iter(source, shuffle, workers=WORKERS, transforms=()) -> Callable[[], Iterator]:
+    holder: dict = {}
+
+    def make() -> Iterator:
+        if "loader" in holder:
+            holder.pop("loader").close()
+        holder["loader"] = jl.DataLoader(source, batch_size=BATCH, shuffle=shuffle, seed=0,
+                                         num_workers=workers, transforms=list(transforms),
+                                         num_epochs=None, process_index=0, process_count=1)
+        return iter(holder["loader"])
+    make.holder = holder  # type: ignore[attr-defined]
+    return make
+
+
+def grain_parquet(path: str) -> Callable[[], Iterator]:
+    import grain
+
+    def make() -> Iterator:
+        ds = grain.experimental.ParquetIterDataset(path).batch(BATCH, drop_remainder=True)
+        return iter(ds)
+    return make
+
+
+def hf_batches(path: str, shuffled: bool) -> Callable[[], Iterator]:
+    import datasets
+
+    ds = datasets.Dataset.from_parquet(path).with_format("numpy")
+
+    def make() -> Iterator:
+        if not shuffled:
+            return iter(ds.iter(batch_size=BATCH))
+        order = np.random.default_rng(0).permutation(len(ds))
+        return (ds[order[i:i + BATCH].tolist()] for i in range(0, len(ds) - BATCH, BATCH))
+    return make
+
+
+def grain_array_record(path: str) -> Callable[[], Iterator]:
+    import grain
+
+    def make() -> Iterator:
+        ds = (grain.MapDataset.source(grain.sources.ArrayRecordDataSource([path]))
+              .shuffle(seed=0).repeat().map(parse).batch(BATCH, drop_remainder=True)
+              .to_iter_dataset())
+        return iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=WORKERS)))
+    return make
+
+
+def memory(gib: float, workers: int = 4, batches: int = 200) -> dict:
+    """Private memory of each worker reading a ``gib`` GiB Parquet file, full shuffle."""
+    rows = int(gib * 2**30 / 90)  # ~90 bytes a row on disk: the vector does not compress
+    path = os.path.join(tempfile.mkdtemp(prefix="bench_files_big_"), "big.parquet")
+    started = time.perf_counter()
+    write_parquet(path, rows)
+    written = time.perf_counter() - started
+    with jl.DataLoader(jl.ParquetSource(path), batch_size=BATCH, shuffle=True, seed=0,
+                       num_workers=workers, num_epochs=None, process_index=0,
+                       process_count=1) as loader:
+        it = iter(loader)
+        peak = [0] * workers
+        for step in range(batches):
+            next(it)
+            if step % 20 == 19:
+                for w, pid in enumerate(loader.worker_pids):
+                    peak[w] = max(peak[w], _private_kib(pid))
+    size = os.path.getsize(path)
+    os.remove(path)
+    return {"file_bytes": size, "rows": rows, "write_s": written, "batches": batches,
+            "worker_private_peak_MiB": [p / 1024 for p in peak]}
+
+
+def _private_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+
+
+def take_turns(loaders: dict, rounds: int) -> dict:
+    rates: dict = {name: [] for name in loaders}
+    names = list(loaders)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rates[name].append(rows_per_second(loaders[name]))
+    for make in loaders.values():
+        holder = getattr(make, "holder", {})
+        if "loader" in holder:
+            holder.pop("loader").close()
+    return {name: {"median": statistics.median(v), "all": v} for name, v in rates.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="parquet,array_record,mixture",
+                        help="comma-separated subset of: parquet, array_record, mixture")
+    parser.add_argument("--memory-gib", type=float, default=0.0,
+                        help="only measure workers' private memory on a file of this size")
+    args = parser.parse_args()
+    if args.memory_gib:
+        report = memory(args.memory_gib)
+        print(f"{machine()}; {report}")
+        print("saved", save("files_memory", report))
+        return
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; we pass none
+    work = tempfile.mkdtemp(prefix="bench_files_")
+    parquet, records = os.path.join(work, "rows.parquet"), os.path.join(work, "rows.array_record")
+    only = args.only.split(",")
+    results = {}
+    if "parquet" in only:
+        write_parquet(parquet, args.rows)
+        source = jl.ParquetSource(parquet)
+        results["parquet"] = take_turns({
+            "jaxloader LocalShuffle(window=8), 2 workers": jaxloader_iter(
+                source, jl.LocalShuffle()),
+            "jaxloader full shuffle, 2 workers": jaxloader_iter(source, True),
+            "jaxloader file order, 2 workers": jaxloader_iter(source, False),
+            "grain ParquetIterDataset, file order": grain_parquet(parquet),
+            "datasets, file order": hf_batches(parquet, shuffled=False),
+            "datasets, shuffled batches": hf_batches(parquet, shuffled=True),
+        }, args.rounds)
+    if "array_record" in only:
+        write_array_record(records, args.rows)
+        results["array_record"] = take_turns({
+            "jaxloader ArrayRecordSource + Map, 2 workers": jaxloader_iter(
+                jl.ArrayRecordSource(records), True, transforms=[jl.Map(parse)]),
+            "grain ArrayRecordDataSource + map, mp_prefetch 2": grain_array_record(records),
+        }, args.rounds)
+    if "mixture" in only:
+        results["mixture"] = mixture(args.rows, args.rounds)
+    print(f"{machine()}; {args.rows:,} rows, batch {BATCH}, {args.rounds} rounds")
+    for case, rates in results.items():
+        first = next(iter(rates.values()))["median"]
+        print(f"\n{case}")
+        print(table([(name, f"{r['median']:,.0f}", f"{first / r['median']:.2f}")
+                     for name, r in rates.items()],
+                    ("loader", "rows/s (median)", "first row / this")))
+    print("saved", save("files", {"machine": machine(), "rows": args.rows, **results}))
+
+
+def mixture(rows: int, rounds: int) -> dict:
+    rng = np.random.default_rng(0)
+    ids = np.arange(rows, dtype=np.int64)
+    vectors = rng.random((rows, 16), dtype=np.float32)
+    whole = jl.ArraySource({"id": ids, "vector": vectors})
+    thirds = [jl.ArraySource({"id": ids[a:b], "vector": vectors[a:b]})
+              for a, b in ((0, rows // 2), (rows // 2, rows * 4 // 5), (rows * 4 // 5, rows))]
+    return take_turns({
+        "one ArraySource, in process": jaxloader_iter(whole, True, workers=0),
+        "mix of 3 (0.5/0.3/0.2), in process": jaxloader_iter(
+            jl.mix(thirds, [0.5, 0.3, 0.2]), True, workers=0),
+        "one ArraySource, 2 workers": jaxloader_iter(whole, True),
+        "mix of 3, 2 workers": jaxloader_iter(jl.mix(thirds, [0.5, 0.3, 0.2]), True),
+    }, rounds)
+
+
+if __name__ == "__main__":
+    main()
