@@ -60,6 +60,29 @@ def check_resume(make_loader: Callable[[], Any], total: int, k: int,
     assert_same_stream(head + tail, reference, f"resume at k={k}")
 
 
+def check_split_resume(make: Callable[..., Callable[[], Any]], batch_size: int, k: int,
+                       steps: int, keys: tuple[str, ...]) -> None:
+    """A state saved by one process (``batch_size``) after ``k`` batches, restored into two
+    processes of half the batch each, gives the same global batches for ``steps`` more steps.
+
+    ``make(batch_size=, process_index=, process_count=)`` returns a loader factory.
+    """
+    with make(batch_size=batch_size)() as whole:
+        reference = take(whole, k + steps)
+    with make(batch_size=batch_size)() as first:
+        take(first, k)
+        state = json.loads(json.dumps(first.state_dict()))
+    hosts = []
+    for p in range(2):
+        with make(batch_size=batch_size // 2, process_index=p, process_count=2)() as host:
+            host.load_state_dict(state)
+            hosts.append(take(host, steps))
+    for step, (a, b) in enumerate(zip(*hosts)):
+        for key in keys:
+            got = np.concatenate([np.asarray(a[key]), np.asarray(b[key])])
+            assert np.array_equal(got, reference[k + step][key]), f"step {k + step}, {key}"
+
+
 def _copy(batch: Any) -> Any:
     leaves, treedef = flatten(batch)
     return unflatten(treedef, [np.array(x, copy=True) for x in leaves])

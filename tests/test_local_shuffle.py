@@ -7,7 +7,7 @@ import pytest
 
 import jaxloader as jl
 from jaxloader.local_shuffle import BlockOrder
-from resume_harness import check_resume, take
+from resume_harness import check_resume, check_split_resume
 
 
 def test_every_epoch_is_a_bijection_of_blocks_read_window_by_window():
@@ -67,18 +67,7 @@ def test_resume_into_other_worker_and_process_counts(tmp_path, k):
                                      process_index=process_index, process_count=process_count)
 
     check_resume(make(), total=k + 8, k=k, make_restored=make(num_workers=2))
-    with make()() as whole:
-        reference = take(whole, k + 8)
-    with make()() as first:
-        take(first, k)
-        state = first.state_dict()
-    hosts = []
-    for p in range(2):
-        with make(batch_size=8, process_index=p, process_count=2)() as host:
-            host.load_state_dict(state)
-            hosts.append(take(host, 8))
-    for step, (a, b) in enumerate(zip(*hosts)):
-        assert np.array_equal(np.concatenate([a["id"], b["id"]]), reference[k + step]["id"])
+    check_split_resume(make, batch_size=16, k=k, steps=8, keys=("id", "v"))
 
 
 def test_fixed_blocks_for_in_memory_data_and_a_full_shuffle_state_is_refused():

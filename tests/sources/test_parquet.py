@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from resume_harness import assert_same_batch, check_resume, take
+from resume_harness import assert_same_batch, check_resume, check_split_resume
 
 pa = pytest.importorskip("pyarrow")  # in the test extra; ParquetSource's optional dependency
 pq = pytest.importorskip("pyarrow.parquet")
@@ -77,19 +77,7 @@ def test_resume_over_three_files_into_other_worker_and_process_counts(tmp_path, 
 
     check_resume(make(), total=20, k=k, make_restored=make(num_workers=2))
     # one process of batch 8 -> two processes of batch 4: the same global batches
-    with make()() as whole:
-        reference = take(whole, 20)
-    with make()() as first:
-        take(first, k)
-        state = first.state_dict()
-    halves = []
-    for p in range(2):
-        with make(batch_size=4, process_index=p, process_count=2)() as host:
-            host.load_state_dict(state)
-            halves.append(take(host, 20 - k))
-    for step, (a, b) in enumerate(zip(*halves)):
-        for key in ("id", "vector", "mask"):
-            assert np.array_equal(np.concatenate([a[key], b[key]]), reference[k + step][key])
+    check_split_resume(make, batch_size=8, k=k, steps=20 - k, keys=("id", "vector", "mask"))
 
 
 def _noisy(record, rng):
