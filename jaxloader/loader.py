@@ -105,30 +105,9 @@ class DataLoader:
 
             process_index = jax.process_index() if process_index is None else process_index
             process_count = jax.process_count() if process_count is None else process_count
-        self._sampler: Order
-        if isinstance(source, Mixture):
-            if isinstance(shuffle, LocalShuffle):
-                raise ConfigError(
-                    "shuffle=LocalShuffle(...) with a mixture: mix() orders its components "
-                    "itself; pass shuffle=True (or False for components in order)"
-                )
-            self._sampler = MixtureSampler(
-                source, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
-                process_index=process_index, process_count=process_count,
-            )
-        elif isinstance(shuffle, LocalShuffle):
-            starts = shuffle.block_starts(source, num_records)
-            self._sampler = Sampler(
-                num_records, batch_size, shuffle=True, seed=seed, last_batch=last_batch,
-                process_index=process_index, process_count=process_count,
-                order=functools.partial(BlockOrder, starts, window=shuffle.window, seed=seed),
-                order_description=shuffle.describe(source),
-            )
-        else:
-            self._sampler = Sampler(
-                num_records, batch_size, shuffle=shuffle, seed=seed, last_batch=last_batch,
-                process_index=process_index, process_count=process_count,
-            )
+        self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
+                                     seed=seed, last_batch=last_batch,
+                                     process_index=process_index, process_count=process_count)
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
         self._putter = None
@@ -304,3 +283,25 @@ class DataLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
+                 seed: int, last_batch: str, process_index: int, process_count: int) -> Order:
+    """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
+    if isinstance(source, Mixture):
+        if isinstance(shuffle, LocalShuffle):
+            raise ConfigError(
+                "shuffle=LocalShuffle(...) with a mixture: mix() orders its components itself; "
+                "pass shuffle=True (or False for components in order)"
+            )
+        return MixtureSampler(source, batch_size, shuffle=shuffle, seed=seed,
+                              last_batch=last_batch, process_index=process_index,
+                              process_count=process_count)
+    order, described = None, None
+    if isinstance(shuffle, LocalShuffle):
+        starts = shuffle.block_starts(source, num_records)
+        order = functools.partial(BlockOrder, starts, window=shuffle.window, seed=seed)
+        described = shuffle.describe(source)
+    return Sampler(num_records, batch_size, shuffle=bool(shuffle), seed=seed,
+                   last_batch=last_batch, process_index=process_index,
+                   process_count=process_count, order=order, order_description=described)
