@@ -208,6 +208,26 @@ def take_columns(treedef: tree_lib.TreeDef, arrays: list, indices: np.ndarray) -
                      for p, a in zip(paths, arrays)]
 
 
+class _TakeParts(NamedTuple):
+    """A leaf still to gather from several arrays: ``rows[k]`` of the batch are rows
+    ``local[k]`` of ``arrays[k]`` (the parts of a ``ConcatSource`` of alike arrays)."""
+
+    arrays: list
+    rows: list
+    local: list
+
+
+def take_parts_columns(treedef: tree_lib.TreeDef, part_arrays: list[list], rows: list,
+                       local: list) -> tuple:
+    """Columns gathering, for each part ``k``, rows ``local[k]`` of ``part_arrays[k]`` into
+    batch rows ``rows[k]`` (parts alike in structure, dtypes and shapes)."""
+    paths = tree_lib.leaf_paths(treedef)
+    n = sum(len(r) for r in rows)
+    return treedef, [_Column(p, (n, *a.shape[1:]), a.dtype,
+                             _TakeParts([arrays[i] for arrays in part_arrays], rows, local))
+                     for i, (p, a) in enumerate(zip(paths, part_arrays[0]))]
+
+
 def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarray) -> tuple:
     """Appends ``array`` as leaf ``key`` of a dict batch (used for the pad mask)."""
     if treedef[0] != "dict":
@@ -258,6 +278,12 @@ def _stack(column: _Column, out: np.ndarray | None = None) -> np.ndarray:
     if type(values) is _Take:  # indices come from the sampler, always in range: mode="clip"
         # avoids the buffered copy NumPy makes for out= under the default mode="raise" (3.5x)
         return np.take(values.array, values.indices, axis=0, out=out, mode="clip")
+    if type(values) is _TakeParts:
+        if out is None:
+            out = np.empty(column.shape, column.dtype)
+        for array, rows, local in zip(values.arrays, values.rows, values.local):
+            out[rows] = np.take(array, local, axis=0, mode="clip")
+        return out
     if isinstance(values, np.ndarray):
         if out is None:
             return values

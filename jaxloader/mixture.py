@@ -42,7 +42,7 @@ from jaxloader.sampling import LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, spl
 from jaxloader.sources.concat import ConcatSource
 
 _BLOCK = 1000  # positions a block; at least m * (m - 1) for m components (see _Regime)
-_CHUNK = 8192  # a component's shuffled order is computed this many reads at a time
+_SPAN = 32  # blocks whose tables are computed at once (8,000 positions: 64 KiB, memoised)
 
 
 class Mixture(ConcatSource):
@@ -107,11 +107,13 @@ class _Regime:
         self.start, self.weights, self.before, self.block = start, weights, before, block
         self.remainder = int(np.argmax(weights))  # takes what rounding leaves: never negative
 
-    def counts(self, blocks: int) -> np.ndarray:
-        """Each component's positions in this regime's first ``blocks`` blocks."""
-        n = np.floor(blocks * self.block * self.weights).astype(np.int64)
-        n[self.remainder] = 0
-        n[self.remainder] = blocks * self.block - n.sum()
+    def counts(self, blocks: Any) -> np.ndarray:
+        """Each component's positions in this regime's first ``blocks`` blocks (an int, or an
+        array of them: one row each)."""
+        total = np.asarray(blocks, np.int64) * self.block
+        n = np.floor(total[..., None] * self.weights).astype(np.int64)
+        n[..., self.remainder] = 0
+        n[..., self.remainder] = total - n.sum(axis=-1)
         return n
 
 
@@ -143,6 +145,7 @@ class MixtureSampler:
         self._block = max(_BLOCK, m * (m - 1))
         self._regimes = self._plan(mixture.schedule)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
+        self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._reset_memos()
 
     def _plan(self, schedule: dict[int, np.ndarray]) -> list[_Regime]:
@@ -163,13 +166,12 @@ class MixtureSampler:
         return regimes
 
     def _reset_memos(self) -> None:
-        self._table_block: int | None = None
+        self._span: int | None = None
         self._table: np.ndarray | None = None
-        self._chunks: dict[tuple[int, int], np.ndarray] = {}
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for key in ("_table_block", "_table", "_chunks"):
+        for key in ("_span", "_table"):
             state.pop(key)
         return state
 
@@ -188,57 +190,72 @@ class MixtureSampler:
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Indices into the mixture of global positions (vectorised)."""
-        blocks = positions // self._block
+        width = self._block * _SPAN
+        first, last = int(positions[0]) // width, int(positions[-1]) // width
+        if first == last and positions[-1] - positions[0] == len(positions) - 1:
+            start = int(positions[0]) - first * width  # a batch: consecutive, in one span
+            return self._span_table(first)[start : start + len(positions)]
+        spans = positions // width
         out = np.empty(len(positions), np.int64)
-        for block in np.unique(blocks):  # one or two for a batch
-            at = blocks == block
-            out[at] = self._block_table(int(block))[positions[at] - block * self._block]
+        for span in np.unique(spans):
+            at = spans == span
+            out[at] = self._span_table(int(span))[positions[at] - span * width]
         return out
 
-    def _block_table(self, block: int) -> np.ndarray:
-        """The indices of every position of ``block`` (memoised: several batches share one)."""
-        if self._table is not None and self._table_block == block:
+    def _span_table(self, span: int) -> np.ndarray:
+        """The indices of every position of ``_SPAN`` blocks, from block ``span * _SPAN``
+        (memoised: some 30 batches of 256 share one; computed for all of them at once, since
+        NumPy's cost is per call)."""
+        if self._table is not None and self._span == span:
             return self._table
-        regime = next(r for r in reversed(self._regimes) if r.start <= block)
-        before = regime.before + regime.counts(block - regime.start)
-        here = regime.before + regime.counts(block - regime.start + 1) - before
-        ends = np.cumsum(here)
-        q = IndexShuffle(self._block, seed=self.seed, epoch=block)(np.arange(self._block))
-        components = np.searchsorted(ends, q, side="right")
-        ranks = q - (ends - here)[components]
-        table = np.empty(self._block, np.int64)
-        for c in np.flatnonzero(here):
+        blocks = np.arange(span * _SPAN, (span + 1) * _SPAN, dtype=np.int64)
+        before, here = self._counts(blocks)  # (blocks, components) each
+        ends = np.cumsum(here, axis=1)
+        q = self._block_permutations(blocks)  # (blocks, block): each position's slot
+        components = np.stack([np.searchsorted(e, row, side="right") for e, row in zip(ends, q)])
+        row = np.arange(len(blocks))[:, None]
+        reads = q - (ends - here)[row, components] + before[row, components]  # c's read number
+        table = np.empty(q.shape, np.int64)
+        for c in np.flatnonzero(here.sum(axis=0)):
             at = components == c
-            table[at] = self._record(int(c), before[c] + ranks[at])
-        self._table, self._table_block = table, block
-        return table
+            table[at] = self._component_reads(int(c), reads[at])
+        self._table, self._span = table.reshape(-1), span
+        return self._table
 
-    def _record(self, c: int, j: np.ndarray) -> np.ndarray:
-        """Indices into the mixture of component ``c``'s ``j``-th positions."""
+    def _counts(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each component's positions before each block, and in it (the regimes in force)."""
+        before = np.empty((len(blocks), len(self._lengths)), np.int64)
+        here = np.empty_like(before)
+        starts = np.array([r.start for r in self._regimes])
+        which = np.searchsorted(starts, blocks, side="right") - 1
+        for r in np.unique(which):
+            regime, at = self._regimes[r], which == r
+            done = regime.counts(blocks[at] - regime.start)
+            before[at] = regime.before + done
+            here[at] = regime.counts(blocks[at] - regime.start + 1) - done
+        return before, here
+
+    def _block_permutations(self, blocks: np.ndarray) -> np.ndarray:
+        """A keyed permutation of ``[0, block)`` per block: the order of hashed keys (distinct,
+        the hash being a bijection of 64-bit words: any sort gives the same order)."""
+        keys = _hash64(blocks[:, None].astype(np.uint64) * np.uint64(self._block)
+                       + np.arange(self._block, dtype=np.uint64) + np.uint64(self._key))
+        return np.argsort(keys, axis=1)
+
+    def _component_reads(self, c: int, reads: np.ndarray) -> np.ndarray:
+        """Indices into the mixture of component ``c``'s reads number ``reads``: a span's
+        reads of one component are consecutive numbers, so its shuffled order is computed
+        once for that range, an epoch at a time."""
         length = int(self._lengths[c])
-        epochs, within = np.divmod(j, length)
-        if self.shuffle:
-            chunks = epochs * -(-length // _CHUNK) + within // _CHUNK
-            for chunk in np.unique(chunks):
-                at = chunks == chunk
-                within[at] = self._shuffled_chunk(c, int(chunk))[within[at] % _CHUNK]
-        return self._offsets[c] + within
-
-    def _shuffled_chunk(self, c: int, chunk: int) -> np.ndarray:
-        """Component ``c``'s shuffled order for ``_CHUNK`` consecutive reads (memoised: a batch
-        reads a few hundred neighbouring ones, and one Feistel call on many is far cheaper)."""
-        key = (c, chunk)
-        cached = self._chunks.get(key)
-        if cached is None:
-            length = int(self._lengths[c])
-            epoch, part = divmod(chunk, -(-length // _CHUNK))
-            start = part * _CHUNK
-            shuffle = IndexShuffle(length, seed=self._seeds[c], epoch=epoch)
-            cached = shuffle(np.arange(start, min(start + _CHUNK, length), dtype=np.int64))
-            if len(self._chunks) >= 4 * len(self._lengths):
-                self._chunks.pop(next(iter(self._chunks)))
-            self._chunks[key] = cached
-        return cached
+        lo, hi = int(reads.min()), int(reads.max()) + 1
+        order = np.empty(hi - lo, np.int64)
+        for epoch in range(lo // length, (hi - 1) // length + 1):
+            a, b = max(lo, epoch * length), min(hi, (epoch + 1) * length)
+            within = np.arange(a - epoch * length, b - epoch * length, dtype=np.int64)
+            if self.shuffle:
+                within = IndexShuffle(length, seed=self._seeds[c], epoch=epoch)(within)
+            order[a - lo : b - lo] = within
+        return self._offsets[c] + order[reads - lo]
 
     # -- state: the weights that made the steps so far must be the same --------------------
     def extra_state(self) -> dict[str, Any]:
@@ -262,3 +279,14 @@ class MixtureSampler:
                 f"{sorted(ours.items())}, received {sorted(theirs.items())}; a restore may add "
                 "weight changes at or after the step it resumes from, never change earlier ones"
             )
+
+
+def _hash64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on an array of ``uint64`` (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x

@@ -13,7 +13,7 @@ calls other than memos (the sampler's shuffle chunk, the RandomMap bit generator
 Example:
     >>> import numpy as np
     >>> from jaxloader.sampling import Sampler
-    >>> from jaxloader.sources import ArraySource
+    >>> from jaxloader.sources import ArraySource, ConcatSource
     >>> maker = BatchMaker(ArraySource({"x": np.arange(10)}),
     ...                    Sampler(10, 4, shuffle=False, seed=0, last_batch="drop"))
     >>> maker.make(1)[0]["x"].tolist()
@@ -28,7 +28,7 @@ from jaxloader import collate
 from jaxloader import tree as tree_lib
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.sampling import BatchSpec, Order
-from jaxloader.sources import ArraySource
+from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.transforms import BatchMap, Map, RecordRng
 
 
@@ -83,6 +83,11 @@ class BatchMaker:
     def _read_vectorised(self, spec: BatchSpec) -> tuple:
         if type(self.source) is ArraySource:  # gather straight into the output: one copy
             return collate.take_columns(self.source.treedef, self.source.arrays, spec.indices)
+        if isinstance(self.source, ConcatSource) and self.source.alike_arrays:  # a mixture, too
+            rows, local = self.source.split(spec.indices)
+            parts = self.source.sources
+            return collate.take_parts_columns(parts[0].treedef, [p.arrays for p in parts],
+                                              rows, local)
         got = self._getitems(spec)
         if isinstance(got, list):
             return collate.record_columns(got, spec.positions)

@@ -27,6 +27,8 @@ _FEISTEL_ROUNDS = 6  # 4 rounds make a pseudo-random permutation; 2 more for mar
 # Shuffled indices are computed for this many positions at a time and the last chunk is kept:
 # amortises NumPy's per-call overhead over many small batches, bounded memory (64 KiB).
 _CHUNK_POSITIONS = 8192
+_MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S31, _S29 = np.uint64(31), np.uint64(29)
 
 
 def splitmix64(x: int) -> int:
@@ -55,19 +57,23 @@ class IndexShuffle:
         base = splitmix64(splitmix64(seed) ^ epoch)
         self._keys = [np.uint64(splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
 
-    def _round_fn(self, right: np.ndarray, key: np.uint64) -> np.ndarray:
-        x = (right + key) * np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(31)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(29)
-        return x & self._half_mask
-
     def _permute_domain(self, x: np.ndarray) -> np.ndarray:
-        shift = np.uint64(self._half_bits)
-        left, right = x >> shift, x & self._half_mask
+        # In place where NumPy allows: the cycle-walking below calls this on many small arrays,
+        # where each temporary costs as much as the arithmetic.
+        shift, mask = np.uint64(self._half_bits), self._half_mask
+        left, right = x >> shift, x & mask
         for key in self._keys:
-            left, right = right, left ^ self._round_fn(right, key)
-        return (left << shift) | right
+            f = right + key  # the round function: SplitMix64's finaliser, cut to half_bits
+            f *= _MUL1
+            f ^= f >> _S31
+            f *= _MUL2
+            f ^= f >> _S29
+            f &= mask
+            f ^= left
+            left, right = right, f
+        left <<= shift
+        left |= right
+        return left
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """Maps positions (int array, each in ``[0, n)``) to record indices (int64)."""

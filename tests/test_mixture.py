@@ -44,7 +44,7 @@ def test_each_component_reads_its_records_once_per_epoch_of_its_own_reshuffled()
     s = sampler()
     offsets = np.cumsum((0,) + LENGTHS)
     for c, n in enumerate(LENGTHS):
-        records = s._record(c, np.arange(3 * n)) - offsets[c]  # its j-th reads, j = 0, 1, ...
+        records = s._component_reads(c, np.arange(3 * n)) - offsets[c]  # its j-th reads, j = 0, 1, ...
         epochs = records.reshape(3, n)
         assert all(sorted(e.tolist()) == list(range(n)) for e in epochs)
         assert not np.array_equal(epochs[0], epochs[1])  # reshuffled as it wraps

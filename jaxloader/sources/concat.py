@@ -39,6 +39,14 @@ class ConcatSource:
                 raise ConfigError(f"ConcatSource: sources[{k}]: {e}") from None
         self.sources = list(sources)
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.alike_arrays = _alike_arrays(self.sources)
+
+    def split(self, indices: np.ndarray) -> tuple[list, list]:
+        """For each part ``k``: the places in ``indices`` that fall in it, and its own
+        indices there (empty arrays for parts not read)."""
+        parts = np.searchsorted(self.offsets, indices, side="right") - 1
+        rows = [np.flatnonzero(parts == k) for k in range(len(self.sources))]
+        return rows, [indices[r] - self.offsets[k] for k, r in enumerate(rows)]
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -79,6 +87,19 @@ class ConcatSource:
 
     def __repr__(self) -> str:
         return f"ConcatSource({len(self)} records in {len(self.sources)} sources)"
+
+
+def _alike_arrays(sources: list) -> bool:
+    """Whether every part is an ``ArraySource`` with the same structure, dtypes and record
+    shapes (then a batch is gathered from the parts' arrays straight into its slot)."""
+    from jaxloader.sources.arrays import ArraySource
+
+    if not all(type(s) is ArraySource for s in sources):
+        return False
+    first = sources[0]
+    signature = [(a.dtype, a.shape[1:]) for a in first.arrays]
+    return all(s.treedef == first.treedef and [(a.dtype, a.shape[1:]) for a in s.arrays]
+               == signature for s in sources[1:])
 
 
 def _merge(pieces: list, n: int) -> Any:

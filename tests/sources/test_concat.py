@@ -70,10 +70,29 @@ def test_vectorised_reads_merge_the_parts_in_order():
             np.array([0, 11]))
 
 
-def test_a_loader_without_transforms_reads_parts_vectorised():
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_without_transforms_gathers_alike_parts_straight_into_the_batch(num_workers):
     x, sources = parts()
-    with jl.DataLoader(jl.ConcatSource(sources), batch_size=4, shuffle=True, seed=2,
-                       process_index=0, process_count=1) as joined, jl.DataLoader(
-            jl.ArraySource({"x": x}), batch_size=4, shuffle=True, seed=2, process_index=0,
-            process_count=1) as whole:
+    y = np.arange(35, dtype=np.int16)
+    nested = [jl.ArraySource({"x": s.arrays[0], "y": (y[a:b],)})
+              for s, (a, b) in zip(sources, ((0, 10), (10, 11), (11, 35)))]
+    assert jl.ConcatSource(nested).alike_arrays
+
+    def loader(source):
+        return jl.DataLoader(source, batch_size=4, shuffle=True, seed=2, last_batch="pad",
+                             num_workers=num_workers, process_index=0, process_count=1)
+
+    with loader(jl.ConcatSource(nested)) as joined, loader(
+            jl.ArraySource({"x": x, "y": (y,)})) as whole:
         assert_same_stream(list(joined), list(whole))
+
+
+def test_parts_that_differ_are_not_gathered_as_alike():
+    _, sources = parts()
+    assert not jl.ConcatSource([sources[0], jl.ArraySource({"x": np.zeros((3, 2))})]).alike_arrays
+    assert not jl.ConcatSource([sources[0], jl.ArraySource({"z": sources[1].arrays[0]})]
+                               ).alike_arrays
+    loader = jl.DataLoader(jl.ConcatSource([sources[0], jl.ArraySource({"x": np.zeros((3, 2))})]),
+                           batch_size=13, process_index=0, process_count=1)
+    with loader, pytest.raises(jl.RecordError, match="step 0 .* the parts of a ConcatSource differ"):
+        next(iter(loader))
