@@ -24,12 +24,14 @@ from jaxloader.iterator import LoaderIterator
 from jaxloader.loader import DataLoader
 from jaxloader.local_shuffle import LocalShuffle
 from jaxloader.mixture import Mixture, mix
+from jaxloader.packing import PackedSource
 from jaxloader.sources import (
     ArrayRecordSource,
     ArraySource,
     ConcatSource,
     FileListSource,
     ParquetSource,
+    RaggedSource,
     Source,
 )
 from jaxloader.stats import LoaderStats
@@ -51,7 +53,9 @@ __all__ = [
     "LocalShuffle",
     "Map",
     "Mixture",
+    "PackedSource",
     "ParquetSource",
+    "RaggedSource",
     "RandomMap",
     "RecordError",
     "SharedMemoryError",

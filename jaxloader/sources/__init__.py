@@ -7,6 +7,7 @@
 | ``parquet`` | ``ParquetSource``: rows of Parquet files, read by row group (pyarrow) |
 | ``files`` | ``FileListSource``: one record per file: its bytes (and a label) |
 | ``array_record`` | ``ArrayRecordSource``: records of ArrayRecord files, as bytes |
+| ``ragged`` | ``RaggedSource``: variable-length sequences stored flat, with offsets |
 | ``huggingface`` | ``HuggingFaceSource``: a ``datasets.Dataset`` read as NumPy (automatic) |
 """
 
@@ -16,6 +17,7 @@ from jaxloader.sources.base import Source, check_source
 from jaxloader.sources.concat import ConcatSource
 from jaxloader.sources.files import FileListSource
 from jaxloader.sources.parquet import ParquetSource
+from jaxloader.sources.ragged import RaggedSource
 
-__all__ = ["ArrayRecordSource", "ArraySource", "ConcatSource", "FileListSource", "ParquetSource", "Source",
-           "check_source"]
+__all__ = ["ArrayRecordSource", "ArraySource", "ConcatSource", "FileListSource", "ParquetSource",
+           "RaggedSource", "Source", "check_source"]

@@ -1,0 +1,121 @@
+"""``RaggedSource``: variable-length sequences stored flat, one offsets array per key.
+
+Record ``i`` of key ``k`` is ``values[k][offsets[k][i]:offsets[k][i + 1]]`` (the layout of
+Megatron's indexed datasets and of Arrow's list arrays). Its lengths are known without reading a
+record, which is what packing needs (``jaxloader.PackedSource``).
+
+Example:
+    >>> import numpy as np
+    >>> src = RaggedSource({"tokens": (np.arange(6), np.array([0, 2, 2, 6]))})
+    >>> len(src), src[2]["tokens"].tolist(), src.lengths("tokens").tolist()
+    (3, [2, 3, 4, 5], [2, 0, 4])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxloader.errors import ConfigError
+
+
+class RaggedSource:
+    """Records ``{key: 1-D array}`` cut from flat ``values`` at ``offsets`` (``n + 1`` of them,
+    from 0, non-decreasing, the last ``len(values)``), one pair per key."""
+
+    def __init__(self, columns: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        if not isinstance(columns, Mapping) or not columns:
+            raise ConfigError(
+                "RaggedSource(columns): expected {key: (values, offsets)}, got "
+                f"{type(columns).__name__}; e.g. RaggedSource({{'tokens': (flat, offsets)}})"
+            )
+        self._values: dict[str, np.ndarray] = {}
+        self._offsets: dict[str, np.ndarray] = {}
+        counts = {}
+        for key, pair in columns.items():
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ConfigError(f"RaggedSource[{key!r}]: expected (values, offsets), got "
+                                  f"{type(pair).__name__}")
+            values, offsets = np.asarray(pair[0]), np.asarray(pair[1])
+            _check(key, values, offsets)
+            self._values[key], self._offsets[key] = values, offsets.astype(np.int64)
+            counts[key] = len(offsets) - 1
+        if len(set(counts.values())) != 1:
+            raise ConfigError(f"RaggedSource: every key must have as many records, got {counts}; "
+                              "give each key n + 1 offsets for the same n records")
+        self._len = next(iter(counts.values()))
+
+    @classmethod
+    def from_sequences(cls, columns: Mapping[str, Sequence[Any]],
+                       dtype: Any = None) -> "RaggedSource":
+        """Builds one from lists of 1-D arrays (or lists), one list per key.
+
+        Example:
+            >>> RaggedSource.from_sequences({"t": [[1, 2], [3]]}, dtype=np.int32)[0]["t"]
+            array([1, 2], dtype=int32)
+        """
+        pairs = {}
+        for key, seqs in columns.items():
+            arrays = [np.asarray(s, dtype=dtype).reshape(-1) for s in seqs]
+            offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
+            values = np.concatenate(arrays) if arrays else np.zeros(0, dtype or np.int64)
+            pairs[key] = (values, offsets)
+        return cls(pairs)
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self._values)
+
+    def lengths(self, key: str) -> np.ndarray:
+        """Every record's length for ``key`` (no record read)."""
+        return np.diff(self._offsets[key])
+
+    def flat(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """The flat values and offsets of ``key`` (read-only views)."""
+        values, offsets = self._values[key].view(), self._offsets[key].view()
+        values.flags.writeable = offsets.flags.writeable = False
+        return values, offsets
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not -self._len <= index < self._len:
+            raise IndexError(f"RaggedSource: index {index} out of range [0, {self._len})")
+        index %= self._len
+        out = {}
+        for key, values in self._values.items():
+            offsets = self._offsets[key]
+            view = values[offsets[index]:offsets[index + 1]]
+            view.flags.writeable = False
+            out[key] = view
+        return out
+
+    @property
+    def fingerprint(self) -> str:
+        import hashlib
+
+        digest = hashlib.blake2b(digest_size=16)
+        for key in self._values:
+            digest.update(key.encode())
+            digest.update(self._offsets[key][:: max(1, self._len // 64)].tobytes())
+            digest.update(str(self._values[key].dtype).encode())
+        return f"ragged:{self._len}:{digest.hexdigest()}"
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}: {len(v)} {v.dtype}" for k, v in self._values.items())
+        return f"RaggedSource({self._len} records; {parts})"
+
+
+def _check(key: str, values: np.ndarray, offsets: np.ndarray) -> None:
+    if values.ndim != 1 or values.dtype.hasobject:
+        raise ConfigError(f"RaggedSource[{key!r}] values: expected a flat numeric array, got "
+                          f"shape {values.shape} dtype {values.dtype}; concatenate the sequences")
+    if (offsets.ndim != 1 or len(offsets) < 1 or offsets.dtype.kind not in "iu"
+            or offsets[0] != 0 or offsets[-1] != len(values) or np.any(np.diff(offsets) < 0)):
+        raise ConfigError(
+            f"RaggedSource[{key!r}] offsets: expected integers from 0 to len(values) "
+            f"({len(values)}), non-decreasing, got {offsets[:4].tolist()}...{offsets[-2:].tolist()}"
+            f" (shape {offsets.shape}); offsets[i]:offsets[i + 1] are record i's values"
+        )

@@ -1,0 +1,164 @@
+"""PackedSource: rows with segment ids and positions; through the loader, exact and elastic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import assert_same_stream, check_resume, check_split_resume, take
+
+WIDTH = 16
+
+
+def documents(n=200, seed=0):
+    """Records whose tokens are globally unique ids (1..): where each token went is checkable."""
+    lengths = np.random.default_rng(seed).integers(0, 40, n)
+    ends = np.cumsum(lengths)
+    tokens = np.arange(1, ends[-1] + 1, dtype=np.int32)
+    return jl.RaggedSource({"tokens": (tokens, np.concatenate([[0], ends]))}), lengths
+
+
+def unpack(batch, key="tokens"):
+    """Each segment of each row: (segment id, tokens), checking ids and positions on the way."""
+    segments = []
+    for tokens, ids, positions in zip(batch[key], batch[f"{key}_segment_ids"],
+                                      batch[f"{key}_positions"]):
+        assert np.all(tokens[ids == 0] == 0) and np.all(positions[ids == 0] == 0)
+        used = ids[ids > 0]
+        assert np.array_equal(np.unique(used), np.arange(1, len(np.unique(used)) + 1))
+        assert np.all(np.diff(used) >= 0), "segment ids count up along the row"
+        for s in np.unique(used):
+            at = ids == s
+            assert np.array_equal(positions[at], np.arange(at.sum()))
+            segments.append(tokens[at])
+    return segments
+
+
+@pytest.mark.parametrize("method", ["concat", "first_fit", "best_fit"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_epoch_holds_every_token_exactly_once(method, num_workers):
+    source, lengths = documents()
+    packed = jl.PackedSource(source, "tokens", WIDTH, method=method, bins=3, window=50)
+    with jl.DataLoader(packed, batch_size=4, shuffle=True, seed=1, last_batch="pad",
+                       num_workers=num_workers, process_index=0, process_count=1) as loader:
+        for epoch in range(2):
+            seen = []
+            for batch in loader:
+                real = {k: v[batch["mask"]] for k, v in batch.items() if k != "mask"}
+                seen += unpack(real)
+            got = np.sort(np.concatenate(seen))
+            assert np.array_equal(got, np.arange(1, lengths.sum() + 1)), epoch
+            if method != "concat":  # whole records: each segment is a record or a row-sized piece
+                assert all(len(s) <= WIDTH and np.all(np.diff(s) == 1) for s in seen)
+
+
+def test_a_truncating_packer_reports_what_it_cut():
+    source, lengths = documents()
+    packed = jl.PackedSource(source, "tokens", WIDTH, overlong="truncate")
+    assert packed.truncated.tolist() == np.flatnonzero(lengths > WIDTH).tolist()
+    seen = unpack(packed.__getitems__(np.arange(len(packed))))
+    assert sum(len(s) for s in seen) == np.minimum(lengths, WIDTH).sum()
+    starts = np.concatenate([[1], np.cumsum(lengths)[:-1] + 1])
+    assert sorted(int(s[0]) for s in seen) == starts[lengths > 0].tolist()  # each record's head
+
+
+def test_any_source_of_dict_records_packs_like_a_ragged_one():
+    source, _ = documents(60)
+    records = [{"tokens": np.array(source[i]["tokens"]), "label": i} for i in range(len(source))]
+    as_list = jl.PackedSource(records, "tokens", WIDTH, method="best_fit")
+    ragged = jl.PackedSource(source, "tokens", WIDTH, method="best_fit")
+    rows = np.arange(len(ragged))[::-1]
+    a, b = as_list.__getitems__(rows), ragged.__getitems__(rows)
+    assert a.keys() == b.keys() == {"tokens", "tokens_segment_ids", "tokens_positions"}
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert np.array_equal(ragged[3]["tokens"], b["tokens"][len(rows) - 4])
+
+
+def test_several_keys_are_packed_side_by_side():
+    inputs = [np.arange(n) + 1 for n in (5, 3, 7, 2)]
+    targets = [np.full(n, 9) for n in (2, 4, 1, 3)]
+    source = jl.RaggedSource.from_sequences({"inputs": inputs, "targets": targets})
+    packed = jl.PackedSource(source, ["inputs", "targets"], {"inputs": 10, "targets": 6},
+                             seed=None)
+    batch = packed.__getitems__(np.arange(len(packed)))
+    assert batch["inputs"].shape[1] == 10 and batch["targets"].shape[1] == 6
+    for row in range(len(packed)):  # a record's inputs and targets share a segment id
+        ids_in, ids_tg = batch["inputs_segment_ids"][row], batch["targets_segment_ids"][row]
+        assert set(np.unique(ids_in)) - {0} == set(np.unique(ids_tg)) - {0}
+    assert sorted(map(len, unpack(batch, "inputs"))) == [2, 3, 5, 7]
+
+
+def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
+    source, lengths = documents(50)
+    records = [{"tokens": np.array(source[i]["tokens"])} for i in range(len(source))]
+    cache = tmp_path / "train.lengths.npy"
+    first = jl.PackedSource(records, "tokens", WIDTH, lengths=cache)
+    assert np.array_equal(np.load(cache)[:, 0], lengths)
+
+    class Unreadable(list):
+        def __getitem__(self, i):
+            raise AssertionError("the lengths come from the cache")
+
+    again = jl.PackedSource(Unreadable(records), "tokens", WIDTH, lengths=cache)
+    assert np.array_equal(again.plan.record, first.plan.record)
+    assert first.fingerprint == jl.PackedSource(records, "tokens", WIDTH,
+                                                lengths=lengths).fingerprint
+    with pytest.raises(jl.ConfigError, match=r"lengths=...\) \(from .*train.lengths.npy\): "
+                                             r"expected 49 .* shape \(50, 1\).*stale cache"):
+        jl.PackedSource(records[:49], "tokens", WIDTH, lengths=cache)
+
+
+def packed_loader(num_workers=0, batch_size=4, process_index=0, process_count=1, method="best_fit"):
+    source, _ = documents(300)
+    packed = jl.PackedSource(source, "tokens", WIDTH, method=method, bins=4, window=64)
+    return lambda: jl.DataLoader(packed, batch_size=batch_size, shuffle=True, seed=3,
+                                 num_epochs=None, num_workers=num_workers,
+                                 process_index=process_index, process_count=process_count)
+
+
+@pytest.mark.parametrize("method", ["concat", "best_fit"])
+@pytest.mark.parametrize("k", [5, 131])  # past the end of epoch 0 (~110 steps)
+def test_resume_is_exact_into_other_worker_and_process_counts(method, k):
+    check_resume(packed_loader(method=method), total=k + 6, k=k,
+                 make_restored=packed_loader(num_workers=2, method=method))
+    check_split_resume(lambda **kw: packed_loader(method=method, **kw), batch_size=4, k=k,
+                       steps=6, keys=("tokens", "tokens_segment_ids", "tokens_positions"))
+
+
+def test_a_state_from_other_packing_is_refused():
+    with packed_loader()() as loader:
+        take(loader, 2)
+        state = loader.state_dict()
+    source, _ = documents(300)
+    other = jl.PackedSource(source, "tokens", WIDTH, method="best_fit", bins=5, window=64)
+    with jl.DataLoader(other, batch_size=4, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.StateDictError, match="fingerprint|source"):
+            loader.load_state_dict(state)
+
+
+def test_packed_rows_mix_with_other_sources():
+    source, _ = documents(100)
+    packed = jl.PackedSource(source, "tokens", WIDTH)
+    mixture = jl.mix([packed, packed], [0.5, 0.5])
+    with jl.DataLoader(mixture, batch_size=8, shuffle=True, process_index=0,
+                       process_count=1) as loader:
+        batch = next(iter(loader))
+    assert batch["tokens"].shape == (8, WIDTH)
+    unpack(batch)
+    assert_same_stream([batch], [batch])
+
+
+def test_bad_input_is_named():
+    source, _ = documents(10)
+    with pytest.raises(jl.ConfigError, match=r"length=...\): expected a row length >= 1.*got 0"):
+        jl.PackedSource(source, "tokens", 0)
+    with pytest.raises(jl.ConfigError, match=r"method=...\): expected one of .*'greedy'"):
+        jl.PackedSource(source, "tokens", 8, method="greedy")
+    with pytest.raises(jl.ConfigError, match=r"record 0: expected a dict with key 'ids'"):
+        jl.PackedSource([{"tokens": np.arange(3)}], "ids", 8)
+    with pytest.raises(jl.ConfigError, match=r"record 0\['x'\]: expected a 1-D integer array.*"
+                                             r"shape \(2, 2\)"):
+        jl.PackedSource([{"x": np.zeros((2, 2), np.int32)}], "x", 8)
+    with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
+        jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5]))})
