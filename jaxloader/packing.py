@@ -112,30 +112,34 @@ class PackedSource:
         return {k: v[0] for k, v in self.__getitems__(np.array([index])).items()}
 
     def __getitems__(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The packed rows ``rows``, batched: one gather per key, whatever the segments."""
+        """The packed rows ``rows``, batched: one slice copy per segment and key."""
         plan = self.plan
         rows = np.asarray(rows, np.int64)
         first, last = plan.row_ptr[rows], plan.row_ptr[rows + 1]
         count = last - first
         seg = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-        out_row = np.repeat(np.arange(len(rows)), count)
-        rank = seg - np.repeat(first, count) + 1  # segment id within its row, from 1
+        out_row = np.repeat(np.arange(len(rows)), count).tolist()
+        rank = (seg - np.repeat(first, count) + 1).tolist()  # segment id in its row, from 1
         records = plan.record[seg]
         batch: dict[str, np.ndarray] = {}
         for k, key in enumerate(self.keys):
-            values, starts = self._flat[k] if self._flat else _gather_records(
-                self.source, records, key)
-            begin = (starts[records] if self._flat else starts) + plan.record_offset[seg, k]
-            n = plan.length[seg, k]
-            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-            place = (np.repeat(out_row, n), np.repeat(plan.row_offset[seg, k], n) + within)
+            if self._flat:
+                values, offsets = self._flat[k]
+                starts = offsets[records]
+            else:
+                values, starts = _gather_records(self.source, records, key)
+            begin = (starts + plan.record_offset[seg, k]).tolist()
+            at = plan.row_offset[seg, k].tolist()
+            size = plan.length[seg, k].tolist()
             width = int(self.row_length[k])
             tokens = np.zeros((len(rows), width), values.dtype)
-            tokens[place] = values[np.repeat(begin, n) + within]
             ids = np.zeros((len(rows), width), np.int32)
-            ids[place] = np.repeat(rank, n)
             positions = np.zeros((len(rows), width), np.int32)
-            positions[place] = within
+            count_up = np.arange(width, dtype=np.int32)
+            for r, s, b, o, n in zip(out_row, rank, begin, at, size):
+                tokens[r, o:o + n] = values[b:b + n]
+                ids[r, o:o + n] = s
+                positions[r, o:o + n] = count_up[:n]
             batch[key], batch[f"{key}_segment_ids"], batch[f"{key}_positions"] = (
                 tokens, ids, positions)
         return batch
