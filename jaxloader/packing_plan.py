@@ -98,15 +98,19 @@ def concat(lengths: np.ndarray, row_length: int, seed: int | None = 0) -> Packin
     first, last = starts // row_length, (ends - 1) // row_length
     pieces = last - first + 1
     seg_record = np.repeat(records, pieces)
-    piece = np.arange(int(pieces.sum()), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces,
-                                                                     pieces)
-    row = np.repeat(first, pieces) + piece
-    begin = np.maximum(np.repeat(starts, pieces), row * row_length)
+    piece_start = np.repeat(starts, pieces)
+    row = np.repeat(first, pieces)
+    more = np.flatnonzero(pieces > 1)  # records cut across rows: their later pieces
+    if len(more):
+        piece = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces,
+                                                                pieces)
+        row += piece
+    begin = np.maximum(piece_start, row * row_length)
     end = np.minimum(np.repeat(ends, pieces), (row + 1) * row_length)
     rows = int(-(-ends[-1] // row_length)) if len(ends) else 0
     return PackingPlan(
         row_ptr=_row_ptr(row, rows), record=seg_record,
-        record_offset=(begin - np.repeat(starts, pieces))[:, None],
+        record_offset=(begin - piece_start)[:, None],
         row_offset=(begin - row * row_length)[:, None], length=(end - begin)[:, None],
         row_length=np.array([row_length], np.int64), truncated=np.zeros(0, np.int64), dropped=0)
 
@@ -154,7 +158,9 @@ def fit(lengths: np.ndarray, row_length: Sequence[int], *, method: str = "best_f
         start = piece[:, None] * limit
         n = np.clip(np.repeat(n, pieces, axis=0) - start, 0, limit)
     row, offset = _fit_windows(n, limit, method == "best_fit", bins, window)
-    by_row = np.lexsort((offset[:, 0], row))
+    # Within a row, items were placed in item order, each after the last: a stable sort by
+    # row alone keeps them in offset order (and is ~30x faster than sorting by both).
+    by_row = np.argsort(row, kind="stable")
     return PackingPlan(
         row_ptr=_row_ptr(row[by_row], int(row.max()) + 1 if len(row) else 0),
         record=items[by_row], record_offset=start[by_row], row_offset=offset[by_row],

@@ -14,13 +14,17 @@ import pytest
 
 pytestmark = pytest.mark.timeout(420)
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-STEPS, SAVE_EVERY, KILL_AFTER = 600, 50, 300  # 2k steps in all, killed after k
+# script, its arguments, total steps, save every, kill after (at least)
+RUNS = {
+    "digits": ("train_digits.py", (), 600, 50, 300),
+    "packed LM": ("train_lm.py", ("--length", "128", "--batch-size", "8"), 120, 20, 60),
+}
 
 
-def _train(workdir, *extra) -> subprocess.Popen:
+def _train(workdir, script, args, steps, save_every, *extra) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, os.path.join(EXAMPLES, "train_digits.py"), "--steps", str(STEPS),
-         "--save-every", str(SAVE_EVERY), "--loss-log", "losses.jsonl", *extra],
+        [sys.executable, os.path.join(EXAMPLES, script), *args, "--steps", str(steps),
+         "--save-every", str(save_every), "--loss-log", "losses.jsonl", *extra],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
@@ -30,35 +34,39 @@ def _losses(path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def test_killed_training_resumes_with_the_same_losses(tmp_path):
+@pytest.mark.parametrize("run", list(RUNS))
+def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
+    script, args, steps, save_every, kill_after = RUNS[run]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir(), cut.mkdir()
-    proc = _train(whole)
+    proc = _train(whole, script, args, steps, save_every)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     reference = {r["step"]: r["loss"] for r in _losses(whole / "losses.jsonl")}
-    assert sorted(reference) == list(range(1, STEPS + 1))
-    assert "test accuracy" in out
+    assert sorted(reference) == list(range(1, steps + 1))
+    assert ("test accuracy" if run == "digits" else "final loss") in out
+    if run != "digits":  # it learns: the loss at the end is well below the start
+        assert reference[steps] < 0.75 * reference[1], (reference[1], reference[steps])
 
-    proc = _train(cut)  # the same run, killed (SIGKILL, no clean exit) after step k
+    proc = _train(cut, script, args, steps, save_every)  # killed (SIGKILL) after step k
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         done = _losses(cut / "losses.jsonl") if (cut / "losses.jsonl").exists() else []
-        if done and done[-1]["step"] >= KILL_AFTER:
+        if done and done[-1]["step"] >= kill_after:
             break
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     killed_at = _losses(cut / "losses.jsonl")[-1]["step"]
-    assert KILL_AFTER <= killed_at < STEPS, "the kill must land mid-run"
+    assert kill_after <= killed_at < steps, "the kill must land mid-run"
 
-    proc = _train(cut, "--resume")
+    proc = _train(cut, script, args, steps, save_every, "--resume")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     resumed_from = int(out.split("resumed from step ")[1].split()[0])
-    assert 0 < resumed_from <= killed_at and resumed_from % SAVE_EVERY == 0
+    assert 0 < resumed_from <= killed_at and resumed_from % save_every == 0
     resumed = _losses(cut / "losses.jsonl")[killed_at:]
-    assert [r["step"] for r in resumed] == list(range(resumed_from + 1, STEPS + 1))
+    assert [r["step"] for r in resumed] == list(range(resumed_from + 1, steps + 1))
     mismatched = [r["step"] for r in resumed if r["loss"] != reference[r["step"]]]
     assert not mismatched, f"losses differ after the restore at steps {mismatched[:10]}"
 
