@@ -115,9 +115,9 @@ def concat(lengths: np.ndarray, row_length: int, seed: int | None = 0) -> Packin
         row_length=np.array([row_length], np.int64), truncated=np.zeros(0, np.int64), dropped=0)
 
 
-def fit(lengths: np.ndarray, row_length: Sequence[int], *, method: str = "best_fit",
-        bins: int = 16, window: int = 10_000, overlong: str = "split",
-        seed: int | None = 0) -> PackingPlan:
+def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
+        method: str = "best_fit", bins: int = 16, window: int = 10_000,
+        overlong: str = "split", seed: int | None = 0) -> PackingPlan:
     """First-fit or best-fit packing of whole records (``lengths``: records x keys) into rows
     of ``row_length`` tokens per key, ``bins`` rows open at a time, over windows of ``window``
     records. Records longer than a row are split into row-sized pieces (``overlong="split"``)
