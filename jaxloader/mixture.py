@@ -195,20 +195,23 @@ class MixtureSampler:
         if first == last and positions[-1] - positions[0] == len(positions) - 1:
             start = int(positions[0]) - first * width  # a batch: consecutive, in one span
             return self._span_table(first)[start : start + len(positions)]
-        spans = positions // width
+        blocks = positions // self._block  # scattered positions: one block's table each
         out = np.empty(len(positions), np.int64)
-        for span in np.unique(spans):
-            at = spans == span
-            out[at] = self._span_table(int(span))[positions[at] - span * width]
+        for block in np.unique(blocks):
+            at = blocks == block
+            out[at] = self._tables(int(block), 1)[positions[at] - block * self._block]
         return out
 
     def _span_table(self, span: int) -> np.ndarray:
-        """The indices of every position of ``_SPAN`` blocks, from block ``span * _SPAN``
-        (memoised: some 30 batches of 256 share one; computed for all of them at once, since
-        NumPy's cost is per call)."""
-        if self._table is not None and self._span == span:
-            return self._table
-        blocks = np.arange(span * _SPAN, (span + 1) * _SPAN, dtype=np.int64)
+        """The indices of every position of ``_SPAN`` blocks from block ``span * _SPAN``
+        (memoised: some 30 batches of 256 share one, and NumPy's cost is per call)."""
+        if self._table is None or self._span != span:
+            self._table, self._span = self._tables(span * _SPAN, _SPAN), span
+        return self._table
+
+    def _tables(self, first: int, count: int) -> np.ndarray:
+        """The indices of every position of blocks ``first .. first + count - 1``."""
+        blocks = np.arange(first, first + count, dtype=np.int64)
         before, here = self._counts(blocks)  # (blocks, components) each
         ends = np.cumsum(here, axis=1)
         q = self._block_permutations(blocks)  # (blocks, block): each position's slot
@@ -219,8 +222,7 @@ class MixtureSampler:
         for c in np.flatnonzero(here.sum(axis=0)):
             at = components == c
             table[at] = self._component_reads(int(c), reads[at])
-        self._table, self._span = table.reshape(-1), span
-        return self._table
+        return table.reshape(-1)
 
     def _counts(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each component's positions before each block, and in it (the regimes in force)."""

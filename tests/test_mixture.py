@@ -59,6 +59,10 @@ def test_each_component_reads_its_records_once_per_epoch_of_its_own_reshuffled()
 def test_the_plan_is_a_pure_function_of_position():
     a, b = sampler(), sampler()
     b.indices(np.arange(5000, 9000))  # other memos first
+    # a batch's positions (consecutive: the memoised span of blocks) and the same scattered
+    # (block by block) give the same indices
+    consecutive = np.arange(5000, 9000)
+    assert np.array_equal(a.indices(consecutive), b.indices(consecutive[::-1])[::-1])
     positions = np.random.default_rng(0).integers(0, 10**9, 500)
     assert np.array_equal(a.indices(positions), b.indices(positions))
     assert np.array_equal(a.indices(np.arange(100)), sampler(seed=7).indices(np.arange(100)))
