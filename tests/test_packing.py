@@ -162,3 +162,25 @@ def test_bad_input_is_named():
         jl.PackedSource([{"x": np.zeros((2, 2), np.int32)}], "x", 8)
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
         jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5]))})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_parquet_list_column_packs_every_token_once(tmp_path, num_workers):
+    pa = pytest.importorskip("pyarrow")  # in the test extra; ParquetSource's dependency
+    pq = pytest.importorskip("pyarrow.parquet")
+    source, lengths = documents(120)
+    records = [source[i]["tokens"].tolist() for i in range(len(source))]
+    for part in range(2):  # two files, row groups of 25
+        rows = records[part * 60:(part + 1) * 60]
+        pq.write_table(pa.table({"tokens": pa.array(rows, pa.list_(pa.int32())),
+                                 "id": np.arange(len(rows))}),
+                       tmp_path / f"part-{part}.parquet", row_group_size=25)
+    files = jl.ParquetSource([tmp_path / "part-0.parquet", tmp_path / "part-1.parquet"])
+    packed = jl.PackedSource(files, "tokens", WIDTH, method="concat",
+                             lengths=tmp_path / "lengths.npy")
+    assert np.array_equal(np.load(tmp_path / "lengths.npy")[:, 0], lengths)
+    with jl.DataLoader(packed, batch_size=4, shuffle=True, last_batch="pad",
+                       num_workers=num_workers, process_index=0, process_count=1) as loader:
+        seen = [s for batch in loader
+                for s in unpack({k: v[batch["mask"]] for k, v in batch.items() if k != "mask"})]
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(1, lengths.sum() + 1))
