@@ -35,6 +35,8 @@ from jaxloader.sources import (
     Source,
 )
 from jaxloader.stats import LoaderStats
+from jaxloader.stream_loader import StreamLoader
+from jaxloader.streams import IterableShard, JsonlShard, Stream, TarShard, TextShard
 from jaxloader.transforms import BatchMap, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 
@@ -47,7 +49,9 @@ __all__ = [
     "ConfigError",
     "DataLoader",
     "FileListSource",
+    "IterableShard",
     "JaxloaderError",
+    "JsonlShard",
     "LoaderIterator",
     "LoaderStats",
     "LocalShuffle",
@@ -61,6 +65,10 @@ __all__ = [
     "SharedMemoryError",
     "Source",
     "StateDictError",
+    "Stream",
+    "StreamLoader",
+    "TarShard",
+    "TextShard",
     "WorkerError",
     "WorkerInfo",
     "data_sharding",

@@ -98,6 +98,11 @@ class DataLoader:
         sharding: Any = None,
         device_prefetch: int = 2,
     ) -> None:
+        from jaxloader.streams import Stream
+
+        if isinstance(source, Stream):
+            raise ConfigError("DataLoader(source): got a Stream, which has no random access; "
+                              "read it with jaxloader.StreamLoader(stream, batch_size=...)")
         num_records = check_source(source)
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         if process_index is None or process_count is None:

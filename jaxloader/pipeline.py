@@ -58,6 +58,14 @@ class BatchMaker:
         # (index, (fn, takes an rng)) per record transform: one loop serves Map and RandomMap
         self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
 
+    @property
+    def seed(self) -> int:
+        return self.sampler.seed
+
+    def location(self, step: int) -> str:
+        """Where step ``step``'s batch is, for messages."""
+        return self.sampler.batch(step).location()
+
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
         spec = self.sampler.batch(step)

@@ -133,8 +133,8 @@ class WorkerPool:
 
     def _send_payload(self) -> None:
         for i, worker in enumerate(self._workers):
-            protocol.send(worker.conn, Init(sys.path, i, self._num_workers,
-                                            self._maker.sampler.seed, self._blob))
+            protocol.send(worker.conn, Init(sys.path, i, self._num_workers, self._maker.seed,
+                                            self._blob))
 
     @property
     def pids(self) -> list[int]:
@@ -145,8 +145,13 @@ class WorkerPool:
         """Shared-memory segments this pool owns now (ring slots + shared source arrays)."""
         return self._ring.segment_count + len(self._shared)
 
-    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
-        """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order."""
+    def batches(self, start: int, stop: int | None, resets: list | None = None,
+                reports: dict | None = None) -> Generator[Any, None, None]:
+        """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order.
+
+        A stream's run passes ``resets`` (each worker's reader state to continue from): step
+        ``s`` is then made by worker ``s % num_workers``, and the reader state after each
+        batch handed out is put in ``reports[step]``."""
         with self._driver:  # never held across a yield (``jaxloader.interrupts``, 3)
             self._raise_if_broken()
             if self._mixed_up:
@@ -161,21 +166,30 @@ class WorkerPool:
                 with self._driver:
                     while ((stop is None or next_submit < stop)
                            and next_submit - next_yield < window):
-                        worker = min(range(len(self._workers)), key=self._in_flight.__getitem__)
+                        if resets is None:
+                            worker = min(range(len(self._workers)),
+                                         key=self._in_flight.__getitem__)
+                        else:  # a stream: the worker that owns the step's reader
+                            worker = next_submit % len(self._workers)
                         if self._in_flight[worker] >= self._prefetch:
                             break
-                        self._submit(worker, next_submit, run)
+                        reset = None
+                        if resets is not None and resets[worker] is not None:
+                            reset, resets[worker] = resets[worker], None
+                        self._submit(worker, next_submit, run, reset)
                         next_submit += 1
                     if next_yield not in ready:
                         self._receive(run, ready)
                         continue
-                    made = ready.pop(next_yield)  # (segment, layout, objects) or a _Failure
-                    if type(made) is _Failure:  # raised in order, at its turn
+                    made = ready.pop(next_yield)  # (segment, layout, objects, report) or a
+                    if type(made) is _Failure:  # _Failure: raised in order, at its turn
                         self._break(*made)
+                    if reports is not None:
+                        reports[next_yield] = made[3]
                     next_yield += 1
                     # Made under the lock, held by nothing here while suspended at the yield
                     # (a local would keep the slot lent until the next resume).
-                    handed = [self._ring.hand_out(*made)]
+                    handed = [self._ring.hand_out(*made[:3])]
                 yield handed.pop()
         except BaseException as e:
             # A message may have been cut (``jaxloader.interrupts``, 2): unless blocked in
@@ -190,13 +204,13 @@ class WorkerPool:
                     if type(made) is not _Failure:
                         self._ring.give_back(made[0])
 
-    def _submit(self, worker: int, step: int, run: int) -> None:
+    def _submit(self, worker: int, step: int, run: int, reset: Any = None) -> None:
         segment = self._ring.take()
         task_id = self._next_task
         self._next_task += 1
         self._tasks[task_id] = _Task(worker, step, run, segment)
         self._in_flight[worker] += 1
-        self._send(worker, Task(task_id, step, segment.name, segment.size))
+        self._send(worker, Task(task_id, step, segment.name, segment.size, reset))
 
     def _send(self, worker: int, message: Any) -> None:
         try:
@@ -221,7 +235,8 @@ class WorkerPool:
                 if message.layout is not None:
                     self._layouts[worker] = message.layout
                 if task.run == run:  # a plain tuple: built once a batch
-                    ready[task.step] = (task.segment, self._layouts[worker], message.objects)
+                    ready[task.step] = (task.segment, self._layouts[worker], message.objects,
+                                        message.report)
                 else:
                     self._ring.give_back(task.segment)
             elif type(message) is Grow:
@@ -244,7 +259,7 @@ class WorkerPool:
         w = self._workers[worker]
         where = "while starting (loading the payload or running worker_init_fn)"
         if failed.step is not None:
-            where = f"at {self._maker.sampler.batch(failed.step).location()}"
+            where = f"at {self._maker.location(failed.step)}"
         cause = None
         if failed.pickled is not None:
             try:
@@ -264,7 +279,7 @@ class WorkerPool:
         how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
         if code is not None and code < 0 and -code == 9:
             how += " (SIGKILL: often the out-of-memory killer)"
-        doing = (f"while making {self._maker.sampler.batch(steps[0]).location()}"
+        doing = (f"while making {self._maker.location(steps[0])}"
                  if steps else "while idle")
         self._break(WorkerError(
             f"worker {worker} (pid {w.pid}) died {doing}: {how}; the loader is broken; check "

@@ -5,8 +5,9 @@
     main process                                           worker
     Init(path, worker_id, num_workers, seed, payload) ──>  sys.path, loads(payload), init_fn(id)
                                                       <──  Failed(-1, None, ...)  (could not start)
-    Task(task_id, step, slot, size) ─────────────────────>  make(step) straight into the slot
-                                                      <──  Done(task_id, slot, layout, objects)
+    Task(task_id, step, slot, size, reset) ──────────────>  make(step) straight into the slot
+                                                      <──  Done(task_id, slot, layout, objects,
+                                                                report)
                                                       <──  Grow(task_id, nbytes)  (slot too small)
     Slot(task_id, slot, size) ───────────────────────────>  (a bigger slot for that task)
                                                       <──  Failed(task_id, step, summary,
@@ -15,7 +16,9 @@
 
 ``slot`` names a shared-memory segment (``shm.attach`` maps it). ``Done.layout`` is ``None`` when
 it equals the worker's previous one (the main process keeps the last per worker); ``objects`` are
-the batch's object leaves (strings), which cannot live in shared memory. A message is pickled in
+the batch's object leaves (strings), which cannot live in shared memory. A stream's batches
+are made by the worker that owns their reader: ``Task.reset`` (``None`` but for the first task
+of a run) is the reader state to continue from, ``Done.report`` the state after the batch. A message is pickled in
 C (``pickle.dumps``; ``Connection.send`` would build a ``ForkingPickler`` per message) and sent as
 one frame on the worker's pipe; everything here is plain data and never imports JAX.
 
@@ -24,7 +27,7 @@ Example:
     >>> main, worker = Pipe()
     >>> send(main, Task(task_id=7, step=42, slot="memfd:1:5:99", size=4096))
     >>> receive(worker)
-    Task(task_id=7, step=42, slot='memfd:1:5:99', size=4096)
+    Task(task_id=7, step=42, slot='memfd:1:5:99', size=4096, reset=None)
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Task(NamedTuple):
     step: int
     slot: str
     size: int
+    reset: Any = None  # a stream reader's state to continue from (the first task of a run)
 
 
 class Slot(NamedTuple):
@@ -72,6 +76,7 @@ class Done(NamedTuple):
     slot: str
     layout: Any  # collate.Layout, or None: the same as this worker's previous one
     objects: list  # the object leaves, in layout order
+    report: Any = None  # a stream reader's state after this batch
 
 
 class Grow(NamedTuple):

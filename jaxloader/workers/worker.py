@@ -3,7 +3,8 @@
 ::
 
     Init ──> set sys.path, loads(payload), init_fn(id)
-    Task ──> maker.make(step, alloc=the slot) ──> Done  (Grow ... Slot when it needs more room)
+    Task ──> [maker.reset(task.reset)] maker.make(step, alloc=the slot) ──> Done (+ report)
+                                              (Grow ... Slot when it needs more room)
                                               └─> Failed (the exception, its traceback)
     Stop / EOF ──> exit
 
@@ -121,14 +122,18 @@ def serve(conn: Connection) -> None:
         return
     inbox, slots = _Inbox(conn), _Slots()
     last_layout = None
+    streaming = hasattr(maker, "report")
     while True:
         message = inbox.next()
         if type(message) is not Task:  # Stop
             return
-        task_id, step, name, size = message
+        task_id, step, name, size, reset = message
         lease = _Lease(task_id, name, size, inbox, slots)
         try:
+            if reset is not None:  # a stream reader: continue from the loader's position
+                maker.reset(reset)
             batch, layout = maker.make(step, lease.alloc)
+            report = maker.report() if streaming else None
         except SystemExit:
             return
         except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
@@ -141,7 +146,7 @@ def serve(conn: Connection) -> None:
         del batch  # drop the views of the slot before the main process may reuse it
         same = layout == last_layout
         last_layout = layout
-        protocol.send(conn, Done(task_id, lease.name, None if same else layout, objects))
+        protocol.send(conn, Done(task_id, lease.name, None if same else layout, objects, report))
 
 
 def _failed(task_id: int, step: int | None, e: BaseException) -> Failed:

@@ -1,0 +1,303 @@
+"""``StreamLoader``: batches of a ``Stream`` (no random access), with exact resume.
+
+::
+
+    StreamLoader ── Progress (the step of the next batch handed out) ─ iter() ─> LoaderIterator
+       │              └─ _Runs.batches(start) ─> engine.batches(start, resets, reports)
+       │                    resets: each reader's state as of `start` (what was handed out)
+       │                    reports[step]: the reader's state after that step's batch
+       └ state_dict() = {"step", "readers": [state per reader of this process], config}
+
+This process has ``W = max(1, num_workers)`` readers; step ``s`` is the ``s // W``-th batch of
+reader ``s % W`` (made in worker ``s % W``). Workers read ahead (prefetch), so the state of a
+reader is taken from the report of the last batch *handed out* by it, never from where its
+worker has got to: a state names exactly the next batch, and a restore continues the same
+stream. The order is fixed for a given ``(seed, process_count, num_workers)``; a state restores
+into a loader with the same counts (0 and 1 workers are the same: one reader), and is refused
+with another count.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Generator, Sequence
+
+from jaxloader.checks import MASK64, check_int
+from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.iterator import LoaderIterator, Progress
+from jaxloader.options import LoaderOptions
+from jaxloader.stats import LoaderStats
+from jaxloader.streams.maker import StreamBatchMaker
+from jaxloader.streams.reader import Stream
+from jaxloader.transforms import split_transforms
+
+STREAM_STATE_VERSION = 1
+
+
+class StreamLoader:
+    """Batches of a stream of records read in order: files of lines or tar shards, generators.
+
+    Args:
+        stream: a ``jaxloader.Stream`` (``Stream.jsonl(paths)``, ``Stream.tar(paths)``,
+            ``Stream.from_generator(fn, shards=n)``, or ``Stream(shards)``), or a list of shards.
+        batch_size: records per batch per process.
+        seed: orders the shards each epoch, the shuffle windows and every ``RandomMap``.
+        transforms, num_workers, prefetch, worker_init_fn, start_method, process_index,
+        process_count, sharding, device_prefetch: as for ``DataLoader``.
+
+    Endless: each reader goes through its shards epoch after epoch; loop for a number of steps.
+
+    Example:
+        >>> import jaxloader as jl
+        >>> stream = jl.Stream.from_generator(lambda i: ({"x": i * 100 + j} for j in range(6)),
+        ...                                   shards=2, shuffle_shards=False)
+        >>> loader = jl.StreamLoader(stream, batch_size=4, process_index=0, process_count=1)
+        >>> it = iter(loader)
+        >>> next(it)["x"].tolist(), loader.state_dict()["readers"][0]["emitted"]
+        ([0, 1, 2, 3], 1)
+    """
+
+    def __init__(self, stream: Stream | Sequence[Any], *, batch_size: int, seed: int = 0,
+                 transforms: Sequence[Any] = (), num_workers: int = 0,
+                 process_index: int | None = None, process_count: int | None = None,
+                 prefetch: int = 2, worker_init_fn: Callable[[int], None] | None = None,
+                 start_method: str = "exec", sharding: Any = None,
+                 device_prefetch: int = 2) -> None:
+        if not isinstance(stream, Stream):
+            if not isinstance(stream, (list, tuple)):
+                raise ConfigError(
+                    f"StreamLoader(stream): expected a jaxloader.Stream or a list of shards, got "
+                    f"{type(stream).__name__}; for a generator use "
+                    "Stream.from_generator(make, shards=n), for files Stream.jsonl/text/tar"
+                )
+            stream = Stream(stream)
+        check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
+        check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        if process_index is None or process_count is None:
+            import jax
+
+            process_index = jax.process_index() if process_index is None else process_index
+            process_count = jax.process_count() if process_count is None else process_count
+        check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
+        check_int("process_index", process_index, low=0, high=process_count - 1,
+                  remedy=f"use an index in [0, {process_count})")
+        self._options = LoaderOptions(num_workers, None, "mask", prefetch, start_method,
+                                      device_prefetch)
+        record_transforms, batch_transforms = split_transforms(transforms)
+        self._stream = stream
+        self._readers = max(1, num_workers)
+        self._maker = StreamBatchMaker(
+            stream, batch_size=batch_size, seed=seed, process_index=process_index,
+            process_count=process_count, workers=self._readers,
+            record_transforms=record_transforms, batch_transforms=batch_transforms)
+        self._putter = None
+        if sharding is not None:
+            from jaxloader.sharding.put import Putter
+
+            self._putter = Putter(sharding, process_count)
+        self._progress = Progress()
+        self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
+        self._base_step = 0
+        self._reports: dict[int, dict] = {}
+        self._active: LoaderIterator | None = None
+        self._engine: Any
+        if num_workers == 0:
+            self._engine = _InProcess(self._maker)
+        else:
+            from jaxloader.workers.pool import WorkerPool
+
+            self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,  # type: ignore[arg-type]
+                                      start_method=start_method, worker_init_fn=worker_init_fn)
+
+    # -- placement and position -------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self._maker.batch_size
+
+    @property
+    def process_index(self) -> int:
+        return self._maker.process_index
+
+    @property
+    def process_count(self) -> int:
+        return self._maker.process_count
+
+    @property
+    def num_workers(self) -> int:
+        return self._options.num_workers
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._engine.pids
+
+    @property
+    def step(self) -> int:
+        """The step of the next batch this loader hands out."""
+        return self._progress.step
+
+    @property
+    def stats(self) -> LoaderStats:
+        return self._progress.stats()
+
+    def _states_at(self, step: int) -> list[dict]:
+        """Each reader's state once the batches before ``step`` are handed out."""
+        for s in range(self._base_step, step):
+            report = self._reports.pop(s, None)
+            if report is not None:
+                self._base[s % self._readers] = report
+        self._base_step = max(self._base_step, step)
+        return [copy.deepcopy(s) for s in self._base]
+
+    # -- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> LoaderIterator:
+        self._progress.check()
+        self._invalidate()
+        put = self._putter
+        self._active = LoaderIterator(self._progress, self._progress.step, None, _Runs(self), put,
+                                      self._options.device_prefetch,
+                                      single_device=put is not None and put.single_device)
+        return self._active
+
+    def peek(self) -> Any:
+        """The batch the next ``next()`` gives, made in this process; the position stays."""
+        self._progress.check()
+        step = self._progress.step
+        maker = copy.deepcopy(self._maker)  # its own shards: the running reader's stay put
+        maker.reset(self._states_at(step)[step % self._readers])
+        batch, _ = maker.make(step)
+        return batch if self._putter is None else self._putter(batch)
+
+    def _invalidate(self) -> None:
+        self._progress.generation += 1
+        if self._active is not None:
+            self._active.stop_work()
+            self._active = None
+
+    # -- state ------------------------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        return {"kind": "stream", "seed": self._maker.seed, "batch_size": self.batch_size,
+                "process_count": self.process_count, "readers_per_process": self._readers,
+                "stream": self._stream.describe()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position: the step and each of its readers' state; JSON-ready."""
+        step = self._progress.step
+        return {"version": STREAM_STATE_VERSION, "step": step, "process_index":
+                self.process_index, **self._config(), "readers": self._states_at(step)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from ``state``; live iterators of this loader stop being valid."""
+        if not isinstance(state, dict) or state.get("kind") != "stream":
+            raise StateDictError(
+                f"state: expected a StreamLoader's state_dict() (kind 'stream'), got "
+                f"{state.get('kind') if isinstance(state, dict) else type(state).__name__!r}; "
+                "a DataLoader's state restores into a DataLoader"
+            )
+        if state.get("version") != STREAM_STATE_VERSION:
+            raise StateDictError(f"state['version']: expected {STREAM_STATE_VERSION}, received "
+                                 f"{state.get('version')!r}")
+        ours = self._config()
+        diffs = [f"{k}: expected {v!r}, received {state.get(k)!r}" for k, v in ours.items()
+                 if state.get(k) != v]
+        if state.get("process_index") != self.process_index:
+            diffs.append(f"process_index: expected {self.process_index}, received "
+                         f"{state.get('process_index')!r}")
+        if diffs:
+            raise StateDictError(
+                "state does not fit this stream loader (" + "; ".join(diffs) + "); a stream's "
+                "order depends on the seed, the batch size and the number of readers "
+                "(process_count x max(1, num_workers)): restore with the same ones"
+            )
+        check_int("state['step']", state.get("step"), low=0, error=StateDictError,
+                  remedy="pass the dict that state_dict() returned, unchanged")
+        readers = state.get("readers")
+        first = self.process_index * self._readers
+        if (not isinstance(readers, list) or len(readers) != self._readers or any(
+                not isinstance(r, dict) or r.get("reader") != first + i
+                for i, r in enumerate(readers))):
+            raise StateDictError(
+                f"state['readers']: expected the states of readers {first}.."
+                f"{first + self._readers - 1}, received {readers!r:.200}"
+            )
+        probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
+        for i, r in enumerate(readers):
+            probe.reader_for(i).reset(copy.deepcopy(r))
+        self._invalidate()
+        self._progress.step = state["step"]
+        self._base, self._base_step = copy.deepcopy(readers), state["step"]
+        self._reports.clear()
+
+    async def save(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable.save`` (as ``DataLoader.save``)."""
+        from jaxloader.checkpoint import save_v1
+
+        return await save_v1(self, directory)
+
+    async def load(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable.load``."""
+        from jaxloader.checkpoint import load_v1
+
+        return await load_v1(self, directory)
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Releases workers and buffers; idempotent."""
+        if not self._progress.closed:
+            self._progress.closed = True
+            self._invalidate()
+            self._engine.close()
+
+    def __enter__(self) -> "StreamLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Runs:
+    """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state
+    of what was handed out, and files the reports of the batches it hands out."""
+
+    def __init__(self, loader: StreamLoader) -> None:
+        self._loader = loader
+
+    @property
+    def pids(self) -> list[int]:
+        return self._loader.worker_pids
+
+    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+        loader = self._loader
+        resets = loader._states_at(start)
+        for step in [s for s in loader._reports if s >= start]:  # a stale run's read-ahead
+            del loader._reports[step]
+        return loader._engine.batches(start, stop, resets, loader._reports)
+
+    def close(self) -> None:
+        self._loader._engine.close()
+
+
+class _InProcess:
+    """Makes a stream's batches in the calling thread (one reader)."""
+
+    def __init__(self, maker: StreamBatchMaker) -> None:
+        self._maker = maker
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def batches(self, start: int, stop: int | None, resets: list,
+                reports: dict) -> Generator[Any, None, None]:
+        self._maker.reset(resets[0])
+        step = start
+        while stop is None or step < stop:
+            batch, _ = self._maker.make(step)
+            reports[step] = self._maker.report()
+            yield batch
+            step += 1
+
+    def close(self) -> None:
+        for shard in self._maker.stream.shards:  # the files this process has open
+            close = getattr(shard, "close", None)
+            if close is not None:
+                close()

@@ -1,0 +1,16 @@
+"""Streams: records without random access, read in order from shards with checkpointable state.
+
+| module | what |
+|---|---|
+| ``shards`` | the ``Shard`` protocol (``reset(state)``, ``next()``, ``get_state()``) and ready shards: ``JsonlShard``, ``TextShard``, ``TarShard``, ``IterableShard`` |
+| ``reader`` | ``Stream`` (shards, shuffle window) and ``StreamReader`` (one reader's share, epochs, windows, state) |
+| ``maker`` | ``StreamBatchMaker``: a reader's batches, transformed and collated |
+
+``jaxloader.StreamLoader`` reads a ``Stream`` in the main process or in worker processes.
+"""
+
+from jaxloader.streams.reader import Stream, StreamReader
+from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TarShard, TextShard
+
+__all__ = ["IterableShard", "JsonlShard", "Shard", "Stream", "StreamReader", "TarShard",
+           "TextShard"]

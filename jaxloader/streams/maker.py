@@ -1,0 +1,121 @@
+"""``StreamBatchMaker``: a reader's next ``batch_size`` records, transformed and collated.
+
+::
+
+    reset(state) ──> the reader continues from state (its own, or its initial one)
+    make(step, alloc) ──> records = reader.next() x batch_size ──> Map / RandomMap per record
+                          ──> collate (into alloc: a worker's shared-memory slot) ──> BatchMap
+    report() ──> the reader's state after the batch just made (JSON)
+
+Step ``s`` of a process is made by its reader ``s % W`` (``W = max(1, num_workers)``), as that
+reader's ``s // W``-th batch: one maker per reader, in the worker that owns it. A ``RandomMap``
+gets a generator keyed by ``(seed, (step * process_count + process) * batch_size + row)``.
+
+Example:
+    >>> from jaxloader.streams.reader import Stream
+    >>> maker = StreamBatchMaker(Stream.from_generator(lambda i: ({"x": j} for j in range(5)),
+    ...                                                shards=1),
+    ...                          batch_size=2, seed=0, process_index=0, process_count=1,
+    ...                          workers=1)
+    >>> maker.reset(None); maker.make(0)[0]["x"].tolist(), maker.report()["emitted"]
+    ([0, 1], 1)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from jaxloader import collate
+from jaxloader.errors import JaxloaderError, RecordError
+from jaxloader.streams.reader import Stream, StreamReader
+from jaxloader.transforms import Map, RecordRng
+
+_POSITION_BITS = 40  # RecordRng's positions; the bits above go where a map-style epoch goes
+
+
+class StreamBatchMaker:
+    """Batches of one reader of ``stream`` (chosen by the state given to ``reset``)."""
+
+    def __init__(self, stream: Stream, *, batch_size: int, seed: int, process_index: int,
+                 process_count: int, workers: int, record_transforms: tuple = (),
+                 batch_transforms: tuple = ()) -> None:
+        self.stream, self.batch_size, self.seed = stream, batch_size, seed
+        self.source = stream  # what the worker pool names when it cannot be pickled
+        self.process_index, self.process_count, self.workers = (process_index, process_count,
+                                                                workers)
+        self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
+        self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
+        self._rng = RecordRng(seed)
+        self._reader: StreamReader | None = None
+        self.readers = process_count * workers
+        for w in range(workers):  # refuses too few shards now, not in a worker later
+            self.reader_for(w)
+
+    def reader_for(self, worker: int) -> StreamReader:
+        return StreamReader(self.stream, reader=self.process_index * self.workers + worker,
+                            readers=self.readers, seed=self.seed)
+
+    def initial_states(self) -> list[dict]:
+        """Each of this process's readers' state at the start of the stream."""
+        return [self.reader_for(w).initial_state() for w in range(self.workers)]
+
+    def reset(self, state: dict | None) -> None:
+        """The reader of ``state`` (``None``: this process's first), continuing from it."""
+        index = self.process_index * self.workers if state is None else state.get("reader")
+        worker = (index or 0) - self.process_index * self.workers
+        self._reader = self.reader_for(worker if 0 <= worker < self.workers else 0)
+        self._reader.reset(state)
+
+    def location(self, step: int) -> str:
+        """Where step ``step``'s batch is, for messages."""
+        reader = self.process_index * self.workers + step % self.workers
+        return f"stream step {step} (reader {reader}, its batch {step // self.workers})"
+
+    def report(self) -> dict:
+        assert self._reader is not None
+        return self._reader.get_state()
+
+    def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, Any]:
+        if self._reader is None:
+            self.reset(None)
+        assert self._reader is not None
+        records = [self._reader.next() for _ in range(self.batch_size)]
+        if self._steps:
+            records = self._transform(step, records)
+        treedef, columns = collate.record_columns(records)
+        if not self.batch_transforms:
+            return collate.materialize(treedef, columns, alloc)
+        batch, _ = collate.materialize(treedef, columns)
+        for t in self.batch_transforms:
+            try:
+                batch = t.fn(batch)
+            except Exception as e:
+                raise RecordError(f"stream step {step}: {t!r} raised {type(e).__name__}: {e}"
+                                  ) from e
+        treedef, columns = collate.batch_columns(batch, self.batch_size)
+        return collate.materialize(treedef, columns, alloc)
+
+    def _transform(self, step: int, records: list) -> list:
+        base = (step * self.process_count + self.process_index) * self.batch_size
+        mask = (1 << _POSITION_BITS) - 1
+        out = []
+        for row, record in enumerate(records):
+            t_index = -1
+            try:
+                for t_index, (fn, random) in self._steps:
+                    if random:
+                        at = base + row  # the record's place in the process-major stream
+                        record = fn(record, self._rng.at(epoch=at >> _POSITION_BITS,
+                                                         position=at & mask,
+                                                         transform_index=t_index))
+                    else:
+                        record = fn(record)
+            except JaxloaderError:
+                raise
+            except Exception as e:
+                raise RecordError(
+                    f"stream step {step}, row {row}: transforms[{t_index}] "
+                    f"{self.record_transforms[t_index]!r} raised {type(e).__name__}: {e}"
+                ) from e
+            out.append(record)
+        return out

@@ -1,0 +1,241 @@
+"""``Stream`` (shards and how they are read) and ``StreamReader`` (one reader's records).
+
+::
+
+    readers R = process_count x max(1, num_workers); reader r = process_index * W + worker
+    epoch e of reader r: shards in order shuffle(seed, e), every R-th from the r-th
+    records ──> windows of `shuffle_window` records, each permuted by (seed, r, e, window k)
+    state of a reader: {reader, epoch, shard, shard_state, window, emitted}
+        (shard, shard_state): where the current window starts; emitted: records of it handed
+        out. A restore reopens the shard there, reads the window again and skips `emitted`:
+        nothing lost, nothing repeated, and the state stays a few numbers however big the
+        window.
+
+Each reader runs through its own epochs without end (a batch may hold the end of one epoch
+and the start of the next). The order is fixed for a given ``(seed, process_count,
+num_workers)``; with fewer shards than readers a reader would have nothing to read, which is
+refused when the loader is made.
+
+Example:
+    >>> from jaxloader.streams.shards import IterableShard
+    >>> stream = Stream([IterableShard(lambda: range(3)), IterableShard(lambda: range(10, 13))])
+    >>> reader = StreamReader(stream, reader=0, readers=1)
+    >>> reader.reset(None); sorted(reader.next() for _ in range(6))
+    [0, 1, 2, 10, 11, 12]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from jaxloader.checks import MASK64, check_int
+from jaxloader.errors import ConfigError, JaxloaderError, RecordError, StateDictError
+from jaxloader.sampling import IndexShuffle, splitmix64
+from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TarShard, TextShard
+
+_STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
+
+
+class Stream:
+    """Shards read in sequence, each reader taking its share of them every epoch.
+
+    Args:
+        shards: objects following the ``Shard`` protocol (``jaxloader.streams.shards``).
+        shuffle_window: records permuted together (0 or 1: the shards' own order); each
+            reader holds one window in memory.
+        shuffle_shards: reorder the shards every epoch (by the loader's seed).
+
+    Example:
+        >>> stream = Stream.from_generator(lambda shard: range(shard * 10, shard * 10 + 3),
+        ...                                shards=4)
+        >>> len(stream.shards), stream.shards[1].name
+        (4, '<lambda>[1]')
+    """
+
+    def __init__(self, shards: Sequence[Shard], *, shuffle_window: int = 0,
+                 shuffle_shards: bool = True) -> None:
+        shards = list(shards)
+        if not shards:
+            raise ConfigError("Stream(shards): expected at least one shard, got none")
+        for i, shard in enumerate(shards):
+            if not isinstance(shard, Shard):
+                raise ConfigError(
+                    f"Stream(shards)[{i}]: expected a shard (reset(state), next(), "
+                    f"get_state(), name), got {type(shard).__name__}; wrap an iterable in "
+                    "IterableShard(lambda: ...), or use Stream.jsonl/text/tar/from_generator"
+                )
+        check_int("Stream(shuffle_window)", shuffle_window, low=0,
+                  remedy="records permuted together; 0 keeps the shards' order")
+        self.shards = shards
+        self.shuffle_window = max(1, shuffle_window)
+        self.shuffle_shards = shuffle_shards
+
+    @classmethod
+    def jsonl(cls, paths: Iterable[Any], **kwargs: Any) -> "Stream":
+        """A stream of JSON lines files, one shard a file."""
+        return cls([JsonlShard(p) for p in paths], **kwargs)
+
+    @classmethod
+    def text(cls, paths: Iterable[Any], **kwargs: Any) -> "Stream":
+        """A stream of text files, a line a record."""
+        return cls([TextShard(p) for p in paths], **kwargs)
+
+    @classmethod
+    def tar(cls, paths: Iterable[Any], **kwargs: Any) -> "Stream":
+        """A stream of tar shards in the WebDataset layout."""
+        return cls([TarShard(p) for p in paths], **kwargs)
+
+    @classmethod
+    def from_generator(cls, make: Callable[[int], Iterable], shards: int,
+                       **kwargs: Any) -> "Stream":
+        """``shards`` shards, shard ``i`` reading ``make(i)`` (a generator function of the
+        shard number); resumed by skipping the records already read."""
+        check_int("Stream.from_generator(shards)", shards, low=1,
+                  remedy="one shard per independent part of the generator")
+        name = getattr(make, "__qualname__", "generator")
+        return cls([IterableShard(_Bound(make, i), name=f"{name}[{i}]") for i in range(shards)],
+                   **kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        """What a state is checked against: the shards' names, the window, the shuffle."""
+        return {"shards": [s.name for s in self.shards], "shuffle_window": self.shuffle_window,
+                "shuffle_shards": self.shuffle_shards}
+
+
+class _Bound:
+    """``make(i)`` as a function of nothing (picklable where ``make`` is)."""
+
+    def __init__(self, make: Callable[[int], Iterable], index: int) -> None:
+        self.make, self.index = make, index
+
+    def __call__(self) -> Iterable:
+        return self.make(self.index)
+
+
+class StreamReader:
+    """Reader ``reader`` of ``readers``: its shards, epoch after epoch, window by window."""
+
+    def __init__(self, stream: Stream, *, reader: int, readers: int, seed: int = 0) -> None:
+        if len(stream.shards) < readers:
+            raise ConfigError(
+                f"Stream: {len(stream.shards)} shards for {readers} readers (processes x "
+                f"workers): reader {len(stream.shards)} would read nothing; give at least "
+                f"{readers} shards, or use fewer workers"
+            )
+        self.stream, self.reader, self.readers = stream, reader, readers
+        self.seed = seed
+        self._window: list = []
+        self._order: np.ndarray = np.zeros(0, np.int64)
+        self._mine: list[int] = []
+        self._opened: int | None = None
+
+    # -- state ------------------------------------------------------------------------------
+    def initial_state(self) -> dict:
+        return {"reader": self.reader, "epoch": 0, "shard": 0, "shard_state": None,
+                "window": 0, "emitted": 0}
+
+    def reset(self, state: dict | None) -> None:
+        """Continues from ``state`` (``None``: the start): the window is read again."""
+        state = self.initial_state() if state is None else _checked(state, self.reader)
+        self._epoch, self._shard = state["epoch"], state["shard"]
+        self._window_number, emitted = state["window"], state["emitted"]
+        self._start_epoch(self._epoch)
+        if self._shard > len(self._mine):
+            raise StateDictError(f"stream state: shard {self._shard} of reader {self.reader}'s "
+                                 f"{len(self._mine)} in epoch {self._epoch}; not this stream's")
+        self._open(self._shard, state["shard_state"])
+        self._fill()
+        if emitted > len(self._window):
+            raise StateDictError(f"stream state: {emitted} records of a window of "
+                                 f"{len(self._window)} handed out; not this stream's")
+        self._emitted = emitted
+
+    def get_state(self) -> dict:
+        return {"reader": self.reader, "epoch": self._window_epoch,
+                "shard": self._window_start[0], "shard_state": self._window_start[1],
+                "window": self._window_key, "emitted": self._emitted}
+
+    # -- records ----------------------------------------------------------------------------
+    def next(self) -> Any:
+        while self._emitted >= len(self._window):
+            self._fill()
+        record = self._window[self._permutation[self._emitted]]
+        self._emitted += 1
+        return record
+
+    def _fill(self) -> None:
+        """Reads the next window (within one epoch; an epoch's last window may be short)."""
+        while True:
+            self._window_epoch, self._window_key = self._epoch, self._window_number
+            shard = (self.stream.shards[self._mine[self._shard]]
+                     if self._shard < len(self._mine) else None)
+            self._window_start = (self._shard, shard.get_state() if shard else None)
+            window: list = []
+            while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):
+                try:
+                    window.append(self._read())
+                except StopIteration:
+                    self._shard += 1
+                    self._open(self._shard, None)
+            if window:
+                break
+            if self._window_number == 0:  # a whole epoch without a record
+                names = [self.stream.shards[i].name for i in self._mine]
+                raise ConfigError(f"stream reader {self.reader}: its shards {names} hold no "
+                                  "records; remove empty shards or use fewer readers")
+            self._epoch += 1  # the epoch is over: the next one
+            self._window_number, self._shard = 0, 0
+            self._start_epoch(self._epoch)
+            self._open(0, None)
+        self._window = window
+        self._window_number += 1
+        self._emitted = 0
+        n = len(window)
+        if n > 1:
+            key = splitmix64(self.seed ^ splitmix64(self.reader + 1) ^ splitmix64(self._epoch))
+            self._permutation = IndexShuffle(n, seed=key, epoch=self._window_key)(np.arange(n))
+        else:
+            self._permutation = np.zeros(1, np.int64)
+
+    def _read(self) -> Any:
+        shard = self.stream.shards[self._mine[self._shard]]
+        where = shard.get_state()
+        try:
+            return shard.next()
+        except StopIteration:
+            raise
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            raise RecordError(
+                f"stream shard {shard.name} (reader {self.reader}, epoch {self._epoch}) raised "
+                f"{type(e).__name__} at {where}: {e}"
+            ) from e
+
+    def _start_epoch(self, epoch: int) -> None:
+        n = len(self.stream.shards)
+        order = np.arange(n, dtype=np.int64)
+        if self.stream.shuffle_shards and n > 1:
+            order = IndexShuffle(n, seed=self.seed, epoch=epoch)(order)
+        self._mine = order[self.reader::self.readers].tolist()
+
+    def _open(self, index: int, state: dict | None) -> None:
+        if index < len(self._mine):
+            self.stream.shards[self._mine[index]].reset(state)
+
+
+def _checked(state: Any, reader: int) -> dict:
+    if not isinstance(state, dict) or any(
+            type(state.get(k)) is not int or state[k] < 0 for k in _STATE_KEYS) or not (
+            state.get("shard_state") is None or isinstance(state["shard_state"], dict)):
+        raise StateDictError(f"stream state: expected {{reader, epoch, shard, shard_state, "
+                             f"window, emitted}} of non-negative ints (shard_state a dict or "
+                             f"None), got {state!r}")
+    if state["reader"] != reader:
+        raise StateDictError(f"stream state: it is reader {state['reader']}'s, handed to "
+                             f"reader {reader}")
+    if state["epoch"] > MASK64:
+        raise StateDictError(f"stream state: epoch {state['epoch']} out of range")
+    return state

@@ -1,0 +1,241 @@
+"""Shards of a stream: records read in order, opened from a JSON-able state, reporting it.
+
+A shard follows a protocol as small as torchdata.nodes' ``BaseNode``: ``reset(state)`` opens it
+at the start (``None``) or where ``get_state()`` said it was, ``next()`` returns the next record
+(``StopIteration`` at the end), ``get_state()`` says where the next record is, as a plain dict
+that survives JSON. A shard is picklable before it is reset (it travels to a worker), and
+``name`` says which one it is in messages.
+
+Ready shards: ``JsonlShard`` (a JSON value a line), ``TextShard`` (a line, as ``str``),
+``TarShard`` (WebDataset layout: files grouped by key), each resuming by seeking to a byte
+offset (O(1)); ``IterableShard`` over a function that makes an iterable (a generator function,
+a simulator), resuming by skipping the records already read (O(n)).
+
+Example:
+    >>> shard = IterableShard(lambda: iter(range(5)), name="numbers")
+    >>> shard.reset(None); [shard.next(), shard.next()], shard.get_state()
+    ([0, 1], {'consumed': 2})
+    >>> shard.reset({"consumed": 4}); shard.next()
+    4
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+
+from jaxloader.errors import ConfigError, RecordError, StateDictError
+
+
+@runtime_checkable
+class Shard(Protocol):
+    """One shard of a stream (see the module docstring)."""
+
+    name: str
+
+    def reset(self, state: dict | None = None) -> None: ...
+
+    def next(self) -> Any: ...
+
+    def get_state(self) -> dict: ...
+
+
+class _LineShard:
+    """Lines of a file; state: the byte offset of the next line and its number."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        self.name = self.path
+        self._file: Any = None
+        self._line = 0
+
+    def reset(self, state: dict | None = None) -> None:
+        offset, line = _offset_state(self, state, ("offset", "line"))
+        self.close()
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as e:
+            raise ConfigError(f"{type(self).__name__}: cannot open {self.path!r}: {e}") from None
+        self._file.seek(offset)
+        self._line = line
+
+    def next(self) -> Any:
+        if self._file is None:
+            self.reset(None)
+        raw = self._file.readline()
+        if not raw:
+            raise StopIteration
+        self._line += 1
+        return self._parse(raw.rstrip(b"\r\n"))
+
+    def _parse(self, raw: bytes) -> Any:
+        raise NotImplementedError
+
+    def get_state(self) -> dict:
+        return {"offset": self._file.tell() if self._file else 0, "line": self._line}
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __getstate__(self) -> dict:  # an open file stays with its process
+        return {**self.__dict__, "_file": None, "_line": 0}
+
+
+class JsonlShard(_LineShard):
+    """A JSON value a line (``.jsonl``); blank lines are skipped.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.jsonl")
+        >>> _ = open(path, "w").write('{"x": 1}\\n{"x": 2}\\n')
+        >>> shard = JsonlShard(path); shard.reset(); shard.next()
+        {'x': 1}
+    """
+
+    def _parse(self, raw: bytes) -> Any:
+        if not raw.strip():
+            return self.next()
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise RecordError(f"{self.path}: line {self._line}: not JSON ({e}): "
+                              f"{raw[:80]!r}") from None
+
+
+class TextShard(_LineShard):
+    """A line of text a record (``str``, without its line break)."""
+
+    def _parse(self, raw: bytes) -> Any:
+        return raw.decode("utf-8")
+
+
+class TarShard:
+    """A tar file in the WebDataset layout: consecutive members sharing a key (the name up to
+    the first dot of its last part) make one record ``{"__key__": key, ext: bytes, ...}``.
+    State: the byte offset of the next record's first member and the records read."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        self.name = self.path
+        self._file: Any = None
+        self._tar: tarfile.TarFile | None = None
+        self._pending: tarfile.TarInfo | None = None
+        self._records = 0
+
+    def reset(self, state: dict | None = None) -> None:
+        offset, records = _offset_state(self, state, ("offset", "records"))
+        self.close()
+        try:
+            self._file = open(self.path, "rb")
+            self._file.seek(offset)
+            self._tar = tarfile.open(fileobj=self._file, mode="r:")
+            self._pending = self._tar.next()
+        except (OSError, tarfile.TarError) as e:
+            raise ConfigError(f"TarShard: cannot read {self.path!r} at byte {offset}: {e}; "
+                              "give an uncompressed tar file") from None
+        self._records = records
+
+    def next(self) -> dict:
+        if self._tar is None:
+            self.reset(None)
+        assert self._tar is not None
+        record: dict = {}
+        key = None
+        while self._pending is not None:
+            member = self._pending
+            name = member.name.rsplit("/", 1)[-1]
+            stem, _, ext = name.partition(".")
+            member_key = member.name[: len(member.name) - len(name)] + stem
+            if key is not None and member_key != key:
+                break
+            if member.isfile():
+                key = member_key
+                data = self._tar.extractfile(member)
+                record[ext] = data.read() if data else b""
+            self._pending = self._tar.next()
+        if key is None:
+            raise StopIteration
+        self._records += 1
+        return {"__key__": key, **record}
+
+    def get_state(self) -> dict:
+        offset = self._pending.offset if self._pending is not None else (
+            os.path.getsize(self.path) if self._tar is not None else 0)
+        return {"offset": offset, "records": self._records}
+
+    def close(self) -> None:
+        if self._tar is not None:
+            self._tar.close()
+        if self._file is not None:
+            self._file.close()
+        self._file = self._tar = self._pending = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_file": None, "_tar": None, "_pending": None, "_records": 0}
+
+
+class IterableShard:
+    """Records of ``make()`` (a function returning an iterable: a generator function, a
+    simulator's reset); a list or other re-iterable object is accepted as it is. Resumes by
+    skipping the records already read: O(n) in them.
+
+    A generator object itself cannot start again, so it is refused: pass the function that
+    makes it (``IterableShard(lambda: my_generator(...))``).
+    """
+
+    def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None) -> None:
+        if callable(make):
+            self._make = make
+        elif isinstance(make, Iterable) and iter(make) is not make:  # re-iterable (a list)
+            self._make = lambda: make
+        else:
+            raise ConfigError(
+                f"IterableShard: got a {type(make).__name__}, an iterator that cannot start "
+                "again (for workers, for a restore, for the next epoch); pass the function that "
+                "makes it, e.g. IterableShard(lambda: my_generator(...))"
+            )
+        self.name: str = name or str(getattr(make, "__qualname__", type(make).__name__))
+        self._it: Iterator | None = None
+        self._consumed = 0
+
+    def reset(self, state: dict | None = None) -> None:
+        (skip,) = _offset_state(self, state, ("consumed",))
+        self._it = iter(self._make())
+        self._consumed = 0
+        for _ in range(skip):
+            try:
+                next(self._it)
+            except StopIteration:
+                raise StateDictError(
+                    f"IterableShard {self.name}: the state says {skip} records were read, but "
+                    f"it ends after {self._consumed}; it must make the same records each time"
+                ) from None
+            self._consumed += 1
+
+    def next(self) -> Any:
+        if self._it is None:
+            self.reset(None)
+        assert self._it is not None
+        record = next(self._it)
+        self._consumed += 1
+        return record
+
+    def get_state(self) -> dict:
+        return {"consumed": self._consumed}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_it": None, "_consumed": 0}
+
+
+def _offset_state(shard: Any, state: dict | None, keys: tuple[str, ...]) -> tuple[int, ...]:
+    if state is None:
+        return tuple(0 for _ in keys)
+    if not isinstance(state, dict) or any(
+            not isinstance(state.get(k), int) or state[k] < 0 for k in keys):
+        raise StateDictError(f"{type(shard).__name__} {shard.name}: expected a state with "
+                             f"non-negative ints {list(keys)}, got {state!r}")
+    return tuple(state[k] for k in keys)

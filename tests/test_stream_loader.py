@@ -1,0 +1,151 @@
+"""StreamLoader: exact resume over tar, JSONL and generator streams, workers 0 and 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import check_resume, take
+from streams.test_shards import write_jsonl, write_tar
+
+SHARDS, PER_SHARD = 4, 30  # 120 records; 2 readers get 60 each
+
+
+def jsonl_stream(tmp_path, **kw):
+    paths = [write_jsonl(tmp_path / f"part-{s}.jsonl", range(s * PER_SHARD, (s + 1) * PER_SHARD))
+             for s in range(SHARDS)]
+    return jl.Stream.jsonl(paths, **kw)
+
+
+def tar_stream(tmp_path, **kw):
+    paths = [write_tar(tmp_path / f"part-{s}.tar", range(s * PER_SHARD, (s + 1) * PER_SHARD))
+             for s in range(SHARDS)]
+    return jl.Stream.tar(paths, **kw)
+
+
+def generator_stream(tmp_path, **kw):
+    return jl.Stream.from_generator(
+        lambda s: ({"id": i} for i in range(s * PER_SHARD, (s + 1) * PER_SHARD)), SHARDS, **kw)
+
+
+def tar_id(record):  # a tar record's id, from its key
+    return {"id": int(record["__key__"][6:]), "cls": int(record["cls"])}
+
+
+STREAMS = {"jsonl": (jsonl_stream, []), "tar": (tar_stream, [jl.Map(tar_id)]),
+           "generator": (generator_stream, [])}
+
+
+def loader_of(stream, transforms, num_workers=0, batch_size=6, **kw):
+    return jl.StreamLoader(stream, batch_size=batch_size, seed=5, transforms=transforms,
+                           num_workers=num_workers, process_index=0, process_count=1, **kw)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", list(STREAMS))
+def test_three_epochs_hold_every_record_three_times(tmp_path, kind, num_workers):
+    make, transforms = STREAMS[kind]
+    readers = max(1, num_workers)
+    steps = 3 * SHARDS * PER_SHARD // 6  # 3 epochs of every reader: 60 steps of 6
+    with loader_of(make(tmp_path, shuffle_window=16), transforms, num_workers) as loader:
+        ids = np.concatenate([b["id"] for b in take(loader, steps)])
+    counts = np.bincount(ids, minlength=SHARDS * PER_SHARD)
+    assert counts.min() == counts.max() == 3, (readers, counts.min(), counts.max())
+    first = ids[: SHARDS * PER_SHARD]
+    assert not np.array_equal(np.sort(first), first), "the shuffle window reorders"
+
+
+@pytest.mark.parametrize("kind", list(STREAMS))
+@pytest.mark.parametrize("k", [1, 7, 23])  # mid-window, mid-shard, past the first epoch
+def test_resume_continues_the_same_stream(tmp_path, kind, k):
+    make, transforms = STREAMS[kind]
+    for workers, window in ((0, 16), (2, 16), (2, 0)):
+        check_resume(lambda: loader_of(make(tmp_path, shuffle_window=window), transforms,
+                                       workers), total=k + 8, k=k)
+    # 0 workers and 1 worker have one reader: a state moves between them
+    check_resume(lambda: loader_of(make(tmp_path, shuffle_window=16), transforms, 0),
+                 total=k + 8, k=k,
+                 make_restored=lambda: loader_of(make(tmp_path, shuffle_window=16), transforms, 1))
+
+
+def test_the_state_names_what_was_handed_out_not_what_workers_read_ahead(tmp_path):
+    with loader_of(generator_stream(tmp_path, shuffle_window=8), [], 2, prefetch=4) as loader:
+        it = iter(loader)
+        next(it), next(it), next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest = [next(it)["id"].tolist() for _ in range(5)]
+    assert state["step"] == 3 and [r["reader"] for r in state["readers"]] == [0, 1]
+    with loader_of(generator_stream(tmp_path, shuffle_window=8), [], 2) as again:
+        again.load_state_dict(state)
+        assert [b["id"].tolist() for b in take(again, 5)] == rest
+
+
+def test_peek_gives_the_next_batch_and_leaves_the_position(tmp_path):
+    with loader_of(jsonl_stream(tmp_path, shuffle_window=4), [], 0) as loader:
+        it = iter(loader)
+        next(it)
+        peeked = loader.peek()
+        assert loader.step == 1
+        assert next(it)["id"].tolist() == peeked["id"].tolist()
+
+
+def test_processes_read_their_own_readers_shards(tmp_path):
+    seen = []
+    for p in range(2):
+        with jl.StreamLoader(jsonl_stream(tmp_path), batch_size=5, seed=1, num_workers=0,
+                             process_index=p, process_count=2) as loader:
+            seen.append(np.concatenate([b["id"] for b in take(loader, 12)]))  # one epoch each
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(np.concatenate(seen).tolist()) == list(range(SHARDS * PER_SHARD))
+
+
+def test_bad_input_gets_a_clear_error(tmp_path):
+    with pytest.raises(jl.ConfigError, match=r"4 shards for 6 readers .* give at least 6 shards"):
+        jl.StreamLoader(jsonl_stream(tmp_path), batch_size=2, num_workers=3, process_index=0,
+                        process_count=2)
+
+    def explodes(shard):
+        for i in range(10):
+            if shard == 1 and i == 4:
+                raise OSError("connection reset")
+            yield {"id": i}
+
+    loader = jl.StreamLoader(jl.Stream.from_generator(explodes, 2, shuffle_shards=False),
+                             batch_size=3, num_workers=2, process_index=0, process_count=1)
+    with loader, pytest.raises(jl.WorkerError, match=r"stream shard .*explodes\[1\] \(reader 1, "
+                                                     r"epoch 0\) raised OSError at "
+                                                     r"\{'consumed': 4\}: connection reset"):
+        take(loader, 4)
+    with pytest.raises(jl.ConfigError, match="cannot start again"):
+        jl.StreamLoader([jl.IterableShard(iter(range(3)))], batch_size=1, process_index=0,
+                        process_count=1)
+    with pytest.raises(jl.ConfigError, match="got a Stream.*StreamLoader"):
+        jl.DataLoader(jsonl_stream(tmp_path), batch_size=2, process_index=0, process_count=1)
+
+
+def test_a_state_is_refused_by_another_worker_count_or_stream(tmp_path):
+    with loader_of(generator_stream(tmp_path), [], 2) as loader:
+        take(loader, 3)
+        state = loader.state_dict()
+    with loader_of(generator_stream(tmp_path), [], 0) as other:
+        with pytest.raises(jl.StateDictError, match=r"readers_per_process: expected 1, "
+                                                    r"received 2.*same ones"):
+            other.load_state_dict(state)
+    with loader_of(generator_stream(tmp_path, shuffle_window=9), [], 2) as other:
+        with pytest.raises(jl.StateDictError, match="shuffle_window"):
+            other.load_state_dict(state)
+
+
+def test_orbax_v1_saves_and_restores_a_stream_position(tmp_path):
+    from orbax.checkpoint.experimental import v1 as ocp_v1
+
+    with loader_of(jsonl_stream(tmp_path, shuffle_window=8), [], 2) as loader:
+        take(loader, 4)
+        ocp_v1.save_checkpointables(tmp_path / "ckpt", {"loader": loader})
+        expected = [b["id"].tolist() for b in take(loader, 3)]
+    with loader_of(jsonl_stream(tmp_path, shuffle_window=8), [], 2) as fresh:
+        ocp_v1.load_checkpointables(tmp_path / "ckpt", {"loader": fresh})
+        assert fresh.step == 4 and [b["id"].tolist() for b in take(fresh, 3)] == expected
