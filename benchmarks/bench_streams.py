@@ -1,0 +1,189 @@
+"""Streams: tar shards (WebDataset layout) read by jaxloader, torch's DataLoader and WebDataset.
+
+Run: ``python benchmarks/bench_streams.py [--shards 200] [--per-shard 1000]`` (Python 3.11 with
+``pip install torch==2.13.0 webdataset``; both are optional).
+
+Each record is two files, ``<key>.txt`` (a short line of text) and ``<key>.cls`` (a label);
+every loader reads the same shards with 2 workers, groups the files by key, decodes them the
+same way (``decode``: the label as an int, the text's length) and makes batches of 256:
+- jaxloader ``StreamLoader(Stream.tar(paths), num_workers=2, transforms=[Map(decode)])``;
+- torch ``DataLoader(TarRecords(paths), batch_size=256, num_workers=2)``, an
+  ``IterableDataset`` that deals the shards to its workers by ``get_worker_info()`` and reads
+  them with ``tarfile``, as jaxloader's ``TarShard`` does;
+- WebDataset ``WebDataset(paths).map(decode)`` in the same torch ``DataLoader``;
+- the ceiling: 2 bare processes, each reading half the shards with ``tarfile`` and decoding
+  the records, with no batching and nothing sent anywhere.
+Loaders take turns over ``--rounds``; each reads ``--batches`` batches after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import os
+import statistics
+import tarfile
+import tempfile
+import time
+from typing import Any, Callable, Iterator
+
+import jaxloader as jl
+from common import machine, save, table
+
+BATCH, WORKERS = 256, 2
+
+
+def write_shards(directory: str, shards: int, per_shard: int) -> list[str]:
+    paths = []
+    for s in range(shards):
+        path = os.path.join(directory, f"shard-{s:04d}.tar")
+        with tarfile.open(path, "w") as tar:
+            for i in range(per_shard):
+                key = f"{s:04d}{i:06d}"
+                for ext, data in (("txt", f"record {key} of the benchmark".encode()),
+                                  ("cls", str(i % 10).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
+
+
+def decode(record: dict) -> dict:
+    return {"cls": int(record["cls"]), "length": len(record["txt"])}
+
+
+def tar_records(path: str) -> Iterator[dict]:
+    """A shard's records: consecutive members grouped by key (the WebDataset layout)."""
+    with tarfile.open(path, "r:") as tar:
+        record: dict = {}
+        key = None
+        for member in tar:
+            stem, _, ext = member.name.partition(".")
+            if key is not None and stem != key:
+                yield record
+                record = {}
+            key = stem
+            record[ext] = tar.extractfile(member).read()  # type: ignore[union-attr]
+        if record:
+            yield record
+
+
+def jaxloader_loader(paths: list[str]) -> Callable[[], Any]:
+    def make() -> Any:
+        return jl.StreamLoader(jl.Stream.tar(paths), batch_size=BATCH, seed=0,
+                               num_workers=WORKERS, transforms=[jl.Map(decode)],
+                               process_index=0, process_count=1)
+    return make
+
+
+def torch_loader(paths: list[str]) -> Callable[[], Any]:
+    import torch.utils.data as tud
+
+    class TarRecords(tud.IterableDataset):
+        def __iter__(self) -> Iterator[dict]:
+            info = tud.get_worker_info()
+            mine = paths[info.id::info.num_workers] if info else paths
+            for path in mine:
+                for record in tar_records(path):
+                    yield decode(record)
+
+    def make() -> Any:
+        return tud.DataLoader(TarRecords(), batch_size=BATCH, num_workers=WORKERS)
+    return make
+
+
+def webdataset_loader(paths: list[str]) -> Callable[[], Any]:
+    import torch.utils.data as tud
+    import webdataset as wds
+
+    def make() -> Any:
+        dataset = wds.WebDataset(paths, shardshuffle=False, empty_check=False).map(decode)
+        return tud.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
+    return make
+
+
+def _bare(paths: list[str], out: Any) -> None:
+    start = time.perf_counter()
+    n = sum(1 for path in paths for record in tar_records(path) if decode(record))
+    out.put((n, time.perf_counter() - start))
+
+
+def ceiling(paths: list[str], records: int) -> float:
+    """Records per second of 2 bare processes reading and decoding their halves."""
+    queue: Any = multiprocessing.get_context("fork").Queue()
+    half = paths[: max(1, records // 1000 // WORKERS)]  # as many records as a timed stretch
+    procs = [multiprocessing.get_context("fork").Process(
+        target=_bare, args=(half[w::WORKERS] if len(half) > 1 else half, queue))
+        for w in range(WORKERS)]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    got = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(n for n, _ in got) / (time.perf_counter() - start)
+
+
+def rate(make: Callable[[], Any], batches: int, warmup: int = 20) -> float:
+    loader = make()
+    try:
+        it = iter(loader)
+        for _ in range(warmup):
+            next(it)
+        start = time.perf_counter()
+        rows = 0
+        for _ in range(batches):
+            rows += len(next(it)["cls"])
+        return rows / (time.perf_counter() - start)
+    finally:
+        close = getattr(loader, "close", None)
+        if close:
+            close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shards", type=int, default=200)
+    parser.add_argument("--per-shard", type=int, default=1000)
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="bench_streams_")
+    start = time.perf_counter()
+    paths = write_shards(work, args.shards, args.per_shard)
+    print(f"wrote {args.shards} shards of {args.per_shard} records in "
+          f"{time.perf_counter() - start:.0f} s ({sum(map(os.path.getsize, paths)) / 2**20:.0f}"
+          " MiB)")
+    loaders = {"jaxloader StreamLoader, 2 workers": jaxloader_loader(paths)}
+    try:
+        loaders["torch DataLoader(IterableDataset), 2 workers"] = torch_loader(paths)
+    except ImportError as e:
+        print(f"torch not measured: {e}")
+    try:
+        loaders["WebDataset in torch DataLoader, 2 workers"] = webdataset_loader(paths)
+    except ImportError as e:
+        print(f"webdataset not measured: {e}")
+    rates: dict = {name: [] for name in loaders}
+    rates["ceiling: 2 bare processes reading and decoding"] = []
+    names = list(rates)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if name.startswith("ceiling"):
+                rates[name].append(ceiling(paths, args.batches * BATCH))
+            else:
+                rates[name].append(rate(loaders[name], args.batches))
+    medians = {name: statistics.median(v) for name, v in rates.items()}
+    torch_rate = medians.get("torch DataLoader(IterableDataset), 2 workers")
+    top = medians["ceiling: 2 bare processes reading and decoding"]
+    print(f"{machine()}; {args.shards} tar shards x {args.per_shard} records, batch {BATCH}, "
+          f"{args.rounds} rounds")
+    print(table([(name, f"{v:,.0f}", f"{v / torch_rate:.2f}x" if torch_rate else "",
+                  f"{v / top:.0%}") for name, v in medians.items()],
+                ("loader", "records/s (median)", "vs torch", "% of ceiling")))
+    print("saved", save("streams", {"machine": machine(), "rates": rates, "medians": medians}))
+
+
+if __name__ == "__main__":
+    main()
