@@ -8,8 +8,9 @@
 
 Two engines: ``InProcessEngine`` (``num_workers=0``, in the calling thread) and
 ``jaxloader.workers.pool.WorkerPool`` (worker processes). A new ``batches()`` run makes older
-runs stale; closing a run's generator returns whatever it holds. A stream source will be
-another engine behind the same contract.
+runs stale; closing a run's generator returns whatever it holds. A ``StreamLoader`` drives
+the same ``WorkerPool`` (or its own in-process engine) with each reader's state to start from
+and a dict for the reports of the batches handed out (``jaxloader.stream_loader``).
 
 Example:
     >>> import numpy as np

@@ -149,3 +149,27 @@ def test_orbax_v1_saves_and_restores_a_stream_position(tmp_path):
     with loader_of(jsonl_stream(tmp_path, shuffle_window=8), [], 2) as fresh:
         ocp_v1.load_checkpointables(tmp_path / "ckpt", {"loader": fresh})
         assert fresh.step == 4 and [b["id"].tolist() for b in take(fresh, 3)] == expected
+
+
+def test_device_prefetch_and_a_state_taken_while_batches_wait_on_device(tmp_path):
+    jax = pytest.importorskip("jax")
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # placed by the thread
+    check_resume(lambda: loader_of(jsonl_stream(tmp_path, shuffle_window=8), [], 2,
+                                   sharding=device, device_prefetch=3), total=14, k=5)
+    with loader_of(jsonl_stream(tmp_path), [], 0, sharding=device) as loader:
+        assert isinstance(next(iter(loader))["id"], jax.Array)
+
+
+def test_each_process_restores_its_own_readers(tmp_path):
+    for p in range(2):
+        check_resume(lambda: jl.StreamLoader(jsonl_stream(tmp_path, shuffle_window=5),
+                                             batch_size=4, seed=2, num_workers=2,
+                                             process_index=p, process_count=2),
+                     total=12, k=7)
+    with jl.StreamLoader(jsonl_stream(tmp_path), batch_size=4, process_index=0,
+                         process_count=2) as first:
+        state = first.state_dict()
+    with jl.StreamLoader(jsonl_stream(tmp_path), batch_size=4, process_index=1,
+                         process_count=2) as second:
+        with pytest.raises(jl.StateDictError, match="process_index: expected 1, received 0"):
+            second.load_state_dict(state)
