@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 from jaxloader.engine import Engine, InProcessEngine
 from jaxloader.fingerprint import source_fingerprint
 from jaxloader.iterator import LoaderIterator, Progress
+from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
 from jaxloader.pipeline import BatchMaker
 from jaxloader.errors import ConfigError
@@ -27,11 +28,10 @@ from jaxloader.mixture import Mixture, MixtureSampler
 from jaxloader.sampling import Order, Sampler
 from jaxloader.sources import check_source, huggingface
 from jaxloader.state import check_state, make_state
-from jaxloader.stats import LoaderStats
 from jaxloader.transforms import split_transforms
 
 
-class DataLoader:
+class DataLoader(LoaderLifecycle):
     """Batches of a random-access source, deterministic in ``(seed, epoch, step)``.
 
     Args:
@@ -170,27 +170,9 @@ class DataLoader:
         return self._options.device_prefetch
 
     @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the worker processes (empty with ``num_workers=0``)."""
-        return self._engine.pids
-
-    @property
-    def step(self) -> int:
-        """The global step of the next batch this loader hands out."""
-        return self._progress.step
-
-    @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
         return self._progress.step // self._sampler.steps_per_epoch
-
-    @property
-    def stats(self) -> LoaderStats:
-        """Batches handed out, time waited inside ``next()`` and time run between calls."""
-        return self._progress.stats()
-
-    def reset_stats(self) -> None:
-        self._progress.reset_stats()
 
     def peek(self) -> Any:
         """The batch the next ``next()`` gives, without moving the position.
@@ -224,13 +206,6 @@ class DataLoader:
         )
         return self._active
 
-    def _invalidate(self) -> None:
-        """Makes live iterators stale and stops what they run (thread, engine run)."""
-        self._progress.generation += 1
-        if self._active is not None:
-            self._active.stop_work()
-            self._active = None
-
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The position (next global step), the configuration it depends on and a fingerprint
@@ -246,49 +221,6 @@ class DataLoader:
         if self._fingerprint is None:
             self._fingerprint = source_fingerprint(self._source)
         return self._fingerprint
-
-    # -- orbax v1 (StatefulCheckpointable) ----------------------------------------------------
-    async def save(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.save``: this process's state as a JSON file.
-
-        Example:
-            >>> import tempfile, numpy as np, jaxloader as jl
-            >>> from orbax.checkpoint.experimental import v1 as ocp_v1
-            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
-            ...                        process_index=0, process_count=1)
-            >>> _ = next(iter(loader))
-            >>> path = tempfile.mkdtemp() + "/ckpt"
-            >>> ocp_v1.save_checkpointables(path, {"loader": loader})
-            >>> fresh = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
-            ...                       process_index=0, process_count=1)
-            >>> _ = ocp_v1.load_checkpointables(path, {"loader": fresh})
-            >>> fresh.step
-            1
-        """
-        from jaxloader.checkpoint import save_v1
-
-        return await save_v1(self, directory)
-
-    async def load(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.load``: continues from the saved position."""
-        from jaxloader.checkpoint import load_v1
-
-        return await load_v1(self, directory)
-
-    # -- shutdown ---------------------------------------------------------------------------
-    def close(self) -> None:
-        """Releases workers and buffers; idempotent."""
-        if not self._progress.closed:
-            self._progress.closed = True
-            self._invalidate()
-            self._engine.close()
-
-    def __enter__(self) -> "DataLoader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
                  seed: int, last_batch: str, process_index: int, process_count: int) -> Order:

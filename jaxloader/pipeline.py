@@ -75,18 +75,8 @@ class BatchMaker:
             treedef, columns = collate.record_columns(self._read_records(spec), spec.positions)
         if spec.valid is not None:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
-        if not self.batch_transforms:
-            return collate.materialize(treedef, columns, alloc)
-        batch, _ = collate.materialize(treedef, columns)
-        for t in self.batch_transforms:
-            try:
-                batch = t.fn(batch)
-            except Exception as e:
-                raise RecordError(
-                    f"{spec.location()}: {t!r} raised {type(e).__name__}: {e}"
-                ) from e
-        treedef, columns = collate.batch_columns(batch, len(spec.indices))
-        return collate.materialize(treedef, columns, alloc)
+        return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
+                            spec.location, alloc)
 
     def _read_vectorised(self, spec: BatchSpec) -> tuple:
         if type(self.source) is ArraySource:  # gather straight into the output: one copy
@@ -143,6 +133,23 @@ class BatchMaker:
                 "below"
             ) from e
         return records
+
+
+def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
+                 where: Callable[[], str],
+                 alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
+    """The batch of ``columns`` after the ``BatchMap``s, written into ``alloc`` when given;
+    ``where()`` names it in an error."""
+    if not batch_transforms:
+        return collate.materialize(treedef, columns, alloc)
+    batch, _ = collate.materialize(treedef, columns)
+    for t in batch_transforms:
+        try:
+            batch = t.fn(batch)
+        except Exception as e:
+            raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
+    treedef, columns = collate.batch_columns(batch, size)
+    return collate.materialize(treedef, columns, alloc)
 
 
 def _read_only_hint(e: Exception) -> str:

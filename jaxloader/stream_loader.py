@@ -25,8 +25,8 @@ from typing import Any, Callable, Generator, Sequence
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, StateDictError
 from jaxloader.iterator import LoaderIterator, Progress
+from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
-from jaxloader.stats import LoaderStats
 from jaxloader.streams.maker import StreamBatchMaker
 from jaxloader.streams.reader import Stream
 from jaxloader.transforms import split_transforms
@@ -34,7 +34,7 @@ from jaxloader.transforms import split_transforms
 STREAM_STATE_VERSION = 1
 
 
-class StreamLoader:
+class StreamLoader(LoaderLifecycle):
     """Batches of a stream of records read in order: files of lines or tar shards, generators.
 
     Args:
@@ -126,19 +126,6 @@ class StreamLoader:
     def num_workers(self) -> int:
         return self._options.num_workers
 
-    @property
-    def worker_pids(self) -> list[int]:
-        return self._engine.pids
-
-    @property
-    def step(self) -> int:
-        """The step of the next batch this loader hands out."""
-        return self._progress.step
-
-    @property
-    def stats(self) -> LoaderStats:
-        return self._progress.stats()
-
     def _states_at(self, step: int) -> list[dict]:
         """Each reader's state once the batches before ``step`` are handed out."""
         for s in range(self._base_step, step):
@@ -166,12 +153,6 @@ class StreamLoader:
         maker.reset(self._states_at(step)[step % self._readers])
         batch, _ = maker.make(step)
         return batch if self._putter is None else self._putter(batch)
-
-    def _invalidate(self) -> None:
-        self._progress.generation += 1
-        if self._active is not None:
-            self._active.stop_work()
-            self._active = None
 
     # -- state ------------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:
@@ -226,33 +207,6 @@ class StreamLoader:
         self._progress.step = state["step"]
         self._base, self._base_step = copy.deepcopy(readers), state["step"]
         self._reports.clear()
-
-    async def save(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.save`` (as ``DataLoader.save``)."""
-        from jaxloader.checkpoint import save_v1
-
-        return await save_v1(self, directory)
-
-    async def load(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.load``."""
-        from jaxloader.checkpoint import load_v1
-
-        return await load_v1(self, directory)
-
-    # -- shutdown ---------------------------------------------------------------------------
-    def close(self) -> None:
-        """Releases workers and buffers; idempotent."""
-        if not self._progress.closed:
-            self._progress.closed = True
-            self._invalidate()
-            self._engine.close()
-
-    def __enter__(self) -> "StreamLoader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class _Runs:
     """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state

@@ -173,3 +173,22 @@ def test_each_process_restores_its_own_readers(tmp_path):
                          process_count=2) as second:
         with pytest.raises(jl.StateDictError, match="process_index: expected 1, received 0"):
             second.load_state_dict(state)
+
+
+def test_random_and_batch_maps_give_the_same_batches_in_a_worker_as_in_process(tmp_path):
+    def noisy(record, rng):
+        return {"id": record["id"], "noise": rng.normal()}
+
+    def doubled(batch):
+        return {**batch, "twice": batch["id"] * 2}
+
+    transforms = [jl.RandomMap(noisy), jl.BatchMap(doubled)]
+    with loader_of(generator_stream(tmp_path, shuffle_window=7), transforms, 0) as here, \
+            loader_of(generator_stream(tmp_path, shuffle_window=7), transforms, 1) as there:
+        a, b = take(here, 9), take(there, 9)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys() == {"id", "noise", "twice"}
+        assert all(np.array_equal(x[k], y[k]) for k in x)
+        assert np.array_equal(x["twice"], x["id"] * 2)
+    noise = np.concatenate([x["noise"] for x in a])
+    assert len(np.unique(noise)) == len(noise)  # a generator of its own for every record

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
+from jaxloader.pipeline import finish_batch
 from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.transforms import Map, RecordRng
 
@@ -83,17 +84,8 @@ class StreamBatchMaker:
         if self._steps:
             records = self._transform(step, records)
         treedef, columns = collate.record_columns(records)
-        if not self.batch_transforms:
-            return collate.materialize(treedef, columns, alloc)
-        batch, _ = collate.materialize(treedef, columns)
-        for t in self.batch_transforms:
-            try:
-                batch = t.fn(batch)
-            except Exception as e:
-                raise RecordError(f"stream step {step}: {t!r} raised {type(e).__name__}: {e}"
-                                  ) from e
-        treedef, columns = collate.batch_columns(batch, self.batch_size)
-        return collate.materialize(treedef, columns, alloc)
+        return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
+                            lambda: self.location(step), alloc)
 
     def _transform(self, step: int, records: list) -> list:
         base = (step * self.process_count + self.process_index) * self.batch_size

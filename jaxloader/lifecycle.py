@@ -1,0 +1,99 @@
+"""``LoaderLifecycle``: what every loader does the same way around its iterators.
+
+::
+
+    DataLoader, StreamLoader ── _progress (iterator.Progress), _active (the live iterator),
+                                _engine (what makes batches)
+       step, stats, worker_pids; _invalidate() on iter/restore/close; close() and `with`;
+       save()/load() for Orbax v1 (a JSON file of state_dict() per process)
+
+A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from jaxloader.iterator import LoaderIterator, Progress
+from jaxloader.stats import LoaderStats
+
+
+class LoaderLifecycle:
+    """Position, statistics, Orbax v1 hooks and shutdown, shared by the loaders."""
+
+    _progress: Progress
+    _active: LoaderIterator | None
+    _engine: Any
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes (empty with ``num_workers=0``)."""
+        return self._engine.pids
+
+    @property
+    def step(self) -> int:
+        """The global step of the next batch this loader hands out."""
+        return self._progress.step
+
+    @property
+    def stats(self) -> LoaderStats:
+        """Batches handed out, time waited inside ``next()`` and time run between calls."""
+        return self._progress.stats()
+
+    def reset_stats(self) -> None:
+        self._progress.reset_stats()
+
+    def _invalidate(self) -> None:
+        """Makes live iterators stale and stops what they run (thread, engine run)."""
+        self._progress.generation += 1
+        if self._active is not None:
+            self._active.stop_work()
+            self._active = None
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # -- orbax v1 (StatefulCheckpointable) ----------------------------------------------------
+    async def save(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable.save``: this process's state as a JSON file.
+
+        Example:
+            >>> import tempfile, numpy as np, jaxloader as jl
+            >>> from orbax.checkpoint.experimental import v1 as ocp_v1
+            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+            ...                        process_index=0, process_count=1)
+            >>> _ = next(iter(loader))
+            >>> path = tempfile.mkdtemp() + "/ckpt"
+            >>> ocp_v1.save_checkpointables(path, {"loader": loader})
+            >>> fresh = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+            ...                       process_index=0, process_count=1)
+            >>> _ = ocp_v1.load_checkpointables(path, {"loader": fresh})
+            >>> fresh.step
+            1
+        """
+        from jaxloader.checkpoint import save_v1
+
+        return await save_v1(self, directory)
+
+    async def load(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable.load``: continues from the saved position."""
+        from jaxloader.checkpoint import load_v1
+
+        return await load_v1(self, directory)
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Releases workers and buffers; idempotent."""
+        if not self._progress.closed:
+            self._progress.closed = True
+            self._invalidate()
+            self._engine.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
