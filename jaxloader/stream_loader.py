@@ -222,8 +222,10 @@ class _Runs:
     def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
         loader = self._loader
         resets = loader._states_at(start)
-        for step in [s for s in loader._reports if s >= start]:  # a stale run's read-ahead
-            del loader._reports[step]
+        # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
+        # thread may still be filing one; it would file the same state, runs being pure).
+        for step in [s for s in list(loader._reports) if s >= start]:
+            loader._reports.pop(step, None)
         return loader._engine.batches(start, stop, resets, loader._reports)
 
     def close(self) -> None:
