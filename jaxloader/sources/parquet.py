@@ -161,7 +161,13 @@ class ParquetSource:
         handle = self._files.get(file_number)
         if handle is None:
             handle = self._files[file_number] = _open(_pyarrow_parquet(), self.paths[file_number])
-        table = handle.read_row_group(in_file, columns=self.columns)
+        from jaxloader.workers.worker import get_worker_info
+
+        in_worker = get_worker_info() is not None
+        if in_worker:
+            _return_freed_memory()
+        # In a worker, one thread: the workers are the parallelism (and threads' arenas cost).
+        table = handle.read_row_group(in_file, columns=self.columns, use_threads=not in_worker)
         path = self.paths[file_number]
         decoded = {name: _decode(table.column(name), name, path) for name in self.columns}
         nbytes = sum(_nbytes(c) for c in decoded.values())
@@ -175,6 +181,28 @@ class ParquetSource:
     def __repr__(self) -> str:
         return (f"ParquetSource({len(self)} rows in {len(self.paths)} file(s), "
                 f"{len(self._groups)} row groups; columns {self.columns})")
+
+
+_POOL_SET = False
+
+
+def _return_freed_memory() -> None:
+    """In a worker process (ours alone): an Arrow memory pool that gives freed row groups
+    back to the system. Arrow's default (mimalloc) keeps them: a worker's private memory
+    measured 270 MiB with a 128 MiB cache, against ~215 MiB with jemalloc set to return pages
+    at once (the system allocator where jemalloc is not built in)."""
+    global _POOL_SET
+    if _POOL_SET:
+        return
+    _POOL_SET = True
+    import pyarrow as pa
+
+    try:
+        pool = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except (NotImplementedError, AttributeError):
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
 
 
 def _pyarrow_parquet() -> Any:
