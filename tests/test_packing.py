@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from resume_harness import assert_same_stream, check_resume, check_split_resume, take
+from resume_harness import check_resume, check_split_resume, take
 
 WIDTH = 16
 
@@ -145,8 +145,9 @@ def test_packed_rows_mix_with_other_sources():
                        process_count=1) as loader:
         batch = next(iter(loader))
     assert batch["tokens"].shape == (8, WIDTH)
-    unpack(batch)
-    assert_same_stream([batch], [batch])
+    assert len(unpack(batch)) >= 8  # ids and positions checked on the way
+    whole = packed.__getitems__(np.arange(len(packed)))["tokens"]
+    assert all(any(np.array_equal(row, w) for w in whole) for row in batch["tokens"])
 
 
 def test_bad_input_is_named():

@@ -2,7 +2,8 @@
 
 | module | what |
 |---|---|
-| ``shards`` | the ``Shard`` protocol (``reset(state)``, ``next()``, ``get_state()``) and ready shards: ``JsonlShard``, ``TextShard``, ``TarShard``, ``IterableShard`` |
+| ``shards`` | the ``Shard`` protocol (``reset(state)``, ``next()``, ``get_state()``) and ready shards: ``JsonlShard``, ``TextShard``, ``IterableShard`` |
+| ``tar`` | ``TarShard``: tar files in the WebDataset layout, headers parsed here |
 | ``reader`` | ``Stream`` (shards, shuffle window) and ``StreamReader`` (one reader's share, epochs, windows, state) |
 | ``maker`` | ``StreamBatchMaker``: a reader's batches, transformed and collated |
 
@@ -10,7 +11,8 @@
 """
 
 from jaxloader.streams.reader import Stream, StreamReader
-from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TarShard, TextShard
+from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
+from jaxloader.streams.tar import TarShard
 
 __all__ = ["IterableShard", "JsonlShard", "Shard", "Stream", "StreamReader", "TarShard",
            "TextShard"]

@@ -33,7 +33,8 @@ import numpy as np
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 from jaxloader.sampling import IndexShuffle, splitmix64
-from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TarShard, TextShard
+from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
+from jaxloader.streams.tar import TarShard
 
 _STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
 
