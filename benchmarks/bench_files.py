@@ -21,7 +21,9 @@ stretch); the table gives median rows/s and ratios.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import struct
 import tempfile
@@ -143,7 +145,9 @@ def grain_array_record(path: str) -> Callable[[], Iterator]:
 def memory(gib: float, workers: int = 4, batches: int = 200) -> dict:
     """Private memory of each worker reading a ``gib`` GiB Parquet file, full shuffle."""
     rows = int(gib * 2**30 / 90)  # ~90 bytes a row on disk: the vector does not compress
-    path = os.path.join(tempfile.mkdtemp(prefix="bench_files_big_"), "big.parquet")
+    big = tempfile.mkdtemp(prefix="bench_files_big_")
+    atexit.register(shutil.rmtree, big, True)
+    path = os.path.join(big, "big.parquet")
     started = time.perf_counter()
     write_parquet(path, rows)
     written = time.perf_counter() - started
@@ -199,6 +203,7 @@ def main() -> None:
 
     flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; we pass none
     work = tempfile.mkdtemp(prefix="bench_files_")
+    atexit.register(shutil.rmtree, work, True)  # the files written (hundreds of MB)
     parquet, records = os.path.join(work, "rows.parquet"), os.path.join(work, "rows.array_record")
     only = args.only.split(",")
     results = {}
