@@ -53,10 +53,7 @@ class _LineShard:
     def reset(self, state: dict | None = None) -> None:
         offset, line = state_ints(self, state, ("offset", "line"))
         self.close()
-        try:
-            self._file = open(self.path, "rb")
-        except OSError as e:
-            raise ConfigError(f"{type(self).__name__}: cannot open {self.path!r}: {e}") from None
+        self._file = open_file(self)
         self._file.seek(offset)
         self._line = line
 
@@ -163,6 +160,15 @@ class IterableShard:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_it": None, "_consumed": 0}
+
+
+def open_file(shard: Any) -> Any:
+    """``shard.path`` opened for reading bytes; an error naming the shard if it cannot be."""
+    try:
+        return open(shard.path, "rb")
+    except OSError as e:
+        raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
+                          "path, or drop the shard from the stream") from None
 
 
 def state_ints(shard: Any, state: dict | None, keys: tuple[str, ...]) -> tuple[int, ...]:

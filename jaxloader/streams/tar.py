@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from jaxloader.errors import ConfigError, RecordError
-from jaxloader.streams.shards import state_ints
+from jaxloader.streams.shards import open_file, state_ints
 
 
 class TarShard:
@@ -49,10 +49,7 @@ class TarShard:
     def reset(self, state: dict | None = None) -> None:
         offset, records = state_ints(self, state, ("offset", "records"))
         self.close()
-        try:
-            self._file = open(self.path, "rb")
-        except OSError as e:
-            raise ConfigError(f"TarShard: cannot open {self.path!r}: {e}") from None
+        self._file = open_file(self)
         head = self._file.read(2)
         if head in (b"\x1f\x8b", b"BZ", b"\xfd7"):
             self.close()
