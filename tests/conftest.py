@@ -66,3 +66,18 @@ def no_leaks():
     gc.collect()  # a mapping holds its memory file open until the last view of it is garbage
     leaked = _segments() - before
     assert not leaked, f"shared memory left behind (/dev/shm, memory files): {sorted(leaked)}"
+
+
+@pytest.fixture
+def gcs(tmp_path):
+    """``gs://`` served from ``tmp_path`` (``fake_gcs``): yields the folder and the
+    ``worker_init_fn`` that serves it in workers too."""
+    import functools
+
+    import fake_gcs
+
+    fake_gcs.register(str(tmp_path))
+    try:
+        yield tmp_path, functools.partial(fake_gcs.register, str(tmp_path))
+    finally:
+        fake_gcs.unregister()

@@ -3,7 +3,9 @@ format), as ``bytes``, parsed by a ``Map`` the user gives.
 
 The files' record counts are read once, at construction; index ``i`` is then record
 ``i - starts[k]`` of file ``k``. Each process (every worker) opens its own readers, on first use.
-Needs the ``array-record`` package (``pip install "jaxloader[array-record]"``).
+Needs the ``array-record`` package (``pip install "jaxloader[array-record]"``). Remote paths
+(``gs://``) are opened by array-record's own reader, in releases built with Riegeli's GCS reader
+(0.8.6 is); local paths are checked to exist first.
 
 Example (``tests/sources/test_array_record.py`` runs it)::
 
@@ -96,6 +98,13 @@ def _open(path: str) -> Any:
     if "://" not in path and not os.path.exists(path):
         raise ConfigError(f"ArrayRecordSource: file {path!r} does not exist; check the path")
     reader = array_record_module.ArrayRecordReader(path)
+    if not reader.ok() and "://" in path:
+        raise ConfigError(
+            f"ArrayRecordSource: the array-record reader could not open {path!r}: remote paths "
+            "are opened by array-record's own reader (gs:// in releases built with Riegeli's "
+            "GCS reader, such as 0.8.6); check the path, the credentials and the installed "
+            "array-record, or copy the files to a local disk"
+        )
     if not reader.ok():
         raise ConfigError(
             f"ArrayRecordSource: file {path!r} is not an ArrayRecord file (the reader could not "

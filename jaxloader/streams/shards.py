@@ -165,6 +165,10 @@ class IterableShard:
 def open_file(shard: Any) -> Any:
     """``shard.path`` opened for reading bytes; an error naming the shard if it cannot be."""
     try:
+        if "://" in shard.path:  # remote (gs://, s3://): through the path layer Orbax uses
+            from etils import epath
+
+            return epath.Path(shard.path).open("rb")
         return open(shard.path, "rb")
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "

@@ -50,3 +50,7 @@ def test_resume_and_bad_files(tmp_path):
     (tmp_path / "text.array_record").write_text("not an array record file")
     with pytest.raises(jl.ConfigError, match=r"'.*text.array_record' is not an ArrayRecord"):
         jl.ArrayRecordSource(str(tmp_path / "text.array_record"))
+    # a remote path goes to array-record's own reader (gs:// in 0.8.6); "b" is not a valid
+    # bucket name, so it fails at once, with no network, and the message says who opened it
+    with pytest.raises(jl.ConfigError, match=r"reader could not open 'gs://b/a.array_record'"):
+        jl.ArrayRecordSource("gs://b/a.array_record")

@@ -52,3 +52,16 @@ def test_bad_arguments(tmp_path):
         jl.FileListSource(["a", "b"], labels=[0])
     a = jl.FileListSource(["a", "b"]).fingerprint
     assert a != jl.FileListSource(["b", "a"]).fingerprint and a.startswith("files:2:")
+
+
+def test_gs_paths_are_read_through_epath_in_workers(gcs):
+    root, init = gcs
+    (root / "bucket").mkdir()
+    paths = [p.replace(str(root) + "/", "gs://") for p in files(root / "bucket")]
+    src = jl.FileListSource(paths, labels=[i % 3 for i in range(9)])
+    assert src[4]["data"] == bytes([4]) * 5
+    with jl.DataLoader(src, batch_size=3, shuffle=True, seed=0, transforms=[jl.Map(decode)],
+                       num_workers=2, worker_init_fn=init, process_index=0,
+                       process_count=1) as loader:
+        firsts = np.concatenate([b["first"] for b in loader])
+    assert sorted(firsts.tolist()) == list(range(9))

@@ -138,3 +138,26 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
     with pytest.raises(ValueError, match="column 'x' of .*nulls.parquet' has 1 null"):
         jl.ParquetSource(str(nulls))[0]
+
+
+def test_gs_paths_are_read_through_epath_in_process_and_in_workers(gcs):
+    import fake_gcs
+
+    root, init = gcs
+    (root / "bucket").mkdir()
+    local = write_parts(root / "bucket")
+    remote = [p.replace(str(root) + "/", "gs://") for p in local]
+    src = jl.ParquetSource(remote)
+    assert src.paths[0] == "gs://bucket/part-0.parquet" and len(src) == 128
+    assert fake_gcs.FakeGcs.opened  # the footers were read through the gs:// filesystem
+    batches = {}
+    for name, paths, num_workers in (("local", local, 0), ("remote", remote, 2)):
+        with jl.DataLoader(jl.ParquetSource(paths), batch_size=16, shuffle=True, seed=3,
+                           num_workers=num_workers, worker_init_fn=init,
+                           process_index=0, process_count=1) as loader:
+            batches[name] = list(loader)
+    assert len(batches["remote"]) == 8
+    for a, b in zip(batches["local"], batches["remote"]):
+        assert_same_batch(a, b)
+    with pytest.raises(jl.ConfigError, match=r"'gs://bucket/nope.parquet' does not exist"):
+        jl.ParquetSource([remote[0], "gs://bucket/nope.parquet"])

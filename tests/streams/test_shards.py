@@ -85,3 +85,20 @@ def test_bad_lines_and_states_are_named(tmp_path):
         shard.reset({"offset": -1, "line": 0})
     with pytest.raises(jl.ConfigError, match=r"cannot open .*missing.jsonl"):
         jl.JsonlShard(tmp_path / "missing.jsonl").reset()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "tar"])
+def test_gs_shards_are_read_and_resumed_through_epath(gcs, kind):
+    root, _ = gcs
+    write = write_jsonl if kind == "jsonl" else write_tar
+    write(root / f"a.{kind}", list(range(9)))
+    make = jl.JsonlShard if kind == "jsonl" else jl.TarShard
+    local, remote = make(root / f"a.{kind}"), make(f"gs://a.{kind}")
+    assert read_all(remote) == read_all(local)
+    remote.reset(None)
+    for _ in range(4):
+        remote.next()
+    state = remote.get_state()
+    assert read_all(make(f"gs://a.{kind}"), state) == read_all(local)[4:]
+    with pytest.raises(jl.ConfigError, match=r"cannot open 'gs://nope.jsonl'"):
+        read_all(jl.JsonlShard("gs://nope.jsonl"))
