@@ -2,8 +2,9 @@
 
 For folders of images, audio clips and the like: the record is ``{"path": str, "data": bytes}``
 (and ``"label"`` when labels are given), decoded by a ``Map``/``RandomMap`` (in the workers).
-Files are opened through ``etils.epath``, as Orbax opens its checkpoints, so ``gs://`` and other
-remote paths work; a missing or unreadable file fails at its record, naming the path.
+Remote paths (``gs://`` and the like) are opened through ``etils.epath``, as Orbax opens its
+checkpoints (imported only then: it costs a worker 7 MiB); a missing or unreadable file fails at
+its record, naming the path.
 
 Example:
     >>> import os, tempfile
@@ -22,7 +23,6 @@ import os
 from typing import Any, Sequence
 
 import numpy as np
-from etils import epath
 
 from jaxloader.errors import ConfigError
 
@@ -54,7 +54,7 @@ class FileListSource:
     def __getitem__(self, index: int) -> dict[str, Any]:
         path = self.paths[index]
         try:
-            data = epath.Path(path).read_bytes()
+            data = _read_bytes(path)
         except OSError as e:
             raise OSError(f"FileListSource: cannot read file {path!r} (record {index}): {e}") from e
         record: dict[str, Any] = {"path": path, "data": data}
@@ -73,3 +73,12 @@ class FileListSource:
 
     def __repr__(self) -> str:
         return f"FileListSource({len(self.paths)} files, first {self.paths[0]!r})"
+
+
+def _read_bytes(path: str) -> bytes:
+    if "://" in path:
+        from etils import epath
+
+        return epath.Path(path).read_bytes()
+    with open(path, "rb") as f:
+        return f.read()

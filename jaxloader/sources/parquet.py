@@ -251,47 +251,76 @@ def _decode(column: Any, name: str, path: str) -> Any:
     array = column.combine_chunks()
     kind = array.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        offsets = np.asarray(array.offsets) if not pa.types.is_fixed_size_list(kind) else (
+        offsets = _numpy(array.offsets) if not pa.types.is_fixed_size_list(kind) else (
             np.arange(len(array) + 1) * kind.list_size)
         lengths = np.diff(offsets)
         if not (len(lengths) and np.all(lengths == lengths[0])):
             return _ArrowRows(array, ragged=True)
-        values = array.flatten().to_numpy(zero_copy_only=False)
+        values = _numpy(array.flatten())
         out = values.reshape(len(array), int(lengths[0]), *values.shape[1:])
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
         return _ArrowRows(array, ragged=False)
     else:
-        out = array.to_numpy(zero_copy_only=False)
-    out = np.asarray(out)
+        out = _numpy(array)
     out.flags.writeable = False
     return out
 
 
+def _numpy(array: Any) -> np.ndarray:
+    """An Arrow array as NumPy: numbers without nulls as a view of Arrow's buffer. Arrow's own
+    ``to_numpy`` imports pandas where it is installed (27 MiB more in every worker, measured),
+    so it is left for the other types (booleans, dates)."""
+    import pyarrow as pa
+
+    kind = array.type
+    if array.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        code = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
+        dtype = np.dtype(f"<{code}{kind.bit_width // 8}")
+        return np.frombuffer(array.buffers()[1], dtype, count=len(array),
+                             offset=array.offset * dtype.itemsize)
+    return np.asarray(array.to_numpy(zero_copy_only=False))
+
+
 class _ArrowRows:
     """A column kept in Arrow form in the cache (strings, bytes, ragged lists): a tenth of the
-    memory of Python objects, converted only for the rows read."""
+    memory of Python objects, converted only for the rows read, from the Arrow buffers (the
+    row offsets, and the bytes or values they point into: no Arrow call per batch)."""
 
     def __init__(self, array: Any, ragged: bool) -> None:
-        self.array, self.ragged, self.nbytes = array, ragged, array.nbytes
+        import pyarrow as pa
 
-    def _convert(self, value: Any) -> Any:
-        if not self.ragged:
-            return value.as_py()  # str or bytes
-        row = value.values.to_numpy(zero_copy_only=False)
-        row.flags.writeable = False
-        return row
+        self.array, self.ragged, self.nbytes = array, ragged, array.nbytes
+        kind = array.type
+        large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) or (
+            pa.types.is_large_list(kind))
+        width = np.dtype("<i8" if large else "<i4")
+        # row r is [starts[r], starts[r + 1]) of the bytes or values (absolute offsets)
+        self._starts = np.frombuffer(array.buffers()[1], width, count=len(array) + 1,
+                                     offset=array.offset * width.itemsize)
+        if ragged:
+            self._values = _numpy(array.values)
+            self._values.flags.writeable = False
+        else:
+            data = array.buffers()[2]
+            self._data = memoryview(data if data is not None else b"")
+            self._text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
     def __getitem__(self, rows: Any) -> Any:
         if isinstance(rows, (int, np.integer)):
-            return self._convert(self.array[int(rows)])
-        taken = self.array.take(np.asarray(rows))
-        out = np.empty(len(taken), dtype=object)
+            return self._rows(np.array([rows]))[0]
+        return self._rows(np.asarray(rows))
+
+    def _rows(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty(len(rows), dtype=object)
+        bounds = zip(self._starts[rows].tolist(), self._starts[rows + 1].tolist())
         if self.ragged:
-            for j in range(len(taken)):  # one by one: NumPy must not stack the rows
-                out[j] = self._convert(taken[j])
+            for j, (a, b) in enumerate(bounds):  # one by one: NumPy must not stack the rows
+                out[j] = self._values[a:b]
+        elif self._text:
+            out[:] = [str(self._data[a:b], "utf-8") for a, b in bounds]
         else:
-            out[:] = taken.to_pylist()
+            out[:] = [self._data[a:b].tobytes() for a, b in bounds]
         return out
 
 

@@ -161,3 +161,22 @@ def test_gs_paths_are_read_through_epath_in_process_and_in_workers(gcs):
         assert_same_batch(a, b)
     with pytest.raises(jl.ConfigError, match=r"'gs://bucket/nope.parquet' does not exist"):
         jl.ParquetSource([remote[0], "gs://bucket/nope.parquet"])
+
+
+def _imports(record):
+    import sys
+
+    return {"id": record["id"], "pandas": np.bool_("pandas" in sys.modules),
+            "epath": np.bool_("etils.epath" in sys.modules)}
+
+
+def test_a_worker_decodes_without_pandas_or_epath(tmp_path):
+    # pyarrow's to_numpy, pa.array and take import pandas where installed (27 MiB a worker);
+    # epath costs 7 MiB: a worker reading local files needs neither (docs/benchmarks.md)
+    paths = write_parts(tmp_path)
+    with jl.DataLoader(jl.ParquetSource(paths), batch_size=32, shuffle=True, num_workers=1,
+                       transforms=[jl.Map(_imports)], process_index=0,
+                       process_count=1) as loader:
+        batches = list(loader)
+    assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(128))
+    assert not any(b["pandas"].any() or b["epath"].any() for b in batches)
