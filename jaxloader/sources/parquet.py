@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import os
 from typing import Any, Sequence
 
@@ -134,18 +135,21 @@ class ParquetSource:
         a list of rows when a column holds lists of different lengths."""
         indices = np.asarray(indices, dtype=np.int64)
         groups = np.searchsorted(self._starts, indices, side="right") - 1
-        order = np.argsort(groups, kind="stable")
-        bounds = np.flatnonzero(np.diff(groups[order])) + 1
+        in_order = bool(np.all(groups[1:] >= groups[:-1]))  # file order: nothing to put back
+        order = None if in_order else np.argsort(groups, kind="stable")
+        ordered = groups if order is None else groups[order]
+        local = (indices if order is None else indices[order]) - self._starts[ordered]
+        edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(indices)]
         parts: dict[str, list] = {name: [] for name in self.columns}
-        for run in np.split(order, bounds):
-            group = int(groups[run[0]])
-            decoded = self._decoded(group)
-            rows = indices[run] - self._starts[group]
+        for a, b in zip(edges, edges[1:]):  # a run of rows of one row group
+            decoded = self._decoded(int(ordered[a]))
             for name in self.columns:
-                parts[name].append(decoded[name][rows])
-        restore = np.empty_like(order)
-        restore[order] = np.arange(len(order))
-        batch = {name: np.concatenate(p)[restore] for name, p in parts.items()}
+                parts[name].append(decoded[name].take(local[a:b], axis=0))
+        batch = {name: _join(p, len(indices)) for name, p in parts.items()}
+        if order is not None:
+            restore = np.empty_like(order)
+            restore[order] = np.arange(len(order))
+            batch = {name: column[restore] for name, column in batch.items()}
         if any(c.dtype.hasobject and len(c) and isinstance(c[0], np.ndarray)
                for c in batch.values()):
             return [{name: batch[name][j] for name in self.columns} for j in range(len(indices))]
@@ -283,14 +287,13 @@ def _numpy(array: Any) -> np.ndarray:
 
 
 class _ArrowRows:
-    """A column kept in Arrow form in the cache (strings, bytes, ragged lists): a tenth of the
-    memory of Python objects, converted only for the rows read, from the Arrow buffers (the
-    row offsets, and the bytes or values they point into: no Arrow call per batch)."""
+    """A column of strings, bytes or ragged lists as the cache keeps it: Arrow's buffers (the
+    row offsets, and the bytes or values they point into), a tenth of the memory of Python
+    objects; objects are made only for the rows read, with no Arrow call."""
 
     def __init__(self, array: Any, ragged: bool) -> None:
         import pyarrow as pa
 
-        self.array, self.ragged, self.nbytes = array, ragged, array.nbytes
         kind = array.type
         large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) or (
             pa.types.is_large_list(kind))
@@ -298,30 +301,46 @@ class _ArrowRows:
         # row r is [starts[r], starts[r + 1]) of the bytes or values (absolute offsets)
         self._starts = np.frombuffer(array.buffers()[1], width, count=len(array) + 1,
                                      offset=array.offset * width.itemsize)
+        self.ragged, self.nbytes = ragged, array.nbytes
         if ragged:
             self._values = _numpy(array.values)
             self._values.flags.writeable = False
         else:
             data = array.buffers()[2]
-            self._data = memoryview(data if data is not None else b"")
+            self._data = data.to_pybytes() if data is not None else b""
             self._text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
-    def __getitem__(self, rows: Any) -> Any:
-        if isinstance(rows, (int, np.integer)):
-            return self._rows(np.array([rows]))[0]
-        return self._rows(np.asarray(rows))
+    def __getitem__(self, row: int) -> Any:
+        return self.take(np.array([row]))[0]
 
-    def _rows(self, rows: np.ndarray) -> np.ndarray:
-        out = np.empty(len(rows), dtype=object)
-        bounds = zip(self._starts[rows].tolist(), self._starts[rows + 1].tolist())
+    def take(self, rows: np.ndarray, axis: int = 0) -> list:
+        """The rows ``rows`` as a list of ``str``, ``bytes`` or read-only arrays (``axis`` as
+        for a NumPy column: rows only)."""
+        bounds = self._starts[np.concatenate([rows, rows + 1])].tolist()
+        n = len(rows)
+        pairs = zip(bounds[:n], bounds[n:])
         if self.ragged:
-            for j, (a, b) in enumerate(bounds):  # one by one: NumPy must not stack the rows
-                out[j] = self._values[a:b]
-        elif self._text:
-            out[:] = [str(self._data[a:b], "utf-8") for a, b in bounds]
-        else:
-            out[:] = [self._data[a:b].tobytes() for a, b in bounds]
-        return out
+            values = self._values
+            return [values[a:b] for a, b in pairs]
+        data = self._data
+        if self._text:
+            return [str(data[a:b], "utf-8") for a, b in pairs]
+        return [data[a:b] for a, b in pairs]
+
+
+def _join(parts: list, n: int) -> np.ndarray:
+    """One column of a batch from its runs: arrays concatenated; lists of objects into an
+    object array (ragged rows one by one: NumPy must not stack rows of equal length)."""
+    if not isinstance(parts[0], list):
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    values = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
+    out = np.empty(n, dtype=object)
+    if values and isinstance(values[0], np.ndarray):
+        for j, value in enumerate(values):
+            out[j] = value
+    else:
+        out[:] = values
+    return out
 
 
 def _nbytes(column: Any) -> int:
