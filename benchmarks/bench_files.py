@@ -118,6 +118,25 @@ def grain_parquet(path: str) -> Callable[[], Iterator]:
     return make
 
 
+def bare_parquet(path: str) -> Callable[[], Iterator]:
+    """The ceiling of one process: pyarrow reading row groups in file order, numbers to NumPy
+    and strings to ``str`` (what a batch must hold), sliced into batches; no loader, no
+    shuffle, no hand-over to another process (two such processes: at most twice this)."""
+    def make() -> Iterator:
+        import pyarrow.parquet as pq
+
+        handle = pq.ParquetFile(path)
+        for group in range(handle.num_row_groups):
+            table = handle.read_row_group(group, use_threads=False)
+            ids = table.column("id").to_numpy()
+            vectors = table.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, 16)
+            texts = table.column("text").to_pylist()
+            for i in range(0, len(ids) - BATCH + 1, BATCH):
+                yield {"id": ids[i:i + BATCH], "vector": vectors[i:i + BATCH],
+                       "text": texts[i:i + BATCH]}
+    return make
+
+
 def hf_batches(path: str, shuffled: bool) -> Callable[[], Iterator]:
     import datasets
 
@@ -218,6 +237,7 @@ def main() -> None:
             "grain ParquetIterDataset, file order": grain_parquet(parquet),
             "datasets, file order": hf_batches(parquet, shuffled=False),
             "datasets, shuffled batches": hf_batches(parquet, shuffled=True),
+            "ceiling: one bare process, pyarrow row groups -> NumPy + str": bare_parquet(parquet),
         }, args.rounds)
     if "array_record" in only:
         write_array_record(records, args.rows)
