@@ -331,8 +331,9 @@ class _ArrowRows:
 def _join(parts: list, n: int) -> np.ndarray:
     """One column of a batch from its runs: arrays concatenated; lists of objects into an
     object array (ragged rows one by one: NumPy must not stack rows of equal length)."""
-    if not isinstance(parts[0], list):
+    if not any(isinstance(p, list) for p in parts):
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    # a list column ragged in one row group and of one length in another: rows of both
     values = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
     out = np.empty(n, dtype=object)
     if values and isinstance(values[0], np.ndarray):

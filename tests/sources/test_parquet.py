@@ -131,6 +131,13 @@ def test_strings_bytes_and_lists_come_from_arrows_buffers_row_by_row(tmp_path):
             assert row["tokens"].tolist() == want["tokens"]
             assert row["tokens"].dtype == np.int32 and not row["tokens"].flags.writeable
             assert row["pairs"].tolist() == want["pairs"]  # equal lengths: kept per row
+    # "pairs" is one (rows, 2) array a row group; a batch over groups where "tokens" is of one
+    # length in one group and ragged in another gets rows of both
+    even = str(tmp_path / "even.parquet")
+    pq.write_table(pa.table({"t": pa.array([[1, 2], [3, 4], [5], [6, 7, 8]])}), even,
+                   row_group_size=2)
+    rows = jl.ParquetSource(even).__getitems__(np.array([2, 0, 3, 1]))
+    assert [r["t"].tolist() for r in rows] == [[5], [1, 2], [6, 7, 8], [3, 4]]
     batch = jl.ParquetSource(path, columns=["text", "raw"]).__getitems__(np.array([3, 0, 1]))
     assert batch["text"].tolist() == [texts[3], "", "é"] and batch["raw"][1] == b"\0"
 
