@@ -42,7 +42,7 @@ from jaxloader.sampling import LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, spl
 from jaxloader.sources.concat import ConcatSource
 
 _BLOCK = 1000  # positions a block; at least m * (m - 1) for m components (see _Regime)
-_SPAN = 32  # blocks whose tables are computed at once (8,000 positions: 64 KiB, memoised)
+_SPAN = 32  # a span of steps covers ~32 blocks: their indices are computed at once, memoised
 
 
 class Mixture(ConcatSource):
@@ -167,11 +167,11 @@ class MixtureSampler:
 
     def _reset_memos(self) -> None:
         self._span: int | None = None
-        self._table: np.ndarray | None = None
+        self._memo: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for key in ("_span", "_table"):
+        for key in ("_span", "_memo"):
             state.pop(key)
         return state
 
@@ -184,45 +184,56 @@ class MixtureSampler:
         offset = self.process_index * self.batch_size
         rows = np.arange(self.batch_size, dtype=np.int64) + offset
         positions = k * self.global_batch_size + rows
-        indices = self.indices(step * self.global_batch_size + rows)
+        indices = self._step_indices(step, rows)
         valid = np.ones(self.batch_size, bool) if self.last_batch == "pad" else None
         return BatchSpec(step, epoch, positions, indices, valid)
 
+    def _step_indices(self, step: int, rows: np.ndarray) -> np.ndarray:
+        """Step ``step``'s indices (this process's ``rows`` of it), from a memo computed for a
+        span of ~32 blocks of steps at once (NumPy's cost is per call); each process computes
+        only its own rows, so ``process_count`` processes share the work."""
+        span_steps = max(1, self._block * _SPAN // self.global_batch_size)
+        span = step // span_steps
+        if self._memo is None or self._span != span:
+            steps = np.arange(span * span_steps, (span + 1) * span_steps, dtype=np.int64)
+            positions = (steps[:, None] * self.global_batch_size + rows).reshape(-1)
+            self._memo = self.indices(positions).reshape(len(steps), len(rows))
+            self._span = span
+        return self._memo[step - span * span_steps]
+
     def indices(self, positions: np.ndarray) -> np.ndarray:
-        """Indices into the mixture of global positions (vectorised)."""
-        width = self._block * _SPAN
-        first, last = int(positions[0]) // width, int(positions[-1]) // width
-        if first == last and positions[-1] - positions[0] == len(positions) - 1:
-            start = int(positions[0]) - first * width  # a batch: consecutive, in one span
-            return self._span_table(first)[start : start + len(positions)]
-        blocks = positions // self._block  # scattered positions: one block's table each
-        out = np.empty(len(positions), np.int64)
-        for block in np.unique(blocks):
-            at = blocks == block
-            out[at] = self._tables(int(block), 1)[positions[at] - block * self._block]
+        """Indices into the mixture of global positions (any, vectorised): the blocks they
+        fall in are laid out whole, then each component's shuffle runs on the reads asked for."""
+        blocks, slots = np.divmod(np.asarray(positions, np.int64), self._block)
+        if len(blocks) and np.all(blocks[1:] >= blocks[:-1]) and (
+                blocks[-1] - blocks[0] < len(blocks)):  # a span: its blocks, no sort
+            unique = np.arange(blocks[0], blocks[-1] + 1)
+            inverse = blocks - blocks[0]
+        else:
+            unique, inverse = np.unique(blocks, return_inverse=True)
+        components, reads = self._layout(unique)
+        at = inverse * self._block + slots
+        if len(at) and at[-1] - at[0] == len(at) - 1:  # consecutive: slices, no gather
+            at = slice(int(at[0]), int(at[-1]) + 1)
+        components, reads = components.reshape(-1)[at], reads.reshape(-1)[at]
+        out = np.empty(len(components), np.int64)
+        for c in np.unique(components):
+            chosen = components == c
+            out[chosen] = self._component_reads(int(c), reads[chosen])
         return out
 
-    def _span_table(self, span: int) -> np.ndarray:
-        """The indices of every position of ``_SPAN`` blocks from block ``span * _SPAN``
-        (memoised: some 30 batches of 256 share one, and NumPy's cost is per call)."""
-        if self._table is None or self._span != span:
-            self._table, self._span = self._tables(span * _SPAN, _SPAN), span
-        return self._table
-
-    def _tables(self, first: int, count: int) -> np.ndarray:
-        """The indices of every position of blocks ``first .. first + count - 1``."""
-        blocks = np.arange(first, first + count, dtype=np.int64)
+    def _layout(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For every position of ``blocks`` (one row each): its component, and which read of
+        that component it is."""
         before, here = self._counts(blocks)  # (blocks, components) each
         ends = np.cumsum(here, axis=1)
         q = self._block_permutations(blocks)  # (blocks, block): each position's slot
-        components = np.stack([np.searchsorted(e, row, side="right") for e, row in zip(ends, q)])
+        components = np.zeros(q.shape, np.int64)  # q's range: the ends at or below it
+        for c in range(here.shape[1] - 1):  # (the last end is the block's size: above all)
+            components += q >= ends[:, c : c + 1]
         row = np.arange(len(blocks))[:, None]
-        reads = q - (ends - here)[row, components] + before[row, components]  # c's read number
-        table = np.empty(q.shape, np.int64)
-        for c in np.flatnonzero(here.sum(axis=0)):
-            at = components == c
-            table[at] = self._component_reads(int(c), reads[at])
-        return table.reshape(-1)
+        reads = q - (ends - here)[row, components] + before[row, components]
+        return components, reads
 
     def _counts(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each component's positions before each block, and in it (the regimes in force)."""
@@ -245,19 +256,17 @@ class MixtureSampler:
         return np.argsort(keys, axis=1)
 
     def _component_reads(self, c: int, reads: np.ndarray) -> np.ndarray:
-        """Indices into the mixture of component ``c``'s reads number ``reads``: a span's
-        reads of one component are consecutive numbers, so its shuffled order is computed
-        once for that range, an epoch at a time."""
-        length = int(self._lengths[c])
-        lo, hi = int(reads.min()), int(reads.max()) + 1
-        order = np.empty(hi - lo, np.int64)
-        for epoch in range(lo // length, (hi - 1) // length + 1):
-            a, b = max(lo, epoch * length), min(hi, (epoch + 1) * length)
-            within = np.arange(a - epoch * length, b - epoch * length, dtype=np.int64)
-            if self.shuffle:
-                within = IndexShuffle(length, seed=self._seeds[c], epoch=epoch)(within)
-            order[a - lo : b - lo] = within
-        return self._offsets[c] + order[reads - lo]
+        """Indices into the mixture of component ``c``'s reads number ``reads``: read ``j`` is
+        record ``j % len`` of the component's epoch ``j // len``, reshuffled each epoch."""
+        epochs, within = np.divmod(reads, self._lengths[c])
+        if self.shuffle:
+            first, last = int(epochs.min()), int(epochs.max())
+            every = [first] if first == last else np.unique(epochs).tolist()
+            for epoch in every:
+                at = slice(None) if len(every) == 1 else epochs == epoch
+                within[at] = IndexShuffle(int(self._lengths[c]), seed=self._seeds[c],
+                                          epoch=epoch)(within[at])
+        return self._offsets[c] + within
 
     # -- state: the weights that made the steps so far must be the same --------------------
     def extra_state(self) -> dict[str, Any]:
