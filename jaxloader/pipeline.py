@@ -81,6 +81,9 @@ class BatchMaker:
     def _read_vectorised(self, spec: BatchSpec) -> tuple:
         if type(self.source) is ArraySource:  # gather straight into the output: one copy
             return collate.take_columns(self.source.treedef, self.source.arrays, spec.indices)
+        if isinstance(self.source, ConcatSource) and self.source.joined is not None:  # worker
+            joined = self.source.joined
+            return collate.take_columns(joined.treedef, joined.arrays, spec.indices)
         if isinstance(self.source, ConcatSource) and self.source.alike_arrays:  # a mixture, too
             rows, local = self.source.split(spec.indices)
             parts = self.source.sources

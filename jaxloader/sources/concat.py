@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -40,6 +40,32 @@ class ConcatSource:
         self.sources = list(sources)
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.alike_arrays = _alike_arrays(self.sources)
+        # In a worker, alike in-memory parts arrive as one array a leaf (see __getstate__):
+        # a batch is then one gather a leaf, as for one source. None in the main process.
+        self.joined: Any = None
+
+    def __getstate__(self) -> dict:
+        """Alike parts of plain in-memory arrays cross to workers joined, one array a leaf:
+        the worker payload copies each part into its rows of one shared-memory segment (no
+        more memory than the parts copied apart), so a worker gathers a batch with one
+        ``take`` a leaf. Memory-mapped parts cross as their files, never joined."""
+        state = dict(self.__dict__)
+        if self.joined is None and _joinable(self.sources):
+            arrays = [s.arrays for s in self.sources]
+            state["sources"] = _JoinedParts(self.sources[0].treedef,
+                                            [Joined([a[i] for a in arrays])
+                                             for i in range(len(arrays[0]))])
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if isinstance(self.sources, _JoinedParts):
+            from jaxloader.sources.arrays import ArraySource
+
+            treedef, leaves = self.sources
+            self.joined = ArraySource(tree_lib.unflatten(treedef, leaves))
+            self.sources = [ArraySource(tree_lib.unflatten(treedef, [a[lo:hi] for a in leaves]))
+                            for lo, hi in zip(self.offsets[:-1], self.offsets[1:])]
 
     def split(self, indices: np.ndarray) -> tuple[list, list]:
         """For each part ``k``: the places in ``indices`` that fall in it, and its own
@@ -100,6 +126,47 @@ def _alike_arrays(sources: list) -> bool:
     signature = [(a.dtype, a.shape[1:]) for a in first.arrays]
     return all(s.treedef == first.treedef and [(a.dtype, a.shape[1:]) for a in s.arrays]
                == signature for s in sources[1:])
+
+
+def _joinable(sources: list) -> bool:
+    """Alike ``ArraySource`` parts, each its own, of plain in-memory arrays."""
+    return (_alike_arrays(sources) and len({id(s) for s in sources}) == len(sources)
+            and all(type(a) is np.ndarray for s in sources for a in s.arrays))
+
+
+class Joined:
+    """Arrays alike but for their length, to cross to workers as one (their rows one after
+    another): the worker payload writes each into its rows of one shared segment; any other
+    pickler gets their concatenation.
+
+    Example:
+        >>> import pickle
+        >>> pickle.loads(pickle.dumps(Joined([np.arange(2), np.arange(3)]))).tolist()
+        [0, 1, 0, 1, 2]
+    """
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (sum(len(a) for a in self.arrays), *self.arrays[0].shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.arrays[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def __reduce__(self) -> tuple:
+        return np.concatenate, (self.arrays,)
+
+
+class _JoinedParts(NamedTuple):
+    treedef: tree_lib.TreeDef
+    leaves: list
 
 
 def _merge(pieces: list, n: int) -> Any:

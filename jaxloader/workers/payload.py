@@ -3,7 +3,8 @@
 Lambdas, notebook functions and classes defined in ``__main__`` cross by value. Large NumPy
 arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by a closure) do not
 cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
-and pickles a reference, and ``loads`` maps it, read-only, in the worker. 10 GB of arrays then
+and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``Joined``, the alike
+parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
 cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays cross as their file.
 
 Example:
@@ -28,6 +29,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
+from jaxloader.sources.concat import Joined
 from jaxloader.workers.shm import Segment, attach
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
@@ -39,7 +41,7 @@ class _Pickler(cloudpickle.Pickler):
     def __init__(self, file: io.BytesIO, keep: Callable[[Segment], None]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._keep = keep
-        self._shared: dict[int, tuple] = {}
+        self._shared: dict[int, tuple[tuple, Any]] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is np.memmap and isinstance(obj.filename, str) and obj.base is not None:
@@ -47,15 +49,22 @@ class _Pickler(cloudpickle.Pickler):
             offset = array.__array_interface__["data"][0] - _base_address(obj)
             return ("memmap", obj.filename, obj.offset + offset, array.shape, array.dtype.str,
                     array.strides)
-        if type(obj) is not np.ndarray or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
+        if type(obj) not in (np.ndarray, Joined) or obj.nbytes < SHARE_MIN_BYTES \
+                or obj.dtype.hasobject:
             return None
-        ref = self._shared.get(id(obj))
+        ref, _ = self._shared.get(id(obj), (None, None))
         if ref is None:
             segment = Segment.create(obj.nbytes, prefault=False)
             self._keep(segment)  # before the copy: its owner destroys it if the copy fails
-            _copy(np.ndarray(obj.shape, obj.dtype, buffer=segment.memory), obj)
+            shared = np.ndarray(obj.shape, obj.dtype, buffer=segment.memory)
+            if type(obj) is Joined:  # each part into its rows
+                ends = np.cumsum([len(part) for part in obj.arrays])
+                for part, end in zip(obj.arrays, ends):
+                    _copy(shared[end - len(part):end], part)
+            else:
+                _copy(shared, obj)
             ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype.str)
-            self._shared[id(obj)] = ref
+            self._shared[id(obj)] = ref, obj  # obj kept: its id is not reused while pickling
         return ref
 
 

@@ -68,3 +68,42 @@ def test_an_error_in_a_copy_thread_is_raised_not_lost(monkeypatch):
         dumps(np.ones((4, SHARE_MIN_BYTES), np.uint8), segments.append)
     for seg in segments:
         seg.destroy()
+
+
+def test_alike_parts_of_a_concatenation_cross_as_one_segment_a_leaf():
+    import jaxloader as jl
+
+    rows = SHARE_MIN_BYTES // 2  # every leaf of every part over the size that is shared
+    x, y = np.arange(3 * rows, dtype=np.float64), np.arange(3 * rows, dtype=np.int64)
+    cuts = [(0, rows // 3), (rows // 3, 2 * rows), (2 * rows, 3 * rows)]
+    mixture = jl.mix([jl.ArraySource({"x": x[a:b], "y": y[a:b]}) for a, b in cuts], [1, 1, 1])
+    segments = []
+    out = loads(dumps(mixture, segments.append))
+    assert len(segments) == 2  # one a leaf (apart, they were one a leaf and part: 6)
+    assert mixture.joined is None and out.joined is not None  # joined only where it crossed
+    assert np.array_equal(out.joined.arrays[0], x) and np.array_equal(out.joined.arrays[1], y)
+    for part, (a, b) in zip(out.sources, cuts):  # the parts are views of the joined rows
+        assert np.array_equal(part.arrays[0], x[a:b])
+        assert np.shares_memory(part.arrays[0], out.joined.arrays[0])
+    assert out.schedule.keys() == mixture.schedule.keys() and len(out) == len(x)
+    del out, part
+    for seg in segments:
+        seg.destroy()
+
+
+def test_parts_not_joined_when_memory_mapped_or_repeated(tmp_path):
+    import pickle
+
+    import jaxloader as jl
+
+    np.save(tmp_path / "x.npy", np.arange(SHARE_MIN_BYTES, dtype=np.int64))
+    mm = jl.ArraySource({"x": np.load(tmp_path / "x.npy", mmap_mode="r")})
+    small = jl.ArraySource({"x": np.arange(5, dtype=np.int64)})
+    segments = []
+    mapped = loads(dumps(jl.ConcatSource([mm, small]), segments.append))
+    assert mapped.joined is None and not segments  # the big part still crosses as its file
+    again = loads(dumps(jl.ConcatSource([small, small]), segments.append))
+    assert again.joined is None and again.sources[0] is again.sources[1]
+    negative = jl.ArraySource({"x": -small.arrays[0]})
+    plain = pickle.loads(pickle.dumps(jl.ConcatSource([small, negative])))  # no payload
+    assert plain.joined.arrays[0].tolist() == [0, 1, 2, 3, 4, 0, -1, -2, -3, -4]
