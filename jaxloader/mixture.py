@@ -3,29 +3,33 @@
 ::
 
     global position P = step * G + process_index * B + row          (G = B * process_count)
-      block k = P // K, slot r = P % K                               (K positions a block)
-      per block: n_c positions for component c, from the weights     (cumulative, exact)
-      q = permutation_k(r) ─> component c (q's range), rank in it
-      j = C_c(k) + rank        (component c's positions before block k, closed form)
+      block k = P // K                                               (K = 1,024 positions)
+      per block: n_c slots for component c, from the weights        (cumulative, exact)
+      component c: slots [f_c, f_c + n_c) of the block, in turn
+      slot s ─> position permutation_k(s) of the block; its read j = C_c(k) + s - f_c
+                       (C_c(k): component c's positions before block k, closed form)
       record = shuffle(seed_c, j // len_c)(j % len_c)                 (c's own epochs)
 
-Each block of ``K`` (1,000) positions holds each component's share of the weights exactly (up to
+Each block of ``K`` positions holds each component's share of the weights exactly (up to
 rounding by one), spread over the block by a keyed permutation: any window of 10,000 positions
 is within a fraction of a percent of the weights, and nothing depends on what was read before.
-Component ``c`` reads its records in its own reshuffled epochs, so a small component wraps (and
-is reshuffled) more often than a large one. A weight change from step ``s`` takes effect from
+A component's reads in a block are a run, so a span of blocks is laid out one component at a
+time, with no search. Component ``c`` reads its records in its own reshuffled epochs (a Feistel
+network over the smallest power of two >= its length), so a small component wraps (and is
+reshuffled) more often than a large one. A weight change from step ``s`` takes effect from
 the first block that starts at or after step ``s``'s first position; ``C_c(k)`` is summed over
 the schedule's regimes, so the batches of every earlier step stay what they were. Everything
 is computed per batch from the step: resume is O(1) and elastic, as for a single source.
+``ORDER`` numbers this layout; a state records it, and one from another order is refused.
 
 Example:
     >>> import numpy as np
     >>> from jaxloader.sources import ArraySource
     >>> a, b = ArraySource({"x": np.zeros(100)}), ArraySource({"x": np.ones(50)})
-    >>> sampler = MixtureSampler(mix([a, b], [0.75, 0.25]), batch_size=1000, shuffle=True,
+    >>> sampler = MixtureSampler(mix([a, b], [0.75, 0.25]), batch_size=1024, shuffle=True,
     ...                          seed=0, last_batch="drop")
-    >>> int((sampler.batch(3).indices >= 100).sum())  # component b's records in 1,000 positions
-    250
+    >>> int((sampler.batch(3).indices >= 100).sum())  # component b's records in block 3
+    256
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from jaxloader.errors import ConfigError, StateDictError
 from jaxloader.sampling import LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, splitmix64
 from jaxloader.sources.concat import ConcatSource
 
-_BLOCK = 1000  # positions a block; at least m * (m - 1) for m components (see _Regime)
+ORDER = 2  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k)
+_BLOCK = 1024  # positions a block; at least m * (m - 1) for m components (see _Regime)
 _SPAN = 32  # a span of steps covers ~32 blocks: their indices are computed at once, memoised
 
 
@@ -203,37 +208,50 @@ class MixtureSampler:
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Indices into the mixture of global positions (any, vectorised): the blocks they
-        fall in are laid out whole, then each component's shuffle runs on the reads asked for."""
-        blocks, slots = np.divmod(np.asarray(positions, np.int64), self._block)
+        fall in are laid out whole, and each component's shuffle runs on the reads of the
+        positions asked for."""
+        positions = np.asarray(positions, np.int64)
+        blocks, slots = np.divmod(positions, self._block)
         if len(blocks) and np.all(blocks[1:] >= blocks[:-1]) and (
                 blocks[-1] - blocks[0] < len(blocks)):  # a span: its blocks, no sort
-            unique = np.arange(blocks[0], blocks[-1] + 1)
+            covered = np.arange(blocks[0], blocks[-1] + 1)
             inverse = blocks - blocks[0]
         else:
-            unique, inverse = np.unique(blocks, return_inverse=True)
-        components, reads = self._layout(unique)
-        at = inverse * self._block + slots
-        if len(at) and at[-1] - at[0] == len(at) - 1:  # consecutive: slices, no gather
+            covered, inverse = np.unique(blocks, return_inverse=True)
+        at = inverse * self._block + slots  # in the covered blocks' positions, laid end to end
+        if len(at) and at[-1] - at[0] == len(at) - 1:  # consecutive: a slice, no gather
             at = slice(int(at[0]), int(at[-1]) + 1)
-        components, reads = components.reshape(-1)[at], reads.reshape(-1)[at]
-        out = np.empty(len(components), np.int64)
-        for c in np.unique(components):
-            chosen = components == c
-            out[chosen] = self._component_reads(int(c), reads[chosen])
-        return out
+        return self._table(covered, at)[at]
 
-    def _layout(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For every position of ``blocks`` (one row each): its component, and which read of
-        that component it is."""
+    def _table(self, blocks: np.ndarray, asked: Any) -> np.ndarray:
+        """The indices of the positions of ``blocks`` (laid end to end), filled at ``asked``.
+
+        Component ``c`` holds a run of slots of each block, and its reads there are
+        consecutive; the block's permutation sends each slot to its position. So each
+        component's reads come as a run, with no search over the block's positions."""
+        size = len(blocks) * self._block
         before, here = self._counts(blocks)  # (blocks, components) each
-        ends = np.cumsum(here, axis=1)
-        q = self._block_permutations(blocks)  # (blocks, block): each position's slot
-        components = np.zeros(q.shape, np.int64)  # q's range: the ends at or below it
-        for c in range(here.shape[1] - 1):  # (the last end is the block's size: above all)
-            components += q >= ends[:, c : c + 1]
-        row = np.arange(len(blocks))[:, None]
-        reads = q - (ends - here)[row, components] + before[row, components]
-        return components, reads
+        first = np.cumsum(here, axis=1) - here  # each component's first slot in each block
+        position = self._block_permutations(blocks)  # (blocks, block): slot -> position
+        position += np.arange(0, size, self._block)[:, None]
+        position = position.reshape(-1)
+        wanted = None
+        if not isinstance(asked, slice) or asked.stop - asked.start < size:
+            wanted = np.zeros(size, bool)
+            wanted[asked] = True
+        table = np.zeros(size, np.int64)
+        for c in range(here.shape[1]):
+            counts = here[:, c]
+            block = np.repeat(np.arange(len(blocks)), counts)  # each read's block
+            rank = np.arange(len(block)) - (np.cumsum(counts) - counts)[block]
+            at = position[block * self._block + first[block, c] + rank]
+            reads = before[block, c] + rank
+            if wanted is not None:
+                keep = wanted[at]
+                at, reads = at[keep], reads[keep]
+            if len(at):
+                table[at] = self._component_reads(c, reads)
+        return table
 
     def _counts(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each component's positions before each block, and in it (the regimes in force)."""
@@ -265,12 +283,13 @@ class MixtureSampler:
             for epoch in every:
                 at = slice(None) if len(every) == 1 else epochs == epoch
                 within[at] = IndexShuffle(int(self._lengths[c]), seed=self._seeds[c],
-                                          epoch=epoch)(within[at])
+                                          epoch=epoch, tight=True)(within[at])
         return self._offsets[c] + within
 
     # -- state: the weights that made the steps so far must be the same --------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"mixture": [[step, weights] for step, weights in sorted(self.schedule.items())]}
+        return {"mixture": [[step, weights] for step, weights in sorted(self.schedule.items())],
+                "mixture_order": ORDER}
 
     def check_extra_state(self, state: dict, step: int) -> None:
         saved = state.get("mixture")
@@ -278,6 +297,14 @@ class MixtureSampler:
             raise StateDictError(
                 "state['mixture']: expected the mixture's weights ([[step, weights], ...]), "
                 f"received {saved!r}; this state is not from a loader over a mixture"
+            )
+        if state.get("mixture_order") != ORDER:
+            raise StateDictError(
+                f"state['mixture_order']: expected {ORDER}, received "
+                f"{state.get('mixture_order')!r}; the jaxloader that wrote this state ordered "
+                "a mixture's records another way (before the order had a number: 1), so its "
+                "steps would read other records here; resume with that jaxloader, or start "
+                "this mixture's stream over without the restore"
             )
         ours = {s: w for s, w in self.schedule.items() if s < step}
         theirs = {int(s): [float(x) for x in w] for s, w in saved if int(s) < step}

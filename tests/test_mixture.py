@@ -50,7 +50,7 @@ def test_each_component_reads_its_records_once_per_epoch_of_its_own_reshuffled()
         assert not np.array_equal(epochs[0], epochs[1])  # reshuffled as it wraps
     # In the stream: up to a block boundary, every record of a component is read as often as
     # every other one of it, give or take one (a small component has wrapped several times).
-    indices = s.indices(np.arange(20_000))
+    indices = s.indices(np.arange(20 * s._block))
     for c, n in enumerate(LENGTHS):
         reads = np.bincount(indices[component_of(indices) == c] - offsets[c], minlength=n)
         assert reads.max() - reads.min() <= 1 and reads.min() >= 1, (c, reads.min(), reads.max())
@@ -84,11 +84,11 @@ def test_each_process_computes_its_own_rows_of_the_global_batches(process_count)
 
 
 @pytest.mark.parametrize("case, digest", [
-    ("b-True-0", "bbc77409ef42f795"), ("b-True-1", "ed883ba926ddcd28"),
-    ("b-False-1", "a28313e391b99e3e"), ("c-True-0", "76f6828062efa3f3")])
-def test_the_order_is_the_one_earlier_versions_gave(case, digest):
-    # digests of the indices the first mixture sampler (before spans by step) gave: a restore
-    # after an upgrade must read what the checkpointed run would have read
+    ("b-True-0", "0012b55fa010f76a"), ("b-True-1", "0ab48eff69a511be"),
+    ("b-False-1", "e1cf6d80f2b94a3c"), ("c-True-0", "c1a925cbf4d0f506")])
+def test_the_order_is_the_one_its_number_names(case, digest):
+    # digests of the indices of order 2 (mixture.ORDER): a restore after an upgrade must read
+    # what the checkpointed run would have read, so a change of order must change the number
     import hashlib
 
     name, shuffle, process_index = case.split("-")
@@ -122,8 +122,11 @@ def test_a_weight_change_leaves_earlier_steps_alone_and_restores_exactly():
     with make()() as plain, make(from_step=change)() as changed:
         before, after = take(plain, 600), take(changed, 600)
     assert_same_stream(after[:500], before[:500])
-    late = np.concatenate([b["c"] for b in after[510:]])
-    assert (late == 2).all()  # in force from the first block after the change
+    block = MixtureSampler(jl.mix(components(), WEIGHTS), 8, shuffle=True, seed=0,
+                           last_batch="drop")._block
+    first = -(-500 * 8 // block) * block // 8  # the step of the first block after the change
+    assert (np.concatenate([b["c"] for b in after[first:]]) == 2).all()
+    assert (np.concatenate([b["c"] for b in after[500:first]]) != 2).any()
     # a state saved before the change restores into the changed loader: the change may be new
     with make()() as first:
         take(first, 200)
@@ -137,6 +140,21 @@ def test_a_weight_change_leaves_earlier_steps_alone_and_restores_exactly():
         state = first.state_dict()
     with make()() as other, pytest.raises(jl.StateDictError, match="weights before step 550"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("order", [None, 1])
+def test_a_state_of_another_mixture_order_is_refused(order):
+    with make()() as first:
+        take(first, 5)
+        state = first.state_dict()
+    assert state["mixture_order"] == 2
+    if order is None:
+        del state["mixture_order"]
+    else:
+        state["mixture_order"] = order
+    with make()() as second, pytest.raises(
+            jl.StateDictError, match=rf"state\['mixture_order'\]: expected 2, received {order}"):
+        second.load_state_dict(state)
 
 
 def test_a_plain_state_is_not_restored_into_a_mixture_and_back():
