@@ -191,12 +191,12 @@ def _private_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
 
 
-def take_turns(loaders: dict, rounds: int) -> dict:
+def take_turns(loaders: dict, rounds: int, count: int = 200) -> dict:
     rates: dict = {name: [] for name in loaders}
     names = list(loaders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            rates[name].append(rows_per_second(loaders[name]))
+            rates[name].append(rows_per_second(loaders[name], count=count))
     for make in loaders.values():
         holder = getattr(make, "holder", {})
         if "loader" in holder:
@@ -271,7 +271,7 @@ def mixture(rows: int, rounds: int) -> dict:
             jl.mix(thirds, [0.5, 0.3, 0.2]), True, workers=0),
         "one ArraySource, 2 workers": jaxloader_iter(whole, True),
         "mix of 3, 2 workers": jaxloader_iter(jl.mix(thirds, [0.5, 0.3, 0.2]), True),
-    }, rounds)
+    }, rounds, count=2000)  # ~15 spans of the mixture's memo a turn, not a fraction of one
 
 
 if __name__ == "__main__":

@@ -112,7 +112,8 @@ class DataLoader(LoaderLifecycle):
             process_count = jax.process_count() if process_count is None else process_count
         self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
                                      seed=seed, last_batch=last_batch,
-                                     process_index=process_index, process_count=process_count)
+                                     process_index=process_index, process_count=process_count,
+                                     num_workers=num_workers)
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
         self._putter = None
@@ -223,7 +224,8 @@ class DataLoader(LoaderLifecycle):
         return self._fingerprint
 
 def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
-                 seed: int, last_batch: str, process_index: int, process_count: int) -> Order:
+                 seed: int, last_batch: str, process_index: int, process_count: int,
+                 num_workers: int) -> Order:
     """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
     if isinstance(source, Mixture):
         if isinstance(shuffle, LocalShuffle):
@@ -233,7 +235,7 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: boo
             )
         return MixtureSampler(source, batch_size, shuffle=shuffle, seed=seed,
                               last_batch=last_batch, process_index=process_index,
-                              process_count=process_count)
+                              process_count=process_count, memo_stride=max(1, num_workers))
     order, described = None, None
     if isinstance(shuffle, LocalShuffle):
         starts = shuffle.block_starts(source, num_records)

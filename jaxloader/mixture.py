@@ -127,7 +127,11 @@ class MixtureSampler:
     into the mixture (a ``ConcatSource`` of the components)."""
 
     def __init__(self, mixture: Mixture, batch_size: int, *, shuffle: bool, seed: int,
-                 last_batch: str, process_index: int = 0, process_count: int = 1) -> None:
+                 last_batch: str, process_index: int = 0, process_count: int = 1,
+                 memo_stride: int = 1) -> None:
+        """``memo_stride``: the steps of a span are memoised in ``memo_stride`` classes
+        (``step % memo_stride``), computed when first asked for: with ``N`` workers, worker
+        ``s % N`` usually makes step ``s`` (the pool prefers it), so each computes its own."""
         check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
         check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
@@ -151,6 +155,7 @@ class MixtureSampler:
         self._regimes = self._plan(mixture.schedule)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
+        self._memo_stride = memo_stride
         self._reset_memos()
 
     def _plan(self, schedule: dict[int, np.ndarray]) -> list[_Regime]:
@@ -172,11 +177,11 @@ class MixtureSampler:
 
     def _reset_memos(self) -> None:
         self._span: int | None = None
-        self._memo: np.ndarray | None = None
+        self._memos: dict[int, np.ndarray] = {}  # step % memo_stride -> those steps' indices
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for key in ("_span", "_memo"):
+        for key in ("_span", "_memos"):
             state.pop(key)
         return state
 
@@ -194,17 +199,21 @@ class MixtureSampler:
         return BatchSpec(step, epoch, positions, indices, valid)
 
     def _step_indices(self, step: int, rows: np.ndarray) -> np.ndarray:
-        """Step ``step``'s indices (this process's ``rows`` of it), from a memo computed for a
-        span of ~32 blocks of steps at once (NumPy's cost is per call); each process computes
-        only its own rows, so ``process_count`` processes share the work."""
+        """Step ``step``'s indices (this process's ``rows`` of it), from a memo computed for
+        the span of ~32 blocks of steps it is in (NumPy's cost is per call): each process
+        computes only its own rows, and each class of steps (``step % memo_stride``) is
+        computed when first asked for, so workers that take turns share the work."""
         span_steps = max(1, self._block * _SPAN // self.global_batch_size)
-        span = step // span_steps
-        if self._memo is None or self._span != span:
-            steps = np.arange(span * span_steps, (span + 1) * span_steps, dtype=np.int64)
+        span, stride = step // span_steps, self._memo_stride
+        if self._span != span:
+            self._span, self._memos = span, {}
+        first = span * span_steps + (step - span * span_steps) % stride  # of step's class
+        memo = self._memos.get(step % stride)
+        if memo is None:
+            steps = np.arange(first, (span + 1) * span_steps, stride, dtype=np.int64)
             positions = (steps[:, None] * self.global_batch_size + rows).reshape(-1)
-            self._memo = self.indices(positions).reshape(len(steps), len(rows))
-            self._span = span
-        return self._memo[step - span * span_steps]
+            memo = self._memos[step % stride] = self.indices(positions).reshape(len(steps), -1)
+        return memo[(step - first) // stride]
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Indices into the mixture of global positions (any, vectorised): the blocks they

@@ -80,7 +80,23 @@ def test_each_process_computes_its_own_rows_of_the_global_batches(process_count)
     for step in list(range(0, 400)) + [10**6 + 3, 5]:
         joined = np.concatenate([s.batch(step).indices for s in shares])
         assert np.array_equal(joined, whole.batch(step).indices), step
-        assert shares[1]._memo.shape[1] == 24  # its own rows only
+        assert all(m.shape[1] == 24 for m in shares[1]._memos.values())  # its own rows only
+
+
+def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
+    # with N workers, worker s % N usually makes step s: its memo holds only those steps of
+    # the span; asked in any order, every step's indices are the same as with one memo
+    whole, strided = sampler(batch_size=64), sampler(batch_size=64, memo_stride=3)
+    span_steps = strided._block * 32 // 64
+    rng = np.random.default_rng(0)
+    for span in (0, 1, 7):  # each span's steps in a random order
+        for step in span * span_steps + rng.permutation(span_steps):
+            assert np.array_equal(strided.batch(step).indices, whole.batch(step).indices), step
+    step = 10 * span_steps + 4  # a new span: its class only, a third of the span's steps
+    strided.batch(step)
+    in_class = [s for s in range(10 * span_steps, 11 * span_steps) if s % 3 == step % 3]
+    assert list(strided._memos) == [step % 3]
+    assert len(strided._memos[step % 3]) == len(in_class) < span_steps // 2
 
 
 @pytest.mark.parametrize("case, digest", [
