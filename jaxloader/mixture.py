@@ -42,7 +42,8 @@ import numpy as np
 
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, StateDictError
-from jaxloader.sampling import LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, splitmix64
+from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, splitmix64,
+                                splitmix64_array)
 from jaxloader.sources.concat import ConcatSource
 
 ORDER = 2  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k)
@@ -278,7 +279,7 @@ class MixtureSampler:
     def _block_permutations(self, blocks: np.ndarray) -> np.ndarray:
         """A keyed permutation of ``[0, block)`` per block: the order of hashed keys (distinct,
         the hash being a bijection of 64-bit words: any sort gives the same order)."""
-        keys = _hash64(blocks[:, None].astype(np.uint64) * np.uint64(self._block)
+        keys = splitmix64_array(blocks[:, None].astype(np.uint64) * np.uint64(self._block)
                        + np.arange(self._block, dtype=np.uint64) + np.uint64(self._key))
         return np.argsort(keys, axis=1)
 
@@ -288,11 +289,8 @@ class MixtureSampler:
         epochs, within = np.divmod(reads, self._lengths[c])
         if self.shuffle:
             first, last = int(epochs.min()), int(epochs.max())
-            every = [first] if first == last else np.unique(epochs).tolist()
-            for epoch in every:
-                at = slice(None) if len(every) == 1 else epochs == epoch
-                within[at] = IndexShuffle(int(self._lengths[c]), seed=self._seeds[c],
-                                          epoch=epoch, tight=True)(within[at])
+            within = IndexShuffle(int(self._lengths[c]), seed=self._seeds[c], tight=True,
+                                  epoch=first if first == last else epochs)(within)
         return self._offsets[c] + within
 
     # -- state: the weights that made the steps so far must be the same --------------------
@@ -326,14 +324,3 @@ class MixtureSampler:
                 f"{sorted(ours.items())}, received {sorted(theirs.items())}; a restore may add "
                 "weight changes at or after the step it resumes from, never change earlier ones"
             )
-
-
-def _hash64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on an array of ``uint64`` (wrapping arithmetic)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x

@@ -40,16 +40,35 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """``splitmix64`` on an array of ``uint64`` (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(30)
+    x *= _MUL1
+    x ^= x >> np.uint64(27)
+    x *= _MUL2
+    x ^= x >> _S31
+    return x
+
+
 class IndexShuffle:
     """A keyed bijection of ``[0, n)``, evaluated on arrays of positions.
+
+    ``epoch`` may be an array, one epoch per position given to the call: each position is
+    then mapped by its own epoch's bijection, in one vectorised pass (a small component of a
+    mixture wraps many times in a few batches).
 
     Example:
         >>> perm = IndexShuffle(10, seed=0, epoch=0)
         >>> sorted(perm(np.arange(10)).tolist()) == list(range(10))
         True
+        >>> later = IndexShuffle(10, seed=0, epoch=1)
+        >>> both = IndexShuffle(10, seed=0, epoch=np.array([0, 1]))(np.array([3, 3]))
+        >>> both.tolist() == [*perm(np.array([3])), *later(np.array([3]))]
+        True
     """
 
-    def __init__(self, n: int, *, seed: int, epoch: int, tight: bool = False) -> None:
+    def __init__(self, n: int, *, seed: int, epoch: int | np.ndarray, tight: bool = False) -> None:
         """``tight``: the domain is the smallest power of two >= ``n`` (halves of unequal
         width when its exponent is odd: under 2 evaluations a value on average, against up
         to 4 over the even power); another order than the default's for those ``n``."""
@@ -60,16 +79,23 @@ class IndexShuffle:
         self._low_mask = np.uint64((1 << low) - 1)
         self._high_mask = np.uint64((1 << (bits - low if tight else low)) - 1)
         self.epoch = epoch
-        base = splitmix64(splitmix64(seed) ^ epoch)
-        self._keys = [np.uint64(splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
+        self._keys: list = []  # a uint64 each round; or an array of them, one per position
+        if np.ndim(epoch) == 0:
+            base = splitmix64(splitmix64(seed) ^ int(epoch))
+            self._keys = [np.uint64(splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
+        else:  # each distinct epoch's keys, then each position's
+            epochs, which = np.unique(np.asarray(epoch, np.uint64), return_inverse=True)
+            base = splitmix64_array(np.uint64(splitmix64(seed)) ^ epochs)
+            self._keys = [splitmix64_array(base + np.uint64(r))[which]
+                          for r in range(_FEISTEL_ROUNDS)]
 
-    def _permute_domain(self, x: np.ndarray) -> np.ndarray:
+    def _permute_domain(self, x: np.ndarray, keys: list) -> np.ndarray:
         # Rounds alternate: the high half takes a hash of the low one, then the reverse (a
         # Feistel network, unbalanced when the halves differ in width). In place where NumPy
         # allows: the cycle-walking below calls this on many small arrays, where each
         # temporary costs as much as the arithmetic.
         high, low = x >> self._low_bits, x & self._low_mask
-        for r, key in enumerate(self._keys):
+        for r, key in enumerate(keys):
             source, mask = (low, self._high_mask) if r % 2 == 0 else (high, self._low_mask)
             f = source + key  # the round function: SplitMix64's finaliser, cut to the width
             f *= _MUL1
@@ -86,15 +112,19 @@ class IndexShuffle:
         return high
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
-        """Maps positions (int array, each in ``[0, n)``) to record indices (int64)."""
+        """Maps positions (int array, each in ``[0, n)``; as many as epochs when ``epoch``
+        is an array) to record indices (int64)."""
         if self.n <= 1:
             return np.asarray(positions, dtype=np.int64).copy()
-        x = self._permute_domain(np.asarray(positions, dtype=np.uint64))
+        per_position = np.ndim(self.epoch) > 0
+        x = self._permute_domain(np.asarray(positions, dtype=np.uint64), self._keys)
         limit = np.uint64(self.n)
-        outside = x >= limit
-        while outside.any():  # cycle-walking: the domain is < 4n, so few iterations
-            x[outside] = self._permute_domain(x[outside])
-            outside = x >= limit
+        at = np.flatnonzero(x >= limit)
+        while len(at):  # cycle-walking: the domain is < 4n, so few iterations
+            keys = [k[at] for k in self._keys] if per_position else self._keys
+            walked = self._permute_domain(x[at], keys)
+            x[at] = walked
+            at = at[walked >= limit]
         return x.astype(np.int64)
 
 

@@ -12,9 +12,23 @@ from jaxloader.sampling import IndexShuffle, Sampler
 @settings(max_examples=80, deadline=None)
 @given(n=st.integers(1, 3000), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 10**6))
 def test_index_shuffle_is_a_permutation(n, seed, epoch):
-    out = IndexShuffle(n, seed=seed, epoch=epoch)(np.arange(n))
-    assert out.dtype == np.int64
-    assert np.array_equal(np.sort(out), np.arange(n))
+    for tight in (False, True):
+        out = IndexShuffle(n, seed=seed, epoch=epoch, tight=tight)(np.arange(n))
+        assert out.dtype == np.int64
+        assert np.array_equal(np.sort(out), np.arange(n))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**64 - 1), tight=st.booleans(),
+       epochs=st.lists(st.integers(0, 2**40), min_size=1, max_size=6))
+def test_an_epoch_a_position_maps_each_as_its_own_epoch_would(n, seed, tight, epochs):
+    rng = np.random.default_rng(n)
+    which = rng.integers(0, len(epochs), 3000)
+    positions = rng.integers(0, n, 3000)
+    got = IndexShuffle(n, seed=seed, epoch=np.asarray(epochs)[which], tight=tight)(positions)
+    for k, epoch in enumerate(epochs):
+        alone = IndexShuffle(n, seed=seed, epoch=epoch, tight=tight)(positions[which == k])
+        assert np.array_equal(got[which == k], alone)
 
 
 def test_index_shuffle_depends_on_seed_and_epoch_only():
