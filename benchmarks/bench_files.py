@@ -84,15 +84,30 @@ def write_array_record(path: str, rows: int) -> None:
     writer.close()
 
 
-def rows_per_second(make: Callable[[], Iterator], warmup: int = 10, count: int = 200) -> float:
+def rows_per_second(make: Callable[[], Iterator], warmup: int = 10, count: int = 200,
+                    cpu: list | None = None) -> float:
+    """Rows a second over ``count`` batches; appends the CPU a batch (us) to ``cpu`` if given."""
     it = make()
     for _ in range(warmup):
         next(it)
-    start, rows = time.perf_counter(), 0
+    start, rows, used = time.perf_counter(), 0, cpu_seconds(make)
     for _ in range(count):
         batch = next(it)
         rows += len(batch["id"])
+    if cpu is not None:
+        cpu.append((cpu_seconds(make) - used) / count * 1e6)
     return rows / (time.perf_counter() - start)
+
+
+def cpu_seconds(make: Callable[[], Iterator]) -> float:
+    """CPU time so far of this process and of a jaxloader's worker processes (/proc)."""
+    total = time.process_time()
+    loader = getattr(make, "holder", {}).get("loader")
+    for pid in getattr(getattr(loader, "_engine", None), "pids", []):  # a pool's property
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def jaxloader_iter(source, shuffle, workers=WORKERS, transforms=()) -> Callable[[], Iterator]:
@@ -191,17 +206,23 @@ def _private_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
 
 
-def take_turns(loaders: dict, rounds: int, count: int = 200) -> dict:
+def take_turns(loaders: dict, rounds: int, count: int = 200, cpu: bool = False) -> dict:
+    """Each loader ``rounds`` times, in turns; with ``cpu``, also the CPU a batch (jaxloader
+    only: the process and its workers)."""
     rates: dict = {name: [] for name in loaders}
+    used: dict = {name: [] for name in loaders}
     names = list(loaders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            rates[name].append(rows_per_second(loaders[name], count=count))
+            rates[name].append(rows_per_second(loaders[name], count=count,
+                                               cpu=used[name] if cpu else None))
     for make in loaders.values():
         holder = getattr(make, "holder", {})
         if "loader" in holder:
             holder.pop("loader").close()
-    return {name: {"median": statistics.median(v), "all": v} for name, v in rates.items()}
+    return {name: {"median": statistics.median(v), "all": v,
+                   **({"cpu_us_median": statistics.median(used[name]), "cpu_us": used[name]}
+                      if cpu else {})} for name, v in rates.items()}
 
 
 def main() -> None:
@@ -252,9 +273,10 @@ def main() -> None:
     for case, rates in results.items():
         first = next(iter(rates.values()))["median"]
         print(f"\n{case}")
-        print(table([(name, f"{r['median']:,.0f}", f"{first / r['median']:.2f}")
+        print(table([(name, f"{r['median']:,.0f}", f"{first / r['median']:.2f}",
+                      f"{r['cpu_us_median']:.0f}" if "cpu_us_median" in r else "-")
                      for name, r in rates.items()],
-                    ("loader", "rows/s (median)", "first row / this")))
+                    ("loader", "rows/s (median)", "first row / this", "CPU us a batch")))
     print("saved", save("files", {"machine": machine(), "rows": args.rows, **results}))
 
 
@@ -271,7 +293,7 @@ def mixture(rows: int, rounds: int) -> dict:
             jl.mix(thirds, [0.5, 0.3, 0.2]), True, workers=0),
         "one ArraySource, 2 workers": jaxloader_iter(whole, True),
         "mix of 3, 2 workers": jaxloader_iter(jl.mix(thirds, [0.5, 0.3, 0.2]), True),
-    }, rounds, count=2000)  # ~15 spans of the mixture's memo a turn, not a fraction of one
+    }, rounds, count=2000, cpu=True)  # ~15 spans of the mixture's memo a turn
 
 
 if __name__ == "__main__":
