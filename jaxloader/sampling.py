@@ -85,8 +85,8 @@ class IndexShuffle:
             self._keys = [np.uint64(splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
         else:  # each distinct epoch's keys, then each position's
             epochs, which = np.unique(np.asarray(epoch, np.uint64), return_inverse=True)
-            base = splitmix64_array(np.uint64(splitmix64(seed)) ^ epochs)
-            self._keys = [splitmix64_array(base + np.uint64(r))[which]
+            bases = splitmix64_array(np.uint64(splitmix64(seed)) ^ epochs)
+            self._keys = [splitmix64_array(bases + np.uint64(r))[which]
                           for r in range(_FEISTEL_ROUNDS)]
 
     def _permute_domain(self, x: np.ndarray, keys: list) -> np.ndarray:
