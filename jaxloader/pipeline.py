@@ -81,14 +81,15 @@ class BatchMaker:
     def _read_vectorised(self, spec: BatchSpec) -> tuple:
         if type(self.source) is ArraySource:  # gather straight into the output: one copy
             return collate.take_columns(self.source.treedef, self.source.arrays, spec.indices)
-        if isinstance(self.source, ConcatSource) and self.source.joined is not None:  # worker
-            joined = self.source.joined
-            return collate.take_columns(joined.treedef, joined.arrays, spec.indices)
-        if isinstance(self.source, ConcatSource) and self.source.alike_arrays:  # a mixture, too
-            rows, local = self.source.split(spec.indices)
-            parts = self.source.sources
-            return collate.take_parts_columns(parts[0].treedef, [p.arrays for p in parts],
-                                              rows, local)
+        if isinstance(self.source, ConcatSource):  # a mixture, too
+            joined = self.source.joined  # alike parts, joined where they crossed to a worker
+            if joined is not None:
+                return collate.take_columns(joined.treedef, joined.arrays, spec.indices)
+            if self.source.alike_arrays:
+                rows, local = self.source.split(spec.indices)
+                parts = self.source.sources
+                return collate.take_parts_columns(parts[0].treedef, [p.arrays for p in parts],
+                                                  rows, local)
         got = self._getitems(spec)
         if isinstance(got, list):
             return collate.record_columns(got, spec.positions)
