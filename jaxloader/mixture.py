@@ -3,7 +3,7 @@
 ::
 
     global position P = step * G + process_index * B + row          (G = B * process_count)
-      block k = P // K                                               (K = 1,024 positions)
+      block k = P // K              (K: the largest divisor of G up to 1,024 positions)
       per block: n_c slots for component c, from the weights        (cumulative, exact)
       component c: slots [f_c, f_c + n_c) of the block, in turn
       slot s ─> position permutation_k(s) of the block; its read j = C_c(k) + s - f_c
@@ -14,7 +14,7 @@ Each block of ``K`` positions holds each component's share of the weights exactl
 rounding by one), spread over the block by a keyed permutation: any window of 10,000 positions
 is within a fraction of a percent of the weights, and nothing depends on what was read before.
 A component's reads in a block are a run, so a span of blocks is laid out one component at a
-time, with no search. Component ``c`` reads its records in its own reshuffled epochs (a Feistel
+time, with no search; a step holds whole blocks, so a worker lays out only its own steps'. Component ``c`` reads its records in its own reshuffled epochs (a Feistel
 network over the smallest power of two >= its length), so a small component wraps (and is
 reshuffled) more often than a large one. A weight change from step ``s`` takes effect from
 the first block that starts at or after step ``s``'s first position; ``C_c(k)`` is summed over
@@ -46,9 +46,10 @@ from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, sp
                                 splitmix64_array)
 from jaxloader.sources.concat import ConcatSource
 
-ORDER = 2  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k)
-_BLOCK = 1024  # positions a block; at least m * (m - 1) for m components (see _Regime)
-_SPAN = 32  # a span of steps covers ~32 blocks: their indices are computed at once, memoised
+ORDER = 3  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
+# 2: blocks of 1,024 whatever the global batch)
+_BLOCK = 1024  # positions a block at most (see _block_size)
+_SPAN = 1 << 15  # positions a span of steps covers: their indices are computed at once, memoised
 
 
 class Mixture(ConcatSource):
@@ -91,6 +92,17 @@ def mix(sources: Sequence[Any], weights: Sequence[float],
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
         schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]")
     return Mixture(sources, schedule)
+
+
+def _block_size(global_batch: int, components: int) -> int:
+    """Positions a block: the largest divisor of the global batch up to 1,024, so that a step
+    holds whole blocks and a worker lays out only its own steps' blocks; at least
+    ``m * (m - 1)`` for ``m`` components (see ``_Regime``). Without such a divisor, 1,024."""
+    least = components * (components - 1)
+    for size in range(min(_BLOCK, global_batch), max(least, 1) - 1, -1):
+        if global_batch % size == 0:
+            return size
+    return max(_BLOCK, least)
 
 
 def _weights(weights: Sequence[float], count: int, name: str) -> np.ndarray:
@@ -152,7 +164,7 @@ class MixtureSampler:
         self._lengths = np.diff(mixture.offsets)
         self._offsets = mixture.offsets[:-1]
         m = len(self._lengths)
-        self._block = max(_BLOCK, m * (m - 1))
+        self._block = _block_size(self.global_batch_size, m)
         self._regimes = self._plan(mixture.schedule)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
@@ -204,7 +216,7 @@ class MixtureSampler:
         the span of ~32 blocks of steps it is in (NumPy's cost is per call): each process
         computes only its own rows, and each class of steps (``step % memo_stride``) is
         computed when first asked for, so workers that take turns share the work."""
-        span_steps = max(1, self._block * _SPAN // self.global_batch_size)
+        span_steps = max(1, _SPAN // self.global_batch_size)
         span, stride = step // span_steps, self._memo_stride
         if self._span != span:
             self._span, self._memos = span, {}
@@ -222,15 +234,17 @@ class MixtureSampler:
         positions asked for."""
         positions = np.asarray(positions, np.int64)
         blocks, slots = np.divmod(positions, self._block)
-        if len(blocks) and np.all(blocks[1:] >= blocks[:-1]) and (
-                blocks[-1] - blocks[0] < len(blocks)):  # a span: its blocks, no sort
-            covered = np.arange(blocks[0], blocks[-1] + 1)
-            inverse = blocks - blocks[0]
+        at: Any
+        if len(positions) and np.all(positions[1:] >= positions[:-1]):  # sorted: no sort
+            new = np.empty(len(blocks), bool)
+            new[0], new[1:] = True, blocks[1:] != blocks[:-1]
+            covered, inverse = blocks[new], np.cumsum(new) - 1
+            at = inverse * self._block + slots  # in the covered blocks, laid end to end
+            if at[-1] - at[0] == len(at) - 1:  # sorted and consecutive: a slice, no gather
+                at = slice(int(at[0]), int(at[-1]) + 1)
         else:
             covered, inverse = np.unique(blocks, return_inverse=True)
-        at = inverse * self._block + slots  # in the covered blocks' positions, laid end to end
-        if len(at) and at[-1] - at[0] == len(at) - 1:  # consecutive: a slice, no gather
-            at = slice(int(at[0]), int(at[-1]) + 1)
+            at = inverse * self._block + slots
         return self._table(covered, at)[at]
 
     def _table(self, blocks: np.ndarray, asked: Any) -> np.ndarray:

@@ -56,6 +56,19 @@ def test_each_component_reads_its_records_once_per_epoch_of_its_own_reshuffled()
         assert reads.max() - reads.min() <= 1 and reads.min() >= 1, (c, reads.min(), reads.max())
 
 
+@pytest.mark.parametrize("global_batch, components, block", [
+    (256, 3, 256), (4096, 3, 1024), (300, 3, 300), (8, 3, 8), (5, 3, 1024), (1536, 3, 768),
+    (256, 40, 1560), (60, 8, 60), (64, 9, 1024)])
+def test_a_block_is_the_largest_divisor_of_the_global_batch_up_to_1024(global_batch,
+                                                                        components, block):
+    # a step then holds whole blocks (a worker lays out only its own steps' blocks); at least
+    # m * (m - 1) positions for m components, so rounding never takes a share below zero
+    parts = [jl.ArraySource({"x": np.arange(10)}) for _ in range(components)]
+    s = MixtureSampler(jl.mix(parts, [1] * components), global_batch, shuffle=True, seed=0,
+                       last_batch="drop")
+    assert s._block == block
+
+
 def test_the_plan_is_a_pure_function_of_position():
     a, b = sampler(), sampler()
     b.indices(np.arange(5000, 9000))  # other memos first
@@ -65,6 +78,8 @@ def test_the_plan_is_a_pure_function_of_position():
     assert np.array_equal(a.indices(consecutive), b.indices(consecutive[::-1])[::-1])
     positions = np.random.default_rng(0).integers(0, 10**9, 500)
     assert np.array_equal(a.indices(positions), b.indices(positions))
+    swapped = np.array([5000, 5002, 5001, 5003])  # a range, not in order: no slice of it
+    assert np.array_equal(a.indices(swapped), a.indices(consecutive)[[0, 2, 1, 3]])
     assert np.array_equal(a.indices(np.arange(100)), sampler(seed=7).indices(np.arange(100)))
     assert not np.array_equal(a.indices(np.arange(100)), sampler(seed=8).indices(np.arange(100)))
 
@@ -87,7 +102,7 @@ def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
     # with N workers, worker s % N usually makes step s: its memo holds only those steps of
     # the span; asked in any order, every step's indices are the same as with one memo
     whole, strided = sampler(batch_size=64), sampler(batch_size=64, memo_stride=3)
-    span_steps = strided._block * 32 // 64
+    span_steps = (1 << 15) // 64  # positions a span / global batch
     rng = np.random.default_rng(0)
     for span in (0, 1, 7):  # each span's steps in a random order
         for step in span * span_steps + rng.permutation(span_steps):
@@ -100,17 +115,19 @@ def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
 
 
 @pytest.mark.parametrize("case, digest", [
-    ("b-True-0", "0012b55fa010f76a"), ("b-True-1", "0ab48eff69a511be"),
-    ("b-False-1", "e1cf6d80f2b94a3c"), ("c-True-0", "c1a925cbf4d0f506")])
+    ("b-True-0", "e99b654478fdbdc9"), ("b-True-1", "e8b75b3de0b23561"),
+    ("b-False-1", "dda41e03a8605247"), ("c-True-0", "5940469e80df359d"),
+    ("d-True-0", "207920507f8a20f4")])
 def test_the_order_is_the_one_its_number_names(case, digest):
-    # digests of the indices of order 2 (mixture.ORDER): a restore after an upgrade must read
+    # digests of the indices of order 3 (mixture.ORDER): a restore after an upgrade must read
     # what the checkpointed run would have read, so a change of order must change the number
     import hashlib
 
     name, shuffle, process_index = case.split("-")
     lengths, weights, from_step, batch_size, process_count = {
         "b": ((5000, 3000, 2000), [0.5, 0.3, 0.2], {40: [1, 1, 0], 300: [0.1, 0.1, 0.8]}, 64, 2),
-        "c": ((70000, 13, 9999, 1), [0.4, 0.3, 0.2, 0.1], None, 256, 1)}[name]
+        "c": ((70000, 13, 9999, 1), [0.4, 0.3, 0.2, 0.1], None, 256, 1),
+        "d": ((3000, 2000, 1000), [0.2, 0.3, 0.5], None, 5, 1)}[name]  # blocks of 1,024
     parts = [jl.ArraySource({"x": np.arange(n)}) for n in lengths]
     s = MixtureSampler(jl.mix(parts, weights, from_step), batch_size, shuffle=shuffle == "True",
                        seed=7, last_batch="drop", process_index=int(process_index),
@@ -138,11 +155,8 @@ def test_a_weight_change_leaves_earlier_steps_alone_and_restores_exactly():
     with make()() as plain, make(from_step=change)() as changed:
         before, after = take(plain, 600), take(changed, 600)
     assert_same_stream(after[:500], before[:500])
-    block = MixtureSampler(jl.mix(components(), WEIGHTS), 8, shuffle=True, seed=0,
-                           last_batch="drop")._block
-    first = -(-500 * 8 // block) * block // 8  # the step of the first block after the change
-    assert (np.concatenate([b["c"] for b in after[first:]]) == 2).all()
-    assert (np.concatenate([b["c"] for b in after[500:first]]) != 2).any()
+    # blocks divide the global batch (8 positions here): in force from the step itself
+    assert (np.concatenate([b["c"] for b in after[500:]]) == 2).all()
     # a state saved before the change restores into the changed loader: the change may be new
     with make()() as first:
         take(first, 200)
@@ -158,18 +172,18 @@ def test_a_weight_change_leaves_earlier_steps_alone_and_restores_exactly():
         other.load_state_dict(state)
 
 
-@pytest.mark.parametrize("order", [None, 1])
+@pytest.mark.parametrize("order", [None, 1, 2])
 def test_a_state_of_another_mixture_order_is_refused(order):
     with make()() as first:
         take(first, 5)
         state = first.state_dict()
-    assert state["mixture_order"] == 2
+    assert state["mixture_order"] == 3
     if order is None:
         del state["mixture_order"]
     else:
         state["mixture_order"] = order
     with make()() as second, pytest.raises(
-            jl.StateDictError, match=rf"state\['mixture_order'\]: expected 2, received {order}"):
+            jl.StateDictError, match=rf"state\['mixture_order'\]: expected 3, received {order}"):
         second.load_state_dict(state)
 
 
