@@ -243,4 +243,5 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: boo
         described = shuffle.describe(source)
     return Sampler(num_records, batch_size, shuffle=bool(shuffle), seed=seed,
                    last_batch=last_batch, process_index=process_index,
-                   process_count=process_count, order=order, order_description=described)
+                   process_count=process_count, order=order, order_description=described,
+                   memo_stride=max(1, num_workers))

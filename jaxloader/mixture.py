@@ -216,8 +216,9 @@ class MixtureSampler:
         the span of ~32 blocks of steps it is in (NumPy's cost is per call): each process
         computes only its own rows, and each class of steps (``step % memo_stride``) is
         computed when first asked for, so workers that take turns share the work."""
-        span_steps = max(1, _SPAN // self.global_batch_size)
-        span, stride = step // span_steps, self._memo_stride
+        stride = self._memo_stride  # a class of steps holds ~_SPAN positions of them
+        span_steps = max(1, _SPAN * stride // self.global_batch_size)
+        span = step // span_steps
         if self._span != span:
             self._span, self._memos = span, {}
         first = span * span_steps + (step - span * span_steps) % stride  # of step's class

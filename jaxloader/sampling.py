@@ -195,10 +195,14 @@ class Sampler:
         process_count: int = 1,
         order: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = None,
         order_description: str | None = None,
+        memo_stride: int = 1,
     ) -> None:
         """``order(epoch=e)``, when given, makes epoch ``e``'s shuffled order (a bijection of
         positions) instead of the full ``IndexShuffle``; ``order_description`` goes into the
-        state (a read-local order: ``jaxloader.local_shuffle``)."""
+        state (a read-local order: ``jaxloader.local_shuffle``). ``memo_stride``: shuffled
+        indices are memoised for a chunk of steps in classes ``step % memo_stride``, each
+        computed when first asked for (with ``N`` workers, worker ``s % N`` usually makes
+        step ``s``, so each computes its own)."""
         check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
         check_int("num_records", num_records, low=1, remedy="the source is empty: give it records")
         check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
@@ -234,10 +238,11 @@ class Sampler:
                 f"{process_count} processes = {self.global_batch_size}) must be <= the number of "
                 f"records ({num_records}); use a smaller batch_size or last_batch='pad'"
             )
-        chunk = max(1, _CHUNK_POSITIONS // self.global_batch_size) * self.global_batch_size
-        self._chunk_positions = chunk
-        self._cache_key: tuple[int, int] | None = None
-        self._cache: np.ndarray | None = None
+        # a class of steps holds ~_CHUNK_POSITIONS of them, whatever the stride
+        self._chunk_steps = max(1, _CHUNK_POSITIONS * memo_stride // self.global_batch_size)
+        self._memo_stride = memo_stride
+        self._memo_key: tuple[int, int] | None = None  # (epoch, chunk of steps)
+        self._memos: dict[int, np.ndarray] = {}  # step % memo_stride -> those steps' indices
         self._order = order
         self.order_description = order_description
         self._shuffle_epoch: int | None = None
@@ -252,31 +257,39 @@ class Sampler:
         valid = None
         if stop <= n:
             positions = np.arange(start, stop, dtype=np.int64)
-            indices = self._indices(epoch, start, stop)
+            indices = self._full_step_indices(epoch, k)
             if self.last_batch == "pad":  # every batch of a padded loader carries its mask
                 valid = np.ones(self.batch_size, dtype=bool)
         elif self.last_batch == "partial":
             positions = np.arange(start, n, dtype=np.int64)
-            indices = self._indices(epoch, start, n)
+            indices = self._indices_of(epoch, np.arange(start, n, dtype=np.int64))
         else:  # "pad": full size, pad rows repeat records from the start of the epoch
             positions = np.arange(start, stop, dtype=np.int64)
             valid = positions < n
             indices = self._indices_of(epoch, positions % n)
         return BatchSpec(step, epoch, positions, indices, valid)
 
-    def _indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
+    def _full_step_indices(self, epoch: int, k: int) -> np.ndarray:
+        """This process's indices of step ``k`` of ``epoch`` (all its rows < num_records),
+        from a memo of its class of steps in a chunk of ~8,192 positions (NumPy's cost is per
+        call): only this process's rows, only the steps of that class."""
+        B, G = self.batch_size, self.global_batch_size
         if not self.shuffle:
-            return np.arange(start, stop, dtype=np.int64)
-        chunk, offset = divmod(start, self._chunk_positions)
-        if (stop - 1) // self._chunk_positions != chunk:
-            return self._indices_of(epoch, np.arange(start, stop, dtype=np.int64))
-        cache = self._cache
-        if cache is None or self._cache_key != (epoch, chunk):
-            first = chunk * self._chunk_positions
-            last = min(first + self._chunk_positions, self.num_records)
-            cache = self._cache = self._indices_of(epoch, np.arange(first, last, dtype=np.int64))
-            self._cache_key = (epoch, chunk)
-        return cache[offset : offset + stop - start]
+            start = k * G + self.process_index * B
+            return np.arange(start, start + B, dtype=np.int64)
+        chunk, stride = k // self._chunk_steps, self._memo_stride
+        if self._memo_key != (epoch, chunk):
+            self._memo_key, self._memos = (epoch, chunk), {}
+        first = chunk * self._chunk_steps + (k - chunk * self._chunk_steps) % stride
+        memo = self._memos.get(k % stride)
+        if memo is None:
+            full = (self.num_records - self.process_index * B - B) // G + 1  # steps of whole rows
+            steps = np.arange(first, min((chunk + 1) * self._chunk_steps, full), stride)
+            rows = np.arange(self.process_index * B, (self.process_index + 1) * B)
+            positions = (steps[:, None] * G + rows).reshape(-1)
+            memo = self._memos[k % stride] = self._indices_of(epoch, positions).reshape(
+                len(steps), B)
+        return memo[(k - first) // stride]
 
     def _indices_of(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         if not self.shuffle:
@@ -311,5 +324,5 @@ class Sampler:
     def __getstate__(self) -> dict:
         # The cache is a per-process memo; a copy sent to a worker starts without it.
         state = dict(self.__dict__)
-        state.update(_cache_key=None, _cache=None, _shuffle_epoch=None, _shuffler=None)
+        state.update(_memo_key=None, _memos={}, _shuffle_epoch=None, _shuffler=None)
         return state

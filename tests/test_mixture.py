@@ -102,7 +102,7 @@ def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
     # with N workers, worker s % N usually makes step s: its memo holds only those steps of
     # the span; asked in any order, every step's indices are the same as with one memo
     whole, strided = sampler(batch_size=64), sampler(batch_size=64, memo_stride=3)
-    span_steps = (1 << 15) // 64  # positions a span / global batch
+    span_steps = (1 << 15) * 3 // 64  # positions a class of steps holds x classes / batch
     rng = np.random.default_rng(0)
     for span in (0, 1, 7):  # each span's steps in a random order
         for step in span * span_steps + rng.permutation(span_steps):

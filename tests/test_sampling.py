@@ -31,6 +31,30 @@ def test_an_epoch_a_position_maps_each_as_its_own_epoch_would(n, seed, tight, ep
         assert np.array_equal(got[which == k], alone)
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), batch=st.integers(1, 64), processes=st.integers(1, 3),
+       stride=st.integers(1, 4), policy=st.sampled_from(["drop", "pad", "partial"]),
+       shuffle=st.booleans(), seed=st.integers(0, 2**64 - 1))
+def test_memoised_indices_are_the_order_of_the_positions_in_any_order_asked(
+        n, batch, processes, stride, policy, shuffle, seed):
+    # the memo (a chunk of steps, by class step % memo_stride, this process's rows) must give
+    # what the order gives for the batch's positions, whatever steps were asked before
+    if (policy == "partial" and processes > 1) or (policy == "drop" and batch * processes > n):
+        return  # refused configurations (test_bad_arguments_name_the_field)
+    rng = np.random.default_rng(n)
+    for p in range(processes):
+        s = Sampler(n, batch, shuffle=shuffle, seed=seed, last_batch=policy, process_index=p,
+                    process_count=processes, memo_stride=stride)
+        for step in rng.permutation(3 * s.steps_per_epoch)[:150]:
+            spec = s.batch(int(step))
+            k = int(step) % s.steps_per_epoch
+            assert spec.positions[0] == k * batch * processes + p * batch
+            expected = spec.positions % n
+            if shuffle:
+                expected = IndexShuffle(n, seed=seed, epoch=spec.epoch)(expected)
+            assert np.array_equal(spec.indices, expected), (step, p)
+
+
 def test_index_shuffle_depends_on_seed_and_epoch_only():
     n = 1000
     a = IndexShuffle(n, seed=1, epoch=2)(np.arange(n))
