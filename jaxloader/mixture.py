@@ -213,9 +213,10 @@ class MixtureSampler:
 
     def _step_indices(self, step: int, rows: np.ndarray) -> np.ndarray:
         """Step ``step``'s indices (this process's ``rows`` of it), from a memo computed for
-        the span of ~32 blocks of steps it is in (NumPy's cost is per call): each process
-        computes only its own rows, and each class of steps (``step % memo_stride``) is
-        computed when first asked for, so workers that take turns share the work."""
+        the span of steps it is in (~32,768 positions a class; NumPy's cost is per call):
+        each process computes only its own rows, and each class of steps (``step %
+        memo_stride``) is computed when first asked for, so workers that take turns share
+        the work."""
         stride = self._memo_stride  # a class of steps holds ~_SPAN positions of them
         span_steps = max(1, _SPAN * stride // self.global_batch_size)
         span = step // span_steps

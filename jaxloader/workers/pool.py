@@ -11,8 +11,9 @@
 At most ``prefetch`` tasks are in flight per worker and at most ``num_workers * prefetch``
 batches are ahead of the consumer. Which worker makes a step does not matter to the batch (a pure
 function of its step); step ``s`` goes to worker ``s % N`` when it has room, else to the one with
-least in flight, so memos that follow the turns (a mixture's) are computed once. A new ``batches()`` run makes the old run's tasks stale: their results are
-dropped and their slots reused, so a restore never waits for them.
+least in flight, so the samplers' memos, kept by class of step, are computed once. A new
+``batches()`` run makes the old run's tasks stale: their results are dropped and their slots
+reused, so a restore never waits for them.
 
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
 worker, its pid, the exit code or exception, the step and record positions, with the worker's
@@ -167,14 +168,13 @@ class WorkerPool:
                 with self._driver:
                     while ((stop is None or next_submit < stop)
                            and next_submit - next_yield < window):
-                        if resets is None:  # worker s % N when it has room (a mixture's
-                            # memo follows it), else the one with least in flight
-                            worker = next_submit % len(self._workers)
-                            if self._in_flight[worker] >= self._prefetch:
-                                worker = min(range(len(self._workers)),
-                                             key=self._in_flight.__getitem__)
-                        else:  # a stream: the worker that owns the step's reader
-                            worker = next_submit % len(self._workers)
+                        # worker s % N: the samplers' memos follow the turns, and a
+                        # stream's reader for the step lives there; when it is full, the
+                        # one with least in flight (a stream's step waits for its own)
+                        worker = next_submit % len(self._workers)
+                        if resets is None and self._in_flight[worker] >= self._prefetch:
+                            worker = min(range(len(self._workers)),
+                                         key=self._in_flight.__getitem__)
                         if self._in_flight[worker] >= self._prefetch:
                             break
                         reset = None
