@@ -42,8 +42,8 @@ import numpy as np
 
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, StateDictError
-from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, splitmix64,
-                                splitmix64_array)
+from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, StepMemo,
+                                splitmix64, splitmix64_array)
 from jaxloader.sources.concat import ConcatSource
 
 ORDER = 3  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
@@ -168,8 +168,7 @@ class MixtureSampler:
         self._regimes = self._plan(mixture.schedule)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
-        self._memo_stride = memo_stride
-        self._reset_memos()
+        self._memo = StepMemo(memo_stride)  # chunk: the span
 
     def _plan(self, schedule: dict[int, np.ndarray]) -> list[_Regime]:
         regimes: list[_Regime] = []
@@ -188,19 +187,8 @@ class MixtureSampler:
             regimes.append(_Regime(start, weights, before, self._block))
         return regimes
 
-    def _reset_memos(self) -> None:
-        self._span: int | None = None
-        self._memos: dict[int, np.ndarray] = {}  # step % memo_stride -> those steps' indices
-
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        for key in ("_span", "_memos"):
-            state.pop(key)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._reset_memos()
+        return {**self.__dict__, "_memo": StepMemo(self._memo.stride)}  # a worker's own
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
@@ -217,18 +205,15 @@ class MixtureSampler:
         each process computes only its own rows, and each class of steps (``step %
         memo_stride``) is computed when first asked for, so workers that take turns share
         the work."""
-        stride = self._memo_stride  # a class of steps holds ~_SPAN positions of them
-        span_steps = max(1, _SPAN * stride // self.global_batch_size)
+        # a class of steps holds ~_SPAN positions of them
+        span_steps = max(1, _SPAN * self._memo.stride // self.global_batch_size)
         span = step // span_steps
-        if self._span != span:
-            self._span, self._memos = span, {}
-        first = span * span_steps + (step - span * span_steps) % stride  # of step's class
-        memo = self._memos.get(step % stride)
-        if memo is None:
-            steps = np.arange(first, (span + 1) * span_steps, stride, dtype=np.int64)
+
+        def compute(steps: np.ndarray) -> np.ndarray:
             positions = (steps[:, None] * self.global_batch_size + rows).reshape(-1)
-            memo = self._memos[step % stride] = self.indices(positions).reshape(len(steps), -1)
-        return memo[(step - first) // stride]
+            return self.indices(positions).reshape(len(steps), -1)
+
+        return self._memo.get(span, step, span * span_steps, (span + 1) * span_steps, compute)
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Indices into the mixture of global positions (any, vectorised): the blocks they

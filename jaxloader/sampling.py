@@ -25,8 +25,9 @@ from jaxloader.errors import ConfigError, StateDictError
 LAST_BATCH_POLICIES = ("drop", "pad", "partial")
 
 _FEISTEL_ROUNDS = 6  # 4 rounds make a pseudo-random permutation; 2 more for margin.
-# Shuffled indices are computed for this many positions at a time and the last chunk is kept:
-# amortises NumPy's per-call overhead over many small batches, bounded memory (64 KiB).
+# Shuffled indices are computed for a class of steps holding this many positions at a time and
+# the chunk's classes are kept: amortises NumPy's per-call overhead over many small batches,
+# bounded memory (64 KiB a class).
 _CHUNK_POSITIONS = 8192
 _MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S31, _S29 = np.uint64(31), np.uint64(29)
@@ -126,6 +127,38 @@ class IndexShuffle:
             x[at] = walked
             at = at[walked >= limit]
         return x.astype(np.int64)
+
+
+class StepMemo:
+    """Rows of a chunk of steps, computed a class of steps (``step % stride``) at a time when
+    one of them is first asked for: with ``N`` workers taking turns (worker ``s % N`` makes
+    step ``s`` when it has room), each computes its own steps' rows. A new chunk drops them.
+
+    Example:
+        >>> memo = StepMemo(stride=2)
+        >>> int(memo.get(chunk=0, step=3, first=0, end=8, compute=lambda steps: steps * 10))
+        30
+        >>> memo.classes[1].tolist()  # steps 1, 3, 5, 7 of the chunk
+        [10, 30, 50, 70]
+    """
+
+    def __init__(self, stride: int) -> None:
+        self.stride = stride
+        self.chunk: Any = None
+        self.classes: dict[int, np.ndarray] = {}  # step % stride -> its steps' rows
+
+    def get(self, chunk: Any, step: int, first: int, end: int,
+            compute: Callable[[np.ndarray], np.ndarray]) -> Any:
+        """Step ``step``'s row of ``chunk`` (steps ``[first, end)``); ``compute(steps)``
+        gives the rows of steps, in order."""
+        if chunk != self.chunk:
+            self.chunk, self.classes = chunk, {}
+        start = first + (step - first) % self.stride  # the class's first step in the chunk
+        rows = self.classes.get(step % self.stride)
+        if rows is None:
+            steps = np.arange(start, end, self.stride, dtype=np.int64)
+            rows = self.classes[step % self.stride] = compute(steps)
+        return rows[(step - start) // self.stride]
 
 
 class BatchSpec(NamedTuple):
@@ -240,9 +273,7 @@ class Sampler:
             )
         # a class of steps holds ~_CHUNK_POSITIONS of them, whatever the stride
         self._chunk_steps = max(1, _CHUNK_POSITIONS * memo_stride // self.global_batch_size)
-        self._memo_stride = memo_stride
-        self._memo_key: tuple[int, int] | None = None  # (epoch, chunk of steps)
-        self._memos: dict[int, np.ndarray] = {}  # step % memo_stride -> those steps' indices
+        self._memo = StepMemo(memo_stride)  # chunk: (epoch, chunk of steps)
         self._order = order
         self.order_description = order_description
         self._shuffle_epoch: int | None = None
@@ -277,19 +308,16 @@ class Sampler:
         if not self.shuffle:
             start = k * G + self.process_index * B
             return np.arange(start, start + B, dtype=np.int64)
-        chunk, stride = k // self._chunk_steps, self._memo_stride
-        if self._memo_key != (epoch, chunk):
-            self._memo_key, self._memos = (epoch, chunk), {}
-        first = chunk * self._chunk_steps + (k - chunk * self._chunk_steps) % stride
-        memo = self._memos.get(k % stride)
-        if memo is None:
-            full = (self.num_records - self.process_index * B - B) // G + 1  # steps of whole rows
-            steps = np.arange(first, min((chunk + 1) * self._chunk_steps, full), stride)
+        chunk = k // self._chunk_steps
+        full = (self.num_records - self.process_index * B - B) // G + 1  # steps of whole rows
+
+        def compute(steps: np.ndarray) -> np.ndarray:
             rows = np.arange(self.process_index * B, (self.process_index + 1) * B)
             positions = (steps[:, None] * G + rows).reshape(-1)
-            memo = self._memos[k % stride] = self._indices_of(epoch, positions).reshape(
-                len(steps), B)
-        return memo[(k - first) // stride]
+            return self._indices_of(epoch, positions).reshape(len(steps), B)
+
+        return self._memo.get((epoch, chunk), k, chunk * self._chunk_steps,
+                              min((chunk + 1) * self._chunk_steps, full), compute)
 
     def _indices_of(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         if not self.shuffle:
@@ -324,5 +352,5 @@ class Sampler:
     def __getstate__(self) -> dict:
         # The cache is a per-process memo; a copy sent to a worker starts without it.
         state = dict(self.__dict__)
-        state.update(_memo_key=None, _memos={}, _shuffle_epoch=None, _shuffler=None)
+        state.update(_memo=StepMemo(self._memo.stride), _shuffle_epoch=None, _shuffler=None)
         return state

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.mixture import MixtureSampler
+from jaxloader.mixture import _SPAN, MixtureSampler
 from resume_harness import assert_same_stream, check_resume, check_split_resume, take
 
 LENGTHS = (600, 250, 77)
@@ -95,14 +95,14 @@ def test_each_process_computes_its_own_rows_of_the_global_batches(process_count)
     for step in list(range(0, 400)) + [10**6 + 3, 5]:
         joined = np.concatenate([s.batch(step).indices for s in shares])
         assert np.array_equal(joined, whole.batch(step).indices), step
-        assert all(m.shape[1] == 24 for m in shares[1]._memos.values())  # its own rows only
+        assert all(m.shape[1] == 24 for m in shares[1]._memo.classes.values())  # its own rows only
 
 
 def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
     # with N workers, worker s % N usually makes step s: its memo holds only those steps of
     # the span; asked in any order, every step's indices are the same as with one memo
     whole, strided = sampler(batch_size=64), sampler(batch_size=64, memo_stride=3)
-    span_steps = (1 << 15) * 3 // 64  # positions a class of steps holds x classes / batch
+    span_steps = _SPAN * 3 // 64  # positions a class of steps holds x classes / batch
     rng = np.random.default_rng(0)
     for span in (0, 1, 7):  # each span's steps in a random order
         for step in span * span_steps + rng.permutation(span_steps):
@@ -110,8 +110,8 @@ def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
     step = 10 * span_steps + 4  # a new span: its class only, a third of the span's steps
     strided.batch(step)
     in_class = [s for s in range(10 * span_steps, 11 * span_steps) if s % 3 == step % 3]
-    assert list(strided._memos) == [step % 3]
-    assert len(strided._memos[step % 3]) == len(in_class) < span_steps // 2
+    assert list(strided._memo.classes) == [step % 3]
+    assert len(strided._memo.classes[step % 3]) == len(in_class) < span_steps // 2
 
 
 @pytest.mark.parametrize("case, digest", [
