@@ -14,9 +14,10 @@ Each block of ``K`` positions holds each component's share of the weights exactl
 rounding by one), spread over the block by a keyed permutation: any window of 10,000 positions
 is within a fraction of a percent of the weights, and nothing depends on what was read before.
 A component's reads in a block are a run, so a span of blocks is laid out one component at a
-time, with no search; a step holds whole blocks, so a worker lays out only its own steps'. Component ``c`` reads its records in its own reshuffled epochs (a Feistel
-network over the smallest power of two >= its length), so a small component wraps (and is
-reshuffled) more often than a large one. A weight change from step ``s`` takes effect from
+time, with no search; a step holds whole blocks, so a worker lays out only its own steps'.
+Component ``c`` reads its records in its own reshuffled epochs (a Feistel network over a
+domain just above its length: ``IndexShuffle(tight=True)``), so a small component wraps (and
+is reshuffled) more often than a large one. A weight change from step ``s`` takes effect from
 the first block that starts at or after step ``s``'s first position; ``C_c(k)`` is summed over
 the schedule's regimes, so the batches of every earlier step stay what they were. Everything
 is computed per batch from the step: resume is O(1) and elastic, as for a single source.
@@ -46,8 +47,8 @@ from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, St
                                 splitmix64, splitmix64_array)
 from jaxloader.sources.concat import ConcatSource
 
-ORDER = 3  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
-# 2: blocks of 1,024 whatever the global batch)
+ORDER = 4  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
+# 2: blocks of 1,024 whatever the global batch; 3: components shuffled over 2**k)
 _BLOCK = 1024  # positions a block at most (see _block_size)
 _SPAN = 1 << 15  # positions a span of steps covers: their indices are computed at once, memoised
 
@@ -210,8 +211,17 @@ class MixtureSampler:
         span = step // span_steps
 
         def compute(steps: np.ndarray) -> np.ndarray:
-            positions = (steps[:, None] * self.global_batch_size + rows).reshape(-1)
-            return self.indices(positions).reshape(len(steps), -1)
+            G, K = self.global_batch_size, self._block
+            if G % K:  # no block size divides the global batch: the general path
+                positions = (steps[:, None] * G + rows).reshape(-1)
+                return self.indices(positions).reshape(len(steps), -1)
+            # each step's blocks that hold these rows, laid end to end: no search
+            lo, hi = int(rows[0]) // K, int(rows[-1]) // K + 1
+            blocks = (steps[:, None] * (G // K) + np.arange(lo, hi)).reshape(-1)
+            if (hi - lo) * K == len(rows):  # the rows are whole blocks: the table is the answer
+                return self._table(blocks, slice(0, len(blocks) * K)).reshape(len(steps), -1)
+            at = (np.arange(len(steps))[:, None] * ((hi - lo) * K) + rows - lo * K).reshape(-1)
+            return self._table(blocks, at)[at].reshape(len(steps), -1)
 
         return self._memo.get(span, step, span * span_steps, (span + 1) * span_steps, compute)
 
@@ -241,8 +251,11 @@ class MixtureSampler:
         consecutive; the block's permutation sends each slot to its position. So each
         component's reads come as a run, with no search over the block's positions."""
         size = len(blocks) * self._block
+        if not size:
+            return np.empty(0, np.int64)
         before, here = self._counts(blocks)  # (blocks, components) each
         first = np.cumsum(here, axis=1) - here  # each component's first slot in each block
+        first += np.arange(0, size, self._block)[:, None]  # in the blocks laid end to end
         position = self._block_permutations(blocks)  # (blocks, block): slot -> position
         position += np.arange(0, size, self._block)[:, None]
         position = position.reshape(-1)
@@ -250,13 +263,13 @@ class MixtureSampler:
         if not isinstance(asked, slice) or asked.stop - asked.start < size:
             wanted = np.zeros(size, bool)
             wanted[asked] = True
-        table = np.zeros(size, np.int64)
+        table = np.empty(size, np.int64)  # every slot is a component's: all positions filled
         for c in range(here.shape[1]):
             counts = here[:, c]
-            block = np.repeat(np.arange(len(blocks)), counts)  # each read's block
-            rank = np.arange(len(block)) - (np.cumsum(counts) - counts)[block]
-            at = position[block * self._block + first[block, c] + rank]
-            reads = before[block, c] + rank
+            runs = np.cumsum(counts) - counts  # where each block's reads start among c's
+            ranks = np.arange(runs[-1] + counts[-1])
+            at = position[ranks + np.repeat(first[:, c] - runs, counts)]  # c's slots, in turn
+            reads = ranks + np.repeat(before[:, c] - runs, counts)  # ascending
             if wanted is not None:
                 keep = wanted[at]
                 at, reads = at[keep], reads[keep]
@@ -285,13 +298,17 @@ class MixtureSampler:
         return np.argsort(keys, axis=1)
 
     def _component_reads(self, c: int, reads: np.ndarray) -> np.ndarray:
-        """Indices into the mixture of component ``c``'s reads number ``reads``: read ``j`` is
-        record ``j % len`` of the component's epoch ``j // len``, reshuffled each epoch."""
-        epochs, within = np.divmod(reads, self._lengths[c])
+        """Indices into the mixture of component ``c``'s reads number ``reads`` (ascending):
+        read ``j`` is record ``j % len`` of the component's epoch ``j // len``, reshuffled each
+        epoch."""
+        length = int(self._lengths[c])
+        first, last = int(reads[0]) // length, int(reads[-1]) // length  # reads ascend
+        if first == last:  # one epoch: no division a read
+            epochs, within = first, reads - first * length
+        else:
+            epochs, within = np.divmod(reads, length)
         if self.shuffle:
-            first, last = int(epochs.min()), int(epochs.max())
-            within = IndexShuffle(int(self._lengths[c]), seed=self._seeds[c], tight=True,
-                                  epoch=first if first == last else epochs)(within)
+            within = IndexShuffle(length, seed=self._seeds[c], tight=True, epoch=epochs)(within)
         return self._offsets[c] + within
 
     # -- state: the weights that made the steps so far must be the same --------------------

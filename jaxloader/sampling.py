@@ -9,8 +9,8 @@
 Nothing here depends on the worker count or on what was iterated before, so a batch can be
 recomputed anywhere (a worker, a restored loader, another host) from its step alone. The shuffle
 is a Feistel network over the smallest even power of two >= N, with cycle-walking to land back in
-``[0, N)``: a billion-record epoch needs no billion-entry array (a mixture's components use the
-smallest power of two, with halves of unequal width).
+``[0, N)``: a billion-record epoch needs no billion-entry array (a mixture's components use a
+domain just above N: a high digit mixed modulo ``ceil(N / 2**k)``, a low one of k bits).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _FEISTEL_ROUNDS = 6  # 4 rounds make a pseudo-random permutation; 2 more for mar
 # bounded memory (64 KiB a class).
 _CHUNK_POSITIONS = 8192
 _MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S31, _S29 = np.uint64(31), np.uint64(29)
+_S31, _S29, _S32 = np.uint64(31), np.uint64(29), np.uint64(32)
 
 
 def splitmix64(x: int) -> int:
@@ -70,15 +70,19 @@ class IndexShuffle:
     """
 
     def __init__(self, n: int, *, seed: int, epoch: int | np.ndarray, tight: bool = False) -> None:
-        """``tight``: the domain is the smallest power of two >= ``n`` (halves of unequal
-        width when its exponent is odd: under 2 evaluations a value on average, against up
-        to 4 over the even power); another order than the default's for those ``n``."""
+        """``tight``: the domain is ``radix * 2**k`` values, ``2**k`` about ``sqrt(n)`` and
+        ``radix = ceil(n / 2**k)``, under ``n + sqrt(n)`` (the high digit is mixed modulo
+        ``radix``): almost no value lands outside ``[0, n)``, against up to 3 in 4 over the
+        even power of two, whose cycle-walking took most of a mixture's time; another order
+        than the default's."""
         self.n = n
         bits = max(2, int(n - 1).bit_length())
-        low = bits // 2 if tight else (bits + 1) // 2
+        low = (bits + 1) // 2
         self._low_bits = np.uint64(low)
         self._low_mask = np.uint64((1 << low) - 1)
-        self._high_mask = np.uint64((1 << (bits - low if tight else low)) - 1)
+        self._high_mask = np.uint64((1 << low) - 1)
+        # the high digit's range when tight (else the high half is a mask as wide as the low)
+        self._radix = np.uint64(-(-n >> low)) if tight else None
         self.epoch = epoch
         self._keys: list = []  # a uint64 each round; or an array of them, one per position
         if np.ndim(epoch) == 0:
@@ -96,18 +100,26 @@ class IndexShuffle:
         # allows: the cycle-walking below calls this on many small arrays, where each
         # temporary costs as much as the arithmetic.
         high, low = x >> self._low_bits, x & self._low_mask
+        radix = self._radix
         for r, key in enumerate(keys):
-            source, mask = (low, self._high_mask) if r % 2 == 0 else (high, self._low_mask)
-            f = source + key  # the round function: SplitMix64's finaliser, cut to the width
-            f *= _MUL1
+            f = (low if r % 2 == 0 else high) + key  # the round function: SplitMix64's
+            f *= _MUL1  # finaliser, cut to the digit's range
             f ^= f >> _S31
             f *= _MUL2
-            f ^= f >> _S29
-            f &= mask
-            if r % 2 == 0:
-                high ^= f
-            else:
+            if r % 2 == 1:
+                f ^= f >> _S29
+                f &= self._low_mask
                 low ^= f
+            elif radix is None:
+                f ^= f >> _S29
+                f &= self._high_mask
+                high ^= f
+            else:  # high = (high + f) mod radix, f in [0, radix) from its top 32 bits
+                f >>= _S32
+                f *= radix
+                f >>= _S32
+                high += f
+                np.minimum(high, high - radix, out=high)  # below radix: the subtraction wraps
         high <<= self._low_bits
         high |= low
         return high
@@ -121,7 +133,7 @@ class IndexShuffle:
         x = self._permute_domain(np.asarray(positions, dtype=np.uint64), self._keys)
         limit = np.uint64(self.n)
         at = np.flatnonzero(x >= limit)
-        while len(at):  # cycle-walking: the domain is < 4n, so few iterations
+        while len(at):  # cycle-walking: the domain is < 4n (tight: < n + sqrt(n) + 1)
             keys = [k[at] for k in self._keys] if per_position else self._keys
             walked = self._permute_domain(x[at], keys)
             x[at] = walked

@@ -65,12 +65,24 @@ def test_index_shuffle_depends_on_seed_and_epoch_only():
     assert np.array_equal(a[500:600], IndexShuffle(n, seed=1, epoch=2)(np.arange(500, 600)))
 
 
-def test_index_shuffle_looks_shuffled():
-    n = 10_000
-    out = IndexShuffle(n, seed=0, epoch=0)(np.arange(n))
+@pytest.mark.parametrize("n", [10_000, 300_000, 2**18 + 1])
+@pytest.mark.parametrize("tight", [False, True])
+def test_index_shuffle_looks_shuffled(n, tight):
+    out = IndexShuffle(n, seed=0, epoch=0, tight=tight)(np.arange(n))
     fixed = np.count_nonzero(out == np.arange(n))
     assert fixed < 20  # a random permutation has ~1 fixed point
     assert abs(np.corrcoef(out, np.arange(n))[0, 1]) < 0.05
+    # neighbours stay neighbours about 2 times in a random permutation
+    assert np.count_nonzero(np.abs(np.diff(out)) == 1) < 20
+    # each tenth of the positions spreads over every tenth of the records as a random
+    # permutation does: chi-square of the 10 x 10 table (81 degrees of freedom, ~81 +- 13)
+    counts = np.histogram2d(np.arange(n), out, bins=10)[0]
+    expected = np.outer(counts.sum(1), counts.sum(0)) / n
+    assert ((counts - expected) ** 2 / expected).sum() < 150
+    if tight:  # the domain is just above n: hardly any value needs cycle-walking
+        shuffle = IndexShuffle(n, seed=0, epoch=0, tight=True)
+        domain = int(shuffle._radix) << int(shuffle._low_bits)
+        assert n <= domain < n + 2 * np.sqrt(n) + 2
 
 
 def test_steps_per_epoch_and_policies():
