@@ -303,6 +303,7 @@ class MixtureSampler:
         epoch."""
         length = int(self._lengths[c])
         first, last = int(reads[0]) // length, int(reads[-1]) // length  # reads ascend
+        epochs: int | np.ndarray
         if first == last:  # one epoch: no division a read
             epochs, within = first, reads - first * length
         else:
