@@ -47,8 +47,9 @@ from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, St
                                 splitmix64, splitmix64_array)
 from jaxloader.sources.concat import ConcatSource
 
-ORDER = 4  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
-# 2: blocks of 1,024 whatever the global batch; 3: components shuffled over 2**k)
+ORDER = 5  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
+# 2: blocks of 1,024 whatever the global batch; 3: components shuffled over 2**k; 4: over
+# radix * 2**k in 64-bit words, 6 rounds)
 _BLOCK = 1024  # positions a block at most (see _block_size)
 _SPAN = 1 << 15  # positions a span of steps covers: their indices are computed at once, memoised
 
@@ -170,6 +171,9 @@ class MixtureSampler:
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
+        # a class of steps holds ~_SPAN positions of them
+        self._span_steps = max(1, _SPAN * memo_stride // self.global_batch_size)
+        self._rows = np.arange(process_index * batch_size, (process_index + 1) * batch_size)
 
     def _plan(self, schedule: dict[int, np.ndarray]) -> list[_Regime]:
         regimes: list[_Regime] = []
@@ -193,37 +197,31 @@ class MixtureSampler:
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
-        offset = self.process_index * self.batch_size
-        rows = np.arange(self.batch_size, dtype=np.int64) + offset
-        positions = k * self.global_batch_size + rows
-        indices = self._step_indices(step, rows)
+        start = k * self.global_batch_size + self.process_index * self.batch_size
+        positions = np.arange(start, start + self.batch_size, dtype=np.int64)
+        # Step ``step``'s indices, from a memo computed for the span of steps it is in
+        # (~32,768 positions a class; NumPy's cost is per call): each process computes only
+        # its own rows, and each class of steps (``step % memo_stride``) when first asked
+        # for, so workers that take turns share the work.
+        span = step // self._span_steps
+        indices = self._memo.get(span, step, span * self._span_steps,
+                                 (span + 1) * self._span_steps, self._steps_indices)
         valid = np.ones(self.batch_size, bool) if self.last_batch == "pad" else None
         return BatchSpec(step, epoch, positions, indices, valid)
 
-    def _step_indices(self, step: int, rows: np.ndarray) -> np.ndarray:
-        """Step ``step``'s indices (this process's ``rows`` of it), from a memo computed for
-        the span of steps it is in (~32,768 positions a class; NumPy's cost is per call):
-        each process computes only its own rows, and each class of steps (``step %
-        memo_stride``) is computed when first asked for, so workers that take turns share
-        the work."""
-        # a class of steps holds ~_SPAN positions of them
-        span_steps = max(1, _SPAN * self._memo.stride // self.global_batch_size)
-        span = step // span_steps
-
-        def compute(steps: np.ndarray) -> np.ndarray:
-            G, K = self.global_batch_size, self._block
-            if G % K:  # no block size divides the global batch: the general path
-                positions = (steps[:, None] * G + rows).reshape(-1)
-                return self.indices(positions).reshape(len(steps), -1)
-            # each step's blocks that hold these rows, laid end to end: no search
-            lo, hi = int(rows[0]) // K, int(rows[-1]) // K + 1
-            blocks = (steps[:, None] * (G // K) + np.arange(lo, hi)).reshape(-1)
-            if (hi - lo) * K == len(rows):  # the rows are whole blocks: the table is the answer
-                return self._table(blocks, slice(0, len(blocks) * K)).reshape(len(steps), -1)
-            at = (np.arange(len(steps))[:, None] * ((hi - lo) * K) + rows - lo * K).reshape(-1)
-            return self._table(blocks, at)[at].reshape(len(steps), -1)
-
-        return self._memo.get(span, step, span * span_steps, (span + 1) * span_steps, compute)
+    def _steps_indices(self, steps: np.ndarray) -> np.ndarray:
+        """This process's indices of ``steps`` (a row each)."""
+        G, K, rows = self.global_batch_size, self._block, self._rows
+        if G % K:  # no block size divides the global batch: the general path
+            positions = (steps[:, None] * G + rows).reshape(-1)
+            return self.indices(positions).reshape(len(steps), -1)
+        # each step's blocks that hold these rows, laid end to end: no search
+        lo, hi = int(rows[0]) // K, int(rows[-1]) // K + 1
+        blocks = (steps[:, None] * (G // K) + np.arange(lo, hi)).reshape(-1)
+        if (hi - lo) * K == len(rows):  # the rows are whole blocks: the table is the answer
+            return self._table(blocks, slice(0, len(blocks) * K)).reshape(len(steps), -1)
+        at = (np.arange(len(steps))[:, None] * ((hi - lo) * K) + rows - lo * K).reshape(-1)
+        return self._table(blocks, at)[at].reshape(len(steps), -1)
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """Indices into the mixture of global positions (any, vectorised): the blocks they

@@ -25,12 +25,33 @@ from jaxloader.errors import ConfigError, StateDictError
 LAST_BATCH_POLICIES = ("drop", "pad", "partial")
 
 _FEISTEL_ROUNDS = 6  # 4 rounds make a pseudo-random permutation; 2 more for margin.
+# Tight: 8, for small domains: with 6, the pairs (where 0 goes, where 1 goes) of a 16-record
+# shuffle over 40,000 seeds gave a chi-square of 327 on 239 degrees of freedom; with 8, 244.
+_TIGHT_ROUNDS = 8
 # Shuffled indices are computed for a class of steps holding this many positions at a time and
 # the chunk's classes are kept: amortises NumPy's per-call overhead over many small batches,
 # bounded memory (64 KiB a class).
 _CHUNK_POSITIONS = 8192
 _MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S31, _S29, _S32 = np.uint64(31), np.uint64(29), np.uint64(32)
+_S31, _S29 = np.uint64(31), np.uint64(29)
+
+
+class _Word(NamedTuple):
+    """The words a shuffle computes in, and its round function's constants: a multiply,
+    xor-shift, multiply hash (SplitMix64's finaliser in 64 bits, Wellons' lowbias32 in 32)."""
+
+    dtype: type
+    mul1: Any
+    mul2: Any
+    shift1: Any
+    shift2: Any
+    half: Any  # half the word: the top half of a hash is its best mixed
+
+
+_WORD64 = _Word(np.uint64, _MUL1, _MUL2, _S31, _S29, np.uint64(32))
+# 32-bit words: NumPy vectorises their multiplies (64-bit ones are emulated), ~3.7x faster
+_WORD32 = _Word(np.uint32, np.uint32(0x7FEB352D), np.uint32(0x846CA68B), np.uint32(15),
+                np.uint32(16), np.uint32(16))
 
 
 def splitmix64(x: int) -> int:
@@ -72,52 +93,52 @@ class IndexShuffle:
     def __init__(self, n: int, *, seed: int, epoch: int | np.ndarray, tight: bool = False) -> None:
         """``tight``: the domain is ``radix * 2**k`` values, ``2**k`` about ``sqrt(n)`` and
         ``radix = ceil(n / 2**k)``, under ``n + sqrt(n)`` (the high digit is mixed modulo
-        ``radix``): almost no value lands outside ``[0, n)``, against up to 3 in 4 over the
-        even power of two, whose cycle-walking took most of a mixture's time; another order
-        than the default's."""
+        ``radix``), computed in 32-bit words up to ``n = 2**31``: almost no value lands
+        outside ``[0, n)``, against up to 3 in 4 over the even power of two, whose
+        cycle-walking took most of a mixture's time; another order than the default's."""
         self.n = n
         bits = max(2, int(n - 1).bit_length())
         low = (bits + 1) // 2
-        self._low_bits = np.uint64(low)
-        self._low_mask = np.uint64((1 << low) - 1)
-        self._high_mask = np.uint64((1 << low) - 1)
+        word = self._word = _WORD32 if tight and bits <= 31 else _WORD64
+        self._low_bits = word.dtype(low)
+        self._low_mask = word.dtype((1 << low) - 1)
         # the high digit's range when tight (else the high half is a mask as wide as the low)
-        self._radix = np.uint64(-(-n >> low)) if tight else None
+        self._radix = word.dtype(-(-n >> low)) if tight else None
         self.epoch = epoch
-        self._keys: list = []  # a uint64 each round; or an array of them, one per position
+        self._keys: list = []  # a word each round; or an array of them, one per position
+        rounds, mask = _TIGHT_ROUNDS if tight else _FEISTEL_ROUNDS, np.iinfo(word.dtype).max
         if np.ndim(epoch) == 0:
             base = splitmix64(splitmix64(seed) ^ int(epoch))
-            self._keys = [np.uint64(splitmix64(base + r)) for r in range(_FEISTEL_ROUNDS)]
+            self._keys = [word.dtype(splitmix64(base + r) & mask) for r in range(rounds)]
         else:  # each distinct epoch's keys, then each position's
             epochs, which = np.unique(np.asarray(epoch, np.uint64), return_inverse=True)
             bases = splitmix64_array(np.uint64(splitmix64(seed)) ^ epochs)
-            self._keys = [splitmix64_array(bases + np.uint64(r))[which]
-                          for r in range(_FEISTEL_ROUNDS)]
+            self._keys = [splitmix64_array(bases + np.uint64(r)).astype(word.dtype)[which]
+                          for r in range(rounds)]
 
     def _permute_domain(self, x: np.ndarray, keys: list) -> np.ndarray:
         # Rounds alternate: the high half takes a hash of the low one, then the reverse (a
-        # Feistel network, unbalanced when the halves differ in width). In place where NumPy
-        # allows: the cycle-walking below calls this on many small arrays, where each
+        # Feistel network; tight, the high digit is added modulo the radix). In place where
+        # NumPy allows: the cycle-walking below calls this on many small arrays, where each
         # temporary costs as much as the arithmetic.
-        high, low = x >> self._low_bits, x & self._low_mask
-        radix = self._radix
+        word, radix, mask = self._word, self._radix, self._low_mask
+        high, low = x >> self._low_bits, x & mask
         for r, key in enumerate(keys):
-            f = (low if r % 2 == 0 else high) + key  # the round function: SplitMix64's
-            f *= _MUL1  # finaliser, cut to the digit's range
-            f ^= f >> _S31
-            f *= _MUL2
-            if r % 2 == 1:
-                f ^= f >> _S29
-                f &= self._low_mask
-                low ^= f
-            elif radix is None:
-                f ^= f >> _S29
-                f &= self._high_mask
-                high ^= f
-            else:  # high = (high + f) mod radix, f in [0, radix) from its top 32 bits
-                f >>= _S32
+            f = (low if r % 2 == 0 else high) + key  # the round function: a hash cut to
+            f *= word.mul1  # the digit's range
+            f ^= f >> word.shift1
+            f *= word.mul2
+            if r % 2 == 1 or radix is None:  # xor a masked hash in (both halves as wide)
+                f ^= f >> word.shift2
+                f &= mask
+                if r % 2 == 1:
+                    low ^= f
+                else:
+                    high ^= f
+            else:  # high = (high + f) mod radix, f in [0, radix) from the hash's top half
+                f >>= word.half
                 f *= radix
-                f >>= _S32
+                f >>= word.half
                 high += f
                 np.minimum(high, high - radix, out=high)  # below radix: the subtraction wraps
         high <<= self._low_bits
@@ -130,8 +151,8 @@ class IndexShuffle:
         if self.n <= 1:
             return np.asarray(positions, dtype=np.int64).copy()
         per_position = np.ndim(self.epoch) > 0
-        x = self._permute_domain(np.asarray(positions, dtype=np.uint64), self._keys)
-        limit = np.uint64(self.n)
+        x = self._permute_domain(np.asarray(positions).astype(self._word.dtype), self._keys)
+        limit = self._word.dtype(self.n)
         at = np.flatnonzero(x >= limit)
         while len(at):  # cycle-walking: the domain is < 4n (tight: < n + sqrt(n) + 1)
             keys = [k[at] for k in self._keys] if per_position else self._keys

@@ -18,6 +18,19 @@ def test_index_shuffle_is_a_permutation(n, seed, epoch):
         assert np.array_equal(np.sort(out), np.arange(n))
 
 
+@pytest.mark.parametrize("n", [2**31, 2**31 + 1, 2**40 + 3, 2**62 + 5])
+def test_a_tight_shuffle_of_more_than_2_31_records_computes_in_64_bits(n):
+    # up to 2**31 records a tight shuffle computes in 32-bit words; above, in 64-bit ones:
+    # still a bijection (distinct values in range, each position mapped as alone)
+    shuffle = IndexShuffle(n, seed=5, epoch=np.array([1, 2] * 2000), tight=True)
+    positions = np.concatenate([np.arange(2000), n - 1 - np.arange(2000)]).astype(np.uint64)
+    out = shuffle(positions)
+    assert out.dtype == np.int64 and len(set(out[::2].tolist())) == 2000
+    assert (out.astype(np.uint64) < np.uint64(n)).all()
+    alone = IndexShuffle(n, seed=5, epoch=1, tight=True)(positions[::2])
+    assert np.array_equal(out[::2], alone)
+
+
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 5000), seed=st.integers(0, 2**64 - 1), tight=st.booleans(),
        epochs=st.lists(st.integers(0, 2**40), min_size=1, max_size=6))
