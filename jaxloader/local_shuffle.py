@@ -32,6 +32,10 @@ from jaxloader.checks import check_int
 from jaxloader.sampling import IndexShuffle, splitmix64
 
 _BLOCK_ORDER_KEY = 0x5EED_B10C  # distinct keys for the block order and the windows
+# The order's version, in the state's description: 1 (unnumbered) shuffled a window over the
+# next even power of two; 2 over a domain just above it (``IndexShuffle(tight=True)``), whose
+# cycle-walking no longer takes most of a read-local batch's order (49 -> ~8 us a batch).
+ORDER = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +72,7 @@ class LocalShuffle:
         blocks = ("the source's" if self.block_size is None
                   and getattr(source, "block_starts", None) is not None
                   else str(self.block_size or 1024))
-        return f"window {self.window}, blocks {blocks}"
+        return f"window {self.window}, blocks {blocks}, order {ORDER}"
 
 
 class BlockOrder:
@@ -108,5 +112,6 @@ class BlockOrder:
             if len(self._shufflers) > 4:
                 self._shufflers.clear()
             key = splitmix64(splitmix64(self._seed ^ self.epoch) ^ window)
-            shuffler = self._shufflers[window] = IndexShuffle(length, seed=key, epoch=self.epoch)
+            shuffler = self._shufflers[window] = IndexShuffle(length, seed=key, epoch=self.epoch,
+                                                              tight=True)
         return shuffler

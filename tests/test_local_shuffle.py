@@ -27,6 +27,31 @@ def test_every_epoch_is_a_bijection_of_blocks_read_window_by_window():
     assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[1], seen[2])
 
 
+def test_the_order_is_the_one_its_number_names():
+    # a digest of the read-local order (local_shuffle.ORDER, in the state's description): a
+    # restore after an upgrade must read what the checkpointed run would have read
+    import hashlib
+
+    starts = np.append(np.arange(0, 100_000, 1000), 100_003)  # a last block of 1,003
+    out = np.concatenate([BlockOrder(starts, window=8, seed=11, epoch=e)(np.arange(100_003))
+                          for e in (0, 7)])
+    assert hashlib.sha256(out.astype("<i8").tobytes()).hexdigest()[:16] == "a0a7821574ae62c3"
+
+
+def test_a_state_of_the_unnumbered_read_local_order_is_refused():
+    src = jl.ArraySource({"x": np.arange(5000)})
+
+    def make():
+        return jl.DataLoader(src, batch_size=100, shuffle=jl.LocalShuffle(window=2),
+                             process_index=0, process_count=1)
+
+    state = make().state_dict()
+    assert state["local_shuffle"] == "window 2, blocks 1024, order 2"
+    state["local_shuffle"] = "window 2, blocks 1024"  # what jaxloader wrote before order 2
+    with pytest.raises(jl.StateDictError, match="of another order, or of none"):
+        make().load_state_dict(state)
+
+
 def parquet(tmp_path, rows=(300, 220, 180), group=40):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
