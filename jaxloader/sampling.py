@@ -9,8 +9,9 @@
 Nothing here depends on the worker count or on what was iterated before, so a batch can be
 recomputed anywhere (a worker, a restored loader, another host) from its step alone. The shuffle
 is a Feistel network over the smallest even power of two >= N, with cycle-walking to land back in
-``[0, N)``: a billion-record epoch needs no billion-entry array (a mixture's components use a
-domain just above N: a high digit mixed modulo ``ceil(N / 2**k)``, a low one of k bits).
+``[0, N)``: a billion-record epoch needs no billion-entry array (a mixture's components and a
+read-local window use a domain just above N, in 32-bit words: a high digit mixed modulo
+``ceil(N / 2**k)``, a low one of k bits).
 """
 
 from __future__ import annotations
