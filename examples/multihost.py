@@ -81,10 +81,15 @@ def host(args: argparse.Namespace) -> None:
     checksums = np.asarray(multihost_utils.process_allgather(checksum))
     logits = model.apply(params_host, jnp.asarray(test["image"]))
     accuracy = float((jnp.argmax(logits, -1) == test["label"]).mean())
-    print(f"process {jax.process_index()}/{jax.process_count()}: {jax.device_count()} devices, "
-          f"global batch {args.batch_size * args.num_processes}, final loss {float(loss):.4f}, "
-          f"test accuracy {accuracy:.4f}, same params on every host: "
-          f"{bool(np.all(checksums == checksums[0]))}", flush=True)
+    # one write of the whole line: the processes share the launcher's stdout, and print()
+    # writes a line and its newline apart when stdout is unbuffered (PYTHONUNBUFFERED=1),
+    # so the other process's line once landed between them
+    sys.stdout.write(f"process {jax.process_index()}/{jax.process_count()}: "
+                     f"{jax.device_count()} devices, global batch "
+                     f"{args.batch_size * args.num_processes}, final loss {float(loss):.4f}, "
+                     f"test accuracy {accuracy:.4f}, same params on every host: "
+                     f"{bool(np.all(checksums == checksums[0]))}\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
