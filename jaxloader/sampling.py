@@ -96,7 +96,7 @@ class IndexShuffle:
         ``radix = ceil(n / 2**k)``, under ``n + sqrt(n)`` (the high digit is mixed modulo
         ``radix``), computed in 32-bit words up to ``n = 2**31``: almost no value lands
         outside ``[0, n)``, against up to 3 in 4 over the even power of two, whose
-        cycle-walking took most of a mixture's time; another order than the default's."""
+        cycle-walking took most of a mixture's order; another order than the default's."""
         self.n = n
         bits = max(2, int(n - 1).bit_length())
         low = (bits + 1) // 2
