@@ -293,7 +293,7 @@ def mixture(rows: int, rounds: int) -> dict:
             jl.mix(thirds, [0.5, 0.3, 0.2]), True, workers=0),
         "one ArraySource, 2 workers": jaxloader_iter(whole, True),
         "mix of 3, 2 workers": jaxloader_iter(jl.mix(thirds, [0.5, 0.3, 0.2]), True),
-    }, rounds, count=10_000, cpu=True)  # ~75 spans of the mixture's memo a turn
+    }, rounds, count=10_000, cpu=True)  # 39-78 spans of the mixture's memo a turn
 
 
 if __name__ == "__main__":

@@ -252,10 +252,10 @@ class MixtureSampler:
         if not size:
             return np.empty(0, np.int64)
         before, here = self._counts(blocks)  # (blocks, components) each
-        first = np.cumsum(here, axis=1) - here  # each component's first slot in each block
-        first += np.arange(0, size, self._block)[:, None]  # in the blocks laid end to end
+        starts = np.arange(0, size, self._block)[:, None]  # the blocks laid end to end
+        first = np.cumsum(here, axis=1) - here + starts  # each component's first slot a block
         position = self._block_permutations(blocks)  # (blocks, block): slot -> position
-        position += np.arange(0, size, self._block)[:, None]
+        position += starts
         position = position.reshape(-1)
         wanted = None
         if not isinstance(asked, slice) or asked.stop - asked.start < size:
