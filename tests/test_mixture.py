@@ -116,6 +116,28 @@ def test_a_batch_is_the_plan_at_its_positions(batch_size, processes, stride, shu
         assert np.array_equal(s.batch(step).indices, expected), step
 
 
+class _Huge:
+    """A source of 3 * 2**31 records, none stored: only its length and its reads matter."""
+
+    def __len__(self):
+        return 3 << 31
+
+    def __getitem__(self, index):
+        return {"x": np.int64(index)}
+
+
+def test_a_component_of_more_than_2_31_records_is_shuffled_in_64_bit_words():
+    # the tight shuffle computes in 32-bit words up to 2**31 records, in 64-bit ones above
+    s = MixtureSampler(jl.mix([_Huge(), components()[0]], [0.9, 0.1]), 1024, shuffle=True,
+                       seed=1, last_batch="drop")
+    indices = np.concatenate([s.batch(step).indices for step in (0, 1, 10**7)])
+    huge = indices[indices < 3 << 31]
+    assert len(np.unique(huge)) == len(huge) > 2500  # 90% of 3,072 reads, none twice
+    assert len(indices) - len(huge) > 250 and (indices < (3 << 31) + LENGTHS[0]).all()
+    assert huge.max() > 2**32  # spread over the whole component, not its first 2**32
+    assert np.array_equal(indices[:1024], s.indices(np.arange(1024)))
+
+
 def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
     # with N workers, worker s % N usually makes step s: its memo holds only those steps of
     # the span; asked in any order, every step's indices are the same as with one memo
