@@ -255,6 +255,10 @@ def main() -> None:
                 source, jl.LocalShuffle()),
             "jaxloader full shuffle, 2 workers": jaxloader_iter(source, True),
             "jaxloader file order, 2 workers": jaxloader_iter(source, False),
+            # on 2 cores the main process alone outruns 2 workers here (docs/benchmarks.md)
+            "jaxloader LocalShuffle(window=8), in process": jaxloader_iter(
+                source, jl.LocalShuffle(), workers=0),
+            "jaxloader file order, in process": jaxloader_iter(source, False, workers=0),
             "grain ParquetIterDataset, file order": grain_parquet(parquet),
             "datasets, file order": hf_batches(parquet, shuffled=False),
             "datasets, shuffled batches": hf_batches(parquet, shuffled=True),
