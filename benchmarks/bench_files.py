@@ -250,11 +250,15 @@ def main() -> None:
     if "parquet" in only:
         write_parquet(parquet, args.rows)
         source = jl.ParquetSource(parquet)
+        private = jl.ParquetSource(parquet, share_decoded=False)  # as before shared blocks
         results["parquet"] = take_turns({
             "jaxloader LocalShuffle(window=8), 2 workers": jaxloader_iter(
                 source, jl.LocalShuffle()),
             "jaxloader full shuffle, 2 workers": jaxloader_iter(source, True),
             "jaxloader file order, 2 workers": jaxloader_iter(source, False),
+            "jaxloader LocalShuffle(window=8), 2 workers, each decoding": jaxloader_iter(
+                private, jl.LocalShuffle()),
+            "jaxloader full shuffle, 2 workers, each decoding": jaxloader_iter(private, True),
             # on 2 cores the main process alone outruns 2 workers here (docs/benchmarks.md)
             "jaxloader LocalShuffle(window=8), in process": jaxloader_iter(
                 source, jl.LocalShuffle(), workers=0),
@@ -263,7 +267,7 @@ def main() -> None:
             "datasets, file order": hf_batches(parquet, shuffled=False),
             "datasets, shuffled batches": hf_batches(parquet, shuffled=True),
             "ceiling: one bare process, pyarrow row groups -> NumPy + str": bare_parquet(parquet),
-        }, args.rounds)
+        }, args.rounds, cpu=True)
     if "array_record" in only:
         write_array_record(records, args.rows)
         results["array_record"] = take_turns({

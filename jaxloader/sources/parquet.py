@@ -7,9 +7,16 @@
 
 The files' footers are read once, at construction (in the main process): row counts per row
 group, and the schema, which every file must share. Each process (every worker) then opens the
-files itself and keeps the row groups it decoded last, up to ``cache_bytes``. ``__getitems__``
-decodes each row group a batch touches once, so a read-local order (neighbouring rows together)
-costs a few row groups a batch instead of one per row.
+files itself and keeps the row groups it read last, up to ``cache_bytes`` (and 256 of them).
+``__getitems__`` reads each row group a batch touches once, so a read-local order (neighbouring
+rows together) costs a few row groups a batch instead of one per row.
+
+Workers share what they decode (``share_decoded``, Linux): a row group is decoded by one
+worker into a memory file that the others map (``jaxloader.sources.shared_blocks``), so N
+workers decode a file once, not N times (workers taking turns over a read-local order each
+read every row group of a window). Decoded rows then live in shared memory, not in each
+worker's private memory. In process, and where memory files are missing, each process decodes
+for itself.
 
 Columns become NumPy: numbers and booleans arrays, fixed-length lists of numbers one more axis,
 variable-length lists one array per row, strings ``str`` and binary ``bytes`` (object leaves).
@@ -32,22 +39,42 @@ import collections
 import hashlib
 import itertools
 import os
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloader.errors import ConfigError
+from jaxloader.errors import ConfigError, SharedMemoryError
+from jaxloader.sources.shared_blocks import SharedBlocks
+from jaxloader.workers import shm
+from jaxloader.workers.worker import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (docs/benchmarks.md)
+# and at most this many: a row group shared by the workers is a mapping that holds a
+# descriptor on Python < 3.13, and a process has ~1,024
+_MAX_CACHED_GROUPS = 256
 
 
 class ParquetSource:
     """Rows of ``paths`` (one path or a list, read in that order), ``columns`` of them (all by
-    default), with at most ``cache_bytes`` of decoded row groups kept per process."""
+    default), with at most ``cache_bytes`` of decoded row groups kept per process; with
+    ``share_decoded`` (the default) workers decode each row group once for all of them.
+
+    Example:
+        >>> import tempfile, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
+        >>> path = tempfile.mkdtemp() + "/rows.parquet"
+        >>> pq.write_table(pa.table({"id": list(range(100))}), path, row_group_size=10)
+        >>> src = jl.ParquetSource(path, cache_bytes=64 << 20)
+        >>> with jl.DataLoader(src, batch_size=20, shuffle=jl.LocalShuffle(window=2),
+        ...                    num_workers=2, process_index=0, process_count=1) as loader:
+        ...     ids = sorted(np.concatenate([b["id"] for b in loader]).tolist())
+        >>> ids == list(range(100))
+        True
+    """
 
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike],
                  columns: Sequence[str] | None = None,
-                 cache_bytes: int = _DEFAULT_CACHE_BYTES) -> None:
+                 cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
         pq = _pyarrow_parquet()
         listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         self.paths = [os.fspath(p) for p in listed]
@@ -82,6 +109,8 @@ class ParquetSource:
         self._starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
         self._schema_text = str(schema)
         self.cache_bytes = cache_bytes
+        self.share_decoded = share_decoded and shm.MEMFD_AVAILABLE
+        self._table_name: str | None = None  # the shared blocks' table, once workers are made
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
@@ -89,10 +118,22 @@ class ParquetSource:
         self._files: dict[int, Any] = {}
         self._cache: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
         self._cached_bytes = 0
+        self._shared: SharedBlocks | None = None
+        self._shared_tried = False
 
     def __getstate__(self) -> dict:
+        """For a worker: the table of shared row groups is made here, in the main process, the
+        first time the source crosses (it lives as long as this object)."""
+        if self.share_decoded and self._table_name is None and get_worker_info() is None:
+            try:
+                table = SharedBlocks.create(len(self._groups))
+            except (SharedMemoryError, OSError):
+                self.share_decoded = False  # each worker decodes for itself, as before
+            else:
+                self._table_name = table.name
+                weakref.finalize(self, table.destroy)
         state = dict(self.__dict__)
-        for key in ("_files", "_cache", "_cached_bytes"):
+        for key in ("_files", "_cache", "_cached_bytes", "_shared", "_shared_tried"):
             state.pop(key)
         return state
 
@@ -141,6 +182,9 @@ class ParquetSource:
         local = (indices if order is None else indices[order]) - self._starts[ordered]
         edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(indices)]
         parts: dict[str, list] = {name: [] for name in self.columns}
+        if self._sharing():  # decode first what no other worker is decoding now
+            for a in edges[:-1]:
+                self._fetch(int(ordered[a]), wait=False)
         for a, b in zip(edges, edges[1:]):  # a run of rows of one row group
             decoded = self._decoded(int(ordered[a]))
             for name in self.columns:
@@ -155,32 +199,61 @@ class ParquetSource:
             return [{name: batch[name][j] for name in self.columns} for j in range(len(indices))]
         return batch
 
+    def _sharing(self) -> bool:
+        """Whether this process reads row groups through the workers' shared blocks."""
+        if not self._shared_tried:
+            self._shared_tried = True
+            if self._table_name is not None and get_worker_info() is not None:
+                try:
+                    self._shared = SharedBlocks(self._table_name, len(self._groups))
+                except (OSError, ValueError):
+                    self._shared = None  # the table is gone: decode privately
+        return self._shared is not None
+
     def _decoded(self, group: int) -> dict[str, Any]:
         """Row group ``group``'s columns (arrays, or ``_ArrowRows``), from the cache if there."""
+        decoded = self._fetch(group, wait=True)
+        assert decoded is not None  # only a fetch that does not wait comes back empty
+        return decoded
+
+    def _fetch(self, group: int, wait: bool) -> dict[str, Any] | None:
+        """``_decoded(group)``, or ``None`` if ``wait`` is false and another worker is decoding
+        that row group now."""
         cached = self._cache.get(group)
         if cached is not None:
             self._cache.move_to_end(group)
             return cached
-        file_number, in_file = self._groups[group]
-        handle = self._files.get(file_number)
-        if handle is None:
-            handle = self._files[file_number] = _open(_pyarrow_parquet(), self.paths[file_number])
-        from jaxloader.workers.worker import get_worker_info
-
-        in_worker = get_worker_info() is not None
-        if in_worker:
-            _return_freed_memory()
-        # In a worker, one thread: the workers are the parallelism (and threads' arenas cost).
-        table = handle.read_row_group(in_file, columns=self.columns, use_threads=not in_worker)
-        path = self.paths[file_number]
+        if self._sharing():
+            assert self._shared is not None
+            table = self._shared.get(group, lambda: self._read(group), wait)
+            if table is None:
+                return None
+        else:
+            table = self._read(group)
+        path = self.paths[self._groups[group][0]]
         decoded = {name: _decode(table.column(name), name, path) for name in self.columns}
         nbytes = sum(_nbytes(c) for c in decoded.values())
         self._cache[group] = decoded
         self._cached_bytes += nbytes
-        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
-            _, evicted = self._cache.popitem(last=False)
+        while len(self._cache) > 1 and (self._cached_bytes > self.cache_bytes
+                                        or len(self._cache) > _MAX_CACHED_GROUPS):
+            evicted_group, evicted = self._cache.popitem(last=False)
             self._cached_bytes -= sum(_nbytes(c) for c in evicted.values())
+            if self._shared is not None:
+                self._shared.release(evicted_group)
         return decoded
+
+    def _read(self, group: int) -> Any:
+        """Row group ``group`` decoded from its file: a ``pyarrow.Table``."""
+        file_number, in_file = self._groups[group]
+        handle = self._files.get(file_number)
+        if handle is None:
+            handle = self._files[file_number] = _open(_pyarrow_parquet(), self.paths[file_number])
+        in_worker = get_worker_info() is not None
+        if in_worker:
+            _return_freed_memory()
+        # In a worker, one thread: the workers are the parallelism (and threads' arenas cost).
+        return handle.read_row_group(in_file, columns=self.columns, use_threads=not in_worker)
 
     def __repr__(self) -> str:
         return (f"ParquetSource({len(self)} rows in {len(self.paths)} file(s), "

@@ -85,7 +85,7 @@ class Segment:
         fd, name = -1, ""
         try:
             fd = os.memfd_create(token, os.MFD_CLOEXEC)
-            _reserve(fd, size, "memory")
+            reserve(fd, size, "memory")
             name = f"{_MEMFD}:{os.getpid()}:{fd}:{os.fstat(fd).st_ino}"
             segment = cls(name, mmap.mmap(fd, size), size, fd)
             if registry is not None:
@@ -105,7 +105,7 @@ class Segment:
         fd = -1
         try:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
-            _reserve(fd, size, "/dev/shm")
+            reserve(fd, size, "/dev/shm")
             segment = cls(name, mmap.mmap(fd, size), size)
             if registry is not None:
                 registry[name] = segment
@@ -175,7 +175,7 @@ def _descriptors_of(token: str) -> list[int]:
     return found
 
 
-def _reserve(fd: int, size: int, where: str) -> None:
+def reserve(fd: int, size: int, where: str) -> None:
     """Sizes the file and reserves its pages, or raises ``SharedMemoryError``."""
     os.ftruncate(fd, size)
     try:

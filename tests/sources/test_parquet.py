@@ -92,6 +92,15 @@ def test_the_cache_stays_within_its_bound(tmp_path):
     assert len(src._cache) < src.num_row_groups
 
 
+def test_the_cache_holds_a_bounded_number_of_row_groups(tmp_path, monkeypatch):
+    # each shared row group a worker maps may hold a descriptor: their count is bounded too
+    monkeypatch.setattr("jaxloader.sources.parquet._MAX_CACHED_GROUPS", 3)
+    src = jl.ParquetSource(write_parts(tmp_path, rows=(400,), group=50))
+    for i in range(0, 400, 7):
+        assert src[i]["id"] == i and len(src._cache) <= 3
+    assert len(src._cache) == 3
+
+
 def _sizes(src):
     from jaxloader.sources.parquet import _nbytes
 

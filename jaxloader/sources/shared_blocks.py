@@ -1,0 +1,180 @@
+"""Decoded blocks shared by a loader's workers: each block (a Parquet row group) decoded once.
+
+::
+
+    main process:  SharedBlocks.create(count) ──> the table (a memory file): a slot per block
+    a worker:      get(block, decode)
+                     slot names a live file of this block?  ──> map it (no decode)
+                     else lock the block's byte of the table ──> decode, write it to a new memory
+                          file (Arrow IPC), publish the slot, unlock ──> map it
+
+Without it every worker decodes every block it reads, and with workers taking turns over a
+read-local order every worker reads every block of a window: N workers decode N times.
+
+Why it cannot leak or hang:
+- Each decoded block is a memory file (``memfd_create``) made by the worker that decoded it,
+  held open by that worker while the block is in its cache; others open it through
+  ``/proc/<pid>/fd/<fd>``. The kernel frees a file when its last holder (open or mapped) is
+  gone, so a worker that dies, or a killed loader, leaves nothing behind: nothing is ever named
+  in ``/dev/shm``. (DESIGN.md has the main process make every segment; these are the one
+  exception, and they keep that rule's reason: no leak, no SIGBUS, pages reserved up front.)
+- The table belongs to the main process (``Segment``), which workers map.
+- A block is decoded under a POSIX record lock on its byte of the table: the kernel releases it
+  when its holder dies, and a holder waits on nothing else, so a wait always ends.
+- A slot is read without the lock, so it is checked: the file must still be open at that pid
+  and descriptor, have that inode, and carry the block's number and the slot's nonce in its
+  header (a descriptor or inode number reused by another file fails one of these). A failed
+  check falls back to the locked path; any OS error, or memory that cannot be reserved, to a
+  private decode.
+
+Linux only (memory files); elsewhere each worker keeps its own cache, as in process.
+
+Example:
+    >>> import pyarrow as pa
+    >>> table = SharedBlocks.create(4)            # main process
+    >>> blocks = SharedBlocks(table.name, 4)      # in a worker
+    >>> blocks.get(2, lambda: pa.table({"x": [1, 2]})).column("x").to_pylist()
+    [1, 2]
+    >>> blocks.release(2); blocks.close(); table.destroy()
+    True
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import secrets
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxloader.errors import SharedMemoryError
+from jaxloader.workers import shm
+
+_SLOT = 4  # int64s a slot: pid, descriptor, inode, nonce
+_MAGIC = int.from_bytes(b"jxblock1", "little")
+_HEAD = 64  # a block's file: magic, block, nonce, IPC length; the Arrow IPC stream from here
+# Files a worker holds open for the others, oldest let go first: a cache of many small row
+# groups must not run a process out of descriptors (a soft limit of 1,024 is common).
+MAX_OWNED = 256
+# Python's mmap keeps a duplicate of the descriptor it maps unless told not to (3.13 on).
+_UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
+class SharedBlocks:
+    """A worker's view of the table of ``count`` decoded blocks named ``name`` (a memory file of
+    the main process, from ``SharedBlocks.create``)."""
+
+    def __init__(self, name: str, count: int) -> None:
+        _, pid, fd_number, inode = name.split(":")
+        # The one descriptor of the table in this process, kept: closing any descriptor of a
+        # file drops this process's record locks on it.
+        self._fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDWR | os.O_CLOEXEC)
+        if os.fstat(self._fd).st_ino != int(inode):
+            os.close(self._fd)
+            raise OSError(f"shared blocks {name}: the owner's descriptor names another file")
+        self._map = mmap.mmap(self._fd, count * _SLOT * 8)
+        self._slots = np.frombuffer(self._map, np.int64).reshape(count, _SLOT)
+        self._owned: dict[int, int] = {}  # block -> descriptor of the file this process made
+
+    @staticmethod
+    def create(count: int) -> shm.Segment:
+        """The table for ``count`` blocks (main process), or raises ``SharedMemoryError``."""
+        return shm.Segment.create(max(count, 1) * _SLOT * 8, memfd=True)
+
+    def get(self, block: int, decode: Callable[[], Any], wait: bool = True) -> Any:
+        """Block ``block`` as an Arrow table over shared memory, decoded by ``decode()`` (which
+        returns a ``pyarrow.Table``) only if no worker has it; ``None`` when ``wait`` is false
+        and another worker is decoding it now."""
+        found = self._published(block)
+        if found is not None:
+            return found
+        if not self._lock(block, wait):
+            return None
+        try:
+            found = self._published(block)  # published while this process waited
+            return found if found is not None else self._publish(block, decode())
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, block)
+
+    def release(self, block: int) -> None:
+        """This process's cache let ``block`` go: close the file if it made it (mappings, here
+        and in other workers, stay valid until dropped)."""
+        fd = self._owned.pop(block, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for block in list(self._owned):
+            self.release(block)
+        self._slots = None  # type: ignore[assignment]
+        self._map.close()
+        os.close(self._fd)
+
+    def _lock(self, block: int, wait: bool) -> bool:
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, block)
+        except (BlockingIOError, PermissionError):  # held by another worker (EAGAIN/EACCES)
+            return False
+        return True
+
+    def _published(self, block: int) -> Any:
+        pid, fd_number, inode, nonce = (int(v) for v in self._slots[block])
+        if pid == 0:
+            return None
+        try:
+            fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # that worker let it go, or is gone
+            return None
+        try:
+            if os.fstat(fd).st_ino != inode:
+                return None
+            mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ, **_UNTRACKED)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        return _read(mapping, block, nonce)
+
+    def _publish(self, block: int, table: Any) -> Any:
+        """``table`` written to a new memory file, named in the slot, and returned read from
+        it; ``table`` itself if the file cannot be made (memory or descriptors short)."""
+        import pyarrow as pa
+
+        mock = pa.MockOutputStream()
+        with pa.ipc.new_stream(mock, table.schema) as writer:
+            writer.write_table(table)
+        length = mock.size()
+        fd = -1
+        try:
+            fd = os.memfd_create(f"{shm.PREFIX}_block_{block}", os.MFD_CLOEXEC)
+            shm.reserve(fd, _HEAD + length, "memory")
+            mapping = mmap.mmap(fd, _HEAD + length, **_UNTRACKED)
+        except (SharedMemoryError, OSError):
+            if fd >= 0:
+                os.close(fd)
+            return table  # this process keeps its own decode; the others decode theirs
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(memoryview(mapping)[_HEAD:]))
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        nonce = secrets.randbits(63)
+        np.frombuffer(mapping, np.int64, 4)[:] = (_MAGIC, block, nonce, length)
+        self._owned[block] = fd
+        while len(self._owned) > MAX_OWNED:
+            self.release(next(iter(self._owned)))
+        self._slots[block] = (os.getpid(), fd, os.fstat(fd).st_ino, nonce)
+        return _read(mapping, block, nonce)
+
+
+def _read(mapping: mmap.mmap, block: int, nonce: int) -> Any:
+    """The table in a block's file if its header names ``block`` and ``nonce``, else ``None``."""
+    import pyarrow as pa
+
+    if len(mapping) < _HEAD:
+        return None
+    magic, found, found_nonce, length = (int(v) for v in np.frombuffer(mapping, np.int64, 4))
+    if (magic, found, found_nonce) != (_MAGIC, block, nonce) or _HEAD + length > len(mapping):
+        return None
+    return pa.ipc.open_stream(pa.py_buffer(mapping)[_HEAD:_HEAD + length]).read_all()

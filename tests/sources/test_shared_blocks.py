@@ -1,0 +1,172 @@
+"""SharedBlocks: a row group decoded once across workers; stale slots, dead decoders, memory
+that runs out and too many open files never give wrong rows, a hang or a leak."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.sources import shared_blocks
+from jaxloader.sources.shared_blocks import SharedBlocks
+from jaxloader.workers import shm
+from resume_harness import assert_same_batch
+from sources.test_parquet import write_parts
+
+pa = pytest.importorskip("pyarrow")
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not shm.MEMFD_AVAILABLE, reason="shared blocks are memory files (Linux)"),
+]
+
+
+class _Counting(jl.ParquetSource):
+    """Notes each row group it decodes from its file, by process, in ``self.log``."""
+
+    def _read(self, group):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {group}\n")
+        return super()._read(group)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_each_row_group_is_decoded_once_across_workers(tmp_path, share):
+    paths = write_parts(tmp_path, rows=(400, 300, 324), group=64)
+    src = _Counting(paths, share_decoded=share)
+    src.log = str(tmp_path / "decodes.log")
+    with jl.DataLoader(src, batch_size=32, shuffle=jl.LocalShuffle(window=4), seed=3,
+                       num_workers=2, process_index=0, process_count=1) as loader:
+        batches = list(loader)
+        pids = set(map(str, loader.worker_pids))
+    with jl.DataLoader(jl.ParquetSource(paths), batch_size=32, shuffle=jl.LocalShuffle(window=4),
+                       seed=3, num_workers=0, process_index=0, process_count=1) as loader:
+        for a, b in zip(batches, loader, strict=True):
+            assert_same_batch(a, b)
+    lines = [line.split() for line in open(src.log).read().splitlines()]
+    assert {pid for pid, _ in lines} == pids  # both workers decoded their share
+    counts = np.bincount([int(group) for _, group in lines], minlength=src.num_row_groups)
+    # each worker reads every row group of a window: decoded twice unless shared
+    assert counts.tolist() == [1 if share else 2] * src.num_row_groups
+
+
+def _table(block):
+    return pa.table({"block": np.full(1000, block, np.int64), "text": [f"b{block}"] * 1000})
+
+
+@pytest.fixture
+def table():
+    segment = SharedBlocks.create(8)
+    yield segment
+    segment.destroy()
+
+
+def test_a_block_comes_from_shared_memory_and_is_decoded_once(table):
+    blocks, calls = SharedBlocks(table.name, 8), []
+
+    def decode(block):
+        calls.append(block)
+        return _table(block)
+
+    other = SharedBlocks(table.name, 8)  # as another worker sees the table
+    first = blocks.get(5, lambda: decode(5))
+    again = other.get(5, lambda: decode(5))  # published: mapped, not decoded
+    assert calls == [5] and first.equals(_table(5)) and again.equals(_table(5))
+    blocks.close(), other.close()
+
+
+def test_a_stale_slot_is_never_read_as_another_block(table):
+    blocks, calls = SharedBlocks(table.name, 8), []
+
+    def decode(block):
+        calls.append(block)
+        return _table(block)
+
+    for block in (0, 1, 0, 2, 0):  # released each time: the next file may reuse its numbers
+        assert blocks.get(block, lambda: decode(block)).column("block")[0].as_py() == block
+        blocks.release(block)
+    assert calls == [0, 1, 0, 2, 0]
+    blocks.close()
+
+
+def test_short_memory_decodes_privately_and_publishes_nothing(table, monkeypatch):
+    def refuse(fd, size, where):
+        raise jl.errors.SharedMemoryError(f"could not reserve {size} bytes in {where}")
+
+    monkeypatch.setattr(shm, "reserve", refuse)
+    blocks = SharedBlocks(table.name, 8)
+    assert blocks.get(3, lambda: _table(3)).equals(_table(3))
+    assert not np.frombuffer(table.memory, np.int64).any() and not blocks._owned
+    blocks.close()
+
+
+def test_a_worker_holds_at_most_max_owned_files(table, monkeypatch):
+    monkeypatch.setattr(shared_blocks, "MAX_OWNED", 2)
+    blocks = SharedBlocks(table.name, 8)
+    for block in range(5):
+        blocks.get(block, lambda: _table(block))
+    assert sorted(blocks._owned) == [3, 4]
+    calls = []
+    other = SharedBlocks(table.name, 8)
+    other.get(0, lambda: calls.append(0) or _table(0))  # let go: decoded again
+    other.get(4, lambda: calls.append(4) or _table(4))  # still held: mapped
+    assert calls == [0]
+    blocks.close(), other.close()
+
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    from jaxloader.sources.shared_blocks import SharedBlocks
+    blocks = SharedBlocks(sys.argv[1], 8)
+    def decode():
+        print("decoding", flush=True)
+        time.sleep(600)
+    blocks.get(3, decode)
+""")
+
+
+def test_a_decoder_killed_mid_decode_neither_hangs_nor_misleads_the_others(table):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, table.name],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "decoding\n"  # it holds block 3's lock
+        blocks = SharedBlocks(table.name, 8)
+        assert blocks.get(3, lambda: _table(3), wait=False) is None  # being decoded
+        assert blocks.get(4, lambda: _table(4), wait=False).equals(_table(4))
+    finally:
+        holder.kill()
+        holder.wait()
+    # the kernel dropped the dead holder's lock: a wait ends, and this process decodes it
+    assert blocks.get(3, lambda: _table(3)).equals(_table(3))
+    blocks.close()
+
+
+def _memory_files(pid):
+    """The memory files ``pid`` holds open (an mmap may hold a second descriptor of one)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"/memfd:{shm.PREFIX}"):
+            found.add(target)
+    return found
+
+
+def test_no_memory_file_outlives_the_loader_or_the_source(tmp_path):
+    before = len(_memory_files(os.getpid()))
+    src = jl.ParquetSource(write_parts(tmp_path, rows=(300,), group=50))
+    with jl.DataLoader(src, batch_size=32, shuffle=jl.LocalShuffle(window=2), num_workers=2,
+                       process_index=0, process_count=1) as loader:
+        next(iter(loader))
+        assert all(_memory_files(pid) for pid in loader.worker_pids)  # blocks they hold
+    assert len(_memory_files(os.getpid())) == before + 1  # the table, while the source lives
+    del src, loader
+    gc.collect()
+    assert len(_memory_files(os.getpid())) == before
