@@ -177,7 +177,9 @@ def grain_array_record(path: str) -> Callable[[], Iterator]:
 
 
 def memory(gib: float, workers: int = 4, batches: int = 200) -> dict:
-    """Private memory of each worker reading a ``gib`` GiB Parquet file, full shuffle."""
+    """Memory of each worker reading a ``gib`` GiB Parquet file, full shuffle: private
+    (``RssAnon``) and shared (``RssShmem``: row groups other workers decoded, mapped), with the
+    workers sharing what they decode and with each decoding for itself."""
     rows = int(gib * 2**30 / 90)  # ~90 bytes a row on disk: the vector does not compress
     big = tempfile.mkdtemp(prefix="bench_files_big_")
     atexit.register(shutil.rmtree, big, True)
@@ -185,25 +187,33 @@ def memory(gib: float, workers: int = 4, batches: int = 200) -> dict:
     started = time.perf_counter()
     write_parquet(path, rows)
     written = time.perf_counter() - started
-    with jl.DataLoader(jl.ParquetSource(path), batch_size=BATCH, shuffle=True, seed=0,
-                       num_workers=workers, num_epochs=None, process_index=0,
-                       process_count=1) as loader:
-        it = iter(loader)
-        peak = [0] * workers
-        for step in range(batches):
-            next(it)
-            if step % 20 == 19:
-                for w, pid in enumerate(loader.worker_pids):
-                    peak[w] = max(peak[w], _private_kib(pid))
-    size = os.path.getsize(path)
+    report: dict = {"file_bytes": os.path.getsize(path), "rows": rows, "write_s": written,
+                    "batches": batches}
+    for share in (True, False):
+        with jl.DataLoader(jl.ParquetSource(path, share_decoded=share), batch_size=BATCH,
+                           shuffle=True, seed=0, num_workers=workers, num_epochs=None,
+                           process_index=0, process_count=1) as loader:
+            it = iter(loader)
+            peak = {"RssAnon": [0] * workers, "RssShmem": [0] * workers}
+            started = time.perf_counter()
+            for step in range(batches):
+                next(it)
+                if step % 20 == 19:
+                    for w, pid in enumerate(loader.worker_pids):
+                        for field, kib in _status_kib(pid).items():
+                            peak[field][w] = max(peak[field][w], kib)
+            report["shared" if share else "each decoding"] = {
+                "seconds": time.perf_counter() - started,
+                "worker_private_peak_MiB": [p / 1024 for p in peak["RssAnon"]],
+                "worker_shared_peak_MiB": [p / 1024 for p in peak["RssShmem"]]}
     os.remove(path)
-    return {"file_bytes": size, "rows": rows, "write_s": written, "batches": batches,
-            "worker_private_peak_MiB": [p / 1024 for p in peak]}
+    return report
 
 
-def _private_kib(pid: int) -> int:
+def _status_kib(pid: int) -> dict:
     with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+        return {line.split(":")[0]: int(line.split()[1]) for line in f
+                if line.startswith(("RssAnon:", "RssShmem:"))}
 
 
 def take_turns(loaders: dict, rounds: int, count: int = 200, cpu: bool = False) -> dict:

@@ -107,6 +107,9 @@ class ParquetSource:
         self._groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
         rows = [metas[f].row_group(g).num_rows for f, g in self._groups]
         self._starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        # decoded size, as the footers tell it: whether a batch's row groups fit in the cache
+        self._group_bytes = np.array([_decoded_bytes(metas[f].row_group(g), self.columns)
+                                      for f, g in self._groups], dtype=np.int64)
         self._schema_text = str(schema)
         self.cache_bytes = cache_bytes
         self.share_decoded = share_decoded and shm.MEMFD_AVAILABLE
@@ -182,11 +185,16 @@ class ParquetSource:
         local = (indices if order is None else indices[order]) - self._starts[ordered]
         edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(indices)]
         parts: dict[str, list] = {name: [] for name in self.columns}
-        if self._sharing():  # decode first what no other worker is decoding now
-            for a in edges[:-1]:
-                self._fetch(int(ordered[a]), wait=False)
-        for a, b in zip(edges, edges[1:]):  # a run of rows of one row group
-            decoded = self._decoded(int(ordered[a]))
+        runs = ordered[edges[:-1]]
+        # Shared when the batch's row groups fit in the cache (a read-local or file order, or
+        # a full shuffle of a file the cache holds): other workers will read them. A batch
+        # from more (a full shuffle of a large file) decodes for itself: publishing costs a
+        # third of a decode, and the others would rarely find a row group still held.
+        share = self._sharing() and int(self._group_bytes[runs].sum()) <= self.cache_bytes
+        if share and len(runs) > 1:
+            self._fetch_free(runs.tolist())
+        for (a, b), group in zip(zip(edges, edges[1:]), runs.tolist()):  # a run of one group
+            decoded = self._decoded(group, share)
             for name in self.columns:
                 parts[name].append(decoded[name].take(local[a:b], axis=0))
         batch = {name: _join(p, len(indices)) for name, p in parts.items()}
@@ -203,27 +211,42 @@ class ParquetSource:
         """Whether this process reads row groups through the workers' shared blocks."""
         if not self._shared_tried:
             self._shared_tried = True
-            if self._table_name is not None and get_worker_info() is not None:
+            info = get_worker_info()
+            if self._table_name is not None and info is not None and info.num_workers > 1:
                 try:
                     self._shared = SharedBlocks(self._table_name, len(self._groups))
                 except (OSError, ValueError):
                     self._shared = None  # the table is gone: decode privately
         return self._shared is not None
 
-    def _decoded(self, group: int) -> dict[str, Any]:
-        """Row group ``group``'s columns (arrays, or ``_ArrowRows``), from the cache if there."""
-        decoded = self._fetch(group, wait=True)
+    def _fetch_free(self, groups: list[int]) -> None:
+        """Decodes first the row groups of ``groups`` that no other worker is decoding now (the
+        rest are waited for after), as many as half the cache holds: more would evict those
+        fetched first before the batch reads them."""
+        room = self.cache_bytes // 2
+        for group in groups[:_MAX_CACHED_GROUPS // 2]:
+            fetched = self._fetch(group, wait=False)
+            if fetched is not None:
+                room -= sum(_nbytes(c) for c in fetched.values())
+                if room <= 0:
+                    return
+
+    def _decoded(self, group: int, share: bool = True) -> dict[str, Any]:
+        """Row group ``group``'s columns (arrays, or ``_ArrowRows``), from the cache if there;
+        through the shared blocks if ``share`` and this process reads them."""
+        decoded = self._fetch(group, wait=True, share=share)
         assert decoded is not None  # only a fetch that does not wait comes back empty
         return decoded
 
-    def _fetch(self, group: int, wait: bool) -> dict[str, Any] | None:
-        """``_decoded(group)``, or ``None`` if ``wait`` is false and another worker is decoding
-        that row group now."""
+    def _fetch(self, group: int, wait: bool, share: bool = True) -> dict[str, Any] | None:
+        """``_decoded(group, share)``, or ``None`` if ``wait`` is false and another worker is
+        decoding that row group now."""
         cached = self._cache.get(group)
         if cached is not None:
             self._cache.move_to_end(group)
             return cached
-        if self._sharing():
+        shared = share and self._sharing()
+        if shared:
             assert self._shared is not None
             table = self._shared.get(group, lambda: self._read(group), wait)
             if table is None:
@@ -231,7 +254,8 @@ class ParquetSource:
         else:
             table = self._read(group)
         path = self.paths[self._groups[group][0]]
-        decoded = {name: _decode(table.column(name), name, path) for name in self.columns}
+        decoded = {name: _decode(table.column(name), name, path, compact=shared)
+                   for name in self.columns}
         nbytes = sum(_nbytes(c) for c in decoded.values())
         self._cache[group] = decoded
         self._cached_bytes += nbytes
@@ -315,9 +339,19 @@ def _metadata(pq: Any, path: str) -> Any:
         ) from None
 
 
-def _decode(column: Any, name: str, path: str) -> Any:
+def _decoded_bytes(row_group: Any, columns: list[str]) -> int:
+    """The decoded size of ``columns`` of a row group (its footer's uncompressed sizes)."""
+    prefixes = tuple(f"{name}." for name in columns)
+    chunks = (row_group.column(i) for i in range(row_group.num_columns))
+    return sum(chunk.total_uncompressed_size for chunk in chunks
+               if chunk.path_in_schema in columns or chunk.path_in_schema.startswith(prefixes))
+
+
+def _decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
     """One column of a row group: a read-only NumPy array, or ``_ArrowRows`` for strings,
-    bytes and ragged lists."""
+    bytes and ragged lists. A column read from a file is copied into one compact chunk (the
+    reader's buffers hold more than their rows: 190 against 265 MiB a worker, measured); a
+    ``compact`` one (in shared memory) is kept as it is."""
     import pyarrow as pa
 
     if column.null_count:
@@ -325,7 +359,7 @@ def _decode(column: Any, name: str, path: str) -> Any:
             f"ParquetSource: column {name!r} of {path!r} has {column.null_count} null value(s); "
             "fill them when writing the file, or leave the column out with columns="
         )
-    array = column.combine_chunks()
+    array = column.chunk(0) if compact and column.num_chunks == 1 else column.combine_chunks()
     kind = array.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         offsets = _numpy(array.offsets) if not pa.types.is_fixed_size_list(kind) else (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import pytest
 import jaxloader as jl
 from jaxloader.sources import shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
-from jaxloader.workers import shm
+from jaxloader.workers import shm, worker
 from resume_harness import assert_same_batch
 from sources.test_parquet import write_parts
 
@@ -53,6 +54,42 @@ def test_each_row_group_is_decoded_once_across_workers(tmp_path, share):
     counts = np.bincount([int(group) for _, group in lines], minlength=src.num_row_groups)
     # each worker reads every row group of a window: decoded twice unless shared
     assert counts.tolist() == [1 if share else 2] * src.num_row_groups
+
+
+@pytest.fixture
+def as_worker(tmp_path, monkeypatch):
+    """A source of 32 row groups of 16 rows, as a worker of two sees it, with a cache of a few
+    row groups; its decodes logged."""
+    src = _Counting(write_parts(tmp_path, rows=(512,), group=16), cache_bytes=8 << 10)
+    src.log = str(tmp_path / "decodes.log")
+    copy = pickle.loads(pickle.dumps(src))  # the table is made here, as for workers
+    monkeypatch.setattr(worker, "_INFO", worker.WorkerInfo(0, 2, 0))
+    yield copy
+    copy._shared.close()
+    del src
+
+
+def _decodes(src):
+    return [int(line.split()[1]) for line in open(src.log).read().splitlines()]
+
+
+def test_fetching_ahead_stops_at_half_the_cache(as_worker):
+    # what a batch fetches ahead must still be cached when the batch reads it: fetching more
+    # would evict the first before their turn, and they would be decoded twice
+    as_worker._fetch_free(list(range(32)))
+    fetched = _decodes(as_worker)
+    assert 1 < len(fetched) < 32 and set(fetched) <= set(as_worker._cache)
+    assert as_worker._cached_bytes <= as_worker.cache_bytes
+
+
+def test_a_batch_from_more_row_groups_than_the_cache_holds_decodes_privately(as_worker):
+    # a full shuffle of a large file: publishing would cost a third of a decode for nothing
+    spread = np.arange(0, 512, 4)  # every row group
+    assert as_worker.__getitems__(spread)["id"].tolist() == spread.tolist()
+    assert as_worker._sharing() and not as_worker._shared._owned
+    local = np.arange(32, 64)  # two row groups: shared
+    assert as_worker.__getitems__(local)["id"].tolist() == local.tolist()
+    assert sorted(as_worker._shared._owned) == [2, 3]
 
 
 def _table(block):
@@ -170,3 +207,10 @@ def test_no_memory_file_outlives_the_loader_or_the_source(tmp_path):
     del src, loader
     gc.collect()
     assert len(_memory_files(os.getpid())) == before
+
+
+def test_a_lone_worker_decodes_for_itself(tmp_path, monkeypatch):
+    src = jl.ParquetSource(write_parts(tmp_path))
+    copy = pickle.loads(pickle.dumps(src))
+    monkeypatch.setattr(worker, "_INFO", worker.WorkerInfo(0, 1, 0))  # no other to share with
+    assert copy[60]["id"] == 60 and not copy._sharing()
