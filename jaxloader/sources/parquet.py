@@ -39,6 +39,7 @@ import collections
 import hashlib
 import itertools
 import os
+import sys
 import weakref
 from typing import Any, Sequence
 
@@ -414,8 +415,27 @@ class _ArrowRows:
             self._values.flags.writeable = False
         else:
             data = array.buffers()[2]
-            self._data = data.to_pybytes() if data is not None else b""
+            self._data: bytes | str = data.to_pybytes() if data is not None else b""
             self._text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            if self._text:
+                self._as_text()
+
+    def _as_text(self) -> None:
+        """The row group's bytes decoded once into one ``str``, whose slices are the rows: a
+        slice of a ``str`` is made faster than a ``str`` from a slice of bytes. Outside ASCII
+        the offsets are counted again in characters (each byte that starts one)."""
+        raw = self._data
+        assert isinstance(raw, bytes)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return  # rows decoded one by one, as read (an invalid row raises there)
+        if len(text) != len(raw):
+            starts_char = (np.frombuffer(raw, np.uint8) & 0xC0) != 0x80
+            chars = np.concatenate([[0], np.cumsum(starts_char)])
+            self._starts = chars[self._starts]
+        self.nbytes += sys.getsizeof(text) - len(raw)
+        self._data = text
 
     def __getitem__(self, row: int) -> Any:
         return self.take(np.array([row]))[0]
@@ -430,7 +450,7 @@ class _ArrowRows:
             values = self._values
             return [values[a:b] for a, b in pairs]
         data = self._data
-        if self._text:
+        if self._text and isinstance(data, bytes):
             return [str(data[a:b], "utf-8") for a, b in pairs]
         return [data[a:b] for a, b in pairs]
 
