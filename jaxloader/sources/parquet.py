@@ -395,9 +395,10 @@ def _numpy(array: Any) -> np.ndarray:
 
 
 class _ArrowRows:
-    """A column of strings, bytes or ragged lists as the cache keeps it: Arrow's buffers (the
-    row offsets, and the bytes or values they point into), a tenth of the memory of Python
-    objects; objects are made only for the rows read, with no Arrow call."""
+    """A column of strings, bytes or ragged lists as the cache keeps it: the row offsets and
+    what they point into (Arrow's values, the bytes, or for strings the row group's text as one
+    ``str``), a tenth of the memory of Python objects a row; objects are made only for the rows
+    read, with no Arrow call."""
 
     def __init__(self, array: Any, ragged: bool) -> None:
         import pyarrow as pa
