@@ -3,10 +3,10 @@
 ::
 
     main process:  SharedBlocks.create(count) ──> the table (a memory file): a slot per block
-    a worker:      get(block, decode)
+    a worker:      get(block, decode): lock the block's byte of the table, then
                      slot names a live file of this block?  ──> map it (no decode)
-                     else lock the block's byte of the table ──> decode, write it to a new memory
-                          file (Arrow IPC), publish the slot, unlock ──> map it
+                     else decode, write it to a new memory file (Arrow IPC), publish the slot
+                   unlock
 
 Without it every worker decodes every block it reads, and with workers taking turns over a
 read-local order every worker reads every block of a window: N workers decode N times.
@@ -21,11 +21,11 @@ Why it cannot leak or hang:
 - The table belongs to the main process (``Segment``), which workers map.
 - A block is decoded under a POSIX record lock on its byte of the table: the kernel releases it
   when its holder dies, and a holder waits on nothing else, so a wait always ends.
-- A slot is read without the lock, so it is checked: the file must still be open at that pid
-  and descriptor, have that inode, and carry the block's number and the slot's nonce in its
-  header (a descriptor or inode number reused by another file fails one of these). A failed
-  check falls back to the locked path; any OS error, or memory that cannot be reserved, to a
-  private decode.
+- A slot is read under the block's lock (the publisher writes the rows, then the slot, before
+  it unlocks), and checked: the file must still be open at that pid and descriptor, have that
+  inode, and carry the block's number and the slot's nonce in its header (a descriptor or
+  inode number reused by another file fails one of these). A failed check means a decode;
+  memory or descriptors that run short, a private one.
 
 Linux only (memory files); elsewhere each worker keeps its own cache, as in process.
 
@@ -90,13 +90,12 @@ class SharedBlocks:
         """Block ``block`` as an Arrow table over shared memory, decoded by ``decode()`` (which
         returns a ``pyarrow.Table``) only if no worker has it; ``None`` when ``wait`` is false
         and another worker is decoding it now."""
-        found = self._published(block)
-        if found is not None:
-            return found
+        # Read under the lock too: its release and taking order the publisher's writes (the
+        # rows, then the slot) before this read, where a CPU may reorder them (ARM).
         if not self._lock(block, wait):
             return None
         try:
-            found = self._published(block)  # published while this process waited
+            found = self._published(block)
             return found if found is not None else self._publish(block, decode())
         finally:
             fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, block)
