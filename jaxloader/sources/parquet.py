@@ -194,8 +194,13 @@ class ParquetSource:
         share = self._sharing() and int(self._group_bytes[runs].sum()) <= self.cache_bytes
         if share and len(runs) > 1:
             self._fetch_free(runs.tolist())
+        cache = self._cache
         for (a, b), group in zip(zip(edges, edges[1:]), runs.tolist()):  # a run of one group
-            decoded = self._decoded(group, share)
+            decoded = cache.get(group)  # (a full shuffle's batch: ~90 runs of ~3 rows)
+            if decoded is None:
+                decoded = self._decoded(group, share)
+            else:
+                cache.move_to_end(group)
             for name in self.columns:
                 parts[name].append(decoded[name].take(local[a:b], axis=0))
         batch = {name: _join(p, len(indices)) for name, p in parts.items()}
@@ -394,6 +399,10 @@ def _numpy(array: Any) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False))
 
 
+_FEW_ROWS = 16  # up to here a run's offsets are read one by one (measured: 3 rows 0.8 us
+# against 2.7 us for the four NumPy calls; 32 rows 6.9 against 6.3)
+
+
 class _ArrowRows:
     """A column of strings, bytes or ragged lists as the cache keeps it: the row offsets and
     what they point into (Arrow's values, the bytes, or for strings the row group's text as one
@@ -444,9 +453,13 @@ class _ArrowRows:
     def take(self, rows: np.ndarray, axis: int = 0) -> list:
         """The rows ``rows`` as a list of ``str``, ``bytes`` or read-only arrays (``axis`` as
         for a NumPy column: rows only)."""
-        bounds = self._starts[np.concatenate([rows, rows + 1])].tolist()
-        n = len(rows)
-        pairs = zip(bounds[:n], bounds[n:])
+        n, starts = len(rows), self._starts
+        if n <= _FEW_ROWS:  # a full shuffle's runs: NumPy calls cost more than the rows
+            rows_list = rows.tolist()
+            pairs = zip([starts[r] for r in rows_list], [starts[r + 1] for r in rows_list])
+        else:
+            bounds = starts[np.concatenate([rows, rows + 1])].tolist()
+            pairs = zip(bounds[:n], bounds[n:])
         if self.ragged:
             values = self._values
             return [values[a:b] for a, b in pairs]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -130,8 +132,11 @@ def test_strings_bytes_and_lists_come_from_arrows_buffers_row_by_row(tmp_path):
     })
     path = str(tmp_path / "kinds.parquet")
     pq.write_table(table, path, row_group_size=5)
+    whole = str(tmp_path / "kinds-whole.parquet")  # runs longer than _FEW_ROWS: read apart
+    pq.write_table(table, whole, row_group_size=n)
     src, expected = jl.ParquetSource(path), table.to_pylist()
-    for order in (np.arange(n), np.random.default_rng(0).permutation(n)):
+    orders = (np.arange(n), np.random.default_rng(0).permutation(n))
+    for src, order in itertools.product((src, jl.ParquetSource(whole)), orders):
         rows = src.__getitems__(order)
         assert isinstance(rows, list)  # "tokens" is ragged
         for j, row in zip(order, rows):
