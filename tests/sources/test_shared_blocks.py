@@ -50,7 +50,8 @@ def test_each_row_group_is_decoded_once_across_workers(tmp_path, share):
         for a, b in zip(batches, loader, strict=True):
             assert_same_batch(a, b)
     lines = [line.split() for line in open(src.log).read().splitlines()]
-    assert {pid for pid, _ in lines} == pids  # both workers decoded their share
+    decoders = {pid for pid, _ in lines}  # workers only; with sharing, maybe one did it all
+    assert decoders == pids if not share else decoders <= pids
     counts = np.bincount([int(group) for _, group in lines], minlength=src.num_row_groups)
     # each worker reads every row group of a window: decoded twice unless shared
     assert counts.tolist() == [1 if share else 2] * src.num_row_groups
