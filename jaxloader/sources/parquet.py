@@ -19,7 +19,8 @@ worker's private memory. In process, and where memory files are missing, each pr
 for itself.
 
 Columns become NumPy: numbers and booleans arrays, fixed-length lists of numbers one more axis,
-variable-length lists one array per row, strings ``str`` and binary ``bytes`` (object leaves).
+variable-length lists one array per row, strings ``str`` and binary ``bytes`` (object leaves;
+``jaxloader.sources.arrow_columns``).
 Decoded rows are read-only, as an ``ArraySource``'s are. Paths may be remote (``gs://...``):
 they are opened through ``etils.epath`` as Orbax opens checkpoints. Needs ``pyarrow``
 (``pip install "jaxloader[parquet]"``).
@@ -37,15 +38,14 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
 import os
-import sys
 import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
 from jaxloader.errors import ConfigError, SharedMemoryError
+from jaxloader.sources.arrow_columns import decode, join, nbytes_of
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.workers import shm
 from jaxloader.workers.worker import get_worker_info
@@ -203,7 +203,7 @@ class ParquetSource:
                 cache.move_to_end(group)
             for name in self.columns:
                 parts[name].append(decoded[name].take(local[a:b], axis=0))
-        batch = {name: _join(p, len(indices)) for name, p in parts.items()}
+        batch = {name: join(p, len(indices)) for name, p in parts.items()}
         if order is not None:
             restore = np.empty_like(order)
             restore[order] = np.arange(len(order))
@@ -233,12 +233,12 @@ class ParquetSource:
         for group in groups[:_MAX_CACHED_GROUPS // 2]:
             fetched = self._fetch(group, wait=False)
             if fetched is not None:
-                room -= sum(_nbytes(c) for c in fetched.values())
+                room -= sum(nbytes_of(c) for c in fetched.values())
                 if room <= 0:
                     return
 
     def _decoded(self, group: int, share: bool = True) -> dict[str, Any]:
-        """Row group ``group``'s columns (arrays, or ``_ArrowRows``), from the cache if there;
+        """Row group ``group``'s columns (arrays, or ``arrow_columns.ArrowRows``), from the cache if there;
         through the shared blocks if ``share`` and this process reads them."""
         decoded = self._fetch(group, wait=True, share=share)
         assert decoded is not None  # only a fetch that does not wait comes back empty
@@ -260,15 +260,15 @@ class ParquetSource:
         else:
             table = self._read(group)
         path = self.paths[self._groups[group][0]]
-        decoded = {name: _decode(table.column(name), name, path, compact=shared)
+        decoded = {name: decode(table.column(name), name, path, compact=shared)
                    for name in self.columns}
-        nbytes = sum(_nbytes(c) for c in decoded.values())
+        nbytes = sum(nbytes_of(c) for c in decoded.values())
         self._cache[group] = decoded
         self._cached_bytes += nbytes
         while len(self._cache) > 1 and (self._cached_bytes > self.cache_bytes
                                         or len(self._cache) > _MAX_CACHED_GROUPS):
             evicted_group, evicted = self._cache.popitem(last=False)
-            self._cached_bytes -= sum(_nbytes(c) for c in evicted.values())
+            self._cached_bytes -= sum(nbytes_of(c) for c in evicted.values())
             if self._shared is not None:
                 self._shared.release(evicted_group)
         return decoded
@@ -351,139 +351,3 @@ def _decoded_bytes(row_group: Any, columns: list[str]) -> int:
     chunks = (row_group.column(i) for i in range(row_group.num_columns))
     return sum(chunk.total_uncompressed_size for chunk in chunks
                if chunk.path_in_schema in columns or chunk.path_in_schema.startswith(prefixes))
-
-
-def _decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
-    """One column of a row group: a read-only NumPy array, or ``_ArrowRows`` for strings,
-    bytes and ragged lists. A column read from a file is copied into one compact chunk (the
-    reader's buffers hold more than their rows: 190 against 265 MiB a worker, measured); a
-    ``compact`` one (in shared memory) is kept as it is."""
-    import pyarrow as pa
-
-    if column.null_count:
-        raise ValueError(
-            f"ParquetSource: column {name!r} of {path!r} has {column.null_count} null value(s); "
-            "fill them when writing the file, or leave the column out with columns="
-        )
-    array = column.chunk(0) if compact and column.num_chunks == 1 else column.combine_chunks()
-    kind = array.type
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        offsets = _numpy(array.offsets) if not pa.types.is_fixed_size_list(kind) else (
-            np.arange(len(array) + 1) * kind.list_size)
-        lengths = np.diff(offsets)
-        if not (len(lengths) and np.all(lengths == lengths[0])):
-            return _ArrowRows(array, ragged=True)
-        values = _numpy(array.flatten())
-        out = values.reshape(len(array), int(lengths[0]), *values.shape[1:])
-    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
-            kind) or pa.types.is_large_binary(kind):
-        return _ArrowRows(array, ragged=False)
-    else:
-        out = _numpy(array)
-    out.flags.writeable = False
-    return out
-
-
-def _numpy(array: Any) -> np.ndarray:
-    """An Arrow array as NumPy: numbers without nulls as a view of Arrow's buffer. Arrow's own
-    ``to_numpy`` imports pandas where it is installed (27 MiB more in every worker, measured),
-    so it is left for the other types (booleans, dates)."""
-    import pyarrow as pa
-
-    kind = array.type
-    if array.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
-        code = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
-        dtype = np.dtype(f"<{code}{kind.bit_width // 8}")
-        return np.frombuffer(array.buffers()[1], dtype, count=len(array),
-                             offset=array.offset * dtype.itemsize)
-    return np.asarray(array.to_numpy(zero_copy_only=False))
-
-
-_FEW_ROWS = 16  # up to here a run's offsets are read one by one (measured: 3 rows 0.8 us
-# against 2.7 us for the four NumPy calls; 32 rows 6.9 against 6.3)
-
-
-class _ArrowRows:
-    """A column of strings, bytes or ragged lists as the cache keeps it: the row offsets and
-    what they point into (Arrow's values, the bytes, or for strings the row group's text as one
-    ``str``), a tenth of the memory of Python objects a row; objects are made only for the rows
-    read, with no Arrow call."""
-
-    def __init__(self, array: Any, ragged: bool) -> None:
-        import pyarrow as pa
-
-        kind = array.type
-        large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) or (
-            pa.types.is_large_list(kind))
-        width = np.dtype("<i8" if large else "<i4")
-        # row r is [starts[r], starts[r + 1]) of the bytes or values (absolute offsets)
-        self._starts = np.frombuffer(array.buffers()[1], width, count=len(array) + 1,
-                                     offset=array.offset * width.itemsize)
-        self.ragged, self.nbytes = ragged, array.nbytes
-        if ragged:
-            self._values = _numpy(array.values)
-            self._values.flags.writeable = False
-        else:
-            data = array.buffers()[2]
-            self._data: bytes | str = data.to_pybytes() if data is not None else b""
-            self._text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            if self._text:
-                self._as_text()
-
-    def _as_text(self) -> None:
-        """The row group's bytes decoded once into one ``str``, whose slices are the rows: a
-        slice of a ``str`` is made faster than a ``str`` from a slice of bytes. Outside ASCII
-        the offsets are counted again in characters (each byte that starts one)."""
-        raw = self._data
-        assert isinstance(raw, bytes)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return  # rows decoded one by one, as read (an invalid row raises there)
-        if len(text) != len(raw):
-            starts_char = (np.frombuffer(raw, np.uint8) & 0xC0) != 0x80
-            chars = np.concatenate([[0], np.cumsum(starts_char)])
-            self._starts = chars[self._starts]
-        self.nbytes += sys.getsizeof(text) - len(raw)
-        self._data = text
-
-    def __getitem__(self, row: int) -> Any:
-        return self.take(np.array([row]))[0]
-
-    def take(self, rows: np.ndarray, axis: int = 0) -> list:
-        """The rows ``rows`` as a list of ``str``, ``bytes`` or read-only arrays (``axis`` as
-        for a NumPy column: rows only)."""
-        n, starts = len(rows), self._starts
-        if n <= _FEW_ROWS:  # a full shuffle's runs: NumPy calls cost more than the rows
-            rows_list = rows.tolist()
-            pairs = zip([starts[r] for r in rows_list], [starts[r + 1] for r in rows_list])
-        else:
-            bounds = starts[np.concatenate([rows, rows + 1])].tolist()
-            pairs = zip(bounds[:n], bounds[n:])
-        if self.ragged:
-            values = self._values
-            return [values[a:b] for a, b in pairs]
-        data = self._data
-        if self._text and isinstance(data, bytes):
-            return [str(data[a:b], "utf-8") for a, b in pairs]
-        return [data[a:b] for a, b in pairs]
-
-
-def _join(parts: list, n: int) -> np.ndarray:
-    """One column of a batch from its runs: arrays concatenated; lists of objects into an
-    object array (ragged rows one by one: NumPy must not stack rows of equal length)."""
-    if not any(isinstance(p, list) for p in parts):
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-    # a list column ragged in one row group and of one length in another: rows of both
-    values = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
-    out = np.empty(n, dtype=object)
-    if values and isinstance(values[0], np.ndarray):
-        for j, value in enumerate(values):
-            out[j] = value
-    else:
-        out[:] = values
-    return out
-
-
-def _nbytes(column: Any) -> int:
-    return int(column.nbytes)

@@ -104,9 +104,9 @@ def test_the_cache_holds_a_bounded_number_of_row_groups(tmp_path, monkeypatch):
 
 
 def _sizes(src):
-    from jaxloader.sources.parquet import _nbytes
+    from jaxloader.sources.arrow_columns import nbytes_of
 
-    return [sum(_nbytes(c) for c in group.values()) for group in src._cache.values()]
+    return [sum(nbytes_of(c) for c in group.values()) for group in src._cache.values()]
 
 
 def test_ragged_lists_become_one_array_per_row(tmp_path):
