@@ -70,13 +70,12 @@ class SharedBlocks:
     the main process, from ``SharedBlocks.create``)."""
 
     def __init__(self, name: str, count: int) -> None:
-        _, pid, fd_number, inode = name.split(":")
         # The one descriptor of the table in this process, kept: closing any descriptor of a
         # file drops this process's record locks on it.
-        self._fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDWR | os.O_CLOEXEC)
-        if os.fstat(self._fd).st_ino != int(inode):
-            os.close(self._fd)
+        fd = shm.open_memory_file(*shm.memory_file_name(name), os.O_RDWR)
+        if fd is None:
             raise OSError(f"shared blocks {name}: the owner's descriptor names another file")
+        self._fd = fd
         self._map = mmap.mmap(self._fd, count * _SLOT * 8)
         self._slots = np.frombuffer(self._map, np.int64).reshape(count, _SLOT)
         self._owned: dict[int, int] = {}  # block -> descriptor of the file this process made
@@ -126,12 +125,12 @@ class SharedBlocks:
         if pid == 0:
             return None
         try:
-            fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDONLY | os.O_CLOEXEC)
+            fd = shm.open_memory_file(pid, fd_number, inode, os.O_RDONLY)
         except OSError:  # that worker let it go, or is gone
             return None
+        if fd is None:  # the number names another file now
+            return None
         try:
-            if os.fstat(fd).st_ino != inode:
-                return None
             mapping = mmap.mmap(fd, 0, flags=_FLAGS, prot=mmap.PROT_READ, **_UNTRACKED)
         except (OSError, ValueError):
             return None

@@ -204,17 +204,33 @@ def _free(where: str) -> str:
         return "how much was free is unknown"
 
 
+def open_memory_file(pid: int, fd_number: int, inode: int, flags: int) -> int | None:
+    """A descriptor of the memory file that process ``pid`` holds as ``fd_number``, opened with
+    ``flags`` through ``/proc``; ``None`` if that number now names another file (not ``inode``).
+    Raises ``OSError`` if the process or its descriptor is gone."""
+    fd = os.open(f"/proc/{pid}/fd/{fd_number}", flags | os.O_CLOEXEC)
+    if os.fstat(fd).st_ino != inode:
+        os.close(fd)
+        return None
+    return fd
+
+
+def memory_file_name(name: str) -> tuple[int, int, int]:
+    """``(pid, fd_number, inode)`` of a memory file's ``memfd:<pid>:<fd>:<inode>`` name."""
+    _, pid, fd_number, inode = name.split(":")
+    return int(pid), int(fd_number), int(inode)
+
+
 def attach(name: str, size: int) -> mmap.mmap:
     """Maps the owner's segment ``name`` read-write without registering it anywhere."""
     if name.startswith(_MEMFD + ":"):
-        _, pid, fd_number, inode = name.split(":")
-        fd = os.open(f"/proc/{pid}/fd/{fd_number}", os.O_RDWR)
+        fd = open_memory_file(*memory_file_name(name), os.O_RDWR)
+        if fd is None:
+            raise JaxloaderError(
+                f"shared memory {name}: the owner's descriptor now names another file; the "
+                "segment was released before this worker mapped it"
+            )
         try:
-            if os.fstat(fd).st_ino != int(inode):
-                raise JaxloaderError(
-                    f"shared memory {name}: the owner's descriptor {fd_number} now names another "
-                    "file; the segment was released before this worker mapped it"
-                )
             return mmap.mmap(fd, size)
         finally:
             os.close(fd)
