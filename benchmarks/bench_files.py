@@ -177,9 +177,10 @@ def grain_array_record(path: str) -> Callable[[], Iterator]:
 
 
 def memory(gib: float, workers: int = 4, batches: int = 200) -> dict:
-    """Memory of each worker reading a ``gib`` GiB Parquet file, full shuffle: private
-    (``RssAnon``) and shared (``RssShmem``: row groups other workers decoded, mapped), with the
-    workers sharing what they decode and with each decoding for itself."""
+    """Memory of each worker reading a ``gib`` GiB Parquet file, read-locally and with a full
+    shuffle, with the workers sharing what they decode and with each decoding for itself:
+    each worker's private (``RssAnon``) and mapped shared (``RssShmem``) peaks, and what the
+    workers cost together (the sum of their ``Pss``: a shared page counted once in all)."""
     rows = int(gib * 2**30 / 90)  # ~90 bytes a row on disk: the vector does not compress
     big = tempfile.mkdtemp(prefix="bench_files_big_")
     atexit.register(shutil.rmtree, big, True)
@@ -187,25 +188,30 @@ def memory(gib: float, workers: int = 4, batches: int = 200) -> dict:
     started = time.perf_counter()
     write_parquet(path, rows)
     written = time.perf_counter() - started
-    report: dict = {"file_bytes": os.path.getsize(path), "rows": rows, "write_s": written,
-                    "batches": batches}
-    for share in (True, False):
-        with jl.DataLoader(jl.ParquetSource(path, share_decoded=share), batch_size=BATCH,
-                           shuffle=True, seed=0, num_workers=workers, num_epochs=None,
-                           process_index=0, process_count=1) as loader:
-            it = iter(loader)
-            peak = {"RssAnon": [0] * workers, "RssShmem": [0] * workers}
-            started = time.perf_counter()
-            for step in range(batches):
-                next(it)
-                if step % 20 == 19:
-                    for w, pid in enumerate(loader.worker_pids):
-                        for field, kib in _status_kib(pid).items():
-                            peak[field][w] = max(peak[field][w], kib)
-            report["shared" if share else "each decoding"] = {
-                "seconds": time.perf_counter() - started,
-                "worker_private_peak_MiB": [p / 1024 for p in peak["RssAnon"]],
-                "worker_shared_peak_MiB": [p / 1024 for p in peak["RssShmem"]]}
+    report: dict = {"file_bytes": os.path.getsize(path), "rows": rows, "write_s": written}
+    # read-local: enough batches to fill the cache (~150 row groups; a window is 8 of them)
+    for order, shuffle, count in (("read-local", jl.LocalShuffle(), batches * 30),
+                                  ("full shuffle", True, batches)):
+        for share in (True, False):
+            with jl.DataLoader(jl.ParquetSource(path, share_decoded=share), batch_size=BATCH,
+                               shuffle=shuffle, seed=0, num_workers=workers, num_epochs=None,
+                               process_index=0, process_count=1) as loader:
+                it = iter(loader)
+                peak = {"RssAnon": [0] * workers, "RssShmem": [0] * workers}
+                total = 0
+                started = time.perf_counter()
+                for step in range(count):
+                    next(it)
+                    if step % (count // 10) == count // 10 - 1:
+                        for w, pid in enumerate(loader.worker_pids):
+                            for field, kib in _status_kib(pid).items():
+                                peak[field][w] = max(peak[field][w], kib)
+                        total = max(total, sum(_pss_kib(pid) for pid in loader.worker_pids))
+                report[f"{order}, {'shared' if share else 'each decoding'}"] = {
+                    "batches": count, "seconds": time.perf_counter() - started,
+                    "worker_private_peak_MiB": [p / 1024 for p in peak["RssAnon"]],
+                    "worker_shared_peak_MiB": [p / 1024 for p in peak["RssShmem"]],
+                    "workers_pss_peak_MiB": total / 1024}
     os.remove(path)
     return report
 
@@ -214,6 +220,11 @@ def _status_kib(pid: int) -> dict:
     with open(f"/proc/{pid}/status") as f:
         return {line.split(":")[0]: int(line.split()[1]) for line in f
                 if line.startswith(("RssAnon:", "RssShmem:"))}
+
+
+def _pss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
 
 
 def take_turns(loaders: dict, rounds: int, count: int = 200, cpu: bool = False) -> dict:
