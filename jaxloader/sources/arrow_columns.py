@@ -127,20 +127,26 @@ class ArrowRows:
     def take(self, rows: np.ndarray, axis: int = 0) -> list:
         """The rows ``rows`` as a list of ``str``, ``bytes`` or read-only arrays (``axis`` as
         for a NumPy column: rows only)."""
-        n, starts = len(rows), self._starts
-        if n <= _FEW_ROWS:  # a full shuffle's runs: NumPy calls cost more than the rows
-            rows_list = rows.tolist()
-            pairs = zip([starts[r] for r in rows_list], [starts[r + 1] for r in rows_list])
+        return self.take_span(rows, 0, len(rows))
+
+    def take_span(self, rows: np.ndarray, a: int, b: int, plus: np.ndarray | None = None,
+                  listed: list | None = None) -> list:
+        """``take(rows[a:b])``; ``plus`` (``rows + 1``) and ``listed`` (``rows.tolist()``),
+        when given, are computed once for the spans of a batch instead of once a span."""
+        starts = self._starts
+        if b - a <= _FEW_ROWS:  # a full shuffle's runs: NumPy calls cost more than the rows
+            some = (rows.tolist() if listed is None else listed)[a:b]
+            pairs = zip([starts[r] for r in some], [starts[r + 1] for r in some])
         else:
-            bounds = starts[np.concatenate([rows, rows + 1])].tolist()
-            pairs = zip(bounds[:n], bounds[n:])
+            after = rows + 1 if plus is None else plus
+            pairs = zip(starts[rows[a:b]].tolist(), starts[after[a:b]].tolist())
         if self.ragged:
             values = self._values
-            return [values[a:b] for a, b in pairs]
+            return [values[x:y] for x, y in pairs]
         data = self._data
         if self._text and isinstance(data, bytes):
-            return [str(data[a:b], "utf-8") for a, b in pairs]
-        return [data[a:b] for a, b in pairs]
+            return [str(data[x:y], "utf-8") for x, y in pairs]
+        return [data[x:y] for x, y in pairs]
 
 
 def join(parts: list, n: int) -> np.ndarray:

@@ -179,14 +179,15 @@ class ParquetSource:
         """The rows at ``indices`` as a dict of batched columns (each row group decoded once);
         a list of rows when a column holds lists of different lengths."""
         indices = np.asarray(indices, dtype=np.int64)
-        groups = np.searchsorted(self._starts, indices, side="right") - 1
-        in_order = bool(np.all(groups[1:] >= groups[:-1]))  # file order: nothing to put back
-        order = None if in_order else np.argsort(groups, kind="stable")
-        ordered = groups if order is None else groups[order]
-        local = (indices if order is None else indices[order]) - self._starts[ordered]
-        edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(indices)]
-        parts: dict[str, list] = {name: [] for name in self.columns}
-        runs = ordered[edges[:-1]]
+        starts = self._starts
+        groups = starts.searchsorted(indices, side="right") - 1
+        order = None  # file order: nothing to put back
+        if len(groups) > 1 and (groups[1:] < groups[:-1]).any():
+            order = groups.argsort(kind="stable")
+            groups, indices = groups[order], indices[order]
+        local = indices - starts[groups]
+        edges = [0, *((groups[1:] != groups[:-1]).nonzero()[0] + 1).tolist(), len(indices)]
+        runs = groups[edges[:-1]]
         # Shared when the batch's row groups fit in the cache (a read-local or file order, or
         # a full shuffle of a file the cache holds): other workers will read them. A batch
         # from more (a full shuffle of a large file) decodes for itself: publishing costs a
@@ -194,6 +195,11 @@ class ParquetSource:
         share = self._sharing() and int(self._group_bytes[runs].sum()) <= self.cache_bytes
         if share and len(runs) > 1:
             self._fetch_free(runs.tolist())
+        # strings' offsets are read at rows and rows + 1 (as a list for runs of a few rows):
+        # computed once for all the runs
+        plus, listed = local + 1, local.tolist() if len(runs) > 1 else None
+        parts: dict[str, list] = {name: [] for name in self.columns}
+        columns = list(parts.items())
         cache = self._cache
         for (a, b), group in zip(zip(edges, edges[1:]), runs.tolist()):  # a run of one group
             decoded = cache.get(group)  # (a full shuffle's batch: ~90 runs of ~3 rows)
@@ -201,9 +207,14 @@ class ParquetSource:
                 decoded = self._decoded(group, share)
             else:
                 cache.move_to_end(group)
-            for name in self.columns:
-                parts[name].append(decoded[name].take(local[a:b], axis=0))
-        batch = {name: join(p, len(indices)) for name, p in parts.items()}
+            rows = local[a:b]
+            for name, out in columns:
+                column = decoded[name]
+                if type(column) is not np.ndarray:
+                    out.append(column.take_span(local, a, b, plus, listed))
+                else:  # (measured: indexing 0.14 us, take 0.33; rows of 16 values 1.0 and 0.32)
+                    out.append(column[rows] if column.ndim == 1 else column.take(rows, axis=0))
+        batch = {name: join(p, len(indices)) for name, p in columns}
         if order is not None:
             restore = np.empty_like(order)
             restore[order] = np.arange(len(order))

@@ -136,7 +136,12 @@ def test_strings_bytes_and_lists_come_from_arrows_buffers_row_by_row(tmp_path):
     pq.write_table(table, whole, row_group_size=n)
     src, expected = jl.ParquetSource(path), table.to_pylist()
     orders = (np.arange(n), np.random.default_rng(0).permutation(n))
-    for src, order in itertools.product((src, jl.ParquetSource(whole)), orders):
+    mixed = str(tmp_path / "kinds-mixed.parquet")  # a batch of a short run and a long one
+    with pq.ParquetWriter(mixed, table.schema) as writer:  # row groups of 3 and 20 rows
+        writer.write_table(table.slice(0, 3))
+        writer.write_table(table.slice(3))
+    sources = (src, jl.ParquetSource(whole), jl.ParquetSource(mixed))
+    for src, order in itertools.product(sources, orders):
         rows = src.__getitems__(order)
         assert isinstance(rows, list)  # "tokens" is ragged
         for j, row in zip(order, rows):
