@@ -121,6 +121,7 @@ class ParquetSource:
         """What each process keeps for itself: open files and decoded row groups."""
         self._files: dict[int, Any] = {}
         self._cache: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
+        self._sizes: dict[int, int] = {}  # the bytes of each cached row group
         self._cached_bytes = 0
         self._shared: SharedBlocks | None = None
         self._shared_tried = False
@@ -137,7 +138,7 @@ class ParquetSource:
                 self._table_name = table.name
                 weakref.finalize(self, table.destroy)
         state = dict(self.__dict__)
-        for key in ("_files", "_cache", "_cached_bytes", "_shared", "_shared_tried"):
+        for key in ("_files", "_cache", "_sizes", "_cached_bytes", "_shared", "_shared_tried"):
             state.pop(key)
         return state
 
@@ -240,13 +241,15 @@ class ParquetSource:
         """Decodes first the row groups of ``groups`` that no other worker is decoding now (the
         rest are waited for after), as many as half the cache holds: more would evict those
         fetched first before the batch reads them."""
-        room = self.cache_bytes // 2
+        room, cache = self.cache_bytes // 2, self._cache
         for group in groups[:_MAX_CACHED_GROUPS // 2]:
-            fetched = self._fetch(group, wait=False)
-            if fetched is not None:
-                room -= sum(nbytes_of(c) for c in fetched.values())
-                if room <= 0:
-                    return
+            if group in cache:  # (a full shuffle's batch: ~90 row groups, most of them here)
+                cache.move_to_end(group)
+            elif self._fetch(group, wait=False) is None:
+                continue  # another worker is decoding it: read after the others
+            room -= self._sizes[group]
+            if room <= 0:
+                return
 
     def _decoded(self, group: int, share: bool = True) -> dict[str, Any]:
         """Row group ``group``'s columns (arrays, or ``arrow_columns.ArrowRows``), from the cache if there;
@@ -275,11 +278,12 @@ class ParquetSource:
                    for name in self.columns}
         nbytes = sum(nbytes_of(c) for c in decoded.values())
         self._cache[group] = decoded
+        self._sizes[group] = nbytes
         self._cached_bytes += nbytes
         while len(self._cache) > 1 and (self._cached_bytes > self.cache_bytes
                                         or len(self._cache) > _MAX_CACHED_GROUPS):
-            evicted_group, evicted = self._cache.popitem(last=False)
-            self._cached_bytes -= sum(nbytes_of(c) for c in evicted.values())
+            evicted_group, _ = self._cache.popitem(last=False)
+            self._cached_bytes -= self._sizes.pop(evicted_group)
             if self._shared is not None:
                 self._shared.release(evicted_group)
         return decoded
