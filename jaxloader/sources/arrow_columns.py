@@ -134,19 +134,18 @@ class ArrowRows:
         """``take(rows[a:b])``; ``plus`` (``rows + 1``) and ``listed`` (``rows.tolist()``),
         when given, are computed once for the spans of a batch instead of once a span."""
         starts = self._starts
+        data = self._values if self.ragged else self._data
         if b - a <= _FEW_ROWS:  # a full shuffle's runs: NumPy calls cost more than the rows
-            some = (rows.tolist() if listed is None else listed)[a:b]
-            pairs = zip([starts[r] for r in some], [starts[r + 1] for r in some])
+            at = starts.item  # Python ints: slicing by NumPy scalars is slower (0.76 against
+            some = (rows.tolist() if listed is None else listed)[a:b]  # 1.12 us, 3 rows)
+            out = [data[at(r):at(r + 1)] for r in some]
         else:
             after = rows + 1 if plus is None else plus
-            pairs = zip(starts[rows[a:b]].tolist(), starts[after[a:b]].tolist())
-        if self.ragged:
-            values = self._values
-            return [values[x:y] for x, y in pairs]
-        data = self._data
-        if self._text and isinstance(data, bytes):
-            return [str(data[x:y], "utf-8") for x, y in pairs]
-        return [data[x:y] for x, y in pairs]
+            out = [data[x:y] for x, y in zip(starts[rows[a:b]].tolist(),
+                                             starts[after[a:b]].tolist())]
+        if not self.ragged and self._text and isinstance(data, bytes):
+            return [str(row, "utf-8") for row in out]  # text that is not UTF-8 as a whole
+        return out
 
 
 def join(parts: list, n: int) -> np.ndarray:

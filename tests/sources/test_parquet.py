@@ -161,6 +161,21 @@ def test_strings_bytes_and_lists_come_from_arrows_buffers_row_by_row(tmp_path):
     assert batch["text"].tolist() == [texts[3], "", "é"] and batch["raw"][1] == b"\0"
 
 
+def test_text_that_is_not_utf8_as_a_whole_is_decoded_row_by_row(tmp_path):
+    # a string column whose bytes are not valid UTF-8 (Arrow does not check them on write):
+    # the valid rows read, the invalid one raises, in short runs and in long ones
+    texts = [f"row {i} é".encode() for i in range(40)]
+    texts[7] = b"\xff\xfe"
+    path = str(tmp_path / "bad-text.parquet")
+    pq.write_table(pa.table({"t": pa.array(texts, pa.binary()).view(pa.string())}), path)
+    src = jl.ParquetSource(path)
+    valid = np.array([i for i in range(40) if i != 7])
+    for rows in (valid[::-1], valid[:3]):  # one run of 39 rows; one of 3
+        assert src.__getitems__(rows)["t"].tolist() == [texts[i].decode() for i in rows]
+    with pytest.raises(UnicodeDecodeError):
+        src.__getitems__(np.array([3, 7]))
+
+
 def test_another_file_list_is_refused_on_restore(tmp_path):
     paths = write_parts(tmp_path)
     state = jl.DataLoader(jl.ParquetSource(paths), batch_size=8, process_index=0,
