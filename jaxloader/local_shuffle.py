@@ -94,17 +94,24 @@ class BlockOrder:
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
-        windows = np.searchsorted(self._window_starts, positions, side="right") - 1
+        windows = self._window_starts.searchsorted(positions, side="right") - 1
+        if len(windows) and windows.min() == windows.max():  # a sampler's chunk, mostly
+            return self._in_window(int(windows[0]), positions)
         out = np.empty(len(positions), np.int64)
-        for w in np.unique(windows):
+        for w in np.unique(windows).tolist():
             at = windows == w
-            first = int(w) * self._window
-            last = min(first + self._window, len(self._order))
-            start, stop = int(self._at[first]), int(self._at[last])
-            shuffled = start + self._shuffler(int(w), stop - start)(positions[at] - start)
-            block = np.searchsorted(self._at, shuffled, side="right") - 1
-            out[at] = self._starts[self._order[block]] + (shuffled - self._at[block])
+            out[at] = self._in_window(w, positions[at])
         return out
+
+    def _in_window(self, window: int, positions: np.ndarray) -> np.ndarray:
+        """The records at ``positions``, all in window ``window``."""
+        first = window * self._window
+        last = min(first + self._window, len(self._order))
+        at = self._at[first:last + 1]  # where the window's blocks start, and its end
+        start = int(at[0])
+        shuffled = self._shuffler(window, int(at[-1]) - start)(positions - start) + start
+        block = at.searchsorted(shuffled, side="right") - 1  # among the window's blocks only
+        return shuffled + (self._starts[self._order[first:last]] - at[:-1])[block]
 
     def _shuffler(self, window: int, length: int) -> IndexShuffle:
         shuffler = self._shufflers.get(window)
