@@ -188,7 +188,8 @@ class ParquetSource:
             groups, indices = groups[order], indices[order]
         local = indices - starts[groups]
         edges = [0, *((groups[1:] != groups[:-1]).nonzero()[0] + 1).tolist(), len(indices)]
-        runs = groups[edges[:-1]]
+        # no rows: empty columns, of the types the first row group has
+        runs = groups[edges[:-1]] if len(indices) else np.zeros(1, np.int64)
         # Shared when the batch's row groups fit in the cache (a read-local or file order, or
         # a full shuffle of a file the cache holds): other workers will read them. A batch
         # from more (a full shuffle of a large file) decodes for itself: publishing costs a

@@ -44,6 +44,9 @@ def test_rows_in_order_with_numpy_leaves_and_strings(tmp_path):
     batch = src.__getitems__(np.array([127, 3, 60, 4, 90]))
     assert batch["id"].tolist() == [127, 3, 60, 4, 90] and batch["vector"].shape == (5, 16)
     assert batch["text"].tolist() == [src[i]["text"] for i in (127, 3, 60, 4, 90)]
+    empty = src.__getitems__(np.array([], dtype=np.int64))  # no rows: columns of none
+    assert {k: (v.shape, v.dtype) for k, v in empty.items()} == {
+        "id": ((0,), np.int64), "vector": ((0, 16), np.float32), "text": ((0,), object)}
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
