@@ -95,7 +95,7 @@ class BlockOrder:
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
         windows = self._window_starts.searchsorted(positions, side="right") - 1
-        if len(windows) and windows.min() == windows.max():  # a sampler's chunk, mostly
+        if len(windows) and np.ptp(windows) == 0:  # a sampler's chunk, mostly
             return self._in_window(int(windows[0]), positions)
         out = np.empty(len(positions), np.int64)
         for w in np.unique(windows).tolist():

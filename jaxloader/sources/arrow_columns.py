@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -144,7 +144,8 @@ class ArrowRows:
             out = [data[x:y] for x, y in zip(starts[rows[a:b]].tolist(),
                                              starts[after[a:b]].tolist())]
         if not self.ragged and self._text and isinstance(data, bytes):
-            return [str(row, "utf-8") for row in out]  # text that is not UTF-8 as a whole
+            # text that is not UTF-8 as a whole: row by row (an invalid row raises)
+            return [str(row, "utf-8") for row in cast("list[bytes]", out)]
         return out
 
 
