@@ -1,4 +1,4 @@
-"""The exceptions jaxloader raises.
+"""The exceptions jaxloader raises, and its one warning.
 
 Every error says what was expected, what came instead, where (step, record position, leaf path)
 and what to do. They derive from the builtin a user would catch anyway (``ValueError`` for bad
@@ -47,3 +47,8 @@ class SharedMemoryError(JaxloaderError, MemoryError):
     what to do. Raised where the memory is asked for (at construction for a shared source, at
     the batch that needs a bigger slot), never as a SIGBUS during a copy.
     """
+
+
+class PerformanceWarning(UserWarning):
+    """A configuration that works but reads far slower than it could: what, by how much, and
+    the remedy (e.g. a file source's cache smaller than what its shuffle reads at once)."""

@@ -114,6 +114,10 @@ class DataLoader(LoaderLifecycle):
                                      seed=seed, last_batch=last_batch,
                                      process_index=process_index, process_count=process_count,
                                      num_workers=num_workers)
+        for part in (source, *getattr(source, "sources", ())):  # a file source's cache
+            check_order = getattr(part, "check_order", None)  # against what the order reads
+            if check_order is not None:
+                check_order(shuffle)
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
         self._putter = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -210,6 +211,40 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
     with pytest.raises(ValueError, match="column 'x' of .*nulls.parquet' has 1 null"):
         jl.ParquetSource(str(nulls))[0]
+
+
+def test_a_cache_smaller_than_what_the_order_reads_at_once_warns(tmp_path):
+    paths = write_parts(tmp_path)  # 10 row groups of up to 16 rows
+    sizes = jl.ParquetSource(paths)._group_bytes
+    two = int(np.sort(sizes)[-2:].sum())  # the two largest row groups, decoded
+
+    def warned(source, shuffle):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jl.DataLoader(source, batch_size=8, shuffle=shuffle, process_index=0,
+                          process_count=1)
+        slow = [w for w in caught if w.category is jl.PerformanceWarning]
+        assert all(w.filename == __file__ for w in slow)  # points at the DataLoader(...) line
+        return [str(w.message) for w in slow]
+
+    small = jl.ParquetSource(paths, cache_bytes=two - 1)
+    message, = warned(small, jl.LocalShuffle(window=2))
+    assert f"cache_bytes={two - 1:,}" in message and f"at least {two:,}" in message
+    assert "up to 2 row group(s) at a time" in message and "smaller window" in message
+    assert warned(jl.ParquetSource(paths, cache_bytes=two), jl.LocalShuffle(window=2)) == []
+    assert warned(small, False) == []  # file order: one row group at a time
+    message, = warned(small, True)
+    assert "full shuffle" in message and f"at least {int(sizes.sum()):,}" in message
+    assert "LocalShuffle(window=8)" in message
+    assert warned(jl.ParquetSource(paths, cache_bytes=int(sizes.sum())), True) == []
+    # blocks of records straddle row groups: a window of 2 blocks of 20 rows reads up to 6
+    six, blocks = int(np.sort(sizes)[-6:].sum()), jl.LocalShuffle(window=2, block_size=20)
+    message, = warned(jl.ParquetSource(paths, cache_bytes=six - 1), blocks)
+    assert "up to 6 row group(s) at a time" in message
+    assert warned(jl.ParquetSource(paths, cache_bytes=six), blocks) == []
+    # a file source within a mixture is read in the mixture's order
+    mixed = jl.mix([small, jl.ArraySource({"id": np.arange(5)})], [0.5, 0.5])
+    assert len(warned(mixed, True)) == 1 and warned(mixed, False) == []
 
 
 def test_gs_paths_are_read_through_epath_in_process_and_in_workers(gcs):
