@@ -26,7 +26,7 @@ from jaxloader.errors import ConfigError
 from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.mixture import Mixture, MixtureSampler
 from jaxloader.sampling import Order, Sampler
-from jaxloader.sources import check_source, huggingface
+from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.state import check_state, make_state
 from jaxloader.transforms import split_transforms
 
@@ -40,7 +40,9 @@ class DataLoader(LoaderLifecycle):
             ``batch_size * process_count``.
         shuffle: reshuffle every epoch with an O(1)-memory index shuffle; or
             ``LocalShuffle(window=8)``: shuffle blocks of neighbouring records (a Parquet
-            file's row groups) and records within windows of blocks, for data in files.
+            file's row groups) and records within windows of blocks, for data in files. A
+            ``ParquetSource`` whose cache holds less than the order reads at once warns
+            (``PerformanceWarning``).
         seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
         transforms: ``Map``/``RandomMap`` (per record), then ``BatchMap`` (per batch).
         num_workers: worker processes; 0 makes batches in the main process.
@@ -114,8 +116,9 @@ class DataLoader(LoaderLifecycle):
                                      seed=seed, last_batch=last_batch,
                                      process_index=process_index, process_count=process_count,
                                      num_workers=num_workers)
-        for part in (source, *getattr(source, "sources", ())):  # a file source's cache
-            check_order = getattr(part, "check_order", None)  # against what the order reads
+        parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
+        for part in (source, *parts):  # a file source's cache against what the order reads
+            check_order = getattr(part, "check_order", None)
             if check_order is not None:
                 check_order(shuffle)
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
