@@ -70,7 +70,7 @@ def numpy_of(array: Any) -> np.ndarray:
         dtype = np.dtype(f"<{code}{kind.bit_width // 8}")
         return np.frombuffer(array.buffers()[1], dtype, count=len(array),
                              offset=array.offset * dtype.itemsize)
-    return np.asarray(array.tonumpy_of(zero_copy_only=False))
+    return np.asarray(array.to_numpy(zero_copy_only=False))
 
 
 _FEW_ROWS = 16  # up to here a run's offsets are read one by one (measured: 3 rows 0.8 us

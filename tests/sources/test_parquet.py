@@ -165,6 +165,40 @@ def test_strings_bytes_and_lists_come_from_arrows_buffers_row_by_row(tmp_path):
     assert batch["text"].tolist() == [texts[3], "", "é"] and batch["raw"][1] == b"\0"
 
 
+def test_booleans_dates_times_categories_and_decimals_read_as_arrows_numpy_gives_them(tmp_path):
+    # the columns that are not numbers, strings or lists go through Arrow's own conversion
+    import datetime
+    import decimal
+
+    n = 7
+    table = pa.table({
+        "flag": [i % 3 == 0 for i in range(n)],
+        "day": pa.array([datetime.date(2024, 1, 1 + i) for i in range(n)]),
+        "at": pa.array([datetime.datetime(2024, 1, 1, 0, 0, i) for i in range(n)]),
+        "flags": [[i % 2 == 0, True] for i in range(n)],
+        "kind": pa.array(["cat", "dog", "cat", "emu", "dog", "cat", "emu"]).dictionary_encode(),
+        "half": pa.array(np.arange(n, dtype=np.float16)),
+        "price": pa.array([decimal.Decimal(f"{i}.25") for i in range(n)]),
+    })
+    path = str(tmp_path / "kinds.parquet")
+    pq.write_table(table, path, row_group_size=3)
+    order = np.array([6, 0, 4, 1, 5, 2, 3])
+    batch = jl.ParquetSource(path).__getitems__(order)
+    for name in table.column_names:
+        want = table.column(name).to_numpy(zero_copy_only=False)
+        if want.dtype == object and isinstance(want[0], np.ndarray):
+            want = np.stack(want)
+        assert batch[name].dtype == want.dtype, name
+        np.testing.assert_array_equal(batch[name], want[order], err_msg=name)
+    assert batch["flag"].dtype == bool and batch["day"].dtype == np.dtype("datetime64[D]")
+    assert batch["kind"].tolist() == [table.column("kind")[int(i)].as_py() for i in order]
+    with jl.DataLoader(jl.ParquetSource(path), batch_size=n, num_workers=2,
+                       process_index=0, process_count=1) as loader:
+        (got,) = list(loader)
+    np.testing.assert_array_equal(got["at"], table.column("at").to_numpy())
+    assert got["flags"].shape == (n, 2) and got["price"][1] == decimal.Decimal("1.25")
+
+
 def test_text_that_is_not_utf8_as_a_whole_is_decoded_row_by_row(tmp_path):
     # a string column whose bytes are not valid UTF-8 (Arrow does not check them on write):
     # the valid rows read, the invalid one raises, in short runs and in long ones
