@@ -147,6 +147,9 @@ class ParquetSource:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset_process_state()
+        # A worker unpickles its source as it starts: pyarrow's import (~0.2 s) happens then,
+        # while the main process makes its model, not in the first batch.
+        _pyarrow_parquet()
 
     def __len__(self) -> int:
         return int(self._starts[-1])

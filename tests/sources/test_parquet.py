@@ -321,3 +321,20 @@ def test_a_worker_decodes_without_pandas_or_epath(tmp_path):
         batches = list(loader)
     assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(128))
     assert not any(b["pandas"].any() or b["epath"].any() for b in batches)
+
+
+def test_a_worker_imports_pyarrow_as_it_starts_not_in_its_first_batch(tmp_path):
+    # the import (~0.2 s) overlaps what the main process does before its first batch
+    folder = str(tmp_path)
+
+    def note(worker_id):  # made here: crosses by value, importing nothing (not this module)
+        import sys
+
+        with open(f"{folder}/worker-{worker_id}", "w") as f:
+            f.write(str("pyarrow.parquet" in sys.modules))
+
+    paths = write_parts(tmp_path)
+    with jl.DataLoader(jl.ParquetSource(paths), batch_size=32, num_workers=2,
+                       worker_init_fn=note, process_index=0, process_count=1) as loader:
+        assert len(list(loader)) == 4
+    assert [(tmp_path / f"worker-{i}").read_text() for i in range(2)] == ["True", "True"]
