@@ -14,8 +14,12 @@ Cases, batch 256, rows of an int64 id, a float32[16] vector and a short string:
   shuffled, ``mp_prefetch`` with 2 workers.
 - A mixture of 3 in-memory sources (0.5/0.3/0.2) against one ``ArraySource`` of the same rows.
 
-The loaders take turns over ``--rounds`` rounds (a fresh iterator each, warm-up, a timed
-stretch); the table gives median rows/s and ratios.
+The loaders take turns over ``--rounds`` rounds; the table gives median rows/s and ratios.
+Parquet: each turn is one whole pass over the file from a fresh reader (a new
+``ParquetSource``: nothing decoded yet), so every row group is decoded once inside the timed
+span, as in a first epoch, whatever the order; jaxloader's workers finish starting before the
+timer starts (the time to the first batch is reported apart). ArrayRecord and the mixture
+(nothing decoded ahead): a fresh iterator, a warm-up, a timed stretch.
 """
 
 from __future__ import annotations
@@ -124,6 +128,57 @@ def jaxloader_iter(source, shuffle, workers=WORKERS, transforms=()) -> Callable[
     return make
 
 
+def one_pass(make: Callable[[], Iterator], cpu: list | None = None,
+             first: list | None = None) -> float:
+    """Rows a second over the whole of ``make()``'s iterator (one pass of the file); appends
+    the CPU a batch (us) to ``cpu`` and the seconds to the first batch to ``first``. A
+    stretch after a warm-up would leave out what a read-local or full shuffle decodes first
+    (its window, or every row group), and the decoding of rows read before."""
+    it = make()
+    start, used, rows, batches = time.perf_counter(), cpu_seconds(make), 0, 0
+    for batch in it:
+        if not batches and first is not None:
+            first.append(time.perf_counter() - start)
+        rows, batches = rows + len(batch["id"]), batches + 1
+    elapsed = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append((cpu_seconds(make) - used) / batches * 1e6)
+    return rows / elapsed
+
+
+def jaxloader_pass(path: str, shuffle, workers=WORKERS, **options) -> Callable[[], Iterator]:
+    """A fresh ``ParquetSource(path, **options)`` and loader over one epoch; returns once
+    its workers have started (their imports are not the reading measured)."""
+    holder: dict = {}
+
+    def make() -> Iterator:
+        if "loader" in holder:
+            holder.pop("loader").close()
+        loader = holder["loader"] = jl.DataLoader(
+            jl.ParquetSource(path, **options), batch_size=BATCH, shuffle=shuffle, seed=0,
+            num_workers=workers, num_epochs=1, process_index=0, process_count=1)
+        _settle(getattr(loader._engine, "pids", []))
+        return iter(loader)
+    make.holder = holder  # type: ignore[attr-defined]
+    return make
+
+
+def _settle(pids: list, quiet: int = 3, limit: float = 20.0) -> None:
+    """Waits until ``pids`` use no CPU for ``quiet`` polls of 0.1 s (workers started)."""
+    def ticks() -> int:
+        total = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total
+    last, still, deadline = ticks(), 0, time.monotonic() + limit
+    while pids and still < quiet and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = ticks()
+        still, last = (still + 1 if now == last else 0), now
+
+
 def grain_parquet(path: str) -> Callable[[], Iterator]:
     import grain
 
@@ -227,23 +282,28 @@ def _pss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
 
 
-def take_turns(loaders: dict, rounds: int, count: int = 200, cpu: bool = False) -> dict:
+def take_turns(loaders: dict, rounds: int, count: int = 200, cpu: bool = False,
+               passes: bool = False) -> dict:
     """Each loader ``rounds`` times, in turns; with ``cpu``, also the CPU a batch (jaxloader
-    only: the process and its workers)."""
+    only: the process and its workers); with ``passes``, each turn is ``one_pass``."""
     rates: dict = {name: [] for name in loaders}
     used: dict = {name: [] for name in loaders}
+    firsts: dict = {name: [] for name in loaders}
     names = list(loaders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            rates[name].append(rows_per_second(loaders[name], count=count,
-                                               cpu=used[name] if cpu else None))
+            spent = used[name] if cpu else None
+            rates[name].append(one_pass(loaders[name], spent, firsts[name]) if passes else
+                               rows_per_second(loaders[name], count=count, cpu=spent))
     for make in loaders.values():
         holder = getattr(make, "holder", {})
         if "loader" in holder:
             holder.pop("loader").close()
     return {name: {"median": statistics.median(v), "all": v,
                    **({"cpu_us_median": statistics.median(used[name]), "cpu_us": used[name]}
-                      if cpu else {})} for name, v in rates.items()}
+                      if cpu else {}),
+                   **({"first_batch_s": firsts[name]} if passes else {})}
+            for name, v in rates.items()}
 
 
 def main() -> None:
@@ -270,25 +330,23 @@ def main() -> None:
     results = {}
     if "parquet" in only:
         write_parquet(parquet, args.rows)
-        source = jl.ParquetSource(parquet)
-        private = jl.ParquetSource(parquet, share_decoded=False)  # as before shared blocks
         results["parquet"] = take_turns({
-            "jaxloader LocalShuffle(window=8), 2 workers": jaxloader_iter(
-                source, jl.LocalShuffle()),
-            "jaxloader full shuffle, 2 workers": jaxloader_iter(source, True),
-            "jaxloader file order, 2 workers": jaxloader_iter(source, False),
-            "jaxloader LocalShuffle(window=8), 2 workers, each decoding": jaxloader_iter(
-                private, jl.LocalShuffle()),
-            "jaxloader full shuffle, 2 workers, each decoding": jaxloader_iter(private, True),
-            # on 2 cores the main process alone outruns 2 workers here (docs/benchmarks.md)
-            "jaxloader LocalShuffle(window=8), in process": jaxloader_iter(
-                source, jl.LocalShuffle(), workers=0),
-            "jaxloader file order, in process": jaxloader_iter(source, False, workers=0),
+            "jaxloader LocalShuffle(window=8), 2 workers": jaxloader_pass(
+                parquet, jl.LocalShuffle()),
+            "jaxloader full shuffle, 2 workers": jaxloader_pass(parquet, True),
+            "jaxloader file order, 2 workers": jaxloader_pass(parquet, False),
+            "jaxloader LocalShuffle(window=8), 2 workers, each decoding": jaxloader_pass(
+                parquet, jl.LocalShuffle(), share_decoded=False),
+            "jaxloader full shuffle, 2 workers, each decoding": jaxloader_pass(
+                parquet, True, share_decoded=False),
+            "jaxloader LocalShuffle(window=8), in process": jaxloader_pass(
+                parquet, jl.LocalShuffle(), workers=0),
+            "jaxloader file order, in process": jaxloader_pass(parquet, False, workers=0),
             "grain ParquetIterDataset, file order": grain_parquet(parquet),
             "datasets, file order": hf_batches(parquet, shuffled=False),
             "datasets, shuffled batches": hf_batches(parquet, shuffled=True),
             "ceiling: one bare process, pyarrow row groups -> NumPy + str": bare_parquet(parquet),
-        }, args.rounds, cpu=True)
+        }, args.rounds, cpu=True, passes=True)
     if "array_record" in only:
         write_array_record(records, args.rows)
         results["array_record"] = take_turns({
@@ -303,9 +361,12 @@ def main() -> None:
         first = next(iter(rates.values()))["median"]
         print(f"\n{case}")
         print(table([(name, f"{r['median']:,.0f}", f"{first / r['median']:.2f}",
-                      f"{r['cpu_us_median']:.0f}" if "cpu_us_median" in r else "-")
+                      f"{r['cpu_us_median']:.0f}" if "cpu_us_median" in r else "-",
+                      f"{statistics.median(r['first_batch_s']):.2f}"
+                      if "first_batch_s" in r else "-")
                      for name, r in rates.items()],
-                    ("loader", "rows/s (median)", "first row / this", "CPU us a batch")))
+                    ("loader", "rows/s (median)", "first row / this", "CPU us a batch",
+                     "s to the first batch")))
     print("saved", save("files", {"machine": machine(), "rows": args.rows, **results}))
 
 
