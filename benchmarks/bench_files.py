@@ -105,12 +105,18 @@ def rows_per_second(make: Callable[[], Iterator], warmup: int = 10, count: int =
 
 def cpu_seconds(make: Callable[[], Iterator]) -> float:
     """CPU time so far of this process and of a jaxloader's worker processes (/proc)."""
-    total = time.process_time()
     loader = getattr(make, "holder", {}).get("loader")
-    for pid in getattr(getattr(loader, "_engine", None), "pids", []):  # a pool's property
+    pids = getattr(getattr(loader, "_engine", None), "pids", [])  # a pool's property
+    return time.process_time() + _ticks(pids) / os.sysconf("SC_CLK_TCK")
+
+
+def _ticks(pids: list) -> int:
+    """CPU time of processes ``pids`` (user and system), in clock ticks (/proc)."""
+    total = 0
+    for pid in pids:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total += int(fields[11]) + int(fields[12])
     return total
 
 
@@ -165,17 +171,10 @@ def jaxloader_pass(path: str, shuffle, workers=WORKERS, **options) -> Callable[[
 
 def _settle(pids: list, quiet: int = 3, limit: float = 20.0) -> None:
     """Waits until ``pids`` use no CPU for ``quiet`` polls of 0.1 s (workers started)."""
-    def ticks() -> int:
-        total = 0
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total
-    last, still, deadline = ticks(), 0, time.monotonic() + limit
+    last, still, deadline = _ticks(pids), 0, time.monotonic() + limit
     while pids and still < quiet and time.monotonic() < deadline:
         time.sleep(0.1)
-        now = ticks()
+        now = _ticks(pids)
         still, last = (still + 1 if now == last else 0), now
 
 
