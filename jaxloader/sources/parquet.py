@@ -18,8 +18,9 @@ read every row group of a window). Decoded rows then live in shared memory, not 
 worker's private memory. In process, and where memory files are missing, each process decodes
 for itself.
 
-Columns become NumPy: numbers and booleans arrays, fixed-length lists of numbers one more axis,
-variable-length lists one array per row, strings ``str`` and binary ``bytes`` (object leaves;
+Columns become NumPy: numbers and booleans arrays, dates and times ``datetime64``,
+fixed-length lists of numbers one more axis, variable-length lists one array per row, strings
+(dictionary-encoded too) ``str``, binary ``bytes`` and decimals ``Decimal`` (object leaves;
 ``jaxloader.sources.arrow_columns``).
 Decoded rows are read-only, as an ``ArraySource``'s are. Paths may be remote (``gs://...``):
 they are opened through ``etils.epath`` as Orbax opens checkpoints. Needs ``pyarrow``
