@@ -3,7 +3,7 @@
 ::
 
     Arrow column ──decode──> a read-only NumPy array (numbers: a view of Arrow's buffer;
-                             fixed-length lists: one more axis)
+                             lists of one length: one more axis a depth)
                          └─> ArrowRows (strings, bytes, ragged lists: the row offsets and what
                              they point into) ──take(rows)──> str / bytes / arrays, rows only
     runs of one batch ──join──> one column
@@ -32,30 +32,59 @@ def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
     bytes and ragged lists. A column read from a file is copied into one compact chunk (the
     reader's buffers hold more than their rows: 190 against 265 MiB a worker, measured); a
     ``compact`` one (in shared memory) is kept as it is."""
-    import pyarrow as pa
-
-    if column.null_count:
+    array = column.chunk(0) if compact and column.num_chunks == 1 else column.combine_chunks()
+    nulls = array.null_count
+    where = "" if nulls else " inside its lists"
+    nulls = nulls or _nested_nulls(array)
+    if nulls:
         raise ValueError(
-            f"ParquetSource: column {name!r} of {path!r} has {column.null_count} null value(s); "
+            f"ParquetSource: column {name!r} of {path!r} has {nulls} null value(s){where}; "
             "fill them when writing the file, or leave the column out with columns="
         )
-    array = column.chunk(0) if compact and column.num_chunks == 1 else column.combine_chunks()
+    out = _decode_array(array)
+    if isinstance(out, np.ndarray):
+        out.flags.writeable = False
+    return out
+
+
+def _is_list(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or (
+        pa.types.is_fixed_size_list(kind))
+
+
+def _nested_nulls(array: Any) -> int:
+    """The nulls among a list column's values, at any depth (a null there would turn integers
+    into floats in Arrow's conversion, in the row groups that hold one)."""
+    count = 0
+    while _is_list(array.type):
+        array = array.flatten()  # the rows' values only (a slice's, not its whole buffer)
+        count += array.null_count
+    return count
+
+
+def _decode_array(array: Any) -> Any:
+    """``decode`` of one Arrow array with no nulls: lists of one length at every depth become
+    one axis a depth (a list of lists of 3 numbers, 2 a row: rows of shape (2, 3))."""
+    import pyarrow as pa
+
     kind = array.type
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+    if _is_list(kind):
         offsets = numpy_of(array.offsets) if not pa.types.is_fixed_size_list(kind) else (
             np.arange(len(array) + 1) * kind.list_size)
         lengths = np.diff(offsets)
         if not (len(lengths) and np.all(lengths == lengths[0])):
             return ArrowRows(array, ragged=True)
-        values = numpy_of(array.flatten())
-        out = values.reshape(len(array), int(lengths[0]), *values.shape[1:])
-    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
+        inner = array.flatten()
+        values = _decode_array(inner) if _is_list(inner.type) else None
+        if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
+            values = numpy_of(inner)
+        return values.reshape(len(array), int(lengths[0]), *values.shape[1:])
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
         return ArrowRows(array, ragged=False)
-    else:
-        out = numpy_of(array)
-    out.flags.writeable = False
-    return out
+    return numpy_of(array)
 
 
 def numpy_of(array: Any) -> np.ndarray:
@@ -153,8 +182,12 @@ def join(parts: list, n: int) -> np.ndarray:
     """One column of a batch from its runs: arrays concatenated; lists of objects into an
     object array (ragged rows one by one: NumPy must not stack rows of equal length)."""
     if not any(isinstance(p, list) for p in parts):
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-    # a list column ragged in one row group and of one length in another: rows of both
+        if len(parts) == 1:
+            return parts[0]
+        if len({(p.shape[1:], p.dtype.hasobject) for p in parts}) == 1:
+            return np.concatenate(parts)
+    # a list column ragged in one row group and of one length in another, or of one length
+    # in each but not the same: rows of both
     values = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
     out = np.empty(n, dtype=object)
     if values and isinstance(values[0], np.ndarray):

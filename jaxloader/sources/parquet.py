@@ -19,9 +19,10 @@ worker's private memory. In process, and where memory files are missing, each pr
 for itself.
 
 Columns become NumPy: numbers and booleans arrays, dates and times ``datetime64``,
-fixed-length lists of numbers one more axis, variable-length lists one array per row, strings
-(dictionary-encoded too) ``str``, binary ``bytes`` and decimals ``Decimal`` (object leaves;
-``jaxloader.sources.arrow_columns``).
+lists of numbers of one length one more axis (lists of such lists one more a depth),
+variable-length lists one array per row, strings (dictionary-encoded too) ``str``, binary
+``bytes`` and decimals ``Decimal`` (object leaves; ``jaxloader.sources.arrow_columns``). A
+null, at the top of a column or inside its lists, raises naming the column and the file.
 Decoded rows are read-only, as an ``ArraySource``'s are. Paths may be remote (``gs://...``):
 they are opened through ``etils.epath`` as Orbax opens checkpoints. Needs ``pyarrow``
 (``pip install "jaxloader[parquet]"``).

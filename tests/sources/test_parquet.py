@@ -165,6 +165,47 @@ def test_strings_bytes_and_lists_come_from_arrows_buffers_row_by_row(tmp_path):
     assert batch["text"].tolist() == [texts[3], "", "é"] and batch["raw"][1] == b"\0"
 
 
+def test_lists_of_lists_of_one_length_become_one_axis_a_depth(tmp_path):
+    # a list of 2 lists of 3 numbers a row: rows of shape (2, 3), in process and in workers;
+    # inner lists of other lengths in one row group: that group's rows are arrays of arrays
+    n = 10
+    table = pa.table({
+        "grid": pa.array([[[i, i + 1, i + 2], [-i, 0, i]] for i in range(n)],
+                         pa.list_(pa.list_(pa.int32()))),
+        "fixed": pa.array([[[float(i)] * 2] * 3 for i in range(n)],
+                          pa.list_(pa.list_(pa.float32(), 2), 3)),
+    })
+    path = str(tmp_path / "grid.parquet")
+    pq.write_table(table, path, row_group_size=4)
+    src, order = jl.ParquetSource(path), np.array([9, 0, 5, 1, 2, 8, 3, 4, 7, 6])
+    batch = src.__getitems__(order)
+    assert batch["grid"].dtype == np.int32 and batch["grid"].shape == (n, 2, 3)
+    assert batch["fixed"].dtype == np.float32 and batch["fixed"].shape == (n, 3, 2)
+    assert batch["grid"].tolist() == [table.column("grid")[int(i)].as_py() for i in order]
+    assert src[3]["fixed"].tolist() == [[3.0, 3.0]] * 3 and not src[3]["grid"].flags.writeable
+    with jl.DataLoader(src, batch_size=5, shuffle=jl.LocalShuffle(window=2), num_workers=2,
+                       process_index=0, process_count=1) as loader:
+        got = list(loader)
+    assert {b["grid"].shape for b in got} == {(5, 2, 3)}
+    ragged_inner = str(tmp_path / "ragged-inner.parquet")
+    pq.write_table(pa.table({"g": pa.array([[[1, 2], [3]], [[4], [5, 6]]])}), ragged_inner)
+    rows = jl.ParquetSource(ragged_inner).__getitems__(np.array([1, 0]))
+    assert [[x.tolist() for x in r["g"]] for r in rows] == [[[4], [5, 6]], [[1, 2], [3]]]
+
+
+def test_lists_of_one_length_a_row_group_but_another_in_the_next_read_as_rows(tmp_path):
+    # each row group's lists are of one length (one array a group) but not the same length:
+    # a batch over both gets rows, as for ragged lists (it raised from np.concatenate)
+    path = str(tmp_path / "uneven.parquet")
+    pq.write_table(pa.table({"t": [[1, 2], [3, 4], [5, 6, 7], [8, 9, 10]]}), path,
+                   row_group_size=2)
+    rows = jl.ParquetSource(path).__getitems__(np.array([3, 0, 2]))
+    assert [r["t"].tolist() for r in rows] == [[8, 9, 10], [1, 2], [5, 6, 7]]
+    with jl.DataLoader(jl.ParquetSource(path), batch_size=2, process_index=0,
+                       process_count=1) as loader:
+        assert [b["t"].shape for b in loader] == [(2, 2), (2, 3)]
+
+
 def test_booleans_dates_times_categories_and_decimals_read_as_arrows_numpy_gives_them(tmp_path):
     # the columns that are not numbers, strings or lists go through Arrow's own conversion
     import datetime
@@ -244,6 +285,10 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     nulls = tmp_path / "nulls.parquet"
     pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
     with pytest.raises(ValueError, match="column 'x' of .*nulls.parquet' has 1 null"):
+        jl.ParquetSource(str(nulls))[0]
+    # a null inside a list of numbers would turn its row group's integers into floats
+    pq.write_table(pa.table({"x": pa.array([[1, 2], [3, None]])}), nulls)
+    with pytest.raises(ValueError, match="'x' of .*nulls.parquet' has 1 null value.* inside"):
         jl.ParquetSource(str(nulls))[0]
 
 
