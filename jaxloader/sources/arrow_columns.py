@@ -6,6 +6,7 @@
                              lists of one length: one more axis a depth)
                          └─> ArrowRows (strings, bytes, ragged lists: the row offsets and what
                              they point into) ──take(rows)──> str / bytes / arrays, rows only
+                         └─> ArrowStruct (structs: each field decoded as a column) ──> dicts
     runs of one batch ──join──> one column
 
 No pyarrow call is made a batch, and none that imports pandas (pyarrow's ``to_numpy``,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import Any, cast
+from typing import Any, Iterator, cast
 
 import numpy as np
 
@@ -33,18 +34,7 @@ def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
     reader's buffers hold more than their rows: 190 against 265 MiB a worker, measured); a
     ``compact`` one (in shared memory) is kept as it is."""
     array = column.chunk(0) if compact and column.num_chunks == 1 else column.combine_chunks()
-    nulls = array.null_count
-    where = "" if nulls else " inside its lists"
-    nulls = nulls or _nested_nulls(array)
-    if nulls:
-        raise ValueError(
-            f"ParquetSource: column {name!r} of {path!r} has {nulls} null value(s){where}; "
-            "fill them when writing the file, or leave the column out with columns="
-        )
-    out = _decode_array(array)
-    if isinstance(out, np.ndarray):
-        out.flags.writeable = False
-    return out
+    return _decode_array(array, name, path)
 
 
 def _is_list(kind: Any) -> bool:
@@ -64,12 +54,25 @@ def _nested_nulls(array: Any) -> int:
     return count
 
 
-def _decode_array(array: Any) -> Any:
-    """``decode`` of one Arrow array with no nulls: lists of one length at every depth become
-    one axis a depth (a list of lists of 3 numbers, 2 a row: rows of shape (2, 3))."""
+def _decode_array(array: Any, name: str, path: str) -> Any:
+    """``decode`` of one Arrow array: lists of one length at every depth become one axis a
+    depth (a list of lists of 3 numbers, 2 a row: rows of shape (2, 3)); a struct's fields
+    are decoded as columns (``ArrowStruct``), named ``column.field``."""
     import pyarrow as pa
 
+    nulls = array.null_count
+    where = "" if nulls else " inside its lists"
+    nulls = nulls or _nested_nulls(array)
+    if nulls:
+        raise ValueError(
+            f"ParquetSource: column {name!r} of {path!r} has {nulls} null value(s){where}; "
+            "fill them when writing the file, or leave the column out with columns="
+        )
     kind = array.type
+    if pa.types.is_struct(kind):
+        return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",
+                                                              path)
+                            for i, field in enumerate(array.flatten())})
     if _is_list(kind):
         offsets = numpy_of(array.offsets) if not pa.types.is_fixed_size_list(kind) else (
             np.arange(len(array) + 1) * kind.list_size)
@@ -77,14 +80,17 @@ def _decode_array(array: Any) -> Any:
         if not (len(lengths) and np.all(lengths == lengths[0])):
             return ArrowRows(array, ragged=True)
         inner = array.flatten()
-        values = _decode_array(inner) if _is_list(inner.type) else None
+        values = _decode_array(inner, name, path) if _is_list(inner.type) else None
         if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
             values = numpy_of(inner)
-        return values.reshape(len(array), int(lengths[0]), *values.shape[1:])
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
+        out = values.reshape(len(array), int(lengths[0]), *values.shape[1:])
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
         return ArrowRows(array, ragged=False)
-    return numpy_of(array)
+    else:
+        out = numpy_of(array)
+    out.flags.writeable = False
+    return out
 
 
 def numpy_of(array: Any) -> np.ndarray:
@@ -178,9 +184,43 @@ class ArrowRows:
         return out
 
 
-def join(parts: list, n: int) -> np.ndarray:
+class ArrowStruct:
+    """A struct column as the cache keeps it: its fields decoded as columns are (arrays,
+    ``ArrowRows``, structs); a row is a dict of its fields, a batch's run a dict of theirs.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> point = decode(pa.chunked_array([[{"x": 1.5, "tag": "a"}, {"x": 2.5, "tag": "b"}]]),
+        ...                "point", "f.parquet")
+        >>> point[1]
+        {'x': np.float64(2.5), 'tag': 'b'}
+    """
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+        self.nbytes = sum(nbytes_of(c) for c in fields.values())
+
+    def __getitem__(self, row: int) -> dict[str, Any]:
+        return {name: field[row] for name, field in self.fields.items()}
+
+    def take_span(self, rows: np.ndarray, a: int, b: int, plus: np.ndarray | None = None,
+                  listed: list | None = None) -> dict[str, Any]:
+        """Each field's ``rows[a:b]`` (as ``ArrowRows.take_span``)."""
+        out: dict[str, Any] = {}
+        for name, field in self.fields.items():
+            if type(field) is np.ndarray:
+                out[name] = field.take(rows[a:b], axis=0)
+            else:
+                out[name] = field.take_span(rows, a, b, plus, listed)
+        return out
+
+
+def join(parts: list, n: int) -> Any:
     """One column of a batch from its runs: arrays concatenated; lists of objects into an
-    object array (ragged rows one by one: NumPy must not stack rows of equal length)."""
+    object array (ragged rows one by one: NumPy must not stack rows of equal length); a
+    struct's runs (dicts) field by field, into a dict."""
+    if isinstance(parts[0], dict):
+        return {name: join([p[name] for p in parts], n) for name in parts[0]}
     if not any(isinstance(p, list) for p in parts):
         if len(parts) == 1:
             return parts[0]
@@ -196,6 +236,20 @@ def join(parts: list, n: int) -> np.ndarray:
     else:
         out[:] = values
     return out
+
+
+def pick(batch: dict[str, Any], at: Any) -> dict[str, Any]:
+    """Every column's (and struct field's) ``column[at]``: rows reordered, or one row."""
+    return {name: pick(c, at) if isinstance(c, dict) else c[at] for name, c in batch.items()}
+
+
+def leaves(batch: dict[str, Any]) -> Iterator[np.ndarray]:
+    """The batch's columns, structs' fields in their place."""
+    for column in batch.values():
+        if isinstance(column, dict):
+            yield from leaves(column)
+        else:
+            yield column
 
 
 def nbytes_of(column: Any) -> int:

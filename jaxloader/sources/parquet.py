@@ -21,8 +21,10 @@ for itself.
 Columns become NumPy: numbers and booleans arrays, dates and times ``datetime64``,
 lists of numbers of one length one more axis (lists of such lists one more a depth),
 variable-length lists one array per row, strings (dictionary-encoded too) ``str``, binary
-``bytes`` and decimals ``Decimal`` (object leaves; ``jaxloader.sources.arrow_columns``). A
-null, at the top of a column or inside its lists, raises naming the column and the file.
+``bytes`` and decimals ``Decimal`` (object leaves; ``jaxloader.sources.arrow_columns``),
+structs dicts of their fields (each read as a column is). A null, at the top of a column,
+inside its lists or in a struct's field, raises naming the column (``struct.field``) and the
+file.
 Decoded rows are read-only, as an ``ArraySource``'s are. Paths may be remote (``gs://...``):
 they are opened through ``etils.epath`` as Orbax opens checkpoints. Needs ``pyarrow``
 (``pip install "jaxloader[parquet]"``).
@@ -49,7 +51,7 @@ import numpy as np
 
 from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
 from jaxloader.local_shuffle import LocalShuffle
-from jaxloader.sources.arrow_columns import decode, join, nbytes_of
+from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.workers import shm
 from jaxloader.workers.worker import get_worker_info
@@ -268,10 +270,10 @@ class ParquetSource:
         if order is not None:
             restore = np.empty_like(order)
             restore[order] = np.arange(len(order))
-            batch = {name: column[restore] for name, column in batch.items()}
+            batch = pick(batch, restore)
         if any(c.dtype.hasobject and len(c) and isinstance(c[0], np.ndarray)
-               for c in batch.values()):
-            return [{name: batch[name][j] for name in self.columns} for j in range(len(indices))]
+               for c in leaves(batch)):
+            return [pick(batch, j) for j in range(len(indices))]
         return batch
 
     def _sharing(self) -> bool:

@@ -193,6 +193,46 @@ def test_lists_of_lists_of_one_length_become_one_axis_a_depth(tmp_path):
     assert [[x.tolist() for x in r["g"]] for r in rows] == [[[4], [5, 6]], [[1, 2], [3]]]
 
 
+def test_structs_become_dicts_of_their_fields_batched(tmp_path):
+    # a struct column (SQuAD's "answers", a point) is a dict of its fields, each read as a
+    # column is: numbers batched into arrays, strings str, structs in structs dicts in dicts
+    n = 11
+    table = pa.table({
+        "id": pa.array(range(n)),
+        "point": pa.array([{"x": i * 0.5, "tag": f"p{i}", "v": [i, -i],
+                            "inner": {"deep": [[i] * 2] * 3}} for i in range(n)]),
+    })
+    path = str(tmp_path / "points.parquet")
+    pq.write_table(table, path, row_group_size=4)
+    src, order = jl.ParquetSource(path), np.array([10, 3, 0, 7, 4, 1, 8, 5, 2, 9, 6])
+    row = src[3]
+    assert row["id"] == 3 and row["point"]["x"] == 1.5 and row["point"]["tag"] == "p3"
+    assert row["point"]["v"].tolist() == [3, -3]
+    assert row["point"]["inner"]["deep"].tolist() == [[3, 3]] * 3
+    assert not src[3]["point"]["v"].flags.writeable
+    batch = src.__getitems__(order)
+    point = batch["point"]
+    assert point["x"].dtype == np.float64 and point["x"].tolist() == (order * 0.5).tolist()
+    assert point["tag"].tolist() == [f"p{i}" for i in order]
+    assert point["v"].shape == (n, 2) and point["inner"]["deep"].shape == (n, 3, 2)
+    assert point["inner"]["deep"][:, 0, 0].tolist() == order.tolist()
+    with jl.DataLoader(src, batch_size=4, shuffle=jl.LocalShuffle(window=2), num_workers=2,
+                       process_index=0, process_count=1) as loader:
+        got = list(loader)
+    assert all(b["point"]["x"].tolist() == (b["id"] * 0.5).tolist() for b in got)
+    assert {b["point"]["inner"]["deep"].shape for b in got} == {(4, 3, 2)}
+    # ragged lists in a struct (SQuAD's answers): a batch of rows; a null in a field raises
+    answers = str(tmp_path / "answers.parquet")
+    pq.write_table(pa.table({"answers": pa.array(
+        [{"text": ["a"] * (i % 3 + 1), "start": [i] * (i % 3 + 1)} for i in range(6)])}),
+        answers, row_group_size=4)
+    rows = jl.ParquetSource(answers).__getitems__(np.array([5, 0]))
+    assert [r["answers"]["start"].tolist() for r in rows] == [[5, 5, 5], [0]]
+    pq.write_table(pa.table({"p": pa.array([{"x": 1, "y": None}, {"x": 2, "y": 3}])}), answers)
+    with pytest.raises(ValueError, match="column 'p.y' of .*answers.parquet' has 1 null"):
+        jl.ParquetSource(answers)[0]
+
+
 def test_lists_of_one_length_a_row_group_but_another_in_the_next_read_as_rows(tmp_path):
     # each row group's lists are of one length (one array a group) but not the same length:
     # a batch over both gets rows, as for ragged lists (it raised from np.concatenate)
