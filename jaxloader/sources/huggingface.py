@@ -30,26 +30,85 @@ def adapt(source: Any) -> Any:
 
 
 class HuggingFaceSource:
-    """A ``datasets.Dataset`` (any format) read in NumPy format, strings as ``str``."""
+    """A ``datasets.Dataset`` (any format) read in NumPy format, strings as ``str``, structs
+    (dict features) as dicts of their fields batched, numbers of the dtypes the features
+    declare (NumPy format gives a struct's fields as ``float64``/``int64``)."""
 
     def __init__(self, dataset: Any) -> None:
         fmt = dataset.format
         self.dataset = dataset.with_format(
             "numpy", columns=fmt["columns"], output_all_columns=fmt["output_all_columns"])
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
+        self._features = dict(getattr(dataset, "features", None) or {})
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        return self.dataset[int(index)]
+        row = self.dataset[int(index)]
+        return {key: _as_declared(value, self._features.get(key)) for key, value in row.items()}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         batch = self.dataset[np.asarray(indices).tolist()]
-        return {key: _strings_as_objects(value) for key, value in batch.items()}
+        return {key: _as_declared(_fields_batched(value), self._features.get(key))
+                for key, value in batch.items()}
 
     def __repr__(self) -> str:
         return f"HuggingFaceSource({self.dataset!r:.200})"
+
+
+def _fields_batched(column: Any) -> Any:
+    """A column of dicts (NumPy format's batch of a struct feature: an object array) as a
+    dict of its fields' columns; rows of one shape stacked, others an object array of rows."""
+    if not (isinstance(column, (np.ndarray, list)) and len(column)
+            and isinstance(column[0], dict)):
+        return column
+    return {key: _fields_batched(_stacked([row[key] for row in column])) for key in column[0]}
+
+
+def _stacked(values: list) -> Any:
+    if isinstance(values[0], dict):
+        return values
+    if all(isinstance(v, np.ndarray) and v.dtype.kind in "biufcmMV" for v in values) and len(
+            {v.shape for v in values}) == 1:
+        return np.stack(values)
+    out = np.empty(len(values), dtype=object)
+    for j, value in enumerate(values):  # (not out[:] = values: NumPy would stack equal rows)
+        out[j] = value
+    return out
+
+
+def _as_declared(value: Any, feature: Any) -> Any:
+    """``value`` with strings as ``str`` and numbers cast to the dtype ``feature`` declares
+    (through lists, and a struct's fields)."""
+    if isinstance(value, dict):
+        fields = feature if isinstance(feature, dict) else {}
+        return {key: _as_declared(v, fields.get(key)) for key, v in value.items()}
+    value = _strings_as_objects(value)
+    dtype = _declared_dtype(feature)
+    if dtype is None or not isinstance(value, np.ndarray):
+        return value
+    if value.dtype.kind in "biuf" and value.dtype != dtype:
+        return value.astype(dtype)
+    if value.dtype == object and value.ndim == 1:  # ragged rows, one array each
+        rows = [v.astype(dtype) if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"
+                and v.dtype != dtype else v for v in value]
+        out = np.empty(len(rows), dtype=object)
+        for j, row in enumerate(rows):
+            out[j] = row
+        return out
+    return value
+
+
+def _declared_dtype(feature: Any) -> np.dtype | None:
+    """The numeric dtype of a ``Value`` feature, or of the values of a list of them."""
+    while feature is not None and not hasattr(feature, "dtype") and hasattr(feature, "feature"):
+        feature = feature.feature  # Sequence / List / LargeList
+    try:
+        dtype = np.dtype(getattr(feature, "dtype", None) or "O")
+    except TypeError:
+        return None  # "string", "large_string", "binary", ...
+    return dtype if dtype.kind in "biuf" else None
 
 
 def _strings_as_objects(column: Any) -> Any:

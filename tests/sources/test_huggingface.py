@@ -50,3 +50,45 @@ def test_resume_and_the_datasets_own_fingerprint():
     with pytest.raises(jl.StateDictError, match="source: expected"):
         jl.DataLoader(changed, batch_size=4, process_index=0, process_count=1).load_state_dict(
             state)
+
+
+@pytest.mark.parametrize("fmt", [None, "numpy"])
+def test_struct_features_batch_as_dicts_of_fields_of_their_declared_dtypes(fmt):
+    # NumPy format gives a batch of a dict feature as an object array of dicts (no device
+    # takes it) and its fields as float64/int64: read as a dict of batched fields, typed as
+    # declared, whether read a batch at a time or a record at a time (through a Map)
+    n = 12
+    feats = datasets.Features({
+        "point": {"x": datasets.Value("float32"), "tag": datasets.Value("string"),
+                  "v": datasets.Sequence(datasets.Value("int16"), length=2),
+                  "inner": {"deep": datasets.Value("uint8")}},
+        "answers": {"start": datasets.Sequence(datasets.Value("int32"))},
+    })
+    ds = datasets.Dataset.from_dict({
+        "point": [{"x": i / 2, "tag": "t" * (1 + i % 4), "v": [i, -i], "inner": {"deep": i}}
+                  for i in range(n)],
+        "answers": [{"start": [i] * (1 + i % 2)} for i in range(n)],
+    }, features=feats)
+    ds = ds if fmt is None else ds.with_format(fmt)
+    got = {}
+    for per_record in (False, True):
+        transforms = [jl.Map(lambda r: r)] if per_record else []
+        with jl.DataLoader(ds.remove_columns("answers") if per_record else ds, batch_size=4,
+                           shuffle=True, seed=3, num_workers=2, transforms=transforms,
+                           process_index=0, process_count=1) as loader:
+            got[per_record] = list(loader)
+    for batch, other in zip(got[False], got[True]):
+        point = batch["point"]
+        assert point["x"].dtype == np.float32 and point["v"].dtype == np.int16
+        assert point["v"].shape == (4, 2) and point["inner"]["deep"].dtype == np.uint8
+        ids = point["v"][:, 0].astype(np.int64)
+        assert point["x"].tolist() == (ids / 2).tolist()
+        assert point["tag"].dtype == object and point["tag"].tolist() == [
+            "t" * (1 + i % 4) for i in ids]
+        starts = batch["answers"]["start"]  # lengths 1 and 2: a row each, as declared
+        assert [s.tolist() for s in starts] == [[i] * (1 + i % 2) for i in ids]
+        assert all(s.dtype == np.int32 for s in starts)
+        for name in ("x", "v", "tag"):  # a record at a time: the same batches
+            assert other["point"][name].dtype == point[name].dtype
+            assert other["point"][name].tolist() == point[name].tolist()
+        assert other["point"]["inner"]["deep"].dtype == np.uint8
