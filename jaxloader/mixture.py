@@ -89,6 +89,9 @@ def mix(sources: Sequence[Any], weights: Sequence[float],
         >>> sorted(np.unique(next(iter(loader))["x"]).tolist())
         [10, 30, 60]
     """
+    if not len(sources):
+        raise ConfigError("mix(sources): expected a non-empty list of sources, got none; pass "
+                          "the sources to mix and one weight each")
     schedule = {0: _weights(weights, len(sources), "weights")}
     for step, later in sorted((from_step or {}).items()):
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")

@@ -246,3 +246,8 @@ def test_bad_weights_are_named(weights, match):
         jl.mix(components(), weights)
     with pytest.raises(jl.ConfigError, match=r"from_step\[9\].*" + match):
         jl.mix(components(), WEIGHTS, from_step={9: weights})
+
+
+def test_no_sources_is_named():
+    with pytest.raises(jl.ConfigError, match=r"mix\(sources\): expected a non-empty list"):
+        jl.mix([], [])

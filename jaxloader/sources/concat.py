@@ -176,9 +176,16 @@ def _merge(pieces: list, n: int) -> Any:
     paths = tree_lib.leaf_paths(treedef)
     for run, got in pieces:
         leaves, other = tree_lib.flatten(got)
+        if other != treedef:
+            raise CollateError(
+                f"the parts of a ConcatSource differ in structure: {tree_lib.describe(treedef)} "
+                f"in one, {tree_lib.describe(other)} in another; make the parts' records alike "
+                "(a Map on the loader cannot, since parts are read together: rename or add "
+                "keys in each part's arrays before)"
+            )
         for path, out, leaf in zip(paths, outs, leaves):
             leaf = np.asarray(leaf)
-            if other != treedef or leaf.dtype != out.dtype or leaf.shape[1:] != out.shape[1:]:
+            if leaf.dtype != out.dtype or leaf.shape[1:] != out.shape[1:]:
                 raise CollateError(
                     f"batch leaf {path}: the parts of a ConcatSource differ: "
                     f"{out.dtype}{out.shape[1:]} in one, {leaf.dtype}{leaf.shape[1:]} in "

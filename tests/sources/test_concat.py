@@ -68,6 +68,11 @@ def test_vectorised_reads_merge_the_parts_in_order():
     with pytest.raises(jl.CollateError, match=r"\['x'\]: the parts of a ConcatSource differ"):
         jl.ConcatSource([sources[0], jl.ArraySource({"x": np.zeros((3, 2))})]).__getitems__(
             np.array([0, 11]))
+    # other keys: named as keys (was "int64() in one, int64() in another")
+    with pytest.raises(jl.CollateError, match=r"differ in structure: dict with keys \['x'\] in "
+                                              r"one, dict with keys \['z'\] in another"):
+        jl.ConcatSource([sources[0], jl.ArraySource({"z": np.zeros(3)})]).__getitems__(
+            np.array([0, 11]))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
