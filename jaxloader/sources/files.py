@@ -46,7 +46,14 @@ class FileListSource:
                     f"FileListSource(labels): expected one label per path ({len(self.paths)}), "
                     f"got {len(labels)}"
                 )
-            self.labels = np.asarray(labels, dtype=np.int64)
+            given = np.asarray(labels)
+            if given.dtype.kind not in "iub":
+                raise ConfigError(
+                    f"FileListSource(labels): expected integers, got {given.dtype} (first "
+                    f"{labels[0]!r}); for class names pass ints, e.g. "
+                    "[classes.index(name) for name in names] with classes=sorted(set(names))"
+                )
+            self.labels = given.astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.paths)

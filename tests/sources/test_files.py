@@ -50,6 +50,11 @@ def test_bad_arguments(tmp_path):
         jl.FileListSource(str(tmp_path))
     with pytest.raises(jl.ConfigError, match=r"one label per path \(2\), got 1"):
         jl.FileListSource(["a", "b"], labels=[0])
+    # class names, or floats that int64 would truncate (0.5 -> 0): refused, naming ints
+    for labels, got in ((["cat", "dog"], "<U3"), ([0.5, 1.0], "float64")):
+        with pytest.raises(jl.ConfigError, match=f"expected integers, got {got}"):
+            jl.FileListSource(["a", "b"], labels=labels)
+    assert jl.FileListSource(["a", "b"], labels=[True, False]).labels.tolist() == [1, 0]
     a = jl.FileListSource(["a", "b"]).fingerprint
     assert a != jl.FileListSource(["b", "a"]).fingerprint and a.startswith("files:2:")
 
