@@ -30,7 +30,7 @@ def test_array_source_rejects_scalars_and_objects():
 def test_empty_and_non_sources():
     with pytest.raises(jl.ConfigError, match="empty source"):
         check_source(jl.ArraySource({"a": np.zeros((0, 3))}))
-    with pytest.raises(jl.ConfigError, match="__len__ and __getitem__"):
+    with pytest.raises(jl.ConfigError, match="__len__ and __getitem__.*is a stream: jaxloader"):
         check_source(iter([1, 2]))
 
 
@@ -38,6 +38,10 @@ def test_a_dict_passed_as_the_source_gets_the_array_source_hint():
     with pytest.raises(jl.ConfigError, match=r"dict of 2 entries.*'x', 'y'.*ArraySource"):
         jl.DataLoader({"x": np.zeros((10, 3)), "y": np.zeros(10)}, batch_size=4,
                       process_index=0, process_count=1)
+    with pytest.raises(jl.ConfigError, match=r"dict of 1 entries.*ArraySource"):
+        check_source({"x": [1.0, 2.0]})  # lists are columns too, not splits
+    with pytest.raises(jl.ConfigError, match=r"pass one of them: source\['train'\]"):
+        check_source({"train": jl.ArraySource({"x": np.zeros(3)})})  # sources by split
 
 
 def _writes_in_place(record):

@@ -33,16 +33,28 @@ class Source(Protocol):
 def check_source(source: Any) -> int:
     """Checks the source protocol; returns ``len(source)``."""
     if isinstance(source, Mapping):
+        keys = list(source)[:4]
+        splits = keys and all(  # a DatasetDict: datasets by split, not arrays or lists
+            isinstance(source[k], Source) and not isinstance(source[k], (list, tuple, str))
+            and not hasattr(source[k], "dtype") for k in keys)
+        remedy = (f"pass one of them: source[{keys[0]!r}]" if splits else
+                  "for arrays with the records along axis 0, wrap it: "
+                  "jaxloader.ArraySource(your_dict)")
         raise ConfigError(
             f"source: got a {type(source).__name__} of {len(source)} entries "
-            f"({', '.join(map(repr, list(source)[:4]))}), which would be read as "
-            f"{len(source)} records; for arrays with the records along axis 0, wrap it: "
-            "jaxloader.ArraySource(your_dict)"
+            f"({', '.join(map(repr, keys))}), which would be read as "
+            f"{len(source)} records; {remedy}"
         )
     if not isinstance(source, Source):
+        remedy = "wrap NumPy arrays as ArraySource(arrays)"
+        if hasattr(source, "__iter__"):
+            remedy = ("an iterable without random access (a generator, a Hugging Face "
+                      "IterableDataset) is a stream: jaxloader.StreamLoader(jaxloader.Stream."
+                      "from_generator(make, shards=n)), shard i read by make(i) (README: "
+                      "streams); or " + remedy)
         raise ConfigError(
             f"source: expected an object with __len__ and __getitem__ (a random-access source), "
-            f"got {type(source).__name__}; wrap NumPy arrays as ArraySource(arrays)"
+            f"got {type(source).__name__}; {remedy}"
         )
     n = len(source)
     if n <= 0:
