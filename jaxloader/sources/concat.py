@@ -67,6 +67,20 @@ class ConcatSource:
             self.sources = [ArraySource(tree_lib.unflatten(treedef, [a[lo:hi] for a in leaves]))
                             for lo, hi in zip(self.offsets[:-1], self.offsets[1:])]
 
+    @property
+    def block_starts(self) -> np.ndarray | None:
+        """``LocalShuffle``'s blocks when a part has its own (a ``ParquetSource``'s row
+        groups): each part's blocks (1,024 records in a part without), where they start in
+        the whole, and its length last. ``None`` when no part has its own."""
+        from jaxloader.local_shuffle import LocalShuffle
+
+        if all(getattr(s, "block_starts", None) is None for s in self.sources):
+            return None
+        cut = LocalShuffle()
+        starts = [cut.block_starts(s, n)[:-1] + offset for s, n, offset
+                  in zip(self.sources, np.diff(self.offsets).tolist(), self.offsets[:-1])]
+        return np.concatenate([*starts, self.offsets[-1:]]).astype(np.int64)
+
     def split(self, indices: np.ndarray) -> tuple[list, list]:
         """For each part ``k``: the places in ``indices`` that fall in it, and its own
         indices there (empty arrays for parts not read)."""
