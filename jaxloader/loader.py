@@ -234,12 +234,7 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: boo
                  seed: int, last_batch: str, process_index: int, process_count: int,
                  num_workers: int) -> Order:
     """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
-    if isinstance(source, Mixture):
-        if isinstance(shuffle, LocalShuffle):
-            raise ConfigError(
-                "shuffle=LocalShuffle(...) with a mixture: mix() orders its components itself; "
-                "pass shuffle=True (or False for components in order)"
-            )
+    if isinstance(source, Mixture):  # each component in its own order (LocalShuffle too)
         return MixtureSampler(source, batch_size, shuffle=shuffle, seed=seed,
                               last_batch=last_batch, process_index=process_index,
                               process_count=process_count, memo_stride=max(1, num_workers))

@@ -43,6 +43,7 @@ import numpy as np
 
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, StepMemo,
                                 splitmix64, splitmix64_array)
 from jaxloader.sources.concat import ConcatSource
@@ -144,10 +145,12 @@ class MixtureSampler:
     """The ``Sampler`` of a ``Mixture``: global step -> this process's positions and indices
     into the mixture (a ``ConcatSource`` of the components)."""
 
-    def __init__(self, mixture: Mixture, batch_size: int, *, shuffle: bool, seed: int,
-                 last_batch: str, process_index: int = 0, process_count: int = 1,
+    def __init__(self, mixture: Mixture, batch_size: int, *, shuffle: bool | LocalShuffle,
+                 seed: int, last_batch: str, process_index: int = 0, process_count: int = 1,
                  memo_stride: int = 1) -> None:
-        """``memo_stride``: the steps of a span are memoised in ``memo_stride`` classes
+        """``shuffle``: each component's records in a full shuffle (``True``), read-locally
+        (a ``LocalShuffle``: blocks of the component, records within windows of them), or in
+        order. ``memo_stride``: the steps of a span are memoised in ``memo_stride`` classes
         (``step % memo_stride``), computed when first asked for: with ``N`` workers, worker
         ``s % N`` usually makes step ``s`` (the pool prefers it), so each computes its own."""
         check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
@@ -161,7 +164,14 @@ class MixtureSampler:
         self.num_records = len(mixture)
         self.batch_size = batch_size
         self.global_batch_size = batch_size * process_count
-        self.shuffle, self.seed, self.last_batch = shuffle, seed, last_batch
+        self.shuffle, self.seed, self.last_batch = bool(shuffle), seed, last_batch
+        self._local = shuffle if isinstance(shuffle, LocalShuffle) else None
+        self._local_description = None if self._local is None else [
+            self._local.describe(part) for part in mixture.sources]
+        # each component's blocks (its own starts, from 0), and its epochs' orders of them
+        self._block_starts = None if self._local is None else [
+            self._local.block_starts(part, len(part)) for part in mixture.sources]
+        self._block_orders: dict[tuple[int, int], BlockOrder] = {}
         self.process_index, self.process_count = process_index, process_count
         # A mixture has no short last batch: positions run on across epochs.
         self.steps_per_epoch = max(1, self.num_records // self.global_batch_size)
@@ -195,8 +205,8 @@ class MixtureSampler:
             regimes.append(_Regime(start, weights, before, self._block))
         return regimes
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_memo": StepMemo(self._memo.stride)}  # a worker's own
+    def __getstate__(self) -> dict:  # a worker's own memo and block orders
+        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {}}
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
@@ -309,14 +319,43 @@ class MixtureSampler:
             epochs, within = first, reads - first * length
         else:
             epochs, within = np.divmod(reads, length)
-        if self.shuffle:
+        if self._local is not None:
+            within = self._read_locally(c, epochs, within)
+        elif self.shuffle:
             within = IndexShuffle(length, seed=self._seeds[c], tight=True, epoch=epochs)(within)
         return self._offsets[c] + within
 
+    def _read_locally(self, c: int, epochs: int | np.ndarray, within: np.ndarray) -> np.ndarray:
+        """Component ``c``'s records ``within`` of ``epochs`` in its read-local order: its
+        blocks permuted each epoch, records shuffled within windows of them (``BlockOrder``,
+        keyed by the component's seed), so its consecutive reads stay in a few blocks."""
+        if isinstance(epochs, int):
+            return self._block_order(c, epochs)(within)
+        out = np.empty_like(within)
+        for epoch in np.unique(epochs).tolist():
+            at = epochs == epoch
+            out[at] = self._block_order(c, epoch)(within[at])
+        return out
+
+    def _block_order(self, c: int, epoch: int) -> BlockOrder:
+        order = self._block_orders.get((c, epoch))
+        if order is None:
+            if len(self._block_orders) > 8:  # a small component wraps many epochs a span
+                self._block_orders.clear()
+            assert self._local is not None and self._block_starts is not None
+            order = self._block_orders[(c, epoch)] = BlockOrder(
+                self._block_starts[c], window=self._local.window, seed=self._seeds[c],
+                epoch=epoch)
+        return order
+
     # -- state: the weights that made the steps so far must be the same --------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"mixture": [[step, weights] for step, weights in sorted(self.schedule.items())],
-                "mixture_order": ORDER}
+        state: dict[str, Any] = {
+            "mixture": [[step, weights] for step, weights in sorted(self.schedule.items())],
+            "mixture_order": ORDER}
+        if self._local_description is not None:
+            state["local_shuffle"] = self._local_description
+        return state
 
     def check_extra_state(self, state: dict, step: int) -> None:
         saved = state.get("mixture")
@@ -332,6 +371,13 @@ class MixtureSampler:
                 "a mixture's records another way (before the order had a number: 1), so its "
                 "steps would read other records here; resume with that jaxloader, or start "
                 "this mixture's stream over without the restore"
+            )
+        if state.get("local_shuffle") != self._local_description:
+            raise StateDictError(
+                f"state['local_shuffle']: expected {self._local_description!r} (each "
+                f"component's), received {state.get('local_shuffle')!r}; the components were "
+                "read in another order (shuffle=, LocalShuffle's window or blocks), so its "
+                "steps would read other records here; restore with the shuffle that wrote it"
             )
         ours = {s: w for s, w in self.schedule.items() if s < step}
         theirs = {int(s): [float(x) for x in w] for s, w in saved if int(s) < step}

@@ -106,8 +106,9 @@ def test_fixed_blocks_for_in_memory_data_and_a_full_shuffle_state_is_refused():
         full.load_state_dict(local.state_dict())
     with pytest.raises(jl.StateDictError, match="local_shuffle"):
         local.load_state_dict(full.state_dict())
-    with pytest.raises(jl.ConfigError, match="LocalShuffle"):
-        jl.DataLoader(jl.mix([src, src], [1, 1]), batch_size=10, shuffle=jl.LocalShuffle(),
-                      process_index=0, process_count=1)
+    # a mixture reads each component locally (it was refused): its state names each one's
+    mixed = jl.DataLoader(jl.mix([src, src], [1, 1]), batch_size=10, shuffle=jl.LocalShuffle(),
+                          process_index=0, process_count=1)
+    assert mixed.state_dict()["local_shuffle"] == ["window 8, blocks 1024, order 2"] * 2
     with pytest.raises(jl.ConfigError, match=r"LocalShuffle\(window\)"):
         jl.LocalShuffle(window=0)

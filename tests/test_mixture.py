@@ -212,6 +212,30 @@ def test_a_weight_change_leaves_earlier_steps_alone_and_restores_exactly():
         other.load_state_dict(state)
 
 
+def test_read_locally_each_component_reads_its_records_once_an_epoch_a_window_at_a_time():
+    # LocalShuffle in a mixture: each component's blocks (100 records here) permuted each
+    # epoch, its records shuffled within windows of 2 blocks: a run of its reads stays in 2
+    local = jl.LocalShuffle(window=2, block_size=100)
+    s = sampler(shuffle=local)
+    offsets = np.cumsum((0,) + LENGTHS)
+    for c, n in enumerate(LENGTHS):
+        records = s._component_reads(c, np.arange(3 * n)) - offsets[c]
+        epochs = records.reshape(3, n)
+        assert all(sorted(e.tolist()) == list(range(n)) for e in epochs)
+        assert not np.array_equal(epochs[0], epochs[1])
+        windows = epochs[0][: n // 200 * 200].reshape(-1, 200) // 100
+        assert all(len(set(w.tolist())) <= 2 for w in windows)
+    # the weights hold as with a full shuffle (which components: the same plan)
+    assert np.array_equal(component_of(s.indices(np.arange(30_000))),
+                          component_of(sampler().indices(np.arange(30_000))))
+    # the state names each component's order: a full shuffle's state is refused, and back
+    assert s.extra_state()["local_shuffle"] == ["window 2, blocks 100, order 2"] * 3
+    with pytest.raises(jl.StateDictError, match=r"state\['local_shuffle'\]: expected"):
+        s.check_extra_state(sampler().extra_state(), 10)
+    with pytest.raises(jl.StateDictError, match=r"state\['local_shuffle'\]: expected None"):
+        sampler().check_extra_state(s.extra_state(), 10)
+
+
 @pytest.mark.parametrize("order", [None, 1, 2, 3, 4])
 def test_a_state_of_another_mixture_order_is_refused(order):
     with make()() as first:

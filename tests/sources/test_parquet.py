@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from resume_harness import assert_same_batch, check_resume, check_split_resume
+from resume_harness import assert_same_batch, check_resume, check_split_resume, take
 
 pa = pytest.importorskip("pyarrow")  # in the test extra; ParquetSource's optional dependency
 pq = pytest.importorskip("pyarrow.parquet")
@@ -84,6 +84,50 @@ def test_resume_over_three_files_into_other_worker_and_process_counts(tmp_path, 
     check_resume(make(), total=20, k=k, make_restored=make(num_workers=2))
     # one process of batch 8 -> two processes of batch 4: the same global batches
     check_split_resume(make, batch_size=8, k=k, steps=20 - k, keys=("id", "vector", "mask"))
+
+
+@pytest.mark.parametrize("k", [2, 11])
+def test_a_mixture_of_parquet_files_read_locally_resumes_into_other_counts(tmp_path, k):
+    # the harness: 3 Parquet sources mixed 0.5/0.3/0.2, each read locally (its row
+    # groups permuted, rows shuffled within windows of 2), a weight change at step 6
+    paths = write_parts(tmp_path, rows=(96, 64, 48))
+
+    def make(num_workers=0, batch_size=8, process_index=0, process_count=1):
+        return lambda: jl.DataLoader(
+            jl.mix([jl.ParquetSource(p) for p in paths], [0.5, 0.3, 0.2],
+                   from_step={6: [0.2, 0.2, 0.6]}),
+            batch_size=batch_size, shuffle=jl.LocalShuffle(window=2), seed=4,
+            num_workers=num_workers, num_epochs=None, process_index=process_index,
+            process_count=process_count)
+
+    check_resume(make(), total=k + 12, k=k, make_restored=make(num_workers=2))
+    check_split_resume(make, batch_size=8, k=k, steps=12, keys=("id", "vector"))
+    with make()() as loader:  # each file's reads: whole row groups of 16, 2 at a time
+        ids = np.concatenate([b["id"] for b in take(loader, 30)])
+    for lo, hi in ((0, 96), (96, 160), (160, 208)):
+        # its first 24 reads as the stream has them: among its reads 0-31 (a block of 8
+        # positions permutes the reads it holds), its first window of 2 row groups
+        mine = ids[(ids >= lo) & (ids < hi)]
+        assert len(mine) >= 24 and len(set(((mine[:24] - lo) // 16).tolist())) <= 2
+
+
+def test_concatenated_files_keep_their_row_groups_as_blocks(tmp_path):
+    # LocalShuffle over a ConcatSource of files (and arrays): each part's own blocks, placed
+    # where the part starts (it cut blocks of 1,024 records across the parts)
+    paths = write_parts(tmp_path, rows=(50, 37))  # row groups of 16: 0 16 32 48 | 50 66 82
+    files = [jl.ParquetSource(p) for p in paths]
+    both = jl.ConcatSource([files[0], jl.ArraySource({"id": np.arange(2500)}), files[1]])
+    assert both.block_starts.tolist() == [0, 16, 32, 48, 50, 1074, 2098, 2550, 2566, 2582, 2587]
+    assert jl.ConcatSource([jl.ArraySource({"x": np.arange(3)})] * 2).block_starts is None
+    local = jl.LocalShuffle(window=1)
+    assert local.describe(jl.ConcatSource(files)) == "window 1, blocks the source's, order 2"
+    with jl.DataLoader(jl.ConcatSource(files), batch_size=16, shuffle=local, last_batch="pad",
+                       process_index=0, process_count=1) as loader:
+        ids = np.concatenate([b["id"][b["mask"]] for b in loader])
+    assert sorted(ids.tolist()) == list(range(87))
+    # a window of one block: each row group's rows one run of the epoch (7 runs, 7 groups)
+    group = np.searchsorted([0, 16, 32, 48, 50, 66, 82, 87], ids, side="right")
+    assert (np.diff(group) != 0).sum() == 6
 
 
 def _noisy(record, rng):
