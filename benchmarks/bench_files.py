@@ -13,6 +13,9 @@ Cases, batch 256, rows of an int64 id, a float32[16] vector and a short string:
   2 workers, against Grain ``MapDataset.source(ArrayRecordDataSource)`` with the same parse,
   shuffled, ``mp_prefetch`` with 2 workers.
 - A mixture of 3 in-memory sources (0.5/0.3/0.2) against one ``ArraySource`` of the same rows.
+- Parquet mixtures: the same rows in 3 files (half, 3/10, 1/5) mixed 0.5/0.3/0.2, each read
+  with ``LocalShuffle(window=8)`` or fully shuffled, against one file read locally and the 3
+  files concatenated (``ConcatSource``), 2 workers, whole passes.
 
 The loaders take turns over ``--rounds`` rounds; the table gives median rows/s and ratios.
 Parquet: each turn is one whole pass over the file from a fresh reader (a new
@@ -42,12 +45,13 @@ from common import machine, save, table
 BATCH, WORKERS, GROUP_ROWS = 256, 2, 10_000
 
 
-def write_parquet(path: str, rows: int) -> None:
+def write_parquet(path: str, rows: int, first: int = 0) -> None:
+    """Rows ``first`` to ``rows`` (ids), in row groups of ``GROUP_ROWS``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     writer = None
-    for start in range(0, rows, 100_000):
+    for start in range(first, rows, 100_000):
         ids = np.arange(start, min(start + 100_000, rows), dtype=np.int64)
         vectors = np.random.default_rng(start).random((len(ids), 16), dtype=np.float32)
         table_ = pa.table({
@@ -155,13 +159,18 @@ def one_pass(make: Callable[[], Iterator], cpu: list | None = None,
 def jaxloader_pass(path: str, shuffle, workers=WORKERS, **options) -> Callable[[], Iterator]:
     """A fresh ``ParquetSource(path, **options)`` and loader over one epoch; returns once
     its workers have started (their imports are not the reading measured)."""
+    return source_pass(lambda: jl.ParquetSource(path, **options), shuffle, workers)
+
+
+def source_pass(make_source: Callable, shuffle, workers=WORKERS) -> Callable[[], Iterator]:
+    """``jaxloader_pass`` over a fresh ``make_source()`` (files: nothing decoded yet)."""
     holder: dict = {}
 
     def make() -> Iterator:
         if "loader" in holder:
             holder.pop("loader").close()
         loader = holder["loader"] = jl.DataLoader(
-            jl.ParquetSource(path, **options), batch_size=BATCH, shuffle=shuffle, seed=0,
+            make_source(), batch_size=BATCH, shuffle=shuffle, seed=0,
             num_workers=workers, num_epochs=1, process_index=0, process_count=1)
         _settle(getattr(loader._engine, "pids", []))
         return iter(loader)
@@ -309,8 +318,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", default="parquet,array_record,mixture",
-                        help="comma-separated subset of: parquet, array_record, mixture")
+    parser.add_argument("--only", default="parquet,array_record,mixture,parquet_mixture",
+                        help="comma-separated subset of: parquet, array_record, mixture, "
+                        "parquet_mixture")
     parser.add_argument("--memory-gib", type=float, default=0.0,
                         help="only measure workers' private memory on a file of this size")
     args = parser.parse_args()
@@ -355,6 +365,8 @@ def main() -> None:
         }, args.rounds)
     if "mixture" in only:
         results["mixture"] = mixture(args.rows, args.rounds)
+    if "parquet_mixture" in only:
+        results["parquet_mixture"] = parquet_mixture(work, args.rows, args.rounds)
     print(f"{machine()}; {args.rows:,} rows, batch {BATCH}, {args.rounds} rounds")
     for case, rates in results.items():
         first = next(iter(rates.values()))["median"]
@@ -367,6 +379,32 @@ def main() -> None:
                     ("loader", "rows/s (median)", "first row / this", "CPU us a batch",
                      "s to the first batch")))
     print("saved", save("files", {"machine": machine(), "rows": args.rows, **results}))
+
+
+def parquet_mixture(work: str, rows: int, rounds: int) -> dict:
+    """The rows in 3 files (half, 3/10, 1/5), mixed 0.5/0.3/0.2, read locally or fully
+    shuffled, against the same rows in one file read locally and the 3 concatenated; whole
+    passes (a mixture's epoch: the rows, each component read about once)."""
+    cuts = [0, rows // 2, rows * 4 // 5, rows]
+    paths = [os.path.join(work, f"part-{k}.parquet") for k in range(3)]
+    for path, a, b in zip(paths, cuts, cuts[1:]):
+        write_parquet(path, b, first=a)
+    whole = os.path.join(work, "rows.parquet")
+    if not os.path.exists(whole):
+        write_parquet(whole, rows)
+
+    def mixed() -> jl.Mixture:
+        return jl.mix([jl.ParquetSource(p) for p in paths], [0.5, 0.3, 0.2])
+
+    local = jl.LocalShuffle()
+    return take_turns({
+        "one file, LocalShuffle(window=8), 2 workers": jaxloader_pass(whole, local),
+        "3 files concatenated, LocalShuffle(window=8), 2 workers": source_pass(
+            lambda: jl.ConcatSource([jl.ParquetSource(p) for p in paths]), local),
+        "mix of 3 files (0.5/0.3/0.2), LocalShuffle(window=8), 2 workers": source_pass(
+            mixed, local),
+        "mix of 3 files, full shuffle, 2 workers": source_pass(mixed, True),
+    }, rounds, cpu=True, passes=True)
 
 
 def mixture(rows: int, rounds: int) -> dict:
