@@ -105,13 +105,17 @@ class ConcatSource:
     def __getitems__(self, indices: np.ndarray) -> Any:
         """The records at ``indices``, each part read with its own ``__getitems__`` (when it
         has one): a batched pytree when every part gives one, else a list of records."""
-        located = self.locate(np.asarray(indices, dtype=np.int64))
+        indices = np.asarray(indices, dtype=np.int64)
+        located = self.locate(indices)
         parts, local = located[:, 0], located[:, 1]
-        order = np.argsort(parts, kind="stable")
-        runs = np.split(order, np.flatnonzero(np.diff(parts[order])) + 1)
+        if not len(parts) or parts.min() == parts.max():  # one part: read in the order asked
+            runs = [np.arange(len(parts))]
+        else:  # each part's rows ascending (a file source then has no order to put back)
+            order = np.argsort(indices, kind="stable")
+            runs = np.split(order, np.flatnonzero(np.diff(parts[order])) + 1)
         pieces = []
         for run in runs:
-            source = self.sources[int(parts[run[0]])]
+            source = self.sources[int(parts[run[0]]) if len(run) else 0]
             if hasattr(source, "__getitems__"):
                 pieces.append((run, source.__getitems__(local[run])))
             else:
@@ -186,7 +190,7 @@ class _JoinedParts(NamedTuple):
 def _merge(pieces: list, n: int) -> Any:
     """Batched answers of the parts, rows put back in the order asked for."""
     if len(pieces) == 1:
-        return pieces[0][1]  # one part: its rows are in the order asked for (a stable sort)
+        return pieces[0][1]  # one part, read in the order asked for
     flat = _merge_flat(pieces, n)
     if flat is not None:
         return flat

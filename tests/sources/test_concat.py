@@ -75,6 +75,37 @@ def test_vectorised_reads_merge_the_parts_in_order():
             np.array([0, 11]))
 
 
+def test_parts_are_asked_for_their_rows_ascending_over_parts_and_in_order_alone():
+    # a file source sorts what it is asked for by row group and puts the rows back: over
+    # several parts each is asked in ascending order (nothing to put back); one part alone
+    # is asked in the batch's order and its answer returned as it is
+    x, sources = parts()
+    asked = []
+
+    class Spy:
+        def __init__(self, source):
+            self.source = source
+
+        def __len__(self):
+            return len(self.source)
+
+        def __getitem__(self, i):
+            return self.source[i]
+
+        def __getitems__(self, indices):
+            asked.append(np.asarray(indices).tolist())
+            return self.source.__getitems__(indices)
+
+    both = jl.ConcatSource([Spy(s) for s in sources])
+    wanted = np.array([30, 3, 12, 0, 10, 9, 11, 20])
+    assert both.__getitems__(wanted)["x"].tolist() == x[wanted].tolist()
+    assert asked == [[0, 3, 9], [0], [0, 1, 9, 19]]
+    asked.clear()
+    assert both.__getitems__(np.array([9, 2, 5]))["x"].tolist() == x[[9, 2, 5]].tolist()
+    assert both.__getitems__(np.array([], np.int64))["x"].shape == (0, 2)
+    assert asked == [[9, 2, 5], []]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_loader_without_transforms_gathers_alike_parts_straight_into_the_batch(num_workers):
     x, sources = parts()
