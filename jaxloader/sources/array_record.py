@@ -23,16 +23,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.errors import ConfigError
+from jaxloader.sources.paths import expand
 
 
 class ArrayRecordSource:
-    """The records of ``paths`` (one path or a list, in that order) as ``bytes``."""
+    """The records of ``paths`` (one path or a list, in that order; a folder or a glob
+    pattern stands for its ``*.array_record`` files, sorted) as ``bytes``."""
 
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike]) -> None:
-        listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-        self.paths = [os.fspath(p) for p in listed]
-        if not self.paths:
-            raise ConfigError("ArrayRecordSource(paths): expected at least one path, got none")
+        self.paths = expand(paths, ".array_record", "ArrayRecordSource")
         counts = []
         for path in self.paths:
             reader = _open(path)

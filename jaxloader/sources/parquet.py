@@ -52,6 +52,7 @@ import numpy as np
 from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
 from jaxloader.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
+from jaxloader.sources.paths import expand
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.workers import shm
 from jaxloader.workers.worker import get_worker_info
@@ -63,9 +64,10 @@ _MAX_CACHED_GROUPS = 256
 
 
 class ParquetSource:
-    """Rows of ``paths`` (one path or a list, read in that order), ``columns`` of them (all by
-    default), with at most ``cache_bytes`` of decoded row groups kept per process; with
-    ``share_decoded`` (the default) workers decode each row group once for all of them.
+    """Rows of ``paths`` (one path or a list, read in that order; a folder or a glob pattern
+    stands for its ``*.parquet`` files, sorted: ``jaxloader.sources.paths``), ``columns`` of
+    them (all by default), with at most ``cache_bytes`` of decoded row groups kept per
+    process; with ``share_decoded`` (the default) workers decode each row group once for all.
 
     Example:
         >>> import tempfile, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
@@ -83,10 +85,7 @@ class ParquetSource:
                  columns: Sequence[str] | None = None,
                  cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
         pq = _pyarrow_parquet()
-        listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-        self.paths = [os.fspath(p) for p in listed]
-        if not self.paths:
-            raise ConfigError("ParquetSource(paths): expected at least one path, got none")
+        self.paths = expand(paths, ".parquet", "ParquetSource")
         metas = [_metadata(pq, path) for path in self.paths]
         schema = metas[0].schema.to_arrow_schema()
         available = list(schema.names)

@@ -1,0 +1,74 @@
+"""A file source's ``paths``: one path, a list, a folder or a glob pattern, as a sorted list.
+
+A folder stands for the files under it whose names end with the source's suffix (sorted, at
+any depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted). A remote pattern
+(``gs://bucket/dir/train-*.parquet``, in the file name only) lists its folder through
+``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern). The list is
+fixed at construction and is part of the source's fingerprint, so a restore over a folder
+whose files changed is refused.
+
+Example:
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for name in ("b.parquet", "a.parquet", "notes.txt"):
+    ...     open(os.path.join(d, name), "w").close()
+    >>> [os.path.basename(p) for p in expand(d, ".parquet", "ParquetSource")]
+    ['a.parquet', 'b.parquet']
+    >>> [os.path.basename(p) for p in expand(os.path.join(d, "*.txt"), ".parquet", "X")]
+    ['notes.txt']
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Sequence
+
+from jaxloader.errors import ConfigError
+
+_PATTERN = "*?["
+
+
+def expand(paths: str | os.PathLike | Sequence[str | os.PathLike], suffix: str,
+           owner: str) -> list[str]:
+    """``paths`` as a list of files: folders and patterns expanded (sorted), in the order
+    given; a pattern or folder with no file raises naming it."""
+    listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out: list[str] = []
+    for path in [str(os.fspath(p)) for p in listed]:
+        remote = "://" in path
+        if any(c in path for c in _PATTERN):
+            found = _remote_glob(path, owner) if remote else sorted(glob.glob(path, recursive=True))
+            what = "matches no file"
+        elif not remote and os.path.isdir(path):
+            found = sorted(glob.glob(os.path.join(glob.escape(path), "**", f"*{suffix}"),
+                                     recursive=True))
+            what = f"is a folder with no *{suffix} file"
+        else:
+            out.append(path)
+            continue
+        if not found:
+            raise ConfigError(
+                f"{owner}(paths): {path!r} {what}; check the path, or pass the files' paths"
+            )
+        out.extend(found)
+    if not out:
+        raise ConfigError(f"{owner}(paths): expected at least one path, got none")
+    return out
+
+
+def _remote_glob(pattern: str, owner: str) -> list[str]:
+    """``gs://bucket/dir/train-*.parquet``: the files of the folder whose names match,
+    listed through ``etils.epath`` (a pattern in the file name only)."""
+    import fnmatch
+
+    from etils import epath
+
+    folder, _, name = pattern.rpartition("/")
+    if any(c in folder.split("://", 1)[1] for c in _PATTERN):
+        raise ConfigError(
+            f"{owner}(paths): {pattern!r} has a pattern in a folder's name; a remote pattern "
+            "may match file names only (gs://bucket/dir/train-*.parquet): pass one a folder"
+        )
+    names = sorted(p.name for p in epath.Path(folder).iterdir())
+    return [f"{folder}/{n}" for n in names if fnmatch.fnmatchcase(n, name)]

@@ -1,0 +1,80 @@
+"""A file source's paths: folders and glob patterns expanded, sorted, and checked."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.sources.paths import expand
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def touch(root, *names):
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+
+
+def test_folders_and_patterns_become_their_files_sorted_in_the_order_given(tmp_path):
+    touch(tmp_path, "b.parquet", "a.parquet", "notes.txt", "sub/c.parquet", "other/z.parquet")
+    names = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
+    assert names(expand(str(tmp_path / "sub"), ".parquet", "S")) == ["sub/c.parquet"]
+    assert names(expand(tmp_path, ".parquet", "S")) == [
+        "a.parquet", "b.parquet", "other/z.parquet", "sub/c.parquet"]
+    assert names(expand(str(tmp_path / "*.parquet"), ".parquet", "S")) == [
+        "a.parquet", "b.parquet"]
+    assert names(expand(str(tmp_path / "**" / "*.parquet"), ".x", "S")) == [
+        "a.parquet", "b.parquet", "other/z.parquet", "sub/c.parquet"]
+    # a list keeps its order; plain paths are kept as they are (checked by the source)
+    assert names(expand([tmp_path / "sub", str(tmp_path / "[ab].parquet"), "missing.parquet"],
+                        ".parquet", "S")) == [
+        "sub/c.parquet", "a.parquet", "b.parquet", os.path.relpath("missing.parquet", tmp_path)]
+
+
+def test_a_pattern_or_folder_with_no_file_is_named(tmp_path):
+    touch(tmp_path / "empty", "notes.txt")
+    with pytest.raises(jl.ConfigError, match=r"ParquetSource\(paths\): '.*nope-\*.parquet' "
+                                             r"matches no file"):
+        expand(str(tmp_path / "nope-*.parquet"), ".parquet", "ParquetSource")
+    with pytest.raises(jl.ConfigError, match=r"'.*empty' is a folder with no \*.parquet file"):
+        expand(tmp_path / "empty", ".parquet", "ParquetSource")
+    with pytest.raises(jl.ConfigError, match="expected at least one path, got none"):
+        expand([], ".parquet", "ParquetSource")
+
+
+def test_file_sources_take_a_folder_or_a_pattern(tmp_path):
+    for k in (1, 0):
+        pq.write_table(pa.table({"id": np.arange(3) + 3 * k}), tmp_path / f"part-{k}.parquet")
+    whole = jl.ParquetSource(tmp_path)
+    assert whole.__getitems__(np.arange(6))["id"].tolist() == list(range(6))
+    assert whole.fingerprint == jl.ParquetSource(str(tmp_path / "part-*.parquet")).fingerprint
+    assert whole.fingerprint == jl.ParquetSource(
+        [str(tmp_path / "part-0.parquet"), str(tmp_path / "part-1.parquet")]).fingerprint
+    pytest.importorskip("array_record")
+    from array_record.python import array_record_module
+
+    for k in (1, 0):
+        writer = array_record_module.ArrayRecordWriter(str(tmp_path / f"r-{k}.array_record"),
+                                                       "group_size:1")
+        writer.write(f"record {k}".encode())
+        writer.close()
+    assert jl.ArrayRecordSource(tmp_path).__getitems__(np.arange(2)) == [b"record 0",
+                                                                          b"record 1"]
+
+
+def test_a_remote_pattern_lists_its_folder_through_epath(gcs):
+    root, _ = gcs
+    touch(root, "bucket/data/train-1.parquet", "bucket/data/train-0.parquet",
+          "bucket/data/test-0.parquet")
+    assert expand("gs://bucket/data/train-*.parquet", ".parquet", "S") == [
+        "gs://bucket/data/train-0.parquet", "gs://bucket/data/train-1.parquet"]
+    with pytest.raises(jl.ConfigError, match="a pattern in a folder's name"):
+        expand("gs://bucket/*/train-*.parquet", ".parquet", "S")
+    with pytest.raises(jl.ConfigError, match="matches no file"):
+        expand("gs://bucket/data/valid-*.parquet", ".parquet", "S")
