@@ -82,13 +82,15 @@ class ParquetSource:
     """
 
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike],
-                 columns: Sequence[str] | None = None,
+                 columns: str | Sequence[str] | None = None,
                  cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
         pq = _pyarrow_parquet()
         self.paths = expand(paths, ".parquet", "ParquetSource")
         metas = [_metadata(pq, path) for path in self.paths]
         schema = metas[0].schema.to_arrow_schema()
         available = list(schema.names)
+        if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
+            columns = [columns]
         self.columns = list(columns) if columns is not None else available
         missing = [c for c in self.columns if c not in available]
         if missing:

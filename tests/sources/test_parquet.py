@@ -366,6 +366,7 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     with pytest.raises(jl.ConfigError, match=r"\['label'\] not in .*columns are \['id', "):
         jl.ParquetSource(paths, columns=["id", "label"])
     assert list(jl.ParquetSource(paths, columns=["text"])[0]) == ["text"]
+    assert list(jl.ParquetSource(paths, columns="text")[0]) == ["text"]  # not 't', 'e', ...
     nulls = tmp_path / "nulls.parquet"
     pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
     with pytest.raises(ValueError, match="column 'x' of .*nulls.parquet' has 1 null"):
