@@ -36,20 +36,26 @@ class HuggingFaceSource:
 
     def __init__(self, dataset: Any) -> None:
         fmt = dataset.format
-        self.dataset = dataset.with_format(
+        # the user's own transform (with_transform / set_transform): kept, its answers batched
+        self.custom = fmt["type"] == "custom"
+        self.dataset = dataset if self.custom else dataset.with_format(
             "numpy", columns=fmt["columns"], output_all_columns=fmt["output_all_columns"])
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
-        self._features = dict(getattr(dataset, "features", None) or {})
+        self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         row = self.dataset[int(index)]
+        if self.custom:
+            return row
         return {key: _as_declared(value, self._features.get(key)) for key, value in row.items()}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         batch = self.dataset[np.asarray(indices).tolist()]
+        if self.custom:  # the transform's columns: lists of rows, or arrays
+            return {key: _strings_as_objects(_rows_batched(value)) for key, value in batch.items()}
         return {key: _as_declared(_fields_batched(value), self._features.get(key))
                 for key, value in batch.items()}
 
@@ -64,6 +70,22 @@ def _fields_batched(column: Any) -> Any:
             and isinstance(column[0], dict)):
         return column
     return {key: _fields_batched(_stacked([row[key] for row in column])) for key in column[0]}
+
+
+def _rows_batched(column: Any) -> Any:
+    """A transform's column as one array: rows of one shape (arrays, NumPy or Python numbers,
+    tensors) stacked, strings an object array, dicts by field, others an object array."""
+    if not isinstance(column, (list, tuple)) or not column:
+        return column
+    if isinstance(column[0], dict):
+        return {key: _rows_batched([row[key] for row in column]) for key in column[0]}
+    if all(isinstance(v, (str, bytes)) for v in column):
+        return _stacked(list(column))
+    try:
+        rows = [np.asarray(v) for v in column]
+    except (TypeError, ValueError):  # (a ragged nested list)
+        return _stacked(list(column))
+    return _stacked(rows)
 
 
 def _stacked(values: list) -> Any:

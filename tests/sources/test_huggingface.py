@@ -114,3 +114,26 @@ def test_an_iterable_dataset_streams_a_shard_of_it_a_shard():
     labels = np.concatenate([b["label"] for b in batches])
     assert sorted(labels.tolist()) == sorted(list(range(10)) * 2)
     assert all(b["vector"].shape == (5, 32) and b["vector"].dtype == np.float32 for b in batches)
+
+
+def _augment(batch):  # a with_transform function: batch in, batch out (HF's convention)
+    return {"scaled": [np.asarray(v, np.float32) * 10 for v in batch["vector"]],
+            "label": batch["label"], "tag": [f"t{i}" for i in batch["label"]]}
+
+
+@pytest.mark.parametrize("per_record", [False, True])
+def test_the_datasets_own_transform_is_kept(per_record):
+    # with_transform / set_transform: the loader read the dataset in NumPy format, which
+    # replaced the user's transform (the batches had the raw columns, silently)
+    ds = dataset(12).with_transform(_augment)
+    transforms = [jl.Map(lambda r: r)] if per_record else []
+    with jl.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=2,
+                       transforms=transforms, process_index=0, process_count=1) as loader:
+        batches = list(loader)
+    raw = dataset(12).with_format("numpy")
+    for batch in batches:
+        assert sorted(batch) == ["label", "scaled", "tag"]
+        assert batch["scaled"].shape == (4, 32) and batch["scaled"].dtype == np.float32
+        want = raw[batch["label"].tolist()]["vector"] * 10
+        np.testing.assert_allclose(batch["scaled"], want, rtol=1e-6)
+        assert batch["tag"].tolist() == [f"t{i}" for i in batch["label"]]
