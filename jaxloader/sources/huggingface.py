@@ -4,8 +4,10 @@ In its default (Python) format a ``Dataset`` returns list features as Python lis
 pytree nodes: a 32-float feature would batch as 32 arrays of shape ``(batch,)``. The loader
 therefore reads a ``Dataset`` through ``HuggingFaceSource``: the same columns in NumPy format,
 so a numeric list feature is one array (``(batch, 32)``), and strings stay ``str`` (an object
-leaf, whatever their lengths) in either format. Batches are read with one vectorised call, and
-the dataset's own fingerprint (it changes with every ``map``/``filter``) guards restores.
+leaf, whatever their lengths) in either format. A dataset with its own transform
+(``with_transform``) is read through it, its columns batched. Batches are read with one
+vectorised call, and the dataset's own fingerprint (it changes with every ``map``/``filter``)
+guards restores.
 ``datasets`` is not a dependency: a ``Dataset`` is recognised by its module.
 
 Example (``tests/sources/test_huggingface.py`` runs it)::
