@@ -33,6 +33,7 @@ import numpy as np
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 from jaxloader.sampling import IndexShuffle, splitmix64
+from jaxloader.sources.paths import expand
 from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
@@ -74,19 +75,21 @@ class Stream:
         self.shuffle_shards = shuffle_shards
 
     @classmethod
-    def jsonl(cls, paths: Iterable[Any], **kwargs: Any) -> "Stream":
-        """A stream of JSON lines files, one shard a file."""
-        return cls([JsonlShard(p) for p in paths], **kwargs)
+    def jsonl(cls, paths: Any, **kwargs: Any) -> "Stream":
+        """A stream of JSON lines files, one shard a file. ``paths``: a path, a list, a folder
+        (its ``*.jsonl`` files) or a glob pattern (``jaxloader.sources.paths``)."""
+        return cls([JsonlShard(p) for p in expand(paths, ".jsonl", "Stream.jsonl")], **kwargs)
 
     @classmethod
-    def text(cls, paths: Iterable[Any], **kwargs: Any) -> "Stream":
-        """A stream of text files, a line a record."""
-        return cls([TextShard(p) for p in paths], **kwargs)
+    def text(cls, paths: Any, **kwargs: Any) -> "Stream":
+        """A stream of text files, a line a record (``paths`` as for ``jsonl``; ``*.txt``)."""
+        return cls([TextShard(p) for p in expand(paths, ".txt", "Stream.text")], **kwargs)
 
     @classmethod
-    def tar(cls, paths: Iterable[Any], **kwargs: Any) -> "Stream":
-        """A stream of tar shards in the WebDataset layout."""
-        return cls([TarShard(p) for p in paths], **kwargs)
+    def tar(cls, paths: Any, **kwargs: Any) -> "Stream":
+        """A stream of tar shards in the WebDataset layout (``paths`` as for ``jsonl``;
+        ``*.tar``)."""
+        return cls([TarShard(p) for p in expand(paths, ".tar", "Stream.tar")], **kwargs)
 
     @classmethod
     def from_generator(cls, make: Callable[[int], Iterable], shards: int,

@@ -25,6 +25,8 @@ import json
 import os
 from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
+import numpy as np
+
 from jaxloader.errors import ConfigError, RecordError, StateDictError
 
 
@@ -82,24 +84,53 @@ class _LineShard:
 
 
 class JsonlShard(_LineShard):
-    """A JSON value a line (``.jsonl``); blank lines are skipped.
+    """A JSON value a line (``.jsonl``); blank lines are skipped. A list of numbers (or of
+    such lists, of one length) becomes one NumPy array: a Python list is a pytree node, so
+    ``"tokens": [5, 8, 13]`` would batch as 3 arrays of one number a record.
 
     Example:
         >>> import tempfile, os
         >>> path = os.path.join(tempfile.mkdtemp(), "a.jsonl")
-        >>> _ = open(path, "w").write('{"x": 1}\\n{"x": 2}\\n')
+        >>> _ = open(path, "w").write('{"x": 1, "t": [5, 8]}\\n{"x": 2, "t": [1, 2]}\\n')
         >>> shard = JsonlShard(path); shard.reset(); shard.next()
-        {'x': 1}
+        {'x': 1, 't': array([5, 8])}
     """
 
     def _parse(self, raw: bytes) -> Any:
         if not raw.strip():
             return self.next()
         try:
-            return json.loads(raw)
+            value = json.loads(raw)
         except ValueError as e:
             raise RecordError(f"{self.path}: line {self._line}: not JSON ({e}): "
                               f"{raw[:80]!r}") from None
+        return _numbers_as_arrays(value)
+
+
+def _numbers_as_arrays(value: Any) -> Any:
+    """JSON's lists of numbers (at any depth, of one length a depth) as NumPy arrays; other
+    lists (of strings, of objects, of lists of other lengths) as lists of converted items."""
+    if isinstance(value, dict):
+        return {key: _numbers_as_arrays(v) for key, v in value.items()}
+    if not isinstance(value, list):
+        return value
+    if value and _all_numbers(value):
+        try:
+            array = np.asarray(value)
+        except ValueError:  # lists of other lengths
+            array = None
+        if array is not None and array.dtype.kind in "biuf":
+            return array
+    return [_numbers_as_arrays(v) for v in value]
+
+
+def _all_numbers(value: list) -> bool:
+    """Whether the list's leaves (through nested lists) are numbers, looking at the first
+    item of each depth and every item of the innermost one that is reached."""
+    first = value[0]
+    if isinstance(first, list):
+        return bool(first) and all(isinstance(v, list) for v in value) and _all_numbers(first)
+    return all(type(v) in (int, float, bool) for v in value)
 
 
 class TextShard(_LineShard):

@@ -7,6 +7,7 @@ import json
 import cloudpickle
 import tarfile
 
+import numpy as np
 import pytest
 
 import jaxloader as jl
@@ -70,6 +71,38 @@ def test_a_generator_object_is_refused_and_a_function_is_not(tmp_path):
     assert read_all(jl.IterableShard([4, 5])) == [4, 5]  # re-iterable: accepted as it is
     with pytest.raises(jl.StateDictError, match="says 5 records were read, but it ends after 3"):
         jl.IterableShard(gen).reset({"consumed": 5})
+
+
+def test_json_lists_of_numbers_become_arrays_and_others_stay_lists(tmp_path):
+    # a list is a pytree node: "tokens": [5, 8, 13] batched as 3 arrays of one number a
+    # record; as one array it batches as (batch, 3)
+    path = tmp_path / "lists.jsonl"
+    path.write_text(json.dumps({"tokens": [5, 8, 13], "grid": [[1.5, 2], [3, 4]],
+                                "ragged": [[1], [2, 3]], "words": ["a", "b"], "flags": [True],
+                                "empty": [], "mixed": [1, "a"], "nested": {"v": [1, 2]}}) + "\n")
+    (record,) = read_all(jl.JsonlShard(path))
+    assert record["tokens"].dtype == np.int64 and record["tokens"].tolist() == [5, 8, 13]
+    assert record["grid"].dtype == np.float64 and record["grid"].shape == (2, 2)
+    assert record["flags"].dtype == bool and record["nested"]["v"].tolist() == [1, 2]
+    assert [r.tolist() for r in record["ragged"]] == [[1], [2, 3]]  # a list of arrays
+    assert record["words"] == ["a", "b"] and record["empty"] == [] and record["mixed"] == [1, "a"]
+    path.write_text("".join(json.dumps({"tokens": [i, i + 1]}) + "\n" for i in range(4)))
+    with jl.StreamLoader(jl.Stream.jsonl(str(path)), batch_size=4, process_index=0,
+                         process_count=1) as loader:  # one path, not its characters
+        batch = next(iter(loader))
+    assert batch["tokens"].shape == (4, 2)
+
+
+def test_a_stream_takes_a_path_a_folder_or_a_pattern(tmp_path):
+    for k in (1, 0):
+        write_jsonl(tmp_path / f"part-{k}.jsonl", range(3 * k, 3 * k + 3))
+    names = lambda s: [shard.name.rsplit("/", 1)[-1] for shard in s.shards]  # noqa: E731
+    assert names(jl.Stream.jsonl(tmp_path)) == ["part-0.jsonl", "part-1.jsonl"]
+    assert names(jl.Stream.jsonl(str(tmp_path / "part-1*"))) == ["part-1.jsonl"]
+    assert names(jl.Stream.jsonl(str(tmp_path / "part-1.jsonl"))) == ["part-1.jsonl"]
+    with pytest.raises(jl.ConfigError, match=r"Stream.tar\(paths\): '.*' is a folder with no "
+                                             r"\*.tar file"):
+        jl.Stream.tar(tmp_path)
 
 
 def test_bad_lines_and_states_are_named(tmp_path):
