@@ -139,6 +139,23 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
     )
 
 
+def object_column(values: list) -> np.ndarray:
+    """``values`` as a 1-D object array, one entry each: rows that are arrays are set one by
+    one (NumPy would stack rows of one shape into more axes); strings in one assignment.
+
+    Example:
+        >>> object_column([np.zeros(2), np.ones(2)]).shape
+        (2,)
+    """
+    out = np.empty(len(values), dtype=object)
+    if values and isinstance(values[0], (str, bytes)):
+        out[:] = values
+    else:
+        for j, value in enumerate(values):
+            out[j] = value
+    return out
+
+
 def _has_array_protocol(value: Any) -> bool:
     return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
                                            "__array_struct__"))

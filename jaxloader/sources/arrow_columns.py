@@ -27,6 +27,8 @@ from typing import Any, Iterator, cast
 
 import numpy as np
 
+from jaxloader.collate import object_column
+
 
 def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
     """One column of a row group: a read-only NumPy array, or ``ArrowRows`` for strings,
@@ -215,12 +217,12 @@ class ArrowStruct:
         return out
 
 
-def join(parts: list, n: int) -> Any:
+def join(parts: list) -> Any:
     """One column of a batch from its runs: arrays concatenated; lists of objects into an
     object array (ragged rows one by one: NumPy must not stack rows of equal length); a
     struct's runs (dicts) field by field, into a dict."""
     if isinstance(parts[0], dict):
-        return {name: join([p[name] for p in parts], n) for name in parts[0]}
+        return {name: join([p[name] for p in parts]) for name in parts[0]}
     if not any(isinstance(p, list) for p in parts):
         if len(parts) == 1:
             return parts[0]
@@ -229,13 +231,7 @@ def join(parts: list, n: int) -> Any:
     # a list column ragged in one row group and of one length in another, or of one length
     # in each but not the same: rows of both
     values = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
-    out = np.empty(n, dtype=object)
-    if values and isinstance(values[0], np.ndarray):
-        for j, value in enumerate(values):
-            out[j] = value
-    else:
-        out[:] = values
-    return out
+    return object_column(list(values))
 
 
 def pick(batch: dict[str, Any], at: Any) -> dict[str, Any]:

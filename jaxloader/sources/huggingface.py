@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxloader.collate import object_column
+
 
 def adapt(source: Any) -> Any:
     """``HuggingFaceSource(source)`` for a ``datasets.Dataset``, the source itself otherwise."""
@@ -96,10 +98,7 @@ def _stacked(values: list) -> Any:
     if all(isinstance(v, np.ndarray) and v.dtype.kind in "biufcmMV" for v in values) and len(
             {v.shape for v in values}) == 1:
         return np.stack(values)
-    out = np.empty(len(values), dtype=object)
-    for j, value in enumerate(values):  # (not out[:] = values: NumPy would stack equal rows)
-        out[j] = value
-    return out
+    return object_column(values)
 
 
 def _as_declared(value: Any, feature: Any) -> Any:
@@ -115,12 +114,9 @@ def _as_declared(value: Any, feature: Any) -> Any:
     if value.dtype.kind in "biuf" and value.dtype != dtype:
         return value.astype(dtype)
     if value.dtype == object and value.ndim == 1:  # ragged rows, one array each
-        rows = [v.astype(dtype) if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"
-                and v.dtype != dtype else v for v in value]
-        out = np.empty(len(rows), dtype=object)
-        for j, row in enumerate(rows):
-            out[j] = row
-        return out
+        return object_column([v.astype(dtype) if isinstance(v, np.ndarray)
+                              and v.dtype.kind in "biuf" and v.dtype != dtype else v
+                              for v in value])
     return value
 
 

@@ -267,7 +267,7 @@ class ParquetSource:
                     out.append(column.take_span(local, a, b, plus, listed))
                 else:  # (measured: indexing 0.14 us, take 0.33; rows of 16 values 1.0 and 0.32)
                     out.append(column[rows] if column.ndim == 1 else column.take(rows, axis=0))
-        batch = {name: join(p, len(indices)) for name, p in columns}
+        batch = {name: join(p) for name, p in columns}
         if order is not None:
             restore = np.empty_like(order)
             restore[order] = np.arange(len(order))
