@@ -60,41 +60,35 @@ class HuggingFaceSource:
         batch = self.dataset[np.asarray(indices).tolist()]
         if self.custom:  # the transform's columns: lists of rows, or arrays
             return {key: _strings_as_objects(_rows_batched(value)) for key, value in batch.items()}
-        return {key: _as_declared(_fields_batched(value), self._features.get(key))
+        return {key: _as_declared(_rows_batched(value), self._features.get(key))
                 for key, value in batch.items()}
 
     def __repr__(self) -> str:
         return f"HuggingFaceSource({self.dataset!r:.200})"
 
 
-def _fields_batched(column: Any) -> Any:
-    """A column of dicts (NumPy format's batch of a struct feature: an object array) as a
-    dict of its fields' columns; rows of one shape stacked, others an object array of rows."""
-    if not (isinstance(column, (np.ndarray, list)) and len(column)
-            and isinstance(column[0], dict)):
-        return column
-    return {key: _fields_batched(_stacked([row[key] for row in column])) for key in column[0]}
-
-
 def _rows_batched(column: Any) -> Any:
-    """A transform's column as one array: rows of one shape (arrays, NumPy or Python numbers,
-    tensors) stacked, strings an object array, dicts by field, others an object array."""
+    """A column of rows as one array: rows of one shape (arrays, NumPy or Python numbers,
+    tensors) stacked, strings an object array, dicts (a struct feature, which NumPy format
+    gives as an object array of them) a dict of their fields batched, others an object array.
+    Arrays (NumPy format's columns) are kept as they are."""
+    if isinstance(column, np.ndarray) and column.dtype == object and len(column) and (
+            isinstance(column[0], dict)):
+        column = list(column)
     if not isinstance(column, (list, tuple)) or not column:
         return column
     if isinstance(column[0], dict):
         return {key: _rows_batched([row[key] for row in column]) for key in column[0]}
     if all(isinstance(v, (str, bytes)) for v in column):
-        return _stacked(list(column))
+        return object_column(list(column))
     try:
         rows = [np.asarray(v) for v in column]
     except (TypeError, ValueError):  # (a ragged nested list)
-        return _stacked(list(column))
+        return object_column(list(column))
     return _stacked(rows)
 
 
 def _stacked(values: list) -> Any:
-    if isinstance(values[0], dict):
-        return values
     if all(isinstance(v, np.ndarray) and v.dtype.kind in "biufcmMV" for v in values) and len(
             {v.shape for v in values}) == 1:
         return np.stack(values)
