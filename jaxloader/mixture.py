@@ -16,8 +16,10 @@ is within a fraction of a percent of the weights, and nothing depends on what wa
 A component's reads in a block are a run, so a span of blocks is laid out one component at a
 time, with no search; a step holds whole blocks, so a worker lays out only its own steps'.
 Component ``c`` reads its records in its own reshuffled epochs (a Feistel network over a
-domain just above its length: ``IndexShuffle(tight=True)``), so a small component wraps (and
-is reshuffled) more often than a large one. A weight change from step ``s`` takes effect from
+domain just above its length: ``IndexShuffle(tight=True)``), or with ``shuffle=LocalShuffle``
+read-locally (``BlockOrder`` over its own blocks, keyed by its seed: its consecutive reads stay
+in a window of blocks), so a small component wraps (and is reshuffled) more often than a large
+one. A weight change from step ``s`` takes effect from
 the first block that starts at or after step ``s``'s first position; ``C_c(k)`` is summed over
 the schedule's regimes, so the batches of every earlier step stay what they were. Everything
 is computed per batch from the step: resume is O(1) and elastic, as for a single source.
