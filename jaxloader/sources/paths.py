@@ -37,6 +37,9 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike], suffix: str,
     out: list[str] = []
     for path in [str(os.fspath(p)) for p in listed]:
         remote = "://" in path
+        if not remote and os.path.isfile(path):  # a file named with [ or * is that file
+            out.append(path)
+            continue
         if any(c in path for c in _PATTERN):
             found = _remote_glob(path, owner) if remote else sorted(glob.glob(path, recursive=True))
             what = "matches no file"

@@ -37,6 +37,12 @@ def test_folders_and_patterns_become_their_files_sorted_in_the_order_given(tmp_p
         "sub/c.parquet", "a.parquet", "b.parquet", os.path.relpath("missing.parquet", tmp_path)]
 
 
+def test_a_file_named_like_a_pattern_is_that_file(tmp_path):
+    touch(tmp_path, "part[1].parquet", "part1.parquet")
+    assert expand(str(tmp_path / "part[1].parquet"), ".parquet", "S") == [
+        str(tmp_path / "part[1].parquet")]
+
+
 def test_a_pattern_or_folder_with_no_file_is_named(tmp_path):
     touch(tmp_path / "empty", "notes.txt")
     with pytest.raises(jl.ConfigError, match=r"ParquetSource\(paths\): '.*nope-\*.parquet' "
