@@ -31,8 +31,8 @@ from jaxloader.collate import object_column
 
 
 def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
-    """One column of a row group: a read-only NumPy array, or ``ArrowRows`` for strings,
-    bytes and ragged lists. A column read from a file is copied into one compact chunk (the
+    """One column of a row group: a read-only NumPy array, ``ArrowRows`` for strings, bytes
+    and ragged lists, or ``ArrowStruct`` for a struct. A column read from a file is copied into one compact chunk (the
     reader's buffers hold more than their rows: 190 against 265 MiB a worker, measured); a
     ``compact`` one (in shared memory) is kept as it is."""
     array = column.chunk(0) if compact and column.num_chunks == 1 else column.combine_chunks()
@@ -235,7 +235,8 @@ def join(parts: list) -> Any:
 
 
 def pick(batch: dict[str, Any], at: Any) -> dict[str, Any]:
-    """Every column's (and struct field's) ``column[at]``: rows reordered, or one row."""
+    """Every column's (and struct field's) ``column[at]``: a batch's rows reordered, with no
+    pytree walk (``tree.flatten``) a batch."""
     return {name: pick(c, at) if isinstance(c, dict) else c[at] for name, c in batch.items()}
 
 

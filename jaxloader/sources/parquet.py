@@ -49,6 +49,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxloader import tree as tree_lib
 from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
 from jaxloader.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
@@ -274,7 +275,7 @@ class ParquetSource:
             batch = pick(batch, restore)
         if any(c.dtype.hasobject and len(c) and isinstance(c[0], np.ndarray)
                for c in leaves(batch)):
-            return [pick(batch, j) for j in range(len(indices))]
+            return tree_lib.split_rows(batch, len(indices))
         return batch
 
     def _sharing(self) -> bool:
