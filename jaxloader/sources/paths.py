@@ -1,11 +1,11 @@
 """A file source's ``paths``: one path, a list, a folder or a glob pattern, as a sorted list.
 
 A folder stands for the files under it whose names end with the source's suffix (sorted, at
-any depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted). A remote pattern
-(``gs://bucket/dir/train-*.parquet``, in the file name only) lists its folder through
-``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern). The list is
-fixed at construction and is part of the source's fingerprint, so a restore over a folder
-whose files changed is refused.
+any depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted). A remote
+pattern (``gs://bucket/dir/train-*.parquet``, in the file name only) lists its folder through
+``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern).
+The list is fixed at construction and is part of the source's fingerprint, so a restore over
+a folder whose files changed is refused.
 
 Example:
     >>> import os, tempfile
@@ -41,7 +41,8 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike], suffix: str,
             out.append(path)
             continue
         if any(c in path for c in _PATTERN):
-            found = _remote_glob(path, owner) if remote else sorted(glob.glob(path, recursive=True))
+            found = (_remote_glob(path, owner) if remote
+                     else sorted(glob.glob(path, recursive=True)))
             what = "matches no file"
         elif not remote and os.path.isdir(path):
             found = sorted(glob.glob(os.path.join(glob.escape(path), "**", f"*{suffix}"),
