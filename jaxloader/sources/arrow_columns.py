@@ -226,12 +226,14 @@ def join(parts: list) -> Any:
     if not any(isinstance(p, list) for p in parts):
         if len(parts) == 1:
             return parts[0]
-        if len({(p.shape[1:], p.dtype.hasobject) for p in parts}) == 1:
+        try:
             return np.concatenate(parts)
+        except ValueError:  # lists of one length in a row group, another in the next
+            pass
     # a list column ragged in one row group and of one length in another, or of one length
     # in each but not the same: rows of both
     values = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
-    return object_column(list(values))
+    return object_column(values)
 
 
 def pick(batch: dict[str, Any], at: Any) -> dict[str, Any]:
