@@ -402,10 +402,19 @@ def _open(pq: Any, path: str) -> Any:
 def _metadata(pq: Any, path: str) -> Any:
     import pyarrow as pa
 
+    pattern = path.rstrip("/") + "/*.parquet"  # what to pass for a remote folder
     try:
         return _open(pq, path).metadata
-    except FileNotFoundError:
-        raise ConfigError(f"ParquetSource: file {path!r} does not exist; check the path") from None
+    except FileNotFoundError:  # (a bucket's store may say so of a folder)
+        folder = (f"; if it is a remote folder, pass a pattern: {pattern!r}"
+                  if "://" in path and not path.endswith(".parquet") else "")
+        raise ConfigError(
+            f"ParquetSource: file {path!r} does not exist; check the path{folder}") from None
+    except IsADirectoryError:  # a remote folder (local ones are listed by paths.expand)
+        raise ConfigError(
+            f"ParquetSource: {path!r} is a folder; remote folders are not listed: pass a "
+            f"pattern, {pattern!r}, or the files' paths"
+        ) from None
     except (pa.ArrowInvalid, OSError) as e:
         raise ConfigError(
             f"ParquetSource: file {path!r} is not a Parquet file ({e}); pass Parquet files "

@@ -84,3 +84,10 @@ def test_a_remote_pattern_lists_its_folder_through_epath(gcs):
         expand("gs://bucket/*/train-*.parquet", ".parquet", "S")
     with pytest.raises(jl.ConfigError, match="matches no file"):
         expand("gs://bucket/data/valid-*.parquet", ".parquet", "S")
+    with pytest.raises(jl.ConfigError, match=r"'gs://bucket/data/' is a folder; remote folders "
+                                             r"are not listed: pass a pattern, "
+                                             r"'gs://bucket/data/\*.parquet'"):
+        jl.ParquetSource("gs://bucket/data/")
+    with pytest.raises(jl.ConfigError, match=r"'gs://bucket/other' does not exist; check the "
+                                             r"path; if it is a remote folder, pass a pattern"):
+        jl.ParquetSource("gs://bucket/other")  # (a bucket's store may say so of a folder)
