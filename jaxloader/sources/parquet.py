@@ -22,7 +22,8 @@ Columns become NumPy: numbers and booleans arrays, dates and times ``datetime64`
 lists of numbers of one length one more axis (lists of such lists one more a depth),
 variable-length lists one array per row, strings (dictionary-encoded too) ``str``, binary
 ``bytes`` and decimals ``Decimal`` (object leaves; ``jaxloader.sources.arrow_columns``),
-structs dicts of their fields (each read as a column is). A null, at the top of a column,
+structs dicts of their fields (each read as a column is). The unnamed row labels pandas stores
+(``__index_level_0__``) are not a column unless ``columns=`` names them. A null, at the top of a column,
 inside its lists or in a struct's field, raises naming the column (``struct.field``) and the
 file.
 Decoded rows are read-only, as an ``ArraySource``'s are. Paths may be remote (``gs://...``):
@@ -43,6 +44,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import re
 import warnings
 import weakref
 from typing import Any, Sequence
@@ -92,7 +94,8 @@ class ParquetSource:
         available = list(schema.names)
         if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
             columns = [columns]
-        self.columns = list(columns) if columns is not None else available
+        self.columns = list(columns) if columns is not None else [
+            c for c in available if c not in _pandas_row_labels(schema)]
         missing = [c for c in self.columns if c not in available]
         if missing:
             raise ConfigError(
@@ -420,6 +423,18 @@ def _metadata(pq: Any, path: str) -> Any:
             f"ParquetSource: file {path!r} is not a Parquet file ({e}); pass Parquet files "
             "only (FileListSource reads other files as bytes)"
         ) from None
+
+
+def _pandas_row_labels(schema: Any) -> set[str]:
+    """The columns in which pandas stored a DataFrame's unnamed row labels
+    (``__index_level_0__``, written by ``df.to_parquet()`` for any index but a range): not
+    data, so ``columns=None`` leaves them out (name one in ``columns=`` to read it). A named
+    index (``df.set_index("id")``) is the user's data and stays."""
+    try:
+        labels = (schema.pandas_metadata or {}).get("index_columns", [])
+    except (ValueError, TypeError):  # metadata that is not pandas' JSON
+        return set()
+    return {c for c in labels if isinstance(c, str) and re.fullmatch(r"__index_level_\d+__", c)}
 
 
 def _decoded_bytes(row_group: Any, columns: list[str]) -> int:

@@ -377,6 +377,19 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
         jl.ParquetSource(str(nulls))[0]
 
 
+def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
+    pd = pytest.importorskip("pandas")  # installed with datasets, in the test extra
+    frame = pd.DataFrame({"x": np.arange(4.0)}, index=[10, 11, 12, 13])  # not a range
+    frame.to_parquet(tmp_path / "labels.parquet")
+    assert "__index_level_0__" in pq.ParquetFile(tmp_path / "labels.parquet").schema_arrow.names
+    src = jl.ParquetSource(str(tmp_path / "labels.parquet"))
+    assert src.columns == ["x"] and src[1] == {"x": 1.0}
+    asked = jl.ParquetSource(str(tmp_path / "labels.parquet"), columns=["x", "__index_level_0__"])
+    assert asked[1] == {"x": 1.0, "__index_level_0__": 11}
+    frame.rename_axis("key").to_parquet(tmp_path / "named.parquet")  # a named index is data
+    assert jl.ParquetSource(str(tmp_path / "named.parquet"))[2] == {"x": 2.0, "key": 12}
+
+
 def test_a_cache_smaller_than_what_the_order_reads_at_once_warns(tmp_path):
     paths = write_parts(tmp_path)  # 10 row groups of up to 16 rows
     sizes = jl.ParquetSource(paths)._group_bytes
