@@ -14,6 +14,13 @@ same way (``decode``: the label as an int, the text's length) and makes batches 
 - the ceiling: 2 bare processes, each reading half the shards (with ``TarShard``: ``tarfile``
   is slower) and decoding the records, with no batching and nothing sent anywhere.
 Loaders take turns over ``--rounds``; each reads ``--batches`` batches after a warm-up.
+
+``--only compressed``: JSON lines shards (a ~750-byte text and an id a line, as C4's) plain,
+gzip (level 6) and Zstandard (level 3), read by ``StreamLoader(Stream.jsonl(paths),
+num_workers=2)``: records/s against the plain files and against 2 bare processes each
+reading and parsing a whole shard of the same files (the ceiling), and the seconds from
+``load_state_dict`` of a state in the middle of every shard to the first batch (a
+compressed shard is read from its start up to the state's offset).
 """
 
 from __future__ import annotations
@@ -105,16 +112,16 @@ def webdataset_loader(paths: list[str]) -> Callable[[], Any]:
     return make
 
 
-def _bare(paths: list[str], out: Any) -> None:
+def _bare(paths: list[str], out: Any, make: Any = None, parse: Any = decode) -> None:
     """Reads and decodes records with the fastest reader here (``TarShard``'s header parsing;
     ``tarfile`` is ~5x slower a member), nothing else."""
     start, n = time.perf_counter(), 0
     for path in paths:
-        shard = jl.TarShard(path)
+        shard = (make or jl.TarShard)(path)
         shard.reset()
         while True:
             try:
-                decode(shard.next())
+                parse(shard.next())
             except StopIteration:
                 break
             n += 1
@@ -155,16 +162,147 @@ def rate(make: Callable[[], Any], batches: int, warmup: int = 20) -> float:
             close()
 
 
+def write_jsonl(directory: str, shards: int, per_shard: int, suffix: str) -> list[str]:
+    """``shards`` JSON lines files of ``per_shard`` records, compressed by ``suffix``."""
+    import gzip
+    import json
+
+    from jaxloader.streams.compressed import _zstd_module
+
+    pack = {"": lambda b: b, ".gz": gzip.compress,
+            ".zst": lambda b: _zstd_module("bench").compress(b, 3)}[suffix]
+    import numpy as np
+
+    # words drawn at random from 4,096 (as compressible as English text: gzip ~3x)
+    words = np.array([f"{chr(97 + i % 26)}{i:x}" for i in range(4096)], dtype=object)
+    paths = []
+    for s in range(shards):
+        drawn = words[np.random.default_rng(s).zipf(1.2, (per_shard, 120)) % 4096]
+        lines = [json.dumps({"id": s * per_shard + i, "text": " ".join(row)})
+                 for i, row in enumerate(drawn.tolist())]
+        path = os.path.join(directory, f"part-{s:04d}.jsonl{suffix}")
+        with open(path, "wb") as f:
+            f.write(pack(("\n".join(lines) + "\n").encode()))
+        paths.append(path)
+    return paths
+
+
+def text_length(record: dict) -> dict:
+    return {"cls": record["id"], "length": len(record["text"])}
+
+
+def jsonl_loader(paths: list[str]) -> Callable[[], Any]:
+    def make() -> Any:
+        return jl.StreamLoader(jl.Stream.jsonl(paths), batch_size=BATCH, seed=0,
+                               num_workers=WORKERS, transforms=[jl.Map(text_length)],
+                               process_index=0, process_count=1)
+    return make
+
+
+def restore_seconds(make: Callable[[], Any], per_shard: int, shards: int) -> float:
+    """Seconds from ``load_state_dict`` to the first batch, for a state whose readers are each
+    in the middle of a shard (a fresh loader each time: its workers started before)."""
+    loader = make()
+    it = iter(loader)
+    for _ in range(per_shard * WORKERS // BATCH // 2 or 1):  # half a shard for each reader
+        next(it)
+    state = loader.state_dict()
+    loader.close()
+    loader = make()
+    try:
+        next(iter(loader))  # the workers started
+        start = time.perf_counter()
+        loader.load_state_dict(state)
+        next(iter(loader))
+        return time.perf_counter() - start
+    finally:
+        loader.close()
+
+
+def jsonl_ceiling(paths: list[str]) -> float:
+    """Records per second of 2 bare processes, each reading and parsing one whole shard
+    (``JsonlShard``, ``text_length``): no batching, nothing sent."""
+    context = multiprocessing.get_context("fork")
+    queue: Any = context.Queue()
+    procs = [context.Process(target=_bare, args=([paths[w]], queue, jl.JsonlShard, text_length))
+             for w in range(WORKERS)]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    got = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(n for n, _ in got) / (time.perf_counter() - start)
+
+
+def seek_rate(path: str, offset: int) -> float:
+    """MiB a second of a shard's ``reset`` to the state at ``offset`` (decompressed bytes):
+    what a restore costs a reader, without the loader around it."""
+    shard = jl.JsonlShard(path)
+    start = time.perf_counter()
+    shard.reset({"offset": offset, "line": 0})
+    elapsed = time.perf_counter() - start
+    shard.close()
+    return offset / 2**20 / elapsed
+
+
+def compressed(args: argparse.Namespace, work: str) -> None:
+    shards, per_shard = max(WORKERS, args.shards // 10), args.per_shard * 10
+    loaders, sizes, firsts, every = {}, {}, {}, {}
+    for suffix, name in (("", "plain .jsonl"), (".gz", ".jsonl.gz"), (".zst", ".jsonl.zst")):
+        folder = os.path.join(work, name.strip("."))
+        os.makedirs(folder)
+        paths = every[name] = write_jsonl(folder, shards, per_shard, suffix)
+        sizes[name], firsts[name] = sum(map(os.path.getsize, paths)) / 2**20, paths[0]
+        loaders[name] = jsonl_loader(paths)
+    end = os.path.getsize(firsts["plain .jsonl"]) - 1  # the last line's last byte
+    rates: dict = {name: [] for name in loaders}
+    restores: dict = {name: [] for name in loaders}
+    seeks: dict = {name: [] for name in loaders}
+    ceilings: dict = {name: [] for name in loaders}
+    names = list(rates)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rates[name].append(rate(loaders[name], args.batches))
+            ceilings[name].append(jsonl_ceiling(every[name]))
+            restores[name].append(restore_seconds(loaders[name], per_shard, shards))
+            seeks[name].append(seek_rate(firsts[name], end))
+    medians = {name: statistics.median(v) for name, v in rates.items()}
+    tops = {name: statistics.median(v) for name, v in ceilings.items()}
+    plain = medians["plain .jsonl"]
+    print(f"{machine()}; {shards} JSON lines shards x {per_shard} records "
+          f"({sizes['plain .jsonl'] / shards:.1f} MiB a shard), batch {BATCH}, "
+          f"{args.rounds} rounds")
+    print(table([(name, f"{sizes[name]:.0f}", f"{v:,.0f}", f"{v / plain:.2f}",
+                  f"{tops[name]:,.0f}", f"{v / tops[name]:.0%}",
+                  f"{statistics.median(restores[name]):.3f}",
+                  f"{statistics.median(seeks[name]):,.0f}" if name != "plain .jsonl"
+                  else "- (a seek)")
+                 for name, v in medians.items()],
+                ("shards", "MiB", "records/s (median)", "vs plain",
+                 "ceiling: 2 bare readers, records/s", "% of ceiling",
+                 "s from load_state_dict to a batch (mid-shard)",
+                 "a shard's reset to its end, MiB/s")))
+    print("saved", save("streams_compressed", {"machine": machine(), "rates": rates,
+                                               "restore_s": restores, "seek_mib_s": seeks,
+                                               "ceiling": ceilings, "mib": sizes}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shards", type=int, default=200)
     parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="tar,compressed",
+                        help="comma-separated subset of: tar, compressed")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_streams_")
     try:
-        run(args, work)
+        if "tar" in args.only.split(","):
+            run(args, work)
+        if "compressed" in args.only.split(","):
+            compressed(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # ~400 MB of shards
 

@@ -1,4 +1,5 @@
-"""StreamLoader: exact resume over tar, JSONL and generator streams, workers 0 and 2."""
+"""StreamLoader: exact resume over tar, JSONL (plain and compressed) and generator streams,
+workers 0 and 2."""
 
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ def tar_stream(tmp_path, **kw):
     return jl.Stream.tar(paths, **kw)
 
 
+def compressed_stream(tmp_path, **kw):
+    """JSONL shards in gzip, Zstandard, xz and bzip2: resumed by reading up to their place."""
+    from streams.test_compressed import compress
+
+    paths = [compress(write_jsonl(tmp_path / f"part-{s}.jsonl",
+                                  range(s * PER_SHARD, (s + 1) * PER_SHARD)), suffix)
+             for s, suffix in enumerate([".gz", ".zst", ".xz", ".bz2"])]
+    return jl.Stream.jsonl(paths, **kw)
+
+
 def generator_stream(tmp_path, **kw):
     return jl.Stream.from_generator(
         lambda s: ({"id": i} for i in range(s * PER_SHARD, (s + 1) * PER_SHARD)), SHARDS, **kw)
@@ -36,7 +47,7 @@ def tar_id(record):  # a tar record's id, from its key
 
 
 STREAMS = {"jsonl": (jsonl_stream, []), "tar": (tar_stream, [jl.Map(tar_id)]),
-           "generator": (generator_stream, [])}
+           "generator": (generator_stream, []), "compressed jsonl": (compressed_stream, [])}
 
 
 def loader_of(stream, transforms, num_workers=0, batch_size=6, **kw):

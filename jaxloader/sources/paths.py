@@ -29,10 +29,11 @@ from jaxloader.errors import ConfigError
 _PATTERN = "*?["
 
 
-def expand(paths: str | os.PathLike | Sequence[str | os.PathLike], suffix: str,
-           owner: str) -> list[str]:
-    """``paths`` as a list of files: folders and patterns expanded (sorted), in the order
-    given; a pattern or folder with no file raises naming it."""
+def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
+           suffix: str | tuple[str, ...], owner: str) -> list[str]:
+    """``paths`` as a list of files: folders (their files ending with ``suffix``, or any of
+    a tuple of them) and patterns expanded (sorted), in the order given; a pattern or folder
+    with no file raises naming it."""
     listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     out: list[str] = []
     for path in [str(os.fspath(p)) for p in listed]:
@@ -45,9 +46,11 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike], suffix: str,
                      else sorted(glob.glob(path, recursive=True)))
             what = "matches no file"
         elif not remote and os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "**", f"*{suffix}"),
-                                     recursive=True))
-            what = f"is a folder with no *{suffix} file"
+            suffixes = (suffix,) if isinstance(suffix, str) else suffix
+            found = sorted(f for s in suffixes for f in glob.glob(
+                os.path.join(glob.escape(path), "**", f"*{s}"), recursive=True))
+            what = f"is a folder with no *{suffixes[0]} file" + (
+                f" (nor {', '.join('*' + s for s in suffixes[1:])})" if suffixes[1:] else "")
         else:
             out.append(path)
             continue

@@ -34,6 +34,7 @@ from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 from jaxloader.sampling import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand
+from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
@@ -77,19 +78,22 @@ class Stream:
     @classmethod
     def jsonl(cls, paths: Any, **kwargs: Any) -> "Stream":
         """A stream of JSON lines files, one shard a file. ``paths``: a path, a list, a folder
-        (its ``*.jsonl`` files) or a glob pattern (``jaxloader.sources.paths``)."""
-        return cls([JsonlShard(p) for p in expand(paths, ".jsonl", "Stream.jsonl")], **kwargs)
+        (its ``*.jsonl`` files, and ``*.jsonl.gz``, ``.bz2``, ``.xz``, ``.zst``) or a glob
+        pattern (``jaxloader.sources.paths``). Compressed files are read as what they hold
+        (``jaxloader.streams.compressed``; a resume reads one up to its place)."""
+        return cls([JsonlShard(p) for p in expand(paths, _or_compressed(".jsonl"), "Stream.jsonl")], **kwargs)
 
     @classmethod
     def text(cls, paths: Any, **kwargs: Any) -> "Stream":
-        """A stream of text files, a line a record (``paths`` as for ``jsonl``; ``*.txt``)."""
-        return cls([TextShard(p) for p in expand(paths, ".txt", "Stream.text")], **kwargs)
+        """A stream of text files, a line a record (``paths`` as for ``jsonl``; ``*.txt``,
+        compressed or not)."""
+        return cls([TextShard(p) for p in expand(paths, _or_compressed(".txt"), "Stream.text")], **kwargs)
 
     @classmethod
     def tar(cls, paths: Any, **kwargs: Any) -> "Stream":
         """A stream of tar shards in the WebDataset layout (``paths`` as for ``jsonl``;
-        ``*.tar``)."""
-        return cls([TarShard(p) for p in expand(paths, ".tar", "Stream.tar")], **kwargs)
+        ``*.tar``, compressed or not: ``*.tar.gz``)."""
+        return cls([TarShard(p) for p in expand(paths, _or_compressed(".tar"), "Stream.tar")], **kwargs)
 
     @classmethod
     def from_generator(cls, make: Callable[[int], Iterable], shards: int,
@@ -106,6 +110,11 @@ class Stream:
         """What a state is checked against: the shards' names, the window, the shuffle."""
         return {"shards": [s.name for s in self.shards], "shuffle_window": self.shuffle_window,
                 "shuffle_shards": self.shuffle_shards}
+
+
+def _or_compressed(suffix: str) -> tuple[str, ...]:
+    """A folder's files of a format: ``a.jsonl``, and ``a.jsonl.gz`` and the like."""
+    return (suffix, *(suffix + c for c in SUFFIXES))
 
 
 class _Bound:

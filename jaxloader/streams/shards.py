@@ -8,7 +8,8 @@ that survives JSON. A shard is picklable before it is reset (it travels to a wor
 
 Ready shards: ``JsonlShard`` (a JSON value a line), ``TextShard`` (a line, as ``str``) and
 ``jaxloader.streams.tar.TarShard`` (WebDataset layout: files grouped by key), each resuming by
-seeking to a byte offset (O(1)); ``IterableShard`` over a function that makes an iterable (a generator function,
+seeking to a byte offset (O(1); a compressed file, ``jaxloader.streams.compressed``, is read
+up to it); ``IterableShard`` over a function that makes an iterable (a generator function,
 a simulator), resuming by skipping the records already read (O(n)).
 
 Example:
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkabl
 import numpy as np
 
 from jaxloader.errors import ConfigError, RecordError, StateDictError
+from jaxloader.streams.compressed import decompressed
 
 
 @runtime_checkable
@@ -62,7 +64,10 @@ class _LineShard:
     def next(self) -> Any:
         if self._file is None:
             self.reset(None)
-        raw = self._file.readline()
+        try:
+            raw = self._file.readline()
+        except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
+            raise unreadable(self, f"line {self._line + 1}", e) from e
         if not raw:
             raise StopIteration
         self._line += 1
@@ -194,16 +199,28 @@ class IterableShard:
 
 
 def open_file(shard: Any) -> Any:
-    """``shard.path`` opened for reading bytes; an error naming the shard if it cannot be."""
+    """``shard.path`` opened for reading the bytes it holds (decompressed if it is gzip,
+    bzip2, xz or Zstandard: ``jaxloader.streams.compressed``); an error naming the shard if
+    it cannot be."""
     try:
         if "://" in shard.path:  # remote (gs://, s3://): through the path layer Orbax uses
             from etils import epath
 
-            return epath.Path(shard.path).open("rb")
-        return open(shard.path, "rb")
+            raw = epath.Path(shard.path).open("rb")
+        else:
+            raw = open(shard.path, "rb")
+        return decompressed(raw, shard.path)
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
                           "path, or drop the shard from the stream") from None
+
+
+def unreadable(shard: Any, where: str, error: Exception) -> RecordError:
+    """The error for a shard whose bytes cannot be read at ``where`` (a compressed file cut
+    short or corrupt, a failing disk)."""
+    return RecordError(f"{shard.path}: {where}: cannot be read ({type(error).__name__}: "
+                       f"{error}); is the file whole? replace it, or drop the shard from the "
+                       "stream")
 
 
 def state_ints(shard: Any, state: dict | None, keys: tuple[str, ...]) -> tuple[int, ...]:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from jaxloader.errors import ConfigError, RecordError
-from jaxloader.streams.shards import open_file, state_ints
+from jaxloader.errors import RecordError
+from jaxloader.streams.shards import open_file, state_ints, unreadable
 
 
 class TarShard:
@@ -36,7 +36,8 @@ class TarShard:
 
     The headers are parsed here (ustar, GNU long names, pax ``path``), not by ``tarfile``: a
     member costs two reads and a slice (``tarfile`` builds an object a member, ~10x slower).
-    Compressed tar files are refused: they cannot be resumed by offset.
+    A compressed tar file (``.tar.gz``) is read as the tar it holds (offsets in it); a resume
+    then decompresses it up to its offset (``jaxloader.streams.compressed``).
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -50,17 +51,20 @@ class TarShard:
         offset, records = state_ints(self, state, ("offset", "records"))
         self.close()
         self._file = open_file(self)
-        head = self._file.read(2)
-        if head in (b"\x1f\x8b", b"BZ", b"\xfd7"):
-            self.close()
-            raise ConfigError(f"TarShard: {self.path!r} is compressed; a shard resumes by "
-                              "seeking to a byte offset, so give an uncompressed .tar")
         self._file.seek(offset)
         self._records = records
         self._pending = self._member()
 
     def _member(self) -> tuple[int, str, bytes] | None:
         """The next regular file: (its header's offset, name, data); None at the end."""
+        try:
+            return self._read_member()
+        except RecordError:
+            raise
+        except Exception as e:  # a compressed file cut short or corrupt
+            raise unreadable(self, f"the member after record {self._records}", e) from e
+
+    def _read_member(self) -> tuple[int, str, bytes] | None:
         f = self._file
         long_name = None
         start = f.tell()  # a long name's own header comes first: a resume starts there

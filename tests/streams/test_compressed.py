@@ -1,0 +1,114 @@
+"""Compressed shards: gzip, bzip2, xz and Zstandard read as what they hold, resumed exactly."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+
+import cloudpickle
+import pytest
+
+import jaxloader as jl
+from jaxloader.streams import compressed
+from streams.test_shards import read_all, write_jsonl, write_tar
+
+zstd = compressed._zstd_module("the tests")  # backports.zstd is in the test extra
+
+WRITE = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
+         ".zst": zstd.compress}
+
+
+def compress(path, suffix):
+    """``path`` compressed into ``path + suffix`` (the plain file removed)."""
+    packed = path.with_name(path.name + suffix)
+    packed.write_bytes(WRITE[suffix](path.read_bytes()))
+    path.unlink()
+    return packed
+
+
+@pytest.mark.parametrize("suffix", list(WRITE))
+@pytest.mark.parametrize("kind", ["jsonl", "text", "tar"])
+def test_a_compressed_shard_reads_and_resumes_as_the_plain_one(tmp_path, kind, suffix):
+    ids = list(range(40))
+    write, make = {"jsonl": (write_jsonl, jl.JsonlShard), "text": (write_jsonl, jl.TextShard),
+                   "tar": (write_tar, jl.TarShard)}[kind]
+    plain = write(tmp_path / f"a.{kind}", ids)
+    everything = read_all(make(plain))
+    packed = compress(write(tmp_path / f"b.{kind}", ids), suffix)
+    assert compressed.compression(open(packed, "rb")) is not None
+    shard = make(packed)
+    assert read_all(shard) == everything and len(everything) == 40
+    for k in (1, 17, 40):
+        shard.reset(None)
+        for _ in range(k):
+            shard.next()
+        state = json.loads(json.dumps(shard.get_state()))
+        fresh = cloudpickle.loads(cloudpickle.dumps(shard))  # as a worker gets it
+        assert read_all(fresh, state) == everything[k:], k
+
+
+def test_the_format_is_told_by_the_first_bytes_not_the_name(tmp_path):
+    named = tmp_path / "plain.jsonl.gz"  # not compressed, whatever its name says
+    named.write_text('{"id": 1}\n')
+    assert read_all(jl.JsonlShard(named)) == [{"id": 1}]
+    hidden = tmp_path / "packed.jsonl"
+    hidden.write_bytes(gzip.compress(b'{"id": 2}\n'))
+    assert read_all(jl.JsonlShard(hidden)) == [{"id": 2}]
+    text = tmp_path / "bzh.txt"  # begins like bzip2's magic, but is text
+    text.write_text("BZh9 is a block size\n")
+    assert read_all(jl.TextShard(text)) == ["BZh9 is a block size"]
+
+
+def test_a_folder_lists_compressed_files_and_a_stream_reads_them(tmp_path):
+    for s, suffix in enumerate(["", ".gz", ".zst"]):
+        path = write_jsonl(tmp_path / f"part-{s}.jsonl", range(10 * s, 10 * s + 10))
+        if suffix:
+            compress(path, suffix)
+    stream = jl.Stream.jsonl(tmp_path, shuffle_shards=False)
+    assert [s.name.rsplit("/", 1)[-1] for s in stream.shards] == [
+        "part-0.jsonl", "part-1.jsonl.gz", "part-2.jsonl.zst"]
+    with jl.StreamLoader(stream, batch_size=10, num_workers=2, process_index=0,
+                         process_count=1) as loader:
+        it = iter(loader)
+        ids = sorted(i for _ in range(3) for i in next(it)["id"].tolist())
+    assert ids == list(range(30))
+
+
+def test_a_file_cut_short_names_the_shard_and_the_line(tmp_path):
+    path = compress(write_jsonl(tmp_path / "a.jsonl", range(2000)), ".gz")
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # a download that stopped
+    shard = jl.JsonlShard(path)
+    with pytest.raises(jl.RecordError, match=r"a.jsonl.gz: line \d+: cannot be read "
+                                             r"\(EOFError: .*is the file whole"):
+        read_all(shard)
+    tar = compress(write_tar(tmp_path / "a.tar", range(200)), ".xz")
+    tar.write_bytes(tar.read_bytes()[:-200])
+    with pytest.raises(jl.RecordError, match=r"a.tar.xz: the member after record \d+: cannot "
+                                             r"be read \(EOFError"):
+        read_all(jl.TarShard(tar))
+
+
+def test_zstandard_without_its_module_says_what_to_install(tmp_path, monkeypatch):
+    path = compress(write_jsonl(tmp_path / "a.jsonl", range(3)), ".zst")
+    real = compressed.importlib.import_module
+
+    def without_zstd(name, *args):
+        if name.endswith("zstd"):
+            raise ImportError(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(compressed.importlib, "import_module", without_zstd)
+    with pytest.raises(jl.ConfigError, match=r"a.jsonl.zst' is compressed with Zstandard.*"
+                                             r"pip install \"jaxloader\[zstd\]\""):
+        jl.JsonlShard(path).reset()
+
+
+def test_a_gzip_reader_tells_offsets_in_what_it_holds():
+    f = compressed.decompressed(io.BytesIO(gzip.compress(b"a\nbb\nccc\n")), "x.gz")
+    assert [f.readline(), f.tell()] == [b"a\n", 2]
+    f.seek(5)
+    assert f.readline() == b"ccc\n"
