@@ -6,7 +6,8 @@ Run: ``python benchmarks/bench_streams.py [--shards 200] [--per-shard 1000]`` (P
 Each record is two files, ``<key>.txt`` (a short line of text) and ``<key>.cls`` (a label);
 every loader reads the same shards with 2 workers, groups the files by key, decodes them the
 same way (``decode``: the label as an int, the text's length) and makes batches of 256:
-- jaxloader ``StreamLoader(Stream.tar(paths), num_workers=2, transforms=[Map(decode)])``;
+- jaxloader ``StreamLoader(Stream.tar(paths), num_workers=2, transforms=[Map(decode)])``,
+  and the same shards as 3 streams (half, 3/10, 1/5 of them) mixed 0.5/0.3/0.2 (``jl.mix``);
 - torch ``DataLoader(TarRecords(paths), batch_size=256, num_workers=2)``, an
   ``IterableDataset`` that deals the shards to its workers by ``get_worker_info()`` and reads
   them with ``tarfile``, as jaxloader's ``TarShard`` does;
@@ -81,6 +82,18 @@ def tar_records(path: str) -> Iterator[dict]:
 def jaxloader_loader(paths: list[str]) -> Callable[[], Any]:
     def make() -> Any:
         return jl.StreamLoader(jl.Stream.tar(paths), batch_size=BATCH, seed=0,
+                               num_workers=WORKERS, transforms=[jl.Map(decode)],
+                               process_index=0, process_count=1)
+    return make
+
+
+def jaxloader_mixed(paths: list[str]) -> Callable[[], Any]:
+    """The same shards as 3 streams (half, 3/10, 1/5 of them) mixed 0.5/0.3/0.2."""
+    a, b = len(paths) // 2, len(paths) * 8 // 10
+
+    def make() -> Any:
+        streams = [jl.Stream.tar(part) for part in (paths[:a], paths[a:b], paths[b:])]
+        return jl.StreamLoader(jl.mix(streams, [0.5, 0.3, 0.2]), batch_size=BATCH, seed=0,
                                num_workers=WORKERS, transforms=[jl.Map(decode)],
                                process_index=0, process_count=1)
     return make
@@ -313,7 +326,9 @@ def run(args: argparse.Namespace, work: str) -> None:
     print(f"wrote {args.shards} shards of {args.per_shard} records in "
           f"{time.perf_counter() - start:.0f} s ({sum(map(os.path.getsize, paths)) / 2**20:.0f}"
           " MiB)")
-    loaders = {"jaxloader StreamLoader, 2 workers": jaxloader_loader(paths)}
+    loaders = {"jaxloader StreamLoader, 2 workers": jaxloader_loader(paths),
+               "jaxloader jl.mix of 3 tar streams (0.5/0.3/0.2), 2 workers":
+               jaxloader_mixed(paths)}
     try:
         loaders["torch DataLoader(IterableDataset), 2 workers"] = torch_loader(paths)
     except ImportError as e:

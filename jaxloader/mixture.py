@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.sampling import (LAST_BATCH_POLICIES, BatchSpec, IndexShuffle, StepMemo,
                                 splitmix64, splitmix64_array)
 from jaxloader.sources.concat import ConcatSource
+
+if TYPE_CHECKING:
+    from jaxloader.streams.mixed import MixedStream
 
 ORDER = 5  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
 # 2: blocks of 1,024 whatever the global batch; 3: components shuffled over 2**k; 4: over
@@ -76,13 +79,14 @@ class Mixture(ConcatSource):
 
 
 def mix(sources: Sequence[Any], weights: Sequence[float],
-        from_step: Mapping[int, Sequence[float]] | None = None) -> Mixture:
+        from_step: Mapping[int, Sequence[float]] | None = None) -> Mixture | MixedStream:
     """A mixture of ``sources``, a record of ``sources[c]`` at a position with probability
     ``weights[c]`` (normalised); ``from_step={step: weights}`` changes them from that step on.
 
     Pass it to ``DataLoader`` as the source: every component is reshuffled in its own epochs
     (``shuffle`` says whether components are shuffled), and the loader's epoch is the sum of
-    the components' lengths.
+    the components' lengths. Streams (``jl.Stream``) mix too: the result is read by a
+    ``StreamLoader`` (``jaxloader.streams.mixed``).
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -99,6 +103,21 @@ def mix(sources: Sequence[Any], weights: Sequence[float],
     for step, later in sorted((from_step or {}).items()):
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
         schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]")
+    from jaxloader.streams.mixed import MixedStream
+    from jaxloader.streams.reader import Stream
+
+    streams = [isinstance(s, Stream) for s in sources]
+    if any(streams) and not all(streams):
+        raise ConfigError(
+            f"mix(sources): sources {[i for i, s in enumerate(streams) if s]} are streams "
+            f"(jl.Stream) and {[i for i, s in enumerate(streams) if not s]} are not; mix "
+            "streams with streams (for a StreamLoader) and random-access sources with sources "
+            "(for a DataLoader); a source can be read as a stream with "
+            "jl.Stream.from_generator(lambda i: (source[j] for j in range(i, len(source), n)), "
+            "shards=n)"
+        )
+    if all(streams):
+        return MixedStream(sources, schedule)
     return Mixture(sources, schedule)
 
 

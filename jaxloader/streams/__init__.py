@@ -5,6 +5,8 @@
 | ``shards`` | the ``Shard`` protocol (``reset(state)``, ``next()``, ``get_state()``) and ready shards: ``JsonlShard``, ``TextShard``, ``IterableShard`` |
 | ``tar`` | ``TarShard``: tar files in the WebDataset layout, headers parsed here |
 | ``reader`` | ``Stream`` (shards, shuffle window) and ``StreamReader`` (one reader's share, epochs, windows, state) |
+| ``compressed`` | gzip, bzip2, xz and Zstandard files read as what they hold |
+| ``mixed`` | ``MixedStream`` (``jl.mix`` of streams) and ``MixedReader`` (a reader's records by weight) |
 | ``maker`` | ``StreamBatchMaker``: a reader's batches, transformed and collated |
 
 ``jaxloader.StreamLoader`` reads a ``Stream`` in the main process or in worker processes.

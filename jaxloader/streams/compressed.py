@@ -2,7 +2,7 @@
 
 ::
 
-    file ──its first bytes (not its name)──> gzip / bz2 / lzma / zstd reader ──> lines, members
+    file ──its first bytes (not its name)──> gzip / bz2 / lzma / zstd reader ──> lines
     state: offsets in the decompressed bytes; a resume decompresses up to its offset
 
 Text corpora ship this way (C4's ``.json.gz``, the Pile's ``.jsonl.zst``, WebDataset's

@@ -28,6 +28,7 @@ from typing import Any, Callable
 from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.pipeline import finish_batch
+from jaxloader.streams.mixed import MixedReader, MixedStream
 from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.transforms import Map, RecordRng
 
@@ -37,9 +38,9 @@ _POSITION_BITS = 40  # RecordRng's positions; the bits above go where a map-styl
 class StreamBatchMaker:
     """Batches of one reader of ``stream`` (chosen by the state given to ``reset``)."""
 
-    def __init__(self, stream: Stream, *, batch_size: int, seed: int, process_index: int,
-                 process_count: int, workers: int, record_transforms: tuple = (),
-                 batch_transforms: tuple = ()) -> None:
+    def __init__(self, stream: Stream | MixedStream, *, batch_size: int, seed: int,
+                 process_index: int, process_count: int, workers: int,
+                 record_transforms: tuple = (), batch_transforms: tuple = ()) -> None:
         self.stream, self.batch_size, self.seed = stream, batch_size, seed
         self.source = stream  # what the worker pool names when it cannot be pickled
         self.process_index, self.process_count, self.workers = (process_index, process_count,
@@ -47,14 +48,17 @@ class StreamBatchMaker:
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
         self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
         self._rng = RecordRng(seed)
-        self._reader: StreamReader | None = None
+        self._reader: StreamReader | MixedReader | None = None
         self.readers = process_count * workers
         for w in range(workers):  # refuses too few shards now, not in a worker later
             self.reader_for(w)
 
-    def reader_for(self, worker: int) -> StreamReader:
-        return StreamReader(self.stream, reader=self.process_index * self.workers + worker,
-                            readers=self.readers, seed=self.seed)
+    def reader_for(self, worker: int) -> StreamReader | MixedReader:
+        reader = self.process_index * self.workers + worker
+        if isinstance(self.stream, MixedStream):
+            return MixedReader(self.stream, reader=reader, readers=self.readers, seed=self.seed,
+                               batch_size=self.batch_size, per_process=self.workers)
+        return StreamReader(self.stream, reader=reader, readers=self.readers, seed=self.seed)
 
     def initial_states(self) -> list[dict]:
         """Each of this process's readers' state at the start of the stream."""

@@ -81,19 +81,22 @@ class Stream:
         (its ``*.jsonl`` files, and ``*.jsonl.gz``, ``.bz2``, ``.xz``, ``.zst``) or a glob
         pattern (``jaxloader.sources.paths``). Compressed files are read as what they hold
         (``jaxloader.streams.compressed``; a resume reads one up to its place)."""
-        return cls([JsonlShard(p) for p in expand(paths, _or_compressed(".jsonl"), "Stream.jsonl")], **kwargs)
+        paths = expand(paths, _or_compressed(".jsonl"), "Stream.jsonl")
+        return cls([JsonlShard(p) for p in paths], **kwargs)
 
     @classmethod
     def text(cls, paths: Any, **kwargs: Any) -> "Stream":
         """A stream of text files, a line a record (``paths`` as for ``jsonl``; ``*.txt``,
         compressed or not)."""
-        return cls([TextShard(p) for p in expand(paths, _or_compressed(".txt"), "Stream.text")], **kwargs)
+        paths = expand(paths, _or_compressed(".txt"), "Stream.text")
+        return cls([TextShard(p) for p in paths], **kwargs)
 
     @classmethod
     def tar(cls, paths: Any, **kwargs: Any) -> "Stream":
         """A stream of tar shards in the WebDataset layout (``paths`` as for ``jsonl``;
         ``*.tar``, compressed or not: ``*.tar.gz``)."""
-        return cls([TarShard(p) for p in expand(paths, _or_compressed(".tar"), "Stream.tar")], **kwargs)
+        paths = expand(paths, _or_compressed(".tar"), "Stream.tar")
+        return cls([TarShard(p) for p in paths], **kwargs)
 
     @classmethod
     def from_generator(cls, make: Callable[[int], Iterable], shards: int,

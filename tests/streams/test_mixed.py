@@ -1,0 +1,133 @@
+"""Streams mixed by weight: exact shares a group, each component in its own epochs, exact
+resume (with a weight change), refusals that name the component."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import check_resume, take
+from streams.test_shards import write_jsonl, write_tar
+
+SIZES = (60, 40, 10)  # records of each component (ids 0.., 1000.., 2000..)
+
+
+def components(tmp_path, window=8):
+    """A JSONL stream, a tar stream and a generator: 4 shards each."""
+    jsonl = [write_jsonl(tmp_path / f"a-{s}.jsonl", range(s * 15, s * 15 + 15)) for s in range(4)]
+    tars = [write_tar(tmp_path / f"b-{s}.tar", range(1000 + s * 10, 1010 + s * 10))
+            for s in range(4)]
+    return [jl.Stream.jsonl(jsonl, shuffle_window=window),
+            jl.Stream.tar(tars, shuffle_window=window),
+            jl.Stream.from_generator(lambda s: ({"id": 2000 + s * 3 + i} for i in range(3)
+                                                if s * 3 + i < SIZES[2]), 4,
+                                     shuffle_window=window)]
+
+
+def same_keys(record):  # the tar component's record as the others' ({"id"})
+    if "__key__" in record:
+        return {"id": int(record["__key__"][6:])}
+    return {"id": record["id"]}
+
+
+def loader_of(streams, weights=(0.5, 0.3, 0.2), workers=0, batch_size=20, from_step=None, **kw):
+    return jl.StreamLoader(jl.mix(streams, list(weights), from_step=from_step),
+                           batch_size=batch_size, seed=3, num_workers=workers,
+                           transforms=[jl.Map(same_keys)], process_index=0, process_count=1, **kw)
+
+
+def component_of(ids):
+    return np.asarray(ids) // 1000
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_batch_holds_the_weights_shares_and_each_component_its_own_epochs(tmp_path,
+                                                                              workers):
+    steps = 60
+    with loader_of(components(tmp_path), workers=workers) as loader:
+        ids = np.stack([b["id"] for b in take(loader, steps)])
+    counts = np.stack([np.bincount(component_of(row), minlength=3) for row in ids])
+    assert (counts[:, 0] == 10).all()  # 0.5 of 20: exact in every batch
+    # cumulative shares within one record of the weights, for each reader's batches
+    for reader in range(max(1, workers)):
+        mine = counts[reader::max(1, workers)].cumsum(axis=0)
+        ideal = np.arange(1, len(mine) + 1)[:, None] * 20 * np.array([0.5, 0.3, 0.2])
+        assert np.abs(mine - ideal).max() <= 1, (reader, mine[-1])
+    flat = ids.reshape(-1)
+    assert len(set(flat[:20].tolist())) == 20, "a batch mixes distinct records"
+    small = np.bincount(flat[component_of(flat) == 2] - 2000, minlength=SIZES[2])
+    if workers == 0:  # one reader: the generator (10 records, 0.2 of 1200) went through 24
+        assert small.min() == small.max() == 24, small  # epochs, each record once in each
+    else:  # two readers, each through its own share of the shards, epoch after epoch
+        assert small.sum() == 240 and small.min() > 0, small
+
+
+@pytest.mark.parametrize("k", [1, 7, 23])
+def test_resume_continues_the_same_mixed_stream(tmp_path, k):
+    streams = components(tmp_path)
+    for workers in (0, 2):
+        check_resume(lambda: loader_of(streams, workers=workers, from_step={10: [0.2, 0.2, 0.6]}),
+                     total=k + 10, k=k)
+
+
+def test_a_weight_change_keeps_the_steps_before_it(tmp_path):
+    streams = components(tmp_path)
+    with loader_of(streams, workers=2) as plain:
+        before = take(plain, 12)
+    with loader_of(streams, workers=2, from_step={6: [0, 0, 1]}) as changed:
+        after = take(changed, 12)
+    for s in range(6):
+        assert before[s]["id"].tolist() == after[s]["id"].tolist(), s
+    for s in range(6, 12):
+        assert (component_of(after[s]["id"]) == 2).all(), s
+
+
+def test_a_restore_may_add_weight_changes_from_its_step_on_only(tmp_path):
+    streams = components(tmp_path)
+    with loader_of(streams) as first:
+        take(first, 5)
+        state = json.loads(json.dumps(first.state_dict()))
+    assert state["mixture"] == [[0, [0.5, 0.3, 0.2]]]
+    with loader_of(streams, from_step={5: [0, 1, 0]}) as later:
+        later.load_state_dict(state)
+        assert (component_of(take(later, 1)[0]["id"]) == 1).all()
+    with loader_of(streams, from_step={3: [0, 1, 0]}) as earlier:
+        with pytest.raises(jl.StateDictError, match=r"weights before step 5 differ"):
+            earlier.load_state_dict(state)
+    with loader_of(streams, weights=(0.2, 0.3, 0.5)) as other:
+        with pytest.raises(jl.StateDictError, match=r"weights before step 5 differ"):
+            other.load_state_dict(state)
+
+
+def test_small_batches_and_many_components_keep_every_share_whole(tmp_path):
+    """A batch of 4 for 3 components: groups of 2 batches (8 slots >= 3 * 2), no share
+    below zero; the shares hold over each group."""
+    streams = components(tmp_path, window=0)
+    with loader_of(streams, weights=(0.1, 0.1, 0.8), batch_size=4) as loader:
+        ids = np.concatenate([b["id"] for b in take(loader, 40)])
+    counts = np.bincount(component_of(ids), minlength=3)
+    assert counts.tolist() == [16, 16, 128]
+
+
+def test_bad_mixtures_are_refused_naming_the_component(tmp_path):
+    streams = components(tmp_path)
+    few = jl.Stream.from_generator(lambda s: iter(range(3)), 1)
+    with pytest.raises(jl.ConfigError, match=r"mix\(streams\)\[1\]: Stream: 1 shards for 2 "
+                                             r"readers"):
+        jl.StreamLoader(jl.mix([streams[0], few], [1, 1]), batch_size=4, num_workers=2,
+                        process_index=0, process_count=1)
+    source = jl.ArraySource({"id": np.arange(5)})
+    with pytest.raises(jl.ConfigError, match=r"sources \[0\] are streams .* and \[1\] are not"):
+        jl.mix([streams[0], source], [1, 1])
+    with pytest.raises(jl.ConfigError, match=r"weights must be finite and >= 0"):
+        jl.mix(streams, [1, -1, 1])
+    with loader_of(streams) as loader:
+        take(loader, 2)
+        state = loader.state_dict()
+    with jl.StreamLoader(streams[0], batch_size=20, seed=3, process_index=0,
+                         process_count=1) as single:
+        with pytest.raises(jl.StateDictError, match=r"stream: expected"):
+            single.load_state_dict(state)
