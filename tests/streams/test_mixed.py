@@ -131,3 +131,25 @@ def test_bad_mixtures_are_refused_naming_the_component(tmp_path):
                          process_count=1) as single:
         with pytest.raises(jl.StateDictError, match=r"stream: expected"):
             single.load_state_dict(state)
+
+
+def test_two_processes_read_apart_and_change_weights_at_the_same_step(tmp_path):
+    """2 processes x 2 workers: 4 readers, each its own share of every component; a change
+    from step 5 applies to both processes' step 5 on (each reader's batches map to steps;
+    a batch of 6 >= 3 * 2 is a group of its own)."""
+    streams = components(tmp_path)
+    got = []
+    for p in range(2):
+        with jl.StreamLoader(jl.mix(streams, [0.5, 0.5, 0], from_step={5: [0, 0, 1]}),
+                             batch_size=6, seed=1, num_workers=2, transforms=[jl.Map(same_keys)],
+                             process_index=p, process_count=2) as loader:
+            got.append([b["id"] for b in take(loader, 9)])
+        check_resume(lambda: jl.StreamLoader(
+            jl.mix(streams, [0.5, 0.5, 0], from_step={5: [0, 0, 1]}), batch_size=6, seed=1,
+            num_workers=2, transforms=[jl.Map(same_keys)], process_index=p, process_count=2),
+            total=9, k=3)
+    for p in range(2):
+        assert all((component_of(b) < 2).all() for b in got[p][:5]), p
+        assert all((component_of(b) == 2).all() for b in got[p][5:]), p
+    first = [set(np.concatenate(got[p][:5]).tolist()) for p in range(2)]
+    assert not first[0] & first[1], "the processes' readers read other shards"
