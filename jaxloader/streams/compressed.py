@@ -53,21 +53,39 @@ def decompressed(raw: Any, name: str) -> Any:
     it is not compressed, else a reader that decompresses it (``read``, ``readline``,
     ``tell`` and forward ``seek`` in decompressed bytes)."""
     kind = compression(raw)
+    if kind is None:
+        return raw
     if kind == "gzip":
         import gzip
 
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if kind == "bzip2":
+        reader: Any = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif kind == "bzip2":
         import bz2
 
-        return bz2.BZ2File(raw, mode="rb")
-    if kind == "xz":
+        reader = bz2.BZ2File(raw, mode="rb")
+    elif kind == "xz":
         import lzma
 
-        return lzma.LZMAFile(raw, mode="rb")
-    if kind == "zstd":
-        return _zstd_module(name).ZstdFile(raw, mode="rb")
-    return raw
+        reader = lzma.LZMAFile(raw, mode="rb")
+    else:
+        reader = _zstd_module(name).ZstdFile(raw, mode="rb")
+    return _Closing(reader, raw)
+
+
+class _Closing:
+    """A decompressing reader whose ``close`` also closes the file under it (the standard
+    library's readers leave a file object they were given open)."""
+
+    def __init__(self, reader: Any, raw: Any) -> None:
+        self._reader, self._raw = reader, raw
+        self.read, self.readline = reader.read, reader.readline
+        self.seek, self.tell = reader.seek, reader.tell
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+        finally:
+            self._raw.close()
 
 
 def _zstd_module(name: str) -> Any:

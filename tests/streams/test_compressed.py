@@ -107,8 +107,11 @@ def test_zstandard_without_its_module_says_what_to_install(tmp_path, monkeypatch
         jl.JsonlShard(path).reset()
 
 
-def test_a_gzip_reader_tells_offsets_in_what_it_holds():
-    f = compressed.decompressed(io.BytesIO(gzip.compress(b"a\nbb\nccc\n")), "x.gz")
+def test_a_gzip_reader_tells_offsets_in_what_it_holds_and_closes_its_file():
+    raw = io.BytesIO(gzip.compress(b"a\nbb\nccc\n"))
+    f = compressed.decompressed(raw, "x.gz")
     assert [f.readline(), f.tell()] == [b"a\n", 2]
     f.seek(5)
     assert f.readline() == b"ccc\n"
+    f.close()
+    assert raw.closed  # gzip.GzipFile(fileobj=) leaves it open
