@@ -11,7 +11,8 @@
 The packed rows are an ordinary source (``len`` rows, random access), so the loader shuffles,
 shards, resumes and spreads them over workers as any other: a batch is a pure function of
 ``(seed, epoch, step)`` and a restore is O(1) and elastic, with no record lost or read twice.
-The plan is computed once, from the records' lengths (``RaggedSource`` knows them; otherwise
+The plan is computed once, from the records' lengths (a ``RaggedSource`` knows them, a
+``ParquetSource`` reads its list column's offsets; otherwise
 one pass reads them, and ``lengths="file.npy"`` keeps them next to the data). Records are
 placed in an order shuffled by ``seed`` (the same rows every epoch; the loader reorders the
 rows each epoch). Keys not packed are left out of the rows.
@@ -167,7 +168,7 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
         if os.path.exists(path):
             given = np.load(path)
     if given is None:
-        if isinstance(source, RaggedSource):
+        if callable(getattr(source, "lengths", None)):  # RaggedSource, ParquetSource
             given = np.stack([source.lengths(k) for k in keys], axis=1)
         else:
             given = _read_lengths(source, keys, n)

@@ -390,6 +390,32 @@ def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
     assert jl.ParquetSource(str(tmp_path / "named.parquet"))[2] == {"x": 2.0, "key": 12}
 
 
+def test_lengths_come_from_a_list_columns_offsets_without_reading_rows(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 50, rng.integers(0, 9)).tolist() for _ in range(70)]
+    for part in range(2):  # two files, row groups of 16
+        pq.write_table(pa.table({"tokens": pa.array(docs[part * 35:(part + 1) * 35],
+                                                   pa.list_(pa.int32())),
+                                 "fixed": pa.array([[1, 2]] * 35, pa.list_(pa.int64(), 2)),
+                                 "text": ["x"] * 35}),
+                       tmp_path / f"part-{part}.parquet", row_group_size=16)
+    src = jl.ParquetSource(sorted(str(p) for p in tmp_path.glob("*.parquet")))
+    assert src.lengths("tokens").tolist() == [len(d) for d in docs]
+    assert src.lengths("fixed").tolist() == [2] * 70
+
+    def no_rows(*args):
+        raise AssertionError("PackedSource read rows for their lengths")
+
+    monkeypatch.setattr(jl.ParquetSource, "__getitems__", no_rows)
+    monkeypatch.setattr(jl.ParquetSource, "__getitem__", no_rows)
+    packed = jl.PackedSource(src, "tokens", 16, method="concat")
+    assert packed.plan.rows == -(-sum(map(len, docs)) // 16)
+    for column, got in (("text", "string"), ("missing", "no such column")):
+        with pytest.raises(jl.ConfigError, match=rf"lengths\('{column}'\): expected a column of "
+                                                 rf"lists of integers .* got {got}"):
+            src.lengths(column)
+
+
 def test_a_cache_smaller_than_what_the_order_reads_at_once_warns(tmp_path):
     paths = write_parts(tmp_path)  # 10 row groups of up to 16 rows
     sizes = jl.ParquetSource(paths)._group_bytes
