@@ -153,3 +153,21 @@ def test_two_processes_read_apart_and_change_weights_at_the_same_step(tmp_path):
         assert all((component_of(b) == 2).all() for b in got[p][5:]), p
     first = [set(np.concatenate(got[p][:5]).tolist()) for p in range(2)]
     assert not first[0] & first[1], "the processes' readers read other shards"
+
+
+def test_orbax_saves_and_restores_a_mixed_streams_position(tmp_path):
+    import orbax.checkpoint as ocp
+
+    from jaxloader.checkpoint import LoaderRestore, LoaderSave
+
+    streams = components(tmp_path)
+    with loader_of(streams, workers=2, from_step={6: [0.2, 0.2, 0.6]}) as loader:
+        take(loader, 4)
+        with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
+            manager.save(4, args=ocp.args.Composite(loader=LoaderSave(loader)))
+            manager.wait_until_finished()
+        expected = [b["id"].tolist() for b in take(loader, 5)]
+    with loader_of(streams, workers=2, from_step={6: [0.2, 0.2, 0.6]}) as fresh:
+        with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
+            manager.restore(4, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
+        assert fresh.step == 4 and [b["id"].tolist() for b in take(fresh, 5)] == expected
