@@ -79,24 +79,23 @@ def tar_records(path: str) -> Iterator[dict]:
             yield record
 
 
-def jaxloader_loader(paths: list[str]) -> Callable[[], Any]:
+def stream_loader(make_stream: Callable[[], Any], parse: Callable = decode) -> Callable[[], Any]:
+    """A ``StreamLoader`` factory over ``make_stream()``, 2 workers, ``Map(parse)``."""
     def make() -> Any:
-        return jl.StreamLoader(jl.Stream.tar(paths), batch_size=BATCH, seed=0,
-                               num_workers=WORKERS, transforms=[jl.Map(decode)],
-                               process_index=0, process_count=1)
+        return jl.StreamLoader(make_stream(), batch_size=BATCH, seed=0, num_workers=WORKERS,
+                               transforms=[jl.Map(parse)], process_index=0, process_count=1)
     return make
+
+
+def jaxloader_loader(paths: list[str]) -> Callable[[], Any]:
+    return stream_loader(lambda: jl.Stream.tar(paths))
 
 
 def jaxloader_mixed(paths: list[str]) -> Callable[[], Any]:
     """The same shards as 3 streams (half, 3/10, 1/5 of them) mixed 0.5/0.3/0.2."""
     a, b = len(paths) // 2, len(paths) * 8 // 10
-
-    def make() -> Any:
-        streams = [jl.Stream.tar(part) for part in (paths[:a], paths[a:b], paths[b:])]
-        return jl.StreamLoader(jl.mix(streams, [0.5, 0.3, 0.2]), batch_size=BATCH, seed=0,
-                               num_workers=WORKERS, transforms=[jl.Map(decode)],
-                               process_index=0, process_count=1)
-    return make
+    parts = (paths[:a], paths[a:b], paths[b:])
+    return stream_loader(lambda: jl.mix([jl.Stream.tar(p) for p in parts], [0.5, 0.3, 0.2]))
 
 
 def torch_loader(paths: list[str]) -> Callable[[], Any]:
@@ -144,11 +143,17 @@ def _bare(paths: list[str], out: Any, make: Any = None, parse: Any = decode) -> 
 
 def ceiling(paths: list[str], records: int) -> float:
     """Records per second of 2 bare processes reading and decoding their halves."""
-    queue: Any = multiprocessing.get_context("fork").Queue()
     half = paths[: max(1, records // 1000 // WORKERS)]  # as many records as a timed stretch
-    procs = [multiprocessing.get_context("fork").Process(
-        target=_bare, args=(half[w::WORKERS] if len(half) > 1 else half, queue))
-        for w in range(WORKERS)]
+    return _bare_processes([(half[w::WORKERS] if len(half) > 1 else half,)
+                            for w in range(WORKERS)])
+
+
+def _bare_processes(args: list[tuple]) -> float:
+    """Records per second of one ``_bare(*a, queue)``-like process per ``a`` in ``args``
+    (``a``: paths, then ``make`` and ``parse`` if given), run side by side."""
+    context = multiprocessing.get_context("fork")
+    queue: Any = context.Queue()
+    procs = [context.Process(target=_bare, args=(a[0], queue, *a[1:])) for a in args]
     start = time.perf_counter()
     for p in procs:
         p.start()
@@ -205,11 +210,7 @@ def text_length(record: dict) -> dict:
 
 
 def jsonl_loader(paths: list[str]) -> Callable[[], Any]:
-    def make() -> Any:
-        return jl.StreamLoader(jl.Stream.jsonl(paths), batch_size=BATCH, seed=0,
-                               num_workers=WORKERS, transforms=[jl.Map(text_length)],
-                               process_index=0, process_count=1)
-    return make
+    return stream_loader(lambda: jl.Stream.jsonl(paths), text_length)
 
 
 def restore_seconds(make: Callable[[], Any], per_shard: int, shards: int) -> float:
@@ -235,17 +236,7 @@ def restore_seconds(make: Callable[[], Any], per_shard: int, shards: int) -> flo
 def jsonl_ceiling(paths: list[str]) -> float:
     """Records per second of 2 bare processes, each reading and parsing one whole shard
     (``JsonlShard``, ``text_length``): no batching, nothing sent."""
-    context = multiprocessing.get_context("fork")
-    queue: Any = context.Queue()
-    procs = [context.Process(target=_bare, args=([paths[w]], queue, jl.JsonlShard, text_length))
-             for w in range(WORKERS)]
-    start = time.perf_counter()
-    for p in procs:
-        p.start()
-    got = [queue.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return sum(n for n, _ in got) / (time.perf_counter() - start)
+    return _bare_processes([([paths[w]], jl.JsonlShard, text_length) for w in range(WORKERS)])
 
 
 def seek_rate(path: str, offset: int) -> float:
