@@ -292,14 +292,67 @@ def compressed(args: argparse.Namespace, work: str) -> None:
                                                "ceiling": ceilings, "mib": sizes}))
 
 
+def byte_tokens(record: dict) -> dict:
+    """A record's text as tokens: its UTF-8 bytes (a stand-in for a tokenizer)."""
+    import numpy as np
+
+    return {"tokens": np.frombuffer(record["text"].encode(), np.uint8)}
+
+
+def tokens_per_second(make: Callable[[], Any], batches: int, warmup: int = 5) -> float:
+    loader = make()
+    try:
+        it = iter(loader)
+        for _ in range(warmup):
+            next(it)
+        start, tokens = time.perf_counter(), 0
+        for _ in range(batches):
+            tokens += next(it)["tokens"].size
+        return tokens / (time.perf_counter() - start)
+    finally:
+        loader.close()
+
+
+def packed(args: argparse.Namespace, work: str) -> None:
+    """Rows of 2,048 byte tokens packed from JSON lines (``PackedStream``), 2 workers, 8 rows a
+    batch, against 2 bare processes reading the lines and tokenizing them, nothing packed."""
+    shards, per_shard = max(WORKERS, args.shards // 10), args.per_shard * 10
+    folder = os.path.join(work, "packed")
+    os.makedirs(folder)
+    paths = write_jsonl(folder, shards, per_shard, "")
+    shard = jl.JsonlShard(paths[0])
+    shard.reset()
+    per_record = sum(len(byte_tokens(shard.next())["tokens"]) for _ in range(per_shard))
+    per_record /= per_shard
+    shard.close()
+    rates: list = []
+    ceilings: list = []
+    for _ in range(args.rounds):
+        rates.append(tokens_per_second(lambda: jl.StreamLoader(
+            jl.PackedStream(jl.Stream.jsonl(paths), "tokens", 2048, tokenize=byte_tokens,
+                            dtype="uint8"), batch_size=8, seed=0, num_workers=WORKERS,
+            process_index=0, process_count=1), args.batches * 4))
+        ceilings.append(_bare_processes([([paths[w]], jl.JsonlShard, byte_tokens)
+                                         for w in range(WORKERS)]) * per_record)
+    rate_, top = statistics.median(rates), statistics.median(ceilings)
+    print(f"{machine()}; {shards} JSON lines shards x {per_shard} records "
+          f"({per_record:.0f} tokens a record), rows of 2,048, batch 8, {args.rounds} rounds")
+    print(table([("jaxloader StreamLoader(PackedStream(Stream.jsonl(paths))), 2 workers",
+                  f"{rate_:,.0f}", f"{rate_ / top:.0%}"),
+                 ("ceiling: 2 bare processes reading and tokenizing, nothing packed",
+                  f"{top:,.0f}", "100%")], ("loader", "tokens/s (median)", "% of ceiling")))
+    print("saved", save("streams_packed", {"machine": machine(), "tokens_s": rates,
+                                           "ceiling_tokens_s": ceilings}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shards", type=int, default=200)
     parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", default="tar,compressed",
-                        help="comma-separated subset of: tar, compressed")
+    parser.add_argument("--only", default="tar,compressed,packed",
+                        help="comma-separated subset of: tar, compressed, packed")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_streams_")
     try:
@@ -307,6 +360,8 @@ def main() -> None:
             run(args, work)
         if "compressed" in args.only.split(","):
             compressed(args, work)
+        if "packed" in args.only.split(","):
+            packed(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # ~400 MB of shards
 

@@ -37,7 +37,8 @@ from jaxloader.sources import (
 )
 from jaxloader.stats import LoaderStats
 from jaxloader.stream_loader import StreamLoader
-from jaxloader.streams import IterableShard, JsonlShard, Stream, TarShard, TextShard
+from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Stream, TarShard,
+                               TextShard)
 from jaxloader.transforms import BatchMap, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 
@@ -67,6 +68,7 @@ __all__ = [
     "SharedMemoryError",
     "Source",
     "StateDictError",
+    "PackedStream",
     "Stream",
     "StreamLoader",
     "TarShard",

@@ -104,8 +104,15 @@ def mix(sources: Sequence[Any], weights: Sequence[float],
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
         schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]")
     from jaxloader.streams.mixed import MixedStream
+    from jaxloader.streams.packed import PackedStream
     from jaxloader.streams.reader import Stream
 
+    if any(isinstance(s, PackedStream) for s in sources):
+        raise ConfigError(
+            "mix(sources): a PackedStream is mixed by packing the mixture: "
+            "jl.PackedStream(jl.mix([stream_a, stream_b], weights), key, length), so that a "
+            "row's documents come from the components by weight"
+        )
     streams = [isinstance(s, Stream) for s in sources]
     if any(streams) and not all(streams):
         raise ConfigError(

@@ -29,6 +29,7 @@ from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
 from jaxloader.streams.maker import StreamBatchMaker
 from jaxloader.streams.mixed import MixedStream
+from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream
 from jaxloader.transforms import split_transforms
 
@@ -41,7 +42,8 @@ class StreamLoader(LoaderLifecycle):
     Args:
         stream: a ``jaxloader.Stream`` (``Stream.jsonl(paths)``, ``Stream.tar(paths)``,
             ``Stream.from_generator(fn, shards=n)``, or ``Stream(shards)``), a list of shards,
-            or streams mixed by weight (``jl.mix([stream_a, stream_b], [0.7, 0.3])``).
+            streams mixed by weight (``jl.mix([stream_a, stream_b], [0.7, 0.3])``), or
+            either packed into rows of tokens (``jl.PackedStream(stream, "tokens", 2048)``).
         batch_size: records per batch per process.
         seed: orders the shards each epoch, the shuffle windows and every ``RandomMap``.
         transforms, num_workers, prefetch, worker_init_fn, start_method, process_index,
@@ -59,13 +61,14 @@ class StreamLoader(LoaderLifecycle):
         ([0, 1, 2, 3], 1)
     """
 
-    def __init__(self, stream: Stream | MixedStream | Sequence[Any], *, batch_size: int,
+    def __init__(self, stream: Stream | MixedStream | PackedStream | Sequence[Any], *,
+                 batch_size: int,
                  seed: int = 0, transforms: Sequence[Any] = (), num_workers: int = 0,
                  process_index: int | None = None, process_count: int | None = None,
                  prefetch: int = 2, worker_init_fn: Callable[[int], None] | None = None,
                  start_method: str = "exec", sharding: Any = None,
                  device_prefetch: int = 2) -> None:
-        if not isinstance(stream, (Stream, MixedStream)):
+        if not isinstance(stream, (Stream, MixedStream, PackedStream)):
             if not isinstance(stream, (list, tuple)):
                 raise ConfigError(
                     f"StreamLoader(stream): expected a jaxloader.Stream or a list of shards, got "
@@ -165,7 +168,8 @@ class StreamLoader(LoaderLifecycle):
     def state_dict(self) -> dict[str, Any]:
         """This process's position: the step and each of its readers' state; JSON-ready."""
         step = self._progress.step
-        extra = self._stream.extra_state() if isinstance(self._stream, MixedStream) else {}
+        extra = (self._stream.extra_state() if isinstance(self._stream, (MixedStream,
+                                                                         PackedStream)) else {})
         return {"version": STREAM_STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step)}
 
@@ -194,7 +198,7 @@ class StreamLoader(LoaderLifecycle):
             )
         check_int("state['step']", state.get("step"), low=0, error=StateDictError,
                   remedy="pass the dict that state_dict() returned, unchanged")
-        if isinstance(self._stream, MixedStream):
+        if isinstance(self._stream, (MixedStream, PackedStream)):
             self._stream.check_extra_state(state, state["step"])
         readers = state.get("readers")
         first = self.process_index * self._readers

@@ -7,14 +7,16 @@
 | ``reader`` | ``Stream`` (shards, shuffle window) and ``StreamReader`` (one reader's share, epochs, windows, state) |
 | ``compressed`` | gzip, bzip2, xz and Zstandard files read as what they hold |
 | ``mixed`` | ``MixedStream`` (``jl.mix`` of streams) and ``MixedReader`` (a reader's records by weight) |
+| ``packed`` | ``PackedStream``: a stream's token sequences end to end, cut into rows of one length |
 | ``maker`` | ``StreamBatchMaker``: a reader's batches, transformed and collated |
 
 ``jaxloader.StreamLoader`` reads a ``Stream`` in the main process or in worker processes.
 """
 
+from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
-__all__ = ["IterableShard", "JsonlShard", "Shard", "Stream", "StreamReader", "TarShard",
-           "TextShard"]
+__all__ = ["IterableShard", "JsonlShard", "PackedStream", "Shard", "Stream", "StreamReader",
+           "TarShard", "TextShard"]

@@ -29,6 +29,7 @@ from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.pipeline import finish_batch
 from jaxloader.streams.mixed import MixedReader, MixedStream
+from jaxloader.streams.packed import PackedReader, PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.transforms import Map, RecordRng
 
@@ -38,7 +39,7 @@ _POSITION_BITS = 40  # RecordRng's positions; the bits above go where a map-styl
 class StreamBatchMaker:
     """Batches of one reader of ``stream`` (chosen by the state given to ``reset``)."""
 
-    def __init__(self, stream: Stream | MixedStream, *, batch_size: int, seed: int,
+    def __init__(self, stream: Stream | MixedStream | PackedStream, *, batch_size: int, seed: int,
                  process_index: int, process_count: int, workers: int,
                  record_transforms: tuple = (), batch_transforms: tuple = ()) -> None:
         self.stream, self.batch_size, self.seed = stream, batch_size, seed
@@ -48,17 +49,24 @@ class StreamBatchMaker:
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
         self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
         self._rng = RecordRng(seed)
-        self._reader: StreamReader | MixedReader | None = None
+        self._reader: Any = None
         self.readers = process_count * workers
         for w in range(workers):  # refuses too few shards now, not in a worker later
             self.reader_for(w)
 
-    def reader_for(self, worker: int) -> StreamReader | MixedReader:
+    def reader_for(self, worker: int) -> Any:
+        """Worker ``worker``'s reader: a ``StreamReader``, or a ``MixedReader`` or
+        ``PackedReader`` over such readers."""
         reader = self.process_index * self.workers + worker
-        if isinstance(self.stream, MixedStream):
-            return MixedReader(self.stream, reader=reader, readers=self.readers, seed=self.seed,
-                               batch_size=self.batch_size, per_process=self.workers)
-        return StreamReader(self.stream, reader=reader, readers=self.readers, seed=self.seed)
+
+        def of(stream: Any) -> Any:
+            if isinstance(stream, PackedStream):
+                return PackedReader(stream, of(stream.stream))
+            if isinstance(stream, MixedStream):
+                return MixedReader(stream, reader=reader, readers=self.readers, seed=self.seed,
+                                   batch_size=self.batch_size, per_process=self.workers)
+            return StreamReader(stream, reader=reader, readers=self.readers, seed=self.seed)
+        return of(self.stream)
 
     def initial_states(self) -> list[dict]:
         """Each of this process's readers' state at the start of the stream."""

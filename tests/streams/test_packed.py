@@ -1,0 +1,106 @@
+"""PackedStream: a stream's tokens end to end in rows, every token once, exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import check_resume, take
+from streams.test_compressed import compress
+from streams.test_shards import write_jsonl
+
+LENGTHS = [5, 0, 17, 3, 40, 1, 9, 12, 0, 6, 22, 2]  # 0: passed over; 40: over two rows
+
+
+def documents(shards=2, window=0):
+    """Doc d of shard s: tokens s * 10,000 + d * 100 + 1.. (unique), its length LENGTHS[d]."""
+    return jl.Stream.from_generator(
+        lambda s: ({"tokens": s * 10_000 + d * 100 + np.arange(1, n + 1)}
+                   for d, n in enumerate(LENGTHS)), shards, shuffle_window=window)
+
+
+def loader_of(stream, workers=0, batch_size=3, **kw):
+    return jl.StreamLoader(stream, batch_size=batch_size, seed=4, num_workers=workers,
+                           process_index=0, process_count=1, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_rows_hold_the_streams_tokens_in_order_each_piece_a_segment(workers):
+    stream = documents(shards=2, window=4)
+    with loader_of(stream, workers, batch_size=1) as plain:  # the same readers, unpacked
+        records = [b["tokens"][0] for b in take(plain, 200)]
+    width = 16
+    with loader_of(jl.PackedStream(documents(shards=2, window=4), "tokens", width),
+                   workers) as packed:
+        batches = take(packed, 14)
+    readers = max(1, workers)
+    for r in range(readers):  # reader r's rows are its records' tokens, end to end
+        rows = [row for b in batches[r::readers] for row in b["tokens"]]
+        flat = np.concatenate(rows)
+        mine = np.concatenate([rec for i, rec in enumerate(records) if i % readers == r])
+        assert len(mine) > len(flat) and np.array_equal(flat, mine[:len(flat)]), r
+    for b in batches:
+        for tokens, ids, positions in zip(b["tokens"], b["tokens_segment_ids"],
+                                          b["tokens_positions"]):
+            assert ids[0] == 1 and (np.diff(ids) >= 0).all() and (tokens > 0).all()
+            for s in np.unique(ids):  # a segment: consecutive tokens of one document
+                piece = tokens[ids == s]
+                assert np.array_equal(positions[ids == s], np.arange(len(piece)))
+                assert (np.diff(piece) == 1).all() and len(np.unique(piece // 100)) == 1
+
+
+@pytest.mark.parametrize("k", [1, 5, 13])
+def test_resume_continues_the_same_packed_stream(tmp_path, k):
+    texts = [compress(write_jsonl(tmp_path / f"p-{s}.jsonl", range(s * 20, s * 20 + 20)), ".gz")
+             for s in range(2)]
+
+    def tokenize(record):  # the text's bytes, then the id: documents of 1 to 7 tokens
+        return {"ids": np.frombuffer((record["text"] + "!").encode(), np.uint8) + record["id"]}
+
+    for workers in (0, 2):
+        check_resume(lambda: loader_of(jl.PackedStream(
+            jl.Stream.jsonl(texts, shuffle_window=5), "ids", 8, tokenize=tokenize), workers),
+            total=k + 6, k=k)
+    mixed = lambda: jl.PackedStream(  # noqa: E731
+        jl.mix([documents(), documents(window=3)], [0.6, 0.4], from_step={4: [0.1, 0.9]}),
+        "tokens", 8)
+    for workers in (0, 2):
+        check_resume(lambda: loader_of(mixed(), workers), total=k + 6, k=k)
+
+
+def test_a_state_names_the_record_a_row_starts_in_and_the_tokens_used():
+    with loader_of(jl.PackedStream(documents(shards=1), "tokens", 4), batch_size=1) as loader:
+        take(loader, 2)  # 8 tokens: doc 0 (5), then 3 of doc 2 (17)
+        state = json.loads(json.dumps(loader.state_dict()))
+    reader = state["readers"][0]
+    assert reader["skip"] == 3 and reader["inner"]["reader"] == 0  # 3 of doc 2's tokens used
+    reader["skip"] = 17  # a record of 17 tokens cannot have given 17 to rows already
+    with loader_of(jl.PackedStream(documents(shards=1), "tokens", 4), batch_size=1) as again:
+        with pytest.raises(jl.StateDictError, match=r"17 tokens of a record of 17"):
+            again.load_state_dict(state)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(jl.ConfigError, match=r"PackedStream\(stream\): expected a jl.Stream .*"
+                                             r"jl.PackedSource"):
+        jl.PackedStream([{"tokens": np.arange(3)}], "tokens", 8)
+    with pytest.raises(jl.ConfigError, match=r"PackedStream\(length\)"):
+        jl.PackedStream(documents(), "tokens", 0)
+    with pytest.raises(jl.ConfigError, match=r"packing the mixture: jl.PackedStream\(jl.mix"):
+        jl.mix([jl.PackedStream(documents(), "tokens", 8), documents()], [1, 1])
+    words = jl.Stream.from_generator(lambda s: iter([{"text": "a b"}]), 1)
+    with loader_of(jl.PackedStream(words, "tokens", 8)) as loader:
+        with pytest.raises(jl.RecordError, match=r"with key 'tokens'.*got \['text'\].*tokenize="):
+            next(iter(loader))
+    floats = jl.Stream.from_generator(lambda s: iter([{"tokens": np.ones(3)}]), 1)
+    with loader_of(jl.PackedStream(floats, "tokens", 8)) as loader:
+        with pytest.raises(jl.RecordError, match=r"1-D integer tokens, got shape \(3,\) dtype "
+                                                 r"float64"):
+            next(iter(loader))
+    wide = jl.Stream.from_generator(lambda s: iter([{"tokens": np.array([70_000])}]), 1)
+    with loader_of(jl.PackedStream(wide, "tokens", 8, dtype=np.uint16)) as loader:
+        with pytest.raises(jl.RecordError, match=r"outside uint16 .*pass dtype= a wider"):
+            next(iter(loader))
