@@ -35,6 +35,9 @@ from jaxloader.checks import check_int
 from jaxloader.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 
 
+EMPTY_RUN = 100_000  # records in a row with no tokens before a reader gives up
+
+
 class PackedStream:
     """Rows of ``length`` tokens of ``key`` packed from ``stream`` (a ``Stream``, or streams
     mixed by ``jl.mix``): each record, after ``tokenize`` (a function of the record returning
@@ -160,7 +163,7 @@ class PackedReader:
     def _read_record(self) -> None:
         """The next record with tokens: its tokens, and the inner state before it."""
         key, tokenize = self.packed.key, self.packed.tokenize
-        while True:
+        for _ in range(EMPTY_RUN):
             before = self.inner.get_state()
             record = self.inner.next()
             if tokenize is not None:
@@ -175,6 +178,9 @@ class PackedReader:
             if len(tokens):
                 self._tokens, self._before, self._skip = tokens, before, 0
                 return
+        raise RecordError(  # an endless stream of them would never fill a row
+            f"PackedStream: reader {self.reader} read {EMPTY_RUN:,} records in a row with no "
+            f"tokens under {key!r}; check tokenize (or the stream's records)")
 
 
 def _tokens_of(record: Any, key: str, dtype: np.dtype) -> np.ndarray:

@@ -104,3 +104,14 @@ def test_bad_input_is_named():
     with loader_of(jl.PackedStream(wide, "tokens", 8, dtype=np.uint16)) as loader:
         with pytest.raises(jl.RecordError, match=r"outside uint16 .*pass dtype= a wider"):
             next(iter(loader))
+
+
+def test_a_stream_of_records_without_tokens_raises_rather_than_hangs(monkeypatch):
+    from jaxloader.streams import packed
+
+    monkeypatch.setattr(packed, "EMPTY_RUN", 50)  # in this process (workers: 100,000)
+    empty = jl.Stream.from_generator(lambda s: iter([{"tokens": np.zeros(0, np.int32)}] * 3), 1)
+    with loader_of(jl.PackedStream(empty, "tokens", 8)) as loader:
+        with pytest.raises(jl.RecordError, match=r"read 50 records in a row with no tokens "
+                                                 r"under 'tokens'; check tokenize"):
+            next(iter(loader))
