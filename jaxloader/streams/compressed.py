@@ -52,6 +52,14 @@ def decompressed(raw: Any, name: str) -> Any:
     """``raw`` (a binary file at its start, local or remote) as the bytes it holds: itself if
     it is not compressed, else a reader that decompresses it (``read``, ``readline``,
     ``tell`` and forward ``seek`` in decompressed bytes)."""
+    try:
+        return _reader(raw, name)
+    except BaseException:
+        raw.close()  # (Zstandard without its module)
+        raise
+
+
+def _reader(raw: Any, name: str) -> Any:
     kind = compression(raw)
     if kind is None:
         return raw

@@ -111,10 +111,9 @@ class MixedReader:
     @staticmethod
     def _plan(schedule: dict[int, np.ndarray], groups: int, per_process: int,
               worker: int) -> list[tuple[int, np.ndarray]]:
-        """(first group, weights) of each regime: the
-        weights of step ``s`` start at the reader's first group whose first batch (the
-        reader's batch ``j`` is its process's step ``j * per_process + worker``) is at ``s``
-        or later."""
+        """(first group, weights) of each regime: the weights of step ``s`` start at the
+        reader's first group whose first batch (the reader's batch ``j`` is its process's
+        step ``j * per_process + worker``) is at ``s`` or later."""
         starts: dict[int, np.ndarray] = {}
         for step, weights in sorted(schedule.items()):
             batch = max(0, -(-(step - worker) // per_process))

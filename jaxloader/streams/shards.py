@@ -58,7 +58,7 @@ class _LineShard:
         offset, line = state_ints(self, state, ("offset", "line"))
         self.close()
         self._file = open_file(self)
-        self._file.seek(offset)
+        seek(self, offset)
         self._line = line
 
     def next(self) -> Any:
@@ -213,6 +213,15 @@ def open_file(shard: Any) -> Any:
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
                           "path, or drop the shard from the stream") from None
+
+
+def seek(shard: Any, offset: int) -> None:
+    """``shard._file`` to ``offset`` (a compressed file: read up to it, where it may turn out
+    cut short)."""
+    try:
+        shard._file.seek(offset)
+    except Exception as e:
+        raise unreadable(shard, f"byte {offset} (a restore's place)", e) from e
 
 
 def unreadable(shard: Any, where: str, error: Exception) -> RecordError:

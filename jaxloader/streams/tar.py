@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from jaxloader.errors import RecordError
-from jaxloader.streams.shards import open_file, state_ints, unreadable
+from jaxloader.streams.shards import open_file, seek, state_ints, unreadable
 
 
 class TarShard:
@@ -51,7 +51,7 @@ class TarShard:
         offset, records = state_ints(self, state, ("offset", "records"))
         self.close()
         self._file = open_file(self)
-        self._file.seek(offset)
+        seek(self, offset)
         self._records = records
         self._pending = self._member()
 

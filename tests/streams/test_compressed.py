@@ -85,6 +85,10 @@ def test_a_file_cut_short_names_the_shard_and_the_line(tmp_path):
     with pytest.raises(jl.RecordError, match=r"a.jsonl.gz: line \d+: cannot be read "
                                              r"\(EOFError: .*is the file whole"):
         read_all(shard)
+    cut = jl.JsonlShard(path)  # a restore past where the file stops
+    with pytest.raises(jl.RecordError, match=r"a.jsonl.gz: byte 90000 \(a restore's place\): "
+                                             r"cannot be read \(EOFError"):
+        cut.reset({"offset": 90_000, "line": 0})
     tar = compress(write_tar(tmp_path / "a.tar", range(200)), ".xz")
     tar.write_bytes(tar.read_bytes()[:-200])
     with pytest.raises(jl.RecordError, match=r"a.tar.xz: the member after record \d+: cannot "
