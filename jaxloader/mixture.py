@@ -107,6 +107,12 @@ def mix(sources: Sequence[Any], weights: Sequence[float],
     from jaxloader.streams.packed import PackedStream
     from jaxloader.streams.reader import Stream
 
+    if any(isinstance(s, MixedStream) for s in sources):
+        raise ConfigError(
+            "mix(sources): a mixture of streams inside a mixture; mix the streams in one "
+            "jl.mix, each weight the product of its own and its mixture's (mix([a, b], [1, 1]) "
+            "at 0.5 beside c at 0.5: mix([a, b, c], [0.25, 0.25, 0.5]))"
+        )
     if any(isinstance(s, PackedStream) for s in sources):
         raise ConfigError(
             "mix(sources): a PackedStream is mixed by packing the mixture: "

@@ -124,6 +124,9 @@ def test_bad_mixtures_are_refused_naming_the_component(tmp_path):
         jl.mix([streams[0], source], [1, 1])
     with pytest.raises(jl.ConfigError, match=r"weights must be finite and >= 0"):
         jl.mix(streams, [1, -1, 1])
+    with pytest.raises(jl.ConfigError, match=r"a mixture of streams inside a mixture; mix the "
+                                             r"streams in one jl.mix"):
+        jl.mix([jl.mix(streams[:2], [1, 1]), streams[2]], [1, 1])
     with loader_of(streams) as loader:
         take(loader, 2)
         state = loader.state_dict()
