@@ -175,6 +175,63 @@ class _Regime:
         return n
 
 
+def plan_regimes(starts: list[tuple[int, np.ndarray]], block: int) -> list[_Regime]:
+    """The regimes of ``(first block, weights)`` pairs in step order, each with the positions
+    of each component before it; two changes in one block: the later one wins."""
+    regimes: list[_Regime] = []
+    for start, weights in starts:
+        if regimes:
+            last = regimes[-1]
+            if start <= last.start:
+                regimes.pop()
+                before, start = last.before, last.start
+            else:
+                before = last.before + last.counts(start - last.start)
+        else:
+            before = np.zeros(len(weights), np.int64)
+        regimes.append(_Regime(start, weights, before, block))
+    return regimes
+
+
+def regime_counts(regimes: list[_Regime], blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each component's positions before each of ``blocks``, and in it (the regimes in
+    force)."""
+    m = len(regimes[0].weights)
+    before = np.empty((len(blocks), m), np.int64)
+    here = np.empty_like(before)
+    starts = np.array([r.start for r in regimes])
+    which = np.searchsorted(starts, blocks, side="right") - 1
+    for r in np.unique(which):
+        regime, at = regimes[r], which == r
+        done = regime.counts(blocks[at] - regime.start)
+        before[at] = regime.before + done
+        here[at] = regime.counts(blocks[at] - regime.start + 1) - done
+    return before, here
+
+
+def check_weights_before(schedule: dict[int, Any], saved: Any, step: int) -> None:
+    """Refuses a state's weights (``saved``: ``[[step, weights], ...]``) that differ from
+    ``schedule``'s before ``step``: those steps were read with them."""
+    if not isinstance(saved, list) or not all(
+            isinstance(e, (list, tuple)) and len(e) == 2 for e in saved):
+        raise StateDictError(
+            "state['mixture']: expected the mixture's weights ([[step, weights], ...]), "
+            f"received {saved!r:.200}; this state is not from a loader over a mixture"
+        )
+    ours = {s: [float(x) for x in w] for s, w in schedule.items() if s < step}
+    theirs = {int(s): [float(x) for x in w] for s, w in saved if int(s) < step}
+    same = ours.keys() == theirs.keys() and all(
+        len(ours[s]) == len(theirs[s]) and all(
+            math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) for a, b in zip(ours[s], theirs[s]))
+        for s in ours)
+    if not same:
+        raise StateDictError(
+            f"state['mixture']: the weights before step {step} differ: expected "
+            f"{sorted(ours.items())}, received {sorted(theirs.items())}; a restore may add "
+            "weight changes at or after the step it resumes from, never change earlier ones"
+        )
+
+
 class MixtureSampler:
     """The ``Sampler`` of a ``Mixture``: global step -> this process's positions and indices
     into the mixture (a ``ConcatSource`` of the components)."""
@@ -223,21 +280,9 @@ class MixtureSampler:
         self._rows = np.arange(process_index * batch_size, (process_index + 1) * batch_size)
 
     def _plan(self, schedule: dict[int, np.ndarray]) -> list[_Regime]:
-        regimes: list[_Regime] = []
-        for step, weights in sorted(schedule.items()):
-            start = -(-step * self.global_batch_size // self._block)  # first block at/after it
-            if regimes:
-                last = regimes[-1]
-                if start <= last.start:  # two changes in one block: the later one wins
-                    regimes.pop()
-                    before = last.before
-                    start = last.start
-                else:
-                    before = last.before + last.counts(start - last.start)
-            else:
-                before = np.zeros(len(weights), np.int64)
-            regimes.append(_Regime(start, weights, before, self._block))
-        return regimes
+        """Each change from the first block at or after its step's first position."""
+        return plan_regimes([(-(-step * self.global_batch_size // self._block), weights)
+                             for step, weights in sorted(schedule.items())], self._block)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
         return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {}}
@@ -324,16 +369,7 @@ class MixtureSampler:
 
     def _counts(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each component's positions before each block, and in it (the regimes in force)."""
-        before = np.empty((len(blocks), len(self._lengths)), np.int64)
-        here = np.empty_like(before)
-        starts = np.array([r.start for r in self._regimes])
-        which = np.searchsorted(starts, blocks, side="right") - 1
-        for r in np.unique(which):
-            regime, at = self._regimes[r], which == r
-            done = regime.counts(blocks[at] - regime.start)
-            before[at] = regime.before + done
-            here[at] = regime.counts(blocks[at] - regime.start + 1) - done
-        return before, here
+        return regime_counts(self._regimes, blocks)
 
     def _block_permutations(self, blocks: np.ndarray) -> np.ndarray:
         """A keyed permutation of ``[0, block)`` per block: the order of hashed keys (distinct,
@@ -394,10 +430,7 @@ class MixtureSampler:
     def check_extra_state(self, state: dict, step: int) -> None:
         saved = state.get("mixture")
         if not isinstance(saved, list):
-            raise StateDictError(
-                "state['mixture']: expected the mixture's weights ([[step, weights], ...]), "
-                f"received {saved!r}; this state is not from a loader over a mixture"
-            )
+            check_weights_before(self.schedule, saved, step)  # raises, naming what came
         if state.get("mixture_order") != ORDER:
             raise StateDictError(
                 f"state['mixture_order']: expected {ORDER}, received "
@@ -413,14 +446,4 @@ class MixtureSampler:
                 "read in another order (shuffle=, LocalShuffle's window or blocks), so its "
                 "steps would read other records here; restore with the shuffle that wrote it"
             )
-        ours = {s: w for s, w in self.schedule.items() if s < step}
-        theirs = {int(s): [float(x) for x in w] for s, w in saved if int(s) < step}
-        same = ours.keys() == theirs.keys() and all(
-            math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
-            for s in ours for a, b in zip(ours[s], theirs[s]))
-        if not same:
-            raise StateDictError(
-                f"state['mixture']: the weights before step {step} differ: expected "
-                f"{sorted(ours.items())}, received {sorted(theirs.items())}; a restore may add "
-                "weight changes at or after the step it resumes from, never change earlier ones"
-            )
+        check_weights_before(self.schedule, saved, step)

@@ -31,12 +31,12 @@ Example:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.mixture import check_weights_before, plan_regimes, regime_counts
 from jaxloader.sampling import splitmix64, splitmix64_array
 
 ORDER = 1  # this layout's number, in the state: a state of another is refused
@@ -64,22 +64,7 @@ class MixedStream:
 
     def check_extra_state(self, state: dict, step: int) -> None:
         """Refuses a state whose weights before ``step`` were others."""
-        saved = state.get("mixture")
-        if not isinstance(saved, list) or not all(
-                isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) for e in saved):
-            raise StateDictError("state['mixture']: expected the mixture's weights ([[step, "
-                                 f"weights], ...]), received {saved!r:.200}")
-        ours = {s: w.tolist() for s, w in self.schedule.items() if s < step}
-        theirs = {s: w for s, w in saved if s < step}
-        if ours.keys() != theirs.keys() or not all(
-                len(ours[s]) == len(theirs[s]) and all(
-                    math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
-                    for a, b in zip(ours[s], theirs[s])) for s in ours):
-            raise StateDictError(
-                f"state['mixture']: the weights before step {step} differ: expected "
-                f"{sorted(ours.items())}, received {sorted(theirs.items())}; a restore may add "
-                "weight changes at or after the step it resumes from, never change earlier ones"
-            )
+        check_weights_before(self.schedule, state.get("mixture"), step)
 
 
 class MixedReader:
@@ -103,46 +88,24 @@ class MixedReader:
         groups = max(1, -(-m * (m - 1) // batch_size))  # batches a group: no count below 0
         self._size = groups * batch_size
         self._key = splitmix64(seed ^ splitmix64(0x6D1C ^ splitmix64(reader + 1)))
-        self._regimes = self._plan(mixed.schedule, groups, per_process, reader % per_process)
+        worker = reader % per_process
+
+        def first_group(step: int) -> int:
+            """The reader's first group whose first batch is at ``step`` or later (its batch
+            ``j`` is its process's step ``j * per_process + worker``)."""
+            batch = max(0, -(-(step - worker) // per_process))
+            return -(-batch // groups)
+
+        self._regimes = plan_regimes([(first_group(step), weights) for step, weights
+                                      in sorted(mixed.schedule.items())], self._size)
         self._emitted = 0
         self._group: int | None = None
         self._layout = np.zeros(0, np.int64)
 
-    @staticmethod
-    def _plan(schedule: dict[int, np.ndarray], groups: int, per_process: int,
-              worker: int) -> list[tuple[int, np.ndarray]]:
-        """(first group, weights) of each regime: the weights of step ``s`` start at the
-        reader's first group whose first batch (the reader's batch ``j`` is its process's
-        step ``j * per_process + worker``) is at ``s`` or later."""
-        starts: dict[int, np.ndarray] = {}
-        for step, weights in sorted(schedule.items()):
-            batch = max(0, -(-(step - worker) // per_process))
-            starts[-(-batch // groups)] = weights  # a later change of the same group wins
-        return sorted(starts.items(), key=lambda item: item[0])
-
-    def _counts(self, group: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each component's slots before ``group``, and in it."""
-        before = None
-        for i, (start, weights) in enumerate(self._regimes):
-            nxt = self._regimes[i + 1][0] if i + 1 < len(self._regimes) else None
-            base = np.zeros(len(weights), np.int64) if before is None else before
-            if nxt is None or group < nxt:
-                done = base + self._share(weights, group - start)
-                return done, base + self._share(weights, group - start + 1) - done
-            before = base + self._share(weights, nxt - start)
-        raise AssertionError("a schedule always has step 0")
-
-    def _share(self, weights: np.ndarray, groups: int) -> np.ndarray:
-        total = groups * self._size
-        n = np.floor(total * weights).astype(np.int64)
-        most = int(np.argmax(weights))
-        n[most] = 0
-        n[most] = total - n.sum()
-        return n
-
     def _lay_out(self, group: int) -> np.ndarray:
         """The component of each slot of ``group``: runs of each, through a keyed permutation."""
-        _, here = self._counts(group)
+        _, here = regime_counts(self._regimes, np.array([group]))
+        here = here[0]
         runs = np.repeat(np.arange(len(here)), here)
         keys = splitmix64_array(np.uint64(group) * np.uint64(self._size)
                                 + np.arange(self._size, dtype=np.uint64) + np.uint64(self._key))
