@@ -163,7 +163,10 @@ def _bare_processes(args: list[tuple]) -> float:
     return sum(n for n, _ in got) / (time.perf_counter() - start)
 
 
-def rate(make: Callable[[], Any], batches: int, warmup: int = 20) -> float:
+def rate(make: Callable[[], Any], batches: int, warmup: int = 20,
+         count: Callable[[Any], int] = lambda batch: len(batch["cls"])) -> float:
+    """What ``count`` counts in a batch (records), a second, over ``batches`` after a
+    warm-up."""
     loader = make()
     try:
         it = iter(loader)
@@ -172,7 +175,7 @@ def rate(make: Callable[[], Any], batches: int, warmup: int = 20) -> float:
         start = time.perf_counter()
         rows = 0
         for _ in range(batches):
-            rows += len(next(it)["cls"])
+            rows += count(next(it))
         return rows / (time.perf_counter() - start)
     finally:
         close = getattr(loader, "close", None)
@@ -299,20 +302,6 @@ def byte_tokens(record: dict) -> dict:
     return {"tokens": np.frombuffer(record["text"].encode(), np.uint8)}
 
 
-def tokens_per_second(make: Callable[[], Any], batches: int, warmup: int = 5) -> float:
-    loader = make()
-    try:
-        it = iter(loader)
-        for _ in range(warmup):
-            next(it)
-        start, tokens = time.perf_counter(), 0
-        for _ in range(batches):
-            tokens += next(it)["tokens"].size
-        return tokens / (time.perf_counter() - start)
-    finally:
-        loader.close()
-
-
 def packed(args: argparse.Namespace, work: str) -> None:
     """Rows of 2,048 byte tokens packed from JSON lines (``PackedStream``), 2 workers, 8 rows a
     batch, against 2 bare processes reading the lines and tokenizing them, nothing packed."""
@@ -328,10 +317,11 @@ def packed(args: argparse.Namespace, work: str) -> None:
     rates: list = []
     ceilings: list = []
     for _ in range(args.rounds):
-        rates.append(tokens_per_second(lambda: jl.StreamLoader(
+        rates.append(rate(lambda: jl.StreamLoader(
             jl.PackedStream(jl.Stream.jsonl(paths), "tokens", 2048, tokenize=byte_tokens,
                             dtype="uint8"), batch_size=8, seed=0, num_workers=WORKERS,
-            process_index=0, process_count=1), args.batches * 4))
+            process_index=0, process_count=1), args.batches * 4, warmup=5,
+            count=lambda batch: batch["tokens"].size))
         ceilings.append(_bare_processes([([paths[w]], jl.JsonlShard, byte_tokens)
                                          for w in range(WORKERS)]) * per_record)
     rate_, top = statistics.median(rates), statistics.median(ceilings)
