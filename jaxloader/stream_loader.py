@@ -168,8 +168,7 @@ class StreamLoader(LoaderLifecycle):
     def state_dict(self) -> dict[str, Any]:
         """This process's position: the step and each of its readers' state; JSON-ready."""
         step = self._progress.step
-        extra = (self._stream.extra_state() if isinstance(self._stream, (MixedStream,
-                                                                         PackedStream)) else {})
+        extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STREAM_STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step)}
 
@@ -198,8 +197,7 @@ class StreamLoader(LoaderLifecycle):
             )
         check_int("state['step']", state.get("step"), low=0, error=StateDictError,
                   remedy="pass the dict that state_dict() returned, unchanged")
-        if isinstance(self._stream, (MixedStream, PackedStream)):
-            self._stream.check_extra_state(state, state["step"])
+        self._stream.check_extra_state(state, state["step"])
         readers = state.get("readers")
         first = self.process_index * self._readers
         if (not isinstance(readers, list) or len(readers) != self._readers or any(

@@ -89,13 +89,10 @@ class PackedStream:
                 "dtype": self.dtype.str}
 
     def extra_state(self) -> dict[str, Any]:
-        extra = getattr(self.stream, "extra_state", None)
-        return extra() if extra is not None else {}
+        return self.stream.extra_state()
 
     def check_extra_state(self, state: dict, step: int) -> None:
-        check = getattr(self.stream, "check_extra_state", None)
-        if check is not None:
-            check(state, step)
+        self.stream.check_extra_state(state, step)
 
 
 class PackedReader:

@@ -114,6 +114,13 @@ class Stream:
         return {"shards": [s.name for s in self.shards], "shuffle_window": self.shuffle_window,
                 "shuffle_shards": self.shuffle_shards}
 
+    def extra_state(self) -> dict[str, Any]:
+        """What a state holds beyond the readers' places: nothing (a mixture: its weights)."""
+        return {}
+
+    def check_extra_state(self, state: dict, step: int) -> None:
+        """Nothing to check beyond ``describe`` (a mixture checks its earlier weights)."""
+
 
 def _or_compressed(suffix: str) -> tuple[str, ...]:
     """A folder's files of a format: ``a.jsonl``, and ``a.jsonl.gz`` and the like."""
