@@ -101,6 +101,20 @@ def test_best_fit_wastes_less_than_first_fit_on_long_tailed_lengths():
     assert best.padding_fraction < 0.01
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=150), st.integers(30, 40),
+       st.booleans(), st.integers(1, 5))
+def test_one_window_in_python_packs_as_the_windows_in_numpy(lengths, width, best, bins):
+    """A single window takes a Python loop; the same window twice takes the NumPy steps,
+    whose first window must give the same rows and offsets."""
+    n = np.array(lengths, np.int64)[:, None]
+    rows, offsets = pp.fit_one_window(lengths, width, best, bins)
+    both_rows, both_offsets = pp._fit_windows(np.concatenate([n, n]), np.array([width]), best,
+                                              bins, len(lengths))
+    assert both_rows[:len(lengths)].tolist() == rows
+    assert both_offsets[:len(lengths), 0].tolist() == offsets
+
+
 def test_a_plan_is_a_pure_function_of_lengths_and_seed():
     lengths = np.random.default_rng(1).integers(1, 100, 500)
     a, b = pp.fit(lengths, [256], seed=4), pp.fit(lengths.copy(), [256], seed=4)
