@@ -1,6 +1,8 @@
 """What crosses to a worker: the batch maker and init function, by ``cloudpickle``.
 
-Lambdas, notebook functions and classes defined in ``__main__`` cross by value. Large NumPy
+Lambdas, notebook functions and classes defined in ``__main__`` cross by value, and so do
+``functools.cache`` / ``lru_cache`` functions defined there (cloudpickle would name them, and
+a worker has no such name: each worker gets its own empty cache of the same size). Large NumPy
 arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by a closure) do not
 cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
 and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``Joined``, the alike
@@ -19,10 +21,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import os
 import pickle
+import sys
 import threading
 from typing import Any, Callable
 
@@ -42,6 +46,16 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._keep = keep
         self._shared: dict[int, tuple[tuple, Any]] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is _CACHED and not _importable(obj):
+            # rebuilt in the worker as an empty cache around the function, which crosses by
+            # value; the function is set after the cache exists, so a recursive one (its
+            # globals name the cache) finds the cache in the memo instead of recursing
+            params = obj.cache_parameters()
+            return (_cache_shell, (params["maxsize"], params["typed"]), obj.__wrapped__,
+                    None, None, _fill_cache_shell)
+        return super().reducer_override(obj)
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is np.memmap and isinstance(obj.filename, str) and obj.base is not None:
@@ -66,6 +80,37 @@ class _Pickler(cloudpickle.Pickler):
             ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype.str)
             self._shared[id(obj)] = ref, obj  # obj kept: its id is not reused while pickling
         return ref
+
+
+_CACHED = type(functools.lru_cache()(len))  # functools._lru_cache_wrapper
+
+
+def _importable(fn: Any) -> bool:
+    """Whether a worker finds ``fn`` by its module and name (not one of ``__main__``'s)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "__main__")
+    if module is None or module.__name__ == "__main__":
+        return False
+    found: Any = module
+    for part in getattr(fn, "__qualname__", "<lambda>").split("."):
+        found = getattr(found, part, None)
+    return found is fn
+
+
+def _cache_shell(maxsize: int | None, typed: bool) -> Any:
+    """An empty cache whose function ``_fill_cache_shell`` sets once it is unpickled."""
+    target: list = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return target[0](*args, **kwargs)
+
+    cached = functools.lru_cache(maxsize=maxsize, typed=typed)(call)
+    cached._jaxloader_target = target  # type: ignore[attr-defined]
+    return cached
+
+
+def _fill_cache_shell(cached: Any, fn: Any) -> None:
+    cached._jaxloader_target.append(fn)
+    functools.update_wrapper(cached, fn)
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:

@@ -107,3 +107,46 @@ def test_parts_not_joined_when_memory_mapped_or_repeated(tmp_path):
     negative = jl.ArraySource({"x": -small.arrays[0]})
     plain = pickle.loads(pickle.dumps(jl.ConcatSource([small, negative])))  # no payload
     assert plain.joined.arrays[0].tolist() == [0, 1, 2, 3, 4, 0, -1, -2, -3, -4]
+
+
+SCRIPT = '''
+import functools
+import numpy as np
+import jaxloader as jl
+
+
+@functools.cache
+def table():  # a tokenizer's vocabulary, say: loaded once a process
+    return np.arange(10) * 3
+
+
+@functools.lru_cache(maxsize=4)
+def fib(n):  # recursive: its globals name the cache itself
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+
+def add(record):
+    return {"x": record["x"] + table()[record["x"]] + fib(10),
+            "misses": table.cache_info().misses, "size": fib.cache_info().maxsize}
+
+
+if __name__ == "__main__":
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=2,
+                       transforms=[jl.Map(add)]) as loader:
+        for batch in loader:
+            print(batch["x"].tolist(), batch["misses"].tolist(), batch["size"].tolist())
+'''
+
+
+def test_cached_functions_of_a_script_reach_the_workers(tmp_path):
+    """cloudpickle names a ``functools.cache`` function, which a worker cannot find in its
+    ``__main__``; it crosses by value, an empty cache of the same size in each worker."""
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["[55, 59, 63, 67] [1, 1, 1, 1] [4, 4, 4, 4]",
+                                           "[71, 75, 79, 83] [1, 1, 1, 1] [4, 4, 4, 4]"]
