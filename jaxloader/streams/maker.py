@@ -29,7 +29,7 @@ from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.pipeline import finish_batch
 from jaxloader.streams.mixed import MixedReader, MixedStream
-from jaxloader.streams.packed import PackedReader, PackedStream
+from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.transforms import Map, RecordRng
 
@@ -55,13 +55,13 @@ class StreamBatchMaker:
             self.reader_for(w)
 
     def reader_for(self, worker: int) -> Any:
-        """Worker ``worker``'s reader: a ``StreamReader``, or a ``MixedReader`` or
-        ``PackedReader`` over such readers."""
+        """Worker ``worker``'s reader: a ``StreamReader``, or a ``MixedReader`` or a packing
+        reader over such readers."""
         reader = self.process_index * self.workers + worker
 
         def of(stream: Any) -> Any:
             if isinstance(stream, PackedStream):
-                return PackedReader(stream, of(stream.stream))
+                return stream.reader(of(stream.stream))
             if isinstance(stream, MixedStream):
                 return MixedReader(stream, reader=reader, readers=self.readers, seed=self.seed,
                                    batch_size=self.batch_size, per_process=self.workers)

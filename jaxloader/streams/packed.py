@@ -13,6 +13,15 @@ skips ``skip`` tokens: nothing lost, nothing repeated, and the state stays a few
 rows are full: a stream is endless (a row may hold the end of one epoch and the start of the
 next). Records with no tokens are passed over.
 
+``method="best_fit"`` / ``"first_fit"`` packs whole records instead, window by window::
+
+    the next `window` records with tokens ──packing_plan.fit (bins rows open)──> the window's
+        rows, given one by one; padding (0, segment id 0) where no record fitted
+    state of a reader: {reader, inner: the state before the window, row: its rows given}
+
+A restore reads the window again (``window`` records, as a shuffle window is read again) and
+packs it the same way: the plan is a pure function of the window's lengths.
+
 Example:
     >>> import numpy as np, jaxloader as jl
     >>> docs = jl.Stream.from_generator(lambda i: ({"t": np.arange(1, n + 1)} for n in (3, 4)),
@@ -31,19 +40,24 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from jaxloader import packing_plan
 from jaxloader.checks import check_int
 from jaxloader.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 
 
 EMPTY_RUN = 100_000  # records in a row with no tokens before a reader gives up
+_ONE_WINDOW = 1 << 62  # fit's window for all of a window's pieces (split records give more)
 
 
 class PackedStream:
     """Rows of ``length`` tokens of ``key`` packed from ``stream`` (a ``Stream``, or streams
     mixed by ``jl.mix``): each record, after ``tokenize`` (a function of the record returning
     a dict with ``key``: 1-D integer tokens; none: the records are such dicts already), is laid
-    after the one before and the stream is cut every ``length`` tokens. Read it with a
-    ``StreamLoader``; its ``transforms`` then apply to the rows.
+    after the one before and the stream is cut every ``length`` tokens (``method="concat"``).
+    ``"best_fit"`` or ``"first_fit"`` place whole records instead, ``bins`` rows open at a
+    time, over windows of ``window`` records, as ``PackedSource`` does; ``overlong`` says what
+    becomes of a record longer than a row (``"split"`` into rows, or ``"truncate"``). Read it
+    with a ``StreamLoader``; its ``transforms`` then apply to the rows.
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -53,11 +67,17 @@ class PackedStream:
         >>> loader = jl.StreamLoader(packed, batch_size=1, process_index=0, process_count=1)
         >>> next(iter(loader))["tokens"].tolist()  # "ab" and the start of "cde"
         [[97, 98, 99, 100]]
+        >>> fitted = jl.PackedStream(text, "tokens", 4, tokenize=as_bytes, method="best_fit",
+        ...                          window=2)
+        >>> loader = jl.StreamLoader(fitted, batch_size=2, process_index=0, process_count=1)
+        >>> next(iter(loader))["tokens"].tolist()  # whole records, 0 where none fits
+        [[97, 98, 0, 0], [99, 100, 101, 0]]
     """
 
     def __init__(self, stream: Any, key: str, length: int,
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
-                 dtype: Any = np.int32) -> None:
+                 dtype: Any = np.int32, *, method: str = "concat", bins: int = 16,
+                 window: int = 1000, overlong: str = "split") -> None:
         from jaxloader.streams.mixed import MixedStream
         from jaxloader.streams.reader import Stream
 
@@ -76,8 +96,20 @@ class PackedStream:
         if np.dtype(dtype).kind not in "iu":
             raise ConfigError(f"PackedStream(dtype): expected an integer dtype for tokens, got "
                               f"{np.dtype(dtype)}")
+        if method not in packing_plan.METHODS:
+            raise ConfigError(f"PackedStream(method): expected one of {packing_plan.METHODS}, "
+                              f"got {method!r}")
+        check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
+        check_int("PackedStream(window)", window, low=1,
+                  remedy="records packed together, e.g. 1000")
+        if overlong not in packing_plan.OVERLONG:
+            raise ConfigError(
+                f"PackedStream(overlong): expected one of {packing_plan.OVERLONG}, got "
+                f"{overlong!r}; 'split' cuts a record longer than a row into row-sized pieces, "
+                "'truncate' drops the rest")
         self.stream, self.key, self.length = stream, key, length
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
+        self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
 
     @property
     def shards(self) -> list:
@@ -85,8 +117,17 @@ class PackedStream:
 
     def describe(self) -> dict[str, Any]:
         """What a state is checked against: the packing and the stream under it."""
-        return {"packed": self.stream.describe(), "key": self.key, "length": self.length,
-                "dtype": self.dtype.str}
+        described = {"packed": self.stream.describe(), "key": self.key, "length": self.length,
+                     "dtype": self.dtype.str}
+        if self.method != "concat":  # (a state saved before fitting existed stays valid)
+            described.update(method=self.method, bins=self.bins, window=self.window,
+                             overlong=self.overlong)
+        return described
+
+    def reader(self, inner: Any) -> PackedReader | FitPackedReader:
+        """The packing reader over one reader of the stream under it."""
+        return PackedReader(self, inner) if self.method == "concat" else FitPackedReader(
+            self, inner)
 
     def extra_state(self) -> dict[str, Any]:
         return self.stream.extra_state()
@@ -159,25 +200,104 @@ class PackedReader:
 
     def _read_record(self) -> None:
         """The next record with tokens: its tokens, and the inner state before it."""
-        key, tokenize = self.packed.key, self.packed.tokenize
-        for _ in range(EMPTY_RUN):
-            before = self.inner.get_state()
-            record = self.inner.next()
-            if tokenize is not None:
-                try:
-                    record = tokenize(record)
-                except JaxloaderError:
-                    raise
-                except Exception as e:
-                    raise RecordError(f"PackedStream(tokenize) raised {type(e).__name__} on a "
-                                      f"record of reader {self.reader}: {e}") from e
-            tokens = _tokens_of(record, key, self.packed.dtype)
-            if len(tokens):
-                self._tokens, self._before, self._skip = tokens, before, 0
-                return
-        raise RecordError(  # an endless stream of them would never fill a row
-            f"PackedStream: reader {self.reader} read {EMPTY_RUN:,} records in a row with no "
-            f"tokens under {key!r}; check tokenize (or the stream's records)")
+        before = self.inner.get_state()
+        self._tokens, self._skip = _next_tokens(self.packed, self.inner), 0
+        self._before = before
+
+
+class FitPackedReader:
+    """One reader's rows of whole records (``method="best_fit"`` or ``"first_fit"``), packed
+    window by window: the same protocol as ``PackedReader``."""
+
+    def __init__(self, packed: PackedStream, inner: Any) -> None:
+        self.packed, self.inner, self.reader = packed, inner, inner.reader
+        self._records: list[np.ndarray] = []  # the window's tokens, record by record
+        self._plan: packing_plan.PackingPlan | None = None  # None: no window read yet
+        self._before: dict | None = None  # the inner state before the window
+        self._row = 0  # the window's rows already given
+        self._count_up = np.arange(packed.length, dtype=np.int32)
+
+    def initial_state(self) -> dict:
+        return {"reader": self.reader, "inner": self.inner.initial_state(), "row": 0}
+
+    def reset(self, state: dict | None) -> None:
+        state = self.initial_state() if state is None else state
+        if (not isinstance(state, dict) or not isinstance(state.get("inner"), dict)
+                or type(state.get("row")) is not int or state["row"] < 0):
+            raise StateDictError(f"packed stream state: expected {{reader, inner: the stream's "
+                                 f"state, row: a non-negative int}}, got {state!r:.200}")
+        if state.get("reader") != self.reader:
+            raise StateDictError(f"packed stream state: it is reader {state.get('reader')}'s, "
+                                 f"handed to reader {self.reader}")
+        self.inner.reset(copy.deepcopy(state["inner"]))
+        self._plan, self._records, self._before, self._row = None, [], None, 0
+        if state["row"]:
+            self._read_window()
+            assert self._plan is not None
+            if state["row"] >= self._plan.rows:
+                raise StateDictError(
+                    f"packed stream state: {state['row']} rows of a window packed into "
+                    f"{self._plan.rows} already given; not this stream's (or its tokenize "
+                    "changed)")
+            self._row = state["row"]
+
+    def get_state(self) -> dict:
+        if self._plan is None:
+            return {"reader": self.reader, "inner": self.inner.get_state(), "row": 0}
+        return {"reader": self.reader, "inner": copy.deepcopy(self._before), "row": self._row}
+
+    def next(self) -> dict[str, np.ndarray]:
+        if self._plan is None:
+            self._read_window()
+        plan, width, key = self._plan, self.packed.length, self.packed.key
+        assert plan is not None
+        tokens = np.zeros(width, self.packed.dtype)
+        ids = np.zeros(width, np.int32)
+        positions = np.zeros(width, np.int32)
+        first, last = int(plan.row_ptr[self._row]), int(plan.row_ptr[self._row + 1])
+        segments = zip(plan.record[first:last].tolist(), plan.record_offset[first:last, 0]
+                       .tolist(), plan.row_offset[first:last, 0].tolist(),
+                       plan.length[first:last, 0].tolist())
+        for segment, (record, begin, at, n) in enumerate(segments, 1):
+            tokens[at:at + n] = self._records[record][begin:begin + n]
+            ids[at:at + n] = segment
+            positions[at:at + n] = self._count_up[:n]
+        self._row += 1
+        if self._row == plan.rows:  # the window is used up: the next row starts the next
+            self._plan, self._records, self._before, self._row = None, [], None, 0
+        return {key: tokens, f"{key}_segment_ids": ids, f"{key}_positions": positions}
+
+    def _read_window(self) -> None:
+        """The next ``window`` records with tokens, and their plan."""
+        packed = self.packed
+        self._before = self.inner.get_state()
+        self._records = [_next_tokens(packed, self.inner) for _ in range(packed.window)]
+        self._plan = packing_plan.fit(
+            np.array([len(t) for t in self._records], np.int64), [packed.length],
+            method=packed.method, bins=packed.bins, window=_ONE_WINDOW,
+            overlong=packed.overlong, seed=None)
+        self._row = 0
+
+
+def _next_tokens(packed: PackedStream, inner: Any) -> np.ndarray:
+    """The tokens of ``inner``'s next record that has any (passing over those without)."""
+    key, tokenize = packed.key, packed.tokenize
+    for _ in range(EMPTY_RUN):
+        record = inner.next()
+        if tokenize is not None:
+            try:
+                record = tokenize(record)
+            except JaxloaderError:
+                raise
+            except Exception as e:
+                raise RecordError(f"PackedStream(tokenize) raised {type(e).__name__} on a "
+                                  f"record of reader {inner.reader}: {e}") from e
+        tokens = _tokens_of(record, key, packed.dtype)
+        if len(tokens):
+            return tokens
+    raise RecordError(  # an endless stream of them would never fill a row
+        f"PackedStream: reader {inner.reader} read {EMPTY_RUN:,} records in a row with no "
+        f"tokens under {key!r}; check tokenize (or the stream's records)")
 
 
 def _tokens_of(record: Any, key: str, dtype: np.dtype) -> np.ndarray:

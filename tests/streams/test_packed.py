@@ -52,6 +52,50 @@ def test_rows_hold_the_streams_tokens_in_order_each_piece_a_segment(workers):
                 assert (np.diff(piece) == 1).all() and len(np.unique(piece // 100)) == 1
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("method", ["best_fit", "first_fit"])
+def test_fitted_rows_hold_each_window_of_records_whole_and_once(workers, method):
+    with loader_of(documents(shards=2, window=4), workers, batch_size=1) as plain:
+        records = [b["tokens"][0] for b in take(plain, 200)]
+    width, window = 16, 5
+    with loader_of(jl.PackedStream(documents(shards=2, window=4), "tokens", width,
+                                   method=method, bins=3, window=window), workers) as packed:
+        batches = take(packed, 30)
+    readers = max(1, workers)
+    for r in range(readers):
+        rows = [tuple(row[:3]) for b in batches[r::readers]
+                for row in zip(b["tokens"], b["tokens_segment_ids"], b["tokens_positions"])]
+        mine = [rec for i, rec in enumerate(records) if i % readers == r and len(rec)]
+        windows = 0
+        while rows:  # the rows of each window of 5 records hold its tokens, each once
+            want = np.sort(np.concatenate(mine[windows * window:(windows + 1) * window]))
+            got: list = []
+            while rows and len(got) < len(want):
+                tokens, ids, positions = rows.pop(0)
+                assert (ids[tokens == 0] == 0).all() and (tokens[ids == 0] == 0).all()
+                for s in range(1, ids.max() + 1):  # a whole document, or a row-sized piece
+                    piece = tokens[ids == s]
+                    assert np.array_equal(positions[ids == s], np.arange(len(piece)))
+                    assert (np.diff(piece) == 1).all() and len(np.unique(piece // 100)) == 1
+                    whole = LENGTHS[(piece[0] % 10_000) // 100]
+                    assert len(piece) == min(whole, width) or len(piece) == whole % width
+                    got.extend(piece)
+            if len(got) < len(want):
+                break  # the last window, given in part
+            assert np.array_equal(np.sort(got), want), (r, windows)
+            windows += 1
+        assert windows >= 3, windows
+
+
+def test_truncate_keeps_a_long_records_first_row_of_tokens():
+    with loader_of(jl.PackedStream(documents(shards=1), "tokens", 16, method="best_fit",
+                                   window=len(LENGTHS), overlong="truncate"),
+                   batch_size=1) as loader:
+        tokens = np.concatenate([b["tokens"][0] for b in take(loader, 6)])
+    long = tokens[(tokens // 100) % 100 == LENGTHS.index(40)]
+    assert np.array_equal(long, 4 * 100 + np.arange(1, 17))  # 16 of its 40 tokens
+
+
 @pytest.mark.parametrize("k", [1, 5, 13])
 def test_resume_continues_the_same_packed_stream(tmp_path, k):
     texts = [compress(write_jsonl(tmp_path / f"p-{s}.jsonl", range(s * 20, s * 20 + 20)), ".gz")
@@ -60,15 +104,16 @@ def test_resume_continues_the_same_packed_stream(tmp_path, k):
     def tokenize(record):  # the text's bytes, then the id: documents of 1 to 7 tokens
         return {"ids": np.frombuffer((record["text"] + "!").encode(), np.uint8) + record["id"]}
 
-    for workers in (0, 2):
+    for workers, fit in ((0, {}), (2, {}), (2, {"method": "best_fit", "window": 6, "bins": 2})):
         check_resume(lambda: loader_of(jl.PackedStream(
-            jl.Stream.jsonl(texts, shuffle_window=5), "ids", 8, tokenize=tokenize), workers),
-            total=k + 6, k=k)
-    mixed = lambda: jl.PackedStream(  # noqa: E731
-        jl.mix([documents(), documents(window=3)], [0.6, 0.4], from_step={4: [0.1, 0.9]}),
-        "tokens", 8)
-    for workers in (0, 2):
-        check_resume(lambda: loader_of(mixed(), workers), total=k + 6, k=k)
+            jl.Stream.jsonl(texts, shuffle_window=5), "ids", 8, tokenize=tokenize, **fit),
+            workers), total=k + 6, k=k)
+    for fit in ({}, {"method": "first_fit", "window": 5}):
+        mixed = lambda: jl.PackedStream(  # noqa: E731
+            jl.mix([documents(), documents(window=3)], [0.6, 0.4], from_step={4: [0.1, 0.9]}),
+            "tokens", 8, **fit)
+        for workers in (0, 2):
+            check_resume(lambda: loader_of(mixed(), workers), total=k + 6, k=k)
 
 
 def test_a_state_names_the_record_a_row_starts_in_and_the_tokens_used():
@@ -83,7 +128,32 @@ def test_a_state_names_the_record_a_row_starts_in_and_the_tokens_used():
             again.load_state_dict(state)
 
 
+def test_a_fitted_state_names_the_window_and_its_rows_given():
+    fitted = lambda **kw: jl.PackedStream(documents(shards=1), "tokens", 16,  # noqa: E731
+                                          method="best_fit", window=4, **kw)
+    with loader_of(fitted(), batch_size=1) as loader:
+        take(loader, 1)  # the first window: docs 0, 2, 3, 4 (5, 17, 3, 40 tokens)
+        state = json.loads(json.dumps(loader.state_dict()))
+    reader = state["readers"][0]
+    assert reader["row"] == 1 and reader["inner"]["emitted"] == 0  # the stream's start
+    reader["row"] = 6  # the window packs into 5 rows
+    with loader_of(fitted(), batch_size=1) as again:
+        with pytest.raises(jl.StateDictError, match=r"6 rows of a window packed into 5"):
+            again.load_state_dict(state)
+    with loader_of(fitted(bins=2), batch_size=1) as other:
+        with pytest.raises(jl.StateDictError, match=r"bins"):
+            other.load_state_dict(state)
+
+
 def test_bad_input_is_named():
+    for bad, expected in ((dict(method="pack"), r"PackedStream\(method\): expected one of "
+                                                r"\('first_fit', 'best_fit', 'concat'\), "
+                                                r"got 'pack'"),
+                          (dict(bins=0), r"PackedStream\(bins\)"),
+                          (dict(window=2.5), r"PackedStream\(window\)"),
+                          (dict(overlong="cut"), r"PackedStream\(overlong\).*'truncate' drops")):
+        with pytest.raises(jl.ConfigError, match=expected):
+            jl.PackedStream(documents(), "tokens", 8, **bad)
     with pytest.raises(jl.ConfigError, match=r"PackedStream\(stream\): expected a jl.Stream .*"
                                              r"jl.PackedSource"):
         jl.PackedStream([{"tokens": np.arange(3)}], "tokens", 8)
