@@ -31,6 +31,7 @@ from jaxloader.sources import (
     ArraySource,
     ConcatSource,
     FileListSource,
+    FilteredSource,
     ParquetSource,
     RaggedSource,
     Source,
@@ -39,7 +40,7 @@ from jaxloader.stats import LoaderStats
 from jaxloader.stream_loader import StreamLoader
 from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Stream, TarShard,
                                TextShard)
-from jaxloader.transforms import BatchMap, Map, RandomMap
+from jaxloader.transforms import BatchMap, Filter, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "ConfigError",
     "DataLoader",
     "FileListSource",
+    "Filter",
+    "FilteredSource",
     "IterableShard",
     "JaxloaderError",
     "JsonlShard",

@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxloader import packing_plan
 from jaxloader.errors import ConfigError
-from jaxloader.sources.base import check_source
+from jaxloader.sources.base import check_source, records_at
 from jaxloader.sources.ragged import RaggedSource
 
 _LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
@@ -192,21 +192,10 @@ def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
     out = np.empty((n, len(keys)), np.int64)
     for start in range(0, n, _LENGTH_CHUNK):
         stop = min(n, start + _LENGTH_CHUNK)
-        for i, record in enumerate(_records(source, np.arange(start, stop))):
+        for i, record in enumerate(records_at(source, np.arange(start, stop))):
             for k, key in enumerate(keys):
                 out[start + i, k] = len(_sequence(record, key, start + i))
     return out
-
-
-def _records(source: Any, indices: np.ndarray) -> list:
-    if hasattr(source, "__getitems__"):
-        got = source.__getitems__(indices)
-        if isinstance(got, list):
-            return got
-        from jaxloader import tree as tree_lib
-
-        return tree_lib.split_rows(got, len(indices))
-    return [source[int(i)] for i in indices]
 
 
 def _sequence(record: Any, key: str, index: int) -> np.ndarray:
@@ -225,6 +214,6 @@ def _gather_records(source: Any, records: np.ndarray, key: str) -> tuple[np.ndar
     """The sequences of ``records`` (each segment's record) one after another, and where each
     segment's record starts in them."""
     unique, inverse = np.unique(records, return_inverse=True)
-    seqs = [_sequence(r, key, int(i)) for r, i in zip(_records(source, unique), unique)]
+    seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
     starts = np.concatenate([[0], np.cumsum([len(s) for s in seqs])[:-1]]).astype(np.int64)
     return np.concatenate(seqs), starts[inverse]

@@ -88,7 +88,7 @@ class StreamLoader(LoaderLifecycle):
                   remedy=f"use an index in [0, {process_count})")
         self._options = LoaderOptions(num_workers, None, "mask", prefetch, start_method,
                                       device_prefetch)
-        record_transforms, batch_transforms = split_transforms(transforms)
+        record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream = stream
         self._readers = max(1, num_workers)
         self._maker = StreamBatchMaker(

@@ -5,6 +5,9 @@
   from ``(seed, epoch, position, transform index)``, never from the worker running it, so the
   result does not depend on the worker count or on a restore.
 - ``BatchMap(fn)``: ``fn(batch) -> batch`` after collation, on the stacked NumPy batch.
+- ``Filter(fn)``: ``fn(record) -> bool``; a ``StreamLoader`` drops the records it is false for
+  and reads on to fill the batch. A ``DataLoader`` refuses it: its batch is a fixed set of
+  positions, so filter the source once up front (``FilteredSource``).
 
 Plain callables in ``transforms=`` are taken as ``Map``. Record transforms must come before
 batch transforms.
@@ -42,7 +45,7 @@ class Map:
         self.fn = fn
 
     def __repr__(self) -> str:
-        return f"Map({_name(self.fn)})"
+        return f"Map({fn_name(self.fn)})"
 
 
 class RandomMap:
@@ -57,7 +60,7 @@ class RandomMap:
         self.fn = fn
 
     def __repr__(self) -> str:
-        return f"RandomMap({_name(self.fn)})"
+        return f"RandomMap({fn_name(self.fn)})"
 
 
 class BatchMap:
@@ -72,20 +75,31 @@ class BatchMap:
         self.fn = fn
 
     def __repr__(self) -> str:
-        return f"BatchMap({_name(self.fn)})"
+        return f"BatchMap({fn_name(self.fn)})"
 
 
-def split_transforms(transforms: Sequence[Any]) -> tuple[tuple, tuple]:
-    """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``."""
-    if callable(transforms) or isinstance(transforms, (Map, RandomMap, BatchMap)):
+def split_transforms(transforms: Sequence[Any], *,
+                     filters: bool = False) -> tuple[tuple, tuple]:
+    """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``.
+    ``filters``: whether ``Filter`` may be among them (a ``StreamLoader``'s)."""
+    if callable(transforms) or isinstance(transforms, (Map, RandomMap, BatchMap, Filter)):
         transforms = (transforms,)
     record, batch = [], []
     for i, t in enumerate(transforms):
-        if not isinstance(t, (Map, RandomMap, BatchMap)):
+        if isinstance(t, Filter) and not filters:
+            raise ConfigError(
+                f"transforms[{i}]: {t!r} drops records, but a DataLoader's batch is a fixed "
+                "set of positions (a pure function of seed, epoch and step), so it cannot "
+                "read on to fill it; filter the source once up front: "
+                "jaxloader.FilteredSource(source, fn) (or read a stream with a StreamLoader, "
+                "which takes Filter)"
+            )
+        if not isinstance(t, (Map, RandomMap, BatchMap, Filter)):
             if not callable(t):
                 raise ConfigError(
-                    f"transforms[{i}]: expected Map, RandomMap, BatchMap or a callable, got "
-                    f"{type(t).__name__} {t!r:.60}; wrap functions as Map(fn)"
+                    f"transforms[{i}]: expected Map, RandomMap, {'Filter, ' * filters}BatchMap "
+                    f"or a callable, got {type(t).__name__} {t!r:.60}; wrap functions as "
+                    "Map(fn)"
                 )
             t = Map(t)
         if isinstance(t, BatchMap):
@@ -98,6 +112,26 @@ def split_transforms(transforms: Sequence[Any]) -> tuple[tuple, tuple]:
         else:
             record.append(t)
     return tuple(record), tuple(batch)
+
+
+class Filter:
+    """A per-record predicate ``fn(record) -> bool``: in a ``StreamLoader``'s transforms, the
+    records it is false for are dropped and the batch is filled from the records after them
+    (the reader's state counts the dropped ones, so a restore goes on after them too). A
+    ``DataLoader`` reads fixed positions: filter its source with ``FilteredSource`` instead.
+
+    Example:
+        >>> long_enough = Filter(lambda r: len(r["text"]) >= 200)
+        >>> long_enough.fn({"text": "short"})
+        False
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        _check_callable(fn, "Filter")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Filter({fn_name(self.fn)})"
 
 
 class RecordRng:
@@ -147,5 +181,6 @@ def _check_callable(fn: Any, kind: str) -> None:
         raise ConfigError(f"{kind}(fn): expected a callable, got {type(fn).__name__} {fn!r:.60}")
 
 
-def _name(fn: Any) -> str:
+def fn_name(fn: Any) -> str:
+    """A function's name for messages (its qualified name, else its repr)."""
     return getattr(fn, "__qualname__", None) or repr(fn)

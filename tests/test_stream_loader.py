@@ -203,3 +203,52 @@ def test_random_and_batch_maps_give_the_same_batches_in_a_worker_as_in_process(t
         assert np.array_equal(x["twice"], x["id"] * 2)
     noise = np.concatenate([x["noise"] for x in a])
     assert len(np.unique(noise)) == len(noise)  # a generator of its own for every record
+
+
+def keep_not_multiple_of_3(record):
+    return record["id"] % 3 != 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_filter_drops_records_and_the_batch_reads_on(tmp_path, num_workers):
+    stream = lambda: generator_stream(tmp_path, shuffle_window=7)  # noqa: E731
+    with loader_of(stream(), [], num_workers, batch_size=1) as plain:
+        records = np.concatenate([b["id"] for b in take(plain, 240)])
+    readers = max(1, num_workers)
+    with loader_of(stream(), [jl.Filter(keep_not_multiple_of_3)], num_workers) as loader:
+        batches = take(loader, 20)
+    for r in range(readers):  # reader r's batches: its records, those the filter keeps
+        got = np.concatenate([b["id"] for b in batches[r::readers]])
+        mine = records[r::readers]
+        assert np.array_equal(got, mine[mine % 3 != 0][:len(got)]), r
+    assert all(len(b["id"]) == 6 for b in batches)
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_resume_after_a_filter_continues_the_same_stream(tmp_path, k):
+    def noisy(record, rng):
+        return {"id": record["id"], "noise": rng.normal()}
+
+    def no_big_noise(record):  # drops by what a RandomMap drew: a retry draws anew
+        return abs(record["noise"]) < 1.0
+
+    transforms = [jl.Filter(keep_not_multiple_of_3), jl.RandomMap(noisy), jl.Filter(no_big_noise)]
+    for workers in (0, 2):
+        check_resume(lambda: loader_of(jsonl_stream(tmp_path, shuffle_window=5), transforms,
+                                       workers), total=k + 6, k=k)
+    with loader_of(jsonl_stream(tmp_path, shuffle_window=5), transforms, 2) as loader:
+        noise = np.concatenate([b["noise"] for b in take(loader, 10)])
+    assert (np.abs(noise) < 1).all() and len(np.unique(noise)) == len(noise)
+
+
+def test_a_filter_that_keeps_nothing_raises_rather_than_hangs(tmp_path, monkeypatch):
+    from jaxloader.streams import maker
+
+    monkeypatch.setattr(maker, "DROP_RUN", 500)  # in this process (workers: 100,000)
+    with loader_of(generator_stream(tmp_path), [jl.Filter(lambda r: False)]) as loader:
+        with pytest.raises(jl.RecordError, match=r"stream step 0 .*Filter\(.*<lambda>\) dropped "
+                                                 r"500 records in a row; check the filter"):
+            next(iter(loader))
+    with loader_of(generator_stream(tmp_path), [jl.Filter(lambda r: r["nope"])]) as loader:
+        with pytest.raises(jl.RecordError, match=r"transforms\[0\] Filter.* raised KeyError"):
+            next(iter(loader))

@@ -35,3 +35,12 @@ def test_split_transforms_order_and_types():
         split_transforms([3])
     with pytest.raises(jl.ConfigError, match="callable"):
         jl.RandomMap("nope")
+
+
+def test_a_data_loader_refuses_a_filter_and_names_filtered_source():
+    source = jl.ArraySource({"x": np.arange(10)})
+    with pytest.raises(jl.ConfigError, match=r"transforms\[1\]: Filter\(.*\) drops records, but "
+                                             r"a DataLoader's batch is a fixed set of positions"
+                                             r".*jaxloader.FilteredSource\(source, fn\)"):
+        jl.DataLoader(source, batch_size=2, transforms=[jl.Map(lambda r: r),
+                                                        jl.Filter(lambda r: True)])

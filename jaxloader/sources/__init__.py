@@ -6,6 +6,7 @@
 | ``concat`` | ``ConcatSource``: sources one after another in one index space |
 | ``parquet`` | ``ParquetSource``: rows of Parquet files, read by row group (pyarrow) |
 | ``files`` | ``FileListSource``: one record per file: its bytes (and a label) |
+| ``filtered`` | ``FilteredSource``: the records a predicate keeps (found once), by index |
 | ``array_record`` | ``ArrayRecordSource``: records of ArrayRecord files, as bytes |
 | ``ragged`` | ``RaggedSource``: variable-length sequences stored flat, with offsets |
 | ``huggingface`` | ``HuggingFaceSource``: a ``datasets.Dataset`` read as NumPy (automatic) |
@@ -16,8 +17,9 @@ from jaxloader.sources.arrays import ArraySource
 from jaxloader.sources.base import Source, check_source
 from jaxloader.sources.concat import ConcatSource
 from jaxloader.sources.files import FileListSource
+from jaxloader.sources.filtered import FilteredSource
 from jaxloader.sources.parquet import ParquetSource
 from jaxloader.sources.ragged import RaggedSource
 
-__all__ = ["ArrayRecordSource", "ArraySource", "ConcatSource", "FileListSource", "ParquetSource",
-           "RaggedSource", "Source", "check_source"]
+__all__ = ["ArrayRecordSource", "ArraySource", "ConcatSource", "FileListSource",
+           "FilteredSource", "ParquetSource", "RaggedSource", "Source", "check_source"]

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from jaxloader.errors import ConfigError
 
 
@@ -63,3 +65,21 @@ def check_source(source: Any) -> int:
             "of length 0); check the path or the split you loaded"
         )
     return n
+
+
+def records_at(source: Any, indices: np.ndarray) -> list:
+    """``source``'s records ``indices``, as a list: one ``__getitems__`` when it has one (a
+    batched pytree is split into records), else one ``source[i]`` each.
+
+    Example:
+        >>> records_at([{"x": 1}, {"x": 2}, {"x": 3}], np.array([2, 0]))
+        [{'x': 3}, {'x': 1}]
+    """
+    if hasattr(source, "__getitems__"):
+        got = source.__getitems__(indices)
+        if isinstance(got, list):
+            return got
+        from jaxloader import tree as tree_lib
+
+        return tree_lib.split_rows(got, len(indices))
+    return [source[int(i)] for i in indices]

@@ -4,12 +4,14 @@
 
     reset(state) ──> the reader continues from state (its own, or its initial one)
     make(step, alloc) ──> records = reader.next() x batch_size ──> Map / RandomMap per record
+                          (a Filter drops a record: the next one is read in its place)
                           ──> collate (into alloc: a worker's shared-memory slot) ──> BatchMap
     report() ──> the reader's state after the batch just made (JSON)
 
 Step ``s`` of a process is made by its reader ``s % W`` (``W = max(1, num_workers)``), as that
 reader's ``s // W``-th batch: one maker per reader, in the worker that owns it. A ``RandomMap``
-gets a generator keyed by ``(seed, (step * process_count + process) * batch_size + row)``.
+gets a generator keyed by ``(seed, (step * process_count + process) * batch_size + row)``, and
+by how many records a ``Filter`` dropped at that row before (each try its own numbers).
 
 Example:
     >>> from jaxloader.streams.reader import Stream
@@ -31,9 +33,12 @@ from jaxloader.pipeline import finish_batch
 from jaxloader.streams.mixed import MixedReader, MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
-from jaxloader.transforms import Map, RecordRng
+from jaxloader.transforms import Filter, Map, RandomMap, RecordRng
 
 _POSITION_BITS = 40  # RecordRng's positions; the bits above go where a map-style epoch goes
+DROP_RUN = 100_000  # records in a row a Filter drops before a reader gives up
+_MAP, _RANDOM, _FILTER = 0, 1, 2
+_DROPPED = object()
 
 
 class StreamBatchMaker:
@@ -47,7 +52,9 @@ class StreamBatchMaker:
         self.process_index, self.process_count, self.workers = (process_index, process_count,
                                                                 workers)
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
-        self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
+        kinds = {Map: _MAP, RandomMap: _RANDOM, Filter: _FILTER}
+        self._steps = tuple(enumerate((t.fn, kinds[type(t)]) for t in record_transforms))
+        self._filters = any(kind == _FILTER for _, (_, kind) in self._steps)
         self._rng = RecordRng(seed)
         self._reader: Any = None
         self.readers = process_count * workers
@@ -92,34 +99,58 @@ class StreamBatchMaker:
         if self._reader is None:
             self.reset(None)
         assert self._reader is not None
-        records = [self._reader.next() for _ in range(self.batch_size)]
-        if self._steps:
-            records = self._transform(step, records)
+        if self._filters:
+            records = self._filtered(step)
+        else:
+            records = [self._reader.next() for _ in range(self.batch_size)]
+            if self._steps:
+                records = [self._transform(step, row, record)
+                           for row, record in enumerate(records)]
         treedef, columns = collate.record_columns(records)
         return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
                             lambda: self.location(step), alloc)
 
-    def _transform(self, step: int, records: list) -> list:
-        base = (step * self.process_count + self.process_index) * self.batch_size
-        mask = (1 << _POSITION_BITS) - 1
-        out = []
-        for row, record in enumerate(records):
-            t_index = -1
-            try:
-                for t_index, (fn, random) in self._steps:
-                    if random:
-                        at = base + row  # the record's place in the process-major stream
-                        record = fn(record, self._rng.at(epoch=at >> _POSITION_BITS,
-                                                         position=at & mask,
-                                                         transform_index=t_index))
-                    else:
-                        record = fn(record)
-            except JaxloaderError:
-                raise
-            except Exception as e:
+    def _filtered(self, step: int) -> list:
+        """``batch_size`` records that every ``Filter`` keeps, read on past those dropped."""
+        assert self._reader is not None
+        out: list = []
+        dropped = 0  # in a row, at this row
+        while len(out) < self.batch_size:
+            record = self._transform(step, len(out), self._reader.next(), dropped)
+            if record is not _DROPPED:
+                out.append(record)
+                dropped = 0
+                continue
+            dropped += 1
+            if dropped == DROP_RUN:  # an endless stream of them would never fill a batch
+                names = ", ".join(repr(t) for t in self.record_transforms
+                                  if isinstance(t, Filter))
                 raise RecordError(
-                    f"stream step {step}, row {row}: transforms[{t_index}] "
-                    f"{self.record_transforms[t_index]!r} raised {type(e).__name__}: {e}"
-                ) from e
-            out.append(record)
+                    f"{self.location(step)}: {names} dropped {DROP_RUN:,} records in a row; "
+                    "check the filter (it keeps a record when it returns True)")
         return out
+
+    def _transform(self, step: int, row: int, record: Any, dropped: int = 0) -> Any:
+        """``record``, the batch's row ``row``, through the record transforms (``_DROPPED``
+        when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row)."""
+        at = (step * self.process_count + self.process_index) * self.batch_size + row
+        mask = (1 << _POSITION_BITS) - 1
+        t_index = -1
+        try:
+            for t_index, (fn, kind) in self._steps:
+                if kind == _MAP:
+                    record = fn(record)
+                elif kind == _RANDOM:  # keyed by the record's place in the process-major stream
+                    record = fn(record, self._rng.at(
+                        epoch=at >> _POSITION_BITS, position=at & mask,
+                        transform_index=t_index + (dropped << 32)))
+                elif not fn(record):
+                    return _DROPPED
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            raise RecordError(
+                f"stream step {step}, row {row}: transforms[{t_index}] "
+                f"{self.record_transforms[t_index]!r} raised {type(e).__name__}: {e}"
+            ) from e
+        return record

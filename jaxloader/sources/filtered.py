@@ -1,0 +1,152 @@
+"""``FilteredSource``: the records of a source that a predicate keeps, found once, read by index.
+
+::
+
+    FilteredSource(source, keep) ──one pass (chunks of 4,096 records)──> indices of the kept
+    record i ──> source[indices[i]]      (a batch: source.__getitems__(indices[rows]))
+
+A ``DataLoader``'s batch is a fixed set of positions, a pure function of ``(seed, epoch,
+step)``, so records cannot be dropped while reading (a ``Filter`` can only drop a stream's).
+Filtering the source up front keeps that: the filtered source is an ordinary one, shuffled,
+shared by workers and restored in O(1) like any other, and its fingerprint covers the kept
+indices, so a state is not restored over another filter's records. ``indices=`` may be given
+(PyTorch's ``Subset``), or be a ``.npy`` path that keeps them for the next run.
+
+Example:
+    >>> import numpy as np, jaxloader as jl
+    >>> evens = jl.FilteredSource(jl.ArraySource({"x": np.arange(10)}), lambda r: r["x"] % 2 == 0)
+    >>> len(evens), int(evens[3]["x"]), evens.__getitems__(np.array([0, 4]))["x"].tolist()
+    (5, 6, [0, 8])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxloader.errors import ConfigError, JaxloaderError, RecordError
+from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.huggingface import adapt
+from jaxloader.transforms import fn_name
+
+CHUNK = 4096  # records read at once while filtering
+
+
+class FilteredSource:
+    """The records of ``source`` for which ``keep(record)`` is true, in their order, found in
+    one pass when it is made (in this process; through ``__getitems__`` when the source has
+    it). Or ``indices``: the record numbers to keep (an array; any order, repeats allowed), or
+    the path of a ``.npy`` file that keeps the ones ``keep`` found (read back on the next run;
+    delete it when the data or the predicate change).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> texts = jl.ArraySource({"n": np.array([3, 0, 7, 1])})
+        >>> kept = jl.FilteredSource(texts, lambda r: r["n"] > 0)
+        >>> kept.indices.tolist(), len(kept)
+        ([0, 2, 3], 3)
+    """
+
+    def __init__(self, source: Any, keep: Callable[[Any], Any] | None = None, *,
+                 indices: np.ndarray | str | os.PathLike | None = None) -> None:
+        source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy
+        n = check_source(source)
+        if keep is not None and not callable(keep):
+            raise ConfigError(f"FilteredSource(keep): expected a function of a record "
+                              f"returning True to keep it, got {type(keep).__name__}")
+        path = None
+        if isinstance(indices, (str, os.PathLike)):
+            path, indices = os.fspath(indices), None
+            if os.path.exists(path):
+                indices = np.load(path)
+        if indices is None:
+            if keep is None:
+                raise ConfigError(
+                    "FilteredSource: expected keep (a function of a record) or indices (the "
+                    f"record numbers to keep){f', and {path} does not exist yet' if path else ''}")
+            indices = _kept(source, keep, n)
+            if path is not None:
+                np.save(path, indices)
+        self.source, self.indices = source, _checked(indices, n, path)
+        if not len(self.indices):
+            what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"
+            raise ConfigError(f"FilteredSource: {what} none of the {n} records; nothing to "
+                              "read")
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < len(self.indices):
+            raise IndexError(f"FilteredSource: record {index} out of range "
+                             f"[0, {len(self.indices)})")
+        return self.source[int(self.indices[index])]
+
+    def __getitems__(self, rows: np.ndarray) -> Any:
+        picked = self.indices[np.asarray(rows, np.int64)]
+        if hasattr(self.source, "__getitems__"):
+            return self.source.__getitems__(picked)
+        return [self.source[i] for i in picked.tolist()]
+
+    @property
+    def block_starts(self) -> np.ndarray | None:
+        """The source's blocks (a ``ParquetSource``'s row groups) among the kept records, for
+        ``LocalShuffle``, when the kept records are in the source's order."""
+        starts = getattr(self.source, "block_starts", None)
+        if starts is None or not self._increasing:
+            return None
+        return np.unique(np.searchsorted(self.indices, np.asarray(starts, np.int64)))
+
+    @property
+    def fingerprint(self) -> str:
+        """The source's fingerprint and the kept indices."""
+        from jaxloader.fingerprint import source_fingerprint
+
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
+        digest.update(np.ascontiguousarray(self.indices).tobytes())
+        return f"filtered:{len(self.indices)}:{digest.hexdigest()}"
+
+    @property
+    def _increasing(self) -> bool:
+        return bool(np.all(self.indices[1:] > self.indices[:-1]))
+
+    def __repr__(self) -> str:
+        return (f"FilteredSource({len(self.indices)} of {len(self.source)} records of "
+                f"{type(self.source).__name__})")
+
+
+def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
+    out = []
+    for start in range(0, n, CHUNK):
+        records = records_at(source, np.arange(start, min(n, start + CHUNK)))
+        for i, record in enumerate(records, start):
+            try:
+                kept = keep(record)
+            except JaxloaderError:
+                raise
+            except Exception as e:
+                raise RecordError(f"FilteredSource(keep) {fn_name(keep)} raised "
+                                  f"{type(e).__name__} on record {i}: {e}") from e
+            if kept:
+                out.append(i)
+    return np.array(out, np.int64)
+
+
+def _checked(indices: Any, n: int, path: str | None) -> np.ndarray:
+    array = np.asarray(indices)
+    where = f" (from {path})" if path else ""
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise ConfigError(f"FilteredSource(indices){where}: expected a 1-D array of record "
+                          f"numbers, got shape {array.shape} dtype {array.dtype}")
+    array = array.astype(np.int64)
+    if array.size and (array.min() < 0 or array.max() >= n):
+        raise ConfigError(
+            f"FilteredSource(indices){where}: expected record numbers in [0, {n}), got "
+            f"[{array.min()}, {array.max()}]; delete a stale file to filter again")
+    array.flags.writeable = False
+    return array
+

@@ -1,0 +1,101 @@
+"""FilteredSource: the kept records, found once; an ordinary source (shuffle, workers, resume)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import check_resume, check_split_resume, take
+from sources.test_parquet import write_parts
+
+pytest.importorskip("pyarrow")
+
+
+def short_text(record):  # texts "row-<id>" + 0-4 x: keeps those with at most one x
+    return len(record["text"]) - len(f"row-{record['id']}") <= 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_epoch_holds_each_kept_record_once(tmp_path, num_workers):
+    source = jl.ParquetSource(write_parts(tmp_path))
+    kept = jl.FilteredSource(source, short_text)
+    want = [i for i in range(len(source)) if short_text(source[i])]
+    assert kept.indices.tolist() == want and len(kept) == len(want)
+    assert [kept[j]["id"] for j in (0, 5, len(want) - 1)] == [want[0], want[5], want[-1]]
+    with jl.DataLoader(kept, batch_size=5, shuffle=True, seed=2, num_workers=num_workers,
+                       last_batch="partial", process_index=0, process_count=1) as loader:
+        ids = np.concatenate([b["id"] for b in loader])
+    assert sorted(ids.tolist()) == want and ids.tolist() != want  # shuffled, each once
+
+
+@pytest.mark.parametrize("k", [1, 7])
+def test_resume_read_locally_into_other_worker_and_process_counts(tmp_path, k):
+    paths = write_parts(tmp_path, rows=(96, 64, 48))
+    kept = jl.FilteredSource(jl.ParquetSource(paths), short_text)
+
+    def make(num_workers=0, batch_size=8, process_index=0, process_count=1):
+        return lambda: jl.DataLoader(
+            kept, batch_size=batch_size, shuffle=jl.LocalShuffle(window=2), seed=3,
+            num_workers=num_workers, num_epochs=None, process_index=process_index,
+            process_count=process_count)
+
+    check_resume(make(), total=k + 10, k=k, make_restored=make(num_workers=2))
+    check_split_resume(make, batch_size=8, k=k, steps=10, keys=("id", "text"))
+    # its blocks are the row groups' kept rows: a read-local order stays in 2 row groups
+    starts = kept.block_starts
+    assert starts[0] == 0 and starts[-1] == len(kept) and len(starts) == 13 + 1
+    assert np.array_equal(kept.indices[starts[:-1]] // 16 * 16,
+                          [0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192])
+    with make()() as loader:
+        local = np.concatenate([b["id"] for b in take(loader, 2)])
+    with jl.DataLoader(kept, batch_size=8, shuffle=True, seed=3, process_index=0,
+                       process_count=1) as loader:
+        full = np.concatenate([b["id"] for b in take(loader, 2)])
+    assert len(np.unique(local // 16)) <= 5 < 8 <= len(np.unique(full // 16))  # of 13
+
+
+def test_indices_kept_in_a_file_are_read_back_and_guard_a_restore(tmp_path):
+    source = jl.ArraySource({"x": np.arange(100)})
+    path = tmp_path / "kept.npy"
+    odd = jl.FilteredSource(source, lambda r: r["x"] % 2 == 1, indices=path)
+
+    def never(record):
+        raise AssertionError("the file's indices are used, nothing is read")
+
+    again = jl.FilteredSource(source, never, indices=path)
+    assert np.array_equal(again.indices, odd.indices) and again.fingerprint == odd.fingerprint
+    subset = jl.FilteredSource(source, indices=np.arange(0, 100, 3))  # PyTorch's Subset
+    assert len(subset) == 34 and subset[2]["x"] == 6
+
+    def loader(src):
+        return jl.DataLoader(src, batch_size=4, shuffle=True, process_index=0, process_count=1)
+
+    with loader(odd) as first:
+        take(first, 3)
+        state = json.loads(json.dumps(first.state_dict()))
+    even = jl.FilteredSource(source, lambda r: r["x"] % 2 == 0)
+    with loader(even) as other:
+        with pytest.raises(jl.StateDictError, match="source: expected 'filtered:50:"):
+            other.load_state_dict(state)
+    with loader(again) as same:
+        same.load_state_dict(state)
+
+
+def test_bad_input_is_named(tmp_path):
+    source = jl.ArraySource({"x": np.arange(10)})
+    with pytest.raises(jl.ConfigError, match=r"FilteredSource\(keep\): expected a function"):
+        jl.FilteredSource(source, "x > 3")
+    with pytest.raises(jl.ConfigError, match=r"expected keep .* or indices.*does not exist yet"):
+        jl.FilteredSource(source, indices=tmp_path / "none.npy")
+    with pytest.raises(jl.ConfigError, match=r"record numbers in \[0, 10\), got \[0, 12\]"):
+        jl.FilteredSource(source, indices=[0, 12])
+    with pytest.raises(jl.ConfigError, match=r"1-D array of record numbers, got shape \(1, 2\)"):
+        jl.FilteredSource(source, indices=[[0, 1]])
+    with pytest.raises(jl.ConfigError, match=r"keep .*<lambda> kept none of the 10 records"):
+        jl.FilteredSource(source, lambda r: False)
+    with pytest.raises(jl.RecordError, match=r"FilteredSource\(keep\) .* raised KeyError on "
+                                             r"record 0"):
+        jl.FilteredSource(source, lambda r: r["y"])
