@@ -21,6 +21,7 @@ import numpy as np
 from jaxloader import tree as tree_lib
 from jaxloader.errors import CollateError, ConfigError
 from jaxloader.sources.base import check_source
+from jaxloader.sources.huggingface import adapt
 
 
 class ConcatSource:
@@ -31,6 +32,7 @@ class ConcatSource:
             raise ConfigError(
                 f"ConcatSource(sources): expected a non-empty list of sources, got {sources!r:.80}"
             )
+        sources = [adapt(s) for s in sources]  # datasets.Dataset parts as NumPy
         lengths = []
         for k, source in enumerate(sources):
             try:

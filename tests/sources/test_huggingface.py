@@ -40,6 +40,23 @@ def test_list_features_batch_as_one_array_and_strings_stay_strings(fmt, num_work
     assert sorted(np.concatenate([b["label"] for b in batches]).tolist()) == list(range(40))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_datasets_mixed_concatenated_or_filtered_batch_the_same_way(num_workers):
+    """A Dataset inside jl.mix, ConcatSource or FilteredSource is read as NumPy too (it gave
+    lists of 32 arrays)."""
+    wrapped = {"mix": jl.mix([dataset(), dataset(20)], [0.5, 0.5]),
+               "concat": jl.ConcatSource([dataset(), dataset(20)]),
+               "filtered": jl.FilteredSource(dataset(), lambda r: r["label"] % 3 == 0)}
+    for name, source in wrapped.items():
+        with jl.DataLoader(source, batch_size=4, shuffle=True, seed=2, num_workers=num_workers,
+                           process_index=0, process_count=1) as loader:
+            batch = next(iter(loader))
+        assert batch["vector"].shape == (4, 32) and batch["vector"].dtype == np.float32, name
+        assert all(type(t) is str for t in batch["text"]), name
+        want = np.asarray(dataset().with_format("numpy")[batch["label"].tolist()]["vector"])
+        assert np.array_equal(batch["vector"], want), name
+
+
 def test_resume_and_the_datasets_own_fingerprint():
     ds = dataset()
     check_resume(lambda: jl.DataLoader(ds, batch_size=4, shuffle=True, seed=2, num_epochs=None,
