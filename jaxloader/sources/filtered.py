@@ -37,10 +37,11 @@ CHUNK = 4096  # records read at once while filtering
 
 class FilteredSource:
     """The records of ``source`` for which ``keep(record)`` is true, in their order, found in
-    one pass when it is made (in this process; through ``__getitems__`` when the source has
-    it). Or ``indices``: the record numbers to keep (an array; any order, repeats allowed), or
-    the path of a ``.npy`` file that keeps the ones ``keep`` found (read back on the next run;
-    delete it when the data or the predicate change).
+    one pass when it is made: in this process (through ``__getitems__`` when the source has
+    it), or in ``num_workers`` worker processes, as a ``DataLoader``'s. Or ``indices``: the
+    record numbers to keep (an array; any order, repeats allowed), or the path of a ``.npy``
+    file that keeps the ones ``keep`` found (read back on the next run; delete it when the
+    data or the predicate change).
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -51,7 +52,8 @@ class FilteredSource:
     """
 
     def __init__(self, source: Any, keep: Callable[[Any], Any] | None = None, *,
-                 indices: np.ndarray | str | os.PathLike | None = None) -> None:
+                 indices: np.ndarray | str | os.PathLike | None = None,
+                 num_workers: int = 0) -> None:
         source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy
         n = check_source(source)
         if keep is not None and not callable(keep):
@@ -67,7 +69,8 @@ class FilteredSource:
                 raise ConfigError(
                     "FilteredSource: expected keep (a function of a record) or indices (the "
                     f"record numbers to keep){f', and {path} does not exist yet' if path else ''}")
-            indices = _kept(source, keep, n)
+            indices = (_kept_by_workers(source, keep, num_workers) if num_workers
+                       else _kept(source, keep, n))
             if path is not None:
                 np.save(path, indices)
         self.source, self.indices = source, _checked(indices, n, path)
@@ -134,6 +137,34 @@ def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
             if kept:
                 out.append(i)
     return np.array(out, np.int64)
+
+
+def _kept_by_workers(source: Any, keep: Callable[[Any], Any], num_workers: int) -> np.ndarray:
+    """``_kept`` over a ``DataLoader``'s workers: each batch of ``CHUNK`` records in order,
+    a flag a record."""
+    from jaxloader.loader import DataLoader
+    from jaxloader.transforms import Map
+
+    flags = []
+    with DataLoader(source, batch_size=CHUNK, transforms=[Map(_Flag(keep))],
+                    num_workers=num_workers, last_batch="partial", process_index=0,
+                    process_count=1) as loader:
+        for batch in loader:
+            flags.append(batch)
+    return np.flatnonzero(np.concatenate(flags)).astype(np.int64)
+
+
+class _Flag:
+    """``keep``'s answer for a record, as a NumPy bool (what a worker batches)."""
+
+    def __init__(self, keep: Callable[[Any], Any]) -> None:
+        self.keep = keep
+
+    def __call__(self, record: Any) -> np.bool_:
+        return np.bool_(bool(self.keep(record)))
+
+    def __repr__(self) -> str:
+        return f"FilteredSource(keep) {fn_name(self.keep)}"
 
 
 def _checked(indices: Any, n: int, path: str | None) -> np.ndarray:

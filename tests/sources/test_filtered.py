@@ -24,6 +24,9 @@ def test_an_epoch_holds_each_kept_record_once(tmp_path, num_workers):
     kept = jl.FilteredSource(source, short_text)
     want = [i for i in range(len(source)) if short_text(source[i])]
     assert kept.indices.tolist() == want and len(kept) == len(want)
+    if num_workers:  # the one pass in workers finds the same records
+        by_workers = jl.FilteredSource(source, short_text, num_workers=num_workers)
+        assert by_workers.indices.tolist() == want
     assert [kept[j]["id"] for j in (0, 5, len(want) - 1)] == [want[0], want[5], want[-1]]
     with jl.DataLoader(kept, batch_size=5, shuffle=True, seed=2, num_workers=num_workers,
                        last_batch="partial", process_index=0, process_count=1) as loader:
