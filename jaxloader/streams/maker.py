@@ -36,6 +36,7 @@ from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.transforms import Filter, Map, RandomMap, RecordRng
 
 _POSITION_BITS = 40  # RecordRng's positions; the bits above go where a map-style epoch goes
+_POSITION_MASK = (1 << _POSITION_BITS) - 1
 DROP_RUN = 100_000  # records in a row a Filter drops before a reader gives up
 _MAP, _RANDOM, _FILTER = 0, 1, 2
 _DROPPED = object()
@@ -134,7 +135,6 @@ class StreamBatchMaker:
         """``record``, the batch's row ``row``, through the record transforms (``_DROPPED``
         when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row)."""
         at = (step * self.process_count + self.process_index) * self.batch_size + row
-        mask = (1 << _POSITION_BITS) - 1
         t_index = -1
         try:
             for t_index, (fn, kind) in self._steps:
@@ -142,7 +142,7 @@ class StreamBatchMaker:
                     record = fn(record)
                 elif kind == _RANDOM:  # keyed by the record's place in the process-major stream
                     record = fn(record, self._rng.at(
-                        epoch=at >> _POSITION_BITS, position=at & mask,
+                        epoch=at >> _POSITION_BITS, position=at & _POSITION_MASK,
                         transform_index=t_index + (dropped << 32)))
                 elif not fn(record):
                     return _DROPPED
