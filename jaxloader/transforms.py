@@ -159,10 +159,11 @@ class RecordRng:
         return key, counter
 
     def at(self, *, epoch: int, position: int, transform_index: int) -> np.random.Generator:
-        key, counter = self.key_counter(self._seed, epoch, int(position), transform_index)
+        # key_counter's words as Python ints: Philox's state setter takes any sequence, and
+        # two NumPy arrays a record cost more than the reset (8.3 against 3.1 us a record)
         state = self._state
-        state["state"]["key"] = key
-        state["state"]["counter"] = counter
+        state["state"]["key"] = [self._seed, (epoch << _POSITION_BITS) | int(position)]
+        state["state"]["counter"] = [0, 0, 0, transform_index]
         state["buffer_pos"] = 4  # Philox's 4-word output buffer: empty
         state["has_uint32"] = 0
         state["uinteger"] = 0

@@ -7,13 +7,18 @@ import jaxloader as jl
 from jaxloader.transforms import RecordRng, split_transforms
 
 
-def test_record_rng_equals_a_fresh_philox_and_ignores_history():
-    rng = RecordRng(seed=11)
+@pytest.mark.parametrize("seed, epoch, position, t_index", [
+    (11, 3, 99, 2), (2**64 - 1, 2**23, 2**40 - 1, 5 + (7 << 32))])  # the largest words
+def test_record_rng_equals_a_fresh_philox_and_ignores_history(seed, epoch, position, t_index):
+    rng = RecordRng(seed=seed)
     rng.at(epoch=0, position=1, transform_index=0).random(1001)  # odd draws leave a buffer
-    got = rng.at(epoch=3, position=99, transform_index=2).random(5)
-    key, counter = RecordRng.key_counter(11, 3, 99, 2)
-    want = np.random.Generator(np.random.Philox(key=key, counter=counter)).random(5)
-    assert np.array_equal(got, want)
+    rng.at(epoch=0, position=2, transform_index=0).integers(9, size=3, dtype=np.uint32)
+    got = rng.at(epoch=epoch, position=np.int64(position), transform_index=t_index)
+    key, counter = RecordRng.key_counter(seed, epoch, position, t_index)
+    want = np.random.Generator(np.random.Philox(key=key, counter=counter))
+    assert np.array_equal(got.random(5), want.random(5))
+    assert np.array_equal(got.integers(9, size=3, dtype=np.uint32),
+                          want.integers(9, size=3, dtype=np.uint32))
 
 
 def test_record_rng_streams_differ_by_position_epoch_and_transform():
