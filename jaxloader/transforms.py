@@ -150,7 +150,7 @@ class RecordRng:
         self._seed = seed & MASK64
         self._bitgen = np.random.Philox(key=np.zeros(2, np.uint64))
         self._generator = np.random.Generator(self._bitgen)
-        self._state = self._bitgen.state
+        self._state: Any = self._bitgen.state  # set with lists, not the stubs' arrays
 
     @staticmethod
     def key_counter(seed: int, epoch: int, position: int, transform_index: int):
