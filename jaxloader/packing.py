@@ -37,6 +37,7 @@ import numpy as np
 from jaxloader import packing_plan
 from jaxloader.errors import ConfigError
 from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.ragged import RaggedSource
 
 _LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
@@ -57,6 +58,7 @@ class PackedSource:
                  *, method: str = "best_fit", bins: int = 16, window: int = 10_000,
                  overlong: str = "split", seed: int | None = 0,
                  lengths: np.ndarray | str | os.PathLike | None = None) -> None:
+        source = adapt(source)  # a datasets.Dataset: read as NumPy, lengths from Arrow
         n = check_source(source)
         self.source = source
         self.keys = [keys] if isinstance(keys, str) else list(keys)
@@ -168,9 +170,11 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
         if os.path.exists(path):
             given = np.load(path)
     if given is None:
-        if callable(getattr(source, "lengths", None)):  # RaggedSource, ParquetSource
-            given = np.stack([source.lengths(k) for k in keys], axis=1)
-        else:
+        own = getattr(source, "lengths", None)  # RaggedSource, ParquetSource, a Dataset's
+        columns = [own(k) for k in keys] if callable(own) else [None]
+        if all(c is not None for c in columns):
+            given = np.stack([np.asarray(c) for c in columns], axis=1)
+        else:  # (a Dataset's column that is not lists of integers, or its own transform)
             given = _read_lengths(source, keys, n)
         if path is not None:
             np.save(path, given)

@@ -26,6 +26,9 @@ import numpy as np
 from jaxloader.collate import object_column
 
 
+_LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths
+
+
 def adapt(source: Any) -> Any:
     """``HuggingFaceSource(source)`` for a ``datasets.Dataset``, the source itself otherwise."""
     if type(source).__module__.startswith("datasets.") and hasattr(source, "with_format"):
@@ -62,6 +65,31 @@ class HuggingFaceSource:
             return {key: _strings_as_objects(_rows_batched(value)) for key, value in batch.items()}
         return {key: _as_declared(_rows_batched(value), self._features.get(key))
                 for key, value in batch.items()}
+
+    def lengths(self, key: str) -> np.ndarray | None:
+        """Every row's length of the list column ``key``, from the Arrow lists' offsets (no
+        token converted): what ``PackedSource`` needs, in order after any ``shuffle``,
+        ``select`` or ``filter``. ``None`` when ``key`` is not a column of lists of integers,
+        or the dataset has its own transform: ``PackedSource`` then reads the records.
+
+        Example (``tests/sources/test_huggingface.py`` runs it)::
+
+            ds = datasets.Dataset.from_dict({"ids": [[5, 8, 13], [1]]})
+            HuggingFaceSource(ds).lengths("ids").tolist()   # [3, 1]
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if self.custom or key not in self.dataset.column_names:
+            return None
+        kind = self.dataset.data.schema.field(key).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                or pa.types.is_fixed_size_list(kind)) or not pa.types.is_integer(kind.value_type):
+            return None
+        column = self.dataset.with_format("arrow", columns=[key])
+        out = [pc.list_value_length(table[key]).fill_null(0).to_numpy(zero_copy_only=False)
+               for table in column.iter(batch_size=_LENGTH_BATCH)]
+        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
     def __repr__(self) -> str:
         return f"HuggingFaceSource({self.dataset!r:.200})"

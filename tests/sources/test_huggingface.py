@@ -57,6 +57,34 @@ def test_datasets_mixed_concatenated_or_filtered_batch_the_same_way(num_workers)
         assert np.array_equal(batch["vector"], want), name
 
 
+def test_packing_a_dataset_takes_its_lengths_from_arrow_and_packs_its_rows(monkeypatch):
+    from jaxloader import packing
+    from jaxloader.sources.huggingface import HuggingFaceSource
+
+    rng = np.random.default_rng(3)
+    docs = [list(range(100 * i, 100 * i + int(n))) for i, n in enumerate(rng.integers(1, 40, 60))]
+    ds = datasets.Dataset.from_dict({"ids": docs, "text": ["t"] * 60})
+    ds = ds.shuffle(seed=2).filter(lambda r: len(r["ids"]) != 7)  # an indices mapping
+    kept = [list(r) for r in ds["ids"]]
+    assert HuggingFaceSource(ds).lengths("ids").tolist() == [len(r) for r in kept]
+    assert HuggingFaceSource(ds).lengths("text") is None  # not lists of integers
+
+    def no_reading(*args):
+        raise AssertionError("the lengths come from the Arrow offsets")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(packing, "_read_lengths", no_reading)
+        packed = jl.PackedSource(ds, "ids", 32, seed=1)
+    like = jl.PackedSource(jl.RaggedSource.from_sequences({"ids": kept}), "ids", 32, seed=1)
+    assert len(packed) == len(like)
+    rows = np.arange(len(like))
+    for key, value in like.__getitems__(rows).items():
+        assert np.array_equal(packed.__getitems__(rows)[key], value), key
+    custom = ds.with_transform(lambda batch: {"ids": [[t + 1 for t in r] for r in batch["ids"]]})
+    shifted = jl.PackedSource(custom, "ids", 32, seed=1)  # its transform's lists, read
+    assert np.array_equal(shifted.plan.row_ptr, like.plan.row_ptr)
+
+
 def test_resume_and_the_datasets_own_fingerprint():
     ds = dataset()
     check_resume(lambda: jl.DataLoader(ds, batch_size=4, shuffle=True, seed=2, num_epochs=None,
