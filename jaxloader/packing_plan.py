@@ -29,6 +29,8 @@ from jaxloader.errors import ConfigError
 from jaxloader.sampling import IndexShuffle
 
 METHODS = ("first_fit", "best_fit", "concat")
+PYTHON_WINDOWS = 32  # up to this many windows, fit one after another in Python; more: NumPy
+# steps over all at once (a step's cost grows slowly with the windows, a Python loop's fast)
 OVERLONG = ("split", "truncate")
 
 
@@ -174,9 +176,17 @@ def _fit_windows(n: np.ndarray, limit: np.ndarray, best: bool, bins: int,
     items, keys = n.shape
     width = max(1, min(window, items))
     count = -(-items // width)
-    if count == 1 and keys == 1:  # one window (a stream's): a Python loop is ~20x faster
-        rows_1, offsets_1 = fit_one_window(n[:, 0].tolist(), int(limit[0]), best, bins)
-        return np.array(rows_1, np.int64), np.array(offsets_1, np.int64).reshape(-1, 1)
+    if count <= PYTHON_WINDOWS and keys == 1:  # few windows (a stream's one): a Python loop
+        rows_py: list[int] = []  # (one window of 1,000: 2.6 against 84 ms)
+        offsets_py: list[int] = []
+        opened = 0
+        for lo in range(0, items, width):  # each window's rows after the window before's
+            rows_w, offsets_w = fit_one_window(n[lo:lo + width, 0].tolist(), int(limit[0]),
+                                               best, bins)
+            rows_py += [r + opened for r in rows_w]
+            offsets_py += offsets_w
+            opened += max(rows_w) + 1  # its rows are 0.. in the order they opened
+        return np.array(rows_py, np.int64), np.array(offsets_py, np.int64).reshape(-1, 1)
     lens = np.zeros((count * width, keys), np.int64)
     lens[:items] = n
     lens = lens.reshape(count, width, keys)

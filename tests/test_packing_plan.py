@@ -103,16 +103,17 @@ def test_best_fit_wastes_less_than_first_fit_on_long_tailed_lengths():
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(1, 30), min_size=1, max_size=150), st.integers(30, 40),
-       st.booleans(), st.integers(1, 5))
-def test_one_window_in_python_packs_as_the_windows_in_numpy(lengths, width, best, bins):
-    """A single window takes a Python loop; the same window twice takes the NumPy steps,
-    whose first window must give the same rows and offsets."""
+       st.booleans(), st.integers(1, 5), st.integers(1, 60))
+def test_windows_fitted_in_python_pack_as_the_numpy_steps(lengths, width, best, bins,
+                                                          window):
+    """Up to PYTHON_WINDOWS windows take a Python loop, window after window; more take NumPy
+    steps over all windows at once: the same rows and offsets."""
     n = np.array(lengths, np.int64)[:, None]
-    rows, offsets = pp.fit_one_window(lengths, width, best, bins)
-    both_rows, both_offsets = pp._fit_windows(np.concatenate([n, n]), np.array([width]), best,
-                                              bins, len(lengths))
-    assert both_rows[:len(lengths)].tolist() == rows
-    assert both_offsets[:len(lengths), 0].tolist() == offsets
+    rows, offsets = pp._fit_windows(n, np.array([width]), best, bins, window)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pp, "PYTHON_WINDOWS", 0)
+        numpy_rows, numpy_offsets = pp._fit_windows(n, np.array([width]), best, bins, window)
+    assert rows.tolist() == numpy_rows.tolist() and offsets.tolist() == numpy_offsets.tolist()
 
 
 def test_a_plan_is_a_pure_function_of_lengths_and_seed():
