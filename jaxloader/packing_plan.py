@@ -179,13 +179,13 @@ def _fit_windows(n: np.ndarray, limit: np.ndarray, best: bool, bins: int,
     if count <= PYTHON_WINDOWS and keys == 1:  # few windows (a stream's one): a Python loop
         rows_py: list[int] = []  # (one window of 1,000: 2.6 against 84 ms)
         offsets_py: list[int] = []
-        opened = 0
+        rows_before = 0
         for lo in range(0, items, width):  # each window's rows after the window before's
             rows_w, offsets_w = fit_one_window(n[lo:lo + width, 0].tolist(), int(limit[0]),
                                                best, bins)
-            rows_py += [r + opened for r in rows_w]
+            rows_py += [r + rows_before for r in rows_w]
             offsets_py += offsets_w
-            opened += max(rows_w) + 1  # its rows are 0.. in the order they opened
+            rows_before += max(rows_w) + 1  # its rows are 0.. in the order they opened
         return np.array(rows_py, np.int64), np.array(offsets_py, np.int64).reshape(-1, 1)
     lens = np.zeros((count * width, keys), np.int64)
     lens[:items] = n
