@@ -151,15 +151,7 @@ class PackedReader:
         return {"reader": self.reader, "inner": self.inner.initial_state(), "skip": 0}
 
     def reset(self, state: dict | None) -> None:
-        state = self.initial_state() if state is None else state
-        if (not isinstance(state, dict) or not isinstance(state.get("inner"), dict)
-                or type(state.get("skip")) is not int or state["skip"] < 0):
-            raise StateDictError(f"packed stream state: expected {{reader, inner: the stream's "
-                                 f"state, skip: a non-negative int}}, got {state!r:.200}")
-        if state.get("reader") != self.reader:
-            raise StateDictError(f"packed stream state: it is reader {state.get('reader')}'s, "
-                                 f"handed to reader {self.reader}")
-        self.inner.reset(copy.deepcopy(state["inner"]))
+        state = _opened(self, state, "skip")
         self._tokens, self._before, self._skip = None, None, 0
         if state["skip"]:
             self._read_record()
@@ -221,15 +213,7 @@ class FitPackedReader:
         return {"reader": self.reader, "inner": self.inner.initial_state(), "row": 0}
 
     def reset(self, state: dict | None) -> None:
-        state = self.initial_state() if state is None else state
-        if (not isinstance(state, dict) or not isinstance(state.get("inner"), dict)
-                or type(state.get("row")) is not int or state["row"] < 0):
-            raise StateDictError(f"packed stream state: expected {{reader, inner: the stream's "
-                                 f"state, row: a non-negative int}}, got {state!r:.200}")
-        if state.get("reader") != self.reader:
-            raise StateDictError(f"packed stream state: it is reader {state.get('reader')}'s, "
-                                 f"handed to reader {self.reader}")
-        self.inner.reset(copy.deepcopy(state["inner"]))
+        state = _opened(self, state, "row")
         self._plan, self._records, self._before, self._row = None, [], None, 0
         if state["row"]:
             self._read_window()
@@ -277,6 +261,21 @@ class FitPackedReader:
             method=packed.method, bins=packed.bins, window=_ONE_WINDOW,
             overlong=packed.overlong, seed=None)
         self._row = 0
+
+
+def _opened(reader: PackedReader | FitPackedReader, state: dict | None, field: str) -> dict:
+    """``state`` (``None``: the reader's first) checked as the reader's, with ``field`` a
+    count; the inner reader reset to the place it names."""
+    state = reader.initial_state() if state is None else state
+    if (not isinstance(state, dict) or not isinstance(state.get("inner"), dict)
+            or type(state.get(field)) is not int or state[field] < 0):
+        raise StateDictError(f"packed stream state: expected {{reader, inner: the stream's "
+                             f"state, {field}: a non-negative int}}, got {state!r:.200}")
+    if state.get("reader") != reader.reader:
+        raise StateDictError(f"packed stream state: it is reader {state.get('reader')}'s, "
+                             f"handed to reader {reader.reader}")
+    reader.inner.reset(copy.deepcopy(state["inner"]))
+    return state
 
 
 def _next_tokens(packed: PackedStream, inner: Any) -> np.ndarray:
