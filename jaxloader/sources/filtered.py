@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Any, Callable
@@ -94,12 +95,12 @@ class FilteredSource:
             return self.source.__getitems__(picked)
         return [self.source[i] for i in picked.tolist()]
 
-    @property
+    @functools.cached_property
     def block_starts(self) -> np.ndarray | None:
         """The source's blocks (a ``ParquetSource``'s row groups) among the kept records, for
         ``LocalShuffle``, when the kept records are in the source's order."""
         starts = getattr(self.source, "block_starts", None)
-        if starts is None or not self._increasing:
+        if starts is None or not np.all(self.indices[1:] > self.indices[:-1]):
             return None
         return np.unique(np.searchsorted(self.indices, np.asarray(starts, np.int64)))
 
@@ -112,10 +113,6 @@ class FilteredSource:
         digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
         digest.update(np.ascontiguousarray(self.indices).tobytes())
         return f"filtered:{len(self.indices)}:{digest.hexdigest()}"
-
-    @property
-    def _increasing(self) -> bool:
-        return bool(np.all(self.indices[1:] > self.indices[:-1]))
 
     def __repr__(self) -> str:
         return (f"FilteredSource({len(self.indices)} of {len(self.source)} records of "
