@@ -142,13 +142,14 @@ def _kept_by_workers(source: Any, keep: Callable[[Any], Any], num_workers: int) 
     from jaxloader.loader import DataLoader
     from jaxloader.transforms import Map
 
-    flags = []
+    kept, start = [], 0
     with DataLoader(source, batch_size=CHUNK, transforms=[Map(_Flag(keep))],
                     num_workers=num_workers, last_batch="partial", process_index=0,
                     process_count=1) as loader:
-        for batch in loader:
-            flags.append(batch)
-    return np.flatnonzero(np.concatenate(flags)).astype(np.int64)
+        for flags in loader:  # (a view of a worker's slot: not kept, so the slot goes back)
+            kept.append(np.flatnonzero(flags) + start)
+            start += len(flags)
+    return np.concatenate(kept).astype(np.int64)
 
 
 class _Flag:
