@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxloader import packing_plan
 from jaxloader.errors import ConfigError
-from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.base import check_source, records_at, refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.ragged import RaggedSource
 
@@ -59,6 +59,7 @@ class PackedSource:
                  overlong: str = "split", seed: int | None = 0,
                  lengths: np.ndarray | str | os.PathLike | None = None) -> None:
         source = adapt(source)  # a datasets.Dataset: read as NumPy, lengths from Arrow
+        refuse_mixture(source, "PackedSource")
         n = check_source(source)
         self.source = source
         self.keys = [keys] if isinstance(keys, str) else list(keys)

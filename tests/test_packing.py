@@ -163,6 +163,9 @@ def test_bad_input_is_named():
         jl.PackedSource([{"x": np.zeros((2, 2), np.int32)}], "x", 8)
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
         jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5]))})
+    with pytest.raises(jl.ConfigError, match=r"PackedSource\(source\): got a mixture.*weights "
+                                             r"unused.*jl.mix\(\[PackedSource\(a, ...\), "):
+        jl.PackedSource(jl.mix([source, source], [0.7, 0.3]), "tokens", 8)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

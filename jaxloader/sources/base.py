@@ -83,3 +83,15 @@ def records_at(source: Any, indices: np.ndarray) -> list:
 
         return tree_lib.split_rows(got, len(indices))
     return [source[int(i)] for i in indices]
+
+
+def refuse_mixture(source: Any, what: str) -> None:
+    """Raises when ``source`` is a ``jl.mix`` of sources: ``what`` (a wrapper that reads its
+    source by index) would read it as its components one after another, weights unused."""
+    from jaxloader.mixture import Mixture
+
+    if isinstance(source, Mixture):
+        raise ConfigError(
+            f"{what}(source): got a mixture (jl.mix), which it would read as its components "
+            f"one after another, the weights unused; wrap each component and mix those: "
+            f"jl.mix([{what}(a, ...), {what}(b, ...)], weights)")

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.errors import ConfigError, JaxloaderError, RecordError
-from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.base import check_source, records_at, refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.transforms import fn_name
 
@@ -56,6 +56,7 @@ class FilteredSource:
                  indices: np.ndarray | str | os.PathLike | None = None,
                  num_workers: int = 0) -> None:
         source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy
+        refuse_mixture(source, "FilteredSource")
         n = check_source(source)
         if keep is not None and not callable(keep):
             raise ConfigError(f"FilteredSource(keep): expected a function of a record "

@@ -99,6 +99,8 @@ def test_bad_input_is_named(tmp_path):
         jl.FilteredSource(source, indices=[[0, 1]])
     with pytest.raises(jl.ConfigError, match=r"keep .*<lambda> kept none of the 10 records"):
         jl.FilteredSource(source, lambda r: False)
+    with pytest.raises(jl.ConfigError, match=r"FilteredSource\(source\): got a mixture"):
+        jl.FilteredSource(jl.mix([source, source], [0.5, 0.5]), lambda r: True)
     with pytest.raises(jl.RecordError, match=r"FilteredSource\(keep\) .* raised KeyError on "
                                              r"record 0"):
         jl.FilteredSource(source, lambda r: r["y"])
