@@ -38,6 +38,7 @@ from jaxloader import packing_plan
 from jaxloader.errors import ConfigError
 from jaxloader.sources.base import check_source, records_at, refuse_mixture
 from jaxloader.sources.huggingface import adapt
+from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.sources.ragged import RaggedSource
 
 _LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
@@ -165,21 +166,16 @@ def _row_lengths(length: Any, keys: list[str]) -> np.ndarray:
 
 def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
     """The records' lengths, ``(records, keys)``: given, cached in a file, or read once."""
-    path = None
-    if isinstance(given, (str, os.PathLike)):
-        path, given = os.fspath(given), None
-        if os.path.exists(path):
-            given = np.load(path)
-    if given is None:
+
+    def find() -> np.ndarray:
         own = getattr(source, "lengths", None)  # RaggedSource, ParquetSource, a Dataset's
         columns = [own(k) for k in keys] if callable(own) else [None]
         if all(c is not None for c in columns):
-            given = np.stack([np.asarray(c) for c in columns], axis=1)
-        else:  # (a Dataset's column that is not lists of integers, or its own transform)
-            given = _read_lengths(source, keys, n)
-        if path is not None:
-            np.save(path, given)
-    lengths = np.asarray(given)
+            return np.stack([np.asarray(c) for c in columns], axis=1)
+        return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
+
+    found, path = kept_or_found(given, find)
+    lengths = np.asarray(found)
     if lengths.ndim == 1:
         lengths = lengths[:, None]
     if (lengths.shape != (n, len(keys)) or lengths.dtype.kind not in "iu"

@@ -31,6 +31,7 @@ import numpy as np
 from jaxloader.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.sources.base import check_source, records_at, refuse_mixture
 from jaxloader.sources.huggingface import adapt
+from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.transforms import fn_name
 
 CHUNK = 4096  # records read at once while filtering
@@ -61,21 +62,17 @@ class FilteredSource:
         if keep is not None and not callable(keep):
             raise ConfigError(f"FilteredSource(keep): expected a function of a record "
                               f"returning True to keep it, got {type(keep).__name__}")
-        path = None
-        if isinstance(indices, (str, os.PathLike)):
-            path, indices = os.fspath(indices), None
-            if os.path.exists(path):
-                indices = np.load(path)
-        if indices is None:
+
+        def find() -> np.ndarray:
             if keep is None:
-                raise ConfigError(
-                    "FilteredSource: expected keep (a function of a record) or indices (the "
-                    f"record numbers to keep){f', and {path} does not exist yet' if path else ''}")
-            indices = (_kept_by_workers(source, keep, num_workers) if num_workers
-                       else _kept(source, keep, n))
-            if path is not None:
-                np.save(path, indices)
-        self.source, self.indices = source, _checked(indices, n, path)
+                missing = f", and {indices} does not exist yet" if indices is not None else ""
+                raise ConfigError("FilteredSource: expected keep (a function of a record) or "
+                                  f"indices (the record numbers to keep){missing}")
+            return (_kept_by_workers(source, keep, num_workers) if num_workers
+                    else _kept(source, keep, n))
+
+        found, path = kept_or_found(indices, find)
+        self.source, self.indices = source, _checked(found, n, path)
         if not len(self.indices):
             what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"
             raise ConfigError(f"FilteredSource: {what} none of the {n} records; nothing to "
