@@ -13,7 +13,9 @@ them into row-sized pieces instead (also reported). Reported:
 - packed rows per second: jaxloader with 2 workers and in process (batches of 32 rows,
   shuffled), Grain's iterators in one process, and the ceiling: one process copying the same
   tokens out of one flat array into rows, with nothing else to do;
-- plan time for 10,000,000 documents (one core).
+- plan time for 10,000,000 documents (one core);
+- ``PackedStream`` (best-fit and first-fit over windows of 1,000 records of a stream), Grain's
+  peers (packers of an iterator), over the documents Grain packs: padding and rows/s.
 """
 
 from __future__ import annotations
@@ -87,6 +89,27 @@ def grain(method: str, docs: int) -> dict:
     return {"rows_per_s": rows / seconds, "padding": 1 - used / (rows * ROW), "rows": rows}
 
 
+def stream(method: str, docs: int) -> dict:
+    """``PackedStream`` over the records Grain packs (cut to a row), read as a stream in
+    process, batches of 32 rows, until every record was packed once (windows of 1,000)."""
+    n = np.minimum(lengths(docs), ROW)
+    records = [{"tokens": np.arange(k, dtype=np.int32) % 50_000} for k in n]
+    packed = jl.PackedStream(jl.Stream.from_generator(lambda shard: iter(records), 1,
+                                                      shuffle_shards=False),
+                             "tokens", ROW, method=method, bins=16, window=1000)
+    total, rows, used = int(n.sum()), 0, 0
+    with jl.StreamLoader(packed, batch_size=BATCH, process_index=0,
+                         process_count=1) as loader:
+        start = time.perf_counter()
+        for batch in loader:
+            rows += BATCH
+            used += int(np.count_nonzero(batch["tokens_segment_ids"]))
+            if used >= total:  # (the last batch may hold a few rows of the next pass)
+                break
+        seconds = time.perf_counter() - start
+    return {"rows_per_s": rows / seconds, "padding": 1 - used / (rows * ROW), "rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--docs", type=int, default=100_000)
@@ -125,6 +148,11 @@ def main() -> None:
             padding[f"grain {method}, 16 bins, {args.grain_docs:,} docs"] = got["padding"]
     except ImportError as e:
         print(f"grain not measured: {e}")
+    for method in ("first_fit", "best_fit"):  # the stream packers' peer: Grain's iterators
+        got = stream(method, args.grain_docs)
+        name = f"jaxloader PackedStream {method}, window 1,000, 16 bins, 1 process"
+        medians[name] = got["rows_per_s"]
+        padding[f"{name}, {args.grain_docs:,} docs"] = got["padding"]
 
     plan_lengths = lengths(args.plan_docs)
     plan_seconds = {}
