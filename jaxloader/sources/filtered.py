@@ -102,6 +102,19 @@ class FilteredSource:
             return None
         return np.unique(np.searchsorted(self.indices, np.asarray(starts, np.int64)))
 
+    def check_order(self, shuffle: Any) -> None:
+        """The source's own check of an order (a ``ParquetSource`` warns when the order reads
+        from more row groups at once than its cache holds), which ``DataLoader`` calls: a
+        full shuffle of the kept records reads from all the source's row groups too, and a
+        ``LocalShuffle`` of the source's blocks as many at a time."""
+        from jaxloader.local_shuffle import LocalShuffle
+
+        check = getattr(self.source, "check_order", None)
+        if check is None or isinstance(shuffle, LocalShuffle) and (
+                shuffle.block_size is not None or self.block_starts is None):
+            return  # (blocks of kept records: what they read of the source is not known)
+        check(shuffle)
+
     @property
     def fingerprint(self) -> str:
         """The source's fingerprint and the kept indices."""

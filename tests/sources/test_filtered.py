@@ -60,6 +60,15 @@ def test_resume_read_locally_into_other_worker_and_process_counts(tmp_path, k):
     assert len(np.unique(local // 16)) <= 5 < 8 <= len(np.unique(full // 16))  # of 13
 
 
+def test_a_full_shuffle_of_kept_parquet_rows_warns_of_the_files_cache(tmp_path):
+    kept = jl.FilteredSource(jl.ParquetSource(write_parts(tmp_path), cache_bytes=1 << 10),
+                             short_text)
+    with pytest.warns(jl.PerformanceWarning, match=r"a full shuffle .* reads from all 10 row "
+                                                   r"groups"):
+        jl.DataLoader(kept, batch_size=4, shuffle=True, process_index=0,
+                      process_count=1).close()
+
+
 def test_indices_kept_in_a_file_are_read_back_and_guard_a_restore(tmp_path):
     source = jl.ArraySource({"x": np.arange(100)})
     path = tmp_path / "kept.npy"
