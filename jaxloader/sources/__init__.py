@@ -7,6 +7,7 @@
 | ``parquet`` | ``ParquetSource``: rows of Parquet files, read by row group (pyarrow) |
 | ``files`` | ``FileListSource``: one record per file: its bytes (and a label) |
 | ``filtered`` | ``FilteredSource``: the records a predicate keeps (found once), by index |
+| ``kept_arrays`` | arrays found once from the records, kept in a ``.npy`` (lengths, indices) |
 | ``array_record`` | ``ArrayRecordSource``: records of ArrayRecord files, as bytes |
 | ``ragged`` | ``RaggedSource``: variable-length sequences stored flat, with offsets |
 | ``huggingface`` | ``HuggingFaceSource``: a ``datasets.Dataset`` read as NumPy (automatic) |
