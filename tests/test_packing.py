@@ -150,6 +150,31 @@ def test_packed_rows_mix_with_other_sources():
     assert all(any(np.array_equal(row, w) for w in whole) for row in batch["tokens"])
 
 
+def test_concatenated_or_filtered_sources_give_their_parts_lengths_unread(monkeypatch):
+    from jaxloader import packing
+
+    a, b = documents(50, seed=1)[0], documents(70, seed=2)[0]
+    seqs = [a[i]["tokens"] for i in range(len(a))] + [b[i]["tokens"] for i in range(len(b))]
+    keep = np.flatnonzero(np.arange(len(seqs)) % 3 != 1)
+
+    def no_reading(*args):
+        raise AssertionError("the lengths come from the parts' own")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(packing, "_read_lengths", no_reading)
+        both = jl.PackedSource(jl.ConcatSource([a, b]), "tokens", 16, seed=3)
+        kept = jl.PackedSource(jl.FilteredSource(jl.ConcatSource([a, b]), indices=keep),
+                               "tokens", 16, seed=3)
+    for packed, records in ((both, seqs), (kept, [seqs[i] for i in keep])):
+        like = jl.PackedSource(jl.RaggedSource.from_sequences({"tokens": records}), "tokens",
+                               16, seed=3)
+        rows = np.arange(len(like))
+        assert len(packed) == len(like)
+        for key, value in like.__getitems__(rows).items():
+            assert np.array_equal(packed.__getitems__(rows)[key], value), key
+    assert jl.ConcatSource([a, [{"tokens": np.arange(3)}]]).lengths("tokens") is None
+
+
 def test_bad_input_is_named():
     source, _ = documents(10)
     with pytest.raises(jl.ConfigError, match=r"length=...\): expected a row length >= 1.*got 0"):

@@ -83,6 +83,18 @@ class ConcatSource:
                   in zip(self.sources, np.diff(self.offsets).tolist(), self.offsets[:-1])]
         return np.concatenate([*starts, self.offsets[-1:]]).astype(np.int64)
 
+    def lengths(self, key: str) -> np.ndarray | None:
+        """Each part's ``lengths(key)`` one after another: what ``PackedSource`` needs, with
+        no record read; ``None`` when a part has none (``PackedSource`` then reads them)."""
+        parts = []
+        for source in self.sources:
+            own = getattr(source, "lengths", None)
+            got = own(key) if callable(own) else None
+            if got is None:
+                return None
+            parts.append(np.asarray(got, np.int64))
+        return np.concatenate(parts)
+
     def split(self, indices: np.ndarray) -> tuple[list, list]:
         """For each part ``k``: the places in ``indices`` that fall in it, and its own
         indices there (empty arrays for parts not read)."""

@@ -102,6 +102,13 @@ class FilteredSource:
             return None
         return np.unique(np.searchsorted(self.indices, np.asarray(starts, np.int64)))
 
+    def lengths(self, key: str) -> np.ndarray | None:
+        """The kept records' lengths of ``key`` from the source's own (``PackedSource``'s
+        lengths with no record read); ``None`` when the source has none."""
+        own = getattr(self.source, "lengths", None)
+        got = own(key) if callable(own) else None
+        return None if got is None else np.asarray(got, np.int64)[self.indices]
+
     def check_order(self, shuffle: Any) -> None:
         """The source's own check of an order (a ``ParquetSource`` warns when the order reads
         from more row groups at once than its cache holds), which ``DataLoader`` calls: a
