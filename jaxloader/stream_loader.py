@@ -48,6 +48,10 @@ class StreamLoader(LoaderLifecycle):
         seed: orders the shards each epoch, the shuffle windows and every ``RandomMap``.
         transforms, num_workers, prefetch, worker_init_fn, start_method, process_index,
         process_count, sharding, device_prefetch: as for ``DataLoader``.
+        readers_per_process: the readers of this process (``K``; each reads its own share of
+            the shards), by default ``max(1, num_workers)``; a multiple of ``num_workers``
+            (each worker hosts ``K / num_workers``). The batches depend on ``K``, not on the
+            workers: a state restores into any worker count that divides ``K`` (0 included).
 
     Endless: each reader goes through its shards epoch after epoch; loop for a number of steps.
 
@@ -67,7 +71,7 @@ class StreamLoader(LoaderLifecycle):
                  process_index: int | None = None, process_count: int | None = None,
                  prefetch: int = 2, worker_init_fn: Callable[[int], None] | None = None,
                  start_method: str = "exec", sharding: Any = None,
-                 device_prefetch: int = 2) -> None:
+                 device_prefetch: int = 2, readers_per_process: int | None = None) -> None:
         if not isinstance(stream, (Stream, MixedStream, PackedStream)):
             if not isinstance(stream, (list, tuple)):
                 raise ConfigError(
@@ -90,10 +94,18 @@ class StreamLoader(LoaderLifecycle):
                                       device_prefetch)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream = stream
-        self._readers = max(1, num_workers)
+        hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
+        self._readers = hosts if readers_per_process is None else readers_per_process
+        check_int("readers_per_process", self._readers, low=1,
+                  remedy="readers a process, a multiple of num_workers, e.g. 8")
+        if self._readers % hosts:
+            raise ConfigError(
+                f"readers_per_process: expected a multiple of num_workers ({num_workers}), got "
+                f"{self._readers}; each worker hosts the same number of readers (a state "
+                f"restores into any worker count that divides readers_per_process)")
         self._maker = StreamBatchMaker(
             stream, batch_size=batch_size, seed=seed, process_index=process_index,
-            process_count=process_count, workers=self._readers,
+            process_count=process_count, per_process=self._readers,
             record_transforms=record_transforms, batch_transforms=batch_transforms)
         self._putter = None
         if sharding is not None:
@@ -193,7 +205,8 @@ class StreamLoader(LoaderLifecycle):
             raise StateDictError(
                 "state does not fit this stream loader (" + "; ".join(diffs) + "); a stream's "
                 "order depends on the seed, the batch size and the number of readers "
-                "(process_count x max(1, num_workers)): restore with the same ones"
+                "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
+                "restore with the same ones (pass readers_per_process= to change num_workers)"
             )
         check_int("state['step']", state.get("step"), low=0, error=StateDictError,
                   remedy="pass the dict that state_dict() returned, unchanged")
@@ -228,7 +241,9 @@ class _Runs:
 
     def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
         loader = self._loader
-        resets = loader._states_at(start)
+        states = loader._states_at(start)
+        hosts = max(1, loader.num_workers)  # host w: readers w, w + W, ... (W divides K)
+        resets: list = [states[w::hosts] for w in range(hosts)]
         # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
         # thread may still be filing one; it would file the same state, runs being pure).
         for step in [s for s in list(loader._reports) if s >= start]:

@@ -152,6 +152,31 @@ def test_a_state_is_refused_by_another_worker_count_or_stream(tmp_path):
             other.load_state_dict(state)
 
 
+@pytest.mark.parametrize("k", [1, 6])
+def test_with_readers_per_process_a_state_restores_into_other_worker_counts(tmp_path, k):
+    def tokens(record):
+        return {"t": np.arange(1 + record["id"] % 5)}
+
+    streams = {"jsonl": lambda: jsonl_stream(tmp_path, shuffle_window=5),
+               "mixed": lambda: jl.mix([generator_stream(tmp_path, shuffle_window=3),
+                                        jsonl_stream(tmp_path)], [0.7, 0.3]),
+               "packed": lambda: jl.PackedStream(jsonl_stream(tmp_path), "t", 4,
+                                                 tokenize=tokens, method="best_fit",
+                                                 window=3)}
+    for name, stream in streams.items():
+        transforms = {"jsonl": [jl.Filter(keep_not_multiple_of_3)],
+                      "mixed": [jl.Map(lambda r: {"id": r["id"]})], "packed": []}[name]
+        for workers, other in ((2, 4), (4, 0), (0, 1)):
+            check_resume(lambda: loader_of(stream(), transforms, workers,
+                                           readers_per_process=4),
+                         total=k + 8, k=k,
+                         make_restored=lambda: loader_of(stream(), transforms, other,
+                                                         readers_per_process=4))
+    with pytest.raises(jl.ConfigError, match=r"readers_per_process: expected a multiple of "
+                                             r"num_workers \(3\), got 4"):
+        loader_of(generator_stream(tmp_path), [], 3, readers_per_process=4)
+
+
 def test_orbax_v1_saves_and_restores_a_stream_position(tmp_path):
     from orbax.checkpoint.experimental import v1 as ocp_v1
 
@@ -272,7 +297,7 @@ def test_a_filtered_batch_maker_restored_anywhere_makes_the_same_batches(batch, 
 
     def maker():
         return StreamBatchMaker(stream, batch_size=batch, seed=1, process_index=0,
-                                process_count=1, workers=1, record_transforms=transforms)
+                                process_count=1, per_process=1, record_transforms=transforms)
 
     whole = maker()
     whole.reset(None)

@@ -2,14 +2,17 @@
 
 ::
 
-    reset(state) ──> the reader continues from state (its own, or its initial one)
-    make(step, alloc) ──> records = reader.next() x batch_size ──> Map / RandomMap per record
+    reset(states) ──> the readers hosted here continue from their states (or the first's start)
+    make(step, alloc) ──> records = reader s % K .next() x batch_size ──> Map / RandomMap
                           (a Filter drops a record: the next one is read in its place)
                           ──> collate (into alloc: a worker's shared-memory slot) ──> BatchMap
     report() ──> the reader's state after the batch just made (JSON)
 
-Step ``s`` of a process is made by its reader ``s % W`` (``W = max(1, num_workers)``), as that
-reader's ``s // W``-th batch: one maker per reader, in the worker that owns it. A ``RandomMap``
+Step ``s`` of a process is made by its reader ``s % K`` (``K`` readers a process:
+``readers_per_process``, by default ``max(1, num_workers)``), as that reader's ``s // K``-th
+batch, in worker ``s % W``, which hosts readers ``w, w + W, ...`` (``W`` divides ``K``; in
+process one maker hosts all ``K``). A batch is the same whichever worker makes it, so a
+state restores into any worker count that divides ``K``. A ``RandomMap``
 gets a generator keyed by ``(seed, (step * process_count + process) * batch_size + row)``, and
 by how many records a ``Filter`` dropped at that row before (each try its own numbers).
 
@@ -18,7 +21,7 @@ Example:
     >>> maker = StreamBatchMaker(Stream.from_generator(lambda i: ({"x": j} for j in range(5)),
     ...                                                shards=1),
     ...                          batch_size=2, seed=0, process_index=0, process_count=1,
-    ...                          workers=1)
+    ...                          per_process=1)
     >>> maker.reset(None); maker.make(0)[0]["x"].tolist(), maker.report()["emitted"]
     ([0, 1], 1)
 """
@@ -43,63 +46,73 @@ _DROPPED = object()
 
 
 class StreamBatchMaker:
-    """Batches of one reader of ``stream`` (chosen by the state given to ``reset``)."""
+    """Batches of the readers of ``stream`` given to ``reset`` (one, or those a worker hosts):
+    step ``s`` is made by this process's reader ``s % per_process``."""
 
     def __init__(self, stream: Stream | MixedStream | PackedStream, *, batch_size: int, seed: int,
-                 process_index: int, process_count: int, workers: int,
+                 process_index: int, process_count: int, per_process: int,
                  record_transforms: tuple = (), batch_transforms: tuple = ()) -> None:
         self.stream, self.batch_size, self.seed = stream, batch_size, seed
         self.source = stream  # what the worker pool names when it cannot be pickled
-        self.process_index, self.process_count, self.workers = (process_index, process_count,
-                                                                workers)
+        self.process_index, self.process_count, self.per_process = (process_index,
+                                                                    process_count, per_process)
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
         kinds = {Map: _MAP, RandomMap: _RANDOM, Filter: _FILTER}
         self._steps = tuple(enumerate((t.fn, kinds[type(t)]) for t in record_transforms))
         self._filters = any(kind == _FILTER for _, (_, kind) in self._steps)
         self._rng = RecordRng(seed)
-        self._reader: Any = None
-        self.readers = process_count * workers
-        for w in range(workers):  # refuses too few shards now, not in a worker later
-            self.reader_for(w)
+        self._hosted: dict[int, Any] = {}  # this process's reader k -> it, as reset
+        self._reader: Any = None  # the one that made the last batch
+        self.readers = process_count * per_process
+        for k in range(per_process):  # refuses too few shards now, not in a worker later
+            self.reader_for(k)
 
-    def reader_for(self, worker: int) -> Any:
-        """Worker ``worker``'s reader: a ``StreamReader``, or a ``MixedReader`` or a packing
-        reader over such readers."""
-        reader = self.process_index * self.workers + worker
+    def reader_for(self, local: int) -> Any:
+        """This process's reader ``local``: a ``StreamReader``, or a ``MixedReader`` or a
+        packing reader over such readers."""
+        reader = self.process_index * self.per_process + local
 
         def of(stream: Any) -> Any:
             if isinstance(stream, PackedStream):
                 return stream.reader(of(stream.stream))
             if isinstance(stream, MixedStream):
                 return MixedReader(stream, reader=reader, readers=self.readers, seed=self.seed,
-                                   batch_size=self.batch_size, per_process=self.workers)
+                                   batch_size=self.batch_size, per_process=self.per_process)
             return StreamReader(stream, reader=reader, readers=self.readers, seed=self.seed)
         return of(self.stream)
 
     def initial_states(self) -> list[dict]:
         """Each of this process's readers' state at the start of the stream."""
-        return [self.reader_for(w).initial_state() for w in range(self.workers)]
+        return [self.reader_for(k).initial_state() for k in range(self.per_process)]
 
-    def reset(self, state: dict | None) -> None:
-        """The reader of ``state`` (``None``: this process's first), continuing from it."""
-        index = self.process_index * self.workers if state is None else state.get("reader")
-        worker = (index or 0) - self.process_index * self.workers
-        self._reader = self.reader_for(worker if 0 <= worker < self.workers else 0)
-        self._reader.reset(state)
+    def reset(self, state: dict | list | None) -> None:
+        """Hosts the readers of ``state``: one reader's state, a list of them (those a worker
+        hosts: ``k``, ``k + W``, ...), or ``None`` (this process's first reader, at its
+        start); each continues from its state."""
+        self._hosted, self._reader = {}, None
+        first = self.process_index * self.per_process
+        for one in state if isinstance(state, list) else [state]:
+            local = (first if one is None else one.get("reader") or 0) - first
+            reader = self.reader_for(local if 0 <= local < self.per_process else 0)
+            reader.reset(one)
+            self._hosted[reader.reader - first] = reader
 
     def location(self, step: int) -> str:
         """Where step ``step``'s batch is, for messages."""
-        reader = self.process_index * self.workers + step % self.workers
-        return f"stream step {step} (reader {reader}, its batch {step // self.workers})"
+        reader = self.process_index * self.per_process + step % self.per_process
+        return f"stream step {step} (reader {reader}, its batch {step // self.per_process})"
 
     def report(self) -> dict:
         assert self._reader is not None
         return self._reader.get_state()
 
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, Any]:
-        if self._reader is None:
+        if not self._hosted:
             self.reset(None)
-        assert self._reader is not None
+        self._reader = self._hosted.get(step % self.per_process)
+        if self._reader is None:  # (the loader routes a step to the worker hosting its reader)
+            raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
+                                 f"{sorted(self._hosted)} of this process, not its")
         if self._filters:
             records = self._filtered(step)
         else:
