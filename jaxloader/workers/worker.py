@@ -4,6 +4,7 @@
 
     Init ──> set sys.path, loads(payload), init_fn(id)
     Task ──> [maker.reset(task.reset)] maker.make(step, alloc=the slot) ──> Done (+ report)
+                                              (the heap keeps a batch's freed pages: heap.py)
                                               (Grow ... Slot when it needs more room)
                                               └─> Failed (the exception, its traceback)
     Stop / EOF ──> exit
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 
 from jaxloader.tree import flatten
 from jaxloader.workers import payload, protocol, shm
+from jaxloader.workers.heap import Heap
 from jaxloader.workers.protocol import Done, Failed, Grow, Slot, Stop, Task
 
 _MAX_MAPPED = 32  # slot mappings kept per worker: more than a ring holds in steady state
@@ -96,8 +98,10 @@ class _Lease:
     def __init__(self, task_id: int, name: str, size: int, inbox: _Inbox, slots: _Slots) -> None:
         self.task_id, self.name, self.size = task_id, name, size
         self._inbox, self._slots = inbox, slots
+        self.used = 0
 
     def alloc(self, nbytes: int) -> memoryview:
+        self.used = nbytes
         if nbytes > self.size:
             protocol.send(self._inbox.conn, Grow(self.task_id, nbytes))
             _, self.name, self.size = self._inbox.wait_for_slot(self.task_id)
@@ -120,7 +124,7 @@ def serve(conn: Connection) -> None:
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
         protocol.send(conn, _failed(-1, None, e))
         return
-    inbox, slots = _Inbox(conn), _Slots()
+    inbox, slots, heap = _Inbox(conn), _Slots(), Heap()
     last_layout = None
     streaming = hasattr(maker, "report")
     while True:
@@ -134,6 +138,7 @@ def serve(conn: Connection) -> None:
                 maker.reset(reset)
             batch, layout = maker.make(step, lease.alloc)
             report = maker.report() if streaming else None
+            heap.fit(lease.used)  # the next batch's records reuse this one's freed pages
         except SystemExit:
             return
         except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
