@@ -1,6 +1,9 @@
-"""jaxloader workers vs Grain (``mp_prefetch`` and ``grain.DataLoader``), 2 workers, one run.
+"""jaxloader workers vs Grain (``mp_prefetch`` and ``grain.DataLoader``), tf.data and PyTorch's
+DataLoader, 2 workers, one run.
 
-Run: ``python benchmarks/bench_workers.py [--quick]`` (needs ``pip install -e .[benchmark]``).
+Run: ``python benchmarks/bench_workers.py [--quick]`` (needs ``pip install -e .[benchmark]``;
+tf.data and PyTorch join where installed, written as ``peers.py`` says; tf.data's 2 "workers"
+are ``num_parallel_calls=2``, threads of this process).
 
 Cases (same data, same process run; the loaders take turns, a fresh iterator each, over several
 rounds; medians per loader and the median of each round's ratio; warm-up: 5 batches, one epoch
@@ -25,6 +28,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 import jaxloader as jl
+import peers
 from common import RecordSource, machine, save, shared_bytes, table
 
 WORKERS = 2
@@ -66,7 +70,7 @@ def interleaved_rates(loaders: dict, warmup: int, count: int, rounds: int) -> di
         for name in names[r % len(names):] + names[:r % len(names)]:
             rates[name].append(batches_per_second(loaders[name], warmup, count))
             close(loaders[name])
-            print(f"  round {r + 1}: {name:22s} {rates[name][-1]:10.1f} batches/s", flush=True)
+            print(f"  round {r + 1}: {name:26s} {rates[name][-1]:10.1f} batches/s", flush=True)
     return rates
 
 
@@ -232,9 +236,35 @@ def memory_report(source_bytes: int, arrays: dict, workers: int) -> dict:
     return report
 
 
+def add_peers(cases: dict, large_images: np.ndarray, large_labels: np.ndarray,
+              small_images: np.ndarray, small_labels: np.ndarray) -> None:
+    """tf.data and PyTorch's DataLoader in each case, where installed (see ``peers.py``)."""
+    have = peers.available()
+    print(f"peers not installed, left out: {[k for k, ok in have.items() if not ok] or 'none'}")
+    if have["tf.data"]:
+        cases["large"][2]["tf.data"] = peers.tf_data(large_images, large_labels, 64,
+                                                     workers=WORKERS)
+        cases["small"][2]["tf.data, TF ops"] = peers.tf_data(
+            small_images, small_labels, 128, workers=WORKERS, tf_map=lambda record: record)
+        cases["small"][2]["tf.data, numpy_function"] = peers.tf_data(
+            small_images, small_labels, 128, workers=WORKERS, map_fn=identity)
+        cases["cpu"][2]["tf.data, TF ops"] = peers.tf_data(
+            large_images, large_labels, 64, workers=WORKERS, tf_map=peers.tf_crop_flip_normalise)
+        cases["cpu"][2]["tf.data, numpy_function"] = peers.tf_data(
+            large_images, large_labels, 64, workers=WORKERS, random_fn=crop_flip_normalise)
+    if have["torch"]:
+        cases["large"][2]["torch DataLoader"] = peers.torch_loader(
+            large_images, large_labels, 64, workers=WORKERS)
+        cases["small"][2]["torch DataLoader"] = peers.torch_loader(
+            small_images, small_labels, 128, workers=WORKERS, map_fn=identity)
+        cases["cpu"][2]["torch DataLoader"] = peers.torch_loader(
+            large_images, large_labels, 64, workers=WORKERS, random_fn=crop_flip_normalise)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer batches and repeats")
+    parser.add_argument("--rounds", type=int, default=None, help="default 5, 3 with --quick")
     parser.add_argument("--big-source-gib", type=float, default=2.0)
     parser.add_argument("--only", default="large,small,cpu,first,memory",
                         help="comma-separated subset of: large, small, cpu, first, memory")
@@ -242,7 +272,7 @@ def main() -> None:
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; we pass none
-    rounds = 3 if args.quick else 5
+    rounds = args.rounds or (3 if args.quick else 5)
     rng = np.random.default_rng(0)
     large_images = rng.integers(0, 256, (2048, 224, 224, 3), dtype=np.uint8)
     large_labels = rng.integers(0, 10, 2048).astype(np.int64)
@@ -275,9 +305,10 @@ def main() -> None:
             "jaxloader 2 workers": jaxloader_iter(large_arrays, 64, WORKERS, [random_map]),
         }),
     }
+    add_peers(cases, large_images, large_labels, small_images, small_labels)
     only = set(args.only.split(","))
-    results: dict = {"machine": machine(), "throughput": {}, "rates": {}, "ratio_per_round": {},
-                     "first_batch_s": {}}
+    results: dict = {"machine": machine(), "peers": peers.available(), "throughput": {},
+                     "rates": {}, "ratio_per_round": {}, "first_batch_s": {}}
     for case, (batch, count, loaders) in cases.items():
         if case not in only:
             continue
@@ -290,7 +321,7 @@ def main() -> None:
         results["ratio_per_round"][case] = [
             a / b for a, b in zip(rates["jaxloader 2 workers"], rates["grain mp_prefetch"])]
         for name, bps in results["throughput"][case].items():
-            print(f"{case:6s} {name:22s} {bps:10.1f} batches/s (median)", flush=True)
+            print(f"{case:6s} {name:26s} {bps:10.1f} batches/s (median)", flush=True)
         if case == "large":
             ceiling = [gather_ceiling(large_images, batch) for _ in range(3)]
             results["large_copy_ceiling"] = statistics.median(ceiling)
@@ -329,6 +360,14 @@ def main() -> None:
         print(table(rows, ("loader", "batches/s", "records/s", "vs grain mp_prefetch")))
         print(f"jaxloader 2 workers / grain mp_prefetch, round by round: {per_round} "
               f"(median {statistics.median(results['ratio_per_round'][case]):.1f}x)")
+        peer_rates = {name: r for name, r in results["rates"][case].items()
+                      if not name.startswith("jaxloader")}
+        best = max(peer_rates, key=lambda name: statistics.median(peer_rates[name]))
+        ratios = [a / b for a, b in zip(results["rates"][case]["jaxloader 2 workers"],
+                                        peer_rates[best])]
+        results.setdefault("vs_fastest_peer", {})[case] = {"peer": best, "per_round": ratios}
+        print(f"jaxloader 2 workers / the fastest peer ({best}), round by round: "
+              f"{', '.join(f'{x:.2f}x' for x in ratios)} (median {statistics.median(ratios):.2f}x)")
     save("workers", results)
 
 
