@@ -14,13 +14,14 @@ See ``jaxloader.iterator`` for iteration and ``jaxloader.engine`` for the engine
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Never, Sequence
 
 from jaxloader.engine import Engine, InProcessEngine
 from jaxloader.fingerprint import source_fingerprint
 from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
+from jaxloader.peer_arguments import refuse
 from jaxloader.pipeline import BatchMaker
 from jaxloader.errors import ConfigError
 from jaxloader.local_shuffle import BlockOrder, LocalShuffle
@@ -65,6 +66,8 @@ class DataLoader(LoaderLifecycle):
             device) or by ``next()`` in your thread (several devices; see the README).
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
             0 places each batch in ``next()``.
+        unknown: PyTorch's and Grain's names (``drop_last``, ``collate_fn``, ``pin_memory``,
+            ``worker_count``, ...) raise a ``TypeError`` saying what to pass instead.
 
     ``loader.peek()`` gives the next batch without moving the position (to build a model from
     its shapes). Two ways to loop, both resumable with ``state_dict()``::
@@ -99,9 +102,11 @@ class DataLoader(LoaderLifecycle):
         start_method: str = "exec",
         sharding: Any = None,
         device_prefetch: int = 2,
+        **unknown: Never,
     ) -> None:
         from jaxloader.streams import Stream
 
+        refuse("DataLoader", unknown)
         if isinstance(source, Stream):
             raise ConfigError("DataLoader(source): got a Stream, which has no random access; "
                               "read it with jaxloader.StreamLoader(stream, batch_size=...)")

@@ -1,0 +1,56 @@
+"""PyTorch's and Grain's keyword arguments given to ``DataLoader``, answered in jaxloader's terms.
+
+A PyTorch user's first loader is ``DataLoader(ds, batch_size=32, shuffle=True, drop_last=True,
+num_workers=4, pin_memory=True)``; Python alone would say only "unexpected keyword argument
+'drop_last'". ``DataLoader`` takes such names as ``**unknown: Never`` (a type checker still
+flags them) and ``refuse`` raises, naming what to pass instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_REMEDIES = {
+    # torch.utils.data.DataLoader
+    "drop_last": "use last_batch='drop' (the default; drop_last=True) or last_batch='partial' "
+                 "(drop_last=False), or last_batch='pad' to keep every record with a mask",
+    "collate_fn": "batches are collated for you (a pytree of stacked arrays); to change a "
+                  "whole batch, pass transforms=[..., jaxloader.BatchMap(fn)]",
+    "pin_memory": "pass sharding= (and device_prefetch=) to have batches placed on the "
+                  "devices by a background thread",
+    "prefetch_factor": "use prefetch= (batches in flight per worker)",
+    "persistent_workers": "nothing to set: workers live as long as the loader; close() ends "
+                          "them",
+    "sampler": "the order comes from shuffle=True or jaxloader.LocalShuffle(...) and seed=; "
+               "for a subset use jaxloader.FilteredSource(source, indices=...)",
+    "batch_sampler": "batches come from batch_size=, shuffle= and seed=; for a subset use "
+                     "jaxloader.FilteredSource(source, indices=...)",
+    "generator": "use seed= (an int: the order and every RandomMap draw follow from it)",
+    "timeout": "nothing to set: a worker that dies or raises is reported at once",
+    "multiprocessing_context": "use start_method= ('exec', the default, or 'fork')",
+    "in_order": "nothing to set: batches always come in order",
+    # grain.DataLoader / grain.MapDataset
+    "worker_count": "use num_workers=",
+    "drop_remainder": "use last_batch='drop' (the default) or last_batch='partial'",
+    "operations": "use transforms= (jaxloader.Map, RandomMap, BatchMap)",
+    "shard_options": "use process_index= and process_count= (left None: JAX's)",
+    "data_source": "pass the source as the first argument",
+    "worker_buffer_size": "use prefetch= (batches in flight per worker)",
+    "read_options": "use num_workers= (and prefetch=)",
+}
+
+
+def refuse(owner: str, unknown: dict[str, Any]) -> None:
+    """Raises ``TypeError`` for the first name in ``unknown`` (none: returns).
+
+    Example:
+        >>> refuse("DataLoader", {"drop_last": True})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: DataLoader(drop_last=True): jaxloader has no drop_last: use last_batch=...
+    """
+    for name, value in unknown.items():
+        remedy = _REMEDIES.get(name)
+        if remedy is None:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+        raise TypeError(f"{owner}({name}={value!r}): jaxloader has no {name}: {remedy}")
