@@ -26,7 +26,8 @@ _REMEDIES = {
     "batch_sampler": "batches come from batch_size=, shuffle= and seed=; for a subset use "
                      "jaxloader.FilteredSource(source, indices=...)",
     "generator": "use seed= (an int: the order and every RandomMap draw follow from it)",
-    "timeout": "nothing to set: a worker that dies or raises is reported at once",
+    "timeout": "nothing to set: a worker that dies or raises is reported at once (a batch "
+               "has no time limit: a transform that never returns blocks next())",
     "multiprocessing_context": "use start_method= ('exec', the default, or 'fork')",
     "in_order": "nothing to set: batches always come in order",
     # grain.DataLoader / grain.MapDataset
