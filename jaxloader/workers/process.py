@@ -12,6 +12,11 @@ Start methods:
   threads running can deadlock the child.
 
 Either way the worker's only link is one duplex pipe; its EOF tells each side the other is gone.
+
+A worker's JAX, should a transform use it, runs on the CPU (``JAX_PLATFORMS=cpu``): the
+accelerators belong to the training process. A worker that started a GPU backend would take
+75% of the GPU's memory (JAX's preallocation) for itself, and a TPU is held by one process.
+``worker_init_fn`` may set ``jax.config.update("jax_platforms", ...)`` before JAX first runs.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Pipe, wait
+from typing import Mapping
 
 from jaxloader.errors import ConfigError
 from jaxloader.workers import protocol
@@ -30,10 +36,25 @@ from jaxloader.workers.protocol import Stop
 _JOIN_TIMEOUT_S = 5.0  # a worker told to stop finishes its current batch first; then SIGKILL
 _KILL_TIMEOUT_S = 2.0  # after SIGKILL the kernel reaps quickly; bound it so close() never hangs
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# JAX in a worker runs on the CPU; the default backend's name (deprecated) goes with it, as a
+# GPU's name there would name a backend the worker does not start
+WORKER_ENVIRONMENT = {"JAX_PLATFORMS": "cpu"}
+_DROPPED = ("JAX_PLATFORM_NAME",)
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
     "from jaxloader.workers.worker import main; main({fd})"
 )
+
+
+def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a worker started from one with ``parent``'s.
+
+    Example:
+        >>> worker_environment({"JAX_PLATFORMS": "cuda", "HOME": "/root"})["JAX_PLATFORMS"]
+        'cpu'
+    """
+    kept = {name: value for name, value in parent.items() if name not in _DROPPED}
+    return {**kept, **WORKER_ENVIRONMENT}
 
 
 class WorkerProcess:
@@ -54,7 +75,8 @@ class WorkerProcess:
         if start_method == "exec":
             fd = child.fileno()
             boot = _BOOT.format(root=_PACKAGE_ROOT, fd=fd)
-            self._popen = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(fd,))
+            self._popen = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(fd,),
+                                           env=worker_environment(os.environ))
             self.pid = self._popen.pid
         else:
             self.pid = self._fork_pid = os.fork()
@@ -62,6 +84,9 @@ class WorkerProcess:
                 code = 0
                 try:
                     self.conn.close()
+                    for name in _DROPPED:
+                        os.environ.pop(name, None)
+                    os.environ.update(WORKER_ENVIRONMENT)
                     from jaxloader.workers.worker import main
 
                     main(child.fileno())

@@ -1,0 +1,81 @@
+"""Starting a worker: its environment keeps JAX off the training process's accelerators."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.workers.process import worker_environment
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def on_jax(record):
+    """A transform a user might write: JAX in the worker, and the backend it ran on."""
+    import jax
+    import jax.numpy as jnp
+
+    return {"x": np.asarray(jnp.asarray(record["x"]) * 2), "backend": jax.default_backend()}
+
+
+def test_worker_environment_runs_jax_on_the_cpu_and_keeps_the_rest():
+    parent = {"JAX_PLATFORMS": "cuda", "JAX_PLATFORM_NAME": "gpu", "XLA_FLAGS": "--x", "A": "1"}
+    assert worker_environment(parent) == {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--x", "A": "1"}
+    assert worker_environment({})["JAX_PLATFORMS"] == "cpu"
+    assert parent["JAX_PLATFORMS"] == "cuda"  # the caller's mapping is not changed
+
+
+def test_jax_in_a_transform_runs_on_the_cpu_whatever_the_training_process_asks(monkeypatch):
+    # a GPU training process's environment: its workers inherited it, and their JAX tried the
+    # GPU (here, with no GPU, it failed; on one, each worker took 75% of its memory)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    monkeypatch.setenv("JAX_PLATFORM_NAME", "gpu")
+    source = jl.ArraySource({"x": np.arange(8, dtype=np.float32)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(on_jax)], num_workers=2,
+                       process_index=0, process_count=1) as loader:
+        batches = list(loader)
+    assert [b["backend"].tolist() for b in batches] == [["cpu"] * 4] * 2
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in batches]),
+                                  np.arange(8) * 2)
+
+
+def test_worker_init_fn_may_choose_the_workers_jax_platform():
+    def choose(worker_id):
+        import jax
+
+        jax.config.update("jax_platforms", "no_such_platform")
+
+    source = jl.ArraySource({"x": np.arange(8, dtype=np.float32)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(on_jax)], num_workers=1,
+                       worker_init_fn=choose, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.WorkerError, match="no_such_platform"):
+            next(iter(loader))
+
+
+def test_a_forked_worker_runs_jax_on_the_cpu_too(tmp_path):
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import numpy as np, jaxloader as jl
+
+        def on_jax(record):
+            import jax
+            return {"backend": jax.default_backend()}
+
+        assert "jax" not in sys.modules  # fork is refused once JAX is imported
+        os.environ["JAX_PLATFORMS"] = "cuda"
+        source = jl.ArraySource({"x": np.arange(4, dtype=np.float32)})
+        with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(on_jax)], num_workers=1,
+                           start_method="fork", process_index=0, process_count=1) as loader:
+            print(next(iter(loader))["backend"].tolist(), os.environ["JAX_PLATFORMS"])
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100, env={**os.environ, "JAX_PLATFORM_NAME": "gpu"})
+    # the worker ran on the CPU; the main process's own environment is as it set it
+    assert out.stdout.split("] ") == ["['cpu', 'cpu', 'cpu', 'cpu'", "cuda\n"], out.stderr
