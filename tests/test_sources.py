@@ -44,6 +44,22 @@ def test_a_dict_passed_as_the_source_gets_the_array_source_hint():
         check_source({"train": jl.ArraySource({"x": np.zeros(3)})})  # sources by split
 
 
+def test_a_tuple_of_columns_passed_as_the_source_gets_the_array_source_hint():
+    x, y = np.zeros((10, 3)), np.arange(10)
+    with pytest.raises(jl.ConfigError, match=r"tuple of 2 arrays of shapes \(10, 3\), \(10,\).*"
+                                             r"read as 2 records.*10 rows.*ArraySource"):
+        jl.DataLoader((x, y), batch_size=4, process_index=0, process_count=1)
+    with pytest.raises(jl.ConfigError, match=r"tuple of 3 arrays"):
+        check_source((x, y, y[:, None]))
+    # records that are arrays stay records: of one shape, of different lengths, or in a list
+    assert check_source((x, x)) == 2 and check_source((np.zeros(3), np.zeros(5))) == 2
+    assert check_source([np.zeros((32, 40, 3)), np.zeros((32, 50, 3))]) == 2
+    with jl.DataLoader(jl.ArraySource((x, y)), batch_size=4, process_index=0,
+                       process_count=1) as loader:
+        first = next(iter(loader))
+    assert first[0].shape == (4, 3) and first[1].tolist() == [0, 1, 2, 3]
+
+
 def _writes_in_place(record):
     record["x"][0] = -1.0  # the mistake: the record is the source's memory
     return record
