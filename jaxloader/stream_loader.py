@@ -275,7 +275,4 @@ class _InProcess:
             step += 1
 
     def close(self) -> None:
-        for shard in self._maker.stream.shards:  # the files this process has open
-            close = getattr(shard, "close", None)
-            if close is not None:
-                close()
+        self._maker.close()  # the files this process has open

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxloader as jl
-from resume_harness import check_resume, take
+from resume_harness import assert_same_stream, check_resume, take
 from streams.test_shards import write_jsonl, write_tar
 
 SHARDS, PER_SHARD = 4, 30  # 120 records; 2 readers get 60 each
@@ -312,3 +312,24 @@ def test_a_filtered_batch_maker_restored_anywhere_makes_the_same_batches(batch, 
         got = again.make(step)[0]
         assert all(np.array_equal(got[key], batches[step][key]) for key in ("id", "u"))
         assert (got["id"] % modulus != 0).all() and (got["u"] < 0.8).all()
+
+
+def test_readers_in_one_process_reading_one_shard_at_once_do_not_share_its_place():
+    # Uneven shards put readers in different epochs, so two readers hosted by one process (or
+    # one worker) may read the same shard at once: each must read it from its own place.
+    sizes = [40, 3, 50, 1]
+    starts = np.cumsum([0, *sizes])
+
+    def run(workers):
+        stream = jl.Stream.from_generator(
+            lambda s: ({"id": i} for i in range(starts[s], starts[s] + sizes[s])), len(sizes),
+            shuffle_window=4)
+        with jl.StreamLoader(stream, batch_size=4, seed=3, num_workers=workers,
+                             readers_per_process=4, process_index=0,
+                             process_count=1) as loader:
+            return [{"id": b["id"].copy()} for b in take(loader, 94)]  # 4 x 94 records
+    reference = run(4)  # one reader a worker: nothing shared
+    counts = np.bincount(np.concatenate([b["id"] for b in reference]))
+    assert len(counts) == 94 and counts.min() >= 1  # every record, some readers ahead
+    for workers in (0, 2):
+        assert_same_stream(run(workers), reference, f"{workers} workers")

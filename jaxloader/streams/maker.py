@@ -89,6 +89,7 @@ class StreamBatchMaker:
         """Hosts the readers of ``state``: one reader's state, a list of them (those a worker
         hosts: ``k``, ``k + W``, ...), or ``None`` (this process's first reader, at its
         start); each continues from its state."""
+        self.close()
         self._hosted, self._reader = {}, None
         first = self.process_index * self.per_process
         for one in state if isinstance(state, list) else [state]:
@@ -96,6 +97,11 @@ class StreamBatchMaker:
             reader = self.reader_for(local if 0 <= local < self.per_process else 0)
             reader.reset(one)
             self._hosted[reader.reader - first] = reader
+
+    def close(self) -> None:
+        """Closes the shards the readers hosted here have open."""
+        for reader in self._hosted.values():
+            reader.close()
 
     def location(self, step: int) -> str:
         """Where step ``step``'s batch is, for messages."""

@@ -136,6 +136,11 @@ class MixedReader:
         return {"reader": self.reader, "emitted": self._emitted,
                 "components": [c.get_state() for c in self.components]}
 
+    def close(self) -> None:
+        """Closes the shards its components have open."""
+        for component in self.components:
+            component.close()
+
     def next(self) -> Any:
         group, slot = divmod(self._emitted, self._size)
         if group != self._group:

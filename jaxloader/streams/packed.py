@@ -150,6 +150,9 @@ class PackedReader:
     def initial_state(self) -> dict:
         return {"reader": self.reader, "inner": self.inner.initial_state(), "skip": 0}
 
+    def close(self) -> None:
+        self.inner.close()
+
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "skip")
         self._tokens, self._before, self._skip = None, None, 0
@@ -211,6 +214,9 @@ class FitPackedReader:
 
     def initial_state(self) -> dict:
         return {"reader": self.reader, "inner": self.inner.initial_state(), "row": 0}
+
+    def close(self) -> None:
+        self.inner.close()
 
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "row")

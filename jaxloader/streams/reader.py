@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -153,6 +154,7 @@ class StreamReader:
         self._order: np.ndarray = np.zeros(0, np.int64)
         self._mine: list[int] = []
         self._opened: int | None = None
+        self._current: Any = None  # the open shard: this reader's copy of it
 
     # -- state ------------------------------------------------------------------------------
     def initial_state(self) -> dict:
@@ -192,8 +194,7 @@ class StreamReader:
         """Reads the next window (within one epoch; an epoch's last window may be short)."""
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
-            shard = (self.stream.shards[self._mine[self._shard]]
-                     if self._shard < len(self._mine) else None)
+            shard = self._current if self._shard < len(self._mine) else None
             self._window_start = (self._shard, shard.get_state() if shard else None)
             window: list = []
             while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):
@@ -223,7 +224,7 @@ class StreamReader:
             self._permutation = np.zeros(1, np.int64)
 
     def _read(self) -> Any:
-        shard = self.stream.shards[self._mine[self._shard]]
+        shard = self._current
         where = shard.get_state()
         try:
             return shard.next()
@@ -245,8 +246,21 @@ class StreamReader:
         self._mine = order[self.reader::self.readers].tolist()
 
     def _open(self, index: int, state: dict | None) -> None:
+        """Opens shard ``index`` of this epoch's (at ``state``) as this reader's own copy:
+        readers in one process (a worker hosting several, or ``num_workers=0``) may read one
+        shard at once, each in its own epoch; the shard left is closed."""
+        self.close()
         if index < len(self._mine):
-            self.stream.shards[self._mine[index]].reset(state)
+            shard = copy.copy(self.stream.shards[self._mine[index]])  # (reset opens its files)
+            shard.reset(state)
+            self._current = shard
+
+    def close(self) -> None:
+        """Closes the shard this reader has open."""
+        shard, self._current = self._current, None
+        close = getattr(shard, "close", None)
+        if close is not None:
+            close()
 
 
 def _checked(state: Any, reader: int) -> dict:
