@@ -245,17 +245,21 @@ def take_parts_columns(treedef: tree_lib.TreeDef, part_arrays: list[list], rows:
                      for i, (p, a) in enumerate(zip(paths, part_arrays[0]))]
 
 
-def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarray) -> tuple:
-    """Appends ``array`` as leaf ``key`` of a dict batch (used for the pad mask)."""
+def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarray,
+             why: str = "last_batch='pad'") -> tuple:
+    """Appends ``array`` as leaf ``key`` of a dict batch (used for the pad mask, which
+    ``why`` adds)."""
     if treedef[0] != "dict":
+        other = (", or use last_batch='drop'" if why.startswith("last_batch") else
+                 " (a Map(lambda r: {'record': r}) wraps one)")
         raise CollateError(
-            f"last_batch='pad' adds a {key!r} leaf to each batch, so records must be dicts; got "
-            f"{tree_lib.describe(treedef)}; return a dict from a Map, or use last_batch='drop'"
+            f"{why} adds a {key!r} leaf to each batch, so records must be dicts; got "
+            f"{tree_lib.describe(treedef)}; return a dict from a Map{other}"
         )
     if key in treedef[1]:
         raise CollateError(
-            f"last_batch='pad' adds the leaf {key!r}, but records already have a key {key!r}; "
-            "pass another mask_key= to the DataLoader"
+            f"{why} adds the leaf {key!r}, but records already have a key {key!r}; "
+            "pass another mask_key= to the loader"
         )
     return tree_lib.with_leaf(treedef, key), [*columns, _Column(f"[{key!r}]", array.shape,
                                                                 array.dtype, array)]

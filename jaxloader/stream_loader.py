@@ -15,7 +15,13 @@ worker has got to: a state names exactly the next batch, and a restore continues
 stream. The order is fixed for a given ``(seed, process_count, num_workers)``; a state restores
 into a loader with the same counts (0 and 1 workers are the same: one reader), and is refused
 with another count.
+
+A pass that ends (``num_epochs=n``): ``iter()`` gives each reader the epoch it stops before
+(``"until"`` in the states it resets from: the end of its current epoch plus ``n - 1``, or ``n``
+epochs more once every reader is done); a reader out of records pads its batch (``mask``) and
+its report says ``"ended"``; the run stops once every reader's last batch is handed out.
 """
+
 
 from __future__ import annotations
 
@@ -52,8 +58,13 @@ class StreamLoader(LoaderLifecycle):
             the shards), by default ``max(1, num_workers)``; a multiple of ``num_workers``
             (each worker hosts ``K / num_workers``). The batches depend on ``K``, not on the
             workers: a state restores into any worker count that divides ``K`` (0 included).
-
-    Endless: each reader goes through its shards epoch after epoch; loop for a number of steps.
+        num_epochs: ``None`` (the default): endless, each reader going through its shards
+            epoch after epoch; loop for a number of steps. ``n``: each ``iter(loader)`` is a
+            pass of ``n`` epochs that ends, as a ``DataLoader``'s (an evaluation pass: every
+            record ``n`` times). Every batch then has ``batch_size`` rows and a bool leaf
+            ``batch[mask_key]``, True on records, False on the rows that pad a reader's last
+            batch (and the batches of a reader done before the others). One process only.
+        mask_key: the name of that leaf (records must be dicts).
 
     Example:
         >>> import jaxloader as jl
@@ -63,6 +74,10 @@ class StreamLoader(LoaderLifecycle):
         >>> it = iter(loader)
         >>> next(it)["x"].tolist(), loader.state_dict()["readers"][0]["emitted"]
         ([0, 1, 2, 3], 1)
+        >>> once = jl.StreamLoader(stream, batch_size=5, num_epochs=1, process_index=0,
+        ...                        process_count=1)
+        >>> [(b["x"].tolist(), b["mask"].tolist()) for b in once][-1]
+        ([104, 105, 105, 105, 105], [True, True, False, False, False])
     """
 
     def __init__(self, stream: Stream | MixedStream | PackedStream | Sequence[Any], *,
@@ -71,7 +86,8 @@ class StreamLoader(LoaderLifecycle):
                  process_index: int | None = None, process_count: int | None = None,
                  prefetch: int = 2, worker_init_fn: Callable[[int], None] | None = None,
                  start_method: str = "exec", sharding: Any = None,
-                 device_prefetch: int = 2, readers_per_process: int | None = None) -> None:
+                 device_prefetch: int = 2, readers_per_process: int | None = None,
+                 num_epochs: int | None = None, mask_key: str = "mask") -> None:
         if not isinstance(stream, (Stream, MixedStream, PackedStream)):
             if not isinstance(stream, (list, tuple)):
                 raise ConfigError(
@@ -90,8 +106,10 @@ class StreamLoader(LoaderLifecycle):
         check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
         check_int("process_index", process_index, low=0, high=process_count - 1,
                   remedy=f"use an index in [0, {process_count})")
-        self._options = LoaderOptions(num_workers, None, "mask", prefetch, start_method,
+        self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
+        if num_epochs is not None:
+            _check_pass(stream, process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream = stream
         hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
@@ -106,7 +124,9 @@ class StreamLoader(LoaderLifecycle):
         self._maker = StreamBatchMaker(
             stream, batch_size=batch_size, seed=seed, process_index=process_index,
             process_count=process_count, per_process=self._readers,
-            record_transforms=record_transforms, batch_transforms=batch_transforms)
+            record_transforms=record_transforms, batch_transforms=batch_transforms,
+            mask_key=None if num_epochs is None else mask_key)
+        self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._putter = None
         if sharding is not None:
             from jaxloader.sharding.put import Putter
@@ -143,6 +163,11 @@ class StreamLoader(LoaderLifecycle):
     def num_workers(self) -> int:
         return self._options.num_workers
 
+    @property
+    def num_epochs(self) -> int | None:
+        """Epochs per ``iter(loader)``; ``None``: endless."""
+        return self._options.num_epochs
+
     def _states_at(self, step: int) -> list[dict]:
         """Each reader's state once the batches before ``step`` are handed out."""
         for s in range(self._base_step, step):
@@ -156,6 +181,8 @@ class StreamLoader(LoaderLifecycle):
     def __iter__(self) -> LoaderIterator:
         self._progress.check()
         self._invalidate()
+        if self.num_epochs is not None:
+            self._until = _pass_ends(self._states_at(self._progress.step), self.num_epochs)
         put = self._putter
         self._active = LoaderIterator(self._progress, self._progress.step, None, _Runs(self), put,
                                       self._options.device_prefetch,
@@ -167,7 +194,13 @@ class StreamLoader(LoaderLifecycle):
         self._progress.check()
         step = self._progress.step
         maker = copy.deepcopy(self._maker)  # its own shards: the running reader's stay put
-        maker.reset(self._states_at(step)[step % self._readers])
+        states = self._states_at(step)
+        if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
+            ends = self._until
+            if ends is None or all(_done(states, ends)):
+                ends = _pass_ends(states, self.num_epochs)
+            states = _until(states, ends)
+        maker.reset(states[step % self._readers])
         batch, _ = maker.make(step)
         return batch if self._putter is None else self._putter(batch)
 
@@ -224,6 +257,7 @@ class StreamLoader(LoaderLifecycle):
         for i, r in enumerate(readers):
             probe.reader_for(i).reset(copy.deepcopy(r))
         self._invalidate()
+        self._until = None  # a pass continues from the state's readers at the next iter()
         self._progress.step = state["step"]
         self._base, self._base_step = copy.deepcopy(readers), state["step"]
         self._reports.clear()
@@ -242,16 +276,70 @@ class _Runs:
     def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
         loader = self._loader
         states = loader._states_at(start)
+        if loader._until is not None:
+            states = _until(states, loader._until)
         hosts = max(1, loader.num_workers)  # host w: readers w, w + W, ... (W divides K)
         resets: list = [states[w::hosts] for w in range(hosts)]
         # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
         # thread may still be filing one; it would file the same state, runs being pure).
         for step in [s for s in list(loader._reports) if s >= start]:
             loader._reports.pop(step, None)
-        return loader._engine.batches(start, stop, resets, loader._reports)
+        run = loader._engine.batches(start, stop, resets, loader._reports)
+        if loader._until is None:
+            return run
+        return _to_the_end(run, start, _done(states, loader._until), loader._reports)
 
     def close(self) -> None:
         self._loader._engine.close()
+
+
+def _check_pass(stream: Any, process_count: int) -> None:
+    """Refuses a pass that ends (``num_epochs``) where it has no end, or would end unevenly."""
+    if isinstance(stream, (MixedStream, PackedStream)):
+        raise ConfigError(
+            f"num_epochs: a {type(stream).__name__} has no end of its own (a mixture's "
+            "components wrap as the weights ask; packed rows span records); leave num_epochs "
+            "None and loop for a number of steps, or pass the plain Stream")
+    if process_count > 1:
+        raise ConfigError(
+            f"num_epochs: a pass that ends is for one process, got process_count="
+            f"{process_count}; the hosts' readers would end at different steps, and a host "
+            "that stopped would leave the others waiting in a collective. Read a held-out "
+            "set into a list and use jl.DataLoader(records, batch_size=..., last_batch='pad') "
+            "(every record once, the same steps on every host)")
+
+
+def _pass_ends(states: list[dict], num_epochs: int) -> list[int]:
+    """The epoch each reader's pass stops before: a pass under way (some reader not done)
+    goes to the end of each reader's epoch plus ``num_epochs - 1``; once every reader is
+    done, the next pass reads the ``num_epochs`` epochs after theirs."""
+    done = all(s.get("ended") is True for s in states)
+    return [s["epoch"] + num_epochs + done for s in states]
+
+
+def _done(states: list[dict], ends: list[int]) -> list[bool]:
+    """Whether each reader has handed out its last epoch before its pass's end."""
+    return [s.get("ended") is True and s["epoch"] + 1 >= end for s, end in zip(states, ends)]
+
+
+def _until(states: list[dict], ends: list[int]) -> list[dict]:
+    """The readers' states, each told the epoch its pass stops before."""
+    return [{**s, "until": end} for s, end in zip(states, ends)]
+
+
+def _to_the_end(run: Generator[Any, None, None], start: int, ended: list[bool],
+                reports: dict) -> Generator[Any, None, None]:
+    """``run``'s batches until every reader of the pass is done (step ``s`` is reader
+    ``s % K``'s; each batch's report says whether its reader has a record left)."""
+    step = start
+    try:
+        while not all(ended):
+            batch = next(run)
+            ended[step % len(ended)] = bool(reports[step].get("ended"))
+            step += 1
+            yield batch
+    finally:
+        run.close()  # the workers' read-ahead past the end: slots back
 
 
 class _InProcess:

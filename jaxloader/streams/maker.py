@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.pipeline import finish_batch
@@ -51,8 +53,11 @@ class StreamBatchMaker:
 
     def __init__(self, stream: Stream | MixedStream | PackedStream, *, batch_size: int, seed: int,
                  process_index: int, process_count: int, per_process: int,
-                 record_transforms: tuple = (), batch_transforms: tuple = ()) -> None:
+                 record_transforms: tuple = (), batch_transforms: tuple = (),
+                 mask_key: str | None = None) -> None:
         self.stream, self.batch_size, self.seed = stream, batch_size, seed
+        self.mask_key = mask_key  # a pass that ends: batches padded, this leaf True on records
+        self._ended = False  # (a pass) the last batch's reader has no record left
         self.source = stream  # what the worker pool names when it cannot be pickled
         self.process_index, self.process_count, self.per_process = (process_index,
                                                                     process_count, per_process)
@@ -109,8 +114,11 @@ class StreamBatchMaker:
         return f"stream step {step} (reader {reader}, its batch {step // self.per_process})"
 
     def report(self) -> dict:
+        """The state of the last batch's reader after it; in a pass that ends, with
+        ``"ended"``: whether that reader has no record left in the pass."""
         assert self._reader is not None
-        return self._reader.get_state()
+        state = self._reader.get_state()
+        return state if self.mask_key is None else {**state, "ended": self._ended}
 
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, Any]:
         if not self._hosted:
@@ -119,6 +127,8 @@ class StreamBatchMaker:
         if self._reader is None:  # (the loader routes a step to the worker hosting its reader)
             raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
                                  f"{sorted(self._hosted)} of this process, not its")
+        if self.mask_key is not None:
+            return self._make_in_pass(step, alloc)
         if self._filters:
             records = self._filtered(step)
         else:
@@ -130,13 +140,62 @@ class StreamBatchMaker:
         return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
                             lambda: self.location(step), alloc)
 
+    def _make_in_pass(self, step: int, alloc: Callable[[int], Any] | None) -> tuple[Any, Any]:
+        """A batch of a pass that ends: the records left (up to ``batch_size``), then rows
+        that repeat a padding record, and the leaf ``mask_key`` True on the records."""
+        assert self._reader is not None and self.mask_key is not None
+        records = self._filtered(step) if self._filters else self._taken(step)
+        real = len(records)
+        if real < self.batch_size:
+            records += [self._padding(step, real)] * (self.batch_size - real)
+        self._ended = not self._reader.has_next()
+        valid = np.zeros(self.batch_size, bool)
+        valid[:real] = True
+        treedef, columns = collate.record_columns(records)
+        treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
+                                            "StreamLoader(num_epochs=...)")
+        return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
+                            lambda: self.location(step), alloc)
+
+    def _taken(self, step: int) -> list:
+        """Up to ``batch_size`` records of the pass, transformed (fewer at its end)."""
+        assert self._reader is not None
+        records = []
+        for row in range(self.batch_size):
+            try:
+                record = self._reader.next()
+            except StopIteration:
+                break
+            records.append(self._transform(step, row, record) if self._steps else record)
+        return records
+
+    def _padding(self, step: int, row: int) -> Any:
+        """The record that pads step ``step`` from row ``row``: the last record of the pass
+        that the ``Filter``s keep, transformed as that row (a pure function of the reader's
+        state: the same after a restore, in any worker)."""
+        assert self._reader is not None
+        for record in self._reader.last_records():
+            record = self._transform(step, row, record)
+            if record is not _DROPPED:
+                return record
+        raise RecordError(
+            f"{self.location(step)}: the pass has ended, and the Filters drop every record of "
+            "its last window, so there is no record to pad the batch with; keep at least one "
+            "record in each shuffle window, or filter in a Map that marks records instead")
+
     def _filtered(self, step: int) -> list:
         """``batch_size`` records that every ``Filter`` keeps, read on past those dropped."""
         assert self._reader is not None
         out: list = []
         dropped = 0  # in a row, at this row
         while len(out) < self.batch_size:
-            record = self._transform(step, len(out), self._reader.next(), dropped)
+            try:
+                raw = self._reader.next()
+            except StopIteration:  # a pass that ends: the rest of the batch is padding
+                if self.mask_key is None:
+                    raise
+                break
+            record = self._transform(step, len(out), raw, dropped)
             if record is not _DROPPED:
                 out.append(record)
                 dropped = 0

@@ -12,9 +12,10 @@
         window.
 
 Each reader runs through its own epochs without end (a batch may hold the end of one epoch
-and the start of the next). The order is fixed for a given ``(seed, process_count,
-num_workers)``; with fewer shards than readers a reader would have nothing to read, which is
-refused when the loader is made.
+and the start of the next), or up to the epoch a pass stops before (``until``). Readers in
+one process read their own copies of the shards (each may be in another epoch). The order
+is fixed for a given ``(seed, process_count, num_workers)``; with fewer shards than readers a
+reader would have nothing to read, which is refused when the loader is made.
 
 Example:
     >>> from jaxloader.streams.shards import IterableShard
@@ -155,6 +156,10 @@ class StreamReader:
         self._mine: list[int] = []
         self._opened: int | None = None
         self._current: Any = None  # the open shard: this reader's copy of it
+        self._until: int | None = None  # the epoch a pass ends before (None: endless)
+        self._ended = False
+        self._window_epoch = self._window_key = 0
+        self._window_start: tuple = (0, None)
 
     # -- state ------------------------------------------------------------------------------
     def initial_state(self) -> dict:
@@ -162,8 +167,11 @@ class StreamReader:
                 "window": 0, "emitted": 0}
 
     def reset(self, state: dict | None) -> None:
-        """Continues from ``state`` (``None``: the start): the window is read again."""
+        """Continues from ``state`` (``None``: the start): the window is read again. A state
+        with ``"until": e`` (a pass's end, which the loader adds) reads epochs before ``e``
+        only: ``next()`` then raises ``StopIteration`` at the end of epoch ``e - 1``."""
         state = self.initial_state() if state is None else _checked(state, self.reader)
+        self._until, self._ended = state.get("until"), False
         self._epoch, self._shard = state["epoch"], state["shard"]
         self._window_number, emitted = state["window"], state["emitted"]
         self._start_epoch(self._epoch)
@@ -184,14 +192,35 @@ class StreamReader:
 
     # -- records ----------------------------------------------------------------------------
     def next(self) -> Any:
+        """The next record; ``StopIteration`` past the end of the pass (``until``)."""
         while self._emitted >= len(self._window):
             self._fill()
         record = self._window[self._permutation[self._emitted]]
         self._emitted += 1
         return record
 
+    def has_next(self) -> bool:
+        """Whether ``next()`` has a record (it may read the next window, as ``next()`` would;
+        the state then names the same place)."""
+        try:
+            while self._emitted >= len(self._window):
+                self._fill()
+        except StopIteration:
+            return False
+        return True
+
+    def last_records(self) -> list:
+        """The records of the window last read, the last handed out first (what a pass that
+        has ended pads its batches with)."""
+        return [self._window[i] for i in self._permutation[::-1].tolist()]
+
     def _fill(self) -> None:
-        """Reads the next window (within one epoch; an epoch's last window may be short)."""
+        """Reads the next window (within one epoch; an epoch's last window may be short);
+        ``StopIteration``, the state unchanged, when the next epoch is ``until``."""
+        if self._ended:
+            raise StopIteration
+        where = (self._window_epoch, self._window_key, self._window_start, self._epoch,
+                 self._window_number, self._shard)
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
             shard = self._current if self._shard < len(self._mine) else None
@@ -209,6 +238,12 @@ class StreamReader:
                 names = [self.stream.shards[i].name for i in self._mine]
                 raise ConfigError(f"stream reader {self.reader}: its shards {names} hold no "
                                   "records; remove empty shards or use fewer readers")
+            if self._until is not None and self._epoch + 1 >= self._until:
+                # the pass is over: the state stays at the last window, all of it handed out
+                (self._window_epoch, self._window_key, self._window_start, self._epoch,
+                 self._window_number, self._shard) = where
+                self._ended = True
+                raise StopIteration
             self._epoch += 1  # the epoch is over: the next one
             self._window_number, self._shard = 0, 0
             self._start_epoch(self._epoch)

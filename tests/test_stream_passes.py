@@ -1,0 +1,169 @@
+"""StreamLoader(num_epochs=n): passes that end (every record n times, padded and masked),
+the same with any worker count, resumed exactly mid-pass and across passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from resume_harness import assert_same_stream, check_resume, take
+from test_stream_loader import (PER_SHARD, SHARDS, STREAMS, generator_stream, jsonl_stream,
+                                keep_not_multiple_of_3, loader_of)
+
+pytestmark = pytest.mark.timeout(180)
+RECORDS = SHARDS * PER_SHARD
+
+
+def uneven_stream(**kw):
+    """4 shards of 40, 3, 50 and 1 records: readers end far apart."""
+    sizes = [40, 3, 50, 1]
+    starts = np.cumsum([0, *sizes])
+    return jl.Stream.from_generator(
+        lambda s: ({"id": i} for i in range(starts[s], starts[s] + sizes[s])), len(sizes), **kw)
+
+
+def counted(batches, key="id"):
+    """Each record's count over ``batches``, the masked rows left out."""
+    ids = np.concatenate([b[key][b["mask"]] for b in batches])
+    return np.bincount(ids)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", list(STREAMS))
+def test_a_pass_holds_every_record_once_and_ends(tmp_path, kind, num_workers):
+    make, transforms = STREAMS[kind]
+    with loader_of(make(tmp_path, shuffle_window=16), transforms, num_workers,
+                   batch_size=7, num_epochs=1) as loader:
+        batches = list(loader)
+        again = list(loader)  # the next pass: the next epoch, reshuffled
+    for one in (batches, again):
+        assert all(b["id"].shape == (7,) and b["mask"].dtype == bool for b in one)
+        counts = counted(one)
+        assert len(counts) == RECORDS and counts.min() == counts.max() == 1
+        assert all(b["mask"].all() for b in one[:-max(1, num_workers)])  # padding at the end
+    assert not all(np.array_equal(a["id"], b["id"]) for a, b in zip(batches, again))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 4])
+def test_readers_done_early_give_masked_batches_until_the_last_is_done(num_workers):
+    with jl.StreamLoader(uneven_stream(shuffle_window=4), batch_size=4, num_epochs=2, seed=3,
+                         num_workers=num_workers, readers_per_process=4, process_index=0,
+                         process_count=1) as loader:
+        batches = list(loader)
+    counts = counted(batches)
+    assert len(counts) == 94 and counts.min() == counts.max() == 2
+    # the pass ends with the batch that holds the last record: its round of 4 steps has one
+    assert batches[-4:] and any(b["mask"].any() for b in batches[-4:])
+    assert sum(not b["mask"].any() for b in batches) > 0  # the short readers' steps
+    padding = [b["id"][~b["mask"]] for b in batches]
+    assert all(np.isin(p, np.concatenate([b["id"][b["mask"]] for b in batches])).all()
+               for p in padding)  # rows that pad repeat a record of the pass
+
+
+def test_the_batches_are_the_same_with_any_worker_count():
+    def run(workers):
+        with jl.StreamLoader(uneven_stream(shuffle_window=5), batch_size=3, num_epochs=1,
+                             transforms=[jl.RandomMap(lambda r, rng: {**r, "u": rng.random()})],
+                             num_workers=workers, readers_per_process=4, process_index=0,
+                             process_count=1) as loader:
+            return take(loader, 60)  # three passes and a part
+    reference = run(0)
+    for workers in (1, 2, 4):
+        assert_same_stream(run(workers), reference, f"{workers} workers")
+
+
+@pytest.mark.parametrize("k", [1, 9, 17, 40, 47])  # mid-pass, a reader done, the last
+def test_resume_mid_pass_and_across_passes_continues_the_same_stream(k):  # step, next pass
+    # 94 records in readers of 41, 3+... : a pass is 4 x 13 = 52 steps of 1
+    for workers, other in ((0, 2), (2, 4), (4, 0)):
+        check_resume(lambda: jl.StreamLoader(
+            uneven_stream(shuffle_window=4), batch_size=4, num_epochs=1, num_workers=workers,
+            readers_per_process=4, process_index=0, process_count=1), total=k + 20, k=k,
+            make_restored=lambda: jl.StreamLoader(
+                uneven_stream(shuffle_window=4), batch_size=4, num_epochs=1,
+                num_workers=other, readers_per_process=4, process_index=0, process_count=1))
+
+
+@pytest.mark.parametrize("kind", ["tar", "compressed jsonl"])
+def test_resume_of_file_streams_in_a_pass(tmp_path, kind):
+    make, transforms = STREAMS[kind]
+    for k in (3, 11):  # a pass of 120 records in 2 readers: 2 x 9 steps of 7
+        check_resume(lambda: loader_of(make(tmp_path, shuffle_window=8), transforms, 2,
+                                       batch_size=7, num_epochs=1), total=k + 12, k=k)
+
+
+def test_a_state_at_the_end_of_a_pass_starts_the_next_pass():
+    def make():
+        return jl.StreamLoader(uneven_stream(shuffle_window=4), batch_size=8, num_epochs=1,
+                               readers_per_process=2, process_index=0, process_count=1)
+    with make() as loader:
+        first, second = list(loader), list(loader)
+        state = None
+    with make() as loader:
+        assert_same_stream(list(loader), first)
+        state = loader.state_dict()
+    assert all(r["ended"] is True for r in state["readers"])
+    with make() as restored:
+        restored.load_state_dict(state)
+        assert_same_stream(list(restored), second)
+
+
+def test_iter_again_mid_pass_finishes_that_pass():
+    with jl.StreamLoader(uneven_stream(), batch_size=5, num_epochs=1, readers_per_process=2,
+                         process_index=0, process_count=1) as loader:
+        it = iter(loader)
+        head = [next(it) for _ in range(4)]
+        rest = list(loader)  # iter() again: the same pass, to its end
+        assert loader.peek()["mask"].all()  # the next pass's first batch
+        nxt = next(iter(loader))
+    counts = counted(head + rest)
+    assert len(counts) == 94 and counts.min() == counts.max() == 1
+    assert nxt["mask"].all()
+
+
+def test_peek_in_a_pass_gives_the_next_batch(tmp_path):
+    with loader_of(jsonl_stream(tmp_path, shuffle_window=4), [], 2, batch_size=7,
+                   num_epochs=1) as loader:
+        it = iter(loader)
+        for _ in range(16):  # into the last, padded batches
+            next(it)
+        peeked = loader.peek()
+        assert_same_stream([peeked], [next(it)])
+        assert not peeked["mask"].all()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_filter_in_a_pass_pads_with_a_record_it_keeps(tmp_path, num_workers):
+    with loader_of(generator_stream(tmp_path, shuffle_window=5),
+                   [jl.Filter(keep_not_multiple_of_3)], num_workers, batch_size=8,
+                   num_epochs=1) as loader:
+        batches = list(loader)
+    counts = counted(batches)
+    kept = np.arange(RECORDS)[np.arange(RECORDS) % 3 != 0]
+    assert np.array_equal(np.nonzero(counts)[0], kept) and counts[kept].max() == 1
+    assert all((b["id"] % 3 != 0).all() for b in batches)  # padding too
+
+
+def test_a_pass_is_refused_where_it_cannot_end_evenly_and_names_the_remedy(tmp_path):
+    with pytest.raises(jl.ConfigError, match=r"num_epochs: a MixedStream has no end"):
+        loader_of(jl.mix([generator_stream(tmp_path), jsonl_stream(tmp_path)], [0.5, 0.5]),
+                  [], num_epochs=1)
+    with pytest.raises(jl.ConfigError, match=r"num_epochs: a PackedStream has no end"):
+        loader_of(jl.PackedStream(generator_stream(tmp_path), "t", 4,
+                                  tokenize=lambda r: {"t": np.arange(3)}), [], num_epochs=1)
+    with pytest.raises(jl.ConfigError, match=r"process_count=2.*last_batch='pad'"):
+        jl.StreamLoader(generator_stream(tmp_path), batch_size=2, num_epochs=1,
+                        process_index=0, process_count=2)
+    with pytest.raises(jl.ConfigError, match=r"num_epochs: expected an int >= 1, got 0"):
+        loader_of(generator_stream(tmp_path), [], num_epochs=0)
+    lines = jl.Stream.from_generator(lambda s: iter(["a", "b"]), shards=1)
+    with jl.StreamLoader(lines, batch_size=2, num_epochs=1, process_index=0,
+                         process_count=1) as loader:
+        with pytest.raises(jl.CollateError, match=r"num_epochs.*adds a 'mask' leaf.*dicts.*"
+                                                  r"Map\(lambda r: \{'record': r\}\)"):
+            next(iter(loader))
+    with jl.StreamLoader(generator_stream(tmp_path), batch_size=2, num_epochs=1,
+                         mask_key="id", process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.CollateError, match=r"already have a key 'id'.*mask_key="):
+            next(iter(loader))
