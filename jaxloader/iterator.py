@@ -64,7 +64,7 @@ class LoaderIterator:
 
     def __init__(self, progress: Progress, start: int, stop: int | None, engine: Engine,
                  put: Callable[[Any], Any] | None, device_prefetch: int,
-                 single_device: bool) -> None:
+                 single_device: bool, ends_before: Callable[[int], bool] | None = None) -> None:
         self._progress = progress
         self._generation = progress.generation
         self._step = start
@@ -73,6 +73,7 @@ class LoaderIterator:
         self._put = put
         self._depth = device_prefetch
         self._single_device = single_device
+        self._ends_before = ends_before  # whether the run ends before a step (a stream's pass)
         self._prefetcher: DevicePrefetcher | None = None
         self._last_return: float | None = None
         self._start_work()
@@ -107,6 +108,10 @@ class LoaderIterator:
                 "DataLoader since it was made; call iter(loader) again"
             )
         if self._stop is not None and self._step >= self._stop:
+            raise StopIteration
+        if self._ends_before is not None and self._ends_before(self._step):
+            self._stop = self._step  # asked once: the same answer on every later call
+            self.stop_work()  # what was made past the end goes
             raise StopIteration
         if self._interrupted:
             # Until the old thread is gone (the first try may itself have been cut short):

@@ -19,7 +19,8 @@ with another count.
 A pass that ends (``num_epochs=n``): ``iter()`` gives each reader the epoch it stops before
 (``"until"`` in the states it resets from: the end of its current epoch plus ``n - 1``, or ``n``
 epochs more once every reader is done); a reader out of records pads its batch (``mask``) and
-its report says ``"ended"``; the run stops once every reader's last batch is handed out.
+its report says ``"ended"``. Before each step the iterator asks whether every reader is done
+(with several processes, all of theirs: an allgather on the consumer's thread), and ends.
 """
 
 
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import copy
 from typing import Any, Callable, Generator, Sequence
+
+import numpy as np
 
 from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError, StateDictError
@@ -63,7 +66,9 @@ class StreamLoader(LoaderLifecycle):
             pass of ``n`` epochs that ends, as a ``DataLoader``'s (an evaluation pass: every
             record ``n`` times). Every batch then has ``batch_size`` rows and a bool leaf
             ``batch[mask_key]``, True on records, False on the rows that pad a reader's last
-            batch (and the batches of a reader done before the others). One process only.
+            batch (and the batches of a reader done before the others). With several
+            processes each ``next()`` of a pass agrees on the end with the others (an
+            allgather through ``jax.distributed``), so all hosts take the same steps.
         mask_key: the name of that leaf (records must be dicts).
 
     Example:
@@ -186,8 +191,21 @@ class StreamLoader(LoaderLifecycle):
         put = self._putter
         self._active = LoaderIterator(self._progress, self._progress.step, None, _Runs(self), put,
                                       self._options.device_prefetch,
-                                      single_device=put is not None and put.single_device)
+                                      single_device=put is not None and put.single_device,
+                                      ends_before=None if self._until is None else self._ends)
         return self._active
+
+    def _ends(self, step: int) -> bool:
+        """Whether the pass ends before ``step``: every reader of every process has handed
+        out its last record (asked on the consumer's thread, where a collective is safe;
+        each process asks at every step of a pass, so they ask alike)."""
+        assert self._until is not None
+        done = all(_done(self._states_at(step), self._until))
+        if self.process_count == 1:
+            return done
+        from jax.experimental import multihost_utils
+
+        return bool(np.all(multihost_utils.process_allgather(np.array(done))))
 
     def peek(self) -> Any:
         """The batch the next ``next()`` gives, made in this process; the position stays."""
@@ -284,10 +302,7 @@ class _Runs:
         # thread may still be filing one; it would file the same state, runs being pure).
         for step in [s for s in list(loader._reports) if s >= start]:
             loader._reports.pop(step, None)
-        run = loader._engine.batches(start, stop, resets, loader._reports)
-        if loader._until is None:
-            return run
-        return _to_the_end(run, start, _done(states, loader._until), loader._reports)
+        return loader._engine.batches(start, stop, resets, loader._reports)
 
     def close(self) -> None:
         self._loader._engine.close()
@@ -301,12 +316,15 @@ def _check_pass(stream: Any, process_count: int) -> None:
             "components wrap as the weights ask; packed rows span records); leave num_epochs "
             "None and loop for a number of steps, or pass the plain Stream")
     if process_count > 1:
-        raise ConfigError(
-            f"num_epochs: a pass that ends is for one process, got process_count="
-            f"{process_count}; the hosts' readers would end at different steps, and a host "
-            "that stopped would leave the others waiting in a collective. Read a held-out "
-            "set into a list and use jl.DataLoader(records, batch_size=..., last_batch='pad') "
-            "(every record once, the same steps on every host)")
+        import jax
+
+        if jax.process_count() != process_count:
+            raise ConfigError(
+                f"num_epochs: the processes of a pass agree on its end through JAX (their "
+                f"readers end at different steps), but process_count={process_count} and JAX "
+                f"runs {jax.process_count()}; call jax.distributed.initialize() first, or read "
+                "a held-out set into a list and use jl.DataLoader(records, batch_size=..., "
+                "last_batch='pad')")
 
 
 def _pass_ends(states: list[dict], num_epochs: int) -> list[int]:
@@ -325,21 +343,6 @@ def _done(states: list[dict], ends: list[int]) -> list[bool]:
 def _until(states: list[dict], ends: list[int]) -> list[dict]:
     """The readers' states, each told the epoch its pass stops before."""
     return [{**s, "until": end} for s, end in zip(states, ends)]
-
-
-def _to_the_end(run: Generator[Any, None, None], start: int, ended: list[bool],
-                reports: dict) -> Generator[Any, None, None]:
-    """``run``'s batches until every reader of the pass is done (step ``s`` is reader
-    ``s % K``'s; each batch's report says whether its reader has a record left)."""
-    step = start
-    try:
-        while not all(ended):
-            batch = next(run)
-            ended[step % len(ended)] = bool(reports[step].get("ended"))
-            step += 1
-            yield batch
-    finally:
-        run.close()  # the workers' read-ahead past the end: slots back
 
 
 class _InProcess:

@@ -3,10 +3,14 @@ the same with any worker count, resumed exactly mid-pass and across passes."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 
 import jaxloader as jl
+from launch import run_hosts
 from resume_harness import assert_same_stream, check_resume, take
 from test_stream_loader import (PER_SHARD, SHARDS, STREAMS, generator_stream, jsonl_stream,
                                 keep_not_multiple_of_3, loader_of)
@@ -152,7 +156,8 @@ def test_a_pass_is_refused_where_it_cannot_end_evenly_and_names_the_remedy(tmp_p
     with pytest.raises(jl.ConfigError, match=r"num_epochs: a PackedStream has no end"):
         loader_of(jl.PackedStream(generator_stream(tmp_path), "t", 4,
                                   tokenize=lambda r: {"t": np.arange(3)}), [], num_epochs=1)
-    with pytest.raises(jl.ConfigError, match=r"process_count=2.*last_batch='pad'"):
+    with pytest.raises(jl.ConfigError, match=r"process_count=2 and JAX runs 1; call "
+                                             r"jax.distributed.initialize\(\) first"):
         jl.StreamLoader(generator_stream(tmp_path), batch_size=2, num_epochs=1,
                         process_index=0, process_count=2)
     with pytest.raises(jl.ConfigError, match=r"num_epochs: expected an int >= 1, got 0"):
@@ -167,3 +172,19 @@ def test_a_pass_is_refused_where_it_cannot_end_evenly_and_names_the_remedy(tmp_p
                          mask_key="id", process_index=0, process_count=1) as loader:
         with pytest.raises(jl.CollateError, match=r"already have a key 'id'.*mask_key="):
             next(iter(loader))
+
+
+def test_two_hosts_end_each_pass_at_the_same_step(tmp_path):
+    # jax.distributed on the CPU backend: host 0's readers hold 45 records, host 1's 63, and
+    # each step runs a collective; without agreeing, host 0 would stop first and leave host 1
+    # waiting in it (the test's timeout)
+    here = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
+              ["{port}", str(tmp_path), "2"], env={"PYTHONPATH": pythonpath}, timeout=150)
+    hosts = [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+    for p in range(2):
+        # reader 3's 60 records are 15 batches, one every 2 steps: 30 steps on both hosts
+        assert hosts[0][p]["steps"] == hosts[1][p]["steps"] == 30
+        assert sorted(hosts[0][p]["ids"]) == list(range(45))
+        assert sorted(hosts[1][p]["ids"]) == list(range(45, 108))

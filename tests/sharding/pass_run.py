@@ -1,0 +1,42 @@
+"""One host of a two-host pass over a stream (started by test_stream_passes.py).
+
+Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES
+
+Each host reads its own readers' shards (uneven: host 1's end far later than host 0's) with
+``num_epochs=1`` and runs a collective every step, as a training or evaluation step would; a
+host that stopped before the other would leave it waiting there. Writes each pass's records.
+"""
+
+import json
+import sys
+
+import jax
+
+process_id, port, out_dir, passes = sys.argv[1:5]
+jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
+                           process_id=int(process_id))
+
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+import jaxloader as jl  # noqa: E402
+
+SIZES = [5, 40, 3, 60]  # readers 0, 1 on host 0; 2, 3 on host 1 (no shard shuffle)
+STARTS = np.cumsum([0, *SIZES])
+stream = jl.Stream.from_generator(
+    lambda s: ({"id": i} for i in range(STARTS[s], STARTS[s] + SIZES[s])), len(SIZES),
+    shuffle_shards=False, shuffle_window=4)
+out = []
+with jl.StreamLoader(stream, batch_size=4, num_epochs=1, num_workers=2) as loader:
+    assert loader.process_count == 2
+    for _ in range(int(passes)):
+        steps, ids = 0, []
+        for batch in loader:
+            total = multihost_utils.process_allgather(batch["mask"].sum())  # the collective
+            steps += 1
+            ids += batch["id"][batch["mask"]].tolist()
+            assert total.shape == (2,)
+        out.append({"steps": steps, "ids": ids})
+with open(f"{out_dir}/pass_{process_id}.json", "w") as f:
+    json.dump(out, f)
+print("done", process_id)
