@@ -174,13 +174,18 @@ class StreamLoader(LoaderLifecycle):
         return self._options.num_epochs
 
     def _states_at(self, step: int) -> list[dict]:
-        """Each reader's state once the batches before ``step`` are handed out."""
+        """Each reader's state once the batches before ``step`` are handed out (copies)."""
+        return [copy.deepcopy(s) for s in self._fold(step)]
+
+    def _fold(self, step: int) -> list[dict]:
+        """The readers' states as of ``step``, the reports before it filed in (not copies:
+        read them only)."""
         for s in range(self._base_step, step):
             report = self._reports.pop(s, None)
             if report is not None:
                 self._base[s % self._readers] = report
         self._base_step = max(self._base_step, step)
-        return [copy.deepcopy(s) for s in self._base]
+        return self._base
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator:
@@ -200,7 +205,7 @@ class StreamLoader(LoaderLifecycle):
         out its last record (asked on the consumer's thread, where a collective is safe;
         each process asks at every step of a pass, so they ask alike)."""
         assert self._until is not None
-        done = all(_done(self._states_at(step), self._until))
+        done = all(_done(self._fold(step), self._until))
         if self.process_count == 1:
             return done
         from jax.experimental import multihost_utils
