@@ -22,6 +22,12 @@ num_workers=2)``: records/s against the plain files and against 2 bare processes
 reading and parsing a whole shard of the same files (the ceiling), and the seconds from
 ``load_state_dict`` of a state in the middle of every shard to the first batch (a
 compressed shard is read from its start up to the state's offset).
+
+``--only passes``: the plain JSON lines shards read by an endless ``StreamLoader`` and by one
+whose ``iter()`` is a pass that ends (``num_epochs=1``: every batch carries a mask, a reader
+checks for its next record after each batch, ``next()`` asks whether every reader is done),
+in process and with 2 workers: records/s over the same stretch, and over whole passes (the
+last, padded batches included, records counted by the mask).
 """
 
 from __future__ import annotations
@@ -296,6 +302,55 @@ def compressed(args: argparse.Namespace, work: str) -> None:
                                                "ceiling": ceilings, "mib": sizes}))
 
 
+def passes(args: argparse.Namespace, work: str) -> None:
+    """An endless loader against passes that end, the same shards, taking turns."""
+    shards, per_shard = max(WORKERS, args.shards // 10), args.per_shard * 10
+    paths = write_jsonl(work, shards, per_shard, "")
+    real = lambda batch: int(batch["mask"].sum())  # noqa: E731 - records, not padding
+
+    def make(workers: int, num_epochs: int | None) -> Callable[[], Any]:
+        return lambda: jl.StreamLoader(jl.Stream.jsonl(paths, shuffle_window=256),
+                                       batch_size=BATCH, num_workers=workers,
+                                       num_epochs=num_epochs, transforms=[jl.Map(text_length)],
+                                       readers_per_process=WORKERS, process_index=0,
+                                       process_count=1)
+
+    def whole_pass(workers: int) -> float:
+        loader = make(workers, 1)()
+        try:
+            next(iter(loader))  # the workers started; the rest of the pass is timed
+            start, rows = time.perf_counter(), 0
+            for batch in loader:
+                rows += real(batch)
+            return rows / (time.perf_counter() - start)
+        finally:
+            loader.close()
+
+    cases: dict[str, Callable[[], float]] = {}
+    for workers in (0, WORKERS):
+        where = "in process" if workers == 0 else f"{workers} workers"
+        cases[f"endless, {where}"] = functools.partial(rate, make(workers, None), args.batches)
+        cases[f"pass (num_epochs=1), {where}"] = functools.partial(
+            rate, make(workers, 1), args.batches, count=real)
+        cases[f"pass, the rest of a whole pass, {where}"] = functools.partial(whole_pass, workers)
+    rates: dict = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rates[name].append(cases[name]())
+    medians = {name: statistics.median(v) for name, v in rates.items()}
+    print(f"{machine()}; {shards} JSON lines shards x {per_shard} records, batch {BATCH}, "
+          f"{args.rounds} rounds")
+    rows = []
+    for name, v in medians.items():  # ratios within a round: this machine's speed drifts
+        endless = rates[f"endless, {name.rsplit(', ', 1)[1]}"]
+        ratios = [a / b for a, b in zip(rates[name], endless)]
+        rows.append((name, f"{v:,.0f}", f"{statistics.median(ratios):.2f}x "
+                     f"({min(ratios):.2f}-{max(ratios):.2f})"))
+    print(table(rows, ("loader", "records/s (median)", "vs endless (a round's; range)")))
+    print("saved", save("stream_passes", {"machine": machine(), "rates": rates}))
+
+
 def byte_tokens(record: dict) -> dict:
     """A record's text as tokens: its UTF-8 bytes (a stand-in for a tokenizer), repeated or cut
     to a long-tailed length fixed by its id (lognormal, median ~300, at most 8,192), as
@@ -368,8 +423,8 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", default="tar,compressed,packed",
-                        help="comma-separated subset of: tar, compressed, packed")
+    parser.add_argument("--only", default="tar,compressed,packed,passes",
+                        help="comma-separated subset of: tar, compressed, packed, passes")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_streams_")
     try:
@@ -379,6 +434,8 @@ def main() -> None:
             compressed(args, work)
         if "packed" in args.only.split(","):
             packed(args, work)
+        if "passes" in args.only.split(","):
+            passes(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # ~400 MB of shards
 

@@ -23,7 +23,6 @@ its report says ``"ended"``. Before each step the iterator asks whether every re
 (with several processes, all of theirs: an allgather on the consumer's thread), and ends.
 """
 
-
 from __future__ import annotations
 
 import copy
