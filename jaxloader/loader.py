@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Never, Sequence
 
+import numpy as np
+
 from jaxloader.engine import Engine, InProcessEngine
 from jaxloader.fingerprint import source_fingerprint
 from jaxloader.iterator import LoaderIterator, Progress
@@ -23,6 +25,7 @@ from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
 from jaxloader.peer_arguments import refuse
 from jaxloader.pipeline import BatchMaker
+from jaxloader.checks import MASK64, check_int
 from jaxloader.errors import ConfigError
 from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.mixture import Mixture, MixtureSampler
@@ -239,6 +242,12 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: boo
                  seed: int, last_batch: str, process_index: int, process_count: int,
                  num_workers: int) -> Order:
     """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
+    seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+    if not (shuffle is None or isinstance(shuffle, (bool, np.bool_, LocalShuffle))):
+        raise ConfigError(
+            f"shuffle: expected True, False or jl.LocalShuffle(window=...), got "
+            f"{type(shuffle).__name__} {shuffle!r}; True shuffles every record, LocalShuffle "
+            "reads blocks of neighbours (files)")
     if isinstance(source, Mixture):  # each component in its own order (LocalShuffle too)
         return MixtureSampler(source, batch_size, shuffle=shuffle, seed=seed,
                               last_batch=last_batch, process_index=process_index,

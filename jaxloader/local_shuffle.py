@@ -54,10 +54,12 @@ class LocalShuffle:
     block_size: int | None = None
 
     def __post_init__(self) -> None:
-        check_int("LocalShuffle(window)", self.window, low=1, remedy="blocks shuffled together")
+        object.__setattr__(self, "window", check_int(  # (frozen; a NumPy int as a Python int)
+            "LocalShuffle(window)", self.window, low=1, remedy="blocks shuffled together"))
         if self.block_size is not None:
-            check_int("LocalShuffle(block_size)", self.block_size, low=1,
-                      remedy="records a block, or None for the source's own blocks")
+            object.__setattr__(self, "block_size", check_int(
+                "LocalShuffle(block_size)", self.block_size, low=1,
+                remedy="records a block, or None for the source's own blocks"))
 
     def block_starts(self, source: object, num_records: int) -> np.ndarray:
         """Where each block starts, and ``num_records`` last."""

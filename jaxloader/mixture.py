@@ -244,11 +244,14 @@ class MixtureSampler:
         order. ``memo_stride``: the steps of a span are memoised in ``memo_stride`` classes
         (``step % memo_stride``), computed when first asked for: with ``N`` workers, worker
         ``s % N`` usually makes step ``s`` (the pool prefers it), so each computes its own."""
-        check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
-        check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
-        check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
-        check_int("process_index", process_index, low=0, high=process_count - 1,
-                  remedy=f"use an index in [0, {process_count})")
+        batch_size = check_int("batch_size", batch_size, low=1,
+                               remedy="pass a positive batch size per process")
+        seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        process_count = check_int("process_count", process_count, low=1,
+                                  remedy="leave it None to use jax's")
+        process_index = check_int("process_index", process_index, low=0,
+                                  high=process_count - 1,
+                                  remedy=f"use an index in [0, {process_count})")
         if last_batch not in LAST_BATCH_POLICIES:
             raise ConfigError(f"last_batch: expected one of {LAST_BATCH_POLICIES}, got "
                               f"{last_batch!r}")

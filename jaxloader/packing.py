@@ -158,7 +158,8 @@ class PackedSource:
 def _row_lengths(length: Any, keys: list[str]) -> np.ndarray:
     wanted = length if isinstance(length, Mapping) else {k: length for k in keys}
     if sorted(wanted) != sorted(keys) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in wanted.values()):
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+            for v in wanted.values()):
         raise ConfigError(f"PackedSource(length=...): expected a row length >= 1 (an int, or "
                           f"{{key: int}} for keys {keys}), got {length!r}")
     return np.array([wanted[k] for k in keys], np.int64)

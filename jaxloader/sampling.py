@@ -270,11 +270,15 @@ class Sampler:
         indices are memoised for a chunk of steps in classes ``step % memo_stride``, each
         computed when first asked for (with ``N`` workers, worker ``s % N`` usually makes
         step ``s``, so each computes its own)."""
-        check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
-        check_int("num_records", num_records, low=1, remedy="the source is empty: give it records")
-        check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
-        check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
-        check_int(
+        # (as Python ints: a NumPy integer overflows in the seed's arithmetic, and is not JSON)
+        batch_size = check_int("batch_size", batch_size, low=1,
+                               remedy="pass a positive batch size per process")
+        num_records = check_int("num_records", num_records, low=1,
+                                remedy="the source is empty: give it records")
+        seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        process_count = check_int("process_count", process_count, low=1,
+                                  remedy="leave it None to use jax's")
+        process_index = check_int(
             "process_index", process_index, low=0, high=process_count - 1,
             remedy=f"use an index in [0, {process_count}) (process_count={process_count})",
         )

@@ -100,16 +100,19 @@ class StreamLoader(LoaderLifecycle):
                     "Stream.from_generator(make, shards=n), for files Stream.jsonl/text/tar"
                 )
             stream = Stream(stream)
-        check_int("batch_size", batch_size, low=1, remedy="pass a positive batch size per process")
-        check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        batch_size = check_int("batch_size", batch_size, low=1,
+                               remedy="pass a positive batch size per process")
+        seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         if process_index is None or process_count is None:
             import jax
 
             process_index = jax.process_index() if process_index is None else process_index
             process_count = jax.process_count() if process_count is None else process_count
-        check_int("process_count", process_count, low=1, remedy="leave it None to use jax's")
-        check_int("process_index", process_index, low=0, high=process_count - 1,
-                  remedy=f"use an index in [0, {process_count})")
+        process_count = check_int("process_count", process_count, low=1,
+                                  remedy="leave it None to use jax's")
+        process_index = check_int("process_index", process_index, low=0,
+                                  high=process_count - 1,
+                                  remedy=f"use an index in [0, {process_count})")
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
         if num_epochs is not None:
@@ -117,9 +120,9 @@ class StreamLoader(LoaderLifecycle):
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream = stream
         hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
-        self._readers = hosts if readers_per_process is None else readers_per_process
-        check_int("readers_per_process", self._readers, low=1,
-                  remedy="readers a process, a multiple of num_workers, e.g. 8")
+        self._readers = check_int(
+            "readers_per_process", hosts if readers_per_process is None else readers_per_process,
+            low=1, remedy="readers a process, a multiple of num_workers, e.g. 8")
         if self._readers % hosts:
             raise ConfigError(
                 f"readers_per_process: expected a multiple of num_workers ({num_workers}), got "

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import jaxloader as jl
 from jaxloader.errors import RecordError, StateDictError
+from resume_harness import assert_same_stream
 
 
 def source(n=10):
@@ -231,3 +234,42 @@ def test_peek_shows_the_next_batch_and_leaves_the_stream_unchanged(num_workers):
         assert np.array_equal(loader.peek()["x"], want[1]) and loader.step == 1
         got += [b["x"].copy() for b in it]
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_numpy_integers_as_arguments_give_the_same_batches_and_a_json_state():
+    # a config read from arrays, a seed from np.random: np.int64 overflowed in the seed's
+    # arithmetic (OverflowError) and put np.int64 into the state (json.dumps failed)
+    src = jl.ArraySource({"x": np.arange(100)})
+    ragged = jl.RaggedSource({"t": (np.arange(50), np.arange(0, 51, 5))})
+
+    def run(i):
+        made = [
+            jl.DataLoader(src, batch_size=i(4), shuffle=True, seed=i(3), num_epochs=i(1),
+                          process_index=i(0), process_count=i(1)),
+            jl.DataLoader(src, batch_size=4, shuffle=jl.LocalShuffle(window=i(2),
+                                                                     block_size=i(10)),
+                          seed=i(1), process_index=0, process_count=1),
+            jl.DataLoader(jl.mix([src, src], [0.5, 0.5]), batch_size=i(4), seed=i(2),
+                          process_index=0, process_count=1),
+            jl.DataLoader(jl.PackedSource(ragged, "t", i(8)), batch_size=2, seed=i(2),
+                          process_index=0, process_count=1),
+        ]
+        out = []
+        for loader in made:
+            with loader:
+                batches = [next(iter(loader)) for _ in range(2)]
+                out.append((batches, json.loads(json.dumps(loader.state_dict()))))
+        return out
+    for (a, state_a), (b, state_b) in zip(run(np.int64), run(int)):
+        assert_same_stream(a, b)
+        assert state_a == state_b
+
+
+def test_shuffle_takes_a_bool_or_a_local_shuffle_and_names_them_otherwise():
+    for bad in ("yes", 1, "local"):
+        with pytest.raises(jl.ConfigError, match=r"shuffle: expected True, False or "
+                                                 r"jl.LocalShuffle\(window=...\), got"):
+            loader(shuffle=bad)
+    for good in (True, np.bool_(True), None, jl.LocalShuffle(window=2, block_size=2)):
+        with loader(shuffle=good) as ok:  # None: PyTorch's default, no shuffle
+            assert len(next(iter(ok))["x"]) == 4

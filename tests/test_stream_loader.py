@@ -333,3 +333,25 @@ def test_readers_in_one_process_reading_one_shard_at_once_do_not_share_its_place
     assert len(counts) == 94 and counts.min() >= 1  # every record, some readers ahead
     for workers in (0, 2):
         assert_same_stream(run(workers), reference, f"{workers} workers")
+
+
+def test_numpy_integers_as_arguments_give_the_same_stream_and_a_json_state(tmp_path):
+    def run(i):
+        out = []
+        for kw in ({}, {"num_epochs": i(1), "readers_per_process": i(2)}):
+            stream = jl.Stream.from_generator(
+                lambda s: ({"id": j} for j in range(s * 10, s * 10 + 10)), shards=i(2),
+                shuffle_window=i(3))
+            with jl.StreamLoader(stream, batch_size=i(4), seed=i(3), num_workers=i(1),
+                                 process_index=i(0), process_count=i(1), **kw) as loader:
+                batches = [{k: v.copy() for k, v in b.items()} for b in take(loader, 3)]
+                out.append((batches, json.loads(json.dumps(loader.state_dict()))))
+        packed = jl.PackedStream(generator_stream(tmp_path), "t", i(4), method="best_fit",
+                                 bins=i(2), window=i(3),
+                                 tokenize=lambda r: {"t": np.arange(1 + r["id"] % 3)})
+        with jl.StreamLoader(packed, batch_size=2, process_index=0, process_count=1) as loader:
+            out.append((take(loader, 2), json.loads(json.dumps(loader.state_dict()))))
+        return out
+    for (a, state_a), (b, state_b) in zip(run(np.int64), run(int)):
+        assert_same_stream(a, b)
+        assert state_a == state_b

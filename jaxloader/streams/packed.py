@@ -89,7 +89,7 @@ class PackedStream:
         if not isinstance(key, str):
             raise ConfigError(f"PackedStream(key): expected the name of the token field (a "
                               f"str), got {key!r}")
-        check_int("PackedStream(length)", length, low=1, remedy="tokens a row, e.g. 2048")
+        length = check_int("PackedStream(length)", length, low=1, remedy="tokens a row, e.g. 2048")
         if tokenize is not None and not callable(tokenize):
             raise ConfigError(f"PackedStream(tokenize): expected a function of a record, got "
                               f"{type(tokenize).__name__}")
@@ -99,9 +99,9 @@ class PackedStream:
         if method not in packing_plan.METHODS:
             raise ConfigError(f"PackedStream(method): expected one of {packing_plan.METHODS}, "
                               f"got {method!r}")
-        check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
-        check_int("PackedStream(window)", window, low=1,
-                  remedy="records packed together, e.g. 1000")
+        bins = check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
+        window = check_int("PackedStream(window)", window, low=1,
+                           remedy="records packed together, e.g. 1000")
         if overlong not in packing_plan.OVERLONG:
             raise ConfigError(
                 f"PackedStream(overlong): expected one of {packing_plan.OVERLONG}, got "

@@ -71,8 +71,8 @@ class Stream:
                     f"get_state(), name), got {type(shard).__name__}; wrap an iterable in "
                     "IterableShard(lambda: ...), or use Stream.jsonl/text/tar/from_generator"
                 )
-        check_int("Stream(shuffle_window)", shuffle_window, low=0,
-                  remedy="records permuted together; 0 keeps the shards' order")
+        shuffle_window = check_int("Stream(shuffle_window)", shuffle_window, low=0,
+                                   remedy="records permuted together; 0 keeps the shards' order")
         self.shards = shards
         self.shuffle_window = max(1, shuffle_window)
         self.shuffle_shards = shuffle_shards
@@ -105,8 +105,8 @@ class Stream:
                        **kwargs: Any) -> "Stream":
         """``shards`` shards, shard ``i`` reading ``make(i)`` (a generator function of the
         shard number); resumed by skipping the records already read."""
-        check_int("Stream.from_generator(shards)", shards, low=1,
-                  remedy="one shard per independent part of the generator")
+        shards = check_int("Stream.from_generator(shards)", shards, low=1,
+                           remedy="one shard per independent part of the generator")
         name = getattr(make, "__qualname__", "generator")
         return cls([IterableShard(_Bound(make, i), name=f"{name}[{i}]") for i in range(shards)],
                    **kwargs)
