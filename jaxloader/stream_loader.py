@@ -36,6 +36,7 @@ from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
 from jaxloader.streams.maker import StreamBatchMaker
+from jaxloader.streams import passes
 from jaxloader.streams.mixed import MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream
@@ -116,7 +117,7 @@ class StreamLoader(LoaderLifecycle):
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
         if num_epochs is not None:
-            _check_pass(stream, process_count)
+            passes.check(stream, process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream = stream
         hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
@@ -194,7 +195,7 @@ class StreamLoader(LoaderLifecycle):
         self._progress.check()
         self._invalidate()
         if self.num_epochs is not None:
-            self._until = _pass_ends(self._states_at(self._progress.step), self.num_epochs)
+            self._until = passes.ends(self._states_at(self._progress.step), self.num_epochs)
         put = self._putter
         self._active = LoaderIterator(self._progress, self._progress.step, None, _Runs(self), put,
                                       self._options.device_prefetch,
@@ -207,7 +208,7 @@ class StreamLoader(LoaderLifecycle):
         out its last record (asked on the consumer's thread, where a collective is safe;
         each process asks at every step of a pass, so they ask alike)."""
         assert self._until is not None
-        done = all(_done(self._fold(step), self._until))
+        done = all(passes.done(self._fold(step), self._until))
         if self.process_count == 1:
             return done
         from jax.experimental import multihost_utils
@@ -222,9 +223,9 @@ class StreamLoader(LoaderLifecycle):
         states = self._states_at(step)
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
             ends = self._until
-            if ends is None or all(_done(states, ends)):
-                ends = _pass_ends(states, self.num_epochs)
-            states = _until(states, ends)
+            if ends is None or all(passes.done(states, ends)):
+                ends = passes.ends(states, self.num_epochs)
+            states = passes.told(states, ends)
         maker.reset(states[step % self._readers])
         batch, _ = maker.make(step)
         return batch if self._putter is None else self._putter(batch)
@@ -302,7 +303,7 @@ class _Runs:
         loader = self._loader
         states = loader._states_at(start)
         if loader._until is not None:
-            states = _until(states, loader._until)
+            states = passes.told(states, loader._until)
         hosts = max(1, loader.num_workers)  # host w: readers w, w + W, ... (W divides K)
         resets: list = [states[w::hosts] for w in range(hosts)]
         # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
@@ -313,43 +314,6 @@ class _Runs:
 
     def close(self) -> None:
         self._loader._engine.close()
-
-
-def _check_pass(stream: Any, process_count: int) -> None:
-    """Refuses a pass that ends (``num_epochs``) where it has no end, or would end unevenly."""
-    if isinstance(stream, (MixedStream, PackedStream)):
-        raise ConfigError(
-            f"num_epochs: a {type(stream).__name__} has no end of its own (a mixture's "
-            "components wrap as the weights ask; packed rows span records); leave num_epochs "
-            "None and loop for a number of steps, or pass the plain Stream")
-    if process_count > 1:
-        import jax
-
-        if jax.process_count() != process_count:
-            raise ConfigError(
-                f"num_epochs: the processes of a pass agree on its end through JAX (their "
-                f"readers end at different steps), but process_count={process_count} and JAX "
-                f"runs {jax.process_count()}; call jax.distributed.initialize() first, or read "
-                "a held-out set into a list and use jl.DataLoader(records, batch_size=..., "
-                "last_batch='pad')")
-
-
-def _pass_ends(states: list[dict], num_epochs: int) -> list[int]:
-    """The epoch each reader's pass stops before: a pass under way (some reader not done)
-    goes to the end of each reader's epoch plus ``num_epochs - 1``; once every reader is
-    done, the next pass reads the ``num_epochs`` epochs after theirs."""
-    done = all(s.get("ended") is True for s in states)
-    return [s["epoch"] + num_epochs + done for s in states]
-
-
-def _done(states: list[dict], ends: list[int]) -> list[bool]:
-    """Whether each reader has handed out its last epoch before its pass's end."""
-    return [s.get("ended") is True and s["epoch"] + 1 >= end for s, end in zip(states, ends)]
-
-
-def _until(states: list[dict], ends: list[int]) -> list[dict]:
-    """The readers' states, each told the epoch its pass stops before."""
-    return [{**s, "until": end} for s, end in zip(states, ends)]
 
 
 class _InProcess:

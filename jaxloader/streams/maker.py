@@ -5,8 +5,9 @@
     reset(states) ──> the readers hosted here continue from their states (or the first's start)
     make(step, alloc) ──> records = reader s % K .next() x batch_size ──> Map / RandomMap
                           (a Filter drops a record: the next one is read in its place)
+                          [a pass that ends: padded to batch_size, + a mask leaf]
                           ──> collate (into alloc: a worker's shared-memory slot) ──> BatchMap
-    report() ──> the reader's state after the batch just made (JSON)
+    report() ──> the reader's state after the batch just made (JSON; in a pass, + "ended")
 
 Step ``s`` of a process is made by its reader ``s % K`` (``K`` readers a process:
 ``readers_per_process``, by default ``max(1, num_workers)``), as that reader's ``s // K``-th
@@ -127,46 +128,40 @@ class StreamBatchMaker:
         if self._reader is None:  # (the loader routes a step to the worker hosting its reader)
             raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
                                  f"{sorted(self._hosted)} of this process, not its")
-        if self.mask_key is not None:
-            return self._make_in_pass(step, alloc)
-        if self._filters:
-            records = self._filtered(step)
-        else:
-            records = [self._reader.next() for _ in range(self.batch_size)]
-            if self._steps:
-                records = [self._transform(step, row, record)
-                           for row, record in enumerate(records)]
-        treedef, columns = collate.record_columns(records)
-        return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
-                            lambda: self.location(step), alloc)
-
-    def _make_in_pass(self, step: int, alloc: Callable[[int], Any] | None) -> tuple[Any, Any]:
-        """A batch of a pass that ends: the records left (up to ``batch_size``), then rows
-        that repeat a padding record, and the leaf ``mask_key`` True on the records."""
-        assert self._reader is not None and self.mask_key is not None
         records = self._filtered(step) if self._filters else self._taken(step)
-        real = len(records)
-        if real < self.batch_size:
-            records += [self._padding(step, real)] * (self.batch_size - real)
-        self._ended = not self._reader.has_next()
-        valid = np.zeros(self.batch_size, bool)
-        valid[:real] = True
-        treedef, columns = collate.record_columns(records)
-        treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
-                                            "StreamLoader(num_epochs=...)")
+        treedef, columns = collate.record_columns(self._padded(step, records))
+        if self.mask_key is not None:  # a pass that ends: True on the records
+            valid = np.arange(self.batch_size) < len(records)
+            treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
+                                                "StreamLoader(num_epochs=...)")
         return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
                             lambda: self.location(step), alloc)
 
     def _taken(self, step: int) -> list:
-        """Up to ``batch_size`` records of the pass, transformed (fewer at its end)."""
+        """``batch_size`` records, transformed (fewer at the end of a pass: its reader's
+        ``next()`` raises ``StopIteration`` there, an endless one never)."""
         assert self._reader is not None
-        records = []
-        for row in range(self.batch_size):
-            try:
-                record = self._reader.next()
-            except StopIteration:
-                break
-            records.append(self._transform(step, row, record) if self._steps else record)
+        records: list = []
+        take, keep = self._reader.next, records.append
+        try:
+            for _ in range(self.batch_size):
+                keep(take())
+        except StopIteration:
+            pass
+        if self._steps:
+            records = [self._transform(step, row, record) for row, record in enumerate(records)]
+        return records
+
+    def _padded(self, step: int, records: list) -> list:
+        """In a pass that ends, ``records`` filled up to ``batch_size`` with a padding record,
+        and whether the reader is done noted for the report; otherwise ``records``."""
+        if self.mask_key is None:
+            return records
+        assert self._reader is not None
+        real = len(records)
+        if real < self.batch_size:
+            records = records + [self._padding(step, real)] * (self.batch_size - real)
+        self._ended = not self._reader.has_next()
         return records
 
     def _padding(self, step: int, row: int) -> Any:
@@ -191,9 +186,7 @@ class StreamBatchMaker:
         while len(out) < self.batch_size:
             try:
                 raw = self._reader.next()
-            except StopIteration:  # a pass that ends: the rest of the batch is padding
-                if self.mask_key is None:
-                    raise
+            except StopIteration:  # the end of a pass: the rest of the batch is padding
                 break
             record = self._transform(step, len(out), raw, dropped)
             if record is not _DROPPED:

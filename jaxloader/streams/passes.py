@@ -1,0 +1,59 @@
+"""Passes over a stream that end (``StreamLoader(num_epochs=n)``): where each reader stops,
+and whether it is done, from the readers' states.
+
+A reader's state in a pass carries ``"ended"`` (its report: no record left in the pass); the
+loader tells each reader the epoch it stops before (``"until"``, in the state it resets from).
+
+Example:
+    >>> states = [{"epoch": 0, "ended": True}, {"epoch": 0, "ended": False}]
+    >>> ends(states, 1), done(states, ends(states, 1))  # a pass under way: to the epoch's end
+    ([1, 1], [True, False])
+    >>> ends([{"epoch": 0, "ended": True}] * 2, 1)  # every reader done: the next pass
+    [2, 2]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxloader.errors import ConfigError
+from jaxloader.streams.mixed import MixedStream
+from jaxloader.streams.packed import PackedStream
+
+
+def check(stream: Any, process_count: int) -> None:
+    """Refuses a pass that ends (``num_epochs``) where it has no end, or would end unevenly."""
+    if isinstance(stream, (MixedStream, PackedStream)):
+        raise ConfigError(
+            f"num_epochs: a {type(stream).__name__} has no end of its own (a mixture's "
+            "components wrap as the weights ask; packed rows span records); leave num_epochs "
+            "None and loop for a number of steps, or pass the plain Stream")
+    if process_count > 1:
+        import jax
+
+        if jax.process_count() != process_count:
+            raise ConfigError(
+                f"num_epochs: the processes of a pass agree on its end through JAX (their "
+                f"readers end at different steps), but process_count={process_count} and JAX "
+                f"runs {jax.process_count()}; call jax.distributed.initialize() first, or read "
+                "a held-out set into a list and use jl.DataLoader(records, batch_size=..., "
+                "last_batch='pad')")
+
+
+def ends(states: list[dict], num_epochs: int) -> list[int]:
+    """The epoch each reader's pass stops before: a pass under way (some reader not done)
+    goes to the end of each reader's epoch plus ``num_epochs - 1``; once every reader is
+    done, the next pass reads the ``num_epochs`` epochs after theirs."""
+    new_pass = all(s.get("ended") is True for s in states)
+    return [s["epoch"] + num_epochs + new_pass for s in states]
+
+
+def done(states: list[dict], stops: list[int]) -> list[bool]:
+    """Whether each reader has handed out its last epoch before its pass's end (``stops``,
+    from ``ends``)."""
+    return [s.get("ended") is True and s["epoch"] + 1 >= stop for s, stop in zip(states, stops)]
+
+
+def told(states: list[dict], stops: list[int]) -> list[dict]:
+    """The readers' states, each told the epoch its pass stops before."""
+    return [{**s, "until": stop} for s, stop in zip(states, stops)]
