@@ -105,8 +105,18 @@ _new = tuple.__new__
 
 
 def send(conn: Connection, message: Any) -> None:
-    """Sends one message as one frame."""
-    conn.send_bytes(pickle.dumps((_NUMBER[type(message)], *message), pickle.HIGHEST_PROTOCOL))
+    """Sends one message as one frame. A batch's layout can name a class the user defined in
+    ``__main__`` (a ``namedtuple`` record): a worker's ``__main__`` has no such name, so pickle
+    cannot name it there, and the message goes by ``cloudpickle``, which sends the class by
+    value and which the main process maps back to its own class."""
+    wire = (_NUMBER[type(message)], *message)
+    try:
+        frame = pickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle  # a worker has it imported (its payload came by it)
+
+        frame = cloudpickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
+    conn.send_bytes(frame)
 
 
 def receive(conn: Connection) -> Any:

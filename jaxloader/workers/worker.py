@@ -150,8 +150,13 @@ def serve(conn: Connection) -> None:
                        if spec.offset < 0]
         del batch  # drop the views of the slot before the main process may reuse it
         same = layout == last_layout
+        try:
+            protocol.send(conn, Done(task_id, lease.name, None if same else layout, objects,
+                                     report))
+        except (pickle.PicklingError, AttributeError, TypeError) as e:  # not even by value
+            protocol.send(conn, _failed(task_id, step, e))
+            continue
         last_layout = layout
-        protocol.send(conn, Done(task_id, lease.name, None if same else layout, objects, report))
 
 
 def _failed(task_id: int, step: int | None, e: BaseException) -> Failed:

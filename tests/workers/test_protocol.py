@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+SCRIPT = '''
+import collections
+import numpy as np
+import jaxloader as jl
+
+Point = collections.namedtuple("Point", "x label")  # defined in the script: __main__.Point
+
+
+def to_point(record):
+    return {"point": Point(record["x"] * 2, record["x"] % 3)}
+
+
+if __name__ == "__main__":
+    source = jl.ArraySource({"x": np.arange(8)})
+    for workers in (0, 2):
+        with jl.DataLoader(source, batch_size=4, num_workers=workers,
+                           transforms=[jl.Map(to_point)]) as loader:
+            for batch in loader:
+                point = batch["point"]
+                print(workers, type(point) is Point, point.x.tolist(), point.label.tolist())
+'''
+
+
+def test_a_record_class_defined_in_the_script_comes_back_as_that_class(tmp_path):
+    """A worker's ``__main__`` is not the script, so pickle cannot name ``__main__.Point`` in
+    the batch's layout there (the worker died, reported as "check memory use"); the layout
+    crosses by value, and the main process gets its own ``Point`` back."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.split("\n")
+    assert lines[:2] == ["0 True [0, 2, 4, 6] [0, 1, 2, 0]", "0 True [8, 10, 12, 14] [1, 2, 0, 1]"]
+    assert lines[2:4] == ["2 True [0, 2, 4, 6] [0, 1, 2, 0]", "2 True [8, 10, 12, 14] [1, 2, 0, 1]"]
+
+
+class _LockedShard:
+    """A shard whose state holds a lock: no pickler can send it back."""
+
+    name = "locked"
+
+    def reset(self, state):
+        self.n = 0
+
+    def next(self):
+        self.n += 1
+        return {"x": np.int64(self.n)}
+
+    def get_state(self):
+        return {"n": self.n, "lock": threading.Lock()}
+
+
+def test_a_batch_that_cannot_be_sent_is_reported_with_its_error_not_as_a_death():
+    with jl.StreamLoader(jl.Stream([_LockedShard()]), batch_size=4, num_workers=1) as loader:
+        with pytest.raises(jl.WorkerError, match="cannot pickle '_thread.lock'"):
+            next(iter(loader))
