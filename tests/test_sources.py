@@ -60,6 +60,34 @@ def test_a_tuple_of_columns_passed_as_the_source_gets_the_array_source_hint():
     assert first[0].shape == (4, 3) and first[1].tolist() == [0, 1, 2, 3]
 
 
+
+def test_a_data_frame_is_read_by_row_position_as_a_dict_of_its_columns():
+    pd = pytest.importorskip("pandas")  # installed with datasets (the test extra)
+    frame = pd.DataFrame({"age": np.arange(10), "income": np.linspace(0, 1, 10, dtype="f4"),
+                          7: np.arange(10) % 2 == 0})
+    kept = frame[frame["age"] % 3 != 0]  # row labels 1, 2, 4, 5, 7, 8: not positions
+    with pytest.raises(jl.ConfigError, match=r"pandas DataFrame of 6 rows.*label.*"
+                                             r"ArraySource\(your_dataframe\)"):
+        jl.DataLoader(kept, batch_size=2, process_index=0, process_count=1)
+    with pytest.raises(jl.ConfigError, match=r"pandas Series of 6 rows.*ArraySource"):
+        check_source(kept["age"])
+    for workers in (0, 2):
+        with jl.DataLoader(jl.ArraySource(kept), batch_size=3, num_workers=workers,
+                           process_index=0, process_count=1) as loader:
+            batches = [{k: v.copy() for k, v in b.items()} for b in loader]
+        assert [b["age"].tolist() for b in batches] == [[1, 2, 4], [5, 7, 8]]
+        assert batches[0]["income"].dtype == np.float32 and batches[0]["7"].dtype == bool
+    assert jl.ArraySource(kept["age"])[0] == 1  # a Series: its values
+
+
+def test_a_data_frame_column_that_is_not_numbers_is_named_with_the_remedy():
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(jl.ConfigError, match=r"column 'text' has dtype .*expected numbers.*"
+                                             r"Dataset.from_pandas"):
+        jl.ArraySource(pd.DataFrame({"id": [1, 2], "text": ["a", "bb"]}))
+    with pytest.raises(jl.ConfigError, match=r"names must differ, got \['a', 'a'\]"):
+        jl.ArraySource(pd.DataFrame([[1, 2]], columns=["a", "a"]))
+
 def _writes_in_place(record):
     record["x"][0] = -1.0  # the mistake: the record is the source's memory
     return record

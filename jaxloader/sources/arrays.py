@@ -18,7 +18,9 @@ from jaxloader.errors import ConfigError
 
 
 class ArraySource:
-    """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0.
+    """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0,
+    or a pandas ``DataFrame``: a dict of its columns, each of its own dtype (a record is a
+    row, ``{"age": ..., "income": ...}``; ``ArraySource(df.to_numpy())`` for one array).
 
     Records are read-only views of the arrays (also in worker processes): a transform copies
     what it changes.
@@ -30,6 +32,8 @@ class ArraySource:
     """
 
     def __init__(self, tree: Any) -> None:
+        if is_data_frame(tree):
+            tree = _frame_columns(tree)
         leaves, self._treedef = tree_lib.flatten(tree)
         paths = tree_lib.leaf_paths(self._treedef)
         if not leaves:
@@ -93,6 +97,35 @@ class ArraySource:
     def __repr__(self) -> str:
         leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)
         return f"ArraySource({self._len} records; {leaves})"
+
+
+def is_data_frame(x: Any) -> bool:
+    """Whether ``x`` is a pandas ``DataFrame`` or ``Series`` (pandas is not imported)."""
+    kind = type(x)
+    return kind.__module__.split(".")[0] == "pandas" and kind.__name__ in ("DataFrame", "Series")
+
+
+def _frame_columns(frame: Any) -> Any:
+    """A ``DataFrame``'s columns as a dict of arrays by position (a ``Series``: its values);
+    a column NumPy cannot hold as numbers is refused, named, with what to do."""
+    if type(frame).__name__ == "Series":
+        return frame.to_numpy()
+    names = [str(name) for name in frame.columns]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"ArraySource(DataFrame): column names must differ, got {names}; "
+                          "rename the repeated ones (df.columns = [...])")
+    columns = {}
+    for name, (_, column) in zip(names, frame.items()):
+        array = column.to_numpy()
+        if array.dtype.hasobject:
+            raise ConfigError(
+                f"ArraySource(DataFrame): column {name!r} has dtype {column.dtype}, which NumPy "
+                "holds as Python objects (strings, or missing values in a nullable dtype), "
+                "expected numbers; encode it (df[col].astype('category').cat.codes), fill "
+                "the missing values (df[col].fillna(0).astype('int64')), or for strings pass "
+                "datasets.Dataset.from_pandas(df), which the loader reads as it is")
+        columns[name] = array
+    return columns
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from jaxloader.errors import ConfigError
+from jaxloader.sources.arrays import is_data_frame
 
 
 @runtime_checkable
@@ -46,6 +47,14 @@ def check_source(source: Any) -> int:
             f"source: got a {type(source).__name__} of {len(source)} entries "
             f"({', '.join(map(repr, keys))}), which would be read as "
             f"{len(source)} records; {remedy}"
+        )
+    if is_data_frame(source):
+        kind = type(source).__name__
+        raise ConfigError(
+            f"source: got a pandas {kind} of {len(source)} rows, whose [i] looks up the label i "
+            f"(a column or a row), not row i; wrap it: jaxloader.ArraySource(your_{kind.lower()}) "
+            + ("(a record is a row, a dict of the columns)" if kind == "DataFrame" else
+               "(a record is a value)")
         )
     if _columns(source):
         shapes = ", ".join(str(tuple(a.shape)) for a in source)
