@@ -64,7 +64,8 @@ class DataLoader(LoaderLifecycle):
             global batch; default to ``jax.process_index()``/``jax.process_count()``.
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
         sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
-            ``jaxloader.data_sharding(mesh, "data")``; batches are then global ``jax.Array``s
+            ``jaxloader.data_sharding(mesh, "data")``; a ``PartitionSpec`` over the mesh of
+            ``jax.set_mesh``, or a device; batches are then global ``jax.Array``s
             (``batch_size * process_count`` rows), placed ahead by a background thread (one
             device) or by ``next()`` in your thread (several devices; see the README).
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);

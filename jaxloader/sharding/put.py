@@ -6,9 +6,11 @@
   array; the global batch is ``batch_size * process_count`` rows.
 
 ``sharding`` is one ``jax.sharding.Sharding`` for every leaf, or a pytree of them that is a
-prefix of the batch (one per leaf or per subtree). ``data_sharding(mesh, "data")`` builds the
-usual data-parallel one: the batch axis split over the mesh axis ``"data"``, the other axes (and
-the other mesh axes) replicated. Object leaves (strings, bytes) stay NumPy arrays.
+prefix of the batch (one per leaf or per subtree); a ``PartitionSpec`` stands for a
+``NamedSharding`` over the mesh of ``jax.set_mesh``, and a device for that device.
+``data_sharding(mesh, "data")`` builds the usual data-parallel one: the batch axis split over
+the mesh axis ``"data"``, the other axes (and the other mesh axes) replicated. Object leaves
+(strings, bytes) stay NumPy arrays.
 
 Example:
     >>> import jax, numpy as np
@@ -54,10 +56,44 @@ def _is_sharding(x: Any) -> bool:
     return isinstance(x, Sharding)
 
 
+def _is_placement(x: Any) -> bool:
+    return isinstance(x, (Sharding, PartitionSpec, jax.Device))
+
+
+def as_shardings(sharding: Any) -> Any:
+    """``sharding`` with each ``PartitionSpec`` made a ``NamedSharding`` over the mesh set by
+    ``jax.set_mesh`` (as ``jax.device_put(x, P("data"))`` reads it there) and each device a
+    ``SingleDeviceSharding``; other leaves as they are.
+
+    Example:
+        >>> from jax.sharding import PartitionSpec as P
+        >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
+        >>> with jax.set_mesh(mesh):
+        ...     placed = as_shardings({"x": P("data")})
+        >>> placed["x"] == data_sharding(mesh)
+        True
+    """
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.Device):
+            return jax.sharding.SingleDeviceSharding(x)
+        if not isinstance(x, PartitionSpec):
+            return x
+        mesh = jax.sharding.get_mesh()
+        if not mesh.axis_names:
+            raise ConfigError(
+                f"sharding: got {x}, a PartitionSpec, with no mesh set to name its axes; "
+                f"create the loader inside `with jax.set_mesh(mesh):`, or pass "
+                f"NamedSharding(mesh, {x}) (jaxloader.data_sharding(mesh, 'data') for data "
+                "parallelism)")
+        return NamedSharding(mesh, x)
+    return jax.tree_util.tree_map(one, sharding, is_leaf=_is_placement)
+
+
 class Putter:
     """Turns a host batch (pytree of NumPy arrays) into a batch of global ``jax.Array``s."""
 
     def __init__(self, sharding: Any, process_count: int) -> None:
+        sharding = as_shardings(sharding)
         leaves = jax.tree_util.tree_leaves(sharding, is_leaf=_is_sharding)
         if not leaves or not all(_is_sharding(s) for s in leaves):
             bad = next((s for s in leaves if not _is_sharding(s)), sharding)
@@ -80,8 +116,8 @@ class Putter:
             except (TypeError, ValueError):
                 pass  # the per-leaf path below says which leaf and why
         try:
-            return jax.tree_util.tree_map(self._put_subtree, self.sharding, batch,
-                                          is_leaf=_is_sharding)
+            return jax.tree_util.tree_map_with_path(self._put_subtree, self.sharding, batch,
+                                                    is_leaf=_is_sharding)
         except ValueError as e:
             if "structure" not in str(e) and "prefix" not in str(e):
                 raise
@@ -92,10 +128,10 @@ class Putter:
                 "or mirror the batch's keys"
             ) from e
 
-    def _put_subtree(self, sharding: Sharding, subtree: Any) -> Any:
+    def _put_subtree(self, at: tuple, sharding: Sharding, subtree: Any) -> Any:
         paths_leaves = jax.tree_util.tree_flatten_with_path(subtree)[0]
         treedef = jax.tree_util.tree_structure(subtree)
-        placed = [self._put_leaf(sharding, leaf, jax.tree_util.keystr(path))
+        placed = [self._put_leaf(sharding, leaf, jax.tree_util.keystr((*at, *path)))
                   for path, leaf in paths_leaves]
         return jax.tree_util.tree_unflatten(treedef, placed)
 
@@ -113,5 +149,5 @@ class Putter:
                 f"{np.shape(leaf)}, dtype {getattr(leaf, 'dtype', type(leaf).__name__)}, "
                 f"{self.process_count} process(es)) with {sharding}: {e}; the global batch "
                 "(batch_size x process_count) must divide evenly over the devices of the data "
-                "axis"
+                "axis, and each other axis over the mesh axes its spec names"
             ) from e

@@ -95,6 +95,40 @@ def test_bad_shardings_give_clear_errors():
         assert "['x']" in str(e) and "(6, 3, 2)" in str(e) and "divide evenly" in str(e), e
     else:
         raise AssertionError("6 rows over 4 devices must be refused")
+    per_leaf = {"x": NamedSharding(mesh, P(None, "data")), "y": jl.data_sharding(mesh)}
+    try:  # 3 columns over 4 devices: the error names the leaf, not the subtree's root
+        next(iter(jl.DataLoader(source(8), batch_size=4, sharding=per_leaf, device_prefetch=0)))
+    except jl.ConfigError as e:
+        assert "leaf ['x']" in str(e) and "axes its spec names" in str(e), e
+    else:
+        raise AssertionError("3 columns over 4 devices must be refused")
+    try:
+        jl.DataLoader(source(8), batch_size=4, sharding=P("data"))
+    except jl.ConfigError as e:
+        assert "no mesh set" in str(e) and "jax.set_mesh" in str(e), e
+    else:
+        raise AssertionError("a PartitionSpec with no mesh set must be refused")
+    print("ok")
+    """, n=4)
+    assert out.strip() == "ok"
+
+
+def test_a_partition_spec_under_set_mesh_and_a_device_place_like_their_shardings():
+    out = run_with_devices("""
+    mesh = jax.make_mesh((4,), ("data",))
+    with jax.set_mesh(mesh):
+        by_spec = jl.DataLoader(source(8), batch_size=4, sharding={"x": P("data"), "y": P()},
+                                process_index=0, process_count=1)
+    with by_spec:
+        batch = next(iter(by_spec))
+    assert batch["x"].sharding == jl.data_sharding(mesh), batch["x"].sharding
+    assert batch["y"].sharding == NamedSharding(mesh, P()), batch["y"].sharding
+    assert np.array_equal(np.asarray(batch["x"]), reference(8, batch_size=4)[0]["x"])
+    device = jax.devices()[2]
+    with jl.DataLoader(source(8), batch_size=4, sharding=device, process_index=0,
+                       process_count=1) as on_device:
+        batch = next(iter(on_device))
+    assert batch["x"].devices() == {device} and batch["y"].devices() == {device}
     print("ok")
     """, n=4)
     assert out.strip() == "ok"
