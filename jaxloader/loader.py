@@ -3,7 +3,7 @@
 ::
 
     DataLoader ── Progress: the global step of the next batch handed to the user, ...
-       │ iter() ─> LoaderIterator(start=step, stop=end of epoch (+ num_epochs-1) | endless)
+       │ iter() ─> LoaderIterator(start=step, stop=end of the pass (num_epochs each) | endless)
        │              └─ engine.batches(start, stop) ─> BatchMaker.make(step) in order
        └ state_dict() = {"step": ..., config and a fingerprint of the source};
          load_state_dict() moves the step, O(1)
@@ -53,7 +53,9 @@ class DataLoader(LoaderLifecycle):
         last_batch: ``"drop"`` the short last batch of an epoch, ``"pad"`` it to full size with
             repeated records and a bool leaf ``batch[mask_key]`` (True on real rows; records must
             be dicts), or keep it ``"partial"`` (smaller; one process only).
-        num_epochs: epochs per ``iter(loader)``; ``None`` for an endless iterator.
+        num_epochs: epochs per ``iter(loader)``, a pass; ``None`` for an endless iterator.
+            Passes are counted from epoch 0: ``iter()`` gives the rest of the pass the
+            position is in, so a loader restored mid-pass ends where the saved run would.
         prefetch: batches in flight per worker (``num_workers > 0``).
         worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
             ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.
@@ -214,8 +216,9 @@ class DataLoader(LoaderLifecycle):
         self._invalidate()
         start = self._progress.step
         stop = None
-        if self.num_epochs is not None:
-            stop = (self.epoch + self.num_epochs) * self._sampler.steps_per_epoch
+        if self.num_epochs is not None:  # the pass the position is in: epochs [k n, (k+1) n)
+            n = self.num_epochs
+            stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
         put = self._putter
         self._active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,

@@ -17,9 +17,9 @@ into a loader with the same counts (0 and 1 workers are the same: one reader), a
 with another count.
 
 A pass that ends (``num_epochs=n``): ``iter()`` gives each reader the epoch it stops before
-(``"until"`` in the states it resets from: the end of its current epoch plus ``n - 1``, or ``n``
-epochs more once every reader is done); a reader out of records pads its batch (``mask``) and
-its report says ``"ended"``. Before each step the iterator asks whether every reader is done
+(``"until"`` in the states it resets from: the end of the pass of ``n`` epochs, counted from
+epoch 0, that it is in, or of the next pass once every reader is done); a reader out of
+records pads its batch (``mask``) and its report says ``"ended"``. Before each step the iterator asks whether every reader is done
 (with several processes, all of theirs: an allgather on the consumer's thread), and ends.
 """
 

@@ -53,6 +53,28 @@ def test_epoch_loop_and_num_epochs():
     assert len([next(it) for _ in range(50)]) == 50
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pass_of_several_epochs_restored_mid_pass_ends_where_the_saved_run_would(
+        num_workers):
+    """num_epochs=3: a run restored in its third epoch gave that epoch's rest and 2 more."""
+    full = [b["x"].copy() for b in loader(20, shuffle=True, num_epochs=3)]  # 3 x 5 steps
+    for k in (3, 7, 12):
+        dl = loader(20, shuffle=True, num_epochs=3)
+        it = iter(dl)
+        for _ in range(k):
+            next(it)
+        with loader(20, shuffle=True, num_epochs=3, num_workers=num_workers) as restored:
+            restored.load_state_dict(dl.state_dict())
+            rest = [b["x"].copy() for b in restored]
+            assert restored.epoch == 3 and len(list(restored)) == 15  # then the next pass
+        assert len(rest) == 15 - k and all(np.array_equal(a, b) for a, b in zip(rest, full[k:]))
+    dl = loader(20, shuffle=True, num_epochs=3)
+    it = iter(dl)
+    head = [next(it)["x"].copy() for _ in range(7)]
+    again = [b["x"].copy() for b in dl]  # iter() again mid-pass: the rest of that pass
+    assert len(head) + len(again) == 15 and np.array_equal(again[0], full[7])
+
+
 def test_vectorised_and_per_record_paths_agree():
     fast = list(loader(shuffle=True, num_epochs=2))
     slow = list(loader(shuffle=True, num_epochs=2, transforms=[jl.Map(lambda r: r)]))

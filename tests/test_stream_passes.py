@@ -113,6 +113,26 @@ def test_a_state_at_the_end_of_a_pass_starts_the_next_pass():
         assert_same_stream(list(restored), second)
 
 
+def test_a_pass_of_two_epochs_restored_in_its_second_ends_where_the_saved_run_would():
+    def make(workers=0):
+        return jl.StreamLoader(uneven_stream(shuffle_window=4), batch_size=5, num_epochs=2,
+                               num_workers=workers, readers_per_process=2, process_index=0,
+                               process_count=1)
+    with make() as loader:
+        full = list(loader)
+    assert counted(full).min() == counted(full).max() == 2
+    k = len(full) - 4  # every reader in its second epoch (or done)
+    with make() as loader:
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        state = loader.state_dict()
+    assert {r["epoch"] for r in state["readers"]} == {1}
+    with make(2) as restored:
+        restored.load_state_dict(state)
+        assert_same_stream(list(restored), full[k:])
+
+
 def test_iter_again_mid_pass_finishes_that_pass():
     with jl.StreamLoader(uneven_stream(), batch_size=5, num_epochs=1, readers_per_process=2,
                          process_index=0, process_count=1) as loader:

@@ -41,11 +41,12 @@ def check(stream: Any, process_count: int) -> None:
 
 
 def ends(states: list[dict], num_epochs: int) -> list[int]:
-    """The epoch each reader's pass stops before: a pass under way (some reader not done)
-    goes to the end of each reader's epoch plus ``num_epochs - 1``; once every reader is
-    done, the next pass reads the ``num_epochs`` epochs after theirs."""
+    """The epoch each reader's pass stops before. Passes are ``num_epochs`` epochs counted
+    from epoch 0, ``[k n, (k+1) n)``: a pass under way (some reader not done) goes to the end
+    of the pass each reader is in (so a restored one ends where the saved run would); once
+    every reader is done, the next pass is the one after theirs."""
     new_pass = all(s.get("ended") is True for s in states)
-    return [s["epoch"] + num_epochs + new_pass for s in states]
+    return [((s["epoch"] + new_pass) // num_epochs + 1) * num_epochs for s in states]
 
 
 def done(states: list[dict], stops: list[int]) -> list[bool]:
