@@ -29,7 +29,7 @@ from jaxloader import tree as tree_lib
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
-from jaxloader.transforms import BatchMap, Map, RecordRng
+from jaxloader.transforms import BatchMap, Map, RecordRng, returned_none
 
 
 class BatchMaker:
@@ -125,6 +125,9 @@ class BatchMaker:
                                                    transform_index=t_index))
                     else:
                         record = fn(record)
+                    if record is None:
+                        raise returned_none(spec.record_location(position, index),
+                                            self.record_transforms[t_index], t_index)
                 records.append(record)
         except JaxloaderError:
             raise
@@ -152,6 +155,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             batch = t.fn(batch)
         except Exception as e:
             raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
+        if batch is None:
+            raise returned_none(where(), t)
     treedef, columns = collate.batch_columns(batch, size)
     return collate.materialize(treedef, columns, alloc)
 

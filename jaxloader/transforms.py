@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloader.checks import MASK64
-from jaxloader.errors import ConfigError
+from jaxloader.errors import ConfigError, RecordError
 
 _POSITION_BITS = 40  # positions < 2**40 (1e12 records); the epoch takes the bits above
 
@@ -175,6 +175,24 @@ class RecordRng:
 
     def __setstate__(self, state: dict) -> None:
         self._reset(state["seed"])
+
+
+def returned_none(where: str, transform: Any, index: int | None = None) -> RecordError:
+    """The error for a transform (``transforms[index]``) that returned ``None`` (a ``return``
+    left out, mostly): its batches would be ``None``, or the next transform would fail on
+    ``None``.
+
+    Example:
+        >>> str(returned_none("step 0", Map(print), 1))[:56]
+        'step 0: transforms[1] Map(print) returned None, expected'
+    """
+    drop = ("" if isinstance(transform, BatchMap) else
+            "; to leave records out use jaxloader.FilteredSource (a Filter on a stream)")
+    named = "" if index is None else f"transforms[{index}] "
+    return RecordError(
+        f"{where}: {named}{transform!r} returned None, expected the new "
+        f"{'batch' if isinstance(transform, BatchMap) else 'record'}; return it from the "
+        f"function (a missing `return`?){drop}")
 
 
 def _check_callable(fn: Any, kind: str) -> None:

@@ -49,3 +49,36 @@ def test_a_data_loader_refuses_a_filter_and_names_filtered_source():
                                              r".*jaxloader.FilteredSource\(source, fn\)"):
         jl.DataLoader(source, batch_size=2, transforms=[jl.Map(lambda r: r),
                                                         jl.Filter(lambda r: True)])
+
+
+def _forgot_return(record):
+    record = {"x": record["x"] * 2}  # no return
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_transform_that_returns_none_is_named_with_the_missing_return(num_workers):
+    """A Map without `return` gave batches of None (alone) or a TypeError in the next
+    transform (in a chain); now the transform is named, and what to do."""
+    source = jl.ArraySource({"x": np.arange(8)})
+    chains = {0: [jl.Map(_forgot_return)],
+              1: [jl.Map(lambda r: r), jl.RandomMap(lambda r, rng: None), jl.Map(len)]}
+    for index, transforms in chains.items():
+        with jl.DataLoader(source, batch_size=4, num_workers=num_workers, transforms=transforms,
+                           process_index=0, process_count=1) as loader:
+            with pytest.raises(jl.JaxloaderError, match=rf"record position 0.*transforms\[{index}\]"
+                               r" .*returned None, expected the new record.*missing `return`"):
+                next(iter(loader))
+    with jl.DataLoader(source, batch_size=4, num_workers=num_workers, process_index=0,
+                       process_count=1, transforms=[jl.BatchMap(lambda b: None)]) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"BatchMap.*returned None, expected the "
+                                                    r"new batch"):
+            next(iter(loader))
+
+
+def test_a_stream_transform_that_returns_none_is_named():
+    stream = jl.Stream.from_generator(lambda s: ({"x": i} for i in range(10)), 1)
+    with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(_forgot_return)],
+                         process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.RecordError, match=r"stream step 0, row 0: transforms\[0\] "
+                                                 r"Map\(_forgot_return\) returned None"):
+            next(iter(loader))

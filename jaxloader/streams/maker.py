@@ -39,7 +39,7 @@ from jaxloader.pipeline import finish_batch
 from jaxloader.streams.mixed import MixedReader, MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
-from jaxloader.transforms import Filter, Map, RandomMap, RecordRng
+from jaxloader.transforms import Filter, Map, RandomMap, RecordRng, returned_none
 
 _POSITION_BITS = 40  # RecordRng's positions; the bits above go where a map-style epoch goes
 _POSITION_MASK = (1 << _POSITION_BITS) - 1
@@ -217,6 +217,9 @@ class StreamBatchMaker:
                         transform_index=t_index + (dropped << 32)))
                 elif not fn(record):
                     return _DROPPED
+                if record is None:
+                    raise returned_none(f"stream step {step}, row {row}",
+                                        self.record_transforms[t_index], t_index)
         except JaxloaderError:
             raise
         except Exception as e:
