@@ -291,11 +291,16 @@ def _raise_mismatch(trees: list, treedef: TreeDef, positions: Any, path: str) ->
     for j, t in enumerate(trees):
         got = structure(t)
         if _top(got) != want:
+            sequence = want[0] in ("list", "tuple") and got[0] == want[0]
+            remedy = (  # [5, 8, 13] and [5, 8]: token lists, which JAX sees as nodes
+                f"a {want[0]} (of numbers, say) is a node of its items, not an array: make it "
+                "an array of one length in a Map (np.asarray, padded or cropped), or pack "
+                "token sequences with jaxloader.PackedSource" if sequence else
+                "make every record the same structure (a Map can add missing keys; a None "
+                "where other records have an array must become an array too)")
             raise CollateError(
                 f"batch leaf {path or '<root>'}: records differ in structure: "
                 f"{record_name(positions, 0)} has {describe(treedef)}, "
-                f"{record_name(positions, j)} has {describe(got)}; make every record the "
-                "same structure (a Map can add missing keys; a None where other records have "
-                "an array must become an array too)"
+                f"{record_name(positions, j)} has {describe(got)}; {remedy}"
             )
     raise CollateError(f"batch leaf {path or '<root>'}: records differ in structure")

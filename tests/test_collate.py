@@ -58,6 +58,16 @@ def test_shape_mismatch_names_leaf_shapes_and_positions():
     for part in ["['x']['y']", "(2, 3)", "(2, 4)", "position 40", "position 41"]:
         assert part in msg
 
+    assert "PackedSource" in msg  # 1-D token arrays of other lengths are what it packs
+
+
+def test_lists_of_other_lengths_are_told_they_are_nodes_not_arrays():
+    with pytest.raises(CollateError, match=r"list of length 2.*list of length 3; a list \(of "
+                                           r"numbers, say\) is a node.*np.asarray.*PackedSource"):
+        collate([{"tokens": [5, 8]}, {"tokens": [5, 8, 13]}], positions=[0, 1])
+    with pytest.raises(CollateError, match=r"dict with keys.*same structure"):
+        collate([{"a": 1}, {"b": 1}], positions=[0, 1])  # not a sequence: the general remedy
+
 
 def test_dtype_mismatch_is_refused_not_upcast():
     records = [np.zeros(3, np.float32), np.zeros(3, np.float64)]
