@@ -171,7 +171,15 @@ class IterableShard:
 
     def reset(self, state: dict | None = None) -> None:
         (skip,) = state_ints(self, state, ("consumed",))
-        self._it = iter(self._make())
+        made = self._make()
+        try:
+            self._it = iter(made)
+        except TypeError:
+            raise ConfigError(
+                f"IterableShard {self.name}: its function returned {type(made).__name__} "
+                f"{made!r:.60}, expected an iterable of records; yield the records (a "
+                "generator function) or return a list or an iterator (a missing `return`?)"
+            ) from None
         self._consumed = 0
         for _ in range(skip):
             try:

@@ -71,6 +71,9 @@ def test_a_generator_object_is_refused_and_a_function_is_not(tmp_path):
     assert read_all(jl.IterableShard([4, 5])) == [4, 5]  # re-iterable: accepted as it is
     with pytest.raises(jl.StateDictError, match="says 5 records were read, but it ends after 3"):
         jl.IterableShard(gen).reset({"consumed": 5})
+    with pytest.raises(jl.ConfigError, match=r"returned NoneType None, expected an iterable "
+                                             r"of records.*missing `return`"):
+        jl.IterableShard(lambda: None).reset(None)  # it was "'NoneType' is not iterable"
 
 
 def test_json_lists_of_numbers_become_arrays_and_others_stay_lists(tmp_path):
