@@ -67,6 +67,11 @@ class Mixture(ConcatSource):
         super().__init__(sources)
         self.schedule = schedule  # step -> normalised weights, from step 0
 
+    def __repr__(self) -> str:
+        weights = ", ".join(f"{w:.3g}" for w in self.schedule[0])
+        return (f"Mixture({len(self)} records in {len(self.sources)} sources, weights "
+                f"[{weights}]{' and later' if len(self.schedule) > 1 else ''})")
+
     @property
     def fingerprint(self) -> str:
         """The components' fingerprints; the weights are checked apart (``check_schedule``)."""
@@ -78,10 +83,14 @@ class Mixture(ConcatSource):
         return f"mixture:{len(self.sources)}:{digest.hexdigest()}"
 
 
-def mix(sources: Sequence[Any], weights: Sequence[float],
-        from_step: Mapping[int, Sequence[float]] | None = None) -> Mixture | MixedStream:
+def mix(sources: Sequence[Any] | Mapping[str, Any],
+        weights: Sequence[float] | Mapping[str, float],
+        from_step: Mapping[int, Sequence[float] | Mapping[str, float]] | None = None,
+        ) -> Mixture | MixedStream:
     """A mixture of ``sources``, a record of ``sources[c]`` at a position with probability
     ``weights[c]`` (normalised); ``from_step={step: weights}`` changes them from that step on.
+    Components may be named: ``mix({"web": web, "code": code}, {"web": 0.7, "code": 0.3})``
+    (weights by name, also in ``from_step``; the components in the dict's order).
 
     Pass it to ``DataLoader`` as the source: every component is reshuffled in its own epochs
     (``shuffle`` says whether components are shuffled), and the loader's epoch is the sum of
@@ -99,10 +108,12 @@ def mix(sources: Sequence[Any], weights: Sequence[float],
     if not len(sources):
         raise ConfigError("mix(sources): expected a non-empty list of sources, got none; pass "
                           "the sources to mix and one weight each")
-    schedule = {0: _weights(weights, len(sources), "weights")}
+    names = list(sources) if isinstance(sources, Mapping) else None
+    sources = list(sources.values()) if isinstance(sources, Mapping) else sources
+    schedule = {0: _weights(weights, len(sources), "weights", names)}
     for step, later in sorted((from_step or {}).items()):
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
-        schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]")
+        schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]", names)
     from jaxloader.streams.mixed import MixedStream
     from jaxloader.streams.packed import PackedStream
     from jaxloader.streams.reader import Stream
@@ -145,8 +156,26 @@ def _block_size(global_batch: int, components: int) -> int:
     return max(_BLOCK, least)
 
 
-def _weights(weights: Sequence[float], count: int, name: str) -> np.ndarray:
-    w = np.asarray(weights, dtype=np.float64)
+def _weights(weights: Sequence[float] | Mapping[str, float], count: int, name: str,
+             names: list[str] | None = None) -> np.ndarray:
+    if isinstance(weights, Mapping):
+        if names is None:
+            raise ConfigError(
+                f"mix({name}): weights by name ({sorted(map(str, weights))}) need sources by "
+                "name: pass the sources as a dict with those keys, or the weights as a list "
+                "in the sources' order")
+        if set(weights) != set(names):
+            raise ConfigError(
+                f"mix({name}): expected a weight for each source by name {names}, got "
+                f"{list(weights)} (missing {[n for n in names if n not in weights]}, unknown "
+                f"{[n for n in weights if n not in names]})")
+        weights = [weights[n] for n in names]
+    try:
+        w = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"mix({name}): expected one number per source ({count}), got "
+            f"{type(weights).__name__} {weights!r:.80}") from None
     if w.shape != (count,):
         raise ConfigError(
             f"mix({name}): expected one weight per source ({count}), got {len(w)}: {list(w)}"

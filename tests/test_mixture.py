@@ -275,3 +275,32 @@ def test_bad_weights_are_named(weights, match):
 def test_no_sources_is_named():
     with pytest.raises(jl.ConfigError, match=r"mix\(sources\): expected a non-empty list"):
         jl.mix([], [])
+
+
+def test_named_components_mix_as_the_list_in_the_dict_order():
+    web, books, code = components()
+    named = jl.mix({"web": web, "books": books, "code": code},
+                   {"code": 0.2, "web": 0.5, "books": 0.3},  # weights in any order
+                   from_step={6: {"web": 0.2, "books": 0.2, "code": 0.6}})
+    listed = jl.mix([web, books, code], WEIGHTS, from_step={6: [0.2, 0.2, 0.6]})
+    assert repr(named) == repr(listed) == (
+        "Mixture(927 records in 3 sources, weights [0.5, 0.3, 0.2] and later)")
+
+    def run(source):
+        with jl.DataLoader(source, batch_size=8, shuffle=True, seed=3, num_epochs=None,
+                           process_index=0, process_count=1) as loader:
+            return take(loader, 12)
+    assert_same_stream(run(named), run(listed))
+
+
+@pytest.mark.parametrize("sources,weights,match", [
+    ("list", {"web": 1, "books": 1, "code": 1}, r"weights by name .* need sources by name"),
+    ("dict", {"web": 1, "books": 1}, r"missing \['code'\], unknown \[\]"),
+    ("dict", {"web": 1, "books": 1, "code": 1, "wiki": 1}, r"unknown \['wiki'\]"),
+    ("list", ["a", "b", "c"], r"expected one number per source \(3\), got list"),
+])
+def test_bad_named_weights_are_named(sources, weights, match):
+    parts = components()
+    given = dict(zip(("web", "books", "code"), parts)) if sources == "dict" else parts
+    with pytest.raises(jl.ConfigError, match=match):
+        jl.mix(given, weights)

@@ -215,8 +215,9 @@ def _merge(pieces: list, n: int) -> Any:
         leaves, other = tree_lib.flatten(got)
         if other != treedef:
             raise CollateError(
-                f"the parts of a ConcatSource differ in structure: {tree_lib.describe(treedef)} "
-                f"in one, {tree_lib.describe(other)} in another; make the parts' records alike "
+                "the parts of a ConcatSource (a jl.mix's components are its parts) differ in "
+                f"structure: {tree_lib.describe(treedef)} in one, {tree_lib.describe(other)} "
+                "in another; make the parts' records alike "
                 "(a Map on the loader cannot, since parts are read together: rename or add "
                 "keys in each part's arrays before)"
             )
@@ -224,7 +225,8 @@ def _merge(pieces: list, n: int) -> Any:
             leaf = np.asarray(leaf)
             if leaf.dtype != out.dtype or leaf.shape[1:] != out.shape[1:]:
                 raise CollateError(
-                    f"batch leaf {path}: the parts of a ConcatSource differ: "
+                    f"batch leaf {path}: the parts of a ConcatSource differ (a jl.mix's "
+                    "components are its parts): "
                     f"{out.dtype}{out.shape[1:]} in one, {leaf.dtype}{leaf.shape[1:]} in "
                     "another; make the parts' records alike (a Map on the loader cannot, since "
                     "parts are read together: convert the arrays before)"
