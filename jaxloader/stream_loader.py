@@ -19,8 +19,9 @@ with another count.
 A pass that ends (``num_epochs=n``): ``iter()`` gives each reader the epoch it stops before
 (``"until"`` in the states it resets from: the end of the pass of ``n`` epochs, counted from
 epoch 0, that it is in, or of the next pass once every reader is done); a reader out of
-records pads its batch (``mask``) and its report says ``"ended"``. Before each step the iterator asks whether every reader is done
-(with several processes, all of theirs: an allgather on the consumer's thread), and ends.
+records pads its batch (``mask``) and its report says ``"ended"``. Before each step the
+iterator asks whether every reader is done (with several processes, all of theirs: an
+allgather on the consumer's thread), and ends.
 """
 
 from __future__ import annotations
