@@ -8,7 +8,8 @@ Cases, batch 256, rows of an int64 id, a float32[16] vector and a short string:
   and ``LocalShuffle(window=8)``, with the full shuffle, and in file order; Grain's
   ``ParquetIterDataset`` in file order (it has no shuffle); a Hugging Face ``Dataset`` over the
   same file (NumPy format) in file order and in shuffled batches. Peers in one process, as the
-  issue measured them.
+  issue measured them. Ceilings: one bare process reading the row groups in file order, and
+  two at once (the 2 workers' cores), each reading half of them.
 - ArrayRecord (the same rows serialised): jaxloader ``ArrayRecordSource`` + a parsing ``Map``,
   2 workers, against Grain ``MapDataset.source(ArrayRecordDataSource)`` with the same parse,
   shuffled, ``mp_prefetch`` with 2 workers.
@@ -35,7 +36,8 @@ import statistics
 import struct
 import tempfile
 import time
-from typing import Callable, Iterator
+import types
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -199,20 +201,77 @@ def grain_parquet(path: str) -> Callable[[], Iterator]:
 def bare_parquet(path: str) -> Callable[[], Iterator]:
     """The ceiling of one process: pyarrow reading row groups in file order, numbers to NumPy
     and strings to ``str`` (what a batch must hold), sliced into batches; no loader, no
-    shuffle, no hand-over to another process (two such processes: at most twice this)."""
+    shuffle, no hand-over to another process."""
     def make() -> Iterator:
         import pyarrow.parquet as pq
 
-        handle = pq.ParquetFile(path)
-        for group in range(handle.num_row_groups):
-            table = handle.read_row_group(group, use_threads=False)
-            ids = table.column("id").to_numpy()
-            vectors = table.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, 16)
-            texts = table.column("text").to_pylist()
-            for i in range(0, len(ids) - BATCH + 1, BATCH):
-                yield {"id": ids[i:i + BATCH], "vector": vectors[i:i + BATCH],
-                       "text": texts[i:i + BATCH]}
+        return _bare_batches(path, range(pq.ParquetFile(path).num_row_groups))
     return make
+
+
+def _bare_batches(path: str, groups: Iterable[int]) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    handle = pq.ParquetFile(path)
+    for group in groups:
+        table = handle.read_row_group(group, use_threads=False)
+        ids = table.column("id").to_numpy()
+        vectors = table.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, 16)
+        texts = table.column("text").to_pylist()
+        for i in range(0, len(ids) - BATCH + 1, BATCH):
+            yield {"id": ids[i:i + BATCH], "vector": vectors[i:i + BATCH],
+                   "text": texts[i:i + BATCH]}
+
+
+def bare_parquet_processes(path: str, processes: int = WORKERS) -> Callable[[], Iterator]:
+    """The ceiling of ``processes`` processes at once (the cores 2 workers have): each reads
+    every ``processes``-th row group as ``bare_parquet`` does and only counts its batches,
+    which never reach this process. Started (forked) before the timer, like jaxloader's
+    workers; their CPU is read from /proc before they exit."""
+    holder: dict = {}
+
+    def make() -> Iterator:
+        if "loader" in holder:
+            holder.pop("loader").close()
+        holder["loader"] = pair = _BareProcesses(path, processes)
+        return pair.batches()
+    make.holder = holder  # type: ignore[attr-defined]
+    return make
+
+
+class _BareProcesses:
+    def __init__(self, path: str, processes: int) -> None:
+        import multiprocessing
+
+        import pyarrow.parquet as pq
+
+        context = multiprocessing.get_context("fork")
+        groups = range(pq.ParquetFile(path).num_row_groups)
+        self._go, self._done, self._counts = context.Event(), context.Event(), context.Queue()
+        self._processes = [context.Process(target=_count_bare, daemon=True, args=(
+            path, groups[k::processes], self._go, self._done, self._counts))
+            for k in range(processes)]
+        for process in self._processes:
+            process.start()
+        self._engine = types.SimpleNamespace(pids=[p.pid for p in self._processes])
+
+    def batches(self) -> Iterator[dict]:
+        self._go.set()
+        counts = [self._counts.get() for _ in self._processes]
+        row = {"id": range(BATCH)}
+        for _ in range(sum(counts)):
+            yield row
+
+    def close(self) -> None:
+        self._done.set()
+        for process in self._processes:
+            process.join()
+
+
+def _count_bare(path: str, groups: range, go: Any, done: Any, counts: Any) -> None:
+    go.wait()
+    counts.put(sum(1 for _ in _bare_batches(path, groups)))
+    done.wait()  # alive until closed: the parent reads this process's CPU in /proc
 
 
 def hf_batches(path: str, shuffled: bool) -> Callable[[], Iterator]:
@@ -355,6 +414,8 @@ def main() -> None:
             "datasets, file order": hf_batches(parquet, shuffled=False),
             "datasets, shuffled batches": hf_batches(parquet, shuffled=True),
             "ceiling: one bare process, pyarrow row groups -> NumPy + str": bare_parquet(parquet),
+            "ceiling: two bare processes at once, each half the row groups": (
+                bare_parquet_processes(parquet)),
         }, args.rounds, cpu=True, passes=True)
     if "array_record" in only:
         write_array_record(records, args.rows)
