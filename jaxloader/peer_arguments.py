@@ -1,4 +1,5 @@
-"""PyTorch's and Grain's keyword arguments given to ``DataLoader``, answered in jaxloader's terms.
+"""PyTorch's and Grain's keyword arguments given to ``DataLoader`` or ``StreamLoader``, answered
+in jaxloader's terms.
 
 A PyTorch user's first loader is ``DataLoader(ds, batch_size=32, shuffle=True, drop_last=True,
 num_workers=4, pin_memory=True)``; Python alone would say only "unexpected keyword argument
@@ -41,17 +42,33 @@ _REMEDIES = {
 }
 
 
+_FULL = ("a stream's batches are all full (it is endless by default); a pass that ends "
+         "(num_epochs=n) pads its last batches, marking the real rows in batch['mask']")
+_IN_ORDER = ("a stream is read in order, its shards dealt to the readers by seed= each epoch; "
+             "to leave records out, transforms=[..., jaxloader.Filter(fn)]")
+# StreamLoader: the same names, where a stream answers them otherwise
+_STREAM_REMEDIES = {
+    **_REMEDIES,
+    "shuffle": "a stream's shards are reordered every epoch by seed=, and records are "
+               "shuffled within a window given to the stream: jaxloader.Stream.jsonl(paths, "
+               "shuffle_window=1000) (every Stream maker takes shuffle_window=)",
+    "drop_last": _FULL, "last_batch": _FULL, "drop_remainder": _FULL,
+    "sampler": _IN_ORDER, "batch_sampler": _IN_ORDER,
+}
+
+
 def refuse(owner: str, unknown: dict[str, Any]) -> None:
-    """Raises ``TypeError`` for the first name in ``unknown`` (none: returns).
+    """Raises ``TypeError`` for the first name in ``unknown`` (none: returns); ``owner`` is
+    ``"DataLoader"`` or ``"StreamLoader"``, whose remedies differ where a stream differs.
 
     Example:
         >>> refuse("DataLoader", {"drop_last": True})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        TypeError: DataLoader(drop_last=True): jaxloader has no drop_last: use last_batch=...
+        TypeError: DataLoader(drop_last=True): DataLoader has no drop_last: use last_batch=...
     """
     for name, value in unknown.items():
-        remedy = _REMEDIES.get(name)
+        remedy = (_STREAM_REMEDIES if owner == "StreamLoader" else _REMEDIES).get(name)
         if remedy is None:
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
-        raise TypeError(f"{owner}({name}={value!r}): jaxloader has no {name}: {remedy}")
+        raise TypeError(f"{owner}({name}={value!r}): {owner} has no {name}: {remedy}")

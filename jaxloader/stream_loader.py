@@ -27,7 +27,7 @@ allgather on the consumer's thread), and ends.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Never, Sequence
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from jaxloader.errors import ConfigError, StateDictError
 from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
+from jaxloader.peer_arguments import refuse
 from jaxloader.streams.maker import StreamBatchMaker
 from jaxloader.streams import passes
 from jaxloader.streams.mixed import MixedStream
@@ -71,6 +72,8 @@ class StreamLoader(LoaderLifecycle):
             processes each ``next()`` of a pass agrees on the end with the others (an
             allgather through ``jax.distributed``), so all hosts take the same steps.
         mask_key: the name of that leaf (records must be dicts).
+        unknown: PyTorch's and Grain's names (``shuffle``, ``drop_last``, ``collate_fn``, ...)
+            raise a ``TypeError`` saying what a stream takes instead.
 
     Example:
         >>> import jaxloader as jl
@@ -93,7 +96,9 @@ class StreamLoader(LoaderLifecycle):
                  prefetch: int = 2, worker_init_fn: Callable[[int], None] | None = None,
                  start_method: str = "exec", sharding: Any = None,
                  device_prefetch: int = 2, readers_per_process: int | None = None,
-                 num_epochs: int | None = None, mask_key: str = "mask") -> None:
+                 num_epochs: int | None = None, mask_key: str = "mask",
+                 **unknown: Never) -> None:
+        refuse("StreamLoader", unknown)
         if not isinstance(stream, (Stream, MixedStream, PackedStream)):
             if not isinstance(stream, (list, tuple)):
                 raise ConfigError(

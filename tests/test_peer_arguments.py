@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.peer_arguments import _REMEDIES
+from jaxloader.peer_arguments import _REMEDIES, _STREAM_REMEDIES
 
 
 def loader(**kw):
@@ -28,13 +28,17 @@ def test_a_peer_name_raises_naming_the_value_and_what_to_pass(name, value, remed
     with pytest.raises(TypeError) as info:
         loader(**{name: value})
     message = str(info.value)
-    assert message.startswith(f"DataLoader({name}={value!r}): jaxloader has no {name}: ")
+    assert message.startswith(f"DataLoader({name}={value!r}): DataLoader has no {name}: ")
     assert remedy in message
 
 
-def test_every_remedy_names_an_argument_or_class_jaxloader_has():
-    accepted = set(inspect.signature(jl.DataLoader).parameters) | set(jl.__all__)
-    for name, remedy in _REMEDIES.items():
+@pytest.mark.parametrize("owner, remedies, extra", [
+    (jl.DataLoader, _REMEDIES, set()),
+    (jl.StreamLoader, _STREAM_REMEDIES, {"shuffle_window"}),  # an argument of every Stream maker
+])
+def test_every_remedy_names_an_argument_or_class_jaxloader_has(owner, remedies, extra):
+    accepted = set(inspect.signature(owner).parameters) | set(jl.__all__) | extra
+    for name, remedy in remedies.items():
         assert name not in accepted, name  # a name jaxloader has is never answered as foreign
         classes = set(re.findall(r"jaxloader\.(\w+)", remedy))
         outside_calls = re.sub(r"jaxloader\.\w+\([^)]*\)", "", remedy)
@@ -42,6 +46,21 @@ def test_every_remedy_names_an_argument_or_class_jaxloader_has():
         assert arguments | classes or remedy.startswith("nothing to set") or (
             "the first argument" in remedy), name
         assert (arguments | classes) <= accepted, (name, (arguments | classes) - accepted)
+
+
+@pytest.mark.parametrize("name, value, remedy", [
+    ("shuffle", True, "shuffle_window=1000"),
+    ("drop_last", True, "num_epochs=n"),
+    ("sampler", range(4), "jaxloader.Filter"),
+    ("collate_fn", list, "BatchMap"),
+])
+def test_a_peer_name_given_to_a_stream_loader_says_what_a_stream_takes(name, value, remedy):
+    stream = jl.Stream.from_generator(lambda i: ({"x": j} for j in range(8)), 1)
+    with pytest.raises(TypeError) as info:
+        jl.StreamLoader(stream, batch_size=2, process_index=0, process_count=1, **{name: value})
+    message = str(info.value)  # it was "unexpected keyword argument"
+    assert message.startswith(f"StreamLoader({name}={value!r}): StreamLoader has no {name}: ")
+    assert remedy in message
 
 
 def test_any_other_unknown_name_is_pythons_usual_error():
