@@ -86,6 +86,7 @@ def split_transforms(transforms: Sequence[Any], *,
         transforms = (transforms,)
     record, batch = [], []
     for i, t in enumerate(transforms):
+        t = from_grain(t) or t
         if isinstance(t, Filter) and not filters:
             raise ConfigError(
                 f"transforms[{i}]: {t!r} drops records, but a DataLoader's batch is a fixed "
@@ -112,6 +113,29 @@ def split_transforms(transforms: Sequence[Any], *,
         else:
             record.append(t)
     return tuple(record), tuple(batch)
+
+
+def from_grain(t: Any) -> Map | RandomMap | Filter | None:
+    """A Grain transform object (a subclass of ``grain.transforms.Map``, ``RandomMap`` or
+    ``Filter``, found by its base's module and its method) as the same transform here, so
+    that a Grain pipeline's transforms move over as they are; ``None`` for anything else.
+    Grain's ``random_map(x, rng)`` gets the record's generator, as a ``RandomMap`` does.
+
+    Example:
+        >>> Base = type("Map", (), {"__module__": "grain.transforms"})  # grain's, in short
+        >>> class Scale(Base):
+        ...     def map(self, x):
+        ...         return x * 2
+        >>> from_grain(Scale()).fn(21)
+        42
+    """
+    if callable(t) or isinstance(t, (Map, RandomMap, BatchMap, Filter)) or not any(
+            c.__module__.split(".")[0] == "grain" for c in type(t).__mro__[1:]):
+        return None
+    for method, kind in (("random_map", RandomMap), ("map", Map), ("filter", Filter)):
+        if callable(getattr(t, method, None)):
+            return kind(getattr(t, method))
+    return None
 
 
 class Filter:

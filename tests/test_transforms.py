@@ -82,3 +82,54 @@ def test_a_stream_transform_that_returns_none_is_named():
         with pytest.raises(jl.RecordError, match=r"stream step 0, row 0: transforms\[0\] "
                                                  r"Map\(_forgot_return\) returned None"):
             next(iter(loader))
+
+
+# Grain's transform bases, as their classes look to jaxloader (grain is not a test dependency;
+# checked by hand against grain 0.2.18's own classes, with workers and a StreamLoader)
+_GrainMap = type("Map", (), {"__module__": "grain.transforms"})
+_GrainRandomMap = type("RandomMap", (), {"__module__": "grain.transforms"})
+_GrainFilter = type("Filter", (), {"__module__": "grain.transforms"})
+
+
+class _Double(_GrainMap):
+    def map(self, element):
+        return {"x": element["x"] * 2}
+
+
+class _Jitter(_GrainRandomMap):
+    def random_map(self, element, rng):
+        return {"x": element["x"], "u": rng.random()}
+
+
+class _Even(_GrainFilter):
+    def filter(self, element):
+        return element["x"] % 2 == 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_grain_transform_objects_are_taken_as_the_same_transforms(num_workers):
+    source = jl.ArraySource({"x": np.arange(8)})
+    with jl.DataLoader(source, batch_size=4, num_workers=num_workers, seed=5, process_index=0,
+                       process_count=1, transforms=[_Double(), _Jitter()]) as loader:
+        got = [{k: v.copy() for k, v in b.items()} for b in loader]
+    with jl.DataLoader(source, batch_size=4, seed=5, process_index=0, process_count=1,
+                       transforms=[jl.Map(_Double().map),
+                                   jl.RandomMap(_Jitter().random_map)]) as loader:
+        want = [{k: v.copy() for k, v in b.items()} for b in loader]
+    assert [b["x"].tolist() for b in got] == [[0, 2, 4, 6], [8, 10, 12, 14]]
+    assert all(np.array_equal(g["u"], w["u"]) for g, w in zip(got, want))  # seeded as ours
+    with pytest.raises(jl.ConfigError, match=r"Filter\(_Even.filter\) drops records.*"
+                                             r"FilteredSource"):
+        jl.DataLoader(source, batch_size=4, transforms=[_Even()])
+    stream = jl.Stream.from_generator(lambda i: ({"x": j} for j in range(10)), 1)
+    with jl.StreamLoader(stream, batch_size=4, transforms=[_Even(), _Double()],
+                         process_index=0, process_count=1) as loader:
+        assert next(iter(loader))["x"].tolist() == [0, 4, 8, 12]
+
+
+def test_an_object_with_a_map_method_not_from_grain_is_still_refused():
+    class Mapper:
+        def map(self, element):
+            return element
+    with pytest.raises(jl.ConfigError, match=r"expected Map, RandomMap, BatchMap or a callable"):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, transforms=[Mapper()])
