@@ -177,8 +177,8 @@ def _raise_leaf_mismatch(path: str, values: list, positions: Any) -> NoReturn:
         if describe(v) != first:
             fix = ("give every record an array there (an empty or a masked one), not None"
                    if v is None else "make every record's leaf the same shape and dtype (pad or "
-                   "crop in a Map; 1-D token arrays: jaxloader.PackedSource), or use "
-                   "batch_size=1")
+                   "crop in a Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream "
+                   "for a stream), or use batch_size=1")
             raise CollateError(
                 f"batch leaf {path}: records differ: {tree_lib.record_name(positions, 0)} has {first}, "
                 f"{tree_lib.record_name(positions, j)} has {describe(v)}; {fix}"

@@ -295,7 +295,8 @@ def _raise_mismatch(trees: list, treedef: TreeDef, positions: Any, path: str) ->
             remedy = (  # [5, 8, 13] and [5, 8]: token lists, which JAX sees as nodes
                 f"a {want[0]} (of numbers, say) is a node of its items, not an array: make it "
                 "an array of one length in a Map (np.asarray, padded or cropped), or pack "
-                "token sequences with jaxloader.PackedSource" if sequence else
+                "token sequences with jaxloader.PackedSource (PackedStream for a stream)"
+                if sequence else
                 "make every record the same structure (a Map can add missing keys; a None "
                 "where other records have an array must become an array too)")
             raise CollateError(
