@@ -114,10 +114,12 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
     for step, later in sorted((from_step or {}).items()):
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
         schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]", names)
+    from jaxloader.streams.huggingface import as_stream
     from jaxloader.streams.mixed import MixedStream
     from jaxloader.streams.packed import PackedStream
     from jaxloader.streams.reader import Stream
 
+    sources = [as_stream(s) for s in sources]  # Hugging Face IterableDatasets: streams
     if any(isinstance(s, MixedStream) for s in sources):
         raise ConfigError(
             "mix(sources): a mixture of streams inside a mixture; mix the streams in one "

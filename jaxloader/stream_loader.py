@@ -39,6 +39,7 @@ from jaxloader.options import LoaderOptions
 from jaxloader.peer_arguments import refuse
 from jaxloader.streams.maker import StreamBatchMaker
 from jaxloader.streams import passes
+from jaxloader.streams.huggingface import as_stream
 from jaxloader.streams.mixed import MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream
@@ -99,12 +100,14 @@ class StreamLoader(LoaderLifecycle):
                  num_epochs: int | None = None, mask_key: str = "mask",
                  **unknown: Never) -> None:
         refuse("StreamLoader", unknown)
+        stream = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
         if not isinstance(stream, (Stream, MixedStream, PackedStream)):
             if not isinstance(stream, (list, tuple)):
                 raise ConfigError(
                     f"StreamLoader(stream): expected a jaxloader.Stream or a list of shards, got "
                     f"{type(stream).__name__}; for a generator use "
-                    "Stream.from_generator(make, shards=n), for files Stream.jsonl/text/tar"
+                    "Stream.from_generator(make, shards=n), for files Stream.jsonl/text/tar, for "
+                    "a Hugging Face Dataset ds.to_iterable_dataset(num_shards=n)"
                 )
             stream = Stream(stream)
         batch_size = check_int("batch_size", batch_size, low=1,

@@ -8,6 +8,7 @@
 | ``compressed`` | gzip, bzip2, xz and Zstandard files read as what they hold |
 | ``mixed`` | ``MixedStream`` (``jl.mix`` of streams) and ``MixedReader`` (a reader's records by weight) |
 | ``packed`` | ``PackedStream``: a stream's token sequences end to end, cut into rows of one length |
+| ``huggingface`` | ``HuggingFaceShard``: a Hugging Face ``IterableDataset``'s shard, resumed by its own state (``Stream.huggingface``) |
 | ``maker`` | ``StreamBatchMaker``: a reader's batches, transformed and collated |
 
 ``jaxloader.StreamLoader`` reads a ``Stream`` in the main process or in worker processes.

@@ -78,9 +78,11 @@ class PackedStream:
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
                  dtype: Any = np.int32, *, method: str = "concat", bins: int = 16,
                  window: int = 1000, overlong: str = "split") -> None:
+        from jaxloader.streams.huggingface import as_stream
         from jaxloader.streams.mixed import MixedStream
         from jaxloader.streams.reader import Stream
 
+        stream = as_stream(stream)  # a Hugging Face IterableDataset, read as a stream
         if not isinstance(stream, (Stream, MixedStream)):
             raise ConfigError(
                 f"PackedStream(stream): expected a jl.Stream or streams mixed by jl.mix, got "

@@ -111,6 +111,23 @@ class Stream:
         return cls([IterableShard(_Bound(make, i), name=f"{name}[{i}]") for i in range(shards)],
                    **kwargs)
 
+    @classmethod
+    def huggingface(cls, dataset: Any, **kwargs: Any) -> "Stream":
+        """A Hugging Face ``datasets.IterableDataset`` (``load_dataset(..., streaming=True)``),
+        a shard of it a shard, restored by the dataset's own state, list features of numbers
+        as arrays (``jaxloader.streams.huggingface``). ``StreamLoader(dataset)`` reads one
+        this way, with no shuffle window.
+
+        Example (``tests/streams/test_huggingface.py`` runs it)::
+
+            ds = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+            loader = jl.StreamLoader(jl.Stream.huggingface(ds, shuffle_window=10_000),
+                                     batch_size=256, num_workers=2)
+        """
+        from jaxloader.streams.huggingface import shards_of
+
+        return cls(shards_of(dataset), **kwargs)
+
     def describe(self) -> dict[str, Any]:
         """What a state is checked against: the shards' names, the window, the shuffle."""
         return {"shards": [s.name for s in self.shards], "shuffle_window": self.shuffle_window,
@@ -144,10 +161,13 @@ class StreamReader:
 
     def __init__(self, stream: Stream, *, reader: int, readers: int, seed: int = 0) -> None:
         if len(stream.shards) < readers:
+            hf = any(type(s).__name__ == "HuggingFaceShard" for s in stream.shards)
             raise ConfigError(
                 f"Stream: {len(stream.shards)} shards for {readers} readers (processes x "
                 f"workers): reader {len(stream.shards)} would read nothing; give at least "
-                f"{readers} shards, or use fewer workers"
+                f"{readers} shards" + (" (a Hugging Face dataset of Parquet files: "
+                                       "ds.reshard() makes a shard of each row group)"
+                                       if hf else "") + ", or use fewer workers"
             )
         self.stream, self.reader, self.readers = stream, reader, readers
         self.seed = seed
@@ -260,7 +280,6 @@ class StreamReader:
 
     def _read(self) -> Any:
         shard = self._current
-        where = shard.get_state()
         try:
             return shard.next()
         except StopIteration:
@@ -268,9 +287,12 @@ class StreamReader:
         except JaxloaderError:
             raise
         except Exception as e:
+            # the state is asked for here, not before every record (a Hugging Face shard's
+            # costs a copy of its state: 5 us of ~50 a record); a shard's state stays where
+            # it was when its next() raises (IterableShard counts only records returned)
             raise RecordError(
                 f"stream shard {shard.name} (reader {self.reader}, epoch {self._epoch}) raised "
-                f"{type(e).__name__} at {where}: {e}"
+                f"{type(e).__name__} at {_state_or_why(shard)}: {e}"
             ) from e
 
     def _start_epoch(self, epoch: int) -> None:
@@ -296,6 +318,14 @@ class StreamReader:
         close = getattr(shard, "close", None)
         if close is not None:
             close()
+
+
+def _state_or_why(shard: Any) -> Any:
+    """``shard.get_state()``, for a message: what it says, or why it could not."""
+    try:
+        return shard.get_state()
+    except Exception as e:  # noqa: BLE001 - the shard is already failing; name that first
+        return f"<no state: get_state raised {type(e).__name__}>"
 
 
 def _checked(state: Any, reader: int) -> dict:

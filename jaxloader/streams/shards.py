@@ -109,14 +109,14 @@ class JsonlShard(_LineShard):
         except ValueError as e:
             raise RecordError(f"{self.path}: line {self._line}: not JSON ({e}): "
                               f"{raw[:80]!r}") from None
-        return _numbers_as_arrays(value)
+        return numbers_as_arrays(value)
 
 
-def _numbers_as_arrays(value: Any) -> Any:
+def numbers_as_arrays(value: Any) -> Any:
     """JSON's lists of numbers (at any depth, of one length a depth) as NumPy arrays; other
     lists (of strings, of objects, of lists of other lengths) as lists of converted items."""
     if isinstance(value, dict):
-        return {key: _numbers_as_arrays(v) for key, v in value.items()}
+        return {key: numbers_as_arrays(v) for key, v in value.items()}
     if not isinstance(value, list):
         return value
     if value and _all_numbers(value):
@@ -126,7 +126,7 @@ def _numbers_as_arrays(value: Any) -> Any:
             array = None
         if array is not None and array.dtype.kind in "biuf":
             return array
-    return [_numbers_as_arrays(v) for v in value]
+    return [numbers_as_arrays(v) for v in value]
 
 
 def _all_numbers(value: list) -> bool:

@@ -1,0 +1,139 @@
+"""A Hugging Face IterableDataset read as a stream: arrays of the declared dtypes, exact
+restores through the dataset's own state, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.streams.huggingface import HuggingFaceShard
+from resume_harness import check_resume
+
+datasets = pytest.importorskip("datasets")  # a test-only dependency
+
+
+def iterable(n=96, shards=4):
+    ds = datasets.Dataset.from_dict({
+        "vec": [[float(i)] * 16 for i in range(n)],
+        "text": ["w" * (1 + i % 9) for i in range(n)],  # strings of different lengths
+        "label": list(range(n)),
+        "small": [i % 100 for i in range(n)],
+    }).cast(datasets.Features({
+        "vec": datasets.Sequence(datasets.Value("float32")), "text": datasets.Value("string"),
+        "label": datasets.Value("int64"), "small": datasets.Value("int16")}))
+    return ds.to_iterable_dataset(num_shards=shards)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pass_holds_every_record_once_as_arrays_of_the_declared_dtypes(num_workers):
+    with jl.StreamLoader(iterable(), batch_size=8, num_workers=num_workers, num_epochs=1,
+                         process_index=0, process_count=1) as loader:
+        batches = [{k: np.array(v) for k, v in b.items()} for b in loader]
+    labels = np.concatenate([b["label"][b["mask"]] for b in batches])
+    assert sorted(labels.tolist()) == list(range(96))
+    for b in batches:
+        # a list feature is one array (Python format alone batches it as 16 arrays of (8,))
+        assert b["vec"].shape == (8, 16) and b["vec"].dtype == np.float32
+        assert np.array_equal(b["vec"][:, 0], b["label"].astype(np.float32))
+        assert b["small"].dtype == np.int16 and b["label"].dtype == np.int64
+        assert b["text"].dtype == object and all(type(t) is str for t in b["text"])
+        assert [len(t) for t in b["text"]] == [1 + i % 9 for i in b["label"]]
+
+
+@pytest.mark.parametrize("k", [3, 11, 30])  # in the first shards, later, past the first epoch
+def test_a_restore_continues_the_same_stream_into_other_worker_counts(k):
+    ds = iterable()
+
+    def make(num_workers):
+        return lambda: jl.StreamLoader(jl.Stream.huggingface(ds, shuffle_window=7), batch_size=5,
+                                       num_workers=num_workers, readers_per_process=2,
+                                       process_index=0, process_count=1)
+    check_resume(make(2), total=36, k=k, make_restored=make(0))
+
+
+def test_a_restore_does_not_read_the_shard_again_through_the_datasets_map():
+    """The state is the dataset's own: a restore passes over the examples read before below
+    the dataset's map, where skipping records (Stream.from_generator) maps every one."""
+    calls = []
+    ds = iterable(n=400, shards=2).map(lambda r: calls.append(1) or r)
+    def make():
+        return jl.StreamLoader(ds, batch_size=10, process_index=0, process_count=1)
+    with make() as first:
+        it = iter(first)
+        for _ in range(17):  # 170 records of the first shard (200 a shard)
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        expected = next(it)["label"].tolist()
+    shard_state = state["readers"][0]["shard_state"]["hf"]
+    assert "examples_iterable" in shard_state
+    calls.clear()
+    with make() as second:
+        second.load_state_dict(state)
+        assert next(iter(second))["label"].tolist() == expected
+    assert len(calls) <= 20, f"the restore mapped {len(calls)} records"
+
+
+def test_json_files_streamed_pack_and_mix(tmp_path):
+    for f in range(2):
+        with open(tmp_path / f"part-{f}.jsonl", "w") as out:
+            for i in range(30):
+                j = f * 30 + i
+                out.write(json.dumps({"id": j, "tokens": list(range(j % 7 + 1))}) + "\n")
+    files = sorted(str(p) for p in tmp_path.glob("*.jsonl"))
+    ds = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+    packed = jl.StreamLoader(jl.PackedStream(ds, "tokens", 16), batch_size=4,
+                             process_index=0, process_count=1)
+    with packed:
+        batch = next(iter(packed))
+    assert batch["tokens"].shape == (4, 16) and batch["tokens_segment_ids"].shape == (4, 16)
+    mixed = jl.StreamLoader(jl.mix([ds, iterable()], [0.5, 0.5]), batch_size=8,
+                            transforms=[jl.Map(lambda r: {"id": np.int64(r.get("id", -1))})],
+                            process_index=0, process_count=1)
+    with mixed:
+        ids = next(iter(mixed))["id"]
+    assert (ids == -1).sum() == 4 and (ids >= 0).sum() == 4  # each component's half
+
+
+def _rows(parts):  # shard p of the generator: records 2p and 2p + 1
+    for i in (j for p in parts for j in (2 * p, 2 * p + 1)):
+        yield {"x": [i, i + 1, i + 2], "name": f"r{i}"}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_features_unknown_lists_of_numbers_still_become_arrays(num_workers):
+    ds = datasets.IterableDataset.from_generator(_rows, gen_kwargs={"parts": [0, 1]})
+    assert ds.features is None and ds.num_shards == 2
+    with jl.StreamLoader(ds, batch_size=4, num_workers=num_workers, num_epochs=1,
+                         process_index=0, process_count=1) as loader:
+        batches = [{k: np.array(v) for k, v in b.items()} for b in loader]
+    assert all(b["x"].shape == (4, 3) and b["x"].dtype.kind == "i" for b in batches)
+    firsts = np.concatenate([b["x"][b["mask"], 0] for b in batches])
+    assert sorted(firsts.tolist()) == [0, 1, 2, 3]
+    assert all(type(n) is str for b in batches for n in b["name"])
+
+
+def test_bad_input_gets_a_clear_error():
+    with pytest.raises(ConfigError, match=r"1 shards for 2 readers.*ds.reshard\(\)"):
+        jl.StreamLoader(iterable(shards=1), batch_size=2, num_workers=2, process_index=0,
+                        process_count=1)
+    with pytest.raises(ConfigError, match=r"shuffle_window"):
+        jl.Stream.huggingface(iterable().shuffle(seed=0, buffer_size=10))
+    with pytest.raises(ConfigError, match=r"IterableDataset.shuffle"):  # below a map
+        jl.StreamLoader(iterable().shuffle(seed=0, buffer_size=10).map(lambda r: r),
+                        batch_size=2)
+    with pytest.raises(ConfigError, match=r"random access: pass it to jl.DataLoader"):
+        jl.Stream.huggingface(datasets.Dataset.from_dict({"x": [1, 2]}))
+    with pytest.raises(ConfigError, match=r"jaxloader.StreamLoader\(ds\)"):
+        jl.DataLoader(iterable(), batch_size=2)
+    shard = jl.Stream.huggingface(iterable()).shards[0]
+    assert isinstance(shard, HuggingFaceShard)
+    with pytest.raises(StateDictError, match=r"expected a state \{'hf'"):
+        shard.reset({"consumed": 3})
+    shard.reset(None)
+    shard.next()
+    with pytest.raises(StateDictError, match=r"epoch 5"):
+        shard.reset({"hf": {**shard.get_state()["hf"], "epoch": 5}})
