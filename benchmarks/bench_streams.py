@@ -28,6 +28,11 @@ whose ``iter()`` is a pass that ends (``num_epochs=1``: every batch carries a ma
 checks for its next record after each batch, ``next()`` asks whether every reader is done),
 in process and with 2 workers: records/s over the same stretch, and over whole passes (the
 last, padded batches included, records counted by the mask).
+
+``--only huggingface`` (needs ``datasets``): a Hugging Face ``IterableDataset`` over 4
+Parquet files read by ``StreamLoader(ds)`` and by the generator recipe README gave before,
+against the dataset iterated bare; the seconds to restore with each, every reader half-way
+through a file.
 """
 
 from __future__ import annotations
@@ -351,6 +356,97 @@ def passes(args: argparse.Namespace, work: str) -> None:
     print("saved", save("stream_passes", {"machine": machine(), "rates": rates}))
 
 
+def huggingface(args: argparse.Namespace, work: str) -> None:
+    """A Hugging Face ``IterableDataset`` over Parquet files: jaxloader reading it as it is
+    (``Stream.huggingface``) against the generator recipe the README gave before (a shard of
+    it a ``from_generator`` shard) and against the dataset iterated bare in one process
+    (Python records, no batching); then the seconds to restore mid-shard with each."""
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards, per_shard = WORKERS * 2, args.per_shard * 25
+    paths = []
+    for i in range(shards):
+        ids = np.arange(i * per_shard, (i + 1) * per_shard)
+        vectors = np.random.default_rng(i).random((per_shard, 16), dtype=np.float32)
+        paths.append(os.path.join(work, f"hf-{i:03d}.parquet"))
+        pq.write_table(pa.table({"id": ids, "vector": pa.FixedSizeListArray.from_arrays(
+            pa.array(vectors.ravel()), 16), "text": [f"row {j}" for j in ids]}), paths[-1],
+            row_group_size=10_000)
+    ds = datasets.load_dataset("parquet", data_files=paths, split="train", streaming=True)
+    generator = jl.Stream.from_generator(lambda i: iter(ds.shard(ds.num_shards, i)),
+                                         shards=ds.num_shards)
+
+    def make(stream: Any, workers: int) -> Callable[[], Any]:
+        return lambda: jl.StreamLoader(stream, batch_size=BATCH, num_workers=workers,
+                                       process_index=0, process_count=1)
+
+    def bare() -> float:
+        start, rows = time.perf_counter(), 0
+        for _ in ds:
+            rows += 1
+            if rows == args.batches * BATCH:
+                break
+        return rows / (time.perf_counter() - start)
+
+    count = lambda batch: len(batch["id"])  # noqa: E731
+    cases: dict[str, Callable[[], float]] = {"the dataset iterated bare, in process": bare}
+    try:  # the dataset's own integration: an IterableDataset is torch's where torch is
+        import torch.utils.data
+
+        cases["torch DataLoader(ds), 2 workers (datasets deals the files)"] = functools.partial(
+            rate, lambda: _TorchLoader(torch.utils.data.DataLoader(
+                ds, batch_size=BATCH, num_workers=WORKERS)), args.batches, count=count)
+    except ImportError:
+        pass
+    for workers in (0, WORKERS):
+        where = "in process" if workers == 0 else f"{workers} workers"
+        cases[f"jaxloader StreamLoader(ds), {where}"] = functools.partial(
+            rate, make(ds, workers), args.batches, count=count)
+        cases[f"the generator recipe (lists as lists), {where}"] = functools.partial(
+            rate, make(generator, workers), args.batches, count=count)
+    rates: dict = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rates[name].append(cases[name]())
+    restores = {name: [restore_seconds(make(stream, WORKERS), per_shard, shards)
+                       for _ in range(args.rounds)]
+                for name, stream in (("Stream.huggingface (the dataset's state)", ds),
+                                     ("the generator recipe (skips records)", generator))}
+    print(f"{machine()}; datasets {datasets.__version__}; {shards} Parquet files x "
+          f"{per_shard:,} rows (an id, float32[16], a short string), batch {BATCH}, "
+          f"{args.rounds} rounds")
+    bare_rates = rates["the dataset iterated bare, in process"]
+    print(table([(name, f"{statistics.median(v):,.0f}",
+                  f"{statistics.median([a / b for a, b in zip(v, bare_rates)]):.2f}x")
+                 for name, v in rates.items()],
+                ("reader", "records/s (median)", "vs the dataset bare (a round's)")))
+    print(table([(name, f"{statistics.median(v):.2f}") for name, v in restores.items()],
+                ("restore, each reader half-way through a file", "seconds to the first batch")))
+    print("saved", save("stream_huggingface", {"machine": machine(), "rates": rates,
+                                               "restores": restores}))
+
+
+class _TorchLoader:
+    """A torch ``DataLoader`` as ``rate`` reads it: ``iter()`` and ``close()``."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._it: Any = None
+
+    def __iter__(self) -> Any:
+        self._it = iter(self.loader)
+        return self._it
+
+    def close(self) -> None:
+        shutdown = getattr(self._it, "_shutdown_workers", None)
+        if shutdown:
+            shutdown()
+
+
 def byte_tokens(record: dict) -> dict:
     """A record's text as tokens: its UTF-8 bytes (a stand-in for a tokenizer), repeated or cut
     to a long-tailed length fixed by its id (lognormal, median ~300, at most 8,192), as
@@ -423,8 +519,9 @@ def main() -> None:
     parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", default="tar,compressed,packed,passes",
-                        help="comma-separated subset of: tar, compressed, packed, passes")
+    parser.add_argument("--only", default="tar,compressed,packed,passes,huggingface",
+                        help="comma-separated subset of: tar, compressed, packed, passes, "
+                        "huggingface")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_streams_")
     try:
@@ -436,6 +533,8 @@ def main() -> None:
             packed(args, work)
         if "passes" in args.only.split(","):
             passes(args, work)
+        if "huggingface" in args.only.split(","):
+            huggingface(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # ~400 MB of shards
 
