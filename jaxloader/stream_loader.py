@@ -103,6 +103,11 @@ class StreamLoader(LoaderLifecycle):
         stream = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
         if not isinstance(stream, (Stream, MixedStream, PackedStream)):
             if not isinstance(stream, (list, tuple)):
+                if type(stream).__name__ == "IterableDatasetDict":  # load_dataset, no split=
+                    raise ConfigError(
+                        f"StreamLoader(stream): got an IterableDatasetDict of "
+                        f"{list(stream)}; pass one of them: stream[{next(iter(stream), '')!r}]"
+                        " (or load_dataset(..., split='train', streaming=True))")
                 raise ConfigError(
                     f"StreamLoader(stream): expected a jaxloader.Stream or a list of shards, got "
                     f"{type(stream).__name__}; for a generator use "

@@ -62,6 +62,13 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
         raise ConfigError("Stream.huggingface(dataset): this datasets release has no "
                           "IterableDataset.state_dict, which a restore needs; pip install "
                           "\"datasets>=2.18\"")
+    if getattr(dataset, "_distributed", None) is not None:
+        raise ConfigError(
+            "Stream.huggingface(dataset): the dataset is split by node "
+            "(datasets.distributed.split_dataset_by_node), and the loader deals its files to "
+            "the hosts (process_index, process_count) and workers itself; pass the whole "
+            "dataset, the same on every host"
+        )
     if _shuffled(dataset):
         raise ConfigError(
             "Stream.huggingface(dataset): the dataset is shuffled (IterableDataset.shuffle), "

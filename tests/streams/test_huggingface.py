@@ -129,6 +129,13 @@ def test_bad_input_gets_a_clear_error():
         jl.Stream.huggingface(datasets.Dataset.from_dict({"x": [1, 2]}))
     with pytest.raises(ConfigError, match=r"jaxloader.StreamLoader\(ds\)"):
         jl.DataLoader(iterable(), batch_size=2)
+    from datasets.distributed import split_dataset_by_node
+
+    with pytest.raises(ConfigError, match=r"split by node.*pass the whole dataset"):
+        jl.StreamLoader(split_dataset_by_node(iterable(), rank=0, world_size=2), batch_size=2)
+    with pytest.raises(ConfigError, match=r"IterableDatasetDict of \['train'\]; pass one of "
+                                          r"them: stream\['train'\]"):
+        jl.StreamLoader(datasets.IterableDatasetDict({"train": iterable()}), batch_size=2)
     shard = jl.Stream.huggingface(iterable()).shards[0]
     assert isinstance(shard, HuggingFaceShard)
     with pytest.raises(StateDictError, match=r"expected a state \{'hf'"):
