@@ -10,7 +10,7 @@ prefix of the batch (one per leaf or per subtree); a ``PartitionSpec`` stands fo
 ``NamedSharding`` over the mesh of ``jax.set_mesh``, and a device for that device.
 ``data_sharding(mesh, "data")`` builds the usual data-parallel one: the batch axis split over
 the mesh axis ``"data"``, the other axes (and the other mesh axes) replicated. Object leaves
-(strings, bytes) stay NumPy arrays.
+(strings, bytes), fixed-width strings and dates, which JAX has no type for, stay NumPy arrays.
 
 Example:
     >>> import jax, numpy as np
@@ -50,6 +50,18 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
 
 
 _NUMERIC = np.dtype(np.float32)  # what a leaf without a dtype counts as: not an object leaf
+
+
+def host_only(dtype: np.dtype) -> bool:
+    """Whether JAX has no array type for ``dtype``: objects, ``str``/``bytes`` of a fixed
+    width (``<U8``, ``S8``) and dates/durations (``datetime64``, ``timedelta64``), which stay
+    NumPy. (bfloat16 and the other ``ml_dtypes`` are of kind ``V`` and go to the device.)
+
+    Example:
+        >>> host_only(np.dtype("<U8")), host_only(np.dtype(np.float32))
+        (True, False)
+    """
+    return dtype.hasobject or dtype.kind in "USMm"
 
 
 def _is_sharding(x: Any) -> bool:
@@ -110,7 +122,8 @@ class Putter:
 
     def __call__(self, batch: Any) -> Any:
         if self.process_count == 1 and not any(
-                getattr(leaf, "dtype", _NUMERIC).hasobject for leaf in jax.tree_util.tree_leaves(batch)):
+                host_only(getattr(leaf, "dtype", _NUMERIC))
+                for leaf in jax.tree_util.tree_leaves(batch)):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code
                 return jax.device_put(batch, self.sharding)
             except (TypeError, ValueError):
@@ -136,8 +149,8 @@ class Putter:
         return jax.tree_util.tree_unflatten(treedef, placed)
 
     def _put_leaf(self, sharding: Sharding, leaf: Any, path: str) -> Any:
-        if isinstance(leaf, np.ndarray) and leaf.dtype.hasobject:
-            return leaf  # strings and objects have no device representation
+        if isinstance(leaf, np.ndarray) and host_only(leaf.dtype):
+            return leaf  # strings, objects and dates have no device representation
         try:
             if self.process_count == 1:
                 return jax.device_put(leaf, sharding)

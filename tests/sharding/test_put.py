@@ -75,6 +75,31 @@ def test_pytree_of_shardings_and_object_leaves():
     assert out.strip() == "ok"
 
 
+def test_fixed_width_strings_and_dates_stay_numpy_and_bfloat16_goes_to_the_devices():
+    # np.array(["a", "bb"]) is <U2, not an object array: it was sent to device_put, and the
+    # error blamed the batch size ("must divide evenly over the devices")
+    out = run_with_devices("""
+    import jax.numpy as jnp
+    mesh = jax.make_mesh((2,), ("data",))
+    n = 8
+    src = jl.ArraySource({"x": np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+                          "name": np.array([f"r{i}" for i in range(n)]),
+                          "raw": np.array([b"b%d" % i for i in range(n)]),
+                          "day": np.arange(n).astype("datetime64[D]"),
+                          "half": np.arange(n).astype(jnp.bfloat16)})
+    with jl.DataLoader(src, batch_size=4, num_workers=1, process_index=0, process_count=1,
+                       sharding=jl.data_sharding(mesh)) as loader:
+        batch = next(iter(loader))
+    for key in ("name", "raw", "day"):
+        assert isinstance(batch[key], np.ndarray), (key, type(batch[key]))
+    assert batch["name"].tolist() == ["r0", "r1", "r2", "r3"]
+    assert batch["x"].sharding == jl.data_sharding(mesh)
+    assert batch["half"].sharding == jl.data_sharding(mesh) and batch["half"].dtype == jnp.bfloat16
+    print("ok")
+    """, n=2)
+    assert out.strip() == "ok"
+
+
 def test_bad_shardings_give_clear_errors():
     out = run_with_devices("""
     mesh = jax.make_mesh((4,), ("data",))
