@@ -23,8 +23,14 @@ def test_array_source_leaves_of_different_lengths():
 def test_array_source_rejects_scalars_and_objects():
     with pytest.raises(jl.ConfigError, match=r"\['a'\]"):
         jl.ArraySource({"a": np.float32(3)})
-    with pytest.raises(jl.ConfigError, match="numeric"):
-        jl.ArraySource([np.array(["a", None], dtype=object)])
+    with pytest.raises(jl.ConfigError, match="numbers or fixed-width strings"):
+        jl.ArraySource([np.array([{"a": 1}, None], dtype=object)])
+    # an object array of str (from pandas, or dtype=object): the fixes a user can take
+    with pytest.raises(jl.ConfigError, match=r"\['t'\].*dtype object; for strings, "
+                                             r"np.asarray\(leaf, dtype=str\).*list of records"):
+        jl.ArraySource({"t": np.array(["a", "bb"], dtype=object)})
+    fixed = jl.ArraySource({"t": np.asarray(np.array(["a", "bb"], dtype=object), dtype=str)})
+    assert fixed[1]["t"] == "bb"
 
 
 def test_empty_and_non_sources():

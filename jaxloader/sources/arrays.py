@@ -42,10 +42,16 @@ class ArraySource:
         for path, leaf in zip(paths, leaves):
             array = leaf if isinstance(leaf, np.ndarray) else np.asarray(leaf)
             if array.ndim == 0 or array.dtype.hasobject:
+                strings = array.ndim > 0 and array.size and isinstance(array.flat[0], (str, bytes))
+                remedy = ("for strings, np.asarray(leaf, dtype=str) (fixed width: shared with "
+                          "the workers, batched as <U arrays), or pass a list of records "
+                          "({'text': ..., ...}: str leaves)" if strings else
+                          "wrap scalars in an array, keep other objects in your own source "
+                          "(any object with __len__ and __getitem__)")
                 raise ConfigError(
-                    f"ArraySource leaf {path}: expected a numeric NumPy array with records along "
-                    f"axis 0, got {type(leaf).__name__} with shape {array.shape} dtype "
-                    f"{array.dtype}; wrap scalars in an array, keep strings in your own source"
+                    f"ArraySource leaf {path}: expected a NumPy array of numbers or fixed-width "
+                    f"strings with records along axis 0, got {type(leaf).__name__} with shape "
+                    f"{array.shape} dtype {array.dtype}; {remedy}"
                 )
             arrays.append(array)
         lengths = {path: a.shape[0] for path, a in zip(paths, arrays)}
