@@ -138,6 +138,8 @@ class HuggingFaceShard:
         return {"hf": self._part.state_dict() if self._started else self._start}
 
     def close(self) -> None:
+        if self._started:  # get_state() still answers, with where it stopped
+            self._start, self._started = self._part.state_dict(), False
         self._part = self._it = None
 
     def _checked(self, state: dict | None) -> dict | None:

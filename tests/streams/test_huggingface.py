@@ -142,5 +142,9 @@ def test_bad_input_gets_a_clear_error():
         shard.reset({"consumed": 3})
     shard.reset(None)
     shard.next()
+    shard.close()  # still says where it stopped
+    assert shard.get_state()["hf"]["examples_iterable"]
+    shard.reset(shard.get_state())
+    assert shard.next()["label"] == 1
     with pytest.raises(StateDictError, match=r"epoch 5"):
         shard.reset({"hf": {**shard.get_state()["hf"], "epoch": 5}})
