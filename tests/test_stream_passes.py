@@ -173,9 +173,16 @@ def test_a_pass_is_refused_where_it_cannot_end_evenly_and_names_the_remedy(tmp_p
     with pytest.raises(jl.ConfigError, match=r"num_epochs: a MixedStream has no end"):
         loader_of(jl.mix([generator_stream(tmp_path), jsonl_stream(tmp_path)], [0.5, 0.5]),
                   [], num_epochs=1)
-    with pytest.raises(jl.ConfigError, match=r"num_epochs: a PackedStream has no end"):
+    with pytest.raises(jl.ConfigError, match=r"num_epochs: a PackedStream has no end.*"
+                                             r"jl.PackedSource\(records, key, length\)"):
         loader_of(jl.PackedStream(generator_stream(tmp_path), "t", 4,
                                   tokenize=lambda r: {"t": np.arange(3)}), [], num_epochs=1)
+    # the remedy it names: a held-out set's records in a list, every token once, masked
+    records = [{"t": np.arange(1, 2 + i % 9)} for i in range(50)]
+    with jl.DataLoader(jl.PackedSource(records, "t", 16), batch_size=4, last_batch="pad",
+                       process_index=0, process_count=1) as held_out:
+        placed = sum(int((b["t_segment_ids"][b["mask"]] > 0).sum()) for b in held_out)
+    assert placed == sum(len(r["t"]) for r in records)
     with pytest.raises(jl.ConfigError, match=r"process_count=2 and JAX runs 1; call "
                                              r"jax.distributed.initialize\(\) first"):
         jl.StreamLoader(generator_stream(tmp_path), batch_size=2, num_epochs=1,

@@ -24,10 +24,14 @@ from jaxloader.streams.packed import PackedStream
 def check(stream: Any, process_count: int) -> None:
     """Refuses a pass that ends (``num_epochs``) where it has no end, or would end unevenly."""
     if isinstance(stream, (MixedStream, PackedStream)):
+        held_out = (" (to pack a held-out set once: read its records into a list, then "
+                    "jl.DataLoader(jl.PackedSource(records, key, length), batch_size=..., "
+                    "last_batch='pad') gives every token once, masked)"
+                    if isinstance(stream, PackedStream) else "")
         raise ConfigError(
             f"num_epochs: a {type(stream).__name__} has no end of its own (a mixture's "
             "components wrap as the weights ask; packed rows span records); leave num_epochs "
-            "None and loop for a number of steps, or pass the plain Stream")
+            f"None and loop for a number of steps, or pass the plain Stream{held_out}")
     if process_count > 1:
         import jax
 
