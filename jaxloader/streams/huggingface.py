@@ -34,6 +34,7 @@ Example (``tests/streams/test_huggingface.py`` runs it)::
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -122,7 +123,7 @@ class HuggingFaceShard:
                     f"HuggingFaceShard {self.name}: the state is of the dataset's epoch "
                     f"{given['epoch']}, the dataset is in epoch {part.epoch}; restore into the "
                     "dataset the state was saved from")
-            part.load_state_dict(given)
+            part.load_state_dict(copy.deepcopy(given))  # (get_state() hands out ``given``)
         self._part, self._it = part, iter(part)
         self._start, self._started = given, False
 
