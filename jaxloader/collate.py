@@ -94,6 +94,11 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
         except AttributeError:  # a Python scalar or an object among the arrays
             same = False
         if not same:
+            if first.dtype == object and all(type(v) is np.ndarray and v.dtype == object
+                                             and v.ndim == 1 for v in values):
+                # lists of strings of other lengths (a Hugging Face List(string) feature): one
+                # array a row, as a source's batch gives them (no device form either way)
+                return _Column(path, (n,), first.dtype, object_column(values))
             _raise_leaf_mismatch(path, values, positions)
         return _Column(path, (n, *first.shape), first.dtype, values, positions)
     if isinstance(first, np.ndarray) and first.ndim == 0 and first.dtype.kind in "US":

@@ -130,6 +130,17 @@ def test_strings_and_bytes_stay_objects_of_any_length():
         collate([{"s": "a"}, {"s": 1}], positions=[0, 1])
 
 
+def test_object_arrays_of_other_lengths_are_one_entry_a_record():
+    # lists of strings (a Hugging Face List(string) feature), as a source's batch gives them
+    tags = [np.array(t, dtype=object) for t in (["a", "b"], ["c"], [])]
+    batch, _ = collate([{"tags": t} for t in tags])
+    assert batch["tags"].shape == (3,) and batch["tags"].dtype == object
+    assert [t.tolist() for t in batch["tags"]] == [["a", "b"], ["c"], []]
+    # numbers of other lengths are still refused (PackedSource packs them)
+    with pytest.raises(CollateError, match=r"records differ.*PackedSource"):
+        collate([{"t": np.arange(2)}, {"t": np.arange(3)}])
+
+
 def test_other_objects_are_refused_naming_the_leaf_the_type_and_the_fix():
     class Opaque:
         pass

@@ -16,9 +16,10 @@ makes and maps every one.
 Records are read in Python format (whatever the dataset's format), converted as a
 ``Dataset``'s are (``jaxloader.sources.huggingface``): a list feature of numbers is one array
 of the dtype the features declare (a 32-float list would batch as 32 arrays of shape
-``(batch,)``), numbers take their declared dtype, strings stay ``str``. Where the features are
-unknown (a JSON file streamed without them), lists of numbers become arrays as ``JsonlShard``
-reads them.
+``(batch,)``), numbers take their declared dtype, strings stay ``str``. A list of strings is
+an object array: batched one a row when the lengths differ, stacked to ``(batch, length)``
+when they are alike (as arrays of one shape are). Where the features are unknown (a JSON file
+streamed without them), lists of numbers become arrays as ``JsonlShard`` reads them.
 
 The dataset's own ``shuffle`` is refused: its buffer is lost at every restore (the dataset's
 documentation says so), so the rest of the stream would differ. The stream's
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxloader.collate import object_column
 from jaxloader.errors import ConfigError, StateDictError
 from jaxloader.sources.huggingface import _declared_dtype
 from jaxloader.streams.shards import numbers_as_arrays
@@ -169,6 +171,9 @@ def plan_of(features: Any) -> Any:
     number or of a list's numbers, ``None`` for the rest (strings, images)."""
     if isinstance(features, dict):
         return {key: plan_of(feature) for key, feature in features.items()}
+    inner = getattr(features, "feature", None)  # List / Sequence / LargeList
+    if str(getattr(inner, "dtype", "")) in _TEXT:
+        return _STRINGS
     return _declared_dtype(features)
 
 
@@ -180,6 +185,18 @@ class _Unknown:
 
 
 _UNKNOWN = _Unknown()
+
+
+class _Strings:
+    """The plan of a list of strings (or bytes): one object array a row, as a ``Dataset``'s
+    list of strings batches (a list would be a pytree node of its items)."""
+
+    def __reduce__(self) -> str:
+        return "_STRINGS"
+
+
+_STRINGS = _Strings()
+_TEXT = ("string", "large_string", "binary", "large_binary")
 _PYTHON = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
 
 
@@ -203,6 +220,8 @@ def as_declared(value: Any, plan: Any) -> Any:
     if plan is _UNKNOWN:
         return numbers_as_arrays(value)
     kind = type(value)
+    if plan is _STRINGS:
+        return object_column(value) if kind is list else value
     if kind is list:
         if plan is not None:
             try:

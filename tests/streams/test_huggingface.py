@@ -98,6 +98,21 @@ def test_json_files_streamed_pack_and_mix(tmp_path):
     assert (ids == -1).sum() == 4 and (ids >= 0).sum() == 4  # each component's half
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_list_of_strings_is_one_object_array_a_row_as_a_datasets_is(num_workers):
+    tags = [["a", "b"], ["c"], ["d", "e", "f"], []] * 2
+    ds = datasets.Dataset.from_dict({"tags": tags, "i": list(range(8))})
+    with jl.StreamLoader(ds.to_iterable_dataset(num_shards=2), batch_size=4,
+                         num_workers=num_workers, num_epochs=1, process_index=0,
+                         process_count=1) as loader:
+        batches = [{k: np.array(v) for k, v in b.items()} for b in loader]
+    with jl.DataLoader(ds, batch_size=4, process_index=0, process_count=1) as loader:
+        mapped = next(iter(loader))["tags"]
+    for b in batches:
+        assert b["tags"].shape == (4,) and b["tags"].dtype == object == mapped.dtype
+        assert [t.tolist() for t in b["tags"]] == [tags[i] for i in b["i"]]
+
+
 def _rows(parts):  # shard p of the generator: records 2p and 2p + 1
     for i in (j for p in parts for j in (2 * p, 2 * p + 1)):
         yield {"x": [i, i + 1, i + 2], "name": f"r{i}"}
