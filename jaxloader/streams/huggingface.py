@@ -36,6 +36,7 @@ Example (``tests/streams/test_huggingface.py`` runs it)::
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,40 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
     dataset = dataset.with_format(None)
     count = getattr(dataset, "num_shards", None) or dataset.n_shards
     name = getattr(getattr(dataset, "info", None), "dataset_name", None) or "IterableDataset"
+    name += data_digest(dataset)
     return [HuggingFaceShard(dataset, i, count, f"{name}[{i}/{count}]") for i in range(count)]
+
+
+def data_digest(dataset: Any) -> str:
+    """``"@"`` and a digest of what the dataset reads (its files, or the fingerprints of the
+    ``Dataset``s it streams), in its shards' names, which a state is checked against: a
+    state is refused by a stream over other files, as a file source's is. Values with no
+    stable text (a generator function) are left out; ``""`` where nothing is found."""
+    node = getattr(dataset, "_ex_iterable", None)
+    for _ in range(64):  # down the chain of maps and filters to what reads the data
+        inner = getattr(node, "ex_iterable", None)
+        if inner is None:
+            break
+        node = inner
+    digest, found = hashlib.blake2b(digest_size=6), []
+
+    def add(value: Any) -> None:
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                add(item)
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                digest.update(str(key).encode())
+                add(value[key])
+        elif isinstance(value, (str, int, float, bool)):
+            digest.update(repr(value).encode())
+            found.append(1)
+        elif isinstance(getattr(value, "_fingerprint", None), str):
+            digest.update(value._fingerprint.encode())
+            found.append(1)
+
+    add(getattr(node, "kwargs", None) or {})
+    return f"@{digest.hexdigest()}" if found else ""
 
 
 def _shuffled(dataset: Any) -> bool:

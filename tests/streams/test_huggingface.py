@@ -4,6 +4,7 @@ restores through the dataset's own state, and clear refusals."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -75,6 +76,34 @@ def test_a_restore_does_not_read_the_shard_again_through_the_datasets_map():
         second.load_state_dict(state)
         assert next(iter(second))["label"].tolist() == expected
     assert len(calls) <= 20, f"the restore mapped {len(calls)} records"
+
+
+def test_a_state_is_refused_by_a_stream_over_other_data(tmp_path):
+    def saved(ds):
+        with jl.StreamLoader(ds, batch_size=4, process_index=0, process_count=1) as loader:
+            next(iter(loader))
+            return json.loads(json.dumps(loader.state_dict()))
+
+    state = saved(iterable())
+    with jl.StreamLoader(iterable(), batch_size=4, process_index=0, process_count=1) as same:
+        same.load_state_dict(state)  # the same data, made again: accepted
+    with jl.StreamLoader(iterable(n=95), batch_size=4, process_index=0,
+                         process_count=1) as other:
+        with pytest.raises(StateDictError, match=r"does not fit.*shards"):
+            other.load_state_dict(state)
+    files = []
+    for f in range(2):
+        files.append(str(tmp_path / f"part-{f}.jsonl"))
+        with open(files[-1], "w") as out:
+            out.write("".join(json.dumps({"id": f * 10 + i}) + "\n" for i in range(5)))
+    two = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+    renamed = [str(tmp_path / f"other-{f}.jsonl") for f in range(2)]
+    for a, b in zip(files, renamed):
+        shutil.copy(a, b)
+    moved = datasets.load_dataset("json", data_files=renamed, split="train", streaming=True)
+    with jl.StreamLoader(moved, batch_size=4, process_index=0, process_count=1) as loader:
+        with pytest.raises(StateDictError, match=r"does not fit.*shards"):
+            loader.load_state_dict(saved(two))
 
 
 def test_json_files_streamed_pack_and_mix(tmp_path):
