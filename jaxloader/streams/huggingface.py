@@ -202,7 +202,8 @@ class HuggingFaceShard:
 def plan_of(features: Any) -> Any:
     """What ``as_declared`` does with each field of ``features`` (a ``Features`` dict),
     worked out once: a dict of fields' plans for a struct, the declared NumPy dtype of a
-    number or of a list's numbers, ``None`` for the rest (strings, images)."""
+    number or of a list's numbers, ``_STRINGS`` for a list of strings, ``None`` for the rest
+    (strings, images)."""
     if isinstance(features, dict):
         return {key: plan_of(feature) for key, feature in features.items()}
     inner = getattr(features, "feature", None)  # List / Sequence / LargeList
@@ -211,25 +212,18 @@ def plan_of(features: Any) -> Any:
     return _declared_dtype(features)
 
 
-class _Unknown:
-    """The plan of a field the features do not name; one object in every process."""
+class _Plan:
+    """A plan that is not a dtype: one object in every process (unpickled by its name)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def __reduce__(self) -> str:
-        return "_UNKNOWN"  # unpickled as this module's own
+        return self.name
 
 
-_UNKNOWN = _Unknown()
-
-
-class _Strings:
-    """The plan of a list of strings (or bytes): one object array a row, as a ``Dataset``'s
-    list of strings batches (a list would be a pytree node of its items)."""
-
-    def __reduce__(self) -> str:
-        return "_STRINGS"
-
-
-_STRINGS = _Strings()
+_UNKNOWN = _Plan("_UNKNOWN")  # a field the features do not name
+_STRINGS = _Plan("_STRINGS")  # a list of strings (or bytes): an object array a row
 _TEXT = ("string", "large_string", "binary", "large_binary")
 _PYTHON = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
 
