@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -90,16 +91,51 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def digits_loader(args: argparse.Namespace, train: dict, mesh: jax.sharding.Mesh) -> jl.DataLoader:
+    """Shuffled, augmented in 2 workers, each batch split over the mesh's ``"data"`` axis and
+    2 batches kept ready on the devices."""
+    return jl.DataLoader(
+        jl.ArraySource(train), batch_size=args.batch_size, shuffle=True, seed=args.seed,
+        transforms=[jl.RandomMap(augment)], num_workers=args.workers, num_epochs=None,
+        sharding=jl.data_sharding(mesh, "data"), device_prefetch=2,
+    )
+
+
+def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
+    """The run's Orbax ``CheckpointManager`` in ``--checkpoint-dir``; refuses to mix a new run
+    into another's checkpoints (``--resume`` continues it, ``--fresh`` deletes it first)."""
+    directory = os.path.abspath(args.checkpoint_dir)
+    if args.fresh and os.path.isdir(directory):
+        shutil.rmtree(directory)
+    manager = ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
+    )
+    if not args.resume and manager.latest_step() is not None:
+        raise SystemExit(
+            f"{directory} already holds checkpoints of another run (latest step "
+            f"{manager.latest_step()}): pass --resume to continue it, --fresh to delete it and "
+            "start over, or --checkpoint-dir to start a new run elsewhere"
+        )
+    return manager
+
+
+def report(step: int, loss: jax.Array, log: Any, progress: tqdm, loader: jl.DataLoader) -> None:
+    """The step's loss into ``--loss-log`` (JSON lines), and every 50 steps onto the bar."""
+    if log is not None:
+        log.write(json.dumps({"step": step, "loss": float(loss)}) + "\n")
+        log.flush()
+    if step % 50 == 0:
+        progress.set_postfix(loss=f"{float(loss):.4f}", epoch=loader.epoch,
+                             input_wait=f"{loader.stats.wait_fraction:.1%}")
+
+
 def main() -> None:
     args = parse_args()
     train, test = digits_split()
     # Explicit axes: a batch's sharding is part of its type (AxisType.Auto works the same way).
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
-    loader = jl.DataLoader(
-        jl.ArraySource(train), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-        transforms=[jl.RandomMap(augment)], num_workers=args.workers, num_epochs=None,
-        sharding=jl.data_sharding(mesh, "data"), device_prefetch=2,
-    )
+    loader = digits_loader(args, train, mesh)
     model = MLP()
     tx = optax.adam(3e-3)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -116,20 +152,8 @@ def main() -> None:
         return {"params": optax.apply_updates(state["params"], updates),
                 "opt_state": opt_state}, loss
 
-    directory = os.path.abspath(args.checkpoint_dir)
-    if args.fresh and os.path.isdir(directory):
-        shutil.rmtree(directory)
-    manager = ocp.CheckpointManager(
-        directory,
-        options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
-    )
+    manager = open_checkpoints(args)
     step = 0
-    if not args.resume and manager.latest_step() is not None:
-        raise SystemExit(
-            f"{directory} already holds checkpoints of another run (latest step "
-            f"{manager.latest_step()}): pass --resume to continue it, --fresh to delete it and "
-            "start over, or --checkpoint-dir to start a new run elsewhere"
-        )
     if args.resume and manager.latest_step() is not None:
         step = manager.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
@@ -145,12 +169,7 @@ def main() -> None:
                         mininterval=1.0)
         for step in progress:
             state, loss = train_step(state, next(batches))
-            if log is not None:
-                log.write(json.dumps({"step": step + 1, "loss": float(loss)}) + "\n")
-                log.flush()
-            if (step + 1) % 50 == 0:
-                progress.set_postfix(loss=f"{float(loss):.4f}", epoch=loader.epoch,
-                                     input_wait=f"{loader.stats.wait_fraction:.1%}")
+            report(step + 1, loss, log, progress, loader)
             manager.save(step + 1, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), loader=LoaderSave(loader)))
     manager.wait_until_finished()

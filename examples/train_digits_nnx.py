@@ -13,9 +13,7 @@ What differs from the Linen example:
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +23,9 @@ from flax import nnx
 from jax.sharding import AxisType
 from tqdm import tqdm
 
-import jaxloader as jl
 from jaxloader.checkpoint import LoaderRestore, LoaderSave
-from train_digits import augment, cross_entropy, digits_split, parse_args
+from train_digits import (cross_entropy, digits_loader, digits_split, open_checkpoints,
+                          parse_args, report)
 
 
 class MLP(nnx.Module):
@@ -56,29 +54,13 @@ def main() -> None:
         args.checkpoint_dir = os.path.join("checkpoints", "digits_nnx")
     train, test = digits_split()
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
-    loader = jl.DataLoader(
-        jl.ArraySource(train), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-        transforms=[jl.RandomMap(augment)], num_workers=args.workers, num_epochs=None,
-        sharding=jl.data_sharding(mesh, "data"), device_prefetch=2,
-    )
+    loader = digits_loader(args, train, mesh)  # the Linen example's: workers, sharding
     with jax.set_mesh(mesh):  # parameters made here are replicated over the mesh
         model = MLP(nnx.Rngs(args.seed))
         optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
 
-    directory = os.path.abspath(args.checkpoint_dir)
-    if args.fresh and os.path.isdir(directory):
-        shutil.rmtree(directory)
-    manager = ocp.CheckpointManager(
-        directory,
-        options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
-    )
+    manager = open_checkpoints(args)
     step = 0
-    if not args.resume and manager.latest_step() is not None:
-        raise SystemExit(
-            f"{directory} already holds checkpoints of another run (latest step "
-            f"{manager.latest_step()}): pass --resume to continue it, --fresh to delete it and "
-            "start over, or --checkpoint-dir to start a new run elsewhere"
-        )
     if args.resume and manager.latest_step() is not None:
         step = manager.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
@@ -96,12 +78,7 @@ def main() -> None:
                         mininterval=1.0)
         for step in progress:
             loss = train_step(model, optimizer, next(batches))
-            if log is not None:
-                log.write(json.dumps({"step": step + 1, "loss": float(loss)}) + "\n")
-                log.flush()
-            if (step + 1) % 50 == 0:
-                progress.set_postfix(loss=f"{float(loss):.4f}", epoch=loader.epoch,
-                                     input_wait=f"{loader.stats.wait_fraction:.1%}")
+            report(step + 1, loss, log, progress, loader)
             state = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
             manager.save(step + 1, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), loader=LoaderSave(loader)))

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
-import shutil
 import sysconfig
 
 import flax.linen as nn
@@ -36,6 +34,7 @@ from tqdm import tqdm
 
 import jaxloader as jl
 from jaxloader.checkpoint import LoaderRestore, LoaderSave
+from train_digits import open_checkpoints, report  # (examples/ is on the path when run)
 
 VOCAB = 257  # bytes + 1; 0 is padding
 
@@ -139,17 +138,8 @@ def main() -> None:
         return {"params": optax.apply_updates(state["params"], updates),
                 "opt_state": opt_state}, loss
 
-    directory = os.path.abspath(args.checkpoint_dir)
-    if args.fresh and os.path.isdir(directory):
-        shutil.rmtree(directory)
-    manager = ocp.CheckpointManager(
-        directory,
-        options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
-    )
+    manager = open_checkpoints(args)  # the digits example's: refuses to mix runs
     step = 0
-    if not args.resume and manager.latest_step() is not None:
-        raise SystemExit(f"{directory} already holds checkpoints of another run: pass --resume "
-                         "to continue it, --fresh to start over, or another --checkpoint-dir")
     if args.resume and manager.latest_step() is not None:
         step = manager.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
@@ -165,11 +155,7 @@ def main() -> None:
                         mininterval=1.0)
         for step in progress:
             state, loss = train_step(state, next(batches))
-            if log is not None:
-                log.write(json.dumps({"step": step + 1, "loss": float(loss)}) + "\n")
-                log.flush()
-            if (step + 1) % 50 == 0:
-                progress.set_postfix(loss=f"{float(loss):.4f}", epoch=loader.epoch)
+            report(step + 1, loss, log, progress, loader)
             manager.save(step + 1, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), loader=LoaderSave(loader)))
     manager.wait_until_finished()
