@@ -16,7 +16,8 @@ makes and maps every one.
 Records are read in Python format (whatever the dataset's format), converted as a
 ``Dataset``'s are (``jaxloader.sources.huggingface``): a list feature of numbers is one array
 of the dtype the features declare (a 32-float list would batch as 32 arrays of shape
-``(batch,)``), numbers take their declared dtype, strings stay ``str``. A list of strings is
+``(batch,)``), numbers take their declared dtype, dates and times ``datetime64`` (Python
+format's ``datetime`` objects do not batch), strings stay ``str``. A list of strings is
 an object array: batched one a row when the lengths differ, stacked to ``(batch, length)``
 when they are alike (as arrays of one shape are). Where the features are unknown (a JSON file
 streamed without them), lists of numbers become arrays as ``JsonlShard`` reads them.
@@ -36,6 +37,7 @@ Example (``tests/streams/test_huggingface.py`` runs it)::
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 from typing import Any
 
@@ -209,7 +211,21 @@ def plan_of(features: Any) -> Any:
     inner = getattr(features, "feature", None)  # List / Sequence / LargeList
     if str(getattr(inner, "dtype", "")) in _TEXT:
         return _STRINGS
-    return _declared_dtype(features)
+    declared = _declared_dtype(features)  # (a dtype is falsy: it has no fields)
+    return declared if declared is not None else _time_dtype(features)
+
+
+def _time_dtype(feature: Any) -> np.dtype | None:
+    """``datetime64``/``timedelta64`` for a ``Value`` of Arrow's ``timestamp[unit]``,
+    ``date32``/``date64`` or ``duration[unit]`` (a ``Dataset`` in NumPy format gives
+    these; Python format gives ``datetime`` objects, which do not batch)."""
+    kind = str(getattr(feature, "dtype", ""))
+    unit = kind[kind.find("[") + 1:].split(",")[0].rstrip("]") if "[" in kind else ""
+    if kind.startswith("timestamp[") and unit in ("s", "ms", "us", "ns"):
+        return np.dtype(f"datetime64[{unit}]")
+    if kind.startswith("duration[") and unit in ("s", "ms", "us", "ns"):
+        return np.dtype(f"timedelta64[{unit}]")
+    return {"date32": np.dtype("datetime64[D]"), "date64": np.dtype("datetime64[ms]")}.get(kind)
 
 
 class _Plan:
@@ -260,6 +276,10 @@ def as_declared(value: Any, plan: Any) -> Any:
     # a Python number batches as int64, float64 or bool: cast only to another dtype
     if plan is not None and kind in _PYTHON and _PYTHON[kind] != plan:
         return plan.type(value)
+    if isinstance(value, (datetime.date, datetime.timedelta)) and isinstance(plan, np.dtype):
+        if getattr(value, "tzinfo", None) is not None:  # (a zone: as UTC, as Arrow keeps it)
+            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return np.array(value, dtype=plan)[()]
     return value
 
 

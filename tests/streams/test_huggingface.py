@@ -3,6 +3,7 @@ restores through the dataset's own state, and clear refusals."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 
@@ -140,6 +141,20 @@ def test_a_list_of_strings_is_one_object_array_a_row_as_a_datasets_is(num_worker
     for b in batches:
         assert b["tags"].shape == (4,) and b["tags"].dtype == object == mapped.dtype
         assert [t.tolist() for t in b["tags"]] == [tags[i] for i in b["i"]]
+
+
+def test_dates_and_times_batch_as_datetime64_as_a_datasets_do():
+    days = [datetime.datetime(2020, 1, 1 + i, 12) for i in range(8)]
+    ds = datasets.Dataset.from_dict({"t": days, "d": [d.date() for d in days],
+                                     "i": list(range(8))})
+    with jl.DataLoader(ds, batch_size=4, process_index=0, process_count=1) as loader:
+        mapped = next(iter(loader))
+    with jl.StreamLoader(ds.to_iterable_dataset(num_shards=1), batch_size=4,
+                         process_index=0, process_count=1) as loader:
+        streamed = next(iter(loader))
+    for key in ("t", "d"):
+        assert streamed[key].dtype == mapped[key].dtype, (key, streamed[key].dtype)
+        assert streamed[key].tolist() == mapped[key].tolist()
 
 
 def _rows(parts):  # shard p of the generator: records 2p and 2p + 1
