@@ -277,8 +277,8 @@ def as_declared(value: Any, plan: Any) -> Any:
     if plan is not None and kind in _PYTHON and _PYTHON[kind] != plan:
         return plan.type(value)
     if isinstance(value, (datetime.date, datetime.timedelta)) and isinstance(plan, np.dtype):
-        if getattr(value, "tzinfo", None) is not None:  # (a zone: as UTC, as Arrow keeps it)
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)  # as Arrow
         return np.array(value, dtype=plan)[()]
     return value
 
