@@ -24,7 +24,9 @@ streamed without them), lists of numbers become arrays as ``JsonlShard`` reads t
 
 The dataset's own ``shuffle`` is refused: its buffer is lost at every restore (the dataset's
 documentation says so), so the rest of the stream would differ. The stream's
-``shuffle_window`` shuffles instead, and restores exactly. ``datasets`` is not a dependency:
+``shuffle_window`` shuffles instead, and restores exactly. A restore is as exact as the
+dataset's ``state_dict()``, which ``datasets`` documents as exact but for that buffer and a
+batched ``map`` over its Arrow format (which may skip a batch). ``datasets`` is not a dependency:
 an ``IterableDataset`` is recognised by its class's module.
 
 Example (``tests/streams/test_huggingface.py`` runs it)::

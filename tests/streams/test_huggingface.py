@@ -57,6 +57,32 @@ def test_a_restore_continues_the_same_stream_into_other_worker_counts(k):
     check_resume(make(2), total=36, k=k, make_restored=make(0))
 
 
+@pytest.mark.parametrize("kind", ["parquet", "json"])
+def test_a_restore_over_files_continues_the_same_stream(tmp_path, kind):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = []
+    for f in range(2):
+        ids = list(range(f * 40, f * 40 + 40))
+        files.append(str(tmp_path / f"part-{f}.{kind}"))
+        if kind == "parquet":
+            pq.write_table(pa.table({"id": ids, "v": [[float(i)] * 3 for i in ids]}), files[-1],
+                           row_group_size=10)
+        else:
+            with open(files[-1], "w") as out:
+                out.write("".join(json.dumps({"id": i, "v": [float(i)] * 3}) + "\n"
+                                  for i in ids))
+    ds = datasets.load_dataset(kind, data_files=files, split="train", streaming=True)
+    ds = ds.map(lambda r: {**r, "twice": r["id"] * 2})
+
+    def make(num_workers):
+        return lambda: jl.StreamLoader(jl.Stream.huggingface(ds, shuffle_window=6), batch_size=4,
+                                       num_workers=num_workers, readers_per_process=2,
+                                       process_index=0, process_count=1)
+    check_resume(make(2), total=30, k=7, make_restored=make(0))
+
+
 def test_a_restore_does_not_read_the_shard_again_through_the_datasets_map():
     """The state is the dataset's own: a restore passes over the examples read before below
     the dataset's map, where skipping records (Stream.from_generator) maps every one."""
