@@ -213,7 +213,8 @@ def plan_of(features: Any) -> Any:
     inner = getattr(features, "feature", None)  # List / Sequence / LargeList
     if str(getattr(inner, "dtype", "")) in _TEXT:
         return _STRINGS
-    declared = _declared_dtype(features)  # (a dtype is falsy: it has no fields)
+    declared = _declared_dtype(features)  # (tested for None: NumPy 1.x took a dtype with no
+    # fields as false)
     return declared if declared is not None else _time_dtype(features)
 
 
