@@ -71,7 +71,9 @@ class StreamLoader(LoaderLifecycle):
             ``batch[mask_key]``, True on records, False on the rows that pad a reader's last
             batch (and the batches of a reader done before the others). With several
             processes each ``next()`` of a pass agrees on the end with the others (an
-            allgather through ``jax.distributed``), so all hosts take the same steps.
+            allgather through ``jax.distributed``), so all hosts take the same steps. A
+            ``PackedStream``'s pass places every token once (its last row cut short); a
+            ``mix`` of streams is refused (its components wrap).
         mask_key: the name of that leaf (records must be dicts).
         unknown: PyTorch's and Grain's names (``shuffle``, ``drop_last``, ``collate_fn``, ...)
             raise a ``TypeError`` saying what a stream takes instead.

@@ -169,20 +169,87 @@ def test_a_filter_in_a_pass_pads_with_a_record_it_keeps(tmp_path, num_workers):
     assert all((b["id"] % 3 != 0).all() for b in batches)  # padding too
 
 
+def tokens_of(record):
+    """Record ``i``'s tokens: ``1 + i % 7`` of them, each ``i + 1`` (0 is padding)."""
+    return {"t": np.full(1 + record["id"] % 7, record["id"] + 1)}
+
+
+def packed_pass(method, workers, num_epochs=1):
+    """Rows of 8 tokens packed from ``uneven_stream``'s 94 records, in passes that end."""
+    packed = jl.PackedStream(uneven_stream(shuffle_window=4), "t", 8, tokenize=tokens_of,
+                             method=method, window=5)
+    return jl.StreamLoader(packed, batch_size=3, num_epochs=num_epochs, num_workers=workers,
+                           readers_per_process=4, process_index=0, process_count=1)
+
+
+def check_packed_pass(batches, method, num_epochs=1):
+    """Every record's tokens placed ``num_epochs`` times, a segment of one record each (whole,
+    for a fitting method), positions counting up; masked rows are padding."""
+    rows = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+    mask, tokens, ids, positions = (rows["mask"], rows["t"], rows["t_segment_ids"],
+                                    rows["t_positions"])
+    assert not tokens[~mask].any() and not ids[~mask].any()
+    real = tokens[mask]
+    placed = np.bincount(real[real > 0] - 1, minlength=94)
+    assert np.array_equal(placed, num_epochs * (1 + np.arange(94) % 7))
+    assert np.array_equal(tokens == 0, ids == 0)  # padding only where no segment is
+    for row_tokens, row_ids, row_positions in zip(tokens[mask], ids[mask], positions[mask]):
+        for segment in np.unique(row_ids[row_ids > 0]):
+            at = row_ids == segment
+            values = np.unique(row_tokens[at])
+            assert len(values) == 1  # one record a segment
+            assert np.array_equal(row_positions[at], np.arange(at.sum()))
+            if method != "concat":  # whole records
+                assert at.sum() == 1 + (values[0] - 1) % 7
+    short = (tokens[mask] == 0).any(axis=1).sum()
+    if method == "concat":  # full rows but each reader's last of the pass
+        assert short <= 4 * num_epochs
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("method", ["concat", "best_fit"])
+def test_a_packed_pass_places_every_token_once_and_the_next_pass_reshuffles(method,
+                                                                            num_workers):
+    with packed_pass(method, num_workers) as loader:
+        first = [jl_copy(b) for b in loader]
+        second = [jl_copy(b) for b in loader]
+        third = [jl_copy(b) for b in loader]
+    for batches in (first, second, third):
+        check_packed_pass(batches, method)
+        assert batches[-1]["mask"].any()  # the pass ends with the step of its last row
+    assert not all(len(a) == len(b) and all(np.array_equal(x["t"], y["t"]) for x, y in
+                                            zip(a, b)) for a, b in ((first, second),
+                                                                    (second, third)))
+
+
+@pytest.mark.parametrize("method", ["concat", "best_fit"])
+def test_a_packed_pass_of_two_epochs_places_every_token_twice(method):
+    with packed_pass(method, 2, num_epochs=2) as loader:
+        check_packed_pass([jl_copy(b) for b in loader], method, num_epochs=2)
+
+
+@pytest.mark.parametrize("method", ["concat", "best_fit"])
+@pytest.mark.parametrize("k", [5, 31, 45])  # readers done, near the end, the next pass
+def test_resume_of_a_packed_pass_into_other_worker_counts(method, k):
+    # a pass is ~33 steps (concat) or ~41 (best_fit); the stream runs into the next pass
+    for workers, other in ((0, 2), (4, 0)):
+        check_resume(lambda: packed_pass(method, workers), total=k + 20, k=k,
+                     make_restored=lambda: packed_pass(method, other))
+
+
+def jl_copy(batch):
+    return {k: np.array(v) for k, v in batch.items()}
+
+
 def test_a_pass_is_refused_where_it_cannot_end_evenly_and_names_the_remedy(tmp_path):
     with pytest.raises(jl.ConfigError, match=r"num_epochs: a MixedStream has no end"):
         loader_of(jl.mix([generator_stream(tmp_path), jsonl_stream(tmp_path)], [0.5, 0.5]),
                   [], num_epochs=1)
-    with pytest.raises(jl.ConfigError, match=r"num_epochs: a PackedStream has no end.*"
-                                             r"jl.PackedSource\(records, key, length\)"):
-        loader_of(jl.PackedStream(generator_stream(tmp_path), "t", 4,
+    with pytest.raises(jl.ConfigError, match=r"num_epochs: a MixedStream \(under a "
+                                             r"PackedStream\) has no end.*each component"):
+        loader_of(jl.PackedStream(jl.mix([generator_stream(tmp_path), jsonl_stream(tmp_path)],
+                                         [0.5, 0.5]), "t", 4,
                                   tokenize=lambda r: {"t": np.arange(3)}), [], num_epochs=1)
-    # the remedy it names: a held-out set's records in a list, every token once, masked
-    records = [{"t": np.arange(1, 2 + i % 9)} for i in range(50)]
-    with jl.DataLoader(jl.PackedSource(records, "t", 16), batch_size=4, last_batch="pad",
-                       process_index=0, process_count=1) as held_out:
-        placed = sum(int((b["t_segment_ids"][b["mask"]] > 0).sum()) for b in held_out)
-    assert placed == sum(len(r["t"]) for r in records)
     with pytest.raises(jl.ConfigError, match=r"process_count=2 and JAX runs 1; call "
                                              r"jax.distributed.initialize\(\) first"):
         jl.StreamLoader(generator_stream(tmp_path), batch_size=2, num_epochs=1,

@@ -11,7 +11,9 @@
 A restore reopens the inner reader at ``inner``, reads that record again, tokenizes it and
 skips ``skip`` tokens: nothing lost, nothing repeated, and the state stays a few numbers. The
 rows are full: a stream is endless (a row may hold the end of one epoch and the start of the
-next). Records with no tokens are passed over.
+next). Records with no tokens are passed over. A pass that ends (``StreamLoader(num_epochs=
+n)``) ends with the row its last token is in, padded (0, segment id 0) after it; the state
+carries the epoch of the record the next row starts in, which is what the pass counts.
 
 ``method="best_fit"`` / ``"first_fit"`` packs whole records instead, window by window::
 
@@ -20,7 +22,8 @@ next). Records with no tokens are passed over.
     state of a reader: {reader, inner: the state before the window, row: its rows given}
 
 A restore reads the window again (``window`` records, as a shuffle window is read again) and
-packs it the same way: the plan is a pure function of the window's lengths.
+packs it the same way: the plan is a pure function of the window's lengths. At the end of a
+pass the last window holds the records left, fewer than ``window``.
 
 Example:
     >>> import numpy as np, jaxloader as jl
@@ -150,7 +153,7 @@ class PackedReader:
         self._count_up = np.arange(packed.length, dtype=np.int32)  # positions in a piece
 
     def initial_state(self) -> dict:
-        return {"reader": self.reader, "inner": self.inner.initial_state(), "skip": 0}
+        return _state(self.reader, self.inner.initial_state(), "skip", 0)
 
     def close(self) -> None:
         self.inner.close()
@@ -170,10 +173,27 @@ class PackedReader:
 
     def get_state(self) -> dict:
         if self._tokens is None:
-            return {"reader": self.reader, "inner": self.inner.get_state(), "skip": 0}
-        return {"reader": self.reader, "inner": copy.deepcopy(self._before), "skip": self._skip}
+            return _state(self.reader, self.inner.get_state(), "skip", 0)
+        assert self._before is not None  # (read with the record)
+        return _state(self.reader, copy.deepcopy(self._before), "skip", self._skip)
+
+    def has_next(self) -> bool:
+        """Whether a token is left in the pass (the next record with tokens is read if none
+        is held; the state then names the same place)."""
+        if self._tokens is None:
+            try:
+                self._read_record()
+            except StopIteration:
+                return False
+        return True
+
+    def last_records(self) -> list:
+        """What pads the batches of a pass that has ended: a row of padding."""
+        return [_padding_row(self.packed)]
 
     def next(self) -> dict[str, np.ndarray]:
+        """The next row; in a pass, the last one is cut short (padded) where the pass's
+        tokens end, and ``StopIteration`` follows."""
         width, key = self.packed.length, self.packed.key
         tokens = np.zeros(width, self.packed.dtype)
         ids = np.zeros(width, np.int32)
@@ -182,7 +202,12 @@ class PackedReader:
         filled, segment = 0, 0
         while filled < width:
             if self._tokens is None:
-                self._read_record()
+                try:
+                    self._read_record()
+                except StopIteration:  # the pass's last tokens: a short row, or none
+                    if not filled:
+                        raise
+                    break
             assert self._tokens is not None
             n = min(width - filled, len(self._tokens) - self._skip)
             segment += 1
@@ -215,7 +240,7 @@ class FitPackedReader:
         self._count_up = np.arange(packed.length, dtype=np.int32)
 
     def initial_state(self) -> dict:
-        return {"reader": self.reader, "inner": self.inner.initial_state(), "row": 0}
+        return _state(self.reader, self.inner.initial_state(), "row", 0)
 
     def close(self) -> None:
         self.inner.close()
@@ -235,10 +260,27 @@ class FitPackedReader:
 
     def get_state(self) -> dict:
         if self._plan is None:
-            return {"reader": self.reader, "inner": self.inner.get_state(), "row": 0}
-        return {"reader": self.reader, "inner": copy.deepcopy(self._before), "row": self._row}
+            return _state(self.reader, self.inner.get_state(), "row", 0)
+        assert self._before is not None  # (read with the window)
+        return _state(self.reader, copy.deepcopy(self._before), "row", self._row)
+
+    def has_next(self) -> bool:
+        """Whether a row is left in the pass (the next window is read if none is held; the
+        state then names the same place)."""
+        if self._plan is None:
+            try:
+                self._read_window()
+            except StopIteration:
+                return False
+        return True
+
+    def last_records(self) -> list:
+        """What pads the batches of a pass that has ended: a row of padding."""
+        return [_padding_row(self.packed)]
 
     def next(self) -> dict[str, np.ndarray]:
+        """The window's next row (a window is read and packed when none is held);
+        ``StopIteration`` at the end of a pass."""
         if self._plan is None:
             self._read_window()
         plan, width, key = self._plan, self.packed.length, self.packed.key
@@ -260,10 +302,18 @@ class FitPackedReader:
         return {key: tokens, f"{key}_segment_ids": ids, f"{key}_positions": positions}
 
     def _read_window(self) -> None:
-        """The next ``window`` records with tokens, and their plan."""
+        """The next ``window`` records with tokens (at the end of a pass, those left;
+        ``StopIteration`` if none), and their plan."""
         packed = self.packed
-        self._before = self.inner.get_state()
-        self._records = [_next_tokens(packed, self.inner) for _ in range(packed.window)]
+        before = self.inner.get_state()
+        records: list[np.ndarray] = []
+        try:
+            while len(records) < packed.window:
+                records.append(_next_tokens(packed, self.inner))
+        except StopIteration:
+            if not records:
+                raise
+        self._before, self._records = before, records
         self._plan = packing_plan.fit(
             np.array([len(t) for t in self._records], np.int64), [packed.length],
             method=packed.method, bins=packed.bins, window=_ONE_WINDOW,
@@ -271,9 +321,22 @@ class FitPackedReader:
         self._row = 0
 
 
+def _state(reader: int, inner: dict, field: str, count: int) -> dict:
+    """A packing reader's state: the inner reader's place, ``field`` (tokens or rows of it
+    given) and its epoch (what a pass that ends counts: ``jaxloader.streams.passes``)."""
+    return {"reader": reader, "epoch": inner.get("epoch", 0), "inner": inner, field: count}
+
+
+def _padding_row(packed: PackedStream) -> dict[str, np.ndarray]:
+    width, key = packed.length, packed.key
+    return {key: np.zeros(width, packed.dtype), f"{key}_segment_ids": np.zeros(width, np.int32),
+            f"{key}_positions": np.zeros(width, np.int32)}
+
+
 def _opened(reader: PackedReader | FitPackedReader, state: dict | None, field: str) -> dict:
     """``state`` (``None``: the reader's first) checked as the reader's, with ``field`` a
-    count; the inner reader reset to the place it names."""
+    count; the inner reader reset to the place it names (told the epoch a pass stops
+    before, ``until``, if the state has one)."""
     state = reader.initial_state() if state is None else state
     if (not isinstance(state, dict) or not isinstance(state.get("inner"), dict)
             or type(state.get(field)) is not int or state[field] < 0):
@@ -282,7 +345,10 @@ def _opened(reader: PackedReader | FitPackedReader, state: dict | None, field: s
     if state.get("reader") != reader.reader:
         raise StateDictError(f"packed stream state: it is reader {state.get('reader')}'s, "
                              f"handed to reader {reader.reader}")
-    reader.inner.reset(copy.deepcopy(state["inner"]))
+    inner = copy.deepcopy(state["inner"])
+    if "until" in state:
+        inner["until"] = state["until"]
+    reader.inner.reset(inner)
     return state
 
 

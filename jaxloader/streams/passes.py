@@ -3,6 +3,7 @@ and whether it is done, from the readers' states.
 
 A reader's state in a pass carries ``"ended"`` (its report: no record left in the pass); the
 loader tells each reader the epoch it stops before (``"until"``, in the state it resets from).
+A packing reader's state carries its inner reader's epoch, and passes ``until`` down to it.
 
 Example:
     >>> states = [{"epoch": 0, "ended": True}, {"epoch": 0, "ended": False}]
@@ -23,15 +24,13 @@ from jaxloader.streams.packed import PackedStream
 
 def check(stream: Any, process_count: int) -> None:
     """Refuses a pass that ends (``num_epochs``) where it has no end, or would end unevenly."""
-    if isinstance(stream, (MixedStream, PackedStream)):
-        held_out = (" (to pack a held-out set once: read its records into a list, then "
-                    "jl.DataLoader(jl.PackedSource(records, key, length), batch_size=..., "
-                    "last_batch='pad') gives every token once, masked)"
-                    if isinstance(stream, PackedStream) else "")
+    mixed = stream.stream if isinstance(stream, PackedStream) else stream
+    if isinstance(mixed, MixedStream):
+        packed = " (under a PackedStream)" if mixed is not stream else ""
         raise ConfigError(
-            f"num_epochs: a {type(stream).__name__} has no end of its own (a mixture's "
-            "components wrap as the weights ask; packed rows span records); leave num_epochs "
-            f"None and loop for a number of steps, or pass the plain Stream{held_out}")
+            f"num_epochs: a MixedStream{packed} has no end of its own (its components wrap as "
+            "the weights ask); leave num_epochs None and loop for a number of steps, or pass "
+            "each component's Stream on its own for a pass over it")
     if process_count > 1:
         import jax
 
