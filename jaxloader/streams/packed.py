@@ -141,9 +141,66 @@ class PackedStream:
         self.stream.check_extra_state(state, step)
 
 
-class PackedReader:
+class _PackingReader:
+    """What the two packing readers share: the state (the inner reader's place before what
+    the next row is made of, and how much of that is given: ``_FIELD``), the end of a pass,
+    and closing the inner reader."""
+
+    _FIELD: str
+    packed: PackedStream
+    inner: Any
+    reader: int
+    _before: dict | None  # the inner state before what the reader holds
+
+    def _holds(self) -> bool:
+        """Whether the reader holds what its next row is made of (a record, a window)."""
+        raise NotImplementedError
+
+    def _given(self) -> int:
+        """How much of what it holds is in rows given (tokens, rows)."""
+        raise NotImplementedError
+
+    def _read_ahead(self) -> None:
+        """Reads what the next row is made of; ``StopIteration`` at the end of a pass."""
+        raise NotImplementedError
+
+    def initial_state(self) -> dict:
+        return _state(self.reader, self.inner.initial_state(), self._FIELD, 0)
+
+    def get_state(self) -> dict:
+        if not self._holds():
+            return _state(self.reader, self.inner.get_state(), self._FIELD, 0)
+        assert self._before is not None  # (read with what it holds)
+        return _state(self.reader, copy.deepcopy(self._before), self._FIELD, self._given())
+
+    def has_next(self) -> bool:
+        """Whether a row is left in the pass (what it is made of is read if none is held; the
+        state then names the same place)."""
+        if not self._holds():
+            try:
+                self._read_ahead()
+            except StopIteration:
+                return False
+        return True
+
+    def last_records(self) -> list:
+        """What pads the batches of a pass that has ended: a row of padding (tokens and
+        segment ids 0), the same after a restore."""
+        width, key = self.packed.length, self.packed.key
+        return [{key: np.zeros(width, self.packed.dtype),
+                 f"{key}_segment_ids": np.zeros(width, np.int32),
+                 f"{key}_positions": np.zeros(width, np.int32)}]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class PackedReader(_PackingReader):
     """One reader's packed rows over ``inner`` (a ``StreamReader`` or ``MixedReader``): the
-    same protocol (``initial_state``, ``reset``, ``next``, ``get_state``)."""
+    same protocol (``initial_state``, ``reset``, ``next``, ``get_state``, and in a pass
+    ``has_next``, ``last_records``)."""
+
+    _FIELD = "skip"
 
     def __init__(self, packed: PackedStream, inner: Any) -> None:
         self.packed, self.inner, self.reader = packed, inner, inner.reader
@@ -151,12 +208,6 @@ class PackedReader:
         self._before: dict | None = None  # the inner state before that record
         self._skip = 0  # its tokens already in rows
         self._count_up = np.arange(packed.length, dtype=np.int32)  # positions in a piece
-
-    def initial_state(self) -> dict:
-        return _state(self.reader, self.inner.initial_state(), "skip", 0)
-
-    def close(self) -> None:
-        self.inner.close()
 
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "skip")
@@ -171,25 +222,11 @@ class PackedReader:
                     "changed)")
             self._skip = state["skip"]
 
-    def get_state(self) -> dict:
-        if self._tokens is None:
-            return _state(self.reader, self.inner.get_state(), "skip", 0)
-        assert self._before is not None  # (read with the record)
-        return _state(self.reader, copy.deepcopy(self._before), "skip", self._skip)
+    def _holds(self) -> bool:
+        return self._tokens is not None
 
-    def has_next(self) -> bool:
-        """Whether a token is left in the pass (the next record with tokens is read if none
-        is held; the state then names the same place)."""
-        if self._tokens is None:
-            try:
-                self._read_record()
-            except StopIteration:
-                return False
-        return True
-
-    def last_records(self) -> list:
-        """What pads the batches of a pass that has ended: a row of padding."""
-        return [_padding_row(self.packed)]
+    def _given(self) -> int:
+        return self._skip
 
     def next(self) -> dict[str, np.ndarray]:
         """The next row; in a pass, the last one is cut short (padded) where the pass's
@@ -226,10 +263,14 @@ class PackedReader:
         self._tokens, self._skip = _next_tokens(self.packed, self.inner), 0
         self._before = before
 
+    _read_ahead = _read_record
 
-class FitPackedReader:
+
+class FitPackedReader(_PackingReader):
     """One reader's rows of whole records (``method="best_fit"`` or ``"first_fit"``), packed
     window by window: the same protocol as ``PackedReader``."""
+
+    _FIELD = "row"
 
     def __init__(self, packed: PackedStream, inner: Any) -> None:
         self.packed, self.inner, self.reader = packed, inner, inner.reader
@@ -238,12 +279,6 @@ class FitPackedReader:
         self._before: dict | None = None  # the inner state before the window
         self._row = 0  # the window's rows already given
         self._count_up = np.arange(packed.length, dtype=np.int32)
-
-    def initial_state(self) -> dict:
-        return _state(self.reader, self.inner.initial_state(), "row", 0)
-
-    def close(self) -> None:
-        self.inner.close()
 
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "row")
@@ -258,25 +293,11 @@ class FitPackedReader:
                     "changed)")
             self._row = state["row"]
 
-    def get_state(self) -> dict:
-        if self._plan is None:
-            return _state(self.reader, self.inner.get_state(), "row", 0)
-        assert self._before is not None  # (read with the window)
-        return _state(self.reader, copy.deepcopy(self._before), "row", self._row)
+    def _holds(self) -> bool:
+        return self._plan is not None
 
-    def has_next(self) -> bool:
-        """Whether a row is left in the pass (the next window is read if none is held; the
-        state then names the same place)."""
-        if self._plan is None:
-            try:
-                self._read_window()
-            except StopIteration:
-                return False
-        return True
-
-    def last_records(self) -> list:
-        """What pads the batches of a pass that has ended: a row of padding."""
-        return [_padding_row(self.packed)]
+    def _given(self) -> int:
+        return self._row
 
     def next(self) -> dict[str, np.ndarray]:
         """The window's next row (a window is read and packed when none is held);
@@ -320,17 +341,13 @@ class FitPackedReader:
             overlong=packed.overlong, seed=None)
         self._row = 0
 
+    _read_ahead = _read_window
+
 
 def _state(reader: int, inner: dict, field: str, count: int) -> dict:
     """A packing reader's state: the inner reader's place, ``field`` (tokens or rows of it
     given) and its epoch (what a pass that ends counts: ``jaxloader.streams.passes``)."""
     return {"reader": reader, "epoch": inner.get("epoch", 0), "inner": inner, field: count}
-
-
-def _padding_row(packed: PackedStream) -> dict[str, np.ndarray]:
-    width, key = packed.length, packed.key
-    return {key: np.zeros(width, packed.dtype), f"{key}_segment_ids": np.zeros(width, np.int32),
-            f"{key}_positions": np.zeros(width, np.int32)}
 
 
 def _opened(reader: PackedReader | FitPackedReader, state: dict | None, field: str) -> dict:
