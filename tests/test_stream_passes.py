@@ -282,3 +282,21 @@ def test_two_hosts_end_each_pass_at_the_same_step(tmp_path):
         assert hosts[0][p]["steps"] == hosts[1][p]["steps"] == 30
         assert sorted(hosts[0][p]["ids"]) == list(range(45))
         assert sorted(hosts[1][p]["ids"]) == list(range(45, 108))
+
+
+def test_two_hosts_end_a_packed_pass_at_the_same_step(tmp_path):
+    # the same hosts, their records packed into rows of 8 tokens (concat): every token of the
+    # host's records once a pass, and both hosts stop at the same step
+    here = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
+              ["{port}", str(tmp_path), "2", "packed"], env={"PYTHONPATH": pythonpath},
+              timeout=150)
+    hosts = [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+    for p in range(2):
+        assert hosts[0][p]["steps"] == hosts[1][p]["steps"]
+        for host, records in ((0, range(45)), (1, range(45, 108))):
+            placed = np.bincount(hosts[host][p]["ids"], minlength=108)
+            expected = np.zeros(108, np.int64)
+            expected[list(records)] = 1 + np.array(records) % 5
+            assert np.array_equal(placed, expected)

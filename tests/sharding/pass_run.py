@@ -1,10 +1,12 @@
 """One host of a two-host pass over a stream (started by test_stream_passes.py).
 
-Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES
+Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES [packed]
 
 Each host reads its own readers' shards (uneven: host 1's end far later than host 0's) with
 ``num_epochs=1`` and runs a collective every step, as a training or evaluation step would; a
-host that stopped before the other would leave it waiting there. Writes each pass's records.
+host that stopped before the other would leave it waiting there. Writes each pass's records
+(``packed``: the records packed into rows of 8 tokens, record ``i`` being ``1 + i % 5``
+tokens ``i + 1``; each placed token's record is written).
 """
 
 import json
@@ -13,6 +15,7 @@ import sys
 import jax
 
 process_id, port, out_dir, passes = sys.argv[1:5]
+packed = sys.argv[5:] == ["packed"]
 jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
                            process_id=int(process_id))
 
@@ -26,6 +29,9 @@ STARTS = np.cumsum([0, *SIZES])
 stream = jl.Stream.from_generator(
     lambda s: ({"id": i} for i in range(STARTS[s], STARTS[s] + SIZES[s])), len(SIZES),
     shuffle_shards=False, shuffle_window=4)
+if packed:
+    stream = jl.PackedStream(stream, "t", 8,
+                             tokenize=lambda r: {"t": np.full(1 + r["id"] % 5, r["id"] + 1)})
 out = []
 with jl.StreamLoader(stream, batch_size=4, num_epochs=1, num_workers=2) as loader:
     assert loader.process_count == 2
@@ -34,7 +40,11 @@ with jl.StreamLoader(stream, batch_size=4, num_epochs=1, num_workers=2) as loade
         for batch in loader:
             total = multihost_utils.process_allgather(batch["mask"].sum())  # the collective
             steps += 1
-            ids += batch["id"][batch["mask"]].tolist()
+            if packed:
+                tokens = batch["t"][batch["mask"]]
+                ids += (tokens[tokens > 0] - 1).tolist()
+            else:
+                ids += batch["id"][batch["mask"]].tolist()
             assert total.shape == (2,)
         out.append({"steps": steps, "ids": ids})
 with open(f"{out_dir}/pass_{process_id}.json", "w") as f:
