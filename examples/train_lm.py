@@ -2,7 +2,8 @@
 
 Run: ``python examples/train_lm.py`` (needs ``pip install -e .[examples]``); add ``--resume``
 to continue from the latest checkpoint. No download: the text is the standard library's
-``.py`` files of the Python that runs it (sorted by path, the first ``--files`` of them).
+``.py`` files of the Python that runs it (sorted by path, the first ``--files`` of them;
+every ``--held-out``-th of those is kept for evaluation).
 
 What it shows:
 - each file is a document of bytes (tokens 1..256, 0 is padding) in a ``RaggedSource``;
@@ -13,7 +14,10 @@ What it shows:
   padding and the step from one document into the next;
 - the packed rows are an ordinary source: 2 workers, a device-put thread with 2 batches ready,
   an Orbax ``CheckpointManager`` saving model, optimizer and loader position together; a killed
-  run resumed with ``--resume`` gives the very same losses as a run never interrupted.
+  run resumed with ``--resume`` gives the very same losses as a run never interrupted;
+- the held-out modules are evaluated as a stream would be (a shard each, read in order):
+  ``PackedStream`` packs them the same way, and ``StreamLoader(num_epochs=1)`` makes one pass
+  that ends, every token once, the rows that pad its last batches masked (``batch["mask"]``).
 """
 
 from __future__ import annotations
@@ -39,14 +43,34 @@ from train_digits import open_checkpoints, report  # (examples/ is on the path w
 VOCAB = 257  # bytes + 1; 0 is padding
 
 
-def stdlib_documents(files: int) -> jl.RaggedSource:
-    """The first ``files`` standard-library modules (sorted by path), bytes shifted by one."""
+def stdlib_paths(files: int, held_out: int) -> tuple[list[str], list[str]]:
+    """The first ``files`` standard-library modules (sorted by path): those to train on, and
+    every ``held_out``-th one, kept for evaluation (none if ``held_out`` is 0)."""
     paths = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:files]
-    docs = []
-    for path in paths:
-        with open(path, "rb") as f:
-            docs.append(np.frombuffer(f.read(), np.uint8).astype(np.int32) + 1)
-    return jl.RaggedSource.from_sequences({"tokens": docs}, dtype=np.int32)
+    kept = [p for i, p in enumerate(paths) if held_out and i % held_out == held_out - 1]
+    return [p for p in paths if p not in kept], kept
+
+
+def read_tokens(path: str) -> np.ndarray:
+    """A module's bytes shifted by one (0 is padding)."""
+    with open(path, "rb") as f:
+        return np.frombuffer(f.read(), np.uint8).astype(np.int32) + 1
+
+
+def stdlib_documents(paths: list[str]) -> jl.RaggedSource:
+    """The modules ``paths``, one document each."""
+    return jl.RaggedSource.from_sequences({"tokens": [read_tokens(p) for p in paths]},
+                                          dtype=np.int32)
+
+
+class ModuleShard:
+    """Shard ``i`` of the held-out stream: one module, one record (picklable for workers)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __call__(self, i: int) -> list[dict]:
+        return [{"tokens": read_tokens(self.paths[i])}]
 
 
 class Block(nn.Module):
@@ -84,11 +108,20 @@ class ByteLM(nn.Module):
         return nn.Dense(VOCAB)(nn.LayerNorm()(x))
 
 
-def next_token_loss(logits: jax.Array, batch: dict) -> jax.Array:
-    """Mean cross-entropy of each token's successor within the same document (segment)."""
+def token_losses(logits: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """Cross-entropy of each token's successor, and where it counts: within the same document
+    (segment), on rows that are not padding (a pass's ``mask``, where the batch has one)."""
     tokens, segments = batch["tokens"], batch["tokens_segment_ids"]
     same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    if "mask" in batch:
+        same = same & batch["mask"][:, None]
     losses = optax.softmax_cross_entropy(logits[:, :-1], jax.nn.one_hot(tokens[:, 1:], VOCAB))
+    return losses, same
+
+
+def next_token_loss(logits: jax.Array, batch: dict) -> jax.Array:
+    """Mean cross-entropy of each token's successor within the same document (segment)."""
+    losses, same = token_losses(logits, batch)
     return (losses * same).sum() / jnp.maximum(same.sum(), 1)
 
 
@@ -99,6 +132,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--length", type=int, default=256, help="tokens per packed row")
     parser.add_argument("--files", type=int, default=200, help="standard-library modules read")
+    parser.add_argument("--held-out", type=int, default=10,
+                        help="every n-th module is kept to evaluate on at the end (0: none)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=50)
@@ -112,7 +147,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    packed = jl.PackedSource(stdlib_documents(args.files), "tokens", args.length,
+    train_paths, eval_paths = stdlib_paths(args.files, args.held_out)
+    packed = jl.PackedSource(stdlib_documents(train_paths), "tokens", args.length,
                              method="best_fit", seed=args.seed)
     print(f"{packed!r}")
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
@@ -161,6 +197,35 @@ def main() -> None:
     manager.wait_until_finished()
     manager.close()
     print(f"final loss: {float(loss):.4f} (bits per byte {float(loss) / np.log(2):.3f})")
+    if eval_paths:
+        evaluate(model, state["params"], eval_paths, args, mesh)
+
+
+def evaluate(model: ByteLM, params: dict, paths: list[str], args: argparse.Namespace,
+             mesh: jax.sharding.Mesh) -> None:
+    """One pass over the held-out modules, packed as training packs them: the mean loss a
+    token, every token counted once."""
+    stream = jl.Stream.from_generator(ModuleShard(paths), shards=len(paths))
+    held_out = jl.PackedStream(stream, "tokens", args.length, method="best_fit")
+    loader = jl.StreamLoader(held_out, batch_size=args.batch_size, num_epochs=1,
+                             num_workers=min(args.workers, len(paths)),
+                             sharding=jl.data_sharding(mesh, "data"))
+
+    @jax.jit
+    def eval_step(params, batch):
+        logits = model.apply(params, batch["tokens"], batch["tokens_segment_ids"],
+                             batch["tokens_positions"])
+        losses, counted = token_losses(logits, batch)
+        return (losses * counted).sum(), counted.sum()
+
+    total, count = 0.0, 0
+    with loader, jax.set_mesh(mesh):
+        for batch in loader:  # one pass: it ends after the last module's last row
+            loss_sum, counted = eval_step(params, batch)
+            total, count = total + float(loss_sum), count + int(counted)
+    mean = total / max(count, 1)
+    print(f"held-out loss: {mean:.4f} (bits per byte {mean / np.log(2):.3f}) over {count:,} "
+          f"predicted bytes of {len(paths)} modules")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     assert ("test accuracy" if digits else "final loss") in out
     if not digits:  # it learns: the loss at the end is well below the start
         assert reference[steps] < 0.75 * reference[1], (reference[1], reference[steps])
+        held_out = _held_out_line(out)
 
     proc = _train(cut, script, args, steps, save_every)  # killed (SIGKILL) after step k
     deadline = time.monotonic() + 240
@@ -73,6 +74,23 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     assert [r["step"] for r in resumed] == list(range(resumed_from + 1, steps + 1))
     mismatched = [r["step"] for r in resumed if r["loss"] != reference[r["step"]]]
     assert not mismatched, f"losses differ after the restore at steps {mismatched[:10]}"
+    if not digits:  # the same model evaluated on the same held-out pass
+        assert _held_out_line(out) == held_out
+
+
+def _held_out_line(out: str) -> str:
+    """The LM example's evaluation line; it must count every held-out byte that has a byte
+    before it in its row: a module of n bytes is split into ceil(n / 128) rows' pieces."""
+    sys.path.insert(0, EXAMPLES)
+    try:
+        from train_lm import stdlib_paths
+    finally:
+        sys.path.remove(EXAMPLES)
+    sizes = [os.path.getsize(p) for p in stdlib_paths(200, 10)[1]]
+    line = next(line for line in out.splitlines() if line.startswith("held-out loss"))
+    expected = sum(n - -(-n // 128) for n in sizes)
+    assert f"over {expected:,} predicted bytes of {len(sizes)} modules" in line, line
+    return line
 
 
 def test_notebook_runs_top_to_bottom():
