@@ -346,11 +346,13 @@ class FitPackedReader(_PackingReader):
 
 def _state(reader: int, inner: dict, field: str, count: int) -> dict:
     """A packing reader's state: the inner reader's place, ``field`` (tokens or rows of it
-    given) and its epoch (what a pass that ends counts: ``jaxloader.streams.passes``)."""
-    return {"reader": reader, "epoch": inner.get("epoch", 0), "inner": inner, field: count}
+    given) and, over a ``Stream``, its epoch (what a pass that ends counts:
+    ``jaxloader.streams.passes``; a mixture's components each have their own)."""
+    epoch = {"epoch": inner["epoch"]} if "epoch" in inner else {}
+    return {"reader": reader, **epoch, "inner": inner, field: count}
 
 
-def _opened(reader: PackedReader | FitPackedReader, state: dict | None, field: str) -> dict:
+def _opened(reader: _PackingReader, state: dict | None, field: str) -> dict:
     """``state`` (``None``: the reader's first) checked as the reader's, with ``field`` a
     count; the inner reader reset to the place it names (told the epoch a pass stops
     before, ``until``, if the state has one)."""
