@@ -237,6 +237,28 @@ def test_resume_of_a_packed_pass_into_other_worker_counts(method, k):
                      make_restored=lambda: packed_pass(method, other))
 
 
+def test_a_filter_of_packed_rows_in_a_pass_keeps_or_names_the_padding_row():
+    def full(row):  # drops rows with fewer than 4 tokens, the padding row among them
+        return int((row["t_segment_ids"] > 0).sum()) >= 4
+
+    def full_or_padding(row):
+        return not row["t_segment_ids"].any() or full(row)
+
+    packed = jl.PackedStream(uneven_stream(shuffle_window=4), "t", 8, tokenize=tokens_of)
+    with jl.StreamLoader(packed, batch_size=3, num_epochs=1, transforms=[jl.Filter(full)],
+                         readers_per_process=4, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.RecordError, match=r"Filters drop the row of padding.*keep a row "
+                                                 r"whose segment ids are all 0"):
+            list(loader)
+    with jl.StreamLoader(packed, batch_size=3, num_epochs=1,
+                         transforms=[jl.Filter(full_or_padding)], readers_per_process=4,
+                         process_index=0, process_count=1) as loader:
+        batches = [jl_copy(b) for b in loader]
+    ids = np.concatenate([b["t_segment_ids"] for b in batches])
+    mask = np.concatenate([b["mask"] for b in batches])
+    assert ((ids[mask] > 0).sum(axis=1) >= 4).all() and not ids[~mask].any()
+
+
 def jl_copy(batch):
     return {k: np.array(v) for k, v in batch.items()}
 

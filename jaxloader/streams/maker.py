@@ -173,6 +173,12 @@ class StreamBatchMaker:
             record = self._transform(step, row, record)
             if record is not _DROPPED:
                 return record
+        if isinstance(self.stream, PackedStream):
+            raise RecordError(
+                f"{self.location(step)}: the pass has ended, and the Filters drop the row of "
+                "padding (tokens and segment ids 0) that pads a PackedStream's last batches; "
+                "let the Filter keep a row whose segment ids are all 0 (the batch's mask is "
+                "False there), or mark rows in a Map instead")
         raise RecordError(
             f"{self.location(step)}: the pass has ended, and the Filters drop every record of "
             "its last window, so there is no record to pad the batch with; keep at least one "
