@@ -5,7 +5,8 @@ Run: ``python benchmarks/bench_files.py [--rows 1000000] [--rounds 3]`` (needs
 
 Cases, batch 256, rows of an int64 id, a float32[16] vector and a short string:
 - Parquet (one file, row groups of 10,000 rows): jaxloader ``ParquetSource`` with 2 workers
-  and ``LocalShuffle(window=8)``, with the full shuffle, and in file order; Grain's
+  and ``LocalShuffle(window=8)`` (also without the string column), with the full shuffle, and
+  in file order; the loader's floor (the numeric columns in memory, an ``ArraySource``); Grain's
   ``ParquetIterDataset`` in file order (it has no shuffle); a Hugging Face ``Dataset`` over the
   same file (NumPy format) in file order and in shuffled batches. Peers in one process, as the
   issue measured them. Ceilings: one bare process reading the row groups in file order, and
@@ -223,6 +224,17 @@ def _bare_batches(path: str, groups: Iterable[int]) -> Iterator[dict]:
                    "text": texts[i:i + BATCH]}
 
 
+def numeric_columns(path: str) -> dict:
+    """The file's ``id`` and ``vector`` columns in memory: what jaxloader's cheapest path (an
+    ``ArraySource`` gathered straight into shared memory, nothing decoded, no ``str`` made)
+    reads, the loader's own floor for these rows."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["id", "vector"])
+    vectors = table.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, 16)
+    return {"id": table.column("id").to_numpy(), "vector": vectors}
+
+
 def bare_parquet_processes(path: str, processes: int = WORKERS) -> Callable[[], Iterator]:
     """The ceiling of ``processes`` processes at once (the cores 2 workers have): each reads
     every ``processes``-th row group as ``bare_parquet`` does and only counts its batches,
@@ -398,6 +410,7 @@ def main() -> None:
     results = {}
     if "parquet" in only:
         write_parquet(parquet, args.rows)
+        numbers = numeric_columns(parquet)
         results["parquet"] = take_turns({
             "jaxloader LocalShuffle(window=8), 2 workers": jaxloader_pass(
                 parquet, jl.LocalShuffle()),
@@ -410,6 +423,10 @@ def main() -> None:
             "jaxloader LocalShuffle(window=8), in process": jaxloader_pass(
                 parquet, jl.LocalShuffle(), workers=0),
             "jaxloader file order, in process": jaxloader_pass(parquet, False, workers=0),
+            "jaxloader LocalShuffle(window=8), 2 workers, id and vector only": jaxloader_pass(
+                parquet, jl.LocalShuffle(), columns=["id", "vector"]),
+            "floor: jaxloader ArraySource of id and vector in memory, full shuffle, 2 workers": (
+                source_pass(lambda: jl.ArraySource(numbers), True)),
             "grain ParquetIterDataset, file order": grain_parquet(parquet),
             "datasets, file order": hf_batches(parquet, shuffled=False),
             "datasets, shuffled batches": hf_batches(parquet, shuffled=True),
