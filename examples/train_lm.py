@@ -218,12 +218,13 @@ def evaluate(model: ByteLM, params: dict, paths: list[str], args: argparse.Names
         losses, counted = token_losses(logits, batch)
         return (losses * counted).sum(), counted.sum()
 
-    total, count = 0.0, 0
+    total, count = jnp.zeros(()), jnp.zeros((), jnp.int32)  # summed on the device: no wait
     with loader, jax.set_mesh(mesh):
         for batch in loader:  # one pass: it ends after the last module's last row
             loss_sum, counted = eval_step(params, batch)
-            total, count = total + float(loss_sum), count + int(counted)
-    mean = total / max(count, 1)
+            total, count = total + loss_sum, count + counted
+    count = int(count)
+    mean = float(total) / max(count, 1)
     print(f"held-out loss: {mean:.4f} (bits per byte {mean / np.log(2):.3f}) over {count:,} "
           f"predicted bytes of {len(paths)} modules")
 
