@@ -186,10 +186,18 @@ class _PackingReader:
     def last_records(self) -> list:
         """What pads the batches of a pass that has ended: a row of padding (tokens and
         segment ids 0), the same after a restore."""
-        width, key = self.packed.length, self.packed.key
-        return [{key: np.zeros(width, self.packed.dtype),
-                 f"{key}_segment_ids": np.zeros(width, np.int32),
-                 f"{key}_positions": np.zeros(width, np.int32)}]
+        return [self._as_row(*self._blank())]
+
+    def _blank(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A row's tokens, segment ids and positions, all 0 (padding) until filled."""
+        width = self.packed.length
+        return (np.zeros(width, self.packed.dtype), np.zeros(width, np.int32),
+                np.zeros(width, np.int32))
+
+    def _as_row(self, tokens: np.ndarray, ids: np.ndarray,
+                positions: np.ndarray) -> dict[str, np.ndarray]:
+        key = self.packed.key
+        return {key: tokens, f"{key}_segment_ids": ids, f"{key}_positions": positions}
 
     def close(self) -> None:
         self.inner.close()
@@ -231,10 +239,8 @@ class PackedReader(_PackingReader):
     def next(self) -> dict[str, np.ndarray]:
         """The next row; in a pass, the last one is cut short (padded) where the pass's
         tokens end, and ``StopIteration`` follows."""
-        width, key = self.packed.length, self.packed.key
-        tokens = np.zeros(width, self.packed.dtype)
-        ids = np.zeros(width, np.int32)
-        positions = np.zeros(width, np.int32)
+        width = self.packed.length
+        tokens, ids, positions = self._blank()
         count_up = self._count_up
         filled, segment = 0, 0
         while filled < width:
@@ -255,7 +261,7 @@ class PackedReader(_PackingReader):
             self._skip += n
             if self._skip == len(self._tokens):
                 self._tokens, self._before, self._skip = None, None, 0
-        return {key: tokens, f"{key}_segment_ids": ids, f"{key}_positions": positions}
+        return self._as_row(tokens, ids, positions)
 
     def _read_record(self) -> None:
         """The next record with tokens: its tokens, and the inner state before it."""
@@ -304,11 +310,9 @@ class FitPackedReader(_PackingReader):
         ``StopIteration`` at the end of a pass."""
         if self._plan is None:
             self._read_window()
-        plan, width, key = self._plan, self.packed.length, self.packed.key
+        plan = self._plan
         assert plan is not None
-        tokens = np.zeros(width, self.packed.dtype)
-        ids = np.zeros(width, np.int32)
-        positions = np.zeros(width, np.int32)
+        tokens, ids, positions = self._blank()
         first, last = int(plan.row_ptr[self._row]), int(plan.row_ptr[self._row + 1])
         segments = zip(plan.record[first:last].tolist(), plan.record_offset[first:last, 0]
                        .tolist(), plan.row_offset[first:last, 0].tolist(),
@@ -320,7 +324,7 @@ class FitPackedReader(_PackingReader):
         self._row += 1
         if self._row == plan.rows:  # the window is used up: the next row starts the next
             self._plan, self._records, self._before, self._row = None, [], None, 0
-        return {key: tokens, f"{key}_segment_ids": ids, f"{key}_positions": positions}
+        return self._as_row(tokens, ids, positions)
 
     def _read_window(self) -> None:
         """The next ``window`` records with tokens (at the end of a pass, those left;
