@@ -35,13 +35,19 @@ class LoaderOptions:
     device_prefetch: int = 2
 
     def __post_init__(self) -> None:
+        def keep(name: str, value: int) -> None:  # as a Python int (NumPy's are not JSON)
+            object.__setattr__(self, name, value)
+
         if self.num_epochs is not None:
-            check_int("num_epochs", self.num_epochs, low=1,
-                      remedy="pass None for an endless iterator")
-        check_int("num_workers", self.num_workers, low=0, remedy="0 runs in this process")
-        check_int("prefetch", self.prefetch, low=1, remedy="batches in flight per worker")
-        check_int("device_prefetch", self.device_prefetch, low=0,
-                  remedy="batches kept ready on device; 0 places each batch inside next()")
+            keep("num_epochs", check_int("num_epochs", self.num_epochs, low=1,
+                                         remedy="pass None for an endless iterator"))
+        keep("num_workers", check_int("num_workers", self.num_workers, low=0,
+                                      remedy="0 runs in this process"))
+        keep("prefetch", check_int("prefetch", self.prefetch, low=1,
+                                   remedy="batches in flight per worker"))
+        keep("device_prefetch", check_int(
+            "device_prefetch", self.device_prefetch, low=0,
+            remedy="batches kept ready on device; 0 places each batch inside next()"))
         if not isinstance(self.mask_key, str):
             raise ConfigError(
                 f"mask_key: expected a str (the name of the pad mask leaf), got "

@@ -211,7 +211,7 @@ class StreamLoader(LoaderLifecycle):
         self._progress.check()
         self._invalidate()
         if self.num_epochs is not None:
-            self._until = passes.ends(self._states_at(self._progress.step), self.num_epochs)
+            self._until = self._pass_of(self._states_at(self._progress.step))
         put = self._putter
         self._active = LoaderIterator(self._progress, self._progress.step, None, _Runs(self), put,
                                       self._options.device_prefetch,
@@ -231,6 +231,15 @@ class StreamLoader(LoaderLifecycle):
 
         return bool(np.all(multihost_utils.process_allgather(np.array(done))))
 
+    def _pass_of(self, states: list[dict]) -> list[int]:
+        """The pass the position is in (each reader's end): the one under way (from the run,
+        or the state restored) until every reader is done in it, then the next."""
+        assert self.num_epochs is not None
+        ends = self._until
+        if ends is None or all(passes.done(states, ends)):
+            ends = passes.ends(states, self.num_epochs)
+        return ends
+
     def peek(self) -> Any:
         """The batch the next ``next()`` gives, made in this process; the position stays."""
         self._progress.check()
@@ -238,10 +247,7 @@ class StreamLoader(LoaderLifecycle):
         maker = copy.deepcopy(self._maker)  # its own shards: the running reader's stay put
         states = self._states_at(step)
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
-            ends = self._until
-            if ends is None or all(passes.done(states, ends)):
-                ends = passes.ends(states, self.num_epochs)
-            states = passes.told(states, ends)
+            states = passes.told(states, self._pass_of(states))
         maker.reset(states[step % self._readers])
         batch, _ = maker.make(step)
         return batch if self._putter is None else self._putter(batch)
@@ -257,7 +263,8 @@ class StreamLoader(LoaderLifecycle):
         step = self._progress.step
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STREAM_STATE_VERSION, "step": step, "process_index":
-                self.process_index, **self._config(), **extra, "readers": self._states_at(step)}
+                self.process_index, **self._config(), **extra, "readers": self._states_at(step),
+                **passes.saved(self._until, self.num_epochs)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
@@ -298,8 +305,9 @@ class StreamLoader(LoaderLifecycle):
         probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
         for i, r in enumerate(readers):
             probe.reader_for(i).reset(copy.deepcopy(r))
+        until = passes.restored(state, self.num_epochs)  # (checked before anything changes)
         self._invalidate()
-        self._until = None  # a pass continues from the state's readers at the next iter()
+        self._until = until  # the pass the state was in (None: its readers' states say)
         self._progress.step = state["step"]
         self._base, self._base_step = copy.deepcopy(readers), state["step"]
         self._reports.clear()

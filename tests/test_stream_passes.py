@@ -89,6 +89,55 @@ def test_resume_mid_pass_and_across_passes_continues_the_same_stream(k):  # step
                 num_workers=other, readers_per_process=4, process_index=0, process_count=1))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_resume_as_the_next_pass_begins_continues_that_pass(seed):
+    # In the next pass's first steps some of the 4 readers have made no batch of it yet
+    # (their states are the last pass's, ended), and a short shard's reader may end it in its
+    # first batch: a restore must put every reader in the second pass.
+    def make(workers=0):
+        return lambda: jl.StreamLoader(uneven_stream(shuffle_window=4), batch_size=4,
+                                       num_epochs=1, seed=seed, num_workers=workers,
+                                       readers_per_process=4, process_index=0,
+                                       process_count=1)
+    with make()() as loader:
+        first = len(list(loader))
+    for k in range(first, first + 5):
+        check_resume(make(), total=k + 60, k=k, make_restored=make(2))
+
+
+def test_a_state_names_its_pass_and_a_malformed_one_is_refused():
+    def make(num_epochs=1):
+        return jl.StreamLoader(uneven_stream(), batch_size=4, num_epochs=num_epochs,
+                               readers_per_process=4, process_index=0, process_count=1)
+    with make() as loader:
+        assert "pass" not in loader.state_dict()  # before the first pass: its readers say
+        list(loader)
+        next(iter(loader))
+        state = loader.state_dict()
+    assert state["pass"] == {"num_epochs": 1, "until": 2}
+    for bad in ({"num_epochs": 1, "until": 1}, {"num_epochs": 1, "until": "2"}, [1, 2]):
+        with make() as loader, pytest.raises(jl.StateDictError, match=r"state\['pass'\]"):
+            loader.load_state_dict({**state, "pass": bad})
+    with make(num_epochs=2) as other:  # passes of another length: the readers' states say
+        other.load_state_dict(state)
+        assert "pass" not in other.state_dict()
+        assert counted(list(other)).max() == 1  # the rest of epoch 1: to the end of [0, 2)
+        assert other.state_dict()["pass"] == {"num_epochs": 2, "until": 2}
+
+
+def test_iter_again_as_the_next_pass_begins_finishes_that_pass():
+    for k in range(1, 4):  # batches of the second pass before iter() again
+        with jl.StreamLoader(uneven_stream(shuffle_window=4), batch_size=4, num_epochs=1,
+                             readers_per_process=4, process_index=0,
+                             process_count=1) as loader:
+            list(loader)
+            it = iter(loader)
+            head = [jl_copy(next(it)) for _ in range(k)]
+            second = head + [jl_copy(b) for b in loader]  # the rest of the second pass
+        counts = counted(second)
+        assert len(counts) == 94 and counts.min() == counts.max() == 1, k
+
+
 @pytest.mark.parametrize("kind", ["tar", "compressed jsonl"])
 def test_resume_of_file_streams_in_a_pass(tmp_path, kind):
     make, transforms = STREAMS[kind]
@@ -235,6 +284,15 @@ def test_resume_of_a_packed_pass_into_other_worker_counts(method, k):
     for workers, other in ((0, 2), (4, 0)):
         check_resume(lambda: packed_pass(method, workers), total=k + 20, k=k,
                      make_restored=lambda: packed_pass(method, other))
+
+
+@pytest.mark.parametrize("method", ["concat", "best_fit"])
+def test_resume_of_a_packed_pass_as_the_next_pass_begins(method):
+    with packed_pass(method, 0) as loader:
+        first = len(list(loader))
+    for k in range(first, first + 4):  # some readers have made no row of the next pass yet
+        check_resume(lambda: packed_pass(method, 0), total=k + 40, k=k,
+                     make_restored=lambda: packed_pass(method, 2))
 
 
 def test_a_filter_of_packed_rows_in_a_pass_keeps_or_names_the_padding_row():

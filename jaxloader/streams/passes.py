@@ -4,6 +4,9 @@ and whether it is done, from the readers' states.
 A reader's state in a pass carries ``"ended"`` (its report: no record left in the pass); the
 loader tells each reader the epoch it stops before (``"until"``, in the state it resets from).
 A packing reader's state carries its inner reader's epoch, and passes ``until`` down to it.
+The loader keeps the pass it is in (and its state saves it: ``saved``/``restored``): in a
+pass's first steps a reader that has made no batch of it yet still holds the last pass's
+state, so the readers' states alone may not say which pass the position is in.
 
 Example:
     >>> states = [{"epoch": 0, "ended": True}, {"epoch": 0, "ended": False}]
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxloader.errors import ConfigError
+from jaxloader.errors import ConfigError, StateDictError
 from jaxloader.streams.mixed import MixedStream
 from jaxloader.streams.packed import PackedStream
 
@@ -44,12 +47,40 @@ def check(stream: Any, process_count: int) -> None:
 
 
 def ends(states: list[dict], num_epochs: int) -> list[int]:
-    """The epoch each reader's pass stops before. Passes are ``num_epochs`` epochs counted
-    from epoch 0, ``[k n, (k+1) n)``: a pass under way (some reader not done) goes to the end
-    of the pass each reader is in (so a restored one ends where the saved run would); once
-    every reader is done, the next pass is the one after theirs."""
+    """The epoch each reader's pass stops before, from the readers' states alone (a loader
+    that knows its pass keeps it). Passes are ``num_epochs`` epochs counted from epoch 0,
+    ``[k n, (k+1) n)``, and every reader is in the same one: a pass under way (some reader
+    not done) is the furthest reader's (one that has made no batch of it yet holds the last
+    pass's state); once every reader is done, the next pass is the one after theirs."""
     new_pass = all(s.get("ended") is True for s in states)
-    return [((s["epoch"] + new_pass) // num_epochs + 1) * num_epochs for s in states]
+    stop = max(((s["epoch"] + new_pass) // num_epochs + 1) * num_epochs for s in states)
+    return [stop] * len(states)
+
+
+def saved(stops: list[int] | None, num_epochs: int | None) -> dict[str, Any]:
+    """What a loader's state holds of the pass it is in (nothing before its first)."""
+    if stops is None or num_epochs is None:
+        return {}
+    return {"pass": {"num_epochs": num_epochs, "until": stops[0]}}
+
+
+def restored(state: dict, num_epochs: int | None) -> list[int] | None:
+    """The pass a saved state was in (each reader's end, as ``ends``), or ``None``: the state
+    has none, or was saved with passes of another ``num_epochs`` (its readers' states then
+    say where the position is)."""
+    held = state.get("pass")
+    if num_epochs is None or held is None or (
+            isinstance(held, dict) and held.get("num_epochs") != num_epochs):
+        return None
+    readers = state["readers"]
+    until = held.get("until") if isinstance(held, dict) else None
+    if (type(until) is not int or until < num_epochs or until % num_epochs
+            or any(r.get("epoch", 0) >= until for r in readers)):
+        raise StateDictError(
+            f"state['pass']: expected {{num_epochs: {num_epochs}, until: a multiple of it above "
+            f"every reader's epoch}}, received {held!r:.200}; pass the dict that state_dict() "
+            "returned, unchanged")
+    return [until] * len(readers)
 
 
 def done(states: list[dict], stops: list[int]) -> list[bool]:
