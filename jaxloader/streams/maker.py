@@ -128,6 +128,7 @@ class StreamBatchMaker:
         if self._reader is None:  # (the loader routes a step to the worker hosting its reader)
             raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
                                  f"{sorted(self._hosted)} of this process, not its")
+        self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
         records = self._filtered(step) if self._filters else self._taken(step)
         treedef, columns = collate.record_columns(self._padded(step, records))
         if self.mask_key is not None:  # a pass that ends: True on the records

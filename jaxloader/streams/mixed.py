@@ -9,15 +9,20 @@
                rounding leaves)
       slots [f_c, f_c + n_c) ─> a keyed permutation of the group (seed, r, q) ─> its order
       component c: its own StreamReader, reader r of R over c's shards, in c's own epochs
-    state of a reader: {reader, emitted, components: [each component reader's state]}
+    state of a reader: {reader, emitted, components: [each component reader's state],
+                        started: [[step, group] of each weight change it has started]}
 
 A record's component is a pure function of ``(seed, r, its place among r's records)`` and the
 weights; its content is the next record of that component's reader. So a restore reopens each
 component where it was (the state holds each one's place, a few numbers) and lays out the
 group again: nothing lost, nothing repeated. A weight change from step ``s`` (``from_step``)
-takes effect from each reader's first group whose first batch is at step ``s`` or later;
-earlier steps stay what they were, and a restore may add changes from its step on (as
-``jaxloader.mix`` over sources).
+takes effect from the first group at or after the reader's place as it begins its first batch
+at step ``s`` or later (``begin_step``): a batch reads ``B`` records, or more under a
+``Filter``, or what a ``PackedStream`` packs into its rows, so the group is found when the step
+is made, and the state records it. Earlier steps stay what they were, and a restore may add
+changes from its step on (as ``jaxloader.mix`` over sources). (A state saved before changes
+were recorded has a change it passed placed where that version placed it: at the group of
+the reader's first batch at step ``s`` or later, counting ``B`` records a batch.)
 
 Example:
     >>> import jaxloader as jl
@@ -85,22 +90,41 @@ class MixedReader:
             except ConfigError as e:
                 raise ConfigError(f"mix(streams)[{c}]: {e}") from None
         m = len(mixed.streams)
-        groups = max(1, -(-m * (m - 1) // batch_size))  # batches a group: no count below 0
-        self._size = groups * batch_size
+        self._groups = max(1, -(-m * (m - 1) // batch_size))  # batches a group: no count < 0
+        self._size = self._groups * batch_size
         self._key = splitmix64(seed ^ splitmix64(0x6D1C ^ splitmix64(reader + 1)))
-        worker = reader % per_process
-
-        def first_group(step: int) -> int:
-            """The reader's first group whose first batch is at ``step`` or later (its batch
-            ``j`` is its process's step ``j * per_process + worker``)."""
-            batch = max(0, -(-(step - worker) // per_process))
-            return -(-batch // groups)
-
-        self._regimes = plan_regimes([(first_group(step), weights) for step, weights
-                                      in sorted(mixed.schedule.items())], self._size)
+        self._per_process = per_process
+        self._changes = sorted(mixed.schedule.items())  # (step, weights), step 0 first
+        self._started = {0: 0}  # a change's step -> the group it starts at
+        self._legacy = False  # reset from a state that did not record them
+        self._regimes = self._plan()
         self._emitted = 0
         self._group: int | None = None
         self._layout = np.zeros(0, np.int64)
+
+    def _plan(self) -> list:
+        return plan_regimes([(self._started[step], weights) for step, weights in self._changes
+                             if step in self._started], self._size)
+
+    def begin_step(self, step: int) -> None:
+        """Starts the weight changes due by ``step``, this reader's next batch: each from the
+        first group at or after the records read so far (see the module docstring)."""
+        due = [s for s, _ in self._changes if s <= step and s not in self._started]
+        for change in due:
+            if self._legacy and change <= step - self._per_process:  # passed before the save
+                group = self._batch_group(change)
+            else:
+                group = max(-(-self._emitted // self._size), *self._started.values())
+            self._started[change] = group
+        if due:
+            self._regimes, self._group = self._plan(), None
+
+    def _batch_group(self, step: int) -> int:
+        """The reader's first group whose first batch is at ``step`` or later, counting
+        ``batch_size`` records a batch (its batch ``j`` is its process's step
+        ``j * per_process + worker``): where a state without ``started`` had a change."""
+        batch = max(0, -(-(step - self.reader % self._per_process) // self._per_process))
+        return -(-batch // self._groups)
 
     def _lay_out(self, group: int) -> np.ndarray:
         """The component of each slot of ``group``: runs of each, through a keyed permutation."""
@@ -114,7 +138,7 @@ class MixedReader:
     # -- the StreamReader protocol ----------------------------------------------------------
     def initial_state(self) -> dict:
         return {"reader": self.reader, "emitted": 0,
-                "components": [c.initial_state() for c in self.components]}
+                "components": [c.initial_state() for c in self.components], "started": []}
 
     def reset(self, state: dict | None) -> None:
         state = self.initial_state() if state is None else state
@@ -128,13 +152,33 @@ class MixedReader:
         if state.get("reader") != self.reader:
             raise StateDictError(f"mixed stream state: it is reader {state.get('reader')}'s, "
                                  f"handed to reader {self.reader}")
+        started = self._started_of(state.get("started"))
         for component, part in zip(self.components, parts):
             component.reset(part)
         self._emitted = state["emitted"]
+        self._legacy, self._started = started is None, {0: 0, **(started or {})}
+        self._regimes, self._group = self._plan(), None
+
+    def _started_of(self, started: Any) -> dict[int, int] | None:
+        """A state's ``started``, checked: changes of this schedule, in order."""
+        if started is None:
+            return None
+        steps = {s for s, _ in self._changes}
+        pairs = [tuple(p) for p in started] if isinstance(started, list) and all(
+            isinstance(p, list) and len(p) == 2 for p in started) else None
+        if pairs is None or any(type(s) is not int or type(g) is not int or s not in steps
+                                or s == 0 or g < 0 for s, g in pairs) or [
+                s for s, _ in pairs] != sorted({s for s, _ in pairs}) or [
+                g for _, g in pairs] != sorted(g for _, g in pairs):
+            raise StateDictError(
+                f"mixed stream state: started: expected [[step, group], ...] of this mixture's "
+                f"weight changes ({sorted(steps - {0})}), in order, got {started!r:.200}")
+        return dict(pairs)
 
     def get_state(self) -> dict:
         return {"reader": self.reader, "emitted": self._emitted,
-                "components": [c.get_state() for c in self.components]}
+                "components": [c.get_state() for c in self.components],
+                "started": [[s, g] for s, g in sorted(self._started.items()) if s]}
 
     def close(self) -> None:
         """Closes the shards its components have open."""

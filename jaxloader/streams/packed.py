@@ -173,6 +173,9 @@ class _PackingReader:
         assert self._before is not None  # (read with what it holds)
         return _state(self.reader, copy.deepcopy(self._before), self._FIELD, self._given())
 
+    def begin_step(self, step: int) -> None:
+        self.inner.begin_step(step)
+
     def has_next(self) -> bool:
         """Whether a row is left in the pass (what it is made of is read if none is held; the
         state then names the same place)."""

@@ -211,6 +211,9 @@ class StreamReader:
                 "window": self._window_key, "emitted": self._emitted}
 
     # -- records ----------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Told before each batch it reads for (a mixture starts its weight changes here)."""
+
     def next(self) -> Any:
         """The next record; ``StopIteration`` past the end of the pass (``until``)."""
         while self._emitted >= len(self._window):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from resume_harness import check_resume, take
+from resume_harness import assert_same_stream, check_resume, take
 from streams.test_shards import write_jsonl, write_tar
 
 SIZES = (60, 40, 10)  # records of each component (ids 0.., 1000.., 2000..)
@@ -100,6 +100,91 @@ def test_a_restore_may_add_weight_changes_from_its_step_on_only(tmp_path):
     with loader_of(streams, weights=(0.2, 0.3, 0.5)) as other:
         with pytest.raises(jl.StateDictError, match=r"weights before step 5 differ"):
             other.load_state_dict(state)
+
+
+def record_tokens(record):
+    """Record ``i``'s tokens: ``1 + i % 5`` of them, each ``i + 1`` (0 is padding)."""
+    i = same_keys(record)["id"]
+    return {"t": np.full(1 + i % 5, i + 1)}
+
+
+def keep_a_quarter_of_the_first(record):
+    return record["id"] >= 1000 or record["id"] % 4 == 0
+
+
+def reading_more_than_its_rows(streams, how, from_step=None, workers=0):
+    """A mixture whose batches read more records than their rows: packed (rows of 12
+    tokens, ~4 records a row) or under a Filter that drops 3 of 4 of the first component's
+    records. Two readers, so a state restores into 0 or 2 workers."""
+    mixed = jl.mix(streams, [1, 0, 1], from_step=from_step)
+    if how == "filter":
+        return jl.StreamLoader(mixed, batch_size=4, seed=3, num_workers=workers,
+                               readers_per_process=2, process_index=0, process_count=1,
+                               transforms=[jl.Map(same_keys),
+                                           jl.Filter(keep_a_quarter_of_the_first)])
+    packed = jl.PackedStream(mixed, "t", 12, tokenize=record_tokens, method=how, window=5)
+    return jl.StreamLoader(packed, batch_size=2, seed=3, num_workers=workers,
+                           readers_per_process=2, process_index=0, process_count=1)
+
+
+def components_in(batch):
+    ids = batch["id"] if "id" in batch else batch["t"][batch["t"] > 0] - 1
+    return set(component_of(ids).tolist())
+
+
+@pytest.mark.parametrize("how", ["filter", "concat", "best_fit"])
+def test_a_weight_change_starts_at_its_step_when_batches_read_more_records(tmp_path, how):
+    # Its group is where the reader is as it makes its first batch at the step, not where
+    # it would be at batch_size records a batch (here ~4 times fewer than it reads).
+    streams = components(tmp_path)
+    with reading_more_than_its_rows(streams, how, workers=2) as loader:
+        plain = take(loader, 24)
+    with reading_more_than_its_rows(streams, how, {12: [1, 0, 0]}, workers=2) as loader:
+        changed = take(loader, 24)
+    assert set().union(*(components_in(b) for b in plain[:12])) == {0, 2}
+    for s in range(12):  # the steps before it are the same
+        assert_same_stream([changed[s]], [plain[s]], f"step {s}")
+    after = [components_in(b) for b in changed[12:]]
+    assert all(c == {0} for c in after[4:]), after  # each reader's group ends within 2 steps
+
+
+@pytest.mark.parametrize("how", ["filter", "concat", "best_fit"])
+@pytest.mark.parametrize("k", [3, 9])
+def test_a_restore_may_add_a_weight_change_when_batches_read_more_records(tmp_path, how, k):
+    streams = components(tmp_path)
+    change = {k + 2: [0, 0, 1]}
+    check_resume(lambda: reading_more_than_its_rows(streams, how, change),
+                 total=k + 12, k=k,
+                 make_restored=lambda: reading_more_than_its_rows(streams, how, change, 2))
+    with reading_more_than_its_rows(streams, how, change) as loader:  # the change added there
+        reference = take(loader, k + 12)
+    with reading_more_than_its_rows(streams, how) as first:
+        head = take(first, k)
+        state = json.loads(json.dumps(first.state_dict()))
+    with reading_more_than_its_rows(streams, how, change, workers=2) as restored:
+        restored.load_state_dict(state)
+        assert_same_stream(head + take(restored, 12), reference)
+
+
+def test_a_state_that_did_not_record_its_weight_changes_resumes_where_they_were(tmp_path):
+    # An earlier jaxloader placed a change at the group of the reader's first batch at its
+    # step (batch_size records a batch) and saved no "started"; such a state resumes the same.
+    streams = components(tmp_path)
+    with loader_of(streams, from_step={5: [0.2, 0.2, 0.6]}, batch_size=4) as loader:
+        reference = take(loader, 20)
+    with loader_of(streams, from_step={5: [0.2, 0.2, 0.6]}, batch_size=4) as first:
+        take(first, 9)
+        state = json.loads(json.dumps(first.state_dict()))
+    assert state["readers"][0]["started"] == [[5, 3]]  # groups of 2 batches of 4 (>= 3 x 2)
+    del state["readers"][0]["started"]
+    with loader_of(streams, from_step={5: [0.2, 0.2, 0.6]}, batch_size=4) as restored:
+        restored.load_state_dict(state)
+        assert_same_stream(take(restored, 11), reference[9:])
+    for bad in ([[5, 3], [5, 4]], [[6, 3]], [[5, -1]], "5"):
+        state["readers"][0]["started"] = bad
+        with loader_of(streams, from_step={5: [0.2, 0.2, 0.6]}, batch_size=4) as restored:
+            with pytest.raises(jl.StateDictError, match=r"started: expected \[\[step, group\]"):
+                restored.load_state_dict(state)
 
 
 def test_small_batches_and_many_components_keep_every_share_whole(tmp_path):
