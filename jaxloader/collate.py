@@ -123,11 +123,11 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
             except AttributeError:
                 same = False
         if not same:
-            _raise_leaf_mismatch(path, values, positions)
+            return _scalars_of_one_dtype(path, values, positions)
         return _Column(path, (n, *first.shape), first.dtype, values, positions)
     if isinstance(first, (bool, int, float, complex)):
         if len(set(map(type, values))) != 1:
-            _raise_leaf_mismatch(path, values, positions)
+            return _scalars_of_one_dtype(path, values, positions)
         array = np.asarray(values)
         return _Column(path, array.shape, array.dtype, array)
     if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
@@ -142,6 +142,34 @@ def _record_column(path: str, values: list, positions: Any) -> _Column:
         "convert it in a Map (np.asarray(x), or str(x)), or register its class as a JAX "
         f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
     )
+
+
+_PYTHON_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64),
+                  complex: np.dtype(np.complex128)}
+
+
+def _scalar_dtype(value: Any) -> np.dtype | None:
+    """The dtype a numeric scalar batches as: a NumPy scalar's (or 0-d array's) own, a Python
+    one's default (``int``: int64, where it fits); ``None`` for anything else."""
+    kind = type(value)
+    if kind in _PYTHON_DTYPES:
+        return _PYTHON_DTYPES[kind] if kind is not int or -2**63 <= value < 2**63 else None
+    if isinstance(value, (np.generic, np.ndarray)) and value.ndim == 0 and (
+            value.dtype.kind in "biufc"):
+        return value.dtype
+    return None
+
+
+def _scalars_of_one_dtype(path: str, values: list, positions: Any) -> _Column:
+    """A column of numeric scalars of other types that batch as one dtype (a Python ``int``
+    beside ``np.int64`` ones: a list source mixed with a Parquet one, a Map's default),
+    batched as it; any other difference raises, naming the first record that differs."""
+    dtypes = {_scalar_dtype(v) for v in values}
+    if len(dtypes) != 1 or None in dtypes:
+        _raise_leaf_mismatch(path, values, positions)
+    dtype = dtypes.pop()
+    assert dtype is not None
+    return _Column(path, (len(values),), dtype, np.array(values, dtype=dtype))
 
 
 def object_column(values: list) -> np.ndarray:
@@ -172,21 +200,34 @@ def _type_name(value: Any) -> str:
 
 
 def _raise_leaf_mismatch(path: str, values: list, positions: Any) -> NoReturn:
+    def kind(v: Any) -> tuple:  # what records must share (a value's own is its own)
+        if isinstance(v, (np.ndarray, np.generic)):
+            return (v.shape, v.dtype)
+        return (type(v), _scalar_dtype(v))
+
     def describe(v: Any) -> str:
         if isinstance(v, (np.ndarray, np.generic)):
             return f"shape {v.shape} dtype {v.dtype}"
-        return "None" if v is None else f"{_type_name(v)} {v!r:.40}"
+        dtype = _scalar_dtype(v)
+        batched = f" (batched as {dtype})" if dtype is not None else ""
+        return "None" if v is None else f"{_type_name(v)} {v!r:.40}{batched}"
 
-    first = describe(values[0])
+    first = kind(values[0])
     for j, v in enumerate(values):
-        if describe(v) != first:
-            fix = ("give every record an array there (an empty or a masked one), not None"
-                   if v is None else "make every record's leaf the same shape and dtype (pad or "
-                   "crop in a Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream "
-                   "for a stream), or use batch_size=1")
+        if kind(v) != first:
+            if v is None:
+                fix = "give every record an array there (an empty or a masked one), not None"
+            elif _scalar_dtype(v) is not None and _scalar_dtype(values[0]) is not None:
+                fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
+                       f"'{_scalar_dtype(values[0])}'), say)")
+            else:
+                fix = ("make every record's leaf the same shape and dtype (pad or crop in a "
+                       "Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream for a "
+                       "stream), or use batch_size=1")
             raise CollateError(
-                f"batch leaf {path}: records differ: {tree_lib.record_name(positions, 0)} has {first}, "
-                f"{tree_lib.record_name(positions, j)} has {describe(v)}; {fix}"
+                f"batch leaf {path}: records differ: {tree_lib.record_name(positions, 0)} has "
+                f"{describe(values[0])}, {tree_lib.record_name(positions, j)} has "
+                f"{describe(v)}; {fix}"
             )
     raise CollateError(f"batch leaf {path}: records differ in type")
 

@@ -77,6 +77,34 @@ def test_dtype_mismatch_is_refused_not_upcast():
         collate([{"a": 1}, {"a": 2.0}], positions=[0, 1])
 
 
+def test_python_and_numpy_scalars_of_one_dtype_batch_together():
+    # a list source mixed with a Parquet one, or a Map's default beside a source's value
+    batch, _ = collate([{"i": 1, "f": 0.5, "b": True}, {"i": np.int64(2), "f": np.float64(1),
+                                                         "b": np.bool_(False)},
+                        {"i": np.array(3), "f": 2.5, "b": np.array(True)}])
+    assert batch["i"].dtype == np.int64 and batch["i"].tolist() == [1, 2, 3]
+    assert batch["f"].dtype == np.float64 and batch["f"].tolist() == [0.5, 1.0, 2.5]
+    assert batch["b"].dtype == np.bool_ and batch["b"].tolist() == [True, False, True]
+    buffers = []
+    batch, layout = collate([{"i": np.int64(7)}, {"i": 8}],
+                            alloc=lambda n: buffers.append(bytearray(n)) or buffers[-1])
+    assert layout.views(buffers[0])["i"].tolist() == [7, 8]  # into shared memory too
+
+
+def test_scalars_of_other_dtypes_are_refused_naming_the_record_that_differs():
+    with pytest.raises(CollateError, match=r"position 0 has int 1 \(batched as int64\), "
+                                           r"record position 2 has shape \(\) dtype int32; "
+                                           r"give every record one dtype there"):
+        collate([{"a": 1}, {"a": 2}, {"a": np.int32(3)}], positions=[0, 1, 2])
+    with pytest.raises(CollateError, match=r"position 2 has float 2.5"):
+        collate([{"a": 1}, {"a": 2}, {"a": 2.5}], positions=[0, 1, 2])
+    with pytest.raises(CollateError, match=r"position 1 has int 3 \(batched as int64\); make "
+                                           r"every record's leaf"):
+        collate([{"a": "s"}, {"a": 3}], positions=[0, 1])
+    with pytest.raises(CollateError, match=r"position 1 has int 18446744073709551616"):
+        collate([{"a": np.int64(1)}, {"a": 2**64}], positions=[0, 1])  # fits no int64
+
+
 def test_batch_columns_checks_the_batch_axis():
     with pytest.raises(CollateError, match=r"\['b'\].*expected 4 rows.*\(3,\)"):
         batch_columns({"a": np.zeros(4), "b": np.zeros(3)}, 4)

@@ -111,6 +111,21 @@ def test_a_mixture_of_parquet_files_read_locally_resumes_into_other_counts(tmp_p
         assert len(mine) >= 24 and len(set(((mine[:24] - lo) // 16).tolist())) <= 2
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_parquet_file_mixes_with_a_list_of_python_records(tmp_path, num_workers):
+    # Parquet's numbers come as NumPy scalars, the list's as Python ones: alike in a batch
+    path = write_parts(tmp_path, rows=(40,))[0]
+    extra = [{"id": 1000 + i, "vector": np.full(16, i, np.float32), "text": f"extra {i}"}
+             for i in range(10)]
+    with jl.DataLoader(jl.mix([jl.ParquetSource(path), extra], [0.5, 0.5]), batch_size=10,
+                       shuffle=True, num_workers=num_workers, process_index=0,
+                       process_count=1) as loader:
+        batches = [{k: np.array(v) for k, v in b.items()} for b in loader]
+    ids = np.concatenate([b["id"] for b in batches])
+    assert batches[0]["id"].dtype == np.int64 and batches[0]["text"].dtype == object
+    assert (ids < 1000).any() and (ids >= 1000).any() and len(ids) == 50
+
+
 def test_concatenated_files_keep_their_row_groups_as_blocks(tmp_path):
     # LocalShuffle over a ConcatSource of files (and arrays): each part's own blocks, placed
     # where the part starts (it cut blocks of 1,024 records across the parts)
