@@ -218,6 +218,29 @@ def test_a_filter_in_a_pass_pads_with_a_record_it_keeps(tmp_path, num_workers):
     assert all((b["id"] % 3 != 0).all() for b in batches)  # padding too
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_filter_that_drops_a_readers_last_record_with_no_shuffle_window(num_workers):
+    # Each window is one record, and both shards' last records (9, 21) are dropped: a partial
+    # batch pads with its own last record, a batch with none with the last record through the
+    # Maps alone (masked either way).
+    def make(workers):
+        stream = jl.Stream.from_generator(lambda s: ({"id": i} for i in range(s * 10, 10 + s * 12)),
+                                          shards=2)
+        return jl.StreamLoader(stream, batch_size=4, num_epochs=1, num_workers=workers,
+                               transforms=[jl.Map(lambda r: {**r, "twice": 2 * r["id"]}),
+                                           jl.Filter(keep_not_multiple_of_3)],
+                               readers_per_process=2, process_index=0, process_count=1)
+    with make(num_workers) as loader:
+        batches = [jl_copy(b) for b in loader]
+    kept = [i for i in range(22) if i % 3]
+    assert sorted(np.concatenate([b["id"][b["mask"]] for b in batches]).tolist()) == kept
+    assert all((b["twice"] == 2 * b["id"]).all() for b in batches)
+    assert any(not b["mask"].any() for b in batches)  # a batch of padding alone
+    for k in range(1, len(batches) + 2):
+        check_resume(lambda: make(0), total=len(batches) + 3, k=k,
+                     make_restored=lambda: make(2))
+
+
 def tokens_of(record):
     """Record ``i``'s tokens: ``1 + i % 7`` of them, each ``i + 1`` (0 is padding)."""
     return {"t": np.full(1 + record["id"] % 7, record["id"] + 1)}

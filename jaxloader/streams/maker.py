@@ -161,16 +161,21 @@ class StreamBatchMaker:
         assert self._reader is not None
         real = len(records)
         if real < self.batch_size:
-            records = records + [self._padding(step, real)] * (self.batch_size - real)
+            records = records + [self._padding(step, records)] * (self.batch_size - real)
         self._ended = not self._reader.has_next()
         return records
 
-    def _padding(self, step: int, row: int) -> Any:
-        """The record that pads step ``step`` from row ``row``: the last record of the pass
-        that the ``Filter``s keep, transformed as that row (a pure function of the reader's
-        state: the same after a restore, in any worker)."""
+    def _padding(self, step: int, records: list) -> Any:
+        """The record that pads step ``step`` after its ``records``: the last record of the
+        pass that the ``Filter``s keep, transformed as the first padded row (a pure function of
+        the reader's state: the same after a restore, in any worker). Where the Filters drop
+        all of the last window (a window of one record: no ``shuffle_window``), the batch's
+        own last record; in a batch with none, the last record through the Maps alone (its
+        rows are masked False: what a Filter would drop is never read as a record)."""
         assert self._reader is not None
-        for record in self._reader.last_records():
+        row = len(records)
+        last = self._reader.last_records()
+        for record in last:
             record = self._transform(step, row, record)
             if record is not _DROPPED:
                 return record
@@ -180,10 +185,9 @@ class StreamBatchMaker:
                 "padding (tokens and segment ids 0) that pads a PackedStream's last batches; "
                 "let the Filter keep a row whose segment ids are all 0 (the batch's mask is "
                 "False there), or mark rows in a Map instead")
-        raise RecordError(
-            f"{self.location(step)}: the pass has ended, and the Filters drop every record of "
-            "its last window, so there is no record to pad the batch with; keep at least one "
-            "record in each shuffle window, or filter in a Map that marks records instead")
+        if records:
+            return records[-1]
+        return self._transform(step, row, last[0], filters=False)
 
     def _filtered(self, step: int) -> list:
         """``batch_size`` records that every ``Filter`` keeps, read on past those dropped."""
@@ -209,9 +213,11 @@ class StreamBatchMaker:
                     "check the filter (it keeps a record when it returns True)")
         return out
 
-    def _transform(self, step: int, row: int, record: Any, dropped: int = 0) -> Any:
+    def _transform(self, step: int, row: int, record: Any, dropped: int = 0,
+                   filters: bool = True) -> Any:
         """``record``, the batch's row ``row``, through the record transforms (``_DROPPED``
-        when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row)."""
+        when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row; with
+        ``filters=False`` through the others only)."""
         at = (step * self.process_count + self.process_index) * self.batch_size + row
         t_index = -1
         try:
@@ -222,7 +228,7 @@ class StreamBatchMaker:
                     record = fn(record, self._rng.at(
                         epoch=at >> _POSITION_BITS, position=at & _POSITION_MASK,
                         transform_index=t_index + (dropped << 32)))
-                elif not fn(record):
+                elif filters and not fn(record):
                     return _DROPPED
                 if record is None:
                     raise returned_none(f"stream step {step}, row {row}",
