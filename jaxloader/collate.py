@@ -217,9 +217,9 @@ def _raise_leaf_mismatch(path: str, values: list, positions: Any) -> NoReturn:
         if kind(v) != first:
             if v is None:
                 fix = "give every record an array there (an empty or a masked one), not None"
-            elif _scalar_dtype(v) is not None and _scalar_dtype(values[0]) is not None:
+            elif _scalar_dtype(v) is not None and (dtype := _scalar_dtype(values[0])) is not None:
                 fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
-                       f"'{_scalar_dtype(values[0])}'), say)")
+                       f"'{dtype}'), say)")
             else:
                 fix = ("make every record's leaf the same shape and dtype (pad or crop in a "
                        "Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream for a "

@@ -241,6 +241,20 @@ def test_a_filter_that_drops_a_readers_last_record_with_no_shuffle_window(num_wo
                      make_restored=lambda: make(2))
 
 
+def test_a_map_that_cannot_take_the_padding_record_is_named_with_the_remedy():
+    def parse(record):  # fails on what the Filter drops (id 21, the reader's last)
+        return {"id": record["id"], "half": record["id"] // (record["id"] % 3)}
+
+    stream = jl.Stream.from_generator(lambda s: ({"id": i} for i in range(s * 10, 10 + s * 12)),
+                                      shards=2)
+    with jl.StreamLoader(stream, batch_size=4, num_epochs=1, readers_per_process=2,
+                         transforms=[jl.Filter(keep_not_multiple_of_3), jl.Map(parse)],
+                         process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.RecordError, match=r"batch of padding alone .* Maps only .* "
+                                                 r"ZeroDivisionError.*shuffle_window"):
+            list(loader)
+
+
 def tokens_of(record):
     """Record ``i``'s tokens: ``1 + i % 7`` of them, each ``i + 1`` (0 is padding)."""
     return {"t": np.full(1 + record["id"] % 7, record["id"] + 1)}

@@ -187,7 +187,15 @@ class StreamBatchMaker:
                 "False there), or mark rows in a Map instead")
         if records:
             return records[-1]
-        return self._transform(step, row, last[0], filters=False)
+        try:
+            return self._transform(step, row, last[0], filters=False)
+        except RecordError as e:
+            raise RecordError(
+                f"{self.location(step)}: the pass has ended, and its batch of padding alone is "
+                "padded with the reader's last record run through the Maps only (the Filters "
+                f"drop it), where {e}; let the Filters keep that record, give the stream a "
+                "shuffle_window (a padding record is then one of its last window's), or let "
+                "the Maps take it") from e
 
     def _filtered(self, step: int) -> list:
         """``batch_size`` records that every ``Filter`` keeps, read on past those dropped."""
