@@ -32,7 +32,9 @@ _MAGIC = {  # the first bytes of each format, as its specification gives them
     b"\xfd7zXZ\x00": "xz",
     b"\x28\xb5\x2f\xfd": "zstd",
 }
-_BZIP2_BLOCK = b"1AY&SY"  # after "BZh" and the block size (a digit): a text may begin "BZh"
+# after "BZh" and the block size (a digit), a block (pi's digits) or, in a file of nothing,
+# the end of the stream (sqrt(pi)'s): a text may begin "BZh"
+_BZIP2_NEXT = (b"1AY&SY", b"\x17rE8P\x90")
 
 # suffixes a folder's compressed files may end with, after the format's own (".jsonl.gz")
 SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
@@ -43,7 +45,7 @@ def compression(raw: Any) -> str | None:
     file is left at its start."""
     head = raw.read(10)
     raw.seek(0)
-    if head[:3] == b"BZh" and head[3:4].isdigit() and head[4:] == _BZIP2_BLOCK:
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[4:] in _BZIP2_NEXT:
         return "bzip2"
     return next((name for magic, name in _MAGIC.items() if head.startswith(magic)), None)
 

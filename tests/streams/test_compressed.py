@@ -62,6 +62,23 @@ def test_the_format_is_told_by_the_first_bytes_not_the_name(tmp_path):
     assert read_all(jl.TextShard(text)) == ["BZh9 is a block size"]
 
 
+@pytest.mark.parametrize("suffix", list(WRITE))
+def test_an_empty_compressed_shard_holds_no_records(tmp_path, suffix):
+    # bzip2 writes an empty file as its magic and the end of the stream, with no block: it
+    # was read as text, and raised a UnicodeDecodeError
+    empty = compress(write_jsonl(tmp_path / "empty.jsonl", []), suffix)
+    assert compressed.compression(open(empty, "rb")) is not None
+    assert read_all(jl.JsonlShard(empty)) == []
+    assert read_all(jl.TextShard(empty)) == []
+    parts = [compress(write_jsonl(tmp_path / f"p{s}.jsonl", range(5 * s, 5 * s + 5)), suffix)
+             for s in range(2)]
+    stream = jl.Stream.jsonl([parts[0], empty, parts[1]], shuffle_shards=False)
+    with jl.StreamLoader(stream, batch_size=5, num_epochs=1, process_index=0,
+                         process_count=1) as loader:
+        ids = sorted(i for batch in loader for i in batch["id"][batch["mask"]].tolist())
+    assert ids == list(range(10))
+
+
 def test_a_folder_lists_compressed_files_and_a_stream_reads_them(tmp_path):
     for s, suffix in enumerate(["", ".gz", ".zst"]):
         path = write_jsonl(tmp_path / f"part-{s}.jsonl", range(10 * s, 10 * s + 10))
