@@ -73,7 +73,8 @@ class StreamLoader(LoaderLifecycle):
             processes each ``next()`` of a pass agrees on the end with the others (an
             allgather through ``jax.distributed``), so all hosts take the same steps. A
             ``PackedStream``'s pass places every token once (its last row cut short); a
-            ``mix`` of streams is refused (its components wrap).
+            pass over a ``mix`` of streams reads every record of every component once (a
+            component run out gives its slots up to the others).
         mask_key: the name of that leaf (records must be dicts).
         unknown: PyTorch's and Grain's names (``shuffle``, ``drop_last``, ``collate_fn``, ...)
             raise a ``TypeError`` saying what a stream takes instead.
@@ -133,7 +134,7 @@ class StreamLoader(LoaderLifecycle):
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch)
         if num_epochs is not None:
-            passes.check(stream, process_count)
+            passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream = stream
         hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
@@ -302,10 +303,13 @@ class StreamLoader(LoaderLifecycle):
                 f"state['readers']: expected the states of readers {first}.."
                 f"{first + self._readers - 1}, received {readers!r:.200}"
             )
-        probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
-        for i, r in enumerate(readers):
-            probe.reader_for(i).reset(copy.deepcopy(r))
         until = passes.restored(state, self.num_epochs)  # (checked before anything changes)
+        opened = readers  # each opened in its pass (where a mixture reads its next record)
+        if self.num_epochs is not None and all(type(r.get("epoch")) is int for r in readers):
+            opened = passes.told(readers, until or passes.ends(readers, self.num_epochs))
+        probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
+        for i, r in enumerate(opened):
+            probe.reader_for(i).reset(copy.deepcopy(r))
         self._invalidate()
         self._until = until  # the pass the state was in (None: its readers' states say)
         self._progress.step = state["step"]

@@ -359,14 +359,6 @@ def jl_copy(batch):
 
 
 def test_a_pass_is_refused_where_it_cannot_end_evenly_and_names_the_remedy(tmp_path):
-    with pytest.raises(jl.ConfigError, match=r"num_epochs: a MixedStream has no end"):
-        loader_of(jl.mix([generator_stream(tmp_path), jsonl_stream(tmp_path)], [0.5, 0.5]),
-                  [], num_epochs=1)
-    with pytest.raises(jl.ConfigError, match=r"num_epochs: a MixedStream \(under a "
-                                             r"PackedStream\) has no end.*each component"):
-        loader_of(jl.PackedStream(jl.mix([generator_stream(tmp_path), jsonl_stream(tmp_path)],
-                                         [0.5, 0.5]), "t", 4,
-                                  tokenize=lambda r: {"t": np.arange(3)}), [], num_epochs=1)
     with pytest.raises(jl.ConfigError, match=r"process_count=2 and JAX runs 1; call "
                                              r"jax.distributed.initialize\(\) first"):
         jl.StreamLoader(generator_stream(tmp_path), batch_size=2, num_epochs=1,
@@ -417,3 +409,18 @@ def test_two_hosts_end_a_packed_pass_at_the_same_step(tmp_path):
             expected = np.zeros(108, np.int64)
             expected[list(records)] = 1 + np.array(records) % 5
             assert np.array_equal(placed, expected)
+
+
+def test_two_hosts_end_a_pass_over_a_mixture_at_the_same_step(tmp_path):
+    # the same hosts' stream mixed with a second one (host 0's readers hold 8 of its records,
+    # host 1's 10): every record of both once a pass, and both hosts stop at the same step
+    here = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
+              ["{port}", str(tmp_path), "2", "mixed"], env={"PYTHONPATH": pythonpath},
+              timeout=150)
+    hosts = [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+    for p in range(2):
+        assert hosts[0][p]["steps"] == hosts[1][p]["steps"]
+        assert sorted(hosts[0][p]["ids"]) == [*range(45), *range(1000, 1008)]
+        assert sorted(hosts[1][p]["ids"]) == [*range(45, 108), *range(1008, 1018)]

@@ -9,8 +9,9 @@
                rounding leaves)
       slots [f_c, f_c + n_c) ─> a keyed permutation of the group (seed, r, q) ─> its order
       component c: its own StreamReader, reader r of R over c's shards, in c's own epochs
-    state of a reader: {reader, emitted, components: [each component reader's state],
-                        started: [[step, group] of each weight change it has started]}
+    state of a reader: {reader, epoch: its components' furthest, emitted, components: [each
+                        component reader's state], started: [[step, group] of each weight
+                        change it has started]}
 
 A record's component is a pure function of ``(seed, r, its place among r's records)`` and the
 weights; its content is the next record of that component's reader. So a restore reopens each
@@ -23,6 +24,13 @@ is made, and the state records it. Earlier steps stay what they were, and a rest
 changes from its step on (as ``jaxloader.mix`` over sources). (A state saved before changes
 were recorded has a change it passed placed where that version placed it: at the group of
 the reader's first batch at step ``s`` or later, counting ``B`` records a batch.)
+
+A pass that ends (``StreamLoader(num_epochs=n)``) reads each component's epochs of the pass,
+every record once: a component out of records gives its slots up (they are passed over, so
+the others keep their proportions to each other), and the reader is done when every
+component is (or when those left have no weight). Whether a component is out is a function
+of its state, so the slots passed over are the same after a restore; and every component
+ends its pass at the end of an epoch, so the next pass starts each at an epoch's start.
 
 Example:
     >>> import jaxloader as jl
@@ -101,6 +109,7 @@ class MixedReader:
         self._emitted = 0
         self._group: int | None = None
         self._layout = np.zeros(0, np.int64)
+        self._out: set[int] = set()  # (a pass) the components with no record left in it
 
     def _plan(self) -> list:
         return plan_regimes([(self._started[step], weights) for step, weights in self._changes
@@ -137,7 +146,7 @@ class MixedReader:
 
     # -- the StreamReader protocol ----------------------------------------------------------
     def initial_state(self) -> dict:
-        return {"reader": self.reader, "emitted": 0,
+        return {"reader": self.reader, "epoch": 0, "emitted": 0,
                 "components": [c.initial_state() for c in self.components], "started": []}
 
     def reset(self, state: dict | None) -> None:
@@ -153,9 +162,11 @@ class MixedReader:
             raise StateDictError(f"mixed stream state: it is reader {state.get('reader')}'s, "
                                  f"handed to reader {self.reader}")
         started = self._started_of(state.get("started"))
+        until = {"until": state["until"]} if "until" in state else {}  # (a pass's end)
         for component, part in zip(self.components, parts):
-            component.reset(part)
+            component.reset({**part, **until} if isinstance(part, dict) else part)
         self._emitted = state["emitted"]
+        self._out = set()  # (each component out of records is found out again)
         self._legacy, self._started = started is None, {0: 0, **(started or {})}
         self._regimes, self._group = self._plan(), None
 
@@ -176,8 +187,9 @@ class MixedReader:
         return dict(pairs)
 
     def get_state(self) -> dict:
-        return {"reader": self.reader, "emitted": self._emitted,
-                "components": [c.get_state() for c in self.components],
+        parts = [c.get_state() for c in self.components]
+        return {"reader": self.reader, "epoch": max(p["epoch"] for p in parts),
+                "emitted": self._emitted, "components": parts,
                 "started": [[s, g] for s, g in sorted(self._started.items()) if s]}
 
     def close(self) -> None:
@@ -186,9 +198,67 @@ class MixedReader:
             component.close()
 
     def next(self) -> Any:
+        """The next record; ``StopIteration`` once every component's pass is over."""
+        if self._out:  # (a pass: a component has run out)
+            return self._next_of_those_left()
         group, slot = divmod(self._emitted, self._size)
         if group != self._group:
             self._layout, self._group = self._lay_out(group), group
-        record = self.components[int(self._layout[slot])].next()
+        c = int(self._layout[slot])
+        try:
+            record = self.components[c].next()
+        except StopIteration:  # its pass is over: its slots are passed over from now on
+            self._out.add(c)
+            return self._next_of_those_left()
         self._emitted += 1
         return record
+
+    def has_next(self) -> bool:
+        """Whether ``next()`` has a record (slots of components out of records are passed
+        over, and the next one's window may be read, as ``next()`` would: the state then
+        names the same place)."""
+        try:
+            self._to_one_left()
+        except StopIteration:
+            return False
+        return True
+
+    def last_records(self) -> list:
+        """What pads the batches of a pass that has ended: each component's last records, in
+        the components' order (a pure function of the state)."""
+        return [r for component in self.components for r in component.last_records()]
+
+    def _next_of_those_left(self) -> Any:
+        record = self.components[self._to_one_left()].next()
+        self._emitted += 1
+        return record
+
+    def _to_one_left(self) -> int:
+        """Moves to the next slot whose component has a record left, and returns that
+        component; ``StopIteration`` where none with weight has (the place unchanged)."""
+        while True:
+            group, slot = divmod(self._emitted, self._size)
+            if group != self._group:
+                self._layout, self._group = self._lay_out(group), group
+            c = int(self._layout[slot])
+            if c not in self._out:
+                if self.components[c].has_next():
+                    return c
+                self._out.add(c)
+            self._pass_over(group, slot)
+
+    def _pass_over(self, group: int, slot: int) -> None:
+        """Moves past the slots of components out of records, to the next slot of one with
+        records left or to the next group; ``StopIteration`` where none of those left has
+        weight, now or in a later regime already started."""
+        for c in range(len(self.components)):  # each found out now, not at its slot: so a
+            if c not in self._out and not self.components[c].has_next():  # restore ends
+                self._out.add(c)  # where the run did
+        left = np.ones(len(self.components), bool)
+        left[list(self._out)] = False
+        later = [r for i, r in enumerate(self._regimes)
+                 if i + 1 == len(self._regimes) or self._regimes[i + 1].start > group]
+        if not any((r.weights[left] > 0).any() for r in later):
+            raise StopIteration
+        ahead = left[self._layout[slot:]]
+        self._emitted += int(np.argmax(ahead)) if ahead.any() else len(ahead)

@@ -21,19 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 from jaxloader.errors import ConfigError, StateDictError
-from jaxloader.streams.mixed import MixedStream
-from jaxloader.streams.packed import PackedStream
 
 
-def check(stream: Any, process_count: int) -> None:
-    """Refuses a pass that ends (``num_epochs``) where it has no end, or would end unevenly."""
-    mixed = stream.stream if isinstance(stream, PackedStream) else stream
-    if isinstance(mixed, MixedStream):
-        packed = " (under a PackedStream)" if mixed is not stream else ""
-        raise ConfigError(
-            f"num_epochs: a MixedStream{packed} has no end of its own (its components wrap as "
-            "the weights ask); leave num_epochs None and loop for a number of steps, or pass "
-            "each component's Stream on its own for a pass over it")
+def check(process_count: int) -> None:
+    """Refuses a pass that ends (``num_epochs``) where its processes could not agree on its
+    end."""
     if process_count > 1:
         import jax
 
@@ -53,7 +45,7 @@ def ends(states: list[dict], num_epochs: int) -> list[int]:
     not done) is the furthest reader's (one that has made no batch of it yet holds the last
     pass's state); once every reader is done, the next pass is the one after theirs."""
     new_pass = all(s.get("ended") is True for s in states)
-    stop = max(((s["epoch"] + new_pass) // num_epochs + 1) * num_epochs for s in states)
+    stop = max(((s.get("epoch", 0) + new_pass) // num_epochs + 1) * num_epochs for s in states)
     return [stop] * len(states)
 
 
@@ -86,7 +78,8 @@ def restored(state: dict, num_epochs: int | None) -> list[int] | None:
 def done(states: list[dict], stops: list[int]) -> list[bool]:
     """Whether each reader has handed out its last epoch before its pass's end (``stops``,
     from ``ends``)."""
-    return [s.get("ended") is True and s["epoch"] + 1 >= stop for s, stop in zip(states, stops)]
+    return [s.get("ended") is True and s.get("epoch", 0) + 1 >= stop
+            for s, stop in zip(states, stops)]
 
 
 def told(states: list[dict], stops: list[int]) -> list[dict]:

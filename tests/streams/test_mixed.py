@@ -259,3 +259,90 @@ def test_orbax_saves_and_restores_a_mixed_streams_position(tmp_path):
         with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
             manager.restore(4, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
         assert fresh.step == 4 and [b["id"].tolist() for b in take(fresh, 5)] == expected
+
+
+def uneven_components(window=3):
+    """Two generator streams of 4 shards: 24 records (ids 0..) and 123 (ids 1000..), so the
+    first runs out about halfway through a pass at 0.7 / 0.3."""
+    def of(base, sizes):
+        starts = np.cumsum([0, *sizes])
+        return jl.Stream.from_generator(
+            lambda s: ({"id": base + i} for i in range(starts[s], starts[s] + sizes[s])),
+            len(sizes), shuffle_window=window)
+    return [of(0, [7, 9, 3, 5]), of(1000, [30, 25, 28, 40])]
+
+
+def mixed_pass(workers=0, num_epochs=1, how="plain", weights=(0.7, 0.3), from_step=None,
+               window=3):
+    """A pass over ``uneven_components``: 2 readers, so a state restores into 0, 1 or 2
+    workers; plain, under a Filter (odd ids dropped) or packed (``record_tokens``)."""
+    mixed = jl.mix(uneven_components(window), list(weights), from_step=from_step)
+    kw = dict(seed=3, num_workers=workers, readers_per_process=2, num_epochs=num_epochs,
+              process_index=0, process_count=1)
+    if how in ("concat", "best_fit"):
+        packed = jl.PackedStream(mixed, "t", 8, tokenize=record_tokens, method=how, window=6)
+        return jl.StreamLoader(packed, batch_size=2, **kw)
+    keep = [jl.Filter(lambda r: r["id"] % 2 == 0)] if how == "filter" else []
+    return jl.StreamLoader(mixed, batch_size=4, transforms=keep, **kw)
+
+
+ALL_IDS = [*range(24), *range(1000, 1123)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("num_epochs", [1, 2])
+def test_a_pass_over_a_mixture_reads_every_record_of_every_component(workers, num_epochs):
+    with mixed_pass(workers, num_epochs) as loader:
+        passes = [[{k: np.array(v) for k, v in b.items()} for b in loader] for _ in range(2)]
+    for batches in passes:
+        ids = np.concatenate([b["id"][b["mask"]] for b in batches])
+        assert sorted(ids.tolist()) == sorted(ALL_IDS * num_epochs)
+    first = np.stack([b["id"] for b in passes[0]])
+    # while both components last, each batch holds the weights' shares (1 of 4 from the
+    # second at 0.3); once the first runs out, the second fills the batches
+    assert (component_of(first[:8]) == 1).sum(axis=1).tolist() == [1] * 8
+    assert all((component_of(b["id"][b["mask"]]) == 1).all() for b in passes[0][-8:])
+    assert not all(np.array_equal(a["id"], b["id"]) for a, b in zip(*passes))  # reshuffled
+
+
+def test_a_pass_over_a_mixture_resumes_at_every_step_and_the_next_pass_is_the_same():
+    # A reader whose components have run out ends at the same place after a restore, found
+    # out from the components' states (the next pass's records depend on it).
+    with mixed_pass() as loader:
+        reference = take(loader, 90)  # two passes of 41 and 42 steps, and a part
+    for k in range(0, 90, 1):
+        with mixed_pass() as first:
+            head = take(first, k)
+            state = json.loads(json.dumps(first.state_dict()))
+        with mixed_pass() as restored:
+            restored.load_state_dict(state)
+            assert_same_stream(head + take(restored, 90 - k), reference, f"resume at {k}")
+
+
+@pytest.mark.parametrize("how", ["filter", "concat", "best_fit"])
+@pytest.mark.parametrize("k", [5, 33, 45])
+def test_a_pass_over_a_mixture_filtered_or_packed_resumes_into_other_worker_counts(how, k):
+    check_resume(lambda: mixed_pass(2, how=how), total=k + 30, k=k,
+                 make_restored=lambda: mixed_pass(0, how=how))
+    with mixed_pass(how=how) as loader:
+        batches = list(loader)
+    if how == "filter":
+        ids = np.concatenate([b["id"][b["mask"]] for b in batches])
+        assert sorted(ids.tolist()) == [i for i in ALL_IDS if i % 2 == 0]
+    else:  # every token once: record i's tokens are 1 + i % 5 of i + 1
+        tokens = np.concatenate([b["t"][b["mask"]].reshape(-1) for b in batches])
+        counts = np.bincount(tokens[tokens > 0] - 1, minlength=1123)
+        assert counts[ALL_IDS].tolist() == [1 + i % 5 for i in ALL_IDS]
+        assert counts.sum() == counts[ALL_IDS].sum()
+
+
+def test_a_pass_over_a_mixture_ends_when_the_components_left_have_no_weight():
+    # From step 3 the second component has weight 0: once the first has run out, nothing is
+    # left to read by weight, and the pass ends (rather than scan for a slot forever).
+    with mixed_pass(from_step={3: [1, 0]}) as loader:
+        batches = [{k: np.array(v) for k, v in b.items()} for b in loader]
+        again = [{k: np.array(v) for k, v in b.items()} for b in loader]
+    ids = np.concatenate([b["id"][b["mask"]] for b in batches])
+    assert set(range(24)) <= set(ids.tolist()) and len(ids) == len(set(ids.tolist()))
+    assert (component_of(ids) == 1).sum() < 123 and len(batches) < 20
+    assert again and np.concatenate([b["id"][b["mask"]] for b in again]).size
