@@ -44,6 +44,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Sequence
 
 import numpy as np
@@ -110,6 +111,7 @@ class MixedReader:
         self._group: int | None = None
         self._layout = np.zeros(0, np.int64)
         self._out: set[int] = set()  # (a pass) the components with no record left in it
+        self._left: tuple[Any, int, list[int]] = (None, 0, [])  # (layout, out): its slots left
 
     def _plan(self) -> list:
         return plan_regimes([(self._started[step], weights) for step, weights in self._changes
@@ -235,30 +237,41 @@ class MixedReader:
 
     def _to_one_left(self) -> int:
         """Moves to the next slot whose component has a record left, and returns that
-        component; ``StopIteration`` where none with weight has (the place unchanged)."""
+        component; ``StopIteration`` where none with weight has (the place unchanged). Every
+        component out of records is found out first, not at its slot, so where the pass
+        ends is a function of the state (a restore ends where the run did)."""
+        for c in range(len(self.components)):
+            if c not in self._out and not self.components[c].has_next():
+                self._out.add(c)
+        start = self._emitted
         while True:
             group, slot = divmod(self._emitted, self._size)
-            if group != self._group:
-                self._layout, self._group = self._lay_out(group), group
-            c = int(self._layout[slot])
-            if c not in self._out:
-                if self.components[c].has_next():
-                    return c
-                self._out.add(c)
-            self._pass_over(group, slot)
+            slots = self._slots_left(group)
+            i = bisect.bisect_left(slots, slot)
+            if i < len(slots):
+                self._emitted = group * self._size + slots[i]
+                return int(self._layout[slots[i]])
+            if not self._weight_left(group):
+                self._emitted = start
+                raise StopIteration
+            self._emitted = (group + 1) * self._size
 
-    def _pass_over(self, group: int, slot: int) -> None:
-        """Moves past the slots of components out of records, to the next slot of one with
-        records left or to the next group; ``StopIteration`` where none of those left has
-        weight, now or in a later regime already started."""
-        for c in range(len(self.components)):  # each found out now, not at its slot: so a
-            if c not in self._out and not self.components[c].has_next():  # restore ends
-                self._out.add(c)  # where the run did
-        left = np.ones(len(self.components), bool)
-        left[list(self._out)] = False
-        later = [r for i, r in enumerate(self._regimes)
-                 if i + 1 == len(self._regimes) or self._regimes[i + 1].start > group]
-        if not any((r.weights[left] > 0).any() for r in later):
-            raise StopIteration
-        ahead = left[self._layout[slot:]]
-        self._emitted += int(np.argmax(ahead)) if ahead.any() else len(ahead)
+    def _slots_left(self, group: int) -> list[int]:
+        """The slots of ``group`` whose components have records left (kept while neither
+        its layout nor the components out change)."""
+        if group != self._group:
+            self._layout, self._group = self._lay_out(group), group
+        layout, out, slots = self._left
+        if layout is not self._layout or out != len(self._out):  # (a layout is laid anew
+            left = np.ones(len(self.components), bool)  # after a reset or a weight change)
+            left[list(self._out)] = False
+            slots = np.flatnonzero(left[self._layout]).tolist()
+            self._left = (self._layout, len(self._out), slots)
+        return slots
+
+    def _weight_left(self, group: int) -> bool:
+        """Whether a component with records left has weight from ``group`` on (in the
+        regime in force there, or a later one already started)."""
+        left = [c for c in range(len(self.components)) if c not in self._out]
+        return any((r.weights[left] > 0).any() for i, r in enumerate(self._regimes)
+                   if i + 1 == len(self._regimes) or self._regimes[i + 1].start > group)
