@@ -377,15 +377,21 @@ def test_a_pass_is_refused_where_it_cannot_end_evenly_and_names_the_remedy(tmp_p
             next(iter(loader))
 
 
+def passes_of_two_hosts(tmp_path, *mode):
+    """Each host's two passes of ``sharding/pass_run.py`` (``mode``: "packed", "mixed")."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
+              ["{port}", str(tmp_path), "2", *mode], env={"PYTHONPATH": pythonpath},
+              timeout=150)
+    return [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+
+
 def test_two_hosts_end_each_pass_at_the_same_step(tmp_path):
     # jax.distributed on the CPU backend: host 0's readers hold 45 records, host 1's 63, and
     # each step runs a collective; without agreeing, host 0 would stop first and leave host 1
     # waiting in it (the test's timeout)
-    here = os.path.dirname(os.path.abspath(__file__))
-    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
-    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
-              ["{port}", str(tmp_path), "2"], env={"PYTHONPATH": pythonpath}, timeout=150)
-    hosts = [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+    hosts = passes_of_two_hosts(tmp_path)
     for p in range(2):
         # reader 3's 60 records are 15 batches, one every 2 steps: 30 steps on both hosts
         assert hosts[0][p]["steps"] == hosts[1][p]["steps"] == 30
@@ -396,12 +402,7 @@ def test_two_hosts_end_each_pass_at_the_same_step(tmp_path):
 def test_two_hosts_end_a_packed_pass_at_the_same_step(tmp_path):
     # the same hosts, their records packed into rows of 8 tokens (concat): every token of the
     # host's records once a pass, and both hosts stop at the same step
-    here = os.path.dirname(os.path.abspath(__file__))
-    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
-    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
-              ["{port}", str(tmp_path), "2", "packed"], env={"PYTHONPATH": pythonpath},
-              timeout=150)
-    hosts = [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+    hosts = passes_of_two_hosts(tmp_path, "packed")
     for p in range(2):
         assert hosts[0][p]["steps"] == hosts[1][p]["steps"]
         for host, records in ((0, range(45)), (1, range(45, 108))):
@@ -414,12 +415,7 @@ def test_two_hosts_end_a_packed_pass_at_the_same_step(tmp_path):
 def test_two_hosts_end_a_pass_over_a_mixture_at_the_same_step(tmp_path):
     # the same hosts' stream mixed with a second one (host 0's readers hold 8 of its records,
     # host 1's 10): every record of both once a pass, and both hosts stop at the same step
-    here = os.path.dirname(os.path.abspath(__file__))
-    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
-    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
-              ["{port}", str(tmp_path), "2", "mixed"], env={"PYTHONPATH": pythonpath},
-              timeout=150)
-    hosts = [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+    hosts = passes_of_two_hosts(tmp_path, "mixed")
     for p in range(2):
         assert hosts[0][p]["steps"] == hosts[1][p]["steps"]
         assert sorted(hosts[0][p]["ids"]) == [*range(45), *range(1000, 1008)]
