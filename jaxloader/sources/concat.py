@@ -208,9 +208,9 @@ def _merge(pieces: list, n: int) -> Any:
     flat = _merge_flat(pieces, n)
     if flat is not None:
         return flat
-    first_leaves, treedef = tree_lib.flatten(pieces[0][1])
-    outs = [np.empty((n, *np.shape(leaf)[1:]), np.asarray(leaf).dtype) for leaf in first_leaves]
+    treedef = tree_lib.flatten(pieces[0][1])[1]
     paths = tree_lib.leaf_paths(treedef)
+    answers = []
     for run, got in pieces:
         leaves, other = tree_lib.flatten(got)
         if other != treedef:
@@ -221,18 +221,56 @@ def _merge(pieces: list, n: int) -> Any:
                 "(a Map on the loader cannot, since parts are read together: rename or add "
                 "keys in each part's arrays before)"
             )
-        for path, out, leaf in zip(paths, outs, leaves):
-            leaf = np.asarray(leaf)
-            if leaf.dtype != out.dtype or leaf.shape[1:] != out.shape[1:]:
-                raise CollateError(
-                    f"batch leaf {path}: the parts of a ConcatSource differ (a jl.mix's "
-                    "components are its parts): "
-                    f"{out.dtype}{out.shape[1:]} in one, {leaf.dtype}{leaf.shape[1:]} in "
-                    "another; make the parts' records alike (a Map on the loader cannot, since "
-                    "parts are read together: convert the arrays before)"
-                )
-            out[run] = leaf
+        answers.append([np.asarray(leaf) for leaf in leaves])
+    outs = []
+    for i, path in enumerate(paths):
+        columns = [leaves[i] for leaves in answers]
+        out = np.empty((n, *columns[0].shape[1:]), _merged_dtype(path, columns))
+        for (run, _), column in zip(pieces, columns):
+            out[run] = column
+        outs.append(out)
     return tree_lib.unflatten(treedef, outs)
+
+
+def _merged_dtype(path: str, columns: list[np.ndarray]) -> np.dtype:
+    """The dtype the parts' columns of one leaf merge into: theirs where they agree. Strings
+    of other widths take the widest (``<U3`` and ``<U5``: ``<U5``), and fixed-width strings
+    with a part's Python ones (a Parquet column) become Python ones (``object``), as a
+    record's strings batch; any other difference is named."""
+    first = columns[0]
+    if all(c.dtype == first.dtype and c.shape[1:] == first.shape[1:] for c in columns):
+        return first.dtype
+    kinds = {_text_kind(c) for c in columns} - {"empty"}
+    if len(kinds) == 1 and None not in kinds and all(
+            c.shape[1:] == first.shape[1:] for c in columns):
+        if any(c.dtype == object for c in columns):
+            return np.dtype(object)
+        return np.result_type(*(c.dtype for c in columns))
+    other = next(c for c in columns
+                 if c.dtype != first.dtype or c.shape[1:] != first.shape[1:])
+    raise CollateError(
+        f"batch leaf {path}: the parts of a ConcatSource differ (a jl.mix's "
+        "components are its parts): "
+        f"{first.dtype}{first.shape[1:]} in one, {other.dtype}{other.shape[1:]} in "
+        "another; make the parts' records alike (a Map on the loader cannot, since "
+        "parts are read together: convert the arrays before)"
+    )
+
+
+def _text_kind(column: np.ndarray) -> str | None:
+    """``"U"`` for a column of ``str`` (fixed width, or Python objects), ``"S"`` for one of
+    ``bytes``, ``"empty"`` for an object column of no rows, ``None`` for anything else."""
+    if column.dtype.kind in "US":
+        return column.dtype.kind
+    if column.dtype != object:
+        return None
+    if not column.size:
+        return "empty"
+    if all(isinstance(v, str) for v in column.flat):
+        return "U"
+    if all(isinstance(v, bytes) for v in column.flat):
+        return "S"
+    return None
 
 
 def _merge_flat(pieces: list, n: int) -> dict | None:

@@ -75,6 +75,36 @@ def test_vectorised_reads_merge_the_parts_in_order():
             np.array([0, 11]))
 
 
+def test_strings_of_other_widths_or_forms_merge_and_other_differences_are_named():
+    narrow = jl.ArraySource({"t": np.asarray(["a", "bb", "ccc"])})  # <U3
+    wide = jl.ArraySource({"t": np.asarray(["ddddd", "e"])})  # <U5
+
+    class Python:  # a part whose strings are Python ones, batched (a Parquet column's form)
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"t": ["f", "gggggggg"][i]}
+
+        def __getitems__(self, indices):
+            column = np.empty(len(indices), object)
+            column[:] = [self[int(i)]["t"] for i in indices]
+            return {"t": column}
+
+    batch = jl.ConcatSource([narrow, wide]).__getitems__(np.array([3, 0, 2, 4]))["t"]
+    assert batch.dtype == np.dtype("<U5") and batch.tolist() == ["ddddd", "a", "ccc", "e"]
+    batch = jl.ConcatSource([narrow, Python(), wide]).__getitems__(np.array([4, 0, 3, 5]))["t"]
+    assert batch.dtype == object and batch.tolist() == ["gggggggg", "a", "f", "ddddd"]
+    assert all(type(t) is str for t in batch)
+    alone = jl.ConcatSource([narrow, wide]).__getitems__(np.array([2, 1]))["t"]
+    assert alone.dtype == np.dtype("<U3")  # one part's rows: that part's own form
+    for other in ({"t": np.asarray([b"x", b"y"])}, {"t": np.arange(2)},
+                  {"t": np.asarray([["x", "y"], ["z", "w"]])}):
+        with pytest.raises(jl.CollateError, match=r"\['t'\]: the parts of a ConcatSource "
+                                                  r"differ .*: <U3\(\) in one, "):
+            jl.ConcatSource([narrow, jl.ArraySource(other)]).__getitems__(np.array([0, 3]))
+
+
 def test_parts_are_asked_for_their_rows_ascending_over_parts_and_in_order_alone():
     # a file source sorts what it is asked for by row group and puts the rows back: over
     # several parts each is asked in ascending order (nothing to put back); one part alone

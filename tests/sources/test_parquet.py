@@ -126,6 +126,26 @@ def test_a_parquet_file_mixes_with_a_list_of_python_records(tmp_path, num_worker
     assert (ids < 1000).any() and (ids >= 1000).any() and len(ids) == 50
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_parquet_file_mixes_with_an_array_sources_fixed_width_strings(tmp_path, num_workers):
+    # Parquet's strings are Python ones, an ArraySource's fixed width (<U): a batch holding
+    # both has Python strings (it was refused: "object() in one, <U9() in another")
+    path = write_parts(tmp_path, rows=(40,))[0]
+    ids = np.arange(1000, 1030)
+    arrays = jl.ArraySource({"id": ids, "vector": np.zeros((30, 16), np.float32),
+                             "text": np.asarray([f"array {i}" for i in ids])})
+    with jl.DataLoader(jl.mix([jl.ParquetSource(path), arrays], [0.5, 0.5]), batch_size=10,
+                       shuffle=True, num_workers=num_workers, process_index=0,
+                       process_count=1) as loader:
+        batches = list(loader)
+    for batch in batches:
+        both = (batch["id"] < 1000).any() and (batch["id"] >= 1000).any()
+        assert batch["text"].dtype == object or not both
+        assert [str(t) for t in batch["text"]] == [
+            f"array {i}" if i >= 1000 else f"row-{i}" + "x" * (i % 5) for i in batch["id"]]
+    assert sum((b["id"] < 1000).any() and (b["id"] >= 1000).any() for b in batches) > 1
+
+
 def test_concatenated_files_keep_their_row_groups_as_blocks(tmp_path):
     # LocalShuffle over a ConcatSource of files (and arrays): each part's own blocks, placed
     # where the part starts (it cut blocks of 1,024 records across the parts)
