@@ -86,6 +86,7 @@ class Mixture(ConcatSource):
 def mix(sources: Sequence[Any] | Mapping[str, Any],
         weights: Sequence[float] | Mapping[str, float],
         from_step: Mapping[int, Sequence[float] | Mapping[str, float]] | None = None,
+        stopping_strategy: str = "all_exhausted_without_replacement",
         ) -> Mixture | MixedStream:
     """A mixture of ``sources``, a record of ``sources[c]`` at a position with probability
     ``weights[c]`` (normalised); ``from_step={step: weights}`` changes them from that step on.
@@ -96,6 +97,15 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
     (``shuffle`` says whether components are shuffled), and the loader's epoch is the sum of
     the components' lengths. Streams (``jl.Stream``) mix too: the result is read by a
     ``StreamLoader`` (``jaxloader.streams.mixed``).
+
+    ``stopping_strategy`` (streams only; Hugging Face's ``interleave_datasets`` names) says
+    where a stream mixture's epoch ends, and so a ``StreamLoader(num_epochs=n)`` pass:
+    ``"all_exhausted_without_replacement"`` (the default): once every component has read its
+    epoch (every record once; a component run out gives its slots up);
+    ``"first_exhausted"``: as soon as one component has read its epoch (the rest of the
+    others' is passed over, and every component starts its next epoch). An endless mixture
+    (``num_epochs=None``) reads each component's epochs one after another by default, which
+    is Hugging Face's ``"all_exhausted"`` without its end.
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -115,7 +125,7 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
         schedule[int(step)] = _weights(later, len(sources), f"from_step[{step}]", names)
     from jaxloader.streams.huggingface import as_stream
-    from jaxloader.streams.mixed import MixedStream
+    from jaxloader.streams.mixed import STOPPING_STRATEGIES, MixedStream
     from jaxloader.streams.packed import PackedStream
     from jaxloader.streams.reader import Stream
 
@@ -142,8 +152,20 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
             "jl.Stream.from_generator(lambda i: (source[j] for j in range(i, len(source), n)), "
             "shards=n)"
         )
+    if stopping_strategy not in STOPPING_STRATEGIES:
+        oversampled = (" (Hugging Face's 'all_exhausted' oversamples the components that run "
+                       "out: read an endless mixture, num_epochs=None, for the steps you want)"
+                       if stopping_strategy == "all_exhausted" else "")
+        raise ConfigError(f"mix(stopping_strategy=...): expected one of "
+                          f"{list(STOPPING_STRATEGIES)}, got {stopping_strategy!r}{oversampled}")
     if all(streams):
-        return MixedStream(sources, schedule)
+        return MixedStream(sources, schedule, stopping_strategy)
+    if stopping_strategy != STOPPING_STRATEGIES[0]:
+        raise ConfigError(
+            f"mix(stopping_strategy={stopping_strategy!r}): a mixture of sources has no "
+            "component epochs to stop at: the loader's epoch is the sum of the components' "
+            "lengths, each component reshuffled as it wraps; leave stopping_strategy out, or "
+            "set the epoch's length with a number of steps")
     return Mixture(sources, schedule)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from jaxloader import collate
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.pipeline import finish_batch
-from jaxloader.streams.mixed import MixedReader, MixedStream
+from jaxloader.streams.mixed import MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.transforms import Filter, Map, RandomMap, RecordRng, returned_none
@@ -82,8 +82,8 @@ class StreamBatchMaker:
             if isinstance(stream, PackedStream):
                 return stream.reader(of(stream.stream))
             if isinstance(stream, MixedStream):
-                return MixedReader(stream, reader=reader, readers=self.readers, seed=self.seed,
-                                   batch_size=self.batch_size, per_process=self.per_process)
+                return stream.reader(reader=reader, readers=self.readers, seed=self.seed,
+                                 batch_size=self.batch_size, per_process=self.per_process)
             return StreamReader(stream, reader=reader, readers=self.readers, seed=self.seed)
         return of(self.stream)
 

@@ -31,6 +31,9 @@ the others keep their proportions to each other), and the reader is done when ev
 component is (or when those left have no weight). Whether a component is out is a function
 of its state, so the slots passed over are the same after a restore; and every component
 ends its pass at the end of an epoch, so the next pass starts each at an epoch's start.
+With ``stopping_strategy="first_exhausted"`` (``FirstExhaustedReader``) the reader's epoch
+``e`` reads each component's epoch ``e`` until one has none left; every component then starts
+epoch ``e + 1``.
 
 Example:
     >>> import jaxloader as jl
@@ -54,14 +57,26 @@ from jaxloader.mixture import check_weights_before, plan_regimes, regime_counts
 from jaxloader.sampling import splitmix64, splitmix64_array
 
 ORDER = 1  # this layout's number, in the state: a state of another is refused
+WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)
+FIRST_EXHAUSTED = "first_exhausted"
+STOPPING_STRATEGIES = (WITHOUT_REPLACEMENT, FIRST_EXHAUSTED)
 
 
 class MixedStream:
     """Streams mixed by weight (made by ``jaxloader.mix`` from ``Stream``s); read by a
     ``StreamLoader``. ``schedule``: step -> normalised weights, from step 0."""
 
-    def __init__(self, streams: Sequence[Any], schedule: dict[int, np.ndarray]) -> None:
+    def __init__(self, streams: Sequence[Any], schedule: dict[int, np.ndarray],
+                 stopping_strategy: str = WITHOUT_REPLACEMENT) -> None:
         self.streams, self.schedule = list(streams), schedule
+        self.stopping_strategy = stopping_strategy
+
+    def reader(self, **kwargs: Any) -> "MixedReader":
+        """Reader ``reader`` of ``readers`` (``MixedReader``'s arguments), of the class that
+        ends its epochs as ``stopping_strategy`` says."""
+        if self.stopping_strategy == FIRST_EXHAUSTED:
+            return FirstExhaustedReader(self, **kwargs)
+        return MixedReader(self, **kwargs)
 
     @property
     def shards(self) -> list:
@@ -71,7 +86,10 @@ class MixedStream:
     def describe(self) -> dict[str, Any]:
         """What a state is checked against: the components and the layout's number (the
         weights are checked apart: later ones may be added on restore)."""
-        return {"mix": [s.describe() for s in self.streams], "mixture_order": ORDER}
+        described = {"mix": [s.describe() for s in self.streams], "mixture_order": ORDER}
+        if self.stopping_strategy != WITHOUT_REPLACEMENT:
+            described["stopping_strategy"] = self.stopping_strategy
+        return described
 
     def extra_state(self) -> dict[str, Any]:
         return {"mixture": [[step, w.tolist()] for step, w in sorted(self.schedule.items())]}
@@ -275,3 +293,64 @@ class MixedReader:
         left = [c for c in range(len(self.components)) if c not in self._out]
         return any((r.weights[left] > 0).any() for i, r in enumerate(self._regimes)
                    if i + 1 == len(self._regimes) or self._regimes[i + 1].start > group)
+
+
+class FirstExhaustedReader(MixedReader):
+    """A ``MixedReader`` whose epochs end with their first component's
+    (``stopping_strategy="first_exhausted"``): in its epoch ``e`` every component reads its
+    own epoch ``e``, until one has handed out that epoch's last record; then every component
+    starts its epoch ``e + 1`` (the rest of the others' epoch ``e`` is passed over), or, in a
+    pass that stops before ``e + 1``, the reader is done.
+
+    An epoch ends as soon as a component has no record left in it, not when that component's
+    slot comes next: whether it has ended is then a function of the state (a restore ends it
+    where the run did), and so is the next pass's start."""
+
+    def __init__(self, mixed: MixedStream, **kwargs: Any) -> None:
+        super().__init__(mixed, **kwargs)
+        self._epoch = 0
+        self._until: int | None = None  # the epoch a pass stops before (None: endless)
+        self._done = False  # the pass is over
+
+    def reset(self, state: dict | None) -> None:
+        state = self.initial_state() if state is None else state
+        until = state.get("until") if isinstance(state, dict) else None  # (the pass's end)
+        parts = state.get("components") if isinstance(state, dict) else None
+        epoch = max((p["epoch"] for p in parts or () if isinstance(p, dict)
+                     and type(p.get("epoch")) is int), default=0)
+        if isinstance(parts, list):  # each component told its epoch's end (else super names it)
+            state = {**state, "components": [{**p, "until": epoch + 1} if isinstance(p, dict)
+                                             else p for p in parts]}
+            state.pop("until", None)
+        super().reset(state)
+        self._epoch, self._until, self._done = epoch, until, False
+        if not all(c.has_next() for c in self.components):
+            self._end_epoch()
+
+    def next(self) -> Any:
+        """The next record; ``StopIteration`` once the pass is over."""
+        if self._done:
+            raise StopIteration
+        group, slot = divmod(self._emitted, self._size)
+        if group != self._group:
+            self._layout, self._group = self._lay_out(group), group
+        component = self.components[int(self._layout[slot])]
+        record = component.next()
+        self._emitted += 1
+        if not component.has_next():  # (it may read its next window, as next() would)
+            self._end_epoch()
+        return record
+
+    def has_next(self) -> bool:
+        """Whether ``next()`` has a record: every component has one until the pass is over."""
+        return not self._done
+
+    def _end_epoch(self) -> None:
+        """Starts every component's next epoch, or, at the end of a pass, ends it."""
+        if self._until is not None and self._epoch + 1 >= self._until:
+            self._done = True
+            return
+        self._epoch += 1
+        for component in self.components:
+            component.reset({**component.initial_state(), "epoch": self._epoch,
+                             "until": self._epoch + 1})

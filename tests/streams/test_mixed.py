@@ -273,10 +273,11 @@ def uneven_components(window=3):
 
 
 def mixed_pass(workers=0, num_epochs=1, how="plain", weights=(0.7, 0.3), from_step=None,
-               window=3):
+               window=3, stopping="all_exhausted_without_replacement"):
     """A pass over ``uneven_components``: 2 readers, so a state restores into 0, 1 or 2
     workers; plain, under a Filter (odd ids dropped) or packed (``record_tokens``)."""
-    mixed = jl.mix(uneven_components(window), list(weights), from_step=from_step)
+    mixed = jl.mix(uneven_components(window), list(weights), from_step=from_step,
+                   stopping_strategy=stopping)
     kw = dict(seed=3, num_workers=workers, readers_per_process=2, num_epochs=num_epochs,
               process_index=0, process_count=1)
     if how in ("concat", "best_fit"):
@@ -346,3 +347,81 @@ def test_a_pass_over_a_mixture_ends_when_the_components_left_have_no_weight():
     assert set(range(24)) <= set(ids.tolist()) and len(ids) == len(set(ids.tolist()))
     assert (component_of(ids) == 1).sum() < 123 and len(batches) < 20
     assert again and np.concatenate([b["id"][b["mask"]] for b in again]).size
+
+
+def pass_ids(batches):
+    return np.concatenate([b["id"][b["mask"]] for b in batches])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("num_epochs", [1, 2])
+def test_a_first_exhausted_pass_ends_with_its_first_component(workers, num_epochs):
+    # The first component (24 records at 0.7) runs out first: each reader's epoch ends
+    # there, the second's (123 at 0.3) cut short; the next pass reads the second's next epoch
+    with mixed_pass(workers, num_epochs, stopping="first_exhausted") as loader:
+        passes = [[{k: np.array(v) for k, v in b.items()} for b in loader] for _ in range(2)]
+    seconds = []
+    for batches in passes:
+        ids = pass_ids(batches)
+        first, second = ids[ids < 1000], ids[ids >= 1000]
+        assert sorted(first.tolist()) == sorted([*range(24)] * num_epochs)
+        assert 0 < len(second) < 123 and np.bincount(second - 1000).max() <= num_epochs
+        assert abs(len(second) / len(ids) - 0.3) < 0.08  # the weights' shares to the end
+        seconds.append(sorted(second.tolist()))
+    assert seconds[0] != seconds[1]  # the second pass: the second component's next epochs
+    with mixed_pass(workers, num_epochs) as loader:  # the default: every record, longer
+        assert sorted(pass_ids(list(loader)).tolist()) == sorted(ALL_IDS * num_epochs)
+
+
+def test_an_endless_first_exhausted_mixture_starts_every_component_again():
+    # one shard each, in order: the second component starts again each time the first has
+    # run out (its ids stay low); by default it reads on through its own epoch
+    def of(base, n):
+        return jl.Stream.from_generator(lambda s: ({"id": base + i} for i in range(n)), 1,
+                                        shuffle_shards=False)
+
+    def ids(stopping):
+        mixed = jl.mix([of(0, 10), of(1000, 1000)], [0.5, 0.5], stopping_strategy=stopping)
+        with jl.StreamLoader(mixed, batch_size=4, process_index=0, process_count=1) as loader:
+            return np.concatenate([b["id"] for b in take(loader, 30)])
+
+    got = ids("first_exhausted")
+    first, second = got[got < 1000], got[got >= 1000]
+    assert first.tolist() == [*range(10)] * 6 and second.max() < 1000 + 15
+    assert (np.diff(second) < 0).sum() == 5  # started again 5 times, in order between
+    assert ids("all_exhausted_without_replacement").max() >= 1000 + 50
+
+
+def test_a_first_exhausted_pass_resumes_at_every_step_and_into_other_worker_counts():
+    def loader(workers=0, how="plain"):
+        return mixed_pass(workers, how=how, stopping="first_exhausted")
+
+    with loader() as whole:
+        reference = take(whole, 60)  # three passes and a part
+    for k in range(60):
+        with loader() as first:
+            head = take(first, k)
+            state = json.loads(json.dumps(first.state_dict()))
+        with loader() as restored:
+            restored.load_state_dict(state)
+            assert_same_stream(head + take(restored, 60 - k), reference, f"resume at {k}")
+    for how in ("filter", "concat", "best_fit"):
+        for k in (4, 17, 30):
+            check_resume(lambda: loader(2, how), total=k + 25, k=k,
+                         make_restored=lambda: loader(0, how))
+
+
+def test_stopping_strategies_are_checked_and_a_state_keeps_its_own():
+    streams = uneven_components()
+    with pytest.raises(jl.ConfigError, match=r"stopping_strategy=\.\.\.\): expected one of "
+                                             r"\['all_exhausted_without_replacement', "
+                                             r"'first_exhausted'\], got 'all_exhausted' "
+                                             r"\(.*num_epochs=None"):
+        jl.mix(streams, [1, 1], stopping_strategy="all_exhausted")
+    with pytest.raises(jl.ConfigError, match="a mixture of sources has no component epochs"):
+        jl.mix([[{"x": 1}], [{"x": 2}]], [1, 1], stopping_strategy="first_exhausted")
+    with mixed_pass(stopping="first_exhausted") as first:
+        take(first, 3)
+        state = first.state_dict()
+    with mixed_pass() as other, pytest.raises(jl.StateDictError, match="stopping_strategy"):
+        other.load_state_dict(state)
