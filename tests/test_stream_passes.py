@@ -420,3 +420,22 @@ def test_two_hosts_end_a_pass_over_a_mixture_at_the_same_step(tmp_path):
         assert hosts[0][p]["steps"] == hosts[1][p]["steps"]
         assert sorted(hosts[0][p]["ids"]) == [*range(45), *range(1000, 1008)]
         assert sorted(hosts[1][p]["ids"]) == [*range(45, 108), *range(1008, 1018)]
+
+
+
+def test_two_hosts_end_a_first_exhausted_pass_over_a_mixture_at_the_same_step(tmp_path):
+    # the same mixture, each reader's pass ending with its first component run out: both
+    # hosts stop at the same step, each reader read one of its components whole, none twice
+    hosts = passes_of_two_hosts(tmp_path, "first_exhausted")
+    big, small = np.cumsum([0, 5, 40, 3, 60]), np.cumsum([0, 2, 6, 1, 9])
+    for p in range(2):
+        assert hosts[0][p]["steps"] == hosts[1][p]["steps"]
+        for host in range(2):
+            ids = hosts[host][p]["ids"]
+            assert len(ids) == len(set(ids))
+            for r in (2 * host, 2 * host + 1):
+                whole = [set(range(big[r], big[r + 1])), set(range(1000 + small[r],
+                                                                   1000 + small[r + 1]))]
+                mine = [set(ids) & w for w in whole]
+                assert any(m == w for m, w in zip(mine, whole))
+                assert sum(map(len, mine)) < sum(map(len, whole))  # one of them cut short

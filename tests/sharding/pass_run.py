@@ -1,13 +1,14 @@
 """One host of a two-host pass over a stream (started by test_stream_passes.py).
 
-Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES [packed | mixed]
+Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES [packed | mixed | first_exhausted]
 
 Each host reads its own readers' shards (uneven: host 1's end far later than host 0's) with
 ``num_epochs=1`` and runs a collective every step, as a training or evaluation step would; a
 host that stopped before the other would leave it waiting there. Writes each pass's records
 (``packed``: the records packed into rows of 8 tokens, record ``i`` being ``1 + i % 5``
 tokens ``i + 1``; each placed token's record is written; ``mixed``: mixed at 0.75 / 0.25 with
-a second stream, ``1000 + i``, of 2, 6, 1 and 9 records a shard).
+a second stream, ``1000 + i``, of 2, 6, 1 and 9 records a shard; ``first_exhausted``: so
+mixed, with that stopping strategy).
 """
 
 import json
@@ -16,7 +17,8 @@ import sys
 import jax
 
 process_id, port, out_dir, passes = sys.argv[1:5]
-packed, mixed = sys.argv[5:] == ["packed"], sys.argv[5:] == ["mixed"]
+packed, first = sys.argv[5:] == ["packed"], sys.argv[5:] == ["first_exhausted"]
+mixed = first or sys.argv[5:] == ["mixed"]
 jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
                            process_id=int(process_id))
 
@@ -35,7 +37,8 @@ if mixed:
     small = jl.Stream.from_generator(
         lambda s: ({"id": 1000 + i} for i in range(SMALL[s], SMALL[s + 1])), 4,
         shuffle_shards=False, shuffle_window=2)
-    stream = jl.mix([stream, small], [0.75, 0.25])
+    stream = jl.mix([stream, small], [0.75, 0.25], stopping_strategy=(
+        "first_exhausted" if first else "all_exhausted_without_replacement"))
 if packed:
     stream = jl.PackedStream(stream, "t", 8,
                              tokenize=lambda r: {"t": np.full(1 + r["id"] % 5, r["id"] + 1)})
