@@ -135,6 +135,10 @@ class MixedReader:
         return plan_regimes([(self._started[step], weights) for step, weights in self._changes
                              if step in self._started], self._size)
 
+    def changes_due(self, step: int) -> bool:
+        """Whether ``begin_step(step)`` starts a weight change."""
+        return any(s <= step and s not in self._started for s, _ in self._changes)
+
     def begin_step(self, step: int) -> None:
         """Starts the weight changes due by ``step``, this reader's next batch: each from the
         first group at or after the records read so far (see the module docstring)."""

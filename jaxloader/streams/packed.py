@@ -151,6 +151,7 @@ class _PackingReader:
     inner: Any
     reader: int
     _before: dict | None  # the inner state before what the reader holds
+    _until: dict = {}  # (a pass) {"until": the epoch it stops before}, as reset
 
     def _holds(self) -> bool:
         """Whether the reader holds what its next row is made of (a record, a window)."""
@@ -164,6 +165,10 @@ class _PackingReader:
         """Reads what the next row is made of; ``StopIteration`` at the end of a pass."""
         raise NotImplementedError
 
+    def _drop(self) -> None:
+        """Holds nothing (the inner reader is put back before what it held)."""
+        raise NotImplementedError
+
     def initial_state(self) -> dict:
         return _state(self.reader, self.inner.initial_state(), self._FIELD, 0)
 
@@ -174,6 +179,15 @@ class _PackingReader:
         return _state(self.reader, copy.deepcopy(self._before), self._FIELD, self._given())
 
     def begin_step(self, step: int) -> None:
+        """Tells the inner reader (a mixture starts its weight changes here). What ``has_next``
+        read ahead for the next row, none of it given yet, is not in the state: read before a
+        change that starts now, it is put back and read again after, where a restore reads
+        it (from the inner place before it)."""
+        if self._holds() and not self._given() and getattr(self.inner, "changes_due",
+                                                           _none_due)(step):
+            assert self._before is not None
+            self.inner.reset({**copy.deepcopy(self._before), **self._until})
+            self._drop()
         self.inner.begin_step(step)
 
     def has_next(self) -> bool:
@@ -235,6 +249,9 @@ class PackedReader(_PackingReader):
 
     def _holds(self) -> bool:
         return self._tokens is not None
+
+    def _drop(self) -> None:
+        self._tokens, self._before, self._skip = None, None, 0
 
     def _given(self) -> int:
         return self._skip
@@ -305,6 +322,9 @@ class FitPackedReader(_PackingReader):
     def _holds(self) -> bool:
         return self._plan is not None
 
+    def _drop(self) -> None:
+        self._plan, self._records, self._before, self._row = None, [], None, 0
+
     def _given(self) -> int:
         return self._row
 
@@ -372,10 +392,15 @@ def _opened(reader: _PackingReader, state: dict | None, field: str) -> dict:
         raise StateDictError(f"packed stream state: it is reader {state.get('reader')}'s, "
                              f"handed to reader {reader.reader}")
     inner = copy.deepcopy(state["inner"])
-    if "until" in state:
-        inner["until"] = state["until"]
+    reader._until = {"until": state["until"]} if "until" in state else {}
+    inner.update(reader._until)
     reader.inner.reset(inner)
     return state
+
+
+def _none_due(step: int) -> bool:
+    """A ``StreamReader``'s weight changes due at ``step``: it has none."""
+    return False
 
 
 def _next_tokens(packed: PackedStream, inner: Any) -> np.ndarray:

@@ -273,7 +273,7 @@ def uneven_components(window=3):
 
 
 def mixed_pass(workers=0, num_epochs=1, how="plain", weights=(0.7, 0.3), from_step=None,
-               window=3, stopping="all_exhausted_without_replacement"):
+               window=3, stopping="all_exhausted_without_replacement", rows=2):
     """A pass over ``uneven_components``: 2 readers, so a state restores into 0, 1 or 2
     workers; plain, under a Filter (odd ids dropped) or packed (``record_tokens``)."""
     mixed = jl.mix(uneven_components(window), list(weights), from_step=from_step,
@@ -282,7 +282,7 @@ def mixed_pass(workers=0, num_epochs=1, how="plain", weights=(0.7, 0.3), from_st
               process_index=0, process_count=1)
     if how in ("concat", "best_fit"):
         packed = jl.PackedStream(mixed, "t", 8, tokenize=record_tokens, method=how, window=6)
-        return jl.StreamLoader(packed, batch_size=2, **kw)
+        return jl.StreamLoader(packed, batch_size=rows, **kw)
     keep = [jl.Filter(lambda r: r["id"] % 2 == 0)] if how == "filter" else []
     return jl.StreamLoader(mixed, batch_size=4, transforms=keep, **kw)
 
@@ -425,3 +425,25 @@ def test_stopping_strategies_are_checked_and_a_state_keeps_its_own():
         state = first.state_dict()
     with mixed_pass() as other, pytest.raises(jl.StateDictError, match="stopping_strategy"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("how, rows, change", [("concat", 1, 3), ("best_fit", 2, 6)])
+@pytest.mark.parametrize("stopping", ["all_exhausted_without_replacement", "first_exhausted"])
+def test_a_packed_pass_over_a_mixture_resumes_at_every_step_around_a_weight_change(
+        how, rows, change, stopping):
+    # In a pass a packing reader reads ahead what its next row is made of (whether a row is
+    # left); read before a weight change starts, it was laid out by the old weights, where a
+    # restore from the state before it read it by the new ones
+    def loader():
+        return mixed_pass(how=how, from_step={change: [0.2, 0.8]}, stopping=stopping,
+                          rows=rows)
+
+    with loader() as whole:
+        reference = take(whole, 24)
+    for k in range(24):
+        with loader() as first:
+            head = take(first, k)
+            state = json.loads(json.dumps(first.state_dict()))
+        with loader() as restored:
+            restored.load_state_dict(state)
+            assert_same_stream(head + take(restored, 24 - k), reference, f"resume at {k}")
