@@ -102,10 +102,11 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
     where a stream mixture's epoch ends, and so a ``StreamLoader(num_epochs=n)`` pass:
     ``"all_exhausted_without_replacement"`` (the default): once every component has read its
     epoch (every record once; a component run out gives its slots up);
-    ``"first_exhausted"``: as soon as one component has read its epoch (the rest of the
-    others' is passed over, and every component starts its next epoch). An endless mixture
-    (``num_epochs=None``) reads each component's epochs one after another by default, which
-    is Hugging Face's ``"all_exhausted"`` without its end.
+    ``"first_exhausted"``: as soon as one component has read its epoch; ``"all_exhausted"``:
+    once every component with weight has (those done first start their next: oversampled).
+    Both then start every component's next epoch (the rest of one under way is passed over).
+    An endless mixture (``num_epochs=None``) reads each component's epochs one after another
+    by default.
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -153,11 +154,9 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
             "shards=n)"
         )
     if stopping_strategy not in STOPPING_STRATEGIES:
-        oversampled = (" (Hugging Face's 'all_exhausted' oversamples the components that run "
-                       "out: read an endless mixture, num_epochs=None, for the steps you want)"
-                       if stopping_strategy == "all_exhausted" else "")
         raise ConfigError(f"mix(stopping_strategy=...): expected one of "
-                          f"{list(STOPPING_STRATEGIES)}, got {stopping_strategy!r}{oversampled}")
+                          f"{list(STOPPING_STRATEGIES)} (Hugging Face's interleave_datasets "
+                          f"names), got {stopping_strategy!r}")
     if all(streams):
         return MixedStream(sources, schedule, stopping_strategy)
     if stopping_strategy != STOPPING_STRATEGIES[0]:

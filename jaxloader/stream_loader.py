@@ -74,8 +74,8 @@ class StreamLoader(LoaderLifecycle):
             allgather through ``jax.distributed``), so all hosts take the same steps. A
             ``PackedStream``'s pass places every token once (its last row cut short); a
             pass over a ``mix`` of streams reads every record of every component once (a
-            component run out gives its slots up to the others), or, with
-            ``mix(..., stopping_strategy="first_exhausted")``, ends as one runs out.
+            component run out gives its slots up to the others), or as
+            ``mix(..., stopping_strategy="first_exhausted" | "all_exhausted")`` says.
         mask_key: the name of that leaf (records must be dicts).
         unknown: PyTorch's and Grain's names (``shuffle``, ``drop_last``, ``collate_fn``, ...)
             raise a ``TypeError`` saying what a stream takes instead.

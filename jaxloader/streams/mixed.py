@@ -31,9 +31,9 @@ the others keep their proportions to each other), and the reader is done when ev
 component is (or when those left have no weight). Whether a component is out is a function
 of its state, so the slots passed over are the same after a restore; and every component
 ends its pass at the end of an epoch, so the next pass starts each at an epoch's start.
-With ``stopping_strategy="first_exhausted"`` (``FirstExhaustedReader``) the reader's epoch
-``e`` reads each component's epoch ``e`` until one has none left; every component then starts
-epoch ``e + 1``.
+With ``stopping_strategy="first_exhausted"`` or ``"all_exhausted"`` (``EpochedReader``) the
+reader has epochs of its own: each ends once one component (or every one, those done first
+starting their next epoch) has read its epoch, and every component then starts an epoch.
 
 Example:
     >>> import jaxloader as jl
@@ -58,8 +58,8 @@ from jaxloader.sampling import splitmix64, splitmix64_array
 
 ORDER = 1  # this layout's number, in the state: a state of another is refused
 WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)
-FIRST_EXHAUSTED = "first_exhausted"
-STOPPING_STRATEGIES = (WITHOUT_REPLACEMENT, FIRST_EXHAUSTED)
+FIRST_EXHAUSTED, ALL_EXHAUSTED = "first_exhausted", "all_exhausted"
+STOPPING_STRATEGIES = (WITHOUT_REPLACEMENT, FIRST_EXHAUSTED, ALL_EXHAUSTED)
 
 
 class MixedStream:
@@ -74,9 +74,9 @@ class MixedStream:
     def reader(self, **kwargs: Any) -> "MixedReader":
         """Reader ``reader`` of ``readers`` (``MixedReader``'s arguments), of the class that
         ends its epochs as ``stopping_strategy`` says."""
-        if self.stopping_strategy == FIRST_EXHAUSTED:
-            return FirstExhaustedReader(self, **kwargs)
-        return MixedReader(self, **kwargs)
+        if self.stopping_strategy == WITHOUT_REPLACEMENT:
+            return MixedReader(self, **kwargs)
+        return EpochedReader(self, **kwargs)
 
     @property
     def shards(self) -> list:
@@ -299,37 +299,63 @@ class MixedReader:
                    if i + 1 == len(self._regimes) or self._regimes[i + 1].start > group)
 
 
-class FirstExhaustedReader(MixedReader):
-    """A ``MixedReader`` whose epochs end with their first component's
-    (``stopping_strategy="first_exhausted"``): in its epoch ``e`` every component reads its
-    own epoch ``e``, until one has handed out that epoch's last record; then every component
-    starts its epoch ``e + 1`` (the rest of the others' epoch ``e`` is passed over), or, in a
-    pass that stops before ``e + 1``, the reader is done.
 
-    An epoch ends as soon as a component has no record left in it, not when that component's
-    slot comes next: whether it has ended is then a function of the state (a restore ends it
-    where the run did), and so is the next pass's start."""
+class EpochedReader(MixedReader):
+    """A ``MixedReader`` with epochs of its own, which end where ``stopping_strategy`` says
+    (``"first_exhausted"``: once one component has read its epoch; ``"all_exhausted"``: once
+    every component with weight has, those done first starting their next, oversampled).
+    An epoch starts every component at the start of an epoch of its own (the rest of one
+    under way is passed over); in a pass that stops before the next epoch, the reader is done.
+
+    A component that hands out its epoch's last record is found out at once, not when its
+    slot comes next: where an epoch ends is then a function of the state (a restore ends it
+    where the run did), and so is the next pass's start. The state adds ``epoch`` (the
+    reader's own) and, for ``"all_exhausted"``, ``starts``: each component's epoch as the
+    reader's began."""
 
     def __init__(self, mixed: MixedStream, **kwargs: Any) -> None:
         super().__init__(mixed, **kwargs)
+        self._every = mixed.stopping_strategy == ALL_EXHAUSTED
         self._epoch = 0
+        self._at = [0] * len(self.components)  # each component's epoch
+        self._starts = [0] * len(self.components)  # each one's epoch as the reader's began
         self._until: int | None = None  # the epoch a pass stops before (None: endless)
         self._done = False  # the pass is over
+
+    def initial_state(self) -> dict:
+        state = super().initial_state()
+        return {**state, "starts": [0] * len(self.components)} if self._every else state
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        state["epoch"] = self._epoch
+        return {**state, "starts": list(self._starts)} if self._every else state
 
     def reset(self, state: dict | None) -> None:
         state = self.initial_state() if state is None else state
         until = state.get("until") if isinstance(state, dict) else None  # (the pass's end)
         parts = state.get("components") if isinstance(state, dict) else None
-        epoch = max((p["epoch"] for p in parts or () if isinstance(p, dict)
-                     and type(p.get("epoch")) is int), default=0)
-        if isinstance(parts, list):  # each component told its epoch's end (else super names it)
-            state = {**state, "components": [{**p, "until": epoch + 1} if isinstance(p, dict)
-                                             else p for p in parts]}
-            state.pop("until", None)
-        super().reset(state)
-        self._epoch, self._until, self._done = epoch, until, False
-        if not all(c.has_next() for c in self.components):
-            self._end_epoch()
+        if isinstance(parts, list) and all(isinstance(p, dict) and type(p.get("epoch")) is int
+                                           for p in parts):
+            state = {k: v for k, v in state.items() if k != "until"}  # (the pass's: kept)
+            state["components"] = [{**p, "until": p["epoch"] + 1} for p in parts]
+        super().reset(state)  # (names a state that is not this reader's)
+        at: list[int] = [p["epoch"] for p in state["components"]]
+        epoch, starts = state.get("epoch", max(at)), state.get("starts", at)
+        if type(epoch) is not int or epoch < 0 or not isinstance(starts, list) or len(
+                starts) != len(at) or any(type(e) is not int or not 0 <= e <= a
+                                          for e, a in zip(starts, at)):
+            raise StateDictError(
+                f"mixed stream state: expected epoch (an int) and, for all_exhausted, starts "
+                f"(each component's epoch as the reader's began, at most its epoch now), got "
+                f"epoch {state.get('epoch')!r}, starts {state.get('starts')!r:.100}")
+        self._epoch, self._at, self._starts = epoch, at, list(starts)
+        self._until, self._done = until, False
+        for c, component in enumerate(self.components):
+            if not component.has_next():
+                self._ran_out(c)
+                if self._done or self._starts == self._at:  # (the epoch ended)
+                    break
 
     def next(self) -> Any:
         """The next record; ``StopIteration`` once the pass is over."""
@@ -338,23 +364,35 @@ class FirstExhaustedReader(MixedReader):
         group, slot = divmod(self._emitted, self._size)
         if group != self._group:
             self._layout, self._group = self._lay_out(group), group
-        component = self.components[int(self._layout[slot])]
-        record = component.next()
+        c = int(self._layout[slot])
+        record = self.components[c].next()
         self._emitted += 1
-        if not component.has_next():  # (it may read its next window, as next() would)
-            self._end_epoch()
+        if not self.components[c].has_next():  # (it may read its next window, as next() would)
+            self._ran_out(c)
         return record
 
     def has_next(self) -> bool:
         """Whether ``next()`` has a record: every component has one until the pass is over."""
         return not self._done
 
-    def _end_epoch(self) -> None:
-        """Starts every component's next epoch, or, at the end of a pass, ends it."""
+    def _ran_out(self, c: int) -> None:
+        """Component ``c`` has handed out its epoch's last record: it starts its next, or the
+        reader's epoch ends (the next starts, or the pass is over)."""
+        if self._every:
+            weights = [r for r in self._regimes if r.start <= self._emitted // self._size][-1]
+            if any(a == s and weights.weights[d] > 0 for d, (a, s) in enumerate(
+                    zip(self._at, self._starts)) if d != c):  # one has not read an epoch yet
+                self._start(c, self._at[c] + 1)
+                return
         if self._until is not None and self._epoch + 1 >= self._until:
             self._done = True
             return
         self._epoch += 1
-        for component in self.components:
-            component.reset({**component.initial_state(), "epoch": self._epoch,
-                             "until": self._epoch + 1})
+        for d in range(len(self.components)):
+            self._start(d, self._at[d] + 1)
+        self._starts = list(self._at)
+
+    def _start(self, c: int, epoch: int) -> None:
+        self._at[c] = epoch
+        component = self.components[c]
+        component.reset({**component.initial_state(), "epoch": epoch, "until": epoch + 1})

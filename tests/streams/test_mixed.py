@@ -373,6 +373,24 @@ def test_a_first_exhausted_pass_ends_with_its_first_component(workers, num_epoch
         assert sorted(pass_ids(list(loader)).tolist()) == sorted(ALL_IDS * num_epochs)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_all_exhausted_pass_oversamples_until_every_component_has_read_its_epoch(workers):
+    # The second component (123 records at 0.3) ends each reader's pass: all of it once,
+    # the first (24 at 0.7) started again each time it ran out
+    with mixed_pass(workers, stopping="all_exhausted") as loader:
+        passes = [[{k: np.array(v) for k, v in b.items()} for b in loader] for _ in range(2)]
+    for batches in passes:
+        ids = pass_ids(batches)
+        first, second = ids[ids < 1000], ids[ids >= 1000]
+        assert sorted(second.tolist()) == [*range(1000, 1123)]
+        counts = np.bincount(first, minlength=24)
+        assert counts.min() >= 3  # oversampled: its epochs one after another
+        assert abs(len(second) / len(ids) - 0.3) < 0.05
+    with mixed_pass(workers, stopping="all_exhausted", from_step={3: [1, 0]}) as loader:
+        ids = pass_ids(list(loader))  # a component with no weight is not waited for
+    assert set(ids.tolist()) >= set(range(24)) and (ids >= 1000).sum() < 123
+
+
 def test_an_endless_first_exhausted_mixture_starts_every_component_again():
     # one shard each, in order: the second component starts again each time the first has
     # run out (its ids stay low); by default it reads on through its own epoch
@@ -392,9 +410,11 @@ def test_an_endless_first_exhausted_mixture_starts_every_component_again():
     assert ids("all_exhausted_without_replacement").max() >= 1000 + 50
 
 
-def test_a_first_exhausted_pass_resumes_at_every_step_and_into_other_worker_counts():
+@pytest.mark.parametrize("stopping", ["first_exhausted", "all_exhausted"])
+def test_a_pass_that_ends_by_its_strategy_resumes_at_every_step_and_into_other_worker_counts(
+        stopping):
     def loader(workers=0, how="plain"):
-        return mixed_pass(workers, how=how, stopping="first_exhausted")
+        return mixed_pass(workers, how=how, stopping=stopping)
 
     with loader() as whole:
         reference = take(whole, 60)  # three passes and a part
@@ -415,20 +435,29 @@ def test_stopping_strategies_are_checked_and_a_state_keeps_its_own():
     streams = uneven_components()
     with pytest.raises(jl.ConfigError, match=r"stopping_strategy=\.\.\.\): expected one of "
                                              r"\['all_exhausted_without_replacement', "
-                                             r"'first_exhausted'\], got 'all_exhausted' "
-                                             r"\(.*num_epochs=None"):
-        jl.mix(streams, [1, 1], stopping_strategy="all_exhausted")
+                                             r"'first_exhausted', 'all_exhausted'\] "
+                                             r"\(.*\), got 'first'"):
+        jl.mix(streams, [1, 1], stopping_strategy="first")
     with pytest.raises(jl.ConfigError, match="a mixture of sources has no component epochs"):
         jl.mix([[{"x": 1}], [{"x": 2}]], [1, 1], stopping_strategy="first_exhausted")
     with mixed_pass(stopping="first_exhausted") as first:
         take(first, 3)
         state = first.state_dict()
-    with mixed_pass() as other, pytest.raises(jl.StateDictError, match="stopping_strategy"):
+    for other in (mixed_pass(), mixed_pass(stopping="all_exhausted")):
+        with other, pytest.raises(jl.StateDictError, match="stopping_strategy"):
+            other.load_state_dict(state)
+    with mixed_pass(stopping="all_exhausted") as first:
+        take(first, 3)
+        state = first.state_dict()
+    state["readers"][0]["starts"] = [0, 5]
+    with mixed_pass(stopping="all_exhausted") as other, pytest.raises(
+            jl.StateDictError, match=r"starts \(each component's epoch .*\[0, 5\]"):
         other.load_state_dict(state)
 
 
 @pytest.mark.parametrize("how, rows, change", [("concat", 1, 3), ("best_fit", 2, 6)])
-@pytest.mark.parametrize("stopping", ["all_exhausted_without_replacement", "first_exhausted"])
+@pytest.mark.parametrize("stopping", ["all_exhausted_without_replacement", "first_exhausted",
+                                      "all_exhausted"])
 def test_a_packed_pass_over_a_mixture_resumes_at_every_step_around_a_weight_change(
         how, rows, change, stopping):
     # In a pass a packing reader reads ahead what its next row is made of (whether a row is
