@@ -299,7 +299,6 @@ class MixedReader:
                    if i + 1 == len(self._regimes) or self._regimes[i + 1].start > group)
 
 
-
 class EpochedReader(MixedReader):
     """A ``MixedReader`` with epochs of its own, which end where ``stopping_strategy`` says
     (``"first_exhausted"``: once one component has read its epoch; ``"all_exhausted"``: once
