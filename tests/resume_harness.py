@@ -51,12 +51,25 @@ def check_resume(make_loader: Callable[[], Any], total: int, k: int,
     """Stopping after ``k`` of ``total`` batches and restoring continues the same stream."""
     with make_loader() as loader:
         reference = [_copy(b) for b in take(loader, total)]
+    _check_resumed(make_loader, make_restored or make_loader, reference, k)
+
+
+def check_resume_at_every_step(make_loader: Callable[[], Any], total: int) -> None:
+    """``check_resume`` at every ``k`` of ``total`` batches, against one reference run."""
+    with make_loader() as loader:
+        reference = [_copy(b) for b in take(loader, total)]
+    for k in range(total):
+        _check_resumed(make_loader, make_loader, reference, k)
+
+
+def _check_resumed(make_loader: Callable[[], Any], make_restored: Callable[[], Any],
+                   reference: list, k: int) -> None:
     with make_loader() as first:
         head = [_copy(b) for b in take(first, k)]
         state = json.loads(json.dumps(first.state_dict()))  # must survive JSON
-    with (make_restored or make_loader)() as second:
+    with make_restored() as second:
         second.load_state_dict(state)
-        tail = [_copy(b) for b in take(second, total - k)]
+        tail = [_copy(b) for b in take(second, len(reference) - k)]
     assert_same_stream(head + tail, reference, f"resume at k={k}")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from resume_harness import assert_same_stream, check_resume, take
+from resume_harness import assert_same_stream, check_resume, check_resume_at_every_step, take
 from streams.test_shards import write_jsonl, write_tar
 
 SIZES = (60, 40, 10)  # records of each component (ids 0.., 1000.., 2000..)
@@ -309,15 +309,7 @@ def test_a_pass_over_a_mixture_reads_every_record_of_every_component(workers, nu
 def test_a_pass_over_a_mixture_resumes_at_every_step_and_the_next_pass_is_the_same():
     # A reader whose components have run out ends at the same place after a restore, found
     # out from the components' states (the next pass's records depend on it).
-    with mixed_pass() as loader:
-        reference = take(loader, 90)  # two passes of 41 and 42 steps, and a part
-    for k in range(0, 90, 1):
-        with mixed_pass() as first:
-            head = take(first, k)
-            state = json.loads(json.dumps(first.state_dict()))
-        with mixed_pass() as restored:
-            restored.load_state_dict(state)
-            assert_same_stream(head + take(restored, 90 - k), reference, f"resume at {k}")
+    check_resume_at_every_step(mixed_pass, 90)  # two passes of 41 and 42 steps, and a part
 
 
 @pytest.mark.parametrize("how", ["filter", "concat", "best_fit"])
@@ -416,15 +408,7 @@ def test_a_pass_that_ends_by_its_strategy_resumes_at_every_step_and_into_other_w
     def loader(workers=0, how="plain"):
         return mixed_pass(workers, how=how, stopping=stopping)
 
-    with loader() as whole:
-        reference = take(whole, 60)  # three passes and a part
-    for k in range(60):
-        with loader() as first:
-            head = take(first, k)
-            state = json.loads(json.dumps(first.state_dict()))
-        with loader() as restored:
-            restored.load_state_dict(state)
-            assert_same_stream(head + take(restored, 60 - k), reference, f"resume at {k}")
+    check_resume_at_every_step(loader, 60)  # three passes and a part
     for how in ("filter", "concat", "best_fit"):
         for k in (4, 17, 30):
             check_resume(lambda: loader(2, how), total=k + 25, k=k,
@@ -467,12 +451,4 @@ def test_a_packed_pass_over_a_mixture_resumes_at_every_step_around_a_weight_chan
         return mixed_pass(how=how, from_step={change: [0.2, 0.8]}, stopping=stopping,
                           rows=rows)
 
-    with loader() as whole:
-        reference = take(whole, 24)
-    for k in range(24):
-        with loader() as first:
-            head = take(first, k)
-            state = json.loads(json.dumps(first.state_dict()))
-        with loader() as restored:
-            restored.load_state_dict(state)
-            assert_same_stream(head + take(restored, 24 - k), reference, f"resume at {k}")
+    check_resume_at_every_step(loader, 24)
