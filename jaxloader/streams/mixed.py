@@ -347,7 +347,8 @@ class EpochedReader(MixedReader):
             raise StateDictError(
                 f"mixed stream state: expected epoch (an int) and, for all_exhausted, starts "
                 f"(each component's epoch as the reader's began, at most its epoch now), got "
-                f"epoch {state.get('epoch')!r}, starts {state.get('starts')!r:.100}")
+                f"epoch {state.get('epoch')!r}, starts {state.get('starts')!r:.100}; pass the "
+                "dict that state_dict() returned, unchanged")
         self._epoch, self._at, self._starts = epoch, at, list(starts)
         self._until, self._done = until, False
         for c, component in enumerate(self.components):

@@ -166,7 +166,7 @@ class _PackingReader:
         raise NotImplementedError
 
     def _drop(self) -> None:
-        """Holds nothing (the inner reader is put back before what it held)."""
+        """Holds nothing (what it held is given, or read again from before it)."""
         raise NotImplementedError
 
     def initial_state(self) -> dict:
@@ -236,7 +236,7 @@ class PackedReader(_PackingReader):
 
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "skip")
-        self._tokens, self._before, self._skip = None, None, 0
+        self._drop()
         if state["skip"]:
             self._read_record()
             assert self._tokens is not None
@@ -308,7 +308,7 @@ class FitPackedReader(_PackingReader):
 
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "row")
-        self._plan, self._records, self._before, self._row = None, [], None, 0
+        self._drop()
         if state["row"]:
             self._read_window()
             assert self._plan is not None
@@ -346,7 +346,7 @@ class FitPackedReader(_PackingReader):
             positions[at:at + n] = self._count_up[:n]
         self._row += 1
         if self._row == plan.rows:  # the window is used up: the next row starts the next
-            self._plan, self._records, self._before, self._row = None, [], None, 0
+            self._drop()
         return self._as_row(tokens, ids, positions)
 
     def _read_window(self) -> None:
