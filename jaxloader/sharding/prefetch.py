@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 _JOIN_TIMEOUT_S = 10.0  # the thread may be finishing one batch (a worker's, an in-process one)
@@ -117,12 +118,16 @@ class HostPrefetcher:
             self._permits.release()
         return host, error
 
-    def close(self, until_gone: bool = False) -> None:
-        """Stops the thread (after the batch it is making) and waits for it, at most
-        ``_JOIN_TIMEOUT_S`` (or ``until_gone``). Idempotent."""
+    def stop(self) -> None:
+        """Tells the thread to stop after the batch it is making; returns at once."""
         self._stop.set()
         self._permits.release()  # wakes a thread waiting for a permit
         self._taken.set()  # or backing off
+
+    def close(self, until_gone: bool = False) -> None:
+        """Stops the thread (after the batch it is making) and waits for it, at most
+        ``_JOIN_TIMEOUT_S`` (or ``until_gone``). Idempotent."""
+        self.stop()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(None if until_gone else _JOIN_TIMEOUT_S)
 
@@ -141,6 +146,9 @@ class DevicePrefetcher:
         self._in_flight: collections.deque = collections.deque()
         self._pending: BaseException | None = None  # raised once the batches before it are out
         self._ended = False
+        # Dropped without close() (a loop broken out of, then its loader deleted): the thread,
+        # which holds the host batches and so the workers, must not wait for a taker forever.
+        weakref.finalize(self, self._host.stop)
 
     def next(self) -> Any:
         """The next device batch; raises StopIteration at the end, or the host side's error."""

@@ -249,3 +249,47 @@ def test_one_device_batches_are_placed_in_the_thread_and_many_device_ones_are_no
         print(len(callers) >= 12, sorted(set(callers)))
     """, n=2)
     assert out.splitlines() == ["True ['jaxloader-host-prefetch']", "True ['MainThread']"], out
+
+
+def test_a_loader_dropped_mid_pass_without_close_leaves_no_thread_and_no_worker():
+    """A loop broken out of, then its loader deleted: the device-put thread, waiting for a
+    taker with the host batches (and so the worker pool) in hand, used to keep the workers
+    alive until the training process ended."""
+    out = run_with_devices("""
+    import gc, os, threading, time
+    mesh = jax.make_mesh((2,), ("data",))
+    def gone(pids, base):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            gc.collect()
+            alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+            if not alive and threading.active_count() == base:
+                return True
+            time.sleep(0.05)
+        return False
+    base = threading.active_count()
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[1])  # placed in the thread
+    for sharding in (jl.data_sharding(mesh), one_device):
+        for num_workers in (0, 2):
+            loader = jl.DataLoader(source(40), batch_size=4, num_workers=num_workers,
+                                   sharding=sharding, device_prefetch=2, process_index=0,
+                                   process_count=1)
+            for i, batch in enumerate(loader):
+                if i == 1:
+                    break
+            pids = loader.worker_pids
+            assert len(pids) == num_workers and threading.active_count() == base + 1
+            del loader, batch
+            assert gone(pids, base), (sharding, num_workers, threading.enumerate())
+    def shard(k):
+        return ({"x": np.float32(i)} for i in range(k, 40, 2))
+    stream = jl.StreamLoader(jl.Stream.from_generator(shard, shards=2), batch_size=2,
+                             num_workers=2, sharding=jl.data_sharding(mesh),
+                             process_index=0, process_count=1)
+    next(iter(stream))
+    pids = stream.worker_pids
+    del stream
+    assert gone(pids, base)
+    print("ok")
+    """, n=2)
+    assert out.strip() == "ok"
