@@ -138,7 +138,7 @@ class DataLoader(LoaderLifecycle):
         if sharding is not None:
             from jaxloader.sharding.put import Putter
 
-            self._putter = Putter(sharding, process_count)
+            self._putter = Putter(sharding, process_count, batch_size)
         record_transforms, batch_transforms = split_transforms(transforms)
         self._source = source
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,

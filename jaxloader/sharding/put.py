@@ -104,7 +104,7 @@ def as_shardings(sharding: Any) -> Any:
 class Putter:
     """Turns a host batch (pytree of NumPy arrays) into a batch of global ``jax.Array``s."""
 
-    def __init__(self, sharding: Any, process_count: int) -> None:
+    def __init__(self, sharding: Any, process_count: int, batch_size: int | None = None) -> None:
         sharding = as_shardings(sharding)
         leaves = jax.tree_util.tree_leaves(sharding, is_leaf=_is_sharding)
         if not leaves or not all(_is_sharding(s) for s in leaves):
@@ -116,6 +116,7 @@ class Putter:
             )
         self.sharding = sharding
         self.process_count = process_count
+        self.batch_size = batch_size  # per process: a batch with fewer rows is a partial one
         # One process, every leaf on one device: no step can wait in a collective, so the
         # copies may be issued from a thread (see jaxloader.sharding.prefetch).
         self.single_device = process_count == 1 and all(len(s.device_set) == 1 for s in leaves)
@@ -157,10 +158,17 @@ class Putter:
             global_shape = (leaf.shape[0] * self.process_count, *leaf.shape[1:])
             return jax.make_array_from_process_local_data(sharding, leaf, global_shape)
         except (ValueError, TypeError) as e:
+            rows = np.shape(leaf)[0] if np.ndim(leaf) else None
+            if self.batch_size is not None and rows is not None and rows < self.batch_size:
+                remedy = (f"this is an epoch's last batch, of {rows} rows, not {self.batch_size} "
+                          "(last_batch='partial'); pass last_batch='pad' (full batches, a mask "
+                          "on the padding rows) or 'drop'")
+            else:
+                remedy = ("the global batch (batch_size x process_count) must divide evenly "
+                          "over the devices of the data axis, and each other axis over the "
+                          "mesh axes its spec names")
             raise ConfigError(
                 f"sharding: cannot place batch leaf {path or '<root>'} (local shape "
                 f"{np.shape(leaf)}, dtype {getattr(leaf, 'dtype', type(leaf).__name__)}, "
-                f"{self.process_count} process(es)) with {sharding}: {e}; the global batch "
-                "(batch_size x process_count) must divide evenly over the devices of the data "
-                "axis, and each other axis over the mesh axes its spec names"
+                f"{self.process_count} process(es)) with {sharding}: {e}; {remedy}"
             ) from e

@@ -120,6 +120,19 @@ def test_bad_shardings_give_clear_errors():
         assert "['x']" in str(e) and "(6, 3, 2)" in str(e) and "divide evenly" in str(e), e
     else:
         raise AssertionError("6 rows over 4 devices must be refused")
+    partial = jl.DataLoader(source(10), batch_size=4, last_batch="partial", device_prefetch=0,
+                            sharding=jl.data_sharding(mesh))
+    it = iter(partial)
+    next(it), next(it)
+    try:  # the batch size divides; the epoch's last 2 rows do not: say so, and what to pass
+        next(it)
+    except jl.ConfigError as e:
+        assert "last batch, of 2 rows, not 4" in str(e) and "last_batch='pad'" in str(e), e
+    else:
+        raise AssertionError("2 rows over 4 devices must be refused")
+    padded = jl.DataLoader(source(10), batch_size=4, last_batch="pad", device_prefetch=0,
+                           sharding=jl.data_sharding(mesh))
+    assert [np.asarray(b["mask"]).sum() for b in padded] == [4, 4, 2]
     per_leaf = {"x": NamedSharding(mesh, P(None, "data")), "y": jl.data_sharding(mesh)}
     try:  # 3 columns over 4 devices: the error names the leaf, not the subtree's root
         next(iter(jl.DataLoader(source(8), batch_size=4, sharding=per_leaf, device_prefetch=0)))
