@@ -140,6 +140,9 @@ class DataLoader(LoaderLifecycle):
 
             self._putter = Putter(sharding, process_count, batch_size)
         record_transforms, batch_transforms = split_transforms(transforms)
+        rest = self._sampler.num_records % batch_size
+        if self._putter is not None and last_batch == "partial" and rest:
+            self._putter.check_last_batch(rest, self._sampler.num_records)
         self._source = source
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key)

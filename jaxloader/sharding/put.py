@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -120,6 +121,22 @@ class Putter:
         # One process, every leaf on one device: no step can wait in a collective, so the
         # copies may be issued from a thread (see jaxloader.sharding.prefetch).
         self.single_device = process_count == 1 and all(len(s.device_set) == 1 for s in leaves)
+
+    def check_last_batch(self, rows: int, num_records: int) -> None:
+        """Refuses, before the first batch, an epoch's last (partial) batch of ``rows`` rows
+        that the batch axis of a leaf's ``NamedSharding`` cannot split evenly; otherwise it
+        would be refused only when placed, at the end of the first epoch."""
+        for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
+            if not isinstance(s, NamedSharding) or not len(s.spec) or s.spec[0] is None:
+                continue
+            axes = (s.spec[0],) if isinstance(s.spec[0], str) else tuple(s.spec[0])
+            ways = math.prod(s.mesh.shape[a] for a in axes)
+            if rows % ways:
+                raise ConfigError(
+                    f"last_batch='partial': an epoch's last batch holds {rows} rows "
+                    f"({num_records} records, batch_size {self.batch_size}), which the sharding "
+                    f"{s} cannot split over the {ways} devices of mesh axes {axes}; pass "
+                    "last_batch='pad' (full batches, a mask on the padding rows) or 'drop'")
 
     def __call__(self, batch: Any) -> Any:
         if self.process_count == 1 and not any(

@@ -120,12 +120,20 @@ def test_bad_shardings_give_clear_errors():
         assert "['x']" in str(e) and "(6, 3, 2)" in str(e) and "divide evenly" in str(e), e
     else:
         raise AssertionError("6 rows over 4 devices must be refused")
-    partial = jl.DataLoader(source(10), batch_size=4, last_batch="partial", device_prefetch=0,
-                            sharding=jl.data_sharding(mesh))
-    it = iter(partial)
-    next(it), next(it)
-    try:  # the batch size divides; the epoch's last 2 rows do not: say so, and what to pass
-        next(it)
+    try:  # the batch size divides; the epoch's last 2 rows do not: refused before an epoch
+        jl.DataLoader(source(10), batch_size=4, last_batch="partial",
+                      sharding=jl.data_sharding(mesh))
+    except jl.ConfigError as e:
+        assert "last batch holds 2 rows" in str(e) and "last_batch='pad'" in str(e), e
+    else:
+        raise AssertionError("2 rows over 4 devices must be refused")
+    from jaxloader.sharding.put import Putter
+    put = Putter(jl.data_sharding(mesh), process_count=1, batch_size=4)
+    fits = jl.DataLoader(source(12), batch_size=8, last_batch="partial", device_prefetch=0,
+                         sharding=jl.data_sharding(mesh))
+    assert [np.asarray(b["y"]).size for b in fits] == [8, 4]  # 4 last rows: 1 a device
+    try:  # the same words when such a batch is placed (a sharding other than NamedSharding)
+        put({"x": np.zeros((2, 3), np.float32)})
     except jl.ConfigError as e:
         assert "last batch, of 2 rows, not 4" in str(e) and "last_batch='pad'" in str(e), e
     else:
