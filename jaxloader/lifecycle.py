@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Self
 
+from jaxloader.interrupts import run_all
 from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.stats import LoaderStats
 
@@ -89,8 +90,9 @@ class LoaderLifecycle:
         """Releases workers and buffers; idempotent."""
         if not self._progress.closed:
             self._progress.closed = True
-            self._invalidate()
-            self._engine.close()
+            # A Ctrl-C while the prefetch thread is joined must not skip the workers: a second
+            # close() does nothing (``jaxloader.interrupts``, 4).
+            run_all([self._invalidate, self._engine.close])
 
     def __enter__(self) -> Self:
         return self

@@ -13,6 +13,7 @@ segment and no worker is left behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import threading
@@ -150,3 +151,32 @@ def test_no_thread_is_left_after_interrupted_device_prefetch():
     left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()
             and t.name.startswith("jaxloader")]
     assert not left, left  # the autouse fixture checks processes and /dev/shm
+
+
+def test_an_interrupt_while_close_stops_the_iterator_still_stops_the_workers(monkeypatch):
+    """close() first stops the live iterator, joining the device-prefetch thread (up to 10 s
+    while it waits for a slow worker): a Ctrl-C there used to skip stopping the workers, and a
+    second close() did nothing (the loader already counted as closed). The interrupt is put
+    where it lands in such a join."""
+    from jaxloader.iterator import LoaderIterator
+
+    stop_work = LoaderIterator.stop_work
+
+    def interrupted_stop_work(self, until_gone=False):
+        stop_work(self, until_gone)
+        raise _Tick()
+
+    loader = make(2)
+    it = iter(loader)
+    next(it)
+    pids = loader.worker_pids
+    monkeypatch.setattr(LoaderIterator, "stop_work", interrupted_stop_work)
+    with pytest.raises(_Tick):
+        loader.close()
+    monkeypatch.undo()
+    alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")
+             and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not alive, alive  # and the autouse fixture finds no segment left
+    loader.close()
+    with pytest.raises(jl.JaxloaderError, match="closed"):
+        next(it)
