@@ -27,8 +27,9 @@ The invariants the rest of the code keeps:
    (``sharding.prefetch``); locks are taken in ``with`` blocks, which leave no gap between
    taking and owning (``workers.pool``).
 4. **Shutdown runs to the end.** ``run_all`` runs every step of a shutdown even if one is
-   interrupted, then raises the first interrupt; a second Ctrl-C while a worker drains kills it
-   instead of waiting (``workers.process``).
+   interrupted, then raises the first interrupt: a loader's ``close()`` stops its iterator
+   and then its engine (``lifecycle``), a pool its workers and then its ring; a second Ctrl-C
+   while a worker drains kills it instead of waiting (``workers.process``).
 5. **No Python code runs when a batch dies.** A slot returns to the ring through a weak
    reference whose callback is a builtin (``deque.append``), so an interrupt cannot land in it
    (``workers.ring``).
