@@ -130,6 +130,8 @@ class Putter:
             if not isinstance(s, NamedSharding) or not len(s.spec) or s.spec[0] is None:
                 continue
             axes = (s.spec[0],) if isinstance(s.spec[0], str) else tuple(s.spec[0])
+            if not all(isinstance(a, str) and a in s.mesh.shape for a in axes):
+                continue  # not an axis name (UNCONSTRAINED, say): left to placement
             ways = math.prod(s.mesh.shape[a] for a in axes)
             if rows % ways:
                 raise ConfigError(
