@@ -1,0 +1,193 @@
+"""A loader's life in any order: iterate, break out, peek, save, restore, close, replace, drop.
+
+A Hypothesis state machine drives one loader (a ``DataLoader`` or a ``StreamLoader``, with 0-2
+workers, with and without device prefetch) through random sequences of what a training script
+or a notebook does to it. After every call the position is the one the calls imply, every batch
+handed out equals the uninterrupted stream's batch at its step, and a loader that is closed,
+replaced or dropped without ``close()`` leaves no worker and no thread behind (the autouse
+fixture checks segments and processes at the end). The lifecycle fuzzer these rules come from
+found a loader dropped after a ``break`` keeping its workers through the device-put thread.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import jaxloader as jl
+
+pytestmark = pytest.mark.timeout(600)
+
+N = 45  # records; a batch of 4 leaves a partial last one of 1
+
+
+def shift(r, rng):
+    return {"x": r["x"] + np.float32(rng.integers(1000)), "y": r["y"]}
+
+
+def shard(i):
+    for k in range(i, N, 2):
+        yield {"x": np.full(3, k, np.float32), "y": np.int64(k)}
+
+
+def make(kind: str, num_workers: int, device_prefetch: int):
+    kw = dict(batch_size=4, seed=1, num_workers=num_workers, transforms=[jl.RandomMap(shift)],
+              process_index=0, process_count=1)
+    if device_prefetch:
+        import jax
+
+        kw.update(sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+                  device_prefetch=device_prefetch)
+    if kind == "stream":
+        return jl.StreamLoader(jl.Stream.from_generator(shard, shards=2, shuffle_window=5),
+                               readers_per_process=2, num_epochs=1, **kw)
+    source = jl.ArraySource({"x": np.repeat(np.arange(N, dtype=np.float32)[:, None], 3, 1),
+                             "y": np.arange(N, dtype=np.int64)})
+    return jl.DataLoader(source, shuffle=True, last_batch="partial", num_epochs=2, **kw)
+
+
+_REFERENCES: dict[str, dict[int, dict]] = {}
+
+
+def host(batch) -> dict:
+    return {k: np.asarray(v).copy() for k, v in batch.items()}
+
+
+def reference(kind: str) -> dict[int, dict]:
+    """Step -> batch over the first passes, read in process in one go."""
+    if kind not in _REFERENCES:
+        with make(kind, 0, 0) as loader:
+            ref = {}
+            for _ in range(3):
+                for batch in loader:
+                    ref[loader.step - 1] = host(batch)
+        _REFERENCES[kind] = ref
+    return _REFERENCES[kind]
+
+
+def alive(pids: list[int]) -> list[int]:
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    return [pid for pid in pids if running(pid)]
+
+
+def gone_soon(pids: list[int], seconds: float = 10.0) -> bool:
+    """The workers exited and no jaxloader thread is left."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        gc.collect()
+        ours = [t for t in threading.enumerate() if t.name.startswith("jaxloader")]
+        if not alive(pids) and not ours:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class LoaderLife(RuleBasedStateMachine):
+    loader: jl.DataLoader | jl.StreamLoader
+
+    @initialize(kind=st.sampled_from(["array", "stream"]), workers=st.sampled_from([0, 0, 1, 2]),
+                device_prefetch=st.sampled_from([0, 0, 2]))
+    def start(self, kind, workers, device_prefetch):
+        self.kind, self.device_prefetch = kind, device_prefetch
+        self.ref = reference(kind)
+        self.loader = make(kind, workers, device_prefetch)
+        self.it = None
+        self.step = 0  # where the loader must be
+        self.saved: list[tuple[int, dict]] = []
+
+    def check(self, step: int, batch) -> None:
+        if step in self.ref:
+            want = self.ref[step]
+            got = host(batch)
+            assert got.keys() == want.keys(), step
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"step {step} {k}")
+
+    @rule(k=st.integers(1, 6))
+    def take(self, k):
+        if self.it is None:
+            self.it = iter(self.loader)
+        for _ in range(k):
+            try:
+                batch = next(self.it)
+            except StopIteration:  # the pass ended; the next iter() starts the next one
+                self.it = None
+                return
+            self.check(self.step, batch)
+            self.step += 1
+
+    @rule(k=st.integers(1, 4))
+    def loop_and_break(self, k):
+        self.it = None
+        for i, batch in enumerate(self.loader):
+            self.check(self.step, batch)
+            self.step += 1
+            if i + 1 == k:
+                break
+
+    @rule()
+    def new_iterator(self):
+        self.it = iter(self.loader)
+
+    @rule()
+    def peek(self):
+        try:
+            batch = self.loader.peek()
+        except StopIteration:
+            return
+        self.check(self.step, batch)
+
+    @rule()
+    def save(self):
+        self.saved.append((self.step, self.loader.state_dict()))
+
+    @precondition(lambda self: self.saved)
+    @rule(data=st.data())
+    def restore(self, data):
+        self.step, state = data.draw(st.sampled_from(self.saved))
+        self.loader.load_state_dict(state)
+        self.it = None
+
+    @rule(workers=st.sampled_from([0, 1, 2]), drop=st.booleans())
+    def replace(self, workers, drop):
+        """A new loader resumes the old one's state; the old one is closed, or dropped."""
+        state = self.loader.state_dict()
+        pids = self.loader.worker_pids
+        if drop:
+            self.loader = self.it = None  # no close(): collected, as a notebook drops it
+        else:
+            self.loader.close()
+            with pytest.raises(jl.JaxloaderError, match="closed"):
+                iter(self.loader)
+        assert gone_soon(pids), ("left", alive(pids), threading.enumerate())
+        self.loader = make(self.kind, workers, self.device_prefetch)
+        self.loader.load_state_dict(state)
+        self.it = None
+
+    @invariant()
+    def at_its_step(self):
+        if hasattr(self, "loader"):
+            assert self.loader.step == self.step
+
+    def teardown(self):
+        if hasattr(self, "loader"):
+            pids = self.loader.worker_pids
+            self.loader.close()
+            assert gone_soon(pids)
+
+
+LoaderLife.TestCase.settings = settings(max_examples=10, stateful_step_count=12, deadline=None)
+test_a_loader_in_any_order_of_calls = LoaderLife.TestCase
