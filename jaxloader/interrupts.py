@@ -24,8 +24,12 @@ The invariants the rest of the code keeps:
 3. **Everything owned is reachable by its owner before it can leak.** A segment enters its
    owner's registry in the same ``try`` that creates it, and a create cut short releases it by
    name or token (``workers.shm``); a thread is held by its owner before it starts
-   (``sharding.prefetch``); locks are taken in ``with`` blocks, which leave no gap between
-   taking and owning (``workers.pool``).
+   (``sharding.prefetch``); locks are C locks taken in ``with`` blocks, which leave no gap
+   between taking and owning (``workers.pool``). The main thread never calls
+   ``threading.Event``, ``Semaphore`` or ``Condition`` methods: they are Python code around a
+   lock, and an interrupt inside ``Event.set()`` or ``Semaphore.release()`` leaves that lock
+   held for good (measured: within a few interrupts). It signals the prefetch thread through
+   ``queue.SimpleQueue`` (C) instead.
 4. **Shutdown runs to the end.** ``run_all`` runs every step of a shutdown even if one is
    interrupted, then raises the first interrupt: a loader's ``close()`` stops its iterator
    and then its engine (``lifecycle``), a pool its workers and then its ring; a second Ctrl-C

@@ -53,6 +53,17 @@ from typing import Any, Callable, Iterator
 _JOIN_TIMEOUT_S = 10.0  # the thread may be finishing one batch (a worker's, an in-process one)
 _BACK_OFF_S = 0.001  # see "Staying out of the way"; covers a step's dispatch, not a step
 _END = object()
+_STOP = object()
+
+
+def _drain(q: queue.SimpleQueue) -> list:
+    """What ``q`` holds now, taken out of it."""
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
 
 
 class HostPrefetcher:
@@ -63,10 +74,16 @@ class HostPrefetcher:
                  put: Callable[[Any], Any] | None = None) -> None:
         self._host_batches = host_batches
         self._put = put  # applied in the thread to each batch, when given
-        self._permits = threading.Semaphore(depth)
+        # The consumer's side touches only SimpleQueues (C: a put or a get is whole, or not
+        # done) and one attribute. A Ctrl-C inside threading.Event.set() or
+        # Semaphore.release() can leave their lock held for good (measured: within a few
+        # interrupts), and the thread and the next next() would then wait on it forever.
+        self._permits: queue.SimpleQueue = queue.SimpleQueue()  # a batch the thread may make
+        for _ in range(depth):
+            self._permits.put(None)
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
-        self._taken = threading.Event()  # set by get(): the consumer came for a batch
-        self._stop = threading.Event()
+        self._taken: queue.SimpleQueue = queue.SimpleQueue()  # get(): the consumer came
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
 
@@ -77,11 +94,9 @@ class HostPrefetcher:
     def _run(self) -> None:
         try:
             while True:
-                self._permits.acquire()
-                if self._stop.is_set():
+                if self._permits.get() is _STOP or self._stopping:
                     return
-                self._back_off()
-                if self._stop.is_set():
+                if self._back_off() or self._stopping:
                     return
                 host = next(self._host_batches, _END)
                 if host is not _END and self._put is not None:
@@ -96,15 +111,23 @@ class HostPrefetcher:
             if close is not None:
                 close()  # in this thread, which ran it: returns its slots to the ring
 
-    def _back_off(self) -> None:
+    def _back_off(self) -> bool:
         """After the consumer took a batch: waits ``_BACK_OFF_S`` while another is still
-        ready, unless the consumer asks again sooner (see the module docstring)."""
-        if not self._taken.is_set():
-            return  # filling up, not woken by a take: no step is starting
-        self._taken.clear()
-        if not self._ready.empty():  # checked after clear(): a get() in between ends the wait
-            self._taken.wait(_BACK_OFF_S)
-            self._taken.clear()  # a take that ended the wait: a fast consumer, fill up
+        ready, unless the consumer asks again sooner (see the module docstring). True if
+        told to stop meanwhile."""
+        taken = _drain(self._taken)
+        if not taken:
+            return False  # filling up, not woken by a take: no step is starting
+        if _STOP in taken:
+            return True
+        if not self._ready.empty():  # checked after the drain: a get() in between ends the wait
+            try:
+                taken = [self._taken.get(timeout=_BACK_OFF_S)]
+            except queue.Empty:
+                return False
+            taken += _drain(self._taken)  # a take that ended the wait: a fast consumer, fill up
+            return _STOP in taken
+        return False
 
     def ready(self) -> bool:
         """True if ``get()`` would not wait."""
@@ -114,15 +137,16 @@ class HostPrefetcher:
         """``(next host batch or _END, None)``, or ``(None, the thread's error)``."""
         host, error = self._ready.get()
         if error is None and host is not _END:
-            self._taken.set()  # before the permit: the woken thread must see the take
-            self._permits.release()
+            self._taken.put(None)  # before the permit: the woken thread must see the take
+            self._permits.put(None)
         return host, error
 
     def stop(self) -> None:
-        """Tells the thread to stop after the batch it is making; returns at once."""
-        self._stop.set()
-        self._permits.release()  # wakes a thread waiting for a permit
-        self._taken.set()  # or backing off
+        """Tells the thread to stop after the batch it is making; returns at once. Safe to
+        interrupt: the first put alone stops the thread (after the permits before it)."""
+        self._permits.put(_STOP)  # wakes a thread waiting for a permit
+        self._taken.put(_STOP)  # or backing off
+        self._stopping = True  # or about to make a batch, with permits left
 
     def close(self, until_gone: bool = False) -> None:
         """Stops the thread (after the batch it is making) and waits for it, at most

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import signal
 import threading
 import time
 
@@ -293,3 +295,60 @@ def test_a_loader_dropped_mid_pass_without_close_leaves_no_thread_and_no_worker(
     print("ok")
     """, n=2)
     assert out.strip() == "ok"
+
+
+class _Tick(BaseException):
+    pass
+
+
+@pytest.mark.timeout(60)  # the old failure was a hang: a lock nobody would release
+def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
+    """Ctrl-C lands anywhere in ``get()`` and ``stop()`` (here: thousands of timer interrupts).
+    With ``threading.Event``/``Semaphore`` there, one landing inside their Python-level
+    ``set()``/``release()`` left their lock held: the thread and the next ``get()`` or
+    ``close()`` then waited for it forever (within a second or two of this test). The timer
+    counts CPU time (SIGPROF): pytest-timeout keeps SIGALRM."""
+    armed = [False]
+
+    def tick(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise _Tick()
+
+    def endless():
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    def interrupted(call, rng) -> int:
+        signal.setitimer(signal.ITIMER_PROF, rng.uniform(1e-6, 1e-4))
+        try:
+            armed[0] = True
+            call()
+        except _Tick:
+            return 1
+        finally:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_PROF, 0)
+        return 0
+
+    previous = signal.signal(signal.SIGPROF, tick)
+    rng = random.Random(0)
+    caught = made = 0
+    try:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            p = HostPrefetcher(endless(), depth=2)
+            p.start()
+            made += 1
+            # as LoaderIterator does: an interrupted get() ends this prefetcher, which close()
+            # must still stop, however its stop() was interrupted too
+            while not interrupted(lambda: [p.get() for _ in range(100)], rng):
+                pass
+            caught += 1 + interrupted(p.stop, rng)
+            p.close()
+            assert not p._thread.is_alive()
+    finally:
+        signal.signal(signal.SIGPROF, previous)
+    assert made > 20, (caught, made)
