@@ -178,20 +178,28 @@ class StepMemo:
 
     def __init__(self, stride: int) -> None:
         self.stride = stride
-        self.chunk: Any = None
-        self.classes: dict[int, np.ndarray] = {}  # step % stride -> its steps' rows
+        # (chunk, {step % stride: its steps' rows}), replaced in one assignment: a Ctrl-C
+        # between two (peek() and next() without workers run here) would pair a chunk with
+        # another chunk's rows
+        self._held: tuple[Any, dict[int, np.ndarray]] = (None, {})
+
+    @property
+    def classes(self) -> dict[int, np.ndarray]:
+        return self._held[1]
 
     def get(self, chunk: Any, step: int, first: int, end: int,
             compute: Callable[[np.ndarray], np.ndarray]) -> Any:
         """Step ``step``'s row of ``chunk`` (steps ``[first, end)``); ``compute(steps)``
         gives the rows of steps, in order."""
-        if chunk != self.chunk:
-            self.chunk, self.classes = chunk, {}
+        held, classes = self._held
+        if chunk != held:
+            classes = {}
+            self._held = (chunk, classes)
         start = first + (step - first) % self.stride  # the class's first step in the chunk
-        rows = self.classes.get(step % self.stride)
+        rows = classes.get(step % self.stride)
         if rows is None:
             steps = np.arange(start, end, self.stride, dtype=np.int64)
-            rows = self.classes[step % self.stride] = compute(steps)
+            rows = classes[step % self.stride] = compute(steps)
         return rows[(step - start) // self.stride]
 
 
@@ -314,8 +322,8 @@ class Sampler:
         self._memo = StepMemo(memo_stride)  # chunk: (epoch, chunk of steps)
         self._order = order
         self.order_description = order_description
-        self._shuffle_epoch: int | None = None
-        self._shuffler: Callable[[np.ndarray], np.ndarray] | None = None
+        # (epoch, its shuffle), replaced in one assignment (see StepMemo)
+        self._shuffled: tuple[int, Callable[[np.ndarray], np.ndarray]] | None = None
 
     def batch(self, step: int) -> BatchSpec:
         """The records of global step ``step`` (``step >= 0``) for this process."""
@@ -360,15 +368,14 @@ class Sampler:
     def _indices_of(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         if not self.shuffle:
             return positions
-        shuffler = self._shuffler
-        if shuffler is None or self._shuffle_epoch != epoch:
+        shuffled = self._shuffled
+        if shuffled is None or shuffled[0] != epoch:
             if self._order is not None:
-                shuffler = self._order(epoch=epoch)
+                shuffled = (epoch, self._order(epoch=epoch))
             else:
-                shuffler = IndexShuffle(self.num_records, seed=self.seed, epoch=epoch)
-            self._shuffler = shuffler
-            self._shuffle_epoch = epoch
-        return shuffler(positions)
+                shuffled = (epoch, IndexShuffle(self.num_records, seed=self.seed, epoch=epoch))
+            self._shuffled = shuffled
+        return shuffled[1](positions)
 
     def extra_state(self) -> dict[str, Any]:
         """A read-local order's description (a mixture's sampler adds its weights)."""
@@ -392,5 +399,5 @@ class Sampler:
     def __getstate__(self) -> dict:
         # The cache is a per-process memo; a copy sent to a worker starts without it.
         state = dict(self.__dict__)
-        state.update(_memo=StepMemo(self._memo.stride), _shuffle_epoch=None, _shuffler=None)
+        state.update(_memo=StepMemo(self._memo.stride), _shuffled=None)
         return state

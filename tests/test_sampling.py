@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxloader.errors import ConfigError
-from jaxloader.sampling import IndexShuffle, Sampler
+from jaxloader.sampling import IndexShuffle, Sampler, StepMemo
 
 
 @settings(max_examples=80, deadline=None)
@@ -135,3 +137,50 @@ def test_bad_arguments_name_the_field(kwargs, field):
     b = kwargs.pop("batch_size")
     with pytest.raises(ConfigError, match=field):
         Sampler(n, b, **kwargs)
+
+
+class _Tick(BaseException):
+    pass
+
+
+def test_an_interrupt_at_any_line_of_the_order_caches_leaves_them_right():
+    """A Ctrl-C lands between any two lines of ``peek()`` or of ``next()`` without workers,
+    which run the sampler's caches in this process. Raised here at each line of them in turn,
+    later batches are still the right ones: two attributes set one after the other used to
+    pair epoch 0 with epoch 1's order once an interrupt fell between them."""
+    def fresh():
+        return Sampler(50, 4, shuffle=True, seed=3, last_batch="drop")  # 12 steps an epoch
+
+    steps = (0, 1, 12, 13, 30)
+    want = {step: fresh().batch(step).indices for step in steps}
+    targets = {Sampler._indices_of.__code__, StepMemo.get.__code__}
+    at, seen = [0], [0]
+
+    def tracer(frame, event, arg):
+        if frame.f_code not in targets:
+            return None
+
+        def line(frame, event, arg):
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == at[0]:
+                    raise _Tick()
+            return line
+        return line
+
+    raised = 0
+    for n in range(1, 60):
+        sampler = fresh()
+        sampler.batch(0)  # epoch 0's order and rows held
+        at[0], seen[0] = n, 0
+        sys.settrace(tracer)
+        try:
+            sampler.batch(13)  # epoch 1: both caches move on
+        except _Tick:
+            raised += 1
+        finally:
+            sys.settrace(None)
+        for step in steps:
+            np.testing.assert_array_equal(sampler.batch(step).indices, want[step],
+                                          err_msg=f"interrupted at line {n}, step {step}")
+    assert raised > 10  # every line of both, then none left to land on
