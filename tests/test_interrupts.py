@@ -13,7 +13,6 @@ segment and no worker is left behind.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
 import threading
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from workers.shm_probe import running
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -174,8 +174,7 @@ def test_an_interrupt_while_close_stops_the_iterator_still_stops_the_workers(mon
     with pytest.raises(_Tick):
         loader.close()
     monkeypatch.undo()
-    alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")
-             and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    alive = [pid for pid in pids if running(pid)]
     assert not alive, alive  # and the autouse fixture finds no segment left
     loader.close()
     with pytest.raises(jl.JaxloaderError, match="closed"):

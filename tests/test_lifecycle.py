@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import jaxloader as jl
+from workers.shm_probe import running
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -73,13 +74,6 @@ def reference(kind: str) -> dict[int, dict]:
 
 
 def alive(pids: list[int]) -> list[int]:
-    def running(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
     return [pid for pid in pids if running(pid)]
 
 

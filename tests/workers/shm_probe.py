@@ -1,4 +1,5 @@
-"""What shared memory a process holds, and whether any process still holds some (for tests)."""
+"""What shared memory a process holds, whether any process still holds some, and whether a
+process still runs (for tests)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def still_held(names) -> list[str]:
         held = set().union(*(_memfds(p) for p in os.listdir("/proc") if p.isdigit()))
         left += sorted(files & held)
     return left
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (exited, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

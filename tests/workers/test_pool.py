@@ -19,7 +19,7 @@ from jaxloader.pipeline import BatchMaker
 from jaxloader.sampling import Sampler
 from jaxloader.workers.pool import WorkerPool
 from resume_harness import assert_same_stream, check_resume, take
-from workers.shm_probe import held_segments, still_held
+from workers.shm_probe import held_segments, running, still_held
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -208,18 +208,10 @@ def _run_script(tmp_path, body: str, **popen) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, **popen)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_gone(pids, names, seconds=5.0):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
+        alive = [p for p in pids if running(p)]
         left = still_held(names)
         if not alive and not left:
             return [], []
