@@ -202,9 +202,10 @@ class StreamLoader(LoaderLifecycle):
         """The readers' states as of ``step``, the reports before it filed in (not copies:
         read them only)."""
         for s in range(self._base_step, step):
-            report = self._reports.pop(s, None)
-            if report is not None:
-                self._base[s % self._readers] = report
+            report = self._reports.get(s)
+            if report is not None:  # filed before it is taken out: a Ctrl-C between the two
+                self._base[s % self._readers] = report  # files it again, never loses it
+                self._reports.pop(s, None)
         self._base_step = max(self._base_step, step)
         return self._base
 
