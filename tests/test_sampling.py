@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +7,7 @@ from hypothesis import strategies as st
 
 from jaxloader.errors import ConfigError
 from jaxloader.sampling import IndexShuffle, Sampler, StepMemo
+from line_interrupts import raised_at_line
 
 
 @settings(max_examples=80, deadline=None)
@@ -139,10 +138,6 @@ def test_bad_arguments_name_the_field(kwargs, field):
         Sampler(n, b, **kwargs)
 
 
-class _Tick(BaseException):
-    pass
-
-
 def test_an_interrupt_at_any_line_of_the_order_caches_leaves_them_right():
     """A Ctrl-C lands between any two lines of ``peek()`` or of ``next()`` without workers,
     which run the sampler's caches in this process. Raised here at each line of them in turn,
@@ -153,33 +148,12 @@ def test_an_interrupt_at_any_line_of_the_order_caches_leaves_them_right():
 
     steps = (0, 1, 12, 13, 30)
     want = {step: fresh().batch(step).indices for step in steps}
-    targets = {Sampler._indices_of.__code__, StepMemo.get.__code__}
-    at, seen = [0], [0]
-
-    def tracer(frame, event, arg):
-        if frame.f_code not in targets:
-            return None
-
-        def line(frame, event, arg):
-            if event == "line":
-                seen[0] += 1
-                if seen[0] == at[0]:
-                    raise _Tick()
-            return line
-        return line
-
     raised = 0
     for n in range(1, 60):
         sampler = fresh()
         sampler.batch(0)  # epoch 0's order and rows held
-        at[0], seen[0] = n, 0
-        sys.settrace(tracer)
-        try:
-            sampler.batch(13)  # epoch 1: both caches move on
-        except _Tick:
-            raised += 1
-        finally:
-            sys.settrace(None)
+        # epoch 1: both caches move on
+        raised += raised_at_line(n, [Sampler._indices_of, StepMemo.get], lambda: sampler.batch(13))
         for step in steps:
             np.testing.assert_array_equal(sampler.batch(step).indices, want[step],
                                           err_msg=f"interrupted at line {n}, step {step}")

@@ -4,7 +4,6 @@ workers 0 and 2."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxloader as jl
+from line_interrupts import raised_at_line
 from resume_harness import assert_same_stream, check_resume, take
 from streams.test_shards import write_jsonl, write_tar
 
@@ -358,10 +358,6 @@ def test_numpy_integers_as_arguments_give_the_same_stream_and_a_json_state(tmp_p
         assert state_a == state_b
 
 
-class _Tick(BaseException):
-    pass
-
-
 def test_an_interrupt_at_any_line_of_filing_the_readers_states_loses_no_state():
     """``state_dict()`` and every restart after a Ctrl-C file the batches' reports into the
     readers' states. Raised here at each line of that in turn, the next state is still the
@@ -374,32 +370,10 @@ def test_an_interrupt_at_any_line_of_filing_the_readers_states_loses_no_state():
     with loader() as twin:
         take(twin, 9)
         want = twin.state_dict()
-    target = jl.StreamLoader._fold.__code__
-    at, seen = [0], [0]
-
-    def tracer(frame, event, arg):
-        if frame.f_code is not target:
-            return None
-
-        def line(frame, event, arg):
-            if event == "line":
-                seen[0] += 1
-                if seen[0] == at[0]:
-                    raise _Tick()
-            return line
-        return line
-
     raised = 0
     for n in range(1, 40):
         with loader() as interrupted:
             take(interrupted, 9)
-            at[0], seen[0] = n, 0
-            sys.settrace(tracer)
-            try:
-                interrupted.state_dict()
-            except _Tick:
-                raised += 1
-            finally:
-                sys.settrace(None)
+            raised += raised_at_line(n, [jl.StreamLoader._fold], interrupted.state_dict)
             assert interrupted.state_dict() == want, f"interrupted at line {n}"
     assert raised > 5
