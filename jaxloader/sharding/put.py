@@ -50,6 +50,7 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
     return NamedSharding(mesh, PartitionSpec(axes[0] if len(axes) == 1 else axes))
 
 
+_PARTIAL_REMEDY = "pass last_batch='pad' (full batches, a mask on the padding rows) or 'drop'"
 _NUMERIC = np.dtype(np.float32)  # what a leaf without a dtype counts as: not an object leaf
 
 
@@ -137,8 +138,8 @@ class Putter:
                 raise ConfigError(
                     f"last_batch='partial': an epoch's last batch holds {rows} rows "
                     f"({num_records} records, batch_size {self.batch_size}), which the sharding "
-                    f"{s} cannot split over the {ways} devices of mesh axes {axes}; pass "
-                    "last_batch='pad' (full batches, a mask on the padding rows) or 'drop'")
+                    f"{s} cannot split over the {ways} devices of mesh axes {axes}; "
+                    + _PARTIAL_REMEDY)
 
     def __call__(self, batch: Any) -> Any:
         if self.process_count == 1 and not any(
@@ -180,8 +181,7 @@ class Putter:
             rows = np.shape(leaf)[0] if np.ndim(leaf) else None
             if self.batch_size is not None and rows is not None and rows < self.batch_size:
                 remedy = (f"this is an epoch's last batch, of {rows} rows, not {self.batch_size} "
-                          "(last_batch='partial'); pass last_batch='pad' (full batches, a mask "
-                          "on the padding rows) or 'drop'")
+                          f"(last_batch='partial'); {_PARTIAL_REMEDY}")
             else:
                 remedy = ("the global batch (batch_size x process_count) must divide evenly "
                           "over the devices of the data axis, and each other axis over the "
