@@ -312,11 +312,14 @@ class StreamLoader(LoaderLifecycle):
         probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
         for i, r in enumerate(opened):
             probe.reader_for(i).reset(copy.deepcopy(r))
+        step, base = state["step"], copy.deepcopy(readers)
         self._invalidate()
-        self._until = until  # the pass the state was in (None: its readers' states say)
-        self._progress.step = state["step"]
-        self._base, self._base_step = copy.deepcopy(readers), state["step"]
-        self._reports.clear()
+        # The pass the state was in (None: its readers' states say), the step, and the readers'
+        # states as of it, set in one statement with no call inside: a Ctrl-C lands before or
+        # after, never between (a step with another step's readers would give wrong batches,
+        # silently). A stale run's device-put thread files into the dict it was given.
+        self._until, self._progress.step, self._base, self._base_step, self._reports = (
+            until, step, base, step, {})
 
 class _Runs:
     """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state

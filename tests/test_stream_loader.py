@@ -377,3 +377,38 @@ def test_an_interrupt_at_any_line_of_filing_the_readers_states_loses_no_state():
             raised += raised_at_line(n, [jl.StreamLoader._fold], interrupted.state_dict)
             assert interrupted.state_dict() == want, f"interrupted at line {n}"
     assert raised > 5
+
+
+def test_an_interrupt_at_any_line_of_a_restore_leaves_the_old_position_or_the_new_one():
+    """A Ctrl-C inside ``load_state_dict`` (a notebook cell stopped, say) leaves the loader
+    where it was or where the state says, whole: its state and the batches it hands out next
+    are those of one of the two. The position used to be set before the readers' states, and
+    a loader cut between the two made batches from the step of one and the readers of the
+    other, with nothing to tell."""
+    def loader():
+        return loader_of(generator_stream(None, shuffle_window=3), [], batch_size=2,
+                         readers_per_process=2, num_epochs=None)
+
+    def next_of(state):
+        with loader() as fresh:
+            fresh.load_state_dict(state)
+            return take(fresh, 4)
+
+    with loader() as twin:
+        take(twin, 4)
+        early = twin.state_dict()
+        take(twin, 8)
+        late = twin.state_dict()  # where the interrupted loader is
+    following = {early["step"]: next_of(early), late["step"]: next_of(late)}
+    raised = 0
+    for n in range(1, 60):
+        with loader() as interrupted:
+            take(interrupted, 11)
+            it = iter(interrupted)
+            next(it)  # a run under way, its read-ahead filed
+            raised += raised_at_line(n, [jl.StreamLoader.load_state_dict],
+                                     lambda: interrupted.load_state_dict(early))
+            state = interrupted.state_dict()
+            assert state in (early, late), f"interrupted at line {n}"
+            assert_same_stream(take(interrupted, 4), following[state["step"]], f"line {n}")
+    assert raised > 10
