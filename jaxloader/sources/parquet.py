@@ -133,7 +133,6 @@ class ParquetSource:
         self._files: dict[int, Any] = {}
         self._cache: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
         self._sizes: dict[int, int] = {}  # the bytes of each cached row group
-        self._cached_bytes = 0
         self._shared: SharedBlocks | None = None
         self._shared_tried = False
 
@@ -149,7 +148,7 @@ class ParquetSource:
                 self._table_name = table.name
                 weakref.finalize(self, table.destroy)
         state = dict(self.__dict__)
-        for key in ("_files", "_cache", "_sizes", "_cached_bytes", "_shared", "_shared_tried"):
+        for key in ("_files", "_cache", "_sizes", "_shared", "_shared_tried"):
             state.pop(key)
         return state
 
@@ -375,14 +374,16 @@ class ParquetSource:
         path = self.paths[self._groups[group][0]]
         decoded = {name: decode(table.column(name), name, path, compact=shared)
                    for name in self.columns}
-        nbytes = sum(nbytes_of(c) for c in decoded.values())
-        self._cache[group] = decoded
-        self._sizes[group] = nbytes
-        self._cached_bytes += nbytes
-        while len(self._cache) > 1 and (self._cached_bytes > self.cache_bytes
-                                        or len(self._cache) > _MAX_CACHED_GROUPS):
-            evicted_group, _ = self._cache.popitem(last=False)
-            self._cached_bytes -= self._sizes.pop(evicted_group)
+        # Without workers a Ctrl-C may land between any two lines here (``jaxloader.interrupts``):
+        # a size noted before its row group is cached (one left over sizes nothing cached, and
+        # is never read), and the cached bytes summed, not counted (a count cut short drifts).
+        cache, sizes = self._cache, self._sizes
+        sizes[group] = sum(nbytes_of(c) for c in decoded.values())
+        cache[group] = decoded
+        held = sum(sizes[g] for g in cache)
+        while len(cache) > 1 and (held > self.cache_bytes or len(cache) > _MAX_CACHED_GROUPS):
+            evicted_group, _ = cache.popitem(last=False)
+            held -= sizes.pop(evicted_group)
             if self._shared is not None:
                 self._shared.release(evicted_group)
         return decoded

@@ -81,7 +81,7 @@ def test_fetching_ahead_stops_at_half_the_cache(as_worker):
     as_worker._fetch_free(list(range(32)))
     fetched = _decodes(as_worker)
     assert 1 < len(fetched) < 32 and set(fetched) <= set(as_worker._cache)
-    assert as_worker._cached_bytes <= as_worker.cache_bytes
+    assert sum(as_worker._sizes[g] for g in as_worker._cache) <= as_worker.cache_bytes
 
 
 def test_a_batch_from_more_row_groups_than_the_cache_holds_decodes_privately(as_worker):
