@@ -39,10 +39,19 @@ The invariants the rest of the code keeps:
    (``workers.ring``).
 6. **Workers leave Ctrl-C to the main process.** They ignore SIGINT and exit when their pipe
    reports EOF (``workers.worker``).
+7. **What must agree changes at once.** CPython runs a signal handler only at a function's
+   start, just after a call returns and at a loop's back edge, never between two plain stores. So
+   values that must agree are set in one statement with no call inside (a stream loader's
+   step and its readers' states in ``load_state_dict``, a sampler's epoch and its shuffle, a
+   memo's chunk and its rows), or in an order whose every prefix is sound (a row group's
+   size before the row group in the cache, ``sources.parquet``).
 
 The tests that hold the code to these: ``tests/test_interrupts.py`` (interrupts fired at random
-into long runs, with and without workers and device prefetch) and the interrupted-close and
-lost-message tests in ``tests/workers/test_pool.py``.
+into long runs, with and without workers and device prefetch), ``tests/test_interrupt_points.py``
+(without workers, an interrupt at each point of ``next()``, ``peek()``, ``state_dict()``,
+``iter()`` and ``load_state_dict()`` where one can land, in turn, for arrays, Parquet, mixtures,
+packed rows and streams) and the interrupted-close and lost-message tests in
+``tests/workers/test_pool.py``.
 
 Example:
     >>> done = []

@@ -3,11 +3,13 @@
 ``Tick`` stands in for ``KeyboardInterrupt``, which pytest would take as the user stopping the
 run. ``raised_at_line`` runs a call with a tracer that raises ``Tick`` at the ``n``-th line
 executed inside the given functions, so a test can put an interrupt between every two lines of
-a piece of bookkeeping in turn, deterministically.
+a piece of bookkeeping in turn, deterministically. ``raised_at_point`` does the same at the
+points of a whole package where a real Ctrl-C can land, for sweeps of whole calls.
 """
 
 from __future__ import annotations
 
+import dis
 import sys
 from typing import Any, Callable
 
@@ -43,3 +45,50 @@ def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[
     finally:
         sys.settrace(None)
     return False
+
+
+def raised_at_point(n: int, package: str, call: Callable[[], Any]) -> bool:
+    """Runs ``call()``, raising ``Tick`` at the ``n``-th point inside the code of ``package``
+    (a directory) where CPython may run a signal handler: a function's start, just after a
+    call returns (a builtin's or a function's; the latter is finer than CPython, which checks
+    there only after builtins) and a loop's back edge; True if it was raised. Between two such
+    points (stores, arithmetic, a ``return``) a real Ctrl-C cannot land, which a line-by-line
+    tracer does not know."""
+    seen = 0
+
+    def hit() -> None:
+        nonlocal seen
+        seen += 1
+        if seen == n:
+            raise Tick()
+
+    def tracer(frame, event, arg):
+        if not frame.f_code.co_filename.startswith(package):
+            return None
+        frame.f_trace_opcodes = True
+        hit()  # the function's start
+        after_call = False
+
+        def opcode(frame, event, arg):
+            nonlocal after_call
+            frame.f_trace_opcodes = True  # (3.12+: set at the call event, it starts late)
+            if event == "opcode":
+                name = dis.opname[frame.f_code.co_code[frame.f_lasti]]
+                if after_call or name == "JUMP_BACKWARD":
+                    after_call = False
+                    hit()
+                after_call = name in _CALLS
+            return opcode
+        return opcode
+
+    sys.settrace(tracer)
+    try:
+        call()
+    except Tick:
+        return True
+    finally:
+        sys.settrace(None)
+    return seen >= n  # raised where Python prints and drops it (a generator closed by the GC)
+
+
+_CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}

@@ -1,0 +1,153 @@
+"""A Ctrl-C at every point of a call where one can land, in turn, leaves the loader sound.
+
+Without workers every call runs in the main thread and is deterministic, so a sweep can put an
+interrupt at each point of ``next()``, ``peek()``, ``state_dict()``, ``iter()`` and
+``load_state_dict()`` where CPython may run a signal handler (``line_interrupts.
+raised_at_point``), one run each, and check what the loader does next: the batches it hands out
+are the reference stream's at their steps, with no step lost or repeated, and a restore leaves
+the old position or the new one. ``test_interrupts.py`` fires timer interrupts at random into
+runs with workers and device prefetch; this is the exhaustive, in-process counterpart.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from line_interrupts import raised_at_point
+from resume_harness import assert_same_batch
+
+# A point may be where a generator left unfinished by an earlier interrupt is closed by the
+# garbage collector: Python prints that interrupt and drops it ("Exception ignored in"), as it
+# would a real Ctrl-C there. The call then goes on, which the sweep checks like any other.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+PACKAGE = os.path.dirname(jl.__file__)
+WARM, AFTER = 5, 6  # batches before the interrupted call, and checked after it
+RESTORED = 3  # the step of the state restored into a loader at step WARM
+
+
+def _jitter(record, rng):
+    return {**record, "noise": np.float32(rng.random())}
+
+
+def _records(shard):
+    for k in range(shard, 48, 4):
+        yield {"tokens": np.arange(k % 9 + 1, dtype=np.int32) + 100 * k, "id": np.int64(k)}
+
+
+def _padded(record):
+    tokens = np.asarray(record["tokens"], np.int32)[:8]
+    return {"tokens": np.pad(tokens, (0, 8 - len(tokens))), "id": record["id"]}
+
+
+def _docs():
+    return jl.RaggedSource.from_sequences({"tokens": [list(range(k % 7 + 1)) for k in range(40)]})
+
+
+def _stream(window=3):
+    return jl.Stream.from_generator(_records, shards=4, shuffle_window=window)
+
+
+def _parquet(directory):
+    from sources.test_parquet import write_parts
+
+    paths = write_parts(directory)  # 3 files, row groups of 16 rows
+    return jl.ParquetSource(paths, cache_bytes=4 << 10)  # 2 of its 9 row groups: evictions
+
+
+ONE = dict(process_index=0, process_count=1)
+LOADERS = {
+    "arrays, full shuffle, a RandomMap": lambda: jl.DataLoader(
+        jl.ArraySource({"x": np.arange(150, dtype=np.float32).reshape(50, 3),
+                        "id": np.arange(50)}), batch_size=4, shuffle=True, seed=3,
+        transforms=[jl.RandomMap(_jitter)], **ONE),
+    "arrays, read-local shuffle, partial last batch, one pass": lambda: jl.DataLoader(
+        jl.ArraySource({"id": np.arange(30)}), batch_size=4, seed=3, last_batch="partial",
+        shuffle=jl.LocalShuffle(window=2, block_size=5), num_epochs=1, **ONE),
+    "parquet files, read-local shuffle, a small cache": lambda directory: jl.DataLoader(
+        _parquet(directory), batch_size=4, seed=3, shuffle=jl.LocalShuffle(window=2), **ONE),
+    "a mixture whose weights change": lambda: jl.DataLoader(
+        jl.mix([jl.ArraySource({"id": np.arange(30)}),
+                jl.ArraySource({"id": np.arange(100, 117)})], [0.6, 0.4],
+               from_step={4: [0.2, 0.8]}), batch_size=4, shuffle=True, seed=3, **ONE),
+    "packed rows": lambda: jl.DataLoader(
+        jl.PackedSource(_docs(), "tokens", 8), batch_size=3, shuffle=True, seed=1, **ONE),
+    "a stream, a RandomMap": lambda: jl.StreamLoader(
+        _stream(), batch_size=3, seed=2, transforms=[jl.Map(_padded), jl.RandomMap(_jitter)],
+        readers_per_process=2, **ONE),
+    "a stream's passes": lambda: jl.StreamLoader(
+        _stream(), batch_size=3, seed=2, transforms=[jl.Map(_padded)], readers_per_process=2,
+        num_epochs=1, **ONE),
+    "streams mixed, weights changing": lambda: jl.StreamLoader(
+        jl.mix([_stream(), _stream(window=0)], [0.5, 0.5], from_step={3: [0.1, 0.9]}),
+        batch_size=3, seed=2, transforms=[jl.Map(_padded)], readers_per_process=2, **ONE),
+    "streams mixed and packed, a pass": lambda: jl.StreamLoader(
+        jl.PackedStream(jl.mix([_stream(), _stream(window=0)], [0.5, 0.5],
+                               stopping_strategy="first_exhausted"), "tokens", 8,
+                        method="best_fit", window=4),
+        batch_size=3, seed=2, readers_per_process=2, num_epochs=1, **ONE),
+}
+
+
+def _host(batch):
+    return {k: np.asarray(v).copy() for k, v in batch.items()}
+
+
+def _take(loader, it, n, out):
+    """Appends ``(step, batch)`` until ``out`` holds ``n``; a new ``iter()`` at a pass's end."""
+    while len(out) < n:
+        step = loader.step
+        try:
+            out.append((step, _host(next(it))))
+        except StopIteration:
+            it = iter(loader)
+    return it
+
+
+CALLS = ["next", "peek", "state_dict", "iter", "load_state_dict"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, tmp_path):
+    make = LOADERS[kind]
+    if "parquet" in kind:  # (its files written once, each loader a new source)
+        make = functools.partial(make, tmp_path)
+        make().close()
+    with make() as reference:
+        stream: list = []
+        _take(reference, iter(reference), WARM + AFTER + 2, stream)
+        by_step = dict(stream)
+    with make() as other:
+        _take(other, iter(other), RESTORED, [])
+        restored = other.state_dict()
+    points = 0
+    while True:
+        with make() as loader:
+            got: list = []
+            it = _take(loader, iter(loader), WARM, got)
+            loader.state_dict()  # (a stream's reports filed in: its base is at WARM)
+            calls = {"next": lambda: got.append((loader.step, _host(next(it)))),
+                     "peek": loader.peek, "state_dict": loader.state_dict,
+                     "iter": lambda: iter(loader),
+                     "load_state_dict": lambda: loader.load_state_dict(restored)}
+            if not raised_at_point(points + 1, PACKAGE, calls[call]):
+                break
+            points += 1
+            where = f"{kind}, {call}, interrupted at point {points}"
+            if call in ("iter", "load_state_dict"):
+                it = iter(loader)  # what a user does next: the old iterator is stale
+                assert loader.step in (WARM, RESTORED), where
+            _take(loader, it, len(got) + AFTER, got)
+        steps = [s for s, _ in got]
+        first = steps[WARM]  # where the loader went on: where it was, or where it was restored
+        assert first in ((WARM, RESTORED) if call == "load_state_dict" else (WARM,)), where
+        assert steps == [*range(WARM), *range(first, first + len(steps) - WARM)], where
+        for step, batch in got:
+            assert_same_batch(batch, by_step[step], f"{where}, step {step}")
+    assert points > 5, f"{kind}, {call}: {points} points"
