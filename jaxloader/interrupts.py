@@ -50,8 +50,8 @@ The tests that hold the code to these: ``tests/test_interrupts.py`` (interrupts 
 into long runs, with and without workers and device prefetch), ``tests/test_interrupt_points.py``
 (without workers, an interrupt at each point of ``next()``, ``peek()``, ``state_dict()``,
 ``iter()`` and ``load_state_dict()`` where one can land, in turn, for arrays, Parquet, mixtures,
-packed rows and streams) and the interrupted-close and lost-message tests in
-``tests/workers/test_pool.py``.
+packed rows and streams, with device prefetch too) and the interrupted-close and lost-message
+tests in ``tests/workers/test_pool.py``.
 
 Example:
     >>> done = []

@@ -59,12 +59,21 @@ def _parquet(directory):
     return jl.ParquetSource(paths, cache_bytes=4 << 10)  # 2 of its 9 row groups: evictions
 
 
+def _device():
+    import jax  # (a thread of its own moves the batches there: the main thread waits on it)
+
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
 ONE = dict(process_index=0, process_count=1)
 LOADERS = {
     "arrays, full shuffle, a RandomMap": lambda: jl.DataLoader(
         jl.ArraySource({"x": np.arange(150, dtype=np.float32).reshape(50, 3),
                         "id": np.arange(50)}), batch_size=4, shuffle=True, seed=3,
         transforms=[jl.RandomMap(_jitter)], **ONE),
+    "arrays placed on a device, two prefetched there": lambda: jl.DataLoader(
+        jl.ArraySource({"id": np.arange(50)}), batch_size=4, shuffle=True, seed=3,
+        sharding=_device(), device_prefetch=2, **ONE),
     "arrays, read-local shuffle, partial last batch, one pass": lambda: jl.DataLoader(
         jl.ArraySource({"id": np.arange(30)}), batch_size=4, seed=3, last_batch="partial",
         shuffle=jl.LocalShuffle(window=2, block_size=5), num_epochs=1, **ONE),
@@ -82,6 +91,9 @@ LOADERS = {
     "a stream's passes": lambda: jl.StreamLoader(
         _stream(), batch_size=3, seed=2, transforms=[jl.Map(_padded)], readers_per_process=2,
         num_epochs=1, **ONE),
+    "a stream placed on a device, two prefetched there": lambda: jl.StreamLoader(
+        _stream(), batch_size=3, seed=2, transforms=[jl.Map(_padded)], readers_per_process=2,
+        sharding=_device(), device_prefetch=2, **ONE),
     "streams mixed, weights changing": lambda: jl.StreamLoader(
         jl.mix([_stream(), _stream(window=0)], [0.5, 0.5], from_step={3: [0.1, 0.9]}),
         batch_size=3, seed=2, transforms=[jl.Map(_padded)], readers_per_process=2, **ONE),
