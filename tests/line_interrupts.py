@@ -37,14 +37,7 @@ def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[
             return line
         return line
 
-    sys.settrace(tracer)
-    try:
-        call()
-    except Tick:
-        return True
-    finally:
-        sys.settrace(None)
-    return False
+    return _raised(tracer, call)
 
 
 def raised_at_point(n: int, package: str, call: Callable[[], Any]) -> bool:
@@ -81,6 +74,15 @@ def raised_at_point(n: int, package: str, call: Callable[[], Any]) -> bool:
             return opcode
         return opcode
 
+    # (also raised where Python prints and drops it: in a generator the GC closes)
+    return _raised(tracer, call) or seen >= n
+
+
+_CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
+
+
+def _raised(tracer: Callable[..., Any], call: Callable[[], Any]) -> bool:
+    """Runs ``call()`` under ``tracer``; True if ``Tick`` came out of it."""
     sys.settrace(tracer)
     try:
         call()
@@ -88,7 +90,4 @@ def raised_at_point(n: int, package: str, call: Callable[[], Any]) -> bool:
         return True
     finally:
         sys.settrace(None)
-    return seen >= n  # raised where Python prints and drops it (a generator closed by the GC)
-
-
-_CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
+    return False

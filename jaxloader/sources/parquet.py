@@ -374,9 +374,10 @@ class ParquetSource:
         path = self.paths[self._groups[group][0]]
         decoded = {name: decode(table.column(name), name, path, compact=shared)
                    for name in self.columns}
-        # Without workers a Ctrl-C may land between any two lines here (``jaxloader.interrupts``):
-        # a size noted before its row group is cached (one left over sizes nothing cached, and
-        # is never read), and the cached bytes summed, not counted (a count cut short drifts).
+        # Without workers a Ctrl-C may land here after any call (``jaxloader.interrupts``, 7):
+        # a size is noted before its row group is cached (one left by an eviction cut short
+        # sizes nothing cached, and is never read), and the cached bytes are summed, not
+        # counted (a count cut short just after popitem() returned drifted for good).
         cache, sizes = self._cache, self._sizes
         sizes[group] = sum(nbytes_of(c) for c in decoded.values())
         cache[group] = decoded
