@@ -33,7 +33,9 @@ The invariants the rest of the code keeps:
 4. **Shutdown runs to the end.** ``run_all`` runs every step of a shutdown even if one is
    interrupted, then raises the first interrupt: a loader's ``close()`` stops its iterator
    and then its engine (``lifecycle``), a pool its workers and then its ring; a second Ctrl-C
-   while a worker drains kills it instead of waiting (``workers.process``).
+   while a worker drains kills it instead of waiting (``workers.process``). Every ``close()``
+   runs every step again (each is idempotent), so one cut short before or between its steps
+   is finished by the next; none runs through a ``weakref.finalize``, which runs only once.
 5. **No Python code runs when a batch dies.** A slot returns to the ring through a weak
    reference whose callback is a builtin (``deque.append``), so an interrupt cannot land in it
    (``workers.ring``).

@@ -88,11 +88,11 @@ class LoaderLifecycle:
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
         """Releases workers and buffers; idempotent."""
-        if not self._progress.closed:
-            self._progress.closed = True
-            # A Ctrl-C while the prefetch thread is joined must not skip the workers: a second
-            # close() does nothing (``jaxloader.interrupts``, 4).
-            run_all([self._invalidate, self._engine.close])
+        self._progress.closed = True
+        # Every call runs every step (each is idempotent): a Ctrl-C while the prefetch thread
+        # is joined must not skip the workers (``jaxloader.interrupts``, 4), and one that lands
+        # before the steps began (as ``run_all`` starts) leaves them to the next close().
+        run_all([self._invalidate, self._engine.close])
 
     def __enter__(self) -> Self:
         return self

@@ -163,3 +163,28 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
         for step, batch in got:
             assert_same_batch(batch, by_step[step], f"{where}, step {step}")
     assert points > 5, f"{kind}, {call}: {points} points"
+
+
+@pytest.mark.parametrize("kind", [k for k in LOADERS if "prefetched" in k])
+def test_a_ctrl_c_at_any_point_of_close_leaves_nothing_running_after_a_second_close(kind):
+    """``close()`` stops the prefetch thread, then the engine; cut short at any point, the
+    position is kept and a second ``close()`` finishes the job."""
+    import threading
+
+    before = set(threading.enumerate())
+    points = 0
+    while True:
+        with LOADERS[kind]() as loader:
+            it = _take(loader, iter(loader), WARM, [])
+            next(it)  # the prefetch thread is running
+            state = loader.state_dict()
+            if not raised_at_point(points + 1, PACKAGE, loader.close):
+                break
+            points += 1
+            loader.close()
+            assert loader.state_dict() == state, f"{kind}, interrupted at point {points}"
+        threads = [t for t in threading.enumerate() if t not in before]
+        for t in threads:
+            t.join(10)
+        assert not [t for t in threads if t.is_alive()], f"{kind}, point {points}"
+    assert points > 5, f"{kind}: {points} points"
