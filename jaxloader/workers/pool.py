@@ -300,7 +300,7 @@ class WorkerPool:
         """New workers and ring after an interrupted run (the batches it handed out stay
         readable); the shared source arrays and the payload are reused. Interrupted itself, it
         runs again next time."""
-        self._finalizer()
+        self._stop_workers()
         self._start()
         self._send_payload()
         self._mixed_up = False
@@ -320,10 +320,18 @@ class WorkerPool:
         else:
             self._driver.release()
         with self._driver:
-            try:
-                self._finalizer()
-            finally:
-                self._shared_finalizer()
+            run_all([self._stop_workers, self._destroy_shared])
+
+    # Called, not through their finalizers: a finalizer runs once, so one cut short by a Ctrl-C
+    # (at its start, say) would never finish; these run in full again on the next call (each
+    # step is idempotent), and the finalizers stay for a pool that is only collected.
+    def _stop_workers(self) -> None:
+        _shutdown(self._workers, self._ring)
+        self._finalizer.detach()
+
+    def _destroy_shared(self) -> None:
+        _destroy_all(self._shared)
+        self._shared_finalizer.detach()
 
 
 def _shutdown(workers: list[WorkerProcess], ring: SlotRing) -> None:

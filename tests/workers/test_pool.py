@@ -319,7 +319,7 @@ def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment
 
     def stop(self):
         calls.append(pids.index(self.pid))
-        if self.pid == pids[0]:
+        if calls == [0]:
             real_stop(self)
             raise KeyboardInterrupt  # a Ctrl-C during the first worker's drain
         return real_stop(self)
@@ -330,7 +330,27 @@ def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment
     assert calls == [0, 1, 2]  # the other workers were still stopped
     alive, left = _wait_gone(pids, names, seconds=2.0)
     assert not alive and not left, (alive, left)
-    pool.close()  # idempotent after an interrupted close
+    pool.close()  # idempotent after an interrupted close (it runs its steps again, at no cost)
+    assert pool.segment_count == 0
+
+
+@pytest.mark.parametrize("line", [1, 2])
+def test_a_close_interrupted_before_its_steps_began_is_finished_by_the_next(line):
+    """A Ctrl-C as the shutdown starts (its first lines, before any step) runs no step; the
+    next close() runs them all. The shutdown used to run as a finalizer, which runs once: the
+    second close() did nothing, and the workers lived on until the pool was collected."""
+    from jaxloader.workers import pool as pool_module
+    from line_interrupts import raised_at_line
+
+    pool = make_pool(2)
+    it = pool.batches(0, None)
+    next(it)
+    pids, names = pool.pids, held_segments()
+    assert raised_at_line(line, [pool_module._shutdown], pool.close)
+    assert all(running(p) for p in pids)  # nothing was stopped yet
+    pool.close()
+    alive, left = _wait_gone(pids, names, seconds=5.0)
+    assert not alive and not left, (alive, left)
     assert pool.segment_count == 0
 
 
