@@ -5,8 +5,10 @@ interrupt at each point of ``next()``, ``peek()``, ``state_dict()``, ``iter()`` 
 ``load_state_dict()`` where CPython may run a signal handler (``line_interrupts.
 raised_at_point``), one run each, and check what the loader does next: the batches it hands out
 are the reference stream's at their steps, with no step lost or repeated, and a restore leaves
-the old position or the new one. ``test_interrupts.py`` fires timer interrupts at random into
-runs with workers and device prefetch; this is the exhaustive, in-process counterpart.
+the old position or the new one; after an interrupted ``close()``, a second one leaves no thread
+running. ``test_interrupts.py`` fires timer interrupts at random into runs with workers and
+device prefetch; this is the exhaustive, in-process counterpart (a sweep with workers starts
+them anew for each point: ``tests/workers/test_pool.py`` puts its interrupts by hand).
 """
 
 from __future__ import annotations
