@@ -338,7 +338,7 @@ def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
     caught = made = 0
     try:
         deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or made < 25:  # (at least 25, however loaded the CPU)
             p = HostPrefetcher(endless(), depth=2)
             p.start()
             made += 1
@@ -351,4 +351,3 @@ def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
             assert not p._thread.is_alive()
     finally:
         signal.signal(signal.SIGPROF, previous)
-    assert made > 20, (caught, made)
