@@ -17,19 +17,19 @@ The invariants the rest of the code keeps:
    hand, with no call between taking the batch and returning it (``iterator.LoaderIterator``).
    An exception inside ``next()`` marks the iterator interrupted; the next ``next()`` stops what
    was in flight (waiting until the prefetch thread is gone: never two drivers) and makes the
-   same step again.
+   same step again. ``iter()`` and a restore wait for the old thread the same way.
 2. **A message is whole or the pipes are not trusted.** An interrupt while blocked in
    ``poll()`` changes nothing; one anywhere else in a run may have cut a message in half, so the
    next run starts fresh workers (``workers.pool``, ``_mixed_up``).
 3. **Everything owned is reachable by its owner before it can leak.** A segment enters its
    owner's registry in the same ``try`` that creates it, and a create cut short releases it by
-   name or token (``workers.shm``); a thread is held by its owner before it starts
-   (``sharding.prefetch``); locks are C locks taken in ``with`` blocks, which leave no gap
-   between taking and owning (``workers.pool``). The main thread never calls
-   ``threading.Event``, ``Semaphore`` or ``Condition`` methods: they are Python code around a
-   lock, and an interrupt inside ``Event.set()`` or ``Semaphore.release()`` leaves that lock
-   held for good (measured: within a few interrupts). It signals the prefetch thread through
-   ``queue.SimpleQueue`` (C) instead.
+   name or token (``workers.shm``); a thread is held by its owner, and the owner by the
+   loader, before it starts (``sharding.prefetch``, ``LoaderIterator.start``); locks are C
+   locks taken in ``with`` blocks, which leave no gap between taking and owning
+   (``workers.pool``). The main thread never calls ``threading.Event``, ``Semaphore`` or
+   ``Condition`` methods: they are Python code around a lock, and an interrupt inside
+   ``Event.set()`` or ``Semaphore.release()`` leaves that lock held for good (measured: within
+   a few interrupts). It signals the prefetch thread through ``queue.SimpleQueue`` (C) instead.
 4. **Shutdown runs to the end.** ``run_all`` runs every step of a shutdown even if one is
    interrupted, then raises the first interrupt: a loader's ``close()`` stops its iterator
    and then its engine (``lifecycle``), a pool its workers and then its ring; a second Ctrl-C

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from jaxloader.engine import Engine
 from jaxloader.errors import JaxloaderError, WorkerError
@@ -74,20 +74,28 @@ class LoaderIterator:
         self._depth = device_prefetch
         self._single_device = single_device
         self._ends_before = ends_before  # whether the run ends before a step (a stream's pass)
+        self._batches: Generator[Any, None, None] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         self._last_return: float | None = None
+        self._interrupted = True  # no work under way yet: start() (or the first next()) starts it
+
+    def start(self) -> "LoaderIterator":
+        """Starts the engine run (and the device-prefetch thread). Called by the loader once it
+        holds this iterator: a Ctrl-C after the thread starts must leave it to the loader to
+        stop (``jaxloader.interrupts``, 3), or it would drive the engine beside the next run."""
         self._start_work()
+        return self
 
     def _start_work(self) -> None:
         """The engine run (and device prefetch) from this iterator's step."""
-        self._batches = self._engine.batches(self._step, self._stop)
+        self._batches = batches = self._engine.batches(self._step, self._stop)
         put = self._put
         if put is None:
-            self._next: Callable[[], Any] = self._batches.__next__
+            self._next: Callable[[], Any] = batches.__next__
         elif self._depth == 0:
-            self._next = lambda: put(next(self._batches))
+            self._next = lambda: put(next(batches))
         else:
-            self._prefetcher = DevicePrefetcher(self._batches, put, self._depth,
+            self._prefetcher = DevicePrefetcher(batches, put, self._depth,
                                                 put_in_thread=self._single_device)
             self._next = self._prefetcher.next
             self._prefetcher.start()  # held before it runs: an interrupt cannot orphan it
@@ -148,5 +156,5 @@ class LoaderIterator:
         ``until_gone``) or closes the engine run (frees its slots)."""
         if self._prefetcher is not None:
             self._prefetcher.close(until_gone)
-        else:
+        elif self._batches is not None:
             self._batches.close()

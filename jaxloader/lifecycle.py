@@ -44,11 +44,14 @@ class LoaderLifecycle:
     def reset_stats(self) -> None:
         self._progress.reset_stats()
 
-    def _invalidate(self) -> None:
-        """Makes live iterators stale and stops what they run (thread, engine run)."""
+    def _invalidate(self, until_gone: bool = True) -> None:
+        """Makes live iterators stale and stops what they run (thread, engine run), waiting
+        for the device-prefetch thread until it is gone: a new run must not start beside it
+        (an in-process engine's reader or cache is not for two threads at once). ``close()``
+        waits at most the join timeout instead."""
         self._progress.generation += 1
         if self._active is not None:
-            self._active.stop_work()
+            self._active.stop_work(until_gone)
             self._active = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -92,7 +95,7 @@ class LoaderLifecycle:
         # Every call runs every step (each is idempotent): a Ctrl-C while the prefetch thread
         # is joined must not skip the workers (``jaxloader.interrupts``, 4), and one that lands
         # before the steps began (as ``run_all`` starts) leaves them to the next close().
-        run_all([self._invalidate, self._engine.close])
+        run_all([lambda: self._invalidate(until_gone=False), self._engine.close])
 
     def __enter__(self) -> Self:
         return self

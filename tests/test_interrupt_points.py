@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -111,6 +112,12 @@ def _host(batch):
     return {k: np.asarray(v).copy() for k, v in batch.items()}
 
 
+def _new_threads(before: set[int]) -> list[threading.Thread]:
+    """The loaders' threads alive now that were not in ``before`` (idents)."""
+    return [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
+            and t.name.startswith("jaxloader")]
+
+
 def _take(loader, it, n, out):
     """Appends ``(step, batch)`` until ``out`` holds ``n``; a new ``iter()`` at a pass's end."""
     while len(out) < n:
@@ -137,6 +144,7 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
         stream: list = []
         _take(reference, iter(reference), WARM + AFTER + 2, stream)
         by_step = dict(stream)
+    before = {t.ident for t in threading.enumerate()}
     with make() as other:
         _take(other, iter(other), RESTORED, [])
         restored = other.state_dict()
@@ -157,6 +165,8 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
             if call in ("iter", "load_state_dict"):
                 it = iter(loader)  # what a user does next: the old iterator is stale
                 assert loader.step in (WARM, RESTORED), where
+                # one thread drives the engine: the old run's, if any, was stopped and is gone
+                assert len(_new_threads(before)) <= 1, where
             _take(loader, it, len(got) + AFTER, got)
         steps = [s for s, _ in got]
         first = steps[WARM]  # where the loader went on: where it was, or where it was restored
@@ -171,7 +181,6 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
 def test_a_ctrl_c_at_any_point_of_close_leaves_nothing_running_after_a_second_close(kind):
     """``close()`` stops the prefetch thread, then the engine; cut short at any point, the
     position is kept and a second ``close()`` finishes the job."""
-    import threading
 
     before = set(threading.enumerate())
     points = 0

@@ -153,6 +153,58 @@ def test_no_thread_is_left_after_interrupted_device_prefetch():
     assert not left, left  # the autouse fixture checks processes and /dev/shm
 
 
+def _records(shard):
+    for k in range(shard, 400, 4):
+        yield {"x": np.full(3, k, np.float32), "y": np.int64(k)}
+
+
+def make_stream(**kw):
+    return jl.StreamLoader(jl.Stream.from_generator(_records, shards=4, shuffle_window=3),
+                           batch_size=8, seed=2, readers_per_process=2, process_index=0,
+                           process_count=1, **kw)
+
+
+@pytest.mark.parametrize("make_loader", [make, lambda n, **kw: make_stream(**kw)],
+                         ids=["arrays", "stream"])
+def test_an_iter_interrupted_as_its_thread_starts_leaves_that_thread_to_the_next_iter(
+        make_loader, monkeypatch):
+    """iter() used to start the device-prefetch thread before the loader held the iterator: a
+    Ctrl-C just after the start left that thread running, owned by no one, and the next iter()
+    started a second one beside it. With a stream made in process both drove the one reader,
+    and batches came out wrong (once in CI's point sweep, where the timing fell that way)."""
+    import jax
+
+    from jaxloader.sharding.prefetch import DevicePrefetcher
+
+    start = DevicePrefetcher.start
+
+    def interrupted_start(self):
+        start(self)
+        raise _Tick()
+
+    with make_loader(0) as reference:
+        it = iter(reference)
+        want = [host(next(it)) for _ in range(12)]
+    before = {t.ident for t in threading.enumerate()}
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with make_loader(0, sharding=sharding, device_prefetch=2) as loader:
+        it = iter(loader)
+        got = [host(next(it)) for _ in range(4)]
+        monkeypatch.setattr(DevicePrefetcher, "start", interrupted_start)
+        with pytest.raises(_Tick) as interrupted:  # (its traceback holds the iterator)
+            iter(loader)
+        monkeypatch.undo()
+        it = iter(loader)
+        threads = [t.name for t in threading.enumerate()
+                   if t.ident not in before and t.is_alive() and t.name.startswith("jaxloader")]
+        assert threads == ["jaxloader-host-prefetch"], threads  # the old one stopped and gone
+        got += [host(next(it)) for _ in range(8)]
+        del interrupted
+    for step, (a, b) in enumerate(zip(got, want, strict=True)):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"step {step} {key}")
+
+
 def test_an_interrupt_while_close_stops_the_iterator_still_stops_the_workers(monkeypatch):
     """close() first stops the live iterator, joining the device-prefetch thread (up to 10 s
     while it waits for a slow worker): a Ctrl-C there used to skip stopping the workers, and a
