@@ -24,7 +24,7 @@ The invariants the rest of the code keeps:
 3. **Everything owned is reachable by its owner before it can leak.** A segment enters its
    owner's registry in the same ``try`` that creates it, and a create cut short releases it by
    name or token (``workers.shm``); a thread is held by its owner, and the owner by the
-   loader, before it starts (``sharding.prefetch``, ``LoaderIterator.start``); locks are C
+   loader, before it starts (``sharding.prefetch``, ``LoaderIterator._start``); locks are C
    locks taken in ``with`` blocks, which leave no gap between taking and owning
    (``workers.pool``). The main thread never calls ``threading.Event``, ``Semaphore`` or
    ``Condition`` methods: they are Python code around a lock, and an interrupt inside

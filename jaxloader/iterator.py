@@ -77,9 +77,9 @@ class LoaderIterator:
         self._batches: Generator[Any, None, None] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         self._last_return: float | None = None
-        self._interrupted = True  # no work under way yet: start() (or the first next()) starts it
+        self._interrupted = True  # no work under way yet: _start() (or the first next()) starts it
 
-    def start(self) -> "LoaderIterator":
+    def _start(self) -> "LoaderIterator":
         """Starts the engine run (and the device-prefetch thread). Called by the loader once it
         holds this iterator: a Ctrl-C after the thread starts must leave it to the loader to
         stop (``jaxloader.interrupts``, 3), or it would drive the engine beside the next run."""

@@ -227,7 +227,7 @@ class DataLoader(LoaderLifecycle):
             self._progress, start, stop, self._engine, put, self.device_prefetch,
             single_device=put is not None and put.single_device,
         )
-        return self._active.start()  # held first: a Ctrl-C in start() leaves it to _invalidate
+        return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

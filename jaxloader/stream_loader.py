@@ -220,7 +220,7 @@ class StreamLoader(LoaderLifecycle):
                                       self._options.device_prefetch,
                                       single_device=put is not None and put.single_device,
                                       ends_before=None if self._until is None else self._ends)
-        return self._active.start()  # held first: a Ctrl-C in start() leaves it to _invalidate
+        return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 
     def _ends(self, step: int) -> bool:
         """Whether the pass ends before ``step``: every reader of every process has handed
