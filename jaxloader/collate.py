@@ -33,8 +33,16 @@ import numpy as np
 
 from jaxloader import tree as tree_lib
 from jaxloader.errors import CollateError
+from jaxloader.string_column import InSlot, StringColumn, split
 
 _ALIGN = 64  # bytes: cache-line alignment of every leaf in a buffer
+_OBJECT = np.dtype(object)
+
+
+# A leaf's offset when it is not at a fixed place in the buffer: object leaves travel beside it;
+# strings gathered as a ``StringColumn`` are written after the numbers, one leaf after another,
+# their sizes (``InSlot``) beside the buffer (``jaxloader.string_column``).
+BESIDE, AFTER = -1, -2
 
 
 class LeafSpec(NamedTuple):
@@ -43,7 +51,7 @@ class LeafSpec(NamedTuple):
     path: str
     shape: tuple
     dtype: np.dtype
-    offset: int  # -1 for object leaves, which do not live in the buffer
+    offset: int  # BESIDE or AFTER for object leaves (negative): not at a fixed place
 
     @property
     def nbytes(self) -> int:
@@ -58,17 +66,30 @@ class Layout(NamedTuple):
     nbytes: int
 
     def views(self, buffer: Any, objects: list | None = None) -> Any:
-        """The batch as NumPy arrays over ``buffer`` (no copy); object leaves from ``objects``."""
+        """The batch as NumPy arrays over ``buffer`` (no copy); object leaves from ``objects``,
+        where an ``InSlot`` stands for strings written into ``buffer`` after the numbers."""
         return tree_lib.unflatten(self.treedef, self.leaf_views(buffer, objects))
 
     def leaf_views(self, buffer: Any, objects: list | None = None) -> list:
         """``views`` as a list of leaves, in treedef order."""
         objs = iter(objects or ())
-        return [
-            next(objs) if spec.offset < 0
-            else np.ndarray(spec.shape, spec.dtype, buffer=buffer, offset=spec.offset)
-            for spec in self.leaves
-        ]
+        after = self.nbytes
+        leaves = []
+        for spec in self.leaves:
+            if spec.offset >= 0:
+                leaves.append(np.ndarray(spec.shape, spec.dtype, buffer=buffer,
+                                         offset=spec.offset))
+                continue
+            leaf = next(objs)
+            if type(leaf) is InSlot:
+                leaf, after = split(buffer[after:after + leaf.nbytes], spec.shape[0],
+                                    leaf.text), after + leaf.nbytes
+            leaves.append(leaf)
+        return leaves
+
+    def size(self, objects: list) -> int:
+        """The bytes of ``buffer`` a batch of this layout uses, with its strings after."""
+        return self.nbytes + sum(o.nbytes for o in objects if type(o) is InSlot)
 
 
 class _Column(NamedTuple):
@@ -313,11 +334,13 @@ def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarr
 
 
 def layout_of(treedef: tree_lib.TreeDef, columns: list) -> Layout:
-    """Places numeric leaves at aligned offsets; object leaves get offset -1."""
+    """Places numeric leaves at aligned offsets; object leaves get a negative one (``AFTER``
+    for a ``StringColumn``, else ``BESIDE``)."""
     specs, offset = [], 0
     for c in columns:
         if c.dtype.hasobject:
-            specs.append(LeafSpec(c.path, c.shape, c.dtype, -1))
+            specs.append(LeafSpec(c.path, c.shape, c.dtype,
+                                  AFTER if type(c.values) is StringColumn else BESIDE))
             continue
         specs.append(LeafSpec(c.path, c.shape, c.dtype, offset))
         offset += -(-specs[-1].nbytes // _ALIGN) * _ALIGN
@@ -327,22 +350,49 @@ def layout_of(treedef: tree_lib.TreeDef, columns: list) -> Layout:
 def materialize(
     treedef: tree_lib.TreeDef, columns: list, alloc: Callable[[int], Any] | None = None
 ) -> tuple[Any, Layout]:
-    """Builds the batch: into ``alloc(layout.nbytes)`` when given (one copy), else fresh arrays."""
+    """Builds the batch: into ``alloc(nbytes)`` when given (one copy), else fresh arrays.
+    In the buffer, the strings of a ``StringColumn`` follow the numbers, and the batch holds
+    an ``InSlot`` in their place (what ``Layout.views`` needs to read them back)."""
     layout = layout_of(treedef, columns)
     if alloc is None:
         arrays = [_stack(c) for c in columns]
         return tree_lib.unflatten(treedef, arrays), layout
-    buffer = alloc(layout.nbytes)
-    objects = [_stack(c) for c in columns if c.dtype.hasobject]
-    leaves = layout.leaf_views(buffer, objects)
-    for column, out in zip(columns, leaves):
-        if not column.dtype.hasobject:
-            _stack(column, out)
+    after = [c.values for c in columns if type(c.values) is StringColumn]
+    buffer = alloc(layout.nbytes + sum(len(s.data) for s in after))
+    leaves: list[Any] = []
+    at = layout.nbytes
+    for column, spec in zip(columns, layout.leaves):
+        if spec.offset >= 0:
+            leaves.append(_stack(column, np.ndarray(spec.shape, spec.dtype, buffer=buffer,
+                                                     offset=spec.offset)))
+        elif spec.offset == AFTER:
+            data = column.values.data
+            if len(data):
+                np.frombuffer(buffer, np.uint8, len(data), at)[:] = data
+            leaves.append(InSlot(len(data), column.values.text))
+            at += len(data)
+        else:
+            leaves.append(_stack(column))
     return tree_lib.unflatten(treedef, leaves), layout
+
+
+def gathered_columns(gathered: dict[str, Any], size: int) -> tuple[tree_lib.TreeDef, list]:
+    """Columns of a flat dict of ``size`` rows a column: arrays, or ``StringColumn``s (a
+    source's ``gather_columns``)."""
+    treedef = ("dict", tuple(gathered), (tree_lib.LEAF,) * len(gathered))
+    columns = []
+    for name, values in gathered.items():
+        if type(values) is StringColumn:
+            columns.append(_Column(f"[{name!r}]", (size,), _OBJECT, values))
+        else:
+            columns.append(_Column(f"[{name!r}]", values.shape, values.dtype, values))
+    return treedef, columns
 
 
 def _stack(column: _Column, out: np.ndarray | None = None) -> np.ndarray:
     values = column.values
+    if type(values) is StringColumn:
+        return values.objects()
     if type(values) is _Take:  # indices come from the sampler, always in range: mode="clip"
         # avoids the buffered copy NumPy makes for out= under the default mode="raise" (3.5x)
         return np.take(values.array, values.indices, axis=0, out=out, mode="clip")

@@ -69,7 +69,7 @@ class SlotRing:
 
     def hand_out(self, segment: Segment, layout: Layout, objects: list) -> Any:
         """The batch in ``segment`` as NumPy views; the slot returns when they are all gone."""
-        base = np.frombuffer(segment.memory, np.uint8, count=layout.nbytes)
+        base = np.frombuffer(segment.memory, np.uint8, count=layout.size(objects))
         ref = weakref.ref(base, self._dead.append)
         self._lent[id(ref)] = (ref, segment)  # the ref must outlive the views to call back
         return layout.views(base, objects)
