@@ -54,6 +54,8 @@ class BatchMaker:
         # read-only views of its arrays, indexed one by one.
         self._batched_reads = (hasattr(source, "__getitems__")
                                and not isinstance(source, ArraySource))
+        # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
+        self._gather = getattr(source, "gather_columns", None)
         self._rng = RecordRng(sampler.seed)
         # (index, (fn, takes an rng)) per record transform: one loop serves Map and RandomMap
         self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
@@ -90,17 +92,22 @@ class BatchMaker:
                 parts = self.source.sources
                 return collate.take_parts_columns(parts[0].treedef, [p.arrays for p in parts],
                                                   rows, local)
+        if self._gather is not None:
+            gathered = self._getitems(spec, self._gather, "gather_columns")
+            if gathered is not None:
+                return collate.gathered_columns(gathered, len(spec.indices))
         got = self._getitems(spec)
         if isinstance(got, list):
             return collate.record_columns(got, spec.positions)
         return collate.batch_columns(got, len(spec.indices))
 
-    def _getitems(self, spec: BatchSpec) -> Any:
+    def _getitems(self, spec: BatchSpec, read: Callable[[Any], Any] | None = None,
+                  name: str = "__getitems__") -> Any:
         try:
-            return self.source.__getitems__(spec.indices)
+            return (read or self.source.__getitems__)(spec.indices)
         except Exception as e:
             raise RecordError(
-                f"{spec.location()}: source.__getitems__ raised {type(e).__name__}: {e}"
+                f"{spec.location()}: source.{name} raised {type(e).__name__}: {e}"
             ) from e
 
     def _read_records(self, spec: BatchSpec) -> list:

@@ -54,7 +54,9 @@ import numpy as np
 from jaxloader import tree as tree_lib
 from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
 from jaxloader.local_shuffle import LocalShuffle
+from jaxloader.string_column import StringColumn
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
+from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources.paths import expand
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.workers import shm
@@ -64,6 +66,9 @@ _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (docs/be
 # and at most this many: a row group shared by the workers is a mapping that holds a
 # descriptor on Python < 3.13, and a process has ~1,024
 _MAX_CACHED_GROUPS = 256
+# A batch from more row groups than this is read run by run: a join of them would be made again
+# for nearly every batch (a full shuffle), where a read-local batch reads a window's (8 by default)
+_MAX_JOINED = 64
 
 
 class ParquetSource:
@@ -133,6 +138,8 @@ class ParquetSource:
         self._files: dict[int, Any] = {}
         self._cache: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
         self._sizes: dict[int, int] = {}  # the bytes of each cached row group
+        self._join: JoinedGroups | None = None  # the last batch's row groups as one table
+        self._joins = True  # until a column turns out one that cannot be joined
         self._shared: SharedBlocks | None = None
         self._shared_tried = False
 
@@ -148,7 +155,7 @@ class ParquetSource:
                 self._table_name = table.name
                 weakref.finalize(self, table.destroy)
         state = dict(self.__dict__)
-        for key in ("_files", "_cache", "_sizes", "_shared", "_shared_tried"):
+        for key in ("_files", "_cache", "_sizes", "_join", "_joins", "_shared", "_shared_tried"):
             state.pop(key)
         return state
 
@@ -156,8 +163,11 @@ class ParquetSource:
         self.__dict__.update(state)
         self._reset_process_state()
         # A worker unpickles its source as it starts: pyarrow's import (~0.2 s) happens then,
-        # while the main process makes its model, not in the first batch.
+        # while the main process makes its model, not in the first batch; so does that of
+        # pyarrow.compute, which a list column's first decode (``flatten``) imports otherwise
+        # (80 ms a worker, measured, in its first batch).
         _pyarrow_parquet()
+        import pyarrow.compute  # noqa: F401
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -277,8 +287,55 @@ class ParquetSource:
         """The rows at ``indices`` as a dict of batched columns (each row group decoded once);
         a list of rows when a column holds lists of different lengths."""
         indices = np.asarray(indices, dtype=np.int64)
+        groups = self._starts.searchsorted(indices, side="right") - 1
+        gathered = self._gather(indices, groups)
+        if gathered is not None:
+            return {name: c.objects() if type(c) is StringColumn else c
+                    for name, c in gathered.items()}
+        return self._by_runs(indices, groups)
+
+    def gather_columns(self, indices: np.ndarray) -> dict[str, Any] | None:
+        """``__getitems__(indices)`` with strings and bytes left as ``StringColumn``s, which
+        a worker writes into its slot as they are (``jaxloader.string_column``), when the rows'
+        row groups can be joined; else ``None`` (read them with ``__getitems__``). For
+        ``BatchMaker``."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return self._gather(indices, self._starts.searchsorted(indices, side="right") - 1)
+
+    def _gather(self, indices: np.ndarray, groups: np.ndarray) -> dict[str, Any] | None:
+        """Rows ``indices`` (in row groups ``groups``) from the join of their row groups,
+        made first if they are not all in it; ``None`` where no join serves: more row groups
+        than ``_MAX_JOINED`` or than half the cache holds (a full shuffle of a large file), or
+        a column that cannot be joined (``JoinedGroups.of``)."""
+        join = self._join
+        if join is not None:
+            rows = join.rows(indices, groups)
+            if rows is not None:
+                return join.gather(rows)
+        if not self._joins or not len(indices):
+            return None
+        distinct = np.unique(groups)
+        if (len(distinct) > _MAX_JOINED
+                or int(self._group_bytes[distinct].sum()) > self.cache_bytes // 2):
+            return None
+        listed = distinct.tolist()
+        share = self._sharing()
+        if share and len(listed) > 1:
+            self._fetch_free(listed)
+        self._join = None  # its memory goes back to the cache's bound before the decodes
+        join = JoinedGroups.of(distinct, [self._decoded(g, share) for g in listed], self._starts)
+        if join is None:
+            self._joins = False  # the same column would stop every join: read by runs
+            return None
+        self._join = join
+        self._evict()
+        rows = join.rows(indices, groups)
+        assert rows is not None  # every row group of the batch is joined
+        return join.gather(rows)
+
+    def _by_runs(self, indices: np.ndarray, groups: np.ndarray) -> Any:
+        """``__getitems__`` a run of rows of one row group at a time, put back in order."""
         starts = self._starts
-        groups = starts.searchsorted(indices, side="right") - 1
         order = None  # file order: nothing to put back
         if len(groups) > 1 and (groups[1:] < groups[:-1]).any():
             order = groups.argsort(kind="stable")
@@ -378,16 +435,22 @@ class ParquetSource:
         # a size is noted before its row group is cached (one left by an eviction cut short
         # sizes nothing cached, and is never read), and the cached bytes are summed, not
         # counted (a count cut short just after popitem() returned drifted for good).
-        cache, sizes = self._cache, self._sizes
-        sizes[group] = sum(nbytes_of(c) for c in decoded.values())
-        cache[group] = decoded
-        held = sum(sizes[g] for g in cache)
+        self._sizes[group] = sum(nbytes_of(c) for c in decoded.values())
+        self._cache[group] = decoded
+        self._evict()
+        return decoded
+
+    def _evict(self) -> None:
+        """Lets the row groups read longest ago go while the cache and the join hold more
+        than ``cache_bytes`` (or the cache more than ``_MAX_CACHED_GROUPS``); the last one
+        read stays."""
+        cache, sizes, join = self._cache, self._sizes, self._join
+        held = sum(sizes[g] for g in cache) + (join.nbytes if join is not None else 0)
         while len(cache) > 1 and (held > self.cache_bytes or len(cache) > _MAX_CACHED_GROUPS):
             evicted_group, _ = cache.popitem(last=False)
             held -= sizes.pop(evicted_group)
             if self._shared is not None:
                 self._shared.release(evicted_group)
-        return decoded
 
     def _read(self, group: int) -> Any:
         """Row group ``group`` decoded from its file: a ``pyarrow.Table``."""

@@ -563,3 +563,49 @@ def test_a_worker_imports_pyarrow_as_it_starts_not_in_its_first_batch(tmp_path):
                        worker_init_fn=note, process_index=0, process_count=1) as loader:
         assert len(list(loader)) == 4
     assert [(tmp_path / f"worker-{i}").read_text() for i in range(2)] == ["True", "True"]
+
+
+def test_a_batch_from_joined_row_groups_equals_one_read_run_by_run(tmp_path):
+    # a batch whose row groups are not all joined yet joins them (a read-local window, a
+    # batch across two windows, file order) and reads each column in one take; one from more
+    # than _MAX_JOINED row groups, or a column that cannot be joined, is read run by run
+    from jaxloader.sources import parquet
+
+    n = 5 * (parquet._MAX_JOINED + 6)
+    texts = ["", "é", "naïve ✓ 🙂", *(f"row {i}" * (i % 4) for i in range(n - 3))]
+    table = pa.table({"id": np.arange(n), "grid": pa.array([[[i % 100, 1], [2, 3]] for i in range(n)],
+                                                            pa.list_(pa.list_(pa.int8(), 2), 2)),
+                      "text": texts, "raw": [t.encode() for t in texts],
+                      "day": pa.array(np.arange(n, dtype=np.int32), pa.int32()).view(pa.date32())})
+    path = str(tmp_path / "rows.parquet")
+    pq.write_table(table, path, row_group_size=5)
+    src, runs = jl.ParquetSource(path), jl.ParquetSource(path)
+    rng = np.random.default_rng(0)
+    batches = [rng.permutation(40)[:17], rng.permutation(40)[:9] + 30,  # a window, then across
+               np.arange(60, 64), np.arange(63, 70),  # file order: one group, then two
+               rng.permutation(n)[:300],  # every row group: run by run
+               np.zeros(0, np.int64), np.array([n - 1])]
+    joined = []
+    for indices in batches:
+        got = src.__getitems__(indices)
+        joined.append(src._join is not None and src._join.rows(
+            indices, src._starts.searchsorted(indices, side="right") - 1) is not None)
+        want = runs._by_runs(indices, runs._starts.searchsorted(indices, side="right") - 1)
+        assert got.keys() == want.keys()
+        for key in got:
+            assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
+            assert got[key].tolist() == want[key].tolist(), key
+        assert got["text"].tolist() == [texts[i] for i in indices]
+    assert joined == [True, True, True, True, False, True, True]
+    cached = sum(src._sizes[g] for g in src._cache)  # the join counts against the cache's bound
+    assert src._join.nbytes and cached + src._join.nbytes <= src.cache_bytes
+    gathered = src.gather_columns(np.array([3, 1]))  # for a worker: strings as one buffer
+    assert type(gathered["text"]).__name__ == "StringColumn"
+    assert gathered["text"].objects().tolist() == [texts[3], texts[1]]
+    # a struct column cannot be joined: every batch run by run, as before
+    structs = str(tmp_path / "structs.parquet")
+    pq.write_table(pa.table({"p": [{"x": i, "tag": str(i)} for i in range(20)]}), structs,
+                   row_group_size=5)
+    src = jl.ParquetSource(structs)
+    assert src.__getitems__(np.array([7, 2]))["p"]["tag"].tolist() == ["7", "2"]
+    assert src._join is None and not src._joins
