@@ -26,7 +26,7 @@ from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-from jaxloader.tree import flatten
+from jaxloader.tree import flatten, is_flat_dict
 from jaxloader.workers import payload, protocol, shm
 from jaxloader.workers.heap import Heap
 from jaxloader.workers.protocol import Done, Failed, Grow, Slot, Stop, Task
@@ -146,8 +146,9 @@ def serve(conn: Connection) -> None:
             continue
         objects = []
         if any(spec.offset < 0 for spec in layout.leaves):  # strings/objects travel by pipe
-            objects = [leaf for spec, leaf in zip(layout.leaves, flatten(batch)[0])
-                       if spec.offset < 0]
+            leaves = (list(batch.values()) if is_flat_dict(layout.treedef)  # (no tree walk)
+                      else flatten(batch)[0])
+            objects = [leaf for spec, leaf in zip(layout.leaves, leaves) if spec.offset < 0]
         del batch  # drop the views of the slot before the main process may reuse it
         same = layout == last_layout
         try:
