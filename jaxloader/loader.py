@@ -56,7 +56,9 @@ class DataLoader(LoaderLifecycle):
         num_epochs: epochs per ``iter(loader)``, a pass; ``None`` for an endless iterator.
             Passes are counted from epoch 0: ``iter()`` gives the rest of the pass the
             position is in, so a loader restored mid-pass ends where the saved run would.
-        prefetch: batches in flight per worker (``num_workers > 0``).
+        prefetch: tasks in flight per worker (``num_workers > 0``); a task is as many of
+            the worker's steps as fit in 1 MiB of batches, up to 8 (one for larger batches
+            and for streams), so that a small batch costs a share of a task's messages.
         worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
             ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.
         start_method: ``"exec"`` (default): workers are fresh interpreters that never re-run

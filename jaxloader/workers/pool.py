@@ -3,17 +3,20 @@
 ::
 
     batches(start, stop)                          workers 0..N-1
-      submit step s ──Task(id, s, slot)──────────> make(s) into the slot
-      reorder buffer {step: slot} <──Done(id)─────┘  (messages: jaxloader.workers.protocol)
+      submit a task: steps s, s+N, ..  ──Task(id, s, N, slots)──> make each into its slot
+      reorder buffer {step: slot} <──Done(id, made)─────────────┘  (messages: protocol)
       yield ring.hand_out(slot) in step order     (zero-copy NumPy views)
       block in poll(all worker pipes)              (a dead worker's pipe reports EOF at once)
 
-At most ``prefetch`` tasks are in flight per worker and at most ``num_workers * prefetch``
-batches are ahead of the consumer. Which worker makes a step does not matter to the batch (a pure
-function of its step); step ``s`` goes to worker ``s % N`` when it has room, else to the one with
-least in flight, so the samplers' memos, kept by class of step, are computed once. A new
-``batches()`` run makes the old run's tasks stale: their results are dropped and their slots
-reused, so a restore never waits for them.
+Step ``s`` is made by worker ``s % N``: the samplers' memos, kept by class of step, are computed
+once, and a stream's reader for the step lives there. A task is up to ``_MAX_TASK_STEPS`` of a
+worker's steps, as many as fit in ``_TASK_BYTES`` (one step while the batch size is not known,
+and for streams): a small batch then costs its share of the two messages and wakeups a task
+takes, not two of its own (measured in docs/benchmarks.md). Tasks go out a block at a time, one
+a worker, when every worker has fewer than ``prefetch`` in flight and the block stays within
+``N * prefetch`` tasks' steps of the consumer. Which worker makes a step does not matter to the
+batch (a pure function of its step). A new ``batches()`` run makes the old run's tasks stale:
+their results are dropped and their slots reused, so a restore never waits for them.
 
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
 worker, its pid, the exit code or exception, the step and record positions, with the worker's
@@ -48,15 +51,25 @@ from jaxloader.workers.shm import Segment
 
 _DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
 _DRIVER_WAIT_S = 1.0  # close() first lets a run in another thread reach its next yield
+# A task makes as many steps as fit in this many bytes of slots, up to _MAX_TASK_STEPS: batches
+# of 22 KB (256 rows of Parquet) take 8 a task, batches of 1 MiB or more one. Slots in flight:
+# N * prefetch * steps a task, so at most ~prefetch MiB a worker for small batches.
+_TASK_BYTES = 1 << 20
+_MAX_TASK_STEPS = 8
 
 
 class _Task(NamedTuple):
-    """A task in flight: which worker makes which step, for which run, into which slot."""
+    """A task in flight: which worker makes which steps, for which run, into which slots."""
 
     worker: int
-    step: int
+    first: int  # its steps: first + index * stride
+    stride: int
     run: int
-    segment: Segment
+    segments: list  # a step's slot by index; None once its batch is back
+
+    def steps_left(self) -> list[int]:
+        return [self.first + i * self.stride for i, s in enumerate(self.segments)
+                if s is not None]
 
 
 class _Failure(NamedTuple):
@@ -162,26 +175,16 @@ class WorkerPool:
             run = self._run
         ready: dict[int, tuple] = {}
         next_submit = next_yield = start
-        window = len(self._workers) * self._prefetch
+        streaming = resets is not None
         try:
             while stop is None or next_yield < stop:
                 with self._driver:
-                    while ((stop is None or next_submit < stop)
-                           and next_submit - next_yield < window):
-                        # worker s % N: the samplers' memos follow the turns, and a
-                        # stream's reader for the step lives there; when it is full, the
-                        # one with least in flight (a stream's step waits for its own)
-                        worker = next_submit % len(self._workers)
-                        if resets is None and self._in_flight[worker] >= self._prefetch:
-                            worker = min(range(len(self._workers)),
-                                         key=self._in_flight.__getitem__)
-                        if self._in_flight[worker] >= self._prefetch:
+                    while stop is None or next_submit < stop:
+                        steps = self._steps_per_task(streaming)
+                        if (next_submit - next_yield >= len(self._workers) * self._prefetch * steps
+                                or max(self._in_flight) >= self._prefetch):
                             break
-                        reset = None
-                        if resets is not None and resets[worker] is not None:
-                            reset, resets[worker] = resets[worker], None
-                        self._submit(worker, next_submit, run, reset)
-                        next_submit += 1
+                        next_submit = self._submit_block(next_submit, stop, steps, run, resets)
                     if next_yield not in ready:
                         self._receive(run, ready)
                         continue
@@ -208,13 +211,36 @@ class WorkerPool:
                     if type(made) is not _Failure:
                         self._ring.give_back(made[0])
 
-    def _submit(self, worker: int, step: int, run: int, reset: Any = None) -> None:
-        segment = self._ring.take()
+    def _steps_per_task(self, streaming: bool) -> int:
+        """Steps a task (module docstring): one a task for streams and until a batch's size
+        is known."""
+        size = self._ring.slot_size
+        if streaming or not size:
+            return 1
+        return max(1, min(_MAX_TASK_STEPS, _TASK_BYTES // size))
+
+    def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
+                      resets: list | None) -> int:
+        """Tasks for steps ``[start, end)``, ``steps`` a worker, each worker ``w`` those
+        ``= w mod N``; returns ``end``."""
+        workers = len(self._workers)
+        end = start + workers * steps if stop is None else min(start + workers * steps, stop)
+        for first in range(start, min(start + workers, end)):
+            worker = first % workers
+            reset = None
+            if resets is not None and resets[worker] is not None:
+                reset, resets[worker] = resets[worker], None
+            self._submit(worker, first, len(range(first, end, workers)), run, reset)
+        return end
+
+    def _submit(self, worker: int, first: int, count: int, run: int, reset: Any) -> None:
+        segments = [self._ring.take() for _ in range(count)]
         task_id = self._next_task
         self._next_task += 1
-        self._tasks[task_id] = _Task(worker, step, run, segment)
+        self._tasks[task_id] = _Task(worker, first, len(self._workers), run, segments)
         self._in_flight[worker] += 1
-        self._send(worker, Task(task_id, step, segment.name, segment.size, reset))
+        self._send(worker, Task(task_id, first, len(self._workers),
+                                tuple((s.name, s.size) for s in segments), reset))
 
     def _send(self, worker: int, message: Any) -> None:
         try:
@@ -234,29 +260,37 @@ class WorkerPool:
             except (EOFError, ConnectionResetError, OSError):
                 self._worker_died(worker)
             if type(message) is Done:
-                task = self._tasks.pop(message.task_id)
-                self._in_flight[worker] -= 1
-                if message.layout is not None:
-                    self._layouts[worker] = message.layout
-                if task.run == run:  # a plain tuple: built once a batch
-                    ready[task.step] = (task.segment, self._layouts[worker], message.objects,
-                                        message.report)
-                else:
-                    self._ring.give_back(task.segment)
-            elif type(message) is Grow:
                 task = self._tasks[message.task_id]
-                segment = self._ring.grow(task.segment, message.nbytes)
-                self._tasks[message.task_id] = task._replace(segment=segment)
-                self._send(worker, Slot(message.task_id, segment.name, segment.size))
+                segments = task.segments
+                for index, layout, objects, report in message.made:
+                    if layout is not None:
+                        self._layouts[worker] = layout
+                    segment, segments[index] = segments[index], None
+                    if task.run == run:  # a plain tuple: built once a batch
+                        ready[task.first + index * task.stride] = (
+                            segment, self._layouts[worker], objects, report)
+                    else:
+                        self._ring.give_back(segment)
+                if segments.count(None) == len(segments):  # every step back: the task is done
+                    del self._tasks[message.task_id]
+                    self._in_flight[worker] -= 1
+            elif type(message) is Grow:
+                segments = self._tasks[message.task_id].segments
+                segment = self._ring.grow(segments[message.index], message.nbytes)
+                segments[message.index] = segment
+                self._send(worker, Slot(message.task_id, message.index, segment.name,
+                                        segment.size))
             elif type(message) is Failed:
                 failure = self._worker_failed(worker, message)
                 failed_task = self._tasks.pop(message.task_id, None)
                 if failed_task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)
                 self._in_flight[worker] -= 1
-                self._ring.give_back(failed_task.segment)
+                for segment in failed_task.segments:  # the failed step's, and those after it
+                    if segment is not None:
+                        self._ring.give_back(segment)
                 if failed_task.run == run:
-                    ready[failed_task.step] = failure
+                    ready[message.step] = failure
 
     def _worker_failed(self, worker: int, failed: Failed) -> _Failure:
         """The error to raise, and its cause, for a worker's failure report."""
@@ -279,7 +313,8 @@ class WorkerPool:
     def _worker_died(self, worker: int) -> NoReturn:
         w = self._workers[worker]
         code = w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S)
-        steps = sorted(t.step for t in self._tasks.values() if t.worker == worker)
+        steps = sorted(s for t in self._tasks.values() if t.worker == worker
+                       for s in t.steps_left())
         how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
         if code is not None and code < 0 and -code == 9:
             how += " (SIGKILL: often the out-of-memory killer)"

@@ -5,29 +5,37 @@
     main process                                           worker
     Init(path, worker_id, num_workers, seed, payload) ──>  sys.path, loads(payload), init_fn(id)
                                                       <──  Failed(-1, None, ...)  (could not start)
-    Task(task_id, step, slot, size, reset) ──────────────>  make(step) straight into the slot
-                                                      <──  Done(task_id, slot, layout, objects,
+    Task(task_id, step, stride, slots, reset) ───────────>  make steps step, step + stride, ...,
+                                                            each straight into its slot
+                                                      <──  Done(task_id, made)  (a tuple a step
+                                                                made: index, layout, objects,
                                                                 report)
-                                                      <──  Grow(task_id, nbytes)  (slot too small)
-    Slot(task_id, slot, size) ───────────────────────────>  (a bigger slot for that task)
+                                                      <──  Grow(task_id, index, nbytes)  (that
+                                                                step's slot is too small)
+    Slot(task_id, index, slot, size) ────────────────────>  (a bigger slot for that step)
                                                       <──  Failed(task_id, step, summary,
                                                                   traceback, pickled exception)
     Stop() ──────────────────────────────────────────────>  exit (so does EOF: the main is gone)
 
-``slot`` names a shared-memory segment (``shm.attach`` maps it). ``Done.layout`` is ``None`` when
-it equals the worker's previous one (the main process keeps the last per worker); ``objects`` are
-the batch's object leaves (strings), which cannot live in shared memory. A stream's batches
-are made by the worker that owns their reader: ``Task.reset`` (``None`` but for the first task
-of a run) is the reader state to continue from, ``Done.report`` the state after the batch. A message is pickled in
-C (``pickle.dumps``; ``Connection.send`` would build a ``ForkingPickler`` per message) and sent as
-one frame on the worker's pipe; everything here is plain data and never imports JAX.
+A task is a few steps of one worker (``stride``: the number of workers), so that a small batch
+costs its share of two messages, not two messages (``jaxloader.workers.pool``). ``slots`` names a
+shared-memory segment a step (``shm.attach`` maps it) with its size. In ``made``, ``layout`` is
+``None`` when it equals the worker's previous one (the main process keeps the last per worker);
+``objects`` are the batch's object leaves (strings), which cannot live in shared memory, or where
+a ``StringColumn`` lies in the slot (``jaxloader.string_column.InSlot``). A task that fails at a
+step sends ``Done`` for the steps before it, then ``Failed``; its later steps are not made. A
+stream's batches are made by the worker that owns their reader: ``Task.reset`` (``None`` but for
+the first task of a run) is the reader state to continue from, ``report`` the state after each
+batch. A message is pickled in C (``pickle.dumps``; ``Connection.send`` would build a
+``ForkingPickler`` per message) and sent as one frame on the worker's pipe; everything here is
+plain data and never imports JAX.
 
 Example:
     >>> from multiprocessing import Pipe
     >>> main, worker = Pipe()
-    >>> send(main, Task(task_id=7, step=42, slot="memfd:1:5:99", size=4096))
+    >>> send(main, Task(task_id=7, step=42, stride=2, slots=(("memfd:1:5:99", 4096),)))
     >>> receive(worker)
-    Task(task_id=7, step=42, slot='memfd:1:5:99', size=4096, reset=None)
+    Task(task_id=7, step=42, stride=2, slots=(('memfd:1:5:99', 4096),), reset=None)
 """
 
 from __future__ import annotations
@@ -48,19 +56,20 @@ class Init(NamedTuple):
 
 
 class Task(NamedTuple):
-    """Make the batch of ``step`` into the slot ``slot`` of ``size`` bytes."""
+    """Make the batches of steps ``step + i * stride`` into ``slots[i]`` (name, bytes)."""
 
     task_id: int
     step: int
-    slot: str
-    size: int
+    stride: int
+    slots: tuple
     reset: Any = None  # a stream reader's state to continue from (the first task of a run)
 
 
 class Slot(NamedTuple):
-    """A bigger slot for task ``task_id``, which asked for one with ``Grow``."""
+    """A bigger slot for step ``index`` of task ``task_id``, which asked with ``Grow``."""
 
     task_id: int
+    index: int
     slot: str
     size: int
 
@@ -69,20 +78,27 @@ class Stop(NamedTuple):
     """Finish the current batch, then exit."""
 
 
-class Done(NamedTuple):
-    """The batch of task ``task_id`` is in ``slot``."""
+class Made(NamedTuple):
+    """One batch of a task, in ``Done.made`` (sent as a plain tuple), in its step's slot."""
 
-    task_id: int
-    slot: str
+    index: int  # which of the task's steps
     layout: Any  # collate.Layout, or None: the same as this worker's previous one
     objects: list  # the object leaves, in layout order
-    report: Any = None  # a stream reader's state after this batch
+    report: Any  # a stream reader's state after this batch, else None
+
+
+class Done(NamedTuple):
+    """Batches of task ``task_id`` are in their slots: a ``Made`` tuple each, in order."""
+
+    task_id: int
+    made: tuple
 
 
 class Grow(NamedTuple):
-    """Task ``task_id``'s batch needs ``nbytes``: more than its slot holds."""
+    """Step ``index`` of task ``task_id`` needs ``nbytes``: more than its slot holds."""
 
     task_id: int
+    index: int
     nbytes: int
 
 

@@ -45,6 +45,12 @@ class SlotRing:
     def segment_count(self) -> int:
         return len(self._segments)
 
+    @property
+    def slot_size(self) -> int:
+        """The bytes new slots get: at least the largest batch seen (a page at least, 25% more
+        after a grow); 0 before the first slot."""
+        return self._size
+
     def take(self) -> Segment:
         """A free slot (the largest size seen so far), created if none is free."""
         while self._dead:
@@ -75,7 +81,9 @@ class SlotRing:
         return layout.views(base, objects)
 
     def _create(self, size: int) -> Segment:
-        return Segment.create(size, registry=self._segments)  # close() finds it, even if cut short
+        segment = Segment.create(size, registry=self._segments)  # close() finds it, cut short too
+        self._size = max(self._size, segment.size)  # (a whole page at least)
+        return segment
 
     def _destroy(self, segment: Segment) -> None:
         self._segments.pop(segment.name, None)

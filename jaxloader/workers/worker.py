@@ -3,10 +3,11 @@
 ::
 
     Init ──> set sys.path, loads(payload), init_fn(id)
-    Task ──> [maker.reset(task.reset)] maker.make(step, alloc=the slot) ──> Done (+ report)
+    Task ──> [maker.reset(task.reset)] for each of its steps: maker.make(step, alloc=its slot)
                                               (the heap keeps a batch's freed pages: heap.py)
                                               (Grow ... Slot when it needs more room)
-                                              └─> Failed (the exception, its traceback)
+         ──> Done (a Made tuple a step, + reports)
+         └─> a step that raises: Done for the steps before it, Failed (exception, traceback)
     Stop / EOF ──> exit
 
 The messages are in ``jaxloader.workers.protocol``.
@@ -31,7 +32,7 @@ from jaxloader.workers import payload, protocol, shm
 from jaxloader.workers.heap import Heap
 from jaxloader.workers.protocol import Done, Failed, Grow, Slot, Stop, Task
 
-_MAX_MAPPED = 32  # slot mappings kept per worker: more than a ring holds in steady state
+_MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
 
 
 class WorkerInfo(NamedTuple):
@@ -82,10 +83,10 @@ class _Inbox:
     def next(self) -> Any:
         return self._pending.popleft() if self._pending else protocol.receive(self.conn)
 
-    def wait_for_slot(self, task_id: int) -> Slot:
+    def wait_for_slot(self, task_id: int, index: int) -> Slot:
         while True:
             message = protocol.receive(self.conn)
-            if type(message) is Slot and message.task_id == task_id:
+            if type(message) is Slot and (message.task_id, message.index) == (task_id, index):
                 return message
             if type(message) is Stop:
                 raise SystemExit(0)
@@ -93,28 +94,30 @@ class _Inbox:
 
 
 class _Lease:
-    """The slot a task writes into; ``alloc`` asks the main process for a bigger one if needed."""
+    """The slot a task's step writes into; ``alloc`` asks the main process for a bigger one if
+    needed."""
 
-    def __init__(self, task_id: int, name: str, size: int, inbox: _Inbox, slots: _Slots) -> None:
-        self.task_id, self.name, self.size = task_id, name, size
+    def __init__(self, task_id: int, index: int, name: str, size: int, inbox: _Inbox,
+                 slots: _Slots) -> None:
+        self.task_id, self.index, self.name, self.size = task_id, index, name, size
         self._inbox, self._slots = inbox, slots
         self.used = 0
 
     def alloc(self, nbytes: int) -> memoryview:
         self.used = nbytes
         if nbytes > self.size:
-            protocol.send(self._inbox.conn, Grow(self.task_id, nbytes))
-            _, self.name, self.size = self._inbox.wait_for_slot(self.task_id)
+            protocol.send(self._inbox.conn, Grow(self.task_id, self.index, nbytes))
+            _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id, self.index)
         return self._slots.get(self.name, self.size)[:nbytes]
 
 
 def serve(conn: Connection) -> None:
     """The worker loop; returns when told to stop or when the main process is gone."""
     global _INFO
-    first = protocol.receive(conn)
-    if type(first) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
+    init = protocol.receive(conn)
+    if type(init) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
         return
-    path, worker_id, num_workers, seed, blob = first
+    path, worker_id, num_workers, seed, blob = init
     sys.path[:] = path
     try:
         maker, init_fn = payload.loads(blob)
@@ -131,33 +134,55 @@ def serve(conn: Connection) -> None:
         message = inbox.next()
         if type(message) is not Task:  # Stop
             return
-        task_id, step, name, size, reset = message
-        lease = _Lease(task_id, name, size, inbox, slots)
+        task_id, first, stride, leases, reset = message
+        made: list[tuple] = []
+        failed = None
+        for index, (name, size) in enumerate(leases):
+            step = first + index * stride
+            lease = _Lease(task_id, index, name, size, inbox, slots)
+            try:
+                if reset is not None and index == 0:  # a stream reader: from the loader's place
+                    maker.reset(reset)
+                batch, layout = maker.make(step, lease.alloc)
+                report = maker.report() if streaming else None
+                heap.fit(lease.used)  # the next batch's records reuse this one's freed pages
+            except SystemExit:
+                return
+            except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
+                failed = _failed(task_id, step, e)
+                break
+            objects = []
+            if any(spec.offset < 0 for spec in layout.leaves):  # strings/objects travel by pipe
+                leaves = (list(batch.values()) if is_flat_dict(layout.treedef)  # (no tree walk)
+                          else flatten(batch)[0])
+                objects = [leaf for spec, leaf in zip(layout.leaves, leaves) if spec.offset < 0]
+            del batch  # drop the views of the slot before the main process may reuse it
+            made.append((index, None if layout == last_layout else layout, objects, report))
+            last_layout = layout
+        sent = _send_made(conn, task_id, first, stride, made)
+        if not sent or failed is not None:
+            last_layout = None  # the main process may not hold the last layout sent
+        if sent and failed is not None:  # (a batch that could not be sent failed the task)
+            protocol.send(conn, failed)
+
+
+def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list) -> bool:
+    """Sends ``Done`` for ``made``; a batch that cannot be pickled (not even by value) is
+    reported as its step's failure, after the batches before it (and ``False`` returned)."""
+    if not made:
+        return True
+    try:
+        protocol.send(conn, Done(task_id, tuple(made)))
+        return True
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
+    for one in made:  # which one: sent one by one, up to the one that fails
         try:
-            if reset is not None:  # a stream reader: continue from the loader's position
-                maker.reset(reset)
-            batch, layout = maker.make(step, lease.alloc)
-            report = maker.report() if streaming else None
-            heap.fit(lease.used)  # the next batch's records reuse this one's freed pages
-        except SystemExit:
-            return
-        except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
-            protocol.send(conn, _failed(task_id, step, e))
-            continue
-        objects = []
-        if any(spec.offset < 0 for spec in layout.leaves):  # strings/objects travel by pipe
-            leaves = (list(batch.values()) if is_flat_dict(layout.treedef)  # (no tree walk)
-                      else flatten(batch)[0])
-            objects = [leaf for spec, leaf in zip(layout.leaves, leaves) if spec.offset < 0]
-        del batch  # drop the views of the slot before the main process may reuse it
-        same = layout == last_layout
-        try:
-            protocol.send(conn, Done(task_id, lease.name, None if same else layout, objects,
-                                     report))
-        except (pickle.PicklingError, AttributeError, TypeError) as e:  # not even by value
-            protocol.send(conn, _failed(task_id, step, e))
-            continue
-        last_layout = layout
+            protocol.send(conn, Done(task_id, (one,)))
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            protocol.send(conn, _failed(task_id, first + one[0] * stride, e))
+            return False
+    return True
 
 
 def _failed(task_id: int, step: int | None, e: BaseException) -> Failed:

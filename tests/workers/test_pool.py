@@ -85,12 +85,16 @@ def test_held_numpy_batches_never_change():
 
 
 def test_slots_are_reused_in_steady_state():
+    from jaxloader.workers.pool import _MAX_TASK_STEPS
+
     pool = make_pool(2)
     try:
         counts = []
-        for _ in pool.batches(0, 60):
+        for _ in pool.batches(0, 120):
             counts.append(pool.segment_count)
-        assert max(counts[10:]) == counts[10] <= 8, counts
+        # tiny batches: tasks of _MAX_TASK_STEPS steps; at most a block (one task a worker)
+        # beyond the prefetch window of 2 tasks a worker, and the batch in hand
+        assert max(counts[40:]) == counts[40] <= 2 * 3 * _MAX_TASK_STEPS, counts
     finally:
         pool.close()
 
@@ -469,3 +473,31 @@ def test_close_while_the_prefetch_thread_waits_on_a_slow_worker_never_shares_the
         for b in spans:
             if a[0] != b[0]:
                 assert a[2] <= b[1] or b[2] <= a[1], f"two threads read the pipes at once: {a} {b}"
+
+
+def test_a_task_of_several_steps_fails_at_its_own_step_after_the_batches_before_it():
+    # small batches go 8 steps a task: a record that raises in the middle of one (step 21,
+    # the second of worker 1's task of steps 19, 21, ..., 33) comes after every batch before
+    # it, the batch the task made before it included
+    def bad_at(r):
+        if int(r["y"]) == 21 * 2:
+            raise ValueError("record 42")
+        return r
+
+    def loader(num_workers=2):
+        return jl.DataLoader(source(200), batch_size=2, transforms=[jl.Map(bad_at)],
+                             num_workers=num_workers, process_index=0, process_count=1)
+
+    with loader(0) as reference:
+        want = [b["y"].tolist() for b in take(reference, 21)]
+    pool_steps = []
+    with loader() as pooled:
+        assert pooled._engine._steps_per_task(streaming=False) == 1  # no slot yet
+        it = iter(pooled)
+        got = [next(it)["y"].tolist() for _ in range(21)]
+        pool_steps.append(pooled._engine._steps_per_task(streaming=False))
+        with pytest.raises(jl.WorkerError, match=r"worker 1 .* at step 21 .*record 42"):
+            next(it)
+        with pytest.raises(jl.WorkerError, match="at step 21"):
+            next(it)  # broken is a state
+    assert got == want and pool_steps == [8]
