@@ -276,9 +276,9 @@ class WorkerPool:
                     self._in_flight[worker] -= 1
             elif type(message) is Grow:
                 segments = self._tasks[message.task_id].segments
-                segment = self._ring.grow(segments[message.index], message.nbytes)
-                segments[message.index] = segment
-                self._send(worker, Slot(message.task_id, message.index, segment.name,
+                segment = self._ring.grow(segments[message.nth], message.nbytes)
+                segments[message.nth] = segment
+                self._send(worker, Slot(message.task_id, message.nth, segment.name,
                                         segment.size))
             elif type(message) is Failed:
                 failure = self._worker_failed(worker, message)

@@ -8,11 +8,11 @@
     Task(task_id, step, stride, slots, reset) ───────────>  make steps step, step + stride, ...,
                                                             each straight into its slot
                                                       <──  Done(task_id, made)  (a tuple a step
-                                                                made: index, layout, objects,
+                                                                made: nth, layout, objects,
                                                                 report)
-                                                      <──  Grow(task_id, index, nbytes)  (that
+                                                      <──  Grow(task_id, nth, nbytes)  (that
                                                                 step's slot is too small)
-    Slot(task_id, index, slot, size) ────────────────────>  (a bigger slot for that step)
+    Slot(task_id, nth, slot, size) ──────────────────────>  (a bigger slot for that step)
                                                       <──  Failed(task_id, step, summary,
                                                                   traceback, pickled exception)
     Stop() ──────────────────────────────────────────────>  exit (so does EOF: the main is gone)
@@ -66,10 +66,10 @@ class Task(NamedTuple):
 
 
 class Slot(NamedTuple):
-    """A bigger slot for step ``index`` of task ``task_id``, which asked with ``Grow``."""
+    """A bigger slot for step ``nth`` of task ``task_id``, which asked with ``Grow``."""
 
     task_id: int
-    index: int
+    nth: int
     slot: str
     size: int
 
@@ -81,7 +81,7 @@ class Stop(NamedTuple):
 class Made(NamedTuple):
     """One batch of a task, in ``Done.made`` (sent as a plain tuple), in its step's slot."""
 
-    index: int  # which of the task's steps
+    nth: int  # which of the task's steps
     layout: Any  # collate.Layout, or None: the same as this worker's previous one
     objects: list  # the object leaves, in layout order
     report: Any  # a stream reader's state after this batch, else None
@@ -95,10 +95,10 @@ class Done(NamedTuple):
 
 
 class Grow(NamedTuple):
-    """Step ``index`` of task ``task_id`` needs ``nbytes``: more than its slot holds."""
+    """Step ``nth`` of task ``task_id`` needs ``nbytes``: more than its slot holds."""
 
     task_id: int
-    index: int
+    nth: int
     nbytes: int
 
 

@@ -86,7 +86,7 @@ class _Inbox:
     def wait_for_slot(self, task_id: int, index: int) -> Slot:
         while True:
             message = protocol.receive(self.conn)
-            if type(message) is Slot and (message.task_id, message.index) == (task_id, index):
+            if type(message) is Slot and (message.task_id, message.nth) == (task_id, index):
                 return message
             if type(message) is Stop:
                 raise SystemExit(0)
