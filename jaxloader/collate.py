@@ -33,16 +33,17 @@ import numpy as np
 
 from jaxloader import tree as tree_lib
 from jaxloader.errors import CollateError
-from jaxloader.string_column import InSlot, StringColumn, split
+from jaxloader.string_column import StringColumn, split
 
 _ALIGN = 64  # bytes: cache-line alignment of every leaf in a buffer
 _OBJECT = np.dtype(object)
 
 
 # A leaf's offset when it is not at a fixed place in the buffer: object leaves travel beside it;
-# strings gathered as a ``StringColumn`` are written after the numbers, one leaf after another,
-# their sizes (``InSlot``) beside the buffer (``jaxloader.string_column``).
-BESIDE, AFTER = -1, -2
+# strings (or bytes) gathered as a ``StringColumn`` are written after the numbers, one leaf
+# after another, and only their sizes in bytes travel beside the buffer, in the leaves' place
+# (an int is cheaper to pickle than any object: ``jaxloader.string_column``).
+BESIDE, TEXT_AFTER, BYTES_AFTER = -1, -2, -3
 
 
 class LeafSpec(NamedTuple):
@@ -51,7 +52,7 @@ class LeafSpec(NamedTuple):
     path: str
     shape: tuple
     dtype: np.dtype
-    offset: int  # BESIDE or AFTER for object leaves (negative): not at a fixed place
+    offset: int  # BESIDE, TEXT_AFTER or BYTES_AFTER for object leaves: no fixed place
 
     @property
     def nbytes(self) -> int:
@@ -67,7 +68,7 @@ class Layout(NamedTuple):
 
     def views(self, buffer: Any, objects: list | None = None) -> Any:
         """The batch as NumPy arrays over ``buffer`` (no copy); object leaves from ``objects``,
-        where an ``InSlot`` stands for strings written into ``buffer`` after the numbers."""
+        where the size in bytes stands for strings written into ``buffer`` after the numbers."""
         return tree_lib.unflatten(self.treedef, self.leaf_views(buffer, objects))
 
     def leaf_views(self, buffer: Any, objects: list | None = None) -> list:
@@ -81,15 +82,16 @@ class Layout(NamedTuple):
                                          offset=spec.offset))
                 continue
             leaf = next(objs)
-            if type(leaf) is InSlot:
-                leaf, after = split(buffer[after:after + leaf.nbytes], spec.shape[0],
-                                    leaf.text), after + leaf.nbytes
+            if spec.offset != BESIDE:  # strings after the numbers: ``leaf`` is their bytes
+                nbytes, after = leaf, after + leaf
+                leaf = split(buffer[after - nbytes:after], spec.shape[0],
+                             spec.offset == TEXT_AFTER)
             leaves.append(leaf)
         return leaves
 
     def size(self, objects: list) -> int:
         """The bytes of ``buffer`` a batch of this layout uses, with its strings after."""
-        return self.nbytes + sum(o.nbytes for o in objects if type(o) is InSlot)
+        return self.nbytes + sum(o for o in objects if type(o) is int)  # (else arrays)
 
 
 class _Column(NamedTuple):
@@ -334,13 +336,13 @@ def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarr
 
 
 def layout_of(treedef: tree_lib.TreeDef, columns: list) -> Layout:
-    """Places numeric leaves at aligned offsets; object leaves get a negative one (``AFTER``
-    for a ``StringColumn``, else ``BESIDE``)."""
+    """Places numeric leaves at aligned offsets; object leaves get a negative one
+    (``TEXT_AFTER`` or ``BYTES_AFTER`` for a ``StringColumn``, else ``BESIDE``)."""
     specs, offset = [], 0
     for c in columns:
         if c.dtype.hasobject:
-            specs.append(LeafSpec(c.path, c.shape, c.dtype,
-                                  AFTER if type(c.values) is StringColumn else BESIDE))
+            specs.append(LeafSpec(c.path, c.shape, c.dtype, BESIDE if type(c.values) is not
+                                  StringColumn else TEXT_AFTER if c.values.text else BYTES_AFTER))
             continue
         specs.append(LeafSpec(c.path, c.shape, c.dtype, offset))
         offset += -(-specs[-1].nbytes // _ALIGN) * _ALIGN
@@ -352,7 +354,7 @@ def materialize(
 ) -> tuple[Any, Layout]:
     """Builds the batch: into ``alloc(nbytes)`` when given (one copy), else fresh arrays.
     In the buffer, the strings of a ``StringColumn`` follow the numbers, and the batch holds
-    an ``InSlot`` in their place (what ``Layout.views`` needs to read them back)."""
+    their size in bytes in their place (what ``Layout.views`` reads them back with)."""
     layout = layout_of(treedef, columns)
     if alloc is None:
         arrays = [_stack(c) for c in columns]
@@ -365,11 +367,11 @@ def materialize(
         if spec.offset >= 0:
             leaves.append(_stack(column, np.ndarray(spec.shape, spec.dtype, buffer=buffer,
                                                      offset=spec.offset)))
-        elif spec.offset == AFTER:
+        elif spec.offset != BESIDE:
             data = column.values.data
             if len(data):
                 np.frombuffer(buffer, np.uint8, len(data), at)[:] = data
-            leaves.append(InSlot(len(data), column.values.text))
+            leaves.append(len(data))
             at += len(data)
         else:
             leaves.append(_stack(column))

@@ -22,13 +22,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from jaxloader import collate
 from jaxloader import tree as tree_lib
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
+from jaxloader.string_column import StringColumn
 from jaxloader.transforms import BatchMap, Map, RecordRng, returned_none
 
 
@@ -79,6 +82,44 @@ class BatchMaker:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
         return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
                             spec.location, alloc)
+
+    def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
+                   ) -> Iterator[tuple[Any, collate.Layout]]:
+        """``make(step, alloc)`` for each of ``steps`` (a worker's task), in order. A source
+        that gathers its own columns (``gather_columns``) reads the rows of all the steps at
+        once, then each step's rows are written into its slot: a task then costs about one
+        step's read and NumPy calls, not one each (measured in docs/benchmarks.md). A read
+        that raises is made again step by step, so the error names its own step."""
+        gathered = self._gather_steps(steps) if len(steps) > 1 else None
+        if gathered is None:
+            for step, alloc in zip(steps, allocs):
+                yield self.make(step, alloc)
+            return
+        specs, columns = gathered
+        for j, (spec, alloc) in enumerate(zip(specs, allocs)):
+            n = len(spec.indices)
+            a, b = j * n, (j + 1) * n
+            treedef, part = collate.gathered_columns(
+                {name: c.rows(a, b) if type(c) is StringColumn else c[a:b]
+                 for name, c in columns.items()}, n)
+            if spec.valid is not None:
+                treedef, part = collate.add_leaf(treedef, part, self.mask_key, spec.valid)
+            yield finish_batch(treedef, part, self.batch_transforms, n, spec.location, alloc)
+
+    def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec], dict] | None:
+        """The steps' specs and their rows in one ``gather_columns`` read, or ``None`` where
+        that does not serve (no such source, record transforms, steps of other sizes, a read
+        that raises or gives ``None``)."""
+        if self._gather is None or not self._vectorised:
+            return None
+        specs = [self.sampler.batch(step) for step in steps]
+        if len({len(spec.indices) for spec in specs}) != 1:
+            return None  # a partial last batch among them
+        try:
+            gathered = self._gather(np.concatenate([spec.indices for spec in specs]))
+        except Exception:  # noqa: BLE001 - made again step by step, where it raises as its own
+            return None
+        return None if gathered is None else (specs, gathered)
 
     def _read_vectorised(self, spec: BatchSpec) -> tuple:
         if type(self.source) is ArraySource:  # gather straight into the output: one copy

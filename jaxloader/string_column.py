@@ -5,7 +5,7 @@
     a row group's column ──separate()──> Separated: its rows in one buffer, a NUL after each
     rows of a batch ──gather()──> StringColumn: those rows, each followed by a NUL (NumPy calls,
                                   none a row)
-        in a worker: written into the slot after the numbers (one copy)
+        in a worker: written into the slot after the numbers (one copy), its size beside
         in the main process: one decode and one split (C) ──> an object array of ``str``
 
 Otherwise a batch's strings travel one Python object at a time: sliced in the worker, pickled,
@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -51,23 +50,21 @@ class StringColumn(NamedTuple):
     data: np.ndarray  # uint8
     size: int  # rows
     text: bool
+    ends: np.ndarray | None = None  # where each row's NUL ends, for ``rows`` (gather's)
 
     def __len__(self) -> int:
         return self.size
 
+    def rows(self, a: int, b: int) -> "StringColumn":
+        """Rows ``a`` to ``b`` (not included), sharing ``data``."""
+        ends = self.ends
+        assert ends is not None  # made by gather
+        start, stop = (int(ends[a - 1]) if a else 0), (int(ends[b - 1]) if b else 0)
+        return StringColumn(self.data[start:stop], b - a, self.text)
+
     def objects(self) -> np.ndarray:
         """The rows as a 1-D object array of ``str`` (or ``bytes``)."""
         return split(self.data, self.size, self.text)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class InSlot:
-    """A ``StringColumn`` written into a worker's slot after the numbers: what the main
-    process reads it back with (``collate.Layout.views``), sent beside the slot. A leaf of
-    the worker's batch where the column's strings would be (not a tuple: a pytree leaf)."""
-
-    nbytes: int
-    text: bool
 
 
 def separate(data: np.ndarray, offsets: np.ndarray, text: bool) -> Separated | None:
@@ -111,7 +108,7 @@ def gather(rows: Separated, at: np.ndarray) -> StringColumn:
     # byte k of the output is byte k + (start of its row - where its row starts here)
     shift = np.repeat(starts - (ends - lengths), lengths)
     shift += np.arange(int(ends[-1]))
-    return StringColumn(rows.data.take(shift), len(at), rows.text)
+    return StringColumn(rows.data.take(shift), len(at), rows.text, ends)
 
 
 def split(data: np.ndarray | memoryview, count: int, text: bool) -> np.ndarray:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxloader import collate
-from jaxloader.string_column import InSlot, gather, join, separate, split
+from jaxloader.string_column import gather, join, separate, split
 
 _TEXT = st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]),
                 max_size=12)
@@ -56,8 +56,10 @@ def test_strings_written_after_the_numbers_are_read_back_from_the_slot():
     slot = bytearray(4096)
     batch, layout = collate.materialize(*collate.gathered_columns(gathered, 3),
                                         lambda n: memoryview(slot)[:n])
-    sent = batch["text"]  # what a worker sends beside the slot: where the strings are
-    assert type(sent) is InSlot and sent.text and layout.size([sent]) == layout.nbytes + sent.nbytes
+    sent = batch["text"]  # what a worker sends beside the slot: the strings' bytes there
+    assert sent == sum(len(t.encode()) + 1 for t in ["naïve ✓", "", "a"])  # rows and NULs
+    assert layout.size([sent]) == layout.nbytes + sent
+    assert layout.leaves[1].offset == collate.TEXT_AFTER
     got = layout.views(np.frombuffer(slot, np.uint8), [sent])
     assert got["x"].tolist() == [0, 1, 2] and got["text"].tolist() == ["naïve ✓", "", "a"]
     in_process, _ = collate.materialize(*collate.gathered_columns(gathered, 3))

@@ -21,8 +21,8 @@ A task is a few steps of one worker (``stride``: the number of workers), so that
 costs its share of two messages, not two messages (``jaxloader.workers.pool``). ``slots`` names a
 shared-memory segment a step (``shm.attach`` maps it) with its size. In ``made``, ``layout`` is
 ``None`` when it equals the worker's previous one (the main process keeps the last per worker);
-``objects`` are the batch's object leaves (strings), which cannot live in shared memory, or where
-a ``StringColumn`` lies in the slot (``jaxloader.string_column.InSlot``). A task that fails at a
+``objects`` are the batch's object leaves (strings), which cannot live in shared memory, or the
+bytes of a ``StringColumn`` written into the slot after the numbers (``collate.TEXT_AFTER``). A task that fails at a
 step sends ``Done`` for the steps before it, then ``Failed``; its later steps are not made. A
 stream's batches are made by the worker that owns their reader: ``Task.reset`` (``None`` but for
 the first task of a run) is the reader state to continue from, ``report`` the state after each

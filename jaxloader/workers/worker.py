@@ -25,7 +25,7 @@ import sys
 import traceback
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from jaxloader.tree import flatten, is_flat_dict
 from jaxloader.workers import payload, protocol, shm
@@ -134,16 +134,20 @@ def serve(conn: Connection) -> None:
         message = inbox.next()
         if type(message) is not Task:  # Stop
             return
-        task_id, first, stride, leases, reset = message
+        task_id, first, stride, named, reset = message
+        leases = [_Lease(task_id, nth, name, size, inbox, slots)
+                  for nth, (name, size) in enumerate(named)]
+        steps = [first + nth * stride for nth in range(len(leases))]
         made: list[tuple] = []
         failed = None
-        for index, (name, size) in enumerate(leases):
-            step = first + index * stride
-            lease = _Lease(task_id, index, name, size, inbox, slots)
+        batches = None
+        for index, (step, lease) in enumerate(zip(steps, leases)):
             try:
-                if reset is not None and index == 0:  # a stream reader: from the loader's place
-                    maker.reset(reset)
-                batch, layout = maker.make(step, lease.alloc)
+                if batches is None:
+                    if reset is not None:  # a stream reader: from the loader's place
+                        maker.reset(reset)
+                    batches = _make_steps(maker, steps, [each.alloc for each in leases])
+                batch, layout = next(batches)
                 report = maker.report() if streaming else None
                 heap.fit(lease.used)  # the next batch's records reuse this one's freed pages
             except SystemExit:
@@ -164,6 +168,15 @@ def serve(conn: Connection) -> None:
             last_layout = None  # the main process may not hold the last layout sent
         if sent and failed is not None:  # (a batch that could not be sent failed the task)
             protocol.send(conn, failed)
+
+
+def _make_steps(maker: Any, steps: list[int], allocs: list) -> Iterator[tuple[Any, Any]]:
+    """``maker.make(step, alloc)`` for each step, through ``make_steps`` where the maker has
+    it (a ``BatchMaker``: a task's rows read at once)."""
+    make_steps = getattr(maker, "make_steps", None)
+    if make_steps is not None:
+        return make_steps(steps, allocs)
+    return (maker.make(step, alloc) for step, alloc in zip(steps, allocs))
 
 
 def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list) -> bool:

@@ -1,0 +1,66 @@
+"""BatchMaker.make_steps: a worker's task read at once gives what its steps give one by one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.pipeline import BatchMaker
+from jaxloader.sampling import Sampler
+from resume_harness import assert_same_batch
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def _parquet(tmp_path, n=103):
+    path = str(tmp_path / "rows.parquet")
+    pq.write_table(pa.table({"id": np.arange(n), "text": [f"row {i}" + "é" * (i % 3)
+                                                          for i in range(n)]}),
+                   path, row_group_size=10)
+    return path
+
+
+def _slots(count):
+    buffers = [bytearray(1 << 16) for _ in range(count)]
+    return buffers, [lambda nbytes, b=b: memoryview(b)[:nbytes] for b in buffers]
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "pad", "partial"])
+def test_a_tasks_steps_read_at_once_equal_its_steps_made_one_by_one(tmp_path, last_batch):
+    path = _parquet(tmp_path)
+
+    def maker():  # a read-local order over 2 row groups a window
+        return jl.DataLoader(jl.ParquetSource(path), batch_size=8, seed=3,
+                             shuffle=jl.LocalShuffle(window=2), last_batch=last_batch,
+                             process_index=0, process_count=1)._maker
+
+    steps = [2, 4, 6, 8, 10, 12, 14]  # 12 is the last of epoch 0: short with "partial"
+    one_by_one, at_once = maker(), maker()
+    # read at once unless a step is short (then made one by one)
+    assert (at_once._gather_steps(steps) is None) == (last_batch == "partial")
+    buffers, allocs = _slots(len(steps))
+    made = list(at_once.make_steps(steps, allocs))
+    for step, (batch, layout), buffer in zip(steps, made, buffers):
+        want, _ = one_by_one.make(step)
+        got = layout.views(np.frombuffer(buffer, np.uint8),
+                           [leaf for spec, leaf in zip(layout.leaves, batch.values())
+                            if spec.offset < 0])
+        assert_same_batch(got, want, f"step {step}")
+
+
+def test_a_read_that_raises_is_made_again_step_by_step_and_names_its_own_step(tmp_path):
+    class Flaky(jl.ParquetSource):
+        def gather_columns(self, indices):
+            if 42 in indices.tolist():
+                raise ValueError("record 42")
+            return super().gather_columns(indices)
+
+    source = Flaky(_parquet(tmp_path))
+    maker = BatchMaker(source, Sampler(103, 2, shuffle=False, seed=0, last_batch="drop"))
+    _, allocs = _slots(4)
+    batches = maker.make_steps([17, 19, 21, 23], allocs)  # step 21 holds record 42
+    assert [int(next(batches)[0]["id"][0]) for _ in range(2)] == [34, 38]
+    with pytest.raises(jl.RecordError, match=r"step 21 .*gather_columns raised ValueError"):
+        next(batches)
