@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import importlib
 import os
 import re
 import warnings
@@ -167,7 +168,7 @@ class ParquetSource:
         # pyarrow.compute, which a list column's first decode (``flatten``) imports otherwise
         # (80 ms a worker, measured, in its first batch).
         _pyarrow_parquet()
-        import pyarrow.compute  # noqa: F401
+        importlib.import_module("pyarrow.compute")
 
     def __len__(self) -> int:
         return int(self._starts[-1])
