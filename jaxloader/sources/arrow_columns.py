@@ -137,14 +137,11 @@ class ArrowRows:
             self._values.flags.writeable = False
         else:
             data = array.buffers()[2]
-            # the bytes as Arrow holds them, and the rows' byte offsets, for ``separated``
-            self._raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-            self._byte_starts = self._starts
+            self._byte_starts = self._starts  # (``_starts`` may count characters: _as_text)
             self._data: bytes | str = data.to_pybytes() if data is not None else b""
             self._text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
             if self._text:
                 self._as_text()
-            self.nbytes += sys.getsizeof(self._data)  # beside Arrow's bytes, kept
 
     def _as_text(self) -> None:
         """The row group's bytes decoded once into one ``str``, whose slices are the rows: a
@@ -160,6 +157,7 @@ class ArrowRows:
             starts_char = (np.frombuffer(raw, np.uint8) & 0xC0) != 0x80
             chars = np.concatenate([[0], np.cumsum(starts_char)])
             self._starts = chars[self._starts]
+        self.nbytes += sys.getsizeof(text) - len(raw)
         self._data = text
 
     def separated(self) -> Separated | None:
@@ -168,7 +166,9 @@ class ArrowRows:
         NUL or text that is not UTF-8 (read row by row, where a bad row raises)."""
         if self.ragged or (self._text and type(self._data) is not str):  # (not UTF-8)
             return None
-        return separate(self._raw, self._byte_starts, self._text)
+        data = self._data
+        raw = data.encode() if type(data) is str else data  # Arrow's bytes again (C, fast)
+        return separate(np.frombuffer(raw, np.uint8), self._byte_starts, self._text)
 
     def __getitem__(self, row: int) -> Any:
         return self.take(np.array([row]))[0]

@@ -313,6 +313,7 @@ class ParquetSource:
             rows = join.rows(indices, groups)
             if rows is not None:
                 return join.gather(rows)
+            join = None  # held here, it would live beside the next one (measured: +26 MiB)
         if not self._joins or not len(indices):
             return None
         distinct = np.unique(groups)
@@ -444,9 +445,11 @@ class ParquetSource:
     def _evict(self) -> None:
         """Lets the row groups read longest ago go while the cache and the join hold more
         than ``cache_bytes`` (or the cache more than ``_MAX_CACHED_GROUPS``); the last one
-        read stays."""
+        read stays. The join counts twice: the pages of the one before it stay with the
+        process's heap until the next join reuses them (counted once, a worker read-locally
+        held 11 MiB more than before joins, measured)."""
         cache, sizes, join = self._cache, self._sizes, self._join
-        held = sum(sizes[g] for g in cache) + (join.nbytes if join is not None else 0)
+        held = sum(sizes[g] for g in cache) + (2 * join.nbytes if join is not None else 0)
         while len(cache) > 1 and (held > self.cache_bytes or len(cache) > _MAX_CACHED_GROUPS):
             evicted_group, _ = cache.popitem(last=False)
             held -= sizes.pop(evicted_group)

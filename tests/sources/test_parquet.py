@@ -597,8 +597,15 @@ def test_a_batch_from_joined_row_groups_equals_one_read_run_by_run(tmp_path):
             assert got[key].tolist() == want[key].tolist(), key
         assert got["text"].tolist() == [texts[i] for i in indices]
     assert joined == [True, True, True, True, False, True, True]
-    cached = sum(src._sizes[g] for g in src._cache)  # the join counts against the cache's bound
-    assert src._join.nbytes and cached + src._join.nbytes <= src.cache_bytes
+    # the join counts (twice: the last one's pages) against the cache's bound
+    small = jl.ParquetSource(path, cache_bytes=6 * max(src._sizes.values()))  # 6 decoded
+    cached = []
+    for first in range(0, 60, 3):  # file order: joins of a row group or two
+        small.__getitems__(np.arange(first, first + 4))
+        held = sum(small._sizes[g] for g in small._cache)
+        assert small._join is not None and held + 2 * small._join.nbytes <= small.cache_bytes
+        cached.append(len(small._cache))
+    assert max(cached) > 2 and min(cached[5:]) < 12  # row groups cached, and evicted
     gathered = src.gather_columns(np.array([3, 1]))  # for a worker: strings as one buffer
     assert type(gathered["text"]).__name__ == "StringColumn"
     assert gathered["text"].objects().tolist() == [texts[3], texts[1]]
