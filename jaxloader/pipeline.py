@@ -78,6 +78,11 @@ class BatchMaker:
             treedef, columns = self._read_vectorised(spec)
         else:
             treedef, columns = collate.record_columns(self._read_records(spec), spec.positions)
+        return self._finish(spec, treedef, columns, alloc)
+
+    def _finish(self, spec: BatchSpec, treedef: tree_lib.TreeDef, columns: list,
+                alloc: Callable[[int], Any] | None) -> tuple[Any, collate.Layout]:
+        """The batch of ``spec`` from its columns: the pad mask, the ``BatchMap``s, the slot."""
         if spec.valid is not None:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
         return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
@@ -99,12 +104,9 @@ class BatchMaker:
         for j, (spec, alloc) in enumerate(zip(specs, allocs)):
             n = len(spec.indices)
             a, b = j * n, (j + 1) * n
-            treedef, part = collate.gathered_columns(
+            yield self._finish(spec, *collate.gathered_columns(
                 {name: c.rows(a, b) if type(c) is StringColumn else c[a:b]
-                 for name, c in columns.items()}, n)
-            if spec.valid is not None:
-                treedef, part = collate.add_leaf(treedef, part, self.mask_key, spec.valid)
-            yield finish_batch(treedef, part, self.batch_transforms, n, spec.location, alloc)
+                 for name, c in columns.items()}, n), alloc)
 
     def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec], dict] | None:
         """The steps' specs and their rows in one ``gather_columns`` read, or ``None`` where
