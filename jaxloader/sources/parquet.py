@@ -55,11 +55,11 @@ import numpy as np
 from jaxloader import tree as tree_lib
 from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
 from jaxloader.local_shuffle import LocalShuffle
-from jaxloader.string_column import StringColumn
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
 from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources.paths import expand
 from jaxloader.sources.shared_blocks import SharedBlocks
+from jaxloader.string_column import StringColumn
 from jaxloader.workers import shm
 from jaxloader.workers.worker import get_worker_info
 

@@ -62,10 +62,10 @@ class _Task(NamedTuple):
     """A task in flight: which worker makes which steps, for which run, into which slots."""
 
     worker: int
-    first: int  # its steps: first + index * stride
+    first: int  # its steps: first + nth * stride
     stride: int
     run: int
-    segments: list  # a step's slot by index; None once its batch is back
+    segments: list  # each step's slot, in order; None once its batch is back
 
     def steps_left(self) -> list[int]:
         return [self.first + i * self.stride for i, s in enumerate(self.segments)
@@ -262,12 +262,12 @@ class WorkerPool:
             if type(message) is Done:
                 task = self._tasks[message.task_id]
                 segments = task.segments
-                for index, layout, objects, report in message.made:
+                for nth, layout, objects, report in message.made:
                     if layout is not None:
                         self._layouts[worker] = layout
-                    segment, segments[index] = segments[index], None
+                    segment, segments[nth] = segments[nth], None
                     if task.run == run:  # a plain tuple: built once a batch
-                        ready[task.first + index * task.stride] = (
+                        ready[task.first + nth * task.stride] = (
                             segment, self._layouts[worker], objects, report)
                     else:
                         self._ring.give_back(segment)

@@ -83,10 +83,10 @@ class _Inbox:
     def next(self) -> Any:
         return self._pending.popleft() if self._pending else protocol.receive(self.conn)
 
-    def wait_for_slot(self, task_id: int, index: int) -> Slot:
+    def wait_for_slot(self, task_id: int, nth: int) -> Slot:
         while True:
             message = protocol.receive(self.conn)
-            if type(message) is Slot and (message.task_id, message.nth) == (task_id, index):
+            if type(message) is Slot and (message.task_id, message.nth) == (task_id, nth):
                 return message
             if type(message) is Stop:
                 raise SystemExit(0)
@@ -97,17 +97,17 @@ class _Lease:
     """The slot a task's step writes into; ``alloc`` asks the main process for a bigger one if
     needed."""
 
-    def __init__(self, task_id: int, index: int, name: str, size: int, inbox: _Inbox,
+    def __init__(self, task_id: int, nth: int, name: str, size: int, inbox: _Inbox,
                  slots: _Slots) -> None:
-        self.task_id, self.index, self.name, self.size = task_id, index, name, size
+        self.task_id, self.nth, self.name, self.size = task_id, nth, name, size
         self._inbox, self._slots = inbox, slots
         self.used = 0
 
     def alloc(self, nbytes: int) -> memoryview:
         self.used = nbytes
         if nbytes > self.size:
-            protocol.send(self._inbox.conn, Grow(self.task_id, self.index, nbytes))
-            _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id, self.index)
+            protocol.send(self._inbox.conn, Grow(self.task_id, self.nth, nbytes))
+            _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id, self.nth)
         return self._slots.get(self.name, self.size)[:nbytes]
 
 
@@ -141,7 +141,7 @@ def serve(conn: Connection) -> None:
         made: list[tuple] = []
         failed = None
         batches = None
-        for index, (step, lease) in enumerate(zip(steps, leases)):
+        for nth, (step, lease) in enumerate(zip(steps, leases)):
             try:
                 if batches is None:
                     if reset is not None:  # a stream reader: from the loader's place
@@ -161,7 +161,7 @@ def serve(conn: Connection) -> None:
                           else flatten(batch)[0])
                 objects = [leaf for spec, leaf in zip(layout.leaves, leaves) if spec.offset < 0]
             del batch  # drop the views of the slot before the main process may reuse it
-            made.append((index, None if layout == last_layout else layout, objects, report))
+            made.append((nth, None if layout == last_layout else layout, objects, report))
             last_layout = layout
         sent = _send_made(conn, task_id, first, stride, made)
         if not sent or failed is not None:
