@@ -306,8 +306,10 @@ class ParquetSource:
     def _gather(self, indices: np.ndarray, groups: np.ndarray) -> dict[str, Any] | None:
         """Rows ``indices`` (in row groups ``groups``) from the join of their row groups,
         made first if they are not all in it; ``None`` where no join serves: more row groups
-        than ``_MAX_JOINED`` or than half the cache holds (a full shuffle of a large file), or
-        a column that cannot be joined (``JoinedGroups.of``)."""
+        than ``_MAX_JOINED`` or than a third of the cache holds (a full shuffle of a large
+        file), or a column that cannot be joined (``JoinedGroups.of``). A third: the row groups
+        and the join, which counts twice (``_evict``), stay within the bound, and the join
+        does not evict the row groups it was made from (another worker may be reading them)."""
         join = self._join
         if join is not None:
             rows = join.rows(indices, groups)
@@ -318,7 +320,7 @@ class ParquetSource:
             return None
         distinct = np.unique(groups)
         if (len(distinct) > _MAX_JOINED
-                or int(self._group_bytes[distinct].sum()) > self.cache_bytes // 2):
+                or 3 * int(self._group_bytes[distinct].sum()) > self.cache_bytes):
             return None
         listed = distinct.tolist()
         share = self._sharing()

@@ -597,14 +597,21 @@ def test_a_batch_from_joined_row_groups_equals_one_read_run_by_run(tmp_path):
             assert got[key].tolist() == want[key].tolist(), key
         assert got["text"].tolist() == [texts[i] for i in indices]
     assert joined == [True, True, True, True, False, True, True]
-    # the join counts (twice: the last one's pages) against the cache's bound
+    # the join counts (twice: the last one's pages) against the cache's bound, so a batch
+    # joins row groups that fit in a third of it
     small = jl.ParquetSource(path, cache_bytes=6 * max(src._sizes.values()))  # 6 decoded
     cached = []
     for first in range(0, 60, 3):  # file order: joins of a row group or two
-        small.__getitems__(np.arange(first, first + 4))
+        rows = np.arange(first, first + 4)
+        small.__getitems__(rows)
         held = sum(small._sizes[g] for g in small._cache)
         assert small._join is not None and held + 2 * small._join.nbytes <= small.cache_bytes
+        # and it evicts none of the row groups it was made from (other workers read them)
+        assert set((rows // 5).tolist()) <= set(small._cache)
         cached.append(len(small._cache))
+        wide = np.arange(first, first + 11)  # 3 row groups: joined or not, none evicted
+        assert small.__getitems__(wide)["id"].tolist() == wide.tolist()
+        assert set((wide // 5).tolist()) <= set(small._cache)
     assert max(cached) > 2 and min(cached[5:]) < 12  # row groups cached, and evicted
     gathered = src.gather_columns(np.array([3, 1]))  # for a worker: strings as one buffer
     assert type(gathered["text"]).__name__ == "StringColumn"
