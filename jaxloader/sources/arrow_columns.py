@@ -167,7 +167,7 @@ class ArrowRows:
         if self.ragged or (self._text and type(self._data) is not str):  # (not UTF-8)
             return None
         data = self._data
-        raw = data.encode() if type(data) is str else data  # Arrow's bytes again (C, fast)
+        raw = data.encode() if isinstance(data, str) else data  # Arrow's bytes again (C, fast)
         return separate(np.frombuffer(raw, np.uint8), self._byte_starts, self._text)
 
     def __getitem__(self, row: int) -> Any:
