@@ -307,7 +307,8 @@ class ParquetSource:
         """Rows ``indices`` (in row groups ``groups``) from the join of their row groups,
         made first if they are not all in it; ``None`` where no join serves: more row groups
         than ``_MAX_JOINED`` or than a third of the cache holds (a full shuffle of a large
-        file), or a column that cannot be joined (``JoinedGroups.of``). A third: the row groups
+        file; by the footers' estimates, then by the decoded sizes), or a column that cannot
+        be joined (``JoinedGroups.of``). A third: the row groups
         and the join, which counts twice (``_evict``), stay within the bound, and the join
         does not evict the row groups it was made from (another worker may be reading them)."""
         join = self._join
@@ -327,9 +328,17 @@ class ParquetSource:
         if share and len(listed) > 1:
             self._fetch_free(listed)
         self._join = None  # its memory goes back to the cache's bound before the decodes
-        join = JoinedGroups.of(distinct, [self._decoded(g, share) for g in listed], self._starts)
+        decoded = [self._decoded(g, share) for g in listed]
+        # The footers' sizes are estimates: checked again with the decoded sizes, and with
+        # the join's own, so that it never evicts its row groups (read last, so evicted last)
+        grouped = sum(self._sizes[g] for g in listed)
+        if 3 * grouped > self.cache_bytes:
+            return None
+        join = JoinedGroups.of(distinct, decoded, self._starts)
         if join is None:
             self._joins = False  # the same column would stop every join: read by runs
+            return None
+        if grouped + 2 * join.nbytes > self.cache_bytes:
             return None
         self._join = join
         self._evict()
