@@ -308,9 +308,9 @@ class ParquetSource:
         made first if they are not all in it; ``None`` where no join serves: more row groups
         than ``_MAX_JOINED`` or than a third of the cache holds (a full shuffle of a large
         file; by the footers' estimates, then by the decoded sizes), or a column that cannot
-        be joined (``JoinedGroups.of``). A third: the row groups
-        and the join, which counts twice (``_evict``), stay within the bound, and the join
-        does not evict the row groups it was made from (another worker may be reading them)."""
+        be joined (``JoinedGroups.of``). A third: the row groups and the join, which counts
+        twice (``_evict``), stay within the bound, and the join does not evict the row groups
+        it was made from (another worker may be reading them)."""
         join = self._join
         if join is not None:
             rows = join.rows(indices, groups)
