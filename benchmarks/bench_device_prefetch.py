@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxloader as jl
-from common import RecordSource, machine, save, table
+from common import RecordSource, input_wait, machine, save, table
 
 N, D, BATCH = 20_000, 784, 128
 
@@ -61,20 +61,7 @@ def make_step(hidden: int, layers: int) -> Callable:
 
 
 def measure(make_iter: Callable[[], Iterator], step: Callable, steps: int, unwrap=lambda b: b):
-    it = make_iter()
-    total = jnp.zeros(())
-    for _ in range(5):  # warm up: compile, fill the buffers
-        b = unwrap(next(it))
-        total = step(total, b["image"], b["label"]).block_until_ready()
-    waited = 0.0
-    start = time.perf_counter()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        b = unwrap(next(it))
-        waited += time.perf_counter() - t0
-        total = step(total, b["image"], b["label"]).block_until_ready()
-    elapsed = time.perf_counter() - start
-    return waited / elapsed, elapsed / steps
+    return input_wait(make_iter(), step, jnp.zeros(()), steps, unwrap)
 
 
 def main() -> None:

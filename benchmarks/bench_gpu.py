@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import jaxloader as jl  # noqa: E402
-from common import machine, table  # noqa: E402
+from common import input_wait, machine, table  # noqa: E402
 
 
 def gbps(nbytes: int, seconds: float) -> float:
@@ -171,7 +171,7 @@ def step_ms(step: Callable, params: Any, reps: int, x: Any, y: Any, n: int = 20,
     return (time.perf_counter() - start) / n * 1e3
 
 
-def input_wait(args: argparse.Namespace, device: Any) -> list[dict]:
+def step_wait(args: argparse.Namespace, device: Any) -> list[dict]:
     rng = np.random.default_rng(1)
     side, batch = (224, 128) if not args.quick else (32, 64)
     images = rng.integers(0, 256, (batch * 40, side, side, 3), dtype=np.uint8)
@@ -226,8 +226,10 @@ def input_wait(args: argparse.Namespace, device: Any) -> list[dict]:
             runs = []
             for _ in range(args.repeats):
                 try:
-                    runs.append(_waiting(make(), step, params, reps, args.steps,
-                                         args.warm if "workers" in name else 0.0))
+                    wait, seconds = input_wait(
+                        make(), functools.partial(step, params, reps), jnp.zeros(()),
+                        args.steps, warm_s=args.warm if "workers" in name else 0.0)
+                    runs.append((wait, seconds * 1e3))
                 except Exception as e:  # noqa: BLE001 - one peer's failure is a result
                     runs = [(float("nan"), float("nan"))]
                     print(f"{name}: {type(e).__name__}: {e}", flush=True)
@@ -241,27 +243,6 @@ def input_wait(args: argparse.Namespace, device: Any) -> list[dict]:
         rows.append(result)
         print(json.dumps(result), flush=True)
     return rows
-
-
-def _waiting(it: Iterator, step: Callable, params: Any, reps: int, steps: int,
-             warm_s: float) -> tuple[float, float]:
-    """(share of the loop spent in next(), ms a step) over ``steps`` steps after a warm-up of
-    ``warm_s`` seconds (at least 5 steps)."""
-    total = jnp.zeros(())
-    start, taken = time.perf_counter(), 0
-    while taken < 5 or time.perf_counter() - start < warm_s:
-        taken += 1
-        b = next(it)
-        total = step(params, reps, total, b["image"], b["label"]).block_until_ready()
-    waited = 0.0
-    start = time.perf_counter()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        b = next(it)
-        waited += time.perf_counter() - t0
-        total = step(params, reps, total, b["image"], b["label"]).block_until_ready()
-    elapsed = time.perf_counter() - start
-    return waited / elapsed, elapsed / steps * 1e3
 
 
 def main() -> None:
@@ -284,7 +265,7 @@ def main() -> None:
     if "transfer" not in args.skip:
         out["transfer"] = transfer(args, device)
     if "wait" not in args.skip:
-        out["wait"] = input_wait(args, device)
+        out["wait"] = step_wait(args, device)
     folder = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "out")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "gpu.json"), "w") as f:

@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -29,6 +29,27 @@ def rate(run_epoch: Callable[[], int], repeats: int, min_seconds: float = 0.5) -
                 break
         rates.append(done / elapsed)
     return {"median": statistics.median(rates), "all": rates}
+
+
+def input_wait(it: Iterator, step: Callable, total: Any, steps: int,
+               unwrap: Callable = lambda b: b, warm_s: float = 0.0) -> tuple[float, float]:
+    """(share of the loop spent in ``next(it)``, seconds a step) over ``steps`` steps of
+    ``total = step(total, image, label)``, each blocked until done, after a warm-up of at
+    least 5 steps and ``warm_s`` seconds (compilation, buffers filling, workers starting)."""
+    start, taken = time.perf_counter(), 0
+    while taken < 5 or time.perf_counter() - start < warm_s:
+        b = unwrap(next(it))
+        total = step(total, b["image"], b["label"]).block_until_ready()
+        taken += 1
+    waited = 0.0
+    start = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        b = unwrap(next(it))
+        waited += time.perf_counter() - t0
+        total = step(total, b["image"], b["label"]).block_until_ready()
+    elapsed = time.perf_counter() - start
+    return waited / elapsed, elapsed / steps
 
 
 def machine() -> str:
