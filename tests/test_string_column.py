@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxloader import collate
-from jaxloader.string_column import gather, join, separate, split
+from jaxloader.string_column import gather, join, rows_of, split
 
 _TEXT = st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]),
                 max_size=12)
@@ -26,8 +26,8 @@ def _arrow_like(rows: list, text: bool, first: int = 0) -> tuple[np.ndarray, np.
 @given(rows=st.lists(_TEXT, min_size=1, max_size=30), first=st.integers(0, 5), data=st.data())
 def test_any_rows_gathered_in_any_order_come_back_as_str(rows, first, data):
     at = np.array(data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=40)), np.int64)
-    separated = separate(*_arrow_like(rows, True, first), text=True)
-    column = gather(separated, at)
+    rows_ = rows_of(*_arrow_like(rows, True, first), text=True)
+    column = gather(rows_, at)
     got = column.objects()
     assert got.dtype == object and len(column) == len(at)
     assert got.tolist() == [rows[i] for i in at] and all(type(r) is str for r in got)
@@ -38,20 +38,20 @@ def test_any_rows_gathered_in_any_order_come_back_as_str(rows, first, data):
                                min_size=1, max_size=8), min_size=1, max_size=4), data=st.data())
 def test_bytes_of_several_row_groups_joined(parts, data):
     rows = [r for part in parts for r in part]
-    joined = join([separate(*_arrow_like(p, False), text=False) for p in parts])
+    joined = join([rows_of(*_arrow_like(p, False), text=False) for p in parts])
     at = np.array(data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=20)), np.int64)
     got = gather(joined, at).objects()
     assert got.tolist() == [rows[i] for i in at] and all(type(r) is bytes for r in got)
 
 
 def test_a_row_holding_a_nul_cannot_be_split_on_it():
-    assert separate(*_arrow_like(["a", "b\0c"], True), text=True) is None
-    assert separate(*_arrow_like([b"a", b"\0"], False), text=False) is None
-    assert separate(*_arrow_like(["", ""], True), text=True) is not None  # empty rows are fine
+    assert rows_of(*_arrow_like(["a", "b\0c"], True), text=True) is None
+    assert rows_of(*_arrow_like([b"a", b"\0"], False), text=False) is None
+    assert rows_of(*_arrow_like(["", ""], True), text=True) is not None  # empty rows are fine
 
 
 def test_strings_written_after_the_numbers_are_read_back_from_the_slot():
-    rows = separate(*_arrow_like(["a", "", "naïve ✓"], True), text=True)
+    rows = rows_of(*_arrow_like(["a", "", "naïve ✓"], True), text=True)
     gathered = {"x": np.arange(3, dtype=np.int64), "text": gather(rows, np.array([2, 1, 0]))}
     slot = bytearray(4096)
     batch, layout = collate.materialize(*collate.gathered_columns(gathered, 3),
@@ -67,6 +67,6 @@ def test_strings_written_after_the_numbers_are_read_back_from_the_slot():
 
 
 def test_no_rows():
-    rows = separate(*_arrow_like(["a"], True), text=True)
+    rows = rows_of(*_arrow_like(["a"], True), text=True)
     assert gather(rows, np.zeros(0, np.int64)).objects().shape == (0,)
     assert split(np.zeros(0, np.uint8), 0, True).shape == (0,)

@@ -28,7 +28,7 @@ from typing import Any, Iterator, cast
 import numpy as np
 
 from jaxloader.collate import object_column
-from jaxloader.string_column import Separated, separate
+from jaxloader.string_column import Rows, rows_of
 
 
 def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
@@ -160,15 +160,15 @@ class ArrowRows:
         self.nbytes += sys.getsizeof(text) - len(raw)
         self._data = text
 
-    def separated(self) -> Separated | None:
-        """The rows in one buffer with a NUL after each (``jaxloader.string_column``), for
-        batches gathered by NumPy calls; ``None`` for ragged lists, and for rows that hold a
-        NUL or text that is not UTF-8 (read row by row, where a bad row raises)."""
+    def buffer_rows(self) -> Rows | None:
+        """The rows in one buffer (``jaxloader.string_column``), for batches gathered by NumPy
+        calls; ``None`` for ragged lists, and for rows that hold a NUL or text that is not
+        UTF-8 (read row by row, where a bad row raises)."""
         if self.ragged or (self._text and type(self._data) is not str):  # (not UTF-8)
             return None
         data = self._data
         raw = data.encode() if isinstance(data, str) else data  # Arrow's bytes again (C, fast)
-        return separate(np.frombuffer(raw, np.uint8), self._byte_starts, self._text)
+        return rows_of(np.frombuffer(raw, np.uint8), self._byte_starts, self._text)
 
     def __getitem__(self, row: int) -> Any:
         return self.take(np.array([row]))[0]

@@ -61,7 +61,7 @@ class JoinedGroups:
                     return None  # lists of one length in a row group, another in the next
                 columns[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             elif all(type(p) is ArrowRows for p in parts):
-                rows = [p.separated() for p in parts]
+                rows = [p.buffer_rows() for p in parts]
                 if any(r is None for r in rows):
                     return None
                 columns[name] = string_column.join(rows)
