@@ -77,16 +77,18 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
                                                               path)
                             for i, field in enumerate(array.flatten())})
     if _is_list(kind):
-        offsets = numpy_of(array.offsets) if not pa.types.is_fixed_size_list(kind) else (
-            np.arange(len(array) + 1) * kind.list_size)
-        lengths = np.diff(offsets)
-        if not (len(lengths) and np.all(lengths == lengths[0])):
+        if pa.types.is_fixed_size_list(kind):  # (no offsets to check: ~100 us a row group)
+            size = kind.list_size if len(array) else None
+        else:
+            lengths = np.diff(numpy_of(array.offsets))
+            size = int(lengths[0]) if len(lengths) and np.all(lengths == lengths[0]) else None
+        if size is None:
             return ArrowRows(array, ragged=True)
         inner = array.flatten()
         values = _decode_array(inner, name, path) if _is_list(inner.type) else None
         if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
             values = numpy_of(inner)
-        out = values.reshape(len(array), int(lengths[0]), *values.shape[1:])
+        out = values.reshape(len(array), size, *values.shape[1:])
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
         return ArrowRows(array, ragged=False)
