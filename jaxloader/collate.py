@@ -378,6 +378,30 @@ def materialize(
     return tree_lib.unflatten(treedef, leaves), layout
 
 
+def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
+               alloc: Callable[[int], Any]) -> dict[str, Any]:
+    """Rows ``a`` to ``b`` of a task's gathered ``columns`` (a flat dict of arrays and
+    ``StringColumn``s, as ``gathered_columns`` takes them) written into ``alloc``, as
+    ``materialize`` writes them, with ``layout`` computed once for the task's steps (all of
+    one size): a worker's batch of 256 small rows in ~half the Python calls."""
+    strings = [c.rows(a, b) if type(c) is StringColumn else None for c in columns.values()]
+    buffer = alloc(layout.nbytes + sum(len(s.data) for s in strings if s is not None))
+    batch: dict[str, Any] = {}
+    at = layout.nbytes
+    for (name, column), spec, text in zip(columns.items(), layout.leaves, strings):
+        if text is None:
+            view = np.ndarray(spec.shape, spec.dtype, buffer=buffer, offset=spec.offset)
+            view[...] = column[a:b]
+            batch[name] = view
+        else:
+            size = len(text.data)
+            if size:
+                np.frombuffer(buffer, np.uint8, size, at)[:] = text.data
+            batch[name] = size
+            at += size
+    return batch
+
+
 def gathered_columns(gathered: dict[str, Any], size: int) -> tuple[tree_lib.TreeDef, list]:
     """Columns of a flat dict of ``size`` rows a column: arrays, or ``StringColumn``s (a
     source's ``gather_columns``)."""

@@ -101,9 +101,17 @@ class BatchMaker:
                 yield self.make(step, alloc)
             return
         specs, columns = gathered
+        n = len(specs[0].indices)
+        layout = None  # the steps' one layout, where nothing else is added to their columns
+        if not self.batch_transforms and all(spec.valid is None for spec in specs):
+            layout = collate.layout_of(*collate.gathered_columns(
+                {name: c.rows(0, n) if type(c) is StringColumn else c[:n]
+                 for name, c in columns.items()}, n))
         for j, (spec, alloc) in enumerate(zip(specs, allocs)):
-            n = len(spec.indices)
             a, b = j * n, (j + 1) * n
+            if layout is not None:
+                yield collate.write_rows(layout, columns, a, b, alloc), layout
+                continue
             yield self._finish(spec, *collate.gathered_columns(
                 {name: c.rows(a, b) if type(c) is StringColumn else c[a:b]
                  for name, c in columns.items()}, n), alloc)

@@ -16,8 +16,10 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 def _parquet(tmp_path, n=103):
     path = str(tmp_path / "rows.parquet")
+    vectors = np.arange(n * 3, dtype=np.float32).reshape(n, 3)  # rows of 3: a 2-D leaf
     pq.write_table(pa.table({"id": np.arange(n), "text": [f"row {i}" + "é" * (i % 3)
-                                                          for i in range(n)]}),
+                                                          for i in range(n)],
+                             "vector": pa.FixedSizeListArray.from_arrays(vectors.ravel(), 3)}),
                    path, row_group_size=10)
     return path
 
