@@ -57,7 +57,7 @@ class DataLoader(LoaderLifecycle):
             Passes are counted from epoch 0: ``iter()`` gives the rest of the pass the
             position is in, so a loader restored mid-pass ends where the saved run would.
         prefetch: tasks in flight per worker (``num_workers > 0``); a task is as many of
-            the worker's steps as fit in 1 MiB of batches, up to 8 (one for larger batches
+            the worker's steps as fit in 1 MiB of batches, up to 16 (one for larger batches
             and for streams), so that a small batch costs a share of a task's messages.
         worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
             ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.

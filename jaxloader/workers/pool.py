@@ -52,10 +52,12 @@ from jaxloader.workers.shm import Segment
 _DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
 _DRIVER_WAIT_S = 1.0  # close() first lets a run in another thread reach its next yield
 # A task makes as many steps as fit in this many bytes of slots, up to _MAX_TASK_STEPS: batches
-# of 22 KB (256 rows of Parquet) take 8 a task, batches of 1 MiB or more one. Slots in flight:
-# N * prefetch * steps a task, so at most ~prefetch MiB a worker for small batches.
+# of 22 KB (256 rows of Parquet) take 16 a task, batches of 1 MiB or more one. Slots in flight:
+# N * prefetch * steps a task, so at most ~prefetch MiB a worker for small batches. 16, not 8:
+# ~10% more rows/s with 2 workers, from Parquet read locally and from memory; 32 read
+# Parquet slower again (more rows a task than the caches hold; docs/benchmarks.md).
 _TASK_BYTES = 1 << 20
-_MAX_TASK_STEPS = 8
+_MAX_TASK_STEPS = 16
 
 
 class _Task(NamedTuple):

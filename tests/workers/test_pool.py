@@ -476,9 +476,9 @@ def test_close_while_the_prefetch_thread_waits_on_a_slow_worker_never_shares_the
 
 
 def test_a_task_of_several_steps_fails_at_its_own_step_after_the_batches_before_it():
-    # small batches go 8 steps a task: a record that raises in the middle of one (step 21,
-    # the second of worker 1's task of steps 19, 21, ..., 33) comes after every batch before
-    # it, the batch the task made before it included
+    # small batches go 16 steps a task: a record that raises in the middle of one (step 21 is
+    # not the first of worker 1's task) comes after every batch before it, the batches the
+    # task made before it included
     def bad_at(r):
         if int(r["y"]) == 21 * 2:
             raise ValueError("record 42")
@@ -500,4 +500,4 @@ def test_a_task_of_several_steps_fails_at_its_own_step_after_the_batches_before_
             next(it)
         with pytest.raises(jl.WorkerError, match="at step 21"):
             next(it)  # broken is a state
-    assert got == want and pool_steps == [8]
+    assert got == want and pool_steps == [16]
