@@ -113,8 +113,8 @@ def gather(rows: Rows, at: np.ndarray) -> StringColumn:
 def split(data: np.ndarray | memoryview, count: int, text: bool) -> np.ndarray:
     """``count`` rows of ``data`` (each followed by a NUL) as a 1-D object array."""
     out = np.empty(count, dtype=object)
-    if count:  # (text decoded from the buffer itself: no copy as bytes first)
-        out[:] = (str(data[:-1], "utf-8").split("\0") if text
-                  else bytes(data[:-1]).split(b"\0"))
+    if count:
+        raw = bytes(data[:-1])
+        out[:] = raw.decode("utf-8").split("\0") if text else raw.split(b"\0")
     return out
 
