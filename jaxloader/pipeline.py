@@ -107,6 +107,8 @@ class BatchMaker:
             layout = collate.layout_of(*collate.gathered_columns(
                 {name: c.rows(0, n) if type(c) is StringColumn else c[:n]
                  for name, c in columns.items()}, n))
+            if any(spec.offset == collate.BESIDE for spec in layout.leaves):
+                layout = None  # objects that travel beside the slot: materialize's way
         for j, (spec, alloc) in enumerate(zip(specs, allocs)):
             a, b = j * n, (j + 1) * n
             if layout is not None:

@@ -66,3 +66,27 @@ def test_a_read_that_raises_is_made_again_step_by_step_and_names_its_own_step(tm
     assert [int(next(batches)[0]["id"][0]) for _ in range(2)] == [34, 38]
     with pytest.raises(jl.RecordError, match=r"step 21 .*gather_columns raised ValueError"):
         next(batches)
+
+
+def test_a_gathered_column_of_objects_travels_beside_the_slot_as_one_by_one():
+    class Gathers:  # a source whose gather_columns gives a column of Python objects
+        def __len__(self):
+            return 40
+
+        def __getitems__(self, indices):
+            return self.gather_columns(indices)
+
+        def gather_columns(self, indices):
+            return {"id": indices * 10, "tag": np.array([("t", int(i)) for i in indices] + [None],
+                                                        dtype=object)[:-1]}
+
+    maker = BatchMaker(Gathers(), Sampler(40, 4, shuffle=False, seed=0, last_batch="drop"))
+    steps = [1, 3, 5]
+    buffers, allocs = _slots(len(steps))
+    for step, (batch, layout), buffer in zip(steps, maker.make_steps(steps, allocs), buffers):
+        got = layout.views(np.frombuffer(buffer, np.uint8),
+                           [leaf for spec, leaf in zip(layout.leaves, batch.values())
+                            if spec.offset < 0])
+        rows = range(4 * step, 4 * step + 4)
+        assert got["id"].tolist() == [10 * r for r in rows]
+        assert got["tag"].tolist() == [("t", r) for r in rows]
