@@ -104,9 +104,7 @@ class BatchMaker:
         n = len(specs[0].indices)
         layout = None  # the steps' one layout, where nothing else is added to their columns
         if not self.batch_transforms and all(spec.valid is None for spec in specs):
-            layout = collate.layout_of(*collate.gathered_columns(
-                {name: c.rows(0, n) if type(c) is StringColumn else c[:n]
-                 for name, c in columns.items()}, n))
+            layout = collate.layout_of(*collate.gathered_columns(_rows(columns, 0, n), n))
             if any(spec.offset == collate.BESIDE for spec in layout.leaves):
                 layout = None  # objects that travel beside the slot: materialize's way
         for j, (spec, alloc) in enumerate(zip(specs, allocs)):
@@ -114,9 +112,7 @@ class BatchMaker:
             if layout is not None:
                 yield collate.write_rows(layout, columns, a, b, alloc), layout
                 continue
-            yield self._finish(spec, *collate.gathered_columns(
-                {name: c.rows(a, b) if type(c) is StringColumn else c[a:b]
-                 for name, c in columns.items()}, n), alloc)
+            yield self._finish(spec, *collate.gathered_columns(_rows(columns, a, b), n), alloc)
 
     def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec], dict] | None:
         """The steps' specs and their rows in one ``gather_columns`` read, or ``None`` where
@@ -200,6 +196,12 @@ class BatchMaker:
                 "below"
             ) from e
         return records
+
+
+def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
+    """Rows ``a`` to ``b`` of a task's gathered columns (arrays and ``StringColumn``s)."""
+    return {name: c.rows(a, b) if type(c) is StringColumn else c[a:b]
+            for name, c in columns.items()}
 
 
 def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
