@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import random
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -301,13 +303,29 @@ class _Tick(BaseException):
     pass
 
 
+_SEND_SIGPROF = """
+import os, random, signal, sys, time
+target, rng = int(sys.argv[1]), random.Random(0)
+while os.getppid() == target:
+    time.sleep(rng.uniform(0, 3e-4))
+    os.kill(target, signal.SIGPROF)
+"""
+
+
 @pytest.mark.timeout(60)  # the old failure was a hang: a lock nobody would release
 def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
-    """Ctrl-C lands anywhere in ``get()`` and ``stop()`` (here: thousands of timer interrupts).
+    """Ctrl-C lands anywhere in ``get()`` and ``stop()`` (here: thousands of interrupts).
     With ``threading.Event``/``Semaphore`` there, one landing inside their Python-level
     ``set()``/``release()`` left their lock held: the thread and the next ``get()`` or
-    ``close()`` then waited for it forever (within a second or two of this test). The timer
-    counts CPU time (SIGPROF): pytest-timeout keeps SIGALRM."""
+    ``close()`` then waited for it forever (within a second or two of this test).
+
+    The interrupts are SIGPROF (pytest-timeout keeps SIGALRM), sent to this process every 0
+    to 300 us of wall time by another process, so that they land anywhere in this thread's
+    code, as a terminal's Ctrl-C does. (A CPU-time timer, as before, fires only when a clock
+    tick finds this process running: with other processes on the 2 cores a prefetcher took
+    seconds to be interrupted and the test ran past its minute. A thread of this process
+    cannot send them instead: it holds the GIL when it sends, so they never land in the
+    middle of this thread's Python code, where the old failure was.)"""
     armed = [False]
 
     def tick(signum, frame):
@@ -321,8 +339,7 @@ def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
             yield i
             i += 1
 
-    def interrupted(call, rng) -> int:
-        signal.setitimer(signal.ITIMER_PROF, rng.uniform(1e-6, 1e-4))
+    def interrupted(call) -> int:
         try:
             armed[0] = True
             call()
@@ -330,11 +347,10 @@ def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
             return 1
         finally:
             armed[0] = False
-            signal.setitimer(signal.ITIMER_PROF, 0)
         return 0
 
     previous = signal.signal(signal.SIGPROF, tick)
-    rng = random.Random(0)
+    sender = subprocess.Popen([sys.executable, "-c", _SEND_SIGPROF, str(os.getpid())])
     made = 0
     try:
         deadline = time.monotonic() + 4
@@ -344,10 +360,12 @@ def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
             made += 1
             # as LoaderIterator does: an interrupted get() ends this prefetcher, which close()
             # must still stop, however its stop() was interrupted too
-            while not interrupted(lambda: [p.get() for _ in range(100)], rng):
+            while not interrupted(lambda: [p.get() for _ in range(100)]):
                 pass
-            interrupted(p.stop, rng)
+            interrupted(p.stop)
             p.close()
             assert not p._thread.is_alive()
     finally:
+        sender.kill()
+        sender.wait()  # all it sent is delivered now, to tick(): none after the next line
         signal.signal(signal.SIGPROF, previous)
