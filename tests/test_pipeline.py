@@ -77,8 +77,9 @@ def test_a_gathered_column_of_objects_travels_beside_the_slot_as_one_by_one():
             return self.gather_columns(indices)
 
         def gather_columns(self, indices):
-            return {"id": indices * 10, "tag": np.array([("t", int(i)) for i in indices] + [None],
-                                                        dtype=object)[:-1]}
+            tags = np.empty(len(indices), dtype=object)  # 1-D: a tuple a row, not a 2-D array
+            tags[:] = [("t", int(i)) for i in indices]
+            return {"id": indices * 10, "tag": tags}
 
     maker = BatchMaker(Gathers(), Sampler(40, 4, shuffle=False, seed=0, last_batch="drop"))
     steps = [1, 3, 5]
