@@ -96,9 +96,15 @@ class BlockOrder:
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
+        if not len(positions):
+            return positions.copy()
+        # A sampler's chunk is mostly in one window: its least and greatest positions tell
+        # (two searches, not one a position: ~60 us of 8,192 positions in ~640)
+        first, last = self._window_starts.searchsorted(
+            [positions.min(), positions.max()], side="right") - 1
+        if first == last:
+            return self._in_window(int(first), positions)
         windows = self._window_starts.searchsorted(positions, side="right") - 1
-        if len(windows) and np.ptp(windows) == 0:  # a sampler's chunk, mostly
-            return self._in_window(int(windows[0]), positions)
         out = np.empty(len(positions), np.int64)
         for w in np.unique(windows).tolist():
             at = windows == w

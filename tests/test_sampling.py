@@ -46,6 +46,17 @@ def test_an_epoch_a_position_maps_each_as_its_own_epoch_would(n, seed, tight, ep
 
 
 @settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 20000), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 10**6))
+def test_a_tight_shuffle_walks_values_past_n_by_its_table_as_cycle_walking_does(n, seed, epoch):
+    # One epoch, tight: values past n walk by a table made once (pointer doubling); an epoch
+    # a position walks them round after round. Every position maps the same either way.
+    positions = np.arange(n)
+    by_table = IndexShuffle(n, seed=seed, epoch=epoch, tight=True)(positions)
+    walked = IndexShuffle(n, seed=seed, epoch=np.full(n, epoch), tight=True)(positions)
+    assert np.array_equal(by_table, walked)
+
+
+@settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 3000), batch=st.integers(1, 64), processes=st.integers(1, 3),
        stride=st.integers(1, 4), policy=st.sampled_from(["drop", "pad", "partial"]),
        shuffle=st.booleans(), seed=st.integers(0, 2**64 - 1))
