@@ -85,16 +85,17 @@ def test_held_numpy_batches_never_change():
 
 
 def test_slots_are_reused_in_steady_state():
-    from jaxloader.workers.pool import _MAX_TASK_STEPS
+    from jaxloader.workers.pool import _MAX_AHEAD_STEPS, _MAX_TASK_STEPS
 
     pool = make_pool(2)
     try:
         counts = []
-        for _ in pool.batches(0, 120):
+        for _ in pool.batches(0, 600):
             counts.append(pool.segment_count)
-        # tiny batches: tasks of _MAX_TASK_STEPS steps; at most a block (one task a worker)
-        # beyond the prefetch window of 2 tasks a worker, and the batch in hand
-        assert max(counts[40:]) == counts[40] <= 2 * 3 * _MAX_TASK_STEPS, counts
+        # tiny batches: tasks of _MAX_TASK_STEPS steps, _MAX_AHEAD_STEPS of them in flight a
+        # worker; at most a block (one task a worker) beyond, and the batch in hand
+        assert max(counts[300:]) == counts[300] <= 2 * (_MAX_AHEAD_STEPS + _MAX_TASK_STEPS) + 1, (
+            counts)
     finally:
         pool.close()
 
@@ -281,7 +282,7 @@ def test_ctrl_c_shuts_down_cleanly(tmp_path):
 
 def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(monkeypatch):
     with make(0)() as ref_loader:  # more than the interrupted run can have made: the
-        reference = [b["x"].copy() for b in take(ref_loader, 150)]  # pool's 2 x 2 tasks ahead
+        reference = [b["x"].copy() for b in take(ref_loader, 250)]  # pool's 2 x 64 steps ahead
     pool = make_pool(2)
     try:
         it = pool.batches(0, None)
@@ -289,7 +290,8 @@ def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(
         got = [next(it)["x"].copy() for _ in range(3)]
         real_receive = pool._receive
 
-        def cut(run, ready):  # reads a worker's report and drops it, as a Ctrl-C mid-recv would
+        def cut(run, ready, block=True):  # reads a worker's report and drops it, as a Ctrl-C
+            # mid-recv would
             monkeypatch.setattr(pool, "_receive", real_receive)
             wait([w.conn for w in pool._workers])[0].recv()
             raise KeyboardInterrupt

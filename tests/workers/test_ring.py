@@ -74,3 +74,31 @@ def test_close_unlinks_everything_even_while_views_live():
     ring.close()
     assert not os.path.exists(f"/dev/shm/{seg.name}")
     assert (batch["v"] == 7).all()  # still readable until the user drops it
+
+
+def test_a_slot_goes_back_to_the_worker_that_wrote_it():
+    # A worker keeps a mapping of each slot it wrote: handed its own slots back, it maps no
+    # new one (with slots shared at random it would map every slot of the ring)
+    ring = SlotRing()
+    a, b = ring.take(0), ring.take(1)
+    batch = ring.hand_out(b, _fill(ring, b, 2), [])
+    ring.give_back(a)
+    del batch
+    gc.collect()  # b's views died: it goes back to worker 1's slots
+    assert ring.take(1).name == b.name and ring.take(0).name == a.name
+    ring.give_back(a)
+    assert ring.take(1).name == a.name  # its own all lent: another's, not a new slot
+    assert ring.segment_count == 2
+    ring.close()
+
+
+def test_the_slot_size_is_unknown_until_a_batch_is_seen():
+    # slots of a page are made before any batch: the pool must not size tasks by them (16
+    # steps a task into slots too small for each, every one a round trip to grow)
+    ring = SlotRing()
+    seg = ring.take()
+    assert ring.slot_size == 0
+    batch = ring.hand_out(seg, _fill(ring, seg, 1), [])
+    assert ring.slot_size >= seg.size > 0
+    del batch
+    ring.close()
