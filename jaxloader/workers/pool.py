@@ -13,10 +13,13 @@ once, and a stream's reader for the step lives there. A task is up to ``_MAX_TAS
 worker's steps, as many as fit in ``_TASK_BYTES`` (one step while the batch size is not known,
 and for streams): a small batch then costs its share of the two messages and wakeups a task
 takes, not two of its own (measured in docs/benchmarks.md). Tasks go out a block at a time, one
-a worker, when every worker has fewer than ``prefetch`` in flight and the block stays within
-``N * prefetch`` tasks' steps of the consumer. Which worker makes a step does not matter to the
-batch (a pure function of its step). A new ``batches()`` run makes the old run's tasks stale:
-their results are dropped and their slots reused, so a restore never waits for them.
+a worker, when every worker has fewer than ``T`` in flight and the block stays within ``N * T``
+tasks' steps of the consumer: ``T`` is ``prefetch``, or for small batches as many tasks as hold
+``prefetch`` MiB, up to ``_MAX_AHEAD_STEPS`` steps a worker (``_tasks_ahead``). A slot goes back
+to the worker that wrote it (``SlotRing.take(worker)``), which keeps its mapping. Which worker
+makes a step does not matter to the batch (a pure function of its step). A new ``batches()``
+run makes the old run's tasks stale: their results are dropped and their slots reused, so a
+restore never waits for them.
 
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
 worker, its pid, the exit code or exception, the step and record positions, with the worker's
