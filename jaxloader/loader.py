@@ -60,7 +60,7 @@ class DataLoader(LoaderLifecycle):
             the worker's steps as fit in 1 MiB of batches, up to 16 (one for larger batches
             and for streams), so that a small batch costs a share of a task's messages.
             Small batches get more tasks, as many as hold ``prefetch`` MiB, up to 64 steps
-            a worker: room to run ahead past a source's stalls.
+            a worker and 256 in all: room to run ahead past a source's stalls.
         worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
             ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.
         start_method: ``"exec"`` (default): workers are fresh interpreters that never re-run

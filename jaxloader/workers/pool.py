@@ -15,7 +15,7 @@ and for streams): a small batch then costs its share of the two messages and wak
 takes, not two of its own (measured in docs/benchmarks.md). Tasks go out a block at a time, one
 a worker, when every worker has fewer than ``T`` in flight and the block stays within ``N * T``
 tasks' steps of the consumer: ``T`` is ``prefetch``, or for small batches as many tasks as hold
-``prefetch`` MiB, up to ``_MAX_AHEAD_STEPS`` steps a worker (``_tasks_ahead``). A slot goes back
+``prefetch`` MiB, up to 64 steps a worker and 256 in all (``_tasks_ahead``). A slot goes back
 to the worker that wrote it (``SlotRing.take(worker)``), which keeps its mapping. Which worker
 makes a step does not matter to the batch (a pure function of its step). A new ``batches()``
 run makes the old run's tasks stale: their results are dropped and their slots reused, so a
@@ -69,6 +69,9 @@ _MAX_TASK_STEPS = 16
 # and read ~6% more rows a second; 6 tasks no more (docs/benchmarks.md). With the margin of the
 # block being submitted, a worker writes ~80 slots: under the mappings it keeps (worker.py).
 _MAX_AHEAD_STEPS = 64
+# and at most this many steps for all the workers together: each slot holds a descriptor in the
+# main process (many systems allow 1,024), so 8 workers or more keep ``prefetch`` tasks, as before
+_MAX_AHEAD_SLOTS = 256
 
 
 class _Task(NamedTuple):
@@ -241,12 +244,14 @@ class WorkerPool:
 
     def _tasks_ahead(self, steps: int) -> int:
         """Tasks of ``steps`` steps in flight a worker: ``prefetch``, more for small batches
-        (``_MAX_AHEAD_STEPS``)."""
+        (``_MAX_AHEAD_STEPS``, ``_MAX_AHEAD_SLOTS``). Tasks of one step (batches of 1 MiB or
+        more, and streams, whose readers need no more ahead) keep ``prefetch``."""
         size = self._ring.slot_size
-        if not size:
+        if not size or steps == 1:
             return self._prefetch
         held = self._prefetch * _TASK_BYTES // (steps * size)
-        return max(self._prefetch, min(held, _MAX_AHEAD_STEPS // steps))
+        room = min(_MAX_AHEAD_STEPS, _MAX_AHEAD_SLOTS // len(self._workers)) // steps
+        return max(self._prefetch, min(held, room))
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
                       resets: list | None) -> int:

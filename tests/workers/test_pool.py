@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from multiprocessing.connection import wait
 
 import numpy as np
@@ -98,6 +99,26 @@ def test_slots_are_reused_in_steady_state():
             counts)
     finally:
         pool.close()
+
+
+def test_small_batches_run_further_ahead_within_the_bounds():
+    from jaxloader.workers.pool import _MAX_AHEAD_SLOTS, _TASK_BYTES, WorkerPool
+
+    def ahead(workers, size, steps, prefetch=2):
+        pool = types.SimpleNamespace(_ring=types.SimpleNamespace(slot_size=size),
+                                     _workers=[None] * workers, _prefetch=prefetch)
+        return WorkerPool._tasks_ahead(pool, steps)
+
+    assert ahead(2, 22_528, 16) == 4  # 256 Parquet rows: 4 tasks of 16 a worker
+    assert ahead(8, 22_528, 16) == 2  # 8 workers: 256 slots in all, prefetch tasks each
+    assert ahead(2, 100_000, 10) == 2  # tasks of 1 MiB: prefetch of them
+    assert ahead(2, 2 << 20, 1) == ahead(2, 4096, 1) == 2  # a step a task: large, or a stream
+    assert ahead(2, 0, 1) == 2 and ahead(2, 22_528, 16, prefetch=5) == 5
+    for workers in range(1, 33):
+        for size in (512, 4096, 22_528, 100_000, 3 << 20):
+            steps = max(1, min(16, _TASK_BYTES // size))
+            tasks = ahead(workers, size, steps)
+            assert workers * tasks * steps <= max(_MAX_AHEAD_SLOTS, workers * 2 * steps)
 
 
 class Ragged:
