@@ -81,11 +81,14 @@ def test_a_slot_goes_back_to_the_worker_that_wrote_it():
     # new one (with slots shared at random it would map every slot of the ring)
     ring = SlotRing()
     a, b = ring.take(0), ring.take(1)
+    ring.give_back(b)
+    ring.give_back(a)  # one free list, last in first out, would give worker 1 this one
+    assert ring.take(1).name == b.name and ring.take(0).name == a.name
     batch = ring.hand_out(b, _fill(ring, b, 2), [])
     ring.give_back(a)
     del batch
-    gc.collect()  # b's views died: it goes back to worker 1's slots
-    assert ring.take(1).name == b.name and ring.take(0).name == a.name
+    gc.collect()  # b's views died after a came back: b goes back to worker 1's slots
+    assert ring.take(0).name == a.name and ring.take(1).name == b.name
     ring.give_back(a)
     assert ring.take(1).name == a.name  # its own all lent: another's, not a new slot
     assert ring.segment_count == 2
