@@ -112,6 +112,7 @@ class IndexShuffle:
         # tight, one epoch: where each value of the domain past n walks to, made at the first
         # walk (see __call__); the domain's excess is under 2 * sqrt(n) values
         self._walked: np.ndarray | None = None
+        self._excess = (-(-n >> low) << low) - n if tight else 0  # the domain's values past n
         self._keys: list = []  # a word each round; or an array of them, one per position
         rounds, mask = _TIGHT_ROUNDS if tight else _FEISTEL_ROUNDS, np.iinfo(word.dtype).max
         if np.ndim(epoch) == 0:
@@ -162,7 +163,7 @@ class IndexShuffle:
         limit = self._word.dtype(self.n)
         at = np.flatnonzero(x >= limit)
         if len(at) and self._radix is not None and not per_position and (
-                (int(self._radix) << int(self._low_bits)) - self.n <= _MAX_WALK_TABLE):
+                self._excess <= _MAX_WALK_TABLE):
             # Tight: the few values past n walk by a table of the excess, made once. Walking
             # them here took ~40% of a read-local chunk's shuffle (8,192 positions, ~40 of them
             # past n: 8 rounds of NumPy calls on a tiny array, each call's cost its overhead).
@@ -184,8 +185,7 @@ class IndexShuffle:
         ends; no position below ``n`` walks into one, so those entries are never read.)"""
         if self._walked is None:
             word, n = self._word.dtype, self.n
-            assert self._radix is not None
-            excess = (int(self._radix) << int(self._low_bits)) - n
+            excess = self._excess
             walked = self._permute_domain(np.arange(n, n + excess, dtype=word), self._keys)
             for _ in range(excess.bit_length() + 1):
                 past = walked >= n
