@@ -12,7 +12,8 @@ any backend). One process run, every variant over the same batches, medians of `
 2. **Input wait on an accelerator step.** A jitted bf16 step (a first layer of 4096 over the
    flattened image, then one 4096 x 16384 matmul over as many scaled copies of its activations
    as a target step time needs) eats batches of 128 images made by a per-record ``RandomMap``
-   (a random vertical flip). ms a step and the share of the loop spent in ``next()``:
+   (a random vertical flip). ms a step and the share of the loop spent in ``next()``: the
+   ceiling (batches made in advance, bare ``device_put``s kept two ahead of the step),
    jaxloader with ``device_prefetch`` 0 and 2, in process and with workers, placed by the
    device-put thread (one device) or dispatched in ``next()`` (what several devices get), and
    ``flax.jax_utils.prefetch_to_device(2)`` over jaxloader's host batches.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -210,7 +212,19 @@ def step_wait(args: argparse.Namespace, device: Any) -> list[dict]:
             return ({k: v[0] for k, v in b.items()}
                     for b in jax_utils.prefetch_to_device(stacked, 2, devices=[device]))
 
+        def bare_ahead() -> Iterator:
+            # The ceiling with copies: batches made in advance, copied by bare device_puts
+            # kept two ahead of the step (no loader), as the transfer table's bare rows
+            host = [{"image": images[i * batch:(i + 1) * batch],
+                     "label": labels[i * batch:(i + 1) * batch]} for i in range(8)]
+            pending: collections.deque = collections.deque()
+            for i in itertools.count():
+                pending.append(jax.device_put(host[i % len(host)], device))
+                if len(pending) > 2:
+                    yield pending.popleft()
+
         variants: dict[str, Callable[[], Iterator]] = {
+            "bare device_put two ahead, batches made in advance": bare_ahead,
             "jaxloader in process, device_prefetch=0": lambda: iter(loader(0, 0)),
             "jaxloader in process, device_prefetch=2": lambda: iter(loader(0, 2)),
             f"jaxloader {args.workers} workers, device_prefetch=0":
