@@ -17,6 +17,13 @@ A worker's JAX, should a transform use it, runs on the CPU (``JAX_PLATFORMS=cpu`
 accelerators belong to the training process. A worker that started a GPU backend would take
 75% of the GPU's memory (JAX's preallocation) for itself, and a TPU is held by one process.
 ``worker_init_fn`` may set ``jax.config.update("jax_platforms", ...)`` before JAX first runs.
+
+Math libraries in a worker use one thread (``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
+``OMP_NUM_THREADS`` of 1), as PyTorch's ``DataLoader`` does with its own: the workers are the
+parallelism. NumPy's OpenBLAS otherwise starts a thread a core in every worker, each spinning
+for a while at its start (8 workers on 16 cores: 0.80 -> 0.60 s to the first batch and 8.0 ->
+4.7 s of the workers' CPU; docs/benchmarks.md), and a transform's matrix product in N workers
+would run N x cores threads. A value the training process's environment sets is kept.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 # GPU's name there would name a backend the worker does not start
 WORKER_ENVIRONMENT = {"JAX_PLATFORMS": "cpu"}
 _DROPPED = ("JAX_PLATFORM_NAME",)
+# One thread a math library in a worker, unless the environment says otherwise (module docstring)
+THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
     "from jaxloader.workers.worker import main; main({fd})"
@@ -50,11 +59,12 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
     """The environment of a worker started from one with ``parent``'s.
 
     Example:
-        >>> worker_environment({"JAX_PLATFORMS": "cuda", "HOME": "/root"})["JAX_PLATFORMS"]
-        'cpu'
+        >>> env = worker_environment({"JAX_PLATFORMS": "cuda", "OMP_NUM_THREADS": "4"})
+        >>> env["JAX_PLATFORMS"], env["OMP_NUM_THREADS"], env["OPENBLAS_NUM_THREADS"]
+        ('cpu', '4', '1')
     """
     kept = {name: value for name, value in parent.items() if name not in _DROPPED}
-    return {**kept, **WORKER_ENVIRONMENT}
+    return {**THREAD_DEFAULTS, **kept, **WORKER_ENVIRONMENT}
 
 
 class WorkerProcess:
@@ -87,6 +97,8 @@ class WorkerProcess:
                     for name in _DROPPED:
                         os.environ.pop(name, None)
                     os.environ.update(WORKER_ENVIRONMENT)
+                    for name, value in THREAD_DEFAULTS.items():  # (for libraries loaded from
+                        os.environ.setdefault(name, value)  # here on: NumPy's has its threads)
                     from jaxloader.workers.worker import main
 
                     main(child.fileno())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.workers.process import worker_environment
+from jaxloader.workers.process import THREAD_DEFAULTS, worker_environment
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,9 +26,44 @@ def on_jax(record):
 
 def test_worker_environment_runs_jax_on_the_cpu_and_keeps_the_rest():
     parent = {"JAX_PLATFORMS": "cuda", "JAX_PLATFORM_NAME": "gpu", "XLA_FLAGS": "--x", "A": "1"}
-    assert worker_environment(parent) == {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--x", "A": "1"}
+    assert worker_environment(parent) == {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--x", "A": "1",
+                                          **THREAD_DEFAULTS}
     assert worker_environment({})["JAX_PLATFORMS"] == "cpu"
     assert parent["JAX_PLATFORMS"] == "cuda"  # the caller's mapping is not changed
+
+
+def test_math_libraries_run_one_thread_in_a_worker_unless_the_environment_says_otherwise():
+    assert worker_environment({})["OPENBLAS_NUM_THREADS"] == "1"
+    chosen = worker_environment({"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "2"})
+    assert (chosen["OMP_NUM_THREADS"], chosen["MKL_NUM_THREADS"],
+            chosen["OPENBLAS_NUM_THREADS"]) == ("4", "2", "1")
+
+
+def process_threads(record):
+    """A transform reporting its worker's threads and OpenBLAS's setting there."""
+    return {"threads": np.int64(len(os.listdir("/proc/self/task"))),
+            "blas": np.int64(int(os.environ.get("OPENBLAS_NUM_THREADS", "0")))}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_worker_starts_no_thread_a_core_for_numpy_unless_told_to(monkeypatch):
+    # NumPy's OpenBLAS starts a thread a core (up to the count it is given) with NumPy
+    def worker_threads():
+        source = jl.ArraySource({"x": np.arange(4, dtype=np.float32)})
+        with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(process_threads)],
+                           num_workers=1, process_index=0, process_count=1) as loader:
+            batch = next(iter(loader))
+        return int(batch["threads"][0]), int(batch["blas"][0])
+
+    cores = os.cpu_count() or 1
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    alone, setting = worker_threads()
+    assert setting == 1
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", str(cores))  # the training process's choice
+    pooled, setting = worker_threads()
+    assert setting == cores
+    assert pooled - alone == cores - 1
 
 
 def test_jax_in_a_transform_runs_on_the_cpu_whatever_the_training_process_asks(monkeypatch):
