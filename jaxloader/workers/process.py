@@ -94,11 +94,12 @@ class WorkerProcess:
                 code = 0
                 try:
                     self.conn.close()
+                    # the same environment as an exec'd worker's (the thread defaults reach
+                    # libraries loaded from here on: NumPy's already has its threads)
+                    environment = worker_environment(os.environ)
                     for name in _DROPPED:
                         os.environ.pop(name, None)
-                    os.environ.update(WORKER_ENVIRONMENT)
-                    for name, value in THREAD_DEFAULTS.items():  # (for libraries loaded from
-                        os.environ.setdefault(name, value)  # here on: NumPy's has its threads)
+                    os.environ.update(environment)
                     from jaxloader.workers.worker import main
 
                     main(child.fileno())
