@@ -28,7 +28,6 @@ from typing import Any, Iterator, cast
 import numpy as np
 
 from jaxloader.collate import object_column
-from jaxloader.string_column import Rows, rows_of
 
 
 def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
@@ -113,15 +112,17 @@ def numpy_of(array: Any) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False))
 
 
+_NO_BYTES = np.zeros(0, np.uint8)
 _FEW_ROWS = 16  # up to here a run's offsets are read one by one (measured: 3 rows 0.8 us
 # against 2.7 us for the four NumPy calls; 32 rows 6.9 against 6.3)
 
 
 class ArrowRows:
     """A column of strings, bytes or ragged lists as the cache keeps it: the row offsets and
-    what they point into (Arrow's values, the bytes, or for strings the row group's text as one
-    ``str``), a tenth of the memory of Python objects a row; objects are made only for the rows
-    read, with no Arrow call."""
+    what they point into (Arrow's values, or the bytes: a view of Arrow's buffer, which a
+    batch gathered by NumPy calls reads as it is; made into one ``bytes`` or ``str`` the first
+    time rows are sliced one by one), a tenth of the memory of Python objects a row; objects
+    are made only for the rows read, with no Arrow call."""
 
     def __init__(self, array: Any, ragged: bool) -> None:
         import pyarrow as pa
@@ -139,10 +140,14 @@ class ArrowRows:
             self._values.flags.writeable = False
         else:
             data = array.buffers()[2]
+            raw = np.frombuffer(data, np.uint8) if data is not None else _NO_BYTES
             self._byte_starts = self._starts  # (``_starts`` may count characters: _as_text)
-            self._data: bytes | str = data.to_pybytes() if data is not None else b""
             self._text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            if self._text:
+            # ASCII text and bytes stay Arrow's (a view): a decode and two copies a row group
+            # less where batches are gathered from a join. Other text is decoded now.
+            self._data: np.ndarray | bytes | str = raw
+            if self._text and len(raw) and int(raw.max()) >= 0x80:
+                self._data = raw.tobytes()
                 self._as_text()
 
     def _as_text(self) -> None:
@@ -162,15 +167,31 @@ class ArrowRows:
         self.nbytes += sys.getsizeof(text) - len(raw)
         self._data = text
 
-    def buffer_rows(self) -> Rows | None:
-        """The rows in one buffer (``jaxloader.string_column``), for batches gathered by NumPy
-        calls; ``None`` for ragged lists, and for rows that hold a NUL or text that is not
+    @property
+    def text(self) -> bool:
+        """Rows of text (``str``), else of bytes (or ragged lists)."""
+        return not self.ragged and self._text
+
+    def _sliceable(self) -> Any:
+        """What rows are sliced from: the values, or the bytes as one ``bytes`` or ``str``
+        (made from Arrow's view the first time, which is then let go)."""
+        if self.ragged:
+            return self._values
+        if type(self._data) is np.ndarray:  # ASCII text or bytes: the same size either way
+            raw = self._data.tobytes()
+            self._data = raw.decode("ascii") if self._text else raw
+        return self._data
+
+    def buffer_part(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows' bytes and their offsets as Arrow keeps them, for ``string_column.rows_of``
+        (batches gathered by NumPy calls); ``None`` for ragged lists and for text that is not
         UTF-8 (read row by row, where a bad row raises)."""
-        if self.ragged or (self._text and type(self._data) is not str):  # (not UTF-8)
+        if self.ragged or (self._text and type(self._data) is bytes):  # (not UTF-8)
             return None
         data = self._data
-        raw = data.encode() if isinstance(data, str) else data  # Arrow's bytes again (C, fast)
-        return rows_of(np.frombuffer(raw, np.uint8), self._byte_starts, self._text)
+        raw = (data if type(data) is np.ndarray
+               else np.frombuffer(data.encode() if type(data) is str else data, np.uint8))
+        return raw, self._byte_starts
 
     def __getitem__(self, row: int) -> Any:
         return self.take(np.array([row]))[0]
@@ -185,7 +206,7 @@ class ArrowRows:
         """``take(rows[a:b])``; ``plus`` (``rows + 1``) and ``listed`` (``rows.tolist()``),
         when given, are computed once for the spans of a batch instead of once a span."""
         starts = self._starts
-        data = self._values if self.ragged else self._data
+        data = self._sliceable()
         if b - a <= _FEW_ROWS:  # a full shuffle's runs: NumPy calls cost more than the rows
             at = starts.item  # Python ints: slicing by NumPy scalars is slower (0.76 against
             some = (rows.tolist() if listed is None else listed)[a:b]  # 1.12 us, 3 rows)

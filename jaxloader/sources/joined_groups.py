@@ -61,10 +61,13 @@ class JoinedGroups:
                     return None  # lists of one length in a row group, another in the next
                 columns[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             elif all(type(p) is ArrowRows for p in parts):
-                rows = [p.buffer_rows() for p in parts]
-                if any(r is None for r in rows):
+                buffers = [p.buffer_part() for p in parts]
+                if any(b is None for b in buffers):
                     return None
-                columns[name] = string_column.join(rows)
+                rows = string_column.rows_of(buffers, parts[0].text)
+                if rows is None:  # a row holds a NUL
+                    return None
+                columns[name] = rows
             else:
                 return None
         offsets = np.full(len(starts) - 1, _ABSENT, np.int64)
