@@ -280,18 +280,28 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[_Column
     return treedef, columns
 
 
-class _Take(NamedTuple):
-    """A leaf still to gather: rows ``indices`` of ``array`` (written straight into a slot)."""
+class Take(NamedTuple):
+    """A leaf still to gather: rows ``indices`` of ``array`` (written straight into a slot;
+    ``indices`` in range, as a sampler's or a join's rows are: taken with ``mode="clip"``)."""
 
     array: np.ndarray
     indices: np.ndarray
+
+    def rows(self, a: int, b: int) -> "Take":
+        """Rows ``a`` to ``b`` of it, still to gather."""
+        return Take(self.array, self.indices[a:b])
+
+    def taken(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The rows gathered (into ``out`` when given). ``mode="clip"`` avoids the buffered
+        copy NumPy makes for ``out=`` under the default ``mode="raise"`` (3.5x)."""
+        return self.array.take(self.indices, 0, out, "clip")
 
 
 def take_columns(treedef: tree_lib.TreeDef, arrays: list, indices: np.ndarray) -> tuple:
     """Columns gathering ``indices`` from each array, without an intermediate copy."""
     paths = tree_lib.leaf_paths(treedef)
     n = len(indices)
-    return treedef, [_Column(p, (n, *a.shape[1:]), a.dtype, _Take(a, indices))
+    return treedef, [_Column(p, (n, *a.shape[1:]), a.dtype, Take(a, indices))
                      for p, a in zip(paths, arrays)]
 
 
@@ -380,8 +390,8 @@ def materialize(
 
 def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
                alloc: Callable[[int], Any]) -> dict[str, Any]:
-    """Rows ``a`` to ``b`` of a task's gathered ``columns`` (a flat dict of arrays and
-    ``StringColumn``s, as ``gathered_columns`` takes them) written into ``alloc``, as
+    """Rows ``a`` to ``b`` of a task's gathered ``columns`` (a flat dict of arrays, ``Take``s
+    and ``StringColumn``s, as ``gathered_columns`` takes them) written into ``alloc``, as
     ``materialize`` writes them, with ``layout`` computed once for the task's steps (all of
     one size; no leaf ``BESIDE``): no columns, layout or pytree made a step (a worker's
     writes of 256 Parquet rows 49 -> 37 us a batch, docs/benchmarks.md)."""
@@ -392,7 +402,10 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
     for (name, column), spec, text in zip(columns.items(), layout.leaves, strings):
         if text is None:
             view = np.ndarray(spec.shape, spec.dtype, buffer=buffer, offset=spec.offset)
-            view[...] = column[a:b]
+            if type(column) is Take:  # gathered straight into the slot: no copy in between
+                column.array.take(column.indices[a:b], 0, view, "clip")  # (as Take.taken)
+            else:
+                view[...] = column[a:b]
             batch[name] = view
         else:
             size = len(text.data)
@@ -404,13 +417,16 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
 
 
 def gathered_columns(gathered: dict[str, Any], size: int) -> tuple[tree_lib.TreeDef, list]:
-    """Columns of a flat dict of ``size`` rows a column: arrays, or ``StringColumn``s (a
-    source's ``gather_columns``)."""
+    """Columns of a flat dict of ``size`` rows a column: arrays, ``Take``s (rows still to
+    gather) or ``StringColumn``s (a source's ``gather_columns``)."""
     treedef = ("dict", tuple(gathered), (tree_lib.LEAF,) * len(gathered))
     columns = []
     for name, values in gathered.items():
         if type(values) is StringColumn:
             columns.append(_Column(f"[{name!r}]", (size,), _OBJECT, values))
+        elif type(values) is Take:
+            array = values.array
+            columns.append(_Column(f"[{name!r}]", (size, *array.shape[1:]), array.dtype, values))
         else:
             columns.append(_Column(f"[{name!r}]", values.shape, values.dtype, values))
     return treedef, columns
@@ -420,9 +436,8 @@ def _stack(column: _Column, out: np.ndarray | None = None) -> np.ndarray:
     values = column.values
     if type(values) is StringColumn:
         return values.objects()
-    if type(values) is _Take:  # indices come from the sampler, always in range: mode="clip"
-        # avoids the buffered copy NumPy makes for out= under the default mode="raise" (3.5x)
-        return np.take(values.array, values.indices, axis=0, out=out, mode="clip")
+    if type(values) is Take:
+        return values.taken(out)
     if type(values) is _TakeParts:
         if out is None:
             out = np.empty(column.shape, column.dtype)

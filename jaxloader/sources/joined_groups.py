@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader import string_column
+from jaxloader.collate import Take
 from jaxloader.sources.arrow_columns import ArrowRows
 
 _ABSENT = np.iinfo(np.int64).min // 2  # a row group not joined: its rows come out negative
@@ -81,8 +82,9 @@ class JoinedGroups:
         rows = indices + self._offsets[groups]
         return rows if not len(rows) or rows.min() >= 0 else None
 
-    def gather(self, rows: np.ndarray) -> dict[str, Any]:
-        """Each column's ``rows``: arrays, and ``StringColumn`` for strings and bytes."""
-        return {name: column.take(rows, axis=0) if type(column) is np.ndarray
-                else string_column.gather(column, rows)
+    def gather(self, rows: np.ndarray, lazy: bool = False) -> dict[str, Any]:
+        """Each column's ``rows``: arrays (``lazy``: ``collate.Take``s, gathered where they
+        are written, a worker's slot), and ``StringColumn`` for strings and bytes."""
+        return {name: (Take(column, rows) if lazy else column.take(rows, axis=0))
+                if type(column) is np.ndarray else string_column.gather(column, rows)
                 for name, column in self._columns.items()}

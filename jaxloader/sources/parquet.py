@@ -297,13 +297,15 @@ class ParquetSource:
 
     def gather_columns(self, indices: np.ndarray) -> dict[str, Any] | None:
         """``__getitems__(indices)`` with strings and bytes left as ``StringColumn``s, which
-        a worker writes into its slot as they are (``jaxloader.string_column``), when the rows'
-        row groups can be joined; else ``None`` (read them with ``__getitems__``). For
-        ``BatchMaker``."""
+        a worker writes into its slot as they are (``jaxloader.string_column``), and numbers
+        as ``collate.Take``s, gathered straight into the slot, when the rows' row groups can
+        be joined; else ``None`` (read them with ``__getitems__``). For ``BatchMaker``."""
         indices = np.asarray(indices, dtype=np.int64)
-        return self._gather(indices, self._starts.searchsorted(indices, side="right") - 1)
+        return self._gather(indices, self._starts.searchsorted(indices, side="right") - 1,
+                            lazy=True)
 
-    def _gather(self, indices: np.ndarray, groups: np.ndarray) -> dict[str, Any] | None:
+    def _gather(self, indices: np.ndarray, groups: np.ndarray,
+                lazy: bool = False) -> dict[str, Any] | None:
         """Rows ``indices`` (in row groups ``groups``) from the join of their row groups,
         made first if they are not all in it; ``None`` where no join serves: more row groups
         than ``_MAX_JOINED`` or than a third of the cache holds (a full shuffle of a large
@@ -315,7 +317,7 @@ class ParquetSource:
         if join is not None:
             rows = join.rows(indices, groups)
             if rows is not None:
-                return join.gather(rows)
+                return join.gather(rows, lazy)
             join = None  # held here, it would live beside the next one (measured: +26 MiB)
         if not self._joins or not len(indices):
             return None
@@ -344,7 +346,7 @@ class ParquetSource:
         self._evict()
         rows = join.rows(indices, groups)
         assert rows is not None  # every row group of the batch is joined
-        return join.gather(rows)
+        return join.gather(rows, lazy)
 
     def _by_runs(self, indices: np.ndarray, groups: np.ndarray) -> Any:
         """``__getitems__`` a run of rows of one row group at a time, put back in order."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from jaxloader import collate
 from resume_harness import assert_same_batch, check_resume, check_split_resume, take
 
 pa = pytest.importorskip("pyarrow")  # in the test extra; ParquetSource's optional dependency
@@ -628,6 +629,8 @@ def test_a_batch_from_joined_row_groups_equals_one_read_run_by_run(tmp_path):
     gathered = src.gather_columns(np.array([3, 1]))  # for a worker: strings as one buffer
     assert type(gathered["text"]).__name__ == "StringColumn"
     assert gathered["text"].objects().tolist() == [texts[3], texts[1]]
+    assert type(gathered["id"]) is collate.Take  # numbers gathered where they are written
+    assert gathered["id"].taken().tolist() == [3, 1]
     # a struct column cannot be joined: every batch run by run, as before
     structs = str(tmp_path / "structs.parquet")
     pq.write_table(pa.table({"p": [{"x": i, "tag": str(i)} for i in range(20)]}), structs,
