@@ -77,9 +77,8 @@ class Layout(NamedTuple):
         after = self.nbytes
         leaves = []
         for spec in self.leaves:
-            if spec.offset >= 0:
-                leaves.append(np.ndarray(spec.shape, spec.dtype, buffer=buffer,
-                                         offset=spec.offset))
+            if spec.offset >= 0:  # (positional: 1.0 against 1.8 us with keywords)
+                leaves.append(np.ndarray(spec.shape, spec.dtype, buffer, spec.offset))
                 continue
             leaf = next(objs)
             if spec.offset != BESIDE:  # strings after the numbers: ``leaf`` is their bytes
@@ -401,7 +400,7 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
     at = layout.nbytes
     for (name, column), spec, text in zip(columns.items(), layout.leaves, strings):
         if text is None:
-            view = np.ndarray(spec.shape, spec.dtype, buffer=buffer, offset=spec.offset)
+            view = np.ndarray(spec.shape, spec.dtype, buffer, spec.offset)  # (as leaf_views)
             if type(column) is Take:  # gathered straight into the slot: no copy in between
                 column.array.take(column.indices[a:b], 0, view, "clip")  # (as Take.taken)
             else:

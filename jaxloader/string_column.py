@@ -33,6 +33,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 _EMPTY = np.zeros(0, np.uint8)
+_OBJECT = np.dtype(object)
 
 
 class Rows(NamedTuple):
@@ -111,9 +112,13 @@ def gather(rows: Rows, at: np.ndarray) -> StringColumn:
 
 def split(data: np.ndarray | memoryview, count: int, text: bool) -> np.ndarray:
     """``count`` rows of ``data`` (each followed by a NUL) as a 1-D object array."""
-    out = np.empty(count, dtype=object)
-    if count:
-        raw = bytes(data[:-1])
-        out[:] = raw.decode("utf-8").split("\0") if text else raw.split(b"\0")
+    if not count:
+        return np.empty(0, dtype=object)
+    rows = str(data[:-1], "utf-8").split("\0") if text else bytes(data[:-1]).split(b"\0")
+    # filled as NumPy unpickles an object array: no look at each row for an array inside it,
+    # as ``out[:] = rows`` does (256 rows: 4.6 against 7.8 us, a third of the main process's
+    # cost of a batch's strings after the split itself)
+    out = np.empty(0, dtype=object)
+    out.__setstate__((1, (count,), _OBJECT, False, rows))
     return out
 
