@@ -46,12 +46,24 @@ def _is_list(kind: Any) -> bool:
         pa.types.is_fixed_size_list(kind))
 
 
+def _values(array: Any) -> Any:
+    """A list array's values, its rows' only (a slice's, not its whole buffer), as
+    ``flatten()`` gives them; a fixed-size list without nulls by slicing its child, with no
+    compute call (4.5 against 12 us a column, twice a row group and worker)."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(array.type) and not array.null_count:
+        size = array.type.list_size
+        return array.values.slice(array.offset * size, len(array) * size)
+    return array.flatten()
+
+
 def _nested_nulls(array: Any) -> int:
     """The nulls among a list column's values, at any depth (a null there would turn integers
     into floats in Arrow's conversion, in the row groups that hold one)."""
     count = 0
     while _is_list(array.type):
-        array = array.flatten()  # the rows' values only (a slice's, not its whole buffer)
+        array = _values(array)
         count += array.null_count
     return count
 
@@ -83,7 +95,7 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
             size = int(lengths[0]) if len(lengths) and np.all(lengths == lengths[0]) else None
         if size is None:
             return ArrowRows(array, ragged=True)
-        inner = array.flatten()
+        inner = _values(array)
         values = _decode_array(inner, name, path) if _is_list(inner.type) else None
         if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
             values = numpy_of(inner)

@@ -294,6 +294,20 @@ def test_lists_of_lists_of_one_length_become_one_axis_a_depth(tmp_path):
     assert [[x.tolist() for x in r["g"]] for r in rows] == [[[4], [5, 6]], [[1, 2], [3]]]
 
 
+def test_a_sliced_fixed_size_list_decodes_its_own_rows_only():
+    # a row group's column as Arrow may hand it over: a slice, its values an offset into the
+    # child (decoded by slicing the child, not by Arrow's flatten); nulls inside still refused
+    from jaxloader.sources.arrow_columns import decode
+
+    fixed = pa.array([[[i, -i]] * 3 for i in range(6)], pa.list_(pa.list_(pa.int64(), 2), 3))
+    got = decode(pa.chunked_array([fixed.slice(2, 3)]), "fixed", "f.parquet", compact=True)
+    assert got.shape == (3, 3, 2) and got[:, 0, 0].tolist() == [2, 3, 4]
+    holed = pa.array([[1, None], [3, 4]], pa.list_(pa.int64(), 2))
+    with pytest.raises(ValueError, match=r"column 'v' of 'f.parquet' has 1 null value\(s\) "
+                                         "inside its lists"):
+        decode(pa.chunked_array([holed]), "v", "f.parquet")
+
+
 def test_structs_become_dicts_of_their_fields_batched(tmp_path):
     # a struct column (SQuAD's "answers", a point) is a dict of its fields, each read as a
     # column is: numbers batched into arrays, strings str, structs in structs dicts in dicts
