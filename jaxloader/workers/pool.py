@@ -144,6 +144,7 @@ class WorkerPool:
         """Starts the interpreters (their imports overlap with what follows) and a
         fresh ring; the bookkeeping of tasks starts empty."""
         self._ring = SlotRing()
+        self._shapes: dict[tuple[int, bool], tuple[int, int]] = {}  # _task_shape's
         self._workers: list[WorkerProcess] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._ring)
         for _ in range(self._num_workers):
@@ -196,8 +197,7 @@ class WorkerPool:
             while stop is None or next_yield < stop:
                 with self._driver:
                     while stop is None or next_submit < stop:
-                        steps = self._steps_per_task(streaming)
-                        tasks = self._tasks_ahead(steps)
+                        steps, tasks = self._task_shape(streaming)
                         if next_submit - next_yield >= len(self._workers) * tasks * steps:
                             break
                         # A task done but not yet read (the consumer was busy with batches
@@ -233,6 +233,16 @@ class WorkerPool:
                 for made in ready.values():
                     if type(made) is not _Failure:
                         self._ring.give_back(made[0])
+
+    def _task_shape(self, streaming: bool) -> tuple[int, int]:
+        """``(steps a task, tasks ahead a worker)`` for the ring's slot size now; computed
+        again only when that size changes (it is asked for every batch handed out)."""
+        key = (self._ring.slot_size, streaming)
+        shape = self._shapes.get(key)
+        if shape is None:
+            steps = self._steps_per_task(streaming)
+            shape = self._shapes[key] = (steps, self._tasks_ahead(steps))
+        return shape
 
     def _steps_per_task(self, streaming: bool) -> int:
         """Steps a task (module docstring): one a task for streams and until a batch's size
