@@ -152,7 +152,7 @@ class ArrowRows:
             self._values.flags.writeable = False
         else:
             data = array.buffers()[2]
-            raw = np.frombuffer(data, np.uint8) if data is not None else _NO_BYTES
+            raw: np.ndarray = np.frombuffer(data, np.uint8) if data is not None else _NO_BYTES
             self._byte_starts = self._starts  # (``_starts`` may count characters: _as_text)
             self._text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
             # ASCII text and bytes stay Arrow's (a view): a decode and two copies a row group
@@ -201,9 +201,10 @@ class ArrowRows:
         if self.ragged or (self._text and type(self._data) is bytes):  # (not UTF-8)
             return None
         data = self._data
-        raw = (data if type(data) is np.ndarray
-               else np.frombuffer(data.encode() if type(data) is str else data, np.uint8))
-        return raw, self._byte_starts
+        if isinstance(data, np.ndarray):
+            return data, self._byte_starts
+        return np.frombuffer(data.encode() if isinstance(data, str) else data,
+                             np.uint8), self._byte_starts
 
     def __getitem__(self, row: int) -> Any:
         return self.take(np.array([row]))[0]
