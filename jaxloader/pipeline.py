@@ -101,31 +101,38 @@ class BatchMaker:
             for step, alloc in zip(steps, allocs):
                 yield self.make(step, alloc)
             return
-        specs, columns = gathered
-        n = len(specs[0].indices)
+        specs, columns = gathered  # specs: None where the sampler gave the task's indices
+        n = len(specs[0].indices) if specs else self.sampler.batch_size
         layout = None  # the steps' one layout, where nothing else is added to their columns
-        if not self.batch_transforms and all(spec.valid is None for spec in specs):
+        if not self.batch_transforms and all(spec.valid is None for spec in specs or ()):
             layout = collate.layout_of(*collate.gathered_columns(_rows(columns, 0, n), n))
             if any(spec.offset == collate.BESIDE for spec in layout.leaves):
                 layout = None  # objects that travel beside the slot: materialize's way
-        for j, (spec, alloc) in enumerate(zip(specs, allocs)):
+        for j, (step, alloc) in enumerate(zip(steps, allocs)):
             a, b = j * n, (j + 1) * n
             if layout is not None:
                 yield collate.write_rows(layout, columns, a, b, alloc), layout
                 continue
+            spec = specs[j] if specs else self.sampler.batch(step)
             yield self._finish(spec, *collate.gathered_columns(_rows(columns, a, b), n), alloc)
 
-    def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec], dict] | None:
-        """The steps' specs and their rows in one ``gather_columns`` read, or ``None`` where
-        that does not serve (no such source, record transforms, steps of other sizes, a read
-        that raises or gives ``None``)."""
+    def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec] | None, dict] | None:
+        """The steps' specs (``None`` where the sampler gives a task's indices at once, all
+        whole batches without a mask: ``Sampler.task_indices``) and their rows in one
+        ``gather_columns`` read, or ``None`` where that does not serve (no such source,
+        record transforms, steps of other sizes, a read that raises or gives ``None``)."""
         if self._gather is None or not self._vectorised:
             return None
-        specs = [self.sampler.batch(step) for step in steps]
-        if len({len(spec.indices) for spec in specs}) != 1:
-            return None  # a partial last batch among them
+        whole = getattr(self.sampler, "task_indices", None)  # (a Sampler's, not a mixture's)
+        indices = whole(steps) if whole is not None else None
+        specs: list[BatchSpec] | None = None
+        if indices is None:
+            specs = [self.sampler.batch(step) for step in steps]
+            if len({len(spec.indices) for spec in specs}) != 1:
+                return None  # a partial last batch among them
+            indices = np.concatenate([spec.indices for spec in specs])
         try:
-            gathered = self._gather(np.concatenate([spec.indices for spec in specs]))
+            gathered = self._gather(indices)
         except Exception:  # noqa: BLE001 - made again step by step, where it raises as its own
             return None
         return None if gathered is None else (specs, gathered)

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxloader.errors import ConfigError
+from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.sampling import IndexShuffle, Sampler, StepMemo
 from line_interrupts import raised_at_line
 
@@ -78,6 +81,41 @@ def test_memoised_indices_are_the_order_of_the_positions_in_any_order_asked(
             if shuffle:
                 expected = IndexShuffle(n, seed=seed, epoch=spec.epoch)(expected)
             assert np.array_equal(spec.indices, expected), (step, p)
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 3000), batch=st.integers(1, 64), processes=st.integers(1, 3),
+       stride=st.integers(1, 4), policy=st.sampled_from(["drop", "pad", "partial"]),
+       shuffle=st.sampled_from([False, True, LocalShuffle(window=2, block_size=37)]),
+       count=st.integers(1, 40), data=st.data())
+def test_a_tasks_indices_at_once_are_its_steps_indices_one_after_another(
+        n, batch, processes, stride, policy, shuffle, count, data):
+    # Sampler.task_indices (a worker's task read at once) must give what batch() gives step by
+    # step, or None; whatever was asked before, across chunks and epochs
+    if (policy == "partial" and processes > 1) or (policy == "drop" and batch * processes > n):
+        return  # refused configurations (test_bad_arguments_name_the_field)
+    order, description = None, None
+    if isinstance(shuffle, LocalShuffle):
+        starts = shuffle.block_starts(None, n)
+        order = functools.partial(BlockOrder, starts, window=shuffle.window, seed=5)
+        description = shuffle.describe(None)
+    p = data.draw(st.integers(0, processes - 1))
+    s = Sampler(n, batch, shuffle=bool(shuffle), seed=5, last_batch=policy, process_index=p,
+                process_count=processes, memo_stride=stride, order=order,
+                order_description=description)
+    end = s.steps_per_epoch - 1 - (count - 1) * stride  # tasks that end at an epoch's end
+    firsts = [data.draw(st.integers(0, 3 * s.steps_per_epoch)) for _ in range(4)]
+    firsts += [e * s.steps_per_epoch + end + d for e in range(2) for d in (-1, 0, 1)]
+    for first in (f for f in firsts if f >= 0):
+        steps = [first + j * stride for j in range(count)]
+        got = s.task_indices(steps)
+        specs = [s.batch(step) for step in steps]
+        if got is None:  # then a step is not a whole batch without a mask, or they span epochs
+            assert count == 1 or policy == "pad" or len({sp.epoch for sp in specs}) > 1 or any(
+                len(sp.positions) < batch or sp.positions[-1] >= n for sp in specs), steps
+            continue
+        assert all(spec.valid is None and len(spec.indices) == batch for spec in specs)
+        assert np.array_equal(got, np.concatenate([spec.indices for spec in specs])), steps
 
 
 def test_index_shuffle_depends_on_seed_and_epoch_only():
