@@ -125,6 +125,10 @@ class ParquetSource:
         self._groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
         rows = [metas[f].row_group(g).num_rows for f, g in self._groups]
         self._starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        # row groups of one size but the last, as a writer's row_group_size makes them (one
+        # file's): a row's group is a division (a task of 4,096 rows: 10 against 45 us)
+        self._group_rows = rows[0] if rows and rows[0] and all(
+            r == rows[0] for r in rows[:-1]) and rows[-1] <= rows[0] else 0
         # decoded size, as the footers tell it: whether a batch's row groups fit in the cache
         self._group_bytes = np.array([_decoded_bytes(metas[f].row_group(g), self.columns)
                                       for f, g in self._groups], dtype=np.int64)
@@ -288,7 +292,7 @@ class ParquetSource:
         """The rows at ``indices`` as a dict of batched columns (each row group decoded once);
         a list of rows when a column holds lists of different lengths."""
         indices = np.asarray(indices, dtype=np.int64)
-        groups = self._starts.searchsorted(indices, side="right") - 1
+        groups = self._groups_of(indices)
         gathered = self._gather(indices, groups)
         if gathered is not None:
             return {name: c.objects() if type(c) is StringColumn else c
@@ -301,8 +305,13 @@ class ParquetSource:
         as ``collate.Take``s, gathered straight into the slot, when the rows' row groups can
         be joined; else ``None`` (read them with ``__getitems__``). For ``BatchMaker``."""
         indices = np.asarray(indices, dtype=np.int64)
-        return self._gather(indices, self._starts.searchsorted(indices, side="right") - 1,
-                            lazy=True)
+        return self._gather(indices, self._groups_of(indices), lazy=True)
+
+    def _groups_of(self, indices: np.ndarray) -> np.ndarray:
+        """The row group of each of ``indices`` (all in range)."""
+        if self._group_rows:
+            return indices // self._group_rows
+        return self._starts.searchsorted(indices, side="right") - 1
 
     def _gather(self, indices: np.ndarray, groups: np.ndarray,
                 lazy: bool = False) -> dict[str, Any] | None:

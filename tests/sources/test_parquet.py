@@ -294,6 +294,30 @@ def test_lists_of_lists_of_one_length_become_one_axis_a_depth(tmp_path):
     assert [[x.tolist() for x in r["g"]] for r in rows] == [[[4], [5, 6]], [[1, 2], [3]]]
 
 
+@pytest.mark.parametrize("files", [[[10, 10, 10, 4]], [[10, 10], [10, 3]], [[10, 7], [10, 10]],
+                                   [[5], [7]], [[6]], [[4, 4], [4, 4]]])
+def test_a_rows_row_group_is_found_by_division_where_they_are_of_one_size(tmp_path, files):
+    # row groups of one size but the last: a division; any other layout: a search; both the
+    # same groups, and the same rows read
+    paths = []
+    for f, sizes in enumerate(files):
+        path = str(tmp_path / f"part{f}.parquet")
+        with pq.ParquetWriter(path, pa.schema([("id", pa.int64())])) as writer:
+            start = sum(map(sum, files[:f]))
+            for size in sizes:
+                writer.write_table(pa.table({"id": np.arange(start, start + size)}))
+                start += size
+        paths.append(path)
+    src = jl.ParquetSource(paths)
+    rows = [r for sizes in files for r in sizes]
+    uniform = all(r == rows[0] for r in rows[:-1]) and rows[-1] <= rows[0]
+    assert bool(src._group_rows) == uniform
+    indices = np.arange(len(src))
+    assert np.array_equal(src._groups_of(indices),
+                          src._starts.searchsorted(indices, side="right") - 1)
+    assert src.__getitems__(indices[::-1])["id"].tolist() == indices[::-1].tolist()
+
+
 def test_a_sliced_fixed_size_list_decodes_its_own_rows_only():
     # a row group's column as Arrow may hand it over: a slice, its values an offset into the
     # child (decoded by slicing the child, not by Arrow's flatten); nulls inside still refused
