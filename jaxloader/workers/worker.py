@@ -133,6 +133,8 @@ def serve(conn: Connection) -> None:
         return
     inbox, slots, heap = _Inbox(conn), _Slots(), Heap()
     last_layout = None
+    # a layout, its leaves sent by pipe, and whether its batch is a flat dict
+    objects_of: tuple[Any, list[int], bool] = (None, [], False)
     streaming = hasattr(maker, "report")
     while True:
         message = inbox.next()
@@ -159,11 +161,14 @@ def serve(conn: Connection) -> None:
             except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
                 failed = _failed(task_id, step, e)
                 break
+            if layout is not objects_of[0]:  # which leaves travel by pipe: once a layout
+                objects_of = (layout, [i for i, spec in enumerate(layout.leaves)
+                                       if spec.offset < 0], is_flat_dict(layout.treedef))
             objects = []
-            if any(spec.offset < 0 for spec in layout.leaves):  # strings/objects travel by pipe
-                leaves = (list(batch.values()) if is_flat_dict(layout.treedef)  # (no tree walk)
+            if objects_of[1]:  # strings/objects travel by pipe
+                leaves = (list(batch.values()) if objects_of[2]  # (a flat dict: no tree walk)
                           else flatten(batch)[0])
-                objects = [leaf for spec, leaf in zip(layout.leaves, leaves) if spec.offset < 0]
+                objects = [leaves[i] for i in objects_of[1]]
             del batch  # drop the views of the slot before the main process may reuse it
             made.append((nth, None if layout == last_layout else layout, objects, report))
             last_layout = layout
