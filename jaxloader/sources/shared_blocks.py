@@ -17,7 +17,8 @@ Why it cannot leak or hang:
   ``/proc/<pid>/fd/<fd>``. The kernel frees a file when its last holder (open or mapped) is
   gone, so a worker that dies, or a killed loader, leaves nothing behind: nothing is ever named
   in ``/dev/shm``. (DESIGN.md has the main process make every segment; these are the one
-  exception, and they keep that rule's reason: no leak, no SIGBUS, pages reserved up front.)
+  exception, and they keep that rule's reason: no leak, no SIGBUS, every page written before
+  any process maps it.)
 - The table belongs to the main process (``Segment``), which workers map.
 - A block is decoded under a POSIX record lock on its byte of the table: the kernel releases it
   when its holder dies, and a holder waits on nothing else, so a wait always ends.
@@ -50,7 +51,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxloader.errors import SharedMemoryError
 from jaxloader.workers import shm
 
 _SLOT = 4  # int64s a slot: pid, descriptor, inode, nonce
@@ -140,27 +140,33 @@ class SharedBlocks:
 
     def _publish(self, block: int, table: Any) -> Any:
         """``table`` written to a new memory file, named in the slot, and returned read from
-        it; ``table`` itself if the file cannot be made (memory or descriptors short)."""
+        it; ``table`` itself if the file cannot be made (memory or descriptors short).
+
+        Written through the file, not into a mapping of it: the kernel gives a page written
+        whole without zeroing it first and maps none, where reserving the file (fallocate)
+        and populating a mapping zeroed and mapped each page before the copy (a row group of
+        ~1 MiB: ~0.73 against ~0.96 ms, measured). A write that finds no memory raises here,
+        before the file is named in the slot, so nothing maps a page that is not there."""
         import pyarrow as pa
 
-        mock = pa.MockOutputStream()
-        with pa.ipc.new_stream(mock, table.schema) as writer:
-            writer.write_table(table)
-        length = mock.size()
         fd = -1
         try:
             fd = os.memfd_create(f"{shm.PREFIX}_block_{block}", os.MFD_CLOEXEC)
-            shm.reserve(fd, _HEAD + length, "memory")
-            mapping = mmap.mmap(fd, _HEAD + length, flags=_FLAGS, **_UNTRACKED)
-        except (SharedMemoryError, OSError):
+            with open(fd, "wb", closefd=False) as file:  # (buffered: a short write resumes)
+                file.write(bytes(_HEAD))
+                with pa.ipc.new_stream(pa.PythonFile(file, mode="w"), table.schema) as writer:
+                    writer.write_table(table)
+                length = file.tell() - _HEAD
+            nonce = secrets.randbits(63)
+            head = np.array([_MAGIC, block, nonce, length], np.int64).tobytes()
+            if os.pwrite(fd, head, 0) != len(head):
+                raise OSError("short write")
+            mapping = mmap.mmap(fd, _HEAD + length, flags=_FLAGS, prot=mmap.PROT_READ,
+                                **_UNTRACKED)
+        except OSError:
             if fd >= 0:
                 os.close(fd)
             return table  # this process keeps its own decode; the others decode theirs
-        sink = pa.FixedSizeBufferWriter(pa.py_buffer(memoryview(mapping)[_HEAD:]))
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        nonce = secrets.randbits(63)
-        np.frombuffer(mapping, np.int64, 4)[:] = (_MAGIC, block, nonce, length)
         self._owned[block] = fd
         while len(self._owned) > MAX_OWNED:
             self.release(next(iter(self._owned)))

@@ -3,7 +3,9 @@ that runs out and too many open files never give wrong rows, a hang or a leak.""
 
 from __future__ import annotations
 
+import errno
 import gc
+import io
 import os
 import pickle
 import subprocess
@@ -133,11 +135,24 @@ def test_a_stale_slot_is_never_read_as_another_block(table):
     blocks.close()
 
 
-def test_short_memory_decodes_privately_and_publishes_nothing(table, monkeypatch):
-    def refuse(fd, size, where):
-        raise jl.errors.SharedMemoryError(f"could not reserve {size} bytes in {where}")
+@pytest.mark.parametrize("short", ["stream", "header"])
+def test_short_memory_decodes_privately_and_publishes_nothing(table, monkeypatch, short):
+    # a block's file is written, not reserved: the write that finds no memory (ENOSPC from
+    # the stream's write or the header's) leaves the decode private, the file closed
+    def refuse(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shm, "reserve", refuse)
+    class Full(io.RawIOBase):  # a memory file with no room left
+        def writable(self):
+            return True
+
+        write = refuse
+
+    if short == "stream":
+        monkeypatch.setattr(shared_blocks, "open", lambda *a, **k: io.BufferedWriter(Full()),
+                            raising=False)
+    else:
+        monkeypatch.setattr(shared_blocks.os, "pwrite", refuse)
     blocks = SharedBlocks(table.name, 8)
     assert blocks.get(3, lambda: _table(3)).equals(_table(3))
     assert not np.frombuffer(table.memory, np.int64).any() and not blocks._owned
