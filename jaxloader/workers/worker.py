@@ -19,6 +19,7 @@ imports JAX and never unlinks a segment.
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import signal
 import sys
@@ -117,7 +118,7 @@ def serve(conn: Connection) -> None:
     # NumPy imports numpy.ma the first time np.unique runs (12-18 ms, measured), which a
     # read-local order or a Parquet join calls in the first batch: imported here instead,
     # while the main process prepares the payload (JAX's import does it in the main process)
-    import numpy.ma  # noqa: F401
+    importlib.import_module("numpy.ma")
     init = protocol.receive(conn)
     if type(init) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
         return
