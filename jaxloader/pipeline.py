@@ -31,7 +31,6 @@ from jaxloader import tree as tree_lib
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
-from jaxloader.collate import Take
 from jaxloader.string_column import StringColumn
 from jaxloader.transforms import BatchMap, Map, RecordRng, returned_none
 
@@ -209,7 +208,7 @@ class BatchMaker:
 def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
     """Rows ``a`` to ``b`` of a task's gathered columns (arrays, ``StringColumn``s and
     ``Take``s)."""
-    return {name: c.rows(a, b) if type(c) is StringColumn or type(c) is Take else c[a:b]
+    return {name: c.rows(a, b) if type(c) is StringColumn or type(c) is collate.Take else c[a:b]
             for name, c in columns.items()}
 
 
