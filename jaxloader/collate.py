@@ -394,15 +394,13 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
     ``materialize`` writes them, with ``layout`` computed once for the task's steps (all of
     one size; no leaf ``BESIDE``): no columns, layout or pytree made a step (a worker's
     writes of 256 Parquet rows 49 -> 37 us a batch, docs/benchmarks.md). A step's strings
-    are copied from where the task's ``StringColumn`` holds them (``ends``), no column made
+    are copied from where the task's ``StringColumn`` holds them (``span``), no column made
     for them, by slice assignment (0.6 against 2.1 us through ``np.frombuffer``)."""
     spans = []  # each StringColumn's bytes for these rows
     nbytes = layout.nbytes
     for c in columns.values():
         if type(c) is StringColumn:
-            ends = c.ends
-            assert ends is not None  # made by gather
-            start, stop = (int(ends[a - 1]) if a else 0), (int(ends[b - 1]) if b else 0)
+            start, stop = c.span(a, b)
             spans.append((start, stop))
             nbytes += stop - start
     buffer = alloc(nbytes)

@@ -60,11 +60,15 @@ class StringColumn(NamedTuple):
     def __len__(self) -> int:
         return self.size
 
-    def rows(self, a: int, b: int) -> "StringColumn":
-        """Rows ``a`` to ``b`` (not included), sharing ``data``."""
+    def span(self, a: int, b: int) -> tuple[int, int]:
+        """Where rows ``a`` to ``b`` (not included) and their NULs are in ``data``."""
         ends = self.ends
         assert ends is not None  # made by gather
-        start, stop = (int(ends[a - 1]) if a else 0), (int(ends[b - 1]) if b else 0)
+        return (int(ends[a - 1]) if a else 0), (int(ends[b - 1]) if b else 0)
+
+    def rows(self, a: int, b: int) -> "StringColumn":
+        """Rows ``a`` to ``b`` (not included), sharing ``data``."""
+        start, stop = self.span(a, b)
         return StringColumn(self.data[start:stop], b - a, self.text)
 
     def objects(self) -> np.ndarray:
