@@ -78,27 +78,34 @@ class Stream:
         self.shuffle_shards = shuffle_shards
 
     @classmethod
-    def jsonl(cls, paths: Any, **kwargs: Any) -> "Stream":
+    def jsonl(cls, paths: Any, *, append_only: bool = False, **kwargs: Any) -> "Stream":
         """A stream of JSON lines files, one shard a file. ``paths``: a path, a list, a folder
         (its ``*.jsonl`` files, and ``*.jsonl.gz``, ``.bz2``, ``.xz``, ``.zst``) or a glob
         pattern (``jaxloader.sources.paths``). Compressed files are read as what they hold
-        (``jaxloader.streams.compressed``; a resume reads one up to its place)."""
+        (``jaxloader.streams.compressed``; a resume reads one up to its place). A restore
+        over a file that changed since the state was saved is refused; ``append_only=True``
+        accepts files that only grew (``shards.FileShard``)."""
         paths = expand(paths, _or_compressed(".jsonl"), "Stream.jsonl")
-        return cls([JsonlShard(p) for p in paths], **kwargs)
+        return cls([JsonlShard(p, append_only=append_only) for p in paths], **kwargs)
 
     @classmethod
-    def text(cls, paths: Any, **kwargs: Any) -> "Stream":
-        """A stream of text files, a line a record (``paths`` as for ``jsonl``; ``*.txt``,
-        compressed or not)."""
+    def text(cls, paths: Any, *, append_only: bool = False, **kwargs: Any) -> "Stream":
+        """A stream of text files, a line a record (``paths`` and ``append_only`` as for
+        ``jsonl``; ``*.txt``, compressed or not)."""
         paths = expand(paths, _or_compressed(".txt"), "Stream.text")
-        return cls([TextShard(p) for p in paths], **kwargs)
+        return cls([TextShard(p, append_only=append_only) for p in paths], **kwargs)
 
     @classmethod
-    def tar(cls, paths: Any, **kwargs: Any) -> "Stream":
-        """A stream of tar shards in the WebDataset layout (``paths`` as for ``jsonl``;
-        ``*.tar``, compressed or not: ``*.tar.gz``)."""
+    def tar(cls, paths: Any, *, tolerate_missing_end: bool = False, append_only: bool = False,
+            **kwargs: Any) -> "Stream":
+        """A stream of tar shards in the WebDataset layout (``paths`` and ``append_only`` as
+        for ``jsonl``; ``*.tar``, compressed or not: ``*.tar.gz``). A damaged or cut shard
+        is an error naming it and the member (``jaxloader.streams.tar``);
+        ``tolerate_missing_end=True`` accepts shards written without the end-of-archive
+        marker."""
         paths = expand(paths, _or_compressed(".tar"), "Stream.tar")
-        return cls([TarShard(p) for p in paths], **kwargs)
+        return cls([TarShard(p, tolerate_missing_end=tolerate_missing_end,
+                             append_only=append_only) for p in paths], **kwargs)
 
     @classmethod
     def from_generator(cls, make: Callable[[int], Iterable], shards: int,

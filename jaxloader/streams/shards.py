@@ -10,7 +10,9 @@ Ready shards: ``JsonlShard`` (a JSON value a line), ``TextShard`` (a line, as ``
 ``jaxloader.streams.tar.TarShard`` (WebDataset layout: files grouped by key), each resuming by
 seeking to a byte offset (O(1); a compressed file, ``jaxloader.streams.compressed``, is read
 up to it); ``IterableShard`` over a function that makes an iterable (a generator function,
-a simulator), resuming by skipping the records already read (O(n)).
+a simulator), resuming by skipping the records already read (O(n)). A file shard's state also
+names the file as it was opened (its size, hashes of its first and last KiB): a restore over
+a file that changed since is refused, naming it (``FileShard``).
 
 Example:
     >>> shard = IterableShard(lambda: iter(range(5)), name="numbers")
@@ -24,12 +26,15 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from jaxloader.errors import ConfigError, RecordError, StateDictError
 from jaxloader.streams.compressed import decompressed
+
+_ENDS_BYTES = 1024  # a shard's first and last bytes, hashed into its identity
 
 
 @runtime_checkable
@@ -45,39 +50,49 @@ class Shard(Protocol):
     def get_state(self) -> dict: ...
 
 
-class _LineShard:
-    """Lines of a file; state: the byte offset of the next line and its number."""
+class FileShard:
+    """A shard read from a file (``path``: local, or remote such as ``gs://``), resumed by
+    seeking to a byte offset. Its state holds the offset, a count (``_COUNTER``: lines,
+    records) and the file's identity when it was opened: its size and CRC-32s of its first
+    and last KiB (``identity``). A restore over a file whose identity changed is refused,
+    naming the file and what changed: the offset would land inside other records. Content,
+    not a modification time: a shard copied elsewhere resumes; an edit inside that keeps the
+    size and both ends is not seen. ``append_only=True`` accepts a file that only grew (its
+    first bytes as they were), for shards that records are appended to.
+    """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    _COUNTER = "line"
+
+    def __init__(self, path: str | os.PathLike, *, append_only: bool = False) -> None:
         self.path = os.fspath(path)
         self.name = self.path
+        self.append_only = append_only
         self._file: Any = None
-        self._line = 0
+        self._count = 0
+        self._identity: dict[str, int] = {}
+        self._size_known: int | None = None  # the bytes the reader reads, if known unread
 
     def reset(self, state: dict | None = None) -> None:
-        offset, line = state_ints(self, state, ("offset", "line"))
+        offset, count = state_ints(self, state, ("offset", self._COUNTER))
         self.close()
-        self._file = open_file(self)
+        self._file, self._identity, plain = open_file(self)
+        self._size_known = self._identity.get("size") if plain else None
+        if state is not None:
+            check_unchanged(self, state)
         seek(self, offset)
-        self._line = line
+        self._count = count
+        self._opened()
 
-    def next(self) -> Any:
-        if self._file is None:
-            self.reset(None)
-        try:
-            raw = self._file.readline()
-        except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
-            raise unreadable(self, f"line {self._line + 1}", e) from e
-        if not raw:
-            raise StopIteration
-        self._line += 1
-        return self._parse(raw.rstrip(b"\r\n"))
-
-    def _parse(self, raw: bytes) -> Any:
-        raise NotImplementedError
+    def _opened(self) -> None:
+        """Called once the file is open at the state's place."""
 
     def get_state(self) -> dict:
-        return {"offset": self._file.tell() if self._file else 0, "line": self._line}
+        if self._file is None:
+            return {"offset": 0, self._COUNTER: self._count}
+        return {"offset": self._offset(), self._COUNTER: self._count, **self._identity}
+
+    def _offset(self) -> int:
+        return self._file.tell()
 
     def close(self) -> None:
         if self._file is not None:
@@ -85,7 +100,27 @@ class _LineShard:
             self._file = None
 
     def __getstate__(self) -> dict:  # an open file stays with its process
-        return {**self.__dict__, "_file": None, "_line": 0}
+        return {**self.__dict__, "_file": None, "_count": 0, "_identity": {},
+                "_size_known": None}
+
+
+class _LineShard(FileShard):
+    """Lines of a file; state: the byte offset of the next line and its number."""
+
+    def next(self) -> Any:
+        if self._file is None:
+            self.reset(None)
+        try:
+            raw = self._file.readline()
+        except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
+            raise unreadable(self, f"line {self._count + 1}", e) from e
+        if not raw:
+            raise StopIteration
+        self._count += 1
+        return self._parse(raw.rstrip(b"\r\n"))
+
+    def _parse(self, raw: bytes) -> Any:
+        raise NotImplementedError
 
 
 class JsonlShard(_LineShard):
@@ -107,7 +142,7 @@ class JsonlShard(_LineShard):
         try:
             value = json.loads(raw)
         except ValueError as e:
-            raise RecordError(f"{self.path}: line {self._line}: not JSON ({e}): "
+            raise RecordError(f"{self.path}: line {self._count}: not JSON ({e}): "
                               f"{raw[:80]!r}") from None
         return numbers_as_arrays(value)
 
@@ -206,10 +241,11 @@ class IterableShard:
         return {**self.__dict__, "_it": None, "_consumed": 0}
 
 
-def open_file(shard: Any) -> Any:
+def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
     """``shard.path`` opened for reading the bytes it holds (decompressed if it is gzip,
-    bzip2, xz or Zstandard: ``jaxloader.streams.compressed``); an error naming the shard if
-    it cannot be."""
+    bzip2, xz or Zstandard: ``jaxloader.streams.compressed``), with the file's identity as
+    opened (``identity``) and whether the reader is the file itself (local, not compressed);
+    an error naming the shard if it cannot be opened."""
     try:
         if "://" in shard.path:  # remote (gs://, s3://): through the path layer Orbax uses
             from etils import epath
@@ -217,10 +253,70 @@ def open_file(shard: Any) -> Any:
             raw = epath.Path(shard.path).open("rb")
         else:
             raw = open(shard.path, "rb")
-        return decompressed(raw, shard.path)
+        try:
+            found = identity(raw)
+        except BaseException:
+            raw.close()
+            raise
+        reader = decompressed(raw, shard.path)
+        return reader, found, reader is raw and "://" not in shard.path
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
                           "path, or drop the shard from the stream") from None
+
+
+def identity(raw: Any, size: int | None = None) -> dict[str, int]:
+    """``{"size", "head", "tail"}`` of the file ``raw`` (binary, at its start, left there):
+    its size, and CRC-32s of its first and of its last KiB (of its first ``size`` bytes, if
+    given). Content, not a modification time: a copy of the same bytes is the same file."""
+    end = raw.seek(0, os.SEEK_END) if size is None else size
+    raw.seek(0)
+    head = raw.read(min(end, _ENDS_BYTES))
+    raw.seek(max(0, end - _ENDS_BYTES))
+    tail = raw.read(min(end, _ENDS_BYTES))
+    raw.seek(0)
+    return {"size": end, "head": zlib.crc32(head), "tail": zlib.crc32(tail)}
+
+
+def check_unchanged(shard: Any, state: dict) -> None:
+    """Refuses to resume ``shard`` (just opened) from ``state`` if the file is not the one the
+    state was saved over (``FileShard``), naming what changed. A state without an identity (a
+    shard's first, never opened) resumes as it is."""
+    then = {key: state[key] for key in ("size", "head", "tail") if key in state}
+    for key, value in then.items():
+        if type(value) is not int or value < 0:
+            raise StateDictError(f"{type(shard).__name__} {shard.name}: state[{key!r}]: "
+                                 f"expected a non-negative int, got {value!r}")
+    now = shard._identity
+    if not then or then == {key: now.get(key) for key in then}:
+        return
+    if shard.append_only and "size" in then and now["size"] >= then["size"]:
+        before = _prefix_identity(shard, then["size"])  # the file as it was, if it only grew
+        if {key: before[key] for key in then} == then:
+            return
+    changed = [f"size {then['size']:,} bytes then, {now['size']:,} now"
+               if then.get("size") != now["size"] else "the same size"]
+    changed += [f"its {'first' if key == 'head' else 'last'} KiB differs"
+                for key in ("head", "tail") if key in then and then[key] != now.get(key)]
+    kind = "shorter or rewritten" if shard.append_only else "changed"
+    raise StateDictError(
+        f"stream shard {shard.path}: {kind} since the state was saved ({'; '.join(changed)}): "
+        f"the state's offset {state.get('offset')} would resume inside other records; restore "
+        "over the shards the state was saved with, or drop this shard from the stream"
+        + ("" if shard.append_only else "; if records are only appended to it, read the "
+           "shards with append_only=True (Stream.jsonl(paths, append_only=True))"))
+
+
+def _prefix_identity(shard: Any, size: int) -> dict[str, int]:
+    """The identity of the first ``size`` bytes of ``shard``'s file, as it is now."""
+    if "://" in shard.path:
+        from etils import epath
+
+        raw = epath.Path(shard.path).open("rb")
+    else:
+        raw = open(shard.path, "rb")
+    with raw:
+        return identity(raw, size)
 
 
 def seek(shard: Any, offset: int) -> None:

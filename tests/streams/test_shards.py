@@ -138,3 +138,53 @@ def test_gs_shards_are_read_and_resumed_through_epath(gcs, kind):
     assert read_all(make(f"gs://a.{kind}"), state) == read_all(local)[4:]
     with pytest.raises(jl.ConfigError, match=r"cannot open 'gs://nope.jsonl'"):
         read_all(jl.JsonlShard("gs://nope.jsonl"))
+
+
+# -- a restore over a changed shard is refused, naming it -------------------------------------
+def _saved_midway(paths, workers, **kwargs):
+    """A loader's state after 3 batches of 10, over the jsonl ``paths``."""
+    with jl.StreamLoader(jl.Stream.jsonl(paths, shuffle_shards=False, **kwargs), batch_size=10,
+                         num_workers=workers, process_index=0, process_count=1) as loader:
+        it = iter(loader)
+        seen = [next(it)["id"].tolist() for _ in range(3)]
+        return loader.state_dict(), seen
+
+
+def _restored(paths, workers, state, steps=2, **kwargs):
+    with jl.StreamLoader(jl.Stream.jsonl(paths, shuffle_shards=False, **kwargs), batch_size=10,
+                         num_workers=workers, process_index=0, process_count=1) as loader:
+        loader.load_state_dict(state)
+        it = iter(loader)
+        return [next(it)["id"].tolist() for _ in range(steps)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("change", ["shorter", "appended", "head"])
+def test_a_restore_over_a_changed_shard_is_refused_naming_it(tmp_path, workers, change):
+    paths = [write_jsonl(tmp_path / f"s{k}.jsonl", range(1000 * k, 1000 * k + 100))
+             for k in range(2)]
+    state, _ = _saved_midway(paths, workers)
+    text = paths[0].read_text()
+    lines = text.splitlines(keepends=True)
+    paths[0].write_text({"shorter": "".join(lines[:25]), "appended": text + lines[0],
+                         "head": lines[0] + text}[change])
+    with pytest.raises(jl.StateDictError, match=r"stream shard .*s0.jsonl: changed since the "
+                                                r"state was saved \(size [\d,]+ bytes then, "
+                                                r"[\d,]+ now.*append_only=True"):
+        _restored(paths, workers, state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_append_only_shard_resumes_over_appended_records_and_refuses_a_rewrite(tmp_path,
+                                                                                   workers):
+    paths = [write_jsonl(tmp_path / f"s{k}.jsonl", range(1000 * k, 1000 * k + 100))
+             for k in range(2)]
+    state, _ = _saved_midway(paths, workers, append_only=True)
+    expected = _restored(paths, workers, state, append_only=True)
+    with open(paths[0], "a") as f:  # records appended after the state was saved
+        f.write("".join(json.dumps({"id": i, "text": ""}) + "\n" for i in range(100, 110)))
+    assert _restored(paths, workers, state, append_only=True) == expected
+    paths[0].write_text(paths[0].read_text()[:300])  # cut: not an append
+    with pytest.raises(jl.StateDictError, match=r"s0.jsonl: shorter or rewritten since the "
+                                                r"state was saved \(size"):
+        _restored(paths, workers, state, append_only=True)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+import tempfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import jaxloader as jl
 from streams.test_shards import read_all
@@ -44,3 +48,163 @@ def test_foreign_files_are_refused_by_name(tmp_path):
     shard = jl.TarShard(junk)
     with pytest.raises(jl.RecordError, match=r"junk.tar: byte 0: not a tar header"):
         shard.reset()
+
+
+# -- damage is an error, never a short record -------------------------------------------------
+def _archive(records, fmt=tarfile.GNU_FORMAT):
+    """A tar (bytes) of ``records`` (key, [(ext, data)]), and each member's
+    (header offset, end of its data, end of its padding)."""
+    buffer = io.BytesIO()
+    spans = []
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+        for key, members in records:
+            for ext, data in members:
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                start = buffer.tell()
+                tar.addfile(info, io.BytesIO(data))
+                end = buffer.tell()
+                spans.append((start, end - (-len(data) % 512), end))
+    return buffer.getvalue(), spans
+
+
+def _tarfile_records(path):
+    """What tarfile reads of ``path``, grouped into records as TarShard groups them."""
+    out = []
+    with tarfile.open(path, "r:") as tar:
+        for member in tar:
+            stem, _, ext = member.name.partition(".")
+            data = tar.extractfile(member).read()
+            if out and out[-1]["__key__"] == stem:
+                out[-1][ext] = data
+            else:
+                out.append({"__key__": stem, ext: data})
+    return out
+
+
+_names = st.text("abcdefghij", min_size=1, max_size=6)
+_records = st.lists(
+    st.tuples(_names, st.lists(st.tuples(st.sampled_from(["txt", "cls", "bin"]),
+                                         st.binary(max_size=1300)),
+                               min_size=1, max_size=3, unique_by=lambda m: m[0])),
+    min_size=1, max_size=5, unique_by=lambda r: r[0])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=_records, fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT,
+                                              tarfile.PAX_FORMAT]))
+def test_a_tar_cut_anywhere_is_read_whole_or_refused_never_short(records, fmt):
+    """Against tarfile: the whole archive reads as tarfile reads it; cut at every member
+    boundary and inside every header, data and padding, it is an error naming the shard and a
+    byte offset (or, with tolerate_missing_end and a cut at a member boundary or inside the
+    end-of-archive marker, exactly the members before the cut, as tarfile reads them)."""
+    whole, spans = _archive(records, fmt)
+    end_marker = spans[-1][2]
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "s.tar")
+        open(path, "wb").write(whole)
+        expected = _tarfile_records(path)
+        assert read_all(jl.TarShard(path)) == expected
+        cuts = {end_marker + 512, end_marker + 1023}
+        for start, data_end, padded_end in spans:
+            cuts |= {start, start + 100, start + 511, (start + 512 + data_end) // 2,
+                     data_end, data_end + 1, padded_end - 1, padded_end}
+        for cut in sorted(c for c in cuts if 0 < c < end_marker + 1024):
+            open(path, "wb").write(whole[:cut])
+            boundary = cut in {s for s, _, _ in spans[1:]} or cut >= end_marker
+            for tolerate in (False, True):
+                shard = jl.TarShard(path, tolerate_missing_end=tolerate)
+                if tolerate and boundary:
+                    assert read_all(shard) == _tarfile_records(path), cut
+                    continue
+                with pytest.raises(jl.RecordError, match=rf"s\.tar: byte \d+"):
+                    read_all(shard)
+
+
+def _samples(path, n, size=1000):
+    with tarfile.open(path, "w") as tar:
+        for i in range(n):
+            for ext, data in (("bin", bytes([i % 251]) * size), ("cls", str(i % 10).encode())):
+                info = tarfile.TarInfo(f"sample{i:05d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _header_offset(whole, name):
+    return whole.index(name.encode())
+
+
+def _loader_reads(paths, workers, **kwargs):
+    with jl.StreamLoader(jl.Stream.tar(paths, **kwargs), batch_size=10,
+                         num_workers=workers, process_index=0,
+                         process_count=1) as loader:
+        it = iter(loader)
+        return [next(it) for _ in range(100)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shard_cut_inside_a_member_is_an_error_naming_it(tmp_path, workers):
+    path = _samples(tmp_path / "cut.tar", 500)
+    whole = path.read_bytes()
+    at = _header_offset(whole, "sample00180.bin")
+    path.write_bytes(whole[:at + 512 + 188])  # 188 of sample 180's 1,000 bytes
+    paths = [path, _samples(tmp_path / "whole.tar", 500)]  # 2 shards: one per reader
+    with pytest.raises(Exception, match=rf"cut.tar: byte {at}: member 'sample00180.bin' "
+                                        r"is cut short: its header says "
+                                        r"1,000 bytes .* the file holds 188 more"):
+        _loader_reads(paths if workers else path, workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_size_field_past_the_end_of_the_file_is_an_error_not_one_huge_record(tmp_path,
+                                                                                workers):
+    path = _samples(tmp_path / "big.tar", 200)
+    whole = bytearray(path.read_bytes())
+    at = _header_offset(whole, "sample00100.bin")
+    header = whole[at:at + 512]
+    header[124:136] = b"77777777777\0"  # ~8 GiB, with a checksum that fits it
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\0 " % sum(header)
+    whole[at:at + 512] = header
+    path.write_bytes(bytes(whole))
+    paths = [path, _samples(tmp_path / "other.tar", 200)]
+    with pytest.raises(Exception, match=rf"big.tar: byte {at}: member 'sample00100.bin' "
+                                        r"is cut short: its header says "
+                                        r"8,589,934,591 bytes"):
+        _loader_reads(paths if workers else path, workers)
+
+
+def test_a_damaged_header_fails_its_checksum_by_name(tmp_path):
+    path = _samples(tmp_path / "flip.tar", 20)
+    whole = bytearray(path.read_bytes())
+    at = _header_offset(whole, "sample00007.cls")
+    whole[at + 3] ^= 0x01  # one bit of the name
+    path.write_bytes(bytes(whole))
+    with pytest.raises(jl.RecordError, match=rf"flip.tar: byte {at}: the header of member "
+                                             r"'sam.le00007.cls' fails its checksum "
+                                             r"\(stored \d+, computed \d+\)"):
+        read_all(jl.TarShard(path))
+
+
+def test_a_shard_ending_inside_a_header_or_without_its_end_marker(tmp_path):
+    path = _samples(tmp_path / "end.tar", 10)
+    whole = path.read_bytes()
+    at = _header_offset(whole, "sample00004.bin")
+    path.write_bytes(whole[:at + 300])
+    with pytest.raises(jl.RecordError, match=rf"end.tar: byte {at}: it ends "
+                                             r"inside a header \(300 of 512 bytes\)"):
+        read_all(jl.TarShard(path))
+    path.write_bytes(whole[:at])
+    with pytest.raises(jl.RecordError, match=r"ends without the end-of-archive marker .* "
+                                             r"tolerate_missing_end=True"):
+        read_all(jl.TarShard(path))
+    assert len(read_all(jl.TarShard(path, tolerate_missing_end=True))) == 4
+
+
+def test_a_state_at_the_end_of_a_shard_resumes_at_its_end(tmp_path):
+    path = _samples(tmp_path / "a.tar", 3)
+    shard = jl.TarShard(path)
+    assert len(read_all(shard)) == 3
+    state = shard.get_state()
+    assert read_all(jl.TarShard(path), state) == []
