@@ -16,6 +16,10 @@ import numpy as np
 from jaxloader.errors import ConfigError
 
 MASK64 = (1 << 64) - 1  # seeds and hash keys are 64-bit
+# A record's random numbers are keyed by (epoch << POSITION_BITS | position) in 64 bits
+# (transforms.RecordRng): positions < 2**40 (1e12 records), epochs < 2**24 (EPOCH_LIMIT)
+POSITION_BITS = 40
+EPOCH_LIMIT = 1 << (64 - POSITION_BITS)
 
 
 def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,

@@ -5,10 +5,11 @@ the source's length, the structure of its first record (leaf paths, dtypes and s
 of a few records at fixed positions (the first, the middle and the last): a few reads, however
 large the source. A source may supply its own fingerprint: a ``fingerprint`` attribute (a str,
 or a method returning one); a Hugging Face ``datasets.Dataset``'s own is used
-(``sources.huggingface``).
+(``sources.huggingface``). File sources also name their files' bytes (``source_files``: each
+file's size and a hash of its footer or ends, ``jaxloader.file_identity``), so that a state
+saved over other bytes is refused naming the file that changed.
 
 Example:
-    >>> import numpy as np
     >>> from jaxloader.sources import ArraySource
     >>> fp = source_fingerprint(ArraySource({"x": np.zeros((5, 2), np.float32)}))
     >>> fp["record_spec"], len(fp["record_hash"])
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader import tree as tree_lib
+from jaxloader.sources.base import walk
 
 
 def source_fingerprint(source: Any) -> dict[str, str]:
@@ -60,3 +62,20 @@ def _content(leaf: Any) -> bytes:
     if isinstance(leaf, (bytes, bool, int, float, complex)):
         return leaf if isinstance(leaf, bytes) else repr(leaf).encode()
     return b""  # other objects: their type is in the spec; a repr may hold an address
+
+
+def source_files(source: Any) -> list[tuple[str, list[int]]]:
+    """The files ``source`` reads (through the sources it is made of), each with its identity
+    as read when its source was made: ``(path, identity)`` in reading order.
+
+    Example:
+        >>> from jaxloader.sources import ArraySource
+        >>> source_files(ArraySource({"x": np.zeros(3)}))
+        []
+    """
+    found: list[tuple[str, list[int]]] = []
+    for each in walk(source):
+        identities = getattr(each, "file_identities", None)
+        if callable(identities):
+            found.extend(identities())
+    return found

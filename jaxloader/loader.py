@@ -19,7 +19,8 @@ from typing import Any, Callable, Never, Sequence
 import numpy as np
 
 from jaxloader.engine import Engine, InProcessEngine
-from jaxloader.fingerprint import source_fingerprint
+from jaxloader.interrupts import run_all
+from jaxloader.fingerprint import source_fingerprint, source_files
 from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
@@ -31,6 +32,7 @@ from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.mixture import Mixture, MixtureSampler
 from jaxloader.sampling import Order, Sampler
 from jaxloader.sources import ConcatSource, check_source, huggingface
+from jaxloader.sources.base import close_source
 from jaxloader.state import check_state, make_state
 from jaxloader.transforms import split_transforms
 
@@ -150,7 +152,8 @@ class DataLoader(LoaderLifecycle):
         self._source = source
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key)
-        self._fingerprint: dict[str, str] | None = None  # computed on first use, then kept
+        self._fingerprint: dict[str, Any] | None = None  # computed on first use, then kept
+        self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress()
         self._active: LoaderIterator | None = None
         self._engine: Engine
@@ -241,13 +244,21 @@ class DataLoader(LoaderLifecycle):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
-        self._progress.step = check_state(state, self._sampler, self._source_fingerprint())
+        self._progress.step = check_state(state, self._sampler, self._source_fingerprint(),
+                                          [path for path, _ in self._files])
         self._invalidate()
 
-    def _source_fingerprint(self) -> dict[str, str]:
+    def _source_fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:
-            self._fingerprint = source_fingerprint(self._source)
+            self._fingerprint = dict(source_fingerprint(self._source))
+            if self._files:  # (a file source's bytes, named file by file)
+                self._fingerprint["files"] = [identity for _, identity in self._files]
         return self._fingerprint
+
+    def close(self) -> None:
+        """Stops the workers and releases their shared memory, and closes the files the
+        source holds open in this process (``peek``, ``num_workers=0``); idempotent."""
+        run_all([super().close, lambda: close_source(self._source)])
 
 def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
                  seed: int, last_batch: str, process_index: int, process_count: int,

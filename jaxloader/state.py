@@ -16,9 +16,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from jaxloader.checks import MASK64, check_int
+from jaxloader import file_identity
+from jaxloader.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.errors import StateDictError
 from jaxloader.sampling import LAST_BATCH_POLICIES, Order
 
@@ -30,8 +31,10 @@ _CHECKED = ("num_records", "global_batch_size", "seed", "shuffle", "last_batch")
 _FINGERPRINT = ("source", "record_spec", "record_hash")
 
 
-def make_state(sampler: Order, step: int, fingerprint: dict[str, str]) -> dict[str, Any]:
-    """The state of a loader over ``sampler`` whose next batch is global step ``step``."""
+def make_state(sampler: Order, step: int, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The state of a loader over ``sampler`` whose next batch is global step ``step``;
+    ``fingerprint``: the source's (``jaxloader.fingerprint``), with ``"files"`` (each file's
+    identity, ``file_identity``) for a source of files."""
     return {
         "version": STATE_VERSION,
         "step": int(step),
@@ -53,6 +56,16 @@ def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:
         check_int(name, value, low=low, high=high, error=StateDictError,
                   remedy="pass the dict that DataLoader.state_dict() returned, unchanged")
     return check
+
+
+def _identities(name: str, value: Any) -> None:
+    if not isinstance(value, list) or any(
+            not isinstance(v, list) or any(type(x) is not int or x < 0 for x in v)
+            for v in value):
+        raise StateDictError(
+            f"{name}: expected a list of file identities (lists of non-negative ints), "
+            f"received {value!r:.120}; pass the dict that DataLoader.state_dict() returned, "
+            "unchanged")
 
 
 def _of_type(kind: type, choices: tuple = ()) -> Callable[[str, Any], None]:
@@ -77,11 +90,14 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
     "batch_size": _int(1),
     "process_count": _int(1),
     **{key: _of_type(str) for key in _FINGERPRINT},
+    "files": _identities,
 }
 
 
-def check_state(state: Any, sampler: Order, fingerprint: dict[str, str]) -> int:
-    """Validates ``state`` against ``sampler`` and the source's ``fingerprint``; returns the
+def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
+                paths: Sequence[str] = ()) -> int:
+    """Validates ``state`` against ``sampler`` and the source's ``fingerprint`` (``paths``:
+    the files its ``"files"`` are the identities of, to name one that changed); returns the
     step to continue from."""
     expected = make_state(sampler, 0, fingerprint)
     if not isinstance(state, dict):
@@ -94,6 +110,12 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, str]) -> int:
             f"state: missing keys {missing}; expected keys {sorted(expected)}, received "
             f"{sorted(state)}; pass the dict that DataLoader.state_dict() returned"
         )
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise StateDictError(
+            f"state: unknown keys {unknown}; expected keys {sorted(expected)}: a state of "
+            "another kind of loader or source, or one edited by hand; pass the dict that "
+            "DataLoader.state_dict() returned, unchanged")
     for key, check in _FIELDS.items():
         if key in state:
             check(f"state[{key!r}]", state[key])
@@ -113,5 +135,33 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, str]) -> int:
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
             "size (batch_size x process_count)"
         )
+    _check_files(state.get("files"), expected.get("files"), paths)
+    epochs = state["step"] // sampler.steps_per_epoch
+    if epochs >= EPOCH_LIMIT:
+        raise StateDictError(
+            f"state['step']: {state['step']:,} is past any step this loader reaches: epoch "
+            f"{epochs:,} of {sampler.steps_per_epoch:,} steps, where epochs stop at "
+            f"{EPOCH_LIMIT:,} (a record's random numbers are keyed by its epoch and position "
+            "in 64 bits); pass the dict that DataLoader.state_dict() returned, unchanged")
     sampler.check_extra_state(state, state["step"])
     return state["step"]
+
+
+def _check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
+    """Refuses a state saved over other bytes than the source's files hold now, naming the
+    files that changed (a state's ``"files"`` and the source's, the paths equal)."""
+    if then == now:
+        return
+    if then is None or now is None or len(then) != len(now):
+        raise StateDictError(
+            f"state['files']: expected the identities of the source's {len(now or ())} files, "
+            f"received {'none' if then is None else len(then)}; restore into a loader over the "
+            "files the state was saved with")
+    changed = [f"{paths[i] if i < len(paths) else f'file {i}'}: "
+               f"{file_identity.change(a, b)}" for i, (a, b) in enumerate(zip(then, now))
+               if a != b]
+    raise StateDictError(
+        f"state['files']: {len(changed)} of the source's {len(now)} files changed since the "
+        f"state was saved ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''}): "
+        "the saved step would read other records than it named; restore over the files as "
+        "they were (put them back), or start the run again without this state")

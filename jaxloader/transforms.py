@@ -26,10 +26,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jaxloader.checks import MASK64
+from jaxloader.checks import MASK64, POSITION_BITS as _POSITION_BITS
 from jaxloader.errors import ConfigError, RecordError
-
-_POSITION_BITS = 40  # positions < 2**40 (1e12 records); the epoch takes the bits above
 
 
 class Map:

@@ -2,7 +2,10 @@
 format), as ``bytes``, parsed by a ``Map`` the user gives.
 
 The files' record counts are read once, at construction; index ``i`` is then record
-``i - starts[k]`` of file ``k``. Each process (every worker) opens its own readers, on first use.
+``i - starts[k]`` of file ``k``. Each process (every worker) opens its own readers, on first use,
+at most ``_MAX_OPEN`` at once (the least recently used closed first: thousands of files under a
+1,024-descriptor limit). Each file's identity (size, hashes of its first and last KiB) is taken
+at construction: a state saved over other bytes is refused naming the file.
 Needs the ``array-record`` package (``pip install "jaxloader[array-record]"``). Remote paths
 (``gs://``) are opened by array-record's own reader, in releases built with Riegeli's GCS reader
 (0.8.6 is); local paths are checked to exist first.
@@ -16,14 +19,18 @@ Example (``tests/sources/test_array_record.py`` runs it)::
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
+from jaxloader import file_identity
 from jaxloader.errors import ConfigError
 from jaxloader.sources.paths import expand
+
+_MAX_OPEN = 16  # readers a process keeps open (a full shuffle touches every file: more help)
 
 
 class ArrayRecordSource:
@@ -38,14 +45,27 @@ class ArrayRecordSource:
             counts.append(reader.num_records())
             reader.close()
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._readers: dict[int, Any] = {}
+        self._identities = [file_identity.whole(path) if "://" not in path else [0]
+                            for path in self.paths]
+        self._readers: collections.OrderedDict[int, Any] = collections.OrderedDict()
 
     def __getstate__(self) -> dict:
-        return {"paths": self.paths, "starts": self._starts}
+        return {"paths": self.paths, "starts": self._starts, "identities": self._identities}
 
     def __setstate__(self, state: dict) -> None:
         self.paths, self._starts = state["paths"], state["starts"]
-        self._readers = {}  # each process opens its own
+        self._identities = state["identities"]
+        self._readers = collections.OrderedDict()  # each process opens its own
+
+    def file_identities(self) -> list[tuple[str, list[int]]]:
+        """Each local file's path and identity (``jaxloader.file_identity.whole``), as read
+        when the source was made (a remote file's: ``[0]``, not read)."""
+        return list(zip(self.paths, self._identities))
+
+    def close(self) -> None:
+        """Closes the readers this process has open (a later read opens them again)."""
+        while self._readers:
+            self._readers.popitem()[1].close()
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -80,6 +100,10 @@ class ArrayRecordSource:
         reader = self._readers.get(k)
         if reader is None:
             reader = self._readers[k] = _open(self.paths[k])
+            while len(self._readers) > _MAX_OPEN:
+                self._readers.popitem(last=False)[1].close()
+        else:
+            self._readers.move_to_end(k)
         return reader
 
     def __repr__(self) -> str:

@@ -57,6 +57,7 @@ from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
 from jaxloader.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
 from jaxloader.sources.joined_groups import JoinedGroups
+from jaxloader.sources.parquet_files import ParquetFiles, open_error
 from jaxloader.sources.paths import expand
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.string_column import StringColumn
@@ -122,6 +123,7 @@ class ParquetSource:
                     "ConcatSource them after a Map that makes them alike), or pass columns= "
                     "those they share"
                 )
+        self._files = ParquetFiles(self.paths)  # opened when read; identities for the state
         self._groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
         rows = [metas[f].row_group(g).num_rows for f, g in self._groups]
         self._starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
@@ -136,11 +138,12 @@ class ParquetSource:
         self.cache_bytes = cache_bytes
         self.share_decoded = share_decoded and shm.MEMFD_AVAILABLE
         self._table_name: str | None = None  # the shared blocks' table, once workers are made
+        self._table_finalizer: weakref.finalize | None = None  # destroys it (main process)
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
-        """What each process keeps for itself: open files and decoded row groups."""
-        self._files: dict[int, Any] = {}
+        """What each process keeps for itself: decoded row groups (``_files`` keeps its open
+        files)."""
         self._cache: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
         self._sizes: dict[int, int] = {}  # the bytes of each cached row group
         self._join: JoinedGroups | None = None  # the last batch's row groups as one table
@@ -158,14 +161,16 @@ class ParquetSource:
                 self.share_decoded = False  # each worker decodes for itself, as before
             else:
                 self._table_name = table.name
-                weakref.finalize(self, table.destroy)
+                self._table_finalizer = weakref.finalize(self, table.destroy)
         state = dict(self.__dict__)
-        for key in ("_files", "_cache", "_sizes", "_join", "_joins", "_shared", "_shared_tried"):
+        for key in ("_cache", "_sizes", "_join", "_joins", "_shared", "_shared_tried",
+                    "_table_finalizer"):
             state.pop(key)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._table_finalizer = None
         self._reset_process_state()
         # A worker unpickles its source as it starts: pyarrow's import (~0.2 s) happens then,
         # while the main process makes its model, not in the first batch; so does that of
@@ -186,9 +191,28 @@ class ParquetSource:
         """Where each row group starts, and the row count last: ``LocalShuffle``'s blocks."""
         return self._starts
 
+    def file_identities(self) -> list[tuple[str, list[int]]]:
+        """Each file's path and identity (its size and a hash of its footer:
+        ``jaxloader.file_identity``), as read when the source was made: a loader's state
+        holds them, and a restore over a changed file is refused naming it."""
+        return list(zip(self.paths, self._files.identities))
+
+    def close(self) -> None:
+        """Closes the files this process has open and lets its decoded row groups go, and the
+        workers' table of shared row groups with them (a later read opens and decodes again;
+        ``DataLoader.close()`` calls it). Idempotent."""
+        self._files.close()
+        if self._shared is not None:
+            self._shared.close()
+        self._reset_process_state()
+        if self._table_finalizer is not None:
+            self._table_finalizer()
+            self._table_finalizer = self._table_name = None
+
     @property
     def fingerprint(self) -> str:
-        """Paths, row counts and schema: enough to tell other data, with no read."""
+        """Paths, row counts and schema: enough to tell other data, with no read (the files'
+        bytes are named by ``file_identities``)."""
         digest = hashlib.blake2b(digest_size=16)
         digest.update("\0".join(self.paths).encode())
         digest.update(self._starts.tobytes())
@@ -265,11 +289,8 @@ class ParquetSource:
         out = []
         for group in range(len(self._groups)):
             file_number, in_file = self._groups[group]
-            handle = self._files.get(file_number)
-            if handle is None:
-                handle = self._files[file_number] = _open(_pyarrow_parquet(),
-                                                          self.paths[file_number])
-            array = handle.read_row_group(in_file, columns=[key]).column(0).combine_chunks()
+            array = self._files.read(file_number, in_file, [key], use_threads=True).column(
+                0).combine_chunks()
             if array.null_count:
                 raise ValueError(
                     f"ParquetSource: column {key!r} of {self.paths[file_number]!r} has "
@@ -481,14 +502,11 @@ class ParquetSource:
     def _read(self, group: int) -> Any:
         """Row group ``group`` decoded from its file: a ``pyarrow.Table``."""
         file_number, in_file = self._groups[group]
-        handle = self._files.get(file_number)
-        if handle is None:
-            handle = self._files[file_number] = _open(_pyarrow_parquet(), self.paths[file_number])
         in_worker = get_worker_info() is not None
         if in_worker:
             _return_freed_memory()
         # In a worker, one thread: the workers are the parallelism (and threads' arenas cost).
-        return handle.read_row_group(in_file, columns=self.columns, use_threads=not in_worker)
+        return self._files.read(file_number, in_file, self.columns, use_threads=not in_worker)
 
     def __repr__(self) -> str:
         return (f"ParquetSource({len(self)} rows in {len(self.paths)} file(s), "
@@ -541,7 +559,13 @@ def _metadata(pq: Any, path: str) -> Any:
 
     pattern = path.rstrip("/") + "/*.parquet"  # what to pass for a remote folder
     try:
-        return _open(pq, path).metadata
+        handle = _open(pq, path)
+        try:
+            return handle.metadata
+        finally:
+            handle.close(force=True)
+    except PermissionError as e:
+        raise open_error(path, e) from None
     except FileNotFoundError:  # (a bucket's store may say so of a folder)
         folder = (f"; if it is a remote folder, pass a pattern: {pattern!r}"
                   if "://" in path and not path.endswith(".parquet") else "")

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader import collate
+from jaxloader.checks import POSITION_BITS as _POSITION_BITS
 from jaxloader.errors import JaxloaderError, RecordError
 from jaxloader.pipeline import finish_batch
 from jaxloader.streams.mixed import MixedStream
@@ -41,7 +42,6 @@ from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.transforms import Filter, Map, RandomMap, RecordRng, returned_none
 
-_POSITION_BITS = 40  # RecordRng's positions; the bits above go where a map-style epoch goes
 _POSITION_MASK = (1 << _POSITION_BITS) - 1
 DROP_RUN = 100_000  # records in a row a Filter drops before a reader gives up
 _MAP, _RANDOM, _FILTER = 0, 1, 2

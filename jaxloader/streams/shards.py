@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
+from jaxloader import file_identity
 from jaxloader.errors import ConfigError, RecordError, StateDictError
 from jaxloader.streams.compressed import decompressed
 
-_ENDS_BYTES = 1024  # a shard's first and last bytes, hashed into its identity
 
 
 @runtime_checkable
@@ -54,10 +53,10 @@ class FileShard:
     """A shard read from a file (``path``: local, or remote such as ``gs://``), resumed by
     seeking to a byte offset. Its state holds the offset, a count (``_COUNTER``: lines,
     records) and the file's identity when it was opened: its size and CRC-32s of its first
-    and last KiB (``identity``). A restore over a file whose identity changed is refused,
-    naming the file and what changed: the offset would land inside other records. Content,
-    not a modification time: a shard copied elsewhere resumes; an edit inside that keeps the
-    size and both ends is not seen. ``append_only=True`` accepts a file that only grew (its
+    and last KiB (``jaxloader.file_identity``). A restore over a file whose identity changed
+    is refused, naming the file and what changed: the offset would land inside other
+    records. Content, not a modification time: a shard copied elsewhere resumes; an edit
+    inside that keeps the size and both ends is not seen. ``append_only=True`` accepts a file that only grew (its
     first bytes as they were), for shards that records are appended to.
     """
 
@@ -244,17 +243,12 @@ class IterableShard:
 def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
     """``shard.path`` opened for reading the bytes it holds (decompressed if it is gzip,
     bzip2, xz or Zstandard: ``jaxloader.streams.compressed``), with the file's identity as
-    opened (``identity``) and whether the reader is the file itself (local, not compressed);
-    an error naming the shard if it cannot be opened."""
+    opened (``file_identity.ends``) and whether the reader is the file itself (local, not
+    compressed); an error naming the shard if it cannot be opened."""
     try:
-        if "://" in shard.path:  # remote (gs://, s3://): through the path layer Orbax uses
-            from etils import epath
-
-            raw = epath.Path(shard.path).open("rb")
-        else:
-            raw = open(shard.path, "rb")
+        raw = file_identity.open_binary(shard.path)  # (remote: gs://, s3://)
         try:
-            found = identity(raw)
+            found = file_identity.ends(raw)
         except BaseException:
             raw.close()
             raise
@@ -263,19 +257,6 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
                           "path, or drop the shard from the stream") from None
-
-
-def identity(raw: Any, size: int | None = None) -> dict[str, int]:
-    """``{"size", "head", "tail"}`` of the file ``raw`` (binary, at its start, left there):
-    its size, and CRC-32s of its first and of its last KiB (of its first ``size`` bytes, if
-    given). Content, not a modification time: a copy of the same bytes is the same file."""
-    end = raw.seek(0, os.SEEK_END) if size is None else size
-    raw.seek(0)
-    head = raw.read(min(end, _ENDS_BYTES))
-    raw.seek(max(0, end - _ENDS_BYTES))
-    tail = raw.read(min(end, _ENDS_BYTES))
-    raw.seek(0)
-    return {"size": end, "head": zlib.crc32(head), "tail": zlib.crc32(tail)}
 
 
 def check_unchanged(shard: Any, state: dict) -> None:
@@ -309,14 +290,8 @@ def check_unchanged(shard: Any, state: dict) -> None:
 
 def _prefix_identity(shard: Any, size: int) -> dict[str, int]:
     """The identity of the first ``size`` bytes of ``shard``'s file, as it is now."""
-    if "://" in shard.path:
-        from etils import epath
-
-        raw = epath.Path(shard.path).open("rb")
-    else:
-        raw = open(shard.path, "rb")
-    with raw:
-        return identity(raw, size)
+    with file_identity.open_binary(shard.path) as raw:
+        return file_identity.ends(raw, size)
 
 
 def seek(shard: Any, offset: int) -> None:

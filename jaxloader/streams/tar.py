@@ -132,9 +132,9 @@ class TarShard(FileShard):
             if stored not in (unsigned, signed):  # (some old writers summed signed bytes)
                 raise RecordError(
                     f"{self.path}: byte {offset}: the header of member "
-                    f"{_header_name(header)!r} fails its checksum (stored {stored}, computed {unsigned}): the header is damaged; "
-                    "replace the shard (re-download or re-create it), or drop it from the "
-                    "stream")
+                    f"{_header_name(header)!r} fails its checksum (stored {stored}, computed "
+                    f"{unsigned}): the header is damaged; replace the shard (re-download or "
+                    "re-create it), or drop it from the stream")
         return size
 
     def _read_data(self, size: int, header: bytes, offset: int) -> bytes:

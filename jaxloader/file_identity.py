@@ -1,0 +1,79 @@
+"""What a file is, in a loader's state: its size and hashes of its bytes, not its time.
+
+A saved position means the same records only over the same bytes. File sources and stream shards
+therefore record each file's identity as they open it, and a restore over a file whose identity
+changed is refused, naming it (a stream: the shard it was in; a source: every file it reads):
+
+    a stream shard     {"size", "head", "tail"}: CRC-32s of its first and last KiB (``ends``)
+    a Parquet file     [size, CRC-32 of its footer] (row groups' offsets, sizes and statistics)
+    an ArrayRecord     [size, CRC-32 of its first KiB, of its last KiB] (``whole``)
+
+Content, not a modification time: a dataset copied to another disk (``cp``, ``gsutil cp``)
+keeps its identity and resumes; an edit inside a file that keeps its size and both ends (or
+its footer) is not seen.
+
+Example:
+    >>> import io
+    >>> ends(io.BytesIO(b"0123456789"))["size"]
+    10
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+ENDS_BYTES = 1024  # a stream shard's first and last bytes, hashed into its identity
+_PARQUET_TAIL = 8  # a Parquet file ends with its footer's length (4 bytes) and b"PAR1"
+
+
+def open_binary(path: str) -> Any:
+    """``path`` opened for reading bytes: a local file, or a remote one (``gs://``) through
+    ``etils.epath``, the path layer Orbax uses."""
+    if "://" in path:
+        from etils import epath
+
+        return epath.Path(path).open("rb")
+    return open(path, "rb")
+
+
+def ends(raw: Any, size: int | None = None) -> dict[str, int]:
+    """``{"size", "head", "tail"}`` of the file ``raw`` (binary, seekable; left at its start):
+    its size, and CRC-32s of its first and of its last KiB (of its first ``size`` bytes, if
+    given: the file as it was before records were appended)."""
+    end = raw.seek(0, os.SEEK_END) if size is None else size
+    raw.seek(0)
+    head = raw.read(min(end, ENDS_BYTES))
+    raw.seek(max(0, end - ENDS_BYTES))
+    tail = raw.read(min(end, ENDS_BYTES))
+    raw.seek(0)
+    return {"size": end, "head": zlib.crc32(head), "tail": zlib.crc32(tail)}
+
+
+def parquet(path: str) -> list[int]:
+    """``[size, CRC-32 of the footer]`` of the Parquet file at ``path``."""
+    with open_binary(path) as raw:
+        size = raw.seek(0, os.SEEK_END)
+        if size < _PARQUET_TAIL:
+            return [size, 0]
+        raw.seek(size - _PARQUET_TAIL)
+        length = int.from_bytes(raw.read(4), "little")
+        raw.seek(max(0, size - _PARQUET_TAIL - length))
+        return [size, zlib.crc32(raw.read(length))]
+
+
+def whole(path: str) -> list[int]:
+    """``[size, CRC-32 of the first KiB, CRC-32 of the last KiB]`` of the file at ``path``."""
+    with open_binary(path) as raw:
+        found = ends(raw)
+    return [found["size"], found["head"], found["tail"]]
+
+
+def change(then: list[int], now: list[int]) -> str:
+    """What differs between two identities of a file (``parquet``, ``whole``), in words."""
+    if then[0] != now[0]:
+        return f"size {then[0]:,} bytes then, {now[0]:,} now"
+    if len(then) == 2:
+        return "the same size, another footer (its row groups' sizes or statistics differ)"
+    return "the same size, other bytes at its start or end"

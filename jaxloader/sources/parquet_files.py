@@ -1,0 +1,198 @@
+"""``ParquetFiles``: a Parquet source's files, opened when read and checked against what they were.
+
+::
+
+    read(file, row group, columns)
+      ├─ a local file: os.stat its path; size, time or inode not as before? its footer again:
+      │    the same identity (a copy put in its place): go on; else an error naming the file
+      ├─ the file open? at most _MAX_OPEN a process, the least recently used closed first
+      │    (opened with the footer this process read before, and page checksums verified)
+      └─ read_row_group ── fails? ──> RecordError naming the file, the row group and the column
+
+Why: a dataset of thousands of files must not hold a descriptor each (a soft limit of 1,024 is
+common, and each worker would hold one a file); a file replaced under a running loader must
+not be read with the footer of the old one or served through an old handle; a damaged page
+must be an error that says where, not a value that is silently wrong (pyarrow verifies a
+page's CRC only when asked to). Each process (every worker) opens its own files; nothing
+here crosses to a worker but the paths and the identities taken at construction.
+
+Remote files (``gs://``) are opened through ``etils.epath``; they are checked against their
+identity when opened, not at every row group (a stat is a round trip there).
+
+Example:
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> path = tempfile.mkdtemp() + "/a.parquet"
+    >>> pq.write_table(pa.table({"x": [1, 2, 3]}), path, row_group_size=2)
+    >>> files = ParquetFiles([path])
+    >>> files.read(0, 1, ["x"], use_threads=False).column("x").to_pylist()
+    [3]
+    >>> files.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+from typing import Any, Sequence
+
+from jaxloader import file_identity
+from jaxloader.errors import RecordError
+
+# Files a process keeps open at once: a read-local order reads one or two files at a time, a
+# mixture holds this many a component; far under a 1,024-descriptor limit.
+_MAX_OPEN = 8
+
+
+class ParquetFiles:
+    """The files at ``paths`` (see the module docstring); their identities are taken here, in
+    the process that makes the source."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = list(paths)
+        self.identities = [_checked_open(path, file_identity.parquet) for path in self.paths]
+        self._stats = [_stat(path) for path in self.paths]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._open: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._metas: dict[int, Any] = {}  # footers read in this process, by file
+
+    def __getstate__(self) -> dict:
+        return {"paths": self.paths, "identities": self.identities, "_stats": self._stats}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def read(self, number: int, group: int, columns: list[str], use_threads: bool) -> Any:
+        """Row group ``group`` of file ``number``, ``columns`` of it: a ``pyarrow.Table``."""
+        self._check(number)
+        handle = self.handle(number)
+        try:
+            return handle.read_row_group(group, columns=columns, use_threads=use_threads)
+        except (OSError, ValueError, RuntimeError) as e:  # (pyarrow's errors derive from these)
+            raise self._undecodable(number, group, columns, e) from e
+
+    def handle(self, number: int) -> Any:
+        """File ``number`` as a ``pyarrow.parquet.ParquetFile``, opened if it is not."""
+        handle = self._open.get(number)
+        if handle is not None:
+            self._open.move_to_end(number)
+            return handle
+        import pyarrow.parquet as pq
+
+        path = self.paths[number]
+        meta = self._metas.get(number)
+        if meta is None and "://" in path:
+            self._check_remote(number)
+        handle = _checked_open(path, lambda p: pq.ParquetFile(
+            file_identity.open_binary(p) if "://" in p else p, metadata=meta,
+            page_checksum_verification=True))
+        self._metas[number] = handle.metadata
+        self._open[number] = handle
+        while len(self._open) > _MAX_OPEN:
+            self._open.popitem(last=False)[1].close(force=True)
+        return handle
+
+    def close(self) -> None:
+        """Closes the open files (a later read opens them again)."""
+        while self._open:
+            self._open.popitem()[1].close(force=True)
+
+    def _check(self, number: int) -> None:
+        """Raises if local file ``number`` is no longer the one read at construction."""
+        before = self._stats[number]
+        if before is None:
+            return
+        now = _stat(self.paths[number])
+        if now == before:
+            return
+        identity = _checked_open(self.paths[number], file_identity.parquet)
+        if identity != self.identities[number]:
+            raise self._changed(number, identity)
+        self._stats[number] = now  # the same bytes (a copy put in place): read the new file
+        handle = self._open.pop(number, None)
+        if handle is not None:
+            handle.close(force=True)
+
+    def _check_remote(self, number: int) -> None:
+        identity = _checked_open(self.paths[number], file_identity.parquet)
+        if identity != self.identities[number]:
+            raise self._changed(number, identity)
+
+    def _changed(self, number: int, identity: list[int]) -> RecordError:
+        return RecordError(
+            f"ParquetSource: file {self.paths[number]!r} changed while the loader reads it "
+            f"({file_identity.change(self.identities[number], identity)}): its rows "
+            "are no longer those the order (and a saved state) names; put the file back, or "
+            "make a new source and loader over the files as they are now")
+
+    def _undecodable(self, number: int, group: int, columns: list[str],
+                     error: Exception) -> RecordError:
+        """The error for a row group that cannot be read: which column, found by reading them
+        one by one."""
+        handle = self._open.get(number)
+        bad = None
+        for name in columns if len(columns) > 1 else ():
+            if handle is None:
+                break
+            try:
+                handle.read_row_group(group, columns=[name], use_threads=False)
+            except Exception:  # noqa: BLE001 - the one that fails is the one to name
+                bad = name
+                break
+        meta = self._metas.get(number)
+        rows = ""
+        if meta is not None:
+            first = sum(meta.row_group(g).num_rows for g in range(group))
+            rows = f" (rows {first:,}..{first + meta.row_group(group).num_rows - 1:,} of the file)"
+        where = f"column {bad!r}" if bad is not None else f"columns {columns}"
+        return RecordError(
+            f"ParquetSource: file {self.paths[number]!r}, row group {group}{rows}, {where}: "
+            f"cannot be decoded ({type(error).__name__}: {error}): the file is damaged; replace "
+            "it (download or write it again), or leave it out of the source's paths")
+
+
+def _stat(path: str) -> tuple[int, int, int] | None:
+    """A local file's size, modification time and inode (``None`` for a remote one)."""
+    if "://" in path:
+        return None
+    try:
+        found = os.stat(path)
+    except OSError as e:
+        raise open_error(path, e) from None
+    return found.st_size, found.st_mtime_ns, found.st_ino
+
+
+def _checked_open(path: str, use: Any) -> Any:
+    """``use(path)`` (which opens the file); an ``OSError`` naming the file and the remedy."""
+    try:
+        return use(path)
+    except FileNotFoundError as e:
+        raise open_error(path, e) from None
+    except PermissionError as e:
+        raise open_error(path, e) from None
+
+
+def open_error(path: str, error: OSError) -> OSError:
+    """The error for a file that cannot be opened: a ``PermissionError`` naming the permission
+    it lacks and who may read the file; a vanished file named as such."""
+    if isinstance(error, PermissionError) or error.errno in (errno.EACCES, errno.EPERM):
+        owner = ""
+        try:
+            found = os.stat(path)
+            owner = f", mode {found.st_mode & 0o777:o}, owner uid {found.st_uid}"
+        except OSError:
+            owner = " (its folder cannot be searched either)"
+        return PermissionError(
+            errno.EACCES, f"ParquetSource: no permission to read this file{owner}; this "
+            f"process runs as uid {os.geteuid()}: grant read permission (chmod a+r), or run as "
+            "a user who may read it", path)
+    if isinstance(error, FileNotFoundError):
+        return FileNotFoundError(
+            errno.ENOENT, "ParquetSource: the file is gone (deleted or moved since the source "
+            "was made); put it back, or make a new source and loader over the files there are",
+            path)
+    return error
+

@@ -1,0 +1,154 @@
+"""ParquetSource's files: opened when read (thousands of files under a descriptor limit),
+damaged pages and changed files named, permissions named (``sources.parquet_files``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from sources.test_parquet import write_parts
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pytestmark = pytest.mark.timeout(180)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory):
+    """1,500 small Parquet files: more than the 1,024 descriptors a process may hold."""
+    folder = tmp_path_factory.mktemp("many")
+    for k in range(1500):
+        pq.write_table(pa.table({"id": np.arange(k * 4, k * 4 + 4, dtype=np.int64)}),
+                       folder / f"part-{k:04d}.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_row_of_1500_files_is_read_under_a_1024_descriptor_limit(many_files, workers):
+    run = subprocess.run([sys.executable, os.path.join(HERE, "parquet_fd_run.py"),
+                          str(many_files), str(workers)], capture_output=True, text=True,
+                         timeout=150, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["rows"] == found["distinct"] == 6000
+    assert found["after"] == found["before"]  # close() left no descriptor open
+
+
+def _loader(paths, workers, **kwargs):
+    return jl.DataLoader(jl.ParquetSource(paths), batch_size=8, num_workers=workers,
+                         process_index=0, process_count=1, **kwargs)
+
+
+def _write(path, values, **kwargs):
+    table = pa.table({"x": np.asarray(values, np.int64), "y": np.arange(len(values))})
+    pq.write_table(table, path, use_dictionary=False, compression="NONE", **kwargs)
+    return str(path)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_page_that_fails_its_checksum_is_an_error_naming_file_row_group_and_column(
+        tmp_path, workers):
+    path = _write(tmp_path / "crc.parquet", np.arange(1000) * 7919, write_page_checksum=True)
+    damaged = bytearray(open(path, "rb").read())
+    damaged[damaged.index(np.int64(500 * 7919).tobytes())] ^= 1  # one bit of row 500's x
+    open(path, "wb").write(damaged)
+    with _loader([path], workers) as loader, pytest.raises(
+            jl.JaxloaderError, match=r"crc.parquet', row group 0 \(rows 0..999 of the file\), "
+                                     r"column 'x': cannot be decoded \(OSError: .*CRC checksum "
+                                     r"verification failed"):
+        for _ in loader:
+            pass
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_page_header_is_an_error_naming_file_row_group_and_column(tmp_path, workers):
+    path = _write(tmp_path / "thrift.parquet", np.arange(100))
+    offset = pq.ParquetFile(path).metadata.row_group(0).column(1).data_page_offset
+    damaged = bytearray(open(path, "rb").read())
+    damaged[offset:offset + 8] = b"\xff" * 8
+    open(path, "wb").write(damaged)
+    with _loader([path], workers) as loader, pytest.raises(
+            jl.JaxloaderError, match=r"thrift.parquet', row group 0 \(rows 0..99 of the file\), "
+                                     r"column 'y': cannot be decoded \(OSError: Couldn't "
+                                     r"deserialize thrift"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_saved_over_other_bytes_is_refused_naming_the_file(tmp_path, workers):
+    paths = write_parts(tmp_path)
+    with _loader(paths, workers, shuffle=True) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+    original = open(paths[1], "rb").read()
+    table = pq.read_table(paths[1])  # the same schema and row count, other values
+    pq.write_table(table.set_column(0, "id", pa.compute.add(table["id"], 1000)), paths[1],
+                   row_group_size=16)
+    with _loader(paths, workers, shuffle=True) as again, pytest.raises(
+            jl.StateDictError, match=r"state\['files'\]: 1 of the source's 3 files changed "
+                                     r"since the state was saved \(.*part-1.parquet: "):
+        again.load_state_dict(state)
+    shutil.copy(paths[0], tmp_path / "copy")  # a copy of the same bytes (another time) is
+    os.replace(tmp_path / "copy", paths[0])  # the same file: the state still restores
+    open(paths[1], "wb").write(original)  # put back
+    with _loader(paths, workers, shuffle=True) as again:
+        again.load_state_dict(state)
+        assert again.step == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_file_replaced_under_a_live_loader_is_noticed_at_its_next_row_group(tmp_path,
+                                                                              workers):
+    paths = write_parts(tmp_path)
+    with _loader(paths, workers) as loader:  # file order: part-2 is read last
+        shutil.copy(paths[2], tmp_path / "copy")  # the same bytes put in place: read on
+        os.replace(tmp_path / "copy", paths[2])
+        assert sum(len(b["id"]) for b in loader) == 128
+    with _loader(paths, workers) as loader:
+        table = pq.read_table(paths[2])
+        pq.write_table(table.set_column(0, "id", pa.compute.add(table["id"], 1000)),
+                       tmp_path / "new", row_group_size=16)
+        os.replace(tmp_path / "new", paths[2])
+        with pytest.raises(jl.JaxloaderError, match=r"part-2.parquet' changed while the loader "
+                                                    r"reads it \(size [\d,]+ bytes then"):
+            for _ in loader:
+                pass
+
+
+@contextlib.contextmanager
+def _as_nobody():
+    """This process's effective user is one without rights to root's files (as root)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def test_a_file_without_read_permission_is_an_oserror_naming_it_and_the_permission():
+    folder = tempfile.mkdtemp(dir="/tmp")
+    try:
+        os.chmod(folder, 0o755)
+        path = _write(os.path.join(folder, "secret.parquet"), np.arange(10))
+        os.chmod(path, 0o000 if os.geteuid() else 0o600)
+        with _as_nobody(), pytest.raises(PermissionError, match=r"no permission to read this "
+                                                                r"file, mode 600.*chmod a\+r"
+                                                                r".*secret.parquet") as caught:
+            jl.ParquetSource(path)
+        assert not isinstance(caught.value, jl.ConfigError)  # not "not a Parquet file"
+    finally:
+        shutil.rmtree(folder)
