@@ -18,6 +18,7 @@ from jaxloader.errors import (
     PerformanceWarning,
     RecordError,
     SharedMemoryError,
+    StallError,
     StateDictError,
     WorkerError,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "RecordError",
     "SharedMemoryError",
     "Source",
+    "StallError",
     "StateDictError",
     "PackedStream",
     "Stream",

@@ -40,6 +40,12 @@ class WorkerError(JaxloaderError, RuntimeError):
     """
 
 
+class StallError(WorkerError):
+    """No batch came within the loader's ``timeout_s``: names the step awaited and what each
+    worker was doing then (its step, for how long, its process state and Python stack). The
+    loader is broken, as for any ``WorkerError``."""
+
+
 class SharedMemoryError(JaxloaderError, MemoryError):
     """Shared memory for a batch or a shared source could not be reserved.
 

@@ -151,10 +151,12 @@ class LoaderIterator:
         self._last_return = returned
         return batch
 
-    def stop_work(self, until_gone: bool = False) -> None:
+    def stop_work(self, until_gone: bool = False) -> bool:
         """Stops the host-batch thread (waiting for it at most its join timeout, or
-        ``until_gone``) or closes the engine run (frees its slots)."""
+        ``until_gone``) or closes the engine run (frees its slots); whether nothing of it
+        runs any more (a thread still finishing a batch: not yet)."""
         if self._prefetcher is not None:
-            self._prefetcher.close(until_gone)
-        elif self._batches is not None:
+            return self._prefetcher.close(until_gone)
+        if self._batches is not None:
             self._batches.close()
+        return True

@@ -44,15 +44,17 @@ class LoaderLifecycle:
     def reset_stats(self) -> None:
         self._progress.reset_stats()
 
-    def _invalidate(self, until_gone: bool = True) -> None:
+    def _invalidate(self, until_gone: bool = True) -> bool:
         """Makes live iterators stale and stops what they run (thread, engine run), waiting
         for the device-prefetch thread until it is gone: a new run must not start beside it
         (an in-process engine's reader or cache is not for two threads at once). ``close()``
-        waits at most the join timeout instead."""
+        waits at most the join timeout instead; whether nothing runs any more."""
         self._progress.generation += 1
+        gone = True
         if self._active is not None:
-            self._active.stop_work(until_gone)
+            gone = self._active.stop_work(until_gone)
             self._active = None
+        return gone
 
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -90,12 +92,19 @@ class LoaderLifecycle:
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Releases workers and buffers; idempotent."""
+        """Releases workers and buffers, without waiting for batches in flight (workers busy
+        in a transform are killed); idempotent."""
         self._progress.closed = True
+        gone: list[bool] = []
         # Every call runs every step (each is idempotent): a Ctrl-C while the prefetch thread
         # is joined must not skip the workers (``jaxloader.interrupts``, 4), and one that lands
         # before the steps began (as ``run_all`` starts) leaves them to the next close().
-        run_all([lambda: self._invalidate(until_gone=False), self._engine.close])
+        run_all([lambda: gone.append(self._invalidate(until_gone=False)), self._engine.close,
+                 lambda: self._release(bool(gone) and gone[0])])
+
+    def _release(self, idle: bool) -> None:
+        """What a loader frees once its engine is closed (``idle``: no thread of it still
+        makes a batch in this process)."""
 
     def __enter__(self) -> Self:
         return self

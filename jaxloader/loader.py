@@ -19,7 +19,6 @@ from typing import Any, Callable, Never, Sequence
 import numpy as np
 
 from jaxloader.engine import Engine, InProcessEngine
-from jaxloader.interrupts import run_all
 from jaxloader.fingerprint import source_fingerprint, source_files
 from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.lifecycle import LoaderLifecycle
@@ -78,6 +77,12 @@ class DataLoader(LoaderLifecycle):
             device) or by ``next()`` in your thread (several devices; see the README).
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
             0 places each batch in ``next()``.
+        stall_warning_s: with workers, a batch awaited this long is logged (``logging``
+            ``"jaxloader"``): which worker holds which step, for how long, its process state
+            and Python stack; said again every ``stall_warning_s``. ``None``: never.
+        timeout_s: with workers, a batch awaited this long raises ``StallError`` with the same
+            report (the loader is then broken); ``None`` (the default): waits as long as it
+            takes. With ``num_workers=0`` the batch is made in your thread: Ctrl-C shows where.
         unknown: PyTorch's and Grain's names (``drop_last``, ``collate_fn``, ``pin_memory``,
             ``worker_count``, ...) raise a ``TypeError`` saying what to pass instead.
 
@@ -114,6 +119,8 @@ class DataLoader(LoaderLifecycle):
         start_method: str = "exec",
         sharding: Any = None,
         device_prefetch: int = 2,
+        stall_warning_s: float | None = 300.0,
+        timeout_s: float | None = None,
         **unknown: Never,
     ) -> None:
         from jaxloader.streams import Stream
@@ -139,7 +146,7 @@ class DataLoader(LoaderLifecycle):
             if check_order is not None:
                 check_order(shuffle)
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
-                                      device_prefetch)
+                                      device_prefetch, stall_warning_s, timeout_s)
         self._putter = None
         if sharding is not None:
             from jaxloader.sharding.put import Putter
@@ -163,7 +170,8 @@ class DataLoader(LoaderLifecycle):
             from jaxloader.workers.pool import WorkerPool
 
             self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,
-                                      start_method=start_method, worker_init_fn=worker_init_fn)
+                                      start_method=start_method, worker_init_fn=worker_init_fn,
+                                      stall_warning_s=stall_warning_s, timeout_s=timeout_s)
 
     # -- sizes, placement and position ------------------------------------------------------
     def __len__(self) -> int:
@@ -255,10 +263,12 @@ class DataLoader(LoaderLifecycle):
                 self._fingerprint["files"] = [identity for _, identity in self._files]
         return self._fingerprint
 
-    def close(self) -> None:
-        """Stops the workers and releases their shared memory, and closes the files the
-        source holds open in this process (``peek``, ``num_workers=0``); idempotent."""
-        run_all([super().close, lambda: close_source(self._source)])
+    def _release(self, idle: bool) -> None:
+        """Closes the files the source holds open in this process (``peek``,
+        ``num_workers=0``), unless a device-put thread still makes a batch from it (it ends
+        with that batch; the files close when the source goes)."""
+        if idle:
+            close_source(self._source)
 
 def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
                  seed: int, last_batch: str, process_index: int, process_count: int,

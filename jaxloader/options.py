@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from jaxloader.checks import check_int
 from jaxloader.errors import ConfigError
@@ -33,6 +34,8 @@ class LoaderOptions:
     prefetch: int = 2
     start_method: str = "exec"
     device_prefetch: int = 2
+    stall_warning_s: float | None = 300.0
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         def keep(name: str, value: int) -> None:  # as a Python int (NumPy's are not JSON)
@@ -53,6 +56,15 @@ class LoaderOptions:
                 f"mask_key: expected a str (the name of the pad mask leaf), got "
                 f"{type(self.mask_key).__name__} {self.mask_key!r}"
             )
+        for name in ("stall_warning_s", "timeout_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not 0 < value < math.inf):
+                raise ConfigError(
+                    f"{name}: expected a number of seconds > 0, or None, got "
+                    f"{type(value).__name__} {value!r}; None: "
+                    + ("no report of a late batch" if name == "stall_warning_s" else
+                       "wait for a batch as long as it takes"))
         if self.start_method not in START_METHODS:
             raise ConfigError(
                 f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "

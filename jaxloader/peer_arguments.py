@@ -27,8 +27,9 @@ _REMEDIES = {
     "batch_sampler": "batches come from batch_size=, shuffle= and seed=; for a subset use "
                      "jaxloader.FilteredSource(source, indices=...)",
     "generator": "use seed= (an int: the order and every RandomMap draw follow from it)",
-    "timeout": "nothing to set: a worker that dies or raises is reported at once (a batch "
-               "has no time limit: a transform that never returns blocks next())",
+    "timeout": "use timeout_s= (seconds a batch may take before the loader raises, naming "
+               "what each worker is doing; stall_warning_s= logs it first); a worker that "
+               "dies or raises is reported at once",
     "multiprocessing_context": "use start_method= ('exec', the default, or 'fork')",
     "in_order": "nothing to set: batches always come in order",
     # grain.DataLoader / grain.MapDataset

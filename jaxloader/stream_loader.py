@@ -59,7 +59,8 @@ class StreamLoader(LoaderLifecycle):
         batch_size: records per batch per process.
         seed: orders the shards each epoch, the shuffle windows and every ``RandomMap``.
         transforms, num_workers, prefetch, worker_init_fn, start_method, process_index,
-        process_count, sharding, device_prefetch: as for ``DataLoader``.
+        process_count, sharding, device_prefetch, stall_warning_s, timeout_s: as for
+            ``DataLoader`` (a generator that blocks in a worker is reported as a transform is).
         readers_per_process: the readers of this process (``K``; each reads its own share of
             the shards), by default ``max(1, num_workers)``; a multiple of ``num_workers``
             (each worker hosts ``K / num_workers``). The batches depend on ``K``, not on the
@@ -102,6 +103,7 @@ class StreamLoader(LoaderLifecycle):
                  start_method: str = "exec", sharding: Any = None,
                  device_prefetch: int = 2, readers_per_process: int | None = None,
                  num_epochs: int | None = None, mask_key: str = "mask",
+                 stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
                  **unknown: Never) -> None:
         refuse("StreamLoader", unknown)
         stream = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
@@ -133,7 +135,7 @@ class StreamLoader(LoaderLifecycle):
                                   high=process_count - 1,
                                   remedy=f"use an index in [0, {process_count})")
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
-                                      device_prefetch)
+                                      device_prefetch, stall_warning_s, timeout_s)
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
@@ -170,7 +172,8 @@ class StreamLoader(LoaderLifecycle):
             from jaxloader.workers.pool import WorkerPool
 
             self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,  # type: ignore[arg-type]
-                                      start_method=start_method, worker_init_fn=worker_init_fn)
+                                      start_method=start_method, worker_init_fn=worker_init_fn,
+                                      stall_warning_s=stall_warning_s, timeout_s=timeout_s)
 
     # -- placement and position -------------------------------------------------------------
     @property

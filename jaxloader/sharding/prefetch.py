@@ -50,7 +50,9 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-_JOIN_TIMEOUT_S = 10.0  # the thread may be finishing one batch (a worker's, an in-process one)
+# close() waits this long for the thread, which may be finishing a batch (then left to end by
+# itself: a worker's batch ends when close() kills the workers; an in-process one when made)
+_JOIN_TIMEOUT_S = 0.2
 _BACK_OFF_S = 0.001  # see "Staying out of the way"; covers a step's dispatch, not a step
 _END = object()
 _STOP = object()
@@ -148,12 +150,13 @@ class HostPrefetcher:
         self._taken.put(_STOP)  # or backing off
         self._stopping = True  # or about to make a batch, with permits left
 
-    def close(self, until_gone: bool = False) -> None:
+    def close(self, until_gone: bool = False) -> bool:
         """Stops the thread (after the batch it is making) and waits for it, at most
-        ``_JOIN_TIMEOUT_S`` (or ``until_gone``). Idempotent."""
+        ``_JOIN_TIMEOUT_S`` (or ``until_gone``); whether it is gone. Idempotent."""
         self.stop()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(None if until_gone else _JOIN_TIMEOUT_S)
+        return not self._thread.is_alive()
 
 
 class DevicePrefetcher:
@@ -216,8 +219,9 @@ class DevicePrefetcher:
         self._host.start()
         return self
 
-    def close(self, until_gone: bool = False) -> None:
-        """Stops the host thread (see ``HostPrefetcher.close``) and drops the batches in
-        flight. Idempotent."""
-        self._host.close(until_gone)
+    def close(self, until_gone: bool = False) -> bool:
+        """Stops the host thread (see ``HostPrefetcher.close``; whether it is gone) and drops
+        the batches in flight. Idempotent."""
+        gone = self._host.close(until_gone)
         self._in_flight.clear()
+        return gone

@@ -22,8 +22,14 @@ run makes the old run's tasks stale: their results are dropped and their slots r
 restore never waits for them.
 
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
-worker, its pid, the exit code or exception, the step and record positions, with the worker's
-traceback, and every later call raises that same error.
+worker, its pid, the exit code or exception, the step and record positions (a worker writes
+the step it starts into its status row first: ``status.py``), with the worker's traceback, and
+every later call raises that same error.
+
+A late batch is said, not waited for in silence: once the consumer has waited
+``stall_warning_s`` for a step, the pool logs (``logging.getLogger("jaxloader")``) which worker
+holds which step, for how long, its process state and its Python stack, and again every
+``stall_warning_s``; past ``timeout_s`` it raises ``StallError`` saying the same.
 
 One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run may
 be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run holds
@@ -36,24 +42,32 @@ the run breaks and closes the pool itself, in its own thread, and ``close()`` ge
 
 from __future__ import annotations
 
+import functools
+import logging
 import pickle
 import select
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable, Generator, NamedTuple, NoReturn
 
-from jaxloader.errors import SharedMemoryError, WorkerError
+from jaxloader.errors import SharedMemoryError, StallError, WorkerError
 from jaxloader.interrupts import run_all
 from jaxloader.pipeline import BatchMaker
 from jaxloader.workers import payload, protocol
-from jaxloader.workers.process import WorkerProcess
+from jaxloader.workers.process import STOP_GRACE_S, WorkerProcess
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.shm import Segment
+from jaxloader.workers.status import StatusBoard, process_state
+
+_LOG = logging.getLogger("jaxloader")
 
 _DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
-_DRIVER_WAIT_S = 1.0  # close() first lets a run in another thread reach its next yield
+# close() first lets a run in another thread reach its next yield; one that does not (waiting on
+# a worker busy in a transform) sees the workers killed instead, so close() stays well under 1 s
+_DRIVER_WAIT_S = 0.1
 # A task makes as many steps as fit in this many bytes of slots, up to _MAX_TASK_STEPS: batches
 # of 22 KB (256 rows of Parquet) take 16 a task, batches of 1 MiB or more one. Slots in flight:
 # N * prefetch * steps a task, so at most ~prefetch MiB a worker for small batches. 16, not 8:
@@ -82,10 +96,6 @@ class _Task(NamedTuple):
     stride: int
     run: int
     segments: list  # each step's slot, in order; None once its batch is back
-
-    def steps_left(self) -> list[int]:
-        return [self.first + i * self.stride for i, s in enumerate(self.segments)
-                if s is not None]
 
 
 class _Failure(NamedTuple):
@@ -118,8 +128,12 @@ class WorkerPool:
         prefetch: int = 2,
         start_method: str = "exec",
         worker_init_fn: Callable[[int], None] | None = None,
+        stall_warning_s: float | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self._maker = maker
+        self._stall_warning_s, self._timeout_s = stall_warning_s, timeout_s
+        self._awaited: tuple[int, float, int] | None = None  # (step, since, warnings given)
         self._prefetch = prefetch
         self._start_method = start_method
         self._num_workers = num_workers
@@ -129,6 +143,8 @@ class WorkerPool:
         self.restarts = 0  # times the workers were replaced after such an interrupt
         self._shared_finalizer = weakref.finalize(self, _destroy_all, self._shared)
         self._driver = threading.RLock()  # held by a run while it executes (module docstring)
+        self._board = StatusBoard(num_workers)  # what each worker is doing (status.py)
+        self._board_finalizer = weakref.finalize(self, self._board.destroy)
         self._start()
         try:
             self._blob = payload.dumps((maker, worker_init_fn), self._shared.append)
@@ -166,7 +182,7 @@ class WorkerPool:
     def _send_payload(self) -> None:
         for i, worker in enumerate(self._workers):
             protocol.send(worker.conn, Init(sys.path, i, self._num_workers, self._maker.seed,
-                                            self._blob))
+                                            self._blob, self._board.names(i)))
 
     @property
     def pids(self) -> list[int]:
@@ -190,6 +206,7 @@ class WorkerPool:
                 self._restart()
             self._run += 1
             run = self._run
+            self._awaited = None
         ready: dict[int, tuple] = {}
         next_submit = next_yield = start
         streaming = resets is not None
@@ -209,7 +226,7 @@ class WorkerPool:
                             break
                         next_submit = self._submit_block(next_submit, stop, steps, run, resets)
                     if next_yield not in ready:
-                        self._receive(run, ready)
+                        self._receive(run, ready, awaited=next_yield)
                         continue
                     made = ready.pop(next_yield)  # (segment, layout, objects, report) or a
                     if type(made) is _Failure:  # _Failure: raised in order, at its turn
@@ -292,12 +309,14 @@ class WorkerPool:
         except (BrokenPipeError, ConnectionResetError, EOFError):
             self._worker_died(worker)
 
-    def _receive(self, run: int, ready: dict, block: bool = True) -> bool:
-        """Blocks until some worker reports (with ``block``; else reads only what has come);
-        files its result or raises its failure. Whether a report was read."""
+    def _receive(self, run: int, ready: dict, block: bool = True,
+                 awaited: int | None = None) -> bool:
+        """Blocks until some worker reports (with ``block``, while the consumer awaits step
+        ``awaited``; else reads only what has come); files its result or raises its failure.
+        Whether a report was read."""
         self._waiting = True
         # readable, or hung up (EOF) or failed: all reported
-        events = self._poller.poll() if block else self._poller.poll(0)
+        events = self._wait(awaited) if block else self._poller.poll(0)
         self._waiting = False
         for fd, _ in events:
             worker = self._by_fd[fd]
@@ -339,6 +358,55 @@ class WorkerPool:
                     ready[message.step] = failure
         return bool(events)
 
+    def _wait(self, awaited: int | None) -> list:
+        """``poll()`` until a worker reports; a wait for step ``awaited`` longer than
+        ``stall_warning_s`` is logged (and again every ``stall_warning_s``), one longer than
+        ``timeout_s`` raises ``StallError`` (module docstring)."""
+        warn_s, timeout_s = self._stall_warning_s, self._timeout_s
+        if awaited is None or (warn_s is None and timeout_s is None):
+            return self._poller.poll()
+        if self._awaited is None or self._awaited[0] != awaited:
+            self._awaited = (awaited, time.monotonic(), 0)
+        while True:
+            _, since, warned = self._awaited
+            due = [t for t in (None if warn_s is None else warn_s * (warned + 1), timeout_s)
+                   if t is not None]
+            left = min(due) - (time.monotonic() - since)
+            events = self._poller.poll(max(0.0, left) * 1000) if left > 0 else []
+            if events:
+                return events
+            waited = time.monotonic() - since
+            if timeout_s is not None and waited >= timeout_s:
+                self._break(StallError(
+                    f"no batch for {waited:,.1f} s, past timeout_s={timeout_s:g}: "
+                    + self._stall_report(awaited) + "\n--- the loader is broken; fix what "
+                    "holds the worker, or raise timeout_s, then create a new loader ---"), None)
+            if warn_s is not None and waited >= warn_s * (warned + 1):
+                self._awaited = (awaited, since, warned + 1)
+                _LOG.warning(
+                    "jaxloader: no batch for %.1f s: %s\nThe loader keeps waiting (timeout_s= "
+                    "makes a wait this long an error; stall_warning_s= sets when this is said)",
+                    waited, self._stall_report(awaited))
+
+    def _stall_report(self, awaited: int) -> str:
+        """What the consumer awaits and what each worker is doing, with their stacks."""
+        location = self._maker.location
+        workers = len(self._workers)
+        task = next((t for t in self._tasks.values() if awaited in range(
+            t.first, t.first + t.stride * len(t.segments), t.stride)), None)
+        sent = "" if task is None or len(task.segments) == 1 else (
+            f" (in its task of steps {task.first}, {task.first + task.stride}, ..., "
+            f"{task.first + task.stride * (len(task.segments) - 1)}, reported once all are "
+            "made)")
+        lines = [f"{location(awaited)} is awaited, from worker {awaited % workers}{sent}. The "
+                 "workers:"]
+        stacks = self._board.stacks(self.pids)
+        for i, (w, stack) in enumerate(zip(self._workers, stacks)):
+            lines.append(f"  worker {i} (pid {w.pid}, {process_state(w.pid)}): "
+                         f"{self._board.doing(i, location)}")
+            lines.extend("    " + line for line in stack.splitlines())
+        return "\n".join(lines)
+
     def _worker_failed(self, worker: int, failed: Failed) -> _Failure:
         """The error to raise, and its cause, for a worker's failure report."""
         w = self._workers[worker]
@@ -360,13 +428,12 @@ class WorkerPool:
     def _worker_died(self, worker: int) -> NoReturn:
         w = self._workers[worker]
         code = w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S)
-        steps = sorted(s for t in self._tasks.values() if t.worker == worker
-                       for s in t.steps_left())
+        step = self._board.making(worker)  # the step it said it started (status.py)
         how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
         if code is not None and code < 0 and -code == 9:
             how += " (SIGKILL: often the out-of-memory killer)"
-        doing = (f"while making {self._maker.location(steps[0])}"
-                 if steps else "while idle")
+        doing = f"while making {self._maker.location(step)}" if step is not None else (
+            "while starting" if self._board.starting(worker) else "while idle")
         self._break(WorkerError(
             f"worker {worker} (pid {w.pid}) died {doing}: {how}; the loader is broken; check "
             "memory use and native code in transforms, then create a new DataLoader"
@@ -384,6 +451,7 @@ class WorkerPool:
         runs again next time."""
         self._stop_workers()
         self._start()
+        self._board.restarted()
         self._send_payload()
         self._mixed_up = False
         self.restarts += 1
@@ -414,12 +482,16 @@ class WorkerPool:
     def _destroy_shared(self) -> None:
         _destroy_all(self._shared)
         self._shared_finalizer.detach()
+        self._board_finalizer()
 
 
 def _shutdown(workers: list[WorkerProcess], ring: SlotRing) -> None:
-    """Every step runs even if an earlier one is interrupted (``jaxloader.interrupts``, 4)."""
-    steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]  # all wind down together
-    steps += [w.stop for w in workers] + [ring.close]
+    """Every step runs even if an earlier one is interrupted (``jaxloader.interrupts``, 4).
+    The workers wind down together: told at once, given one grace (``STOP_GRACE_S``) between
+    them, then those still running are killed."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]
+    steps += [functools.partial(w.stop, deadline) for w in workers] + [ring.close]
     run_all(steps)
 
 

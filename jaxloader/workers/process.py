@@ -11,7 +11,15 @@ Start methods:
   copy-on-write, but is refused once JAX has been imported, because forking a process with JAX's
   threads running can deadlock the child.
 
-Either way the worker's only link is one duplex pipe; its EOF tells each side the other is gone.
+Either way the worker's link is one duplex pipe; its EOF tells each side the other is gone.
+A worker also ends with the main process whatever it is doing (``worker.die_with_parent``: on
+Linux the kernel's parent-death signal, which fires when the *thread* that started the worker
+ends; so a worker is started from the main thread, or from a thread kept as long as the process,
+``_lasting_thread``, never from a short-lived one such as a device-put thread).
+
+Stopping is quick whatever the worker is doing: it is told to stop, and one still running after
+``STOP_GRACE_S`` (busy in a transform, with tasks queued behind the message) is killed: nothing
+it holds needs it to exit cleanly (its memory files and locks go with it).
 
 A worker's JAX, should a transform use it, runs on the CPU (``JAX_PLATFORMS=cpu``): the
 accelerators belong to the training process. A worker that started a GPU backend would take
@@ -29,18 +37,22 @@ would run N x cores threads. A value the training process's environment sets is 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import Pipe, wait
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from jaxloader.errors import ConfigError
 from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Stop
 
-_JOIN_TIMEOUT_S = 5.0  # a worker told to stop finishes its current batch first; then SIGKILL
+# A worker told to stop exits within this if idle; one busy in user code (or with tasks queued
+# behind the message) is killed then: close() must not wait for work nobody wants
+STOP_GRACE_S = 0.25
 _KILL_TIMEOUT_S = 2.0  # after SIGKILL the kernel reaps quickly; bound it so close() never hangs
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # JAX in a worker runs on the CPU; the default backend's name (deprecated) goes with it, as a
@@ -51,7 +63,7 @@ _DROPPED = ("JAX_PLATFORM_NAME",)
 THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
-    "from jaxloader.workers.worker import main; main({fd})"
+    "from jaxloader.workers.worker import main; main({fd}, {parent})"
 )
 
 
@@ -82,32 +94,38 @@ class WorkerProcess:
         self._fork_pid: int | None = None
         self._exitcode: int | None = None
         self._asked = False
+        try:
+            _in_lasting_thread(lambda: self._start(start_method, child))
+        finally:
+            child.close()
+
+    def _start(self, start_method: str, child: Any) -> None:
+        parent = os.getpid()
         if start_method == "exec":
             fd = child.fileno()
-            boot = _BOOT.format(root=_PACKAGE_ROOT, fd=fd)
+            boot = _BOOT.format(root=_PACKAGE_ROOT, fd=fd, parent=parent)
             self._popen = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(fd,),
                                            env=worker_environment(os.environ))
             self.pid = self._popen.pid
-        else:
-            self.pid = self._fork_pid = os.fork()
-            if self._fork_pid == 0:  # the child: serve, then leave without running atexit hooks
-                code = 0
-                try:
-                    self.conn.close()
-                    # the same environment as an exec'd worker's (the thread defaults reach
-                    # libraries loaded from here on: NumPy's already has its threads)
-                    environment = worker_environment(os.environ)
-                    for name in _DROPPED:
-                        os.environ.pop(name, None)
-                    os.environ.update(environment)
-                    from jaxloader.workers.worker import main
+            return
+        self.pid = self._fork_pid = os.fork()
+        if self._fork_pid == 0:  # the child: serve, then leave without running atexit hooks
+            code = 0
+            try:
+                self.conn.close()
+                # the same environment as an exec'd worker's (the thread defaults reach
+                # libraries loaded from here on: NumPy's already has its threads)
+                environment = worker_environment(os.environ)
+                for name in _DROPPED:
+                    os.environ.pop(name, None)
+                os.environ.update(environment)
+                from jaxloader.workers.worker import main
 
-                    main(child.fileno())
-                except BaseException:  # noqa: BLE001
-                    code = 1
-                finally:
-                    os._exit(code)
-        child.close()
+                main(child.fileno(), parent)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
 
     def exitcode(self, timeout: float | None = 0.0) -> int | None:
         """The exit code (negative: killed by that signal), or None if still running after
@@ -142,15 +160,18 @@ class WorkerProcess:
             except ProcessLookupError:
                 pass
 
-    def stop(self) -> int | None:
-        """Asks the worker to stop, waits for its pipe to close, kills it if it does not (or if
-        the wait is interrupted); idempotent. Messages still in the pipe are dropped."""
+    def stop(self, deadline: float | None = None) -> int | None:
+        """Asks the worker to stop, waits for its pipe to close until ``deadline``
+        (``time.monotonic()``; by default ``STOP_GRACE_S`` from now), kills it if it does not
+        (or if the wait is interrupted); idempotent. Messages still in the pipe are dropped."""
         if self._exitcode is not None:
             return self._exitcode
         self.ask_to_stop()
+        if deadline is None:
+            deadline = time.monotonic() + STOP_GRACE_S
         drained = False
         try:
-            drained = self._wait_for_eof(_JOIN_TIMEOUT_S)
+            drained = self._wait_for_eof(deadline - time.monotonic())
         finally:
             if not drained:
                 self.kill()
@@ -169,3 +190,40 @@ class WorkerProcess:
             except (EOFError, OSError):
                 return True
         return True
+
+
+# The thread that starts workers when the caller's thread may end before the process does.
+_SPAWNS: queue.SimpleQueue = queue.SimpleQueue()
+_SPAWNER: list[threading.Thread] = []
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _in_lasting_thread(start: Callable[[], None]) -> None:
+    """Runs ``start`` (which starts a process) in a thread that lives as long as this process:
+    the main thread if that is the caller, else a daemon thread kept for it. The kernel's
+    parent-death signal fires when the starting thread ends (prctl(2)); a worker started from a
+    device-put thread, or a user's short-lived one, would be killed with that thread."""
+    if threading.current_thread() is threading.main_thread():
+        start()
+        return
+    with _SPAWNER_LOCK:
+        if not _SPAWNER:
+            _SPAWNER.append(threading.Thread(target=_spawn_forever, daemon=True,
+                                             name="process-starter (for jaxloader)"))
+            _SPAWNER[0].start()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    _SPAWNS.put((start, done))
+    error = done.get()
+    if error is not None:
+        raise error
+
+
+def _spawn_forever() -> None:
+    while True:
+        start, done = _SPAWNS.get()
+        try:
+            start()
+        except BaseException as e:  # noqa: BLE001 - raised in the thread that asked
+            done.put(e)
+        else:
+            done.put(None)

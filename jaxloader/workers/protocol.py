@@ -3,7 +3,9 @@
 ::
 
     main process                                           worker
-    Init(path, worker_id, num_workers, seed, payload) ──>  sys.path, loads(payload), init_fn(id)
+    Init(path, worker_id, num_workers, seed, payload, status)
+                                                      ──>  sys.path, its status row (status.py),
+                                                            loads(payload), init_fn(id)
                                                       <──  Failed(-1, None, ...)  (could not start)
     Task(task_id, step, stride, slots, reset) ───────────>  make steps step, step + stride, ...,
                                                             each straight into its slot
@@ -53,6 +55,7 @@ class Init(NamedTuple):
     num_workers: int
     seed: int
     payload: bytes  # payload.dumps((maker, init_fn))
+    status: tuple  # StatusBoard.names(worker_id): where it says what it is doing
 
 
 class Task(NamedTuple):

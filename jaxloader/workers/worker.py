@@ -2,8 +2,10 @@
 
 ::
 
-    Init ──> set sys.path, loads(payload), init_fn(id)
-    Task ──> [maker.reset(task.reset)] for each of its steps: maker.make(step, alloc=its slot)
+    start ──> the kernel ends it with its parent (die_with_parent), whatever it runs then
+    Init ──> set sys.path, its status row, loads(payload), init_fn(id)
+    Task ──> [maker.reset(task.reset)] for each of its steps: status.making(step), then
+                                              maker.make(step, alloc=its slot)
                                               (the heap keeps a batch's freed pages: heap.py)
                                               (Grow ... Slot when it needs more room)
          ──> Done (a Made tuple a step, + reports)
@@ -12,17 +14,24 @@
 
 The messages are in ``jaxloader.workers.protocol``.
 
-The pipe is the only link: when the main process dies, ``recv`` sees EOF and the worker exits;
-Ctrl-C in the terminal is left to the main process (the worker ignores SIGINT). The worker never
+The pipe is the link: when the main process closes it, ``recv`` sees EOF and the worker exits.
+A worker inside user code (a long transform, a generator that blocks) reads no pipe: the kernel
+ends it when the main process dies (Linux's parent-death signal, asked for before any user
+code runs; elsewhere a watchdog thread). Ctrl-C in the terminal is left to the main process
+(the worker ignores SIGINT). The worker writes the step it starts into its status row first
+(``status.py``): a worker that dies is named with the step it died in. The worker never
 imports JAX and never unlinks a segment.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
@@ -32,8 +41,11 @@ from jaxloader.tree import flatten, is_flat_dict
 from jaxloader.workers import payload, protocol, shm
 from jaxloader.workers.heap import Heap
 from jaxloader.workers.protocol import Done, Failed, Grow, Slot, Stop, Task
+from jaxloader.workers.status import WorkerStatus
 
 _MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
+_WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
 
 
 class WorkerInfo(NamedTuple):
@@ -122,9 +134,10 @@ def serve(conn: Connection) -> None:
     init = protocol.receive(conn)
     if type(init) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
         return
-    path, worker_id, num_workers, seed, blob = init
+    path, worker_id, num_workers, seed, blob, status_names = init
     sys.path[:] = path
     try:
+        status = WorkerStatus(status_names, worker_id)
         maker, init_fn = payload.loads(blob)
         _INFO = WorkerInfo(worker_id, num_workers, seed)
         if init_fn is not None:
@@ -132,6 +145,7 @@ def serve(conn: Connection) -> None:
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
         protocol.send(conn, _failed(-1, None, e))
         return
+    status.idle()
     inbox, slots, heap = _Inbox(conn), _Slots(), Heap()
     last_layout = None
     # a layout, its leaves sent by pipe, and whether its batch is a flat dict
@@ -149,6 +163,7 @@ def serve(conn: Connection) -> None:
         failed = None
         batches = None
         for nth, (step, lease) in enumerate(zip(steps, leases)):
+            status.making(step)  # (a task read at once: its first step names the read)
             try:
                 if batches is None:
                     if reset is not None:  # a stream reader: from the loader's place
@@ -173,6 +188,7 @@ def serve(conn: Connection) -> None:
             del batch  # drop the views of the slot before the main process may reuse it
             made.append((nth, None if layout == last_layout else layout, objects, report))
             last_layout = layout
+        status.idle()
         sent = _send_made(conn, task_id, first, stride, made)
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
@@ -216,8 +232,39 @@ def _failed(task_id: int, step: int | None, e: BaseException) -> Failed:
     return Failed(task_id, step, f"{type(e).__name__}: {e}", traceback.format_exc(), pickled)
 
 
-def main(fd: int) -> None:
-    """Entry point of an exec'd worker: ``fd`` is its end of the pipe to the main process."""
+def die_with_parent(parent: int) -> None:
+    """Makes this process end when process ``parent`` (the training process) ends, whatever
+    this one is doing then: on Linux the kernel sends it SIGKILL (``PR_SET_PDEATHSIG``; asked
+    for in the thread that started it, which ``process.py`` keeps alive as long as the main
+    process); elsewhere a watchdog thread exits when its parent changes. A parent that died
+    before this was asked for is seen at once (``getppid`` no longer ``parent``)."""
+    watched = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            watched = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            watched = False
+    if not watched:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="jaxloader-parent-watchdog").start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(_WATCHDOG_S)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def main(fd: int, parent: int) -> None:
+    """Entry point of a worker: ``fd`` is its end of the pipe to the main process, ``parent``
+    that process's pid."""
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
     try:

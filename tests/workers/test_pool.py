@@ -311,8 +311,8 @@ def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(
         got = [next(it)["x"].copy() for _ in range(3)]
         real_receive = pool._receive
 
-        def cut(run, ready, block=True):  # reads a worker's report and drops it, as a Ctrl-C
-            # mid-recv would
+        def cut(run, ready, block=True, awaited=None):  # reads a worker's report and drops
+            # it, as a Ctrl-C mid-recv would
             monkeypatch.setattr(pool, "_receive", real_receive)
             wait([w.conn for w in pool._workers])[0].recv()
             raise KeyboardInterrupt
@@ -347,12 +347,12 @@ def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment
     assert names
     real_stop, calls = WorkerProcess.stop, []
 
-    def stop(self):
+    def stop(self, *deadline):
         calls.append(pids.index(self.pid))
         if calls == [0]:
-            real_stop(self)
+            real_stop(self, *deadline)
             raise KeyboardInterrupt  # a Ctrl-C during the first worker's drain
-        return real_stop(self)
+        return real_stop(self, *deadline)
 
     monkeypatch.setattr(WorkerProcess, "stop", stop)
     with pytest.raises(KeyboardInterrupt):
@@ -527,3 +527,57 @@ def test_a_task_of_several_steps_fails_at_its_own_step_after_the_batches_before_
         with pytest.raises(jl.WorkerError, match="at step 21"):
             next(it)  # broken is a state
     assert got == want and pool_steps == [16]
+
+
+# -- closing does not wait for batches nobody wants --------------------------------------------
+def _slow(record):
+    if int(record["x"]) >= 8:  # the first batch is quick; every later one sleeps 5 s a record
+        time.sleep(5)
+    return record
+
+
+def _busy(prefetch):
+    """A loader whose workers are both inside a 5 s transform, its first batch taken."""
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(200)}), batch_size=8, num_workers=2,
+                           transforms=[jl.Map(_slow)], prefetch=prefetch, process_index=0,
+                           process_count=1)
+    it = iter(loader)
+    next(it)
+    return loader, it
+
+
+@pytest.mark.parametrize("prefetch", [2, 4])
+def test_close_does_not_wait_for_batches_in_flight(prefetch):
+    loader, _ = _busy(prefetch)
+    pids = loader.worker_pids
+    start = time.monotonic()
+    loader.close()
+    assert time.monotonic() - start < 1.0
+    assert not [p for p in pids if running(p)]
+
+
+def test_a_loader_dropped_after_a_break_ends_its_busy_workers_at_once():
+    loader, it = _busy(2)
+    pids = loader.worker_pids
+    start = time.monotonic()
+    del loader, it
+    alive, _ = _wait_gone(pids, [], seconds=1.0)
+    assert not alive and time.monotonic() - start < 1.0
+
+
+def test_a_training_script_interrupted_by_ctrl_c_exits_at_once():
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interrupt_exit_run.py")
+    run = subprocess.Popen([sys.executable, script, "4"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert run.stdout.readline().strip() == "ready"
+        time.sleep(0.2)  # in next(), waiting on the workers' 5 s records
+        start = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=10)
+        assert time.monotonic() - start < 1.5, "exit waited for the workers' batches"
+        assert "KeyboardInterrupt" in run.stderr.read()
+    finally:
+        run.kill()
+        run.wait()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ import jaxloader as jl
 from jaxloader.workers.process import THREAD_DEFAULTS, worker_environment
 
 pytestmark = pytest.mark.timeout(120)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def on_jax(record):
@@ -123,3 +128,57 @@ def test_a_forked_worker_runs_jax_on_the_cpu_too(tmp_path):
                          timeout=100, env={**os.environ, "JAX_PLATFORM_NAME": "gpu"})
     # the worker ran on the CPU; the main process's own environment is as it set it
     assert out.stdout.split("] ") == ["['cpu', 'cpu', 'cpu', 'cpu'", "cuda\n"], out.stderr
+
+
+# -- a worker ends with the training process, whatever it is doing ---------------------------
+def _gone(pid):
+    """Whether ``pid`` has exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("kind", ["map", "stream"])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_inside_user_code_end_with_a_killed_training_process(tmp_path, kind, how):
+    trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "orphan_run.py"), kind,
+                                str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        pids = json.loads(trainer.stdout.readline())  # both workers are inside user code
+        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        trainer.send_signal(how)
+        trainer.wait(timeout=10)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not all(_gone(pid) for pid in pids):
+            time.sleep(0.05)
+        assert all(_gone(pid) for pid in pids), [p for p in pids if not _gone(p)]
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_exits_at_once():
+    # its parent is not the pid it was told: the parent died, and this process was reparented
+    run = subprocess.run([sys.executable, "-c", "from jaxloader.workers.worker import "
+                          "die_with_parent; die_with_parent(1); print('still here')"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert run.returncode == 1 and "still here" not in run.stdout
+
+
+def test_workers_started_from_a_thread_that_ends_outlive_that_thread():
+    # the kernel's parent-death signal follows the thread that started a process: workers
+    # started from a short-lived thread (a notebook's, a device-put thread's) must not die
+    # with it
+    made = []
+    maker = threading.Thread(target=lambda: made.append(jl.DataLoader(
+        jl.ArraySource({"x": np.arange(40)}), batch_size=4, num_workers=2,
+        process_index=0, process_count=1)))
+    maker.start()
+    maker.join()
+    time.sleep(0.3)  # (a worker killed with the thread is gone by now)
+    with made[0] as loader:
+        assert sorted(np.concatenate([b["x"] for b in loader]).tolist()) == list(range(40))

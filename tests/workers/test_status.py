@@ -1,0 +1,127 @@
+"""What each worker is doing: the step a dead worker died in, and a stall said, not waited out
+in silence (``workers.status``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _crash_at(record):
+    if int(record["x"]) == 2500:
+        os.kill(os.getpid(), signal.SIGSEGV)  # native code that crashes on this record
+    return record
+
+
+def test_a_worker_that_dies_names_the_step_it_died_in_not_its_tasks_first():
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(5000)}), batch_size=100, num_workers=2,
+                       transforms=[jl.Map(_crash_at)], process_index=0,
+                       process_count=1) as loader:
+        with pytest.raises(jl.WorkerError, match=r"worker 1 \(pid \d+\) died while making "
+                                                 r"step 25 \(epoch 0, record positions "
+                                                 r"2500..2599\): killed by signal 11"):
+            for _ in loader:
+                pass
+
+
+def _crashing_shard(shard):
+    for i in range(1000):
+        if shard == 1 and i == 57:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        yield {"x": np.int64(shard * 1000 + i)}
+
+
+def test_a_stream_worker_that_dies_names_its_step():
+    # reader 1 (worker 1) crashes in its 6th batch of 10: stream step 2 * 5 + 1
+    with jl.StreamLoader(jl.Stream.from_generator(_crashing_shard, shards=2,
+                                                  shuffle_shards=False),
+                         batch_size=10, num_workers=2, process_index=0,
+                         process_count=1) as loader:
+        with pytest.raises(jl.WorkerError, match=r"worker 1 \(pid \d+\) died while making "
+                                                 r"stream step 11 \(reader 1, its batch 5\)"):
+            it = iter(loader)
+            for _ in range(40):
+                next(it)
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _slow_after(record):
+    if int(record["x"]) >= 16:
+        time.sleep(30)
+    return record
+
+
+@pytest.mark.parametrize("stop", ["sigstop", "sleep"])
+def test_a_late_batch_is_logged_with_what_each_worker_does_then_an_error_past_timeout_s(
+        caplog, stop):
+    transforms = [jl.Map(_slow_after)] if stop == "sleep" else []
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(400)}), batch_size=8, num_workers=2,
+                       transforms=transforms, stall_warning_s=0.4, timeout_s=1.5,
+                       prefetch=1, process_index=0, process_count=1) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        stopped = loader.worker_pids[1]
+        if stop == "sigstop":
+            os.kill(stopped, signal.SIGSTOP)
+        caplog.set_level(logging.WARNING, logger="jaxloader")
+        try:
+            with pytest.raises(jl.StallError, match=r"no batch for [\d.]+ s, past timeout_s="
+                                                    r"1.5: step \d+ \(epoch 0, record positions "
+                                                    r"[\d.]+\) is awaited, from worker \d"):
+                for _ in range(60):
+                    next(it)
+        finally:
+            if stop == "sigstop" and not _gone(stopped):
+                os.kill(stopped, signal.SIGCONT)
+    warned = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
+    assert len(warned) >= 2  # at 0.4 s and again at 0.8 s, before the error at 1.5 s
+    if stop == "sigstop":
+        assert "worker 1 (pid" in warned[0] and "stopped (SIGSTOP" in warned[0]
+        assert "no stack: the process is stopped" in warned[0]
+    else:
+        assert "making step" in warned[0] and "in _slow_after" in warned[0]
+        assert "The loader keeps waiting" in warned[0]
+
+
+def _blocked(shard):
+    for i in range(1000):
+        if shard == 0 and i == 25:
+            time.sleep(60)  # a generator that blocks (a socket, a queue)
+        yield {"x": np.int64(shard * 1000 + i)}
+
+
+def test_a_blocked_stream_generator_is_reported_with_its_stack(caplog):
+    caplog.set_level(logging.WARNING, logger="jaxloader")
+    with jl.StreamLoader(jl.Stream.from_generator(_blocked, shards=2), batch_size=10,
+                         num_workers=2, stall_warning_s=0.4, timeout_s=1.2, process_index=0,
+                         process_count=1) as loader:
+        with pytest.raises(jl.StallError, match=r"stream step \d+ \(reader \d, its batch 2\) "
+                                                r"is awaited, from worker \d"):
+            it = iter(loader)
+            for _ in range(40):
+                next(it)
+    warned = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
+    assert warned and "in _blocked" in warned[0] and "making stream step" in warned[0]
+
+
+def test_stall_arguments_are_checked():
+    with pytest.raises(jl.ConfigError, match=r"timeout_s: expected a number of seconds > 0, "
+                                             r"or None, got int 0"):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, timeout_s=0,
+                      process_index=0, process_count=1)
