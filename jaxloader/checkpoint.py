@@ -56,7 +56,13 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
     when every item is written), so the file is written in place.
     """
     state = loader.state_dict() if state is None else state
-    (epath.Path(directory) / state_filename(loader)).write_text(json.dumps(state))
+    path = epath.Path(directory) / state_filename(loader)
+    try:
+        path.write_text(json.dumps(state))
+    except OSError as e:  # a full disk, a read-only or vanished directory
+        raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "
+                      f"({e.strerror or e}); free space on that disk, or save the checkpoint "
+                      "to another directory", str(path)) from e
 
 
 def read_state(directory: PathLike, loader: Any) -> dict:
@@ -76,7 +82,27 @@ def read_state(directory: PathLike, loader: Any) -> dict:
                 "jaxloader.checkpoint (LoaderSave or the v1 API)?"
             )
         path = root / files[0]  # every process's file holds the same step
-    return json.loads(path.read_text())
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        step = _step_of(path)
+        raise StateDictError(
+            f"checkpoint {path}{f' (step {step})' if step is not None else ''}: the loader's "
+            f"state is not whole JSON ({e}; {len(text):,} characters): the file was cut short "
+            "or damaged; restore an earlier checkpoint step"
+            + (f" than {step}" if step is not None else "") + ", or start the run again"
+        ) from None
+
+
+def _step_of(path: Any) -> int | None:
+    """The checkpoint step a state file belongs to, where its directories say it (Orbax's
+    ``<root>/<step>/<item>/``, or a folder named ``step_<n>``), else ``None``."""
+    for parent in epath.Path(path).parents:
+        found = re.fullmatch(r"(?:step[_-]?)?(\d+)", parent.name)
+        if found:
+            return int(found.group(1))
+    return None
 
 
 def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:

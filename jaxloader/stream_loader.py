@@ -296,7 +296,17 @@ class StreamLoader(LoaderLifecycle):
                 "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
                 "restore with the same ones (pass readers_per_process= to change num_workers)"
             )
-        check_int("state['step']", state.get("step"), low=0, error=StateDictError,
+        known = {"version", "step", "process_index", "readers", "pass", *ours,
+                 *self._stream.extra_state()}
+        unknown = sorted(set(state) - known)
+        if unknown:
+            raise StateDictError(
+                f"state: unknown keys {unknown}; expected keys {sorted(known)}: a state of "
+                "another kind of stream, or one edited by hand; pass the dict that "
+                "StreamLoader.state_dict() returned, unchanged")
+        # a record's random numbers are keyed by its place in the stream, in 64 bits
+        last = MASK64 // (self.process_count * self.batch_size)
+        check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
                   remedy="pass the dict that state_dict() returned, unchanged")
         self._stream.check_extra_state(state, state["step"])
         readers = state.get("readers")

@@ -187,3 +187,28 @@ def test_v1_training_checkpointer_loop_resumes_from_the_latest_step(tmp_path):
     assert start == 10  # the latest save at or before the crash
     assert_same_stream(rest, whole[10:])
     assert np.array_equal(state["w"], whole_state["w"])
+
+
+def test_a_truncated_state_file_is_an_error_naming_the_file_and_the_step(tmp_path):
+    with make() as loader:
+        take(loader, 3)
+        manager = ocp.CheckpointManager(tmp_path)
+        manager.save(3, args=ocp.args.Composite(loader=LoaderSave(loader)))
+        manager.wait_until_finished()
+    saved = tmp_path / "3" / "loader" / "process_0-of-1.json"
+    saved.write_text(saved.read_text()[:40])  # a copy that stopped
+    with make() as fresh, pytest.raises(jl.StateDictError, match=r"checkpoint .*3/loader/"
+                                                                  r"process_0-of-1.json \(step "
+                                                                  r"3\): the loader's state is "
+                                                                  r"not whole JSON"):
+        manager.restore(3, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
+
+
+def test_a_save_to_a_full_disk_names_the_path(tmp_path):
+    (tmp_path / "process_0-of-1.json").symlink_to("/dev/full")  # every write: ENOSPC
+    with make() as loader, pytest.raises(OSError, match=r"checkpoint: cannot write the "
+                                                        r"loader's state to .*process_0-of-1"
+                                                        r"\.json \(No space left on device\)"
+                                                        r"; free space") as caught:
+        checkpoint.LoaderCheckpointHandler().save(tmp_path, args=LoaderSave(loader))
+    assert caught.value.errno == 28

@@ -65,3 +65,17 @@ def test_other_fields_are_checked_and_named(key, bad):
     loader = make(np.zeros((20, 2)))
     with pytest.raises(StateDictError, match=rf"state\['{key}'\]: expected"):
         loader.load_state_dict({**loader.state_dict(), key: bad})
+
+
+def test_unknown_keys_and_a_step_past_every_epoch_are_refused_by_name():
+    loader = make(np.zeros((20, 2)))
+    state = loader.state_dict()
+    with pytest.raises(StateDictError, match=r"state: unknown keys \['epochs', 'stepp'\]; "
+                                             r"expected keys \[.*'step'"):
+        loader.load_state_dict({**state, "stepp": 3, "epochs": 1})
+    with pytest.raises(StateDictError, match=r"state\['step'\]: 1,000,000,000,000 is past any "
+                                             r"step this loader reaches: epoch 200,000,000,000 "
+                                             r"of 5 steps, where epochs stop at 16,777,216"):
+        loader.load_state_dict({**state, "step": 10**12})
+    loader.load_state_dict({**state, "step": 5 * 2**24 - 1})  # the last epoch's last step
+    assert loader.step == 5 * 2**24 - 1

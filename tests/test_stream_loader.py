@@ -153,6 +153,19 @@ def test_a_state_is_refused_by_another_worker_count_or_stream(tmp_path):
             other.load_state_dict(state)
 
 
+def test_a_stream_state_with_unknown_keys_or_a_step_past_its_keys_is_refused(tmp_path):
+    with loader_of(generator_stream(tmp_path), [], 0) as loader:
+        take(loader, 2)
+        state = loader.state_dict()
+        with pytest.raises(jl.StateDictError, match=r"state: unknown keys \['readerz'\]"):
+            loader.load_state_dict({**state, "readerz": []})
+        with pytest.raises(jl.StateDictError, match=r"state\['step'\]: expected an int in "
+                                                    r"\[0, \d+\], got 10000000000000000000"):
+            loader.load_state_dict({**state, "step": 10**19})
+        loader.load_state_dict(state)
+        assert loader.step == 2
+
+
 @pytest.mark.parametrize("k", [1, 6])
 def test_with_readers_per_process_a_state_restores_into_other_worker_counts(tmp_path, k):
     def tokens(record):
