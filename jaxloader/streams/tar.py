@@ -42,6 +42,7 @@ _ZERO_BLOCK = bytes(_BLOCK)
 # A member's data is read at most this many bytes at a time: a damaged size field (8 GiB) must
 # not have a reader allocate it before finding the file shorter.
 _READ_CHUNK = 64 << 20
+_SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
 _ADLER_MOD = 65521  # zlib.adler32's modulus (its low half is 1 + the bytes' sum, modulo this)
 _CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is summed with its own field as 8 spaces
 
@@ -72,109 +73,115 @@ class TarShard(FileShard):
                  append_only: bool = False) -> None:
         super().__init__(path, append_only=append_only)
         self.tolerate_missing_end = tolerate_missing_end
-        self._pending: tuple[int, str, bytes] | None = None  # (offset, name, data) read ahead
+        # the member read ahead: (its first header's offset, key, extension, data)
+        self._pending: tuple[int, str, str, bytes] | None = None
         self._end: int | None = None  # where the end-of-archive marker starts, once read
+        self._at = 0  # the offset of the next header to read
 
     def _opened(self) -> None:
         self._end = None
+        self._at = self._file.tell()  # the next header's offset (kept here, not asked for)
         self._pending = self._member()
 
-    def _member(self) -> tuple[int, str, bytes] | None:
-        """The next regular file: (its header's offset, name, data); None at the end."""
+    def _member(self) -> tuple[int, str, str, bytes] | None:
+        """The next regular file: (its first header's offset, its key, its extension, its
+        data); None at the end. Every header's checksum is verified, and every member and its
+        padding read whole (the loop is written for speed: it runs twice a record)."""
+        f = self._file
+        read = f.read
+        long_name = None
+        offset = start = self._at  # a long name's own header comes first: a resume starts there
         try:
-            return self._read_member()
+            while True:
+                header = read(_BLOCK)
+                if len(header) < _BLOCK or header == _ZERO_BLOCK:  # (a member's never is)
+                    self._end_of_archive(offset, header)
+                    return None
+                try:
+                    field = header[124:136]
+                    size = (int.from_bytes(field[1:], "big") if field[0] == 0x80  # GNU, >8 GiB
+                            else int(field.rstrip(b"\0 ").strip() or b"0", 8))
+                    stored = int(header[148:156].rstrip(b"\0 ").strip() or b"-1", 8)
+                except ValueError:
+                    raise RecordError(
+                        f"{self.path}: byte {offset}: not a tar header (size field {field!r}, "
+                        f"checksum field {header[148:156]!r}); is this a tar file?") from None
+                # Adler-32's first half is 1 + the bytes' sum modulo 65521: the sum in C (0.2
+                # us a header against 2.7 for Python's sum()); a mismatch is checked exactly
+                if ((zlib.adler32(header) & 0xFFFF) - 1 - sum(header[148:156])
+                        + _CHECKSUM_SPACES - stored) % _ADLER_MOD:
+                    self._check_exactly(header, offset, stored)
+                padded = (size + _BLOCK - 1) & -_BLOCK
+                if padded <= _SMALL:  # one read, data and padding
+                    block = read(padded)
+                    if len(block) < padded:
+                        self._cut(header, offset, size, len(block))
+                    data = block if padded == size else block[:size]
+                else:
+                    data = self._read_large(header, offset, size, padded)
+                offset += _BLOCK + padded
+                kind = header[156]
+                if kind == 0x30 or kind == 0 or kind == 0x37:  # b"0", b"\0", b"7": a file
+                    break
+                if kind == 0x4C:  # b"L" (GNU): the next member's long name
+                    long_name = data.rstrip(b"\0").decode("utf-8", "replace")
+                elif kind == 0x78:  # b"x" (pax): the next member's attributes
+                    long_name = _pax_path(data) or long_name
+                else:  # directories, links, globals: no record
+                    long_name = None
+                    start = offset
         except RecordError:
             raise
         except Exception as e:  # a compressed file cut short or corrupt
             raise unreadable(self, f"the member after record {self._count}", e) from e
+        self._at = offset
+        name = long_name or _header_name(header)
+        # the key: the name up to the first dot of its last part; the extension: the rest
+        dot = name.find(".", name.rfind("/") + 1)
+        if dot < 0:
+            return start, name, "", data
+        return start, name[:dot], name[dot + 1:], data
 
-    def _read_member(self) -> tuple[int, str, bytes] | None:
-        f = self._file
-        long_name = None
-        start = f.tell()  # a long name's own header comes first: a resume starts there
-        while True:
-            offset = f.tell()
-            header = f.read(_BLOCK)
-            if len(header) < _BLOCK or header == _ZERO_BLOCK:  # (a member's never is)
-                self._end_of_archive(offset, header)
-                return None
-            size = self._checked_size(header, offset)
-            data = self._read_data(size, header, offset)
-            kind = header[156:157]
-            if kind in (b"L",):  # GNU: the next member's long name
-                long_name = data.rstrip(b"\0").decode("utf-8", "replace")
-                continue
-            if kind in (b"x",):  # pax: the next member's attributes
-                long_name = _pax_path(data) or long_name
-                continue
-            if kind not in (b"0", b"\0", b"7"):  # directories, links, globals: no record
-                long_name = None
-                start = f.tell()
-                continue
-            name = long_name or _header_name(header)
-            return start, name, data
+    def _check_exactly(self, header: bytes, offset: int, stored: int) -> None:
+        """The checksum, summed in Python (a mismatch modulo 65521 seen): an error if it is
+        neither the unsigned nor the signed sum (some old writers summed signed bytes)."""
+        unsigned = sum(header) - sum(header[148:156]) + _CHECKSUM_SPACES
+        signed = unsigned - 256 * sum(b >= 128 for b in header[:148] + header[156:])
+        if stored not in (unsigned, signed):
+            raise RecordError(
+                f"{self.path}: byte {offset}: the header of member {_header_name(header)!r} "
+                f"fails its checksum (stored {stored}, computed {unsigned}): the header is "
+                "damaged; replace the shard (re-download or re-create it), or drop it from "
+                "the stream")
 
-    def _checked_size(self, header: bytes, offset: int) -> int:
-        """The member's size, once its header's checksum is verified."""
-        try:
-            size = _tar_size(header[124:136])
-            stored = int(header[148:156].rstrip(b"\0 ").strip() or b"-1", 8)
-        except ValueError:
-            raise RecordError(f"{self.path}: byte {offset}: not a tar header (size field "
-                              f"{header[124:136]!r}, checksum field {header[148:156]!r}); is "
-                              "this a tar file?") from None
-        # Adler-32's first half is 1 + the bytes' sum modulo 65521: the sum in C, 0.2 us a
-        # header against 2.7 for Python's sum(); a mismatch is confirmed exactly below.
-        field = sum(header[148:156])
-        if ((zlib.adler32(header) & 0xFFFF) - 1 - field + _CHECKSUM_SPACES - stored) % _ADLER_MOD:
-            unsigned = sum(header) - field + _CHECKSUM_SPACES
-            signed = unsigned - 256 * sum(b >= 128 for b in header[:148] + header[156:])
-            if stored not in (unsigned, signed):  # (some old writers summed signed bytes)
-                raise RecordError(
-                    f"{self.path}: byte {offset}: the header of member "
-                    f"{_header_name(header)!r} fails its checksum (stored {stored}, computed "
-                    f"{unsigned}): the header is damaged; replace the shard (re-download or "
-                    "re-create it), or drop it from the stream")
-        return size
-
-    def _read_data(self, size: int, header: bytes, offset: int) -> bytes:
-        """The member's data and its padding to the next block; a file that ends first is an
-        error naming the member."""
-        f = self._file
-        padded = size + (-size % _BLOCK)
-        left = self._bytes_left(offset + _BLOCK)
-        if left is not None and left < padded:
-            self._cut(header, offset, size, left)
+    def _read_large(self, header: bytes, offset: int, size: int, padded: int) -> bytes:
+        """A member larger than ``_SMALL``: its data, then its padding; a file that ends first
+        (known before reading, for a local file not compressed) is an error naming it."""
+        read = self._file.read
+        if self._size_known is not None and offset + _BLOCK + padded > self._size_known:
+            self._cut(header, offset, size, self._size_known - offset - _BLOCK)
         if size <= _READ_CHUNK:
-            data = f.read(size)
-        else:
+            data = read(size)
+        else:  # a damaged size field (8 GiB) must not be allocated before the file runs out
             parts, wanted = [], size
             while wanted:
-                part = f.read(min(wanted, _READ_CHUNK))
+                part = read(min(wanted, _READ_CHUNK))
                 if not part:
                     break
                 parts.append(part)
                 wanted -= len(part)
             data = b"".join(parts)
-        pad = f.read(padded - size) if padded > size else b""
-        if len(data) + len(pad) < padded:
-            self._cut(header, offset, size, len(data) + len(pad))
+        got = len(data) + len(read(padded - size))
+        if got < padded:
+            self._cut(header, offset, size, got)
         return data
-
-    def _bytes_left(self, position: int) -> int | None:
-        """Bytes of the file after ``position``, where known without reading them (a local
-        file that is not compressed)."""
-        if self._size_known is None:
-            return None
-        return self._size_known - position
 
     def _cut(self, header: bytes, offset: int, size: int, left: int) -> None:
         raise RecordError(
             f"{self.path}: byte {offset}: member {_header_name(header)!r} is cut short: its "
-            f"header says {size:,} bytes (padded to "
-            f"{size + (-size % _BLOCK):,}), the file holds {max(0, left):,} more: a copy that "
-            "stopped, or a damaged size field; replace the shard (re-download or re-create "
-            "it), or drop it from the stream")
+            f"header says {size:,} bytes (padded to {(size + _BLOCK - 1) & -_BLOCK:,}), the "
+            f"file holds {max(0, left):,} more: a copy that stopped, or a damaged size field; "
+            "replace the shard (re-download or re-create it), or drop it from the stream")
 
     def _end_of_archive(self, offset: int, header: bytes) -> None:
         """At ``header`` (read at ``offset``, a whole block of zeros or the file's last
@@ -205,22 +212,19 @@ class TarShard(FileShard):
     def next(self) -> dict:
         if self._file is None:
             self.reset(None)
-        record: dict = {}
-        key = None
-        while self._pending is not None:
-            _, name, data = self._pending
-            last = name.rsplit("/", 1)[-1]
-            stem, _, ext = last.partition(".")
-            member_key = name[: len(name) - len(last)] + stem
-            if key is not None and member_key != key:
-                break
-            key = member_key
-            record[ext] = data
-            self._pending = self._member()
-        if key is None:
+        pending = self._pending
+        if pending is None:
             raise StopIteration
+        _, key, ext, data = pending
+        record = {"__key__": key, ext: data}
+        while True:  # the members that follow with the same key
+            pending = self._member()
+            if pending is None or pending[1] != key:
+                break
+            record[pending[2]] = pending[3]
+        self._pending = pending
         self._count += 1
-        return {"__key__": key, **record}
+        return record
 
     def _offset(self) -> int:
         """The next record's first header; at the end, the end-of-archive marker's offset (a
@@ -237,18 +241,10 @@ class TarShard(FileShard):
         return {**super().__getstate__(), "_pending": None, "_end": None}
 
 
-def _tar_size(field: bytes) -> int:
-    if field[:1] == b"\x80":  # GNU base-256 for sizes of 8 GiB and more
-        return int.from_bytes(field[1:], "big")
-    return int(field.rstrip(b"\0 ").strip() or b"0", 8)
-
-
 def _header_name(header: bytes) -> str:
     name = header[:100].split(b"\0", 1)[0]
-    if header[257:262] == b"ustar":
-        prefix = header[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
+    if header[345] and header[257:262] == b"ustar":  # a ustar name's prefix
+        name = header[345:500].split(b"\0", 1)[0] + b"/" + name
     return name.decode("utf-8", "replace")
 
 
