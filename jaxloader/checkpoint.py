@@ -82,23 +82,23 @@ def read_state(directory: PathLike, loader: Any) -> dict:
                 "jaxloader.checkpoint (LoaderSave or the v1 API)?"
             )
         path = root / files[0]  # every process's file holds the same step
-    text = path.read_text()
     try:
-        return json.loads(text)
-    except ValueError as e:
+        return json.loads(path.read_text())
+    except ValueError as e:  # (a UnicodeDecodeError too)
         step = _step_of(path)
         raise StateDictError(
             f"checkpoint {path}{f' (step {step})' if step is not None else ''}: the loader's "
-            f"state is not whole JSON ({e}; {len(text):,} characters): the file was cut short "
-            "or damaged; restore an earlier checkpoint step"
-            + (f" than {step}" if step is not None else "") + ", or start the run again"
-        ) from None
+            f"state is not whole JSON ({e}): the file was cut short or damaged; restore an "
+            "earlier checkpoint step" + (f" than {step}" if step is not None else "")
+            + ", or start the run again") from None
 
 
 def _step_of(path: Any) -> int | None:
-    """The checkpoint step a state file belongs to, where its directories say it (Orbax's
-    ``<root>/<step>/<item>/``, or a folder named ``step_<n>``), else ``None``."""
-    for parent in epath.Path(path).parents:
+    """The checkpoint step a state file belongs to, where its folders say it as Orbax lays a
+    checkpoint out (``<root>/<step>/<item>/<file>``, the step a number or ``step_<n>``), else
+    ``None``."""
+    parents = epath.Path(path).parents
+    for parent in list(parents)[1:2]:  # the item's folder holds the file; the step's, that
         found = re.fullmatch(r"(?:step[_-]?)?(\d+)", parent.name)
         if found:
             return int(found.group(1))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader import tree as tree_lib
-from jaxloader.sources.base import walk
+from jaxloader.sources.parts import walk
 
 
 def source_fingerprint(source: Any) -> dict[str, str]:

@@ -31,7 +31,7 @@ from jaxloader.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.mixture import Mixture, MixtureSampler
 from jaxloader.sampling import Order, Sampler
 from jaxloader.sources import ConcatSource, check_source, huggingface
-from jaxloader.sources.base import close_source
+from jaxloader.sources.parts import close_source
 from jaxloader.state import check_state, make_state
 from jaxloader.transforms import split_transforms
 

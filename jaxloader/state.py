@@ -35,7 +35,7 @@ def make_state(sampler: Order, step: int, fingerprint: dict[str, Any]) -> dict[s
     """The state of a loader over ``sampler`` whose next batch is global step ``step``;
     ``fingerprint``: the source's (``jaxloader.fingerprint``), with ``"files"`` (each file's
     identity, ``file_identity``) for a source of files."""
-    return {
+    state = {
         "version": STATE_VERSION,
         "step": int(step),
         "num_records": sampler.num_records,
@@ -49,6 +49,9 @@ def make_state(sampler: Order, step: int, fingerprint: dict[str, Any]) -> dict[s
         "batch_size": sampler.batch_size,
         "process_count": sampler.process_count,
     }
+    if "files" in state:  # the state's own lists: changing one leaves the loader's alone
+        state["files"] = [list(identity) for identity in state["files"]]
+    return state
 
 
 def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:
@@ -110,12 +113,6 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             f"state: missing keys {missing}; expected keys {sorted(expected)}, received "
             f"{sorted(state)}; pass the dict that DataLoader.state_dict() returned"
         )
-    unknown = sorted(set(state) - set(expected))
-    if unknown:
-        raise StateDictError(
-            f"state: unknown keys {unknown}; expected keys {sorted(expected)}: a state of "
-            "another kind of loader or source, or one edited by hand; pass the dict that "
-            "DataLoader.state_dict() returned, unchanged")
     for key, check in _FIELDS.items():
         if key in state:
             check(f"state[{key!r}]", state[key])
@@ -144,7 +141,19 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             f"{EPOCH_LIMIT:,} (a record's random numbers are keyed by its epoch and position "
             "in 64 bits); pass the dict that DataLoader.state_dict() returned, unchanged")
     sampler.check_extra_state(state, state["step"])
+    refuse_unknown(state, expected, "DataLoader")
     return state["step"]
+
+
+def refuse_unknown(state: dict, expected: Any, loader: str) -> None:
+    """Refuses keys of ``state`` that are not among ``expected``'s, naming them (checked last:
+    a state of another configuration is named by what differs, not by its extra keys)."""
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise StateDictError(
+            f"state: unknown keys {unknown}; expected keys {sorted(expected)}: a state edited by "
+            f"hand, or another kind of loader's; pass the dict that {loader}.state_dict() "
+            "returned, unchanged")
 
 
 def _check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
@@ -154,9 +163,10 @@ def _check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
         return
     if then is None or now is None or len(then) != len(now):
         raise StateDictError(
-            f"state['files']: expected the identities of the source's {len(now or ())} files, "
-            f"received {'none' if then is None else len(then)}; restore into a loader over the "
-            "files the state was saved with")
+            f"state['files']: expected the identities of the source's {len(now or ())} files "
+            f"(state_dict() records them), received {'none' if then is None else len(then)}: "
+            "a state edited by hand or saved by another jaxloader version; restore a state "
+            "this version saved over the same files")
     changed = [f"{paths[i] if i < len(paths) else f'file {i}'}: "
                f"{file_identity.change(a, b)}" for i, (a, b) in enumerate(zip(then, now))
                if a != b]

@@ -37,6 +37,7 @@ from jaxloader.iterator import LoaderIterator, Progress
 from jaxloader.lifecycle import LoaderLifecycle
 from jaxloader.options import LoaderOptions
 from jaxloader.peer_arguments import refuse
+from jaxloader.state import refuse_unknown
 from jaxloader.streams.maker import StreamBatchMaker
 from jaxloader.streams import passes
 from jaxloader.streams.huggingface import as_stream
@@ -254,9 +255,18 @@ class StreamLoader(LoaderLifecycle):
         states = self._states_at(step)
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
             states = passes.told(states, self._pass_of(states))
-        maker.reset(states[step % self._readers])
-        batch, _ = maker.make(step)
+        try:
+            maker.reset(states[step % self._readers])
+            batch, _ = maker.make(step)
+        finally:
+            maker.close()  # the copy's shards
         return batch if self._putter is None else self._putter(batch)
+
+    def _release(self, idle: bool) -> None:
+        """Closes the shards this process's readers have open (``num_workers=0``), unless a
+        device-put thread still makes a batch from them (they close when the loader goes)."""
+        if idle:
+            self._maker.close()
 
     # -- state ------------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:
@@ -296,14 +306,8 @@ class StreamLoader(LoaderLifecycle):
                 "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
                 "restore with the same ones (pass readers_per_process= to change num_workers)"
             )
-        known = {"version", "step", "process_index", "readers", "pass", *ours,
-                 *self._stream.extra_state()}
-        unknown = sorted(set(state) - known)
-        if unknown:
-            raise StateDictError(
-                f"state: unknown keys {unknown}; expected keys {sorted(known)}: a state of "
-                "another kind of stream, or one edited by hand; pass the dict that "
-                "StreamLoader.state_dict() returned, unchanged")
+        refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", *ours,
+                               *self._stream.extra_state()}, "StreamLoader")
         # a record's random numbers are keyed by its place in the stream, in 64 bits
         last = MASK64 // (self.process_count * self.batch_size)
         check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
@@ -383,4 +387,5 @@ class _InProcess:
             step += 1
 
     def close(self) -> None:
-        self._maker.close()  # the files this process has open
+        """Nothing: the files its readers have open are the loader's to close, once no thread
+        reads them (``StreamLoader._release``)."""

@@ -58,12 +58,18 @@ def test_v1_checkpointables_round_trip(tmp_path):
         assert_same_stream(take(fresh, 4), expected)
 
 
-def test_an_incompatible_loader_is_refused_with_the_differences(tmp_path):
+def _saved_at(tmp_path, step):
+    """A manager over ``tmp_path`` holding a loader-only checkpoint at ``step``."""
     with make() as loader:
-        take(loader, 2)
+        take(loader, step)
         manager = ocp.CheckpointManager(tmp_path)
-        manager.save(2, args=ocp.args.Composite(loader=LoaderSave(loader)))
+        manager.save(step, args=ocp.args.Composite(loader=LoaderSave(loader)))
         manager.wait_until_finished()
+    return manager
+
+
+def test_an_incompatible_loader_is_refused_with_the_differences(tmp_path):
+    manager = _saved_at(tmp_path, 2)
     with make(batch_size=5, seed=9) as other, pytest.raises(jl.StateDictError) as e:
         manager.restore(2, args=ocp.args.Composite(loader=LoaderRestore(other)))
     msg = str(e.value)
@@ -190,11 +196,7 @@ def test_v1_training_checkpointer_loop_resumes_from_the_latest_step(tmp_path):
 
 
 def test_a_truncated_state_file_is_an_error_naming_the_file_and_the_step(tmp_path):
-    with make() as loader:
-        take(loader, 3)
-        manager = ocp.CheckpointManager(tmp_path)
-        manager.save(3, args=ocp.args.Composite(loader=LoaderSave(loader)))
-        manager.wait_until_finished()
+    manager = _saved_at(tmp_path, 3)
     saved = tmp_path / "3" / "loader" / "process_0-of-1.json"
     saved.write_text(saved.read_text()[:40])  # a copy that stopped
     with make() as fresh, pytest.raises(jl.StateDictError, match=r"checkpoint .*3/loader/"

@@ -39,7 +39,8 @@ Example:
     >>> p = DevicePrefetcher(iter([1, 2, 3]), put=lambda b: b * 10, depth=2).start()
     >>> [p.next() for _ in range(3)]
     [10, 20, 30]
-    >>> p.close()
+    >>> p.close()  # the thread is gone
+    True
 """
 
 from __future__ import annotations

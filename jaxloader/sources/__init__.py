@@ -11,6 +11,8 @@
 | ``array_record`` | ``ArrayRecordSource``: records of ArrayRecord files, as bytes |
 | ``ragged`` | ``RaggedSource``: variable-length sequences stored flat, with offsets |
 | ``huggingface`` | ``HuggingFaceSource``: a ``datasets.Dataset`` read as NumPy (automatic) |
+| ``parquet_files`` | a ``ParquetSource``'s files: opened when read, checked against what they were |
+| ``parts`` | the sources a source is made of, walked (closing them, naming their files) |
 """
 
 from jaxloader.sources.array_record import ArrayRecordSource

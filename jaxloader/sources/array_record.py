@@ -19,7 +19,6 @@ Example (``tests/sources/test_array_record.py`` runs it)::
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import os
 from typing import Any, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 
 from jaxloader import file_identity
 from jaxloader.errors import ConfigError
+from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand
 
 _MAX_OPEN = 16  # readers a process keeps open (a full shuffle touches every file: more help)
@@ -47,7 +47,7 @@ class ArrayRecordSource:
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._identities = [file_identity.whole(path) if "://" not in path else [0]
                             for path in self.paths]
-        self._readers: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
 
     def __getstate__(self) -> dict:
         return {"paths": self.paths, "starts": self._starts, "identities": self._identities}
@@ -55,7 +55,7 @@ class ArrayRecordSource:
     def __setstate__(self, state: dict) -> None:
         self.paths, self._starts = state["paths"], state["starts"]
         self._identities = state["identities"]
-        self._readers = collections.OrderedDict()  # each process opens its own
+        self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
 
     def file_identities(self) -> list[tuple[str, list[int]]]:
         """Each local file's path and identity (``jaxloader.file_identity.whole``), as read
@@ -64,8 +64,7 @@ class ArrayRecordSource:
 
     def close(self) -> None:
         """Closes the readers this process has open (a later read opens them again)."""
-        while self._readers:
-            self._readers.popitem()[1].close()
+        self._readers.close()
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -98,13 +97,7 @@ class ArrayRecordSource:
 
     def _reader(self, k: int) -> Any:
         reader = self._readers.get(k)
-        if reader is None:
-            reader = self._readers[k] = _open(self.paths[k])
-            while len(self._readers) > _MAX_OPEN:
-                self._readers.popitem(last=False)[1].close()
-        else:
-            self._readers.move_to_end(k)
-        return reader
+        return reader if reader is not None else self._readers.add(k, _open(self.paths[k]))
 
     def __repr__(self) -> str:
         return f"ArrayRecordSource({len(self)} records in {len(self.paths)} file(s))"

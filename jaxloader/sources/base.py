@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -131,43 +131,3 @@ def refuse_mixture(source: Any, what: str) -> None:
             f"one after another, the weights unused; wrap each component and mix those: "
             f"jl.mix([{what}(a, ...), {what}(b, ...)], weights)")
 
-
-def parts_of(source: Any) -> list:
-    """The sources ``source`` reads its records from: a ``ConcatSource``'s (a mixture's)
-    ``sources``, a wrapper's (``FilteredSource``, ``PackedSource``) ``source``; none for a
-    source of its own data."""
-    parts = getattr(source, "sources", None)
-    if isinstance(parts, (list, tuple)):
-        return list(parts)
-    inner = getattr(source, "source", None)
-    return [inner] if isinstance(inner, Source) else []
-
-
-def walk(source: Any) -> Iterator[Any]:
-    """``source`` and every source it is made of (``parts_of``), each once, depth first.
-
-    Example:
-        >>> from jaxloader.sources.concat import ConcatSource
-        >>> a, b = [1, 2], [3]
-        >>> [len(s) for s in walk(ConcatSource([a, b]))]
-        [3, 2, 1]
-    """
-    seen: set[int] = set()
-    stack = [source]
-    while stack:
-        each = stack.pop()
-        if id(each) in seen:
-            continue
-        seen.add(id(each))
-        yield each
-        stack.extend(reversed(parts_of(each)))
-
-
-def close_source(source: Any) -> None:
-    """Closes what ``source`` and the sources it is made of hold open in this process (files,
-    decoded rows): jaxloader's own sources, which reopen on their next read; a user's source,
-    whose ``close`` may end it for good, is left alone."""
-    for each in walk(source):
-        close = getattr(each, "close", None)
-        if callable(close) and type(each).__module__.startswith("jaxloader."):
-            close()

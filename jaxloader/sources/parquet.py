@@ -57,7 +57,7 @@ from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
 from jaxloader.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
 from jaxloader.sources.joined_groups import JoinedGroups
-from jaxloader.sources.parquet_files import ParquetFiles, open_error
+from jaxloader.sources.parquet_files import ParquetFiles, open_error, open_parquet
 from jaxloader.sources.paths import expand
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.string_column import StringColumn
@@ -94,9 +94,9 @@ class ParquetSource:
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike],
                  columns: str | Sequence[str] | None = None,
                  cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
-        pq = _pyarrow_parquet()
+        _pyarrow_parquet()  # (an error that says to install it, before any file is read)
         self.paths = expand(paths, ".parquet", "ParquetSource")
-        metas = [_metadata(pq, path) for path in self.paths]
+        metas = [_metadata(path) for path in self.paths]
         schema = metas[0].schema.to_arrow_schema()
         available = list(schema.names)
         if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
@@ -276,7 +276,7 @@ class ParquetSource:
         """
         import pyarrow as pa
 
-        schema = _metadata(_pyarrow_parquet(), self.paths[0]).schema.to_arrow_schema()
+        schema = _metadata(self.paths[0]).schema.to_arrow_schema()
         kind = schema.field(key).type if key in self.columns else None
         if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
                                 or pa.types.is_fixed_size_list(kind)) or not (
@@ -546,20 +546,12 @@ def _pyarrow_parquet() -> Any:
     return pq
 
 
-def _open(pq: Any, path: str) -> Any:
-    if "://" in path:  # remote: through the path layer Orbax uses
-        from etils import epath
-
-        return pq.ParquetFile(epath.Path(path).open("rb"))
-    return pq.ParquetFile(path)
-
-
-def _metadata(pq: Any, path: str) -> Any:
+def _metadata(path: str) -> Any:
     import pyarrow as pa
 
     pattern = path.rstrip("/") + "/*.parquet"  # what to pass for a remote folder
     try:
-        handle = _open(pq, path)
+        handle = open_parquet(path)
         try:
             return handle.metadata
         finally:

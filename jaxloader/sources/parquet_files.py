@@ -31,13 +31,13 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import errno
 import os
 from typing import Any, Sequence
 
 from jaxloader import file_identity
 from jaxloader.errors import RecordError
+from jaxloader.sources.open_files import OpenFiles
 
 # Files a process keeps open at once: a read-local order reads one or two files at a time, a
 # mixture holds this many a component; far under a 1,024-descriptor limit.
@@ -55,7 +55,7 @@ class ParquetFiles:
         self._reset()
 
     def _reset(self) -> None:
-        self._open: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._open = OpenFiles(_MAX_OPEN, close=lambda handle: handle.close(force=True))
         self._metas: dict[int, Any] = {}  # footers read in this process, by file
 
     def __getstate__(self) -> dict:
@@ -78,27 +78,19 @@ class ParquetFiles:
         """File ``number`` as a ``pyarrow.parquet.ParquetFile``, opened if it is not."""
         handle = self._open.get(number)
         if handle is not None:
-            self._open.move_to_end(number)
             return handle
-        import pyarrow.parquet as pq
-
         path = self.paths[number]
-        meta = self._metas.get(number)
-        if meta is None and "://" in path:
+        if "://" in path:  # (at each open: no stat a row group there)
             self._check_remote(number)
-        handle = _checked_open(path, lambda p: pq.ParquetFile(
-            file_identity.open_binary(p) if "://" in p else p, metadata=meta,
-            page_checksum_verification=True))
+        meta = self._metas.get(number)
+        handle = _checked_open(path, lambda p: open_parquet(
+            p, metadata=meta, page_checksum_verification=True))
         self._metas[number] = handle.metadata
-        self._open[number] = handle
-        while len(self._open) > _MAX_OPEN:
-            self._open.popitem(last=False)[1].close(force=True)
-        return handle
+        return self._open.add(number, handle)
 
     def close(self) -> None:
         """Closes the open files (a later read opens them again)."""
-        while self._open:
-            self._open.popitem()[1].close(force=True)
+        self._open.close()
 
     def _check(self, number: int) -> None:
         """Raises if local file ``number`` is no longer the one read at construction."""
@@ -112,9 +104,7 @@ class ParquetFiles:
         if identity != self.identities[number]:
             raise self._changed(number, identity)
         self._stats[number] = now  # the same bytes (a copy put in place): read the new file
-        handle = self._open.pop(number, None)
-        if handle is not None:
-            handle.close(force=True)
+        self._open.drop(number)
 
     def _check_remote(self, number: int) -> None:
         identity = _checked_open(self.paths[number], file_identity.parquet)
@@ -132,7 +122,7 @@ class ParquetFiles:
                      error: Exception) -> RecordError:
         """The error for a row group that cannot be read: which column, found by reading them
         one by one."""
-        handle = self._open.get(number)
+        handle = self._open.get(number)  # (the read that failed opened it)
         bad = None
         for name in columns if len(columns) > 1 else ():
             if handle is None:
@@ -150,8 +140,24 @@ class ParquetFiles:
         where = f"column {bad!r}" if bad is not None else f"columns {columns}"
         return RecordError(
             f"ParquetSource: file {self.paths[number]!r}, row group {group}{rows}, {where}: "
-            f"cannot be decoded ({type(error).__name__}: {error}): the file is damaged; replace "
-            "it (download or write it again), or leave it out of the source's paths")
+            f"cannot be decoded ({type(error).__name__}: {error}): the file is damaged, or the "
+            "storage failed to read it (a disk or network error: try again); replace a damaged "
+            "file (download or write it again), or leave it out of the source's paths")
+
+
+def open_parquet(path: str, **options: Any) -> Any:
+    """``path`` as a ``pyarrow.parquet.ParquetFile`` (``options`` its own), a remote one
+    through ``etils.epath``, the path layer Orbax uses."""
+    import pyarrow.parquet as pq
+
+    if "://" not in path:
+        return pq.ParquetFile(path, **options)
+    raw = file_identity.open_binary(path)
+    try:
+        return pq.ParquetFile(raw, **options)
+    except BaseException:
+        raw.close()
+        raise
 
 
 def _stat(path: str) -> tuple[int, int, int] | None:

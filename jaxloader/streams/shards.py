@@ -35,7 +35,6 @@ from jaxloader.errors import ConfigError, RecordError, StateDictError
 from jaxloader.streams.compressed import decompressed
 
 
-
 @runtime_checkable
 class Shard(Protocol):
     """One shard of a stream (see the module docstring)."""
@@ -56,8 +55,9 @@ class FileShard:
     and last KiB (``jaxloader.file_identity``). A restore over a file whose identity changed
     is refused, naming the file and what changed: the offset would land inside other
     records. Content, not a modification time: a shard copied elsewhere resumes; an edit
-    inside that keeps the size and both ends is not seen. ``append_only=True`` accepts a file that only grew (its
-    first bytes as they were), for shards that records are appended to.
+    inside that keeps the size and both ends is not seen. ``append_only=True`` accepts a
+    file that only grew (no shorter, its first KiB as it was), for shards that records are
+    appended to.
     """
 
     _COUNTER = "line"
@@ -272,11 +272,11 @@ def check_unchanged(shard: Any, state: dict) -> None:
     if not then or then == {key: now.get(key) for key in then}:
         return
     if shard.append_only and "size" in then and now["size"] >= then["size"]:
-        before = _prefix_identity(shard, then["size"])  # the file as it was, if it only grew
-        if {key: before[key] for key in then} == then:
+        # it only grew if it starts as it did (its old end may be rewritten: a tar's marker)
+        if "head" not in then or _prefix_identity(shard, then["size"])["head"] == then["head"]:
             return
-    changed = [f"size {then['size']:,} bytes then, {now['size']:,} now"
-               if then.get("size") != now["size"] else "the same size"]
+    changed = ([f"size {then['size']:,} bytes then, {now['size']:,} now"]
+               if then.get("size", now["size"]) != now["size"] else ["the same size"])
     changed += [f"its {'first' if key == 'head' else 'last'} KiB differs"
                 for key in ("head", "tail") if key in then and then[key] != now.get(key)]
     kind = "shorter or rewritten" if shard.append_only else "changed"

@@ -60,7 +60,7 @@ from jaxloader.workers.process import STOP_GRACE_S, WorkerProcess
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.shm import Segment
-from jaxloader.workers.status import StatusBoard, process_state
+from jaxloader.workers.status import StatusBoard
 
 _LOG = logging.getLogger("jaxloader")
 
@@ -372,7 +372,7 @@ class WorkerPool:
             due = [t for t in (None if warn_s is None else warn_s * (warned + 1), timeout_s)
                    if t is not None]
             left = min(due) - (time.monotonic() - since)
-            events = self._poller.poll(max(0.0, left) * 1000) if left > 0 else []
+            events = self._poller.poll(max(0.0, left) * 1000)  # (overdue: what has come)
             if events:
                 return events
             waited = time.monotonic() - since
@@ -382,11 +382,12 @@ class WorkerPool:
                     + self._stall_report(awaited) + "\n--- the loader is broken; fix what "
                     "holds the worker, or raise timeout_s, then create a new loader ---"), None)
             if warn_s is not None and waited >= warn_s * (warned + 1):
-                self._awaited = (awaited, since, warned + 1)
                 _LOG.warning(
                     "jaxloader: no batch for %.1f s: %s\nThe loader keeps waiting (timeout_s= "
                     "makes a wait this long an error; stall_warning_s= sets when this is said)",
                     waited, self._stall_report(awaited))
+                # the next a stall_warning_s after this one was made (a report takes time)
+                self._awaited = (awaited, since, int((time.monotonic() - since) // warn_s) + 1)
 
     def _stall_report(self, awaited: int) -> str:
         """What the consumer awaits and what each worker is doing, with their stacks."""
@@ -398,14 +399,8 @@ class WorkerPool:
             f" (in its task of steps {task.first}, {task.first + task.stride}, ..., "
             f"{task.first + task.stride * (len(task.segments) - 1)}, reported once all are "
             "made)")
-        lines = [f"{location(awaited)} is awaited, from worker {awaited % workers}{sent}. The "
-                 "workers:"]
-        stacks = self._board.stacks(self.pids)
-        for i, (w, stack) in enumerate(zip(self._workers, stacks)):
-            lines.append(f"  worker {i} (pid {w.pid}, {process_state(w.pid)}): "
-                         f"{self._board.doing(i, location)}")
-            lines.extend("    " + line for line in stack.splitlines())
-        return "\n".join(lines)
+        return "\n".join([f"{location(awaited)} is awaited, from worker {awaited % workers}"
+                          f"{sent}. The workers:", *self._board.report(self.pids, location)])
 
     def _worker_failed(self, worker: int, failed: Failed) -> _Failure:
         """The error to raise, and its cause, for a worker's failure report."""
@@ -450,8 +445,8 @@ class WorkerPool:
         readable); the shared source arrays and the payload are reused. Interrupted itself, it
         runs again next time."""
         self._stop_workers()
+        self._board.restarted()  # (before the new workers can write their rows)
         self._start()
-        self._board.restarted()
         self._send_payload()
         self._mixed_up = False
         self.restarts += 1

@@ -15,7 +15,7 @@ Either way the worker's link is one duplex pipe; its EOF tells each side the oth
 A worker also ends with the main process whatever it is doing (``worker.die_with_parent``: on
 Linux the kernel's parent-death signal, which fires when the *thread* that started the worker
 ends; so a worker is started from the main thread, or from a thread kept as long as the process,
-``_lasting_thread``, never from a short-lived one such as a device-put thread).
+``_in_lasting_thread``, never from a short-lived one such as a device-put thread).
 
 Stopping is quick whatever the worker is doing: it is told to stop, and one still running after
 ``STOP_GRACE_S`` (busy in a transform, with tasks queued behind the message) is killed: nothing
@@ -196,6 +196,18 @@ class WorkerProcess:
 _SPAWNS: queue.SimpleQueue = queue.SimpleQueue()
 _SPAWNER: list[threading.Thread] = []
 _SPAWNER_LOCK = threading.Lock()
+
+
+def _forget_spawner() -> None:
+    """In a forked child: the thread is not there (only the forking thread is), nor may its
+    lock and queue be in a state the child can use."""
+    global _SPAWNS, _SPAWNER_LOCK
+    _SPAWNS, _SPAWNER_LOCK = queue.SimpleQueue(), threading.Lock()
+    _SPAWNER.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spawner)
 
 
 def _in_lasting_thread(start: Callable[[], None]) -> None:

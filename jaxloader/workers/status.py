@@ -18,7 +18,7 @@ how long. ``since`` is ``CLOCK_MONOTONIC`` in nanoseconds, one clock for every p
 Example:
     >>> board = StatusBoard(2)
     >>> mine = WorkerStatus(board.names(1), 1)
-    >>> mine.making(25)
+    >>> mine.idle(); mine.making(25)
     >>> board.doing(1, lambda step: f"step {step}").startswith("making step 25 for")
     True
     >>> mine.close(); board.destroy()
@@ -39,7 +39,9 @@ import numpy as np
 from jaxloader.workers import shm
 
 _FIELDS = 3  # a worker's row: state, step, since
-_IDLE, _MAKING, _STARTING = 0, 1, 2
+# starting: not yet able to answer STACK_SIGNAL (its default action would end the process);
+# loading: its handler is in, its payload and worker_init_fn are loading
+_IDLE, _MAKING, _STARTING, _LOADING = 0, 1, 2, 3
 STACK_SIGNAL = signal.SIGUSR2
 _STACK_WAIT_S = 1.0  # how long a stall report waits for the workers' stacks (signal handlers)
 _STACK_SETTLE_S = 0.02  # a stack file that stopped growing this long is written
@@ -53,16 +55,21 @@ class StatusBoard:
         self._segment = shm.Segment.create(num_workers * _FIELDS * 8)
         self._rows = np.frombuffer(self._segment.memory, np.int64)[:num_workers * _FIELDS]
         self._rows = self._rows.reshape(num_workers, _FIELDS)
-        self._rows[:, 0] = _STARTING
-        self._rows[:, 2] = time.monotonic_ns()
-        self._stacks: list[tuple[int, str]] = [_stack_file(i) for i in range(num_workers)]
+        self._stacks: list[tuple[int, str]] = []
+        try:
+            for i in range(num_workers):
+                self._stacks.append(_stack_file(i))
+        except BaseException:
+            self.destroy()
+            raise
+        self.restarted()
 
     def names(self, worker: int) -> tuple[str, int, str]:
         """What worker ``worker`` opens: (the table's name, its size, its stack file)."""
         return self._segment.name, self._segment.size, self._stacks[worker][1]
 
     def restarted(self) -> None:
-        """New workers are starting (after an interrupted run)."""
+        """Every worker is starting (new ones: at first, or after an interrupted run)."""
         self._rows[:, 0] = _STARTING
         self._rows[:, 2] = time.monotonic_ns()
 
@@ -73,7 +80,7 @@ class StatusBoard:
 
     def starting(self, worker: int) -> bool:
         """Whether worker ``worker`` has not yet loaded its payload."""
-        return int(self._rows[worker, 0]) == _STARTING
+        return int(self._rows[worker, 0]) in (_STARTING, _LOADING)
 
     def doing(self, worker: int, where: Callable[[int], str]) -> str:
         """What worker ``worker`` is doing and for how long, in words (``where(step)`` names a
@@ -82,19 +89,29 @@ class StatusBoard:
         held = f"for {(time.monotonic_ns() - since) / 1e9:,.1f} s"
         if state == _MAKING:
             return f"making {where(step)} {held}"
-        if state == _STARTING:
+        if state == _STARTING or state == _LOADING:
             return f"starting (loading the payload, running worker_init_fn) {held}"
         return f"idle, waiting for a task {held}"
+
+    def report(self, pids: list[int], where: Callable[[int], str]) -> list[str]:
+        """A line a worker (its pid, process state and what it is doing, ``doing``) and its
+        stacks, indented: what a stall report says of the workers."""
+        lines = []
+        for i, (pid, stack) in enumerate(zip(pids, self.stacks(pids))):
+            lines.append(f"  worker {i} (pid {pid}, {process_state(pid)}): "
+                         f"{self.doing(i, where)}")
+            lines.extend("    " + line for line in stack.splitlines())
+        return lines
 
     def stacks(self, pids: list[int]) -> list[str]:
         """Each worker's Python stacks, taken by ``STACK_SIGNAL``; a worker that is stopped,
         or does not answer within ``_STACK_WAIT_S``, gets a line that says so."""
         files = [fd for fd, _ in self._stacks[:len(pids)]]
         asked = []
-        for fd, pid in zip(files, pids):
+        for worker, (fd, pid) in enumerate(zip(files, pids)):
             os.ftruncate(fd, 0)
-            if _state(pid) in ("T", "t", "Z", None):
-                continue  # it cannot answer now
+            if _state(pid) in ("T", "t", "Z", None) or self._rows[worker, 0] == _STARTING:
+                continue  # it cannot answer now (a worker starting would die of the signal)
             try:
                 os.kill(pid, STACK_SIGNAL)
             except ProcessLookupError:
@@ -114,7 +131,8 @@ class StatusBoard:
             if not text:
                 text = (f"(no stack: no answer to signal {STACK_SIGNAL.name} within "
                         f"{_STACK_WAIT_S} s: busy in native code that holds the signal back?)"
-                        if fd in asked else "(no stack: the process is stopped or gone)")
+                        if fd in asked else "(no stack: the process is stopped, gone, or not "
+                        "yet able to answer)")
             out.append(text)
         return out
 
@@ -154,7 +172,8 @@ class WorkerStatus:
             fd = os.open(stacks, os.O_WRONLY | os.O_APPEND)
         self._stack_fd = fd
         faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True, chain=False)
-        self.idle()
+        self._row[2] = time.monotonic_ns()
+        self._row[0] = _LOADING  # the main process may ask for its stacks from now on
 
     def making(self, step: int) -> None:
         """Before making ``step``."""

@@ -126,6 +126,22 @@ def test_a_file_replaced_under_a_live_loader_is_noticed_at_its_next_row_group(tm
                 pass
 
 
+def test_a_file_replaced_while_open_in_the_process_is_noticed_at_its_next_row_group(tmp_path):
+    paths = write_parts(tmp_path)
+    with _loader(paths, 0) as loader:  # file order: part-2 holds rows 87..127
+        it = iter(loader)
+        ids = [next(it)["id"] for _ in range(12)]  # part-2 is open: its first row group read
+        assert ids[-1][-1] == 95
+        table = pq.read_table(paths[2])
+        pq.write_table(table.set_column(0, "id", pa.compute.add(table["id"], 1000)),
+                       tmp_path / "new", row_group_size=16)
+        os.replace(tmp_path / "new", paths[2])
+        with pytest.raises(jl.RecordError, match=r"part-2.parquet' changed while the loader "
+                                                 r"reads it"):
+            for _ in it:
+                pass
+
+
 @contextlib.contextmanager
 def _as_nobody():
     """This process's effective user is one without rights to root's files (as root)."""

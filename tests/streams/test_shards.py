@@ -188,3 +188,17 @@ def test_an_append_only_shard_resumes_over_appended_records_and_refuses_a_rewrit
     with pytest.raises(jl.StateDictError, match=r"s0.jsonl: shorter or rewritten since the "
                                                 r"state was saved \(size"):
         _restored(paths, workers, state, append_only=True)
+
+
+def test_a_shard_rewritten_to_the_same_size_is_refused_by_its_first_kib(tmp_path):
+    path = write_jsonl(tmp_path / "same.jsonl", range(300))
+    shard = jl.JsonlShard(path)
+    shard.reset(None)
+    for _ in range(100):
+        shard.next()
+    state = shard.get_state()
+    text = path.read_text()
+    path.write_text(text.replace('"id": 1,', '"id": 7,', 1))  # one record's value, same size
+    with pytest.raises(jl.StateDictError, match=r"same.jsonl: changed since the state was saved "
+                                                r"\(the same size; its first KiB differs\)"):
+        jl.JsonlShard(path).reset(state)

@@ -556,8 +556,8 @@ def test_close_does_not_wait_for_batches_in_flight(prefetch):
     assert not [p for p in pids if running(p)]
 
 
-def test_a_loader_dropped_after_a_break_ends_its_busy_workers_at_once():
-    loader, it = _busy(2)
+def test_a_loader_dropped_while_its_workers_are_busy_ends_them_at_once():
+    loader, it = _busy(2)  # (as after a `break` out of its loop)
     pids = loader.worker_pids
     start = time.monotonic()
     del loader, it

@@ -42,15 +42,20 @@ def _crashing_shard(shard):
 
 def test_a_stream_worker_that_dies_names_its_step():
     # reader 1 (worker 1) crashes in its 6th batch of 10: stream step 2 * 5 + 1
-    with jl.StreamLoader(jl.Stream.from_generator(_crashing_shard, shards=2,
-                                                  shuffle_shards=False),
-                         batch_size=10, num_workers=2, process_index=0,
-                         process_count=1) as loader:
-        with pytest.raises(jl.WorkerError, match=r"worker 1 \(pid \d+\) died while making "
-                                                 r"stream step 11 \(reader 1, its batch 5\)"):
-            it = iter(loader)
-            for _ in range(40):
-                next(it)
+    with pytest.raises(jl.WorkerError, match=r"worker 1 \(pid \d+\) died while making "
+                                             r"stream step 11 \(reader 1, its batch 5\)"):
+        _read_stream(_crashing_shard, shuffle_shards=False)
+
+
+def _read_stream(make, steps=40, shuffle_shards=True, **kwargs):
+    """``steps`` batches of 10 of ``make``'s 2 shards, with 2 workers."""
+    with jl.StreamLoader(jl.Stream.from_generator(make, shards=2,
+                                                  shuffle_shards=shuffle_shards),
+                         batch_size=10, num_workers=2, process_index=0, process_count=1,
+                         **kwargs) as loader:
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
 
 
 def _gone(pid):
@@ -108,14 +113,9 @@ def _blocked(shard):
 
 def test_a_blocked_stream_generator_is_reported_with_its_stack(caplog):
     caplog.set_level(logging.WARNING, logger="jaxloader")
-    with jl.StreamLoader(jl.Stream.from_generator(_blocked, shards=2), batch_size=10,
-                         num_workers=2, stall_warning_s=0.4, timeout_s=1.2, process_index=0,
-                         process_count=1) as loader:
-        with pytest.raises(jl.StallError, match=r"stream step \d+ \(reader \d, its batch 2\) "
-                                                r"is awaited, from worker \d"):
-            it = iter(loader)
-            for _ in range(40):
-                next(it)
+    with pytest.raises(jl.StallError, match=r"stream step \d+ \(reader \d, its batch 2\) "
+                                            r"is awaited, from worker \d"):
+        _read_stream(_blocked, stall_warning_s=0.4, timeout_s=1.2)
     warned = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
     assert warned and "in _blocked" in warned[0] and "making stream step" in warned[0]
 
@@ -125,3 +125,18 @@ def test_stall_arguments_are_checked():
                                              r"or None, got int 0"):
         jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, timeout_s=0,
                       process_index=0, process_count=1)
+
+
+def _slow_start(worker_id):
+    time.sleep(0.5)
+
+
+def test_a_stall_report_while_workers_start_leaves_them_alone(caplog):
+    # a worker that has not yet put in its stack handler would be ended by the signal
+    caplog.set_level(logging.WARNING, logger="jaxloader")
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, num_workers=2,
+                       worker_init_fn=_slow_start, stall_warning_s=0.02, process_index=0,
+                       process_count=1) as loader:
+        assert sorted(np.concatenate([b["x"] for b in loader]).tolist()) == list(range(64))
+    warned = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
+    assert warned and "starting (loading the payload" in warned[0]

@@ -1,0 +1,51 @@
+"""The sources a source is made of, walked: what a loader closes and what names its files.
+
+A ``ConcatSource`` (a mixture) reads its ``sources``; a wrapper (``FilteredSource``,
+``PackedSource``) its ``source``. No import of the sources themselves: the layers above use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+def parts_of(source: Any) -> list:
+    """The sources ``source`` reads its records from: a ``ConcatSource``'s (a mixture's)
+    ``sources``, a wrapper's (``FilteredSource``, ``PackedSource``) ``source``; none for a
+    source of its own data."""
+    parts = getattr(source, "sources", None)
+    if isinstance(parts, (list, tuple)):
+        return list(parts)
+    inner = getattr(source, "source", None)
+    return [inner] if hasattr(inner, "__len__") and hasattr(inner, "__getitem__") else []
+
+
+def walk(source: Any) -> Iterator[Any]:
+    """``source`` and every source it is made of (``parts_of``), each once, depth first.
+
+    Example:
+        >>> from jaxloader.sources import ConcatSource
+        >>> a, b = [1, 2], [3]
+        >>> [len(s) for s in walk(ConcatSource([a, b]))]
+        [3, 2, 1]
+    """
+    seen: set[int] = set()
+    stack = [source]
+    while stack:
+        each = stack.pop()
+        if id(each) in seen:
+            continue
+        seen.add(id(each))
+        yield each
+        stack.extend(reversed(parts_of(each)))
+
+
+def close_source(source: Any) -> None:
+    """Closes what ``source`` and the sources it is made of hold open in this process (files,
+    decoded rows): jaxloader's own sources, which reopen on their next read; a user's source,
+    whose ``close`` may end it for good, is left alone."""
+    for each in walk(source):
+        close = getattr(each, "close", None)
+        if callable(close) and type(each).__module__.startswith("jaxloader."):
+            close()
