@@ -48,12 +48,14 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterator
 
 # close() waits this long for the thread, which may be finishing a batch (then left to end by
 # itself: a worker's batch ends when close() kills the workers; an in-process one when made)
 _JOIN_TIMEOUT_S = 0.2
+_POLL_S = 0.1  # while waiting for the thread's end: how often to look again without a wake-up
 _BACK_OFF_S = 0.001  # see "Staying out of the way"; covers a step's dispatch, not a step
 _END = object()
 _STOP = object()
@@ -87,11 +89,22 @@ class HostPrefetcher:
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
         self._taken: queue.SimpleQueue = queue.SimpleQueue()  # get(): the consumer came
         self._stopping = False
+        # The thread's end, told by the thread itself (its last act: a flag, then a wake-up),
+        # and waited for here rather than by Thread.join: on Python 3.11 a join interrupted
+        # (Ctrl-C) while the thread runs marks it stopped (it releases the lock the running
+        # thread holds), and every later join and is_alive() then says it is gone while it
+        # still drives the engine, beside the next run's thread (under repeated interrupts
+        # they piled up, each waiting on the engine the others held). The flag is the truth:
+        # a wake-up taken by a get() that an interrupt cut short just after it returned is
+        # lost, and the wait times out and looks again.
+        self._ended: queue.SimpleQueue = queue.SimpleQueue()
+        self._launched = self._finished = False
         self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
 
     def start(self) -> None:
         """Starts the thread; apart from ``__init__`` so that its owner holds it first."""
+        self._launched = True  # (before: an interrupt in start() may come once it runs)
         self._thread.start()
 
     def _run(self) -> None:
@@ -110,9 +123,13 @@ class HostPrefetcher:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, in order
             self._ready.put((None, e))
         finally:
-            close = getattr(self._host_batches, "close", None)
-            if close is not None:
-                close()  # in this thread, which ran it: returns its slots to the ring
+            try:
+                close = getattr(self._host_batches, "close", None)
+                if close is not None:
+                    close()  # in this thread, which ran it: returns its slots to the ring
+            finally:
+                self._finished = True
+                self._ended.put(None)
 
     def _back_off(self) -> bool:
         """After the consumer took a batch: waits ``_BACK_OFF_S`` while another is still
@@ -155,9 +172,25 @@ class HostPrefetcher:
         """Stops the thread (after the batch it is making) and waits for it, at most
         ``_JOIN_TIMEOUT_S`` (or ``until_gone``); whether it is gone. Idempotent."""
         self.stop()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(None if until_gone else _JOIN_TIMEOUT_S)
-        return not self._thread.is_alive()
+        if not self._launched:
+            return True
+        if self._thread is threading.current_thread():
+            return False
+        deadline = None if until_gone else time.monotonic() + _JOIN_TIMEOUT_S
+        while not self._finished:
+            if self._thread.ident is None and not self._thread.is_alive():
+                return True  # (start() interrupted before the thread ran: none to wait for)
+            left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            try:
+                self._ended.get(timeout=left)
+            except queue.Empty:
+                pass
+        # Its code is done: the join only waits for the thread's teardown (and, interrupted
+        # now, marks nothing that still runs)
+        self._thread.join(_POLL_S)
+        return True
 
 
 class DevicePrefetcher:
