@@ -165,7 +165,7 @@ def test_v1_save_and_load_let_other_coroutines_run_during_file_io(tmp_path, monk
 
 
 def _v1_training_run(path, total: int, crash_after: int | None = None):
-    """README's Orbax v1 loop: save every 5 steps, resume from the latest checkpoint."""
+    """docs/checkpointing.md's Orbax v1 loop: save every 5 steps, resume from the latest checkpoint."""
     state, seen = {"w": np.zeros(3)}, []
     policy = ocp_v1.training.save_decision_policies.FixedIntervalPolicy(5)
     with make() as loader, ocp_v1.training.Checkpointer(
