@@ -28,7 +28,7 @@ import numpy as np
 
 import jaxloader as jl
 from common import machine, save, table
-from jaxloader import packing_plan
+from jaxloader.plans import packing as packing_plan
 
 ROW, BATCH, WORKERS = 2048, 32, 2
 

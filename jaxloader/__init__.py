@@ -11,7 +11,7 @@ Example:
 
 from typing import TYPE_CHECKING, Any
 
-from jaxloader.errors import (
+from jaxloader.base.errors import (
     CollateError,
     ConfigError,
     JaxloaderError,
@@ -22,26 +22,27 @@ from jaxloader.errors import (
     StateDictError,
     WorkerError,
 )
-from jaxloader.iterator import LoaderIterator
-from jaxloader.loader import DataLoader
-from jaxloader.local_shuffle import LocalShuffle
-from jaxloader.mixture import Mixture, mix
-from jaxloader.packing import PackedSource
+from jaxloader.loaders.iterator import LoaderIterator
+from jaxloader.loaders.data_loader import DataLoader
+from jaxloader.order.local_shuffle import LocalShuffle
+from jaxloader.mix import mix
+from jaxloader.sources.mixture import Mixture
+from jaxloader.derived.packed_source import PackedSource
+from jaxloader.derived.filtered import FilteredSource
 from jaxloader.sources import (
     ArrayRecordSource,
     ArraySource,
     ConcatSource,
     FileListSource,
-    FilteredSource,
     ParquetSource,
     RaggedSource,
     Source,
 )
-from jaxloader.stats import LoaderStats
-from jaxloader.stream_loader import StreamLoader
+from jaxloader.base.stats import LoaderStats
+from jaxloader.loaders.stream_loader import StreamLoader
 from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Stream, TarShard,
                                TextShard)
-from jaxloader.transforms import BatchMap, Filter, Map, RandomMap
+from jaxloader.batching.transforms import BatchMap, Filter, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 
 __all__ = [

@@ -27,97 +27,17 @@ differs when they do not.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
-import os
-import re
-from typing import Any, Awaitable
+from typing import Any
 
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxloader.errors import StateDictError
+from jaxloader.loaders.state_files import (apply_state, read_state, restore_into,
+                                           state_filename, write_state)
 
-_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
-PathLike = str | os.PathLike  # epath.Path included
-
-
-def state_filename(loader: Any) -> str:
-    """``process_{i}-of-{n}.json`` for this loader's process index and count."""
-    return f"process_{loader.process_index}-of-{loader.process_count}.json"
-
-
-def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> None:
-    """Writes this process's loader state into ``directory`` (which must exist).
-
-    Paths go through ``etils.epath``, as Orbax's do, so ``gs://`` and other remote directories
-    work. Orbax makes the whole checkpoint appear at once (it renames its temporary directory
-    when every item is written), so the file is written in place.
-    """
-    state = loader.state_dict() if state is None else state
-    path = epath.Path(directory) / state_filename(loader)
-    try:
-        path.write_text(json.dumps(state))
-    except OSError as e:  # a full disk, a read-only or vanished directory
-        raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "
-                      f"({e.strerror or e}); free space on that disk, or save the checkpoint "
-                      "to another directory", str(path)) from e
-
-
-def read_state(directory: PathLike, loader: Any) -> dict:
-    """The state in ``directory`` that fits this process (see the module docstring)."""
-    root = epath.Path(directory)
-    own = root / state_filename(loader)
-    if own.exists():
-        path = own
-    else:
-        present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-        files = [f for f in present if _FILE.match(f)]
-        if not files:
-            found = present if root.is_dir() else "no such directory"
-            raise StateDictError(
-                f"checkpoint {root}: expected loader state files "
-                f"'process_<i>-of-<n>.json', found {found}; was the loader saved with "
-                "jaxloader.checkpoint (LoaderSave or the v1 API)?"
-            )
-        path = root / files[0]  # every process's file holds the same step
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:  # (a UnicodeDecodeError too)
-        step = _step_of(path)
-        raise StateDictError(
-            f"checkpoint {path}{f' (step {step})' if step is not None else ''}: the loader's "
-            f"state is not whole JSON ({e}): the file was cut short or damaged; restore an "
-            "earlier checkpoint step" + (f" than {step}" if step is not None else "")
-            + ", or start the run again") from None
-
-
-def _step_of(path: Any) -> int | None:
-    """The checkpoint step a state file belongs to, where its folders say it as Orbax lays a
-    checkpoint out (``<root>/<step>/<item>/<file>``, the step a number or ``step_<n>``), else
-    ``None``."""
-    parents = epath.Path(path).parents
-    for parent in list(parents)[1:2]:  # the item's folder holds the file; the step's, that
-        found = re.fullmatch(r"(?:step[_-]?)?(\d+)", parent.name)
-        if found:
-            return int(found.group(1))
-    return None
-
-
-def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
-    """Loads ``state`` (read from ``directory``) into ``loader``; returns it."""
-    try:
-        loader.load_state_dict(state)
-    except StateDictError as e:
-        raise StateDictError(f"checkpoint {directory}: {e}") from e
-    return state
-
-
-def restore_into(directory: PathLike, loader: Any) -> dict:
-    """Reads the fitting state and loads it into ``loader``; returns the state."""
-    return apply_state(directory, loader, read_state(directory, loader))
-
+__all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave", "apply_state",
+           "read_state", "restore_into", "state_filename", "write_state"]
 
 # -- classic API -----------------------------------------------------------------------------
 @dataclasses.dataclass
@@ -183,27 +103,3 @@ def _args(args: tuple, kwargs: dict, cls: type) -> Any:
 
 ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)(LoaderSave)
 ocp.args.register_with_handler(LoaderCheckpointHandler, for_restore=True)(LoaderRestore)
-
-
-# -- orbax v1: DataLoader.save / DataLoader.load call these ----------------------------------
-# File I/O runs in a thread (asyncio.to_thread): on a remote path it takes a round trip, and the
-# event loop it would block is the one Orbax runs every other item's save on.
-async def save_v1(loader: Any, directory: Any) -> Awaitable[None]:
-    """``StatefulCheckpointable.save``: the state is taken now, written in the background."""
-    state = loader.state_dict()
-
-    async def write() -> None:
-        path = await directory.await_creation()
-        await asyncio.to_thread(write_state, path, loader, state)
-
-    return write()
-
-
-async def load_v1(loader: Any, directory: Any) -> Awaitable[None]:
-    """``StatefulCheckpointable.load``: reads and applies the fitting state."""
-
-    async def read() -> None:
-        state = await asyncio.to_thread(read_state, directory, loader)
-        apply_state(directory, loader, state)
-
-    return read()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxloader.tree import flatten, unflatten
+from jaxloader.base.tree import flatten, unflatten
 
 
 def take(loader: Any, n: int) -> list:

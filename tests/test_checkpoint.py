@@ -15,6 +15,7 @@ from orbax.checkpoint.experimental import v1 as ocp_v1
 import jaxloader as jl
 from jaxloader import checkpoint
 from jaxloader.checkpoint import LoaderRestore, LoaderSave, read_state, write_state
+from jaxloader.loaders import state_files
 from launch import run_hosts
 from resume_harness import assert_same_stream, take
 
@@ -145,8 +146,8 @@ def test_v1_save_and_load_let_other_coroutines_run_during_file_io(tmp_path, monk
             return real(*args)
         return io
 
-    monkeypatch.setattr(checkpoint, "write_state", slow(checkpoint.write_state))
-    monkeypatch.setattr(checkpoint, "read_state", slow(checkpoint.read_state))
+    monkeypatch.setattr(state_files, "write_state", slow(state_files.write_state))
+    monkeypatch.setattr(state_files, "read_state", slow(state_files.read_state))
 
     async def other():
         while not io_started.is_set():

@@ -5,8 +5,9 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-from jaxloader.collate import batch_columns, materialize, record_columns
-from jaxloader.errors import CollateError
+from jaxloader.batching.collate import materialize
+from jaxloader.batching.record_columns import batch_columns, record_columns
+from jaxloader.base.errors import CollateError
 
 Pair = namedtuple("Pair", "image label")
 

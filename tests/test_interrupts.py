@@ -210,7 +210,7 @@ def test_an_interrupt_while_close_stops_the_iterator_still_stops_the_workers(mon
     while it waits for a slow worker): a Ctrl-C there used to skip stopping the workers, and a
     second close() did nothing (the loader already counted as closed). The interrupt is put
     where it lands in such a join."""
-    from jaxloader.iterator import LoaderIterator
+    from jaxloader.loaders.iterator import LoaderIterator
 
     stop_work = LoaderIterator.stop_work
 

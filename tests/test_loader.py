@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.errors import RecordError, StateDictError
+from jaxloader.base.errors import RecordError, StateDictError
 from resume_harness import assert_same_stream
 
 

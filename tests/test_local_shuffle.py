@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.local_shuffle import BlockOrder
+from jaxloader.order.local_shuffle import BlockOrder
 from resume_harness import check_resume, check_split_resume
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxloader as jl
-from jaxloader.mixture import _SPAN, MixtureSampler
+from jaxloader.batching.mixture_sampler import _SPAN, MixtureSampler
 from resume_harness import assert_same_stream, check_resume, check_split_resume, take
 
 LENGTHS = (600, 250, 77)
@@ -159,7 +159,7 @@ def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
     ("b-False-1", "dda41e03a8605247"), ("c-True-0", "e7b3b6df50b1ab38"),
     ("d-True-0", "18cf0c78f4e62e6e")])
 def test_the_order_is_the_one_its_number_names(case, digest):
-    # digests of the indices of order 5 (mixture.ORDER): a restore after an upgrade must read
+    # digests of the indices of order 5 (plans.mixture.ORDER): a restore after an upgrade must read
     # what the checkpointed run would have read, so a change of order must change the number
     import hashlib
 

@@ -151,7 +151,7 @@ def test_packed_rows_mix_with_other_sources():
 
 
 def test_concatenated_or_filtered_sources_give_their_parts_lengths_unread(monkeypatch):
-    from jaxloader import packing
+    from jaxloader.derived import packed_source as packing
 
     a, b = documents(50, seed=1)[0], documents(70, seed=2)[0]
     seqs = [a[i]["tokens"] for i in range(len(a))] + [b[i]["tokens"] for i in range(len(b))]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxloader import packing_plan as pp
-from jaxloader.errors import ConfigError
+from jaxloader.plans import packing as pp
+from jaxloader.base.errors import ConfigError
 
 LENGTHS = st.lists(st.integers(0, 40), min_size=1, max_size=120)
 

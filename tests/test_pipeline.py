@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.pipeline import BatchMaker
-from jaxloader.sampling import Sampler
+from jaxloader.batching.batch_maker import BatchMaker
+from jaxloader.order.sampling import Sampler
 from resume_harness import assert_same_batch
 
 pa = pytest.importorskip("pyarrow")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxloader as jl
-from jaxloader.sampling import Sampler
+from jaxloader.order.sampling import Sampler
 from resume_harness import assert_same_batch, assert_same_stream, check_resume, take
 
 N = 23  # records; batch sizes below do not divide it

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxloader.errors import ConfigError
-from jaxloader.local_shuffle import BlockOrder, LocalShuffle
-from jaxloader.sampling import IndexShuffle, Sampler, StepMemo
+from jaxloader.base.errors import ConfigError
+from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
+from jaxloader.order.index_shuffle import IndexShuffle
+from jaxloader.order.sampling import Sampler, StepMemo
 from line_interrupts import raised_at_line
 
 

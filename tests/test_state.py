@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.errors import StateDictError
+from jaxloader.base.errors import StateDictError
 
 
 def make(x, **kw):

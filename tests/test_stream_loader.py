@@ -283,7 +283,7 @@ def test_resume_after_a_filter_continues_the_same_stream(tmp_path, k):
 
 
 def test_a_filter_that_keeps_nothing_raises_rather_than_hangs(tmp_path, monkeypatch):
-    from jaxloader.streams import maker
+    from jaxloader.batching import stream_batch_maker as maker
 
     monkeypatch.setattr(maker, "DROP_RUN", 500)  # in this process (workers: 100,000)
     with loader_of(generator_stream(tmp_path), [jl.Filter(lambda r: False)]) as loader:
@@ -301,7 +301,7 @@ def test_a_filtered_batch_maker_restored_anywhere_makes_the_same_batches(batch, 
                                                                          window, k):
     """A maker's report after any batch, restored into a fresh maker: the same batches on,
     however many records its Filter drops and its RandomMap draws for."""
-    from jaxloader.streams.maker import StreamBatchMaker
+    from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 
     stream = jl.Stream.from_generator(lambda s: ({"id": i} for i in range(s * 50, s * 50 + 23)),
                                       2, shuffle_window=window)

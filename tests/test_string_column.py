@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxloader import collate
-from jaxloader.string_column import gather, rows_of, split
+from jaxloader.batching import collate
+from jaxloader.base.string_column import gather, rows_of, split
 
 _TEXT = st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]),
                 max_size=12)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.transforms import RecordRng, split_transforms
+from jaxloader.batching.transforms import RecordRng, split_transforms
 
 
 @pytest.mark.parametrize("seed, epoch, position, t_index", [

@@ -5,8 +5,8 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-from jaxloader.errors import CollateError
-from jaxloader.tree import flatten, gather, leaf_paths, structure, unflatten
+from jaxloader.base.errors import CollateError
+from jaxloader.base.tree import flatten, gather, leaf_paths, structure, unflatten
 
 Point = namedtuple("Point", "x y")
 

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from jaxloader.errors import ConfigError
+from jaxloader.base.errors import ConfigError
 
 
 def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> NamedSharding:

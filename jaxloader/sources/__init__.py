@@ -6,7 +6,6 @@
 | ``concat`` | ``ConcatSource``: sources one after another in one index space |
 | ``parquet`` | ``ParquetSource``: rows of Parquet files, read by row group (pyarrow) |
 | ``files`` | ``FileListSource``: one record per file: its bytes (and a label) |
-| ``filtered`` | ``FilteredSource``: the records a predicate keeps (found once), by index |
 | ``kept_arrays`` | arrays found once from the records, kept in a ``.npy`` (lengths, indices) |
 | ``array_record`` | ``ArrayRecordSource``: records of ArrayRecord files, as bytes |
 | ``ragged`` | ``RaggedSource``: variable-length sequences stored flat, with offsets |
@@ -20,9 +19,8 @@ from jaxloader.sources.arrays import ArraySource
 from jaxloader.sources.base import Source, check_source
 from jaxloader.sources.concat import ConcatSource
 from jaxloader.sources.files import FileListSource
-from jaxloader.sources.filtered import FilteredSource
 from jaxloader.sources.parquet import ParquetSource
 from jaxloader.sources.ragged import RaggedSource
 
 __all__ = ["ArrayRecordSource", "ArraySource", "ConcatSource", "FileListSource",
-           "FilteredSource", "ParquetSource", "RaggedSource", "Source", "check_source"]
+           "ParquetSource", "RaggedSource", "Source", "check_source"]

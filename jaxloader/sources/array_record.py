@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloader import file_identity
-from jaxloader.errors import ConfigError
+from jaxloader.base import file_identity
+from jaxloader.base.errors import ConfigError
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand
 
@@ -58,7 +58,7 @@ class ArrayRecordSource:
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
 
     def file_identities(self) -> list[tuple[str, list[int]]]:
-        """Each local file's path and identity (``jaxloader.file_identity.whole``), as read
+        """Each local file's path and identity (``jaxloader.base.file_identity.whole``), as read
         when the source was made (a remote file's: ``[0]``, not read)."""
         return list(zip(self.paths, self._identities))
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader import tree as tree_lib
-from jaxloader.errors import ConfigError
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.errors import ConfigError
 
 
 class ArraySource:

@@ -27,7 +27,7 @@ from typing import Any, Iterator, cast
 
 import numpy as np
 
-from jaxloader.collate import object_column
+from jaxloader.base.columns import object_column
 
 
 def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:

@@ -6,7 +6,7 @@ also offer ``__getitems__(indices)`` for a vectorised read of many records at on
 either a ``list`` of records (PyTorch's and Hugging Face's convention) or an already batched
 pytree (any other container) whose leaves have ``len(indices)`` rows. The loader uses it when no
 per-record transform needs single records. A source may give a ``fingerprint`` (a str) that
-changes when its data does (``jaxloader.fingerprint``).
+changes when its data does (``jaxloader.sources.fingerprint``).
 
 Example:
     >>> check_source([{"x": 1}, {"x": 2}])
@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from jaxloader.errors import ConfigError
+from jaxloader.base.errors import ConfigError
 from jaxloader.sources.arrays import is_data_frame
 
 
@@ -114,20 +114,7 @@ def records_at(source: Any, indices: np.ndarray) -> list:
         got = source.__getitems__(indices)
         if isinstance(got, list):
             return got
-        from jaxloader import tree as tree_lib
+        from jaxloader.base import tree as tree_lib
 
         return tree_lib.split_rows(got, len(indices))
     return [source[int(i)] for i in indices]
-
-
-def refuse_mixture(source: Any, what: str) -> None:
-    """Raises when ``source`` is a ``jl.mix`` of sources: ``what`` (a wrapper that reads its
-    source by index) would read it as its components one after another, weights unused."""
-    from jaxloader.mixture import Mixture
-
-    if isinstance(source, Mixture):
-        raise ConfigError(
-            f"{what}(source): got a mixture (jl.mix), which it would read as its components "
-            f"one after another, the weights unused; wrap each component and mix those: "
-            f"jl.mix([{what}(a, ...), {what}(b, ...)], weights)")
-

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from jaxloader import tree as tree_lib
-from jaxloader.errors import CollateError, ConfigError
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.sources.base import check_source
 from jaxloader.sources.huggingface import adapt
 
@@ -74,7 +74,7 @@ class ConcatSource:
         """``LocalShuffle``'s blocks when a part has its own (a ``ParquetSource``'s row
         groups): each part's blocks (1,024 records in a part without), where they start in
         the whole, and its length last. ``None`` when no part has its own."""
-        from jaxloader.local_shuffle import LocalShuffle
+        from jaxloader.order.local_shuffle import LocalShuffle
 
         if all(getattr(s, "block_starts", None) is None for s in self.sources):
             return None

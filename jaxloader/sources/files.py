@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloader.errors import ConfigError
+from jaxloader.base.errors import ConfigError
 
 
 class FileListSource:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.collate import object_column
+from jaxloader.base.columns import object_column
 
 
 _LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths

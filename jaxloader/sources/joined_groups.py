@@ -4,7 +4,7 @@
 
     a batch's rows ──(their row groups)──> all in the join? ──> rows of the join
         ──take──>   each column of numbers          (one NumPy call, rows in batch order)
-        ──gather──> each column of strings or bytes (a StringColumn: jaxloader.string_column)
+        ──gather──> each column of strings or bytes (a StringColumn: jaxloader.base.string_column)
 
 A read-local batch reads from every row group of its window (8 by default). Row group by row
 group, it is a run each, a few NumPy calls a run and column, its strings sliced one by one, and
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader import string_column
-from jaxloader.collate import Take
+from jaxloader.base import string_column
+from jaxloader.base.columns import Take
 from jaxloader.sources.arrow_columns import ArrowRows
 
 _ABSENT = np.iinfo(np.int64).min // 2  # a row group not joined: its rows come out negative
@@ -83,7 +83,7 @@ class JoinedGroups:
         return rows if not len(rows) or rows.min() >= 0 else None
 
     def gather(self, rows: np.ndarray, lazy: bool = False) -> dict[str, Any]:
-        """Each column's ``rows``: arrays (``lazy``: ``collate.Take``s, gathered where they
+        """Each column's ``rows``: arrays (``lazy``: ``columns.Take``s, gathered where they
         are written, a worker's slot), and ``StringColumn`` for strings and bytes."""
         return {name: (Take(column, rows) if lazy else column.take(rows, axis=0))
                 if type(column) is np.ndarray else string_column.gather(column, rows)

@@ -5,30 +5,12 @@
     index ──searchsorted(row-group starts)──> (file, row group, row)
           ──> decoded row group (per-process LRU cache, bounded in bytes) ──> the row's columns
 
-The files' footers are read once, at construction (in the main process): row counts per row
-group, and the schema, which every file must share. Each process (every worker) then opens the
-files itself and keeps the row groups it read last, up to ``cache_bytes`` (and 256 of them).
-``__getitems__`` reads each row group a batch touches once, so a read-local order (neighbouring
-rows together) costs a few row groups a batch instead of one per row.
-
-Workers share what they decode (``share_decoded``, Linux): a row group is decoded by one
-worker into a memory file that the others map (``jaxloader.sources.shared_blocks``), so N
-workers decode a file once, not N times (workers taking turns over a read-local order each
-read every row group of a window). Decoded rows then live in shared memory, not in each
-worker's private memory. In process, and where memory files are missing, each process decodes
-for itself.
-
-Columns become NumPy: numbers and booleans arrays, dates and times ``datetime64``,
-lists of numbers of one length one more axis (lists of such lists one more a depth),
-variable-length lists one array per row, strings (dictionary-encoded too) ``str``, binary
-``bytes`` and decimals ``Decimal`` (object leaves; ``jaxloader.sources.arrow_columns``),
-structs dicts of their fields (each read as a column is). The unnamed row labels pandas stores
-(``__index_level_0__``) are not a column unless ``columns=`` names them. A null, at the top of a column,
-inside its lists or in a struct's field, raises naming the column (``struct.field``) and the
-file.
-Decoded rows are read-only, as an ``ArraySource``'s are. Paths may be remote (``gs://...``):
-they are opened through ``etils.epath`` as Orbax opens checkpoints. Needs ``pyarrow``
-(``pip install "jaxloader[parquet]"``).
+The footers are read once, where the source is made (``parquet_footers``); the files are
+opened when read (``parquet_files``). Each process keeps the row groups it read last, up to
+``cache_bytes``, and ``__getitems__`` reads each row group a batch touches once. Workers share
+what they decode (``share_decoded``, Linux: ``shared_blocks``): one decodes a row group into a
+memory file the others map. Columns become NumPy as ``arrow_columns`` says; a null raises
+naming the column and the file; decoded rows are read-only. Needs ``pyarrow``.
 
 Example:
     >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
@@ -45,24 +27,23 @@ import collections
 import hashlib
 import importlib
 import os
-import re
-import warnings
 import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloader import tree as tree_lib
-from jaxloader.errors import ConfigError, PerformanceWarning, SharedMemoryError
-from jaxloader.local_shuffle import LocalShuffle
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.errors import SharedMemoryError
+from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
 from jaxloader.sources.joined_groups import JoinedGroups
-from jaxloader.sources.parquet_files import ParquetFiles, open_error, open_parquet
+from jaxloader.sources import parquet_footers
+from jaxloader.sources.parquet_files import ParquetFiles
 from jaxloader.sources.paths import expand
 from jaxloader.sources.shared_blocks import SharedBlocks
-from jaxloader.string_column import StringColumn
-from jaxloader.workers import shm
-from jaxloader.workers.worker import get_worker_info
+from jaxloader.base.string_column import StringColumn
+from jaxloader.runtime import shm
+from jaxloader.runtime.worker_info import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (docs/benchmarks.md)
 # and at most this many: a row group shared by the workers is a mapping that holds a
@@ -94,47 +75,20 @@ class ParquetSource:
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike],
                  columns: str | Sequence[str] | None = None,
                  cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
-        _pyarrow_parquet()  # (an error that says to install it, before any file is read)
         self.paths = expand(paths, ".parquet", "ParquetSource")
-        metas = [_metadata(path) for path in self.paths]
-        schema = metas[0].schema.to_arrow_schema()
-        available = list(schema.names)
-        if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
-            columns = [columns]
-        self.columns = list(columns) if columns is not None else [
-            c for c in available if c not in _pandas_row_labels(schema)]
-        missing = [c for c in self.columns if c not in available]
-        if missing:
-            raise ConfigError(
-                f"ParquetSource(columns): {missing} not in {self.paths[0]!r}, whose columns are "
-                f"{available}; pass columns= some of them"
-            )
-        wanted = [schema.field(c) for c in self.columns]
-        for path, meta in zip(self.paths[1:], metas[1:]):
-            other = meta.schema.to_arrow_schema()
-            differ = [f"{f.name}: {f.type} in {self.paths[0]!r}, "
-                      f"{other.field(f.name).type if f.name in other.names else 'missing'} here"
-                      for f in wanted if f.name not in other.names
-                      or not other.field(f.name).type.equals(f.type)]
-            if differ:
-                raise ConfigError(
-                    f"ParquetSource: file {path!r} has another schema than the first file: "
-                    + "; ".join(differ) + "; read the files in separate sources (and "
-                    "ConcatSource them after a Map that makes them alike), or pass columns= "
-                    "those they share"
-                )
+        footers = parquet_footers.read(self.paths, columns)
+        self.columns = footers.columns
         self._files = ParquetFiles(self.paths)  # opened when read; identities for the state
-        self._groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
-        rows = [metas[f].row_group(g).num_rows for f, g in self._groups]
-        self._starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self._groups = footers.groups
+        self._starts = np.concatenate([[0], np.cumsum(footers.rows)]).astype(np.int64)
         # row groups of one size but the last, as a writer's row_group_size makes them (one
         # file's): a row's group is a division (a task of 4,096 rows: 10 against 45 us)
+        rows = footers.rows
         self._group_rows = rows[0] if rows and rows[0] and all(
             r == rows[0] for r in rows[:-1]) and rows[-1] <= rows[0] else 0
         # decoded size, as the footers tell it: whether a batch's row groups fit in the cache
-        self._group_bytes = np.array([_decoded_bytes(metas[f].row_group(g), self.columns)
-                                      for f, g in self._groups], dtype=np.int64)
-        self._schema_text = str(schema)
+        self._group_bytes = footers.group_bytes
+        self._schema_text = footers.schema_text
         self.cache_bytes = cache_bytes
         self.share_decoded = share_decoded and shm.MEMFD_AVAILABLE
         self._table_name: str | None = None  # the shared blocks' table, once workers are made
@@ -176,7 +130,7 @@ class ParquetSource:
         # while the main process makes its model, not in the first batch; so does that of
         # pyarrow.compute, which a list column's first decode (``flatten``) imports otherwise
         # (80 ms a worker, measured, in its first batch).
-        _pyarrow_parquet()
+        parquet_footers.pyarrow_parquet()
         importlib.import_module("pyarrow.compute")
 
     def __len__(self) -> int:
@@ -193,7 +147,7 @@ class ParquetSource:
 
     def file_identities(self) -> list[tuple[str, list[int]]]:
         """Each file's path and identity (its size and a hash of its footer:
-        ``jaxloader.file_identity``), as read when the source was made: a loader's state
+        ``jaxloader.base.file_identity``), as read when the source was made: a loader's state
         holds them, and a restore over a changed file is refused naming it."""
         return list(zip(self.paths, self._files.identities))
 
@@ -222,84 +176,15 @@ class ParquetSource:
 
     def check_order(self, shuffle: bool | LocalShuffle) -> None:
         """Warns (``PerformanceWarning``) when ``shuffle`` reads from more row groups at once
-        than ``cache_bytes`` holds decoded (the footers' sizes): each batch then decodes its
-        row groups again. Measured on 1,000,000 rows in row groups of 10,000 (1.2 MiB each):
-        ``LocalShuffle(window=8)`` with a 3 MiB cache read 75x slower than with 128 MiB, a
-        full shuffle with 16 MiB 340x slower. ``DataLoader`` calls it.
-
-        Example:
-            >>> import tempfile, warnings, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
-            >>> path = tempfile.mkdtemp() + "/rows.parquet"
-            >>> pq.write_table(pa.table({"x": np.arange(10_000.0)}), path, row_group_size=1_000)
-            >>> with warnings.catch_warnings(record=True) as caught:
-            ...     warnings.simplefilter("always")
-            ...     jl.ParquetSource(path, cache_bytes=16 << 10).check_order(True)
-            >>> caught[0].category.__name__
-            'PerformanceWarning'
-        """
-        sizes = self._group_bytes
-        if isinstance(shuffle, LocalShuffle):  # a window of blocks, each in 1 row group or
-            blocks = shuffle.block_starts(self, len(self))  # more (blocks of records)
-            first = self._starts.searchsorted(blocks[:-1], side="right")
-            spans = np.sort(self._starts.searchsorted(blocks[1:] - 1, side="right") - first + 1)
-            count = min(len(sizes), int(spans[max(0, len(spans) - shuffle.window):].sum()))
-            what = f"{shuffle!r} reads up to {count} row group(s) at a time"
-            remedy = "or a smaller window"
-        elif shuffle:
-            count = len(sizes)
-            what = f"a full shuffle (shuffle=True) reads from all {count} row groups at once"
-            remedy = ("or shuffle=jl.LocalShuffle(window=8), which reads 8 row groups at a time "
-                      "(docs/benchmarks.md)")
-        else:
-            return
-        held = int(np.sort(sizes)[len(sizes) - count:].sum())
-        if held > self.cache_bytes:
-            warnings.warn(
-                f"ParquetSource(cache_bytes={self.cache_bytes:,}): {what}, up to {held:,} bytes "
-                f"decoded (the footers' sizes), more than the cache holds: each batch decodes "
-                f"its row groups again, tens to hundreds of times slower; pass cache_bytes= at "
-                f"least {held:,} (each worker holds that much) {remedy}",
-                PerformanceWarning, stacklevel=3)
+        than ``cache_bytes`` holds decoded: each batch would decode its row groups again
+        (``parquet_footers.check_order``). ``DataLoader`` calls it."""
+        parquet_footers.check_order(self, shuffle)
 
     def lengths(self, key: str) -> np.ndarray:
         """Every row's length of the list column ``key``, from its offsets alone (no value
-        converted, no other column read): what ``PackedSource`` needs. On 100,000 lists of
-        ~300 tokens beside a short string: 0.27 s against 0.86 s reading the rows (medians of
-        5, fresh sources).
-
-        Example:
-            >>> import tempfile, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
-            >>> path = tempfile.mkdtemp() + "/tokens.parquet"
-            >>> pq.write_table(pa.table({"tokens": [[5, 8, 13], [1], [2, 3]]}), path)
-            >>> jl.ParquetSource(path).lengths("tokens").tolist()
-            [3, 1, 2]
-        """
-        import pyarrow as pa
-
-        schema = _metadata(self.paths[0]).schema.to_arrow_schema()
-        kind = schema.field(key).type if key in self.columns else None
-        if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-                                or pa.types.is_fixed_size_list(kind)) or not (
-                pa.types.is_integer(kind.value_type)):
-            raise ConfigError(
-                f"ParquetSource.lengths({key!r}): expected a column of lists of integers (token "
-                f"ids) among {self.columns}, got {kind if kind is not None else 'no such column'}"
-                "; tokenize into such a column, or pass lengths= to PackedSource"
-            )
-        out = []
-        for group in range(len(self._groups)):
-            file_number, in_file = self._groups[group]
-            array = self._files.read(file_number, in_file, [key], use_threads=True).column(
-                0).combine_chunks()
-            if array.null_count:
-                raise ValueError(
-                    f"ParquetSource: column {key!r} of {self.paths[file_number]!r} has "
-                    f"{array.null_count} null value(s); fill them when writing the file")
-            if pa.types.is_fixed_size_list(kind):
-                out.append(np.full(len(array), kind.list_size, np.int64))
-            else:
-                out.append(np.diff(np.asarray(array.offsets)).astype(np.int64))
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+        converted, no other column read): what ``PackedSource`` needs
+        (``parquet_footers.lengths``)."""
+        return parquet_footers.lengths(self, key)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self):
@@ -322,8 +207,8 @@ class ParquetSource:
 
     def gather_columns(self, indices: np.ndarray) -> dict[str, Any] | None:
         """``__getitems__(indices)`` with strings and bytes left as ``StringColumn``s, which
-        a worker writes into its slot as they are (``jaxloader.string_column``), and numbers
-        as ``collate.Take``s, gathered straight into the slot, when the rows' row groups can
+        a worker writes into its slot as they are (``jaxloader.base.string_column``), and numbers
+        as ``columns.Take``s, gathered straight into the slot, when the rows' row groups can
         be joined; else ``None`` (read them with ``__getitems__``). For ``BatchMaker``."""
         indices = np.asarray(indices, dtype=np.int64)
         return self._gather(indices, self._groups_of(indices), lazy=True)
@@ -476,7 +361,7 @@ class ParquetSource:
         path = self.paths[self._groups[group][0]]
         decoded = {name: decode(table.column(name), name, path, compact=shared)
                    for name in self.columns}
-        # Without workers a Ctrl-C may land here after any call (``jaxloader.interrupts``, 7):
+        # Without workers a Ctrl-C may land here after any call (``jaxloader.base.interrupts``, 7):
         # a size is noted before its row group is cached (one left by an eviction cut short
         # sizes nothing cached, and is never read), and the cached bytes are summed, not
         # counted (a count cut short just after popitem() returned drifted for good).
@@ -502,94 +387,8 @@ class ParquetSource:
     def _read(self, group: int) -> Any:
         """Row group ``group`` decoded from its file: a ``pyarrow.Table``."""
         file_number, in_file = self._groups[group]
-        in_worker = get_worker_info() is not None
-        if in_worker:
-            _return_freed_memory()
-        # In a worker, one thread: the workers are the parallelism (and threads' arenas cost).
-        return self._files.read(file_number, in_file, self.columns, use_threads=not in_worker)
+        return self._files.read(file_number, in_file, self.columns)
 
     def __repr__(self) -> str:
         return (f"ParquetSource({len(self)} rows in {len(self.paths)} file(s), "
                 f"{len(self._groups)} row groups; columns {self.columns})")
-
-
-_POOL_SET = False
-
-
-def _return_freed_memory() -> None:
-    """In a worker process (ours alone): an Arrow memory pool that gives freed row groups
-    back to the system. Arrow's default (mimalloc) keeps them: a worker's private memory
-    measured 270 MiB with a 128 MiB cache, against ~215 MiB with jemalloc set to return pages
-    at once (the system allocator where jemalloc is not built in)."""
-    global _POOL_SET
-    if _POOL_SET:
-        return
-    _POOL_SET = True
-    import pyarrow as pa
-
-    try:
-        pool = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(0)
-    except (NotImplementedError, AttributeError):
-        pool = pa.system_memory_pool()
-    pa.set_memory_pool(pool)
-
-
-def _pyarrow_parquet() -> Any:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise ConfigError(
-            "ParquetSource needs pyarrow, which is not installed: pip install "
-            "\"jaxloader[parquet]\" (or pip install pyarrow)"
-        ) from e
-    return pq
-
-
-def _metadata(path: str) -> Any:
-    import pyarrow as pa
-
-    pattern = path.rstrip("/") + "/*.parquet"  # what to pass for a remote folder
-    try:
-        handle = open_parquet(path)
-        try:
-            return handle.metadata
-        finally:
-            handle.close(force=True)
-    except PermissionError as e:
-        raise open_error(path, e) from None
-    except FileNotFoundError:  # (a bucket's store may say so of a folder)
-        folder = (f"; if it is a remote folder, pass a pattern: {pattern!r}"
-                  if "://" in path and not path.endswith(".parquet") else "")
-        raise ConfigError(
-            f"ParquetSource: file {path!r} does not exist; check the path{folder}") from None
-    except IsADirectoryError:  # a remote folder (local ones are listed by paths.expand)
-        raise ConfigError(
-            f"ParquetSource: {path!r} is a folder; remote folders are not listed: pass a "
-            f"pattern, {pattern!r}, or the files' paths"
-        ) from None
-    except (pa.ArrowInvalid, OSError) as e:
-        raise ConfigError(
-            f"ParquetSource: file {path!r} is not a Parquet file ({e}); pass Parquet files "
-            "only (FileListSource reads other files as bytes)"
-        ) from None
-
-
-def _pandas_row_labels(schema: Any) -> set[str]:
-    """The columns in which pandas stored a DataFrame's unnamed row labels
-    (``__index_level_0__``, written by ``df.to_parquet()`` for any index but a range): not
-    data, so ``columns=None`` leaves them out (name one in ``columns=`` to read it). A named
-    index (``df.set_index("id")``) is the user's data and stays."""
-    try:
-        labels = (schema.pandas_metadata or {}).get("index_columns", [])
-    except (ValueError, TypeError):  # metadata that is not pandas' JSON
-        return set()
-    return {c for c in labels if isinstance(c, str) and re.fullmatch(r"__index_level_\d+__", c)}
-
-
-def _decoded_bytes(row_group: Any, columns: list[str]) -> int:
-    """The decoded size of ``columns`` of a row group (its footer's uncompressed sizes)."""
-    prefixes = tuple(f"{name}." for name in columns)
-    chunks = (row_group.column(i) for i in range(row_group.num_columns))
-    return sum(chunk.total_uncompressed_size for chunk in chunks
-               if chunk.path_in_schema in columns or chunk.path_in_schema.startswith(prefixes))

@@ -24,7 +24,7 @@ Example:
     >>> path = tempfile.mkdtemp() + "/a.parquet"
     >>> pq.write_table(pa.table({"x": [1, 2, 3]}), path, row_group_size=2)
     >>> files = ParquetFiles([path])
-    >>> files.read(0, 1, ["x"], use_threads=False).column("x").to_pylist()
+    >>> files.read(0, 1, ["x"]).column("x").to_pylist()
     [3]
     >>> files.close()
 """
@@ -35,8 +35,9 @@ import errno
 import os
 from typing import Any, Sequence
 
-from jaxloader import file_identity
-from jaxloader.errors import RecordError
+from jaxloader.base import file_identity
+from jaxloader.base.errors import RecordError
+from jaxloader.runtime.worker_info import get_worker_info
 from jaxloader.sources.open_files import OpenFiles
 
 # Files a process keeps open at once: a read-local order reads one or two files at a time, a
@@ -65,12 +66,17 @@ class ParquetFiles:
         self.__dict__.update(state)
         self._reset()
 
-    def read(self, number: int, group: int, columns: list[str], use_threads: bool) -> Any:
-        """Row group ``group`` of file ``number``, ``columns`` of it: a ``pyarrow.Table``."""
+    def read(self, number: int, group: int, columns: list[str]) -> Any:
+        """Row group ``group`` of file ``number``, ``columns`` of it: a ``pyarrow.Table``. In a
+        worker, on one thread (the workers are the parallelism, and threads' arenas cost) and
+        into a memory pool that gives freed row groups back (``_return_freed_memory``)."""
         self._check(number)
         handle = self.handle(number)
+        in_worker = get_worker_info() is not None
+        if in_worker:
+            _return_freed_memory()
         try:
-            return handle.read_row_group(group, columns=columns, use_threads=use_threads)
+            return handle.read_row_group(group, columns=columns, use_threads=not in_worker)
         except (OSError, ValueError, RuntimeError) as e:  # (pyarrow's errors derive from these)
             raise self._undecodable(number, group, columns, e) from e
 
@@ -202,3 +208,24 @@ def open_error(path: str, error: OSError) -> OSError:
             path)
     return error
 
+
+_POOL_SET = False
+
+
+def _return_freed_memory() -> None:
+    """In a worker process (ours alone): an Arrow memory pool that gives freed row groups
+    back to the system. Arrow's default (mimalloc) keeps them (a worker's private memory grew
+    by a cache's worth: docs/benchmarks.md); jemalloc set to return pages at once, or the
+    system allocator where jemalloc is not built in, give them back."""
+    global _POOL_SET
+    if _POOL_SET:
+        return
+    _POOL_SET = True
+    import pyarrow as pa
+
+    try:
+        pool = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except (NotImplementedError, AttributeError):
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)

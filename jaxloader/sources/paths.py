@@ -24,7 +24,7 @@ import glob
 import os
 from typing import Sequence
 
-from jaxloader.errors import ConfigError
+from jaxloader.base.errors import ConfigError
 
 _PATTERN = "*?["
 

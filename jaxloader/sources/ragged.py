@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxloader.errors import ConfigError
+from jaxloader.base.errors import ConfigError
 
 
 class RaggedSource:

@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxloader.workers import shm
+from jaxloader.runtime import shm
 
 _SLOT = 4  # int64s a slot: pid, descriptor, inode, nonce
 _MAGIC = int.from_bytes(b"jxblock1", "little")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from jaxloader.errors import ConfigError
+from jaxloader.base.errors import ConfigError
 
 _MAGIC = {  # the first bytes of each format, as its specification gives them
     b"\x1f\x8b\x08": "gzip",  # (and deflate, its one method)

@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.collate import object_column
-from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.base.columns import object_column
+from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.sources.huggingface import _declared_dtype
 from jaxloader.streams.shards import numbers_as_arrays
 
@@ -283,14 +283,4 @@ def as_declared(value: Any, plan: Any) -> Any:
         if isinstance(value, datetime.datetime) and value.tzinfo is not None:
             value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)  # as Arrow
         return np.array(value, dtype=plan)[()]
-    return value
-
-
-def as_stream(value: Any) -> Any:
-    """``Stream.huggingface(value)`` for a ``datasets.IterableDataset``, ``value`` otherwise:
-    what ``StreamLoader``, ``jl.mix`` and ``PackedStream`` take in place of a stream."""
-    if is_iterable_dataset(value):
-        from jaxloader.streams.reader import Stream
-
-        return Stream.huggingface(value)
     return value

@@ -52,9 +52,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloader.errors import ConfigError, StateDictError
-from jaxloader.mixture import check_weights_before, plan_regimes, regime_counts
-from jaxloader.sampling import splitmix64, splitmix64_array
+from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.plans.mixture import check_weights_before, plan_regimes, regime_counts
+from jaxloader.order.index_shuffle import splitmix64, splitmix64_array
 
 ORDER = 1  # this layout's number, in the state: a state of another is refused
 WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)

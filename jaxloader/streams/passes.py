@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, StateDictError
 
 
 def check(process_count: int) -> None:

@@ -32,11 +32,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from jaxloader.checks import MASK64, check_int
-from jaxloader.errors import ConfigError, JaxloaderError, RecordError, StateDictError
-from jaxloader.sampling import IndexShuffle, splitmix64
+from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError, StateDictError
+from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand
 from jaxloader.streams.compressed import SUFFIXES
+from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
@@ -131,8 +132,6 @@ class Stream:
             loader = jl.StreamLoader(jl.Stream.huggingface(ds, shuffle_window=10_000),
                                      batch_size=256, num_workers=2)
         """
-        from jaxloader.streams.huggingface import shards_of
-
         return cls(shards_of(dataset), **kwargs)
 
     def describe(self) -> dict[str, Any]:
@@ -146,6 +145,12 @@ class Stream:
 
     def check_extra_state(self, state: dict, step: int) -> None:
         """Nothing to check beyond ``describe`` (a mixture checks its earlier weights)."""
+
+
+def as_stream(value: Any) -> Any:
+    """``Stream.huggingface(value)`` for a ``datasets.IterableDataset``, ``value`` otherwise:
+    what ``StreamLoader``, ``jl.mix`` and ``PackedStream`` take in place of a stream."""
+    return Stream.huggingface(value) if is_iterable_dataset(value) else value
 
 
 def _or_compressed(suffix: str) -> tuple[str, ...]:

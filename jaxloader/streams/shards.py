@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkabl
 
 import numpy as np
 
-from jaxloader import file_identity
-from jaxloader.errors import ConfigError, RecordError, StateDictError
+from jaxloader.base import file_identity
+from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.streams.compressed import decompressed
 
 
@@ -52,7 +52,7 @@ class FileShard:
     """A shard read from a file (``path``: local, or remote such as ``gs://``), resumed by
     seeking to a byte offset. Its state holds the offset, a count (``_COUNTER``: lines,
     records) and the file's identity when it was opened: its size and CRC-32s of its first
-    and last KiB (``jaxloader.file_identity``). A restore over a file whose identity changed
+    and last KiB (``jaxloader.base.file_identity``). A restore over a file whose identity changed
     is refused, naming the file and what changed: the offset would land inside other
     records. Content, not a modification time: a shard copied elsewhere resumes; an edit
     inside that keeps the size and both ends is not seen. ``append_only=True`` accepts a

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from zlib import adler32
 
-from jaxloader.errors import RecordError
+from jaxloader.base.errors import RecordError
 from jaxloader.streams.shards import FileShard, unreadable
 
 _BLOCK = 512

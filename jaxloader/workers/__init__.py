@@ -1,5 +1,5 @@
 """Worker processes over a shared-memory slot ring (see ``pool.py`` for the data flow)."""
 
-from jaxloader.workers.worker import WorkerInfo, get_worker_info
+from jaxloader.runtime.worker_info import WorkerInfo, get_worker_info
 
 __all__ = ["WorkerInfo", "get_worker_info"]

@@ -34,7 +34,7 @@ import cloudpickle
 import numpy as np
 
 from jaxloader.sources.concat import Joined
-from jaxloader.workers.shm import Segment, attach
+from jaxloader.runtime.shm import Segment, attach
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
 SPLIT_MIN_BYTES = 64 << 20  # copies over 64 MiB run on up to 4 threads: faulting in fresh

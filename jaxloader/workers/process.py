@@ -46,7 +46,7 @@ import time
 from multiprocessing.connection import Pipe, wait
 from typing import Any, Callable, Mapping
 
-from jaxloader.errors import ConfigError
+from jaxloader.base.errors import ConfigError
 from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Stop
 

@@ -10,7 +10,7 @@ A slot is a ``Segment`` reused batch after batch (no per-batch segment in steady
 back to the free list only when nothing can read it any more: a weak reference to the one base
 array that every handed-out view hangs from. Its callback is ``deque.append``, a builtin: no
 Python code runs when the views die, so a Ctrl-C can never land in (and be swallowed by) a slot
-return, as it could in a ``weakref.finalize`` callback (``jaxloader.interrupts``, 5). New slots are created at the largest
+return, as it could in a ``weakref.finalize`` callback (``jaxloader.base.interrupts``, 5). New slots are created at the largest
 size seen, so variable-length data grows the ring once, not every batch. The ring owns (and at
 ``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they
 die.
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.collate import Layout
-from jaxloader.workers.shm import Segment
+from jaxloader.batching.collate import Layout
+from jaxloader.runtime.shm import Segment
 
 _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing data grows rarely
 

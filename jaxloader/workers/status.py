@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxloader.workers import shm
+from jaxloader.runtime import shm
 
 _FIELDS = 3  # a worker's row: state, step, since
 # starting: not yet able to answer STACK_SIGNAL (its default action would end the process);

@@ -35,10 +35,12 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
-from jaxloader.tree import flatten, is_flat_dict
-from jaxloader.workers import payload, protocol, shm
+from jaxloader.base.tree import flatten, is_flat_dict
+from jaxloader.workers import payload, protocol
+from jaxloader.runtime import shm, worker_info
+from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
 from jaxloader.workers.protocol import Done, Failed, Grow, Slot, Stop, Task
 from jaxloader.workers.status import WorkerStatus
@@ -46,27 +48,6 @@ from jaxloader.workers.status import WorkerStatus
 _MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
 _WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
-
-
-class WorkerInfo(NamedTuple):
-    """What ``get_worker_info()`` returns inside a worker."""
-
-    id: int
-    num_workers: int
-    seed: int
-
-
-_INFO: WorkerInfo | None = None
-
-
-def get_worker_info() -> WorkerInfo | None:
-    """``WorkerInfo(id, num_workers, seed)`` inside a worker process, ``None`` elsewhere.
-
-    Example:
-        >>> get_worker_info() is None  # in the main process
-        True
-    """
-    return _INFO
 
 
 class _Slots:
@@ -126,7 +107,6 @@ class _Lease:
 
 def serve(conn: Connection) -> None:
     """The worker loop; returns when told to stop or when the main process is gone."""
-    global _INFO
     # NumPy imports numpy.ma the first time np.unique runs (12-18 ms, measured), which a
     # read-local order or a Parquet join calls in the first batch: imported here instead,
     # while the main process prepares the payload (JAX's import does it in the main process)
@@ -139,7 +119,7 @@ def serve(conn: Connection) -> None:
     try:
         status = WorkerStatus(status_names, worker_id)
         maker, init_fn = payload.loads(blob)
-        _INFO = WorkerInfo(worker_id, num_workers, seed)
+        worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))
         if init_fn is not None:
             init_fn(worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends

@@ -58,7 +58,7 @@ def test_datasets_mixed_concatenated_or_filtered_batch_the_same_way(num_workers)
 
 
 def test_packing_a_dataset_takes_its_lengths_from_arrow_and_packs_its_rows(monkeypatch):
-    from jaxloader import packing
+    from jaxloader.derived import packed_source as packing
     from jaxloader.sources.huggingface import HuggingFaceSource
 
     rng = np.random.default_rng(3)

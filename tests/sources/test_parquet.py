@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader import collate
+from jaxloader.batching import collate
 from resume_harness import assert_same_batch, check_resume, check_split_resume, take
 
 pa = pytest.importorskip("pyarrow")  # in the test extra; ParquetSource's optional dependency

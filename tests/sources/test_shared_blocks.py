@@ -18,7 +18,8 @@ import pytest
 import jaxloader as jl
 from jaxloader.sources import shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
-from jaxloader.workers import shm, worker
+from jaxloader.runtime import worker_info
+from jaxloader.runtime import shm
 from resume_harness import assert_same_batch
 from sources.test_parquet import write_parts
 
@@ -66,7 +67,7 @@ def as_worker(tmp_path, monkeypatch):
     src = _Counting(write_parts(tmp_path, rows=(512,), group=16), cache_bytes=8 << 10)
     src.log = str(tmp_path / "decodes.log")
     copy = pickle.loads(pickle.dumps(src))  # the table is made here, as for workers
-    monkeypatch.setattr(worker, "_INFO", worker.WorkerInfo(0, 2, 0))
+    monkeypatch.setattr(worker_info, "_INFO", worker_info.WorkerInfo(0, 2, 0))
     yield copy
     copy._shared.close()
     copy._reset_process_state()  # its cached row groups map memory files (and, before 3.13,
@@ -237,5 +238,5 @@ def test_no_memory_file_outlives_the_loader_or_the_source(tmp_path):
 def test_a_lone_worker_decodes_for_itself(tmp_path, monkeypatch):
     src = jl.ParquetSource(write_parts(tmp_path))
     copy = pickle.loads(pickle.dumps(src))
-    monkeypatch.setattr(worker, "_INFO", worker.WorkerInfo(0, 1, 0))  # no other to share with
+    monkeypatch.setattr(worker_info, "_INFO", worker_info.WorkerInfo(0, 1, 0))  # no other to share with
     assert copy[60]["id"] == 60 and not copy._sharing()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.streams.huggingface import HuggingFaceShard
 from resume_harness import check_resume
 

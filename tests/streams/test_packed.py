@@ -179,7 +179,7 @@ def test_bad_input_is_named():
 
 
 def test_a_stream_of_records_without_tokens_raises_rather_than_hangs(monkeypatch):
-    from jaxloader.streams import packed
+    from jaxloader.streams import packing_readers as packed
 
     monkeypatch.setattr(packed, "EMPTY_RUN", 50)  # in this process (workers: 100,000)
     empty = jl.Stream.from_generator(lambda s: iter([{"tokens": np.zeros(0, np.int32)}] * 3), 1)

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 import jaxloader as jl
-from jaxloader.workers import shm
+from jaxloader.runtime import shm
 
 case = sys.argv[1]
 if case == "batches":

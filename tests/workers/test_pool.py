@@ -9,16 +9,16 @@ import sys
 import textwrap
 import threading
 import time
-import types
 from multiprocessing.connection import wait
 
 import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.pipeline import BatchMaker
-from jaxloader.sampling import Sampler
+from jaxloader.batching.batch_maker import BatchMaker
+from jaxloader.order.sampling import Sampler
 from jaxloader.workers.pool import WorkerPool
+from jaxloader.workers.tasks import steps_per_task
 from resume_harness import assert_same_stream, check_resume, take
 from workers.shm_probe import held_segments, running, still_held
 
@@ -86,28 +86,26 @@ def test_held_numpy_batches_never_change():
 
 
 def test_slots_are_reused_in_steady_state():
-    from jaxloader.workers.pool import _MAX_AHEAD_STEPS, _MAX_TASK_STEPS
+    from jaxloader.workers.tasks import MAX_AHEAD_STEPS, MAX_TASK_STEPS
 
     pool = make_pool(2)
     try:
         counts = []
         for _ in pool.batches(0, 600):
             counts.append(pool.segment_count)
-        # tiny batches: tasks of _MAX_TASK_STEPS steps, _MAX_AHEAD_STEPS of them in flight a
+        # tiny batches: tasks of MAX_TASK_STEPS steps, MAX_AHEAD_STEPS of them in flight a
         # worker; at most a block (one task a worker) beyond, and the batch in hand
-        assert max(counts[300:]) == counts[300] <= 2 * (_MAX_AHEAD_STEPS + _MAX_TASK_STEPS) + 1, (
+        assert max(counts[300:]) == counts[300] <= 2 * (MAX_AHEAD_STEPS + MAX_TASK_STEPS) + 1, (
             counts)
     finally:
         pool.close()
 
 
 def test_small_batches_run_further_ahead_within_the_bounds():
-    from jaxloader.workers.pool import _MAX_AHEAD_SLOTS, _TASK_BYTES, WorkerPool
+    from jaxloader.workers.tasks import MAX_AHEAD_SLOTS, TASK_BYTES, tasks_ahead
 
     def ahead(workers, size, steps, prefetch=2):
-        pool = types.SimpleNamespace(_ring=types.SimpleNamespace(slot_size=size),
-                                     _workers=[None] * workers, _prefetch=prefetch)
-        return WorkerPool._tasks_ahead(pool, steps)
+        return tasks_ahead(size, steps, prefetch, workers)
 
     assert ahead(2, 22_528, 16) == 4  # 256 Parquet rows: 4 tasks of 16 a worker
     assert ahead(8, 22_528, 16) == 2  # 8 workers: 256 slots in all, prefetch tasks each
@@ -116,9 +114,9 @@ def test_small_batches_run_further_ahead_within_the_bounds():
     assert ahead(2, 0, 1) == 2 and ahead(2, 22_528, 16, prefetch=5) == 5
     for workers in range(1, 33):
         for size in (512, 4096, 22_528, 100_000, 3 << 20):
-            steps = max(1, min(16, _TASK_BYTES // size))
+            steps = max(1, min(16, TASK_BYTES // size))
             tasks = ahead(workers, size, steps)
-            assert workers * tasks * steps <= max(_MAX_AHEAD_SLOTS, workers * 2 * steps)
+            assert workers * tasks * steps <= max(MAX_AHEAD_SLOTS, workers * 2 * steps)
 
 
 class Ragged:
@@ -518,10 +516,10 @@ def test_a_task_of_several_steps_fails_at_its_own_step_after_the_batches_before_
         want = [b["y"].tolist() for b in take(reference, 21)]
     pool_steps = []
     with loader() as pooled:
-        assert pooled._engine._steps_per_task(streaming=False) == 1  # no slot yet
+        assert steps_per_task(pooled._engine._ring.slot_size, streaming=False) == 1  # no slot
         it = iter(pooled)
         got = [next(it)["y"].tolist() for _ in range(21)]
-        pool_steps.append(pooled._engine._steps_per_task(streaming=False))
+        pool_steps.append(steps_per_task(pooled._engine._ring.slot_size, streaming=False))
         with pytest.raises(jl.WorkerError, match=r"worker 1 .* at step 21 .*record 42"):
             next(it)
         with pytest.raises(jl.WorkerError, match="at step 21"):

@@ -7,7 +7,8 @@ import weakref
 
 import numpy as np
 
-from jaxloader.collate import materialize, record_columns
+from jaxloader.batching.collate import materialize
+from jaxloader.batching.record_columns import record_columns
 from jaxloader.workers.ring import SlotRing
 
 

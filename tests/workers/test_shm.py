@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxloader.workers.shm import MEMFD_AVAILABLE, PREFIX, Segment, attach
+from jaxloader.runtime.shm import MEMFD_AVAILABLE, PREFIX, Segment, attach
 
 needs_memfd = pytest.mark.skipif(not MEMFD_AVAILABLE, reason="memory files are Linux-only")
 

@@ -1,0 +1,34 @@
+"""Argument checks shared by the loader, the sampler and the state: one wording everywhere.
+
+Example:
+    >>> check_int("num_workers", 2, low=0, remedy="0 runs in this process")
+    2
+    >>> check_int("num_workers", -1, low=0, remedy="0 runs in this process")
+    Traceback (most recent call last):
+    ...
+    jaxloader.base.errors.ConfigError: num_workers: expected an int >= 0, got -1; 0 runs in this process
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxloader.base.errors import ConfigError
+
+MASK64 = (1 << 64) - 1  # seeds and hash keys are 64-bit
+# A record's random numbers are keyed by (epoch << POSITION_BITS | position) in 64 bits
+# (transforms.RecordRng): positions < 2**40 (1e12 records), epochs < 2**24 (EPOCH_LIMIT)
+POSITION_BITS = 40
+EPOCH_LIMIT = 1 << (64 - POSITION_BITS)
+
+
+def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,
+              error: type[Exception] = ConfigError) -> int:
+    """``value`` as an int if it is one (not a bool) in ``[low, high]``; else ``error`` naming
+    ``name``, what was expected, what came, and ``remedy``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise error(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise error(f"{name}: expected an int {bound}, got {value}; {remedy}")
+    return int(value)

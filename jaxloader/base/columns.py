@@ -1,0 +1,48 @@
+"""Column primitives that sources make and collation consumes: an object column (one entry a
+row, whatever the rows are) and ``Take`` (rows still to gather, gathered straight into a
+batch's slot).
+
+Example:
+    >>> Take(np.arange(10) * 2, np.array([3, 1])).taken().tolist()
+    [6, 2]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+def object_column(values: list) -> np.ndarray:
+    """``values`` as a 1-D object array, one entry each: rows that are arrays are set one by
+    one (NumPy would stack rows of one shape into more axes); strings in one assignment.
+
+    Example:
+        >>> object_column([np.zeros(2), np.ones(2)]).shape
+        (2,)
+    """
+    out = np.empty(len(values), dtype=object)
+    if values and isinstance(values[0], (str, bytes)):
+        out[:] = values
+    else:
+        for j, value in enumerate(values):
+            out[j] = value
+    return out
+
+
+class Take(NamedTuple):
+    """A leaf still to gather: rows ``indices`` of ``array`` (written straight into a slot;
+    ``indices`` in range, as a sampler's or a join's rows are: taken with ``mode="clip"``)."""
+
+    array: np.ndarray
+    indices: np.ndarray
+
+    def rows(self, a: int, b: int) -> "Take":
+        """Rows ``a`` to ``b`` of it, still to gather."""
+        return Take(self.array, self.indices[a:b])
+
+    def taken(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The rows gathered (into ``out`` when given). ``mode="clip"`` avoids the buffered
+        copy NumPy makes for ``out=`` under the default ``mode="raise"`` (3.5x)."""
+        return self.array.take(self.indices, 0, out, "clip")

@@ -1,0 +1,239 @@
+"""One batch from its step: sample, read, transform, collate.
+
+::
+
+    step ─> Sampler.batch ─> source.__getitems__(indices)          (vectorised, no record transform)
+                          └> source[i] -> Map / RandomMap(rng_i)   (per record)
+          ─> columns ─> [+ pad mask] ─> BatchMap ... ─> buffer from alloc (one copy) ─> batch
+
+``BatchMaker`` is plain, picklable data: the main process runs it with ``num_workers=0`` and every
+worker runs its own copy, so a batch is the same wherever it is made. It keeps no state between
+calls other than memos (the sampler's shuffle chunk, the RandomMap bit generator).
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.order.sampling import Sampler
+    >>> from jaxloader.sources import ArraySource, ConcatSource
+    >>> maker = BatchMaker(ArraySource({"x": np.arange(10)}),
+    ...                    Sampler(10, 4, shuffle=False, seed=0, last_batch="drop"))
+    >>> maker.make(1)[0]["x"].tolist()
+    [4, 5, 6, 7]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from jaxloader.batching import collate
+from jaxloader.batching.record_columns import batch_columns, record_columns
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.order.sampling import BatchSpec, Order
+from jaxloader.sources import ArraySource, ConcatSource
+from jaxloader.base.string_column import StringColumn
+from jaxloader.batching.transforms import BatchMap, Map, RecordRng, returned_none
+
+
+class BatchMaker:
+    """Makes the batch of a global step for one process (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: Any,
+        sampler: Order,
+        record_transforms: tuple = (),
+        batch_transforms: tuple[BatchMap, ...] = (),
+        mask_key: str = "mask",
+    ) -> None:
+        self.source = source
+        self.sampler = sampler
+        self.record_transforms = record_transforms
+        self.batch_transforms = batch_transforms
+        self.mask_key = mask_key
+        self._vectorised = not record_transforms and hasattr(source, "__getitems__")
+        # With record transforms, a source that reads many records at once still does (a file
+        # source decodes a row group once, not once a record); an ArraySource's records stay
+        # read-only views of its arrays, indexed one by one.
+        self._batched_reads = (hasattr(source, "__getitems__")
+                               and not isinstance(source, ArraySource))
+        # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
+        self._gather = getattr(source, "gather_columns", None)
+        self._rng = RecordRng(sampler.seed)
+        # (index, (fn, takes an rng)) per record transform: one loop serves Map and RandomMap
+        self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
+
+    @property
+    def seed(self) -> int:
+        return self.sampler.seed
+
+    def location(self, step: int) -> str:
+        """Where step ``step``'s batch is, for messages."""
+        return self.sampler.batch(step).location()
+
+    def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
+        """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
+        spec = self.sampler.batch(step)
+        if self._vectorised:
+            treedef, columns = self._read_vectorised(spec)
+        else:
+            treedef, columns = record_columns(self._read_records(spec), spec.positions)
+        return self._finish(spec, treedef, columns, alloc)
+
+    def _finish(self, spec: BatchSpec, treedef: tree_lib.TreeDef, columns: list,
+                alloc: Callable[[int], Any] | None) -> tuple[Any, collate.Layout]:
+        """The batch of ``spec`` from its columns: the pad mask, the ``BatchMap``s, the slot."""
+        if spec.valid is not None:
+            treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
+        return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
+                            spec.location, alloc)
+
+    def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
+                   ) -> Iterator[tuple[Any, collate.Layout]]:
+        """``make(step, alloc)`` for each of ``steps`` (a worker's task), in order. A source
+        that gathers its own columns (``gather_columns``) reads the rows of all the steps at
+        once, then each step's rows are written into its slot: a task then costs about one
+        step's read and NumPy calls, not one each (measured in docs/benchmarks.md). A read
+        that raises is made again step by step, so the error names its own step."""
+        gathered = self._gather_steps(steps) if len(steps) > 1 else None
+        if gathered is None:
+            for step, alloc in zip(steps, allocs):
+                yield self.make(step, alloc)
+            return
+        specs, columns = gathered  # specs: None where the sampler gave the task's indices
+        n = len(specs[0].indices) if specs else self.sampler.batch_size
+        layout = None  # the steps' one layout, where nothing else is added to their columns
+        if not self.batch_transforms and all(spec.valid is None for spec in specs or ()):
+            layout = collate.layout_of(*collate.gathered_columns(_rows(columns, 0, n), n))
+            if any(spec.offset == collate.BESIDE for spec in layout.leaves):
+                layout = None  # objects that travel beside the slot: materialize's way
+        for j, (step, alloc) in enumerate(zip(steps, allocs)):
+            a, b = j * n, (j + 1) * n
+            if layout is not None:
+                yield collate.write_rows(layout, columns, a, b, alloc), layout
+                continue
+            spec = specs[j] if specs else self.sampler.batch(step)
+            yield self._finish(spec, *collate.gathered_columns(_rows(columns, a, b), n), alloc)
+
+    def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec] | None, dict] | None:
+        """The steps' specs (``None`` where the sampler gives a task's indices at once, all
+        whole batches without a mask: ``Sampler.task_indices``) and their rows in one
+        ``gather_columns`` read, or ``None`` where that does not serve (no such source,
+        record transforms, steps of other sizes, a read that raises or gives ``None``)."""
+        if self._gather is None or not self._vectorised:
+            return None
+        whole = getattr(self.sampler, "task_indices", None)  # (a Sampler's, not a mixture's)
+        indices = whole(steps) if whole is not None else None
+        specs: list[BatchSpec] | None = None
+        if indices is None:
+            specs = [self.sampler.batch(step) for step in steps]
+            if len({len(spec.indices) for spec in specs}) != 1:
+                return None  # a partial last batch among them
+            indices = np.concatenate([spec.indices for spec in specs])
+        try:
+            gathered = self._gather(indices)
+        except Exception:  # noqa: BLE001 - made again step by step, where it raises as its own
+            return None
+        return None if gathered is None else (specs, gathered)
+
+    def _read_vectorised(self, spec: BatchSpec) -> tuple:
+        if type(self.source) is ArraySource:  # gather straight into the output: one copy
+            return collate.take_columns(self.source.treedef, self.source.arrays, spec.indices)
+        if isinstance(self.source, ConcatSource):  # a mixture, too
+            joined = self.source.joined  # alike parts, joined where they crossed to a worker
+            if joined is not None:
+                return collate.take_columns(joined.treedef, joined.arrays, spec.indices)
+            if self.source.alike_arrays:
+                rows, local = self.source.split(spec.indices)
+                parts = self.source.sources
+                return collate.take_parts_columns(parts[0].treedef, [p.arrays for p in parts],
+                                                  rows, local)
+        if self._gather is not None:
+            gathered = self._getitems(spec, self._gather, "gather_columns")
+            if gathered is not None:
+                return collate.gathered_columns(gathered, len(spec.indices))
+        got = self._getitems(spec)
+        if isinstance(got, list):
+            return record_columns(got, spec.positions)
+        return batch_columns(got, len(spec.indices))
+
+    def _getitems(self, spec: BatchSpec, read: Callable[[Any], Any] | None = None,
+                  name: str = "__getitems__") -> Any:
+        try:
+            return (read or self.source.__getitems__)(spec.indices)
+        except Exception as e:
+            raise RecordError(
+                f"{spec.location()}: source.{name} raised {type(e).__name__}: {e}"
+            ) from e
+
+    def _read_records(self, spec: BatchSpec) -> list:
+        """Each record read and transformed; a ``RandomMap`` gets its record's generator."""
+        source, epoch, rng = self.source, spec.epoch, self._rng
+        steps = self._steps
+        raw = None
+        if self._batched_reads:
+            got = self._getitems(spec)
+            raw = got if isinstance(got, list) else tree_lib.split_rows(got, len(spec.indices))
+        records: list = []
+        position = index = -1
+        t_index = -1  # -1: reading the source; else the transform running
+        try:
+            for j, (position, index) in enumerate(zip(spec.positions.tolist(),
+                                                      spec.indices.tolist())):
+                t_index = -1
+                record = source[index] if raw is None else raw[j]
+                for t_index, (fn, random) in steps:
+                    if random:
+                        record = fn(record, rng.at(epoch=epoch, position=position,
+                                                   transform_index=t_index))
+                    else:
+                        record = fn(record)
+                    if record is None:
+                        raise returned_none(spec.record_location(position, index),
+                                            self.record_transforms[t_index], t_index)
+                records.append(record)
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            stage = ("source[index]" if t_index < 0
+                     else f"transforms[{t_index}] {self.record_transforms[t_index]!r}")
+            raise RecordError(
+                f"{spec.record_location(position, index)}: {stage} raised "
+                f"{type(e).__name__}: {e}{_read_only_hint(e)}; the original error is the cause "
+                "below"
+            ) from e
+        return records
+
+
+def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
+    """Rows ``a`` to ``b`` of a task's gathered columns (arrays, ``StringColumn``s and
+    ``Take``s)."""
+    return {name: c.rows(a, b) if type(c) is StringColumn or type(c) is collate.Take else c[a:b]
+            for name, c in columns.items()}
+
+
+def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
+                 where: Callable[[], str],
+                 alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
+    """The batch of ``columns`` after the ``BatchMap``s, written into ``alloc`` when given;
+    ``where()`` names it in an error."""
+    if not batch_transforms:
+        return collate.materialize(treedef, columns, alloc)
+    batch, _ = collate.materialize(treedef, columns)
+    for t in batch_transforms:
+        try:
+            batch = t.fn(batch)
+        except Exception as e:
+            raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
+        if batch is None:
+            raise returned_none(where(), t)
+    treedef, columns = batch_columns(batch, size)
+    return collate.materialize(treedef, columns, alloc)
+
+
+def _read_only_hint(e: Exception) -> str:
+    if isinstance(e, ValueError) and "read-only" in str(e):
+        return (" (source records are read-only views, shared with the workers and the "
+                "source itself: copy what you change, e.g. r['x'].copy() or np.array(r['x']))")
+    return ""

@@ -1,0 +1,251 @@
+"""``MixtureSampler``: the order of a ``Mixture``'s records, global step -> this process's
+positions and indices, from the weights' plan (``plans.mixture``, whose docstring draws the
+layout): each component in its own reshuffled epochs, or read-locally in its own blocks.
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.mix import mix
+    >>> from jaxloader.sources import ArraySource
+    >>> a, b = ArraySource({"x": np.zeros(100)}), ArraySource({"x": np.ones(50)})
+    >>> sampler = MixtureSampler(mix([a, b], [0.75, 0.25]), batch_size=1024, shuffle=True,
+    ...                          seed=0, last_batch="drop")
+    >>> int((sampler.batch(3).indices >= 100).sum())  # component b's records in block 3
+    256
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
+from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
+from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo
+from jaxloader.plans.mixture import (ORDER, Regime, block_size, check_weights_before,
+                                      plan_regimes, regime_counts)
+from jaxloader.sources.mixture import Mixture
+
+_SPAN = 1 << 15  # positions a span of steps covers: their indices are computed at once, memoised
+
+
+class MixtureSampler:
+    """The ``Sampler`` of a ``Mixture``: global step -> this process's positions and indices
+    into the mixture (a ``ConcatSource`` of the components)."""
+
+    def __init__(self, mixture: Mixture, batch_size: int, *, shuffle: bool | LocalShuffle,
+                 seed: int, last_batch: str, process_index: int = 0, process_count: int = 1,
+                 memo_stride: int = 1) -> None:
+        """``shuffle``: each component's records in a full shuffle (``True``), read-locally
+        (a ``LocalShuffle``: blocks of the component, records within windows of them), or in
+        order. ``memo_stride``: the steps of a span are memoised in ``memo_stride`` classes
+        (``step % memo_stride``), computed when first asked for: with ``N`` workers, worker
+        ``s % N`` usually makes step ``s`` (the pool prefers it), so each computes its own."""
+        batch_size = check_int("batch_size", batch_size, low=1,
+                               remedy="pass a positive batch size per process")
+        seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        process_count = check_int("process_count", process_count, low=1,
+                                  remedy="leave it None to use jax's")
+        process_index = check_int("process_index", process_index, low=0,
+                                  high=process_count - 1,
+                                  remedy=f"use an index in [0, {process_count})")
+        if last_batch not in LAST_BATCH_POLICIES:
+            raise ConfigError(f"last_batch: expected one of {LAST_BATCH_POLICIES}, got "
+                              f"{last_batch!r}")
+        self.num_records = len(mixture)
+        self.batch_size = batch_size
+        self.global_batch_size = batch_size * process_count
+        self.shuffle, self.seed, self.last_batch = bool(shuffle), seed, last_batch
+        self._local = shuffle if isinstance(shuffle, LocalShuffle) else None
+        self._local_description = None if self._local is None else [
+            self._local.describe(part) for part in mixture.sources]
+        # each component's blocks (its own starts, from 0), and its epochs' orders of them
+        self._block_starts = None if self._local is None else [
+            self._local.block_starts(part, len(part)) for part in mixture.sources]
+        self._block_orders: dict[tuple[int, int], BlockOrder] = {}
+        self.process_index, self.process_count = process_index, process_count
+        # A mixture has no short last batch: positions run on across epochs.
+        self.steps_per_epoch = max(1, self.num_records // self.global_batch_size)
+        self.schedule = {step: w.tolist() for step, w in mixture.schedule.items()}
+        self._lengths = np.diff(mixture.offsets)
+        self._offsets = mixture.offsets[:-1]
+        m = len(self._lengths)
+        self._block = block_size(self.global_batch_size, m)
+        self._regimes = self._plan(mixture.schedule)
+        self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
+        self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
+        self._memo = StepMemo(memo_stride)  # chunk: the span
+        # a class of steps holds ~_SPAN positions of them
+        self._span_steps = max(1, _SPAN * memo_stride // self.global_batch_size)
+        self._rows = np.arange(process_index * batch_size, (process_index + 1) * batch_size)
+
+    def _plan(self, schedule: dict[int, np.ndarray]) -> list[Regime]:
+        """Each change from the first block at or after its step's first position."""
+        return plan_regimes([(-(-step * self.global_batch_size // self._block), weights)
+                             for step, weights in sorted(schedule.items())], self._block)
+
+    def __getstate__(self) -> dict:  # a worker's own memo and block orders
+        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {}}
+
+    def batch(self, step: int) -> BatchSpec:
+        epoch, k = divmod(step, self.steps_per_epoch)
+        start = k * self.global_batch_size + self.process_index * self.batch_size
+        positions = np.arange(start, start + self.batch_size, dtype=np.int64)
+        # Step ``step``'s indices, from a memo computed for the span of steps it is in
+        # (~32,768 positions a class; NumPy's cost is per call): each process computes only
+        # its own rows, and each class of steps (``step % memo_stride``) when first asked
+        # for, so workers that take turns share the work.
+        span = step // self._span_steps
+        indices = self._memo.get(span, step, span * self._span_steps,
+                                 (span + 1) * self._span_steps, self._steps_indices)
+        valid = np.ones(self.batch_size, bool) if self.last_batch == "pad" else None
+        return BatchSpec(step, epoch, positions, indices, valid)
+
+    def _steps_indices(self, steps: np.ndarray) -> np.ndarray:
+        """This process's indices of ``steps`` (a row each)."""
+        G, K, rows = self.global_batch_size, self._block, self._rows
+        if G % K:  # no block size divides the global batch: the general path
+            positions = (steps[:, None] * G + rows).reshape(-1)
+            return self.indices(positions).reshape(len(steps), -1)
+        # each step's blocks that hold these rows, laid end to end: no search
+        lo, hi = int(rows[0]) // K, int(rows[-1]) // K + 1
+        blocks = (steps[:, None] * (G // K) + np.arange(lo, hi)).reshape(-1)
+        if (hi - lo) * K == len(rows):  # the rows are whole blocks: the table is the answer
+            return self._table(blocks, slice(0, len(blocks) * K)).reshape(len(steps), -1)
+        at = (np.arange(len(steps))[:, None] * ((hi - lo) * K) + rows - lo * K).reshape(-1)
+        return self._table(blocks, at)[at].reshape(len(steps), -1)
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        """Indices into the mixture of global positions (any, vectorised): the blocks they
+        fall in are laid out whole, and each component's shuffle runs on the reads of the
+        positions asked for."""
+        positions = np.asarray(positions, np.int64)
+        blocks, slots = np.divmod(positions, self._block)
+        at: Any
+        if len(positions) and np.all(positions[1:] >= positions[:-1]):  # sorted: no sort
+            new = np.empty(len(blocks), bool)
+            new[0], new[1:] = True, blocks[1:] != blocks[:-1]
+            covered, inverse = blocks[new], np.cumsum(new) - 1
+            at = inverse * self._block + slots  # in the covered blocks, laid end to end
+            if at[-1] - at[0] == len(at) - 1:  # sorted and consecutive: a slice, no gather
+                at = slice(int(at[0]), int(at[-1]) + 1)
+        else:
+            covered, inverse = np.unique(blocks, return_inverse=True)
+            at = inverse * self._block + slots
+        return self._table(covered, at)[at]
+
+    def _table(self, blocks: np.ndarray, asked: Any) -> np.ndarray:
+        """The indices of the positions of ``blocks`` (laid end to end), filled at ``asked``.
+
+        Component ``c`` holds a run of slots of each block, and its reads there are
+        consecutive; the block's permutation sends each slot to its position. So each
+        component's reads come as a run, with no search over the block's positions."""
+        size = len(blocks) * self._block
+        if not size:
+            return np.empty(0, np.int64)
+        before, here = self._counts(blocks)  # (blocks, components) each
+        starts = np.arange(0, size, self._block)[:, None]  # the blocks laid end to end
+        first = np.cumsum(here, axis=1) - here + starts  # each component's first slot a block
+        position = self._block_permutations(blocks)  # (blocks, block): slot -> position
+        position += starts
+        position = position.reshape(-1)
+        wanted = None
+        if not isinstance(asked, slice) or asked.stop - asked.start < size:
+            wanted = np.zeros(size, bool)
+            wanted[asked] = True
+        table = np.empty(size, np.int64)  # every slot is a component's: all positions filled
+        for c in range(here.shape[1]):
+            counts = here[:, c]
+            runs = np.cumsum(counts) - counts  # where each block's reads start among c's
+            ranks = np.arange(runs[-1] + counts[-1])
+            at = position[ranks + np.repeat(first[:, c] - runs, counts)]  # c's slots, in turn
+            reads = ranks + np.repeat(before[:, c] - runs, counts)  # ascending
+            if wanted is not None:
+                keep = wanted[at]
+                at, reads = at[keep], reads[keep]
+            if len(at):
+                table[at] = self._component_reads(c, reads)
+        return table
+
+    def _counts(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each component's positions before each block, and in it (the regimes in force)."""
+        return regime_counts(self._regimes, blocks)
+
+    def _block_permutations(self, blocks: np.ndarray) -> np.ndarray:
+        """A keyed permutation of ``[0, block)`` per block: the order of hashed keys (distinct,
+        the hash being a bijection of 64-bit words: any sort gives the same order)."""
+        keys = splitmix64_array(blocks[:, None].astype(np.uint64) * np.uint64(self._block)
+                       + np.arange(self._block, dtype=np.uint64) + np.uint64(self._key))
+        return np.argsort(keys, axis=1)
+
+    def _component_reads(self, c: int, reads: np.ndarray) -> np.ndarray:
+        """Indices into the mixture of component ``c``'s reads number ``reads`` (ascending):
+        read ``j`` is record ``j % len`` of the component's epoch ``j // len``, reshuffled each
+        epoch."""
+        length = int(self._lengths[c])
+        first, last = int(reads[0]) // length, int(reads[-1]) // length  # reads ascend
+        epochs: int | np.ndarray
+        if first == last:  # one epoch: no division a read
+            epochs, within = first, reads - first * length
+        else:
+            epochs, within = np.divmod(reads, length)
+        if self._local is not None:
+            within = self._read_locally(c, epochs, within)
+        elif self.shuffle:
+            within = IndexShuffle(length, seed=self._seeds[c], tight=True, epoch=epochs)(within)
+        return self._offsets[c] + within
+
+    def _read_locally(self, c: int, epochs: int | np.ndarray, within: np.ndarray) -> np.ndarray:
+        """Component ``c``'s records ``within`` of ``epochs`` in its read-local order: its
+        blocks permuted each epoch, records shuffled within windows of them (``BlockOrder``,
+        keyed by the component's seed), so its consecutive reads stay in a few blocks."""
+        if isinstance(epochs, int):
+            return self._block_order(c, epochs)(within)
+        out = np.empty_like(within)
+        for epoch in np.unique(epochs).tolist():
+            at = epochs == epoch
+            out[at] = self._block_order(c, epoch)(within[at])
+        return out
+
+    def _block_order(self, c: int, epoch: int) -> BlockOrder:
+        order = self._block_orders.get((c, epoch))
+        if order is None:
+            if len(self._block_orders) > 8:  # a small component wraps many epochs a span
+                self._block_orders.clear()
+            assert self._local is not None and self._block_starts is not None
+            order = self._block_orders[(c, epoch)] = BlockOrder(
+                self._block_starts[c], window=self._local.window, seed=self._seeds[c],
+                epoch=epoch)
+        return order
+
+    # -- state: the weights that made the steps so far must be the same --------------------
+    def extra_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "mixture": [[step, weights] for step, weights in sorted(self.schedule.items())],
+            "mixture_order": ORDER}
+        if self._local_description is not None:
+            state["local_shuffle"] = self._local_description
+        return state
+
+    def check_extra_state(self, state: dict, step: int) -> None:
+        saved = state.get("mixture")
+        if not isinstance(saved, list):
+            check_weights_before(self.schedule, saved, step)  # raises, naming what came
+        if state.get("mixture_order") != ORDER:
+            raise StateDictError(
+                f"state['mixture_order']: expected {ORDER}, received "
+                f"{state.get('mixture_order')!r}; the jaxloader that wrote this state ordered "
+                "a mixture's records another way (before the order had a number: 1), so its "
+                "steps would read other records here; resume with that jaxloader, or start "
+                "this mixture's stream over without the restore"
+            )
+        if state.get("local_shuffle") != self._local_description:
+            raise StateDictError(
+                f"state['local_shuffle']: expected {self._local_description!r} (each "
+                f"component's), received {state.get('local_shuffle')!r}; the components were "
+                "read in another order (shuffle=, LocalShuffle's window or blocks), so its "
+                "steps would read other records here; restore with the shuffle that wrote it"
+            )
+        check_weights_before(self.schedule, saved, step)

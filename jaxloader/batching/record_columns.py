@@ -1,0 +1,195 @@
+"""Records (or a batch already made) as validated columns, one a leaf of the batch.
+
+Every record must have the same structure, and each leaf the same shape and dtype, or a
+``CollateError`` names the leaf path, both shapes or dtypes, the record positions and the cast
+to make; a Python ``int``/``float``/``bool`` batches beside NumPy's scalars of its kind, never
+upcast. ``collate`` writes the columns into a buffer.
+
+Example:
+    >>> records = [{"x": np.zeros(3, np.float32), "y": i} for i in range(4)]
+    >>> treedef, columns = record_columns(records)
+    >>> [(c.path, c.shape, str(c.dtype)) for c in columns]
+    [("['x']", (4, 3), 'float32'), ("['y']", (4,), 'int64')]
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any, NamedTuple, NoReturn
+
+import numpy as np
+
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.columns import object_column
+from jaxloader.base.errors import CollateError
+
+_OBJECT = np.dtype(object)
+
+
+class Column(NamedTuple):
+    path: str
+    shape: tuple  # of the whole batch leaf
+    dtype: np.dtype
+    values: Any  # list of per-record values to stack, or an ndarray already batched
+    positions: Any = None  # record positions, for error messages
+
+
+_SHAPE = attrgetter("shape")
+_SIGNATURE = attrgetter("shape", "dtype")
+
+
+def _record_column(path: str, values: list, positions: Any) -> Column:
+    first = values[0]
+    n = len(values)
+    if isinstance(first, np.ndarray) and first.ndim:
+        # Shapes are checked here; dtypes by the stacking itself (casting="no" refuses any
+        # difference), which saves a second pass over the records.
+        try:
+            same = len(set(map(_SHAPE, values))) == 1
+        except AttributeError:  # a Python scalar or an object among the arrays
+            same = False
+        if not same:
+            if first.dtype == object and all(type(v) is np.ndarray and v.dtype == object
+                                             and v.ndim == 1 for v in values):
+                # lists of strings of other lengths (a Hugging Face List(string) feature): one
+                # array a row, as a source's batch gives them (no device form either way)
+                return Column(path, (n,), first.dtype, object_column(values))
+            raise_leaf_mismatch(path, values, positions)
+        return Column(path, (n, *first.shape), first.dtype, values, positions)
+    if isinstance(first, np.ndarray) and first.ndim == 0 and first.dtype.kind in "US":
+        # a NumPy string scalar in an array (fixed width, padded): a Python string instead
+        return _record_column(path, [v.item() if isinstance(v, np.ndarray) else v
+                                     for v in values], positions)
+    if isinstance(first, (str, bytes)):
+        # Strings and bytes stay Python objects on purpose (an object array, one entry a
+        # record): they have no device form, and fixed-width NumPy strings would pad them.
+        if not all(isinstance(v, (str, bytes)) for v in values):
+            raise_leaf_mismatch(path, values, positions)
+        array = np.empty(n, dtype=object)
+        array[:] = [v if type(v) is str or type(v) is bytes  # np.str_ -> str, np.bytes_ -> bytes
+                    else (str(v) if isinstance(v, str) else bytes(v)) for v in values]
+        return Column(path, (n,), array.dtype, array)
+    if isinstance(first, (np.ndarray, np.generic)):
+        if first.dtype.kind in "biufc" and type(first) is not np.ndarray:
+            same = len(set(map(type, values))) == 1  # a numeric scalar type fixes the dtype
+        else:
+            try:
+                same = len(set(map(_SIGNATURE, values))) == 1
+            except AttributeError:
+                same = False
+        if not same:
+            return _scalars_of_one_dtype(path, values, positions)
+        return Column(path, (n, *first.shape), first.dtype, values, positions)
+    if isinstance(first, (bool, int, float, complex)):
+        if len(set(map(type, values))) != 1:
+            return _scalars_of_one_dtype(path, values, positions)
+        array = np.asarray(values)
+        return Column(path, array.shape, array.dtype, array)
+    if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
+        return _record_column(path, [np.asarray(v) for v in values], positions)
+    hint = ""
+    if type(first).__module__ == "__main__":
+        hint = (" (a class from __main__ or a notebook reaches worker processes by value, "
+                "without its JAX registration: define it in a module, or use num_workers=0)")
+    raise CollateError(
+        f"batch leaf {path}: {tree_lib.record_name(positions, 0)} holds a {_type_name(first)}, which is "
+        "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
+        "convert it in a Map (np.asarray(x), or str(x)), or register its class as a JAX "
+        f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
+    )
+
+
+_PYTHON_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64),
+                  complex: np.dtype(np.complex128)}
+
+
+def _scalar_dtype(value: Any) -> np.dtype | None:
+    """The dtype a numeric scalar batches as: a NumPy scalar's (or 0-d array's) own, a Python
+    one's default (``int``: int64, where it fits); ``None`` for anything else."""
+    kind = type(value)
+    if kind in _PYTHON_DTYPES:
+        return _PYTHON_DTYPES[kind] if kind is not int or -2**63 <= value < 2**63 else None
+    if isinstance(value, (np.generic, np.ndarray)) and value.ndim == 0 and (
+            value.dtype.kind in "biufc"):
+        return value.dtype
+    return None
+
+
+def _scalars_of_one_dtype(path: str, values: list, positions: Any) -> Column:
+    """A column of numeric scalars of other types that batch as one dtype (a Python ``int``
+    beside ``np.int64`` ones: a list source mixed with a Parquet one, a Map's default),
+    batched as it; any other difference raises, naming the first record that differs."""
+    dtypes = {_scalar_dtype(v) for v in values}
+    if len(dtypes) != 1 or None in dtypes:
+        raise_leaf_mismatch(path, values, positions)
+    dtype = dtypes.pop()
+    assert dtype is not None
+    return Column(path, (len(values),), dtype, np.array(values, dtype=dtype))
+
+
+def _has_array_protocol(value: Any) -> bool:
+    return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
+                                           "__array_struct__"))
+
+
+def _type_name(value: Any) -> str:
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def raise_leaf_mismatch(path: str, values: list, positions: Any) -> NoReturn:
+    def kind(v: Any) -> tuple:  # what records must share (a value's own is its own)
+        if isinstance(v, (np.ndarray, np.generic)):
+            return (v.shape, v.dtype)
+        return (type(v), _scalar_dtype(v))
+
+    def describe(v: Any) -> str:
+        if isinstance(v, (np.ndarray, np.generic)):
+            return f"shape {v.shape} dtype {v.dtype}"
+        dtype = _scalar_dtype(v)
+        batched = f" (batched as {dtype})" if dtype is not None else ""
+        return "None" if v is None else f"{_type_name(v)} {v!r:.40}{batched}"
+
+    first = kind(values[0])
+    for j, v in enumerate(values):
+        if kind(v) != first:
+            if v is None:
+                fix = "give every record an array there (an empty or a masked one), not None"
+            elif _scalar_dtype(v) is not None and (dtype := _scalar_dtype(values[0])) is not None:
+                fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
+                       f"'{dtype}'), say)")
+            else:
+                fix = ("make every record's leaf the same shape and dtype (pad or crop in a "
+                       "Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream for a "
+                       "stream), or use batch_size=1")
+            raise CollateError(
+                f"batch leaf {path}: records differ: {tree_lib.record_name(positions, 0)} has "
+                f"{describe(values[0])}, {tree_lib.record_name(positions, j)} has "
+                f"{describe(v)}; {fix}"
+            )
+    raise CollateError(f"batch leaf {path}: records differ in type")
+
+
+def record_columns(records: list, positions: Any = None) -> tuple[tree_lib.TreeDef, list[Column]]:
+    """Validated columns of a list of records (``positions[j]`` names ``records[j]``)."""
+    if not records:
+        raise CollateError("collate: expected at least one record, got an empty list")
+    treedef = tree_lib.structure(records[0])
+    paths = tree_lib.leaf_paths(treedef)
+    values = tree_lib.gather(records, treedef, positions)
+    return treedef, [_record_column(p, v, positions) for p, v in zip(paths, values)]
+
+
+def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]]:
+    """Validated columns of an already batched tree whose leaves have ``size`` rows."""
+    leaves, treedef = tree_lib.flatten(batch)
+    columns = []
+    for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
+        array = np.asarray(leaf)
+        if array.ndim == 0 or array.shape[0] != size:
+            raise CollateError(
+                f"batch leaf {path}: expected {size} rows (the batch size) along axis 0, got "
+                f"shape {array.shape}; a batch transform or __getitems__ must keep the batch axis"
+            )
+        columns.append(Column(path, array.shape, array.dtype, array))
+    return treedef, columns

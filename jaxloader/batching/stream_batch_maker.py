@@ -1,0 +1,252 @@
+"""``StreamBatchMaker``: a reader's next ``batch_size`` records, transformed and collated.
+
+::
+
+    reset(states) ──> the readers hosted here continue from their states (or the first's start)
+    make(step, alloc) ──> records = reader s % K .next() x batch_size ──> Map / RandomMap
+                          (a Filter drops a record: the next one is read in its place)
+                          [a pass that ends: padded to batch_size, + a mask leaf]
+                          ──> collate (into alloc: a worker's shared-memory slot) ──> BatchMap
+    report() ──> the reader's state after the batch just made (JSON; in a pass, + "ended")
+
+Step ``s`` of a process is made by its reader ``s % K`` (``K`` readers a process:
+``readers_per_process``, by default ``max(1, num_workers)``), as that reader's ``s // K``-th
+batch, in worker ``s % W``, which hosts readers ``w, w + W, ...`` (``W`` divides ``K``; in
+process one maker hosts all ``K``). A batch is the same whichever worker makes it, so a
+state restores into any worker count that divides ``K``. A ``RandomMap``
+gets a generator keyed by ``(seed, (step * process_count + process) * batch_size + row)``, and
+by how many records a ``Filter`` dropped at that row before (each try its own numbers).
+
+Example:
+    >>> from jaxloader.streams.reader import Stream
+    >>> maker = StreamBatchMaker(Stream.from_generator(lambda i: ({"x": j} for j in range(5)),
+    ...                                                shards=1),
+    ...                          batch_size=2, seed=0, process_index=0, process_count=1,
+    ...                          per_process=1)
+    >>> maker.reset(None); maker.make(0)[0]["x"].tolist(), maker.report()["emitted"]
+    ([0, 1], 1)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxloader.batching import collate
+from jaxloader.batching.record_columns import record_columns
+from jaxloader.base.checks import POSITION_BITS as _POSITION_BITS
+from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.batching.batch_maker import finish_batch
+from jaxloader.streams.mixed import MixedStream
+from jaxloader.streams.packed import PackedStream
+from jaxloader.streams.reader import Stream, StreamReader
+from jaxloader.batching.transforms import Filter, Map, RandomMap, RecordRng, returned_none
+
+_POSITION_MASK = (1 << _POSITION_BITS) - 1
+DROP_RUN = 100_000  # records in a row a Filter drops before a reader gives up
+_MAP, _RANDOM, _FILTER = 0, 1, 2
+_DROPPED = object()
+
+
+class StreamBatchMaker:
+    """Batches of the readers of ``stream`` given to ``reset`` (one, or those a worker hosts):
+    step ``s`` is made by this process's reader ``s % per_process``."""
+
+    def __init__(self, stream: Stream | MixedStream | PackedStream, *, batch_size: int, seed: int,
+                 process_index: int, process_count: int, per_process: int,
+                 record_transforms: tuple = (), batch_transforms: tuple = (),
+                 mask_key: str | None = None) -> None:
+        self.stream, self.batch_size, self.seed = stream, batch_size, seed
+        self.mask_key = mask_key  # a pass that ends: batches padded, this leaf True on records
+        self._ended = False  # (a pass) the last batch's reader has no record left
+        self.source = stream  # what the worker pool names when it cannot be pickled
+        self.process_index, self.process_count, self.per_process = (process_index,
+                                                                    process_count, per_process)
+        self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
+        kinds = {Map: _MAP, RandomMap: _RANDOM, Filter: _FILTER}
+        self._steps = tuple(enumerate((t.fn, kinds[type(t)]) for t in record_transforms))
+        self._filters = any(kind == _FILTER for _, (_, kind) in self._steps)
+        self._rng = RecordRng(seed)
+        self._hosted: dict[int, Any] = {}  # this process's reader k -> it, as reset
+        self._reader: Any = None  # the one that made the last batch
+        self.readers = process_count * per_process
+        for k in range(per_process):  # refuses too few shards now, not in a worker later
+            self.reader_for(k)
+
+    def reader_for(self, local: int) -> Any:
+        """This process's reader ``local``: a ``StreamReader``, or a ``MixedReader`` or a
+        packing reader over such readers."""
+        reader = self.process_index * self.per_process + local
+
+        def of(stream: Any) -> Any:
+            if isinstance(stream, PackedStream):
+                return stream.reader(of(stream.stream))
+            if isinstance(stream, MixedStream):
+                return stream.reader(reader=reader, readers=self.readers, seed=self.seed,
+                                 batch_size=self.batch_size, per_process=self.per_process)
+            return StreamReader(stream, reader=reader, readers=self.readers, seed=self.seed)
+        return of(self.stream)
+
+    def initial_states(self) -> list[dict]:
+        """Each of this process's readers' state at the start of the stream."""
+        return [self.reader_for(k).initial_state() for k in range(self.per_process)]
+
+    def reset(self, state: dict | list | None) -> None:
+        """Hosts the readers of ``state``: one reader's state, a list of them (those a worker
+        hosts: ``k``, ``k + W``, ...), or ``None`` (this process's first reader, at its
+        start); each continues from its state."""
+        self.close()
+        self._hosted, self._reader = {}, None
+        first = self.process_index * self.per_process
+        for one in state if isinstance(state, list) else [state]:
+            local = (first if one is None else one.get("reader") or 0) - first
+            reader = self.reader_for(local if 0 <= local < self.per_process else 0)
+            reader.reset(one)
+            self._hosted[reader.reader - first] = reader
+
+    def close(self) -> None:
+        """Closes the shards the readers hosted here have open."""
+        for reader in self._hosted.values():
+            reader.close()
+
+    def location(self, step: int) -> str:
+        """Where step ``step``'s batch is, for messages."""
+        reader = self.process_index * self.per_process + step % self.per_process
+        return f"stream step {step} (reader {reader}, its batch {step // self.per_process})"
+
+    def report(self) -> dict:
+        """The state of the last batch's reader after it; in a pass that ends, with
+        ``"ended"``: whether that reader has no record left in the pass."""
+        assert self._reader is not None
+        state = self._reader.get_state()
+        return state if self.mask_key is None else {**state, "ended": self._ended}
+
+    def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, Any]:
+        if not self._hosted:
+            self.reset(None)
+        self._reader = self._hosted.get(step % self.per_process)
+        if self._reader is None:  # (the loader routes a step to the worker hosting its reader)
+            raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
+                                 f"{sorted(self._hosted)} of this process, not its")
+        self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
+        records = self._filtered(step) if self._filters else self._taken(step)
+        treedef, columns = record_columns(self._padded(step, records))
+        if self.mask_key is not None:  # a pass that ends: True on the records
+            valid = np.arange(self.batch_size) < len(records)
+            treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
+                                                "StreamLoader(num_epochs=...)")
+        return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
+                            lambda: self.location(step), alloc)
+
+    def _taken(self, step: int) -> list:
+        """``batch_size`` records, transformed (fewer at the end of a pass: its reader's
+        ``next()`` raises ``StopIteration`` there, an endless one never)."""
+        assert self._reader is not None
+        records: list = []
+        take, keep = self._reader.next, records.append
+        try:
+            for _ in range(self.batch_size):
+                keep(take())
+        except StopIteration:
+            pass
+        if self._steps:
+            records = [self._transform(step, row, record) for row, record in enumerate(records)]
+        return records
+
+    def _padded(self, step: int, records: list) -> list:
+        """In a pass that ends, ``records`` filled up to ``batch_size`` with a padding record,
+        and whether the reader is done noted for the report; otherwise ``records``."""
+        if self.mask_key is None:
+            return records
+        assert self._reader is not None
+        real = len(records)
+        if real < self.batch_size:
+            records = records + [self._padding(step, records)] * (self.batch_size - real)
+        self._ended = not self._reader.has_next()
+        return records
+
+    def _padding(self, step: int, records: list) -> Any:
+        """The record that pads step ``step`` after its ``records``: the last record of the
+        pass that the ``Filter``s keep, transformed as the first padded row (a pure function of
+        the reader's state: the same after a restore, in any worker). Where the Filters drop
+        all of the last window (a window of one record: no ``shuffle_window``), the batch's
+        own last record; in a batch with none, the last record through the Maps alone (its
+        rows are masked False: what a Filter would drop is never read as a record)."""
+        assert self._reader is not None
+        row = len(records)
+        last = self._reader.last_records()
+        for record in last:
+            record = self._transform(step, row, record)
+            if record is not _DROPPED:
+                return record
+        if isinstance(self.stream, PackedStream):
+            raise RecordError(
+                f"{self.location(step)}: the pass has ended, and the Filters drop the row of "
+                "padding (tokens and segment ids 0) that pads a PackedStream's last batches; "
+                "let the Filter keep a row whose segment ids are all 0 (the batch's mask is "
+                "False there), or mark rows in a Map instead")
+        if records:
+            return records[-1]
+        try:
+            return self._transform(step, row, last[0], filters=False)
+        except RecordError as e:
+            raise RecordError(
+                f"{self.location(step)}: the pass has ended, and its batch of padding alone is "
+                "padded with the reader's last record run through the Maps only (the Filters "
+                f"drop it), where {e}; let the Filters keep that record, give the stream a "
+                "shuffle_window (a padding record is then one of its last window's), or let "
+                "the Maps take it") from e
+
+    def _filtered(self, step: int) -> list:
+        """``batch_size`` records that every ``Filter`` keeps, read on past those dropped."""
+        assert self._reader is not None
+        out: list = []
+        dropped = 0  # in a row, at this row
+        while len(out) < self.batch_size:
+            try:
+                raw = self._reader.next()
+            except StopIteration:  # the end of a pass: the rest of the batch is padding
+                break
+            record = self._transform(step, len(out), raw, dropped)
+            if record is not _DROPPED:
+                out.append(record)
+                dropped = 0
+                continue
+            dropped += 1
+            if dropped == DROP_RUN:  # an endless stream of them would never fill a batch
+                names = ", ".join(repr(t) for t in self.record_transforms
+                                  if isinstance(t, Filter))
+                raise RecordError(
+                    f"{self.location(step)}: {names} dropped {DROP_RUN:,} records in a row; "
+                    "check the filter (it keeps a record when it returns True)")
+        return out
+
+    def _transform(self, step: int, row: int, record: Any, dropped: int = 0,
+                   filters: bool = True) -> Any:
+        """``record``, the batch's row ``row``, through the record transforms (``_DROPPED``
+        when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row; with
+        ``filters=False`` through the others only)."""
+        at = (step * self.process_count + self.process_index) * self.batch_size + row
+        t_index = -1
+        try:
+            for t_index, (fn, kind) in self._steps:
+                if kind == _MAP:
+                    record = fn(record)
+                elif kind == _RANDOM:  # keyed by the record's place in the process-major stream
+                    record = fn(record, self._rng.at(
+                        epoch=at >> _POSITION_BITS, position=at & _POSITION_MASK,
+                        transform_index=t_index + (dropped << 32)))
+                elif filters and not fn(record):
+                    return _DROPPED
+                if record is None:
+                    raise returned_none(f"stream step {step}, row {row}",
+                                        self.record_transforms[t_index], t_index)
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            raise RecordError(
+                f"stream step {step}, row {row}: transforms[{t_index}] "
+                f"{self.record_transforms[t_index]!r} raised {type(e).__name__}: {e}"
+            ) from e
+        return record

@@ -1,0 +1,227 @@
+"""Per-record and per-batch transforms.
+
+- ``Map(fn)``: ``fn(record) -> record``.
+- ``RandomMap(fn)``: ``fn(record, rng) -> record``; ``rng`` is a ``np.random.Generator`` seeded
+  from ``(seed, epoch, position, transform index)``, never from the worker running it, so the
+  result does not depend on the worker count or on a restore.
+- ``BatchMap(fn)``: ``fn(batch) -> batch`` after collation, on the stacked NumPy batch.
+- ``Filter(fn)``: ``fn(record) -> bool``; a ``StreamLoader`` drops the records it is false for
+  and reads on to fill the batch. A ``DataLoader`` refuses it: its batch is a fixed set of
+  positions, so filter the source once up front (``FilteredSource``).
+
+Plain callables in ``transforms=`` are taken as ``Map``. Record transforms must come before
+batch transforms.
+
+Example:
+    >>> import numpy as np
+    >>> flip = RandomMap(lambda r, rng: r[::-1] if rng.random() < 0.5 else r)
+    >>> rng = RecordRng(seed=0)
+    >>> flip.fn(np.arange(3), rng.at(epoch=0, position=7, transform_index=0)).shape
+    (3,)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS
+from jaxloader.base.errors import ConfigError, RecordError
+
+
+class Map:
+    """A per-record transform ``fn(record) -> record``.
+
+    Example:
+        >>> Map(lambda r: {"x": r["x"] / 255.0}).fn({"x": 255})
+        {'x': 1.0}
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        _check_callable(fn, "Map")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Map({fn_name(self.fn)})"
+
+
+class RandomMap:
+    """A per-record transform ``fn(record, rng) -> record`` with a per-record seeded ``rng``.
+
+    Example:
+        >>> noise = RandomMap(lambda r, rng: r + rng.normal(size=r.shape))
+    """
+
+    def __init__(self, fn: Callable[[Any, np.random.Generator], Any]) -> None:
+        _check_callable(fn, "RandomMap")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"RandomMap({fn_name(self.fn)})"
+
+
+class BatchMap:
+    """A transform of a whole collated batch ``fn(batch) -> batch`` (leaves keep the batch axis).
+
+    Example:
+        >>> to_float = BatchMap(lambda b: {**b, "x": b["x"].astype("float32") / 255})
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        _check_callable(fn, "BatchMap")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"BatchMap({fn_name(self.fn)})"
+
+
+def split_transforms(transforms: Sequence[Any], *,
+                     filters: bool = False) -> tuple[tuple, tuple]:
+    """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``.
+    ``filters``: whether ``Filter`` may be among them (a ``StreamLoader``'s)."""
+    if callable(transforms) or isinstance(transforms, (Map, RandomMap, BatchMap, Filter)):
+        transforms = (transforms,)
+    record, batch = [], []
+    for i, t in enumerate(transforms):
+        t = from_grain(t) or t
+        if isinstance(t, Filter) and not filters:
+            raise ConfigError(
+                f"transforms[{i}]: {t!r} drops records, but a DataLoader's batch is a fixed "
+                "set of positions (a pure function of seed, epoch and step), so it cannot "
+                "read on to fill it; filter the source once up front: "
+                "jaxloader.FilteredSource(source, fn) (or read a stream with a StreamLoader, "
+                "which takes Filter)"
+            )
+        if not isinstance(t, (Map, RandomMap, BatchMap, Filter)):
+            if not callable(t):
+                raise ConfigError(
+                    f"transforms[{i}]: expected Map, RandomMap, {'Filter, ' * filters}BatchMap "
+                    f"or a callable, got {type(t).__name__} {t!r:.60}; wrap functions as "
+                    "Map(fn)"
+                )
+            t = Map(t)
+        if isinstance(t, BatchMap):
+            batch.append(t)
+        elif batch:
+            raise ConfigError(
+                f"transforms[{i}]: {t!r} is a record transform after a batch transform "
+                f"({batch[0]!r}); put record transforms (Map, RandomMap) before BatchMap"
+            )
+        else:
+            record.append(t)
+    return tuple(record), tuple(batch)
+
+
+def from_grain(t: Any) -> Map | RandomMap | Filter | None:
+    """A Grain transform object (a subclass of ``grain.transforms.Map``, ``RandomMap`` or
+    ``Filter``, found by its base's module and its method) as the same transform here, so
+    that a Grain pipeline's transforms move over as they are; ``None`` for anything else.
+    Grain's ``random_map(x, rng)`` gets the record's generator, as a ``RandomMap`` does.
+
+    Example:
+        >>> Base = type("Map", (), {"__module__": "grain.transforms"})  # grain's, in short
+        >>> class Scale(Base):
+        ...     def map(self, x):
+        ...         return x * 2
+        >>> from_grain(Scale()).fn(21)
+        42
+    """
+    if callable(t) or isinstance(t, (Map, RandomMap, BatchMap, Filter)) or not any(
+            c.__module__.split(".")[0] == "grain" for c in type(t).__mro__[1:]):
+        return None
+    for method, kind in (("random_map", RandomMap), ("map", Map), ("filter", Filter)):
+        if callable(getattr(t, method, None)):
+            return kind(getattr(t, method))
+    return None
+
+
+class Filter:
+    """A per-record predicate ``fn(record) -> bool``: in a ``StreamLoader``'s transforms, the
+    records it is false for are dropped and the batch is filled from the records after them
+    (the reader's state counts the dropped ones, so a restore goes on after them too). A
+    ``DataLoader`` reads fixed positions: filter its source with ``FilteredSource`` instead.
+
+    Example:
+        >>> long_enough = Filter(lambda r: len(r["text"]) >= 200)
+        >>> long_enough.fn({"text": "short"})
+        False
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        _check_callable(fn, "Filter")
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Filter({fn_name(self.fn)})"
+
+
+class RecordRng:
+    """Per-record generators: Philox keyed by ``(seed, epoch, position)``, counter by transform.
+
+    One bit generator is reset for each record (a reset costs a tenth of constructing Philox;
+    docs/benchmarks.md);
+    the stream equals that of ``np.random.Philox(key=..., counter=...)`` built fresh. The
+    generator handed to a transform is valid until the next record.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._reset(seed)
+
+    def _reset(self, seed: int) -> None:
+        self._seed = seed & MASK64
+        self._bitgen = np.random.Philox(key=np.zeros(2, np.uint64))
+        self._generator = np.random.Generator(self._bitgen)
+        self._state: Any = self._bitgen.state  # set with lists, not the stubs' arrays
+
+    @staticmethod
+    def key_counter(seed: int, epoch: int, position: int, transform_index: int):
+        key = np.array([seed & MASK64, (epoch << _POSITION_BITS) | position], dtype=np.uint64)
+        counter = np.array([0, 0, 0, transform_index], dtype=np.uint64)
+        return key, counter
+
+    def at(self, *, epoch: int, position: int, transform_index: int) -> np.random.Generator:
+        # key_counter's words as Python ints: Philox's state setter takes any sequence, and
+        # two NumPy arrays a record cost more than the reset (8.3 against 3.1 us a record)
+        state = self._state
+        state["state"]["key"] = [self._seed, (epoch << _POSITION_BITS) | int(position)]
+        state["state"]["counter"] = [0, 0, 0, transform_index]
+        state["buffer_pos"] = 4  # Philox's 4-word output buffer: empty
+        state["has_uint32"] = 0
+        state["uinteger"] = 0
+        self._bitgen.state = state
+        return self._generator
+
+    def __getstate__(self) -> dict:
+        return {"seed": self._seed}
+
+    def __setstate__(self, state: dict) -> None:
+        self._reset(state["seed"])
+
+
+def returned_none(where: str, transform: Any, index: int | None = None) -> RecordError:
+    """The error for a transform (``transforms[index]``) that returned ``None`` (a ``return``
+    left out, mostly): its batches would be ``None``, or the next transform would fail on
+    ``None``.
+
+    Example:
+        >>> str(returned_none("step 0", Map(print), 1))[:56]
+        'step 0: transforms[1] Map(print) returned None, expected'
+    """
+    drop = ("" if isinstance(transform, BatchMap) else
+            "; to leave records out use jaxloader.FilteredSource (a Filter on a stream)")
+    named = "" if index is None else f"transforms[{index}] "
+    return RecordError(
+        f"{where}: {named}{transform!r} returned None, expected the new "
+        f"{'batch' if isinstance(transform, BatchMap) else 'record'}; return it from the "
+        f"function (a missing `return`?){drop}")
+
+
+def _check_callable(fn: Any, kind: str) -> None:
+    if not callable(fn):
+        raise ConfigError(f"{kind}(fn): expected a callable, got {type(fn).__name__} {fn!r:.60}")
+
+
+def fn_name(fn: Any) -> str:
+    """A function's name for messages (its qualified name, else its repr)."""
+    return getattr(fn, "__qualname__", None) or repr(fn)

@@ -1,0 +1,200 @@
+"""``FilteredSource``: the records of a source that a predicate keeps, found once, read by index.
+
+::
+
+    FilteredSource(source, keep) ──one pass (chunks of 4,096 records)──> indices of the kept
+    record i ──> source[indices[i]]      (a batch: source.__getitems__(indices[rows]))
+
+A ``DataLoader``'s batch is a fixed set of positions, a pure function of ``(seed, epoch,
+step)``, so records cannot be dropped while reading (a ``Filter`` can only drop a stream's).
+Filtering the source up front keeps that: the filtered source is an ordinary one, shuffled,
+shared by workers and restored in O(1) like any other, and its fingerprint covers the kept
+indices, so a state is not restored over another filter's records. ``indices=`` may be given
+(PyTorch's ``Subset``), or be a ``.npy`` path that keeps them for the next run.
+
+Example:
+    >>> import numpy as np, jaxloader as jl
+    >>> evens = jl.FilteredSource(jl.ArraySource({"x": np.arange(10)}), lambda r: r["x"] % 2 == 0)
+    >>> len(evens), int(evens[3]["x"]), evens.__getitems__(np.array([0, 4]))["x"].tolist()
+    (5, 6, [0, 8])
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
+from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.mixture import refuse_mixture
+from jaxloader.sources.huggingface import adapt
+from jaxloader.sources.kept_arrays import kept_or_found
+from jaxloader.batching.transforms import fn_name
+
+CHUNK = 4096  # records read at once while filtering
+
+
+class FilteredSource:
+    """The records of ``source`` for which ``keep(record)`` is true, in their order, found in
+    one pass when it is made: in this process (through ``__getitems__`` when the source has
+    it), or in ``num_workers`` worker processes, as a ``DataLoader``'s. Or ``indices``: the
+    record numbers to keep (an array; any order, repeats allowed), or the path of a ``.npy``
+    file that keeps the ones ``keep`` found (read back on the next run; delete it when the
+    data or the predicate change).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> texts = jl.ArraySource({"n": np.array([3, 0, 7, 1])})
+        >>> kept = jl.FilteredSource(texts, lambda r: r["n"] > 0)
+        >>> kept.indices.tolist(), len(kept)
+        ([0, 2, 3], 3)
+    """
+
+    def __init__(self, source: Any, keep: Callable[[Any], Any] | None = None, *,
+                 indices: np.ndarray | str | os.PathLike | None = None,
+                 num_workers: int = 0) -> None:
+        source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy
+        refuse_mixture(source, "FilteredSource")
+        n = check_source(source)
+        if keep is not None and not callable(keep):
+            raise ConfigError(f"FilteredSource(keep): expected a function of a record "
+                              f"returning True to keep it, got {type(keep).__name__}")
+
+        def find() -> np.ndarray:
+            if keep is None:
+                missing = f", and {indices} does not exist yet" if indices is not None else ""
+                raise ConfigError("FilteredSource: expected keep (a function of a record) or "
+                                  f"indices (the record numbers to keep){missing}")
+            return (_kept_by_workers(source, keep, num_workers) if num_workers
+                    else _kept(source, keep, n))
+
+        found, path = kept_or_found(indices, find)
+        self.source, self.indices = source, _checked(found, n, path)
+        if not len(self.indices):
+            what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"
+            raise ConfigError(f"FilteredSource: {what} none of the {n} records; nothing to "
+                              "read")
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < len(self.indices):
+            raise IndexError(f"FilteredSource: record {index} out of range "
+                             f"[0, {len(self.indices)})")
+        return self.source[int(self.indices[index])]
+
+    def __getitems__(self, rows: np.ndarray) -> Any:
+        picked = self.indices[np.asarray(rows, np.int64)]
+        if hasattr(self.source, "__getitems__"):
+            return self.source.__getitems__(picked)
+        return [self.source[i] for i in picked.tolist()]
+
+    @functools.cached_property
+    def block_starts(self) -> np.ndarray | None:
+        """The source's blocks (a ``ParquetSource``'s row groups) among the kept records, for
+        ``LocalShuffle``, when the kept records are in the source's order."""
+        starts = getattr(self.source, "block_starts", None)
+        if starts is None or not np.all(self.indices[1:] > self.indices[:-1]):
+            return None
+        return np.unique(np.searchsorted(self.indices, np.asarray(starts, np.int64)))
+
+    def lengths(self, key: str) -> np.ndarray | None:
+        """The kept records' lengths of ``key`` from the source's own (``PackedSource``'s
+        lengths with no record read); ``None`` when the source has none."""
+        own = getattr(self.source, "lengths", None)
+        got = own(key) if callable(own) else None
+        return None if got is None else np.asarray(got, np.int64)[self.indices]
+
+    def check_order(self, shuffle: Any) -> None:
+        """The source's own check of an order (a ``ParquetSource`` warns when the order reads
+        from more row groups at once than its cache holds), which ``DataLoader`` calls: a
+        full shuffle of the kept records reads from all the source's row groups too, and a
+        ``LocalShuffle`` of the source's blocks as many at a time."""
+        from jaxloader.order.local_shuffle import LocalShuffle
+
+        check = getattr(self.source, "check_order", None)
+        if check is None or isinstance(shuffle, LocalShuffle) and (
+                shuffle.block_size is not None or self.block_starts is None):
+            return  # (blocks of kept records: what they read of the source is not known)
+        check(shuffle)
+
+    @property
+    def fingerprint(self) -> str:
+        """The source's fingerprint and the kept indices."""
+        from jaxloader.sources.fingerprint import source_fingerprint
+
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
+        digest.update(np.ascontiguousarray(self.indices).tobytes())
+        return f"filtered:{len(self.indices)}:{digest.hexdigest()}"
+
+    def __repr__(self) -> str:
+        return (f"FilteredSource({len(self.indices)} of {len(self.source)} records of "
+                f"{type(self.source).__name__})")
+
+
+def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
+    out = []
+    for start in range(0, n, CHUNK):
+        records = records_at(source, np.arange(start, min(n, start + CHUNK)))
+        for i, record in enumerate(records, start):
+            try:
+                kept = keep(record)
+            except JaxloaderError:
+                raise
+            except Exception as e:
+                raise RecordError(f"FilteredSource(keep) {fn_name(keep)} raised "
+                                  f"{type(e).__name__} on record {i}: {e}") from e
+            if kept:
+                out.append(i)
+    return np.array(out, np.int64)
+
+
+def _kept_by_workers(source: Any, keep: Callable[[Any], Any], num_workers: int) -> np.ndarray:
+    """``_kept`` over a ``DataLoader``'s workers: each batch of ``CHUNK`` records in order,
+    a flag a record."""
+    from jaxloader.loaders.data_loader import DataLoader
+    from jaxloader.batching.transforms import Map
+
+    kept, start = [], 0
+    with DataLoader(source, batch_size=CHUNK, transforms=[Map(_Flag(keep))],
+                    num_workers=num_workers, last_batch="partial", process_index=0,
+                    process_count=1) as loader:
+        for flags in loader:  # (a view of a worker's slot: not kept, so the slot goes back)
+            kept.append(np.flatnonzero(flags) + start)
+            start += len(flags)
+    return np.concatenate(kept).astype(np.int64)
+
+
+class _Flag:
+    """``keep``'s answer for a record, as a NumPy bool (what a worker batches)."""
+
+    def __init__(self, keep: Callable[[Any], Any]) -> None:
+        self.keep = keep
+
+    def __call__(self, record: Any) -> np.bool_:
+        return np.bool_(bool(self.keep(record)))
+
+    def __repr__(self) -> str:
+        return f"FilteredSource(keep) {fn_name(self.keep)}"
+
+
+def _checked(indices: Any, n: int, path: str | None) -> np.ndarray:
+    array = np.asarray(indices)
+    where = f" (from {path})" if path else ""
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise ConfigError(f"FilteredSource(indices){where}: expected a 1-D array of record "
+                          f"numbers, got shape {array.shape} dtype {array.dtype}")
+    array = array.astype(np.int64)
+    if array.size and (array.min() < 0 or array.max() >= n):
+        raise ConfigError(
+            f"FilteredSource(indices){where}: expected record numbers in [0, {n}), got "
+            f"[{array.min()}, {array.max()}]; delete a stale file to filter again")
+    array.flags.writeable = False
+    return array
+

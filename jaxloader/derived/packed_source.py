@@ -1,0 +1,222 @@
+"""``PackedSource``: variable-length token sequences packed into fixed-length rows.
+
+::
+
+    source (records {key: 1-D tokens, ...}) ──lengths──> plan (packing_plan: pure function)
+    packed row r = segments plan.row_ptr[r]:row_ptr[r+1] ──> per key:
+        key              (L,)  tokens, 0 on padding
+        key_segment_ids  (L,)  1..k for the row's k segments, 0 on padding
+        key_positions    (L,)  0.. within each segment
+
+The packed rows are an ordinary source (``len`` rows, random access), so the loader shuffles,
+shards, resumes and spreads them over workers as any other: a batch is a pure function of
+``(seed, epoch, step)`` and a restore is O(1) and elastic, with no record lost or read twice.
+The plan is computed once, from the records' lengths (a ``RaggedSource`` knows them, a
+``ParquetSource`` reads its list column's offsets; otherwise
+one pass reads them, and ``lengths="file.npy"`` keeps them next to the data). Records are
+placed in an order shuffled by ``seed`` (the same rows every epoch; the loader reorders the
+rows each epoch). Keys not packed are left out of the rows.
+
+Example:
+    >>> import numpy as np, jaxloader as jl
+    >>> docs = jl.RaggedSource.from_sequences({"tokens": [[1, 2, 3], [4, 5], [6, 7, 8, 9]]})
+    >>> packed = jl.PackedSource(docs, "tokens", 5, method="first_fit", seed=None)
+    >>> row = packed[0]
+    >>> row["tokens"].tolist(), row["tokens_segment_ids"].tolist(), row["tokens_positions"].tolist()
+    ([1, 2, 3, 4, 5], [1, 1, 1, 2, 2], [0, 1, 2, 0, 1])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxloader.plans import packing as packing_plan
+from jaxloader.base.errors import ConfigError
+from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.mixture import refuse_mixture
+from jaxloader.sources.huggingface import adapt
+from jaxloader.sources.kept_arrays import kept_or_found
+from jaxloader.sources.ragged import RaggedSource
+
+_LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
+
+
+class PackedSource:
+    """Rows of ``length`` tokens (an int, or ``{key: int}``) packed from ``source``'s 1-D
+    ``keys``; ``method`` is ``"best_fit"``, ``"first_fit"`` (``bins`` rows open at a time,
+    over windows of ``window`` records) or ``"concat"`` (records cut across rows: every token
+    placed once); ``overlong`` says what happens to a record longer than a row: ``"split"``
+    into row-sized pieces or ``"truncate"`` (listed in ``truncated``).
+
+    ``lengths``: the records' lengths (``(records,)`` or ``(records, keys)``), or the path of a
+    ``.npy`` file that keeps them (read once from the records when it does not exist yet).
+    """
+
+    def __init__(self, source: Any, keys: str | Sequence[str], length: int | Mapping[str, int],
+                 *, method: str = "best_fit", bins: int = 16, window: int = 10_000,
+                 overlong: str = "split", seed: int | None = 0,
+                 lengths: np.ndarray | str | os.PathLike | None = None) -> None:
+        source = adapt(source)  # a datasets.Dataset: read as NumPy, lengths from Arrow
+        refuse_mixture(source, "PackedSource")
+        n = check_source(source)
+        self.source = source
+        self.keys = [keys] if isinstance(keys, str) else list(keys)
+        if not self.keys or not all(isinstance(k, str) for k in self.keys):
+            raise ConfigError(f"PackedSource(keys=...): expected a key or a list of keys of the "
+                              f"records' token arrays, got {keys!r}")
+        self.row_length = _row_lengths(length, self.keys)
+        self.config = dict(method=method, bins=bins, window=window, overlong=overlong, seed=seed)
+        if method not in packing_plan.METHODS:
+            raise ConfigError(f"PackedSource(method=...): expected one of "
+                              f"{packing_plan.METHODS}, got {method!r}")
+        if seed is not None and (not isinstance(seed, int) or seed < 0):
+            raise ConfigError(f"PackedSource(seed=...): expected an int >= 0 or None (records "
+                              f"in stored order), got {seed!r}")
+        self._lengths = _lengths(source, self.keys, n, lengths)
+        if method == "concat":
+            self.plan = packing_plan.concat(self._lengths, int(self.row_length[0]), seed)
+        else:
+            self.plan = packing_plan.fit(self._lengths, self.row_length, method=method,
+                                         bins=bins, window=window, overlong=overlong, seed=seed)
+        if self.plan.rows == 0:
+            raise ConfigError(f"PackedSource: the {n} records have no tokens under "
+                              f"{self.keys}; nothing to pack")
+        self._flat = ([source.flat(k) for k in self.keys]
+                      if isinstance(source, RaggedSource) else None)
+
+    @property
+    def truncated(self) -> np.ndarray:
+        """The records cut to the row length (``overlong="truncate"``)."""
+        return self.plan.truncated
+
+    @property
+    def padding_fraction(self) -> float:
+        return self.plan.padding_fraction
+
+    @property
+    def fingerprint(self) -> str:
+        """The source's fingerprint, the packing's parameters and the lengths."""
+        from jaxloader.sources.fingerprint import source_fingerprint
+
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
+        digest.update(repr((self.keys, self.row_length.tolist(), sorted(self.config.items())))
+                      .encode())
+        digest.update(np.ascontiguousarray(self._lengths).tobytes())
+        return f"packed:{self.plan.rows}:{digest.hexdigest()}"
+
+    def __len__(self) -> int:
+        return self.plan.rows
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"PackedSource: row {index} out of range [0, {len(self)})")
+        return {k: v[0] for k, v in self.__getitems__(np.array([index])).items()}
+
+    def __getitems__(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The packed rows ``rows``, batched: one slice copy per segment and key."""
+        plan = self.plan
+        rows = np.asarray(rows, np.int64)
+        first, last = plan.row_ptr[rows], plan.row_ptr[rows + 1]
+        count = last - first
+        seg = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+        out_row = np.repeat(np.arange(len(rows)), count).tolist()
+        rank = (seg - np.repeat(first, count) + 1).tolist()  # segment id in its row, from 1
+        records = plan.record[seg]
+        batch: dict[str, np.ndarray] = {}
+        for k, key in enumerate(self.keys):
+            if self._flat:
+                values, offsets = self._flat[k]
+                starts = offsets[records]
+            else:
+                values, starts = _gather_records(self.source, records, key)
+            begin = (starts + plan.record_offset[seg, k]).tolist()
+            at = plan.row_offset[seg, k].tolist()
+            size = plan.length[seg, k].tolist()
+            width = int(self.row_length[k])
+            tokens = np.zeros((len(rows), width), values.dtype)
+            ids = np.zeros((len(rows), width), np.int32)
+            positions = np.zeros((len(rows), width), np.int32)
+            count_up = np.arange(width, dtype=np.int32)
+            for r, s, b, o, n in zip(out_row, rank, begin, at, size):
+                tokens[r, o:o + n] = values[b:b + n]
+                ids[r, o:o + n] = s
+                positions[r, o:o + n] = count_up[:n]
+            batch[key], batch[f"{key}_segment_ids"], batch[f"{key}_positions"] = (
+                tokens, ids, positions)
+        return batch
+
+    def __repr__(self) -> str:
+        return (f"PackedSource({self.plan.rows} rows of {self.row_length.tolist()} from "
+                f"{len(self.source)} records, {self.config['method']}, padding "
+                f"{self.plan.padding_fraction:.2%})")
+
+
+def _row_lengths(length: Any, keys: list[str]) -> np.ndarray:
+    wanted = length if isinstance(length, Mapping) else {k: length for k in keys}
+    if sorted(wanted) != sorted(keys) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+            for v in wanted.values()):
+        raise ConfigError(f"PackedSource(length=...): expected a row length >= 1 (an int, or "
+                          f"{{key: int}} for keys {keys}), got {length!r}")
+    return np.array([wanted[k] for k in keys], np.int64)
+
+
+def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
+    """The records' lengths, ``(records, keys)``: given, cached in a file, or read once."""
+
+    def find() -> np.ndarray:
+        own = getattr(source, "lengths", None)  # RaggedSource, ParquetSource, a Dataset's
+        columns = [own(k) for k in keys] if callable(own) else [None]
+        if all(c is not None for c in columns):
+            return np.stack([np.asarray(c) for c in columns], axis=1)
+        return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
+
+    found, path = kept_or_found(given, find)
+    lengths = np.asarray(found)
+    if lengths.ndim == 1:
+        lengths = lengths[:, None]
+    if (lengths.shape != (n, len(keys)) or lengths.dtype.kind not in "iu"
+            or (lengths.size and lengths.min() < 0)):
+        where = f" (from {path})" if path else ""
+        raise ConfigError(
+            f"PackedSource(lengths=...){where}: expected {n} non-negative integer lengths per "
+            f"key {keys} (shape ({n}, {len(keys)})), got shape {lengths.shape} dtype "
+            f"{lengths.dtype}; delete a stale cache file to read them again"
+        )
+    return lengths.astype(np.int64)
+
+
+def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
+    out = np.empty((n, len(keys)), np.int64)
+    for start in range(0, n, _LENGTH_CHUNK):
+        stop = min(n, start + _LENGTH_CHUNK)
+        for i, record in enumerate(records_at(source, np.arange(start, stop))):
+            for k, key in enumerate(keys):
+                out[start + i, k] = len(_sequence(record, key, start + i))
+    return out
+
+
+def _sequence(record: Any, key: str, index: int) -> np.ndarray:
+    if not isinstance(record, Mapping) or key not in record:
+        got = sorted(record) if isinstance(record, Mapping) else type(record).__name__
+        raise ConfigError(f"PackedSource: record {index}: expected a dict with key {key!r} "
+                          f"(a 1-D token array), got {got}")
+    value = np.asarray(record[key])
+    if value.ndim != 1 or value.dtype.kind not in "biu":
+        raise ConfigError(f"PackedSource: record {index}[{key!r}]: expected a 1-D integer "
+                          f"array of tokens, got shape {value.shape} dtype {value.dtype}")
+    return value
+
+
+def _gather_records(source: Any, records: np.ndarray, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The sequences of ``records`` (each segment's record) one after another, and where each
+    segment's record starts in them."""
+    unique, inverse = np.unique(records, return_inverse=True)
+    seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
+    starts = np.concatenate([[0], np.cumsum([len(s) for s in seqs])[:-1]]).astype(np.int64)
+    return np.concatenate(seqs), starts[inverse]

@@ -1,0 +1,296 @@
+"""``DataLoader``: wires options, sampler, batch maker, engine and device placement; state.
+
+::
+
+    DataLoader ── Progress: the global step of the next batch handed to the user, ...
+       │ iter() ─> LoaderIterator(start=step, stop=end of the pass (num_epochs each) | endless)
+       │              └─ engine.batches(start, stop) ─> BatchMaker.make(step) in order
+       └ state_dict() = {"step": ..., config and a fingerprint of the source};
+         load_state_dict() moves the step, O(1)
+
+See ``jaxloader.loaders.iterator`` for iteration and ``jaxloader.engines.in_process`` for the engines.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Never, Sequence
+
+import numpy as np
+
+from jaxloader.engines.in_process import Engine, InProcessEngine
+from jaxloader.sources.fingerprint import source_fingerprint, source_files
+from jaxloader.loaders.iterator import LoaderIterator, Progress
+from jaxloader.loaders.base import LoaderLifecycle
+from jaxloader.loaders.options import LoaderOptions
+from jaxloader.loaders.peer_arguments import refuse
+from jaxloader.batching.batch_maker import BatchMaker
+from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.errors import ConfigError
+from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
+from jaxloader.batching.mixture_sampler import MixtureSampler
+from jaxloader.sources.mixture import Mixture
+from jaxloader.order.sampling import Order, Sampler
+from jaxloader.sources import ConcatSource, check_source, huggingface
+from jaxloader.sources.parts import close_source
+from jaxloader.loaders.state import check_state, make_state
+from jaxloader.batching.transforms import split_transforms
+
+
+class DataLoader(LoaderLifecycle):
+    """Batches of a random-access source, deterministic in ``(seed, epoch, step)``.
+
+    Args:
+        source: an ``ArraySource`` or any object with ``__len__``/``__getitem__``.
+        batch_size: records per batch *per process*; the global batch is
+            ``batch_size * process_count``.
+        shuffle: reshuffle every epoch with an O(1)-memory index shuffle; or
+            ``LocalShuffle(window=8)``: shuffle blocks of neighbouring records (a Parquet
+            file's row groups) and records within windows of blocks, for data in files. A
+            ``ParquetSource`` whose cache holds less than the order reads at once warns
+            (``PerformanceWarning``).
+        seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
+        transforms: ``Map``/``RandomMap`` (per record), then ``BatchMap`` (per batch).
+        num_workers: worker processes; 0 makes batches in the main process.
+        last_batch: ``"drop"`` the short last batch of an epoch, ``"pad"`` it to full size with
+            repeated records and a bool leaf ``batch[mask_key]`` (True on real rows; records must
+            be dicts), or keep it ``"partial"`` (smaller; one process only).
+        num_epochs: epochs per ``iter(loader)``, a pass; ``None`` for an endless iterator.
+            Passes are counted from epoch 0: ``iter()`` gives the rest of the pass the
+            position is in, so a loader restored mid-pass ends where the saved run would.
+        prefetch: tasks in flight per worker (``num_workers > 0``); a task is as many of
+            the worker's steps as fit in 1 MiB of batches, up to 16 (one for larger batches
+            and for streams), so that a small batch costs a share of a task's messages.
+            Small batches get more tasks, as many as hold ``prefetch`` MiB, up to 64 steps
+            a worker and 256 in all: room to run ahead past a source's stalls.
+        worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
+            ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.
+        start_method: ``"exec"`` (default): workers are fresh interpreters that never re-run
+            your main script and are never forked from a process running JAX; ``"fork"``:
+            faster start, refused once JAX is imported.
+        process_index, process_count: this process's place among the hosts that share the
+            global batch; default to ``jax.process_index()``/``jax.process_count()``.
+        mask_key: name of the mask leaf added by ``last_batch="pad"``.
+        sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
+            ``jaxloader.data_sharding(mesh, "data")``; a ``PartitionSpec`` over the mesh of
+            ``jax.set_mesh``, or a device; batches are then global ``jax.Array``s
+            (``batch_size * process_count`` rows), placed ahead by a background thread (one
+            device) or by ``next()`` in your thread (several devices; docs/devices.md).
+        device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
+            0 places each batch in ``next()``.
+        stall_warning_s: with workers, a batch awaited this long is logged (``logging``
+            ``"jaxloader"``): which worker holds which step, for how long, its process state
+            and Python stack; said again every ``stall_warning_s``. ``None``: never.
+        timeout_s: with workers, a batch awaited this long raises ``StallError`` with the same
+            report (the loader is then broken); ``None`` (the default): waits as long as it
+            takes. With ``num_workers=0`` the batch is made in your thread: Ctrl-C shows where.
+        unknown: PyTorch's and Grain's names (``drop_last``, ``collate_fn``, ``pin_memory``,
+            ``worker_count``, ...) raise a ``TypeError`` saying what to pass instead.
+
+    ``loader.peek()`` gives the next batch without moving the position (to build a model from
+    its shapes). Two ways to loop, both resumable with ``state_dict()``::
+
+        loader = DataLoader(ArraySource(arrays), batch_size=128, shuffle=True, seed=0)
+        for epoch in range(3):          # each iter() is the next epoch, reshuffled
+            for batch in loader:
+                ...
+
+        loader = DataLoader(ArraySource(arrays), batch_size=128, shuffle=True, num_epochs=None)
+        it = iter(loader)               # endless: a step loop
+        for step in range(10_000):
+            batch = next(it)
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        batch_size: int,
+        shuffle: bool | LocalShuffle = False,
+        seed: int = 0,
+        transforms: Sequence[Any] = (),
+        num_workers: int = 0,
+        last_batch: str = "drop",
+        num_epochs: int | None = 1,
+        process_index: int | None = None,
+        process_count: int | None = None,
+        mask_key: str = "mask",
+        prefetch: int = 2,
+        worker_init_fn: Callable[[int], None] | None = None,
+        start_method: str = "exec",
+        sharding: Any = None,
+        device_prefetch: int = 2,
+        stall_warning_s: float | None = 300.0,
+        timeout_s: float | None = None,
+        **unknown: Never,
+    ) -> None:
+        from jaxloader.streams import Stream
+
+        refuse("DataLoader", unknown)
+        if isinstance(source, Stream):
+            raise ConfigError("DataLoader(source): got a Stream, which has no random access; "
+                              "read it with jaxloader.StreamLoader(stream, batch_size=...)")
+        num_records = check_source(source)
+        source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
+        if process_index is None or process_count is None:
+            import jax  # only when the caller leaves it to JAX; workers never get here
+
+            process_index = jax.process_index() if process_index is None else process_index
+            process_count = jax.process_count() if process_count is None else process_count
+        self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
+                                     seed=seed, last_batch=last_batch,
+                                     process_index=process_index, process_count=process_count,
+                                     num_workers=num_workers)
+        parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
+        for part in (source, *parts):  # a file source's cache against what the order reads
+            check_order = getattr(part, "check_order", None)
+            if check_order is not None:
+                check_order(shuffle)
+        self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
+                                      device_prefetch, stall_warning_s, timeout_s)
+        self._putter = None
+        if sharding is not None:
+            from jaxloader.sharding.put import Putter
+
+            self._putter = Putter(sharding, process_count, batch_size)
+        record_transforms, batch_transforms = split_transforms(transforms)
+        rest = self._sampler.num_records % batch_size
+        if self._putter is not None and last_batch == "partial" and rest:
+            self._putter.check_last_batch(rest, self._sampler.num_records)
+        self._source = source
+        self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
+                                 mask_key)
+        self._fingerprint: dict[str, Any] | None = None  # computed on first use, then kept
+        self._files = source_files(source)  # (path, identity) of each file it reads
+        self._progress = Progress()
+        self._active: LoaderIterator | None = None
+        self._engine: Engine
+        if num_workers == 0:
+            self._engine = InProcessEngine(self._maker)
+        else:
+            from jaxloader.workers.pool import WorkerPool
+
+            self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,
+                                      start_method=start_method, worker_init_fn=worker_init_fn,
+                                      stall_warning_s=stall_warning_s, timeout_s=timeout_s)
+
+    # -- sizes, placement and position ------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self._sampler.steps_per_epoch
+
+    @property
+    def batch_size(self) -> int:
+        """Records per batch in this process."""
+        return self._sampler.batch_size
+
+    @property
+    def process_index(self) -> int:
+        """This process's place among the processes sharing the global batch."""
+        return self._sampler.process_index
+
+    @property
+    def process_count(self) -> int:
+        """Processes sharing the global batch (``batch_size * process_count`` records)."""
+        return self._sampler.process_count
+
+    @property
+    def num_workers(self) -> int:
+        return self._options.num_workers
+
+    @property
+    def num_epochs(self) -> int | None:
+        """Epochs per ``iter(loader)``; ``None``: endless."""
+        return self._options.num_epochs
+
+    @property
+    def device_prefetch(self) -> int:
+        return self._options.device_prefetch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._progress.step // self._sampler.steps_per_epoch
+
+    def peek(self) -> Any:
+        """The batch the next ``next()`` gives, without moving the position.
+
+        Made in this process (also with workers), and placed like the others when a sharding
+        is given: use it to build a model from the batch's shapes.
+
+        Example:
+            >>> import numpy as np, jaxloader as jl
+            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.zeros((10, 3))}), batch_size=4,
+            ...                        process_index=0, process_count=1)
+            >>> loader.peek()["x"].shape, loader.step
+            ((4, 3), 0)
+        """
+        self._progress.check()
+        batch, _ = self._maker.make(self._progress.step)
+        return batch if self._putter is None else self._putter(batch)
+
+    # -- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> LoaderIterator:
+        self._progress.check()
+        self._invalidate()
+        start = self._progress.step
+        stop = None
+        if self.num_epochs is not None:  # the pass the position is in: epochs [k n, (k+1) n)
+            n = self.num_epochs
+            stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
+        put = self._putter
+        self._active = LoaderIterator(
+            self._progress, start, stop, self._engine, put, self.device_prefetch,
+            single_device=put is not None and put.single_device,
+        )
+        return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The position (next global step), the configuration it depends on and a fingerprint
+        of the source; JSON-ready."""
+        return make_state(self._sampler, self._progress.step, self._source_fingerprint())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
+        self._progress.step = check_state(state, self._sampler, self._source_fingerprint(),
+                                          [path for path, _ in self._files])
+        self._invalidate()
+
+    def _source_fingerprint(self) -> dict[str, Any]:
+        if self._fingerprint is None:
+            self._fingerprint = dict(source_fingerprint(self._source))
+            if self._files:  # (a file source's bytes, named file by file)
+                self._fingerprint["files"] = [identity for _, identity in self._files]
+        return self._fingerprint
+
+    def _release(self, idle: bool) -> None:
+        """Closes the files the source holds open in this process (``peek``,
+        ``num_workers=0``), unless a device-put thread still makes a batch from it (it ends
+        with that batch; the files close when the source goes)."""
+        if idle:
+            close_source(self._source)
+
+def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
+                 seed: int, last_batch: str, process_index: int, process_count: int,
+                 num_workers: int) -> Order:
+    """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
+    seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+    if not (shuffle is None or isinstance(shuffle, (bool, np.bool_, LocalShuffle))):
+        raise ConfigError(
+            f"shuffle: expected True, False or jl.LocalShuffle(window=...), got "
+            f"{type(shuffle).__name__} {shuffle!r}; True shuffles every record, LocalShuffle "
+            "reads blocks of neighbours (files)")
+    if isinstance(source, Mixture):  # each component in its own order (LocalShuffle too)
+        return MixtureSampler(source, batch_size, shuffle=shuffle, seed=seed,
+                              last_batch=last_batch, process_index=process_index,
+                              process_count=process_count, memo_stride=max(1, num_workers))
+    order, described = None, None
+    if isinstance(shuffle, LocalShuffle):
+        starts = shuffle.block_starts(source, num_records)
+        order = functools.partial(BlockOrder, starts, window=shuffle.window, seed=seed)
+        described = shuffle.describe(source)
+    return Sampler(num_records, batch_size, shuffle=bool(shuffle), seed=seed,
+                   last_batch=last_batch, process_index=process_index,
+                   process_count=process_count, order=order, order_description=described,
+                   memo_stride=max(1, num_workers))

@@ -1,0 +1,162 @@
+"""``LoaderIterator``: hands out a run of batches and moves the loader's position.
+
+::
+
+    DataLoader ── Progress (owned by the loader, shared with its iterators):
+       │            step (next global step to hand out), generation, broken, closed, stats
+       └ iter() ─> LoaderIterator(progress, generation, start, stop, engine, put, depth)
+                      engine.batches(start, stop) [─> DevicePrefetcher(put, depth)] ─> next()
+
+An iterator is valid while ``progress.generation`` is the one it was made with: ``iter()``,
+``load_state_dict()`` and ``close()`` start a new generation. The step moves when a batch is
+handed out, never earlier, so a state taken between two ``next()`` calls names the next batch the
+user would see. What an interrupt inside ``next()`` may and may not do is written down in
+``jaxloader.base.interrupts``.
+
+Example:
+    >>> import numpy as np, jaxloader as jl
+    >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(6)}), batch_size=2,
+    ...                        process_index=0, process_count=1)
+    >>> it = iter(loader)
+    >>> next(it)["x"].tolist(), loader.step
+    ([0, 1], 1)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Generator
+
+from jaxloader.engines.in_process import Engine
+from jaxloader.base.errors import JaxloaderError, WorkerError
+from jaxloader.sharding.prefetch import DevicePrefetcher
+from jaxloader.base.stats import LoaderStats
+
+
+class Progress:
+    """Where a loader is, whether it can go on, and how long its consumer waited."""
+
+    def __init__(self) -> None:
+        self.step = 0  # the global step of the next batch handed out
+        self.generation = 0  # iterators of older generations are stale
+        self.broken: JaxloaderError | None = None  # raised by every later call
+        self.closed = False
+        self.batches = 0  # batches handed out, time waited inside next(), run between calls
+        self.wait_s = 0.0
+        self.run_s = 0.0
+
+    def check(self) -> None:
+        """Raises the loader's failure, or that it is closed."""
+        if self.broken is not None:
+            raise self.broken
+        if self.closed:
+            raise JaxloaderError("DataLoader is closed; create a new one to iterate again")
+
+    def stats(self) -> LoaderStats:
+        return LoaderStats(self.batches, self.wait_s, self.run_s)
+
+    def reset_stats(self) -> None:
+        self.batches, self.wait_s, self.run_s = 0, 0.0, 0.0
+
+
+class LoaderIterator:
+    """Yields batches from a start step; valid until the next ``iter()``, restore or close."""
+
+    def __init__(self, progress: Progress, start: int, stop: int | None, engine: Engine,
+                 put: Callable[[Any], Any] | None, device_prefetch: int,
+                 single_device: bool, ends_before: Callable[[int], bool] | None = None) -> None:
+        self._progress = progress
+        self._generation = progress.generation
+        self._step = start
+        self._stop = stop
+        self._engine = engine
+        self._put = put
+        self._depth = device_prefetch
+        self._single_device = single_device
+        self._ends_before = ends_before  # whether the run ends before a step (a stream's pass)
+        self._batches: Generator[Any, None, None] | None = None
+        self._prefetcher: DevicePrefetcher | None = None
+        self._last_return: float | None = None
+        self._interrupted = True  # no work under way yet: _start() (or the first next()) starts it
+
+    def _start(self) -> "LoaderIterator":
+        """Starts the engine run (and the device-prefetch thread). Called by the loader once it
+        holds this iterator: a Ctrl-C after the thread starts must leave it to the loader to
+        stop (``jaxloader.base.interrupts``, 3), or it would drive the engine beside the next run."""
+        self._start_work()
+        return self
+
+    def _start_work(self) -> None:
+        """The engine run (and device prefetch) from this iterator's step."""
+        self._batches = batches = self._engine.batches(self._step, self._stop)
+        put = self._put
+        if put is None:
+            self._next: Callable[[], Any] = batches.__next__
+        elif self._depth == 0:
+            self._next = lambda: put(next(batches))
+        else:
+            self._prefetcher = DevicePrefetcher(batches, put, self._depth,
+                                                put_in_thread=self._single_device)
+            self._next = self._prefetcher.next
+            self._prefetcher.start()  # held before it runs: an interrupt cannot orphan it
+        self._interrupted = False
+
+    def __iter__(self) -> "LoaderIterator":
+        return self
+
+    def __next__(self) -> Any:
+        entered = time.perf_counter()
+        progress = self._progress
+        if progress.broken is not None:
+            raise progress.broken
+        if progress.generation != self._generation:
+            progress.check()
+            raise JaxloaderError(
+                "this iterator is stale: iter(), load_state_dict() or close() was called on its "
+                "DataLoader since it was made; call iter(loader) again"
+            )
+        if self._stop is not None and self._step >= self._stop:
+            raise StopIteration
+        if self._ends_before is not None and self._ends_before(self._step):
+            self._stop = self._step  # asked once: the same answer on every later call
+            self.stop_work()  # what was made past the end goes
+            raise StopIteration
+        if self._interrupted:
+            # Until the old thread is gone (the first try may itself have been cut short):
+            # two threads must never drive the engine at once.
+            self.stop_work(until_gone=True)
+            self._start_work()
+        try:
+            batch = self._next()
+            returned = time.perf_counter()
+        except WorkerError as e:
+            progress.broken = e
+            raise
+        except StopIteration:
+            raise
+        except BaseException:
+            # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
+            # dropped, and the next call makes this same step again (jaxloader.base.interrupts, 1).
+            self._interrupted = True
+            self._last_return = None
+            self.stop_work()
+            raise
+        # No calls from here to the return: a signal cannot split the step from its batch.
+        self._step += 1
+        progress.step = self._step
+        progress.batches += 1
+        progress.wait_s += returned - entered
+        if self._last_return is not None:
+            progress.run_s += entered - self._last_return
+        self._last_return = returned
+        return batch
+
+    def stop_work(self, until_gone: bool = False) -> bool:
+        """Stops the host-batch thread (waiting for it at most its join timeout, or
+        ``until_gone``) or closes the engine run (frees its slots); whether nothing of it
+        runs any more (a thread still finishing a batch: not yet)."""
+        if self._prefetcher is not None:
+            return self._prefetcher.close(until_gone)
+        if self._batches is not None:
+            self._batches.close()
+        return True

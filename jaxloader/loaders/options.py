@@ -1,0 +1,72 @@
+"""The DataLoader's options, validated once, as plain data.
+
+``batch_size``, ``seed``, ``last_batch`` and the process placement are checked by the
+``Sampler``, which uses them; everything else is checked here, each with the argument's name,
+what was expected, what came and what to do.
+
+Example:
+    >>> LoaderOptions(num_workers=2).prefetch
+    2
+    >>> LoaderOptions(num_epochs=0)
+    Traceback (most recent call last):
+    ...
+    jaxloader.base.errors.ConfigError: num_epochs: expected an int >= 1, got 0; pass None for an endless iterator
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxloader.base.checks import check_int
+from jaxloader.base.errors import ConfigError
+
+START_METHODS = ("exec", "fork")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """How batches are made and delivered (see ``DataLoader`` for each argument)."""
+
+    num_workers: int = 0
+    num_epochs: int | None = 1
+    mask_key: str = "mask"
+    prefetch: int = 2
+    start_method: str = "exec"
+    device_prefetch: int = 2
+    stall_warning_s: float | None = 300.0
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        def keep(name: str, value: int) -> None:  # as a Python int (NumPy's are not JSON)
+            object.__setattr__(self, name, value)
+
+        if self.num_epochs is not None:
+            keep("num_epochs", check_int("num_epochs", self.num_epochs, low=1,
+                                         remedy="pass None for an endless iterator"))
+        keep("num_workers", check_int("num_workers", self.num_workers, low=0,
+                                      remedy="0 runs in this process"))
+        keep("prefetch", check_int("prefetch", self.prefetch, low=1,
+                                   remedy="batches in flight per worker"))
+        keep("device_prefetch", check_int(
+            "device_prefetch", self.device_prefetch, low=0,
+            remedy="batches kept ready on device; 0 places each batch inside next()"))
+        if not isinstance(self.mask_key, str):
+            raise ConfigError(
+                f"mask_key: expected a str (the name of the pad mask leaf), got "
+                f"{type(self.mask_key).__name__} {self.mask_key!r}"
+            )
+        for name in ("stall_warning_s", "timeout_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not 0 < value < math.inf):
+                raise ConfigError(
+                    f"{name}: expected a number of seconds > 0, or None, got "
+                    f"{type(value).__name__} {value!r}; None: "
+                    + ("no report of a late batch" if name == "stall_warning_s" else
+                       "wait for a batch as long as it takes"))
+        if self.start_method not in START_METHODS:
+            raise ConfigError(
+                f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "
+                "'exec' is the safe default"
+            )

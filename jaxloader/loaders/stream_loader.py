@@ -1,0 +1,390 @@
+"""``StreamLoader``: batches of a ``Stream`` (no random access), with exact resume.
+
+::
+
+    StreamLoader ── Progress (the step of the next batch handed out) ─ iter() ─> LoaderIterator
+       │              └─ _Runs.batches(start) ─> engine.batches(start, resets, reports)
+       │                    resets: each reader's state as of `start` (what was handed out)
+       │                    reports[step]: the reader's state after that step's batch
+       └ state_dict() = {"step", "readers": [state per reader of this process], config}
+
+This process has ``W = max(1, num_workers)`` readers; step ``s`` is the ``s // W``-th batch of
+reader ``s % W`` (made in worker ``s % W``). Workers read ahead (prefetch), so the state of a
+reader is taken from the report of the last batch *handed out* by it, never from where its
+worker has got to: a state names exactly the next batch, and a restore continues the same
+stream. The order is fixed for a given ``(seed, process_count, num_workers)``; a state restores
+into a loader with the same counts (0 and 1 workers are the same: one reader), and is refused
+with another count.
+
+A pass that ends (``num_epochs=n``): ``iter()`` gives each reader the epoch it stops before
+(``"until"`` in the states it resets from: the end of the pass of ``n`` epochs, counted from
+epoch 0, that it is in, or of the next pass once every reader is done); a reader out of
+records pads its batch (``mask``) and its report says ``"ended"``. Before each step the
+iterator asks whether every reader is done (with several processes, all of theirs: an
+allgather on the consumer's thread), and ends.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Generator, Never, Sequence
+
+import numpy as np
+
+from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.loaders.iterator import LoaderIterator, Progress
+from jaxloader.loaders.base import LoaderLifecycle
+from jaxloader.loaders.options import LoaderOptions
+from jaxloader.loaders.peer_arguments import refuse
+from jaxloader.loaders.state import refuse_unknown
+from jaxloader.batching.stream_batch_maker import StreamBatchMaker
+from jaxloader.streams import passes
+from jaxloader.streams.mixed import MixedStream
+from jaxloader.streams.packed import PackedStream
+from jaxloader.streams.reader import Stream, as_stream
+from jaxloader.batching.transforms import split_transforms
+
+STREAM_STATE_VERSION = 1
+
+
+class StreamLoader(LoaderLifecycle):
+    """Batches of a stream of records read in order: files of lines or tar shards, generators.
+
+    Args:
+        stream: a ``jaxloader.Stream`` (``Stream.jsonl(paths)``, ``Stream.tar(paths)``,
+            ``Stream.from_generator(fn, shards=n)``, or ``Stream(shards)``), a list of shards,
+            streams mixed by weight (``jl.mix([stream_a, stream_b], [0.7, 0.3])``), or
+            either packed into rows of tokens (``jl.PackedStream(stream, "tokens", 2048)``).
+        batch_size: records per batch per process.
+        seed: orders the shards each epoch, the shuffle windows and every ``RandomMap``.
+        transforms, num_workers, prefetch, worker_init_fn, start_method, process_index,
+        process_count, sharding, device_prefetch, stall_warning_s, timeout_s: as for
+            ``DataLoader`` (a generator that blocks in a worker is reported as a transform is).
+        readers_per_process: the readers of this process (``K``; each reads its own share of
+            the shards), by default ``max(1, num_workers)``; a multiple of ``num_workers``
+            (each worker hosts ``K / num_workers``). The batches depend on ``K``, not on the
+            workers: a state restores into any worker count that divides ``K`` (0 included).
+        num_epochs: ``None`` (the default): endless, each reader going through its shards
+            epoch after epoch; loop for a number of steps. ``n``: each ``iter(loader)`` is a
+            pass of ``n`` epochs that ends, as a ``DataLoader``'s (an evaluation pass: every
+            record ``n`` times). Every batch then has ``batch_size`` rows and a bool leaf
+            ``batch[mask_key]``, True on records, False on the rows that pad a reader's last
+            batch (and the batches of a reader done before the others). With several
+            processes each ``next()`` of a pass agrees on the end with the others (an
+            allgather through ``jax.distributed``), so all hosts take the same steps. A
+            ``PackedStream``'s pass places every token once (its last row cut short); a
+            pass over a ``mix`` of streams reads every record of every component once (a
+            component run out gives its slots up to the others), or as
+            ``mix(..., stopping_strategy="first_exhausted" | "all_exhausted")`` says.
+        mask_key: the name of that leaf (records must be dicts).
+        unknown: PyTorch's and Grain's names (``shuffle``, ``drop_last``, ``collate_fn``, ...)
+            raise a ``TypeError`` saying what a stream takes instead.
+
+    Example:
+        >>> import jaxloader as jl
+        >>> stream = jl.Stream.from_generator(lambda i: ({"x": i * 100 + j} for j in range(6)),
+        ...                                   shards=2, shuffle_shards=False)
+        >>> loader = jl.StreamLoader(stream, batch_size=4, process_index=0, process_count=1)
+        >>> it = iter(loader)
+        >>> next(it)["x"].tolist(), loader.state_dict()["readers"][0]["emitted"]
+        ([0, 1, 2, 3], 1)
+        >>> once = jl.StreamLoader(stream, batch_size=5, num_epochs=1, process_index=0,
+        ...                        process_count=1)
+        >>> [(b["x"].tolist(), b["mask"].tolist()) for b in once][-1]
+        ([104, 105, 105, 105, 105], [True, True, False, False, False])
+    """
+
+    def __init__(self, stream: Stream | MixedStream | PackedStream | Sequence[Any], *,
+                 batch_size: int,
+                 seed: int = 0, transforms: Sequence[Any] = (), num_workers: int = 0,
+                 process_index: int | None = None, process_count: int | None = None,
+                 prefetch: int = 2, worker_init_fn: Callable[[int], None] | None = None,
+                 start_method: str = "exec", sharding: Any = None,
+                 device_prefetch: int = 2, readers_per_process: int | None = None,
+                 num_epochs: int | None = None, mask_key: str = "mask",
+                 stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
+                 **unknown: Never) -> None:
+        refuse("StreamLoader", unknown)
+        stream = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
+        if not isinstance(stream, (Stream, MixedStream, PackedStream)):
+            if not isinstance(stream, (list, tuple)):
+                if type(stream).__name__ == "IterableDatasetDict":  # load_dataset, no split=
+                    raise ConfigError(
+                        f"StreamLoader(stream): got an IterableDatasetDict of "
+                        f"{list(stream)}; pass one of them: stream[{next(iter(stream), '')!r}]"
+                        " (or load_dataset(..., split='train', streaming=True))")
+                raise ConfigError(
+                    f"StreamLoader(stream): expected a jaxloader.Stream or a list of shards, got "
+                    f"{type(stream).__name__}; for a generator use "
+                    "Stream.from_generator(make, shards=n), for files Stream.jsonl/text/tar, for "
+                    "a Hugging Face Dataset ds.to_iterable_dataset(num_shards=n)"
+                )
+            stream = Stream(stream)
+        batch_size = check_int("batch_size", batch_size, low=1,
+                               remedy="pass a positive batch size per process")
+        seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        if process_index is None or process_count is None:
+            import jax
+
+            process_index = jax.process_index() if process_index is None else process_index
+            process_count = jax.process_count() if process_count is None else process_count
+        process_count = check_int("process_count", process_count, low=1,
+                                  remedy="leave it None to use jax's")
+        process_index = check_int("process_index", process_index, low=0,
+                                  high=process_count - 1,
+                                  remedy=f"use an index in [0, {process_count})")
+        self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
+                                      device_prefetch, stall_warning_s, timeout_s)
+        if num_epochs is not None:
+            passes.check(process_count)
+        record_transforms, batch_transforms = split_transforms(transforms, filters=True)
+        self._stream = stream
+        hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
+        self._readers = check_int(
+            "readers_per_process", hosts if readers_per_process is None else readers_per_process,
+            low=1, remedy="readers a process, a multiple of num_workers, e.g. 8")
+        if self._readers % hosts:
+            raise ConfigError(
+                f"readers_per_process: expected a multiple of num_workers ({num_workers}), got "
+                f"{self._readers}; each worker hosts the same number of readers (a state "
+                f"restores into any worker count that divides readers_per_process)")
+        self._maker = StreamBatchMaker(
+            stream, batch_size=batch_size, seed=seed, process_index=process_index,
+            process_count=process_count, per_process=self._readers,
+            record_transforms=record_transforms, batch_transforms=batch_transforms,
+            mask_key=None if num_epochs is None else mask_key)
+        self._until: list[int] | None = None  # a pass: the epoch each reader stops before
+        self._putter = None
+        if sharding is not None:
+            from jaxloader.sharding.put import Putter
+
+            self._putter = Putter(sharding, process_count)
+        self._progress = Progress()
+        self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
+        self._base_step = 0
+        self._reports: dict[int, dict] = {}
+        self._active: LoaderIterator | None = None
+        self._engine: Any
+        if num_workers == 0:
+            self._engine = _InProcess(self._maker)
+        else:
+            from jaxloader.workers.pool import WorkerPool
+
+            self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,  # type: ignore[arg-type]
+                                      start_method=start_method, worker_init_fn=worker_init_fn,
+                                      stall_warning_s=stall_warning_s, timeout_s=timeout_s)
+
+    # -- placement and position -------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self._maker.batch_size
+
+    @property
+    def process_index(self) -> int:
+        return self._maker.process_index
+
+    @property
+    def process_count(self) -> int:
+        return self._maker.process_count
+
+    @property
+    def num_workers(self) -> int:
+        return self._options.num_workers
+
+    @property
+    def num_epochs(self) -> int | None:
+        """Epochs per ``iter(loader)``; ``None``: endless."""
+        return self._options.num_epochs
+
+    def _states_at(self, step: int) -> list[dict]:
+        """Each reader's state once the batches before ``step`` are handed out (copies)."""
+        return [copy.deepcopy(s) for s in self._fold(step)]
+
+    def _fold(self, step: int) -> list[dict]:
+        """The readers' states as of ``step``, the reports before it filed in (not copies:
+        read them only)."""
+        for s in range(self._base_step, step):
+            report = self._reports.get(s)
+            if report is not None:  # filed before it is taken out: a Ctrl-C between the two
+                self._base[s % self._readers] = report  # files it again, never loses it
+                self._reports.pop(s, None)
+        self._base_step = max(self._base_step, step)
+        return self._base
+
+    # -- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> LoaderIterator:
+        self._progress.check()
+        self._invalidate()
+        if self.num_epochs is not None:
+            self._until = self._pass_of(self._states_at(self._progress.step))
+        put = self._putter
+        self._active = LoaderIterator(self._progress, self._progress.step, None, _Runs(self), put,
+                                      self._options.device_prefetch,
+                                      single_device=put is not None and put.single_device,
+                                      ends_before=None if self._until is None else self._ends)
+        return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
+
+    def _ends(self, step: int) -> bool:
+        """Whether the pass ends before ``step``: every reader of every process has handed
+        out its last record (asked on the consumer's thread, where a collective is safe;
+        each process asks at every step of a pass, so they ask alike)."""
+        assert self._until is not None
+        done = all(passes.done(self._fold(step), self._until))
+        if self.process_count == 1:
+            return done
+        from jax.experimental import multihost_utils
+
+        return bool(np.all(multihost_utils.process_allgather(np.array(done))))
+
+    def _pass_of(self, states: list[dict]) -> list[int]:
+        """The pass the position is in (each reader's end): the one under way (from the run,
+        or the state restored) until every reader is done in it, then the next."""
+        assert self.num_epochs is not None
+        ends = self._until
+        if ends is None or all(passes.done(states, ends)):
+            ends = passes.ends(states, self.num_epochs)
+        return ends
+
+    def peek(self) -> Any:
+        """The batch the next ``next()`` gives, made in this process; the position stays."""
+        self._progress.check()
+        step = self._progress.step
+        maker = copy.deepcopy(self._maker)  # its own shards: the running reader's stay put
+        states = self._states_at(step)
+        if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
+            states = passes.told(states, self._pass_of(states))
+        try:
+            maker.reset(states[step % self._readers])
+            batch, _ = maker.make(step)
+        finally:
+            maker.close()  # the copy's shards
+        return batch if self._putter is None else self._putter(batch)
+
+    def _release(self, idle: bool) -> None:
+        """Closes the shards this process's readers have open (``num_workers=0``), unless a
+        device-put thread still makes a batch from them (they close when the loader goes)."""
+        if idle:
+            self._maker.close()
+
+    # -- state ------------------------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        return {"kind": "stream", "seed": self._maker.seed, "batch_size": self.batch_size,
+                "process_count": self.process_count, "readers_per_process": self._readers,
+                "stream": self._stream.describe()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position: the step and each of its readers' state; JSON-ready."""
+        step = self._progress.step
+        extra = self._stream.extra_state()  # a mixture's weights
+        return {"version": STREAM_STATE_VERSION, "step": step, "process_index":
+                self.process_index, **self._config(), **extra, "readers": self._states_at(step),
+                **passes.saved(self._until, self.num_epochs)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from ``state``; live iterators of this loader stop being valid."""
+        if not isinstance(state, dict) or state.get("kind") != "stream":
+            raise StateDictError(
+                f"state: expected a StreamLoader's state_dict() (kind 'stream'), got "
+                f"{state.get('kind') if isinstance(state, dict) else type(state).__name__!r}; "
+                "a DataLoader's state restores into a DataLoader"
+            )
+        if state.get("version") != STREAM_STATE_VERSION:
+            raise StateDictError(f"state['version']: expected {STREAM_STATE_VERSION}, received "
+                                 f"{state.get('version')!r}")
+        ours = self._config()
+        diffs = [f"{k}: expected {v!r}, received {state.get(k)!r}" for k, v in ours.items()
+                 if state.get(k) != v]
+        if state.get("process_index") != self.process_index:
+            diffs.append(f"process_index: expected {self.process_index}, received "
+                         f"{state.get('process_index')!r}")
+        if diffs:
+            raise StateDictError(
+                "state does not fit this stream loader (" + "; ".join(diffs) + "); a stream's "
+                "order depends on the seed, the batch size and the number of readers "
+                "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
+                "restore with the same ones (pass readers_per_process= to change num_workers)"
+            )
+        refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", *ours,
+                               *self._stream.extra_state()}, "StreamLoader")
+        # a record's random numbers are keyed by its place in the stream, in 64 bits
+        last = MASK64 // (self.process_count * self.batch_size)
+        check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
+                  remedy="pass the dict that state_dict() returned, unchanged")
+        self._stream.check_extra_state(state, state["step"])
+        readers = state.get("readers")
+        first = self.process_index * self._readers
+        if (not isinstance(readers, list) or len(readers) != self._readers or any(
+                not isinstance(r, dict) or r.get("reader") != first + i
+                for i, r in enumerate(readers))):
+            raise StateDictError(
+                f"state['readers']: expected the states of readers {first}.."
+                f"{first + self._readers - 1}, received {readers!r:.200}"
+            )
+        until = passes.restored(state, self.num_epochs)  # (checked before anything changes)
+        opened = readers  # each opened in its pass (where a mixture reads its next record)
+        if self.num_epochs is not None and all(type(r.get("epoch")) is int for r in readers):
+            opened = passes.told(readers, until or passes.ends(readers, self.num_epochs))
+        probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
+        for i, r in enumerate(opened):
+            probe.reader_for(i).reset(copy.deepcopy(r))
+        step, base = state["step"], copy.deepcopy(readers)
+        self._invalidate()
+        # The pass the state was in (None: its readers' states say), the step, and the readers'
+        # states as of it, set in one statement with no call inside: a Ctrl-C lands before or
+        # after, never between (a step with another step's readers would give wrong batches,
+        # silently). A stale run's device-put thread files into the dict it was given.
+        self._until, self._progress.step, self._base, self._base_step, self._reports = (
+            until, step, base, step, {})
+
+class _Runs:
+    """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state
+    of what was handed out, and files the reports of the batches it hands out."""
+
+    def __init__(self, loader: StreamLoader) -> None:
+        self._loader = loader
+
+    @property
+    def pids(self) -> list[int]:
+        return self._loader.worker_pids
+
+    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+        loader = self._loader
+        states = loader._states_at(start)
+        if loader._until is not None:
+            states = passes.told(states, loader._until)
+        hosts = max(1, loader.num_workers)  # host w: readers w, w + W, ... (W divides K)
+        resets: list = [states[w::hosts] for w in range(hosts)]
+        # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
+        # thread may still be filing one; it would file the same state, runs being pure).
+        for step in [s for s in list(loader._reports) if s >= start]:
+            loader._reports.pop(step, None)
+        return loader._engine.batches(start, stop, resets, loader._reports)
+
+    def close(self) -> None:
+        self._loader._engine.close()
+
+
+class _InProcess:
+    """Makes a stream's batches in the calling thread (one reader)."""
+
+    def __init__(self, maker: StreamBatchMaker) -> None:
+        self._maker = maker
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def batches(self, start: int, stop: int | None, resets: list,
+                reports: dict) -> Generator[Any, None, None]:
+        self._maker.reset(resets[0])
+        step = start
+        while stop is None or step < stop:
+            batch, _ = self._maker.make(step)
+            reports[step] = self._maker.report()
+            yield batch
+            step += 1
+
+    def close(self) -> None:
+        """Nothing: the files its readers have open are the loader's to close, once no thread
+        reads them (``StreamLoader._release``)."""

@@ -1,0 +1,241 @@
+"""Shared-memory segments: the main process owns them, workers only map them.
+
+Two kinds, one interface (``Segment`` on the owner's side, ``attach(name, size)`` on a worker's):
+
+- **Memory files** (Linux, the default there): ``os.memfd_create``. Nothing appears in
+  ``/dev/shm``, so the size of that mount (64 MB in a default container) does not limit them, and
+  the kernel frees a file when the last process holding it (open or mapped) is gone: a killed
+  owner leaks nothing, with no tracker to trust. The owner keeps the file open; a worker opens
+  it through ``/proc/<owner pid>/fd/<fd>`` and checks its inode, so a reused descriptor number can
+  never map the wrong file. The name is ``memfd:<owner pid>:<fd>:<inode>``.
+- **POSIX shared memory** (elsewhere): ``jaxloader_<owner pid>_<random>`` in ``/dev/shm``,
+  registered with Python's resource tracker while it exists so that a killed owner's segments
+  are unlinked. ``attach`` maps it without registering it (on Python 3.11 a tracker would unlink
+  the owner's segment when the worker exits). Workers never unlink.
+
+Either way the pages are reserved when the segment is made (``posix_fallocate``): memory that
+runs out is a ``SharedMemoryError`` there, naming the bytes asked for and what was free, never a
+SIGBUS in the middle of a copy (what writing past a full ``/dev/shm`` does).
+
+Example:
+    >>> seg = Segment.create(4096)
+    >>> view = attach(seg.name, seg.size)
+    >>> view[0] = 7; seg.buf[0]
+    7
+    >>> view.close(); seg.destroy()
+    True
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import secrets
+from multiprocessing import resource_tracker
+
+import _posixshmem  # CPython's binding of shm_open/shm_unlink (what shared_memory uses)
+import numpy as np
+
+from jaxloader.base.errors import JaxloaderError, SharedMemoryError
+
+PREFIX = "jaxloader"
+_PAGE = mmap.PAGESIZE
+_MEMFD = "memfd"
+# Memory files need memfd_create and a /proc to hand them over by.
+MEMFD_AVAILABLE = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+class Segment:
+    """An owned segment: ``buf`` is its memoryview; ``destroy()`` releases it.
+
+    ``close()`` never raises: a mapping that NumPy views still read is unmapped when the last
+    view dies (the views keep the ``mmap`` object alive; its deallocation unmaps it).
+    """
+
+    def __init__(self, name: str, mapping: mmap.mmap, size: int, fd: int = -1) -> None:
+        self.name = name
+        self.size = size
+        self._mmap: mmap.mmap | None = mapping
+        self.buf: memoryview | None = memoryview(mapping)
+        self._fd = fd  # a memory file's descriptor, held while workers may still open it
+        self._linked = True
+
+    @classmethod
+    def create(cls, size: int, prefault: bool = True,
+               registry: dict[str, "Segment"] | None = None,
+               memfd: bool | None = None) -> "Segment":
+        """A new segment of at least ``size`` bytes (rounded up to whole pages), its pages
+        reserved; a memory file unless ``memfd=False`` or the platform has none.
+
+        It enters ``registry`` (name -> segment) as soon as it exists, so a create cut short by
+        a Ctrl-C either releases the segment or leaves it where its owner's ``close()`` finds it
+        (``jaxloader.base.interrupts``, 3).
+        """
+        size = max(_PAGE, -(-size // _PAGE) * _PAGE)
+        use_memfd = MEMFD_AVAILABLE if memfd is None else memfd
+        segment = (cls._create_memfd if use_memfd else cls._create_posix)(size, registry)
+        if prefault:  # first touch of a fresh page costs far more than a warm write: pay it now
+            np.frombuffer(segment.memory, np.uint8).fill(0)
+        return segment
+
+    @classmethod
+    def _create_memfd(cls, size: int, registry: dict | None) -> "Segment":
+        token = f"{PREFIX}_{secrets.token_hex(6)}"
+        fd, name = -1, ""
+        try:
+            fd = os.memfd_create(token, os.MFD_CLOEXEC)
+            reserve(fd, size, "memory")
+            name = f"{_MEMFD}:{os.getpid()}:{fd}:{os.fstat(fd).st_ino}"
+            segment = cls(name, mmap.mmap(fd, size), size, fd)
+            if registry is not None:
+                registry[name] = segment
+        except BaseException:
+            # By token: a Ctrl-C right after memfd_create returns loses the number, not the file.
+            for leftover in [fd] if fd >= 0 else _descriptors_of(token):
+                os.close(leftover)
+            if registry is not None:
+                registry.pop(name, None)
+            raise
+        return segment
+
+    @classmethod
+    def _create_posix(cls, size: int, registry: dict | None) -> "Segment":
+        name = f"{PREFIX}_{os.getpid()}_{secrets.token_hex(6)}"
+        fd = -1
+        try:
+            fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+            reserve(fd, size, "/dev/shm")
+            segment = cls(name, mmap.mmap(fd, size), size)
+            if registry is not None:
+                registry[name] = segment
+            resource_tracker.register("/" + name, "shared_memory")
+        except BaseException:
+            try:  # by name: a Ctrl-C right after shm_open returns loses the fd, not the name
+                _posixshmem.shm_unlink("/" + name)
+            except FileNotFoundError:
+                pass
+            if registry is not None:
+                registry.pop(name, None)
+            raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return segment
+
+    @property
+    def memory(self) -> memoryview:
+        """``buf`` of a segment that is still mapped here."""
+        if self.buf is None:
+            raise JaxloaderError(f"shared memory {self.name}: used after close()")
+        return self.buf
+
+    def unlink(self) -> None:
+        """Makes the segment unreachable for new workers (mappings stay valid). Idempotent."""
+        if not self._linked:
+            return
+        self._linked = False
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)  # the kernel frees the memory once no mapping is left either
+            return
+        try:
+            _posixshmem.shm_unlink("/" + self.name)
+        except FileNotFoundError:
+            pass
+        resource_tracker.unregister("/" + self.name, "shared_memory")
+
+    def close(self) -> bool:
+        """Drops this mapping; True if unmapped now, False if views still read it."""
+        buf, mapping = self.buf, self._mmap
+        self.buf = self._mmap = None
+        if mapping is None or buf is None:
+            return True
+        try:
+            buf.release()
+            mapping.close()
+        except BufferError:
+            return False
+        return True
+
+    def destroy(self) -> bool:
+        self.unlink()
+        return self.close()
+
+
+def _descriptors_of(token: str) -> list[int]:
+    """This process's descriptors of the memory file named ``token``."""
+    found = []
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{entry}").startswith(f"/memfd:{token} "):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def reserve(fd: int, size: int, where: str) -> None:
+    """Sizes the file and reserves its pages, or raises ``SharedMemoryError``."""
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise
+        raise SharedMemoryError(
+            f"shared memory: could not reserve {size:,} bytes in {where} ({e.strerror}); "
+            f"{_free(where)}. Use smaller batches, fewer workers or prefetch, or free memory"
+            + ("; in a container, give it a larger /dev/shm (docker run --shm-size=2g)"
+               if where == "/dev/shm" else "") + "."
+        ) from None
+
+
+def _free(where: str) -> str:
+    """What was free, for the error message."""
+    try:
+        if where == "/dev/shm":
+            st = os.statvfs("/dev/shm")
+            return f"{st.f_bavail * st.f_frsize:,} bytes were free in /dev/shm"
+        with open("/proc/meminfo") as f:
+            available = next(line for line in f if line.startswith("MemAvailable:"))
+        return f"{int(available.split()[1]) * 1024:,} bytes of memory were available"
+    except (OSError, StopIteration, ValueError):
+        return "how much was free is unknown"
+
+
+def open_memory_file(pid: int, fd_number: int, inode: int, flags: int) -> int | None:
+    """A descriptor of the memory file that process ``pid`` holds as ``fd_number``, opened with
+    ``flags`` through ``/proc``; ``None`` if that number now names another file (not ``inode``).
+    Raises ``OSError`` if the process or its descriptor is gone."""
+    fd = os.open(f"/proc/{pid}/fd/{fd_number}", flags | os.O_CLOEXEC)
+    if os.fstat(fd).st_ino != inode:
+        os.close(fd)
+        return None
+    return fd
+
+
+def memory_file_name(name: str) -> tuple[int, int, int]:
+    """``(pid, fd_number, inode)`` of a memory file's ``memfd:<pid>:<fd>:<inode>`` name."""
+    _, pid, fd_number, inode = name.split(":")
+    return int(pid), int(fd_number), int(inode)
+
+
+def attach(name: str, size: int) -> mmap.mmap:
+    """Maps the owner's segment ``name`` read-write without registering it anywhere."""
+    if name.startswith(_MEMFD + ":"):
+        fd = open_memory_file(*memory_file_name(name), os.O_RDWR)
+        if fd is None:
+            raise JaxloaderError(
+                f"shared memory {name}: the owner's descriptor now names another file; the "
+                "segment was released before this worker mapped it"
+            )
+        try:
+            return mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)

@@ -1,0 +1,37 @@
+"""Which worker this process is, for the code it runs: ``get_worker_info()``.
+
+A worker sets it once, before it loads its payload; the main process has none. Sources read it
+to know they run in a worker (a ``ParquetSource`` shares decoded row groups between workers),
+as PyTorch's ``get_worker_info()`` tells a dataset.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class WorkerInfo(NamedTuple):
+    """What ``get_worker_info()`` returns inside a worker."""
+
+    id: int
+    num_workers: int
+    seed: int
+
+
+_INFO: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """``WorkerInfo(id, num_workers, seed)`` inside a worker process, ``None`` elsewhere.
+
+    Example:
+        >>> get_worker_info() is None  # in the main process
+        True
+    """
+    return _INFO
+
+
+def set_info(info: WorkerInfo) -> None:
+    """This process is worker ``info.id`` (called once, by the worker as it starts)."""
+    global _INFO
+    _INFO = info

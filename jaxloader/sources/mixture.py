@@ -1,0 +1,55 @@
+"""``Mixture``: sources mixed by weight, one index space (a ``ConcatSource`` of the components)
+read in the order ``batching.mixture_sampler`` lays out from the weights' plan
+(``plans.mixture``). ``jl.mix`` makes one.
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.sources import ArraySource
+    >>> m = Mixture([ArraySource({"x": np.zeros(3)}), ArraySource({"x": np.ones(2)})],
+    ...             {0: np.array([0.5, 0.5])})
+    >>> len(m), len(m.sources)
+    (5, 2)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxloader.base.errors import ConfigError
+from jaxloader.sources.concat import ConcatSource
+
+
+class Mixture(ConcatSource):
+    """The components as one source, and the weights (from step 0, and from later steps)."""
+
+    def __init__(self, sources: Sequence[Any], schedule: dict[int, np.ndarray]) -> None:
+        super().__init__(sources)
+        self.schedule = schedule  # step -> normalised weights, from step 0
+
+    def __repr__(self) -> str:
+        weights = ", ".join(f"{w:.3g}" for w in self.schedule[0])
+        return (f"Mixture({len(self)} records in {len(self.sources)} sources, weights "
+                f"[{weights}]{' and later' if len(self.schedule) > 1 else ''})")
+
+    @property
+    def fingerprint(self) -> str:
+        """The components' fingerprints; the weights are checked apart (``check_schedule``)."""
+        from jaxloader.sources.fingerprint import source_fingerprint
+
+        digest = hashlib.blake2b(digest_size=16)
+        for source in self.sources:
+            digest.update(repr(sorted(source_fingerprint(source).items())).encode())
+        return f"mixture:{len(self.sources)}:{digest.hexdigest()}"
+
+
+def refuse_mixture(source: Any, what: str) -> None:
+    """Raises when ``source`` is a ``jl.mix`` of sources: ``what`` (a wrapper that reads its
+    source by index) would read it as its components one after another, weights unused."""
+    if isinstance(source, Mixture):
+        raise ConfigError(
+            f"{what}(source): got a mixture (jl.mix), which it would read as its components "
+            f"one after another, the weights unused; wrap each component and mix those: "
+            f"jl.mix([{what}(a, ...), {what}(b, ...)], weights)")

@@ -1,0 +1,212 @@
+"""A Parquet source's footers, read once where the source is made, and what a loader asks of
+them: the schema every file must share, the columns to read, each row group's rows and decoded
+size; whether an order's row groups fit the cache (``check_order``); a list column's lengths
+without its values (``lengths``).
+
+Example:
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> path = tempfile.mkdtemp() + "/a.parquet"
+    >>> pq.write_table(pa.table({"id": [1, 2, 3]}), path, row_group_size=2)
+    >>> footers = read([path], None)
+    >>> footers.columns, footers.rows
+    (['id'], [2, 1])
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from jaxloader.base.errors import ConfigError, PerformanceWarning
+from jaxloader.order.local_shuffle import LocalShuffle
+from jaxloader.sources.parquet_files import open_error, open_parquet
+
+
+class Footers(NamedTuple):
+    """What the files' footers say, in reading order."""
+
+    columns: list[str]
+    groups: list[tuple[int, int]]  # (file, row group in it), a row group each
+    rows: list[int]
+    group_bytes: np.ndarray  # each row group's decoded size of the columns read
+    schema_text: str
+
+
+def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
+    """The footers of ``paths``; an error naming the file and the fields where a file's schema
+    differs from the first file's, or a column the files lack."""
+    pyarrow_parquet()  # (an error that says to install it, before any file is read)
+    metas = [metadata(path) for path in paths]
+    schema = metas[0].schema.to_arrow_schema()
+    available = list(schema.names)
+    if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
+        columns = [columns]
+    chosen = list(columns) if columns is not None else [
+        c for c in available if c not in _pandas_row_labels(schema)]
+    missing = [c for c in chosen if c not in available]
+    if missing:
+        raise ConfigError(
+            f"ParquetSource(columns): {missing} not in {paths[0]!r}, whose columns are "
+            f"{available}; pass columns= some of them"
+        )
+    wanted = [schema.field(c) for c in chosen]
+    for path, meta in zip(paths[1:], metas[1:]):
+        other = meta.schema.to_arrow_schema()
+        differ = [f"{f.name}: {f.type} in {paths[0]!r}, "
+                  f"{other.field(f.name).type if f.name in other.names else 'missing'} here"
+                  for f in wanted if f.name not in other.names
+                  or not other.field(f.name).type.equals(f.type)]
+        if differ:
+            raise ConfigError(
+                f"ParquetSource: file {path!r} has another schema than the first file: "
+                + "; ".join(differ) + "; read the files in separate sources (and "
+                "ConcatSource them after a Map that makes them alike), or pass columns= "
+                "those they share"
+            )
+    groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
+    return Footers(chosen, groups, [metas[f].row_group(g).num_rows for f, g in groups],
+                   np.array([_decoded_bytes(metas[f].row_group(g), chosen) for f, g in groups],
+                            dtype=np.int64), str(schema))
+
+
+def check_order(source: Any, shuffle: Any) -> None:
+    """``ParquetSource.check_order``: a ``PerformanceWarning`` when ``shuffle`` reads from more
+    row groups at once than ``source.cache_bytes`` holds decoded (the footers' sizes), with the
+    ``cache_bytes`` it needs (the slowdowns measured are in docs/benchmarks.md).
+
+    Example:
+        >>> import tempfile, warnings, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
+        >>> path = tempfile.mkdtemp() + "/rows.parquet"
+        >>> pq.write_table(pa.table({"x": np.arange(10_000.0)}), path, row_group_size=1_000)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     jl.ParquetSource(path, cache_bytes=16 << 10).check_order(True)
+        >>> caught[0].category.__name__
+        'PerformanceWarning'
+    """
+    sizes = source._group_bytes
+    if isinstance(shuffle, LocalShuffle):  # a window of blocks, each in 1 row group or
+        blocks = shuffle.block_starts(source, len(source))  # more (blocks of records)
+        first = source._starts.searchsorted(blocks[:-1], side="right")
+        spans = np.sort(source._starts.searchsorted(blocks[1:] - 1, side="right") - first + 1)
+        count = min(len(sizes), int(spans[max(0, len(spans) - shuffle.window):].sum()))
+        what = f"{shuffle!r} reads up to {count} row group(s) at a time"
+        remedy = "or a smaller window"
+    elif shuffle:
+        count = len(sizes)
+        what = f"a full shuffle (shuffle=True) reads from all {count} row groups at once"
+        remedy = ("or shuffle=jl.LocalShuffle(window=8), which reads 8 row groups at a time "
+                  "(docs/benchmarks.md)")
+    else:
+        return
+    held = int(np.sort(sizes)[len(sizes) - count:].sum())
+    if held > source.cache_bytes:
+        warnings.warn(
+            f"ParquetSource(cache_bytes={source.cache_bytes:,}): {what}, up to {held:,} bytes "
+            f"decoded (the footers' sizes), more than the cache holds: each batch decodes "
+            f"its row groups again, tens to hundreds of times slower; pass cache_bytes= at "
+            f"least {held:,} (each worker holds that much) {remedy}",
+            PerformanceWarning, stacklevel=4)  # (the DataLoader(...) that asks)
+
+
+def lengths(source: Any, key: str) -> np.ndarray:
+    """``ParquetSource.lengths``: every row's length of the list column ``key``, from its
+    offsets alone.
+
+    Example:
+        >>> import tempfile, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
+        >>> path = tempfile.mkdtemp() + "/tokens.parquet"
+        >>> pq.write_table(pa.table({"tokens": [[5, 8, 13], [1], [2, 3]]}), path)
+        >>> jl.ParquetSource(path).lengths("tokens").tolist()
+        [3, 1, 2]
+    """
+    import pyarrow as pa
+
+    schema = metadata(source.paths[0]).schema.to_arrow_schema()
+    kind = schema.field(key).type if key in source.columns else None
+    if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                            or pa.types.is_fixed_size_list(kind)) or not (
+            pa.types.is_integer(kind.value_type)):
+        raise ConfigError(
+            f"ParquetSource.lengths({key!r}): expected a column of lists of integers (token "
+            f"ids) among {source.columns}, got {kind if kind is not None else 'no such column'}"
+            "; tokenize into such a column, or pass lengths= to PackedSource"
+        )
+    out = []
+    for group in range(len(source._groups)):
+        file_number, in_file = source._groups[group]
+        array = source._files.read(file_number, in_file, [key]).column(0).combine_chunks()
+        if array.null_count:
+            raise ValueError(
+                f"ParquetSource: column {key!r} of {source.paths[file_number]!r} has "
+                f"{array.null_count} null value(s); fill them when writing the file")
+        if pa.types.is_fixed_size_list(kind):
+            out.append(np.full(len(array), kind.list_size, np.int64))
+        else:
+            out.append(np.diff(np.asarray(array.offsets)).astype(np.int64))
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def pyarrow_parquet() -> Any:
+    """``pyarrow.parquet``, or an error that says how to install it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ConfigError(
+            "ParquetSource needs pyarrow, which is not installed: pip install "
+            "\"jaxloader[parquet]\" (or pip install pyarrow)"
+        ) from e
+    return pq
+
+
+def metadata(path: str) -> Any:
+    """The footer of the Parquet file at ``path``; an error naming it if it is none."""
+    import pyarrow as pa
+
+    pattern = path.rstrip("/") + "/*.parquet"  # what to pass for a remote folder
+    try:
+        handle = open_parquet(path)
+        try:
+            return handle.metadata
+        finally:
+            handle.close(force=True)
+    except PermissionError as e:
+        raise open_error(path, e) from None
+    except FileNotFoundError:  # (a bucket's store may say so of a folder)
+        folder = (f"; if it is a remote folder, pass a pattern: {pattern!r}"
+                  if "://" in path and not path.endswith(".parquet") else "")
+        raise ConfigError(
+            f"ParquetSource: file {path!r} does not exist; check the path{folder}") from None
+    except IsADirectoryError:  # a remote folder (local ones are listed by paths.expand)
+        raise ConfigError(
+            f"ParquetSource: {path!r} is a folder; remote folders are not listed: pass a "
+            f"pattern, {pattern!r}, or the files' paths"
+        ) from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ConfigError(
+            f"ParquetSource: file {path!r} is not a Parquet file ({e}); pass Parquet files "
+            "only (FileListSource reads other files as bytes)"
+        ) from None
+
+
+def _pandas_row_labels(schema: Any) -> set[str]:
+    """The columns in which pandas stored a DataFrame's unnamed row labels
+    (``__index_level_0__``, written by ``df.to_parquet()`` for any index but a range): not
+    data, so ``columns=None`` leaves them out (name one in ``columns=`` to read it). A named
+    index (``df.set_index("id")``) is the user's data and stays."""
+    try:
+        labels = (schema.pandas_metadata or {}).get("index_columns", [])
+    except (ValueError, TypeError):  # metadata that is not pandas' JSON
+        return set()
+    return {c for c in labels if isinstance(c, str) and re.fullmatch(r"__index_level_\d+__", c)}
+
+
+def _decoded_bytes(row_group: Any, columns: list[str]) -> int:
+    """The decoded size of ``columns`` of a row group (its footer's uncompressed sizes)."""
+    prefixes = tuple(f"{name}." for name in columns)
+    chunks = (row_group.column(i) for i in range(row_group.num_columns))
+    return sum(chunk.total_uncompressed_size for chunk in chunks
+               if chunk.path_in_schema in columns or chunk.path_in_schema.startswith(prefixes))

@@ -1,0 +1,137 @@
+"""What the pool says when a worker raises, dies, stalls or cannot be sent its work.
+
+A wait for a batch is watched (``StallWatch``): past ``stall_warning_s`` it is logged, with
+what each worker is doing (``stall_report``), again every ``stall_warning_s``; past
+``timeout_s`` it is a ``StallError``. Every message names the worker, its pid, what it was doing (the step and record positions, from
+its status row: ``status.py``) and what to do; a raise carries the worker's traceback and, when
+it pickles, the exception itself as the cause.
+
+Example:
+    >>> from jaxloader.workers.protocol import Failed
+    >>> error, _ = raised(1, 4242, Failed(3, 25, "ValueError: bad", "Traceback ...", None),
+    ...                   lambda step: f"step {step}")
+    >>> str(error).splitlines()[0]
+    'worker 1 (pid 4242) raised at step 25: ValueError: bad'
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from typing import Any, Callable
+
+from jaxloader.base.errors import StallError, WorkerError
+from jaxloader.runtime.shm import Segment
+from jaxloader.workers import payload
+from jaxloader.workers.protocol import Failed
+from jaxloader.workers.status import StatusBoard
+
+
+def raised(worker: int, pid: int, failed: Failed,
+           where: Callable[[int], str]) -> tuple[WorkerError, BaseException | None]:
+    """The error for worker ``worker``'s failure report, and its cause (``where(step)`` names
+    a step)."""
+    doing = "while starting (loading the payload or running worker_init_fn)"
+    if failed.step is not None:
+        doing = f"at {where(failed.step)}"
+    cause = None
+    if failed.pickled is not None:
+        try:
+            cause = pickle.loads(failed.pickled)
+        except Exception:  # noqa: BLE001 - the text below still says what happened
+            cause = None
+    return WorkerError(
+        f"worker {worker} (pid {pid}) raised {doing}: {failed.summary}\n"
+        f"--- traceback in the worker ---\n{failed.traceback.rstrip()}\n"
+        "--- the loader is broken; fix the cause and create a new DataLoader ---"
+    ), cause
+
+
+def died(worker: int, pid: int, code: int | None, board: StatusBoard,
+         where: Callable[[int], str]) -> WorkerError:
+    """The error for worker ``worker``, gone with exit code ``code`` (negative: a signal),
+    named with the step its status row says it started."""
+    step = board.making(worker)
+    how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
+    if code is not None and code < 0 and -code == 9:
+        how += " (SIGKILL: often the out-of-memory killer)"
+    doing = f"while making {where(step)}" if step is not None else (
+        "while starting" if board.starting(worker) else "while idle")
+    return WorkerError(
+        f"worker {worker} (pid {pid}) died {doing}: {how}; the loader is broken; check "
+        "memory use and native code in transforms, then create a new DataLoader")
+
+
+_LOG = logging.getLogger("jaxloader")
+
+
+class StallWatch:
+    """The consumer's wait for one step: when to say it is late, and when it is an error."""
+
+    def __init__(self, warn_s: float | None, timeout_s: float | None) -> None:
+        self.warn_s, self.timeout_s = warn_s, timeout_s
+        self.watching = warn_s is not None or timeout_s is not None
+        self._awaited: int | None = None
+        self._since = 0.0
+        self._warned = 0  # reports given for this step
+
+    def begin(self, awaited: int | None) -> None:
+        """Waiting for step ``awaited`` (the same as before: the clock runs on)."""
+        if awaited is None or awaited != self._awaited:
+            self._awaited, self._since, self._warned = awaited, time.monotonic(), 0
+
+    def left(self) -> float:
+        """Seconds until the next report or the error (0 when overdue)."""
+        due = [t for t in (None if self.warn_s is None else self.warn_s * (self._warned + 1),
+                           self.timeout_s) if t is not None]
+        return max(0.0, min(due) - (time.monotonic() - self._since))
+
+    def due(self, report: Callable[[], str]) -> StallError | None:
+        """The ``StallError`` if the wait is past ``timeout_s``; else logs ``report()`` if a
+        report is due, and ``None``."""
+        waited = time.monotonic() - self._since
+        if self.timeout_s is not None and waited >= self.timeout_s:
+            return StallError(
+                f"no batch for {waited:,.1f} s, past timeout_s={self.timeout_s:g}: "
+                + report() + "\n--- the loader is broken; fix what holds the worker, or raise "
+                "timeout_s, then create a new loader ---")
+        if self.warn_s is not None and waited >= self.warn_s * (self._warned + 1):
+            _LOG.warning(
+                "jaxloader: no batch for %.1f s: %s\nThe loader keeps waiting (timeout_s= makes "
+                "a wait this long an error; stall_warning_s= sets when this is said)",
+                waited, report())
+            # the next a stall_warning_s after this one was made (a report takes time)
+            self._warned = int((time.monotonic() - self._since) // self.warn_s) + 1
+        return None
+
+
+def stall_report(awaited: int, task: range | None, pids: list[int], board: StatusBoard,
+                 where: Callable[[int], str]) -> str:
+    """What the consumer awaits (step ``awaited``, in a task of steps ``task``) and what each
+    worker is doing, with their stacks."""
+    sent = "" if task is None or len(task) == 1 else (
+        f" (in its task of steps {task[0]}, {task[1]}, ..., {task[-1]}, reported once all are "
+        "made)")
+    return "\n".join([f"{where(awaited)} is awaited, from worker {awaited % len(pids)}{sent}. "
+                      "The workers:", *board.report(pids, where)])
+
+
+def unpicklable(e: Exception, maker: Any, init_fn: Any) -> WorkerError:
+    """The error for a payload that cannot be sent: which part of it, found by sending each."""
+    suspects = [("source", maker.source), ("worker_init_fn", init_fn)]
+    suspects += [(f"transforms {t!r}", t) for t in maker.record_transforms + maker.batch_transforms]
+    for name, obj in suspects:
+        shared: list[Segment] = []
+        try:
+            payload.dumps(obj, shared.append)
+        except Exception as inner:  # noqa: BLE001
+            return WorkerError(
+                f"cannot send the {name} ({obj!r:.80}) to worker processes: "
+                f"{type(inner).__name__}: {inner}; make it picklable by cloudpickle (no open "
+                "files, locks or sockets; open them lazily in the worker), or use num_workers=0"
+            )
+        finally:
+            for segment in shared:  # only a probe: nothing will read these
+                segment.destroy()
+    return WorkerError(f"cannot send the loader to worker processes: {type(e).__name__}: {e}")
