@@ -32,7 +32,8 @@ def live_children() -> list[tuple[int, str]]:
 def _segments() -> set[str]:
     """jaxloader's POSIX segments in /dev/shm, and the memory files this process holds open."""
     try:
-        found = {n for n in os.listdir("/dev/shm") if "jaxloader" in n}
+        # this process's (its pid in the name: test processes may run side by side)
+        found = {n for n in os.listdir("/dev/shm") if n.startswith(f"jaxloader_{os.getpid()}_")}
     except FileNotFoundError:
         found = set()
     for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():

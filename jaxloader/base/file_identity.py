@@ -38,15 +38,17 @@ def open_binary(path: str) -> Any:
     return open(path, "rb")
 
 
-def ends(raw: Any, size: int | None = None) -> dict[str, int]:
+def ends(raw: Any, size: int | None = None, skip: int = 0) -> dict[str, int]:
     """``{"size", "head", "tail"}`` of the file ``raw`` (binary, seekable; left at its start):
     its size, and CRC-32s of its first and of its last KiB (of its first ``size`` bytes, if
-    given: the file as it was before records were appended)."""
+    given: the file as it was before records were appended); the tail never reaches into its
+    first ``skip`` bytes (a compressed file's header, where gzip writes a time)."""
     end = raw.seek(0, os.SEEK_END) if size is None else size
     raw.seek(0)
     head = raw.read(min(end, ENDS_BYTES))
-    raw.seek(max(0, end - ENDS_BYTES))
-    tail = raw.read(min(end, ENDS_BYTES))
+    start = min(end, max(skip, end - ENDS_BYTES))
+    raw.seek(start)
+    tail = raw.read(end - start)
     raw.seek(0)
     return {"size": end, "head": zlib.crc32(head), "tail": zlib.crc32(tail)}
 

@@ -26,13 +26,18 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from jaxloader.base import file_identity
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
-from jaxloader.streams.compressed import decompressed
+from jaxloader.streams.compressed import compression, decompressed
+
+# a compressed file's first bytes, left out of its identity's tail: gzip's header holds the
+# time it compressed (bytes 4 to 8), and a small file's last KiB would reach into it
+_HEADER_BYTES = 16
 
 
 @runtime_checkable
@@ -243,16 +248,21 @@ class IterableShard:
 def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
     """``shard.path`` opened for reading the bytes it holds (decompressed if it is gzip,
     bzip2, xz or Zstandard: ``jaxloader.streams.compressed``), with the file's identity as
-    opened (``file_identity.ends``) and whether the reader is the file itself (local, not
-    compressed); an error naming the shard if it cannot be opened."""
+    opened (``file_identity.ends``; of a compressed file, the head is its first KiB once
+    decompressed: gzip writes the time it compressed into its first bytes, so the same records
+    compressed again would otherwise look changed) and whether the reader is the file itself
+    (local, not compressed); an error naming the shard if it cannot be opened."""
     try:
         raw = file_identity.open_binary(shard.path)  # (remote: gs://, s3://)
         try:
-            found = file_identity.ends(raw)
+            plain = compression(raw) is None
+            found = file_identity.ends(raw, skip=0 if plain else _HEADER_BYTES)
         except BaseException:
             raw.close()
             raise
         reader = decompressed(raw, shard.path)
+        if reader is not raw:
+            found["head"] = _head(reader, file_identity.ENDS_BYTES)
         return reader, found, reader is raw and "://" not in shard.path
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
@@ -273,7 +283,7 @@ def check_unchanged(shard: Any, state: dict) -> None:
         return
     if shard.append_only and "size" in then and now["size"] >= then["size"]:
         # it only grew if it starts as it did (its old end may be rewritten: a tar's marker)
-        if "head" not in then or _prefix_identity(shard, then["size"])["head"] == then["head"]:
+        if "head" not in then or _prefix_head(shard, then["size"]) == then["head"]:
             return
     changed = ([f"size {then['size']:,} bytes then, {now['size']:,} now"]
                if then.get("size", now["size"]) != now["size"] else ["the same size"])
@@ -288,10 +298,20 @@ def check_unchanged(shard: Any, state: dict) -> None:
            "shards with append_only=True (Stream.jsonl(paths, append_only=True))"))
 
 
-def _prefix_identity(shard: Any, size: int) -> dict[str, int]:
-    """The identity of the first ``size`` bytes of ``shard``'s file, as it is now."""
+def _prefix_head(shard: Any, size: int) -> int:
+    """The head of ``shard``'s identity as it was when the file had ``size`` bytes, read from
+    the file as it is now: its first KiB (a plain file's first ``size`` bytes, if fewer)."""
+    if shard._size_known is None:  # (compressed: the first KiB of what it holds, as opened)
+        return shard._identity["head"]
     with file_identity.open_binary(shard.path) as raw:
-        return file_identity.ends(raw, size)
+        return _head(raw, min(size, file_identity.ENDS_BYTES))
+
+
+def _head(reader: Any, count: int) -> int:
+    """The CRC-32 of ``reader``'s first ``count`` bytes; ``reader`` left at its start."""
+    head = zlib.crc32(reader.read(count))
+    reader.seek(0)
+    return head
 
 
 def seek(shard: Any, offset: int) -> None:

@@ -202,3 +202,24 @@ def test_a_shard_rewritten_to_the_same_size_is_refused_by_its_first_kib(tmp_path
     with pytest.raises(jl.StateDictError, match=r"same.jsonl: changed since the state was saved "
                                                 r"\(the same size; its first KiB differs\)"):
         jl.JsonlShard(path).reset(state)
+
+
+def test_a_compressed_shard_compressed_again_with_the_same_records_restores(tmp_path):
+    # gzip writes the time it compressed into its header: the same records compressed at
+    # another second are other bytes there, and the same shard
+    import gzip
+
+    text = "".join(json.dumps({"id": i}) + "\n" for i in range(200)).encode()
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(gzip.compress(text, mtime=1_000_000))
+    shard = jl.JsonlShard(path)
+    shard.reset(None)
+    for _ in range(50):
+        shard.next()
+    state = shard.get_state()
+    path.write_bytes(gzip.compress(text, mtime=2_000_000))
+    assert read_all(jl.JsonlShard(path), state)[0] == {"id": 50}
+    path.write_bytes(gzip.compress(text.replace(b'"id": 0}', b'"id": 9}'), mtime=2_000_000))
+    with pytest.raises(jl.StateDictError, match=r"a.jsonl.gz: changed since the state was "
+                                                r"saved \(the same size; its first KiB differs"):
+        jl.JsonlShard(path).reset(state)
