@@ -99,6 +99,7 @@ def _run(root, nproc: int, mode: str) -> None:
               [str(nproc), "{port}", str(root), mode])
 
 
+@pytest.mark.e2e
 def test_two_process_checkpoints_restore_into_one_and_two_processes(tmp_path):
     _run(tmp_path, 2, "save")
     expected = np.load(tmp_path / "expected.npy")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.e2e]
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 # script, its arguments, total steps, save every, kill after (at least)
 RUNS = {

@@ -27,7 +27,8 @@ from resume_harness import assert_same_batch
 # A point may be where a generator left unfinished by an earlier interrupt is closed by the
 # garbage collector: Python prints that interrupt and drops it ("Exception ignored in"), as it
 # would a real Ctrl-C there. The call then goes on, which the sweep checks like any other.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+              pytest.mark.e2e]  # (an exhaustive sweep: on one Python in CI)
 PACKAGE = os.path.dirname(jl.__file__)
 WARM, AFTER = 5, 6  # batches before the interrupted call, and checked after it
 RESTORED = 3  # the step of the state restored into a loader at step WARM

@@ -11,6 +11,7 @@ where a small protocol belongs (docs/architecture.md).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 import pytest
@@ -25,6 +26,7 @@ ALLOWED: set[tuple[str, str]] = set()  # (importer, imported): empty, and stays 
 MAX_LINES = 400
 
 
+@functools.cache
 def _modules() -> dict[str, str]:
     found = {}
     for folder, _, files in os.walk(PACKAGE):

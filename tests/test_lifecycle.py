@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import jaxloader as jl
 from workers.shm_probe import running
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.e2e]
 
 N = 45  # records; a batch of 4 leaves a partial last one of 1
 

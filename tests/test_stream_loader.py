@@ -166,6 +166,7 @@ def test_a_stream_state_with_unknown_keys_or_a_step_past_its_keys_is_refused(tmp
         assert loader.step == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("k", [1, 6])
 def test_with_readers_per_process_a_state_restores_into_other_worker_counts(tmp_path, k):
     def tokens(record):

@@ -77,6 +77,7 @@ def test_the_batches_are_the_same_with_any_worker_count():
         assert_same_stream(run(workers), reference, f"{workers} workers")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("k", [1, 9, 17, 40, 47])  # mid-pass, a reader done, the last
 def test_resume_mid_pass_and_across_passes_continues_the_same_stream(k):  # step, next pass
     # 94 records in readers of 41, 3+... : a pass is 4 x 13 = 52 steps of 1
@@ -314,6 +315,7 @@ def test_a_packed_pass_of_two_epochs_places_every_token_twice(method):
         check_packed_pass([jl_copy(b) for b in loader], method, num_epochs=2)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("method", ["concat", "best_fit"])
 @pytest.mark.parametrize("k", [5, 31, 45])  # readers done, near the end, the next pass
 def test_resume_of_a_packed_pass_into_other_worker_counts(method, k):
@@ -387,6 +389,7 @@ def passes_of_two_hosts(tmp_path, *mode):
     return [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
 
 
+@pytest.mark.e2e
 def test_two_hosts_end_each_pass_at_the_same_step(tmp_path):
     # jax.distributed on the CPU backend: host 0's readers hold 45 records, host 1's 63, and
     # each step runs a collective; without agreeing, host 0 would stop first and leave host 1
@@ -399,6 +402,7 @@ def test_two_hosts_end_each_pass_at_the_same_step(tmp_path):
         assert sorted(hosts[1][p]["ids"]) == list(range(45, 108))
 
 
+@pytest.mark.e2e
 def test_two_hosts_end_a_packed_pass_at_the_same_step(tmp_path):
     # the same hosts, their records packed into rows of 8 tokens (concat): every token of the
     # host's records once a pass, and both hosts stop at the same step
@@ -412,6 +416,7 @@ def test_two_hosts_end_a_packed_pass_at_the_same_step(tmp_path):
             assert np.array_equal(placed, expected)
 
 
+@pytest.mark.e2e
 def test_two_hosts_end_a_pass_over_a_mixture_at_the_same_step(tmp_path):
     # the same hosts' stream mixed with a second one (host 0's readers hold 8 of its records,
     # host 1's 10): every record of both once a pass, and both hosts stop at the same step
@@ -423,6 +428,7 @@ def test_two_hosts_end_a_pass_over_a_mixture_at_the_same_step(tmp_path):
 
 
 
+@pytest.mark.e2e
 def test_two_hosts_end_a_first_exhausted_pass_over_a_mixture_at_the_same_step(tmp_path):
     # the same mixture, each reader's pass ending with its first component run out: both
     # hosts stop at the same step, each reader read one of its components whole, none twice

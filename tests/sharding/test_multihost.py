@@ -11,7 +11,7 @@ import pytest
 from launch import run_hosts
 from sharding.multihost_config import make_loader
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.e2e]
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, SAVE_AT = 14, 5  # 90 records / global batch 8 = 12 steps an epoch: crosses a boundary
 

@@ -221,6 +221,7 @@ def test_bad_mixtures_are_refused_naming_the_component(tmp_path):
             single.load_state_dict(state)
 
 
+@pytest.mark.e2e
 def test_two_processes_read_apart_and_change_weights_at_the_same_step(tmp_path):
     """2 processes x 2 workers: 4 readers, each its own share of every component; a change
     from step 5 applies to both processes' step 5 on (each reader's batches map to steps;
@@ -312,6 +313,7 @@ def test_a_pass_over_a_mixture_resumes_at_every_step_and_the_next_pass_is_the_sa
     check_resume_at_every_step(mixed_pass, 90)  # two passes of 41 and 42 steps, and a part
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["filter", "concat", "best_fit"])
 @pytest.mark.parametrize("k", [5, 33, 45])
 def test_a_pass_over_a_mixture_filtered_or_packed_resumes_into_other_worker_counts(how, k):
@@ -402,6 +404,7 @@ def test_an_endless_first_exhausted_mixture_starts_every_component_again():
     assert ids("all_exhausted_without_replacement").max() >= 1000 + 50
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("stopping", ["first_exhausted", "all_exhausted"])
 def test_a_pass_that_ends_by_its_strategy_resumes_at_every_step_and_into_other_worker_counts(
         stopping):
