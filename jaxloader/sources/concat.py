@@ -217,9 +217,9 @@ def _merge(pieces: list, n: int) -> Any:
             raise CollateError(
                 "the parts of a ConcatSource (a jl.mix's components are its parts) differ in "
                 f"structure: {tree_lib.describe(treedef)} in one, {tree_lib.describe(other)} "
-                "in another; make the parts' records alike "
-                "(a Map on the loader cannot, since parts are read together: rename or add "
-                "keys in each part's arrays before)"
+                "in another; make the parts' records alike: rename or add keys with a "
+                "jl.MapSource(part, fn) of the part that differs (a Map on the loader cannot: "
+                "parts are read together)"
             )
         answers.append([np.asarray(leaf) for leaf in leaves])
     outs = []
@@ -252,8 +252,8 @@ def _merged_dtype(path: str, columns: list[np.ndarray]) -> np.dtype:
         f"batch leaf {path}: the parts of a ConcatSource differ (a jl.mix's "
         "components are its parts): "
         f"{first.dtype}{first.shape[1:]} in one, {other.dtype}{other.shape[1:]} in "
-        "another; make the parts' records alike (a Map on the loader cannot, since "
-        "parts are read together: convert the arrays before)"
+        "another; make the parts' records alike: cast with a jl.MapSource(part, fn) of "
+        "the part that differs (a Map on the loader cannot: parts are read together)"
     )
 
 

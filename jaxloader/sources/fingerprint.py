@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Any
 
 import numpy as np
@@ -79,3 +80,47 @@ def source_files(source: Any) -> list[tuple[str, list[int]]]:
         if callable(identities):
             found.extend(identities())
     return found
+
+
+def code_digest(fn: Any) -> str:
+    """A digest of what ``fn`` computes, as far as its code says: its name, source text (where
+    Python has it: a script's or a notebook's), the names and constants its code uses (nested
+    functions' too: two lambdas on one line), and its closure's values; for another callable,
+    its type and ``repr`` too. Not its bytecode, which differs between Python versions. A
+    state saved under another function is then refused.
+
+    Example:
+        >>> code_digest(lambda r: r * 2) == code_digest(lambda r: r * 3)
+        False
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        call = getattr(type(fn), "__call__", None)
+        digest.update(f"{type(fn).__qualname__}:{fn!r:.200}".encode())
+        code = getattr(call, "__code__", None)
+    else:
+        digest.update(getattr(fn, "__qualname__", "").encode())
+    try:
+        digest.update(inspect.getsource(fn if code is getattr(fn, "__code__", None)
+                                        else type(fn)).encode())
+    except (OSError, TypeError):
+        pass  # (no source: built by exec, or the interpreter's prompt)
+    if code is not None:
+        _update_code(digest, code)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # (an empty cell)
+            continue
+        digest.update((code_digest(value) if callable(value) else f"{value!r:.200}").encode())
+    return digest.hexdigest()
+
+
+def _update_code(digest: Any, code: Any) -> None:
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _update_code(digest, const)
+        else:
+            digest.update(repr(const).encode())

@@ -38,7 +38,7 @@ from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
-from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
+from jaxloader.streams.shards import IterableShard, JsonlShard, MappedShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
 _STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
@@ -133,6 +133,22 @@ class Stream:
                                      batch_size=256, num_workers=2)
         """
         return cls(shards_of(dataset), **kwargs)
+
+    def map(self, fn: Callable[[Any], Any]) -> "Stream":
+        """This stream with each record passed through ``fn`` in its readers, before the
+        loader's transforms: a component renamed, cast or parsed before ``jl.mix`` or
+        ``jl.PackedStream`` (``sources.mapped.MapSource`` does it for a source). The shards'
+        names carry the function's code, so a state saved under another function is refused.
+
+        Example:
+            >>> stream = Stream.from_generator(lambda i: ({"x": i} for _ in range(2)), shards=1)
+            >>> reader = StreamReader(stream.map(lambda r: {"y": r["x"] + 1}), reader=0,
+            ...                       readers=1)
+            >>> reader.reset(None); reader.next()
+            {'y': 1}
+        """
+        return Stream([MappedShard(shard, fn) for shard in self.shards],
+                      shuffle_window=self.shuffle_window, shuffle_shards=self.shuffle_shards)
 
     def describe(self) -> dict[str, Any]:
         """What a state is checked against: the shards' names, the window, the shuffle."""

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import zlib
@@ -33,6 +34,7 @@ import numpy as np
 
 from jaxloader.base import file_identity
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
+from jaxloader.sources.fingerprint import code_digest
 from jaxloader.streams.compressed import compression, decompressed
 
 # a compressed file's first bytes, left out of its identity's tail: gzip's header holds the
@@ -243,6 +245,34 @@ class IterableShard:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_it": None, "_consumed": 0}
+
+
+class MappedShard:
+    """``shard``'s records through ``fn`` (``Stream.map``); its state is the shard's, its name
+    the shard's and the function's code digest (``sources.fingerprint.code_digest``), so a
+    stream state saved under another function is refused."""
+
+    def __init__(self, shard: Any, fn: Callable[[Any], Any], name: str | None = None) -> None:
+        self.shard, self.fn = shard, fn
+        self.name = name or f"{shard.name} | map {code_digest(fn)[:16]}"
+
+    def reset(self, state: dict | None = None) -> None:
+        self.shard.reset(state)
+
+    def next(self) -> Any:
+        return self.fn(self.shard.next())
+
+    def get_state(self) -> dict:
+        return self.shard.get_state()
+
+    def close(self) -> None:
+        close = getattr(self.shard, "close", None)
+        if close is not None:
+            close()
+
+    def __copy__(self) -> "MappedShard":
+        """A reader's own copy: of the shard under it too (each reader reads its own)."""
+        return MappedShard(copy.copy(self.shard), self.fn, self.name)
 
 
 def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:

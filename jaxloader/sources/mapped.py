@@ -1,0 +1,112 @@
+"""``MapSource``: a source whose records pass through a function of its own, before it is mixed,
+concatenated or packed.
+
+::
+
+    MapSource(source, fn)                 record i = fn(source[i])     (in the workers)
+    MapSource(source, fn, batched=True)   rows = fn(source.__getitems__(indices)): a function
+                                          of a batch of columns, as a BatchMap is
+    what the source can do, kept: its blocks (LocalShuffle reads locally), list lengths
+    (PackedSource needs no pass), its files (named in a state), close(); its fingerprint
+    joined with the function's code, so a state of another function is refused
+
+Components from different datasets need renaming, casting and parsing before they meet in one
+``jl.mix``: a Parquet column of ``float64`` mixed with arrays of ``float32`` is refused until one
+is cast. Grain maps a dataset before mixing it (``ds.map(f)``), Hugging Face maps each of
+``interleave_datasets``' datasets; this is the same for a jaxloader source. ``Stream.map``
+(``jaxloader.streams.reader``) does it for a stream.
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.sources import ArraySource
+    >>> wide = ArraySource({"x": np.arange(4, dtype=np.float64)})
+    >>> cast = MapSource(wide, lambda r: {"x": np.float32(r["x"])})
+    >>> cast[2]["x"].dtype, len(cast)
+    (dtype('float32'), 4)
+    >>> columns = MapSource(wide, lambda b: {"x": b["x"].astype(np.float32)}, batched=True)
+    >>> columns.__getitems__(np.array([3, 1]))["x"].tolist()
+    [3.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxloader.base.errors import ConfigError
+from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.fingerprint import code_digest, source_fingerprint
+
+
+class MapSource:
+    """``source``'s records through ``fn`` (a record's function; with ``batched``, a function
+    of a batch of columns, as ``source.__getitems__`` gives them). ``lengths_kept``: whether
+    ``fn`` keeps the lengths of the list columns it does not drop, so that ``PackedSource``
+    reads them from ``source`` without a pass (the default); say ``False`` for a function that
+    tokenizes or cuts them."""
+
+    def __init__(self, source: Any, fn: Callable[[Any], Any], *, batched: bool = False,
+                 lengths_kept: bool = True) -> None:
+        check_source(source)
+        if not callable(fn):
+            raise ConfigError(f"MapSource(fn): expected a function of a record (or, with "
+                              f"batched=True, of a batch of columns), got {type(fn).__name__}")
+        if batched and not hasattr(source, "__getitems__"):
+            raise ConfigError(
+                f"MapSource(batched=True): the source ({type(source).__name__}) reads no batch "
+                "of columns (it has no __getitems__); map its records one by one "
+                "(batched=False)")
+        self.source, self.fn, self.batched, self.lengths_kept = source, fn, batched, lengths_kept
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> Any:
+        if self.batched:
+            rows = self.fn(self.source.__getitems__(np.array([index], np.int64)))
+            return {key: value[0] for key, value in rows.items()}
+        return self.fn(self.source[index])
+
+    def __getitems__(self, indices: np.ndarray) -> Any:
+        """The records at ``indices``: a batch of columns through ``fn`` (``batched``), else
+        a list of records, each through ``fn`` (the source read at once where it can)."""
+        if self.batched:
+            return self.fn(self.source.__getitems__(indices))
+        return [self.fn(record) for record in records_at(self.source, indices)]
+
+    @property
+    def block_starts(self) -> Any:
+        """The source's blocks (row groups): a map keeps the records where they are."""
+        return getattr(self.source, "block_starts", None)
+
+    def lengths(self, key: str) -> np.ndarray:
+        """The source's lengths of list column ``key`` (``lengths_kept``)."""
+        own = getattr(self.source, "lengths", None)
+        if not self.lengths_kept or own is None:
+            raise ConfigError(
+                f"MapSource.lengths({key!r}): "
+                + ("the map changes the lengths (lengths_kept=False)" if own is not None else
+                   f"its source ({type(self.source).__name__}) has none to read")
+                + "; pass lengths= to PackedSource, or let it read the records once")
+        return own(key)
+
+    def check_order(self, shuffle: Any) -> None:
+        """The source's check of what an order reads at once (a Parquet file's cache)."""
+        check = getattr(self.source, "check_order", None)
+        if check is not None:
+            check(shuffle)
+
+    @property
+    def fingerprint(self) -> str:
+        """The source's fingerprint and the function's code."""
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
+        digest.update(code_digest(self.fn).encode())
+        digest.update(b"batched" if self.batched else b"records")
+        return f"map:{len(self)}:{digest.hexdigest()}"
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        return f"MapSource({self.source!r}, {name}{', batched' if self.batched else ''})"

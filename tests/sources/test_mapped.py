@@ -1,0 +1,158 @@
+"""MapSource and Stream.map: a component transformed before it is mixed, keeping what its source
+can do (read-local blocks, packing lengths, files, the state)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.sources.parquet import ParquetSource
+from resume_harness import check_resume, take
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pytestmark = pytest.mark.timeout(180)
+
+
+def _wide(directory, rows=160, group=16):
+    """A Parquet file of an id and a float64[4] vector (arrays beside it are float32)."""
+    ids = np.arange(rows, dtype=np.int64)
+    vectors = (ids[:, None] + np.arange(4) / 10).astype(np.float64)
+    path = str(directory / "wide.parquet")
+    pq.write_table(pa.table({"id": ids, "vector": pa.array(list(vectors),
+                                                           type=pa.list_(pa.float64(), 4))}),
+                   path, row_group_size=group)
+    return path
+
+
+def _as_float32(record):
+    return {"id": record["id"], "vector": record["vector"].astype(np.float32)}
+
+
+def _columns_as_float32(batch):
+    return {"id": batch["id"], "vector": batch["vector"].astype(np.float32)}
+
+
+def _arrays():
+    ids = np.arange(1000, 1100, dtype=np.int64)
+    return jl.ArraySource({"id": ids, "vector": (ids[:, None] * 1.0 + np.arange(4)).astype(
+        np.float32)})
+
+
+def _mixed(path, batched=False):
+    cast = jl.MapSource(jl.ParquetSource(path), _columns_as_float32 if batched else _as_float32,
+                        batched=batched)
+    return jl.mix([cast, _arrays()], [0.6, 0.4])
+
+
+def test_a_float64_parquet_component_is_refused_until_its_own_map_casts_it(tmp_path):
+    path = _wide(tmp_path)
+    with pytest.raises(jl.JaxloaderError, match=r"float64\(4,\) in one, float32\(4,\) in "
+                                                r"another; .*jl.MapSource\(part, fn\)"):
+        with jl.DataLoader(jl.mix([jl.ParquetSource(path), _arrays()], [0.6, 0.4]),
+                           batch_size=8, shuffle=True, process_index=0, process_count=1) as loader:
+            take(loader, 3)
+    with jl.DataLoader(_mixed(path), batch_size=8, shuffle=True, process_index=0,
+                       process_count=1) as loader:
+        batch = next(iter(loader))
+    assert batch["vector"].dtype == np.float32 and batch["vector"].shape == (8, 4)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("k", [7])
+def test_a_mapped_parquet_component_mixed_resumes_into_another_worker_count(tmp_path, k,
+                                                                             batched):
+    path = _wide(tmp_path)
+
+    def make(num_workers):
+        return lambda: jl.DataLoader(_mixed(path, batched), batch_size=8,
+                                     shuffle=jl.LocalShuffle(window=2), seed=2,
+                                     num_workers=num_workers, num_epochs=None,
+                                     process_index=0, process_count=1)
+
+    check_resume(make(2), total=k + 8, k=k, make_restored=make(0))
+    check_resume(make(0), total=k + 8, k=k, make_restored=make(2))
+
+
+def test_a_map_keeps_its_sources_row_groups_read_locally(tmp_path, monkeypatch):
+    path = _wide(tmp_path)
+    read = []
+    real = ParquetSource._read
+    monkeypatch.setattr(ParquetSource, "_read", lambda self, g: read.append(g) or real(self, g))
+
+    def decodes(source):
+        read.clear()
+        with jl.DataLoader(source, batch_size=8, shuffle=jl.LocalShuffle(window=2), seed=2,
+                           num_epochs=1, process_index=0, process_count=1) as loader:
+            take(loader, len(loader))
+        return list(read)
+
+    plain = decodes(jl.ParquetSource(path))
+    mapped = decodes(jl.MapSource(jl.ParquetSource(path), _as_float32))
+    assert len(plain) == 10 and sorted(mapped) == sorted(plain)  # each row group once
+
+
+def test_packing_a_mapped_source_reads_its_lengths_without_a_pass(tmp_path):
+    path = str(tmp_path / "tokens.parquet")
+    pq.write_table(pa.table({"tokens": [list(range(n % 7 + 1)) for n in range(60)]}), path,
+                   row_group_size=20)
+    calls = []
+
+    def shifted(record):
+        calls.append(1)
+        return {"tokens": record["tokens"] + 1}
+
+    packed = jl.PackedSource(jl.MapSource(jl.ParquetSource(path), shifted), "tokens", 16)
+    assert not calls  # the lengths came from the Parquet offsets, no record was mapped
+    rows = packed.__getitems__(np.arange(len(packed)))
+    assert rows["tokens"].max() == 7 and calls  # the rows through the map
+    with pytest.raises(jl.ConfigError, match=r"lengths_kept=False"):
+        jl.MapSource(jl.ParquetSource(path), shifted, lengths_kept=False).lengths("tokens")
+
+
+def test_a_state_saved_under_another_function_is_refused(tmp_path):
+    path = _wide(tmp_path)
+
+    def loader(fn):
+        return jl.DataLoader(jl.MapSource(jl.ParquetSource(path), fn), batch_size=8,
+                             process_index=0, process_count=1)
+
+    with loader(_as_float32) as first:
+        take(first, 2)
+        state = json.loads(json.dumps(first.state_dict()))
+    with loader(_as_float32) as same:
+        same.load_state_dict(state)
+    with loader(lambda r: {**r, "id": r["id"] + 1}) as other:
+        with pytest.raises(jl.StateDictError, match=r"source: expected 'map:160:"):
+            other.load_state_dict(state)
+    assert [path for path, _ in jl.DataLoader(
+        jl.MapSource(jl.ParquetSource(path), _as_float32), batch_size=8, process_index=0,
+        process_count=1)._files] == [path]  # the map's files: named in the state
+
+
+def _records(shard):
+    for k in range(shard, 60, 2):
+        yield {"value": np.float64(k), "name": f"r{k}"}
+
+
+def _renamed(record):
+    return {"x": np.float32(record["value"])}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mapped_stream_mixes_and_resumes(workers):
+    def make(num_workers=workers):
+        left = jl.Stream.from_generator(_records, shards=2).map(_renamed)
+        right = jl.Stream.from_generator(lambda s: ({"x": np.float32(1000 + s)}
+                                                    for _ in range(30)), shards=2)
+        return lambda: jl.StreamLoader(jl.mix([left, right], [0.5, 0.5]), batch_size=6,
+                                       num_workers=num_workers, readers_per_process=2,
+                                       process_index=0, process_count=1)
+
+    with make()() as loader:
+        batch = next(iter(loader))
+    assert batch["x"].dtype == np.float32 and batch["x"].shape == (6,)
+    check_resume(make(), total=8, k=3, make_restored=make(0 if workers else 2))
