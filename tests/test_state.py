@@ -27,7 +27,7 @@ def test_other_data_of_the_same_length_is_refused_with_what_differs():
     make(np.arange(40.0).reshape(20, 2)).load_state_dict(state)  # the same data: accepted
 
 
-def test_a_source_may_give_its_own_fingerprint_and_old_states_without_one_still_load():
+def test_a_source_may_give_its_own_fingerprint_and_a_state_without_it_is_refused():
     class Versioned:
         def __init__(self, version):
             self.fingerprint = f"corpus-v{version}"
@@ -45,8 +45,9 @@ def test_a_source_may_give_its_own_fingerprint_and_old_states_without_one_still_
     assert state["source"] == "corpus-v1" and "record_hash" not in state
     with pytest.raises(StateDictError, match="source: expected 'corpus-v2', received 'corpus-v1'"):
         loader(2).load_state_dict(state)
-    old = {k: v for k, v in state.items() if k != "source"}  # written before fingerprints
-    loader(2).load_state_dict(old)
+    stripped = {k: v for k, v in state.items() if k != "source"}  # nothing says what it read
+    with pytest.raises(StateDictError, match="source: expected 'corpus-v1', received None"):
+        loader(1).load_state_dict(stripped)
 
 
 @pytest.mark.parametrize("key", ["batch_size", "process_count", "version", "step",

@@ -28,8 +28,7 @@ The invariants the rest of the code keeps:
    locks taken in ``with`` blocks, which leave no gap between taking and owning
    (``workers.pool``). The main thread never calls ``threading.Event``, ``Semaphore`` or
    ``Condition`` methods: they are Python code around a lock, and an interrupt inside
-   ``Event.set()`` or ``Semaphore.release()`` leaves that lock held for good (measured: within
-   a few interrupts). It signals the prefetch thread through ``queue.SimpleQueue`` (C) instead.
+   ``Event.set()`` or ``Semaphore.release()`` leaves that lock held for good. It signals the prefetch thread through ``queue.SimpleQueue`` (C) instead.
 4. **Shutdown runs to the end.** ``run_all`` runs every step of a shutdown even if one is
    interrupted, then raises the first interrupt: a loader's ``close()`` stops its iterator
    and then its engine (``lifecycle``), a pool its workers and then its ring; a second Ctrl-C

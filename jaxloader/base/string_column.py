@@ -10,13 +10,11 @@
         in the main process: one decode and one split (C) ──> an object array of ``str``
 
 Otherwise a batch's strings travel one Python object at a time: sliced in the worker, pickled,
-unpickled, hundreds of Python calls a batch on each side (a 256-row batch of short strings:
-~350 us of a worker's CPU and ~85 us of the main process's, measured in docs/benchmarks.md).
+unpickled, hundreds of Python calls a batch on each side.
 A row that holds a NUL cannot be split on it: ``rows_of`` gives ``None`` for such a column
 (and the caller for text that is not UTF-8, which must raise at its row), and the source reads
-those rows as Python objects, as before. The NULs are put in as a batch is gathered, not into
-a row group's copy: a copy with a NUL after each row took ~330 us a row group of 10,000 short
-strings, in each worker for each window (docs/benchmarks.md).
+those rows as Python objects. The NULs are put in as a batch is gathered, not into
+a row group's copy, which each worker would make again for each window.
 
 Example:
     >>> data = np.frombuffer("abcdé".encode(), np.uint8)  # rows "a", "bc", "dé" (é: 2 bytes)
@@ -81,8 +79,7 @@ def rows_of(parts: Sequence[tuple[np.ndarray, np.ndarray]], text: bool) -> Rows 
     NUL. A part is a row group's bytes and offsets as Arrow keeps them (row ``r`` is
     ``data[offsets[r]:offsets[r + 1]]``, offsets from any first value, 32 or 64 bits;
     ``text``: UTF-8, as the caller checked). One part's bytes are a view of ``data``; several
-    are copied once into one buffer, and their offsets written once into one array (a window's
-    8 row groups of short strings, a worker: 2.3 -> 1.0 ms, measured in docs/benchmarks.md)."""
+    are copied once into one buffer, and their offsets written once into one array."""
     used = [(data[int(offsets[0]):int(offsets[-1])], offsets) for data, offsets in parts]
     joined = used[0][0] if len(used) == 1 else np.concatenate([u for u, _ in used])
     if joined.size and not joined.all():

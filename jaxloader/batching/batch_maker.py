@@ -33,7 +33,8 @@ from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.base.string_column import StringColumn
-from jaxloader.batching.transforms import BatchMap, Map, RecordRng, returned_none
+from jaxloader.batching.record_transforms import RecordTransforms
+from jaxloader.batching.transforms import BatchMap, returned_none
 
 
 class BatchMaker:
@@ -60,9 +61,7 @@ class BatchMaker:
                                and not isinstance(source, ArraySource))
         # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
         self._gather = getattr(source, "gather_columns", None)
-        self._rng = RecordRng(sampler.seed)
-        # (index, (fn, takes an rng)) per record transform: one loop serves Map and RandomMap
-        self._steps = tuple(enumerate((t.fn, type(t) is not Map) for t in record_transforms))
+        self._transforms = RecordTransforms(record_transforms, sampler.seed)
 
     @property
     def seed(self) -> int:
@@ -94,7 +93,7 @@ class BatchMaker:
         """``make(step, alloc)`` for each of ``steps`` (a worker's task), in order. A source
         that gathers its own columns (``gather_columns``) reads the rows of all the steps at
         once, then each step's rows are written into its slot: a task then costs about one
-        step's read and NumPy calls, not one each (measured in docs/benchmarks.md). A read
+        step's read and NumPy calls, not one each. A read
         that raises is made again step by step, so the error names its own step."""
         gathered = self._gather_steps(steps) if len(steps) > 1 else None
         if gathered is None:
@@ -169,40 +168,24 @@ class BatchMaker:
 
     def _read_records(self, spec: BatchSpec) -> list:
         """Each record read and transformed; a ``RandomMap`` gets its record's generator."""
-        source, epoch, rng = self.source, spec.epoch, self._rng
-        steps = self._steps
+        source, epoch, run = self.source, spec.epoch, self._transforms
         raw = None
         if self._batched_reads:
             got = self._getitems(spec)
             raw = got if isinstance(got, list) else tree_lib.split_rows(got, len(spec.indices))
         records: list = []
-        position = index = -1
-        t_index = -1  # -1: reading the source; else the transform running
-        try:
-            for j, (position, index) in enumerate(zip(spec.positions.tolist(),
-                                                      spec.indices.tolist())):
-                t_index = -1
+        for j, (position, index) in enumerate(zip(spec.positions.tolist(),
+                                                  spec.indices.tolist())):
+            try:
                 record = source[index] if raw is None else raw[j]
-                for t_index, (fn, random) in steps:
-                    if random:
-                        record = fn(record, rng.at(epoch=epoch, position=position,
-                                                   transform_index=t_index))
-                    else:
-                        record = fn(record)
-                    if record is None:
-                        raise returned_none(spec.record_location(position, index),
-                                            self.record_transforms[t_index], t_index)
-                records.append(record)
-        except JaxloaderError:
-            raise
-        except Exception as e:
-            stage = ("source[index]" if t_index < 0
-                     else f"transforms[{t_index}] {self.record_transforms[t_index]!r}")
-            raise RecordError(
-                f"{spec.record_location(position, index)}: {stage} raised "
-                f"{type(e).__name__}: {e}{_read_only_hint(e)}; the original error is the cause "
-                "below"
-            ) from e
+            except JaxloaderError:
+                raise
+            except Exception as e:
+                raise RecordError(
+                    f"{spec.record_location(position, index)}: source[index] raised "
+                    f"{type(e).__name__}: {e}; the original error is the cause below") from e
+            records.append(run(record, epoch=epoch, position=position,
+                               where=spec.record_location, where_args=(position, index)))
         return records
 
 
@@ -230,10 +213,3 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             raise returned_none(where(), t)
     treedef, columns = batch_columns(batch, size)
     return collate.materialize(treedef, columns, alloc)
-
-
-def _read_only_hint(e: Exception) -> str:
-    if isinstance(e, ValueError) and "read-only" in str(e):
-        return (" (source records are read-only views, shared with the workers and the "
-                "source itself: copy what you change, e.g. r['x'].copy() or np.array(r['x']))")
-    return ""

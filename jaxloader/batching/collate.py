@@ -190,10 +190,9 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
     """Rows ``a`` to ``b`` of a task's gathered ``columns`` (a flat dict of arrays, ``Take``s
     and ``StringColumn``s, as ``gathered_columns`` takes them) written into ``alloc``, as
     ``materialize`` writes them, with ``layout`` computed once for the task's steps (all of
-    one size; no leaf ``BESIDE``): no columns, layout or pytree made a step (a worker's
-    writes of 256 Parquet rows 49 -> 37 us a batch, docs/benchmarks.md). A step's strings
+    one size; no leaf ``BESIDE``): no columns, layout or pytree made a step. A step's strings
     are copied from where the task's ``StringColumn`` holds them (``span``), no column made
-    for them, by slice assignment (0.6 against 2.1 us through ``np.frombuffer``)."""
+    for them, by slice assignment (quicker than through ``np.frombuffer``)."""
     spans = []  # each StringColumn's bytes for these rows
     nbytes = layout.nbytes
     for c in columns.values():

@@ -24,7 +24,7 @@ from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo
-from jaxloader.plans.mixture import (ORDER, Regime, block_size, check_weights_before,
+from jaxloader.plans.mixture import (Regime, block_size, check_weights_before,
                                       plan_regimes, regime_counts)
 from jaxloader.sources.mixture import Mixture
 
@@ -223,8 +223,7 @@ class MixtureSampler:
     # -- state: the weights that made the steps so far must be the same --------------------
     def extra_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
-            "mixture": [[step, weights] for step, weights in sorted(self.schedule.items())],
-            "mixture_order": ORDER}
+            "mixture": [[step, weights] for step, weights in sorted(self.schedule.items())]}
         if self._local_description is not None:
             state["local_shuffle"] = self._local_description
         return state
@@ -233,14 +232,6 @@ class MixtureSampler:
         saved = state.get("mixture")
         if not isinstance(saved, list):
             check_weights_before(self.schedule, saved, step)  # raises, naming what came
-        if state.get("mixture_order") != ORDER:
-            raise StateDictError(
-                f"state['mixture_order']: expected {ORDER}, received "
-                f"{state.get('mixture_order')!r}; the jaxloader that wrote this state ordered "
-                "a mixture's records another way (before the order had a number: 1), so its "
-                "steps would read other records here; resume with that jaxloader, or start "
-                "this mixture's stream over without the restore"
-            )
         if state.get("local_shuffle") != self._local_description:
             raise StateDictError(
                 f"state['local_shuffle']: expected {self._local_description!r} (each "

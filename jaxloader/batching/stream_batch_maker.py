@@ -41,12 +41,11 @@ from jaxloader.batching.batch_maker import finish_batch
 from jaxloader.streams.mixed import MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
-from jaxloader.batching.transforms import Filter, Map, RandomMap, RecordRng, returned_none
+from jaxloader.batching.record_transforms import DROPPED, RecordTransforms
+from jaxloader.batching.transforms import Filter
 
 _POSITION_MASK = (1 << _POSITION_BITS) - 1
 DROP_RUN = 100_000  # records in a row a Filter drops before a reader gives up
-_MAP, _RANDOM, _FILTER = 0, 1, 2
-_DROPPED = object()
 
 
 class StreamBatchMaker:
@@ -64,10 +63,7 @@ class StreamBatchMaker:
         self.process_index, self.process_count, self.per_process = (process_index,
                                                                     process_count, per_process)
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
-        kinds = {Map: _MAP, RandomMap: _RANDOM, Filter: _FILTER}
-        self._steps = tuple(enumerate((t.fn, kinds[type(t)]) for t in record_transforms))
-        self._filters = any(kind == _FILTER for _, (_, kind) in self._steps)
-        self._rng = RecordRng(seed)
+        self._transforms = RecordTransforms(record_transforms, seed)
         self._hosted: dict[int, Any] = {}  # this process's reader k -> it, as reset
         self._reader: Any = None  # the one that made the last batch
         self.readers = process_count * per_process
@@ -84,7 +80,7 @@ class StreamBatchMaker:
                 return stream.reader(of(stream.stream))
             if isinstance(stream, MixedStream):
                 return stream.reader(reader=reader, readers=self.readers, seed=self.seed,
-                                 batch_size=self.batch_size, per_process=self.per_process)
+                                     batch_size=self.batch_size)
             return StreamReader(stream, reader=reader, readers=self.readers, seed=self.seed)
         return of(self.stream)
 
@@ -130,7 +126,7 @@ class StreamBatchMaker:
             raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
                                  f"{sorted(self._hosted)} of this process, not its")
         self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
-        records = self._filtered(step) if self._filters else self._taken(step)
+        records = self._filtered(step) if self._transforms.filters else self._taken(step)
         treedef, columns = record_columns(self._padded(step, records))
         if self.mask_key is not None:  # a pass that ends: True on the records
             valid = np.arange(self.batch_size) < len(records)
@@ -150,7 +146,7 @@ class StreamBatchMaker:
                 keep(take())
         except StopIteration:
             pass
-        if self._steps:
+        if self._transforms:
             records = [self._transform(step, row, record) for row, record in enumerate(records)]
         return records
 
@@ -178,7 +174,7 @@ class StreamBatchMaker:
         last = self._reader.last_records()
         for record in last:
             record = self._transform(step, row, record)
-            if record is not _DROPPED:
+            if record is not DROPPED:
                 return record
         if isinstance(self.stream, PackedStream):
             raise RecordError(
@@ -209,7 +205,7 @@ class StreamBatchMaker:
             except StopIteration:  # the end of a pass: the rest of the batch is padding
                 break
             record = self._transform(step, len(out), raw, dropped)
-            if record is not _DROPPED:
+            if record is not DROPPED:
                 out.append(record)
                 dropped = 0
                 continue
@@ -224,29 +220,15 @@ class StreamBatchMaker:
 
     def _transform(self, step: int, row: int, record: Any, dropped: int = 0,
                    filters: bool = True) -> Any:
-        """``record``, the batch's row ``row``, through the record transforms (``_DROPPED``
+        """``record``, the batch's row ``row``, through the record transforms (``DROPPED``
         when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row; with
-        ``filters=False`` through the others only)."""
+        ``filters=False`` through the others only). A ``RandomMap`` is keyed by the record's
+        place in the process-major stream."""
         at = (step * self.process_count + self.process_index) * self.batch_size + row
-        t_index = -1
-        try:
-            for t_index, (fn, kind) in self._steps:
-                if kind == _MAP:
-                    record = fn(record)
-                elif kind == _RANDOM:  # keyed by the record's place in the process-major stream
-                    record = fn(record, self._rng.at(
-                        epoch=at >> _POSITION_BITS, position=at & _POSITION_MASK,
-                        transform_index=t_index + (dropped << 32)))
-                elif filters and not fn(record):
-                    return _DROPPED
-                if record is None:
-                    raise returned_none(f"stream step {step}, row {row}",
-                                        self.record_transforms[t_index], t_index)
-        except JaxloaderError:
-            raise
-        except Exception as e:
-            raise RecordError(
-                f"stream step {step}, row {row}: transforms[{t_index}] "
-                f"{self.record_transforms[t_index]!r} raised {type(e).__name__}: {e}"
-            ) from e
-        return record
+        return self._transforms(record, epoch=at >> _POSITION_BITS,
+                                position=at & _POSITION_MASK, where=_where,
+                                where_args=(step, row), salt=dropped << 32, filters=filters)
+
+
+def _where(step: int, row: int) -> str:
+    return f"stream step {step}, row {row}"

@@ -159,9 +159,7 @@ class Filter:
 class RecordRng:
     """Per-record generators: Philox keyed by ``(seed, epoch, position)``, counter by transform.
 
-    One bit generator is reset for each record (a reset costs a tenth of constructing Philox;
-    docs/benchmarks.md);
-    the stream equals that of ``np.random.Philox(key=..., counter=...)`` built fresh. The
+    One bit generator is reset for each record (cheaper than constructing Philox); the stream equals that of ``np.random.Philox(key=..., counter=...)`` built fresh. The
     generator handed to a transform is valid until the next record.
     """
 

@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from typing import Any, Callable
 
@@ -30,6 +29,7 @@ import numpy as np
 
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
@@ -126,12 +126,8 @@ class FilteredSource:
     @property
     def fingerprint(self) -> str:
         """The source's fingerprint and the kept indices."""
-        from jaxloader.sources.fingerprint import source_fingerprint
-
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
-        digest.update(np.ascontiguousarray(self.indices).tobytes())
-        return f"filtered:{len(self.indices)}:{digest.hexdigest()}"
+        return combined("filtered", len(self.indices), [self.source],
+                        np.ascontiguousarray(self.indices).tobytes())
 
     def __repr__(self) -> str:
         return (f"FilteredSource({len(self.indices)} of {len(self.source)} records of "

@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Mapping, Sequence
 
@@ -37,6 +36,7 @@ import numpy as np
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
@@ -100,14 +100,9 @@ class PackedSource:
     @property
     def fingerprint(self) -> str:
         """The source's fingerprint, the packing's parameters and the lengths."""
-        from jaxloader.sources.fingerprint import source_fingerprint
-
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
-        digest.update(repr((self.keys, self.row_length.tolist(), sorted(self.config.items())))
-                      .encode())
-        digest.update(np.ascontiguousarray(self._lengths).tobytes())
-        return f"packed:{self.plan.rows}:{digest.hexdigest()}"
+        return combined("packed", self.plan.rows, [self.source],
+                        repr((self.keys, self.row_length.tolist(), sorted(self.config.items()))),
+                        np.ascontiguousarray(self._lengths).tobytes())
 
     def __len__(self) -> int:
         return self.plan.rows

@@ -1,16 +1,18 @@
-"""Engines make the batches of a run of steps, in order; a DataLoader has one.
+"""Engines make the batches of a run of steps, in order; a loader has one.
 
 ::
 
-    DataLoader ── engine.batches(start, stop) ──> batch of start, start+1, ... (stop: exclusive,
-                                                 None: endless), each a pure function of its step
-               └─ engine.close()
+    loader ── engine.batches(start, stop[, resets, reports]) ──> batch of start, start+1, ...
+                                                 (stop: exclusive, None: endless), each a pure
+                                                 function of its step
+           └─ engine.close()
 
 Two engines: ``InProcessEngine`` (``num_workers=0``, in the calling thread) and
-``jaxloader.workers.pool.WorkerPool`` (worker processes). A new ``batches()`` run makes older
-runs stale; closing a run's generator returns whatever it holds. A ``StreamLoader`` drives
-the same ``WorkerPool`` (or its own in-process engine) with each reader's state to start from
-and a dict for the reports of the batches handed out (``jaxloader.loaders.stream_loader``).
+``jaxloader.workers.pool.WorkerPool`` (worker processes); both make the batches of a ``Maker``
+(a source's ``BatchMaker`` or a stream's ``StreamBatchMaker``). A stream's run passes
+``resets`` (each host's reader states to continue from) and ``reports`` (filled with the reader
+state after each batch handed out). A new ``batches()`` run makes older runs stale; closing a
+run's generator returns whatever it holds.
 
 Example:
     >>> import numpy as np
@@ -26,22 +28,41 @@ Example:
 from __future__ import annotations
 
 import itertools
-from typing import Any, Generator, Protocol
+from typing import Any, Callable, Generator, Protocol
 
-from jaxloader.batching.batch_maker import BatchMaker
+
+class Maker(Protocol):
+    """What an engine makes batches with (``BatchMaker``, ``StreamBatchMaker``)."""
+
+    source: Any  # what it reads (named when it cannot be sent to a worker)
+    record_transforms: tuple
+    batch_transforms: tuple
+
+    @property
+    def seed(self) -> int: ...
+
+    def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, Any]:
+        """The batch of ``step`` and its layout, written into ``alloc(nbytes)`` if given."""
+        ...
+
+    def location(self, step: int) -> str:
+        """Where step ``step``'s batch is, for messages."""
+        ...
 
 
 class Engine(Protocol):
-    """The contract between a DataLoader and what makes its batches."""
+    """The contract between a loader and what makes its batches."""
 
     @property
     def pids(self) -> list[int]:
         """Process ids of the workers (empty when there are none)."""
         ...
 
-    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+    def batches(self, start: int, stop: int | None, resets: list | None = None,
+                reports: dict | None = None) -> Generator[Any, None, None]:
         """The batches of steps ``start``, ``start + 1``, ... up to ``stop`` (or endless);
-        closing the generator releases what the run holds."""
+        closing the generator releases what the run holds. A stream's run: ``resets``, each
+        host's reader states; ``reports[step]``, the reader's state after that batch."""
         ...
 
     def close(self) -> None:
@@ -50,20 +71,28 @@ class Engine(Protocol):
 
 
 class InProcessEngine:
-    """Makes batches in the calling thread (``num_workers=0``)."""
+    """Makes batches in the calling thread (``num_workers=0``); a stream's one host is this
+    process, with all its readers (``resets[0]``)."""
 
-    def __init__(self, maker: BatchMaker) -> None:
+    def __init__(self, maker: Any) -> None:
         self._maker = maker
 
     @property
     def pids(self) -> list[int]:
         return []
 
-    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+    def batches(self, start: int, stop: int | None, resets: list | None = None,
+                reports: dict | None = None) -> Generator[Any, None, None]:
+        maker = self._maker
+        if resets is not None:
+            maker.reset(resets[0])
         steps = itertools.count(start) if stop is None else range(start, stop)
-        make = self._maker.make
         for step in steps:
-            yield make(step)[0]
+            batch, _ = maker.make(step)
+            if reports is not None:
+                reports[step] = maker.report()
+            yield batch
 
     def close(self) -> None:
-        pass
+        """Nothing: what a maker holds open in this process is its loader's to close, once no
+        thread reads it (``LoaderLifecycle._release``)."""

@@ -12,11 +12,13 @@ A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, Callable, Self
 
 from jaxloader.base.interrupts import run_all
-from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.base.stats import LoaderStats
+from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
+from jaxloader.loaders.iterator import LoaderIterator, Progress
+from jaxloader.loaders.options import LoaderOptions, Placement
 
 
 class LoaderLifecycle:
@@ -24,7 +26,45 @@ class LoaderLifecycle:
 
     _progress: Progress
     _active: LoaderIterator | None
-    _engine: Any
+    _engine: Engine
+    _options: LoaderOptions
+    _placement: Placement
+
+    def _start_engine(self, maker: Maker,
+                      worker_init_fn: Callable[[int], None] | None) -> Engine:
+        """The engine of ``maker``'s batches: in this process, or worker processes."""
+        options = self._options
+        if options.num_workers == 0:
+            return InProcessEngine(maker)
+        from jaxloader.workers.pool import WorkerPool
+
+        return WorkerPool(maker, options.num_workers, prefetch=options.prefetch,
+                          start_method=options.start_method, worker_init_fn=worker_init_fn,
+                          stall_warning_s=options.stall_warning_s, timeout_s=options.timeout_s)
+
+    @property
+    def batch_size(self) -> int:
+        """Records per batch in this process."""
+        return self._placement.batch_size
+
+    @property
+    def process_index(self) -> int:
+        """This process's place among the processes sharing the global batch."""
+        return self._placement.process_index
+
+    @property
+    def process_count(self) -> int:
+        """Processes sharing the global batch (``batch_size * process_count`` records)."""
+        return self._placement.process_count
+
+    @property
+    def num_workers(self) -> int:
+        return self._options.num_workers
+
+    @property
+    def num_epochs(self) -> int | None:
+        """Epochs per ``iter(loader)``; ``None``: endless."""
+        return self._options.num_epochs
 
     @property
     def worker_pids(self) -> list[int]:

@@ -18,11 +18,10 @@ from typing import Any, Callable, Never, Sequence
 
 import numpy as np
 
-from jaxloader.engines.in_process import Engine, InProcessEngine
 from jaxloader.sources.fingerprint import source_fingerprint, source_files
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
-from jaxloader.loaders.options import LoaderOptions
+from jaxloader.loaders.options import LoaderOptions, placement
 from jaxloader.loaders.peer_arguments import refuse
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.base.checks import MASK64, check_int
@@ -132,11 +131,8 @@ class DataLoader(LoaderLifecycle):
                               "read it with jaxloader.StreamLoader(stream, batch_size=...)")
         num_records = check_source(source)
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
-        if process_index is None or process_count is None:
-            import jax  # only when the caller leaves it to JAX; workers never get here
-
-            process_index = jax.process_index() if process_index is None else process_index
-            process_count = jax.process_count() if process_count is None else process_count
+        self._placement = placement(batch_size, process_index, process_count)
+        batch_size, process_index, process_count = self._placement
         self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
                                      seed=seed, last_batch=last_batch,
                                      process_index=process_index, process_count=process_count,
@@ -164,44 +160,12 @@ class DataLoader(LoaderLifecycle):
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress()
         self._active: LoaderIterator | None = None
-        self._engine: Engine
-        if num_workers == 0:
-            self._engine = InProcessEngine(self._maker)
-        else:
-            from jaxloader.workers.pool import WorkerPool
-
-            self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,
-                                      start_method=start_method, worker_init_fn=worker_init_fn,
-                                      stall_warning_s=stall_warning_s, timeout_s=timeout_s)
+        self._engine = self._start_engine(self._maker, worker_init_fn)
 
     # -- sizes, placement and position ------------------------------------------------------
     def __len__(self) -> int:
         """Batches per epoch."""
         return self._sampler.steps_per_epoch
-
-    @property
-    def batch_size(self) -> int:
-        """Records per batch in this process."""
-        return self._sampler.batch_size
-
-    @property
-    def process_index(self) -> int:
-        """This process's place among the processes sharing the global batch."""
-        return self._sampler.process_index
-
-    @property
-    def process_count(self) -> int:
-        """Processes sharing the global batch (``batch_size * process_count`` records)."""
-        return self._sampler.process_count
-
-    @property
-    def num_workers(self) -> int:
-        return self._options.num_workers
-
-    @property
-    def num_epochs(self) -> int | None:
-        """Epochs per ``iter(loader)``; ``None``: endless."""
-        return self._options.num_epochs
 
     @property
     def device_prefetch(self) -> int:

@@ -25,12 +25,18 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Protocol
 
-from jaxloader.engines.in_process import Engine
 from jaxloader.base.errors import JaxloaderError, WorkerError
-from jaxloader.sharding.prefetch import DevicePrefetcher
 from jaxloader.base.stats import LoaderStats
+from jaxloader.sharding.prefetch import DevicePrefetcher
+
+
+class Runs(Protocol):
+    """What an iterator runs: batches of steps ``start``, ``start + 1``, ... up to ``stop``
+    (an engine, or a stream loader's runs over its engine)."""
+
+    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]: ...
 
 
 class Progress:
@@ -62,7 +68,7 @@ class Progress:
 class LoaderIterator:
     """Yields batches from a start step; valid until the next ``iter()``, restore or close."""
 
-    def __init__(self, progress: Progress, start: int, stop: int | None, engine: Engine,
+    def __init__(self, progress: Progress, start: int, stop: int | None, engine: Runs,
                  put: Callable[[Any], Any] | None, device_prefetch: int,
                  single_device: bool, ends_before: Callable[[int], bool] | None = None) -> None:
         self._progress = progress

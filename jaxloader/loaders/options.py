@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
@@ -70,3 +71,34 @@ class LoaderOptions:
                 f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "
                 "'exec' is the safe default"
             )
+
+
+class Placement(NamedTuple):
+    """Where this process's batches sit in the global one: ``batch_size`` records of the
+    ``batch_size * process_count``, at ``process_index``."""
+
+    batch_size: int
+    process_index: int
+    process_count: int
+
+
+def placement(batch_size: int, process_index: int | None,
+              process_count: int | None) -> Placement:
+    """``batch_size`` and the process's place, checked; a place left ``None`` is JAX's.
+
+    Example:
+        >>> placement(32, 1, 4)
+        Placement(batch_size=32, process_index=1, process_count=4)
+    """
+    batch_size = check_int("batch_size", batch_size, low=1,
+                           remedy="pass a positive batch size per process")
+    if process_index is None or process_count is None:
+        import jax  # only when the caller leaves it to JAX; workers never get here
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    process_count = check_int("process_count", process_count, low=1,
+                              remedy="leave it None to use jax's")
+    process_index = check_int("process_index", process_index, low=0, high=process_count - 1,
+                              remedy=f"use an index in [0, {process_count})")
+    return Placement(batch_size, process_index, process_count)

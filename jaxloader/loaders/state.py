@@ -23,11 +23,14 @@ from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 
+# The state's one version: what a step reads (the orders of ``order`` and ``plans``, the
+# layout of a state) is this number's; a change to any of them changes it, and a state of
+# another version is refused, not misread (the suite's order digests catch such a change).
 STATE_VERSION = 1
 # Keys whose values must equal this loader's for a step to mean the same global batch.
 _CHECKED = ("num_records", "global_batch_size", "seed", "shuffle", "last_batch")
-# Fingerprint keys: compared when both the state and the loader have them (states written
-# before fingerprints existed have none).
+# Fingerprint keys: what the data is (a source that cannot say leaves its key out; a state with
+# the key where the loader has none, or without it where the loader has one, is another's).
 _FINGERPRINT = ("source", "record_spec", "record_hash")
 
 
@@ -121,9 +124,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             f"state['version']: expected {STATE_VERSION}, received {state['version']!r}; this "
             "state was written by another jaxloader version that this one cannot read"
         )
-    fingerprinted = any(k in state for k in _FINGERPRINT)  # older states have no fingerprint
-    compared = [*_CHECKED, *(k for k in _FINGERPRINT
-                             if fingerprinted and (k in state or k in expected))]
+    compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [f"{k}: expected {expected.get(k)!r}, received {state.get(k)!r}" for k in compared
              if state.get(k) != expected.get(k)]
     if diffs:
@@ -143,6 +144,47 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     sampler.check_extra_state(state, state["step"])
     refuse_unknown(state, expected, "DataLoader")
     return state["step"]
+
+
+def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
+                       extra: dict[str, Any], readers: int) -> list[dict]:
+    """Validates a ``StreamLoader``'s ``state`` against its ``config`` (``_config()``), its
+    process and the ``readers`` it hosts (a stream's ``extra`` state keys allowed); returns the
+    readers' states (each checked by opening it, by the loader)."""
+    if not isinstance(state, dict) or state.get("kind") != "stream":
+        raise StateDictError(
+            f"state: expected a StreamLoader's state_dict() (kind 'stream'), got "
+            f"{state.get('kind') if isinstance(state, dict) else type(state).__name__!r}; "
+            "a DataLoader's state restores into a DataLoader")
+    if state.get("version") != STATE_VERSION:
+        raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
+                             f"{state.get('version')!r}; this state was written by another "
+                             "jaxloader version that this one cannot read")
+    diffs = [f"{k}: expected {v!r}, received {state.get(k)!r}" for k, v in config.items()
+             if state.get(k) != v]
+    if state.get("process_index") != process_index:
+        diffs.append(f"process_index: expected {process_index}, received "
+                     f"{state.get('process_index')!r}")
+    if diffs:
+        raise StateDictError(
+            "state does not fit this stream loader (" + "; ".join(diffs) + "); a stream's "
+            "order depends on the seed, the batch size and the number of readers "
+            "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
+            "restore with the same ones (pass readers_per_process= to change num_workers)")
+    refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", *config,
+                           *extra}, "StreamLoader")
+    # a record's random numbers are keyed by its place in the stream, in 64 bits
+    last = MASK64 // (config["process_count"] * config["batch_size"])
+    check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
+              remedy="pass the dict that state_dict() returned, unchanged")
+    found = state.get("readers")
+    first = process_index * readers
+    if (not isinstance(found, list) or len(found) != readers or any(
+            not isinstance(r, dict) or r.get("reader") != first + i
+            for i, r in enumerate(found))):
+        raise StateDictError(f"state['readers']: expected the states of readers {first}.."
+                             f"{first + readers - 1}, received {found!r:.200}")
+    return found
 
 
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:

@@ -32,12 +32,12 @@ from typing import Any, Callable, Generator, Never, Sequence
 import numpy as np
 
 from jaxloader.base.checks import MASK64, check_int
-from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
-from jaxloader.loaders.options import LoaderOptions
+from jaxloader.loaders.options import LoaderOptions, placement
 from jaxloader.loaders.peer_arguments import refuse
-from jaxloader.loaders.state import refuse_unknown
+from jaxloader.loaders.state import STATE_VERSION, check_stream_state
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.streams import passes
 from jaxloader.streams.mixed import MixedStream
@@ -45,7 +45,6 @@ from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, as_stream
 from jaxloader.batching.transforms import split_transforms
 
-STREAM_STATE_VERSION = 1
 
 
 class StreamLoader(LoaderLifecycle):
@@ -121,19 +120,9 @@ class StreamLoader(LoaderLifecycle):
                     "a Hugging Face Dataset ds.to_iterable_dataset(num_shards=n)"
                 )
             stream = Stream(stream)
-        batch_size = check_int("batch_size", batch_size, low=1,
-                               remedy="pass a positive batch size per process")
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
-        if process_index is None or process_count is None:
-            import jax
-
-            process_index = jax.process_index() if process_index is None else process_index
-            process_count = jax.process_count() if process_count is None else process_count
-        process_count = check_int("process_count", process_count, low=1,
-                                  remedy="leave it None to use jax's")
-        process_index = check_int("process_index", process_index, low=0,
-                                  high=process_count - 1,
-                                  remedy=f"use an index in [0, {process_count})")
+        self._placement = placement(batch_size, process_index, process_count)
+        batch_size, process_index, process_count = self._placement
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
                                       device_prefetch, stall_warning_s, timeout_s)
         if num_epochs is not None:
@@ -165,37 +154,7 @@ class StreamLoader(LoaderLifecycle):
         self._base_step = 0
         self._reports: dict[int, dict] = {}
         self._active: LoaderIterator | None = None
-        self._engine: Any
-        if num_workers == 0:
-            self._engine = _InProcess(self._maker)
-        else:
-            from jaxloader.workers.pool import WorkerPool
-
-            self._engine = WorkerPool(self._maker, num_workers, prefetch=prefetch,  # type: ignore[arg-type]
-                                      start_method=start_method, worker_init_fn=worker_init_fn,
-                                      stall_warning_s=stall_warning_s, timeout_s=timeout_s)
-
-    # -- placement and position -------------------------------------------------------------
-    @property
-    def batch_size(self) -> int:
-        return self._maker.batch_size
-
-    @property
-    def process_index(self) -> int:
-        return self._maker.process_index
-
-    @property
-    def process_count(self) -> int:
-        return self._maker.process_count
-
-    @property
-    def num_workers(self) -> int:
-        return self._options.num_workers
-
-    @property
-    def num_epochs(self) -> int | None:
-        """Epochs per ``iter(loader)``; ``None``: endless."""
-        return self._options.num_epochs
+        self._engine = self._start_engine(self._maker, worker_init_fn)
 
     def _states_at(self, step: int) -> list[dict]:
         """Each reader's state once the batches before ``step`` are handed out (copies)."""
@@ -277,50 +236,15 @@ class StreamLoader(LoaderLifecycle):
         """This process's position: the step and each of its readers' state; JSON-ready."""
         step = self._progress.step
         extra = self._stream.extra_state()  # a mixture's weights
-        return {"version": STREAM_STATE_VERSION, "step": step, "process_index":
+        return {"version": STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step),
                 **passes.saved(self._until, self.num_epochs)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
-        if not isinstance(state, dict) or state.get("kind") != "stream":
-            raise StateDictError(
-                f"state: expected a StreamLoader's state_dict() (kind 'stream'), got "
-                f"{state.get('kind') if isinstance(state, dict) else type(state).__name__!r}; "
-                "a DataLoader's state restores into a DataLoader"
-            )
-        if state.get("version") != STREAM_STATE_VERSION:
-            raise StateDictError(f"state['version']: expected {STREAM_STATE_VERSION}, received "
-                                 f"{state.get('version')!r}")
-        ours = self._config()
-        diffs = [f"{k}: expected {v!r}, received {state.get(k)!r}" for k, v in ours.items()
-                 if state.get(k) != v]
-        if state.get("process_index") != self.process_index:
-            diffs.append(f"process_index: expected {self.process_index}, received "
-                         f"{state.get('process_index')!r}")
-        if diffs:
-            raise StateDictError(
-                "state does not fit this stream loader (" + "; ".join(diffs) + "); a stream's "
-                "order depends on the seed, the batch size and the number of readers "
-                "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
-                "restore with the same ones (pass readers_per_process= to change num_workers)"
-            )
-        refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", *ours,
-                               *self._stream.extra_state()}, "StreamLoader")
-        # a record's random numbers are keyed by its place in the stream, in 64 bits
-        last = MASK64 // (self.process_count * self.batch_size)
-        check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
-                  remedy="pass the dict that state_dict() returned, unchanged")
+        readers = check_stream_state(state, self._config(), self.process_index,
+                                     self._stream.extra_state(), self._readers)
         self._stream.check_extra_state(state, state["step"])
-        readers = state.get("readers")
-        first = self.process_index * self._readers
-        if (not isinstance(readers, list) or len(readers) != self._readers or any(
-                not isinstance(r, dict) or r.get("reader") != first + i
-                for i, r in enumerate(readers))):
-            raise StateDictError(
-                f"state['readers']: expected the states of readers {first}.."
-                f"{first + self._readers - 1}, received {readers!r:.200}"
-            )
         until = passes.restored(state, self.num_epochs)  # (checked before anything changes)
         opened = readers  # each opened in its pass (where a mixture reads its next record)
         if self.num_epochs is not None and all(type(r.get("epoch")) is int for r in readers):
@@ -363,28 +287,3 @@ class _Runs:
 
     def close(self) -> None:
         self._loader._engine.close()
-
-
-class _InProcess:
-    """Makes a stream's batches in the calling thread (one reader)."""
-
-    def __init__(self, maker: StreamBatchMaker) -> None:
-        self._maker = maker
-
-    @property
-    def pids(self) -> list[int]:
-        return []
-
-    def batches(self, start: int, stop: int | None, resets: list,
-                reports: dict) -> Generator[Any, None, None]:
-        self._maker.reset(resets[0])
-        step = start
-        while stop is None or step < stop:
-            batch, _ = self._maker.make(step)
-            reports[step] = self._maker.report()
-            yield batch
-            step += 1
-
-    def close(self) -> None:
-        """Nothing: the files its readers have open are the loader's to close, once no thread
-        reads them (``StreamLoader._release``)."""

@@ -32,10 +32,6 @@ from jaxloader.base.checks import check_int
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 
 _BLOCK_ORDER_KEY = 0x5EED_B10C  # distinct keys for the block order and the windows
-# The order's version, in the state's description: 1 (unnumbered) shuffled a window over the
-# next even power of two; 2 over a domain just above it (``IndexShuffle(tight=True)``), whose
-# cycle-walking took most of a read-local batch's order (a worker's: 59-65 -> 18 us a batch).
-ORDER = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +70,7 @@ class LocalShuffle:
         blocks = ("the source's" if self.block_size is None
                   and getattr(source, "block_starts", None) is not None
                   else str(self.block_size or 1024))
-        return f"window {self.window}, blocks {blocks}, order {ORDER}"
+        return f"window {self.window}, blocks {blocks}"
 
 
 class BlockOrder:

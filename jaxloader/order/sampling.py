@@ -292,9 +292,8 @@ class Sampler:
             raise StateDictError(
                 f"state['local_shuffle']: expected {self.order_description!r}, received "
                 f"{state.get('local_shuffle')!r}; restore into a loader with the same shuffle= "
-                "(a full shuffle and a read-local one order the records differently; a "
-                "read-local state of another order, or of none, is from a jaxloader that "
-                "ordered them otherwise: resume with it, or start the stream over)"
+                "(a full shuffle and a read-local one order the records differently, and so "
+                "do windows and blocks of other sizes)"
             )
         if "mixture" in state:
             raise StateDictError(

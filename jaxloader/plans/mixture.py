@@ -23,7 +23,7 @@ one. A weight change from step ``s`` takes effect from
 the first block that starts at or after step ``s``'s first position; ``C_c(k)`` is summed over
 the schedule's regimes, so the batches of every earlier step stay what they were. Everything
 is computed per batch from the step: resume is O(1) and elastic, as for a single source.
-``ORDER`` numbers this layout; a state records it, and one from another order is refused.
+The layout is part of what the state's version names.
 
 The plan is pure NumPy over counts: ``batching.mixture_sampler`` turns it into a source
 mixture's indices, ``streams.mixed`` into which component each of a reader's records comes
@@ -44,9 +44,6 @@ import numpy as np
 
 from jaxloader.base.errors import ConfigError, StateDictError
 
-ORDER = 5  # the layout's version, in the state (1: blocks of 1,000, shuffles over 4**k;
-# 2: blocks of 1,024 whatever the global batch; 3: components shuffled over 2**k; 4: over
-# radix * 2**k in 64-bit words, 6 rounds)
 BLOCK = 1024  # positions a block at most (see block_size)
 
 

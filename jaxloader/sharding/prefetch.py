@@ -12,12 +12,11 @@ Where the copy is made depends on the sharding:
 - One device, one process (a single GPU, a Colab runtime): the thread places each batch
   (``put_in_thread=True``), so ``next()`` only takes a ready device batch. No collective can
   be waiting on that device, and taking the copy's cost off the training thread matters on
-  the CPU backend, where a ``device_put`` after the thread sat idle costs about half a
-  millisecond (docs/benchmarks.md).
+  the CPU backend, where a ``device_put`` after the thread sat idle costs a wake-up.
 - Several devices or processes: JAX calls stay in the thread that runs the training step. On
   JAX's CPU backend a ``device_put`` issued from another thread while a multi-device step waits
-  in a collective deadlocks the collective's rendezvous (measured: 8 CPU devices, an
-  all-reduce, hung for good); issued from the caller's thread the copies are ordered with the
+  in a collective deadlocks the collective's rendezvous (an all-reduce hangs for good);
+  issued from the caller's thread the copies are ordered with the
   steps. ``jax.device_put`` is asynchronous, so on an accelerator the copy of batch
   N+``depth`` overlaps the step on batch N.
 
@@ -32,7 +31,7 @@ Staying out of the way: when the consumer takes a batch while another is still r
 about to free its previous batch and dispatch a step, which needs a core and the GIL for a
 fraction of a millisecond. The thread (and the worker it hands the next task to) would compete
 for exactly those, so it waits ``_BACK_OFF_S`` first, or until the consumer asks again,
-whichever is sooner (the measurements are in docs/benchmarks.md). When no batch is ready the
+whichever is sooner. When no batch is ready the
 thread never waits.
 
 Example:
@@ -81,8 +80,7 @@ class HostPrefetcher:
         self._put = put  # applied in the thread to each batch, when given
         # The consumer's side touches only SimpleQueues (C: a put or a get is whole, or not
         # done) and one attribute. A Ctrl-C inside threading.Event.set() or
-        # Semaphore.release() can leave their lock held for good (measured: within a few
-        # interrupts), and the thread and the next next() would then wait on it forever.
+        # Semaphore.release() can leave their lock held for good, and the thread and the next next() would then wait on it forever.
         self._permits: queue.SimpleQueue = queue.SimpleQueue()  # a batch the thread may make
         for _ in range(depth):
             self._permits.put(None)

@@ -8,8 +8,7 @@
 
 A read-local batch reads from every row group of its window (8 by default). Row group by row
 group, it is a run each, a few NumPy calls a run and column, its strings sliced one by one, and
-the rows put back in order after: 136 us a batch of 256 rows of an id and 16 floats, against 16
-us for one take a column from a join (docs/benchmarks.md). ``ParquetSource`` joins the row
+the rows put back in order after, where a join is one take a column. ``ParquetSource`` joins the row
 groups of a batch whose rows are not all in its join: once a window in a read-local order (its
 batches read the same row groups, and a batch across two windows joins both, which the next
 window's batches then find there), once a row group in file order. One row group is its own

@@ -30,14 +30,13 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable
 
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import check_source, records_at
-from jaxloader.sources.fingerprint import code_digest, source_fingerprint
+from jaxloader.sources.fingerprint import code_digest, combined
 
 
 class MapSource:
@@ -101,11 +100,8 @@ class MapSource:
     @property
     def fingerprint(self) -> str:
         """The source's fingerprint and the function's code."""
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(repr(sorted(source_fingerprint(self.source).items())).encode())
-        digest.update(code_digest(self.fn).encode())
-        digest.update(b"batched" if self.batched else b"records")
-        return f"map:{len(self)}:{digest.hexdigest()}"
+        return combined("map", len(self), [self.source], code_digest(self.fn),
+                        b"batched" if self.batched else b"records")
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", None) or repr(self.fn)

@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -37,12 +36,9 @@ class Mixture(ConcatSource):
     @property
     def fingerprint(self) -> str:
         """The components' fingerprints; the weights are checked apart (``check_schedule``)."""
-        from jaxloader.sources.fingerprint import source_fingerprint
+        from jaxloader.sources.fingerprint import combined
 
-        digest = hashlib.blake2b(digest_size=16)
-        for source in self.sources:
-            digest.update(repr(sorted(source_fingerprint(source).items())).encode())
-        return f"mixture:{len(self.sources)}:{digest.hexdigest()}"
+        return combined("mixture", len(self.sources), self.sources)
 
 
 def refuse_mixture(source: Any, what: str) -> None:

@@ -214,8 +214,8 @@ _POOL_SET = False
 
 def _return_freed_memory() -> None:
     """In a worker process (ours alone): an Arrow memory pool that gives freed row groups
-    back to the system. Arrow's default (mimalloc) keeps them (a worker's private memory grew
-    by a cache's worth: docs/benchmarks.md); jemalloc set to return pages at once, or the
+    back to the system. Arrow's default (mimalloc) keeps them, and a worker's private memory
+    grows by a cache's worth; jemalloc set to return pages at once, or the
     system allocator where jemalloc is not built in, give them back."""
     global _POOL_SET
     if _POOL_SET:

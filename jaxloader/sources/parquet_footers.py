@@ -75,7 +75,7 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
 def check_order(source: Any, shuffle: Any) -> None:
     """``ParquetSource.check_order``: a ``PerformanceWarning`` when ``shuffle`` reads from more
     row groups at once than ``source.cache_bytes`` holds decoded (the footers' sizes), with the
-    ``cache_bytes`` it needs (the slowdowns measured are in docs/benchmarks.md).
+    ``cache_bytes`` it needs: a row group evicted before its window is done is decoded again.
 
     Example:
         >>> import tempfile, warnings, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
@@ -99,7 +99,7 @@ def check_order(source: Any, shuffle: Any) -> None:
         count = len(sizes)
         what = f"a full shuffle (shuffle=True) reads from all {count} row groups at once"
         remedy = ("or shuffle=jl.LocalShuffle(window=8), which reads 8 row groups at a time "
-                  "(docs/benchmarks.md)")
+                  "(docs/files.md)")
     else:
         return
     held = int(np.sort(sizes)[len(sizes) - count:].sum())

@@ -144,8 +144,7 @@ class SharedBlocks:
 
         Written through the file, not into a mapping of it: the kernel gives a page written
         whole without zeroing it first and maps none, where reserving the file (fallocate)
-        and populating a mapping zeroed and mapped each page before the copy (a row group of
-        ~1 MiB: ~0.73 against ~0.96 ms, measured). A write that finds no memory raises here,
+        and populating a mapping zeroed and mapped each page before the copy. A write that finds no memory raises here,
         before the file is named in the slot, so nothing maps a page that is not there."""
         import pyarrow as pa
 

@@ -11,7 +11,7 @@ Zstandard: ``compression.zstd`` from Python 3.14, ``backports.zstd`` before it, 
 ``pip install "jaxloader[zstd]"``). Records and states are those of the decompressed file, so
 a shard's order is the same compressed or not; but a compressed stream has no random access,
 so a resume reads the shard from its start to the state's offset: O(bytes before it), where
-a plain file seeks in O(1) (docs/benchmarks.md gives the time).
+a plain file seeks in O(1).
 
 Example:
     >>> import gzip, io

@@ -56,7 +56,6 @@ from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.plans.mixture import check_weights_before, plan_regimes, regime_counts
 from jaxloader.order.index_shuffle import splitmix64, splitmix64_array
 
-ORDER = 1  # this layout's number, in the state: a state of another is refused
 WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)
 FIRST_EXHAUSTED, ALL_EXHAUSTED = "first_exhausted", "all_exhausted"
 STOPPING_STRATEGIES = (WITHOUT_REPLACEMENT, FIRST_EXHAUSTED, ALL_EXHAUSTED)
@@ -84,9 +83,9 @@ class MixedStream:
         return [shard for stream in self.streams for shard in stream.shards]
 
     def describe(self) -> dict[str, Any]:
-        """What a state is checked against: the components and the layout's number (the
-        weights are checked apart: later ones may be added on restore)."""
-        described = {"mix": [s.describe() for s in self.streams], "mixture_order": ORDER}
+        """What a state is checked against: the components (the weights are checked apart:
+        later ones may be added on restore)."""
+        described: dict[str, Any] = {"mix": [s.describe() for s in self.streams]}
         if self.stopping_strategy != WITHOUT_REPLACEMENT:
             described["stopping_strategy"] = self.stopping_strategy
         return described
@@ -104,7 +103,7 @@ class MixedReader:
     ``StreamReader`` (``initial_state``, ``reset``, ``next``, ``get_state``)."""
 
     def __init__(self, mixed: MixedStream, *, reader: int, readers: int, seed: int,
-                 batch_size: int, per_process: int) -> None:
+                 batch_size: int) -> None:
         from jaxloader.streams.reader import StreamReader
 
         self.reader, self.readers, self.seed = reader, readers, seed
@@ -120,10 +119,8 @@ class MixedReader:
         self._groups = max(1, -(-m * (m - 1) // batch_size))  # batches a group: no count < 0
         self._size = self._groups * batch_size
         self._key = splitmix64(seed ^ splitmix64(0x6D1C ^ splitmix64(reader + 1)))
-        self._per_process = per_process
         self._changes = sorted(mixed.schedule.items())  # (step, weights), step 0 first
         self._started = {0: 0}  # a change's step -> the group it starts at
-        self._legacy = False  # reset from a state that did not record them
         self._regimes = self._plan()
         self._emitted = 0
         self._group: int | None = None
@@ -144,20 +141,10 @@ class MixedReader:
         first group at or after the records read so far (see the module docstring)."""
         due = [s for s, _ in self._changes if s <= step and s not in self._started]
         for change in due:
-            if self._legacy and change <= step - self._per_process:  # passed before the save
-                group = self._batch_group(change)
-            else:
-                group = max(-(-self._emitted // self._size), *self._started.values())
-            self._started[change] = group
+            self._started[change] = max(-(-self._emitted // self._size),
+                                        *self._started.values())
         if due:
             self._regimes, self._group = self._plan(), None
-
-    def _batch_group(self, step: int) -> int:
-        """The reader's first group whose first batch is at ``step`` or later, counting
-        ``batch_size`` records a batch (its batch ``j`` is its process's step
-        ``j * per_process + worker``): where a state without ``started`` had a change."""
-        batch = max(0, -(-(step - self.reader % self._per_process) // self._per_process))
-        return -(-batch // self._groups)
 
     def _lay_out(self, group: int) -> np.ndarray:
         """The component of each slot of ``group``: runs of each, through a keyed permutation."""
@@ -191,13 +178,11 @@ class MixedReader:
             component.reset({**part, **until} if isinstance(part, dict) else part)
         self._emitted = state["emitted"]
         self._out = set()  # (each component out of records is found out again)
-        self._legacy, self._started = started is None, {0: 0, **(started or {})}
+        self._started = {0: 0, **started}
         self._regimes, self._group = self._plan(), None
 
-    def _started_of(self, started: Any) -> dict[int, int] | None:
+    def _started_of(self, started: Any) -> dict[int, int]:
         """A state's ``started``, checked: changes of this schedule, in order."""
-        if started is None:
-            return None
         steps = {s for s, _ in self._changes}
         pairs = [tuple(p) for p in started] if isinstance(started, list) and all(
             isinstance(p, list) and len(p) == 2 for p in started) else None

@@ -4,8 +4,7 @@ A per-record transform that returns new arrays (a crop cast to float32: 432 KiB 
 a batch's worth of them before they are stacked into the slot, then frees them all at once.
 glibc's malloc hands a freed top of the heap back to the system once it is larger than its trim
 threshold (by default twice the largest block it has freed from ``mmap``: under 1 MiB there), so
-every batch faulted its records' pages in again: 6,900 page faults a batch of 64 such records,
-whose making took 1.6x as long as with the pages kept (docs/benchmarks.md).
+every batch would fault its records' pages in again.
 
 In a worker (our process, nobody else's allocator to tune), blocks up to 32 MiB come from the
 heap, and the heap keeps a freed top of up to the largest batch made so far plus 64 MiB (at most

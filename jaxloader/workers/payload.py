@@ -38,7 +38,7 @@ from jaxloader.runtime.shm import Segment, attach
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
 SPLIT_MIN_BYTES = 64 << 20  # copies over 64 MiB run on up to 4 threads: faulting in fresh
-# shared pages is CPU-bound (docs/benchmarks.md), and it is on the path to the first batch
+# shared pages is CPU-bound, and it is on the path to the first batch
 
 
 class _Pickler(cloudpickle.Pickler):

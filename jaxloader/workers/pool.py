@@ -41,7 +41,7 @@ from typing import Any, Callable, Generator, NamedTuple, NoReturn
 
 from jaxloader.base.errors import SharedMemoryError, WorkerError
 from jaxloader.base.interrupts import run_all
-from jaxloader.batching.batch_maker import BatchMaker
+from jaxloader.engines.in_process import Maker
 from jaxloader.workers import failures, payload, protocol, tasks
 from jaxloader.workers.process import STOP_GRACE_S, WorkerProcess
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
@@ -50,9 +50,7 @@ from jaxloader.runtime.shm import Segment
 from jaxloader.workers.status import StatusBoard
 
 _DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
-# close() first lets a run in another thread reach its next yield; one that does not (waiting on
-# a worker busy in a transform) sees the workers killed instead, so close() stays well under 1 s
-_DRIVER_WAIT_S = 0.1
+_DRIVER_WAIT_S = 0.1  # close() lets a run in another thread reach a yield, else kills workers
 
 class _Task(NamedTuple):
     """A task in flight: which worker makes which steps, for which run, into which slots."""
@@ -76,6 +74,7 @@ class WorkerPool:
 
     Example:
         >>> import numpy as np
+        >>> from jaxloader.batching.batch_maker import BatchMaker
         >>> from jaxloader.order.sampling import Sampler
         >>> from jaxloader.sources import ArraySource
         >>> maker = BatchMaker(ArraySource({"x": np.arange(6)}),
@@ -88,7 +87,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        maker: BatchMaker,
+        maker: Maker,
         num_workers: int,
         *,
         prefetch: int = 2,

@@ -6,7 +6,7 @@ Start methods:
   ``subprocess`` that imports only ``jaxloader.workers.worker``. It never re-runs the user's main
   script (so a top-level ``jax.distributed.initialize()`` runs once) and is never a fork of a
   process in which JAX has started threads. Costs an interpreter start plus NumPy's import
-  (in parallel for all workers; docs/benchmarks.md has the time to first batch).
+  (in parallel for all workers).
 - ``"fork"`` (POSIX): ``os.fork()`` of the main process; starts faster and shares memory
   copy-on-write, but is refused once JAX has been imported, because forking a process with JAX's
   threads running can deadlock the child.
@@ -29,8 +29,7 @@ accelerators belong to the training process. A worker that started a GPU backend
 Math libraries in a worker use one thread (``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
 ``OMP_NUM_THREADS`` of 1), as PyTorch's ``DataLoader`` does with its own: the workers are the
 parallelism. NumPy's OpenBLAS otherwise starts a thread a core in every worker, each spinning
-for a while at its start (8 workers on 16 cores: 0.80 -> 0.60 s to the first batch and 8.0 ->
-4.7 s of the workers' CPU; docs/benchmarks.md), and a transform's matrix product in N workers
+for a while at its start (later first batches, more of the workers' CPU), and a transform's matrix product in N workers
 would run N x cores threads. A value the training process's environment sets is kept.
 """
 

@@ -4,7 +4,7 @@ A task makes as many of a worker's steps as fit in ``TASK_BYTES`` of slots, up t
 ``MAX_TASK_STEPS`` (one a task while the batch size is not known, and for streams, whose
 readers need no more). A worker has ``prefetch`` tasks in flight, or for small batches as many
 as hold ``prefetch`` MiB of them, up to ``MAX_AHEAD_STEPS`` steps a worker and
-``MAX_AHEAD_SLOTS`` in all. The figures behind the numbers are in docs/benchmarks.md.
+``MAX_AHEAD_SLOTS`` in all.
 
 Example:
     >>> steps = steps_per_task(22_528, streaming=False)  # 256 rows of Parquet a batch
@@ -16,21 +16,19 @@ from __future__ import annotations
 
 # A task makes as many steps as fit in this many bytes of slots, up to MAX_TASK_STEPS: batches
 # of 22 KB (256 rows of Parquet) take 16 a task, batches of 1 MiB or more one. Slots in flight:
-# N * prefetch * steps a task, so at most ~prefetch MiB a worker for small batches. 16, not 8:
-# ~10% more rows/s with 2 workers, from Parquet read locally and from memory; 32 read
-# Parquet slower again (more rows a task than the caches hold; docs/benchmarks.md).
+# N * prefetch * steps a task, so at most ~prefetch MiB a worker for small batches. More steps a
+# task, fewer messages a batch; too many and a task's rows outgrow the decoded row groups a
+# worker keeps.
 TASK_BYTES = 1 << 20
 MAX_TASK_STEPS = 16
 # Tasks in flight a worker: ``prefetch``, or for small batches as many as hold ``prefetch`` MiB
 # of them, up to this many steps: a source that stalls now and then (a Parquet worker decoding
 # the row groups of a new window, ~30 ms) leaves the consumer batches made ahead to take, and
-# the workers room to run ahead after. Measured (Parquet read locally, 2 workers, 22 KB
-# batches): 4 tasks of 16 in flight a worker, not 2, left a core idle 11% of the time, not 21%,
-# and read ~6% more rows a second; 6 tasks no more (docs/benchmarks.md). With the margin of the
+# the workers room to run ahead after. With the margin of the
 # block being submitted, a worker writes ~80 slots: under the mappings it keeps (worker.py).
 MAX_AHEAD_STEPS = 64
 # and at most this many steps for all the workers together: each slot holds a descriptor in the
-# main process (many systems allow 1,024), so 8 workers or more keep ``prefetch`` tasks, as before
+# main process (many systems allow 1,024), so 8 workers or more keep ``prefetch`` tasks
 MAX_AHEAD_SLOTS = 256
 
 

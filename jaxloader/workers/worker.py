@@ -107,7 +107,7 @@ class _Lease:
 
 def serve(conn: Connection) -> None:
     """The worker loop; returns when told to stop or when the main process is gone."""
-    # NumPy imports numpy.ma the first time np.unique runs (12-18 ms, measured), which a
+    # NumPy imports numpy.ma the first time np.unique runs, which a
     # read-local order or a Parquet join calls in the first batch: imported here instead,
     # while the main process prepares the payload (JAX's import does it in the main process)
     importlib.import_module("numpy.ma")

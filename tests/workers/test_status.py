@@ -76,7 +76,9 @@ def _slow_after(record):
 def test_a_late_batch_is_logged_with_what_each_worker_does_then_an_error_past_timeout_s(
         caplog, stop):
     transforms = [jl.Map(_slow_after)] if stop == "sleep" else []
-    with jl.DataLoader(jl.ArraySource({"x": np.arange(400)}), batch_size=8, num_workers=2,
+    # (records enough that the stopped worker cannot have made all its batches before it stops,
+    # however late the stop comes on a loaded machine)
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(40_000)}), batch_size=8, num_workers=2,
                        transforms=transforms, stall_warning_s=0.4, timeout_s=1.5,
                        prefetch=1, process_index=0, process_count=1) as loader:
         caplog.set_level(logging.WARNING, logger="jaxloader")
@@ -90,7 +92,7 @@ def test_a_late_batch_is_logged_with_what_each_worker_does_then_an_error_past_ti
             with pytest.raises(jl.StallError, match=r"no batch for [\d.]+ s, past timeout_s="
                                                     r"1.5: step \d+ \(epoch 0, record positions "
                                                     r"[\d.]+\) is awaited, from worker \d"):
-                for _ in range(60):
+                for _ in range(5000):
                     next(it)
         finally:
             if stop == "sigstop" and not _gone(stopped):

@@ -1,0 +1,77 @@
+"""``RecordTransforms``: a loader's record transforms run on one record, the one runner both
+batch makers use (``batch_maker`` for sources, ``stream_batch_maker`` for streams).
+
+::
+
+    record ──Map: fn(record)──RandomMap: fn(record, rng(seed, epoch, position, index + salt))
+           ──Filter: fn(record) false? DROPPED──> record
+    an error, or a transform that returns None: RecordError naming where, the transform and
+    its index (the original error its cause)
+
+A ``RandomMap``'s generator is keyed by the record's place, never by the worker running it; a
+stream redraws, with ``salt``, for a record read in place of one a ``Filter`` dropped.
+
+Example:
+    >>> from jaxloader.batching.transforms import Map, RandomMap
+    >>> run = RecordTransforms((Map(lambda r: r + 1), RandomMap(lambda r, rng: r * 2)), seed=0)
+    >>> run(3, epoch=0, position=7, where=lambda: "step 1")
+    8
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.batching.transforms import Filter, Map, RandomMap, RecordRng, returned_none
+
+DROPPED = object()  # what a record a Filter drops becomes
+_MAP, _RANDOM, _FILTER = 0, 1, 2
+
+
+class RecordTransforms:
+    """``transforms`` (``Map``, ``RandomMap``, ``Filter``) of a loader seeded ``seed``."""
+
+    def __init__(self, transforms: tuple, seed: int) -> None:
+        kinds = {Map: _MAP, RandomMap: _RANDOM, Filter: _FILTER}
+        self.transforms = transforms
+        self._steps = tuple(enumerate((t.fn, kinds[type(t)]) for t in transforms))
+        self._rng = RecordRng(seed)
+        self.filters = any(kind == _FILTER for _, (_, kind) in self._steps)
+
+    def __bool__(self) -> bool:
+        return bool(self._steps)
+
+    def __call__(self, record: Any, *, epoch: int, position: int, where: Callable[..., str],
+                 where_args: tuple = (), salt: int = 0, filters: bool = True) -> Any:
+        """``record`` through the transforms (``DROPPED`` if a ``Filter`` drops it; with
+        ``filters=False`` through the others only); ``where(*where_args)`` names the record
+        in an error."""
+        t_index = -1
+        try:
+            for t_index, (fn, kind) in self._steps:
+                if kind == _MAP:
+                    record = fn(record)
+                elif kind == _RANDOM:
+                    record = fn(record, self._rng.at(epoch=epoch, position=position,
+                                                     transform_index=t_index + salt))
+                elif filters and not fn(record):
+                    return DROPPED
+                if record is None:
+                    raise returned_none(where(*where_args), self.transforms[t_index], t_index)
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            raise RecordError(
+                f"{where(*where_args)}: transforms[{t_index}] {self.transforms[t_index]!r} "
+                f"raised {type(e).__name__}: {e}{read_only_hint(e)}; the original error is the "
+                "cause below") from e
+        return record
+
+
+def read_only_hint(e: Exception) -> str:
+    """What to do about a transform that wrote into a read-only record (else nothing)."""
+    if isinstance(e, ValueError) and "read-only" in str(e):
+        return (" (source records are read-only views, shared with the workers and the "
+                "source itself: copy what you change, e.g. r['x'].copy() or np.array(r['x']))")
+    return ""
