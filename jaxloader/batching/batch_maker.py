@@ -29,6 +29,7 @@ import numpy as np
 from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.abilities import gatherer_of
 from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
@@ -60,7 +61,7 @@ class BatchMaker:
         self._batched_reads = (hasattr(source, "__getitems__")
                                and not isinstance(source, ArraySource))
         # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
-        self._gather = getattr(source, "gather_columns", None)
+        self._gather = gatherer_of(source)
         self._transforms = RecordTransforms(record_transforms, sampler.seed)
 
     @property
@@ -122,8 +123,7 @@ class BatchMaker:
         record transforms, steps of other sizes, a read that raises or gives ``None``)."""
         if self._gather is None or not self._vectorised:
             return None
-        whole = getattr(self.sampler, "task_indices", None)  # (a Sampler's, not a mixture's)
-        indices = whole(steps) if whole is not None else None
+        indices = self.sampler.task_indices(steps)
         specs: list[BatchSpec] | None = None
         if indices is None:
             specs = [self.sampler.batch(step) for step in steps]

@@ -220,6 +220,10 @@ class MixtureSampler:
                 epoch=epoch)
         return order
 
+    def task_indices(self, steps: list[int]) -> None:
+        """``None``: a mixture's steps are laid out one by one (``batch``)."""
+        return None
+
     # -- state: the weights that made the steps so far must be the same --------------------
     def extra_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {

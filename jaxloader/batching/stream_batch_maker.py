@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -38,9 +38,8 @@ from jaxloader.batching.record_columns import record_columns
 from jaxloader.base.checks import POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.batching.batch_maker import finish_batch
-from jaxloader.streams.mixed import MixedStream
+from jaxloader.streams.contract import ReadableStream, RecordReader
 from jaxloader.streams.packed import PackedStream
-from jaxloader.streams.reader import Stream, StreamReader
 from jaxloader.batching.record_transforms import DROPPED, RecordTransforms
 from jaxloader.batching.transforms import Filter
 
@@ -52,7 +51,7 @@ class StreamBatchMaker:
     """Batches of the readers of ``stream`` given to ``reset`` (one, or those a worker hosts):
     step ``s`` is made by this process's reader ``s % per_process``."""
 
-    def __init__(self, stream: Stream | MixedStream | PackedStream, *, batch_size: int, seed: int,
+    def __init__(self, stream: ReadableStream, *, batch_size: int, seed: int,
                  process_index: int, process_count: int, per_process: int,
                  record_transforms: tuple = (), batch_transforms: tuple = (),
                  mask_key: str | None = None) -> None:
@@ -64,25 +63,18 @@ class StreamBatchMaker:
                                                                     process_count, per_process)
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
         self._transforms = RecordTransforms(record_transforms, seed)
-        self._hosted: dict[int, Any] = {}  # this process's reader k -> it, as reset
-        self._reader: Any = None  # the one that made the last batch
+        self._hosted: dict[int, RecordReader] = {}  # this process's reader k -> it, as reset
+        self._reader: RecordReader | None = None  # the one that made the last batch
         self.readers = process_count * per_process
         for k in range(per_process):  # refuses too few shards now, not in a worker later
             self.reader_for(k)
 
-    def reader_for(self, local: int) -> Any:
-        """This process's reader ``local``: a ``StreamReader``, or a ``MixedReader`` or a
-        packing reader over such readers."""
-        reader = self.process_index * self.per_process + local
-
-        def of(stream: Any) -> Any:
-            if isinstance(stream, PackedStream):
-                return stream.reader(of(stream.stream))
-            if isinstance(stream, MixedStream):
-                return stream.reader(reader=reader, readers=self.readers, seed=self.seed,
-                                     batch_size=self.batch_size)
-            return StreamReader(stream, reader=reader, readers=self.readers, seed=self.seed)
-        return of(self.stream)
+    def reader_for(self, local: int) -> RecordReader:
+        """This process's reader ``local`` (``streams.contract``: a ``StreamReader``, or a
+        ``MixedReader`` or a packing reader over such readers)."""
+        return self.stream.reader(reader=self.process_index * self.per_process + local,
+                                  readers=self.readers, seed=self.seed,
+                                  batch_size=self.batch_size)
 
     def initial_states(self) -> list[dict]:
         """Each of this process's readers' state at the start of the stream."""
@@ -105,6 +97,12 @@ class StreamBatchMaker:
         """Closes the shards the readers hosted here have open."""
         for reader in self._hosted.values():
             reader.close()
+
+    def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
+                   ) -> Iterator[tuple[Any, Any]]:
+        """``make(step, alloc)`` for each of ``steps`` (a worker's task), in order."""
+        for step, alloc in zip(steps, allocs):
+            yield self.make(step, alloc)
 
     def location(self, step: int) -> str:
         """Where step ``step``'s batch is, for messages."""

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.sources.base import check_source, records_at
 from jaxloader.sources.fingerprint import combined
@@ -98,17 +99,16 @@ class FilteredSource:
     def block_starts(self) -> np.ndarray | None:
         """The source's blocks (a ``ParquetSource``'s row groups) among the kept records, for
         ``LocalShuffle``, when the kept records are in the source's order."""
-        starts = getattr(self.source, "block_starts", None)
+        starts = block_starts_of(self.source)
         if starts is None or not np.all(self.indices[1:] > self.indices[:-1]):
             return None
-        return np.unique(np.searchsorted(self.indices, np.asarray(starts, np.int64)))
+        return np.unique(np.searchsorted(self.indices, starts))
 
     def lengths(self, key: str) -> np.ndarray | None:
         """The kept records' lengths of ``key`` from the source's own (``PackedSource``'s
         lengths with no record read); ``None`` when the source has none."""
-        own = getattr(self.source, "lengths", None)
-        got = own(key) if callable(own) else None
-        return None if got is None else np.asarray(got, np.int64)[self.indices]
+        got = lengths_of(self.source, key)
+        return None if got is None else got[self.indices]
 
     def check_order(self, shuffle: Any) -> None:
         """The source's own check of an order (a ``ParquetSource`` warns when the order reads
@@ -117,7 +117,7 @@ class FilteredSource:
         ``LocalShuffle`` of the source's blocks as many at a time."""
         from jaxloader.order.local_shuffle import LocalShuffle
 
-        check = getattr(self.source, "check_order", None)
+        check = order_check_of(self.source)
         if check is None or isinstance(shuffle, LocalShuffle) and (
                 shuffle.block_size is not None or self.block_starts is None):
             return  # (blocks of kept records: what they read of the source is not known)

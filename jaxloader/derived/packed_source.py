@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxloader.base.abilities import lengths_of
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import check_source, records_at
@@ -165,10 +166,9 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
     """The records' lengths, ``(records, keys)``: given, cached in a file, or read once."""
 
     def find() -> np.ndarray:
-        own = getattr(source, "lengths", None)  # RaggedSource, ParquetSource, a Dataset's
-        columns = [own(k) for k in keys] if callable(own) else [None]
+        columns = [lengths_of(source, k) for k in keys]  # RaggedSource, ParquetSource, ...
         if all(c is not None for c in columns):
-            return np.stack([np.asarray(c) for c in columns], axis=1)
+            return np.stack(columns, axis=1)
         return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
 
     found, path = kept_or_found(given, find)

@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Generator, Protocol
+from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
 
 class Maker(Protocol):
@@ -45,8 +45,27 @@ class Maker(Protocol):
         """The batch of ``step`` and its layout, written into ``alloc(nbytes)`` if given."""
         ...
 
+    def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
+                   ) -> Iterator[tuple[Any, Any]]:
+        """``make(step, alloc)`` for each of ``steps`` (a worker's task), in order."""
+        ...
+
     def location(self, step: int) -> str:
         """Where step ``step``'s batch is, for messages."""
+        ...
+
+
+@runtime_checkable
+class StreamMaker(Maker, Protocol):
+    """A ``Maker`` of a stream's batches (``StreamBatchMaker``): its readers continue from
+    states given, and say theirs after each batch."""
+
+    def reset(self, state: dict | list | None) -> None:
+        """Hosts the readers of ``state`` (one's, a list, or ``None``: the first's start)."""
+        ...
+
+    def report(self) -> dict:
+        """The state of the last batch's reader after it."""
         ...
 
 
@@ -74,7 +93,7 @@ class InProcessEngine:
     """Makes batches in the calling thread (``num_workers=0``); a stream's one host is this
     process, with all its readers (``resets[0]``)."""
 
-    def __init__(self, maker: Any) -> None:
+    def __init__(self, maker: Maker) -> None:
         self._maker = maker
 
     @property
@@ -84,13 +103,14 @@ class InProcessEngine:
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
         maker = self._maker
-        if resets is not None:
-            maker.reset(resets[0])
+        stream = maker if isinstance(maker, StreamMaker) else None
+        if stream is not None and resets is not None:
+            stream.reset(resets[0])
         steps = itertools.count(start) if stop is None else range(start, stop)
         for step in steps:
             batch, _ = maker.make(step)
-            if reports is not None:
-                reports[step] = maker.report()
+            if stream is not None and reports is not None:
+                reports[step] = stream.report()
             yield batch
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Never, Sequence
 
 import numpy as np
 
+from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import source_fingerprint, source_files
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
@@ -139,7 +140,7 @@ class DataLoader(LoaderLifecycle):
                                      num_workers=num_workers)
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
-            check_order = getattr(part, "check_order", None)
+            check_order = order_check_of(part)
             if check_order is not None:
                 check_order(shuffle)
         self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,

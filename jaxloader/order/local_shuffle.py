@@ -28,6 +28,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxloader.base.abilities import block_starts_of
 from jaxloader.base.checks import check_int
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 
@@ -59,16 +60,16 @@ class LocalShuffle:
 
     def block_starts(self, source: object, num_records: int) -> np.ndarray:
         """Where each block starts, and ``num_records`` last."""
-        own = getattr(source, "block_starts", None) if self.block_size is None else None
+        own = block_starts_of(source) if self.block_size is None else None
         if own is not None:
-            return np.asarray(own, dtype=np.int64)
+            return own
         size = self.block_size or 1024
         return np.append(np.arange(0, num_records, size, dtype=np.int64), num_records)
 
     def describe(self, source: object) -> str:
         """For the state: what must match for a step to mean the same records."""
         blocks = ("the source's" if self.block_size is None
-                  and getattr(source, "block_starts", None) is not None
+                  and block_starts_of(source) is not None
                   else str(self.block_size or 1024))
         return f"window {self.window}, blocks {blocks}"
 

@@ -51,6 +51,8 @@ import time
 import weakref
 from typing import Any, Callable, Iterator
 
+from jaxloader.base.abilities import close_of
+
 # close() waits this long for the thread, which may be finishing a batch (then left to end by
 # itself: a worker's batch ends when close() kills the workers; an in-process one when made)
 _JOIN_TIMEOUT_S = 0.2
@@ -122,9 +124,7 @@ class HostPrefetcher:
             self._ready.put((None, e))
         finally:
             try:
-                close = getattr(self._host_batches, "close", None)
-                if close is not None:
-                    close()  # in this thread, which ran it: returns its slots to the ring
+                close_of(self._host_batches)  # in this thread, which ran it: returns its slots to the ring
             finally:
                 self._finished = True
                 self._ended.put(None)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.abilities import block_starts_of, lengths_of
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.sources.base import check_source
 from jaxloader.sources.huggingface import adapt
@@ -76,7 +77,7 @@ class ConcatSource:
         the whole, and its length last. ``None`` when no part has its own."""
         from jaxloader.order.local_shuffle import LocalShuffle
 
-        if all(getattr(s, "block_starts", None) is None for s in self.sources):
+        if all(block_starts_of(s) is None for s in self.sources):
             return None
         cut = LocalShuffle()
         starts = [cut.block_starts(s, n)[:-1] + offset for s, n, offset
@@ -88,11 +89,10 @@ class ConcatSource:
         no record read; ``None`` when a part has none (``PackedSource`` then reads them)."""
         parts = []
         for source in self.sources:
-            own = getattr(source, "lengths", None)
-            got = own(key) if callable(own) else None
+            got = lengths_of(source, key)
             if got is None:
                 return None
-            parts.append(np.asarray(got, np.int64))
+            parts.append(got)
         return np.concatenate(parts)
 
     def split(self, indices: np.ndarray) -> tuple[list, list]:

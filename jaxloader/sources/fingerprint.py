@@ -25,15 +25,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.abilities import file_identities_of, fingerprint_of
 from jaxloader.sources.parts import walk
 
 
 def source_fingerprint(source: Any) -> dict[str, str]:
     """``{"source": its own}`` when the source has one, else ``{"record_spec", "record_hash"}``."""
-    own = getattr(source, "fingerprint", None)
-    if callable(own):
-        own = own()
-    if isinstance(own, str):
+    own = fingerprint_of(source)
+    if own is not None:
         return {"source": own}
     n = len(source)
     digest = hashlib.blake2b(digest_size=16)
@@ -93,9 +92,7 @@ def source_files(source: Any) -> list[tuple[str, list[int]]]:
     """
     found: list[tuple[str, list[int]]] = []
     for each in walk(source):
-        identities = getattr(each, "file_identities", None)
-        if callable(identities):
-            found.extend(identities())
+        found.extend(file_identities_of(each))
     return found
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import check_source, records_at
 from jaxloader.sources.fingerprint import code_digest, combined
@@ -76,24 +77,24 @@ class MapSource:
         return [self.fn(record) for record in records_at(self.source, indices)]
 
     @property
-    def block_starts(self) -> Any:
+    def block_starts(self) -> np.ndarray | None:
         """The source's blocks (row groups): a map keeps the records where they are."""
-        return getattr(self.source, "block_starts", None)
+        return block_starts_of(self.source)
 
     def lengths(self, key: str) -> np.ndarray:
         """The source's lengths of list column ``key`` (``lengths_kept``)."""
-        own = getattr(self.source, "lengths", None)
-        if not self.lengths_kept or own is None:
+        own = lengths_of(self.source, key) if self.lengths_kept else None
+        if own is None:
             raise ConfigError(
                 f"MapSource.lengths({key!r}): "
-                + ("the map changes the lengths (lengths_kept=False)" if own is not None else
-                   f"its source ({type(self.source).__name__}) has none to read")
+                + ("the map changes the lengths (lengths_kept=False)" if not self.lengths_kept
+                   else f"its source ({type(self.source).__name__}) has none to read")
                 + "; pass lengths= to PackedSource, or let it read the records once")
-        return own(key)
+        return own
 
     def check_order(self, shuffle: Any) -> None:
         """The source's check of what an order reads at once (a Parquet file's cache)."""
-        check = getattr(self.source, "check_order", None)
+        check = order_check_of(self.source)
         if check is not None:
             check(shuffle)
 

@@ -1,7 +1,8 @@
 """The sources a source is made of, walked: what a loader closes and what names its files.
 
-A ``ConcatSource`` (a mixture) reads its ``sources``; a wrapper (``FilteredSource``,
-``PackedSource``) its ``source``. No import of the sources themselves: the layers above use it.
+A ``ConcatSource`` (a mixture) reads its ``sources``; a wrapper (``MapSource``,
+``FilteredSource``, ``PackedSource``) its ``source`` (``jaxloader.base.abilities``). No import of
+the sources themselves: the layers above use it.
 """
 
 from __future__ import annotations
@@ -9,16 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-
-def parts_of(source: Any) -> list:
-    """The sources ``source`` reads its records from: a ``ConcatSource``'s (a mixture's)
-    ``sources``, a wrapper's (``FilteredSource``, ``PackedSource``) ``source``; none for a
-    source of its own data."""
-    parts = getattr(source, "sources", None)
-    if isinstance(parts, (list, tuple)):
-        return list(parts)
-    inner = getattr(source, "source", None)
-    return [inner] if hasattr(inner, "__len__") and hasattr(inner, "__getitem__") else []
+from jaxloader.base.abilities import close_of, parts_of
 
 
 def walk(source: Any) -> Iterator[Any]:
@@ -46,6 +38,5 @@ def close_source(source: Any) -> None:
     decoded rows): jaxloader's own sources, which reopen on their next read; a user's source,
     whose ``close`` may end it for good, is left alone."""
     for each in walk(source):
-        close = getattr(each, "close", None)
-        if callable(close) and type(each).__module__.startswith("jaxloader."):
-            close()
+        if type(each).__module__.startswith("jaxloader."):
+            close_of(each)

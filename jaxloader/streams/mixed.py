@@ -70,12 +70,11 @@ class MixedStream:
         self.streams, self.schedule = list(streams), schedule
         self.stopping_strategy = stopping_strategy
 
-    def reader(self, **kwargs: Any) -> "MixedReader":
-        """Reader ``reader`` of ``readers`` (``MixedReader``'s arguments), of the class that
-        ends its epochs as ``stopping_strategy`` says."""
-        if self.stopping_strategy == WITHOUT_REPLACEMENT:
-            return MixedReader(self, **kwargs)
-        return EpochedReader(self, **kwargs)
+    def reader(self, *, reader: int, readers: int, seed: int, batch_size: int) -> "MixedReader":
+        """Reader ``reader`` of ``readers`` (``streams.contract``), of the class that ends its
+        epochs as ``stopping_strategy`` says."""
+        kind = MixedReader if self.stopping_strategy == WITHOUT_REPLACEMENT else EpochedReader
+        return kind(self, reader=reader, readers=readers, seed=seed, batch_size=batch_size)
 
     @property
     def shards(self) -> list:
@@ -104,15 +103,13 @@ class MixedReader:
 
     def __init__(self, mixed: MixedStream, *, reader: int, readers: int, seed: int,
                  batch_size: int) -> None:
-        from jaxloader.streams.reader import StreamReader
-
         self.reader, self.readers, self.seed = reader, readers, seed
         self.components = []
         for c, stream in enumerate(mixed.streams):
             try:
-                self.components.append(StreamReader(  # each its own shard orders, windows
-                    stream, reader=reader, readers=readers,
-                    seed=splitmix64(seed ^ splitmix64(c + 1))))
+                self.components.append(stream.reader(  # each its own shard orders, windows
+                    reader=reader, readers=readers, seed=splitmix64(seed ^ splitmix64(c + 1)),
+                    batch_size=batch_size))
             except ConfigError as e:
                 raise ConfigError(f"mix(streams)[{c}]: {e}") from None
         m = len(mixed.streams)

@@ -124,9 +124,12 @@ class PackedStream:
                              overlong=self.overlong)
         return described
 
-    def reader(self, inner: Any) -> PackedReader | FitPackedReader:
-        """The packing reader over one reader of the stream under it
-        (``streams.packing_readers``)."""
+    def reader(self, *, reader: int, readers: int, seed: int,
+               batch_size: int) -> PackedReader | FitPackedReader:
+        """The packing reader (``streams.packing_readers``) over reader ``reader`` of
+        ``readers`` of the stream under it (``streams.contract``)."""
+        inner = self.stream.reader(reader=reader, readers=readers, seed=seed,
+                                   batch_size=batch_size)
         return PackedReader(self, inner) if self.method == "concat" else FitPackedReader(
             self, inner)
 

@@ -5,11 +5,11 @@ window; both over one reader of the stream under them.
 Example:
     >>> import numpy as np
     >>> from jaxloader.streams.packed import PackedStream
-    >>> from jaxloader.streams.reader import Stream, StreamReader
+    >>> from jaxloader.streams.reader import Stream
     >>> docs = Stream.from_generator(lambda i: ({"t": np.arange(1, n + 1)} for n in (3, 4)),
     ...                              shards=1)
     >>> packed = PackedStream(docs, "t", 5)
-    >>> reader = packed.reader(StreamReader(docs, reader=0, readers=1))
+    >>> reader = packed.reader(reader=0, readers=1, seed=0, batch_size=1)
     >>> reader.reset(None); reader.next()["t"].tolist()  # (packed: the PackedStream)
     [1, 2, 3, 1, 2]
 """

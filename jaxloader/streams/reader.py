@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from jaxloader.base.abilities import close_of
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
@@ -149,6 +150,12 @@ class Stream:
         """
         return Stream([MappedShard(shard, fn) for shard in self.shards],
                       shuffle_window=self.shuffle_window, shuffle_shards=self.shuffle_shards)
+
+    def reader(self, *, reader: int, readers: int, seed: int = 0,
+               batch_size: int = 1) -> "StreamReader":
+        """Reader ``reader`` of ``readers`` (``streams.contract``; ``batch_size`` is not used:
+        a reader of shards gives records one by one)."""
+        return StreamReader(self, reader=reader, readers=readers, seed=seed)
 
     def describe(self) -> dict[str, Any]:
         """What a state is checked against: the shards' names, the window, the shuffle."""
@@ -346,9 +353,7 @@ class StreamReader:
     def close(self) -> None:
         """Closes the shard this reader has open."""
         shard, self._current = self._current, None
-        close = getattr(shard, "close", None)
-        if close is not None:
-            close()
+        close_of(shard)
 
 
 def _state_or_why(shard: Any) -> Any:

@@ -35,9 +35,10 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
-from typing import Any, Iterator
+from typing import Any
 
 from jaxloader.base.tree import flatten, is_flat_dict
+from jaxloader.engines.in_process import Maker, StreamMaker
 from jaxloader.workers import payload, protocol
 from jaxloader.runtime import shm, worker_info
 from jaxloader.runtime.worker_info import WorkerInfo
@@ -118,6 +119,7 @@ def serve(conn: Connection) -> None:
     sys.path[:] = path
     try:
         status = WorkerStatus(status_names, worker_id)
+        maker: Maker
         maker, init_fn = payload.loads(blob)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))
         if init_fn is not None:
@@ -130,7 +132,7 @@ def serve(conn: Connection) -> None:
     last_layout = None
     # a layout, its leaves sent by pipe, and whether its batch is a flat dict
     objects_of: tuple[Any, list[int], bool] = (None, [], False)
-    streaming = hasattr(maker, "report")
+    stream = maker if isinstance(maker, StreamMaker) else None  # its readers' states reported
     while True:
         message = inbox.next()
         if type(message) is not Task:  # Stop
@@ -146,11 +148,11 @@ def serve(conn: Connection) -> None:
             status.making(step)  # (a task read at once: its first step names the read)
             try:
                 if batches is None:
-                    if reset is not None:  # a stream reader: from the loader's place
-                        maker.reset(reset)
-                    batches = _make_steps(maker, steps, [each.alloc for each in leases])
+                    if stream is not None and reset is not None:  # from the loader's place
+                        stream.reset(reset)
+                    batches = maker.make_steps(steps, [each.alloc for each in leases])
                 batch, layout = next(batches)
-                report = maker.report() if streaming else None
+                report = stream.report() if stream is not None else None
                 heap.fit(lease.used)  # the next batch's records reuse this one's freed pages
             except SystemExit:
                 return
@@ -174,15 +176,6 @@ def serve(conn: Connection) -> None:
             last_layout = None  # the main process may not hold the last layout sent
         if sent and failed is not None:  # (a batch that could not be sent failed the task)
             protocol.send(conn, failed)
-
-
-def _make_steps(maker: Any, steps: list[int], allocs: list) -> Iterator[tuple[Any, Any]]:
-    """``maker.make(step, alloc)`` for each step, through ``make_steps`` where the maker has
-    it (a ``BatchMaker``: a task's rows read at once)."""
-    make_steps = getattr(maker, "make_steps", None)
-    if make_steps is not None:
-        return make_steps(steps, allocs)
-    return (maker.make(step, alloc) for step, alloc in zip(steps, allocs))
 
 
 def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list) -> bool:

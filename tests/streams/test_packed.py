@@ -198,8 +198,6 @@ def test_a_reader_restored_anywhere_gives_the_same_rows(lengths, width, method, 
                                                         overlong, shuffle, k):
     """Reader states taken after any row, restored into a fresh reader: the same rows on,
     whatever the lengths (empty records, records longer than a row) and packing."""
-    from jaxloader.streams.reader import StreamReader
-
     if sum(lengths) == 0:
         lengths = lengths + [1]
     stream = jl.Stream.from_generator(
@@ -209,7 +207,7 @@ def test_a_reader_restored_anywhere_gives_the_same_rows(lengths, width, method, 
                              overlong=overlong)
 
     def reader():
-        return packed.reader(StreamReader(stream, reader=0, readers=1, seed=3))
+        return packed.reader(reader=0, readers=1, seed=3, batch_size=1)
 
     whole = reader()
     whole.reset(None)

@@ -1,0 +1,165 @@
+"""What a source can do beyond ``__len__`` and ``__getitem__``: one small protocol an ability,
+and one function each that returns what a source offers, or ``None`` where it has no such
+ability.
+
+The layers above ask through these (``isinstance`` against a runtime-checkable protocol), not
+by an attribute's name spelled at each call. A user's source gains an ability by defining it,
+as it is a source by defining ``__len__`` and ``__getitem__``: duck typing, as PyTorch and Grain
+read sources.
+
+=====================  ==================================================  ====================
+ability                what it gives                                       who asks
+=====================  ==================================================  ====================
+``Fingerprinted``      a str that changes when the data does               a loader's state
+``Blocked``            where blocks read together start (row groups)       ``LocalShuffle``
+``Measured``           the lengths of a list column, no record read        ``PackedSource``
+``OrderChecked``       its own check of an order (a cache too small)       ``DataLoader``
+``ColumnGathering``    many records' columns in one read                   ``BatchMaker``
+``FileBacked``         its files' paths and identities                     a loader's state
+``Composite``          the sources it concatenates (a mixture's parts)     walks, ``close()``
+``Wrapping``           the one source it reads (a map, a filter, packing)  walks, ``close()``
+=====================  ==================================================  ====================
+
+Example:
+    >>> class Lines:
+    ...     fingerprint = "lines-v1"
+    ...     def __len__(self): return 2
+    ...     def __getitem__(self, i): return {"i": i}
+    >>> fingerprint_of(Lines()), block_starts_of(Lines()), lengths_of(Lines(), "i")
+    ('lines-v1', None, None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Fingerprinted(Protocol):
+    """A source that says what it holds: a str that changes when its data does (a method that
+    returns it will do too)."""
+
+    @property
+    def fingerprint(self) -> Any: ...
+
+
+@runtime_checkable
+class Blocked(Protocol):
+    """A source stored in blocks that are read together (a Parquet file's row groups): where
+    each starts, and the record count last; ``None`` where it has none after all (a filter
+    whose kept records are out of order)."""
+
+    @property
+    def block_starts(self) -> np.ndarray | None: ...
+
+
+@runtime_checkable
+class Measured(Protocol):
+    """A source that knows the lengths of a list column without reading its records."""
+
+    def lengths(self, key: str) -> np.ndarray | None: ...
+
+
+@runtime_checkable
+class OrderChecked(Protocol):
+    """A source with its own check of what an order reads at once (``shuffle=`` of the
+    loader: ``True``, ``False`` or a ``LocalShuffle``)."""
+
+    def check_order(self, shuffle: Any) -> None: ...
+
+
+@runtime_checkable
+class ColumnGathering(Protocol):
+    """A source that reads many records' columns at once (a ``ParquetSource``: strings as one
+    buffer), or says ``None`` where it cannot."""
+
+    def gather_columns(self, indices: np.ndarray) -> dict[str, Any] | None: ...
+
+
+@runtime_checkable
+class FileBacked(Protocol):
+    """A source of files: each one's path and identity (``jaxloader.base.file_identity``)."""
+
+    def file_identities(self) -> list[tuple[str, list[int]]]: ...
+
+
+@runtime_checkable
+class Composite(Protocol):
+    """A source made of others, one after another (``ConcatSource``, a mixture)."""
+
+    @property
+    def sources(self) -> Sequence[Any]: ...
+
+
+@runtime_checkable
+class Wrapping(Protocol):
+    """A source that reads one other (a ``MapSource``, ``FilteredSource``, ``PackedSource``)."""
+
+    @property
+    def source(self) -> Any: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """Something that holds files or memory open until it is closed."""
+
+    def close(self) -> None: ...
+
+
+def fingerprint_of(source: object) -> str | None:
+    """The source's own fingerprint, or ``None``."""
+    if not isinstance(source, Fingerprinted):
+        return None
+    own = source.fingerprint
+    if callable(own):
+        own = own()
+    return own if isinstance(own, str) else None
+
+
+def block_starts_of(source: object) -> np.ndarray | None:
+    """The source's blocks (``Blocked``) as int64, or ``None``."""
+    starts = source.block_starts if isinstance(source, Blocked) else None
+    return None if starts is None else np.asarray(starts, np.int64)
+
+
+def lengths_of(source: object, key: str) -> np.ndarray | None:
+    """The source's lengths of list column ``key`` (``Measured``), or ``None``."""
+    if not isinstance(source, Measured) or not callable(source.lengths):
+        return None
+    got = source.lengths(key)
+    return None if got is None else np.asarray(got, np.int64)
+
+
+def order_check_of(source: object) -> Callable[[Any], None] | None:
+    """The source's own check of an order (``OrderChecked``), or ``None``."""
+    return source.check_order if isinstance(source, OrderChecked) else None
+
+
+def gatherer_of(source: object) -> Callable[[np.ndarray], dict[str, Any] | None] | None:
+    """The source's read of many records' columns at once (``ColumnGathering``), or ``None``."""
+    return source.gather_columns if isinstance(source, ColumnGathering) else None
+
+
+def file_identities_of(source: object) -> list[tuple[str, list[int]]]:
+    """The source's own files' paths and identities (``FileBacked``); none for other sources."""
+    return source.file_identities() if isinstance(source, FileBacked) else []
+
+
+def parts_of(source: object) -> list[Any]:
+    """The sources ``source`` reads its records from: a ``Composite``'s ``sources``, a
+    ``Wrapping``'s ``source``; none for a source of its own data."""
+    if isinstance(source, Composite) and isinstance(source.sources, (list, tuple)):
+        return list(source.sources)
+    if isinstance(source, Wrapping):
+        inner = source.source
+        return [inner] if hasattr(inner, "__len__") and hasattr(inner, "__getitem__") else []
+    return []
+
+
+def close_of(held: object) -> None:
+    """Closes ``held`` where it can be closed (``Closable``)."""
+    if isinstance(held, Closable):
+        held.close()
