@@ -9,13 +9,15 @@ from typing import Any, Mapping, Sequence
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.plans.mixture import normalised
+from jaxloader.sources.base import Source
 from jaxloader.sources.mixture import Mixture
+from jaxloader.streams.contract import StreamLike
 from jaxloader.streams.mixed import STOPPING_STRATEGIES, MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, as_stream
 
 
-def mix(sources: Sequence[Any] | Mapping[str, Any],
+def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLike],
         weights: Sequence[float] | Mapping[str, float],
         from_step: Mapping[int, Sequence[float] | Mapping[str, float]] | None = None,
         stopping_strategy: str = "all_exhausted_without_replacement",
@@ -57,20 +59,20 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
     for step, later in sorted((from_step or {}).items()):
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
         schedule[int(step)] = normalised(later, len(sources), f"from_step[{step}]", names)
-    sources = [as_stream(s) for s in sources]  # Hugging Face IterableDatasets: streams
-    if any(isinstance(s, MixedStream) for s in sources):
+    parts: list[Any] = [as_stream(s) for s in sources]  # Hugging Face IterableDatasets
+    if any(isinstance(s, MixedStream) for s in parts):
         raise ConfigError(
             "mix(sources): a mixture of streams inside a mixture; mix the streams in one "
             "jl.mix, each weight the product of its own and its mixture's (mix([a, b], [1, 1]) "
             "at 0.5 beside c at 0.5: mix([a, b, c], [0.25, 0.25, 0.5]))"
         )
-    if any(isinstance(s, PackedStream) for s in sources):
+    if any(isinstance(s, PackedStream) for s in parts):
         raise ConfigError(
             "mix(sources): a PackedStream is mixed by packing the mixture: "
             "jl.PackedStream(jl.mix([stream_a, stream_b], weights), key, length), so that a "
             "row's documents come from the components by weight"
         )
-    streams = [isinstance(s, Stream) for s in sources]
+    streams = [isinstance(s, Stream) for s in parts]
     if any(streams) and not all(streams):
         raise ConfigError(
             f"mix(sources): sources {[i for i, s in enumerate(streams) if s]} are streams "
@@ -85,11 +87,11 @@ def mix(sources: Sequence[Any] | Mapping[str, Any],
                           f"{list(STOPPING_STRATEGIES)} (Hugging Face's interleave_datasets "
                           f"names), got {stopping_strategy!r}")
     if all(streams):
-        return MixedStream(sources, schedule, stopping_strategy)
+        return MixedStream(parts, schedule, stopping_strategy)
     if stopping_strategy != STOPPING_STRATEGIES[0]:
         raise ConfigError(
             f"mix(stopping_strategy={stopping_strategy!r}): a mixture of sources has no "
             "component epochs to stop at: the loader's epoch is the sum of the components' "
             "lengths, each component reshuffled as it wraps; leave stopping_strategy out, or "
             "set the epoch's length with a number of steps")
-    return Mixture(sources, schedule)
+    return Mixture(parts, schedule)

@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 
@@ -145,7 +145,7 @@ class BatchMaker:
                 return collate.take_columns(joined.treedef, joined.arrays, spec.indices)
             if self.source.alike_arrays:
                 rows, local = self.source.split(spec.indices)
-                parts = self.source.sources
+                parts = cast("list[ArraySource]", self.source.sources)  # (alike: all arrays)
                 return collate.take_parts_columns(parts[0].treedef, [p.arrays for p in parts],
                                                   rows, local)
         if self._gather is not None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
-from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
@@ -55,7 +55,7 @@ class FilteredSource:
         ([0, 2, 3], 3)
     """
 
-    def __init__(self, source: Any, keep: Callable[[Any], Any] | None = None, *,
+    def __init__(self, source: Source, keep: Callable[[Any], Any] | None = None, *,
                  indices: np.ndarray | str | os.PathLike | None = None,
                  num_workers: int = 0) -> None:
         source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy

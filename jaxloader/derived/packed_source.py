@@ -36,7 +36,7 @@ import numpy as np
 from jaxloader.base.abilities import lengths_of
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
-from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
@@ -57,7 +57,7 @@ class PackedSource:
     ``.npy`` file that keeps them (read once from the records when it does not exist yet).
     """
 
-    def __init__(self, source: Any, keys: str | Sequence[str], length: int | Mapping[str, int],
+    def __init__(self, source: Source, keys: str | Sequence[str], length: int | Mapping[str, int],
                  *, method: str = "best_fit", bins: int = 16, window: int = 10_000,
                  overlong: str = "split", seed: int | None = 0,
                  lengths: np.ndarray | str | os.PathLike | None = None) -> None:

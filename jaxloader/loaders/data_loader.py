@@ -32,6 +32,7 @@ from jaxloader.batching.mixture_sampler import MixtureSampler
 from jaxloader.sources.mixture import Mixture
 from jaxloader.order.sampling import Order, Sampler
 from jaxloader.sources import ConcatSource, check_source, huggingface
+from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
 from jaxloader.loaders.state import check_state, make_state
 from jaxloader.batching.transforms import split_transforms
@@ -103,7 +104,7 @@ class DataLoader(LoaderLifecycle):
 
     def __init__(
         self,
-        source: Any,
+        source: Source,
         *,
         batch_size: int,
         shuffle: bool | LocalShuffle = False,

@@ -40,8 +40,7 @@ from jaxloader.loaders.peer_arguments import refuse
 from jaxloader.loaders.state import STATE_VERSION, check_stream_state
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.streams import passes
-from jaxloader.streams.mixed import MixedStream
-from jaxloader.streams.packed import PackedStream
+from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.reader import Stream, as_stream
 from jaxloader.batching.transforms import split_transforms
 
@@ -94,7 +93,7 @@ class StreamLoader(LoaderLifecycle):
         ([104, 105, 105, 105, 105], [True, True, False, False, False])
     """
 
-    def __init__(self, stream: Stream | MixedStream | PackedStream | Sequence[Any], *,
+    def __init__(self, stream: StreamLike, *,
                  batch_size: int,
                  seed: int = 0, transforms: Sequence[Any] = (), num_workers: int = 0,
                  process_index: int | None = None, process_count: int | None = None,
@@ -105,21 +104,21 @@ class StreamLoader(LoaderLifecycle):
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
                  **unknown: Never) -> None:
         refuse("StreamLoader", unknown)
-        stream = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
-        if not isinstance(stream, (Stream, MixedStream, PackedStream)):
-            if not isinstance(stream, (list, tuple)):
-                if type(stream).__name__ == "IterableDatasetDict":  # load_dataset, no split=
+        given: Any = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
+        if not isinstance(given, ReadableStream):
+            if not isinstance(given, (list, tuple)):
+                if type(given).__name__ == "IterableDatasetDict":  # load_dataset, no split=
                     raise ConfigError(
                         f"StreamLoader(stream): got an IterableDatasetDict of "
-                        f"{list(stream)}; pass one of them: stream[{next(iter(stream), '')!r}]"
+                        f"{list(given)}; pass one of them: stream[{next(iter(given), '')!r}]"
                         " (or load_dataset(..., split='train', streaming=True))")
                 raise ConfigError(
                     f"StreamLoader(stream): expected a jaxloader.Stream or a list of shards, got "
-                    f"{type(stream).__name__}; for a generator use "
+                    f"{type(given).__name__}; for a generator use "
                     "Stream.from_generator(make, shards=n), for files Stream.jsonl/text/tar, for "
                     "a Hugging Face Dataset ds.to_iterable_dataset(num_shards=n)"
                 )
-            stream = Stream(stream)
+            given = Stream(given)
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         self._placement = placement(batch_size, process_index, process_count)
         batch_size, process_index, process_count = self._placement
@@ -128,7 +127,7 @@ class StreamLoader(LoaderLifecycle):
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
-        self._stream = stream
+        self._stream: ReadableStream = given
         hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
         self._readers = check_int(
             "readers_per_process", hosts if readers_per_process is None else readers_per_process,
@@ -139,7 +138,7 @@ class StreamLoader(LoaderLifecycle):
                 f"{self._readers}; each worker hosts the same number of readers (a state "
                 f"restores into any worker count that divides readers_per_process)")
         self._maker = StreamBatchMaker(
-            stream, batch_size=batch_size, seed=seed, process_index=process_index,
+            given, batch_size=batch_size, seed=seed, process_index=process_index,
             process_count=process_count, per_process=self._readers,
             record_transforms=record_transforms, batch_transforms=batch_transforms,
             mask_key=None if num_epochs is None else mask_key)

@@ -33,6 +33,14 @@ class Source(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+@runtime_checkable
+class BatchedSource(Source, Protocol):
+    """A source that also reads many records at once: ``__getitems__(indices)`` gives a list of
+    records or an already batched pytree (see above)."""
+
+    def __getitems__(self, indices: np.ndarray) -> Any: ...
+
+
 def check_source(source: Any) -> int:
     """Checks the source protocol; returns ``len(source)``."""
     if isinstance(source, Mapping):

@@ -14,21 +14,22 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, cast
 
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of
 from jaxloader.base.errors import CollateError, ConfigError
-from jaxloader.sources.base import check_source
+from jaxloader.sources.arrays import ArraySource
+from jaxloader.sources.base import Source, check_source
 from jaxloader.sources.huggingface import adapt
 
 
 class ConcatSource:
     """``sources[0]``'s records, then ``sources[1]``'s, and so on."""
 
-    def __init__(self, sources: Sequence[Any]) -> None:
+    def __init__(self, sources: Sequence[Source]) -> None:
         if isinstance(sources, (str, bytes)) or not len(sources):
             raise ConfigError(
                 f"ConcatSource(sources): expected a non-empty list of sources, got {sources!r:.80}"
@@ -54,8 +55,9 @@ class ConcatSource:
         ``take`` a leaf. Memory-mapped parts cross as their files, never joined."""
         state = dict(self.__dict__)
         if self.joined is None and _joinable(self.sources):
-            arrays = [s.arrays for s in self.sources]
-            state["sources"] = _JoinedParts(self.sources[0].treedef,
+            parts = cast("list[ArraySource]", self.sources)  # (joinable: ArraySources all)
+            arrays = [s.arrays for s in parts]
+            state["sources"] = _JoinedParts(parts[0].treedef,
                                             [Joined([a[i] for a in arrays])
                                              for i in range(len(arrays[0]))])
         return state
@@ -150,8 +152,6 @@ class ConcatSource:
 def _alike_arrays(sources: list) -> bool:
     """Whether every part is an ``ArraySource`` with the same structure, dtypes and record
     shapes (then a batch is gathered from the parts' arrays straight into its slot)."""
-    from jaxloader.sources.arrays import ArraySource
-
     if not all(type(s) is ArraySource for s in sources):
         return False
     first = sources[0]

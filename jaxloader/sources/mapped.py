@@ -30,13 +30,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError
-from jaxloader.sources.base import check_source, records_at
+from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.fingerprint import code_digest, combined
 
 
@@ -47,13 +47,13 @@ class MapSource:
     reads them from ``source`` without a pass (the default); say ``False`` for a function that
     tokenizes or cuts them."""
 
-    def __init__(self, source: Any, fn: Callable[[Any], Any], *, batched: bool = False,
+    def __init__(self, source: Source, fn: Callable[[Any], Any], *, batched: bool = False,
                  lengths_kept: bool = True) -> None:
         check_source(source)
         if not callable(fn):
             raise ConfigError(f"MapSource(fn): expected a function of a record (or, with "
                               f"batched=True, of a batch of columns), got {type(fn).__name__}")
-        if batched and not hasattr(source, "__getitems__"):
+        if batched and not isinstance(source, BatchedSource):
             raise ConfigError(
                 f"MapSource(batched=True): the source ({type(source).__name__}) reads no batch "
                 "of columns (it has no __getitems__); map its records one by one "
@@ -65,7 +65,8 @@ class MapSource:
 
     def __getitem__(self, index: int) -> Any:
         if self.batched:
-            rows = self.fn(self.source.__getitems__(np.array([index], np.int64)))
+            rows = self.fn(cast(BatchedSource, self.source).__getitems__(
+                np.array([index], np.int64)))
             return {key: value[0] for key, value in rows.items()}
         return self.fn(self.source[index])
 
@@ -73,7 +74,7 @@ class MapSource:
         """The records at ``indices``: a batch of columns through ``fn`` (``batched``), else
         a list of records, each through ``fn`` (the source read at once where it can)."""
         if self.batched:
-            return self.fn(self.source.__getitems__(indices))
+            return self.fn(cast(BatchedSource, self.source).__getitems__(indices))
         return [self.fn(record) for record in records_at(self.source, indices)]
 
     @property

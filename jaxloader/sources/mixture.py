@@ -18,13 +18,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
+from jaxloader.sources.base import Source
 from jaxloader.sources.concat import ConcatSource
 
 
 class Mixture(ConcatSource):
     """The components as one source, and the weights (from step 0, and from later steps)."""
 
-    def __init__(self, sources: Sequence[Any], schedule: dict[int, np.ndarray]) -> None:
+    def __init__(self, sources: Sequence[Source], schedule: dict[int, np.ndarray]) -> None:
         super().__init__(sources)
         self.schedule = schedule  # step -> normalised weights, from step 0
 

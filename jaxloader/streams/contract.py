@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, Union, runtime_checkable
 
 
 @runtime_checkable
@@ -83,3 +83,10 @@ class ReadableStream(Protocol):
     def check_extra_state(self, state: dict, step: int) -> None:
         """Refuses a state whose ``extra_state`` does not fit this stream at ``step``."""
         ...
+
+
+StreamLike = Union[ReadableStream, Iterable[Any]]
+"""What ``StreamLoader``, ``jl.mix`` of streams and ``PackedStream`` take: a ``ReadableStream``,
+a Hugging Face ``datasets.IterableDataset`` (read as ``Stream.huggingface(ds)``), or a list of
+shards (``StreamLoader`` only: read as ``Stream(shards)``); any other iterable is refused,
+naming ``Stream.from_generator``."""

@@ -45,6 +45,7 @@ import numpy as np
 from jaxloader.base.checks import check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
+from jaxloader.streams.contract import StreamLike
 from jaxloader.streams.packing_readers import FitPackedReader, PackedReader
 
 
@@ -73,7 +74,7 @@ class PackedStream:
         [[97, 98, 0, 0], [99, 100, 101, 0]]
     """
 
-    def __init__(self, stream: Any, key: str, length: int,
+    def __init__(self, stream: StreamLike, key: str, length: int,
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
                  dtype: Any = np.int32, *, method: str = "concat", bins: int = 16,
                  window: int = 1000, overlong: str = "split") -> None:
