@@ -35,6 +35,7 @@ import numpy as np
 
 from jaxloader.base.abilities import lengths_of
 from jaxloader.plans import packing as packing_plan
+from jaxloader.plans.packed_rows import PackedRows, token_problem
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined
@@ -71,9 +72,7 @@ class PackedSource:
                               f"records' token arrays, got {keys!r}")
         self.row_length = _row_lengths(length, self.keys)
         self.config = dict(method=method, bins=bins, window=window, overlong=overlong, seed=seed)
-        if method not in packing_plan.METHODS:
-            raise ConfigError(f"PackedSource(method=...): expected one of "
-                              f"{packing_plan.METHODS}, got {method!r}")
+        packing_plan.check_method("PackedSource(method=...)", method)
         if seed is not None and (not isinstance(seed, int) or seed < 0):
             raise ConfigError(f"PackedSource(seed=...): expected an int >= 0 or None (records "
                               f"in stored order), got {seed!r}")
@@ -134,16 +133,9 @@ class PackedSource:
             at = plan.row_offset[seg, k].tolist()
             size = plan.length[seg, k].tolist()
             width = int(self.row_length[k])
-            tokens = np.zeros((len(rows), width), values.dtype)
-            ids = np.zeros((len(rows), width), np.int32)
-            positions = np.zeros((len(rows), width), np.int32)
-            count_up = np.arange(width, dtype=np.int32)
-            for r, s, b, o, n in zip(out_row, rank, begin, at, size):
-                tokens[r, o:o + n] = values[b:b + n]
-                ids[r, o:o + n] = s
-                positions[r, o:o + n] = count_up[:n]
-            batch[key], batch[f"{key}_segment_ids"], batch[f"{key}_positions"] = (
-                tokens, ids, positions)
+            packed = PackedRows((len(rows), width), values.dtype)
+            packed.place_batch(values, begin, size, out_row, at, rank)
+            batch.update(packed.fields(key))
         return batch
 
     def __repr__(self) -> str:
@@ -201,10 +193,10 @@ def _sequence(record: Any, key: str, index: int) -> np.ndarray:
         got = sorted(record) if isinstance(record, Mapping) else type(record).__name__
         raise ConfigError(f"PackedSource: record {index}: expected a dict with key {key!r} "
                           f"(a 1-D token array), got {got}")
-    value = np.asarray(record[key])
-    if value.ndim != 1 or value.dtype.kind not in "biu":
+    value, problem = token_problem(record[key], empty_of_any_dtype=False)
+    if problem is not None:
         raise ConfigError(f"PackedSource: record {index}[{key!r}]: expected a 1-D integer "
-                          f"array of tokens, got shape {value.shape} dtype {value.dtype}")
+                          f"array of tokens, got {problem}")
     return value
 
 

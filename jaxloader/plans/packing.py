@@ -34,6 +34,20 @@ PYTHON_WINDOWS = 32  # up to this many windows, fit one after another in Python;
 OVERLONG = ("split", "truncate")
 
 
+def check_method(label: str, method: object, methods: Sequence[str] = METHODS) -> None:
+    """Refuses a packing ``method`` not in ``methods``, naming ``label``."""
+    if method not in methods:
+        raise ConfigError(f"{label}: expected one of {METHODS}, got {method!r}")
+
+
+def check_overlong(label: str, overlong: object) -> None:
+    """Refuses an ``overlong`` not in ``OVERLONG``, naming ``label``, with what each does."""
+    if overlong not in OVERLONG:
+        raise ConfigError(
+            f"{label}: expected one of {OVERLONG}, got {overlong!r}; 'split' cuts a record "
+            "longer than a row into row-sized pieces, 'truncate' drops the rest")
+
+
 class PackingPlan(NamedTuple):
     """Segments sorted by row: row ``r`` holds segments ``row_ptr[r]:row_ptr[r + 1]``.
 
@@ -130,13 +144,8 @@ def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
         >>> [p.record[p.row_ptr[r]:p.row_ptr[r + 1]].tolist() for r in range(p.rows)]
         [[0, 1], [2, 3]]
     """
-    if method not in ("first_fit", "best_fit"):
-        raise ConfigError(f"PackedSource(method=...): expected one of {METHODS}, got {method!r}")
-    if overlong not in OVERLONG:
-        raise ConfigError(
-            f"PackedSource(overlong=...): expected one of {OVERLONG}, got {overlong!r}; 'split' "
-            "cuts a record longer than a row into row-sized pieces, 'truncate' drops the rest"
-        )
+    check_method("PackedSource(method=...)", method, ("first_fit", "best_fit"))
+    check_overlong("PackedSource(overlong=...)", overlong)
     for name, value in (("bins", bins), ("window", window)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"PackedSource({name}=...): expected an int >= 1, got {value!r}")

@@ -97,17 +97,11 @@ class PackedStream:
         if np.dtype(dtype).kind not in "iu":
             raise ConfigError(f"PackedStream(dtype): expected an integer dtype for tokens, got "
                               f"{np.dtype(dtype)}")
-        if method not in packing_plan.METHODS:
-            raise ConfigError(f"PackedStream(method): expected one of {packing_plan.METHODS}, "
-                              f"got {method!r}")
+        packing_plan.check_method("PackedStream(method)", method)
         bins = check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
         window = check_int("PackedStream(window)", window, low=1,
                            remedy="records packed together, e.g. 1000")
-        if overlong not in packing_plan.OVERLONG:
-            raise ConfigError(
-                f"PackedStream(overlong): expected one of {packing_plan.OVERLONG}, got "
-                f"{overlong!r}; 'split' cuts a record longer than a row into row-sized pieces, "
-                "'truncate' drops the rest")
+        packing_plan.check_overlong("PackedStream(overlong)", overlong)
         self.stream, self.key, self.length = stream, key, length
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong

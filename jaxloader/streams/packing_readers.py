@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxloader.base.errors import JaxloaderError, RecordError, StateDictError
 from jaxloader.plans import packing as packing_plan
+from jaxloader.plans.packed_rows import PackedRows, token_problem
 
 EMPTY_RUN = 100_000  # records in a row with no tokens before a reader gives up
 _ONE_WINDOW = 1 << 62  # fit's window for all of a window's pieces (split records give more)
@@ -90,18 +91,11 @@ class _PackingReader:
     def last_records(self) -> list:
         """What pads the batches of a pass that has ended: a row of padding (tokens and
         segment ids 0), the same after a restore."""
-        return [self._as_row(*self._blank())]
+        return [self._blank().fields(self.packed.key)]
 
-    def _blank(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A row's tokens, segment ids and positions, all 0 (padding) until filled."""
-        width = self.packed.length
-        return (np.zeros(width, self.packed.dtype), np.zeros(width, np.int32),
-                np.zeros(width, np.int32))
-
-    def _as_row(self, tokens: np.ndarray, ids: np.ndarray,
-                positions: np.ndarray) -> dict[str, np.ndarray]:
-        key = self.packed.key
-        return {key: tokens, f"{key}_segment_ids": ids, f"{key}_positions": positions}
+    def _blank(self) -> PackedRows:
+        """A row, padding (tokens and segment ids 0) until placed."""
+        return PackedRows((self.packed.length,), self.packed.dtype)
 
     def close(self) -> None:
         self.inner.close()
@@ -119,7 +113,6 @@ class PackedReader(_PackingReader):
         self._tokens: np.ndarray | None = None  # the record the next row starts in
         self._before: dict | None = None  # the inner state before that record
         self._skip = 0  # its tokens already in rows
-        self._count_up = np.arange(packed.length, dtype=np.int32)  # positions in a piece
 
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "skip")
@@ -147,8 +140,7 @@ class PackedReader(_PackingReader):
         """The next row; in a pass, the last one is cut short (padded) where the pass's
         tokens end, and ``StopIteration`` follows."""
         width = self.packed.length
-        tokens, ids, positions = self._blank()
-        count_up = self._count_up
+        row = self._blank()
         filled, segment = 0, 0
         while filled < width:
             if self._tokens is None:
@@ -161,14 +153,12 @@ class PackedReader(_PackingReader):
             assert self._tokens is not None
             n = min(width - filled, len(self._tokens) - self._skip)
             segment += 1
-            tokens[filled:filled + n] = self._tokens[self._skip:self._skip + n]
-            ids[filled:filled + n] = segment
-            positions[filled:filled + n] = count_up[:n]
+            row.place(slice(filled, filled + n), self._tokens[self._skip:self._skip + n], segment)
             filled += n
             self._skip += n
             if self._skip == len(self._tokens):
                 self._tokens, self._before, self._skip = None, None, 0
-        return self._as_row(tokens, ids, positions)
+        return row.fields(self.packed.key)
 
     def _read_record(self) -> None:
         """The next record with tokens: its tokens, and the inner state before it."""
@@ -191,7 +181,6 @@ class FitPackedReader(_PackingReader):
         self._plan: packing_plan.PackingPlan | None = None  # None: no window read yet
         self._before: dict | None = None  # the inner state before the window
         self._row = 0  # the window's rows already given
-        self._count_up = np.arange(packed.length, dtype=np.int32)
 
     def reset(self, state: dict | None) -> None:
         state = _opened(self, state, "row")
@@ -222,19 +211,17 @@ class FitPackedReader(_PackingReader):
             self._read_window()
         plan = self._plan
         assert plan is not None
-        tokens, ids, positions = self._blank()
+        row = self._blank()
         first, last = int(plan.row_ptr[self._row]), int(plan.row_ptr[self._row + 1])
         segments = zip(plan.record[first:last].tolist(), plan.record_offset[first:last, 0]
                        .tolist(), plan.row_offset[first:last, 0].tolist(),
                        plan.length[first:last, 0].tolist())
         for segment, (record, begin, at, n) in enumerate(segments, 1):
-            tokens[at:at + n] = self._records[record][begin:begin + n]
-            ids[at:at + n] = segment
-            positions[at:at + n] = self._count_up[:n]
+            row.place(slice(at, at + n), self._records[record][begin:begin + n], segment)
         self._row += 1
         if self._row == plan.rows:  # the window is used up: the next row starts the next
             self._drop()
-        return self._as_row(tokens, ids, positions)
+        return row.fields(self.packed.key)
 
     def _read_window(self) -> None:
         """The next ``window`` records with tokens (at the end of a pass, those left;
@@ -316,12 +303,10 @@ def _tokens_of(record: Any, key: str, dtype: np.dtype) -> np.ndarray:
         got = sorted(record) if isinstance(record, Mapping) else type(record).__name__
         raise RecordError(f"PackedStream: expected a record (after tokenize) with key {key!r}: "
                           f"1-D integer tokens, got {got}; pass tokenize= to make them")
-    value = record[key]
-    if type(value) is not np.ndarray:
-        value = np.asarray(value)
-    if value.ndim != 1 or (value.size and value.dtype.kind not in "biu"):
+    value, problem = token_problem(record[key], empty_of_any_dtype=True)
+    if problem is not None:
         raise RecordError(f"PackedStream: record[{key!r}]: expected 1-D integer tokens, got "
-                          f"shape {value.shape} dtype {value.dtype}")
+                          f"{problem}")
     if value.size and not np.can_cast(value.dtype, dtype):  # (a tokenizer's int64 ids)
         info = np.iinfo(dtype)
         low, high = value.min(), value.max()

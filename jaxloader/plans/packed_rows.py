@@ -1,0 +1,70 @@
+"""Packed rows, written one way for ``PackedSource`` and ``PackedStream`` alike.
+
+::
+
+    a row of width L, segment by segment ──>
+        key               (L,)  the segments' tokens one after another, 0 after them
+        key_segment_ids   (L,)  1..k for the row's k segments, 0 on padding
+        key_positions     (L,)  0.. within each segment
+
+and what a record's tokens must be: 1-D integers (``token_problem``).
+
+Example:
+    >>> rows = PackedRows((5,), np.int32)
+    >>> rows.place(slice(0, 3), np.array([7, 8, 9]), 1)
+    >>> rows.place(slice(3, 5), np.array([4, 5]), 2)
+    >>> {k: v.tolist() for k, v in rows.fields("t").items()}
+    {'t': [7, 8, 9, 4, 5], 't_segment_ids': [1, 1, 1, 2, 2], 't_positions': [0, 1, 2, 0, 1]}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class PackedRows:
+    """Rows of ``shape`` (one row: ``(L,)``; a batch: ``(B, L)``), padding until placed."""
+
+    __slots__ = ("tokens", "ids", "positions", "_count_up")
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.tokens = np.zeros(shape, dtype)
+        self.ids = np.zeros(shape, np.int32)
+        self.positions = np.zeros(shape, np.int32)
+        self._count_up = np.arange(shape[-1], dtype=np.int32)
+
+    def place(self, where: Any, piece: np.ndarray, segment: int) -> None:
+        """Segment ``segment`` (from 1), its tokens ``piece``, at ``where`` (a slice of a row,
+        or ``(row, slice)`` of a batch)."""
+        self.tokens[where] = piece
+        self.ids[where] = segment
+        self.positions[where] = self._count_up[:len(piece)]
+
+    def place_batch(self, values: np.ndarray, begins: list[int], sizes: list[int],
+                    rows: list[int], ats: list[int], segments: list[int]) -> None:
+        """``place`` for many segments of a batch's rows: segment ``i`` is
+        ``values[begins[i]:begins[i] + sizes[i]]``, in row ``rows[i]`` at ``ats[i]``, its
+        ``segments[i]``-th (one loop here, not a call a segment)."""
+        tokens, ids, positions, count_up = self.tokens, self.ids, self.positions, self._count_up
+        for r, s, b, o, n in zip(rows, segments, begins, ats, sizes):
+            tokens[r, o:o + n] = values[b:b + n]
+            ids[r, o:o + n] = s
+            positions[r, o:o + n] = count_up[:n]
+
+    def fields(self, key: str) -> dict[str, np.ndarray]:
+        """The rows' fields: ``key``, ``key_segment_ids`` and ``key_positions``."""
+        return {key: self.tokens, f"{key}_segment_ids": self.ids,
+                f"{key}_positions": self.positions}
+
+
+def token_problem(value: Any, empty_of_any_dtype: bool) -> tuple[np.ndarray, str | None]:
+    """``value`` as an array, and what keeps it from being a record's tokens (1-D integers;
+    where ``empty_of_any_dtype``, an empty one of any dtype, as ``np.asarray([])`` gives), or
+    ``None``."""
+    array = value if type(value) is np.ndarray else np.asarray(value)
+    if array.ndim != 1 or ((array.size or not empty_of_any_dtype)
+                           and array.dtype.kind not in "biu"):
+        return array, f"shape {array.shape} dtype {array.dtype}"
+    return array, None
