@@ -38,6 +38,7 @@ from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.fingerprint import code_digest, combined
+from jaxloader.sources.huggingface import adapt
 
 
 class MapSource:
@@ -49,6 +50,7 @@ class MapSource:
 
     def __init__(self, source: Source, fn: Callable[[Any], Any], *, batched: bool = False,
                  lengths_kept: bool = True) -> None:
+        source = adapt(source)  # a datasets.Dataset: read as NumPy, as the loader reads it
         check_source(source)
         if not callable(fn):
             raise ConfigError(f"MapSource(fn): expected a function of a record (or, with "

@@ -41,12 +41,13 @@ def test_list_features_batch_as_one_array_and_strings_stay_strings(fmt, num_work
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_datasets_mixed_concatenated_or_filtered_batch_the_same_way(num_workers):
-    """A Dataset inside jl.mix, ConcatSource or FilteredSource is read as NumPy too (it gave
-    lists of 32 arrays)."""
+def test_datasets_mixed_concatenated_filtered_or_mapped_batch_the_same_way(num_workers):
+    """A Dataset inside jl.mix, ConcatSource, FilteredSource or MapSource is read as NumPy too
+    (it gave lists of 32 arrays)."""
     wrapped = {"mix": jl.mix([dataset(), dataset(20)], [0.5, 0.5]),
                "concat": jl.ConcatSource([dataset(), dataset(20)]),
-               "filtered": jl.FilteredSource(dataset(), lambda r: r["label"] % 3 == 0)}
+               "filtered": jl.FilteredSource(dataset(), lambda r: r["label"] % 3 == 0),
+               "mapped": jl.MapSource(dataset(), lambda r: {**r, "label": r["label"]})}
     for name, source in wrapped.items():
         with jl.DataLoader(source, batch_size=4, shuffle=True, seed=2, num_workers=num_workers,
                            process_index=0, process_count=1) as loader:
