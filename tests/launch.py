@@ -16,7 +16,7 @@ def free_port() -> int:
 
 def run_hosts(script: str, num_processes: int, args: list[str], timeout: float = 200,
               env: dict | None = None) -> list[str]:
-    """Runs ``script PROCESS_ID *args`` in each process (CPU backend); returns their stdouts.
+    """BatchRuns ``script PROCESS_ID *args`` in each process (CPU backend); returns their stdouts.
 
     ``{port}`` in ``args`` becomes a free coordinator port shared by all the processes. Each
     must exit 0 and print ``done <process id>``.

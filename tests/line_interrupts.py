@@ -19,7 +19,7 @@ class Tick(BaseException):
 
 
 def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[], Any]) -> bool:
-    """Runs ``call()``, raising ``Tick`` at the ``n``-th line run inside ``functions``; True if
+    """BatchRuns ``call()``, raising ``Tick`` at the ``n``-th line run inside ``functions``; True if
     it was raised (False: ``call`` ran fewer lines there, and finished)."""
     codes = {f.__code__ for f in functions}
     seen = 0
@@ -41,7 +41,7 @@ def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[
 
 
 def raised_at_point(n: int, package: str, call: Callable[[], Any]) -> bool:
-    """Runs ``call()``, raising ``Tick`` at the ``n``-th point inside the code of ``package``
+    """BatchRuns ``call()``, raising ``Tick`` at the ``n``-th point inside the code of ``package``
     (a directory) where CPython may run a signal handler: a function's start, just after a
     call returns (a builtin's or a function's; the latter is finer than CPython, which checks
     there only after builtins) and a loop's back edge; True if it was raised. Between two such
@@ -82,7 +82,7 @@ _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 
 
 def _raised(tracer: Callable[..., Any], call: Callable[[], Any]) -> bool:
-    """Runs ``call()`` under ``tracer``; True if ``Tick`` came out of it."""
+    """BatchRuns ``call()`` under ``tracer``; True if ``Tick`` came out of it."""
     sys.settrace(tracer)
     try:
         call()

@@ -1,4 +1,4 @@
 """The bottom layer: errors, argument checks, pytrees with JAX's semantics, column primitives
-(object columns, ``Take``, ``StringColumn``), file identities, interrupt-safe cleanup, plain
+(object columns, ``DeferredTake``, ``StringColumn``), file identities, interrupt-safe cleanup, plain
 stats records. It imports nothing else of jaxloader (docs/architecture.md has the layers).
 """

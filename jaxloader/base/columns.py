@@ -1,9 +1,9 @@
 """Column primitives that sources make and collation consumes: an object column (one entry a
-row, whatever the rows are) and ``Take`` (rows still to gather, gathered straight into a
+row, whatever the rows are) and ``DeferredTake`` (rows still to gather, gathered straight into a
 batch's slot).
 
 Example:
-    >>> Take(np.arange(10) * 2, np.array([3, 1])).taken().tolist()
+    >>> DeferredTake(np.arange(10) * 2, np.array([3, 1])).taken().tolist()
     [6, 2]
 """
 
@@ -31,16 +31,16 @@ def object_column(values: list) -> np.ndarray:
     return out
 
 
-class Take(NamedTuple):
+class DeferredTake(NamedTuple):
     """A leaf still to gather: rows ``indices`` of ``array`` (written straight into a slot;
     ``indices`` in range, as a sampler's or a join's rows are: taken with ``mode="clip"``)."""
 
     array: np.ndarray
     indices: np.ndarray
 
-    def rows(self, a: int, b: int) -> "Take":
+    def rows(self, a: int, b: int) -> "DeferredTake":
         """Rows ``a`` to ``b`` of it, still to gather."""
-        return Take(self.array, self.indices[a:b])
+        return DeferredTake(self.array, self.indices[a:b])
 
     def taken(self, out: np.ndarray | None = None) -> np.ndarray:
         """The rows gathered (into ``out`` when given). ``mode="clip"`` avoids the buffered

@@ -71,7 +71,7 @@ from typing import Any, Callable
 
 
 def run_all(steps: list[Callable[[], Any]]) -> None:
-    """Runs every step even if an earlier one raises (a Ctrl-C, say); then raises the first."""
+    """BatchRuns every step even if an earlier one raises (a Ctrl-C, say); then raises the first."""
     first: BaseException | None = None
     for step in steps:
         try:

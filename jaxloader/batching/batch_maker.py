@@ -191,9 +191,9 @@ class BatchMaker:
 
 def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
     """Rows ``a`` to ``b`` of a task's gathered columns (arrays, ``StringColumn``s and
-    ``Take``s)."""
-    return {name: c.rows(a, b) if type(c) is StringColumn or type(c) is collate.Take else c[a:b]
-            for name, c in columns.items()}
+    ``DeferredTake``s)."""
+    deferred = (StringColumn, collate.DeferredTake)
+    return {name: c.rows(a, b) if type(c) in deferred else c[a:b] for name, c in columns.items()}
 
 
 def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,

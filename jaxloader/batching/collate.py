@@ -7,8 +7,8 @@
     batch  ──┘  (record_columns.py)  └─> write into buffer (one copy) ─> NumPy views, zero copy
 
 A *column* holds one leaf of the batch: the per-record values still to stack, an
-already-batched array (from a vectorised ``__getitems__``), rows still to gather (``Take``) or a
-``StringColumn``; ``record_columns`` validates them before anything is written.
+already-batched array (from a vectorised ``__getitems__``), rows still to gather
+(``DeferredTake``) or a ``StringColumn``; ``record_columns`` validates them before anything is written.
 
 Numeric leaves go into one flat byte buffer, each at a 64-byte aligned offset. Anything with the
 array protocol (a torch tensor, a PIL image, a ``jax.Array``) becomes a NumPy array; ``str`` and
@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.columns import Take
+from jaxloader.base.columns import DeferredTake
 from jaxloader.base.errors import CollateError
 from jaxloader.base.string_column import StringColumn, split
 from jaxloader.batching.record_columns import Column, raise_leaf_mismatch
@@ -98,7 +98,7 @@ def take_columns(treedef: tree_lib.TreeDef, arrays: list, indices: np.ndarray) -
     """Columns gathering ``indices`` from each array, without an intermediate copy."""
     paths = tree_lib.leaf_paths(treedef)
     n = len(indices)
-    return treedef, [Column(p, (n, *a.shape[1:]), a.dtype, Take(a, indices))
+    return treedef, [Column(p, (n, *a.shape[1:]), a.dtype, DeferredTake(a, indices))
                      for p, a in zip(paths, arrays)]
 
 
@@ -187,8 +187,8 @@ def materialize(
 
 def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
                alloc: Callable[[int], Any]) -> dict[str, Any]:
-    """Rows ``a`` to ``b`` of a task's gathered ``columns`` (a flat dict of arrays, ``Take``s
-    and ``StringColumn``s, as ``gathered_columns`` takes them) written into ``alloc``, as
+    """Rows ``a`` to ``b`` of a task's gathered ``columns`` (a flat dict of arrays,
+    ``DeferredTake``s and ``StringColumn``s, as ``gathered_columns`` takes them) written into ``alloc``, as
     ``materialize`` writes them, with ``layout`` computed once for the task's steps (all of
     one size; no leaf ``BESIDE``): no columns, layout or pytree made a step. A step's strings
     are copied from where the task's ``StringColumn`` holds them (``span``), no column made
@@ -213,8 +213,8 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
             at += size
             continue
         view = np.ndarray(spec.shape, spec.dtype, buffer, spec.offset)  # (as leaf_views)
-        if type(column) is Take:  # gathered straight into the slot: no copy in between
-            column.array.take(column.indices[a:b], 0, view, "clip")  # (as Take.taken)
+        if type(column) is DeferredTake:  # gathered straight into the slot: no copy in between
+            column.array.take(column.indices[a:b], 0, view, "clip")  # (as DeferredTake.taken)
         else:
             view[...] = column[a:b]
         batch[name] = view
@@ -222,14 +222,14 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
 
 
 def gathered_columns(gathered: dict[str, Any], size: int) -> tuple[tree_lib.TreeDef, list]:
-    """Columns of a flat dict of ``size`` rows a column: arrays, ``Take``s (rows still to
+    """Columns of a flat dict of ``size`` rows a column: arrays, ``DeferredTake``s (rows still to
     gather) or ``StringColumn``s (a source's ``gather_columns``)."""
     treedef = ("dict", tuple(gathered), (tree_lib.LEAF,) * len(gathered))
     columns = []
     for name, values in gathered.items():
         if type(values) is StringColumn:
             columns.append(Column(f"[{name!r}]", (size,), _OBJECT, values))
-        elif type(values) is Take:
+        elif type(values) is DeferredTake:
             array = values.array
             columns.append(Column(f"[{name!r}]", (size, *array.shape[1:]), array.dtype, values))
         else:
@@ -241,7 +241,7 @@ def _stack(column: Column, out: np.ndarray | None = None) -> np.ndarray:
     values = column.values
     if type(values) is StringColumn:
         return values.objects()
-    if type(values) is Take:
+    if type(values) is DeferredTake:
         return values.taken(out)
     if type(values) is _TakeParts:
         if out is None:

@@ -23,7 +23,7 @@ from jaxloader.sources.fingerprint import source_fingerprint, source_files
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
 from jaxloader.loaders.options import LoaderOptions, placement
-from jaxloader.loaders.peer_arguments import refuse
+from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError

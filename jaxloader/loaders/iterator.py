@@ -32,7 +32,7 @@ from jaxloader.base.stats import LoaderStats
 from jaxloader.sharding.prefetch import DevicePrefetcher
 
 
-class Runs(Protocol):
+class BatchRuns(Protocol):
     """What an iterator runs: batches of steps ``start``, ``start + 1``, ... up to ``stop``
     (an engine, or a stream loader's runs over its engine)."""
 
@@ -68,7 +68,7 @@ class Progress:
 class LoaderIterator:
     """Yields batches from a start step; valid until the next ``iter()``, restore or close."""
 
-    def __init__(self, progress: Progress, start: int, stop: int | None, engine: Runs,
+    def __init__(self, progress: Progress, start: int, stop: int | None, engine: BatchRuns,
                  put: Callable[[Any], Any] | None, device_prefetch: int,
                  single_device: bool, ends_before: Callable[[int], bool] | None = None) -> None:
         self._progress = progress

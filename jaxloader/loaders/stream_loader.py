@@ -3,7 +3,7 @@
 ::
 
     StreamLoader ── Progress (the step of the next batch handed out) ─ iter() ─> LoaderIterator
-       │              └─ _Runs.batches(start) ─> engine.batches(start, resets, reports)
+       │              └─ _ReaderRuns.batches(start) ─> engine.batches(start, resets, …)
        │                    resets: each reader's state as of `start` (what was handed out)
        │                    reports[step]: the reader's state after that step's batch
        └ state_dict() = {"step", "readers": [state per reader of this process], config}
@@ -36,7 +36,7 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
 from jaxloader.loaders.options import LoaderOptions, placement
-from jaxloader.loaders.peer_arguments import refuse
+from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.loaders.state import STATE_VERSION, check_stream_state
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.streams import passes
@@ -177,7 +177,8 @@ class StreamLoader(LoaderLifecycle):
         if self.num_epochs is not None:
             self._until = self._pass_of(self._states_at(self._progress.step))
         put = self._putter
-        self._active = LoaderIterator(self._progress, self._progress.step, None, _Runs(self), put,
+        self._active = LoaderIterator(self._progress, self._progress.step, None,
+                                      _ReaderRuns(self), put,
                                       self._options.device_prefetch,
                                       single_device=put is not None and put.single_device,
                                       ends_before=None if self._until is None else self._ends)
@@ -201,7 +202,7 @@ class StreamLoader(LoaderLifecycle):
         assert self.num_epochs is not None
         ends = self._until
         if ends is None or all(passes.done(states, ends)):
-            ends = passes.ends(states, self.num_epochs)
+            ends = passes.stops_of(states, self.num_epochs)
         return ends
 
     def peek(self) -> Any:
@@ -211,7 +212,7 @@ class StreamLoader(LoaderLifecycle):
         maker = copy.deepcopy(self._maker)  # its own shards: the running reader's stay put
         states = self._states_at(step)
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
-            states = passes.told(states, self._pass_of(states))
+            states = passes.stopping_at(states, self._pass_of(states))
         try:
             maker.reset(states[step % self._readers])
             batch, _ = maker.make(step)
@@ -237,17 +238,17 @@ class StreamLoader(LoaderLifecycle):
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step),
-                **passes.saved(self._until, self.num_epochs)}
+                **passes.to_state(self._until, self.num_epochs)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
         readers = check_stream_state(state, self._config(), self.process_index,
                                      self._stream.extra_state(), self._readers)
         self._stream.check_extra_state(state, state["step"])
-        until = passes.restored(state, self.num_epochs)  # (checked before anything changes)
+        until = passes.from_state(state, self.num_epochs)  # (checked before anything changes)
         opened = readers  # each opened in its pass (where a mixture reads its next record)
         if self.num_epochs is not None and all(type(r.get("epoch")) is int for r in readers):
-            opened = passes.told(readers, until or passes.ends(readers, self.num_epochs))
+            opened = passes.stopping_at(readers, until or passes.stops_of(readers, self.num_epochs))
         probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
         for i, r in enumerate(opened):
             probe.reader_for(i).reset(copy.deepcopy(r))
@@ -260,7 +261,7 @@ class StreamLoader(LoaderLifecycle):
         self._until, self._progress.step, self._base, self._base_step, self._reports = (
             until, step, base, step, {})
 
-class _Runs:
+class _ReaderRuns:
     """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state
     of what was handed out, and files the reports of the batches it hands out."""
 
@@ -275,7 +276,7 @@ class _Runs:
         loader = self._loader
         states = loader._states_at(start)
         if loader._until is not None:
-            states = passes.told(states, loader._until)
+            states = passes.stopping_at(states, loader._until)
         hosts = max(1, loader.num_workers)  # host w: readers w, w + W, ... (W divides K)
         resets: list = [states[w::hosts] for w in range(hosts)]
         # A stale run's read-ahead goes (list() copies the keys at once: an old device-put

@@ -73,7 +73,7 @@ def _drain(q: queue.SimpleQueue) -> list:
 
 
 class HostPrefetcher:
-    """Runs ``host_batches`` (and ``put`` on each batch, when given) in a thread, at most
+    """BatchRuns ``host_batches`` (and ``put`` on each batch, when given) in a thread, at most
     ``depth`` batches ahead of ``get()``."""
 
     def __init__(self, host_batches: Iterator[Any], depth: int,

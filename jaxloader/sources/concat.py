@@ -58,7 +58,7 @@ class ConcatSource:
             parts = cast("list[ArraySource]", self.sources)  # (joinable: ArraySources all)
             arrays = [s.arrays for s in parts]
             state["sources"] = _JoinedParts(parts[0].treedef,
-                                            [Joined([a[i] for a in arrays])
+                                            [JoinedArrays([a[i] for a in arrays])
                                              for i in range(len(arrays[0]))])
         return state
 
@@ -166,14 +166,14 @@ def _joinable(sources: list) -> bool:
             and all(type(a) is np.ndarray for s in sources for a in s.arrays))
 
 
-class Joined:
+class JoinedArrays:
     """Arrays alike but for their length, to cross to workers as one (their rows one after
     another): the worker payload writes each into its rows of one shared segment; any other
     pickler gets their concatenation.
 
     Example:
         >>> import pickle
-        >>> pickle.loads(pickle.dumps(Joined([np.arange(2), np.arange(3)]))).tolist()
+        >>> pickle.loads(pickle.dumps(JoinedArrays([np.arange(2), np.arange(3)]))).tolist()
         [0, 1, 0, 1, 2]
     """
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base import string_column
-from jaxloader.base.columns import Take
+from jaxloader.base.columns import DeferredTake
 from jaxloader.sources.arrow_columns import ArrowRows
 
 _ABSENT = np.iinfo(np.int64).min // 2  # a row group not joined: its rows come out negative
@@ -82,8 +82,8 @@ class JoinedGroups:
         return rows if not len(rows) or rows.min() >= 0 else None
 
     def gather(self, rows: np.ndarray, lazy: bool = False) -> dict[str, Any]:
-        """Each column's ``rows``: arrays (``lazy``: ``columns.Take``s, gathered where they
+        """Each column's ``rows``: arrays (``lazy``: ``columns.DeferredTake``s, gathered where they
         are written, a worker's slot), and ``StringColumn`` for strings and bytes."""
-        return {name: (Take(column, rows) if lazy else column.take(rows, axis=0))
+        return {name: (DeferredTake(column, rows) if lazy else column.take(rows, axis=0))
                 if type(column) is np.ndarray else string_column.gather(column, rows)
                 for name, column in self._columns.items()}

@@ -208,7 +208,7 @@ class ParquetSource:
     def gather_columns(self, indices: np.ndarray) -> dict[str, Any] | None:
         """``__getitems__(indices)`` with strings and bytes left as ``StringColumn``s, which
         a worker writes into its slot as they are (``jaxloader.base.string_column``), and numbers
-        as ``columns.Take``s, gathered straight into the slot, when the rows' row groups can
+        as ``columns.DeferredTake``s, gathered straight into the slot, when the rows' row groups can
         be joined; else ``None`` (read them with ``__getitems__``). For ``BatchMaker``."""
         indices = np.asarray(indices, dtype=np.int64)
         return self._gather(indices, self._groups_of(indices), lazy=True)

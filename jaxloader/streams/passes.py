@@ -10,9 +10,9 @@ state, so the readers' states alone may not say which pass the position is in.
 
 Example:
     >>> states = [{"epoch": 0, "ended": True}, {"epoch": 0, "ended": False}]
-    >>> ends(states, 1), done(states, ends(states, 1))  # a pass under way: to the epoch's end
+    >>> stops_of(states, 1), done(states, stops_of(states, 1))  # a pass under way: to its end
     ([1, 1], [True, False])
-    >>> ends([{"epoch": 0, "ended": True}] * 2, 1)  # every reader done: the next pass
+    >>> stops_of([{"epoch": 0, "ended": True}] * 2, 1)  # every reader done: the next pass
     [2, 2]
 """
 
@@ -38,7 +38,7 @@ def check(process_count: int) -> None:
                 "last_batch='pad')")
 
 
-def ends(states: list[dict], num_epochs: int) -> list[int]:
+def stops_of(states: list[dict], num_epochs: int) -> list[int]:
     """The epoch each reader's pass stops before, from the readers' states alone (a loader
     that knows its pass keeps it). Passes are ``num_epochs`` epochs counted from epoch 0,
     ``[k n, (k+1) n)``, and every reader is in the same one: a pass under way (some reader
@@ -49,14 +49,14 @@ def ends(states: list[dict], num_epochs: int) -> list[int]:
     return [stop] * len(states)
 
 
-def saved(stops: list[int] | None, num_epochs: int | None) -> dict[str, Any]:
+def to_state(stops: list[int] | None, num_epochs: int | None) -> dict[str, Any]:
     """What a loader's state holds of the pass it is in (nothing before its first)."""
     if stops is None or num_epochs is None:
         return {}
     return {"pass": {"num_epochs": num_epochs, "until": stops[0]}}
 
 
-def restored(state: dict, num_epochs: int | None) -> list[int] | None:
+def from_state(state: dict, num_epochs: int | None) -> list[int] | None:
     """The pass a saved state was in (each reader's end, as ``ends``), or ``None``: the state
     has none, or was saved with passes of another ``num_epochs`` (its readers' states then
     say where the position is)."""
@@ -82,6 +82,6 @@ def done(states: list[dict], stops: list[int]) -> list[bool]:
             for s, stop in zip(states, stops)]
 
 
-def told(states: list[dict], stops: list[int]) -> list[dict]:
+def stopping_at(states: list[dict], stops: list[int]) -> list[dict]:
     """The readers' states, each told the epoch its pass stops before."""
     return [{**s, "until": stop} for s, stop in zip(states, stops)]

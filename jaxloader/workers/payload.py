@@ -5,8 +5,8 @@ Lambdas, notebook functions and classes defined in ``__main__`` cross by value, 
 a worker has no such name: each worker gets its own empty cache of the same size). Large NumPy
 arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by a closure) do not
 cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
-and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``Joined``, the alike
-parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
+and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``JoinedArrays``,
+the alike parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
 cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays cross as their file.
 
 Example:
@@ -33,7 +33,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
-from jaxloader.sources.concat import Joined
+from jaxloader.sources.concat import JoinedArrays
 from jaxloader.runtime.shm import Segment, attach
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
@@ -63,7 +63,7 @@ class _Pickler(cloudpickle.Pickler):
             offset = array.__array_interface__["data"][0] - _base_address(obj)
             return ("memmap", obj.filename, obj.offset + offset, array.shape, array.dtype.str,
                     array.strides)
-        if type(obj) not in (np.ndarray, Joined) or obj.nbytes < SHARE_MIN_BYTES \
+        if type(obj) not in (np.ndarray, JoinedArrays) or obj.nbytes < SHARE_MIN_BYTES \
                 or obj.dtype.hasobject:
             return None
         ref, _ = self._shared.get(id(obj), (None, None))
@@ -71,7 +71,7 @@ class _Pickler(cloudpickle.Pickler):
             segment = Segment.create(obj.nbytes, prefault=False)
             self._keep(segment)  # before the copy: its owner destroys it if the copy fails
             shared = np.ndarray(obj.shape, obj.dtype, buffer=segment.memory)
-            if type(obj) is Joined:  # each part into its rows
+            if type(obj) is JoinedArrays:  # each part into its rows
                 ends = np.cumsum([len(part) for part in obj.arrays])
                 for part, end in zip(obj.arrays, ends):
                     _copy(shared[end - len(part):end], part)

@@ -210,7 +210,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def _in_lasting_thread(start: Callable[[], None]) -> None:
-    """Runs ``start`` (which starts a process) in a thread that lives as long as this process:
+    """BatchRuns ``start`` (which starts a process) in a thread that lives as long as this process:
     the main thread if that is the caller, else a daemon thread kept for it. The kernel's
     parent-death signal fires when the starting thread ends (prctl(2)); a worker started from a
     device-put thread, or a user's short-lived one, would be killed with that thread."""

@@ -106,15 +106,35 @@ class _Lease:
         return self._slots.get(self.name, self.size)[:nbytes]
 
 
-def serve(conn: Connection) -> None:
-    """The worker loop; returns when told to stop or when the main process is gone."""
+class _Piped:
+    """Which leaves of a batch travel by pipe (strings, objects: not in the slot), worked out
+    once a layout."""
+
+    def __init__(self) -> None:
+        self._layout: Any = None
+        self._which: list[int] = []  # the layout's leaves sent by pipe
+        self._flat = False  # whether its batch is a flat dict (its leaves: no tree walk)
+
+    def objects(self, batch: Any, layout: Any) -> list:
+        if layout is not self._layout:
+            self._layout, self._flat = layout, is_flat_dict(layout.treedef)
+            self._which = [i for i, spec in enumerate(layout.leaves) if spec.offset < 0]
+        if not self._which:
+            return []
+        leaves = list(batch.values()) if self._flat else flatten(batch)[0]
+        return [leaves[i] for i in self._which]
+
+
+def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
+    """The payload received and loaded, ``worker_init_fn`` run: the maker and this worker's
+    status row; ``None`` when told to stop first or when that failed (reported)."""
     # NumPy imports numpy.ma the first time np.unique runs, which a
     # read-local order or a Parquet join calls in the first batch: imported here instead,
     # while the main process prepares the payload (JAX's import does it in the main process)
     importlib.import_module("numpy.ma")
     init = protocol.receive(conn)
     if type(init) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
-        return
+        return None
     path, worker_id, num_workers, seed, blob, status_names = init
     sys.path[:] = path
     try:
@@ -126,12 +146,19 @@ def serve(conn: Connection) -> None:
             init_fn(worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
         protocol.send(conn, _failed(-1, None, e))
-        return
+        return None
     status.idle()
-    inbox, slots, heap = _Inbox(conn), _Slots(), Heap()
+    return maker, status
+
+
+def serve(conn: Connection) -> None:
+    """The worker loop; returns when told to stop or when the main process is gone."""
+    started = _start(conn)
+    if started is None:
+        return
+    maker, status = started
+    inbox, slots, heap, piped = _Inbox(conn), _Slots(), Heap(), _Piped()
     last_layout = None
-    # a layout, its leaves sent by pipe, and whether its batch is a flat dict
-    objects_of: tuple[Any, list[int], bool] = (None, [], False)
     stream = maker if isinstance(maker, StreamMaker) else None  # its readers' states reported
     while True:
         message = inbox.next()
@@ -159,14 +186,7 @@ def serve(conn: Connection) -> None:
             except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
                 failed = _failed(task_id, step, e)
                 break
-            if layout is not objects_of[0]:  # which leaves travel by pipe: once a layout
-                objects_of = (layout, [i for i, spec in enumerate(layout.leaves)
-                                       if spec.offset < 0], is_flat_dict(layout.treedef))
-            objects = []
-            if objects_of[1]:  # strings/objects travel by pipe
-                leaves = (list(batch.values()) if objects_of[2]  # (a flat dict: no tree walk)
-                          else flatten(batch)[0])
-                objects = [leaves[i] for i in objects_of[1]]
+            objects = piped.objects(batch, layout)  # strings/objects travel by pipe
             del batch  # drop the views of the slot before the main process may reuse it
             made.append((nth, None if layout == last_layout else layout, objects, report))
             last_layout = layout

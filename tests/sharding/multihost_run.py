@@ -2,7 +2,7 @@
 
 Usage: multihost_run.py PROCESS_ID PORT OUT_DIR STEPS [SAVE_AT | resume]
 
-Runs the loader (2 workers, sharded over both hosts' devices), gathers each global batch and,
+BatchRuns the loader (2 workers, sharded over both hosts' devices), gathers each global batch and,
 on host 0, saves the stream. The mesh has Explicit axes when saving and Auto axes when resuming,
 so that both kinds assemble the same global batches. With SAVE_AT it also writes each host's state after SAVE_AT steps;
 with "resume" it first loads OUT_DIR/resume_state.json and continues from there.

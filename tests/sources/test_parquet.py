@@ -667,7 +667,7 @@ def test_a_batch_from_joined_row_groups_equals_one_read_run_by_run(tmp_path):
     gathered = src.gather_columns(np.array([3, 1]))  # for a worker: strings as one buffer
     assert type(gathered["text"]).__name__ == "StringColumn"
     assert gathered["text"].objects().tolist() == [texts[3], texts[1]]
-    assert type(gathered["id"]) is collate.Take  # numbers gathered where they are written
+    assert type(gathered["id"]) is collate.DeferredTake  # numbers gathered where they are written
     assert gathered["id"].taken().tolist() == [3, 1]
     # a struct column cannot be joined: every batch run by run, as before
     structs = str(tmp_path / "structs.parquet")

@@ -66,7 +66,7 @@ def test_close_with_live_views_never_raises_and_the_views_stay_valid(memfd):
 
 
 def _in_small_dev_shm(case: str) -> str:
-    """Runs small_shm_run.py CASE in a mount namespace whose /dev/shm is a 64 MB tmpfs."""
+    """BatchRuns small_shm_run.py CASE in a mount namespace whose /dev/shm is a 64 MB tmpfs."""
     if os.geteuid() != 0:
         pytest.skip("a 64 MB /dev/shm of its own needs root (unshare -m, mount)")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "small_shm_run.py")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.loaders.peer_arguments import _REMEDIES, _STREAM_REMEDIES
+from jaxloader.loaders.foreign_arguments import _REMEDIES, _STREAM_REMEDIES
 
 
 def loader(**kw):
