@@ -6,8 +6,9 @@ For a change's cost on the paths it touches, measured against the tree before it
 (the machine's speed drifts between runs: only ratios within a run mean something). Each
 round runs every case once in each tree, the order alternating, each in a fresh process whose
 ``sys.path`` puts that tree's ``jaxloader`` first; the data are written once, here. Reported:
-the median rate of each case in each tree, the ratio after / before, and the CPU a batch (this
-process and the workers, from ``/proc``).
+the median rate of each case in each tree, the ratio after / before, the CPU a batch (this
+process and the workers, from ``/proc``) and this process's alone (the training process: what
+the loader takes from the step).
 
 Cases (jaxloader only, with 2 workers, batches of 256, as ``bench_files.py`` and
 ``bench_streams.py`` read them):
@@ -48,9 +49,11 @@ def child(case: str, data: str) -> dict:
     if case == "parquet_local":
         make = jaxloader_pass(os.path.join(data, "rows.parquet"), jl.LocalShuffle())
         cpu: list = []
+        main = time.process_time()
         rate = one_pass(make, cpu)
+        main_us = (time.process_time() - main) / -(-1_000_000 // 256) * 1e6
         make.holder.pop("loader").close()  # type: ignore[attr-defined]
-        return {"rate": rate, "cpu_us": cpu[0], "jaxloader": jl.__file__}
+        return {"rate": rate, "cpu_us": cpu[0], "main_us": main_us, "jaxloader": jl.__file__}
     if case == "tar":
         from bench_streams import decode
 
@@ -72,12 +75,15 @@ def child(case: str, data: str) -> dict:
         make = lambda: it  # noqa: E731 - cpu_seconds reads the loader from make.holder
         make.holder = {"loader": loader}  # type: ignore[attr-defined]
         used, start, records = cpu_seconds(make), time.perf_counter(), 0
+        main = time.process_time()
         for _ in range(count):
             batch = next(it)
             records += len(batch["y" if "y" in batch else "cls"])
         elapsed = time.perf_counter() - start
+        main_us = (time.process_time() - main) / count * 1e6
         cpu_us = (cpu_seconds(make) - used) / count * 1e6
-    return {"rate": records / elapsed, "cpu_us": cpu_us, "jaxloader": jl.__file__}
+    return {"rate": records / elapsed, "cpu_us": cpu_us, "main_us": main_us,
+            "jaxloader": jl.__file__}
 
 
 def write_data(data: str, cases: list[str]) -> None:
@@ -128,16 +134,17 @@ def main() -> None:
                     got[case, name].append(run(tree, case, data))
     print(f"{args.rounds} rounds; before {args.before}, after {args.after}")
     print("| case | before (median) | after (median) | after / before | rounds | CPU a batch, "
-          "us (before -> after) |")
-    print("|---|---|---|---|---|---|")
+          "us (before -> after) | main process alone |")
+    print("|---|---|---|---|---|---|---|")
     for case in cases:
         before = [r["rate"] for r in got[case, "before"]]
         after = [r["rate"] for r in got[case, "after"]]
         cpu = [statistics.median(r["cpu_us"] for r in got[case, n]) for n in trees]
+        main = [statistics.median(r["main_us"] for r in got[case, n]) for n in trees]
         ratios = ", ".join(f"{a / b:.3f}" for a, b in zip(after, before))
         print(f"| {case} | {statistics.median(before):,.0f} | {statistics.median(after):,.0f} | "
               f"**{statistics.median(after) / statistics.median(before):.3f}** | {ratios} | "
-              f"{cpu[0]:,.0f} -> {cpu[1]:,.0f} |")
+              f"{cpu[0]:,.0f} -> {cpu[1]:,.0f} | {main[0]:,.0f} -> {main[1]:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -184,8 +184,7 @@ class BatchMaker:
                 raise RecordError(
                     f"{spec.record_location(position, index)}: source[index] raised "
                     f"{type(e).__name__}: {e}; the original error is the cause below") from e
-            records.append(run(record, epoch=epoch, position=position,
-                               where=spec.record_location, where_args=(position, index)))
+            records.append(run(record, epoch, position, spec.record_location, (position, index)))
         return records
 
 

@@ -14,7 +14,7 @@ stream redraws, with ``salt``, for a record read in place of one a ``Filter`` dr
 Example:
     >>> from jaxloader.batching.transforms import Map, RandomMap
     >>> run = RecordTransforms((Map(lambda r: r + 1), RandomMap(lambda r, rng: r * 2)), seed=0)
-    >>> run(3, epoch=0, position=7, where=lambda: "step 1")
+    >>> run(3, 0, 7, lambda: "step 1")
     8
 """
 
@@ -42,11 +42,12 @@ class RecordTransforms:
     def __bool__(self) -> bool:
         return bool(self._steps)
 
-    def __call__(self, record: Any, *, epoch: int, position: int, where: Callable[..., str],
+    def __call__(self, record: Any, epoch: int, position: int, where: Callable[..., str],
                  where_args: tuple = (), salt: int = 0, filters: bool = True) -> Any:
-        """``record`` through the transforms (``DROPPED`` if a ``Filter`` drops it; with
-        ``filters=False`` through the others only); ``where(*where_args)`` names the record
-        in an error."""
+        """``record``, at ``position`` of ``epoch``, through the transforms (``DROPPED`` if a
+        ``Filter`` drops it; with ``filters=False`` through the others only);
+        ``where(*where_args)`` names the record in an error. (Called once a record: its
+        arguments are positional.)"""
         t_index = -1
         try:
             for t_index, (fn, kind) in self._steps:

@@ -144,8 +144,11 @@ class StreamBatchMaker:
                 keep(take())
         except StopIteration:
             pass
-        if self._transforms:
-            records = [self._transform(step, row, record) for row, record in enumerate(records)]
+        if self._transforms:  # (the loop of _transform, inlined: it runs once a record)
+            run, first = self._transforms, self._position(step, 0)
+            records = [run(record, (first + row) >> _POSITION_BITS,
+                           (first + row) & _POSITION_MASK, _where, (step, row))
+                       for row, record in enumerate(records)]
         return records
 
     def _padded(self, step: int, records: list) -> list:
@@ -222,10 +225,13 @@ class StreamBatchMaker:
         when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row; with
         ``filters=False`` through the others only). A ``RandomMap`` is keyed by the record's
         place in the process-major stream."""
-        at = (step * self.process_count + self.process_index) * self.batch_size + row
-        return self._transforms(record, epoch=at >> _POSITION_BITS,
-                                position=at & _POSITION_MASK, where=_where,
-                                where_args=(step, row), salt=dropped << 32, filters=filters)
+        at = self._position(step, row)
+        return self._transforms(record, at >> _POSITION_BITS, at & _POSITION_MASK, _where,
+                                (step, row), dropped << 32, filters)
+
+    def _position(self, step: int, row: int) -> int:
+        """The place of the batch's row ``row`` in the process-major stream of records."""
+        return (step * self.process_count + self.process_index) * self.batch_size + row
 
 
 def _where(step: int, row: int) -> str:

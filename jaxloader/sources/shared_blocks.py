@@ -109,7 +109,7 @@ class SharedBlocks:
     def close(self) -> None:
         for block in list(self._owned):
             self.release(block)
-        self._slots = None  # type: ignore[assignment]
+        del self._slots  # (a view of the map: the map closes only once no view holds it)
         self._map.close()
         os.close(self._fd)
 

@@ -38,6 +38,10 @@ class RecordReader(Protocol):
         """Where it is: JSON, what ``reset`` takes."""
         ...
 
+    def changes_due(self, step: int) -> bool:
+        """Whether ``begin_step(step)`` changes what it reads next (a mixture's weights)."""
+        ...
+
     def begin_step(self, step: int) -> None:
         """The loader's step whose records come next (a mixture's weights change at steps)."""
         ...

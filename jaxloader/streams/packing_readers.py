@@ -66,13 +66,16 @@ class _PackingReader:
         assert self._before is not None  # (read with what it holds)
         return _state(self.reader, copy.deepcopy(self._before), self._FIELD, self._given())
 
+    def changes_due(self, step: int) -> bool:
+        """Whether the reader under it changes what it reads at ``step``."""
+        return self.inner.changes_due(step)
+
     def begin_step(self, step: int) -> None:
         """Tells the inner reader (a mixture starts its weight changes here). What ``has_next``
         read ahead for the next row, none of it given yet, is not in the state: read before a
         change that starts now, it is put back and read again after, where a restore reads
         it (from the inner place before it)."""
-        if self._holds() and not self._given() and getattr(self.inner, "changes_due",
-                                                           _none_due)(step):
+        if self._holds() and not self._given() and self.inner.changes_due(step):
             assert self._before is not None
             self.inner.reset({**copy.deepcopy(self._before), **self._until})
             self._drop()
@@ -270,11 +273,6 @@ def _opened(reader: _PackingReader, state: dict | None, field: str) -> dict:
     inner.update(reader._until)
     reader.inner.reset(inner)
     return state
-
-
-def _none_due(step: int) -> bool:
-    """A ``StreamReader``'s weight changes due at ``step``: it has none."""
-    return False
 
 
 def _next_tokens(packed: Any, inner: Any) -> np.ndarray:

@@ -246,6 +246,10 @@ class StreamReader:
                 "window": self._window_key, "emitted": self._emitted}
 
     # -- records ----------------------------------------------------------------------------
+    def changes_due(self, step: int) -> bool:
+        """Whether ``begin_step(step)`` changes what it reads next: never (a mixture's may)."""
+        return False
+
     def begin_step(self, step: int) -> None:
         """Told before each batch it reads for (a mixture starts its weight changes here)."""
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkabl
 import numpy as np
 
 from jaxloader.base import file_identity
+from jaxloader.base.abilities import close_of
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.sources.fingerprint import code_digest
 from jaxloader.streams.compressed import compression, decompressed
@@ -266,9 +267,7 @@ class MappedShard:
         return self.shard.get_state()
 
     def close(self) -> None:
-        close = getattr(self.shard, "close", None)
-        if close is not None:
-            close()
+        close_of(self.shard)
 
     def __copy__(self) -> "MappedShard":
         """A reader's own copy: of the shard under it too (each reader reads its own)."""

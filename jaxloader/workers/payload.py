@@ -104,7 +104,7 @@ def _cache_shell(maxsize: int | None, typed: bool) -> Any:
         return target[0](*args, **kwargs)
 
     cached = functools.lru_cache(maxsize=maxsize, typed=typed)(call)
-    cached._jaxloader_target = target  # type: ignore[attr-defined]
+    setattr(cached, "_jaxloader_target", target)  # (a function's attribute: not in its type)
     return cached
 
 
