@@ -73,15 +73,13 @@ class WorkerPool:
     """Makes batches in ``num_workers`` processes (see the module docstring).
 
     Example:
-        >>> import numpy as np
+        >>> import numpy as np, jaxloader as jl
         >>> from jaxloader.batching.batch_maker import BatchMaker
         >>> from jaxloader.order.sampling import Sampler
-        >>> from jaxloader.sources import ArraySource
-        >>> maker = BatchMaker(ArraySource({"x": np.arange(6)}),
-        ...                    Sampler(6, 2, shuffle=False, seed=0, last_batch="drop"))
-        >>> pool = WorkerPool(maker, num_workers=2)
-        >>> [b["x"].tolist() for b in pool.batches(0, 3)]
-        [[0, 1], [2, 3], [4, 5]]
+        >>> pool = WorkerPool(BatchMaker(jl.ArraySource({"y": np.arange(9) * 10}), Sampler(
+        ...     9, 3, shuffle=False, seed=0, last_batch="drop")), num_workers=2)
+        >>> [b["y"].tolist() for b in pool.batches(1, 3)]  # steps 1 and 2, one from each worker
+        [[30, 40, 50], [60, 70, 80]]
         >>> pool.close()
     """
 
