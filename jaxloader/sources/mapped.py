@@ -46,7 +46,7 @@ class MapSource:
     of a batch of columns, as ``source.__getitems__`` gives them). ``lengths_kept``: whether
     ``fn`` keeps the lengths of the list columns it does not drop, so that ``PackedSource``
     reads them from ``source`` without a pass (the default); say ``False`` for a function that
-    tokenizes or cuts them."""
+    tokenizes or cuts them (``PackedSource`` then reads the mapped records once)."""
 
     def __init__(self, source: Source, fn: Callable[[Any], Any], *, batched: bool = False,
                  lengths_kept: bool = True) -> None:
@@ -84,16 +84,11 @@ class MapSource:
         """The source's blocks (row groups): a map keeps the records where they are."""
         return block_starts_of(self.source)
 
-    def lengths(self, key: str) -> np.ndarray:
-        """The source's lengths of list column ``key`` (``lengths_kept``)."""
-        own = lengths_of(self.source, key) if self.lengths_kept else None
-        if own is None:
-            raise ConfigError(
-                f"MapSource.lengths({key!r}): "
-                + ("the map changes the lengths (lengths_kept=False)" if not self.lengths_kept
-                   else f"its source ({type(self.source).__name__}) has none to read")
-                + "; pass lengths= to PackedSource, or let it read the records once")
-        return own
+    def lengths(self, key: str) -> np.ndarray | None:
+        """The source's lengths of list column ``key`` where the map keeps them
+        (``lengths_kept``); ``None`` where it does not or the source has none (a
+        ``PackedSource`` then reads the mapped records once)."""
+        return lengths_of(self.source, key) if self.lengths_kept else None
 
     def check_order(self, shuffle: Any) -> None:
         """The source's check of what an order reads at once (a Parquet file's cache)."""

@@ -109,8 +109,28 @@ def test_packing_a_mapped_source_reads_its_lengths_without_a_pass(tmp_path):
     assert not calls  # the lengths came from the Parquet offsets, no record was mapped
     rows = packed.__getitems__(np.arange(len(packed)))
     assert rows["tokens"].max() == 7 and calls  # the rows through the map
-    with pytest.raises(jl.ConfigError, match=r"lengths_kept=False"):
-        jl.MapSource(jl.ParquetSource(path), shifted, lengths_kept=False).lengths("tokens")
+
+
+
+def _cut(record):
+    return {"tokens": record["tokens"][:3]}
+
+
+@pytest.mark.parametrize("kind", ["lengths changed", "a source without lengths"])
+def test_packing_a_mapped_source_without_lengths_to_keep_reads_the_mapped_records(kind):
+    """Where the map changes the lengths (``lengths_kept=False``) or its source has none, the
+    lengths are read from the mapped records once (this raised, naming a remedy it blocked)."""
+    docs = [{"tokens": np.arange(n % 7 + 1, dtype=np.int32)} for n in range(60)]
+    if kind == "lengths changed":
+        mapped = jl.MapSource(jl.RaggedSource.from_sequences(
+            {"tokens": [d["tokens"] for d in docs]}), _cut, lengths_kept=False)
+    else:
+        mapped = jl.MapSource(docs, _cut)
+    assert mapped.lengths("tokens") is None
+    packed = jl.PackedSource(mapped, "tokens", 16)
+    rows = packed.__getitems__(np.arange(len(packed)))
+    cut = [min(3, n % 7 + 1) for n in range(60)]
+    assert int((rows["tokens_segment_ids"] > 0).sum()) == sum(cut)  # the mapped lengths packed
 
 
 def test_a_state_saved_under_another_function_is_refused(tmp_path):
