@@ -158,8 +158,9 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
     """The records' lengths, ``(records, keys)``: given, cached in a file, or read once."""
 
     def find() -> np.ndarray:
-        columns = [lengths_of(source, k) for k in keys]  # RaggedSource, ParquetSource, ...
-        if all(c is not None for c in columns):
+        own = [lengths_of(source, k) for k in keys]  # RaggedSource, ParquetSource, ...
+        columns = [c for c in own if c is not None]
+        if len(columns) == len(keys):
             return np.stack(columns, axis=1)
         return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
 
