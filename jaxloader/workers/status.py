@@ -151,7 +151,8 @@ def _stack_file(worker: int) -> tuple[int, str]:
     """A file for worker ``worker``'s stacks: (this process's descriptor, the name the worker
     opens it by). A memory file where there are, else a temporary file."""
     if shm.MEMFD_AVAILABLE:
-        fd = os.memfd_create(f"{shm.PREFIX}_stack_{worker}", os.MFD_CLOEXEC)
+        # (named by its loader's process too: what holds it is found by name, in /proc)
+        fd = os.memfd_create(f"{shm.PREFIX}_stack_{os.getpid()}_{worker}", os.MFD_CLOEXEC)
         return fd, f"memfd:{os.getpid()}:{fd}:{os.fstat(fd).st_ino}"
     fd, path = tempfile.mkstemp(prefix=f"{shm.PREFIX}_stack_{worker}_")
     return fd, path
