@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxloader.base.abilities import lengths_of
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import PackedRows, token_problem
+from jaxloader.plans.packed_rows import PackedRows, record_tokens
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined
@@ -190,15 +190,12 @@ def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
 
 
 def _sequence(record: Any, key: str, index: int) -> np.ndarray:
-    if not isinstance(record, Mapping) or key not in record:
-        got = sorted(record) if isinstance(record, Mapping) else type(record).__name__
-        raise ConfigError(f"PackedSource: record {index}: expected a dict with key {key!r} "
-                          f"(a 1-D token array), got {got}")
-    value, problem = token_problem(record[key], empty_of_any_dtype=False)
-    if problem is not None:
-        raise ConfigError(f"PackedSource: record {index}[{key!r}]: expected a 1-D integer "
-                          f"array of tokens, got {problem}")
-    return value
+    return record_tokens(
+        record, key, False,
+        lambda got: ConfigError(f"PackedSource: record {index}: expected a dict with key "
+                                f"{key!r} (a 1-D token array), got {got}"),
+        lambda problem: ConfigError(f"PackedSource: record {index}[{key!r}]: expected a 1-D "
+                                    f"integer array of tokens, got {problem}"))
 
 
 def _gather_records(source: Any, records: np.ndarray, key: str) -> tuple[np.ndarray, np.ndarray]:

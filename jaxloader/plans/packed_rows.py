@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -68,3 +68,17 @@ def token_problem(value: Any, empty_of_any_dtype: bool) -> tuple[np.ndarray, str
                            and array.dtype.kind not in "biu"):
         return array, f"shape {array.shape} dtype {array.dtype}"
     return array, None
+
+
+def record_tokens(record: Any, key: str, empty_of_any_dtype: bool,
+                  no_key: Callable[[Any], Exception],
+                  not_tokens: Callable[[str], Exception]) -> np.ndarray:
+    """``record[key]`` as tokens (``token_problem``); else the error ``no_key(what came)``
+    for a record without ``key`` or ``not_tokens(what it is)`` (each packer its own words:
+    a ``PackedSource`` plans, a ``PackedStream`` reads)."""
+    if not isinstance(record, Mapping) or key not in record:
+        raise no_key(sorted(record) if isinstance(record, Mapping) else type(record).__name__)
+    value, problem = token_problem(record[key], empty_of_any_dtype)
+    if problem is not None:
+        raise not_tokens(problem)
+    return value

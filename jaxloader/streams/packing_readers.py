@@ -17,13 +17,13 @@ Example:
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderError, RecordError, StateDictError
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import PackedRows, token_problem
+from jaxloader.plans.packed_rows import PackedRows, record_tokens
 
 EMPTY_RUN = 100_000  # records in a row with no tokens before a reader gives up
 _ONE_WINDOW = 1 << 62  # fit's window for all of a window's pieces (split records give more)
@@ -297,14 +297,13 @@ def _next_tokens(packed: Any, inner: Any) -> np.ndarray:
 
 
 def _tokens_of(record: Any, key: str, dtype: np.dtype) -> np.ndarray:
-    if not isinstance(record, Mapping) or key not in record:
-        got = sorted(record) if isinstance(record, Mapping) else type(record).__name__
-        raise RecordError(f"PackedStream: expected a record (after tokenize) with key {key!r}: "
-                          f"1-D integer tokens, got {got}; pass tokenize= to make them")
-    value, problem = token_problem(record[key], empty_of_any_dtype=True)
-    if problem is not None:
-        raise RecordError(f"PackedStream: record[{key!r}]: expected 1-D integer tokens, got "
-                          f"{problem}")
+    value = record_tokens(
+        record, key, True,
+        lambda got: RecordError(f"PackedStream: expected a record (after tokenize) with key "
+                                f"{key!r}: 1-D integer tokens, got {got}; pass tokenize= to "
+                                "make them"),
+        lambda problem: RecordError(f"PackedStream: record[{key!r}]: expected 1-D integer "
+                                    f"tokens, got {problem}"))
     if value.size and not np.can_cast(value.dtype, dtype):  # (a tokenizer's int64 ids)
         info = np.iinfo(dtype)
         low, high = value.min(), value.max()
