@@ -138,16 +138,16 @@ def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
     out = []
     for start in range(0, n, CHUNK):
         records = records_at(source, np.arange(start, min(n, start + CHUNK)))
-        for i, record in enumerate(records, start):
-            try:
-                kept = keep(record)
-            except JaxloaderError:
-                raise
-            except Exception as e:
-                raise RecordError(f"FilteredSource(keep) {fn_name(keep)} raised "
-                                  f"{type(e).__name__} on record {i}: {e}") from e
-            if kept:
-                out.append(i)
+        i = start  # (the record ``keep`` raised on, named in the error)
+        try:  # (around the chunk, not each record: the scan reads every record)
+            for i, record in enumerate(records, start):
+                if keep(record):
+                    out.append(i)
+        except JaxloaderError:
+            raise
+        except Exception as e:
+            raise RecordError(f"FilteredSource(keep) {fn_name(keep)} raised "
+                              f"{type(e).__name__} on record {i}: {e}") from e
     return np.array(out, np.int64)
 
 

@@ -113,3 +113,15 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(jl.RecordError, match=r"FilteredSource\(keep\) .* raised KeyError on "
                                              r"record 0"):
         jl.FilteredSource(source, lambda r: r["y"])
+
+
+def _raises_at_4500(record):
+    if int(record["x"]) == 4500:
+        raise ValueError("bad")
+    return True
+
+
+def test_a_keep_that_raises_names_its_record_past_the_first_chunk():
+    with pytest.raises(jl.RecordError, match=r"FilteredSource\(keep\) _raises_at_4500 raised "
+                                             r"ValueError on record 4500: bad"):
+        jl.FilteredSource(jl.ArraySource({"x": np.arange(6000)}), _raises_at_4500)
