@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -33,7 +34,7 @@ class PackedRows:
         self.tokens = np.zeros(shape, dtype)
         self.ids = np.zeros(shape, np.int32)
         self.positions = np.zeros(shape, np.int32)
-        self._count_up = np.arange(shape[-1], dtype=np.int32)
+        self._count_up = _count_up(shape[-1])
 
     def place(self, where: Any, piece: np.ndarray, segment: int) -> None:
         """Segment ``segment`` (from 1), its tokens ``piece``, at ``where`` (a slice of a row,
@@ -57,6 +58,14 @@ class PackedRows:
         """The rows' fields: ``key``, ``key_segment_ids`` and ``key_positions``."""
         return {key: self.tokens, f"{key}_segment_ids": self.ids,
                 f"{key}_positions": self.positions}
+
+
+@functools.lru_cache(maxsize=16)
+def _count_up(width: int) -> np.ndarray:
+    """``0 .. width - 1``, made once a width (a stream's rows are made one by one)."""
+    positions = np.arange(width, dtype=np.int32)
+    positions.flags.writeable = False
+    return positions
 
 
 def token_problem(value: Any, empty_of_any_dtype: bool) -> tuple[np.ndarray, str | None]:
