@@ -101,6 +101,14 @@ def digits_loader(args: argparse.Namespace, train: dict, mesh: jax.sharding.Mesh
     )
 
 
+def profile_loader(num_workers: int = 2) -> jl.DataLoader:
+    """The job's loader with ``num_workers``, for ``python -m jaxloader.profile
+    examples/train_digits.py:profile_loader`` (the loader alone, without the model)."""
+    args = argparse.Namespace(batch_size=64, seed=0, workers=num_workers)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
+    return digits_loader(args, digits_split()[0], mesh)
+
+
 def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
     """The run's Orbax ``CheckpointManager`` in ``--checkpoint-dir``; refuses to mix a new run
     into another's checkpoints (``--resume`` continues it, ``--fresh`` deletes it first)."""
@@ -172,12 +180,15 @@ def main() -> None:
             report(step + 1, loss, log, progress, loader)
             manager.save(step + 1, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), loader=LoaderSave(loader)))
+        verdict = loader.diagnose() if loader.stats.batches >= 2 else None
     manager.wait_until_finished()
     manager.close()
 
     logits = model.apply(state["params"], jnp.asarray(test["image"]))
     accuracy = float((jnp.argmax(logits, -1) == test["label"]).mean())
     print(f"test accuracy: {accuracy:.4f} on {len(test['label'])} held-out digits")
+    if verdict is not None:  # what limited the input this run, and what to change
+        print(verdict)
 
 
 if __name__ == "__main__":

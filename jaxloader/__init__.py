@@ -39,12 +39,14 @@ from jaxloader.sources import (
     RaggedSource,
     Source,
 )
-from jaxloader.base.stats import LoaderStats
+from jaxloader.base.stats import LoaderStats, WorkerStats
+from jaxloader.loaders.diagnosis import Diagnosis
 from jaxloader.loaders.stream_loader import StreamLoader
 from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Stream, TarShard,
                                TextShard)
 from jaxloader.batching.transforms import BatchMap, Filter, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
+from jaxloader.profiling import profile
 
 __all__ = [
     "ArrayRecordSource",
@@ -54,6 +56,7 @@ __all__ = [
     "ConcatSource",
     "ConfigError",
     "DataLoader",
+    "Diagnosis",
     "FileListSource",
     "Filter",
     "FilteredSource",
@@ -83,9 +86,11 @@ __all__ = [
     "TextShard",
     "WorkerError",
     "WorkerInfo",
+    "WorkerStats",
     "data_sharding",
     "get_worker_info",
     "mix",
+    "profile",
 ]
 __version__ = "0.1.0"
 

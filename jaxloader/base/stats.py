@@ -1,6 +1,9 @@
-"""How long the consumer waited for batches against how long it ran between them.
+"""``loader.stats``: where the input pipeline's time goes, since the loader was made (or since
+``reset_stats()``).
 
 A training loop is input-bound when ``wait_fraction`` is large: the step waited for data.
+``stages`` says which stage the time went to, added up over every process that made batches
+(``jaxloader.base.timings`` names them); ``workers`` has each worker's share.
 
 Example:
     >>> s = LoaderStats(batches=10, wait_s=0.1, run_s=0.9)
@@ -10,18 +13,83 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
+
+_EMPTY: Mapping[str, float] = MappingProxyType({})
+
+
+class WorkerStats(NamedTuple):
+    """One worker process's work in the stats' window.
+
+    Example:
+        >>> w = WorkerStats(worker=0, pid=123, batches=20, records=640, bytes=1 << 20,
+        ...                 busy_s=1.5, cpu_s=1.4, stages={"read": 0.5, "collate": 1.0})
+        >>> w.busy_s
+        1.5
+    """
+
+    worker: int  # its index (``get_worker_info().worker_id``)
+    pid: int
+    batches: int  # batches it made (some may still wait to be handed out)
+    records: int
+    bytes: int  # bytes written into shared memory
+    busy_s: float  # seconds it spent on tasks (the rest it waited for one)
+    cpu_s: float  # CPU seconds of those tasks: busy_s - cpu_s is time spent waiting (reads)
+    stages: Mapping[str, float]  # seconds by stage (read, each transform, collate, slot wait)
 
 
 class LoaderStats(NamedTuple):
-    """Counts since the loader was made (or since ``reset_stats()``)."""
+    """Counts and times since the loader was made (or since ``reset_stats()``).
 
-    batches: int
+    ``stages`` (seconds by stage, every process added up): ``"read"`` (the source's reads, its
+    own decoding included), each transform by its repr (``"Map(decode)"``), ``"collate"``
+    (records into the batch's buffer), ``"slot wait"`` (a worker waiting for a bigger slot),
+    ``"hand-over"`` (the training process taking a worker's batch), ``"placement"``
+    (``device_put``), ``"consumer wait"`` (inside ``next()``) and ``"step"`` (between
+    ``next()`` calls). ``loader.diagnose()`` reads them.
+    """
+
+    batches: int  # batches handed out
     wait_s: float  # time spent inside next(): waiting for the loader
     run_s: float  # time between one next() returning and the following next() call
+    wall_s: float = 0.0  # from the first next() to the last batch handed out
+    records: int = 0  # records in the batches made (by workers or in process)
+    bytes: int = 0  # bytes of the batches made
+    stages: Mapping[str, float] = _EMPTY
+    workers: tuple[WorkerStats, ...] = ()
+    num_workers: int = 0  # worker processes in use now (``num_workers="auto"`` changes it)
+    ready_ahead: float = 0.0  # batches made and waiting, on average, when one was handed out
+    batches_made: int = 0  # batches made by workers or in process (some still ahead)
+    first_batch_s: float = 0.0  # from the first next() to its batch (workers' start included)
 
     @property
     def wait_fraction(self) -> float:
         """The share of the loop's time spent waiting for input (0 when nothing was timed)."""
         total = self.wait_s + self.run_s
         return self.wait_s / total if total else 0.0
+
+    @property
+    def batches_per_s(self) -> float:
+        """Batches handed out a second, after the first (whose wait includes the start)."""
+        steady = self.wall_s - self.first_batch_s
+        if self.batches > 1 and steady > 0:
+            return (self.batches - 1) / steady
+        return self.batches / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def records_per_s(self) -> float:
+        return self.batches_per_s * self.records / self.batches_made if self.batches_made else 0.0
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.batches_per_s * self.bytes / self.batches_made if self.batches_made else 0.0
+
+    @property
+    def busy(self) -> tuple[float, ...]:
+        """Each worker's busy fraction (0 to 1) of the time after the first batch (the first
+        batch's wait is mostly the workers' start)."""
+        steady = self.wall_s - self.first_batch_s
+        if self.batches < 2 or steady <= 0:
+            steady = self.wall_s
+        return tuple(min(1.0, w.busy_s / steady) if steady else 0.0 for w in self.workers)

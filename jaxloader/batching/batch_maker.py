@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any, Callable, Iterator, cast
 
 import numpy as np
@@ -34,6 +35,7 @@ from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.base.string_column import StringColumn
+from jaxloader.base.timings import COLLATE, LOOP, READ, StageClock, stage_name
 from jaxloader.batching.record_transforms import RecordTransforms
 from jaxloader.batching.transforms import BatchMap, returned_none
 
@@ -63,6 +65,7 @@ class BatchMaker:
         # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
         self._gather = gatherer_of(source)
         self._transforms = RecordTransforms(record_transforms, sampler.seed)
+        self.clock = StageClock()  # where this process's batches' time goes (base/timings)
 
     @property
     def seed(self) -> int:
@@ -74,12 +77,20 @@ class BatchMaker:
 
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
+        clock = self.clock
+        start = perf_counter()
         spec = self.sampler.batch(step)
         if self._vectorised:
             treedef, columns = self._read_vectorised(spec)
+            start = clock.span(READ, start)
         else:
-            treedef, columns = record_columns(self._read_records(spec), spec.positions)
-        return self._finish(spec, treedef, columns, alloc)
+            records = self._read_records(spec)
+            start = clock.span(LOOP, start)
+            treedef, columns = record_columns(records, spec.positions)
+        made = self._finish(spec, treedef, columns, alloc)
+        clock.span(COLLATE, start)
+        clock.count(1, len(spec.indices), made[1].nbytes)
+        return made
 
     def _finish(self, spec: BatchSpec, treedef: tree_lib.TreeDef, columns: list,
                 alloc: Callable[[int], Any] | None) -> tuple[Any, collate.Layout]:
@@ -87,7 +98,7 @@ class BatchMaker:
         if spec.valid is not None:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
         return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
-                            spec.location, alloc)
+                            spec.location, alloc, self.clock)
 
     def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
                    ) -> Iterator[tuple[Any, collate.Layout]]:
@@ -96,11 +107,14 @@ class BatchMaker:
         once, then each step's rows are written into its slot: a task then costs about one
         step's read and NumPy calls, not one each. A read
         that raises is made again step by step, so the error names its own step."""
+        clock = self.clock
+        start = perf_counter()
         gathered = self._gather_steps(steps) if len(steps) > 1 else None
         if gathered is None:
             for step, alloc in zip(steps, allocs):
                 yield self.make(step, alloc)
             return
+        clock.span(READ, start)
         specs, columns = gathered  # specs: None where the sampler gave the task's indices
         n = len(specs[0].indices) if specs else self.sampler.batch_size
         layout = None  # the steps' one layout, where nothing else is added to their columns
@@ -110,11 +124,16 @@ class BatchMaker:
                 layout = None  # objects that travel beside the slot: materialize's way
         for j, (step, alloc) in enumerate(zip(steps, allocs)):
             a, b = j * n, (j + 1) * n
+            start = perf_counter()
             if layout is not None:
-                yield collate.write_rows(layout, columns, a, b, alloc), layout
-                continue
-            spec = specs[j] if specs else self.sampler.batch(step)
-            yield self._finish(spec, *collate.gathered_columns(_rows(columns, a, b), n), alloc)
+                made = collate.write_rows(layout, columns, a, b, alloc), layout
+            else:
+                spec = specs[j] if specs else self.sampler.batch(step)
+                made = self._finish(spec, *collate.gathered_columns(_rows(columns, a, b), n),
+                                    alloc)
+            clock.span(COLLATE, start)
+            clock.count(1, n, made[1].nbytes)
+            yield made
 
     def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec] | None, dict] | None:
         """The steps' specs (``None`` where the sampler gives a task's indices at once, all
@@ -169,6 +188,9 @@ class BatchMaker:
     def _read_records(self, spec: BatchSpec) -> list:
         """Each record read and transformed; a ``RandomMap`` gets its record's generator."""
         source, epoch, run = self.source, spec.epoch, self._transforms
+        detail = bool(run) and self.clock.detailed()
+        run.detail(detail)  # (a loop cut short by an error leaves no timers on)
+        start = perf_counter()
         raw = None
         if self._batched_reads:
             got = self._getitems(spec)
@@ -185,6 +207,8 @@ class BatchMaker:
                     f"{spec.record_location(position, index)}: source[index] raised "
                     f"{type(e).__name__}: {e}; the original error is the cause below") from e
             records.append(run(record, epoch, position, spec.record_location, (position, index)))
+        if detail:
+            self.clock.loop_detail(perf_counter() - start, run.spent)
         return records
 
 
@@ -196,18 +220,24 @@ def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
 
 
 def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
-                 where: Callable[[], str],
-                 alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
+                 where: Callable[[], str], alloc: Callable[[int], Any] | None = None,
+                 clock: StageClock | None = None) -> tuple[Any, collate.Layout]:
     """The batch of ``columns`` after the ``BatchMap``s, written into ``alloc`` when given;
-    ``where()`` names it in an error."""
+    ``where()`` names it in an error. Each ``BatchMap``'s seconds go to ``clock`` under its
+    name, taken off its collation (which the caller times whole)."""
     if not batch_transforms:
         return collate.materialize(treedef, columns, alloc)
     batch, _ = collate.materialize(treedef, columns)
     for t in batch_transforms:
+        start = perf_counter()
         try:
             batch = t.fn(batch)
         except Exception as e:
             raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
+        if clock is not None:
+            spent = perf_counter() - start
+            clock.add(stage_name(t), spent)
+            clock.add(COLLATE, -spent)
         if batch is None:
             raise returned_none(where(), t)
     treedef, columns = batch_columns(batch, size)

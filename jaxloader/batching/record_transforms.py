@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.timings import stage_names, timed_calls
 from jaxloader.batching.transforms import Filter, Map, RandomMap, RecordRng, returned_none
 
 DROPPED = object()  # what a record a Filter drops becomes
@@ -36,11 +37,27 @@ class RecordTransforms:
         kinds = {Map: _MAP, RandomMap: _RANDOM, Filter: _FILTER}
         self.transforms = transforms
         self._steps = tuple(enumerate((t.fn, kinds[type(t)]) for t in transforms))
+        self.names = stage_names(transforms)  # each one's stage in the timings
+        self.spent: dict[str, float] = {}  # seconds a transform, while timed (``detail``)
+        self._timed: tuple | None = None  # the steps, each timed: made when first asked for
+        self._active = self._steps
         self._rng = RecordRng(seed)
         self.filters = any(kind == _FILTER for _, (_, kind) in self._steps)
 
     def __bool__(self) -> bool:
         return bool(self._steps)
+
+    def detail(self, on: bool) -> None:
+        """Times each transform into ``spent`` (on) or runs them bare (off)."""
+        if on and self._timed is None:
+            timed = timed_calls([(name, fn) for name, (_, (fn, _)) in zip(self.names,
+                                                                          self._steps)],
+                                self.spent)
+            self._timed = tuple((i, (fn, kind)) for fn, (i, (_, kind)) in zip(timed,
+                                                                              self._steps))
+        self._active = self._timed if on and self._timed is not None else self._steps
+        if on:
+            self.spent.clear()
 
     def __call__(self, record: Any, epoch: int, position: int, where: Callable[..., str],
                  where_args: tuple = (), salt: int = 0, filters: bool = True) -> Any:
@@ -50,7 +67,7 @@ class RecordTransforms:
         arguments are positional.)"""
         t_index = -1
         try:
-            for t_index, (fn, kind) in self._steps:
+            for t_index, (fn, kind) in self._active:
                 if kind == _MAP:
                     record = fn(record)
                 elif kind == _RANDOM:

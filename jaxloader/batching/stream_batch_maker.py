@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -37,6 +38,7 @@ from jaxloader.batching import collate
 from jaxloader.batching.record_columns import record_columns
 from jaxloader.base.checks import POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.timings import COLLATE, LOOP, StageClock
 from jaxloader.batching.batch_maker import finish_batch
 from jaxloader.streams.contract import ReadableStream, RecordReader
 from jaxloader.streams.packed import PackedStream
@@ -63,6 +65,7 @@ class StreamBatchMaker:
                                                                     process_count, per_process)
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
         self._transforms = RecordTransforms(record_transforms, seed)
+        self.clock = StageClock()  # where this process's batches' time goes (base/timings)
         self._hosted: dict[int, RecordReader] = {}  # this process's reader k -> it, as reset
         self._reader: RecordReader | None = None  # the one that made the last batch
         self.readers = process_count * per_process
@@ -124,14 +127,25 @@ class StreamBatchMaker:
             raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
                                  f"{sorted(self._hosted)} of this process, not its")
         self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
-        records = self._filtered(step) if self._transforms.filters else self._taken(step)
+        clock, run = self.clock, self._transforms
+        detail = bool(run) and clock.detailed()
+        run.detail(detail)
+        start = perf_counter()
+        records = self._filtered(step) if run.filters else self._taken(step)
+        if detail:
+            clock.loop_detail(perf_counter() - start, run.spent)
+        start = clock.span(LOOP, start)
+        real = len(records)
         treedef, columns = record_columns(self._padded(step, records))
         if self.mask_key is not None:  # a pass that ends: True on the records
             valid = np.arange(self.batch_size) < len(records)
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
                                                 "StreamLoader(num_epochs=...)")
-        return finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
-                            lambda: self.location(step), alloc)
+        made = finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
+                            lambda: self.location(step), alloc, clock)
+        clock.span(COLLATE, start)
+        clock.count(1, real, made[1].nbytes)
+        return made
 
     def _taken(self, step: int) -> list:
         """``batch_size`` records, transformed (fewer at the end of a pass: its reader's

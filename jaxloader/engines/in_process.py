@@ -28,7 +28,10 @@ Example:
 from __future__ import annotations
 
 import itertools
+from time import perf_counter, thread_time
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
+
+from jaxloader.base.timings import Gauges, StageClock
 
 
 class Maker(Protocol):
@@ -37,6 +40,7 @@ class Maker(Protocol):
     source: Any  # what it reads (named when it cannot be sent to a worker)
     record_transforms: tuple
     batch_transforms: tuple
+    clock: StageClock  # its batches' stage timings, in the process that runs it
 
     @property
     def seed(self) -> int: ...
@@ -72,6 +76,13 @@ class StreamMaker(Maker, Protocol):
 class Engine(Protocol):
     """The contract between a loader and what makes its batches."""
 
+    gauges: Gauges  # the stage timings of the processes that make its batches
+
+    @property
+    def active(self) -> int:
+        """Worker processes in use now (0: batches are made in the calling thread)."""
+        ...
+
     @property
     def pids(self) -> list[int]:
         """Process ids of the workers (empty when there are none)."""
@@ -95,10 +106,15 @@ class InProcessEngine:
 
     def __init__(self, maker: Maker) -> None:
         self._maker = maker
+        self.gauges = Gauges(1)
 
     @property
     def pids(self) -> list[int]:
         return []
+
+    @property
+    def active(self) -> int:
+        return 0
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
@@ -107,10 +123,16 @@ class InProcessEngine:
         if stream is not None and resets is not None:
             stream.reset(resets[0])
         steps = itertools.count(start) if stop is None else range(start, stop)
+        clock, gauges = maker.clock, self.gauges
         for step in steps:
+            if (clock.trace is not None) != gauges.trace:
+                clock.trace = [] if gauges.trace else None
+            began, cpu = perf_counter(), thread_time()
             batch, _ = maker.make(step)
             if stream is not None and reports is not None:
                 reports[step] = stream.report()
+            gauges.makers[0].absorb((perf_counter() - began, thread_time() - cpu,
+                                     *clock.take()))
             yield batch
 
     def close(self) -> None:

@@ -12,13 +12,17 @@ A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Self
+from typing import TYPE_CHECKING, Any, Callable, Self
 
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
 from jaxloader.loaders.iterator import LoaderIterator, Progress
+from jaxloader.loaders.monitor import AutoTune, Monitor, log
 from jaxloader.loaders.options import LoaderOptions, Placement
+
+if TYPE_CHECKING:
+    from jaxloader.loaders.diagnosis import Diagnosis
 
 
 class LoaderLifecycle:
@@ -29,18 +33,49 @@ class LoaderLifecycle:
     _engine: Engine
     _options: LoaderOptions
     _placement: Placement
+    _monitor: Monitor | None
 
     def _start_engine(self, maker: Maker,
                       worker_init_fn: Callable[[int], None] | None) -> Engine:
         """The engine of ``maker``'s batches: in this process, or worker processes."""
         options = self._options
+        engine: Engine
+        tune = None
         if options.num_workers == 0:
-            return InProcessEngine(maker)
-        from jaxloader.workers.pool import WorkerPool
+            engine = InProcessEngine(maker)
+        else:
+            from jaxloader.workers.pool import WorkerPool
 
-        return WorkerPool(maker, options.num_workers, prefetch=options.prefetch,
-                          start_method=options.start_method, worker_init_fn=worker_init_fn,
-                          stall_warning_s=options.stall_warning_s, timeout_s=options.timeout_s)
+            capacity = None
+            if options.auto_workers:
+                tune = AutoTune(None, tune_prefetch=options.auto_prefetch)
+                capacity = tune.capacity()
+            engine = WorkerPool(maker, options.num_workers, prefetch=options.prefetch,
+                                start_method=options.start_method,
+                                worker_init_fn=worker_init_fn,
+                                stall_warning_s=options.stall_warning_s,
+                                timeout_s=options.timeout_s, max_workers=capacity)
+            if tune is not None:
+                tune.pool = engine
+            log.info("started %d worker process(es): pids %s", len(engine.pids), engine.pids)
+        self._monitor = None
+        if tune is not None or options.log_every_s:
+            self._monitor = Monitor(tune, options.log_every_s, self._summary)
+        return engine
+
+    def _summary(self) -> str:
+        """The periodic one-line summary (``log_every_s=``)."""
+        stats = self.stats
+        line = (f"{stats.batches} batches, {stats.batches_per_s:.1f} batches/s, the loop waited "
+                f"{stats.wait_fraction:.0%}, {self.num_workers} worker(s)")
+        if stats.busy:
+            line += f" busy {sum(stats.busy) / len(stats.busy):.0%}"
+        if stats.batches >= 2:
+            verdict = self.diagnose()
+            line += f"; bottleneck: {verdict.bottleneck}"
+            if verdict.advice:
+                line += f" ({verdict.advice[0]})"
+        return line
 
     @property
     def batch_size(self) -> int:
@@ -59,7 +94,8 @@ class LoaderLifecycle:
 
     @property
     def num_workers(self) -> int:
-        return self._options.num_workers
+        """Worker processes in use now (``num_workers="auto"`` changes it as it runs)."""
+        return self._engine.active
 
     @property
     def num_epochs(self) -> int | None:
@@ -78,11 +114,33 @@ class LoaderLifecycle:
 
     @property
     def stats(self) -> LoaderStats:
-        """Batches handed out, time waited inside ``next()`` and time run between calls."""
-        return self._progress.stats()
+        """Batches handed out, the time waited inside ``next()`` and run between calls, and
+        where the time went: seconds by stage, rates, each worker's share (``LoaderStats``)."""
+        engine = self._engine
+        return self._progress.stats(engine.gauges, engine.pids, engine.active)
+
+    def diagnose(self) -> "Diagnosis":
+        """What limits the input now, from ``stats``: ``bottleneck`` (``"step"``,
+        ``"workers"``, ``"source"``, ``"main"`` or ``"device"``), seconds by stage, and advice;
+        ``print()`` it for a table.
+
+        Example:
+            >>> import numpy as np, jaxloader as jl
+            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=4,
+            ...                        process_index=0, process_count=1)
+            >>> for batch in loader:
+            ...     pass
+            >>> loader.diagnose().bottleneck  # made in this process, for a loop doing nothing
+            'main'
+        """
+        from jaxloader.loaders.diagnosis import diagnose
+
+        return diagnose(self.stats, self._engine.active)
 
     def reset_stats(self) -> None:
+        """Starts the counts and timings again (e.g. after a warm-up)."""
         self._progress.reset_stats()
+        self._engine.gauges.reset()
 
     def _invalidate(self, until_gone: bool = True) -> bool:
         """Makes live iterators stale and stops what they run (thread, engine run), waiting

@@ -14,7 +14,7 @@ See ``jaxloader.loaders.iterator`` for iteration and ``jaxloader.engines.in_proc
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Never, Sequence
+from typing import Any, Callable, Literal, Never, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import source_fingerprint, source_files
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
-from jaxloader.loaders.options import LoaderOptions, placement
+from jaxloader.loaders.options import LoaderOptions, automatic, placement
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.base.checks import MASK64, check_int
@@ -52,7 +52,10 @@ class DataLoader(LoaderLifecycle):
             (``PerformanceWarning``).
         seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
         transforms: ``Map``/``RandomMap`` (per record), then ``BatchMap`` (per batch).
-        num_workers: worker processes; 0 makes batches in the main process.
+        num_workers: worker processes; 0 makes batches in the main process; ``"auto"``
+            starts one and changes the count as it runs, from the rate and the consumer's wait
+            (up to the cores this process may use, more while reads wait; each decision
+            logged; ``loader.num_workers`` is the count in use). The batches do not depend on it.
         last_batch: ``"drop"`` the short last batch of an epoch, ``"pad"`` it to full size with
             repeated records and a bool leaf ``batch[mask_key]`` (True on real rows; records must
             be dicts), or keep it ``"partial"`` (smaller; one process only).
@@ -63,7 +66,9 @@ class DataLoader(LoaderLifecycle):
             the worker's steps as fit in 1 MiB of batches, up to 16 (one for larger batches
             and for streams), so that a small batch costs a share of a task's messages.
             Small batches get more tasks, as many as hold ``prefetch`` MiB, up to 64 steps
-            a worker and 256 in all: room to run ahead past a source's stalls.
+            a worker and 256 in all: room to run ahead past a source's stalls. ``"auto"``
+            (with ``num_workers="auto"``): 2, doubled up to 8 while the loop waits on idle
+            workers (batches that come in bursts).
         worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
             ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.
         start_method: ``"exec"`` (default): workers are fresh interpreters that never re-run
@@ -85,6 +90,8 @@ class DataLoader(LoaderLifecycle):
         timeout_s: with workers, a batch awaited this long raises ``StallError`` with the same
             report (the loader is then broken); ``None`` (the default): waits as long as it
             takes. With ``num_workers=0`` the batch is made in your thread: Ctrl-C shows where.
+        log_every_s: logs a one-line summary with the verdict (``loader.diagnose()``) every
+            this many seconds (``logging`` ``"jaxloader"``, INFO); ``None``: never.
         unknown: PyTorch's and Grain's names (``drop_last``, ``collate_fn``, ``pin_memory``,
             ``worker_count``, ...) raise a ``TypeError`` saying what to pass instead.
 
@@ -110,19 +117,20 @@ class DataLoader(LoaderLifecycle):
         shuffle: bool | LocalShuffle = False,
         seed: int = 0,
         transforms: Sequence[Any] = (),
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         last_batch: str = "drop",
         num_epochs: int | None = 1,
         process_index: int | None = None,
         process_count: int | None = None,
         mask_key: str = "mask",
-        prefetch: int = 2,
+        prefetch: int | Literal["auto"] = 2,
         worker_init_fn: Callable[[int], None] | None = None,
         start_method: str = "exec",
         sharding: Any = None,
         device_prefetch: int = 2,
         stall_warning_s: float | None = 300.0,
         timeout_s: float | None = None,
+        log_every_s: float | None = None,
         **unknown: Never,
     ) -> None:
         from jaxloader.streams import Stream
@@ -135,17 +143,20 @@ class DataLoader(LoaderLifecycle):
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         self._placement = placement(batch_size, process_index, process_count)
         batch_size, process_index, process_count = self._placement
+        workers, auto_workers = automatic("num_workers", num_workers, start=1)
+        ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
         self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
                                      seed=seed, last_batch=last_batch,
                                      process_index=process_index, process_count=process_count,
-                                     num_workers=num_workers)
+                                     num_workers=workers)
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
             check_order = order_check_of(part)
             if check_order is not None:
                 check_order(shuffle)
-        self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
-                                      device_prefetch, stall_warning_s, timeout_s)
+        self._options = LoaderOptions(workers, num_epochs, mask_key, ahead, start_method,
+                                      device_prefetch, stall_warning_s, timeout_s, log_every_s,
+                                      auto_workers, auto_prefetch)
         self._putter = None
         if sharding is not None:
             from jaxloader.sharding.put import Putter
@@ -207,7 +218,7 @@ class DataLoader(LoaderLifecycle):
         put = self._putter
         self._active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,
-            single_device=put is not None and put.single_device,
+            single_device=put is not None and put.single_device, monitor=self._monitor,
         )
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 

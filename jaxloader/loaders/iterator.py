@@ -24,12 +24,17 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Generator, Protocol
 
 from jaxloader.base.errors import JaxloaderError, WorkerError
-from jaxloader.base.stats import LoaderStats
+from jaxloader.base.stats import LoaderStats, WorkerStats
+from jaxloader.base.timings import PLACE, STEP, WAIT, Gauges
 from jaxloader.sharding.prefetch import DevicePrefetcher
+
+log = logging.getLogger("jaxloader")
+SLOW_FIRST_S = 1.0  # a first batch slower than this is logged
 
 
 class BatchRuns(Protocol):
@@ -47,9 +52,7 @@ class Progress:
         self.generation = 0  # iterators of older generations are stale
         self.broken: JaxloaderError | None = None  # raised by every later call
         self.closed = False
-        self.batches = 0  # batches handed out, time waited inside next(), run between calls
-        self.wait_s = 0.0
-        self.run_s = 0.0
+        self.reset_stats()
 
     def check(self) -> None:
         """Raises the loader's failure, or that it is closed."""
@@ -58,11 +61,37 @@ class Progress:
         if self.closed:
             raise JaxloaderError("DataLoader is closed; create a new one to iterate again")
 
-    def stats(self) -> LoaderStats:
-        return LoaderStats(self.batches, self.wait_s, self.run_s)
+    def stats(self, gauges: Gauges, pids: list[int], num_workers: int) -> LoaderStats:
+        """The stats of the consumer's side with the engine's ``gauges`` (see ``LoaderStats``)."""
+        stages: dict[str, float] = {}
+        workers, made, records, nbytes = [], 0, 0, 0
+        for i, totals in enumerate(gauges.makers):
+            mine = totals.stages()
+            for stage, spent in mine.items():
+                stages[stage] = stages.get(stage, 0.0) + spent
+            made, records, nbytes = (made + totals.batches, records + totals.records,
+                                     nbytes + totals.bytes)
+            if pids:
+                workers.append(WorkerStats(i, pids[i] if i < len(pids) else 0, totals.batches,
+                                           totals.records, totals.bytes, totals.busy_s,
+                                           totals.cpu_s, mine))
+        for stage, spent in gauges.main.stages().items():
+            stages[stage] = stages.get(stage, 0.0) + spent
+        if self.place_s:
+            stages[PLACE] = self.place_s
+        stages[WAIT], stages[STEP] = self.wait_s, self.run_s
+        wall = self.last_s - self.first_s if self.first_s is not None else 0.0
+        ready = gauges.ready / gauges.handed if gauges.handed else 0.0
+        return LoaderStats(self.batches, self.wait_s, self.run_s, wall, records, nbytes,
+                           stages, tuple(workers), num_workers, ready, made, self.first_batch_s)
 
     def reset_stats(self) -> None:
-        self.batches, self.wait_s, self.run_s = 0, 0.0, 0.0
+        """Starts the counts again (the engine's gauges are reset by the loader)."""
+        self.batches = 0  # batches handed out, time waited inside next(), run between calls
+        self.wait_s = self.run_s = self.place_s = 0.0  # (placement: device_put's time)
+        self.first_s: float | None = None  # when the first next() of the window was entered
+        self.last_s = 0.0  # when the last batch was handed out
+        self.first_batch_s = 0.0  # how long the first batch of the window took
 
 
 class LoaderIterator:
@@ -70,7 +99,8 @@ class LoaderIterator:
 
     def __init__(self, progress: Progress, start: int, stop: int | None, engine: BatchRuns,
                  put: Callable[[Any], Any] | None, device_prefetch: int,
-                 single_device: bool, ends_before: Callable[[int], bool] | None = None) -> None:
+                 single_device: bool, ends_before: Callable[[int], bool] | None = None,
+                 monitor: Any = None) -> None:
         self._progress = progress
         self._generation = progress.generation
         self._step = start
@@ -80,6 +110,7 @@ class LoaderIterator:
         self._depth = device_prefetch
         self._single_device = single_device
         self._ends_before = ends_before  # whether the run ends before a step (a stream's pass)
+        self._monitor = monitor  # loaders/monitor: autotune, periodic summary (or None)
         self._batches: Generator[Any, None, None] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         self._last_return: float | None = None
@@ -96,6 +127,8 @@ class LoaderIterator:
         """The engine run (and device prefetch) from this iterator's step."""
         self._batches = batches = self._engine.batches(self._step, self._stop)
         put = self._put
+        if put is not None:
+            put = _timed_put(put, self._progress)
         if put is None:
             self._next: Callable[[], Any] = batches.__next__
         elif self._depth == 0:
@@ -135,6 +168,10 @@ class LoaderIterator:
         try:
             batch = self._next()
             returned = time.perf_counter()
+            monitor = self._monitor
+            if monitor is not None and returned >= monitor.next_at:
+                monitor.tick(returned, self._step + 1, progress.batches + 1,
+                             progress.wait_s + (returned - entered))
         except WorkerError as e:
             progress.broken = e
             raise
@@ -154,7 +191,12 @@ class LoaderIterator:
         progress.wait_s += returned - entered
         if self._last_return is not None:
             progress.run_s += entered - self._last_return
-        self._last_return = returned
+        if progress.first_s is None:
+            progress.first_s, progress.first_batch_s = entered, returned - entered
+            if returned - entered > SLOW_FIRST_S:
+                log.info("the first batch took %.1f s (the workers' start and the first "
+                         "reads)", returned - entered)
+        progress.last_s = self._last_return = returned
         return batch
 
     def stop_work(self, until_gone: bool = False) -> bool:
@@ -166,3 +208,13 @@ class LoaderIterator:
         if self._batches is not None:
             self._batches.close()
         return True
+
+
+def _timed_put(put: Callable[[Any], Any], progress: Progress) -> Callable[[Any], Any]:
+    """``put`` adding its seconds to the loader's placement time (whichever thread runs it)."""
+    def timed(batch: Any) -> Any:
+        began = time.perf_counter()
+        placed = put(batch)
+        progress.place_s += time.perf_counter() - began
+        return placed
+    return timed

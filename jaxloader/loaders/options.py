@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
@@ -29,26 +29,30 @@ START_METHODS = ("exec", "fork")
 class LoaderOptions:
     """How batches are made and delivered (see ``DataLoader`` for each argument)."""
 
-    num_workers: int = 0
+    num_workers: int = 0  # (1 with auto_workers: the count at the start)
     num_epochs: int | None = 1
     mask_key: str = "mask"
-    prefetch: int = 2
+    prefetch: int = 2  # (2 with auto_prefetch: the start)
     start_method: str = "exec"
     device_prefetch: int = 2
     stall_warning_s: float | None = 300.0
     timeout_s: float | None = None
+    log_every_s: float | None = None
+    auto_workers: bool = False  # (set from num_workers="auto")
+    auto_prefetch: bool = False  # (set from prefetch="auto")
 
     def __post_init__(self) -> None:
-        def keep(name: str, value: int) -> None:  # as a Python int (NumPy's are not JSON)
+        def keep(name: str, value: Any) -> None:  # as a Python int (NumPy's are not JSON)
             object.__setattr__(self, name, value)
+
 
         if self.num_epochs is not None:
             keep("num_epochs", check_int("num_epochs", self.num_epochs, low=1,
                                          remedy="pass None for an endless iterator"))
         keep("num_workers", check_int("num_workers", self.num_workers, low=0,
-                                      remedy="0 runs in this process"))
+                                      remedy="0 runs in this process; 'auto' chooses"))
         keep("prefetch", check_int("prefetch", self.prefetch, low=1,
-                                   remedy="batches in flight per worker"))
+                                   remedy="batches in flight per worker; 'auto' chooses"))
         keep("device_prefetch", check_int(
             "device_prefetch", self.device_prefetch, low=0,
             remedy="batches kept ready on device; 0 places each batch inside next()"))
@@ -57,20 +61,34 @@ class LoaderOptions:
                 f"mask_key: expected a str (the name of the pad mask leaf), got "
                 f"{type(self.mask_key).__name__} {self.mask_key!r}"
             )
-        for name in ("stall_warning_s", "timeout_s"):
+        for name in ("stall_warning_s", "timeout_s", "log_every_s"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(
                     value, (int, float)) or not 0 < value < math.inf):
                 raise ConfigError(
                     f"{name}: expected a number of seconds > 0, or None, got "
                     f"{type(value).__name__} {value!r}; None: "
-                    + ("no report of a late batch" if name == "stall_warning_s" else
-                       "wait for a batch as long as it takes"))
+                    + {"stall_warning_s": "no report of a late batch",
+                       "timeout_s": "wait for a batch as long as it takes",
+                       "log_every_s": "no periodic summary"}[name])
         if self.start_method not in START_METHODS:
             raise ConfigError(
                 f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "
                 "'exec' is the safe default"
             )
+
+
+def automatic(name: str, value: int | str, start: int) -> tuple[int, bool]:
+    """``(start, True)`` for ``"auto"``, else ``(value, False)`` with ``value`` an int >= 0.
+
+    Example:
+        >>> automatic("num_workers", "auto", start=1), automatic("num_workers", 3, start=1)
+        ((1, True), (3, False))
+    """
+    if value == "auto":
+        return start, True
+    return check_int(name, value, low=0, remedy="a count, or 'auto' to let the loader choose"
+                     ), False
 
 
 class Placement(NamedTuple):

@@ -35,7 +35,7 @@ from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
-from jaxloader.loaders.options import LoaderOptions, placement
+from jaxloader.loaders.options import LoaderOptions, automatic, placement
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.loaders.state import STATE_VERSION, check_stream_state
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
@@ -102,7 +102,7 @@ class StreamLoader(LoaderLifecycle):
                  device_prefetch: int = 2, readers_per_process: int | None = None,
                  num_epochs: int | None = None, mask_key: str = "mask",
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
-                 **unknown: Never) -> None:
+                 log_every_s: float | None = None, **unknown: Never) -> None:
         refuse("StreamLoader", unknown)
         given: Any = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
         if not isinstance(given, ReadableStream):
@@ -122,8 +122,17 @@ class StreamLoader(LoaderLifecycle):
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         self._placement = placement(batch_size, process_index, process_count)
         batch_size, process_index, process_count = self._placement
-        self._options = LoaderOptions(num_workers, num_epochs, mask_key, prefetch, start_method,
-                                      device_prefetch, stall_warning_s, timeout_s)
+        if "auto" in (num_workers, prefetch):
+            raise ConfigError(
+                "StreamLoader(num_workers='auto', prefetch='auto'): not supported for streams "
+                "yet (a stream's readers would have to move between workers); pass a number "
+                "of workers that divides readers_per_process, and read loader.diagnose() for "
+                "which to choose")
+        workers, auto_workers = automatic("num_workers", num_workers, start=1)
+        ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
+        self._options = LoaderOptions(workers, num_epochs, mask_key, ahead, start_method,
+                                      device_prefetch, stall_warning_s, timeout_s, log_every_s,
+                                      auto_workers, auto_prefetch)
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
@@ -181,7 +190,8 @@ class StreamLoader(LoaderLifecycle):
                                       _ReaderRuns(self), put,
                                       self._options.device_prefetch,
                                       single_device=put is not None and put.single_device,
-                                      ends_before=None if self._until is None else self._ends)
+                                      ends_before=None if self._until is None else self._ends,
+                                      monitor=self._monitor)
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 
     def _ends(self, step: int) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from jaxloader.base.errors import StallError, WorkerError
 from jaxloader.runtime.shm import Segment
@@ -106,14 +106,19 @@ class StallWatch:
         return None
 
 
-def stall_report(awaited: int, task: range | None, pids: list[int], board: StatusBoard,
+def stall_report(awaited: int, tasks: Iterable[Any], pids: list[int], board: StatusBoard,
                  where: Callable[[int], str]) -> str:
-    """What the consumer awaits (step ``awaited``, in a task of steps ``task``) and what each
-    worker is doing, with their stacks."""
-    sent = "" if task is None or len(task) == 1 else (
-        f" (in its task of steps {task[0]}, {task[1]}, ..., {task[-1]}, reported once all are "
-        "made)")
-    return "\n".join([f"{where(awaited)} is awaited, from worker {awaited % len(pids)}{sent}. "
+    """What the consumer awaits (step ``awaited``, in one of ``tasks``, the pool's
+    ``tasks.InFlight``) and what each worker is doing, with their stacks."""
+    task = next((t for t in tasks if awaited in range(
+        t.first, t.first + t.stride * len(t.segments), t.stride)), None)
+    steps = None if task is None else range(task.first, task.first + task.stride * len(
+        task.segments), task.stride)
+    sent = "" if steps is None or len(steps) == 1 else (
+        f" (in its task of steps {steps[0]}, {steps[1]}, ..., {steps[-1]}, reported once all "
+        "are made)")
+    worker = awaited % len(pids) if task is None else task.worker
+    return "\n".join([f"{where(awaited)} is awaited, from worker {worker}{sent}. "
                       "The workers:", *board.report(pids, where)])
 
 

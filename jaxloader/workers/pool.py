@@ -4,11 +4,13 @@
 
     batches(start, stop)                          workers 0..N-1
       submit a task: steps s, s+N, ..  ──Task(id, s, N, slots)──> make each into its slot
-      reorder buffer {step: slot} <──Done(id, made)─────────────┘  (messages: protocol)
+      reorder buffer {step: slot} <──Done(id, made, timings)────┘  (messages: protocol)
       yield ring.hand_out(slot) in step order     (zero-copy NumPy views)
+      gauges: each worker's stage timings (base/timings), the hand-over's
       block in poll(all worker pipes)              (a dead worker's pipe reports EOF at once)
 
-Step ``s`` is made by worker ``s % N``: the samplers' memos, kept by class of step, are computed
+``N`` is the workers in use (``roster.py``; ``resize`` changes it between two blocks of tasks,
+a batch being the same whichever worker makes it). Step ``s`` is made by worker ``s % N``: the samplers' memos, kept by class of step, are computed
 once, and a stream's reader for the step lives there. A task is several of a worker's steps, so
 that a small batch costs its share of a task's two messages; tasks go out a block at a time,
 one a worker, as many ahead as ``tasks.py`` says. A slot goes back to the worker that wrote it
@@ -31,43 +33,27 @@ the run breaks and closes the pool itself, in its own thread, and ``close()`` ge
 
 from __future__ import annotations
 
-import functools
-import select
 import sys
 import threading
-import time
 import weakref
-from typing import Any, Callable, Generator, NamedTuple, NoReturn
+from time import perf_counter
+from typing import Any, Callable, Generator, NoReturn
 
 from jaxloader.base.errors import SharedMemoryError, WorkerError
 from jaxloader.base.interrupts import run_all
+from jaxloader.base.timings import HANDOVER, Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.workers import failures, payload, protocol, tasks
-from jaxloader.workers.process import STOP_GRACE_S, WorkerProcess
+from jaxloader.workers.tasks import Failure, InFlight
+from jaxloader.workers.process import stop_all
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
+from jaxloader.workers.roster import Roster
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers.status import StatusBoard
 
 _DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
 _DRIVER_WAIT_S = 0.1  # close() lets a run in another thread reach a yield, else kills workers
-
-class _Task(NamedTuple):
-    """A task in flight: which worker makes which steps, for which run, into which slots."""
-
-    worker: int
-    first: int  # its steps: first + nth * stride
-    stride: int
-    run: int
-    segments: list  # each step's slot, in order; None once its batch is back
-
-
-class _Failure(NamedTuple):
-    """A step that failed in its worker: raised at its turn, after the batches before it."""
-
-    error: WorkerError
-    cause: BaseException | None
-
 
 class WorkerPool:
     """Makes batches in ``num_workers`` processes (see the module docstring).
@@ -93,19 +79,22 @@ class WorkerPool:
         worker_init_fn: Callable[[int], None] | None = None,
         stall_warning_s: float | None = None,
         timeout_s: float | None = None,
+        max_workers: int | None = None,
     ) -> None:
         self._maker = maker
         self._stall = failures.StallWatch(stall_warning_s, timeout_s)
         self._prefetch = prefetch
         self._start_method = start_method
-        self._num_workers = num_workers
+        self._initial = num_workers
+        self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
         self._shared: list[Segment] = []  # source arrays shared with the workers
         self._broken: WorkerError | None = None
         self._mixed_up = False  # an interrupt may have cut a message: restart the workers
         self.restarts = 0  # times the workers were replaced after such an interrupt
         self._shared_finalizer = weakref.finalize(self, _destroy_all, self._shared)
         self._driver = threading.RLock()  # held by a run while it executes (module docstring)
-        self._board = StatusBoard(num_workers)  # what each worker is doing (status.py)
+        self._board = StatusBoard(self._capacity)  # what each worker does (status.py)
+        self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
         self._board_finalizer = weakref.finalize(self, self._board.destroy)
         self._start()
         try:
@@ -122,29 +111,42 @@ class WorkerPool:
         """Starts the interpreters (their imports overlap with what follows) and a
         fresh ring; the bookkeeping of tasks starts empty."""
         self._ring = SlotRing()
-        self._shapes: dict[tuple[int, bool], tuple[int, int]] = {}  # _task_shape's
-        self._workers: list[WorkerProcess] = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._ring)
-        for _ in range(self._num_workers):
-            self._workers.append(WorkerProcess(self._start_method))
-        # One poller for the pool's life: blocking in poll() costs a syscall, where
-        # multiprocessing.connection.wait builds and fills a new selector every call.
-        self._poller = select.poll()
-        self._by_fd: dict[int, int] = {}
-        for i, w in enumerate(self._workers):
-            self._by_fd[w.conn.fileno()] = i
-            self._poller.register(w.conn.fileno(), select.POLLIN)
-        self._tasks: dict[int, _Task] = {}
-        self._in_flight = [0] * self._num_workers
-        self._layouts: list[Any] = [None] * self._num_workers
+        self._shapes: dict[tuple, tuple[int, int]] = {}  # _task_shape's
+        old = getattr(self, "_roster", None)  # (a restart: as many workers, as many in use)
+        self.roster = Roster(self._initial if old is None else len(old.workers),
+                              capacity=self._capacity, start_method=self._start_method,
+                              gauges=self.gauges, active=None if old is None else old.target)
+        self._workers = self.roster.workers
+        self._finalizer = weakref.finalize(self, stop_all, self._workers, self._ring)
+        self._tasks: dict[int, InFlight] = {}
         self._next_task = 0
         self._run = 0
         self._waiting = False  # True only inside poll(): an interrupt there leaves no mess
 
-    def _send_payload(self) -> None:
-        for i, worker in enumerate(self._workers):
-            protocol.send(worker.conn, Init(sys.path, i, self._num_workers, self._maker.seed,
-                                            self._blob, self._board.names(i)))
+    def _send_payload(self, first: int = 0) -> None:
+        for i in range(first, len(self._workers)):
+            protocol.send(self._workers[i].conn, Init(sys.path, i, self.roster.active,
+                                                      self._maker.seed, self._blob,
+                                                      self._board.names(i)))
+
+    @property
+    def active(self) -> int:
+        """Workers in use now."""
+        return self.roster.active
+
+    @property
+    def round_steps(self) -> int:
+        """Steps of one task for each worker in use: batches come back this many at a time."""
+        return self.roster.active * self._task_shape(False)[0]
+
+    @property
+    def prefetch(self) -> int:
+        """Tasks in flight a worker (``tasks.py``); set it to change it from the next task."""
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._prefetch, self._shapes = value, {}
 
     @property
     def pids(self) -> list[int]:
@@ -176,29 +178,37 @@ class WorkerPool:
             while stop is None or next_yield < stop:
                 with self._driver:
                     while stop is None or next_submit < stop:
+                        roster = self.roster
+                        if roster.target != roster.active and not streaming:
+                            roster.apply(self._send_payload, next_submit)
                         steps, ahead = self._task_shape(streaming)
-                        if next_submit - next_yield >= len(self._workers) * ahead * steps:
+                        if next_submit - next_yield >= roster.active * ahead * steps:
                             break
                         # A task done but not yet read (the consumer was busy with batches
                         # ready before it) still counts as in flight: read what has come
                         # before deciding, or its worker waits for work it could be doing
-                        if max(self._in_flight) >= ahead and not (
+                        if roster.busiest() >= ahead and not (
                                 self._receive(run, ready, block=False)
-                                and max(self._in_flight) < ahead):
+                                and roster.busiest() < ahead):
                             break
                         next_submit = self._submit_block(next_submit, stop, steps, run, resets)
                     if next_yield not in ready:
                         self._receive(run, ready, awaited=next_yield)
                         continue
                     made = ready.pop(next_yield)  # (segment, layout, objects, report) or a
-                    if type(made) is _Failure:  # _Failure: raised in order, at its turn
+                    if type(made) is Failure:  # Failure: raised in order, at its turn
                         self._break(*made)
                     if reports is not None:
                         reports[next_yield] = made[3]
                     next_yield += 1
                     # Made under the lock, held by nothing here while suspended at the yield
                     # (a local would keep the slot lent until the next resume).
+                    began = perf_counter()
                     handed = [self._ring.hand_out(*made[:3])]
+                    gauges = self.gauges
+                    gauges.main.add(HANDOVER, perf_counter() - began)
+                    gauges.ready += len(ready)
+                    gauges.handed += 1
                 yield handed.pop()
         except BaseException as e:
             # A message may have been cut (``jaxloader.base.interrupts``, 2): unless blocked in
@@ -210,26 +220,26 @@ class WorkerPool:
             with self._driver:
                 self._waiting = False
                 for made in ready.values():
-                    if type(made) is not _Failure:
+                    if type(made) is not Failure:
                         self._ring.give_back(made[0])
 
     def _task_shape(self, streaming: bool) -> tuple[int, int]:
         """``(steps a task, tasks ahead a worker)`` for the ring's slot size now; computed
         again only when that size changes (it is asked for every batch handed out)."""
-        key = (self._ring.slot_size, streaming)
+        key = (self._ring.slot_size, streaming, self.roster.active)
         shape = self._shapes.get(key)
         if shape is None:
             size = self._ring.slot_size
             steps = tasks.steps_per_task(size, streaming)
             shape = self._shapes[key] = (steps, tasks.tasks_ahead(
-                size, steps, self._prefetch, len(self._workers)))
+                size, steps, self._prefetch, self.roster.active))
         return shape
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
                       resets: list | None) -> int:
         """Tasks for steps ``[start, end)``, ``steps`` a worker, each worker ``w`` those
         ``= w mod N``; returns ``end``."""
-        workers = len(self._workers)
+        workers = self.roster.active
         end = start + workers * steps if stop is None else min(start + workers * steps, stop)
         for first in range(start, min(start + workers, end)):
             worker = first % workers
@@ -243,10 +253,11 @@ class WorkerPool:
         segments = [self._ring.take(worker) for _ in range(count)]
         task_id = self._next_task
         self._next_task += 1
-        self._tasks[task_id] = _Task(worker, first, len(self._workers), run, segments)
-        self._in_flight[worker] += 1
-        self._send(worker, Task(task_id, first, len(self._workers),
-                                tuple((s.name, s.size) for s in segments), reset))
+        self._tasks[task_id] = InFlight(worker, first, self.roster.active, run, segments)
+        self.roster.in_flight[worker] += 1
+        self._send(worker, Task(task_id, first, self.roster.active,
+                                tuple((s.name, s.size) for s in segments), reset,
+                                self.gauges.trace))
 
     def _send(self, worker: int, message: Any) -> None:
         try:
@@ -261,29 +272,32 @@ class WorkerPool:
         Whether a report was read."""
         self._waiting = True
         # readable, or hung up (EOF) or failed: all reported
-        events = self._wait(awaited) if block else self._poller.poll(0)
+        events = self._wait(awaited) if block else self.roster.poller.poll(0)
         self._waiting = False
+        began = perf_counter()
         for fd, _ in events:
-            worker = self._by_fd[fd]
+            worker = self.roster.by_fd[fd]
             try:
                 message = protocol.receive(self._workers[worker].conn)
             except (EOFError, ConnectionResetError, OSError):
                 self._worker_died(worker)
             if type(message) is Done:
+                if message.timings is not None:
+                    self.gauges.makers[worker].absorb(message.timings)
                 task = self._tasks[message.task_id]
                 segments = task.segments
                 for nth, layout, objects, report in message.made:
                     if layout is not None:
-                        self._layouts[worker] = layout
+                        self.roster.layouts[worker] = layout
                     segment, segments[nth] = segments[nth], None
                     if task.run == run:  # a plain tuple: built once a batch
                         ready[task.first + nth * task.stride] = (
-                            segment, self._layouts[worker], objects, report)
+                            segment, self.roster.layouts[worker], objects, report)
                     else:
                         self._ring.give_back(segment)
                 if segments.count(None) == len(segments):  # every step back: the task is done
                     del self._tasks[message.task_id]
-                    self._in_flight[worker] -= 1
+                    self.roster.in_flight[worker] -= 1
             elif type(message) is Grow:
                 segments = self._tasks[message.task_id].segments
                 segment = self._ring.grow(segments[message.nth], message.nbytes)
@@ -295,12 +309,13 @@ class WorkerPool:
                 failed_task = self._tasks.pop(message.task_id, None)
                 if failed_task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)
-                self._in_flight[worker] -= 1
+                self.roster.in_flight[worker] -= 1
                 for segment in failed_task.segments:  # the failed step's, and those after it
                     if segment is not None:
                         self._ring.give_back(segment)
                 if failed_task.run == run:
                     ready[message.step] = failure
+        self.gauges.main.add(HANDOVER, perf_counter() - began)
         return bool(events)
 
     def _wait(self, awaited: int | None) -> list:
@@ -308,27 +323,20 @@ class WorkerPool:
         error (``failures.StallWatch``)."""
         watch = self._stall
         if awaited is None or not watch.watching:
-            return self._poller.poll()
+            return self.roster.poller.poll()
         watch.begin(awaited)
         while True:
-            events = self._poller.poll(watch.left() * 1000)  # (overdue: what has come)
+            events = self.roster.poller.poll(watch.left() * 1000)  # (overdue: what has come)
             if events:
                 return events
-            error = watch.due(lambda: self._stall_report(awaited))
+            error = watch.due(lambda: failures.stall_report(
+                awaited, self._tasks.values(), self.pids, self._board, self._maker.location))
             if error is not None:
                 self._break(error, None)
 
-    def _stall_report(self, awaited: int) -> str:
-        """What the consumer awaits and what each worker is doing, with their stacks."""
-        task = next((t for t in self._tasks.values() if awaited in range(
-            t.first, t.first + t.stride * len(t.segments), t.stride)), None)
-        steps = None if task is None else range(task.first, task.first + task.stride * len(
-            task.segments), task.stride)
-        return failures.stall_report(awaited, steps, self.pids, self._board, self._maker.location)
-
-    def _worker_failed(self, worker: int, failed: Failed) -> _Failure:
+    def _worker_failed(self, worker: int, failed: Failed) -> Failure:
         """The error to raise, and its cause, for a worker's failure report."""
-        return _Failure(*failures.raised(worker, self._workers[worker].pid, failed,
+        return Failure(*failures.raised(worker, self._workers[worker].pid, failed,
                                          self._maker.location))
 
     def _worker_died(self, worker: int) -> NoReturn:
@@ -373,23 +381,13 @@ class WorkerPool:
     # (at its start, say) would never finish; these run in full again on the next call (each
     # step is idempotent), and the finalizers stay for a pool that is only collected.
     def _stop_workers(self) -> None:
-        _shutdown(self._workers, self._ring)
+        stop_all(self._workers, self._ring)
         self._finalizer.detach()
 
     def _destroy_shared(self) -> None:
         _destroy_all(self._shared)
         self._shared_finalizer.detach()
         self._board_finalizer()
-
-
-def _shutdown(workers: list[WorkerProcess], ring: SlotRing) -> None:
-    """Every step runs even if an earlier one is interrupted (``jaxloader.base.interrupts``, 4).
-    The workers wind down together: told at once, given one grace (``STOP_GRACE_S``) between
-    them, then those still running are killed."""
-    deadline = time.monotonic() + STOP_GRACE_S
-    steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]
-    steps += [functools.partial(w.stop, deadline) for w in workers] + [ring.close]
-    run_all(steps)
 
 
 def _destroy_all(segments: list[Segment]) -> None:

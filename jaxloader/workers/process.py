@@ -35,6 +35,7 @@ would run N x cores threads. A value the training process's environment sets is 
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
@@ -46,6 +47,7 @@ from multiprocessing.connection import Pipe, wait
 from typing import Any, Callable, Mapping
 
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.interrupts import run_all
 from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Stop
 
@@ -238,3 +240,14 @@ def _spawn_forever() -> None:
             done.put(e)
         else:
             done.put(None)
+
+
+def stop_all(workers: list[WorkerProcess], ring: Any) -> None:
+    """Stops ``workers``, then closes the pool's slot ring. Every step runs even if an earlier one is interrupted (``jaxloader.base.interrupts``, 4).
+    The workers wind down together: told at once, given one grace (``STOP_GRACE_S``) between
+    them, then those still running are killed."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]
+    steps += [functools.partial(w.stop, deadline) for w in workers] + [ring.close]
+    run_all(steps)
+

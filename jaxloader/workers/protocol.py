@@ -7,11 +7,12 @@
                                                       ──>  sys.path, its status row (status.py),
                                                             loads(payload), init_fn(id)
                                                       <──  Failed(-1, None, ...)  (could not start)
-    Task(task_id, step, stride, slots, reset) ───────────>  make steps step, step + stride, ...,
+    Task(task_id, step, stride, slots, reset, trace) ────>  make steps step, step + stride, ...,
                                                             each straight into its slot
-                                                      <──  Done(task_id, made)  (a tuple a step
-                                                                made: nth, layout, objects,
-                                                                report)
+                                                      <──  Done(task_id, made, timings)  (a
+                                                                tuple a step made: nth, layout,
+                                                                objects, report; the task's
+                                                                stage timings)
                                                       <──  Grow(task_id, nth, nbytes)  (that
                                                                 step's slot is too small)
     Slot(task_id, nth, slot, size) ──────────────────────>  (a bigger slot for that step)
@@ -37,7 +38,7 @@ Example:
     >>> main, worker = Pipe()
     >>> send(main, Task(task_id=7, step=42, stride=2, slots=(("memfd:1:5:99", 4096),)))
     >>> receive(worker)
-    Task(task_id=7, step=42, stride=2, slots=(('memfd:1:5:99', 4096),), reset=None)
+    Task(task_id=7, step=42, stride=2, slots=(('memfd:1:5:99', 4096),), reset=None, trace=False)
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Task(NamedTuple):
     stride: int
     slots: tuple
     reset: Any = None  # a stream reader's state to continue from (the first task of a run)
+    trace: bool = False  # whether to send each stage's start and end (a profile's timeline)
 
 
 class Slot(NamedTuple):
@@ -95,6 +97,9 @@ class Done(NamedTuple):
 
     task_id: int
     made: tuple
+    # (busy s, CPU s, stages, batches, records, bytes, trace): the task's timings
+    # (``jaxloader.base.timings``); None when they went with an earlier Done of the task
+    timings: tuple | None = None
 
 
 class Grow(NamedTuple):

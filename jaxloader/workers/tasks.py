@@ -1,4 +1,5 @@
-"""How the pool cuts the steps into tasks: how many steps a task, how many tasks ahead.
+"""How the pool cuts the steps into tasks: how many steps a task, how many tasks ahead; a task
+in flight (``InFlight``) and a step that failed (``Failure``), as the pool keeps them.
 
 A task makes as many of a worker's steps as fit in ``TASK_BYTES`` of slots, up to
 ``MAX_TASK_STEPS`` (one a task while the batch size is not known, and for streams, whose
@@ -13,6 +14,10 @@ Example:
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
+
+from jaxloader.base.errors import WorkerError
 
 # A task makes as many steps as fit in this many bytes of slots, up to MAX_TASK_STEPS: batches
 # of 22 KB (256 rows of Parquet) take 16 a task, batches of 1 MiB or more one. Slots in flight:
@@ -48,3 +53,20 @@ def tasks_ahead(slot_size: int, steps: int, prefetch: int, workers: int) -> int:
     held = prefetch * TASK_BYTES // (steps * slot_size)
     room = min(MAX_AHEAD_STEPS, MAX_AHEAD_SLOTS // workers) // steps
     return max(prefetch, min(held, room))
+
+
+class InFlight(NamedTuple):
+    """A task in flight: which worker makes which steps, for which run, into which slots."""
+
+    worker: int
+    first: int  # its steps: first + nth * stride
+    stride: int
+    run: int
+    segments: list  # each step's slot, in order; None once its batch is back
+
+
+class Failure(NamedTuple):
+    """A step that failed in its worker: raised at its turn, after the batches before it."""
+
+    error: WorkerError
+    cause: BaseException | None

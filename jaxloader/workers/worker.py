@@ -37,6 +37,7 @@ from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from typing import Any
 
+from jaxloader.base.timings import COLLATE, SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
 from jaxloader.engines.in_process import Maker, StreamMaker
 from jaxloader.workers import payload, protocol
@@ -93,16 +94,20 @@ class _Lease:
     needed."""
 
     def __init__(self, task_id: int, nth: int, name: str, size: int, inbox: _Inbox,
-                 slots: _Slots) -> None:
+                 slots: _Slots, clock: StageClock) -> None:
         self.task_id, self.nth, self.name, self.size = task_id, nth, name, size
-        self._inbox, self._slots = inbox, slots
+        self._inbox, self._slots, self._clock = inbox, slots, clock
         self.used = 0
 
     def alloc(self, nbytes: int) -> memoryview:
         self.used = nbytes
         if nbytes > self.size:
+            start = time.perf_counter()
             protocol.send(self._inbox.conn, Grow(self.task_id, self.nth, nbytes))
             _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id, self.nth)
+            waited = time.perf_counter() - start  # (inside the collation's time: moved)
+            self._clock.add(SLOT_WAIT, waited)
+            self._clock.add(COLLATE, -waited)
         return self._slots.get(self.name, self.size)[:nbytes]
 
 
@@ -160,12 +165,16 @@ def serve(conn: Connection) -> None:
     inbox, slots, heap, piped = _Inbox(conn), _Slots(), Heap(), _Piped()
     last_layout = None
     stream = maker if isinstance(maker, StreamMaker) else None  # its readers' states reported
+    clock: StageClock = getattr(maker, "clock", None) or StageClock()
     while True:
         message = inbox.next()
         if type(message) is not Task:  # Stop
             return
-        task_id, first, stride, named, reset = message
-        leases = [_Lease(task_id, nth, name, size, inbox, slots)
+        began, cpu = time.perf_counter(), time.process_time()
+        task_id, first, stride, named, reset, trace = message
+        if (clock.trace is not None) != trace:
+            clock.trace = [] if trace else None
+        leases = [_Lease(task_id, nth, name, size, inbox, slots, clock)
                   for nth, (name, size) in enumerate(named)]
         steps = [first + nth * stride for nth in range(len(leases))]
         made: list[tuple] = []
@@ -191,26 +200,29 @@ def serve(conn: Connection) -> None:
             made.append((nth, None if layout == last_layout else layout, objects, report))
             last_layout = layout
         status.idle()
-        sent = _send_made(conn, task_id, first, stride, made)
+        # The task's timings ride on its Done (jaxloader.base.timings): no message of their own
+        timings = (time.perf_counter() - began, time.process_time() - cpu, *clock.take())
+        sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
         if sent and failed is not None:  # (a batch that could not be sent failed the task)
             protocol.send(conn, failed)
 
 
-def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list) -> bool:
+def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list,
+               timings: tuple) -> bool:
     """Sends ``Done`` for ``made``; a batch that cannot be pickled (not even by value) is
     reported as its step's failure, after the batches before it (and ``False`` returned)."""
     if not made:
         return True
     try:
-        protocol.send(conn, Done(task_id, tuple(made)))
+        protocol.send(conn, Done(task_id, tuple(made), timings))
         return True
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     for one in made:  # which one: sent one by one, up to the one that fails
         try:
-            protocol.send(conn, Done(task_id, (one,)))
+            protocol.send(conn, Done(task_id, (one,), timings if one is made[0] else None))
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             protocol.send(conn, _failed(task_id, first + one[0] * stride, e))
             return False

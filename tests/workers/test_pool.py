@@ -367,14 +367,14 @@ def test_a_close_interrupted_before_its_steps_began_is_finished_by_the_next(line
     """A Ctrl-C as the shutdown starts (its first lines, before any step) runs no step; the
     next close() runs them all. The shutdown used to run as a finalizer, which runs once: the
     second close() did nothing, and the workers lived on until the pool was collected."""
-    from jaxloader.workers import pool as pool_module
+    from jaxloader.workers import process as process_module
     from line_interrupts import raised_at_line
 
     pool = make_pool(2)
     it = pool.batches(0, None)
     next(it)
     pids, names = pool.pids, held_segments()
-    assert raised_at_line(line, [pool_module._shutdown], pool.close)
+    assert raised_at_line(line, [process_module.stop_all], pool.close)
     assert all(running(p) for p in pids)  # nothing was stopped yet
     pool.close()
     alive, left = _wait_gone(pids, names, seconds=5.0)

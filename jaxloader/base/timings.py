@@ -1,0 +1,205 @@
+"""Stage timings: where a batch's time goes, measured in the process that does the work.
+
+::
+
+    worker or in-process maker          StageClock: seconds a stage (read, each transform by
+      read ─ transforms ─ collate          name, collate, slot wait), batches, records, bytes;
+                                           busy and CPU seconds a task (workers)
+      ──(a worker: with each Done)──>   main process: one clock a worker, + hand-over,
+                                           placement, the consumer's wait and step
+
+The record loop (a source's records read one by one and each transform run on it) is timed
+whole on every batch; how it splits between the read and each transform is measured on one
+batch in ``DETAIL_EVERY`` (a timer a transform a record costs about what a small ``Map``
+does) and applied to the loop's time of every batch. A batch-level stage costs two
+``perf_counter`` calls.
+
+Example:
+    >>> clock = StageClock()
+    >>> clock.add(READ, 0.25); clock.add(COLLATE, 0.5); clock.count(1, 32, 4096)
+    >>> clock.stages()
+    {'read': 0.25, 'collate': 0.5}
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any, Callable
+
+# stages, as named in LoaderStats.stages (a transform's stage is its repr: "Map(decode)")
+READ = "read"  # the source's reads (its own decoding included); a stream's reader
+COLLATE = "collate"  # records into columns, into the slot (BatchMaps are their own stages)
+SLOT_WAIT = "slot wait"  # a worker waiting for a bigger slot (a batch that outgrew its slot)
+HANDOVER = "hand-over"  # the main process taking a worker's batch (messages, views)
+PLACE = "placement"  # device_put of the batch (sharding)
+WAIT = "consumer wait"  # the training loop inside next()
+STEP = "step"  # the training loop between next() calls
+LOOP = "record loop"  # (internal) the read and record transforms of one batch, before the split
+WORKER_STAGES = (READ, COLLATE, SLOT_WAIT)
+DETAIL_EVERY = 16
+
+
+class StageClock:
+    """Seconds by stage, batches, records and bytes; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.batches = self.records = self.bytes = 0
+        self.split: dict[str, float] = {}  # the record loop's detail, of the detailed batches
+        self.trace: list | None = None  # (stage, start, end) a stage of a batch, when tracing
+        self._loops = 0
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    def span(self, stage: str, start: float) -> float:
+        """Adds the time from ``start`` to now to ``stage`` (and the trace); returns now."""
+        now = perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + (now - start)
+        if self.trace is not None:
+            self.trace.append((stage, start, now))
+        return now
+
+    def count(self, batches: int, records: int, nbytes: int) -> None:
+        self.batches += batches
+        self.records += records
+        self.bytes += nbytes
+
+    def detailed(self) -> bool:
+        """Whether the record loop about to run is timed in detail (one in ``DETAIL_EVERY``,
+        the first among them)."""
+        self._loops += 1
+        return self._loops % DETAIL_EVERY == 1
+
+    def loop_detail(self, total: float, transforms: dict[str, float]) -> None:
+        """A detailed record loop: ``total`` seconds, of which ``transforms`` (by name); the
+        rest was reading."""
+        spent = sum(transforms.values())
+        self.split[READ] = self.split.get(READ, 0.0) + max(0.0, total - spent)
+        for name, seconds in transforms.items():
+            self.split[name] = self.split.get(name, 0.0) + seconds
+
+    def stages(self) -> dict[str, float]:
+        """Seconds by stage, the record loop's time split by its measured shares."""
+        out = dict(self.seconds)
+        loop = out.pop(LOOP, 0.0)
+        if loop:
+            whole = sum(self.split.values())
+            for name, part in (self.split.items() if whole else ((READ, 1.0),)):
+                out[name] = out.get(name, 0.0) + loop * part / (whole or 1.0)
+        return out
+
+    def take(self) -> tuple:
+        """What a worker sends with a task's ``Done``, then starts again from zero (the split
+        stays: it is a share): ``(stages, batches, records, bytes, trace)``."""
+        out = (tuple(self.stages().items()), self.batches, self.records, self.bytes,
+               self.trace)
+        self.seconds = {}
+        self.batches = self.records = self.bytes = 0
+        if self.trace is not None:
+            self.trace = []
+        return out
+
+
+def timed_calls(fns: list[tuple[str, Callable[..., Any]]], into: dict[str, float]
+                ) -> list[Callable[..., Any]]:
+    """Each ``fn`` wrapped to add its seconds to ``into[name]`` (the detailed record loop).
+
+    Example:
+        >>> spent = {}
+        >>> [double] = timed_calls([("Map(double)", lambda x: 2 * x)], spent)
+        >>> double(4), list(spent)
+        (8, ['Map(double)'])
+    """
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            start = perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                into[name] = into.get(name, 0.0) + (perf_counter() - start)
+        return run
+
+    return [wrap(name, fn) for name, fn in fns]
+
+
+def stage_name(transform: Any) -> str:
+    """A transform's stage: its kind and its function's short name (``"Map(decode)"``)."""
+    fn = getattr(transform, "fn", None)
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return f"{type(transform).__name__}({name})"
+
+
+def stage_names(transforms: tuple) -> list[str]:
+    """A stage name a transform (``stage_name``), with ``#i`` where two share one.
+
+    Example:
+        >>> stage_names(("Map(f)", "Map(g)", "Map(f)"))
+        ['Map(f)', 'Map(g)', 'Map(f)#2']
+    """
+    names = [t if isinstance(t, str) else stage_name(t) for t in transforms]
+    return [name if names.index(name) == i else f"{name}#{i}" for i, name in enumerate(names)]
+
+
+TRACE_KEEP = 4096  # a process's last stage spans kept for a profile's timeline
+
+
+class StageTotals:
+    """One process's timings added up: what its ``StageClock`` sent (a worker's, with each
+    ``Done``), its busy and CPU seconds.
+
+    Example:
+        >>> totals = StageTotals()
+        >>> totals.absorb((0.5, 0.25, ((READ, 0.2), (COLLATE, 0.3)), 2, 64, 8192, None))
+        >>> totals.busy_s, totals.seconds[COLLATE], totals.records
+        (0.5, 0.3, 64)
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.busy_s = self.cpu_s = 0.0
+        self.batches = self.records = self.bytes = 0
+        self.trace: list = []  # (stage, start, end), the last TRACE_KEEP
+
+    def absorb(self, timings: tuple) -> None:
+        busy, cpu, stages, batches, records, nbytes, trace = timings
+        self.busy_s += busy
+        self.cpu_s += cpu
+        seconds = self.seconds
+        for stage, spent in stages:
+            seconds[stage] = seconds.get(stage, 0.0) + spent
+        self.batches += batches
+        self.records += records
+        self.bytes += nbytes
+        if trace:
+            self.trace.extend(trace)
+            del self.trace[:-TRACE_KEEP]
+
+    def stages(self) -> dict[str, float]:
+        """A copy of ``seconds``, safe while the thread that drives the engine adds to it."""
+        while True:
+            try:
+                return dict(self.seconds)
+            except RuntimeError:  # (it grew a stage while copied)
+                continue
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+
+class Gauges:
+    """An engine's timings: a ``StageTotals`` a process that makes batches (``makers``: each
+    worker, or the training process with ``num_workers=0``), the training process's own
+    (``main``: hand-over), and how many batches were ready at each hand-out. ``trace``: the
+    makers send their stages' spans (a profile's timeline)."""
+
+    def __init__(self, makers: int) -> None:
+        self.makers = [StageTotals() for _ in range(makers)]
+        self.main = StageTotals()
+        self.ready = self.handed = 0
+        self.trace = False
+
+    def reset(self) -> None:
+        self.makers = [StageTotals() for _ in self.makers]
+        self.main = StageTotals()
+        self.ready = self.handed = 0

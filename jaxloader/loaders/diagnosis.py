@@ -1,0 +1,189 @@
+"""``loader.diagnose()``: which stage limits the input, and what to change, from ``loader.stats``.
+
+::
+
+    consumer waited < 10% of its time ─────────────────────────────> "step" (input keeps up)
+    batches made in the training process (num_workers=0) ──────────> "main" (or "device")
+    workers busy (>= 60% of the time) ── reading the larger part ───> "source"
+                                      └─ transforms, collation ────> "workers"
+    workers idle while the consumer waits ── placement the larger ──> "device"
+                                          └─ else ───────────────────> "main"
+
+The advice is measured where it can be: the cores this process may use
+(``os.sched_getaffinity``) against the workers in use, the expected gain of more workers
+(bounded by how fast the step alone would run), how long the workers' reads wait off the CPU
+(their busy time less their CPU time, a record), and a transform's share of the workers' time.
+
+Example:
+    >>> from jaxloader.base.stats import LoaderStats
+    >>> d = diagnose(LoaderStats(batches=100, wait_s=0.05, run_s=2.0, wall_s=2.05,
+    ...                          stages={"read": 0.2, "collate": 0.1}), num_workers=2, cores=4)
+    >>> d.bottleneck
+    'step'
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Mapping, NamedTuple
+
+from jaxloader.base.errors import JaxloaderError
+from jaxloader.base.stats import LoaderStats
+from jaxloader.base.timings import COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, STEP, WAIT
+
+Bottleneck = Literal["step", "workers", "source", "main", "device"]
+INPUT_BOUND = 0.10  # the consumer waiting more than this share of its time: input limits it
+BUSY = 0.60  # workers busy at least this share of the time: they are what the consumer waits on
+WAITS = 0.30  # a worker's busy time off the CPU above this share: its reads wait (storage)
+DOMINANT = 0.50  # a transform above this share of the workers' time is named
+_MAIN_STAGES = (HANDOVER, PLACE, WAIT, STEP)
+
+
+def cores_available() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        return os.cpu_count() or 1
+
+
+class Diagnosis(NamedTuple):
+    """What limits the input (``bottleneck``), seconds by stage, and advice; ``str()`` is a
+    table.
+
+    Example:
+        >>> d = Diagnosis("workers", {"read": 0.1, "Map(decode)": 0.9}, ("num_workers=4",),
+        ...               batches=10, wait_fraction=0.5, num_workers=1)
+        >>> print(d)  # doctest: +NORMALIZE_WHITESPACE
+        input bottleneck: workers (the consumer waited 50% of its time after the first batch;
+        1 worker, 10 batches)
+          stage            seconds  ms a batch  share
+          Map(decode)        0.900        90.0    90%
+          read               0.100        10.0    10%
+        advice:
+          - num_workers=4
+    """
+
+    bottleneck: Bottleneck
+    stages: Mapping[str, float]
+    advice: tuple[str, ...]
+    batches: int = 0
+    wait_fraction: float = 0.0
+    num_workers: int = 0
+
+    def __str__(self) -> str:
+        made = {k: v for k, v in self.stages.items() if k not in _MAIN_STAGES}
+        main = {k: v for k, v in self.stages.items() if k in _MAIN_STAGES}
+        total = sum(made.values()) or 1.0
+        workers = "worker" if self.num_workers == 1 else "workers"
+        lines = [f"input bottleneck: {self.bottleneck} (the consumer waited "
+                 f"{self.wait_fraction:.0%} of its time after the first batch; "
+                 f"{self.num_workers} {workers}, {self.batches} batches)",
+                 f"  {'stage':<16} {'seconds':>8} {'ms a batch':>11} {'share':>6}"]
+        per = max(1, self.batches)
+        for name, seconds in sorted(made.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {name[:16]:<16} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
+                         f"{seconds / total:6.0%}")
+        for name, seconds in main.items():
+            lines.append(f"  {name[:16]:<16} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
+                         f"{'(main)':>6}")
+        lines.append("advice:")
+        lines += [f"  - {line}" for line in self.advice] or ["  - none"]
+        return "\n".join(lines)
+
+
+def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> Diagnosis:
+    """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
+    docstring); ``cores``: those this process may use (default: its affinity)."""
+    if stats.batches < 2:
+        raise JaxloaderError(
+            f"diagnose(): {stats.batches} batch(es) handed out since the stats began; iterate "
+            "a few batches first (the first one includes the workers' start), or call "
+            "jl.profile(loader)")
+    cores = cores or cores_available()
+    stages = dict(stats.stages)
+    per = stats.batches
+    made = {k: v for k, v in stages.items() if k not in _MAIN_STAGES}
+    made_total = sum(made.values()) or 1e-12
+    read = made.get(READ, 0.0)
+    transforms = {k: v for k, v in made.items() if k not in (READ, COLLATE, SLOT_WAIT)}
+    place, handover = stages.get(PLACE, 0.0), stages.get(HANDOVER, 0.0)
+    # After the first batch, whose wait is the workers' start
+    waited = max(0.0, stats.wait_s - stats.first_batch_s)
+    wait_fraction = waited / (waited + stats.run_s) if waited + stats.run_s else 0.0
+    busy = sum(stats.busy) / len(stats.busy) if stats.busy else 0.0
+    steady = max(1e-12, stats.wall_s - stats.first_batch_s)
+    now_s = steady / max(1, per - 1)  # seconds a batch now
+    step_s = stats.run_s / per  # the training step's, between batches
+    made_count = max(1, stats.batches_made)
+    work_s = (sum(w.busy_s for w in stats.workers) if stats.workers else made_total) / made_count
+    main_share = min(1.0, (stats.run_s + handover + place) / steady)
+    idle = max(0, round(cores - sum(stats.busy) - main_share))
+    advice: list[str] = []
+
+    def gain(workers: int) -> str:
+        """The expected gain of ``workers``: a batch then takes the longer of the step and
+        the work of a batch shared by the workers (in process: their sum, now)."""
+        then = max(step_s, work_s / workers)
+        factor = now_s / then
+        if num_workers:
+            factor = min(factor, workers / num_workers)
+        return f"expected ~{max(1.0, factor):.1f}x"
+
+    for name, seconds in sorted(transforms.items(), key=lambda kv: -kv[1]):
+        if seconds / made_total >= DOMINANT:
+            where = "the workers'" if num_workers else "the loader's"
+            advice.append(f"the {name} takes {seconds / made_total:.0%} of {where} time "
+                          f"({1e3 * seconds / max(1, stats.batches_made):.1f} ms a batch)")
+    off_cpu = 0.0
+    if stats.workers:
+        busy_s = sum(w.busy_s for w in stats.workers)
+        cpu_s = sum(w.cpu_s for w in stats.workers)
+        off_cpu = max(0.0, busy_s - cpu_s) / busy_s if busy_s else 0.0
+
+    bottleneck: Bottleneck
+    if wait_fraction < INPUT_BOUND:
+        bottleneck = "step"
+        advice.insert(0, f"input keeps up: the training loop waited {wait_fraction:.0%} of "
+                         "its time for batches")
+        if num_workers > 1 and busy < 0.5:
+            fewer = max(1, round(num_workers * busy / 0.8))
+            if fewer < num_workers:
+                advice.append(f"the workers are busy {busy:.0%} of the time: "
+                              f"num_workers={fewer} would keep up and free "
+                              f"{num_workers - fewer} core(s)")
+    elif num_workers == 0:
+        bottleneck = "device" if place > made_total else "main"
+        if bottleneck == "main":
+            workers = max(1, round(cores - main_share))
+            advice.insert(0, f"batches are made in the training process (num_workers=0): "
+                             f"num_workers={workers} makes them in parallel, {gain(workers)}")
+    elif busy >= BUSY:
+        bottleneck = "source" if read >= made_total - read else "workers"
+        if bottleneck == "source" and off_cpu >= WAITS and stats.records:
+            waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) / stats.records
+            more = max(2 * num_workers, 2 * cores)
+            advice.insert(0, f"reads wait ~{waits:.2g} ms a record off the CPU: more workers "
+                             f"than cores overlap the waits: num_workers={more}, {gain(more)}")
+        elif idle > 0:
+            workers = num_workers + idle
+            advice.insert(0, f"{idle} of {cores} cores idle: num_workers={workers}, "
+                             f"{gain(workers)}")
+        else:
+            what = "reading (the source's own code)" if bottleneck == "source" else \
+                "the transforms and collation"
+            advice.append(f"every core is in use ({num_workers} workers on {cores} cores): "
+                          f"make {what} cheaper, or move work to the device")
+    else:
+        bottleneck = "device" if place > handover else "main"
+        if bottleneck == "device":
+            advice.insert(0, f"device placement takes {1e3 * place / per:.1f} ms a batch in "
+                             "the training process while the workers wait "
+                             f"({busy:.0%} busy)")
+        else:
+            advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
+                             f"waits: the training process's hand-over takes "
+                             f"{1e3 * handover / per:.2f} ms a batch; a larger prefetch= "
+                             "helps where batches come in bursts")
+    return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
+                     num_workers)

@@ -1,0 +1,203 @@
+"""What a loader does on its own while it runs: ``num_workers="auto"``, ``prefetch="auto"`` and
+the periodic summary (``log_every_s=``), each decided in ``next()`` once a window has passed.
+
+::
+
+    next() ── batch handed out ── now >= monitor.next_at? ── monitor.tick(now)
+                                                              ├ AutoTune.decide: a window's
+                                                              │   rate, the consumer's wait,
+                                                              │   the workers' busy and CPU time
+                                                              │   ──> pool.roster.resize(n), prefetch
+                                                              └ a one-line summary, logged
+
+``AutoTune`` climbs: while the consumer waits (more than ``WAITING`` of a window) and a bound
+allows, it tries more workers (doubling while the consumer waits most of the time, else one
+more), keeps them if the rate rose by ``GAIN`` and goes back otherwise (that count is then the
+ceiling); when the consumer does not wait and the workers idle, it tries one fewer, kept if the
+rate holds. A window is judged from the step the pool makes with the new count (those
+submitted before it are made by the count before), new workers started. Bounds: the
+cores this process may use (``os.sched_getaffinity``), ``READ_WAIT_FACTOR`` times as many while
+the workers spend more than ``READS_WAIT`` of their busy time off the CPU and not queued for
+it (reads that wait overlap), and a memory budget (half the memory available, at a worker's resident size). A batch
+is the same whichever worker makes it, so the count changes nothing but the speed. Every
+decision is logged (``logging.getLogger("jaxloader")``, INFO).
+
+Example:
+    >>> tune = AutoTune(pool=None, cores=2)
+    >>> tune.bound(off_cpu=0.9), tune.bound(off_cpu=0.0)
+    (8, 2)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from time import perf_counter
+from typing import Any, Callable
+
+from jaxloader.loaders.diagnosis import cores_available
+
+log = logging.getLogger("jaxloader")
+
+WINDOW_S = 1.0  # a decision a window
+MIN_BATCHES = 8  # a window holds at least this many batches, and two rounds of tasks
+WAITING = 0.05  # the consumer waiting more than this share of a window: more input helps
+GAIN = 0.08  # more workers are kept if the rate rose at least this much
+LOSS = 0.05  # fewer workers are kept if the rate fell at most this much
+IDLE = 0.50  # workers busy less than this, the consumer not waiting: one fewer is tried
+READS_WAIT = 0.30  # workers off the CPU this share of their busy time: reads wait
+READ_WAIT_FACTOR = 4  # then up to this many workers a core
+MAX_WORKERS = 64
+MAX_PREFETCH = 8
+
+
+def _resident_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _queued_s(pids: list[int]) -> float:
+    """Seconds ``pids`` have waited for a core (runnable, not running: Linux's schedstat), so
+    that a worker waiting for a CPU is not taken for one waiting on a read."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 1 << 62  # not known: no bound from memory
+
+
+class AutoTune:
+    """Chooses the number of workers of a running pool (see the module docstring)."""
+
+    def __init__(self, pool: Any, cores: int | None = None, tune_prefetch: bool = False
+                 ) -> None:
+        self.pool = pool
+        self.cores = cores or cores_available()
+        self.tune_prefetch = tune_prefetch
+        self.ceiling = MAX_WORKERS  # a count tried and not faster
+        self.floor = 1  # a count below which the rate fell
+        self._last: tuple | None = None  # (time, batches, wait_s, busy_s, CPU + queued s)
+        self._trial: tuple[int, float] | None = None  # (the count before, its rate)
+        self._settling = True  # until a change (or the start) is in use: not judged
+
+    def capacity(self) -> int:
+        """The most workers it may ever ask for (the pool's status table is this big)."""
+        return min(MAX_WORKERS, READ_WAIT_FACTOR * self.cores)
+
+    def bound(self, off_cpu: float) -> int:
+        """The most workers worth running now: the cores, more while reads wait."""
+        high = self.cores * (READ_WAIT_FACTOR if off_cpu >= READS_WAIT else 1)
+        return max(1, min(high, self.ceiling, self.capacity()))
+
+    def _memory_bound(self, active: int) -> int:
+        pids = self.pool.pids[:active]
+        each = max((_resident_bytes(p) for p in pids), default=0)
+        if not each:
+            return MAX_WORKERS
+        return active + int(0.5 * _available_bytes() // each)
+
+    def decide(self, now: float, step: int, batches: int, wait_s: float) -> None:
+        """One window's decision, from the loader's counts now, ``step`` being the next
+        step it hands out (see the module docstring)."""
+        makers = self.pool.gauges.makers
+        busy_s = sum(m.busy_s for m in makers)
+        cpu_s = sum(m.cpu_s for m in makers) + _queued_s(self.pool.pids)  # (not waiting reads)
+        snap = (now, batches, wait_s, busy_s, cpu_s)
+        if self._settling:  # a window starts once the count is in use for the next steps
+            if self.pool.roster.settled(step):
+                self._settling, self._last = False, snap
+            return
+        last, self._last = self._last, snap
+        if last is None:
+            return
+        span, made = now - last[0], batches - last[1]
+        # Batches come back a task at a time (up to 16 steps): a window holds two rounds
+        if made < max(MIN_BATCHES, 2 * self.pool.round_steps) and span < 8 * WINDOW_S:
+            self._last = last  # a longer window
+            return
+        active = self.pool.active
+        rate = made / span
+        waited = (wait_s - last[2]) / span
+        busy = min(1.0, (busy_s - last[3]) / (span * active))
+        off_cpu = max(0.0, 1.0 - (cpu_s - last[4]) / (busy_s - last[3])) if busy_s > last[3] \
+            else 0.0
+        if self._trial is not None:
+            before, before_rate = self._trial
+            self._trial = None
+            if self._judge(before, before_rate, active, rate):
+                return
+        high = min(self.bound(off_cpu), self._memory_bound(active))
+        if waited > WAITING and active < high:
+            more = min(high, 2 * active if waited > 0.5 else active + 1)
+            self._change(active, more, rate, f"the consumer waited {waited:.0%}, the workers "
+                                             f"busy {busy:.0%} ({off_cpu:.0%} off the CPU)")
+        elif waited > WAITING and self.tune_prefetch and busy < IDLE:
+            prefetch = min(MAX_PREFETCH, 2 * self.pool.prefetch)
+            if prefetch != self.pool.prefetch:
+                log.info("autotune: prefetch %d -> %d: the consumer waited %.0f%% while the "
+                         "workers were busy %.0f%%", self.pool.prefetch, prefetch,
+                         100 * waited, 100 * busy)
+                self.pool.prefetch = prefetch
+        elif waited < WAITING / 2 and busy < IDLE and active > self.floor:
+            self._change(active, active - 1, rate, f"the consumer waited {waited:.0%}, the "
+                                                   f"workers busy {busy:.0%}")
+
+    def _change(self, before: int, after: int, rate: float, why: str) -> None:
+        log.info("autotune: %d -> %d workers (%.1f batches/s): %s", before, after, rate, why)
+        self._trial = (before, rate)
+        self._settling = True
+        self.pool.roster.resize(after)
+
+    def _judge(self, before: int, before_rate: float, active: int, rate: float) -> bool:
+        """Keeps a change that paid, else goes back; whether it went back."""
+        up = active > before
+        kept = rate >= before_rate * (1 + GAIN) if up else rate >= before_rate * (1 - LOSS)
+        log.info("autotune: %s %d workers: %.1f batches/s against %.1f with %d", "kept" if kept
+                 else "back from", active, rate, before_rate, before)
+        if kept:
+            return False
+        if up:
+            self.ceiling = before
+        else:
+            self.floor = before
+        self._settling = True
+        self.pool.roster.resize(before)
+        return True
+
+
+class Monitor:
+    """A loader's autotune and periodic summary, run from ``next()`` when ``next_at`` comes."""
+
+    def __init__(self, tune: AutoTune | None, log_every_s: float | None,
+                 summary: Callable[[], str]) -> None:
+        self.tune = tune
+        self.log_every_s = log_every_s
+        self._summary = summary
+        self._log_at = perf_counter() + log_every_s if log_every_s else float("inf")
+        self.next_at = perf_counter() if tune is not None else self._log_at
+
+    def tick(self, now: float, step: int, batches: int, wait_s: float) -> None:
+        if self.tune is not None:
+            self.tune.decide(now, step, batches, wait_s)
+        if now >= self._log_at and batches > 1:  # (the summary needs a batch past the first)
+            self._log_at = now + (self.log_every_s or 0.0)
+            log.info("%s", self._summary())
+        self.next_at = min(now + WINDOW_S if self.tune is not None else float("inf"),
+                           self._log_at)

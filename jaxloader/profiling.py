@@ -1,0 +1,186 @@
+"""A loader alone, without a model: its stage table and verdict at a few worker counts, and a
+picture of what each worker did.
+
+::
+
+    python -m jaxloader.profile my_module:make_loader --steps 300 [--workers 0,1,2,4]
+                                                      [--out profile.png]
+    jl.profile(make_loader or loader, steps=300)   (a notebook shows the picture inline)
+
+``make_loader(num_workers=n)`` builds the loader to profile (a module path, or a file
+``path/to/file.py:make_loader``); a loader given as it is is profiled at its own count. Each
+count runs ``steps`` batches taken as fast as they come, its stages traced; the picture has
+each worker's stages on a timeline (the fastest count's last 40 batches) and the batches a second
+at each count.
+
+Example:
+    >>> import numpy as np, jaxloader as jl
+    >>> make = lambda num_workers: jl.DataLoader(jl.ArraySource({"x": np.arange(256)}),
+    ...     batch_size=8, num_workers=num_workers, num_epochs=None, process_index=0,
+    ...     process_count=1)
+    >>> report = jl.profile(make, steps=20, workers=(0,), out=None)
+    >>> report.best.workers, report.best.diagnosis.bottleneck
+    (0, 'main')
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import io
+import sys
+from typing import Any, Callable, NamedTuple, Sequence
+
+from jaxloader.base.errors import ConfigError
+from jaxloader.base.timings import LOOP
+from jaxloader.loaders.diagnosis import Diagnosis, cores_available
+
+_TIMELINE_BATCHES = 40  # the timeline shows the fastest count's last ~this many batches
+
+
+class Run(NamedTuple):
+    """One worker count's run."""
+
+    workers: int
+    batches_per_s: float
+    diagnosis: Diagnosis
+    trace: list  # a (stage, start, end) list a process that made batches
+
+
+class Profile:
+    """What ``profile`` measured: a ``Run`` a count, the fastest (``best``), the picture."""
+
+    def __init__(self, runs: list[Run], png: bytes | None, path: str | None) -> None:
+        self.runs, self.png, self.path = runs, png, path
+        self.best = max(runs, key=lambda r: r.batches_per_s)
+
+    def __str__(self) -> str:
+        lines = ["workers  batches/s  bottleneck"]
+        lines += [f"{r.workers:7d}  {r.batches_per_s:9.1f}  {r.diagnosis.bottleneck}"
+                  for r in self.runs]
+        lines += ["", f"the fastest: num_workers={self.best.workers}", str(self.best.diagnosis)]
+        if self.path:
+            lines.append(f"picture: {self.path}")
+        elif self.png is None:
+            lines.append('no picture: matplotlib is not installed (pip install '
+                         '"jaxloader[profile]")')
+        return "\n".join(lines)
+
+    def _repr_png_(self) -> bytes | None:  # a notebook shows the picture inline
+        return self.png
+
+
+def _one(loader: Any, steps: int) -> Run:
+    """``steps`` batches of ``loader`` as fast as they come, traced; its run."""
+    engine = loader._engine
+    engine.gauges.trace = True
+    with loader:
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
+        stats = loader.stats
+        run = Run(engine.active, stats.batches_per_s, loader.diagnose(),
+                  [list(m.trace) for m in engine.gauges.makers])
+    return run
+
+
+def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
+            out: str | None = "jaxloader_profile.png") -> Profile:
+    """Runs ``loader`` (a ``DataLoader``/``StreamLoader``, or ``make_loader(num_workers=n)``
+    to try several counts: by default 0, 1, 2 and the cores) for ``steps`` batches a count;
+    writes the picture to ``out`` (``None``: kept in memory only, ``Profile.png``)."""
+    if steps < 3:
+        raise ConfigError(f"profile(steps=): expected at least 3 batches, got {steps}")
+    if callable(loader) and not hasattr(loader, "state_dict"):
+        counts = sorted(set(workers if workers is not None else (0, 1, 2, cores_available())))
+        runs = [_one(loader(num_workers=n), steps) for n in counts]
+    else:
+        runs = [_one(loader, steps)]
+    png = _picture(runs)
+    if out is not None and png is not None:
+        with open(out, "wb") as f:
+            f.write(png)
+    return Profile(runs, png, out if png is not None else None)
+
+
+def _picture(runs: list[Run]) -> bytes | None:
+    """The timeline of the fastest run's workers and the rate at each count (PNG), or None
+    without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    best = max(runs, key=lambda r: r.batches_per_s)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5),
+                                      gridspec_kw={"height_ratios": [3, 1.4]})
+    ends = [end for spans in best.trace for _, _, end in spans]
+    last = max(ends, default=0.0)
+    shown = _TIMELINE_BATCHES / best.batches_per_s if best.batches_per_s else 1.0
+    colours: dict[str, Any] = {}
+    palette = plt.get_cmap("tab10")
+    for row, spans in enumerate(best.trace):
+        bars: dict[str, list] = {}
+        for stage, start, end in spans:
+            if end >= last - shown:
+                name = "read + record transforms" if stage == LOOP else stage
+                bars.setdefault(name, []).append((start - last, end - start))
+        for name, extents in bars.items():
+            colour = colours.setdefault(name, palette(len(colours) % 10))
+            top.broken_barh(extents, (row - 0.4, 0.8), color=colour, label=name)
+    handles, labels = top.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    top.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8, ncol=3)
+    who = "worker" if best.workers else "training process"
+    top.set_yticks(range(len(best.trace)),
+                   [f"{who} {i}" if best.workers else who for i in range(len(best.trace))])
+    top.set_xlabel("seconds before the last batch made")
+    top.set_title(f"num_workers={best.workers}: each process's stages "
+                  f"(bottleneck: {best.diagnosis.bottleneck})")
+    bottom.bar([str(r.workers) for r in runs], [r.batches_per_s for r in runs], color="grey")
+    bottom.set_xlabel("num_workers")
+    bottom.set_ylabel("batches / s")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _factory(target: str) -> Callable[..., Any]:
+    """``module:function`` or ``path/to/file.py:function``."""
+    where, _, name = target.rpartition(":")
+    if not where or not name:
+        raise ConfigError(f"expected module:function or file.py:function, got {target!r}")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("_profiled", where)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"cannot import {where!r}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_profiled"] = module
+        spec.loader.exec_module(module)
+        import cloudpickle  # a worker cannot import it by that name: its code goes by value
+
+        cloudpickle.register_pickle_by_value(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jaxloader.profile", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("target", help="module:make_loader or file.py:make_loader")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--workers", help="counts to try, e.g. 0,1,2,4")
+    parser.add_argument("--out", default="jaxloader_profile.png")
+    args = parser.parse_args(argv)
+    counts = [int(n) for n in args.workers.split(",")] if args.workers else None
+    print(profile(_factory(args.target), args.steps, counts, args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The pool's worker processes: those started, those in use, and how the main process hears
+them.
+
+::
+
+    Roster(count) ── workers[0..started)   processes (process.py), a pipe each
+                     active                those given tasks now: workers[0..active)
+                     poller, by_fd          one poll() over every pipe (a parked worker's too:
+                                            its last tasks come back, its death is seen)
+                     in_flight, layouts     tasks out a worker; the last layout each sent
+    resize(n) ──> target; apply() between two blocks of tasks: starts workers up to n (their
+                  payload sent), or parks those past n (they finish their tasks, then idle)
+
+Parked workers stay started, so a count that goes down and up again costs no start. Worker
+``i`` is always ``workers[i]``: a task's results go back to the worker that made them.
+
+Example:
+    >>> from jaxloader.base.timings import Gauges
+    >>> roster = Roster(0, capacity=4, start_method="exec", gauges=Gauges(0))
+    >>> roster.resize(9); roster.target  # bounded by the capacity
+    4
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any, Callable
+
+from jaxloader.base.timings import Gauges, StageTotals
+from jaxloader.workers.process import WorkerProcess
+
+
+class Roster:
+    """See the module docstring; not thread-safe but for ``resize``."""
+
+    def __init__(self, count: int, *, capacity: int, start_method: str, gauges: Gauges,
+                 active: int | None = None) -> None:
+        self.capacity = max(count, capacity)
+        self._start_method = start_method
+        self._gauges = gauges
+        self.workers: list[WorkerProcess] = []
+        # One poller for the pool's life: blocking in poll() costs a syscall, where
+        # multiprocessing.connection.wait builds and fills a new selector every call.
+        self.poller = select.poll()
+        self.by_fd: dict[int, int] = {}
+        self.in_flight: list[int] = []
+        self.layouts: list[Any] = []
+        for _ in range(count):
+            self.add()
+        self.active = self.target = count if active is None else active
+        self.since = 0  # the first step submitted with the count in use
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+    def add(self) -> int:
+        """Starts one more worker process (its payload is sent apart); its index."""
+        worker = WorkerProcess(self._start_method)
+        self.workers.append(worker)
+        i = len(self.workers) - 1
+        self.by_fd[worker.conn.fileno()] = i
+        self.poller.register(worker.conn.fileno(), select.POLLIN)
+        self.in_flight.append(0)
+        self.layouts.append(None)
+        while len(self._gauges.makers) <= i:
+            self._gauges.makers.append(StageTotals())
+        return i
+
+    def resize(self, workers: int) -> None:
+        """Asks for ``workers`` in use (1 to ``capacity``); safe from any thread."""
+        self.target = max(1, min(int(workers), self.capacity))
+
+    def apply(self, send_payload: Callable[[int], None], step: int) -> None:
+        """Takes ``resize``'s count from ``step`` on: starts what is missing
+        (``send_payload(first new)``)."""
+        target, started = self.target, len(self.workers)
+        while len(self.workers) < target:
+            self.add()
+        self.active, self.since = target, step
+        if started < target:
+            send_payload(started)
+
+    def settled(self, step: int) -> bool:
+        """Whether step ``step`` and those after it are made by the count asked for."""
+        return self.target == self.active and step >= self.since
+
+    def busiest(self) -> int:
+        """The most tasks in flight at a worker in use."""
+        return max(self.in_flight[:self.active])

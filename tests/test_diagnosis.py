@@ -1,0 +1,181 @@
+"""Stage timings from every process that makes batches, and the verdict read from them: each
+bottleneck injected on purpose gets its name (``loader.diagnose()``)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.base.stats import LoaderStats
+from jaxloader.loaders.diagnosis import diagnose
+
+ONE = {"process_index": 0, "process_count": 1}
+
+
+def spin(seconds):
+    """Busy for ``seconds`` of CPU (a CPU-heavy transform)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def heavy(record):
+    spin(0.0005)
+    return record
+
+
+def light(record):
+    return record
+
+
+class SleepySource:
+    """A source whose reads wait 2 ms a record (storage)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return {"x": np.float32(i)}
+
+
+def arrays(n=4096):
+    return jl.ArraySource({"x": np.arange(n * 4, dtype=np.float32).reshape(n, 4)})
+
+
+def run(loader, batches, step_s=0.0):
+    with loader:
+        for _, _batch in zip(range(batches), loader):
+            if step_s:
+                time.sleep(step_s)
+        return loader.stats, loader.diagnose()
+
+
+def test_a_light_source_under_a_slow_step_is_the_step():
+    stats, d = run(jl.DataLoader(arrays(), batch_size=16, num_workers=1, **ONE), 25,
+                   step_s=0.02)
+    assert d.bottleneck == "step", str(d)
+    assert "input keeps up" in d.advice[0]
+
+
+def test_one_worker_and_a_cpu_heavy_transform_is_the_workers():
+    stats, d = run(jl.DataLoader(arrays(), batch_size=16, transforms=[jl.Map(heavy)],
+                                 num_workers=1, **ONE), 25)
+    assert d.bottleneck == "workers", str(d)
+    assert any("Map(heavy) takes" in line for line in d.advice), d.advice
+
+
+def test_a_source_whose_reads_sleep_is_the_source_and_more_workers_than_cores_are_advised():
+    stats, d = run(jl.DataLoader(SleepySource(512), batch_size=8, num_workers=1, **ONE), 12)
+    assert d.bottleneck == "source", str(d)
+    assert "reads wait" in d.advice[0] and "more workers than cores" in d.advice[0]
+    assert stats.workers[0].cpu_s < 0.5 * stats.workers[0].busy_s  # the waits are off the CPU
+
+
+def test_loading_in_process_is_the_main_process():
+    stats, d = run(jl.DataLoader(arrays(), batch_size=16, transforms=[jl.Map(heavy)], **ONE),
+                   12)
+    assert d.bottleneck == "main", str(d)
+    assert "num_workers=0" in d.advice[0]
+    assert stats.workers == () and stats.stages["Map(heavy)"] > 0
+
+
+def test_of_three_transforms_the_advice_names_the_slow_one():
+    def decode(record):
+        spin(0.0004)
+        return record
+
+    stats, d = run(jl.DataLoader(arrays(), batch_size=16, num_workers=1, transforms=[
+        jl.Map(light), jl.Map(decode), jl.RandomMap(lambda r, rng: r)], **ONE), 20)
+    named = [line for line in d.advice if "of the workers' time" in line]
+    assert len(named) == 1 and "Map(decode)" in named[0], d.advice
+    shares = {k: v for k, v in stats.stages.items() if k.startswith(("Map", "RandomMap"))}
+    assert max(shares, key=shares.__getitem__) == "Map(decode)" and len(shares) == 3
+    assert "Map(decode)" in str(d)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stage_times_are_present_and_add_up(workers):
+    loader = jl.DataLoader(arrays(), batch_size=32, transforms=[jl.Map(heavy)],
+                           num_workers=workers, **ONE)
+    stats, _ = run(loader, 30)
+    assert stats.batches == 30 and stats.batches_made >= 30 and stats.records >= 30 * 32
+    assert stats.bytes >= 30 * 32 * 16 and stats.wall_s > 0 and stats.batches_per_s > 0
+    for stage in ("read", "Map(heavy)", "collate", "consumer wait"):
+        assert stats.stages[stage] > 0, stage
+    made = sum(v for k, v in stats.stages.items()
+               if k not in ("hand-over", "placement", "consumer wait", "step"))
+    assert made <= stats.wall_s * max(1, workers) * 1.05
+    assert stats.num_workers == workers and len(stats.workers) == workers
+    for w in stats.workers:
+        assert w.batches > 0 and 0 < w.cpu_s <= w.busy_s * 1.1 + 0.01
+        assert sum(w.stages.values()) <= w.busy_s * 1.05 + 0.005  # within its tasks' time
+        assert w.busy_s <= stats.wall_s + 0.05
+    if workers:
+        assert stats.stages["hand-over"] > 0 and stats.ready_ahead >= 0
+    loader.reset_stats()
+    assert loader.stats.batches == 0 and loader.stats.stages.get("read", 0.0) == 0.0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_loaders_stages_come_from_its_workers(workers):
+    stream = jl.Stream.from_generator(lambda i: ({"x": np.float32(j)} for j in range(400)),
+                                      shards=2)
+    loader = jl.StreamLoader(stream, batch_size=8, transforms=[jl.Map(heavy)],
+                             num_workers=workers, **ONE)
+    stats, d = run(loader, 20)
+    assert stats.stages["read"] > 0 and stats.stages["Map(heavy)"] > 0
+    assert len(stats.workers) == workers and all(w.batches > 0 for w in stats.workers)
+    assert d.bottleneck == ("main" if workers == 0 else "workers"), str(d)
+
+
+def test_diagnose_needs_batches_and_says_so():
+    with pytest.raises(jl.JaxloaderError, match="iterate a few batches first"):
+        jl.DataLoader(arrays(), batch_size=4, **ONE).diagnose()
+    empty = LoaderStats(batches=5, wait_s=0.0, run_s=1.0, wall_s=1.0)
+    assert diagnose(empty, num_workers=0, cores=2).bottleneck == "step"
+
+
+def test_placement_is_timed_where_a_sharding_places_the_batches():
+    import jax
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    loader = jl.DataLoader(arrays(), batch_size=8 * jax.device_count(),
+                           sharding=jl.data_sharding(mesh, "data"), **ONE)
+    stats, _ = run(loader, 10)
+    assert stats.stages["placement"] > 0
+
+
+def test_the_log_says_what_the_workers_do_and_a_periodic_summary_with_the_verdict(caplog):
+    caplog.set_level("INFO", logger="jaxloader")
+    loader = jl.DataLoader(arrays(), batch_size=16, transforms=[jl.Map(heavy)], num_workers=1,
+                           log_every_s=0.2, **ONE)
+    run(loader, 60)
+    said = [r.getMessage() for r in caplog.records if r.name == "jaxloader"]
+    assert any("started 1 worker process" in m for m in said), said
+    summaries = [m for m in said if "bottleneck: workers" in m]
+    assert summaries and "batches/s" in summaries[0], said
+
+
+def test_the_log_is_silent_by_default(capfd):
+    run(jl.DataLoader(arrays(), batch_size=16, num_workers=1, log_every_s=0.05, **ONE), 20)
+    assert capfd.readouterr().err == ""  # INFO records reach no handler unless one is set
+
+
+def test_profile_runs_each_count_and_draws_the_timeline(tmp_path):
+    def make(num_workers):
+        return jl.DataLoader(arrays(), batch_size=16, transforms=[jl.Map(heavy)],
+                             num_workers=num_workers, num_epochs=None, **ONE)
+
+    out = tmp_path / "profile.png"
+    report = jl.profile(make, steps=30, workers=(0, 1), out=str(out))
+    assert [r.workers for r in report.runs] == [0, 1]
+    assert report.runs[1].diagnosis.bottleneck == "workers"
+    assert any(report.runs[1].trace[0]) and out.read_bytes()[:4] == b"\x89PNG"
+    assert report._repr_png_() == out.read_bytes() and "the fastest" in str(report)

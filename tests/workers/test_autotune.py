@@ -1,0 +1,131 @@
+"""``num_workers="auto"``: the worker count changes while a run goes on, and nothing else does;
+the tuner settles where the measurements say (``jaxloader.loaders.monitor``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.loaders import monitor
+
+ONE = {"process_index": 0, "process_count": 1}
+
+
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def heavy(record):
+    spin(0.002)
+    return record
+
+
+def jitter(record, rng):
+    return {"x": record["x"] + rng.integers(0, 1000, size=record["x"].shape)}
+
+
+class SleepySource:
+    """Reads that wait 2 ms a record, off the CPU (storage)."""
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return {"x": np.float32(i)}
+
+
+def arrays(n=600):
+    return jl.ArraySource({"x": np.arange(n * 3, dtype=np.int64).reshape(n, 3)})
+
+
+def make(workers, **kw):
+    return jl.DataLoader(arrays(), batch_size=8, shuffle=True, seed=7, num_epochs=None,
+                         transforms=[jl.RandomMap(jitter)], num_workers=workers, **ONE, **kw)
+
+
+def test_a_run_whose_worker_count_changes_gives_the_batches_and_states_of_a_fixed_count():
+    with make(0) as fixed:
+        it = iter(fixed)
+        expected = [next(it)["x"].copy() for _ in range(150)]
+        states = {s: None for s in (40, 90, 149)}
+    with make(0) as fixed:
+        for s in states:
+            fixed.load_state_dict({**fixed.state_dict(), "step": s})
+            states[s] = fixed.state_dict()
+    schedule = {10: 3, 30: 1, 60: 4, 100: 2, 120: 1}  # step -> workers asked for
+    with make("auto") as auto:
+        auto._monitor = None  # the schedule alone changes the count
+        pool = auto._engine
+        it = iter(auto)
+        got, seen = [], set()
+        for step in range(150):
+            if step in schedule:
+                pool.roster.resize(schedule[step])
+            got.append(next(it)["x"].copy())
+            seen.add(pool.active)
+            if step + 1 in states:
+                assert auto.state_dict() == states[step + 1]
+        assert len(seen) >= 3 and max(seen) >= 3, seen  # the count did change
+        assert all(w.batches > 0 for w in auto.stats.workers[:3])
+    for step, (a, b) in enumerate(zip(expected, got)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+    # the state of the run with changing counts restores into a fixed count, and the reverse
+    with make(2) as two:
+        two.load_state_dict(states[90])
+        np.testing.assert_array_equal(next(iter(two))["x"], expected[90])
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setattr(monitor, "WINDOW_S", 0.3)
+
+
+def run_for(loader, seconds):
+    it = iter(loader)
+    end = time.perf_counter() + seconds
+    counts = []
+    while time.perf_counter() < end:
+        next(it)
+        counts.append(loader.num_workers)
+    return counts
+
+
+def test_autotune_settles_on_two_workers_for_a_cpu_bound_transform_on_two_cores(quick, caplog):
+    tune_cores = monitor.cores_available()
+    caplog.set_level(logging.INFO, logger="jaxloader")
+    loader = jl.DataLoader(jl.ArraySource({"x": np.zeros((1 << 16, 4), np.float32)}),
+                           batch_size=4, transforms=[jl.Map(heavy)], num_workers="auto",
+                           num_epochs=None, **ONE)
+    with loader:
+        counts = run_for(loader, 6.0)
+        assert loader._monitor.tune.cores == tune_cores
+        assert counts[0] == 1 and counts[-1] == min(2, tune_cores), counts[-40:]
+        assert max(counts) <= tune_cores  # never more than cores: the workers use the CPU
+        assert loader.stats.num_workers == counts[-1]
+    decisions = [r.getMessage() for r in caplog.records if "autotune" in r.getMessage()]
+    assert any("1 -> 2 workers" in m for m in decisions), decisions
+
+
+def test_autotune_runs_more_workers_than_cores_for_a_source_that_waits_on_reads(quick):
+    cores = monitor.cores_available()
+    loader = jl.DataLoader(SleepySource(), batch_size=8, num_workers="auto",
+                           num_epochs=None, **ONE)
+    with loader:
+        counts = run_for(loader, 9.0)
+        assert counts[-1] > cores, (cores, sorted(set(counts)))
+        assert loader.stats.num_workers == counts[-1]
+
+
+def test_auto_is_refused_for_streams_with_what_to_do():
+    stream = jl.Stream.from_generator(lambda i: iter(range(4)), shards=1)
+    with pytest.raises(jl.ConfigError, match="not supported for streams yet"):
+        jl.StreamLoader(stream, batch_size=2, num_workers="auto", **ONE)
+    with pytest.raises(jl.ConfigError, match="'auto' to let the loader choose"):
+        jl.DataLoader(arrays(), batch_size=2, num_workers="many", **ONE)
