@@ -81,7 +81,7 @@ def _one(loader: Any, steps: int) -> Run:
             next(it)
         stats = loader.stats
         run = Run(engine.active, stats.batches_per_s, loader.diagnose(),
-                  [list(m.trace) for m in engine.gauges.makers])
+                  [list(m.fold().trace) for m in engine.gauges.makers])
     return run
 
 

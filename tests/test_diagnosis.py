@@ -125,11 +125,11 @@ def test_stage_times_are_present_and_add_up(workers):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_stream_loaders_stages_come_from_its_workers(workers):
-    stream = jl.Stream.from_generator(lambda i: ({"x": np.float32(j)} for j in range(400)),
+    stream = jl.Stream.from_generator(lambda i: ({"x": np.float32(j)} for j in range(800)),
                                       shards=2)
     loader = jl.StreamLoader(stream, batch_size=8, transforms=[jl.Map(heavy)],
                              num_workers=workers, **ONE)
-    stats, d = run(loader, 20)
+    stats, d = run(loader, 60)
     assert stats.stages["read"] > 0 and stats.stages["Map(heavy)"] > 0
     assert len(stats.workers) == workers and all(w.batches > 0 for w in stats.workers)
     assert d.bottleneck == ("main" if workers == 0 else "workers"), str(d)

@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from time import perf_counter
 from typing import Any, Callable
 
@@ -142,16 +144,19 @@ def stage_names(transforms: tuple) -> list[str]:
 
 
 TRACE_KEEP = 4096  # a process's last stage spans kept for a profile's timeline
+FOLD_AT = 1024  # Done timings queued before they are added up without being asked
+SAMPLE = 16  # the training process times one hand-over in this many (and scales it)
 
 
 class StageTotals:
     """One process's timings added up: what its ``StageClock`` sent (a worker's, with each
-    ``Done``), its busy and CPU seconds.
+    ``Done``), its busy and CPU seconds. ``absorb`` only queues what came (one append, in the
+    thread that takes the batches); ``fold`` adds it up, when the stats are read.
 
     Example:
         >>> totals = StageTotals()
         >>> totals.absorb((0.5, 0.25, ((READ, 0.2), (COLLATE, 0.3)), 2, 64, 8192, None))
-        >>> totals.busy_s, totals.seconds[COLLATE], totals.records
+        >>> totals.fold().busy_s, totals.seconds[COLLATE], totals.records
         (0.5, 0.3, 64)
     """
 
@@ -160,31 +165,42 @@ class StageTotals:
         self.busy_s = self.cpu_s = 0.0
         self.batches = self.records = self.bytes = 0
         self.trace: list = []  # (stage, start, end), the last TRACE_KEEP
+        self._queued: deque = deque()  # absorbed, not yet added (append, popleft: atomic)
+        self._folding = threading.Lock()
 
     def absorb(self, timings: tuple) -> None:
-        busy, cpu, stages, batches, records, nbytes, trace = timings
-        self.busy_s += busy
-        self.cpu_s += cpu
-        seconds = self.seconds
-        for stage, spent in stages:
-            seconds[stage] = seconds.get(stage, 0.0) + spent
-        self.batches += batches
-        self.records += records
-        self.bytes += nbytes
-        if trace:
-            self.trace.extend(trace)
-            del self.trace[:-TRACE_KEEP]
+        self._queued.append(timings)
+        if len(self._queued) > FOLD_AT:  # (nobody reads the stats: bounded all the same)
+            self.fold()
+
+    def fold(self) -> "StageTotals":
+        """Adds up what was absorbed; returns itself."""
+        queued = self._queued
+        with self._folding:
+            while queued:
+                busy, cpu, stages, batches, records, nbytes, trace = queued.popleft()
+                self.busy_s += busy
+                self.cpu_s += cpu
+                seconds = self.seconds
+                for stage, spent in stages:
+                    seconds[stage] = seconds.get(stage, 0.0) + spent
+                self.batches += batches
+                self.records += records
+                self.bytes += nbytes
+                if trace:
+                    self.trace.extend(trace)
+                    del self.trace[:-TRACE_KEEP]
+        return self
 
     def stages(self) -> dict[str, float]:
-        """A copy of ``seconds``, safe while the thread that drives the engine adds to it."""
-        while True:
-            try:
-                return dict(self.seconds)
-            except RuntimeError:  # (it grew a stage while copied)
-                continue
+        """Seconds by stage (a copy), what was absorbed added up first."""
+        self.fold()
+        with self._folding:
+            return dict(self.seconds)
 
     def add(self, stage: str, seconds: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+        with self._folding:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
 class Gauges:

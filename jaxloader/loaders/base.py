@@ -48,7 +48,8 @@ class LoaderLifecycle:
 
             capacity = None
             if options.auto_workers:
-                tune = AutoTune(None, tune_prefetch=options.auto_prefetch)
+                tune = AutoTune(None, tune_prefetch=options.auto_prefetch,
+                                counts=self._worker_counts())
                 capacity = tune.capacity()
             engine = WorkerPool(maker, options.num_workers, prefetch=options.prefetch,
                                 start_method=options.start_method,
@@ -62,6 +63,10 @@ class LoaderLifecycle:
         if tune is not None or options.log_every_s:
             self._monitor = Monitor(tune, options.log_every_s, self._summary)
         return engine
+
+    def _worker_counts(self) -> list[int] | None:
+        """The worker counts ``num_workers="auto"`` may choose among (None: any)."""
+        return None
 
     def _summary(self) -> str:
         """The periodic one-line summary (``log_every_s=``)."""

@@ -86,11 +86,12 @@ def _available_bytes() -> int:
 class AutoTune:
     """Chooses the number of workers of a running pool (see the module docstring)."""
 
-    def __init__(self, pool: Any, cores: int | None = None, tune_prefetch: bool = False
-                 ) -> None:
+    def __init__(self, pool: Any, cores: int | None = None, tune_prefetch: bool = False,
+                 counts: list[int] | None = None) -> None:
         self.pool = pool
         self.cores = cores or cores_available()
         self.tune_prefetch = tune_prefetch
+        self.counts = counts  # the counts allowed (a stream's: those dividing its readers)
         self.ceiling = MAX_WORKERS  # a count tried and not faster
         self.floor = 1  # a count below which the rate fell
         self._last: tuple | None = None  # (time, batches, wait_s, busy_s, CPU + queued s)
@@ -99,7 +100,18 @@ class AutoTune:
 
     def capacity(self) -> int:
         """The most workers it may ever ask for (the pool's status table is this big)."""
-        return min(MAX_WORKERS, READ_WAIT_FACTOR * self.cores)
+        most = min(MAX_WORKERS, READ_WAIT_FACTOR * self.cores)
+        return max(n for n in self.counts or [most] if n <= most or n == 1)
+
+    def allowed(self, wanted: int, low: int, high: int) -> int | None:
+        """The count to try for ``wanted`` within ``[low, high]``: itself, or for a stream
+        the nearest that divides its readers (toward ``low`` when none is past it)."""
+        if self.counts is None:
+            return wanted if low <= wanted <= high else None
+        fits = [n for n in self.counts if low <= n <= high]
+        if not fits:
+            return None
+        return min(fits, key=lambda n: (abs(n - wanted), n))
 
     def bound(self, off_cpu: float) -> int:
         """The most workers worth running now: the cores, more while reads wait."""
@@ -116,7 +128,7 @@ class AutoTune:
     def decide(self, now: float, step: int, batches: int, wait_s: float) -> None:
         """One window's decision, from the loader's counts now, ``step`` being the next
         step it hands out (see the module docstring)."""
-        makers = self.pool.gauges.makers
+        makers = [m.fold() for m in self.pool.gauges.makers]
         busy_s = sum(m.busy_s for m in makers)
         cpu_s = sum(m.cpu_s for m in makers) + _queued_s(self.pool.pids)  # (not waiting reads)
         snap = (now, batches, wait_s, busy_s, cpu_s)
@@ -129,7 +141,8 @@ class AutoTune:
             return
         span, made = now - last[0], batches - last[1]
         # Batches come back a task at a time (up to 16 steps): a window holds two rounds
-        if made < max(MIN_BATCHES, 2 * self.pool.round_steps) and span < 8 * WINDOW_S:
+        if made < max(MIN_BATCHES, 2 * self.pool.round_steps(self.counts is not None)) \
+                and span < 8 * WINDOW_S:
             self._last = last  # a longer window
             return
         active = self.pool.active
@@ -144,8 +157,10 @@ class AutoTune:
             if self._judge(before, before_rate, active, rate):
                 return
         high = min(self.bound(off_cpu), self._memory_bound(active))
-        if waited > WAITING and active < high:
-            more = min(high, 2 * active if waited > 0.5 else active + 1)
+        more = self.allowed(min(high, 2 * active if waited > 0.5 else active + 1), active + 1,
+                            high)
+        fewer = self.allowed(active - 1, self.floor, active - 1)
+        if waited > WAITING and more is not None:
             self._change(active, more, rate, f"the consumer waited {waited:.0%}, the workers "
                                              f"busy {busy:.0%} ({off_cpu:.0%} off the CPU)")
         elif waited > WAITING and self.tune_prefetch and busy < IDLE:
@@ -155,9 +170,9 @@ class AutoTune:
                          "workers were busy %.0f%%", self.pool.prefetch, prefetch,
                          100 * waited, 100 * busy)
                 self.pool.prefetch = prefetch
-        elif waited < WAITING / 2 and busy < IDLE and active > self.floor:
-            self._change(active, active - 1, rate, f"the consumer waited {waited:.0%}, the "
-                                                   f"workers busy {busy:.0%}")
+        elif waited < WAITING / 2 and busy < IDLE and fewer is not None:
+            self._change(active, fewer, rate, f"the consumer waited {waited:.0%}, the workers "
+                                              f"busy {busy:.0%}")
 
     def _change(self, before: int, after: int, rate: float, why: str) -> None:
         log.info("autotune: %d -> %d workers (%.1f batches/s): %s", before, after, rate, why)

@@ -27,7 +27,7 @@ allgather on the consumer's thread), and ends.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Generator, Never, Sequence
+from typing import Any, Callable, Generator, Literal, Never, Sequence
 
 import numpy as np
 
@@ -95,9 +95,10 @@ class StreamLoader(LoaderLifecycle):
 
     def __init__(self, stream: StreamLike, *,
                  batch_size: int,
-                 seed: int = 0, transforms: Sequence[Any] = (), num_workers: int = 0,
+                 seed: int = 0, transforms: Sequence[Any] = (),
+                 num_workers: int | Literal["auto"] = 0,
                  process_index: int | None = None, process_count: int | None = None,
-                 prefetch: int = 2, worker_init_fn: Callable[[int], None] | None = None,
+                 prefetch: int | Literal["auto"] = 2, worker_init_fn: Callable[[int], None] | None = None,
                  start_method: str = "exec", sharding: Any = None,
                  device_prefetch: int = 2, readers_per_process: int | None = None,
                  num_epochs: int | None = None, mask_key: str = "mask",
@@ -122,12 +123,11 @@ class StreamLoader(LoaderLifecycle):
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         self._placement = placement(batch_size, process_index, process_count)
         batch_size, process_index, process_count = self._placement
-        if "auto" in (num_workers, prefetch):
+        if num_workers == "auto" and readers_per_process is None:
             raise ConfigError(
-                "StreamLoader(num_workers='auto', prefetch='auto'): not supported for streams "
-                "yet (a stream's readers would have to move between workers); pass a number "
-                "of workers that divides readers_per_process, and read loader.diagnose() for "
-                "which to choose")
+                "StreamLoader(num_workers='auto'): pass readers_per_process= too, e.g. 8: the "
+                "batches depend on it (the worker count does not), and the loader chooses "
+                "among the worker counts that divide it")
         workers, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
         self._options = LoaderOptions(workers, num_epochs, mask_key, ahead, start_method,
@@ -137,13 +137,13 @@ class StreamLoader(LoaderLifecycle):
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream: ReadableStream = given
-        hosts = max(1, num_workers)  # what hosts readers: the workers, or this process
+        hosts = max(1, workers)  # what hosts readers: the workers, or this process
         self._readers = check_int(
             "readers_per_process", hosts if readers_per_process is None else readers_per_process,
             low=1, remedy="readers a process, a multiple of num_workers, e.g. 8")
         if self._readers % hosts:
             raise ConfigError(
-                f"readers_per_process: expected a multiple of num_workers ({num_workers}), got "
+                f"readers_per_process: expected a multiple of num_workers ({workers}), got "
                 f"{self._readers}; each worker hosts the same number of readers (a state "
                 f"restores into any worker count that divides readers_per_process)")
         self._maker = StreamBatchMaker(
@@ -178,6 +178,10 @@ class StreamLoader(LoaderLifecycle):
                 self._reports.pop(s, None)
         self._base_step = max(self._base_step, step)
         return self._base
+
+    def _worker_counts(self) -> list[int]:
+        """The worker counts that can host this process's readers: those dividing them."""
+        return [n for n in range(1, self._readers + 1) if self._readers % n == 0]
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator:
@@ -283,12 +287,33 @@ class _ReaderRuns:
         return self._loader.worker_pids
 
     def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+        """The engine's runs from ``start``: one, or (``num_workers="auto"``) a new one from
+        the next step each time the worker count asked for changes, its readers moved to
+        their new hosts from the states of what was handed out (what was read ahead is made
+        again, identically)."""
+        roster = getattr(self._loader._engine, "roster", None)
+        step = start
+        while stop is None or step < stop:
+            run = self._run(step, stop, max(1, self._loader.num_workers) if roster is None
+                            else roster.target)
+            try:
+                for batch in run:
+                    step += 1
+                    yield batch
+                    if roster is not None and roster.target != roster.active:
+                        break
+                else:
+                    return
+            finally:
+                run.close()
+
+    def _run(self, start: int, stop: int | None, hosts: int) -> Generator[Any, None, None]:
+        """One engine run from ``start`` with ``hosts`` hosting the readers."""
         loader = self._loader
         states = loader._states_at(start)
         if loader._until is not None:
             states = passes.stopping_at(states, loader._until)
-        hosts = max(1, loader.num_workers)  # host w: readers w, w + W, ... (W divides K)
-        resets: list = [states[w::hosts] for w in range(hosts)]
+        resets: list = [states[w::hosts] for w in range(hosts)]  # host w: readers w, w + W, ..
         # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
         # thread may still be filing one; it would file the same state, runs being pure).
         for step in [s for s in list(loader._reports) if s >= start]:

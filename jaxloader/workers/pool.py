@@ -41,7 +41,7 @@ from typing import Any, Callable, Generator, NoReturn
 
 from jaxloader.base.errors import SharedMemoryError, WorkerError
 from jaxloader.base.interrupts import run_all
-from jaxloader.base.timings import HANDOVER, Gauges
+from jaxloader.base.timings import HANDOVER, SAMPLE, Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.workers import failures, payload, protocol, tasks
 from jaxloader.workers.tasks import Failure, InFlight
@@ -134,10 +134,9 @@ class WorkerPool:
         """Workers in use now."""
         return self.roster.active
 
-    @property
-    def round_steps(self) -> int:
+    def round_steps(self, streaming: bool) -> int:
         """Steps of one task for each worker in use: batches come back this many at a time."""
-        return self.roster.active * self._task_shape(False)[0]
+        return self.roster.active * self._task_shape(streaming)[0]
 
     @property
     def prefetch(self) -> int:
@@ -168,6 +167,8 @@ class WorkerPool:
             self._raise_if_broken()
             if self._mixed_up:
                 self._restart()
+            if resets is not None and self.roster.target != self.roster.active:
+                self.roster.apply(self._send_payload, start)  # (a stream: a run, one count)
             self._run += 1
             run = self._run
             self._stall.begin(None)
@@ -202,13 +203,15 @@ class WorkerPool:
                         reports[next_yield] = made[3]
                     next_yield += 1
                     # Made under the lock, held by nothing here while suspended at the yield
-                    # (a local would keep the slot lent until the next resume).
-                    began = perf_counter()
-                    handed = [self._ring.hand_out(*made[:3])]
                     gauges = self.gauges
-                    gauges.main.add(HANDOVER, perf_counter() - began)
-                    gauges.ready += len(ready)
                     gauges.handed += 1
+                    if gauges.handed % SAMPLE:  # (one in SAMPLE timed: timers cost ~1%)
+                        handed = [self._ring.hand_out(*made[:3])]
+                    else:  # (a local would keep the slot lent until the next resume)
+                        began = perf_counter()
+                        handed = [self._ring.hand_out(*made[:3])]
+                        gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
+                        gauges.ready += SAMPLE * len(ready)
                 yield handed.pop()
         except BaseException as e:
             # A message may have been cut (``jaxloader.base.interrupts``, 2): unless blocked in
@@ -274,7 +277,8 @@ class WorkerPool:
         # readable, or hung up (EOF) or failed: all reported
         events = self._wait(awaited) if block else self.roster.poller.poll(0)
         self._waiting = False
-        began = perf_counter()
+        timed = not self.gauges.handed % SAMPLE  # (the hand-over's sample: its reads too)
+        began = perf_counter() if timed else 0.0
         for fd, _ in events:
             worker = self.roster.by_fd[fd]
             try:
@@ -315,7 +319,8 @@ class WorkerPool:
                         self._ring.give_back(segment)
                 if failed_task.run == run:
                     ready[message.step] = failure
-        self.gauges.main.add(HANDOVER, perf_counter() - began)
+        if timed:
+            self.gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
         return bool(events)
 
     def _wait(self, awaited: int | None) -> list:

@@ -123,9 +123,44 @@ def test_autotune_runs_more_workers_than_cores_for_a_source_that_waits_on_reads(
         assert loader.stats.num_workers == counts[-1]
 
 
-def test_auto_is_refused_for_streams_with_what_to_do():
+def numbered(shard):
+    return ({"x": np.int64(shard * 100_000 + j)} for j in range(100_000))
+
+
+def stream_loader(workers):
+    stream = jl.Stream.from_generator(numbered, shards=4, shuffle_window=16)
+    return jl.StreamLoader(stream, batch_size=4, seed=3, readers_per_process=4,
+                           transforms=[jl.RandomMap(jitter)], num_workers=workers, **ONE)
+
+
+def test_a_streams_worker_count_changes_among_those_dividing_its_readers_and_nothing_else():
+    with stream_loader(2) as fixed:
+        it = iter(fixed)
+        expected, states = [], []
+        for _ in range(70):
+            expected.append(next(it)["x"].copy())
+            states.append(fixed.state_dict())
+    schedule = {5: 2, 20: 4, 40: 1, 55: 2}
+    with stream_loader("auto") as auto:
+        auto._monitor = None  # the schedule alone changes the count
+        roster = auto._engine.roster
+        it = iter(auto)
+        seen = set()
+        for step in range(70):
+            if step in schedule:
+                roster.resize(schedule[step])
+            np.testing.assert_array_equal(next(it)["x"], expected[step], err_msg=f"step {step}")
+            assert auto.state_dict() == states[step]
+            seen.add(auto.num_workers)
+        assert seen == {1, 2, 4}, seen
+    with stream_loader(4) as four:  # its state restores into a fixed count
+        four.load_state_dict(states[44])
+        np.testing.assert_array_equal(next(iter(four))["x"], expected[45])
+
+
+def test_auto_is_refused_where_it_cannot_choose_with_what_to_do():
     stream = jl.Stream.from_generator(lambda i: iter(range(4)), shards=1)
-    with pytest.raises(jl.ConfigError, match="not supported for streams yet"):
+    with pytest.raises(jl.ConfigError, match="pass readers_per_process= too"):
         jl.StreamLoader(stream, batch_size=2, num_workers="auto", **ONE)
     with pytest.raises(jl.ConfigError, match="'auto' to let the loader choose"):
         jl.DataLoader(arrays(), batch_size=2, num_workers="many", **ONE)
