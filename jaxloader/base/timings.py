@@ -167,6 +167,7 @@ class StageTotals:
         self.trace: list = []  # (stage, start, end), the last TRACE_KEEP
         self._queued: deque = deque()  # absorbed, not yet added (append, popleft: atomic)
         self._folding = threading.Lock()
+        self.pull: Callable[[], tuple] | None = None  # timings to absorb when folding
 
     def absorb(self, timings: tuple) -> None:
         self._queued.append(timings)
@@ -176,6 +177,8 @@ class StageTotals:
     def fold(self) -> "StageTotals":
         """Adds up what was absorbed; returns itself."""
         queued = self._queued
+        if self.pull is not None:  # (a maker in this process: its clock, read now)
+            queued.append(self.pull())
         with self._folding:
             while queued:
                 busy, cpu, stages, batches, records, nbytes, trace = queued.popleft()
@@ -216,6 +219,11 @@ class Gauges:
         self.trace = False
 
     def reset(self) -> None:
+        for old in self.makers:
+            old.fold()  # (what a maker in this process has counted goes with the old)
+        pulls = [old.pull for old in self.makers]
         self.makers = [StageTotals() for _ in self.makers]
+        for totals, pull in zip(self.makers, pulls):
+            totals.pull = pull
         self.main = StageTotals()
         self.ready = self.handed = 0

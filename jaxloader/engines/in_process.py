@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-from time import perf_counter, thread_time
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
 from jaxloader.base.timings import Gauges, StageClock
@@ -107,6 +106,7 @@ class InProcessEngine:
     def __init__(self, maker: Maker) -> None:
         self._maker = maker
         self.gauges = Gauges(1)
+        self.gauges.makers[0].pull = self._pull
 
     @property
     def pids(self) -> list[int]:
@@ -123,17 +123,20 @@ class InProcessEngine:
         if stream is not None and resets is not None:
             stream.reset(resets[0])
         steps = itertools.count(start) if stop is None else range(start, stop)
-        clock, gauges = maker.clock, self.gauges
+        if (maker.clock.trace is not None) != self.gauges.trace:
+            maker.clock.trace = [] if self.gauges.trace else None
         for step in steps:
-            if (clock.trace is not None) != gauges.trace:
-                clock.trace = [] if gauges.trace else None
-            began, cpu = perf_counter(), thread_time()
             batch, _ = maker.make(step)
             if stream is not None and reports is not None:
                 reports[step] = stream.report()
-            gauges.makers[0].absorb((perf_counter() - began, thread_time() - cpu,
-                                     *clock.take()))
             yield batch
+
+    def _pull(self) -> tuple:
+        """The maker's timings since the last pull, as a worker would send them (its busy and
+        CPU time: its stages' sum): read when the stats are, nothing done a batch."""
+        stages, batches, records, nbytes, trace = self._maker.clock.take()
+        busy = sum(seconds for _, seconds in stages)
+        return (busy, busy, stages, batches, records, nbytes, trace)
 
     def close(self) -> None:
         """Nothing: what a maker holds open in this process is its loader's to close, once no

@@ -57,9 +57,9 @@ class Diagnosis(NamedTuple):
         >>> print(d)  # doctest: +NORMALIZE_WHITESPACE
         input bottleneck: workers (the consumer waited 50% of its time after the first batch;
         1 worker, 10 batches)
-          stage            seconds  ms a batch  share
-          Map(decode)        0.900        90.0    90%
-          read               0.100        10.0    10%
+          stage                     seconds  ms a batch  share
+          Map(decode)                 0.900        90.0    90%
+          read                        0.100        10.0    10%
         advice:
           - num_workers=4
     """
@@ -79,13 +79,13 @@ class Diagnosis(NamedTuple):
         lines = [f"input bottleneck: {self.bottleneck} (the consumer waited "
                  f"{self.wait_fraction:.0%} of its time after the first batch; "
                  f"{self.num_workers} {workers}, {self.batches} batches)",
-                 f"  {'stage':<16} {'seconds':>8} {'ms a batch':>11} {'share':>6}"]
+                 f"  {'stage':<24} {'seconds':>8} {'ms a batch':>11} {'share':>6}"]
         per = max(1, self.batches)
         for name, seconds in sorted(made.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {name[:16]:<16} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
+            lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
                          f"{seconds / total:6.0%}")
         for name, seconds in main.items():
-            lines.append(f"  {name[:16]:<16} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
+            lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
                          f"{'(main)':>6}")
         lines.append("advice:")
         lines += [f"  - {line}" for line in self.advice] or ["  - none"]

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable, Generator, Protocol
 
@@ -92,6 +93,7 @@ class Progress:
         self.first_s: float | None = None  # when the first next() of the window was entered
         self.last_s = 0.0  # when the last batch was handed out
         self.first_batch_s = 0.0  # how long the first batch of the window took
+        self.check_at = 0.0  # when next() next looks at the first batch and the monitor
 
 
 class LoaderIterator:
@@ -168,10 +170,8 @@ class LoaderIterator:
         try:
             batch = self._next()
             returned = time.perf_counter()
-            monitor = self._monitor
-            if monitor is not None and returned >= monitor.next_at:
-                monitor.tick(returned, self._step + 1, progress.batches + 1,
-                             progress.wait_s + (returned - entered))
+            if returned >= progress.check_at:  # the first batch, or the monitor's time
+                self._checks(progress, entered, returned)
         except WorkerError as e:
             progress.broken = e
             raise
@@ -191,13 +191,21 @@ class LoaderIterator:
         progress.wait_s += returned - entered
         if self._last_return is not None:
             progress.run_s += entered - self._last_return
+        progress.last_s = self._last_return = returned
+        return batch
+
+    def _checks(self, progress: Progress, entered: float, returned: float) -> None:
+        """The first batch of the stats' window (said if slow), and the monitor's turn."""
         if progress.first_s is None:
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:
                 log.info("the first batch took %.1f s (the workers' start and the first "
                          "reads)", returned - entered)
-        progress.last_s = self._last_return = returned
-        return batch
+        monitor = self._monitor
+        if monitor is not None and returned >= monitor.next_at:
+            monitor.tick(returned, self._step + 1, progress.batches + 1,
+                         progress.wait_s + (returned - entered))
+        progress.check_at = monitor.next_at if monitor is not None else math.inf
 
     def stop_work(self, until_gone: bool = False) -> bool:
         """Stops the host-batch thread (waiting for it at most its join timeout, or

@@ -18,9 +18,8 @@ one a worker, as many ahead as ``tasks.py`` says. A slot goes back to the worker
 run's tasks stale: their results are dropped and their slots reused, so a restore never waits.
 
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
-worker, its pid, what it was doing and the remedy (``failures.py``), and every later call
-raises that same error. A late batch is said (``failures.StallWatch``), not waited for in
-silence.
+worker, its pid, what it was doing and the remedy (``failures.py``), and so does every later
+call. A late batch is said (``failures.StallWatch``), not waited for in silence.
 
 One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run may
 be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run holds
@@ -121,7 +120,7 @@ class WorkerPool:
         self._tasks: dict[int, InFlight] = {}
         self._next_task = 0
         self._run = 0
-        self._waiting = False  # True only inside poll(): an interrupt there leaves no mess
+        self._waiting, self._receives = False, 0  # in poll(): an interrupt there leaves no mess
 
     def _send_payload(self, first: int = 0) -> None:
         for i in range(first, len(self._workers)):
@@ -203,15 +202,14 @@ class WorkerPool:
                         reports[next_yield] = made[3]
                     next_yield += 1
                     # Made under the lock, held by nothing here while suspended at the yield
-                    gauges = self.gauges
-                    gauges.handed += 1
-                    if gauges.handed % SAMPLE:  # (one in SAMPLE timed: timers cost ~1%)
+                    if (next_yield - start) % SAMPLE:  # (one in SAMPLE timed: timers cost)
                         handed = [self._ring.hand_out(*made[:3])]
                     else:  # (a local would keep the slot lent until the next resume)
                         began = perf_counter()
                         handed = [self._ring.hand_out(*made[:3])]
-                        gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
-                        gauges.ready += SAMPLE * len(ready)
+                        self.gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
+                        self.gauges.ready += SAMPLE * len(ready)
+                        self.gauges.handed += SAMPLE
                 yield handed.pop()
         except BaseException as e:
             # A message may have been cut (``jaxloader.base.interrupts``, 2): unless blocked in
@@ -277,7 +275,8 @@ class WorkerPool:
         # readable, or hung up (EOF) or failed: all reported
         events = self._wait(awaited) if block else self.roster.poller.poll(0)
         self._waiting = False
-        timed = not self.gauges.handed % SAMPLE  # (the hand-over's sample: its reads too)
+        self._receives += 1
+        timed = not self._receives % SAMPLE  # (the hand-over's sample: its reads too)
         began = perf_counter() if timed else 0.0
         for fd, _ in events:
             worker = self.roster.by_fd[fd]

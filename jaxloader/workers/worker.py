@@ -50,6 +50,7 @@ from jaxloader.workers.status import WorkerStatus
 _MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
 _WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
+SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most
 
 
 class _Slots:
@@ -166,11 +167,12 @@ def serve(conn: Connection) -> None:
     last_layout = None
     stream = maker if isinstance(maker, StreamMaker) else None  # its readers' states reported
     clock: StageClock = getattr(maker, "clock", None) or StageClock()
+    busy = cpu = send_at = 0.0  # tasks' seconds and CPU seconds not yet sent; when to send
     while True:
         message = inbox.next()
         if type(message) is not Task:  # Stop
             return
-        began, cpu = time.perf_counter(), time.process_time()
+        began, cpu_began = time.perf_counter(), time.process_time()
         task_id, first, stride, named, reset, trace = message
         if (clock.trace is not None) != trace:
             clock.trace = [] if trace else None
@@ -200,8 +202,13 @@ def serve(conn: Connection) -> None:
             made.append((nth, None if layout == last_layout else layout, objects, report))
             last_layout = layout
         status.idle()
-        # The task's timings ride on its Done (jaxloader.base.timings): no message of their own
-        timings = (time.perf_counter() - began, time.process_time() - cpu, *clock.take())
+        # The timings ride on a Done (jaxloader.base.timings): no message of their own, and on
+        # one every SEND_EVERY_S at most (each costs the main process its unpickling)
+        now = time.perf_counter()
+        busy, cpu = busy + now - began, cpu + time.process_time() - cpu_began
+        timings = None
+        if now >= send_at or trace or failed is not None:
+            timings, busy, cpu, send_at = (busy, cpu, *clock.take()), 0.0, 0.0, now + SEND_EVERY_S
         sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
@@ -210,7 +217,7 @@ def serve(conn: Connection) -> None:
 
 
 def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list,
-               timings: tuple) -> bool:
+               timings: tuple | None) -> bool:
     """Sends ``Done`` for ``made``; a batch that cannot be pickled (not even by value) is
     reported as its step's failure, after the batches before it (and ``False`` returned)."""
     if not made:

@@ -164,3 +164,78 @@ def test_auto_is_refused_where_it_cannot_choose_with_what_to_do():
         jl.StreamLoader(stream, batch_size=2, num_workers="auto", **ONE)
     with pytest.raises(jl.ConfigError, match="'auto' to let the loader choose"):
         jl.DataLoader(arrays(), batch_size=2, num_workers="many", **ONE)
+
+
+class FakePool:
+    """What AutoTune reads of a pool, driven by hand: each window's batches and busy time."""
+
+    def __init__(self, active=1, streaming_counts=None):
+        from jaxloader.base.timings import Gauges
+        from jaxloader.workers.roster import Roster
+
+        self.gauges = Gauges(0)
+        self.roster = Roster(0, capacity=8, start_method="exec", gauges=self.gauges)
+        self.roster.active = self.roster.target = active
+        self.pids = []
+        self.prefetch = 2
+
+    def round_steps(self, streaming):
+        return 1
+
+    @property
+    def active(self):
+        return self.roster.active
+
+    def settle(self):  # the pool took the count asked for
+        self.roster.active = self.roster.target
+
+
+def windows(tune, pool, plan):
+    """Feeds ``tune`` one window a (rate, waited share, busy share) of ``plan``; the counts
+    asked for after each."""
+    from jaxloader.base.timings import StageTotals
+
+    now, batches, wait_s, asked = 0.0, 0, 0.0, []
+    for rate, waited, busy in plan:
+        now += 1.0
+        batches += int(rate)
+        wait_s += waited
+        totals = StageTotals()
+        totals.absorb((busy * pool.active, busy * pool.active, (), 0, 0, 0, None))
+        pool.gauges.makers.append(totals)
+        tune.decide(now, batches, batches, wait_s)
+        pool.settle()
+        asked.append(pool.active)
+    return asked
+
+
+def test_the_tuner_climbs_keeps_what_pays_goes_back_from_what_does_not_and_steps_down_idle():
+    pool = FakePool()
+    tune = monitor.AutoTune(pool, cores=4)
+    asked = windows(tune, pool, [
+        (100, 0.0, 1.0),  # the first window opens
+        (100, 0.9, 1.0),  # waiting most of the time: doubled
+        (0, 0.0, 1.0),    # (the window the change starts in opens the next)
+        (190, 0.9, 1.0),  # 2 paid: kept, and doubled again
+        (0, 0.0, 1.0),
+        (195, 0.9, 1.0),  # 4 did not pay: back to 2, and 2 is the ceiling
+        (0, 0.0, 1.0),
+        (190, 0.9, 1.0),  # at the ceiling: stays
+        (190, 0.0, 0.2),  # no wait, idle workers: one fewer
+    ])
+    assert asked == [1, 2, 2, 4, 4, 2, 2, 2, 1], asked
+    assert tune.ceiling == 2
+
+
+def test_prefetch_auto_doubles_the_tasks_ahead_while_the_loop_waits_on_idle_workers():
+    pool = FakePool(active=4)
+    tune = monitor.AutoTune(pool, cores=4, tune_prefetch=True)
+    tune.ceiling = 4  # no more workers to try
+    windows(tune, pool, [(100, 0.0, 0.3), (0, 0.0, 0.3), (100, 0.5, 0.3), (100, 0.5, 0.3)])
+    assert pool.prefetch == 8 and pool.active == 4
+
+
+def test_a_streams_counts_are_those_dividing_its_readers():
+    tune = monitor.AutoTune(FakePool(), cores=4, counts=[1, 2, 3, 6])
+    assert tune.allowed(4, 2, 8) == 3 and tune.allowed(5, 2, 8) == 6  # nearest, then lower
+    assert tune.allowed(2, 4, 5) is None and tune.capacity() == 6
