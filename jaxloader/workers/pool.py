@@ -110,7 +110,7 @@ class WorkerPool:
         """Starts the interpreters (their imports overlap with what follows) and a
         fresh ring; the bookkeeping of tasks starts empty."""
         self._ring = SlotRing()
-        self._shapes: dict[tuple, tuple[int, int]] = {}  # _task_shape's
+        self._shapes: dict[tuple[int, bool], tuple[int, int]] = {}  # _task_shape's
         old = getattr(self, "_roster", None)  # (a restart: as many workers, as many in use)
         self.roster = Roster(self._initial if old is None else len(old.workers),
                               capacity=self._capacity, start_method=self._start_method,
@@ -168,6 +168,7 @@ class WorkerPool:
                 self._restart()
             if resets is not None and self.roster.target != self.roster.active:
                 self.roster.apply(self._send_payload, start)  # (a stream: a run, one count)
+                self._shapes = {}
             self._run += 1
             run = self._run
             self._stall.begin(None)
@@ -181,6 +182,7 @@ class WorkerPool:
                         roster = self.roster
                         if roster.target != roster.active and not streaming:
                             roster.apply(self._send_payload, next_submit)
+                            self._shapes = {}
                         steps, ahead = self._task_shape(streaming)
                         if next_submit - next_yield >= roster.active * ahead * steps:
                             break
@@ -201,10 +203,11 @@ class WorkerPool:
                     if reports is not None:
                         reports[next_yield] = made[3]
                     next_yield += 1
-                    # Made under the lock, held by nothing here while suspended at the yield
-                    if (next_yield - start) % SAMPLE:  # (one in SAMPLE timed: timers cost)
+                    # Made under the lock, held by nothing while suspended at the yield (a
+                    # local would keep the slot lent until the next resume); timed one in SAMPLE
+                    if (next_yield - start) % SAMPLE:
                         handed = [self._ring.hand_out(*made[:3])]
-                    else:  # (a local would keep the slot lent until the next resume)
+                    else:
                         began = perf_counter()
                         handed = [self._ring.hand_out(*made[:3])]
                         self.gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
@@ -227,7 +230,7 @@ class WorkerPool:
     def _task_shape(self, streaming: bool) -> tuple[int, int]:
         """``(steps a task, tasks ahead a worker)`` for the ring's slot size now; computed
         again only when that size changes (it is asked for every batch handed out)."""
-        key = (self._ring.slot_size, streaming, self.roster.active)
+        key = (self._ring.slot_size, streaming)  # (emptied when the workers in use change)
         shape = self._shapes.get(key)
         if shape is None:
             size = self._ring.slot_size
@@ -271,8 +274,7 @@ class WorkerPool:
         """Blocks until some worker reports (with ``block``, while the consumer awaits step
         ``awaited``; else reads only what has come); files its result or raises its failure.
         Whether a report was read."""
-        self._waiting = True
-        # readable, or hung up (EOF) or failed: all reported
+        self._waiting = True  # (readable, or hung up (EOF) or failed: all reported)
         events = self._wait(awaited) if block else self.roster.poller.poll(0)
         self._waiting = False
         self._receives += 1
@@ -288,14 +290,14 @@ class WorkerPool:
                 if message.timings is not None:
                     self.gauges.makers[worker].absorb(message.timings)
                 task = self._tasks[message.task_id]
-                segments = task.segments
+                segments, layouts = task.segments, self.roster.layouts
                 for nth, layout, objects, report in message.made:
                     if layout is not None:
-                        self.roster.layouts[worker] = layout
+                        layouts[worker] = layout
                     segment, segments[nth] = segments[nth], None
                     if task.run == run:  # a plain tuple: built once a batch
                         ready[task.first + nth * task.stride] = (
-                            segment, self.roster.layouts[worker], objects, report)
+                            segment, layouts[worker], objects, report)
                     else:
                         self._ring.give_back(segment)
                 if segments.count(None) == len(segments):  # every step back: the task is done
