@@ -43,7 +43,6 @@ from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import HANDOVER, SAMPLE, Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.workers import failures, payload, protocol, tasks
-from jaxloader.workers.tasks import Failure, InFlight
 from jaxloader.workers.process import stop_all
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
@@ -117,7 +116,7 @@ class WorkerPool:
                               gauges=self.gauges, active=None if old is None else old.target)
         self._workers = self.roster.workers
         self._finalizer = weakref.finalize(self, stop_all, self._workers, self._ring)
-        self._tasks: dict[int, InFlight] = {}
+        self._tasks: dict[int, tasks.InFlight] = {}
         self._next_task = 0
         self._run = 0
         self._waiting, self._receives = False, 0  # in poll(): an interrupt there leaves no mess
@@ -198,7 +197,7 @@ class WorkerPool:
                         self._receive(run, ready, awaited=next_yield)
                         continue
                     made = ready.pop(next_yield)  # (segment, layout, objects, report) or a
-                    if type(made) is Failure:  # Failure: raised in order, at its turn
+                    if type(made) is tasks.Failure:  # raised in order, at its turn
                         self._break(*made)
                     if reports is not None:
                         reports[next_yield] = made[3]
@@ -224,7 +223,7 @@ class WorkerPool:
             with self._driver:
                 self._waiting = False
                 for made in ready.values():
-                    if type(made) is not Failure:
+                    if type(made) is not tasks.Failure:
                         self._ring.give_back(made[0])
 
     def _task_shape(self, streaming: bool) -> tuple[int, int]:
@@ -257,7 +256,7 @@ class WorkerPool:
         segments = [self._ring.take(worker) for _ in range(count)]
         task_id = self._next_task
         self._next_task += 1
-        self._tasks[task_id] = InFlight(worker, first, self.roster.active, run, segments)
+        self._tasks[task_id] = tasks.InFlight(worker, first, self.roster.active, run, segments)
         self.roster.in_flight[worker] += 1
         self._send(worker, Task(task_id, first, self.roster.active,
                                 tuple((s.name, s.size) for s in segments), reset,
@@ -340,9 +339,9 @@ class WorkerPool:
             if error is not None:
                 self._break(error, None)
 
-    def _worker_failed(self, worker: int, failed: Failed) -> Failure:
+    def _worker_failed(self, worker: int, failed: Failed) -> tasks.Failure:
         """The error to raise, and its cause, for a worker's failure report."""
-        return Failure(*failures.raised(worker, self._workers[worker].pid, failed,
+        return tasks.Failure(*failures.raised(worker, self._workers[worker].pid, failed,
                                          self._maker.location))
 
     def _worker_died(self, worker: int) -> NoReturn:
