@@ -179,19 +179,19 @@ class WorkerPool:
                 with self._driver:
                     while stop is None or next_submit < stop:
                         roster = self.roster
-                        if roster.target != roster.active and not streaming:
-                            roster.apply(self._send_payload, next_submit)
-                            self._shapes = {}
                         steps, ahead = self._task_shape(streaming)
                         if next_submit - next_yield >= roster.active * ahead * steps:
                             break
-                        # A task done but not yet read (the consumer was busy with batches
-                        # ready before it) still counts as in flight: read what has come
-                        # before deciding, or its worker waits for work it could be doing
+                        # A task done but not read yet still counts as in flight: read what
+                        # has come first, or its worker waits for work it could be doing
                         if roster.busiest() >= ahead and not (
                                 self._receive(run, ready, block=False)
                                 and roster.busiest() < ahead):
                             break
+                        if roster.target != roster.active and not streaming:
+                            roster.apply(self._send_payload, next_submit)
+                            self._shapes = {}
+                            continue
                         next_submit = self._submit_block(next_submit, stop, steps, run, resets)
                     if next_yield not in ready:
                         self._receive(run, ready, awaited=next_yield)

@@ -41,12 +41,15 @@ class SleepySource:
         return {"x": np.float32(i)}
 
 
-def arrays(n=600):
-    return jl.ArraySource({"x": np.arange(n * 3, dtype=np.int64).reshape(n, 3)})
+def arrays(n=600, width=3):
+    return jl.ArraySource({"x": np.arange(n * width, dtype=np.int64).reshape(n, width)})
 
 
 def make(workers, **kw):
-    return jl.DataLoader(arrays(), batch_size=8, shuffle=True, seed=7, num_epochs=None,
+    # Batches of 1 MiB: a task a step, two ahead a worker, so that a count asked for is taken
+    # within a few steps (small batches go 16 steps a task, up to 64 ahead)
+    return jl.DataLoader(arrays(width=16384), batch_size=8, shuffle=True, seed=7,
+                         num_epochs=None,
                          transforms=[jl.RandomMap(jitter)], num_workers=workers, **ONE, **kw)
 
 
