@@ -27,6 +27,7 @@ allgather on the consumer's thread), and ends.
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any, Callable, Generator, Literal, Never, Sequence
 
 import numpy as np
@@ -287,25 +288,12 @@ class _ReaderRuns:
         return self._loader.worker_pids
 
     def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
-        """The engine's runs from ``start``: one, or (``num_workers="auto"``) a new one from
-        the next step each time the worker count asked for changes, its readers moved to
-        their new hosts from the states of what was handed out (what was read ahead is made
-        again, identically)."""
-        roster = getattr(self._loader._engine, "roster", None)
-        step = start
-        while stop is None or step < stop:
-            run = self._run(step, stop, max(1, self._loader.num_workers) if roster is None
-                            else roster.target)
-            try:
-                for batch in run:
-                    step += 1
-                    yield batch
-                    if roster is not None and roster.target != roster.active:
-                        break
-                else:
-                    return
-            finally:
-                run.close()
+        """The engine's run from ``start``; with ``num_workers="auto"``, runs that move the
+        readers to their new hosts each time the worker count asked for changes."""
+        loader = self._loader
+        if not loader._options.auto_workers:
+            return self._run(start, stop, max(1, loader.num_workers))
+        return _rehosted(weakref.ref(loader), getattr(loader._engine, "roster"), start, stop)
 
     def _run(self, start: int, stop: int | None, hosts: int) -> Generator[Any, None, None]:
         """One engine run from ``start`` with ``hosts`` hosting the readers."""
@@ -322,3 +310,28 @@ class _ReaderRuns:
 
     def close(self) -> None:
         self._loader._engine.close()
+
+
+def _rehosted(loader_ref: Callable[[], StreamLoader | None], roster: Any, start: int,
+              stop: int | None) -> Generator[Any, None, None]:
+    """Runs from ``start``, a new one from the next step each time ``roster``'s count asked
+    for changes: the readers move to their new hosts from the states of what was handed out
+    (what was read ahead is made again, identically). Holds the loader weakly: a loader
+    dropped mid-run must be collected, its device-put thread (which drives this) stopped."""
+    step = start
+    while stop is None or step < stop:
+        loader = loader_ref()
+        if loader is None:
+            return
+        run = _ReaderRuns(loader)._run(step, stop, roster.target)
+        del loader
+        try:
+            for batch in run:
+                step += 1
+                yield batch
+                if roster.target != roster.active:
+                    break
+            else:
+                return
+        finally:
+            run.close()
