@@ -159,6 +159,7 @@ def test_the_log_says_what_the_workers_do_and_a_periodic_summary_with_the_verdic
     run(loader, 60)
     said = [r.getMessage() for r in caplog.records if r.name == "jaxloader"]
     assert any("started 1 worker process" in m for m in said), said
+    assert any("stopping worker process" in m for m in said), said  # close()
     summaries = [m for m in said if "bottleneck: workers" in m]
     assert summaries and "batches/s" in summaries[0], said
 

@@ -18,7 +18,7 @@ from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
 from jaxloader.loaders.iterator import LoaderIterator, Progress
-from jaxloader.loaders.monitor import AutoTune, Monitor, log
+from jaxloader.loaders.monitor import AutoTune, Monitor
 from jaxloader.loaders.options import LoaderOptions, Placement
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ class LoaderLifecycle:
                                 timeout_s=options.timeout_s, max_workers=capacity)
             if tune is not None:
                 tune.pool = engine
-            log.info("started %d worker process(es): pids %s", len(engine.pids), engine.pids)
         self._monitor = None
         if tune is not None or options.log_every_s:
             self._monitor = Monitor(tune, options.log_every_s, self._summary)

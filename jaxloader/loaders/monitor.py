@@ -13,7 +13,8 @@ the periodic summary (``log_every_s=``), each decided in ``next()`` once a windo
 ``AutoTune`` climbs: while the consumer waits (more than ``WAITING`` of a window) and a bound
 allows, it tries more workers (doubling while the consumer waits most of the time, else one
 more), keeps them if the rate rose by ``GAIN`` and goes back otherwise (that count is then the
-ceiling); when the consumer does not wait and the workers idle, it tries one fewer, kept if the
+ceiling, for ``RETRY_WINDOWS`` windows: another program may have had the cores); when the
+consumer does not wait and the workers idle, it tries one fewer, kept if the
 rate holds. A window is judged from the step the pool makes with the new count (those
 submitted before it are made by the count before), new workers started. Bounds: the
 cores this process may use (``os.sched_getaffinity``), ``READ_WAIT_FACTOR`` times as many while
@@ -48,6 +49,7 @@ IDLE = 0.50  # workers busy less than this, the consumer not waiting: one fewer 
 READS_WAIT = 0.30  # workers off the CPU this share of their busy time: reads wait
 READ_WAIT_FACTOR = 4  # then up to this many workers a core
 MAX_WORKERS = 64
+RETRY_WINDOWS = 30  # a ceiling or floor found holds this many windows, then may be tried again
 MAX_PREFETCH = 8
 
 
@@ -94,6 +96,7 @@ class AutoTune:
         self.counts = counts  # the counts allowed (a stream's: those dividing its readers)
         self.ceiling = MAX_WORKERS  # a count tried and not faster
         self.floor = 1  # a count below which the rate fell
+        self._bounds_for = 0  # windows left before the ceiling and floor are forgotten
         self._last: tuple | None = None  # (time, batches, wait_s, busy_s, CPU + queued s)
         self._trial: tuple[int, float] | None = None  # (the count before, its rate)
         self._settling = True  # until a change (or the start) is in use: not judged
@@ -147,6 +150,9 @@ class AutoTune:
             return
         active = self.pool.active
         rate = made / span
+        self._bounds_for -= 1
+        if self._bounds_for == 0:
+            self.ceiling, self.floor = MAX_WORKERS, 1
         waited = (wait_s - last[2]) / span
         busy = min(1.0, (busy_s - last[3]) / (span * active))
         off_cpu = max(0.0, 1.0 - (cpu_s - last[4]) / (busy_s - last[3])) if busy_s > last[3] \
@@ -192,6 +198,7 @@ class AutoTune:
             self.ceiling = before
         else:
             self.floor = before
+        self._bounds_for = RETRY_WINDOWS
         self._settling = True
         self.pool.roster.resize(before)
         return True

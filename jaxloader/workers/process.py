@@ -36,6 +36,7 @@ would run N x cores threads. A value the training process's environment sets is 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import queue
 import signal
@@ -50,6 +51,8 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
 from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Stop
+
+log = logging.getLogger("jaxloader")
 
 # A worker told to stop exits within this if idle; one busy in user code (or with tasks queued
 # behind the message) is killed then: close() must not wait for work nobody wants
@@ -246,6 +249,9 @@ def stop_all(workers: list[WorkerProcess], ring: Any) -> None:
     """Stops ``workers``, then closes the pool's slot ring. Every step runs even if an earlier one is interrupted (``jaxloader.base.interrupts``, 4).
     The workers wind down together: told at once, given one grace (``STOP_GRACE_S``) between
     them, then those still running are killed."""
+    running = [w.pid for w in workers if w.exitcode() is None]
+    if running:
+        log.info("stopping worker process(es) %s", running)
     deadline = time.monotonic() + STOP_GRACE_S
     steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]
     steps += [functools.partial(w.stop, deadline) for w in workers] + [ring.close]

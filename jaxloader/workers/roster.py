@@ -23,11 +23,14 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import select
 from typing import Any, Callable
 
 from jaxloader.base.timings import Gauges, StageTotals
 from jaxloader.workers.process import WorkerProcess
+
+log = logging.getLogger("jaxloader")
 
 
 class Roster:
@@ -48,6 +51,9 @@ class Roster:
         for _ in range(count):
             self.add()
         self.active = self.target = count if active is None else active
+        if count:
+            log.info("%s %d worker process(es): pids %s", "started" if active is None else
+                     "restarted (after an interrupted run)", count, self.pids)
         self.since = 0  # the first step submitted with the count in use
 
     @property
@@ -77,6 +83,11 @@ class Roster:
         target, started = self.target, len(self.workers)
         while len(self.workers) < target:
             self.add()
+        if started < target:
+            log.info("started worker process(es) %s: %d in use", self.pids[started:], target)
+        elif target < self.active:
+            log.info("parked %d worker process(es) (kept, idle): %d in use",
+                     self.active - target, target)
         self.active, self.since = target, step
         if started < target:
             send_payload(started)

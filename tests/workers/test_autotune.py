@@ -100,17 +100,34 @@ def run_for(loader, seconds):
     return counts
 
 
-def test_autotune_settles_on_two_workers_for_a_cpu_bound_transform_on_two_cores(quick, caplog):
-    tune_cores = monitor.cores_available()
+def test_autotune_settles_on_two_workers_for_a_cpu_bound_transform_on_two_cores(
+        quick, caplog, monkeypatch):
+    """Two cores (CI's, this machine's): it goes to 2 and never past. Another test on the same
+    cores can make a second worker not pay for a while; the tuner tries again later
+    (RETRY_WINDOWS, here a few seconds), so the run goes on until it is at 2 or 25 s passed."""
+    cores = monitor.cores_available()
     caplog.set_level(logging.INFO, logger="jaxloader")
+    monkeypatch.setattr(monitor, "RETRY_WINDOWS", 8)
     loader = jl.DataLoader(jl.ArraySource({"x": np.zeros((1 << 16, 4), np.float32)}),
                            batch_size=4, transforms=[jl.Map(heavy)], num_workers="auto",
                            num_epochs=None, **ONE)
     with loader:
-        counts = run_for(loader, 6.0)
-        assert loader._monitor.tune.cores == tune_cores
-        assert counts[0] == 1 and counts[-1] == min(2, tune_cores), counts[-40:]
-        assert max(counts) <= tune_cores  # never more than cores: the workers use the CPU
+        it = iter(loader)
+        counts = [loader.num_workers]
+        end = time.perf_counter() + 25.0
+        settled_since = None
+        while time.perf_counter() < end:
+            next(it)
+            counts.append(loader.num_workers)
+            if counts[-1] == min(2, cores):
+                settled_since = settled_since or time.perf_counter()
+                if time.perf_counter() - settled_since > 2.0:
+                    break  # at 2, and it stays there
+            else:
+                settled_since = None
+        assert loader._monitor.tune.cores == cores
+        assert counts[0] == 1 and counts[-1] == min(2, cores), counts[-40:]
+        assert max(counts) <= cores  # never more than cores: the workers use the CPU
         assert loader.stats.num_workers == counts[-1]
     decisions = [r.getMessage() for r in caplog.records if "autotune" in r.getMessage()]
     assert any("1 -> 2 workers" in m for m in decisions), decisions
