@@ -8,11 +8,12 @@
       ──(a worker: with each Done)──>   main process: one clock a worker, + hand-over,
                                            placement, the consumer's wait and step
 
-The record loop (a source's records read one by one and each transform run on it) is timed
-whole on every batch; how it splits between the read and each transform is measured on one
-batch in ``DETAIL_EVERY`` (a timer a transform a record costs about what a small ``Map``
-does) and applied to the loop's time of every batch. A batch-level stage costs two
-``perf_counter`` calls.
+A process's first ``SAMPLE`` batches are timed, then one in ``SAMPLE``, its stages' seconds
+counted ``SAMPLE`` times (timers on every batch cost ~5% of a small batch made in process);
+batches, records and bytes are counted on each. On a timed batch the record loop (a source's records read one by
+one and each transform run on it) is timed in detail too (a timer a transform a record costs
+about what a small ``Map`` does), its split between the read and each transform applied to
+the loop's time. While tracing (a profile), every batch is timed.
 
 Example:
     >>> clock = StageClock()
@@ -38,7 +39,7 @@ WAIT = "consumer wait"  # the training loop inside next()
 STEP = "step"  # the training loop between next() calls
 LOOP = "record loop"  # (internal) the read and record transforms of one batch, before the split
 WORKER_STAGES = (READ, COLLATE, SLOT_WAIT)
-DETAIL_EVERY = 16
+SAMPLE = 16  # one batch in this many is timed (and its times scaled by it); one hand-over too
 
 
 class StageClock:
@@ -49,15 +50,17 @@ class StageClock:
         self.batches = self.records = self.bytes = 0
         self.split: dict[str, float] = {}  # the record loop's detail, of the detailed batches
         self.trace: list | None = None  # (stage, start, end) a stage of a batch, when tracing
-        self._loops = 0
+        self.scale = SAMPLE  # what a timed batch's seconds count for (1 while tracing)
+        self._batches = 0
 
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
     def span(self, stage: str, start: float) -> float:
-        """Adds the time from ``start`` to now to ``stage`` (and the trace); returns now."""
+        """Adds the time from ``start`` to now, scaled, to ``stage`` (and the trace); returns
+        now."""
         now = perf_counter()
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + (now - start)
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + (now - start) * self.scale
         if self.trace is not None:
             self.trace.append((stage, start, now))
         return now
@@ -67,11 +70,16 @@ class StageClock:
         self.records += records
         self.bytes += nbytes
 
-    def detailed(self) -> bool:
-        """Whether the record loop about to run is timed in detail (one in ``DETAIL_EVERY``,
-        the first among them)."""
-        self._loops += 1
-        return self._loops % DETAIL_EVERY == 1
+    def timed(self) -> bool:
+        """Whether the batch about to be made is timed: each of the first ``SAMPLE`` and
+        while tracing, then one in ``SAMPLE`` (counted ``SAMPLE`` times). A timed batch's
+        record loop is timed in detail too."""
+        self._batches += 1
+        if self._batches <= SAMPLE or self.trace is not None:
+            self.scale = 1
+            return True
+        self.scale = SAMPLE
+        return self._batches % SAMPLE == 0
 
     def loop_detail(self, total: float, transforms: dict[str, float]) -> None:
         """A detailed record loop: ``total`` seconds, of which ``transforms`` (by name); the
@@ -145,7 +153,6 @@ def stage_names(transforms: tuple) -> list[str]:
 
 TRACE_KEEP = 4096  # a process's last stage spans kept for a profile's timeline
 FOLD_AT = 1024  # Done timings queued before they are added up without being asked
-SAMPLE = 16  # the training process times one hand-over in this many (and scales it)
 
 
 class StageTotals:

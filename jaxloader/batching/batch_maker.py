@@ -78,27 +78,32 @@ class BatchMaker:
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
         clock = self.clock
-        start = perf_counter()
+        timed = clock.timed()  # (one batch in SAMPLE: base/timings)
+        start = perf_counter() if timed else 0.0
         spec = self.sampler.batch(step)
         if self._vectorised:
             treedef, columns = self._read_vectorised(spec)
-            start = clock.span(READ, start)
+            if timed:
+                start = clock.span(READ, start)
         else:
-            records = self._read_records(spec)
-            start = clock.span(LOOP, start)
+            records = self._read_records(spec, timed)
+            if timed:
+                start = clock.span(LOOP, start)
             treedef, columns = record_columns(records, spec.positions)
-        made = self._finish(spec, treedef, columns, alloc)
-        clock.span(COLLATE, start)
+        made = self._finish(spec, treedef, columns, alloc, timed)
+        if timed:
+            clock.span(COLLATE, start)
         clock.count(1, len(spec.indices), made[1].nbytes)
         return made
 
     def _finish(self, spec: BatchSpec, treedef: tree_lib.TreeDef, columns: list,
-                alloc: Callable[[int], Any] | None) -> tuple[Any, collate.Layout]:
+                alloc: Callable[[int], Any] | None, timed: bool = False
+                ) -> tuple[Any, collate.Layout]:
         """The batch of ``spec`` from its columns: the pad mask, the ``BatchMap``s, the slot."""
         if spec.valid is not None:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
         return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
-                            spec.location, alloc, self.clock)
+                            spec.location, alloc, self.clock if timed else None)
 
     def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
                    ) -> Iterator[tuple[Any, collate.Layout]]:
@@ -114,7 +119,7 @@ class BatchMaker:
             for step, alloc in zip(steps, allocs):
                 yield self.make(step, alloc)
             return
-        clock.span(READ, start)
+        clock.add(READ, perf_counter() - start)  # (a task's read: once, timed each time)
         specs, columns = gathered  # specs: None where the sampler gave the task's indices
         n = len(specs[0].indices) if specs else self.sampler.batch_size
         layout = None  # the steps' one layout, where nothing else is added to their columns
@@ -124,14 +129,16 @@ class BatchMaker:
                 layout = None  # objects that travel beside the slot: materialize's way
         for j, (step, alloc) in enumerate(zip(steps, allocs)):
             a, b = j * n, (j + 1) * n
-            start = perf_counter()
+            timed = clock.timed()
+            start = perf_counter() if timed else 0.0
             if layout is not None:
                 made = collate.write_rows(layout, columns, a, b, alloc), layout
             else:
                 spec = specs[j] if specs else self.sampler.batch(step)
                 made = self._finish(spec, *collate.gathered_columns(_rows(columns, a, b), n),
-                                    alloc)
-            clock.span(COLLATE, start)
+                                    alloc, timed)
+            if timed:
+                clock.span(COLLATE, start)
             clock.count(1, n, made[1].nbytes)
             yield made
 
@@ -185,10 +192,11 @@ class BatchMaker:
                 f"{spec.location()}: source.{name} raised {type(e).__name__}: {e}"
             ) from e
 
-    def _read_records(self, spec: BatchSpec) -> list:
-        """Each record read and transformed; a ``RandomMap`` gets its record's generator."""
+    def _read_records(self, spec: BatchSpec, timed: bool = False) -> list:
+        """Each record read and transformed; a ``RandomMap`` gets its record's generator
+        (each transform timed on a ``timed`` batch)."""
         source, epoch, run = self.source, spec.epoch, self._transforms
-        detail = bool(run) and self.clock.detailed()
+        detail = timed and bool(run)
         run.detail(detail)  # (a loop cut short by an error leaves no timers on)
         start = perf_counter()
         raw = None
@@ -234,8 +242,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             batch = t.fn(batch)
         except Exception as e:
             raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
-        if clock is not None:
-            spent = perf_counter() - start
+        if clock is not None:  # (a timed batch: its seconds count for clock.scale)
+            spent = (perf_counter() - start) * clock.scale
             clock.add(stage_name(t), spent)
             clock.add(COLLATE, -spent)
         if batch is None:

@@ -128,13 +128,14 @@ class StreamBatchMaker:
                                  f"{sorted(self._hosted)} of this process, not its")
         self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
         clock, run = self.clock, self._transforms
-        detail = bool(run) and clock.detailed()
-        run.detail(detail)
-        start = perf_counter()
+        timed = clock.timed()  # (one batch in SAMPLE: base/timings)
+        run.detail(timed and bool(run))
+        start = perf_counter() if timed else 0.0
         records = self._filtered(step) if run.filters else self._taken(step)
-        if detail:
-            clock.loop_detail(perf_counter() - start, run.spent)
-        start = clock.span(LOOP, start)
+        if timed:
+            if run:
+                clock.loop_detail(perf_counter() - start, run.spent)
+            start = clock.span(LOOP, start)
         real = len(records)
         treedef, columns = record_columns(self._padded(step, records))
         if self.mask_key is not None:  # a pass that ends: True on the records
@@ -142,8 +143,9 @@ class StreamBatchMaker:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
                                                 "StreamLoader(num_epochs=...)")
         made = finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
-                            lambda: self.location(step), alloc, clock)
-        clock.span(COLLATE, start)
+                            lambda: self.location(step), alloc, clock if timed else None)
+        if timed:
+            clock.span(COLLATE, start)
         clock.count(1, real, made[1].nbytes)
         return made
 
