@@ -8,18 +8,19 @@
       ──(a worker: with each Done)──>   main process: one clock a worker, + hand-over,
                                            placement, the consumer's wait and step
 
-A process's first ``SAMPLE`` batches are timed, then one in ``SAMPLE``, its stages' seconds
-counted ``SAMPLE`` times (timers on every batch cost ~5% of a small batch made in process);
-batches, records and bytes are counted on each. On a timed batch the record loop (a source's records read one by
-one and each transform run on it) is timed in detail too (a timer a transform a record costs
-about what a small ``Map`` does), its split between the read and each transform applied to
-the loop's time. While tracing (a profile), every batch is timed.
+A process's first ``SAMPLE`` batches are timed, then one in ``SAMPLE`` (timers on every batch
+cost ~5% of a small batch made in process): a stage's seconds are the timed batches' mean a
+batch times the batches made, each of which is counted; records and bytes likewise. On a
+timed batch the record loop (a source's records read one by one and each transform run on
+it) is timed in detail too (a timer a transform a record costs about what a small ``Map``
+does), its split between the read and each transform applied to the loop's time. While tracing (a profile),
+every batch is timed. A slot wait is timed each time (it is also inside the collation's time).
 
 Example:
     >>> clock = StageClock()
-    >>> clock.add(READ, 0.25); clock.add(COLLATE, 0.5); clock.count(1, 32, 4096)
-    >>> clock.stages()
-    {'read': 0.25, 'collate': 0.5}
+    >>> clock.add(SLOT_WAIT, 0.25)  # timed each time it happens
+    >>> clock.take()[0]
+    (('slot wait', 0.25),)
 """
 
 from __future__ import annotations
@@ -43,43 +44,57 @@ SAMPLE = 16  # one batch in this many is timed (and its times scaled by it); one
 
 
 class StageClock:
-    """Seconds by stage, batches, records and bytes; see the module docstring."""
+    """Seconds by stage, batches, records and bytes; see the module docstring.
+
+    Example:
+        >>> clock = StageClock()
+        >>> for _ in range(3):  # three batches made, each timed (the first SAMPLE are)
+        ...     clock.made += 1
+        ...     _ = clock.span(READ, perf_counter() - 0.25)
+        ...     clock.count(32, 4096)
+        >>> stages, batches, records, nbytes, _ = clock.take()
+        >>> [(stage, round(s, 2)) for stage, s in stages], batches, records
+        ([('read', 0.75)], 3, 96)
+    """
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.batches = self.records = self.bytes = 0
-        self.split: dict[str, float] = {}  # the record loop's detail, of the detailed batches
+        self.exact: dict[str, float] = {}  # seconds of what is timed each time, since take()
+        self.sampled: dict[str, float] = {}  # seconds of the timed batches, since made
+        self.split: dict[str, float] = {}  # the record loop's detail, of the timed batches
         self.trace: list | None = None  # (stage, start, end) a stage of a batch, when tracing
-        self.scale = SAMPLE  # what a timed batch's seconds count for (1 while tracing)
-        self._batches = 0
+        self.made = 0  # batches made since the clock was made (``batches``: since ``take``)
+        self._taken = 0
+        self._sized = [0, 0, 0]  # timed batches, their records and bytes, since made
 
     def add(self, stage: str, seconds: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+        """``seconds`` of ``stage`` timed each time it happens (a task's read, a slot wait)."""
+        self.exact[stage] = self.exact.get(stage, 0.0) + seconds
+
+    def add_sampled(self, stage: str, seconds: float) -> None:
+        """``seconds`` of ``stage`` in a timed batch."""
+        self.sampled[stage] = self.sampled.get(stage, 0.0) + seconds
 
     def span(self, stage: str, start: float) -> float:
-        """Adds the time from ``start`` to now, scaled, to ``stage`` (and the trace); returns
-        now."""
+        """Adds the time from ``start`` to now to ``stage`` of this timed batch (and to the
+        trace); returns now."""
         now = perf_counter()
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + (now - start) * self.scale
+        self.sampled[stage] = self.sampled.get(stage, 0.0) + (now - start)
         if self.trace is not None:
             self.trace.append((stage, start, now))
         return now
 
-    def count(self, batches: int, records: int, nbytes: int) -> None:
-        self.batches += batches
-        self.records += records
-        self.bytes += nbytes
+    def count(self, records: int, nbytes: int) -> None:
+        """A timed batch is made: its records and bytes."""
+        self._sized[0] += 1
+        self._sized[1] += records
+        self._sized[2] += nbytes
 
-    def timed(self) -> bool:
-        """Whether the batch about to be made is timed: each of the first ``SAMPLE`` and
-        while tracing, then one in ``SAMPLE`` (counted ``SAMPLE`` times). A timed batch's
-        record loop is timed in detail too."""
-        self._batches += 1
-        if self._batches <= SAMPLE or self.trace is not None:
-            self.scale = 1
-            return True
-        self.scale = SAMPLE
-        return self._batches % SAMPLE == 0
+    def due(self) -> bool:
+        """Whether the batch just counted (``made``) is timed: each of the first ``SAMPLE``
+        and while tracing, then one in ``SAMPLE``. A maker asks it inline (``made <= SAMPLE
+        or not made % SAMPLE or trace``: a call a batch costs what the timers cost); this is
+        that test, for the record."""
+        return self.made <= SAMPLE or not self.made % SAMPLE or self.trace is not None
 
     def loop_detail(self, total: float, transforms: dict[str, float]) -> None:
         """A detailed record loop: ``total`` seconds, of which ``transforms`` (by name); the
@@ -89,26 +104,28 @@ class StageClock:
         for name, seconds in transforms.items():
             self.split[name] = self.split.get(name, 0.0) + seconds
 
-    def stages(self) -> dict[str, float]:
-        """Seconds by stage, the record loop's time split by its measured shares."""
-        out = dict(self.seconds)
-        loop = out.pop(LOOP, 0.0)
+    def take(self) -> tuple:
+        """What a worker sends with a ``Done`` for the batches made since the last: ``(stages,
+        batches, records, bytes, trace)``, each sampled stage at the timed batches' mean a
+        batch (the record loop split by its measured shares), records and bytes at their
+        size; then starts again from zero (the samples stay: means over the clock's life)."""
+        batches, (timed, records, nbytes) = self.made - self._taken, self._sized
+        each = batches / timed if timed else 0.0
+        out = dict(self.exact)
+        sampled = dict(self.sampled)
+        loop = sampled.pop(LOOP, 0.0)
         if loop:
             whole = sum(self.split.values())
             for name, part in (self.split.items() if whole else ((READ, 1.0),)):
-                out[name] = out.get(name, 0.0) + loop * part / (whole or 1.0)
-        return out
-
-    def take(self) -> tuple:
-        """What a worker sends with a task's ``Done``, then starts again from zero (the split
-        stays: it is a share): ``(stages, batches, records, bytes, trace)``."""
-        out = (tuple(self.stages().items()), self.batches, self.records, self.bytes,
-               self.trace)
-        self.seconds = {}
-        self.batches = self.records = self.bytes = 0
+                sampled[name] = sampled.get(name, 0.0) + loop * part / (whole or 1.0)
+        for stage, seconds in sampled.items():
+            out[stage] = out.get(stage, 0.0) + seconds * each
+        taken = (tuple(out.items()), batches, round(records * each), round(nbytes * each),
+                 self.trace)
+        self.exact, self._taken = {}, self.made
         if self.trace is not None:
             self.trace = []
-        return out
+        return taken
 
 
 def timed_calls(fns: list[tuple[str, Callable[..., Any]]], into: dict[str, float]

@@ -35,7 +35,7 @@ from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.base.string_column import StringColumn
-from jaxloader.base.timings import COLLATE, LOOP, READ, StageClock, stage_name
+from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
 from jaxloader.batching.record_transforms import RecordTransforms
 from jaxloader.batching.transforms import BatchMap, returned_none
 
@@ -78,7 +78,8 @@ class BatchMaker:
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
         clock = self.clock
-        timed = clock.timed()  # (one batch in SAMPLE: base/timings)
+        clock.made += 1  # is it timed (StageClock.due, asked without a call: base/timings)
+        timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
         start = perf_counter() if timed else 0.0
         spec = self.sampler.batch(step)
         if self._vectorised:
@@ -93,7 +94,7 @@ class BatchMaker:
         made = self._finish(spec, treedef, columns, alloc, timed)
         if timed:
             clock.span(COLLATE, start)
-        clock.count(1, len(spec.indices), made[1].nbytes)
+            clock.count(len(spec.indices), made[1].nbytes)
         return made
 
     def _finish(self, spec: BatchSpec, treedef: tree_lib.TreeDef, columns: list,
@@ -129,7 +130,8 @@ class BatchMaker:
                 layout = None  # objects that travel beside the slot: materialize's way
         for j, (step, alloc) in enumerate(zip(steps, allocs)):
             a, b = j * n, (j + 1) * n
-            timed = clock.timed()
+            clock.made += 1  # (StageClock.due)
+            timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
             start = perf_counter() if timed else 0.0
             if layout is not None:
                 made = collate.write_rows(layout, columns, a, b, alloc), layout
@@ -139,7 +141,7 @@ class BatchMaker:
                                     alloc, timed)
             if timed:
                 clock.span(COLLATE, start)
-            clock.count(1, n, made[1].nbytes)
+                clock.count(n, made[1].nbytes)
             yield made
 
     def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec] | None, dict] | None:
@@ -242,10 +244,10 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             batch = t.fn(batch)
         except Exception as e:
             raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
-        if clock is not None:  # (a timed batch: its seconds count for clock.scale)
-            spent = (perf_counter() - start) * clock.scale
-            clock.add(stage_name(t), spent)
-            clock.add(COLLATE, -spent)
+        if clock is not None:  # (a timed batch)
+            spent = perf_counter() - start
+            clock.add_sampled(stage_name(t), spent)
+            clock.add_sampled(COLLATE, -spent)
         if batch is None:
             raise returned_none(where(), t)
     treedef, columns = batch_columns(batch, size)

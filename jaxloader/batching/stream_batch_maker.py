@@ -38,7 +38,7 @@ from jaxloader.batching import collate
 from jaxloader.batching.record_columns import record_columns
 from jaxloader.base.checks import POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import JaxloaderError, RecordError
-from jaxloader.base.timings import COLLATE, LOOP, StageClock
+from jaxloader.base.timings import COLLATE, LOOP, SAMPLE, StageClock
 from jaxloader.batching.batch_maker import finish_batch
 from jaxloader.streams.contract import ReadableStream, RecordReader
 from jaxloader.streams.packed import PackedStream
@@ -128,7 +128,8 @@ class StreamBatchMaker:
                                  f"{sorted(self._hosted)} of this process, not its")
         self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
         clock, run = self.clock, self._transforms
-        timed = clock.timed()  # (one batch in SAMPLE: base/timings)
+        clock.made += 1  # is it timed (StageClock.due, asked without a call: base/timings)
+        timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
         run.detail(timed and bool(run))
         start = perf_counter() if timed else 0.0
         records = self._filtered(step) if run.filters else self._taken(step)
@@ -146,7 +147,7 @@ class StreamBatchMaker:
                             lambda: self.location(step), alloc, clock if timed else None)
         if timed:
             clock.span(COLLATE, start)
-        clock.count(1, real, made[1].nbytes)
+            clock.count(real, made[1].nbytes)
         return made
 
     def _taken(self, step: int) -> list:

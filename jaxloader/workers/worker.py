@@ -37,7 +37,7 @@ from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from jaxloader.base.timings import COLLATE, SLOT_WAIT, StageClock
+from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
 from jaxloader.engines.in_process import Maker, StreamMaker
 from jaxloader.workers import payload, protocol
@@ -106,9 +106,7 @@ class _Lease:
             start = time.perf_counter()
             protocol.send(self._inbox.conn, Grow(self.task_id, self.nth, nbytes))
             _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id, self.nth)
-            waited = time.perf_counter() - start  # (inside the collation's time: moved)
-            self._clock.add(SLOT_WAIT, waited)
-            self._clock.add(COLLATE, -waited)
+            self._clock.add(SLOT_WAIT, time.perf_counter() - start)  # (collation's too)
         return self._slots.get(self.name, self.size)[:nbytes]
 
 
