@@ -103,7 +103,10 @@ def auto_run(name: str, seconds: float, best: float) -> dict:
 
 def grain_run(name: str, seconds: float) -> dict:
     import grain
+    from absl import flags
     from grain import experimental
+
+    flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; we pass none
 
     source, transforms, batch = case(name)
     ds = grain.MapDataset.source(source)
