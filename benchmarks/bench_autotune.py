@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import numpy as np
 
@@ -68,16 +69,20 @@ def loader(name: str, workers: int | str) -> jl.DataLoader:
                          num_epochs=None, **ONE)
 
 
+def rate(it: Any, seconds: float) -> float:
+    """Batches a second of ``it`` over ``seconds``, after 10 (the start)."""
+    for _ in range(10):
+        next(it)
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        next(it)
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
 def fixed_rate(name: str, workers: int, seconds: float) -> float:
     with loader(name, workers) as dl:
-        it = iter(dl)
-        for _ in range(10):
-            next(it)
-        start, n = time.perf_counter(), 0
-        while time.perf_counter() - start < seconds:
-            next(it)
-            n += 1
-        return n / (time.perf_counter() - start)
+        return rate(iter(dl), seconds)
 
 
 def auto_run(name: str, seconds: float, best: float) -> dict:
@@ -117,15 +122,7 @@ def grain_run(name: str, seconds: float) -> dict:
                                                   max_buffer_size=None)
     workers = config.multiprocessing_options.num_workers
     it = iter(ds.mp_prefetch(config.multiprocessing_options) if workers else ds)
-    for _ in range(10):
-        next(it)
-    start, n = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
-        next(it)
-        n += 1
-    rate = n / (time.perf_counter() - start)
-    del it
-    return {"workers": workers, "rate": rate}
+    return {"workers": workers, "rate": rate(it, seconds)}
 
 
 def main() -> None:

@@ -9,17 +9,12 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from busy import WaitingSource, spin
 from jaxloader.base.stats import LoaderStats
 from jaxloader.loaders.diagnosis import diagnose
 
 ONE = {"process_index": 0, "process_count": 1}
 
-
-def spin(seconds):
-    """Busy for ``seconds`` of CPU (a CPU-heavy transform)."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 def heavy(record):
@@ -30,19 +25,6 @@ def heavy(record):
 def light(record):
     return record
 
-
-class SleepySource:
-    """A source whose reads wait 2 ms a record (storage)."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(0.002)
-        return {"x": np.float32(i)}
 
 
 def arrays(n=4096):
@@ -72,7 +54,7 @@ def test_one_worker_and_a_cpu_heavy_transform_is_the_workers():
 
 
 def test_a_source_whose_reads_sleep_is_the_source_and_more_workers_than_cores_are_advised():
-    stats, d = run(jl.DataLoader(SleepySource(512), batch_size=8, num_workers=1, **ONE), 12)
+    stats, d = run(jl.DataLoader(WaitingSource(512), batch_size=8, num_workers=1, **ONE), 12)
     assert d.bottleneck == "source", str(d)
     assert "reads wait" in d.advice[0] and "more workers than cores" in d.advice[0]
     assert stats.workers[0].cpu_s < 0.5 * stats.workers[0].busy_s  # the waits are off the CPU

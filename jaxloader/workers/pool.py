@@ -42,10 +42,11 @@ from jaxloader.base.errors import SharedMemoryError, WorkerError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import HANDOVER, SAMPLE, Gauges
 from jaxloader.engines.in_process import Maker
-from jaxloader.workers import failures, payload, protocol, tasks
+from jaxloader.workers import failures, payload, protocol
 from jaxloader.workers.process import stop_all
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
+from jaxloader.workers.tasks import Failure, InFlight, steps_per_task, tasks_ahead
 from jaxloader.workers.roster import Roster
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers.status import StatusBoard
@@ -116,7 +117,7 @@ class WorkerPool:
                               gauges=self.gauges, active=None if old is None else old.target)
         self._workers = self.roster.workers
         self._finalizer = weakref.finalize(self, stop_all, self._workers, self._ring)
-        self._tasks: dict[int, tasks.InFlight] = {}
+        self._tasks: dict[int, InFlight] = {}
         self._next_task = 0
         self._run = 0
         self._waiting, self._receives = False, 0  # in poll(): an interrupt there leaves no mess
@@ -162,7 +163,8 @@ class WorkerPool:
         ``s`` is then made by worker ``s % num_workers``, and the reader state after each
         batch handed out is put in ``reports[step]``."""
         with self._driver:  # never held across a yield (``jaxloader.base.interrupts``, 3)
-            self._raise_if_broken()
+            if self._broken is not None:
+                raise self._broken
             if self._mixed_up:
                 self._restart()
             if resets is not None and self.roster.target != self.roster.active:
@@ -197,7 +199,7 @@ class WorkerPool:
                         self._receive(run, ready, awaited=next_yield)
                         continue
                     made = ready.pop(next_yield)  # (segment, layout, objects, report) or a
-                    if type(made) is tasks.Failure:  # raised in order, at its turn
+                    if type(made) is Failure:  # raised in order, at its turn
                         self._break(*made)
                     if reports is not None:
                         reports[next_yield] = made[3]
@@ -223,7 +225,7 @@ class WorkerPool:
             with self._driver:
                 self._waiting = False
                 for made in ready.values():
-                    if type(made) is not tasks.Failure:
+                    if type(made) is not Failure:
                         self._ring.give_back(made[0])
 
     def _task_shape(self, streaming: bool) -> tuple[int, int]:
@@ -233,8 +235,8 @@ class WorkerPool:
         shape = self._shapes.get(key)
         if shape is None:
             size = self._ring.slot_size
-            steps = tasks.steps_per_task(size, streaming)
-            shape = self._shapes[key] = (steps, tasks.tasks_ahead(
+            steps = steps_per_task(size, streaming)
+            shape = self._shapes[key] = (steps, tasks_ahead(
                 size, steps, self._prefetch, self.roster.active))
         return shape
 
@@ -256,7 +258,7 @@ class WorkerPool:
         segments = [self._ring.take(worker) for _ in range(count)]
         task_id = self._next_task
         self._next_task += 1
-        self._tasks[task_id] = tasks.InFlight(worker, first, self.roster.active, run, segments)
+        self._tasks[task_id] = InFlight(worker, first, self.roster.active, run, segments)
         self.roster.in_flight[worker] += 1
         self._send(worker, Task(task_id, first, self.roster.active,
                                 tuple((s.name, s.size) for s in segments), reset,
@@ -339,9 +341,9 @@ class WorkerPool:
             if error is not None:
                 self._break(error, None)
 
-    def _worker_failed(self, worker: int, failed: Failed) -> tasks.Failure:
+    def _worker_failed(self, worker: int, failed: Failed) -> Failure:
         """The error to raise, and its cause, for a worker's failure report."""
-        return tasks.Failure(*failures.raised(worker, self._workers[worker].pid, failed,
+        return Failure(*failures.raised(worker, self._workers[worker].pid, failed,
                                          self._maker.location))
 
     def _worker_died(self, worker: int) -> NoReturn:
@@ -365,10 +367,6 @@ class WorkerPool:
         self._send_payload()
         self._mixed_up = False
         self.restarts += 1
-
-    def _raise_if_broken(self) -> None:
-        if self._broken is not None:
-            raise self._broken
 
     def close(self) -> None:
         """Stops the workers (signal, drain, join, kill) and unlinks every segment. Idempotent;
