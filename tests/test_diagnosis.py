@@ -162,3 +162,16 @@ def test_profile_runs_each_count_and_draws_the_timeline(tmp_path):
     assert report.runs[1].diagnosis.bottleneck == "workers"
     assert any(report.runs[1].trace[0]) and out.read_bytes()[:4] == b"\x89PNG"
     assert report._repr_png_() == out.read_bytes() and "the fastest" in str(report)
+
+
+def test_copies_to_the_device_while_the_workers_idle_are_the_device():
+    from jaxloader.base.stats import WorkerStats
+
+    idle = WorkerStats(0, 1, 100, 3200, 1 << 20, busy_s=0.3, cpu_s=0.3,
+                       stages={"read": 0.1, "collate": 0.2})
+    stats = LoaderStats(batches=100, wait_s=2.0, run_s=1.0, wall_s=3.0, batches_made=100,
+                        stages={"read": 0.1, "collate": 0.2, "hand-over": 0.01,
+                                "placement": 1.8, "consumer wait": 2.0, "step": 1.0},
+                        workers=(idle,))
+    d = diagnose(stats, num_workers=1, cores=4)
+    assert d.bottleneck == "device" and "device placement takes 18.0 ms a batch" in d.advice[0]

@@ -9,8 +9,9 @@
                                            placement, the consumer's wait and step
 
 A process's first ``SAMPLE`` batches are timed, then one in ``SAMPLE`` (timers on every batch
-cost ~5% of a small batch made in process): a stage's seconds are the timed batches' mean a
-batch times the batches made, each of which is counted; records and bytes likewise. On a
+cost ~5% of a small batch made in process): the time a process worked (each task's, or each
+batch's in process: exact) is split by the timed batches' shares of each stage; batches are
+counted each, records and bytes at the timed batches' mean size. On a
 timed batch the record loop (a source's records read one by one and each transform run on
 it) is timed in detail too (a timer a transform a record costs about what a small ``Map``
 does), its split between the read and each transform applied to the loop's time. While tracing (a profile),
@@ -19,7 +20,7 @@ every batch is timed. A slot wait is timed each time (it is also inside the coll
 Example:
     >>> clock = StageClock()
     >>> clock.add(SLOT_WAIT, 0.25)  # timed each time it happens
-    >>> clock.take()[0]
+    >>> clock.take(busy=0.25)[0]
     (('slot wait', 0.25),)
 """
 
@@ -52,9 +53,9 @@ class StageClock:
         ...     clock.made += 1
         ...     _ = clock.span(READ, perf_counter() - 0.25)
         ...     clock.count(32, 4096)
-        >>> stages, batches, records, nbytes, _ = clock.take()
+        >>> stages, batches, records, nbytes, _ = clock.take(busy=0.8)
         >>> [(stage, round(s, 2)) for stage, s in stages], batches, records
-        ([('read', 0.75)], 3, 96)
+        ([('read', 0.8)], 3, 96)
     """
 
     def __init__(self) -> None:
@@ -104,11 +105,13 @@ class StageClock:
         for name, seconds in transforms.items():
             self.split[name] = self.split.get(name, 0.0) + seconds
 
-    def take(self) -> tuple:
-        """What a worker sends with a ``Done`` for the batches made since the last: ``(stages,
-        batches, records, bytes, trace)``, each sampled stage at the timed batches' mean a
-        batch (the record loop split by its measured shares), records and bytes at their
-        size; then starts again from zero (the samples stay: means over the clock's life)."""
+    def take(self, busy: float) -> tuple:
+        """What a worker sends with a ``Done`` for the batches made since the last, ``busy``
+        seconds of work: ``(stages, batches, records, bytes, trace)``. What is timed each time
+        is as timed; the rest of ``busy`` is split by the timed batches' shares of each
+        stage (the record loop's by its measured detail): the stages add up to the time
+        worked, never more. Records and bytes at the timed batches' mean size. Then starts
+        again from zero (the samples stay: shares over the clock's life)."""
         batches, (timed, records, nbytes) = self.made - self._taken, self._sized
         each = batches / timed if timed else 0.0
         out = dict(self.exact)
@@ -118,8 +121,11 @@ class StageClock:
             whole = sum(self.split.values())
             for name, part in (self.split.items() if whole else ((READ, 1.0),)):
                 sampled[name] = sampled.get(name, 0.0) + loop * part / (whole or 1.0)
+        whole = sum(seconds for seconds in sampled.values() if seconds > 0)
+        rest = max(0.0, busy - sum(out.values()))
         for stage, seconds in sampled.items():
-            out[stage] = out.get(stage, 0.0) + seconds * each
+            if whole and seconds > 0:
+                out[stage] = out.get(stage, 0.0) + rest * seconds / whole
         taken = (tuple(out.items()), batches, round(records * each), round(nbytes * each),
                  self.trace)
         self.exact, self._taken = {}, self.made

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+from time import perf_counter
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
 from jaxloader.base.timings import Gauges, StageClock
@@ -107,6 +108,7 @@ class InProcessEngine:
         self._maker = maker
         self.gauges = Gauges(1)
         self.gauges.makers[0].pull = self._pull
+        self._busy = 0.0  # seconds spent making batches since the last pull
 
     @property
     def pids(self) -> list[int]:
@@ -126,17 +128,18 @@ class InProcessEngine:
         if (maker.clock.trace is not None) != self.gauges.trace:
             maker.clock.trace = [] if self.gauges.trace else None
         for step in steps:
+            began = perf_counter()
             batch, _ = maker.make(step)
             if stream is not None and reports is not None:
                 reports[step] = stream.report()
+            self._busy += perf_counter() - began
             yield batch
 
     def _pull(self) -> tuple:
-        """The maker's timings since the last pull, as a worker would send them (its busy and
-        CPU time: its stages' sum): read when the stats are, nothing done a batch."""
-        stages, batches, records, nbytes, trace = self._maker.clock.take()
-        busy = sum(seconds for _, seconds in stages)
-        return (busy, busy, stages, batches, records, nbytes, trace)
+        """The maker's timings since the last pull, as a worker would send them (its CPU
+        time: its busy time): read when the stats are."""
+        busy, self._busy = self._busy, 0.0
+        return (busy, busy, *self._maker.clock.take(busy))
 
     def close(self) -> None:
         """Nothing: what a maker holds open in this process is its loader's to close, once no

@@ -6,8 +6,9 @@
     batches made in the training process (num_workers=0) ──────────> "main" (or "device")
     workers busy (>= 60% of the time) ── reading the larger part ───> "source"
                                       └─ transforms, collation ────> "workers"
-    workers idle while the consumer waits ── placement the larger ──> "device"
-                                          └─ else ───────────────────> "main"
+    workers idle while the consumer waits ── the training process's work a good part of the
+                                             wait: placement the larger > "device", else "main"
+                                          └─ else (they wait for tasks or a core): as if busy
 
 The advice is measured where it can be: the cores this process may use
 (``os.sched_getaffinity``) against the workers in use, the expected gain of more workers
@@ -36,6 +37,7 @@ INPUT_BOUND = 0.10  # the consumer waiting more than this share of its time: inp
 BUSY = 0.60  # workers busy at least this share of the time: they are what the consumer waits on
 WAITS = 0.30  # a worker's busy time off the CPU above this share: its reads wait (storage)
 DOMINANT = 0.50  # a transform above this share of the workers' time is named
+MAIN_SHARE = 0.30  # the training process's work this share of the loop's wait: "main"/"device"
 _MAIN_STAGES = (HANDOVER, PLACE, WAIT, STEP)
 
 
@@ -175,15 +177,23 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> 
             advice.append(f"every core is in use ({num_workers} workers on {cores} cores): "
                           f"make {what} cheaper, or move work to the device")
     else:
-        bottleneck = "device" if place > handover else "main"
+        # The workers idle while the loop waits: the training process's own work, if it is
+        # a good part of the wait; else they wait for tasks or for a core (other processes)
+        if place + handover >= MAIN_SHARE * waited:
+            bottleneck = "device" if place > handover else "main"
+        else:
+            bottleneck = "source" if read >= made_total - read else "workers"
         if bottleneck == "device":
             advice.insert(0, f"device placement takes {1e3 * place / per:.1f} ms a batch in "
                              "the training process while the workers wait "
                              f"({busy:.0%} busy)")
-        else:
+        elif bottleneck == "main":
             advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
                              f"waits: the training process's hand-over takes "
-                             f"{1e3 * handover / per:.2f} ms a batch; a larger prefetch= "
-                             "helps where batches come in bursts")
+                             f"{1e3 * handover / per:.2f} ms a batch")
+        else:
+            advice.append(f"the workers are busy only {busy:.0%} of the time while the loop "
+                          "waits: they wait for tasks (a larger prefetch= helps where batches "
+                          "come in bursts) or for a core (other processes on these cores?)")
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers)

@@ -206,7 +206,8 @@ def serve(conn: Connection) -> None:
         busy, cpu = busy + now - began, cpu + time.process_time() - cpu_began
         timings = None
         if now >= send_at or trace or failed is not None:
-            timings, busy, cpu, send_at = (busy, cpu, *clock.take()), 0.0, 0.0, now + SEND_EVERY_S
+            timings, busy, cpu = (busy, cpu, *clock.take(busy)), 0.0, 0.0
+            send_at = now + SEND_EVERY_S
         sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
