@@ -16,7 +16,6 @@ from jaxloader.loaders.diagnosis import diagnose
 ONE = {"process_index": 0, "process_count": 1}
 
 
-
 def heavy(record):
     spin(0.0005)
     return record
@@ -24,7 +23,6 @@ def heavy(record):
 
 def light(record):
     return record
-
 
 
 def arrays(n=4096):

@@ -16,7 +16,6 @@ from jaxloader.loaders import monitor
 ONE = {"process_index": 0, "process_count": 1}
 
 
-
 def heavy(record):
     spin(0.002)
     return record
@@ -24,7 +23,6 @@ def heavy(record):
 
 def jitter(record, rng):
     return {"x": record["x"] + rng.integers(0, 1000, size=record["x"].shape)}
-
 
 
 def arrays(n=600, width=3):
