@@ -91,7 +91,8 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
     to try several counts: by default 0, 1, 2 and the cores) for ``steps`` batches a count;
     writes the picture to ``out`` (``None``: kept in memory only, ``Profile.png``)."""
     if steps < 3:
-        raise ConfigError(f"profile(steps=): expected at least 3 batches, got {steps}")
+        raise ConfigError(f"profile(steps=): expected at least 3 batches, got {steps}; the "
+                          "first includes the workers' start: 300 gives a steady picture")
     if callable(loader) and not hasattr(loader, "state_dict"):
         counts = sorted(set(workers if workers is not None else (0, 1, 2, cores_available())))
         runs = [_one(loader(num_workers=n), steps) for n in counts]
@@ -158,7 +159,8 @@ def _factory(target: str) -> Callable[..., Any]:
     if where.endswith(".py"):
         spec = importlib.util.spec_from_file_location("_profiled", where)
         if spec is None or spec.loader is None:
-            raise ConfigError(f"cannot import {where!r}")
+            raise ConfigError(f"profile: cannot import {where!r} (expected a Python file); "
+                              "pass path/to/file.py:make_loader or module:make_loader")
         module = importlib.util.module_from_spec(spec)
         sys.modules["_profiled"] = module
         spec.loader.exec_module(module)

@@ -11,11 +11,13 @@
 A process's first ``SAMPLE`` batches are timed, then one in ``SAMPLE`` (timers on every batch
 cost ~5% of a small batch made in process): the time a process worked (each task's, or each
 batch's in process: exact) is split by the timed batches' shares of each stage; batches are
-counted each, records and bytes at the timed batches' mean size. On a
-timed batch the record loop (a source's records read one by one and each transform run on
-it) is timed in detail too (a timer a transform a record costs about what a small ``Map``
-does), its split between the read and each transform applied to the loop's time. While tracing (a profile),
-every batch is timed. A slot wait is timed each time (it is also inside the collation's time).
+counted each, records and bytes at the timed batches' mean size. On a timed batch the record
+loop (a source's records read one by one and each transform run on it) is timed in detail too
+(a timer a transform a record costs about what a small ``Map`` does), its split between the
+read and each transform applied to the loop's time. While tracing (a profile), every batch is
+timed (a maker asks ``made <= SAMPLE or not made % SAMPLE or trace`` inline: a call a batch
+would cost what the timers cost). A slot wait is timed each time (it is also inside the
+collation's time).
 
 Example:
     >>> clock = StageClock()
@@ -40,7 +42,6 @@ PLACE = "placement"  # device_put of the batch (sharding)
 WAIT = "consumer wait"  # the training loop inside next()
 STEP = "step"  # the training loop between next() calls
 LOOP = "record loop"  # (internal) the read and record transforms of one batch, before the split
-WORKER_STAGES = (READ, COLLATE, SLOT_WAIT)
 SAMPLE = 16  # one batch in this many is timed (and its times scaled by it); one hand-over too
 
 
@@ -89,13 +90,6 @@ class StageClock:
         self._sized[0] += 1
         self._sized[1] += records
         self._sized[2] += nbytes
-
-    def due(self) -> bool:
-        """Whether the batch just counted (``made``) is timed: each of the first ``SAMPLE``
-        and while tracing, then one in ``SAMPLE``. A maker asks it inline (``made <= SAMPLE
-        or not made % SAMPLE or trace``: a call a batch costs what the timers cost); this is
-        that test, for the record."""
-        return self.made <= SAMPLE or not self.made % SAMPLE or self.trace is not None
 
     def loop_detail(self, total: float, transforms: dict[str, float]) -> None:
         """A detailed record loop: ``total`` seconds, of which ``transforms`` (by name); the

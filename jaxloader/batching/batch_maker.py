@@ -78,7 +78,7 @@ class BatchMaker:
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
         clock = self.clock
-        clock.made += 1  # is it timed (StageClock.due, asked without a call: base/timings)
+        clock.made += 1  # is it timed (the rule of base/timings, asked inline)
         timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
         start = perf_counter() if timed else 0.0
         spec = self.sampler.batch(step)
@@ -130,7 +130,7 @@ class BatchMaker:
                 layout = None  # objects that travel beside the slot: materialize's way
         for j, (step, alloc) in enumerate(zip(steps, allocs)):
             a, b = j * n, (j + 1) * n
-            clock.made += 1  # (StageClock.due)
+            clock.made += 1  # (timed: base/timings' rule)
             timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
             start = perf_counter() if timed else 0.0
             if layout is not None:

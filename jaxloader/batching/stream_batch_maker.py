@@ -128,7 +128,7 @@ class StreamBatchMaker:
                                  f"{sorted(self._hosted)} of this process, not its")
         self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
         clock, run = self.clock, self._transforms
-        clock.made += 1  # is it timed (StageClock.due, asked without a call: base/timings)
+        clock.made += 1  # is it timed (the rule of base/timings, asked inline)
         timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
         run.detail(timed and bool(run))
         start = perf_counter() if timed else 0.0
