@@ -42,7 +42,7 @@ PLACE = "placement"  # device_put of the batch (sharding)
 WAIT = "consumer wait"  # the training loop inside next()
 STEP = "step"  # the training loop between next() calls
 LOOP = "record loop"  # (internal) the read and record transforms of one batch, before the split
-SAMPLE = 16  # one batch in this many is timed (and its times scaled by it); one hand-over too
+SAMPLE = 16  # one batch in this many is timed (times scaled by it), one hand-over; a power of 2
 
 
 class StageClock:

@@ -110,7 +110,7 @@ class WorkerPool:
         """Starts the interpreters (their imports overlap with what follows) and a
         fresh ring; the bookkeeping of tasks starts empty."""
         self._ring = SlotRing()
-        self._shapes: dict[tuple[int, bool], tuple[int, int]] = {}  # _task_shape's
+        self._shapes: dict[tuple[int, bool], tuple[int, int, int]] = {}  # _task_shape's
         old = getattr(self, "_roster", None)  # (a restart: as many workers, as many in use)
         self.roster = Roster(self._initial if old is None else len(old.workers),
                               capacity=self._capacity, start_method=self._start_method,
@@ -180,10 +180,10 @@ class WorkerPool:
             while stop is None or next_yield < stop:
                 with self._driver:
                     while stop is None or next_submit < stop:
-                        roster = self.roster
-                        steps, ahead = self._task_shape(streaming)
-                        if next_submit - next_yield >= roster.active * ahead * steps:
+                        steps, ahead, room = self._task_shape(streaming)
+                        if next_submit - next_yield >= room:
                             break
+                        roster = self.roster
                         # A task done but not read yet still counts as in flight: read what
                         # has come first, or its worker waits for work it could be doing
                         if roster.busiest() >= ahead and not (
@@ -206,7 +206,7 @@ class WorkerPool:
                     next_yield += 1
                     # Made under the lock, held by nothing while suspended at the yield (a
                     # local would keep the slot lent until the next resume); timed one in SAMPLE
-                    if (next_yield - start) % SAMPLE:
+                    if next_yield & (SAMPLE - 1):  # (SAMPLE: a power of two)
                         handed = [self._ring.hand_out(*made[:3])]
                     else:
                         began = perf_counter()
@@ -228,16 +228,17 @@ class WorkerPool:
                     if type(made) is not Failure:
                         self._ring.give_back(made[0])
 
-    def _task_shape(self, streaming: bool) -> tuple[int, int]:
-        """``(steps a task, tasks ahead a worker)`` for the ring's slot size now; computed
-        again only when that size changes (it is asked for every batch handed out)."""
+    def _task_shape(self, streaming: bool) -> tuple[int, int, int]:
+        """``(steps a task, tasks ahead a worker, steps ahead in all)`` for the ring's slot
+        size now; computed again only when that size changes (asked for every batch handed
+        out)."""
         key = (self._ring.slot_size, streaming)  # (emptied when the workers in use change)
         shape = self._shapes.get(key)
         if shape is None:
             size = self._ring.slot_size
             steps = steps_per_task(size, streaming)
-            shape = self._shapes[key] = (steps, tasks_ahead(
-                size, steps, self._prefetch, self.roster.active))
+            ahead = tasks_ahead(size, steps, self._prefetch, self.roster.active)
+            shape = self._shapes[key] = (steps, ahead, self.roster.active * ahead * steps)
         return shape
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
@@ -275,14 +276,17 @@ class WorkerPool:
         """Blocks until some worker reports (with ``block``, while the consumer awaits step
         ``awaited``; else reads only what has come); files its result or raises its failure.
         Whether a report was read."""
+        roster = self.roster
         self._waiting = True  # (readable, or hung up (EOF) or failed: all reported)
-        events = self._wait(awaited) if block else self.roster.poller.poll(0)
+        events = self._wait(awaited) if block else roster.poller.poll(0)
         self._waiting = False
+        if not events:
+            return False
         self._receives += 1
-        timed = not self._receives % SAMPLE  # (the hand-over's sample: its reads too)
+        timed = not self._receives & (SAMPLE - 1)  # (the hand-over's sample: its reads too)
         began = perf_counter() if timed else 0.0
         for fd, _ in events:
-            worker = self.roster.by_fd[fd]
+            worker = roster.by_fd[fd]
             try:
                 message = protocol.receive(self._workers[worker].conn)
             except (EOFError, ConnectionResetError, OSError):
@@ -291,7 +295,7 @@ class WorkerPool:
                 if message.timings is not None:
                     self.gauges.makers[worker].absorb(message.timings)
                 task = self._tasks[message.task_id]
-                segments, layouts = task.segments, self.roster.layouts
+                segments, layouts = task.segments, roster.layouts
                 for nth, layout, objects, report in message.made:
                     if layout is not None:
                         layouts[worker] = layout
@@ -303,7 +307,7 @@ class WorkerPool:
                         self._ring.give_back(segment)
                 if segments.count(None) == len(segments):  # every step back: the task is done
                     del self._tasks[message.task_id]
-                    self.roster.in_flight[worker] -= 1
+                    roster.in_flight[worker] -= 1
             elif type(message) is Grow:
                 segments = self._tasks[message.task_id].segments
                 segment = self._ring.grow(segments[message.nth], message.nbytes)
@@ -323,7 +327,7 @@ class WorkerPool:
                     ready[message.step] = failure
         if timed:
             self.gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
-        return bool(events)
+        return True
 
     def _wait(self, awaited: int | None) -> list:
         """``poll()`` until a worker reports; a long wait for step ``awaited`` is said, or an
