@@ -44,6 +44,7 @@ from jaxloader.loaders.diagnosis import Diagnosis
 from jaxloader.loaders.stream_loader import StreamLoader
 from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Stream, TarShard,
                                TextShard)
+from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.transforms import BatchMap, Filter, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 from jaxloader.profiling import profile
@@ -62,6 +63,7 @@ __all__ = [
     "FilteredSource",
     "IterableShard",
     "JaxloaderError",
+    "JitMap",
     "JsonlShard",
     "LoaderIterator",
     "LoaderStats",

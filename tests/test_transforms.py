@@ -131,5 +131,5 @@ def test_an_object_with_a_map_method_not_from_grain_is_still_refused():
     class Mapper:
         def map(self, element):
             return element
-    with pytest.raises(jl.ConfigError, match=r"expected Map, RandomMap, BatchMap or a callable"):
+    with pytest.raises(jl.ConfigError, match=r"expected Map, RandomMap, BatchMap, JitMap or a callable"):
         jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, transforms=[Mapper()])

@@ -37,6 +37,7 @@ from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
 from jaxloader.batching.record_transforms import RecordTransforms
+from jaxloader.batching.jit_map import JitMap, aligned
 from jaxloader.batching.transforms import BatchMap, returned_none
 
 
@@ -104,7 +105,8 @@ class BatchMaker:
         if spec.valid is not None:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
         return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
-                            spec.location, alloc, self.clock if timed else None)
+                            spec.location, alloc, self.clock if timed else None,
+                            (self.sampler.seed, spec.epoch, spec.positions))
 
     def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
                    ) -> Iterator[tuple[Any, collate.Layout]]:
@@ -231,19 +233,28 @@ def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
 
 def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
                  where: Callable[[], str], alloc: Callable[[int], Any] | None = None,
-                 clock: StageClock | None = None) -> tuple[Any, collate.Layout]:
-    """The batch of ``columns`` after the ``BatchMap``s, written into ``alloc`` when given;
-    ``where()`` names it in an error. Each ``BatchMap``'s seconds go to ``clock`` under its
-    name, taken off its collation (which the caller times whole)."""
+                 clock: StageClock | None = None, keyed: tuple = (0, 0, None)
+                 ) -> tuple[Any, collate.Layout]:
+    """The batch of ``columns`` after the ``BatchMap``s and ``JitMap``s, written into
+    ``alloc`` when given; ``where()`` names it in an error; ``keyed``: ``(seed, epoch,
+    positions)`` of its records, a ``JitMap``'s keys. Each transform's seconds go to ``clock``
+    under its name, taken off its collation (which the caller times whole)."""
     if not batch_transforms:
         return collate.materialize(treedef, columns, alloc)
-    batch, _ = collate.materialize(treedef, columns)
-    for t in batch_transforms:
+    # A JitMap's input at 64-byte aligned addresses: XLA then reads it where it is, no copy
+    to_xla = type(batch_transforms[0]) is JitMap and not any(c.dtype.hasobject for c in columns)
+    batch, _ = collate.materialize(treedef, columns, aligned if to_xla else None)
+    seed, epoch, positions = keyed
+    for i, t in enumerate(batch_transforms):
         start = perf_counter()
-        try:
-            batch = t.fn(batch)
-        except Exception as e:
-            raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
+        if type(t) is JitMap:  # (its errors name the batch, the transform and the remedy)
+            batch = t(batch, seed=seed, epoch=epoch, index=i, where=where,
+                      positions=np.arange(size) if positions is None else positions)
+        else:
+            try:
+                batch = t.fn(batch)
+            except Exception as e:
+                raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
         if clock is not None:  # (a timed batch)
             spent = perf_counter() - start
             clock.add_sampled(stage_name(t), spent)

@@ -15,7 +15,8 @@ batch, in worker ``s % W``, which hosts readers ``w, w + W, ...`` (``W`` divides
 process one maker hosts all ``K``). A batch is the same whichever worker makes it, so a
 state restores into any worker count that divides ``K``. A ``RandomMap``
 gets a generator keyed by ``(seed, (step * process_count + process) * batch_size + row)``, and
-by how many records a ``Filter`` dropped at that row before (each try its own numbers).
+by how many records a ``Filter`` dropped at that row before (each try its own numbers); a
+``JitMap``'s keys are those of the row.
 
 Example:
     >>> from jaxloader.streams.reader import Stream
@@ -143,8 +144,10 @@ class StreamBatchMaker:
             valid = np.arange(self.batch_size) < len(records)
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
                                                 "StreamLoader(num_epochs=...)")
+        first = (step * self.process_count + self.process_index) * self.batch_size
         made = finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
-                            lambda: self.location(step), alloc, clock if timed else None)
+                            lambda: self.location(step), alloc, clock if timed else None,
+                            (self.seed, 0, np.arange(first, first + self.batch_size)))
         if timed:
             clock.span(COLLATE, start)
             clock.count(real, made[1].nbytes)

@@ -5,12 +5,14 @@
   from ``(seed, epoch, position, transform index)``, never from the worker running it, so the
   result does not depend on the worker count or on a restore.
 - ``BatchMap(fn)``: ``fn(batch) -> batch`` after collation, on the stacked NumPy batch.
+- ``JitMap(fn)`` (``jit_map.py``): ``fn(record[, key])`` in ``jax.numpy``, run over the collated
+  batch, vectorised and compiled by XLA for the host CPU; a batch transform in its place.
 - ``Filter(fn)``: ``fn(record) -> bool``; a ``StreamLoader`` drops the records it is false for
   and reads on to fill the batch. A ``DataLoader`` refuses it: its batch is a fixed set of
   positions, so filter the source once up front (``FilteredSource``).
 
 Plain callables in ``transforms=`` are taken as ``Map``. Record transforms must come before
-batch transforms.
+batch transforms (``BatchMap``, ``JitMap``).
 
 Example:
     >>> import numpy as np
@@ -28,6 +30,7 @@ import numpy as np
 
 from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.batching.jit_map import JitMap
 
 
 class Map:
@@ -80,7 +83,7 @@ def split_transforms(transforms: Sequence[Any], *,
                      filters: bool = False) -> tuple[tuple, tuple]:
     """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``.
     ``filters``: whether ``Filter`` may be among them (a ``StreamLoader``'s)."""
-    if callable(transforms) or isinstance(transforms, (Map, RandomMap, BatchMap, Filter)):
+    if callable(transforms) or isinstance(transforms, _KINDS):
         transforms = (transforms,)
     record, batch = [], []
     for i, t in enumerate(transforms):
@@ -93,20 +96,22 @@ def split_transforms(transforms: Sequence[Any], *,
                 "jaxloader.FilteredSource(source, fn) (or read a stream with a StreamLoader, "
                 "which takes Filter)"
             )
-        if not isinstance(t, (Map, RandomMap, BatchMap, Filter)):
+        if not isinstance(t, _KINDS):
             if not callable(t):
                 raise ConfigError(
-                    f"transforms[{i}]: expected Map, RandomMap, {'Filter, ' * filters}BatchMap "
-                    f"or a callable, got {type(t).__name__} {t!r:.60}; wrap functions as "
+                    f"transforms[{i}]: expected Map, RandomMap, {'Filter, ' * filters}BatchMap, "
+                    f"JitMap or a callable, got {type(t).__name__} {t!r:.60}; wrap functions as "
                     "Map(fn)"
                 )
             t = Map(t)
-        if isinstance(t, BatchMap):
+        if isinstance(t, (BatchMap, JitMap)):
             batch.append(t)
         elif batch:
             raise ConfigError(
                 f"transforms[{i}]: {t!r} is a record transform after a batch transform "
-                f"({batch[0]!r}); put record transforms (Map, RandomMap) before BatchMap"
+                f"({batch[0]!r}), which runs on the collated batch; put record transforms "
+                "(Map, RandomMap) before BatchMap and JitMap, or write this one as a BatchMap "
+                "(or into the JitMap)"
             )
         else:
             record.append(t)
@@ -127,7 +132,7 @@ def from_grain(t: Any) -> Map | RandomMap | Filter | None:
         >>> from_grain(Scale()).fn(21)
         42
     """
-    if callable(t) or isinstance(t, (Map, RandomMap, BatchMap, Filter)) or not any(
+    if callable(t) or isinstance(t, _KINDS) or not any(
             c.__module__.split(".")[0] == "grain" for c in type(t).__mro__[1:]):
         return None
     for method, kind in (("random_map", RandomMap), ("map", Map), ("filter", Filter)):
@@ -213,6 +218,9 @@ def returned_none(where: str, transform: Any, index: int | None = None) -> Recor
         f"{where}: {named}{transform!r} returned None, expected the new "
         f"{'batch' if isinstance(transform, BatchMap) else 'record'}; return it from the "
         f"function (a missing `return`?){drop}")
+
+
+_KINDS = (Map, RandomMap, BatchMap, Filter, JitMap)  # what transforms= takes as it is
 
 
 def _check_callable(fn: Any, kind: str) -> None:

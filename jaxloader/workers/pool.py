@@ -229,9 +229,8 @@ class WorkerPool:
                         self._ring.give_back(made[0])
 
     def _task_shape(self, streaming: bool) -> tuple[int, int, int]:
-        """``(steps a task, tasks ahead a worker, steps ahead in all)`` for the ring's slot
-        size now; computed again only when that size changes (asked for every batch handed
-        out)."""
+        """``(steps a task, tasks ahead a worker, steps ahead in all)`` for the slot size now;
+        computed again only when it changes (asked for every batch handed out)."""
         key = (self._ring.slot_size, streaming)  # (emptied when the workers in use change)
         shape = self._shapes.get(key)
         if shape is None:
@@ -280,11 +279,10 @@ class WorkerPool:
         self._waiting = True  # (readable, or hung up (EOF) or failed: all reported)
         events = self._wait(awaited) if block else roster.poller.poll(0)
         self._waiting = False
-        if not events:
+        if not events:  # (a block waits for one)
             return False
-        self._receives += 1
-        timed = not self._receives & (SAMPLE - 1)  # (the hand-over's sample: its reads too)
-        began = perf_counter() if timed else 0.0
+        self._receives += 1  # (the hand-over's sample: its reads too)
+        began = perf_counter() if not self._receives & (SAMPLE - 1) else 0.0
         for fd, _ in events:
             worker = roster.by_fd[fd]
             try:
@@ -325,7 +323,7 @@ class WorkerPool:
                         self._ring.give_back(segment)
                 if failed_task.run == run:
                     ready[message.step] = failure
-        if timed:
+        if began:
             self.gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
         return True
 

@@ -27,7 +27,8 @@ accelerators belong to the training process. A worker that started a GPU backend
 ``worker_init_fn`` may set ``jax.config.update("jax_platforms", ...)`` before JAX first runs.
 
 Math libraries in a worker use one thread (``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
-``OMP_NUM_THREADS`` of 1), as PyTorch's ``DataLoader`` does with its own: the workers are the
+``OMP_NUM_THREADS`` of 1; XLA's for a ``JitMap``, ``JAXLOADER_XLA_THREADS`` of 1), as PyTorch's
+``DataLoader`` does with its own: the workers are the
 parallelism. NumPy's OpenBLAS otherwise starts a thread a core in every worker, each spinning
 for a while at its start (later first batches, more of the workers' CPU), and a transform's matrix product in N workers
 would run N x cores threads. A value the training process's environment sets is kept.
@@ -64,7 +65,8 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 WORKER_ENVIRONMENT = {"JAX_PLATFORMS": "cpu"}
 _DROPPED = ("JAX_PLATFORM_NAME",)
 # One thread a math library in a worker, unless the environment says otherwise (module docstring)
-THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                   "JAXLOADER_XLA_THREADS": "1"}  # (a JitMap's XLA: batching/jit_map.py)
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
     "from jaxloader.workers.worker import main; main({fd}, {parent})"

@@ -1,0 +1,124 @@
+"""JitMap: a jax.numpy transform compiled over the batch, the same batches wherever it runs."""
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+N, SIZE, CROP = 37, 12, 8  # 37 records in batches of 8: a partial last batch of 5
+
+
+def records():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (N, SIZE, SIZE, 3), np.uint8)
+    images[1] = images[0]  # two alike records: their keys, not their bytes, set the crops
+    return jl.ArraySource({"image": images, "label": np.arange(N)})
+
+
+def decode(r):  # a NumPy Map before the JitMap (as decoding would be)
+    return {"image": r["image"], "label": r["label"], "bright": np.float32(r["image"].mean())}
+
+
+def augment(r, key):
+    """A random crop and flip, cast and normalised: the augmentation written in jax.numpy."""
+    k_crop, k_flip = jax.random.split(key)
+    y, x = jax.random.randint(k_crop, (2,), 0, SIZE - CROP + 1)
+    image = jax.lax.dynamic_slice(r["image"], (y, x, 0), (CROP, CROP, 3))
+    image = jnp.where(jax.random.bernoulli(k_flip), image[:, ::-1], image)
+    return {"image": image.astype(jnp.float32) / 255.0 - 0.5, "label": r["label"],
+            "bright": r["bright"]}
+
+
+def loader(workers, **kw):
+    return jl.DataLoader(records(), batch_size=8, shuffle=True, seed=5, last_batch="partial",
+                         transforms=[jl.Map(decode), jl.JitMap(augment)], num_workers=workers,
+                         num_epochs=2, process_index=0, process_count=1, **kw)
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+def test_same_batches_with_0_and_2_workers_and_across_a_restore():
+    with loader(0) as in_process:
+        expected = list(in_process)
+        assert in_process.stats.stages["JitMap(augment)"] > 0  # its time (compiling too)
+    assert [len(b["label"]) for b in expected] == [8, 8, 8, 8, 5] * 2  # partial last batches
+    assert expected[0]["image"].shape == (8, CROP, CROP, 3)
+    assert expected[0]["image"].dtype == np.float32
+    by_label = {int(label): image for b in expected[:5] for label, image in
+                zip(b["label"], b["image"])}
+    assert not np.array_equal(by_label[0], by_label[1])  # same bytes, other keys: other crops
+    epoch_2 = {int(label): image for b in expected[5:] for label, image in
+               zip(b["label"], b["image"])}
+    assert any(not np.array_equal(by_label[i], epoch_2[i]) for i in range(N))  # keyed by epoch
+    with loader(2) as workers:
+        it = iter(workers)
+        made = [next(it) for _ in range(3)]
+        state = workers.state_dict()
+        made += list(it)
+    assert same(made, expected)  # bit for bit, 2 workers against in process
+    with loader(0) as restored:  # a state of 2 workers into another count
+        restored.load_state_dict(state)
+        assert same(list(restored), expected[3:])
+
+
+def test_a_function_that_does_not_trace_is_refused_naming_the_line_and_the_remedy():
+    def branchy(r):
+        if r["image"].mean() > 100:  # Python control flow on a traced value
+            return {"image": r["image"] * 2}
+        return r
+
+    with jl.DataLoader(records(), batch_size=4, transforms=[jl.JitMap(branchy)],
+                       process_index=0, process_count=1) as bad:
+        with pytest.raises(jl.JaxloaderError) as raised:
+            next(iter(bad))
+    message = str(raised.value)
+    assert "JitMap(test_a_function_that_does_not_trace" in message and "does not trace" in message
+    assert "test_jit_map.py:" in message and 'if r["image"].mean() > 100' in message
+    assert "jnp.where" in message and "lax.cond" in message and "Map before" in message
+
+
+def test_what_a_jit_map_cannot_take_is_refused_naming_it():
+    text = jl.ArraySource({"x": np.zeros((4, 2), np.float32), "name": np.array(list("abcd"))})
+    with jl.DataLoader(text, batch_size=2, transforms=[jl.JitMap(lambda r: r)],
+                       process_index=0, process_count=1) as bad:
+        with pytest.raises(jl.JaxloaderError, match=r"batch\['name'\] of dtype <U1.*Map before"):
+            next(iter(bad))
+    with pytest.raises(jl.ConfigError, match=r"after a batch transform \(JitMap.*before BatchMap"):
+        jl.DataLoader(text, batch_size=2, transforms=[jl.JitMap(lambda r: r), jl.Map(len)],
+                      process_index=0, process_count=1)
+    with pytest.raises(jl.ConfigError, match="JitMap.*expected a callable"):
+        jl.JitMap(3)
+
+
+def test_a_key_only_where_the_function_takes_one_and_a_batch_map_after_it():
+    src = jl.ArraySource({"x": np.arange(12, dtype=np.float32)})
+    double = jl.JitMap(lambda r: {"x": r["x"] * 2})
+    plus_one = jl.BatchMap(lambda b: {"x": b["x"] + 1})
+    with jl.DataLoader(src, batch_size=4, transforms=[double, plus_one],
+                       process_index=0, process_count=1) as plain:
+        assert [b["x"].tolist() for b in plain] == [[2 * i + 1 for i in range(j, j + 4)]
+                                                      for j in (0, 4, 8)]
+    assert not double.random and jl.JitMap(lambda r, key: r).random
+
+
+@pytest.mark.e2e
+def test_a_stream_with_a_jit_map_is_the_same_with_0_and_2_workers():
+    def shard(i):
+        rng = np.random.default_rng(i)
+        return ({"image": rng.integers(0, 255, (SIZE, SIZE, 3), np.uint8),
+                 "label": np.int64(i * 100 + j)} for j in range(20))
+
+    def run(workers):
+        stream = jl.Stream.from_generator(shard, shards=2)
+        with jl.StreamLoader(stream, batch_size=4, seed=1, num_workers=workers,
+                             readers_per_process=2, process_index=0, process_count=1,
+                             transforms=[jl.Map(decode), jl.JitMap(augment)]) as loader:
+            return [next(it) for it in [iter(loader)] for _ in range(6)]
+
+    assert same(run(2), run(0))
