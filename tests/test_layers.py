@@ -2,7 +2,7 @@
 a layer or stays in its own, with no cycle; a module holds one concept (at most 400 lines).
 
     base -> order -> plans -> runtime -> sources, streams -> batching
-         -> execution (engines, workers, sharding) -> loaders -> derived -> top (mix, checkpoint, profile, profiling)
+         -> execution (engines, workers, sharding) -> loaders -> derived -> top (mix, checkpoint, profile, profiling, ray)
 
 The allow-list of exceptions is empty, and stays so: an import that needs to go up is a seam
 where a small protocol belongs (docs/architecture.md).
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "jaxloader")
 LAYERS = [  # bottom first: a module may import its own layer's and those below
     ("base",), ("order",), ("plans",), ("runtime",), ("sources", "streams"), ("batching",),
-    ("engines", "workers", "sharding"), ("loaders",), ("derived",), ("mix", "checkpoint", "profile", "profiling", ""),
+    ("engines", "workers", "sharding"), ("loaders",), ("derived",), ("mix", "checkpoint", "profile", "profiling", "ray", ""),
 ]
 ALLOWED: set[tuple[str, str]] = set()  # (importer, imported): empty, and stays so
 MAX_LINES = 400

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Self
 
+from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
@@ -35,13 +36,22 @@ class LoaderLifecycle:
     _placement: Placement
     _monitor: Monitor | None
 
-    def _start_engine(self, maker: Maker,
-                      worker_init_fn: Callable[[int], None] | None) -> Engine:
-        """The engine of ``maker``'s batches: in this process, or worker processes."""
+    def _start_engine(self, maker: Maker, worker_init_fn: Callable[[int], None] | None,
+                      workers: Any = None) -> Engine:
+        """The engine of ``maker``'s batches: in this process, worker processes, or
+        ``workers``' (an object whose ``engine(maker)`` gives one: ``jaxloader.ray``)."""
         options = self._options
         engine: Engine
         tune = None
-        if options.num_workers == 0:
+        if workers is not None:
+            if not callable(getattr(workers, "engine", None)) or options.num_workers or \
+                    options.auto_workers or worker_init_fn is not None:
+                raise ConfigError(
+                    f"workers={workers!r:.60}: expected jaxloader.ray.RayWorkers(n), with "
+                    "num_workers=0 and no worker_init_fn (the actors are the workers; set "
+                    "their environment with RayWorkers(n, runtime_env=...))")
+            engine = workers.engine(maker)
+        elif options.num_workers == 0:
             engine = InProcessEngine(maker)
         else:
             from jaxloader.workers.pool import WorkerPool

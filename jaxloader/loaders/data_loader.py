@@ -92,6 +92,9 @@ class DataLoader(LoaderLifecycle):
             takes. With ``num_workers=0`` the batch is made in your thread: Ctrl-C shows where.
         log_every_s: logs a one-line summary with the verdict (``loader.diagnose()``) every
             this many seconds (``logging`` ``"jaxloader"``, INFO); ``None``: never.
+        workers: ``jaxloader.ray.RayWorkers(n, **actor_options)``: the batches made by ``n``
+            Ray actors, on this machine or others (``num_workers`` stays 0); the same batches
+            and states as local workers.
         unknown: PyTorch's and Grain's names (``drop_last``, ``collate_fn``, ``pin_memory``,
             ``worker_count``, ...) raise a ``TypeError`` saying what to pass instead.
 
@@ -131,6 +134,7 @@ class DataLoader(LoaderLifecycle):
         stall_warning_s: float | None = 300.0,
         timeout_s: float | None = None,
         log_every_s: float | None = None,
+        workers: Any = None,
         **unknown: Never,
     ) -> None:
         from jaxloader.streams import Stream
@@ -143,18 +147,18 @@ class DataLoader(LoaderLifecycle):
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         self._placement = placement(batch_size, process_index, process_count)
         batch_size, process_index, process_count = self._placement
-        workers, auto_workers = automatic("num_workers", num_workers, start=1)
+        count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
         self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
                                      seed=seed, last_batch=last_batch,
                                      process_index=process_index, process_count=process_count,
-                                     num_workers=workers)
+                                     num_workers=count)
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
             check_order = order_check_of(part)
             if check_order is not None:
                 check_order(shuffle)
-        self._options = LoaderOptions(workers, num_epochs, mask_key, ahead, start_method,
+        self._options = LoaderOptions(count, num_epochs, mask_key, ahead, start_method,
                                       device_prefetch, stall_warning_s, timeout_s, log_every_s,
                                       auto_workers, auto_prefetch)
         self._putter = None
@@ -173,7 +177,7 @@ class DataLoader(LoaderLifecycle):
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress()
         self._active: LoaderIterator | None = None
-        self._engine = self._start_engine(self._maker, worker_init_fn)
+        self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
     # -- sizes, placement and position ------------------------------------------------------
     def __len__(self) -> int:

@@ -77,6 +77,7 @@ class StreamLoader(LoaderLifecycle):
             component run out gives its slots up to the others), or as
             ``mix(..., stopping_strategy="first_exhausted" | "all_exhausted")`` says.
         mask_key: the name of that leaf (records must be dicts).
+        workers: streams on Ray actors (``jaxloader.ray.RayWorkers``) are not built yet: refused.
         unknown: PyTorch's and Grain's names (``shuffle``, ``drop_last``, ``collate_fn``, ...)
             raise a ``TypeError`` saying what a stream takes instead.
 
@@ -104,8 +105,12 @@ class StreamLoader(LoaderLifecycle):
                  device_prefetch: int = 2, readers_per_process: int | None = None,
                  num_epochs: int | None = None, mask_key: str = "mask",
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
-                 log_every_s: float | None = None, **unknown: Never) -> None:
+                 log_every_s: float | None = None, workers: Any = None,
+                 **unknown: Never) -> None:
         refuse("StreamLoader", unknown)
+        if workers is not None:
+            raise ConfigError(f"StreamLoader(workers={workers!r:.60}): streams on Ray actors are "
+                              "not built yet; use local workers: num_workers=N")
         given: Any = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
         if not isinstance(given, ReadableStream):
             if not isinstance(given, (list, tuple)):

@@ -1,0 +1,223 @@
+"""Workers on other machines through Ray: ``DataLoader(..., workers=RayWorkers(n))``.
+
+::
+
+    training process                                   Ray actors (any node), n of them
+      ray.put(batch maker)  ── once, in the object store ──> each actor holds the maker
+      steps s..s+k ──> actor.make.remote(s, k)  (a task: k steps, one object; in_flight
+                                                tasks an actor ahead, round robin)
+      ray.get(ref) in step order <── the batches, NumPy in the object store (read without a copy
+                                     on the same node: read-only views)
+      an actor that dies (SIGKILL, its node gone): its tasks in flight go to the others
+
+A batch is a pure function of its step, so any actor may make any step and a step made again
+elsewhere is the same batch: nothing is lost or repeated when an actor or a node goes, and a
+state saved with Ray workers restores into local workers and the reverse (the state is the
+step). When no actor is left, a ``WorkerError`` names the steps lost and what to do.
+
+Ray is optional (``pip install "jaxloader[ray]"``); the loader uses the Ray session the program
+has (``ray.init(address=...)`` or ``RAY_ADDRESS``) and starts one only where ``ray.init()``
+would. Not built yet (the docs say so): streams (``StreamLoader``) on Ray actors, actors added
+while running, the stage timings of remote actors (``loader.stats`` has the training process's
+side only).
+
+Example (needs Ray)::
+
+    from jaxloader.ray import RayWorkers
+    loader = jl.DataLoader(source, batch_size=64, transforms=[jl.Map(decode)],
+                           workers=RayWorkers(8, num_cpus=1, scheduling_strategy="SPREAD"))
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from collections import deque
+from typing import Any, Generator
+
+import cloudpickle
+import numpy as np
+
+from jaxloader.base.errors import ConfigError, WorkerError
+from jaxloader.base.timings import Gauges
+from jaxloader.engines.in_process import Maker
+
+log = logging.getLogger("jaxloader")
+INSTALL = 'pip install "jaxloader[ray]"'
+
+
+class RayWorkers:
+    """``n`` Ray actors that make a loader's batches; ``actor_options`` go to
+    ``ray.remote`` (``num_cpus``, ``resources``, ``scheduling_strategy``, ``runtime_env``, ...).
+
+    ``in_flight``: tasks (a few steps each) each actor is asked for ahead.
+
+    Example:
+        >>> RayWorkers(4, num_cpus=2)  # doctest: +SKIP
+        RayWorkers(4, in_flight=2, num_cpus=2)
+    """
+
+    def __init__(self, n: int, *, in_flight: int = 2, **actor_options: Any) -> None:
+        if importlib.util.find_spec("ray") is None:
+            raise ImportError(f"RayWorkers needs Ray, which is not installed: {INSTALL}")
+        for name, value in (("n", n), ("in_flight", in_flight)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"RayWorkers({name}=...): expected an int >= 1, got "
+                                  f"{type(value).__name__} {value!r}")
+        self.n, self.in_flight = n, in_flight
+        self.actor_options = {"num_cpus": 1, **actor_options}
+
+    def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self.actor_options.items()
+                          if (k, v) != ("num_cpus", 1))
+        return f"RayWorkers({self.n}, in_flight={self.in_flight}{options})"
+
+    def engine(self, maker: Maker) -> "RayEngine":
+        """The engine of ``maker``'s batches on this many actors (what a loader calls)."""
+        return RayEngine(maker, self)
+
+
+class _MakerActor:
+    """A Ray actor's body: the batch maker, unpickled where the actor runs once the training
+    process's ``sys.path`` is there (its functions' modules, pickled by name, are then found,
+    as a local worker's are); its arrays are the object store's, not copied."""
+
+    def __init__(self, payload: tuple, path: list[str]) -> None:
+        sys.path.extend(p for p in path if p not in sys.path)
+        blob, buffers = payload
+        self._maker: Maker = cloudpickle.loads(blob, buffers=buffers)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def make(self, first: int, count: int) -> list:
+        """The batches of steps ``first .. first + count - 1``: one object, one message."""
+        return [self._maker.make(step)[0] for step in range(first, first + count)]
+
+
+class RayEngine:
+    """Makes batches on Ray actors in step order (see the module docstring); an ``Engine``.
+
+    A task is a few consecutive steps (as many as make ``TASK_BYTES``, at most ``MAX_STEPS``),
+    one remote call and one object: Ray's cost a call (~1 ms of the training process's CPU,
+    whatever its size) is then paid once for several batches."""
+
+    TASK_BYTES = 64 << 20
+    MAX_STEPS = 16
+
+    def __init__(self, maker: Maker, spec: RayWorkers) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init()  # RAY_ADDRESS's cluster, else a local one: what Ray itself does
+        self._ray, self._spec, self._location = ray, spec, maker.location
+        self.gauges = Gauges(spec.n)  # (remote actors' stage timings: not reported yet)
+        # The maker once in the object store, its arrays as out-of-band buffers: every actor
+        # on a node reads the same memory
+        buffers: list = []
+        blob = cloudpickle.dumps(maker, protocol=5, buffer_callback=buffers.append)
+        arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
+        self._maker_ref: Any = ray.put((blob, arrays))
+        remote = ray.remote(**spec.actor_options)(_MakerActor)
+        self._actors: list[Any] = [remote.remote(self._maker_ref, list(sys.path))
+                                   for _ in range(spec.n)]
+        self._alive = list(range(spec.n))
+        self._turn = 0
+        self._steps = 1  # steps a task: 1 until a batch's size is known
+        self._pids = ray.get([a.pid.remote() for a in self._actors])  # (started, or raises)
+        log.info("started %d Ray actor(s): pids %s", spec.n, self._pids)
+
+    @property
+    def active(self) -> int:
+        return len(self._alive)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self._pids[i] for i in self._alive]
+
+    def _submit(self, first: int, count: int) -> tuple[int, int, int, Any]:
+        actor = self._alive[self._turn % len(self._alive)]
+        self._turn += 1
+        return first, count, actor, self._actors[actor].make.remote(first, count)
+
+    def batches(self, start: int, stop: int | None, resets: list | None = None,
+                reports: dict | None = None) -> Generator[Any, None, None]:
+        """The batches of steps ``start``, ``start + 1``, ... in order; an actor's failure
+        sends its tasks in flight to the others."""
+        if resets is not None:
+            raise ConfigError("a StreamLoader on RayWorkers is not built yet: use local "
+                              "workers (num_workers=N) for streams")
+        errors = self._ray.exceptions
+        lost_actor = tuple(getattr(errors, name) for name in (
+            "RayActorError", "ActorUnavailableError", "ObjectLostError") if hasattr(errors, name))
+        flight: deque[tuple[int, int, int, Any]] = deque()
+        next_submit = start
+        try:
+            while True:
+                room = self._spec.in_flight * len(self._alive)
+                while len(flight) < room and (stop is None or next_submit < stop):
+                    count = self._steps if stop is None else min(self._steps, stop - next_submit)
+                    flight.append(self._submit(next_submit, count))
+                    next_submit += count
+                if not flight:
+                    return
+                first, count, actor, ref = flight[0]
+                try:
+                    made = self._ray.get(ref)
+                except lost_actor as e:
+                    self._lose(actor, e, flight)
+                    continue
+                except errors.RayTaskError as e:
+                    cause = e.cause if getattr(e, "cause", None) is not None else e
+                    raise WorkerError(
+                        f"Ray actor {actor} (pid {self._pids[actor]}) raised making steps "
+                        f"{first}..{first + count - 1} ({self._location(first)}): "
+                        f"{type(cause).__name__}: {cause}; the loader is broken; fix the cause "
+                        "and create a new DataLoader") from cause
+                flight.popleft()
+                if self._steps == 1 and made:
+                    nbytes = sum(leaf.nbytes for leaf in _leaves(made[0]))
+                    self._steps = max(1, min(self.MAX_STEPS,
+                                             self.TASK_BYTES // max(1, nbytes)))
+                while made:
+                    yield made.pop(0)
+                del made
+        finally:
+            flight.clear()  # (their objects are freed with their refs)
+
+    def _lose(self, actor: int, error: BaseException, flight: deque) -> None:
+        """Drops a dead actor; its tasks in flight go, in order, to the actors left."""
+        if actor in self._alive:
+            self._alive.remove(actor)
+            log.warning("Ray actor %d (pid %s) is gone (%s); its steps go to the %d left",
+                        actor, self._pids[actor], type(error).__name__, len(self._alive))
+        if not self._alive:
+            first, last = flight[0][0], flight[-1][0] + flight[-1][1] - 1
+            raise WorkerError(
+                f"every Ray actor is gone (the last: actor {actor}, {type(error).__name__}); "
+                f"steps {first}..{last} were in flight and are not made; check the cluster's "
+                "nodes and memory, then create a new loader (or restore its last state into "
+                "one)") from error
+        for i, (first, count, owner, _) in enumerate(flight):
+            if owner == actor:
+                flight[i] = self._submit(first, count)
+
+    def close(self) -> None:
+        """Kills the actors and drops the maker's object; idempotent."""
+        for actor in self._actors:
+            try:
+                self._ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._actors, self._alive, self._maker_ref = [], [], None
+
+
+def _leaves(tree: Any) -> list:
+    """The NumPy arrays of a batch (dicts, lists, tuples of arrays)."""
+    if isinstance(tree, dict):
+        return [leaf for value in tree.values() for leaf in _leaves(value)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for value in tree for leaf in _leaves(value)]
+    return [tree] if hasattr(tree, "nbytes") else []

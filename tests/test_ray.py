@@ -1,0 +1,136 @@
+"""RayWorkers on a Ray cluster of three nodes simulated on this machine: the same batches as in
+process, states that cross between Ray and local workers, actors and nodes lost mid-run."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+ray = pytest.importorskip("ray", reason="Ray is installed on one Python in CI (pyproject.toml)")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from jaxloader.ray import RayWorkers  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("ray")  # one test process, one simulated cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two more nodes, one CPU each; a test may remove and add nodes."""
+    nodes = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "resources": {"any": 1}})
+    for _ in range(2):
+        nodes.add_node(num_cpus=1)
+    ray.init(address=nodes.address, log_to_driver=False)
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+
+
+def noisy(r, rng):  # a RandomMap: its numbers come from (seed, epoch, position)
+    return {"x": r["x"] + np.float32(rng.random()), "y": r["y"]}
+
+
+def loader(**kw):
+    source = jl.ArraySource({"x": np.arange(2000, dtype=np.float32).reshape(500, 4),
+                             "y": np.arange(500)})
+    return jl.DataLoader(source, batch_size=16, shuffle=True, seed=7, num_epochs=2,
+                         transforms=[jl.RandomMap(noisy)], process_index=0, process_count=1,
+                         **kw)
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        np.array_equal(x["x"], y["x"]) and np.array_equal(x["y"], y["y"]) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def expected():
+    with loader() as in_process:
+        return list(in_process)
+
+
+def live_actors(within_s=10.0):
+    """The actors Ray's state still has alive, once those killed have had time to go."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [a for a in ray._private.state.actors().values() if a["State"] != "DEAD"]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def held_objects():
+    """The objects this process holds references to in Ray's object store."""
+    return set(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
+
+
+def test_the_same_batches_and_states_across_ray_and_local_workers(cluster, expected):
+    held = held_objects()
+    with loader(workers=RayWorkers(3, scheduling_strategy="SPREAD")) as on_ray:
+        assert len({pid for pid in on_ray.worker_pids}) == 3
+        it = iter(on_ray)
+        made = [next(it) for _ in range(20)]
+        ray_state = on_ray.state_dict()
+        made += list(it)
+    assert same(made, expected)  # as in process, bit for bit
+    del it, made
+    assert not live_actors()  # close() left no actor behind
+    assert held_objects() <= held  # nor an object (the maker, batches in flight)
+    with loader(num_workers=2) as local:  # Ray -> local workers
+        local.load_state_dict(ray_state)
+        assert same(list(local), expected[20:])
+        local.load_state_dict(ray_state)
+        it = iter(local)
+        [next(it) for _ in range(5)]
+        local_state = local.state_dict()
+    with loader(workers=RayWorkers(2)) as on_ray:  # local -> Ray
+        on_ray.load_state_dict(local_state)
+        assert same(list(on_ray), expected[25:])
+
+
+def test_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected):
+    with loader(workers=RayWorkers(3)) as on_ray:
+        it = iter(on_ray)
+        made = [next(it) for _ in range(10)]
+        os.kill(on_ray.worker_pids[1], signal.SIGKILL)  # steps in flight at it go to the others
+        made += list(it)
+        assert len(on_ray.worker_pids) == 2
+    assert same(made, expected)
+
+
+def test_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
+    node = cluster.add_node(num_cpus=1, resources={"any": 1})  # one actor here, one on the head
+    cluster.wait_for_nodes()
+    with loader(workers=RayWorkers(2, resources={"any": 1})) as on_ray:
+        it = iter(on_ray)
+        made = [next(it) for _ in range(10)]
+        cluster.remove_node(node)  # the actor there is gone with it
+        made += list(it)
+        assert len(on_ray.worker_pids) == 1
+    assert same(made, expected)
+
+
+def test_when_every_actor_is_gone_the_error_says_what_was_lost(cluster):
+    with loader(workers=RayWorkers(1)) as on_ray:
+        it = iter(on_ray)
+        next(it)
+        os.kill(on_ray.worker_pids[0], signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(jl.WorkerError, match=r"every Ray actor is gone .* steps \d+\.\.\d+ "
+                                                 r"were in flight .* restore its last state"):
+            list(it)
+
+
+def test_bad_ray_workers_arguments_are_refused():
+    with pytest.raises(jl.ConfigError, match=r"RayWorkers\(n=...\): expected an int >= 1"):
+        RayWorkers(0)
+    with pytest.raises(jl.ConfigError, match="with num_workers=0"):
+        loader(workers=RayWorkers(1), num_workers=2)
+    with pytest.raises(jl.ConfigError, match="streams on Ray actors are not built yet"):
+        jl.StreamLoader(jl.Stream.from_generator(lambda i: iter([{"x": 1}]), shards=1),
+                        batch_size=1, workers=RayWorkers(1), process_index=0, process_count=1)
