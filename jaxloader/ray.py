@@ -18,8 +18,8 @@ step). When no actor is left, a ``WorkerError`` names the steps lost and what to
 Ray is optional (``pip install "jaxloader[ray]"``); the loader uses the Ray session the program
 has (``ray.init(address=...)`` or ``RAY_ADDRESS``) and starts one only where ``ray.init()``
 would. Not built yet (the docs say so): streams (``StreamLoader``) on Ray actors, actors added
-while running, the stage timings of remote actors (``loader.stats`` has the training process's
-side only).
+while running, stall reports for a hung actor, the stage timings of remote actors
+(``loader.stats`` has the training process's side only).
 
 Example (needs Ray)::
 
@@ -43,30 +43,36 @@ import numpy as np
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
+from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 
 log = logging.getLogger("jaxloader")
 INSTALL = 'pip install "jaxloader[ray]"'
+KILLS_PER_TASK = 3  # actors lost in turn making the same steps: those steps are the cause
 
 
 class RayWorkers:
     """``n`` Ray actors that make a loader's batches; ``actor_options`` go to
     ``ray.remote`` (``num_cpus``, ``resources``, ``scheduling_strategy``, ``runtime_env``, ...).
 
-    ``in_flight``: tasks (a few steps each) each actor is asked for ahead.
+    ``in_flight``: tasks (a few steps each) each actor is asked for ahead;
+    ``start_timeout_s``: how long the actors may take to start (Ray waits for free resources)
+    before the loader says so. Actors get local workers' environment (``JAX_PLATFORMS=cpu``,
+    one thread a math library and for XLA) unless ``runtime_env`` sets those variables.
 
     Example:
         >>> RayWorkers(4, num_cpus=2)  # doctest: +SKIP
         RayWorkers(4, in_flight=2, num_cpus=2)
     """
 
-    def __init__(self, n: int, *, in_flight: int = 2, **actor_options: Any) -> None:
+    def __init__(self, n: int, *, in_flight: int = 2, start_timeout_s: float = 120.0,
+                 **actor_options: Any) -> None:
         if importlib.util.find_spec("ray") is None:
             raise ImportError(f"RayWorkers needs Ray, which is not installed: {INSTALL}")
         for name, value in (("n", n), ("in_flight", in_flight)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"RayWorkers({name}=...): expected an int >= 1, got "
                                   f"{type(value).__name__} {value!r}")
-        self.n, self.in_flight = n, in_flight
+        self.n, self.in_flight, self.start_timeout_s = n, in_flight, float(start_timeout_s)
         self.actor_options = {"num_cpus": 1, **actor_options}
 
     def __repr__(self) -> str:
@@ -120,13 +126,25 @@ class RayEngine:
         blob = cloudpickle.dumps(maker, protocol=5, buffer_callback=buffers.append)
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
         self._maker_ref: Any = ray.put((blob, arrays))
-        remote = ray.remote(**spec.actor_options)(_MakerActor)
+        remote = ray.remote(**_with_worker_environment(spec.actor_options))(_MakerActor)
         self._actors: list[Any] = [remote.remote(self._maker_ref, list(sys.path))
                                    for _ in range(spec.n)]
         self._alive = list(range(spec.n))
         self._turn = 0
         self._steps = 1  # steps a task: 1 until a batch's size is known
-        self._pids = ray.get([a.pid.remote() for a in self._actors])  # (started, or raises)
+        self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
+        try:
+            self._pids = ray.get([a.pid.remote() for a in self._actors],
+                                 timeout=spec.start_timeout_s)
+        except BaseException as e:
+            self.close()
+            if isinstance(e, ray.exceptions.GetTimeoutError):
+                raise WorkerError(
+                    f"{spec!r}: the actors did not start within {spec.start_timeout_s:.0f} s; "
+                    f"the cluster has {ray.available_resources()} free: ask for fewer actors "
+                    "or smaller ones (num_cpus=, resources=), or add nodes") from None
+            raise WorkerError(f"{spec!r}: an actor failed to start: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
         log.info("started %d Ray actor(s): pids %s", spec.n, self._pids)
 
     @property
@@ -185,6 +203,11 @@ class RayEngine:
                     yield made.pop(0)
                 del made
         finally:
+            for _, _, _, ref in flight:  # a run left early (a restore, a break): not made
+                try:
+                    self._ray.cancel(ref)
+                except Exception:  # noqa: BLE001 - done already, or its actor is gone
+                    pass
             flight.clear()  # (their objects are freed with their refs)
 
     def _lose(self, actor: int, error: BaseException, flight: deque) -> None:
@@ -193,6 +216,14 @@ class RayEngine:
             self._alive.remove(actor)
             log.warning("Ray actor %d (pid %s) is gone (%s); its steps go to the %d left",
                         actor, self._pids[actor], type(error).__name__, len(self._alive))
+        first, count = flight[0][0], flight[0][1]
+        self._killed[first] = self._killed.get(first, 0) + 1
+        if self._killed[first] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
+            raise WorkerError(
+                f"steps {first}..{first + count - 1} ({self._location(first)}) were being made "
+                f"by {KILLS_PER_TASK} Ray actors in turn, and each died: something in making "
+                "them ends the process (native code in a transform, memory); run those steps "
+                "with num_workers=0 to see the error") from error
         if not self._alive:
             first, last = flight[0][0], flight[-1][0] + flight[-1][1] - 1
             raise WorkerError(
@@ -212,6 +243,15 @@ class RayEngine:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self._actors, self._alive, self._maker_ref = [], [], None
+
+
+def _with_worker_environment(options: dict) -> dict:
+    """``options`` with local workers' environment in ``runtime_env``'s ``env_vars`` (JAX on the
+    CPU, one thread a math library and for a JitMap's XLA), where it does not set them."""
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**THREAD_DEFAULTS, **WORKER_ENVIRONMENT,
+                               **(runtime_env.get("env_vars") or {})}
+    return {**options, "runtime_env": runtime_env}
 
 
 def _leaves(tree: Any) -> list:

@@ -1,6 +1,7 @@
 """RayWorkers on a Ray cluster of three nodes simulated on this machine: the same batches as in
 process, states that cross between Ray and local workers, actors and nodes lost mid-run."""
 
+import builtins
 import os
 import signal
 import time
@@ -20,27 +21,39 @@ pytestmark = pytest.mark.xdist_group("ray")  # one test process, one simulated c
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head and two more nodes, one CPU each; a test may remove and add nodes."""
+    """A head and two more nodes, one CPU each; a test may remove and add nodes. What Ray
+    changes in this process (``print``, signal handlers) is put back for the tests after."""
+    kept = builtins.print, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     nodes = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False, "resources": {"any": 1}})
-    for _ in range(2):
-        nodes.add_node(num_cpus=1)
-    ray.init(address=nodes.address, log_to_driver=False)
-    yield nodes
-    ray.shutdown()
-    nodes.shutdown()
+    try:
+        for _ in range(2):
+            nodes.add_node(num_cpus=1)
+        ray.init(address=nodes.address, log_to_driver=False)
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+        builtins.print = kept[0]
+        for number, handler in kept[1].items():
+            signal.signal(number, handler)
 
 
 def noisy(r, rng):  # a RandomMap: its numbers come from (seed, epoch, position)
     return {"x": r["x"] + np.float32(rng.random()), "y": r["y"]}
 
 
-def loader(**kw):
+def slow(r):  # 1 ms a record: an actor's tasks are still in flight when it is killed
+    time.sleep(0.001)
+    return r
+
+
+def loader(slowly=False, **kw):
     source = jl.ArraySource({"x": np.arange(2000, dtype=np.float32).reshape(500, 4),
                              "y": np.arange(500)})
     return jl.DataLoader(source, batch_size=16, shuffle=True, seed=7, num_epochs=2,
-                         transforms=[jl.RandomMap(noisy)], process_index=0, process_count=1,
-                         **kw)
+                         transforms=[jl.RandomMap(noisy)] + [jl.Map(slow)] * slowly,
+                         process_index=0, process_count=1, **kw)
 
 
 def same(a, b):
@@ -93,23 +106,25 @@ def test_the_same_batches_and_states_across_ray_and_local_workers(cluster, expec
         assert same(list(on_ray), expected[25:])
 
 
-def test_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected):
-    with loader(workers=RayWorkers(3)) as on_ray:
+def test_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog):
+    with loader(slowly=True, workers=RayWorkers(3)) as on_ray:
         it = iter(on_ray)
-        made = [next(it) for _ in range(10)]
+        made = [next(it)]  # step 0, a task of its own; steps 1..16 are actor 1's, ~0.3 s of work
         os.kill(on_ray.worker_pids[1], signal.SIGKILL)  # steps in flight at it go to the others
         made += list(it)
         assert len(on_ray.worker_pids) == 2
     assert same(made, expected)
+    assert any("Ray actor 1" in r.getMessage() and "is gone" in r.getMessage()
+               for r in caplog.records)  # (its steps were made again, not found done)
 
 
 def test_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
     node = cluster.add_node(num_cpus=1, resources={"any": 1})  # one actor here, one on the head
     cluster.wait_for_nodes()
-    with loader(workers=RayWorkers(2, resources={"any": 1})) as on_ray:
+    with loader(slowly=True, workers=RayWorkers(2, resources={"any": 1})) as on_ray:
         it = iter(on_ray)
-        made = [next(it) for _ in range(10)]
-        cluster.remove_node(node)  # the actor there is gone with it
+        made = [next(it)]  # step 0; steps 1..16 are actor 1's, on the new node or the head
+        cluster.remove_node(node)  # the actor there is gone with it, and its steps
         made += list(it)
         assert len(on_ray.worker_pids) == 1
     assert same(made, expected)
@@ -126,11 +141,35 @@ def test_when_every_actor_is_gone_the_error_says_what_was_lost(cluster):
             list(it)
 
 
+def dies_at_37(r):
+    if r["y"] == 37:
+        os.kill(os.getpid(), signal.SIGKILL)  # (a crash in native code, say)
+    return r
+
+
+def test_steps_that_kill_every_actor_making_them_are_named(cluster):
+    source = jl.ArraySource({"y": np.arange(64)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(dies_at_37)],
+                       workers=RayWorkers(3), process_index=0, process_count=1) as bad:
+        with pytest.raises(jl.WorkerError, match=r"steps \d+\.\.\d+ \(step \d+ .*\) were being "
+                                                 r"made by 3 Ray actors in turn, and each died"):
+            list(bad)
+
+
+def test_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster):
+    with pytest.raises(jl.WorkerError, match=r"did not start within 2 s; the cluster has .* "
+                                             r"ask for fewer actors"):
+        loader(workers=RayWorkers(1, start_timeout_s=2, num_cpus=64))
+    assert not live_actors()
+
+
 def test_bad_ray_workers_arguments_are_refused():
     with pytest.raises(jl.ConfigError, match=r"RayWorkers\(n=...\): expected an int >= 1"):
         RayWorkers(0)
     with pytest.raises(jl.ConfigError, match="with num_workers=0"):
         loader(workers=RayWorkers(1), num_workers=2)
+    with pytest.raises(jl.ConfigError, match="no worker_init_fn, timeout_s"):
+        loader(workers=RayWorkers(1), timeout_s=5)
     with pytest.raises(jl.ConfigError, match="streams on Ray actors are not built yet"):
         jl.StreamLoader(jl.Stream.from_generator(lambda i: iter([{"x": 1}]), shards=1),
                         batch_size=1, workers=RayWorkers(1), process_index=0, process_count=1)

@@ -208,8 +208,8 @@ def returned_none(where: str, transform: Any, index: int | None = None) -> Recor
     ``None``.
 
     Example:
-        >>> str(returned_none("step 0", Map(print), 1))[:56]
-        'step 0: transforms[1] Map(print) returned None, expected'
+        >>> str(returned_none("step 0", Map(len), 1))[:54]
+        'step 0: transforms[1] Map(len) returned None, expected'
     """
     drop = ("" if isinstance(transform, BatchMap) else
             "; to leave records out use jaxloader.FilteredSource (a Filter on a stream)")

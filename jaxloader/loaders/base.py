@@ -45,11 +45,14 @@ class LoaderLifecycle:
         tune = None
         if workers is not None:
             if not callable(getattr(workers, "engine", None)) or options.num_workers or \
-                    options.auto_workers or worker_init_fn is not None:
+                    options.auto_workers or worker_init_fn is not None or \
+                    options.timeout_s is not None or options.auto_prefetch:
                 raise ConfigError(
                     f"workers={workers!r:.60}: expected jaxloader.ray.RayWorkers(n), with "
-                    "num_workers=0 and no worker_init_fn (the actors are the workers; set "
-                    "their environment with RayWorkers(n, runtime_env=...))")
+                    "num_workers=0, no worker_init_fn, timeout_s or prefetch='auto' (the actors "
+                    "are the workers: their environment is RayWorkers(n, runtime_env=...), "
+                    "their tasks ahead RayWorkers(n, in_flight=...); a dead actor is seen, a "
+                    "hung one is not timed yet)")
             engine = workers.engine(maker)
         elif options.num_workers == 0:
             engine = InProcessEngine(maker)
