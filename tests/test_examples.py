@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.timeout(420), pytest.mark.e2e]
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 # script, its arguments, total steps, save every, kill after (at least)
 RUNS = {
-    "digits": ("train_digits.py", (), 600, 50, 300),
+    "digits": ("train_digits.py", (), 300, 50, 150),
     "digits, Flax NNX": ("train_digits_nnx.py", (), 300, 50, 150),
     "packed LM": ("train_lm.py", ("--length", "128", "--batch-size", "8"), 120, 20, 60),
 }

@@ -16,12 +16,11 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from jaxloader.ray import RayWorkers  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("ray")  # one test process, one simulated cluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster():
-    """A head and two more nodes, one CPU each; a test may remove and add nodes. What Ray
+    """A head and two more nodes, one CPU each; a check may remove and add nodes. What Ray
     changes in this process (``print``, signal handlers) is put back for the tests after."""
     kept = builtins.print, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     nodes = Cluster(initialize_head=True, head_node_args={
@@ -61,10 +60,9 @@ def same(a, b):
         np.array_equal(x["x"], y["x"]) and np.array_equal(x["y"], y["y"]) for x, y in zip(a, b))
 
 
-@pytest.fixture(scope="module")
-def expected():
-    with loader() as in_process:
-        return list(in_process)
+def in_process():
+    with loader() as loaded:
+        return list(loaded)
 
 
 def live_actors(within_s=10.0):
@@ -82,7 +80,7 @@ def held_objects():
     return set(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
 
 
-def test_the_same_batches_and_states_across_ray_and_local_workers(cluster, expected):
+def check_the_same_batches_and_states_across_ray_and_local_workers(cluster, expected):
     held = held_objects()
     with loader(workers=RayWorkers(3, scheduling_strategy="SPREAD")) as on_ray:
         assert len({pid for pid in on_ray.worker_pids}) == 3
@@ -106,7 +104,7 @@ def test_the_same_batches_and_states_across_ray_and_local_workers(cluster, expec
         assert same(list(on_ray), expected[25:])
 
 
-def test_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog):
+def check_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog):
     with loader(slowly=True, workers=RayWorkers(3)) as on_ray:
         it = iter(on_ray)
         made = [next(it)]  # step 0, a task of its own; steps 1..16 are actor 1's, ~0.3 s of work
@@ -118,7 +116,7 @@ def test_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, ca
                for r in caplog.records)  # (its steps were made again, not found done)
 
 
-def test_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
+def check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
     node = cluster.add_node(num_cpus=1, resources={"any": 1})  # one actor here, one on the head
     cluster.wait_for_nodes()
     with loader(slowly=True, workers=RayWorkers(2, resources={"any": 1})) as on_ray:
@@ -130,7 +128,7 @@ def test_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
     assert same(made, expected)
 
 
-def test_when_every_actor_is_gone_the_error_says_what_was_lost(cluster):
+def check_when_every_actor_is_gone_the_error_says_what_was_lost(cluster):
     with loader(workers=RayWorkers(1)) as on_ray:
         it = iter(on_ray)
         next(it)
@@ -147,7 +145,7 @@ def dies_at_37(r):
     return r
 
 
-def test_steps_that_kill_every_actor_making_them_are_named(cluster):
+def check_steps_that_kill_every_actor_making_them_are_named(cluster):
     source = jl.ArraySource({"y": np.arange(64)})
     with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(dies_at_37)],
                        workers=RayWorkers(3), process_index=0, process_count=1) as bad:
@@ -156,11 +154,22 @@ def test_steps_that_kill_every_actor_making_them_are_named(cluster):
             list(bad)
 
 
-def test_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster):
+def check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster):
     with pytest.raises(jl.WorkerError, match=r"did not start within 2 s; the cluster has .* "
                                              r"ask for fewer actors"):
         loader(workers=RayWorkers(1, start_timeout_s=2, num_cpus=64))
     assert not live_actors()
+
+
+def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
+    """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
+    expected = in_process()
+    check_the_same_batches_and_states_across_ray_and_local_workers(cluster, expected)
+    check_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog)
+    check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected)
+    check_when_every_actor_is_gone_the_error_says_what_was_lost(cluster)
+    check_steps_that_kill_every_actor_making_them_are_named(cluster)
+    check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster)
 
 
 def test_bad_ray_workers_arguments_are_refused():

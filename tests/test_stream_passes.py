@@ -219,7 +219,7 @@ def test_a_filter_in_a_pass_pads_with_a_record_it_keeps(tmp_path, num_workers):
     assert all((b["id"] % 3 != 0).all() for b in batches)  # padding too
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.e2e)])
 def test_a_filter_that_drops_a_readers_last_record_with_no_shuffle_window(num_workers):
     # Each window is one record, and both shards' last records (9, 21) are dropped: a partial
     # batch pads with its own last record, a batch with none with the last record through the

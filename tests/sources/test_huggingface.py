@@ -40,7 +40,7 @@ def test_list_features_batch_as_one_array_and_strings_stay_strings(fmt, num_work
     assert sorted(np.concatenate([b["label"] for b in batches]).tolist()) == list(range(40))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.e2e)])
 def test_datasets_mixed_concatenated_filtered_or_mapped_batch_the_same_way(num_workers):
     """A Dataset inside jl.mix, ConcatSource, FilteredSource or MapSource is read as NumPy too
     (it gave lists of 32 arrays)."""

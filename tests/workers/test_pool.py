@@ -60,7 +60,7 @@ def test_workers_give_the_in_process_stream(num_workers, random_map, last_batch)
         assert_same_stream(got, reference)
 
 
-@pytest.mark.parametrize("restored_workers", [0, 1])
+@pytest.mark.parametrize("restored_workers", [0, pytest.param(1, marks=pytest.mark.e2e)])
 def test_state_from_3_workers_restores_into_fewer(restored_workers):
     for k in (0, 4, 10, 19):
         check_resume(make(3), 22, k, make_restored=make(restored_workers))
