@@ -11,7 +11,7 @@ import pytest
 
 import jaxloader as jl
 
-ray = pytest.importorskip("ray", reason="Ray is installed on one Python in CI (pyproject.toml)")
+ray = pytest.importorskip("ray", reason='Ray is optional: pip install -e ".[test,ray]"')
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from jaxloader.ray import RayWorkers  # noqa: E402
