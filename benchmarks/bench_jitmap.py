@@ -33,6 +33,7 @@ import jaxloader as jl  # noqa: E402
 import peers  # noqa: E402
 from bench_workers import (close, first_batch_seconds, interleaved_rates,  # noqa: E402
                            jaxloader_iter)
+from bench_workers import crop_flip_normalise as np_crop  # noqa: E402  (the NumPy transform)
 from common import machine, save, table  # noqa: E402
 
 WORKERS, BATCH = 2, 64
@@ -40,15 +41,6 @@ CEILING = "ceiling: 2 processes, compiled fn"
 
 
 # -- crop, flip, normalise ---------------------------------------------------------------------
-def np_crop(record: dict, rng: np.random.Generator) -> dict:
-    image = record["image"]
-    y, x = rng.integers(0, 224 - 192 + 1, size=2)
-    image = image[y:y + 192, x:x + 192]
-    if rng.random() < 0.5:
-        image = image[:, ::-1]
-    return {"image": (image.astype(np.float32) - 127.5) / 127.5, "label": record["label"]}
-
-
 def jax_crop(record: dict, key):
     import jax
     import jax.numpy as jnp
