@@ -40,6 +40,8 @@ from typing import Any, Generator
 import cloudpickle
 import numpy as np
 
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
@@ -59,20 +61,19 @@ class RayWorkers:
     before the loader says so. Actors get local workers' environment (``JAX_PLATFORMS=cpu``,
     one thread a math library and for XLA) unless ``runtime_env`` sets those variables.
 
-    Example:
-        >>> RayWorkers(4, num_cpus=2)  # doctest: +SKIP
-        RayWorkers(4, in_flight=2, num_cpus=2)
+    Example (needs Ray; a loader's batches on 4 actors of 2 CPUs each)::
+
+        jl.DataLoader(source, batch_size=64, workers=RayWorkers(4, num_cpus=2))
     """
 
     def __init__(self, n: int, *, in_flight: int = 2, start_timeout_s: float = 120.0,
                  **actor_options: Any) -> None:
         if importlib.util.find_spec("ray") is None:
             raise ImportError(f"RayWorkers needs Ray, which is not installed: {INSTALL}")
-        for name, value in (("n", n), ("in_flight", in_flight)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"RayWorkers({name}=...): expected an int >= 1, got "
-                                  f"{type(value).__name__} {value!r}")
-        self.n, self.in_flight, self.start_timeout_s = n, in_flight, float(start_timeout_s)
+        self.n = check_int("RayWorkers(n=...)", n, low=1, remedy="the number of actors")
+        self.in_flight = check_int("RayWorkers(in_flight=...)", in_flight, low=1,
+                                   remedy="the tasks each actor is asked for ahead")
+        self.start_timeout_s = float(start_timeout_s)
         self.actor_options = {"num_cpus": 1, **actor_options}
 
     def __repr__(self) -> str:
@@ -131,7 +132,7 @@ class RayEngine:
                                    for _ in range(spec.n)]
         self._alive = list(range(spec.n))
         self._turn = 0
-        self._steps = 1  # steps a task: 1 until a batch's size is known
+        self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
         try:
             self._pids = ray.get([a.pid.remote() for a in self._actors],
@@ -176,7 +177,8 @@ class RayEngine:
             while True:
                 room = self._spec.in_flight * len(self._alive)
                 while len(flight) < room and (stop is None or next_submit < stop):
-                    count = self._steps if stop is None else min(self._steps, stop - next_submit)
+                    count = self._steps or 1
+                    count = count if stop is None else min(count, stop - next_submit)
                     flight.append(self._submit(next_submit, count))
                     next_submit += count
                 if not flight:
@@ -195,8 +197,9 @@ class RayEngine:
                         f"{type(cause).__name__}: {cause}; the loader is broken; fix the cause "
                         "and create a new DataLoader") from cause
                 flight.popleft()
-                if self._steps == 1 and made:
-                    nbytes = sum(leaf.nbytes for leaf in _leaves(made[0]))
+                if self._steps is None and made:  # the first batch back sizes the tasks
+                    leaves = tree_lib.flatten(made[0])[0]
+                    nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
                     self._steps = max(1, min(self.MAX_STEPS,
                                              self.TASK_BYTES // max(1, nbytes)))
                 while made:
@@ -252,12 +255,3 @@ def _with_worker_environment(options: dict) -> dict:
     runtime_env["env_vars"] = {**THREAD_DEFAULTS, **WORKER_ENVIRONMENT,
                                **(runtime_env.get("env_vars") or {})}
     return {**options, "runtime_env": runtime_env}
-
-
-def _leaves(tree: Any) -> list:
-    """The NumPy arrays of a batch (dicts, lists, tuples of arrays)."""
-    if isinstance(tree, dict):
-        return [leaf for value in tree.values() for leaf in _leaves(value)]
-    if isinstance(tree, (list, tuple)):
-        return [leaf for value in tree for leaf in _leaves(value)]
-    return [tree] if hasattr(tree, "nbytes") else []

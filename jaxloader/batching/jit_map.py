@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import MASK64, POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
 
@@ -211,18 +212,14 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 def _check_leaves(batch: Any, t: JitMap, where: Callable[[], str]) -> None:
     """Refuses a leaf JAX cannot take (strings, objects), naming it."""
-    pending: list[tuple[str, Any]] = [("batch", batch)]
-    while pending:
-        path, node = pending.pop()
-        if isinstance(node, dict):
-            pending.extend((f"{path}[{k!r}]", v) for k, v in node.items())
-        elif isinstance(node, (list, tuple)):
-            pending.extend((f"{path}[{i}]", v) for i, v in enumerate(node))
-        elif np.asarray(node).dtype.kind not in "biufc":
+    leaves, treedef = tree_lib.flatten(batch)
+    for path, leaf in zip(tree_lib.leaf_paths(treedef, "batch"), leaves):
+        dtype = np.asarray(leaf).dtype
+        if dtype.kind not in "biufc":
             raise RecordError(
-                f"{where()}: {t!r} gets {path} of dtype {np.asarray(node).dtype}, expected "
-                "numbers (bool, int, uint, float, complex): JAX takes numeric arrays; turn it "
-                "into numbers in a Map before the JitMap, or drop it there")
+                f"{where()}: {t!r} gets {path} of dtype {dtype}, expected numbers (bool, int, "
+                "uint, float, complex): JAX takes numeric arrays; turn it into numbers in a Map "
+                "before the JitMap, or drop it there")
 
 
 def _user_line(e: BaseException, fn: Callable[..., Any], file: str | None) -> str:
