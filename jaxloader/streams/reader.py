@@ -113,7 +113,27 @@ class Stream:
     def from_generator(cls, make: Callable[[int], Iterable], shards: int,
                        **kwargs: Any) -> "Stream":
         """``shards`` shards, shard ``i`` reading ``make(i)`` (a generator function of the
-        shard number); resumed by skipping the records already read."""
+        shard number); resumed by skipping the records already read.
+
+        A generator object is refused here, not at the first batch: it cannot start again
+        (for each shard, each worker, a restore, the next epoch).
+
+        Example:
+            >>> def numbers(shard):
+            ...     yield from range(shard * 100, shard * 100 + 3)
+            >>> stream = Stream.from_generator(numbers, shards=2)
+            >>> Stream.from_generator(numbers(0), shards=1)
+            Traceback (most recent call last):
+            ...
+            jaxloader.base.errors.ConfigError: Stream.from_generator(make): got a generator object, which cannot start again (for each shard, each worker, a restore, the next epoch); pass the generator function itself, called as make(shard): Stream.from_generator(numbers, shards=1)
+        """
+        if not callable(make):
+            what = getattr(make, "__name__", None)
+            raise ConfigError(
+                f"Stream.from_generator(make): got a {type(make).__name__} object, which cannot "
+                "start again (for each shard, each worker, a restore, the next epoch); pass the "
+                "generator function itself, called as make(shard): "
+                f"Stream.from_generator({what or 'make'}, shards={shards})")
         shards = check_int("Stream.from_generator(shards)", shards, low=1,
                            remedy="one shard per independent part of the generator")
         name = getattr(make, "__qualname__", "generator")

@@ -76,6 +76,19 @@ def test_a_generator_object_is_refused_and_a_function_is_not(tmp_path):
         jl.IterableShard(lambda: None).reset(None)  # it was "'NoneType' is not iterable"
 
 
+def test_from_generator_refuses_a_generator_object_when_the_stream_is_made():
+    # it was accepted, then failed at the first next() with "'generator' object is not callable"
+    def numbers(shard):
+        yield from range(shard * 10, shard * 10 + 3)
+
+    with pytest.raises(jl.ConfigError, match=r"got a generator object, which cannot start "
+                                             r"again.*Stream.from_generator\(numbers, shards=2\)"):
+        jl.Stream.from_generator(numbers(0), shards=2)
+    with pytest.raises(jl.ConfigError, match="got a list object"):
+        jl.Stream.from_generator([1, 2], shards=1)
+    assert read_all(jl.Stream.from_generator(numbers, shards=2).shards[1]) == [10, 11, 12]
+
+
 def test_json_lists_of_numbers_become_arrays_and_others_stay_lists(tmp_path):
     # a list is a pytree node: "tokens": [5, 8, 13] batched as 3 arrays of one number a
     # record; as one array it batches as (batch, 3)
