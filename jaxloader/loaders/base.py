@@ -20,7 +20,7 @@ from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
-from jaxloader.loaders.options import LoaderOptions, Placement
+from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placement
 
 if TYPE_CHECKING:
     from jaxloader.loaders.diagnosis import Diagnosis
@@ -34,7 +34,12 @@ class LoaderLifecycle:
     _engine: Engine
     _options: LoaderOptions
     _placement: Placement
+    _jax_pending: tuple[bool, bool]  # the place's numbers taken without JAX (options.jax_pending)
     _monitor: Monitor | None
+
+    def _check_placement(self) -> None:
+        """At ``iter()``: a place taken while JAX was not imported, against JAX's now."""
+        self._jax_pending = check_jax_placement(self._placement, self._jax_pending)
 
     def _start_engine(self, maker: Maker, worker_init_fn: Callable[[int], None] | None,
                       workers: Any = None) -> Engine:

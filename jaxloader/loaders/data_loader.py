@@ -22,7 +22,7 @@ from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import source_fingerprint, source_files
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
-from jaxloader.loaders.options import LoaderOptions, automatic, placement
+from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.base.checks import MASK64, check_int
@@ -51,7 +51,9 @@ class DataLoader(LoaderLifecycle):
             ``ParquetSource`` whose cache holds less than the order reads at once warns
             (``PerformanceWarning``).
         seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
-        transforms: ``Map``/``RandomMap`` (per record), then ``BatchMap`` (per batch).
+        transforms: a list: ``Map``/``RandomMap`` (per record), then ``JitMap`` and
+            ``BatchMap`` (per batch); a bare function in it is a ``Map``. One transform may
+            be given alone: ``transforms=f`` is ``transforms=[Map(f)]``.
         num_workers: worker processes; 0 makes batches in the main process; ``"auto"``
             starts one and changes the count as it runs, from the rate and the consumer's wait
             (up to the cores this process may use, more while reads wait; each decision
@@ -75,7 +77,11 @@ class DataLoader(LoaderLifecycle):
             your main script and are never forked from a process running JAX; ``"fork"``:
             faster start, refused once JAX is imported.
         process_index, process_count: this process's place among the hosts that share the
-            global batch; default to ``jax.process_index()``/``jax.process_count()``.
+            global batch; default to ``jax.process_index()``/``jax.process_count()``, asked
+            only if this process has imported JAX (else it is the only one: JAX is not
+            imported for it, so ``start_method="fork"`` stays open; ``iter()`` checks again
+            once JAX is imported, and refuses a loader made before
+            ``jax.distributed.initialize()``).
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
         sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
             ``jaxloader.data_sharding(mesh, "data")``; a ``PartitionSpec`` over the mesh of
@@ -145,6 +151,7 @@ class DataLoader(LoaderLifecycle):
                               "read it with jaxloader.StreamLoader(stream, batch_size=...)")
         num_records = check_source(source)
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
+        self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)
         batch_size, process_index, process_count = self._placement
         count, auto_workers = automatic("num_workers", num_workers, start=1)
@@ -213,6 +220,7 @@ class DataLoader(LoaderLifecycle):
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator:
         self._progress.check()
+        self._check_placement()
         self._invalidate()
         start = self._progress.step
         stop = None

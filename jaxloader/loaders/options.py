@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, NamedTuple
 
 from jaxloader.base.checks import check_int
@@ -111,12 +112,53 @@ def placement(batch_size: int, process_index: int | None,
     batch_size = check_int("batch_size", batch_size, low=1,
                            remedy="pass a positive batch size per process")
     if process_index is None or process_count is None:
-        import jax  # only when the caller leaves it to JAX; workers never get here
-
-        process_index = jax.process_index() if process_index is None else process_index
-        process_count = jax.process_count() if process_count is None else process_count
+        jax = sys.modules.get("jax")  # workers never get here
+        if jax is None:  # see jax_pending: one process, checked again by iter()
+            index, count = 0, 1
+        else:
+            index, count = jax.process_index(), jax.process_count()
+        process_index = index if process_index is None else process_index
+        process_count = count if process_count is None else process_count
     process_count = check_int("process_count", process_count, low=1,
                               remedy="leave it None to use jax's")
     process_index = check_int("process_index", process_index, low=0, high=process_count - 1,
                               remedy=f"use an index in [0, {process_count})")
     return Placement(batch_size, process_index, process_count)
+
+
+def jax_pending(process_index: int | None, process_count: int | None) -> tuple[bool, bool]:
+    """Which of the place's two numbers ``placement`` takes as one process's without asking
+    JAX: those left ``None`` while this process has not imported JAX. Such a process has not
+    called ``jax.distributed.initialize()``, so it is the only one as far as JAX knows yet;
+    importing JAX to ask would start its runtime in a process that may still fork workers
+    (``start_method="fork"``) or initialise ``jax.distributed``. ``check_jax_placement``
+    asks JAX at ``iter()``, once it is imported."""
+    if "jax" in sys.modules:
+        return False, False
+    return process_index is None, process_count is None
+
+
+def check_jax_placement(place: Placement, pending: tuple[bool, bool]) -> tuple[bool, bool]:
+    """``pending`` numbers of ``place`` against JAX's, if JAX is imported now; returns what is
+    still pending. Raises where JAX disagrees (a loader made before
+    ``jax.distributed.initialize()``).
+
+    Example:
+        >>> check_jax_placement(Placement(8, 0, 1), (False, False))
+        (False, False)
+    """
+    if not any(pending) or "jax" not in sys.modules:
+        return pending
+    import jax
+
+    index, count = jax.process_index(), jax.process_count()
+    if (pending[0] and index != place.process_index) or \
+            (pending[1] and count != place.process_count):
+        raise ConfigError(
+            f"process_index/process_count: the loader was made before JAX was imported, so it "
+            f"took this process as the only one (process {place.process_index} of "
+            f"{place.process_count}), but JAX now runs it as process {index} of {count}; make "
+            "the loader after jax.distributed.initialize(), or pass process_index= and "
+            "process_count="
+        )
+    return False, False

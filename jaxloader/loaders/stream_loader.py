@@ -36,7 +36,7 @@ from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle
-from jaxloader.loaders.options import LoaderOptions, automatic, placement
+from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.loaders.state import STATE_VERSION, check_stream_state
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
@@ -127,6 +127,7 @@ class StreamLoader(LoaderLifecycle):
                 )
             given = Stream(given)
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
+        self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)
         batch_size, process_index, process_count = self._placement
         if num_workers == "auto" and readers_per_process is None:
@@ -192,6 +193,7 @@ class StreamLoader(LoaderLifecycle):
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator:
         self._progress.check()
+        self._check_placement()
         self._invalidate()
         if self.num_epochs is not None:
             self._until = self._pass_of(self._states_at(self._progress.step))

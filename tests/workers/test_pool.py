@@ -427,6 +427,29 @@ def test_fork_start_method_gives_the_same_stream(tmp_path):
     assert out.split() == ["24", "True"], err
 
 
+def test_a_loader_left_to_jax_for_its_place_does_not_import_it_so_fork_stays_open(tmp_path):
+    # it imported JAX to ask for the process count, after which fork was refused
+    proc = _run_script(tmp_path, """
+    import numpy as np, jaxloader as jl, sys
+    src = jl.ArraySource({"x": np.arange(20)})
+    with jl.DataLoader(src, batch_size=4, num_workers=1, start_method="fork") as dl:
+        print(dl.process_index, dl.process_count, len(list(dl)), "jax" in sys.modules)
+    dl = jl.DataLoader(src, batch_size=4)
+    import jax
+    jax.process_index, jax.process_count = (lambda: 1), (lambda: 2)  # as after distributed init
+    try:
+        iter(dl)
+    except jl.ConfigError as e:
+        print(e)
+    """)
+    out, err = proc.communicate(timeout=60)
+    lines = out.splitlines()
+    assert lines[0] == "0 1 5 False", err
+    assert lines[1].startswith("process_index/process_count: the loader was made before JAX "
+                               "was imported") and "process 1 of 2" in lines[1] and \
+        "after jax.distributed.initialize()" in lines[1], out + err
+
+
 def test_a_worker_error_surfaces_at_its_own_step_after_the_earlier_batches():
     import time as _time
 
