@@ -32,6 +32,33 @@ def test_len_and_policies():
     assert all(b["mask"].dtype == np.bool_ for b in padded)
 
 
+def _digits(shard):
+    yield from range(5)
+
+
+def _words(shard):
+    yield from "ab"
+
+
+def test_repr_says_what_a_loader_reads_how_and_where_it_is():
+    # it was <jaxloader.loader.DataLoader object at 0x...>
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(10)}), batch_size=4,
+                           process_index=0, process_count=1)
+    next(iter(loader))
+    assert repr(loader) == ("DataLoader(ArraySource(10 records; (10,):int64), 2 batches an "
+                            "epoch, batch_size=4, num_workers=0, step=1)")
+    digits = jl.Stream.from_generator(_digits, shards=4, shuffle_window=10)
+    words = jl.Stream.from_generator(_words, shards=4)
+    assert repr(digits) == ("Stream(4 shards: _digits[0], _digits[1], _digits[2], ... "
+                            "(1 more); shuffle_window=10)")
+    stream = jl.StreamLoader(jl.mix([digits, words], [0.25, 0.75]), batch_size=2,
+                             process_index=1, process_count=2)
+    assert repr(stream) == (f"StreamLoader(MixedStream([{digits!r}, {words!r}], weights=[0.25, "
+                            "0.75]), batch_size=2, process 1 of 2, num_workers=0, step=0)")
+    assert repr(jl.PackedStream(digits, "tokens", 16)).startswith(
+        "PackedStream(Stream(4 shards: ")
+
+
 def test_pad_needs_dict_records_and_a_free_mask_key():
     tuple_source = jl.ArraySource((np.arange(10),))
     with pytest.raises(jl.CollateError, match="dicts"):

@@ -85,6 +85,17 @@ class LoaderLifecycle:
         """The worker counts ``num_workers="auto"`` may choose among (None: any)."""
         return None
 
+    def __repr__(self) -> str:
+        """What it reads, how, and where it is (see ``_reads``)."""
+        place = "" if self.process_count == 1 else \
+            f", process {self.process_index} of {self.process_count}"
+        return (f"{type(self).__name__}({self._reads()}, batch_size={self.batch_size}{place}, "
+                f"num_workers={self.num_workers}, step={self.step})")
+
+    def _reads(self) -> str:
+        """The source (or stream) and its size, for ``repr``."""
+        raise NotImplementedError
+
     def _summary(self) -> str:
         """The periodic one-line summary (``log_every_s=``)."""
         stats = self.stats

@@ -191,6 +191,9 @@ class DataLoader(LoaderLifecycle):
         """Batches per epoch."""
         return self._sampler.steps_per_epoch
 
+    def _reads(self) -> str:
+        return f"{self._source!r}, {len(self)} batches an epoch"
+
     @property
     def device_prefetch(self) -> int:
         return self._options.device_prefetch

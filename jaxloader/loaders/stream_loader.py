@@ -186,6 +186,9 @@ class StreamLoader(LoaderLifecycle):
         self._base_step = max(self._base_step, step)
         return self._base
 
+    def _reads(self) -> str:
+        return repr(self._stream)
+
     def _worker_counts(self) -> list[int]:
         """The worker counts that can host this process's readers: those dividing them."""
         return [n for n in range(1, self._readers + 1) if self._readers % n == 0]

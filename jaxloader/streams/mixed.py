@@ -70,6 +70,11 @@ class MixedStream:
         self.streams, self.schedule = list(streams), schedule
         self.stopping_strategy = stopping_strategy
 
+    def __repr__(self) -> str:
+        weights = [round(float(w), 3) for w in self.schedule[0]]
+        changes = f", {len(self.schedule) - 1} weight changes" if len(self.schedule) > 1 else ""
+        return f"MixedStream({self.streams!r}, weights={weights}{changes})"
+
     def reader(self, *, reader: int, readers: int, seed: int, batch_size: int) -> "MixedReader":
         """Reader ``reader`` of ``readers`` (``streams.contract``), of the class that ends its
         epochs as ``stopping_strategy`` says."""

@@ -106,6 +106,10 @@ class PackedStream:
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
 
+    def __repr__(self) -> str:
+        return (f"PackedStream({self.stream!r}, {self.key!r}, {self.length}, "
+                f"method={self.method!r})")
+
     @property
     def shards(self) -> list:
         return self.stream.shards

@@ -39,7 +39,8 @@ from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
-from jaxloader.streams.shards import IterableShard, JsonlShard, MappedShard, Shard, TextShard
+from jaxloader.streams.shards import (Bound, IterableShard, JsonlShard, MappedShard, Shard,
+                                      TextShard)
 from jaxloader.streams.tar import TarShard
 
 _STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
@@ -79,6 +80,12 @@ class Stream:
         self.shuffle_window = max(1, shuffle_window)
         self.shuffle_shards = shuffle_shards
 
+    def __repr__(self) -> str:
+        names = [getattr(s, "name", type(s).__name__) for s in self.shards[:3]]
+        more = f", ... ({len(self.shards) - 3} more)" if len(self.shards) > 3 else ""
+        window = f"; shuffle_window={self.shuffle_window}" if self.shuffle_window > 1 else ""
+        return f"Stream({len(self.shards)} shards: {', '.join(map(str, names))}{more}{window})"
+
     @classmethod
     def jsonl(cls, paths: Any, *, append_only: bool = False, **kwargs: Any) -> "Stream":
         """A stream of JSON lines files, one shard a file. ``paths``: a path, a list, a folder
@@ -113,19 +120,14 @@ class Stream:
     def from_generator(cls, make: Callable[[int], Iterable], shards: int,
                        **kwargs: Any) -> "Stream":
         """``shards`` shards, shard ``i`` reading ``make(i)`` (a generator function of the
-        shard number); resumed by skipping the records already read.
-
-        A generator object is refused here, not at the first batch: it cannot start again
-        (for each shard, each worker, a restore, the next epoch).
+        shard number; a generator object, which cannot start again, is refused); resumed by
+        skipping the records already read.
 
         Example:
             >>> def numbers(shard):
             ...     yield from range(shard * 100, shard * 100 + 3)
-            >>> stream = Stream.from_generator(numbers, shards=2)
-            >>> Stream.from_generator(numbers(0), shards=1)
-            Traceback (most recent call last):
-            ...
-            jaxloader.base.errors.ConfigError: Stream.from_generator(make): got a generator object, which cannot start again (for each shard, each worker, a restore, the next epoch); pass the generator function itself, called as make(shard): Stream.from_generator(numbers, shards=1)
+            >>> Stream.from_generator(numbers, shards=2)
+            Stream(2 shards: numbers[0], numbers[1])
         """
         if not callable(make):
             what = getattr(make, "__name__", None)
@@ -137,7 +139,7 @@ class Stream:
         shards = check_int("Stream.from_generator(shards)", shards, low=1,
                            remedy="one shard per independent part of the generator")
         name = getattr(make, "__qualname__", "generator")
-        return cls([IterableShard(_Bound(make, i), name=f"{name}[{i}]") for i in range(shards)],
+        return cls([IterableShard(Bound(make, i), name=f"{name}[{i}]") for i in range(shards)],
                    **kwargs)
 
     @classmethod
@@ -199,16 +201,6 @@ def as_stream(value: Any) -> Any:
 def _or_compressed(suffix: str) -> tuple[str, ...]:
     """A folder's files of a format: ``a.jsonl``, and ``a.jsonl.gz`` and the like."""
     return (suffix, *(suffix + c for c in SUFFIXES))
-
-
-class _Bound:
-    """``make(i)`` as a function of nothing (picklable where ``make`` is)."""
-
-    def __init__(self, make: Callable[[int], Iterable], index: int) -> None:
-        self.make, self.index = make, index
-
-    def __call__(self) -> Iterable:
-        return self.make(self.index)
 
 
 class StreamReader:

@@ -187,6 +187,16 @@ class TextShard(_LineShard):
         return raw.decode("utf-8")
 
 
+class Bound:
+    """``make(i)`` as a function of nothing (picklable where ``make`` is)."""
+
+    def __init__(self, make: Callable[[int], Iterable], index: int) -> None:
+        self.make, self.index = make, index
+
+    def __call__(self) -> Iterable:
+        return self.make(self.index)
+
+
 class IterableShard:
     """Records of ``make()`` (a function returning an iterable: a generator function, a
     simulator's reset); a list or other re-iterable object is accepted as it is. Resumes by
