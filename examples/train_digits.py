@@ -1,7 +1,8 @@
 """Train a small Flax MLP on scikit-learn's bundled digits (8x8 images), fed by jaxloader.
 
-Run: ``python examples/train_digits.py`` (needs ``pip install -e .[examples]``); add ``--resume``
-to continue from the latest checkpoint. No download: the digits ship inside scikit-learn.
+Run: ``python examples/train_digits.py`` (needs ``pip install -e .[examples]``). Run it again
+and it continues from its latest checkpoint (or says the run is finished); ``--fresh`` starts
+over. No download: the digits ship inside scikit-learn.
 
 What it shows:
 - 2 worker processes read records and augment them with a ``RandomMap`` (a random shift and
@@ -11,8 +12,8 @@ What it shows:
   set around the training loop with ``jax.set_mesh``, so each batch's type says it is split over
   ``"data"``: ``float32[64@data,8,8]``;
 - an Orbax ``CheckpointManager`` saves model, optimizer and loader position together every
-  ``--save-every`` steps; ``--resume`` continues exactly where the checkpoint was taken, so a
-  killed run resumed gives the very same losses as a run never interrupted.
+  ``--save-every`` steps; a run started again continues exactly where the checkpoint was
+  taken, so a killed run resumed gives the very same losses as a run never interrupted.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--checkpoint-dir", default=os.path.join("checkpoints", "digits"))
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint (the default when there is one)")
     parser.add_argument("--fresh", action="store_true",
                         help="delete --checkpoint-dir first and start a new run")
     parser.add_argument("--loss-log", help="append every step's loss here, as JSON lines")
@@ -110,8 +112,10 @@ def profile_loader(num_workers: int = 2) -> jl.DataLoader:
 
 
 def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
-    """The run's Orbax ``CheckpointManager`` in ``--checkpoint-dir``; refuses to mix a new run
-    into another's checkpoints (``--resume`` continues it, ``--fresh`` deletes it first)."""
+    """The run's Orbax ``CheckpointManager`` in ``--checkpoint-dir``, said where. A run found
+    there is continued from its latest checkpoint (``args.resume`` set: running the command
+    again after a crash or a Ctrl-C goes on); a run found finished is reported and the script
+    exits 0; ``--fresh`` deletes the directory first and starts over."""
     directory = os.path.abspath(args.checkpoint_dir)
     if args.fresh and os.path.isdir(directory):
         shutil.rmtree(directory)
@@ -119,12 +123,16 @@ def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
         directory,
         options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
     )
-    if not args.resume and manager.latest_step() is not None:
-        raise SystemExit(
-            f"{directory} already holds checkpoints of another run (latest step "
-            f"{manager.latest_step()}): pass --resume to continue it, --fresh to delete it and "
-            "start over, or --checkpoint-dir to start a new run elsewhere"
-        )
+    latest = manager.latest_step()
+    if latest is not None and latest >= args.steps:
+        manager.close()
+        print(f"trained to step {latest} in {directory}; --fresh to train again, or "
+              f"--steps N (over {latest}) to train on from there")
+        raise SystemExit(0)
+    args.resume = latest is not None
+    print(f"checkpoints: {directory}, every {args.save_every} steps"
+          + (f"; continuing the run there from step {latest} (--fresh to start over)"
+             if args.resume else "; run the same command again to continue after a stop"))
     return manager
 
 

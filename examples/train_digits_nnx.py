@@ -1,7 +1,7 @@
 """``train_digits.py`` in Flax NNX: the same loader, data and checkpoints, an ``nnx.Module``.
 
-Run: ``python examples/train_digits_nnx.py`` (needs ``pip install -e .[examples]``); add
-``--resume`` to continue from the latest checkpoint, as in ``train_digits.py``.
+Run: ``python examples/train_digits_nnx.py`` (needs ``pip install -e .[examples]``); run it
+again to continue from the latest checkpoint, as ``train_digits.py`` does.
 
 What differs from the Linen example:
 - the model and optimizer are objects (``nnx.Module``, ``nnx.Optimizer``) updated in place by

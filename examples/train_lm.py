@@ -1,7 +1,7 @@
 """Train a small byte-level Flax language model on packed sequences of Python's own sources.
 
-Run: ``python examples/train_lm.py`` (needs ``pip install -e .[examples]``); add ``--resume``
-to continue from the latest checkpoint. No download: the text is the standard library's
+Run: ``python examples/train_lm.py`` (needs ``pip install -e .[examples]``); run it again to
+continue from the latest checkpoint (``--fresh`` starts over). No download: the text is the standard library's
 ``.py`` files of the Python that runs it (sorted by path, the first ``--files`` of them;
 every ``--held-out``-th of those is kept for evaluation).
 
@@ -14,7 +14,7 @@ What it shows:
   padding and the step from one document into the next;
 - the packed rows are an ordinary source: 2 workers, a device-put thread with 2 batches ready,
   an Orbax ``CheckpointManager`` saving model, optimizer and loader position together; a killed
-  run resumed with ``--resume`` gives the very same losses as a run never interrupted;
+  run started again gives the very same losses as a run never interrupted;
 - the held-out modules are evaluated as a stream would be (a shard each, read in order):
   ``PackedStream`` packs them the same way, and ``StreamLoader(num_epochs=1)`` makes one pass
   that ends, every token once, the rows that pad its last batches masked (``batch["mask"]``).
@@ -138,7 +138,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--checkpoint-dir", default=os.path.join("checkpoints", "lm"))
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint (the default when there is one)")
     parser.add_argument("--fresh", action="store_true",
                         help="delete --checkpoint-dir first and start a new run")
     parser.add_argument("--loss-log", help="append every step's loss here, as JSON lines")

@@ -65,9 +65,10 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     killed_at = _losses(cut / "losses.jsonl")[-1]["step"]
     assert kill_after <= killed_at < steps, "the kill must land mid-run"
 
-    proc = _train(cut, script, args, steps, save_every, "--resume")
+    proc = _train(cut, script, args, steps, save_every)  # the same command continues the run
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
+    assert "continuing the run there from step " in out
     resumed_from = int(out.split("resumed from step ")[1].split()[0])
     assert 0 < resumed_from <= killed_at and resumed_from % save_every == 0
     resumed = _losses(cut / "losses.jsonl")[killed_at:]
@@ -76,6 +77,12 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     assert not mismatched, f"losses differ after the restore at steps {mismatched[:10]}"
     if not digits:  # the same model evaluated on the same held-out pass
         assert _held_out_line(out) == held_out
+    if run == "digits":  # README's main command run once more: the run is done, exit 0
+        proc = _train(cut, script, args, steps, save_every)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert f"trained to step {steps} in {cut / 'checkpoints' / 'digits'}; --fresh" in out
+        assert _losses(cut / "losses.jsonl")[-1]["step"] == steps  # and nothing trained again
 
 
 def _held_out_line(out: str) -> str:
