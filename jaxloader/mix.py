@@ -88,6 +88,12 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
                           f"names), got {stopping_strategy!r}")
     if all(streams):
         return MixedStream(parts, schedule, stopping_strategy)
+    if any(isinstance(s, Mixture) for s in parts):  # read by index, it would lose its weights
+        raise ConfigError(
+            "mix(sources): a mixture of sources inside a mixture; mix the sources in one "
+            "jl.mix, each weight the product of its own and its mixture's (mix([a, b], [1, 1]) "
+            "at 0.5 beside c at 0.5: mix([a, b, c], [0.25, 0.25, 0.5]))"
+        )
     if stopping_strategy != STOPPING_STRATEGIES[0]:
         raise ConfigError(
             f"mix(stopping_strategy={stopping_strategy!r}): a mixture of sources has no "

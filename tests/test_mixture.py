@@ -304,3 +304,17 @@ def test_bad_named_weights_are_named(sources, weights, match):
     given = dict(zip(("web", "books", "code"), parts)) if sources == "dict" else parts
     with pytest.raises(jl.ConfigError, match=match):
         jl.mix(given, weights)
+
+
+def test_a_mixture_of_sources_inside_a_mixture_a_map_or_a_concatenation_is_refused():
+    # each read the inner mixture by index: its components one after another, weights unused
+    a, b = jl.ArraySource({"x": np.zeros(8)}), jl.ArraySource({"x": np.ones(8)})
+    inner = jl.mix([a, b], [1, 0])
+    with pytest.raises(jl.ConfigError, match=r"mixture of sources inside a mixture.*"
+                                             r"mix\(\[a, b, c\], \[0.25, 0.25, 0.5\]\)"):
+        jl.mix([inner, a], [1, 1])
+    with pytest.raises(jl.ConfigError, match=r"MapSource\(source\): got a mixture.*"
+                                             r"jl.mix\(\[MapSource\(a, ...\)"):
+        jl.MapSource(inner, lambda r: r)
+    with pytest.raises(jl.ConfigError, match=r"ConcatSource: sources\[1\] is a mixture"):
+        jl.ConcatSource([a, inner])

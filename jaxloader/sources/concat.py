@@ -34,7 +34,15 @@ class ConcatSource:
             raise ConfigError(
                 f"ConcatSource(sources): expected a non-empty list of sources, got {sources!r:.80}"
             )
+        from jaxloader.sources.mixture import Mixture
+
         sources = [adapt(s) for s in sources]  # datasets.Dataset parts as NumPy
+        for k, source in enumerate(sources):
+            if isinstance(source, Mixture) and type(self) is ConcatSource:
+                raise ConfigError(
+                    f"ConcatSource: sources[{k}] is a mixture (jl.mix), which it would read as "
+                    "its components one after another, the weights unused; mix the other "
+                    "sources in with it instead: jl.mix([a, b, other], weights)")
         lengths = []
         for k, source in enumerate(sources):
             try:

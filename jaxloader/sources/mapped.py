@@ -50,7 +50,10 @@ class MapSource:
 
     def __init__(self, source: Source, fn: Callable[[Any], Any], *, batched: bool = False,
                  lengths_kept: bool = True) -> None:
+        from jaxloader.sources.mixture import refuse_mixture
+
         source = adapt(source)  # a datasets.Dataset: read as NumPy, as the loader reads it
+        refuse_mixture(source, "MapSource")
         check_source(source)
         if not callable(fn):
             raise ConfigError(f"MapSource(fn): expected a function of a record (or, with "
