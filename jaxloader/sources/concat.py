@@ -29,16 +29,18 @@ from jaxloader.sources.huggingface import adapt
 class ConcatSource:
     """``sources[0]``'s records, then ``sources[1]``'s, and so on."""
 
+    # False for a source whose records by index are not what a loader reads of it (a Mixture:
+    # its weights apply through the loader's sampler): refused as a part
+    read_by_index = True
+
     def __init__(self, sources: Sequence[Source]) -> None:
         if isinstance(sources, (str, bytes)) or not len(sources):
             raise ConfigError(
                 f"ConcatSource(sources): expected a non-empty list of sources, got {sources!r:.80}"
             )
-        from jaxloader.sources.mixture import Mixture
-
         sources = [adapt(s) for s in sources]  # datasets.Dataset parts as NumPy
         for k, source in enumerate(sources):
-            if isinstance(source, Mixture) and type(self) is ConcatSource:
+            if not getattr(source, "read_by_index", True):
                 raise ConfigError(
                     f"ConcatSource: sources[{k}] is a mixture (jl.mix), which it would read as "
                     "its components one after another, the weights unused; mix the other "

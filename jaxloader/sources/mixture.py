@@ -25,6 +25,8 @@ from jaxloader.sources.concat import ConcatSource
 class Mixture(ConcatSource):
     """The components as one source, and the weights (from step 0, and from later steps)."""
 
+    read_by_index = False  # (ConcatSource)
+
     def __init__(self, sources: Sequence[Source], schedule: dict[int, np.ndarray]) -> None:
         super().__init__(sources)
         self.schedule = schedule  # step -> normalised weights, from step 0
