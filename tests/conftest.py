@@ -47,9 +47,18 @@ def _segments() -> set[str]:
     return found
 
 
+_SLOW = {line.strip() for line in open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"))
+         if line.strip() and not line.startswith("#")}
+
+
 def pytest_collection_modifyitems(config, items):
-    """``JAXLOADER_E2E=0`` skips the end-to-end tests (marked ``e2e``): CI runs them on its
-    newest Python only, and the rest on both (``.ci/run``)."""
+    """Marks ``slow`` the tests listed in slow_tests.txt and the end-to-end ones (the fast
+    check is ``-m "not slow"``). ``JAXLOADER_E2E=0`` skips the end-to-end tests (marked
+    ``e2e``): CI runs them on its newest Python only, and the rest on both (``.ci/run``)."""
+    slow = pytest.mark.slow
+    for item in items:
+        if "e2e" in item.keywords or item.nodeid.split("[")[0] in _SLOW:
+            item.add_marker(slow)
     if os.environ.get("JAXLOADER_E2E", "1") != "0":
         return
     skip = pytest.mark.skip(reason="end to end: run on CI's newest Python (JAXLOADER_E2E=0)")

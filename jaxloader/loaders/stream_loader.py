@@ -50,6 +50,11 @@ from jaxloader.batching.transforms import split_transforms
 class StreamLoader(LoaderLifecycle):
     """Batches of a stream of records read in order: files of lines or tar shards, generators.
 
+    ``transforms``, ``num_workers``, ``prefetch``, ``worker_init_fn``, ``start_method``,
+    ``process_index``, ``process_count``, ``sharding``, ``device_prefetch``,
+    ``stall_warning_s``, ``timeout_s`` and ``log_every_s`` are as for ``DataLoader`` (a
+    generator that blocks in a worker is reported as a transform is).
+
     Args:
         stream: a ``jaxloader.Stream`` (``Stream.jsonl(paths)``, ``Stream.tar(paths)``,
             ``Stream.from_generator(fn, shards=n)``, or ``Stream(shards)``), a list of shards,
@@ -57,9 +62,6 @@ class StreamLoader(LoaderLifecycle):
             either packed into rows of tokens (``jl.PackedStream(stream, "tokens", 2048)``).
         batch_size: records per batch per process.
         seed: orders the shards each epoch, the shuffle windows and every ``RandomMap``.
-        transforms, num_workers, prefetch, worker_init_fn, start_method, process_index,
-        process_count, sharding, device_prefetch, stall_warning_s, timeout_s: as for
-            ``DataLoader`` (a generator that blocks in a worker is reported as a transform is).
         readers_per_process: the readers of this process (``K``; each reads its own share of
             the shards), by default ``max(1, num_workers)``; a multiple of ``num_workers``
             (each worker hosts ``K / num_workers``). The batches depend on ``K``, not on the

@@ -1,0 +1,66 @@
+"""The Python blocks of the documentation's pages, run as a reader would run them.
+
+Every fenced block whose info string is exactly ``python`` runs, in page order, in one namespace
+a page (a later block uses what an earlier one defined), in a fresh empty working directory, in a
+process of its own with JAX on 8 CPU devices. A block that cannot run here (a cluster, a TPU pod)
+is written as a ``{code-block} python`` directive instead: shown, not run.
+
+``python tests/doc_blocks.py PAGE.md ...`` runs pages by hand; ``tests/test_docs.py`` runs them
+all in the suite, so the docs cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+
+# Run in the page's own process: each block compiled under the page's name and line, so a
+# failure's traceback points at the line of the page.
+_RUNNER = """
+import sys
+page, blocks = sys.argv[1], eval(sys.stdin.read())
+namespace = {"__name__": "__main__"}
+for line, code in blocks:
+    exec(compile("\\n" * (line - 1) + code, page, "exec"), namespace)
+"""
+
+
+def blocks(page: Path) -> list[tuple[int, str]]:
+    """The page's runnable blocks: ``(line of the block's first code line, code)``."""
+    text = page.read_text()
+    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in _FENCE.finditer(text)]
+
+
+def run_page(page: Path, timeout_s: float = 240) -> subprocess.CompletedProcess:
+    """Runs ``page``'s blocks in a new process; returns it finished (``returncode`` 0: all ran)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    with tempfile.TemporaryDirectory(prefix="jaxloader-docs-") as cwd:
+        return subprocess.run([sys.executable, "-c", _RUNNER, str(page)], cwd=cwd, env=env,
+                              input=repr(blocks(page)), capture_output=True, text=True,
+                              timeout=timeout_s)
+
+
+def main(pages: list[str]) -> int:
+    failed = 0
+    for name in pages:
+        page = Path(name).resolve()
+        done = run_page(page)
+        print(f"{name}: {len(blocks(page))} blocks, "
+              f"{'ran' if done.returncode == 0 else 'FAILED'}")
+        if done.returncode:
+            failed += 1
+            print(done.stdout[-4000:], done.stderr[-4000:], sep="\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
