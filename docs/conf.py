@@ -21,14 +21,14 @@ extensions = [
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "_templates", "README.md"]
+exclude_patterns = ["_build", "_templates", "screenshots"]
 templates_path = ["_templates"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links, as GitHub renders them
 
 autosummary_generate = True
-autodoc_default_options = {"members": True, "member-order": "bysource", "show-inheritance": False}
+autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 autodoc_class_signature = "separated"  # the class, then __init__'s parameters
