@@ -256,6 +256,15 @@ def test_stale_iterators_and_close():
         iter(dl)
     with pytest.raises(jl.JaxloaderError, match="closed"):
         next(it)
+    stream = jl.StreamLoader(jl.Stream.from_generator(_digits, shards=1), batch_size=2,
+                             process_index=0, process_count=1)
+    it = iter(stream)
+    iter(stream)
+    with pytest.raises(jl.JaxloaderError, match="called on its StreamLoader since"):
+        next(it)  # it said "its DataLoader"
+    stream.close()
+    with pytest.raises(jl.JaxloaderError, match="^StreamLoader is closed"):
+        iter(stream)
 
 
 def test_process_defaults_come_from_jax():

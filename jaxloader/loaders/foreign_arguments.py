@@ -19,7 +19,7 @@ _REMEDIES = {
                   "whole batch, pass transforms=[..., jaxloader.BatchMap(fn)]",
     "pin_memory": "pass sharding= (and device_prefetch=) to have batches placed on the "
                   "devices by a background thread",
-    "prefetch_factor": "use prefetch= (batches in flight per worker)",
+    "prefetch_factor": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
     "persistent_workers": "nothing to set: workers live as long as the loader; close() ends "
                           "them",
     "sampler": "the order comes from shuffle=True or jaxloader.LocalShuffle(...) and seed=; "
@@ -38,7 +38,7 @@ _REMEDIES = {
     "operations": "use transforms= (jaxloader.Map, RandomMap, BatchMap)",
     "shard_options": "use process_index= and process_count= (left None: JAX's)",
     "data_source": "pass the source as the first argument",
-    "worker_buffer_size": "use prefetch= (batches in flight per worker)",
+    "worker_buffer_size": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
     "read_options": "use num_workers= (and prefetch=)",
 }
 

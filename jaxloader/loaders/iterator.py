@@ -48,7 +48,8 @@ class BatchRuns(Protocol):
 class Progress:
     """Where a loader is, whether it can go on, and how long its consumer waited."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "DataLoader") -> None:
+        self.owner = owner  # the loader's class, for messages
         self.step = 0  # the global step of the next batch handed out
         self.generation = 0  # iterators of older generations are stale
         self.broken: JaxloaderError | None = None  # raised by every later call
@@ -60,7 +61,7 @@ class Progress:
         if self.broken is not None:
             raise self.broken
         if self.closed:
-            raise JaxloaderError("DataLoader is closed; create a new one to iterate again")
+            raise JaxloaderError(f"{self.owner} is closed; create a new one to iterate again")
 
     def stats(self, gauges: Gauges, pids: list[int], num_workers: int) -> LoaderStats:
         """The stats of the consumer's side with the engine's ``gauges`` (see ``LoaderStats``)."""
@@ -154,7 +155,7 @@ class LoaderIterator:
             progress.check()
             raise JaxloaderError(
                 "this iterator is stale: iter(), load_state_dict() or close() was called on its "
-                "DataLoader since it was made; call iter(loader) again"
+                f"{progress.owner} since it was made; call iter(loader) again"
             )
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration

@@ -166,7 +166,7 @@ class StreamLoader(LoaderLifecycle):
             from jaxloader.sharding.put import Putter
 
             self._putter = Putter(sharding, process_count)
-        self._progress = Progress()
+        self._progress = Progress("StreamLoader")
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0
         self._reports: dict[int, dict] = {}

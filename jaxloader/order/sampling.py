@@ -174,7 +174,8 @@ class Sampler:
         if last_batch not in LAST_BATCH_POLICIES:
             raise ConfigError(
                 f"last_batch: expected one of {LAST_BATCH_POLICIES}, got {last_batch!r}; "
-                "use 'drop' to skip the short last batch, 'pad' to fill it with masked rows"
+                "use 'drop' to skip the short last batch, 'pad' to fill it with masked rows, "
+                "'partial' to keep it smaller"
             )
         if last_batch == "partial" and process_count > 1:
             raise ConfigError(
