@@ -56,12 +56,16 @@ def test_the_readme_is_a_front_page_with_the_two_commands():
     assert 'pip install -e ".[test]" && python -m pytest' in ci  # CI runs README's command
 
 
+# The pages' code and the site's build run once in CI, on its newest Python (e2e): CI's 20
+# minutes have no room for both; the guides were run on JAX 0.10 and 0.12 when written.
+@pytest.mark.e2e
 @pytest.mark.parametrize("page", [p for p in DOCS if blocks(Path(ROOT, p))])
 def test_the_python_blocks_of_a_page_run(page):
     done = run_page(Path(ROOT, page))
     assert done.returncode == 0, f"{page}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
 
 
+@pytest.mark.e2e
 def test_the_site_builds_without_a_warning_and_documents_every_public_name(tmp_path):
     # -W: a warning fails the build; nitpicky (docs/conf.py): so does a reference to a jaxloader
     # name that is not documented. No network: no inventories are fetched.

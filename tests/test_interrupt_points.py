@@ -30,7 +30,7 @@ from resume_harness import assert_same_batch
 pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
               pytest.mark.e2e]  # (an exhaustive sweep: on one Python in CI)
 PACKAGE = os.path.dirname(jl.__file__)
-WARM, AFTER = 5, 6  # batches before the interrupted call, and checked after it
+WARM, AFTER = 5, 4  # batches before the interrupted call, and checked after it
 RESTORED = 3  # the step of the state restored into a loader at step WARM
 
 
