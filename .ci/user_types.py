@@ -14,6 +14,11 @@ import numpy as np
 import jaxloader as jl
 
 loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, drop_last=True)
+plain = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2)
+doubled = [batch["x"] * 2 for batch in plain]  # a batch is Any unless the code says which
+typed: jl.DataLoader[dict[str, np.ndarray]] = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}),
+                                                            batch_size=2)
+count: int = next(iter(typed))
 """
 
 cache, config = os.path.abspath(".mypy_cache"), os.path.abspath("pyproject.toml")
@@ -24,8 +29,13 @@ with tempfile.TemporaryDirectory() as cwd:
                            "train.py"],
                           cwd=cwd, capture_output=True, text=True)
 print(done.stdout, end="")
-if done.returncode != 1 or 'Argument "drop_last" to "DataLoader"' not in done.stdout or \
-        "import-not-found" in done.stdout:
-    print("user_types: expected mypy to see jaxloader and flag drop_last=True only", file=sys.stderr)
+expected = ['train.py:4: error: Argument "drop_last" to "DataLoader"',
+            'train.py:9: error: Incompatible types in assignment (expression has type '
+            '"dict[str, ndarray']
+errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+if len(errors) != 2 or not all(any(e.startswith(x) for e in errors) for x in expected):
+    print(f"user_types: expected mypy to see jaxloader and flag exactly {expected}",
+          file=sys.stderr)
     sys.exit(1)
-print("user_types: a user's script sees jaxloader's types (drop_last=True flagged)")
+print("user_types: a user's script sees jaxloader's types (drop_last=True flagged, a typed "
+      "loader's batch checked)")

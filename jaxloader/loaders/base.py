@@ -12,7 +12,7 @@ A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Self
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Self
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
@@ -24,6 +24,12 @@ from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placem
 
 if TYPE_CHECKING:
     from jaxloader.loaders.diagnosis import Diagnosis
+
+
+class Workers(Protocol):
+    """Workers elsewhere, for ``workers=``: ``jaxloader.ray.RayWorkers``."""
+
+    def engine(self, maker: Maker) -> Engine: ...
 
 
 class LoaderLifecycle:
@@ -42,7 +48,7 @@ class LoaderLifecycle:
         self._jax_pending = check_jax_placement(self._placement, self._jax_pending)
 
     def _start_engine(self, maker: Maker, worker_init_fn: Callable[[int], None] | None,
-                      workers: Any = None) -> Engine:
+                      workers: Workers | None = None) -> Engine:
         """The engine of ``maker``'s batches: in this process, worker processes, or
         ``workers``' (an object whose ``engine(maker)`` gives one: ``jaxloader.ray``)."""
         options = self._options

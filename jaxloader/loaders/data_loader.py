@@ -14,14 +14,14 @@ See ``jaxloader.loaders.iterator`` for iteration and ``jaxloader.engines.in_proc
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, Never, Sequence
+from typing import Any, Callable, Generic, Literal, Never, Sequence
 
 import numpy as np
 
 from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import source_fingerprint, source_files
-from jaxloader.loaders.iterator import LoaderIterator, Progress
-from jaxloader.loaders.base import LoaderLifecycle
+from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
+from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.batching.batch_maker import BatchMaker
@@ -38,7 +38,7 @@ from jaxloader.loaders.state import check_state, make_state
 from jaxloader.batching.transforms import split_transforms
 
 
-class DataLoader(LoaderLifecycle):
+class DataLoader(LoaderLifecycle, Generic[BatchT]):
     """Batches of a random-access source, deterministic in ``(seed, epoch, step)``.
 
     Args:
@@ -140,7 +140,7 @@ class DataLoader(LoaderLifecycle):
         stall_warning_s: float | None = 300.0,
         timeout_s: float | None = None,
         log_every_s: float | None = None,
-        workers: Any = None,
+        workers: Workers | None = None,
         **unknown: Never,
     ) -> None:
         from jaxloader.streams import Stream
@@ -203,7 +203,7 @@ class DataLoader(LoaderLifecycle):
         """The epoch of the next batch."""
         return self._progress.step // self._sampler.steps_per_epoch
 
-    def peek(self) -> Any:
+    def peek(self) -> BatchT:
         """The batch the next ``next()`` gives, without moving the position.
 
         Made in this process (also with workers), and placed like the others when a sharding
@@ -221,7 +221,7 @@ class DataLoader(LoaderLifecycle):
         return batch if self._putter is None else self._putter(batch)
 
     # -- iteration --------------------------------------------------------------------------
-    def __iter__(self) -> LoaderIterator:
+    def __iter__(self) -> LoaderIterator[BatchT]:
         self._progress.check()
         self._check_placement()
         self._invalidate()

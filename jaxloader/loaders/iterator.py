@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable, Generator, Protocol
+from typing import Any, Callable, Generator, Generic, Protocol
+
+from typing_extensions import TypeVar
 
 from jaxloader.base.errors import JaxloaderError, WorkerError
 from jaxloader.base.stats import LoaderStats, WorkerStats
@@ -97,7 +99,15 @@ class Progress:
         self.check_at = 0.0  # when next() next looks at the first batch and the monitor
 
 
-class LoaderIterator:
+BatchT = TypeVar("BatchT", default=Any)
+"""A loader's batch: a pytree (dicts, tuples, lists) of ``np.ndarray``, or of ``jax.Array`` with
+``sharding=``. ``Any`` unless the code says which, as JAX's own pytrees are (a union of array
+and containers would make ``batch["image"] * 2`` a type error): ``loader:
+jl.DataLoader[dict[str, np.ndarray]] = jl.DataLoader(...)`` types ``next()``, ``peek()`` and
+the ``for`` loop's batch."""
+
+
+class LoaderIterator(Generic[BatchT]):
     """Yields batches from a start step; valid until the next ``iter()``, restore or close."""
 
     def __init__(self, progress: Progress, start: int, stop: int | None, engine: BatchRuns,
@@ -119,7 +129,7 @@ class LoaderIterator:
         self._last_return: float | None = None
         self._interrupted = True  # no work under way yet: _start() (or the first next()) starts it
 
-    def _start(self) -> "LoaderIterator":
+    def _start(self) -> "LoaderIterator[BatchT]":
         """Starts the engine run (and the device-prefetch thread). Called by the loader once it
         holds this iterator: a Ctrl-C after the thread starts must leave it to the loader to
         stop (``jaxloader.base.interrupts``, 3), or it would drive the engine beside the next run."""
@@ -143,10 +153,10 @@ class LoaderIterator:
             self._prefetcher.start()  # held before it runs: an interrupt cannot orphan it
         self._interrupted = False
 
-    def __iter__(self) -> "LoaderIterator":
+    def __iter__(self) -> "LoaderIterator[BatchT]":
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> BatchT:
         entered = time.perf_counter()
         progress = self._progress
         if progress.broken is not None:

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import copy
 import weakref
-from typing import Any, Callable, Generator, Literal, Never, Sequence
+from typing import Any, Callable, Generator, Generic, Literal, Never, Sequence
 
 import numpy as np
 
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
-from jaxloader.loaders.iterator import LoaderIterator, Progress
-from jaxloader.loaders.base import LoaderLifecycle
+from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
+from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.loaders.state import STATE_VERSION, check_stream_state
@@ -47,7 +47,7 @@ from jaxloader.batching.transforms import split_transforms
 
 
 
-class StreamLoader(LoaderLifecycle):
+class StreamLoader(LoaderLifecycle, Generic[BatchT]):
     """Batches of a stream of records read in order: files of lines or tar shards, generators.
 
     ``transforms``, ``num_workers``, ``prefetch``, ``worker_init_fn``, ``start_method``,
@@ -107,7 +107,7 @@ class StreamLoader(LoaderLifecycle):
                  device_prefetch: int = 2, readers_per_process: int | None = None,
                  num_epochs: int | None = None, mask_key: str = "mask",
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
-                 log_every_s: float | None = None, workers: Any = None,
+                 log_every_s: float | None = None, workers: Workers | None = None,
                  **unknown: Never) -> None:
         refuse("StreamLoader", unknown)
         if workers is not None:
@@ -137,22 +137,22 @@ class StreamLoader(LoaderLifecycle):
                 "StreamLoader(num_workers='auto'): pass readers_per_process= too, e.g. 8: the "
                 "batches depend on it (the worker count does not), and the loader chooses "
                 "among the worker counts that divide it")
-        workers, auto_workers = automatic("num_workers", num_workers, start=1)
+        count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
-        self._options = LoaderOptions(workers, num_epochs, mask_key, ahead, start_method,
+        self._options = LoaderOptions(count, num_epochs, mask_key, ahead, start_method,
                                       device_prefetch, stall_warning_s, timeout_s, log_every_s,
                                       auto_workers, auto_prefetch)
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream: ReadableStream = given
-        hosts = max(1, workers)  # what hosts readers: the workers, or this process
+        hosts = max(1, count)  # what hosts readers: the workers, or this process
         self._readers = check_int(
             "readers_per_process", hosts if readers_per_process is None else readers_per_process,
             low=1, remedy="readers a process, a multiple of num_workers, e.g. 8")
         if self._readers % hosts:
             raise ConfigError(
-                f"readers_per_process: expected a multiple of num_workers ({workers}), got "
+                f"readers_per_process: expected a multiple of num_workers ({count}), got "
                 f"{self._readers}; each worker hosts the same number of readers (a state "
                 f"restores into any worker count that divides readers_per_process)")
         self._maker = StreamBatchMaker(
@@ -196,7 +196,7 @@ class StreamLoader(LoaderLifecycle):
         return [n for n in range(1, self._readers + 1) if self._readers % n == 0]
 
     # -- iteration --------------------------------------------------------------------------
-    def __iter__(self) -> LoaderIterator:
+    def __iter__(self) -> LoaderIterator[BatchT]:
         self._progress.check()
         self._check_placement()
         self._invalidate()
@@ -232,7 +232,7 @@ class StreamLoader(LoaderLifecycle):
             ends = passes.stops_of(states, self.num_epochs)
         return ends
 
-    def peek(self) -> Any:
+    def peek(self) -> BatchT:
         """The batch the next ``next()`` gives, made in this process; the position stays."""
         self._progress.check()
         step = self._progress.step
