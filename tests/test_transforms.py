@@ -121,6 +121,10 @@ def test_grain_transform_objects_are_taken_as_the_same_transforms(num_workers):
     with pytest.raises(jl.ConfigError, match=r"Filter\(_Even.filter\) drops records.*"
                                              r"FilteredSource"):
         jl.DataLoader(source, batch_size=4, transforms=[_Even()])
+    # where that error sends the user: FilteredSource takes the same object (it said "expected
+    # a function")
+    assert jl.FilteredSource(source, _Even()).indices.tolist() == [0, 2, 4, 6]
+    assert jl.FilteredSource(source, jl.Filter(_Even().filter)).indices.tolist() == [0, 2, 4, 6]
     stream = jl.Stream.from_generator(lambda i: ({"x": j} for j in range(10)), 1)
     with jl.StreamLoader(stream, batch_size=4, transforms=[_Even(), _Double()],
                          process_index=0, process_count=1) as loader:

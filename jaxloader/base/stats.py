@@ -60,7 +60,9 @@ class LoaderStats(NamedTuple):
     workers: tuple[WorkerStats, ...] = ()
     num_workers: int = 0  # worker processes in use now (``num_workers="auto"`` changes it)
     ready_ahead: float = 0.0  # batches made and waiting, on average, when one was handed out
-    batches_made: int = 0  # batches made by workers or in process (some still ahead)
+    # batches made, as reported: ahead of ``batches`` by those waiting, or behind for a moment
+    # (a worker reports its batches at most every 50 ms)
+    batches_made: int = 0
     first_batch_s: float = 0.0  # from the first next() to its batch (workers' start included)
 
     @property

@@ -34,7 +34,7 @@ from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
-from jaxloader.batching.transforms import fn_name
+from jaxloader.batching.transforms import Filter, fn_name, from_grain
 
 CHUNK = 4096  # records read at once while filtering
 
@@ -45,7 +45,8 @@ class FilteredSource:
     it), or in ``num_workers`` worker processes, as a ``DataLoader``'s. Or ``indices``: the
     record numbers to keep (an array; any order, repeats allowed), or the path of a ``.npy``
     file that keeps the ones ``keep`` found (read back on the next run; delete it when the
-    data or the predicate change).
+    data or the predicate change). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
+    object (its ``filter`` method), as a ``StreamLoader``'s ``transforms=`` takes them.
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -55,12 +56,17 @@ class FilteredSource:
         ([0, 2, 3], 3)
     """
 
-    def __init__(self, source: Source, keep: Callable[[Any], Any] | None = None, *,
+    def __init__(self, source: Source, keep: Callable[[Any], Any] | Filter | None = None, *,
                  indices: np.ndarray | str | os.PathLike | None = None,
                  num_workers: int = 0) -> None:
         source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy
         refuse_mixture(source, "FilteredSource")
         n = check_source(source)
+        grain = from_grain(keep)  # a Grain Filter, as the loaders' transforms= take it
+        if isinstance(keep, Filter):
+            keep = keep.fn
+        elif isinstance(grain, Filter):
+            keep = grain.fn
         if keep is not None and not callable(keep):
             raise ConfigError(f"FilteredSource(keep): expected a function of a record "
                               f"returning True to keep it, got {type(keep).__name__}")

@@ -124,6 +124,9 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             f"state['version']: expected {STATE_VERSION}, received {state['version']!r}; this "
             "state was written by another jaxloader version that this one cannot read"
         )
+    then, now = state.get("files"), expected.get("files")
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+        _check_files(then, now, paths)  # a file changed: named, before the fingerprint it moves
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [f"{k}: expected {expected.get(k)!r}, received {state.get(k)!r}" for k in compared
              if state.get(k) != expected.get(k)]
