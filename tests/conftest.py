@@ -59,6 +59,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "e2e" in item.keywords or item.nodeid.split("[")[0] in _SLOW:
             item.add_marker(slow)
+    # The slow ones first: the two test processes (-n 2) then end on short tests together,
+    # not one of them on a minute-long test while the other idles
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if os.environ.get("JAXLOADER_E2E", "1") != "0":
         return
     skip = pytest.mark.skip(reason="end to end: run on CI's newest Python (JAXLOADER_E2E=0)")
