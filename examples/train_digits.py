@@ -129,6 +129,8 @@ def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
         print(f"trained to step {latest} in {directory}; --fresh to train again, or "
               f"--steps N (over {latest}) to train on from there")
         raise SystemExit(0)
+    if args.resume and latest is None:
+        print(f"--resume: no checkpoint in {directory} yet; a new run starts")
     args.resume = latest is not None
     print(f"checkpoints: {directory}, every {args.save_every} steps"
           + (f"; continuing the run there from step {latest} (--fresh to start over)"
@@ -148,6 +150,7 @@ def report(step: int, loss: jax.Array, log: Any, progress: tqdm, loader: jl.Data
 
 def main() -> None:
     args = parse_args()
+    manager = open_checkpoints(args)  # first: a finished run is reported at once
     train, test = digits_split()
     # Explicit axes: a batch's sharding is part of its type (AxisType.Auto works the same way).
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
@@ -168,7 +171,6 @@ def main() -> None:
         return {"params": optax.apply_updates(state["params"], updates),
                 "opt_state": opt_state}, loss
 
-    manager = open_checkpoints(args)
     step = 0
     if args.resume and manager.latest_step() is not None:
         step = manager.latest_step()
@@ -186,8 +188,9 @@ def main() -> None:
         for step in progress:
             state, loss = train_step(state, next(batches))
             report(step + 1, loss, log, progress, loader)
-            manager.save(step + 1, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), loader=LoaderSave(loader)))
+            manager.save(step + 1, args=ocp.args.Composite(  # the last step always: a run
+                state=ocp.args.StandardSave(state), loader=LoaderSave(loader)),  # found done
+                         force=step + 1 == args.steps)
         verdict = loader.diagnose() if loader.stats.batches >= 2 else None
     manager.wait_until_finished()
     manager.close()

@@ -50,6 +50,7 @@ def train_step(model: MLP, optimizer: nnx.Optimizer, batch: dict) -> jax.Array:
 
 def main() -> None:
     args = parse_args()
+    manager = open_checkpoints(args)  # first: a finished run is reported at once
     if args.checkpoint_dir == os.path.join("checkpoints", "digits"):  # not the Linen run's
         args.checkpoint_dir = os.path.join("checkpoints", "digits_nnx")
     train, test = digits_split()
@@ -59,7 +60,6 @@ def main() -> None:
         model = MLP(nnx.Rngs(args.seed))
         optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
 
-    manager = open_checkpoints(args)
     step = 0
     if args.resume and manager.latest_step() is not None:
         step = manager.latest_step()
@@ -80,8 +80,9 @@ def main() -> None:
             loss = train_step(model, optimizer, next(batches))
             report(step + 1, loss, log, progress, loader)
             state = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
-            manager.save(step + 1, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), loader=LoaderSave(loader)))
+            manager.save(step + 1, args=ocp.args.Composite(  # the last step always: a run
+                state=ocp.args.StandardSave(state), loader=LoaderSave(loader)),  # found done
+                         force=step + 1 == args.steps)
     manager.wait_until_finished()
     manager.close()
 

@@ -148,6 +148,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    manager = open_checkpoints(args)  # first: a finished run is reported at once
     train_paths, eval_paths = stdlib_paths(args.files, args.held_out)
     packed = jl.PackedSource(stdlib_documents(train_paths), "tokens", args.length,
                              method="best_fit", seed=args.seed)
@@ -175,7 +176,6 @@ def main() -> None:
         return {"params": optax.apply_updates(state["params"], updates),
                 "opt_state": opt_state}, loss
 
-    manager = open_checkpoints(args)  # the digits example's: refuses to mix runs
     step = 0
     if args.resume and manager.latest_step() is not None:
         step = manager.latest_step()
@@ -193,8 +193,9 @@ def main() -> None:
         for step in progress:
             state, loss = train_step(state, next(batches))
             report(step + 1, loss, log, progress, loader)
-            manager.save(step + 1, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), loader=LoaderSave(loader)))
+            manager.save(step + 1, args=ocp.args.Composite(  # the last step always: a run
+                state=ocp.args.StandardSave(state), loader=LoaderSave(loader)),  # found done
+                         force=step + 1 == args.steps)
     manager.wait_until_finished()
     manager.close()
     print(f"final loss: {float(loss):.4f} (bits per byte {float(loss) / np.log(2):.3f})")

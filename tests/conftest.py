@@ -47,8 +47,8 @@ def _segments() -> set[str]:
     return found
 
 
-_SLOW = {line.strip() for line in open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"))
-         if line.strip() and not line.startswith("#")}
+with open(os.path.join(os.path.dirname(__file__), "slow_tests.txt")) as _listed:
+    _SLOW = {line.strip() for line in _listed if line.strip() and not line.startswith("#")}
 
 
 def pytest_collection_modifyitems(config, items):

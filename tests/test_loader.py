@@ -57,6 +57,9 @@ def test_repr_says_what_a_loader_reads_how_and_where_it_is():
                             "0.75]), batch_size=2, process 1 of 2, num_workers=0, step=0)")
     assert repr(jl.PackedStream(digits, "tokens", 16)).startswith(
         "PackedStream(Stream(4 shards: ")
+    records = jl.DataLoader([{"x": i} for i in range(10_000)], batch_size=10,
+                            process_index=0, process_count=1)
+    assert len(repr(records)) < 250 and "... (10,000 records)" in repr(records)
 
 
 def test_pad_needs_dict_records_and_a_free_mask_key():
@@ -267,11 +270,17 @@ def test_stale_iterators_and_close():
         iter(stream)
 
 
-def test_process_defaults_come_from_jax():
+def test_process_defaults_come_from_jax(monkeypatch):
     import jax
 
     dl = jl.DataLoader(source(), batch_size=2)
     assert dl.state_dict()["process_count"] == jax.process_count() == 1
+    monkeypatch.setattr(jax, "process_index", lambda: 1)  # JAX imported: asked
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    dl = jl.DataLoader(source(), batch_size=2)
+    assert (dl.process_index, dl.process_count) == (1, 2)
+    dl = jl.DataLoader(source(), batch_size=2, process_index=0)  # one given: JAX says the other
+    assert (dl.process_index, dl.process_count) == (0, 2)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])

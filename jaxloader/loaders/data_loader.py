@@ -192,7 +192,10 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         return self._sampler.steps_per_epoch
 
     def _reads(self) -> str:
-        return f"{self._source!r}, {len(self)} batches an epoch"
+        source = repr(self._source)  # (a list of records is a source: its repr is every one)
+        if len(source) > 120:
+            source = f"{source[:100]}... ({len(self._source):,} records)"
+        return f"{source}, {len(self)} batches an epoch"
 
     @property
     def device_prefetch(self) -> int:
@@ -216,6 +219,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             >>> loader.peek()["x"].shape, loader.step
             ((4, 3), 0)
         """
+        self._check_placement()
         self._progress.check()
         batch, _ = self._maker.make(self._progress.step)
         return batch if self._putter is None else self._putter(batch)
@@ -241,10 +245,12 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
     def state_dict(self) -> dict[str, Any]:
         """The position (next global step), the configuration it depends on and a fingerprint
         of the source; JSON-ready."""
+        self._check_placement()
         return make_state(self._sampler, self._progress.step, self._source_fingerprint())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
+        self._check_placement()
         self._progress.step = check_state(state, self._sampler, self._source_fingerprint(),
                                           [path for path, _ in self._files])
         self._invalidate()

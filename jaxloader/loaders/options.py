@@ -112,10 +112,11 @@ def placement(batch_size: int, process_index: int | None,
     batch_size = check_int("batch_size", batch_size, low=1,
                            remedy="pass a positive batch size per process")
     if process_index is None or process_count is None:
-        jax = sys.modules.get("jax")  # workers never get here
-        if jax is None:  # see jax_pending: one process, checked again by iter()
-            index, count = 0, 1
-        else:
+        if process_index is None and process_count is None and "jax" not in sys.modules:
+            index, count = 0, 1  # see jax_pending: one process, checked again by iter()
+        else:  # one given (a multi-process run), or JAX in use: JAX says the other
+            import jax  # (workers never get here)
+
             index, count = jax.process_index(), jax.process_count()
         process_index = index if process_index is None else process_index
         process_count = count if process_count is None else process_count
@@ -128,14 +129,15 @@ def placement(batch_size: int, process_index: int | None,
 
 def jax_pending(process_index: int | None, process_count: int | None) -> tuple[bool, bool]:
     """Which of the place's two numbers ``placement`` takes as one process's without asking
-    JAX: those left ``None`` while this process has not imported JAX. Such a process has not
-    called ``jax.distributed.initialize()``, so it is the only one as far as JAX knows yet;
-    importing JAX to ask would start its runtime in a process that may still fork workers
-    (``start_method="fork"``) or initialise ``jax.distributed``. ``check_jax_placement``
-    asks JAX at ``iter()``, once it is imported."""
-    if "jax" in sys.modules:
+    JAX: both, when both are left ``None`` and this process has not imported JAX. Such a
+    process has not called ``jax.distributed.initialize()``, so it is the only one as far as
+    JAX knows yet; importing JAX to ask would start its runtime in a process that may still
+    fork workers (``start_method="fork"``) or initialise ``jax.distributed``.
+    ``check_jax_placement`` asks JAX at ``iter()`` (and ``peek()``, ``state_dict()``,
+    ``load_state_dict()``), once it is imported."""
+    if "jax" in sys.modules or process_index is not None or process_count is not None:
         return False, False
-    return process_index is None, process_count is None
+    return True, True
 
 
 def check_jax_placement(place: Placement, pending: tuple[bool, bool]) -> tuple[bool, bool]:

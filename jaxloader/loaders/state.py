@@ -125,7 +125,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             "state was written by another jaxloader version that this one cannot read"
         )
     then, now = state.get("files"), expected.get("files")
-    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now) and \
+            sorted(map(str, then)) != sorted(map(str, now)):  # (not the same files reordered)
         _check_files(then, now, paths)  # a file changed: named, before the fingerprint it moves
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [f"{k}: expected {expected.get(k)!r}, received {state.get(k)!r}" for k in compared
@@ -217,6 +218,7 @@ def _check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
                if a != b]
     raise StateDictError(
         f"state['files']: {len(changed)} of the source's {len(now)} files changed since the "
-        f"state was saved ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''}): "
-        "the saved step would read other records than it named; restore over the files as "
-        "they were (put them back), or start the run again without this state")
+        f"state was saved, or are other files ({'; '.join(changed[:3])}"
+        f"{'; ...' if len(changed) > 3 else ''}): the saved step would read other records "
+        "than it named; restore over the files the state was saved over, as they were (put "
+        "them back), or start the run again without this state")

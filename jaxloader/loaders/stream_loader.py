@@ -234,6 +234,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
 
     def peek(self) -> BatchT:
         """The batch the next ``next()`` gives, made in this process; the position stays."""
+        self._check_placement()
         self._progress.check()
         step = self._progress.step
         maker = copy.deepcopy(self._maker)  # its own shards: the running reader's stay put
@@ -261,6 +262,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
 
     def state_dict(self) -> dict[str, Any]:
         """This process's position: the step and each of its readers' state; JSON-ready."""
+        self._check_placement()
         step = self._progress.step
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
@@ -269,6 +271,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
+        self._check_placement()
         readers = check_stream_state(state, self._config(), self.process_index,
                                      self._stream.extra_state(), self._readers)
         self._stream.check_extra_state(state, state["step"])

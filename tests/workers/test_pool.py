@@ -435,19 +435,23 @@ def test_a_loader_left_to_jax_for_its_place_does_not_import_it_so_fork_stays_ope
     with jl.DataLoader(src, batch_size=4, num_workers=1, start_method="fork") as dl:
         print(dl.process_index, dl.process_count, len(list(dl)), "jax" in sys.modules)
     dl = jl.DataLoader(src, batch_size=4)
+    state = dl.state_dict()
     import jax
     jax.process_index, jax.process_count = (lambda: 1), (lambda: 2)  # as after distributed init
-    try:
-        iter(dl)
-    except jl.ConfigError as e:
-        print(e)
+    for call in (lambda: iter(dl), dl.peek, lambda: dl.load_state_dict(state)):
+        try:
+            call()
+        except jl.ConfigError as e:
+            print(e)
     """)
     out, err = proc.communicate(timeout=60)
     lines = out.splitlines()
     assert lines[0] == "0 1 5 False", err
-    assert lines[1].startswith("process_index/process_count: the loader was made before JAX "
-                               "was imported") and "process 1 of 2" in lines[1] and \
-        "after jax.distributed.initialize()" in lines[1], out + err
+    assert len(lines) == 4, out + err  # iter(), peek() and load_state_dict() each refuse
+    for line in lines[1:]:
+        assert line.startswith("process_index/process_count: the loader was made before JAX "
+                               "was imported") and "process 1 of 2" in line and \
+            "after jax.distributed.initialize()" in line, out + err
 
 
 def test_a_worker_error_surfaces_at_its_own_step_after_the_earlier_batches():
