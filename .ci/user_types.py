@@ -25,8 +25,8 @@ cache, config = os.path.abspath(".mypy_cache"), os.path.abspath("pyproject.toml"
 with tempfile.TemporaryDirectory() as cwd:
     with open(os.path.join(cwd, "train.py"), "w") as f:
         f.write(USER_SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", cache, "--config-file", config,
-                           "train.py"],
+    done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", cache, "--config-file",
+                           config, "train.py"],
                           cwd=cwd, capture_output=True, text=True)
 print(done.stdout, end="")
 expected = ['train.py:4: error: Argument "drop_last" to "DataLoader"',

@@ -1,9 +1,9 @@
 """Train a small byte-level Flax language model on packed sequences of Python's own sources.
 
 Run: ``python examples/train_lm.py`` (needs ``pip install -e .[examples]``); run it again to
-continue from the latest checkpoint (``--fresh`` starts over). No download: the text is the standard library's
-``.py`` files of the Python that runs it (sorted by path, the first ``--files`` of them;
-every ``--held-out``-th of those is kept for evaluation).
+continue from the latest checkpoint (``--fresh`` starts over). No download: the text is the
+standard library's ``.py`` files of the Python that runs it (sorted by path, the first
+``--files`` of them; every ``--held-out``-th of those is kept for evaluation).
 
 What it shows:
 - each file is a document of bytes (tokens 1..256, 0 is padding) in a ``RaggedSource``;

@@ -44,7 +44,8 @@ class LoaderLifecycle:
     _monitor: Monitor | None
 
     def _check_placement(self) -> None:
-        """At ``iter()``: a place taken while JAX was not imported, against JAX's now."""
+        """At ``iter()``, ``peek()`` and the state's calls: a place taken while JAX was not
+        imported, against JAX's now."""
         self._jax_pending = check_jax_placement(self._placement, self._jax_pending)
 
     def _start_engine(self, maker: Maker, worker_init_fn: Callable[[int], None] | None,

@@ -52,8 +52,9 @@ class LoaderOptions:
                                          remedy="pass None for an endless iterator"))
         keep("num_workers", check_int("num_workers", self.num_workers, low=0,
                                       remedy="0 runs in this process; 'auto' chooses"))
-        keep("prefetch", check_int("prefetch", self.prefetch, low=1,
-                                   remedy="tasks in flight per worker, a task up to 16 batches; 'auto' chooses"))
+        keep("prefetch", check_int(
+            "prefetch", self.prefetch, low=1,
+            remedy="tasks in flight per worker, a task up to 16 batches; 'auto' chooses"))
         keep("device_prefetch", check_int(
             "device_prefetch", self.device_prefetch, low=0,
             remedy="batches kept ready on device; 0 places each batch inside next()"))
