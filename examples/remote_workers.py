@@ -22,7 +22,7 @@ import ray
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxloader as jl  # noqa: E402
 from jaxloader.ray import RayWorkers  # noqa: E402
-from train_digits import MLP, augment, cross_entropy, digits_split  # noqa: E402
+from train_digits import MLP, augment, digits_split, train_step_of  # noqa: E402
 
 
 def main() -> None:
@@ -48,15 +48,7 @@ def main() -> None:
     params = model.init(jax.random.key(0), jnp.zeros((1, 8, 8)))
     state = {"params": params, "opt_state": tx.init(params)}
 
-    @jax.jit
-    def train_step(state, batch):
-        def loss_fn(p):
-            return cross_entropy(model.apply(p, batch["image"]), batch["label"])
-
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates),
-                "opt_state": opt_state}, loss
+    train_step = train_step_of(model, tx)
 
     with loader(workers=RayWorkers(args.actors)) as remote:
         print(f"{args.actors} Ray actors, pids {remote.worker_pids}")

@@ -148,6 +148,22 @@ def report(step: int, loss: jax.Array, log: Any, progress: tqdm, loader: jl.Data
                              input_wait=f"{loader.stats.wait_fraction:.1%}")
 
 
+def train_step_of(model: MLP, tx: optax.GradientTransformation) -> Any:
+    """The jitted step: ``(state, batch) -> (state, loss)``, state ``{"params", "opt_state"}``."""
+
+    @jax.jit
+    def train_step(state, batch):
+        def loss_fn(p):
+            return cross_entropy(model.apply(p, batch["image"]), batch["label"])
+
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates),
+                "opt_state": opt_state}, loss
+
+    return train_step
+
+
 def main() -> None:
     args = parse_args()
     manager = open_checkpoints(args)  # first: a finished run is reported at once
@@ -161,15 +177,7 @@ def main() -> None:
     params = model.init(jax.random.key(args.seed), jnp.zeros((1, 8, 8)))
     state = jax.device_put({"params": params, "opt_state": tx.init(params)}, replicated)
 
-    @jax.jit
-    def train_step(state, batch):
-        def loss_fn(p):
-            return cross_entropy(model.apply(p, batch["image"]), batch["label"])
-
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates),
-                "opt_state": opt_state}, loss
+    train_step = train_step_of(model, tx)
 
     step = 0
     if args.resume and manager.latest_step() is not None:
