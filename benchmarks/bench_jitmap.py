@@ -11,9 +11,10 @@ medians):
 - heavy: 4,096 images of 64x64x3 uint8 through colour jitter (brightness, contrast,
   saturation, each random a record), a 3x3 blur with edge padding and a clip: a pipeline of many
   small operations a record, where a NumPy transform pays Python on each;
-- the ceiling of each: two bare processes doing nothing but run the compiled function on a
-  ready batch (XLA on one core each, as in the workers), asked for batches as a loader is and
-  taking its turn in each round; "of ceiling" is the median of each round's ratio to it;
+- the ceiling of each: two bare processes doing nothing but run the JitMap on a ready batch
+  (XLA on one core each, a chunk of rows at a time, as in the workers; its output into a buffer
+  made once), asked for batches as a loader is and taking its turn in each round; "of ceiling"
+  is the median of each round's ratio to it;
 - first batch (construction -> first batch, 2 workers) with the JitMap and with the RandomMap.
 """
 
@@ -100,22 +101,26 @@ def tf_heavy(record: dict) -> dict:
 
 # -- the ceiling -------------------------------------------------------------------------------
 def _compiled_loop(fn, shape: tuple, requests, done) -> None:
-    """Runs ``jit(vmap(fn))`` on one ready batch for each request, as a worker's XLA runs."""
+    """Runs the JitMap on one ready batch for each request, as a worker runs it (XLA on one
+    core, a chunk of rows at a time) with nothing else: no source read, no slot, no hand-over;
+    its output into one buffer, made once."""
     os.environ.setdefault("JAXLOADER_XLA_THREADS", "1")
-    import jax
+    from jaxloader.batching.record_columns import batch_columns
 
-    from jaxloader.batching.jit_map import cpu_device, record_keys
-
-    cpu = cpu_device()
-    compiled = jax.jit(jax.vmap(lambda r, k: fn(r, jax.random.wrap_key_data(
-        k, impl="threefry2x32"))))
+    jit_map = jl.JitMap(fn)
     rng = np.random.default_rng(os.getpid())
-    batch = {"image": rng.integers(0, 256, (BATCH, *shape), np.uint8),
-             "label": np.arange(BATCH, dtype=np.int32)}
+    treedef, columns = batch_columns({"image": rng.integers(0, 256, (BATCH, *shape), np.uint8),
+                                      "label": np.arange(BATCH, dtype=np.int64)}, BATCH)
+    out: list = []
+
+    def alloc(nbytes: int) -> np.ndarray:
+        if not out:
+            out.append(np.zeros(nbytes, np.uint8))
+        return out[0]
     n = 0
     while requests.get() is not None:
-        keys = record_keys(0, 0, np.arange(n * BATCH, (n + 1) * BATCH), 0)
-        jax.tree.map(np.asarray, compiled(*jax.device_put((batch, keys), cpu)))
+        jit_map.run(treedef, columns, BATCH, seed=0, epoch=0, alloc=alloc,
+                    positions=np.arange(n * BATCH, (n + 1) * BATCH))
         done.put(n)
         n += 1
 

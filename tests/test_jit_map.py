@@ -122,3 +122,25 @@ def test_a_stream_with_a_jit_map_is_the_same_with_0_and_2_workers():
             return [next(it) for it in [iter(loader)] for _ in range(6)]
 
     assert same(run(2), run(0))
+
+
+def test_a_batch_run_in_chunks_of_rows_is_the_batch_run_at_once():
+    # ~1.3 KB of input and output a record: chunks of 2 rows; the partial batches of 5 run as
+    # 2 + 2 + 2 (the last chunk filled up with rows of the one before, dropped)
+    with loader(0) as whole:
+        expected = list(whole)
+    assert whole._maker.batch_transforms[0]._compiled._cache_size() == 2  # shapes 8 and 5
+    chunked = jl.JitMap(augment, chunk_bytes=3000)
+
+    def in_chunks(workers):
+        with jl.DataLoader(records(), batch_size=8, shuffle=True, seed=5, last_batch="partial",
+                           transforms=[jl.Map(decode), chunked], num_workers=workers,
+                           num_epochs=2, process_index=0, process_count=1) as it:
+            return list(it), it._maker.batch_transforms[0]
+
+    made, used = in_chunks(0)
+    assert used._compiled._cache_size() == 1  # one shape: chunks of 2 rows
+    assert same(made, expected)
+    assert same(in_chunks(2)[0], expected)  # written into the slots a chunk at a time
+    with pytest.raises(jl.ConfigError, match=r"chunk_bytes=.*expected a positive int"):
+        jl.JitMap(augment, chunk_bytes=0)

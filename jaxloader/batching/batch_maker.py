@@ -37,7 +37,7 @@ from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
 from jaxloader.batching.record_transforms import RecordTransforms
-from jaxloader.batching.jit_map import JitMap, aligned
+from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.transforms import BatchMap, returned_none
 
 
@@ -241,25 +241,33 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     under its name, taken off its collation (which the caller times whole)."""
     if not batch_transforms:
         return collate.materialize(treedef, columns, alloc)
-    # A JitMap's input at 64-byte aligned addresses: XLA then reads it where it is, no copy
-    to_xla = type(batch_transforms[0]) is JitMap and not any(c.dtype.hasobject for c in columns)
-    batch, _ = collate.materialize(treedef, columns, aligned if to_xla else None)
     seed, epoch, positions = keyed
+    last = len(batch_transforms) - 1
+    batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
     for i, t in enumerate(batch_transforms):
         start = perf_counter()
+        layout, outside = None, 0.0
         if type(t) is JitMap:  # (its errors name the batch, the transform and the remedy)
-            batch = t(batch, seed=seed, epoch=epoch, index=i, where=where,
-                      positions=np.arange(size) if positions is None else positions)
+            if batch is not None:
+                treedef, columns = batch_columns(batch, size)
+            batch, layout, outside = t.run(
+                treedef, columns, size, seed=seed, epoch=epoch, index=i, where=where,
+                positions=np.arange(size) if positions is None else positions,
+                alloc=alloc if i == last else None)
         else:
+            if batch is None:
+                batch = collate.materialize(treedef, columns)[0]
             try:
                 batch = t.fn(batch)
             except Exception as e:
                 raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
         if clock is not None:  # (a timed batch)
-            spent = perf_counter() - start
+            spent = perf_counter() - start - outside
             clock.add_sampled(stage_name(t), spent)
             clock.add_sampled(COLLATE, -spent)
         if batch is None:
             raise returned_none(where(), t)
+        if layout is not None:  # a JitMap wrote it into alloc
+            return batch, layout
     treedef, columns = batch_columns(batch, size)
     return collate.materialize(treedef, columns, alloc)

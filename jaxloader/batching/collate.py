@@ -221,6 +221,29 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
     return batch
 
 
+def stack_rows(column: Column, a: int, b: int, out: np.ndarray) -> np.ndarray:
+    """Rows ``a`` to ``b`` of a numeric ``column`` stacked into ``out`` (a ``JitMap``'s input,
+    a chunk of rows at a time).
+
+    Example:
+        >>> c = Column("['x']", (4, 2), np.dtype(np.int64), [np.full(2, i) for i in range(4)])
+        >>> stack_rows(c, 1, 3, np.empty((2, 2), np.int64)).tolist()
+        [[1, 1], [2, 2]]
+    """
+    values = column.values
+    if type(values) is _TakeParts:
+        parts = [(r[(r >= a) & (r < b)] - a, loc[(r >= a) & (r < b)])
+                 for r, loc in zip(values.rows, values.local)]
+        values = _TakeParts(values.arrays, [r for r, _ in parts], [loc for _, loc in parts])
+    elif type(values) is DeferredTake:
+        values = values.rows(a, b)
+    else:
+        values = values[a:b]
+    positions = None if column.positions is None else column.positions[a:b]
+    return _stack(Column(column.path, (b - a, *column.shape[1:]), column.dtype, values,
+                         positions), out)
+
+
 def gathered_columns(gathered: dict[str, Any], size: int) -> tuple[tree_lib.TreeDef, list]:
     """Columns of a flat dict of ``size`` rows a column: arrays, ``DeferredTake``s (rows still to
     gather) or ``StringColumn``s (a source's ``gather_columns``)."""

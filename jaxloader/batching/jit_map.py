@@ -4,17 +4,21 @@ training process with ``num_workers=0``).
 
 ::
 
-    records ──Map, RandomMap (NumPy, a record at a time)──> collated batch (NumPy)
-            ──JitMap: jit(vmap(fn))(batch[, keys]) on the CPU device──> NumPy ──> the slot
+    records ──Map, RandomMap (NumPy, a record at a time)──> columns
+            ──JitMap, a chunk of rows at a time: gathered into aligned buffers (reused)
+              ──jit(vmap(fn))(chunk[, keys]) on the CPU device──> written into the slot
     keys: a jax.random key a record, from (seed, epoch, position, transform index): never from
           the worker, so a batch is the same with any worker count and after a restore
 
-XLA compiles the function once a batch shape (JAX's own cache: a partial last batch is one more
-compilation) and fuses its operations into a pass or two over memory, where a NumPy transform
-pays Python a record and a memory pass an operation. JAX is imported only where a ``JitMap``
-runs, and its computation stays on the CPU: a worker's JAX is CPU-only
-(``workers/process.py``); in the training process the inputs are put on the CPU device, which
-the compiled function follows.
+XLA fuses the function's operations into a pass or two over memory, where a NumPy transform
+pays Python a record and a memory pass an operation. It runs on chunks of rows whose input and
+output fit the caches (``chunk_bytes``): a whole batch at once would go through memory three
+times (gathered, run, copied into the slot), and through a fresh output each time. In a
+worker, freed memory stays for the next chunk's output (glibc's ``mallopt``: given back, XLA's
+next output is faulted in page by page). Compiled once a chunk shape (JAX's own
+cache; a last chunk of fewer rows runs at the chunk's shape). JAX is imported only where a
+``JitMap`` runs, and its computation stays on the CPU: a worker's JAX is CPU-only
+(``workers/process.py``); in the training process the function is compiled for the CPU device.
 
 Example:
     >>> import numpy as np
@@ -29,7 +33,9 @@ from __future__ import annotations
 import inspect
 import linecache
 import os
+import threading
 import traceback
+from time import perf_counter
 from typing import Any, Callable
 
 import numpy as np
@@ -37,12 +43,16 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import MASK64, POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.batching import collate
+from jaxloader.batching.collate import Layout
+from jaxloader.batching.record_columns import batch_columns
 
 # The errors of a function that does not trace: Python control flow on a traced value, a NumPy
 # call on one (found by name: JAX's error classes moved between versions)
 _NOT_TRACING = ("ConcretizationTypeError", "TracerBoolConversionError",
                 "TracerArrayConversionError", "TracerIntegerConversionError",
                 "NonConcreteBooleanIndexError")
+CHUNK_BYTES = 16 << 20  # a chunk's input and output together: what stays in the caches
 THREADS_ENV = "JAXLOADER_XLA_THREADS"  # cores a worker's XLA CPU backend is sized for
 _KEY_SALT = 0x9E3779B97F4A7C15  # a JitMap's keys differ from each other's and a RandomMap's
 
@@ -54,9 +64,11 @@ class JitMap:
     ``key`` is a ``jax.random`` key a record, derived from ``(seed, epoch, position)``, so the
     batch stays a pure function of its step (any worker count, a restore). Put NumPy ``Map``s
     (decoding, Python logic) before it; ``BatchMap``s may follow. ``random``: whether ``fn``
-    takes the key (by default: whether it takes two positional arguments). Dtypes are JAX's:
-    without ``jax_enable_x64``, 64-bit inputs are taken as 32-bit (return them from a
-    ``Map`` before, or cast back in a ``BatchMap`` after, where 64 bits matter).
+    takes the key (by default: whether it takes two positional arguments). ``chunk_bytes``:
+    the batch runs a chunk of rows at a time, as many (a power of two) as have this much input
+    and output together (16 MiB: they stay in the caches; the same chunks in every process).
+    Dtypes are JAX's: without ``jax_enable_x64``, 64-bit inputs are taken as 32-bit (return
+    them from a ``Map`` before, or cast back in a ``BatchMap`` after, where 64 bits matter).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -70,13 +82,19 @@ class JitMap:
         ((4, 8, 8), dtype('float32'))
     """
 
-    def __init__(self, fn: Callable[..., Any], *, random: bool | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], *, random: bool | None = None,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
         if not callable(fn):
             raise ConfigError(f"JitMap(fn): expected a callable, got {type(fn).__name__} "
                               f"{fn!r:.60}")
+        if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+            raise ConfigError(f"JitMap(chunk_bytes=...): expected a positive int (bytes), got "
+                              f"{chunk_bytes!r:.60}")
         self.fn = fn
         self.random = takes_key(fn) if random is None else bool(random)
+        self.chunk_bytes = chunk_bytes
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
+        self._local = threading.local()  # a thread's chunk sizes and input buffers
         code = getattr(fn, "__code__", None)  # its file, named in errors (a pickled
         self._file = None if code is None else code.co_filename  # function's may be lost)
 
@@ -84,19 +102,80 @@ class JitMap:
         return f"JitMap({getattr(self.fn, '__qualname__', None) or repr(self.fn)})"
 
     def __getstate__(self) -> dict:
-        return {"fn": self.fn, "random": self.random, "file": self._file}  # (not compiled)
+        return {"fn": self.fn, "random": self.random, "file": self._file,  # (not compiled)
+                "chunk_bytes": self.chunk_bytes}
 
     def __setstate__(self, state: dict) -> None:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
+        self.chunk_bytes = state["chunk_bytes"]
         self._compiled = None
+        self._local = threading.local()
 
     def __call__(self, batch: Any, *, seed: int, epoch: int, positions: np.ndarray,
                  index: int = 0, where: Callable[[], str] = lambda: "a batch") -> Any:
         """``fn`` on each record of the collated ``batch`` (leading axis: records), as NumPy
         arrays; ``positions``: the records' places in ``epoch`` (their keys')."""
-        import jax  # here only: a loader without a JitMap never imports JAX in its workers
+        treedef, columns = batch_columns(batch, len(positions))
+        return self.run(treedef, columns, len(positions), seed=seed, epoch=epoch,
+                        positions=positions, index=index, where=where)[0]
 
-        cpu = cpu_device()
+    def run(self, treedef: tree_lib.TreeDef, columns: list, size: int, *, seed: int,
+            epoch: int, positions: np.ndarray, index: int = 0,
+            where: Callable[[], str] = lambda: "a batch",
+            alloc: Callable[[int], Any] | None = None) -> tuple[Any, Layout | None, float]:
+        """``fn`` over the ``size`` rows of ``columns`` (a batch's leaves), a chunk of rows at a
+        time: each chunk is gathered into the same aligned buffers, run, and written out while
+        it is still in the caches. Written into ``alloc(nbytes)`` when given, its
+        layout returned, else into fresh arrays. Also returns the seconds spent gathering the
+        input and writing the output (collation's, not the transform's).
+
+        A last chunk of fewer rows is run at the chunk's shape (one compilation a batch
+        shape), its extra rows those of the chunk before, their results dropped."""
+        import jax
+
+        _check_columns(columns, self, where)
+        compiled = self._jitted()
+        rows = self._chunk_rows(treedef, columns, where, compiled, size)
+        inputs = self._inputs(columns, rows)
+        record = tree_lib.unflatten(treedef, inputs)
+        keys = record_keys(seed, epoch, positions, index) if self.random else None
+        views: list | None = None
+        out_treedef: Any = None
+        layout = None
+        outside = 0.0
+        for a in range(0, size, rows):
+            b = min(size, a + rows)
+            start = perf_counter()
+            for column, buffer in zip(columns, inputs):
+                collate.stack_rows(column, a, b, buffer[:b - a])
+            args = (record,) if keys is None else (record, np.resize(keys[a:b], (rows, 2)))
+            outside += perf_counter() - start
+            out = self._call(compiled, args, where)
+            start = perf_counter()
+            if views is None:  # the first chunk: the output's structure, checked
+                out_treedef, out_columns = batch_columns(jax.tree.map(np.asarray, out), rows)
+                leaves = [c.values for c in out_columns]
+                if rows == size and alloc is None:  # one chunk: XLA's arrays are the batch
+                    views = [leaf.copy() if _aliases(leaf, inputs) else leaf for leaf in leaves]
+                    return tree_lib.unflatten(out_treedef, views), None, outside
+                full = [c._replace(shape=(size, *c.shape[1:])) for c in out_columns]
+                if alloc is None:
+                    views = [np.empty(c.shape, c.dtype) for c in full]
+                else:
+                    layout = collate.layout_of(out_treedef, full)
+                    views = layout.leaf_views(alloc(layout.nbytes))
+            else:
+                leaves = tree_lib.flatten(jax.tree.map(np.asarray, out))[0]
+            for view, leaf in zip(views, leaves):
+                view[a:b] = leaf[:b - a]
+            outside += perf_counter() - start
+        assert views is not None
+        return tree_lib.unflatten(out_treedef, views), layout, outside
+
+    def _jitted(self) -> Any:
+        """``jit(vmap(fn))`` on the CPU device, made once in the process that runs it."""
+        import jax
+
         if self._compiled is None:
             fn, random, file = self.fn, self.random, self._file
 
@@ -108,12 +187,47 @@ class JitMap:
                 except Exception as e:  # the user's line, before JAX filters the traceback
                     setattr(e, "jaxloader_line", _user_line(e, fn, file))
                     raise
-            self._compiled = jax.jit(jax.vmap(traced))
-        _check_leaves(batch, self, where)
-        args = (batch, record_keys(seed, epoch, positions, index)) if self.random else (batch,)
+            on_cpu = jax.sharding.SingleDeviceSharding(cpu_device())  # (NumPy inputs go there)
+            self._compiled = jax.jit(jax.vmap(traced), in_shardings=on_cpu,
+                                     out_shardings=on_cpu)
+        return self._compiled
+
+    def _chunk_rows(self, treedef: tree_lib.TreeDef, columns: list, where: Callable[[], str],
+                    compiled: Any, size: int) -> int:
+        """Rows a chunk: the largest power of two whose input and output fit ``chunk_bytes``
+        (found once a record signature, the output's size traced from one row), at most
+        ``size``: a function of the shapes only, so the same in every process."""
+        import jax
+
+        signature = (treedef, tuple((c.shape[1:], c.dtype) for c in columns))
+        rule = self._local.__dict__.setdefault("rows", {}).get(signature)
+        if rule is None:
+            one = tree_lib.unflatten(treedef, [np.zeros((1, *c.shape[1:]), c.dtype)
+                                               for c in columns])
+            args = (one,) if not self.random else (one, np.zeros((1, 2), np.uint32))
+            out = self._call(lambda *a: jax.eval_shape(compiled, *a), args, where)
+            per_row = sum(_row_bytes(x.shape, x.dtype) for x in jax.tree.leaves(out))
+            per_row += sum(_row_bytes(c.shape, c.dtype) for c in columns)
+            rule = 1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1)
+            self._local.rows[signature] = rule
+        return max(1, min(rule, size))
+
+    def _inputs(self, columns: list, rows: int) -> list[np.ndarray]:
+        """This thread's input buffers for a chunk of ``rows``: made once a signature, at
+        64-byte aligned addresses (where XLA reads its input in place)."""
+        signature = (rows, tuple((c.shape[1:], c.dtype) for c in columns))
+        made = self._local.__dict__.setdefault("inputs", {})
+        if signature not in made:
+            made.clear()  # (one signature kept: a last, partial batch's is made again)
+            made[signature] = [aligned(_row_bytes(c.shape, c.dtype) * rows).view(c.dtype)
+                               .reshape(rows, *c.shape[1:]) for c in columns]
+        return made[signature]
+
+    def _call(self, compiled: Any, args: tuple, where: Callable[[], str]) -> Any:
+        """``compiled(*args)``; an error named: the batch, this transform, the user's line and,
+        for a function that does not trace, the remedies."""
         try:
-            out = self._compiled(*jax.device_put(args, cpu))
-            return jax.tree.map(np.asarray, out)
+            return compiled(*args)
         except Exception as e:
             line = getattr(e, "jaxloader_line", None) or _user_line(e, self.fn, self._file)
             if type(e).__name__ in _NOT_TRACING:
@@ -142,6 +256,7 @@ def cpu_device() -> Any:
     if not threads or not hasattr(os, "sched_setaffinity"):
         _CPU.append(jax.devices("cpu")[0])
         return _CPU[0]
+    _keep_freed_memory()
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, sorted(allowed)[:max(1, int(threads))])
     try:
@@ -156,6 +271,24 @@ def cpu_device() -> Any:
 
 
 _CPU: list = []  # cpu_device()'s, once found
+
+
+def _keep_freed_memory() -> None:
+    """In a worker (glibc): memory freed stays in the process for the next allocation. XLA
+    allocates its outputs afresh each call; glibc, left alone, gives such blocks back to the
+    system (``mmap``, heap trimming) and the next call faults them in again, page by page,
+    which cost a JitMap's chunks more than XLA's work. Elsewhere (musl, macOS): nothing."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # blocks up to 32 MiB from the heap (glibc's most)
+    mallopt(_M_TRIM_THRESHOLD, 256 << 20)  # and up to 256 MiB free kept at its top
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def aligned(nbytes: int) -> np.ndarray:
@@ -210,16 +343,25 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def _check_leaves(batch: Any, t: JitMap, where: Callable[[], str]) -> None:
+def _check_columns(columns: list, t: JitMap, where: Callable[[], str]) -> None:
     """Refuses a leaf JAX cannot take (strings, objects), naming it."""
-    leaves, treedef = tree_lib.flatten(batch)
-    for path, leaf in zip(tree_lib.leaf_paths(treedef, "batch"), leaves):
-        dtype = np.asarray(leaf).dtype
-        if dtype.kind not in "biufc":
+    for column in columns:
+        if column.dtype.kind not in "biufc":
             raise RecordError(
-                f"{where()}: {t!r} gets {path} of dtype {dtype}, expected numbers (bool, int, "
-                "uint, float, complex): JAX takes numeric arrays; turn it into numbers in a Map "
-                "before the JitMap, or drop it there")
+                f"{where()}: {t!r} gets batch{column.path} of dtype {column.dtype}, expected "
+                "numbers (bool, int, uint, float, complex): JAX takes numeric arrays; turn it "
+                "into numbers in a Map before the JitMap, or drop it there")
+
+
+def _row_bytes(shape: tuple, dtype: Any) -> int:
+    """Bytes of one row of a leaf of ``shape`` (rows first)."""
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _aliases(leaf: np.ndarray, inputs: list) -> bool:
+    """Whether ``leaf`` is in one of ``inputs`` (an input returned as it is), which the next
+    batch overwrites."""
+    return any(np.may_share_memory(leaf, buffer) for buffer in inputs)
 
 
 def _user_line(e: BaseException, fn: Callable[..., Any], file: str | None) -> str:
