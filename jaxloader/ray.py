@@ -56,7 +56,10 @@ class RayWorkers:
     """``n`` Ray actors that make a loader's batches; ``actor_options`` go to
     ``ray.remote`` (``num_cpus``, ``resources``, ``scheduling_strategy``, ``runtime_env``, ...).
 
-    ``in_flight``: tasks (a few steps each) each actor is asked for ahead;
+    ``in_flight``: tasks (a few steps each) each actor is asked for ahead; ``task_bytes``: the
+    batches a task carries (as many steps as fit, at most 32; at least one): Ray costs the
+    training process ~1 ms of CPU a call whatever its size, so larger tasks cost it less a
+    batch, and hold more of the object store (about ``in_flight x n x task_bytes``);
     ``start_timeout_s``: how long the actors may take to start (Ray waits for free resources)
     before the loader says so. Actors get local workers' environment (``JAX_PLATFORMS=cpu``,
     one thread a math library and for XLA) unless ``runtime_env`` sets those variables.
@@ -66,20 +69,23 @@ class RayWorkers:
         jl.DataLoader(source, batch_size=64, workers=RayWorkers(4, num_cpus=2))
     """
 
-    def __init__(self, n: int, *, in_flight: int = 2, start_timeout_s: float = 120.0,
-                 **actor_options: Any) -> None:
+    def __init__(self, n: int, *, in_flight: int = 2, task_bytes: int = 160 << 20,
+                 start_timeout_s: float = 120.0, **actor_options: Any) -> None:
         if importlib.util.find_spec("ray") is None:
             raise ImportError(f"RayWorkers needs Ray, which is not installed: {INSTALL}")
         self.n = check_int("RayWorkers(n=...)", n, low=1, remedy="the number of actors")
         self.in_flight = check_int("RayWorkers(in_flight=...)", in_flight, low=1,
                                    remedy="the tasks each actor is asked for ahead")
+        self.task_bytes = check_int("RayWorkers(task_bytes=...)", task_bytes, low=1,
+                                    remedy="the bytes of batches a task carries")
         self.start_timeout_s = float(start_timeout_s)
         self.actor_options = {"num_cpus": 1, **actor_options}
 
     def __repr__(self) -> str:
         options = "".join(f", {k}={v!r}" for k, v in self.actor_options.items()
                           if (k, v) != ("num_cpus", 1))
-        return f"RayWorkers({self.n}, in_flight={self.in_flight}{options})"
+        task = f", task_bytes={self.task_bytes}" if self.task_bytes != 160 << 20 else ""
+        return f"RayWorkers({self.n}, in_flight={self.in_flight}{task}{options})"
 
     def engine(self, maker: Maker) -> "RayEngine":
         """The engine of ``maker``'s batches on this many actors (what a loader calls)."""
@@ -107,12 +113,11 @@ class _MakerActor:
 class RayEngine:
     """Makes batches on Ray actors in step order (see the module docstring); an ``Engine``.
 
-    A task is a few consecutive steps (as many as make ``TASK_BYTES``, at most ``MAX_STEPS``),
+    A task is a few consecutive steps (as many as make ``task_bytes``, at most ``MAX_STEPS``),
     one remote call and one object: Ray's cost a call (~1 ms of the training process's CPU,
     whatever its size) is then paid once for several batches."""
 
-    TASK_BYTES = 64 << 20
-    MAX_STEPS = 16
+    MAX_STEPS = 32
 
     def __init__(self, maker: Maker, spec: RayWorkers) -> None:
         import ray
@@ -201,7 +206,7 @@ class RayEngine:
                     leaves = tree_lib.flatten(made[0])[0]
                     nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
                     self._steps = max(1, min(self.MAX_STEPS,
-                                             self.TASK_BYTES // max(1, nbytes)))
+                                             self._spec.task_bytes // max(1, nbytes)))
                 while made:
                     yield made.pop(0)
                 del made

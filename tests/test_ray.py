@@ -176,6 +176,10 @@ def test_bad_ray_workers_arguments_are_refused():
     with pytest.raises(jl.ConfigError, match=r"RayWorkers\(n=...\): expected an int >= 1"):
         RayWorkers(0)
     assert repr(RayWorkers(4, num_cpus=2)) == "RayWorkers(4, in_flight=2, num_cpus=2)"
+    assert repr(RayWorkers(1, task_bytes=1 << 20)) == ("RayWorkers(1, in_flight=2, "
+                                                       "task_bytes=1048576)")
+    with pytest.raises(jl.ConfigError, match=r"RayWorkers\(task_bytes=...\): expected an int"):
+        RayWorkers(1, task_bytes=0)
     with pytest.raises(jl.ConfigError, match="with num_workers=0"):
         loader(workers=RayWorkers(1), num_workers=2)
     with pytest.raises(jl.ConfigError, match="no worker_init_fn, timeout_s"):
