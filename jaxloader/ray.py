@@ -17,9 +17,10 @@ step). When no actor is left, a ``WorkerError`` names the steps lost and what to
 
 Ray is optional (``pip install "jaxloader[ray]"``); the loader uses the Ray session the program
 has (``ray.init(address=...)`` or ``RAY_ADDRESS``) and starts one only where ``ray.init()``
-would. Not built yet (the docs say so): streams (``StreamLoader``) on Ray actors, actors added
-while running, stall reports for a hung actor, the stage timings of remote actors
-(``loader.stats`` has the training process's side only).
+would. A ``StreamLoader``'s readers are hosted by the actors as by local workers
+(``jaxloader.ray_streams``). Not built yet (the docs say so): actors added while running, stall
+reports for a hung actor, the stage timings of remote actors (``loader.stats`` has the
+training process's side only).
 
 Example (needs Ray)::
 
@@ -42,14 +43,14 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_int
-from jaxloader.base.errors import ConfigError, WorkerError
+from jaxloader.base.errors import WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
+from jaxloader.ray_streams import KILLS_PER_TASK, make_stream, stream_batches
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 
 log = logging.getLogger("jaxloader")
 INSTALL = 'pip install "jaxloader[ray]"'
-KILLS_PER_TASK = 3  # actors lost in turn making the same steps: those steps are the cause
 
 
 class RayWorkers:
@@ -109,6 +110,10 @@ class _MakerActor:
         """The batches of steps ``first .. first + count - 1``: one object, one message."""
         return [self._maker.make(step)[0] for step in range(first, first + count)]
 
+    def make_stream(self, first: int, count: int, stride: int, reset: list | None) -> list:
+        """A stream's task (``jaxloader.ray_streams.make_stream``)."""
+        return make_stream(self._maker, first, count, stride, reset)
+
 
 class RayEngine:
     """Makes batches on Ray actors in step order (see the module docstring); an ``Engine``.
@@ -132,8 +137,8 @@ class RayEngine:
         blob = cloudpickle.dumps(maker, protocol=5, buffer_callback=buffers.append)
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
         self._maker_ref: Any = ray.put((blob, arrays))
-        remote = ray.remote(**_with_worker_environment(spec.actor_options))(_MakerActor)
-        self._actors: list[Any] = [remote.remote(self._maker_ref, list(sys.path))
+        self._remote = ray.remote(**_with_worker_environment(spec.actor_options))(_MakerActor)
+        self._actors: list[Any] = [self._remote.remote(self._maker_ref, list(sys.path))
                                    for _ in range(spec.n)]
         self._alive = list(range(spec.n))
         self._turn = 0
@@ -169,13 +174,14 @@ class RayEngine:
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
         """The batches of steps ``start``, ``start + 1``, ... in order; an actor's failure
-        sends its tasks in flight to the others."""
+        sends its tasks in flight to the others. A stream's run (``resets``: each actor's
+        readers) is ``jaxloader.ray_streams``'."""
         if resets is not None:
-            raise ConfigError("a StreamLoader on RayWorkers is not built yet: use local "
-                              "workers (num_workers=N) for streams")
-        errors = self._ray.exceptions
-        lost_actor = tuple(getattr(errors, name) for name in (
-            "RayActorError", "ActorUnavailableError", "ObjectLostError") if hasattr(errors, name))
+            return stream_batches(self, start, stop, resets, reports)
+        return self._batches(start, stop)
+
+    def _batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+        lost_actor = self.lost_errors()
         flight: deque[tuple[int, int, int, Any]] = deque()
         next_submit = start
         try:
@@ -194,29 +200,67 @@ class RayEngine:
                 except lost_actor as e:
                     self._lose(actor, e, flight)
                     continue
-                except errors.RayTaskError as e:
-                    cause = e.cause if getattr(e, "cause", None) is not None else e
-                    raise WorkerError(
-                        f"Ray actor {actor} (pid {self._pids[actor]}) raised making steps "
-                        f"{first}..{first + count - 1} ({self._location(first)}): "
-                        f"{type(cause).__name__}: {cause}; the loader is broken; fix the cause "
-                        "and create a new DataLoader") from cause
+                except self._ray.exceptions.RayTaskError as e:
+                    self.raise_task_error(actor, first, count, e)
                 flight.popleft()
                 if self._steps is None and made:  # the first batch back sizes the tasks
-                    leaves = tree_lib.flatten(made[0])[0]
-                    nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
-                    self._steps = max(1, min(self.MAX_STEPS,
-                                             self._spec.task_bytes // max(1, nbytes)))
+                    self.size_tasks(tree_lib.flatten(made[0])[0])
                 while made:
                     yield made.pop(0)
                 del made
         finally:
             for _, _, _, ref in flight:  # a run left early (a restore, a break): not made
-                try:
-                    self._ray.cancel(ref)
-                except Exception:  # noqa: BLE001 - done already, or its actor is gone
-                    pass
+                self.cancel(ref)
             flight.clear()  # (their objects are freed with their refs)
+
+    def lost_errors(self) -> tuple:
+        """Ray's errors for an actor (or its object) gone: its steps are made again."""
+        errors = self._ray.exceptions
+        return tuple(getattr(errors, name) for name in (
+            "RayActorError", "ActorUnavailableError", "ObjectLostError") if hasattr(errors, name))
+
+    def raise_task_error(self, actor: int, first: int, count: int, e: Any,
+                         stride: int = 1) -> None:
+        """Raises what a task raised as a ``WorkerError`` naming the actor and its steps."""
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        last = first + (count - 1) * stride
+        steps = f"{first}..{last}" if stride == 1 else f"{first}, {first + stride}, ..., {last}"
+        raise WorkerError(
+            f"Ray actor {actor} (pid {self._pids[actor]}) raised making steps "
+            f"{steps} ({self._location(first)}): "
+            f"{type(cause).__name__}: {cause}; the loader is broken; fix the cause "
+            "and create a new loader") from cause
+
+    def size_tasks(self, leaves: list) -> None:
+        """Steps a task from a first batch's ``leaves``: as many as fit ``task_bytes``."""
+        nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
+        self._steps = max(1, min(self.MAX_STEPS, self._spec.task_bytes // max(1, nbytes)))
+
+    def cancel(self, ref: Any) -> None:
+        """Cancels a task not needed any more (done already, or its actor gone: nothing)."""
+        try:
+            self._ray.cancel(ref)
+        except Exception:  # noqa: BLE001 - done already, or its actor is gone
+            pass
+
+    def restart_actor(self, actor: int, lost: str) -> None:
+        """A new actor in ``actor``'s place (a stream's host: its readers' place); ``lost``
+        says what is lost if none starts within ``start_timeout_s``."""
+        ray = self._ray
+        try:
+            ray.kill(self._actors[actor])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self._actors[actor] = self._remote.remote(self._maker_ref, list(sys.path))
+        try:
+            self._pids[actor] = ray.get(self._actors[actor].pid.remote(),
+                                        timeout=self._spec.start_timeout_s)
+        except Exception as e:
+            raise WorkerError(
+                f"Ray actor {actor} is gone and no new one started within "
+                f"{self._spec.start_timeout_s:.0f} s ({type(e).__name__}); {lost}; the cluster "
+                f"has {ray.available_resources()} free: add nodes, then create a new loader "
+                "(or restore its last state into one)") from e
 
     def _lose(self, actor: int, error: BaseException, flight: deque) -> None:
         """Drops a dead actor; its tasks in flight go, in order, to the actors left."""

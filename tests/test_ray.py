@@ -107,7 +107,7 @@ def check_the_same_batches_and_states_across_ray_and_local_workers(cluster, expe
 def check_an_actor_killed_mid_run_loses_and_repeats_nothing(cluster, expected, caplog):
     with loader(slowly=True, workers=RayWorkers(3)) as on_ray:
         it = iter(on_ray)
-        made = [next(it)]  # step 0, a task of its own; steps 1..16 are actor 1's, ~0.3 s of work
+        made = [next(it)]  # step 0, a task of its own; steps 1..32 are actor 1's, ~0.5 s of work
         os.kill(on_ray.worker_pids[1], signal.SIGKILL)  # steps in flight at it go to the others
         made += list(it)
         assert len(on_ray.worker_pids) == 2
@@ -121,7 +121,7 @@ def check_a_node_removed_mid_run_loses_and_repeats_nothing(cluster, expected):
     cluster.wait_for_nodes()
     with loader(slowly=True, workers=RayWorkers(2, resources={"any": 1})) as on_ray:
         it = iter(on_ray)
-        made = [next(it)]  # step 0; steps 1..16 are actor 1's, on the new node or the head
+        made = [next(it)]  # step 0; steps 1..32 are actor 1's, on the new node or the head
         cluster.remove_node(node)  # the actor there is gone with it, and its steps
         made += list(it)
         assert len(on_ray.worker_pids) == 1
@@ -161,6 +161,63 @@ def check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster):
     assert not live_actors()
 
 
+def shard(i):  # a stream's shard: its records a function of i
+    rng = np.random.default_rng(i)
+    return ({"x": rng.random(4).astype(np.float32), "y": np.int64(1000 * i + j)}
+            for j in range(200))
+
+
+def short_shard(i):  # 24 records: a pass of 4 such shards is 24 steps of 4
+    return ({"x": np.full(4, i, np.float32), "y": np.int64(100 * i + j)} for j in range(24))
+
+
+def stream_loader(slowly=False, readers=4, shards=shard, **kw):
+    return jl.StreamLoader(jl.Stream.from_generator(shards, shards=4), batch_size=4, seed=3,
+                           readers_per_process=readers,
+                           transforms=[jl.RandomMap(noisy)] + [jl.Map(slow)] * slowly,
+                           process_index=0, process_count=1, **kw)
+
+
+def check_a_stream_on_actors_is_the_stream_in_process_and_survives_a_lost_actor(cluster, caplog):
+    def take(loader, n, state=None):
+        if state is not None:
+            loader.load_state_dict(state)
+        it = iter(loader)
+        return [next(it) for _ in range(n)], loader.state_dict()
+
+    with stream_loader() as plain:
+        expected, _ = take(plain, 60)
+    with stream_loader(workers=RayWorkers(2)) as on_ray:  # 2 actors, 2 readers each
+        made, ray_state = take(on_ray, 20)
+    assert same(made, expected[:20])
+    with stream_loader(num_workers=4) as local:  # Ray -> local workers
+        made, local_state = take(local, 20, ray_state)
+    assert same(made, expected[20:40])
+    caplog.clear()
+    with stream_loader(slowly=True, workers=RayWorkers(2)) as on_ray:  # local -> Ray
+        on_ray.load_state_dict(local_state)
+        it = iter(on_ray)
+        made = [next(it)]  # step 40; actor 1's tasks of odd steps are in flight (4 ms a step)
+        os.kill(on_ray.worker_pids[1], signal.SIGKILL)
+        made += [next(it) for _ in range(19)]
+        assert len(on_ray.worker_pids) == 2  # a new actor hosts its readers
+    assert same(made, expected[40:60])  # continued from the last batch received, exactly
+    assert any("Ray actor 1" in r.getMessage() and "a new actor continues its readers" in
+               r.getMessage() for r in caplog.records)
+    with stream_loader(shards=short_shard, num_epochs=1) as plain:  # a pass: it ends
+        expected = list(plain)
+    with stream_loader(slowly=True, shards=short_shard, num_epochs=1,
+                       workers=RayWorkers(2)) as on_ray:
+        it = iter(on_ray)
+        made = [next(it) for _ in range(4)]  # steps 1 and 3 from actor 1: its readers' states
+        caplog.clear()
+        os.kill(on_ray.worker_pids[1], signal.SIGKILL)  # ... and their pass's end go along
+        made += list(it)
+    assert len(made) == len(expected) == 24 and same(made, expected)
+    assert any("a new actor continues its readers" in r.getMessage() for r in caplog.records)
+    assert not live_actors()
+
+
 def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
     expected = in_process()
@@ -170,6 +227,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     check_when_every_actor_is_gone_the_error_says_what_was_lost(cluster)
     check_steps_that_kill_every_actor_making_them_are_named(cluster)
     check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster)
+    check_a_stream_on_actors_is_the_stream_in_process_and_survives_a_lost_actor(cluster, caplog)
 
 
 def test_bad_ray_workers_arguments_are_refused():
@@ -184,6 +242,6 @@ def test_bad_ray_workers_arguments_are_refused():
         loader(workers=RayWorkers(1), num_workers=2)
     with pytest.raises(jl.ConfigError, match="no worker_init_fn, timeout_s"):
         loader(workers=RayWorkers(1), timeout_s=5)
-    with pytest.raises(jl.ConfigError, match="streams on Ray actors are not built yet"):
-        jl.StreamLoader(jl.Stream.from_generator(lambda i: iter([{"x": 1}]), shards=1),
-                        batch_size=1, workers=RayWorkers(1), process_index=0, process_count=1)
+    with pytest.raises(jl.ConfigError, match=r"readers_per_process: expected a multiple of "
+                                             r"RayWorkers\(n\) \(2\), got 3"):
+        stream_loader(workers=RayWorkers(2), readers=3)

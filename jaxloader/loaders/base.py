@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 class Workers(Protocol):
     """Workers elsewhere, for ``workers=``: ``jaxloader.ray.RayWorkers``."""
 
+    n: int  # how many (a stream's readers are spread over them)
+
     def engine(self, maker: Maker) -> Engine: ...
 
 

@@ -79,7 +79,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             component run out gives its slots up to the others), or as
             ``mix(..., stopping_strategy="first_exhausted" | "all_exhausted")`` says.
         mask_key: the name of that leaf (records must be dicts).
-        workers: streams on Ray actors (``jaxloader.ray.RayWorkers``) are not built yet: refused.
+        workers: ``jaxloader.ray.RayWorkers(n)``: the readers hosted by ``n`` Ray actors (``n``
+            divides ``readers_per_process``; the same batches and states as ``n`` workers).
         unknown: PyTorch's and Grain's names (``shuffle``, ``drop_last``, ``collate_fn``, ...)
             raise a ``TypeError`` saying what a stream takes instead.
 
@@ -110,9 +111,6 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                  log_every_s: float | None = None, workers: Workers | None = None,
                  **unknown: Never) -> None:
         refuse("StreamLoader", unknown)
-        if workers is not None:
-            raise ConfigError(f"StreamLoader(workers={workers!r:.60}): streams on Ray actors are "
-                              "not built yet; use local workers: num_workers=N")
         given: Any = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
         if not isinstance(given, ReadableStream):
             if not isinstance(given, (list, tuple)):
@@ -146,13 +144,15 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
         self._stream: ReadableStream = given
-        hosts = max(1, count)  # what hosts readers: the workers, or this process
+        # what hosts readers: the workers (Ray actors), or this process
+        hosts = max(1, count) if workers is None else getattr(workers, "n", 1)
+        named = "num_workers" if workers is None else "RayWorkers(n)"
         self._readers = check_int(
             "readers_per_process", hosts if readers_per_process is None else readers_per_process,
-            low=1, remedy="readers a process, a multiple of num_workers, e.g. 8")
+            low=1, remedy=f"readers a process, a multiple of {named}, e.g. 8")
         if self._readers % hosts:
             raise ConfigError(
-                f"readers_per_process: expected a multiple of num_workers ({count}), got "
+                f"readers_per_process: expected a multiple of {named} ({hosts}), got "
                 f"{self._readers}; each worker hosts the same number of readers (a state "
                 f"restores into any worker count that divides readers_per_process)")
         self._maker = StreamBatchMaker(
@@ -171,7 +171,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._base_step = 0
         self._reports: dict[int, dict] = {}
         self._active: LoaderIterator | None = None
-        self._engine = self._start_engine(self._maker, worker_init_fn)
+        self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
     def _states_at(self, step: int) -> list[dict]:
         """Each reader's state once the batches before ``step`` are handed out (copies)."""

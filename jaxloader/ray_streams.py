@@ -1,0 +1,132 @@
+"""A ``StreamLoader``'s run on Ray actors (``jaxloader.ray``): each actor hosts readers, as a
+local worker does.
+
+::
+
+    n actors = n hosts; host w: readers w, w + n, ... of this process's R (n divides R);
+    it makes steps s = w (mod n) (step s: reader s mod R's next batch)
+      actor.make_stream.remote(first, count, n, reset)   tasks of a host, in order; its first
+                                                          task in a run carries ``reset``
+      ray.get in step order <── [(batch, reader state after it), ...]
+    an actor lost (SIGKILL, its node gone): a new actor for its host, reset from the states
+    after that host's last batch received, makes its tasks in flight again, in order
+
+A stream's batches are a function of the readers' states, so a host's batches made again from
+the states of its last batch received are the same batches: nothing is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Generator
+
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.errors import ConfigError, WorkerError
+
+log = logging.getLogger("jaxloader")
+KILLS_PER_TASK = 3  # actors lost in turn making the same steps: those steps are the cause
+
+
+def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
+                   reports: dict | None) -> Generator[Any, None, None]:
+    """The batches of steps ``start``, ``start + 1``, ... of a stream whose readers the
+    engine's actors host (``resets[w]``: host ``w``'s readers' states, continued from);
+    ``reports[step]``: the state of step's reader after its batch, filed as it is handed out."""
+    ray, spec = engine._ray, engine._spec
+    hosts = len(resets)
+    if hosts != len(engine._actors):
+        raise ConfigError(f"{spec!r}: a stream's run over {hosts} hosts, expected one a Ray "
+                          f"actor ({len(engine._actors)})")
+    readers = sum(len(r) for r in resets)
+    held = [list(r) for r in resets]  # each host's readers' states after its last task got
+    flight: list[deque] = [deque() for _ in range(hosts)]  # (first, count, ref) a host
+    next_for = [start + (w - start) % hosts for w in range(hosts)]  # its next step to send
+    sent_reset = [False] * hosts
+    ready: dict[int, tuple] = {}
+    killed: dict[tuple[int, int], int] = {}
+    lost = engine.lost_errors()
+    next_yield = start
+    try:
+        while stop is None or next_yield < stop:
+            for w in range(hosts):  # each host, in_flight tasks ahead
+                while len(flight[w]) < spec.in_flight and (stop is None or next_for[w] < stop):
+                    most = engine._steps or 1
+                    left = most if stop is None else len(range(next_for[w], stop, hosts))
+                    count = min(most, left)
+                    reset = None if sent_reset[w] else held[w]
+                    sent_reset[w] = True
+                    flight[w].append((next_for[w], count, engine._actors[w].make_stream.remote(
+                        next_for[w], count, hosts, reset)))
+                    next_for[w] += count * hosts
+            if next_yield in ready:
+                batch, report = ready.pop(next_yield)
+                if reports is not None:
+                    reports[next_yield] = report
+                next_yield += 1
+                yield batch
+                del batch
+                continue
+            w = next_yield % hosts
+            first, count, ref = flight[w][0]
+            try:
+                made = ray.get(ref)
+            except lost as e:
+                _replace(engine, w, e, flight[w], held[w], hosts, killed)
+                continue
+            except ray.exceptions.RayTaskError as e:
+                engine.raise_task_error(w, first, count, e, stride=hosts)
+            flight[w].popleft()
+            if engine._steps is None and made:  # the first batch back sizes the tasks
+                engine.size_tasks(tree_lib.flatten(made[0][0])[0])
+            for k, (batch, report) in enumerate(made):
+                step = first + k * hosts
+                ready[step] = (batch, report)
+                j = (step % readers) // hosts
+                until = held[w][j].get("until")  # (a pass's end: the loader's, not a report's)
+                held[w][j] = report if until is None else {**report, "until": until}
+            del made
+    finally:
+        for refs in flight:  # a run left early (a restore, a break): not made
+            for _, _, ref in refs:
+                engine.cancel(ref)
+            refs.clear()
+
+
+def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: list,
+             hosts: int, killed: dict) -> None:
+    """Host ``w``'s actor is gone: a new one, reset from the states after that host's last
+    batch received, is sent its tasks in flight again, in order."""
+    first, count, _ = flight[0]
+    killed[(w, first)] = killed.get((w, first), 0) + 1
+    last = first + (count - 1) * hosts
+    steps = (f"step {first}" if count == 1 else
+             f"steps {first}, {first + hosts}, ..., {last}" if count > 2 else
+             f"steps {first} and {last}")
+    if killed[(w, first)] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
+        raise WorkerError(
+            f"{steps} ({engine._location(first)}) were being made by {KILLS_PER_TASK} Ray "
+            "actors in turn, and each died: something in making them ends the process (native "
+            "code in a transform, memory); run those steps with num_workers=0 to see the "
+            "error") from error
+    log.warning("Ray actor %d (pid %s) is gone (%s); a new actor continues its readers from "
+                "its last batch received, %s", w, engine._pids[w], type(error).__name__, steps)
+    engine.restart_actor(w, f"{steps} were in flight and are not made")
+    for i, (first, count, ref) in enumerate(list(flight)):
+        engine.cancel(ref)
+        flight[i] = (first, count, engine._actors[w].make_stream.remote(
+            first, count, hosts, held if i == 0 else None))
+
+
+def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None) -> list:
+    """An actor's task: steps ``first``, ``first + stride``, ... (``count`` of them) of the
+    readers it hosts, each batch with its reader's state after it; ``reset``: those readers'
+    states to continue from (a run's first task, or a new actor's)."""
+    if reset is not None:
+        maker.reset(reset)
+    made = []
+    for k in range(count):
+        batch, _ = maker.make(first + k * stride)
+        made.append((batch, maker.report()))
+    return made
+
