@@ -18,9 +18,10 @@ step). When no actor is left, a ``WorkerError`` names the steps lost and what to
 Ray is optional (``pip install "jaxloader[ray]"``); the loader uses the Ray session the program
 has (``ray.init(address=...)`` or ``RAY_ADDRESS``) and starts one only where ``ray.init()``
 would. A ``StreamLoader``'s readers are hosted by the actors as by local workers
-(``jaxloader.ray_streams``). Not built yet (the docs say so): actors added while running, stall
-reports for a hung actor, the stage timings of remote actors (``loader.stats`` has the
-training process's side only).
+(``jaxloader.ray_streams``). Actors the cluster places later (``min_actors``) or Ray restarts
+take steps once they run; one that hangs past ``timeout_s`` is killed, its steps made
+elsewhere. Not built yet (the docs say so): the stage timings of remote actors
+(``loader.stats`` has the training process's side only).
 
 Example (needs Ray)::
 
@@ -35,6 +36,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 from collections import deque
 from typing import Any, Generator
 
@@ -43,7 +45,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_int
-from jaxloader.base.errors import WorkerError
+from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_streams import KILLS_PER_TASK, make_stream, stream_batches
@@ -60,10 +62,15 @@ class RayWorkers:
     ``in_flight``: tasks (a few steps each) each actor is asked for ahead; ``task_bytes``: the
     batches a task carries (as many steps as fit, at most 32; at least one): Ray costs the
     training process ~1 ms of CPU a call whatever its size, so larger tasks cost it less a
-    batch, and hold more of the object store (about ``in_flight x n x task_bytes``);
-    ``start_timeout_s``: how long the actors may take to start (Ray waits for free resources)
-    before the loader says so. Actors get local workers' environment (``JAX_PLATFORMS=cpu``,
-    one thread a math library and for XLA) unless ``runtime_env`` sets those variables.
+    batch and hold more of the object store (about ``in_flight x n x task_bytes``);
+    ``min_actors``: the loader starts once this many actors run (``n`` by default); the others
+    take steps as the cluster places them (an autoscaler adding nodes), and an actor Ray
+    restarts (``max_restarts=``) takes steps again; ``timeout_s``: how long a task may take
+    once the batches before it are received: an actor that takes longer is killed and its steps
+    are made elsewhere, as a dead one's (``None``: wait); ``start_timeout_s``: how long the
+    actors may take to start (Ray waits for free resources) before the loader says so. Actors
+    get local workers' environment (``JAX_PLATFORMS=cpu``, one thread a math library and for
+    XLA) unless ``runtime_env`` sets those variables.
 
     Example (needs Ray; a loader's batches on 4 actors of 2 CPUs each)::
 
@@ -71,6 +78,7 @@ class RayWorkers:
     """
 
     def __init__(self, n: int, *, in_flight: int = 2, task_bytes: int = 160 << 20,
+                 min_actors: int | None = None, timeout_s: float | None = None,
                  start_timeout_s: float = 120.0, **actor_options: Any) -> None:
         if importlib.util.find_spec("ray") is None:
             raise ImportError(f"RayWorkers needs Ray, which is not installed: {INSTALL}")
@@ -79,14 +87,23 @@ class RayWorkers:
                                    remedy="the tasks each actor is asked for ahead")
         self.task_bytes = check_int("RayWorkers(task_bytes=...)", task_bytes, low=1,
                                     remedy="the bytes of batches a task carries")
+        self.min_actors = self.n if min_actors is None else check_int(
+            "RayWorkers(min_actors=...)", min_actors, low=1, high=self.n,
+            remedy=f"the actors the loader waits for at its start, 1 to n ({self.n})")
         self.start_timeout_s = float(start_timeout_s)
+        if timeout_s is not None and not timeout_s > 0:
+            raise ConfigError(f"RayWorkers(timeout_s=...): expected seconds > 0 or None, got "
+                              f"{timeout_s!r:.40}")
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.actor_options = {"num_cpus": 1, **actor_options}
 
     def __repr__(self) -> str:
         options = "".join(f", {k}={v!r}" for k, v in self.actor_options.items()
                           if (k, v) != ("num_cpus", 1))
         task = f", task_bytes={self.task_bytes}" if self.task_bytes != 160 << 20 else ""
-        return f"RayWorkers({self.n}, in_flight={self.in_flight}{task}{options})"
+        least = f", min_actors={self.min_actors}" if self.min_actors != self.n else ""
+        least += f", timeout_s={self.timeout_s:g}" if self.timeout_s is not None else ""
+        return f"RayWorkers({self.n}, in_flight={self.in_flight}{task}{least}{options})"
 
     def engine(self, maker: Maker) -> "RayEngine":
         """The engine of ``maker``'s batches on this many actors (what a loader calls)."""
@@ -140,13 +157,16 @@ class RayEngine:
         self._remote = ray.remote(**_with_worker_environment(spec.actor_options))(_MakerActor)
         self._actors: list[Any] = [self._remote.remote(self._maker_ref, list(sys.path))
                                    for _ in range(spec.n)]
-        self._alive = list(range(spec.n))
+        self._alive: list[int] = []
+        self._pids: list[int | None] = [None] * spec.n
+        # actors not running yet (the cluster has not placed them, or Ray restarts them):
+        # their pid() call, which returns once they run
+        self._pending: dict[int, Any] = {i: a.pid.remote() for i, a in enumerate(self._actors)}
         self._turn = 0
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
         try:
-            self._pids = ray.get([a.pid.remote() for a in self._actors],
-                                 timeout=spec.start_timeout_s)
+            self._admit(spec.start_timeout_s, spec.min_actors)
         except BaseException as e:
             self.close()
             if isinstance(e, ray.exceptions.GetTimeoutError):
@@ -156,7 +176,9 @@ class RayEngine:
                     "or smaller ones (num_cpus=, resources=), or add nodes") from None
             raise WorkerError(f"{spec!r}: an actor failed to start: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from e
-        log.info("started %d Ray actor(s): pids %s", spec.n, self._pids)
+        log.info("started %d Ray actor(s): pids %s%s", len(self._alive), self.pids,
+                 f"; {len(self._pending)} more as the cluster places them"
+                 if self._pending else "")
 
     @property
     def active(self) -> int:
@@ -164,7 +186,40 @@ class RayEngine:
 
     @property
     def pids(self) -> list[int]:
-        return [self._pids[i] for i in self._alive]
+        return [pid for i in self._alive if (pid := self._pids[i]) is not None]
+
+    def _admit(self, wait_s: float = 0.0, at_least: int = 0) -> None:
+        """Actors that run now (placed by the cluster since, or restarted by Ray) take steps;
+        waits up to ``wait_s`` until ``at_least`` run in all: else the error of an actor that
+        failed to start, or Ray's ``GetTimeoutError``. One that failed for good is dropped."""
+        ray, failed = self._ray, None
+        deadline = time.monotonic() + wait_s
+        while self._pending:
+            need = max(0, at_least - len(self._alive))
+            if need > len(self._pending):
+                break
+            refs = list(self._pending.values())
+            ready, _ = ray.wait(refs, num_returns=need or len(refs),
+                                timeout=max(0.0, deadline - time.monotonic()) if need else 0)
+            for actor, ref in list(self._pending.items()):
+                if ref not in ready:
+                    continue
+                del self._pending[actor]
+                try:
+                    self._pids[actor] = ray.get(ref)
+                except self.lost_errors() as e:  # (dead for good: it stays out)
+                    log.warning("Ray actor %d did not start (%s)", actor, type(e).__name__)
+                    failed = e
+                    continue
+                self._alive.append(actor)
+                if self._steps is not None:  # (not at the loader's start)
+                    log.info("Ray actor %d (pid %s) takes steps: %d actor(s) now", actor,
+                             self._pids[actor], len(self._alive))
+            if not need or len(self._alive) >= at_least or time.monotonic() >= deadline:
+                break
+        if len(self._alive) < at_least:
+            raise failed or ray.exceptions.GetTimeoutError(
+                f"{len(self._alive)} of {at_least} actors started")
 
     def _submit(self, first: int, count: int) -> tuple[int, int, int, Any]:
         actor = self._alive[self._turn % len(self._alive)]
@@ -186,6 +241,8 @@ class RayEngine:
         next_submit = start
         try:
             while True:
+                if self._pending:  # (placed or restarted since: they take the next steps)
+                    self._admit()
                 room = self._spec.in_flight * len(self._alive)
                 while len(flight) < room and (stop is None or next_submit < stop):
                     count = self._steps or 1
@@ -196,8 +253,12 @@ class RayEngine:
                     return
                 first, count, actor, ref = flight[0]
                 try:
-                    made = self._ray.get(ref)
+                    made = self._ray.get(ref, timeout=self._spec.timeout_s)
                 except lost_actor as e:
+                    self._lose(actor, e, flight)
+                    continue
+                except self._ray.exceptions.GetTimeoutError as e:
+                    self.hung(actor, f"steps {first}..{first + count - 1}")
                     self._lose(actor, e, flight)
                     continue
                 except self._ray.exceptions.RayTaskError as e:
@@ -212,6 +273,16 @@ class RayEngine:
             for _, _, _, ref in flight:  # a run left early (a restore, a break): not made
                 self.cancel(ref)
             flight.clear()  # (their objects are freed with their refs)
+
+    def hung(self, actor: int, steps: str) -> None:
+        """Kills an actor that made no batch within ``timeout_s``, saying so."""
+        log.warning("Ray actor %d (pid %s) made none of %s within timeout_s=%g s: killed, "
+                    "its steps are made again elsewhere", actor, self._pids[actor], steps,
+                    self._spec.timeout_s)
+        try:
+            self._ray.kill(self._actors[actor])
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            pass
 
     def lost_errors(self) -> tuple:
         """Ray's errors for an actor (or its object) gone: its steps are made again."""
@@ -268,6 +339,8 @@ class RayEngine:
             self._alive.remove(actor)
             log.warning("Ray actor %d (pid %s) is gone (%s); its steps go to the %d left",
                         actor, self._pids[actor], type(error).__name__, len(self._alive))
+            if self._spec.actor_options.get("max_restarts", 0):  # Ray may start it again
+                self._pending[actor] = self._actors[actor].pid.remote()
         first, count = flight[0][0], flight[0][1]
         self._killed[first] = self._killed.get(first, 0) + 1
         if self._killed[first] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
@@ -276,6 +349,11 @@ class RayEngine:
                 f"by {KILLS_PER_TASK} Ray actors in turn, and each died: something in making "
                 "them ends the process (native code in a transform, memory); run those steps "
                 "with num_workers=0 to see the error") from error
+        if not self._alive and self._pending:  # the actors still starting: wait for one
+            try:
+                self._admit(self._spec.start_timeout_s, 1)
+            except (self._ray.exceptions.GetTimeoutError, *self.lost_errors()):
+                pass  # (none started: said below)
         if not self._alive:
             first, last = flight[0][0], flight[-1][0] + flight[-1][1] - 1
             raise WorkerError(

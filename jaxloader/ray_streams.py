@@ -70,8 +70,12 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             w = next_yield % hosts
             first, count, ref = flight[w][0]
             try:
-                made = ray.get(ref)
+                made = ray.get(ref, timeout=spec.timeout_s)
             except lost as e:
+                _replace(engine, w, e, flight[w], held[w], hosts, killed)
+                continue
+            except ray.exceptions.GetTimeoutError as e:
+                engine.hung(w, f"steps from {first} (every {hosts})")
                 _replace(engine, w, e, flight[w], held[w], hosts, killed)
                 continue
             except ray.exceptions.RayTaskError as e:

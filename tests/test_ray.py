@@ -2,8 +2,11 @@
 process, states that cross between Ray and local workers, actors and nodes lost mid-run."""
 
 import builtins
+import functools
+import logging
 import os
 import signal
+import tempfile
 import time
 
 import numpy as np
@@ -47,11 +50,11 @@ def slow(r):  # 1 ms a record: an actor's tasks are still in flight when it is k
     return r
 
 
-def loader(slowly=False, **kw):
+def loader(slowly=False, extra=(), **kw):
     source = jl.ArraySource({"x": np.arange(2000, dtype=np.float32).reshape(500, 4),
                              "y": np.arange(500)})
     return jl.DataLoader(source, batch_size=16, shuffle=True, seed=7, num_epochs=2,
-                         transforms=[jl.RandomMap(noisy)] + [jl.Map(slow)] * slowly,
+                         transforms=[jl.RandomMap(noisy)] + [jl.Map(slow)] * slowly + [*extra],
                          process_index=0, process_count=1, **kw)
 
 
@@ -218,6 +221,80 @@ def check_a_stream_on_actors_is_the_stream_in_process_and_survives_a_lost_actor(
     assert not live_actors()
 
 
+def hangs_once(marker, r):  # the first actor to reach record 37 hangs there, no other
+    if r["y"] == 37 and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(600)
+    return r
+
+
+def check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
+        cluster, expected, caplog):
+    hang = jl.Map(functools.partial(hangs_once, os.path.join(tempfile.mkdtemp(), "hung")))
+    caplog.clear()
+    with loader(extra=[hang], workers=RayWorkers(2, timeout_s=2)) as on_ray:
+        made = list(on_ray)
+        assert len(on_ray.worker_pids) == 1
+    assert same(made, expected)
+    assert any("made none of steps" in r.getMessage() and "within timeout_s=2 s: killed" in
+               r.getMessage() for r in caplog.records)
+    assert not live_actors()
+
+
+def with_pid(r):  # which actor made a record
+    return {**r, "pid": np.int64(os.getpid())}
+
+
+def long_run(**kw):  # 6 epochs, 1 ms a record with Ray: ~3 s with one actor
+    source = jl.ArraySource({"x": np.arange(2000, dtype=np.float32).reshape(500, 4),
+                             "y": np.arange(500)})
+    extra = [jl.Map(slow), jl.Map(with_pid)] if "workers" in kw else []
+    return jl.DataLoader(source, batch_size=16, shuffle=True, seed=7, num_epochs=6,
+                         transforms=[jl.RandomMap(noisy), *extra], process_index=0,
+                         process_count=1, **kw)
+
+
+def makers(batches):
+    return {int(pid) for b in batches for pid in b["pid"]}
+
+
+def check_an_actor_placed_mid_run_takes_steps(cluster):
+    with long_run() as plain:
+        expected = list(plain)
+    cluster.add_node(num_cpus=1, resources={"late": 1})
+    cluster.wait_for_nodes()
+    with long_run(workers=RayWorkers(2, min_actors=1, task_bytes=1,
+                                     resources={"late": 1})) as on_ray:
+        assert len(on_ray.worker_pids) == 1  # the second waits for a node with "late"
+        it = iter(on_ray)
+        made = [next(it) for _ in range(10)]
+        cluster.add_node(num_cpus=1, resources={"late": 1})  # as an autoscaler adds one
+        while len(on_ray.worker_pids) < 2:
+            made.append(next(it))
+        back = len(made)
+        made += list(it)
+    assert same(made, expected)
+    assert len(makers(made[back + 4:])) == 2  # the new actor made steps
+
+
+def check_an_actor_ray_restarts_takes_steps_again(cluster, caplog):
+    caplog.set_level(logging.INFO, logger="jaxloader")
+    with long_run() as plain:
+        expected = list(plain)
+    with long_run(workers=RayWorkers(2, max_restarts=1, task_bytes=1)) as on_ray:  # a step
+        it = iter(on_ray)  # a task: the actors take turns step by step
+        made = [next(it) for _ in range(10)]
+        killed = on_ray.worker_pids[1]
+        os.kill(killed, signal.SIGKILL)
+        while len(on_ray.worker_pids) < 2 or killed in on_ray.worker_pids:  # Ray restarts it
+            made.append(next(it))
+        back = len(made)
+        made += list(it)
+    assert same(made, expected)
+    assert len(makers(made[back + 4:])) == 2  # the restarted actor made steps again
+    assert any("takes steps: 2 actor(s) now" in r.getMessage() for r in caplog.records)
+
+
 def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
     expected = in_process()
@@ -228,6 +305,10 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     check_steps_that_kill_every_actor_making_them_are_named(cluster)
     check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster)
     check_a_stream_on_actors_is_the_stream_in_process_and_survives_a_lost_actor(cluster, caplog)
+    check_an_actor_ray_restarts_takes_steps_again(cluster, caplog)
+    check_an_actor_placed_mid_run_takes_steps(cluster)
+    check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
+        cluster, expected, caplog)
 
 
 def test_bad_ray_workers_arguments_are_refused():
@@ -245,3 +326,11 @@ def test_bad_ray_workers_arguments_are_refused():
     with pytest.raises(jl.ConfigError, match=r"readers_per_process: expected a multiple of "
                                              r"RayWorkers\(n\) \(2\), got 3"):
         stream_loader(workers=RayWorkers(2), readers=3)
+    with pytest.raises(jl.ConfigError, match="hosted by all n actors from its start"):
+        stream_loader(workers=RayWorkers(2, min_actors=1))
+    with pytest.raises(jl.ConfigError, match=r"RayWorkers\(min_actors=...\): expected an int"):
+        RayWorkers(2, min_actors=3)
+    assert repr(RayWorkers(2, min_actors=1)) == "RayWorkers(2, in_flight=2, min_actors=1)"
+    assert repr(RayWorkers(2, timeout_s=30)) == "RayWorkers(2, in_flight=2, timeout_s=30)"
+    with pytest.raises(jl.ConfigError, match=r"timeout_s=...\): expected seconds > 0"):
+        RayWorkers(2, timeout_s=0)

@@ -65,8 +65,8 @@ class LoaderLifecycle:
                     f"workers={workers!r:.60}: expected jaxloader.ray.RayWorkers(n), with "
                     "num_workers=0, no worker_init_fn, timeout_s or prefetch='auto' (the actors "
                     "are the workers: their environment is RayWorkers(n, runtime_env=...), "
-                    "their tasks ahead RayWorkers(n, in_flight=...); a dead actor is seen, a "
-                    "hung one is not timed yet)")
+                    "their tasks ahead RayWorkers(n, in_flight=...), a hung one's timeout "
+                    "RayWorkers(n, timeout_s=...))")
             engine = workers.engine(maker)
         elif options.num_workers == 0:
             engine = InProcessEngine(maker)

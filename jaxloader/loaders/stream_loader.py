@@ -147,6 +147,9 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         # what hosts readers: the workers (Ray actors), or this process
         hosts = max(1, count) if workers is None else getattr(workers, "n", 1)
         named = "num_workers" if workers is None else "RayWorkers(n)"
+        if getattr(workers, "min_actors", hosts) != hosts:
+            raise ConfigError(f"StreamLoader(workers={workers!r:.80}): a stream's readers are "
+                              "hosted by all n actors from its start; leave min_actors out")
         self._readers = check_int(
             "readers_per_process", hosts if readers_per_process is None else readers_per_process,
             low=1, remedy=f"readers a process, a multiple of {named}, e.g. 8")
