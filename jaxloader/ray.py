@@ -20,8 +20,8 @@ has (``ray.init(address=...)`` or ``RAY_ADDRESS``) and starts one only where ``r
 would. A ``StreamLoader``'s readers are hosted by the actors as by local workers
 (``jaxloader.ray_streams``). Actors the cluster places later (``min_actors``) or Ray restarts
 take steps once they run; one that hangs past ``timeout_s`` is killed, its steps made
-elsewhere. Not built yet (the docs say so): the stage timings of remote actors
-(``loader.stats`` has the training process's side only).
+elsewhere. Each task's stage timings come back with its batches (``loader.stats``,
+``diagnose()``); the actor's side is ``jaxloader.ray_actor``.
 
 Example (needs Ray)::
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import sys
 import time
 from collections import deque
@@ -48,7 +47,8 @@ from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
-from jaxloader.ray_streams import KILLS_PER_TASK, make_stream, stream_batches
+from jaxloader.ray_actor import MakerActor
+from jaxloader.ray_streams import KILLS_PER_TASK, stream_batches
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 
 log = logging.getLogger("jaxloader")
@@ -110,28 +110,6 @@ class RayWorkers:
         return RayEngine(maker, self)
 
 
-class _MakerActor:
-    """A Ray actor's body: the batch maker, unpickled where the actor runs once the training
-    process's ``sys.path`` is there (its functions' modules, pickled by name, are then found,
-    as a local worker's are); its arrays are the object store's, not copied."""
-
-    def __init__(self, payload: tuple, path: list[str]) -> None:
-        sys.path.extend(p for p in path if p not in sys.path)
-        blob, buffers = payload
-        self._maker: Maker = cloudpickle.loads(blob, buffers=buffers)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def make(self, first: int, count: int) -> list:
-        """The batches of steps ``first .. first + count - 1``: one object, one message."""
-        return [self._maker.make(step)[0] for step in range(first, first + count)]
-
-    def make_stream(self, first: int, count: int, stride: int, reset: list | None) -> list:
-        """A stream's task (``jaxloader.ray_streams.make_stream``)."""
-        return make_stream(self._maker, first, count, stride, reset)
-
-
 class RayEngine:
     """Makes batches on Ray actors in step order (see the module docstring); an ``Engine``.
 
@@ -147,14 +125,14 @@ class RayEngine:
         if not ray.is_initialized():
             ray.init()  # RAY_ADDRESS's cluster, else a local one: what Ray itself does
         self._ray, self._spec, self._location = ray, spec, maker.location
-        self.gauges = Gauges(spec.n)  # (remote actors' stage timings: not reported yet)
+        self.gauges = Gauges(spec.n)  # each actor's stage timings, sent with its tasks
         # The maker once in the object store, its arrays as out-of-band buffers: every actor
         # on a node reads the same memory
         buffers: list = []
         blob = cloudpickle.dumps(maker, protocol=5, buffer_callback=buffers.append)
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
         self._maker_ref: Any = ray.put((blob, arrays))
-        self._remote = ray.remote(**_with_worker_environment(spec.actor_options))(_MakerActor)
+        self._remote = ray.remote(**_with_worker_environment(spec.actor_options))(MakerActor)
         self._actors: list[Any] = [self._remote.remote(self._maker_ref, list(sys.path))
                                    for _ in range(spec.n)]
         self._alive: list[int] = []
@@ -224,7 +202,8 @@ class RayEngine:
     def _submit(self, first: int, count: int) -> tuple[int, int, int, Any]:
         actor = self._alive[self._turn % len(self._alive)]
         self._turn += 1
-        return first, count, actor, self._actors[actor].make.remote(first, count)
+        return first, count, actor, self._actors[actor].make.remote(first, count,
+                                                                     self.gauges.trace)
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
@@ -264,6 +243,8 @@ class RayEngine:
                 except self._ray.exceptions.RayTaskError as e:
                     self.raise_task_error(actor, first, count, e)
                 flight.popleft()
+                made, timings = made
+                self.gauges.makers[actor].absorb(timings)
                 if self._steps is None and made:  # the first batch back sizes the tasks
                     self.size_tasks(tree_lib.flatten(made[0])[0])
                 while made:
@@ -308,7 +289,7 @@ class RayEngine:
         self._steps = max(1, min(self.MAX_STEPS, self._spec.task_bytes // max(1, nbytes)))
 
     def cancel(self, ref: Any) -> None:
-        """Cancels a task not needed any more (done already, or its actor gone: nothing)."""
+        """Cancels a task not needed any more."""
         try:
             self._ray.cancel(ref)
         except Exception:  # noqa: BLE001 - done already, or its actor is gone

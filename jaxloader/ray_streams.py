@@ -57,7 +57,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                     reset = None if sent_reset[w] else held[w]
                     sent_reset[w] = True
                     flight[w].append((next_for[w], count, engine._actors[w].make_stream.remote(
-                        next_for[w], count, hosts, reset)))
+                        next_for[w], count, hosts, reset, engine.gauges.trace)))
                     next_for[w] += count * hosts
             if next_yield in ready:
                 batch, report = ready.pop(next_yield)
@@ -81,6 +81,8 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             except ray.exceptions.RayTaskError as e:
                 engine.raise_task_error(w, first, count, e, stride=hosts)
             flight[w].popleft()
+            made, timings = made
+            engine.gauges.makers[w].absorb(timings)
             if engine._steps is None and made:  # the first batch back sizes the tasks
                 engine.size_tasks(tree_lib.flatten(made[0][0])[0])
             for k, (batch, report) in enumerate(made):
@@ -119,18 +121,4 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
     for i, (first, count, ref) in enumerate(list(flight)):
         engine.cancel(ref)
         flight[i] = (first, count, engine._actors[w].make_stream.remote(
-            first, count, hosts, held if i == 0 else None))
-
-
-def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None) -> list:
-    """An actor's task: steps ``first``, ``first + stride``, ... (``count`` of them) of the
-    readers it hosts, each batch with its reader's state after it; ``reset``: those readers'
-    states to continue from (a run's first task, or a new actor's)."""
-    if reset is not None:
-        maker.reset(reset)
-    made = []
-    for k in range(count):
-        batch, _ = maker.make(first + k * stride)
-        made.append((batch, maker.report()))
-    return made
-
+            first, count, hosts, held if i == 0 else None, engine.gauges.trace))

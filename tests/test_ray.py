@@ -91,6 +91,11 @@ def check_the_same_batches_and_states_across_ray_and_local_workers(cluster, expe
         made = [next(it) for _ in range(20)]
         ray_state = on_ray.state_dict()
         made += list(it)
+        stats = on_ray.stats  # the actors' stage timings, sent with their tasks
+        assert sum(w.batches for w in stats.workers) == len(expected)
+        assert {w.pid for w in stats.workers if w.batches} == set(on_ray.worker_pids)
+        assert stats.stages["RandomMap(noisy)"] > 0 and stats.records == 16 * len(expected)
+        assert on_ray.diagnose().bottleneck in ("step", "workers", "source", "main", "device")
     assert same(made, expected)  # as in process, bit for bit
     del it, made
     assert not live_actors()  # close() left no actor behind

@@ -1,0 +1,72 @@
+"""What runs in a Ray actor (``jaxloader.ray``): the batch maker, its tasks, their timings.
+
+::
+
+    MakerActor(payload, sys.path)   the maker unpickled once (its arrays the object store's)
+      .make(first, count)           steps first .. first + count - 1: (batches, timings)
+      .make_stream(first, count, stride, reset)
+                                    a stream's steps of the readers it hosts, each batch with
+                                    its reader's state after it: (made, timings)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import cloudpickle
+
+from jaxloader.engines.in_process import Maker
+
+
+class MakerActor:
+    """A Ray actor's body: the batch maker, unpickled where the actor runs once the training
+    process's ``sys.path`` is there (its functions' modules, pickled by name, are then found,
+    as a local worker's are); its arrays are the object store's, not copied."""
+
+    def __init__(self, payload: tuple, path: list[str]) -> None:
+        sys.path.extend(p for p in path if p not in sys.path)
+        blob, buffers = payload
+        self._maker: Maker = cloudpickle.loads(blob, buffers=buffers)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def make(self, first: int, count: int, trace: bool = False) -> tuple[list, tuple]:
+        """The batches of steps ``first .. first + count - 1`` (one object, one message) and
+        the task's stage timings (``jaxloader.base.timings``, as a local worker sends them)."""
+        began, cpu = self._clock(trace)
+        made = [self._maker.make(step)[0] for step in range(first, first + count)]
+        return made, self._timings(began, cpu)
+
+    def make_stream(self, first: int, count: int, stride: int, reset: list | None,
+                    trace: bool = False) -> tuple[list, tuple]:
+        """A stream's task (``make_stream`` below) and its stage timings."""
+        began, cpu = self._clock(trace)
+        made = make_stream(self._maker, first, count, stride, reset)
+        return made, self._timings(began, cpu)
+
+    def _clock(self, trace: bool) -> tuple[float, float]:
+        if (self._maker.clock.trace is not None) != trace:  # (a profile's timeline asked for)
+            self._maker.clock.trace = [] if trace else None
+        return time.perf_counter(), time.process_time()
+
+    def _timings(self, began: float, cpu: float) -> tuple:
+        busy = time.perf_counter() - began
+        return (busy, time.process_time() - cpu, *self._maker.clock.take(busy))
+
+
+def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None) -> list:
+    """An actor's task: steps ``first``, ``first + stride``, ... (``count`` of them) of the
+    readers it hosts, each batch with its reader's state after it; ``reset``: those readers'
+    states to continue from (a run's first task, or a new actor's)."""
+    if reset is not None:
+        maker.reset(reset)
+    made = []
+    for k in range(count):
+        batch, _ = maker.make(first + k * stride)
+        made.append((batch, maker.report()))
+    return made
+
