@@ -48,7 +48,7 @@ from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor
-from jaxloader.ray_streams import KILLS_PER_TASK, stream_batches
+from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 
 log = logging.getLogger("jaxloader")
@@ -65,9 +65,10 @@ class RayWorkers:
     batch and hold more of the object store (about ``in_flight x n x task_bytes``);
     ``min_actors``: the loader starts once this many actors run (``n`` by default); the others
     take steps as the cluster places them (an autoscaler adding nodes), and an actor Ray
-    restarts (``max_restarts=``) takes steps again; ``timeout_s``: how long a task may take
-    once the batches before it are received: an actor that takes longer is killed and its steps
-    are made elsewhere, as a dead one's (``None``: wait); ``start_timeout_s``: how long the
+    restarts (``max_restarts=``) takes steps again; ``timeout_s``: how long a task (up to 32
+    steps, fewer with a smaller ``task_bytes``) may take once the batches before it are
+    received: an actor that takes longer is killed and its steps are made elsewhere, as a dead
+    one's (``None``: wait); ``start_timeout_s``: how long the
     actors may take to start (Ray waits for free resources) before the loader says so. Actors
     get local workers' environment (``JAX_PLATFORMS=cpu``, one thread a math library and for
     XLA) unless ``runtime_env`` sets those variables.
@@ -256,10 +257,14 @@ class RayEngine:
             flight.clear()  # (their objects are freed with their refs)
 
     def hung(self, actor: int, steps: str) -> None:
-        """Kills an actor that made no batch within ``timeout_s``, saying so."""
-        log.warning("Ray actor %d (pid %s) made none of %s within timeout_s=%g s: killed, "
+        """Kills an actor that did not make a task within ``timeout_s``, saying so."""
+        log.warning("Ray actor %d (pid %s) did not make %s within timeout_s=%g s: killed, "
                     "its steps are made again elsewhere", actor, self._pids[actor], steps,
                     self._spec.timeout_s)
+        self.cancel_actor(actor)
+
+    def cancel_actor(self, actor: int) -> None:
+        """Kills an actor (gone already: nothing)."""
         try:
             self._ray.kill(self._actors[actor])
         except Exception:  # noqa: BLE001 - gone meanwhile
@@ -322,14 +327,13 @@ class RayEngine:
                         actor, self._pids[actor], type(error).__name__, len(self._alive))
             if self._spec.actor_options.get("max_restarts", 0):  # Ray may start it again
                 self._pending[actor] = self._actors[actor].pid.remote()
+            else:  # (an actor only unreachable for now would hold its CPUs until close())
+                self.cancel_actor(actor)
         first, count = flight[0][0], flight[0][1]
         self._killed[first] = self._killed.get(first, 0) + 1
         if self._killed[first] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
-            raise WorkerError(
-                f"steps {first}..{first + count - 1} ({self._location(first)}) were being made "
-                f"by {KILLS_PER_TASK} Ray actors in turn, and each died: something in making "
-                "them ends the process (native code in a transform, memory); run those steps "
-                "with num_workers=0 to see the error") from error
+            raise lost_in_turn(f"steps {first}..{first + count - 1}", self._location(first),
+                               error, self._spec.timeout_s) from error
         if not self._alive and self._pending:  # the actors still starting: wait for one
             try:
                 self._admit(self._spec.start_timeout_s, 1)

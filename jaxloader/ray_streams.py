@@ -99,6 +99,21 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             refs.clear()
 
 
+def lost_in_turn(steps: str, where: str, error: BaseException,
+                 timeout_s: float | None) -> WorkerError:
+    """The error for steps that ``KILLS_PER_TASK`` actors in turn did not make: each died
+    making them, or none made them within ``timeout_s``."""
+    made_by = f"{steps} ({where}) were being made by {KILLS_PER_TASK} Ray actors in turn, and"
+    if type(error).__name__ == "GetTimeoutError":
+        return WorkerError(
+            f"{made_by} none finished them within timeout_s={timeout_s:g} s (a task is up to "
+            "32 steps, fewer with a smaller task_bytes): raise timeout_s, or find what hangs "
+            "by making those steps with num_workers=0")
+    return WorkerError(
+        f"{made_by} each died: something in making them ends the process (native code in a "
+        "transform, memory); run those steps with num_workers=0 to see the error")
+
+
 def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: list,
              hosts: int, killed: dict) -> None:
     """Host ``w``'s actor is gone: a new one, reset from the states after that host's last
@@ -110,11 +125,8 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
              f"steps {first}, {first + hosts}, ..., {last}" if count > 2 else
              f"steps {first} and {last}")
     if killed[(w, first)] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
-        raise WorkerError(
-            f"{steps} ({engine._location(first)}) were being made by {KILLS_PER_TASK} Ray "
-            "actors in turn, and each died: something in making them ends the process (native "
-            "code in a transform, memory); run those steps with num_workers=0 to see the "
-            "error") from error
+        raise lost_in_turn(steps, engine._location(first), error,
+                           engine._spec.timeout_s) from error
     log.warning("Ray actor %d (pid %s) is gone (%s); a new actor continues its readers from "
                 "its last batch received, %s", w, engine._pids[w], type(error).__name__, steps)
     engine.restart_actor(w, f"{steps} were in flight and are not made")

@@ -241,7 +241,7 @@ def check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
         made = list(on_ray)
         assert len(on_ray.worker_pids) == 1
     assert same(made, expected)
-    assert any("made none of steps" in r.getMessage() and "within timeout_s=2 s: killed" in
+    assert any("did not make steps" in r.getMessage() and "within timeout_s=2 s: killed" in
                r.getMessage() for r in caplog.records)
     assert not live_actors()
 
@@ -250,13 +250,33 @@ def with_pid(r):  # which actor made a record
     return {**r, "pid": np.int64(os.getpid())}
 
 
-def long_run(**kw):  # 6 epochs, 1 ms a record with Ray: ~3 s with one actor
+def long_run(**kw):  # endless; 1 ms a record with Ray: ~16 ms a batch an actor
     source = jl.ArraySource({"x": np.arange(2000, dtype=np.float32).reshape(500, 4),
                              "y": np.arange(500)})
     extra = [jl.Map(slow), jl.Map(with_pid)] if "workers" in kw else []
-    return jl.DataLoader(source, batch_size=16, shuffle=True, seed=7, num_epochs=6,
+    return jl.DataLoader(source, batch_size=16, shuffle=True, seed=7, num_epochs=None,
                          transforms=[jl.RandomMap(noisy), *extra], process_index=0,
                          process_count=1, **kw)
+
+
+LONG = 600  # batches (~5 s or more on Ray) an actor has to come back or join in
+
+
+def long_expected():
+    with long_run() as plain:
+        it = iter(plain)
+        return [next(it) for _ in range(LONG + 20)]
+
+
+def until_joined(loader, it, made, joined):
+    """Takes batches until ``joined()`` (an actor has come), then 20 more; returns where it
+    came (within ``LONG`` batches, or the check fails saying so)."""
+    while not joined():
+        assert len(made) < LONG, f"no actor joined within {LONG} batches: {loader.worker_pids}"
+        made.append(next(it))
+    came = len(made)
+    made += [next(it) for _ in range(20)]
+    return came
 
 
 def makers(batches):
@@ -264,8 +284,7 @@ def makers(batches):
 
 
 def check_an_actor_placed_mid_run_takes_steps(cluster):
-    with long_run() as plain:
-        expected = list(plain)
+    expected = long_expected()
     cluster.add_node(num_cpus=1, resources={"late": 1})
     cluster.wait_for_nodes()
     with long_run(workers=RayWorkers(2, min_actors=1, task_bytes=1,
@@ -274,29 +293,23 @@ def check_an_actor_placed_mid_run_takes_steps(cluster):
         it = iter(on_ray)
         made = [next(it) for _ in range(10)]
         cluster.add_node(num_cpus=1, resources={"late": 1})  # as an autoscaler adds one
-        while len(on_ray.worker_pids) < 2:
-            made.append(next(it))
-        back = len(made)
-        made += list(it)
-    assert same(made, expected)
-    assert len(makers(made[back + 4:])) == 2  # the new actor made steps
+        came = until_joined(on_ray, it, made, lambda: len(on_ray.worker_pids) == 2)
+    assert same(made, expected[:len(made)])
+    assert len(makers(made[came + 4:])) == 2  # the new actor made steps
 
 
 def check_an_actor_ray_restarts_takes_steps_again(cluster, caplog):
     caplog.set_level(logging.INFO, logger="jaxloader")
-    with long_run() as plain:
-        expected = list(plain)
+    expected = long_expected()
     with long_run(workers=RayWorkers(2, max_restarts=1, task_bytes=1)) as on_ray:  # a step
         it = iter(on_ray)  # a task: the actors take turns step by step
         made = [next(it) for _ in range(10)]
         killed = on_ray.worker_pids[1]
         os.kill(killed, signal.SIGKILL)
-        while len(on_ray.worker_pids) < 2 or killed in on_ray.worker_pids:  # Ray restarts it
-            made.append(next(it))
-        back = len(made)
-        made += list(it)
-    assert same(made, expected)
-    assert len(makers(made[back + 4:])) == 2  # the restarted actor made steps again
+        came = until_joined(on_ray, it, made, lambda: len(on_ray.worker_pids) == 2 and
+                            killed not in on_ray.worker_pids)  # Ray restarted it
+    assert same(made, expected[:len(made)])
+    assert len(makers(made[came + 4:])) == 2  # the restarted actor made steps again
     assert any("takes steps: 2 actor(s) now" in r.getMessage() for r in caplog.records)
 
 
@@ -333,6 +346,8 @@ def test_bad_ray_workers_arguments_are_refused():
         stream_loader(workers=RayWorkers(2), readers=3)
     with pytest.raises(jl.ConfigError, match="hosted by all n actors from its start"):
         stream_loader(workers=RayWorkers(2, min_actors=1))
+    with pytest.raises(jl.ConfigError, match="continuing its readers .* leave max_restarts out"):
+        stream_loader(workers=RayWorkers(2, max_restarts=1))
     with pytest.raises(jl.ConfigError, match=r"RayWorkers\(min_actors=...\): expected an int"):
         RayWorkers(2, min_actors=3)
     assert repr(RayWorkers(2, min_actors=1)) == "RayWorkers(2, in_flight=2, min_actors=1)"

@@ -134,6 +134,9 @@ class JitMap:
         import jax
 
         _check_columns(columns, self, where)
+        if size < 1:
+            raise RecordError(f"{where()}: {self!r} got a batch of no rows; a batch has one "
+                              "record or more")
         compiled = self._jitted()
         rows = self._chunk_rows(treedef, columns, where, compiled, size)
         inputs = self._inputs(columns, rows)

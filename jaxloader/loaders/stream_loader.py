@@ -150,6 +150,12 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         if getattr(workers, "min_actors", hosts) != hosts:
             raise ConfigError(f"StreamLoader(workers={workers!r:.80}): a stream's readers are "
                               "hosted by all n actors from its start; leave min_actors out")
+        restarts = {"max_restarts", "max_task_retries"} & set(
+            getattr(workers, "actor_options", {}))
+        if restarts:  # (Ray's restarted actor would come back without its readers' states)
+            raise ConfigError(f"StreamLoader(workers={workers!r:.80}): a stream's actor lost is "
+                              "replaced by a new one continuing its readers from their states; "
+                              f"leave {' and '.join(sorted(restarts))} out")
         self._readers = check_int(
             "readers_per_process", hosts if readers_per_process is None else readers_per_process,
             low=1, remedy=f"readers a process, a multiple of {named}, e.g. 8")
