@@ -48,7 +48,7 @@ from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor
-from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
+from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, steps_text, stream_batches
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 
 log = logging.getLogger("jaxloader")
@@ -141,6 +141,7 @@ class RayEngine:
         # actors not running yet (the cluster has not placed them, or Ray restarts them):
         # their pid() call, which returns once they run
         self._pending: dict[int, Any] = {i: a.pid.remote() for i, a in enumerate(self._actors)}
+        self._back_by: dict[int, float] = {}  # an actor Ray restarts: asked again until then
         self._turn = 0
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
@@ -186,10 +187,14 @@ class RayEngine:
                 del self._pending[actor]
                 try:
                     self._pids[actor] = ray.get(ref)
-                except self.lost_errors() as e:  # (dead for good: it stays out)
+                except self.lost_errors() as e:
+                    if time.monotonic() < self._back_by.get(actor, 0.0):  # still restarting
+                        self._pending[actor] = self._actors[actor].pid.remote()
+                        continue
                     log.warning("Ray actor %d did not start (%s)", actor, type(e).__name__)
-                    failed = e
+                    failed = e  # (dead for good: it stays out)
                     continue
+                self._back_by.pop(actor, None)
                 self._alive.append(actor)
                 if self._steps is not None:  # (not at the loader's start)
                     log.info("Ray actor %d (pid %s) takes steps: %d actor(s) now", actor,
@@ -238,7 +243,7 @@ class RayEngine:
                     self._lose(actor, e, flight)
                     continue
                 except self._ray.exceptions.GetTimeoutError as e:
-                    self.hung(actor, f"steps {first}..{first + count - 1}")
+                    self.hung(actor, steps_text(first, count))
                     self._lose(actor, e, flight)
                     continue
                 except self._ray.exceptions.RayTaskError as e:
@@ -280,11 +285,9 @@ class RayEngine:
                          stride: int = 1) -> None:
         """Raises what a task raised as a ``WorkerError`` naming the actor and its steps."""
         cause = e.cause if getattr(e, "cause", None) is not None else e
-        last = first + (count - 1) * stride
-        steps = f"{first}..{last}" if stride == 1 else f"{first}, {first + stride}, ..., {last}"
         raise WorkerError(
-            f"Ray actor {actor} (pid {self._pids[actor]}) raised making steps "
-            f"{steps} ({self._location(first)}): "
+            f"Ray actor {actor} (pid {self._pids[actor]}) raised making "
+            f"{steps_text(first, count, stride)} ({self._location(first)}): "
             f"{type(cause).__name__}: {cause}; the loader is broken; fix the cause "
             "and create a new loader") from cause
 
@@ -304,10 +307,7 @@ class RayEngine:
         """A new actor in ``actor``'s place (a stream's host: its readers' place); ``lost``
         says what is lost if none starts within ``start_timeout_s``."""
         ray = self._ray
-        try:
-            ray.kill(self._actors[actor])
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        self.cancel_actor(actor)
         self._actors[actor] = self._remote.remote(self._maker_ref, list(sys.path))
         try:
             self._pids[actor] = ray.get(self._actors[actor].pid.remote(),
@@ -327,13 +327,14 @@ class RayEngine:
                         actor, self._pids[actor], type(error).__name__, len(self._alive))
             if self._spec.actor_options.get("max_restarts", 0):  # Ray may start it again
                 self._pending[actor] = self._actors[actor].pid.remote()
+                self._back_by[actor] = time.monotonic() + self._spec.start_timeout_s
             else:  # (an actor only unreachable for now would hold its CPUs until close())
                 self.cancel_actor(actor)
         first, count = flight[0][0], flight[0][1]
         self._killed[first] = self._killed.get(first, 0) + 1
         if self._killed[first] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
-            raise lost_in_turn(f"steps {first}..{first + count - 1}", self._location(first),
-                               error, self._spec.timeout_s) from error
+            raise lost_in_turn(steps_text(first, count), self._location(first), error,
+                               self._spec.timeout_s) from error
         if not self._alive and self._pending:  # the actors still starting: wait for one
             try:
                 self._admit(self._spec.start_timeout_s, 1)
@@ -352,11 +353,8 @@ class RayEngine:
 
     def close(self) -> None:
         """Kills the actors and drops the maker's object; idempotent."""
-        for actor in self._actors:
-            try:
-                self._ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        for actor in range(len(self._actors)):
+            self.cancel_actor(actor)
         self._actors, self._alive, self._maker_ref = [], [], None
 
 

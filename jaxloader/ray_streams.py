@@ -75,7 +75,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                 _replace(engine, w, e, flight[w], held[w], hosts, killed)
                 continue
             except ray.exceptions.GetTimeoutError as e:
-                engine.hung(w, f"steps from {first} (every {hosts})")
+                engine.hung(w, steps_text(first, count, hosts))
                 _replace(engine, w, e, flight[w], held[w], hosts, killed)
                 continue
             except ray.exceptions.RayTaskError as e:
@@ -99,6 +99,20 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             refs.clear()
 
 
+def steps_text(first: int, count: int, stride: int = 1) -> str:
+    """A task's steps for messages: ``first``, ``first + stride``, ... (``count`` of them).
+
+    Example:
+        >>> steps_text(4, 3), steps_text(4, 3, 2), steps_text(4, 1, 2)
+        ('steps 4..6', 'steps 4, 6, ..., 8', 'step 4')
+    """
+    last = first + (count - 1) * stride
+    if stride == 1:
+        return f"steps {first}..{last}"
+    return (f"step {first}" if count == 1 else f"steps {first} and {last}" if count == 2 else
+            f"steps {first}, {first + stride}, ..., {last}")
+
+
 def lost_in_turn(steps: str, where: str, error: BaseException,
                  timeout_s: float | None) -> WorkerError:
     """The error for steps that ``KILLS_PER_TASK`` actors in turn did not make: each died
@@ -120,10 +134,7 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
     batch received, is sent its tasks in flight again, in order."""
     first, count, _ = flight[0]
     killed[(w, first)] = killed.get((w, first), 0) + 1
-    last = first + (count - 1) * hosts
-    steps = (f"step {first}" if count == 1 else
-             f"steps {first}, {first + hosts}, ..., {last}" if count > 2 else
-             f"steps {first} and {last}")
+    steps = steps_text(first, count, hosts)
     if killed[(w, first)] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
         raise lost_in_turn(steps, engine._location(first), error,
                            engine._spec.timeout_s) from error

@@ -129,7 +129,7 @@ class JitMap:
         layout returned, else into fresh arrays. Also returns the seconds spent gathering the
         input and writing the output (collation's, not the transform's).
 
-        A last chunk of fewer rows is run at the chunk's shape (one compilation a batch
+        A last chunk of fewer rows is run at the chunk's shape (one compilation a chunk
         shape), its extra rows those of the chunk before, their results dropped."""
         import jax
 
@@ -295,8 +295,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def aligned(nbytes: int) -> np.ndarray:
-    """``nbytes`` of fresh memory at a 64-byte aligned address, where ``jax.device_put`` on
-    the CPU takes an array without copying it (at NumPy's 16 bytes it copies).
+    """``nbytes`` of fresh memory at a 64-byte aligned address, where XLA on the CPU takes
+    a NumPy input without copying it (at NumPy's 16 bytes it copies).
 
     Example:
         >>> aligned(100).ctypes.data % 64, len(aligned(100))
