@@ -169,6 +169,9 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             process_count=process_count, per_process=self._readers,
             record_transforms=record_transforms, batch_transforms=batch_transforms,
             mask_key=None if num_epochs is None else mask_key)
+        # What peek() and load_state_dict() copy: a maker no thread runs (the device-put
+        # thread may be making a batch with self._maker, changing it as a copy reads it)
+        self._pristine = copy.deepcopy(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._putter = None
         if sharding is not None:
@@ -246,7 +249,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._check_placement()
         self._progress.check()
         step = self._progress.step
-        maker = copy.deepcopy(self._maker)  # its own shards: the running reader's stay put
+        maker = copy.deepcopy(self._pristine)  # its own shards: the running reader's stay put
         states = self._states_at(step)
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
             states = passes.stopping_at(states, self._pass_of(states))
@@ -288,7 +291,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         opened = readers  # each opened in its pass (where a mixture reads its next record)
         if self.num_epochs is not None and all(type(r.get("epoch")) is int for r in readers):
             opened = passes.stopping_at(readers, until or passes.stops_of(readers, self.num_epochs))
-        probe = copy.deepcopy(self._maker)  # each state checked by opening it, on copies
+        probe = copy.deepcopy(self._pristine)  # each state checked by opening it, on copies
         for i, r in enumerate(opened):
             probe.reader_for(i).reset(copy.deepcopy(r))
         step, base = state["step"], copy.deepcopy(readers)
