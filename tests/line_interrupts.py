@@ -4,13 +4,16 @@
 run. ``raised_at_line`` runs a call with a tracer that raises ``Tick`` at the ``n``-th line
 executed inside the given functions, so a test can put an interrupt between every two lines of
 a piece of bookkeeping in turn, deterministically. ``raised_at_point`` does the same at the
-points of a whole package where a real Ctrl-C can land, for sweeps of whole calls.
+points of a whole package where a real Ctrl-C can land, for sweeps of whole calls;
+``points_of`` lists a call's points once and ``raised_at_place`` reaches one of them without
+following the rest of the package opcode by opcode.
 """
 
 from __future__ import annotations
 
 import dis
 import sys
+import types
 from typing import Any, Callable
 
 
@@ -19,7 +22,7 @@ class Tick(BaseException):
 
 
 def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[], Any]) -> bool:
-    """BatchRuns ``call()``, raising ``Tick`` at the ``n``-th line run inside ``functions``; True if
+    """Runs ``call()``, raising ``Tick`` at the ``n``-th line run inside ``functions``; True if
     it was raised (False: ``call`` ran fewer lines there, and finished)."""
     codes = {f.__code__ for f in functions}
     seen = 0
@@ -40,8 +43,11 @@ def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[
     return _raised(tracer, call)
 
 
+Place = tuple[types.CodeType, int]  # a code object and an offset in it (-1: the code's start)
+
+
 def raised_at_point(n: int, package: str, call: Callable[[], Any]) -> bool:
-    """BatchRuns ``call()``, raising ``Tick`` at the ``n``-th point inside the code of ``package``
+    """Runs ``call()``, raising ``Tick`` at the ``n``-th point inside the code of ``package``
     (a directory) where CPython may run a signal handler: a function's start, just after a
     call returns (a builtin's or a function's; the latter is finer than CPython, which checks
     there only after builtins) and a loop's back edge; True if it was raised. Between two such
@@ -49,40 +55,76 @@ def raised_at_point(n: int, package: str, call: Callable[[], Any]) -> bool:
     tracer does not know."""
     seen = 0
 
-    def hit() -> None:
+    def hit(place: Place) -> None:
         nonlocal seen
         seen += 1
         if seen == n:
             raise Tick()
 
+    # (also raised where Python prints and drops it: in a generator the GC closes)
+    return _raised(_point_tracer(lambda code: code.co_filename.startswith(package), hit),
+                   call) or seen >= n
+
+
+def points_of(package: str, call: Callable[[], Any]) -> list[Place]:
+    """Runs ``call()`` to its end: the places of the points ``raised_at_point`` counts in it, in
+    the order they are reached (a place once per pass)."""
+    places: list[Place] = []
+    _raised(_point_tracer(lambda code: code.co_filename.startswith(package), places.append),
+            call)
+    return places
+
+
+def raised_at_place(place: Place, k: int, call: Callable[[], Any]) -> bool:
+    """Runs ``call()``, raising ``Tick`` at the ``k``-th pass (from 1) over ``place``: in a
+    deterministic call, the point ``raised_at_point`` reaches as the ``k``-th of that place in
+    ``points_of``. Only the frames of that place's code are followed opcode by opcode, so a
+    point late in a long call costs about what an early one does."""
+    seen = 0
+
+    def hit(at: Place) -> None:
+        nonlocal seen
+        if at == place:
+            seen += 1
+            if seen == k:
+                raise Tick()
+
+    return _raised(_point_tracer(lambda code: code is place[0], hit), call) or seen >= k
+
+
+def _point_tracer(follows: Callable[[types.CodeType], bool],
+                  hit: Callable[[Place], None]) -> Callable[..., Any]:
+    """A ``sys.settrace`` function calling ``hit(place)`` at each point (see ``raised_at_point``)
+    of the code objects ``follows`` accepts."""
+
     def tracer(frame, event, arg):
-        if not frame.f_code.co_filename.startswith(package):
+        code = frame.f_code
+        if not follows(code):
             return None
         frame.f_trace_opcodes = True
-        hit()  # the function's start
+        hit((code, -1))  # the function's start
         after_call = False
 
         def opcode(frame, event, arg):
             nonlocal after_call
             frame.f_trace_opcodes = True  # (3.12+: set at the call event, it starts late)
             if event == "opcode":
-                name = dis.opname[frame.f_code.co_code[frame.f_lasti]]
+                at = frame.f_lasti
+                name = dis.opname[code.co_code[at]]
                 if after_call or name == "JUMP_BACKWARD":
                     after_call = False
-                    hit()
+                    hit((code, at))
                 after_call = name in _CALLS
             return opcode
         return opcode
-
-    # (also raised where Python prints and drops it: in a generator the GC closes)
-    return _raised(tracer, call) or seen >= n
+    return tracer
 
 
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 
 
 def _raised(tracer: Callable[..., Any], call: Callable[[], Any]) -> bool:
-    """BatchRuns ``call()`` under ``tracer``; True if ``Tick`` came out of it."""
+    """Runs ``call()`` under ``tracer``; True if ``Tick`` came out of it."""
     sys.settrace(tracer)
     try:
         call()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from line_interrupts import raised_at_point
+from line_interrupts import points_of, raised_at_place, raised_at_point
 from resume_harness import assert_same_batch
 
 # A point may be where a generator left unfinished by an earlier interrupt is closed by the
@@ -130,6 +130,27 @@ def _take(loader, it, n, out):
     return it
 
 
+def _ready(loader, call, restored):
+    """``loader`` at step WARM, its batches so far (appended to by the ``next`` call), its
+    iterator and ``call`` on it as a function of no argument."""
+    got: list = []
+    it = _take(loader, iter(loader), WARM, got)
+    loader.state_dict()  # (a stream's reports filed in: its base is at WARM)
+    calls = {"next": lambda: got.append((loader.step, _host(next(it)))),
+             "peek": loader.peek, "state_dict": loader.state_dict,
+             "iter": lambda: iter(loader),
+             "load_state_dict": lambda: loader.load_state_dict(restored)}
+    return got, it, calls[call]
+
+
+def _passes(places):
+    """Each point of ``places`` as (its place, which pass over that place it is)."""
+    passes: dict = {}
+    for place in places:
+        passes[place] = passes.get(place, 0) + 1
+        yield place, passes[place]
+
+
 CALLS = ["next", "peek", "state_dict", "iter", "load_state_dict"]
 
 
@@ -149,20 +170,19 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
     with make() as other:
         _take(other, iter(other), RESTORED, [])
         restored = other.state_dict()
-    points = 0
-    while True:
+    with make() as loader:  # the call's points, listed once: each is then reached alone
+        places = points_of(PACKAGE, _ready(loader, call, restored)[2])
+    missed = 0
+    for points, (place, k) in enumerate(_passes(places), 1):
         with make() as loader:
-            got: list = []
-            it = _take(loader, iter(loader), WARM, got)
-            loader.state_dict()  # (a stream's reports filed in: its base is at WARM)
-            calls = {"next": lambda: got.append((loader.step, _host(next(it)))),
-                     "peek": loader.peek, "state_dict": loader.state_dict,
-                     "iter": lambda: iter(loader),
-                     "load_state_dict": lambda: loader.load_state_dict(restored)}
-            if not raised_at_point(points + 1, PACKAGE, calls[call]):
-                break
-            points += 1
-            where = f"{kind}, {call}, interrupted at point {points}"
+            got, it, interrupted = _ready(loader, call, restored)
+            where = f"{kind}, {call}, interrupted at point {points} of {len(places)}"
+            if not raised_at_place(place, k, interrupted):
+                # where a thread of the loader's own runs beside the call, the call's path
+                # depends on timing (a wait loop's passes, a stop made twice): a few points of
+                # the listing's run may not come in another (the call then ran uninterrupted)
+                assert "prefetched" in kind, f"{where}: not reached ({place}, pass {k})"
+                missed += 1
             if call in ("iter", "load_state_dict"):
                 it = iter(loader)  # what a user does next: the old iterator is stale
                 assert loader.step in (WARM, RESTORED), where
@@ -175,7 +195,8 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
         assert steps == [*range(WARM), *range(first, first + len(steps) - WARM)], where
         for step, batch in got:
             assert_same_batch(batch, by_step[step], f"{where}, step {step}")
-    assert points > 5, f"{kind}, {call}: {points} points"
+    assert len(places) > 5, f"{kind}, {call}: {len(places)} points"
+    assert missed <= len(places) // 10, f"{kind}, {call}: {missed} of {len(places)} not reached"
 
 
 @pytest.mark.parametrize("kind", [k for k in LOADERS if "prefetched" in k])
