@@ -27,7 +27,18 @@ def _train(workdir, script, args, steps, save_every, *extra) -> subprocess.Popen
         [sys.executable, os.path.join(EXAMPLES, script), *args, "--steps", str(steps),
          "--save-every", str(save_every), "--loss-log", "losses.jsonl", *extra],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             **_compilation_cache(workdir.parent / "compiled")})
+
+
+def _compilation_cache(directory) -> dict[str, str]:
+    """JAX's persistent compilation cache in ``directory``, every executable kept: a test's
+    runs after its first load the train step where they compiled it (~4 s a run of the LM);
+    the losses compared across runs then also say the cached executable computes what the
+    compiled one did."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(directory),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
 
 
 def _losses(path) -> list[dict]:
