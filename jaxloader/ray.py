@@ -330,10 +330,16 @@ class RayEngine:
                 self._back_by[actor] = time.monotonic() + self._spec.start_timeout_s
             else:  # (an actor only unreachable for now would hold its CPUs until close())
                 self.cancel_actor(actor)
-        first, count = flight[0][0], flight[0][1]
-        self._killed[first] = self._killed.get(first, 0) + 1
-        if self._killed[first] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
-            raise lost_in_turn(steps_text(first, count), self._location(first), error,
+        # Each of its tasks in flight is charged: which one it was making is not known (one
+        # it finished may come back lost with it, its reply not yet sent)
+        owned = [(first, count) for first, count, owner, _ in flight if owner == actor]
+        for first, _ in owned:
+            self._killed[first] = self._killed.get(first, 0) + 1
+        cause = [(first, count) for first, count in owned
+                 if self._killed[first] >= KILLS_PER_TASK]
+        if cause:  # the steps, not the actors, are the cause
+            raise lost_in_turn(", ".join(steps_text(*task) for task in cause),
+                               self._location(cause[0][0]), error,
                                self._spec.timeout_s) from error
         if not self._alive and self._pending:  # the actors still starting: wait for one
             try:

@@ -132,9 +132,11 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
              hosts: int, killed: dict) -> None:
     """Host ``w``'s actor is gone: a new one, reset from the states after that host's last
     batch received, is sent its tasks in flight again, in order."""
-    first, count, _ = flight[0]
+    first = flight[0][0]
     killed[(w, first)] = killed.get((w, first), 0) + 1
-    steps = steps_text(first, count, hosts)
+    # all its steps in flight, one run of the host's (which task it was making is not known:
+    # one it finished may come back lost with it, its reply not yet sent)
+    steps = steps_text(first, sum(count for _, count, _ in flight), hosts)
     if killed[(w, first)] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
         raise lost_in_turn(steps, engine._location(first), error,
                            engine._spec.timeout_s) from error

@@ -8,6 +8,7 @@ import os
 import signal
 import tempfile
 import time
+from collections import deque
 
 import numpy as np
 import pytest
@@ -327,6 +328,37 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     check_an_actor_placed_mid_run_takes_steps(cluster)
     check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
         cluster, expected, caplog)
+
+
+def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
+    """An actor killed making steps 6..15 while its earlier task, finished, came back lost
+    with it (its reply not sent: seen 1 run in 6 on the cluster above): 6..15 is charged too,
+    so the third actor that dies making it names it (it was charged the earlier task alone,
+    and the loader said every actor was gone instead)."""
+    from jaxloader.ray import RayEngine
+
+    class Engine(RayEngine):  # the bookkeeping alone: no actor, no cluster
+        def __init__(self):
+            self._alive, self._pids, self._pending, self._killed = [0, 1, 2], [7, 8, 9], {}, {}
+            self._spec, self._turn, self._location = RayWorkers(3), 0, "a source".format
+
+        def cancel_actor(self, actor):
+            pass
+
+        def _submit(self, first, count):
+            actor = self._alive[self._turn % len(self._alive)]
+            self._turn += 1
+            return first, count, actor, None
+
+    engine, died = Engine(), RuntimeError("died")
+    flight = deque([(3, 1, 0, None), (4, 1, 1, None), (6, 10, 0, None)])
+    engine._lose(0, died, flight)  # step 3 came back lost with actor 0, which made 6..15
+    assert [(first, owner) for first, _, owner, _ in flight] == [(3, 1), (4, 1), (6, 2)]
+    flight.popleft(), flight.popleft()  # steps 3 and 4 made by actor 1
+    engine._lose(2, died, flight)  # 6..15 goes to actor 1
+    with pytest.raises(jl.WorkerError, match=r"steps 6\.\.15 \(a source\) were being made by 3 "
+                                             r"Ray actors in turn, and each died"):
+        engine._lose(1, died, flight)
 
 
 def test_bad_ray_workers_arguments_are_refused():
