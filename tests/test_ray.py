@@ -314,6 +314,9 @@ def check_an_actor_ray_restarts_takes_steps_again(cluster, caplog):
     assert any("takes steps: 2 actor(s) now" in r.getMessage() for r in caplog.records)
 
 
+# Ray starts its nodes' processes through subprocess (fork, then exec at once), which JAX's
+# fork hook warns of once JAX has run in this test process
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
     expected = in_process()
