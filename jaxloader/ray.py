@@ -249,8 +249,8 @@ class RayEngine:
                 except self._ray.exceptions.RayTaskError as e:
                     self.raise_task_error(actor, first, count, e)
                 flight.popleft()
-                made, timings = made
-                self.gauges.makers[actor].absorb(timings)
+                made, timings, pid = made
+                self.made_by(actor, pid, timings)
                 if self._steps is None and made:  # the first batch back sizes the tasks
                     self.size_tasks(tree_lib.flatten(made[0])[0])
                 while made:
@@ -280,6 +280,14 @@ class RayEngine:
         errors = self._ray.exceptions
         return tuple(getattr(errors, name) for name in (
             "RayActorError", "ActorUnavailableError", "ObjectLostError") if hasattr(errors, name))
+
+    def made_by(self, actor: int, pid: int, timings: tuple) -> None:
+        """A task of ``actor``'s came back from process ``pid``, with its stage timings."""
+        self.gauges.makers[actor].absorb(timings)
+        if pid != self._pids[actor]:  # restarted by Ray, no task lost (it had none in flight)
+            log.info("Ray actor %d was restarted by Ray: pid %s -> %s", actor,
+                     self._pids[actor], pid)
+            self._pids[actor] = pid
 
     def raise_task_error(self, actor: int, first: int, count: int, e: Any,
                          stride: int = 1) -> None:

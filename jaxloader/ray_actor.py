@@ -3,10 +3,12 @@
 ::
 
     MakerActor(payload, sys.path)   the maker unpickled once (its arrays the object store's)
-      .make(first, count)           steps first .. first + count - 1: (batches, timings)
+      .make(first, count)           steps first .. first + count - 1: (batches, timings, pid)
       .make_stream(first, count, stride, reset)
                                     a stream's steps of the readers it hosts, each batch with
-                                    its reader's state after it: (made, timings)
+                                    its reader's state after it: (made, timings, pid)
+
+(The pid with each task: an actor Ray restarted while it had no task is seen by its next.)
 """
 
 from __future__ import annotations
@@ -34,19 +36,20 @@ class MakerActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def make(self, first: int, count: int, trace: bool = False) -> tuple[list, tuple]:
-        """The batches of steps ``first .. first + count - 1`` (one object, one message) and
-        the task's stage timings (``jaxloader.base.timings``, as a local worker sends them)."""
+    def make(self, first: int, count: int, trace: bool = False) -> tuple[list, tuple, int]:
+        """The batches of steps ``first .. first + count - 1`` (one object, one message),
+        the task's stage timings (``jaxloader.base.timings``, as a local worker sends them)
+        and this process's pid."""
         began, cpu = self._clock(trace)
         made = [self._maker.make(step)[0] for step in range(first, first + count)]
-        return made, self._timings(began, cpu)
+        return made, self._timings(began, cpu), os.getpid()
 
     def make_stream(self, first: int, count: int, stride: int, reset: list | None,
-                    trace: bool = False) -> tuple[list, tuple]:
-        """A stream's task (``make_stream`` below) and its stage timings."""
+                    trace: bool = False) -> tuple[list, tuple, int]:
+        """A stream's task (``make_stream`` below), its stage timings and this pid."""
         began, cpu = self._clock(trace)
         made = make_stream(self._maker, first, count, stride, reset)
-        return made, self._timings(began, cpu)
+        return made, self._timings(began, cpu), os.getpid()
 
     def _clock(self, trace: bool) -> tuple[float, float]:
         if (self._maker.clock.trace is not None) != trace:  # (a profile's timeline asked for)

@@ -81,8 +81,8 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             except ray.exceptions.RayTaskError as e:
                 engine.raise_task_error(w, first, count, e, stride=hosts)
             flight[w].popleft()
-            made, timings = made
-            engine.gauges.makers[w].absorb(timings)
+            made, timings, pid = made
+            engine.made_by(w, pid, timings)
             if engine._steps is None and made:  # the first batch back sizes the tasks
                 engine.size_tasks(tree_lib.flatten(made[0][0])[0])
             for k, (batch, report) in enumerate(made):

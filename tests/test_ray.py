@@ -314,6 +314,23 @@ def check_an_actor_ray_restarts_takes_steps_again(cluster, caplog):
     assert any("takes steps: 2 actor(s) now" in r.getMessage() for r in caplog.records)
 
 
+def check_an_actor_ray_restarts_while_idle_is_seen_by_its_next_task(cluster, expected,
+                                                                   caplog):
+    caplog.set_level(logging.INFO, logger="jaxloader")
+    with loader(workers=RayWorkers(2, max_restarts=1)) as on_ray:
+        killed = on_ray.worker_pids[1]
+        os.kill(killed, signal.SIGKILL)  # no task in flight: the loader sees no error
+        deadline = time.monotonic() + 60
+        while not any(a["NumRestarts"] and a["State"] == "ALIVE"
+                      for a in ray._private.state.actors().values()):
+            assert time.monotonic() < deadline, "Ray did not restart the actor"
+            time.sleep(0.1)
+        made = list(on_ray)
+        assert killed not in on_ray.worker_pids and len(on_ray.worker_pids) == 2
+    assert same(made, expected)
+    assert any("restarted by Ray: pid" in r.getMessage() for r in caplog.records)
+
+
 # Ray starts its nodes' processes through subprocess (fork, then exec at once), which JAX's
 # fork hook warns of once JAX has run in this test process
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
@@ -328,6 +345,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     check_actors_the_cluster_cannot_place_are_said_not_waited_for(cluster)
     check_a_stream_on_actors_is_the_stream_in_process_and_survives_a_lost_actor(cluster, caplog)
     check_an_actor_ray_restarts_takes_steps_again(cluster, caplog)
+    check_an_actor_ray_restarts_while_idle_is_seen_by_its_next_task(cluster, expected, caplog)
     check_an_actor_placed_mid_run_takes_steps(cluster)
     check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
         cluster, expected, caplog)
