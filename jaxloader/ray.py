@@ -244,11 +244,12 @@ class RayEngine:
                     continue
                 except self._ray.exceptions.GetTimeoutError as e:
                     self.hung(actor, steps_text(first, count))
-                    self._lose(actor, e, flight)
+                    self._lose(actor, e, flight, hung=True)
                     continue
                 except self._ray.exceptions.RayTaskError as e:
                     self.raise_task_error(actor, first, count, e)
                 flight.popleft()
+                self._killed.pop(first, None)  # (made: actors lost before on it are no sign)
                 made, timings, pid = made
                 self.made_by(actor, pid, timings)
                 if self._steps is None and made:  # the first batch back sizes the tasks
@@ -284,7 +285,9 @@ class RayEngine:
     def made_by(self, actor: int, pid: int, timings: tuple) -> None:
         """A task of ``actor``'s came back from process ``pid``, with its stage timings."""
         self.gauges.makers[actor].absorb(timings)
-        if pid != self._pids[actor]:  # restarted by Ray, no task lost (it had none in flight)
+        # restarted by Ray with no task lost: it had none in flight, or Ray made them again
+        # (its max_task_retries)
+        if pid != self._pids[actor]:
             log.info("Ray actor %d was restarted by Ray: pid %s -> %s", actor,
                      self._pids[actor], pid)
             self._pids[actor] = pid
@@ -327,8 +330,10 @@ class RayEngine:
                 f"has {ray.available_resources()} free: add nodes, then create a new loader "
                 "(or restore its last state into one)") from e
 
-    def _lose(self, actor: int, error: BaseException, flight: deque) -> None:
-        """Drops a dead actor; its tasks in flight go, in order, to the actors left."""
+    def _lose(self, actor: int, error: BaseException, flight: deque,
+              hung: bool = False) -> None:
+        """Drops a dead actor (``hung``: killed, its oldest task not done within
+        ``timeout_s``); its tasks in flight go, in order, to the actors left."""
         if actor in self._alive:
             self._alive.remove(actor)
             log.warning("Ray actor %d (pid %s) is gone (%s); its steps go to the %d left",
@@ -338,15 +343,16 @@ class RayEngine:
                 self._back_by[actor] = time.monotonic() + self._spec.start_timeout_s
             else:  # (an actor only unreachable for now would hold its CPUs until close())
                 self.cancel_actor(actor)
-        # Each of its tasks in flight is charged: which one it was making is not known (one
-        # it finished may come back lost with it, its reply not yet sent)
+        # A hung actor is charged the task it did not finish; a dead one each of its tasks in
+        # flight, as which one it was making is not known (one it finished may come back
+        # lost with it, its reply not yet sent)
         owned = [(first, count) for first, count, owner, _ in flight if owner == actor]
-        for first, _ in owned:
+        for first, _ in owned[:1] if hung else owned:
             self._killed[first] = self._killed.get(first, 0) + 1
         cause = [(first, count) for first, count in owned
-                 if self._killed[first] >= KILLS_PER_TASK]
-        if cause:  # the steps, not the actors, are the cause
-            raise lost_in_turn(", ".join(steps_text(*task) for task in cause),
+                 if self._killed.get(first, 0) >= KILLS_PER_TASK]
+        if cause:  # the steps, not the actors, are the cause (one of the tasks, if several)
+            raise lost_in_turn(" or ".join(steps_text(*task) for task in cause),
                                self._location(cause[0][0]), error,
                                self._spec.timeout_s) from error
         if not self._alive and self._pending:  # the actors still starting: wait for one

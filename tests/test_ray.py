@@ -317,12 +317,17 @@ def check_an_actor_ray_restarts_takes_steps_again(cluster, caplog):
 def check_an_actor_ray_restarts_while_idle_is_seen_by_its_next_task(cluster, expected,
                                                                    caplog):
     caplog.set_level(logging.INFO, logger="jaxloader")
+    caplog.clear()
     with loader(workers=RayWorkers(2, max_restarts=1)) as on_ray:
         killed = on_ray.worker_pids[1]
         os.kill(killed, signal.SIGKILL)  # no task in flight: the loader sees no error
-        deadline = time.monotonic() + 60
-        while not any(a["NumRestarts"] and a["State"] == "ALIVE"
-                      for a in ray._private.state.actors().values()):
+        actor, deadline = on_ray._engine._actors[1], time.monotonic() + 60
+        while True:  # until Ray runs it again (asked apart from the loader)
+            try:
+                if ray.get(actor.pid.remote(), timeout=10) != killed:
+                    break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass
             assert time.monotonic() < deadline, "Ray did not restart the actor"
             time.sleep(0.1)
         made = list(on_ray)
@@ -377,9 +382,12 @@ def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
     assert [(first, owner) for first, _, owner, _ in flight] == [(3, 1), (4, 1), (6, 2)]
     flight.popleft(), flight.popleft()  # steps 3 and 4 made by actor 1
     engine._lose(2, died, flight)  # 6..15 goes to actor 1
-    with pytest.raises(jl.WorkerError, match=r"steps 6\.\.15 \(a source\) were being made by 3 "
-                                             r"Ray actors in turn, and each died"):
-        engine._lose(1, died, flight)
+    with pytest.raises(jl.WorkerError, match=r"^steps 6\.\.15 \(a source\) were being made by "
+                                             r"3 Ray actors in turn, and each died"):
+        engine._lose(1, died, flight)  # (^: it alone; step 3, made, was charged no more)
+    hung = Engine()  # one killed after timeout_s: charged the task it did not finish alone
+    hung._lose(0, TimeoutError(), deque([(3, 1, 0, None), (6, 10, 0, None)]), hung=True)
+    assert hung._killed == {3: 1}
 
 
 def test_bad_ray_workers_arguments_are_refused():
