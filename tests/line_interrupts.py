@@ -12,6 +12,7 @@ following the rest of the package opcode by opcode.
 from __future__ import annotations
 
 import dis
+import gc
 import sys
 import types
 from typing import Any, Callable
@@ -124,7 +125,11 @@ _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 
 
 def _raised(tracer: Callable[..., Any], call: Callable[[], Any]) -> bool:
-    """Runs ``call()`` under ``tracer``; True if ``Tick`` came out of it."""
+    """Runs ``call()`` under ``tracer``, the garbage collector off (the finalizers it runs
+    would run package code at other moments in each run, and move the points); True if
+    ``Tick`` came out of it."""
+    collecting = gc.isenabled()
+    gc.disable()
     sys.settrace(tracer)
     try:
         call()
@@ -132,4 +137,6 @@ def _raised(tracer: Callable[..., Any], call: Callable[[], Any]) -> bool:
         return True
     finally:
         sys.settrace(None)
+        if collecting:
+            gc.enable()
     return False

@@ -2,8 +2,9 @@
 
 Without workers every call runs in the main thread and is deterministic, so a sweep can put an
 interrupt at each point of ``next()``, ``peek()``, ``state_dict()``, ``iter()`` and
-``load_state_dict()`` where CPython may run a signal handler (``line_interrupts.
-raised_at_point``), one run each, and check what the loader does next: the batches it hands out
+``load_state_dict()`` where CPython may run a signal handler (``line_interrupts``: a call's
+points listed once by ``points_of``, each then reached by ``raised_at_place``), one run each,
+and check what the loader does next: the batches it hands out
 are the reference stream's at their steps, with no step lost or repeated, and a restore leaves
 the old position or the new one; after an interrupted ``close()``, a second one leaves no thread
 running. ``test_interrupts.py`` fires timer interrupts at random into runs with workers and
@@ -27,7 +28,8 @@ from resume_harness import assert_same_batch
 # A point may be where a generator left unfinished by an earlier interrupt is closed by the
 # garbage collector: Python prints that interrupt and drops it ("Exception ignored in"), as it
 # would a real Ctrl-C there. The call then goes on, which the sweep checks like any other.
-pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+pytestmark = [pytest.mark.filterwarnings(  # (the sweep's own interrupt only)
+                  r"ignore:(?s).*line_interrupts\.Tick:pytest.PytestUnraisableExceptionWarning"),
               pytest.mark.e2e]  # (an exhaustive sweep: on one Python in CI)
 PACKAGE = os.path.dirname(jl.__file__)
 WARM, AFTER = 5, 4  # batches before the interrupted call, and checked after it

@@ -28,7 +28,8 @@ from workers.shm_probe import running
 # Python prints it and drops it there ("Exception ignored in"), as it would a real Ctrl-C; the
 # run then goes on, which the test checks like any other.
 pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+              pytest.mark.filterwarnings(  # (the test's own interrupt only)
+                  r"ignore:(?s).*test_interrupts\._Tick:pytest.PytestUnraisableExceptionWarning")]
 
 
 class _Tick(BaseException):

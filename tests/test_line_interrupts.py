@@ -1,0 +1,41 @@
+"""The interrupt helpers: ``raised_at_place`` reaches the very points ``raised_at_point``
+counts, so a sweep that lists a call's points once tests the points it tested one by one."""
+
+import functools
+import os
+
+from line_interrupts import points_of, raised_at_place, raised_at_point
+
+HERE = os.path.abspath(__file__)  # (the "package" whose points count: this file)
+
+
+def _toy(log):
+    """A generator resumed, a recursion, a loop: places passed over several times."""
+    def numbers():
+        for i in range(3):
+            log.append(("yield", i))
+            yield i
+
+    def down(n):
+        log.append(("down", n))
+        if n:
+            down(n - 1)
+        log.append(("up", n))
+
+    for v in numbers():
+        down(v)
+        log.append(("loop", v))
+
+
+def test_each_point_is_reached_alone_as_the_kth_pass_over_its_place():
+    places = points_of(HERE, functools.partial(_toy, []))
+    assert len(places) > len(set(places)) > 10  # (places passed more than once)
+    passes: dict = {}
+    for n, place in enumerate(places, 1):
+        passes[place] = passes.get(place, 0) + 1
+        counted, placed = [], []
+        assert raised_at_point(n, HERE, functools.partial(_toy, counted))
+        assert raised_at_place(place, passes[place], functools.partial(_toy, placed))
+        assert counted == placed, f"point {n}: {counted} against {placed}"
+    assert not raised_at_point(len(places) + 1, HERE, functools.partial(_toy, []))
+    assert not raised_at_place(places[0], passes[places[0]] + 1, functools.partial(_toy, []))
