@@ -5,8 +5,9 @@ run. ``raised_at_line`` runs a call with a tracer that raises ``Tick`` at the ``
 executed inside the given functions, so a test can put an interrupt between every two lines of
 a piece of bookkeeping in turn, deterministically. ``raised_at_point`` does the same at the
 points of a whole package where a real Ctrl-C can land, for sweeps of whole calls;
-``points_of`` lists a call's points once and ``raised_at_place`` reaches one of them without
-following the rest of the package opcode by opcode.
+``points_of`` lists a call's points once (``numbered``: each with its pass over its place)
+and ``raised_at_place`` reaches one of them without following the rest of the package opcode
+by opcode.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dis
 import gc
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 class Tick(BaseException):
@@ -91,6 +92,15 @@ def raised_at_place(place: Place, k: int, call: Callable[[], Any]) -> bool:
                 raise Tick()
 
     return _raised(_point_tracer(lambda code: code is place[0], hit), call) or seen >= k
+
+
+def numbered(places: list[Place]) -> Iterator[tuple[Place, int]]:
+    """Each point of ``places`` (``points_of``'s list) as ``(place, k)``: the arguments of
+    ``raised_at_place`` that reach it (the k-th pass over its place)."""
+    passes: dict[Place, int] = {}
+    for place in places:
+        passes[place] = passes.get(place, 0) + 1
+        yield place, passes[place]
 
 
 def _point_tracer(follows: Callable[[types.CodeType], bool],

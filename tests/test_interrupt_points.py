@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from line_interrupts import points_of, raised_at_place, raised_at_point
+from line_interrupts import numbered, points_of, raised_at_place, raised_at_point
 from resume_harness import assert_same_batch
 
 # A point may be where a generator left unfinished by an earlier interrupt is closed by the
@@ -145,14 +145,6 @@ def _ready(loader, call, restored):
     return got, it, calls[call]
 
 
-def _passes(places):
-    """Each point of ``places`` as (its place, which pass over that place it is)."""
-    passes: dict = {}
-    for place in places:
-        passes[place] = passes.get(place, 0) + 1
-        yield place, passes[place]
-
-
 CALLS = ["next", "peek", "state_dict", "iter", "load_state_dict"]
 
 
@@ -175,7 +167,7 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
     with make() as loader:  # the call's points, listed once: each is then reached alone
         places = points_of(PACKAGE, _ready(loader, call, restored)[2])
     missed = 0
-    for points, (place, k) in enumerate(_passes(places), 1):
+    for points, (place, k) in enumerate(numbered(places), 1):
         with make() as loader:
             got, it, interrupted = _ready(loader, call, restored)
             where = f"{kind}, {call}, interrupted at point {points} of {len(places)}"

@@ -4,7 +4,7 @@ counts, so a sweep that lists a call's points once tests the points it tested on
 import functools
 import os
 
-from line_interrupts import points_of, raised_at_place, raised_at_point
+from line_interrupts import numbered, points_of, raised_at_place, raised_at_point
 
 HERE = os.path.abspath(__file__)  # (the "package" whose points count: this file)
 
@@ -30,12 +30,10 @@ def _toy(log):
 def test_each_point_is_reached_alone_as_the_kth_pass_over_its_place():
     places = points_of(HERE, functools.partial(_toy, []))
     assert len(places) > len(set(places)) > 10  # (places passed more than once)
-    passes: dict = {}
-    for n, place in enumerate(places, 1):
-        passes[place] = passes.get(place, 0) + 1
+    for n, (place, k) in enumerate(numbered(places), 1):
         counted, placed = [], []
         assert raised_at_point(n, HERE, functools.partial(_toy, counted))
-        assert raised_at_place(place, passes[place], functools.partial(_toy, placed))
+        assert raised_at_place(place, k, functools.partial(_toy, placed))
         assert counted == placed, f"point {n}: {counted} against {placed}"
     assert not raised_at_point(len(places) + 1, HERE, functools.partial(_toy, []))
-    assert not raised_at_place(places[0], passes[places[0]] + 1, functools.partial(_toy, []))
+    assert not raised_at_place(places[0], places.count(places[0]) + 1, functools.partial(_toy, []))
