@@ -5,15 +5,24 @@
     main process  StatusBoard(n): a shared table, a row a worker (state, step, since), and a
                   stack file a worker; their names go to the workers in ``Init``
     worker        WorkerStatus: making(step) before it makes a step (no message, no syscall:
-                  three stores into the table), idle() when its task is done;
-                  faulthandler writes every thread's Python stack to its file on SIGUSR2
+                  three stores into the table), idle() when its task is done; a thread of its
+                  own, blocked on a pipe, writes every other thread's Python stack to the
+                  worker's stack file when the main process writes a byte to that pipe
     main process  board.doing(w) ─> "making step 25 (epoch 0, record positions ...) for 312 s"
-                  board.stacks(pids) ─> each worker's stack, taken by signal (a worker stopped
-                  or stuck in native code without its handler answers nothing: said so)
+                  board.stacks(pids) ─> each worker's stacks (a worker stopped, or whose
+                  thread holding the GIL in native code keeps the stack thread out, answers
+                  nothing: said so)
 
 The table is written by the worker before it starts a step, so a worker that dies names the
 step it died in, not its task's first; a stall report names what each worker holds and for
 how long. ``since`` is ``CLOCK_MONOTONIC`` in nanoseconds, one clock for every process.
+
+The stacks are taken by a thread at a safe point (it holds the GIL, ``sys._current_frames``),
+never by a signal: faulthandler's signal handler walks the threads' frames while they change,
+and a worker whose code starts and ends threads dies of SIGSEGV within a few dozen such
+signals (CPython's issue 116008; on 3.11 and 3.13 here). Nothing is sent to a worker's
+threads either, so a blocked system call is not interrupted (no ``EINTR`` in native code) and
+a signal handler of the user's own is never called by a report.
 
 Example:
     >>> board = StatusBoard(2)
@@ -27,11 +36,12 @@ Example:
 
 from __future__ import annotations
 
-import faulthandler
 import os
-import signal
+import sys
 import tempfile
+import threading
 import time
+import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -39,11 +49,10 @@ import numpy as np
 from jaxloader.runtime import shm
 
 _FIELDS = 3  # a worker's row: state, step, since
-# starting: not yet able to answer STACK_SIGNAL (its default action would end the process);
-# loading: its handler is in, its payload and worker_init_fn are loading
+# starting: its stack thread not yet started (asked now, it would answer at some later time);
+# loading: its stack thread runs, its payload and worker_init_fn are loading
 _IDLE, _MAKING, _STARTING, _LOADING = 0, 1, 2, 3
-STACK_SIGNAL = signal.SIGUSR2
-_STACK_WAIT_S = 1.0  # how long a stall report waits for the workers' stacks (signal handlers)
+_STACK_WAIT_S = 1.0  # how long a stall report waits for the workers' stacks (their threads)
 _STACK_SETTLE_S = 0.02  # a stack file that stopped growing this long is written
 _STACK_BYTES = 64 << 10  # at most this much of a worker's stacks is read
 
@@ -56,17 +65,21 @@ class StatusBoard:
         self._rows = np.frombuffer(self._segment.memory, np.int64)[:num_workers * _FIELDS]
         self._rows = self._rows.reshape(num_workers, _FIELDS)
         self._stacks: list[tuple[int, str]] = []
+        self._asks: list[tuple[int, int, str]] = []  # request pipes: (write end, read end, name)
         try:
             for i in range(num_workers):
                 self._stacks.append(_stack_file(i))
+                self._asks.append(_request_pipe(i))
         except BaseException:
             self.destroy()
             raise
         self.restarted()
 
-    def names(self, worker: int) -> tuple[str, int, str]:
-        """What worker ``worker`` opens: (the table's name, its size, its stack file)."""
-        return self._segment.name, self._segment.size, self._stacks[worker][1]
+    def names(self, worker: int) -> tuple[str, int, str, str]:
+        """What worker ``worker`` opens: (the table's name, its size, its stack file, its
+        request pipe)."""
+        return (self._segment.name, self._segment.size, self._stacks[worker][1],
+                self._asks[worker][2])
 
     def restarted(self) -> None:
         """Every worker is starting (new ones: at first, or after an interrupted run)."""
@@ -104,18 +117,18 @@ class StatusBoard:
         return lines
 
     def stacks(self, pids: list[int]) -> list[str]:
-        """Each worker's Python stacks, taken by ``STACK_SIGNAL``; a worker that is stopped,
-        or does not answer within ``_STACK_WAIT_S``, gets a line that says so."""
+        """Each worker's Python stacks, written by its stack thread when asked; a worker that
+        is stopped, or does not answer within ``_STACK_WAIT_S``, gets a line that says so."""
         files = [fd for fd, _ in self._stacks[:len(pids)]]
         asked = []
         for worker, (fd, pid) in enumerate(zip(files, pids)):
             os.ftruncate(fd, 0)
             if _state(pid) in ("T", "t", "Z", None) or self._rows[worker, 0] == _STARTING:
-                continue  # it cannot answer now (a worker starting would die of the signal)
+                continue  # it cannot answer now
             try:
-                os.kill(pid, STACK_SIGNAL)
-            except ProcessLookupError:
-                continue
+                os.write(self._asks[worker][0], b"?")
+            except BlockingIOError:  # a pipe full of unanswered requests: asked already
+                pass
             asked.append(fd)
         deadline = time.monotonic() + _STACK_WAIT_S
         sizes = [-1] * len(asked)
@@ -129,8 +142,8 @@ class StatusBoard:
         for fd in files:
             text = os.pread(fd, _STACK_BYTES, 0).decode("utf-8", "replace").rstrip()
             if not text:
-                text = (f"(no stack: no answer to signal {STACK_SIGNAL.name} within "
-                        f"{_STACK_WAIT_S} s: busy in native code that holds the signal back?)"
+                text = (f"(no stack: no answer within {_STACK_WAIT_S} s: a thread busy in "
+                        "native code that holds the GIL?)"
                         if fd in asked else "(no stack: the process is stopped, gone, or not "
                         "yet able to answer)")
             out.append(text)
@@ -143,6 +156,14 @@ class StatusBoard:
             os.close(fd)
             if not path.startswith("memfd:"):
                 os.unlink(path)
+        while self._asks:
+            write_end, read_end, name = self._asks.pop()
+            os.close(write_end)
+            if read_end != write_end:
+                os.close(read_end)
+            if not name.startswith("pipe:"):  # a FIFO in a directory of its own
+                os.unlink(name)
+                os.rmdir(os.path.dirname(name))
         self._rows = np.zeros((0, _FIELDS), np.int64)  # the view goes: the mapping can close
         return self._segment.destroy()
 
@@ -158,21 +179,40 @@ def _stack_file(worker: int) -> tuple[int, str]:
     return fd, path
 
 
-class WorkerStatus:
-    """A worker's side: its row of the table, and its stacks written on ``STACK_SIGNAL``."""
+def _request_pipe(worker: int) -> tuple[int, int, str]:
+    """A pipe through which the main process asks worker ``worker`` for its stacks: (this
+    process's write end, non-blocking; its read end; the name the worker opens a read end
+    by). Where ``/proc`` is, an anonymous pipe opened through it; else a FIFO in a directory
+    of its own, held open ``O_RDWR`` (both ends in one descriptor). This process holds a read
+    end too, so a request made before the worker opens its own is kept for it."""
+    if shm.MEMFD_AVAILABLE:
+        read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # (the worker's open through /proc is a file of its own: blocking, whatever these are)
+        return write_end, read_end, f"pipe:{os.getpid()}:{read_end}:{os.fstat(read_end).st_ino}"
+    path = os.path.join(tempfile.mkdtemp(prefix=f"{shm.PREFIX}_ask_{worker}_"), "ask")
+    os.mkfifo(path, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    return fd, fd, path
 
-    def __init__(self, names: tuple[str, int, str], worker: int) -> None:
-        table, size, stacks = names
+
+class WorkerStatus:
+    """A worker's side: its row of the table, and its stack thread (module docstring)."""
+
+    def __init__(self, names: tuple[str, int, str, str], worker: int) -> None:
+        table, size, stacks, asks = names
         self._mapping: Any = shm.attach(table, size)
         self._row = memoryview(self._mapping).cast("q")[worker * _FIELDS:(worker + 1) * _FIELDS]
-        if stacks.startswith("memfd:"):
-            fd = shm.open_memory_file(*shm.memory_file_name(stacks), os.O_WRONLY | os.O_APPEND)
-            if fd is None:
-                raise OSError(f"worker status: the stack file {stacks} is gone")
-        else:
-            fd = os.open(stacks, os.O_WRONLY | os.O_APPEND)
-        self._stack_fd = fd
-        faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True, chain=False)
+        stack_fd = _open_named(stacks, "memfd:", os.O_WRONLY | os.O_APPEND)
+        try:
+            ask_fd = _open_named(asks, "pipe:", os.O_RDONLY)
+        except BaseException:
+            os.close(stack_fd)
+            raise
+        self._closed = threading.Event()
+        # (its descriptors are the thread's until the process ends: closed under a thread
+        # that may still write, a number reused by another file would get the stacks)
+        threading.Thread(target=_answer_requests, args=(ask_fd, stack_fd, self._closed),
+                         name="jaxloader-stacks", daemon=True).start()
         self._row[2] = time.monotonic_ns()
         self._row[0] = _LOADING  # the main process may ask for its stacks from now on
 
@@ -189,10 +229,55 @@ class WorkerStatus:
         self._row[0] = _IDLE
 
     def close(self) -> None:
-        faulthandler.unregister(STACK_SIGNAL)
-        os.close(self._stack_fd)
+        self._closed.set()
         self._row.release()
         self._mapping.close()
+
+
+def _open_named(name: str, proc_prefix: str, flags: int) -> int:
+    """A descriptor of the main process's file ``name``: ``<proc_prefix><pid>:<fd>:<inode>``,
+    opened through ``/proc``, or a path."""
+    if not name.startswith(proc_prefix):
+        return os.open(name, flags | os.O_CLOEXEC)
+    fd = shm.open_memory_file(*shm.memory_file_name(name), flags)
+    if fd is None:
+        raise OSError(f"worker status: {name} is gone")
+    return fd
+
+
+def _answer_requests(ask_fd: int, stack_fd: int, closed: threading.Event) -> None:
+    """The stack thread: for each request read from ``ask_fd``, every other thread's stack
+    appended to ``stack_fd``; ends when the main process's ends of the pipe are gone."""
+    while True:
+        try:
+            if not os.read(ask_fd, 64) or closed.is_set():  # (requests queued: one answer)
+                return
+            os.write(stack_fd, format_stacks().encode("utf-8", "replace"))
+        except OSError:
+            return
+
+
+def format_stacks() -> str:
+    """Every thread's Python stack but the calling thread's, as a traceback reads, the main
+    thread first. Taken with the GIL held (``sys._current_frames``): each frame whole.
+
+    Example:
+        >>> import threading
+        >>> out = []
+        >>> t = threading.Thread(target=lambda: out.append(format_stacks())); t.start(); t.join()
+        >>> out[0].startswith('Thread "MainThread"') and "in <module>" in out[0]
+        True
+    """
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me, main = threading.get_ident(), threading.main_thread().ident
+    frames = sorted(sys._current_frames().items(), key=lambda item: item[0] != main)
+    parts = []
+    for ident, frame in frames:
+        if ident == me:
+            continue
+        parts.append(f'Thread "{names.get(ident, "?")}" ({ident:#x}), most recent call last:\n')
+        parts.extend(traceback.format_stack(frame))
+    return "".join(parts)
 
 
 _PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "waiting on a disk (uninterruptible)",

@@ -6,12 +6,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 import jaxloader as jl
+from jaxloader.workers import status
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,7 +142,7 @@ def _slow_start(worker_id):
 
 
 def test_a_stall_report_while_workers_start_leaves_them_alone(caplog):
-    # a worker that has not yet put in its stack handler would be ended by the signal
+    # (a worker asked for its stacks is never harmed, whatever it is doing: the next test)
     caplog.set_level(logging.WARNING, logger="jaxloader")
     with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, num_workers=2,
                        worker_init_fn=_slow_start, stall_warning_s=0.02, process_index=0,
@@ -145,3 +150,47 @@ def test_a_stall_report_while_workers_start_leaves_them_alone(caplog):
         assert sorted(np.concatenate([b["x"] for b in loader]).tolist()) == list(range(64))
     warned = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
     assert warned and "starting (loading the payload" in warned[0]
+
+
+_CHURNING_WORKER = """
+import ast, sys, threading, time
+from jaxloader.workers.status import WorkerStatus
+
+def count(n):
+    return sum(range(n))
+
+def churn_threads():  # a transform whose libraries start and end threads
+    until = time.monotonic() + 60
+    while time.monotonic() < until:
+        helpers = [threading.Thread(target=count, args=(100,)) for _ in range(4)]
+        for helper in helpers:
+            helper.start()
+        for helper in helpers:
+            helper.join()
+
+status = WorkerStatus(ast.literal_eval(sys.argv[1]), 0)
+status.making(3)
+print("started", flush=True)
+churn_threads()
+"""
+
+
+def test_stacks_taken_many_times_never_kill_a_worker_whose_threads_come_and_go(monkeypatch):
+    # stacks taken by a signal handler (faulthandler) walk frames while threads start and end:
+    # such a worker died of SIGSEGV within ~50 requests (3.11 and 3.13)
+    board = status.StatusBoard(1)
+    worker = subprocess.Popen([sys.executable, "-c", _CHURNING_WORKER, repr(board.names(0))],
+                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == b"started\n"
+        with monkeypatch.context() as quick:
+            quick.setattr(status, "_STACK_SETTLE_S", 0.001)  # (many requests a second)
+            for _ in range(300):
+                board.stacks([worker.pid])
+                assert worker.poll() is None, f"the worker died: exit code {worker.poll()}"
+        stack = board.stacks([worker.pid])[0]
+        assert 'Thread "MainThread"' in stack and "in churn_threads" in stack, stack
+    finally:
+        worker.kill()
+        worker.wait()
+        board.destroy()
