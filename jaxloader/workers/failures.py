@@ -58,9 +58,12 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
         how += " (SIGKILL: often the out-of-memory killer)"
     doing = f"while making {where(step)}" if step is not None else (
         "while starting" if board.starting(worker) else "while idle")
+    stacks = board.crash(worker)
     return WorkerError(
         f"worker {worker} (pid {pid}) died {doing}: {how}; the loader is broken; check "
-        "memory use and native code in transforms, then create a new DataLoader")
+        "memory use and native code in transforms, then create a new DataLoader"
+        + (f"\n--- the worker's Python stacks as the signal came ---\n{stacks}" if stacks
+           else ""))
 
 
 _LOG = logging.getLogger("jaxloader")

@@ -12,6 +12,10 @@
                   board.stacks(pids) ─> each worker's stacks (a worker stopped, or whose
                   thread holding the GIL in native code keeps the stack thread out, answers
                   nothing: said so)
+    worker        a fatal signal (SIGSEGV, SIGABRT, SIGBUS, ...: native code that crashed):
+                  faulthandler writes every thread's stack to the stack file, then the
+                  signal ends the worker as before
+    main process  board.crash(w) ─> those stacks, for the error that says the worker died
 
 The table is written by the worker before it starts a step, so a worker that dies names the
 step it died in, not its task's first; a stall report names what each worker holds and for
@@ -22,7 +26,8 @@ never by a signal: faulthandler's signal handler walks the threads' frames while
 and a worker whose code starts and ends threads dies of SIGSEGV within a few dozen such
 signals (CPython's issue 116008; on 3.11 and 3.13 here). Nothing is sent to a worker's
 threads either, so a blocked system call is not interrupted (no ``EINTR`` in native code) and
-a signal handler of the user's own is never called by a report.
+a signal handler of the user's own is never called by a report. (A fatal signal's dump is
+faulthandler's: the process is ending then, whatever its threads do.)
 
 Example:
     >>> board = StatusBoard(2)
@@ -36,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import tempfile
@@ -55,6 +61,7 @@ _IDLE, _MAKING, _STARTING, _LOADING = 0, 1, 2, 3
 _STACK_WAIT_S = 1.0  # how long a stall report waits for the workers' stacks (their threads)
 _STACK_SETTLE_S = 0.02  # a stack file that stopped growing this long is written
 _STACK_BYTES = 64 << 10  # at most this much of a worker's stacks is read
+_FATAL = b"Fatal Python error: "  # how faulthandler's dump on a fatal signal begins
 
 
 class StatusBoard:
@@ -149,6 +156,17 @@ class StatusBoard:
             out.append(text)
         return out
 
+    def crash(self, worker: int) -> str | None:
+        """The stacks worker ``worker`` wrote as a fatal signal ended it (faulthandler's
+        dump: the signal, then each thread's stack, most recent call first), or ``None``."""
+        if worker >= len(self._stacks):
+            return None
+        fd = self._stacks[worker][0]
+        size = os.fstat(fd).st_size
+        text = os.pread(fd, _STACK_BYTES, max(0, size - _STACK_BYTES))
+        at = text.rfind(_FATAL)  # (after a stall report's stacks, if any)
+        return None if at < 0 else text[at:].decode("utf-8", "replace").rstrip()
+
     def destroy(self) -> bool:
         """Releases the table and the stack files. Idempotent."""
         while self._stacks:
@@ -208,6 +226,7 @@ class WorkerStatus:
         except BaseException:
             os.close(stack_fd)
             raise
+        self._stack_fd = stack_fd
         self._closed = threading.Event()
         # (its descriptors are the thread's until the process ends: closed under a thread
         # that may still write, a number reused by another file would get the stacks)
@@ -227,6 +246,12 @@ class WorkerStatus:
         """Between tasks."""
         self._row[2] = time.monotonic_ns()
         self._row[0] = _IDLE
+
+    def stacks_on_crash(self) -> None:
+        """From now on a fatal signal (native code that crashed) writes this process's
+        stacks where ``StatusBoard.crash`` reads them (faulthandler, for the process's life:
+        a worker's own)."""
+        faulthandler.enable(self._stack_fd, all_threads=True)
 
     def close(self) -> None:
         self._closed.set()

@@ -143,6 +143,7 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     sys.path[:] = path
     try:
         status = WorkerStatus(status_names, worker_id)
+        status.stacks_on_crash()
         maker: Maker
         maker, init_fn = payload.loads(blob)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))

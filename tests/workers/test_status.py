@@ -33,9 +33,13 @@ def test_a_worker_that_dies_names_the_step_it_died_in_not_its_tasks_first():
                        process_count=1) as loader:
         with pytest.raises(jl.WorkerError, match=r"worker 1 \(pid \d+\) died while making "
                                                  r"step 25 \(epoch 0, record positions "
-                                                 r"2500..2599\): killed by signal 11"):
+                                                 r"2500..2599\): killed by signal 11") as e:
             for _ in loader:
                 pass
+    # with its Python stack as the signal came: the line in the transform that called native code
+    said = str(e.value).split("--- the worker's Python stacks as the signal came ---\n")[1]
+    assert said.startswith("Fatal Python error: Segmentation fault"), said
+    assert "in _crash_at" in said and "in make_steps" in said, said
 
 
 def _crashing_shard(shard):
