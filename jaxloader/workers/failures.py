@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import signal
 import time
 from typing import Any, Callable, Iterable
 
@@ -48,6 +49,10 @@ def raised(worker: int, pid: int, failed: Failed,
     ), cause
 
 
+# the signals faulthandler dumps the stacks on (native code that crashed)
+_FATAL_SIGNALS = {signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL}
+
+
 def died(worker: int, pid: int, code: int | None, board: StatusBoard,
          where: Callable[[int], str]) -> WorkerError:
     """The error for worker ``worker``, gone with exit code ``code`` (negative: a signal),
@@ -58,7 +63,7 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
         how += " (SIGKILL: often the out-of-memory killer)"
     doing = f"while making {where(step)}" if step is not None else (
         "while starting" if board.starting(worker) else "while idle")
-    stacks = board.crash(worker)
+    stacks = board.crash(worker) if code is not None and -code in _FATAL_SIGNALS else None
     return WorkerError(
         f"worker {worker} (pid {pid}) died {doing}: {how}; the loader is broken; check "
         "memory use and native code in transforms, then create a new DataLoader"

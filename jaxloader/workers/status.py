@@ -89,9 +89,12 @@ class StatusBoard:
                 self._asks[worker][2])
 
     def restarted(self) -> None:
-        """Every worker is starting (new ones: at first, or after an interrupted run)."""
+        """Every worker is starting (new ones: at first, or after an interrupted run); what
+        the workers before wrote is gone (a crash dump is not a new worker's)."""
         self._rows[:, 0] = _STARTING
         self._rows[:, 2] = time.monotonic_ns()
+        for fd, _ in self._stacks:
+            os.ftruncate(fd, 0)
 
     def making(self, worker: int) -> int | None:
         """The step worker ``worker`` is making, or ``None``."""
@@ -129,9 +132,9 @@ class StatusBoard:
         files = [fd for fd, _ in self._stacks[:len(pids)]]
         asked = []
         for worker, (fd, pid) in enumerate(zip(files, pids)):
-            os.ftruncate(fd, 0)
             if _state(pid) in ("T", "t", "Z", None) or self._rows[worker, 0] == _STARTING:
-                continue  # it cannot answer now
+                continue  # it cannot answer now (and a dead one's crash dump stays)
+            os.ftruncate(fd, 0)
             try:
                 os.write(self._asks[worker][0], b"?")
             except BlockingIOError:  # a pipe full of unanswered requests: asked already
@@ -147,13 +150,13 @@ class StatusBoard:
             time.sleep(_STACK_SETTLE_S)
         out = []
         for fd in files:
+            if fd not in asked:
+                out.append("(no stack: the process is stopped, gone, or not yet able to answer)")
+                continue
             text = os.pread(fd, _STACK_BYTES, 0).decode("utf-8", "replace").rstrip()
-            if not text:
-                text = (f"(no stack: no answer within {_STACK_WAIT_S} s: a thread busy in "
-                        "native code that holds the GIL?)"
-                        if fd in asked else "(no stack: the process is stopped, gone, or not "
-                        "yet able to answer)")
-            out.append(text)
+            out.append(text or f"(no stack: no answer within {_STACK_WAIT_S} s: a thread busy "
+                               "in native code that holds the GIL? `py-spy dump --pid` reads "
+                               "a process's stacks from outside)")
         return out
 
     def crash(self, worker: int) -> str | None:
@@ -207,31 +210,47 @@ def _request_pipe(worker: int) -> tuple[int, int, str]:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         # (the worker's open through /proc is a file of its own: blocking, whatever these are)
         return write_end, read_end, f"pipe:{os.getpid()}:{read_end}:{os.fstat(read_end).st_ino}"
-    path = os.path.join(tempfile.mkdtemp(prefix=f"{shm.PREFIX}_ask_{worker}_"), "ask")
-    os.mkfifo(path, 0o600)
-    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    directory = tempfile.mkdtemp(prefix=f"{shm.PREFIX}_ask_{worker}_")
+    path = os.path.join(directory, "ask")
+    try:
+        os.mkfifo(path, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    except BaseException:
+        if os.path.exists(path):
+            os.unlink(path)
+        os.rmdir(directory)
+        raise
     return fd, fd, path
 
 
 class WorkerStatus:
     """A worker's side: its row of the table, and its stack thread (module docstring)."""
 
-    def __init__(self, names: tuple[str, int, str, str], worker: int) -> None:
+    def __init__(self, names: tuple[str, int, str, str], worker: int,
+                 crash_dumps: bool = False) -> None:
+        """``crash_dumps``: a fatal signal (native code that crashed) writes this process's
+        stacks where ``StatusBoard.crash`` reads them (faulthandler, for the process's life:
+        a worker's own)."""
         table, size, stacks, asks = names
         self._mapping: Any = shm.attach(table, size)
         self._row = memoryview(self._mapping).cast("q")[worker * _FIELDS:(worker + 1) * _FIELDS]
         stack_fd = _open_named(stacks, "memfd:", os.O_WRONLY | os.O_APPEND)
         try:
-            ask_fd = _open_named(asks, "pipe:", os.O_RDONLY)
+            # (non-blocking to open: a pipe without a writer would block the open forever)
+            ask_fd = _open_named(asks, "pipe:", os.O_RDONLY | os.O_NONBLOCK)
+            os.set_blocking(ask_fd, True)
         except BaseException:
             os.close(stack_fd)
             raise
         self._stack_fd = stack_fd
         self._closed = threading.Event()
-        # (its descriptors are the thread's until the process ends: closed under a thread
+        self._crash_dumps = crash_dumps  # (faulthandler then holds stack_fd)
+        if crash_dumps:
+            faulthandler.enable(stack_fd, all_threads=True)
+        # (its descriptors are the thread's, closed by it as it ends: closed under a thread
         # that may still write, a number reused by another file would get the stacks)
-        threading.Thread(target=_answer_requests, args=(ask_fd, stack_fd, self._closed),
-                         name="jaxloader-stacks", daemon=True).start()
+        threading.Thread(target=self._answer_requests, args=(ask_fd,), name="jaxloader-stacks",
+                         daemon=True).start()
         self._row[2] = time.monotonic_ns()
         self._row[0] = _LOADING  # the main process may ask for its stacks from now on
 
@@ -247,16 +266,24 @@ class WorkerStatus:
         self._row[2] = time.monotonic_ns()
         self._row[0] = _IDLE
 
-    def stacks_on_crash(self) -> None:
-        """From now on a fatal signal (native code that crashed) writes this process's
-        stacks where ``StatusBoard.crash`` reads them (faulthandler, for the process's life:
-        a worker's own)."""
-        faulthandler.enable(self._stack_fd, all_threads=True)
-
     def close(self) -> None:
         self._closed.set()
         self._row.release()
         self._mapping.close()
+
+    def _answer_requests(self, ask_fd: int) -> None:
+        """The stack thread: for each request read from ``ask_fd``, every other thread's
+        stack appended to the stack file; ends when the main process's ends of the pipe are
+        gone, or at the first request after ``close()``."""
+        try:
+            while os.read(ask_fd, 64) and not self._closed.is_set():  # (queued: one answer)
+                os.write(self._stack_fd, format_stacks().encode("utf-8", "replace"))
+        except OSError:
+            pass
+        finally:
+            os.close(ask_fd)
+            if not self._crash_dumps:
+                os.close(self._stack_fd)
 
 
 def _open_named(name: str, proc_prefix: str, flags: int) -> int:
@@ -270,21 +297,10 @@ def _open_named(name: str, proc_prefix: str, flags: int) -> int:
     return fd
 
 
-def _answer_requests(ask_fd: int, stack_fd: int, closed: threading.Event) -> None:
-    """The stack thread: for each request read from ``ask_fd``, every other thread's stack
-    appended to ``stack_fd``; ends when the main process's ends of the pipe are gone."""
-    while True:
-        try:
-            if not os.read(ask_fd, 64) or closed.is_set():  # (requests queued: one answer)
-                return
-            os.write(stack_fd, format_stacks().encode("utf-8", "replace"))
-        except OSError:
-            return
-
-
 def format_stacks() -> str:
-    """Every thread's Python stack but the calling thread's, as a traceback reads, the main
-    thread first. Taken with the GIL held (``sys._current_frames``): each frame whole.
+    """Every thread's Python stack but the calling thread's, the main thread first, each
+    most recent call first (as faulthandler writes them), with its source lines. Taken with
+    the GIL held (``sys._current_frames``): each frame whole.
 
     Example:
         >>> import threading
@@ -300,8 +316,8 @@ def format_stacks() -> str:
     for ident, frame in frames:
         if ident == me:
             continue
-        parts.append(f'Thread "{names.get(ident, "?")}" ({ident:#x}), most recent call last:\n')
-        parts.extend(traceback.format_stack(frame))
+        parts.append(f'Thread "{names.get(ident, "?")}" ({ident:#x}), most recent call first:\n')
+        parts.extend(reversed(traceback.format_stack(frame)))  # (where it waits: on top)
     return "".join(parts)
 
 

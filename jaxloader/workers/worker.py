@@ -142,8 +142,7 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     path, worker_id, num_workers, seed, blob, status_names = init
     sys.path[:] = path
     try:
-        status = WorkerStatus(status_names, worker_id)
-        status.stacks_on_crash()
+        status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         maker: Maker
         maker, init_fn = payload.loads(blob)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))
