@@ -168,27 +168,32 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
         places = points_of(PACKAGE, _ready(loader, call, restored)[2])
     missed = 0
     for points, (place, k) in enumerate(numbered(places), 1):
-        with make() as loader:
-            got, it, interrupted = _ready(loader, call, restored)
-            where = f"{kind}, {call}, interrupted at point {points} of {len(places)}"
-            if not raised_at_place(place, k, interrupted):
-                # where a thread of the loader's own runs beside the call, the call's path
-                # depends on timing (a wait loop's passes, a stop made twice): a few points of
-                # the listing's run may not come in another (the call then ran uninterrupted)
-                assert "prefetched" in kind, f"{where}: not reached ({place}, pass {k})"
-                missed += 1
-            if call in ("iter", "load_state_dict"):
-                it = iter(loader)  # what a user does next: the old iterator is stale
-                assert loader.step in (WARM, RESTORED), where
-                # one thread drives the engine: the old run's, if any, was stopped and is gone
-                assert len(_new_threads(before)) <= 1, where
-            _take(loader, it, len(got) + AFTER, got)
-        steps = [s for s, _ in got]
-        first = steps[WARM]  # where the loader went on: where it was, or where it was restored
-        assert first in ((WARM, RESTORED) if call == "load_state_dict" else (WARM,)), where
-        assert steps == [*range(WARM), *range(first, first + len(steps) - WARM)], where
-        for step, batch in got:
-            assert_same_batch(batch, by_step[step], f"{where}, step {step}")
+        where = f"{kind}, {call}, interrupted at point {points} of {len(places)}"
+        # where a thread of the loader's own runs beside the call, the call's path depends on
+        # timing (a wait loop's passes, a stop made twice): a point of the listing's run may
+        # not come in another (the call then runs uninterrupted, checked all the same): tried
+        # again, and a few may stay unreached
+        for _ in range(3 if "prefetched" in kind else 1):
+            with make() as loader:
+                got, it, interrupted = _ready(loader, call, restored)
+                reached = raised_at_place(place, k, interrupted)
+                if call in ("iter", "load_state_dict"):
+                    it = iter(loader)  # what a user does next: the old iterator is stale
+                    assert loader.step in (WARM, RESTORED), where
+                    # one thread drives the engine: the old run's, if any, was stopped and is gone
+                    assert len(_new_threads(before)) <= 1, where
+                _take(loader, it, len(got) + AFTER, got)
+            steps = [s for s, _ in got]
+            first = steps[WARM]  # where the loader went on: where it was, or where it was restored
+            assert first in ((WARM, RESTORED) if call == "load_state_dict" else (WARM,)), where
+            assert steps == [*range(WARM), *range(first, first + len(steps) - WARM)], where
+            for step, batch in got:
+                assert_same_batch(batch, by_step[step], f"{where}, step {step}")
+            if reached:
+                break
+        else:
+            assert "prefetched" in kind, f"{where}: not reached ({place}, pass {k})"
+            missed += 1
     assert len(places) > 5, f"{kind}, {call}: {len(places)} points"
     assert missed <= len(places) // 10, f"{kind}, {call}: {missed} of {len(places)} not reached"
 

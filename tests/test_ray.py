@@ -215,7 +215,8 @@ def check_a_stream_on_actors_is_the_stream_in_process_and_survives_a_lost_actor(
                r.getMessage() for r in caplog.records)
     with stream_loader(shards=short_shard, num_epochs=1) as plain:  # a pass: it ends
         expected = list(plain)
-    with stream_loader(slowly=True, shards=short_shard, num_epochs=1,
+    # (10 ms a record: actor 1's last task, steps 5..23, is ~0.4 s of work when it is killed)
+    with stream_loader(slowly=10, shards=short_shard, num_epochs=1,
                        workers=RayWorkers(2)) as on_ray:
         it = iter(on_ray)
         made = [next(it) for _ in range(4)]  # steps 1 and 3 from actor 1: its readers' states

@@ -109,8 +109,9 @@ class StallWatch:
                 "jaxloader: no batch for %.1f s: %s\nThe loader keeps waiting (timeout_s= makes "
                 "a wait this long an error; stall_warning_s= sets when this is said)",
                 waited, report())
-            # the next a stall_warning_s after this one was made (a report takes time)
-            self._warned = int((time.monotonic() - self._since) // self.warn_s) + 1
+            # the next at the first multiple of stall_warning_s after this one was made (a
+            # report takes time): the (_warned + 1)-th
+            self._warned = int((time.monotonic() - self._since) // self.warn_s)
         return None
 
 

@@ -176,7 +176,9 @@ def test_a_dead_worker_is_reported_at_once(how):
     start = time.monotonic()
     with pytest.raises(jl.WorkerError) as e:
         list(loader)
-    assert time.monotonic() - start < 2.0 + 1.0  # startup + detection; never a hang
+    # the workers' start (~1.2 s in a fresh venv on a loaded machine) and the detection:
+    # never a wait for a stall (no timeout_s here: that would be forever)
+    assert time.monotonic() - start < 5.0
     msg = str(e.value)
     want = "killed by signal 9" if how == "sigkill" else "exit code 3"
     assert want in msg and "pid " in msg and "step 3" in msg, msg

@@ -227,3 +227,22 @@ def test_a_crash_dump_is_said_for_the_worker_that_crashed_only():
         assert board.crash(0) is None
     finally:
         board.destroy()
+
+
+def test_a_stall_is_said_again_every_stall_warning_s(caplog, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(failures.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="jaxloader")
+    watch = failures.StallWatch(1.0, 10.0)
+    watch.begin(5)
+    said = []
+    for t in [0.5, 1.0, 1.5, 2.0, 2.7, 3.0, 3.2, 4.6, 4.9]:  # seconds since the wait began
+        now[0] = 100.0 + t
+        caplog.clear()
+        assert watch.due(lambda: "step 5 is awaited") is None
+        if caplog.records:
+            said.append(t)
+    assert said == [1.0, 2.0, 3.0, 4.6], said  # (one a second; 4.6: the one due at 4, late)
+    assert watch.left() == pytest.approx(0.1)  # to the next, at 5 s
+    now[0] = 110.0
+    assert "past timeout_s=10" in str(watch.due(lambda: "step 5 is awaited"))
