@@ -94,6 +94,16 @@ def test_what_a_jit_map_cannot_take_is_refused_naming_it():
                       process_index=0, process_count=1)
     with pytest.raises(jl.ConfigError, match="JitMap.*expected a callable"):
         jl.JitMap(3)
+    # 64-bit integers JAX (without x64) would wrap to 32 bits: refused, not silently changed
+    ids = jl.ArraySource({"id": np.array([5, 6, 2**40 + 5, 7]), "n": np.arange(4, dtype=np.uint64)})
+    with jl.DataLoader(ids, batch_size=2, transforms=[jl.JitMap(lambda r: r)],
+                       process_index=0, process_count=1) as wide:
+        it = iter(wide)
+        assert next(it)["id"].tolist() == [5, 6]  # (values 32 bits hold: taken)
+        with pytest.raises(jl.RecordError, match=r"step 1 .*batch\['id'\] of dtype int64 with "
+                                                 r"values 7..1099511627781, expected "
+                                                 r"-2147483648..2147483647: .*jax_enable_x64"):
+            next(it)
 
 
 def test_a_key_only_where_the_function_takes_one_and_a_batch_map_after_it():

@@ -109,6 +109,27 @@ def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
         jl.PackedSource(records[:49], "tokens", WIDTH, lengths=cache)
 
 
+@pytest.mark.parametrize("change", [+3, -3])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_lengths_kept_from_data_that_has_changed_are_refused_not_packed(tmp_path, change,
+                                                                          ragged):
+    # packed by stale lengths, rows would silently lose tokens (or take the next record's)
+    records = [{"tokens": np.full(10, i + 1, np.int32)} for i in range(20)]
+    cache = tmp_path / "train.lengths.npy"
+    jl.PackedSource(records, "tokens", 32, lengths=cache)
+    changed = [{"tokens": np.full(10 + change, i + 1, np.int32)} for i in range(20)]
+    if ragged:
+        offsets = np.arange(21) * (10 + change)
+        changed = jl.RaggedSource({"tokens": (np.concatenate([r["tokens"] for r in changed]),
+                                              offsets)})
+    packed = jl.PackedSource(changed, "tokens", 32, lengths=cache)
+    with pytest.raises(jl.RecordError, match=rf"record \d+\['tokens'\] has {10 + change} "
+                                             r"tokens, its length in lengths='.*train.lengths"
+                                             r".npy' is 10: .*delete a lengths file") as e:
+        list(jl.DataLoader(packed, batch_size=len(packed), process_index=0, process_count=1))
+    assert isinstance(e.value.__cause__, jl.ConfigError)
+
+
 def packed_loader(num_workers=0, batch_size=4, process_index=0, process_count=1, method="best_fit"):
     source, _ = documents(300)
     packed = jl.PackedSource(source, "tokens", WIDTH, method=method, bins=4, window=64)

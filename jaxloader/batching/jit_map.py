@@ -45,6 +45,7 @@ from jaxloader.base.checks import MASK64, POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
+from jaxloader.batching import jit_inputs
 from jaxloader.batching.record_columns import batch_columns
 
 # The errors of a function that does not trace: Python control flow on a traced value, a NumPy
@@ -68,7 +69,8 @@ class JitMap:
     the batch runs a chunk of rows at a time, as many (a power of two) as have this much input
     and output together (16 MiB: they stay in the caches; the same chunks in every process).
     Dtypes are JAX's: without ``jax_enable_x64``, 64-bit inputs are taken as 32-bit (return
-    them from a ``Map`` before, or cast back in a ``BatchMap`` after, where 64 bits matter).
+    them from a ``Map`` before, or cast back in a ``BatchMap`` after, where 64 bits matter);
+    64-bit integers that 32 bits cannot hold are refused, naming the leaf, not wrapped.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -133,7 +135,7 @@ class JitMap:
         shape), its extra rows those of the chunk before, their results dropped."""
         import jax
 
-        _check_columns(columns, self, where)
+        jit_inputs.check_columns(columns, self, where)
         if size < 1:
             raise RecordError(f"{where()}: {self!r} got a batch of no rows; a batch has one "
                               "record or more")
@@ -142,6 +144,10 @@ class JitMap:
         inputs = self._inputs(columns, rows)
         record = tree_lib.unflatten(treedef, inputs)
         keys = record_keys(seed, epoch, positions, index) if self.random else None
+        # JAX without x64 takes a 64-bit integer as 32 bits: a value out of their range wraps
+        wide = [] if jax.config.read("jax_enable_x64") else [
+            (column, buffer) for column, buffer in zip(columns, inputs)
+            if column.dtype.kind in "iu" and column.dtype.itemsize == 8]
         views: list | None = None
         out_treedef: Any = None
         layout = None
@@ -151,6 +157,8 @@ class JitMap:
             start = perf_counter()
             for column, buffer in zip(columns, inputs):
                 collate.stack_rows(column, a, b, buffer[:b - a])
+            for column, buffer in wide:
+                jit_inputs.check_32_bits(column, buffer[:b - a], self, where)
             args = (record,) if keys is None else (record, np.resize(keys[a:b], (rows, 2)))
             outside += perf_counter() - start
             out = self._call(compiled, args, where)
@@ -344,16 +352,6 @@ def _mix(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
-
-
-def _check_columns(columns: list, t: JitMap, where: Callable[[], str]) -> None:
-    """Refuses a leaf JAX cannot take (strings, objects), naming it."""
-    for column in columns:
-        if column.dtype.kind not in "biufc":
-            raise RecordError(
-                f"{where()}: {t!r} gets batch{column.path} of dtype {column.dtype}, expected "
-                "numbers (bool, int, uint, float, complex): JAX takes numeric arrays; turn it "
-                "into numbers in a Map before the JitMap, or drop it there")
 
 
 def _row_bytes(shape: tuple, dtype: Any) -> int:

@@ -76,7 +76,7 @@ class PackedSource:
         if seed is not None and (not isinstance(seed, int) or seed < 0):
             raise ConfigError(f"PackedSource(seed=...): expected an int >= 0 or None (records "
                               f"in stored order), got {seed!r}")
-        self._lengths = _lengths(source, self.keys, n, lengths)
+        self._lengths, self._kept = _lengths(source, self.keys, n, lengths)
         if method == "concat":
             self.plan = packing_plan.concat(self._lengths, int(self.row_length[0]), seed)
         else:
@@ -127,8 +127,11 @@ class PackedSource:
             if self._flat:
                 values, offsets = self._flat[k]
                 starts = offsets[records]
+                if self._kept is not None:
+                    self._check_lengths(records, k, offsets[records + 1] - starts)
             else:
-                values, starts = _gather_records(self.source, records, key)
+                values, starts, lengths = _gather_records(self.source, records, key)
+                self._check_lengths(records, k, lengths)
             begin = (starts + plan.record_offset[seg, k]).tolist()
             at = plan.row_offset[seg, k].tolist()
             size = plan.length[seg, k].tolist()
@@ -137,6 +140,22 @@ class PackedSource:
             packed.place_batch(values, begin, size, out_row, at, rank)
             batch.update(packed.fields(key))
         return batch
+
+    def _check_lengths(self, records: np.ndarray, k: int, got: np.ndarray) -> None:
+        """Refuses records whose ``k``-th key is not as long as the packing's lengths say
+        (lengths given, or kept in a file, from data that has changed since): packed from
+        them, rows would lose tokens, or take the next record's."""
+        want = self._lengths[records, k]
+        wrong = np.flatnonzero(got != want)
+        if wrong.size:
+            i = wrong[0]
+            kept = (f"in lengths={self._kept}" if self._kept else
+                    "read from the source at construction")
+            raise ConfigError(
+                f"PackedSource: record {int(records[i])}[{self.keys[k]!r}] has {int(got[i])} "
+                f"tokens, its length {kept} is {int(want[i])}: the lengths are not this "
+                "data's (it changed since they were kept?); delete a lengths file to read "
+                "them again, or pass this data's lengths")
 
     def __repr__(self) -> str:
         return (f"PackedSource({self.plan.rows} rows of {self.row_length.tolist()} from "
@@ -154,8 +173,9 @@ def _row_lengths(length: Any, keys: list[str]) -> np.ndarray:
     return np.array([wanted[k] for k in keys], np.int64)
 
 
-def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
-    """The records' lengths, ``(records, keys)``: given, cached in a file, or read once."""
+def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarray, str | None]:
+    """The records' lengths, ``(records, keys)``: given, cached in a file, or read once; and
+    where they came from, for messages (``None``: the source's own, or read)."""
 
     def find() -> np.ndarray:
         own = [lengths_of(source, k) for k in keys]  # RaggedSource, ParquetSource, ...
@@ -176,7 +196,8 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> np.ndarray:
             f"key {keys} (shape ({n}, {len(keys)})), got shape {lengths.shape} dtype "
             f"{lengths.dtype}; delete a stale cache file to read them again"
         )
-    return lengths.astype(np.int64)
+    kept = None if given is None else (repr(path) if path else "(an array)")
+    return lengths.astype(np.int64), kept
 
 
 def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
@@ -198,10 +219,12 @@ def _sequence(record: Any, key: str, index: int) -> np.ndarray:
                                     f"integer array of tokens, got {problem}"))
 
 
-def _gather_records(source: Any, records: np.ndarray, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """The sequences of ``records`` (each segment's record) one after another, and where each
-    segment's record starts in them."""
+def _gather_records(source: Any, records: np.ndarray,
+                    key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sequences of ``records`` (each segment's record) one after another, where each
+    segment's record starts in them, and its length."""
     unique, inverse = np.unique(records, return_inverse=True)
     seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
-    starts = np.concatenate([[0], np.cumsum([len(s) for s in seqs])[:-1]]).astype(np.int64)
-    return np.concatenate(seqs), starts[inverse]
+    lengths = np.array([len(s) for s in seqs], np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return np.concatenate(seqs), starts[inverse], lengths[inverse]

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.checks import check_int
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
@@ -75,6 +76,8 @@ class ParquetSource:
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike],
                  columns: str | Sequence[str] | None = None,
                  cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
+        cache_bytes = check_int("ParquetSource(cache_bytes=...)", cache_bytes, low=0,
+                                remedy="a number of bytes (0: no row group kept)")
         self.paths = expand(paths, ".parquet", "ParquetSource")
         footers = parquet_footers.read(self.paths, columns)
         self.columns = footers.columns

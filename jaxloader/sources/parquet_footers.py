@@ -44,6 +44,9 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     available = list(schema.names)
     if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
         columns = [columns]
+    if columns is not None and len(columns) == 0:
+        raise ConfigError("ParquetSource(columns=[]): expected the names of the columns to "
+                          "read, at least one; None reads them all")
     chosen = list(columns) if columns is not None else [
         c for c in available if c not in _pandas_row_labels(schema)]
     missing = [c for c in chosen if c not in available]

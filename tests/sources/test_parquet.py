@@ -462,6 +462,14 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
         jl.ParquetSource(paths, columns=["id", "label"])
     assert list(jl.ParquetSource(paths, columns=["text"])[0]) == ["text"]
     assert list(jl.ParquetSource(paths, columns="text")[0]) == ["text"]  # not 't', 'e', ...
+    with pytest.raises(jl.ConfigError, match=r"columns=\[\]\): expected the names .* None "
+                                             r"reads them all"):
+        jl.ParquetSource(paths, columns=[])  # (rows of no column: batches of {})
+    for bad in (-1, 1.5, "64MB", True):
+        with pytest.raises(jl.ConfigError, match=r"cache_bytes=...\): expected an int.*, got"
+                                                 r".*; a number of bytes \(0: no row group"):
+            jl.ParquetSource(paths, cache_bytes=bad)
+    assert jl.ParquetSource(paths, cache_bytes=0)[3]["id"] == 3  # (nothing kept)
     nulls = tmp_path / "nulls.parquet"
     pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
     with pytest.raises(ValueError, match="column 'x' of .*nulls.parquet' has 1 null"):
