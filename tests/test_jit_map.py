@@ -104,6 +104,16 @@ def test_what_a_jit_map_cannot_take_is_refused_naming_it():
                                                  r"values 7..1099511627781, expected "
                                                  r"-2147483648..2147483647: .*jax_enable_x64"):
             next(it)
+    edges = jl.ArraySource({"i": np.array([2**31 - 1, -2**31, 2**31, -2**31 - 1]),
+                            "u": np.array([2**32 - 1, 0, 2**32, 0], np.uint64)})
+    for leaf in ("i", "u"):
+        one = jl.MapSource(edges, lambda r, leaf=leaf: {leaf: r[leaf]})
+        with jl.DataLoader(one, batch_size=2, transforms=[jl.JitMap(lambda r: r)],
+                           process_index=0, process_count=1) as edge:
+            it = iter(edge)
+            assert next(it)[leaf].tolist() == edges[0:2][leaf].tolist()  # (the edges: taken)
+            with pytest.raises(jl.RecordError, match=rf"batch\['{leaf}'\] of dtype u?int64"):
+                next(it)  # (one past each edge)
 
 
 def test_a_key_only_where_the_function_takes_one_and_a_batch_map_after_it():

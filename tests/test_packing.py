@@ -130,6 +130,22 @@ def test_lengths_kept_from_data_that_has_changed_are_refused_not_packed(tmp_path
     assert isinstance(e.value.__cause__, jl.ConfigError)
 
 
+def _one_more_token(record):
+    return {"tokens": np.append(record["tokens"], 9)}
+
+
+def test_records_longer_than_their_sources_lengths_say_are_refused_with_the_remedy():
+    tokens = jl.RaggedSource({"tokens": (np.ones(30, np.int32), np.arange(11) * 3)})
+    grown = jl.MapSource(tokens, _one_more_token)  # (its lengths said kept: they are not)
+    with pytest.raises(jl.ConfigError, match=r"record \d+\['tokens'\] has 4 tokens, its length "
+                                             r"was 3 when the packing was planned: .*"
+                                             r"lengths_kept=False"):
+        jl.PackedSource(grown, "tokens", 8)[0]
+    packed = jl.PackedSource(jl.MapSource(tokens, _one_more_token, lengths_kept=False),
+                             "tokens", 8)
+    assert int((packed[0]["tokens"] == 9).sum()) == 2  # two records of 4 a row of 8
+
+
 def packed_loader(num_workers=0, batch_size=4, process_index=0, process_count=1, method="best_fit"):
     source, _ = documents(300)
     packed = jl.PackedSource(source, "tokens", WIDTH, method=method, bins=4, window=64)

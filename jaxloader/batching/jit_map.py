@@ -145,9 +145,9 @@ class JitMap:
         record = tree_lib.unflatten(treedef, inputs)
         keys = record_keys(seed, epoch, positions, index) if self.random else None
         # JAX without x64 takes a 64-bit integer as 32 bits: a value out of their range wraps
-        wide = [] if jax.config.read("jax_enable_x64") else [
-            (column, buffer) for column, buffer in zip(columns, inputs)
-            if column.dtype.kind in "iu" and column.dtype.itemsize == 8]
+        wide = [(column, buffer) for column, buffer in zip(columns, inputs)
+                if column.dtype.kind in "iu" and column.dtype.itemsize == 8
+                and np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)).itemsize == 4]
         views: list | None = None
         out_treedef: Any = None
         layout = None

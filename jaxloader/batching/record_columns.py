@@ -83,14 +83,19 @@ def _record_column(path: str, values: list, positions: Any) -> Column:
     if isinstance(first, (bool, int, float, complex)):
         if len(set(map(type, values))) != 1:
             return _scalars_of_one_dtype(path, values, positions)
-        array = np.asarray(values)
-        if type(first) is int and array.dtype != np.int64:  # (uint64, float64 or object)
+        if type(first) is not int:
+            array = np.asarray(values)
+            return Column(path, array.shape, array.dtype, array)
+        try:  # (int64 on every platform; NumPy would pick uint64, float64 or objects beyond)
+            array = np.array(values, np.int64)
+        except OverflowError:
             j = next(j for j, v in enumerate(values) if not -2**63 <= v < 2**63)
             raise CollateError(
                 f"batch leaf {path}: {tree_lib.record_name(positions, j)} holds the int "
                 f"{values[j]}, beyond int64 (-2**63..2**63-1), which Python ints batch as "
                 "(a batch of them would come out as another dtype than the others); keep it "
-                "as a string, or split it into int64 parts, in a Map")
+                "as a string, split it into int64 parts, or make it np.uint64(x), in a Map"
+            ) from None
         return Column(path, array.shape, array.dtype, array)
     if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
         return _record_column(path, [np.asarray(v) for v in values], positions)

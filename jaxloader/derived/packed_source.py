@@ -149,11 +149,15 @@ class PackedSource:
         wrong = np.flatnonzero(got != want)
         if wrong.size:
             i = wrong[0]
-            kept = (f"in lengths={self._kept}" if self._kept else
-                    "read from the source at construction")
+            said = (f"PackedSource: record {int(records[i])}[{self.keys[k]!r}] has "
+                    f"{int(got[i])} tokens, its length ")
+            if self._kept is None:  # the source's own lengths, or a read, at construction
+                raise ConfigError(
+                    f"{said}was {int(want[i])} when the packing was planned: the source's "
+                    "records are not as long as its lengths say, or not the same on each read "
+                    "(a MapSource whose function changes lengths needs lengths_kept=False)")
             raise ConfigError(
-                f"PackedSource: record {int(records[i])}[{self.keys[k]!r}] has {int(got[i])} "
-                f"tokens, its length {kept} is {int(want[i])}: the lengths are not this "
+                f"{said}in lengths={self._kept} is {int(want[i])}: the lengths are not this "
                 "data's (it changed since they were kept?); delete a lengths file to read "
                 "them again, or pass this data's lengths")
 

@@ -44,7 +44,7 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     available = list(schema.names)
     if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
         columns = [columns]
-    if columns is not None and len(columns) == 0:
+    if columns is not None and not (columns := list(columns)):
         raise ConfigError("ParquetSource(columns=[]): expected the names of the columns to "
                           "read, at least one; None reads them all")
     chosen = list(columns) if columns is not None else [
