@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.workers import failures, status
+from jaxloader.workers import failures, stacks, status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -187,7 +187,7 @@ def test_stacks_taken_many_times_never_kill_a_worker_whose_threads_come_and_go(m
     try:
         assert worker.stdout is not None and worker.stdout.readline() == b"started\n"
         with monkeypatch.context() as quick:
-            quick.setattr(status, "_STACK_SETTLE_S", 0.001)  # (many requests a second)
+            quick.setattr(stacks, "_STACK_SETTLE_S", 0.001)  # (many requests a second)
             for _ in range(300):
                 board.stacks([worker.pid])
                 assert worker.poll() is None, f"the worker died: exit code {worker.poll()}"
