@@ -152,6 +152,34 @@ def test_a_raising_transform_names_the_record_and_keeps_the_cause():
     assert isinstance(e.value.__cause__, KeyError)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_collate_error_names_the_step_and_the_source_index_of_a_shuffled_record(num_workers):
+    records = [{"x": np.zeros(3, np.float32)} for _ in range(40)]
+    records[17] = {"x": np.zeros(4, np.float32)}  # the one a user must find in the data
+    dl = jl.DataLoader(records, batch_size=8, shuffle=True, seed=1, num_workers=num_workers,
+                       process_index=0, process_count=1)
+    bad = next(s for s in range(5) if 17 in dl._sampler.batch(s).indices)
+    spec = dl._sampler.batch(bad)
+    position = int(spec.positions[spec.indices.tolist().index(17)])
+    with dl, pytest.raises(jl.JaxloaderError) as e:
+        list(dl)
+    msg = str(e.value)
+    assert f"step {bad} (epoch 0" in msg  # (with workers, as with none)
+    assert f"record position {position} (source index 17) has shape (4,)" in msg
+
+
+def test_a_streams_collate_error_in_process_names_its_step_and_row():
+    def numbers(shard):
+        for i in range(12):
+            yield {"x": np.zeros(4 if i == 6 else 3, np.float32)}
+
+    with jl.StreamLoader(jl.Stream.from_generator(numbers, 1), batch_size=4,
+                         num_workers=0) as dl, pytest.raises(jl.CollateError) as e:
+        list(dl)
+    assert str(e.value).startswith("stream step 1 (reader 0, its batch 1): batch leaf ['x']")
+    assert "row 0 has shape (3,) dtype float32, row 2 has shape (4,)" in str(e.value)
+
+
 def test_an_error_in_the_main_process_repeats_its_step_instead_of_ending_the_stream():
     failures = {"left": 1}
 

@@ -24,7 +24,7 @@ def test_round_trip_of_every_container():
 def test_gather_names_the_path_and_position_of_a_structure_mismatch():
     trees = [{"a": {"b": 1}}, {"a": {"c": 1}}]
     with pytest.raises(CollateError, match=r"\['a'\].*position 11.*position 12"):
-        gather(trees, structure(trees[0]), positions=[11, 12])
+        gather(trees, structure(trees[0]), names=[11, 12])
 
 
 # -- JAX's pytree semantics: the batch has the structure jax.tree gives a stacked record ------
@@ -130,13 +130,13 @@ def test_leaf_paths_of_registered_nodes_use_jax_key_names():
 def test_a_none_where_another_record_has_an_array_names_the_leaf():
     records = [{"x": np.zeros(2), "y": None}, {"x": np.zeros(2), "y": np.ones(2)}]
     with pytest.raises(CollateError, match=r"\['y'\].*position 3 has None.*position 4 has a leaf"):
-        gather(records, structure(records[0]), positions=[3, 4])
+        gather(records, structure(records[0]), names=[3, 4])
 
 
 def test_differing_static_fields_are_a_structure_mismatch():
     a, b = _registered(0), dataclasses.replace(_registered(1), tag="other")
     with pytest.raises(CollateError, match=r"\['r'\].*RegisteredRecord.*position 1"):
-        gather([{"r": a}, {"r": b}], structure({"r": a}), positions=[0, 1])
+        gather([{"r": a}, {"r": b}], structure({"r": a}), names=[0, 1])
 
 
 def test_an_unregistered_class_is_refused_naming_the_leaf_and_the_fix():

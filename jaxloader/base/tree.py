@@ -183,25 +183,25 @@ def leaf_paths(treedef: TreeDef, prefix: str = "") -> list[str]:
             for p in leaf_paths(c, prefix + n)]
 
 
-def gather(trees: list, treedef: TreeDef, positions: Any = None, path: str = "") -> list[list]:
+def gather(trees: list, treedef: TreeDef, names: Any = None, path: str = "") -> list[list]:
     """Transposes trees of one structure into one list per leaf (a column per leaf).
 
-    Raises CollateError naming the leaf path and the record position of the first tree whose
-    structure differs from ``treedef``. ``positions[j]`` names ``trees[j]`` in messages.
+    Raises CollateError naming the leaf path and the first tree whose structure differs from
+    ``treedef`` (``record_name(names, j)`` names ``trees[j]``).
     """
     columns: list[list] = []
-    _gather(trees, treedef, positions, path, columns)
+    _gather(trees, treedef, names, path, columns)
     return columns
 
 
-def _gather(trees: list, treedef: TreeDef, positions: Any, path: str, out: list) -> None:
+def _gather(trees: list, treedef: TreeDef, names: Any, path: str, out: list) -> None:
     kind = treedef[0]
     if kind == "leaf":
         out.append(trees)
         return
     if kind == "none":
         if any(t is not None for t in trees):
-            _raise_mismatch(trees, treedef, positions, path)
+            _raise_mismatch(trees, treedef, names, path)
         return
     if kind in _MAPPINGS:
         keys = treedef[1]
@@ -210,27 +210,27 @@ def _gather(trees: list, treedef: TreeDef, positions: Any, path: str, out: list)
             keyset = set(keys)
             want = Mapping if kind == "dict" else type(trees[0])
             if not all(isinstance(t, want) and t.keys() == keyset for t in trees):
-                _raise_mismatch(trees, treedef, positions, path)
+                _raise_mismatch(trees, treedef, names, path)
             by_key = [[t[k] for t in trees] for k in keys]
         for k, child, values in zip(keys, treedef[-1], by_key):
-            _gather(values, child, positions, f"{path}[{k!r}]", out)
+            _gather(values, child, names, f"{path}[{k!r}]", out)
         return
     children = treedef[-1]
     if kind == "node":
         cls, one_level = treedef[1], treedef[2]
         if not all(type(t) is cls for t in trees):
-            _raise_mismatch(trees, treedef, positions, path)
+            _raise_mismatch(trees, treedef, names, path)
         split = [_jax_children(t) for t in trees]
         if not all(s[1] == one_level for s in split):
-            _raise_mismatch(trees, treedef, positions, path)
+            _raise_mismatch(trees, treedef, names, path)
         by_child = [[s[0][i] for s in split] for i in range(len(children))]
     else:
         want = treedef[1] if kind == "namedtuple" else (tuple if kind == "tuple" else list)
         if not all(isinstance(t, want) and len(t) == len(children) for t in trees):
-            _raise_mismatch(trees, treedef, positions, path)
+            _raise_mismatch(trees, treedef, names, path)
         by_child = [[t[i] for t in trees] for i in range(len(children))]
     for name, child, values in zip(_child_names(treedef), children, by_child):
-        _gather(values, child, positions, path + name, out)
+        _gather(values, child, names, path + name, out)
 
 
 def _dict_columns(trees: list, keys: tuple) -> list | None:
@@ -252,9 +252,44 @@ def split_rows(batched: Any, n: int) -> list:
     return [unflatten(treedef, [leaf[j] for leaf in leaves]) for j in range(n)]
 
 
-def record_name(positions: Any, j: int) -> str:
-    """How messages name the ``j``-th record of a batch: by its position when known."""
-    return f"record position {positions[j]}" if positions is not None else f"item {j}"
+class RecordNames:
+    """How messages name a batch's records: by their positions in the epoch's order and, where
+    they differ from them (a shuffled or filtered order), the source indices a user looks
+    records up by; or by their rows in a stream's batch (no positions).
+
+    Example:
+        >>> names = RecordNames(np.array([16, 23]), np.array([3, 17]))
+        >>> record_name(names, 1), record_name(names[1:], 0), record_name(RecordNames(), 2)
+        ('record position 23 (source index 17)', 'record position 23 (source index 17)', 'row 2')
+    """
+
+    __slots__ = ("positions", "indices", "first_row")
+
+    def __init__(self, positions: Any = None, indices: Any = None, first_row: int = 0) -> None:
+        self.positions, self.indices, self.first_row = positions, indices, first_row
+
+    def __getitem__(self, rows: slice) -> "RecordNames":
+        """The names of ``rows`` (a chunk's rows ``a:b`` of the batch), counted from 0 again."""
+        if self.positions is None:
+            return RecordNames(first_row=self.first_row + (rows.start or 0))
+        return RecordNames(self.positions[rows],
+                           None if self.indices is None else self.indices[rows])
+
+    def name(self, j: int) -> str:
+        if self.positions is None:
+            return f"row {self.first_row + j}"
+        position = int(self.positions[j])
+        index = None if self.indices is None else int(self.indices[j])
+        return (f"record position {position}" if index is None or index == position
+                else f"record position {position} (source index {index})")
+
+
+def record_name(names: Any, j: int) -> str:
+    """How messages name the ``j``-th record of a batch: by ``RecordNames``, by an array of
+    record positions, or (``None``) as an item of a list."""
+    if isinstance(names, RecordNames):
+        return names.name(j)
+    return f"record position {names[j]}" if names is not None else f"item {j}"
 
 
 def with_leaf(treedef: TreeDef, key: str) -> TreeDef:
@@ -286,7 +321,7 @@ def _top(treedef: TreeDef) -> tuple:
     return (*treedef[:-1], len(treedef[-1])) if len(treedef) > 1 else treedef
 
 
-def _raise_mismatch(trees: list, treedef: TreeDef, positions: Any, path: str) -> NoReturn:
+def _raise_mismatch(trees: list, treedef: TreeDef, names: Any, path: str) -> NoReturn:
     want = _top(treedef)
     for j, t in enumerate(trees):
         got = structure(t)
@@ -301,7 +336,7 @@ def _raise_mismatch(trees: list, treedef: TreeDef, positions: Any, path: str) ->
                 "where other records have an array must become an array too)")
             raise CollateError(
                 f"batch leaf {path or '<root>'}: records differ in structure: "
-                f"{record_name(positions, 0)} has {describe(treedef)}, "
-                f"{record_name(positions, j)} has {describe(got)}; {remedy}"
+                f"{record_name(names, 0)} has {describe(treedef)}, "
+                f"{record_name(names, j)} has {describe(got)}; {remedy}"
             )
     raise CollateError(f"batch leaf {path or '<root>'}: records differ in structure")

@@ -91,7 +91,7 @@ class BatchMaker:
             records = self._read_records(spec, timed)
             if timed:
                 start = clock.span(LOOP, start)
-            treedef, columns = record_columns(records, spec.positions)
+            treedef, columns = record_columns(records, spec.names())
         made = self._finish(spec, treedef, columns, alloc, timed)
         if timed:
             clock.span(COLLATE, start)
@@ -184,7 +184,7 @@ class BatchMaker:
                 return collate.gathered_columns(gathered, len(spec.indices))
         got = self._getitems(spec)
         if isinstance(got, list):
-            return record_columns(got, spec.positions)
+            return record_columns(got, spec.names())
         return batch_columns(got, len(spec.indices))
 
     def _getitems(self, spec: BatchSpec, read: Callable[[Any], Any] | None = None,

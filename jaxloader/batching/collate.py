@@ -239,9 +239,9 @@ def stack_rows(column: Column, a: int, b: int, out: np.ndarray) -> np.ndarray:
         values = values.rows(a, b)
     else:
         values = values[a:b]
-    positions = None if column.positions is None else column.positions[a:b]
+    names = None if column.names is None else column.names[a:b]
     return _stack(Column(column.path, (b - a, *column.shape[1:]), column.dtype, values,
-                         positions), out)
+                         names), out)
 
 
 def gathered_columns(gathered: dict[str, Any], size: int) -> tuple[tree_lib.TreeDef, list]:
@@ -287,5 +287,5 @@ def _stack(column: Column, out: np.ndarray | None = None) -> np.ndarray:
         try:
             np.concatenate(values, axis=0, out=out.reshape(-1, *column.shape[2:]), casting="no")
         except TypeError:  # a record's dtype differs from the first record's
-            raise_leaf_mismatch(column.path, values, column.positions)
+            raise_leaf_mismatch(column.path, values, column.names)
     return out

@@ -31,14 +31,14 @@ class Column(NamedTuple):
     shape: tuple  # of the whole batch leaf
     dtype: np.dtype
     values: Any  # list of per-record values to stack, or an ndarray already batched
-    positions: Any = None  # record positions, for error messages
+    names: Any = None  # tree.RecordNames (or record positions), for error messages
 
 
 _SHAPE = attrgetter("shape")
 _SIGNATURE = attrgetter("shape", "dtype")
 
 
-def _record_column(path: str, values: list, positions: Any) -> Column:
+def _record_column(path: str, values: list, names: Any) -> Column:
     first = values[0]
     n = len(values)
     if isinstance(first, np.ndarray) and first.ndim:
@@ -54,17 +54,17 @@ def _record_column(path: str, values: list, positions: Any) -> Column:
                 # lists of strings of other lengths (a Hugging Face List(string) feature): one
                 # array a row, as a source's batch gives them (no device form either way)
                 return Column(path, (n,), first.dtype, object_column(values))
-            raise_leaf_mismatch(path, values, positions)
-        return Column(path, (n, *first.shape), first.dtype, values, positions)
+            raise_leaf_mismatch(path, values, names)
+        return Column(path, (n, *first.shape), first.dtype, values, names)
     if isinstance(first, np.ndarray) and first.ndim == 0 and first.dtype.kind in "US":
         # a NumPy string scalar in an array (fixed width, padded): a Python string instead
         return _record_column(path, [v.item() if isinstance(v, np.ndarray) else v
-                                     for v in values], positions)
+                                     for v in values], names)
     if isinstance(first, (str, bytes)):
         # Strings and bytes stay Python objects on purpose (an object array, one entry a
         # record): they have no device form, and fixed-width NumPy strings would pad them.
         if not all(isinstance(v, (str, bytes)) for v in values):
-            raise_leaf_mismatch(path, values, positions)
+            raise_leaf_mismatch(path, values, names)
         array = np.empty(n, dtype=object)
         array[:] = [v if type(v) is str or type(v) is bytes  # np.str_ -> str, np.bytes_ -> bytes
                     else (str(v) if isinstance(v, str) else bytes(v)) for v in values]
@@ -78,11 +78,11 @@ def _record_column(path: str, values: list, positions: Any) -> Column:
             except AttributeError:
                 same = False
         if not same:
-            return _scalars_of_one_dtype(path, values, positions)
-        return Column(path, (n, *first.shape), first.dtype, values, positions)
+            return _scalars_of_one_dtype(path, values, names)
+        return Column(path, (n, *first.shape), first.dtype, values, names)
     if isinstance(first, (bool, int, float, complex)):
         if len(set(map(type, values))) != 1:
-            return _scalars_of_one_dtype(path, values, positions)
+            return _scalars_of_one_dtype(path, values, names)
         if type(first) is not int:
             array = np.asarray(values)
             return Column(path, array.shape, array.dtype, array)
@@ -91,20 +91,20 @@ def _record_column(path: str, values: list, positions: Any) -> Column:
         except OverflowError:
             j = next(j for j, v in enumerate(values) if not -2**63 <= v < 2**63)
             raise CollateError(
-                f"batch leaf {path}: {tree_lib.record_name(positions, j)} holds the int "
+                f"batch leaf {path}: {tree_lib.record_name(names, j)} holds the int "
                 f"{values[j]}, beyond int64 (-2**63..2**63-1), which Python ints batch as "
                 "(a batch of them would come out as another dtype than the others); keep it "
                 "as a string, split it into int64 parts, or make it np.uint64(x), in a Map"
             ) from None
         return Column(path, array.shape, array.dtype, array)
     if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
-        return _record_column(path, [np.asarray(v) for v in values], positions)
+        return _record_column(path, [np.asarray(v) for v in values], names)
     hint = ""
     if type(first).__module__ == "__main__":
         hint = (" (a class from __main__ or a notebook reaches worker processes by value, "
                 "without its JAX registration: define it in a module, or use num_workers=0)")
     raise CollateError(
-        f"batch leaf {path}: {tree_lib.record_name(positions, 0)} holds a {_type_name(first)}, which is "
+        f"batch leaf {path}: {tree_lib.record_name(names, 0)} holds a {_type_name(first)}, which is "
         "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
         "convert it in a Map (np.asarray(x), or str(x)), or register its class as a JAX "
         f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
@@ -127,13 +127,13 @@ def _scalar_dtype(value: Any) -> np.dtype | None:
     return None
 
 
-def _scalars_of_one_dtype(path: str, values: list, positions: Any) -> Column:
+def _scalars_of_one_dtype(path: str, values: list, names: Any) -> Column:
     """A column of numeric scalars of other types that batch as one dtype (a Python ``int``
     beside ``np.int64`` ones: a list source mixed with a Parquet one, a Map's default),
     batched as it; any other difference raises, naming the first record that differs."""
     dtypes = {_scalar_dtype(v) for v in values}
     if len(dtypes) != 1 or None in dtypes:
-        raise_leaf_mismatch(path, values, positions)
+        raise_leaf_mismatch(path, values, names)
     dtype = dtypes.pop()
     assert dtype is not None
     return Column(path, (len(values),), dtype, np.array(values, dtype=dtype))
@@ -149,7 +149,7 @@ def _type_name(value: Any) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def raise_leaf_mismatch(path: str, values: list, positions: Any) -> NoReturn:
+def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
     def kind(v: Any) -> tuple:  # what records must share (a value's own is its own)
         if isinstance(v, (np.ndarray, np.generic)):
             return (v.shape, v.dtype)
@@ -175,21 +175,22 @@ def raise_leaf_mismatch(path: str, values: list, positions: Any) -> NoReturn:
                        "Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream for a "
                        "stream), or use batch_size=1")
             raise CollateError(
-                f"batch leaf {path}: records differ: {tree_lib.record_name(positions, 0)} has "
-                f"{describe(values[0])}, {tree_lib.record_name(positions, j)} has "
+                f"batch leaf {path}: records differ: {tree_lib.record_name(names, 0)} has "
+                f"{describe(values[0])}, {tree_lib.record_name(names, j)} has "
                 f"{describe(v)}; {fix}"
             )
     raise CollateError(f"batch leaf {path}: records differ in type")
 
 
-def record_columns(records: list, positions: Any = None) -> tuple[tree_lib.TreeDef, list[Column]]:
-    """Validated columns of a list of records (``positions[j]`` names ``records[j]``)."""
+def record_columns(records: list, names: Any = None) -> tuple[tree_lib.TreeDef, list[Column]]:
+    """Validated columns of a list of records (``record_name(names, j)`` names ``records[j]``
+    in errors: a ``tree.RecordNames``)."""
     if not records:
         raise CollateError("collate: expected at least one record, got an empty list")
     treedef = tree_lib.structure(records[0])
     paths = tree_lib.leaf_paths(treedef)
-    values = tree_lib.gather(records, treedef, positions)
-    return treedef, [_record_column(p, v, positions) for p, v in zip(paths, values)]
+    values = tree_lib.gather(records, treedef, names)
+    return treedef, [_record_column(p, v, names) for p, v in zip(paths, values)]
 
 
 def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]]:

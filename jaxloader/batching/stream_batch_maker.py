@@ -40,6 +40,7 @@ from jaxloader.batching.record_columns import record_columns
 from jaxloader.base.checks import POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.base.timings import COLLATE, LOOP, SAMPLE, StageClock
+from jaxloader.base.tree import RecordNames
 from jaxloader.batching.batch_maker import finish_batch
 from jaxloader.streams.contract import ReadableStream, RecordReader
 from jaxloader.streams.packed import PackedStream
@@ -139,7 +140,7 @@ class StreamBatchMaker:
                 clock.loop_detail(perf_counter() - start, run.spent)
             start = clock.span(LOOP, start)
         real = len(records)
-        treedef, columns = record_columns(self._padded(step, records))
+        treedef, columns = record_columns(self._padded(step, records), RecordNames())
         if self.mask_key is not None:  # a pass that ends: True on the records
             valid = np.arange(self.batch_size) < len(records)
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,

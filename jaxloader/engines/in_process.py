@@ -31,6 +31,7 @@ import itertools
 from time import perf_counter
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
+from jaxloader.base.errors import CollateError
 from jaxloader.base.timings import Gauges, StageClock
 
 
@@ -129,7 +130,11 @@ class InProcessEngine:
             maker.clock.trace = [] if self.gauges.trace else None
         for step in steps:
             began = perf_counter()
-            batch, _ = maker.make(step)
+            try:
+                batch, _ = maker.make(step)
+            except CollateError as e:  # (a worker's are said with their step: failures.py)
+                e.args = (f"{maker.location(step)}: {e}",)
+                raise
             if stream is not None and reports is not None:
                 reports[step] = stream.report()
             self._busy += perf_counter() - began

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.tree import RecordNames
 from jaxloader.order.index_shuffle import IndexShuffle
 
 LAST_BATCH_POLICIES = ("drop", "pad", "partial")
@@ -98,6 +99,10 @@ class BatchSpec(NamedTuple):
         p = self.positions
         span = f"{p[0]}..{p[-1]}" if len(p) else "none"
         return f"step {self.step} (epoch {self.epoch}, record positions {span})"
+
+    def names(self) -> RecordNames:
+        """How messages name its records: positions, and source indices where they differ."""
+        return RecordNames(self.positions, self.indices)
 
     def record_location(self, position: int, index: int) -> str:
         """One record of it: ``step 5 (epoch 0), record position 21 (source index 99)``."""
