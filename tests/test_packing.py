@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -96,14 +98,19 @@ def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
     first = jl.PackedSource(records, "tokens", WIDTH, lengths=cache)
     assert np.array_equal(np.load(cache)[:, 0], lengths)
 
-    class Unreadable(list):
-        def __getitem__(self, i):
-            raise AssertionError("the lengths come from the cache")
+    class Counted(list):
+        reads = 0
 
-    again = jl.PackedSource(Unreadable(records), "tokens", WIDTH, lengths=cache)
+        def __getitem__(self, i):
+            Counted.reads += 1
+            return super().__getitem__(i)
+
+    again = jl.PackedSource(Counted(records), "tokens", WIDTH, lengths=cache)
     assert np.array_equal(again.plan.record, first.plan.record)
+    assert Counted.reads <= 3  # the source's fingerprint's records (what the file was kept from)
     assert first.fingerprint == jl.PackedSource(records, "tokens", WIDTH,
                                                 lengths=lengths).fingerprint
+    os.remove(f"{cache}.from")  # a file of the user's: read as it is, checked against the data
     with pytest.raises(jl.ConfigError, match=r"lengths=...\) \(from .*train.lengths.npy\): "
                                              r"expected 49 .* shape \(50, 1\).*stale cache"):
         jl.PackedSource(records[:49], "tokens", WIDTH, lengths=cache)
@@ -111,8 +118,8 @@ def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
 
 @pytest.mark.parametrize("change", [+3, -3])
 @pytest.mark.parametrize("ragged", [False, True])
-def test_lengths_kept_from_data_that_has_changed_are_refused_not_packed(tmp_path, change,
-                                                                          ragged):
+def test_lengths_kept_from_data_that_has_changed_are_found_again_or_refused(tmp_path, change,
+                                                                           ragged):
     # packed by stale lengths, rows would silently lose tokens (or take the next record's)
     records = [{"tokens": np.full(10, i + 1, np.int32)} for i in range(20)]
     cache = tmp_path / "train.lengths.npy"
@@ -122,6 +129,19 @@ def test_lengths_kept_from_data_that_has_changed_are_refused_not_packed(tmp_path
         offsets = np.arange(21) * (10 + change)
         changed = jl.RaggedSource({"tokens": (np.concatenate([r["tokens"] for r in changed]),
                                               offsets)})
+    # the file says what it was kept from (the source's fingerprint): found again, and said
+    with pytest.warns(UserWarning, match=r"train.lengths.npy was not found from this run's "
+                                         r"source .*found again, and saved over it"):
+        packed = jl.PackedSource(changed, "tokens", 32, lengths=cache)
+    assert np.load(cache)[:, 0].tolist() == [10 + change] * 20
+    with jl.DataLoader(packed, batch_size=len(packed), process_index=0,
+                       process_count=1) as loader:
+        rows = next(iter(loader))
+    assert int((rows["tokens"] > 0).sum()) == 20 * (10 + change)  # every token placed once
+    # a file that does not say (the user's own): read as it is, refused where it is not right
+    with pytest.warns(UserWarning, match="found again"):
+        jl.PackedSource(records, "tokens", 32, lengths=cache)  # (the first lengths again)
+    os.remove(f"{cache}.from")
     packed = jl.PackedSource(changed, "tokens", 32, lengths=cache)
     with pytest.raises(jl.RecordError, match=rf"record \d+\['tokens'\] has {10 + change} "
                                              r"tokens, its length in lengths='.*train.lengths"

@@ -30,7 +30,7 @@ import numpy as np
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.sources.base import Source, check_source, records_at
-from jaxloader.sources.fingerprint import combined
+from jaxloader.sources.fingerprint import code_digest, combined
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
@@ -44,8 +44,8 @@ class FilteredSource:
     one pass when it is made: in this process (through ``__getitems__`` when the source has
     it), or in ``num_workers`` worker processes, as a ``DataLoader``'s. Or ``indices``: the
     record numbers to keep (an array; any order, repeats allowed), or the path of a ``.npy``
-    file that keeps the ones ``keep`` found (read back on the next run; delete it when the
-    data or the predicate change). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
+    file that keeps the ones ``keep`` found (read back on the next run; found again when the
+    source's fingerprint or ``keep``'s code changed, as ``<file>.from`` beside it says). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
     object (its ``filter`` method), as a ``StreamLoader``'s ``transforms=`` takes them.
 
     Example:
@@ -79,7 +79,8 @@ class FilteredSource:
             return (_kept_by_workers(source, keep, num_workers) if num_workers
                     else _kept(source, keep, n))
 
-        found, path = kept_or_found(indices, find)
+        found, path = kept_or_found(indices, find, None if keep is None else lambda: combined(
+            "kept by", n, [source], code_digest(keep)), "source and keep function")
         self.source, self.indices = source, _checked(found, n, path)
         if not len(self.indices):
             what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"

@@ -55,7 +55,8 @@ class PackedSource:
     into row-sized pieces or ``"truncate"`` (listed in ``truncated``).
 
     ``lengths``: the records' lengths (``(records,)`` or ``(records, keys)``), or the path of a
-    ``.npy`` file that keeps them (read once from the records when it does not exist yet).
+    ``.npy`` file that keeps them (read once from the records when it does not exist yet, or
+    when the source's fingerprint changed, as ``<file>.from`` beside it says).
     """
 
     def __init__(self, source: Source, keys: str | Sequence[str], length: int | Mapping[str, int],
@@ -188,7 +189,8 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
             return np.stack(columns, axis=1)
         return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
 
-    found, path = kept_or_found(given, find)
+    found, path = kept_or_found(given, find, lambda: combined("lengths of", n, [source], *keys),
+                                stacklevel=4)
     lengths = np.asarray(found)
     if lengths.ndim == 1:
         lengths = lengths[:, None]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -100,8 +101,10 @@ def code_digest(fn: Any) -> str:
     """A digest of what ``fn`` computes, as far as its code says: its name, source text (where
     Python has it: a script's or a notebook's), the names and constants its code uses (nested
     functions' too: two lambdas on one line), and its closure's values; for another callable,
-    its type and ``repr`` too. Not its bytecode, which differs between Python versions. A
-    state saved under another function is then refused.
+    its type and ``repr`` too. Not its bytecode, which differs between Python versions, nor a
+    memory address a ``repr`` shows (``<Scale object at 0x7f...>``: another in every process,
+    where an object's attributes are its own): a state saved under the same function restores
+    in a new process, one saved under another function is refused.
 
     Example:
         >>> code_digest(lambda r: r * 2) == code_digest(lambda r: r * 3)
@@ -111,7 +114,7 @@ def code_digest(fn: Any) -> str:
     code = getattr(fn, "__code__", None)
     if code is None:
         call = getattr(type(fn), "__call__", None)
-        digest.update(f"{type(fn).__qualname__}:{fn!r:.200}".encode())
+        digest.update(f"{type(fn).__qualname__}:{_value_text(fn)}".encode())
         code = getattr(call, "__code__", None)
     else:
         digest.update(getattr(fn, "__qualname__", "").encode())
@@ -127,8 +130,23 @@ def code_digest(fn: Any) -> str:
             value = cell.cell_contents
         except ValueError:  # (an empty cell)
             continue
-        digest.update((code_digest(value) if callable(value) else f"{value!r:.200}").encode())
+        digest.update((code_digest(value) if callable(value) else _value_text(value)).encode())
     return digest.hexdigest()
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _value_text(value: Any) -> str:
+    """``repr(value)`` (its first 200 characters) without memory addresses; where the repr had
+    one (``object``'s own), the object's attributes' too."""
+    text = f"{value!r:.200}"
+    if _ADDRESS.search(text) is None:
+        return text
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):
+        text += f"{sorted(attributes.items(), key=lambda kv: kv[0])!r:.200}"
+    return _ADDRESS.sub("", text)
 
 
 def _update_code(digest: Any, code: Any) -> None:

@@ -73,11 +73,7 @@ def test_indices_kept_in_a_file_are_read_back_and_guard_a_restore(tmp_path):
     source = jl.ArraySource({"x": np.arange(100)})
     path = tmp_path / "kept.npy"
     odd = jl.FilteredSource(source, lambda r: r["x"] % 2 == 1, indices=path)
-
-    def never(record):
-        raise AssertionError("the file's indices are used, nothing is read")
-
-    again = jl.FilteredSource(source, never, indices=path)
+    again = jl.FilteredSource(source, indices=path)  # no function: the file's indices
     assert np.array_equal(again.indices, odd.indices) and again.fingerprint == odd.fingerprint
     subset = jl.FilteredSource(source, indices=np.arange(0, 100, 3))  # PyTorch's Subset
     assert len(subset) == 34 and subset[2]["x"] == 6
@@ -125,3 +121,32 @@ def test_a_keep_that_raises_names_its_record_past_the_first_chunk():
     with pytest.raises(jl.RecordError, match=r"FilteredSource\(keep\) _raises_at_4500 raised "
                                              r"ValueError on record 4500: bad"):
         jl.FilteredSource(jl.ArraySource({"x": np.arange(6000)}), _raises_at_4500)
+
+
+def _even(record):
+    return record["x"] % 2 == 0
+
+
+def _third(record):
+    return record["x"] % 3 == 0
+
+
+def test_an_indices_file_is_found_again_when_the_data_or_the_function_change(tmp_path,
+                                                                           monkeypatch):
+    # read back after such a change, it would give records the predicate no longer keeps
+    source, path = jl.ArraySource({"x": np.arange(20)}), tmp_path / "kept.npy"
+    assert jl.FilteredSource(source, _even, indices=path).indices.tolist() == list(range(0, 20, 2))
+    with monkeypatch.context() as patched:  # read back: not found again
+        patched.setattr("jaxloader.derived.filtered._kept", lambda *a: 1 / 0)
+        assert jl.FilteredSource(source, _even, indices=path).indices.tolist()[:2] == [0, 2]
+    with pytest.warns(UserWarning, match=r"kept.npy was not found from this run's source and "
+                                         r"keep function .*found again, and saved over it"):
+        third = jl.FilteredSource(source, _third, indices=path)
+    assert third.indices.tolist() == np.load(path).tolist() == list(range(0, 20, 3))
+    with pytest.warns(UserWarning, match="found again"):  # other data, the same function
+        shifted = jl.FilteredSource(jl.ArraySource({"x": np.arange(1, 21)}), _third,
+                                    indices=path)
+    assert shifted.indices.tolist() == list(range(2, 20, 3))
+    (tmp_path / "kept.npy.from").unlink()  # a file of the user's: read as it is
+    assert jl.FilteredSource(source, _even, indices=path).indices.tolist() == list(
+        range(2, 20, 3))

@@ -153,6 +153,27 @@ def test_a_state_saved_under_another_function_is_refused(tmp_path):
         process_count=1)._files] == [path]  # the map's files: named in the state
 
 
+class _Scale:  # an object with Python's own repr: <_Scale object at 0x...>, another each run
+    def __init__(self, k):
+        self.k = k
+
+
+def _scaled_by(scale):
+    return lambda r: {"x": np.float32(r["value"]) * scale.k}
+
+
+def test_a_function_closing_over_an_object_is_the_same_function_in_another_process():
+    """The state names a mapped stream's shards by their function's code digest, which held the
+    closure's repr: its memory address, another in the process a run is restored in, where the
+    state was refused ("state does not fit this stream loader")."""
+    def names(scale):
+        return jl.Stream.from_generator(_records, 2).map(_scaled_by(scale)).describe()["shards"]
+
+    one, alike = _Scale(2), _Scale(2)  # both alive: as the same object in another process
+    assert names(one) == names(alike)
+    assert names(one) != names(_Scale(3))  # what the object holds still counts
+
+
 def _records(shard):
     for k in range(shard, 60, 2):
         yield {"value": np.float64(k), "name": f"r{k}"}
