@@ -89,6 +89,38 @@ def test_from_generator_refuses_a_generator_object_when_the_stream_is_made():
     assert read_all(jl.Stream.from_generator(numbers, shards=2).shards[1]) == [10, 11, 12]
 
 
+def _refilling(shard):  # one buffer, filled again for each record: every record the last
+    buffer = np.zeros(3, np.int64)
+    for i in range(10):
+        buffer[:] = i
+        yield {"x": buffer, "i": i}
+
+
+def _sharing_a_constant(shard):  # one array (and one dict) in every record on purpose
+    ones = np.ones(3, np.int64)
+    same = {"mask": ones, "x": np.full(3, 7)}
+    for i in range(10):
+        yield {"mask": ones, "x": np.full(3, i)} if shard == 0 else same
+
+
+def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
+    # its batches would silently hold the buffer's last values in every row
+    with jl.StreamLoader(jl.Stream.from_generator(_refilling, 1), batch_size=4,
+                         num_workers=0) as loader:
+        with pytest.warns(UserWarning, match=r"IterableShard _refilling\[0\]: record 1\['x'\] "
+                                             r"is the very object the record before it held.*"
+                                             r"buf.copy\(\)"):
+            batch = next(iter(loader))
+    assert batch["x"][:, 0].tolist() == [3, 3, 3, 3]  # (what the warning is about)
+    recwarn.clear()
+    with jl.StreamLoader(jl.Stream.from_generator(_sharing_a_constant, 2), batch_size=4,
+                         num_workers=0) as loader:
+        it = iter(loader)
+        firsts = [v for _ in range(5) for v in next(it)["x"][:, 0].tolist()]  # (one epoch)
+    assert sorted(firsts) == sorted([*range(10), *[7] * 10])
+    assert not [w for w in recwarn if "IterableShard" in str(w.message)]
+
+
 def test_json_lists_of_numbers_become_arrays_and_others_stay_lists(tmp_path):
     # a list is a pytree node: "tokens": [5, 8, 13] batched as 3 arrays of one number a
     # record; as one array it batches as (batch, 3)
