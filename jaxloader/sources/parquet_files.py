@@ -8,6 +8,7 @@
       ├─ the file open? at most _MAX_OPEN a process, the least recently used closed first
       │    (opened with the footer this process read before, and page checksums verified)
       └─ read_row_group ── fails? ──> RecordError naming the file, the row group and the column
+                                     (the file changed as it was read: named as changed)
 
 Why: a dataset of thousands of files must not hold a descriptor each (a soft limit of 1,024 is
 common, and each worker would hold one a file); a file replaced under a running loader must
@@ -78,7 +79,9 @@ class ParquetFiles:
         try:
             return handle.read_row_group(group, columns=columns, use_threads=not in_worker)
         except (OSError, ValueError, RuntimeError) as e:  # (pyarrow's errors derive from these)
-            raise self._undecodable(number, group, columns, e) from e
+            # a file rewritten as it was read fails as a damaged one would: say which it is
+            raise self._changed_since(number) or self._undecodable(number, group, columns,
+                                                                    e) from e
 
     def handle(self, number: int) -> Any:
         """File ``number`` as a ``pyarrow.parquet.ParquetFile``, opened if it is not."""
@@ -117,10 +120,25 @@ class ParquetFiles:
         if identity != self.identities[number]:
             raise self._changed(number, identity)
 
-    def _changed(self, number: int, identity: list[int]) -> RecordError:
+    def _changed_since(self, number: int) -> RecordError | None:
+        """After a read that failed: the error for a local file no longer the one checked before
+        the read (replaced, or being written), else ``None``."""
+        before = self._stats[number]
+        try:
+            if before is None or _stat(self.paths[number]) == before:
+                return None
+            identity = file_identity.parquet(self.paths[number])
+        except Exception:  # noqa: BLE001 - gone, or its footer not written yet: being written
+            return self._changed(number, None)
+        return None if identity == self.identities[number] else self._changed(number, identity)
+
+    def _changed(self, number: int, identity: list[int] | None) -> RecordError:
+        change = ("it cannot be found or read whole now: moved, or being written?"
+                  if identity is None
+                  else file_identity.change(self.identities[number], identity))
         return RecordError(
             f"ParquetSource: file {self.paths[number]!r} changed while the loader reads it "
-            f"({file_identity.change(self.identities[number], identity)}): its rows "
+            f"({change}): its rows "
             "are no longer those the order (and a saved state) names; put the file back, or "
             "make a new source and loader over the files as they are now")
 

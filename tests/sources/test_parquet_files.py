@@ -149,6 +149,34 @@ def test_a_file_replaced_while_open_in_the_process_is_noticed_at_its_next_row_gr
                 pass
 
 
+@pytest.mark.parametrize("written", ["rewritten", "half written", "then moved away"])
+def test_a_file_rewritten_in_place_as_a_row_group_is_read_is_named_as_changed(tmp_path,
+                                                                          monkeypatch, written):
+    """The rewrite lands between the check before a read and the read (the race two workers
+    met, where the error said the file was damaged and sent the user to replace it)."""
+    from jaxloader.sources.parquet_files import ParquetFiles
+
+    paths = write_parts(tmp_path)
+    files = ParquetFiles(paths)
+    files.read(2, 0, ["id"])  # open, its footer read
+    monkeypatch.setattr(ParquetFiles, "_check", lambda self, number: None)  # (passed before)
+    table = pq.read_table(paths[2])
+    pq.write_table(table.set_column(0, "id", pa.compute.add(table["id"], 1000)),
+                   tmp_path / "new", row_group_size=7)
+    new = open(tmp_path / "new", "rb").read()
+    with open(paths[2], "r+b") as f:  # in place: the same inode, the open handle reads it
+        f.write(new if written == "rewritten" else new[:len(new) // 2])
+        f.truncate()
+    said = r"size [\d,]+ bytes then"
+    if written == "then moved away":
+        os.replace(paths[2], tmp_path / "elsewhere")
+        said = r"it cannot be found or read whole now"
+    with pytest.raises(jl.RecordError, match=rf"part-2.parquet' changed while the loader reads "
+                                             rf"it \({said}"):
+        files.read(2, 1, ["id"])
+    files.close()
+
+
 @contextlib.contextmanager
 def _as_nobody():
     """This process's effective user is one without rights to root's files (as root)."""
