@@ -130,8 +130,8 @@ def test_lengths_kept_from_data_that_has_changed_are_found_again_or_refused(tmp_
         changed = jl.RaggedSource({"tokens": (np.concatenate([r["tokens"] for r in changed]),
                                               offsets)})
     # the file says what it was kept from (the source's fingerprint): found again, and said
-    with pytest.warns(UserWarning, match=r"train.lengths.npy was not found from this run's "
-                                         r"source .*found again, and saved over it"):
+    with pytest.warns(UserWarning, match=r"train.lengths.npy was found from another source "
+                                         r"than this run's .*found again, and saved over it"):
         packed = jl.PackedSource(changed, "tokens", 32, lengths=cache)
     assert np.load(cache)[:, 0].tolist() == [10 + change] * 20
     with jl.DataLoader(packed, batch_size=len(packed), process_index=0,

@@ -45,7 +45,9 @@ class FilteredSource:
     it), or in ``num_workers`` worker processes, as a ``DataLoader``'s. Or ``indices``: the
     record numbers to keep (an array; any order, repeats allowed), or the path of a ``.npy``
     file that keeps the ones ``keep`` found (read back on the next run; found again when the
-    source's fingerprint or ``keep``'s code changed, as ``<file>.from`` beside it says). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
+    source's fingerprint or ``keep``'s code changed, as ``<file>.from`` beside it says: its
+    code, closure, the globals it names, the functions of your modules it calls; delete the
+    file when something else it reads changed: a file it opens, say). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
     object (its ``filter`` method), as a ``StreamLoader``'s ``transforms=`` takes them.
 
     Example:
@@ -79,8 +81,9 @@ class FilteredSource:
             return (_kept_by_workers(source, keep, num_workers) if num_workers
                     else _kept(source, keep, n))
 
-        found, path = kept_or_found(indices, find, None if keep is None else lambda: combined(
-            "kept by", n, [source], code_digest(keep)), "source and keep function")
+        found, path = kept_or_found(indices, find, None if keep is None else lambda: {
+            "source": combined("source", n, [source]),
+            "keep function": code_digest(keep, deep=True)})
         self.source, self.indices = source, _checked(found, n, path)
         if not len(self.indices):
             what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"

@@ -189,8 +189,8 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
             return np.stack(columns, axis=1)
         return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
 
-    found, path = kept_or_found(given, find, lambda: combined("lengths of", n, [source], *keys),
-                                stacklevel=4)
+    found, path = kept_or_found(given, find, lambda: {
+        "source": combined("lengths of", n, [source], *keys)}, stacklevel=4)
     lengths = np.asarray(found)
     if lengths.ndim == 1:
         lengths = lengths[:, None]

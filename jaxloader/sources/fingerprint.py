@@ -18,9 +18,13 @@ Example:
 
 from __future__ import annotations
 
+import dis
 import hashlib
 import inspect
+import os
 import re
+import sysconfig
+import types
 from typing import Any, Sequence
 
 import numpy as np
@@ -97,19 +101,32 @@ def source_files(source: Any) -> list[tuple[str, list[int]]]:
     return found
 
 
-def code_digest(fn: Any) -> str:
+def code_digest(fn: Any, deep: bool = False) -> str:
     """A digest of what ``fn`` computes, as far as its code says: its name, source text (where
     Python has it: a script's or a notebook's), the names and constants its code uses (nested
     functions' too: two lambdas on one line), and its closure's values; for another callable,
-    its type and ``repr`` too. Not its bytecode, which differs between Python versions, nor a
-    memory address a ``repr`` shows (``<Scale object at 0x7f...>``: another in every process,
-    where an object's attributes are its own): a state saved under the same function restores
-    in a new process, one saved under another function is refused.
+    its type and ``repr`` too. Not its bytecode, which differs between Python versions, nor what
+    differs from process to process in a ``repr`` (a memory address, ``<Scale object at
+    0x7f...>``, where an object's attributes are its own; a set of strings' order): a state
+    saved under the same function restores in a new process, one saved under another function
+    is refused.
+
+    ``deep``: also the values of the globals its code names, the functions it calls by a global
+    name or from a module of the user's (not one installed), and a bound method's object: what
+    a predicate reads beyond its closure, for a file kept from it (``kept_arrays``). Not for
+    states: a global object whose ``repr`` changes from run to run would refuse a resume.
 
     Example:
         >>> code_digest(lambda r: r * 2) == code_digest(lambda r: r * 3)
         False
     """
+    return _digest(fn, deep, set())
+
+
+def _digest(fn: Any, deep: bool, within: set) -> str:
+    """``code_digest``; ``within``: the ids of the functions being digested around this one
+    (a function that calls itself by a global name is digested once)."""
+    within = within | {id(fn)}
     digest = hashlib.blake2b(digest_size=16)
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -125,28 +142,95 @@ def code_digest(fn: Any) -> str:
         pass  # (no source: built by exec, or the interpreter's prompt)
     if code is not None:
         _update_code(digest, code)
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # (an empty cell)
-            continue
-        digest.update((code_digest(value) if callable(value) else _value_text(value)).encode())
+    closure = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
+               if _filled(cell)]
+    for value in closure:
+        if id(value) not in within:
+            digest.update(_value_digest(value, deep, within).encode())
+    if deep:
+        for value in [getattr(fn, "__self__", None), *_globals_named(fn, code, closure)]:
+            if id(value) not in within and not isinstance(value, types.ModuleType):
+                digest.update(_value_digest(value, deep, within).encode())
     return digest.hexdigest()
+
+
+def _value_digest(value: Any, deep: bool, within: set) -> str:
+    return _digest(value, deep, within) if callable(value) else _value_text(value)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # (an empty cell)
+        return False
+    return True
+
+
+def _globals_named(fn: Any, code: Any, closure: list) -> list:
+    """The values of the globals ``code`` names (nested code's too), and the functions of a
+    user's module (not an installed one), a global or in the ``closure``, that it names
+    through that module."""
+    space = getattr(fn, "__globals__", None) or getattr(
+        getattr(type(fn), "__call__", None), "__globals__", None) or {}
+    named: set[str] = set()
+    attributes: set[str] = set()
+    if code is not None:
+        _names(code, named, attributes)
+    found = [space[name] for name in sorted(named) if name in space]
+    for module in [v for v in found + closure if isinstance(v, types.ModuleType) and _users(v)]:
+        found += [getattr(module, name) for name in sorted(attributes)
+                  if inspect.isfunction(getattr(module, name, None))]
+    return found
+
+
+def _names(code: Any, named: set[str], attributes: set[str]) -> None:
+    """The global names ``code`` loads (not an attribute that has a global's name), and the
+    attribute names it loads (``module.function``), nested code's too."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            named.add(instruction.argval)
+        elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            attributes.add(instruction.argval)
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _names(const, named, attributes)
+
+
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+
+
+def _users(module: types.ModuleType) -> bool:
+    """Whether ``module`` is the user's own code (a file not under Python's or site-packages)."""
+    path = getattr(module, "__file__", None)
+    return bool(path) and not os.path.abspath(path).startswith(_INSTALLED)
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _value_text(value: Any) -> str:
-    """``repr(value)`` (its first 200 characters) without memory addresses; where the repr had
-    one (``object``'s own), the object's attributes' too."""
+    """``repr(value)`` (its first 200 characters) as every process writes it: without memory
+    addresses, where the repr had one (``object``'s own) with the object's attributes instead
+    (``__dict__`` and ``__slots__``); a set of strings in sorted order."""
+    if isinstance(value, (set, frozenset)) and _hash_ordered(value):
+        return f"{type(value).__name__}({sorted(map(repr, value))!r:.200})"
     text = f"{value!r:.200}"
     if _ADDRESS.search(text) is None:
         return text
-    attributes = getattr(value, "__dict__", None)
-    if isinstance(attributes, dict):
-        text += f"{sorted(attributes.items(), key=lambda kv: kv[0])!r:.200}"
+    attributes = dict(getattr(value, "__dict__", None) or {})
+    for slot in getattr(type(value), "__slots__", ()):
+        if isinstance(slot, str) and hasattr(value, slot):
+            attributes[slot] = getattr(value, slot)
+    if attributes:
+        text += repr([(k, _value_text(v)) for k, v in sorted(attributes.items())])[:400]
     return _ADDRESS.sub("", text)
+
+
+def _hash_ordered(value: Any) -> bool:
+    """Whether a set's order depends on the process (strings and bytes are hashed with a
+    random key each run), not on its values alone."""
+    return any(isinstance(v, (str, bytes)) or isinstance(v, tuple) and _hash_ordered(v)
+               for v in value)
 
 
 def _update_code(digest: Any, code: Any) -> None:
@@ -155,4 +239,5 @@ def _update_code(digest: Any, code: Any) -> None:
         if hasattr(const, "co_code"):
             _update_code(digest, const)
         else:
-            digest.update(repr(const).encode())
+            digest.update((_value_text(const) if isinstance(const, frozenset)
+                           else repr(const)).encode())

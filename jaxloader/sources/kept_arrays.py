@@ -2,15 +2,16 @@
 ``PackedSource``'s lengths, a ``FilteredSource``'s indices.
 
 Beside the file, ``<file>.from`` says what the array was found from (the source's fingerprint
-and, for a filter, its predicate's code digest). A file found from other data, or by another
-predicate, is found again and saved over, with a warning: read back, it would give rows that
-lost tokens or records the predicate no longer keeps, without a word. A file without its
-``.from`` (written by the user, say) is read as it is.
+and, for a filter, its predicate's code digest: ``sources.fingerprint``). A file found from
+other data, or by another predicate, is found again and saved over, with a warning naming
+which changed: read back, it would give rows that lost tokens or records the predicate no
+longer keeps, without a word. A file without its ``.from`` (the user's own, or one an earlier
+jaxloader wrote) is read as it is.
 
 Example:
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "lengths.npy")
-    >>> v1 = lambda: "data v1"  # (a source's fingerprint, say)
+    >>> v1 = lambda: {"source": "data v1"}  # (a source's fingerprint, say)
     >>> kept_or_found(path, lambda: np.array([3, 1]), v1)[0].tolist()  # found, then saved
     [3, 1]
     >>> kept_or_found(path, lambda: 1 / 0, v1)[0].tolist()  # read back: not found again
@@ -19,7 +20,9 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import warnings
 from typing import Any, Callable
 
@@ -29,26 +32,28 @@ FROM = ".from"  # the suffix of the file that says what an array was found from
 
 
 def kept_or_found(given: Any, find: Callable[[], Any],
-                  found_from: Callable[[], str] | None = None, what: str = "source",
+                  found_from: Callable[[], dict[str, str]] | None = None,
                   stacklevel: int = 3) -> tuple[Any, str | None]:
     """``(array, path)``: ``given`` itself, or when it is a path, the array in that file; when
     there is none yet, or the file was found from something other than ``found_from()`` says
-    (asked only when there is a path: ``what`` it digests, for the warning), ``find()`` (saved
-    to the path, if one was given). ``path`` is ``None`` when ``given`` is not a path (for
-    messages); the warning is said at the caller ``stacklevel`` frames up."""
+    (``{what: digest}``, asked only when there is a path), ``find()`` (saved to the path, if
+    one was given). ``path`` is ``None`` when ``given`` is not a path (for messages); the
+    warning is said at the caller ``stacklevel`` frames up."""
     path, source = None, None
     if isinstance(given, (str, os.PathLike)):
         path, given = os.fspath(given), None
         source = None if found_from is None else found_from()
         if os.path.exists(path):
-            kept_from = _read_text(path + FROM)
-            if source is None or kept_from is None or kept_from == source:
+            kept_from = _kept_from(path + FROM)
+            changed = [] if source is None or kept_from is None else [
+                what for what, digest in source.items() if kept_from.get(what) != digest]
+            if not changed:
                 given = np.load(path)
             else:
                 warnings.warn(
-                    f"{path} was not found from this run's {what} (the digest in {path + FROM} "
-                    "is another's: the data or the code changed since): found again, and "
-                    "saved over it", stacklevel=stacklevel)
+                    f"{path} was found from another {' and another '.join(changed)} than this "
+                    f"run's (as {path + FROM} says): found again, and saved over it",
+                    stacklevel=stacklevel)
     if given is None:
         given = find()
         if path is not None:
@@ -56,25 +61,38 @@ def kept_or_found(given: Any, find: Callable[[], Any],
     return given, path
 
 
-def _read_text(path: str) -> str | None:
+def _kept_from(path: str) -> dict | None:
+    """What a ``.from`` file says (``None``: there is none); one that cannot be read says
+    nothing this run's digests match (the array is found again)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return f.read().strip()
+            said = json.load(f)
     except FileNotFoundError:
         return None
+    except (OSError, ValueError):  # (unreadable, or not whole JSON)
+        return {}
+    return said if isinstance(said, dict) else {}
 
 
-def _save(path: str, array: Any, found_from: str | None) -> None:
-    """The array and what it was found from, each written whole or not at all (another process
-    of the run may be reading the file as it is written)."""
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "wb") as f:
-        np.save(f, array)
-    os.replace(partial, path)
+def _save(path: str, array: Any, found_from: dict[str, str] | None) -> None:
+    """The array, then what it was found from, each written whole or not at all (another
+    process, or another host on shared storage, may read or write them at once)."""
+    _replace(path, lambda f: np.save(f, array))
     if found_from is None:
         if os.path.exists(path + FROM):
             os.remove(path + FROM)  # (what it said is no longer this file's)
         return
-    with open(partial, "w", encoding="utf-8") as f:
-        f.write(found_from + "\n")
-    os.replace(partial, path + FROM)
+    _replace(path + FROM, lambda f: f.write(json.dumps(found_from).encode() + b"\n"))
+
+
+def _replace(path: str, write: Callable[[Any], Any]) -> None:
+    folder, name = os.path.split(os.path.abspath(path))
+    handle, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
+    try:
+        with os.fdopen(handle, "wb") as f:
+            write(f)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise

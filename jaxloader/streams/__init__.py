@@ -16,8 +16,7 @@
 
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
-from jaxloader.streams.code_shards import IterableShard
-from jaxloader.streams.shards import JsonlShard, Shard, TextShard
+from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
 __all__ = ["IterableShard", "JsonlShard", "PackedStream", "Shard", "Stream", "StreamReader",

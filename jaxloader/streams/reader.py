@@ -18,7 +18,7 @@ is fixed for a given ``(seed, process_count, num_workers)``; with fewer shards t
 reader would have nothing to read, which is refused when the loader is made.
 
 Example:
-    >>> from jaxloader.streams.code_shards import IterableShard
+    >>> from jaxloader.streams.shards import IterableShard
     >>> stream = Stream([IterableShard(lambda: range(3)), IterableShard(lambda: range(10, 13))])
     >>> reader = StreamReader(stream, reader=0, readers=1)
     >>> reader.reset(None); sorted(reader.next() for _ in range(6))
@@ -39,8 +39,9 @@ from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
-from jaxloader.streams.code_shards import Bound, IterableShard, MappedShard
-from jaxloader.streams.shards import JsonlShard, Shard, TextShard
+from jaxloader.streams.refill_watch import RefillWatch
+from jaxloader.streams.shards import (Bound, IterableShard, JsonlShard, MappedShard, Shard,
+                                      TextShard)
 from jaxloader.streams.tar import TarShard
 
 _STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
@@ -122,7 +123,7 @@ class Stream:
         """``shards`` shards, shard ``i`` reading ``make(i)`` (a generator function of the
         shard number; a generator object, which cannot start again, is refused); resumed by
         skipping the records already read. Each record must be new: a buffer refilled and
-        yielded again is warned of (``code_shards``).
+        yielded again is warned of (``streams.refill_watch``).
 
         Example:
             >>> def numbers(shard):
@@ -365,7 +366,7 @@ class StreamReader:
         if index < len(self._mine):
             shard = copy.copy(self.stream.shards[self._mine[index]])  # (reset opens its files)
             shard.reset(state)
-            self._current = shard
+            self._current = RefillWatch(shard)  # (its first records: a buffer refilled?)
 
     def close(self) -> None:
         """Closes the shard this reader has open."""

@@ -139,14 +139,85 @@ def test_an_indices_file_is_found_again_when_the_data_or_the_function_change(tmp
     with monkeypatch.context() as patched:  # read back: not found again
         patched.setattr("jaxloader.derived.filtered._kept", lambda *a: 1 / 0)
         assert jl.FilteredSource(source, _even, indices=path).indices.tolist()[:2] == [0, 2]
-    with pytest.warns(UserWarning, match=r"kept.npy was not found from this run's source and "
-                                         r"keep function .*found again, and saved over it"):
+    with pytest.warns(UserWarning, match=r"kept.npy was found from another keep function than "
+                                         r"this run's \(as .*kept.npy.from says\): found again, "
+                                         r"and saved over it"):
         third = jl.FilteredSource(source, _third, indices=path)
     assert third.indices.tolist() == np.load(path).tolist() == list(range(0, 20, 3))
-    with pytest.warns(UserWarning, match="found again"):  # other data, the same function
+    with pytest.warns(UserWarning, match=r"from another source than"):  # the same function
         shifted = jl.FilteredSource(jl.ArraySource({"x": np.arange(1, 21)}), _third,
                                     indices=path)
     assert shifted.indices.tolist() == list(range(2, 20, 3))
     (tmp_path / "kept.npy.from").unlink()  # a file of the user's: read as it is
     assert jl.FilteredSource(source, _even, indices=path).indices.tolist() == list(
         range(2, 20, 3))
+
+
+_LIMIT = 5
+
+
+class _AtLeast:  # state in __slots__, Python's own repr (an address)
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, record):
+        return record["x"] >= self.n
+
+
+class _Keeps:
+    def __init__(self, n):
+        self.n = n
+
+    def keep(self, record):  # a bound method: its object holds what it keeps
+        return record["x"] >= self.n
+
+
+def test_an_indices_file_sees_what_the_function_reads_beyond_its_code(tmp_path, monkeypatch):
+    """A global it names, a function of the user's module it calls, a bound method's object, an
+    object's __slots__: each changed, the file is found again (it was read back stale)."""
+    import importlib
+    import sys
+
+    source = jl.ArraySource({"x": np.arange(20)})
+
+    def kept(keep, name):
+        return jl.FilteredSource(source, keep, indices=tmp_path / f"{name}.npy").indices.tolist()
+
+    over_limit = lambda r: r["x"] > _LIMIT  # noqa: E731 - one function, its global changed
+    assert kept(over_limit, "global") == list(range(6, 20))
+    monkeypatch.setitem(globals(), "_LIMIT", 15)
+    with pytest.warns(UserWarning, match="found again"):
+        assert kept(over_limit, "global") == list(range(16, 20))
+    (tmp_path / "user_helpers.py").write_text("def keep_big(r):\n    return r['x'] > 5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import user_helpers
+    calls_helper = lambda r: user_helpers.keep_big(r)  # noqa: E731 - its helper changed
+    assert kept(calls_helper, "helper") == list(range(6, 20))
+    (tmp_path / "user_helpers.py").write_text("def keep_big(r):\n    return r['x'] > 17\n")
+    importlib.reload(user_helpers)
+    with pytest.warns(UserWarning, match="found again"):
+        assert kept(calls_helper, "helper") == [18, 19]
+    sys.modules.pop("user_helpers")
+    for make in (_AtLeast, lambda n: _Keeps(n).keep):
+        name = getattr(make, "__name__", "bound")
+        assert kept(make(5), name) == list(range(5, 20))
+        assert kept(make(5), name) == list(range(5, 20))  # (an equal one: read back)
+        with pytest.warns(UserWarning, match="found again"):
+            assert kept(make(18), name) == [18, 19]
+
+
+def test_a_function_with_a_set_of_strings_has_one_digest_in_every_process():
+    # a frozenset's repr follows the process's random string hashing: a file found again and
+    # a warning on every run, each host rewriting it
+    script = ("from jaxloader.sources.fingerprint import code_digest\n"
+              "print(code_digest(lambda r: r['lang'] in {'en', 'de', 'fr', 'es', 'it'}))\n")
+    import subprocess
+    import sys
+
+    digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              check=True, env={**__import__("os").environ,
+                                               "PYTHONHASHSEED": str(seed)}).stdout
+               for seed in (1, 2, 3)}
+    assert len(digests) == 1

@@ -96,23 +96,44 @@ def _refilling(shard):  # one buffer, filled again for each record: every record
         yield {"x": buffer, "i": i}
 
 
-def _sharing_a_constant(shard):  # one array (and one dict) in every record on purpose
-    ones = np.ones(3, np.int64)
-    same = {"mask": ones, "x": np.full(3, 7)}
+def _refilling_views(shard):  # a new view of one buffer a record, nested in a dict
+    buffer = np.zeros(5, np.int64)
     for i in range(10):
-        yield {"mask": ones, "x": np.full(3, i)} if shard == 0 else same
+        buffer[:] = i
+        yield {"obs": {"x": buffer[:3]}, "i": i}
+
+
+def _sharing_a_constant(shard):  # one array (and one dict) in every record on purpose
+    ones, nan = np.ones(3, np.int64), np.full(3, np.nan)
+    same = {"mask": ones, "x": np.full(3, 7), "nan": nan, "meta": np.array(
+        [np.zeros(2), np.zeros(3)], dtype=object)}
+    for i in range(10):
+        yield {**same, "x": np.full(3, i)} if shard == 0 else same
+
+
+def _copied(record):  # a map that copies at once: what the loader holds is never refilled
+    return {"x": record["x"].astype(np.float32), "i": record["i"]}
 
 
 def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     # its batches would silently hold the buffer's last values in every row
     with jl.StreamLoader(jl.Stream.from_generator(_refilling, 1), batch_size=4,
                          num_workers=0) as loader:
-        with pytest.warns(UserWarning, match=r"IterableShard _refilling\[0\]: record 1\['x'\] "
-                                             r"is the very object the record before it held.*"
+        with pytest.warns(UserWarning, match=r"stream shard _refilling\[0\]: a record's leaf "
+                                             r"\['x'\] changed as the shard made the next "
+                                             r"record \(the shard now at \{'consumed': 2\}\).*"
                                              r"buf.copy\(\)"):
             batch = next(iter(loader))
     assert batch["x"][:, 0].tolist() == [3, 3, 3, 3]  # (what the warning is about)
+    with pytest.warns(UserWarning, match=r"_refilling_views\[0\]: a record's leaf "
+                                         r"\['obs'\]\['x'\] changed"):
+        reader = jl.Stream.from_generator(_refilling_views, 1).reader(reader=0, readers=1)
+        reader.reset(None)
+        [reader.next() for _ in range(3)]
     recwarn.clear()
+    reader = jl.Stream.from_generator(_refilling, 1).map(_copied).reader(reader=0, readers=1)
+    reader.reset(None)
+    assert [int(reader.next()["x"][0]) for _ in range(10)] == list(range(10))
     with jl.StreamLoader(jl.Stream.from_generator(_sharing_a_constant, 2), batch_size=4,
                          num_workers=0) as loader:
         it = iter(loader)

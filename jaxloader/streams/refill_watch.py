@@ -1,0 +1,111 @@
+"""``RefillWatch``: a shard whose first records are watched for a buffer filled again.
+
+A generator that fills one array and yields it again (or yields a new view of it, or the same
+dict) changes the records read before it, which wait in a batch or a shuffle window: each of
+them then holds the last values, without a word. A reader opens each shard through a watch:
+just before the shard is asked for a record, a sample of each array the record before holds
+is taken (what it holds now, after any transform of it); just after, it is compared. Only the
+shard's code ran in between, so a change is a buffer refilled, never a constant shared by
+every record nor a ``Map`` that copies. The first ``CHECKED`` records of each shard opened are
+watched; then the watch steps aside (the shard's own ``next`` is called, at no cost).
+
+Example:
+    >>> import warnings
+    >>> from jaxloader.streams.shards import IterableShard
+    >>> def refilling():
+    ...     buffer = np.zeros(2)
+    ...     for i in range(3):
+    ...         buffer[:] = i
+    ...         yield {"x": buffer}
+    >>> shard = IterableShard(refilling, name="sim"); shard.reset(None)
+    >>> watched = RefillWatch(shard)
+    >>> with warnings.catch_warnings(record=True) as said:
+    ...     warnings.simplefilter("always")
+    ...     records = [watched.next() for _ in range(3)]
+    >>> str(said[0].message)[:81]
+    "stream shard sim: a record's leaf ['x'] changed as the shard made the next record"
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+CHECKED = 64  # records watched after each shard is opened (a buffer is refilled from the first)
+_LEAVES = 32  # arrays of a record sampled, at most
+_SAMPLE = 1024  # elements of an array compared, about (spread over it)
+
+
+class RefillWatch:
+    """``shard`` (any ``Shard``: its other attributes are its own), whose ``next()`` warns once
+    where the record before changed while the shard made the next one."""
+
+    def __init__(self, shard: Any) -> None:
+        self._shard, self.name = shard, shard.name
+        self._left = CHECKED
+        self._last: Any = None  # the record read before, while it is watched
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shard, name)
+
+    def next(self) -> Any:
+        last, shard = self._last, self._shard
+        before = None if last is None else _samples(last)
+        record = shard.next()
+        self._left -= 1
+        where = None if not before else _changed(before)
+        if where is not None:
+            warnings.warn(
+                f"stream shard {self.name}: a record's leaf {where} changed as the shard made "
+                f"the next record (the shard now at {_state(shard)}): the shard's code fills one "
+                "buffer again and yields it again, so the records already read (waiting in a "
+                "batch or a shuffle window) each hold its last values; yield a new array for "
+                "each record (a copy: buf.copy())", stacklevel=3)
+        if where is not None or self._left <= 0:
+            self.next = shard.next  # type: ignore[method-assign]  # (watched enough)
+            self._last = None
+        else:
+            self._last = record
+        return record
+
+
+def _samples(record: Any) -> list[tuple[str, np.ndarray, bytes]]:
+    """``(path, array, sample of its bytes)`` for the numeric arrays ``record`` holds."""
+    out: list[tuple[str, np.ndarray, bytes]] = []
+    _walk(record, "", out, 0)
+    return out
+
+
+def _walk(value: Any, path: str, out: list, depth: int) -> None:
+    if len(out) >= _LEAVES or depth > 4:
+        return
+    if type(value) is np.ndarray:
+        if not value.dtype.hasobject and value.size:
+            out.append((path, value, _sample(value)))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _walk(item, f"{path}[{key!r}]", out, depth + 1)
+    elif type(value) in (list, tuple):
+        for i, item in enumerate(value[:_LEAVES]):
+            _walk(item, f"{path}[{i}]", out, depth + 1)
+
+
+def _sample(array: np.ndarray) -> bytes:
+    flat = array.reshape(-1) if array.flags.c_contiguous else array.ravel()  # (a view, or a copy)
+    return flat[::max(1, flat.size // _SAMPLE)].tobytes()
+
+
+def _changed(samples: list[tuple[str, np.ndarray, bytes]]) -> str | None:
+    for path, array, sample in samples:
+        if _sample(array) != sample:
+            return path or "(the record itself)"
+    return None
+
+
+def _state(shard: Any) -> str:
+    try:
+        return repr(shard.get_state())
+    except Exception:  # noqa: BLE001 - a name for a message only
+        return "(its place unknown)"
