@@ -166,6 +166,11 @@ def test_a_collate_error_names_the_step_and_the_source_index_of_a_shuffled_recor
     msg = str(e.value)
     assert f"step {bad} (epoch 0" in msg  # (with workers, as with none)
     assert f"record position {position} (source index 17) has shape (4,)" in msg
+    with jl.DataLoader(records, batch_size=8, shuffle=True, seed=1, process_index=0,
+                       process_count=1) as peeked:
+        peeked.load_state_dict({**peeked.state_dict(), "step": bad})
+        with pytest.raises(jl.CollateError, match=rf"^step {bad} \(epoch 0, record positions "):
+            peeked.peek()  # (made in this process, outside the engine)
 
 
 def test_a_streams_collate_error_in_process_names_its_step_and_row():
@@ -173,11 +178,17 @@ def test_a_streams_collate_error_in_process_names_its_step_and_row():
         for i in range(12):
             yield {"x": np.zeros(4 if i == 6 else 3, np.float32)}
 
-    with jl.StreamLoader(jl.Stream.from_generator(numbers, 1), batch_size=4,
-                         num_workers=0) as dl, pytest.raises(jl.CollateError) as e:
-        list(dl)
-    assert str(e.value).startswith("stream step 1 (reader 0, its batch 1): batch leaf ['x']")
-    assert "row 0 has shape (3,) dtype float32, row 2 has shape (4,)" in str(e.value)
+    for peek in (False, True):
+        with jl.StreamLoader(jl.Stream.from_generator(numbers, 1), batch_size=4,
+                             num_workers=0) as dl, pytest.raises(jl.CollateError) as e:
+            if peek:
+                it = iter(dl)
+                next(it)
+                dl.peek()
+            else:
+                list(dl)
+        assert str(e.value).startswith("stream step 1 (reader 0, its batch 1): batch leaf ['x']")
+        assert "row 0 has shape (3,) dtype float32, row 2 has shape (4,)" in str(e.value)
 
 
 def test_an_error_in_the_main_process_repeats_its_step_instead_of_ending_the_stream():

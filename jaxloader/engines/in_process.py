@@ -101,6 +101,16 @@ class Engine(Protocol):
         ...
 
 
+def made_here(maker: Maker, step: int) -> tuple[Any, Any]:
+    """``maker.make(step)`` in this process; a collation error names the step first, as a
+    worker's error does (``workers.failures``)."""
+    try:
+        return maker.make(step)
+    except CollateError as e:
+        e.args = (f"{maker.location(step)}: {e}",)
+        raise
+
+
 class InProcessEngine:
     """Makes batches in the calling thread (``num_workers=0``); a stream's one host is this
     process, with all its readers (``resets[0]``)."""
@@ -130,11 +140,7 @@ class InProcessEngine:
             maker.clock.trace = [] if self.gauges.trace else None
         for step in steps:
             began = perf_counter()
-            try:
-                batch, _ = maker.make(step)
-            except CollateError as e:  # (a worker's are said with their step: failures.py)
-                e.args = (f"{maker.location(step)}: {e}",)
-                raise
+            batch, _ = made_here(maker, step)
             if stream is not None and reports is not None:
                 reports[step] = stream.report()
             self._busy += perf_counter() - began

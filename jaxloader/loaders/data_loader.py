@@ -25,6 +25,7 @@ from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.batching.batch_maker import BatchMaker
+from jaxloader.engines.in_process import made_here
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
@@ -221,7 +222,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         """
         self._check_placement()
         self._progress.check()
-        batch, _ = self._maker.make(self._progress.step)
+        batch, _ = made_here(self._maker, self._progress.step)
         return batch if self._putter is None else self._putter(batch)
 
     # -- iteration --------------------------------------------------------------------------

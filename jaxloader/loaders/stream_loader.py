@@ -40,6 +40,7 @@ from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, pla
 from jaxloader.loaders.foreign_arguments import refuse
 from jaxloader.loaders.state import STATE_VERSION, check_stream_state
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
+from jaxloader.engines.in_process import made_here
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.reader import Stream, as_stream
@@ -255,7 +256,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             states = passes.stopping_at(states, self._pass_of(states))
         try:
             maker.reset(states[step % self._readers])
-            batch, _ = maker.make(step)
+            batch, _ = made_here(maker, step)
         finally:
             maker.close()  # the copy's shards
         return batch if self._putter is None else self._putter(batch)

@@ -202,7 +202,7 @@ _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "pla
 def _users(module: types.ModuleType) -> bool:
     """Whether ``module`` is the user's own code (a file not under Python's or site-packages)."""
     path = getattr(module, "__file__", None)
-    return bool(path) and not os.path.abspath(path).startswith(_INSTALLED)
+    return isinstance(path, str) and not os.path.abspath(path).startswith(_INSTALLED)
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
