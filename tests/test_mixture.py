@@ -3,6 +3,8 @@ elastic resume, weight changes that leave earlier steps alone."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -261,15 +263,39 @@ def test_a_plain_state_is_not_restored_into_a_mixture_and_back():
 
 
 @pytest.mark.parametrize("weights,match", [
-    ((0.5, -0.1, 0.6), "finite and >= 0"),
+    ((0.5, -0.1, 0.6), r"finite and >= 0, got \[0.5, -0.1, 0.6\]"),  # (numbers, not np.float64)
     ((0, 0, 0), "sum to zero"),
     ((1, 2), r"one weight per source \(3\), got 2"),
+    (("1", "2", "3"), r"one number per source \(3\), got tuple \('1', '2', '3'\)"),
+    ((True, False, True), r"one number per source \(3\), got tuple \(True"),
 ])
 def test_bad_weights_are_named(weights, match):
     with pytest.raises(jl.ConfigError, match=match):
         jl.mix(components(), weights)
     with pytest.raises(jl.ConfigError, match=r"from_step\[9\].*" + match):
         jl.mix(components(), WEIGHTS, from_step={9: weights})
+
+
+def test_a_weight_change_that_starts_after_its_step_says_where_it_starts():
+    # 4 components need blocks of 12 positions or more: a global batch of 8 has no such
+    # divisor, so positions are laid out in blocks of 1,024 and a change waits for the next
+    four = [jl.ArraySource({"v": np.arange(50) + 1000 * i}) for i in range(4)]
+
+    def loader(batch_size):
+        return jl.DataLoader(jl.mix(four, [1, 1, 1, 1], from_step={10: [0, 0, 0, 1]}),
+                             batch_size=batch_size, shuffle=True, seed=0, process_index=0,
+                             process_count=1)
+
+    with pytest.warns(UserWarning, match=r"mix\(from_step=\{10: ...\}\): the weights change "
+                                         r"from step 128, not at step 10: with 4 components, "
+                                         r".*blocks of 1,024.*a multiple of 12"):
+        late = loader(8)
+    with late:
+        components = [np.unique(b["v"] // 1000).tolist() for b in take(late, 129)]
+    assert components[127] != [3] and components[128] == [3]  # where the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a global batch of 12: each change at its step
+        loader(12).close()
 
 
 def test_no_sources_is_named():

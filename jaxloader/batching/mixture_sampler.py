@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,7 @@ class MixtureSampler:
         m = len(self._lengths)
         self._block = block_size(self.global_batch_size, m)
         self._regimes = self._plan(mixture.schedule)
+        late_changes(mixture.schedule, self.global_batch_size, self._block, m)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
@@ -244,3 +246,20 @@ class MixtureSampler:
                 "steps would read other records here; restore with the shuffle that wrote it"
             )
         check_weights_before(self.schedule, saved, step)
+
+
+def late_changes(schedule: dict[int, Any], global_batch: int, block: int, m: int) -> None:
+    """Warns of each weight change that starts after its step: positions are laid out in blocks
+    of ``block``, and a change starts at the first block at or after its step's first position."""
+    for step in sorted(schedule):
+        first = -(-step * global_batch // block) * block  # the change's first position
+        if first != step * global_batch:
+            where = (f"step {first // global_batch:,}" if first % global_batch == 0 else
+                     f"position {first:,}, inside step {first // global_batch:,}")
+            warnings.warn(
+                f"mix(from_step={{{step}: ...}}): the weights change from {where}, not at step "
+                f"{step}: with {m} components, positions are laid out in blocks "
+                f"of {block:,} (a block holds each one's share; a global batch of "
+                f"{global_batch} has no divisor of at least {m * (m - 1)} up to 1,024); a global "
+                f"batch that is a multiple of {m * (m - 1)} starts each change at its step",
+                stacklevel=5)

@@ -72,20 +72,22 @@ def normalised(weights: Sequence[float] | Mapping[str, float], count: int, name:
                 f"{list(weights)} (missing {[n for n in names if n not in weights]}, unknown "
                 f"{[n for n in weights if n not in names]})")
         weights = [weights[n] for n in names]
-    try:
-        w = np.asarray(weights, dtype=np.float64)
-    except (TypeError, ValueError):
+    given = np.asarray(weights, dtype=object)  # (what was given, to check each is a number)
+    if given.ndim != 1 or not all(isinstance(v, (int, float, np.integer, np.floating))
+                                  and not isinstance(v, (bool, np.bool_)) for v in given):
         raise ConfigError(
             f"mix({name}): expected one number per source ({count}), got "
-            f"{type(weights).__name__} {weights!r:.80}") from None
+            f"{type(weights).__name__} {weights!r:.80}")
+    w = given.astype(np.float64)
     if w.shape != (count,):
         raise ConfigError(
-            f"mix({name}): expected one weight per source ({count}), got {len(w)}: {list(w)}"
+            f"mix({name}): expected one weight per source ({count}), got {len(w)}: {w.tolist()}"
         )
     if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise ConfigError(f"mix({name}): weights must be finite and >= 0, got {list(w)}")
+        raise ConfigError(f"mix({name}): weights must be finite and >= 0, got {w.tolist()}")
     if w.sum() <= 0:
-        raise ConfigError(f"mix({name}): weights sum to zero ({list(w)}); give one a weight > 0")
+        raise ConfigError(f"mix({name}): weights sum to zero ({w.tolist()}); give one a weight "
+                          "> 0")
     return w / w.sum()
 
 
