@@ -1,5 +1,7 @@
 """JitMap: a jax.numpy transform compiled over the batch, the same batches wherever it runs."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -164,3 +166,24 @@ def test_a_batch_run_in_chunks_of_rows_is_the_batch_run_at_once():
     assert same(in_chunks(2)[0], expected)  # written into the slots a chunk at a time
     with pytest.raises(jl.ConfigError, match=r"chunk_bytes=.*expected a positive int"):
         jl.JitMap(augment, chunk_bytes=0)
+
+
+def _doubled(record):  # a new dict: the pad mask it was given left out
+    return {"y": record["img"] * 2}
+
+
+def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
+    # the padded rows of the last batch then look like records in the loss, without a word
+    monkeypatch.setattr("jaxloader.batching.batch_maker._SAID", set())
+    source = jl.ArraySource({"img": np.arange(44, dtype=np.float32).reshape(11, 4)})
+    with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
+                       transforms=[jl.JitMap(_doubled)]) as loader:
+        with pytest.warns(UserWarning, match=r"step 0 \(epoch 0, .*\): JitMap\(_doubled\) returned "
+                                             r"a batch without the 'mask' leaf it was given.*"
+                                             r"return it"):
+            assert sorted(next(iter(loader))) == ["y"]
+    kept = jl.JitMap(lambda r: {"y": r["img"] * 2, "mask": r["mask"]})
+    with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
+                       transforms=[kept]) as loader, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [b["mask"].tolist() for b in loader][-1] == [True, True, True, False]

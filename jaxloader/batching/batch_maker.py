@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from time import perf_counter
 from typing import Any, Callable, Iterator, cast
 
@@ -106,7 +107,8 @@ class BatchMaker:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
         return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
                             spec.location, alloc, self.clock if timed else None,
-                            (self.sampler.seed, spec.epoch, spec.positions))
+                            (self.sampler.seed, spec.epoch, spec.positions),
+                            None if spec.valid is None else self.mask_key)
 
     def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
                    ) -> Iterator[tuple[Any, collate.Layout]]:
@@ -231,14 +233,28 @@ def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
     return {name: c.rows(a, b) if type(c) in deferred else c[a:b] for name, c in columns.items()}
 
 
+_SAID: set[str] = set()  # the transforms said to drop the mask, in this process
+
+
+def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> None:
+    if repr(transform) not in _SAID:
+        _SAID.add(repr(transform))
+        warnings.warn(
+            f"{where()}: {transform!r} returned a batch without the {mask_key!r} leaf it was "
+            "given (False on the rows that pad a batch: last_batch='pad', or a pass that "
+            f"ends), so padded rows look like records; return it (out[{mask_key!r}] = "
+            f"batch[{mask_key!r}]; in a JitMap, the record's)", stacklevel=2)
+
+
 def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
                  where: Callable[[], str], alloc: Callable[[int], Any] | None = None,
-                 clock: StageClock | None = None, keyed: tuple = (0, 0, None)
-                 ) -> tuple[Any, collate.Layout]:
+                 clock: StageClock | None = None, keyed: tuple = (0, 0, None),
+                 mask_key: str | None = None) -> tuple[Any, collate.Layout]:
     """The batch of ``columns`` after the ``BatchMap``s and ``JitMap``s, written into
     ``alloc`` when given; ``where()`` names it in an error; ``keyed``: ``(seed, epoch,
-    positions)`` of its records, a ``JitMap``'s keys. Each transform's seconds go to ``clock``
-    under its name, taken off its collation (which the caller times whole)."""
+    positions)`` of its records, a ``JitMap``'s keys; ``mask_key``: the pad mask's leaf,
+    which a transform that leaves it out is warned of. Each transform's seconds go to
+    ``clock`` under its name, taken off its collation (which the caller times whole)."""
     if not batch_transforms:
         return collate.materialize(treedef, columns, alloc)
     seed, epoch, positions = keyed
@@ -267,6 +283,9 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             clock.add_sampled(COLLATE, -spent)
         if batch is None:
             raise returned_none(where(), t)
+        if mask_key is not None and isinstance(batch, dict) and mask_key not in batch:
+            _dropped_mask(t, mask_key, where)
+            mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc
             return batch, layout
     treedef, columns = batch_columns(batch, size)

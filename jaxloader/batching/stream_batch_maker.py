@@ -148,7 +148,8 @@ class StreamBatchMaker:
         first = (step * self.process_count + self.process_index) * self.batch_size
         made = finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
                             lambda: self.location(step), alloc, clock if timed else None,
-                            (self.seed, 0, np.arange(first, first + self.batch_size)))
+                            (self.seed, 0, np.arange(first, first + self.batch_size)),
+                            self.mask_key)
         if timed:
             clock.span(COLLATE, start)
             clock.count(real, made[1].nbytes)
