@@ -77,6 +77,19 @@ def test_an_incompatible_loader_is_refused_with_the_differences(tmp_path):
     assert "global_batch_size: expected 5, received 4" in msg and "seed: expected 9" in msg
 
 
+def test_a_v1_load_into_an_incompatible_loader_raises_the_state_error_itself(tmp_path):
+    # Orbax v1 turns an error raised in the awaitable load() returns into a NoEntryError about
+    # handler registries, jaxloader's message only its cause: `except StateDictError` missed it
+    with make() as loader:
+        take(loader, 3)
+        ocp_v1.save_checkpointables(tmp_path / "ckpt", {"loader": loader})
+    with make(seed=9) as other, pytest.raises(jl.StateDictError, match=r"ckpt/loader: state "
+                                                                       r"does not fit this "
+                                                                       r"loader \(seed: "
+                                                                       r"expected 9"):
+        ocp_v1.load_checkpointables(tmp_path / "ckpt", {"loader": other})
+
+
 def test_one_file_per_process_and_restore_into_another_process_count(tmp_path):
     hosts = [make(batch_size=2, process_index=p, process_count=2) for p in range(2)]
     for loader in hosts:
@@ -158,7 +171,8 @@ def test_v1_save_and_load_let_other_coroutines_run_during_file_io(tmp_path, monk
     async def save_and_load(loader, fresh):
         await asyncio.gather(await loader.save(_Awaiting(tmp_path)), other())
         io_started.clear(), other_ran.clear()
-        await asyncio.gather(await fresh.load(tmp_path), other())
+        loaded, _ = await asyncio.gather(fresh.load(tmp_path), other())  # (read in load())
+        await loaded
 
     with make() as loader, make() as fresh:
         take(loader, 5)

@@ -128,10 +128,14 @@ async def save_v1(loader: Any, directory: Any) -> Awaitable[None]:
 
 
 async def load_v1(loader: Any, directory: Any) -> Awaitable[None]:
-    """``StatefulCheckpointable.load``: reads and applies the fitting state."""
+    """``StatefulCheckpointable.load``: reads and applies the fitting state before it returns
+    (a small file), not in the awaitable it returns: Orbax gives an error raised there as a
+    ``NoEntryError`` about handlers, with jaxloader's ``StateDictError`` only as its cause;
+    raised here, it reaches the caller as itself."""
+    state = await asyncio.to_thread(read_state, directory, loader)
+    apply_state(directory, loader, state)
 
-    async def read() -> None:
-        state = await asyncio.to_thread(read_state, directory, loader)
-        apply_state(directory, loader, state)
+    async def done() -> None:
+        return None
 
-    return read()
+    return done()
