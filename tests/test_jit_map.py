@@ -1,5 +1,6 @@
 """JitMap: a jax.numpy transform compiled over the batch, the same batches wherever it runs."""
 
+import re
 import warnings
 
 import numpy as np
@@ -187,3 +188,22 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
                        transforms=[kept]) as loader, warnings.catch_warnings():
         warnings.simplefilter("error")
         assert [b["mask"].tolist() for b in loader][-1] == [True, True, True, False]
+
+
+def test_a_jit_map_over_an_array_on_a_mesh_names_it_and_the_remedy():
+    # in process it failed with JAX's advice to enter a mesh context, which fails in turn
+    from sharding.devices import run_with_devices
+
+    said = run_with_devices("""
+        mesh = jax.make_mesh((2,), ("data",))
+        w = jax.device_put(np.arange(2, dtype=np.float32), NamedSharding(mesh, P("data")))
+        scaled = jl.JitMap(lambda r: {"y": r["x"][0] @ w})
+        with jl.DataLoader(source(8), batch_size=4, transforms=[scaled], process_index=0,
+                           process_count=1) as loader:
+            try:
+                next(iter(loader))
+            except jl.RecordError as e:
+                print(e)
+    """, n=2)
+    assert re.search(r"a JitMap runs on one CPU device \(.*\), and its function uses w \(on 2 "
+                     r"device\(s\): \['cpu'\]\): close over a NumPy array instead", said), said

@@ -44,3 +44,35 @@ def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], s
             f"{kind.dtype} and would wrap them; drop it, or make it fit, in a Map before the "
             "JitMap, or set jax.config.update('jax_enable_x64', True) in worker_init_fn and "
             "before the loader")
+
+
+def placed_elsewhere(fn: Any, device: Any) -> str:
+    """Words for a remedy: the ``jax.Array``s ``fn`` closes over or names as globals that are
+    not on ``device`` alone (a mesh's, a GPU's), which the function run on ``device`` cannot
+    take; ``""`` when there are none."""
+    import jax
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    named = dict(zip(code.co_freevars, getattr(fn, "__closure__", None) or ()))
+    values = {name: cell.cell_contents for name, cell in named.items() if _filled(cell)}
+    space = getattr(fn, "__globals__", {})
+    values.update({name: space[name] for name in code.co_names if name in space})
+    elsewhere = [f"{name} (on {len(v.sharding.device_set)} device(s): "
+                 f"{sorted({getattr(d, 'platform', '?') for d in v.sharding.device_set})})"
+                 for name, v in values.items()
+                 if isinstance(v, jax.Array) and v.sharding.device_set != {device}]
+    if not elsewhere:
+        return ""
+    return (f"; a JitMap runs on one CPU device ({device}), and its function uses "
+            f"{', '.join(elsewhere)}: close over a NumPy array instead (np.asarray(...)), "
+            "which it takes on its device")
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # (an empty cell)
+        return False
+    return True

@@ -250,8 +250,8 @@ class JitMap:
                     "or move that part into a Map before the JitMap") from e
             first = str(e).splitlines()[0] if str(e) else ""
             raise RecordError(f"{where()}: {self!r} raised {type(e).__name__}: {first}"
-                              f"{line}; the original error is "
-                              "the cause below") from e
+                              f"{line}{jit_inputs.placed_elsewhere(self.fn, cpu_device())}; "
+                              "the original error is the cause below") from e
 
 
 def cpu_device() -> Any:
