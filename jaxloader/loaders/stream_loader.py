@@ -178,7 +178,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         if sharding is not None:
             from jaxloader.sharding.put import Putter
 
-            self._putter = Putter(sharding, process_count)
+            self._putter = Putter(sharding, process_count, batch_size)
         self._progress = Progress("StreamLoader")
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0

@@ -122,18 +122,33 @@ class Putter:
         # One process, every leaf on one device: no step can wait in a collective, so the
         # copies may be issued from a thread (see jaxloader.sharding.prefetch).
         self.single_device = process_count == 1 and all(len(s.device_set) == 1 for s in leaves)
+        if batch_size is not None:  # (refused here, not at the first batch's placement)
+            for s, axes, ways in self._batch_axes():
+                if batch_size * process_count % ways:
+                    raise ConfigError(
+                        f"sharding: a global batch of {batch_size * process_count} rows "
+                        f"(batch_size {batch_size} x {process_count} process(es)) cannot be "
+                        f"split over the {ways} devices of mesh axes {axes} ({s}); make it a "
+                        f"multiple of {ways}, or shard the batch over fewer devices")
+
+    def _batch_axes(self) -> list[tuple[Any, tuple, int]]:
+        """``(sharding, mesh axes, devices over them)`` of each leaf's ``NamedSharding`` that
+        splits the batch's first axis over named mesh axes."""
+        found = []
+        for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
+            if not isinstance(s, NamedSharding) or not len(s.spec) or s.spec[0] is None:
+                continue
+            axes = (s.spec[0],) if isinstance(s.spec[0], str) else tuple(s.spec[0])
+            if all(isinstance(a, str) and a in s.mesh.shape for a in axes):
+                # (else not axis names, UNCONSTRAINED say: left to placement)
+                found.append((s, axes, math.prod(s.mesh.shape[a] for a in axes)))
+        return found
 
     def check_last_batch(self, rows: int, num_records: int) -> None:
         """Refuses, before the first batch, an epoch's last (partial) batch of ``rows`` rows
         that the batch axis of a leaf's ``NamedSharding`` cannot split evenly; otherwise it
         would be refused only when placed, at the end of the first epoch."""
-        for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
-            if not isinstance(s, NamedSharding) or not len(s.spec) or s.spec[0] is None:
-                continue
-            axes = (s.spec[0],) if isinstance(s.spec[0], str) else tuple(s.spec[0])
-            if not all(isinstance(a, str) and a in s.mesh.shape for a in axes):
-                continue  # not an axis name (UNCONSTRAINED, say): left to placement
-            ways = math.prod(s.mesh.shape[a] for a in axes)
+        for s, axes, ways in self._batch_axes():
             if rows % ways:
                 raise ConfigError(
                     f"last_batch='partial': an epoch's last batch holds {rows} rows "

@@ -102,6 +102,7 @@ def test_fixed_width_strings_and_dates_stay_numpy_and_bfloat16_goes_to_the_devic
 
 def test_bad_shardings_give_clear_errors():
     out = run_with_devices("""
+    from jaxloader.sharding.put import Putter
     mesh = jax.make_mesh((4,), ("data",))
     for bad, match in [("nope", "expected a jax.sharding.Sharding"),]:
         try:
@@ -112,10 +113,19 @@ def test_bad_shardings_give_clear_errors():
         jl.data_sharding(mesh, "batch")
     except jl.ConfigError as e:
         assert "'batch' not in the mesh" in str(e) and "('data',)" in str(e)
-    loader = jl.DataLoader(source(12), batch_size=6, sharding=jl.data_sharding(mesh),
-                           device_prefetch=0)
+    for make in (jl.DataLoader, jl.StreamLoader):  # refused as it is made, not at a batch
+        try:
+            made = (source(12) if make is jl.DataLoader
+                    else jl.Stream.from_generator(lambda s: iter([{"x": np.zeros(2)}]), 1))
+            make(made, batch_size=6, sharding=jl.data_sharding(mesh), device_prefetch=0)
+        except jl.ConfigError as e:
+            assert ("a global batch of 6 rows (batch_size 6 x 1 process(es)) cannot be split "
+                    "over the 4 devices of mesh axes ('data',)") in str(e), e
+        else:
+            raise AssertionError("6 rows over 4 devices must be refused")
+    put = Putter(jl.data_sharding(mesh), process_count=1)  # (no batch size: when placed)
     try:
-        next(iter(loader))
+        put({"x": np.zeros((6, 3, 2), np.float32)})
     except jl.ConfigError as e:
         assert "['x']" in str(e) and "(6, 3, 2)" in str(e) and "divide evenly" in str(e), e
     else:
@@ -127,7 +137,6 @@ def test_bad_shardings_give_clear_errors():
         assert "last batch holds 2 rows" in str(e) and "last_batch='pad'" in str(e), e
     else:
         raise AssertionError("2 rows over 4 devices must be refused")
-    from jaxloader.sharding.put import Putter
     put = Putter(jl.data_sharding(mesh), process_count=1, batch_size=4)
     fits = jl.DataLoader(source(12), batch_size=8, last_batch="partial", device_prefetch=0,
                          sharding=jl.data_sharding(mesh))
