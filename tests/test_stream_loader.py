@@ -153,6 +153,13 @@ def test_a_state_is_refused_by_another_worker_count_or_stream(tmp_path):
     with loader_of(generator_stream(tmp_path, shuffle_window=9), [], 2) as other:
         with pytest.raises(jl.StateDictError, match="shuffle_window"):
             other.load_state_dict(state)
+    with jl.DataLoader(jl.ArraySource({"x": np.zeros(8)}), batch_size=2) as mapped:
+        with pytest.raises(jl.StateDictError, match=r"expected a DataLoader's state_dict\(\), got "
+                                                    r"a StreamLoader's"):  # (said: missing keys)
+            mapped.load_state_dict(state)
+        with loader_of(generator_stream(tmp_path), [], 2) as other, pytest.raises(
+                jl.StateDictError, match=r"expected a StreamLoader's state_dict\(\)"):
+            other.load_state_dict(mapped.state_dict())
 
 
 def test_a_stream_state_with_unknown_keys_or_a_step_past_its_keys_is_refused(tmp_path):

@@ -110,6 +110,10 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
         raise StateDictError(
             f"state: expected a dict from DataLoader.state_dict(), got {type(state).__name__}"
         )
+    if state.get("kind") == "stream":
+        raise StateDictError(
+            "state: expected a DataLoader's state_dict(), got a StreamLoader's (kind 'stream'); "
+            "a StreamLoader's state restores into a StreamLoader")
     missing = sorted(set(("version", "step", *_CHECKED)) - set(state))
     if missing:
         raise StateDictError(
