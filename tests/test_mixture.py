@@ -4,6 +4,7 @@ elastic resume, weight changes that leave earlier steps alone."""
 from __future__ import annotations
 
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -268,8 +269,12 @@ def test_a_plain_state_is_not_restored_into_a_mixture_and_back():
     ((1, 2), r"one weight per source \(3\), got 2"),
     (("1", "2", "3"), r"one number per source \(3\), got tuple \('1', '2', '3'\)"),
     ((True, False, True), r"one number per source \(3\), got tuple \(True"),
+    ((Fraction(1, 2), 1, 2), None),  # (numbers of any kind: accepted)
 ])
 def test_bad_weights_are_named(weights, match):
+    if match is None:
+        jl.mix(components(), weights)
+        return
     with pytest.raises(jl.ConfigError, match=match):
         jl.mix(components(), weights)
     with pytest.raises(jl.ConfigError, match=r"from_step\[9\].*" + match):
@@ -296,6 +301,14 @@ def test_a_weight_change_that_starts_after_its_step_says_where_it_starts():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a global batch of 12: each change at its step
         loader(12).close()
+    with pytest.warns(UserWarning) as said:
+        jl.DataLoader(jl.mix(four, [1, 1, 1, 1], from_step={10: [0, 0, 0, 1], 11: [1, 0, 0, 0]}),
+                      batch_size=8, process_index=0, process_count=1).close()
+    assert [str(w.message)[:96] for w in said] == [
+        "mix(from_step={10: ...}): these weights are never used: the change at step 11 starts in "
+        "the same",
+        "mix(from_step={11: ...}): the weights change from step 128, not at step 11: with 4 "
+        "components, p"]
 
 
 def test_no_sources_is_named():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import warnings
 from time import perf_counter
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, cast
 
 import numpy as np
@@ -233,12 +234,12 @@ def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
     return {name: c.rows(a, b) if type(c) in deferred else c[a:b] for name, c in columns.items()}
 
 
-_SAID: set[str] = set()  # the transforms said to drop the mask, in this process
+_SAID: set[int] = set()  # the transforms said to drop the mask, in this process
 
 
 def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> None:
-    if repr(transform) not in _SAID:
-        _SAID.add(repr(transform))
+    if id(transform) not in _SAID:
+        _SAID.add(id(transform))
         warnings.warn(
             f"{where()}: {transform!r} returned a batch without the {mask_key!r} leaf it was "
             "given (False on the rows that pad a batch: last_batch='pad', or a pass that "
@@ -283,7 +284,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             clock.add_sampled(COLLATE, -spent)
         if batch is None:
             raise returned_none(where(), t)
-        if mask_key is not None and isinstance(batch, dict) and mask_key not in batch:
+        if mask_key is not None and not (isinstance(batch, Mapping) and mask_key in batch):
             _dropped_mask(t, mask_key, where)
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc

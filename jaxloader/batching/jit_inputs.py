@@ -47,22 +47,30 @@ def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], s
 
 
 def placed_elsewhere(fn: Any, device: Any) -> str:
-    """Words for a remedy: the ``jax.Array``s ``fn`` closes over or names as globals that are
-    not on ``device`` alone (a mesh's, a GPU's), which the function run on ``device`` cannot
-    take; ``""`` when there are none."""
+    """Words for a remedy: the ``jax.Array``s ``fn`` closes over or names as globals (or holds
+    in a dict, list or tuple there) that are not on ``device`` alone (a mesh's, a GPU's), which
+    the function run on ``device`` cannot take; ``""`` when there are none (or where asking
+    fails: the error it is said with stays the one to see)."""
     import jax
 
     code = getattr(fn, "__code__", None)
     if code is None:
         return ""
-    named = dict(zip(code.co_freevars, getattr(fn, "__closure__", None) or ()))
-    values = {name: cell.cell_contents for name, cell in named.items() if _filled(cell)}
-    space = getattr(fn, "__globals__", {})
-    values.update({name: space[name] for name in code.co_names if name in space})
-    elsewhere = [f"{name} (on {len(v.sharding.device_set)} device(s): "
-                 f"{sorted({getattr(d, 'platform', '?') for d in v.sharding.device_set})})"
-                 for name, v in values.items()
-                 if isinstance(v, jax.Array) and v.sharding.device_set != {device}]
+    try:
+        named = dict(zip(code.co_freevars, getattr(fn, "__closure__", None) or ()))
+        values = {name: cell.cell_contents for name, cell in named.items() if _filled(cell)}
+        space = getattr(fn, "__globals__", {})
+        values.update({name: space[name] for name in code.co_names if name in space})
+        for name, value in list(values.items()):  # (one level into containers: params)
+            items = (value.items() if isinstance(value, dict) else
+                     enumerate(value) if isinstance(value, (list, tuple)) else ())
+            values.update({f"{name}[{key!r}]": v for key, v in items})
+        elsewhere = [f"{name} (on {len(v.sharding.device_set)} device(s): "
+                     f"{sorted({getattr(d, 'platform', '?') for d in v.sharding.device_set})})"
+                     for name, v in values.items()
+                     if isinstance(v, jax.Array) and v.sharding.device_set != {device}]
+    except Exception:  # noqa: BLE001 - a hint only
+        return ""
     if not elsewhere:
         return ""
     return (f"; a JitMap runs on one CPU device ({device}), and its function uses "

@@ -251,9 +251,18 @@ class MixtureSampler:
 def late_changes(schedule: dict[int, Any], global_batch: int, block: int, m: int) -> None:
     """Warns of each weight change that starts after its step: positions are laid out in blocks
     of ``block``, and a change starts at the first block at or after its step's first position."""
+    firsts = {step: -(-step * global_batch // block) * block for step in schedule}
     for step in sorted(schedule):
-        first = -(-step * global_batch // block) * block  # the change's first position
-        if first != step * global_batch:
+        first = firsts[step]  # the change's first position
+        later = [s for s in schedule if s > step and firsts[s] == first]
+        if later:  # (plans.mixture.plan_regimes: two changes in one block, the later wins)
+            warnings.warn(
+                f"mix(from_step={{{step}: ...}}): these weights are never used: the change at "
+                f"step {max(later)} starts in the same block of {block:,} positions (from "
+                f"position {first:,}) and replaces them; with {m} components a global batch "
+                f"that is a multiple of {m * (m - 1)} starts each change at its step",
+                stacklevel=5)
+        elif first != step * global_batch:
             where = (f"step {first // global_batch:,}" if first % global_batch == 0 else
                      f"position {first:,}, inside step {first // global_batch:,}")
             warnings.warn(

@@ -140,7 +140,7 @@ class StreamBatchMaker:
                 clock.loop_detail(perf_counter() - start, run.spent)
             start = clock.span(LOOP, start)
         real = len(records)
-        treedef, columns = record_columns(self._padded(step, records), RecordNames())
+        treedef, columns = record_columns(self._padded(step, records), _ROWS)
         if self.mask_key is not None:  # a pass that ends: True on the records
             valid = np.arange(self.batch_size) < len(records)
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
@@ -254,6 +254,9 @@ class StreamBatchMaker:
     def _position(self, step: int, row: int) -> int:
         """The place of the batch's row ``row`` in the process-major stream of records."""
         return (step * self.process_count + self.process_index) * self.batch_size + row
+
+
+_ROWS = RecordNames()  # a stream's records are named by their rows in the batch
 
 
 def _where(step: int, row: int) -> str:

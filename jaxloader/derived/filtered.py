@@ -30,7 +30,8 @@ import numpy as np
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.sources.base import Source, check_source, records_at
-from jaxloader.sources.fingerprint import code_digest, combined
+from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
@@ -46,8 +47,8 @@ class FilteredSource:
     record numbers to keep (an array; any order, repeats allowed), or the path of a ``.npy``
     file that keeps the ones ``keep`` found (read back on the next run; found again when the
     source's fingerprint or ``keep``'s code changed, as ``<file>.from`` beside it says: its
-    code, closure, the globals it names, the functions of your modules it calls; delete the
-    file when something else it reads changed: a file it opens, say). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
+    code, closure, the globals it names, what it names in your own modules; delete the file
+    when something else it reads changed: a file it opens, say). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
     object (its ``filter`` method), as a ``StreamLoader``'s ``transforms=`` takes them.
 
     Example:

@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -73,7 +74,7 @@ def normalised(weights: Sequence[float] | Mapping[str, float], count: int, name:
                 f"{[n for n in weights if n not in names]})")
         weights = [weights[n] for n in names]
     given = np.asarray(weights, dtype=object)  # (what was given, to check each is a number)
-    if given.ndim != 1 or not all(isinstance(v, (int, float, np.integer, np.floating))
+    if given.ndim != 1 or not all(isinstance(v, numbers.Real)
                                   and not isinstance(v, (bool, np.bool_)) for v in given):
         raise ConfigError(
             f"mix({name}): expected one number per source ({count}), got "

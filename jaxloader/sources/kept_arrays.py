@@ -2,7 +2,8 @@
 ``PackedSource``'s lengths, a ``FilteredSource``'s indices.
 
 Beside the file, ``<file>.from`` says what the array was found from (the source's fingerprint
-and, for a filter, its predicate's code digest: ``sources.fingerprint``). A file found from
+and, for a filter, its predicate's code digest: ``sources.code_digest``) and which array it
+is of (its digest: a run cut short between writing the two is not mistaken for a pair). A file found from
 other data, or by another predicate, is found again and saved over, with a warning naming
 which changed: read back, it would give rows that lost tokens or records the predicate no
 longer keeps, without a word. A file without its ``.from`` (the user's own, or one an earlier
@@ -20,9 +21,10 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import tempfile
+import uuid
 import warnings
 from typing import Any, Callable
 
@@ -45,15 +47,16 @@ def kept_or_found(given: Any, find: Callable[[], Any],
         source = None if found_from is None else found_from()
         if os.path.exists(path):
             kept_from = _kept_from(path + FROM)
+            given = np.load(path)
             changed = [] if source is None or kept_from is None else [
                 what for what, digest in source.items() if kept_from.get(what) != digest]
-            if not changed:
-                given = np.load(path)
-            else:
-                warnings.warn(
-                    f"{path} was found from another {' and another '.join(changed)} than this "
-                    f"run's (as {path + FROM} says): found again, and saved over it",
-                    stacklevel=stacklevel)
+            why = f"was found from another {' and another '.join(changed)} than this run's"
+            if kept_from and not changed and kept_from.get("array") != _array_digest(given):
+                changed, why = ["array"], f"is not the array {path + FROM} was written with"
+            if changed:
+                given = None
+                warnings.warn(f"{path} {why} (as {path + FROM} says): found again, and saved "
+                              "over it", stacklevel=stacklevel)
     if given is None:
         given = find()
         if path is not None:
@@ -82,14 +85,23 @@ def _save(path: str, array: Any, found_from: dict[str, str] | None) -> None:
         if os.path.exists(path + FROM):
             os.remove(path + FROM)  # (what it said is no longer this file's)
         return
-    _replace(path + FROM, lambda f: f.write(json.dumps(found_from).encode() + b"\n"))
+    said = {**found_from, "array": _array_digest(np.asarray(array))}
+    _replace(path + FROM, lambda f: f.write(json.dumps(said).encode() + b"\n"))
+
+
+def _array_digest(array: np.ndarray) -> str:
+    """The array's bytes, shape and dtype, digested: a ``.from`` says which array it is of."""
+    digest = hashlib.blake2b(f"{array.dtype}{array.shape}".encode(), digest_size=16)
+    digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
 
 
 def _replace(path: str, write: Callable[[Any], Any]) -> None:
-    folder, name = os.path.split(os.path.abspath(path))
-    handle, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
+    """``write`` into a file of a name no other process or host uses (opened as ``open`` does:
+    its mode from the umask), then moved to ``path`` at once."""
+    partial = f"{path}.{uuid.uuid4().hex}.partial"
     try:
-        with os.fdopen(handle, "wb") as f:
+        with open(partial, "xb") as f:
             write(f)
         os.replace(partial, path)
     except BaseException:

@@ -37,7 +37,8 @@ import numpy as np
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
-from jaxloader.sources.fingerprint import code_digest, combined
+from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.huggingface import adapt
 
 

@@ -39,7 +39,7 @@ from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
-from jaxloader.streams.refill_watch import RefillWatch
+from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.shards import (Bound, IterableShard, JsonlShard, MappedShard, Shard,
                                       TextShard)
 from jaxloader.streams.tar import TarShard
@@ -366,7 +366,7 @@ class StreamReader:
         if index < len(self._mine):
             shard = copy.copy(self.stream.shards[self._mine[index]])  # (reset opens its files)
             shard.reset(state)
-            self._current = RefillWatch(shard)  # (its first records: a buffer refilled?)
+            self._current = watched(shard)  # (its first records: a buffer refilled?)
 
     def close(self) -> None:
         """Closes the shard this reader has open."""

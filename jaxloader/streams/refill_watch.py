@@ -7,7 +7,10 @@ just before the shard is asked for a record, a sample of each array the record b
 is taken (what it holds now, after any transform of it); just after, it is compared. Only the
 shard's code ran in between, so a change is a buffer refilled, never a constant shared by
 every record nor a ``Map`` that copies. The first ``CHECKED`` records of each shard opened are
-watched; then the watch steps aside (the shard's own ``next`` is called, at no cost).
+watched (a buffer refilled is refilled from the first: the second record shows it; each
+watched record costs some microseconds, and each shard is opened again at every restore);
+then the watch steps aside (the shard's own ``next`` is called, at no cost).
+A file's shard, whose records are parsed anew, is not watched.
 
 Example:
     >>> import warnings
@@ -18,10 +21,10 @@ Example:
     ...         buffer[:] = i
     ...         yield {"x": buffer}
     >>> shard = IterableShard(refilling, name="sim"); shard.reset(None)
-    >>> watched = RefillWatch(shard)
+    >>> watch = RefillWatch(shard)
     >>> with warnings.catch_warnings(record=True) as said:
     ...     warnings.simplefilter("always")
-    ...     records = [watched.next() for _ in range(3)]
+    ...     records = [watch.next() for _ in range(3)]
     >>> str(said[0].message)[:81]
     "stream shard sim: a record's leaf ['x'] changed as the shard made the next record"
 """
@@ -33,22 +36,41 @@ from typing import Any
 
 import numpy as np
 
-CHECKED = 64  # records watched after each shard is opened (a buffer is refilled from the first)
+from jaxloader.base.abilities import close_of
+from jaxloader.streams.huggingface import HuggingFaceShard
+from jaxloader.streams.shards import FileShard
+
+CHECKED = 2  # records watched after each shard is opened (a buffer is refilled from the first)
 _LEAVES = 32  # arrays of a record sampled, at most
 _SAMPLE = 1024  # elements of an array compared, about (spread over it)
 
 
+def watched(shard: Any) -> Any:
+    """``shard`` through a ``RefillWatch`` where its records come from code that may refill a
+    buffer (a generator, a map, a shard of the user's); a file's or a Hugging Face dataset's
+    shard, whose records are parsed anew each time, as it is."""
+    return shard if isinstance(shard, (FileShard, HuggingFaceShard)) else RefillWatch(shard)
+
+
 class RefillWatch:
-    """``shard`` (any ``Shard``: its other attributes are its own), whose ``next()`` warns once
-    where the record before changed while the shard made the next one."""
+    """``shard`` (any ``Shard``), whose ``next()`` warns once where the record before changed
+    while the shard made the next one; the rest of the shard protocol is the shard's."""
 
     def __init__(self, shard: Any) -> None:
         self._shard, self.name = shard, shard.name
         self._left = CHECKED
         self._last: Any = None  # the record read before, while it is watched
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._shard, name)
+    def reset(self, state: dict | None = None) -> None:
+        self._shard.reset(state)
+        self.__dict__.pop("next", None)  # (watched again from here)
+        self._left, self._last = CHECKED, None
+
+    def get_state(self) -> dict:
+        return self._shard.get_state()
+
+    def close(self) -> None:
+        close_of(self._shard)
 
     def next(self) -> Any:
         last, shard = self._last, self._shard
@@ -81,7 +103,7 @@ def _samples(record: Any) -> list[tuple[str, np.ndarray, bytes]]:
 def _walk(value: Any, path: str, out: list, depth: int) -> None:
     if len(out) >= _LEAVES or depth > 4:
         return
-    if type(value) is np.ndarray:
+    if isinstance(value, np.ndarray):  # (a memmap's too)
         if not value.dtype.hasobject and value.size:
             out.append((path, value, _sample(value)))
     elif isinstance(value, dict):
@@ -92,7 +114,7 @@ def _walk(value: Any, path: str, out: list, depth: int) -> None:
             _walk(item, f"{path}[{i}]", out, depth + 1)
 
 
-def _sample(array: np.ndarray) -> bytes:
+def _sample(array: np.ndarray) -> bytes:  # (a non-contiguous array: copied whole)
     flat = array.reshape(-1) if array.flags.c_contiguous else array.ravel()  # (a view, or a copy)
     return flat[::max(1, flat.size // _SAMPLE)].tobytes()
 

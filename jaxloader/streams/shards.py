@@ -35,7 +35,7 @@ import numpy as np
 from jaxloader.base import file_identity
 from jaxloader.base.abilities import close_of
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
-from jaxloader.sources.fingerprint import code_digest
+from jaxloader.sources.code_digest import code_digest
 from jaxloader.streams.compressed import compression, decompressed
 
 # a compressed file's first bytes, left out of its identity's tail: gzip's header holds the
@@ -260,7 +260,7 @@ class IterableShard:
 
 class MappedShard:
     """``shard``'s records through ``fn`` (``Stream.map``); its state is the shard's, its name
-    the shard's and the function's code digest (``sources.fingerprint.code_digest``), so a
+    the shard's and the function's code digest (``sources.code_digest``), so a
     stream state saved under another function is refused."""
 
     def __init__(self, shard: Any, fn: Callable[[Any], Any], name: str | None = None) -> None:

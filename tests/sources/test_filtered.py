@@ -148,6 +148,11 @@ def test_an_indices_file_is_found_again_when_the_data_or_the_function_change(tmp
         shifted = jl.FilteredSource(jl.ArraySource({"x": np.arange(1, 21)}), _third,
                                     indices=path)
     assert shifted.indices.tolist() == list(range(2, 20, 3))
+    np.save(path, np.array([1, 2]))  # (a run cut short between the array and its .from)
+    with pytest.warns(UserWarning, match=r"kept.npy is not the array .*kept.npy.from was written "
+                                         r"with .*found again"):
+        assert jl.FilteredSource(jl.ArraySource({"x": np.arange(1, 21)}), _third,
+                                 indices=path).indices.tolist() == list(range(2, 20, 3))
     (tmp_path / "kept.npy.from").unlink()  # a file of the user's: read as it is
     assert jl.FilteredSource(source, _even, indices=path).indices.tolist() == list(
         range(2, 20, 3))
@@ -211,7 +216,7 @@ def test_an_indices_file_sees_what_the_function_reads_beyond_its_code(tmp_path, 
 def test_a_function_with_a_set_of_strings_has_one_digest_in_every_process():
     # a frozenset's repr follows the process's random string hashing: a file found again and
     # a warning on every run, each host rewriting it
-    script = ("from jaxloader.sources.fingerprint import code_digest\n"
+    script = ("from jaxloader.sources.code_digest import code_digest\n"
               "print(code_digest(lambda r: r['lang'] in {'en', 'de', 'fr', 'es', 'it'}))\n")
     import subprocess
     import sys

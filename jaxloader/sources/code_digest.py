@@ -1,0 +1,222 @@
+"""``code_digest``: what a function computes, as far as its code says, the same in every process.
+
+A ``MapSource``'s fingerprint and a ``Stream.map``'s shard names carry it, so that a state saved
+under another function is refused; a ``FilteredSource``'s kept indices carry its ``deep`` form,
+so that a file kept by another predicate is found again (``kept_arrays``). What a ``repr``
+shows differently in each process is left out (a memory address, ``<Scale object at 0x7f...>``,
+where an object's attributes are its own; the order of a set of strings, which Python hashes
+with a random key each run), so a state saved under the same function restores in a new
+process. What code reads without naming it (a file, a database) is not seen.
+
+Example:
+    >>> code_digest(lambda r: r * 2) == code_digest(lambda r: r * 3)
+    False
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import hashlib
+import inspect
+import os
+import re
+import site
+import sysconfig
+import types
+from typing import Any
+
+import numpy as np
+
+
+def code_digest(fn: Any, deep: bool = False) -> str:
+    """A digest of ``fn``: its name, source text (where Python has it: a script's or a
+    notebook's), the names and constants its code uses (nested functions' too: two lambdas on
+    one line), its closure's values (a ``functools.partial``: its function and arguments); for
+    another callable, its type and ``repr`` too. Not its bytecode, which differs between Python
+    versions.
+
+    ``deep``: also the values of the globals its code names, the functions and values of the
+    user's own modules (not installed ones) it names, and a bound method's object, each whole
+    (an array by its bytes, not its ``repr``'s first characters): what a predicate reads beyond
+    its closure, for a file kept from it. Not for states: a global object whose ``repr``
+    changes from run to run would refuse a resume.
+    """
+    return _Digests(deep).of(fn, frozenset())
+
+
+class _Digests:
+    """The digests of one ``code_digest`` call, each function's once (a helper called from
+    many places, a function that calls itself)."""
+
+    def __init__(self, deep: bool) -> None:
+        self.deep = deep
+        self.done: dict[int, str] = {}
+
+    def of(self, fn: Any, within: frozenset) -> str:
+        if id(fn) in self.done:
+            return self.done[id(fn)]
+        within = within | {id(fn)}
+        digest = hashlib.blake2b(digest_size=16)
+        if isinstance(fn, functools.partial):
+            digest.update(b"partial:" + self.of(fn.func, within).encode())
+            digest.update(_value_text((fn.args, sorted(fn.keywords.items())), self.deep)
+                          .encode())
+            self.done[id(fn)] = found = digest.hexdigest()
+            return found
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            call = getattr(type(fn), "__call__", None)
+            digest.update(f"{type(fn).__qualname__}:{_value_text(fn)}".encode())
+            code = getattr(call, "__code__", None)
+        else:
+            digest.update(getattr(fn, "__qualname__", "").encode())
+        try:
+            digest.update(inspect.getsource(fn if code is getattr(fn, "__code__", None)
+                                            else type(fn)).encode())
+        except (OSError, TypeError):
+            pass  # (no source: built by exec, or the interpreter's prompt)
+        if code is not None:
+            _update_code(digest, code)
+        closure = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
+                   if _filled(cell)]
+        for value in closure:
+            if id(value) not in within:
+                digest.update(self._value(value, within).encode())
+        if self.deep:
+            for value in [getattr(fn, "__self__", None), *_globals_named(fn, code, closure)]:
+                if id(value) not in within and not isinstance(value, types.ModuleType):
+                    digest.update(self._value(value, within).encode())
+        self.done[id(fn)] = found = digest.hexdigest()
+        return found
+
+    def _value(self, value: Any, within: frozenset) -> str:
+        if not callable(value):
+            return _value_text(value, self.deep)
+        if self.deep and inspect.isfunction(value) and not _users(
+                inspect.getmodule(value)):  # (an installed library's: by its name)
+            return f"{value.__module__}.{value.__qualname__}"
+        return self.of(value, within)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # (an empty cell)
+        return False
+    return True
+
+
+def _globals_named(fn: Any, code: Any, closure: list) -> list:
+    """The values of the globals ``code`` names (nested code's too), and what it names through
+    a user's module (not an installed one), a global or in the ``closure``."""
+    space = getattr(fn, "__globals__", None) or getattr(
+        getattr(type(fn), "__call__", None), "__globals__", None) or {}
+    named: set[str] = set()
+    attributes: set[str] = set()
+    if code is not None:
+        _names(code, named, attributes)
+    found = [space[name] for name in sorted(named) if name in space]
+    for module in [v for v in found + closure if isinstance(v, types.ModuleType) and _users(v)]:
+        found += [getattr(module, name) for name in sorted(attributes)
+                  if hasattr(module, name) and not isinstance(getattr(module, name),
+                                                              types.ModuleType)]
+    return found
+
+
+def _names(code: Any, named: set[str], attributes: set[str]) -> None:
+    """The global names ``code`` loads (not an attribute that has a global's name), and the
+    attribute names it loads (``module.function``), nested code's too."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            named.add(instruction.argval)
+        elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            attributes.add(instruction.argval)
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _names(const, named, attributes)
+
+
+def _installed() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib",
+                                                     "platlib")}
+    paths |= set(getattr(site, "getsitepackages", list)())
+    paths.add(getattr(site, "getusersitepackages", str)())
+    return tuple(os.path.abspath(p) for p in paths if p)
+
+
+_INSTALLED = _installed()
+
+
+def _users(module: Any) -> bool:
+    """Whether ``module`` is the user's own code (a file not under Python's library or a
+    site-packages or dist-packages folder)."""
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str):
+        return False
+    path = os.path.abspath(path)
+    parts = path.split(os.sep)
+    return not path.startswith(_INSTALLED) and "site-packages" not in parts and (
+        "dist-packages" not in parts)
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
+    """``repr(value)`` as every process writes it (its first 200 characters; ``whole``: all
+    of it, an array by its bytes): without memory addresses, and where the repr had one
+    (``object``'s own) with the object's attributes instead (``__dict__`` and ``__slots__``, two
+    levels down); a set of strings in sorted order."""
+    if whole and isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        data = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
+        return f"array({value.dtype}, {value.shape}, {data.hexdigest()})"
+    if isinstance(value, (set, frozenset)) and _hash_ordered(value):
+        text = f"{type(value).__name__}({sorted(map(_repr, value))!r})"
+        return text if whole else text[:200]
+    text = _repr(value)
+    text = text if whole else text[:200]
+    if _ADDRESS.search(text) is None:
+        return text
+    if depth < 2:
+        attributes = _attributes(value)
+        if attributes:
+            said = repr([(k, _value_text(v, whole, depth + 1))
+                         for k, v in sorted(attributes.items())])
+            text += said if whole else said[:400]
+    return _ADDRESS.sub("", text)
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - a repr that raises: the type says what it can
+        return f"<{type(value).__qualname__}>"
+
+
+def _attributes(value: Any) -> dict[str, Any]:
+    found = dict(getattr(value, "__dict__", None) or {})
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__") and hasattr(
+                    value, slot):
+                found[slot] = getattr(value, slot)
+    return found
+
+
+def _hash_ordered(value: Any) -> bool:
+    """Whether a set's order depends on the process (strings and bytes are hashed with a
+    random key each run), not on its values alone."""
+    return any(isinstance(v, (str, bytes)) or isinstance(v, tuple) and _hash_ordered(v)
+               for v in value)
+
+
+def _update_code(digest: Any, code: Any) -> None:
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _update_code(digest, const)
+        else:
+            digest.update((_value_text(const) if isinstance(const, frozenset)
+                           else repr(const)).encode())

@@ -1,0 +1,68 @@
+"""code_digest: the same function the same digest in every process, another function another."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from jaxloader.sources.code_digest import code_digest
+
+
+def _keep_small(limit, r):
+    return r < limit
+
+
+def _keep_large(limit, r):
+    return r > limit
+
+
+class _Node:  # Python's own repr (an address): digested by its attributes
+    def __init__(self, value):
+        self.value, self.other = value, None
+
+
+class _Unprintable:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+def test_a_partial_is_its_function_and_arguments():
+    # its repr named the function by address: another digest in every process
+    assert code_digest(functools.partial(_keep_small, 3)) == code_digest(
+        functools.partial(_keep_small, 3))
+    assert code_digest(functools.partial(_keep_small, 3)) != code_digest(
+        functools.partial(_keep_large, 3))
+    assert code_digest(functools.partial(_keep_small, 3)) != code_digest(
+        functools.partial(_keep_small, 4))
+
+
+def test_objects_that_hold_each_other_or_cannot_be_printed_are_digested():
+    a, b = _Node(1), _Node(2)
+    a.other, b.other = b, a  # a cycle of attributes: a RecursionError before
+    unprintable = _Unprintable()
+
+    def reads(r):
+        return (r, a, unprintable)
+
+    before = code_digest(reads)
+    assert code_digest(reads) == before
+    a.value = 5  # what the object holds counts
+    assert code_digest(reads) != before
+
+
+def test_deep_sees_a_constant_of_the_users_module_and_not_into_installed_code(tmp_path,
+                                                                              monkeypatch):
+    (tmp_path / "settings_mod.py").write_text("LIMIT = 5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import settings_mod
+
+    try:
+        def over(r):
+            return r > settings_mod.LIMIT
+
+        before = code_digest(over, deep=True)
+        settings_mod.LIMIT = 7
+        assert code_digest(over, deep=True) != before
+        assert code_digest(over) == code_digest(over)  # (not deep: the code alone)
+    finally:
+        sys.modules.pop("settings_mod", None)
