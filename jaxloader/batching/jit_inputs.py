@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.errors import RecordError
+from jaxloader.sources.code_digest import filled
 
 
 def check_columns(columns: list, t: Any, where: Callable[[], str]) -> None:
@@ -58,7 +59,7 @@ def placed_elsewhere(fn: Any, device: Any) -> str:
         return ""
     try:
         named = dict(zip(code.co_freevars, getattr(fn, "__closure__", None) or ()))
-        values = {name: cell.cell_contents for name, cell in named.items() if _filled(cell)}
+        values = {name: cell.cell_contents for name, cell in named.items() if filled(cell)}
         space = getattr(fn, "__globals__", {})
         values.update({name: space[name] for name in code.co_names if name in space})
         for name, value in list(values.items()):  # (one level into containers: params)
@@ -77,10 +78,3 @@ def placed_elsewhere(fn: Any, device: Any) -> str:
             f"{', '.join(elsewhere)}: close over a NumPy array instead (np.asarray(...)), "
             "which it takes on its device")
 
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # (an empty cell)
-        return False
-    return True

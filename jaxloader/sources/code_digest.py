@@ -79,7 +79,7 @@ class _Digests:
         if code is not None:
             _update_code(digest, code)
         closure = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
-                   if _filled(cell)]
+                   if filled(cell)]
         for value in closure:
             if id(value) not in within:
                 digest.update(self._value(value, within).encode())
@@ -99,7 +99,8 @@ class _Digests:
         return self.of(value, within)
 
 
-def _filled(cell: Any) -> bool:
+def filled(cell: Any) -> bool:
+    """Whether a closure cell holds a value (an empty one raises when read)."""
     try:
         cell.cell_contents
     except ValueError:  # (an empty cell)
