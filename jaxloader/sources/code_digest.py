@@ -150,11 +150,14 @@ _INSTALLED = _installed()
 
 
 def _users(module: Any) -> bool:
-    """Whether ``module`` is the user's own code (a file not under Python's library or a
-    site-packages or dist-packages folder)."""
+    """Whether ``module`` is the user's own code: a file not under Python's library or a
+    site-packages or dist-packages folder, or a notebook's ``__main__`` (no file), or code
+    whose module is not known (built by ``exec``)."""
+    if module is None:
+        return True
     path = getattr(module, "__file__", None)
     if not isinstance(path, str):
-        return False
+        return getattr(module, "__name__", None) == "__main__"
     path = os.path.abspath(path)
     parts = path.split(os.sep)
     return not path.startswith(_INSTALLED) and "site-packages" not in parts and (

@@ -66,3 +66,20 @@ def test_deep_sees_a_constant_of_the_users_module_and_not_into_installed_code(tm
         assert code_digest(over) == code_digest(over)  # (not deep: the code alone)
     finally:
         sys.modules.pop("settings_mod", None)
+
+
+def test_deep_sees_a_helper_of_a_notebooks_main_which_has_no_file():
+    # a notebook's (or python -c's) __main__ has no __file__: its helpers were taken for an
+    # installed library's and digested by name, so a changed helper kept a file stale
+    import subprocess
+
+    script = (
+        "from jaxloader.sources.code_digest import code_digest\n"
+        "def helper(r):\n    return r > 5\n"
+        "def keep(r):\n    return helper(r)\n"
+        "first = code_digest(keep, deep=True)\n"
+        "def helper(r):\n    return r > 7\n"
+        "print(first != code_digest(keep, deep=True))\n")
+    said = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout
+    assert said.strip() == "True"
