@@ -51,7 +51,8 @@ def kept_or_found(given: Any, find: Callable[[], Any],
             changed = [] if source is None or kept_from is None else [
                 what for what, digest in source.items() if kept_from.get(what) != digest]
             why = f"was found from another {' and another '.join(changed)} than this run's"
-            if kept_from and not changed and kept_from.get("array") != _array_digest(given):
+            if source is not None and kept_from and not changed and kept_from.get(
+                    "array") != _array_digest(given):  # (no source: the file as it is)
                 changed, why = ["array"], f"is not the array {path + FROM} was written with"
             if changed:
                 given = None
