@@ -25,7 +25,7 @@ from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo
-from jaxloader.plans.mixture import (Regime, block_size, check_weights_before,
+from jaxloader.plans.mixture import (block_size, check_weights_before,
                                       plan_regimes, regime_counts)
 from jaxloader.sources.mixture import Mixture
 
@@ -74,19 +74,18 @@ class MixtureSampler:
         self._offsets = mixture.offsets[:-1]
         m = len(self._lengths)
         self._block = block_size(self.global_batch_size, m)
-        self._regimes = self._plan(mixture.schedule)
-        late_changes(mixture.schedule, self.global_batch_size, self._block, m)
+        # each change from the first block at or after its step's first position
+        firsts = {step: -(-step * self.global_batch_size // self._block)
+                  for step in mixture.schedule}
+        self._regimes = plan_regimes([(firsts[step], weights) for step, weights
+                                      in sorted(mixture.schedule.items())], self._block)
+        late_changes(firsts, self.global_batch_size, self._block, m)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
         # a class of steps holds ~_SPAN positions of them
         self._span_steps = max(1, _SPAN * memo_stride // self.global_batch_size)
         self._rows = np.arange(process_index * batch_size, (process_index + 1) * batch_size)
-
-    def _plan(self, schedule: dict[int, np.ndarray]) -> list[Regime]:
-        """Each change from the first block at or after its step's first position."""
-        return plan_regimes([(-(-step * self.global_batch_size // self._block), weights)
-                             for step, weights in sorted(schedule.items())], self._block)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
         return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {}}
@@ -248,13 +247,12 @@ class MixtureSampler:
         check_weights_before(self.schedule, saved, step)
 
 
-def late_changes(schedule: dict[int, Any], global_batch: int, block: int, m: int) -> None:
-    """Warns of each weight change that starts after its step: positions are laid out in blocks
-    of ``block``, and a change starts at the first block at or after its step's first position."""
-    firsts = {step: -(-step * global_batch // block) * block for step in schedule}
-    for step in sorted(schedule):
-        first = firsts[step]  # the change's first position
-        later = [s for s in schedule if s > step and firsts[s] == first]
+def late_changes(firsts: dict[int, int], global_batch: int, block: int, m: int) -> None:
+    """Warns of each weight change that starts after its step: ``firsts``, each change's step
+    and the first block it is in force from (the plan's, laid out in blocks of ``block``)."""
+    for step in sorted(firsts):
+        first = firsts[step] * block  # the change's first position
+        later = [s for s in firsts if s > step and firsts[s] == firsts[step]]
         if later:  # (plans.mixture.plan_regimes: two changes in one block, the later wins)
             warnings.warn(
                 f"mix(from_step={{{step}: ...}}): these weights are never used: the change at "
