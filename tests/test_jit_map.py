@@ -169,6 +169,32 @@ def test_a_batch_run_in_chunks_of_rows_is_the_batch_run_at_once():
         jl.JitMap(augment, chunk_bytes=0)
 
 
+def test_each_chunk_is_written_over_the_chunk_befores_output_never_over_a_batch_held():
+    # The chunk before's output is donated to XLA, which writes the next chunk over it (memory
+    # still in the caches, no fresh allocation): one address for every chunk of every batch
+    t = jl.JitMap(lambda r: {"y": r["x"] * 2.0}, chunk_bytes=64)  # 32 bytes a row: 2 rows
+    addresses = []
+    call = t._call
+
+    def spy(compiled, args, where):
+        out = call(compiled, args, where)
+        addresses.extend(leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(out)
+                         if isinstance(leaf, jax.Array))  # (not the shapes it traces first)
+        return out
+    t._call = spy
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    for step in range(2):
+        out = t({"x": x + step}, seed=0, epoch=0, positions=np.arange(6))
+        assert np.array_equal(out["y"], (x + step) * 2)
+    assert len(addresses) == 6 and len(set(addresses)) == 1
+    # one chunk: XLA's own arrays are the batch, and a batch the caller still holds is not
+    # written over (JAX gives a donated buffer with a view alive a fresh one instead)
+    whole = jl.JitMap(lambda r: {"y": r["x"] * 2.0})
+    held = whole({"x": x}, seed=0, epoch=0, positions=np.arange(6))
+    again = whole({"x": x + 1}, seed=0, epoch=0, positions=np.arange(6))
+    assert np.array_equal(held["y"], x * 2) and np.array_equal(again["y"], (x + 1) * 2)
+
+
 def _doubled(record):  # a new dict: the pad mask it was given left out
     return {"y": record["img"] * 2}
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.errors import RecordError
+from jaxloader.batching import collate
 from jaxloader.sources.code_digest import filled
 
 
@@ -32,12 +33,20 @@ def check_columns(columns: list, t: Any, where: Callable[[], str]) -> None:
                 "into numbers in a Map before the JitMap, or drop it there")
 
 
+def checked_32_bits(column: Any, size: int, t: Any, where: Callable[[], str]) -> Any:
+    """``column`` (64-bit integers) gathered into one array, its values checked to fit 32 bits
+    (``check_32_bits``)."""
+    values = collate.stack_rows(column, 0, size, np.empty(column.shape, column.dtype))
+    check_32_bits(column, values, t, where)
+    return column._replace(values=values)
+
+
 def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], str]) -> None:
     """Refuses 64-bit integers that 32 bits cannot hold (JAX without x64 would wrap them)."""
     if not values.size:
         return
     low, high = int(values.min()), int(values.max())
-    kind = np.iinfo(np.uint32 if column.dtype.kind == "u" else np.int32)
+    kind = _UINT32 if column.dtype.kind == "u" else _INT32
     if low < kind.min or high > kind.max:
         raise RecordError(
             f"{where()}: {t} gets batch{column.path} of dtype {column.dtype} with values "
@@ -45,6 +54,9 @@ def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], s
             f"{kind.dtype} and would wrap them; drop it, or make it fit, in a Map before the "
             "JitMap, or set jax.config.update('jax_enable_x64', True) in worker_init_fn and "
             "before the loader")
+
+
+_INT32, _UINT32 = np.iinfo(np.int32), np.iinfo(np.uint32)
 
 
 def placed_elsewhere(fn: Any, device: Any) -> str:

@@ -6,16 +6,20 @@ training process with ``num_workers=0``).
 
     records ──Map, RandomMap (NumPy, a record at a time)──> columns
             ──JitMap, a chunk of rows at a time: gathered into aligned buffers (reused)
-              ──jit(vmap(fn))(chunk[, keys]) on the CPU device──> written into the slot
+              ──jit(vmap(fn))(chunk[, keys]) on the CPU device, written by XLA over the
+                chunk before's output (donated)──> copied into the slot
     keys: a jax.random key a record, from (seed, epoch, position, transform index): never from
           the worker, so a batch is the same with any worker count and after a restore
 
 XLA fuses the function's operations into a pass or two over memory, where a NumPy transform
 pays Python a record and a memory pass an operation. It runs on chunks of rows whose input and
 output fit the caches (``chunk_bytes``): a whole batch at once would go through memory three
-times (gathered, run, copied into the slot), and through a fresh output each time. In a
-worker, freed memory stays for the next chunk's output (glibc's ``mallopt``: given back, XLA's
-next output is faulted in page by page). Compiled once a chunk shape (JAX's own
+times (gathered, run, copied into the slot), and through a fresh output each time. Each chunk's
+output is written over the chunk before's (donated to XLA: memory still in the caches, none
+allocated), so the copy into the slot reads from the caches; XLA cannot write into the slot
+itself (it takes over only memory it allocated). In a worker, freed memory stays for the next
+allocation (glibc's ``mallopt``: given back, XLA's next output is faulted in page by page).
+Compiled once a chunk shape (JAX's own
 cache; a last chunk of fewer rows runs at the chunk's shape). JAX is imported only where a
 ``JitMap`` runs, and its computation stays on the CPU: a worker's JAX is CPU-only
 (``workers/process.py``); in the training process the function is compiled for the CPU device.
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import inspect
 import linecache
-import os
 import threading
 import traceback
 from time import perf_counter
@@ -46,6 +49,7 @@ from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
+from jaxloader.batching.jit_cpu import aligned, cpu_device
 from jaxloader.batching.record_columns import batch_columns
 
 # The errors of a function that does not trace: Python control flow on a traced value, a NumPy
@@ -53,8 +57,7 @@ from jaxloader.batching.record_columns import batch_columns
 _NOT_TRACING = ("ConcretizationTypeError", "TracerBoolConversionError",
                 "TracerArrayConversionError", "TracerIntegerConversionError",
                 "NonConcreteBooleanIndexError")
-CHUNK_BYTES = 16 << 20  # a chunk's input and output together: what stays in the caches
-THREADS_ENV = "JAXLOADER_XLA_THREADS"  # cores a worker's XLA CPU backend is sized for
+CHUNK_BYTES = 4 << 20  # a chunk's input and output together: what stays in the caches
 _KEY_SALT = 0x9E3779B97F4A7C15  # a JitMap's keys differ from each other's and a RandomMap's
 
 
@@ -67,7 +70,7 @@ class JitMap:
     (decoding, Python logic) before it; ``BatchMap``s may follow. ``random``: whether ``fn``
     takes the key (by default: whether it takes two positional arguments). ``chunk_bytes``:
     the batch runs a chunk of rows at a time, as many (a power of two) as have this much input
-    and output together (16 MiB: they stay in the caches; the same chunks in every process).
+    and output together (4 MiB: they stay in the caches; the same chunks in every process).
     Dtypes are JAX's: without ``jax_enable_x64``, 64-bit inputs are taken as 32-bit (return
     them from a ``Map`` before, or cast back in a ``BatchMap`` after, where 64 bits matter);
     64-bit integers that 32 bits cannot hold are refused, naming the leaf, not wrapped.
@@ -96,6 +99,7 @@ class JitMap:
         self.random = takes_key(fn) if random is None else bool(random)
         self.chunk_bytes = chunk_bytes
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
+        self._vmapped: Any = None
         self._local = threading.local()  # a thread's chunk sizes and input buffers
         code = getattr(fn, "__code__", None)  # its file, named in errors (a pickled
         self._file = None if code is None else code.co_filename  # function's may be lost)
@@ -110,7 +114,7 @@ class JitMap:
     def __setstate__(self, state: dict) -> None:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
         self.chunk_bytes = state["chunk_bytes"]
-        self._compiled = None
+        self._compiled = self._vmapped = None
         self._local = threading.local()
 
     def __call__(self, batch: Any, *, seed: int, epoch: int, positions: np.ndarray,
@@ -140,14 +144,17 @@ class JitMap:
             raise RecordError(f"{where()}: {self!r} got a batch of no rows; a batch has one "
                               "record or more")
         compiled = self._jitted()
-        rows = self._chunk_rows(treedef, columns, where, compiled, size)
+        rows, row_out = self._chunk_rows(treedef, columns, where, size)
         inputs = self._inputs(columns, rows)
+        last = self._last_output(row_out, rows)
         record = tree_lib.unflatten(treedef, inputs)
         keys = record_keys(seed, epoch, positions, index) if self.random else None
-        # JAX without x64 takes a 64-bit integer as 32 bits: a value out of their range wraps
-        wide = [(column, buffer) for column, buffer in zip(columns, inputs)
-                if column.dtype.kind in "iu" and column.dtype.itemsize == 8
-                and np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)).itemsize == 4]
+        # JAX without x64 takes a 64-bit integer as 32 bits: a value out of their range wraps.
+        # Such a column is gathered and checked once a batch (not a chunk: a check's fixed cost)
+        columns = [jit_inputs.checked_32_bits(column, size, self, where)
+                   if column.dtype.kind in "iu" and column.dtype.itemsize == 8
+                   and np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)).itemsize == 4
+                   else column for column in columns]
         views: list | None = None
         out_treedef: Any = None
         layout = None
@@ -157,17 +164,20 @@ class JitMap:
             start = perf_counter()
             for column, buffer in zip(columns, inputs):
                 collate.stack_rows(column, a, b, buffer[:b - a])
-            for column, buffer in wide:
-                jit_inputs.check_32_bits(column, buffer[:b - a], self, where)
-            args = (record,) if keys is None else (record, np.resize(keys[a:b], (rows, 2)))
+            args = (record,) if keys is None else (
+                record, keys[a:b] if b - a == rows else np.resize(keys[a:b], (rows, 2)))
             outside += perf_counter() - start
-            out = self._call(compiled, args, where)
+            # the chunk before's output is donated: XLA writes this chunk's over it, in memory
+            # still in the caches (refused, XLA allocating afresh, while a view of it lives)
+            last = self._call(compiled, (last, *args), where)
             start = perf_counter()
             if views is None:  # the first chunk: the output's structure, checked
-                out_treedef, out_columns = batch_columns(jax.tree.map(np.asarray, out), rows)
+                out_treedef, out_columns = batch_columns(jax.tree.map(np.asarray, last), rows)
+                order = _leaf_order(last)
                 leaves = [c.values for c in out_columns]
                 if rows == size and alloc is None:  # one chunk: XLA's arrays are the batch
                     views = [leaf.copy() if _aliases(leaf, inputs) else leaf for leaf in leaves]
+                    self._local.last = (row_out, rows, last)
                     return tree_lib.unflatten(out_treedef, views), None, outside
                 full = [c._replace(shape=(size, *c.shape[1:])) for c in out_columns]
                 if alloc is None:
@@ -175,16 +185,22 @@ class JitMap:
                 else:
                     layout = collate.layout_of(out_treedef, full)
                     views = layout.leaf_views(alloc(layout.nbytes))
+                del out_columns, full
             else:
-                leaves = tree_lib.flatten(jax.tree.map(np.asarray, out))[0]
-            for view, leaf in zip(views, leaves):
-                view[a:b] = leaf[:b - a]
+                found = jax.tree.leaves(last)
+                leaves = ([np.asarray(leaf) for leaf in tree_lib.flatten(last)[0]]
+                          if order is None else [np.asarray(found[i]) for i in order])
+                del found
+            _write_rows(views, leaves, a, b)
+            del leaves  # no view of the output left (a view alive, XLA would not write over it)
             outside += perf_counter() - start
         assert views is not None
+        self._local.last = (row_out, rows, last)
         return tree_lib.unflatten(out_treedef, views), layout, outside
 
     def _jitted(self) -> Any:
-        """``jit(vmap(fn))`` on the CPU device, made once in the process that runs it."""
+        """``jit(vmap(fn))`` on the CPU device, made once in the process that runs it; its
+        first argument, the chunk before's output, donated (XLA writes over it)."""
         import jax
 
         if self._compiled is None:
@@ -198,30 +214,48 @@ class JitMap:
                 except Exception as e:  # the user's line, before JAX filters the traceback
                     setattr(e, "jaxloader_line", _user_line(e, fn, file))
                     raise
+            vmapped = jax.vmap(traced)
             on_cpu = jax.sharding.SingleDeviceSharding(cpu_device())  # (NumPy inputs go there)
-            self._compiled = jax.jit(jax.vmap(traced), in_shardings=on_cpu,
+            self._vmapped = vmapped
+            self._compiled = jax.jit(lambda last, *args: vmapped(*args), donate_argnums=0,
+                                     keep_unused=True, in_shardings=on_cpu,
                                      out_shardings=on_cpu)
         return self._compiled
 
     def _chunk_rows(self, treedef: tree_lib.TreeDef, columns: list, where: Callable[[], str],
-                    compiled: Any, size: int) -> int:
+                    size: int) -> tuple[int, Any]:
         """Rows a chunk: the largest power of two whose input and output fit ``chunk_bytes``
         (found once a record signature, the output's size traced from one row), at most
-        ``size``: a function of the shapes only, so the same in every process."""
+        ``size``: a function of the shapes only, so the same in every process. Also the
+        output's structure for one row (``jax.ShapeDtypeStruct`` leaves)."""
         import jax
 
         signature = (treedef, tuple((c.shape[1:], c.dtype) for c in columns))
-        rule = self._local.__dict__.setdefault("rows", {}).get(signature)
-        if rule is None:
+        found = self._local.__dict__.setdefault("rows", {}).get(signature)
+        if found is None:
             one = tree_lib.unflatten(treedef, [np.zeros((1, *c.shape[1:]), c.dtype)
                                                for c in columns])
             args = (one,) if not self.random else (one, np.zeros((1, 2), np.uint32))
-            out = self._call(lambda *a: jax.eval_shape(compiled, *a), args, where)
+            out = self._call(lambda *a: jax.eval_shape(self._vmapped, *a), args, where)
             per_row = sum(_row_bytes(x.shape, x.dtype) for x in jax.tree.leaves(out))
             per_row += sum(_row_bytes(c.shape, c.dtype) for c in columns)
-            rule = 1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1)
-            self._local.rows[signature] = rule
-        return max(1, min(rule, size))
+            found = (1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1), out)
+            self._local.rows[signature] = found
+        return max(1, min(found[0], size)), found[1]
+
+    def _last_output(self, row_out: Any, rows: int) -> Any:
+        """The output of this thread's chunk before, taken (an error leaves none: a donated
+        buffer may be gone), to be written over by the next chunk; zeros where it had another
+        shape, or there is none."""
+        import jax
+        import jax.numpy as jnp
+
+        kept = self._local.__dict__.pop("last", None)
+        if kept is not None and kept[0] is row_out and kept[1] == rows:
+            return kept[2]
+        device = cpu_device()
+        return jax.tree.map(lambda x: jnp.zeros((rows, *x.shape[1:]), x.dtype, device=device),
+                            row_out)
 
     def _inputs(self, columns: list, rows: int) -> list[np.ndarray]:
         """This thread's input buffers for a chunk of ``rows``: made once a signature, at
@@ -252,67 +286,6 @@ class JitMap:
             raise RecordError(f"{where()}: {self!r} raised {type(e).__name__}: {first}"
                               f"{line}{jit_inputs.placed_elsewhere(self.fn, cpu_device())}; "
                               "the original error is the cause below") from e
-
-
-def cpu_device() -> Any:
-    """JAX's first CPU device. In a worker (``JAXLOADER_XLA_THREADS`` in its environment: 1
-    by default, ``workers/process.py``), XLA's CPU backend is started while this process may
-    run on that many cores only: XLA sizes its thread pools from the cores it may use, and
-    flags do not bound them. Every thread may use all the cores again afterwards."""
-    import jax
-
-    if _CPU:
-        return _CPU[0]
-    threads = os.environ.get(THREADS_ENV)
-    if not threads or not hasattr(os, "sched_setaffinity"):
-        _CPU.append(jax.devices("cpu")[0])
-        return _CPU[0]
-    _keep_freed_memory()
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, sorted(allowed)[:max(1, int(threads))])
-    try:
-        _CPU.append(jax.devices("cpu")[0])
-        return _CPU[0]
-    finally:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), allowed)
-            except OSError:  # a thread that ended meanwhile
-                pass
-
-
-_CPU: list = []  # cpu_device()'s, once found
-
-
-def _keep_freed_memory() -> None:
-    """In a worker (glibc): memory freed stays in the process for the next allocation. XLA
-    allocates its outputs afresh each call; glibc, left alone, gives such blocks back to the
-    system (``mmap``, heap trimming) and the next call faults them in again, page by page,
-    which cost a JitMap's chunks more than XLA's work. Elsewhere (musl, macOS): nothing."""
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # blocks up to 32 MiB from the heap (glibc's most)
-    mallopt(_M_TRIM_THRESHOLD, 256 << 20)  # and up to 256 MiB free kept at its top
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-
-
-def aligned(nbytes: int) -> np.ndarray:
-    """``nbytes`` of fresh memory at a 64-byte aligned address, where XLA on the CPU takes
-    a NumPy input without copying it (at NumPy's 16 bytes it copies).
-
-    Example:
-        >>> aligned(100).ctypes.data % 64, len(aligned(100))
-        (0, 100)
-    """
-    raw = np.empty(nbytes + 64, np.uint8)
-    start = -raw.ctypes.data % 64
-    return raw[start:start + nbytes]
 
 
 def takes_key(fn: Callable[..., Any]) -> bool:
@@ -357,6 +330,30 @@ def _mix(z: np.ndarray) -> np.ndarray:
 def _row_bytes(shape: tuple, dtype: Any) -> int:
     """Bytes of one row of a leaf of ``shape`` (rows first)."""
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _write_rows(views: list, leaves: list, a: int, b: int) -> None:
+    """Rows ``a`` to ``b`` of ``views`` from ``leaves`` (a function: no name is left holding a
+    leaf after it)."""
+    for view, leaf in zip(views, leaves):
+        view[a:b] = leaf[:b - a]
+
+
+def _leaf_order(out: Any) -> list[int] | None:
+    """Where each of ``out``'s leaves in this package's order (its tree's) is in JAX's
+    (``jax.tree.leaves``, the faster to ask a chunk), or ``None`` where they differ in number.
+    A dict's keys are in their order here, sorted in JAX's.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> _leaf_order({"b": jnp.zeros(1), "a": (jnp.ones(1), jnp.zeros(2))})
+        [2, 0, 1]
+    """
+    import jax
+
+    where = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(out))}
+    order = [where.get(id(leaf)) for leaf in tree_lib.flatten(out)[0]]
+    return None if None in order or len(order) != len(where) else order  # type: ignore[return-value]
 
 
 def _aliases(leaf: np.ndarray, inputs: list) -> bool:

@@ -66,7 +66,7 @@ WORKER_ENVIRONMENT = {"JAX_PLATFORMS": "cpu"}
 _DROPPED = ("JAX_PLATFORM_NAME",)
 # One thread a math library in a worker, unless the environment says otherwise (module docstring)
 THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                   "JAXLOADER_XLA_THREADS": "1"}  # (a JitMap's XLA: batching/jit_map.py)
+                   "JAXLOADER_XLA_THREADS": "1"}  # (a JitMap's XLA: batching/jit_cpu.py)
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
     "from jaxloader.workers.worker import main; main({fd}, {parent})"

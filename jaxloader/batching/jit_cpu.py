@@ -1,0 +1,78 @@
+"""Where a ``JitMap`` runs: XLA's CPU device, sized in a worker to the worker's share of the
+cores; freed memory kept for the next chunk's output; input buffers at the addresses XLA
+reads in place.
+
+Example:
+    >>> aligned(100).ctypes.data % 64
+    0
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+THREADS_ENV = "JAXLOADER_XLA_THREADS"  # cores a worker's XLA CPU backend is sized for
+
+
+def cpu_device() -> Any:
+    """JAX's first CPU device. In a worker (``JAXLOADER_XLA_THREADS`` in its environment: 1
+    by default, ``workers/process.py``), XLA's CPU backend is started while this process may
+    run on that many cores only: XLA sizes its thread pools from the cores it may use, and
+    flags do not bound them. Every thread may use all the cores again afterwards."""
+    import jax
+
+    if _CPU:
+        return _CPU[0]
+    threads = os.environ.get(THREADS_ENV)
+    if not threads or not hasattr(os, "sched_setaffinity"):
+        _CPU.append(jax.devices("cpu")[0])
+        return _CPU[0]
+    _keep_freed_memory()
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(allowed)[:max(1, int(threads))])
+    try:
+        _CPU.append(jax.devices("cpu")[0])
+        return _CPU[0]
+    finally:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), allowed)
+            except OSError:  # a thread that ended meanwhile
+                pass
+
+
+_CPU: list = []  # cpu_device()'s, once found
+
+
+def _keep_freed_memory() -> None:
+    """In a worker (glibc): memory freed stays in the process for the next allocation. XLA
+    allocates its outputs afresh each call; glibc, left alone, gives such blocks back to the
+    system (``mmap``, heap trimming) and the next call faults them in again, page by page,
+    which cost a JitMap's chunks more than XLA's work. Elsewhere (musl, macOS): nothing."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # blocks up to 32 MiB from the heap (glibc's most)
+    mallopt(_M_TRIM_THRESHOLD, 256 << 20)  # and up to 256 MiB free kept at its top
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
+def aligned(nbytes: int) -> np.ndarray:
+    """``nbytes`` of fresh memory at a 64-byte aligned address, where XLA on the CPU takes
+    a NumPy input without copying it (at NumPy's 16 bytes it copies).
+
+    Example:
+        >>> aligned(100).ctypes.data % 64, len(aligned(100))
+        (0, 100)
+    """
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + nbytes]
