@@ -1,5 +1,5 @@
-"""What a ``JitMap`` can take: the checks of a batch's leaves before XLA runs on them, each
-refusal naming the leaf, what it holds, what JAX takes, and the remedy.
+"""What a ``JitMap`` takes: the checks of a batch's leaves before XLA runs on them, each
+refusal naming the leaf, what it holds, what JAX takes, and the remedy; and its records' keys.
 
 Example:
     >>> import numpy as np
@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base.checks import MASK64, POSITION_BITS
 from jaxloader.base.errors import RecordError
 from jaxloader.batching import collate
 from jaxloader.sources.code_digest import filled
@@ -57,6 +58,7 @@ def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], s
 
 
 _INT32, _UINT32 = np.iinfo(np.int32), np.iinfo(np.uint32)
+_KEY_SALT = 0x9E3779B97F4A7C15  # a JitMap's keys differ from each other's and a RandomMap's
 
 
 def placed_elsewhere(fn: Any, device: Any) -> str:
@@ -90,3 +92,26 @@ def placed_elsewhere(fn: Any, device: Any) -> str:
             f"{', '.join(elsewhere)}: close over a NumPy array instead (np.asarray(...)), "
             "which it takes on its device")
 
+
+def record_keys(seed: int, epoch: int, positions: np.ndarray, index: int) -> np.ndarray:
+    """Raw ``threefry2x32`` key data, ``uint32[n, 2]``: a SplitMix64 hash of ``(seed, index)``
+    and each record's ``epoch << POSITION_BITS | position`` (RandomMap's words).
+
+    Example:
+        >>> k = record_keys(0, 0, np.arange(3), 0)
+        >>> k.shape, k.dtype, len({tuple(r) for r in k.tolist()})
+        ((3, 2), dtype('uint32'), 3)
+    """
+    with np.errstate(over="ignore"):
+        base = _mix(np.array([(seed ^ (_KEY_SALT * (index + 1))) & MASK64], np.uint64))
+        words = np.asarray(positions, np.uint64) | np.uint64((epoch << POSITION_BITS) & MASK64)
+        h = _mix(_mix(words ^ base))
+    return np.stack([h >> np.uint64(32), h & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser over an array (wrapping ``uint64`` arithmetic)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))

@@ -44,11 +44,11 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import MASK64, POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
+from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import aligned, cpu_device
 from jaxloader.batching.record_columns import batch_columns
 
@@ -58,7 +58,6 @@ _NOT_TRACING = ("ConcretizationTypeError", "TracerBoolConversionError",
                 "TracerArrayConversionError", "TracerIntegerConversionError",
                 "NonConcreteBooleanIndexError")
 CHUNK_BYTES = 4 << 20  # a chunk's input and output together: what stays in the caches
-_KEY_SALT = 0x9E3779B97F4A7C15  # a JitMap's keys differ from each other's and a RandomMap's
 
 
 class JitMap:
@@ -171,26 +170,20 @@ class JitMap:
             # still in the caches (refused, XLA allocating afresh, while a view of it lives)
             last = self._call(compiled, (last, *args), where)
             start = perf_counter()
-            if views is None:  # the first chunk: the output's structure, checked
-                out_treedef, out_columns = batch_columns(jax.tree.map(np.asarray, last), rows)
-                order = _leaf_order(last)
-                leaves = [c.values for c in out_columns]
+            if views is None:  # the first chunk: the batch's structure (checked once)
+                out_treedef, full, order, batch_layout = self._output_layout(last, row_out,
+                                                                             rows, size)
+            leaves = _host_leaves(last, order)
+            if views is None:
                 if rows == size and alloc is None:  # one chunk: XLA's arrays are the batch
                     views = [leaf.copy() if _aliases(leaf, inputs) else leaf for leaf in leaves]
                     self._local.last = (row_out, rows, last)
                     return tree_lib.unflatten(out_treedef, views), None, outside
-                full = [c._replace(shape=(size, *c.shape[1:])) for c in out_columns]
                 if alloc is None:
                     views = [np.empty(c.shape, c.dtype) for c in full]
                 else:
-                    layout = collate.layout_of(out_treedef, full)
+                    layout = batch_layout
                     views = layout.leaf_views(alloc(layout.nbytes))
-                del out_columns, full
-            else:
-                found = jax.tree.leaves(last)
-                leaves = ([np.asarray(leaf) for leaf in tree_lib.flatten(last)[0]]
-                          if order is None else [np.asarray(found[i]) for i in order])
-                del found
             _write_rows(views, leaves, a, b)
             del leaves  # no view of the output left (a view alive, XLA would not write over it)
             outside += perf_counter() - start
@@ -242,6 +235,23 @@ class JitMap:
             found = (1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1), out)
             self._local.rows[signature] = found
         return max(1, min(found[0], size)), found[1]
+
+    def _output_layout(self, out: Any, row_out: Any, rows: int,
+                       size: int) -> tuple[Any, list, list[int] | None, Layout]:
+        """The structure of a batch of ``size`` rows from chunks of ``rows`` like ``out`` (XLA's
+        output): its treedef, its columns (no values), where its leaves are in JAX's order,
+        and its layout in a slot. Checked (``batch_columns``) once a shape, in this thread:
+        the compiled function's output is the same for every batch of it."""
+        import jax
+
+        kept = self._local.__dict__.get("layout")
+        if kept is None or kept[0] is not row_out or kept[1:3] != (rows, size):
+            treedef, columns = batch_columns(jax.tree.map(np.asarray, out), rows)
+            full = [c._replace(shape=(size, *c.shape[1:]), values=None) for c in columns]
+            kept = (row_out, rows, size, treedef, full, _leaf_order(out),
+                    collate.layout_of(treedef, full))
+            self._local.layout = kept
+        return kept[3:]
 
     def _last_output(self, row_out: Any, rows: int) -> Any:
         """The output of this thread's chunk before, taken (an error leaves none: a donated
@@ -303,33 +313,19 @@ def takes_key(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-def record_keys(seed: int, epoch: int, positions: np.ndarray, index: int) -> np.ndarray:
-    """Raw ``threefry2x32`` key data, ``uint32[n, 2]``: a SplitMix64 hash of ``(seed, index)``
-    and each record's ``epoch << POSITION_BITS | position`` (RandomMap's words).
-
-    Example:
-        >>> k = record_keys(0, 0, np.arange(3), 0)
-        >>> k.shape, k.dtype, len({tuple(r) for r in k.tolist()})
-        ((3, 2), dtype('uint32'), 3)
-    """
-    with np.errstate(over="ignore"):
-        base = _mix(np.array([(seed ^ (_KEY_SALT * (index + 1))) & MASK64], np.uint64))
-        words = np.asarray(positions, np.uint64) | np.uint64((epoch << POSITION_BITS) & MASK64)
-        h = _mix(_mix(words ^ base))
-    return np.stack([h >> np.uint64(32), h & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser over an array (wrapping ``uint64`` arithmetic)."""
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 def _row_bytes(shape: tuple, dtype: Any) -> int:
     """Bytes of one row of a leaf of ``shape`` (rows first)."""
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _host_leaves(out: Any, order: list[int] | None) -> list[np.ndarray]:
+    """``out``'s leaves as NumPy views, in this package's order (``order``: ``_leaf_order``'s)."""
+    import jax
+
+    if order is None:
+        return [np.asarray(leaf) for leaf in tree_lib.flatten(out)[0]]
+    found = jax.tree.leaves(out)
+    return [np.asarray(found[i]) for i in order]
 
 
 def _write_rows(views: list, leaves: list, a: int, b: int) -> None:
