@@ -49,9 +49,10 @@ _CPU: list = []  # cpu_device()'s, once found
 
 def _keep_freed_memory() -> None:
     """In a worker (glibc): memory freed stays in the process for the next allocation. XLA
-    allocates its outputs afresh each call; glibc, left alone, gives such blocks back to the
-    system (``mmap``, heap trimming) and the next call faults them in again, page by page,
-    which cost a JitMap's chunks more than XLA's work. Elsewhere (musl, macOS): nothing."""
+    allocates buffers in its calls (a batch's first output, a shape's first chunk, its own
+    temporaries); glibc, left alone, gives large blocks back to the system (``mmap``, heap
+    trimming) and the next allocation faults them in again, page by page, which cost a
+    JitMap's chunks more than XLA's work. Elsewhere (musl, macOS): nothing."""
     try:
         import ctypes
 

@@ -99,7 +99,8 @@ class JitMap:
         self.chunk_bytes = chunk_bytes
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
         self._vmapped: Any = None
-        self._local = threading.local()  # a thread's chunk sizes and input buffers
+        self._local = threading.local()  # a thread's chunk sizes, input buffers, last
+        # output (written over by the next chunk) and batch layout
         code = getattr(fn, "__code__", None)  # its file, named in errors (a pickled
         self._file = None if code is None else code.co_filename  # function's may be lost)
 
