@@ -350,7 +350,9 @@ def _leaf_order(out: Any) -> list[int] | None:
 
     where = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(out))}
     order = [where.get(id(leaf)) for leaf in tree_lib.flatten(out)[0]]
-    return None if None in order or len(order) != len(where) else order  # type: ignore[return-value]
+    if None in order or len(order) != len(where):
+        return None
+    return [i for i in order if i is not None]  # (all of them: for the type checker)
 
 
 def _aliases(leaf: np.ndarray, inputs: list) -> bool:
