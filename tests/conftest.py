@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import sys
 import threading
 import time
 
@@ -49,6 +50,51 @@ def _segments() -> set[str]:
 
 with open(os.path.join(os.path.dirname(__file__), "slow_tests.txt")) as _listed:
     _SLOW = {line.strip() for line in _listed if line.strip() and not line.startswith("#")}
+
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_configure(config):
+    """Compiles the package's and the tests' bytecode once, before any test (in the controller
+    of ``-n 2``). Each worker process is a fresh interpreter that imports the package, and
+    where ``PYTHONDONTWRITEBYTECODE`` is set (this machine, many containers) and the install
+    is editable, nothing else writes it: every worker start compiled the whole package again
+    (~0.2 s, two fifths of a worker's start). Python checks each file's time against its
+    source, so an edited module is compiled anew; the files go to ``__pycache__``
+    (``.gitignore``)."""
+    if hasattr(config, "workerinput"):  # (an xdist process: its controller did it)
+        return
+    import compileall
+    import importlib.util
+
+    spec = importlib.util.find_spec("jaxloader")
+    for folder in [*(spec.submodule_search_locations or []), _TESTS] if spec else [_TESTS]:
+        compileall.compile_dir(folder, quiet=1)
+
+
+_BY_VALUE: set[str] = set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The test modules' functions cross to the workers by value (``cloudpickle``), as a
+    script's or a notebook's do, instead of by name. A worker otherwise imports the test
+    module a transform was defined in, and with it pytest and whatever else the module
+    imports: ~0.5 s of each worker's start, most of a resume sweep's time. Helper modules
+    (``resume_harness``, ``fake_gcs``: their state lives in the worker's copy) still cross by
+    name, and so does a test module that sets ``WORKERS_IMPORT_THIS_MODULE``, whose top level
+    must run in the workers (a pytree registration). A user's module imported by name has a
+    test of its own (``tests/workers/test_payload.py``)."""
+    import cloudpickle
+
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if (name not in _BY_VALUE and path.startswith(_TESTS + os.sep)
+                and os.path.basename(path).startswith("test_")
+                and not getattr(module, "WORKERS_IMPORT_THIS_MODULE", False)):
+            _BY_VALUE.add(name)
+            cloudpickle.register_pickle_by_value(module)
 
 
 def pytest_collection_modifyitems(config, items):

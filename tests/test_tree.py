@@ -36,6 +36,10 @@ import dataclasses  # noqa: E402
 
 import jaxloader as jl  # noqa: E402
 
+# The workers import this module by name, as a user's: the classes below are registered with
+# JAX at its top level, which must run there too (conftest.py sends test modules by value)
+WORKERS_IMPORT_THIS_MODULE = True
+
 
 @flax_struct.dataclass
 class FlaxRecord:

@@ -150,3 +150,38 @@ def test_cached_functions_of_a_script_reach_the_workers(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["[55, 59, 63, 67] [1, 1, 1, 1] [4, 4, 4, 4]",
                                            "[71, 75, 79, 83] [1, 1, 1, 1] [4, 4, 4, 4]"]
+
+
+USER_MODULE = '''
+import os
+import numpy as np
+
+IMPORTED_BY = os.getpid()  # the process that ran this module's top level
+
+
+def tag(record):
+    return {**record, "imported_by": np.int64(IMPORTED_BY)}
+'''
+
+
+def test_a_transform_from_an_importable_module_is_imported_by_name_in_each_worker(
+        tmp_path, monkeypatch):
+    """A function of a module the main process imported crosses by name: each worker imports
+    the module (the main process's ``sys.path`` reaches it), so its top level runs there. (The
+    tests' own modules cross by value, as a script's functions do: ``conftest.py``.)"""
+    import os
+    import sys
+
+    import jaxloader as jl
+
+    (tmp_path / "user_transforms.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "user_transforms", raising=False)
+    import user_transforms
+
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(32)}), batch_size=4, num_workers=2,
+                       num_epochs=1, transforms=[jl.Map(user_transforms.tag)],
+                       process_index=0, process_count=1) as loader:
+        by = {int(v) for batch in loader for v in batch["imported_by"]}
+        workers = set(loader.worker_pids)
+    assert by and by <= workers and os.getpid() not in by, (by, workers, os.getpid())
