@@ -81,7 +81,7 @@ def pytest_runtest_setup(item):
     """The test modules' functions cross to the workers by value (``cloudpickle``), as a
     script's or a notebook's do, instead of by name. A worker otherwise imports the test
     module a transform was defined in, and with it pytest and whatever else the module
-    imports: ~0.5 s of each worker's start, most of a resume sweep's time. Helper modules
+    imports: ~0.5 s more a worker start (a third of a stream resume test's time). Helper modules
     (``resume_harness``, ``fake_gcs``: their state lives in the worker's copy) still cross by
     name, and so does a test module that sets ``WORKERS_IMPORT_THIS_MODULE``, whose top level
     must run in the workers (a pytree registration). A user's module imported by name has a
