@@ -69,7 +69,8 @@ def pytest_configure(config):
     import importlib.util
 
     spec = importlib.util.find_spec("jaxloader")
-    for folder in [*(spec.submodule_search_locations or []), _TESTS] if spec else [_TESTS]:
+    package = list(spec.submodule_search_locations or []) if spec else []
+    for folder in [*package, _TESTS]:
         compileall.compile_dir(folder, quiet=1)
 
 
