@@ -13,8 +13,11 @@ import pytest
 
 
 def live_children() -> list[tuple[int, str]]:
-    """Live (not zombie) child processes of this process, except Python's resource tracker."""
+    """Live (not zombie) child processes of this process, except Python's resource tracker;
+    and in place of the worker starter it keeps (``jaxloader.workers.starter``, which lives
+    as long as the process), the workers it started."""
     me, found = os.getpid(), []
+    processes = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -26,8 +29,13 @@ def live_children() -> list[tuple[int, str]]:
         except OSError:
             continue
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == me and state != "Z" and "resource_tracker" not in cmdline:
-            found.append((int(entry), cmdline))
+        processes.append((int(entry), int(ppid), state, cmdline))
+    starters = {pid for pid, ppid, _, cmdline in processes
+                if ppid == me and "jaxloader.workers.starter" in cmdline}
+    for pid, ppid, state, cmdline in processes:
+        if (ppid == me or ppid in starters) and pid not in starters and state != "Z" \
+                and "resource_tracker" not in cmdline:
+            found.append((pid, cmdline))
     return found
 
 

@@ -75,8 +75,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         worker_init_fn: called as ``fn(worker_id)`` in each worker once it has started;
             ``jaxloader.get_worker_info()`` tells a worker its id, the count and the seed.
         start_method: ``"exec"`` (default): workers are fresh interpreters that never re-run
-            your main script and are never forked from a process running JAX; ``"fork"``:
-            faster start, refused once JAX is imported.
+            your main script and are never forked from a process running JAX (on Linux,
+            forks of the worker starter: ``jaxloader.workers.starter``); ``"fork"``: forks
+            of this process, refused once JAX is imported.
         process_index, process_count: this process's place among the hosts that share the
             global batch; default to ``jax.process_index()``/``jax.process_count()``, asked
             only if this process has imported JAX (else it is the only one: JAX is not

@@ -45,7 +45,10 @@ def test_math_libraries_run_one_thread_in_a_worker_unless_the_environment_says_o
 
 
 def process_threads(record):
-    """A transform reporting its worker's threads and OpenBLAS's setting there."""
+    """A transform reporting its worker's threads, after a matrix product (a worker forked
+    from the starter starts OpenBLAS's threads at its first), and OpenBLAS's setting there."""
+    square = np.ones((256, 256))
+    square @ square
     return {"threads": np.int64(len(os.listdir("/proc/self/task"))),
             "blas": np.int64(int(os.environ.get("OPENBLAS_NUM_THREADS", "0")))}
 
@@ -140,6 +143,11 @@ def _gone(pid):
         return True
 
 
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 @pytest.mark.parametrize("kind", ["map", "stream"])
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_workers_inside_user_code_end_with_a_killed_training_process(tmp_path, kind, how):
@@ -149,6 +157,7 @@ def test_workers_inside_user_code_end_with_a_killed_training_process(tmp_path, k
     try:
         pids = json.loads(trainer.stdout.readline())  # both workers are inside user code
         assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        pids += [_parent(pid) for pid in pids if _parent(pid) != trainer.pid]  # (the starter)
         trainer.send_signal(how)
         trainer.wait(timeout=10)
         deadline = time.monotonic() + 3.0

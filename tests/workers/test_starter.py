@@ -1,0 +1,104 @@
+"""The worker starter: ``"exec"`` workers are forks of one fresh interpreter the training process
+keeps, and each is still what an exec'd worker was (its directory, environment and random
+state of its own, no JAX); workers exec'd one by one where there is no starter."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.workers import starter
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not starter.AVAILABLE, reason="the starter is Linux's")]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def where(record):
+    """A transform reporting where its worker runs."""
+    return {"pid": np.int64(os.getpid()), "parent": np.int64(os.getppid()),
+            "jax": np.bool_("jax" in sys.modules), "cwd": os.getcwd(),
+            "mark": os.environ.get("JAXLOADER_TEST_MARK", ""),
+            "draw": np.int64(np.random.randint(1 << 62))}
+
+
+def _run(num_workers=2, **kw):
+    """Per worker (by pid): the records it made, as ``where`` saw them."""
+    source = jl.ArraySource({"x": np.arange(16)})
+    with jl.DataLoader(source, batch_size=2, transforms=[jl.Map(where)], prefetch=1,
+                       num_workers=num_workers, process_index=0, process_count=1, **kw) as ld:
+        batches = list(ld)
+    seen: dict[int, list[dict]] = {}
+    for batch in batches:
+        for i in range(len(batch["pid"])):
+            seen.setdefault(int(batch["pid"][i]), []).append({k: batch[k][i] for k in batch})
+    return seen
+
+
+def test_the_workers_of_two_loaders_are_forks_of_one_starter_without_jax():
+    importlib.import_module("jax")  # the training process has JAX; the starter, workers not
+
+    first, second = _run(), _run()
+    assert len(first) == len(second) == 2 and not set(first) & set(second)
+    parents = {int(r["parent"]) for seen in (first, second) for rs in seen.values() for r in rs}
+    assert len(parents) == 1 and parents != {os.getpid()}
+    (parent,) = parents
+    assert _parent(parent) == os.getpid()  # the starter is this process's child
+    with open(f"/proc/{parent}/cmdline", "rb") as f:
+        assert b"jaxloader.workers.starter" in f.read()
+    assert not any(r["jax"] for seen in (first, second) for rs in seen.values() for r in rs)
+
+
+def test_each_worker_draws_its_own_numpy_global_random_numbers():
+    # a fork copies the starter's NumPy random state: without a new seed in each worker, the
+    # workers' global draws would be one sequence, repeated
+    seen = _run()
+    firsts = [records[0]["draw"] for records in seen.values()]
+    assert len(set(firsts)) == 2, firsts
+
+
+def test_a_worker_runs_in_the_directory_and_environment_of_its_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXLOADER_TEST_MARK", "a")
+    _run()  # (the starter for this environment, started in the old directory)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JAXLOADER_TEST_MARK", "b")
+    records = [r for rs in _run().values() for r in rs]
+    assert {str(r["cwd"]) for r in records} == {str(tmp_path)}
+    assert {str(r["mark"]) for r in records} == {"b"}
+
+
+def test_a_worker_killed_is_reported_with_its_signal():
+    def die(record):
+        os.kill(os.getpid(), 9)
+
+    source = jl.ArraySource({"x": np.arange(8)})
+    with jl.DataLoader(source, batch_size=2, transforms=[jl.Map(die)], num_workers=1,
+                       process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.WorkerError, match="SIGKILL"):
+            next(iter(loader))
+
+
+def test_without_a_starter_workers_are_exec_d_one_by_one(monkeypatch):
+    monkeypatch.setattr(starter, "AVAILABLE", False)
+    seen = _run()
+    assert len(seen) == 2
+    assert {int(r["parent"]) for rs in seen.values() for r in rs} == {os.getpid()}
+
+
+def test_a_starter_that_ended_is_replaced_and_its_workers_reported_killed():
+    from jaxloader.workers.process import worker_environment
+
+    old = starter.starter_for(worker_environment(os.environ))
+    old.close()
+    assert starter.starter_for(worker_environment(os.environ)) is not old
+    assert old.poll(12345) == -9
+    assert len(_run()) == 2
