@@ -112,8 +112,13 @@ class WorkerProcess:
     def _start(self, start_method: str, child: Any) -> None:
         parent = os.getpid()
         if start_method == "exec" and starter.AVAILABLE:
-            self._starter = starter.starter_for(worker_environment(os.environ))
-            self.pid = self._starter.start(child.fileno(), _cwd())
+            environment = worker_environment(os.environ)
+            self._starter = starter.starter_for(environment)
+            try:
+                self.pid = self._starter.start(child.fileno(), _cwd())
+            except (EOFError, OSError):  # (it ended since: killed, or out of memory)
+                self._starter = starter.starter_for(environment)
+                self.pid = self._starter.start(child.fileno(), _cwd())
             return
         if start_method == "exec":
             fd = child.fileno()

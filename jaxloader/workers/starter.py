@@ -4,12 +4,16 @@ by forking itself, so that each worker costs a fork instead of an interpreter an
 A worker started by ``subprocess`` runs a new interpreter, then imports NumPy and jaxloader:
 0.3-0.5 s of CPU on a 2-core machine, for every worker of every loader, every restart and
 every change of ``num_workers="auto"``. The starter pays that once (at the first worker of the
-process); a worker is then a fork of it, ready in milliseconds. What a worker is does not
-change: the starter was started as an exec'd worker is (``process.worker_environment``), never
-runs the user's code, never imports JAX and has one thread, so each fork of it starts from a
-fresh interpreter's state, in the training process's current directory of the moment (passed
-with each request). NumPy's global random state, which a fork would share, is seeded anew in
-each worker (Python's ``random`` reseeds itself after a fork).
+process); a worker is then a fork of it, ready in milliseconds. A worker is what an exec'd
+one was: the starter was started as one is (``process.worker_environment``), never runs the
+user's code, never imports JAX, and forks from its one Python thread, so each worker starts
+from a fresh interpreter's state. With each request go the training process's current
+directory, standard output and error of the moment; its environment picks the starter. NumPy's
+global random state, which a fork would share, is seeded anew in each worker (Python's
+``random`` reseeds itself after a fork). What comes from the starter's start instead: resource
+limits, umask, CPU affinity and the hash seed (one for all workers). A worker forked from it
+ends as an exec'd one does: ``serve`` returns in it, and the interpreter exits (atexit hooks,
+exit code, traceback).
 
 Why not ``multiprocessing``'s ``"forkserver"``, the same idea: its children prepare themselves
 by importing the parent's ``__main__`` by path, which runs an unguarded script's top level
@@ -17,19 +21,22 @@ again (a second ``jax.distributed.initialize()``), the thing ``"exec"`` exists t
 its processes are ``multiprocessing.Process`` objects, whose pipes and exit codes the pool
 already has its own way to read (``process.WorkerProcess``).
 
-The link is a Unix socket of ordered messages (``SOCK_SEQPACKET``, Linux): a request is a pickled
-tuple, numbered; a worker's end of its pipe goes with the request that starts it
-(``SCM_RIGHTS``). Requests: ``start`` (the worker's pid back) and ``poll`` (its exit code once
-it has exited: the starter is the worker's parent and reaps it). A reply to a request that an
-interrupt cut short is recognised by its number and dropped.
+The link is a Unix socket of ordered messages (``SOCK_SEQPACKET``, Linux): a request is a
+pickled tuple, numbered; a worker's end of its pipe (and the standard streams) go with the
+request that starts it (``SCM_RIGHTS``). Requests: ``start`` (the worker's pid back) and
+``poll`` (its exit code once it has exited: the starter is the worker's parent and reaps it
+then, not before, so that its pid is not another process's while the pool may still signal
+it). A reply to a request that an interrupt cut short is recognised by its number and dropped.
 
 Lifetimes: the starter is started from a thread that lasts as long as the process
 (``process._in_lasting_thread``) and dies with the training process
 (``worker.die_with_parent``), and its workers die with it the same way: a killed training
 process leaves none of them. It ends when the training process closes its end (at exit). One
 starter per worker environment: a process whose environment changes (``OPENBLAS_NUM_THREADS``
-set between two loaders) gets a second one, since a fork would keep the libraries the first
-loaded under the old one. Only on Linux; elsewhere workers are exec'd one by one.
+set between two loaders) gets a new one, since a fork would keep the libraries the first
+loaded under the old one; the old one is closed once none of its workers runs. A starter that
+has ended (killed) is replaced at the next worker's start. Only on Linux; elsewhere workers
+are exec'd one by one.
 
 Example:
     >>> import os, sys
@@ -56,7 +63,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,6 +72,7 @@ _BOOT = (
     "from jaxloader.workers.starter import serve; serve({fd}, {parent})"
 )
 _MESSAGE = 1 << 16  # a request or a reply is a small tuple
+_ANSWER_S = 30.0  # a starter that does not answer (stopped, stuck) is taken as ended
 _ENDED = -signal.SIGKILL  # a worker whose starter ended: killed with it (die_with_parent)
 
 
@@ -83,41 +91,57 @@ class Starter:
             raise
         finally:
             theirs.close()
+        ours.settimeout(_ANSWER_S)
         self.pid = self._popen.pid
         self._socket = ours
         self._lock = threading.Lock()
         self._numbers = itertools.count()
-        self.ended = False
+        self._running: set[int] = set()  # its workers not yet seen to have exited
+        self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        """Whether the starter is gone (closed, or its process has exited)."""
+        if not self._ended and self._popen.poll() is not None:
+            self._end()
+        return self._ended
+
+    @property
+    def idle(self) -> bool:
+        """Whether none of its workers may still run."""
+        return not self._running
 
     def start(self, fd: int, cwd: str | None) -> int:
         """Forks a worker serving the pipe end ``fd`` (a duplicate goes to it; the caller
-        closes its own) in directory ``cwd`` (None: the starter's); its pid. ``OSError`` if
-        it could not."""
-        reply = self._ask(("start", cwd), fd)
+        closes its own) in directory ``cwd`` (None: the starter's), its standard output and
+        error this process's of the moment; its pid. ``OSError`` if it could not."""
+        std = [n for n in (1, 2) if _open(n)]
+        reply = self._ask(("start", (cwd, std)), [fd, *std])
         if reply[0] != "started":
             raise OSError(f"the worker starter (pid {self.pid}) could not start a worker: "
                           f"{reply[1]}")
+        self._running.add(reply[1])
         return int(reply[1])
 
     def poll(self, pid: int) -> int | None:
         """The exit code of worker ``pid`` (negative: killed by that signal), None while it
         runs. A worker whose starter has ended ended with it (SIGKILL)."""
-        if self.ended:
-            return _ENDED
-        try:
-            return self._ask(("poll", pid))[1]
-        except (EOFError, OSError):
-            return _ENDED
+        code = _ENDED
+        if not self.ended:
+            try:
+                code = self._ask(("poll", pid))[1]
+            except (EOFError, OSError):
+                pass
+        if code is not None:
+            self._running.discard(pid)
+        return code
 
-    def _ask(self, request: tuple, fd: int | None = None) -> tuple:
+    def _ask(self, request: tuple, fds: Sequence[int] = ()) -> tuple:
         with self._lock:
             number = next(self._numbers)
             message = [pickle.dumps((number, *request))]
             try:
-                if fd is None:
-                    self._socket.sendmsg(message)
-                else:
-                    socket.send_fds(self._socket, message, [fd])
+                socket.send_fds(self._socket, message, list(fds))
                 while True:
                     data = self._socket.recv(_MESSAGE)
                     if not data:
@@ -126,13 +150,25 @@ class Starter:
                     if reply[0] == number:  # (others: replies to requests cut short)
                         return reply[1:]
             except (EOFError, OSError):
-                self.ended = True
+                self._end()
                 raise
+
+    def _end(self) -> None:
+        self._ended = True
+        self._socket.close()
+        self._popen.poll()  # (reaped, if it has exited)
 
     def close(self) -> None:
         """Closes the link: the starter exits, and workers it started exit with it."""
-        self.ended = True
-        self._socket.close()
+        self._end()
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 _STARTERS: dict[tuple, Starter] = {}
@@ -141,12 +177,17 @@ _LOCK = threading.Lock()
 
 def starter_for(environment: Mapping[str, str]) -> Starter:
     """The starter of workers with ``environment`` (``process.worker_environment``), started
-    if there is none (or it has ended). Call it from a thread that lasts as long as the process
-    (the starter dies with the thread that started it)."""
+    if there is none (or it has ended). Starters of other environments with no worker left
+    are closed. Call it from a thread that lasts as long as the process (the starter dies
+    with the thread that started it)."""
     key = (sys.executable, tuple(sorted(environment.items())))
     with _LOCK:
         starter = _STARTERS.get(key)
         if starter is None or starter.ended:
+            for other, old in list(_STARTERS.items()):
+                if other != key and (old.ended or old.idle):
+                    old.close()
+                    del _STARTERS[other]
             starter = _STARTERS[key] = Starter(environment)
         return starter
 
@@ -154,6 +195,8 @@ def starter_for(environment: Mapping[str, str]) -> Starter:
 def _forget_starters() -> None:
     """In a forked child: the parent's starters answer the parent (and its lock may be held)."""
     global _LOCK
+    for starter in _STARTERS.values():
+        starter._socket.close()  # (the child's copy: the parent's link stays open)
     _STARTERS.clear()
     _LOCK = threading.Lock()
 
@@ -165,69 +208,69 @@ if hasattr(os, "register_at_fork"):
 # -- in the starter process --------------------------------------------------------------------
 def serve(fd: int, parent: int) -> None:
     """The starter's main: imports what every worker imports, then answers requests until the
-    training process (``parent``) closes its end."""
+    training process (``parent``) closes its end. In a worker forked from it, it returns once
+    the worker is done, and the interpreter exits as an exec'd worker's does."""
     import importlib
 
     from jaxloader.workers import worker
 
     importlib.import_module("numpy.random")  # (a RandomMap's generators: imported once for all)
-
     worker.die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a terminal's Ctrl-C is the trainer's)
     link = socket.socket(fileno=fd)
     exited: dict[int, int] = {}
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(link, _MESSAGE, 1)
-        except (ConnectionResetError, OSError):
+            data, fds, _, _ = socket.recv_fds(link, _MESSAGE, 3)
+        except OSError:
             return
         if not data:
             return
         number, kind, argument = pickle.loads(data)
         reply: tuple[Any, ...]
         if kind == "start":
-            reply = _forked(link, fds[0], argument)
+            (cwd, std), me, pid = argument, os.getpid(), _fork(fds)
+            if pid == 0:  # the worker
+                link.close()
+                _become_worker(fds, cwd, std, me)
+                return
+            exited.pop(pid, None)  # (a pid of a worker reaped before, now this one's)
+            reply = ("started", pid) if pid > 0 else ("failed", "fork() failed")
         else:
             reply = ("exit", _reaped(argument, exited))
         link.sendmsg([pickle.dumps((number, *reply))])
 
 
-def _forked(link: socket.socket, fd: int, cwd: str | None) -> tuple[str, Any]:
-    """A worker forked on pipe end ``fd`` in ``cwd`` (one removed since: the starter's, as
-    an exec'd worker would be in a directory that is gone): ``("started", pid)`` or
-    ``("failed", why)``."""
+def _fork(fds: list[int]) -> int:
+    """``os.fork()``; in the starter, the descriptors received closed (its child keeps them);
+    -1 if the fork failed."""
     try:
         pid = os.fork()
-    except OSError as e:
-        os.close(fd)
-        return "failed", f"{type(e).__name__}: {e}"
+    except OSError:
+        pid = -1
     if pid:
+        for fd in fds:
+            os.close(fd)
+    return pid
+
+
+def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int) -> None:
+    """In a forked child: the training process's standard output and error and directory of
+    the moment (a directory gone or closed to it: the starter's, as an exec'd worker would be
+    left in one that is gone), a random state of its own, then the worker's main."""
+    for target, fd in zip(std, fds[1:]):
+        os.dup2(fd, target)
         os.close(fd)
-        return "started", pid
-    code = 1  # the child: a worker, which leaves without the starter's exit path
-    try:
-        link.close()
-        if cwd is not None and os.path.isdir(cwd):
+    if cwd is not None:
+        try:
             os.chdir(cwd)
-        if "numpy.random" in sys.modules:  # (a fork shares its random state with its siblings)
-            sys.modules["numpy.random"].seed()
-        from jaxloader.workers.worker import main
+        except OSError:
+            pass
+    if "numpy.random" in sys.modules:  # (a fork shares its random state with its siblings)
+        sys.modules["numpy.random"].seed()
+    from jaxloader.workers.worker import main
 
-        main(fd, os.getppid())
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # noqa: BLE001 - printed, as an exec'd worker's interpreter would
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing to keep
-                pass
-        os._exit(code)
+    main(fds[0], parent)
 
 
 def _reaped(pid: int, exited: dict[int, int]) -> int | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -102,3 +104,66 @@ def test_a_starter_that_ended_is_replaced_and_its_workers_reported_killed():
     assert starter.starter_for(worker_environment(os.environ)) is not old
     assert old.poll(12345) == -9
     assert len(_run()) == 2
+
+
+def _starters() -> list[int]:
+    """This process's live worker starters."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == os.getpid() and state != "Z" and b"workers.starter" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_a_starter_killed_is_replaced_at_the_next_loader():
+    from jaxloader.workers.process import worker_environment
+
+    _run()
+    killed = starter.starter_for(worker_environment(os.environ))
+    os.kill(killed.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while killed.pid in _starters() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_run()) == 2  # (not a broken pipe from the dead one)
+    assert starter.starter_for(worker_environment(os.environ)).pid != killed.pid
+
+
+def test_a_starter_of_an_environment_left_behind_is_closed_once_idle(monkeypatch):
+    monkeypatch.setenv("JAXLOADER_TEST_MARK", "first")
+    _run()
+    monkeypatch.setenv("JAXLOADER_TEST_MARK", "second")
+    _run()
+    deadline = time.monotonic() + 10
+    while len(_starters()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_starters()) == 1
+
+
+def shout(record):
+    print(f"record {int(record['x'])} made", flush=True)
+    return record
+
+
+def test_a_worker_prints_where_the_training_process_prints_at_its_start(tmp_path):
+    _run()  # (the starter started with the standard output of then)
+    log = open(tmp_path / "out.txt", "w")
+    saved = os.dup(1)
+    os.dup2(log.fileno(), 1)  # (as a trainer sending its output to a file from now on)
+    try:
+        source = jl.ArraySource({"x": np.arange(4)})
+        with jl.DataLoader(source, batch_size=2, transforms=[jl.Map(shout)], num_workers=1,
+                           process_index=0, process_count=1) as loader:
+            list(loader)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        log.close()
+    assert sorted((tmp_path / "out.txt").read_text().splitlines()) == [
+        f"record {i} made" for i in range(4)]
