@@ -34,6 +34,7 @@ import numpy as np
 
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
@@ -188,7 +189,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
 
     def _states_at(self, step: int) -> list[dict]:
         """Each reader's state once the batches before ``step`` are handed out (copies)."""
-        return [copy.deepcopy(s) for s in self._fold(step)]
+        return [copied(s) for s in self._fold(step)]
 
     def _fold(self, step: int) -> list[dict]:
         """The readers' states as of ``step``, the reports before it filed in (not copies:
@@ -294,8 +295,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             opened = passes.stopping_at(readers, until or passes.stops_of(readers, self.num_epochs))
         probe = copy.deepcopy(self._pristine)  # each state checked by opening it, on copies
         for i, r in enumerate(opened):
-            probe.reader_for(i).reset(copy.deepcopy(r))
-        step, base = state["step"], copy.deepcopy(readers)
+            probe.reader_for(i).reset(copied(r))
+        step, base = state["step"], copied(readers)
         self._invalidate()
         # The pass the state was in (None: its readers' states say), the step, and the readers'
         # states as of it, set in one statement with no call inside: a Ctrl-C lands before or

@@ -38,7 +38,6 @@ Example (``tests/streams/test_huggingface.py`` runs it)::
 
 from __future__ import annotations
 
-import copy
 import datetime
 import hashlib
 from typing import Any
@@ -47,6 +46,7 @@ import numpy as np
 
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.state_copy import copied
 from jaxloader.sources.huggingface import _declared_dtype
 from jaxloader.streams.shards import numbers_as_arrays
 
@@ -162,7 +162,7 @@ class HuggingFaceShard:
                     f"HuggingFaceShard {self.name}: the state is of the dataset's epoch "
                     f"{given['epoch']}, the dataset is in epoch {part.epoch}; restore into the "
                     "dataset the state was saved from")
-            part.load_state_dict(copy.deepcopy(given))  # (get_state() hands out ``given``)
+            part.load_state_dict(copied(given))  # (get_state() hands out ``given``)
         self._part, self._it = part, iter(part)
         self._start, self._started = given, False
 

@@ -16,12 +16,12 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderError, RecordError, StateDictError
+from jaxloader.base.state_copy import copied
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, record_tokens
 
@@ -64,7 +64,7 @@ class _PackingReader:
         if not self._holds():
             return _state(self.reader, self.inner.get_state(), self._FIELD, 0)
         assert self._before is not None  # (read with what it holds)
-        return _state(self.reader, copy.deepcopy(self._before), self._FIELD, self._given())
+        return _state(self.reader, copied(self._before), self._FIELD, self._given())
 
     def changes_due(self, step: int) -> bool:
         """Whether the reader under it changes what it reads at ``step``."""
@@ -77,7 +77,7 @@ class _PackingReader:
         it (from the inner place before it)."""
         if self._holds() and not self._given() and self.inner.changes_due(step):
             assert self._before is not None
-            self.inner.reset({**copy.deepcopy(self._before), **self._until})
+            self.inner.reset({**copied(self._before), **self._until})
             self._drop()
         self.inner.begin_step(step)
 
@@ -268,7 +268,7 @@ def _opened(reader: _PackingReader, state: dict | None, field: str) -> dict:
     if state.get("reader") != reader.reader:
         raise StateDictError(f"packed stream state: it is reader {state.get('reader')}'s, "
                              f"handed to reader {reader.reader}")
-    inner = copy.deepcopy(state["inner"])
+    inner = copied(state["inner"])
     reader._until = {"until": state["until"]} if "until" in state else {}
     inner.update(reader._until)
     reader.inner.reset(inner)
