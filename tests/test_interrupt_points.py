@@ -4,7 +4,10 @@ Without workers every call runs in the main thread and is deterministic, so a sw
 interrupt at each point of ``next()``, ``peek()``, ``state_dict()``, ``iter()`` and
 ``load_state_dict()`` where CPython may run a signal handler (``line_interrupts``: a call's
 points listed once by ``points_of``, each then reached by ``raised_at_place``), one run each,
-and check what the loader does next: the batches it hands out
+and check what the loader does next. Every place a point is at (a code location) is swept at
+its first two passes and its last (a loop's first turn, a turn after another, its end): 12,900
+of the 17,100 points, a quarter less of CI's time; ``JAXLOADER_EXHAUSTIVE=1`` sweeps every
+pass (a packing loop over 110 records, each of its turns). What the sweep checks: the batches it hands out
 are the reference stream's at their steps, with no step lost or repeated, and a restore leaves
 the old position or the new one; after an interrupted ``close()``, a second one leaves no thread
 running. ``test_interrupts.py`` fires timer interrupts at random into runs with workers and
@@ -14,6 +17,7 @@ them anew for each point: ``tests/workers/test_pool.py`` puts its interrupts by 
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import threading
@@ -34,6 +38,7 @@ pytestmark = [pytest.mark.filterwarnings(  # (the sweep's own interrupt only)
 PACKAGE = os.path.dirname(jl.__file__)
 WARM, AFTER = 5, 4  # batches before the interrupted call, and checked after it
 RESTORED = 3  # the step of the state restored into a loader at step WARM
+EXHAUSTIVE = os.environ.get("JAXLOADER_EXHAUSTIVE", "0") == "1"
 
 
 def _jitter(record, rng):
@@ -148,6 +153,14 @@ def _ready(loader, call, restored):
 CALLS = ["next", "peek", "state_dict", "iter", "load_state_dict"]
 
 
+def swept(places: list) -> list:
+    """The points of ``places`` (``points_of``'s list) the sweep interrupts, as ``(place, k)``:
+    each place's first two passes and its last; every pass with ``JAXLOADER_EXHAUSTIVE=1``."""
+    passes = collections.Counter(places)
+    return [(place, k) for place, k in numbered(places)
+            if EXHAUSTIVE or k <= 2 or k == passes[place]]
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("call", CALLS)
 @pytest.mark.parametrize("kind", list(LOADERS))
@@ -166,9 +179,9 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
         restored = other.state_dict()
     with make() as loader:  # the call's points, listed once: each is then reached alone
         places = points_of(PACKAGE, _ready(loader, call, restored)[2])
-    missed = 0
-    for points, (place, k) in enumerate(numbered(places), 1):
-        where = f"{kind}, {call}, interrupted at point {points} of {len(places)}"
+    missed, chosen = 0, swept(places)
+    for points, (place, k) in enumerate(chosen, 1):
+        where = f"{kind}, {call}, interrupted at point {points} of {len(chosen)} swept"
         # where a thread of the loader's own runs beside the call, the call's path depends on
         # timing (a wait loop's passes, a stop made twice): a point of the listing's run may
         # not come in another (the call then runs uninterrupted, checked all the same): tried
@@ -195,7 +208,7 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
             assert "prefetched" in kind, f"{where}: not reached ({place}, pass {k})"
             missed += 1
     assert len(places) > 5, f"{kind}, {call}: {len(places)} points"
-    assert missed <= len(places) // 10, f"{kind}, {call}: {missed} of {len(places)} not reached"
+    assert missed <= len(chosen) // 10, f"{kind}, {call}: {missed} of {len(chosen)} not reached"
 
 
 @pytest.mark.parametrize("kind", [k for k in LOADERS if "prefetched" in k])
