@@ -97,6 +97,8 @@ class Starter:
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._running: set[int] = set()  # its workers not yet seen to have exited
+        self._starting = 0  # starts asked for, their pids not yet in _running
+        self._tally = threading.Lock()  # (for _starting: starts may come from several threads)
         self._ended = False
 
     @property
@@ -109,18 +111,24 @@ class Starter:
     @property
     def idle(self) -> bool:
         """Whether none of its workers may still run."""
-        return not self._running
+        return not self._running and not self._starting
 
     def start(self, fd: int, cwd: str | None) -> int:
         """Forks a worker serving the pipe end ``fd`` (a duplicate goes to it; the caller
         closes its own) in directory ``cwd`` (None: the starter's), its standard output and
         error this process's of the moment; its pid. ``OSError`` if it could not."""
         std = [n for n in (1, 2) if _open(n)]
-        reply = self._ask(("start", (cwd, std)), [fd, *std])
-        if reply[0] != "started":
-            raise OSError(f"the worker starter (pid {self.pid}) could not start a worker: "
-                          f"{reply[1]}")
-        self._running.add(reply[1])
+        with self._tally:  # (not idle: another environment's first start must not close it)
+            self._starting += 1
+        try:
+            reply = self._ask(("start", (cwd, std)), [fd, *std])
+            if reply[0] != "started":
+                raise OSError(f"the worker starter (pid {self.pid}) could not start a worker: "
+                              f"{reply[1]}")
+            self._running.add(reply[1])
+        finally:
+            with self._tally:
+                self._starting -= 1
         return int(reply[1])
 
     def poll(self, pid: int) -> int | None:
