@@ -9,8 +9,8 @@ Start methods:
   interpreter kept by the training process (``jaxloader.workers.starter``): a few
   milliseconds a worker, the interpreter's start and imports paid once. Elsewhere each worker
   is started by ``subprocess`` and pays them (0.3-0.5 s of CPU; in parallel for all workers).
-- ``"fork"`` (POSIX): ``os.fork()`` of the main process; starts faster and shares memory
-  copy-on-write, but is refused once JAX has been imported, because forking a process with JAX's
+- ``"fork"`` (POSIX): ``os.fork()`` of the main process; shares its memory copy-on-write
+  (and starts faster where there is no starter), but is refused once JAX has been imported, because forking a process with JAX's
   threads running can deadlock the child.
 
 Either way the worker's link is one duplex pipe; its EOF tells each side the other is gone.
@@ -62,7 +62,6 @@ log = logging.getLogger("jaxloader")
 STOP_GRACE_S = 0.25
 _POLL_S = 0.005  # between two asks of a worker's exit code (its starter reaps it)
 _KILL_TIMEOUT_S = 2.0  # after SIGKILL the kernel reaps quickly; bound it so close() never hangs
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # JAX in a worker runs on the CPU; the default backend's name (deprecated) goes with it, as a
 # GPU's name there would name a backend the worker does not start
 WORKER_ENVIRONMENT = {"JAX_PLATFORMS": "cpu"}
@@ -122,7 +121,7 @@ class WorkerProcess:
             return
         if start_method == "exec":
             fd = child.fileno()
-            boot = _BOOT.format(root=_PACKAGE_ROOT, fd=fd, parent=parent)
+            boot = _BOOT.format(root=starter.PACKAGE_ROOT, fd=fd, parent=parent)
             self._popen = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(fd,),
                                            env=worker_environment(os.environ))
             self.pid = self._popen.pid

@@ -66,7 +66,8 @@ import threading
 from typing import Any, Mapping, Sequence
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the folder jaxloader is imported from, put first on a fresh interpreter's path
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
     "from jaxloader.workers.starter import serve; serve({fd}, {parent})"
@@ -83,7 +84,7 @@ class Starter:
     def __init__(self, environment: Mapping[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            boot = _BOOT.format(root=_PACKAGE_ROOT, fd=theirs.fileno(), parent=os.getpid())
+            boot = _BOOT.format(root=PACKAGE_ROOT, fd=theirs.fileno(), parent=os.getpid())
             self._popen = subprocess.Popen([sys.executable, "-c", boot],
                                            pass_fds=(theirs.fileno(),), env=dict(environment))
         except BaseException:
@@ -123,8 +124,9 @@ class Starter:
         try:
             reply = self._ask(("start", (cwd, std)), [fd, *std])
             if reply[0] != "started":
-                raise OSError(f"the worker starter (pid {self.pid}) could not start a worker: "
-                              f"{reply[1]}")
+                raise OSError(f"the worker starter (pid {self.pid}) could not fork a worker: "
+                              f"{reply[1]}; free memory or processes (ulimit -u), or ask for "
+                              "fewer num_workers")
             self._running.add(reply[1])
         finally:
             with self._tally:
@@ -242,20 +244,23 @@ def serve(fd: int, parent: int) -> None:
                 link.close()
                 _become_worker(fds, cwd, std, me)
                 return
-            exited.pop(pid, None)  # (a pid of a worker reaped before, now this one's)
-            reply = ("started", pid) if pid > 0 else ("failed", "fork() failed")
+            if isinstance(pid, int):
+                exited.pop(pid, None)  # (a pid of a worker reaped before, now this one's)
+                reply = ("started", pid)
+            else:
+                reply = ("failed", pid)
         else:
             reply = ("exit", _reaped(argument, exited))
         link.sendmsg([pickle.dumps((number, *reply))])
 
 
-def _fork(fds: list[int]) -> int:
+def _fork(fds: list[int]) -> int | str:
     """``os.fork()``; in the starter, the descriptors received closed (its child keeps them);
-    -1 if the fork failed."""
+    what went wrong, said, if the fork failed."""
     try:
-        pid = os.fork()
-    except OSError:
-        pid = -1
+        pid: int | str = os.fork()
+    except OSError as e:
+        pid = f"fork() raised {type(e).__name__}: {e}"
     if pid:
         for fd in fds:
             os.close(fd)
