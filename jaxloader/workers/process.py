@@ -71,7 +71,7 @@ THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM
                    "JAXLOADER_XLA_THREADS": "1"}  # (a JitMap's XLA: batching/jit_cpu.py)
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
-    "from jaxloader.workers.worker import main; main({fd}, {parent})"
+    "from jaxloader.workers.worker import run; run({fd}, {parent})"
 )
 
 

@@ -12,8 +12,8 @@ directory, standard output and error of the moment; its environment picks the st
 global random state, which a fork would share, is seeded anew in each worker (Python's
 ``random`` reseeds itself after a fork). What comes from the starter's start instead: resource
 limits, umask, CPU affinity and the hash seed (one for all workers). A worker forked from it
-ends as an exec'd one does: ``serve`` returns in it, and the interpreter exits (atexit hooks,
-exit code, traceback).
+ends as an exec'd one does (``worker.run``: atexit hooks, threads and streams, exit code and
+traceback, without the interpreter's teardown of its modules).
 
 Why not ``multiprocessing``'s ``"forkserver"``, the same idea: its children prepare themselves
 by importing the parent's ``__main__`` by path, which runs an unguarded script's top level
@@ -63,7 +63,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
 # the folder jaxloader is imported from, put first on a fresh interpreter's path
@@ -218,8 +218,8 @@ if hasattr(os, "register_at_fork"):
 # -- in the starter process --------------------------------------------------------------------
 def serve(fd: int, parent: int) -> None:
     """The starter's main: imports what every worker imports, then answers requests until the
-    training process (``parent``) closes its end. In a worker forked from it, it returns once
-    the worker is done, and the interpreter exits as an exec'd worker's does."""
+    training process (``parent``) closes its end. A worker forked from it does not return
+    from it: it ends as an exec'd worker does (``worker.run``)."""
     import importlib
 
     from jaxloader.workers import worker
@@ -243,7 +243,6 @@ def serve(fd: int, parent: int) -> None:
             if pid == 0:  # the worker
                 link.close()
                 _become_worker(fds, cwd, std, me)
-                return
             if isinstance(pid, int):
                 exited.pop(pid, None)  # (a pid of a worker reaped before, now this one's)
                 reply = ("started", pid)
@@ -267,10 +266,10 @@ def _fork(fds: list[int]) -> int | str:
     return pid
 
 
-def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int) -> None:
+def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int) -> NoReturn:
     """In a forked child: the training process's standard output and error and directory of
     the moment (a directory gone or closed to it: the starter's, as an exec'd worker would be
-    left in one that is gone), a random state of its own, then the worker's main."""
+    left in one that is gone), a random state of its own, then the worker's life (``worker.run``)."""
     for target, fd in zip(std, fds[1:]):
         os.dup2(fd, target)
         os.close(fd)
@@ -281,9 +280,9 @@ def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int)
             pass
     if "numpy.random" in sys.modules:  # (a fork shares its random state with its siblings)
         sys.modules["numpy.random"].seed()
-    from jaxloader.workers.worker import main
+    from jaxloader.workers.worker import run
 
-    main(fds[0], parent)
+    run(fds[0], parent)
 
 
 def _reaped(pid: int, exited: dict[int, int]) -> int | None:

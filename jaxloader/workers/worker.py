@@ -10,7 +10,7 @@
                                               (Grow ... Slot when it needs more room)
          ──> Done (a Made tuple a step, + reports)
          └─> a step that raises: Done for the steps before it, Failed (exception, traceback)
-    Stop / EOF ──> exit
+    Stop / EOF ──> exit (``run``: hooks, threads and streams seen to, no module teardown)
 
 The messages are in ``jaxloader.workers.protocol``.
 
@@ -25,6 +25,7 @@ imports JAX and never unlinks a segment.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import pickle
@@ -35,7 +36,7 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
@@ -270,6 +271,36 @@ def _watch_parent(parent: int) -> None:
         time.sleep(_WATCHDOG_S)
         if os.getppid() != parent:
             os._exit(1)
+
+
+def run(fd: int, parent: int) -> NoReturn:
+    """An ``"exec"`` worker's whole life, exec'd or forked from the starter: ``main``, then
+    ``leave``. An exception out of ``main`` (a defect of ours) goes to the interpreter, which
+    prints its traceback and exits with 1."""
+    main(fd, parent)
+    leave()
+
+
+def leave() -> NoReturn:
+    """Ends this process as a normal interpreter exit would, less the teardown of its modules:
+    its other non-daemon threads joined, its atexit hooks run (the worker's: a user's
+    ``init_fn`` may register one), standard output and error flushed, then ``os._exit``.
+    Tearing down the hundreds of modules a worker holds (NumPy's, jaxloader's, JAX's with a
+    ``JitMap``) cost more CPU than a worker's start from the starter, at every loader's close
+    (docs/benchmarks.md, "A loader's start"); ``multiprocessing``'s children skip it as well.
+    What that skips: objects still alive are not finalized, so a file a transform keeps open
+    is not flushed at the end (write it in a ``with`` block)."""
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not me and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass  # (None, or closed by the user's code)
+    os._exit(0)
 
 
 def main(fd: int, parent: int) -> None:

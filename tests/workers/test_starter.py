@@ -4,10 +4,12 @@ state of its own, no JAX); workers exec'd one by one where there is no starter."
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -167,3 +169,33 @@ def test_a_worker_prints_where_the_training_process_prints_at_its_start(tmp_path
         log.close()
     assert sorted((tmp_path / "out.txt").read_text().splitlines()) == [
         f"record {i} made" for i in range(4)]
+
+
+def leave_marks(worker_id):
+    """A worker_init_fn leaving what a normal interpreter exit sees to: an atexit hook, a
+    thread still running, and output not flushed."""
+    here = os.environ["JAXLOADER_TEST_DIR"]
+
+    def late():
+        time.sleep(0.2)
+        open(os.path.join(here, f"thread-{worker_id}"), "w").close()
+
+    atexit.register(lambda: open(os.path.join(here, f"atexit-{worker_id}"), "w").close())
+    threading.Thread(target=late).start()
+    print(f"worker {worker_id} unflushed;", end="")
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "exec'd"])
+def test_a_worker_ends_with_its_hooks_run_its_threads_done_and_its_output_flushed(
+        tmp_path, monkeypatch, capfd, forked):
+    monkeypatch.setenv("JAXLOADER_TEST_DIR", str(tmp_path))
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # (a worker's output then waits)
+    monkeypatch.setattr(starter, "AVAILABLE", forked)
+    source = jl.ArraySource({"x": np.arange(8)})
+    with jl.DataLoader(source, batch_size=2, num_workers=2, worker_init_fn=leave_marks,
+                       process_index=0, process_count=1) as loader:
+        assert len(list(loader)) == 4
+    # close() waited for both workers' exits
+    assert sorted(os.listdir(tmp_path)) == ["atexit-0", "atexit-1", "thread-0", "thread-1"]
+    out = capfd.readouterr().out
+    assert "worker 0 unflushed;" in out and "worker 1 unflushed;" in out
