@@ -14,11 +14,14 @@ import pytest
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.e2e]
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-# script, its arguments, total steps, save every, kill after (at least)
+# script, its arguments, total steps, save every, kill after (at least); as short as the
+# checks allow (each run's start is most of its time, but not of the LM's: its steps and its
+# held-out pass, over a tenth of --files modules, are)
 RUNS = {
-    "digits": ("train_digits.py", (), 300, 50, 150),
-    "digits, Flax NNX": ("train_digits_nnx.py", (), 300, 50, 150),
-    "packed LM": ("train_lm.py", ("--length", "128", "--batch-size", "8"), 120, 20, 60),
+    "digits": ("train_digits.py", (), 150, 25, 75),
+    "digits, Flax NNX": ("train_digits_nnx.py", (), 150, 25, 75),
+    "packed LM": ("train_lm.py", ("--length", "128", "--batch-size", "8", "--files", "100"),
+                  80, 20, 40),
 }
 
 
@@ -62,7 +65,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     assert ("test accuracy" if digits else "final loss") in out
     if not digits:  # it learns: the loss at the end is well below the start
         assert reference[steps] < 0.75 * reference[1], (reference[1], reference[steps])
-        held_out = _held_out_line(out)
+        held_out = _held_out_line(out, int(args[args.index("--files") + 1]))
 
     proc = _train(cut, script, args, steps, save_every)  # killed (SIGKILL) after step k
     deadline = time.monotonic() + 240
@@ -87,7 +90,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     mismatched = [r["step"] for r in resumed if r["loss"] != reference[r["step"]]]
     assert not mismatched, f"losses differ after the restore at steps {mismatched[:10]}"
     if not digits:  # the same model evaluated on the same held-out pass
-        assert _held_out_line(out) == held_out
+        assert _held_out_line(out, int(args[args.index("--files") + 1])) == held_out
     if run == "digits":  # README's main command run once more: the run is done, exit 0
         proc = _train(cut, script, args, steps, save_every)
         out, err = proc.communicate(timeout=300)
@@ -96,15 +99,16 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
         assert _losses(cut / "losses.jsonl")[-1]["step"] == steps  # and nothing trained again
 
 
-def _held_out_line(out: str) -> str:
-    """The LM example's evaluation line; it must count every held-out byte that has a byte
-    before it in its row: a module of n bytes is split into ceil(n / 128) rows' pieces."""
+def _held_out_line(out: str, files: int) -> str:
+    """The LM example's evaluation line (``--files files``); it must count every held-out byte
+    that has a byte before it in its row: a module of n bytes is split into ceil(n / 128) rows'
+    pieces."""
     sys.path.insert(0, EXAMPLES)
     try:
         from train_lm import stdlib_paths
     finally:
         sys.path.remove(EXAMPLES)
-    sizes = [os.path.getsize(p) for p in stdlib_paths(200, 10)[1]]
+    sizes = [os.path.getsize(p) for p in stdlib_paths(files, 10)[1]]
     line = next(line for line in out.splitlines() if line.startswith("held-out loss"))
     expected = sum(n - -(-n // 128) for n in sizes)
     assert f"over {expected:,} predicted bytes of {len(sizes)} modules" in line, line
