@@ -57,7 +57,10 @@ def _segments() -> set[str]:
 
 
 with open(os.path.join(os.path.dirname(__file__), "slow_tests.txt")) as _listed:
-    _SLOW = {line.strip() for line in _listed if line.strip() and not line.startswith("#")}
+    # a test's id, then, for the longest, its longest parameter's seconds
+    _SLOW = {fields[0]: float(fields[1]) if len(fields) > 1 else 2.0
+             for fields in (line.split() for line in _listed if not line.startswith("#"))
+             if fields}
 
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -114,9 +117,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "e2e" in item.keywords or item.nodeid.split("[")[0] in _SLOW:
             item.add_marker(slow)
-    # The slow ones first: the two test processes (-n 2) then end on short tests together,
-    # not one of them on a minute-long test while the other idles
-    items.sort(key=lambda item: "slow" not in item.keywords)
+    # The slow ones first, the longest first (slow_tests.txt): the two test processes (-n 2)
+    # then end on short tests together, not one of them on a minute-long test while the other
+    # idles
+    items.sort(key=lambda item: -_SLOW.get(item.nodeid.split("[")[0],
+                                            2.0 if "slow" in item.keywords else 0.0))
     if os.environ.get("JAXLOADER_E2E", "1") != "0":
         return
     skip = pytest.mark.skip(reason="end to end: run on CI's newest Python (JAXLOADER_E2E=0)")
