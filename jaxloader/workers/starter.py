@@ -269,7 +269,8 @@ def _fork(fds: list[int]) -> int | str:
 def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int) -> NoReturn:
     """In a forked child: the training process's standard output and error and directory of
     the moment (a directory gone or closed to it: the starter's, as an exec'd worker would be
-    left in one that is gone), a random state of its own, then the worker's life (``worker.run``)."""
+    left in one that is gone), a random state of its own, then the worker's life
+    (``worker.run``)."""
     for target, fd in zip(std, fds[1:]):
         os.dup2(fd, target)
         os.close(fd)

@@ -282,25 +282,32 @@ def run(fd: int, parent: int) -> NoReturn:
 
 
 def leave() -> NoReturn:
-    """Ends this process as a normal interpreter exit would, less the teardown of its modules:
-    its other non-daemon threads joined, its atexit hooks run (the worker's: a user's
-    ``init_fn`` may register one), standard output and error flushed, then ``os._exit``.
-    Tearing down the hundreds of modules a worker holds (NumPy's, jaxloader's, JAX's with a
-    ``JitMap``) cost more CPU than a worker's start from the starter, at every loader's close
-    (docs/benchmarks.md, "A loader's start"); ``multiprocessing``'s children skip it as well.
-    What that skips: objects still alive are not finalized, so a file a transform keeps open
-    is not flushed at the end (write it in a ``with`` block)."""
-    me = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not me and not thread.daemon:
-            thread.join()
+    """Ends this process as Python's exit does, less the teardown of its modules: threads
+    shut down as the interpreter shuts them down (``threading._shutdown``, which
+    ``multiprocessing``'s children call too: an executor left open is woken, every non-daemon
+    thread joined), then the atexit hooks (a user's ``worker_init_fn`` may register one), then
+    Python's and C's buffered output flushed, then ``os._exit``: 0, or 120 if the output could
+    not be written, as Python exits then. Tearing down the hundreds of modules a worker holds
+    (NumPy's, jaxloader's, JAX's with a ``JitMap``) cost more CPU than a worker's start from
+    the starter, at every loader's close (docs/benchmarks.md, "A loader's start"). What that
+    skips: objects still alive are not finalized, so a file a transform keeps open is not
+    flushed at the end (write it in a ``with`` block)."""
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    code = 0
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass  # (None, or closed by the user's code)
-    os._exit(0)
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # (ValueError: closed by the user's code)
+            code = 120
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # (C's stdio: printf from an extension)
+    except (OSError, AttributeError):
+        pass
+    os._exit(code)
 
 
 def main(fd: int, parent: int) -> None:

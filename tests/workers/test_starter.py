@@ -171,22 +171,36 @@ def test_a_worker_prints_where_the_training_process_prints_at_its_start(tmp_path
         f"record {i} made" for i in range(4)]
 
 
+_KEPT: list = []  # (in a worker: what its worker_init_fn leaves open)
+
+
 def leave_marks(worker_id):
-    """A worker_init_fn leaving what a normal interpreter exit sees to: an atexit hook, a
-    thread still running, and output not flushed."""
+    """A worker_init_fn leaving what Python's exit sees to: a thread still running (it waits
+    for the test's word, then a while), an executor left open, an atexit hook (which says
+    whether the thread had ended: threads come first), and output not flushed."""
+    import concurrent.futures
+
     here = os.environ["JAXLOADER_TEST_DIR"]
 
     def late():
-        time.sleep(0.2)
+        while not os.path.exists(os.path.join(here, "closing")):
+            time.sleep(0.01)
+        time.sleep(0.3)
         open(os.path.join(here, f"thread-{worker_id}"), "w").close()
 
-    atexit.register(lambda: open(os.path.join(here, f"atexit-{worker_id}"), "w").close())
+    def hook():
+        ended = os.path.exists(os.path.join(here, f"thread-{worker_id}"))
+        open(os.path.join(here, f"atexit-{worker_id}-thread-ended-{ended}"), "w").close()
+
+    atexit.register(hook)
     threading.Thread(target=late).start()
+    _KEPT.append(concurrent.futures.ThreadPoolExecutor(1))
+    _KEPT[-1].submit(int).result()  # (its thread started, waiting for work)
     print(f"worker {worker_id} unflushed;", end="")
 
 
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "exec'd"])
-def test_a_worker_ends_with_its_hooks_run_its_threads_done_and_its_output_flushed(
+def test_a_worker_ends_with_its_threads_done_its_hooks_run_and_its_output_flushed(
         tmp_path, monkeypatch, capfd, forked):
     monkeypatch.setenv("JAXLOADER_TEST_DIR", str(tmp_path))
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # (a worker's output then waits)
@@ -195,7 +209,10 @@ def test_a_worker_ends_with_its_hooks_run_its_threads_done_and_its_output_flushe
     with jl.DataLoader(source, batch_size=2, num_workers=2, worker_init_fn=leave_marks,
                        process_index=0, process_count=1) as loader:
         assert len(list(loader)) == 4
-    # close() waited for both workers' exits
-    assert sorted(os.listdir(tmp_path)) == ["atexit-0", "atexit-1", "thread-0", "thread-1"]
+        (tmp_path / "closing").touch()
+    # close() waited for both workers' ends: each thread had ended before the hooks ran
+    assert sorted(os.listdir(tmp_path)) == [
+        "atexit-0-thread-ended-True", "atexit-1-thread-ended-True", "closing", "thread-0",
+        "thread-1"]
     out = capfd.readouterr().out
     assert "worker 0 unflushed;" in out and "worker 1 unflushed;" in out
