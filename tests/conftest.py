@@ -117,9 +117,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "e2e" in item.keywords or item.nodeid.split("[")[0] in _SLOW:
             item.add_marker(slow)
-    # The slow ones first, the longest first (slow_tests.txt): the two test processes (-n 2)
-    # then end on short tests together, not one of them on a minute-long test while the other
-    # idles
+    # The slow ones first, the longest first (slow_tests.txt): xdist's worksteal gives the
+    # first half of the list to one test process (-n 2), which starts on the longest, and the
+    # other steals from the end of its queue once its own half is done; the two then end on
+    # short tests together, not one on a minute-long test while the other idles
     items.sort(key=lambda item: -_SLOW.get(item.nodeid.split("[")[0],
                                             2.0 if "slow" in item.keywords else 0.0))
     if os.environ.get("JAXLOADER_E2E", "1") != "0":

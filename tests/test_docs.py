@@ -95,7 +95,7 @@ def test_every_test_named_slow_exists():
             if os.path.exists(os.path.join(ROOT, path)) else ""
         name = name.split("::")[0].rsplit(".", 1)[-1]  # (a docstring's example: its class
         # or function; a TestCase made by hypothesis: a name assigned)
-        if not re.search(rf"^\s*((async def|def|class) {re.escape(name)}\b|{re.escape(name)} =)",
+        if not re.search(rf"^(\s*(async def|def|class) {re.escape(name)}\b|{re.escape(name)} =)",
                          text, re.M):
             missing.append(nodeid)
     assert not missing, f"tests/slow_tests.txt names tests that are not there: {missing}"

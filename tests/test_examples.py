@@ -18,8 +18,8 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # checks allow (each run's start is most of its time, but not of the LM's: its steps and its
 # held-out pass, over a tenth of --files modules, are)
 RUNS = {
-    "digits": ("train_digits.py", (), 150, 25, 75),
-    "digits, Flax NNX": ("train_digits_nnx.py", (), 150, 25, 75),
+    "digits": ("train_digits.py", (), 180, 25, 75),
+    "digits, Flax NNX": ("train_digits_nnx.py", (), 180, 25, 75),
     "packed LM": ("train_lm.py", ("--length", "128", "--batch-size", "8", "--files", "100"),
                   80, 20, 40),
 }
