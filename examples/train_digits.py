@@ -40,8 +40,8 @@ from jaxloader.checkpoint import LoaderRestore, LoaderSave
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits: 1,797 images of 8x8 pixels (0 to 16) and their labels, read from
-    the file scikit-learn ships them in, without importing scikit-learn (2.5 s of this
-    machine's start, for a 100 KB file); through ``sklearn.datasets.load_digits`` where that
+    the file scikit-learn ships them in, without importing scikit-learn (most of this
+    script's start, for a 100 KB file); through ``sklearn.datasets.load_digits`` where that
     file is not found."""
     spec = importlib.util.find_spec("sklearn")
     folders = list(spec.submodule_search_locations or []) if spec else []

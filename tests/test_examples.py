@@ -65,7 +65,8 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     assert ("test accuracy" if digits else "final loss") in out
     if not digits:  # it learns: the loss at the end is well below the start
         assert reference[steps] < 0.75 * reference[1], (reference[1], reference[steps])
-        held_out = _held_out_line(out, int(args[args.index("--files") + 1]))
+        files = int(args[args.index("--files") + 1])
+        held_out = _held_out_line(out, files)
 
     proc = _train(cut, script, args, steps, save_every)  # killed (SIGKILL) after step k
     deadline = time.monotonic() + 240
@@ -90,7 +91,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     mismatched = [r["step"] for r in resumed if r["loss"] != reference[r["step"]]]
     assert not mismatched, f"losses differ after the restore at steps {mismatched[:10]}"
     if not digits:  # the same model evaluated on the same held-out pass
-        assert _held_out_line(out, int(args[args.index("--files") + 1])) == held_out
+        assert _held_out_line(out, files) == held_out
     if run == "digits":  # README's main command run once more: the run is done, exit 0
         proc = _train(cut, script, args, steps, save_every)
         out, err = proc.communicate(timeout=300)
@@ -141,7 +142,7 @@ def test_multihost_example_trains_on_two_processes():
 
 
 def test_the_digits_read_from_scikit_learns_file_are_those_load_digits_gives():
-    # (read without importing scikit-learn: 2.5 s of each run's start)
+    # (read without importing scikit-learn, whose import was most of each run's start)
     import numpy as np
     from sklearn.datasets import load_digits
 

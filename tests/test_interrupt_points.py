@@ -5,10 +5,10 @@ interrupt at each point of ``next()``, ``peek()``, ``state_dict()``, ``iter()`` 
 ``load_state_dict()`` where CPython may run a signal handler (``line_interrupts``: a call's
 points listed once by ``points_of``, each then reached by ``raised_at_place``), one run each,
 and check what the loader does next. Every place a point is at (a code location) is swept at
-its first two passes and its last (a loop's first turn, a turn after another, its end): 12,900
-of the 17,100 points, a quarter less of CI's time; ``JAXLOADER_EXHAUSTIVE=1`` sweeps every
-pass (a packing loop over 110 records, each of its turns). What the sweep checks: the batches it hands out
-are the reference stream's at their steps, with no step lost or repeated, and a restore leaves
+its first two passes and its last (a loop's first turn, a turn after another, its end), not at
+every pass, for CI's time; ``JAXLOADER_EXHAUSTIVE=1`` sweeps every pass (a packing loop over
+110 records, each of its turns). What the sweep checks: the batches it hands out are the
+reference stream's at their steps, with no step lost or repeated, and a restore leaves
 the old position or the new one; after an interrupted ``close()``, a second one leaves no thread
 running. ``test_interrupts.py`` fires timer interrupts at random into runs with workers and
 device prefetch; this is the exhaustive, in-process counterpart (a sweep with workers starts

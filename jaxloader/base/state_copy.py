@@ -1,6 +1,6 @@
 """Copies of loader states: trees of dicts, lists and scalars, JSON's types (what
 ``state_dict()`` gives and a restore reads back from JSON), made by a pickle round trip, which
-runs in C: a packed stream's reader state, copied at every batch, copies 4x faster than
+runs in C: a packed stream's reader state, copied at every batch, copies several times faster than
 by ``copy.deepcopy``, which walks the tree in Python (docs/benchmarks.md, "The figures behind
 choices in the code"). The copy is the same as ``copy.deepcopy``'s (two references to one
 object stay one); what pickle cannot copy is deep-copied.

@@ -10,8 +10,8 @@ Start methods:
   milliseconds a worker, the interpreter's start and imports paid once. Elsewhere each worker
   is started by ``subprocess`` and pays them (0.3-0.5 s of CPU; in parallel for all workers).
 - ``"fork"`` (POSIX): ``os.fork()`` of the main process; shares its memory copy-on-write
-  (and starts faster where there is no starter), but is refused once JAX has been imported, because forking a process with JAX's
-  threads running can deadlock the child.
+  (and starts faster where there is no starter), but is refused once JAX has been imported,
+  because forking a process with JAX's threads running can deadlock the child.
 
 Either way the worker's link is one duplex pipe; its EOF tells each side the other is gone.
 A worker also ends with the main process whatever it is doing (``worker.die_with_parent``: on
