@@ -13,14 +13,17 @@ medians):
   small operations a record, where a NumPy transform pays Python on each;
 - the ceiling of each: two bare processes doing nothing but run the JitMap on a ready batch
   (XLA on one core each, a chunk of rows at a time, as in the workers; its output into a buffer
-  made once), asked for batches as a loader is and taking its turn in each round; "of ceiling"
-  is the median of each round's ratio to it;
-- first batch (construction -> first batch, 2 workers) with the JitMap and with the RandomMap.
+  made once; started with a worker's ``GLIBC_TUNABLES``), asked for batches as a loader is and
+  taking its turn in each round; "of ceiling" is the median of each round's ratio to it;
+- first batch (construction -> first batch, 2 workers) with the JitMap and with the RandomMap;
+- ``--cached-copies``: also the JitMap with its workers' copies through the caches at every size
+  (``workers.process.NON_TEMPORAL_BYTES``: what bypassing them gains).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -31,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxloader as jl  # noqa: E402
+from jaxloader.workers.process import NON_TEMPORAL, worker_environment  # noqa: E402
 import peers  # noqa: E402
 from bench_workers import (close, first_batch_seconds, interleaved_rates,  # noqa: E402
                            jaxloader_iter)
@@ -99,6 +103,33 @@ def tf_heavy(record: dict) -> dict:
     return {"image": tf.clip_by_value(image, 0.0, 1.0), "label": record["label"]}
 
 
+# -- a worker's copies -------------------------------------------------------------------------
+@contextlib.contextmanager
+def tunables(value: str | None) -> Iterator[None]:
+    """Processes started inside get ``GLIBC_TUNABLES=value`` (``None``: this one's)."""
+    before = os.environ.get("GLIBC_TUNABLES")
+    if value is not None:
+        os.environ["GLIBC_TUNABLES"] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("GLIBC_TUNABLES", None)
+        else:
+            os.environ["GLIBC_TUNABLES"] = before
+
+
+def cached_copies(make):
+    """``make`` (a ``jaxloader_iter``) whose workers copy through the caches at every size, as
+    glibc's own threshold has them do below ~3/4 of the last-level cache: what a worker's copies
+    into its slots gain from bypassing them (``workers.process.NON_TEMPORAL_BYTES``)."""
+    def started() -> Iterator:
+        with tunables(f"{NON_TEMPORAL}={1 << 40}"):
+            return make()
+    started.holder = make.holder  # type: ignore[attr-defined]
+    return started
+
+
 # -- the ceiling -------------------------------------------------------------------------------
 def _compiled_loop(fn, shape: tuple, requests, done) -> None:
     """Runs the JitMap on one ready batch for each request, as a worker runs it (XLA on one
@@ -137,8 +168,10 @@ class Ceiling:
         self.procs = [ctx.Process(target=_compiled_loop, args=(fn, shape, self.requests,
                                                                self.done))
                       for _ in range(WORKERS)]
-        for p in self.procs:
-            p.start()
+        # started as a worker is, with its copies' threshold (workers.process)
+        with tunables(worker_environment(os.environ).get("GLIBC_TUNABLES")):
+            for p in self.procs:
+                p.start()
         self.out = 0
         self.holder: dict = {}
 
@@ -168,6 +201,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="fewer batches")
+    parser.add_argument("--cached-copies", action="store_true",
+                        help="also the JitMap with its workers' copies through the caches")
     args = parser.parse_args()
     have_tf = peers.available()["tf.data"]
     rng = np.random.default_rng(0)
@@ -187,6 +222,9 @@ def main() -> None:
             "jaxloader RandomMap (NumPy)": jaxloader_iter(source, BATCH, WORKERS,
                                                           [jl.RandomMap(np_fn)]),
         }
+        if args.cached_copies:
+            loaders["JitMap, copies cached"] = cached_copies(
+                jaxloader_iter(source, BATCH, WORKERS, [jl.JitMap(jax_fn)]))
         if have_tf:
             loaders["tf.data, TF ops"] = peers.tf_data(images, labels, BATCH, workers=WORKERS,
                                                        tf_map=tf_fn)

@@ -34,6 +34,14 @@ Math libraries in a worker use one thread (``OPENBLAS_NUM_THREADS``, ``MKL_NUM_T
 parallelism. NumPy's OpenBLAS otherwise starts a thread a core in every worker, each spinning
 for a while at its start (later first batches, more of the workers' CPU), and a transform's matrix product in N workers
 would run N x cores threads. A value the training process's environment sets is kept.
+
+A worker's copies of ``NON_TEMPORAL_BYTES`` (1 MiB) or more bypass its caches (non-temporal
+stores: glibc's ``x86_non_temporal_threshold``, through ``GLIBC_TUNABLES``; x86-64 Linux, workers
+started by ``"exec"``). A slot is written once by a worker and read by another process: a
+cached copy into it first reads every line of the slot from memory, then evicts what the worker
+works on (a ``JitMap``'s chunk, its input). glibc's own threshold is about 3/4 of the
+last-level cache: tens of MiB or more on a server, larger than most slots. A ``GLIBC_TUNABLES``
+of the training process's environment is kept, with the threshold added unless it names one.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 import queue
 import signal
 import subprocess
@@ -69,6 +78,11 @@ _DROPPED = ("JAX_PLATFORM_NAME",)
 # One thread a math library in a worker, unless the environment says otherwise (module docstring)
 THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                    "JAXLOADER_XLA_THREADS": "1"}  # (a JitMap's XLA: batching/jit_cpu.py)
+# Copies this large or larger bypass a worker's caches (module docstring); glibc reads the
+# threshold when the process starts, so a forked worker keeps its parent's
+NON_TEMPORAL = "glibc.cpu.x86_non_temporal_threshold"
+NON_TEMPORAL_BYTES = 1 << 20
+_X86_LINUX = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
 _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); "
     "from jaxloader.workers.worker import run; run({fd}, {parent})"
@@ -84,7 +98,12 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
         ('cpu', '4', '1')
     """
     kept = {name: value for name, value in parent.items() if name not in _DROPPED}
-    return {**THREAD_DEFAULTS, **kept, **WORKER_ENVIRONMENT}
+    environment = {**THREAD_DEFAULTS, **kept, **WORKER_ENVIRONMENT}
+    tunables = environment.get("GLIBC_TUNABLES", "")
+    if _X86_LINUX and NON_TEMPORAL not in tunables:
+        environment["GLIBC_TUNABLES"] = ":".join(
+            filter(None, (tunables, f"{NON_TEMPORAL}={NON_TEMPORAL_BYTES}")))
+    return environment
 
 
 class WorkerProcess:

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.workers.process import THREAD_DEFAULTS, worker_environment
+from jaxloader.workers.process import (NON_TEMPORAL, NON_TEMPORAL_BYTES, THREAD_DEFAULTS,
+                                       worker_environment)
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,8 +32,9 @@ def on_jax(record):
 
 def test_worker_environment_runs_jax_on_the_cpu_and_keeps_the_rest():
     parent = {"JAX_PLATFORMS": "cuda", "JAX_PLATFORM_NAME": "gpu", "XLA_FLAGS": "--x", "A": "1"}
-    assert worker_environment(parent) == {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--x", "A": "1",
-                                          **THREAD_DEFAULTS}
+    made = worker_environment(parent)
+    made.pop("GLIBC_TUNABLES", None)  # (x86-64 Linux: the test below)
+    assert made == {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--x", "A": "1", **THREAD_DEFAULTS}
     assert worker_environment({})["JAX_PLATFORMS"] == "cpu"
     assert parent["JAX_PLATFORMS"] == "cuda"  # the caller's mapping is not changed
 
@@ -42,6 +44,43 @@ def test_math_libraries_run_one_thread_in_a_worker_unless_the_environment_says_o
     chosen = worker_environment({"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "2"})
     assert (chosen["OMP_NUM_THREADS"], chosen["MKL_NUM_THREADS"],
             chosen["OPENBLAS_NUM_THREADS"]) == ("4", "2", "1")
+
+
+X86_LINUX = sys.platform == "linux" and os.uname().machine == "x86_64"
+LD_SO = "/lib64/ld-linux-x86-64.so.2"  # (glibc's loader: --list-tunables says what it read)
+
+
+@pytest.mark.skipif(not X86_LINUX, reason="glibc's x86 tunable: x86-64 Linux only")
+def test_a_worker_copies_a_megabyte_or_more_past_its_caches_unless_told_otherwise():
+    ours = f"{NON_TEMPORAL}={NON_TEMPORAL_BYTES}"
+    assert worker_environment({})["GLIBC_TUNABLES"] == ours
+    # the training process's other tunables are kept, with the threshold added
+    mixed = worker_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert mixed["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{ours}"
+    # one it names is its own
+    chosen = {"GLIBC_TUNABLES": f"{NON_TEMPORAL}=0x7200000"}
+    assert worker_environment(chosen)["GLIBC_TUNABLES"] == chosen["GLIBC_TUNABLES"]
+    # glibc reads the value, as a worker's loader does at its start
+    if os.path.exists(LD_SO):
+        said = subprocess.run([LD_SO, "--list-tunables"], env=mixed, capture_output=True,
+                              text=True, timeout=30, check=True).stdout
+        assert f"{NON_TEMPORAL}: {NON_TEMPORAL_BYTES:#x} " in said
+        assert "glibc.malloc.arena_max: 0x2 " in said
+
+
+def worker_tunables(record):
+    return {"tunables": np.array(os.environ.get("GLIBC_TUNABLES", ""))}
+
+
+@pytest.mark.skipif(not X86_LINUX, reason="glibc's x86 tunable: x86-64 Linux only")
+def test_a_started_worker_runs_with_the_threshold(monkeypatch):
+    # an exec'd worker (or one forked from the starter, exec'd with the worker's environment)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    source = jl.ArraySource({"x": np.arange(2)})
+    with jl.DataLoader(source, batch_size=2, transforms=[jl.Map(worker_tunables)],
+                       num_workers=1, process_index=0, process_count=1) as loader:
+        batch = next(iter(loader))
+    assert batch["tunables"].tolist() == [f"{NON_TEMPORAL}={NON_TEMPORAL_BYTES}"] * 2
 
 
 def process_threads(record):
