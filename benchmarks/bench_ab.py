@@ -18,8 +18,9 @@ Cases (jaxloader only, with 2 workers, batches of 256, as ``bench_files.py`` and
   the end, the workers started before the clock;
 - ``tar``: 300 batches after 20 of a stream of 200 tar shards of 1,000 records (``.txt`` and
   ``.cls``), ``Map(decode)``;
-- ``small``, ``large``: 2,000 batches of 256 records of 16 float32 (16 KiB), 60 of 64 records
-  of 150 KiB (9.4 MiB), from an ``ArraySource`` shuffled, after a warm-up.
+- ``small``, ``large``, ``huge``: 2,000 batches of 256 records of 16 float32 (16 KiB), 60 of 64
+  records of 150 KiB (9.4 MiB), 60 of 16 records of 2 MiB (32 MiB), from an ``ArraySource``
+  shuffled, after a warm-up.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ("parquet_local", "tar", "small", "large")
+CASES = ("parquet_local", "tar", "small", "large", "huge")
 
 
 def child(case: str, data: str) -> dict:
@@ -62,8 +63,9 @@ def child(case: str, data: str) -> dict:
                                  transforms=[jl.Map(decode)], process_index=0, process_count=1)
         warm, count = 20, 300
     else:
-        rows, width = (256, 16) if case == "small" else (64, 150 * 256)
-        x = np.random.default_rng(0).random((rows * 40, width), dtype=np.float32)
+        rows, width, many = {"small": (256, 16, 40), "large": (64, 150 * 256, 40),
+                             "huge": (16, 512 * 1024, 16)}[case]
+        x = np.random.default_rng(0).random((rows * many, width), dtype=np.float32)
         loader = jl.DataLoader(jl.ArraySource({"x": x, "y": np.arange(len(x))}),
                                batch_size=rows, shuffle=True, num_workers=2, num_epochs=None,
                                process_index=0, process_count=1)
