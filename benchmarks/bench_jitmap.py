@@ -121,8 +121,8 @@ def tunables(value: str | None) -> Iterator[None]:
 
 def cached_copies(make):
     """``make`` (a ``jaxloader_iter``) whose workers copy through the caches at every size, as
-    glibc's own threshold has them do below ~3/4 of the last-level cache: what a worker's copies
-    into its slots gain from bypassing them (``workers.process.NON_TEMPORAL_BYTES``)."""
+    glibc's own threshold has them do where it is larger than a slot (``workers.process``): what
+    a worker's copies into its slots gain from bypassing them (``NON_TEMPORAL_BYTES``)."""
     def started() -> Iterator:
         with tunables(f"{NON_TEMPORAL}={1 << 40}"):
             return make()

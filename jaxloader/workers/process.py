@@ -36,12 +36,16 @@ for a while at its start (later first batches, more of the workers' CPU), and a 
 would run N x cores threads. A value the training process's environment sets is kept.
 
 A worker's copies of ``NON_TEMPORAL_BYTES`` (1 MiB) or more bypass its caches (non-temporal
-stores: glibc's ``x86_non_temporal_threshold``, through ``GLIBC_TUNABLES``; x86-64 Linux, workers
-started by ``"exec"``). A slot is written once by a worker and read by another process: a
-cached copy into it first reads every line of the slot from memory, then evicts what the worker
-works on (a ``JitMap``'s chunk, its input). glibc's own threshold is about 3/4 of the
-last-level cache: tens of MiB or more on a server, larger than most slots. A ``GLIBC_TUNABLES``
-of the training process's environment is kept, with the threshold added unless it names one.
+stores: glibc's ``x86_non_temporal_threshold``, through ``GLIBC_TUNABLES``; x86-64 Linux with
+glibc 2.29 or newer, workers started by ``"exec"``). A slot is written once by a worker and read
+by another process: a copy into it through the caches can read the slot's lines from memory
+before writing them (read-for-ownership) and evicts what the worker works on (a ``JitMap``'s
+chunk, its input). glibc's own threshold depends on its version and the machine: 3/4 of a
+thread's share of the last-level cache up to glibc 2.37 (near 1 MiB on a many-core server,
+tens of MiB on a small VM that reports a large cache), about a quarter of that cache from
+2.38. Every copy of that size in a worker is affected (a transform's own, a decoder's, XLA's),
+and processes a worker starts inherit the variable. A ``GLIBC_TUNABLES`` of the training
+process's environment is kept, with the threshold added unless it names one.
 """
 
 from __future__ import annotations
