@@ -19,9 +19,11 @@ Linux the kernel's parent-death signal, which fires when the *thread* that start
 ends; so a worker is started from the main thread, or from a thread kept as long as the process,
 ``_in_lasting_thread``, never from a short-lived one such as a device-put thread).
 
-Stopping is quick whatever the worker is doing: it is told to stop, and one still running after
-``STOP_GRACE_S`` (busy in a transform, with tasks queued behind the message) is killed: nothing
-it holds needs it to exit cleanly (its memory files and locks go with it).
+Stopping is quick whatever the worker is doing: it is told to stop, and one that has not closed
+its pipe after ``STOP_GRACE_S`` (busy in a transform, with tasks queued behind the message) is
+killed: nothing it holds needs it to exit cleanly (its memory files and locks go with it). One
+that has is waited for as it ends (its threads, its atexit hooks: ``worker.leave``): up to
+``_KILL_TIMEOUT_S`` if started by ``"exec"``, until it ends if by ``"fork"``.
 
 A worker's JAX, should a transform use it, runs on the CPU (``JAX_PLATFORMS=cpu``): the
 accelerators belong to the training process. A worker that started a GPU backend would take
@@ -215,9 +217,21 @@ class WorkerProcess:
     def stop(self, deadline: float | None = None) -> int | None:
         """Asks the worker to stop, waits for its pipe to close until ``deadline``
         (``time.monotonic()``; by default ``STOP_GRACE_S`` from now), kills it if it does not
-        (or if the wait is interrupted); idempotent. Messages still in the pipe are dropped."""
+        (or if the wait is interrupted), then waits for its end; idempotent. Messages still in
+        the pipe are dropped."""
+        try:
+            self.let_go(deadline)
+        finally:
+            code = self.reap()
+        return code
+
+    def let_go(self, deadline: float | None = None) -> None:
+        """``stop()``'s first half: told to stop, its pipe closed by ``deadline`` or the worker
+        killed. The second, ``reap()``, waits for the end of a worker that let go in time (its
+        threads, its atexit hooks: ``worker.leave``), so several workers are let go within one
+        grace before any is waited for: one worker's end must not use up another's grace."""
         if self._exitcode is not None:
-            return self._exitcode
+            return
         self.ask_to_stop()
         if deadline is None:
             deadline = time.monotonic() + STOP_GRACE_S
@@ -228,8 +242,11 @@ class WorkerProcess:
             if not drained:
                 self.kill()
             self.conn.close()
-            code = self.exitcode(timeout=None if self._fork_pid else _KILL_TIMEOUT_S)
-        return code
+
+    def reap(self) -> int | None:
+        """The exit code once the worker has ended (``let_go()`` first); None if a worker
+        started by ``"exec"`` is still running after ``_KILL_TIMEOUT_S``."""
+        return self.exitcode(timeout=None if self._fork_pid else _KILL_TIMEOUT_S)
 
     def _wait_for_eof(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -302,14 +319,16 @@ def _spawn_forever() -> None:
 
 
 def stop_all(workers: list[WorkerProcess], ring: Any) -> None:
-    """Stops ``workers``, then closes the pool's slot ring. Every step runs even if an earlier one is interrupted (``jaxloader.base.interrupts``, 4).
-    The workers wind down together: told at once, given one grace (``STOP_GRACE_S``) between
-    them, then those still running are killed."""
+    """Stops ``workers``, then closes the pool's slot ring. Every step runs even if an earlier
+    one is interrupted (``jaxloader.base.interrupts``, 4). The workers wind down together: told
+    at once, given one grace (``STOP_GRACE_S``) between them to close their pipes (those that
+    have not are killed), then each waited for as it ends."""
     running = [w.pid for w in workers if w.exitcode() is None]
     if running:
         log.info("stopping worker process(es) %s", running)
     deadline = time.monotonic() + STOP_GRACE_S
     steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]
-    steps += [functools.partial(w.stop, deadline) for w in workers] + [ring.close]
+    steps += [functools.partial(w.let_go, deadline) for w in workers]
+    steps += [w.reap for w in workers] + [ring.close]
     run_all(steps)
 

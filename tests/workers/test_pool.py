@@ -345,16 +345,16 @@ def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment
     pids = pool.pids
     names = held_segments()
     assert names
-    real_stop, calls = WorkerProcess.stop, []
+    real_let_go, calls = WorkerProcess.let_go, []
 
-    def stop(self, *deadline):
+    def let_go(self, *deadline):
         calls.append(pids.index(self.pid))
         if calls == [0]:
-            real_stop(self, *deadline)
+            real_let_go(self, *deadline)
             raise KeyboardInterrupt  # a Ctrl-C during the first worker's drain
-        return real_stop(self, *deadline)
+        return real_let_go(self, *deadline)
 
-    monkeypatch.setattr(WorkerProcess, "stop", stop)
+    monkeypatch.setattr(WorkerProcess, "let_go", let_go)
     with pytest.raises(KeyboardInterrupt):
         pool.close()
     assert calls == [0, 1, 2]  # the other workers were still stopped

@@ -176,8 +176,9 @@ _KEPT: list = []  # (in a worker: what its worker_init_fn leaves open)
 
 def leave_marks(worker_id):
     """A worker_init_fn leaving what Python's exit sees to: a thread still running (it waits
-    for the test's word, then a while), an executor left open, an atexit hook (which says
-    whether the thread had ended: threads come first), and output not flushed."""
+    for the test's word, then a while: longer than the stop's grace, and longer in worker 1,
+    which must not be killed once worker 0 has ended), an executor left open, an atexit hook
+    (which says whether the thread had ended: threads come first), and output not flushed."""
     import concurrent.futures
 
     here = os.environ["JAXLOADER_TEST_DIR"]
@@ -185,7 +186,7 @@ def leave_marks(worker_id):
     def late():
         while not os.path.exists(os.path.join(here, "closing")):
             time.sleep(0.01)
-        time.sleep(0.3)
+        time.sleep(0.3 * (1 + worker_id))
         open(os.path.join(here, f"thread-{worker_id}"), "w").close()
 
     def hook():
