@@ -113,7 +113,8 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
 
 
 class WorkerProcess:
-    """A started worker: ``conn`` to talk to it, ``pid``, ``exitcode()``, ``stop()``."""
+    """A started worker: ``conn`` to talk to it, ``pid``, ``exitcode()``, ``let_go()`` then
+    ``reap()`` to stop it."""
 
     def __init__(self, start_method: str) -> None:
         if start_method == "fork" and "jax" in sys.modules:
@@ -214,22 +215,13 @@ class WorkerProcess:
             except ProcessLookupError:
                 pass
 
-    def stop(self, deadline: float | None = None) -> int | None:
+    def let_go(self, deadline: float | None = None) -> None:
         """Asks the worker to stop, waits for its pipe to close until ``deadline``
         (``time.monotonic()``; by default ``STOP_GRACE_S`` from now), kills it if it does not
-        (or if the wait is interrupted), then waits for its end; idempotent. Messages still in
-        the pipe are dropped."""
-        try:
-            self.let_go(deadline)
-        finally:
-            code = self.reap()
-        return code
-
-    def let_go(self, deadline: float | None = None) -> None:
-        """``stop()``'s first half: told to stop, its pipe closed by ``deadline`` or the worker
-        killed. The second, ``reap()``, waits for the end of a worker that let go in time (its
-        threads, its atexit hooks: ``worker.leave``), so several workers are let go within one
-        grace before any is waited for: one worker's end must not use up another's grace."""
+        (or if the wait is interrupted); idempotent. Messages still in the pipe are dropped.
+        ``reap()`` then waits for the end of a worker that let go in time (its threads, its
+        atexit hooks: ``worker.leave``), so several workers are let go within one grace before
+        any is waited for: one worker's end must not use up another's grace."""
         if self._exitcode is not None:
             return
         self.ask_to_stop()
