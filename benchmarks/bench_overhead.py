@@ -1,12 +1,23 @@
 """The training process's CPU a batch, two trees side by side: what a change to the per-batch
-path costs where batches are small (the cost of the stage timings was measured with it).
+path costs (the stage timings' cost was measured with it).
 
-    python benchmarks/bench_overhead.py --before /path/to/old/checkout [--rounds 7]
+    python benchmarks/bench_overhead.py --before OLD_CHECKOUT [--after CHECKOUT ...]
+        [--rounds 10] [--control]
 
-Each round runs, in fresh processes whose ``sys.path`` puts a tree's ``jaxloader`` first, the
-trees alternating: 20,000 batches of 256 records of 16 float32 from a shuffled ``ArraySource``
-after 200 of warm-up, made in process (``num_workers=0``: the whole batch's CPU) and with 2
-workers (the training process's own CPU, ``time.process_time``, a batch). Medians, ratios.
+Each round starts, for each case, one process a tree (``PYTHONPATH`` puts the tree's
+``jaxloader`` first), warms it (300 batches) and lets the two take turns, ABBA..., ``--turns``
+pairs of chunks; a chunk is the training process's CPU (``time.process_time``) over its
+batches. A neighbour's load or a change of the machine's speed falls on both chunks of a pair,
+which separate runs did not share: their spread was larger than the 1% to measure. A process's
+own placement in memory moves it by a few per cent, and so does which of the two started
+first: each round starts fresh processes, the trees taking turns at starting first. The table
+gives, per case, the median over rounds of a round's median pair ratio, and their range.
+``--control`` also runs the after tree against itself: the floor of the method, in the same run.
+
+Cases (``--cases``), each a shuffled ``ArraySource`` read without an end of epoch:
+- ``in-process``: ``num_workers=0``, batches of 256 records of 16 float32 (the whole batch's CPU);
+- ``workers-small``: the same batches made by 2 workers (the training process alone);
+- ``workers-large``: 2 workers, batches of 64 records of 150 KiB.
 """
 
 from __future__ import annotations
@@ -20,59 +31,136 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = {  # name: (workers, batch size, floats a record, rows, batches a chunk)
+    "in-process": (0, 256, 16, 1 << 20, 1000),
+    "workers-small": (2, 256, 16, 1 << 20, 1000),
+    "workers-large": (2, 64, 38_400, 1024, 40),
+}
 
 
-def child(workers: int) -> dict:
+def child(case: str) -> None:
+    """Serves chunks: reads a count from stdin, answers the CPU a batch in us (0 ends)."""
     import numpy as np
 
     import jaxloader as jl
 
-    source = jl.ArraySource({"x": np.random.default_rng(0).random((1 << 20, 16), np.float32)})
-    n = 20_000 if workers == 0 else 12_000
-    with jl.DataLoader(source, batch_size=256, shuffle=True, num_workers=workers,
-                       num_epochs=None, process_index=0, process_count=1) as loader:
+    workers, batch_size, width, rows, _ = CASES[case]
+    x = np.random.default_rng(0).random((rows, width), np.float32)
+    with jl.DataLoader(jl.ArraySource({"x": x}), batch_size=batch_size, shuffle=True,
+                       num_workers=workers, num_epochs=None, process_index=0,
+                       process_count=1) as loader:
         it = iter(loader)
-        for _ in range(200):
+        for _ in range(300):
             next(it)
-        cpu = time.process_time()
-        for _ in range(n):
-            next(it)
-        cpu = time.process_time() - cpu
-    return {"cpu_us": 1e6 * cpu / n, "jaxloader": jl.__file__}
+        print(json.dumps({"jaxloader": jl.__file__}), flush=True)
+        for line in sys.stdin:
+            n = int(line)
+            if n == 0:
+                break
+            cpu = time.process_time()
+            for _ in range(n):
+                next(it)
+            print(json.dumps(1e6 * (time.process_time() - cpu) / n), flush=True)
 
 
-def run(tree: str, workers: int) -> float:
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    out = subprocess.run([sys.executable, __file__, "--child", str(workers)], env=env,
-                         capture_output=True, text=True, check=True, timeout=600)
-    found = json.loads(out.stdout.strip().splitlines()[-1])
-    if not found["jaxloader"].startswith(os.path.join(os.path.abspath(tree), "jaxloader")):
-        raise RuntimeError(f"{tree}: imported {found['jaxloader']}, not the tree's")
-    return found["cpu_us"]
+class Turns:
+    """A tree's child process for one case, answering chunks on request."""
+
+    def __init__(self, tree: str, case: str) -> None:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", case], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        found = json.loads(self._line())["jaxloader"]
+        if not found.startswith(os.path.join(os.path.abspath(tree), "jaxloader")):
+            self.close()
+            raise RuntimeError(f"{tree}: imported {found}, not the tree's")
+
+    def _line(self) -> str:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"the child ended (exit code {self.proc.wait()})")
+        return line
+
+    def chunk(self, n: int) -> float:
+        self.proc.stdin.write(f"{n}\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(self._line())
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write("0\n")  # type: ignore[union-attr]
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass
+        self.proc.wait(timeout=60)
+
+
+def round_ratio(before: str, after: str, case: str, turns: int,
+                after_first: bool) -> tuple[float, float, float]:
+    """One round: (median after / before of the pairs, before's median us, after's). The
+    process started first reads a few per cent faster or slower than the other (an after
+    against itself shows it): the rounds take turns at starting first."""
+    if after_first:
+        b = Turns(after, case)
+        a = Turns(before, case)
+    else:
+        a, b = Turns(before, case), Turns(after, case)
+    try:
+        n, ratios, us_a, us_b = CASES[case][4], [], [], []
+        for i in range(turns):
+            if i % 2 == 0:
+                x = a.chunk(n)
+                y = b.chunk(n)
+            else:
+                y = b.chunk(n)
+                x = a.chunk(n)
+            us_a.append(x)
+            us_b.append(y)
+            ratios.append(y / x)
+    finally:
+        a.close()
+        b.close()
+    return statistics.median(ratios), statistics.median(us_a), statistics.median(us_b)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", help="the tree to compare against (a checkout's root)")
-    parser.add_argument("--after", default=os.path.dirname(HERE))
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--after", action="append", help="a tree to measure (repeat it for "
+                        "several, each against --before; default: this checkout)")
+    parser.add_argument("--rounds", type=int, default=10, help="an even number: as many "
+                        "rounds with each tree started first")
+    parser.add_argument("--turns", type=int, default=20, help="pairs of chunks a round")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--control", action="store_true",
+                        help="also the after tree against itself (the method's floor)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child)))
+        child(args.child)
         return
+    cases = args.cases.split(",")
+    afters = args.after or [os.path.dirname(HERE)]
+    pairs = [(f"{os.path.basename(a.rstrip('/')) or a} / before", args.before, a) for a in afters]
+    if args.control:
+        pairs.append(("after / after (control)", afters[0], afters[0]))
     results: dict = {}
     for r in range(args.rounds):
-        trees = [args.before, args.after] if r % 2 == 0 else [args.after, args.before]
-        for tree in trees:
-            for workers in (0, 2):
-                results.setdefault((tree, workers), []).append(run(tree, workers))
-    print("| case | before, us | after, us | after / before |\n|---|---|---|---|")
-    for workers, name in ((0, "in process: the whole batch"), (2, "2 workers: the training "
-                                                                   "process alone")):
-        before = statistics.median(results[(args.before, workers)])
-        after = statistics.median(results[(args.after, workers)])
-        print(f"| {name} | {before:.2f} | {after:.2f} | {after / before:.3f} |")
+        for case in cases:
+            for name, before, after in pairs:
+                got = round_ratio(before, after, case, args.turns, after_first=r % 2 == 1)
+                results.setdefault((case, name), []).append(got)
+                print(f"round {r}: {case}, {name}: {got[0]:.3f} ({got[1]:.2f} -> {got[2]:.2f} us)",
+                      file=sys.stderr, flush=True)
+    print("| case | comparison | before, us | after, us | ratio (median of rounds) | rounds |")
+    print("|---|---|---|---|---|---|")
+    for case in cases:
+        for name, _, _ in pairs:
+            got = results[(case, name)]
+            ratios = sorted(g[0] for g in got)
+            print(f"| {case} | {name} | {statistics.median(g[1] for g in got):.2f} | "
+                  f"{statistics.median(g[2] for g in got):.2f} | "
+                  f"{statistics.median(ratios):.3f} | {ratios[0]:.3f}-{ratios[-1]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import pytest
 import jaxloader as jl
 from busy import WaitingSource, spin
 from jaxloader.base.stats import LoaderStats
+from jaxloader.base.timings import HANDOVER, Gauges, Timed
 from jaxloader.loaders.diagnosis import diagnose
 
 ONE = {"process_index": 0, "process_count": 1}
@@ -101,6 +102,58 @@ def test_stage_times_are_present_and_add_up(workers):
         assert stats.stages["hand-over"] > 0 and stats.ready_ahead >= 0
     loader.reset_stats()
     assert loader.stats.batches == 0 and loader.stats.stages.get("read", 0.0) == 0.0
+
+
+def test_a_timed_hand_over_stands_for_each_batch_handed_out_since_the_last():
+    gauges = Gauges(1)
+    gauges.mark = 10  # a run from step 10
+    gauges.handed_out(10, 0.001, waiting=3)  # itself
+    gauges.handed_out(25, 0.002, waiting=1)  # steps 11..25
+    assert gauges.handed == 16 and gauges.ready == 3 + 15
+    assert gauges.main.stages()[HANDOVER] == pytest.approx(0.001 + 15 * 0.002)
+    gauges.reset()  # the batches handed out since are not known: the next one sets the mark
+    gauges.handed_out(40, 1.0, waiting=5)
+    assert gauges.handed == 0 and HANDOVER not in gauges.main.stages()
+    gauges.handed_out(44, 0.5, waiting=2)  # steps 41..44
+    assert gauges.handed == 4 and gauges.ready == 8 and gauges.main.stages()[HANDOVER] == 2.0
+
+
+def test_a_timed_receipt_marks_the_last_batch_filed_and_not_a_failure():
+    gauges = Gauges(1)
+    ready = {3: ("slot", "layout", [], None), 4: ("slot", "layout", [], None)}
+    gauges.received(0.25, ready)
+    assert type(ready[4]) is Timed and ready[4] == ("slot", "layout", [], None)
+    assert type(ready[3]) is tuple and gauges.main.stages()[HANDOVER] == 0.25
+    failure = object()
+    ready = {5: failure}
+    gauges.received(0.25, ready)
+    assert ready[5] is failure
+    gauges.received(0.25, {})  # (nothing filed: a worker's Grow, say)
+
+
+def test_a_failed_call_counts_no_step_time_and_the_calls_after_it_count_theirs():
+    failed = []
+
+    def once(record):
+        if record["x"][0] == 64 and not failed:  # step 2's first record, the first time
+            failed.append(True)
+            raise ValueError("once")
+        return record
+
+    loader = jl.DataLoader(arrays(), batch_size=8, transforms=[jl.Map(once)], **ONE)
+    with loader:
+        it = iter(loader)
+        next(it)
+        next(it)
+        time.sleep(0.3)  # before the failed call, which records nothing
+        with pytest.raises(jl.RecordError, match="once"):
+            next(it)
+        time.sleep(0.6)  # after it: not the consumer's step either
+        next(it)
+        time.sleep(0.2)  # counted
+        next(it)
+        stats = loader.stats
+    assert stats.batches == 4 and 0.2 <= stats.run_s < 0.45, stats.run_s
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -19,6 +19,12 @@ timed (a maker asks ``made <= SAMPLE or not made % SAMPLE or trace`` inline: a c
 would cost what the timers cost). A slot wait is timed each time (it is also inside the
 collation's time).
 
+The training process times its receipts of workers' messages by the same rule (``weight``), and
+on each timed one marks a batch it filed (``Timed``); that batch's hand-over is timed and
+stands for those handed out since the last one (``Gauges.handed_out``). A batch handed out
+plainly pays no test of its own: the pool's loop asks whether what it took is a plain tuple,
+as it must anyway to find a failure.
+
 Example:
     >>> clock = StageClock()
     >>> clock.add(SLOT_WAIT, 0.25)  # timed each time it happens
@@ -43,6 +49,20 @@ WAIT = "consumer wait"  # the training loop inside next()
 STEP = "step"  # the training loop between next() calls
 LOOP = "record loop"  # (internal) the read and record transforms of one batch, before the split
 SAMPLE = 16  # one batch in this many is timed (times scaled by it), one hand-over; a power of 2
+
+
+def weight(n: int) -> int:
+    """What the ``n``-th (from 1) of a process's like events stands for if timed: itself for
+    the first ``SAMPLE``, ``SAMPLE`` of them for one in ``SAMPLE`` after; 0: not timed.
+
+        >>> [weight(n) for n in (1, 16, 17, 32)]
+        [1, 1, 0, 16]
+    """
+    return 1 if n <= SAMPLE else 0 if n & (SAMPLE - 1) else SAMPLE
+
+
+class Timed(tuple):
+    """A batch ready for hand-over whose hand-over is timed (see the module docstring)."""
 
 
 class StageClock:
@@ -240,6 +260,7 @@ class Gauges:
         self.makers = [StageTotals() for _ in range(makers)]
         self.main = StageTotals()
         self.ready = self.handed = 0
+        self.mark: int | None = None  # the step after the last timed hand-over (see reset)
         self.trace = False
 
     def reset(self) -> None:
@@ -251,3 +272,23 @@ class Gauges:
             totals.pull = pull
         self.main = StageTotals()
         self.ready = self.handed = 0
+        self.mark = None  # (the batches handed out since are not known: counted from the next)
+
+    def received(self, seconds: float, ready: dict) -> None:
+        """A timed receipt (its ``seconds`` already weighted): hand-over time, and the last
+        batch of ``ready`` (``{step: batch}``, most likely just filed) made ``Timed``."""
+        self.main.add(HANDOVER, seconds)
+        last = max(ready, default=None)
+        if last is not None and type(ready[last]) is tuple:
+            ready[last] = Timed(ready[last])
+
+    def handed_out(self, step: int, seconds: float, waiting: int) -> None:
+        """A timed hand-over of step ``step``, with ``waiting`` batches ready behind it: its
+        time and count stand for each batch handed out since the last timed one (``mark``,
+        which a run sets to its first step; none known since a reset: counted from here)."""
+        if self.mark is not None and self.mark <= step:
+            n = step + 1 - self.mark
+            self.main.add(HANDOVER, n * seconds)
+            self.ready += n * waiting
+            self.handed += n
+        self.mark = step + 1

@@ -126,7 +126,12 @@ class LoaderIterator(Generic[BatchT]):
         self._monitor = monitor  # loaders/monitor: autotune, periodic summary (or None)
         self._batches: Generator[Any, None, None] | None = None
         self._prefetcher: DevicePrefetcher | None = None
-        self._last_return: float | None = None
+        # When the last batch was handed out, once _checks has started the consumer's time
+        # (on the first call, and again after a call that failed: the time until the next
+        # call is not the consumer's). next() tests one value, check_at, for all of it.
+        self._last_return = 0.0
+        self._timing = False
+        progress.check_at = 0.0
         self._interrupted = True  # no work under way yet: _start() (or the first next()) starts it
 
     def _start(self) -> "LoaderIterator[BatchT]":
@@ -181,7 +186,7 @@ class LoaderIterator(Generic[BatchT]):
         try:
             batch = self._next()
             returned = time.perf_counter()
-            if returned >= progress.check_at:  # the first batch, or the monitor's time
+            if returned >= progress.check_at:  # a first batch, or the monitor's time
                 self._checks(progress, entered, returned)
         except WorkerError as e:
             progress.broken = e
@@ -192,7 +197,8 @@ class LoaderIterator(Generic[BatchT]):
             # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
             # dropped, and the next call makes this same step again (jaxloader.base.interrupts, 1).
             self._interrupted = True
-            self._last_return = None
+            self._timing = False
+            progress.check_at = 0.0  # (next() then starts the consumer's time again)
             self.stop_work()
             raise
         # No calls from here to the return: a signal cannot split the step from its batch.
@@ -200,13 +206,15 @@ class LoaderIterator(Generic[BatchT]):
         progress.step = self._step
         progress.batches += 1
         progress.wait_s += returned - entered
-        if self._last_return is not None:
-            progress.run_s += entered - self._last_return
+        progress.run_s += entered - self._last_return
         progress.last_s = self._last_return = returned
         return batch
 
     def _checks(self, progress: Progress, entered: float, returned: float) -> None:
-        """The first batch of the stats' window (said if slow), and the monitor's turn."""
+        """The first batch of the stats' window (said if slow), the consumer's time started
+        (the first call, or one after a failed call), and the monitor's turn."""
+        if not self._timing:
+            self._last_return, self._timing = entered, True  # (no run time before this call)
         if progress.first_s is None:
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:

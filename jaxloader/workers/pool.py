@@ -40,7 +40,7 @@ from typing import Any, Callable, Generator, NoReturn
 
 from jaxloader.base.errors import SharedMemoryError, WorkerError
 from jaxloader.base.interrupts import run_all
-from jaxloader.base.timings import HANDOVER, SAMPLE, Gauges
+from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker
 from jaxloader.workers import failures, payload, protocol
 from jaxloader.workers.process import stop_all
@@ -172,6 +172,7 @@ class WorkerPool:
                 self._shapes = {}
             self._run += 1
             run = self._run
+            self.gauges.mark = start  # (hand-overs are counted from here)
             self._stall.begin(None)
         ready: dict[int, tuple] = {}
         next_submit = next_yield = start
@@ -198,22 +199,20 @@ class WorkerPool:
                     if next_yield not in ready:
                         self._receive(run, ready, awaited=next_yield)
                         continue
-                    made = ready.pop(next_yield)  # (segment, layout, objects, report) or a
-                    if type(made) is Failure:  # raised in order, at its turn
-                        self._break(*made)
+                    # (segment, layout, objects, report), or rarely a Failure or a Timed; handed
+                    # in a list popped at the yield (a local would keep the slot lent till resumed)
+                    made = ready.pop(next_yield)
+                    if type(made) is tuple:
+                        handed = [self._ring.hand_out(*made[:3])]
+                    else:
+                        if type(made) is Failure:  # raised in order, at its turn
+                            self._break(*made)
+                        began = perf_counter()  # (base/timings: one in about SAMPLE)
+                        handed = [self._ring.hand_out(*made[:3])]
+                        self.gauges.handed_out(next_yield, perf_counter() - began, len(ready))
                     if reports is not None:
                         reports[next_yield] = made[3]
                     next_yield += 1
-                    # Made under the lock, held by nothing while suspended at the yield (a
-                    # local would keep the slot lent until the next resume); timed one in SAMPLE
-                    if next_yield & (SAMPLE - 1):  # (SAMPLE: a power of two)
-                        handed = [self._ring.hand_out(*made[:3])]
-                    else:
-                        began = perf_counter()
-                        handed = [self._ring.hand_out(*made[:3])]
-                        self.gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
-                        self.gauges.ready += SAMPLE * len(ready)
-                        self.gauges.handed += SAMPLE
                 yield handed.pop()
         except BaseException as e:
             # A message may have been cut (``jaxloader.base.interrupts``, 2): unless blocked in
@@ -281,8 +280,9 @@ class WorkerPool:
         self._waiting = False
         if not events:  # (a block waits for one)
             return False
-        self._receives += 1  # (the hand-over's sample: its reads too)
-        began = perf_counter() if not self._receives & (SAMPLE - 1) else 0.0
+        # Timed by base/timings' rule (weight, asked inline): the reads, and a hand-over marked
+        received = self._receives = self._receives + 1
+        began = perf_counter() if received <= SAMPLE or not received & (SAMPLE - 1) else 0.0
         for fd, _ in events:
             worker = roster.by_fd[fd]
             try:
@@ -324,7 +324,7 @@ class WorkerPool:
                 if failed_task.run == run:
                     ready[message.step] = failure
         if began:
-            self.gauges.main.add(HANDOVER, SAMPLE * (perf_counter() - began))
+            self.gauges.received(weight(received) * (perf_counter() - began), ready)
         return True
 
     def _wait(self, awaited: int | None) -> list:
