@@ -13,6 +13,8 @@ own placement in memory moves it by a few per cent, and so does which of the two
 first: each round starts fresh processes, the trees taking turns at starting first. The table
 gives, per case, the median over rounds of a round's median pair ratio, and their range.
 ``--control`` also runs the after tree against itself: the floor of the method, in the same run.
+``--count-lines`` counts instead the lines of Python the training process runs a batch in each
+tree (``sys.monitoring``, after the same warm-up; the median of 3 processes and their range).
 
 Cases (``--cases``), each a shuffled ``ArraySource`` read without an end of epoch:
 - ``in-process``: ``num_workers=0``, batches of 256 records of 16 float32 (the whole batch's CPU);
@@ -38,8 +40,9 @@ CASES = {  # name: (workers, batch size, floats a record, rows, batches a chunk)
 }
 
 
-def child(case: str) -> None:
-    """Serves chunks: reads a count from stdin, answers the CPU a batch in us (0 ends)."""
+def child(case: str, count_lines: bool = False) -> None:
+    """Serves chunks: reads a count from stdin, answers the CPU a batch in us (0 ends); or,
+    ``count_lines``, the lines of Python this process runs a batch over 600 batches."""
     import numpy as np
 
     import jaxloader as jl
@@ -52,6 +55,9 @@ def child(case: str) -> None:
         it = iter(loader)
         for _ in range(300):
             next(it)
+        if count_lines:
+            print(json.dumps({"jaxloader": jl.__file__, "lines": lines_a_batch(it, 600)}))
+            return
         print(json.dumps({"jaxloader": jl.__file__}), flush=True)
         for line in sys.stdin:
             n = int(line)
@@ -61,6 +67,37 @@ def child(case: str) -> None:
             for _ in range(n):
                 next(it)
             print(json.dumps(1e6 * (time.process_time() - cpu) / n), flush=True)
+
+
+def lines_a_batch(it, n: int) -> float:
+    """Lines of Python run a batch by this process over ``n`` batches (``sys.monitoring``,
+    Python 3.12 or newer): a count that the machine's speed does not move."""
+    monitoring = sys.monitoring  # type: ignore[attr-defined]
+    tool, lines = 3, [0]
+
+    def line(code, number):
+        lines[0] += 1
+
+    monitoring.use_tool_id(tool, "bench_overhead")
+    monitoring.register_callback(tool, monitoring.events.LINE, line)
+    monitoring.set_events(tool, monitoring.events.LINE)
+    try:
+        for _ in range(n):
+            next(it)
+    finally:
+        monitoring.set_events(tool, 0)
+        monitoring.free_tool_id(tool)
+    return lines[0] / n
+
+
+def count_lines(tree: str, case: str) -> float:
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+    out = subprocess.run([sys.executable, __file__, "--child", case, "--count-lines"], env=env,
+                         capture_output=True, text=True, check=True, timeout=600)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    if not found["jaxloader"].startswith(os.path.join(os.path.abspath(tree), "jaxloader")):
+        raise RuntimeError(f"{tree}: imported {found['jaxloader']}, not the tree's")
+    return found["lines"]
 
 
 class Turns:
@@ -134,12 +171,23 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--control", action="store_true",
                         help="also the after tree against itself (the method's floor)")
+    parser.add_argument("--count-lines", action="store_true", help="count the lines of Python "
+                        "run a batch in each tree instead (3 runs each, Python 3.12 or newer)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        child(args.child)
+        child(args.child, args.count_lines)
         return
     cases = args.cases.split(",")
+    if args.count_lines:
+        trees = [("before", args.before)] + [(a, a) for a in args.after or [os.path.dirname(HERE)]]
+        print("| case | " + " | ".join(name for name, _ in trees) + " |")
+        print("|---|" + "---|" * len(trees))
+        for case in cases:
+            counts = [sorted(count_lines(tree, case) for _ in range(3)) for _, tree in trees]
+            print(f"| {case} | " + " | ".join(f"{c[1]:.1f} ({c[0]:.1f}-{c[2]:.1f})"
+                                              for c in counts) + " |")
+        return
     afters = args.after or [os.path.dirname(HERE)]
     pairs = [(f"{os.path.basename(a.rstrip('/')) or a} / before", args.before, a) for a in afters]
     if args.control:

@@ -1,6 +1,8 @@
 """A checkout of 767d742 with the stage timings cut from the training process's path: the tree
-``bench_overhead.py`` compares against to measure what the timings cost there (issue 46), with
-nothing else between the two trees but the timings and how they are sampled.
+``bench_overhead.py`` compares against to measure what the timings cost there (issue 46). Between
+it and the tree measured: the timings, how they are sampled, and one test of ``next()`` older
+than them (whether a batch was handed out before), which the tree measured folds into the
+check the timings brought (one test a call where the untimed tree has one too).
 
     python benchmarks/strip_timings.py /tmp/untimed   # then:
     python benchmarks/bench_overhead.py --before /tmp/untimed

@@ -11,7 +11,9 @@ import pytest
 import jaxloader as jl
 from busy import WaitingSource, spin
 from jaxloader.base.stats import LoaderStats
+from jaxloader.base.errors import WorkerError
 from jaxloader.base.timings import HANDOVER, Gauges, Timed
+from jaxloader.workers.tasks import Failure
 from jaxloader.loaders.diagnosis import diagnose
 
 ONE = {"process_index": 0, "process_count": 1}
@@ -104,31 +106,44 @@ def test_stage_times_are_present_and_add_up(workers):
     assert loader.stats.batches == 0 and loader.stats.stages.get("read", 0.0) == 0.0
 
 
-def test_a_timed_hand_over_stands_for_each_batch_handed_out_since_the_last():
+def test_the_hand_over_is_the_receipts_time_and_the_timed_hand_outs_mean_for_each_batch():
     gauges = Gauges(1)
-    gauges.mark = 10  # a run from step 10
-    gauges.handed_out(10, 0.001, waiting=3)  # itself
-    gauges.handed_out(25, 0.002, waiting=1)  # steps 11..25
-    assert gauges.handed == 16 and gauges.ready == 3 + 15
-    assert gauges.main.stages()[HANDOVER] == pytest.approx(0.001 + 15 * 0.002)
-    gauges.reset()  # the batches handed out since are not known: the next one sets the mark
-    gauges.handed_out(40, 1.0, waiting=5)
-    assert gauges.handed == 0 and HANDOVER not in gauges.main.stages()
-    gauges.handed_out(44, 0.5, waiting=2)  # steps 41..44
-    assert gauges.handed == 4 and gauges.ready == 8 and gauges.main.stages()[HANDOVER] == 2.0
+    gauges.received(0.5, {})  # (nothing waiting: a worker's Grow, say)
+    assert gauges.hand_over_s(batches=100) == 0.5 and gauges.ready_ahead() == 0.0
+    gauges.handed_out(0.001, waiting=3)
+    gauges.handed_out(0.003, waiting=1)
+    assert gauges.hand_over_s(batches=100) == pytest.approx(0.5 + 100 * 0.002)
+    assert gauges.ready_ahead() == 2.0
+    gauges.reset()
+    assert gauges.hand_over_s(batches=100) == 0.0 and gauges.receipts == 0
 
 
-def test_a_timed_receipt_marks_the_last_batch_filed_and_not_a_failure():
+def test_timed_receipts_mark_each_time_the_next_batch_waiting_and_never_a_failure():
     gauges = Gauges(1)
     ready = {3: ("slot", "layout", [], None), 4: ("slot", "layout", [], None)}
     gauges.received(0.25, ready)
-    assert type(ready[4]) is Timed and ready[4] == ("slot", "layout", [], None)
-    assert type(ready[3]) is tuple and gauges.main.stages()[HANDOVER] == 0.25
-    failure = object()
+    assert type(ready[3]) is Timed and ready[3] == ("slot", "layout", [], None)
+    gauges.received(0.25, ready)  # the next of those waiting, not the same one again
+    assert type(ready[4]) is Timed and gauges.main.stages()[HANDOVER] == 0.5
+    failure = Failure(WorkerError("worker 0 failed"), None)  # (a NamedTuple: a tuple too)
     ready = {5: failure}
     gauges.received(0.25, ready)
     assert ready[5] is failure
-    gauges.received(0.25, {})  # (nothing filed: a worker's Grow, say)
+
+
+def test_a_window_after_a_warm_up_still_has_its_hand_over_and_batches_ready():
+    loader = jl.DataLoader(arrays(1 << 14), batch_size=16, shuffle=True, num_epochs=None,
+                           num_workers=2, **ONE)
+    with loader:
+        it = iter(loader)
+        for _ in range(1000):  # many more than 16 receipts
+            next(it)
+        loader.reset_stats()
+        for _ in range(100):
+            next(it)
+        stats = loader.stats
+    assert stats.batches == 100 and stats.stages["hand-over"] > 0, stats.stages
+    assert stats.ready_ahead > 0
 
 
 def test_a_failed_call_counts_no_step_time_and_the_calls_after_it_count_theirs():
@@ -145,7 +160,7 @@ def test_a_failed_call_counts_no_step_time_and_the_calls_after_it_count_theirs()
         it = iter(loader)
         next(it)
         next(it)
-        time.sleep(0.3)  # before the failed call, which records nothing
+        time.sleep(0.6)  # before the failed call, which records nothing
         with pytest.raises(jl.RecordError, match="once"):
             next(it)
         time.sleep(0.6)  # after it: not the consumer's step either
@@ -153,7 +168,7 @@ def test_a_failed_call_counts_no_step_time_and_the_calls_after_it_count_theirs()
         time.sleep(0.2)  # counted
         next(it)
         stats = loader.stats
-    assert stats.batches == 4 and 0.2 <= stats.run_s < 0.45, stats.run_s
+    assert stats.batches == 4 and 0.2 <= stats.run_s < 0.7, stats.run_s  # (0.9 if either were)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -19,11 +19,12 @@ timed (a maker asks ``made <= SAMPLE or not made % SAMPLE or trace`` inline: a c
 would cost what the timers cost). A slot wait is timed each time (it is also inside the
 collation's time).
 
-The training process times its receipts of workers' messages by the same rule (``weight``), and
-on each timed one marks a batch it filed (``Timed``); that batch's hand-over is timed and
-stands for those handed out since the last one (``Gauges.handed_out``). A batch handed out
-plainly pays no test of its own: the pool's loop asks whether what it took is a plain tuple,
-as it must anyway to find a failure.
+The training process times its receipts of workers' messages by the same rule (``weight``,
+counted from the stats' reset), and on each timed one marks a batch waiting to be handed out
+(``Timed``), a different one of those waiting each time; that batch's hand-over is timed. The
+hand-over's seconds are the receipts' plus the timed hand-overs' mean times the batches
+handed out (``Gauges.hand_over_s``). A batch handed out plainly pays no test of its own: the
+pool's loop asks whether what it took is a plain tuple, as it must anyway to find a failure.
 
 Example:
     >>> clock = StageClock()
@@ -48,7 +49,7 @@ PLACE = "placement"  # device_put of the batch (sharding)
 WAIT = "consumer wait"  # the training loop inside next()
 STEP = "step"  # the training loop between next() calls
 LOOP = "record loop"  # (internal) the read and record transforms of one batch, before the split
-SAMPLE = 16  # one batch in this many is timed (times scaled by it), one hand-over; a power of 2
+SAMPLE = 16  # one batch (or receipt) in this many is timed, times scaled by it; a power of 2
 
 
 def weight(n: int) -> int:
@@ -258,10 +259,16 @@ class Gauges:
 
     def __init__(self, makers: int) -> None:
         self.makers = [StageTotals() for _ in range(makers)]
-        self.main = StageTotals()
-        self.ready = self.handed = 0
-        self.mark: int | None = None  # the step after the last timed hand-over (see reset)
+        self.main = StageTotals()  # the training process's: its receipts' time (hand-over)
         self.trace = False
+        self._window()
+
+    def _window(self) -> None:
+        self.receipts = 0  # workers' messages received (the pool times them by ``weight``)
+        self.marks = 0  # batches marked ``Timed``: which of those waiting is marked next
+        self.handouts = 0  # timed hand-overs: their number, seconds, and batches ready behind
+        self.handout_s = 0.0
+        self.ready = 0
 
     def reset(self) -> None:
         for old in self.makers:
@@ -271,24 +278,32 @@ class Gauges:
         for totals, pull in zip(self.makers, pulls):
             totals.pull = pull
         self.main = StageTotals()
-        self.ready = self.handed = 0
-        self.mark = None  # (the batches handed out since are not known: counted from the next)
+        self._window()
 
     def received(self, seconds: float, ready: dict) -> None:
-        """A timed receipt (its ``seconds`` already weighted): hand-over time, and the last
-        batch of ``ready`` (``{step: batch}``, most likely just filed) made ``Timed``."""
+        """A timed receipt (its ``seconds`` already weighted): hand-over time, and one batch
+        of ``ready`` (``{step: batch}``, in the order filed) made ``Timed``, each time the
+        next of those waiting (marking always the newest would time the hand-over at the same
+        point of each task's batches, and see as many waiting behind it each time)."""
         self.main.add(HANDOVER, seconds)
-        last = max(ready, default=None)
-        if last is not None and type(ready[last]) is tuple:
-            ready[last] = Timed(ready[last])
+        if ready:
+            step = list(ready)[self.marks % len(ready)]
+            if type(ready[step]) is tuple:
+                ready[step] = Timed(ready[step])
+                self.marks += 1
 
-    def handed_out(self, step: int, seconds: float, waiting: int) -> None:
-        """A timed hand-over of step ``step``, with ``waiting`` batches ready behind it: its
-        time and count stand for each batch handed out since the last timed one (``mark``,
-        which a run sets to its first step; none known since a reset: counted from here)."""
-        if self.mark is not None and self.mark <= step:
-            n = step + 1 - self.mark
-            self.main.add(HANDOVER, n * seconds)
-            self.ready += n * waiting
-            self.handed += n
-        self.mark = step + 1
+    def handed_out(self, seconds: float, waiting: int) -> None:
+        """A timed hand-over, with ``waiting`` batches ready behind it."""
+        self.handouts += 1
+        self.handout_s += seconds
+        self.ready += waiting
+
+    def hand_over_s(self, batches: int) -> float:
+        """The hand-over's seconds with ``batches`` handed out: the receipts', and the timed
+        hand-overs' mean for each batch."""
+        receipts = self.main.stages().get(HANDOVER, 0.0)
+        return receipts + (self.handout_s / self.handouts * batches if self.handouts else 0.0)
+
+    def ready_ahead(self) -> float:
+        """Batches ready behind one handed out, on average (of the timed hand-overs)."""
+        return self.ready / self.handouts if self.handouts else 0.0

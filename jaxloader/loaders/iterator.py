@@ -33,7 +33,7 @@ from typing_extensions import TypeVar
 
 from jaxloader.base.errors import JaxloaderError, WorkerError
 from jaxloader.base.stats import LoaderStats, WorkerStats
-from jaxloader.base.timings import PLACE, STEP, WAIT, Gauges
+from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
 from jaxloader.sharding.prefetch import DevicePrefetcher
 
 log = logging.getLogger("jaxloader")
@@ -81,13 +81,15 @@ class Progress:
                                            totals.cpu_s, mine))
         for stage, spent in gauges.main.stages().items():
             stages[stage] = stages.get(stage, 0.0) + spent
+        if gauges.handouts:
+            stages[HANDOVER] = gauges.hand_over_s(self.batches)
         if self.place_s:
             stages[PLACE] = self.place_s
         stages[WAIT], stages[STEP] = self.wait_s, self.run_s
         wall = self.last_s - self.first_s if self.first_s is not None else 0.0
-        ready = gauges.ready / gauges.handed if gauges.handed else 0.0
         return LoaderStats(self.batches, self.wait_s, self.run_s, wall, records, nbytes,
-                           stages, tuple(workers), num_workers, ready, made, self.first_batch_s)
+                           stages, tuple(workers), num_workers, gauges.ready_ahead(), made,
+                           self.first_batch_s)
 
     def reset_stats(self) -> None:
         """Starts the counts again (the engine's gauges are reset by the loader)."""

@@ -120,7 +120,7 @@ class WorkerPool:
         self._tasks: dict[int, InFlight] = {}
         self._next_task = 0
         self._run = 0
-        self._waiting, self._receives = False, 0  # in poll(): an interrupt there leaves no mess
+        self._waiting = False  # in poll(): an interrupt there leaves no mess
 
     def _send_payload(self, first: int = 0) -> None:
         for i in range(first, len(self._workers)):
@@ -172,7 +172,6 @@ class WorkerPool:
                 self._shapes = {}
             self._run += 1
             run = self._run
-            self.gauges.mark = start  # (hand-overs are counted from here)
             self._stall.begin(None)
         ready: dict[int, tuple] = {}
         next_submit = next_yield = start
@@ -207,9 +206,9 @@ class WorkerPool:
                     else:
                         if type(made) is Failure:  # raised in order, at its turn
                             self._break(*made)
-                        began = perf_counter()  # (base/timings: one in about SAMPLE)
+                        began = perf_counter()  # (one a timed receipt: base/timings)
                         handed = [self._ring.hand_out(*made[:3])]
-                        self.gauges.handed_out(next_yield, perf_counter() - began, len(ready))
+                        self.gauges.handed_out(perf_counter() - began, len(ready))
                     if reports is not None:
                         reports[next_yield] = made[3]
                     next_yield += 1
@@ -280,8 +279,8 @@ class WorkerPool:
         self._waiting = False
         if not events:  # (a block waits for one)
             return False
-        # Timed by base/timings' rule (weight, asked inline): the reads, and a hand-over marked
-        received = self._receives = self._receives + 1
+        gauges = self.gauges  # the reads timed by base/timings' rule (weight, asked inline)
+        received = gauges.receipts = gauges.receipts + 1
         began = perf_counter() if received <= SAMPLE or not received & (SAMPLE - 1) else 0.0
         for fd, _ in events:
             worker = roster.by_fd[fd]
@@ -324,7 +323,7 @@ class WorkerPool:
                 if failed_task.run == run:
                     ready[message.step] = failure
         if began:
-            self.gauges.received(weight(received) * (perf_counter() - began), ready)
+            gauges.received(weight(received) * (perf_counter() - began), ready)
         return True
 
     def _wait(self, awaited: int | None) -> list:
