@@ -15,6 +15,9 @@ gives, per case, the median over rounds of a round's median pair ratio, and thei
 ``--control`` also runs the after tree against itself: the floor of the method, in the same run.
 ``--count-lines`` counts instead the lines of Python the training process runs a batch in each
 tree (``sys.monitoring``, after the same warm-up; the median of 3 processes and their range).
+``--receipt-cost`` times what a receipt of a worker's message runs for the timings in this tree
+(a large batch is a receipt of its own): the lines of ``WorkerPool._receive`` (copied here), and
+a timed receipt's calls with its timed hand-over's.
 
 Cases (``--cases``), each a shuffled ``ArraySource`` read without an end of epoch:
 - ``in-process``: ``num_workers=0``, batches of 256 records of 16 float32 (the whole batch's CPU);
@@ -25,6 +28,7 @@ Cases (``--cases``), each a shuffled ``ArraySource`` read without an end of epoc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -93,11 +97,66 @@ def lines_a_batch(it, n: int) -> float:
 def count_lines(tree: str, case: str) -> float:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
     out = subprocess.run([sys.executable, __file__, "--child", case, "--count-lines"], env=env,
-                         capture_output=True, text=True, check=True, timeout=600)
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise RuntimeError(f"{tree}, {case}: the child failed:\n{out.stderr}")
     found = json.loads(out.stdout.strip().splitlines()[-1])
     if not found["jaxloader"].startswith(os.path.join(os.path.abspath(tree), "jaxloader")):
         raise RuntimeError(f"{tree}: imported {found['jaxloader']}, not the tree's")
     return found["lines"]
+
+
+def receipt_cost() -> tuple[float, float]:
+    """ns: (the lines a receipt runs for the timings, as ``WorkerPool._receive`` has them, their
+    perf_counter one in 16 included; a timed receipt's calls and its timed hand-out's), each the
+    median of 7 differences against the same loop without them."""
+    import timeit
+    from time import perf_counter
+
+    from jaxloader.base.timings import SAMPLE, Gauges, weight
+
+    class Message:
+        timings = None
+
+    class Pool:
+        gauges = Gauges(2)
+
+    def receipt(self: Pool, message: Message) -> bool:  # (pool.py's lines, copied)
+        gauges = self.gauges
+        received = gauges.receipts = gauges.receipts + 1
+        began = perf_counter() if received <= SAMPLE or not received & (SAMPLE - 1) else 0.0
+        if message.timings is not None:
+            pass
+        if began:
+            pass
+        return True
+
+    def bare(self: Pool, message: Message) -> bool:
+        return True
+
+    entry, gauges = ("slot", "layout", [], None), Gauges(2)
+
+    def timed() -> None:
+        ready = {1: entry, 2: entry, 3: entry}
+        began = perf_counter()
+        gauges.received(weight(32), perf_counter() - began, ready)
+        began = perf_counter()
+        gauges.handed_out(perf_counter() - began, len(ready))
+
+    def untimed() -> None:
+        ready = {1: entry, 2: entry, 3: entry}  # (the same work but the timing)
+        len(ready)
+
+    pool, message = Pool(), Message()
+    pool.gauges.receipts = SAMPLE  # (past the first SAMPLE: one in 16 timed)
+
+    def ns(a, b, n: int) -> float:
+        diffs = [(min(timeit.repeat(a, number=n, repeat=3)) -
+                  min(timeit.repeat(b, number=n, repeat=3))) / n * 1e9 for _ in range(7)]
+        return statistics.median(diffs)
+
+    return (ns(lambda: receipt(pool, message), lambda: bare(pool, message), 200_000),
+            ns(timed, untimed, 100_000))
 
 
 class Turns:
@@ -124,12 +183,17 @@ class Turns:
         return json.loads(self._line())
 
     def close(self) -> None:
+        """Ends the child: asked to, then killed if it has not ended within a minute."""
         try:
             self.proc.stdin.write("0\n")  # type: ignore[union-attr]
             self.proc.stdin.close()  # type: ignore[union-attr]
-        except BrokenPipeError:
+        except (BrokenPipeError, ValueError):
             pass
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def round_ratio(before: str, after: str, case: str, turns: int,
@@ -137,12 +201,13 @@ def round_ratio(before: str, after: str, case: str, turns: int,
     """One round: (median after / before of the pairs, before's median us, after's). The
     process started first reads a few per cent faster or slower than the other (an after
     against itself shows it): the rounds take turns at starting first."""
-    if after_first:
-        b = Turns(after, case)
-        a = Turns(before, case)
-    else:
-        a, b = Turns(before, case), Turns(after, case)
-    try:
+    with contextlib.ExitStack() as stack:  # (each child ended, whatever fails)
+        if after_first:
+            b = stack.enter_context(contextlib.closing(Turns(after, case)))
+            a = stack.enter_context(contextlib.closing(Turns(before, case)))
+        else:
+            a = stack.enter_context(contextlib.closing(Turns(before, case)))
+            b = stack.enter_context(contextlib.closing(Turns(after, case)))
         n, ratios, us_a, us_b = CASES[case][4], [], [], []
         for i in range(turns):
             if i % 2 == 0:
@@ -154,9 +219,6 @@ def round_ratio(before: str, after: str, case: str, turns: int,
             us_a.append(x)
             us_b.append(y)
             ratios.append(y / x)
-    finally:
-        a.close()
-        b.close()
     return statistics.median(ratios), statistics.median(us_a), statistics.median(us_b)
 
 
@@ -173,11 +235,20 @@ def main() -> None:
                         help="also the after tree against itself (the method's floor)")
     parser.add_argument("--count-lines", action="store_true", help="count the lines of Python "
                         "run a batch in each tree instead (3 runs each, Python 3.12 or newer)")
+    parser.add_argument("--receipt-cost", action="store_true", help="time the lines a receipt "
+                        "runs for the timings, and a timed receipt's calls (this tree)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         child(args.child, args.count_lines)
         return
+    if args.receipt_cost:
+        lines, timed = receipt_cost()
+        print(f"a receipt's lines: {lines:.0f} ns; a timed receipt and its hand-out: "
+              f"{timed:.0f} ns, {timed / 16:.0f} ns a receipt at one in 16")
+        return
+    if args.before is None:
+        parser.error("--before: the tree to compare against is needed")
     cases = args.cases.split(",")
     if args.count_lines:
         trees = [("before", args.before)] + [(a, a) for a in args.after or [os.path.dirname(HERE)]]
@@ -189,7 +260,9 @@ def main() -> None:
                                               for c in counts) + " |")
         return
     afters = args.after or [os.path.dirname(HERE)]
-    pairs = [(f"{os.path.basename(a.rstrip('/')) or a} / before", args.before, a) for a in afters]
+    if args.rounds % 2:
+        parser.error("--rounds: an even number, as many rounds with each tree started first")
+    pairs = [(f"{a} / before", args.before, a) for a in afters]  # (paths: no two alike)
     if args.control:
         pairs.append(("after / after (control)", afters[0], afters[0]))
     results: dict = {}

@@ -12,7 +12,7 @@ import jaxloader as jl
 from busy import WaitingSource, spin
 from jaxloader.base.stats import LoaderStats
 from jaxloader.base.errors import WorkerError
-from jaxloader.base.timings import HANDOVER, Gauges, Timed
+from jaxloader.base.timings import Gauges, Timed, weight
 from jaxloader.workers.tasks import Failure
 from jaxloader.loaders.diagnosis import diagnose
 
@@ -106,32 +106,37 @@ def test_stage_times_are_present_and_add_up(workers):
     assert loader.stats.batches == 0 and loader.stats.stages.get("read", 0.0) == 0.0
 
 
-def test_the_hand_over_is_the_receipts_time_and_the_timed_hand_outs_mean_for_each_batch():
+def test_the_hand_over_is_the_timed_receipts_and_hand_outs_means_for_each_one():
     gauges = Gauges(1)
-    gauges.received(0.5, {})  # (nothing waiting: a worker's Grow, say)
-    assert gauges.hand_over_s(batches=100) == 0.5 and gauges.ready_ahead() == 0.0
+    gauges.receipts = 40  # (the pool counts them: 40 received, two of them timed below)
+    gauges.received(1, 0.01, {})  # one of the first SAMPLE: it stands for itself
+    gauges.received(16, 0.02, {})  # one in SAMPLE after those: it stands for 16
+    assert gauges.hand_over_s(batches=100) == pytest.approx(40 * (0.01 + 16 * 0.02) / 17)
+    assert gauges.ready_ahead() == 0.0
     gauges.handed_out(0.001, waiting=3)
     gauges.handed_out(0.003, waiting=1)
-    assert gauges.hand_over_s(batches=100) == pytest.approx(0.5 + 100 * 0.002)
+    assert gauges.hand_over_s(batches=100) == pytest.approx(
+        40 * (0.01 + 16 * 0.02) / 17 + 100 * 0.002)
     assert gauges.ready_ahead() == 2.0
-    gauges.reset()
+    gauges.receipts = 500
+    gauges.reset()  # (a window's receipts are timed by weight() from its start)
     assert gauges.hand_over_s(batches=100) == 0.0 and gauges.receipts == 0
 
 
 def test_timed_receipts_mark_each_time_the_next_batch_waiting_and_never_a_failure():
     gauges = Gauges(1)
     ready = {3: ("slot", "layout", [], None), 4: ("slot", "layout", [], None)}
-    gauges.received(0.25, ready)
+    gauges.received(1, 0.25, ready)
     assert type(ready[3]) is Timed and ready[3] == ("slot", "layout", [], None)
-    gauges.received(0.25, ready)  # the next of those waiting, not the same one again
-    assert type(ready[4]) is Timed and gauges.main.stages()[HANDOVER] == 0.5
+    gauges.received(1, 0.25, ready)  # the next of those waiting, not the same one again
+    assert type(ready[4]) is Timed and gauges.receipt_w == 2
     failure = Failure(WorkerError("worker 0 failed"), None)  # (a NamedTuple: a tuple too)
     ready = {5: failure}
-    gauges.received(0.25, ready)
+    gauges.received(1, 0.25, ready)
     assert ready[5] is failure
 
 
-def test_a_window_after_a_warm_up_still_has_its_hand_over_and_batches_ready():
+def test_a_window_after_a_warm_up_times_its_receipts_from_its_start():
     loader = jl.DataLoader(arrays(1 << 14), batch_size=16, shuffle=True, num_epochs=None,
                            num_workers=2, **ONE)
     with loader:
@@ -141,9 +146,12 @@ def test_a_window_after_a_warm_up_still_has_its_hand_over_and_batches_ready():
         loader.reset_stats()
         for _ in range(100):
             next(it)
-        stats = loader.stats
+        stats, gauges = loader.stats, loader._engine.gauges
     assert stats.batches == 100 and stats.stages["hand-over"] > 0, stats.stages
     assert stats.ready_ahead > 0
+    # The pool's test (inline, a call a receipt saved) is the rule of weight(), from the reset
+    assert 0 < gauges.receipts and gauges.receipt_w == sum(
+        weight(n) for n in range(1, gauges.receipts + 1))
 
 
 def test_a_failed_call_counts_no_step_time_and_the_calls_after_it_count_theirs():

@@ -22,9 +22,10 @@ collation's time).
 The training process times its receipts of workers' messages by the same rule (``weight``,
 counted from the stats' reset), and on each timed one marks a batch waiting to be handed out
 (``Timed``), a different one of those waiting each time; that batch's hand-over is timed. The
-hand-over's seconds are the receipts' plus the timed hand-overs' mean times the batches
-handed out (``Gauges.hand_over_s``). A batch handed out plainly pays no test of its own: the
-pool's loop asks whether what it took is a plain tuple, as it must anyway to find a failure.
+hand-over's seconds are the timed receipts' mean for each receipt plus the timed hand-overs'
+mean for each batch handed out (``Gauges.hand_over_s``): no receipt or batch after the last
+timed one is left out. A batch handed out plainly pays no test of its own: the pool's loop
+asks whether what it took is a plain tuple, as it must anyway to find a failure.
 
 Example:
     >>> clock = StageClock()
@@ -253,18 +254,20 @@ class StageTotals:
 
 class Gauges:
     """An engine's timings: a ``StageTotals`` a process that makes batches (``makers``: each
-    worker, or the training process with ``num_workers=0``), the training process's own
-    (``main``: hand-over), and how many batches were ready at each hand-out. ``trace``: the
-    makers send their stages' spans (a profile's timeline)."""
+    worker, or the training process with ``num_workers=0``), the training process's hand-over
+    (its timed receipts and hand-outs, ``hand_over_s``), and how many batches were ready at
+    each timed hand-out. ``trace``: the makers send their stages' spans (a profile's timeline).
+    """
 
     def __init__(self, makers: int) -> None:
         self.makers = [StageTotals() for _ in range(makers)]
-        self.main = StageTotals()  # the training process's: its receipts' time (hand-over)
         self.trace = False
         self._window()
 
     def _window(self) -> None:
         self.receipts = 0  # workers' messages received (the pool times them by ``weight``)
+        self.receipt_s = 0.0  # timed receipts: seconds and receipts, each times its weight
+        self.receipt_w = 0
         self.marks = 0  # batches marked ``Timed``: which of those waiting is marked next
         self.handouts = 0  # timed hand-overs: their number, seconds, and batches ready behind
         self.handout_s = 0.0
@@ -277,15 +280,15 @@ class Gauges:
         self.makers = [StageTotals() for _ in self.makers]
         for totals, pull in zip(self.makers, pulls):
             totals.pull = pull
-        self.main = StageTotals()
         self._window()
 
-    def received(self, seconds: float, ready: dict) -> None:
-        """A timed receipt (its ``seconds`` already weighted): hand-over time, and one batch
-        of ``ready`` (``{step: batch}``, in the order filed) made ``Timed``, each time the
-        next of those waiting (marking always the newest would time the hand-over at the same
-        point of each task's batches, and see as many waiting behind it each time)."""
-        self.main.add(HANDOVER, seconds)
+    def received(self, weight: int, seconds: float, ready: dict) -> None:
+        """A timed receipt standing for ``weight`` receipts, and one batch of ``ready``
+        (``{step: batch}``, in the order filed) made ``Timed``, each time the next of those
+        waiting (marking always the newest would time the hand-over at the same point of each
+        task's batches, and see as many waiting behind it each time)."""
+        self.receipt_s += weight * seconds
+        self.receipt_w += weight
         if ready:
             step = list(ready)[self.marks % len(ready)]
             if type(ready[step]) is tuple:
@@ -299,10 +302,10 @@ class Gauges:
         self.ready += waiting
 
     def hand_over_s(self, batches: int) -> float:
-        """The hand-over's seconds with ``batches`` handed out: the receipts', and the timed
-        hand-overs' mean for each batch."""
-        receipts = self.main.stages().get(HANDOVER, 0.0)
-        return receipts + (self.handout_s / self.handouts * batches if self.handouts else 0.0)
+        """The hand-over's seconds with ``batches`` handed out: the timed receipts' mean for
+        each receipt, and the timed hand-overs' mean for each batch."""
+        spent = self.receipt_s / self.receipt_w * self.receipts if self.receipt_w else 0.0
+        return spent + (self.handout_s / self.handouts * batches if self.handouts else 0.0)
 
     def ready_ahead(self) -> float:
         """Batches ready behind one handed out, on average (of the timed hand-overs)."""

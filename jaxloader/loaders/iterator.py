@@ -79,9 +79,7 @@ class Progress:
                 workers.append(WorkerStats(i, pids[i] if i < len(pids) else 0, totals.batches,
                                            totals.records, totals.bytes, totals.busy_s,
                                            totals.cpu_s, mine))
-        for stage, spent in gauges.main.stages().items():
-            stages[stage] = stages.get(stage, 0.0) + spent
-        if gauges.handouts:
+        if gauges.receipt_w or gauges.handouts:
             stages[HANDOVER] = gauges.hand_over_s(self.batches)
         if self.place_s:
             stages[PLACE] = self.place_s

@@ -323,7 +323,7 @@ class WorkerPool:
                 if failed_task.run == run:
                     ready[message.step] = failure
         if began:
-            gauges.received(weight(received) * (perf_counter() - began), ready)
+            gauges.received(weight(received), perf_counter() - began, ready)
         return True
 
     def _wait(self, awaited: int | None) -> list:
