@@ -282,13 +282,13 @@ class Gauges:
             totals.pull = pull
         self._window()
 
-    def received(self, weight: int, seconds: float, ready: dict) -> None:
-        """A timed receipt standing for ``weight`` receipts, and one batch of ``ready``
-        (``{step: batch}``, in the order filed) made ``Timed``, each time the next of those
-        waiting (marking always the newest would time the hand-over at the same point of each
-        task's batches, and see as many waiting behind it each time)."""
-        self.receipt_s += weight * seconds
-        self.receipt_w += weight
+    def received(self, stands_for: int, seconds: float, ready: dict) -> None:
+        """A timed receipt standing for ``stands_for`` receipts (``weight``), and one batch of
+        ``ready`` (``{step: batch}``, in the order filed) made ``Timed``, each time the next of
+        those waiting (marking always the newest would time the hand-over at the same point of
+        each task's batches, and see as many waiting behind it each time)."""
+        self.receipt_s += stands_for * seconds
+        self.receipt_w += stands_for
         if ready:
             step = list(ready)[self.marks % len(ready)]
             if type(ready[step]) is tuple:
