@@ -94,15 +94,24 @@ def lines_a_batch(it, n: int) -> float:
     return lines[0] / n
 
 
+def tree_env(tree: str) -> dict:
+    """The environment of a child that imports ``tree``'s ``jaxloader``."""
+    return {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+
+
+def check_tree(tree: str, imported: str) -> None:
+    """Raises unless the child imported ``tree``'s ``jaxloader`` (``imported``: its file)."""
+    if not imported.startswith(os.path.join(os.path.abspath(tree), "jaxloader")):
+        raise RuntimeError(f"{tree}: imported {imported}, not the tree's")
+
+
 def count_lines(tree: str, case: str) -> float:
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    out = subprocess.run([sys.executable, __file__, "--child", case, "--count-lines"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, __file__, "--child", case, "--count-lines"],
+                         env=tree_env(tree), capture_output=True, text=True, timeout=600)
     if out.returncode:
         raise RuntimeError(f"{tree}, {case}: the child failed:\n{out.stderr}")
     found = json.loads(out.stdout.strip().splitlines()[-1])
-    if not found["jaxloader"].startswith(os.path.join(os.path.abspath(tree), "jaxloader")):
-        raise RuntimeError(f"{tree}: imported {found['jaxloader']}, not the tree's")
+    check_tree(tree, found["jaxloader"])
     return found["lines"]
 
 
@@ -163,13 +172,14 @@ class Turns:
     """A tree's child process for one case, answering chunks on request."""
 
     def __init__(self, tree: str, case: str) -> None:
-        env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--child", case], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        found = json.loads(self._line())["jaxloader"]
-        if not found.startswith(os.path.join(os.path.abspath(tree), "jaxloader")):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", case],
+                                     env=tree_env(tree), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        try:
+            check_tree(tree, json.loads(self._line())["jaxloader"])
+        except BaseException:
             self.close()
-            raise RuntimeError(f"{tree}: imported {found}, not the tree's")
+            raise
 
     def _line(self) -> str:
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
@@ -249,9 +259,9 @@ def main() -> None:
         return
     if args.before is None:
         parser.error("--before: the tree to compare against is needed")
-    cases = args.cases.split(",")
+    cases, afters = args.cases.split(","), args.after or [os.path.dirname(HERE)]
     if args.count_lines:
-        trees = [("before", args.before)] + [(a, a) for a in args.after or [os.path.dirname(HERE)]]
+        trees = [("before", args.before)] + [(a, a) for a in afters]
         print("| case | " + " | ".join(name for name, _ in trees) + " |")
         print("|---|" + "---|" * len(trees))
         for case in cases:
@@ -259,7 +269,6 @@ def main() -> None:
             print(f"| {case} | " + " | ".join(f"{c[1]:.1f} ({c[0]:.1f}-{c[2]:.1f})"
                                               for c in counts) + " |")
         return
-    afters = args.after or [os.path.dirname(HERE)]
     if args.rounds % 2:
         parser.error("--rounds: an even number, as many rounds with each tree started first")
     pairs = [(f"{a} / before", args.before, a) for a in afters]  # (paths: no two alike)
