@@ -194,6 +194,18 @@ def test_a_state_from_other_packing_is_refused():
             loader.load_state_dict(state)
 
 
+def test_a_state_from_other_ragged_data_of_the_same_lengths_is_refused():
+    offsets = np.array([0, 3, 5, 9])
+    saved_over = jl.RaggedSource({"tokens": (np.arange(9), offsets)})
+    with jl.DataLoader(saved_over, batch_size=1, process_index=0, process_count=1) as loader:
+        take(loader, 1)
+        state = loader.state_dict()
+    other = jl.RaggedSource({"tokens": (np.arange(9) + 1000, offsets)})
+    with jl.DataLoader(other, batch_size=1, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.StateDictError, match="fingerprint|source"):
+            loader.load_state_dict(state)
+
+
 def test_packed_rows_mix_with_other_sources():
     source, _ = documents(100)
     packed = jl.PackedSource(source, "tokens", WIDTH)
@@ -245,6 +257,8 @@ def test_bad_input_is_named():
         jl.PackedSource([{"x": np.zeros((2, 2), np.int32)}], "x", 8)
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
         jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5]))})
+    with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
+        jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5], np.uint64))})  # (no wrap)
     with pytest.raises(jl.ConfigError, match=r"PackedSource\(source\): got a mixture.*weights "
                                              r"unused.*jl.mix\(\[PackedSource\(a, ...\), "):
         jl.PackedSource(jl.mix([source, source], [0.7, 0.3]), "tokens", 8)

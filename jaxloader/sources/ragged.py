@@ -100,7 +100,10 @@ class RaggedSource:
         for key in self._values:
             digest.update(key.encode())
             digest.update(self._offsets[key][:: max(1, self._len // 64)].tobytes())
-            digest.update(str(self._values[key].dtype).encode())
+            values = self._values[key]  # 64 values spread over the data, and the last one:
+            digest.update(values[:: max(1, len(values) // 64)].tobytes())  # other data with
+            digest.update(values[-1:].tobytes())  # the same lengths is another source
+            digest.update(str(values.dtype).encode())
         return f"ragged:{self._len}:{digest.hexdigest()}"
 
     def __repr__(self) -> str:
@@ -113,7 +116,8 @@ def _check(key: str, values: np.ndarray, offsets: np.ndarray) -> None:
         raise ConfigError(f"RaggedSource[{key!r}] values: expected a flat numeric array, got "
                           f"shape {values.shape} dtype {values.dtype}; concatenate the sequences")
     if (offsets.ndim != 1 or len(offsets) < 1 or offsets.dtype.kind not in "iu"
-            or offsets[0] != 0 or offsets[-1] != len(values) or np.any(np.diff(offsets) < 0)):
+            or offsets[0] != 0 or offsets[-1] != len(values)
+            or np.any(offsets[1:] < offsets[:-1])):  # (np.diff wraps unsigned offsets)
         raise ConfigError(
             f"RaggedSource[{key!r}] offsets: expected integers from 0 to len(values) "
             f"({len(values)}), non-decreasing, got {offsets[:4].tolist()}...{offsets[-2:].tolist()}"
