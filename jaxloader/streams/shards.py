@@ -117,17 +117,24 @@ class _LineShard(FileShard):
     def next(self) -> Any:
         if self._file is None:
             self.reset(None)
-        try:
-            raw = self._file.readline()
-        except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
-            raise unreadable(self, f"line {self._count + 1}", e) from e
-        if not raw:
-            raise StopIteration
-        self._count += 1
-        return self._parse(raw.rstrip(b"\r\n"))
+        while True:  # (blank lines a JSONL file skips: a loop, not a call each)
+            try:
+                raw = self._file.readline()
+            except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
+                raise unreadable(self, f"line {self._count + 1}", e) from e
+            if not raw:
+                raise StopIteration
+            self._count += 1
+            record = self._parse(raw.rstrip(b"\r\n"))
+            if record is not _BLANK:
+                return record
 
     def _parse(self, raw: bytes) -> Any:
+        """The record of a line (without its line break), or ``_BLANK`` to skip it."""
         raise NotImplementedError
+
+
+_BLANK = object()
 
 
 class JsonlShard(_LineShard):
@@ -145,7 +152,7 @@ class JsonlShard(_LineShard):
 
     def _parse(self, raw: bytes) -> Any:
         if not raw.strip():
-            return self.next()
+            return _BLANK
         try:
             value = json.loads(raw)
         except ValueError as e:
@@ -166,9 +173,17 @@ def numbers_as_arrays(value: Any) -> Any:
             array = np.asarray(value)
         except ValueError:  # lists of other lengths
             array = None
-        if array is not None and array.dtype.kind in "biuf":
+        if array is not None and (array.dtype.kind in "biu" or array.dtype.kind == "f"
+                                  and _has_float(value)):
             return array
+        # (ints beyond int64, which NumPy makes floats, rounded: kept as Python ints, exact,
+        # which a Map can make uint64 and collation otherwise refuses, naming them)
     return [numbers_as_arrays(v) for v in value]
+
+
+def _has_float(value: list) -> bool:
+    """Whether a float is among the numbers of ``value`` (through nested lists)."""
+    return any(_has_float(v) if isinstance(v, list) else type(v) is float for v in value)
 
 
 def _all_numbers(value: list) -> bool:
@@ -184,7 +199,13 @@ class TextShard(_LineShard):
     """A line of text a record (``str``, without its line break)."""
 
     def _parse(self, raw: bytes) -> Any:
-        return raw.decode("utf-8")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RecordError(
+                f"{self.path}: line {self._count}: not UTF-8 ({e}): {raw[:80]!r}; expected "
+                "text in UTF-8: convert the file (iconv -f <its encoding> -t utf-8), or read "
+                "its lines as bytes in a Stream.from_generator") from None
 
 
 class Bound:

@@ -162,6 +162,40 @@ def test_json_lists_of_numbers_become_arrays_and_others_stay_lists(tmp_path):
     assert batch["tokens"].shape == (4, 2)
 
 
+def test_ints_beyond_int64_in_a_list_stay_exact_and_collation_names_them(tmp_path):
+    # NumPy makes such a list float64, rounding 12345678901234567891 to ...7168
+    path = tmp_path / "hashes.jsonl"
+    path.write_text("".join('{"h": [12345678901234567891, %d]}\n' % i for i in range(4)))
+    (record, *_) = read_all(jl.JsonlShard(path))
+    assert record["h"] == [12345678901234567891, 0]
+    as_uint64 = jl.Map(lambda r: {"h": np.array(r["h"], np.uint64)})
+    with jl.StreamLoader(jl.Stream.jsonl(path), batch_size=4, transforms=[as_uint64],
+                         process_index=0, process_count=1) as loader:
+        assert next(iter(loader))["h"][:, 0].tolist() == [12345678901234567891] * 4
+    with jl.StreamLoader(jl.Stream.jsonl(path), batch_size=4, process_index=0,
+                         process_count=1) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"12345678901234567891, beyond int64.*"
+                                                     r"np.uint64\(x\)"):
+            next(iter(loader))
+
+
+def test_blank_lines_are_skipped_however_many_follow_each_other(tmp_path):
+    path = tmp_path / "gaps.jsonl"
+    path.write_text('{"x": 1}\n' + "\n" * 5000 + '  \n{"x": 2}\n\n')
+    assert read_all(jl.JsonlShard(path)) == [{"x": 1}, {"x": 2}]
+
+
+def test_text_that_is_not_utf8_is_named_with_its_line_and_the_remedy(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("good\ncaf\u00e9\n".encode("latin-1"))
+    shard = jl.TextShard(path)
+    shard.reset()
+    assert shard.next() == "good"
+    with pytest.raises(jl.RecordError, match=r"latin1.txt: line 2: not UTF-8 .*b'caf\\xe9'.*"
+                                             r"iconv"):
+        shard.next()
+
+
 def test_a_stream_takes_a_path_a_folder_or_a_pattern(tmp_path):
     for k in (1, 0):
         write_jsonl(tmp_path / f"part-{k}.jsonl", range(3 * k, 3 * k + 3))
