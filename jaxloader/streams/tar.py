@@ -87,7 +87,7 @@ class TarShard(FileShard):
         padding read whole (the loop is written for speed: it runs twice a record)."""
         f = self._file
         read = f.read
-        long_name = None
+        long_name = pax_size = None
         offset = start = self._at  # a long name's own header comes first: a resume starts there
         try:
             while True:
@@ -100,6 +100,8 @@ class TarShard(FileShard):
                     size = (int.from_bytes(field[1:], "big") if field[0] == 0x80  # GNU, >8 GiB
                             else int(field.rstrip(b"\0 ").strip() or b"0", 8))
                     stored = int(header[148:156].rstrip(b"\0 ").strip() or b"-1", 8)
+                    if pax_size is not None:  # (a pax size: over 8 GiB, the field then 0)
+                        size, pax_size = pax_size, None
                 except ValueError:
                     raise RecordError(
                         f"{self.path}: byte {offset}: not a tar header (size field {field!r}, "
@@ -124,7 +126,8 @@ class TarShard(FileShard):
                 if kind == 0x4C:  # b"L" (GNU): the next member's long name
                     long_name = data.rstrip(b"\0").decode("utf-8", "replace")
                 elif kind == 0x78:  # b"x" (pax): the next member's attributes
-                    long_name = _pax_path(data) or long_name
+                    path, pax_size = _pax(data, self.path, offset)
+                    long_name = path or long_name
                 else:  # directories, links, globals: no record
                     long_name = None
                     start = offset
@@ -219,6 +222,11 @@ class TarShard(FileShard):
             pending = self._member()
             if pending is None or pending[1] != key:
                 break
+            if pending[2] in record:  # (written twice: one would be lost)
+                raise RecordError(
+                    f"{self.path}: byte {pending[0]}: member {key}.{pending[2]} follows another "
+                    f"of the same name; expected one member a key and extension: re-create the "
+                    "shard with each sample's files once, or drop it from the stream")
             record[pending[2]] = pending[3]
         self._pending = pending
         self._count += 1
@@ -246,10 +254,19 @@ def _header_name(header: bytes) -> str:
     return name.decode("utf-8", "replace")
 
 
-def _pax_path(data: bytes) -> str | None:
+def _pax(data: bytes, path: str, offset: int) -> tuple[str | None, int | None]:
+    """The path and size a pax header gives the member after it (``None``: not given)."""
+    name = size = None
     for line in data.split(b"\n"):
         _, _, field = line.partition(b" ")
         key, _, value = field.partition(b"=")
         if key == b"path":
-            return value.decode("utf-8", "replace")
-    return None
+            name = value.decode("utf-8", "replace")
+        elif key == b"size":
+            try:
+                size = int(value)
+            except ValueError:
+                raise RecordError(f"{path}: byte {offset}: a pax header's size is {value!r}, "
+                                  "expected a number of bytes: the header is damaged; replace "
+                                  "the shard, or drop it from the stream") from None
+    return name, size

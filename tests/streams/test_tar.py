@@ -37,6 +37,42 @@ def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt):
     assert read_all(jl.TarShard(path), shard.get_state()) == got[1:]
 
 
+def test_a_pax_size_is_the_members_size_as_written_for_members_over_8_gib(tmp_path):
+    # tarfile and GNU tar write a member over 8 GiB with its size in a pax header and 0 in
+    # its ustar field: made so here with a small member
+    path = tmp_path / "pax.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("k1.bin", b"hello"), ("k2.bin", b"abc")):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(data), {"size": str(len(data))}
+            tar.addfile(info, io.BytesIO(data))
+    raw = bytearray(path.read_bytes())
+    header = 1024  # after the pax header and its data
+    assert raw[header:header + 6] == b"k1.bin"
+    raw[header + 124:header + 136] = b"00000000000\0"
+    raw[header + 148:header + 156] = b" " * 8
+    raw[header + 148:header + 156] = b"%06o\0 " % sum(raw[header:header + 512])
+    path.write_bytes(bytes(raw))
+    with tarfile.open(path) as tar:  # (what tarfile reads)
+        assert tar.extractfile("k1.bin").read() == b"hello"
+    assert read_all(jl.TarShard(path)) == [{"__key__": "k1", "bin": b"hello"},
+                                           {"__key__": "k2", "bin": b"abc"}]
+
+
+def test_a_member_written_twice_is_an_error_not_one_of_them_lost(tmp_path):
+    path = tmp_path / "twice.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in (("k1.txt", b"first"), ("k1.txt", b"second"), ("k1.cls", b"3")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    shard = jl.TarShard(path)
+    shard.reset()
+    with pytest.raises(jl.RecordError, match=r"twice.tar: byte 1024: member k1.txt follows "
+                                             r"another of the same name"):
+        shard.next()
+
+
 def _dir(name):
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE
