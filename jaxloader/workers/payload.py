@@ -7,7 +7,8 @@ arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by 
 cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
 and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``JoinedArrays``,
 the alike parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
-cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays cross as their file.
+cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays cross as their file
+(checked to be the one mapped; a copy-on-write map, changed in memory, is copied).
 
 Example:
     >>> import numpy as np
@@ -33,6 +34,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
+from jaxloader.base.errors import ConfigError
 from jaxloader.sources.concat import JoinedArrays
 from jaxloader.runtime.shm import Segment, attach
 
@@ -58,13 +60,13 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
     def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is np.memmap and isinstance(obj.filename, str) and obj.base is not None:
-            array = np.asarray(obj)
-            offset = array.__array_interface__["data"][0] - _base_address(obj)
-            return ("memmap", obj.filename, obj.offset + offset, array.shape, array.dtype.str,
-                    array.strides)
-        if type(obj) not in (np.ndarray, JoinedArrays) or obj.nbytes < SHARE_MIN_BYTES \
-                or obj.dtype.hasobject:
+        if type(obj) is np.memmap and isinstance(obj.filename, (str, os.PathLike)) \
+                and obj.base is not None:  # (np.load(pathlib.Path) keeps a Path)
+            found = _as_its_file(obj)
+            if found is not None:
+                return found
+        if type(obj) not in (np.ndarray, JoinedArrays, np.memmap) \
+                or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
             return None
         ref, _ = self._shared.get(id(obj), (None, None))
         if ref is None:
@@ -141,6 +143,44 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         raise errors[0]
 
 
+def _as_its_file(mm: np.memmap) -> tuple | None:
+    """``mm`` as its file's name, place and identity (device, inode), or ``None`` where the
+    file would not give a worker the array's bytes: a copy-on-write map (``mmap_mode="c"``:
+    changes stay in this process) or a file replaced since it was mapped (Linux names the
+    mapped file ``(deleted)``, or by another name). Those cross as other arrays do, copied."""
+    if mm.mode == "c":
+        return None
+    filename = os.fspath(mm.filename)
+    try:
+        found = os.stat(filename)
+        mapped = _mapped_path(_base_address(mm))
+    except OSError:
+        return None
+    if mapped is not None and mapped != os.path.realpath(filename):
+        return None
+    array = np.asarray(mm)
+    offset = array.__array_interface__["data"][0] - _base_address(mm)
+    return ("memmap", filename, mm.offset + offset, array.shape, array.dtype.str,
+            array.strides, (found.st_dev, found.st_ino))
+
+
+def _mapped_path(address: int) -> str | None:
+    """The path of the file mapped at ``address`` as Linux's ``/proc/self/maps`` gives it
+    (`` (deleted)`` after it when it was replaced or removed); ``None`` where it cannot be
+    read. (Its device and inode are the layer's below, on overlay file systems: not
+    comparable to ``os.stat``'s.)"""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, _, _, _, _, path = (line.rstrip("\n").split(None, 5) + [""])[:6]
+                start, _, end = span.partition("-")
+                if int(start, 16) <= address < int(end, 16):
+                    return path
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _base_address(mm: np.memmap) -> int:
     base: np.ndarray = mm
     while isinstance(base.base, np.ndarray):
@@ -165,7 +205,15 @@ class _Unpickler(pickle.Unpickler):
             _, name, size, shape, dtype = pid
             array = np.ndarray(shape, np.dtype(dtype), buffer=attach(name, size))
         else:
-            _, filename, offset, shape, dtype, strides = pid
+            _, filename, offset, shape, dtype, strides, identity = pid
+            found = os.stat(filename)
+            if (found.st_dev, found.st_ino) != identity:
+                raise ConfigError(
+                    f"{filename}: replaced since the loader's payload was made (another file "
+                    "at its name, device and inode "
+                    f"{(found.st_dev, found.st_ino)}, expected {identity}): a worker would "
+                    "read other data than the training process maps; replace files by "
+                    "writing a new name, or make the loader again after replacing one")
             mm = np.memmap(filename, dtype=np.uint8, mode="r")
             array = np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset, strides=strides)
         array.flags.writeable = False  # the source is shared: a transform must not write it

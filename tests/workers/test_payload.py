@@ -27,9 +27,42 @@ def test_memmaps_cross_as_their_file(tmp_path):
     np.save(path, np.arange(2 * SHARE_MIN_BYTES, dtype=np.int32).reshape(1024, -1))
     mm = np.load(path, mmap_mode="r")
     segments = []
-    out = loads(dumps([mm, mm[100:200, 3:]], segments.append))
-    assert not segments
+    blob = dumps([mm, mm[100:200, 3:]], segments.append)
+    assert not segments and len(blob) < 4096  # (np.load(a Path) crossed as its bytes)
+    out = loads(blob)
     assert np.array_equal(out[0], mm) and np.array_equal(out[1], mm[100:200, 3:])
+
+
+def test_a_memmap_whose_file_has_other_bytes_crosses_as_its_bytes(tmp_path):
+    # a copy-on-write map changed in memory, a file replaced since it was mapped: a worker
+    # reading the file would get other data than the training process
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(2 * SHARE_MIN_BYTES, dtype=np.int32))
+    changed = np.load(path, mmap_mode="c")
+    changed[:3] = -1
+    replaced = np.load(path, mmap_mode="r")
+    np.save(tmp_path / "new.npy", np.zeros(2 * SHARE_MIN_BYTES, np.int32))
+    (tmp_path / "new.npy").replace(path)
+    segments = []
+    out = loads(dumps([changed, replaced[5:]], segments.append))
+    assert len(segments) == 2
+    assert out[0][:4].tolist() == [-1, -1, -1, 3] and out[1][:2].tolist() == [5, 6]
+    del out
+    for seg in segments:
+        seg.destroy()
+
+
+def test_a_memmap_file_replaced_before_a_worker_maps_it_is_an_error_naming_it(tmp_path):
+    from jaxloader.base.errors import ConfigError
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(2 * SHARE_MIN_BYTES, dtype=np.int32))
+    blob = dumps(np.load(path, mmap_mode="r"), [].append)
+    np.save(tmp_path / "new.npy", np.zeros(2 * SHARE_MIN_BYTES, np.int32))
+    (tmp_path / "new.npy").replace(path)
+    with pytest.raises(ConfigError, match=r"x.npy: replaced since the loader's payload was "
+                                          r"made .*a worker would read other data"):
+        loads(blob)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 7, 4099])
