@@ -32,7 +32,9 @@ import errno
 import mmap
 import os
 import secrets
+import sys
 from multiprocessing import resource_tracker
+from typing import Any
 
 import _posixshmem  # CPython's binding of shm_open/shm_unlink (what shared_memory uses)
 import numpy as np
@@ -44,6 +46,9 @@ _PAGE = mmap.PAGESIZE
 _MEMFD = "memfd"
 # Memory files need memfd_create and a /proc to hand them over by.
 MEMFD_AVAILABLE = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+# A mapping without a descriptor of its own (Python 3.13): before, ``mmap`` keeps a duplicate
+# open, and a slot costs the owner two of the process's descriptors (often 1,024 at most)
+_UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 class Segment:
@@ -87,15 +92,17 @@ class Segment:
             fd = os.memfd_create(token, os.MFD_CLOEXEC)
             reserve(fd, size, "memory")
             name = f"{_MEMFD}:{os.getpid()}:{fd}:{os.fstat(fd).st_ino}"
-            segment = cls(name, mmap.mmap(fd, size), size, fd)
+            segment = cls(name, mmap.mmap(fd, size, **_UNTRACKED), size, fd)
             if registry is not None:
                 registry[name] = segment
-        except BaseException:
+        except BaseException as e:
             # By token: a Ctrl-C right after memfd_create returns loses the number, not the file.
             for leftover in [fd] if fd >= 0 else _descriptors_of(token):
                 os.close(leftover)
             if registry is not None:
                 registry.pop(name, None)
+            if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+                raise _out_of_descriptors(e) from e
             raise
         return segment
 
@@ -106,7 +113,7 @@ class Segment:
         try:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             reserve(fd, size, "/dev/shm")
-            segment = cls(name, mmap.mmap(fd, size), size)
+            segment = cls(name, mmap.mmap(fd, size, **_UNTRACKED), size)
             if registry is not None:
                 registry[name] = segment
             resource_tracker.register("/" + name, "shared_memory")
@@ -164,15 +171,33 @@ class Segment:
 
 
 def _descriptors_of(token: str) -> list[int]:
-    """This process's descriptors of the memory file named ``token``."""
-    found = []
-    for entry in os.listdir("/proc/self/fd"):
+    """This process's descriptors of the memory file named ``token`` (none found where the
+    listing itself fails: out of descriptors, the error to raise is the one that said so)."""
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for entry in entries:
         try:
             if os.readlink(f"/proc/self/fd/{entry}").startswith(f"/memfd:{token} "):
                 found.append(int(entry))
         except OSError:
             continue
     return found
+
+
+def _out_of_descriptors(e: OSError) -> SharedMemoryError:
+    """The error for a segment that a full descriptor table refused."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    raise_it = (f"raise the limit (ulimit -n {hard}, or resource.setrlimit(RLIMIT_NOFILE, "
+                f"({hard}, {hard})) before the loader), " if hard > soft else "")
+    return SharedMemoryError(
+        f"shared memory: no descriptor left for a new segment ({e.strerror}; this process may "
+        f"hold {soft:,}, and a batch slot holds {1 if _UNTRACKED else 2}): {raise_it}use fewer "
+        "workers or a smaller prefetch, or keep fewer batches alive")
 
 
 def reserve(fd: int, size: int, where: str) -> None:
@@ -231,11 +256,11 @@ def attach(name: str, size: int) -> mmap.mmap:
                 "segment was released before this worker mapped it"
             )
         try:
-            return mmap.mmap(fd, size)
+            return mmap.mmap(fd, size, **_UNTRACKED)
         finally:
             os.close(fd)
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
-        return mmap.mmap(fd, size)
+        return mmap.mmap(fd, size, **_UNTRACKED)
     finally:
         os.close(fd)

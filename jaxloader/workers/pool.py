@@ -233,7 +233,7 @@ class WorkerPool:
         shape = self._shapes.get(key)
         if shape is None:
             size = self._ring.slot_size
-            steps = steps_per_task(size, streaming)
+            steps = steps_per_task(size, streaming, self.roster.active * self._prefetch)
             ahead = tasks_ahead(size, steps, self._prefetch, self.roster.active)
             shape = self._shapes[key] = (steps, ahead, self.roster.active * ahead * steps)
         return shape

@@ -33,15 +33,18 @@ MAX_TASK_STEPS = 16
 # block being submitted, a worker writes ~80 slots: under the mappings it keeps (worker.py).
 MAX_AHEAD_STEPS = 64
 # and at most this many steps for all the workers together: each slot holds a descriptor in the
-# main process (many systems allow 1,024), so 8 workers or more keep ``prefetch`` tasks
+# main process (two before Python 3.13; many systems allow 1,024), so 8 workers or more keep
+# ``prefetch`` tasks, of fewer steps from 16 workers (``prefetch`` 2)
 MAX_AHEAD_SLOTS = 256
 
 
-def steps_per_task(slot_size: int, streaming: bool) -> int:
-    """Steps a task for batches of ``slot_size`` bytes (0: not known yet)."""
+def steps_per_task(slot_size: int, streaming: bool, tasks: int = 1) -> int:
+    """Steps a task for batches of ``slot_size`` bytes (0: not known yet), ``tasks`` of them
+    in flight at least (workers x prefetch): together within ``MAX_AHEAD_SLOTS`` steps where
+    tasks of one step are."""
     if streaming or not slot_size:
         return 1
-    return max(1, min(MAX_TASK_STEPS, TASK_BYTES // slot_size))
+    return max(1, min(MAX_TASK_STEPS, TASK_BYTES // slot_size, MAX_AHEAD_SLOTS // tasks))
 
 
 def tasks_ahead(slot_size: int, steps: int, prefetch: int, workers: int) -> int:

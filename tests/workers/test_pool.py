@@ -117,6 +117,9 @@ def test_small_batches_run_further_ahead_within_the_bounds():
             steps = max(1, min(16, TASK_BYTES // size))
             tasks = ahead(workers, size, steps)
             assert workers * tasks * steps <= max(MAX_AHEAD_SLOTS, workers * 2 * steps)
+            steps = steps_per_task(size, False, workers * 2)  # as the pool asks, prefetch 2
+            assert workers * ahead(workers, size, steps) * steps <= max(MAX_AHEAD_SLOTS,
+                                                                        workers * 2)
 
 
 class Ragged:

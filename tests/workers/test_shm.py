@@ -43,6 +43,39 @@ def test_memory_files_leave_nothing_in_dev_shm_and_close_their_descriptor():
 
 
 @needs_memfd
+def test_a_segment_holds_one_descriptor_where_python_can_map_without_one():
+    def descriptors():
+        return len(os.listdir("/proc/self/fd"))
+    before = descriptors()
+    segments = [Segment.create(4096) for _ in range(20)]
+    owned = descriptors() - before
+    views = [attach(seg.name, seg.size) for seg in segments]  # (a worker's)
+    mapped = descriptors() - before - owned
+    for view, seg in zip(views, segments):
+        view.close()
+        seg.destroy()
+    untracked = sys.version_info >= (3, 13)
+    assert (owned, mapped) == ((20, 0) if untracked else (40, 20))
+
+
+@needs_memfd
+def test_a_full_descriptor_table_is_a_shared_memory_error_with_the_remedy(monkeypatch):
+    import errno
+
+    from jaxloader.base.errors import SharedMemoryError
+    from jaxloader.runtime import shm
+
+    def full(*args):
+        raise OSError(errno.EMFILE, "Too many open files")
+    monkeypatch.setattr(shm.os, "memfd_create", full)
+    monkeypatch.setattr(shm.os, "listdir", full)  # (as the table is full: /proc/self/fd too)
+    with pytest.raises(SharedMemoryError, match=r"no descriptor left for a new segment \(Too "
+                                                r"many open files; this process may hold .*use "
+                                                r"fewer workers or a smaller prefetch"):
+        Segment.create(4096)
+
+
+@needs_memfd
 def test_a_reused_descriptor_number_is_never_mapped_as_the_old_segment():
     seg = Segment.create(4096)
     _, pid, fd, inode = seg.name.split(":")
