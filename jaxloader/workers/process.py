@@ -183,10 +183,21 @@ class WorkerProcess:
                 except subprocess.TimeoutExpired:
                     return None
             elif self._fork_pid is not None:
-                pid, status = os.waitpid(self._fork_pid, 0 if timeout is None else os.WNOHANG)
-                if pid:
-                    self._exitcode = os.waitstatus_to_exitcode(status)
+                self._exitcode = self._fork_exitcode(timeout)
         return self._exitcode
+
+    def _fork_exitcode(self, timeout: float | None) -> int | None:
+        """A forked worker's exit code, waited for up to ``timeout`` (after its pipe's EOF, it
+        may not have been reaped yet: one look would lose how it ended)."""
+        assert self._fork_pid is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self._fork_pid, 0 if timeout is None else os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            if deadline is None or time.monotonic() >= deadline:
+                return None
+            time.sleep(_POLL_S)
 
     def _starter_exitcode(self, timeout: float | None) -> int | None:
         assert self._starter is not None

@@ -144,9 +144,9 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     sys.path[:] = path
     try:
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
-        maker: Maker
+        worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
+        maker: Maker  # as it is unpickled)
         maker, init_fn = payload.loads(blob)
-        worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))
         if init_fn is not None:
             init_fn(worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends

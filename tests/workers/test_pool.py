@@ -188,6 +188,43 @@ def test_a_dead_worker_is_reported_at_once(how):
     loader.close()
 
 
+def test_a_forked_workers_end_is_waited_for_not_looked_at_once():
+    # after its pipe's EOF a worker may not be reaped yet: one look said "exit code None"
+    import subprocess
+
+    from jaxloader.workers.process import WorkerProcess
+
+    child = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 3"])
+    worker = object.__new__(WorkerProcess)
+    worker._exitcode, worker._starter, worker._popen = None, None, None
+    worker._fork_pid = child.pid
+    assert worker.exitcode(timeout=0.0) is None
+    assert worker.exitcode(timeout=10.0) == 3
+    child.returncode = 3  # (reaped above)
+
+
+def test_worker_info_is_set_before_the_source_is_unpickled():
+    class Source:
+        loaded_in = -2  # (the training process's)
+
+        def __init__(self):
+            self.size = 4  # (a state: pickle calls __setstate__ only with one)
+
+        def __len__(self):
+            return self.size
+
+        def __getitem__(self, i):
+            return {"x": np.int64(i), "id_when_loaded": np.int64(self.loaded_in)}
+
+        def __setstate__(self, state):
+            info = jl.get_worker_info()
+            self.__dict__.update(state, loaded_in=-1 if info is None else info.id)
+
+    with jl.DataLoader(Source(), batch_size=2, num_workers=2, process_index=0,
+                       process_count=1) as loader:
+        assert sorted(b["id_when_loaded"][0] for b in loader) == [0, 1]
+
+
 def test_an_unpicklable_transform_is_named_at_construction():
     lock = threading.Lock()
 
