@@ -321,8 +321,8 @@ def _spawn_forever() -> None:
             done.put(None)
 
 
-def stop_all(workers: list[WorkerProcess], ring: Any) -> None:
-    """Stops ``workers``, then closes the pool's slot ring. Every step runs even if an earlier
+def stop_all(workers: list[WorkerProcess], ring: Any = None) -> None:
+    """Stops ``workers``, then closes the pool's slot ring (if given). Every step runs even if an earlier
     one is interrupted (``jaxloader.base.interrupts``, 4). The workers wind down together: told
     at once, given one grace (``STOP_GRACE_S``) between them to close their pipes (those that
     have not are killed), then each waited for as it ends."""
@@ -332,6 +332,6 @@ def stop_all(workers: list[WorkerProcess], ring: Any) -> None:
     deadline = time.monotonic() + STOP_GRACE_S
     steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]
     steps += [functools.partial(w.let_go, deadline) for w in workers]
-    steps += [w.reap for w in workers] + [ring.close]
+    steps += [w.reap for w in workers] + ([] if ring is None else [ring.close])
     run_all(steps)
 

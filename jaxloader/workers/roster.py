@@ -28,7 +28,7 @@ import select
 from typing import Any, Callable
 
 from jaxloader.base.timings import Gauges, StageTotals
-from jaxloader.workers.process import WorkerProcess
+from jaxloader.workers.process import WorkerProcess, stop_all
 
 log = logging.getLogger("jaxloader")
 
@@ -48,8 +48,12 @@ class Roster:
         self.by_fd: dict[int, int] = {}
         self.in_flight: list[int] = []
         self.layouts: list[Any] = []
-        for _ in range(count):
-            self.add()
+        try:
+            for _ in range(count):
+                self.add()
+        except BaseException:  # (a fork refused: those started must not be left running)
+            stop_all(self.workers)
+            raise
         self.active = self.target = count if active is None else active
         if count:
             log.info("%s %d worker process(es): pids %s", "started" if active is None else

@@ -188,6 +188,22 @@ def test_a_dead_worker_is_reported_at_once(how):
     loader.close()
 
 
+def test_workers_started_before_one_that_cannot_start_are_stopped_and_reaped(monkeypatch):
+    from jaxloader.workers import starter
+
+    real, started = starter.Starter.start, []
+
+    def start(self, *args):
+        if len(started) == 2:
+            raise OSError("the worker starter could not fork a worker: [Errno 11] (a test)")
+        started.append(real(self, *args))
+        return started[-1]
+    monkeypatch.setattr(starter.Starter, "start", start)
+    with pytest.raises(OSError, match="could not fork"):
+        make(3)()
+    assert len(started) == 2 and not [pid for pid in started if os.path.exists(f"/proc/{pid}")]
+
+
 def test_a_forked_workers_end_is_waited_for_not_looked_at_once():
     # after its pipe's EOF a worker may not be reaped yet: one look said "exit code None"
     import subprocess
