@@ -258,6 +258,20 @@ def test_a_mixture_state_of_another_version_is_refused(version):
         second.load_state_dict(state)
 
 
+@pytest.mark.parametrize("entry", [[0, [0.6, "x", 0.2]], ["0", ["0.6", "0.2", "0.2"]],
+                                   [0, 5], [0.0, [0.6, 0.2, 0.2]], [0, [0.6, None, 0.2]],
+                                   [True, [0.6, 0.2, 0.2]], [-1, [0.6, 0.2, 0.2]]])
+def test_mixture_weights_in_a_state_that_are_not_numbers_are_refused_by_name(entry):
+    # int() and float() turned some into numbers without a word, and raised on others
+    with make()() as first:
+        take(first, 5)
+        state = first.state_dict()
+    state["mixture"] = [entry] + state["mixture"][1:]
+    with make()() as second, pytest.raises(jl.StateDictError, match=r"state\['mixture'\]\[0\]: "
+                                                                     r"expected \[step \(an int"):
+        second.load_state_dict(state)
+
+
 def test_a_plain_state_is_not_restored_into_a_mixture_and_back():
     plain = jl.DataLoader(jl.ConcatSource(components()), batch_size=8, process_index=0,
                           process_count=1)

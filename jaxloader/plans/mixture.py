@@ -143,6 +143,12 @@ def regime_counts(regimes: list[Regime], blocks: np.ndarray) -> tuple[np.ndarray
     return before, here
 
 
+def _is_real(x: Any) -> bool:
+    """A number as a state holds one: an int or a float (NumPy's too), not a bool."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
+        x, (bool, np.bool_))
+
+
 def check_weights_before(schedule: dict[int, Any], saved: Any, step: int) -> None:
     """Refuses a state's weights (``saved``: ``[[step, weights], ...]``) that differ from
     ``schedule``'s before ``step``: those steps were read with them."""
@@ -152,8 +158,15 @@ def check_weights_before(schedule: dict[int, Any], saved: Any, step: int) -> Non
             "state['mixture']: expected the mixture's weights ([[step, weights], ...]), "
             f"received {saved!r:.200}; this state is not from a loader over a mixture"
         )
+    for i, (at, weights) in enumerate(saved):
+        if not (_is_real(at) and isinstance(at, (int, np.integer)) and at >= 0 and isinstance(
+                weights, (list, tuple)) and weights and all(_is_real(x) for x in weights)):
+            raise StateDictError(
+                f"state['mixture'][{i}]: expected [step (an int >= 0), [a weight (a number) "
+                f"for each component]], received {[at, weights]!r:.200}; pass the dict that "
+                "state_dict() returned, unchanged")
     ours = {s: [float(x) for x in w] for s, w in schedule.items() if s < step}
-    theirs = {int(s): [float(x) for x in w] for s, w in saved if int(s) < step}
+    theirs = {int(s): [float(x) for x in w] for s, w in saved if s < step}
     same = ours.keys() == theirs.keys() and all(
         len(ours[s]) == len(theirs[s]) and all(
             math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) for a, b in zip(ours[s], theirs[s]))
