@@ -47,6 +47,16 @@ def test_every_link_resolves(page):
     assert not broken, f"{page}: " + "; ".join(broken)
 
 
+def test_every_page_the_package_names_exists():
+    # errors and docstrings point users at docs/...; two named pages that had moved
+    named = set()
+    for path in Path(ROOT, "jaxloader").rglob("*.py"):
+        named |= {(m, path.name) for m in re.findall(r"docs/[\w/.-]+\.md",
+                                                     path.read_text(encoding="utf-8"))}
+    assert named and not sorted((page, where) for page, where in named
+                                if not os.path.exists(os.path.join(ROOT, page)))
+
+
 def test_the_readme_is_a_front_page_with_the_two_commands():
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     assert readme.count("\n") <= 200

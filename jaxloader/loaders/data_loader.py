@@ -89,7 +89,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             ``jaxloader.data_sharding(mesh, "data")``; a ``PartitionSpec`` over the mesh of
             ``jax.set_mesh``, or a device; batches are then global ``jax.Array``s
             (``batch_size * process_count`` rows), placed ahead by a background thread (one
-            device) or by ``next()`` in your thread (several devices; docs/devices.md).
+            device) or by ``next()`` in your thread (several devices;
+            docs/guides/devices_and_hosts.md).
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
             0 places each batch in ``next()``.
         stall_warning_s: with workers, a batch awaited this long is logged (``logging``

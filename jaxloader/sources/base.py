@@ -79,12 +79,12 @@ def check_source(source: Any) -> int:
 
         if is_iterable_dataset(source):
             remedy = ("a Hugging Face IterableDataset is a stream: jaxloader.StreamLoader(ds) "
-                      "reads it as it is (docs/streams.md), or pass the Dataset itself "
+                      "reads it as it is (docs/guides/streams.md), or pass the Dataset itself "
                       "(random access, without streaming=True)")
         elif hasattr(source, "__iter__"):
             remedy = ("an iterable without random access (a generator) is a stream: "
                       "jaxloader.StreamLoader(jaxloader.Stream.from_generator(make, shards=n)), "
-                      "shard i read by make(i) (docs/streams.md); or " + remedy)
+                      "shard i read by make(i) (docs/guides/streams.md); or " + remedy)
         raise ConfigError(
             f"source: expected an object with __len__ and __getitem__ (a random-access source), "
             f"got {type(source).__name__}; {remedy}"
