@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.columns import object_column
+from jaxloader.base.errors import RecordError
 
 
 _LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths
@@ -49,18 +50,30 @@ class HuggingFaceSource:
             "numpy", columns=fmt["columns"], output_all_columns=fmt["output_all_columns"])
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
+        # numeric columns holding a null somewhere (Arrow's counts: no value read), checked in
+        # the rows each read asks for: NumPy format gives a null as NaN, and an int column
+        # with one as floats (cast back here: the null a huge negative number)
+        nullable = [] if self.custom else [
+            key for key in self.dataset.column_names
+            if _numeric(dataset.data.schema.field(key).type)
+            and _nulls(dataset.data.column(key))]
+        self._nulls = dataset.with_format("arrow", columns=nullable) if nullable else None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         row = self.dataset[int(index)]
+        if self._nulls is not None:
+            self._check_nulls([int(index) % len(self.dataset)])
         if self.custom:
             return row
         return {key: _as_declared(value, self._features.get(key)) for key, value in row.items()}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         batch = self.dataset[np.asarray(indices).tolist()]
+        if self._nulls is not None:
+            self._check_nulls(np.asarray(indices).tolist())
         if self.custom:  # the transform's columns: lists of rows, or arrays
             return {key: _strings_as_objects(_rows_batched(value)) for key, value in batch.items()}
         return {key: _as_declared(_rows_batched(value), self._features.get(key))
@@ -87,12 +100,56 @@ class HuggingFaceSource:
                 or pa.types.is_fixed_size_list(kind)) or not pa.types.is_integer(kind.value_type):
             return None
         column = self.dataset.with_format("arrow", columns=[key])
-        out = [pc.list_value_length(table[key]).fill_null(0).to_numpy(zero_copy_only=False)
-               for table in column.iter(batch_size=_LENGTH_BATCH)]
+        out = []
+        for table in column.iter(batch_size=_LENGTH_BATCH):
+            if table[key].null_count:  # (as ParquetSource.lengths: an empty list it is not)
+                raise ValueError(
+                    f"HuggingFaceSource: column {key!r} has {table[key].null_count} null "
+                    "list(s) among its rows; fill them (ds.map) or drop those rows (ds.filter)")
+            out.append(pc.list_value_length(table[key]).to_numpy(zero_copy_only=False))
         return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+
+    def _check_nulls(self, indices: list) -> None:
+        """Refuses the rows ``indices`` where a numeric column holds a null, naming it."""
+        assert self._nulls is not None
+        table = self._nulls[indices]
+        for key in table.column_names:
+            column = table[key]
+            if not _nulls(column):
+                continue
+            rows = [indices[j] for j in range(len(column)) if _nulls(column.slice(j, 1))][:5]
+            raise RecordError(
+                f"Hugging Face dataset: column {key!r} ({column.type}) holds a null in rows "
+                f"{rows} (the dataset's indices), expected numbers: NumPy format would give "
+                "NaN, or for integers a float cast back (another number); fill the nulls "
+                "(ds.map), drop those rows (ds.filter) or the column (ds.remove_columns)")
 
     def __repr__(self) -> str:
         return f"HuggingFaceSource({self.dataset!r:.200})"
+
+
+def _numeric(kind: Any) -> bool:
+    """Whether an Arrow type holds numbers (or booleans), at any depth of lists."""
+    import pyarrow as pa
+
+    while pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
+            kind):
+        kind = kind.value_type
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+
+
+def _nulls(column: Any) -> bool:
+    """Whether an Arrow column (chunked or not) holds a null, its lists' values included."""
+    import pyarrow as pa
+
+    for chunk in getattr(column, "chunks", [column]):
+        while True:
+            if chunk.null_count:
+                return True
+            if not isinstance(chunk, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
+                break
+            chunk = chunk.flatten()
+    return False
 
 
 def _rows_batched(column: Any) -> Any:

@@ -86,6 +86,27 @@ def test_packing_a_dataset_takes_its_lengths_from_arrow_and_packs_its_rows(monke
     assert np.array_equal(shifted.plan.row_ptr, like.plan.row_ptr)
 
 
+def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_read():
+    # NumPy format gave int64 ids through float32 (16777217 -> 16777216) and the null as
+    # INT64_MIN; a float null as NaN
+    ds = datasets.Dataset.from_dict({"id": [16_777_217, 123_456_789, None, 4],
+                                     "v": [[0.5], [1.5], [2.5], [None]], "t": ["a", None, "c", "d"]})
+    with jl.DataLoader(ds.select([0, 1]), batch_size=2, process_index=0,
+                       process_count=1) as loader:
+        assert next(iter(loader))["id"].tolist() == [16_777_217, 123_456_789]
+    for rows, match in (([0, 1, 2], r"column 'id' \(int64\) holds a null in rows \[2\]"),
+                        ([3], r"column 'v' \(list<item: double>\) holds a null in rows \[0\]")):
+        with jl.DataLoader(ds.select(rows), batch_size=len(rows), process_index=0,
+                           process_count=1) as loader, pytest.raises(jl.JaxloaderError,
+                                                                     match=match + ".*ds.filter"):
+            next(iter(loader))
+    with pytest.raises(jl.RecordError, match=r"column 'id' .* rows \[2\]"):
+        jl.sources.huggingface.HuggingFaceSource(ds)[2]
+    ids = datasets.Dataset.from_dict({"ids": [[1, 2, 3], None, [4, 5]]})
+    with pytest.raises(ValueError, match=r"column 'ids' has 1 null list"):  # (not of length 0)
+        jl.PackedSource(ids, "ids", 4)
+
+
 def test_resume_and_the_datasets_own_fingerprint():
     ds = dataset()
     check_resume(lambda: jl.DataLoader(ds, batch_size=4, shuffle=True, seed=2, num_epochs=None,
