@@ -90,7 +90,8 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
     # NumPy format gave int64 ids through float32 (16777217 -> 16777216) and the null as
     # INT64_MIN; a float null as NaN
     ds = datasets.Dataset.from_dict({"id": [16_777_217, 123_456_789, None, 4],
-                                     "v": [[0.5], [1.5], [2.5], [None]], "t": ["a", None, "c", "d"]})
+                                     "v": [[0.5], [1.5], [2.5], [None]],
+                                     "t": ["a", None, "c", "d"]})  # (a null string: None)
     with jl.DataLoader(ds.select([0, 1]), batch_size=2, process_index=0,
                        process_count=1) as loader:
         assert next(iter(loader))["id"].tolist() == [16_777_217, 123_456_789]
