@@ -59,12 +59,24 @@ def _values(array: Any) -> Any:
 
 
 def _nested_nulls(array: Any) -> int:
-    """The nulls among a list column's values, at any depth (a null there would turn integers
-    into floats in Arrow's conversion, in the row groups that hold one)."""
-    count = 0
-    while _is_list(array.type):
-        array = _values(array)
-        count += array.null_count
+    """The nulls among a list column's values, at any depth, its structs' fields too (a null
+    there would turn integers into floats in Arrow's conversion, in the row groups that hold
+    one, or come out as ``None``)."""
+    import pyarrow as pa
+
+    if not _is_list(array.type):  # (a struct's fields are decoded, and named, one by one)
+        return 0
+    count, inside = 0, [array]
+    while inside:
+        array = inside.pop()
+        if _is_list(array.type):
+            parts = [_values(array)]
+        elif pa.types.is_struct(array.type):
+            parts = array.flatten()  # (a null struct's fields are null there)
+        else:
+            continue
+        count += sum(part.null_count for part in parts)
+        inside += parts
     return count
 
 

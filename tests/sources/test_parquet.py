@@ -478,6 +478,11 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     pq.write_table(pa.table({"x": pa.array([[1, 2], [3, None]])}), nulls)
     with pytest.raises(ValueError, match="'x' of .*nulls.parquet' has 1 null value.* inside"):
         jl.ParquetSource(str(nulls))[0]
+    # and in a struct's field inside a list (boxes with labels): it came out as None
+    boxes = pa.list_(pa.struct([("label", pa.int64())]))
+    pq.write_table(pa.table({"x": pa.array([[{"label": 7}], [{"label": None}]], boxes)}), nulls)
+    with pytest.raises(ValueError, match="'x' of .*nulls.parquet' has 1 null value.* inside"):
+        jl.ParquetSource(str(nulls))[0]
 
 
 def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
