@@ -5,7 +5,8 @@ The files' record counts are read once, at construction; index ``i`` is then rec
 ``i - starts[k]`` of file ``k``. Each process (every worker) opens its own readers, on first use,
 at most ``_MAX_OPEN`` at once (the least recently used closed first: thousands of files under a
 1,024-descriptor limit). Each file's identity (size, hashes of its first and last KiB) is taken
-at construction: a state saved over other bytes is refused naming the file.
+at construction, and checked again whenever a reader opens the file: a state saved over other
+bytes, or a file changed under the loader, is refused naming the file.
 Needs the ``array-record`` package (``pip install "jaxloader[array-record]"``). Remote paths
 (``gs://``) are opened by array-record's own reader, in releases built with Riegeli's GCS reader
 (0.8.6 is); local paths are checked to exist first.
@@ -26,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import file_identity
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand
 
@@ -96,8 +97,26 @@ class ArrayRecordSource:
         return out
 
     def _reader(self, k: int) -> Any:
+        """File ``k``'s reader, opened (in this process, or again after it was closed) only
+        once the file is checked to be the one counted at construction."""
         reader = self._readers.get(k)
-        return reader if reader is not None else self._readers.add(k, _open(self.paths[k]))
+        if reader is not None:
+            return reader
+        path = self.paths[k]
+        if "://" not in path:
+            try:
+                now: list[int] | None = file_identity.whole(path)
+            except OSError:
+                now = None
+            if now != self._identities[k]:
+                change = ("it cannot be found or read now" if now is None
+                          else file_identity.change(self._identities[k], now))
+                raise RecordError(
+                    f"ArrayRecordSource: file {path!r} changed since the source was made "
+                    f"({change}): its records are no longer those the order (and a saved state) "
+                    "names; put the file back, or make a new source and loader over the files "
+                    "as they are now")
+        return self._readers.add(k, _open(path))
 
     def __repr__(self) -> str:
         return f"ArrayRecordSource({len(self)} records in {len(self.paths)} file(s))"

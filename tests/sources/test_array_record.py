@@ -54,3 +54,20 @@ def test_resume_and_bad_files(tmp_path):
     # bucket name, so it fails at once, with no network, and the message says who opened it
     with pytest.raises(jl.ConfigError, match=r"reader could not open 'gs://b/a.array_record'"):
         jl.ArrayRecordSource("gs://b/a.array_record")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_file_rewritten_under_the_loader_is_an_error_naming_it(tmp_path, num_workers):
+    # the identity was taken at construction, never checked when a reader opened the file:
+    # other records of the same count were read in silence
+    paths = write(tmp_path, counts=(8,))
+    src = jl.ArrayRecordSource(paths)
+    writer = array_record.ArrayRecordWriter(paths[0], "group_size:4")
+    for i in range(8):
+        writer.write(np.arange(i + 100, i + 103, dtype=np.int32).tobytes())
+    writer.close()
+    with jl.DataLoader(src, batch_size=4, transforms=[jl.Map(parse)], num_workers=num_workers,
+                       process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"file '.*part-0.array_record' changed "
+                                                     r"since the source was made \("):
+            next(iter(loader))
