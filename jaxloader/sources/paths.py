@@ -1,7 +1,8 @@
 """A file source's ``paths``: one path, a list, a folder or a glob pattern, as a sorted list.
 
 A folder stands for the files under it whose names end with the source's suffix (sorted, at
-any depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted). A remote
+any depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted): files only, a
+folder whose name matches (Spark's ``train.parquet/part-*.parquet``) stands for nothing itself. A remote
 pattern (``gs://bucket/dir/train-*.parquet``, in the file name only) lists its folder through
 ``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern).
 The list is fixed at construction and is part of the source's fingerprint, so a restore over
@@ -42,13 +43,15 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             out.append(path)
             continue
         if any(c in path for c in _PATTERN):
-            found = (_remote_glob(path, owner) if remote
-                     else sorted(glob.glob(path, recursive=True)))
+            found = (_remote_glob(path, owner) if remote  # (files: a Spark output folder
+                     else sorted(f for f in glob.glob(path, recursive=True)  # is named
+                                 if os.path.isfile(f)))  # train.parquet)
             what = "matches no file"
         elif not remote and os.path.isdir(path):
             suffixes = (suffix,) if isinstance(suffix, str) else suffix
             found = sorted(f for s in suffixes for f in glob.glob(
-                os.path.join(glob.escape(path), "**", f"*{s}"), recursive=True))
+                os.path.join(glob.escape(path), "**", f"*{s}"), recursive=True)
+                if os.path.isfile(f))
             what = f"is a folder with no *{suffixes[0]} file" + (
                 f" (nor {', '.join('*' + s for s in suffixes[1:])})" if suffixes[1:] else "")
         else:
