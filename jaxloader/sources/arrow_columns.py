@@ -106,7 +106,7 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
             lengths = np.diff(numpy_of(array.offsets))
             size = int(lengths[0]) if len(lengths) and np.all(lengths == lengths[0]) else None
         if size is None:
-            return ArrowRows(array, ragged=True)
+            return ArrowRows(array, ragged=True, where=f"column {name!r} of {path!r}")
         inner = _values(array)
         values = _decode_array(inner, name, path) if _is_list(inner.type) else None
         if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
@@ -114,7 +114,7 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
         out = values.reshape(len(array), size, *values.shape[1:])
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
-        return ArrowRows(array, ragged=False)
+        return ArrowRows(array, ragged=False, where=f"column {name!r} of {path!r}")
     else:
         out = numpy_of(array)
     out.flags.writeable = False
@@ -148,9 +148,10 @@ class ArrowRows:
     time rows are sliced one by one), a tenth of the memory of Python objects a row; objects
     are made only for the rows read, with no Arrow call."""
 
-    def __init__(self, array: Any, ragged: bool) -> None:
+    def __init__(self, array: Any, ragged: bool, where: str = "a column") -> None:
         import pyarrow as pa
 
+        self.where = where  # (named in errors)
         kind = array.type
         large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) or (
             pa.types.is_large_list(kind))
@@ -242,7 +243,14 @@ class ArrowRows:
                                              starts[after[a:b]].tolist())]
         if not self.ragged and self._text and isinstance(data, bytes):
             # text that is not UTF-8 as a whole: row by row (an invalid row raises)
-            return [str(row, "utf-8") for row in cast("list[bytes]", out)]
+            try:
+                return [str(row, "utf-8") for row in cast("list[bytes]", out)]
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"ParquetSource: {self.where} holds a string that is not UTF-8 ({e}: "
+                    f"{e.object[:40]!r}); Parquet strings are UTF-8: fix its writer, or read "
+                    "the column as binary (cast it to bytes when writing the file), or leave "
+                    "it out with columns=") from None
         return out
 
 
