@@ -92,6 +92,17 @@ def test_what_a_jit_map_cannot_take_is_refused_naming_it():
                        process_index=0, process_count=1) as bad:
         with pytest.raises(jl.JaxloaderError, match=r"batch\['name'\] of dtype <U1.*Map before"):
             next(iter(bad))
+    # another byte order (a FITS file's): named with its Map; bfloat16 (kind V) is taken
+    swapped = jl.ArraySource({"x": np.arange(4, dtype=">f4"), "h": np.ones(4, jnp.bfloat16)})
+    with jl.DataLoader(swapped, batch_size=2, transforms=[jl.JitMap(lambda r: {"h": r["h"]})],
+                       process_index=0, process_count=1) as bad:
+        with pytest.raises(jl.JaxloaderError, match=r"batch\['x'\]: dtype >f4 is of the other "
+                                                     r"byte order.*newbyteorder"):
+            next(iter(bad))
+    with jl.DataLoader(jl.ArraySource({"h": np.ones(4, jnp.bfloat16)}), batch_size=2,
+                       transforms=[jl.JitMap(lambda r: {"h": r["h"] * 2})], process_index=0,
+                       process_count=1) as half:
+        assert next(iter(half))["h"].tolist() == [2.0, 2.0]
     with pytest.raises(jl.ConfigError, match=r"after a batch transform \(JitMap.*before BatchMap"):
         jl.DataLoader(text, batch_size=2, transforms=[jl.JitMap(lambda r: r), jl.Map(len)],
                       process_index=0, process_count=1)

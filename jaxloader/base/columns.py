@@ -46,3 +46,26 @@ class DeferredTake(NamedTuple):
         """The rows gathered (into ``out`` when given). ``mode="clip"`` avoids the buffered
         copy NumPy makes for ``out=`` under the default ``mode="raise"`` (3.5x)."""
         return self.array.take(self.indices, 0, out, "clip")
+
+
+def device_dtype_problem(dtype: np.dtype) -> str | None:
+    """Why JAX takes no array of ``dtype``, though it is no string, object or date (those stay
+    NumPy), and the ``Map`` that makes one it takes; ``None`` where it takes it (the numbers,
+    in this machine's byte order, bfloat16 and the other ``ml_dtypes``).
+
+    Example:
+        >>> device_dtype_problem(np.dtype(">f4"))[:46]
+        'dtype >f4 is of the other byte order than thi'
+        >>> device_dtype_problem(np.dtype("<f4")) is None
+        True
+    """
+    if dtype.names is not None:
+        return (f"dtype {dtype} is structured, which JAX has no type for; make each field a "
+                "leaf of its own in a Map ({name: x[name] for name in x.dtype.names})")
+    if not dtype.isnative:
+        return (f"dtype {dtype} is of the other byte order than this machine's, which JAX "
+                "does not take; make it native in a Map (x.astype(x.dtype.newbyteorder('=')))")
+    if dtype.kind == "V" and dtype.type is np.void:
+        return (f"dtype {dtype} is raw bytes, which JAX has no type for; view them as numbers "
+                "in a Map (x.view(np.uint8))")
+    return None

@@ -19,15 +19,21 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.checks import MASK64, POSITION_BITS
+from jaxloader.base.columns import device_dtype_problem
 from jaxloader.base.errors import RecordError
 from jaxloader.batching import collate
 from jaxloader.sources.code_digest import filled
 
 
 def check_columns(columns: list, t: Any, where: Callable[[], str]) -> None:
-    """Refuses a leaf JAX cannot take (strings, objects), naming it (``t``: the JitMap)."""
+    """Refuses a leaf JAX cannot take (strings, objects, another byte order, structured),
+    naming it (``t``: the JitMap); bfloat16 and the other ``ml_dtypes`` it takes."""
     for column in columns:
-        if column.dtype.kind not in "biufc":
+        problem = device_dtype_problem(column.dtype)
+        if problem is not None:
+            raise RecordError(f"{where()}: {t} gets batch{column.path}: {problem}, before the "
+                              "JitMap")
+        if column.dtype.hasobject or column.dtype.kind in "USMm":
             raise RecordError(
                 f"{where()}: {t} gets batch{column.path} of dtype {column.dtype}, expected "
                 "numbers (bool, int, uint, float, complex): JAX takes numeric arrays; turn it "

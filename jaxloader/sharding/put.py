@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
+from jaxloader.base.columns import device_dtype_problem
 from jaxloader.base.errors import ConfigError
 
 
@@ -167,6 +168,8 @@ class Putter:
         try:
             return jax.tree_util.tree_map_with_path(self._put_subtree, self.sharding, batch,
                                                     is_leaf=_is_sharding)
+        except ConfigError:
+            raise  # (a leaf's, named: its words may say "structured")
         except ValueError as e:
             if "structure" not in str(e) and "prefix" not in str(e):
                 raise
@@ -194,7 +197,10 @@ class Putter:
             return jax.make_array_from_process_local_data(sharding, leaf, global_shape)
         except (ValueError, TypeError) as e:
             rows = np.shape(leaf)[0] if np.ndim(leaf) else None
-            if self.batch_size is not None and rows is not None and rows < self.batch_size:
+            problem = device_dtype_problem(np.dtype(getattr(leaf, "dtype", _NUMERIC)))
+            if problem is not None:
+                remedy = problem
+            elif self.batch_size is not None and rows is not None and rows < self.batch_size:
                 remedy = (f"this is an epoch's last batch, of {rows} rows, not {self.batch_size} "
                           f"(last_batch='partial'); {_PARTIAL_REMEDY}")
             else:

@@ -100,6 +100,26 @@ def test_fixed_width_strings_and_dates_stay_numpy_and_bfloat16_goes_to_the_devic
     assert out.strip() == "ok"
 
 
+def test_a_leaf_of_a_dtype_jax_has_no_type_for_is_named_with_its_map():
+    # another byte order, a structured dtype: the error blamed the batch size, and a
+    # structured leaf's was taken for a sharding tree that did not match
+    out = run_with_devices("""
+    mesh = jax.make_mesh((2,), ("data",))
+    for leaf, said in ((np.arange(8, dtype=">f4"), "of the other byte order"),
+                       (np.zeros(8, [("a", "<f4"), ("b", "<i4")]), "is structured")):
+        with jl.DataLoader(jl.ArraySource({"x": leaf}), batch_size=4, process_index=0,
+                           process_count=1, sharding=jl.data_sharding(mesh)) as loader:
+            try:
+                next(iter(loader))
+            except jl.ConfigError as e:
+                assert said in str(e) and "divide evenly" not in str(e), str(e)
+            else:
+                raise AssertionError(f"placed a leaf of {leaf.dtype}")
+    print("ok")
+    """, n=2)
+    assert out.strip() == "ok"
+
+
 def test_bad_shardings_give_clear_errors():
     out = run_with_devices("""
     from jaxloader.sharding.put import Putter
