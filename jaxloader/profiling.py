@@ -8,7 +8,8 @@ picture of what each worker did.
     jl.profile(make_loader or loader, steps=300)   (a notebook shows the picture inline)
 
 ``make_loader(num_workers=n)`` builds the loader to profile (a module path, or a file
-``path/to/file.py:make_loader``); a loader given as it is is profiled at its own count. Each
+``path/to/file.py:make_loader``); a loader given as it is is profiled at its own count and
+left open where it was (its position restored after the run). Each
 count runs ``steps`` batches taken as fast as they come, its stages traced; the picture has
 each worker's stages on a timeline (the fastest count's last 40 batches) and the batches a second
 at each count.
@@ -71,18 +72,32 @@ class Profile:
         return self.png
 
 
-def _one(loader: Any, steps: int) -> Run:
-    """``steps`` batches of ``loader`` as fast as they come, traced; its run."""
+def _one(loader: Any, steps: int, own: bool) -> Run:
+    """``steps`` batches of ``loader`` as fast as they come, traced; its run. A loader of the
+    caller's (``own`` False) is left open at the position it had, its tracing as it was; one
+    made here is closed."""
     engine = loader._engine
-    engine.gauges.trace = True
-    with loader:
+    traced, engine.gauges.trace = engine.gauges.trace, True
+    before = None if own else loader.state_dict()
+    try:
         it = iter(loader)
-        for _ in range(steps):
-            next(it)
+        for done in range(steps):
+            try:
+                next(it)
+            except StopIteration:
+                raise ConfigError(
+                    f"profile: the loader ran out after {done} batches, of steps={steps}; "
+                    f"make it with num_epochs=None (endless), or pass steps={max(3, done)} or "
+                    "fewer") from None
         stats = loader.stats
-        run = Run(engine.active, stats.batches_per_s, loader.diagnose(),
-                  [list(m.fold().trace) for m in engine.gauges.makers])
-    return run
+        return Run(engine.active, stats.batches_per_s, loader.diagnose(),
+                   [list(m.fold().trace) for m in engine.gauges.makers])
+    finally:
+        if own:
+            loader.close()
+        else:
+            engine.gauges.trace = traced
+            loader.load_state_dict(before)
 
 
 def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
@@ -95,9 +110,9 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
                           "first includes the workers' start: 300 gives a steady picture")
     if callable(loader) and not hasattr(loader, "state_dict"):
         counts = sorted(set(workers if workers is not None else (0, 1, 2, cores_available())))
-        runs = [_one(loader(num_workers=n), steps) for n in counts]
+        runs = [_one(loader(num_workers=n), steps, own=True) for n in counts]
     else:
-        runs = [_one(loader, steps)]
+        runs = [_one(loader, steps, own=False)]
     png = _picture(runs)
     if out is not None and png is not None:
         with open(out, "wb") as f:

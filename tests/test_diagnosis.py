@@ -238,6 +238,19 @@ def test_profile_runs_each_count_and_draws_the_timeline(tmp_path):
     assert report._repr_png_() == out.read_bytes() and "the fastest" in str(report)
 
 
+def test_profile_leaves_a_loader_of_yours_where_it_was_and_names_one_that_runs_out():
+    # it closed the caller's loader, 20 batches on; one that ran out: a bare StopIteration
+    with jl.DataLoader(arrays(), batch_size=8, num_epochs=None, **ONE) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        jl.profile(loader, steps=20, out=None)
+        assert next(iter(loader))["x"][0, 0] == 16 * 4  # step 2's first record: where it was
+    with jl.DataLoader(arrays(64), batch_size=8, **ONE) as short:  # one epoch: 8 batches
+        with pytest.raises(jl.ConfigError, match=r"ran out after 8 batches, of steps=20; .*"
+                                                 r"num_epochs=None"):
+            jl.profile(short, steps=20, out=None)
+
+
 def test_copies_to_the_device_while_the_workers_idle_are_the_device():
     from jaxloader.base.stats import WorkerStats
 
