@@ -112,3 +112,20 @@ def test_in_place_writes_fail_alike_in_every_mode_and_change_nothing(num_workers
     assert "assignment destination is read-only" in msg
     assert "source records are read-only views" in msg and ".copy()" in msg
     assert np.all(x == 1.0)  # the caller's array is untouched
+
+
+def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
+    # __getitems__ checked nothing: a bare assert, NumPy's "axis 0 with size 2", a pybind
+    # TypeError, a list's IndexError, none naming the source or the range
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"x": np.arange(10)}), tmp_path / "a.parquet", row_group_size=5)
+    parquet = jl.ParquetSource(str(tmp_path / "a.parquet"))
+    concat = jl.ConcatSource([jl.ArraySource({"x": np.arange(3)})] * 2)
+    for name, src in (("ParquetSource", parquet), ("ConcatSource", concat)):
+        for bad in (-1, len(src)):
+            with pytest.raises(IndexError, match=rf"{name}: index {bad} out of range "
+                                                 rf"\[0, {len(src)}\)"):
+                src.__getitems__(np.array([0, bad]))
+    with pytest.raises(IndexError, match=r"ParquetSource: index 10 out of range"):
+        parquet.gather_columns(np.array([10]))

@@ -32,3 +32,18 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise error(f"{name}: expected an int {bound}, got {value}; {remedy}")
     return int(value)
+
+
+def check_indices(indices: np.ndarray, size: int, owner: str) -> None:
+    """Raises ``IndexError`` naming ``owner``, the first index out of ``[0, size)`` and the
+    range, as ``owner[index]`` does (one vectorised test: a batched read's).
+
+    Example:
+        >>> check_indices(np.array([3, 12, 1]), 10, "ParquetSource")
+        Traceback (most recent call last):
+        ...
+        IndexError: ParquetSource: index 12 out of range [0, 10)
+    """
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= size):
+        bad = int(indices[(indices < 0) | (indices >= size)][0])
+        raise IndexError(f"{owner}: index {bad} out of range [0, {size})")

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import file_identity
+from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand
@@ -87,6 +88,7 @@ class ArrayRecordSource:
     def __getitems__(self, indices: np.ndarray) -> list[bytes]:
         """The records at ``indices``: one read per file touched."""
         indices = np.asarray(indices, dtype=np.int64)
+        check_indices(indices, len(self), "ArrayRecordSource")
         files = np.searchsorted(self._starts, indices, side="right") - 1
         out: list[Any] = [None] * len(indices)
         for k in np.unique(files):

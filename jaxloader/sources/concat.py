@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of
+from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.sources.arrays import ArraySource
 from jaxloader.sources.base import Source, check_source
@@ -132,6 +133,7 @@ class ConcatSource:
         """The records at ``indices``, each part read with its own ``__getitems__`` (when it
         has one): a batched pytree when every part gives one, else a list of records."""
         indices = np.asarray(indices, dtype=np.int64)
+        check_indices(indices, len(self), "ConcatSource")
         located = self.locate(indices)
         parts, local = located[:, 0], located[:, 1]
         if not len(parts) or parts.min() == parts.max():  # one part: read in the order asked

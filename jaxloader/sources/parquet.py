@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int
+from jaxloader.base.checks import check_indices, check_int
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
@@ -201,6 +201,7 @@ class ParquetSource:
         """The rows at ``indices`` as a dict of batched columns (each row group decoded once);
         a list of rows when a column holds lists of different lengths."""
         indices = np.asarray(indices, dtype=np.int64)
+        check_indices(indices, len(self), "ParquetSource")
         groups = self._groups_of(indices)
         gathered = self._gather(indices, groups)
         if gathered is not None:
@@ -214,6 +215,7 @@ class ParquetSource:
         as ``columns.DeferredTake``s, gathered straight into the slot, when the rows' row groups can
         be joined; else ``None`` (read them with ``__getitems__``). For ``BatchMaker``."""
         indices = np.asarray(indices, dtype=np.int64)
+        check_indices(indices, len(self), "ParquetSource")
         return self._gather(indices, self._groups_of(indices), lazy=True)
 
     def _groups_of(self, indices: np.ndarray) -> np.ndarray:

@@ -71,3 +71,10 @@ def test_a_file_rewritten_under_the_loader_is_an_error_naming_it(tmp_path, num_w
         with pytest.raises(jl.JaxloaderError, match=r"file '.*part-0.array_record' changed "
                                                      r"since the source was made \("):
             next(iter(loader))
+
+
+def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
+    src = jl.ArrayRecordSource(write(tmp_path, counts=(3,)))
+    for bad in (-1, 3):
+        with pytest.raises(IndexError, match=rf"ArrayRecordSource: index {bad} out of range"):
+            src.__getitems__(np.array([bad]))
