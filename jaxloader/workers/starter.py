@@ -111,7 +111,10 @@ class Starter:
 
     @property
     def idle(self) -> bool:
-        """Whether none of its workers may still run."""
+        """Whether none of its workers may still run: those not yet seen to have exited are
+        asked after (and reaped), as a worker that outlived ``close()``'s wait was not."""
+        for pid in list(self._running):
+            self.poll(pid)
         return not self._running and not self._starting
 
     def start(self, fd: int, cwd: str | None) -> int:

@@ -148,6 +148,22 @@ def test_a_starter_of_an_environment_left_behind_is_closed_once_idle(monkeypatch
     assert len(_starters()) == 1
 
 
+def test_a_worker_that_outlived_close_is_reaped_and_its_starter_closed_once_idle(monkeypatch):
+    # close() waits 2 s for a worker's own threads; one that ended later stayed a zombie, its
+    # starter never idle, never closed for another environment's
+    def init(worker_id):
+        threading.Thread(target=time.sleep, args=(2.5,)).start()  # (not a daemon)
+    monkeypatch.setenv("JAXLOADER_TEST_MARK", "lingering")
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, num_workers=1,
+                       worker_init_fn=init, process_index=0, process_count=1) as loader:
+        list(loader)
+        (pid,) = loader.worker_pids
+    time.sleep(1.5)  # (ended by now)
+    monkeypatch.setenv("JAXLOADER_TEST_MARK", "next")
+    _run(num_workers=1)
+    assert not os.path.exists(f"/proc/{pid}") and len(_starters()) == 1
+
+
 def shout(record):
     print(f"record {int(record['x'])} made", flush=True)
     return record
