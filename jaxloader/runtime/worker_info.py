@@ -11,7 +11,9 @@ from typing import NamedTuple
 
 
 class WorkerInfo(NamedTuple):
-    """What ``get_worker_info()`` returns inside a worker."""
+    """What ``get_worker_info()`` returns inside a worker: its id, the workers in use as it
+    started (``num_workers="auto"`` changes the count later; the loader, not the worker, picks
+    the records a worker makes) and the loader's seed."""
 
     id: int
     num_workers: int
