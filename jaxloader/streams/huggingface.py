@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.columns import object_column
-from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.base.state_copy import copied
 from jaxloader.sources.huggingface import _declared_dtype
 from jaxloader.streams.shards import numbers_as_arrays
@@ -171,7 +171,7 @@ class HuggingFaceShard:
             self.reset(None)
         record = next(self._it)
         self._started = True
-        return as_declared(record, self._plan)
+        return as_declared(record, self._plan, f"HuggingFaceShard {self.name}: a record")
 
     def get_state(self) -> dict:
         # the dataset has a state once it is iterating (its first example asked for)
@@ -246,7 +246,14 @@ _TEXT = ("string", "large_string", "binary", "large_binary")
 _PYTHON = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
 
 
-def as_declared(value: Any, plan: Any) -> Any:
+def _holds_none(value: list) -> bool:
+    """Whether a ``None`` is among a list's items, through lists of lists."""
+    if value and type(value[0]) is list:
+        return any(v is None or type(v) is list and _holds_none(v) for v in value)
+    return None in value
+
+
+def as_declared(value: Any, plan: Any, name: str = "a record") -> Any:
     """A record in Python format with its lists of numbers as arrays and its numbers of the
     dtypes declared (``plan``, from ``plan_of``; ``_UNKNOWN``: lists of numbers as
     ``JsonlShard`` reads them); strings and other leaves as they are.
@@ -262,7 +269,8 @@ def as_declared(value: Any, plan: Any) -> Any:
     if type(plan) is dict:
         if type(value) is not dict:
             return numbers_as_arrays(value)
-        return {key: as_declared(v, plan.get(key, _UNKNOWN)) for key, v in value.items()}
+        return {key: as_declared(v, plan.get(key, _UNKNOWN), f"{name}[{key!r}]")
+                for key, v in value.items()}
     if plan is _UNKNOWN:
         return numbers_as_arrays(value)
     kind = type(value)
@@ -270,6 +278,11 @@ def as_declared(value: Any, plan: Any) -> Any:
         return object_column(value) if kind is list else value
     if kind is list:
         if plan is not None:
+            if plan.kind == "f" and _holds_none(value):  # (NumPy would make it NaN)
+                raise RecordError(
+                    f"{name}: a list of {plan} holds a null (None): {value!r:.80}; expected "
+                    "numbers: "
+                    "fill the nulls (ds.map) or drop those rows (ds.filter) before streaming")
             try:
                 return np.asarray(value, plan)
             except (TypeError, ValueError):  # inner lists of other lengths, a None

@@ -233,3 +233,12 @@ def test_bad_input_gets_a_clear_error():
     assert shard.next()["label"] == 1
     with pytest.raises(StateDictError, match=r"epoch 5"):
         shard.reset({"hf": {**shard.get_state()["hf"], "epoch": 5}})
+
+
+def test_a_null_in_a_list_of_floats_is_refused_naming_the_shard_and_the_field():
+    # NumPy made it NaN without a word
+    ds = datasets.Dataset.from_dict({"v": [[1.0, 2.0], [3.0, None]]}).to_iterable_dataset()
+    with jl.StreamLoader(ds, batch_size=2, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"HuggingFaceShard .*\['v'\]: a list of "
+                                                     r"float64 holds a null \(None\).*ds.filter"):
+            next(iter(loader))
