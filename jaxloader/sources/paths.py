@@ -1,12 +1,12 @@
 """A file source's ``paths``: one path, a list, a folder or a glob pattern, as a sorted list.
 
-A folder stands for the files under it whose names end with the source's suffix (sorted, at
-any depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted): files only, a
-folder whose name matches (Spark's ``train.parquet/part-*.parquet``) stands for nothing itself. A remote
+A folder stands for the files under it whose names end with the source's suffix (sorted, at any
+depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted): files only, a folder
+whose name matches (Spark's ``train.parquet/part-*.parquet``) stands for nothing itself. A remote
 pattern (``gs://bucket/dir/train-*.parquet``, in the file name only) lists its folder through
-``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern).
-The list is fixed at construction and is part of the source's fingerprint, so a restore over
-a folder whose files changed is refused.
+``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern). The
+list is fixed at construction and is part of the source's fingerprint, so a restore over a folder
+whose files changed is refused.
 
 Example:
     >>> import os, tempfile

@@ -111,6 +111,9 @@ class FileShard:
                 "_size_known": None}
 
 
+_BLANK = object()  # a line that is no record
+
+
 class _LineShard(FileShard):
     """Lines of a file; state: the byte offset of the next line and its number."""
 
@@ -132,9 +135,6 @@ class _LineShard(FileShard):
     def _parse(self, raw: bytes) -> Any:
         """The record of a line (without its line break), or ``_BLANK`` to skip it."""
         raise NotImplementedError
-
-
-_BLANK = object()
 
 
 class JsonlShard(_LineShard):
@@ -163,7 +163,9 @@ class JsonlShard(_LineShard):
 
 def numbers_as_arrays(value: Any) -> Any:
     """JSON's lists of numbers (at any depth, of one length a depth) as NumPy arrays; other
-    lists (of strings, of objects, of lists of other lengths) as lists of converted items."""
+    lists (of strings, of objects, of lists of other lengths) as lists of converted items, and
+    so are ints beyond int64, which NumPy would make floats, rounded: Python ints are exact (a
+    ``Map`` can make them uint64; collation refuses them, naming them)."""
     if isinstance(value, dict):
         return {key: numbers_as_arrays(v) for key, v in value.items()}
     if not isinstance(value, list):
@@ -176,8 +178,6 @@ def numbers_as_arrays(value: Any) -> Any:
         if array is not None and (array.dtype.kind in "biu" or array.dtype.kind == "f"
                                   and _has_float(value)):
             return array
-        # (ints beyond int64, which NumPy makes floats, rounded: kept as Python ints, exact,
-        # which a Map can make uint64 and collation otherwise refuses, naming them)
     return [numbers_as_arrays(v) for v in value]
 
 
@@ -202,10 +202,8 @@ class TextShard(_LineShard):
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise RecordError(
-                f"{self.path}: line {self._count}: not UTF-8 ({e}): {raw[:80]!r}; expected "
-                "text in UTF-8: convert the file (iconv -f <its encoding> -t utf-8), or read "
-                "its lines as bytes in a Stream.from_generator") from None
+            raise RecordError(f"{self.path}: line {self._count}: not UTF-8 ({e}): {raw[:80]!r}; "
+                              "convert the file (iconv -f <its encoding> -t utf-8)") from None
 
 
 class Bound:

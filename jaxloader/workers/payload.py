@@ -62,7 +62,7 @@ class _Pickler(cloudpickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is np.memmap and isinstance(obj.filename, (str, os.PathLike)) \
                 and obj.base is not None:  # (np.load(pathlib.Path) keeps a Path)
-            found = _as_its_file(obj)
+            found = _as_its_file(obj, os.fspath(obj.filename))
             if found is not None:
                 return found
         if type(obj) not in (np.ndarray, JoinedArrays, np.memmap) \
@@ -143,14 +143,13 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         raise errors[0]
 
 
-def _as_its_file(mm: np.memmap) -> tuple | None:
+def _as_its_file(mm: np.memmap, filename: str) -> tuple | None:
     """``mm`` as its file's name, place and identity (device, inode), or ``None`` where the
     file would not give a worker the array's bytes: a copy-on-write map (``mmap_mode="c"``:
     changes stay in this process) or a file replaced since it was mapped (Linux names the
     mapped file ``(deleted)``, or by another name). Those cross as other arrays do, copied."""
     if mm.mode == "c":
         return None
-    filename = os.fspath(mm.filename)
     try:
         found = os.stat(filename)
         mapped = _mapped_path(_base_address(mm))

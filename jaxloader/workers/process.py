@@ -322,10 +322,10 @@ def _spawn_forever() -> None:
 
 
 def stop_all(workers: list[WorkerProcess], ring: Any = None) -> None:
-    """Stops ``workers``, then closes the pool's slot ring (if given). Every step runs even if an earlier
-    one is interrupted (``jaxloader.base.interrupts``, 4). The workers wind down together: told
-    at once, given one grace (``STOP_GRACE_S``) between them to close their pipes (those that
-    have not are killed), then each waited for as it ends."""
+    """Stops ``workers``, then closes the pool's slot ring (if given). Every step runs even if
+    an earlier one is interrupted (``jaxloader.base.interrupts``, 4). The workers wind down
+    together: told at once, given one grace (``STOP_GRACE_S``) between them to close their pipes
+    (those that have not are killed), then each waited for as it ends."""
     running = [w.pid for w in workers if w.exitcode() is None]
     if running:
         log.info("stopping worker process(es) %s", running)
