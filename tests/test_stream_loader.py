@@ -158,7 +158,8 @@ def test_a_state_is_refused_by_another_worker_count_or_stream(tmp_path):
                                                     r"a StreamLoader's"):  # (said: missing keys)
             mapped.load_state_dict(state)
         with loader_of(generator_stream(tmp_path), [], 2) as other, pytest.raises(
-                jl.StateDictError, match=r"expected a StreamLoader's state_dict\(\)"):
+                jl.StateDictError, match=r"expected a StreamLoader's state_dict\(\) \(kind "
+                                         r"'stream'\), got a DataLoader's"):  # (said: got None)
             other.load_state_dict(mapped.state_dict())
 
 

@@ -160,10 +160,12 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
     process and the ``readers`` it hosts (a stream's ``extra`` state keys allowed); returns the
     readers' states (each checked by opening it, by the loader)."""
     if not isinstance(state, dict) or state.get("kind") != "stream":
+        got = (type(state).__name__ if not isinstance(state, dict) else
+               "a DataLoader's (no 'kind', a 'step')" if "kind" not in state and "step" in state
+               else f"kind {state.get('kind')!r}")
         raise StateDictError(
-            f"state: expected a StreamLoader's state_dict() (kind 'stream'), got "
-            f"{state.get('kind') if isinstance(state, dict) else type(state).__name__!r}; "
-            "a DataLoader's state restores into a DataLoader")
+            f"state: expected a StreamLoader's state_dict() (kind 'stream'), got {got}; a "
+            "DataLoader's state restores into a DataLoader")
     if state.get("version") != STATE_VERSION:
         raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
                              f"{state.get('version')!r}; this state was written by another "
