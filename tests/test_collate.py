@@ -163,6 +163,10 @@ def test_strings_and_bytes_stay_objects_of_any_length():
     assert batch["b"].tolist() == [b"", b"x", b"xx"]
     with pytest.raises(CollateError, match=r"\['s'\].*position 0 has str.*position 1 has int"):
         collate([{"s": "a"}, {"s": 1}], positions=[0, 1])
+    # str and bytes in one leaf: one type a leaf (they batched together without a word)
+    with pytest.raises(CollateError, match=r"\['s'\].*position 0 has str 'a', record position "
+                                           r"2 has bytes b'c'; .*decode the bytes"):
+        collate([{"s": "a"}, {"s": np.str_("b")}, {"s": b"c"}], positions=[0, 1, 2])
 
 
 def test_object_arrays_of_other_lengths_are_one_entry_a_record():

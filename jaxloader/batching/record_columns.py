@@ -63,7 +63,8 @@ def _record_column(path: str, values: list, names: Any) -> Column:
     if isinstance(first, (str, bytes)):
         # Strings and bytes stay Python objects on purpose (an object array, one entry a
         # record): they have no device form, and fixed-width NumPy strings would pad them.
-        if not all(isinstance(v, (str, bytes)) for v in values):
+        text = str if isinstance(first, str) else bytes  # (one of them: a leaf has one type)
+        if not all(isinstance(v, text) for v in values):
             raise_leaf_mismatch(path, values, names)
         array = np.empty(n, dtype=object)
         array[:] = [v if type(v) is str or type(v) is bytes  # np.str_ -> str, np.bytes_ -> bytes
@@ -151,6 +152,8 @@ def _type_name(value: Any) -> str:
 
 def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
     def kind(v: Any) -> tuple:  # what records must share (a value's own is its own)
+        if isinstance(v, (str, bytes)):  # (np.str_ is a str)
+            return (str if isinstance(v, str) else bytes, None)
         if isinstance(v, (np.ndarray, np.generic)):
             return (v.shape, v.dtype)
         return (type(v), _scalar_dtype(v))
@@ -167,6 +170,9 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
         if kind(v) != first:
             if v is None:
                 fix = "give every record an array there (an empty or a masked one), not None"
+            elif first[0] in (str, bytes) and kind(v)[0] in (str, bytes):
+                fix = ("give every record one of them there: decode the bytes (or encode the "
+                       "str) in a Map")
             elif _scalar_dtype(v) is not None and (dtype := _scalar_dtype(values[0])) is not None:
                 fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
                        f"'{dtype}'), say)")
