@@ -70,6 +70,10 @@ class _Slots:
         return memoryview(mapped)[:size]
 
 
+class _Stopped(SystemExit):
+    """Told to stop while a step waits for its slot: the worker's end, not a failure."""
+
+
 class _Inbox:
     """Messages from the main process; those that arrive while a batch waits for a bigger
     slot are kept for later, in order."""
@@ -87,7 +91,7 @@ class _Inbox:
             if type(message) is Slot and (message.task_id, message.nth) == (task_id, nth):
                 return message
             if type(message) is Stop:
-                raise SystemExit(0)
+                raise _Stopped(0)
             self._pending.append(message)
 
 
@@ -191,8 +195,8 @@ def serve(conn: Connection) -> None:
                 batch, layout = next(batches)
                 report = stream.report() if stream is not None else None
                 heap.fit(lease.used)  # the next batch's records reuse this one's freed pages
-            except SystemExit:
-                return
+            except _Stopped:
+                return  # (a transform's own sys.exit() is a failure, reported below)
             except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
                 failed = _failed(task_id, step, e)
                 break

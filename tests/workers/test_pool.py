@@ -241,6 +241,20 @@ def test_worker_info_is_set_before_the_source_is_unpickled():
         assert sorted(b["id_when_loaded"][0] for b in loader) == [0, 1]
 
 
+def test_a_transform_that_calls_sys_exit_is_a_failure_with_its_traceback():
+    # the worker took it for its own stop: "died ... exit code 0; check memory use"
+    def leave(r):
+        if int(r["y"]) == 20:
+            sys.exit(3)
+        return r
+
+    with jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(leave)], num_workers=1,
+                       process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.WorkerError, match=r"raised at step 3 .*SystemExit: 3(.|\n)*"
+                                                 r"in leave"):
+            list(loader)
+
+
 def test_an_unpicklable_transform_is_named_at_construction():
     lock = threading.Lock()
 
