@@ -54,8 +54,8 @@ def device_dtype_problem(dtype: np.dtype) -> str | None:
     in this machine's byte order, bfloat16 and the other ``ml_dtypes``).
 
     Example:
-        >>> device_dtype_problem(np.dtype(">f4"))[:46]
-        'dtype >f4 is of the other byte order than thi'
+        >>> device_dtype_problem(np.dtype(">f4"))[:41]
+        'dtype >f4 is of the other byte order than'
         >>> device_dtype_problem(np.dtype("<f4")) is None
         True
     """

@@ -50,30 +50,32 @@ class HuggingFaceSource:
             "numpy", columns=fmt["columns"], output_all_columns=fmt["output_all_columns"])
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
-        # numeric columns holding a null somewhere (Arrow's counts: no value read), checked in
-        # the rows each read asks for: NumPy format gives a null as NaN, and an int column
-        # with one as floats (cast back here: the null a huge negative number)
-        nullable = [] if self.custom else [
-            key for key in self.dataset.column_names
-            if _numeric(dataset.data.schema.field(key).type)
-            and _nulls(dataset.data.column(key))]
-        self._nulls = dataset.with_format("arrow", columns=nullable) if nullable else None
+        # the rows where a numeric column read holds a null (found once; none read where
+        # Arrow's counts say there are none), checked against each read's indices: NumPy
+        # format gives a null as NaN, and an int column with one as floats (cast back here:
+        # the null another number)
+        read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
+                else fmt["columns"])
+        self._nulls = {} if self.custom else {
+            key: rows for key in read
+            if _numeric(dataset.data.schema.field(key).type) and _nulls(dataset.data.column(key))
+            and len(rows := _null_rows(dataset, key))}
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         row = self.dataset[int(index)]
-        if self._nulls is not None:
-            self._check_nulls([int(index) % len(self.dataset)])
+        if self._nulls:
+            self._check_nulls(np.array([int(index) % len(self.dataset)]))
         if self.custom:
             return row
         return {key: _as_declared(value, self._features.get(key)) for key, value in row.items()}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         batch = self.dataset[np.asarray(indices).tolist()]
-        if self._nulls is not None:
-            self._check_nulls(np.asarray(indices).tolist())
+        if self._nulls:
+            self._check_nulls(np.asarray(indices))
         if self.custom:  # the transform's columns: lists of rows, or arrays
             return {key: _strings_as_objects(_rows_batched(value)) for key, value in batch.items()}
         return {key: _as_declared(_rows_batched(value), self._features.get(key))
@@ -100,29 +102,30 @@ class HuggingFaceSource:
                 or pa.types.is_fixed_size_list(kind)) or not pa.types.is_integer(kind.value_type):
             return None
         column = self.dataset.with_format("arrow", columns=[key])
-        out = []
-        for table in column.iter(batch_size=_LENGTH_BATCH):
-            if table[key].null_count:  # (as ParquetSource.lengths: an empty list it is not)
-                raise ValueError(
-                    f"HuggingFaceSource: column {key!r} has {table[key].null_count} null "
-                    "list(s) among its rows; fill them (ds.map) or drop those rows (ds.filter)")
-            out.append(pc.list_value_length(table[key]).to_numpy(zero_copy_only=False))
-        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+        out = [pc.list_value_length(table[key]).to_numpy(zero_copy_only=False)
+               for table in column.iter(batch_size=_LENGTH_BATCH)]
+        lengths = np.concatenate(out) if out else np.zeros(0)
+        if lengths.dtype.kind == "f":  # (a null list's length is null: NaN here)
+            rows = np.flatnonzero(np.isnan(lengths))  # (as ParquetSource.lengths: a null is
+            raise ValueError(  # not an empty list)
+                f"HuggingFaceSource: column {key!r} has {len(rows)} null list(s), in rows "
+                f"{rows[:5].tolist()} (the dataset's indices); fill them (ds.map) or drop those "
+                "rows (ds.filter)")
+        return lengths.astype(np.int64)
 
-    def _check_nulls(self, indices: list) -> None:
+    def _check_nulls(self, indices: np.ndarray) -> None:
         """Refuses the rows ``indices`` where a numeric column holds a null, naming it."""
-        assert self._nulls is not None
-        table = self._nulls[indices]
-        for key in table.column_names:
-            column = table[key]
-            if not _nulls(column):
-                continue
-            rows = [indices[j] for j in range(len(column)) if _nulls(column.slice(j, 1))][:5]
-            raise RecordError(
-                f"Hugging Face dataset: column {key!r} ({column.type}) holds a null in rows "
-                f"{rows} (the dataset's indices), expected numbers: NumPy format would give "
-                "NaN, or for integers a float cast back (another number); fill the nulls "
-                "(ds.map), drop those rows (ds.filter) or the column (ds.remove_columns)")
+        for key, null_rows in self._nulls.items():
+            at = np.minimum(np.searchsorted(null_rows, indices), len(null_rows) - 1)
+            hit = indices[null_rows[at] == indices]
+            if len(hit):
+                raise RecordError(
+                    f"Hugging Face dataset: column {key!r} "
+                    f"({self.dataset.data.schema.field(key).type}) holds a null in rows "
+                    f"{hit[:5].tolist()} (the dataset's indices), expected numbers: NumPy "
+                    "format would give NaN, or for integers a float cast back (another number); "
+                    "fill the nulls (ds.map), drop those rows (ds.filter) or the column "
+                    "(ds.remove_columns)")
 
     def __repr__(self) -> str:
         return f"HuggingFaceSource({self.dataset!r:.200})"
@@ -136,6 +139,31 @@ def _numeric(kind: Any) -> bool:
             kind):
         kind = kind.value_type
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+
+
+def _null_rows(dataset: Any, key: str) -> np.ndarray:
+    """The dataset's rows (after its ``select``/``filter``/``shuffle``) where column ``key``
+    holds a null, its lists' values included, ascending."""
+    in_table = np.concatenate([_null_rows_of(chunk) for chunk in dataset.data.column(key).chunks]
+                              or [np.zeros(0, bool)])
+    mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
+    if mapping is not None:
+        in_table = in_table[mapping.column(0).to_numpy()]
+    return np.flatnonzero(in_table)
+
+
+def _null_rows_of(array: Any) -> np.ndarray:
+    """A row mask of an Arrow array: where it, or a value of its lists, is null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = array.is_null().to_numpy(zero_copy_only=False)
+    if isinstance(array, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
+        inner = _null_rows_of(array.flatten())
+        if inner.any():
+            parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+            rows[parents[inner]] = True
+    return rows
 
 
 def _nulls(column: Any) -> bool:

@@ -95,6 +95,9 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
     with jl.DataLoader(ds.select([0, 1]), batch_size=2, process_index=0,
                        process_count=1) as loader:
         assert next(iter(loader))["id"].tolist() == [16_777_217, 123_456_789]
+    only_t = ds.with_format("numpy", columns=["t"])  # (a column not read is not checked)
+    assert jl.sources.huggingface.HuggingFaceSource(only_t).__getitems__([2, 3])["t"].tolist() \
+        == ["c", "d"]
     for rows, match in (([0, 1, 2], r"column 'id' \(int64\) holds a null in rows \[2\]"),
                         ([3], r"column 'v' \(list<item: double>\) holds a null in rows \[0\]")):
         with jl.DataLoader(ds.select(rows), batch_size=len(rows), process_index=0,
@@ -104,7 +107,7 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
     with pytest.raises(jl.RecordError, match=r"column 'id' .* rows \[2\]"):
         jl.sources.huggingface.HuggingFaceSource(ds)[2]
     ids = datasets.Dataset.from_dict({"ids": [[1, 2, 3], None, [4, 5]]})
-    with pytest.raises(ValueError, match=r"column 'ids' has 1 null list"):  # (not of length 0)
+    with pytest.raises(ValueError, match=r"column 'ids' has 1 null list\(s\), in rows \[1\]"):
         jl.PackedSource(ids, "ids", 4)
 
 
