@@ -8,7 +8,7 @@ cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by
 and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``JoinedArrays``,
 the alike parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
 cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays cross as their file
-(checked to be the one mapped; a copy-on-write map, changed in memory, is copied).
+(on Linux, checked to be the one mapped; a copy-on-write map written to is copied).
 
 Example:
     >>> import numpy as np
@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import functools
 import io
 import itertools
@@ -48,6 +49,7 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._keep = keep
         self._shared: dict[int, tuple[tuple, Any]] = {}
+        self._mappings: _Mappings | None = None  # read at the first memmap
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is _CACHED and not _importable(obj):
@@ -62,7 +64,9 @@ class _Pickler(cloudpickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is np.memmap and isinstance(obj.filename, (str, os.PathLike)) \
                 and obj.base is not None:  # (np.load(pathlib.Path) keeps a Path)
-            found = _as_its_file(obj, os.fspath(obj.filename))
+            if self._mappings is None:
+                self._mappings = _Mappings()
+            found = _as_its_file(obj, os.fspath(obj.filename), self._mappings)
             if found is not None:
                 return found
         if type(obj) not in (np.ndarray, JoinedArrays, np.memmap) \
@@ -143,19 +147,21 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         raise errors[0]
 
 
-def _as_its_file(mm: np.memmap, filename: str) -> tuple | None:
+def _as_its_file(mm: np.memmap, filename: str, mappings: "_Mappings") -> tuple | None:
     """``mm`` as its file's name, place and identity (device, inode), or ``None`` where the
-    file would not give a worker the array's bytes: a copy-on-write map (``mmap_mode="c"``:
-    changes stay in this process) or a file replaced since it was mapped (Linux names the
-    mapped file ``(deleted)``, or by another name). Those cross as other arrays do, copied."""
-    if mm.mode == "c":
-        return None
+    file would not give a worker the array's bytes: a copy-on-write map (``mmap_mode="c"``)
+    written to, or a file replaced since it was mapped (Linux names the mapped file
+    ``(deleted)``, or by another name). Those cross as other arrays do, copied (and so does
+    any copy-on-write map where Linux's word is not to be had)."""
     try:
         found = os.stat(filename)
-        mapped = _mapped_path(_base_address(mm))
     except OSError:
         return None
-    if mapped is not None and mapped != os.path.realpath(filename):
+    mapped = mappings.at(_base_address(mm))
+    if mapped is None and mm.mode == "c":
+        return None
+    if mapped is not None and (mapped[0] != os.path.realpath(filename)
+                               or mm.mode == "c" and mapped[1]):
         return None
     array = np.asarray(mm)
     offset = array.__array_interface__["data"][0] - _base_address(mm)
@@ -163,21 +169,35 @@ def _as_its_file(mm: np.memmap, filename: str) -> tuple | None:
             array.strides, (found.st_dev, found.st_ino))
 
 
-def _mapped_path(address: int) -> str | None:
-    """The path of the file mapped at ``address`` as Linux's ``/proc/self/maps`` gives it
-    (`` (deleted)`` after it when it was replaced or removed); ``None`` where it cannot be
-    read. (Its device and inode are the layer's below, on overlay file systems: not
-    comparable to ``os.stat``'s.)"""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                span, _, _, _, _, path = (line.rstrip("\n").split(None, 5) + [""])[:6]
-                start, _, end = span.partition("-")
-                if int(start, 16) <= address < int(end, 16):
-                    return path
-    except (OSError, ValueError):
-        return None
-    return None
+class _Mappings:
+    """This process's memory mappings as Linux's ``/proc/self/smaps`` gives them, read once
+    for a payload's memmaps: each one's path (`` (deleted)`` after it once replaced or
+    removed; its device and inode are the layer's below on overlay file systems, not
+    ``os.stat``'s) and bytes written copy-on-write (``Anonymous``). None where not readable."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._spans: list[list] = []  # [end, path, anonymous bytes]
+        try:
+            with open("/proc/self/smaps") as smaps:
+                for line in smaps:
+                    head = line.split(None, 5)
+                    if head and ":" not in head[0]:  # a mapping's line: its span first
+                        start, _, end = head[0].partition("-")
+                        path = head[5].rstrip("\n") if len(head) > 5 else ""
+                        self._starts.append(int(start, 16))
+                        self._spans.append([int(end, 16), path, 0])
+                    elif head and head[0] == "Anonymous:" and self._spans:
+                        self._spans[-1][2] = int(head[1]) * 1024
+        except (OSError, ValueError):
+            self._starts, self._spans = [], []
+
+    def at(self, address: int) -> tuple[str, int] | None:
+        """``(path, anonymous bytes)`` of the mapping holding ``address``, or None."""
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0 or address >= self._spans[i][0]:
+            return None
+        return self._spans[i][1], self._spans[i][2]
 
 
 def _base_address(mm: np.memmap) -> int:
@@ -205,14 +225,17 @@ class _Unpickler(pickle.Unpickler):
             array = np.ndarray(shape, np.dtype(dtype), buffer=attach(name, size))
         else:
             _, filename, offset, shape, dtype, strides, identity = pid
-            found = os.stat(filename)
-            if (found.st_dev, found.st_ino) != identity:
+            try:
+                found = os.stat(filename)
+                now = f"device and inode {(found.st_dev, found.st_ino)}"
+            except OSError as e:
+                found, now = None, f"{type(e).__name__}: {e.strerror}"
+            if found is None or (found.st_dev, found.st_ino) != identity:
                 raise ConfigError(
-                    f"{filename}: replaced since the loader's payload was made (another file "
-                    "at its name, device and inode "
-                    f"{(found.st_dev, found.st_ino)}, expected {identity}): a worker would "
-                    "read other data than the training process maps; replace files by "
-                    "writing a new name, or make the loader again after replacing one")
+                    f"{filename}: replaced or removed since the loader's payload was made "
+                    f"({now}, expected device and inode {identity}): a worker would read "
+                    "other data than the training process maps; replace files by writing a "
+                    "new name, or make the loader again after replacing one")
             mm = np.memmap(filename, dtype=np.uint8, mode="r")
             array = np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset, strides=strides)
         array.flags.writeable = False  # the source is shared: a transform must not write it

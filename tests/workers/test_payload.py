@@ -60,9 +60,21 @@ def test_a_memmap_file_replaced_before_a_worker_maps_it_is_an_error_naming_it(tm
     blob = dumps(np.load(path, mmap_mode="r"), [].append)
     np.save(tmp_path / "new.npy", np.zeros(2 * SHARE_MIN_BYTES, np.int32))
     (tmp_path / "new.npy").replace(path)
-    with pytest.raises(ConfigError, match=r"x.npy: replaced since the loader's payload was "
-                                          r"made .*a worker would read other data"):
+    with pytest.raises(ConfigError, match=r"x.npy: replaced or removed since the loader's "
+                                          r"payload was made .*a worker would read other data"):
         loads(blob)
+    path.unlink()
+    with pytest.raises(ConfigError, match=r"x.npy: replaced or removed .*FileNotFoundError"):
+        loads(blob)
+
+
+def test_a_copy_on_write_memmap_not_written_to_crosses_as_its_file(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(2 * SHARE_MIN_BYTES, dtype=np.int32))
+    unchanged = np.load(path, mmap_mode="c")
+    segments = []
+    blob = dumps(unchanged, segments.append)
+    assert not segments and len(blob) < 4096 and np.array_equal(loads(blob), unchanged)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 7, 4099])
