@@ -1,8 +1,8 @@
 """A file source's ``paths``: one path, a list, a folder or a glob pattern, as a sorted list.
 
 A folder stands for the files under it whose names end with the source's suffix (sorted, at any
-depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted): files only, a folder
-whose name matches (Spark's ``train.parquet/part-*.parquet``) stands for nothing itself. A remote
+depth), a pattern (``*``, ``?``, ``[``) for the files it matches (sorted), and a folder whose
+name it matches (Spark's ``train.parquet/part-*.parquet``) for that folder's files. A remote
 pattern (``gs://bucket/dir/train-*.parquet``, in the file name only) lists its folder through
 ``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern). The
 list is fixed at construction and is part of the source's fingerprint, so a restore over a folder
@@ -42,16 +42,14 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         if not remote and os.path.isfile(path):  # a file named with [ or * is that file
             out.append(path)
             continue
+        suffixes = (suffix,) if isinstance(suffix, str) else suffix
         if any(c in path for c in _PATTERN):
-            found = (_remote_glob(path, owner) if remote  # (files: a Spark output folder
-                     else sorted(f for f in glob.glob(path, recursive=True)  # is named
-                                 if os.path.isfile(f)))  # train.parquet)
+            found = (_remote_glob(path, owner) if remote else sorted({  # a folder matched (a
+                g for f in glob.glob(path, recursive=True)  # Spark output's train.parquet):
+                for g in (_files_in(f, suffixes) if os.path.isdir(f) else [f])}))  # its files
             what = "matches no file"
         elif not remote and os.path.isdir(path):
-            suffixes = (suffix,) if isinstance(suffix, str) else suffix
-            found = sorted(f for s in suffixes for f in glob.glob(
-                os.path.join(glob.escape(path), "**", f"*{s}"), recursive=True)
-                if os.path.isfile(f))
+            found = _files_in(path, suffixes)
             what = f"is a folder with no *{suffixes[0]} file" + (
                 f" (nor {', '.join('*' + s for s in suffixes[1:])})" if suffixes[1:] else "")
         else:
@@ -65,6 +63,13 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
     if not out:
         raise ConfigError(f"{owner}(paths): expected at least one path, got none")
     return out
+
+
+def _files_in(folder: str, suffixes: tuple[str, ...]) -> list[str]:
+    """What is under ``folder`` (at any depth) and ends with one of ``suffixes``, sorted: not
+    folders (a link to nothing stays, to be named where it is opened)."""
+    return sorted(f for s in suffixes for f in glob.glob(
+        os.path.join(glob.escape(folder), "**", f"*{s}"), recursive=True) if not os.path.isdir(f))
 
 
 def _remote_glob(pattern: str, owner: str) -> list[str]:

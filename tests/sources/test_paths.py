@@ -39,11 +39,14 @@ def test_folders_and_patterns_become_their_files_sorted_in_the_order_given(tmp_p
 
 def test_a_folder_named_like_a_file_stands_for_its_files_not_itself(tmp_path):
     # Spark and Dask write train.parquet/part-*.parquet: the folder matched *.parquet too
-    touch(tmp_path, "train.parquet/part-0.parquet", "train.parquet/part-1.parquet")
+    touch(tmp_path, "a.parquet", "train.parquet/part-0.parquet", "train.parquet/part-1.parquet")
+    os.symlink(tmp_path / "gone.parquet", tmp_path / "link.parquet")  # (named where opened)
     names = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
-    parts = ["train.parquet/part-0.parquet", "train.parquet/part-1.parquet"]
-    assert names(expand(tmp_path, ".parquet", "S")) == parts
-    assert names(expand(str(tmp_path / "**" / "*.parquet"), ".parquet", "S")) == parts
+    files = ["a.parquet", "link.parquet", "train.parquet/part-0.parquet",
+             "train.parquet/part-1.parquet"]
+    assert names(expand(tmp_path, ".parquet", "S")) == files
+    assert names(expand(str(tmp_path / "**" / "*.parquet"), ".parquet", "S")) == files
+    assert names(expand(str(tmp_path / "*.parquet"), ".parquet", "S")) == files
 
 
 def test_a_file_named_like_a_pattern_is_that_file(tmp_path):
