@@ -85,10 +85,10 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
             try:
                 next(it)
             except StopIteration:
+                fewer = f", or pass steps={done} or fewer" if done >= 3 else ""
                 raise ConfigError(
                     f"profile: the loader ran out after {done} batches, of steps={steps}; "
-                    f"make it with num_epochs=None (endless), or pass steps={max(3, done)} or "
-                    "fewer") from None
+                    f"make it with num_epochs=None (endless){fewer}") from None
         stats = loader.stats
         return Run(engine.active, stats.batches_per_s, loader.diagnose(),
                    [list(m.fold().trace) for m in engine.gauges.makers])

@@ -69,13 +69,14 @@ def _nested_nulls(array: Any) -> int:
     count, inside = 0, [array]
     while inside:
         array = inside.pop()
+        seen = 0  # (a null struct's fields are null there too: counted once, as the struct)
         if _is_list(array.type):
             parts = [_values(array)]
         elif pa.types.is_struct(array.type):
-            parts = array.flatten()  # (a null struct's fields are null there)
+            parts, seen = array.flatten(), array.null_count
         else:
             continue
-        count += sum(part.null_count for part in parts)
+        count += sum(part.null_count - seen for part in parts)
         inside += parts
     return count
 

@@ -94,6 +94,8 @@ class RaggedSource:
 
     @property
     def fingerprint(self) -> str:
+        """Its length, keys, dtypes, 64 of its offsets and 64 of its values a key (and the
+        last): other data of the same lengths is another source (sampled: not a hash of all)."""
         import hashlib
 
         digest = hashlib.blake2b(digest_size=16)

@@ -126,7 +126,7 @@ class TarShard(FileShard):
                 if kind == 0x4C:  # b"L" (GNU): the next member's long name
                     long_name = data.rstrip(b"\0").decode("utf-8", "replace")
                 elif kind == 0x78:  # b"x" (pax): the next member's attributes
-                    path, pax_size = _pax(data, self.path, offset)
+                    path, pax_size = _pax(data, self.path, offset - _BLOCK - padded)
                     long_name = path or long_name
                 else:  # directories, links, globals: no record
                     long_name = None

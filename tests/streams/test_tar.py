@@ -57,6 +57,11 @@ def test_a_pax_size_is_the_members_size_as_written_for_members_over_8_gib(tmp_pa
         assert tar.extractfile("k1.bin").read() == b"hello"
     assert read_all(jl.TarShard(path)) == [{"__key__": "k1", "bin": b"hello"},
                                            {"__key__": "k2", "bin": b"abc"}]
+    at = raw.index(b"size=5")
+    raw[at:at + 6] = b"size=x"  # (a pax header's data has no checksum)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(jl.RecordError, match=r"pax.tar: byte 0: a pax header's size is b'x'"):
+        read_all(jl.TarShard(path))
 
 
 def test_a_member_written_twice_is_an_error_not_one_of_them_lost(tmp_path):

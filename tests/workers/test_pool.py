@@ -17,6 +17,7 @@ import pytest
 import jaxloader as jl
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.order.sampling import Sampler
+from jaxloader.workers import starter
 from jaxloader.workers.pool import WorkerPool
 from jaxloader.workers.tasks import steps_per_task
 from resume_harness import assert_same_stream, check_resume, take
@@ -188,9 +189,8 @@ def test_a_dead_worker_is_reported_at_once(how):
     loader.close()
 
 
+@pytest.mark.skipif(not starter.AVAILABLE, reason="the worker starter is Linux's")
 def test_workers_started_before_one_that_cannot_start_are_stopped_and_reaped(monkeypatch):
-    from jaxloader.workers import starter
-
     real, started = starter.Starter.start, []
 
     def start(self, *args):
