@@ -127,5 +127,3 @@ def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
             with pytest.raises(IndexError, match=rf"{name}: index {bad} out of range "
                                                  rf"\[0, {len(src)}\)"):
                 src.__getitems__(np.array([0, bad]))
-    with pytest.raises(IndexError, match=r"ParquetSource: index 10 out of range"):
-        parquet.gather_columns(np.array([10]))

@@ -214,8 +214,7 @@ class ParquetSource:
         a worker writes into its slot as they are (``jaxloader.base.string_column``), and numbers
         as ``columns.DeferredTake``s, gathered straight into the slot, when the rows' row groups can
         be joined; else ``None`` (read them with ``__getitems__``). For ``BatchMaker``."""
-        indices = np.asarray(indices, dtype=np.int64)
-        check_indices(indices, len(self), "ParquetSource")
+        indices = np.asarray(indices, dtype=np.int64)  # (the loader's: in range; unchecked)
         return self._gather(indices, self._groups_of(indices), lazy=True)
 
     def _groups_of(self, indices: np.ndarray) -> np.ndarray:
