@@ -247,8 +247,12 @@ def test_profile_leaves_a_loader_of_yours_where_it_was_and_names_one_that_runs_o
         assert next(iter(loader))["x"][0, 0] == 16 * 4  # step 2's first record: where it was
     with jl.DataLoader(arrays(64), batch_size=8, **ONE) as short:  # one epoch: 8 batches
         with pytest.raises(jl.ConfigError, match=r"ran out after 8 batches, of steps=20; .*"
-                                                 r"num_epochs=None"):
+                                                 r"num_epochs=None \(endless\), or pass steps=8 "
+                                                 r"or fewer$"):
             jl.profile(short, steps=20, out=None)
+    with jl.DataLoader(arrays(16), batch_size=8, **ONE) as shorter:  # (fewer than profile's 3)
+        with pytest.raises(jl.ConfigError, match=r"ran out after 2 batches.*\(endless\)$"):
+            jl.profile(shorter, steps=20, out=None)
 
 
 def test_copies_to_the_device_while_the_workers_idle_are_the_device():

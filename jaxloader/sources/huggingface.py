@@ -104,7 +104,7 @@ class HuggingFaceSource:
         column = self.dataset.with_format("arrow", columns=[key])
         out = [pc.list_value_length(table[key]).to_numpy(zero_copy_only=False)
                for table in column.iter(batch_size=_LENGTH_BATCH)]
-        lengths = np.concatenate(out) if out else np.zeros(0)
+        lengths = np.concatenate(out) if out else np.zeros(0, np.int64)
         if lengths.dtype.kind == "f":  # (a null list's length is null: NaN here)
             rows = np.flatnonzero(np.isnan(lengths))  # (as ParquetSource.lengths: a null is
             raise ValueError(  # not an empty list)
@@ -144,8 +144,9 @@ def _numeric(kind: Any) -> bool:
 def _null_rows(dataset: Any, key: str) -> np.ndarray:
     """The dataset's rows (after its ``select``/``filter``/``shuffle``) where column ``key``
     holds a null, its lists' values included, ascending."""
-    in_table = np.concatenate([_null_rows_of(chunk) for chunk in dataset.data.column(key).chunks]
-                              or [np.zeros(0, bool)])
+    column = dataset.data.column(key)
+    in_table = np.concatenate([_null_rows_of(c) if _nulls(c) else np.zeros(len(c), bool)
+                               for c in column.chunks] or [np.zeros(0, bool)])
     mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
     if mapping is not None:
         in_table = in_table[mapping.column(0).to_numpy()]
@@ -155,14 +156,18 @@ def _null_rows(dataset: Any, key: str) -> np.ndarray:
 def _null_rows_of(array: Any) -> np.ndarray:
     """A row mask of an Arrow array: where it, or a value of its lists, is null."""
     import pyarrow as pa
-    import pyarrow.compute as pc
-
     rows = array.is_null().to_numpy(zero_copy_only=False)
-    if isinstance(array, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
-        inner = _null_rows_of(array.flatten())
+    if isinstance(array, pa.FixedSizeListArray):
+        size = array.type.list_size
+        if size:
+            inner = _null_rows_of(array.values.slice(array.offset * size, len(array) * size))
+            rows |= inner.reshape(len(array), size).any(axis=1)
+    elif isinstance(array, (pa.ListArray, pa.LargeListArray)):
+        # by the offsets: the values behind a null list are in them (not in flatten()'s)
+        offsets = array.offsets.to_numpy()
+        inner = _null_rows_of(array.values.slice(offsets[0], offsets[-1] - offsets[0]))
         if inner.any():
-            parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
-            rows[parents[inner]] = True
+            rows[np.repeat(np.arange(len(array)), np.diff(offsets))[inner]] = True
     return rows
 
 

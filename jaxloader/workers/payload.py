@@ -187,8 +187,9 @@ class _Mappings:
                         path = head[5].rstrip("\n") if len(head) > 5 else ""
                         self._starts.append(int(start, 16))
                         self._spans.append([int(end, 16), path, 0])
-                    elif head and head[0] == "Anonymous:" and self._spans:
-                        self._spans[-1][2] = int(head[1]) * 1024
+                    elif head and head[0] in ("Anonymous:", "Swap:") and self._spans:
+                        self._spans[-1][2] += int(head[1]) * 1024  # (written pages swapped
+                        # out count as Swap)
         except (OSError, ValueError):
             self._starts, self._spans = [], []
 

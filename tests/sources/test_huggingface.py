@@ -106,7 +106,20 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
             next(iter(loader))
     with pytest.raises(jl.RecordError, match=r"column 'id' .* rows \[2\]"):
         jl.sources.huggingface.HuggingFaceSource(ds)[2]
+    # values stored behind a null list (Arrow allows them; flatten() leaves them out)
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    behind = pa.ListArray.from_arrays([0, 2, 4, 6], [1, 2, 9, 9, 5, None],
+                                      mask=pa.array([False, True, False]))
+    lists = jl.sources.huggingface.HuggingFaceSource(
+        datasets.Dataset(InMemoryTable(pa.table({"v": behind}))))
+    assert lists[0]["v"].tolist() == [1, 2]
+    with pytest.raises(jl.RecordError, match=r"column 'v' .* rows \[1, 2\]"):
+        lists.__getitems__(np.arange(3))
     ids = datasets.Dataset.from_dict({"ids": [[1, 2, 3], None, [4, 5]]})
+    none = jl.sources.huggingface.HuggingFaceSource(ids.filter(lambda r: False))
+    assert none.lengths("ids").tolist() == []  # (no rows: no null)
     with pytest.raises(ValueError, match=r"column 'ids' has 1 null list\(s\), in rows \[1\]"):
         jl.PackedSource(ids, "ids", 4)
 
