@@ -94,8 +94,9 @@ class RaggedSource:
 
     @property
     def fingerprint(self) -> str:
-        """Its length, keys, dtypes, 64 of its offsets and 64 of its values a key (and the
-        last): other data of the same lengths is another source (sampled: not a hash of all)."""
+        """Its length, keys, dtypes, and a key's offsets and values sampled (every n/64-th,
+        and the last value): other data of the same lengths is another source (where the
+        samples differ: not a hash of all)."""
         import hashlib
 
         digest = hashlib.blake2b(digest_size=16)
