@@ -24,6 +24,8 @@ import os
 import zlib
 from typing import Any
 
+from jaxloader.base.errors import RecordError
+
 ENDS_BYTES = 1024  # a stream shard's first and last bytes, hashed into its identity
 _PARQUET_TAIL = 8  # a Parquet file ends with its footer's length (4 bytes) and b"PAR1"
 
@@ -79,3 +81,16 @@ def change(then: list[int], now: list[int]) -> str:
     if len(then) == 2:
         return "the same size, another footer (its row groups' sizes or statistics differ)"
     return "the same size, other bytes at its start or end"
+
+
+def changed_error(owner: str, path: str, then: list[int], now: list[int] | None,
+                  held: str) -> RecordError:
+    """The error for a file that is no longer the one ``owner`` read at construction (``now``:
+    its identity now, ``None`` where it cannot be read whole), whose ``held`` (its rows, its
+    records) the order names."""
+    what = ("it cannot be found or read whole now: moved, or being written?" if now is None
+            else change(then, now))
+    return RecordError(
+        f"{owner}: file {path!r} changed while the loader reads it ({what}): its {held} are no "
+        "longer those the order (and a saved state) names; put the file back, or make a new "
+        "source and loader over the files as they are now")

@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxloader.base import file_identity
 from jaxloader.base.checks import check_indices
-from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.errors import ConfigError
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand
 
@@ -111,13 +111,8 @@ class ArrayRecordSource:
             except OSError:
                 now = None
             if now != self._identities[k]:
-                change = ("it cannot be found or read now" if now is None
-                          else file_identity.change(self._identities[k], now))
-                raise RecordError(
-                    f"ArrayRecordSource: file {path!r} changed since the source was made "
-                    f"({change}): its records are no longer those the order (and a saved state) "
-                    "names; put the file back, or make a new source and loader over the files "
-                    "as they are now")
+                raise file_identity.changed_error("ArrayRecordSource", path,
+                                                  self._identities[k], now, "records")
         return self._readers.add(k, _open(path))
 
     def __repr__(self) -> str:

@@ -133,14 +133,8 @@ class ParquetFiles:
         return None if identity == self.identities[number] else self._changed(number, identity)
 
     def _changed(self, number: int, identity: list[int] | None) -> RecordError:
-        change = ("it cannot be found or read whole now: moved, or being written?"
-                  if identity is None
-                  else file_identity.change(self.identities[number], identity))
-        return RecordError(
-            f"ParquetSource: file {self.paths[number]!r} changed while the loader reads it "
-            f"({change}): its rows "
-            "are no longer those the order (and a saved state) names; put the file back, or "
-            "make a new source and loader over the files as they are now")
+        return file_identity.changed_error("ParquetSource", self.paths[number],
+                                           self.identities[number], identity, "rows")
 
     def _undecodable(self, number: int, group: int, columns: list[str],
                      error: Exception) -> RecordError:
