@@ -156,6 +156,7 @@ def _null_rows(dataset: Any, key: str) -> np.ndarray:
 def _null_rows_of(array: Any) -> np.ndarray:
     """A row mask of an Arrow array: where it, or a value of its lists, is null."""
     import pyarrow as pa
+
     rows = array.is_null().to_numpy(zero_copy_only=False)
     if isinstance(array, pa.FixedSizeListArray):
         size = array.type.list_size
