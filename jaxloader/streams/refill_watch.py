@@ -77,14 +77,14 @@ class RefillWatch:
         before = None if last is None else _samples(last)
         record = shard.next()
         self._left -= 1
-        where = None if not before else _changed(before)
+        where = None if before is None else _changed(before, last)
         if where is not None:
             warnings.warn(
                 f"stream shard {self.name}: a record's leaf {where} changed as the shard made "
                 f"the next record (the shard now at {_state(shard)}): the shard's code fills one "
-                "buffer again and yields it again, so the records already read (waiting in a "
-                "batch or a shuffle window) each hold its last values; yield a new array for "
-                "each record (a copy: buf.copy())", stacklevel=3)
+                "buffer (or one dict) again and yields it again, so the records already read "
+                "(waiting in a batch or a shuffle window) each hold its last values; yield new "
+                "arrays in a new dict for each record (a copy: buf.copy())", stacklevel=3)
         if where is not None or self._left <= 0:
             self.next = shard.next  # type: ignore[method-assign]  # (watched enough)
             self._last = None
@@ -119,10 +119,16 @@ def _sample(array: np.ndarray) -> bytes:  # (a non-contiguous array: copied whol
     return flat[::max(1, flat.size // _SAMPLE)].tobytes()
 
 
-def _changed(samples: list[tuple[str, np.ndarray, bytes]]) -> str | None:
-    for path, array, sample in samples:
-        if _sample(array) != sample:
+def _changed(samples: list[tuple[str, np.ndarray, bytes]], record: Any) -> str | None:
+    """Where ``record`` (walked again: a dict or list yielded again may hold other arrays
+    now) no longer holds what ``samples`` saw."""
+    now = _samples(record)
+    for (path, array, sample), (path_now, array_now, _) in zip(samples, now):
+        if path_now != path or array_now is not array or _sample(array) != sample:
             return path or "(the record itself)"
+    if len(now) != len(samples):
+        return (now[len(samples)][0] if len(now) > len(samples)
+                else samples[len(now)][0]) or "(the record itself)"
     return None
 
 

@@ -115,6 +115,13 @@ def _copied(record):  # a map that copies at once: what the loader holds is neve
     return {"x": record["x"].astype(np.float32), "i": record["i"]}
 
 
+def _one_dict(shard):
+    record = {}
+    for i in range(10):
+        record["x"] = np.full(3, i)
+        yield record
+
+
 def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     # its batches would silently hold the buffer's last values in every row
     with jl.StreamLoader(jl.Stream.from_generator(_refilling, 1), batch_size=4,
@@ -128,6 +135,11 @@ def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     with pytest.warns(UserWarning, match=r"_refilling_views\[0\]: a record's leaf "
                                          r"\['obs'\]\['x'\] changed"):
         reader = jl.Stream.from_generator(_refilling_views, 1).reader(reader=0, readers=1)
+        reader.reset(None)
+        [reader.next() for _ in range(3)]
+    # one dict yielded again, a new array in it each time: as wrong, and it went unseen
+    with pytest.warns(UserWarning, match=r"_one_dict\[0\]: a record's leaf \['x'\] changed"):
+        reader = jl.Stream.from_generator(_one_dict, 1).reader(reader=0, readers=1)
         reader.reset(None)
         [reader.next() for _ in range(3)]
     recwarn.clear()
