@@ -48,7 +48,7 @@ from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.base.state_copy import copied
 from jaxloader.sources.huggingface import _declared_dtype
-from jaxloader.streams.shards import numbers_as_arrays
+from jaxloader.streams.json_values import numbers_as_arrays
 
 
 def is_iterable_dataset(value: Any) -> bool:

@@ -30,13 +30,12 @@ import os
 import zlib
 from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
-import numpy as np
-
 from jaxloader.base import file_identity
 from jaxloader.base.abilities import close_of
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.sources.code_digest import code_digest
 from jaxloader.streams.compressed import compression, decompressed
+from jaxloader.streams.json_values import numbers_as_arrays
 
 # a compressed file's first bytes, left out of its identity's tail: gzip's header holds the
 # time it compressed (bytes 4 to 8), and a small file's last KiB would reach into it
@@ -159,40 +158,6 @@ class JsonlShard(_LineShard):
             raise RecordError(f"{self.path}: line {self._count}: not JSON ({e}): "
                               f"{raw[:80]!r}") from None
         return numbers_as_arrays(value)
-
-
-def numbers_as_arrays(value: Any) -> Any:
-    """JSON's lists of numbers (at any depth, of one length a depth) as NumPy arrays; other
-    lists (of strings, of objects, of lists of other lengths) as lists of converted items, and
-    so are ints beyond int64, which NumPy would make floats, rounded: Python ints are exact (a
-    ``Map`` can make them uint64; collation refuses them, naming them)."""
-    if isinstance(value, dict):
-        return {key: numbers_as_arrays(v) for key, v in value.items()}
-    if not isinstance(value, list):
-        return value
-    if value and _all_numbers(value):
-        try:
-            array = np.asarray(value)
-        except ValueError:  # lists of other lengths
-            array = None
-        if array is not None and (array.dtype.kind in "biu" or array.dtype.kind == "f"
-                                  and _has_float(value)):
-            return array
-    return [numbers_as_arrays(v) for v in value]
-
-
-def _has_float(value: list) -> bool:
-    """Whether a float is among the numbers of ``value`` (through nested lists)."""
-    return any(_has_float(v) if isinstance(v, list) else type(v) is float for v in value)
-
-
-def _all_numbers(value: list) -> bool:
-    """Whether the list's leaves (through nested lists) are numbers, looking at the first
-    item of each depth and every item of the innermost one that is reached."""
-    first = value[0]
-    if isinstance(first, list):
-        return bool(first) and all(isinstance(v, list) for v in value) and _all_numbers(first)
-    return all(type(v) in (int, float, bool) for v in value)
 
 
 class TextShard(_LineShard):
@@ -320,7 +285,11 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
             raise
         reader = decompressed(raw, shard.path)
         if reader is not raw:
-            found["head"] = _head(reader, file_identity.ENDS_BYTES)
+            try:
+                found["head"] = _head(reader, file_identity.ENDS_BYTES)
+            except Exception as e:  # (cut short or corrupt: EOFError, LZMAError, zlib.error)
+                reader.close(), raw.close()  # (a decompressor leaves its file open)
+                raise e if isinstance(e, OSError) else unreadable(shard, "its first KiB", e)
         return reader, found, reader is raw and "://" not in shard.path
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "

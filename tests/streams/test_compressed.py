@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import bz2
+import gc
 import gzip
 import io
 import json
 import lzma
+import warnings
 
 import cloudpickle
 import pytest
@@ -111,6 +113,19 @@ def test_a_file_cut_short_names_the_shard_and_the_line(tmp_path):
     with pytest.raises(jl.RecordError, match=r"a.tar.xz: the member after record \d+: cannot "
                                              r"be read \(EOFError"):
         read_all(jl.TarShard(tar))
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_small_file_cut_short_is_named_and_closed(tmp_path, suffix):
+    # cut inside its first KiB: a bare EOFError from the identity's read, and the file left open
+    path = compress(write_jsonl(tmp_path / "a.jsonl", range(40)), suffix)
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with pytest.raises(jl.RecordError, match=rf"a.jsonl{suffix}: its first KiB: cannot be "
+                                                 r"read \(EOFError.*is the file whole"):
+            jl.JsonlShard(path).reset()
+        gc.collect()  # (an unclosed file warns as it is collected)
 
 
 def test_zstandard_without_its_module_says_what_to_install(tmp_path, monkeypatch):

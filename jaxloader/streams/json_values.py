@@ -1,0 +1,48 @@
+"""JSON values as a loader batches them: lists of numbers as NumPy arrays (a Python list is a
+pytree node: ``"tokens": [5, 8, 13]`` would batch as 3 arrays of one number a record), for
+JSON lines files and the Python-format records of a Hugging Face stream.
+
+Example:
+    >>> numbers_as_arrays({"t": [5, 8], "w": ["a"], "big": [2**64 - 1, 1]})
+    {'t': array([5, 8]), 'w': ['a'], 'big': [18446744073709551615, 1]}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def numbers_as_arrays(value: Any) -> Any:
+    """JSON's lists of numbers (at any depth, of one length a depth) as NumPy arrays; other
+    lists (of strings, of objects, of lists of other lengths) as lists of converted items, and
+    so are ints beyond int64, which NumPy would make floats, rounded: Python ints are exact (a
+    ``Map`` can make them uint64; collation refuses them, naming them)."""
+    if isinstance(value, dict):
+        return {key: numbers_as_arrays(v) for key, v in value.items()}
+    if not isinstance(value, list):
+        return value
+    if value and _all_numbers(value):
+        try:
+            array = np.asarray(value)
+        except ValueError:  # lists of other lengths
+            array = None
+        if array is not None and (array.dtype.kind in "biu" or array.dtype.kind == "f"
+                                  and _has_float(value)):
+            return array
+    return [numbers_as_arrays(v) for v in value]
+
+
+def _has_float(value: list) -> bool:
+    """Whether a float is among the numbers of ``value`` (through nested lists)."""
+    return any(_has_float(v) if isinstance(v, list) else type(v) is float for v in value)
+
+
+def _all_numbers(value: list) -> bool:
+    """Whether the list's leaves (through nested lists) are numbers, looking at the first
+    item of each depth and every item of the innermost one that is reached."""
+    first = value[0]
+    if isinstance(first, list):
+        return bool(first) and all(isinstance(v, list) for v in value) and _all_numbers(first)
+    return all(type(v) in (int, float, bool) for v in value)
