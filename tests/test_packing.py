@@ -255,6 +255,16 @@ def test_bad_input_is_named():
     with pytest.raises(jl.ConfigError, match=r"record 0\['x'\]: expected a 1-D integer array.*"
                                              r"shape \(2, 2\)"):
         jl.PackedSource([{"x": np.zeros((2, 2), np.int32)}], "x", 8)
+    with pytest.raises(jl.ConfigError, match=r"overlong=...\): 'truncate' with method='concat'"):
+        jl.PackedSource(source, "tokens", 8, method="concat", overlong="truncate")  # (ignored)
+    with pytest.raises(jl.ConfigError, match=r"overlong=...\): expected one of"):
+        jl.PackedSource(source, "tokens", 8, method="concat", overlong="bogus")
+    # tokens of other dtypes: one dtype a row (a batch's was the promotion of its records')
+    mixed = jl.PackedSource([{"t": np.arange(1, 4, dtype=np.int32 if i else np.int64)}
+                             for i in range(8)], "t", 6, seed=None)
+    with pytest.raises(jl.ConfigError, match=r"record 1\['t'\] holds tokens of dtype int32, "
+                                             r"record 0's are int64"):
+        mixed.__getitems__(np.arange(len(mixed)))
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
         jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5]))})
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):

@@ -74,6 +74,7 @@ class PackedSource:
         self.row_length = _row_lengths(length, self.keys)
         self.config = dict(method=method, bins=bins, window=window, overlong=overlong, seed=seed)
         packing_plan.check_method("PackedSource(method=...)", method)
+        packing_plan.check_overlong("PackedSource(overlong=...)", overlong, method)
         if seed is not None and (not isinstance(seed, int) or seed < 0):
             raise ConfigError(f"PackedSource(seed=...): expected an int >= 0 or None (records "
                               f"in stored order), got {seed!r}")
@@ -88,6 +89,10 @@ class PackedSource:
                               f"{self.keys}; nothing to pack")
         self._flat = ([source.flat(k) for k in self.keys]
                       if isinstance(source, RaggedSource) else None)
+        # each key's token dtype, record 0's (read at the first batch, not here: lengths come
+        # without a record read): a batch's rows are of it, whatever records it holds (NumPy
+        # would promote a batch's mixed dtypes, and a step recompile)
+        self._dtypes = [flat[0].dtype for flat in self._flat] if self._flat else None
 
     @property
     def truncated(self) -> np.ndarray:
@@ -131,7 +136,11 @@ class PackedSource:
                 if self._kept is not None:
                     self._check_lengths(records, k, offsets[records + 1] - starts)
             else:
-                values, starts, lengths = _gather_records(self.source, records, key)
+                if self._dtypes is None:
+                    first = records_at(self.source, np.array([0]))[0]
+                    self._dtypes = [_sequence(first, name, 0).dtype for name in self.keys]
+                values, starts, lengths = _gather_records(self.source, records, key,
+                                                          self._dtypes[k])
                 self._check_lengths(records, k, lengths)
             begin = (starts + plan.record_offset[seg, k]).tolist()
             at = plan.row_offset[seg, k].tolist()
@@ -225,12 +234,19 @@ def _sequence(record: Any, key: str, index: int) -> np.ndarray:
                                     f"integer array of tokens, got {problem}"))
 
 
-def _gather_records(source: Any, records: np.ndarray,
-                    key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The sequences of ``records`` (each segment's record) one after another, where each
-    segment's record starts in them, and its length."""
+def _gather_records(source: Any, records: np.ndarray, key: str,
+                    dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sequences of ``records`` (each segment's record, each of ``dtype``) one after
+    another, where each segment's record starts in them, and its length."""
     unique, inverse = np.unique(records, return_inverse=True)
     seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
+    for i, seq in zip(unique, seqs):
+        if seq.dtype != dtype:
+            raise ConfigError(
+                f"PackedSource: record {int(i)}[{key!r}] holds tokens of dtype {seq.dtype}, "
+                f"record 0's are {dtype}: a packed row has one dtype; give every record's "
+                f"tokens one dtype (np.asarray(tokens, {str(dtype)!r}) where the source makes "
+                "them, jl.MapSource say)")
     lengths = np.array([len(s) for s in seqs], np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     return np.concatenate(seqs), starts[inverse], lengths[inverse]

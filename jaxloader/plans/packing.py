@@ -40,12 +40,18 @@ def check_method(label: str, method: object, methods: Sequence[str] = METHODS) -
         raise ConfigError(f"{label}: expected one of {METHODS}, got {method!r}")
 
 
-def check_overlong(label: str, overlong: object) -> None:
-    """Refuses an ``overlong`` not in ``OVERLONG``, naming ``label``, with what each does."""
+def check_overlong(label: str, overlong: object, method: str) -> None:
+    """Refuses an ``overlong`` not in ``OVERLONG``, naming ``label``, with what each does, and
+    one other than ``"split"`` with ``method="concat"``, which has no use for it."""
     if overlong not in OVERLONG:
         raise ConfigError(
             f"{label}: expected one of {OVERLONG}, got {overlong!r}; 'split' cuts a record "
             "longer than a row into row-sized pieces, 'truncate' drops the rest")
+    if method == "concat" and overlong != "split":
+        raise ConfigError(
+            f"{label}: {overlong!r} with method='concat', which places every token, cutting "
+            "records at the rows' ends; to truncate records longer than a row, pack with "
+            "method='best_fit' or 'first_fit'")
 
 
 class PackingPlan(NamedTuple):
@@ -145,7 +151,7 @@ def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
         [[0, 1], [2, 3]]
     """
     check_method("PackedSource(method=...)", method, ("first_fit", "best_fit"))
-    check_overlong("PackedSource(overlong=...)", overlong)
+    check_overlong("PackedSource(overlong=...)", overlong, method)
     for name, value in (("bins", bins), ("window", window)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"PackedSource({name}=...): expected an int >= 1, got {value!r}")

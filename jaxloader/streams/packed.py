@@ -101,7 +101,7 @@ class PackedStream:
         bins = check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
         window = check_int("PackedStream(window)", window, low=1,
                            remedy="records packed together, e.g. 1000")
-        packing_plan.check_overlong("PackedStream(overlong)", overlong)
+        packing_plan.check_overlong("PackedStream(overlong)", overlong, method)
         self.stream, self.key, self.length = stream, key, length
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
