@@ -238,6 +238,17 @@ def test_profile_runs_each_count_and_draws_the_timeline(tmp_path):
     assert report._repr_png_() == out.read_bytes() and "the fastest" in str(report)
 
 
+def test_time_between_passes_is_in_no_stage_nor_the_wall():
+    # an evaluation between epochs counted in the wall, in no stage: batches/s and the
+    # workers' busy share fell, and the verdict blamed the prefetch
+    with jl.DataLoader(arrays(64), batch_size=8, **ONE) as loader:
+        for _ in range(2):
+            list(loader)
+            time.sleep(0.5)
+        stats = loader.stats
+    assert stats.batches == 16 and stats.wall_s < 0.4, stats
+
+
 def test_profile_leaves_a_loader_of_yours_where_it_was_and_names_one_that_runs_out():
     # it closed the caller's loader, 20 batches on; one that ran out: a bare StopIteration
     with jl.DataLoader(arrays(), batch_size=8, num_epochs=None, **ONE) as loader:

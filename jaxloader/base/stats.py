@@ -53,7 +53,8 @@ class LoaderStats(NamedTuple):
     batches: int  # batches handed out
     wait_s: float  # time spent inside next(): waiting for the loader
     run_s: float  # time between one next() returning and the following next() call
-    wall_s: float = 0.0  # from the first next() to the last batch handed out
+    wall_s: float = 0.0  # from the first next() to the last batch handed out, less the time
+    # between runs (between passes, after a failed call): the loader's time in use
     records: int = 0  # records in the batches made (by workers or in process)
     bytes: int = 0  # bytes of the batches made
     stages: Mapping[str, float] = _EMPTY

@@ -84,7 +84,7 @@ class Progress:
         if self.place_s:
             stages[PLACE] = self.place_s
         stages[WAIT], stages[STEP] = self.wait_s, self.run_s
-        wall = self.last_s - self.first_s if self.first_s is not None else 0.0
+        wall = self.last_s - self.first_s - self.apart_s if self.first_s is not None else 0.0
         return LoaderStats(self.batches, self.wait_s, self.run_s, wall, records, nbytes,
                            stages, tuple(workers), num_workers, gauges.ready_ahead(), made,
                            self.first_batch_s)
@@ -95,6 +95,7 @@ class Progress:
         self.wait_s = self.run_s = self.place_s = 0.0  # (placement: device_put's time)
         self.first_s: float | None = None  # when the first next() of the window was entered
         self.last_s = 0.0  # when the last batch was handed out
+        self.apart_s = 0.0  # between runs (an evaluation between passes): no one's, not wall
         self.first_batch_s = 0.0  # how long the first batch of the window took
         self.check_at = 0.0  # when next() next looks at the first batch and the monitor
 
@@ -215,6 +216,8 @@ class LoaderIterator(Generic[BatchT]):
         (the first call, or one after a failed call), and the monitor's turn."""
         if not self._timing:
             self._last_return, self._timing = entered, True  # (no run time before this call)
+            if progress.first_s is not None:  # (not the window's first run)
+                progress.apart_s += max(0.0, entered - progress.last_s)
         if progress.first_s is None:
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:
