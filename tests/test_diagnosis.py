@@ -277,3 +277,13 @@ def test_copies_to_the_device_while_the_workers_idle_are_the_device():
                         workers=(idle,))
     d = diagnose(stats, num_workers=1, cores=4)
     assert d.bottleneck == "device" and "device placement takes 18.0 ms a batch" in d.advice[0]
+
+
+def test_the_table_gives_a_makers_stage_a_batch_made_and_the_main_ones_a_batch_handed_out():
+    # 4 batches handed out, 20 made ahead: a maker's stage was divided by 4 (5x its cost)
+    stats = LoaderStats(batches=4, wait_s=0.001, run_s=2.0, wall_s=2.0, batches_made=20,
+                        stages={"Map(slow)": 0.08, "consumer wait": 0.001, "step": 2.0},
+                        workers=())
+    table = str(diagnose(stats, num_workers=1, cores=4))
+    assert "Map(slow)                   0.080         4.0" in table, table
+    assert "step                        2.000       500.0" in table, table

@@ -72,6 +72,7 @@ class Diagnosis(NamedTuple):
     batches: int = 0
     wait_fraction: float = 0.0
     num_workers: int = 0
+    batches_made: int = 0  # (the makers' stages are a batch made's, not one handed out)
 
     def __str__(self) -> str:
         made = {k: v for k, v in self.stages.items() if k not in _MAIN_STAGES}
@@ -82,9 +83,9 @@ class Diagnosis(NamedTuple):
                  f"{self.wait_fraction:.0%} of its time after the first batch; "
                  f"{self.num_workers} {workers}, {self.batches} batches)",
                  f"  {'stage':<24} {'seconds':>8} {'ms a batch':>11} {'share':>6}"]
-        per = max(1, self.batches)
+        per, per_made = max(1, self.batches), max(1, self.batches_made or self.batches)
         for name, seconds in sorted(made.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
+            lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per_made:11.1f} "
                          f"{seconds / total:6.0%}")
         for name, seconds in main.items():
             lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
@@ -196,4 +197,4 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> 
                           "waits: they wait for tasks (a larger prefetch= helps where batches "
                           "come in bursts) or for a core (other processes on these cores?)")
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
-                     num_workers)
+                     num_workers, stats.batches_made)
