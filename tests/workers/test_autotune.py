@@ -163,6 +163,10 @@ def test_auto_is_refused_where_it_cannot_choose_with_what_to_do():
         jl.StreamLoader(stream, batch_size=2, num_workers="auto", **ONE)
     with pytest.raises(jl.ConfigError, match="'auto' to let the loader choose"):
         jl.DataLoader(arrays(), batch_size=2, num_workers="many", **ONE)
+    for num_workers in (0, 2):  # (accepted, and no tuning ran: prefetch stayed 2)
+        with pytest.raises(jl.ConfigError, match=rf"prefetch='auto' with num_workers="
+                                                 rf"{num_workers}: .*num_workers='auto' only"):
+            jl.DataLoader(arrays(), batch_size=2, num_workers=num_workers, prefetch="auto", **ONE)
 
 
 class FakePool:
