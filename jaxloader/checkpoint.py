@@ -33,6 +33,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jaxloader.base.errors import ConfigError
 from jaxloader.loaders.state_files import (apply_state, read_state, restore_into,
                                            state_filename, write_state)
 
@@ -59,12 +60,27 @@ class LoaderSave(ocp.args.CheckpointArgs):
 
     loader: Any
 
+    def __post_init__(self) -> None:
+        _check_loader(self, "state_dict")
+
 
 @dataclasses.dataclass
 class LoaderRestore(ocp.args.CheckpointArgs):
     """Restores a checkpointed position into ``loader`` (which must exist already)."""
 
     loader: Any
+
+    def __post_init__(self) -> None:
+        _check_loader(self, "load_state_dict")
+
+
+def _check_loader(args: Any, method: str) -> None:
+    """Refuses an argument that is not a loader (``iter(loader)``, Grain's idiom, say)."""
+    if not callable(getattr(args.loader, method, None)):
+        raise ConfigError(
+            f"{type(args).__name__}(loader): expected a DataLoader or StreamLoader (its "
+            f"{method}()), got {type(args.loader).__name__}; pass the loader itself, not "
+            "iter(loader): the position is the loader's, and its iterators follow it")
 
 
 class LoaderCheckpointHandler(ocp.CheckpointHandler):

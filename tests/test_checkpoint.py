@@ -230,3 +230,14 @@ def test_a_save_to_a_full_disk_names_the_path(tmp_path):
                                                         r"; free space") as caught:
         checkpoint.LoaderCheckpointHandler().save(tmp_path, args=LoaderSave(loader))
     assert caught.value.errno == 28
+
+
+def test_an_iterator_given_for_the_loader_is_refused_with_the_remedy():
+    # Grain's CheckpointSave(iterator) idiom: an AttributeError deep in the handler
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, process_index=0,
+                       process_count=1) as loader:
+        for args in (LoaderSave, LoaderRestore):
+            with pytest.raises(jl.ConfigError, match=rf"{args.__name__}\(loader\): expected a "
+                                                     r"DataLoader .*got LoaderIterator; pass "
+                                                     r"the loader itself, not iter\(loader\)"):
+                args(iter(loader))
