@@ -23,6 +23,8 @@ def loader(**kw):
     ("pin_memory", True, "sharding="),
     ("worker_count", 2, "num_workers="),
     ("generator", None, "seed="),
+    ("pin_memory_device", "cuda", "sharding="),
+    ("transformations", [], "transforms="),
 ])
 def test_a_peer_name_raises_naming_the_value_and_what_to_pass(name, value, remedy):
     with pytest.raises(TypeError) as info:
@@ -71,3 +73,12 @@ def test_any_other_unknown_name_is_pythons_usual_error():
 
 def test_the_loader_still_works_with_its_own_names():
     assert [b["x"].tolist() for b in loader(last_batch="partial")][-1] == [6, 7]
+
+
+def test_none_for_transforms_is_none_and_a_worker_init_fn_that_is_no_function_is_refused():
+    # transforms=None: "'NoneType' object is not iterable"; worker_init_fn=3 was taken, and
+    # failed in the workers at the first batch
+    assert len(list(loader(transforms=None))) == 4
+    with pytest.raises(jl.ConfigError, match=r"worker_init_fn: expected a function of the "
+                                             r"worker's id, or None, got int 3"):
+        loader(worker_init_fn=3, num_workers=1)

@@ -83,6 +83,8 @@ def split_transforms(transforms: Sequence[Any], *,
                      filters: bool = False) -> tuple[tuple, tuple]:
     """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``.
     ``filters``: whether ``Filter`` may be among them (a ``StreamLoader``'s)."""
+    if transforms is None:  # (as PyTorch's collate_fn=None: none)
+        transforms = ()
     if callable(transforms) or isinstance(transforms, _KINDS):
         transforms = (transforms,)
     record, batch = [], []

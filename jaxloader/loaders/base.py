@@ -57,6 +57,9 @@ class LoaderLifecycle:
         options = self._options
         engine: Engine
         tune = None
+        if worker_init_fn is not None and not callable(worker_init_fn):  # (else: in the workers)
+            raise ConfigError(f"worker_init_fn: expected a function of the worker's id, or "
+                              f"None, got {type(worker_init_fn).__name__} {worker_init_fn!r:.60}")
         if workers is not None:
             if not callable(getattr(workers, "engine", None)) or options.num_workers or \
                     options.auto_workers or worker_init_fn is not None or \

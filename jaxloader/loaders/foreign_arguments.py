@@ -32,6 +32,10 @@ _REMEDIES = {
                "dies or raises is reported at once",
     "multiprocessing_context": "use start_method= ('exec', the default, or 'fork')",
     "in_order": "nothing to set: batches always come in order",
+    "pin_memory_device": "pass sharding= (a device, a mesh's sharding): batches are placed "
+                         "there by a background thread",
+    # grain.load
+    "transformations": "use transforms= (jaxloader.Map, RandomMap, BatchMap)",
     # grain.DataLoader / grain.MapDataset
     "worker_count": "use num_workers=",
     "drop_remainder": "use last_batch='drop' (the default) or last_batch='partial'",
