@@ -102,10 +102,15 @@ if TYPE_CHECKING:  # for type checkers; at run time the lazy __getattr__ below s
 
 def __getattr__(name: str) -> Any:
     """Imports ``data_sharding`` (and with it JAX) on first use: ``import jaxloader``, and every
-    worker, stay free of JAX."""
+    worker, stay free of JAX; and the modules of optional parts (``jl.checkpoint``, Orbax's;
+    ``jl.ray``), as ``import jaxloader.checkpoint`` would."""
     if name == "data_sharding":
         from jaxloader.sharding.put import data_sharding as value
 
         globals()[name] = value
         return value
+    if name in ("checkpoint", "ray"):
+        import importlib
+
+        return importlib.import_module(f"jaxloader.{name}")  # (sets the attribute too)
     raise AttributeError(f"module 'jaxloader' has no attribute {name!r}")

@@ -241,3 +241,15 @@ def test_an_iterator_given_for_the_loader_is_refused_with_the_remedy():
                                                      r"DataLoader .*got LoaderIterator; pass "
                                                      r"the loader itself, not iter\(loader\)"):
                 args(iter(loader))
+
+
+def test_the_checkpoint_module_is_an_attribute_of_the_package():
+    # the docs name jaxloader.checkpoint.LoaderSave: after `import jaxloader` alone, it said
+    # "module 'jaxloader' has no attribute 'checkpoint'"
+    import subprocess
+    import sys
+
+    said = subprocess.run([sys.executable, "-c", "import jaxloader as jl; "
+                           "print(jl.checkpoint.LoaderSave.__name__, jl.ray.__name__)"],
+                          capture_output=True, text=True, timeout=120)
+    assert said.stdout.split() == ["LoaderSave", "jaxloader.ray"], said.stderr
