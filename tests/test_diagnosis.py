@@ -287,3 +287,15 @@ def test_the_table_gives_a_makers_stage_a_batch_made_and_the_main_ones_a_batch_h
     table = str(diagnose(stats, num_workers=1, cores=4))
     assert "Map(slow)                   0.080         4.0" in table, table
     assert "step                        2.000       500.0" in table, table
+
+
+def test_a_peek_is_no_batch_of_the_stats():
+    # in process a peek was counted: 3 peeks and 5 batches said 8 made
+    with jl.DataLoader(arrays(), batch_size=4, **ONE) as loader:
+        for _ in range(3):
+            loader.peek()
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        stats = loader.stats
+    assert (stats.batches, stats.batches_made, stats.records) == (5, 5, 20)

@@ -28,6 +28,7 @@ from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.batching.mixture_sampler import MixtureSampler
 from jaxloader.sources.mixture import Mixture
@@ -224,7 +225,12 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         """
         self._check_placement()
         self._progress.check()
-        batch, _ = made_here(self._maker, self._progress.step)
+        maker, clock = self._maker, self._maker.clock
+        maker.clock = StageClock()  # (a clock of its own: a peek is no batch of the stats)
+        try:
+            batch, _ = made_here(maker, self._progress.step)
+        finally:
+            maker.clock = clock
         return batch if self._putter is None else self._putter(batch)
 
     # -- iteration --------------------------------------------------------------------------
