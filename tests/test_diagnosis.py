@@ -299,3 +299,17 @@ def test_a_peek_is_no_batch_of_the_stats():
             next(it)
         stats = loader.stats
     assert (stats.batches, stats.batches_made, stats.records) == (5, 5, 20)
+    # nor does it take the batches a device thread makes meanwhile off the stats
+    import jax
+
+    def slow(r):
+        time.sleep(0.001)
+        return r
+    with jl.DataLoader(arrays(), batch_size=4, transforms=[jl.Map(slow)], num_epochs=None,
+                       sharding=jax.devices()[0], device_prefetch=4, **ONE) as loader:
+        it = iter(loader)
+        for _ in range(20):
+            next(it)
+            loader.peek(), loader.peek()
+        stats = loader.stats
+    assert stats.batches_made >= stats.batches == 20, stats

@@ -263,8 +263,12 @@ def test_bad_input_is_named():
     mixed = jl.PackedSource([{"t": np.arange(1, 4, dtype=np.int32 if i else np.int64)}
                              for i in range(8)], "t", 6, seed=None)
     with pytest.raises(jl.ConfigError, match=r"record 1\['t'\] holds tokens of dtype int32, "
-                                             r"record 0's are int64"):
+                                             r"the first record with tokens holds int64"):
         mixed.__getitems__(np.arange(len(mixed)))
+    # the first record with tokens sets it (an empty record 0 is in no row)
+    empty_first = jl.PackedSource([{"t": np.zeros(0, np.int64)}] + [
+        {"t": np.arange(1, 5, dtype=np.int32)} for _ in range(7)], "t", 6, seed=None)
+    assert empty_first[0]["t"].dtype == np.int32
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
         jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5]))})
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):

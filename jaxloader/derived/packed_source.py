@@ -89,9 +89,9 @@ class PackedSource:
                               f"{self.keys}; nothing to pack")
         self._flat = ([source.flat(k) for k in self.keys]
                       if isinstance(source, RaggedSource) else None)
-        # each key's token dtype, record 0's (read at the first batch, not here: lengths come
-        # without a record read): a batch's rows are of it, whatever records it holds (NumPy
-        # would promote a batch's mixed dtypes, and a step recompile)
+        # each key's token dtype, the first record with tokens' (read at the first batch, not
+        # here: lengths come without a record read): a batch's rows are of it, whatever
+        # records it holds (NumPy would promote a batch's mixed dtypes, and a step recompile)
         self._dtypes = [flat[0].dtype for flat in self._flat] if self._flat else None
 
     @property
@@ -137,8 +137,7 @@ class PackedSource:
                     self._check_lengths(records, k, offsets[records + 1] - starts)
             else:
                 if self._dtypes is None:
-                    first = records_at(self.source, np.array([0]))[0]
-                    self._dtypes = [_sequence(first, name, 0).dtype for name in self.keys]
+                    self._dtypes = self._token_dtypes()
                 values, starts, lengths = _gather_records(self.source, records, key,
                                                           self._dtypes[k])
                 self._check_lengths(records, k, lengths)
@@ -150,6 +149,15 @@ class PackedSource:
             packed.place_batch(values, begin, size, out_row, at, rank)
             batch.update(packed.fields(key))
         return batch
+
+    def _token_dtypes(self) -> list[np.dtype]:
+        """Each key's token dtype: its first record's with tokens (one row has some), read
+        once in each process, the same in all."""
+        out = []
+        for k, key in enumerate(self.keys):
+            i = int(np.flatnonzero(self._lengths[:, k])[0])
+            out.append(_sequence(records_at(self.source, np.array([i]))[0], key, i).dtype)
+        return out
 
     def _check_lengths(self, records: np.ndarray, k: int, got: np.ndarray) -> None:
         """Refuses records whose ``k``-th key is not as long as the packing's lengths say
@@ -241,12 +249,12 @@ def _gather_records(source: Any, records: np.ndarray, key: str,
     unique, inverse = np.unique(records, return_inverse=True)
     seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
     for i, seq in zip(unique, seqs):
-        if seq.dtype != dtype:
+        if seq.dtype != dtype and len(seq):
             raise ConfigError(
                 f"PackedSource: record {int(i)}[{key!r}] holds tokens of dtype {seq.dtype}, "
-                f"record 0's are {dtype}: a packed row has one dtype; give every record's "
-                f"tokens one dtype (np.asarray(tokens, {str(dtype)!r}) where the source makes "
-                "them, jl.MapSource say)")
+                f"the first record with tokens holds {dtype}: a packed row has one dtype; give "
+                f"every record's tokens one dtype (np.asarray(tokens, {str(dtype)!r}) where "
+                "the source makes them, jl.MapSource say)")
     lengths = np.array([len(s) for s in seqs], np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     return np.concatenate(seqs), starts[inverse], lengths[inverse]

@@ -71,6 +71,11 @@ class LoaderLifecycle:
                     "their tasks ahead RayWorkers(n, in_flight=...), a hung one's timeout "
                     "RayWorkers(n, timeout_s=...))")
             engine = workers.engine(maker)
+        elif options.auto_prefetch and not options.auto_workers:
+            raise ConfigError(
+                f"prefetch='auto' with num_workers={options.num_workers}: the tuning that "
+                "doubles the prefetch runs with num_workers='auto' only; pass "
+                "num_workers='auto', or prefetch as a count (2 by default)")
         elif options.num_workers == 0:
             engine = InProcessEngine(maker)
         else:

@@ -13,6 +13,7 @@ See ``jaxloader.loaders.iterator`` for iteration and ``jaxloader.engines.in_proc
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any, Callable, Generic, Literal, Never, Sequence
 
@@ -225,12 +226,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         """
         self._check_placement()
         self._progress.check()
-        maker, clock = self._maker, self._maker.clock
-        maker.clock = StageClock()  # (a clock of its own: a peek is no batch of the stats)
-        try:
-            batch, _ = made_here(maker, self._progress.step)
-        finally:
-            maker.clock = clock
+        peeker = copy.copy(self._maker)  # (a clock of its own: a peek is no batch of the
+        peeker.clock = StageClock()  # stats; the maker's may be a device thread's meanwhile)
+        batch, _ = made_here(peeker, self._progress.step)
         return batch if self._putter is None else self._putter(batch)
 
     # -- iteration --------------------------------------------------------------------------

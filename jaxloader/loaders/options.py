@@ -73,11 +73,6 @@ class LoaderOptions:
                     + {"stall_warning_s": "no report of a late batch",
                        "timeout_s": "wait for a batch as long as it takes",
                        "log_every_s": "no periodic summary"}[name])
-        if self.auto_prefetch and not self.auto_workers:
-            raise ConfigError(
-                f"prefetch='auto' with num_workers={self.num_workers}: the tuning that doubles "
-                "the prefetch runs with num_workers='auto' only; pass num_workers='auto', or "
-                "prefetch as a count (2 by default)")
         if self.start_method not in START_METHODS:
             raise ConfigError(
                 f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "

@@ -288,7 +288,10 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
             try:
                 found["head"] = _head(reader, file_identity.ENDS_BYTES)
             except Exception as e:  # (cut short or corrupt: EOFError, LZMAError, zlib.error)
-                reader.close(), raw.close()  # (a decompressor leaves its file open)
+                try:
+                    reader.close()
+                finally:  # (a decompressor leaves its file open)
+                    raw.close()
                 raise e if isinstance(e, OSError) else unreadable(shard, "its first KiB", e)
         return reader, found, reader is raw and "://" not in shard.path
     except OSError as e:
