@@ -269,6 +269,9 @@ def test_bad_input_is_named():
     empty_first = jl.PackedSource([{"t": np.zeros(0, np.int64)}] + [
         {"t": np.arange(1, 5, dtype=np.int32)} for _ in range(7)], "t", 6, seed=None)
     assert empty_first[0]["t"].dtype == np.int32
+    two_keys = jl.PackedSource([{"a": np.arange(1, 4), "b": np.zeros(0, np.int8)}] * 6,
+                               ["a", "b"], 6, seed=None)  # (a key with no tokens anywhere)
+    assert two_keys[0]["b"].dtype == np.int8
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):
         jl.RaggedSource({"t": (np.arange(5), np.array([0, 3, 2, 5]))})
     with pytest.raises(jl.ConfigError, match=r"RaggedSource\['t'\] offsets: expected integers"):

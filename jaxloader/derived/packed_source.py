@@ -155,7 +155,8 @@ class PackedSource:
         once in each process, the same in all."""
         out = []
         for k, key in enumerate(self.keys):
-            i = int(np.flatnonzero(self._lengths[:, k])[0])
+            with_tokens = np.flatnonzero(self._lengths[:, k])
+            i = int(with_tokens[0]) if len(with_tokens) else 0  # (a key empty everywhere)
             out.append(_sequence(records_at(self.source, np.array([i]))[0], key, i).dtype)
         return out
 
