@@ -1,6 +1,8 @@
 """Column primitives that sources make and collation consumes: an object column (one entry a
 row, whatever the rows are) and ``DeferredTake`` (rows still to gather, gathered straight into a
-batch's slot).
+batch's slot); and what a column's dtype is to JAX (``host_only``: none, it stays NumPy;
+``device_dtype_problem``: none, and a ``Map`` would make one), asked where leaves are placed and
+where a ``JitMap`` takes them.
 
 Example:
     >>> DeferredTake(np.arange(10) * 2, np.array([3, 1])).taken().tolist()
@@ -69,3 +71,15 @@ def device_dtype_problem(dtype: np.dtype) -> str | None:
         return (f"dtype {dtype} is raw bytes, which JAX has no type for; view them as numbers "
                 "in a Map (x.view(np.uint8))")
     return None
+
+
+def host_only(dtype: np.dtype) -> bool:
+    """Whether JAX has no array type for ``dtype``: objects, ``str``/``bytes`` of a fixed
+    width (``<U8``, ``S8``) and dates/durations (``datetime64``, ``timedelta64``), which stay
+    NumPy. (bfloat16 and the other ``ml_dtypes`` are of kind ``V`` and go to the device.)
+
+    Example:
+        >>> host_only(np.dtype("<U8")), host_only(np.dtype(np.float32))
+        (True, False)
+    """
+    return dtype.hasobject or dtype.kind in "USMm"

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.checks import MASK64, POSITION_BITS
-from jaxloader.base.columns import device_dtype_problem
+from jaxloader.base.columns import device_dtype_problem, host_only
 from jaxloader.base.errors import RecordError
 from jaxloader.batching import collate
 from jaxloader.sources.code_digest import filled
@@ -33,7 +33,7 @@ def check_columns(columns: list, t: Any, where: Callable[[], str]) -> None:
         if problem is not None:
             raise RecordError(f"{where()}: {t} gets batch{column.path}: {problem}, before the "
                               "JitMap")
-        if column.dtype.hasobject or column.dtype.kind in "USMm":
+        if host_only(column.dtype):
             raise RecordError(
                 f"{where()}: {t} gets batch{column.path} of dtype {column.dtype}, expected "
                 "numbers (bool, int, uint, float, complex): JAX takes numeric arrays; turn it "

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from jaxloader.base.columns import device_dtype_problem
+from jaxloader.base.columns import device_dtype_problem, host_only
 from jaxloader.base.errors import ConfigError
 
 
@@ -53,18 +53,6 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
 
 _PARTIAL_REMEDY = "pass last_batch='pad' (full batches, a mask on the padding rows) or 'drop'"
 _NUMERIC = np.dtype(np.float32)  # what a leaf without a dtype counts as: not an object leaf
-
-
-def host_only(dtype: np.dtype) -> bool:
-    """Whether JAX has no array type for ``dtype``: objects, ``str``/``bytes`` of a fixed
-    width (``<U8``, ``S8``) and dates/durations (``datetime64``, ``timedelta64``), which stay
-    NumPy. (bfloat16 and the other ``ml_dtypes`` are of kind ``V`` and go to the device.)
-
-    Example:
-        >>> host_only(np.dtype("<U8")), host_only(np.dtype(np.float32))
-        (True, False)
-    """
-    return dtype.hasobject or dtype.kind in "USMm"
 
 
 def _is_sharding(x: Any) -> bool:

@@ -58,7 +58,7 @@ def _values(array: Any) -> Any:
     return array.flatten()
 
 
-def _nested_nulls(array: Any) -> int:
+def nested_nulls(array: Any) -> int:
     """The nulls among a list column's values, at any depth, its structs' fields too (a null
     there would turn integers into floats in Arrow's conversion, in the row groups that hold
     one, or come out as ``None``)."""
@@ -89,7 +89,7 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
 
     nulls = array.null_count
     where = "" if nulls else " inside its lists"
-    nulls = nulls or _nested_nulls(array)
+    nulls = nulls or nested_nulls(array)
     if nulls:
         raise ValueError(
             f"ParquetSource: column {name!r} of {path!r} has {nulls} null value(s){where}; "

@@ -133,10 +133,12 @@ class ConcatSource:
         """The records at ``indices``, each part read with its own ``__getitems__`` (when it
         has one): a batched pytree when every part gives one, else a list of records."""
         indices = np.asarray(indices, dtype=np.int64)
-        check_indices(indices, len(self), "ConcatSource")
         located = self.locate(indices)
         parts, local = located[:, 0], located[:, 1]
-        if not len(parts) or parts.min() == parts.max():  # one part: read in the order asked
+        low, high = (int(parts.min()), int(parts.max())) if len(parts) else (0, 0)
+        if low < 0 or high >= len(self.sources):  # (an index out of range is in no part)
+            check_indices(indices, len(self), "ConcatSource")
+        if low == high:  # one part: read in the order asked
             runs = [np.arange(len(parts))]
         else:  # each part's rows ascending (a file source then has no order to put back)
             order = np.argsort(indices, kind="stable")

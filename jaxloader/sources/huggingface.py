@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import RecordError
+from jaxloader.sources.arrow_columns import nested_nulls
 
 
 _LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths
@@ -174,16 +175,8 @@ def _null_rows_of(array: Any) -> np.ndarray:
 
 def _nulls(column: Any) -> bool:
     """Whether an Arrow column (chunked or not) holds a null, its lists' values included."""
-    import pyarrow as pa
-
-    for chunk in getattr(column, "chunks", [column]):
-        while True:
-            if chunk.null_count:
-                return True
-            if not isinstance(chunk, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
-                break
-            chunk = chunk.flatten()
-    return False
+    return any(chunk.null_count or nested_nulls(chunk)
+               for chunk in getattr(column, "chunks", [column]))
 
 
 def _rows_batched(column: Any) -> Any:
