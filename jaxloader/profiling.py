@@ -9,7 +9,10 @@ picture of what each worker did.
 
 ``make_loader(num_workers=n)`` builds the loader to profile (a module path, or a file
 ``path/to/file.py:make_loader``); a loader given as it is is profiled at its own count and
-left open where it was (its position restored after the run). Each
+left open where it was: its position restored after the run (iterate it anew: its live
+iterators are stale, as after ``load_state_dict``), its stats started again before the run and
+after it (the run's stats are the profile's alone, and the profile's batches are none of
+yours). Each
 count runs ``steps`` batches taken as fast as they come, its stages traced; the picture has
 each worker's stages on a timeline (the fastest count's last 40 batches) and the batches a second
 at each count.
@@ -30,11 +33,13 @@ import argparse
 import importlib
 import importlib.util
 import io
+import os
 import sys
 from typing import Any, Callable, NamedTuple, Sequence
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import LOOP
+from jaxloader.loaders.base import LoaderLifecycle
 from jaxloader.loaders.diagnosis import Diagnosis, cores_available
 
 _TIMELINE_BATCHES = 40  # the timeline shows the fastest count's last ~this many batches
@@ -79,6 +84,8 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
     engine = loader._engine
     traced, engine.gauges.trace = engine.gauges.trace, True
     before = None if own else loader.state_dict()
+    if not own:  # the batches before are not the profile's
+        loader.reset_stats()
     try:
         it = iter(loader)
         for done in range(steps):
@@ -98,6 +105,7 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
         else:
             engine.gauges.trace = traced
             loader.load_state_dict(before)
+            loader.reset_stats()  # the profile's batches are not the caller's
 
 
 def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
@@ -108,9 +116,23 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
     if steps < 3:
         raise ConfigError(f"profile(steps=): expected at least 3 batches, got {steps}; the "
                           "first includes the workers' start: 300 gives a steady picture")
+    if out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise ConfigError(f"profile(out={out!r}): its folder does not exist; make it first, "
+                          "or pass out=None to keep the picture in memory (Profile.png)")
     if callable(loader) and not hasattr(loader, "state_dict"):
         counts = sorted(set(workers if workers is not None else (0, 1, 2, cores_available())))
-        runs = [_one(loader(num_workers=n), steps, own=True) for n in counts]
+        if not counts or any(not isinstance(n, int) or n < 0 for n in counts):
+            raise ConfigError(f"profile(workers=): expected worker counts of 0 or more, got "
+                              f"{workers!r}; e.g. workers=(0, 1, 2), or leave it None")
+        runs = [_one(_made(loader, n), steps, own=True) for n in counts]
+    elif not isinstance(loader, LoaderLifecycle):
+        raise ConfigError(f"profile: expected a DataLoader, a StreamLoader or a function "
+                          f"make_loader(num_workers=n) returning one, got "
+                          f"{type(loader).__name__}")
+    elif workers is not None:
+        raise ConfigError(f"profile(workers={workers!r}) with a loader: a loader runs at its "
+                          "own num_workers; pass make_loader (a function of num_workers) to "
+                          "try several counts")
     else:
         runs = [_one(loader, steps, own=False)]
     png = _picture(runs)
@@ -118,6 +140,23 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
         with open(out, "wb") as f:
             f.write(png)
     return Profile(runs, png, out if png is not None else None)
+
+
+def _made(make: Callable[..., Any], num_workers: int) -> Any:
+    """``make(num_workers=num_workers)``, checked to be a loader."""
+    try:
+        loader = make(num_workers=num_workers)
+    except TypeError as e:
+        if "num_workers" not in str(e):
+            raise
+        raise ConfigError(f"profile: {getattr(make, '__name__', make)!r} takes no num_workers= "
+                          f"({e}); profile calls make_loader(num_workers=n) for each count "
+                          "tried") from e
+    if not isinstance(loader, LoaderLifecycle):
+        raise ConfigError(f"profile: {getattr(make, '__name__', make)!r}(num_workers="
+                          f"{num_workers}) returned {type(loader).__name__}; expected a "
+                          "DataLoader or a StreamLoader")
+    return loader
 
 
 def _picture(runs: list[Run]) -> bytes | None:
@@ -173,8 +212,8 @@ def _factory(target: str) -> Callable[..., Any]:
         raise ConfigError(f"expected module:function or file.py:function, got {target!r}")
     if where.endswith(".py"):
         spec = importlib.util.spec_from_file_location("_profiled", where)
-        if spec is None or spec.loader is None:
-            raise ConfigError(f"profile: cannot import {where!r} (expected a Python file); "
+        if spec is None or spec.loader is None or not os.path.isfile(where):
+            raise ConfigError(f"profile: cannot import {where!r} (no such Python file); "
                               "pass path/to/file.py:make_loader or module:make_loader")
         module = importlib.util.module_from_spec(spec)
         sys.modules["_profiled"] = module
@@ -183,8 +222,27 @@ def _factory(target: str) -> Callable[..., Any]:
 
         cloudpickle.register_pickle_by_value(module)
     else:
-        module = importlib.import_module(where)
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as e:
+            if e.name is None or not where.startswith(e.name):
+                raise  # a module the target's own code imports: its own error
+            raise ConfigError(f"profile: no module {where!r} to import (from {target!r}); run "
+                              "from the folder that holds it, or pass path/to/file.py:"
+                              f"{name}") from None
+    if not hasattr(module, name):
+        public = sorted(k for k, v in vars(module).items() if callable(v) and k[0] != "_")
+        raise ConfigError(f"profile: {where!r} has no {name!r}; its functions: "
+                          f"{', '.join(public[:12]) or 'none'}")
     return getattr(module, name)
+
+
+def _counts(text: str) -> list[int]:
+    """``--workers``' counts: ``0,1,2,4``."""
+    try:
+        return [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 0,1,2,4, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,11 +250,14 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", help="module:make_loader or file.py:make_loader")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--workers", help="counts to try, e.g. 0,1,2,4")
+    parser.add_argument("--workers", type=_counts, help="counts to try, e.g. 0,1,2,4")
     parser.add_argument("--out", default="jaxloader_profile.png")
     args = parser.parse_args(argv)
-    counts = [int(n) for n in args.workers.split(",")] if args.workers else None
-    print(profile(_factory(args.target), args.steps, counts, args.out))
+    try:
+        report = profile(_factory(args.target), args.steps, args.workers, args.out)
+    except ConfigError as e:  # a named mistake and its remedy: no traceback
+        parser.error(str(e))
+    print(report)
 
 
 if __name__ == "__main__":

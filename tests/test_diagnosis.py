@@ -266,6 +266,49 @@ def test_profile_leaves_a_loader_of_yours_where_it_was_and_names_one_that_runs_o
             jl.profile(shorter, steps=20, out=None)
 
 
+def test_profile_of_a_loader_of_yours_is_its_run_alone_and_leaves_no_batch_in_your_stats():
+    # the batches before the profile were in its rate and verdict, and its batches in yours
+    with jl.DataLoader(arrays(), batch_size=8, num_epochs=None, **ONE) as loader:
+        for _, _batch in zip(range(6), loader):
+            time.sleep(0.05)
+        report = jl.profile(loader, steps=20, out=None)
+        assert report.best.diagnosis.batches == 20, report.best.diagnosis
+        assert report.best.diagnosis.bottleneck != "step", report.best.diagnosis
+        assert loader.stats.batches == 0
+
+
+def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():
+    def make(num_workers):
+        return jl.DataLoader(arrays(), batch_size=8, num_workers=num_workers,
+                             num_epochs=None, **ONE)
+
+    with make(0) as loader:  # (workers= was ignored for a loader)
+        with pytest.raises(jl.ConfigError, match=r"workers=\(0, 1\)\) with a loader: .*"
+                                                 r"pass make_loader"):
+            jl.profile(loader, steps=5, workers=(0, 1), out=None)
+    with pytest.raises(jl.ConfigError, match=r"expected worker counts of 0 or more, got \(\)"):
+        jl.profile(make, steps=5, workers=(), out=None)  # (max() of nothing)
+    with pytest.raises(jl.ConfigError, match=r"'<lambda>'\(num_workers=0\) returned int"):
+        jl.profile(lambda num_workers: 5, steps=5, workers=(0,), out=None)
+    with pytest.raises(jl.ConfigError, match=r"its folder does not exist"):
+        jl.profile(make, steps=5, workers=(0,), out="/no/such/folder/p.png")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["no_such_module_x:make"], "no module 'no_such_module_x' to import"),
+    (["jaxloader:no_such_name"], "'jaxloader' has no 'no_such_name'; its functions: "),
+    (["no/such/file.py:make"], "cannot import 'no/such/file.py' (no such Python file)"),
+    (["jaxloader.profiling:cores_available"], "takes no num_workers="),
+    (["x:make", "--workers", "a,b"], "argument --workers: expected counts like 0,1,2,4"),
+])
+def test_the_profile_command_names_a_bad_argument_without_a_traceback(argv, said, capsys):
+    from jaxloader.profiling import main
+
+    with pytest.raises(SystemExit) as exited:  # (each was a traceback of an internal error)
+        main(argv)
+    assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_copies_to_the_device_while_the_workers_idle_are_the_device():
     from jaxloader.base.stats import WorkerStats
 
@@ -277,6 +320,34 @@ def test_copies_to_the_device_while_the_workers_idle_are_the_device():
                         workers=(idle,))
     d = diagnose(stats, num_workers=1, cores=4)
     assert d.bottleneck == "device" and "device placement takes 18.0 ms a batch" in d.advice[0]
+
+
+def test_placement_in_process_gets_its_advice():
+    # num_workers=0 and the device the bottleneck: the advice was "none"
+    stats = LoaderStats(batches=100, wait_s=2.0, run_s=1.0, wall_s=3.0, batches_made=100,
+                        stages={"read": 0.1, "collate": 0.2, "placement": 1.8,
+                                "consumer wait": 2.0, "step": 1.0})
+    d = diagnose(stats, num_workers=0, cores=4)
+    assert d.bottleneck == "device" and d.advice, d
+    assert "placement takes 18.0 ms a batch" in d.advice[0] and "device_prefetch=" in d.advice[0]
+
+
+def test_transforms_waiting_off_the_cpu_get_more_workers_than_cores_a_count_the_loader_takes():
+    # a Map waiting on files: "every core is in use", while the workers' CPUs idled; and a
+    # stream's advice named a count its readers refuse (6 readers: 1, 2, 3 or 6 workers)
+    from jaxloader.base.stats import WorkerStats
+
+    waiting = [WorkerStats(i, 1, 50, 800, 1 << 20, busy_s=2.9, cpu_s=0.1,
+                           stages={"read": 0.1, "Map(fetch)": 2.8}) for i in range(2)]
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=1600, stages={"read": 0.2, "Map(fetch)": 5.6, "collate": 0.1,
+                                              "consumer wait": 2.5, "step": 0.5},
+                        workers=tuple(waiting))
+    d = diagnose(stats, num_workers=2, cores=2)
+    assert d.bottleneck == "workers" and "the transforms wait" in d.advice[0], d
+    assert "num_workers=4" in d.advice[0], d
+    d = diagnose(stats, num_workers=2, cores=2, counts=[1, 2, 3, 6])
+    assert "num_workers=3" in d.advice[0], d
 
 
 def test_the_table_gives_a_makers_stage_a_batch_made_and_the_main_ones_a_batch_handed_out():
