@@ -185,12 +185,14 @@ class LoaderLifecycle:
         """
         from jaxloader.loaders.diagnosis import diagnose
 
-        return diagnose(self.stats, self._engine.active)
+        return diagnose(self.stats, self._engine.active, counts=self._worker_counts())
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""
         self._progress.reset_stats()
         self._engine.gauges.reset()
+        if self._monitor is not None:  # (a tuning window across the reset: counts gone back)
+            self._monitor.restart()
 
     def _invalidate(self, until_gone: bool = True) -> bool:
         """Makes live iterators stale and stops what they run (thread, engine run), waiting

@@ -95,9 +95,12 @@ class Diagnosis(NamedTuple):
         return "\n".join(lines)
 
 
-def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> Diagnosis:
+def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
+             counts: list[int] | None = None) -> Diagnosis:
     """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
-    docstring); ``cores``: those this process may use (default: its affinity)."""
+    docstring); ``cores``: those this process may use (default: its affinity); ``counts``: the
+    worker counts the loader takes (a ``StreamLoader``'s divide its readers; None: any), which
+    the advice keeps to."""
     if stats.batches < 2:
         raise JaxloaderError(
             f"diagnose(): {stats.batches} batch(es) handed out since the stats began; iterate "
@@ -123,6 +126,12 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> 
     main_share = min(1.0, (stats.run_s + handover + place) / steady)
     idle = max(0, round(cores - sum(stats.busy) - main_share))
     advice: list[str] = []
+
+    def fit(workers: int) -> int:
+        """``workers``, or the nearest count the loader takes (the larger on a tie)."""
+        if counts is None:
+            return workers
+        return min(counts, key=lambda n: (abs(n - workers), -n))
 
     def gain(workers: int) -> str:
         """The expected gain of ``workers``: a batch then takes the longer of the step and
@@ -158,18 +167,22 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> 
     elif num_workers == 0:
         bottleneck = "device" if place > made_total else "main"
         if bottleneck == "main":
-            workers = max(1, round(cores - main_share))
+            workers = fit(max(1, round(cores - main_share)))
             advice.insert(0, f"batches are made in the training process (num_workers=0): "
                              f"num_workers={workers} makes them in parallel, {gain(workers)}")
+        else:
+            advice.insert(0, _placement_advice(place, per))
     elif busy >= BUSY:
         bottleneck = "source" if read >= made_total - read else "workers"
-        if bottleneck == "source" and off_cpu >= WAITS and stats.records:
+        if off_cpu >= WAITS and stats.records:
             waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) / stats.records
-            more = max(2 * num_workers, 2 * cores)
-            advice.insert(0, f"reads wait ~{waits:.2g} ms a record off the CPU: more workers "
+            more = fit(max(2 * num_workers, 2 * cores))
+            what = "reads wait" if bottleneck == "source" else \
+                "the transforms wait (files, the network, sleeps, locks)"
+            advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
                              f"than cores overlap the waits: num_workers={more}, {gain(more)}")
         elif idle > 0:
-            workers = num_workers + idle
+            workers = fit(num_workers + idle)
             advice.insert(0, f"{idle} of {cores} cores idle: num_workers={workers}, "
                              f"{gain(workers)}")
         else:
@@ -185,8 +198,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> 
         else:
             bottleneck = "source" if read >= made_total - read else "workers"
         if bottleneck == "device":
-            advice.insert(0, f"device placement takes {1e3 * place / per:.1f} ms a batch in "
-                             "the training process while the workers wait "
+            advice.insert(0, f"{_placement_advice(place, per)}, while the workers wait "
                              f"({busy:.0%} busy)")
         elif bottleneck == "main":
             advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
@@ -198,3 +210,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None) -> 
                           "come in bursts) or for a core (other processes on these cores?)")
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers, stats.batches_made)
+
+
+def _placement_advice(place: float, batches: int) -> str:
+    """What placement costs a batch, and what makes it cheaper."""
+    return (f"device placement takes {1e3 * place / batches:.1f} ms a batch in the training "
+            "process: fewer or smaller leaves, a lower precision (a Map to bfloat16/uint8), or "
+            "a larger device_prefetch= (batches copied ahead, on a thread)")

@@ -214,16 +214,18 @@ class LoaderIterator(Generic[BatchT]):
     def _checks(self, progress: Progress, entered: float, returned: float) -> None:
         """The first batch of the stats' window (said if slow), the consumer's time started
         (the first call, or one after a failed call), and the monitor's turn."""
+        monitor = self._monitor
         if not self._timing:
             self._last_return, self._timing = entered, True  # (no run time before this call)
             if progress.first_s is not None:  # (not the window's first run)
                 progress.apart_s += max(0.0, entered - progress.last_s)
+            if monitor is not None:
+                monitor.restart()
         if progress.first_s is None:
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:
                 log.info("the first batch took %.1f s (the workers' start and the first "
                          "reads)", returned - entered)
-        monitor = self._monitor
         if monitor is not None and returned >= monitor.next_at:
             monitor.tick(returned, self._step + 1, progress.batches + 1,
                          progress.wait_s + (returned - entered))

@@ -128,6 +128,12 @@ class AutoTune:
             return MAX_WORKERS
         return active + int(0.5 * _available_bytes() // each)
 
+    def restart(self) -> None:
+        """A window starts afresh: the stats were reset, or a run starts after time away (an
+        evaluation): a window across either would judge counts that went back, or hours
+        apart. A change on trial stays, unjudged."""
+        self._last, self._trial, self._settling = None, None, True
+
     def decide(self, now: float, step: int, batches: int, wait_s: float) -> None:
         """One window's decision, from the loader's counts now, ``step`` being the next
         step it hands out (see the module docstring)."""
@@ -135,6 +141,8 @@ class AutoTune:
         busy_s = sum(m.busy_s for m in makers)
         cpu_s = sum(m.cpu_s for m in makers) + _queued_s(self.pool.pids)  # (not waiting reads)
         snap = (now, batches, wait_s, busy_s, cpu_s)
+        if self._last is not None and (batches < self._last[1] or wait_s < self._last[2]):
+            self.restart()  # the loader's counts started again (its stats were reset)
         if self._settling:  # a window starts once the count is in use for the next steps
             if self.pool.roster.settled(step):
                 self._settling, self._last = False, snap
@@ -214,6 +222,11 @@ class Monitor:
         self._summary = summary
         self._log_at = perf_counter() + log_every_s if log_every_s else float("inf")
         self.next_at = perf_counter() if tune is not None else self._log_at
+
+    def restart(self) -> None:
+        """The stats were reset, or a run starts: the tuning's window starts afresh."""
+        if self.tune is not None:
+            self.tune.restart()
 
     def tick(self, now: float, step: int, batches: int, wait_s: float) -> None:
         if self.tune is not None:

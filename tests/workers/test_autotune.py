@@ -242,3 +242,38 @@ def test_a_streams_counts_are_those_dividing_its_readers():
     tune = monitor.AutoTune(FakePool(), cores=4, counts=[1, 2, 3, 6])
     assert tune.allowed(4, 2, 8) == 3 and tune.allowed(5, 2, 8) == 6  # nearest, then lower
     assert tune.allowed(2, 4, 5) is None and tune.capacity() == 6
+
+
+def test_a_window_across_a_reset_of_the_stats_or_time_away_is_not_judged():
+    # after reset_stats() the loader's counts went back: the wait came out negative and the
+    # tuner took workers away while the loop waited; a window across an evaluation between
+    # runs judged the count by hours apart
+    pool = FakePool(active=4)
+    tune = monitor.AutoTune(pool, cores=4)
+    tune.ceiling = 4
+    windows(tune, pool, [(100, 0.9, 1.0), (100, 0.9, 1.0)])  # at its ceiling, waiting
+    tune.decide(10.0, 10, 10, 0.5)  # the counts after a reset: 10 batches, 0.5 s waited
+    tune.decide(11.0, 110, 110, 1.4)
+    assert pool.roster.target == 4, pool.roster.target
+
+
+class Recorder:
+    """A tuner that counts its restarts (and decides nothing)."""
+
+    restarts = 0
+
+    def restart(self):
+        self.restarts += 1
+
+    def decide(self, *args):
+        pass
+
+
+def test_each_run_and_each_reset_of_the_stats_starts_the_tuning_window_afresh():
+    with jl.DataLoader(arrays(), batch_size=64, log_every_s=1000.0, **ONE) as loader:
+        loader._monitor.tune = tune = Recorder()
+        list(loader)
+        list(loader)  # (an evaluation between the two passes: time away)
+        assert tune.restarts == 2
+        loader.reset_stats()
+        assert tune.restarts == 3
