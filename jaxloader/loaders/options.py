@@ -113,7 +113,7 @@ def placement(batch_size: int, process_index: int | None,
     batch_size = check_int("batch_size", batch_size, low=1,
                            remedy="pass a positive batch size per process")
     if process_index is None or process_count is None:
-        if process_index is None and process_count is None and "jax" not in sys.modules:
+        if process_index is None and process_count is None and not _jax_started():
             index, count = 0, 1  # see jax_pending: one process, checked again by iter()
         else:  # one given (a multi-process run), or JAX in use: JAX says the other
             import jax  # (workers never get here)
@@ -130,15 +130,29 @@ def placement(batch_size: int, process_index: int | None,
 
 def jax_pending(process_index: int | None, process_count: int | None) -> tuple[bool, bool]:
     """Which of the place's two numbers ``placement`` takes as one process's without asking
-    JAX: both, when both are left ``None`` and this process has not imported JAX. Such a
-    process has not called ``jax.distributed.initialize()``, so it is the only one as far as
-    JAX knows yet; importing JAX to ask would start its runtime in a process that may still
-    fork workers (``start_method="fork"``) or initialise ``jax.distributed``.
+    JAX: both, when both are left ``None`` and this process has not started JAX's runtime
+    (JAX not imported, or imported and not yet used). Such a process has not called
+    ``jax.distributed.initialize()``, so it is the only one as far as JAX knows yet; asking
+    JAX would start its runtime in a process that may still fork workers
+    (``start_method="fork"``) or initialise ``jax.distributed``.
     ``check_jax_placement`` asks JAX at ``iter()`` (and ``peek()``, ``state_dict()``,
     ``load_state_dict()``), once it is imported."""
-    if "jax" in sys.modules or process_index is not None or process_count is not None:
+    if _jax_started() or process_index is not None or process_count is not None:
         return False, False
     return True, True
+
+
+def _jax_started() -> bool:
+    """Whether JAX is imported and its runtime started: asking JAX the process's place starts
+    it, after which ``jax.distributed.initialize()`` fails (JAX imported only: not asked)."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge  # (private: checked to exist, else JAX is asked)
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
 
 
 def check_jax_placement(place: Placement, pending: tuple[bool, bool]) -> tuple[bool, bool]:
@@ -158,8 +172,8 @@ def check_jax_placement(place: Placement, pending: tuple[bool, bool]) -> tuple[b
     if (pending[0] and index != place.process_index) or \
             (pending[1] and count != place.process_count):
         raise ConfigError(
-            f"process_index/process_count: the loader was made before JAX was imported, so it "
-            f"took this process as the only one (process {place.process_index} of "
+            f"process_index/process_count: the loader was made before JAX was imported or "
+            f"started, so it took this process as the only one (process {place.process_index} of "
             f"{place.process_count}), but JAX now runs it as process {index} of {count}; make "
             "the loader after jax.distributed.initialize(), or pass process_index= and "
             "process_count="

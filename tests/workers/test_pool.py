@@ -522,8 +522,25 @@ def test_a_loader_left_to_jax_for_its_place_does_not_import_it_so_fork_stays_ope
     assert len(lines) == 4, out + err  # iter(), peek() and load_state_dict() each refuse
     for line in lines[1:]:
         assert line.startswith("process_index/process_count: the loader was made before JAX "
-                               "was imported") and "process 1 of 2" in line and \
+                               "was imported or started") and "process 1 of 2" in line and \
             "after jax.distributed.initialize()" in line, out + err
+
+
+def test_a_loader_made_after_import_jax_leaves_jax_distributed_initialize_possible(tmp_path):
+    # it asked JAX for the process's place, which started JAX's runtime: the initialize after
+    # it failed ("must be called before any JAX calls that might initialise the XLA backend")
+    proc = _run_script(tmp_path, """
+    import socket, numpy as np, jax, jaxloader as jl
+    dl = jl.DataLoader(jl.ArraySource({"x": np.arange(20)}), batch_size=4)
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    jax.distributed.initialize(f"localhost:{port}", num_processes=1, process_id=0)
+    print(dl.process_index, dl.process_count, len(list(dl)))
+    jax.distributed.shutdown()
+    """)
+    out, err = proc.communicate(timeout=120)
+    assert out.split() == ["0", "1", "5"], err[-2000:]
 
 
 def test_a_worker_error_surfaces_at_its_own_step_after_the_earlier_batches():
