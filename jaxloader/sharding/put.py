@@ -146,9 +146,11 @@ class Putter:
                     + _PARTIAL_REMEDY)
 
     def __call__(self, batch: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves(batch)
+        if not jax.config.jax_enable_x64:
+            _check_32_bits(batch, leaves)
         if self.process_count == 1 and not any(
-                host_only(getattr(leaf, "dtype", _NUMERIC))
-                for leaf in jax.tree_util.tree_leaves(batch)):
+                host_only(getattr(leaf, "dtype", _NUMERIC)) for leaf in leaves):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code
                 return jax.device_put(batch, self.sharding)
             except (TypeError, ValueError):
@@ -200,3 +202,23 @@ class Putter:
                 f"{np.shape(leaf)}, dtype {getattr(leaf, 'dtype', type(leaf).__name__)}, "
                 f"{self.process_count} process(es)) with {sharding}: {e}; {remedy}"
             ) from e
+
+
+def _check_32_bits(batch: Any, leaves: list) -> None:
+    """Refuses 64-bit integers that 32 bits cannot hold: JAX without x64 places them as 32-bit
+    and would wrap them (an id past 2**31, a time in nanoseconds) without a word. (64-bit
+    floats become float32 as JAX makes them: precision, not wrapped values.)"""
+    for i, leaf in enumerate(leaves):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or dtype.kind not in "iu" or dtype.itemsize != 8 or not leaf.size:
+            continue
+        low, high = int(leaf.min()), int(leaf.max())
+        kind = np.iinfo(np.uint32 if dtype.kind == "u" else np.int32)
+        if low >= kind.min and high <= kind.max:
+            continue
+        path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(batch)[0][i][0])
+        raise ConfigError(
+            f"sharding: batch leaf {path or '<root>'} of dtype {dtype} holds values "
+            f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
+            f"{kind.dtype} and would wrap them; make it fit (a Map: an offset, or a split into "
+            "two int32 leaves), or jax.config.update('jax_enable_x64', True) before the loader")

@@ -120,6 +120,27 @@ def test_a_leaf_of_a_dtype_jax_has_no_type_for_is_named_with_its_map():
     assert out.strip() == "ok"
 
 
+def test_64_bit_integers_that_32_bits_cannot_hold_are_refused_not_wrapped():
+    # JAX without x64 placed an int64 leaf as int32: nanosecond times and ids past 2**31
+    # came out wrapped, without a word
+    import jax
+    import numpy as np
+
+    import jaxloader as jl
+    from jaxloader.sharding.put import Putter
+
+    put = Putter(jax.devices()[0], process_count=1)
+    small = put({"id": np.arange(4, dtype=np.int64), "u": np.arange(4, dtype=np.uint64)})
+    assert small["id"].tolist() == [0, 1, 2, 3] and small["u"].tolist() == [0, 1, 2, 3]
+    for leaf, values in ((np.array([5, 2**40], np.int64), "5..1099511627776"),
+                         (np.array([-2**31 - 1, 0], np.int64), "-2147483649..0"),
+                         (np.array([2**32], np.uint64), "4294967296..4294967296")):
+        with pytest.raises(jl.ConfigError, match=rf"leaf \['b'\]\['t'\] of dtype {leaf.dtype} "
+                                                 rf"holds values {values}, expected .*would "
+                                                 r"wrap them; make it fit"):
+            put({"a": np.zeros(2, np.float32), "b": {"t": leaf}})
+
+
 def test_bad_shardings_give_clear_errors():
     out = run_with_devices("""
     from jaxloader.sharding.put import Putter
