@@ -24,6 +24,7 @@ from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placem
 
 if TYPE_CHECKING:
     from jaxloader.loaders.diagnosis import Diagnosis
+    from jaxloader.sharding.put import Putter
 
 
 class Workers(Protocol):
@@ -44,6 +45,29 @@ class LoaderLifecycle:
     _placement: Placement
     _jax_pending: tuple[bool, bool]  # the place's numbers taken without JAX (options.jax_pending)
     _monitor: Monitor | None
+
+    def _putter_for(self, sharding: Any, given_index: int | None) -> "Putter | None":
+        """The placement of ``sharding`` (``None``: batches stay NumPy). With several processes,
+        this process's place is the block of the global batch its devices hold
+        (``Putter.block``); a ``process_index`` given that the sharding places elsewhere is
+        refused."""
+        if sharding is None:
+            return None
+        from jaxloader.sharding.put import Putter
+
+        batch_size, index, count = self._placement
+        putter = Putter(sharding, count, batch_size)
+        block = putter.block(index)
+        if block != index:
+            if given_index is not None:
+                raise ConfigError(
+                    f"process_index={given_index}: the sharding puts this process's devices at "
+                    f"rows {block * batch_size}..{(block + 1) * batch_size - 1} of the global "
+                    f"batch, where process {given_index} reads rows {index * batch_size}.."
+                    f"{(index + 1) * batch_size - 1} (they would land out of order); leave "
+                    "process_index None: the loader takes the rows the sharding puts here")
+            self._placement = self._placement._replace(process_index=block)
+        return putter
 
     def _check_placement(self) -> None:
         """At ``iter()``, ``peek()`` and the state's calls: a place taken while JAX was not
@@ -134,7 +158,8 @@ class LoaderLifecycle:
 
     @property
     def process_index(self) -> int:
-        """This process's place among the processes sharing the global batch."""
+        """This process's place among the processes sharing the global batch: with a
+        ``sharding``, the block of it this process's devices hold."""
         return self._placement.process_index
 
     @property

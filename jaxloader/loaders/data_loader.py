@@ -158,6 +158,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)
+        self._putter = self._putter_for(sharding, process_index)
         batch_size, process_index, process_count = self._placement
         count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
@@ -173,11 +174,6 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._options = LoaderOptions(count, num_epochs, mask_key, ahead, start_method,
                                       device_prefetch, stall_warning_s, timeout_s, log_every_s,
                                       auto_workers, auto_prefetch)
-        self._putter = None
-        if sharding is not None:
-            from jaxloader.sharding.put import Putter
-
-            self._putter = Putter(sharding, process_count, batch_size)
         record_transforms, batch_transforms = split_transforms(transforms)
         rest = self._sampler.num_records % batch_size
         if self._putter is not None and last_batch == "partial" and rest:

@@ -131,6 +131,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)
+        self._putter = self._putter_for(sharding, process_index)
         batch_size, process_index, process_count = self._placement
         if num_workers == "auto" and readers_per_process is None:
             raise ConfigError(
@@ -175,11 +176,6 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         # thread may be making a batch with self._maker, changing it as a copy reads it)
         self._pristine = copy.deepcopy(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
-        self._putter = None
-        if sharding is not None:
-            from jaxloader.sharding.put import Putter
-
-            self._putter = Putter(sharding, process_count, batch_size)
         self._progress = Progress("StreamLoader")
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0

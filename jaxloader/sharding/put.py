@@ -133,6 +133,51 @@ class Putter:
                 found.append((s, axes, math.prod(s.mesh.shape[a] for a in axes)))
         return found
 
+    def block(self, process_index: int) -> int:
+        """Which ``batch_size`` rows of the global batch this process reads, when several
+        processes place it: the block its devices hold (``process_index`` where the mesh lists
+        the processes' devices in their order; JAX puts a process's rows on its own devices,
+        so rows read for another block would land out of order). A process whose devices hold
+        rows apart (a batch axis that interleaves the processes) reads ``process_index``'s
+        block: the global batch then holds the same records in another row order. Refuses a
+        sharding that gives this process other than ``batch_size`` rows (the batch axis
+        replicated across processes, or within them)."""
+        B = self.batch_size
+        if self.process_count == 1 or B is None or jax.process_count() != self.process_count:
+            return process_index  # (a process count passed by hand: one JAX process)
+        G, me, found = B * self.process_count, jax.process_index(), set()
+        for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
+            if not isinstance(s, NamedSharding):
+                continue
+            shape = (G, *(math.prod(s.mesh.shape[a] for a in ((e,) if isinstance(e, str)
+                                                             else e or ()) if a in s.mesh.shape)
+                          for e in s.spec[1:]))
+            spans: list[list[int]] = []
+            for start, stop in sorted({(i[0].start or 0, G if i[0].stop is None else i[0].stop)
+                                       for d, i in s.devices_indices_map(shape).items()
+                                       if d.process_index == me}):
+                if spans and start <= spans[-1][1]:
+                    spans[-1][1] = max(spans[-1][1], stop)
+                else:
+                    spans.append([start, stop])
+            rows = sum(b - a for a, b in spans)
+            if rows != B:
+                raise ConfigError(
+                    f"sharding: {s} gives this process's devices {rows} rows of the global "
+                    f"batch of {G}, where each of the {self.process_count} processes reads "
+                    f"its batch_size={B}: the batch axis is not split across the processes; "
+                    "shard it over a mesh axis that spans them (data_sharding(mesh, 'data'), "
+                    "'data' first in the mesh), or give each process the whole batch: "
+                    f"process_count=1, batch_size={G}")
+            found.add(spans[0][0] // B if len(spans) == 1 and spans[0][0] % B == 0 else None)
+        if len(found) > 1:
+            raise ConfigError(
+                f"sharding: its leaves place this process's rows at different rows of the "
+                f"global batch ({sorted(found, key=str)} in blocks of {B}): one process reads "
+                "one block for every leaf; give the leaves shardings over the same mesh axes")
+        block = found.pop() if found else None
+        return process_index if block is None else block
+
     def check_last_batch(self, rows: int, num_records: int) -> None:
         """Refuses, before the first batch, an epoch's last (partial) batch of ``rows`` rows
         that the batch axis of a leaf's ``NamedSharding`` cannot split evenly; otherwise it

@@ -52,3 +52,19 @@ def test_two_hosts_give_the_single_process_stream_and_restore_both_ways(tmp_path
     resumed = np.load(tmp_path / "stream_resume.npz")
     assert np.array_equal(resumed["x"], reference["x"][SAVE_AT:])
     assert np.array_equal(resumed["y"], reference["y"][SAVE_AT:])
+
+
+def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tmp_path):
+    # each host read the rows of its process_index, which JAX put on its own devices: with
+    # the mesh's devices in another order the global batch's rows came out permuted
+    pythonpath = os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
+    out = run_hosts(os.path.join(HERE, "mesh_order_run.py"), 2, ["{port}"],
+                    env={"PYTHONPATH": pythonpath})[0]
+    lines = out.splitlines()
+    assert "in process order same" in lines and "reversed same" in lines, out
+    refused = [line for line in lines if line.startswith("refused:")]
+    assert len(refused) == 2, out
+    assert "process_index=0: the sharding puts this process's devices at rows 4..7" in \
+        refused[0] and "leave process_index None" in refused[0], out
+    assert "gives this process's devices 8 rows of the global batch of 8" in refused[1] and \
+        "not split across the processes" in refused[1], out
