@@ -153,9 +153,10 @@ class Putter:
                                                              else e or ()) if a in s.mesh.shape)
                           for e in s.spec[1:]))
             spans: list[list[int]] = []
-            for start, stop in sorted({(i[0].start or 0, G if i[0].stop is None else i[0].stop)
-                                       for d, i in s.devices_indices_map(shape).items()
-                                       if d.process_index == me}):
+            held = sorted({(i[0].start or 0, G if i[0].stop is None else i[0].stop)
+                           for d, i in s.devices_indices_map(shape).items()
+                           if d.process_index == me})  # type: ignore[attr-defined]
+            for start, stop in held:
                 if spans and start <= spans[-1][1]:
                     spans[-1][1] = max(spans[-1][1], stop)
                 else:
@@ -192,7 +193,7 @@ class Putter:
 
     def __call__(self, batch: Any) -> Any:
         leaves = jax.tree_util.tree_leaves(batch)
-        if not jax.config.jax_enable_x64:
+        if not jax.config.read("jax_enable_x64"):
             _check_32_bits(batch, leaves)
         if self.process_count == 1 and not any(
                 host_only(getattr(leaf, "dtype", _NUMERIC)) for leaf in leaves):
