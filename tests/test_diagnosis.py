@@ -350,6 +350,40 @@ def test_transforms_waiting_off_the_cpu_get_more_workers_than_cores_a_count_the_
     assert "num_workers=3" in d.advice[0], d
 
 
+def test_waiting_for_a_core_is_not_taken_for_reads_waiting_and_parked_workers_not_for_idle():
+    from jaxloader.base.stats import WorkerStats
+
+    # two workers on one core: half their busy time queued for it, which the advice took for
+    # reads waiting on storage ("more workers than cores")
+    queued = tuple(WorkerStats(i, 1, 50, 800, 1 << 20, busy_s=2.9, cpu_s=1.45, queued_s=1.4,
+                               stages={"read": 2.8, "collate": 0.1}) for i in range(2))
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=1600, stages={"read": 5.6, "collate": 0.2,
+                                              "consumer wait": 2.5, "step": 0.5},
+                        workers=queued, num_workers=2)
+    d = diagnose(stats, num_workers=2, cores=1)
+    assert d.bottleneck == "source" and not any("off the CPU" in a for a in d.advice), d
+    # autotune went from 4 workers to 1, busy all the time: the 3 parked ones, busy earlier or
+    # never, were averaged in (42% busy: "they wait for tasks")
+    parked = tuple(WorkerStats(i, 1, 10, 160, 1 << 20, busy_s=b, cpu_s=b,
+                               stages={"Map(f)": b}) for i, b in enumerate((3.0, 2.0, 0, 0)))
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=1600, stages={"Map(f)": 5.0, "consumer wait": 2.5, "step": 0.5},
+                        workers=parked, num_workers=1)
+    d = diagnose(stats, num_workers=1, cores=1)
+    assert d.bottleneck == "workers" and "busy only" not in str(d), d
+
+
+def test_the_stats_give_each_workers_time_waiting_for_a_core():
+    with jl.DataLoader(arrays(), batch_size=16, transforms=[jl.Map(heavy)], num_workers=2,
+                       **ONE) as loader:
+        list(loader)
+        workers = loader.stats.workers
+        loader.reset_stats()
+        assert len(workers) == 2 and all(w.queued_s >= 0.0 for w in workers), workers
+        assert all(w.queued_s == 0.0 for w in loader.stats.workers)  # (none since the reset)
+
+
 def test_the_table_gives_a_makers_stage_a_batch_made_and_the_main_ones_a_batch_handed_out():
     # 4 batches handed out, 20 made ahead: a maker's stage was divided by 4 (5x its cost)
     stats = LoaderStats(batches=4, wait_s=0.001, run_s=2.0, wall_s=2.0, batches_made=20,

@@ -37,6 +37,8 @@ class WorkerStats(NamedTuple):
     busy_s: float  # seconds it spent on tasks (the rest it waited for one)
     cpu_s: float  # CPU seconds of those tasks: busy_s - cpu_s is time spent waiting (reads)
     stages: Mapping[str, float]  # seconds by stage (read, each transform, collate, slot wait)
+    queued_s: float = 0.0  # seconds it waited for a core (Linux's schedstat; 0 elsewhere): of
+    # busy_s - cpu_s, the part that is no read waiting
 
 
 class LoaderStats(NamedTuple):
@@ -96,3 +98,14 @@ class LoaderStats(NamedTuple):
         if self.batches < 2 or steady <= 0:
             steady = self.wall_s
         return tuple(min(1.0, w.busy_s / steady) if steady else 0.0 for w in self.workers)
+
+
+def queued_s(pid: int) -> float:
+    """Seconds process ``pid`` has waited for a core (runnable, not running: Linux's
+    schedstat), so that a worker waiting for a CPU is not taken for one waiting on a read; 0
+    where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0

@@ -214,7 +214,7 @@ class LoaderLifecycle:
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""
-        self._progress.reset_stats()
+        self._progress.reset_stats(self._engine.pids)
         self._engine.gauges.reset()
         if self._monitor is not None:  # (a tuning window across the reset: counts gone back)
             self._monitor.restart()

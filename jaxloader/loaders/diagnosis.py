@@ -13,7 +13,8 @@
 The advice is measured where it can be: the cores this process may use
 (``os.sched_getaffinity``) against the workers in use, the expected gain of more workers
 (bounded by how fast the step alone would run), how long the workers' reads wait off the CPU
-(their busy time less their CPU time, a record), and a transform's share of the workers' time.
+(their busy time less their CPU time and their time waiting for a core, a record), and a
+transform's share of the workers' time.
 
 Example:
     >>> from jaxloader.base.stats import LoaderStats
@@ -117,7 +118,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     # After the first batch, whose wait is the workers' start
     waited = max(0.0, stats.wait_s - stats.first_batch_s)
     wait_fraction = waited / (waited + stats.run_s) if waited + stats.run_s else 0.0
-    busy = sum(stats.busy) / len(stats.busy) if stats.busy else 0.0
+    # over the workers in use (those autotune parked keep the busy time of when they ran)
+    busy = min(1.0, sum(stats.busy) / max(1, stats.num_workers or len(stats.busy))) \
+        if stats.busy else 0.0
     steady = max(1e-12, stats.wall_s - stats.first_batch_s)
     now_s = steady / max(1, per - 1)  # seconds a batch now
     step_s = stats.run_s / per  # the training step's, between batches
@@ -150,7 +153,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     off_cpu = 0.0
     if stats.workers:
         busy_s = sum(w.busy_s for w in stats.workers)
-        cpu_s = sum(w.cpu_s for w in stats.workers)
+        cpu_s = sum(w.cpu_s + w.queued_s for w in stats.workers)  # (waiting for a core: no read)
         off_cpu = max(0.0, busy_s - cpu_s) / busy_s if busy_s else 0.0
 
     bottleneck: Bottleneck

@@ -27,12 +27,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable, Generator, Generic, Protocol
+from typing import Any, Callable, Generator, Generic, Protocol, Sequence
 
 from typing_extensions import TypeVar
 
 from jaxloader.base.errors import JaxloaderError, WorkerError
-from jaxloader.base.stats import LoaderStats, WorkerStats
+from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
 from jaxloader.sharding.prefetch import DevicePrefetcher
 
@@ -76,9 +76,10 @@ class Progress:
             made, records, nbytes = (made + totals.batches, records + totals.records,
                                      nbytes + totals.bytes)
             if pids:
-                workers.append(WorkerStats(i, pids[i] if i < len(pids) else 0, totals.batches,
-                                           totals.records, totals.bytes, totals.busy_s,
-                                           totals.cpu_s, mine))
+                pid = pids[i] if i < len(pids) else 0
+                queued = max(0.0, queued_s(pid) - self.queued_from.get(pid, 0.0)) if pid else 0.0
+                workers.append(WorkerStats(i, pid, totals.batches, totals.records, totals.bytes,
+                                           totals.busy_s, totals.cpu_s, mine, queued))
         if gauges.receipt_w or gauges.handouts:
             stages[HANDOVER] = gauges.hand_over_s(self.batches)
         if self.place_s:
@@ -89,8 +90,10 @@ class Progress:
                            stages, tuple(workers), num_workers, gauges.ready_ahead(), made,
                            self.first_batch_s)
 
-    def reset_stats(self) -> None:
-        """Starts the counts again (the engine's gauges are reset by the loader)."""
+    def reset_stats(self, pids: Sequence[int] = ()) -> None:
+        """Starts the counts again (the engine's gauges are reset by the loader); ``pids``:
+        the workers', whose time waiting for a core counts from now."""
+        self.queued_from = {pid: queued_s(pid) for pid in pids}
         self.batches = 0  # batches handed out, time waited inside next(), run between calls
         self.wait_s = self.run_s = self.place_s = 0.0  # (placement: device_put's time)
         self.first_s: float | None = None  # when the first next() of the window was entered

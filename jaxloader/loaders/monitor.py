@@ -36,6 +36,7 @@ import os
 from time import perf_counter
 from typing import Any, Callable
 
+from jaxloader.base.stats import queued_s
 from jaxloader.loaders.diagnosis import cores_available
 
 log = logging.getLogger("jaxloader")
@@ -59,19 +60,6 @@ def _resident_bytes(pid: int) -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _queued_s(pids: list[int]) -> float:
-    """Seconds ``pids`` have waited for a core (runnable, not running: Linux's schedstat), so
-    that a worker waiting for a CPU is not taken for one waiting on a read."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total / 1e9
 
 
 def _available_bytes() -> int:
@@ -139,7 +127,7 @@ class AutoTune:
         step it hands out (see the module docstring)."""
         makers = [m.fold() for m in self.pool.gauges.makers]
         busy_s = sum(m.busy_s for m in makers)
-        cpu_s = sum(m.cpu_s for m in makers) + _queued_s(self.pool.pids)  # (not waiting reads)
+        cpu_s = sum(m.cpu_s for m in makers) + sum(map(queued_s, self.pool.pids))  # (no reads)
         snap = (now, batches, wait_s, busy_s, cpu_s)
         if self._last is not None and (batches < self._last[1] or wait_s < self._last[2]):
             self.restart()  # the loader's counts started again (its stats were reset)
