@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import sys
 import time
 from collections import deque
-from typing import Any, Generator
+from typing import Any, Generator, NoReturn
 
 import cloudpickle
 import numpy as np
@@ -49,6 +50,8 @@ from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, steps_text, stream_batches
+from jaxloader.workers.failures import raised, unpicklable
+from jaxloader.workers.payload import SHARE_MIN_BYTES
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 
 log = logging.getLogger("jaxloader")
@@ -91,11 +94,21 @@ class RayWorkers:
         self.min_actors = self.n if min_actors is None else check_int(
             "RayWorkers(min_actors=...)", min_actors, low=1, high=self.n,
             remedy=f"the actors the loader waits for at its start, 1 to n ({self.n})")
+        for name, value, none in (("start_timeout_s", start_timeout_s, ""),
+                                  ("timeout_s", timeout_s, " or None")):
+            if (value is not None or not none) and not (
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+                raise ConfigError(f"RayWorkers({name}=...): expected seconds > 0{none}, got "
+                                  f"{value!r:.40}")
         self.start_timeout_s = float(start_timeout_s)
-        if timeout_s is not None and not timeout_s > 0:
-            raise ConfigError(f"RayWorkers(timeout_s=...): expected seconds > 0 or None, got "
-                              f"{timeout_s!r:.40}")
         self.timeout_s = None if timeout_s is None else float(timeout_s)
+        threads = {"max_concurrency", "concurrency_groups"} & set(actor_options)
+        if threads and actor_options.get("max_concurrency", 1) != 1 or \
+                "concurrency_groups" in threads:
+            raise ConfigError(
+                f"RayWorkers({', '.join(sorted(threads))}=...): an actor's batch maker (its "
+                "readers, caches and a stream's position) runs one task at a time; leave it "
+                "out: in_flight= asks each actor for more tasks ahead, n= for more actors")
         self.actor_options = {"num_cpus": 1, **actor_options}
 
     def __repr__(self) -> str:
@@ -104,6 +117,8 @@ class RayWorkers:
         task = f", task_bytes={self.task_bytes}" if self.task_bytes != 160 << 20 else ""
         least = f", min_actors={self.min_actors}" if self.min_actors != self.n else ""
         least += f", timeout_s={self.timeout_s:g}" if self.timeout_s is not None else ""
+        least += f", start_timeout_s={self.start_timeout_s:g}" if self.start_timeout_s != 120 \
+            else ""
         return f"RayWorkers({self.n}, in_flight={self.in_flight}{task}{least}{options})"
 
     def engine(self, maker: Maker) -> "RayEngine":
@@ -130,7 +145,16 @@ class RayEngine:
         # The maker once in the object store, its arrays as out-of-band buffers: every actor
         # on a node reads the same memory
         buffers: list = []
-        blob = cloudpickle.dumps(maker, protocol=5, buffer_callback=buffers.append)
+
+        def out_of_band(buffer: Any) -> bool:  # (an array under SHARE_MIN_BYTES: in the blob,
+            if buffer.raw().nbytes < SHARE_MIN_BYTES:  # writable where it lands, as locally)
+                return True
+            buffers.append(buffer)
+            return False
+        try:
+            blob = cloudpickle.dumps(maker, protocol=5, buffer_callback=out_of_band)
+        except Exception as e:
+            raise unpicklable(e, maker, None, to="Ray actors") from e
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
         self._maker_ref: Any = ray.put((blob, arrays))
         self._remote = ray.remote(**_with_worker_environment(spec.actor_options))(MakerActor)
@@ -154,8 +178,9 @@ class RayEngine:
                     f"{spec!r}: the actors did not start within {spec.start_timeout_s:.0f} s; "
                     f"the cluster has {ray.available_resources()} free: ask for fewer actors "
                     "or smaller ones (num_cpus=, resources=), or add nodes") from None
+            said = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # (Ray's, in colour)
             raise WorkerError(f"{spec!r}: an actor failed to start: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
+                              f"{said}") from e
         log.info("started %d Ray actor(s): pids %s%s", len(self._alive), self.pids,
                  f"; {len(self._pending)} more as the cluster places them"
                  if self._pending else "")
@@ -167,6 +192,14 @@ class RayEngine:
     @property
     def pids(self) -> list[int]:
         return [pid for i in self._alive if (pid := self._pids[i]) is not None]
+
+    @property
+    def maker_pids(self) -> list[int]:
+        """Each actor's pid by its index, as ``gauges.makers`` lists their timings (0: none
+        yet): a lost or late actor moves no other's timings to its pid."""
+        return [pid or 0 for pid in self._pids]
+
+    remote = True  # (its pids are other machines': no /proc of theirs here)
 
     def _admit(self, wait_s: float = 0.0, at_least: int = 0) -> None:
         """Actors that run now (placed by the cluster since, or restarted by Ray) take steps;
@@ -250,13 +283,15 @@ class RayEngine:
                     self.raise_task_error(actor, first, count, e)
                 flight.popleft()
                 self._killed.pop(first, None)  # (made: actors lost before on it are no sign)
-                made, timings, pid = made
+                made, timings, pid, failed = made
                 self.made_by(actor, pid, timings)
                 if self._steps is None and made:  # the first batch back sizes the tasks
                     self.size_tasks(tree_lib.flatten(made[0])[0])
                 while made:
                     yield made.pop(0)
                 del made
+                if failed is not None:  # (after the batches before it, as a local worker's)
+                    self.raise_failed(actor, failed)
         finally:
             for _, _, _, ref in flight:  # a run left early (a restore, a break): not made
                 self.cancel(ref)
@@ -291,6 +326,13 @@ class RayEngine:
             log.info("Ray actor %d was restarted by Ray: pid %s -> %s", actor,
                      self._pids[actor], pid)
             self._pids[actor] = pid
+
+    def raise_failed(self, actor: int, failed: Any) -> NoReturn:
+        """Raises a step's failure in an actor: its exception, named, with the actor's
+        traceback (``workers.failures.raised``)."""
+        error, cause = raised(actor, self._pids[actor] or 0, failed, self._location,
+                              who="Ray actor")
+        raise error from cause
 
     def raise_task_error(self, actor: int, first: int, count: int, e: Any,
                          stride: int = 1) -> None:

@@ -3,11 +3,14 @@
 ::
 
     MakerActor(payload, sys.path)   the maker unpickled once (its arrays the object store's)
-      .make(first, count)           steps first .. first + count - 1: (batches, timings, pid)
+      .make(first, count)           steps first .. first + count - 1: (batches, timings, pid,
+                                    failed)
       .make_stream(first, count, stride, reset)
                                     a stream's steps of the readers it hosts, each batch with
-                                    its reader's state after it: (made, timings, pid)
+                                    its reader's state after it: (made, timings, pid, failed)
 
+``failed``: ``None``, or a step that raised (``workers.protocol.Failed``: its exception and
+traceback), the batches before it made: they are handed out first, as a local worker's are.
 (The pid with each task: an actor Ray restarted while it had no task is seen by its next.)
 """
 
@@ -21,6 +24,7 @@ from typing import Any
 import cloudpickle
 
 from jaxloader.engines.in_process import Maker
+from jaxloader.workers.protocol import Failed, failed
 
 
 class MakerActor:
@@ -36,20 +40,31 @@ class MakerActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def make(self, first: int, count: int, trace: bool = False) -> tuple[list, tuple, int]:
+    def make(self, first: int, count: int,
+             trace: bool = False) -> tuple[list, tuple, int, Failed | None]:
         """The batches of steps ``first .. first + count - 1`` (one object, one message),
         the task's stage timings (``jaxloader.base.timings``, as a local worker sends them)
         and this process's pid."""
         began, cpu = self._clock(trace)
-        made = [self._maker.make(step)[0] for step in range(first, first + count)]
-        return made, self._timings(began, cpu), os.getpid()
+        made: list = []
+        try:
+            for step in range(first, first + count):
+                made.append(self._maker.make(step)[0])
+        except Exception as e:  # the batches before it are handed out, then this is raised
+            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
+        return made, self._timings(began, cpu), os.getpid(), None
 
     def make_stream(self, first: int, count: int, stride: int, reset: list | None,
-                    trace: bool = False) -> tuple[list, tuple, int]:
+                    trace: bool = False) -> tuple[list, tuple, int, Failed | None]:
         """A stream's task (``make_stream`` below), its stage timings and this pid."""
         began, cpu = self._clock(trace)
-        made = make_stream(self._maker, first, count, stride, reset)
-        return made, self._timings(began, cpu), os.getpid()
+        made: list = []
+        try:
+            make_stream(self._maker, first, count, stride, reset, made)
+        except Exception as e:
+            step = first + len(made) * stride
+            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
+        return made, self._timings(began, cpu), os.getpid(), None
 
     def _clock(self, trace: bool) -> tuple[float, float]:
         if (self._maker.clock.trace is not None) != trace:  # (a profile's timeline asked for)
@@ -61,13 +76,15 @@ class MakerActor:
         return (busy, time.process_time() - cpu, *self._maker.clock.take(busy))
 
 
-def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None) -> list:
+def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None,
+                made: list | None = None) -> list:
     """An actor's task: steps ``first``, ``first + stride``, ... (``count`` of them) of the
-    readers it hosts, each batch with its reader's state after it; ``reset``: those readers'
-    states to continue from (a run's first task, or a new actor's)."""
+    readers it hosts, each batch with its reader's state after it, appended to ``made``;
+    ``reset``: those readers' states to continue from (a run's first task, or a new
+    actor's)."""
     if reset is not None:
         maker.reset(reset)
-    made = []
+    made = [] if made is None else made
     for k in range(count):
         batch, _ = maker.make(first + k * stride)
         made.append((batch, maker.report()))

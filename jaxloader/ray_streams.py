@@ -44,6 +44,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
     next_for = [start + (w - start) % hosts for w in range(hosts)]  # its next step to send
     sent_reset = [False] * hosts
     ready: dict[int, tuple] = {}
+    failures: dict[int, tuple] = {}  # a step that raised in its actor: (actor, Failed)
     killed: dict[tuple[int, int], int] = {}
     lost = engine.lost_errors()
     next_yield = start
@@ -59,6 +60,8 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                     flight[w].append((next_for[w], count, engine._actors[w].make_stream.remote(
                         next_for[w], count, hosts, reset, engine.gauges.trace)))
                     next_for[w] += count * hosts
+            if next_yield in failures:  # (the batches before it handed out)
+                engine.raise_failed(*failures[next_yield])
             if next_yield in ready:
                 batch, report = ready.pop(next_yield)
                 if reports is not None:
@@ -81,8 +84,10 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             except ray.exceptions.RayTaskError as e:
                 engine.raise_task_error(w, first, count, e, stride=hosts)
             flight[w].popleft()
-            made, timings, pid = made
+            made, timings, pid, failed = made
             engine.made_by(w, pid, timings)
+            if failed is not None:
+                failures[failed.step] = (w, failed)
             if engine._steps is None and made:  # the first batch back sizes the tasks
                 engine.size_tasks(tree_lib.flatten(made[0][0])[0])
             for k, (batch, report) in enumerate(made):

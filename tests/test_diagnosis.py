@@ -384,6 +384,30 @@ def test_the_stats_give_each_workers_time_waiting_for_a_core():
         assert all(w.queued_s == 0.0 for w in loader.stats.workers)  # (none since the reset)
 
 
+def test_ray_actors_are_advised_as_actors_and_each_keeps_its_own_pid_in_the_stats():
+    from jaxloader.base.stats import WorkerStats
+
+    # "1 of 2 cores idle: num_workers=2": this machine's cores, and a count Ray loaders refuse
+    busy = tuple(WorkerStats(i, 1, 50, 800, 1 << 20, busy_s=2.9, cpu_s=2.9,
+                             stages={"Map(f)": 2.9}) for i in range(2))
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=1600, stages={"Map(f)": 5.8, "consumer wait": 2.5, "step": 0.5},
+                        workers=busy, num_workers=2)
+    advice = " ".join(diagnose(stats, num_workers=2, cores=8, remote=True).advice)
+    assert "RayWorkers(n=4)" in advice and "num_workers" not in advice, advice
+
+    class Engine:  # a Ray engine whose actor 0 is gone: the stats named actor 1's pid for it
+        remote, active, pids, maker_pids = True, 2, [202, 303], [101, 202, 303]
+        gauges = Gauges(3)
+
+    with jl.DataLoader(arrays(), batch_size=8, **ONE) as loader:
+        engine, loader._engine = loader._engine, Engine()
+        try:
+            assert [w.pid for w in loader.stats.workers] == [101, 202, 303]
+        finally:
+            loader._engine = engine
+
+
 def test_the_table_gives_a_makers_stage_a_batch_made_and_the_main_ones_a_batch_handed_out():
     # 4 batches handed out, 20 made ahead: a maker's stage was divided by 4 (5x its cost)
     stats = LoaderStats(batches=4, wait_s=0.001, run_s=2.0, wall_s=2.0, batches_made=20,

@@ -5,6 +5,7 @@ import builtins
 import functools
 import logging
 import os
+import re
 import signal
 import tempfile
 import time
@@ -180,10 +181,10 @@ def short_shard(i):  # 24 records: a pass of 4 such shards is 24 steps of 4
     return ({"x": np.full(4, i, np.float32), "y": np.int64(100 * i + j)} for j in range(24))
 
 
-def stream_loader(slowly=False, readers=4, shards=shard, **kw):
+def stream_loader(slowly=False, readers=4, shards=shard, extra=(), **kw):
     return jl.StreamLoader(jl.Stream.from_generator(shards, shards=4), batch_size=4, seed=3,
                            readers_per_process=readers,
-                           transforms=[jl.RandomMap(noisy)] + [jl.Map(slow)] * slowly,
+                           transforms=[jl.RandomMap(noisy)] + [jl.Map(slow)] * slowly + [*extra],
                            process_index=0, process_count=1, **kw)
 
 
@@ -340,6 +341,68 @@ def check_an_actor_ray_restarts_while_idle_is_seen_by_its_next_task(cluster, exp
 # Ray starts its nodes' processes through subprocess (fork, then exec at once), which JAX's
 # fork hook warns of once JAX has run in this test process
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+def fails_at_37(r):
+    if int(r["y"]) == 37:
+        raise ValueError("record 37 is bad")
+    return r
+
+
+def check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback(cluster):
+    # the task failed as a whole: 2 or 4 batches handed out (of the 9 before the step in
+    # process and with local workers), the task's first step named, no traceback
+    source = jl.ArraySource({"x": np.zeros((200, 2), np.float32), "y": np.arange(200)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(fails_at_37)],
+                       process_index=0, process_count=1, workers=RayWorkers(2)) as on_ray:
+        made = []
+        with pytest.raises(jl.WorkerError) as raised:
+            for batch in on_ray:
+                made.append(batch)
+    said = str(raised.value)
+    assert len(made) == 9 and "raised at step 9 " in said, (len(made), said)
+    assert "ValueError: record 37 is bad" in said and "--- traceback in the actor ---" in said
+    assert "in fails_at_37" in said and isinstance(raised.value.__cause__, jl.RecordError), said
+    counts = []
+    for kw in ({}, {"workers": RayWorkers(2)}):
+        with stream_loader(readers=2, extra=[jl.Map(stream_fails)], **kw) as streamed:
+            made = []
+            with pytest.raises(jl.JaxloaderError) as raised:
+                for batch in streamed:
+                    made.append(batch)
+            counts.append(len(made))
+    assert counts[0] == counts[1] > 0, counts  # (on Ray: the batches of the task before)
+    assert re.search(rf"Ray actor \d \(pid \d+\) raised at stream step {counts[0]} ",
+                     str(raised.value)), str(raised.value)
+
+
+def stream_fails(r):
+    if int(r["y"]) % 1000 == 9:  # (each shard's tenth record)
+        raise ValueError("bad record")
+    return r
+
+
+def check_what_cannot_go_to_the_actors_is_named(cluster):
+    import threading
+
+    lock = threading.Lock()
+
+    def uses_lock(r):
+        with lock:
+            return r
+
+    with pytest.raises(jl.WorkerError, match=r"cannot send the transforms Map\(.*uses_lock\).* "
+                                             r"to Ray actors: .*make it picklable.* without "
+                                             r"workers="):
+        loader(extra=[jl.Map(uses_lock)], workers=RayWorkers(1))
+    scratch = np.zeros(4, np.float32)  # (small: writable in the actor, as in a local worker)
+
+    def writes(r):
+        scratch[:] = r["x"]
+        return r
+
+    with loader(extra=[jl.Map(writes)], workers=RayWorkers(1)) as on_ray:
+        assert len(list(on_ray)) == len(in_process())
+
+
 def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
     expected = in_process()
@@ -355,6 +418,8 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     check_an_actor_placed_mid_run_takes_steps(cluster)
     check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
         cluster, expected, caplog)
+    check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback(cluster)
+    check_what_cannot_go_to_the_actors_is_named(cluster)
 
 
 def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
@@ -416,3 +481,11 @@ def test_bad_ray_workers_arguments_are_refused():
     assert repr(RayWorkers(2, timeout_s=30)) == "RayWorkers(2, in_flight=2, timeout_s=30)"
     with pytest.raises(jl.ConfigError, match=r"timeout_s=...\): expected seconds > 0"):
         RayWorkers(2, timeout_s=0)
+    for bad in ({"start_timeout_s": None}, {"start_timeout_s": -5}, {"timeout_s": "30"}):
+        with pytest.raises(jl.ConfigError, match=r"_s=...\): expected seconds > 0"):
+            RayWorkers(2, **bad)  # (a bare TypeError, or accepted)
+    assert repr(RayWorkers(2, start_timeout_s=30)) == "RayWorkers(2, in_flight=2, " \
+        "start_timeout_s=30)"
+    for threads in ({"max_concurrency": 4}, {"concurrency_groups": {"io": 2}}):
+        with pytest.raises(jl.ConfigError, match=r"runs one task at a time"):
+            RayWorkers(2, **threads)  # (a stream's batches came out wrong without a word)

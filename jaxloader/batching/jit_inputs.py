@@ -60,7 +60,8 @@ def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], s
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 takes it as "
             f"{kind.dtype} and would wrap them; drop it, or make it fit, in a Map before the "
             "JitMap, or set jax.config.update('jax_enable_x64', True) in worker_init_fn and "
-            "before the loader")
+            "before the loader (Ray actors: RayWorkers(n, runtime_env={'env_vars': "
+            "{'JAX_ENABLE_X64': '1'}}))")
 
 
 _INT32, _UINT32 = np.iinfo(np.int32), np.iinfo(np.uint32)

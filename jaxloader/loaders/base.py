@@ -192,7 +192,9 @@ class LoaderLifecycle:
         """Batches handed out, the time waited inside ``next()`` and run between calls, and
         where the time went: seconds by stage, rates, each worker's share (``LoaderStats``)."""
         engine = self._engine
-        return self._progress.stats(engine.gauges, engine.pids, engine.active)
+        pids = getattr(engine, "maker_pids", None) or engine.pids  # (a Ray engine's by index)
+        return self._progress.stats(engine.gauges, pids, engine.active,
+                                    local=not getattr(engine, "remote", False))
 
     def diagnose(self) -> "Diagnosis":
         """What limits the input now, from ``stats``: ``bottleneck`` (``"step"``,
@@ -210,11 +212,13 @@ class LoaderLifecycle:
         """
         from jaxloader.loaders.diagnosis import diagnose
 
-        return diagnose(self.stats, self._engine.active, counts=self._worker_counts())
+        return diagnose(self.stats, self._engine.active, counts=self._worker_counts(),
+                        remote=getattr(self._engine, "remote", False))
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""
-        self._progress.reset_stats(self._engine.pids)
+        self._progress.reset_stats(() if getattr(self._engine, "remote", False)
+                                   else self._engine.pids)
         self._engine.gauges.reset()
         if self._monitor is not None:  # (a tuning window across the reset: counts gone back)
             self._monitor.restart()

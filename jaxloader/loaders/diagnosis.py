@@ -97,11 +97,12 @@ class Diagnosis(NamedTuple):
 
 
 def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
-             counts: list[int] | None = None) -> Diagnosis:
+             counts: list[int] | None = None, remote: bool = False) -> Diagnosis:
     """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
     docstring); ``cores``: those this process may use (default: its affinity); ``counts``: the
     worker counts the loader takes (a ``StreamLoader``'s divide its readers; None: any), which
-    the advice keeps to."""
+    the advice keeps to; ``remote``: the workers are Ray actors (``RayWorkers(n)``), whose
+    cores are the cluster's, not this machine's."""
     if stats.batches < 2:
         raise JaxloaderError(
             f"diagnose(): {stats.batches} batch(es) handed out since the stats began; iterate "
@@ -127,7 +128,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     made_count = max(1, stats.batches_made)
     work_s = (sum(w.busy_s for w in stats.workers) if stats.workers else made_total) / made_count
     main_share = min(1.0, (stats.run_s + handover + place) / steady)
-    idle = max(0, round(cores - sum(stats.busy) - main_share))
+    # (Ray actors: the cluster's cores, not known here; more actors where they are busy)
+    idle = 0 if remote else max(0, round(cores - sum(stats.busy) - main_share))
+    named = "RayWorkers(n={})" if remote else "num_workers={}"
     advice: list[str] = []
 
     def fit(workers: int) -> int:
@@ -162,10 +165,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         advice.insert(0, f"input keeps up: the training loop waited {wait_fraction:.0%} of "
                          "its time for batches")
         if num_workers > 1 and busy < 0.5:
-            fewer = max(1, round(num_workers * busy / 0.8))
+            fewer = fit(max(1, round(num_workers * busy / 0.8)))
             if fewer < num_workers:
                 advice.append(f"the workers are busy {busy:.0%} of the time: "
-                              f"num_workers={fewer} would keep up and free "
+                              f"{named.format(fewer)} would keep up and free "
                               f"{num_workers - fewer} core(s)")
     elif num_workers == 0:
         bottleneck = "device" if place > made_total else "main"
@@ -179,15 +182,20 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         bottleneck = "source" if read >= made_total - read else "workers"
         if off_cpu >= WAITS and stats.records:
             waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) / stats.records
-            more = fit(max(2 * num_workers, 2 * cores))
+            more = fit(2 * num_workers if remote else max(2 * num_workers, 2 * cores))
             what = "reads wait" if bottleneck == "source" else \
                 "the transforms wait (files, the network, sleeps, locks)"
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
-                             f"than cores overlap the waits: num_workers={more}, {gain(more)}")
+                             f"than cores overlap the waits: {named.format(more)}, "
+                             f"{gain(more)}")
         elif idle > 0:
             workers = fit(num_workers + idle)
             advice.insert(0, f"{idle} of {cores} cores idle: num_workers={workers}, "
                              f"{gain(workers)}")
+        elif remote:
+            advice.insert(0, f"the Ray actors are busy {busy:.0%} of the time: more of them "
+                             f"(the cluster's CPUs permitting), {named.format(2 * num_workers)}"
+                             f", {gain(2 * num_workers)}")
         else:
             what = "reading (the source's own code)" if bottleneck == "source" else \
                 "the transforms and collation"
@@ -208,8 +216,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                              f"waits: the training process's hand-over takes "
                              f"{1e3 * handover / per:.2f} ms a batch")
         else:
+            ahead = "RayWorkers(n, in_flight=)" if remote else "prefetch="
             advice.append(f"the workers are busy only {busy:.0%} of the time while the loop "
-                          "waits: they wait for tasks (a larger prefetch= helps where batches "
+                          f"waits: they wait for tasks (a larger {ahead} helps where batches "
                           "come in bursts) or for a core (other processes on these cores?)")
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers, stats.batches_made)

@@ -65,8 +65,11 @@ class Progress:
         if self.closed:
             raise JaxloaderError(f"{self.owner} is closed; create a new one to iterate again")
 
-    def stats(self, gauges: Gauges, pids: list[int], num_workers: int) -> LoaderStats:
-        """The stats of the consumer's side with the engine's ``gauges`` (see ``LoaderStats``)."""
+    def stats(self, gauges: Gauges, pids: list[int], num_workers: int,
+              local: bool = True) -> LoaderStats:
+        """The stats of the consumer's side with the engine's ``gauges`` (see ``LoaderStats``);
+        ``pids``: the makers', in their order; ``local``: processes of this machine (their
+        time waiting for a core read from /proc; not a Ray actor's)."""
         stages: dict[str, float] = {}
         workers, made, records, nbytes = [], 0, 0, 0
         for i, totals in enumerate(gauges.makers):
@@ -77,7 +80,8 @@ class Progress:
                                      nbytes + totals.bytes)
             if pids:
                 pid = pids[i] if i < len(pids) else 0
-                queued = max(0.0, queued_s(pid) - self.queued_from.get(pid, 0.0)) if pid else 0.0
+                queued = max(0.0, queued_s(pid) - self.queued_from.get(pid, 0.0)) \
+                    if pid and local else 0.0
                 workers.append(WorkerStats(i, pid, totals.batches, totals.records, totals.bytes,
                                            totals.busy_s, totals.cpu_s, mine, queued))
         if gauges.receipt_w or gauges.handouts:

@@ -29,10 +29,10 @@ from jaxloader.workers.protocol import Failed
 from jaxloader.workers.status import StatusBoard
 
 
-def raised(worker: int, pid: int, failed: Failed,
-           where: Callable[[int], str]) -> tuple[WorkerError, BaseException | None]:
+def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
+           who: str = "worker") -> tuple[WorkerError, BaseException | None]:
     """The error for worker ``worker``'s failure report, and its cause (``where(step)`` names
-    a step)."""
+    a step; ``who``: what the worker is, a Ray actor's ``"Ray actor"``)."""
     doing = "while starting (loading the payload or running worker_init_fn)"
     if failed.step is not None:
         doing = f"at {where(failed.step)}"
@@ -43,8 +43,8 @@ def raised(worker: int, pid: int, failed: Failed,
         except Exception:  # noqa: BLE001 - the text below still says what happened
             cause = None
     return WorkerError(
-        f"worker {worker} (pid {pid}) raised {doing}: {failed.summary}\n"
-        f"--- traceback in the worker ---\n{failed.traceback.rstrip()}\n"
+        f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}\n"
+        f"--- traceback in the {who.split()[-1]} ---\n{failed.traceback.rstrip()}\n"
         "--- the loader is broken; fix the cause and create a new DataLoader ---"
     ), cause
 
@@ -131,8 +131,10 @@ def stall_report(awaited: int, tasks: Iterable[Any], pids: list[int], board: Sta
                       "The workers:", *board.report(pids, where)])
 
 
-def unpicklable(e: Exception, maker: Any, init_fn: Any) -> WorkerError:
-    """The error for a payload that cannot be sent: which part of it, found by sending each."""
+def unpicklable(e: Exception, maker: Any, init_fn: Any,
+                to: str = "worker processes") -> WorkerError:
+    """The error for a payload that cannot be sent ``to`` the workers: which part of it, found
+    by sending each."""
     suspects = [("source", maker.source), ("worker_init_fn", init_fn)]
     suspects += [(f"transforms {t!r}", t) for t in maker.record_transforms + maker.batch_transforms]
     for name, obj in suspects:
@@ -141,11 +143,13 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any) -> WorkerError:
             payload.dumps(obj, shared.append)
         except Exception as inner:  # noqa: BLE001
             return WorkerError(
-                f"cannot send the {name} ({obj!r:.80}) to worker processes: "
+                f"cannot send the {name} ({obj!r:.80}) to {to}: "
                 f"{type(inner).__name__}: {inner}; make it picklable by cloudpickle (no open "
-                "files, locks or sockets; open them lazily in the worker), or use num_workers=0"
+                "files, locks or sockets; open them lazily in the worker), or "
+                + ("use num_workers=0" if to == "worker processes" else "run the loader "
+                   "without workers=")
             )
         finally:
             for segment in shared:  # only a probe: nothing will read these
                 segment.destroy()
-    return WorkerError(f"cannot send the loader to worker processes: {type(e).__name__}: {e}")
+    return WorkerError(f"cannot send the loader to {to}: {type(e).__name__}: {e}")

@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import pickle
+import traceback
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
@@ -118,6 +119,16 @@ class Failed(NamedTuple):
     summary: str  # "TypeError: ..."
     traceback: str  # formatted in the worker
     pickled: bytes | None  # the exception itself, if it pickles
+
+
+def failed(task_id: int, step: int | None, e: BaseException) -> Failed:
+    """``Failed`` for ``e``, raised making ``step`` (in its ``except`` block: the traceback is
+    the one being handled); the exception itself with it where it pickles."""
+    try:
+        pickled = pickle.dumps(e)
+    except Exception:  # noqa: BLE001 - an unpicklable exception still reaches the user as text
+        pickled = None
+    return Failed(task_id, step, f"{type(e).__name__}: {e}", traceback.format_exc(), pickled)
 
 
 # On the wire a message is a plain tuple (its kind's number, *fields): pickling a NamedTuple by

@@ -33,7 +33,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
@@ -45,7 +44,7 @@ from jaxloader.workers import payload, protocol
 from jaxloader.runtime import shm, worker_info
 from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
-from jaxloader.workers.protocol import Done, Failed, Grow, Slot, Stop, Task
+from jaxloader.workers.protocol import Done, Grow, Slot, Stop, Task
 from jaxloader.workers.status import WorkerStatus
 
 _MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
@@ -154,7 +153,7 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
         if init_fn is not None:
             init_fn(worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
-        protocol.send(conn, _failed(-1, None, e))
+        protocol.send(conn, protocol.failed(-1, None, e))
         return None
     status.idle()
     return maker, status
@@ -198,7 +197,7 @@ def serve(conn: Connection) -> None:
             except _Stopped:
                 return  # (a transform's own sys.exit() is a failure, reported below)
             except BaseException as e:  # noqa: BLE001 - everything goes back to the main process
-                failed = _failed(task_id, step, e)
+                failed = protocol.failed(task_id, step, e)
                 break
             objects = piped.objects(batch, layout)  # strings/objects travel by pipe
             del batch  # drop the views of the slot before the main process may reuse it
@@ -235,17 +234,9 @@ def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: li
         try:
             protocol.send(conn, Done(task_id, (one,), timings if one is made[0] else None))
         except (pickle.PicklingError, AttributeError, TypeError) as e:
-            protocol.send(conn, _failed(task_id, first + one[0] * stride, e))
+            protocol.send(conn, protocol.failed(task_id, first + one[0] * stride, e))
             return False
     return True
-
-
-def _failed(task_id: int, step: int | None, e: BaseException) -> Failed:
-    try:
-        pickled = pickle.dumps(e)
-    except Exception:  # noqa: BLE001 - an unpicklable exception still reaches the user as text
-        pickled = None
-    return Failed(task_id, step, f"{type(e).__name__}: {e}", traceback.format_exc(), pickled)
 
 
 def die_with_parent(parent: int) -> None:
