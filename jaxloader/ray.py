@@ -169,6 +169,10 @@ class RayEngine:
         self._turn = 0
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
+        # each actor's tasks not known done, in the order sent (a cancelled one may still run:
+        # Ray runs an actor's queued tasks, cancelled or not): what a task waits behind
+        self._queued: list[dict[Any, int]] = [{} for _ in range(spec.n)]
+        self._sent = 0
         try:
             self._admit(spec.start_timeout_s, spec.min_actors)
         except BaseException as e:
@@ -222,6 +226,8 @@ class RayEngine:
                     self._pids[actor] = ray.get(ref)
                 except self.lost_errors() as e:
                     if time.monotonic() < self._back_by.get(actor, 0.0):  # still restarting
+                        if need:  # (waiting for it: asked again shortly, not in a spin)
+                            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
                         self._pending[actor] = self._actors[actor].pid.remote()
                         continue
                     log.warning("Ray actor %d did not start (%s)", actor, type(e).__name__)
@@ -241,8 +247,33 @@ class RayEngine:
     def _submit(self, first: int, count: int) -> tuple[int, int, int, Any]:
         actor = self._alive[self._turn % len(self._alive)]
         self._turn += 1
-        return first, count, actor, self._actors[actor].make.remote(first, count,
-                                                                     self.gauges.trace)
+        return first, count, actor, self.sent(actor, self._actors[actor].make.remote(
+            first, count, self.gauges.trace))
+
+    def sent(self, actor: int, ref: Any) -> Any:
+        """``ref``, a task just sent to ``actor``, noted in its queue."""
+        self._sent += 1
+        self._queued[actor][ref] = self._sent
+        return ref
+
+    def wait_s(self, actor: int, ref: Any) -> float | None:
+        """How long to wait for task ``ref`` of ``actor``: ``timeout_s`` for it and for each
+        task the actor runs before it (still in flight, or cancelled and run anyway: a lost
+        actor's tasks sent behind the survivors' own, a run left early); ``None``: wait."""
+        if self._spec.timeout_s is None:
+            return None
+        queue = self._queued[actor]
+        mine = queue.get(ref, 0)
+        ahead = [r for r, n in queue.items() if n < mine]
+        if ahead:
+            done, _ = self._ray.wait(ahead, num_returns=len(ahead), timeout=0)
+            for r in done:
+                queue.pop(r, None)
+        return self._spec.timeout_s * (1 + sum(1 for n in queue.values() if n < mine))
+
+    def received(self, actor: int, ref: Any) -> None:
+        """Task ``ref`` of ``actor`` came back: no longer in its queue."""
+        self._queued[actor].pop(ref, None)
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
@@ -271,7 +302,7 @@ class RayEngine:
                     return
                 first, count, actor, ref = flight[0]
                 try:
-                    made = self._ray.get(ref, timeout=self._spec.timeout_s)
+                    made = self._ray.get(ref, timeout=self.wait_s(actor, ref))
                 except lost_actor as e:
                     self._lose(actor, e, flight)
                     continue
@@ -282,6 +313,7 @@ class RayEngine:
                 except self._ray.exceptions.RayTaskError as e:
                     self.raise_task_error(actor, first, count, e)
                 flight.popleft()
+                self.received(actor, ref)
                 self._killed.pop(first, None)  # (made: actors lost before on it are no sign)
                 made, timings, pid, failed = made
                 self.made_by(actor, pid, timings)
@@ -302,12 +334,14 @@ class RayEngine:
         log.warning("Ray actor %d (pid %s) did not make %s within timeout_s=%g s: killed, "
                     "its steps are made again elsewhere", actor, self._pids[actor], steps,
                     self._spec.timeout_s)
-        self.cancel_actor(actor)
+        # (with max_restarts, Ray may start it again: it takes steps once it runs)
+        self.cancel_actor(actor, restart=bool(self._spec.actor_options.get("max_restarts")))
 
-    def cancel_actor(self, actor: int) -> None:
-        """Kills an actor (gone already: nothing)."""
+    def cancel_actor(self, actor: int, restart: bool = False) -> None:
+        """Kills an actor (gone already: nothing); ``restart``: Ray may start it again."""
+        self._queued[actor].clear()
         try:
-            self._ray.kill(self._actors[actor])
+            self._ray.kill(self._actors[actor], no_restart=not restart)
         except Exception:  # noqa: BLE001 - gone meanwhile
             pass
 

@@ -57,8 +57,9 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                     count = min(most, left)
                     reset = None if sent_reset[w] else held[w]
                     sent_reset[w] = True
-                    flight[w].append((next_for[w], count, engine._actors[w].make_stream.remote(
-                        next_for[w], count, hosts, reset, engine.gauges.trace)))
+                    flight[w].append((next_for[w], count, engine.sent(
+                        w, engine._actors[w].make_stream.remote(next_for[w], count, hosts,
+                                                                reset, engine.gauges.trace))))
                     next_for[w] += count * hosts
             if next_yield in failures:  # (the batches before it handed out)
                 engine.raise_failed(*failures[next_yield])
@@ -73,7 +74,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             w = next_yield % hosts
             first, count, ref = flight[w][0]
             try:
-                made = ray.get(ref, timeout=spec.timeout_s)
+                made = ray.get(ref, timeout=engine.wait_s(w, ref))
             except lost as e:
                 _replace(engine, w, e, flight[w], held[w], hosts, killed)
                 continue
@@ -84,6 +85,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             except ray.exceptions.RayTaskError as e:
                 engine.raise_task_error(w, first, count, e, stride=hosts)
             flight[w].popleft()
+            engine.received(w, ref)
             made, timings, pid, failed = made
             engine.made_by(w, pid, timings)
             if failed is not None:
@@ -150,5 +152,5 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
     engine.restart_actor(w, f"{steps} were in flight and are not made")
     for i, (first, count, ref) in enumerate(list(flight)):
         engine.cancel(ref)
-        flight[i] = (first, count, engine._actors[w].make_stream.remote(
-            first, count, hosts, held if i == 0 else None, engine.gauges.trace))
+        flight[i] = (first, count, engine.sent(w, engine._actors[w].make_stream.remote(
+            first, count, hosts, held if i == 0 else None, engine.gauges.trace)))

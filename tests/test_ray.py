@@ -456,6 +456,32 @@ def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
     assert hung._killed == {3: 1}
 
 
+def test_a_task_waits_timeout_s_for_itself_and_each_task_its_actor_runs_before_it():
+    """A lost actor's tasks go behind a survivor's own; a run left early leaves tasks Ray
+    runs anyway: the clock of ``timeout_s`` counted them as the task's own time, and healthy
+    actors were killed as hung until none was left."""
+    from jaxloader.ray import RayEngine
+
+    class Ray:  # what wait_s asks of Ray: which tasks are done
+        done: set = set()
+
+        def wait(self, refs, num_returns, timeout):
+            return [r for r in refs if r in self.done], [r for r in refs if r not in self.done]
+
+    class Engine(RayEngine):  # the bookkeeping alone: no actor, no cluster
+        def __init__(self):
+            self._ray, self._spec = Ray(), RayWorkers(2, timeout_s=10)
+            self._queued, self._sent = [{}, {}], 0
+
+    engine = Engine()
+    old, own, lost = (engine.sent(0, name) for name in ("cancelled", "own", "lost's"))
+    assert engine.wait_s(0, old) == 10 and engine.wait_s(0, lost) == 30
+    engine._ray.done = {old}  # (the cancelled one ran and is done)
+    assert engine.wait_s(0, lost) == 20
+    engine.received(0, own)
+    assert engine.wait_s(0, lost) == 10 and engine.wait_s(1, "none") == 10
+
+
 def test_bad_ray_workers_arguments_are_refused():
     with pytest.raises(jl.ConfigError, match=r"RayWorkers\(n=...\): expected an int >= 1"):
         RayWorkers(0)
