@@ -111,3 +111,32 @@ def test_fixed_blocks_for_in_memory_data_and_a_full_shuffle_state_is_refused():
     assert mixed.state_dict()["local_shuffle"] == ["window 8, blocks 1024"] * 2
     with pytest.raises(jl.ConfigError, match=r"LocalShuffle\(window\)"):
         jl.LocalShuffle(window=0)
+
+
+class Blocks:
+    """A source of 35 records that says where its blocks start."""
+
+    def __init__(self, starts):
+        self.block_starts = starts
+
+    def __len__(self):
+        return 35
+
+    def __getitem__(self, i):
+        return {"id": np.int64(i)}
+
+
+@pytest.mark.parametrize("starts, said", [
+    ([0, 10, 20, 30], r"the record count \(35\) last, got 0 first and 30 last"),
+    ([0, 20, 10, 35], r"never decrease, got 20 then 10 at blocks 1 and 2"),
+    ([0.0, 35.0], r"a 1-D array of ints of 2 or more, got float64"),
+])
+def test_a_sources_block_starts_are_checked(starts, said):
+    # block_starts without the record count last: LocalShuffle read 35 records of which 30
+    # distinct, records 30..34 never
+    with pytest.raises(jl.ConfigError, match=r"Blocks\.block_starts: expected .*" + said):
+        jl.DataLoader(Blocks(starts), batch_size=5, shuffle=jl.LocalShuffle(),
+                      process_index=0, process_count=1)
+    with jl.DataLoader(Blocks([0, 10, 20, 35]), batch_size=5, shuffle=jl.LocalShuffle(),
+                       process_index=0, process_count=1) as loader:
+        assert sorted(int(i) for b in loader for i in b["id"]) == list(range(35))

@@ -36,6 +36,8 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from jaxloader.base.errors import ConfigError
+
 
 @runtime_checkable
 class Fingerprinted(Protocol):
@@ -120,9 +122,28 @@ def fingerprint_of(source: object) -> str | None:
 
 
 def block_starts_of(source: object) -> np.ndarray | None:
-    """The source's blocks (``Blocked``) as int64, or ``None``."""
+    """The source's blocks (``Blocked``) as int64, or ``None``; checked: where each block
+    starts, from 0, never decreasing, and its record count last (an order over blocks that
+    missed records or read some twice would follow them in silence)."""
     starts = source.block_starts if isinstance(source, Blocked) else None
-    return None if starts is None else np.asarray(starts, np.int64)
+    if starts is None:
+        return None
+    given = np.asarray(starts)
+    count = len(source)  # type: ignore[arg-type]
+    problem = None
+    if given.ndim != 1 or given.dtype.kind not in "iu" or len(given) < 2:
+        problem = f"a 1-D array of ints of 2 or more, got {given.dtype} of shape {given.shape}"
+    elif given[0] != 0 or given[-1] != count:
+        problem = (f"starts from 0 and the record count ({count}) last, got {int(given[0])} "
+                   f"first and {int(given[-1])} last")
+    elif np.any(given[1:] < given[:-1]):
+        at = int(np.argmax(given[1:] < given[:-1]))
+        problem = (f"starts that never decrease, got {int(given[at])} then "
+                   f"{int(given[at + 1])} at blocks {at} and {at + 1}")
+    if problem is not None:
+        raise ConfigError(f"{type(source).__name__}.block_starts: expected {problem}; where "
+                          "each block starts, then the record count")
+    return given.astype(np.int64, copy=False)
 
 
 def lengths_of(source: object, key: str) -> np.ndarray | None:
