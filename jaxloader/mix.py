@@ -50,9 +50,16 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
         >>> sorted(np.unique(next(iter(loader))["x"]).tolist())
         [10, 30, 60]
     """
+    if not isinstance(sources, (list, tuple, Mapping)):  # (a source's records were counted)
+        raise ConfigError(f"mix(sources): expected a list (or dict) of sources, got "
+                          f"{type(sources).__name__}; pass [source_a, source_b, ...] and one "
+                          "weight each")
     if not len(sources):
         raise ConfigError("mix(sources): expected a non-empty list of sources, got none; pass "
                           "the sources to mix and one weight each")
+    if from_step is not None and not isinstance(from_step, Mapping):
+        raise ConfigError(f"mix(from_step=...): expected a dict {{step: weights}}, got "
+                          f"{type(from_step).__name__}; e.g. from_step={{1000: [0.5, 0.5]}}")
     names = list(sources) if isinstance(sources, Mapping) else None
     sources = list(sources.values()) if isinstance(sources, Mapping) else sources
     schedule = {0: normalised(weights, len(sources), "weights", names)}
@@ -100,4 +107,7 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
             "component epochs to stop at: the loader's epoch is the sum of the components' "
             "lengths, each component reshuffled as it wraps; leave stopping_strategy out, or "
             "set the epoch's length with a number of steps")
-    return Mixture(parts, schedule)
+    try:
+        return Mixture(parts, schedule)
+    except ConfigError as e:  # (a part's error: named by its place in the mix, not a concat's)
+        raise ConfigError(str(e).replace("ConcatSource: sources[", "mix(sources)[", 1)) from None

@@ -375,3 +375,15 @@ def test_a_mixture_of_sources_inside_a_mixture_a_map_or_a_concatenation_is_refus
         jl.MapSource(inner, lambda r: r)
     with pytest.raises(jl.ConfigError, match=r"ConcatSource: sources\[1\] is a mixture"):
         jl.ConcatSource([a, inner])
+
+
+def test_mix_names_arguments_of_the_wrong_kind_and_an_empty_component_by_its_place():
+    a, b = (jl.ArraySource({"x": np.arange(n, dtype=np.float32)}) for n in (5, 3))
+    with pytest.raises(jl.ConfigError, match=r"mix\(sources\): expected a list \(or dict\) of "
+                                             r"sources, got ArraySource"):
+        jl.mix(a, [1.0])  # (its 5 records were counted as 5 sources)
+    with pytest.raises(jl.ConfigError, match=r"mix\(from_step=...\): expected a dict"):
+        jl.mix([a, b], [1, 1], from_step=[(10, [1, 0])])  # (an AttributeError)
+    empty = jl.ArraySource({"x": np.zeros(0, np.float32)})
+    with pytest.raises(jl.ConfigError, match=r"^mix\(sources\)\[1\]: .*empty source"):
+        jl.mix([a, empty], [1, 1])  # (named a ConcatSource's part)

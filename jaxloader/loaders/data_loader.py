@@ -175,8 +175,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
                                       device_prefetch, stall_warning_s, timeout_s, log_every_s,
                                       auto_workers, auto_prefetch)
         record_transforms, batch_transforms = split_transforms(transforms)
-        rest = self._sampler.num_records % batch_size
-        if self._putter is not None and last_batch == "partial" and rest:
+        rest = self._sampler.num_records % batch_size  # (a mixture's batches are all full)
+        if self._putter is not None and last_batch == "partial" and rest and \
+                not isinstance(source, Mixture):
             self._putter.check_last_batch(rest, self._sampler.num_records)
         self._source = source
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,

@@ -270,3 +270,17 @@ def test_explicit_and_auto_meshes_feed_the_same_jitted_step():
     print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_a_mixtures_full_batches_are_not_refused_as_a_partial_last_one():
+    # a mixture makes no short last batch, yet 11 records in batches of 4 with
+    # last_batch='partial' and 2 devices were refused for a last batch of 3 rows that never comes
+    out = run_with_devices("""
+    mesh = jax.make_mesh((2,), ("data",))
+    parts = [jl.ArraySource({"x": np.arange(n, dtype=np.float32)}) for n in (6, 5)]
+    with jl.DataLoader(jl.mix(parts, [0.5, 0.5]), batch_size=4, last_batch="partial",
+                       sharding=jl.data_sharding(mesh), process_index=0,
+                       process_count=1) as loader:
+        print([b["x"].shape[0] for b in loader])
+    """, n=2)
+    assert out.strip() == "[4, 4]"
