@@ -229,3 +229,27 @@ def test_a_function_with_a_set_of_strings_has_one_digest_in_every_process():
                                                "PYTHONHASHSEED": str(seed)}).stdout
                for seed in (1, 2, 3)}
     assert len(digests) == 1
+
+
+def _positive(record):
+    return record["v"] > 0
+
+
+def test_an_indices_file_is_found_again_when_a_parquet_file_is_rewritten_alike(tmp_path):
+    # the same rows in another order: the same size, row count, schema and footer statistics;
+    # the kept records were read back stale, every one of them a record the function rejects
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data, path = tmp_path / "d.parquet", tmp_path / "kept.npy"
+    pq.write_table(pa.table({"v": np.array([1, -1, 2, -2, 3, -3])}), data)
+    assert jl.FilteredSource(jl.ParquetSource(str(data)), _positive,
+                             indices=path).indices.tolist() == [0, 2, 4]
+    stat = os.stat(data)
+    pq.write_table(pa.table({"v": np.array([-1, 1, -2, 2, -3, 3])}), data)
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # (a coarse clock's)
+    with pytest.warns(UserWarning, match=r"from another source than"):
+        again = jl.FilteredSource(jl.ParquetSource(str(data)), _positive, indices=path)
+    assert again.indices.tolist() == [1, 3, 5]
