@@ -80,3 +80,40 @@ def test_unknown_keys_and_a_step_past_every_epoch_are_refused_by_name():
         loader.load_state_dict({**state, "step": 10**12})
     loader.load_state_dict({**state, "step": 5 * 2**24 - 1})  # the last epoch's last step
     assert loader.step == 5 * 2**24 - 1
+
+
+def test_the_same_files_at_another_path_restore_and_a_state_of_whole_paths_still_does(tmp_path):
+    # the fingerprint hashed the whole paths: a dataset copied to another disk, or staged at
+    # another path on each host, was refused ("source: expected 'parquet:50:a8..'")
+    import shutil
+
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+
+    (tmp_path / "a").mkdir()
+    pq.write_table(pa.table({"y": np.arange(50)}), tmp_path / "a" / "part.parquet",
+                   row_group_size=10)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+
+    def loader(folder, mixed=False):
+        source = jl.ParquetSource(str(tmp_path / folder / "part.parquet"))
+        if mixed:
+            source = jl.mix([source, jl.ArraySource({"y": np.arange(100, 120)})], [0.5, 0.5])
+        return jl.DataLoader(source, batch_size=4, shuffle=True, process_index=0,
+                             process_count=1)
+
+    for mixed in (False, True):
+        with loader("a", mixed) as there:
+            it = iter(there)
+            next(it), next(it)
+            state, expected = there.state_dict(), next(it)["y"].tolist()
+        with loader("b", mixed) as here:
+            here.load_state_dict(state)  # the same bytes elsewhere: the same data
+            assert next(iter(here))["y"].tolist() == expected
+            from jaxloader.sources.fingerprint import older_fingerprint
+
+            older = older_fingerprint(here._source)
+            assert len(older) == 1 and older[0] != state["source"]
+            here.load_state_dict({**state, "source": older[0]})  # as saved before
+            assert next(iter(here))["y"].tolist() == expected
+            with pytest.raises(StateDictError, match="source: expected"):
+                here.load_state_dict({**state, "source": older[0][:-4] + "0000"})

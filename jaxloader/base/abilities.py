@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -111,8 +112,18 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
+OLDER: contextvars.ContextVar[bool] = contextvars.ContextVar("older", default=False)
+"""Set (``sources.fingerprint.older_fingerprint``): ``fingerprint_of`` gives a source's
+fingerprint of older versions (its ``older_fingerprints``' first) where it has one, and the
+sources made of it combine those: what a state saved then holds."""
+
+
 def fingerprint_of(source: object) -> str | None:
     """The source's own fingerprint, or ``None``."""
+    if OLDER.get():
+        older = getattr(source, "older_fingerprints", None)
+        if isinstance(older, tuple) and older and isinstance(older[0], str):
+            return older[0]
     if not isinstance(source, Fingerprinted):
         return None
     own = source.fingerprint

@@ -20,7 +20,7 @@ from typing import Any, Callable, Generic, Literal, Never, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import order_check_of
-from jaxloader.sources.fingerprint import source_fingerprint, source_files
+from jaxloader.sources.fingerprint import older_fingerprint, source_fingerprint, source_files
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
@@ -256,7 +256,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
         self._check_placement()
         self._progress.step = check_state(state, self._sampler, self._source_fingerprint(),
-                                          [path for path, _ in self._files])
+                                          [path for path, _ in self._files],
+                                          older_fingerprint(self._source))
         self._invalidate()
 
     def _source_fingerprint(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from jaxloader.base import file_identity
 from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.open_files import OpenFiles
-from jaxloader.sources.paths import expand
+from jaxloader.sources.paths import expand, path_names
 
 _MAX_OPEN = 16  # readers a process keeps open (a full shuffle touches every file: more help)
 
@@ -73,9 +73,18 @@ class ArrayRecordSource:
 
     @property
     def fingerprint(self) -> str:
-        """Paths and record counts: enough to tell other files, with no read."""
+        """The files' names (``path_names``: the same files elsewhere keep it) and record
+        counts: enough to tell other files, with no read."""
+        return self._fingerprint(path_names(self.paths))
+
+    @property
+    def older_fingerprints(self) -> tuple[str, ...]:
+        """The fingerprint as states saved before 2026-11-28 hold it (the whole paths)."""
+        return (self._fingerprint(self.paths),)
+
+    def _fingerprint(self, names: list[str]) -> str:
         digest = hashlib.blake2b(digest_size=16)
-        digest.update("\0".join(self.paths).encode())
+        digest.update("\0".join(names).encode())
         digest.update(self._starts.tobytes())
         return f"array_record:{len(self)}:{digest.hexdigest()}"
 

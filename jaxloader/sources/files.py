@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
+from jaxloader.sources.paths import path_names
 
 
 class FileListSource:
@@ -71,9 +72,18 @@ class FileListSource:
 
     @property
     def fingerprint(self) -> str:
-        """The list of paths and labels (reading every file would not be cheap)."""
+        """The files' names (``path_names``: the same files elsewhere keep it) and labels
+        (reading every file would not be cheap)."""
+        return self._fingerprint(path_names(self.paths))
+
+    @property
+    def older_fingerprints(self) -> tuple[str, ...]:
+        """The fingerprint as states saved before 2026-11-28 hold it (the whole paths)."""
+        return (self._fingerprint(self.paths),)
+
+    def _fingerprint(self, names: list[str]) -> str:
         digest = hashlib.blake2b(digest_size=16)
-        digest.update("\0".join(self.paths).encode())
+        digest.update("\0".join(names).encode())
         if self.labels is not None:
             digest.update(self.labels.tobytes())
         return f"files:{len(self.paths)}:{digest.hexdigest()}"

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import file_identities_of, fingerprint_of
+from jaxloader.base.abilities import OLDER, file_identities_of, fingerprint_of
 from jaxloader.sources.parts import walk
 
 
@@ -62,6 +62,24 @@ def _content(leaf: Any) -> bytes:
     if isinstance(leaf, (bytes, bool, int, float, complex)):
         return leaf if isinstance(leaf, bytes) else repr(leaf).encode()
     return b""  # other objects: their type is in the spec; a repr may hold an address
+
+
+def older_fingerprint(source: Any) -> tuple[str, ...]:
+    """``source``'s own fingerprint as older versions wrote it into states, where it differs
+    from today's (a ``ParquetSource``'s before 2026-11-28 took the whole paths: a mix or a
+    filter of one too), so that such a state still restores; ``()`` where it does not.
+
+    Example:
+        >>> from jaxloader.sources import ArraySource
+        >>> older_fingerprint(ArraySource({"x": np.zeros(3)}))
+        ()
+    """
+    token = OLDER.set(True)
+    try:
+        then = fingerprint_of(source)
+    finally:
+        OLDER.reset(token)
+    return (then,) if then is not None and then != fingerprint_of(source) else ()
 
 
 def combined(kind: str, size: int, sources: Sequence[Any], *own: bytes | str) -> str:
@@ -115,3 +133,4 @@ def file_stamps(source: Any) -> list[str]:
         except (OSError, TypeError, ValueError):  # (a path of another file system)
             stamps.append(repr(identity))
     return [repr(stamps)] if stamps else []
+

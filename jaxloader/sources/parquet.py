@@ -40,7 +40,7 @@ from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pic
 from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources import parquet_footers
 from jaxloader.sources.parquet_files import ParquetFiles
-from jaxloader.sources.paths import expand
+from jaxloader.sources.paths import expand, path_names
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
 from jaxloader.runtime import shm
@@ -168,10 +168,20 @@ class ParquetSource:
 
     @property
     def fingerprint(self) -> str:
-        """Paths, row counts and schema: enough to tell other data, with no read (the files'
-        bytes are named by ``file_identities``)."""
+        """The files' names (``path_names``: the same files elsewhere keep it), row counts and
+        schema: enough to tell other data, with no read (the files' bytes are named by
+        ``file_identities``)."""
+        return self._fingerprint(path_names(self.paths))
+
+    @property
+    def older_fingerprints(self) -> tuple[str, ...]:
+        """The fingerprint as states saved before 2026-11-28 hold it (the whole paths): such
+        a state still restores."""
+        return (self._fingerprint(self.paths),)
+
+    def _fingerprint(self, names: list[str]) -> str:
         digest = hashlib.blake2b(digest_size=16)
-        digest.update("\0".join(self.paths).encode())
+        digest.update("\0".join(names).encode())
         digest.update(self._starts.tobytes())
         digest.update(self._schema_text.encode())
         digest.update("\0".join(self.columns).encode())

@@ -87,3 +87,22 @@ def _remote_glob(pattern: str, owner: str) -> list[str]:
         )
     names = sorted(p.name for p in epath.Path(folder).iterdir())
     return [f"{folder}/{n}" for n in names if fnmatch.fnmatchcase(n, name)]
+
+def path_names(paths: Sequence[str]) -> list[str]:
+    """``paths`` relative to the folder they all are in, for a fingerprint: the same dataset
+    copied to another disk, or staged at another path on each host, keeps its fingerprint.
+
+    Example:
+        >>> path_names(["/data/a/x.parquet", "/data/b/y.parquet"])
+        ['a/x.parquet', 'b/y.parquet']
+        >>> path_names(["/mnt/one.parquet"])
+        ['one.parquet']
+    """
+    parts = [os.fspath(p).replace(os.sep, "/").split("/") for p in paths]
+    common = 0
+    if parts:
+        folder = parts[0][:-1]
+        while common < len(folder) and all(len(p) > common + 1 and p[common] == folder[common]
+                                           for p in parts):
+            common += 1
+    return ["/".join(p[common:]) for p in parts]
