@@ -82,10 +82,12 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             of this process, refused once JAX is imported.
         process_index, process_count: this process's place among the hosts that share the
             global batch; default to ``jax.process_index()``/``jax.process_count()``, asked
-            only if this process has imported JAX (else it is the only one: JAX is not
-            imported for it, so ``start_method="fork"`` stays open; ``iter()`` checks again
-            once JAX is imported, and refuses a loader made before
-            ``jax.distributed.initialize()``).
+            only once JAX runs in this process or ``jax.distributed`` is initialised (else it
+            is the only one: JAX is not started for it, so ``start_method="fork"`` and
+            ``jax.distributed.initialize()`` stay open; ``iter()`` checks again, and refuses
+            a loader made before ``jax.distributed.initialize()``). With a ``sharding`` over
+            several processes, the place is the block of the global batch this process's
+            devices hold in the mesh (a ``process_index`` passed that differs is refused).
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
         sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
             ``jaxloader.data_sharding(mesh, "data")``; a ``PartitionSpec`` over the mesh of

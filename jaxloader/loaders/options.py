@@ -143,14 +143,17 @@ def jax_pending(process_index: int | None, process_count: int | None) -> tuple[b
 
 
 def _jax_started() -> bool:
-    """Whether JAX is imported and its runtime started: asking JAX the process's place starts
-    it, after which ``jax.distributed.initialize()`` fails (JAX imported only: not asked)."""
+    """Whether JAX is imported and its runtime started, or ``jax.distributed`` initialised:
+    then JAX knows the process's place. Asking it earlier starts the runtime, after which
+    ``jax.distributed.initialize()`` fails (JAX imported only: not asked)."""
     if "jax" not in sys.modules:
         return False
+    import jax
+
     try:
         from jax._src import xla_bridge  # (private: checked to exist, else JAX is asked)
 
-        return bool(xla_bridge.backends_are_initialized())
+        return bool(jax.distributed.is_initialized() or xla_bridge.backends_are_initialized())
     except (ImportError, AttributeError):
         return True
 

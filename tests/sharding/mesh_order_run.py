@@ -23,6 +23,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import jaxloader as jl  # noqa: E402
 
+# made after jax.distributed.initialize() and before JAX's runtime started: JAX's place
+plain = jl.DataLoader(jl.ArraySource({"y": np.arange(8)}), batch_size=2)
+print("place", plain.process_index, plain.process_count)
 source = jl.ArraySource({"y": np.arange(22, dtype=np.int32)})
 with jl.DataLoader(source, batch_size=8, shuffle=True, seed=3, last_batch="pad",
                    process_index=0, process_count=1) as one:

@@ -58,8 +58,12 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
     # each host read the rows of its process_index, which JAX put on its own devices: with
     # the mesh's devices in another order the global batch's rows came out permuted
     pythonpath = os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
-    out = run_hosts(os.path.join(HERE, "mesh_order_run.py"), 2, ["{port}"],
-                    env={"PYTHONPATH": pythonpath})[0]
+    outs = run_hosts(os.path.join(HERE, "mesh_order_run.py"), 2, ["{port}"],
+                     env={"PYTHONPATH": pythonpath})
+    # (a loader made after jax.distributed.initialize() took each host for the only one)
+    assert [[line for line in out.splitlines() if line.startswith("place ")] for out in outs] \
+        == [["place 0 2"], ["place 1 2"]], outs
+    out = outs[0]
     lines = out.splitlines()
     assert "in process order same" in lines and "reversed same" in lines, out
     refused = [line for line in lines if line.startswith("refused:")]
