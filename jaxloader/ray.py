@@ -48,11 +48,12 @@ from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
-from jaxloader.ray_actor import MakerActor
-from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, steps_text, stream_batches
-from jaxloader.workers.failures import raised, unpicklable
+from jaxloader.ray_actor import MakerActor, with_worker_environment
+from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
+from jaxloader.ray_tasks import (MAX_STEPS, TaskQueues, lost_errors, step_failed, steps_text,
+                                 task_failed, task_steps)
+from jaxloader.workers.failures import unpicklable
 from jaxloader.workers.payload import SHARE_MIN_BYTES
-from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 
 log = logging.getLogger("jaxloader")
 INSTALL = 'pip install "jaxloader[ray]"'
@@ -133,7 +134,7 @@ class RayEngine:
     one remote call and one object: Ray's cost a call (~1 ms of the training process's CPU,
     whatever its size) is then paid once for several batches."""
 
-    MAX_STEPS = 32
+    MAX_STEPS = MAX_STEPS
 
     def __init__(self, maker: Maker, spec: RayWorkers) -> None:
         import ray
@@ -157,7 +158,7 @@ class RayEngine:
             raise unpicklable(e, maker, None, to="Ray actors") from e
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
         self._maker_ref: Any = ray.put((blob, arrays))
-        self._remote = ray.remote(**_with_worker_environment(spec.actor_options))(MakerActor)
+        self._remote = ray.remote(**with_worker_environment(spec.actor_options))(MakerActor)
         self._actors: list[Any] = [self._remote.remote(self._maker_ref, list(sys.path))
                                    for _ in range(spec.n)]
         self._alive: list[int] = []
@@ -169,10 +170,7 @@ class RayEngine:
         self._turn = 0
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
-        # each actor's tasks not known done, in the order sent (a cancelled one may still run:
-        # Ray runs an actor's queued tasks, cancelled or not): what a task waits behind
-        self._queued: list[dict[Any, int]] = [{} for _ in range(spec.n)]
-        self._sent = 0
+        self.tasks = TaskQueues(spec.n)  # each actor's, in the order sent: timeout_s's count
         try:
             self._admit(spec.start_timeout_s, spec.min_actors)
         except BaseException as e:
@@ -224,7 +222,7 @@ class RayEngine:
                 del self._pending[actor]
                 try:
                     self._pids[actor] = ray.get(ref)
-                except self.lost_errors() as e:
+                except lost_errors(self._ray) as e:
                     if time.monotonic() < self._back_by.get(actor, 0.0):  # still restarting
                         if need:  # (waiting for it: asked again shortly, not in a spin)
                             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
@@ -247,33 +245,12 @@ class RayEngine:
     def _submit(self, first: int, count: int) -> tuple[int, int, int, Any]:
         actor = self._alive[self._turn % len(self._alive)]
         self._turn += 1
-        return first, count, actor, self.sent(actor, self._actors[actor].make.remote(
+        return first, count, actor, self.tasks.sent(actor, self._actors[actor].make.remote(
             first, count, self.gauges.trace))
 
-    def sent(self, actor: int, ref: Any) -> Any:
-        """``ref``, a task just sent to ``actor``, noted in its queue."""
-        self._sent += 1
-        self._queued[actor][ref] = self._sent
-        return ref
-
     def wait_s(self, actor: int, ref: Any) -> float | None:
-        """How long to wait for task ``ref`` of ``actor``: ``timeout_s`` for it and for each
-        task the actor runs before it (still in flight, or cancelled and run anyway: a lost
-        actor's tasks sent behind the survivors' own, a run left early); ``None``: wait."""
-        if self._spec.timeout_s is None:
-            return None
-        queue = self._queued[actor]
-        mine = queue.get(ref, 0)
-        ahead = [r for r, n in queue.items() if n < mine]
-        if ahead:
-            done, _ = self._ray.wait(ahead, num_returns=len(ahead), timeout=0)
-            for r in done:
-                queue.pop(r, None)
-        return self._spec.timeout_s * (1 + sum(1 for n in queue.values() if n < mine))
-
-    def received(self, actor: int, ref: Any) -> None:
-        """Task ``ref`` of ``actor`` came back: no longer in its queue."""
-        self._queued[actor].pop(ref, None)
+        """How long to wait for ``actor``'s task ``ref`` (``TaskQueues.wait_s``)."""
+        return self.tasks.wait_s(self._ray, self._spec.timeout_s, actor, ref)
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
@@ -285,7 +262,7 @@ class RayEngine:
         return self._batches(start, stop)
 
     def _batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
-        lost_actor = self.lost_errors()
+        lost_actor = lost_errors(self._ray)
         flight: deque[tuple[int, int, int, Any]] = deque()
         next_submit = start
         try:
@@ -313,12 +290,12 @@ class RayEngine:
                 except self._ray.exceptions.RayTaskError as e:
                     self.raise_task_error(actor, first, count, e)
                 flight.popleft()
-                self.received(actor, ref)
+                self.tasks.received(actor, ref)
                 self._killed.pop(first, None)  # (made: actors lost before on it are no sign)
                 made, timings, pid, failed = made
                 self.made_by(actor, pid, timings)
                 if self._steps is None and made:  # the first batch back sizes the tasks
-                    self.size_tasks(tree_lib.flatten(made[0])[0])
+                    self._steps = task_steps(tree_lib.flatten(made[0])[0], self._spec.task_bytes)
                 while made:
                     yield made.pop(0)
                 del made
@@ -339,17 +316,11 @@ class RayEngine:
 
     def cancel_actor(self, actor: int, restart: bool = False) -> None:
         """Kills an actor (gone already: nothing); ``restart``: Ray may start it again."""
-        self._queued[actor].clear()
+        self.tasks.clear(actor)
         try:
             self._ray.kill(self._actors[actor], no_restart=not restart)
         except Exception:  # noqa: BLE001 - gone meanwhile
             pass
-
-    def lost_errors(self) -> tuple:
-        """Ray's errors for an actor (or its object) gone: its steps are made again."""
-        errors = self._ray.exceptions
-        return tuple(getattr(errors, name) for name in (
-            "RayActorError", "ActorUnavailableError", "ObjectLostError") if hasattr(errors, name))
 
     def made_by(self, actor: int, pid: int, timings: tuple) -> None:
         """A task of ``actor``'s came back from process ``pid``, with its stage timings."""
@@ -362,26 +333,16 @@ class RayEngine:
             self._pids[actor] = pid
 
     def raise_failed(self, actor: int, failed: Any) -> NoReturn:
-        """Raises a step's failure in an actor: its exception, named, with the actor's
-        traceback (``workers.failures.raised``)."""
-        error, cause = raised(actor, self._pids[actor] or 0, failed, self._location,
-                              who="Ray actor")
+        """Raises a step's failure in ``actor`` (``ray_tasks.step_failed``)."""
+        error, cause = step_failed(actor, self._pids[actor], failed, self._location)
         raise error from cause
 
     def raise_task_error(self, actor: int, first: int, count: int, e: Any,
-                         stride: int = 1) -> None:
-        """Raises what a task raised as a ``WorkerError`` naming the actor and its steps."""
-        cause = e.cause if getattr(e, "cause", None) is not None else e
-        raise WorkerError(
-            f"Ray actor {actor} (pid {self._pids[actor]}) raised making "
-            f"{steps_text(first, count, stride)} ({self._location(first)}): "
-            f"{type(cause).__name__}: {cause}; the loader is broken; fix the cause "
-            "and create a new loader") from cause
-
-    def size_tasks(self, leaves: list) -> None:
-        """Steps a task from a first batch's ``leaves``: as many as fit ``task_bytes``."""
-        nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
-        self._steps = max(1, min(self.MAX_STEPS, self._spec.task_bytes // max(1, nbytes)))
+                         stride: int = 1) -> NoReturn:
+        """Raises what a task raised outside its steps (``ray_tasks.task_failed``)."""
+        error, cause = task_failed(actor, self._pids[actor], first, count, e, self._location,
+                                   stride)
+        raise error from cause
 
     def cancel(self, ref: Any) -> None:
         """Cancels a task not needed any more."""
@@ -389,22 +350,6 @@ class RayEngine:
             self._ray.cancel(ref)
         except Exception:  # noqa: BLE001 - done already, or its actor is gone
             pass
-
-    def restart_actor(self, actor: int, lost: str) -> None:
-        """A new actor in ``actor``'s place (a stream's host: its readers' place); ``lost``
-        says what is lost if none starts within ``start_timeout_s``."""
-        ray = self._ray
-        self.cancel_actor(actor)
-        self._actors[actor] = self._remote.remote(self._maker_ref, list(sys.path))
-        try:
-            self._pids[actor] = ray.get(self._actors[actor].pid.remote(),
-                                        timeout=self._spec.start_timeout_s)
-        except Exception as e:
-            raise WorkerError(
-                f"Ray actor {actor} is gone and no new one started within "
-                f"{self._spec.start_timeout_s:.0f} s ({type(e).__name__}); {lost}; the cluster "
-                f"has {ray.available_resources()} free: add nodes, then create a new loader "
-                "(or restore its last state into one)") from e
 
     def _lose(self, actor: int, error: BaseException, flight: deque,
               hung: bool = False) -> None:
@@ -434,7 +379,7 @@ class RayEngine:
         if not self._alive and self._pending:  # the actors still starting: wait for one
             try:
                 self._admit(self._spec.start_timeout_s, 1)
-            except (self._ray.exceptions.GetTimeoutError, *self.lost_errors()):
+            except (self._ray.exceptions.GetTimeoutError, *lost_errors(self._ray)):
                 pass  # (none started: said below)
         if not self._alive:
             first, last = flight[0][0], flight[-1][0] + flight[-1][1] - 1
@@ -453,11 +398,3 @@ class RayEngine:
             self.cancel_actor(actor)
         self._actors, self._alive, self._maker_ref = [], [], None
 
-
-def _with_worker_environment(options: dict) -> dict:
-    """``options`` with local workers' environment in ``runtime_env``'s ``env_vars`` (JAX on the
-    CPU, one thread a math library and for a JitMap's XLA), where it does not set them."""
-    runtime_env = dict(options.get("runtime_env") or {})
-    runtime_env["env_vars"] = {**THREAD_DEFAULTS, **WORKER_ENVIRONMENT,
-                               **(runtime_env.get("env_vars") or {})}
-    return {**options, "runtime_env": runtime_env}

@@ -24,6 +24,7 @@ from typing import Any
 import cloudpickle
 
 from jaxloader.engines.in_process import Maker
+from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 from jaxloader.workers.protocol import Failed, failed
 
 
@@ -90,3 +91,10 @@ def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | N
         made.append((batch, maker.report()))
     return made
 
+def with_worker_environment(options: dict) -> dict:
+    """``options`` with local workers' environment in ``runtime_env``'s ``env_vars`` (JAX on the
+    CPU, one thread a math library and for a JitMap's XLA), where it does not set them."""
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**THREAD_DEFAULTS, **WORKER_ENVIRONMENT,
+                               **(runtime_env.get("env_vars") or {})}
+    return {**options, "runtime_env": runtime_env}

@@ -18,11 +18,13 @@ the states of its last batch received are the same batches: nothing is lost or r
 from __future__ import annotations
 
 import logging
+import sys
 from collections import deque
 from typing import Any, Generator
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError, WorkerError
+from jaxloader.ray_tasks import lost_errors, steps_text, task_steps
 
 log = logging.getLogger("jaxloader")
 KILLS_PER_TASK = 3  # actors lost in turn making the same steps: those steps are the cause
@@ -46,7 +48,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
     ready: dict[int, tuple] = {}
     failures: dict[int, tuple] = {}  # a step that raised in its actor: (actor, Failed)
     killed: dict[tuple[int, int], int] = {}
-    lost = engine.lost_errors()
+    lost = lost_errors(ray)
     next_yield = start
     try:
         while stop is None or next_yield < stop:
@@ -57,7 +59,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                     count = min(most, left)
                     reset = None if sent_reset[w] else held[w]
                     sent_reset[w] = True
-                    flight[w].append((next_for[w], count, engine.sent(
+                    flight[w].append((next_for[w], count, engine.tasks.sent(
                         w, engine._actors[w].make_stream.remote(next_for[w], count, hosts,
                                                                 reset, engine.gauges.trace))))
                     next_for[w] += count * hosts
@@ -85,13 +87,13 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             except ray.exceptions.RayTaskError as e:
                 engine.raise_task_error(w, first, count, e, stride=hosts)
             flight[w].popleft()
-            engine.received(w, ref)
+            engine.tasks.received(w, ref)
             made, timings, pid, failed = made
             engine.made_by(w, pid, timings)
             if failed is not None:
                 failures[failed.step] = (w, failed)
             if engine._steps is None and made:  # the first batch back sizes the tasks
-                engine.size_tasks(tree_lib.flatten(made[0][0])[0])
+                engine._steps = task_steps(tree_lib.flatten(made[0][0])[0], spec.task_bytes)
             for k, (batch, report) in enumerate(made):
                 step = first + k * hosts
                 ready[step] = (batch, report)
@@ -104,20 +106,6 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             for _, _, ref in refs:
                 engine.cancel(ref)
             refs.clear()
-
-
-def steps_text(first: int, count: int, stride: int = 1) -> str:
-    """A task's steps for messages: ``first``, ``first + stride``, ... (``count`` of them).
-
-    Example:
-        >>> steps_text(4, 3), steps_text(4, 3, 2), steps_text(4, 1, 2)
-        ('steps 4..6', 'steps 4, 6, ..., 8', 'step 4')
-    """
-    last = first + (count - 1) * stride
-    if stride == 1:
-        return f"steps {first}..{last}"
-    return (f"step {first}" if count == 1 else f"steps {first} and {last}" if count == 2 else
-            f"steps {first}, {first + stride}, ..., {last}")
 
 
 def lost_in_turn(steps: str, where: str, error: BaseException,
@@ -149,8 +137,24 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
                            engine._spec.timeout_s) from error
     log.warning("Ray actor %d (pid %s) is gone (%s); a new actor continues its readers from "
                 "its last batch received, %s", w, engine._pids[w], type(error).__name__, steps)
-    engine.restart_actor(w, f"{steps} were in flight and are not made")
+    restart_actor(engine, w, f"{steps} were in flight and are not made")
     for i, (first, count, ref) in enumerate(list(flight)):
         engine.cancel(ref)
-        flight[i] = (first, count, engine.sent(w, engine._actors[w].make_stream.remote(
+        flight[i] = (first, count, engine.tasks.sent(w, engine._actors[w].make_stream.remote(
             first, count, hosts, held if i == 0 else None, engine.gauges.trace)))
+
+def restart_actor(engine: Any, actor: int, lost: str) -> None:
+    """A new actor in ``actor``'s place (a stream's host: its readers' place); ``lost`` says
+    what is lost if none starts within ``start_timeout_s``."""
+    ray, spec = engine._ray, engine._spec
+    engine.cancel_actor(actor)
+    engine._actors[actor] = engine._remote.remote(engine._maker_ref, list(sys.path))
+    try:
+        engine._pids[actor] = ray.get(engine._actors[actor].pid.remote(),
+                                      timeout=spec.start_timeout_s)
+    except Exception as e:
+        raise WorkerError(
+            f"Ray actor {actor} is gone and no new one started within "
+            f"{spec.start_timeout_s:.0f} s ({type(e).__name__}); {lost}; the cluster has "
+            f"{ray.available_resources()} free: add nodes, then create a new loader (or "
+            "restore its last state into one)") from e

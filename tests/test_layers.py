@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "jaxloader")
 LAYERS = [  # bottom first: a module may import its own layer's and those below
     ("base",), ("order",), ("plans",), ("runtime",), ("sources", "streams"), ("batching",),
-    ("engines", "workers", "sharding"), ("loaders",), ("derived",), ("mix", "checkpoint", "profile", "profiling", "ray", "ray_actor", "ray_streams", ""),
+    ("engines", "workers", "sharding"), ("loaders",), ("derived",), ("mix", "checkpoint", "profile", "profiling", "ray", "ray_actor", "ray_streams", "ray_tasks", ""),
 ]
 ALLOWED: set[tuple[str, str]] = set()  # (importer, imported): empty, and stays so
 MAX_LINES = 400

@@ -338,9 +338,6 @@ def check_an_actor_ray_restarts_while_idle_is_seen_by_its_next_task(cluster, exp
     assert any("restarted by Ray: pid" in r.getMessage() for r in caplog.records)
 
 
-# Ray starts its nodes' processes through subprocess (fork, then exec at once), which JAX's
-# fork hook warns of once JAX has run in this test process
-@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def fails_at_37(r):
     if int(r["y"]) == 37:
         raise ValueError("record 37 is bad")
@@ -403,6 +400,9 @@ def check_what_cannot_go_to_the_actors_is_named(cluster):
         assert len(list(on_ray)) == len(in_process())
 
 
+# Ray starts its nodes' processes through subprocess (fork, then exec at once), which JAX's
+# fork hook warns of once JAX has run in this test process
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
     expected = in_process()
@@ -460,7 +460,7 @@ def test_a_task_waits_timeout_s_for_itself_and_each_task_its_actor_runs_before_i
     """A lost actor's tasks go behind a survivor's own; a run left early leaves tasks Ray
     runs anyway: the clock of ``timeout_s`` counted them as the task's own time, and healthy
     actors were killed as hung until none was left."""
-    from jaxloader.ray import RayEngine
+    from jaxloader.ray_tasks import TaskQueues
 
     class Ray:  # what wait_s asks of Ray: which tasks are done
         done: set = set()
@@ -468,18 +468,14 @@ def test_a_task_waits_timeout_s_for_itself_and_each_task_its_actor_runs_before_i
         def wait(self, refs, num_returns, timeout):
             return [r for r in refs if r in self.done], [r for r in refs if r not in self.done]
 
-    class Engine(RayEngine):  # the bookkeeping alone: no actor, no cluster
-        def __init__(self):
-            self._ray, self._spec = Ray(), RayWorkers(2, timeout_s=10)
-            self._queued, self._sent = [{}, {}], 0
-
-    engine = Engine()
-    old, own, lost = (engine.sent(0, name) for name in ("cancelled", "own", "lost's"))
-    assert engine.wait_s(0, old) == 10 and engine.wait_s(0, lost) == 30
-    engine._ray.done = {old}  # (the cancelled one ran and is done)
-    assert engine.wait_s(0, lost) == 20
-    engine.received(0, own)
-    assert engine.wait_s(0, lost) == 10 and engine.wait_s(1, "none") == 10
+    ray, queues = Ray(), TaskQueues(2)
+    old, own, lost = (queues.sent(0, name) for name in ("cancelled", "own", "lost's"))
+    assert queues.wait_s(ray, 10, 0, old) == 10 and queues.wait_s(ray, 10, 0, lost) == 30
+    ray.done = {old}  # (the cancelled one ran and is done)
+    assert queues.wait_s(ray, 10, 0, lost) == 20
+    queues.received(0, own)
+    assert queues.wait_s(ray, 10, 0, lost) == 10 and queues.wait_s(ray, 10, 1, "none") == 10
+    assert queues.wait_s(ray, None, 0, lost) is None
 
 
 def test_bad_ray_workers_arguments_are_refused():

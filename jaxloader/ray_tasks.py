@@ -1,0 +1,113 @@
+"""What the training process keeps of the tasks it sends to Ray actors (``jaxloader.ray``):
+each actor's queue, which sets how long a task may take, and the errors of a task that raised.
+
+::
+
+    sent(actor, ref)       a task sent: at the end of its actor's queue (Ray runs an actor's
+                           tasks in the order sent, those cancelled by a run left early too)
+    wait_s(actor, ref)     timeout_s for the task and for each task still queued before it
+    received(actor, ref)   its batches came back: out of the queue
+
+Example:
+    >>> queues = TaskQueues(1)
+    >>> first, second = queues.sent(0, "a"), queues.sent(0, "b")
+    >>> queues.ahead(0, "b")
+    ['a']
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from jaxloader.base.errors import WorkerError
+from jaxloader.workers.failures import raised
+
+
+class TaskQueues:
+    """Each actor's tasks not known done, in the order sent."""
+
+    def __init__(self, actors: int) -> None:
+        self._queued: list[dict[Any, int]] = [{} for _ in range(actors)]
+        self._sent = 0
+
+    def sent(self, actor: int, ref: Any) -> Any:
+        """``ref``, a task just sent to ``actor``, noted at the end of its queue."""
+        self._sent += 1
+        self._queued[actor][ref] = self._sent
+        return ref
+
+    def ahead(self, actor: int, ref: Any) -> list:
+        """The tasks ``actor`` was sent before ``ref`` and that are not known done."""
+        mine = self._queued[actor].get(ref, 0)
+        return [r for r, n in self._queued[actor].items() if n < mine]
+
+    def wait_s(self, ray: Any, timeout_s: float | None, actor: int, ref: Any) -> float | None:
+        """How long to wait for task ``ref`` of ``actor``: ``timeout_s`` for it and for each
+        task the actor runs before it (in flight, or cancelled and run anyway: a lost actor's
+        tasks sent behind a survivor's own, a run left early); ``None``: wait."""
+        if timeout_s is None:
+            return None
+        ahead = self.ahead(actor, ref)
+        if ahead:
+            done, _ = ray.wait(ahead, num_returns=len(ahead), timeout=0)
+            for r in done:
+                self._queued[actor].pop(r, None)
+        return timeout_s * (1 + len(self.ahead(actor, ref)))
+
+    def received(self, actor: int, ref: Any) -> None:
+        """Task ``ref`` of ``actor`` came back: out of its queue."""
+        self._queued[actor].pop(ref, None)
+
+    def clear(self, actor: int) -> None:
+        """``actor`` is gone: its tasks with it."""
+        self._queued[actor].clear()
+
+
+def step_failed(actor: int, pid: int | None, failed: Any,
+                where: Callable[[int], str]) -> tuple[WorkerError, BaseException | None]:
+    """The error of a step that raised in an actor (its ``workers.protocol.Failed``: the
+    exception, the actor's traceback), named as a local worker's is, and its cause."""
+    return raised(actor, pid or 0, failed, where, who="Ray actor")
+
+
+def task_failed(actor: int, pid: int | None, first: int, count: int, e: Any,
+                where: Callable[[int], str],
+                stride: int = 1) -> tuple[WorkerError, BaseException]:
+    """The error of a task Ray says raised (outside a step: its reply, say), naming the actor
+    and its steps, and its cause."""
+    cause = e.cause if getattr(e, "cause", None) is not None else e
+    return WorkerError(
+        f"Ray actor {actor} (pid {pid}) raised making {steps_text(first, count, stride)} "
+        f"({where(first)}): {type(cause).__name__}: {cause}; the loader is broken; fix the "
+        "cause and create a new loader"), cause
+
+
+def task_steps(leaves: list, task_bytes: int) -> int:
+    """Steps a task, from a first batch's ``leaves``: as many as fit ``task_bytes``, at most
+    ``MAX_STEPS``, at least one."""
+    nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
+    return max(1, min(MAX_STEPS, task_bytes // max(1, nbytes)))
+
+
+def lost_errors(ray: Any) -> tuple:
+    """Ray's errors for an actor (or its object) gone: its steps are made again."""
+    errors = ray.exceptions
+    return tuple(getattr(errors, name) for name in (
+        "RayActorError", "ActorUnavailableError", "ObjectLostError") if hasattr(errors, name))
+
+
+MAX_STEPS = 32  # steps a task at most
+
+
+def steps_text(first: int, count: int, stride: int = 1) -> str:
+    """A task's steps for messages: ``first``, ``first + stride``, ... (``count`` of them).
+
+    Example:
+        >>> steps_text(4, 3), steps_text(4, 3, 2), steps_text(4, 1, 2)
+        ('steps 4..6', 'steps 4, 6, ..., 8', 'step 4')
+    """
+    last = first + (count - 1) * stride
+    if stride == 1:
+        return f"steps {first}..{last}"
+    return (f"step {first}" if count == 1 else f"steps {first} and {last}" if count == 2 else
+            f"steps {first}, {first + stride}, ..., {last}")
