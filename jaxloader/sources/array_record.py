@@ -20,7 +20,6 @@ Example (``tests/sources/test_array_record.py`` runs it)::
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Sequence
 
@@ -30,7 +29,7 @@ from jaxloader.base import file_identity
 from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.open_files import OpenFiles
-from jaxloader.sources.paths import expand, path_names
+from jaxloader.sources.paths import expand, files_fingerprints
 
 _MAX_OPEN = 16  # readers a process keeps open (a full shuffle touches every file: more help)
 
@@ -75,18 +74,14 @@ class ArrayRecordSource:
     def fingerprint(self) -> str:
         """The files' names (``path_names``: the same files elsewhere keep it) and record
         counts: enough to tell other files, with no read."""
-        return self._fingerprint(path_names(self.paths))
+        return self._fingerprints()[0]
 
     @property
-    def older_fingerprints(self) -> tuple[str, ...]:
-        """The fingerprint as states saved before 2026-11-28 hold it (the whole paths)."""
-        return (self._fingerprint(self.paths),)
+    def older_fingerprints(self) -> tuple[str, ...]:  # (states saved before 2026-11-28)
+        return self._fingerprints()[1:]
 
-    def _fingerprint(self, names: list[str]) -> str:
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update("\0".join(names).encode())
-        digest.update(self._starts.tobytes())
-        return f"array_record:{len(self)}:{digest.hexdigest()}"
+    def _fingerprints(self) -> tuple[str, str]:
+        return files_fingerprints("array_record", len(self), self.paths, self._starts.tobytes())
 
     def __getitem__(self, index: int) -> bytes:
         if not 0 <= index < len(self):

@@ -18,14 +18,13 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
-from jaxloader.sources.paths import path_names
+from jaxloader.sources.paths import files_fingerprints
 
 
 class FileListSource:
@@ -74,19 +73,15 @@ class FileListSource:
     def fingerprint(self) -> str:
         """The files' names (``path_names``: the same files elsewhere keep it) and labels
         (reading every file would not be cheap)."""
-        return self._fingerprint(path_names(self.paths))
+        return self._fingerprints()[0]
 
     @property
-    def older_fingerprints(self) -> tuple[str, ...]:
-        """The fingerprint as states saved before 2026-11-28 hold it (the whole paths)."""
-        return (self._fingerprint(self.paths),)
+    def older_fingerprints(self) -> tuple[str, ...]:  # (states saved before 2026-11-28)
+        return self._fingerprints()[1:]
 
-    def _fingerprint(self, names: list[str]) -> str:
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update("\0".join(names).encode())
-        if self.labels is not None:
-            digest.update(self.labels.tobytes())
-        return f"files:{len(self.paths)}:{digest.hexdigest()}"
+    def _fingerprints(self) -> tuple[str, str]:
+        labels = () if self.labels is None else (self.labels.tobytes(),)
+        return files_fingerprints("files", len(self.paths), self.paths, *labels)
 
     def __repr__(self) -> str:
         return f"FileListSource({len(self.paths)} files, first {self.paths[0]!r})"

@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import hashlib
 import importlib
 import os
 import weakref
@@ -40,7 +39,7 @@ from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pic
 from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources import parquet_footers
 from jaxloader.sources.parquet_files import ParquetFiles
-from jaxloader.sources.paths import expand, path_names
+from jaxloader.sources.paths import expand, files_fingerprints
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
 from jaxloader.runtime import shm
@@ -168,24 +167,17 @@ class ParquetSource:
 
     @property
     def fingerprint(self) -> str:
-        """The files' names (``path_names``: the same files elsewhere keep it), row counts and
-        schema: enough to tell other data, with no read (the files' bytes are named by
-        ``file_identities``)."""
-        return self._fingerprint(path_names(self.paths))
+        """The files' names (``path_names``), row counts and schema: other data, told with no
+        read (the files' bytes are named by ``file_identities``)."""
+        return self._fingerprints()[0]
 
     @property
-    def older_fingerprints(self) -> tuple[str, ...]:
-        """The fingerprint as states saved before 2026-11-28 hold it (the whole paths): such
-        a state still restores."""
-        return (self._fingerprint(self.paths),)
+    def older_fingerprints(self) -> tuple[str, ...]:  # (states saved before 2026-11-28)
+        return self._fingerprints()[1:]
 
-    def _fingerprint(self, names: list[str]) -> str:
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update("\0".join(names).encode())
-        digest.update(self._starts.tobytes())
-        digest.update(self._schema_text.encode())
-        digest.update("\0".join(self.columns).encode())
-        return f"parquet:{len(self)}:{digest.hexdigest()}"
+    def _fingerprints(self) -> tuple[str, str]:
+        return files_fingerprints("parquet", len(self), self.paths, self._starts.tobytes(),
+                                  self._schema_text, "\0".join(self.columns))
 
     def check_order(self, shuffle: bool | LocalShuffle) -> None:
         """Warns (``PerformanceWarning``) when ``shuffle`` reads from more row groups at once

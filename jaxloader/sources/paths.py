@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from typing import Sequence
 
@@ -106,3 +107,23 @@ def path_names(paths: Sequence[str]) -> list[str]:
                                            for p in parts):
             common += 1
     return ["/".join(p[common:]) for p in parts]
+
+
+def files_fingerprints(kind: str, count: int, paths: Sequence[str],
+                       *parts: bytes | str) -> tuple[str, str]:
+    """A file source's fingerprint, ``"<kind>:<count>:<digest>"`` of its files' names
+    (``path_names``) and ``parts``, and the one states saved before 2026-11-28 hold (of the
+    whole paths): its ``fingerprint`` and its ``older_fingerprints``.
+
+    Example:
+        >>> now, then = files_fingerprints("files", 1, ["/a/x.jpg"])
+        >>> now == files_fingerprints("files", 1, ["/b/x.jpg"])[0], now == then
+        (True, False)
+    """
+    def of(names: Sequence[str]) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update("\0".join(names).encode())
+        for part in parts:
+            digest.update(part if isinstance(part, bytes) else part.encode())
+        return f"{kind}:{count}:{digest.hexdigest()}"
+    return of(path_names(paths)), of(paths)
