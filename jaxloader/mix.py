@@ -50,7 +50,8 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
         >>> sorted(np.unique(next(iter(loader))["x"]).tolist())
         [10, 30, 60]
     """
-    if not isinstance(sources, (list, tuple, Mapping)):  # (a source's records were counted)
+    if not isinstance(sources, (Sequence, Mapping)) or isinstance(sources, (str, bytes)):
+        # (a source passed alone: its records were counted as sources)
         raise ConfigError(f"mix(sources): expected a list (or dict) of sources, got "
                           f"{type(sources).__name__}; pass [source_a, source_b, ...] and one "
                           "weight each")

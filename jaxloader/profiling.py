@@ -225,7 +225,7 @@ def _factory(target: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as e:
-            if e.name is None or not where.startswith(e.name):
+            if e.name is None or not (where == e.name or where.startswith(e.name + ".")):
                 raise  # a module the target's own code imports: its own error
             raise ConfigError(f"profile: no module {where!r} to import (from {target!r}); run "
                               "from the folder that holds it, or pass path/to/file.py:"

@@ -381,7 +381,7 @@ def test_the_stats_give_each_workers_time_waiting_for_a_core():
         workers = loader.stats.workers
         loader.reset_stats()
         assert len(workers) == 2 and all(w.queued_s >= 0.0 for w in workers), workers
-        assert all(w.queued_s == 0.0 for w in loader.stats.workers)  # (none since the reset)
+        assert all(w.queued_s < 0.05 for w in loader.stats.workers)  # (~none since the reset)
 
 
 def test_ray_actors_are_advised_as_actors_and_each_keeps_its_own_pid_in_the_stats():

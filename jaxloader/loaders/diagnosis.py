@@ -180,22 +180,23 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             advice.insert(0, _placement_advice(place, per))
     elif busy >= BUSY:
         bottleneck = "source" if read >= made_total - read else "workers"
-        if off_cpu >= WAITS and stats.records:
+        more = fit(2 * num_workers if remote else max(2 * num_workers, 2 * cores))
+        if off_cpu >= WAITS and stats.records and more > num_workers:
             waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) / stats.records
-            more = fit(2 * num_workers if remote else max(2 * num_workers, 2 * cores))
             what = "reads wait" if bottleneck == "source" else \
                 "the transforms wait (files, the network, sleeps, locks)"
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
                              f"than cores overlap the waits: {named.format(more)}, "
                              f"{gain(more)}")
         elif idle > 0:
-            workers = fit(num_workers + idle)
-            advice.insert(0, f"{idle} of {cores} cores idle: num_workers={workers}, "
-                             f"{gain(workers)}")
+            workers = fit(num_workers + idle)  # (none where no count the loader takes is more)
+            if workers > num_workers:
+                advice.insert(0, f"{idle} of {cores} cores idle: num_workers={workers}, "
+                                 f"{gain(workers)}")
         elif remote:
             advice.insert(0, f"the Ray actors are busy {busy:.0%} of the time: more of them "
-                             f"(the cluster's CPUs permitting), {named.format(2 * num_workers)}"
-                             f", {gain(2 * num_workers)}")
+                             f"(the cluster's CPUs permitting), {named.format(more)}, "
+                             f"{gain(more)}")
         else:
             what = "reading (the source's own code)" if bottleneck == "source" else \
                 "the transforms and collation"

@@ -119,8 +119,8 @@ class AutoTune:
     def restart(self) -> None:
         """A window starts afresh: the stats were reset, or a run starts after time away (an
         evaluation): a window across either would judge counts that went back, or hours
-        apart. A change on trial stays, unjudged."""
-        self._last, self._trial, self._settling = None, None, True
+        apart. A change on trial is judged by the first window after."""
+        self._last, self._settling = None, True
 
     def decide(self, now: float, step: int, batches: int, wait_s: float) -> None:
         """One window's decision, from the loader's counts now, ``step`` being the next

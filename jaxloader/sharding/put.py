@@ -169,7 +169,7 @@ class Putter:
                     f"its batch_size={B}: the batch axis is not split across the processes; "
                     "shard it over a mesh axis that spans them (data_sharding(mesh, 'data'), "
                     "'data' first in the mesh), or give each process the whole batch: "
-                    f"process_count=1, batch_size={G}")
+                    f"process_index=0, process_count=1, batch_size={G}")
             found.add(spans[0][0] // B if len(spans) == 1 and spans[0][0] % B == 0 else None)
         if len(found) > 1:
             raise ConfigError(

@@ -257,6 +257,17 @@ def test_a_window_across_a_reset_of_the_stats_or_time_away_is_not_judged():
     assert pool.roster.target == 4, pool.roster.target
 
 
+def test_a_change_on_trial_when_a_run_starts_is_judged_after_it():
+    # the restart at each iter() dropped the trial: with an epoch a window or two long, each
+    # epoch could keep one more worker that did not pay, never compared with the count before
+    pool = FakePool()
+    tune = monitor.AutoTune(pool, cores=4)
+    assert windows(tune, pool, [(100, 0.0, 1.0), (100, 0.9, 1.0)]) == [1, 2]  # on trial
+    tune.restart()  # a new run (an epoch's iter())
+    assert windows(tune, pool, [(100, 0.9, 1.0), (100, 0.9, 1.0)])[-1] == 1  # did not pay
+    assert tune.ceiling == 1
+
+
 class Recorder:
     """A tuner that counts its restarts (and decides nothing)."""
 
