@@ -24,7 +24,7 @@ from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
-from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo
+from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo, check_rows
 from jaxloader.plans.mixture import (block_size, check_weights_before,
                                       plan_regimes, regime_counts)
 from jaxloader.sources.mixture import Mixture
@@ -38,7 +38,7 @@ class MixtureSampler:
 
     def __init__(self, mixture: Mixture, batch_size: int, *, shuffle: bool | LocalShuffle,
                  seed: int, last_batch: str, process_index: int = 0, process_count: int = 1,
-                 memo_stride: int = 1) -> None:
+                 memo_stride: int = 1, rows: np.ndarray | None = None) -> None:
         """``shuffle``: each component's records in a full shuffle (``True``), read-locally
         (a ``LocalShuffle``: blocks of the component, records within windows of them), or in
         order. ``memo_stride``: the steps of a span are memoised in ``memo_stride`` classes
@@ -85,15 +85,14 @@ class MixtureSampler:
         self._memo = StepMemo(memo_stride)  # chunk: the span
         # a class of steps holds ~_SPAN positions of them
         self._span_steps = max(1, _SPAN * memo_stride // self.global_batch_size)
-        self._rows = np.arange(process_index * batch_size, (process_index + 1) * batch_size)
+        self._rows = check_rows(rows, batch_size, process_index, process_count)  # (its own)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
         return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {}}
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
-        start = k * self.global_batch_size + self.process_index * self.batch_size
-        positions = np.arange(start, start + self.batch_size, dtype=np.int64)
+        positions = k * self.global_batch_size + self._rows
         # Step ``step``'s indices, from a memo computed for the span of steps it is in
         # (~32,768 positions a class; NumPy's cost is per call): each process computes only
         # its own rows, and each class of steps (``step % memo_stride``) when first asked

@@ -46,18 +46,20 @@ class LoaderLifecycle:
     _jax_pending: tuple[bool, bool]  # the place's numbers taken without JAX (options.jax_pending)
     _monitor: Monitor | None
 
-    def _putter_for(self, sharding: Any, given_index: int | None) -> "Putter | None":
-        """The placement of ``sharding`` (``None``: batches stay NumPy). With several processes,
-        this process's place is the block of the global batch its devices hold
-        (``Putter.block``); a ``process_index`` given that the sharding places elsewhere is
-        refused."""
+    def _putter_for(self, sharding: Any, given_index: int | None,
+                    by_block: bool = False) -> "Putter | None":
+        """The placement of ``sharding`` (``None``: batches stay NumPy). ``by_block`` (a
+        stream's): with several processes, this process's place is the block of the global
+        batch its devices hold (``Putter.block``); a ``process_index`` given that the sharding
+        places elsewhere is refused. (A ``DataLoader`` reads the rows they hold:
+        ``Putter.rows``.)"""
         if sharding is None:
             return None
         from jaxloader.sharding.put import Putter
 
         batch_size, index, count = self._placement
         putter = Putter(sharding, count, batch_size)
-        block = putter.block(index)
+        block = putter.block(index) if by_block else index
         if block != index:
             if given_index is not None:
                 raise ConfigError(
@@ -158,8 +160,8 @@ class LoaderLifecycle:
 
     @property
     def process_index(self) -> int:
-        """This process's place among the processes sharing the global batch: with a
-        ``sharding``, the block of it this process's devices hold."""
+        """This process's place among the processes sharing the global batch (a
+        ``StreamLoader`` with a ``sharding``: the block of it this process's devices hold)."""
         return self._placement.process_index
 
     @property

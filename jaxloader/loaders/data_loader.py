@@ -86,8 +86,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             is the only one: JAX is not started for it, so ``start_method="fork"`` and
             ``jax.distributed.initialize()`` stay open; ``iter()`` checks again, and refuses
             a loader made before ``jax.distributed.initialize()``). With a ``sharding`` over
-            several processes, the place is the block of the global batch this process's
-            devices hold in the mesh (a ``process_index`` passed that differs is refused).
+            several processes, each process reads the rows of the global batch its devices
+            hold in the mesh, whatever the mesh's order.
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
         sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
             ``jaxloader.data_sharding(mesh, "data")``; a ``PartitionSpec`` over the mesh of
@@ -164,10 +164,11 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         batch_size, process_index, process_count = self._placement
         count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
+        rows = None if self._putter is None else self._putter.rows()  # (its devices' rows)
         self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
                                      seed=seed, last_batch=last_batch,
                                      process_index=process_index, process_count=process_count,
-                                     num_workers=count)
+                                     num_workers=count, rows=rows)
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
             check_order = order_check_of(part)
@@ -278,7 +279,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
 
 def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
                  seed: int, last_batch: str, process_index: int, process_count: int,
-                 num_workers: int) -> Order:
+                 num_workers: int, rows: np.ndarray | None = None) -> Order:
     """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
     seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
     if not (shuffle is None or isinstance(shuffle, (bool, np.bool_, LocalShuffle))):
@@ -289,7 +290,8 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: boo
     if isinstance(source, Mixture):  # each component in its own order (LocalShuffle too)
         return MixtureSampler(source, batch_size, shuffle=shuffle, seed=seed,
                               last_batch=last_batch, process_index=process_index,
-                              process_count=process_count, memo_stride=max(1, num_workers))
+                              process_count=process_count, memo_stride=max(1, num_workers),
+                              rows=rows)
     order, described = None, None
     if isinstance(shuffle, LocalShuffle):
         starts = shuffle.block_starts(source, num_records)
@@ -298,4 +300,4 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: boo
     return Sampler(num_records, batch_size, shuffle=bool(shuffle), seed=seed,
                    last_batch=last_batch, process_index=process_index,
                    process_count=process_count, order=order, order_description=described,
-                   memo_stride=max(1, num_workers))
+                   memo_stride=max(1, num_workers), rows=rows)

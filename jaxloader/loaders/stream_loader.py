@@ -131,7 +131,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)
-        self._putter = self._putter_for(sharding, process_index)
+        self._putter = self._putter_for(sharding, process_index, by_block=True)
         batch_size, process_index, process_count = self._placement
         if num_workers == "auto" and readers_per_process is None:
             raise ConfigError(

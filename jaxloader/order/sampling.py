@@ -157,13 +157,15 @@ class Sampler:
         order: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = None,
         order_description: str | None = None,
         memo_stride: int = 1,
+        rows: np.ndarray | None = None,
     ) -> None:
         """``order(epoch=e)``, when given, makes epoch ``e``'s shuffled order (a bijection of
         positions) instead of the full ``IndexShuffle``; ``order_description`` goes into the
         state (a read-local order: ``jaxloader.order.local_shuffle``). ``memo_stride``: shuffled
         indices are memoised for a chunk of steps in classes ``step % memo_stride``, each
         computed when first asked for (with ``N`` workers, worker ``s % N`` usually makes
-        step ``s``, so each computes its own)."""
+        step ``s``, so each computes its own). ``rows``: this process's ``batch_size`` rows
+        of each global batch, ascending (``check_rows``; default: block ``process_index``)."""
         # (as Python ints: a NumPy integer overflows in the seed's arithmetic, and is not JSON)
         batch_size = check_int("batch_size", batch_size, low=1,
                                remedy="pass a positive batch size per process")
@@ -196,6 +198,7 @@ class Sampler:
         self.last_batch = last_batch
         self.process_index = process_index
         self.process_count = process_count
+        self._rows = check_rows(rows, batch_size, process_index, process_count)
         full, rest = divmod(num_records, self.global_batch_size)
         self.steps_per_epoch = full + (1 if rest and last_batch != "drop" else 0)
         if self.steps_per_epoch == 0:
@@ -215,20 +218,17 @@ class Sampler:
     def batch(self, step: int) -> BatchSpec:
         """The records of global step ``step`` (``step >= 0``) for this process."""
         epoch, k = divmod(step, self.steps_per_epoch)
-        start = k * self.global_batch_size + self.process_index * self.batch_size
-        stop = start + self.batch_size
+        positions = k * self.global_batch_size + self._rows
         n = self.num_records
         valid = None
-        if stop <= n:
-            positions = np.arange(start, stop, dtype=np.int64)
+        if positions[-1] < n:
             indices = self._full_step_indices(epoch, k)
             if self.last_batch == "pad":  # every batch of a padded loader carries its mask
                 valid = np.ones(self.batch_size, dtype=bool)
-        elif self.last_batch == "partial":
-            positions = np.arange(start, n, dtype=np.int64)
-            indices = self._indices_of(epoch, np.arange(start, n, dtype=np.int64))
+        elif self.last_batch == "partial":  # (one process: its rows are the whole batch)
+            positions = positions[positions < n]
+            indices = self._indices_of(epoch, positions)
         else:  # "pad": full size, pad rows repeat records from the start of the epoch
-            positions = np.arange(start, stop, dtype=np.int64)
             valid = positions < n
             indices = self._indices_of(epoch, positions % n)
         return BatchSpec(step, epoch, positions, indices, valid)
@@ -243,8 +243,8 @@ class Sampler:
         stride = self._memo.stride
         epoch, k = divmod(steps[0], self.steps_per_epoch)
         last_epoch, last = divmod(steps[-1], self.steps_per_epoch)
-        B, G = self.batch_size, self.global_batch_size
-        full = (self.num_records - self.process_index * B - B) // G + 1  # steps of whole rows
+        G = self.global_batch_size
+        full = (self.num_records - int(self._rows[-1]) - 1) // G + 1  # steps of whole rows
         if (last_epoch != epoch or last >= full or last - k != (len(steps) - 1) * stride
                 or steps[1] - steps[0] != stride):
             return None
@@ -262,21 +262,19 @@ class Sampler:
         """This process's indices of step ``k`` of ``epoch`` (all its rows < num_records),
         from a memo of its class of steps in a chunk of ~8,192 positions (NumPy's cost is per
         call): only this process's rows, only the steps of that class."""
-        B, G = self.batch_size, self.global_batch_size
+        G = self.global_batch_size
         if not self.shuffle:
-            start = k * G + self.process_index * B
-            return np.arange(start, start + B, dtype=np.int64)
+            return k * G + self._rows
         chunk = k // self._chunk_steps
-        full = (self.num_records - self.process_index * B - B) // G + 1  # steps of whole rows
+        full = (self.num_records - int(self._rows[-1]) - 1) // G + 1  # steps of whole rows
         return self._memo.get((epoch, chunk), k, chunk * self._chunk_steps,
                               min((chunk + 1) * self._chunk_steps, full), self._rows_of(epoch))
 
     def _rows_of(self, epoch: int) -> Callable[[np.ndarray], np.ndarray]:
         """For the memo: this process's indices of some steps of ``epoch``, a row a step."""
-        B, G = self.batch_size, self.global_batch_size
+        B, G, rows = self.batch_size, self.global_batch_size, self._rows
 
         def compute(steps: np.ndarray) -> np.ndarray:
-            rows = np.arange(self.process_index * B, (self.process_index + 1) * B)
             positions = (steps[:, None] * G + rows).reshape(-1)
             return self._indices_of(epoch, positions).reshape(len(steps), B)
 
@@ -317,3 +315,23 @@ class Sampler:
         state = dict(self.__dict__)
         state.update(_memo=StepMemo(self._memo.stride), _shuffled=None)
         return state
+
+
+def check_rows(rows: np.ndarray | None, batch_size: int, process_index: int,
+               process_count: int) -> np.ndarray:
+    """This process's rows of a global batch (int64, ascending): ``rows`` checked (``batch_size``
+    distinct rows of the ``batch_size * process_count``), or block ``process_index``.
+
+    Example:
+        >>> check_rows(None, 2, 1, 2).tolist(), check_rows([0, 1, 4, 5], 4, 0, 2).tolist()
+        ([2, 3], [0, 1, 4, 5])
+    """
+    if rows is None:
+        return np.arange(process_index * batch_size, (process_index + 1) * batch_size,
+                         dtype=np.int64)
+    got = np.asarray(rows, np.int64)
+    G = batch_size * process_count
+    if got.shape != (batch_size,) or np.any(np.diff(got) <= 0) or got[0] < 0 or got[-1] >= G:
+        raise ConfigError(f"rows: expected {batch_size} ascending rows of a global batch of "
+                          f"{G}, got {got.tolist()[:8]}")
+    return got

@@ -133,18 +133,18 @@ class Putter:
                 found.append((s, axes, math.prod(s.mesh.shape[a] for a in axes)))
         return found
 
-    def block(self, process_index: int) -> int:
-        """Which ``batch_size`` rows of the global batch this process reads, when several
-        processes place it: the block its devices hold (``process_index`` where the mesh lists
-        the processes' devices in their order; JAX puts a process's rows on its own devices,
-        so rows read for another block would land out of order). A process whose devices hold
-        rows apart (a batch axis that interleaves the processes) reads ``process_index``'s
-        block: the global batch then holds the same records in another row order. Refuses a
-        sharding that gives this process other than ``batch_size`` rows (the batch axis
-        replicated across processes, or within them)."""
+    def rows(self) -> np.ndarray | None:
+        """The rows of the global batch this process's devices hold (ascending, ``batch_size``
+        of them), when several processes place it: JAX puts a process's rows on its own
+        devices, in the mesh's order, so a process reads these (a mesh not in process order,
+        or a batch axis that interleaves the processes, holds other rows than block
+        ``process_index``). ``None`` with one process (or a count passed by hand) or no
+        ``NamedSharding``. Refuses a sharding that gives this process other than
+        ``batch_size`` rows (the batch axis replicated across processes), or leaves that
+        give it different rows."""
         B = self.batch_size
         if self.process_count == 1 or B is None or jax.process_count() != self.process_count:
-            return process_index  # (a process count passed by hand: one JAX process)
+            return None  # (a process count passed by hand: one JAX process)
         G, me, found = B * self.process_count, jax.process_index(), set()
         for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
             if not isinstance(s, NamedSharding):
@@ -152,32 +152,34 @@ class Putter:
             shape = (G, *(math.prod(s.mesh.shape[a] for a in ((e,) if isinstance(e, str)
                                                              else e or ()) if a in s.mesh.shape)
                           for e in s.spec[1:]))
-            spans: list[list[int]] = []
-            held = sorted({(i[0].start or 0, G if i[0].stop is None else i[0].stop)
-                           for d, i in s.devices_indices_map(shape).items()
-                           if d.process_index == me})  # type: ignore[attr-defined]
-            for start, stop in held:
-                if spans and start <= spans[-1][1]:
-                    spans[-1][1] = max(spans[-1][1], stop)
-                else:
-                    spans.append([start, stop])
-            rows = sum(b - a for a, b in spans)
-            if rows != B:
+            held = {(i[0].start or 0, G if i[0].stop is None else i[0].stop)
+                    for d, i in s.devices_indices_map(shape).items()
+                    if d.process_index == me}  # type: ignore[attr-defined]
+            rows = tuple(sorted({r for start, stop in held for r in range(start, stop)}))
+            if len(rows) != B:
                 raise ConfigError(
-                    f"sharding: {s} gives this process's devices {rows} rows of the global "
-                    f"batch of {G}, where each of the {self.process_count} processes reads "
-                    f"its batch_size={B}: the batch axis is not split across the processes; "
-                    "shard it over a mesh axis that spans them (data_sharding(mesh, 'data'), "
-                    "'data' first in the mesh), or give each process the whole batch: "
-                    f"process_index=0, process_count=1, batch_size={G}")
-            found.add(spans[0][0] // B if len(spans) == 1 and spans[0][0] % B == 0 else None)
+                    f"sharding: {s} gives this process's devices {len(rows)} rows of the "
+                    f"global batch of {G}, where each of the {self.process_count} processes "
+                    f"reads its batch_size={B}: the batch axis is not split across the "
+                    "processes; shard it over a mesh axis that spans them "
+                    "(data_sharding(mesh, 'data'), 'data' first in the mesh), or give each "
+                    f"process the whole batch: process_index=0, process_count=1, batch_size={G}")
+            found.add(rows)
         if len(found) > 1:
             raise ConfigError(
-                f"sharding: its leaves place this process's rows at different rows of the "
-                f"global batch ({sorted(found, key=str)} in blocks of {B}): one process reads "
-                "one block for every leaf; give the leaves shardings over the same mesh axes")
-        block = found.pop() if found else None
-        return process_index if block is None else block
+                "sharding: its leaves put this process's devices at different rows of the "
+                "global batch; one process reads the same rows for every leaf: give the "
+                "leaves shardings that split the batch axis over the same mesh axes")
+        return np.array(found.pop(), np.int64) if found else None
+
+    def block(self, process_index: int) -> int:
+        """The block of ``batch_size`` rows this process's devices hold (``rows``), where they
+        are one; else ``process_index``: a stream's rows are its readers', its own."""
+        rows = self.rows()
+        B = self.batch_size or 1
+        if rows is None or rows[-1] - rows[0] != B - 1 or rows[0] % B:
+            return process_index
+        return int(rows[0]) // B
 
     def check_last_batch(self, rows: int, num_records: int) -> None:
         """Refuses, before the first batch, an epoch's last (partial) batch of ``rows`` rows

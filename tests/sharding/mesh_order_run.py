@@ -3,9 +3,8 @@ another order than the processes: the global batches must still be one process's
 
 Usage: mesh_order_run.py PROCESS_ID PORT
 
-Prints, on host 0, one line a mesh: its name and "same" or the batches that differ; and the
-errors of a process_index that the sharding contradicts and of a batch replicated across the
-hosts.
+Prints, on host 0, one line a mesh and loader: its name and "same" or the batches that
+differ; and the error of a batch replicated across the hosts.
 """
 
 import sys
@@ -30,22 +29,24 @@ source = jl.ArraySource({"y": np.arange(22, dtype=np.int32)})
 with jl.DataLoader(source, batch_size=8, shuffle=True, seed=3, last_batch="pad",
                    process_index=0, process_count=1) as one:
     reference = [b["y"].tolist() for b in one]
-meshes = {"in process order": Mesh(np.array(jax.devices()), ("data",)),
-          "reversed": Mesh(np.array(jax.devices()[::-1]), ("data",))}
-for name, mesh in meshes.items():
-    with jl.DataLoader(source, batch_size=4, shuffle=True, seed=3, last_batch="pad",
-                       sharding=jl.data_sharding(mesh)) as loader:
-        got = [np.asarray(multihost_utils.process_allgather(b["y"], tiled=True)).tolist()
-               for b in loader]
-    if process_id == "0":
-        print(name, "same" if got == reference else f"differs: {got} against {reference}")
-reversed_mesh = meshes["reversed"]
-for kw in ({"process_index": int(process_id)},
-           {"sharding": NamedSharding(reversed_mesh, PartitionSpec())}):
-    try:
-        jl.DataLoader(source, batch_size=4, **{"sharding": jl.data_sharding(reversed_mesh),
-                                               **kw})
-    except jl.ConfigError as e:
+two_axes = jax.make_mesh((2, 2), ("data", "fsdp"))  # "data" spans the processes
+shardings = {
+    "in process order": jl.data_sharding(Mesh(np.array(jax.devices()), ("data",))),
+    "reversed": jl.data_sharding(Mesh(np.array(jax.devices()[::-1]), ("data",))),
+    # the batch over ("fsdp", "data"): each process's devices hold rows apart (0, 1, 4, 5)
+    "interleaved": jl.data_sharding(two_axes, ("fsdp", "data")),
+}
+for name, sharding in shardings.items():
+    for kw in ({}, {"process_index": int(process_id)}, {"num_workers": 2}):
+        with jl.DataLoader(source, batch_size=4, shuffle=True, seed=3, last_batch="pad",
+                           sharding=sharding, **kw) as loader:
+            got = [np.asarray(multihost_utils.process_allgather(b["y"], tiled=True)).tolist()
+                   for b in loader]
         if process_id == "0":
-            print("refused:", e)
+            print(name, "same" if got == reference else f"differs: {got} against {reference}")
+try:  # the batch replicated across the processes: each would need every process's rows
+    jl.DataLoader(source, batch_size=4, sharding=NamedSharding(two_axes, PartitionSpec()))
+except jl.ConfigError as e:
+    if process_id == "0":
+        print("refused:", e)
 print("done", process_id)
