@@ -244,3 +244,47 @@ def test_a_jit_map_over_an_array_on_a_mesh_names_it_and_the_remedy():
     """, n=2)
     assert re.search(r"a JitMap runs on one CPU device \(.*\), and its function uses w \(on 2 "
                      r"device\(s\): \['cpu'\]\): close over a NumPy array instead", said), said
+
+
+def _scale(r, factor=2.0):
+    return {"x": r["x"] * factor}
+
+
+def _key_out(r, key):
+    return {"x": r["x"], "key": key}
+
+
+def test_a_default_argument_is_no_key_and_a_key_returned_is_named():
+    # fn(r, factor=2.0) got a key as its factor ("multiply does not accept dtypes float32,
+    # key<fry>"); a key returned: "Cannot interpret 'key<fry>' as a data type"
+    source = jl.ArraySource({"x": np.arange(8, dtype=np.float32)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(_scale)],
+                       process_index=0, process_count=1) as scaled:
+        assert next(iter(scaled))["x"].tolist() == [0.0, 2.0, 4.0, 6.0]
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(_key_out)],
+                       process_index=0, process_count=1) as keyed:
+        with pytest.raises(jl.RecordError, match=r"JitMap\(_key_out\) returns a jax.random key "
+                                                 r"at \['key'\] .*jax.random.key_data\(key\)"):
+            next(iter(keyed))
+
+
+def _widen(r):
+    return {"x": r["x"] * 1.0, "big": r["big"] + 1}
+
+
+def test_the_workers_compile_with_the_training_processs_x64():
+    # jax_enable_x64 set in the training script alone: float64 batches in process, float32
+    # ones from the workers, without a word
+    source = jl.ArraySource({"x": np.arange(8, dtype=np.float64) / 3,
+                             "big": np.arange(8, dtype=np.int64) + 2**40})
+    jax.config.update("jax_enable_x64", True)
+    try:
+        made = []
+        for workers in (0, 2):
+            with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(_widen)],
+                               num_workers=workers, process_index=0, process_count=1) as loader:
+                made.append(list(loader))
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert made[0][0]["x"].dtype == np.float64 and made[0][0]["big"][0] == 2**40 + 1
+    assert same(made[0], made[1])

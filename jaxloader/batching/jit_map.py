@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import sys
 import threading
 import traceback
 from time import perf_counter
@@ -67,12 +68,13 @@ class JitMap:
     ``key`` is a ``jax.random`` key a record, derived from ``(seed, epoch, position)``, so the
     batch stays a pure function of its step (any worker count, a restore). Put NumPy ``Map``s
     (decoding, Python logic) before it; ``BatchMap``s may follow. ``random``: whether ``fn``
-    takes the key (by default: whether it takes two positional arguments). ``chunk_bytes``:
-    the batch runs a chunk of rows at a time, as many (a power of two) as have this much input
-    and output together (4 MiB: they stay in the caches; the same chunks in every process).
-    Dtypes are JAX's: without ``jax_enable_x64``, 64-bit inputs are taken as 32-bit (return
-    them from a ``Map`` before, or cast back in a ``BatchMap`` after, where 64 bits matter);
-    64-bit integers that 32 bits cannot hold are refused, naming the leaf, not wrapped.
+    takes the key (by default: whether it takes two positional arguments without defaults).
+    ``chunk_bytes``: the batch runs a chunk of rows at a time, as many (a power of two) as
+    have this much input and output together (4 MiB: they stay in the caches; the same chunks
+    in every process). Dtypes are JAX's: without ``jax_enable_x64`` (the training process's,
+    which workers compile with too), 64-bit inputs are taken as 32-bit (return them from a
+    ``Map`` before, or cast back in a ``BatchMap`` after, where 64 bits matter); 64-bit
+    integers that 32 bits cannot hold are refused, naming the leaf, not wrapped.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -109,13 +111,14 @@ class JitMap:
 
     def __getstate__(self) -> dict:
         return {"fn": self.fn, "random": self.random, "file": self._file,  # (not compiled)
-                "chunk_bytes": self.chunk_bytes}
+                "chunk_bytes": self.chunk_bytes, "x64": _x64()}
 
     def __setstate__(self, state: dict) -> None:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
         self.chunk_bytes = state["chunk_bytes"]
         self._compiled = self._vmapped = None
         self._local = threading.local()
+        self._x64 = state.get("x64")  # the sender's jax_enable_x64: a worker compiles alike
 
     def __call__(self, batch: Any, *, seed: int, epoch: int, positions: np.ndarray,
                  index: int = 0, where: Callable[[], str] = lambda: "a batch") -> Any:
@@ -198,6 +201,9 @@ class JitMap:
         import jax
 
         if self._compiled is None:
+            x64 = getattr(self, "_x64", None)
+            if x64 is not None and x64 != jax.config.read("jax_enable_x64"):
+                jax.config.update("jax_enable_x64", x64)  # (a worker: as the training process)
             fn, random, file = self.fn, self.random, self._file
 
             def traced(record: Any, *raw: Any) -> Any:
@@ -231,6 +237,12 @@ class JitMap:
                                                for c in columns])
             args = (one,) if not self.random else (one, np.zeros((1, 2), np.uint32))
             out = self._call(lambda *a: jax.eval_shape(self._vmapped, *a), args, where)
+            for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
+                if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+                    raise RecordError(
+                        f"{where()}: {self!r} returns a jax.random key at "
+                        f"{jax.tree_util.keystr(path) or '<root>'} ({x.dtype}), which a batch "
+                        "cannot hold; return jax.random.key_data(key) (its uint32 words)")
             per_row = sum(_row_bytes(x.shape, x.dtype) for x in jax.tree.leaves(out))
             per_row += sum(_row_bytes(c.shape, c.dtype) for c in columns)
             found = (1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1), out)
@@ -300,18 +312,25 @@ class JitMap:
 
 
 def takes_key(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` takes two positional arguments (a record and a key).
+    """Whether ``fn`` takes two positional arguments without defaults (a record and a key).
 
     Example:
-        >>> takes_key(lambda r, key: r), takes_key(lambda r: r)
-        (True, False)
+        >>> takes_key(lambda r, key: r), takes_key(lambda r: r), takes_key(lambda r, k=2: r)
+        (True, False, False)
     """
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: one argument
         return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]  # (fn(r, factor=2.0): no key; random=True says so)
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _x64() -> bool | None:
+    """This process's ``jax_enable_x64`` (``None``: JAX not imported, its default then)."""
+    jax = sys.modules.get("jax")
+    return None if jax is None else bool(jax.config.read("jax_enable_x64"))
 
 
 def _row_bytes(shape: tuple, dtype: Any) -> int:
