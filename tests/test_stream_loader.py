@@ -304,6 +304,12 @@ def test_a_filter_that_keeps_nothing_raises_rather_than_hangs(tmp_path, monkeypa
     with loader_of(generator_stream(tmp_path), [jl.Filter(lambda r: r["nope"])]) as loader:
         with pytest.raises(jl.RecordError, match=r"transforms\[0\] Filter.* raised KeyError"):
             next(iter(loader))
+    # a return left out: every record dropped, and a pass gave batches of padding only
+    with loader_of(generator_stream(tmp_path), [jl.Filter(lambda r: None)],
+                   num_epochs=1) as loader:
+        with pytest.raises(jl.RecordError, match=r"transforms\[0\] Filter.* returned None, "
+                                                 r"expected True .* a return left out\?"):
+            next(iter(loader))
 
 
 @settings(max_examples=60, deadline=None)

@@ -46,7 +46,10 @@ def test_a_data_loader_refuses_a_filter_and_names_filtered_source():
     source = jl.ArraySource({"x": np.arange(10)})
     with pytest.raises(jl.ConfigError, match=r"transforms\[1\]: Filter\(.*\) drops records, but "
                                              r"a DataLoader's batch is a fixed set of positions"
-                                             r".*jaxloader.FilteredSource\(source, fn\)"):
+                                             r".*jaxloader.FilteredSource\(source, fn\) \(it "
+                                             r"sees the records Map\(.*\) make: filter "
+                                             r"jaxloader.MapSource\(source, f\)"):
+        # (FilteredSource(source, fn) alone ran fn on the records before the Map)
         jl.DataLoader(source, batch_size=2, transforms=[jl.Map(lambda r: r),
                                                         jl.Filter(lambda r: True)])
 

@@ -73,8 +73,15 @@ class RecordTransforms:
                 elif kind == _RANDOM:
                     record = fn(record, self._rng.at(epoch=epoch, position=position,
                                                      transform_index=t_index + salt))
-                elif filters and not fn(record):
-                    return DROPPED
+                elif filters:
+                    kept = fn(record)
+                    if kept is None:  # (a return left out: every record dropped, silently)
+                        raise RecordError(
+                            f"{where(*where_args)}: transforms[{t_index}] "
+                            f"{self.transforms[t_index]!r} returned None, expected True (keep "
+                            "the record) or False (drop it); a return left out?")
+                    if not kept:
+                        return DROPPED
                 if record is None:
                     raise returned_none(where(*where_args), self.transforms[t_index], t_index)
         except JaxloaderError:

@@ -91,12 +91,15 @@ def split_transforms(transforms: Sequence[Any], *,
     for i, t in enumerate(transforms):
         t = from_grain(t) or t
         if isinstance(t, Filter) and not filters:
+            before = ", ".join(repr(m) for m in transforms[:i])  # (the Filter sees theirs)
+            mapped = (f" (it sees the records {before} make: filter "
+                      "jaxloader.MapSource(source, f), f doing what they do)" if before else "")
             raise ConfigError(
                 f"transforms[{i}]: {t!r} drops records, but a DataLoader's batch is a fixed "
                 "set of positions (a pure function of seed, epoch and step), so it cannot "
                 "read on to fill it; filter the source once up front: "
-                "jaxloader.FilteredSource(source, fn) (or read a stream with a StreamLoader, "
-                "which takes Filter)"
+                f"jaxloader.FilteredSource(source, fn){mapped} (or read a stream with a "
+                "StreamLoader, which takes Filter)"
             )
         if not isinstance(t, _KINDS):
             if not callable(t):
