@@ -140,3 +140,35 @@ def test_an_object_with_a_map_method_not_from_grain_is_still_refused():
             return element
     with pytest.raises(jl.ConfigError, match=r"expected Map, RandomMap, BatchMap, JitMap or a callable"):
         jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, transforms=[Mapper()])
+
+
+def _halve(b):
+    return {"x": b["x"][::2]}
+
+
+def _as_is(b):
+    return b
+
+
+def _write_in_place(b):
+    b["x"] += 1
+    return b
+
+
+def test_a_batch_transform_that_changes_the_batch_axis_is_the_one_named():
+    # the check after all batch transforms named none of them ("a batch transform or
+    # __getitems__ must keep the batch axis"); a scalar a later one takes up stays allowed
+    source = jl.ArraySource({"x": np.arange(16, dtype=np.float32)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.BatchMap(_halve),
+                                                         jl.BatchMap(_as_is)]) as loader:
+        with pytest.raises(jl.RecordError, match=r"BatchMap\(_halve\) returned a leaf of shape "
+                                                 r"\(2,\), expected 4 rows first"):
+            next(iter(loader))
+    taken_up = [jl.BatchMap(lambda b: {**b, "n": np.float32(len(b["x"]))}),
+                jl.BatchMap(lambda b: {"x": b["x"] / b["n"]})]
+    with jl.DataLoader(source, batch_size=4, transforms=taken_up) as loader:
+        assert next(iter(loader))["x"].tolist() == [0.0, 0.25, 0.5, 0.75]
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(lambda r: r),
+                                                         jl.BatchMap(_write_in_place)]) as loader:
+        with pytest.raises(jl.RecordError, match=r"read-only.*copy what you change"):
+            list(loader)  # (a hint where a JitMap's read-only output is written into)

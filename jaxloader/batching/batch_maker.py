@@ -38,7 +38,7 @@ from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
-from jaxloader.batching.record_transforms import RecordTransforms
+from jaxloader.batching.record_transforms import RecordTransforms, read_only_hint
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.transforms import BatchMap, returned_none
 
@@ -277,7 +277,18 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             try:
                 batch = t.fn(batch)
             except Exception as e:
-                raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}") from e
+                raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}"
+                                  f"{read_only_hint(e)}; the original error is the cause "
+                                  "below") from e
+            # the transform that changed the batch axis named (the batch's check, after all of
+            # them, names none); a 0-d leaf another transform may take up is left to it
+            rows = [np.shape(x) for x in tree_lib.flatten(batch)[0] if hasattr(x, "shape")]
+            bad = next((shape for shape in rows if (shape[0] != size if shape else i == last)),
+                       None)
+            if bad is not None:
+                raise RecordError(f"{where()}: {t!r} returned a leaf of shape {bad}, expected "
+                                  f"{size} rows first (the batch's): a batch transform keeps "
+                                  "the batch axis; to drop rows use a FilteredSource")
         if clock is not None:  # (a timed batch)
             spent = perf_counter() - start - outside
             clock.add_sampled(stage_name(t), spent)

@@ -98,5 +98,6 @@ def read_only_hint(e: Exception) -> str:
     """What to do about a transform that wrote into a read-only record (else nothing)."""
     if isinstance(e, ValueError) and "read-only" in str(e):
         return (" (source records are read-only views, shared with the workers and the "
-                "source itself: copy what you change, e.g. r['x'].copy() or np.array(r['x']))")
+                "source itself, as is a JitMap's output of one chunk: copy what you change, "
+                "e.g. r['x'].copy() or np.array(r['x']))")
     return ""
