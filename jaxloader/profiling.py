@@ -12,10 +12,9 @@ picture of what each worker did.
 left open where it was: its position restored after the run (iterate it anew: its live
 iterators are stale, as after ``load_state_dict``), its stats started again before the run and
 after it (the run's stats are the profile's alone, and the profile's batches are none of
-yours). Each
-count runs ``steps`` batches taken as fast as they come, its stages traced; the picture has
-each worker's stages on a timeline (the fastest count's last 40 batches) and the batches a second
-at each count.
+yours). Each count runs ``steps`` batches taken as fast as they come, its stages traced; the
+picture has each worker's stages on a timeline (the fastest count's last 40 batches) and the
+batches a second at each count.
 
 Example:
     >>> import numpy as np, jaxloader as jl

@@ -50,8 +50,8 @@ from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
-from jaxloader.ray_tasks import (MAX_STEPS, TaskQueues, lost_errors, step_failed, steps_text,
-                                 task_failed, task_steps)
+from jaxloader.ray_tasks import (TaskQueues, lost_errors, step_failed, steps_text, task_failed,
+                                 task_steps)
 from jaxloader.workers.failures import unpicklable
 from jaxloader.workers.payload import SHARE_MIN_BYTES
 
@@ -130,11 +130,10 @@ class RayWorkers:
 class RayEngine:
     """Makes batches on Ray actors in step order (see the module docstring); an ``Engine``.
 
-    A task is a few consecutive steps (as many as make ``task_bytes``, at most ``MAX_STEPS``),
+    A task is a few consecutive steps (as many as make ``task_bytes``, at most
+    ``ray_tasks.MAX_STEPS``),
     one remote call and one object: Ray's cost a call (~1 ms of the training process's CPU,
     whatever its size) is then paid once for several batches."""
-
-    MAX_STEPS = MAX_STEPS
 
     def __init__(self, maker: Maker, spec: RayWorkers) -> None:
         import ray
@@ -397,4 +396,3 @@ class RayEngine:
         for actor in range(len(self._actors)):
             self.cancel_actor(actor)
         self._actors, self._alive, self._maker_ref = [], [], None
-

@@ -91,6 +91,7 @@ def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | N
         made.append((batch, maker.report()))
     return made
 
+
 def with_worker_environment(options: dict) -> dict:
     """``options`` with local workers' environment in ``runtime_env``'s ``env_vars`` (JAX on the
     CPU, one thread a math library and for a JitMap's XLA), where it does not set them."""

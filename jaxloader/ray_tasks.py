@@ -48,11 +48,12 @@ class TaskQueues:
         if timeout_s is None:
             return None
         ahead = self.ahead(actor, ref)
+        done: list = []
         if ahead:
             done, _ = ray.wait(ahead, num_returns=len(ahead), timeout=0)
             for r in done:
                 self._queued[actor].pop(r, None)
-        return timeout_s * (1 + len(self.ahead(actor, ref)))
+        return timeout_s * (1 + len(ahead) - len(done))
 
     def received(self, actor: int, ref: Any) -> None:
         """Task ``ref`` of ``actor`` came back: out of its queue."""

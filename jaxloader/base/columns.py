@@ -83,3 +83,22 @@ def host_only(dtype: np.dtype) -> bool:
         (True, False)
     """
     return dtype.hasobject or dtype.kind in "USMm"
+
+
+def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[int, int, np.iinfo] | None:
+    """``(lowest, highest, the 32-bit range)`` of 64-bit integers that 32 bits cannot hold,
+    which JAX without x64 takes as 32-bit and would wrap; ``None`` where they fit (or are no
+    64-bit integers).
+
+    Example:
+        >>> beyond_32_bits(np.array([1, 2**40]))[:2], beyond_32_bits(np.array([1, 2]))
+        ((1, 1099511627776), None)
+    """
+    if values.dtype.kind not in "iu" or values.dtype.itemsize != 8 or not values.size:
+        return None
+    low, high = int(values.min()), int(values.max())
+    kind = _UINT32 if values.dtype.kind == "u" else _INT32
+    return None if kind.min <= low and high <= kind.max else (low, high, kind)
+
+
+_INT32, _UINT32 = np.iinfo(np.int32), np.iinfo(np.uint32)

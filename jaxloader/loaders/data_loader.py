@@ -260,7 +260,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._check_placement()
         self._progress.step = check_state(state, self._sampler, self._source_fingerprint(),
                                           [path for path, _ in self._files],
-                                          older_fingerprint(self._source))
+                                          lambda: older_fingerprint(self._source))
         self._invalidate()
 
     def _source_fingerprint(self) -> dict[str, Any]:

@@ -101,11 +101,12 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
 
 
 def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
-                paths: Sequence[str] = (), older: tuple[str, ...] = ()) -> int:
+                paths: Sequence[str] = (),
+                older: Callable[[], tuple[str, ...]] = tuple) -> int:
     """Validates ``state`` against ``sampler`` and the source's ``fingerprint`` (``paths``:
-    the files its ``"files"`` are the identities of, to name one that changed; ``older``: the
-    source's fingerprints of older versions, which a state may hold); returns the step to
-    continue from."""
+    the files its ``"files"`` are the identities of, to name one that changed; ``older()``:
+    the source's fingerprints of older versions, which a state may hold, asked only where its
+    fingerprint differs); returns the step to continue from."""
     expected = make_state(sampler, 0, fingerprint)
     if not isinstance(state, dict):
         raise StateDictError(
@@ -133,7 +134,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     if isinstance(then, list) and isinstance(now, list) and len(then) == len(now) and \
             sorted(map(str, then)) != sorted(map(str, now)):  # (not the same files reordered)
         _check_files(then, now, paths)  # a file changed: named, before the fingerprint it moves
-    if older and state.get("source") in older:  # (saved before: the same source)
+    if state.get("source") != expected.get("source") and state.get("source") in older():
+        # (saved before: the same source)
         state = {**state, "source": expected.get("source")}
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [f"{k}: expected {expected.get(k)!r}, received {state.get(k)!r}" for k in compared

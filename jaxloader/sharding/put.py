@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from jaxloader.base.columns import device_dtype_problem, host_only
+from jaxloader.base.columns import beyond_32_bits, device_dtype_problem, host_only
 from jaxloader.base.errors import ConfigError
 
 
@@ -257,16 +257,13 @@ def _check_32_bits(batch: Any, leaves: list) -> None:
     and would wrap them (an id past 2**31, a time in nanoseconds) without a word. (64-bit
     floats become float32 as JAX makes them: precision, not wrapped values.)"""
     for i, leaf in enumerate(leaves):
-        dtype = getattr(leaf, "dtype", None)
-        if dtype is None or dtype.kind not in "iu" or dtype.itemsize != 8 or not leaf.size:
+        beyond = beyond_32_bits(leaf) if isinstance(leaf, (np.ndarray, np.generic)) else None
+        if beyond is None:
             continue
-        low, high = int(leaf.min()), int(leaf.max())
-        kind = np.iinfo(np.uint32 if dtype.kind == "u" else np.int32)
-        if low >= kind.min and high <= kind.max:
-            continue
+        low, high, kind = beyond
         path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(batch)[0][i][0])
         raise ConfigError(
-            f"sharding: batch leaf {path or '<root>'} of dtype {dtype} holds values "
+            f"sharding: batch leaf {path or '<root>'} of dtype {leaf.dtype} holds values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
             f"{kind.dtype} and would wrap them; make it fit (a Map: an offset, or a split into "
             "two int32 leaves), or jax.config.update('jax_enable_x64', True) before the loader")

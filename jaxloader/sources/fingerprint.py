@@ -133,4 +133,3 @@ def file_stamps(source: Any) -> list[str]:
         except (OSError, TypeError, ValueError):  # (a path of another file system)
             stamps.append(repr(identity))
     return [repr(stamps)] if stamps else []
-

@@ -89,6 +89,7 @@ def _remote_glob(pattern: str, owner: str) -> list[str]:
     names = sorted(p.name for p in epath.Path(folder).iterdir())
     return [f"{folder}/{n}" for n in names if fnmatch.fnmatchcase(n, name)]
 
+
 def path_names(paths: Sequence[str]) -> list[str]:
     """``paths`` relative to the folder they all are in, for a fingerprint: the same dataset
     copied to another disk, or staged at another path on each host, keeps its fingerprint.
