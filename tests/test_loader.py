@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.base.errors import RecordError, StateDictError
+from jaxloader.base.errors import JaxloaderError, RecordError, StateDictError
 from resume_harness import assert_same_stream
 
 
@@ -134,6 +134,34 @@ def test_list_getitems_sources_are_collated():
     batch = next(iter(jl.DataLoader(ListBatches(), batch_size=3, process_index=0,
                                     process_count=1)))
     assert batch["v"].dtype == np.float32 and batch["v"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("extra", [-1, 1])
+@pytest.mark.parametrize("how", ["plain", "map", "concat", "worker"])
+def test_a_getitems_list_of_another_length_is_refused(extra, how):
+    # A __getitems__ that left out a record it could not decode made batches of 3 rows for
+    # batch_size=4 (a quarter of the records never seen), one record too many made batches of 5;
+    # with a Map the records after it shifted, and a ConcatSource's part left a None in place.
+    class OffByOne:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {"x": np.int64(i)}
+
+        def __getitems__(self, idx):
+            got = [self[i] for i in idx]
+            return got[:-1] if extra < 0 else got + got[:1]
+
+    source: object = OffByOne()
+    if how == "concat":
+        source = jl.ConcatSource([source, OffByOne()])
+    transforms = [jl.Map(lambda r: r)] if how == "map" else []
+    dl = jl.DataLoader(source, batch_size=4, transforms=transforms,
+                       num_workers=1 if how == "worker" else 0, process_index=0, process_count=1)
+    with dl, pytest.raises(JaxloaderError, match=r"__getitems__ returned [35] records for 4 "
+                           r"indices: expected one record an index.*FilteredSource"):
+        next(iter(dl))
 
 
 def test_a_raising_transform_names_the_record_and_keeps_the_cause():

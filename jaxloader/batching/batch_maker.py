@@ -36,6 +36,7 @@ from jaxloader.base.abilities import gatherer_of
 from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
+from jaxloader.sources.base import one_each
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
 from jaxloader.batching.record_transforms import RecordTransforms, read_only_hint
@@ -193,11 +194,14 @@ class BatchMaker:
     def _getitems(self, spec: BatchSpec, read: Callable[[Any], Any] | None = None,
                   name: str = "__getitems__") -> Any:
         try:
-            return (read or self.source.__getitems__)(spec.indices)
+            got = (read or self.source.__getitems__)(spec.indices)
         except Exception as e:
             raise RecordError(
                 f"{spec.location()}: source.{name} raised {type(e).__name__}: {e}"
             ) from e
+        if read is None and isinstance(got, list):
+            one_each(got, len(spec.indices), f"{spec.location()}: source")
+        return got
 
     def _read_records(self, spec: BatchSpec, timed: bool = False) -> list:
         """Each record read and transformed; a ``RandomMap`` gets its record's generator

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.arrays import is_data_frame
 
 
@@ -121,8 +121,27 @@ def records_at(source: Any, indices: np.ndarray) -> list:
     if hasattr(source, "__getitems__"):
         got = source.__getitems__(indices)
         if isinstance(got, list):
-            return got
+            return one_each(got, len(indices))
         from jaxloader.base import tree as tree_lib
 
         return tree_lib.split_rows(got, len(indices))
     return [source[int(i)] for i in indices]
+
+
+def one_each(records: list, n: int, where: str = "source") -> list:
+    """``records``, the list a ``__getitems__`` returned for ``n`` indices, checked to hold one
+    record an index: a list cut short (a record it could not decode left out) would make a
+    smaller batch, or shift every record after it, without a word.
+
+    Example:
+        >>> one_each([{"x": 1}], 2)
+        Traceback (most recent call last):
+        ...
+        jaxloader.base.errors.RecordError: source.__getitems__ returned 1 records for 2 indices: ...
+    """
+    if len(records) != n:
+        raise RecordError(
+            f"{where}.__getitems__ returned {len(records)} records for {n} indices: expected "
+            "one record an index, in their order; to leave records out, use a FilteredSource "
+            "or a Filter transform")
+    return records

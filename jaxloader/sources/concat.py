@@ -23,7 +23,7 @@ from jaxloader.base.abilities import block_starts_of, lengths_of
 from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.sources.arrays import ArraySource
-from jaxloader.sources.base import Source, check_source
+from jaxloader.sources.base import Source, check_source, one_each
 from jaxloader.sources.huggingface import adapt
 
 
@@ -145,9 +145,13 @@ class ConcatSource:
             runs = np.split(order, np.flatnonzero(np.diff(parts[order])) + 1)
         pieces = []
         for run in runs:
-            source = self.sources[int(parts[run[0]]) if len(run) else 0]
+            part = int(parts[run[0]]) if len(run) else 0
+            source = self.sources[part]
             if hasattr(source, "__getitems__"):
-                pieces.append((run, source.__getitems__(local[run])))
+                got = source.__getitems__(local[run])
+                if isinstance(got, list):
+                    one_each(got, len(run), f"ConcatSource's sources[{part}]")
+                pieces.append((run, got))
             else:
                 pieces.append((run, [source[int(i)] for i in local[run]]))
         if any(isinstance(got, list) for _, got in pieces):
