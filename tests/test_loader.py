@@ -164,6 +164,21 @@ def test_a_getitems_list_of_another_length_is_refused(extra, how):
         next(iter(dl))
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_source_whose_length_moved_is_refused_at_iter(num_workers):
+    # Records appended after the loader was made were never read (its order covers the
+    # records it had), and with workers a shortened source was read from their copies.
+    records = [{"x": np.int64(i)} for i in range(8)]
+    with jl.DataLoader(records, batch_size=4, num_workers=num_workers, process_index=0,
+                       process_count=1) as dl:
+        assert [b["x"].tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        records.extend({"x": np.int64(i)} for i in range(8, 12))
+        for call in (iter, jl.DataLoader.peek):
+            with pytest.raises(jl.ConfigError, match=r"the source's length changed from 8 to "
+                               r"12 since the loader was made: .*make a new DataLoader"):
+                call(dl)
+
+
 def test_a_raising_transform_names_the_record_and_keeps_the_cause():
     def boom(r):
         if int(r["x"]) == 6:

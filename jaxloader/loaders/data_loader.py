@@ -182,7 +182,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         if self._putter is not None and last_batch == "partial" and rest and \
                 not isinstance(source, Mixture):
             self._putter.check_last_batch(rest, self._sampler.num_records)
-        self._source = source
+        self._source, self._num_records = source, num_records
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key)
         self._fingerprint: dict[str, Any] | None = None  # computed on first use, then kept
@@ -226,6 +226,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         """
         self._check_placement()
         self._progress.check()
+        self._check_length()
         peeker = copy.copy(self._maker)  # (a clock of its own: a peek is no batch of the
         peeker.clock = StageClock()  # stats; the maker's may be a device thread's meanwhile)
         batch, _ = made_here(peeker, self._progress.step)
@@ -235,6 +236,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
     def __iter__(self) -> LoaderIterator[BatchT]:
         self._progress.check()
         self._check_placement()
+        self._check_length()
         self._invalidate()
         start = self._progress.step
         stop = None
@@ -247,6 +249,18 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             single_device=put is not None and put.single_device, monitor=self._monitor,
         )
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
+
+    def _check_length(self) -> None:
+        """A source whose length moved since the loader was made is refused: the order covers
+        the records it had then (records added were never read, and with workers those
+        removed were read from the workers' copies), as the workers' copies do."""
+        now = len(self._source)
+        if now != self._num_records:
+            raise ConfigError(
+                f"the source's length changed from {self._num_records} to {now} since the "
+                "loader was made: the loader's order, and the copies of the source its workers "
+                "took then, are the source as it was; keep a source unchanged while a loader "
+                "reads it, or make a new DataLoader for it")
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -178,7 +178,8 @@ class LoaderIterator(Generic[BatchT]):
             progress.check()
             raise JaxloaderError(
                 "this iterator is stale: iter(), load_state_dict() or close() was called on its "
-                f"{progress.owner} since it was made; call iter(loader) again"
+                f"{progress.owner} since it was made; call iter(loader) again (a loader has one "
+                f"live iterator: for two at once, make two {progress.owner}s)"
             )
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration
