@@ -167,6 +167,10 @@ def test_strings_and_bytes_stay_objects_of_any_length():
     with pytest.raises(CollateError, match=r"\['s'\].*position 0 has str 'a', record position "
                                            r"2 has bytes b'c'; .*decode the bytes"):
         collate([{"s": "a"}, {"s": np.str_("b")}, {"s": b"c"}], positions=[0, 1, 2])
+    # a string in a 0-d object array (as a 0-d str array) batches as the string: it came out
+    # as an object array of 0-d arrays, batch["o"][0] an ndarray
+    batch, _ = collate([{"o": np.array(f"s{i}", dtype=object)} for i in range(3)])
+    assert batch["o"].tolist() == ["s0", "s1", "s2"] and type(batch["o"][0]) is str
 
 
 def test_object_arrays_of_other_lengths_are_one_entry_a_record():

@@ -56,10 +56,13 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                 return Column(path, (n,), first.dtype, object_column(values))
             raise_leaf_mismatch(path, values, names)
         return Column(path, (n, *first.shape), first.dtype, values, names)
-    if isinstance(first, np.ndarray) and first.ndim == 0 and first.dtype.kind in "US":
-        # a NumPy string scalar in an array (fixed width, padded): a Python string instead
-        return _record_column(path, [v.item() if isinstance(v, np.ndarray) else v
-                                     for v in values], names)
+    if isinstance(first, np.ndarray) and first.ndim == 0 and (
+            first.dtype.kind in "US"
+            or first.dtype.kind == "O" and isinstance(first.item(), (str, bytes))):
+        # a NumPy string scalar in an array (fixed width, padded), or a string in a 0-d object
+        # array: a Python string instead (not an object array of 0-d arrays)
+        return _record_column(path, [v.item() if isinstance(v, np.ndarray) and v.ndim == 0
+                                     else v for v in values], names)
     if isinstance(first, (str, bytes)):
         # Strings and bytes stay Python objects on purpose (an object array, one entry a
         # record): they have no device form, and fixed-width NumPy strings would pad them.

@@ -195,13 +195,18 @@ def _checked(indices: Any, n: int, path: str | None) -> np.ndarray:
     array = np.asarray(indices)
     where = f" (from {path})" if path else ""
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        mask = array.dtype == bool and not path
         raise ConfigError(f"FilteredSource(indices){where}: expected a 1-D array of record "
-                          f"numbers, got shape {array.shape} dtype {array.dtype}")
+                          f"numbers, got shape {array.shape} dtype {array.dtype}"
+                          + ("; for a mask, pass np.flatnonzero(mask)" if mask else ""))
     array = array.astype(np.int64)
     if array.size and (array.min() < 0 or array.max() >= n):
+        remedy = ("delete a stale file to filter again" if path else
+                  "indices count from 0, with no negative ones (np.arange(n)[indices] turns "
+                  "them into record numbers)")
         raise ConfigError(
             f"FilteredSource(indices){where}: expected record numbers in [0, {n}), got "
-            f"[{array.min()}, {array.max()}]; delete a stale file to filter again")
+            f"[{array.min()}, {array.max()}]; {remedy}")
     array.flags.writeable = False
     return array
 

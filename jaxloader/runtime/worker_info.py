@@ -19,6 +19,14 @@ class WorkerInfo(NamedTuple):
     num_workers: int
     seed: int
 
+    @property
+    def dataset(self) -> None:
+        """Not given, unlike PyTorch's: raises an ``AttributeError`` that says what to do."""
+        raise AttributeError(
+            "WorkerInfo has no dataset (PyTorch's get_worker_info().dataset): open what a "
+            "worker needs (a file, a client) lazily, on first use, in the source's "
+            "__getitem__ or in the transform; each worker has its own copy of the source")
+
 
 _INFO: WorkerInfo | None = None
 

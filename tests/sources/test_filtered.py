@@ -100,6 +100,13 @@ def test_bad_input_is_named(tmp_path):
         jl.FilteredSource(source, indices=tmp_path / "none.npy")
     with pytest.raises(jl.ConfigError, match=r"record numbers in \[0, 10\), got \[0, 12\]"):
         jl.FilteredSource(source, indices=[0, 12])
+    # indices in memory have no stale file to delete: a negative one (PyTorch's Subset takes
+    # them) and a bool mask are named with their own remedy
+    with pytest.raises(jl.ConfigError, match=r"got \[-1, 1\]; indices count from 0, with no "
+                                             r"negative ones \(np.arange"):
+        jl.FilteredSource(source, indices=[-1, 0, 1])
+    with pytest.raises(jl.ConfigError, match=r"dtype bool; for a mask, pass np.flatnonzero"):
+        jl.FilteredSource(source, indices=np.arange(10) > 4)
     with pytest.raises(jl.ConfigError, match=r"1-D array of record numbers, got shape \(1, 2\)"):
         jl.FilteredSource(source, indices=[[0, 1]])
     with pytest.raises(jl.ConfigError, match=r"keep .*<lambda> kept none of the 10 records"):

@@ -290,6 +290,18 @@ def test_worker_info_and_init_fn():
     assert jl.get_worker_info() is None
 
 
+def test_worker_info_dataset_names_what_to_do():
+    # PyTorch's get_worker_info().dataset was a bare "'WorkerInfo' object has no attribute"
+    def uses_dataset(r):
+        return jl.get_worker_info().dataset
+
+    with jl.DataLoader(source(), batch_size=3, transforms=[jl.Map(uses_dataset)],
+                       num_workers=1, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.WorkerError, match=r"WorkerInfo has no dataset \(PyTorch's "
+                                                 r"get_worker_info\(\).dataset\): open .* lazily"):
+            next(iter(loader))
+
+
 def test_bad_worker_arguments():
     with pytest.raises(jl.ConfigError, match="prefetch"):
         make(1, prefetch=0)()
