@@ -57,8 +57,14 @@ def test_a_tuple_of_columns_passed_as_the_source_gets_the_array_source_hint():
         jl.DataLoader((x, y), batch_size=4, process_index=0, process_count=1)
     with pytest.raises(jl.ConfigError, match=r"tuple of 3 arrays"):
         check_source((x, y, y[:, None]))
-    # records that are arrays stay records: of one shape, of different lengths, or in a list
-    assert check_source((x, x)) == 2 and check_source((np.zeros(3), np.zeros(5))) == 2
+    # of one shape too (a language model's inputs and targets): they were read as 2 records,
+    # and with batch_size=2 or last_batch="partial" the "batch" was the two whole arrays
+    with pytest.raises(jl.ConfigError, match=r"tuple of 2 arrays of shapes \(10, 3\), \(10, "
+                                             r"3\).*ArraySource\(your_tuple\) \(for whole "
+                                             r"arrays as records, pass a list of them\)"):
+        jl.DataLoader((x, x), batch_size=2, process_index=0, process_count=1)
+    # records that are arrays stay records: of different lengths, or in a list
+    assert check_source((np.zeros(3), np.zeros(5))) == 2 and check_source([x, x]) == 2
     assert check_source([np.zeros((32, 40, 3)), np.zeros((32, 50, 3))]) == 2
     with jl.DataLoader(jl.ArraySource((x, y)), batch_size=4, process_index=0,
                        process_count=1) as loader:

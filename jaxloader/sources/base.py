@@ -68,10 +68,10 @@ def check_source(source: Any) -> int:
         shapes = ", ".join(str(tuple(a.shape)) for a in source)
         raise ConfigError(
             f"source: got a tuple of {len(source)} arrays of shapes {shapes}, "
-            f"which would be read as {len(source)} records (each a whole array) that cannot be "
-            f"batched together; for their {len(source[0])} rows as records ((x[i], y[i]), as "
-            "tf.data's from_tensor_slices reads them), wrap it: "
-            "jaxloader.ArraySource(your_tuple)"
+            f"which would be read as {len(source)} records (each a whole array); for their "
+            f"{len(source[0])} rows as records ((x[i], y[i]), as tf.data's from_tensor_slices "
+            "reads them), wrap it: jaxloader.ArraySource(your_tuple) (for whole arrays as "
+            "records, pass a list of them)"
         )
     if not isinstance(source, Source):
         remedy = "wrap NumPy arrays as ArraySource(arrays)"
@@ -100,14 +100,15 @@ def check_source(source: Any) -> int:
 
 def _columns(source: Any) -> bool:
     """Whether ``source`` is a tuple of arrays that are columns, not records: a few arrays
-    with one number of rows but not one shape (``(x, y)``), which no batch of them as records
-    could stack. (A list is left as records: images of one height and several widths.)"""
+    with one number of rows (``(x, y)``, as tf.data's ``from_tensor_slices`` takes them; of one
+    shape too, inputs and targets of a language model). A list is left as records: images of
+    one height and several widths, or whole arrays meant as records."""
     if not isinstance(source, tuple) or not 2 <= len(source) <= 64:
         return False
     shapes: list[Any] = [getattr(a, "shape", None) for a in source]
     if not all(isinstance(shape, tuple) and shape for shape in shapes):
         return False
-    return len({shape[0] for shape in shapes}) == 1 and len(set(shapes)) > 1
+    return len({shape[0] for shape in shapes}) == 1
 
 
 def records_at(source: Any, indices: np.ndarray) -> list:
