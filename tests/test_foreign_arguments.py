@@ -82,3 +82,13 @@ def test_none_for_transforms_is_none_and_a_worker_init_fn_that_is_no_function_is
     with pytest.raises(jl.ConfigError, match=r"worker_init_fn: expected a function of the "
                                              r"worker's id, or None, got int 3"):
         loader(worker_init_fn=3, num_workers=1)
+    # Grain's worker_init_fn(worker_index, worker_count) failed in the workers as they started,
+    # and with num_workers=0 was never called: refused when the loader is made
+    def init(i, count):
+        pass
+
+    for workers in (0, 1):
+        with pytest.raises(jl.ConfigError, match=r"worker_init_fn: it is called as "
+                                                 r"fn\(worker_id\), but .*init\(i, count\) does "
+                                                 r"not take one argument; .*num_workers"):
+            loader(worker_init_fn=init, num_workers=workers)

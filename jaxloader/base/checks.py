@@ -11,6 +11,9 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+from typing import Any, Callable
+
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
@@ -47,3 +50,23 @@ def check_indices(indices: np.ndarray, size: int, owner: str) -> None:
     if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= size):
         bad = int(indices[(indices < 0) | (indices >= size)][0])
         raise IndexError(f"{owner}: index {bad} out of range [0, {size})")
+
+
+def refused_call(fn: Callable[..., Any], *args: Any) -> str | None:
+    """``fn``'s signature where a call with ``args`` would not bind to it (a user's function
+    of the wrong arity, named before a worker or a stream calls it), else ``None``; ``None``
+    too where it has no signature to read (a builtin).
+
+    Example:
+        >>> refused_call(lambda: 0, 1), refused_call(lambda shard: 0, 1)
+        ('()', None)
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args)
+    except TypeError:
+        return str(signature)
+    return None

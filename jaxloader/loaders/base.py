@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Self
 
+from jaxloader.base.checks import refused_call
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
@@ -86,6 +87,12 @@ class LoaderLifecycle:
         if worker_init_fn is not None and not callable(worker_init_fn):  # (else: in the workers)
             raise ConfigError(f"worker_init_fn: expected a function of the worker's id, or "
                               f"None, got {type(worker_init_fn).__name__} {worker_init_fn!r:.60}")
+        signature = None if worker_init_fn is None else refused_call(worker_init_fn, 0)
+        if signature is not None:  # (Grain's takes (worker_index, worker_count))
+            raise ConfigError(
+                f"worker_init_fn: it is called as fn(worker_id), but "
+                f"{getattr(worker_init_fn, '__qualname__', 'it')}{signature} does not take one "
+                "argument; the count in use is jaxloader.get_worker_info().num_workers")
         if workers is not None:
             if not callable(getattr(workers, "engine", None)) or options.num_workers or \
                     options.auto_workers or worker_init_fn is not None or \

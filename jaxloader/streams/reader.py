@@ -40,8 +40,7 @@ from jaxloader.sources.paths import expand
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
-from jaxloader.streams.shards import (Bound, IterableShard, JsonlShard, MappedShard, Shard,
-                                      TextShard)
+from jaxloader.streams.shards import JsonlShard, MappedShard, Shard, TextShard, generator_shards
 from jaxloader.streams.tar import TarShard
 
 _STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
@@ -131,18 +130,7 @@ class Stream:
             >>> Stream.from_generator(numbers, shards=2)
             Stream(2 shards: numbers[0], numbers[1])
         """
-        if not callable(make):
-            what = getattr(make, "__name__", None)
-            raise ConfigError(
-                f"Stream.from_generator(make): got a {type(make).__name__} object, which cannot "
-                "start again (for each shard, each worker, a restore, the next epoch); pass the "
-                "generator function itself, called as make(shard): "
-                f"Stream.from_generator({what or 'make'}, shards={shards})")
-        shards = check_int("Stream.from_generator(shards)", shards, low=1,
-                           remedy="one shard per independent part of the generator")
-        name = getattr(make, "__qualname__", "generator")
-        return cls([IterableShard(Bound(make, i), name=f"{name}[{i}]") for i in range(shards)],
-                   **kwargs)
+        return cls(generator_shards(make, shards), **kwargs)
 
     @classmethod
     def huggingface(cls, dataset: Any, **kwargs: Any) -> "Stream":

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkabl
 
 from jaxloader.base import file_identity
 from jaxloader.base.abilities import close_of
+from jaxloader.base.checks import check_int, refused_call
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.sources.code_digest import code_digest
 from jaxloader.streams.compressed import compression, decompressed
@@ -179,6 +180,30 @@ class Bound:
 
     def __call__(self) -> Iterable:
         return self.make(self.index)
+
+
+def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["IterableShard"]:
+    """``Stream.from_generator``'s shards: shard ``i`` reads ``make(i)``, ``make`` checked
+    first (a generator object cannot start again; a function of no shard number, as tf.data's
+    ``from_generator`` takes, would fail at the first read)."""
+    if not callable(make):
+        what = getattr(make, "__name__", None)
+        raise ConfigError(
+            f"Stream.from_generator(make): got a {type(make).__name__} object, which cannot "
+            "start again (for each shard, each worker, a restore, the next epoch); pass the "
+            "generator function itself, called as make(shard): "
+            f"Stream.from_generator({what or 'make'}, shards={shards})")
+    shards = check_int("Stream.from_generator(shards)", shards, low=1,
+                       remedy="one shard per independent part of the generator")
+    name = getattr(make, "__qualname__", "generator")
+    signature = refused_call(make, 0)
+    if signature is not None:
+        raise ConfigError(
+            f"Stream.from_generator(make): make is called as make(shard), but {name}"
+            f"{signature} does not take the shard number; pass a function of it, such as "
+            f"lambda shard: {name}() for one shard (tf.data's from_generator calls it "
+            "without one)")
+    return [IterableShard(Bound(make, i), name=f"{name}[{i}]") for i in range(shards)]
 
 
 class IterableShard:

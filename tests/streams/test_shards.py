@@ -89,6 +89,18 @@ def test_from_generator_refuses_a_generator_object_when_the_stream_is_made():
     assert read_all(jl.Stream.from_generator(numbers, shards=2).shards[1]) == [10, 11, 12]
 
 
+def test_from_generator_refuses_a_function_of_no_shard_number():
+    # tf.data's from_generator(gen) calls gen(): a bare "gen() takes 0 positional arguments but
+    # 1 was given" at the first read, naming no shard
+    def gen():
+        yield from range(3)
+
+    with pytest.raises(jl.ConfigError, match=r"make is called as make\(shard\), but .*gen\(\) "
+                                             r"does not take the shard number; .*lambda shard: "):
+        jl.Stream.from_generator(gen, shards=1)
+    assert read_all(jl.Stream.from_generator(lambda shard: gen(), shards=1).shards[0]) == [0, 1, 2]
+
+
 def _refilling(shard):  # one buffer, filled again for each record: every record the last
     buffer = np.zeros(3, np.int64)
     for i in range(10):
