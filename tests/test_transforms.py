@@ -142,6 +142,29 @@ def test_an_object_with_a_map_method_not_from_grain_is_still_refused():
         jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, transforms=[Mapper()])
 
 
+def test_grain_objects_alone_and_those_not_taken_are_named():
+    source = jl.ArraySource({"x": np.arange(8)})
+    # one Grain object without a list: "'_Double' object is not iterable"
+    with jl.DataLoader(source, batch_size=4, transforms=_Double(), process_index=0,
+                       process_count=1) as loader:
+        assert next(iter(loader))["x"].tolist() == [0, 2, 4, 6]
+    # Grain's Batch, MapWithIndex...: "wrap functions as Map(fn)", which cannot help
+    batch = type("Batch", (), {"__module__": "grain._src.python.dataset.transformations"})
+    with_index = type("MapWithIndex", (), {"__module__": "grain.transforms"})
+    with pytest.raises(jl.ConfigError, match=r"transforms\[1\]: .*the batch is batch_size= and "
+                                             r"last_batch=; a batch_fn is a BatchMap"):
+        jl.DataLoader(source, batch_size=4, transforms=[_Double(), batch()])
+    with pytest.raises(jl.ConfigError, match=r"Grain's MapWithIndex has no counterpart"):
+        jl.DataLoader(source, batch_size=4, transforms=[type("Mine", (with_index,), {})()])
+    # the Filter refusal named the Grain object's repr (an address), and the MapSource it
+    # advises refused the object without saying what to pass
+    with pytest.raises(jl.ConfigError, match=r"it sees the records Map\(_Double.map\) make"):
+        jl.DataLoader(source, batch_size=4, transforms=[_Double(), _Even()])
+    with pytest.raises(jl.ConfigError, match=r"got _Double; pass its method: MapSource\(source, "
+                                             r"_Double\(...\).map\)"):
+        jl.MapSource(source, _Double())
+
+
 def _halve(b):
     return {"x": b["x"][::2]}
 

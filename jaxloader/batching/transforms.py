@@ -85,13 +85,13 @@ def split_transforms(transforms: Sequence[Any], *,
     ``filters``: whether ``Filter`` may be among them (a ``StreamLoader``'s)."""
     if transforms is None:  # (as PyTorch's collate_fn=None: none)
         transforms = ()
-    if callable(transforms) or isinstance(transforms, _KINDS):
-        transforms = (transforms,)
+    if callable(transforms) or isinstance(transforms, _KINDS) or _grain_name(transforms):
+        transforms = (transforms,)  # (one transform, a Grain object too, without a list)
     record, batch = [], []
     for i, t in enumerate(transforms):
         t = from_grain(t) or t
         if isinstance(t, Filter) and not filters:
-            before = ", ".join(repr(m) for m in transforms[:i])  # (the Filter sees theirs)
+            before = ", ".join(repr(from_grain(m) or m) for m in transforms[:i])  # (its input)
             mapped = (f" (it sees the records {before} make: filter "
                       "jaxloader.MapSource(source, f), f doing what they do)" if before else "")
             raise ConfigError(
@@ -103,10 +103,15 @@ def split_transforms(transforms: Sequence[Any], *,
             )
         if not isinstance(t, _KINDS):
             if not callable(t):
+                grain = _grain_name(t)
+                remedy = ("wrap functions as Map(fn)" if not grain else
+                          "the batch is batch_size= and last_batch=; a batch_fn is a "
+                          "BatchMap(fn) after the record transforms" if grain == "Batch" else
+                          f"Grain's {grain} has no counterpart in transforms= (Map, RandomMap "
+                          "and Filter objects are taken; docs/migrating/grain.md)")
                 raise ConfigError(
                     f"transforms[{i}]: expected Map, RandomMap, {'Filter, ' * filters}BatchMap, "
-                    f"JitMap or a callable, got {type(t).__name__} {t!r:.60}; wrap functions as "
-                    "Map(fn)"
+                    f"JitMap or a callable, got {type(t).__name__} {t!r:.60}; {remedy}"
                 )
             t = Map(t)
         if isinstance(t, (BatchMap, JitMap)):
@@ -143,6 +148,15 @@ def from_grain(t: Any) -> Map | RandomMap | Filter | None:
     for method, kind in (("random_map", RandomMap), ("map", Map), ("filter", Filter)):
         if callable(getattr(t, method, None)):
             return kind(getattr(t, method))
+    return None
+
+
+def _grain_name(t: Any) -> str | None:
+    """The name of the Grain class ``t``'s class derives from (``Batch``, ``MapWithIndex``),
+    or its own where Grain defines it; ``None`` for anything not Grain's."""
+    for c in type(t).__mro__:
+        if c.__module__.split(".")[0] == "grain":
+            return c.__name__
     return None
 
 

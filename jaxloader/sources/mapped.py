@@ -57,8 +57,12 @@ class MapSource:
         refuse_mixture(source, "MapSource")
         check_source(source)
         if not callable(fn):
+            method = getattr(fn, "map", None)  # (a Grain Map object: its bound method)
+            hint = (f"; pass its method: MapSource(source, {type(fn).__name__}(...).map)"
+                    if callable(method) else "")
             raise ConfigError(f"MapSource(fn): expected a function of a record (or, with "
-                              f"batched=True, of a batch of columns), got {type(fn).__name__}")
+                              f"batched=True, of a batch of columns), got "
+                              f"{type(fn).__name__}{hint}")
         if batched and not isinstance(source, BatchedSource):
             raise ConfigError(
                 f"MapSource(batched=True): the source ({type(source).__name__}) reads no batch "
