@@ -77,7 +77,7 @@ class ParquetSource:
                  cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:
         cache_bytes = check_int("ParquetSource(cache_bytes=...)", cache_bytes, low=0,
                                 remedy="a number of bytes (0: no row group kept)")
-        self.paths = expand(paths, ".parquet", "ParquetSource")
+        self.paths = expand(paths, ".parquet", "ParquetSource", dataset=True)
         footers = parquet_footers.read(self.paths, columns)
         self.columns = footers.columns
         self._files = ParquetFiles(self.paths)  # opened when read; identities for the state

@@ -32,10 +32,12 @@ _PATTERN = "*?["
 
 
 def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
-           suffix: str | tuple[str, ...], owner: str) -> list[str]:
+           suffix: str | tuple[str, ...], owner: str, *, dataset: bool = False) -> list[str]:
     """``paths`` as a list of files: folders (their files ending with ``suffix``, or any of
     a tuple of them) and patterns expanded (sorted), in the order given; a pattern or folder
-    with no file raises naming it."""
+    with no file raises naming it. ``dataset``: a folder is read as pandas and pyarrow read
+    a Parquet dataset's: names under it starting with ``_`` or ``.`` are left out (Spark's
+    ``_temporary/``), and Hive partitions (``label=0/``), columns in folder names, refused."""
     listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     out: list[str] = []
     for path in [str(os.fspath(p)) for p in listed]:
@@ -47,10 +49,11 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         if any(c in path for c in _PATTERN):
             found = (_remote_glob(path, owner) if remote else sorted({  # a folder matched (a
                 g for f in glob.glob(path, recursive=True)  # Spark output's train.parquet):
-                for g in (_files_in(f, suffixes) if os.path.isdir(f) else [f])}))  # its files
+                for g in (_files_in(f, suffixes, dataset, owner) if os.path.isdir(f)
+                          else [f])}))  # its files
             what = "matches no file"
         elif not remote and os.path.isdir(path):
-            found = _files_in(path, suffixes)
+            found = _files_in(path, suffixes, dataset, owner)
             what = f"is a folder with no *{suffixes[0]} file" + (
                 f" (nor {', '.join('*' + s for s in suffixes[1:])})" if suffixes[1:] else "")
         else:
@@ -66,11 +69,27 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
     return out
 
 
-def _files_in(folder: str, suffixes: tuple[str, ...]) -> list[str]:
+def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
+              owner: str = "") -> list[str]:
     """What is under ``folder`` (at any depth) and ends with one of ``suffixes``, sorted: not
-    folders (a link to nothing stays, to be named where it is opened)."""
-    return sorted(f for s in suffixes for f in glob.glob(
+    folders (a link to nothing stays, to be named where it is opened); for a ``dataset``, not
+    under a name starting with ``_`` or ``.``, and no Hive partition (see ``expand``)."""
+    found = sorted(f for s in suffixes for f in glob.glob(
         os.path.join(glob.escape(folder), "**", f"*{s}"), recursive=True) if not os.path.isdir(f))
+    if not dataset:
+        return found
+    kept = [f for f in found if not any(
+        part[:1] in ("_", ".") for part in os.path.relpath(f, folder).split(os.sep))]
+    for f in kept:
+        keys = [part.partition("=")[0] for part in os.path.relpath(f, folder).split(os.sep)[:-1]
+                if "=" in part]
+        if keys:
+            raise ConfigError(
+                f"{owner}(paths): {folder!r} is a Hive-partitioned folder ({f!r}): the columns "
+                f"{', '.join(keys)} are in its folders' names, which {owner} does not read; "
+                "write them into the files as columns, or pass the files themselves (a "
+                "pattern: 'folder/**/*.parquet') to read them without those columns")
+    return kept
 
 
 def _remote_glob(pattern: str, owner: str) -> list[str]:

@@ -49,6 +49,26 @@ def test_a_folder_named_like_a_file_stands_for_its_files_not_itself(tmp_path):
     assert names(expand(str(tmp_path / "*.parquet"), ".parquet", "S")) == files
 
 
+def test_a_parquet_folder_is_listed_as_pandas_and_pyarrow_list_it(tmp_path):
+    # A Spark job's leftover _temporary/ copy was read too (every row twice), and a Hive-
+    # partitioned folder was read without its partition columns, both without a word.
+    touch(tmp_path / "out", "part-0.parquet", "_temporary/0/task/part-0.parquet",
+          ".hidden/part-0.parquet")
+    names = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
+    assert names(expand(tmp_path / "out", ".parquet", "S", dataset=True)) == [
+        "out/part-0.parquet"]
+    assert names(expand(str(tmp_path / "o*"), ".parquet", "S", dataset=True)) == [
+        "out/part-0.parquet"]
+    assert len(expand(tmp_path / "out", ".parquet", "S")) == 2  # other sources: as before
+    touch(tmp_path / "hive", "split=a/label=0/p.parquet", "split=b/label=1/p.parquet")
+    with pytest.raises(jl.ConfigError, match=r"ParquetSource\(paths\): '.*hive' is a Hive-"
+                                             r"partitioned folder .*the columns split, label are "
+                                             r"in its folders' names.*\*\*/\*.parquet"):
+        jl.ParquetSource(tmp_path / "hive")
+    assert len(expand(str(tmp_path / "hive" / "**" / "*.parquet"), ".parquet", "S",
+                      dataset=True)) == 2  # the files themselves: read as they are
+
+
 def test_a_file_named_like_a_pattern_is_that_file(tmp_path):
     touch(tmp_path, "part[1].parquet", "part1.parquet")
     assert expand(str(tmp_path / "part[1].parquet"), ".parquet", "S") == [
