@@ -112,18 +112,23 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
-OLDER: contextvars.ContextVar[bool] = contextvars.ContextVar("older", default=False)
-"""Set (``sources.fingerprint.older_fingerprint``): ``fingerprint_of`` gives a source's
-fingerprint of older versions (its ``older_fingerprints``' first) where it has one, and the
-sources made of it combine those: what a state saved then holds."""
+OLDER: contextvars.ContextVar[int] = contextvars.ContextVar("older", default=0)
+"""Set to a generation of older versions (``sources.fingerprint.older_fingerprint``; 1: states
+saved on 2026-11-28, 2: before it): ``fingerprint_of`` gives a source's fingerprint as that
+generation wrote it, its ``older_fingerprints[k - 1]`` (the last where it holds fewer; ``None``:
+today's), and the sources made of it combine those: what a state saved then holds."""
+GENERATIONS = 2
 
 
 def fingerprint_of(source: object) -> str | None:
     """The source's own fingerprint, or ``None``."""
-    if OLDER.get():
+    generation = OLDER.get()
+    if generation:
         older = getattr(source, "older_fingerprints", None)
-        if isinstance(older, tuple) and older and isinstance(older[0], str):
-            return older[0]
+        if isinstance(older, tuple) and older:
+            then = older[min(generation, len(older)) - 1]
+            if isinstance(then, str):
+                return then
     if not isinstance(source, Fingerprinted):
         return None
     own = source.fingerprint

@@ -77,8 +77,8 @@ class ArrayRecordSource:
         return self._fingerprints()[0]
 
     @property
-    def older_fingerprints(self) -> tuple[str, ...]:  # (states saved before 2026-11-28)
-        return self._fingerprints()[1:]
+    def older_fingerprints(self) -> tuple[str | None, ...]:  # (base.abilities.OLDER)
+        return None, self._fingerprints()[1]  # (2026-11-28's states hold today's)
 
     def _fingerprints(self) -> tuple[str, str]:
         return files_fingerprints("array_record", len(self), self.paths, self._starts.tobytes())

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import OLDER, file_identities_of, fingerprint_of
+from jaxloader.base.abilities import GENERATIONS, OLDER, file_identities_of, fingerprint_of
 from jaxloader.sources.parts import walk
 
 
@@ -66,20 +66,25 @@ def _content(leaf: Any) -> bytes:
 
 def older_fingerprint(source: Any) -> tuple[str, ...]:
     """``source``'s own fingerprint as older versions wrote it into states, where it differs
-    from today's (a ``ParquetSource``'s before 2026-11-28 took the whole paths: a mix or a
-    filter of one too), so that such a state still restores; ``()`` where it does not.
+    from today's, so that such a state still restores (a file source's before 2026-11-28 took
+    the whole paths, a ``ParquetSource``'s before 2026-11-29 the schema as printed: a mix or a
+    filter of one too); ``()`` where none does.
 
     Example:
         >>> from jaxloader.sources import ArraySource
         >>> older_fingerprint(ArraySource({"x": np.zeros(3)}))
         ()
     """
-    token = OLDER.set(True)
-    try:
-        then = fingerprint_of(source)
-    finally:
-        OLDER.reset(token)
-    return (then,) if then is not None and then != fingerprint_of(source) else ()
+    now, found = fingerprint_of(source), []
+    for generation in range(1, GENERATIONS + 1):
+        token = OLDER.set(generation)
+        try:
+            then = fingerprint_of(source)
+        finally:
+            OLDER.reset(token)
+        if then is not None and then != now and then not in found:
+            found.append(then)
+    return tuple(found)
 
 
 def combined(kind: str, size: int, sources: Sequence[Any], *own: bytes | str) -> str:

@@ -39,7 +39,7 @@ from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pic
 from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources import parquet_footers
 from jaxloader.sources.parquet_files import ParquetFiles
-from jaxloader.sources.paths import expand, files_fingerprints
+from jaxloader.sources.paths import expand
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
 from jaxloader.runtime import shm
@@ -172,12 +172,11 @@ class ParquetSource:
         return self._fingerprints()[0]
 
     @property
-    def older_fingerprints(self) -> tuple[str, ...]:  # (states saved before 2026-11-28)
+    def older_fingerprints(self) -> tuple[str | None, ...]:  # (base.abilities.OLDER)
         return self._fingerprints()[1:]
 
-    def _fingerprints(self) -> tuple[str, str]:
-        return files_fingerprints("parquet", len(self), self.paths, self._starts.tobytes(),
-                                  self._schema_text, "\0".join(self.columns))
+    def _fingerprints(self) -> tuple[str, ...]:
+        return parquet_footers.fingerprints(self)
 
     def check_order(self, shuffle: bool | LocalShuffle) -> None:
         """Warns (``PerformanceWarning``) when ``shuffle`` reads from more row groups at once

@@ -23,6 +23,7 @@ import numpy as np
 from jaxloader.base.errors import ConfigError, PerformanceWarning
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.parquet_files import open_error, open_parquet
+from jaxloader.sources.paths import files_fingerprints
 
 
 class Footers(NamedTuple):
@@ -32,7 +33,7 @@ class Footers(NamedTuple):
     groups: list[tuple[int, int]]  # (file, row group in it), a row group each
     rows: list[int]
     group_bytes: np.ndarray  # each row group's decoded size of the columns read
-    schema_text: str
+    schema_text: tuple[str, str]  # (the Parquet columns', the Arrow schema's as it prints)
 
 
 def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
@@ -72,7 +73,26 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
     return Footers(chosen, groups, [metas[f].row_group(g).num_rows for f, g in groups],
                    np.array([_decoded_bytes(metas[f].row_group(g), chosen) for f, g in groups],
-                            dtype=np.int64), str(schema))
+                            dtype=np.int64), (_columns_text(metas[0].schema), str(schema)))
+
+
+def _columns_text(schema: Any) -> str:
+    """The Parquet schema's columns (``pyarrow.parquet.ParquetSchema``: path, physical and
+    logical type, levels), for a fingerprint: the Arrow schema's text shows an extension type
+    (a ``datasets`` Array2D) only where the module that registers it was imported, so a
+    training script that imports ``datasets`` and a resume script that does not would see
+    other data."""
+    return "\n".join(str(column) for column in schema)
+
+
+def fingerprints(source: Any) -> tuple[str, ...]:
+    """A ``ParquetSource``'s fingerprint, then its older ones: of the Arrow schema's text
+    (before 2026-11-29), and of the whole paths too (before 2026-11-28; ``files_fingerprints``)."""
+    columns, shown = source._schema_text
+    parts = (source._starts.tobytes(), "\0".join(source.columns))
+    now = files_fingerprints("parquet", len(source), source.paths, parts[0], columns, parts[1])
+    return now[0], *files_fingerprints("parquet", len(source), source.paths, parts[0], shown,
+                                       parts[1])
 
 
 def check_order(source: Any, shuffle: Any) -> None:

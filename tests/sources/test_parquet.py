@@ -690,3 +690,29 @@ def test_a_batch_from_joined_row_groups_equals_one_read_run_by_run(tmp_path):
     src = jl.ParquetSource(structs)
     assert src.__getitems__(np.array([7, 2]))["p"]["tag"].tolist() == ["7", "2"]
     assert src._join is None and not src._joins
+
+
+def test_the_fingerprint_does_not_depend_on_an_extension_type_being_registered(tmp_path):
+    # str(schema) showed a datasets Array2D column as its extension type only where datasets
+    # was imported: a state saved by a training script that imports it was refused by a resume
+    # script that does not
+    class Pair(pa.ExtensionType):
+        def __init__(self):
+            super().__init__(pa.list_(pa.int32(), 2), "jaxloader.test.pair")
+
+        def __arrow_ext_serialize__(self):
+            return b""
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type, serialized):
+            return cls()
+
+    pa.register_extension_type(Pair())
+    try:
+        storage = pa.array([[i, i] for i in range(6)], pa.list_(pa.int32(), 2))
+        column = pa.ExtensionArray.from_storage(Pair(), storage)
+        pq.write_table(pa.table({"pair": column, "y": np.arange(6)}), tmp_path / "p.parquet")
+        registered = jl.ParquetSource(tmp_path / "p.parquet", columns=["y"]).fingerprint
+    finally:
+        pa.unregister_extension_type("jaxloader.test.pair")
+    assert jl.ParquetSource(tmp_path / "p.parquet", columns=["y"]).fingerprint == registered
