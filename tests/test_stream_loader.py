@@ -442,3 +442,29 @@ def test_an_interrupt_at_any_line_of_a_restore_leaves_the_old_position_or_the_ne
             assert state in (early, late), f"interrupted at line {n}"
             assert_same_stream(take(interrupted, 4), following[state["step"]], f"line {n}")
     assert raised > 10
+
+
+def test_the_same_shards_at_another_path_restore_and_a_state_of_whole_paths_still_does(tmp_path):
+    # the state named each file shard by its whole path: the same bytes staged at another path
+    # were refused, with a remedy about the seed, the batch size and the readers
+    import shutil
+
+    (tmp_path / "a").mkdir()
+    jsonl_stream(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    same = lambda r: r  # noqa: E731  (a Stream.map's shard names carry its digest)
+    with loader_of(jsonl_stream(tmp_path / "a").map(same), []) as there:
+        it = iter(there)
+        next(it)
+        state, expected = there.state_dict(), next(it)["id"].tolist()
+    assert state["stream"]["shards"][0].startswith("part-0.jsonl")
+    whole = json.loads(json.dumps(state))  # as saved before 2026-11-29
+    whole["stream"]["shards"] = [str(tmp_path / "b" / n) for n in state["stream"]["shards"]]
+    for saved in (state, whole):
+        with loader_of(jsonl_stream(tmp_path / "b").map(same), []) as here:
+            here.load_state_dict(saved)
+            assert next(iter(here))["id"].tolist() == expected
+    with loader_of(jl.Stream.jsonl(sorted((tmp_path / "b").glob("*.jsonl"))[1:]), []) as other, \
+            pytest.raises(jl.StateDictError, match=r"stream: expected .*; restore it over the "
+                                                   r"same stream: the same shards"):
+        other.load_state_dict(state)

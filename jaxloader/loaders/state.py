@@ -181,9 +181,12 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         diffs.append(f"process_index: expected {process_index}, received "
                      f"{state.get('process_index')!r}")
     if diffs:
+        other = state.get("stream") != config.get("stream")
         raise StateDictError(
-            "state does not fit this stream loader (" + "; ".join(diffs) + "); a stream's "
-            "order depends on the seed, the batch size and the number of readers "
+            "state does not fit this stream loader (" + "; ".join(diffs) + "); "
+            + ("restore it over the same stream: the same shards (files are named relative to "
+               "the folder they share), shuffle_window and shuffle_shards; " if other else "")
+            + "a stream's order depends on the seed, the batch size and the number of readers "
             "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
             "restore with the same ones (pass readers_per_process= to change num_workers)")
     refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", *config,

@@ -32,6 +32,7 @@ from typing import Any, Callable, Generator, Generic, Literal, Never, Sequence
 
 import numpy as np
 
+from jaxloader.base.abilities import OLDER
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
@@ -282,7 +283,15 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
         self._check_placement()
-        readers = check_stream_state(state, self._config(), self.process_index,
+        config = self._config()
+        if isinstance(state, dict) and state.get("stream") != config["stream"]:
+            token = OLDER.set(1)  # (saved before 2026-11-29: its files named whole)
+            try:
+                if state.get("stream") == self._stream.describe():
+                    state = {**state, "stream": config["stream"]}
+            finally:
+                OLDER.reset(token)
+        readers = check_stream_state(state, config, self.process_index,
                                      self._stream.extra_state(), self._readers)
         self._stream.check_extra_state(state, state["step"])
         until = passes.from_state(state, self.num_epochs)  # (checked before anything changes)

@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from jaxloader.base.abilities import close_of
+from jaxloader.base.abilities import OLDER, close_of
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
-from jaxloader.sources.paths import expand
+from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
@@ -170,8 +170,17 @@ class Stream:
         return StreamReader(self, reader=reader, readers=readers, seed=seed)
 
     def describe(self) -> dict[str, Any]:
-        """What a state is checked against: the shards' names, the window, the shuffle."""
-        return {"shards": [s.name for s in self.shards], "shuffle_window": self.shuffle_window,
+        """What a state is checked against: the shards' names, the window, the shuffle. Files
+        are named relative to the folder they share, as a file source's fingerprint names
+        them (the same files staged at another path restore); whole, as states saved before
+        2026-11-29 hold them, under ``base.abilities.OLDER``."""
+        names = [s.name for s in self.shards]
+        paths = [p for s in self.shards if isinstance(p := getattr(
+            getattr(s, "shard", s), "path", None), str)]  # (a Stream.map's: its shard's)
+        if paths and not OLDER.get():
+            folder = paths[0][:len(paths[0]) - len(path_names(paths)[0])]
+            names = [n[len(folder):] if folder and n.startswith(folder) else n for n in names]
+        return {"shards": names, "shuffle_window": self.shuffle_window,
                 "shuffle_shards": self.shuffle_shards}
 
     def extra_state(self) -> dict[str, Any]:
