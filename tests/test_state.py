@@ -118,3 +118,44 @@ def test_the_same_files_at_another_path_restore_and_a_state_of_whole_paths_still
                 assert next(iter(here))["y"].tolist() == expected
             with pytest.raises(StateDictError, match="source: expected"):
                 here.load_state_dict({**state, "source": older[0][:-4] + "0000"})
+
+
+def test_a_restore_under_other_transforms_is_told():
+    # a state saved under transforms=[Map(a)] restored under Map(b), or none, without a word:
+    # the same records, in the same order, made into other batches than the saved run's
+    import warnings
+
+    def a(r):
+        return {"x": r["x"] * 1}
+
+    def b(r):
+        return {"x": r["x"] * 100}
+
+    source = jl.ArraySource({"x": np.arange(40)})
+
+    def loader(*fns):
+        return jl.DataLoader(source, batch_size=4, shuffle=True, process_index=0,
+                             process_count=1, transforms=[jl.Map(f) for f in fns])
+
+    with loader(a) as there:
+        state = there.state_dict()
+    for fns, said in (((b,), r"transforms\[0\]: saved Map\(.*a\) \w+, now Map\(.*b\) \w+\): "
+                              r"from step 0 on, the same records"),
+                      ((), r"transforms\[0\]: saved Map\(.*a\) \w+, now none"),
+                      ((a, b), r"transforms\[1\]: saved none, now Map\(.*b\)")):
+        with loader(*fns) as here, pytest.warns(UserWarning, match=said):
+            here.load_state_dict(state)
+    with loader(a) as here, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        here.load_state_dict(state)  # the same transforms
+        here.load_state_dict({k: v for k, v in state.items() if k != "transforms"})  # older
+        with pytest.raises(StateDictError, match=r"state\['transforms'\]: expected a list"):
+            here.load_state_dict({**state, "transforms": "Map(b)"})
+    stream = jl.Stream.from_generator(lambda i: ({"x": np.int64(j)} for j in range(10)), 2)
+    with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(a)], process_index=0,
+                         process_count=1) as there:
+        state = there.state_dict()
+    with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(b)], process_index=0,
+                         process_count=1) as here, \
+            pytest.warns(UserWarning, match=r"transforms\[0\]: saved Map\(.*a\)"):
+        here.load_state_dict(state)

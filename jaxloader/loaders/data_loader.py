@@ -37,7 +37,7 @@ from jaxloader.order.sampling import Order, Sampler
 from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
-from jaxloader.loaders.state import check_state, make_state
+from jaxloader.loaders.state import check_state, make_state, transforms_of
 from jaxloader.batching.transforms import split_transforms
 
 
@@ -186,6 +186,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key)
         self._fingerprint: dict[str, Any] | None = None  # computed on first use, then kept
+        self._transforms = (*record_transforms, *batch_transforms)
+        self._transforms_named: list[str] | None = None  # (the same: transforms_of them)
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress()
         self._active: LoaderIterator | None = None
@@ -267,15 +269,22 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         """The position (next global step), the configuration it depends on and a fingerprint
         of the source; JSON-ready."""
         self._check_placement()
-        return make_state(self._sampler, self._progress.step, self._source_fingerprint())
+        return make_state(self._sampler, self._progress.step, self._source_fingerprint(),
+                          self._transforms_state())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
         self._check_placement()
         self._progress.step = check_state(state, self._sampler, self._source_fingerprint(),
                                           [path for path, _ in self._files],
-                                          lambda: older_fingerprint(self._source))
+                                          lambda: older_fingerprint(self._source),
+                                          self._transforms_state())
         self._invalidate()
+
+    def _transforms_state(self) -> list[str]:
+        if self._transforms_named is None:
+            self._transforms_named = transforms_of(self._transforms)
+        return self._transforms_named
 
     def _source_fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:

@@ -16,12 +16,14 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 from jaxloader.base import file_identity
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
+from jaxloader.sources.code_digest import code_digest
 
 # The state's one version: what a step reads (the orders of ``order`` and ``plans``, the
 # layout of a state) is this number's; a change to any of them changes it, and a state of
@@ -34,10 +36,12 @@ _CHECKED = ("num_records", "global_batch_size", "seed", "shuffle", "last_batch")
 _FINGERPRINT = ("source", "record_spec", "record_hash")
 
 
-def make_state(sampler: Order, step: int, fingerprint: dict[str, Any]) -> dict[str, Any]:
+def make_state(sampler: Order, step: int, fingerprint: dict[str, Any],
+               transforms: list[str] | None = None) -> dict[str, Any]:
     """The state of a loader over ``sampler`` whose next batch is global step ``step``;
     ``fingerprint``: the source's (``jaxloader.sources.fingerprint``), with ``"files"`` (each file's
-    identity, ``file_identity``) for a source of files."""
+    identity, ``file_identity``) for a source of files; ``transforms``: ``transforms_of``
+    the loader's."""
     state = {
         "version": STATE_VERSION,
         "step": int(step),
@@ -54,7 +58,41 @@ def make_state(sampler: Order, step: int, fingerprint: dict[str, Any]) -> dict[s
     }
     if "files" in state:  # the state's own lists: changing one leaves the loader's alone
         state["files"] = [list(identity) for identity in state["files"]]
+    if transforms is not None:
+        state["transforms"] = list(transforms)
     return state
+
+
+def transforms_of(transforms: Sequence[Any]) -> list[str]:
+    """Each of a loader's transforms as its state names it: its ``repr`` and a digest of its
+    function's code (``code_digest``), so that a restore under other transforms is told.
+
+    Example:
+        >>> from jaxloader.batching.transforms import Map
+        >>> transforms_of([Map(abs)])[0].startswith("Map(abs) ")
+        True
+    """
+    return [f"{t!r} {code_digest(t.fn)[:16]}" for t in transforms]
+
+
+def warn_changed_transforms(saved: Any, now: list[str], step: int, depth: int = 3) -> None:
+    """A warning naming the transforms that differ from the saved run's (a state saved
+    before states held them, on 2026-11-29, has none to compare): the step still reads the
+    same records in the same order, but makes them into other batches than that run would."""
+    if saved is None or saved == now:
+        return
+    if not isinstance(saved, list) or not all(isinstance(t, str) for t in saved):
+        raise StateDictError(f"state['transforms']: expected a list of str, received "
+                             f"{saved!r:.120}; pass the dict that state_dict() returned, "
+                             "unchanged")
+    changes = [f"transforms[{i}]: saved {a or 'none'}, now {b or 'none'}" for i, (a, b) in
+               enumerate(zip(saved + [""] * len(now), now + [""] * len(saved))) if a != b]
+    warnings.warn(
+        f"the loader's transforms differ from those of the run that saved this state "
+        f"({'; '.join(changes[:4])}{'; ...' if len(changes) > 4 else ''}): from step {step} "
+        "on, the same records in the same order are made into batches by this loader's "
+        "transforms, not the saved run's; restore with the same transforms for the same "
+        "batches", stacklevel=depth)  # (the caller's load_state_dict)
 
 
 def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:
@@ -102,12 +140,14 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
 
 def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                 paths: Sequence[str] = (),
-                older: Callable[[], tuple[str, ...]] = tuple) -> int:
+                older: Callable[[], tuple[str, ...]] = tuple,
+                transforms: list[str] | None = None) -> int:
     """Validates ``state`` against ``sampler`` and the source's ``fingerprint`` (``paths``:
     the files its ``"files"`` are the identities of, to name one that changed; ``older()``:
     the source's fingerprints of older versions, which a state may hold, asked only where its
-    fingerprint differs); returns the step to continue from."""
-    expected = make_state(sampler, 0, fingerprint)
+    fingerprint differs); warns where it was saved under other ``transforms``; returns the
+    step to continue from."""
+    expected = make_state(sampler, 0, fingerprint, transforms)
     if not isinstance(state, dict):
         raise StateDictError(
             f"state: expected a dict from DataLoader.state_dict(), got {type(state).__name__}"
@@ -156,6 +196,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             "in 64 bits); pass the dict that DataLoader.state_dict() returned, unchanged")
     sampler.check_extra_state(state, state["step"])
     refuse_unknown(state, expected, "DataLoader")
+    if transforms is not None:
+        warn_changed_transforms(state.get("transforms"), transforms, state["step"], depth=4)
     return state["step"]
 
 
@@ -189,8 +231,8 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
             + "a stream's order depends on the seed, the batch size and the number of readers "
             "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
             "restore with the same ones (pass readers_per_process= to change num_workers)")
-    refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", *config,
-                           *extra}, "StreamLoader")
+    refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", "transforms",
+                           *config, *extra}, "StreamLoader")
     # a record's random numbers are keyed by its place in the stream, in 64 bits
     last = MASK64 // (config["process_count"] * config["batch_size"])
     check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,

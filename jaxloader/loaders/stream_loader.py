@@ -40,7 +40,8 @@ from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
-from jaxloader.loaders.state import STATE_VERSION, check_stream_state
+from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transforms_of,
+                                     warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.streams import passes
@@ -147,6 +148,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
+        self._transforms = transforms_of((*record_transforms, *batch_transforms))
         self._stream: ReadableStream = given
         # what hosts readers: the workers (Ray actors), or this process
         hosts = max(1, count) if workers is None else getattr(workers, "n", 1)
@@ -278,7 +280,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step),
-                **passes.to_state(self._until, self.num_epochs)}
+                **passes.to_state(self._until, self.num_epochs), "transforms": self._transforms}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
@@ -293,6 +295,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 OLDER.reset(token)
         readers = check_stream_state(state, config, self.process_index,
                                      self._stream.extra_state(), self._readers)
+        warn_changed_transforms(state.get("transforms"), self._transforms, state["step"])
         self._stream.check_extra_state(state, state["step"])
         until = passes.from_state(state, self.num_epochs)  # (checked before anything changes)
         opened = readers  # each opened in its pass (where a mixture reads its next record)
