@@ -77,10 +77,14 @@ class LoaderRestore(ocp.args.CheckpointArgs):
 def _check_loader(args: Any, method: str) -> None:
     """Refuses an argument that is not a loader (``iter(loader)``, Grain's idiom, say)."""
     if not callable(getattr(args.loader, method, None)):
+        remedy = ("pass the loader itself, not iter(loader): the position is the loader's, and "
+                  "its iterators follow it")
+        if isinstance(args.loader, dict):  # a state_dict() already
+            remedy = ("pass the loader itself, not its state_dict(): Orbax saves and restores "
+                      "through it (a state you hold goes in with loader.load_state_dict(state))")
         raise ConfigError(
             f"{type(args).__name__}(loader): expected a DataLoader or StreamLoader (its "
-            f"{method}()), got {type(args.loader).__name__}; pass the loader itself, not "
-            "iter(loader): the position is the loader's, and its iterators follow it")
+            f"{method}()), got {type(args.loader).__name__}; {remedy}")
 
 
 class LoaderCheckpointHandler(ocp.CheckpointHandler):

@@ -241,6 +241,10 @@ def test_an_iterator_given_for_the_loader_is_refused_with_the_remedy():
                                                      r"DataLoader .*got LoaderIterator; pass "
                                                      r"the loader itself, not iter\(loader\)"):
                 args(iter(loader))
+        # a state_dict() given: told to pass the loader "not iter(loader)", which it was not
+        with pytest.raises(jl.ConfigError, match=r"got dict; pass the loader itself, not its "
+                                                 r"state_dict\(\).*load_state_dict\(state\)"):
+            LoaderRestore(loader.state_dict())
 
 
 def test_the_checkpoint_module_is_an_attribute_of_the_package():
