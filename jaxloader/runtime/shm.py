@@ -40,6 +40,7 @@ import _posixshmem  # CPython's binding of shm_open/shm_unlink (what shared_memo
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderError, SharedMemoryError
+from jaxloader.base.interrupts import run_all
 
 PREFIX = "jaxloader"
 _PAGE = mmap.PAGESIZE
@@ -169,6 +170,12 @@ class Segment:
         self.unlink()
         return self.close()
 
+
+def destroy_all(segments: list[Segment]) -> None:
+    """Destroys every segment of ``segments`` (each tried, an interrupt raised after them) and
+    empties the list."""
+    run_all([s.destroy for s in segments])
+    segments.clear()
 
 def _descriptors_of(token: str) -> list[int]:
     """This process's descriptors of the memory file named ``token`` (none found where the

@@ -17,12 +17,13 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import signal
 import time
 from typing import Any, Callable, Iterable
 
-from jaxloader.base.errors import StallError, WorkerError
+from jaxloader.base.errors import JaxloaderError, StallError, WorkerError
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
 from jaxloader.workers.protocol import Failed
@@ -153,3 +154,13 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any,
             for segment in shared:  # only a probe: nothing will read these
                 segment.destroy()
     return WorkerError(f"cannot send the loader to {to}: {type(e).__name__}: {e}")
+
+
+def forked(owner: int) -> JaxloaderError:
+    """A loader's workers used from a process forked after they started: its messages would
+    be read from, and its tasks sent down, the pipes of the process that owns them (``owner``),
+    whose batches then go missing or hang."""
+    return JaxloaderError(
+        f"this loader's workers belong to process {owner}, which forked this one "
+        f"({os.getpid()}): a forked process cannot use them; make a loader in it (or iterate "
+        "with num_workers=0), and leave the parent's loader to the parent")

@@ -32,6 +32,7 @@ the run breaks and closes the pool itself, in its own thread, and ``close()`` ge
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import weakref
@@ -48,7 +49,7 @@ from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.tasks import Failure, InFlight, steps_per_task, tasks_ahead
 from jaxloader.workers.roster import Roster
-from jaxloader.runtime.shm import Segment
+from jaxloader.runtime.shm import Segment, destroy_all
 from jaxloader.workers.status import StatusBoard
 
 _DEATH_REAP_TIMEOUT_S = 2.0  # a worker whose pipe closed is exiting; its exit code comes soon
@@ -81,6 +82,7 @@ class WorkerPool:
         max_workers: int | None = None,
     ) -> None:
         self._maker = maker
+        self._owner = os.getpid()  # (a forked child shares the pipes, not the workers)
         self._stall = failures.StallWatch(stall_warning_s, timeout_s)
         self._prefetch = prefetch
         self._start_method = start_method
@@ -90,7 +92,7 @@ class WorkerPool:
         self._broken: WorkerError | None = None
         self._mixed_up = False  # an interrupt may have cut a message: restart the workers
         self.restarts = 0  # times the workers were replaced after such an interrupt
-        self._shared_finalizer = weakref.finalize(self, _destroy_all, self._shared)
+        self._shared_finalizer = weakref.finalize(self, destroy_all, self._shared)
         self._driver = threading.RLock()  # held by a run while it executes (module docstring)
         self._board = StatusBoard(self._capacity)  # what each worker does (status.py)
         self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
@@ -179,6 +181,8 @@ class WorkerPool:
         try:
             while stop is None or next_yield < stop:
                 with self._driver:
+                    if os.getpid() != self._owner:  # (one syscall a batch)
+                        raise failures.forked(self._owner)
                     while stop is None or next_submit < stop:
                         steps, ahead, room = self._task_shape(streaming)
                         if next_submit - next_yield >= room:
@@ -389,11 +393,6 @@ class WorkerPool:
         self._finalizer.detach()
 
     def _destroy_shared(self) -> None:
-        _destroy_all(self._shared)
+        destroy_all(self._shared)
         self._shared_finalizer.detach()
         self._board_finalizer()
-
-
-def _destroy_all(segments: list[Segment]) -> None:
-    run_all([s.destroy for s in segments])
-    segments.clear()

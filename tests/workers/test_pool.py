@@ -357,6 +357,31 @@ def test_killed_main_process_leaves_no_workers_and_no_segments(tmp_path):
     assert (tmp_path / "side_effects.txt").read_text().count("ran") == 1  # never re-run
 
 
+def test_a_forked_child_is_refused_the_loader_and_the_parent_loses_nothing(tmp_path):
+    # The child read the parent's workers' messages and sent tasks down their pipes: it got a
+    # batch, and the parent a bare KeyError, or a hang when both iterated
+    proc = _run_script(tmp_path, """
+        import os, numpy as np, jaxloader as jl
+        src = jl.ArraySource({"x": np.arange(400)})
+        want = [b["x"].tolist() for b in jl.DataLoader(src, batch_size=8, shuffle=True)]
+        with jl.DataLoader(src, batch_size=8, shuffle=True, num_workers=2) as loader:
+            it = iter(loader)
+            got = [next(it)["x"].tolist() for _ in range(3)]
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    next(it)
+                    os._exit(3)
+                except jl.JaxloaderError as e:
+                    os._exit(7 if "belong to process" in str(e) else 4)
+            _, status = os.waitpid(pid, 0)
+            got += [b["x"].tolist() for b in it]
+        print(os.waitstatus_to_exitcode(status), got == want)
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert out.split() == ["7", "True"], err
+
+
 def test_ctrl_c_shuts_down_cleanly(tmp_path):
     proc = _run_script(tmp_path, SCRIPT_HEAD + """
     while True:
