@@ -13,9 +13,11 @@
 a batch being the same whichever worker makes it). Step ``s`` is made by worker ``s % N``: the samplers' memos, kept by class of step, are computed
 once, and a stream's reader for the step lives there. A task is several of a worker's steps, so
 that a small batch costs its share of a task's two messages; tasks go out a block at a time,
-one a worker, as many ahead as ``tasks.py`` says. A slot goes back to the worker that wrote it
+one a worker, as many ahead as ``tasks.py`` says (a run's first block a step a task, so that
+its first batch comes at once). A slot goes back to the worker that wrote it
 (``SlotRing.take(worker)``), which keeps its mapping. A new ``batches()`` run makes the old
-run's tasks stale: their results are dropped and their slots reused, so a restore never waits.
+run's tasks stale (``StatusBoard.begin_run``): their workers skip the steps not yet made, the
+rest are dropped, and their slots come back, so a restore waits for one step at most.
 
 Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
 worker, its pid, what it was doing and the remedy (``failures.py``), and so does every later
@@ -174,6 +176,7 @@ class WorkerPool:
                 self._shapes = {}
             self._run += 1
             run = self._run
+            self._board.begin_run(run)  # (the runs before: their workers skip what is left)
             self._stall.begin(None)
         ready: dict[int, tuple] = {}
         next_submit = next_yield = start
@@ -198,6 +201,7 @@ class WorkerPool:
                             roster.apply(self._send_payload, next_submit)
                             self._shapes = {}
                             continue
+                        steps = 1 if next_submit == start else steps  # (its first batch soon)
                         next_submit = self._submit_block(next_submit, stop, steps, run, resets)
                     if next_yield not in ready:
                         self._receive(run, ready, awaited=next_yield)
@@ -264,7 +268,7 @@ class WorkerPool:
         self.roster.in_flight[worker] += 1
         self._send(worker, Task(task_id, first, self.roster.active,
                                 tuple((s.name, s.size) for s in segments), reset,
-                                self.gauges.trace))
+                                self.gauges.trace, run))
 
     def _send(self, worker: int, message: Any) -> None:
         try:
@@ -298,7 +302,7 @@ class WorkerPool:
                 task = self._tasks[message.task_id]
                 segments, layouts = task.segments, roster.layouts
                 for nth, layout, objects, report in message.made:
-                    if layout is not None:
+                    if layout is not None and type(layout) is not str:  # (str: SKIPPED, stale)
                         layouts[worker] = layout
                     segment, segments[nth] = segments[nth], None
                     if task.run == run:  # a plain tuple: built once a batch
@@ -363,9 +367,8 @@ class WorkerPool:
         raise error
 
     def _restart(self) -> None:
-        """New workers and ring after an interrupted run (the batches it handed out stay
-        readable); the shared source arrays and the payload are reused. Interrupted itself, it
-        runs again next time."""
+        """New workers and ring after an interrupted run (its batches handed out stay readable),
+        the shared source arrays and payload reused; interrupted itself, it runs again next."""
         self._stop_workers()
         self._board.restarted()  # (before the new workers can write their rows)
         self._start()
@@ -385,9 +388,8 @@ class WorkerPool:
         with self._driver:
             run_all([self._stop_workers, self._destroy_shared])
 
-    # Called, not through their finalizers: a finalizer runs once, so one cut short by a Ctrl-C
-    # (at its start, say) would never finish; these run in full again on the next call (each
-    # step is idempotent), and the finalizers stay for a pool that is only collected.
+    # Called, not through their finalizers, which run once (cut short by a Ctrl-C, never to end):
+    # these run in full again on the next call; the finalizers stay for a pool only collected.
     def _stop_workers(self) -> None:
         stop_all(self._workers, self._ring)
         self._finalizer.detach()

@@ -7,7 +7,8 @@
                                                       ──>  sys.path, its status row (status.py),
                                                             loads(payload), init_fn(id)
                                                       <──  Failed(-1, None, ...)  (could not start)
-    Task(task_id, step, stride, slots, reset, trace) ────>  make steps step, step + stride, ...,
+    Task(task_id, step, stride, slots, reset, trace, run)
+                                                      ──>  make steps step, step + stride, ...,
                                                             each straight into its slot
                                                       <──  Done(task_id, made, timings)  (a
                                                                 tuple a step made: nth, layout,
@@ -29,7 +30,9 @@ bytes of a ``StringColumn`` written into the slot after the numbers (``collate.T
 step sends ``Done`` for the steps before it, then ``Failed``; its later steps are not made. A
 stream's batches are made by the worker that owns their reader: ``Task.reset`` (``None`` but for
 the first task of a run) is the reader state to continue from, ``report`` the state after each
-batch. A message is pickled in C (``pickle.dumps``; ``Connection.send`` would build a
+batch. A step of a run that is no longer the pool's (``StatusBoard.begin_run``: a restore, an
+``iter()``, a Ctrl-C since) is not made: its entry in ``made`` has the layout ``SKIPPED``, and
+those after it too, so its slot comes back at once. A message is pickled in C (``pickle.dumps``; ``Connection.send`` would build a
 ``ForkingPickler`` per message) and sent as one frame on the worker's pipe; everything here is
 plain data and never imports JAX.
 
@@ -38,7 +41,7 @@ Example:
     >>> main, worker = Pipe()
     >>> send(main, Task(task_id=7, step=42, stride=2, slots=(("memfd:1:5:99", 4096),)))
     >>> receive(worker)
-    Task(task_id=7, step=42, stride=2, slots=(('memfd:1:5:99', 4096),), reset=None, trace=False)
+    Task(task_id=7, step=42, stride=2, slots=(('memfd:1:5:99', 4096),), reset=None, trace=False, run=0)
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ class Task(NamedTuple):
     slots: tuple
     reset: Any = None  # a stream reader's state to continue from (the first task of a run)
     trace: bool = False  # whether to send each stage's start and end (a profile's timeline)
+    run: int = 0  # the pool's run it is for: its steps are skipped once another began
+
+
+SKIPPED = "skipped"  # a step's layout in ``Done.made``: not made, its run no longer the pool's
 
 
 class Slot(NamedTuple):

@@ -48,12 +48,13 @@ class StatusBoard:
     def __init__(self, num_workers: int) -> None:
         self._stacks = StackFiles(num_workers)
         try:
-            self._segment = shm.Segment.create(num_workers * _FIELDS * 8)
+            self._segment = shm.Segment.create((1 + num_workers * _FIELDS) * 8)
         except BaseException:
             self._stacks.destroy()
             raise
-        self._rows = np.frombuffer(self._segment.memory, np.int64)[:num_workers * _FIELDS]
-        self._rows = self._rows.reshape(num_workers, _FIELDS)
+        cells = np.frombuffer(self._segment.memory, np.int64)
+        self._run = cells[:1]  # the pool's run now: a worker skips the steps of one before
+        self._rows = cells[1:1 + num_workers * _FIELDS].reshape(num_workers, _FIELDS)
         self.restarted()
 
     def names(self, worker: int) -> tuple[str, int, str, str]:
@@ -66,7 +67,13 @@ class StatusBoard:
         the workers before wrote is gone (a crash dump is not a new worker's)."""
         self._rows[:, 0] = _STARTING
         self._rows[:, 2] = time.monotonic_ns()
+        self._run[0] = 0
         self._stacks.clear()
+
+    def begin_run(self, run: int) -> None:
+        """The pool's run is ``run`` from now: the tasks of those before are stale, and their
+        workers skip what they have not made of them (``WorkerStatus.stale``)."""
+        self._run[0] = run
 
     def making(self, worker: int) -> int | None:
         """The step worker ``worker`` is making, or ``None``."""
@@ -112,7 +119,8 @@ class StatusBoard:
     def destroy(self) -> bool:
         """Releases the table and the stack files. Idempotent."""
         self._stacks.destroy()
-        self._rows = np.zeros((0, _FIELDS), np.int64)  # the view goes: the mapping can close
+        self._rows = np.zeros((0, _FIELDS), np.int64)  # the views go: the mapping can close
+        self._run = np.zeros(1, np.int64)
         return self._segment.destroy()
 
 
@@ -125,7 +133,10 @@ class WorkerStatus:
         ``StatusBoard.crash`` reads them (``stacks.WorkerStacks``)."""
         table, size, stacks, asks = names
         self._mapping: Any = shm.attach(table, size)
-        self._row = memoryview(self._mapping).cast("q")[worker * _FIELDS:(worker + 1) * _FIELDS]
+        cells = memoryview(self._mapping).cast("q")
+        self._run = cells[:1]
+        self._row = cells[1 + worker * _FIELDS:1 + (worker + 1) * _FIELDS]
+        cells.release()
         self._stacks = WorkerStacks(stacks, asks, crash_dumps)
         self._row[2] = time.monotonic_ns()
         self._row[0] = _LOADING  # the main process may ask for its stacks from now on
@@ -137,6 +148,10 @@ class WorkerStatus:
         row[2] = time.monotonic_ns()
         row[0] = _MAKING
 
+    def stale(self, run: int) -> bool:
+        """Whether the pool's run is no longer ``run`` (one read of the table, no syscall)."""
+        return self._run[0] != run
+
     def idle(self) -> None:
         """Between tasks."""
         self._row[2] = time.monotonic_ns()
@@ -145,6 +160,7 @@ class WorkerStatus:
     def close(self) -> None:
         self._stacks.close()
         self._row.release()
+        self._run.release()
         self._mapping.close()
 
 

@@ -44,7 +44,7 @@ from jaxloader.workers import payload, protocol
 from jaxloader.runtime import shm, worker_info
 from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
-from jaxloader.workers.protocol import Done, Grow, Slot, Stop, Task
+from jaxloader.workers.protocol import SKIPPED, Done, Grow, Slot, Stop, Task
 from jaxloader.workers.status import WorkerStatus
 
 _MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
@@ -175,7 +175,7 @@ def serve(conn: Connection) -> None:
         if type(message) is not Task:  # Stop
             return
         began, cpu_began = time.perf_counter(), time.process_time()
-        task_id, first, stride, named, reset, trace = message
+        task_id, first, stride, named, reset, trace, run = message
         if (clock.trace is not None) != trace:
             clock.trace = [] if trace else None
         leases = [_Lease(task_id, nth, name, size, inbox, slots, clock)
@@ -185,6 +185,9 @@ def serve(conn: Connection) -> None:
         failed = None
         batches = None
         for nth, (step, lease) in enumerate(zip(steps, leases)):
+            if status.stale(run):  # a restore, an iter(), a Ctrl-C since: nobody waits for it
+                made.extend((k, SKIPPED, None, None) for k in range(nth, len(leases)))
+                break
             status.making(step)  # (a task read at once: its first step names the read)
             try:
                 if batches is None:

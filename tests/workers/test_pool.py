@@ -382,6 +382,34 @@ def test_a_forked_child_is_refused_the_loader_and_the_parent_loses_nothing(tmp_p
     assert out.split() == ["7", "True"], err
 
 
+def _logged(folder):
+    def slow(r):  # a 5 ms transform that counts, in a file a worker, the records it made
+        time.sleep(0.005)
+        with open(os.path.join(folder, str(os.getpid())), "a") as f:
+            f.write("x")
+        return r
+    return slow
+
+
+def test_a_new_run_does_not_wait_behind_the_steps_of_the_one_before(tmp_path):
+    # A restore (so an iter() after a break, or a Ctrl-C) left the workers making every step
+    # they had been sent for the run before (tasks of 16 steps, 64 steps ahead a worker): the
+    # next batch came after ~1,000 records nobody wanted (5 s here), not after a step's.
+    def made():
+        return sum(os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path))
+
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(4000)}), batch_size=8, num_workers=2,
+                       transforms=[jl.Map(_logged(str(tmp_path)))], process_index=0,
+                       process_count=1) as loader:
+        it = iter(loader)
+        want = [next(it)["x"].tolist() for _ in range(3)]
+        state = loader.state_dict()
+        loader.load_state_dict({**state, "step": 1})
+        before = made()
+        assert next(iter(loader))["x"].tolist() == want[1]
+        assert made() - before < 200  # a step or two a worker, the new run's first steps
+
+
 def test_ctrl_c_shuts_down_cleanly(tmp_path):
     proc = _run_script(tmp_path, SCRIPT_HEAD + """
     while True:
