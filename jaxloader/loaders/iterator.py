@@ -246,7 +246,10 @@ class LoaderIterator(Generic[BatchT]):
         if self._prefetcher is not None:
             return self._prefetcher.close(until_gone)
         if self._batches is not None:
-            self._batches.close()
+            try:
+                self._batches.close()
+            except ValueError:  # run by another thread now: the engine's close() ends it
+                return False
         return True
 
 

@@ -164,3 +164,10 @@ def forked(owner: int) -> JaxloaderError:
         f"this loader's workers belong to process {owner}, which forked this one "
         f"({os.getpid()}): a forked process cannot use them; make a loader in it (or iterate "
         "with num_workers=0), and leave the parent's loader to the parent")
+
+
+def closed() -> JaxloaderError:
+    """What a run waiting for a batch raises when ``close()`` (from another thread, or at the
+    interpreter's exit) killed the workers: not their death, which would blame memory."""
+    return JaxloaderError("the loader was closed (close() from another thread, or at exit) "
+                          "while this iterator waited for a batch; make a new loader to go on")

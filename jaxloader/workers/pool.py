@@ -49,7 +49,7 @@ from jaxloader.workers import failures, payload, protocol
 from jaxloader.workers.process import stop_all
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
-from jaxloader.workers.tasks import Failure, InFlight, steps_per_task, tasks_ahead
+from jaxloader.workers.tasks import Failure, InFlight, task_shape
 from jaxloader.workers.roster import Roster
 from jaxloader.runtime.shm import Segment, destroy_all
 from jaxloader.workers.status import StatusBoard
@@ -92,6 +92,7 @@ class WorkerPool:
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
         self._shared: list[Segment] = []  # source arrays shared with the workers
         self._broken: WorkerError | None = None
+        self._closing = False  # close() began: a worker gone was killed by it, not dead
         self._mixed_up = False  # an interrupt may have cut a message: restart the workers
         self.restarts = 0  # times the workers were replaced after such an interrupt
         self._shared_finalizer = weakref.finalize(self, destroy_all, self._shared)
@@ -102,12 +103,11 @@ class WorkerPool:
         self._start()
         try:
             self._blob = payload.dumps((maker, worker_init_fn), self._shared.append)
-        except SharedMemoryError:
+        except BaseException as e:  # (a Ctrl-C too: a notebook keeps the frames, and the pool)
             self.close()
-            raise  # picklable, but no memory to share it in: the error says so
-        except Exception as e:
-            self.close()
-            raise failures.unpicklable(e, maker, worker_init_fn) from e
+            if isinstance(e, Exception) and not isinstance(e, SharedMemoryError):
+                raise failures.unpicklable(e, maker, worker_init_fn) from e
+            raise  # (out of memory to share it in, or a Ctrl-C: said as it is)
         self._send_payload()
 
     def _start(self) -> None:
@@ -235,15 +235,11 @@ class WorkerPool:
                         self._ring.give_back(made[0])
 
     def _task_shape(self, streaming: bool) -> tuple[int, int, int]:
-        """``(steps a task, tasks ahead a worker, steps ahead in all)`` for the slot size now;
-        computed again only when it changes (asked for every batch handed out)."""
-        key = (self._ring.slot_size, streaming)  # (emptied when the workers in use change)
+        """``tasks.task_shape`` for the slot size now, kept (asked every batch handed out)."""
+        key = (self._ring.slot_size, streaming)
         shape = self._shapes.get(key)
         if shape is None:
-            size = self._ring.slot_size
-            steps = steps_per_task(size, streaming, self.roster.active * self._prefetch)
-            ahead = tasks_ahead(size, steps, self._prefetch, self.roster.active)
-            shape = self._shapes[key] = (steps, ahead, self.roster.active * ahead * steps)
+            shape = self._shapes[key] = task_shape(*key, self._prefetch, self.roster.active)
         return shape
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
@@ -356,6 +352,8 @@ class WorkerPool:
                                          self._maker.location))
 
     def _worker_died(self, worker: int) -> NoReturn:
+        if self._closing:  # (killed by close() from another thread, or at exit)
+            raise failures.closed()
         w = self._workers[worker]
         code = w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S)
         self._break(failures.died(worker, w.pid, code, self._board, self._maker.location), None)
@@ -380,6 +378,7 @@ class WorkerPool:
         """Stops the workers (signal, drain, join, kill) and unlinks every segment. Idempotent;
         an interrupt (Ctrl-C) during it does not stop the later steps, it is raised after them.
         Safe from any thread while another drives a run (see the module docstring)."""
+        self._closing = True
         if not self._driver.acquire(timeout=_DRIVER_WAIT_S):
             for worker in self._workers:  # the run in the other thread sees them go, and stops
                 worker.kill()

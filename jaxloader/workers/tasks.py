@@ -58,6 +58,20 @@ def tasks_ahead(slot_size: int, steps: int, prefetch: int, workers: int) -> int:
     return max(prefetch, min(held, room))
 
 
+def task_shape(slot_size: int, streaming: bool, prefetch: int,
+               workers: int) -> tuple[int, int, int]:
+    """``(steps a task, tasks ahead a worker, steps ahead in all)`` for slots of
+    ``slot_size`` bytes (0: not known yet).
+
+    Example:
+        >>> task_shape(22_528, False, prefetch=2, workers=2)
+        (16, 4, 128)
+    """
+    steps = steps_per_task(slot_size, streaming, workers * prefetch)
+    ahead = tasks_ahead(slot_size, steps, prefetch, workers)
+    return steps, ahead, workers * ahead * steps
+
+
 class InFlight(NamedTuple):
     """A task in flight: which worker makes which steps, for which run, into which slots."""
 

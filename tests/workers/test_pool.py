@@ -410,6 +410,55 @@ def test_a_new_run_does_not_wait_behind_the_steps_of_the_one_before(tmp_path):
         assert made() - before < 200  # a step or two a worker, the new run's first steps
 
 
+def test_close_from_another_thread_while_one_iterates_names_the_close(tmp_path):
+    # close() raised "ValueError: generator already executing", and the iterating thread was
+    # told its workers were killed by SIGKILL, "often the out-of-memory killer"
+    import threading
+
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(4000)}), batch_size=16,
+                           num_workers=2, num_epochs=None, process_index=0, process_count=1,
+                           transforms=[jl.Map(_logged(str(tmp_path)))])
+    raised: list = []
+
+    def consume():
+        try:
+            for _ in loader:
+                pass
+        except BaseException as e:  # noqa: BLE001 - what the thread saw is the test
+            raised.append(e)
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    time.sleep(0.3)
+    loader.close()
+    thread.join(10)
+    assert not thread.is_alive() and len(raised) == 1
+    # (waiting for a batch: "the loader was closed ..."; between two: "DataLoader is closed")
+    assert type(raised[0]) is jl.JaxloaderError and "closed" in str(raised[0])
+
+
+def test_a_ctrl_c_while_the_pool_is_made_leaves_no_worker(monkeypatch):
+    # Interrupted as the payload was made (a large source copied), the pool closed itself on an
+    # Exception only: the workers lived on while the traceback (a notebook's last one) held it
+    from conftest import live_children
+    from jaxloader.workers import payload
+
+    before = {pid for pid, _ in live_children()}
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(payload, "dumps", interrupted)
+    with pytest.raises(KeyboardInterrupt) as held:  # (kept, as sys.last_traceback keeps it)
+        make_pool(2)
+    deadline = time.monotonic() + 5
+    while [pid for pid, _ in live_children() if pid not in before] and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid, _ in live_children() if pid not in before]
+    assert held.value is not None
+
+
 def test_ctrl_c_shuts_down_cleanly(tmp_path):
     proc = _run_script(tmp_path, SCRIPT_HEAD + """
     while True:
