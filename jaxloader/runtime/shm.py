@@ -104,6 +104,8 @@ class Segment:
                 registry.pop(name, None)
             if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
                 raise _out_of_descriptors(e) from e
+            if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+                raise _unmappable(size, e) from e
             raise
         return segment
 
@@ -118,13 +120,15 @@ class Segment:
             if registry is not None:
                 registry[name] = segment
             resource_tracker.register("/" + name, "shared_memory")
-        except BaseException:
+        except BaseException as e:
             try:  # by name: a Ctrl-C right after shm_open returns loses the fd, not the name
                 _posixshmem.shm_unlink("/" + name)
             except FileNotFoundError:
                 pass
             if registry is not None:
                 registry.pop(name, None)
+            if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+                raise _unmappable(size, e) from e
             raise
         finally:
             if fd >= 0:
@@ -200,11 +204,28 @@ def _out_of_descriptors(e: OSError) -> SharedMemoryError:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     raise_it = (f"raise the limit (ulimit -n {hard}, or resource.setrlimit(RLIMIT_NOFILE, "
-                f"({hard}, {hard})) before the loader), " if hard > soft else "")
+                f"({hard}, {hard})) before the loader)" if hard > soft else
+                "raise the limit (its hard limit too: as root, ulimit -n; in a container, "
+                "docker run --ulimit nofile=65536)")
     return SharedMemoryError(
         f"shared memory: no descriptor left for a new segment ({e.strerror}; this process may "
-        f"hold {soft:,}, and a batch slot holds {1 if _UNTRACKED else 2}): {raise_it}use fewer "
-        "workers or a smaller prefetch, or keep fewer batches alive")
+        f"hold {soft:,}, and a batch slot holds {1 if _UNTRACKED else 2}): {raise_it}; close "
+        "the loaders you no longer use (each keeps its slots), use fewer workers, or keep "
+        "fewer batches alive")
+
+
+def _unmappable(size: int, e: OSError) -> SharedMemoryError:
+    """The error for a segment whose mapping the address space refused (``ulimit -v``, as HPC
+    schedulers set it, or ``vm.max_map_count`` mappings), not the memory."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    limit = "not limited" if soft == resource.RLIM_INFINITY else f"limited to {soft:,} bytes"
+    return SharedMemoryError(
+        f"shared memory: could not map {size:,} bytes ({e.strerror}): this process's address "
+        f"space is {limit} (ulimit -v, RLIMIT_AS: batch slots and the source count against "
+        "it), or it holds vm.max_map_count mappings; raise the limit, or use smaller batches, "
+        "fewer workers or prefetch")
 
 
 def reserve(fd: int, size: int, where: str) -> None:

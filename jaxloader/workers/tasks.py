@@ -5,7 +5,7 @@ A task makes as many of a worker's steps as fit in ``TASK_BYTES`` of slots, up t
 ``MAX_TASK_STEPS`` (one a task while the batch size is not known, and for streams, whose
 readers need no more). A worker has ``prefetch`` tasks in flight, or for small batches as many
 as hold ``prefetch`` MiB of them, up to ``MAX_AHEAD_STEPS`` steps a worker and
-``MAX_AHEAD_SLOTS`` in all.
+``MAX_AHEAD_SLOTS`` in all (fewer under a low descriptor limit: ``ahead_slots``).
 
 Example:
     >>> steps = steps_per_task(22_528, streaming=False)  # 256 rows of Parquet a batch
@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 from jaxloader.base.errors import WorkerError
@@ -35,26 +36,42 @@ MAX_AHEAD_STEPS = 64
 # and at most this many steps for all the workers together: each slot holds a descriptor in the
 # main process (two before Python 3.13; many systems allow 1,024), so 8 workers or more keep
 # ``prefetch`` tasks, of fewer steps from 16 workers (``prefetch`` 2)
+# ``ahead_slots()`` lowers it under a low descriptor limit: a quarter of the table a loader.
 MAX_AHEAD_SLOTS = 256
 
 
-def steps_per_task(slot_size: int, streaming: bool, tasks: int = 1) -> int:
+def ahead_slots() -> int:
+    """``MAX_AHEAD_SLOTS``, or fewer where a quarter of this process's descriptor limit holds
+    fewer slots (a limit of 64, or 1,024 before Python 3.13): a few loaders alive at once
+    then fit the table, where their slots would fill it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_AHEAD_SLOTS
+    each = 1 if sys.version_info >= (3, 13) else 2  # descriptors a slot (runtime/shm.py)
+    return max(4, min(MAX_AHEAD_SLOTS, soft // (4 * each)))
+
+
+def steps_per_task(slot_size: int, streaming: bool, tasks: int = 1,
+                   slots: int = MAX_AHEAD_SLOTS) -> int:
     """Steps a task for batches of ``slot_size`` bytes (0: not known yet), ``tasks`` of them
-    in flight at least (workers x prefetch): together within ``MAX_AHEAD_SLOTS`` steps where
-    tasks of one step are."""
+    in flight at least (workers x prefetch): together within ``slots`` steps where tasks of
+    one step are."""
     if streaming or not slot_size:
         return 1
-    return max(1, min(MAX_TASK_STEPS, TASK_BYTES // slot_size, MAX_AHEAD_SLOTS // tasks))
+    return max(1, min(MAX_TASK_STEPS, TASK_BYTES // slot_size, slots // tasks))
 
 
-def tasks_ahead(slot_size: int, steps: int, prefetch: int, workers: int) -> int:
+def tasks_ahead(slot_size: int, steps: int, prefetch: int, workers: int,
+                slots: int = MAX_AHEAD_SLOTS) -> int:
     """Tasks of ``steps`` steps in flight a worker: ``prefetch``, more for small batches
-    (``MAX_AHEAD_STEPS``, ``MAX_AHEAD_SLOTS``). Tasks of one step (batches of 1 MiB or more,
+    (``MAX_AHEAD_STEPS``, ``slots`` in all). Tasks of one step (batches of 1 MiB or more,
     and streams) keep ``prefetch``."""
     if not slot_size or steps == 1:
         return prefetch
     held = prefetch * TASK_BYTES // (steps * slot_size)
-    room = min(MAX_AHEAD_STEPS, MAX_AHEAD_SLOTS // workers) // steps
+    room = min(MAX_AHEAD_STEPS, slots // workers) // steps
     return max(prefetch, min(held, room))
 
 
@@ -67,8 +84,9 @@ def task_shape(slot_size: int, streaming: bool, prefetch: int,
         >>> task_shape(22_528, False, prefetch=2, workers=2)
         (16, 4, 128)
     """
-    steps = steps_per_task(slot_size, streaming, workers * prefetch)
-    ahead = tasks_ahead(slot_size, steps, prefetch, workers)
+    slots = ahead_slots()
+    steps = steps_per_task(slot_size, streaming, workers * prefetch, slots)
+    ahead = tasks_ahead(slot_size, steps, prefetch, workers, slots)
     return steps, ahead, workers * ahead * steps
 
 

@@ -70,9 +70,31 @@ def test_a_full_descriptor_table_is_a_shared_memory_error_with_the_remedy(monkey
     monkeypatch.setattr(shm.os, "memfd_create", full)
     monkeypatch.setattr(shm.os, "listdir", full)  # (as the table is full: /proc/self/fd too)
     with pytest.raises(SharedMemoryError, match=r"no descriptor left for a new segment \(Too "
-                                                r"many open files; this process may hold .*use "
-                                                r"fewer workers or a smaller prefetch"):
+                                                r"many open files; this process may hold .*: "
+                                                r"raise the limit .*ulimit -n.*close the "
+                                                r"loaders you no longer use"):
         Segment.create(4096)
+
+
+@pytest.mark.parametrize("memfd", [pytest.param(True, marks=needs_memfd), False])
+def test_an_address_space_limit_is_a_shared_memory_error_with_the_remedy(memfd):
+    # ulimit -v (HPC schedulers set it): a bare "OSError: [Errno 12] Cannot allocate memory"
+    script = f"""
+import resource
+from jaxloader.base.errors import SharedMemoryError
+from jaxloader.runtime.shm import Segment
+size = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (32 << 20), resource.RLIM_INFINITY))
+try:
+    Segment.create(64 << 20, prefault=False, memfd={memfd})
+except SharedMemoryError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert "could not map 67,108,864 bytes (Cannot allocate memory): this process's address " \
+           "space is limited to" in out.stdout, out.stderr
+    assert "ulimit -v" in out.stdout
 
 
 @needs_memfd
