@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import select
+import sys
 from typing import Any, Callable
 
 from jaxloader.base.timings import Gauges, StageTotals
@@ -39,6 +40,7 @@ class Roster:
     def __init__(self, count: int, *, capacity: int, start_method: str, gauges: Gauges,
                  active: int | None = None) -> None:
         self.capacity = max(count, capacity)
+        self._fork_said = False  # (a fork refused once JAX is imported: said once)
         self._start_method = start_method
         self._gauges = gauges
         self.workers: list[WorkerProcess] = []
@@ -78,8 +80,18 @@ class Roster:
         return i
 
     def resize(self, workers: int) -> None:
-        """Asks for ``workers`` in use (1 to ``capacity``); safe from any thread."""
-        self.target = max(1, min(int(workers), self.capacity))
+        """Asks for ``workers`` in use (1 to ``capacity``; to those started where no more can
+        start: forked, once JAX is imported, which ``WorkerProcess`` refuses); safe from any
+        thread."""
+        target = max(1, min(int(workers), self.capacity))
+        if target > len(self.workers) and self._start_method == "fork" and "jax" in sys.modules:
+            if not self._fork_said:
+                log.warning("num_workers='auto' keeps %d worker process(es): start_method='fork'"
+                            " starts no more once JAX is imported (start_method='exec' does)",
+                            len(self.workers))
+                self._fork_said = True
+            target = len(self.workers)
+        self.target = target
 
     def apply(self, send_payload: Callable[[int], None], step: int) -> None:
         """Takes ``resize``'s count from ``step`` on: starts what is missing

@@ -629,6 +629,26 @@ def test_fork_start_method_gives_the_same_stream(tmp_path):
     assert out.split() == ["24", "True"], err
 
 
+def test_auto_workers_forked_keep_their_count_once_jax_is_imported(tmp_path):
+    # the tuner grew the workers by forking after a notebook's next cell imported JAX: the
+    # refusal (a ConfigError) broke the loader mid-training, at every call after
+    proc = _run_script(tmp_path, """
+    import sys, types, numpy as np, jaxloader as jl
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(400)}), batch_size=4, num_epochs=None,
+                       num_workers="auto", start_method="fork", process_index=0,
+                       process_count=1) as loader:
+        it = iter(loader)
+        next(it)
+        sys.modules["jax"] = types.ModuleType("jax")  # (as a cell that imports it; no runtime)
+        loader._engine.roster.resize(3)  # what the tuner asks for
+        steps = [int(next(it)["x"][0]) // 4 for _ in range(20)]
+        print(steps == list(range(1, 21)), loader.num_workers)
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert out.split() == ["True", "1"], err
+    assert "keeps 1 worker process(es): start_method='fork' starts no more" in err
+
+
 def test_a_loader_left_to_jax_for_its_place_does_not_import_it_so_fork_stays_open(tmp_path):
     # it imported JAX to ask for the process count, after which fork was refused
     proc = _run_script(tmp_path, """
