@@ -51,16 +51,18 @@ class HuggingFaceSource:
             "numpy", columns=fmt["columns"], output_all_columns=fmt["output_all_columns"])
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
-        # the rows where a numeric column read holds a null (found once; none read where
-        # Arrow's counts say there are none), checked against each read's indices: NumPy
-        # format gives a null as NaN, and an int column with one as floats (cast back here:
-        # the null another number)
+        # the rows where a column read holds a null (found once; none read where Arrow's
+        # counts say there are none), checked against each read's indices: NumPy format gives
+        # a null as NaN, an int column with one as floats (cast back here: the null another
+        # number), a string, a struct's field or an image as None. An image's (a media
+        # feature's) own fields are left alone: a null path beside its bytes is how they are.
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
+        media = {key for key, feature in self._features.items()
+                 if type(feature).__name__ in ("Image", "Audio", "Video", "Pdf")}
         self._nulls = {} if self.custom else {
-            key: rows for key in read
-            if _numeric(dataset.data.schema.field(key).type) and _nulls(dataset.data.column(key))
-            and len(rows := _null_rows(dataset, key))}
+            key: rows for key in read if _nulls(dataset.data.column(key), key in media)
+            and len(rows := _null_rows(dataset, key, key in media))}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -120,13 +122,14 @@ class HuggingFaceSource:
             at = np.minimum(np.searchsorted(null_rows, indices), len(null_rows) - 1)
             hit = indices[null_rows[at] == indices]
             if len(hit):
+                kind = self.dataset.data.schema.field(key).type
+                got = ("NaN, or for integers a float cast back (another number)"
+                       if _numeric(kind) else "None where the other rows hold values")
                 raise RecordError(
-                    f"Hugging Face dataset: column {key!r} "
-                    f"({self.dataset.data.schema.field(key).type}) holds a null in rows "
-                    f"{hit[:5].tolist()} (the dataset's indices), expected numbers: NumPy "
-                    "format would give NaN, or for integers a float cast back (another number); "
-                    "fill the nulls (ds.map), drop those rows (ds.filter) or the column "
-                    "(ds.remove_columns)")
+                    f"Hugging Face dataset: column {key!r} ({kind}) holds a null in rows "
+                    f"{hit[:5].tolist()} (the dataset's indices), expected values: NumPy "
+                    f"format would give {got}; fill the nulls (ds.map), drop those rows "
+                    "(ds.filter) or the column (ds.remove_columns)")
 
     def __repr__(self) -> str:
         return f"HuggingFaceSource({self.dataset!r:.200})"
@@ -142,11 +145,12 @@ def _numeric(kind: Any) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
-def _null_rows(dataset: Any, key: str) -> np.ndarray:
+def _null_rows(dataset: Any, key: str, top: bool = False) -> np.ndarray:
     """The dataset's rows (after its ``select``/``filter``/``shuffle``) where column ``key``
-    holds a null, its lists' values included, ascending."""
+    holds a null, its lists' values and its structs' fields included (not with ``top``),
+    ascending."""
     column = dataset.data.column(key)
-    in_table = np.concatenate([_null_rows_of(c) if _nulls(c) else np.zeros(len(c), bool)
+    in_table = np.concatenate([_null_rows_of(c, top) if _nulls(c, top) else np.zeros(len(c), bool)
                                for c in column.chunks] or [np.zeros(0, bool)])
     mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
     if mapping is not None:
@@ -154,12 +158,18 @@ def _null_rows(dataset: Any, key: str) -> np.ndarray:
     return np.flatnonzero(in_table)
 
 
-def _null_rows_of(array: Any) -> np.ndarray:
-    """A row mask of an Arrow array: where it, or a value of its lists, is null."""
+def _null_rows_of(array: Any, top: bool = False) -> np.ndarray:
+    """A row mask of an Arrow array: where it, or (but with ``top``) a value of its lists or a
+    field of its structs, is null."""
     import pyarrow as pa
 
     rows = array.is_null().to_numpy(zero_copy_only=False)
-    if isinstance(array, pa.FixedSizeListArray):
+    if top:
+        return rows
+    if isinstance(array, pa.StructArray):
+        for field in array.flatten():  # (its offset applied)
+            rows |= _null_rows_of(field)
+    elif isinstance(array, pa.FixedSizeListArray):
         size = array.type.list_size
         if size:
             inner = _null_rows_of(array.values.slice(array.offset * size, len(array) * size))
@@ -173,9 +183,18 @@ def _null_rows_of(array: Any) -> np.ndarray:
     return rows
 
 
-def _nulls(column: Any) -> bool:
-    """Whether an Arrow column (chunked or not) holds a null, its lists' values included."""
-    return any(chunk.null_count or nested_nulls(chunk)
+def _nulls(column: Any, top: bool = False) -> bool:
+    """Whether an Arrow column (chunked or not) holds a null, its lists' values and its
+    structs' fields included (not with ``top``)."""
+    import pyarrow as pa
+
+    def inside(chunk: Any) -> bool:
+        if top:
+            return False
+        if pa.types.is_struct(chunk.type):
+            return any(_nulls(field) for field in chunk.flatten())
+        return bool(nested_nulls(chunk))
+    return any(chunk.null_count or inside(chunk)
                for chunk in getattr(column, "chunks", [column]))
 
 

@@ -91,8 +91,8 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
     # INT64_MIN; a float null as NaN
     ds = datasets.Dataset.from_dict({"id": [16_777_217, 123_456_789, None, 4],
                                      "v": [[0.5], [1.5], [2.5], [None]],
-                                     "t": ["a", None, "c", "d"]})  # (a null string: None)
-    with jl.DataLoader(ds.select([0, 1]), batch_size=2, process_index=0,
+                                     "t": ["a", None, "c", "d"]})  # (a null string)
+    with jl.DataLoader(ds.select([0, 1]).remove_columns("t"), batch_size=2, process_index=0,
                        process_count=1) as loader:
         assert next(iter(loader))["id"].tolist() == [16_777_217, 123_456_789]
     only_t = ds.with_format("numpy", columns=["t"])  # (a column not read is not checked)
@@ -106,6 +106,26 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
             next(iter(loader))
     with pytest.raises(jl.RecordError, match=r"column 'id' .* rows \[2\]"):
         jl.sources.huggingface.HuggingFaceSource(ds)[2]
+    # a null string, a struct's null field and a null image came out as None in the batch
+    from datasets import Features, Image, Value
+    from PIL import Image as Picture
+
+    picture = Picture.fromarray(np.zeros((2, 2, 3), np.uint8))
+    features = Features({"t": Value("string"), "m": {"x": Value("int32"), "s": Value("string")},
+                         "img": Image()})
+    rows = {"t": ["a", "b", "c"], "m": [{"x": 1, "s": "p"}] * 3, "img": [picture] * 3}
+    fine = datasets.Dataset.from_dict(rows, features=features)
+    with jl.DataLoader(fine, batch_size=3, process_index=0, process_count=1) as loader:
+        batch = next(iter(loader))  # (an image's null path beside its bytes: how they are)
+        assert batch["img"].shape == (3, 2, 2, 3) and batch["m"]["x"].dtype == np.int32
+    for key, value, kind in (("t", None, r"\(string\)"), ("m", {"x": None, "s": "p"}, r"\(struct"),
+                             ("m", {"x": 1, "s": None}, r"\(struct"), ("img", None, r"\(struct")):
+        nulled = datasets.Dataset.from_dict({**rows, key: [rows[key][0], value, rows[key][2]]},
+                                            features=features)
+        with jl.DataLoader(nulled, batch_size=3, process_index=0, process_count=1) as loader, \
+                pytest.raises(jl.RecordError, match=rf"column '{key}' {kind}.*holds a null in "
+                                                    r"rows \[1\].*None where the other rows"):
+            next(iter(loader))
     # values stored behind a null list (Arrow allows them; flatten() leaves them out)
     import pyarrow as pa
     from datasets.table import InMemoryTable
