@@ -48,7 +48,11 @@ def check_source(source: Any) -> int:
         splits = keys and all(  # a DatasetDict: datasets by split, not arrays or lists
             isinstance(source[k], Source) and not isinstance(source[k], (list, tuple, str))
             and not hasattr(source[k], "dtype") for k in keys)
+        streams = keys and all(  # an IterableDatasetDict: streams by split
+            type(source[k]).__name__ == "IterableDataset" for k in keys)
         remedy = (f"pass one of them: source[{keys[0]!r}]" if splits else
+                  f"pass one of them to a StreamLoader: jaxloader.StreamLoader("
+                  f"source[{keys[0]!r}], ...)" if streams else
                   "for arrays with the records along axis 0, wrap it: "
                   "jaxloader.ArraySource(your_dict)")
         raise ConfigError(

@@ -33,7 +33,8 @@ _LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths
 
 def adapt(source: Any) -> Any:
     """``HuggingFaceSource(source)`` for a ``datasets.Dataset``, the source itself otherwise."""
-    if type(source).__module__.startswith("datasets.") and hasattr(source, "with_format"):
+    if type(source).__module__.startswith("datasets.") and hasattr(source, "with_format") \
+            and not isinstance(source, dict):  # (a DatasetDict: refused by check_source)
         return HuggingFaceSource(source)
     return source
 

@@ -243,3 +243,20 @@ def test_the_datasets_own_transform_is_kept(per_record):
         want = raw[batch["label"].tolist()]["vector"] * 10
         np.testing.assert_allclose(batch["scaled"], want, rtol=1e-6)
         assert batch["tag"].tolist() == [f"t{i}" for i in batch["label"]]
+
+
+def test_a_dataset_dict_is_named_wherever_a_source_goes():
+    # only DataLoader named it; ConcatSource, mix, MapSource, FilteredSource and PackedSource
+    # raised "'DatasetDict' object has no attribute 'format'", and an IterableDatasetDict was
+    # told to wrap it in an ArraySource
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"ids": [[1, 2], [3]]})})
+    for make in (lambda: jl.ConcatSource([splits]), lambda: jl.MapSource(splits, len),
+                 lambda: jl.FilteredSource(splits, bool), lambda: jl.PackedSource(splits, "ids", 4),
+                 lambda: jl.mix([splits, splits], [0.5, 0.5])):
+        with pytest.raises(jl.ConfigError, match=r"got a DatasetDict .*pass one of them: "
+                                                 r"source\['train'\]"):
+            make()
+    streams = datasets.IterableDatasetDict({"train": splits["train"].to_iterable_dataset()})
+    with pytest.raises(jl.ConfigError, match=r"IterableDatasetDict .*pass one of them to a "
+                                             r"StreamLoader: jaxloader.StreamLoader\(source"):
+        jl.DataLoader(streams, batch_size=2)
