@@ -62,7 +62,7 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
         differ = [f"{f.name}: {f.type} in {paths[0]!r}, "
                   f"{other.field(f.name).type if f.name in other.names else 'missing'} here"
                   for f in wanted if f.name not in other.names
-                  or not other.field(f.name).type.equals(f.type)]
+                  or not _alike(other.field(f.name).type).equals(_alike(f.type))]
         if differ:
             raise ConfigError(
                 f"ParquetSource: file {path!r} has another schema than the first file: "
@@ -74,6 +74,28 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     return Footers(chosen, groups, [metas[f].row_group(g).num_rows for f, g in groups],
                    np.array([_decoded_bytes(metas[f].row_group(g), chosen) for f, g in groups],
                             dtype=np.int64), (_columns_text(metas[0].schema), str(schema)))
+
+
+def _alike(kind: Any) -> Any:
+    """``kind`` with what is only Arrow's encoding made one: ``large_string`` and
+    ``string_view`` a ``string`` (pandas 3 writes the first, Spark and ``datasets`` the last),
+    the binary ones ``binary``, ``large_list`` a ``list``, a dictionary its values (a pandas
+    categorical's index width follows its count): the values read are the same."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        return _alike(kind.value_type)
+    if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_large_list(kind) or pa.types.is_list_view(kind):
+        return pa.list_(_alike(kind.value_type))
+    if pa.types.is_list(kind):
+        return pa.list_(_alike(kind.value_type))
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_alike(f.type)) for f in kind])
+    return kind
 
 
 def _columns_text(schema: Any) -> str:

@@ -716,3 +716,27 @@ def test_the_fingerprint_does_not_depend_on_an_extension_type_being_registered(t
     finally:
         pa.unregister_extension_type("jaxloader.test.pair")
     assert jl.ParquetSource(tmp_path / "p.parquet", columns=["y"]).fingerprint == registered
+
+
+def test_files_that_differ_only_in_arrow_encoding_are_read_together(tmp_path):
+    # pandas 3 writes str as large_string, datasets and Spark as string; a categorical's index
+    # width follows its count: each file alone read the same values, together they were refused
+    pq.write_table(pa.table({"s": pa.array(["a", "b"], pa.string()),
+                             "t": pa.array([[1, 2], [3, 4]], pa.list_(pa.int64())),
+                             "c": pa.array(["x", "y"]).dictionary_encode()}), tmp_path / "0.parquet")
+    pq.write_table(pa.table({"s": pa.array(["c", "d"], pa.large_string()),
+                             "t": pa.array([[5, 6], [7, 8]], pa.large_list(pa.int64())),
+                             "c": pa.array(["z", "w"])}), tmp_path / "1.parquet")
+    source = jl.ParquetSource(tmp_path)
+    with jl.DataLoader(source, batch_size=4, shuffle=True, process_index=0,
+                       process_count=1) as loader:
+        batch = next(iter(loader))
+    order = np.argsort(batch["s"].astype(str))
+    assert batch["s"][order].tolist() == ["a", "b", "c", "d"]
+    assert batch["c"][order].tolist() == ["x", "y", "z", "w"]
+    assert batch["t"][order].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    pq.write_table(pa.table({"s": pa.array(["e"]), "t": pa.array([[9.0, 9.0]]),
+                             "c": pa.array(["v"])}), tmp_path / "2.parquet")
+    with pytest.raises(jl.ConfigError, match=r"another schema than the first file: t: "
+                                             r"list<\w+: int64>"):
+        jl.ParquetSource(tmp_path)  # (numbers of another type still differ)
