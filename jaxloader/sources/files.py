@@ -48,11 +48,16 @@ class FileListSource:
                 )
             given = np.asarray(labels)
             if given.dtype.kind not in "iub":
+                odd = next((j for j, v in enumerate(labels) if not isinstance(
+                    v, (int, np.integer))), 0)  # (the first that is no int: None, a str)
                 raise ConfigError(
-                    f"FileListSource(labels): expected integers, got {given.dtype} (first "
-                    f"{labels[0]!r}); for class names pass ints, e.g. "
+                    f"FileListSource(labels): expected integers, got {given.dtype} (labels[{odd}]"
+                    f" is {labels[odd]!r}); for class names pass ints, e.g. "
                     "[classes.index(name) for name in names] with classes=sorted(set(names))"
                 )
+            if given.dtype.kind == "u" and len(given) and given.max() >= 2**63:
+                raise ConfigError(f"FileListSource(labels): {int(given.max())} is beyond int64, "
+                                  "which labels are kept as; pass labels below 2**63")
             self.labels = given.astype(np.int64)
 
     def __len__(self) -> int:

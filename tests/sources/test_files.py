@@ -55,6 +55,11 @@ def test_bad_arguments(tmp_path):
         with pytest.raises(jl.ConfigError, match=f"expected integers, got {got}"):
             jl.FileListSource(["a", "b"], labels=labels)
     assert jl.FileListSource(["a", "b"], labels=[True, False]).labels.tolist() == [1, 0]
+    # a None named the first label ("first 0"), which was fine; a uint64 past int64 wrapped
+    with pytest.raises(jl.ConfigError, match=r"got object \(labels\[1\] is None\)"):
+        jl.FileListSource(["a", "b"], labels=[0, None])
+    with pytest.raises(jl.ConfigError, match=r"9223372036854775813 is beyond int64"):
+        jl.FileListSource(["a"], labels=np.array([2**63 + 5], np.uint64))
     a = jl.FileListSource(["a", "b"]).fingerprint
     assert a != jl.FileListSource(["b", "a"]).fingerprint and a.startswith("files:2:")
 
