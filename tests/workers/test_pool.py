@@ -462,15 +462,15 @@ def test_a_ctrl_c_while_the_pool_is_made_leaves_no_worker(monkeypatch):
 def test_a_low_descriptor_limit_holds_fewer_slots_not_a_failure(tmp_path):
     # With 64 descriptors a loader of small batches failed at its first batches, even with one
     # worker and prefetch=1: its slots in flight (up to 256) did not depend on the limit
-    import resource
-
     proc = _run_script(tmp_path, """
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         import numpy as np, jaxloader as jl
         src = jl.ArraySource({"x": np.arange(8000)})
         want = [b["x"].tolist() for b in jl.DataLoader(src, batch_size=8, shuffle=True)]
         with jl.DataLoader(src, batch_size=8, shuffle=True, num_workers=2) as loader:
             print([b["x"].tolist() for b in loader] == want)
-    """, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    """)
     out, err = proc.communicate(timeout=120)
     assert out.split() == ["True"], err[-2000:]
 
