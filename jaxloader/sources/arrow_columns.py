@@ -91,9 +91,15 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
     where = "" if nulls else " inside its lists"
     nulls = nulls or nested_nulls(array)
     if nulls:
+        top = name.split(".")[0]  # (a struct's field: columns= names its column)
+        media = (f"; {top!r} looks like a Hugging Face Image or Audio column (bytes and a path "
+                 "that may be null): read the files with datasets.load_dataset('parquet', "
+                 "data_files=...) and pass the Dataset, which knows the feature"
+                 if name.endswith(".path") else "")
         raise ValueError(
             f"ParquetSource: column {name!r} of {path!r} has {nulls} null value(s){where}; "
-            "fill them when writing the file, or leave the column out with columns="
+            f"fill them when writing the file, or leave the column {top!r} out with "
+            f"columns={media}"
         )
     kind = array.type
     if pa.types.is_struct(kind):

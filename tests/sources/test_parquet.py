@@ -484,6 +484,15 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     pq.write_table(pa.table({"x": pa.array([[{"label": 7}], [{"label": None}]], boxes)}), nulls)
     with pytest.raises(ValueError, match="'x' of .*nulls.parquet' has 1 null value.* inside"):
         jl.ParquetSource(str(nulls))[0]
+    # a Hugging Face Image column as datasets writes it: a struct of bytes and a null path; the
+    # remedy said to leave out 'img.path' with columns=, which takes no field of a struct
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    pq.write_table(pa.table({"img": pa.array([{"bytes": b"\x89PNG", "path": None}], image)}),
+                   nulls)
+    with pytest.raises(ValueError, match=r"column 'img.path' .* leave the column 'img' out with "
+                                         r"columns=; 'img' looks like a Hugging Face Image .*"
+                                         r"datasets.load_dataset\('parquet'"):
+        jl.ParquetSource(str(nulls))[0]
 
 
 def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
