@@ -180,7 +180,11 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [f"{k}: expected {expected.get(k)!r}, received {state.get(k)!r}" for k in compared
              if state.get(k) != expected.get(k)]
-    if diffs:
+    then, now = str(state.get("source")), str(expected.get("source"))
+    if then != now and then.split(":")[:2] == now.split(":")[:2]:  # (kind and size alike)
+        diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
+                     "differs is inside it: a function it runs (MapSource, a filter's "
+                     "predicate), its options, or its data")
         raise StateDictError(
             "state does not fit this loader (" + "; ".join(diffs) + "); restore it into a "
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
