@@ -185,6 +185,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
         diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
                      "differs is inside it: a function it runs (MapSource, a filter's "
                      "predicate), its options, or its data")
+    if diffs:
         raise StateDictError(
             "state does not fit this loader (" + "; ".join(diffs) + "); restore it into a "
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
