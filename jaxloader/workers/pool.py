@@ -161,12 +161,12 @@ class WorkerPool:
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
-        """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order.
-
-        A stream's run passes ``resets`` (each worker's reader state to continue from): step
-        ``s`` is then made by worker ``s % num_workers``, and the reader state after each
-        batch handed out is put in ``reports[step]``."""
+        """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order. A
+        stream's run passes ``resets`` (each worker's reader state to continue from): step ``s``
+        is then made by worker ``s % num_workers``, its reader state after it in ``reports``."""
         with self._driver:  # never held across a yield (``jaxloader.base.interrupts``, 3)
+            if os.getpid() != self._owner:  # (before anything the owner's workers would see)
+                raise failures.forked(self._owner)
             if self._broken is not None:
                 raise self._broken
             if self._mixed_up:

@@ -367,19 +367,22 @@ def test_a_forked_child_is_refused_the_loader_and_the_parent_loses_nothing(tmp_p
         with jl.DataLoader(src, batch_size=8, shuffle=True, num_workers=2) as loader:
             it = iter(loader)
             got = [next(it)["x"].tolist() for _ in range(3)]
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    next(it)
-                    os._exit(3)
-                except jl.JaxloaderError as e:
-                    os._exit(7 if "belong to process" in str(e) else 4)
-            _, status = os.waitpid(pid, 0)
+            codes = []
+            for fresh in (False, True):  # the parent's iterator, or an iter() of its own
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        next(iter(loader) if fresh else it)
+                        os._exit(3)
+                    except jl.JaxloaderError as e:
+                        os._exit(7 if "belong to process" in str(e) else 4)
+                codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+                got.append(next(it)["x"].tolist())
             got += [b["x"].tolist() for b in it]
-        print(os.waitstatus_to_exitcode(status), got == want)
+        print(*codes, got == want)
     """)
     out, err = proc.communicate(timeout=60)
-    assert out.split() == ["7", "True"], err
+    assert out.split() == ["7", "7", "True"], err
 
 
 def _logged(folder):
