@@ -362,7 +362,7 @@ def test_a_forked_child_is_refused_the_loader_and_the_parent_loses_nothing(tmp_p
     # batch, and the parent a bare KeyError, or a hang when both iterated
     proc = _run_script(tmp_path, """
         import os, numpy as np, jaxloader as jl
-        src = jl.ArraySource({"x": np.arange(400)})
+        src = jl.ArraySource({"x": np.arange(4000)})
         want = [b["x"].tolist() for b in jl.DataLoader(src, batch_size=8, shuffle=True)]
         with jl.DataLoader(src, batch_size=8, shuffle=True, num_workers=2) as loader:
             it = iter(loader)
