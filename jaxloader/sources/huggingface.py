@@ -55,15 +55,14 @@ class HuggingFaceSource:
         # the rows where a column read holds a null (found once; none read where Arrow's
         # counts say there are none), checked against each read's indices: NumPy format gives
         # a null as NaN, an int column with one as floats (cast back here: the null another
-        # number), a string, a struct's field or an image as None. An image's (a media
-        # feature's) own fields are left alone: a null path beside its bytes is how they are.
+        # number), a string, a struct's field or an image as None. An image's or a sound's
+        # own fields (``_media``, at any depth) are left alone: a null path beside its bytes
+        # is how they are stored.
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
-        media = {key for key, feature in self._features.items()
-                 if type(feature).__name__ in ("Image", "Audio", "Video", "Pdf")}
         self._nulls = {} if self.custom else {
-            key: rows for key in read if _nulls(dataset.data.column(key), key in media)
-            and len(rows := _null_rows(dataset, key, key in media))}
+            key: rows for key in read if _nulls(dataset.data.column(key))
+            and len(rows := _null_rows(dataset, key))}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -146,12 +145,11 @@ def _numeric(kind: Any) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
-def _null_rows(dataset: Any, key: str, top: bool = False) -> np.ndarray:
+def _null_rows(dataset: Any, key: str) -> np.ndarray:
     """The dataset's rows (after its ``select``/``filter``/``shuffle``) where column ``key``
-    holds a null, its lists' values and its structs' fields included (not with ``top``),
-    ascending."""
+    holds a null, its lists' values and its structs' fields included, ascending."""
     column = dataset.data.column(key)
-    in_table = np.concatenate([_null_rows_of(c, top) if _nulls(c, top) else np.zeros(len(c), bool)
+    in_table = np.concatenate([_null_rows_of(c) if _nulls(c) else np.zeros(len(c), bool)
                                for c in column.chunks] or [np.zeros(0, bool)])
     mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
     if mapping is not None:
@@ -159,15 +157,21 @@ def _null_rows(dataset: Any, key: str, top: bool = False) -> np.ndarray:
     return np.flatnonzero(in_table)
 
 
-def _null_rows_of(array: Any, top: bool = False) -> np.ndarray:
-    """A row mask of an Arrow array: where it, or (but with ``top``) a value of its lists or a
-    field of its structs, is null."""
+def _media(kind: Any) -> bool:
+    """Whether an Arrow type is how ``datasets`` stores an image or a sound (``Image``,
+    ``Audio``): a struct of ``bytes`` and a ``path``, either of which may be null."""
+    import pyarrow as pa
+
+    return pa.types.is_struct(kind) and sorted(f.name for f in kind) == ["bytes", "path"]
+
+
+def _null_rows_of(array: Any) -> np.ndarray:
+    """A row mask of an Arrow array: where it, a value of its lists or a field of its structs
+    (not an image's, ``_media``) is null."""
     import pyarrow as pa
 
     rows = array.is_null().to_numpy(zero_copy_only=False)
-    if top:
-        return rows
-    if isinstance(array, pa.StructArray):
+    if isinstance(array, pa.StructArray) and not _media(array.type):
         for field in array.flatten():  # (its offset applied)
             rows |= _null_rows_of(field)
     elif isinstance(array, pa.FixedSizeListArray):
@@ -184,18 +188,20 @@ def _null_rows_of(array: Any, top: bool = False) -> np.ndarray:
     return rows
 
 
-def _nulls(column: Any, top: bool = False) -> bool:
+def _nulls(column: Any) -> bool:
     """Whether an Arrow column (chunked or not) holds a null, its lists' values and its
-    structs' fields included (not with ``top``)."""
-    import pyarrow as pa
+    structs' fields included (not an image's, ``_media``): Arrow's counts first, the rows
+    walked only where a struct may hide one."""
+    def nested(kind: Any) -> bool:
+        import pyarrow as pa
 
-    def inside(chunk: Any) -> bool:
-        if top:
-            return False
-        if pa.types.is_struct(chunk.type):
-            return any(_nulls(field) for field in chunk.flatten())
-        return bool(nested_nulls(chunk))
-    return any(chunk.null_count or inside(chunk)
+        while pa.types.is_list(kind) or pa.types.is_large_list(kind) or \
+                pa.types.is_fixed_size_list(kind):
+            kind = kind.value_type
+        return pa.types.is_struct(kind)
+
+    return any(chunk.null_count or (_null_rows_of(chunk).any() if nested(chunk.type)
+                                    else nested_nulls(chunk))
                for chunk in getattr(column, "chunks", [column]))
 
 

@@ -118,6 +118,12 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
     with jl.DataLoader(fine, batch_size=3, process_index=0, process_count=1) as loader:
         batch = next(iter(loader))  # (an image's null path beside its bytes: how they are)
         assert batch["img"].shape == (3, 2, 2, 3) and batch["m"]["x"].dtype == np.int32
+    deeper = datasets.Dataset.from_dict(  # (at any depth: a list of them, one in a dict)
+        {"imgs": [[picture, picture]] * 2, "doc": [{"img": picture, "t": "a"}] * 2},
+        features=Features({"imgs": datasets.Sequence(Image()),
+                           "doc": {"img": Image(), "t": Value("string")}}))
+    with jl.DataLoader(deeper, batch_size=2, process_index=0, process_count=1) as loader:
+        assert next(iter(loader))["imgs"].shape == (2, 2, 2, 2, 3)
     for key, value, kind in (("t", None, r"\(string\)"), ("m", {"x": None, "s": "p"}, r"\(struct"),
                              ("m", {"x": 1, "s": None}, r"\(struct"), ("img", None, r"\(struct")):
         nulled = datasets.Dataset.from_dict({**rows, key: [rows[key][0], value, rows[key][2]]},
