@@ -31,7 +31,7 @@ from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digest
-from jaxloader.sources.fingerprint import combined, file_stamps
+from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
@@ -83,7 +83,7 @@ class FilteredSource:
                     else _kept(source, keep, n))
 
         found, path = kept_or_found(indices, find, None if keep is None else lambda: {
-            "source": combined("source", n, [source], *file_stamps(source)),
+            "source": combined_generations("source", n, [source], *file_stamps(source)),
             "keep function": code_digest(keep, deep=True)})
         self.source, self.indices = source, _checked(found, n, path)
         if not len(self.indices):

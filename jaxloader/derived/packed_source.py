@@ -38,7 +38,7 @@ from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, record_tokens
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import Source, check_source, records_at
-from jaxloader.sources.fingerprint import combined, file_stamps
+from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
@@ -208,7 +208,8 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
         return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
 
     found, path = kept_or_found(given, find, lambda: {
-        "source": combined("lengths of", n, [source], *keys, *file_stamps(source))},
+        "source": combined_generations("lengths of", n, [source], *keys,
+                                       *file_stamps(source))},
         stacklevel=4)
     lengths = np.asarray(found)
     if lengths.ndim == 1:

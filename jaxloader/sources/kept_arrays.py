@@ -34,11 +34,12 @@ FROM = ".from"  # the suffix of the file that says what an array was found from
 
 
 def kept_or_found(given: Any, find: Callable[[], Any],
-                  found_from: Callable[[], dict[str, str]] | None = None,
+                  found_from: Callable[[], dict[str, Any]] | None = None,
                   stacklevel: int = 3) -> tuple[Any, str | None]:
     """``(array, path)``: ``given`` itself, or when it is a path, the array in that file; when
     there is none yet, or the file was found from something other than ``found_from()`` says
-    (``{what: digest}``, asked only when there is a path), ``find()`` (saved to the path, if
+    (``{what: digest}``, asked only when there is a path; a tuple of digests: today's, then
+    those older versions wrote, any of which fits), ``find()`` (saved to the path, if
     one was given). ``path`` is ``None`` when ``given`` is not a path (for messages); the
     warning is said at the caller ``stacklevel`` frames up."""
     path, source = None, None
@@ -49,7 +50,8 @@ def kept_or_found(given: Any, find: Callable[[], Any],
             kept_from = _kept_from(path + FROM)
             given = np.load(path)
             changed = [] if source is None or kept_from is None else [
-                what for what, digest in source.items() if kept_from.get(what) != digest]
+                what for what, digest in source.items()
+                if kept_from.get(what) not in (digest if isinstance(digest, tuple) else (digest,))]
             why = f"was found from another {' and another '.join(changed)} than this run's"
             if source is not None and kept_from and not changed and kept_from.get(
                     "array") != _array_digest(given):  # (no source: the file as it is)
@@ -78,7 +80,7 @@ def _kept_from(path: str) -> dict | None:
     return said if isinstance(said, dict) else {}
 
 
-def _save(path: str, array: Any, found_from: dict[str, str] | None) -> None:
+def _save(path: str, array: Any, found_from: dict[str, Any] | None) -> None:
     """The array, then what it was found from, each written whole or not at all (another
     process, or another host on shared storage, may read or write them at once)."""
     _replace(path, lambda f: np.save(f, array))
@@ -86,7 +88,8 @@ def _save(path: str, array: Any, found_from: dict[str, str] | None) -> None:
         if os.path.exists(path + FROM):
             os.remove(path + FROM)  # (what it said is no longer this file's)
         return
-    said = {**found_from, "array": _array_digest(np.asarray(array))}
+    said = {**{what: digest[0] if isinstance(digest, tuple) else digest  # (today's)
+               for what, digest in found_from.items()}, "array": _array_digest(np.asarray(array))}
     _replace(path + FROM, lambda f: f.write(json.dumps(said).encode() + b"\n"))
 
 

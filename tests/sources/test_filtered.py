@@ -260,3 +260,32 @@ def test_an_indices_file_is_found_again_when_a_parquet_file_is_rewritten_alike(t
     with pytest.warns(UserWarning, match=r"from another source than"):
         again = jl.FilteredSource(jl.ParquetSource(str(data)), _positive, indices=path)
     assert again.indices.tolist() == [1, 3, 5]
+
+
+def test_an_indices_file_an_older_version_kept_over_parquet_is_read_back(tmp_path):
+    # its .from holds the source as that version fingerprinted it (a ParquetSource's before
+    # 2026-11-29 took the Arrow schema's text): it was found again over the whole dataset, with
+    # a warning that it came "from another source"
+    import warnings
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jaxloader.base.abilities import OLDER
+    from jaxloader.sources.fingerprint import combined, file_stamps
+
+    data, path = tmp_path / "d.parquet", tmp_path / "kept.npy"
+    pq.write_table(pa.table({"v": np.array([1, -1, 2, -2, 3, -3])}), data)
+    source = jl.ParquetSource(str(data))
+    jl.FilteredSource(source, _positive, indices=path)
+    said = json.loads((tmp_path / "kept.npy.from").read_text())
+    token = OLDER.set(1)
+    try:
+        said["source"] = combined("source", 6, [source], *file_stamps(source))
+    finally:
+        OLDER.reset(token)
+    (tmp_path / "kept.npy.from").write_text(json.dumps(said))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = jl.FilteredSource(jl.ParquetSource(str(data)), _positive, indices=path)
+    assert kept.indices.tolist() == [0, 2, 4]  # (read back: a finding again warns)
