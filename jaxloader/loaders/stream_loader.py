@@ -148,7 +148,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)
-        self._transforms = transforms_of((*record_transforms, *batch_transforms))
+        self._transforms = (*record_transforms, *batch_transforms)
+        self._transforms_named: list[str] | None = None  # (transforms_of them, when asked)
         self._stream: ReadableStream = given
         # what hosts readers: the workers (Ray actors), or this process
         hosts = max(1, count) if workers is None else getattr(workers, "n", 1)
@@ -273,6 +274,11 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 "process_count": self.process_count, "readers_per_process": self._readers,
                 "stream": self._stream.describe()}
 
+    def _named(self) -> list[str]:
+        if self._transforms_named is None:
+            self._transforms_named = transforms_of(self._transforms)
+        return self._transforms_named
+
     def state_dict(self) -> dict[str, Any]:
         """This process's position: the step and each of its readers' state; JSON-ready."""
         self._check_placement()
@@ -280,7 +286,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step),
-                **passes.to_state(self._until, self.num_epochs), "transforms": self._transforms}
+                **passes.to_state(self._until, self.num_epochs), "transforms": self._named()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
@@ -295,7 +301,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 OLDER.reset(token)
         readers = check_stream_state(state, config, self.process_index,
                                      self._stream.extra_state(), self._readers)
-        warn_changed_transforms(state.get("transforms"), self._transforms, state["step"])
+        warn_changed_transforms(state.get("transforms"), self._named(), state["step"])
         self._stream.check_extra_state(state, state["step"])
         until = passes.from_state(state, self.num_epochs)  # (checked before anything changes)
         opened = readers  # each opened in its pass (where a mixture reads its next record)

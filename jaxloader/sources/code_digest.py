@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 
-def code_digest(fn: Any, deep: bool = False) -> str:
+def code_digest(fn: Any, deep: bool = False, bound: bool = False) -> str:
     """A digest of ``fn``: its name, source text (where Python has it: a script's or a
     notebook's), the names and constants its code uses (nested functions' too: two lambdas on
     one line), its closure's values (a ``functools.partial``: its function and arguments); for
@@ -41,16 +41,19 @@ def code_digest(fn: Any, deep: bool = False) -> str:
     (an array by its bytes, not its ``repr``'s first characters): what a predicate reads beyond
     its closure, for a file kept from it. Not for states: a global object whose ``repr``
     changes from run to run would refuse a resume.
+
+    ``bound``: also a bound method's object (its ``repr``, or its attributes where that has an
+    address): a Grain transform's parameters, which its ``map`` method reads.
     """
-    return _Digests(deep).of(fn, frozenset())
+    return _Digests(deep, bound).of(fn, frozenset())
 
 
 class _Digests:
     """The digests of one ``code_digest`` call, each function's once (a helper called from
     many places, a function that calls itself)."""
 
-    def __init__(self, deep: bool) -> None:
-        self.deep = deep
+    def __init__(self, deep: bool, bound: bool = False) -> None:
+        self.deep, self.bound = deep, bound
         self.done: dict[int, str] = {}
 
     def of(self, fn: Any, within: frozenset) -> str:
@@ -83,10 +86,14 @@ class _Digests:
         for value in closure:
             if id(value) not in within:
                 digest.update(self._value(value, within).encode())
+        owner = getattr(fn, "__self__", None)
         if self.deep:
-            for value in [getattr(fn, "__self__", None), *_globals_named(fn, code, closure)]:
+            for value in [owner, *_globals_named(fn, code, closure)]:
                 if id(value) not in within and not isinstance(value, types.ModuleType):
                     digest.update(self._value(value, within).encode())
+        elif self.bound and owner is not None and id(owner) not in within and not isinstance(
+                owner, types.ModuleType):
+            digest.update(self._value(owner, within).encode())
         self.done[id(fn)] = found = digest.hexdigest()
         return found
 
