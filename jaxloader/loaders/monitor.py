@@ -158,7 +158,7 @@ class AutoTune:
             self._trial = None
             if self._judge(before, before_rate, active, rate):
                 return
-        high = min(self.bound(off_cpu), self._memory_bound(active))
+        high = min(self.bound(off_cpu), self._memory_bound(active), self.pool.roster.most)
         more = self.allowed(min(high, 2 * active if waited > 0.5 else active + 1), active + 1,
                             high)
         fewer = self.allowed(active - 1, self.floor, active - 1)

@@ -79,19 +79,23 @@ class Roster:
             self._gauges.makers.append(StageTotals())
         return i
 
+    @property
+    def most(self) -> int:
+        """The workers that may be in use: ``capacity``, or those started where no more can
+        start (forked, once JAX is imported, which ``WorkerProcess`` refuses), said once."""
+        if self._start_method != "fork" or "jax" not in sys.modules or \
+                len(self.workers) >= self.capacity:
+            return self.capacity
+        if not self._fork_said:
+            log.warning("num_workers='auto' keeps %d worker process(es): start_method='fork' "
+                        "starts no more once JAX is imported (start_method='exec' does)",
+                        len(self.workers))
+            self._fork_said = True
+        return max(1, len(self.workers))
+
     def resize(self, workers: int) -> None:
-        """Asks for ``workers`` in use (1 to ``capacity``; to those started where no more can
-        start: forked, once JAX is imported, which ``WorkerProcess`` refuses); safe from any
-        thread."""
-        target = max(1, min(int(workers), self.capacity))
-        if target > len(self.workers) and self._start_method == "fork" and "jax" in sys.modules:
-            if not self._fork_said:
-                log.warning("num_workers='auto' keeps %d worker process(es): start_method='fork'"
-                            " starts no more once JAX is imported (start_method='exec' does)",
-                            len(self.workers))
-                self._fork_said = True
-            target = len(self.workers)
-        self.target = target
+        """Asks for ``workers`` in use (1 to ``most``); safe from any thread."""
+        self.target = max(1, min(int(workers), self.most))
 
     def apply(self, send_payload: Callable[[int], None], step: int) -> None:
         """Takes ``resize``'s count from ``step`` on: starts what is missing
