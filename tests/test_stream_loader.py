@@ -119,9 +119,19 @@ def test_processes_read_their_own_readers_shards(tmp_path):
 
 
 def test_bad_input_gets_a_clear_error(tmp_path):
-    with pytest.raises(jl.ConfigError, match=r"4 shards for 6 readers .* give at least 6 shards"):
+    # (it said "processes x workers" and "use fewer workers", which readers_per_process= and
+    # num_workers=0 make no remedy)
+    with pytest.raises(jl.ConfigError, match=r"4 shards for 6 readers \(process_count x "
+                                             r"readers_per_process, .* give at least 6 shards, "
+                                             r"or fewer readers"):
         jl.StreamLoader(jsonl_stream(tmp_path), batch_size=2, num_workers=3, process_index=0,
                         process_count=2)
+    empty = jl.Stream.from_generator(lambda shard: iter(range(5 * (shard == 0))), 2)
+    with jl.StreamLoader(empty, batch_size=2, readers_per_process=2, process_index=0,
+                         process_count=1) as loader, pytest.raises(
+            jl.ConfigError, match=r"reader \d: its shards of epoch 0 .* hold no records \(each "
+                                  r"epoch deals the shards to the readers anew"):
+        take(loader, 4)
 
     def explodes(shard):
         for i in range(10):

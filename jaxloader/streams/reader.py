@@ -209,11 +209,11 @@ class StreamReader:
         if len(stream.shards) < readers:
             hf = any(type(s).__name__ == "HuggingFaceShard" for s in stream.shards)
             raise ConfigError(
-                f"Stream: {len(stream.shards)} shards for {readers} readers (processes x "
-                f"workers): reader {len(stream.shards)} would read nothing; give at least "
-                f"{readers} shards" + (" (a Hugging Face dataset of Parquet files: "
-                                       "ds.reshard() makes a shard of each row group)"
-                                       if hf else "") + ", or use fewer workers"
+                f"Stream: {len(stream.shards)} shards for {readers} readers (process_count x "
+                f"readers_per_process, which defaults to num_workers): reader "
+                f"{len(stream.shards)} would read nothing; give at least {readers} shards"
+                + (" (a Hugging Face dataset of Parquet files: ds.reshard() makes a shard of "
+                   "each row group)" if hf else "") + ", or fewer readers"
             )
         self.stream, self.reader, self.readers = stream, reader, readers
         self.seed = seed
@@ -309,8 +309,11 @@ class StreamReader:
                 break
             if self._window_number == 0:  # a whole epoch without a record
                 names = [self.stream.shards[i].name for i in self._mine]
-                raise ConfigError(f"stream reader {self.reader}: its shards {names} hold no "
-                                  "records; remove empty shards or use fewer readers")
+                raise ConfigError(
+                    f"stream reader {self.reader}: its shards of epoch {self._epoch} {names} "
+                    "hold no records (each epoch deals the shards to the readers anew, so a "
+                    "reader dealt empty shards alone stops the run in that epoch); remove the "
+                    "empty shards (a 0-byte file, as Spark writes them), or use fewer readers")
             if self._until is not None and self._epoch + 1 >= self._until:
                 # the pass is over: the state stays at the last window, all of it handed out
                 (self._window_epoch, self._window_key, self._window_start, self._epoch,

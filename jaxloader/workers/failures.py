@@ -46,7 +46,7 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
     return WorkerError(
         f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}\n"
         f"--- traceback in the {who.split()[-1]} ---\n{failed.traceback.rstrip()}\n"
-        "--- the loader is broken; fix the cause and create a new DataLoader ---"
+        "--- the loader is broken; fix the cause and create a new loader ---"
     ), cause
 
 
@@ -67,7 +67,7 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
     stacks = board.crash(worker) if code is not None and -code in _FATAL_SIGNALS else None
     return WorkerError(
         f"worker {worker} (pid {pid}) died {doing}: {how}; the loader is broken; check "
-        "memory use and native code in transforms, then create a new DataLoader"
+        "memory use and native code in transforms, then create a new loader"
         + (f"\n--- the worker's Python stacks as the signal came ---\n{stacks}" if stacks
            else ""))
 
