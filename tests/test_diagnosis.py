@@ -442,3 +442,18 @@ def test_a_peek_is_no_batch_of_the_stats():
             loader.peek(), loader.peek()
         stats = loader.stats
     assert stats.batches_made >= stats.batches == 20, stats
+
+
+def test_a_pause_before_reset_stats_is_not_step_time_of_the_window():
+    # the gap before the reset (an evaluation, a checkpoint) was counted as the consumer's step
+    # time of the new window: run_s over wall_s, and an input-bound loop judged "input keeps up"
+    with jl.DataLoader(arrays(256), batch_size=16, num_epochs=None, **ONE) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        time.sleep(0.5)
+        loader.reset_stats()
+        for _ in range(5):
+            next(it)
+        stats = loader.stats
+    assert stats.run_s <= stats.wall_s < 0.5, (stats.run_s, stats.wall_s)

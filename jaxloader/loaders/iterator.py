@@ -229,7 +229,8 @@ class LoaderIterator(Generic[BatchT]):
                 progress.apart_s += max(0.0, entered - progress.last_s)
             if monitor is not None:
                 monitor.restart()
-        if progress.first_s is None:
+        if progress.first_s is None:  # (the window's first call: none of its run time before)
+            self._last_return = entered
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:
                 log.info("the first batch took %.1f s (the workers' start and the first "
