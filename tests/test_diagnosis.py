@@ -457,3 +457,36 @@ def test_a_pause_before_reset_stats_is_not_step_time_of_the_window():
             next(it)
         stats = loader.stats
     assert stats.run_s <= stats.wall_s < 0.5, (stats.run_s, stats.wall_s)
+
+
+def test_the_advice_counts_what_workers_cost_and_the_cores_a_worker_already_uses():
+    from jaxloader.base.stats import WorkerStats
+
+    # in process, 30 us a batch: "num_workers=2 makes them in parallel, expected ~2.0x", where
+    # workers' hand-over alone costs ~35 us a batch (they ran at 0.5-0.8x)
+    light = LoaderStats(batches=1000, wait_s=0.03, run_s=0.003, wall_s=0.033, batches_made=1000,
+                        records=16000, stages={"read": 0.02, "collate": 0.01,
+                                               "consumer wait": 0.03, "step": 0.003})
+    d = diagnose(light, num_workers=0, cores=2)
+    assert d.bottleneck == "main" and "workers would not make them much sooner" in d.advice[0]
+    assert not any("num_workers=2" in a for a in d.advice), d
+    # ... and with workers, batches made ahead and the loop waiting 35 us for each: the verdict
+    # blamed the source and advised a larger prefetch
+    ahead = tuple(WorkerStats(i, 1, 5000, 80000, 1 << 20, busy_s=0.3, cpu_s=0.3,
+                              stages={"read": 0.2, "collate": 0.1}) for i in range(2))
+    fast = LoaderStats(batches=10000, wait_s=0.35, run_s=0.01, wall_s=0.36, batches_made=10000,
+                       records=160000, stages={"read": 0.4, "collate": 0.2, "hand-over": 0.05,
+                                               "consumer wait": 0.35, "step": 0.01},
+                       workers=ahead, num_workers=2, ready_ahead=45.0)
+    d = diagnose(fast, num_workers=2, cores=2)
+    assert d.bottleneck == "main" and "the loop waits 0.035 ms a batch" in d.advice[0], d
+    # a worker whose transform runs GIL-free threads uses 1.66 cores: "1 of 2 cores idle:
+    # num_workers=2, expected ~2.0x" (2 workers ran at 1.07x)
+    threads = (WorkerStats(0, 1, 400, 6400, 1 << 20, busy_s=7.23, cpu_s=11.99,
+                           stages={"Map(hashy)": 7.1, "read": 0.13}),)
+    busy = LoaderStats(batches=400, wait_s=7.0, run_s=0.1, wall_s=7.23, batches_made=400,
+                       records=6400, stages={"Map(hashy)": 7.1, "read": 0.13,
+                                             "consumer wait": 7.0, "step": 0.1},
+                       workers=threads, num_workers=1)
+    d = diagnose(busy, num_workers=1, cores=2)
+    assert not any("cores idle" in a for a in d.advice), d

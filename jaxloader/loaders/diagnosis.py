@@ -39,6 +39,10 @@ BUSY = 0.60  # workers busy at least this share of the time: they are what the c
 WAITS = 0.30  # a worker's busy time off the CPU above this share: its reads wait (storage)
 DOMINANT = 0.50  # a transform above this share of the workers' time is named
 MAIN_SHARE = 0.30  # the training process's work this share of the loop's wait: "main"/"device"
+# a batch handed over from workers costs the training process at least this (a batch of one
+# small leaf: docs/benchmarks.md, the figures behind choices): no worker count makes batches
+# sooner than that, whatever their work
+HANDOVER_FLOOR_S = 35e-6
 _MAIN_STAGES = (HANDOVER, PLACE, WAIT, STEP)
 
 
@@ -129,7 +133,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     work_s = (sum(w.busy_s for w in stats.workers) if stats.workers else made_total) / made_count
     main_share = min(1.0, (stats.run_s + handover + place) / steady)
     # (Ray actors: the cluster's cores, not known here; more actors where they are busy)
-    idle = 0 if remote else max(0, round(cores - sum(stats.busy) - main_share))
+    # a worker's cores: its busy share, or more where its threads ran beside it (GIL-free)
+    used = [max(b, w.cpu_s / steady) for b, w in zip(stats.busy, stats.workers)] \
+        if len(stats.workers) == len(stats.busy) else list(stats.busy)
+    idle = 0 if remote else max(0, round(cores - sum(used) - main_share))
     named = "RayWorkers(n={})" if remote else "num_workers={}"
     advice: list[str] = []
 
@@ -139,14 +146,15 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             return workers
         return min(counts, key=lambda n: (abs(n - workers), -n))
 
-    def gain(workers: int) -> str:
+    def factor(workers: int) -> float:
         """The expected gain of ``workers``: a batch then takes the longer of the step and
-        the work of a batch shared by the workers (in process: their sum, now)."""
-        then = max(step_s, work_s / workers)
-        factor = now_s / then
-        if num_workers:
-            factor = min(factor, workers / num_workers)
-        return f"expected ~{max(1.0, factor):.1f}x"
+        the work of a batch shared by the workers (in process: their sum, now), at most
+        ``workers`` over those now (one worker does no more than the process did)."""
+        then = max(step_s, work_s / workers, 0.0 if num_workers else HANDOVER_FLOOR_S)
+        return min(now_s / then, workers / max(1, num_workers))
+
+    def gain(workers: int) -> str:
+        return f"expected ~{max(1.0, factor(workers)):.1f}x"
 
     for name, seconds in sorted(transforms.items(), key=lambda kv: -kv[1]):
         if seconds / made_total >= DOMINANT:
@@ -174,10 +182,23 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         bottleneck = "device" if place > made_total else "main"
         if bottleneck == "main":
             workers = fit(max(1, round(cores - main_share)))
-            advice.insert(0, f"batches are made in the training process (num_workers=0): "
-                             f"num_workers={workers} makes them in parallel, {gain(workers)}")
+            if factor(workers) > 1.1:
+                advice.insert(0, f"batches are made in the training process (num_workers=0): "
+                                 f"num_workers={workers} makes them in parallel, "
+                                 f"{gain(workers)}")
+            else:  # (one worker, or a batch cheaper to make than to hand over from workers)
+                advice.insert(0, f"batches are made in the training process (num_workers=0), "
+                                 f"{1e3 * now_s:.2f} ms a batch: workers would not make them "
+                                 "much sooner; larger batches, or less work a record")
         else:
             advice.insert(0, _placement_advice(place, per))
+    elif waited / per < 2 * HANDOVER_FLOOR_S and place <= handover:
+        # the loop waits about what handing a batch over costs: its wait is the training
+        # process's own work of a batch (more of it than the hand-over's timers see)
+        bottleneck = "main"
+        advice.insert(0, f"the loop waits {1e3 * waited / per:.3f} ms a batch, about what the "
+                         "training process's hand-over of a batch from the workers costs; for "
+                         "batches this cheap to make, num_workers=0, or larger batches")
     elif busy >= BUSY:
         bottleneck = "source" if read >= made_total - read else "workers"
         more = fit(2 * num_workers if remote else max(2 * num_workers, 2 * cores))
