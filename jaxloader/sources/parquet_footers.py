@@ -133,18 +133,24 @@ def check_order(source: Any, shuffle: Any) -> None:
         'PerformanceWarning'
     """
     sizes = source._group_bytes
+    # the most row groups the cache holds, the largest ones: the window to advise
+    fits = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), source.cache_bytes,
+                               side="right"))
     if isinstance(shuffle, LocalShuffle):  # a window of blocks, each in 1 row group or
         blocks = shuffle.block_starts(source, len(source))  # more (blocks of records)
         first = source._starts.searchsorted(blocks[:-1], side="right")
         spans = np.sort(source._starts.searchsorted(blocks[1:] - 1, side="right") - first + 1)
         count = min(len(sizes), int(spans[max(0, len(spans) - shuffle.window):].sum()))
         what = f"{shuffle!r} reads up to {count} row group(s) at a time"
-        remedy = "or a smaller window"
+        window = fits // max(1, int(spans[-1])) if len(spans) else 0
+        remedy = (f"or a smaller window (window={window} fits)" if window else
+                  "(not one block fits: a window of 1 needs that much too)")
     elif shuffle:
         count = len(sizes)
         what = f"a full shuffle (shuffle=True) reads from all {count} row groups at once"
-        remedy = ("or shuffle=jl.LocalShuffle(window=8), which reads 8 row groups at a time "
-                  "(docs/files.md)")
+        remedy = (f"or shuffle=jl.LocalShuffle(window={fits}), which reads {fits} row group(s) "
+                  "at a time, as many as it holds (docs/files.md)" if fits else
+                  "(not one row group fits: LocalShuffle needs that much too)")
     else:
         return
     held = int(np.sort(sizes)[len(sizes) - count:].sum())

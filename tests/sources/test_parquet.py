@@ -551,12 +551,14 @@ def test_a_cache_smaller_than_what_the_order_reads_at_once_warns(tmp_path):
     small = jl.ParquetSource(paths, cache_bytes=two - 1)
     message, = warned(small, jl.LocalShuffle(window=2))
     assert f"cache_bytes={two - 1:,}" in message and f"at least {two:,}" in message
-    assert "up to 2 row group(s) at a time" in message and "smaller window" in message
+    assert "up to 2 row group(s) at a time" in message and "smaller window (window=1 fits)" \
+        in message  # (it named none: window=8 warned again)
     assert warned(jl.ParquetSource(paths, cache_bytes=two), jl.LocalShuffle(window=2)) == []
     assert warned(small, False) == []  # file order: one row group at a time
     message, = warned(small, True)
     assert "full shuffle" in message and f"at least {int(sizes.sum()):,}" in message
-    assert "LocalShuffle(window=8)" in message
+    assert "LocalShuffle(window=1), which reads 1 row group(s) at a time, as many as it holds" \
+        in message
     assert warned(jl.ParquetSource(paths, cache_bytes=int(sizes.sum())), True) == []
     # blocks of records straddle row groups: a window of 2 blocks of 20 rows reads up to 6
     six, blocks = int(np.sort(sizes)[-6:].sum()), jl.LocalShuffle(window=2, block_size=20)
