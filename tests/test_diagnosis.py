@@ -490,3 +490,20 @@ def test_the_advice_counts_what_workers_cost_and_the_cores_a_worker_already_uses
                        workers=threads, num_workers=1)
     d = diagnose(busy, num_workers=1, cores=2)
     assert not any("cores idle" in a for a in d.advice), d
+
+
+def test_the_padding_of_a_padded_batch_is_not_counted_as_records():
+    # last_batch="pad": 12 records counted for 10 (records_per_s too); (with workers the
+    # count is the timed batches' mean size: an estimate)
+    with jl.DataLoader(arrays(10), batch_size=4, last_batch="pad", **ONE) as loader:
+        assert len(list(loader)) == 3
+        assert loader.stats.records == 10
+
+
+def test_a_worker_going_idle_sends_its_timings():
+    # they rode on a Done every 50 ms at most: 80 batches handed out, 2 made as the stats
+    # said (a Done without them is read only when its step is needed)
+    with jl.DataLoader(arrays(80), batch_size=4, num_workers=1, **ONE) as loader:
+        assert len(list(loader)) == 20
+        time.sleep(0.2)
+        assert loader.stats.batches_made == 20

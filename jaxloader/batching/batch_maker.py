@@ -98,7 +98,7 @@ class BatchMaker:
         made = self._finish(spec, treedef, columns, alloc, timed)
         if timed:
             clock.span(COLLATE, start)
-            clock.count(len(spec.indices), made[1].nbytes)
+            clock.count(_real(spec), made[1].nbytes)
         return made
 
     def _finish(self, spec: BatchSpec, treedef: tree_lib.TreeDef, columns: list,
@@ -147,7 +147,7 @@ class BatchMaker:
                                     alloc, timed)
             if timed:
                 clock.span(COLLATE, start)
-                clock.count(n, made[1].nbytes)
+                clock.count(n if layout is not None else _real(spec), made[1].nbytes)
             yield made
 
     def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec] | None, dict] | None:
@@ -229,6 +229,12 @@ class BatchMaker:
         if detail:
             self.clock.loop_detail(perf_counter() - start, run.spent)
         return records
+
+
+def _real(spec: BatchSpec) -> int:
+    """The records of a batch, its padding (``last_batch="pad"``) left out: what the stats
+    count."""
+    return len(spec.indices) if spec.valid is None else int(np.count_nonzero(spec.valid))
 
 
 def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:

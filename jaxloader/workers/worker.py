@@ -84,6 +84,10 @@ class _Inbox:
     def next(self) -> Any:
         return self._pending.popleft() if self._pending else protocol.receive(self.conn)
 
+    def empty(self) -> bool:
+        """Whether no message waits: the worker goes idle after its task."""
+        return not self._pending and not self.conn.poll()
+
     def wait_for_slot(self, task_id: int, nth: int) -> Slot:
         while True:
             message = protocol.receive(self.conn)
@@ -208,11 +212,12 @@ def serve(conn: Connection) -> None:
             last_layout = layout
         status.idle()
         # The timings ride on a Done (jaxloader.base.timings): no message of their own, and on
-        # one every SEND_EVERY_S at most (each costs the main process its unpickling)
+        # one every SEND_EVERY_S at most (each costs the main process its unpickling), or as
+        # the worker goes idle (else the stats lag the batches handed out by a read-ahead)
         now = time.perf_counter()
         busy, cpu = busy + now - began, cpu + time.process_time() - cpu_began
         timings = None
-        if now >= send_at or trace or failed is not None:
+        if now >= send_at or trace or failed is not None or (busy and inbox.empty()):
             timings, busy, cpu = (busy, cpu, *clock.take(busy)), 0.0, 0.0
             send_at = now + SEND_EVERY_S
         sent = _send_made(conn, task_id, first, stride, made, timings)
