@@ -507,3 +507,19 @@ def test_a_worker_going_idle_sends_its_timings():
         assert len(list(loader)) == 20
         time.sleep(0.2)
         assert loader.stats.batches_made == 20
+
+
+def test_after_reset_stats_the_workers_timings_are_of_work_done_since():
+    # a task's timings ride on a Done read later: work made ahead before the reset came in
+    # after it (a worker busy 273x the window's wall time, clipped to 100% busy)
+    with jl.DataLoader(arrays(4000), batch_size=16, num_workers=1, num_epochs=None,
+                       transforms=[jl.Map(heavy)], **ONE) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        time.sleep(1.0)  # the worker makes batches ahead meanwhile
+        loader.reset_stats()
+        for _ in range(40):
+            next(it)
+        stats = loader.stats
+    assert sum(w.busy_s for w in stats.workers) <= stats.wall_s + 0.05, stats

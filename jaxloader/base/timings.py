@@ -36,6 +36,8 @@ Example:
 
 from __future__ import annotations
 
+import time
+
 import threading
 from collections import deque
 from time import perf_counter
@@ -262,6 +264,7 @@ class Gauges:
     def __init__(self, makers: int) -> None:
         self.makers = [StageTotals() for _ in range(makers)]
         self.trace = False
+        self.reset_at = 0.0  # (``time.monotonic``, one clock for every process on Linux)
         self._window()
 
     def _window(self) -> None:
@@ -280,6 +283,7 @@ class Gauges:
         self.makers = [StageTotals() for _ in self.makers]
         for totals, pull in zip(self.makers, pulls):
             totals.pull = pull
+        self.reset_at = time.monotonic()  # a worker's timings sent before: dropped
         self._window()
 
     def received(self, stands_for: int, seconds: float, ready: dict) -> None:

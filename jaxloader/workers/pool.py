@@ -293,8 +293,8 @@ class WorkerPool:
             except (EOFError, ConnectionResetError, OSError):
                 self._worker_died(worker)
             if type(message) is Done:
-                if message.timings is not None:
-                    self.gauges.makers[worker].absorb(message.timings)
+                if message.timings is not None and message.timings[-1] >= gauges.reset_at:
+                    gauges.makers[worker].absorb(message.timings[:-1])  # (sent since)
                 task = self._tasks[message.task_id]
                 segments, layouts = task.segments, roster.layouts
                 for nth, layout, objects, report in message.made:

@@ -218,7 +218,7 @@ def serve(conn: Connection) -> None:
         busy, cpu = busy + now - began, cpu + time.process_time() - cpu_began
         timings = None
         if now >= send_at or trace or failed is not None or (busy and inbox.empty()):
-            timings, busy, cpu = (busy, cpu, *clock.take(busy)), 0.0, 0.0
+            timings, busy, cpu = (busy, cpu, *clock.take(busy), time.monotonic()), 0.0, 0.0
             send_at = now + SEND_EVERY_S
         sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
