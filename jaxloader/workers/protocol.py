@@ -26,13 +26,14 @@ costs its share of two messages, not two messages (``jaxloader.workers.pool``). 
 shared-memory segment a step (``shm.attach`` maps it) with its size. In ``made``, ``layout`` is
 ``None`` when it equals the worker's previous one (the main process keeps the last per worker);
 ``objects`` are the batch's object leaves (strings), which cannot live in shared memory, or the
-bytes of a ``StringColumn`` written into the slot after the numbers (``collate.TEXT_AFTER``). A task that fails at a
-step sends ``Done`` for the steps before it, then ``Failed``; its later steps are not made. A
-stream's batches are made by the worker that owns their reader: ``Task.reset`` (``None`` but for
-the first task of a run) is the reader state to continue from, ``report`` the state after each
-batch. A step of a run that is no longer the pool's (``StatusBoard.begin_run``: a restore, an
-``iter()``, a Ctrl-C since) is not made: its entry in ``made`` has the layout ``SKIPPED``, and
-those after it too, so its slot comes back at once. A message is pickled in C (``pickle.dumps``; ``Connection.send`` would build a
+bytes of a ``StringColumn`` written into the slot after the numbers (``collate.TEXT_AFTER``). A
+task that fails at a step sends ``Done`` for the steps before it, then ``Failed``; its later
+steps are not made. A stream's batches are made by the worker that owns their reader:
+``Task.reset`` (``None`` but for the first task of a run) is the reader state to continue from,
+``report`` the state after each batch. A step of a run that is no longer the pool's
+(``StatusBoard.begin_run``: a restore, an ``iter()``, a Ctrl-C since) is not made: its entry in
+``made`` has the layout ``SKIPPED``, and those after it too, so its slot comes back at once. A
+message is pickled in C (``pickle.dumps``; ``Connection.send`` would build a
 ``ForkingPickler`` per message) and sent as one frame on the worker's pipe; everything here is
 plain data and never imports JAX.
 
