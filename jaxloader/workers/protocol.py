@@ -41,8 +41,9 @@ Example:
     >>> from multiprocessing import Pipe
     >>> main, worker = Pipe()
     >>> send(main, Task(task_id=7, step=42, stride=2, slots=(("memfd:1:5:99", 4096),)))
-    >>> receive(worker)
-    Task(task_id=7, step=42, stride=2, slots=(('memfd:1:5:99', 4096),), reset=None, trace=False, run=0)
+    >>> receive(worker)  # doctest: +NORMALIZE_WHITESPACE
+    Task(task_id=7, step=42, stride=2, slots=(('memfd:1:5:99', 4096),), reset=None, trace=False,
+         run=0)
 """
 
 from __future__ import annotations
