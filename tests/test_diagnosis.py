@@ -490,6 +490,21 @@ def test_the_advice_counts_what_workers_cost_and_the_cores_a_worker_already_uses
                        workers=threads, num_workers=1)
     d = diagnose(busy, num_workers=1, cores=2)
     assert not any("cores idle" in a for a in d.advice), d
+    # (a review of the first version:) a 12 ms step and 8 ms of making in process: one worker
+    # overlaps them (~1.7x), which a cap of "one worker: 1x" left out; and 8 workers of 1 ms a
+    # batch, the loop waiting 60 us: not "num_workers=0" (3.6x slower)
+    inline = LoaderStats(batches=200, wait_s=1.6, run_s=2.4, wall_s=4.0, batches_made=200,
+                         records=3200, stages={"read": 1.6, "consumer wait": 1.6, "step": 2.4})
+    d = diagnose(inline, num_workers=0, cores=2)
+    assert "num_workers=1 makes them in parallel, expected ~1.7x" in d.advice[0], d
+    eight = tuple(WorkerStats(i, 1, 1250, 20000, 1 << 20, busy_s=1.25, cpu_s=1.25,
+                              stages={"Map(decode)": 1.125, "read": 0.125}) for i in range(8))
+    many = LoaderStats(batches=10000, wait_s=0.6, run_s=3.0, wall_s=3.6, batches_made=10000,
+                       records=160000, stages={"Map(decode)": 9.0, "read": 1.0, "hand-over": 0.3,
+                                               "consumer wait": 0.6, "step": 3.0},
+                       workers=eight, num_workers=8, ready_ahead=30.0)
+    d = diagnose(many, num_workers=8, cores=16)
+    assert not any("num_workers=0" in a for a in d.advice), d
 
 
 def test_the_padding_of_a_padded_batch_is_not_counted_as_records():

@@ -162,6 +162,12 @@ def test_a_restore_under_other_transforms_is_told():
         state = there.state_dict()
     with loader(_Scale(3).times) as here, pytest.warns(UserWarning, match=r"Scale.times"):
         here.load_state_dict(state)
+    with loader(b) as there:  # (a Map made a BatchMap: the same function, another transform)
+        state = there.state_dict()
+    with jl.DataLoader(source, batch_size=4, shuffle=True, process_index=0, process_count=1,
+                       transforms=[jl.BatchMap(b)]) as here, \
+            pytest.warns(UserWarning, match=r"saved Map\(.*b\) \w+, now BatchMap"):
+        here.load_state_dict(state)
     stream = jl.Stream.from_generator(lambda i: ({"x": np.int64(j)} for j in range(10)), 2)
     with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(a)], process_index=0,
                          process_count=1) as there:

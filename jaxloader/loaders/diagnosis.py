@@ -148,10 +148,11 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
 
     def factor(workers: int) -> float:
         """The expected gain of ``workers``: a batch then takes the longer of the step and
-        the work of a batch shared by the workers (in process: their sum, now), at most
-        ``workers`` over those now (one worker does no more than the process did)."""
+        the work of a batch shared by the workers (in process: their sum, now; with workers,
+        not less than a hand-over), at most ``workers`` over those now."""
         then = max(step_s, work_s / workers, 0.0 if num_workers else HANDOVER_FLOOR_S)
-        return min(now_s / then, workers / max(1, num_workers))
+        # (from the process, one worker overlaps the step as well: up to workers + 1)
+        return min(now_s / then, workers / num_workers if num_workers else workers + 1)
 
     def gain(workers: int) -> str:
         return f"expected ~{max(1.0, factor(workers)):.1f}x"
@@ -192,7 +193,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                                  "much sooner; larger batches, or less work a record")
         else:
             advice.insert(0, _placement_advice(place, per))
-    elif waited / per < 2 * HANDOVER_FLOOR_S and place <= handover:
+    elif waited / per < 2 * HANDOVER_FLOOR_S and work_s < 2 * HANDOVER_FLOOR_S and \
+            stats.ready_ahead >= 1 and place <= handover:
         # the loop waits about what handing a batch over costs: its wait is the training
         # process's own work of a batch (more of it than the hand-over's timers see)
         bottleneck = "main"

@@ -75,6 +75,12 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
     return [f"{t!r} {code_digest(t.fn, bound=True)[:16]}" for t in transforms]
 
 
+def _kind_and_digest(named: str) -> tuple[str, str]:
+    """A transform as ``transforms_of`` names it, less its ``repr``'s details: its kind
+    (``Map``, ``BatchMap``...) and its code's digest."""
+    return named.split("(", 1)[0], named.rsplit(" ", 1)[-1]
+
+
 def warn_changed_transforms(saved: Any, now: list[str], step: int, depth: int = 3) -> None:
     """A warning naming the transforms that differ from the saved run's (a state saved
     before states held them, on 2026-11-29, has none to compare): the step still reads the
@@ -85,11 +91,11 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int, depth: int = 
         raise StateDictError(f"state['transforms']: expected a list of str, received "
                              f"{saved!r:.120}; pass the dict that state_dict() returned, "
                              "unchanged")
-    if [t.rsplit(" ", 1)[-1] for t in saved] == [t.rsplit(" ", 1)[-1] for t in now]:
-        return  # (the digests alike: a repr may hold an address, another each run)
+    if list(map(_kind_and_digest, saved)) == list(map(_kind_and_digest, now)):
+        return  # (alike: a repr may hold an address, another each run)
     changes = [f"transforms[{i}]: saved {a or 'none'}, now {b or 'none'}" for i, (a, b) in
                enumerate(zip(saved + [""] * len(now), now + [""] * len(saved)))
-               if a.rsplit(" ", 1)[-1] != b.rsplit(" ", 1)[-1]]
+               if _kind_and_digest(a) != _kind_and_digest(b)]
     warnings.warn(
         f"the loader's transforms differ from those of the run that saved this state, as "
         "their code shows (a lambda's whole line, the Python version's constants) "
