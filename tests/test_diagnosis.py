@@ -532,9 +532,10 @@ def test_after_reset_stats_the_workers_timings_are_of_work_done_since():
         it = iter(loader)
         for _ in range(3):
             next(it)
-        time.sleep(1.0)  # the worker makes batches ahead meanwhile
+        time.sleep(0.3)  # the worker makes batches ahead meanwhile
         loader.reset_stats()
-        for _ in range(40):
+        for _ in range(150):  # past those made ahead: a window with the worker's work in it
             next(it)
         stats = loader.stats
-    assert sum(w.busy_s for w in stats.workers) <= stats.wall_s + 0.05, stats
+    busy = sum(w.busy_s for w in stats.workers)
+    assert 0 < busy <= stats.wall_s + 0.05, stats

@@ -283,7 +283,7 @@ class Gauges:
         self.makers = [StageTotals() for _ in self.makers]
         for totals, pull in zip(self.makers, pulls):
             totals.pull = pull
-        self.reset_at = time.monotonic()  # a worker's timings sent before: dropped
+        self.reset_at = time.monotonic()  # a worker's timings of work begun before: dropped
         self._window()
 
     def received(self, stands_for: int, seconds: float, ready: dict) -> None:

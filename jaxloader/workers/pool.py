@@ -294,7 +294,7 @@ class WorkerPool:
                 self._worker_died(worker)
             if type(message) is Done:
                 if message.timings is not None and message.timings[-1] >= gauges.reset_at:
-                    gauges.makers[worker].absorb(message.timings[:-1])  # (sent since)
+                    gauges.makers[worker].absorb(message.timings[:-1])  # (work since)
                 task = self._tasks[message.task_id]
                 segments, layouts = task.segments, roster.layouts
                 for nth, layout, objects, report in message.made:

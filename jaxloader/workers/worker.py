@@ -51,6 +51,7 @@ _MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in st
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
 _WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
 SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most
+IDLE_SEND_S = 0.005  # ... or, as it goes idle, this long after the last
 
 
 class _Slots:
@@ -174,11 +175,13 @@ def serve(conn: Connection) -> None:
     stream = maker if isinstance(maker, StreamMaker) else None  # its readers' states reported
     clock: StageClock = getattr(maker, "clock", None) or StageClock()
     busy = cpu = send_at = 0.0  # tasks' seconds and CPU seconds not yet sent; when to send
+    since = None  # (time.monotonic, one clock for every process) the first task not yet sent
     while True:
         message = inbox.next()
         if type(message) is not Task:  # Stop
             return
         began, cpu_began = time.perf_counter(), time.process_time()
+        since = time.monotonic() if since is None else since
         task_id, first, stride, named, reset, trace, run = message
         if (clock.trace is not None) != trace:
             clock.trace = [] if trace else None
@@ -213,13 +216,16 @@ def serve(conn: Connection) -> None:
         status.idle()
         # The timings ride on a Done (jaxloader.base.timings): no message of their own, and on
         # one every SEND_EVERY_S at most (each costs the main process its unpickling), or as
-        # the worker goes idle (else the stats lag the batches handed out by a read-ahead)
+        # the worker goes idle, IDLE_SEND_S after the last (else the stats lag the batches
+        # handed out by a read-ahead); stamped with when their first task began (timings from
+        # before a reset of the stats are dropped)
         now = time.perf_counter()
         busy, cpu = busy + now - began, cpu + time.process_time() - cpu_began
         timings = None
-        if now >= send_at or trace or failed is not None or (busy and inbox.empty()):
-            timings, busy, cpu = (busy, cpu, *clock.take(busy), time.monotonic()), 0.0, 0.0
-            send_at = now + SEND_EVERY_S
+        if now >= send_at or trace or failed is not None or (
+                now >= send_at - SEND_EVERY_S + IDLE_SEND_S and inbox.empty()):
+            timings, busy, cpu = (busy, cpu, *clock.take(busy), since), 0.0, 0.0
+            send_at, since = now + SEND_EVERY_S, None
         sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
