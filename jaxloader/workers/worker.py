@@ -50,8 +50,7 @@ from jaxloader.workers.status import WorkerStatus
 _MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
 _WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
-SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most
-IDLE_SEND_S = 0.005  # ... or, as it goes idle, this long after the last
+SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most (busy)
 
 
 class _Slots:
@@ -215,15 +214,15 @@ def serve(conn: Connection) -> None:
             last_layout = layout
         status.idle()
         # The timings ride on a Done (jaxloader.base.timings): no message of their own, and on
-        # one every SEND_EVERY_S at most (each costs the main process its unpickling), or as
-        # the worker goes idle, IDLE_SEND_S after the last (else the stats lag the batches
-        # handed out by a read-ahead); stamped with when their first task began (timings from
+        # one every SEND_EVERY_S at most (each costs the main process its unpickling, ~2 us),
+        # or as the worker goes idle (else the stats lag the batches handed out by a
+        # read-ahead; a worker that keeps up sends them with nearly every Done: a task's, of
+        # up to 16 small batches); stamped with when their first task began (timings from
         # before a reset of the stats are dropped)
         now = time.perf_counter()
         busy, cpu = busy + now - began, cpu + time.process_time() - cpu_began
         timings = None
-        if now >= send_at or trace or failed is not None or (
-                now >= send_at - SEND_EVERY_S + IDLE_SEND_S and inbox.empty()):
+        if now >= send_at or trace or failed is not None or inbox.empty():
             timings, busy, cpu = (busy, cpu, *clock.take(busy), since), 0.0, 0.0
             send_at, since = now + SEND_EVERY_S, None
         sent = _send_made(conn, task_id, first, stride, made, timings)
