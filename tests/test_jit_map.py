@@ -86,6 +86,35 @@ def test_a_function_that_does_not_trace_is_refused_naming_the_line_and_the_remed
     assert "jnp.where" in message and "lax.cond" in message and "Map before" in message
 
 
+class _Branchy:
+    def __call__(self, r):
+        if r["image"].mean() > 100:  # (an instance's)
+            return r
+        return r
+
+
+def _branchy(r, limit):
+    if r["image"].mean() > limit:  # (a partial's, a jax.jit's)
+        return r
+    return r
+
+
+def test_a_wrapped_function_that_does_not_trace_names_its_line_too():
+    # a class instance, a functools.partial and a jax.jit-wrapped function gave no line (they
+    # have no __code__), and the instance was named by its address
+    import functools
+
+    for fn, name, line in ((_Branchy(), "JitMap(_Branchy.__call__)", '> 100:  # (an instance'),
+                           (functools.partial(_branchy, limit=3), "JitMap(_branchy)", "> limit:"),
+                           (jax.jit(functools.partial(_branchy, limit=3)), "JitMap(", "> limit:")):
+        with jl.DataLoader(records(), batch_size=4, transforms=[jl.JitMap(fn)],
+                           process_index=0, process_count=1) as bad:
+            with pytest.raises(jl.JaxloaderError) as raised:
+                next(iter(bad))
+        message = str(raised.value)
+        assert name in message and "test_jit_map.py:" in message and line in message, message
+
+
 def test_what_a_jit_map_cannot_take_is_refused_naming_it():
     text = jl.ArraySource({"x": np.zeros((4, 2), np.float32), "name": np.array(list("abcd"))})
     with jl.DataLoader(text, batch_size=2, transforms=[jl.JitMap(lambda r: r)],

@@ -35,10 +35,8 @@ Example:
 from __future__ import annotations
 
 import inspect
-import linecache
 import sys
 import threading
-import traceback
 from time import perf_counter
 from typing import Any, Callable
 
@@ -51,6 +49,7 @@ from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
 from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import aligned, cpu_device
+from jaxloader.batching.jit_errors import code_of, user_line
 from jaxloader.batching.record_columns import batch_columns
 
 # The errors of a function that does not trace: Python control flow on a traced value, a NumPy
@@ -103,11 +102,13 @@ class JitMap:
         self._vmapped: Any = None
         self._local = threading.local()  # a thread's chunk sizes, input buffers, last
         # output (written over by the next chunk) and batch layout
-        code = getattr(fn, "__code__", None)  # its file, named in errors (a pickled
-        self._file = None if code is None else code.co_filename  # function's may be lost)
+        code = code_of(fn)  # its file, named in errors (a pickled function's may be lost)
+        self._file = None if code is None else code.co_filename
 
     def __repr__(self) -> str:
-        return f"JitMap({getattr(self.fn, '__qualname__', None) or repr(self.fn)})"
+        code = code_of(self.fn)  # (an instance, a partial: what it runs, not its address)
+        name = getattr(self.fn, "__qualname__", None) or getattr(code, "co_qualname", None)
+        return f"JitMap({name or repr(self.fn)})"
 
     def __getstate__(self) -> dict:
         return {"fn": self.fn, "random": self.random, "file": self._file,  # (not compiled)
@@ -212,7 +213,7 @@ class JitMap:
                         return fn(record, jax.random.wrap_key_data(raw[0], impl="threefry2x32"))
                     return fn(record)
                 except Exception as e:  # the user's line, before JAX filters the traceback
-                    setattr(e, "jaxloader_line", _user_line(e, fn, file))
+                    setattr(e, "jaxloader_line", user_line(e, fn, file))
                     raise
             vmapped = jax.vmap(traced)
             on_cpu = jax.sharding.SingleDeviceSharding(cpu_device())  # (NumPy inputs go there)
@@ -297,7 +298,7 @@ class JitMap:
         try:
             return compiled(*args)
         except Exception as e:
-            line = getattr(e, "jaxloader_line", None) or _user_line(e, self.fn, self._file)
+            line = getattr(e, "jaxloader_line", None) or user_line(e, self.fn, self._file)
             if type(e).__name__ in _NOT_TRACING:
                 raise RecordError(
                     f"{where()}: {self!r} does not trace{line}: "
@@ -378,23 +379,3 @@ def _aliases(leaf: np.ndarray, inputs: list) -> bool:
     """Whether ``leaf`` is in one of ``inputs`` (an input returned as it is), which the next
     batch overwrites."""
     return any(np.may_share_memory(leaf, buffer) for buffer in inputs)
-
-
-def _user_line(e: BaseException, fn: Callable[..., Any], file: str | None) -> str:
-    """`` at file:line: `code``` for the innermost frame of ``e`` in ``fn``'s file (named
-    ``file``: where it was defined, before pickling)."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return ""
-    found = None
-    cause: BaseException | None = e
-    while cause is not None and found is None:
-        frames = [f for f in traceback.extract_tb(cause.__traceback__)
-                  if f.filename == code.co_filename]
-        found = frames[-1] if frames else None
-        cause = cause.__cause__ or cause.__context__
-    if found is None:
-        return ""
-    file = file or found.filename
-    line = (found.line or linecache.getline(file, found.lineno or 0)).strip()
-    return f" at {file}:{found.lineno}" + (f": `{line}`" if line else "")

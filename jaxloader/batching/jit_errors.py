@@ -1,0 +1,48 @@
+"""Where a ``JitMap``'s function failed, for its error: the user's own line (a traceback's
+innermost frame in the function's file), through what wraps the function.
+
+Example:
+    >>> import functools
+    >>> def scale(record, k):
+    ...     return record * k
+    >>> code_of(functools.partial(scale, k=2)).co_name
+    'scale'
+"""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+from typing import Any, Callable
+
+
+def user_line(e: BaseException, fn: Callable[..., Any], file: str | None) -> str:
+    """`` at file:line: `code``` for the innermost frame of ``e`` in ``fn``'s file (named
+    ``file``: where it was defined, before pickling)."""
+    code = code_of(fn)
+    if code is None:
+        return ""
+    found = None
+    cause: BaseException | None = e
+    while cause is not None and found is None:
+        frames = [f for f in traceback.extract_tb(cause.__traceback__)
+                  if f.filename == code.co_filename]
+        found = frames[-1] if frames else None
+        cause = cause.__cause__ or cause.__context__
+    if found is None:
+        return ""
+    file = file or found.filename
+    line = (found.line or linecache.getline(file, found.lineno or 0)).strip()
+    return f" at {file}:{found.lineno}" + (f": `{line}`" if line else "")
+
+
+def code_of(fn: Any) -> Any:
+    """The code the user wrote of ``fn``: a function's own, or that of what it wraps (a
+    ``functools.partial``, a ``jax.jit``) or of its class's ``__call__``; ``None`` if none."""
+    for _ in range(4):
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            return code
+        fn = getattr(fn, "__wrapped__", None) or getattr(fn, "func", None) or getattr(
+            type(fn), "__call__", None)
+    return None
