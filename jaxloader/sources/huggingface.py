@@ -60,9 +60,10 @@ class HuggingFaceSource:
         # is how they are stored.
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
+        media = {key for key in read if _has_media(self._features.get(key))}
         self._nulls = {} if self.custom else {
-            key: rows for key in read if _nulls(dataset.data.column(key))
-            and len(rows := _null_rows(dataset, key))}
+            key: rows for key in read if _nulls(dataset.data.column(key), key in media)
+            and len(rows := _null_rows(dataset, key, key in media))}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -145,16 +146,31 @@ def _numeric(kind: Any) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
-def _null_rows(dataset: Any, key: str) -> np.ndarray:
+def _null_rows(dataset: Any, key: str, media: bool = False) -> np.ndarray:
     """The dataset's rows (after its ``select``/``filter``/``shuffle``) where column ``key``
-    holds a null, its lists' values and its structs' fields included, ascending."""
+    holds a null, its lists' values and its structs' fields included (not an image's, where
+    the column's features hold one: ``media``), ascending."""
     column = dataset.data.column(key)
-    in_table = np.concatenate([_null_rows_of(c) if _nulls(c) else np.zeros(len(c), bool)
+    in_table = np.concatenate([_null_rows_of(c, media) if _nulls(c, media)
+                               else np.zeros(len(c), bool)
                                for c in column.chunks] or [np.zeros(0, bool)])
     mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
     if mapping is not None:
         in_table = in_table[mapping.column(0).to_numpy()]
     return np.flatnonzero(in_table)
+
+
+def _has_media(feature: Any) -> bool:
+    """Whether a ``datasets`` feature is, or holds at any depth, an image, a sound, a video or
+    a document (stored as a struct of ``bytes`` and a ``path`` that may be null)."""
+    if type(feature).__name__ in ("Image", "Audio", "Video", "Pdf"):
+        return True
+    if isinstance(feature, dict):
+        return any(_has_media(f) for f in feature.values())
+    if isinstance(feature, (list, tuple)):
+        return any(_has_media(f) for f in feature)
+    return _has_media(getattr(feature, "feature", None)) if hasattr(feature, "feature") \
+        else False
 
 
 def _media(kind: Any) -> bool:
@@ -165,33 +181,34 @@ def _media(kind: Any) -> bool:
     return pa.types.is_struct(kind) and sorted(f.name for f in kind) == ["bytes", "path"]
 
 
-def _null_rows_of(array: Any) -> np.ndarray:
+def _null_rows_of(array: Any, media: bool = False) -> np.ndarray:
     """A row mask of an Arrow array: where it, a value of its lists or a field of its structs
-    (not an image's, ``_media``) is null."""
+    (not an image's, ``_media``, where the features hold one: ``media``) is null."""
     import pyarrow as pa
 
     rows = array.is_null().to_numpy(zero_copy_only=False)
-    if isinstance(array, pa.StructArray) and not _media(array.type):
+    if isinstance(array, pa.StructArray) and not (media and _media(array.type)):
         for field in array.flatten():  # (its offset applied)
-            rows |= _null_rows_of(field)
+            rows |= _null_rows_of(field, media)
     elif isinstance(array, pa.FixedSizeListArray):
         size = array.type.list_size
         if size:
-            inner = _null_rows_of(array.values.slice(array.offset * size, len(array) * size))
+            inner = _null_rows_of(array.values.slice(array.offset * size, len(array) * size),
+                                  media)
             rows |= inner.reshape(len(array), size).any(axis=1)
     elif isinstance(array, (pa.ListArray, pa.LargeListArray)):
         # by the offsets: the values behind a null list are in them (not in flatten()'s)
         offsets = array.offsets.to_numpy()
-        inner = _null_rows_of(array.values.slice(offsets[0], offsets[-1] - offsets[0]))
+        inner = _null_rows_of(array.values.slice(offsets[0], offsets[-1] - offsets[0]), media)
         if inner.any():
             rows[np.repeat(np.arange(len(array)), np.diff(offsets))[inner]] = True
     return rows
 
 
-def _nulls(column: Any) -> bool:
+def _nulls(column: Any, media: bool = False) -> bool:
     """Whether an Arrow column (chunked or not) holds a null, its lists' values and its
-    structs' fields included (not an image's, ``_media``): Arrow's counts first, the rows
-    walked only where a struct may hide one."""
+    structs' fields included (not an image's, where the features hold one: ``media``):
+    Arrow's counts first, the rows walked only where a struct may hide one."""
     def nested(kind: Any) -> bool:
         import pyarrow as pa
 
@@ -200,7 +217,7 @@ def _nulls(column: Any) -> bool:
             kind = kind.value_type
         return pa.types.is_struct(kind)
 
-    return any(chunk.null_count or (_null_rows_of(chunk).any() if nested(chunk.type)
+    return any(chunk.null_count or (_null_rows_of(chunk, media).any() if nested(chunk.type)
                                     else nested_nulls(chunk))
                for chunk in getattr(column, "chunks", [column]))
 

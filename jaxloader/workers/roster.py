@@ -82,20 +82,20 @@ class Roster:
     @property
     def most(self) -> int:
         """The workers that may be in use: ``capacity``, or those started where no more can
-        start (forked, once JAX is imported, which ``WorkerProcess`` refuses), said once."""
-        if self._start_method != "fork" or "jax" not in sys.modules or \
-                len(self.workers) >= self.capacity:
+        start (forked, once JAX is imported, which ``WorkerProcess`` refuses)."""
+        if self._start_method != "fork" or "jax" not in sys.modules:
             return self.capacity
-        if not self._fork_said:
-            log.warning("num_workers='auto' keeps %d worker process(es): start_method='fork' "
-                        "starts no more once JAX is imported (start_method='exec' does)",
-                        len(self.workers))
-            self._fork_said = True
-        return max(1, len(self.workers))
+        return max(1, min(len(self.workers), self.capacity))
 
     def resize(self, workers: int) -> None:
-        """Asks for ``workers`` in use (1 to ``most``); safe from any thread."""
-        self.target = max(1, min(int(workers), self.most))
+        """Asks for ``workers`` in use (1 to ``most``, the cap said once); safe from any
+        thread."""
+        most = self.most
+        if int(workers) > most and most < self.capacity and not self._fork_said:
+            log.warning("num_workers='auto' keeps %d worker process(es): start_method='fork' "
+                        "starts no more once JAX is imported (start_method='exec' does)", most)
+            self._fork_said = True
+        self.target = max(1, min(int(workers), most))
 
     def apply(self, send_payload: Callable[[int], None], step: int) -> None:
         """Takes ``resize``'s count from ``step`` on: starts what is missing

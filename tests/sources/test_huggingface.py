@@ -124,6 +124,11 @@ def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_rea
                            "doc": {"img": Image(), "t": Value("string")}}))
     with jl.DataLoader(deeper, batch_size=2, process_index=0, process_count=1) as loader:
         assert next(iter(loader))["imgs"].shape == (2, 2, 2, 2, 3)
+    # a dict of the user's own, shaped as an image is stored (bytes and a path), is no image
+    own = datasets.Dataset.from_dict({"f": [{"bytes": b"a", "path": "p"},
+                                            {"bytes": b"b", "path": None}]})
+    with pytest.raises(jl.RecordError, match=r"column 'f' .* holds a null in rows \[1\]"):
+        jl.sources.huggingface.HuggingFaceSource(own).__getitems__(np.arange(2))
     for key, value, kind in (("t", None, r"\(string\)"), ("m", {"x": None, "s": "p"}, r"\(struct"),
                              ("m", {"x": 1, "s": None}, r"\(struct"), ("img", None, r"\(struct")):
         nulled = datasets.Dataset.from_dict({**rows, key: [rows[key][0], value, rows[key][2]]},
