@@ -266,4 +266,5 @@ def _check_32_bits(batch: Any, leaves: list) -> None:
             f"sharding: batch leaf {path or '<root>'} of dtype {leaf.dtype} holds values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
             f"{kind.dtype} and would wrap them; make it fit (a Map: an offset, or a split into "
-            "two int32 leaves), or jax.config.update('jax_enable_x64', True) before the loader")
+            f"two {kind.dtype} leaves), or jax.config.update('jax_enable_x64', True) before "
+            "the loader")

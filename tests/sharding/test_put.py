@@ -191,6 +191,13 @@ def test_bad_shardings_give_clear_errors():
     padded = jl.DataLoader(source(10), batch_size=4, last_batch="pad", device_prefetch=0,
                            sharding=jl.data_sharding(mesh))
     assert [np.asarray(b["mask"]).sum() for b in padded] == [4, 4, 2]
+    try:  # a dict of the source's keys: the mask it adds was refused at the first batch
+        jl.DataLoader(source(10), batch_size=4, last_batch="pad", device_prefetch=0,
+                      sharding={"x": jl.data_sharding(mesh), "y": jl.data_sharding(mesh)})
+    except jl.ConfigError as e:
+        assert "without 'mask', the leaf last_batch='pad' adds" in str(e), e
+    else:
+        raise AssertionError("a dict of shardings without the mask must be refused")
     per_leaf = {"x": NamedSharding(mesh, P(None, "data")), "y": jl.data_sharding(mesh)}
     try:  # 3 columns over 4 devices: the error names the leaf, not the subtree's root
         next(iter(jl.DataLoader(source(8), batch_size=4, sharding=per_leaf, device_prefetch=0)))
