@@ -115,6 +115,25 @@ def test_a_wrapped_function_that_does_not_trace_names_its_line_too():
         assert name in message and "test_jit_map.py:" in message and line in message, message
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_jit_maps_dict_keeps_the_order_the_function_wrote(num_workers):
+    # jax.jit returns a dict with its keys sorted: {"z": ..., "a": ...} came out as a, z (a
+    # Map's and a BatchMap's keep the function's order), and nested dicts too
+    def out_of_order(r):
+        return {"z": r["label"], "nested": {"y": r["label"] * 2, "b": r["image"][0, 0]},
+                "a": r["image"].mean()}
+
+    for chunk in (None, 1):  # (one chunk: XLA's output itself in process; several chunks)
+        kw = {} if chunk is None else {"chunk_bytes": chunk}
+        with jl.DataLoader(records(), batch_size=4, num_workers=num_workers,
+                           transforms=[jl.JitMap(out_of_order, **kw)], process_index=0,
+                           process_count=1) as loader:
+            batch = next(iter(loader))
+        assert list(batch) == ["z", "nested", "a"] and list(batch["nested"]) == ["y", "b"]
+        assert batch["z"].tolist() == [0, 1, 2, 3] and batch["nested"]["y"].tolist() == [0, 2,
+                                                                                        4, 6]
+
+
 def test_what_a_jit_map_cannot_take_is_refused_naming_it():
     text = jl.ArraySource({"x": np.zeros((4, 2), np.float32), "name": np.array(list("abcd"))})
     with jl.DataLoader(text, batch_size=2, transforms=[jl.JitMap(lambda r: r)],

@@ -340,3 +340,32 @@ def _raise_mismatch(trees: list, treedef: TreeDef, names: Any, path: str) -> NoR
                 f"{record_name(names, j)} has {describe(got)}; {remedy}"
             )
     raise CollateError(f"batch leaf {path or '<root>'}: records differ in structure")
+
+
+def skeleton(tree: Any) -> Any:
+    """``tree``'s dicts, lists and tuples, keys in their order, with no leaves (``None``).
+
+    Example:
+        >>> skeleton({"z": [1, 2], "a": 3})
+        {'z': [None, None], 'a': None}
+    """
+    if isinstance(tree, dict):
+        return {k: skeleton(v) for k, v in tree.items()}
+    if type(tree) in (list, tuple):
+        return type(tree)(skeleton(v) for v in tree)
+    return None
+
+
+def reordered(out: Any, like: Any) -> Any:
+    """``out`` with its dicts' keys in the order of ``like`` (a ``skeleton`` of a tree of its
+    structure), the same leaves: ``jax.jit`` returns a function's dicts with their keys sorted.
+
+    Example:
+        >>> reordered({"a": 1, "z": {"c": 2, "b": 3}}, {"z": {"b": None, "c": None}, "a": None})
+        {'z': {'b': 3, 'c': 2}, 'a': 1}
+    """
+    if isinstance(out, dict) and isinstance(like, dict) and like.keys() == out.keys():
+        return {k: reordered(out[k], like[k]) for k in like}
+    if type(out) in (list, tuple) and type(like) is type(out) and len(like) == len(out):
+        return type(out)(reordered(o, lk) for o, lk in zip(out, like))
+    return out

@@ -209,12 +209,13 @@ class JitMap:
 
             def traced(record: Any, *raw: Any) -> Any:
                 try:
-                    if random:
-                        return fn(record, jax.random.wrap_key_data(raw[0], impl="threefry2x32"))
-                    return fn(record)
+                    out = fn(record, jax.random.wrap_key_data(raw[0], impl="threefry2x32")) \
+                        if random else fn(record)
                 except Exception as e:  # the user's line, before JAX filters the traceback
                     setattr(e, "jaxloader_line", user_line(e, fn, file))
                     raise
+                self._like = tree_lib.skeleton(out)  # (its dicts' keys in order: jit sorts)
+                return out
             vmapped = jax.vmap(traced)
             on_cpu = jax.sharding.SingleDeviceSharding(cpu_device())  # (NumPy inputs go there)
             self._vmapped = vmapped
@@ -256,13 +257,14 @@ class JitMap:
         output): its treedef, its columns (no values), where its leaves are in JAX's order,
         and its layout in a slot. Checked (``batch_columns``) once a shape, in this thread:
         the compiled function's output is the same for every batch of it."""
-        import jax
-
         kept = self._local.__dict__.get("layout")
         if kept is None or kept[0] is not row_out or kept[1:3] != (rows, size):
-            treedef, columns = batch_columns(jax.tree.map(np.asarray, out), rows)
+            ordered = tree_lib.reordered(out, getattr(self, "_like", None))  # (as fn wrote)
+            leaves, ours = tree_lib.flatten(ordered)
+            treedef, columns = batch_columns(
+                tree_lib.unflatten(ours, [np.asarray(x) for x in leaves]), rows)
             full = [c._replace(shape=(size, *c.shape[1:]), values=None) for c in columns]
-            kept = (row_out, rows, size, treedef, full, _leaf_order(out),
+            kept = (row_out, rows, size, treedef, full, _leaf_order(ordered),
                     collate.layout_of(treedef, full))
             self._local.layout = kept
         return kept[3:]
