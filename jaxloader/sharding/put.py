@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
+from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import beyond_32_bits, device_dtype_problem, host_only
 from jaxloader.base.errors import ConfigError
 
@@ -194,6 +195,10 @@ class Putter:
                     + _PARTIAL_REMEDY)
 
     def __call__(self, batch: Any) -> Any:
+        """The batch placed, its dicts' keys in their order (JAX's tree functions sort them)."""
+        return tree_lib.reordered(self._placed(batch), tree_lib.skeleton(batch))
+
+    def _placed(self, batch: Any) -> Any:
         leaves = jax.tree_util.tree_leaves(batch)
         if not jax.config.read("jax_enable_x64"):
             _check_32_bits(batch, leaves)

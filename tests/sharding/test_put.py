@@ -70,6 +70,15 @@ def test_pytree_of_shardings_and_object_leaves():
         batch = next(iter(loader))
     assert batch["x"].sharding == replicated and batch["x"].shape == (4, 2)
     assert isinstance(batch["name"], np.ndarray) and batch["name"].tolist() == ["r0", "r1", "r2", "r3"]
+    # a placed batch's dicts keep their keys' order, as a NumPy batch's (JAX's tree functions
+    # sorted them: z, a came out as a, z)
+    ordered = jl.ArraySource({"z": np.arange(8.0), "a": np.arange(8), "m": {"y": np.arange(8),
+                                                                         "b": np.arange(8)}})
+    for ahead in (0, 2):
+        with jl.DataLoader(ordered, batch_size=4, sharding=jl.data_sharding(mesh),
+                           device_prefetch=ahead, process_index=0, process_count=1) as placed:
+            batch = next(iter(placed))
+        assert list(batch) == ["z", "a", "m"] and list(batch["m"]) == ["y", "b"], list(batch)
     print("ok")
     """, n=4)
     assert out.strip() == "ok"
