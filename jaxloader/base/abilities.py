@@ -120,6 +120,16 @@ today's), and the sources made of it combine those: what a state saved then hold
 GENERATIONS = 2
 
 
+def in_generation(generation: int, compute: Callable[[], Any]) -> Any:
+    """``compute()`` with ``OLDER`` at ``generation``: a source's fingerprint, or a stream's
+    description, as that generation of older versions wrote it into states."""
+    token = OLDER.set(generation)
+    try:
+        return compute()
+    finally:
+        OLDER.reset(token)
+
+
 def fingerprint_of(source: object) -> str | None:
     """The source's own fingerprint, or ``None``."""
     generation = OLDER.get()

@@ -32,7 +32,7 @@ from typing import Any, Callable, Generator, Generic, Literal, Never, Sequence
 
 import numpy as np
 
-from jaxloader.base.abilities import OLDER
+from jaxloader.base.abilities import in_generation
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
@@ -292,13 +292,9 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         """Continues from ``state``; live iterators of this loader stop being valid."""
         self._check_placement()
         config = self._config()
-        if isinstance(state, dict) and state.get("stream") != config["stream"]:
-            token = OLDER.set(1)  # (saved before 2026-11-29: its files named whole)
-            try:
-                if state.get("stream") == self._stream.describe():
-                    state = {**state, "stream": config["stream"]}
-            finally:
-                OLDER.reset(token)
+        if isinstance(state, dict) and state.get("stream") != config["stream"] and \
+                state.get("stream") == in_generation(1, self._stream.describe):
+            state = {**state, "stream": config["stream"]}  # (saved before 2026-11-29)
         readers = check_stream_state(state, config, self.process_index,
                                      self._stream.extra_state(), self._readers)
         warn_changed_transforms(state.get("transforms"), self._named(), state["step"])

@@ -25,7 +25,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import GENERATIONS, OLDER, file_identities_of, fingerprint_of
+from jaxloader.base.abilities import (GENERATIONS, file_identities_of, fingerprint_of,
+                                      in_generation)
 from jaxloader.sources.parts import walk
 
 
@@ -77,11 +78,7 @@ def older_fingerprint(source: Any) -> tuple[str, ...]:
     """
     now, found = fingerprint_of(source), []
     for generation in range(1, GENERATIONS + 1):
-        token = OLDER.set(generation)
-        try:
-            then = fingerprint_of(source)
-        finally:
-            OLDER.reset(token)
+        then = in_generation(generation, lambda: fingerprint_of(source))
         if then is not None and then != now and then not in found:
             found.append(then)
     return tuple(found)
@@ -102,11 +99,7 @@ def combined_generations(kind: str, size: int, sources: Sequence[Any],
                for source in sources for part in walk(source)):
         return tuple(found)  # (none written otherwise: no source read again for nothing)
     for generation in range(1, GENERATIONS + 1):
-        token = OLDER.set(generation)
-        try:
-            then = combined(kind, size, sources, *own)
-        finally:
-            OLDER.reset(token)
+        then = in_generation(generation, lambda: combined(kind, size, sources, *own))
         if then not in found:
             found.append(then)
     return tuple(found)
