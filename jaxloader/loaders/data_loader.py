@@ -39,6 +39,7 @@ from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
 from jaxloader.loaders.state import check_state, make_state, transforms_of
 from jaxloader.batching.transforms import split_transforms
+from jaxloader.sharding.hosts import publish
 
 
 class DataLoader(LoaderLifecycle, Generic[BatchT]):
@@ -253,9 +254,13 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             n = self.num_epochs
             stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
         put = self._putter
+        hosts = None if self.process_count == 1 else publish(
+            {**make_state(self._sampler, start, self._source_fingerprint()),
+             "num_epochs": self.num_epochs}, self.process_count)
         self._active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,
             single_device=put is not None and put.single_device, monitor=self._monitor,
+            hosts=hosts,
         )
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 

@@ -34,6 +34,7 @@ from typing_extensions import TypeVar
 from jaxloader.base.errors import JaxloaderError, WorkerError
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
+from jaxloader.sharding.hosts import HostsCheck
 from jaxloader.sharding.prefetch import DevicePrefetcher
 
 log = logging.getLogger("jaxloader")
@@ -121,10 +122,10 @@ class LoaderIterator(Generic[BatchT]):
     def __init__(self, progress: Progress, start: int, stop: int | None, engine: BatchRuns,
                  put: Callable[[Any], Any] | None, device_prefetch: int,
                  single_device: bool, ends_before: Callable[[int], bool] | None = None,
-                 monitor: Any = None) -> None:
+                 monitor: Any = None, hosts: HostsCheck | None = None) -> None:
         self._progress = progress
         self._generation = progress.generation
-        self._step = start
+        self._step = self._start_step = start
         self._stop = stop
         self._engine = engine
         self._put = put
@@ -132,6 +133,7 @@ class LoaderIterator(Generic[BatchT]):
         self._single_device = single_device
         self._ends_before = ends_before  # whether the run ends before a step (a stream's pass)
         self._monitor = monitor  # loaders/monitor: autotune, periodic summary (or None)
+        self._hosts = hosts  # the other processes' settings, until compared (sharding.hosts)
         self._batches: Generator[Any, None, None] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         # When the last batch was handed out, once _checks has started the consumer's time
@@ -187,6 +189,8 @@ class LoaderIterator(Generic[BatchT]):
             self._stop = self._step  # asked once: the same answer on every later call
             self.stop_work()  # what was made past the end goes
             raise StopIteration
+        if self._hosts is not None and self._hosts.due(self._step - self._start_step):
+            self._hosts = None  # (a difference raises at every call: the run cannot go on)
         if self._interrupted:
             # Until the old thread is gone (the first try may itself have been cut short):
             # two threads must never drive the engine at once.

@@ -37,6 +37,7 @@ from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
+from jaxloader.sharding.hosts import publish
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
@@ -217,12 +218,15 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         if self.num_epochs is not None:
             self._until = self._pass_of(self._states_at(self._progress.step))
         put = self._putter
+        hosts = None if self.process_count == 1 else publish(
+            {**self._config(), **self._stream.extra_state(), "step": self._progress.step,
+             "num_epochs": self.num_epochs}, self.process_count, "StreamLoader")
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       _ReaderRuns(self), put,
                                       self._options.device_prefetch,
                                       single_device=put is not None and put.single_device,
                                       ends_before=None if self._until is None else self._ends,
-                                      monitor=self._monitor)
+                                      monitor=self._monitor, hosts=hosts)
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 
     def _ends(self, step: int) -> bool:

@@ -1,0 +1,50 @@
+"""Two hosts on this machine (jax.distributed, CPU backend) whose loaders differ, and alike."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from launch import run_hosts
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.e2e]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_ones_run():
+    # a host with another seed read its rows of another order: records repeated across the
+    # hosts and others never read, without a word; another batch size or step as silently
+    pythonpath = os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
+    outs = run_hosts(os.path.join(HERE, "hosts_run.py"), 2, ["{port}"],
+                     env={"PYTHONPATH": pythonpath})
+    lines = [dict(line.split(" ", 1) for line in out.splitlines()
+                  if line.split(" ")[0] in CASES) for out in outs]
+    for host in lines:
+        for case in ("alike", "late", "stream"):
+            assert host[case].startswith("ok "), (case, host[case])
+        for case in ("seed", "batch_size", "step", "stream_seed"):
+            assert host[case].startswith("refused: "), (case, host[case])
+    # each host names the other's value first (host 0 sees host 1's 4; host 1 its own 4)
+    assert "seed: process 1 has 4, this process (0) 3" in lines[0]["seed"]
+    assert "seed: process 0 has 3, this process (1) 4" in lines[1]["seed"]
+    assert "batch_size: process 1 has 8, this process (0) 4" in lines[0]["batch_size"]
+    assert "global_batch_size: process 1 has 16, this process (0) 8" in lines[0]["batch_size"]
+    assert "step: process 0 has 0, this process (1) 2" in lines[1]["step"]
+    assert "seed: process 1 has 5, this process (0) 0" in lines[0]["stream_seed"]
+    assert "same source, seed, batch_size" in lines[0]["seed"]
+    assert lines[0]["alike"] != lines[1]["alike"]  # (each its own rows)
+    for out in outs:  # a warning for the other data only
+        assert {line.split(" ")[0] for line in out.splitlines() if "_warned " in line} == \
+            {"data_warned"}, out
+    for host in lines:  # other data of the same length, told apart only by digests: warned
+        assert host["data"].startswith("ok "), host["data"]
+        assert "the processes' sources differ (record_hash: process" in host["data_warned"]
+    assert lines[0]["missing"].startswith("ok ")  # host 0 alone: told, not stopped
+    logged = [line for line in outs[0].splitlines() if line.startswith("logged:")]
+    assert len(logged) == 1 and "process(es) 1 of 2 have not made this iter() (this " \
+        "process's 9th iter() of a loader with several processes) within 0.5 s" in logged[0], logged
+
+
+CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "stream",
+         "stream_seed", "missing"}
