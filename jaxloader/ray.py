@@ -322,8 +322,12 @@ class RayEngine:
             pass
 
     def made_by(self, actor: int, pid: int, timings: tuple) -> None:
-        """A task of ``actor``'s came back from process ``pid``, with its stage timings."""
-        self.gauges.makers[actor].absorb(timings)
+        """A task of ``actor``'s came back from process ``pid``, with its stage timings and
+        when it began (the wall clock's, as machines share it: those of a task begun before
+        ``reset_stats()`` are dropped, as a local worker's are)."""
+        reset = time.time() - (time.monotonic() - self.gauges.reset_at)
+        if timings[-1] >= reset:
+            self.gauges.makers[actor].absorb(timings[:-1])
         # restarted by Ray with no task lost: it had none in flight, or Ray made them again
         # (its max_task_retries)
         if pid != self._pids[actor]:

@@ -73,8 +73,12 @@ class MakerActor:
         return time.perf_counter(), time.process_time()
 
     def _timings(self, began: float, cpu: float) -> tuple:
+        """The task's stage timings, and when it began by the wall clock (the training
+        process drops those of a task begun before its ``reset_stats()``: an actor's
+        monotonic clock may be another machine's)."""
         busy = time.perf_counter() - began
-        return (busy, time.process_time() - cpu, *self._maker.clock.take(busy))
+        return (busy, time.process_time() - cpu, *self._maker.clock.take(busy),
+                time.time() - busy)
 
 
 def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None,

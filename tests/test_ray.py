@@ -378,6 +378,35 @@ def stream_fails(r):
     return r
 
 
+def busy_2ms(r):
+    began = time.perf_counter()
+    while time.perf_counter() - began < 0.002:
+        pass
+    return r
+
+
+def check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster):
+    # a task's timings come back with its batches: those of tasks made ahead before the
+    # reset were counted in the window after it (an actor busy 30x the window's wall time)
+    source = jl.ArraySource({"x": np.arange(4000)})
+    with jl.DataLoader(source, batch_size=16, num_epochs=None, transforms=[jl.Map(busy_2ms)],
+                       process_index=0, process_count=1, workers=RayWorkers(1)) as on_ray:
+        it = iter(on_ray)
+        for _ in range(3):
+            next(it)
+        time.sleep(1.0)  # the actor makes its tasks in flight meanwhile
+        on_ray.reset_stats()
+        for _ in range(20):  # (made before the reset)
+            next(it)
+        stats = on_ray.stats
+        assert sum(w.busy_s for w in stats.workers) <= stats.wall_s + 0.05, stats
+        for _ in range(150):  # past those: the actor's work since is counted
+            next(it)
+        stats = on_ray.stats
+    busy = sum(w.busy_s for w in stats.workers)
+    assert 0 < busy <= stats.wall_s + 0.05, stats
+
+
 def check_what_cannot_go_to_the_actors_is_named(cluster):
     import threading
 
@@ -421,6 +450,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
         cluster, expected, caplog)
     check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback(cluster)
     check_what_cannot_go_to_the_actors_is_named(cluster)
+    check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster)
 
 
 def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
