@@ -82,6 +82,8 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
     made here is closed."""
     engine = loader._engine
     traced, engine.gauges.trace = engine.gauges.trace, True
+    loader._probing = True  # (its iter(): not paired with the other processes', as it may
+    # run on one process alone, and puts the position back)
     before = None if own else loader.state_dict()
     if not own:  # the batches before are not the profile's
         loader.reset_stats()
@@ -99,6 +101,7 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
         return Run(engine.active, stats.batches_per_s, loader.diagnose(),
                    [list(m.fold().trace) for m in engine.gauges.makers])
     finally:
+        loader._probing = False
         if own:
             loader.close()
         else:

@@ -46,6 +46,8 @@ class LoaderLifecycle:
     _placement: Placement
     _jax_pending: tuple[bool, bool]  # the place's numbers taken without JAX (options.jax_pending)
     _monitor: Monitor | None
+    _probing = False  # iter() by jaxloader.profile, which puts the position back: not compared
+    # with the other processes' (sharding.hosts), as it may run on one of them alone
 
     def _putter_for(self, sharding: Any, given_index: int | None,
                     by_block: bool = False) -> "Putter | None":

@@ -39,7 +39,7 @@ from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
 from jaxloader.loaders.state import check_state, make_state, transforms_of
 from jaxloader.batching.transforms import split_transforms
-from jaxloader.sharding.hosts import publish
+from jaxloader.sharding.hosts import Pairing
 
 
 class DataLoader(LoaderLifecycle, Generic[BatchT]):
@@ -199,6 +199,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress()
         self._active: LoaderIterator | None = None
+        self._pairing = Pairing("DataLoader", num_records)  # (its iter()s, for sharding.hosts)
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
     # -- sizes, placement and position ------------------------------------------------------
@@ -254,7 +255,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             n = self.num_epochs
             stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
         put = self._putter
-        hosts = None if self.process_count == 1 else publish(
+        hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
             {**make_state(self._sampler, start, self._source_fingerprint()),
              "num_epochs": self.num_epochs}, self.process_count)
         self._active = LoaderIterator(

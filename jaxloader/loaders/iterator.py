@@ -183,14 +183,18 @@ class LoaderIterator(Generic[BatchT]):
                 f"{progress.owner} since it was made; call iter(loader) again (a loader has one "
                 f"live iterator: for two at once, make two {progress.owner}s)"
             )
+        if self._hosts is not None:  # (before a stream's end, which runs a collective)
+            if self._hosts.due(self._step - self._start_step,
+                               lambda: progress.generation != self._generation):
+                self._hosts = None  # compared (a difference raised, and raises each call)
+            if progress.generation != self._generation:  # (closed or restored meanwhile)
+                return self.__next__()  # (says so)
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration
         if self._ends_before is not None and self._ends_before(self._step):
             self._stop = self._step  # asked once: the same answer on every later call
             self.stop_work()  # what was made past the end goes
             raise StopIteration
-        if self._hosts is not None and self._hosts.due(self._step - self._start_step):
-            self._hosts = None  # (a difference raises at every call: the run cannot go on)
         if self._interrupted:
             # Until the old thread is gone (the first try may itself have been cut short):
             # two threads must never drive the engine at once.

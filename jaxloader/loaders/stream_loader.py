@@ -37,7 +37,7 @@ from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
-from jaxloader.sharding.hosts import publish
+from jaxloader.sharding.hosts import Pairing, stream_settings
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import refuse
@@ -182,6 +182,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._pristine = copy.deepcopy(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._progress = Progress("StreamLoader")
+        self._pairing = Pairing("StreamLoader", None)  # (its iter()s, for sharding.hosts)
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0
         self._reports: dict[int, dict] = {}
@@ -218,9 +219,14 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         if self.num_epochs is not None:
             self._until = self._pass_of(self._states_at(self._progress.step))
         put = self._putter
-        hosts = None if self.process_count == 1 else publish(
-            {**self._config(), **self._stream.extra_state(), "step": self._progress.step,
-             "num_epochs": self.num_epochs}, self.process_count, "StreamLoader")
+        hosts = None
+        if self.process_count > 1 and not self._probing:
+            config = self._config()
+            described = stream_settings(config.pop("stream"))
+            hosts = self._pairing.publish(
+                {**config, **described,
+                 **self._stream.extra_state(), "step": self._progress.step,
+                 "num_epochs": self.num_epochs}, self.process_count)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       _ReaderRuns(self), put,
                                       self._options.device_prefetch,

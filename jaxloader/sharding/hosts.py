@@ -5,49 +5,51 @@ with the same source, seed, batch size and the rest, and stand at the same step.
 differs nothing fails: a process with another seed reads its rows of another order (records
 repeated, others never read), one restored at another step reads other steps' rows, and one
 with another batch size makes global batches of other shapes, on which the first collective
-aborts or waits. So where ``jax.distributed`` is initialised, each ``iter()`` of a loader
-shared by the processes writes what must agree (``settings``, each value short or a digest)
-to the run's key-value store, and its run's first ``next()`` compares it with every other
-process's: it waits up to ``WAIT_S`` for them (the first collective would wait for them
-anyway), then looks again at the 2nd, 4th, 8th... ``next()`` for any that came later. A
-difference raises ``ConfigError`` at every ``next()`` of the run, naming the process, the
-setting and both values; one only in what the data is, told by digests (``NOTED``), warns.
+aborts or waits. So where ``jax.distributed`` runs the loader's processes, each ``iter()`` of
+a loader shared by them writes what must agree (``settings``, each value short or a digest)
+to the run's key-value store, and its run's first ``next()`` compares: process 0 with every
+other, the others with process 0. It waits up to ``WAIT_S`` for them (the first collective
+would wait for them anyway), then looks again at the 2nd, 4th, 8th... ``next()`` for any that
+came later. A difference raises ``ConfigError`` at every ``next()`` of the run, naming the
+process, the setting and both values; one only in what the data is, told by digests
+(``NOTED``), warns.
 
-Runs are paired by count: each process's k-th ``iter()`` of a loader with several processes is
-compared with every other process's k-th, as every process runs the same code. Without
-``jax.distributed`` (``process_count=`` given by hand) there is no store, and nothing is
-compared.
+A loader's ``iter()`` calls are paired by count (``Pairing``): its k-th with every other
+process's k-th of the same loader, the loaders named by kind, length and which of this
+process's loaders of that kind and length it is. ``jaxloader.profile``'s runs, which put the
+position back, are not counted. Without ``jax.distributed`` (``process_count=`` given by hand)
+there is no store, and nothing is compared.
 
 Example:
-    >>> check = publish({"seed": 0}, process_count=1)  # one process: nothing to compare
-    >>> check is None
+    >>> Pairing("DataLoader", 100).publish({"seed": 0}, process_count=1) is None  # one process
     True
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import sys
 import threading
 import time
 import warnings
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from jaxloader.base.errors import ConfigError
 
 log = logging.getLogger("jaxloader")
 WAIT_S = 10.0  # the run's first next() waits this long for the other processes' settings
+SLICE_S = 0.25  # ... in waits this long each (a Ctrl-C or a close() is seen between them)
 SHORT = 60  # a value whose JSON is longer is compared by its digest
 # What the data is, told apart only by digests (a fingerprint, files' identities, a stream's
-# shards): a difference with all else alike is warned of, not refused, since a digest may
+# shard names): a difference with all else alike is warned of, not refused, since a digest may
 # differ over the same data (a Hugging Face dataset's fingerprint made at random).
-NOTED = frozenset({"source", "record_spec", "record_hash", "files", "stream"})
+NOTED = frozenset({"source", "record_spec", "record_hash", "files"})
 _PREFIX = "jaxloader/hosts"
-_count = itertools.count()  # this process's iter() calls of loaders with several processes
+_named: dict[str, int] = {}  # loaders of a kind and length named so far in this process
 _lock = threading.Lock()
+_told = [False]  # whether a late process was warned of (later ones: logged at INFO)
 
 
 class Store(Protocol):
@@ -57,31 +59,54 @@ class Store(Protocol):
 
     def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str: ...
 
+    def key_value_try_get(self, key: str) -> str: ...
+
     def key_value_dir_get(self, key: str) -> list[tuple[str, str]]: ...
 
+    def key_value_delete(self, key: str) -> None: ...
 
-def publish(settings: dict[str, Any], process_count: int, owner: str = "DataLoader",
-            store: Store | None = None, me: int | None = None,
-            n: int | None = None) -> "HostsCheck | None":
-    """Writes this process's ``settings`` for its next ``iter()`` to the store and returns
-    the check its run's ``next()`` calls make; ``None`` where there is nothing to compare
-    with (one process, or no ``jax.distributed`` and no ``store``). ``process_count``: the
-    loader's; ``me``: this process's index in the store's run (JAX's); ``n``: which of its
-    ``iter()`` calls this is (counted here unless given)."""
-    if process_count == 1:
-        return None
-    if store is None:
-        store, me = _jax_store(process_count)
-        if store is None:
+
+class Pairing:
+    """A loader's name in the store and its ``iter()`` calls published so far. ``size``:
+    its length (a ``DataLoader``'s records), or ``None``. The name is given on the first
+    ``publish``: loaders alike in kind and size are told apart by the order of their first
+    ``iter()`` in the process, which every process runs the same."""
+
+    def __init__(self, kind: str, size: int | None) -> None:
+        self.kind, self.size = kind, size
+        self.name: str | None = None
+        self.count = 0
+
+    def publish(self, settings: dict[str, Any], process_count: int,
+                store: Store | None = None, me: int | None = None) -> "HostsCheck | None":
+        """Writes this process's ``settings`` for the loader's next ``iter()`` to the store
+        (and drops its own of two ``iter()`` calls before: the store stays small) and
+        returns the check its run's ``next()`` calls make; ``None`` where there is nothing
+        to compare with (one process, or no ``jax.distributed`` and no ``store``).
+        ``process_count``: the loader's; ``me``: this process's index in the store's run."""
+        if process_count == 1:
             return None
-    assert me is not None
-    compact = {name: _compact(value) for name, value in settings.items()}
-    if n is None:
-        with _lock:
-            n = next(_count)
-    check = HostsCheck(store, f"{_PREFIX}/{n}/", me, process_count, compact, owner, n)
-    store.key_value_set(f"{check.prefix}{me}", json.dumps(compact, sort_keys=True))
-    return check
+        if store is None:
+            store, me = _jax_store(process_count)
+            if store is None:
+                return None
+        assert me is not None
+        if self.name is None:
+            kind = f"{self.kind}-{self.size}"
+            with _lock:
+                self.name = f"{kind}-{_named.setdefault(kind, 0)}"
+                _named[kind] += 1
+        n, self.count = self.count, self.count + 1
+        compact = {name: _compact(value) for name, value in settings.items()}
+        check = HostsCheck(store, f"{_PREFIX}/{self.name}/{n}/", me, process_count, compact,
+                           self.kind, n)
+        store.key_value_set(f"{check.prefix}{me}", json.dumps(compact, sort_keys=True))
+        if n >= 2:
+            try:
+                store.key_value_delete(f"{_PREFIX}/{self.name}/{n - 2}/{me}")
+            except Exception:  # noqa: BLE001 (the store's; a key left is no harm)
+                pass
+        return check
 
 
 def _jax_store(process_count: int) -> tuple[Store | None, int | None]:
@@ -103,6 +128,33 @@ def _jax_store(process_count: int) -> tuple[Store | None, int | None]:
     return client, jax.process_index()
 
 
+def stream_settings(described: Any, name: str = "stream") -> dict[str, Any]:
+    """A stream's ``describe()`` as settings, one a field (``stream.shuffle_window``,
+    ``stream.mix[1].shuffle_shards``...), each list of shard names as its count (compared)
+    and its names (``....shards``, noted: told by their digest).
+
+    Example:
+        >>> stream_settings({"shards": ["a", "b"], "shuffle_window": 4})
+        {'stream.shards': ['a', 'b'], 'stream.shard_count': 2, 'stream.shuffle_window': 4}
+    """
+    if not isinstance(described, dict):
+        return {name: described}
+    out: dict[str, Any] = {}
+    for key, value in described.items():
+        if key == "shards" and isinstance(value, list):
+            out[f"{name}.shards"], out[f"{name}.shard_count"] = value, len(value)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, part in enumerate(value):
+                out.update(stream_settings(part, f"{name}.{key}[{i}]"))
+        else:
+            out.update(stream_settings(value, f"{name}.{key}"))
+    return out
+
+
+def _noted(name: str) -> bool:
+    return name in NOTED or name.endswith(".shards")
+
+
 def _compact(value: Any) -> Any:
     """``value`` as compared: itself if short, else a digest of its JSON."""
     text = json.dumps(value, sort_keys=True, default=repr)
@@ -112,20 +164,21 @@ def _compact(value: Any) -> Any:
 
 
 class HostsCheck:
-    """One ``iter()``'s settings against the other processes' (``publish``)."""
+    """One ``iter()``'s settings against the other processes' (``Pairing.publish``)."""
 
     def __init__(self, store: Store, prefix: str, me: int, count: int,
                  settings: dict[str, Any], owner: str, n: int) -> None:
         self.store, self.prefix, self.me, self.settings = store, prefix, me, settings
         self.owner, self.n = owner, n
-        self.pending = set(range(count)) - {me}
+        self.pending = set(range(1, count)) if me == 0 else {0}
         self.next_call = 0  # the run's next() call (counted from 0) that looks next
         self.failure: ConfigError | None = None
 
-    def due(self, call: int) -> bool:
-        """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first,
-        looks again on the 2nd, 4th, 8th...; raises on a difference. Whether every other
-        process's settings are compared (nothing left to do)."""
+    def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
+        """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first
+        (until ``gone()``: the run was closed or restored), looks again on the 2nd, 4th,
+        8th...; raises on a difference. Whether every other process's settings are compared
+        (nothing left to do)."""
         if self.failure is not None:
             raise self.failure
         if call < self.next_call:
@@ -133,34 +186,50 @@ class HostsCheck:
         self.next_call = max(1, 2 * call)
         self._look()
         if call == 0 and self.pending:
-            deadline = time.monotonic() + WAIT_S
-            while self.pending and self.failure is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:  # (returns once that one's settings are there; the look takes them all)
-                    self.store.blocking_key_value_get(f"{self.prefix}{min(self.pending)}",
-                                                      max(1, int(left * 1000)))
-                except Exception:  # noqa: BLE001 (the store's timeout: said below)
-                    break
-                self._look()
-            if self.pending and self.failure is None:
-                log.warning(
-                    "%s: process(es) %s of %d have not made this iter() (this process's "
-                    "%s with several processes) within %.3g s, so their settings are not yet "
-                    "compared with this process's; they are looked for again at the 2nd, "
-                    "4th, 8th... next() (a process that calls iter() fewer times than the "
-                    "others, or later, is out of step with them)", self.owner,
-                    _listed(sorted(self.pending)), len(self.pending) + 1, _nth(self.n + 1),
-                    WAIT_S)
+            self._wait(gone)
         if self.failure is not None:
             raise self.failure
         return not self.pending
 
+    def _wait(self, gone: Callable[[], bool]) -> None:
+        """Up to ``WAIT_S`` for the pending processes' settings, in slices."""
+        deadline = time.monotonic() + WAIT_S
+        while self.pending and self.failure is None:
+            left = deadline - time.monotonic()
+            if gone():
+                return
+            if left <= 0:
+                break
+            try:  # (returns once that one's settings are there; the look takes them all)
+                self.store.blocking_key_value_get(f"{self.prefix}{min(self.pending)}",
+                                                  max(1, int(min(left, SLICE_S) * 1000)))
+            except Exception as e:  # noqa: BLE001 (the store's timeout: waited again)
+                if "DEADLINE_EXCEEDED" not in str(e):
+                    break
+                continue
+            self._look()
+        if self.pending and self.failure is None:
+            (log.info if _told[0] else log.warning)(
+                "%s: process(es) %s of %d have not made this iter() (this loader's %s) "
+                "within %.3g s, so their settings are not yet compared with this process's; "
+                "they are looked for again at the 2nd, 4th, 8th... next() (a process that "
+                "iterates this loader fewer times than the others is out of step with them)",
+                self.owner, _listed(sorted(self.pending)), len(self.pending) + 1,
+                _nth(self.n + 1), WAIT_S)
+            _told[0] = True
+
     def _look(self) -> None:
-        """Takes the settings the store has now; a difference becomes ``failure``."""
+        """Takes the settings the store has now (process 0: every other's; the others:
+        process 0's); a difference becomes ``failure``."""
+        if self.me == 0:
+            entries = self.store.key_value_dir_get(self.prefix)
+        else:
+            try:
+                entries = [(f"{self.prefix}0", self.store.key_value_try_get(f"{self.prefix}0"))]
+            except Exception:  # noqa: BLE001 (not there yet)
+                entries = []
         found = []
-        for key, value in self.store.key_value_dir_get(self.prefix):
+        for key, value in entries:
             peer = int(key.rsplit("/", 1)[1])
             if peer in self.pending:
                 self.pending.discard(peer)
@@ -173,37 +242,39 @@ class HostsCheck:
         elif differ:
             peer, theirs = differ[0]
             warnings.warn(
-                f"{self.owner}: the processes' sources differ ({self._fields(peer, theirs)}), "
-                "where their lengths, seeds and steps agree: the hosts may read other data. "
-                "Harmless if the data is the same (a Hugging Face dataset whose fingerprint "
-                "datasets made at random, as it warns when it cannot hash a function); else "
-                "give every process the same data", UserWarning, stacklevel=4)
+                f"{self.owner}: the processes' data differ ({self._fields(peer, theirs)}), "
+                "where the rest agrees: the hosts may read other data. Harmless if the data "
+                "is the same (a Hugging Face dataset whose fingerprint datasets made at "
+                "random, as it warns when it cannot hash a function); else give every "
+                "process the same data", UserWarning, stacklevel=4)
 
     def _fields(self, peer: int, theirs: dict[str, Any], noted: bool = True) -> str:
-        """The settings ``peer`` has otherwise, with both values (``noted``: also those of
+        """The settings ``peer`` has otherwise, with both values (``noted``: also those
         ``NOTED``)."""
         mine = self.settings
         return "; ".join(
             f"{name}: process {peer} has {theirs.get(name, '(none)')!r:.70}, this process "
             f"({self.me}) {mine.get(name, '(none)')!r:.70}"
             for name in sorted(set(mine) | set(theirs))
-            if mine.get(name) != theirs.get(name) and (noted or name not in NOTED))
+            if mine.get(name) != theirs.get(name) and (noted or not _noted(name)))
 
     def _differs(self, differ: list[tuple[int, dict[str, Any]]]) -> ConfigError:
         fields = self._fields(*differ[0])
         others = [p for p, _ in differ[1:]]
         more = f" (and process(es) {_listed(others)} too)" if others else ""
+        same = ("stream, seed, batch_size, readers_per_process and num_epochs"
+                if self.owner == "StreamLoader" else
+                "source, seed, batch_size, shuffle, last_batch and num_epochs")
         return ConfigError(
-            f"{self.owner}: the processes' loaders differ at this iter() ({fields})"
-            f"{more}. Each process reads its own rows of one global order, so every process "
-            "must make its loader with the same source, seed, batch_size, shuffle, last_batch "
-            "and num_epochs, and restore the same step: one with another seed or step reads "
-            "rows of another order (records repeated, others never read), one with another "
-            "batch_size makes batches of other shapes. Pass every process the same "
-            "arguments and state (randomness that should differ by process already does: "
-            "each record's draws come from its own position). (Compared: this process's "
-            f"{_nth(self.n + 1)} with several processes, with each other process's: one "
-            "that iterates a loader the others do not is out of step with them.)")
+            f"{self.owner}: the processes' loaders differ at this iter() ({fields}){more}. "
+            f"Each process reads its own rows of one global order, so every process must "
+            f"make its loader with the same {same}, and restore the same step: one with "
+            "another seed or step reads rows of another order (records repeated, others "
+            "never read), one with another batch_size makes batches of other shapes. Pass "
+            "every process the same arguments and state (randomness that should differ by "
+            "process already does: each record's draws come from its own position). "
+            f"(Compared: this loader's {_nth(self.n + 1)} with each other process's; a "
+            "process that iterates it where the others do not is out of step with them.)")
 
 
 def _listed(processes: list[int]) -> str:
@@ -212,4 +283,4 @@ def _listed(processes: list[int]) -> str:
 
 def _nth(k: int) -> str:
     suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
-    return f"{k}{suffix} iter() of a loader"
+    return f"{k}{suffix} iter()"

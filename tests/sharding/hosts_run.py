@@ -3,7 +3,8 @@
 Usage: hosts_run.py PROCESS_ID PORT
 
 Makes, on both hosts, loaders alike and loaders that differ on host 1 (its seed, its batch
-size, the step it restored, its data, a stream's seed), one iter() each in the same order, and
+size, the step it restored, its data, a stream's seed, num_epochs or shuffle), one iter() each
+in the same order (host 0 also profiles a loader first, alone), and
 prints what each did: "CASE ok" with its first batches' ids, or "CASE refused: <message>", and
 "CASE_warned <message>" for each warning. Last,
 host 0 alone iterates one more loader, and prints what it logged waiting for host 1.
@@ -63,6 +64,14 @@ run("data", jl.DataLoader(jl.ArraySource({"id": np.arange(80) + other}), batch_s
 lines = jl.Stream.from_generator(lambda shard: ({"id": shard * 10 + i} for i in range(10)), 4)
 run("stream", jl.StreamLoader(lines, batch_size=2))
 run("stream_seed", jl.StreamLoader(lines, batch_size=2, seed=5 if other else 0))
+run("stream_epochs", jl.StreamLoader(lines, batch_size=2, num_epochs=None if other else 1))
+shuffled = jl.Stream.from_generator(lambda shard: iter([{"id": shard}] * 4), 8,
+                                    shuffle_shards=not other)
+run("stream_shuffle", jl.StreamLoader(shuffled, batch_size=2))
+profiled = loader(num_epochs=None)
+if not other:  # (a profile on one process alone puts the position back: not compared)
+    jl.profile(profiled, steps=3, out=None)
+run("profiled", profiled)
 assert not logged, logged  # (nothing waited for so far)
 if not other:
     from jaxloader.sharding import hosts

@@ -21,9 +21,10 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     lines = [dict(line.split(" ", 1) for line in out.splitlines()
                   if line.split(" ")[0] in CASES) for out in outs]
     for host in lines:
-        for case in ("alike", "late", "stream"):
+        for case in ("alike", "late", "stream", "profiled"):
             assert host[case].startswith("ok "), (case, host[case])
-        for case in ("seed", "batch_size", "step", "stream_seed"):
+        for case in ("seed", "batch_size", "step", "stream_seed", "stream_epochs",
+                     "stream_shuffle"):
             assert host[case].startswith("refused: "), (case, host[case])
     # each host names the other's value first (host 0 sees host 1's 4; host 1 its own 4)
     assert "seed: process 1 has 4, this process (0) 3" in lines[0]["seed"]
@@ -33,18 +34,23 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     assert "step: process 0 has 0, this process (1) 2" in lines[1]["step"]
     assert "seed: process 1 has 5, this process (0) 0" in lines[0]["stream_seed"]
     assert "same source, seed, batch_size" in lines[0]["seed"]
+    # (a stream's pass ends by a collective: compared before it, not left waiting there)
+    assert "num_epochs: process 1 has None, this process (0) 1" in lines[0]["stream_epochs"]
+    assert "same stream, seed, batch_size, readers_per_process" in lines[0]["stream_epochs"]
+    assert "stream.shuffle_shards: process 1 has False, this process (0) True" in \
+        lines[0]["stream_shuffle"]
     assert lines[0]["alike"] != lines[1]["alike"]  # (each its own rows)
     for out in outs:  # a warning for the other data only
         assert {line.split(" ")[0] for line in out.splitlines() if "_warned " in line} == \
             {"data_warned"}, out
     for host in lines:  # other data of the same length, told apart only by digests: warned
         assert host["data"].startswith("ok "), host["data"]
-        assert "the processes' sources differ (record_hash: process" in host["data_warned"]
+        assert "the processes' data differ (record_hash: process" in host["data_warned"]
     assert lines[0]["missing"].startswith("ok ")  # host 0 alone: told, not stopped
     logged = [line for line in outs[0].splitlines() if line.startswith("logged:")]
     assert len(logged) == 1 and "process(es) 1 of 2 have not made this iter() (this " \
-        "process's 9th iter() of a loader with several processes) within 0.5 s" in logged[0], logged
+        "loader's 1st iter()) within 0.5 s" in logged[0], logged
 
 
 CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "stream",
-         "stream_seed", "missing"}
+         "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "missing"}

@@ -28,19 +28,37 @@ class Store:
             raise RuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out with key: {key}")
         return self.values[key]
 
+    def key_value_try_get(self, key):
+        self.looks += 1
+        if key not in self.values:
+            raise RuntimeError(f"NOT_FOUND: {key}")
+        return self.values[key]
+
     def key_value_dir_get(self, key):
         self.looks += 1
         return [(k, v) for k, v in self.values.items() if k.startswith(key)]
 
+    def key_value_delete(self, key):
+        self.values.pop(key, None)
 
-def _pair(store, mine, theirs, count=2, n=0):
+
+def _pairings(count=2):
+    """One loader's pairings in ``count`` processes (one process here: named alike by hand)."""
+    pairings = [hosts.Pairing("DataLoader", 100) for _ in range(count)]
+    for pairing in pairings:
+        pairing.name = "DataLoader-100-0"
+    return pairings
+
+
+def _pair(store, mine, theirs, pairings=None):
     """Process 0's check of ``mine`` and, if ``theirs`` is not None, process 1's of it."""
-    check = hosts.publish(mine, count, store=store, me=0, n=n)
-    other = None if theirs is None else hosts.publish(theirs, count, store=store, me=1, n=n)
+    pairings = pairings or _pairings()
+    check = pairings[0].publish(mine, 2, store=store, me=0)
+    other = None if theirs is None else pairings[1].publish(theirs, 2, store=store, me=1)
     return check, other
 
 
-def test_alike_settings_are_compared_once_and_then_left(monkeypatch):
+def test_alike_settings_are_compared_once_and_then_left():
     store = Store()
     long = list(range(100))  # (a list of file identities: compared by its digest)
     check, other = _pair(store, {"seed": 1, "files": long}, {"seed": 1, "files": long})
@@ -56,7 +74,8 @@ def test_a_difference_names_the_process_setting_and_values_and_raises_at_every_c
                          {"seed": 2, "step": 0, "shuffle": True})
     for _ in range(2):
         with pytest.raises(jl.ConfigError, match=r"differ at this iter\(\) \(seed: process 1 "
-                           r"has 2, this process \(0\) 1\)\. .*same source, seed, batch_size"):
+                           r"has 2, this process \(0\) 1\)\. .*same source, seed, batch_size.*"
+                           r"this loader's 1st iter\(\)"):
             check.due(0)
     with pytest.raises(jl.ConfigError, match=r"seed: process 0 has 1, this process \(1\) 2"):
         other.due(5)  # (its first look, whenever it comes)
@@ -66,13 +85,15 @@ def test_a_late_process_is_waited_for_on_the_first_call_then_looked_for_at_power
         monkeypatch, caplog):
     store = Store()
     monkeypatch.setattr(hosts, "WAIT_S", 0.05)
-    check, _ = _pair(store, {"seed": 1}, None, count=3)
-    with caplog.at_level(logging.WARNING, logger="jaxloader"):
+    monkeypatch.setattr(hosts, "_told", [False])
+    pairing = hosts.Pairing("DataLoader", 100)
+    pairing.name = "late"
+    check = pairing.publish({"seed": 1}, 3, store=store, me=0)
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
         assert check.due(0) is False
-    assert store.waits and store.waits[0] <= 50  # (waited for it, then went on)
-    assert len(caplog.records) == 1 and "process(es) 1, 2 of 3 have not made this iter()" in \
-        caplog.records[0].getMessage() and "looked for again at the 2nd, 4th" in \
-        caplog.records[0].getMessage()
+    assert store.waits and max(store.waits) <= 50  # (waited for it, then went on)
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "process(es) 1, 2 of 3 " \
+        "have not made this iter() (this loader's 1st iter())" in caplog.records[0].getMessage()
     looks = []
     for call in range(1, 9):
         before = store.looks
@@ -83,15 +104,42 @@ def test_a_late_process_is_waited_for_on_the_first_call_then_looked_for_at_power
     store.key_value_set(check.prefix + "2", '{"seed": 7}')
     with pytest.raises(jl.ConfigError, match=r"seed: process 2 has 7, this process \(0\) 1"):
         check.due(16)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jaxloader"):  # a later one: told at INFO
+        assert pairing.publish({"seed": 1}, 3, store=store, me=0).due(0) is False
+    assert [r.levelname for r in caplog.records] == ["INFO"]
 
 
-def test_one_process_or_no_jax_distributed_compares_nothing():
-    assert hosts.publish({"seed": 1}, 1, store=Store(), me=0) is None
-    assert hosts.publish({"seed": 1}, 2) is None  # (this process runs no jax.distributed)
-    # a loader given its place by hand, with no store, runs as before
-    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, process_index=1,
-                       process_count=2) as loader:
-        assert [b["x"].tolist() for b in loader] == [[2, 3], [6, 7]]
+def test_a_run_closed_while_waiting_stops_the_wait(monkeypatch):
+    store = Store()
+    monkeypatch.setattr(hosts, "WAIT_S", 60.0)
+    check, _ = _pair(store, {"seed": 1}, None)
+    asked = []
+    assert check.due(0, gone=lambda: asked.append(1) or len(asked) > 2) is False
+    assert len(store.waits) == 2 and max(store.waits) <= 250  # (slices of SLICE_S)
+
+
+def test_each_process_compares_with_process_0_and_process_0_with_every_one():
+    store = Store()
+    pairings = _pairings(3)
+    checks = [p.publish({"seed": 1}, 3, store=store, me=i) for i, p in enumerate(pairings)]
+    assert checks[0].pending == {1, 2} and checks[2].pending == {0}
+    assert all(check.due(0) for check in checks)
+    for _ in range(2):  # the same loader's next iter()s: its own key of two before is gone
+        for i, p in enumerate(pairings):
+            p.publish({"seed": 1}, 3, store=store, me=i)
+    assert sorted({key.split("/")[-2] for key in store.values}) == ["1", "2"]
+
+
+def test_a_loader_is_named_by_kind_size_and_order_in_the_process():
+    store = Store()
+    a, b, c = (hosts.Pairing("DataLoader", 7) for _ in range(3))
+    d = hosts.Pairing("DataLoader", 8)
+    for pairing in (b, a, d, c):  # (named by their first publish)
+        pairing.publish({"seed": 1}, 2, store=store, me=0)
+    suffixes = [p.name.rsplit("-", 1) for p in (b, a, c, d)]
+    assert [s[0] for s in suffixes] == ["DataLoader-7"] * 3 + ["DataLoader-8"]
+    assert [int(s[1]) for s in suffixes[:3]] == sorted(int(s[1]) for s in suffixes[:3])
 
 
 def test_other_data_told_only_by_digests_is_warned_of_not_refused():
@@ -99,10 +147,36 @@ def test_other_data_told_only_by_digests_is_warned_of_not_refused():
     # map's function): the same data would be refused on every host
     store = Store()
     check, _ = _pair(store, {"seed": 1, "source": "a" * 80}, {"seed": 1, "source": "b" * 80})
-    with pytest.warns(UserWarning, match=r"sources differ \(source: process 1 has 'digest "
+    with pytest.warns(UserWarning, match=r"data differ \(source: process 1 has 'digest "
                       r"[0-9a-f]{16}', this process \(0\) 'digest [0-9a-f]{16}'\).*Hugging Face"):
         assert check.due(0) is True
-    check, _ = _pair(store, {"seed": 1, "source": "a"}, {"seed": 2, "source": "b"}, n=1)
+    check, _ = _pair(Store(), {"seed": 1, "source": "a"}, {"seed": 2, "source": "b"})
     with pytest.raises(jl.ConfigError, match=r"\(seed: process 1 has 2, this process \(0\) 1; "
                        r"source: process 1 has 'b', this process \(0\) 'a'\)"):
         check.due(0)
+
+
+def test_a_streams_fields_are_compared_one_by_one_and_its_shard_names_noted():
+    described = {"mix": [{"shards": ["a", "b"], "shuffle_window": 4, "shuffle_shards": True},
+                         {"shards": ["c"], "shuffle_window": 1, "shuffle_shards": False}],
+                 "stopping_strategy": "first_exhausted"}
+    settings = hosts.stream_settings(described)
+    assert settings["stream.mix[0].shuffle_shards"] is True
+    assert settings["stream.mix[1].shard_count"] == 1 and settings["stream.mix[1].shards"] == ["c"]
+    assert settings["stream.stopping_strategy"] == "first_exhausted"
+    other = hosts.stream_settings({**described, "mix": [
+        {**described["mix"][0], "shuffle_shards": False}, described["mix"][1]]})
+    store = Store()
+    check, _ = _pair(store, settings, other)
+    with pytest.raises(jl.ConfigError, match=r"\(stream.mix\[0\].shuffle_shards: process 1 "
+                       r"has False, this process \(0\) True\)"):
+        check.due(0)
+
+
+def test_one_process_or_no_jax_distributed_compares_nothing():
+    assert hosts.Pairing("DataLoader", 1).publish({"seed": 1}, 1, store=Store(), me=0) is None
+    assert hosts.Pairing("DataLoader", 1).publish({"seed": 1}, 2) is None  # (no jax.distributed)
+    # a loader given its place by hand, with no store, runs as before
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, process_index=1,
+                       process_count=2) as loader:
+        assert [b["x"].tolist() for b in loader] == [[2, 3], [6, 7]]
