@@ -114,7 +114,16 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
             out: str | None = "jaxloader_profile.png") -> Profile:
     """Runs ``loader`` (a ``DataLoader``/``StreamLoader``, or ``make_loader(num_workers=n)``
     to try several counts: by default 0, 1, 2 and the cores) for ``steps`` batches a count;
-    writes the picture to ``out`` (``None``: kept in memory only, ``Profile.png``)."""
+    writes the picture to ``out`` (``None``: kept in memory only, ``Profile.png``).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=4,
+        ...                        num_epochs=None, process_index=0, process_count=1)
+        >>> report = jl.profile(loader, steps=5, out=None)  # print(report) for its table
+        >>> [run.workers for run in report.runs], loader.step  # its position put back
+        ([0], 0)
+    """
     if steps < 3:
         raise ConfigError(f"profile(steps=): expected at least 3 batches, got {steps}; the "
                           "first includes the workers' start: 300 gives a steady picture")

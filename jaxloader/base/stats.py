@@ -50,6 +50,16 @@ class LoaderStats(NamedTuple):
     ``"hand-over"`` (the training process taking a worker's batch), ``"placement"``
     (``device_put``), ``"consumer wait"`` (inside ``next()``) and ``"step"`` (between
     ``next()`` calls). ``loader.diagnose()`` reads them.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=4,
+        ...                        process_index=0, process_count=1)
+        >>> for batch in loader:
+        ...     pass
+        >>> stats = loader.stats
+        >>> stats.batches, stats.records, "read" in stats.stages, 0 <= stats.wait_fraction <= 1
+        (16, 64, True, True)
     """
 
     batches: int  # batches handed out

@@ -57,6 +57,13 @@ class PackedSource:
     ``lengths``: the records' lengths (``(records,)`` or ``(records, keys)``), or the path of a
     ``.npy`` file that keeps them (read once from the records when it does not exist yet, or
     when the source's fingerprint changed, as ``<file>.from`` beside it says).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> docs = jl.RaggedSource({"ids": (np.arange(1, 10), np.array([0, 3, 5, 9]))})
+        >>> rows = jl.PackedSource(docs, "ids", 6)  # records of 3, 2 and 4 tokens
+        >>> len(rows), rows[0]["ids"].tolist(), rows[0]["ids_segment_ids"].tolist()
+        (2, [6, 7, 8, 9, 4, 5], [1, 1, 1, 1, 2, 2])
     """
 
     def __init__(self, source: Source, keys: str | Sequence[str], length: int | Mapping[str, int],

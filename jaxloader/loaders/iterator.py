@@ -117,7 +117,16 @@ the ``for`` loop's batch."""
 
 
 class LoaderIterator(Generic[BatchT]):
-    """Yields batches from a start step; valid until the next ``iter()``, restore or close."""
+    """Yields batches from a start step; valid until the next ``iter()``, restore or close.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(6)}), batch_size=2,
+        ...                        process_index=0, process_count=1)
+        >>> it = iter(loader)  # a LoaderIterator
+        >>> next(it)["x"].tolist(), [b["x"].tolist() for b in it]
+        ([0, 1], [[2, 3], [4, 5]])
+    """
 
     def __init__(self, progress: Progress, start: int, stop: int | None, engine: BatchRuns,
                  put: Callable[[Any], Any] | None, device_prefetch: int,

@@ -13,7 +13,16 @@ from typing import NamedTuple
 class WorkerInfo(NamedTuple):
     """What ``get_worker_info()`` returns inside a worker: its id, the workers in use as it
     started (``num_workers="auto"`` changes the count later; the loader, not the worker, picks
-    the records a worker makes) and the loader's seed."""
+    the records a worker makes) and the loader's seed.
+
+    Example:
+        >>> import jaxloader as jl
+        >>> jl.get_worker_info() is None  # in the training process
+        True
+        >>> def describe(record):  # a Map's function, run in a worker
+        ...     info = jl.get_worker_info()
+        ...     return {**record, "worker": -1 if info is None else info.id}
+    """
 
     id: int
     num_workers: int

@@ -36,7 +36,13 @@ _MAX_OPEN = 16  # readers a process keeps open (a full shuffle touches every fil
 
 class ArrayRecordSource:
     """The records of ``paths`` (one path or a list, in that order; a folder or a glob
-    pattern stands for its ``*.array_record`` files, sorted) as ``bytes``."""
+    pattern stands for its ``*.array_record`` files, sorted) as ``bytes``.
+
+    Example (needs ``pip install array_record``; ``tests/sources/test_array_record.py``)::
+
+        source = jl.ArrayRecordSource("data/")  # data/*.array_record, sorted
+        loader = jl.DataLoader(source, batch_size=32, transforms=[jl.Map(decode)])
+    """
 
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike]) -> None:
         self.paths = expand(paths, ".array_record", "ArrayRecordSource")

@@ -26,7 +26,21 @@ from jaxloader.sources.arrays import is_data_frame
 
 @runtime_checkable
 class Source(Protocol):
-    """The source protocol: a length and random access by integer index."""
+    """The source protocol: a length and random access by integer index.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> class Squares:  # any such object is a source
+        ...     def __len__(self):
+        ...         return 10
+        ...     def __getitem__(self, index):
+        ...         return {"x": np.int64(index * index)}
+        >>> isinstance(Squares(), jl.Source)
+        True
+        >>> loader = jl.DataLoader(Squares(), batch_size=5, process_index=0, process_count=1)
+        >>> next(iter(loader))["x"].tolist()
+        [0, 1, 4, 9, 16]
+    """
 
     def __len__(self) -> int: ...
 

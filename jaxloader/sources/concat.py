@@ -28,7 +28,15 @@ from jaxloader.sources.huggingface import adapt
 
 
 class ConcatSource:
-    """``sources[0]``'s records, then ``sources[1]``'s, and so on."""
+    """``sources[0]``'s records, then ``sources[1]``'s, and so on.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> both = jl.ConcatSource([jl.ArraySource({"x": np.arange(3)}),
+        ...                         jl.ArraySource({"x": np.arange(10, 12)})])
+        >>> len(both), int(both[3]["x"])
+        (5, 10)
+    """
 
     # False for a source whose records by index are not what a loader reads of it (a Mixture:
     # its weights apply through the loader's sampler): refused as a part

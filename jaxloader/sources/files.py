@@ -28,7 +28,19 @@ from jaxloader.sources.paths import files_fingerprints
 
 
 class FileListSource:
-    """The files at ``paths``, in that order; ``labels[i]`` (ints) labels ``paths[i]``."""
+    """The files at ``paths``, in that order; ``labels[i]`` (ints) labels ``paths[i]``.
+
+    Example:
+        >>> import os, tempfile, jaxloader as jl
+        >>> folder = tempfile.mkdtemp()
+        >>> for name in ("a.txt", "b.txt"):
+        ...     with open(os.path.join(folder, name), "wb") as f:
+        ...         _ = f.write(name.encode())
+        >>> files = jl.FileListSource([os.path.join(folder, n) for n in ("a.txt", "b.txt")],
+        ...                           labels=[0, 1])
+        >>> files[1]["data"], int(files[1]["label"])
+        (b'b.txt', 1)
+    """
 
     def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None) -> None:
         if isinstance(paths, (str, bytes, os.PathLike)):

@@ -47,7 +47,14 @@ class MapSource:
     of a batch of columns, as ``source.__getitems__`` gives them). ``lengths_kept``: whether
     ``fn`` keeps the lengths of the list columns it does not drop, so that ``PackedSource``
     reads them from ``source`` without a pass (the default); say ``False`` for a function that
-    tokenizes or cuts them (``PackedSource`` then reads the mapped records once)."""
+    tokenizes or cuts them (``PackedSource`` then reads the mapped records once).
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> tens = jl.MapSource(jl.ArraySource({"x": np.arange(4)}), lambda r: {"x": r["x"] * 10})
+        >>> len(tens), int(tens[2]["x"])
+        (4, 20)
+    """
 
     def __init__(self, source: Source, fn: Callable[[Any], Any], *, batched: bool = False,
                  lengths_kept: bool = True) -> None:

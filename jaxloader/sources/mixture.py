@@ -23,7 +23,16 @@ from jaxloader.sources.concat import ConcatSource
 
 
 class Mixture(ConcatSource):
-    """The components as one source, and the weights (from step 0, and from later steps)."""
+    """The components as one source, and the weights (from step 0, and from later steps);
+    made by ``jl.mix`` of sources.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> mixed = jl.mix([jl.ArraySource({"x": np.zeros(80)}),
+        ...                 jl.ArraySource({"x": np.ones(20)})], [0.75, 0.25])
+        >>> type(mixed).__name__, len(mixed)
+        ('Mixture', 100)
+    """
 
     read_by_index = False  # (ConcatSource)
 

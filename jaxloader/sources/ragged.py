@@ -22,7 +22,14 @@ from jaxloader.base.errors import ConfigError
 
 class RaggedSource:
     """Records ``{key: 1-D array}`` cut from flat ``values`` at ``offsets`` (``n + 1`` of them,
-    from 0, non-decreasing, the last ``len(values)``), one pair per key."""
+    from 0, non-decreasing, the last ``len(values)``), one pair per key.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> tokens = jl.RaggedSource({"ids": (np.arange(6), np.array([0, 2, 6]))})
+        >>> len(tokens), tokens[1]["ids"].tolist()
+        (2, [2, 3, 4, 5])
+    """
 
     def __init__(self, columns: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
         if not isinstance(columns, Mapping) or not columns:

@@ -16,7 +16,8 @@
 
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, StreamReader
-from jaxloader.streams.shards import IterableShard, JsonlShard, Shard, TextShard
+from jaxloader.streams.iterable_shards import IterableShard
+from jaxloader.streams.shards import JsonlShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
 __all__ = ["IterableShard", "JsonlShard", "PackedStream", "Shard", "Stream", "StreamReader",

@@ -18,7 +18,7 @@ is fixed for a given ``(seed, process_count, num_workers)``; with fewer shards t
 reader would have nothing to read, which is refused when the loader is made.
 
 Example:
-    >>> from jaxloader.streams.shards import IterableShard
+    >>> from jaxloader.streams.iterable_shards import IterableShard
     >>> stream = Stream([IterableShard(lambda: range(3)), IterableShard(lambda: range(10, 13))])
     >>> reader = StreamReader(stream, reader=0, readers=1)
     >>> reader.reset(None); sorted(reader.next() for _ in range(6))
@@ -40,7 +40,8 @@ from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
-from jaxloader.streams.shards import JsonlShard, MappedShard, Shard, TextShard, generator_shards
+from jaxloader.streams.iterable_shards import MappedShard, generator_shards
+from jaxloader.streams.shards import JsonlShard, Shard, TextShard
 from jaxloader.streams.tar import TarShard
 
 _STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")

@@ -14,7 +14,7 @@ A file's shard, whose records are parsed anew, is not watched.
 
 Example:
     >>> import warnings
-    >>> from jaxloader.streams.shards import IterableShard
+    >>> from jaxloader.streams.iterable_shards import IterableShard
     >>> def refilling():
     ...     buffer = np.zeros(2)
     ...     for i in range(3):

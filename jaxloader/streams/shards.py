@@ -9,32 +9,22 @@ that survives JSON. A shard is picklable before it is reset (it travels to a wor
 Ready shards: ``JsonlShard`` (a JSON value a line), ``TextShard`` (a line, as ``str``) and
 ``jaxloader.streams.tar.TarShard`` (WebDataset layout: files grouped by key), each resuming by
 seeking to a byte offset (O(1); a compressed file, ``jaxloader.streams.compressed``, is read
-up to it); ``IterableShard`` over a function that makes an iterable (a generator function,
-a simulator), resuming by skipping the records already read (O(n)). A file shard's state also
-names the file as it was opened (its size, hashes of its first and last KiB): a restore over
-a file that changed since is refused, naming it (``FileShard``).
-
-Example:
-    >>> shard = IterableShard(lambda: iter(range(5)), name="numbers")
-    >>> shard.reset(None); [shard.next(), shard.next()], shard.get_state()
-    ([0, 1], {'consumed': 2})
-    >>> shard.reset({"consumed": 4}); shard.next()
-    4
+up to it); ``jaxloader.streams.iterable_shards.IterableShard`` over a function that makes an
+iterable (a generator function, a simulator), resuming by skipping the records already read
+(O(n)). A file shard's state also names the file as it was opened (its size, hashes of its
+first and last KiB): a restore over a file that changed since is refused, naming it
+(``FileShard``). ``TextShard``'s docstring shows one read and resumed.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import zlib
-from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from jaxloader.base import file_identity
-from jaxloader.base.abilities import close_of
-from jaxloader.base.checks import check_int, refused_call
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
-from jaxloader.sources.code_digest import code_digest
 from jaxloader.streams.compressed import compression, decompressed
 from jaxloader.streams.json_values import numbers_as_arrays
 
@@ -162,7 +152,22 @@ class JsonlShard(_LineShard):
 
 
 class TextShard(_LineShard):
-    """A line of text a record (``str``, without its line break)."""
+    """A line of text a record (``str``, without its line break).
+
+    Example:
+        >>> import os, tempfile, jaxloader as jl
+        >>> path = os.path.join(tempfile.mkdtemp(), "lines.txt")
+        >>> with open(path, "w") as f:
+        ...     _ = f.write("first\\nsecond\\n")
+        >>> shard = jl.TextShard(path)
+        >>> shard.reset(None)
+        >>> shard.next()
+        'first'
+        >>> again = jl.TextShard(path)
+        >>> again.reset(shard.get_state())  # resumes: a seek to the next line
+        >>> again.next()
+        'second'
+    """
 
     def _parse(self, raw: bytes) -> Any:
         try:
@@ -170,127 +175,6 @@ class TextShard(_LineShard):
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.path}: line {self._count}: not UTF-8 ({e}): {raw[:80]!r}; "
                               "convert the file (iconv -f <its encoding> -t utf-8)") from None
-
-
-class Bound:
-    """``make(i)`` as a function of nothing (picklable where ``make`` is)."""
-
-    def __init__(self, make: Callable[[int], Iterable], index: int) -> None:
-        self.make, self.index = make, index
-
-    def __call__(self) -> Iterable:
-        return self.make(self.index)
-
-
-def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["IterableShard"]:
-    """``Stream.from_generator``'s shards: shard ``i`` reads ``make(i)``, ``make`` checked
-    first (a generator object cannot start again; a function of no shard number, as tf.data's
-    ``from_generator`` takes, would fail at the first read)."""
-    if not callable(make):
-        what = getattr(make, "__name__", None)
-        raise ConfigError(
-            f"Stream.from_generator(make): got a {type(make).__name__} object, which cannot "
-            "start again (for each shard, each worker, a restore, the next epoch); pass the "
-            "generator function itself, called as make(shard): "
-            f"Stream.from_generator({what or 'make'}, shards={shards})")
-    shards = check_int("Stream.from_generator(shards)", shards, low=1,
-                       remedy="one shard per independent part of the generator")
-    name = getattr(make, "__qualname__", "generator")
-    signature = refused_call(make, 0)
-    if signature is not None:
-        raise ConfigError(
-            f"Stream.from_generator(make): make is called as make(shard), but {name}"
-            f"{signature} does not take the shard number; pass a function of it, such as "
-            f"lambda shard: {name}() for one shard (tf.data's from_generator calls it "
-            "without one)")
-    return [IterableShard(Bound(make, i), name=f"{name}[{i}]") for i in range(shards)]
-
-
-class IterableShard:
-    """Records of ``make()`` (a function returning an iterable: a generator function, a
-    simulator's reset); a list or other re-iterable object is accepted as it is. Resumes by
-    skipping the records already read: O(n) in them.
-
-    A generator object itself cannot start again, so it is refused: pass the function that
-    makes it (``IterableShard(lambda: my_generator(...))``).
-    """
-
-    def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None) -> None:
-        if callable(make):
-            self._make = make
-        elif isinstance(make, Iterable) and iter(make) is not make:  # re-iterable (a list)
-            self._make = lambda: make
-        else:
-            raise ConfigError(
-                f"IterableShard: got a {type(make).__name__}, an iterator that cannot start "
-                "again (for workers, for a restore, for the next epoch); pass the function that "
-                "makes it, e.g. IterableShard(lambda: my_generator(...))"
-            )
-        self.name: str = name or str(getattr(make, "__qualname__", type(make).__name__))
-        self._it: Iterator | None = None
-        self._consumed = 0
-
-    def reset(self, state: dict | None = None) -> None:
-        (skip,) = state_ints(self, state, ("consumed",))
-        made = self._make()
-        try:
-            self._it = iter(made)
-        except TypeError:
-            raise ConfigError(
-                f"IterableShard {self.name}: its function returned {type(made).__name__} "
-                f"{made!r:.60}, expected an iterable of records; yield the records (a "
-                "generator function) or return a list or an iterator (a missing `return`?)"
-            ) from None
-        self._consumed = 0
-        for _ in range(skip):
-            try:
-                next(self._it)
-            except StopIteration:
-                raise StateDictError(
-                    f"IterableShard {self.name}: the state says {skip} records were read, but "
-                    f"it ends after {self._consumed}; it must make the same records each time"
-                ) from None
-            self._consumed += 1
-
-    def next(self) -> Any:
-        if self._it is None:
-            self.reset(None)
-        assert self._it is not None
-        record = next(self._it)
-        self._consumed += 1
-        return record
-
-    def get_state(self) -> dict:
-        return {"consumed": self._consumed}
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_it": None, "_consumed": 0}
-
-
-class MappedShard:
-    """``shard``'s records through ``fn`` (``Stream.map``); its state is the shard's, its name
-    the shard's and the function's code digest (``sources.code_digest``), so a
-    stream state saved under another function is refused."""
-
-    def __init__(self, shard: Any, fn: Callable[[Any], Any], name: str | None = None) -> None:
-        self.shard, self.fn = shard, fn
-        self.name = name or f"{shard.name} | map {code_digest(fn)[:16]}"
-
-    def reset(self, state: dict | None = None) -> None:
-        self.shard.reset(state)
-
-    def next(self) -> Any:
-        return self.fn(self.shard.next())
-
-    def get_state(self) -> dict:
-        return self.shard.get_state()
-
-    def close(self) -> None:
-        close_of(self.shard)
-
-    def __copy__(self) -> "MappedShard":
-        """A reader's own copy: of the shard under it too (each reader reads its own)."""
-        return MappedShard(copy.copy(self.shard), self.fn, self.name)
 
 
 def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:

@@ -63,6 +63,19 @@ class TarShard(FileShard):
             zero blocks that end a tar archive (by default an error: a shard cut there looks
             the same).
         append_only: see ``FileShard``.
+
+    Example:
+        >>> import io, os, tarfile, tempfile, jaxloader as jl
+        >>> path = os.path.join(tempfile.mkdtemp(), "shard-0.tar")
+        >>> with tarfile.open(path, "w") as tar:
+        ...     for name, data in (("a.txt", b"cat"), ("a.cls", b"0"), ("b.txt", b"dog")):
+        ...         info = tarfile.TarInfo(name)
+        ...         info.size = len(data)
+        ...         tar.addfile(info, io.BytesIO(data))
+        >>> shard = jl.TarShard(path)
+        >>> shard.reset(None)
+        >>> shard.next()
+        {'__key__': 'a', 'txt': b'cat', 'cls': b'0'}
     """
 
     _COUNTER = "records"
