@@ -66,7 +66,18 @@ class LoaderSave(ocp.args.CheckpointArgs):
 
 @dataclasses.dataclass
 class LoaderRestore(ocp.args.CheckpointArgs):
-    """Restores a checkpointed position into ``loader`` (which must exist already)."""
+    """Restores a checkpointed position into ``loader`` (which must exist already): made
+    as the saved one was, it continues from the saved step (``LoaderSave``'s example saves
+    and restores).
+
+    Example (a fresh process's resume; ``manager`` as ``LoaderSave``'s)::
+
+        loader = jl.DataLoader(source, batch_size=32, shuffle=True, seed=0)
+        step = manager.latest_step()
+        manager.restore(step, args=ocp.args.Composite(loader=LoaderRestore(loader)))
+        for batch in loader:  # from the saved step on
+            ...
+    """
 
     loader: Any
 
@@ -88,7 +99,9 @@ def _check_loader(args: Any, method: str) -> None:
 
 
 class LoaderCheckpointHandler(ocp.CheckpointHandler):
-    """Orbax handler: one JSON file per process with the loader's ``state_dict()``."""
+    """Orbax handler: one JSON file per process with the loader's ``state_dict()``; Orbax
+    finds it through ``LoaderSave``/``LoaderRestore`` (their examples), registered when this
+    module is imported."""
 
     def save(self, directory: Any, *args: Any, **kwargs: Any) -> None:
         save_args = _args(args, kwargs, LoaderSave)
