@@ -3,13 +3,6 @@
 Index ``i`` is record ``i - offsets[k]`` of source ``k``, where ``offsets`` are the cumulative
 lengths: a pure function of the index, so shuffling, resuming and worker counts work across the
 parts as over one source.
-
-Example:
-    >>> import numpy as np
-    >>> from jaxloader.sources.arrays import ArraySource
-    >>> both = ConcatSource([ArraySource({"x": np.arange(3)}), ArraySource({"x": np.arange(10, 12)})])
-    >>> len(both), int(both[3]["x"]), both.locate(np.array([0, 4])).tolist()
-    (5, 10, [[0, 0], [1, 1]])
 """
 
 from __future__ import annotations
@@ -34,8 +27,8 @@ class ConcatSource:
         >>> import numpy as np, jaxloader as jl
         >>> both = jl.ConcatSource([jl.ArraySource({"x": np.arange(3)}),
         ...                         jl.ArraySource({"x": np.arange(10, 12)})])
-        >>> len(both), int(both[3]["x"])
-        (5, 10)
+        >>> len(both), int(both[3]["x"]), both.locate(np.array([0, 4])).tolist()
+        (5, 10, [[0, 0], [1, 1]])
     """
 
     # False for a source whose records by index are not what a loader reads of it (a Mixture:

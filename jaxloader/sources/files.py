@@ -5,15 +5,6 @@ For folders of images, audio clips and the like: the record is ``{"path": str, "
 Remote paths (``gs://`` and the like) are opened through ``etils.epath``, as Orbax opens its
 checkpoints (imported only then: it costs a worker 7 MiB); a missing or unreadable file fails at
 its record, naming the path.
-
-Example:
-    >>> import os, tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> for name in "ab":
-    ...     _ = open(os.path.join(d, name + ".txt"), "wb").write(name.encode() * 3)
-    >>> src = FileListSource([os.path.join(d, "a.txt"), os.path.join(d, "b.txt")], labels=[0, 1])
-    >>> src[1]["data"], int(src[1]["label"])
-    (b'bbb', 1)
 """
 
 from __future__ import annotations

@@ -3,12 +3,6 @@
 Record ``i`` of key ``k`` is ``values[k][offsets[k][i]:offsets[k][i + 1]]`` (the layout of
 Megatron's indexed datasets and of Arrow's list arrays). Its lengths are known without reading a
 record, which is what packing needs (``jaxloader.PackedSource``).
-
-Example:
-    >>> import numpy as np
-    >>> src = RaggedSource({"tokens": (np.arange(6), np.array([0, 2, 2, 6]))})
-    >>> len(src), src[2]["tokens"].tolist(), src.lengths("tokens").tolist()
-    (3, [2, 3, 4, 5], [2, 0, 4])
 """
 
 from __future__ import annotations
@@ -26,9 +20,9 @@ class RaggedSource:
 
     Example:
         >>> import numpy as np, jaxloader as jl
-        >>> tokens = jl.RaggedSource({"ids": (np.arange(6), np.array([0, 2, 6]))})
-        >>> len(tokens), tokens[1]["ids"].tolist()
-        (2, [2, 3, 4, 5])
+        >>> tokens = jl.RaggedSource({"ids": (np.arange(6), np.array([0, 2, 2, 6]))})
+        >>> len(tokens), tokens[2]["ids"].tolist(), tokens.lengths("ids").tolist()
+        (3, [2, 3, 4, 5], [2, 0, 4])
     """
 
     def __init__(self, columns: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:

@@ -14,18 +14,6 @@ without its end-of-archive marker (two zero blocks) each raise ``RecordError`` n
 the member and its byte offset. ``tolerate_missing_end=True`` accepts a shard that stops at a
 member boundary without the marker (some writers leave it out; a member cut short is still an
 error).
-
-Example:
-    >>> import io, os, tarfile, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "a.tar")
-    >>> with tarfile.open(path, "w") as tar:
-    ...     for name, data in (("k1.txt", b"hi"), ("k1.cls", b"3"), ("k2.txt", b"yo")):
-    ...         info = tarfile.TarInfo(name); info.size = len(data)
-    ...         tar.addfile(info, io.BytesIO(data))
-    >>> shard = TarShard(path); shard.reset(); shard.next()
-    {'__key__': 'k1', 'txt': b'hi', 'cls': b'3'}
-    >>> shard.get_state()["offset"], shard.get_state()["records"]
-    (2048, 1)
 """
 
 from __future__ import annotations
@@ -76,6 +64,8 @@ class TarShard(FileShard):
         >>> shard.reset(None)
         >>> shard.next()
         {'__key__': 'a', 'txt': b'cat', 'cls': b'0'}
+        >>> shard.get_state()["offset"], shard.get_state()["records"]
+        (2048, 1)
     """
 
     _COUNTER = "records"
