@@ -82,12 +82,12 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
     made here is closed."""
     engine = loader._engine
     traced, engine.gauges.trace = engine.gauges.trace, True
-    loader._probing = True  # (its iter(): not paired with the other processes', as it may
-    # run on one process alone, and puts the position back)
     before = None if own else loader.state_dict()
     if not own:  # the batches before are not the profile's
         loader.reset_stats()
     try:
+        loader._probing = True  # (its iter(): not paired with the other processes', as it
+        # may run on one process alone, and puts the position back)
         it = iter(loader)
         for done in range(steps):
             try:

@@ -323,7 +323,7 @@ class RayEngine:
 
     def made_by(self, actor: int, pid: int, timings: tuple) -> None:
         """A task of ``actor``'s came back from process ``pid``, with its stage timings and
-        when it began (by the wall clock, which machines share): kept if since the reset."""
+        when it began (wall clock: machines' agree to NTP's skew); kept if since the reset."""
         if timings[-1] >= time.time() - (time.monotonic() - self.gauges.reset_at):
             self.gauges.makers[actor].absorb(timings[:-1])
         # restarted by Ray with no task lost: it had none in flight, or Ray made them again

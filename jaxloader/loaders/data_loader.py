@@ -199,7 +199,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress()
         self._active: LoaderIterator | None = None
-        self._pairing = Pairing("DataLoader", num_records)  # (its iter()s, for sharding.hosts)
+        self._pairing = Pairing("DataLoader")  # (its iter()s, for sharding.hosts)
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
     # -- sizes, placement and position ------------------------------------------------------

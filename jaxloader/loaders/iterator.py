@@ -195,9 +195,10 @@ class LoaderIterator(Generic[BatchT]):
         if self._hosts is not None:  # (before a stream's end, which runs a collective)
             if self._hosts.due(self._step - self._start_step,
                                lambda: progress.generation != self._generation):
-                self._hosts = None  # compared (a difference raised, and raises each call)
+                self._hosts = None  # every other process's settings compared, alike
             if progress.generation != self._generation:  # (closed or restored meanwhile)
                 return self.__next__()  # (says so)
+            entered = time.perf_counter()  # (a wait for the other hosts is not the input's)
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration
         if self._ends_before is not None and self._ends_before(self._step):

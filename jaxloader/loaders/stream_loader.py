@@ -182,7 +182,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._pristine = copy.deepcopy(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._progress = Progress("StreamLoader")
-        self._pairing = Pairing("StreamLoader", None)  # (its iter()s, for sharding.hosts)
+        self._pairing = Pairing("StreamLoader")  # (its iter()s, for sharding.hosts)
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0
         self._reports: dict[int, dict] = {}

@@ -10,18 +10,18 @@ a loader shared by them writes what must agree (``settings``, each value short o
 to the run's key-value store, and its run's first ``next()`` compares: process 0 with every
 other, the others with process 0. It waits up to ``WAIT_S`` for them (the first collective
 would wait for them anyway), then looks again at the 2nd, 4th, 8th... ``next()`` for any that
-came later. A difference raises ``ConfigError`` at every ``next()`` of the run, naming the
-process, the setting and both values; one only in what the data is, told by digests
-(``NOTED``), warns.
+came later. A difference raises ``ConfigError`` at every ``next()`` of the run, on process 0
+and on the process that differs, naming the process, the setting and both values; one only in
+what the data is, told by digests (``NOTED``), warns.
 
-A loader's ``iter()`` calls are paired by count (``Pairing``): its k-th with every other
-process's k-th of the same loader, the loaders named by kind, length and which of this
-process's loaders of that kind and length it is. ``jaxloader.profile``'s runs, which put the
-position back, are not counted. Without ``jax.distributed`` (``process_count=`` given by hand)
-there is no store, and nothing is compared.
+A loader's ``iter()`` calls are paired by count (``Pairing``): its k-th with the other
+processes' k-th of the same loader, the loaders named by kind and the order of their first
+``iter()`` in the process. ``jaxloader.profile``'s runs, which put the position back, are not
+counted. Without ``jax.distributed`` (``process_count=`` given by hand) there is no store,
+and nothing is compared; a store that fails is said once, and the check left.
 
 Example:
-    >>> Pairing("DataLoader", 100).publish({"seed": 0}, process_count=1) is None  # one process
+    >>> Pairing("DataLoader").publish({"seed": 0}, process_count=1) is None  # one process
     True
 """
 
@@ -45,11 +45,11 @@ SHORT = 60  # a value whose JSON is longer is compared by its digest
 # What the data is, told apart only by digests (a fingerprint, files' identities, a stream's
 # shard names): a difference with all else alike is warned of, not refused, since a digest may
 # differ over the same data (a Hugging Face dataset's fingerprint made at random).
-NOTED = frozenset({"source", "record_spec", "record_hash", "files"})
+NOTED = frozenset({"source", "record_hash", "files"})
 _PREFIX = "jaxloader/hosts"
-_named: dict[str, int] = {}  # loaders of a kind and length named so far in this process
+_named: dict[str, int] = {}  # loaders of a kind named so far in this process
 _lock = threading.Lock()
-_told = [False]  # whether a late process was warned of (later ones: logged at INFO)
+_told = {"late": False, "store": False}  # said once at WARNING (later: at INFO)
 
 
 class Store(Protocol):
@@ -67,15 +67,16 @@ class Store(Protocol):
 
 
 class Pairing:
-    """A loader's name in the store and its ``iter()`` calls published so far. ``size``:
-    its length (a ``DataLoader``'s records), or ``None``. The name is given on the first
-    ``publish``: loaders alike in kind and size are told apart by the order of their first
-    ``iter()`` in the process, which every process runs the same."""
+    """A loader's name in the store and its ``iter()`` calls so far. The name is given on
+    the first ``publish``: loaders of a kind are told apart by the order of their first
+    ``iter()`` in the process, which every process runs the same (not by their settings,
+    which may be what differs)."""
 
-    def __init__(self, kind: str, size: int | None) -> None:
-        self.kind, self.size = kind, size
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
         self.name: str | None = None
-        self.count = 0
+        self.count = 0  # (counted whether or not its publish got through: every process's
+        # k-th iter() stays its k-th)
 
     def publish(self, settings: dict[str, Any], process_count: int,
                 store: Store | None = None, me: int | None = None) -> "HostsCheck | None":
@@ -92,15 +93,19 @@ class Pairing:
                 return None
         assert me is not None
         if self.name is None:
-            kind = f"{self.kind}-{self.size}"
             with _lock:
-                self.name = f"{kind}-{_named.setdefault(kind, 0)}"
-                _named[kind] += 1
+                self.name = f"{self.kind}-{_named.setdefault(self.kind, 0)}"
+                _named[self.kind] += 1
         n, self.count = self.count, self.count + 1
-        compact = {name: _compact(value) for name, value in settings.items()}
-        check = HostsCheck(store, f"{_PREFIX}/{self.name}/{n}/", me, process_count, compact,
-                           self.kind, n)
-        store.key_value_set(f"{check.prefix}{me}", json.dumps(compact, sort_keys=True))
+        text = json.dumps({name: _compact(value) for name, value in settings.items()},
+                          sort_keys=True, default=repr)
+        check = HostsCheck(store, f"{_PREFIX}/{self.name}/{n}/", me, process_count,
+                           json.loads(text), self.kind, n)  # (as the others read it)
+        try:
+            store.key_value_set(f"{check.prefix}{me}", text)
+        except Exception as e:  # noqa: BLE001 (the store's: said, and nothing compared)
+            _unavailable(self.kind, e)
+            return None
         if n >= 2:
             try:
                 store.key_value_delete(f"{_PREFIX}/{self.name}/{n - 2}/{me}")
@@ -151,6 +156,13 @@ def stream_settings(described: Any, name: str = "stream") -> dict[str, Any]:
     return out
 
 
+def _unavailable(owner: str, error: BaseException) -> None:
+    (log.info if _told["store"] else log.warning)(
+        "%s: the processes' loaders are not compared at this iter(): jax.distributed's "
+        "key-value store failed (%s: %s)", owner, type(error).__name__, error)
+    _told["store"] = True
+
+
 def _noted(name: str) -> bool:
     return name in NOTED or name.endswith(".shards")
 
@@ -169,10 +181,11 @@ class HostsCheck:
     def __init__(self, store: Store, prefix: str, me: int, count: int,
                  settings: dict[str, Any], owner: str, n: int) -> None:
         self.store, self.prefix, self.me, self.settings = store, prefix, me, settings
-        self.owner, self.n = owner, n
+        self.owner, self.n, self.count = owner, n, count
         self.pending = set(range(1, count)) if me == 0 else {0}
         self.next_call = 0  # the run's next() call (counted from 0) that looks next
         self.failure: ConfigError | None = None
+        self.noted: str | None = None  # a difference in the data's digests, to warn of
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
         """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first
@@ -183,10 +196,17 @@ class HostsCheck:
             raise self.failure
         if call < self.next_call:
             return False
-        self.next_call = max(1, 2 * call)
-        self._look()
-        if call == 0 and self.pending:
-            self._wait(gone)
+        try:
+            self._look()
+            if call == 0 and self.pending:
+                self._wait(gone)
+        except Exception as e:  # noqa: BLE001 (the store's: said, and the check left)
+            _unavailable(self.owner, e)
+            self.pending.clear()
+        self.next_call = 2 * call + 1  # (the 2nd, 4th, 8th... next())
+        if self.noted is not None:
+            warnings.warn(self.noted, UserWarning, stacklevel=3)  # (the caller's next())
+            self.noted = None
         if self.failure is not None:
             raise self.failure
         return not self.pending
@@ -205,18 +225,18 @@ class HostsCheck:
                                                   max(1, int(min(left, SLICE_S) * 1000)))
             except Exception as e:  # noqa: BLE001 (the store's timeout: waited again)
                 if "DEADLINE_EXCEEDED" not in str(e):
-                    break
+                    raise
                 continue
             self._look()
         if self.pending and self.failure is None:
-            (log.info if _told[0] else log.warning)(
+            (log.info if _told["late"] else log.warning)(
                 "%s: process(es) %s of %d have not made this iter() (this loader's %s) "
                 "within %.3g s, so their settings are not yet compared with this process's; "
                 "they are looked for again at the 2nd, 4th, 8th... next() (a process that "
                 "iterates this loader fewer times than the others is out of step with them)",
-                self.owner, _listed(sorted(self.pending)), len(self.pending) + 1,
-                _nth(self.n + 1), WAIT_S)
-            _told[0] = True
+                self.owner, _listed(sorted(self.pending)), self.count, _nth(self.n + 1),
+                WAIT_S)
+            _told["late"] = True
 
     def _look(self) -> None:
         """Takes the settings the store has now (process 0: every other's; the others:
@@ -228,25 +248,22 @@ class HostsCheck:
                 entries = [(f"{self.prefix}0", self.store.key_value_try_get(f"{self.prefix}0"))]
             except Exception:  # noqa: BLE001 (not there yet)
                 entries = []
-        found = []
-        for key, value in entries:
-            peer = int(key.rsplit("/", 1)[1])
-            if peer in self.pending:
-                self.pending.discard(peer)
-                found.append((peer, json.loads(value)))
-        differ = [(peer, theirs) for peer, theirs in sorted(found, key=lambda f: f[0])
-                  if theirs != self.settings]
+        found = sorted((peer, json.loads(value)) for key, value in entries
+                       if (peer := int(key.rsplit("/", 1)[1])) in self.pending)
+        differ = [(peer, theirs) for peer, theirs in found if theirs != self.settings]
         fatal = [(peer, theirs) for peer, theirs in differ if self._fields(peer, theirs, False)]
         if fatal:
             self.failure = self._differs(fatal)
         elif differ:
             peer, theirs = differ[0]
-            warnings.warn(
+            self.noted = (
                 f"{self.owner}: the processes' data differ ({self._fields(peer, theirs)}), "
                 "where the rest agrees: the hosts may read other data. Harmless if the data "
                 "is the same (a Hugging Face dataset whose fingerprint datasets made at "
                 "random, as it warns when it cannot hash a function); else give every "
-                "process the same data", UserWarning, stacklevel=4)
+                "process the same data")
+        self.pending.difference_update(peer for peer, _ in found)  # (after: a Ctrl-C
+        # before here leaves them to the next look)
 
     def _fields(self, peer: int, theirs: dict[str, Any], noted: bool = True) -> str:
         """The settings ``peer`` has otherwise, with both values (``noted``: also those
@@ -262,8 +279,8 @@ class HostsCheck:
         fields = self._fields(*differ[0])
         others = [p for p, _ in differ[1:]]
         more = f" (and process(es) {_listed(others)} too)" if others else ""
-        same = ("stream, seed, batch_size, readers_per_process and num_epochs"
-                if self.owner == "StreamLoader" else
+        same = ("stream, seed, batch_size, readers_per_process (num_workers by default) and "
+                "num_epochs" if self.owner == "StreamLoader" else
                 "source, seed, batch_size, shuffle, last_batch and num_epochs")
         return ConfigError(
             f"{self.owner}: the processes' loaders differ at this iter() ({fields}){more}. "
@@ -273,8 +290,9 @@ class HostsCheck:
             "never read), one with another batch_size makes batches of other shapes. Pass "
             "every process the same arguments and state (randomness that should differ by "
             "process already does: each record's draws come from its own position). "
-            f"(Compared: this loader's {_nth(self.n + 1)} with each other process's; a "
-            "process that iterates it where the others do not is out of step with them.)")
+            f"(Compared: this loader's {_nth(self.n + 1)} with process 0's, and on process 0 "
+            "with every process's; a process that iterates it where the others do not is out "
+            "of step with them.)")
 
 
 def _listed(processes: list[int]) -> str:

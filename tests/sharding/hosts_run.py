@@ -4,10 +4,10 @@ Usage: hosts_run.py PROCESS_ID PORT
 
 Makes, on both hosts, loaders alike and loaders that differ on host 1 (its seed, its batch
 size, the step it restored, its data, a stream's seed, num_epochs or shuffle), one iter() each
-in the same order (host 0 also profiles a loader first, alone), and
-prints what each did: "CASE ok" with its first batches' ids, or "CASE refused: <message>", and
-"CASE_warned <message>" for each warning. Last,
-host 0 alone iterates one more loader, and prints what it logged waiting for host 1.
+in the same order (host 0 also profiles a loader first, alone), and prints what each did:
+"CASE ok" with its first batches' ids, or "CASE refused: <message>", and "CASE_warned
+<message>" for each warning. Last, host 0 alone iterates one more loader, and prints what it
+logged waiting for host 1.
 """
 
 import logging

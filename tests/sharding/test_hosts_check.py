@@ -44,9 +44,9 @@ class Store:
 
 def _pairings(count=2):
     """One loader's pairings in ``count`` processes (one process here: named alike by hand)."""
-    pairings = [hosts.Pairing("DataLoader", 100) for _ in range(count)]
+    pairings = [hosts.Pairing("DataLoader") for _ in range(count)]
     for pairing in pairings:
-        pairing.name = "DataLoader-100-0"
+        pairing.name = "DataLoader-0"
     return pairings
 
 
@@ -85,8 +85,8 @@ def test_a_late_process_is_waited_for_on_the_first_call_then_looked_for_at_power
         monkeypatch, caplog):
     store = Store()
     monkeypatch.setattr(hosts, "WAIT_S", 0.05)
-    monkeypatch.setattr(hosts, "_told", [False])
-    pairing = hosts.Pairing("DataLoader", 100)
+    monkeypatch.setattr(hosts, "_told", {"late": False, "store": False})
+    pairing = hosts.Pairing("DataLoader")
     pairing.name = "late"
     check = pairing.publish({"seed": 1}, 3, store=store, me=0)
     with caplog.at_level(logging.INFO, logger="jaxloader"):
@@ -99,11 +99,11 @@ def test_a_late_process_is_waited_for_on_the_first_call_then_looked_for_at_power
         before = store.looks
         check.due(call)
         looks.append(store.looks - before)
-    assert looks == [1, 1, 0, 1, 0, 0, 0, 1]  # calls 1, 2, 4 and 8 look
+    assert looks == [1, 0, 1, 0, 0, 0, 1, 0]  # the 2nd, 4th and 8th next() look
     store.key_value_set(check.prefix + "1", '{"seed": 1}')
     store.key_value_set(check.prefix + "2", '{"seed": 7}')
     with pytest.raises(jl.ConfigError, match=r"seed: process 2 has 7, this process \(0\) 1"):
-        check.due(16)
+        check.due(15)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="jaxloader"):  # a later one: told at INFO
         assert pairing.publish({"seed": 1}, 3, store=store, me=0).due(0) is False
@@ -131,15 +131,22 @@ def test_each_process_compares_with_process_0_and_process_0_with_every_one():
     assert sorted({key.split("/")[-2] for key in store.values}) == ["1", "2"]
 
 
-def test_a_loader_is_named_by_kind_size_and_order_in_the_process():
+def test_a_loader_is_named_by_kind_and_order_in_the_process_not_by_its_settings():
+    # named by its length too, a host whose source had another length was never paired:
+    # a wait and a warning naming the wrong cause, where the length is what differs
     store = Store()
-    a, b, c = (hosts.Pairing("DataLoader", 7) for _ in range(3))
-    d = hosts.Pairing("DataLoader", 8)
+    a, b, c = (hosts.Pairing("DataLoader") for _ in range(3))
+    d = hosts.Pairing("StreamLoader")
     for pairing in (b, a, d, c):  # (named by their first publish)
         pairing.publish({"seed": 1}, 2, store=store, me=0)
     suffixes = [p.name.rsplit("-", 1) for p in (b, a, c, d)]
-    assert [s[0] for s in suffixes] == ["DataLoader-7"] * 3 + ["DataLoader-8"]
+    assert [s[0] for s in suffixes] == ["DataLoader"] * 3 + ["StreamLoader"]
     assert [int(s[1]) for s in suffixes[:3]] == sorted(int(s[1]) for s in suffixes[:3])
+    one, other = _pairings()
+    check, _ = _pair(Store(), {"num_records": 10, "seed": 1}, {"num_records": 12, "seed": 1},
+                     [one, other])
+    with pytest.raises(jl.ConfigError, match=r"num_records: process 1 has 12, this process"):
+        check.due(0)
 
 
 def test_other_data_told_only_by_digests_is_warned_of_not_refused():
@@ -174,9 +181,38 @@ def test_a_streams_fields_are_compared_one_by_one_and_its_shard_names_noted():
 
 
 def test_one_process_or_no_jax_distributed_compares_nothing():
-    assert hosts.Pairing("DataLoader", 1).publish({"seed": 1}, 1, store=Store(), me=0) is None
-    assert hosts.Pairing("DataLoader", 1).publish({"seed": 1}, 2) is None  # (no jax.distributed)
+    assert hosts.Pairing("DataLoader").publish({"seed": 1}, 1, store=Store(), me=0) is None
+    assert hosts.Pairing("DataLoader").publish({"seed": 1}, 2) is None  # (no jax.distributed)
     # a loader given its place by hand, with no store, runs as before
     with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, process_index=1,
                        process_count=2) as loader:
         assert [b["x"].tolist() for b in loader] == [[2, 3], [6, 7]]
+
+
+class Failing(Store):
+    def key_value_dir_get(self, key):
+        raise RuntimeError("UNAVAILABLE: the coordination service is gone")
+
+
+def test_a_store_that_fails_is_said_once_and_the_check_left(monkeypatch, caplog):
+    monkeypatch.setattr(hosts, "_told", {"late": False, "store": False})
+    store = Failing()
+    check, _ = _pair(store, {"seed": 1}, {"seed": 2})
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
+        assert check.due(0) is True  # (left: not raised as the store's own error)
+        check, _ = _pair(Failing(), {"seed": 1}, {"seed": 2})
+        check.due(0)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    assert "not compared at this iter(): jax.distributed's key-value store failed " \
+        "(RuntimeError: UNAVAILABLE" in caplog.records[0].getMessage()
+
+
+def test_the_count_of_processes_said_is_the_runs(monkeypatch, caplog):
+    # it was the pending processes' count plus one: "3 of 2" with 8 processes, 1 late
+    monkeypatch.setattr(hosts, "WAIT_S", 0.02)
+    store = Store()
+    pairings = _pairings(8)
+    checks = [pairings[i].publish({"seed": 1}, 8, store=store, me=i) for i in range(8) if i != 3]
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
+        assert checks[0].due(0) is False
+    assert "process(es) 3 of 8 have not made this iter()" in caplog.records[0].getMessage()
