@@ -118,6 +118,38 @@ def test_processes_read_their_own_readers_shards(tmp_path):
     assert sorted(np.concatenate(seen).tolist()) == list(range(SHARDS * PER_SHARD))
 
 
+def half_empty(shard):  # shard 0: 5 records; 1, 2, 3: none (0-byte files, as Spark writes)
+    return iter([{"id": i} for i in range(5 * (shard == 0))])
+
+
+def test_a_reader_dealt_empty_shards_alone_goes_on_to_its_next_epoch(monkeypatch):
+    # each epoch deals the shards anew: a reader dealt only empty ones stopped the run with a
+    # ConfigError, epochs into it; it now reads its next epoch, and a restore gives the same
+    stream = jl.Stream.from_generator(half_empty, 4)
+    loader = jl.StreamLoader(stream, batch_size=2, readers_per_process=2, seed=3,
+                             process_index=0, process_count=1)
+    with loader:
+        batches = take(loader, 12)
+        state = dict(loader.state_dict())
+        tail = take(loader, 6)
+    assert all(0 <= i < 5 for b in batches + tail for i in b["id"].tolist())
+    with jl.StreamLoader(stream, batch_size=2, readers_per_process=2, seed=3, process_index=0,
+                         process_count=1) as restored:
+        restored.load_state_dict(state)
+        assert_same_stream(take(restored, 6), tail)
+    with jl.StreamLoader(stream, batch_size=2, readers_per_process=2, seed=3, num_epochs=1,
+                         process_index=0, process_count=1) as loader, pytest.raises(
+            jl.ConfigError, match=r"reader 0: no records in its pass's epochs \(num_epochs; a "
+                                  r"pass's last batches are padded with its records\)"):
+        take(loader, 1)  # (a pass of epoch 0, whose deal gives reader 0 no record)
+    monkeypatch.setattr("jaxloader.streams.reader.EMPTY_EPOCHS", 50)
+    nothing = jl.Stream.from_generator(lambda shard: iter([]), 2)
+    with jl.StreamLoader(nothing, batch_size=2, process_index=0, process_count=1) as loader, \
+            pytest.raises(jl.ConfigError, match=r"reader 0: no records in 50 epochs running, "
+                                                r"up to epoch 49, the last dealt shards"):
+        take(loader, 1)
+
+
 def test_bad_input_gets_a_clear_error(tmp_path):
     # (it said "processes x workers" and "use fewer workers", which readers_per_process= and
     # num_workers=0 make no remedy)
@@ -126,11 +158,13 @@ def test_bad_input_gets_a_clear_error(tmp_path):
                                              r"or fewer readers"):
         jl.StreamLoader(jsonl_stream(tmp_path), batch_size=2, num_workers=3, process_index=0,
                         process_count=2)
-    empty = jl.Stream.from_generator(lambda shard: iter(range(5 * (shard == 0))), 2)
-    with jl.StreamLoader(empty, batch_size=2, readers_per_process=2, process_index=0,
+    unshuffled = jl.Stream.from_generator(lambda shard: iter(range(5 * (shard == 0))), 2,
+                                          shuffle_shards=False)
+    with jl.StreamLoader(unshuffled, batch_size=2, readers_per_process=2, process_index=0,
                          process_count=1) as loader, pytest.raises(
-            jl.ConfigError, match=r"reader \d: its shards of epoch 0 .* hold no records \(each "
-                                  r"epoch deals the shards to the readers anew"):
+            jl.ConfigError, match=r"reader 1: no records in epoch 0, and with "
+                                  r"shuffle_shards=False every epoch deals it the same shards "
+                                  r"\['.*<lambda>\[1\]'\]; remove the empty shards"):
         take(loader, 4)
 
     def explodes(shard):

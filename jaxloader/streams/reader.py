@@ -8,14 +8,13 @@
     state of a reader: {reader, epoch, shard, shard_state, window, emitted}
         (shard, shard_state): where the current window starts; emitted: records of it handed
         out. A restore reopens the shard there, reads the window again and skips `emitted`:
-        nothing lost, nothing repeated, and the state stays a few numbers however big the
-        window.
+        nothing lost, nothing repeated, and the state a few numbers however big the window.
 
 Each reader runs through its own epochs without end (a batch may hold the end of one epoch
-and the start of the next), or up to the epoch a pass stops before (``until``). Readers in
-one process read their own copies of the shards (each may be in another epoch). The order
-is fixed for a given ``(seed, process_count, num_workers)``; with fewer shards than readers a
-reader would have nothing to read, which is refused when the loader is made.
+and the start of the next; an epoch whose shards hold no record is passed over), or up to the
+epoch a pass stops before (``until``). Readers in one process read their own copies of the
+shards (each may be in another epoch). The order is fixed for a given ``(seed,
+process_count, num_workers)``; fewer shards than readers is refused as the loader is made.
 
 Example:
     >>> from jaxloader.streams.iterable_shards import IterableShard
@@ -41,10 +40,11 @@ from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import MappedShard, generator_shards
-from jaxloader.streams.shards import JsonlShard, Shard, TextShard
+from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
 _STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
+EMPTY_EPOCHS = 1000  # a reader's epochs without a record, running, before it is refused
 
 
 class Stream:
@@ -246,7 +246,11 @@ class StreamReader:
             raise StateDictError(f"stream state: shard {self._shard} of reader {self.reader}'s "
                                  f"{len(self._mine)} in epoch {self._epoch}; not this stream's")
         self._open(self._shard, state["shard_state"])
-        self._fill()
+        try:
+            self._fill()
+        except StopIteration:  # (a pass whose epochs deal this reader no record: none to pad)
+            raise no_records(self.reader, self._epoch, 0, self.stream.shuffle_shards,
+                             [self.stream.shards[i].name for i in self._mine]) from None
         if emitted > len(self._window):
             raise StateDictError(f"stream state: {emitted} records of a window of "
                                  f"{len(self._window)} handed out; not this stream's")
@@ -274,8 +278,7 @@ class StreamReader:
         return record
 
     def has_next(self) -> bool:
-        """Whether ``next()`` has a record (it may read the next window, as ``next()`` would;
-        the state then names the same place)."""
+        """Whether ``next()`` has a record (it may read the next window, as ``next()`` would)."""
         try:
             while self._emitted >= len(self._window):
                 self._fill()
@@ -295,6 +298,7 @@ class StreamReader:
             raise StopIteration
         where = (self._window_epoch, self._window_key, self._window_start, self._epoch,
                  self._window_number, self._shard)
+        empty = 0  # epochs running in which this reader's shards held no record
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
             shard = self._current if self._shard < len(self._mine) else None
@@ -308,13 +312,11 @@ class StreamReader:
                     self._open(self._shard, None)
             if window:
                 break
-            if self._window_number == 0:  # a whole epoch without a record
-                names = [self.stream.shards[i].name for i in self._mine]
-                raise ConfigError(
-                    f"stream reader {self.reader}: its shards of epoch {self._epoch} {names} "
-                    "hold no records (each epoch deals the shards to the readers anew, so a "
-                    "reader dealt empty shards alone stops the run in that epoch); remove the "
-                    "empty shards (a 0-byte file, as Spark writes them), or use fewer readers")
+            if self._window_number == 0:  # a whole epoch without a record: the next one's
+                empty += 1  # deal may give some, unless the deal never changes
+                if not self.stream.shuffle_shards or empty >= EMPTY_EPOCHS:
+                    raise no_records(self.reader, self._epoch, empty, self.stream.shuffle_shards,
+                                     [self.stream.shards[i].name for i in self._mine])
             if self._until is not None and self._epoch + 1 >= self._until:
                 # the pass is over: the state stays at the last window, all of it handed out
                 (self._window_epoch, self._window_key, self._window_start, self._epoch,

@@ -262,6 +262,20 @@ def seek(shard: Any, offset: int) -> None:
         raise unreadable(shard, f"byte {offset} (a restore's place)", e) from e
 
 
+def no_records(reader: int, epoch: int, empty: int, shuffled: bool,
+               names: list[str]) -> ConfigError:
+    """A stream reader's refusal to go on: its shards held no record in ``empty`` epochs
+    running (0: in its pass's epochs), the last ``epoch``'s being ``names`` (``shuffled``:
+    the deal changes each epoch; else one empty epoch is every epoch)."""
+    why = (f"in epoch {epoch}, and with shuffle_shards=False every epoch deals it the same"
+           if not shuffled else f"in {empty} epochs running, up to epoch {epoch}, the last dealt"
+           if empty else "in its pass's epochs (num_epochs; a pass's last batches are padded "
+           "with its records), the last dealt")
+    return ConfigError(
+        f"stream reader {reader}: no records {why} shards {names}; remove the empty shards "
+        "(a 0-byte file, as Spark writes them), or use fewer readers")
+
+
 def unreadable(shard: Any, where: str, error: Exception) -> RecordError:
     """The error for a shard whose bytes cannot be read at ``where`` (a compressed file cut
     short or corrupt, a failing disk)."""
