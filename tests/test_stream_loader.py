@@ -137,17 +137,28 @@ def test_a_reader_dealt_empty_shards_alone_goes_on_to_its_next_epoch(monkeypatch
                          process_count=1) as restored:
         restored.load_state_dict(state)
         assert_same_stream(take(restored, 6), tail)
-    with jl.StreamLoader(stream, batch_size=2, readers_per_process=2, seed=3, num_epochs=1,
-                         process_index=0, process_count=1) as loader, pytest.raises(
-            jl.ConfigError, match=r"reader 0: no records in its pass's epochs \(num_epochs; a "
-                                  r"pass's last batches are padded with its records\)"):
-        take(loader, 1)  # (a pass of epoch 0, whose deal gives reader 0 no record)
-    monkeypatch.setattr("jaxloader.streams.reader.EMPTY_EPOCHS", 50)
-    nothing = jl.Stream.from_generator(lambda shard: iter([]), 2)
-    with jl.StreamLoader(nothing, batch_size=2, process_index=0, process_count=1) as loader, \
-            pytest.raises(jl.ConfigError, match=r"reader 0: no records in 50 epochs running, "
-                                                r"up to epoch 49, the last dealt shards"):
-        take(loader, 1)
+    # a pass's last batches are padded with each reader's records: an empty epoch in one is
+    # refused (going on to the next epoch left a reader that never ended its pass, and every
+    # batch after the records padding, without end)
+    for seed, epochs in ((3, 1), (2, 2)):
+        with jl.StreamLoader(stream, batch_size=2, readers_per_process=2, seed=seed,
+                             num_epochs=epochs, process_index=0, process_count=1) as loader, \
+                pytest.raises(jl.ConfigError, match=r"no records in epoch \d, in a pass "
+                              r"\(num_epochs, or a mixture's stopping_strategy\)"):
+            take(loader, 60)
+    nothing = jl.Stream.from_generator(lambda shard: iter([]), 6)
+    with jl.StreamLoader(nothing, batch_size=2, readers_per_process=2, process_index=0,
+                         process_count=1) as loader, pytest.raises(
+            jl.ConfigError, match=r"reader 0: no records in any of the stream's 6 shards, each "
+                                  r"dealt to it in the \d+ epoch\(s\) up to epoch \d+ shards "
+                                  r"\[.*\]; give the stream shards that hold records"):
+        take(loader, 1)  # (told once the reader was dealt every shard: not 1,000 epochs on)
+    monkeypatch.setattr("jaxloader.streams.reader.EMPTY_EPOCHS", 1)
+    with jl.StreamLoader(stream, batch_size=2, readers_per_process=2, seed=3, process_index=0,
+                         process_count=1) as loader, pytest.raises(
+            jl.ConfigError, match=r"no records in 1 epochs running, up to epoch 0, the last "
+                                  r"dealt shards \[half_empty\[\d\], half_empty\[\d\]\]"):
+        take(loader, 4)
 
 
 def test_bad_input_gets_a_clear_error(tmp_path):
@@ -164,7 +175,7 @@ def test_bad_input_gets_a_clear_error(tmp_path):
                          process_count=1) as loader, pytest.raises(
             jl.ConfigError, match=r"reader 1: no records in epoch 0, and with "
                                   r"shuffle_shards=False every epoch deals it the same shards "
-                                  r"\['.*<lambda>\[1\]'\]; remove the empty shards"):
+                                  r"\[.*<lambda>\[1\]\]; remove the empty shards"):
         take(loader, 4)
 
     def explodes(shard):

@@ -246,11 +246,7 @@ class StreamReader:
             raise StateDictError(f"stream state: shard {self._shard} of reader {self.reader}'s "
                                  f"{len(self._mine)} in epoch {self._epoch}; not this stream's")
         self._open(self._shard, state["shard_state"])
-        try:
-            self._fill()
-        except StopIteration:  # (a pass whose epochs deal this reader no record: none to pad)
-            raise no_records(self.reader, self._epoch, 0, self.stream.shuffle_shards,
-                             [self.stream.shards[i].name for i in self._mine]) from None
+        self._fill()
         if emitted > len(self._window):
             raise StateDictError(f"stream state: {emitted} records of a window of "
                                  f"{len(self._window)} handed out; not this stream's")
@@ -298,7 +294,8 @@ class StreamReader:
             raise StopIteration
         where = (self._window_epoch, self._window_key, self._window_start, self._epoch,
                  self._window_number, self._shard)
-        empty = 0  # epochs running in which this reader's shards held no record
+        empty: set[int] = set()  # shards dealt in the epochs running that held no record
+        epochs = 0  # (those epochs)
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
             shard = self._current if self._shard < len(self._mine) else None
@@ -313,10 +310,13 @@ class StreamReader:
             if window:
                 break
             if self._window_number == 0:  # a whole epoch without a record: the next one's
-                empty += 1  # deal may give some, unless the deal never changes
-                if not self.stream.shuffle_shards or empty >= EMPTY_EPOCHS:
-                    raise no_records(self.reader, self._epoch, empty, self.stream.shuffle_shards,
-                                     [self.stream.shards[i].name for i in self._mine])
+                empty.update(self._mine)  # deal may give some, but not in a pass (its ends
+                epochs += 1  # are padded with its records), a deal that never changes, or a
+                every = len(empty) == len(self.stream.shards)  # stream that has none
+                if self._until is not None or not self.stream.shuffle_shards or every or \
+                        epochs >= EMPTY_EPOCHS:
+                    raise no_records(self, [self.stream.shards[i].name for i in self._mine],
+                                     epochs, every)
             if self._until is not None and self._epoch + 1 >= self._until:
                 # the pass is over: the state stays at the last window, all of it handed out
                 (self._window_epoch, self._window_key, self._window_start, self._epoch,

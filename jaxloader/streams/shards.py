@@ -262,18 +262,26 @@ def seek(shard: Any, offset: int) -> None:
         raise unreadable(shard, f"byte {offset} (a restore's place)", e) from e
 
 
-def no_records(reader: int, epoch: int, empty: int, shuffled: bool,
-               names: list[str]) -> ConfigError:
-    """A stream reader's refusal to go on: its shards held no record in ``empty`` epochs
-    running (0: in its pass's epochs), the last ``epoch``'s being ``names`` (``shuffled``:
-    the deal changes each epoch; else one empty epoch is every epoch)."""
-    why = (f"in epoch {epoch}, and with shuffle_shards=False every epoch deals it the same"
-           if not shuffled else f"in {empty} epochs running, up to epoch {epoch}, the last dealt"
-           if empty else "in its pass's epochs (num_epochs; a pass's last batches are padded "
-           "with its records), the last dealt")
-    return ConfigError(
-        f"stream reader {reader}: no records {why} shards {names}; remove the empty shards "
-        "(a 0-byte file, as Spark writes them), or use fewer readers")
+def no_records(reader: Any, names: list[str], epochs: int, every: bool) -> ConfigError:
+    """A ``StreamReader``'s refusal to go on (``reader``: its number, stream, epoch and pass
+    end): its shards (``names``, the last dealt) held no record in ``epochs`` epochs running
+    (``every``: all the stream's shards, in them), where another epoch would not help."""
+    if every:
+        why = (f"in any of the stream's {len(reader.stream.shards)} shards, each dealt to it "
+               f"in the {epochs} epoch(s) up to epoch {reader._epoch}")
+    elif reader._until is not None:
+        why = (f"in epoch {reader._epoch}, in a pass (num_epochs, or a mixture's stopping_"
+               "strategy), whose last batches are padded with its records; it was dealt")
+    elif not reader.stream.shuffle_shards:
+        why = (f"in epoch {reader._epoch}, and with shuffle_shards=False every epoch deals it "
+               "the same")
+    else:
+        why = f"in {epochs} epochs running, up to epoch {reader._epoch}, the last dealt"
+    shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+    remedy = ("give the stream shards that hold records" if every else "remove the empty "
+              "shards (a 0-byte file, as Spark writes them), or use fewer readers")
+    return ConfigError(f"stream reader {reader.reader}: no records {why} shards [{shown}]; "
+                       f"{remedy}")
 
 
 def unreadable(shard: Any, where: str, error: Exception) -> RecordError:
