@@ -12,9 +12,10 @@
 
 Each reader runs through its own epochs without end (a batch may hold the end of one epoch
 and the start of the next; an epoch whose shards hold no record is passed over), or up to the
-epoch a pass stops before (``until``). Readers in one process read their own copies of the
-shards (each may be in another epoch). The order is fixed for a given ``(seed,
-process_count, num_workers)``; fewer shards than readers is refused as the loader is made.
+epoch a pass stops before (``until``; there an empty epoch is refused: a pass's last batches
+are padded with its records). Readers in one process read their own copies of the shards
+(each may be in another epoch). The order is fixed for a given ``(seed, process_count,
+num_workers)``; fewer shards than readers is refused as the loader is made.
 
 Example:
     >>> from jaxloader.streams.iterable_shards import IterableShard
@@ -294,8 +295,7 @@ class StreamReader:
             raise StopIteration
         where = (self._window_epoch, self._window_key, self._window_start, self._epoch,
                  self._window_number, self._shard)
-        empty: set[int] = set()  # shards dealt in the epochs running that held no record
-        epochs = 0  # (those epochs)
+        empty, epochs = set[int](), 0  # the shards dealt empty in the epochs running, those
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
             shard = self._current if self._shard < len(self._mine) else None
@@ -309,10 +309,10 @@ class StreamReader:
                     self._open(self._shard, None)
             if window:
                 break
-            if self._window_number == 0:  # a whole epoch without a record: the next one's
-                empty.update(self._mine)  # deal may give some, but not in a pass (its ends
-                epochs += 1  # are padded with its records), a deal that never changes, or a
-                every = len(empty) == len(self.stream.shards)  # stream that has none
+            if self._window_number == 0:  # a whole epoch without a record: the next, unless
+                empty.update(self._mine)  # in a pass, a deal that never changes, every shard
+                epochs += 1  # dealt empty or EMPTY_EPOCHS running (no_records says why)
+                every = len(empty) == len(self.stream.shards)
                 if self._until is not None or not self.stream.shuffle_shards or every or \
                         epochs >= EMPTY_EPOCHS:
                     raise no_records(self, [self.stream.shards[i].name for i in self._mine],
