@@ -315,8 +315,8 @@ class StreamReader:
                 every = len(empty) == len(self.stream.shards)
                 if self._until is not None or not self.stream.shuffle_shards or every or \
                         epochs >= EMPTY_EPOCHS:
-                    raise no_records(self, [self.stream.shards[i].name for i in self._mine],
-                                     epochs, every)
+                    raise no_records(self.reader, self._epoch, self._until is not None,
+                                     self.stream, self._mine, epochs, every)
             if self._until is not None and self._epoch + 1 >= self._until:
                 # the pass is over: the state stays at the last window, all of it handed out
                 (self._window_epoch, self._window_key, self._window_start, self._epoch,

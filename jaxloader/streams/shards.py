@@ -262,25 +262,28 @@ def seek(shard: Any, offset: int) -> None:
         raise unreadable(shard, f"byte {offset} (a restore's place)", e) from e
 
 
-def no_records(reader: Any, names: list[str], epochs: int, every: bool) -> ConfigError:
-    """A ``StreamReader``'s refusal to go on (``reader``: its number, stream, epoch and pass
-    end): its shards (``names``, the last dealt) held no record in ``epochs`` epochs running
-    (``every``: all the stream's shards, in them), where another epoch would not help."""
+def no_records(reader: int, epoch: int, in_pass: bool, stream: Any, dealt: list[int],
+               epochs: int, every: bool) -> ConfigError:
+    """Stream reader ``reader``'s refusal to go on: the shards of ``stream`` dealt to it
+    (``dealt``, the last epoch's: ``epoch``) held no record in ``epochs`` epochs running
+    (``every``: all the stream's shards, in them), where another epoch would not help
+    (``in_pass``: its last batches are padded with its records)."""
+    names = [stream.shards[i].name for i in dealt]
     if every:
-        why = (f"in any of the stream's {len(reader.stream.shards)} shards, each dealt to it "
-               f"in the {epochs} epoch(s) up to epoch {reader._epoch}")
-    elif reader._until is not None:
-        why = (f"in epoch {reader._epoch}, in a pass (num_epochs, or a mixture's stopping_"
-               "strategy), whose last batches are padded with its records; it was dealt")
-    elif not reader.stream.shuffle_shards:
-        why = (f"in epoch {reader._epoch}, and with shuffle_shards=False every epoch deals it "
-               "the same")
+        why = (f"in any of the stream's {len(stream.shards)} shards, each dealt to it in the "
+               f"{epochs} epoch(s) up to epoch {epoch}")
+    elif in_pass:
+        why = (f"in epoch {epoch}, in a pass (num_epochs, or a mixture's stopping_strategy), "
+               "whose last batches are padded with its records; it was dealt")
+    elif not stream.shuffle_shards:
+        why = (f"in epoch {epoch}, and with shuffle_shards=False every epoch deals it the "
+               "same")
     else:
-        why = f"in {epochs} epochs running, up to epoch {reader._epoch}, the last dealt"
+        why = f"in {epochs} epochs running, up to epoch {epoch}, the last dealt"
     shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
     remedy = ("give the stream shards that hold records" if every else "remove the empty "
               "shards (a 0-byte file, as Spark writes them), or use fewer readers")
-    return ConfigError(f"stream reader {reader.reader}: no records {why} shards [{shown}]; "
+    return ConfigError(f"stream reader {reader}: no records {why} shards [{shown}]; "
                        f"{remedy}")
 
 
