@@ -65,6 +65,27 @@ def test_a_peer_name_given_to_a_stream_loader_says_what_a_stream_takes(name, val
     assert remedy in message
 
 
+@pytest.mark.parametrize("owner, first", [(jl.DataLoader, "source"), (jl.StreamLoader, "stream")])
+def test_a_source_by_a_peers_name_or_a_peers_positions_says_how_to_pass_it(owner, first):
+    # Python said "missing 1 required positional argument: 'source'" to Grain's data_source=
+    # and PyTorch's dataset=, and "missing ... 'batch_size'" to DataLoader(ds, 32)
+    name = owner.__name__
+    source = jl.ArraySource({"x": np.arange(8)})
+    for peer in ("data_source", "dataset"):
+        with pytest.raises(TypeError, match=rf"^{name}\({peer}=.*\): {name} has no {peer}: pass "
+                                            r"the source as the first argument$"):
+            owner(**{peer: source}, batch_size=2)
+    with pytest.raises(TypeError, match=rf"^{name}\({first}, 32, True\): {name} takes its "
+                                        rf"{first} alone by position, every other argument by "
+                                        rf"name: {name}\({first}, batch_size=32, shuffle=True\)$"):
+        owner(source, 32, True)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) needs a {first}, given first"):
+        owner(batch_size=2)
+    with pytest.raises(TypeError, match=rf"^{name}\({first}\) needs batch_size=.*"
+                                        rf"{name}\({first}, batch_size=32\)$"):
+        owner(source)
+
+
 def test_any_other_unknown_name_is_pythons_usual_error():
     with pytest.raises(TypeError, match=r"^DataLoader\(\) got an unexpected keyword argument "
                                         r"'batchsize'$"):

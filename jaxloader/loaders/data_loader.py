@@ -24,7 +24,7 @@ from jaxloader.sources.fingerprint import older_fingerprint, source_fingerprint,
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
-from jaxloader.loaders.foreign_arguments import refuse
+from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base.checks import MASK64, check_int
@@ -128,9 +128,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
 
     def __init__(
         self,
-        source: Source,
-        *,
-        batch_size: int,
+        source: Source = REQUIRED,
+        *extra: Never,
+        batch_size: int = REQUIRED,
         shuffle: bool | LocalShuffle = False,
         seed: int = 0,
         transforms: Sequence[Any] = (),
@@ -153,7 +153,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
     ) -> None:
         from jaxloader.streams import Stream
 
-        refuse("DataLoader", unknown)
+        refuse_call("DataLoader", source, extra, unknown, batch_size)
         if isinstance(source, Stream):
             raise ConfigError("DataLoader(source): got a Stream, which has no random access; "
                               "read it with jaxloader.StreamLoader(stream, batch_size=...)")

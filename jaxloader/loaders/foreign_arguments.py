@@ -42,6 +42,8 @@ _REMEDIES = {
     "operations": "use transforms= (jaxloader.Map, RandomMap, BatchMap)",
     "shard_options": "use process_index= and process_count= (left None: JAX's)",
     "data_source": "pass the source as the first argument",
+    # torch.utils.data.DataLoader(dataset=...)
+    "dataset": "pass the source as the first argument",
     "worker_buffer_size": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
     "read_options": "use num_workers= (and prefetch=)",
 }
@@ -60,6 +62,49 @@ _STREAM_REMEDIES = {
     "drop_last": _FULL, "last_batch": _FULL, "drop_remainder": _FULL,
     "sampler": _IN_ORDER, "batch_sampler": _IN_ORDER,
 }
+
+
+class _Required:
+    """The default of an argument that must be given: so that the call's other arguments are
+    seen first. ``DataLoader(data_source=...)`` (Grain's) or ``DataLoader(dataset=...)``
+    (PyTorch's) is answered by ``refuse``, and ``DataLoader(ds, 32)`` by ``refuse_call``, not by
+    Python's "missing 1 required argument" (of the source, or of the batch size just given)."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED: Any = _Required()
+# PyTorch's DataLoader arguments by position, after the dataset
+_TORCH_ORDER = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers",
+                "collate_fn", "pin_memory", "drop_last")
+
+
+def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[str, Any],
+                batch_size: Any) -> None:
+    """``refuse``, after the call's positional arguments: a second one (PyTorch's
+    ``DataLoader(ds, 32, True)``) or none (Grain's ``data_source=``) raises ``TypeError``
+    naming what to pass, as does a missing ``batch_size``.
+
+    Example:
+        >>> refuse_call("DataLoader", [1, 2], (32,), {}, REQUIRED)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: DataLoader(source, 32): ... by name: DataLoader(source, batch_size=32)
+    """
+    first = "stream" if owner == "StreamLoader" else "source"
+    if extra:
+        given = ", ".join(repr(value) for value in extra)
+        named = ", ".join(f"{name}={value!r}" for name, value in zip(_TORCH_ORDER, extra))
+        raise TypeError(f"{owner}({first}, {given}): {owner} takes its {first} alone by "
+                        f"position, every other argument by name: {owner}({first}, {named})")
+    refuse(owner, unknown)
+    if source is REQUIRED:
+        raise TypeError(f"{owner}() needs a {first}, given first: {owner}({first}, "
+                        "batch_size=...)")
+    if batch_size is REQUIRED:
+        raise TypeError(f"{owner}({first}) needs batch_size=, the records a batch (each "
+                        f"process's): {owner}({first}, batch_size=32)")
 
 
 def refuse(owner: str, unknown: dict[str, Any]) -> None:

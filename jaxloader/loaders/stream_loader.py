@@ -40,7 +40,7 @@ from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.sharding.hosts import Pairing, stream_settings
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
-from jaxloader.loaders.foreign_arguments import refuse
+from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transforms_of,
                                      warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
@@ -103,8 +103,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         ([104, 105, 105, 105, 105], [True, True, False, False, False])
     """
 
-    def __init__(self, stream: StreamLike, *,
-                 batch_size: int,
+    def __init__(self, stream: StreamLike = REQUIRED, *extra: Never,
+                 batch_size: int = REQUIRED,
                  seed: int = 0, transforms: Sequence[Any] = (),
                  num_workers: int | Literal["auto"] = 0,
                  process_index: int | None = None, process_count: int | None = None,
@@ -115,7 +115,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
                  log_every_s: float | None = None, workers: Workers | None = None,
                  **unknown: Never) -> None:
-        refuse("StreamLoader", unknown)
+        refuse_call("StreamLoader", stream, extra, unknown, batch_size)
         given: Any = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
         if not isinstance(given, ReadableStream):
             if not isinstance(given, (list, tuple)):
