@@ -81,6 +81,23 @@ def nested_nulls(array: Any) -> int:
     return count
 
 
+def null_message(name: str, path: str, nulls: str) -> str:
+    """The error's message for ``nulls`` (their count and where) in column ``name`` of the file at
+    ``path``, found as a row group is decoded or in the file's footer, with the remedy.
+
+    Example:
+        >>> print(null_message("img.path", "f.parquet", "2 null value(s)"))  # doctest: +ELLIPSIS
+        ParquetSource: column 'img.path' of 'f.parquet' has 2 null value(s); ... 'img' out ...
+    """
+    top = name.split(".")[0]  # (a struct's field: columns= names its column)
+    media = (f"; {top!r} looks like a Hugging Face Image or Audio column (bytes and a path "
+             "that may be null): read the files with datasets.load_dataset('parquet', "
+             "data_files=...) and pass the Dataset, which knows the feature"
+             if name.endswith(".path") else "")
+    return (f"ParquetSource: column {name!r} of {path!r} has {nulls}; fill them when writing "
+            f"the file, or leave the column {top!r} out with columns={media}")
+
+
 def _decode_array(array: Any, name: str, path: str) -> Any:
     """``decode`` of one Arrow array: lists of one length at every depth become one axis a
     depth (a list of lists of 3 numbers, 2 a row: rows of shape (2, 3)); a struct's fields
@@ -91,16 +108,7 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
     where = "" if nulls else " inside its lists"
     nulls = nulls or nested_nulls(array)
     if nulls:
-        top = name.split(".")[0]  # (a struct's field: columns= names its column)
-        media = (f"; {top!r} looks like a Hugging Face Image or Audio column (bytes and a path "
-                 "that may be null): read the files with datasets.load_dataset('parquet', "
-                 "data_files=...) and pass the Dataset, which knows the feature"
-                 if name.endswith(".path") else "")
-        raise ValueError(
-            f"ParquetSource: column {name!r} of {path!r} has {nulls} null value(s){where}; "
-            f"fill them when writing the file, or leave the column {top!r} out with "
-            f"columns={media}"
-        )
+        raise ValueError(null_message(name, path, f"{nulls} null value(s){where}"))
     kind = array.type
     if pa.types.is_struct(kind):
         return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",

@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxloader.base.errors import ConfigError, PerformanceWarning
 from jaxloader.order.local_shuffle import LocalShuffle
+from jaxloader.sources.arrow_columns import null_message
 from jaxloader.sources.parquet_files import open_error, open_parquet
 from jaxloader.sources.paths import files_fingerprints
 
@@ -71,9 +72,36 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
                 "those they share"
             )
     groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
+    for path, meta in zip(paths, metas):
+        _check_nulls(path, meta, chosen)
     return Footers(chosen, groups, [metas[f].row_group(g).num_rows for f, g in groups],
                    np.array([_decoded_bytes(metas[f].row_group(g), chosen) for f, g in groups],
                             dtype=np.int64), (_columns_text(metas[0].schema), str(schema)))
+
+
+def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:
+    """A ``ConfigError`` where the footer of the file at ``path`` counts a null in a column
+    read, so that it is refused where the source is made, not epochs into a run as its row
+    group is decoded. Only columns outside lists are counted: a list's values count an empty
+    list as a null (those nulls are found as they are decoded), as does a file written without
+    statistics."""
+    prefixes = tuple(f"{name}." for name in columns)
+    leaves = [i for i in range(meta.num_columns)
+              if (meta.schema.column(i).path in columns
+                  or meta.schema.column(i).path.startswith(prefixes))
+              and meta.schema.column(i).max_repetition_level == 0]
+    start = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for i in leaves:
+            stats = group.column(i).statistics
+            if stats is not None and stats.has_null_count and stats.null_count:
+                rows = f"rows {start}-{start + group.num_rows - 1}"
+                raise ConfigError(null_message(
+                    meta.schema.column(i).path, path,
+                    f"{stats.null_count} null value(s) in row group {g} ({rows} of the file), "
+                    "its footer says"))
+        start += group.num_rows
 
 
 def _alike(kind: Any) -> Any:

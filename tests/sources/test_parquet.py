@@ -495,6 +495,28 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
         jl.ParquetSource(str(nulls))[0]
 
 
+def test_a_null_the_footer_counts_is_refused_where_the_source_is_made(tmp_path):
+    # it was found as its row group was decoded: here the last, an epoch into a run
+    x = pa.array([float(i) if i != 2500 else None for i in range(3000)])
+    table = pa.table({"x": x, "y": np.arange(3000)})
+    pq.write_table(table, tmp_path / "late.parquet", row_group_size=1000)
+    with pytest.raises(jl.ConfigError, match=r"column 'x' of .*late.parquet' has 1 null "
+                                             r"value\(s\) in row group 2 \(rows 2000-2999 of "
+                                             r"the file\), its footer says; fill them .*leave "
+                                             r"the column 'x' out with columns="):
+        jl.ParquetSource(str(tmp_path / "late.parquet"))
+    assert jl.ParquetSource(str(tmp_path / "late.parquet"), columns=["y"])[2500] == {"y": 2500}
+    # a file written without statistics: still refused, as the row group is decoded
+    pq.write_table(table, tmp_path / "bare.parquet", row_group_size=1000, write_statistics=False)
+    source = jl.ParquetSource(str(tmp_path / "bare.parquet"))
+    assert source[0]["x"] == 0.0
+    with pytest.raises(ValueError, match=r"column 'x' of .*bare.parquet' has 1 null value"):
+        source[2000]
+    # an empty list is no null: a list's values are left to the decoding, which knows
+    pq.write_table(pa.table({"v": pa.array([[1], [], [2, 3]])}), tmp_path / "lists.parquet")
+    assert jl.ParquetSource(str(tmp_path / "lists.parquet"))[1]["v"].tolist() == []
+
+
 def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
     pd = pytest.importorskip("pandas")  # installed with datasets, in the test extra
     frame = pd.DataFrame({"x": np.arange(4.0)}, index=[10, 11, 12, 13])  # not a range
