@@ -103,16 +103,27 @@ def _record_column(path: str, values: list, names: Any) -> Column:
         return Column(path, array.shape, array.dtype, array)
     if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
         return _record_column(path, [np.asarray(v) for v in values], names)
+    _refuse_object(path, tree_lib.record_name(names, 0), first)
+
+
+def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
+    """The ``CollateError`` for ``value``, of a type no batch holds, at ``where``."""
     hint = ""
-    if type(first).__module__ == "__main__":
+    if type(value).__module__ == "__main__":
         hint = (" (a class from __main__ or a notebook reaches worker processes by value, "
                 "without its JAX registration: define it in a module, or use num_workers=0)")
     raise CollateError(
-        f"batch leaf {path}: {tree_lib.record_name(names, 0)} holds a {_type_name(first)}, which is "
+        f"batch leaf {path}: {where} holds a {_type_name(value)}, which is "
         "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
         "convert it in a Map (np.asarray(x), or str(x)), or register its class as a JAX "
         f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
     )
+
+
+# what an array of objects a source or a batch transform gives may hold: strings, bytes, arrays
+# a row (ragged lists), dicts (a Parquet list of structs), dates; and None, left to the consumer
+_OBJECTS = (str, bytes, np.ndarray, np.generic, dict, list, tuple, bool, int, float, complex,
+            type(None))
 
 
 _PYTHON_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64),
@@ -213,5 +224,8 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
                 f"batch leaf {path}: expected {size} rows (the batch size) along axis 0, got "
                 f"shape {array.shape}; a batch transform or __getitems__ must keep the batch axis"
             )
+        if array.dtype.hasobject and array.size and not isinstance(
+                first := array.flat[0], _OBJECTS) and not _has_array_protocol(first):
+            _refuse_object(path, "the batch's row 0", first)  # (a Parquet decimal)
         columns.append(Column(path, array.shape, array.dtype, array))
     return treedef, columns

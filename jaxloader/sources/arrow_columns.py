@@ -28,6 +28,7 @@ from typing import Any, Iterator, cast
 import numpy as np
 
 from jaxloader.base.columns import object_column
+from jaxloader.base.errors import ConfigError
 
 
 def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
@@ -108,7 +109,7 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
     where = "" if nulls else " inside its lists"
     nulls = nulls or nested_nulls(array)
     if nulls:
-        raise ValueError(null_message(name, path, f"{nulls} null value(s){where}"))
+        raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}"))
     kind = array.type
     if pa.types.is_struct(kind):
         return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",
@@ -261,7 +262,7 @@ class ArrowRows:
             try:
                 return [str(row, "utf-8") for row in cast("list[bytes]", out)]
             except UnicodeDecodeError as e:
-                raise ValueError(
+                raise ConfigError(
                     f"ParquetSource: {self.where} holds a string that is not UTF-8 ({e}: "
                     f"{e.object[:40]!r}); Parquet strings are UTF-8: fix its writer, or read "
                     "the column as binary (cast it to bytes when writing the file), or leave "
