@@ -252,6 +252,11 @@ def test_bad_input_is_named():
         jl.PackedSource(source, "tokens", 8, method="greedy")
     with pytest.raises(jl.ConfigError, match=r"record 0: expected a dict with key 'ids'"):
         jl.PackedSource([{"tokens": np.arange(3)}], "ids", 8)
+    # over a RaggedSource (and a MapSource or FilteredSource over one): a bare KeyError 'ids'
+    for over in (source, jl.FilteredSource(source, indices=[0, 1])):
+        with pytest.raises(jl.ConfigError, match=r"record 0: expected a dict with key 'ids' .*"
+                                                 r"got \['tokens'\]"):
+            jl.PackedSource(over, "ids", 8)
     with pytest.raises(jl.ConfigError, match=r"record 0\['x'\]: expected a 1-D integer array.*"
                                              r"shape \(2, 2\)"):
         jl.PackedSource([{"x": np.zeros((2, 2), np.int32)}], "x", 8)

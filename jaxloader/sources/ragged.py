@@ -68,9 +68,10 @@ class RaggedSource:
     def keys(self) -> list[str]:
         return list(self._values)
 
-    def lengths(self, key: str) -> np.ndarray:
-        """Every record's length for ``key`` (no record read)."""
-        return np.diff(self._offsets[key])
+    def lengths(self, key: str) -> np.ndarray | None:
+        """Every record's length for ``key`` (no record read); ``None`` for a key the records
+        lack, which a reader then names (``PackedSource``: the keys a record has)."""
+        return np.diff(self._offsets[key]) if key in self._offsets else None
 
     def flat(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """The flat values and offsets of ``key`` (read-only views)."""
