@@ -73,6 +73,12 @@ class FilteredSource:
         if keep is not None and not callable(keep):
             raise ConfigError(f"FilteredSource(keep): expected a function of a record "
                               f"returning True to keep it, got {type(keep).__name__}")
+        if keep is not None and indices is not None and not isinstance(indices, (str,
+                                                                                 os.PathLike)):
+            raise ConfigError(  # (keep would never be called: the indices are the records)
+                f"FilteredSource: got both keep {fn_name(keep)} and indices= record numbers, "
+                "of which only the indices would be used; pass one of them, or indices= the "
+                "path of a .npy file that keeps the records keep finds for the next run")
 
         def find() -> np.ndarray:
             if keep is None:

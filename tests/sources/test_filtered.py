@@ -116,6 +116,11 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(jl.RecordError, match=r"FilteredSource\(keep\) .* raised KeyError on "
                                              r"record 0"):
         jl.FilteredSource(source, lambda r: r["y"])
+    # keep and indices in memory: keep was never called, without a word
+    with pytest.raises(jl.ConfigError, match=r"got both keep .*<lambda> and indices= record "
+                                             r"numbers, of which only the indices would be "
+                                             r"used; pass one of them, or indices= the path"):
+        jl.FilteredSource(source, lambda r: r["x"] != 1, indices=[1, 2])
 
 
 def _raises_at_4500(record):
