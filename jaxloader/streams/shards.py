@@ -196,12 +196,12 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
         if reader is not raw:
             try:
                 found["head"] = _head(reader, file_identity.ENDS_BYTES)
-            except Exception as e:  # (cut short or corrupt: EOFError, LZMAError, zlib.error)
-                try:
+            except Exception as e:  # (cut short or corrupt: EOFError, LZMAError, zlib.error,
+                try:  # BadGzipFile and bz2's "Invalid data stream", which are OSErrors)
                     reader.close()
                 finally:  # (a decompressor leaves its file open)
                     raw.close()
-                raise e if isinstance(e, OSError) else unreadable(shard, "its first KiB", e)
+                raise unreadable(shard, "its first KiB", e) from e
         return reader, found, reader is raw and "://" not in shard.path
     except OSError as e:
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "

@@ -11,9 +11,11 @@
 Damage is an error, never a short record: a header whose checksum fails, a member or its
 padding cut short, a size field past the end of the file, a file that ends inside a header or
 without its end-of-archive marker (two zero blocks) each raise ``RecordError`` naming the shard,
-the member and its byte offset. ``tolerate_missing_end=True`` accepts a shard that stops at a
-member boundary without the marker (some writers leave it out; a member cut short is still an
-error).
+the member and its byte offset, as does a member stored as a link (no data of its own).
+``tolerate_missing_end=True`` accepts a shard that stops at a member boundary without the
+marker (some writers leave it out; a member cut short is still an error). A compressed shard is
+read to its end, where gzip, xz and Zstandard (written with one) check their checksums: a tar
+has none of its data.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _ZERO_BLOCK = bytes(_BLOCK)
 # A member's data is read at most this many bytes at a time: a damaged size field (8 GiB) must
 # not have a reader allocate it before finding the file shorter.
 _READ_CHUNK = 64 << 20
+_READ_CHUNK_END = 1 << 16  # what follows the end-of-archive marker, read at a time
 _SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
 _CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is summed with its own field as 8 spaces
 
@@ -131,7 +134,9 @@ class TarShard(FileShard):
                 elif kind == 0x78:  # b"x" (pax): the next member's attributes
                     path, pax_size = _pax(data, self.path, offset - _BLOCK - padded)
                     long_name = path or long_name
-                else:  # directories, links, globals: no record
+                elif kind == 0x31 or kind == 0x32:  # b"1", b"2": a hard or symbolic link
+                    self._link(header, start, long_name)
+                else:  # directories, globals, devices: no record
                     long_name = None
                     start = offset
         except RecordError:
@@ -200,7 +205,8 @@ class TarShard(FileShard):
         elif not zeros:
             how = f"it ends inside a header ({len(header)} of {_BLOCK} bytes)"
         elif len(header) + len(second) == 2 * _BLOCK or self.tolerate_missing_end:
-            return  # (what follows the marker, if anything, is not read: as tarfile)
+            self._read_to_end(offset)
+            return
         elif header:
             how = (f"its end-of-archive marker is cut short ({len(header) + len(second)} of "
                    f"{2 * _BLOCK} bytes)")
@@ -212,6 +218,35 @@ class TarShard(FileShard):
             "shard (re-download or re-create it), or drop it from the stream"
             + ("; if its writer leaves the marker out, read it with "
                "Stream.tar(paths, tolerate_missing_end=True)" if zeros else ""))
+
+    def _link(self, header: bytes, offset: int, long_name: str | None) -> None:
+        """An error for a link member (its first header at ``offset``): it holds no data, only the name of a file
+        (a hard link: an earlier member's, which ``tar`` writes for a file linked twice, and
+        a sample's files may be), so its record would be missing or lack that member."""
+        name = long_name or _header_name(header)
+        target = header[157:257].split(b"\0", 1)[0].decode("utf-8", "replace")
+        kind, flag = (("hard link", "--hard-dereference") if header[156] == 0x31
+                      else ("symbolic link", "--dereference (-h)"))
+        raise RecordError(
+            f"{self.path}: byte {offset}: member {name!r} is a {kind} to {target!r}, which holds "
+            f"no data of its own; re-create the shard with each member's data in it (GNU tar "
+            f"{flag}), or drop it from the stream")
+
+    def _read_to_end(self, offset: int) -> None:
+        """What follows the end-of-archive marker (at ``offset``) of a compressed shard (or a
+        remote one), read to the end: gzip's CRC-32 and Zstandard's and xz's checksums are
+        checked as the end of their stream is read, and a tar holds no checksum of its data
+        (a flipped bit gave records of wrong bytes, without a word). A local tar as it is
+        has no checksum to read: what follows is left unread, as ``tarfile`` leaves it."""
+        if self._size_known is not None:
+            return
+        try:
+            while self._file.read(_READ_CHUNK_END):
+                pass
+        except Exception as e:  # (BadGzipFile: CRC check failed; ZstdError; LZMAError)
+            raise unreadable(self, f"its compressed stream, read to its end after the "
+                                   f"end-of-archive marker at byte {offset} (the records read "
+                                   "from it before may be damaged)", e) from e
 
     def next(self) -> dict:
         if self._file is None:

@@ -115,6 +115,42 @@ def test_a_file_cut_short_names_the_shard_and_the_line(tmp_path):
         read_all(jl.TarShard(tar))
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".zst", ".xz"])
+def test_a_compressed_tar_whose_bytes_changed_fails_its_checksum_not_gives_wrong_records(
+        tmp_path, suffix):
+    # a tar holds no checksum of its data, and the reader stopped at its end-of-archive marker,
+    # before the compressed stream's own (checked as its end is read): gzip's data with one
+    # bit flipped, stored (level 0) so that it decompresses, gave a wrong record, without a word
+    plain = write_tar(tmp_path / "a.tar", range(50))
+    whole = plain.read_bytes()
+    level = {".gz": lambda b: gzip.compress(b, compresslevel=0),
+             ".zst": lambda b: zstd.compress(b, options={zstd.CompressionParameter.checksum_flag: 1}),
+             ".xz": lambda b: lzma.compress(b, preset=0)}[suffix]
+    packed = bytearray(level(whole))
+    if suffix == ".gz":  # a byte of a member's data, in the stored block
+        at = packed.index(b"text 7")
+    else:  # a byte inside the compressed data
+        at = len(packed) // 2
+    packed[at] ^= 0x01
+    path = tmp_path / f"a.tar{suffix}"
+    path.write_bytes(bytes(packed))
+    with pytest.raises(jl.RecordError, match=rf"a.tar{suffix}: .*(cannot be read|not a tar "
+                                             r"header|fails its checksum)"):
+        read_all(jl.TarShard(path))
+
+
+def test_a_small_gzip_file_whose_crc_fails_is_damaged_not_unopenable(tmp_path):
+    # its whole content read as the identity's first KiB: "cannot open ...; check the path"
+    path = compress(write_jsonl(tmp_path / "a.jsonl", range(5)), ".gz")
+    packed = bytearray(path.read_bytes())
+    packed[-8] ^= 0x01  # the CRC-32 in the trailer
+    path.write_bytes(bytes(packed))
+    with pytest.raises(jl.RecordError, match=r"a.jsonl.gz: its first KiB: cannot be read "
+                                             r"\(BadGzipFile: CRC check failed.*is the file "
+                                             r"whole\? replace it"):
+        jl.JsonlShard(path).reset()
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
 def test_a_small_file_cut_short_is_named_and_closed(tmp_path, suffix):
     # cut inside its first KiB: a bare EOFError from the identity's read, and the file left open

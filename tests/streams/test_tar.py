@@ -227,6 +227,29 @@ def test_a_size_field_past_the_end_of_the_file_is_an_error_not_one_huge_record(t
         _loader_reads(paths if workers else path, workers)
 
 
+@pytest.mark.parametrize("link", [tarfile.LNKTYPE, tarfile.SYMTYPE])
+def test_a_member_stored_as_a_link_is_an_error_not_a_sample_lost(tmp_path, link):
+    # tar stores a file linked twice (a sample's files hard-linked to another's) as a link to
+    # the first: its sample came out without that member, or not at all, without a word
+    path = tmp_path / "links.tar"
+    with tarfile.open(path, "w") as tar:
+        for key in ("a", "b"):
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(key.encode() * 3))
+        info = tarfile.TarInfo("c.txt")
+        info.type, info.linkname = link, "a.txt"
+        tar.addfile(info)
+        info = tarfile.TarInfo("d.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"ddd"))
+    kind = "hard" if link == tarfile.LNKTYPE else "symbolic"
+    with pytest.raises(jl.RecordError, match=rf"links.tar: byte 2048: member 'c.txt' is a {kind} "
+                                             r"link to 'a.txt', which holds no data of its own; "
+                                             r"re-create the shard .*GNU tar --"):
+        read_all(jl.TarShard(path))
+
+
 def test_a_damaged_header_fails_its_checksum_by_name(tmp_path):
     path = _samples(tmp_path / "flip.tar", 20)
     whole = bytearray(path.read_bytes())
