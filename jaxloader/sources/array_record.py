@@ -5,8 +5,11 @@ The files' record counts are read once, at construction; index ``i`` is then rec
 ``i - starts[k]`` of file ``k``. Each process (every worker) opens its own readers, on first use,
 at most ``_MAX_OPEN`` at once (the least recently used closed first: thousands of files under a
 1,024-descriptor limit). Each file's identity (size, hashes of its first and last KiB) is taken
-at construction, and checked again whenever a reader opens the file: a state saved over other
-bytes, or a file changed under the loader, is refused naming the file.
+at construction, and checked again whenever a reader opens the file, and whenever a stat of a
+local file before a read finds its size, time or inode changed (a file rewritten in place, as
+``ArrayRecordWriter`` does over the same path, would be read through the open reader): a state
+saved over other bytes, or a file changed under the loader, is refused naming the file. A read
+that fails (a damaged chunk) is an error naming the file and its records.
 Needs the ``array-record`` package (``pip install "jaxloader[array-record]"``). Remote paths
 (``gs://``) are opened by array-record's own reader, in releases built with Riegeli's GCS reader
 (0.8.6 is); local paths are checked to exist first.
@@ -27,7 +30,7 @@ import numpy as np
 
 from jaxloader.base import file_identity
 from jaxloader.base.checks import check_indices
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand, files_fingerprints
 
@@ -54,14 +57,17 @@ class ArrayRecordSource:
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._identities = [file_identity.whole(path) if "://" not in path else [0]
                             for path in self.paths]
+        self._stats = [_stat(path) for path in self.paths]
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
 
     def __getstate__(self) -> dict:
-        return {"paths": self.paths, "starts": self._starts, "identities": self._identities}
+        return {"paths": self.paths, "starts": self._starts, "identities": self._identities,
+                "stats": self._stats}
 
     def __setstate__(self, state: dict) -> None:
         self.paths, self._starts = state["paths"], state["starts"]
         self._identities = state["identities"]
+        self._stats = state.get("stats") or [None] * len(self.paths)
         self._readers = OpenFiles(_MAX_OPEN, close=lambda reader: reader.close())
 
     def file_identities(self) -> list[tuple[str, list[int]]]:
@@ -93,7 +99,7 @@ class ArrayRecordSource:
         if not 0 <= index < len(self):
             raise IndexError(f"ArrayRecordSource: index {index} out of range [0, {len(self)})")
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return self._reader(k).read([int(index - self._starts[k])])[0]
+        return self._read(k, [int(index - self._starts[k])])[0]
 
     def __getitems__(self, indices: np.ndarray) -> list[bytes]:
         """The records at ``indices``: one read per file touched."""
@@ -103,27 +109,61 @@ class ArrayRecordSource:
         out: list[Any] = [None] * len(indices)
         for k in np.unique(files):
             at = np.flatnonzero(files == k)
-            records = self._reader(int(k)).read((indices[at] - self._starts[k]).tolist())
+            records = self._read(int(k), (indices[at] - self._starts[k]).tolist())
             for j, record in zip(at, records):
                 out[j] = record
         return out
 
+    def _read(self, k: int, records: list[int]) -> list[bytes]:
+        """Records ``records`` of file ``k``; an error naming the file where it changed or
+        cannot be read."""
+        reader = self._reader(k)
+        path = self.paths[k]
+        try:
+            got = reader.read(records)
+        except (RuntimeError, OSError, ValueError) as e:  # (Riegeli's: "Corrupted ... file")
+            if self._stats[k] is not None and _stat(path) != self._stats[k]:
+                self._check(k)  # (rewritten as it was read: named as changed)
+            shown = ", ".join(map(str, records[:4])) + (", ..." if len(records) > 4 else "")
+            raise RecordError(
+                f"ArrayRecordSource: file {path!r}, records [{shown}] of it: cannot be read "
+                f"({type(e).__name__}: {e}); the file is damaged: re-create or re-download it, "
+                "or leave it out of the paths") from e
+        if self._stats[k] is not None and _stat(path) != self._stats[k]:
+            self._check(k)  # (written as it was read: records of the new file)
+            return self._read(k, records)  # (a copy put in its place: read it anew)
+        return got
+
     def _reader(self, k: int) -> Any:
         """File ``k``'s reader, opened (in this process, or again after it was closed) only
-        once the file is checked to be the one counted at construction."""
+        once the file is checked to be the one counted at construction; an open one, once a
+        stat finds the file as it was then."""
+        stat = self._stats[k]
+        if stat is not None and _stat(self.paths[k]) != stat:
+            self._check(k)
         reader = self._readers.get(k)
         if reader is not None:
             return reader
+        self._check(k)
+        return self._readers.add(k, _open(self.paths[k]))
+
+    def _check(self, k: int) -> None:
+        """Raises if local file ``k`` is not the one counted at construction; one with the
+        same identity (a copy put in its place) is read anew."""
         path = self.paths[k]
-        if "://" not in path:
-            try:
-                now: list[int] | None = file_identity.whole(path)
-            except OSError:
-                now = None
-            if now != self._identities[k]:
-                raise file_identity.changed_error("ArrayRecordSource", path,
-                                                  self._identities[k], now, "records")
-        return self._readers.add(k, _open(path))
+        if "://" in path:
+            return
+        try:
+            now: list[int] | None = file_identity.whole(path)
+        except OSError:
+            now = None
+        if now != self._identities[k]:
+            raise file_identity.changed_error("ArrayRecordSource", path, self._identities[k],
+                                              now, "records")
+        stat = _stat(path)
+        if stat != self._stats[k]:
+            self._stats[k] = stat
+            self._readers.drop(k)
 
     def __repr__(self) -> str:
         return f"ArrayRecordSource({len(self)} records in {len(self.paths)} file(s))"
@@ -149,7 +189,20 @@ def _open(path: str) -> Any:
         )
     if not reader.ok():
         raise ConfigError(
-            f"ArrayRecordSource: file {path!r} is not an ArrayRecord file (the reader could not "
-            "open it); pass ArrayRecord files only"
+            f"ArrayRecordSource: file {path!r} could not be opened as an ArrayRecord file: it "
+            "is not one, or it is cut short or damaged (its index is at its end); pass "
+            "ArrayRecord files only, and re-create or re-download a damaged one"
         )
     return reader
+
+
+def _stat(path: str) -> tuple[int, int, int] | None:
+    """A local file's size, modification time and inode; ``None`` for a remote one, or one
+    that cannot be found (the identity's check then names it)."""
+    if "://" in path:
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_size, found.st_mtime_ns, found.st_ino

@@ -48,7 +48,9 @@ def test_resume_and_bad_files(tmp_path):
     with pytest.raises(jl.ConfigError, match=r"'.*nope.array_record' does not exist"):
         jl.ArrayRecordSource([paths[0], str(tmp_path / "nope.array_record")])
     (tmp_path / "text.array_record").write_text("not an array record file")
-    with pytest.raises(jl.ConfigError, match=r"'.*text.array_record' is not an ArrayRecord"):
+    with pytest.raises(jl.ConfigError, match=r"'.*text.array_record' could not be opened as an "
+                                             r"ArrayRecord file: it is not one, or it is cut "
+                                             r"short or damaged"):
         jl.ArrayRecordSource(str(tmp_path / "text.array_record"))
     # a remote path goes to array-record's own reader (gs:// in 0.8.6); "b" is not a valid
     # bucket name, so it fails at once, with no network, and the message says who opened it
@@ -71,6 +73,45 @@ def test_a_file_rewritten_under_the_loader_is_an_error_naming_it(tmp_path, num_w
         with pytest.raises(jl.JaxloaderError, match=r"file '.*part-0.array_record' changed "
                                                      r"while the loader reads it \("):
             next(iter(loader))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_file_rewritten_in_place_after_its_reader_opened_is_an_error_naming_it(tmp_path,
+                                                                                  num_workers):
+    # ArrayRecordWriter over the same path truncates it in place: the open reader read the new
+    # records in the next epoch, without a word
+    paths = write(tmp_path, counts=(8,))
+    loader = jl.DataLoader(jl.ArrayRecordSource(paths), batch_size=4, num_epochs=None,
+                           transforms=[jl.Map(parse)], num_workers=num_workers,
+                           process_index=0, process_count=1, prefetch=1)
+    with loader:
+        it = iter(loader)  # (each worker's reader open once the epoch's two steps are made)
+        assert [next(it)["x"][0, 0] for _ in range(2)] == [0, 4]
+        writer = array_record.ArrayRecordWriter(paths[0], "group_size:4")
+        for i in range(8):
+            writer.write(np.arange(i + 100, i + 103, dtype=np.int32).tobytes())
+        writer.close()
+        with pytest.raises(jl.JaxloaderError, match=r"file '.*part-0.array_record' changed "
+                                                     r"while the loader reads it \("):
+            for _ in range(200):  # (workers make tasks of up to 16 steps ahead)
+                assert next(it)["x"][:, 0].max() < 100
+
+
+def test_a_damaged_chunk_is_an_error_naming_the_file_and_its_records(tmp_path):
+    path = str(tmp_path / "damaged.array_record")
+    writer = array_record.ArrayRecordWriter(path, "group_size:4,uncompressed")
+    for i in range(8):
+        writer.write(np.arange(i * 1000, i * 1000 + 3, dtype=np.int32).tobytes())
+    writer.close()
+    whole = bytearray(open(path, "rb").read())
+    whole[whole.index(np.arange(5000, 5003, dtype=np.int32).tobytes())] ^= 0x01
+    open(path, "wb").write(bytes(whole))
+    src = jl.ArrayRecordSource(path)  # (its index is whole)
+    assert parse(src[0])["x"].tolist() == [0, 1, 2]
+    with pytest.raises(jl.RecordError, match=r"file '.*damaged.array_record', records \[4, 5\] "
+                                             r"of it: cannot be read \(RuntimeError: .*hash "
+                                             r"mismatch.*the file is damaged: re-create"):
+        src.__getitems__(np.array([4, 5]))
 
 
 def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
