@@ -143,6 +143,38 @@ def regime_counts(regimes: list[Regime], blocks: np.ndarray) -> tuple[np.ndarray
     return before, here
 
 
+def first_block_with(regimes: list[Regime], components: np.ndarray, block: int,
+                     size: int) -> int | None:
+    """The first block from ``block`` on with a position of one of ``components`` (a bool
+    mask), found from the positions before each block (which never decrease) by doubling the
+    distance, then halving it: a component of weight 1e-6 has a position every ~10**6 /
+    ``size`` blocks, too many to lay out in turn. ``None`` where there is none before the
+    counts' range ends (a weight too small to ever have one).
+
+    Example:
+        >>> regimes = plan_regimes([(0, np.array([1 - 1e-6, 1e-6]))], 4)
+        >>> first_block_with(regimes, np.array([False, True]), 0, 4)
+        249999
+    """
+    def before(q: int) -> int:
+        return int(regime_counts(regimes, np.array([q]))[0][0][components].sum())
+
+    base, end = before(block), np.iinfo(np.int64).max // size // 2
+    low, high, step = block, block + 1, 1  # before(low) == base; the block is in [low, high)
+    while before(high) == base:  # once before(high) > base
+        if high >= end:
+            return None
+        low, step = high, step * 2
+        high = min(block + step, end)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if before(middle) == base:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
 def _is_real(x: Any) -> bool:
     """A number as a state holds one: an int or a float (NumPy's too), not a bool."""
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(

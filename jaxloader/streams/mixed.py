@@ -53,7 +53,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base.errors import ConfigError, StateDictError
-from jaxloader.plans.mixture import check_weights_before, plan_regimes, regime_counts
+from jaxloader.plans.mixture import (check_weights_before, first_block_with, plan_regimes,
+                                     regime_counts)
 from jaxloader.order.index_shuffle import splitmix64, splitmix64_array
 
 WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)
@@ -260,10 +261,13 @@ class MixedReader:
             if i < len(slots):
                 self._emitted = group * self._size + slots[i]
                 return int(self._layout[slots[i]])
-            if not self._weight_left(group):
+            left = np.array([c not in self._out for c in range(len(self.components))])
+            after = (first_block_with(self._regimes, left, group + 1, self._size)
+                     if self._weight_left(group) else None)
+            if after is None:
                 self._emitted = start
                 raise StopIteration
-            self._emitted = (group + 1) * self._size
+            self._emitted = after * self._size
 
     def _slots_left(self, group: int) -> list[int]:
         """The slots of ``group`` whose components have records left (kept while neither
