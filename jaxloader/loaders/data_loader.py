@@ -98,9 +98,10 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             docs/guides/devices_and_hosts.md).
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
             0 places each batch in ``next()``.
-        stall_warning_s: with workers, a batch awaited this long is logged (``logging``
-            ``"jaxloader"``): which worker holds which step, for how long, its process state
-            and Python stack; said again every ``stall_warning_s``. ``None``: never.
+        stall_warning_s: with workers, a batch awaited this long, while the worker that holds
+            it begins no step, is logged (``logging`` ``"jaxloader"``): which worker holds
+            which step, for how long, its process state and Python stack; said again every
+            ``stall_warning_s``. ``None``: never.
         timeout_s: with workers, a batch awaited this long raises ``StallError`` with the same
             report (the loader is then broken); ``None`` (the default): waits as long as it
             takes. With ``num_workers=0`` the batch is made in your thread: Ctrl-C shows where.

@@ -76,52 +76,78 @@ _LOG = logging.getLogger("jaxloader")
 
 
 class StallWatch:
-    """The consumer's wait for one step: when to say it is late, and when it is an error."""
+    """The consumer's wait for one step: when to say it is late, and when it is an error. The
+    time counted is the time since the worker that holds the step last began a step (its
+    ``progress``), or since the wait began if later: a task of 16 small steps is reported once
+    all are made, and a healthy worker making one every 0.1 s kept the consumer waiting 1.6 s,
+    past a ``timeout_s`` of 1."""
 
     def __init__(self, warn_s: float | None, timeout_s: float | None) -> None:
         self.warn_s, self.timeout_s = warn_s, timeout_s
         self.watching = warn_s is not None or timeout_s is not None
         self._awaited: int | None = None
-        self._since = 0.0
-        self._warned = 0  # reports given for this step
+        self._since = 0.0  # when the wait for the step began
+        self._moved = 0.0  # and the holder's last step, if later
+        self._warned = 0  # reports given since then
 
     def begin(self, awaited: int | None) -> None:
         """Waiting for step ``awaited`` (the same as before: the clock runs on)."""
         if awaited is None or awaited != self._awaited:
-            self._awaited, self._since, self._warned = awaited, time.monotonic(), 0
+            self._awaited, self._warned = awaited, 0
+            self._since = self._moved = time.monotonic()
 
     def left(self) -> float:
-        """Seconds until the next report or the error (0 when overdue)."""
+        """Seconds until the next report or the error is due (0 when overdue)."""
         due = [t for t in (None if self.warn_s is None else self.warn_s * (self._warned + 1),
                            self.timeout_s) if t is not None]
-        return max(0.0, min(due) - (time.monotonic() - self._since))
+        return max(0.0, min(due) - (time.monotonic() - self._moved))
 
-    def due(self, report: Callable[[], str]) -> StallError | None:
+    def due(self, report: Callable[[], str],
+            progress: Callable[[], float | None] = lambda: None) -> StallError | None:
         """The ``StallError`` if the wait is past ``timeout_s``; else logs ``report()`` if a
-        report is due, and ``None``."""
-        waited = time.monotonic() - self._since
-        if self.timeout_s is not None and waited >= self.timeout_s:
+        report is due, and ``None``. ``progress()``: when the worker that holds the step began
+        its last step (``time.monotonic``), or ``None`` (idle, or starting)."""
+        moved = progress()
+        if moved is not None and moved > self._moved:
+            self._moved, self._warned = moved, 0  # (a step since: it is not stuck)
+        now = time.monotonic()
+        waited, still = now - self._since, now - self._moved
+        late = (f"no batch for {waited:,.1f} s" if still == waited else
+                f"no batch for {waited:,.1f} s, and no step begun by its worker for "
+                f"{still:,.1f} s")
+        if self.timeout_s is not None and still >= self.timeout_s:
             return StallError(
-                f"no batch for {waited:,.1f} s, past timeout_s={self.timeout_s:g}: "
+                f"{late}, past timeout_s={self.timeout_s:g}: "
                 + report() + "\n--- the loader is broken; fix what holds the worker, or raise "
                 "timeout_s, then create a new loader ---")
-        if self.warn_s is not None and waited >= self.warn_s * (self._warned + 1):
+        if self.warn_s is not None and still >= self.warn_s * (self._warned + 1):
             _LOG.warning(
-                "jaxloader: no batch for %.1f s: %s\nThe loader keeps waiting (timeout_s= makes "
-                "a wait this long an error; stall_warning_s= sets when this is said)",
-                waited, report())
+                "jaxloader: %s: %s\nThe loader keeps waiting (timeout_s= makes a wait this "
+                "long an error; stall_warning_s= sets when this is said)", late, report())
             # the next at the first multiple of stall_warning_s after this one was made (a
             # report takes time): the (_warned + 1)-th
-            self._warned = int((time.monotonic() - self._since) // self.warn_s)
+            self._warned = int((time.monotonic() - self._moved) // self.warn_s)
         return None
+
+
+def holder_progress(awaited: int, tasks: Iterable[Any], board: StatusBoard) -> float | None:
+    """When the worker that holds step ``awaited`` (in one of ``tasks``) began the step it is
+    making (``time.monotonic``), or ``None``: idle or starting, or the step in no task."""
+    task = _task_of(awaited, tasks)
+    return None if task is None else board.making_since(task.worker)
+
+
+def _task_of(awaited: int, tasks: Iterable[Any]) -> Any:
+    """The task (``tasks.InFlight``) of step ``awaited``, or ``None``."""
+    return next((t for t in tasks if awaited in range(
+        t.first, t.first + t.stride * len(t.segments), t.stride)), None)
 
 
 def stall_report(awaited: int, tasks: Iterable[Any], pids: list[int], board: StatusBoard,
                  where: Callable[[int], str]) -> str:
     """What the consumer awaits (step ``awaited``, in one of ``tasks``, the pool's
     ``tasks.InFlight``) and what each worker is doing, with their stacks."""
-    task = next((t for t in tasks if awaited in range(
-        t.first, t.first + t.stride * len(t.segments), t.stride)), None)
+    task = _task_of(awaited, tasks)
     steps = None if task is None else range(task.first, task.first + task.stride * len(
         task.segments), task.stride)
     sent = "" if steps is None or len(steps) == 1 else (

@@ -342,7 +342,8 @@ class WorkerPool:
             if events:
                 return events
             error = watch.due(lambda: failures.stall_report(
-                awaited, self._tasks.values(), self.pids, self._board, self._maker.location))
+                awaited, self._tasks.values(), self.pids, self._board, self._maker.location),
+                lambda: failures.holder_progress(awaited, self._tasks.values(), self._board))
             if error is not None:
                 self._break(error, None)
 

@@ -80,6 +80,12 @@ class StatusBoard:
         state, step, _ = (int(v) for v in self._rows[worker])
         return step if state == _MAKING else None
 
+    def making_since(self, worker: int) -> float | None:
+        """When worker ``worker`` began the step it is making (``time.monotonic``), or
+        ``None``."""
+        state, _, since = (int(v) for v in self._rows[worker])
+        return since / 1e9 if state == _MAKING else None
+
     def starting(self, worker: int) -> bool:
         """Whether worker ``worker`` has not yet loaded its payload."""
         return int(self._rows[worker, 0]) in (_STARTING, _LOADING)

@@ -246,3 +246,39 @@ def test_a_stall_is_said_again_every_stall_warning_s(caplog, monkeypatch):
     assert watch.left() == pytest.approx(0.1)  # to the next, at 5 s
     now[0] = 110.0
     assert "past timeout_s=10" in str(watch.due(lambda: "step 5 is awaited"))
+
+
+def _a_little_slow(record):
+    time.sleep(0.05 / 8)  # a batch of 8: 0.05 s
+    return record
+
+
+def test_a_task_of_small_steps_made_steadily_is_no_stall():
+    # a task of 16 steps is reported once all are made: the consumer waits 0.8 s for its first
+    # while its worker makes a step every 0.05 s; timeout_s=0.5 raised a StallError on a
+    # healthy loader (and stall_warning_s said stalls that were none)
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(40_000, dtype=np.float32)}),
+                       batch_size=8, num_workers=2, transforms=[jl.Map(_a_little_slow)],
+                       timeout_s=0.5, process_index=0, process_count=1) as loader:
+        it = iter(loader)
+        got = [next(it)["x"][0] for _ in range(8)]  # (step 4 begins a task of 16)
+    assert got == [8.0 * i for i in range(8)]
+
+
+def test_the_stall_clock_runs_from_the_holders_last_step(caplog, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(failures.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="jaxloader")
+    watch = failures.StallWatch(1.0, 2.0)
+    watch.begin(5)
+    began = [100.0]  # when the worker holding step 5 began its last step
+    for t in [0.5, 0.9, 1.4, 1.8, 2.3, 2.9, 3.5]:  # a step every 0.5 s: never late
+        now[0] = 100.0 + t
+        began[0] = 100.0 + t - 0.1
+        assert watch.due(lambda: "step 5", lambda: began[0]) is None
+    assert not caplog.records
+    now[0] = 105.5  # its last step began at 103.4: 2.1 s
+    error = watch.due(lambda: "step 5", lambda: began[0])
+    assert "no batch for 5.5 s, and no step begun by its worker for 2.1 s, past timeout_s=2: " \
+        "step 5" in str(error)
+    assert watch.due(lambda: "step 5", lambda: None) is not None  # (idle: the same)
