@@ -47,6 +47,7 @@ import mmap
 import os
 import secrets
 import sys
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -57,10 +58,14 @@ _SLOT = 4  # int64s a slot: pid, descriptor, inode, nonce
 _MAGIC = int.from_bytes(b"jxblock1", "little")
 _HEAD = 64  # a block's file: magic, block, nonce, IPC length; the Arrow IPC stream from here
 # Files a worker holds open for the others, oldest let go first: a cache of many small row
-# groups must not run a process out of descriptors (a soft limit of 1,024 is common).
+# groups must not run a process out of descriptors (a soft limit of 1,024 is common), nor
+# take more than an eighth of its limit (``max_owned``).
 MAX_OWNED = 256
 # Python's mmap keeps a duplicate of the descriptor it maps unless told not to (3.13 on).
 _UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+# Before 3.13, each mapping alive (a cached row group's) holds a descriptor: they are counted,
+# and past ``max_owned`` a block is decoded by this process alone (``_room``).
+_MAPPINGS: "weakref.WeakSet[mmap.mmap]" = weakref.WeakSet()
 # Pages mapped at once, not one fault at a time: a third of the cost of publishing a block
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
@@ -79,6 +84,7 @@ class SharedBlocks:
         self._map = mmap.mmap(self._fd, count * _SLOT * 8)
         self._slots = np.frombuffer(self._map, np.int64).reshape(count, _SLOT)
         self._owned: dict[int, int] = {}  # block -> descriptor of the file this process made
+        self._most = max_owned()
 
     @staticmethod
     def create(count: int) -> shm.Segment:
@@ -122,7 +128,7 @@ class SharedBlocks:
 
     def _published(self, block: int) -> Any:
         pid, fd_number, inode, nonce = (int(v) for v in self._slots[block])
-        if pid == 0:
+        if pid == 0 or not _room():
             return None
         try:
             fd = shm.open_memory_file(pid, fd_number, inode, os.O_RDONLY)
@@ -136,6 +142,7 @@ class SharedBlocks:
             return None
         finally:
             os.close(fd)
+        _MAPPINGS.add(mapping)
         return _read(mapping, block, nonce)
 
     def _publish(self, block: int, table: Any) -> Any:
@@ -148,6 +155,8 @@ class SharedBlocks:
         before the file is named in the slot, so nothing maps a page that is not there."""
         import pyarrow as pa
 
+        if not _room():
+            return table
         fd = -1
         try:
             fd = os.memfd_create(f"{shm.PREFIX}_block_{block}", os.MFD_CLOEXEC)
@@ -166,11 +175,33 @@ class SharedBlocks:
             if fd >= 0:
                 os.close(fd)
             return table  # this process keeps its own decode; the others decode theirs
+        _MAPPINGS.add(mapping)
         self._owned[block] = fd
-        while len(self._owned) > MAX_OWNED:
+        while len(self._owned) > self._most:
             self.release(next(iter(self._owned)))
         self._slots[block] = (os.getpid(), fd, os.fstat(fd).st_ino, nonce)
         return _read(mapping, block, nonce)
+
+
+def max_owned() -> int:
+    """``MAX_OWNED``, or fewer where an eighth of this process's descriptor limit holds fewer
+    files (each a descriptor, two before Python 3.13): at a limit of 128 a worker held 149
+    and failed to open a Parquet file, naming the file as if it were at fault."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OWNED
+    each = 1 if _UNTRACKED else 2
+    return min(MAX_OWNED, max(4, soft // (8 * each)))
+
+
+def _room() -> bool:
+    """Whether a block may be mapped: from Python 3.13 always (a mapping holds no descriptor);
+    before, while fewer than ``max_owned`` are alive in this process. A worker's cache of
+    small row groups read from the others held 227 descriptors at a limit of 256, and ran out
+    as it mapped a slot."""
+    return bool(_UNTRACKED) or len(_MAPPINGS) < max_owned()
 
 
 def _read(mapping: mmap.mmap, block: int, nonce: int) -> Any:

@@ -189,11 +189,13 @@ _LOCK = threading.Lock()
 
 
 def starter_for(environment: Mapping[str, str]) -> Starter:
-    """The starter of workers with ``environment`` (``process.worker_environment``), started
-    if there is none (or it has ended). Starters of other environments with no worker left
-    are closed. Call it from a thread that lasts as long as the process (the starter dies
-    with the thread that started it)."""
-    key = (sys.executable, tuple(sorted(environment.items())))
+    """The starter of workers with ``environment`` (``process.worker_environment``) and this
+    process's resource limits now, started if there is none (or it has ended). Starters of
+    other environments with no worker left are closed. Call it from a thread that lasts as
+    long as the process (the starter dies with the thread that started it). Workers are forked
+    from it, with its limits: one started before ``resource.setrlimit`` raised the descriptor
+    limit gave the next loaders' workers the old one."""
+    key = (sys.executable, tuple(sorted(environment.items())), _limits())
     with _LOCK:
         starter = _STARTERS.get(key)
         if starter is None or starter.ended:
@@ -203,6 +205,15 @@ def starter_for(environment: Mapping[str, str]) -> Starter:
                     del _STARTERS[other]
             starter = _STARTERS[key] = Starter(environment)
         return starter
+
+
+def _limits() -> tuple:
+    """This process's resource limits that a worker inherits (``resource.getrlimit``)."""
+    import resource
+
+    return tuple(resource.getrlimit(getattr(resource, name)) for name in (
+        "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE",
+        "RLIMIT_MEMLOCK") if hasattr(resource, name))
 
 
 def _forget_starters() -> None:

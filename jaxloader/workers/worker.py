@@ -46,8 +46,12 @@ from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
 from jaxloader.workers.protocol import SKIPPED, Done, Grow, Slot, Stop, Task
 from jaxloader.workers.status import WorkerStatus
+from jaxloader.workers.tasks import ahead_slots
 
-_MAX_MAPPED = 128  # slot mappings kept per worker: more than a ring holds in steady state
+# slot mappings kept per worker: more than a ring holds in steady state, and no more than it
+# may hold (``tasks.ahead_slots``: a quarter of the descriptor limit; a mapping holds one
+# before Python 3.13)
+_MAX_MAPPED = 128
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
 _WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
 SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most (busy)
@@ -63,6 +67,7 @@ class _Slots:
     def __init__(self) -> None:
         self._maps: OrderedDict[str, Any] = OrderedDict()
         self._largest = 0  # the largest slot given: smaller ones are not given again
+        self._most = min(_MAX_MAPPED, ahead_slots())
 
     def get(self, name: str, size: int) -> memoryview:
         mapped = self._maps.pop(name, None)
@@ -73,7 +78,7 @@ class _Slots:
             for smaller in [n for n, m in self._maps.items() if len(m) < size]:
                 self._close(smaller)
         self._maps[name] = mapped
-        while len(self._maps) > _MAX_MAPPED:  # slots the main process replaced or retired
+        while len(self._maps) > self._most:  # slots the main process replaced or retired
             self._close(next(iter(self._maps)))
         return memoryview(mapped)[:size]
 

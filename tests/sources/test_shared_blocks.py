@@ -160,6 +160,38 @@ def test_short_memory_decodes_privately_and_publishes_nothing(table, monkeypatch
     blocks.close()
 
 
+def test_a_worker_holds_at_most_an_eighth_of_its_descriptor_limit(monkeypatch):
+    # 256 files whatever the limit: at 128, a worker held 149 and failed to open a Parquet file
+    import resource
+
+    each = 1 if sys.version_info >= (3, 13) else 2  # (a mapping's own descriptor before)
+    for limit, most in ((128, 16 // each), (1024, 128 // each), (20_000, 256), (16, 4)):
+        monkeypatch.setattr(resource, "getrlimit", lambda _, limit=limit: (limit, 1 << 20))
+        assert shared_blocks.max_owned() == most
+
+
+def test_before_python_313_the_blocks_mapped_at_once_stay_within_the_descriptor_limit(
+        table, monkeypatch):
+    # each mapping holds a descriptor there: a worker's cache of small row groups held 227 at a
+    # limit of 256, and ran out as it mapped a slot; past max_owned a block stays private
+    import resource
+
+    monkeypatch.setattr(shared_blocks, "_UNTRACKED", {})  # (as Python 3.11 and 3.12 map)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (64, 1 << 20))  # max_owned: 4
+    gc.collect()
+    blocks, other = SharedBlocks(table.name, 8), SharedBlocks(table.name, 8)
+    kept = [blocks.get(block, lambda block=block: _table(block)) for block in range(6)]
+    assert len(shared_blocks._MAPPINGS) == 4 and sorted(blocks._owned) == [0, 1, 2, 3]
+    assert [t.equals(_table(b)) for b, t in enumerate(kept)] == [True] * 6
+    calls = []
+    got = other.get(1, lambda: calls.append(1) or _table(1))  # no room: decoded here
+    assert calls == [1] and got.equals(_table(1)) and len(shared_blocks._MAPPINGS) == 4
+    del kept, got
+    gc.collect()  # the tables let go: room again
+    assert other.get(2, lambda: calls.append(2) or _table(2)).equals(_table(2)) and calls == [1]
+    blocks.close(), other.close()
+
+
 def test_a_worker_holds_at_most_max_owned_files(table, monkeypatch):
     monkeypatch.setattr(shared_blocks, "MAX_OWNED", 2)
     blocks = SharedBlocks(table.name, 8)

@@ -80,6 +80,29 @@ def test_a_worker_runs_in_the_directory_and_environment_of_its_start(tmp_path, m
     assert {str(r["mark"]) for r in records} == {"b"}
 
 
+def _descriptor_limit(record):
+    import resource
+
+    return {"limit": np.int64(resource.getrlimit(resource.RLIMIT_NOFILE)[0])}
+
+
+def test_a_worker_has_the_descriptor_limit_of_its_loaders_making():
+    # workers are forks of the starter, which kept the limits it started with: raising the
+    # limit (the remedy the errors give) left the next loaders' workers at the old one
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    source = jl.ArraySource({"x": np.arange(4)})
+    try:
+        for limit in (soft - 7, soft - 3):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            with jl.DataLoader(source, batch_size=2, transforms=[jl.Map(_descriptor_limit)],
+                               num_workers=1, process_index=0, process_count=1) as loader:
+                assert next(iter(loader))["limit"].tolist() == [limit, limit]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_worker_killed_is_reported_with_its_signal():
     def die(record):
         os.kill(os.getpid(), 9)
