@@ -115,7 +115,7 @@ class WorkerPool:
         fresh ring; the bookkeeping of tasks starts empty."""
         self._ring = SlotRing()
         self._shapes: dict[tuple[int, bool], tuple[int, int, int]] = {}  # _task_shape's
-        old = getattr(self, "_roster", None)  # (a restart: as many workers, as many in use)
+        old = getattr(self, "roster", None)  # (a restart: as many workers, as many in use)
         self.roster = Roster(self._initial if old is None else len(old.workers),
                               capacity=self._capacity, start_method=self._start_method,
                               gauges=self.gauges, active=None if old is None else old.target)

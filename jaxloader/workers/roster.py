@@ -41,6 +41,14 @@ class Roster:
                  active: int | None = None) -> None:
         self.capacity = max(count, capacity)
         self._fork_said = False  # (a fork refused once JAX is imported: said once)
+        if start_method == "fork" and active is not None and "jax" in sys.modules:
+            # workers started again after an interrupted run, once JAX is imported, which a
+            # fork refuses: the loader stayed broken, blaming a start method that was fine
+            # when chosen. The payload is the same pickle; fresh interpreters load it.
+            log.warning("the workers are started again after an interrupted run, and JAX is "
+                        "imported now: they are fresh interpreters (start_method='exec'), "
+                        "not forks of this process, which could deadlock")
+            start_method = "exec"
         self._start_method = start_method
         self._gauges = gauges
         self.workers: list[WorkerProcess] = []

@@ -539,6 +539,23 @@ def test_a_message_lost_to_an_interrupt_restarts_the_workers_and_loses_no_batch(
         np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
 
 
+def test_workers_started_again_after_an_interrupt_keep_the_count_in_use():
+    # the restart looked for the pool's "_roster", which it never had: it started the count the
+    # pool began with, all in use, where num_workers="auto" had parked some
+    pool = make_pool(3)
+    try:
+        pool.roster.resize(1)
+        it = pool.batches(0, None)
+        first = [next(it)["x"].copy() for _ in range(3)]
+        it.close()
+        pool._mixed_up = True  # (what an interrupt outside the wait leaves)
+        again = pool.batches(0, None)
+        assert [next(again)["x"].tolist() for _ in range(3)] == [b.tolist() for b in first]
+        assert pool.restarts == 1 and len(pool.pids) == 3 and pool.active == 1
+    finally:
+        pool.close()
+
+
 def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment(monkeypatch):
     from jaxloader.workers.process import WorkerProcess
 

@@ -182,6 +182,35 @@ def test_a_forked_worker_runs_jax_on_the_cpu_too(tmp_path):
     assert out.stdout.split("] ") == ["['cpu', 'cpu', 'cpu', 'cpu'", "cuda\n"], out.stderr
 
 
+def test_forked_workers_started_again_after_an_interrupt_once_jax_is_imported(tmp_path):
+    # a Ctrl-C outside the wait restarts the workers; with JAX imported since, the fork was
+    # refused, and the loader raised "start_method='fork': JAX is imported" at every call after
+    script = tmp_path / "fork_again.py"
+    script.write_text(textwrap.dedent("""
+        import logging, os, sys
+        import numpy as np, jaxloader as jl
+
+        assert "jax" not in sys.modules
+        logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+        source = jl.ArraySource({"x": np.arange(16)})
+        with jl.DataLoader(source, batch_size=4, num_workers=2, start_method="fork",
+                           process_index=0, process_count=1) as loader:
+            it = iter(loader)
+            print(next(it)["x"].tolist())
+            import jax  # (the training loop's first step)
+            it._interrupted = loader._engine._mixed_up = True  # (what a Ctrl-C there leaves)
+            before = loader.worker_pids
+            print(next(it)["x"].tolist(), next(it)["x"].tolist())
+            print(loader.worker_pids != before, loader._engine.restarts)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "[0, 1, 2, 3]" and lines[-2:] == ["[4, 5, 6, 7] [8, 9, 10, 11]",
+                                                         "True 1"], out.stdout + out.stderr
+    assert any("fresh interpreters (start_method='exec')" in line for line in lines), out.stdout
+
+
 # -- a worker ends with the training process, whatever it is doing ---------------------------
 def _gone(pid):
     """Whether ``pid`` has exited (a zombie waiting for its reaper counts as gone)."""
