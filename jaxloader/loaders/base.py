@@ -12,6 +12,7 @@ A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Self
 
 from jaxloader.base.checks import refused_call
@@ -22,6 +23,7 @@ from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
 from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
 from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placement
+from jaxloader.runtime import shm
 
 if TYPE_CHECKING:
     from jaxloader.loaders.diagnosis import Diagnosis
@@ -121,11 +123,17 @@ class LoaderLifecycle:
                 tune = AutoTune(None, tune_prefetch=options.auto_prefetch,
                                 counts=self._worker_counts())
                 capacity = tune.capacity()
-            engine = WorkerPool(maker, options.num_workers, prefetch=options.prefetch,
-                                start_method=options.start_method,
-                                worker_init_fn=worker_init_fn,
-                                stall_warning_s=options.stall_warning_s,
-                                timeout_s=options.timeout_s, max_workers=capacity)
+            try:
+                engine = WorkerPool(maker, options.num_workers, prefetch=options.prefetch,
+                                    start_method=options.start_method,
+                                    worker_init_fn=worker_init_fn,
+                                    stall_warning_s=options.stall_warning_s,
+                                    timeout_s=options.timeout_s, max_workers=capacity)
+            except OSError as e:  # (a pipe, a worker's status file: a bare "Errno 24")
+                if e.errno != errno.EMFILE:
+                    raise
+                raise shm.out_of_descriptors(e, f"the {options.num_workers} workers' pipes "
+                                                "and status files") from e
             if tune is not None:
                 tune.pool = engine
         self._monitor = None

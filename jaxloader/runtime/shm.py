@@ -103,9 +103,9 @@ class Segment:
             if registry is not None:
                 registry.pop(name, None)
             if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
-                raise _out_of_descriptors(e) from e
+                raise out_of_descriptors(e) from e
             if isinstance(e, OSError) and e.errno == errno.ENOMEM:
-                raise _unmappable(size, e) from e
+                raise unmappable(size, e) from e
             raise
         return segment
 
@@ -128,7 +128,7 @@ class Segment:
             if registry is not None:
                 registry.pop(name, None)
             if isinstance(e, OSError) and e.errno == errno.ENOMEM:
-                raise _unmappable(size, e) from e
+                raise unmappable(size, e) from e
             raise
         finally:
             if fd >= 0:
@@ -198,8 +198,8 @@ def _descriptors_of(token: str) -> list[int]:
     return found
 
 
-def _out_of_descriptors(e: OSError) -> SharedMemoryError:
-    """The error for a segment that a full descriptor table refused."""
+def out_of_descriptors(e: OSError, what: str = "a new segment") -> SharedMemoryError:
+    """The error for ``what`` (a segment) that a full descriptor table refused."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -208,13 +208,13 @@ def _out_of_descriptors(e: OSError) -> SharedMemoryError:
                 "raise the limit (its hard limit too: as root, ulimit -n; in a container, "
                 "docker run --ulimit nofile=65536)")
     return SharedMemoryError(
-        f"shared memory: no descriptor left for a new segment ({e.strerror}; this process may "
+        f"shared memory: no descriptor left for {what} ({e.strerror}; this process may "
         f"hold {soft:,}, and a batch slot holds {1 if _UNTRACKED else 2}): {raise_it}; close "
         "the loaders you no longer use (each keeps its slots), use fewer workers, or keep "
         "fewer batches alive")
 
 
-def _unmappable(size: int, e: OSError) -> SharedMemoryError:
+def unmappable(size: int, e: OSError) -> SharedMemoryError:
     """The error for a segment whose mapping the address space refused (``ulimit -v``, as HPC
     schedulers set it, or ``vm.max_map_count`` mappings), not the memory."""
     import resource

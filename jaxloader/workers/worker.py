@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import errno
 import os
 import pickle
 import signal
@@ -72,7 +73,7 @@ class _Slots:
     def get(self, name: str, size: int) -> memoryview:
         mapped = self._maps.pop(name, None)
         if mapped is None or len(mapped) < size:
-            mapped = shm.attach(name, size)
+            mapped = self._attach(name, size)
         if size > self._largest:
             self._largest = size
             for smaller in [n for n, m in self._maps.items() if len(m) < size]:
@@ -81,6 +82,24 @@ class _Slots:
         while len(self._maps) > self._most:  # slots the main process replaced or retired
             self._close(next(iter(self._maps)))
         return memoryview(mapped)[:size]
+
+    def _attach(self, name: str, size: int) -> Any:
+        """``shm.attach``; where the address space (``ulimit -v``) or the descriptor table is
+        full, again once the other mappings are let go (those kept for later reuse may be what
+        fills it), else the error that names the limit (it was a bare ``Errno 12``)."""
+        try:
+            return shm.attach(name, size)
+        except OSError as e:
+            if e.errno not in (errno.ENOMEM, errno.EMFILE):
+                raise
+            for other in list(self._maps):
+                self._close(other)
+            try:
+                return shm.attach(name, size)
+            except OSError as again:
+                if again.errno == errno.EMFILE:
+                    raise shm.out_of_descriptors(again, "a batch slot in a worker") from e
+                raise shm.unmappable(size, again) from e
 
     def _close(self, name: str) -> None:
         mapped = self._maps.pop(name)

@@ -277,3 +277,46 @@ def test_workers_started_from_a_thread_that_ends_outlive_that_thread():
     with loader:
         got += [b["x"] for b in loader]
     assert sorted(np.concatenate(got).tolist()) == list(range(40))
+
+
+def test_a_full_descriptor_table_as_workers_start_names_the_limit(monkeypatch):
+    # os.pipe2 (a worker's request pipe) raised a bare OSError: [Errno 24] Too many open files
+    import errno
+
+    from jaxloader.workers import stacks
+
+    def full(*args):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(stacks.os, "pipe2", full)
+    with pytest.raises(jl.SharedMemoryError, match=r"no descriptor left for the 2 workers' pipes "
+                                                   r"and status files \(Too many open files; "
+                                                   r"this process may hold [\d,]+.*raise the "
+                                                   r"limit .*use fewer workers"):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, num_workers=2,
+                      process_index=0, process_count=1)
+
+
+def test_a_worker_lets_its_other_slots_go_where_a_mapping_finds_no_room(monkeypatch):
+    # an address space limit (ulimit -v) filled by the slots a worker kept mapped for later: a
+    # bare "OSError: [Errno 12] Cannot allocate memory" where one slot at a time fit
+    import errno
+    import mmap
+
+    from jaxloader.workers import worker
+
+    def attach(name, size):  # room for one mapping
+        if slots._maps:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return mmap.mmap(-1, size)
+
+    monkeypatch.setattr(worker.shm, "attach", attach)
+    slots = worker._Slots()
+    slots.get("a", 4096).release()
+    assert len(slots.get("b", 4096)) == 4096 and list(slots._maps) == ["b"]
+    monkeypatch.setattr(worker.shm, "attach", lambda name, size: attach(name, size)
+                        if name != "c" else (_ for _ in ()).throw(
+                            OSError(errno.ENOMEM, "Cannot allocate memory")))
+    with pytest.raises(jl.SharedMemoryError, match=r"could not map 4,096 bytes \(Cannot allocate"
+                                                   r" memory\): this process's address space is"):
+        slots.get("c", 4096)
