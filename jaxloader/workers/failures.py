@@ -112,9 +112,9 @@ class StallWatch:
             self._moved, self._warned = moved, 0  # (a step since: it is not stuck)
         now = time.monotonic()
         waited, still = now - self._since, now - self._moved
-        late = (f"no batch for {waited:,.1f} s" if still == waited else
-                f"no batch for {waited:,.1f} s, and no step begun by its worker for "
-                f"{still:,.1f} s")
+        late = f"no batch for {waited:,.1f} s"
+        if f"{still:,.1f}" != f"{waited:,.1f}":  # (a step begun since the wait began)
+            late += f", and no step begun by its worker for {still:,.1f} s"
         if self.timeout_s is not None and still >= self.timeout_s:
             return StallError(
                 f"{late}, past timeout_s={self.timeout_s:g}: "
