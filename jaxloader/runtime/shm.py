@@ -136,6 +136,11 @@ class Segment:
         return segment
 
     @property
+    def linked(self) -> bool:
+        """Whether new workers can still open it (``unlink`` not called)."""
+        return self._linked
+
+    @property
     def memory(self) -> memoryview:
         """``buf`` of a segment that is still mapped here."""
         if self.buf is None:

@@ -20,6 +20,12 @@ then another's, then a new one): a worker maps each slot it writes once and keep
 (``worker._Slots``), so with slots shared at random among N workers each worker would map
 every slot of the ring, N times the mappings, or, past its cache's bound, map and unmap on
 nearly every batch, which would eat what a deeper pipeline gains.
+
+A slot's memory file holds a descriptor of this process while it is linked (so that workers can
+open it). Batches kept alive keep their slots: past ``tasks.ahead_slots()`` of them (a quarter of
+the descriptor limit), the oldest kept is unlinked (its mapping stays; its descriptor closes)
+and destroyed, not reused, when its views die: ``list(loader)`` of 2,500 batches ran out of
+descriptors at a limit of 1,024.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import numpy as np
 
 from jaxloader.batching.collate import Layout
 from jaxloader.runtime.shm import Segment
+from jaxloader.workers.tasks import ahead_slots
 
 _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing data grows rarely
 
@@ -48,6 +55,8 @@ class SlotRing:
         self._segments: dict[str, Segment] = {}
         self._size = 0  # bytes: the size new slots get
         self._known = False  # whether a batch has been written: until then slot_size is 0
+        self._kept_linked = ahead_slots()  # slots lent and linked at most (module docstring)
+        self._lent_order: deque[int] = deque()  # _lent's keys as they were lent (some gone)
 
     @property
     def segment_count(self) -> int:
@@ -84,7 +93,11 @@ class SlotRing:
         return self._create(self._size, worker)
 
     def give_back(self, segment: Segment) -> None:
-        """Returns a slot nobody reads (a stale or failed task's, or one whose views died)."""
+        """Returns a slot nobody reads (a stale or failed task's, or one whose views died); one
+        unlinked while its batch was kept is destroyed."""
+        if not segment.linked:
+            self._destroy(segment)
+            return
         self._free.setdefault(self._worker_of.get(segment.name, 0), []).append(segment)
 
     def hand_out(self, segment: Segment, layout: Layout, objects: list) -> Any:
@@ -93,6 +106,12 @@ class SlotRing:
         self._known = True
         ref = weakref.ref(base, self._dead.append)
         self._lent[id(ref)] = (ref, segment)  # the ref must outlive the views to call back
+        order = self._lent_order
+        order.append(id(ref))
+        while len(order) > self._kept_linked:  # (batches kept: the oldest's descriptor goes)
+            kept = self._lent.get(order.popleft())
+            if kept is not None:
+                kept[1].unlink()
         return layout.views(base, objects)
 
     def _create(self, size: int, worker: int) -> Segment:
@@ -119,4 +138,5 @@ class SlotRing:
         self._free.clear()
         self._worker_of.clear()
         self._lent.clear()
+        self._lent_order.clear()
         self._dead.clear()
