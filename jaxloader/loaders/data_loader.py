@@ -198,7 +198,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._transforms = (*record_transforms, *batch_transforms)
         self._transforms_named: list[str] | None = None  # (the same: transforms_of them)
         self._files = source_files(source)  # (path, identity) of each file it reads
-        self._progress = Progress()
+        self._progress = Progress(where=self._maker.location)
         self._active: LoaderIterator | None = None
         self._pairing = Pairing("DataLoader")  # (its iter()s, for sharding.hosts)
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)

@@ -32,6 +32,7 @@ from typing import Any, Callable, Generator, Generic, Protocol, Sequence
 from typing_extensions import TypeVar
 
 from jaxloader.base.errors import JaxloaderError, WorkerError
+from jaxloader.base.batch_kinds import BatchKinds
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
 from jaxloader.sharding.hosts import HostsCheck
@@ -51,8 +52,11 @@ class BatchRuns(Protocol):
 class Progress:
     """Where a loader is, whether it can go on, and how long its consumer waited."""
 
-    def __init__(self, owner: str = "DataLoader") -> None:
+    def __init__(self, owner: str = "DataLoader",
+                 where: Callable[[int], str] = "step {}".format) -> None:
         self.owner = owner  # the loader's class, for messages
+        self.where = where  # a step named in messages (its epoch, its records)
+        self.kinds = BatchKinds()  # every batch's leaves as the first's
         self.step = 0  # the global step of the next batch handed out
         self.generation = 0  # iterators of older generations are stale
         self.broken: JaxloaderError | None = None  # raised by every later call
@@ -212,6 +216,7 @@ class LoaderIterator(Generic[BatchT]):
             self._start_work()
         try:
             batch = self._next()
+            progress.kinds.check(batch, self._step, progress.where)
             returned = time.perf_counter()
             if returned >= progress.check_at:  # a first batch, or the monitor's time
                 self._checks(progress, entered, returned)

@@ -181,7 +181,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         # thread may be making a batch with self._maker, changing it as a copy reads it)
         self._pristine = copy.deepcopy(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
-        self._progress = Progress("StreamLoader")
+        self._progress = Progress("StreamLoader", where=self._maker.location)
         self._pairing = Pairing("StreamLoader")  # (its iter()s, for sharding.hosts)
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0

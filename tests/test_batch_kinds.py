@@ -1,0 +1,62 @@
+"""Every batch has the leaves, dtypes and ranks of the first (``base.batch_kinds``): two batches
+of other dtypes were handed out without a word, where two records of them in one batch were
+refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_parts_of_other_dtypes_read_in_turn_are_refused_at_the_first_batch_that_differs(
+        num_workers):
+    # int64 batches, then float64 ones, in file order; a full shuffle met both in one batch
+    parts = jl.ConcatSource([jl.ArraySource({"x": np.arange(8)}),
+                             jl.ArraySource({"x": np.arange(4.0)})])
+    with jl.DataLoader(parts, batch_size=4, num_workers=num_workers, process_index=0,
+                       process_count=1) as loader:
+        it = iter(loader)
+        assert [next(it)["x"].dtype for _ in range(2)] == [np.int64, np.int64]
+        for _ in range(2):  # (the same step again: nothing lost)
+            with pytest.raises(jl.CollateError, match=r"step 2 \(epoch 0, record positions "
+                                                      r"8..11\): batch leaf \['x'\] is float64 "
+                                                      r"\(1-D\), where the first batch \(step 0\)"
+                                                      r" had int64 \(1-D\).*np.asarray\(x, "
+                                                      r"np.float64\)"):
+                next(it)
+
+
+def test_a_stream_whose_numbers_turn_to_floats_is_refused_whatever_the_batch_size(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"a": v}) + "\n" for v in [1, 2, 1.5, 2.5]))
+    for batch_size, message in ((2, r"leaf \['a'\] is float64 \(1-D\), where the first batch"),
+                                (4, r"leaf \['a'\]")):  # (4: within one batch, as before)
+        loader = jl.StreamLoader(jl.Stream.jsonl(str(path)), batch_size=batch_size,
+                                 num_epochs=1, process_index=0, process_count=1)
+        with pytest.raises(jl.CollateError, match=message):
+            list(loader)
+
+
+def test_strings_of_other_lengths_nested_leaves_and_partial_batches_pass():
+    words = np.array(["a", "bb", "ccc", "dddd", "eeeee"])  # batches of <U2, then <U4, <U5
+    source = jl.ArraySource({"w": words, "p": {"q": np.arange(5.0)}})
+    loader = jl.DataLoader(source, batch_size=2, last_batch="partial", process_index=0,
+                           process_count=1)
+    assert [b["w"].tolist() for b in loader] == [["a", "bb"], ["ccc", "dddd"], ["eeeee"]]
+
+
+def test_a_batch_map_that_changes_the_structure_is_refused_naming_the_leaf():
+    def odd_steps_more(batch):
+        return {**batch, "extra": batch["x"]} if batch["x"][0] >= 4 else batch
+
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4,
+                           transforms=[jl.BatchMap(odd_steps_more)], process_index=0,
+                           process_count=1)
+    with pytest.raises(jl.CollateError, match=r"step 1 .*batch leaf \['extra'\] is new in this "
+                                              r"batch, against the first batch \(step 0\)"):
+        list(loader)
