@@ -148,7 +148,10 @@ class JsonlShard(_LineShard):
         except ValueError as e:
             raise RecordError(f"{self.path}: line {self._count}: not JSON ({e}): "
                               f"{raw[:80]!r}") from None
-        return numbers_as_arrays(value)
+        try:
+            return numbers_as_arrays(value)
+        except ValueError as e:  # (booleans among a list's numbers)
+            raise RecordError(f"{self.path}: line {self._count}: {e}") from None
 
 
 class TextShard(_LineShard):
