@@ -56,7 +56,9 @@ class SlotRing:
         self._size = 0  # bytes: the size new slots get
         self._known = False  # whether a batch has been written: until then slot_size is 0
         self._kept_linked = ahead_slots()  # slots lent and linked at most (module docstring)
-        self._lent_order: deque[int] = deque()  # _lent's keys as they were lent (some gone)
+        # the refs of the slots lent, in order (some returned since): a ref, not its id, which
+        # a later ref may take once it is freed (that slot was then unlinked in turn)
+        self._lent_order: deque[weakref.ref] = deque()
 
     @property
     def segment_count(self) -> int:
@@ -107,10 +109,11 @@ class SlotRing:
         ref = weakref.ref(base, self._dead.append)
         self._lent[id(ref)] = (ref, segment)  # the ref must outlive the views to call back
         order = self._lent_order
-        order.append(id(ref))
+        order.append(ref)
         while len(order) > self._kept_linked:  # (batches kept: the oldest's descriptor goes)
-            kept = self._lent.get(order.popleft())
-            if kept is not None:
+            old = order.popleft()
+            kept = self._lent.get(id(old))
+            if kept is not None and kept[0] is old:
                 kept[1].unlink()
         return layout.views(base, objects)
 

@@ -158,3 +158,17 @@ def test_batches_kept_past_the_slots_budget_let_their_descriptors_go(monkeypatch
     assert {ring.take().name, ring.take().name}.isdisjoint(unlinked)  # destroyed, not reused
     assert ring.segment_count == 5
     ring.close()
+
+
+def test_batches_let_go_in_turn_reuse_their_slots_past_the_slots_budget():
+    # a returned batch's weak reference is freed, and the next one may take its id: the budget
+    # then unlinked (and so destroyed) a live slot every batch, a new segment each
+    ring = SlotRing()
+    held, names = None, set()
+    for value in range(600):
+        segment = ring.take()
+        names.add(segment.name)
+        held = ring.hand_out(segment, _fill(ring, segment, value), [])
+        assert int(held["v"][0, 0]) == value
+    assert len(names) <= 3, len(names)  # (it was 300 and more)
+    ring.close()
