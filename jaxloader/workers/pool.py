@@ -116,7 +116,7 @@ class WorkerPool:
         self._ring = SlotRing()
         self._shapes: dict[tuple[int, bool], tuple[int, int, int]] = {}  # _task_shape's
         old = getattr(self, "roster", None)  # (a restart: as many workers, as many in use)
-        self.roster = Roster(self._initial if old is None else len(old.workers),
+        self.roster = Roster(self._initial if old is None else max(old.target, len(old.workers)),
                               capacity=self._capacity, start_method=self._start_method,
                               gauges=self.gauges, active=None if old is None else old.target)
         self._workers = self.roster.workers

@@ -556,6 +556,25 @@ def test_workers_started_again_after_an_interrupt_keep_the_count_in_use():
         pool.close()
 
 
+def test_workers_asked_for_but_not_yet_started_are_started_by_a_restart():
+    # resize() asks for 3; apply() starts the third at the next submission; an interrupt in
+    # between restarted 2 workers with 3 in use: a bare IndexError at every later call
+    maker = BatchMaker(source(), Sampler(61, 6, shuffle=True, seed=5, last_batch="drop"),
+                       (jl.RandomMap(jitter),))
+    pool = WorkerPool(maker, 2, max_workers=3)
+    try:
+        it = pool.batches(0, None)
+        first = [next(it)["x"].copy() for _ in range(2)]
+        pool.roster.resize(3)
+        it.close()
+        pool._mixed_up = True
+        again = pool.batches(0, None)
+        assert [next(again)["x"].tolist() for _ in range(2)] == [b.tolist() for b in first]
+        assert len(pool.pids) == 3 and pool.active == 3
+    finally:
+        pool.close()
+
+
 def test_an_interrupted_close_still_stops_every_worker_and_unlinks_every_segment(monkeypatch):
     from jaxloader.workers.process import WorkerProcess
 
