@@ -75,9 +75,12 @@ def test_a_source_by_a_peers_name_or_a_peers_positions_says_how_to_pass_it(owner
         with pytest.raises(TypeError, match=rf"^{name}\({peer}=.*\): {name} has no {peer}: pass "
                                             r"the source as the first argument$"):
             owner(**{peer: source}, batch_size=2)
+    named = "batch_size=32, shuffle=True" if owner is jl.DataLoader else (
+        r"batch_size=32\); and StreamLoader\(..., shuffle=True\): StreamLoader has no shuffle: "
+        r"a stream's shards are reordered")  # (what it names is what the loader takes)
     with pytest.raises(TypeError, match=rf"^{name}\({first}, 32, True\): {name} takes its "
                                         rf"{first} alone by position, every other argument by "
-                                        rf"name: {name}\({first}, batch_size=32, shuffle=True\)$"):
+                                        rf"name: {name}\({first}, {named}"):
         owner(source, 32, True)
     with pytest.raises(TypeError, match=rf"^{name}\(\) needs a {first}, given first"):
         owner(batch_size=2)

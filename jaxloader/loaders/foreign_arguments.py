@@ -95,9 +95,14 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
     first = "stream" if owner == "StreamLoader" else "source"
     if extra:
         given = ", ".join(repr(value) for value in extra)
-        named = ", ".join(f"{name}={value!r}" for name, value in zip(_TORCH_ORDER, extra))
+        foreign = _STREAM_REMEDIES if owner == "StreamLoader" else _REMEDIES
+        pairs = list(zip(_TORCH_ORDER, extra))
+        named = ", ".join(f"{name}={value!r}" for name, value in pairs if name not in foreign)
+        other = next((f"; and {owner}(..., {name}={value!r}): {owner} has no {name}: "
+                      f"{foreign[name]}" for name, value in pairs if name in foreign), "")
         raise TypeError(f"{owner}({first}, {given}): {owner} takes its {first} alone by "
-                        f"position, every other argument by name: {owner}({first}, {named})")
+                        f"position, every other argument by name: {owner}({first}, {named})"
+                        + other)
     refuse(owner, unknown)
     if source is REQUIRED:
         raise TypeError(f"{owner}() needs a {first}, given first: {owner}({first}, "
