@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import decimal
 from collections import namedtuple
 
 import numpy as np
 import pytest
+
+import jaxloader as jl
 
 from jaxloader.batching.collate import materialize
 from jaxloader.batching.record_columns import batch_columns, record_columns
@@ -197,3 +200,24 @@ def test_other_objects_are_refused_naming_the_leaf_the_type_and_the_fix():
 def test_none_where_another_record_has_an_array_is_refused_naming_the_leaf():
     with pytest.raises(CollateError, match=r"\['y'\].*position 6 has None; give every record an array"):
         collate([{"y": np.zeros(2)}, {"y": None}], positions=[5, 6])
+
+
+class _Prices:
+    """A source whose ``__getitems__`` gives batched columns: an object column of Decimals,
+    with a None first."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"price": None if i == 0 else decimal.Decimal(i)}
+
+    def __getitems__(self, indices):
+        return {"price": np.array([self[int(i)]["price"] for i in indices], dtype=object)}
+
+
+def test_an_object_column_of_another_type_is_refused_past_its_nones():
+    # only its first value was looked at: a None there let the Decimals through
+    with pytest.raises(jl.CollateError, match=r"leaf \['price'\]: the batch's value 1 holds a "
+                                              r"decimal.Decimal"):
+        jl.DataLoader(_Prices(), batch_size=4).peek()

@@ -224,8 +224,10 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
                 f"batch leaf {path}: expected {size} rows (the batch size) along axis 0, got "
                 f"shape {array.shape}; a batch transform or __getitems__ must keep the batch axis"
             )
-        if array.dtype.hasobject and array.size and not isinstance(
-                first := array.flat[0], _OBJECTS) and not _has_array_protocol(first):
-            _refuse_object(path, "the batch's row 0", first)  # (a Parquet decimal)
+        if array.dtype.hasobject and array.size:  # (its first value that is not None)
+            row, first = next(((i, v) for i, v in enumerate(array.flat) if v is not None),
+                              (0, None))
+            if not isinstance(first, _OBJECTS) and not _has_array_protocol(first):
+                _refuse_object(path, f"the batch's value {row}", first)  # (a Parquet decimal)
         columns.append(Column(path, array.shape, array.dtype, array))
     return treedef, columns
