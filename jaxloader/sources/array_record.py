@@ -6,7 +6,7 @@ The files' record counts are read once, at construction; index ``i`` is then rec
 at most ``_MAX_OPEN`` at once (the least recently used closed first: thousands of files under a
 1,024-descriptor limit). Each file's identity (size, hashes of its first and last KiB) is taken
 at construction, and checked again whenever a reader opens the file, and whenever a stat of a
-local file before a read finds its size, time or inode changed (a file rewritten in place, as
+local file after a read finds its size, time or inode changed (a file rewritten in place, as
 ``ArrayRecordWriter`` does over the same path, would be read through the open reader): a state
 saved over other bytes, or a file changed under the loader, is refused naming the file. A read
 that fails (a damaged chunk) is an error naming the file and its records.
@@ -114,33 +114,33 @@ class ArrayRecordSource:
                 out[j] = record
         return out
 
-    def _read(self, k: int, records: list[int]) -> list[bytes]:
+    def _read(self, k: int, records: list[int], again: bool = True) -> list[bytes]:
         """Records ``records`` of file ``k``; an error naming the file where it changed or
-        cannot be read."""
+        cannot be read. A stat after the read (one a file a read: a round trip on a network
+        file system) finds a file changed since the last read or during this one: refused if
+        its identity changed, else (a copy put in its place) read again, once."""
         reader = self._reader(k)
         path = self.paths[k]
         try:
             got = reader.read(records)
         except (RuntimeError, OSError, ValueError) as e:  # (Riegeli's: "Corrupted ... file")
-            if self._stats[k] is not None and _stat(path) != self._stats[k]:
+            if again and self._stats[k] is not None and _stat(path) != self._stats[k]:
                 self._check(k)  # (rewritten as it was read: named as changed)
+                return self._read(k, records, again=False)
             shown = ", ".join(map(str, records[:4])) + (", ..." if len(records) > 4 else "")
             raise RecordError(
                 f"ArrayRecordSource: file {path!r}, records [{shown}] of it: cannot be read "
                 f"({type(e).__name__}: {e}); the file is damaged: re-create or re-download it, "
                 "or leave it out of the paths") from e
         if self._stats[k] is not None and _stat(path) != self._stats[k]:
-            self._check(k)  # (written as it was read: records of the new file)
-            return self._read(k, records)  # (a copy put in its place: read it anew)
+            self._check(k)  # (written before or as it was read: records of the new file)
+            if again:
+                return self._read(k, records, again=False)
         return got
 
     def _reader(self, k: int) -> Any:
         """File ``k``'s reader, opened (in this process, or again after it was closed) only
-        once the file is checked to be the one counted at construction; an open one, once a
-        stat finds the file as it was then."""
-        stat = self._stats[k]
-        if stat is not None and _stat(self.paths[k]) != stat:
-            self._check(k)
+        once the file is checked to be the one counted at construction."""
         reader = self._readers.get(k)
         if reader is not None:
             return reader
