@@ -219,9 +219,10 @@ def lengths(source: Any, key: str) -> np.ndarray:
         file_number, in_file = source._groups[group]
         array = source._files.read(file_number, in_file, [key]).column(0).combine_chunks()
         if array.null_count:
-            raise ValueError(
+            raise ConfigError(
                 f"ParquetSource: column {key!r} of {source.paths[file_number]!r} has "
-                f"{array.null_count} null value(s); fill them when writing the file")
+                f"{array.null_count} null list(s) in row group {in_file}; fill them when "
+                "writing the file (an empty list for a record with none)")
         if pa.types.is_fixed_size_list(kind):
             out.append(np.full(len(array), kind.list_size, np.int64))
         else:
