@@ -177,8 +177,11 @@ class MixedReader:
                                  f"handed to reader {self.reader}")
         started = self._started_of(state.get("started"))
         until = {"until": state["until"]} if "until" in state else {}  # (a pass's end)
-        for component, part in zip(self.components, parts):
-            component.reset({**part, **until} if isinstance(part, dict) else part)
+        for c, (component, part) in enumerate(zip(self.components, parts)):
+            try:
+                component.reset({**part, **until} if isinstance(part, dict) else part)
+            except ConfigError as e:  # (a component with no record: which of them)
+                raise ConfigError(f"mix(streams)[{c}]: {e}") from None
         self._emitted = state["emitted"]
         self._out = set()  # (each component out of records is found out again)
         self._started = {0: 0, **started}
@@ -222,6 +225,8 @@ class MixedReader:
         except StopIteration:  # its pass is over: its slots are passed over from now on
             self._out.add(c)
             return self._next_of_those_left()
+        except ConfigError as e:  # (a component with no record: which of them)
+            raise ConfigError(f"mix(streams)[{c}]: {e}") from None
         self._emitted += 1
         return record
 
@@ -251,8 +256,11 @@ class MixedReader:
         component out of records is found out first, not at its slot, so where the pass
         ends is a function of the state (a restore ends where the run did)."""
         for c in range(len(self.components)):
-            if c not in self._out and not self.components[c].has_next():
-                self._out.add(c)
+            try:
+                if c not in self._out and not self.components[c].has_next():
+                    self._out.add(c)
+            except ConfigError as e:
+                raise ConfigError(f"mix(streams)[{c}]: {e}") from None
         start = self._emitted
         while True:
             group, slot = divmod(self._emitted, self._size)

@@ -196,6 +196,11 @@ def test_bad_mixtures_are_refused_naming_the_component(tmp_path):
                                              r"readers"):
         jl.StreamLoader(jl.mix([streams[0], few], [1, 1]), batch_size=4, num_workers=2,
                         process_index=0, process_count=1)
+    empty = jl.Stream.from_generator(lambda s: iter(()), 1)  # (named by its shards alone)
+    with pytest.raises(jl.ConfigError, match=r"mix\(streams\)\[1\]: stream reader 0: no "
+                                             r"records in any"):
+        next(iter(jl.StreamLoader(jl.mix([streams[0], empty], [1, 1]), batch_size=4,
+                                  process_index=0, process_count=1)))
     source = jl.ArraySource({"id": np.arange(5)})
     with pytest.raises(jl.ConfigError, match=r"sources \[0\] are streams .* and \[1\] are not"):
         jl.mix([streams[0], source], [1, 1])
