@@ -98,7 +98,7 @@ class Segment:
                 registry[name] = segment
         except BaseException as e:
             # By token: a Ctrl-C right after memfd_create returns loses the number, not the file.
-            for leftover in [fd] if fd >= 0 else _descriptors_of(token):
+            for leftover in [fd] if fd >= 0 else descriptors_of(token):
                 os.close(leftover)
             if registry is not None:
                 registry.pop(name, None)
@@ -186,7 +186,7 @@ def destroy_all(segments: list[Segment]) -> None:
     run_all([s.destroy for s in segments])
     segments.clear()
 
-def _descriptors_of(token: str) -> list[int]:
+def descriptors_of(token: str) -> list[int]:
     """This process's descriptors of the memory file named ``token`` (none found where the
     listing itself fails: out of descriptors, the error to raise is the one that said so)."""
     found: list[int] = []
