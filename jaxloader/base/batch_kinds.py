@@ -5,8 +5,10 @@ batches agree. A JSON number written ``1`` in one record and ``1.5`` in the next
 batch and a float64 one (with a batch size of 2; ``CollateError`` with 4, where both met), a
 ``ConcatSource``'s parts of other dtypes made batches of each in turn, and a ``BatchMap`` could
 return another structure for some steps: the training step was compiled again, or failed far
-from the cause. Strings and other objects are compared by kind (a batch of longer strings has a
-wider ``<U`` dtype); shapes by rank (a ``BatchMap`` may pad to each batch's longest).
+from the cause. What stays on the host is compared by kind alone: strings (``str``, whatever
+their width) and bytes; a leaf of objects (ragged rows, Python strings) with anything, as a
+list feature is rows of one length stacked in one batch and ragged rows in the next. Shapes
+are compared by rank (a ``BatchMap`` may pad to each batch's longest).
 
 Example:
     >>> import numpy as np
@@ -27,79 +29,89 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import CollateError
 
+_TEXT = {"U": "str", "S": "bytes"}
+
 
 class BatchKinds:
     """The first batch's leaves (their paths, dtypes and ranks), and the check of each batch
     after it against them (``check``: ~1 us a batch of a flat dict of 3 arrays)."""
 
     def __init__(self) -> None:
-        # the first batch's (keys of a flat dict, or leaf paths; (dtype char, rank) a leaf)
-        self._first: tuple[list, list] | None = None
+        self._keys: list | None = None  # the last batch that passed, if a flat dict: its keys,
+        self._dtypes: list = []  # its leaves' dtypes and ranks (the fast path's)
+        self._ranks: list = []
+        self._first: dict[str, Any] | None = None  # the first batch's kinds, by leaf path
         self._first_step = 0
-        self._names: dict[str, tuple[str, int]] = {}  # its leaves' dtypes by name, and ranks
 
     def check(self, batch: Any, step: int, where: Callable[[int], str]) -> None:
         """Raises ``CollateError`` if ``batch`` (of ``step``, which ``where`` names) has other
         leaves than the first batch checked, or another dtype or rank in one."""
-        if type(batch) is dict:
-            try:  # (a flat dict of arrays: no tree walk; a char a dtype, "U" whatever width)
-                found = list(batch), [(v.dtype.char, v.ndim) for v in batch.values()]
+        flat = type(batch) is dict
+        if flat:
+            try:
+                dtypes = [v.dtype for v in batch.values()]
+                ranks = [v.ndim for v in batch.values()]
             except AttributeError:  # (a nested dict, a leaf that is no array)
-                found = _leaves(batch)
-        else:
-            found = _leaves(batch)
-        if found == self._first:
-            return
+                flat = False
+            else:
+                if dtypes == self._dtypes and ranks == self._ranks and list(batch) == self._keys:
+                    return
+        kinds = ({f"[{k!r}]": _kind(v) for k, v in batch.items()} if flat
+                 else {path: _kind(leaf) for path, leaf in _leaves(batch)})
         if self._first is None:
-            self._first, self._first_step, self._names = found, step, _named(batch)
-            return
-        named = _named(batch)
-        if named != self._names:  # (a nested dict against a flat one alike: none differ)
-            self._refuse(named, step, where)
+            self._first, self._first_step = kinds, step
+        elif kinds != self._first:
+            self._compare(kinds, step, where)
+        if flat:
+            self._keys, self._dtypes, self._ranks = list(batch), dtypes, ranks
 
-    def _refuse(self, named: dict, step: int, where: Callable[[int], str]) -> None:
-        first = self._names
+    def _compare(self, kinds: dict, step: int, where: Callable[[int], str]) -> None:
+        first = self._first
+        assert first is not None
         then = f"the first batch (step {self._first_step})"
-        for path in {**first, **named}:
-            if path not in named or path not in first:
+        for path in {**first, **kinds}:
+            if path not in kinds or path not in first:
                 raise CollateError(
                     f"{where(step)}: batch leaf {path} is "
-                    f"{'missing' if path not in named else 'new'} in this batch, against "
+                    f"{'missing' if path not in kinds else 'new'} in this batch, against "
                     f"{then}: every batch must have the same leaves; make each record (or "
                     "each BatchMap's batch) of one structure")
-            if named[path] != first[path]:
-                (kind, rank), (kind0, rank0) = named[path], first[path]
-                try:  # (numbers: the dtype that holds both)
-                    common = np.result_type(np.dtype(kind0), np.dtype(kind)).name
-                except TypeError:
-                    common = kind0
+            now, before = kinds[path], first[path]
+            if now is None or before is None or now == before:  # (objects: with anything)
+                continue
+            (kind, rank), (kind0, rank0) = now, before
+            if kind == kind0:
                 raise CollateError(
-                    f"{where(step)}: batch leaf {path} is {kind} ({rank}-D), where {then} had "
-                    f"{kind0} ({rank0}-D): every batch must have one dtype and rank a leaf (a "
-                    f"JSON number written 1 in some records and 1.5 in others, or parts of a "
-                    f"ConcatSource that differ); make it one in a Map (np.asarray(x, "
-                    f"np.{common})), or in a jl.MapSource of the part that differs")
+                    f"{where(step)}: batch leaf {path} is {rank}-D, where {then} had "
+                    f"{rank0}-D: every batch must have one rank a leaf; reshape or pad it in a "
+                    "Map (or the BatchMap that made it)")
+            name, name0 = (_TEXT.get(d.kind, d.name) + ("" if r < 0 else f" ({r}-D)")
+                           for d, r in ((kind, rank), (kind0, rank0)))
+            try:  # (numbers: the dtype that holds both)
+                common = repr(np.result_type(kind0, kind).name)
+            except TypeError:
+                common = repr(_TEXT.get(kind0.kind, kind0.name))
+            raise CollateError(
+                f"{where(step)}: batch leaf {path} is {name}, where {then} had {name0}: every "
+                f"batch must have one dtype a leaf (a JSON number written 1 in some records "
+                f"and 1.5 in others, or parts of a ConcatSource that differ); make it one in "
+                f"a Map (np.asarray(x, {common})), or in a jl.MapSource of the part that "
+                "differs")
 
 
-def _leaves(batch: Any) -> tuple[list, list]:
-    """Any batch's leaf paths and (dtype char, rank) a leaf."""
-    leaves, treedef = tree_lib.flatten(batch)
-    return tree_lib.leaf_paths(treedef), [_char(leaf) for leaf in leaves]
-
-
-def _char(leaf: Any) -> tuple[str, int]:
+def _kind(leaf: Any) -> Any:
+    """What is compared of a leaf: its dtype and rank; a text dtype by kind, whatever its
+    width, and any rank; ``None`` for objects (compared with nothing)."""
     dtype = getattr(leaf, "dtype", None)
-    return (type(leaf).__name__ if dtype is None else dtype.char,
-            len(getattr(leaf, "shape", ())))
+    if dtype is None:  # (a Python number, or an object)
+        return (np.dtype(type(leaf)), 0) if isinstance(leaf, (bool, int, float)) else None
+    if dtype.kind == "O":
+        return None
+    if dtype.kind in _TEXT:
+        return np.dtype(dtype.kind), -1
+    return dtype, leaf.ndim
 
 
-def _named(batch: Any) -> dict[str, tuple[str, int]]:
-    """Each leaf's path: its dtype's name (a kind for strings and objects), and its rank."""
+def _leaves(batch: Any) -> list[tuple[str, Any]]:
     leaves, treedef = tree_lib.flatten(batch)
-    out = {}
-    for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
-        dtype = getattr(leaf, "dtype", None)
-        kind = (type(leaf).__name__ if dtype is None else
-                {"U": "str", "S": "bytes", "O": "object"}.get(dtype.kind, dtype.name))
-        out[path] = (kind, len(getattr(leaf, "shape", ())))
-    return out
+    return list(zip(tree_lib.leaf_paths(treedef), leaves))
