@@ -43,12 +43,12 @@ _NUMBERS = {int, float, bool}
 
 
 def _all_numbers(value: list) -> bool:
-    """Whether the list's leaves (through nested lists) are numbers, looking at the first
-    item of each depth and every item of the innermost one that is reached; a ``ValueError``
-    where that one holds booleans among its numbers (``[1, true]`` became ``[1, 1]``)."""
+    """Whether the list's leaves (through nested lists) are numbers, looking at every item of
+    every innermost list; a ``ValueError`` where one holds booleans among its numbers
+    (``[1, true]`` became ``[1, 1]``)."""
     first = value[0]
     if isinstance(first, list):
-        return bool(first) and all(isinstance(v, list) for v in value) and _all_numbers(first)
+        return all(isinstance(v, list) and v and _all_numbers(v) for v in value)
     kinds = set(map(type, value))
     if bool in kinds and len(kinds) > 1 and kinds <= _NUMBERS:
         raise ValueError(f"a list mixes true/false with numbers ({value[:8]!r:.80}), which "

@@ -371,10 +371,10 @@ def test_a_reader_closes_the_shard_it_watches_and_a_watch_copies(tmp_path):
 def test_a_json_list_of_booleans_among_numbers_is_refused_naming_the_line(tmp_path):
     # NumPy made [1, true] the ints [1, 1], without a word
     path = tmp_path / "flags.jsonl"
-    path.write_text('{"t": [true, false]}\n{"t": [1, 2.5]}\n{"t": [1, true]}\n')
+    path.write_text('{"t": [true, false]}\n{"t": [1, 2.5]}\n{"t": [[1, 2], [true, 3]]}\n')
     shard = jl.JsonlShard(path)
     shard.reset()
     assert shard.next()["t"].dtype == bool and shard.next()["t"].tolist() == [1.0, 2.5]
     with pytest.raises(jl.RecordError, match=r"flags.jsonl: line 3: a list mixes true/false with "
-                                             r"numbers \(\[1, True\]\).*write 0 and 1"):
+                                             r"numbers \(\[True, 3\]\).*write 0 and 1"):
         shard.next()
