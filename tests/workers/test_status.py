@@ -229,12 +229,18 @@ def test_a_crash_dump_is_said_for_the_worker_that_crashed_only():
         board.destroy()
 
 
-def test_a_stall_is_said_again_every_stall_warning_s(caplog, monkeypatch):
+def _watch(monkeypatch, caplog, warn_s, timeout_s):
+    """A ``StallWatch`` awaiting step 5 on a clock the test moves (``now[0]``, from 100 s)."""
     now = [100.0]
     monkeypatch.setattr(failures.time, "monotonic", lambda: now[0])
     caplog.set_level(logging.WARNING, logger="jaxloader")
-    watch = failures.StallWatch(1.0, 10.0)
+    watch = failures.StallWatch(warn_s, timeout_s)
     watch.begin(5)
+    return watch, now
+
+
+def test_a_stall_is_said_again_every_stall_warning_s(caplog, monkeypatch):
+    watch, now = _watch(monkeypatch, caplog, 1.0, 10.0)
     said = []
     for t in [0.5, 1.0, 1.5, 2.0, 2.7, 3.0, 3.2, 4.6, 4.9]:  # seconds since the wait began
         now[0] = 100.0 + t
@@ -266,11 +272,7 @@ def test_a_task_of_small_steps_made_steadily_is_no_stall():
 
 
 def test_the_stall_clock_runs_from_the_holders_last_step(caplog, monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr(failures.time, "monotonic", lambda: now[0])
-    caplog.set_level(logging.WARNING, logger="jaxloader")
-    watch = failures.StallWatch(1.0, 2.0)
-    watch.begin(5)
+    watch, now = _watch(monkeypatch, caplog, 1.0, 2.0)
     began = [100.0]  # when the worker holding step 5 began its last step
     for t in [0.5, 0.9, 1.4, 1.8, 2.3, 2.9, 3.5]:  # a step every 0.5 s: never late
         now[0] = 100.0 + t
