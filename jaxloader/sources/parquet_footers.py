@@ -86,10 +86,10 @@ def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:
     list as a null (those nulls are found as they are decoded), as does a file written without
     statistics."""
     prefixes = tuple(f"{name}." for name in columns)
-    leaves = [i for i in range(meta.num_columns)
-              if (meta.schema.column(i).path in columns
-                  or meta.schema.column(i).path.startswith(prefixes))
-              and meta.schema.column(i).max_repetition_level == 0]
+    schema = [meta.schema.column(i) for i in range(meta.num_columns)]
+    leaves = [i for i, leaf in enumerate(schema)  # (a required leaf holds no null)
+              if (leaf.path in columns or leaf.path.startswith(prefixes))
+              and leaf.max_repetition_level == 0 and leaf.max_definition_level > 0]
     start = 0
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
