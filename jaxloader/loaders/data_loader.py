@@ -104,7 +104,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             ``stall_warning_s``. ``None``: never.
         timeout_s: with workers, a batch awaited this long, as ``stall_warning_s`` counts it,
             raises ``StallError`` with the same report (the loader is then broken); ``None``
-            (the default): waits as long as it takes. With ``num_workers=0`` the batch is made in your thread: Ctrl-C shows where.
+            (the default): waits as long as it takes. With ``num_workers=0`` the batch is made
+            in your thread: Ctrl-C shows where.
         log_every_s: logs a one-line summary with the verdict (``loader.diagnose()``) every
             this many seconds (``logging`` ``"jaxloader"``, INFO); ``None``: never.
         workers: ``jaxloader.ray.RayWorkers(n, **actor_options)``: the batches made by ``n``
