@@ -220,9 +220,10 @@ class TarShard(FileShard):
                "Stream.tar(paths, tolerate_missing_end=True)" if zeros else ""))
 
     def _link(self, header: bytes, offset: int, long_name: str | None) -> None:
-        """An error for a link member (its first header at ``offset``): it holds no data, only the name of a file
-        (a hard link: an earlier member's, which ``tar`` writes for a file linked twice, and
-        a sample's files may be), so its record would be missing or lack that member."""
+        """An error for a link member (its first header at ``offset``): it holds no data,
+        only the name of a file (a hard link: an earlier member's, which ``tar`` writes for a
+        file linked twice, and a sample's files may be), so its record would be missing or
+        lack that member."""
         name = long_name or _header_name(header)
         target = header[157:257].split(b"\0", 1)[0].decode("utf-8", "replace")
         kind, flag = (("hard link", "--hard-dereference") if header[156] == 0x31
