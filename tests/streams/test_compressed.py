@@ -124,7 +124,8 @@ def test_a_compressed_tar_whose_bytes_changed_fails_its_checksum_not_gives_wrong
     plain = write_tar(tmp_path / "a.tar", range(50))
     whole = plain.read_bytes()
     level = {".gz": lambda b: gzip.compress(b, compresslevel=0),
-             ".zst": lambda b: zstd.compress(b, options={zstd.CompressionParameter.checksum_flag: 1}),
+             ".zst": lambda b: zstd.compress(
+                 b, options={zstd.CompressionParameter.checksum_flag: 1}),
              ".xz": lambda b: lzma.compress(b, preset=0)}[suffix]
     packed = bytearray(level(whole))
     if suffix == ".gz":  # a byte of a member's data, in the stored block
