@@ -176,6 +176,16 @@ def test_what_a_jit_map_cannot_take_is_refused_naming_it():
             assert next(it)[leaf].tolist() == edges[0:2][leaf].tolist()  # (the edges: taken)
             with pytest.raises(jl.RecordError, match=rf"batch\['{leaf}'\] of dtype u?int64"):
                 next(it)  # (one past each edge)
+    # a float64 beyond float32's range: XLA made it infinite
+    far = jl.ArraySource({"f": np.array([1.0, 2.0, 1e39, 3.0])})
+    with jl.DataLoader(far, batch_size=2, transforms=[jl.JitMap(lambda r: r)],
+                       process_index=0, process_count=1) as wide:
+        it = iter(wide)
+        assert next(it)["f"].tolist() == [1.0, 2.0]
+        with pytest.raises(jl.RecordError, match=r"batch\['f'\] of dtype float64 with values "
+                                                 r"3.0..1e\+39, .*float32 and makes them "
+                                                 r"infinite"):
+            next(it)
 
 
 def test_a_key_only_where_the_function_takes_one_and_a_batch_map_after_it():

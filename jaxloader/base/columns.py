@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -85,20 +85,38 @@ def host_only(dtype: np.dtype) -> bool:
     return dtype.hasobject or dtype.kind in "USMm"
 
 
-def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[int, int, np.iinfo] | None:
+def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[Any, Any, Any] | None:
     """``(lowest, highest, the 32-bit range)`` of 64-bit integers that 32 bits cannot hold,
-    which JAX without x64 takes as 32-bit and would wrap; ``None`` where they fit (or are no
-    64-bit integers).
+    which JAX without x64 takes as 32-bit and would wrap, or of finite 64-bit floats beyond
+    float32's range, which it would make infinite; ``None`` where they fit (or are neither).
 
     Example:
         >>> beyond_32_bits(np.array([1, 2**40]))[:2], beyond_32_bits(np.array([1, 2]))
         ((1, 1099511627776), None)
+        >>> beyond_32_bits(np.array([1.0, 1e39, np.inf]))[:2]
+        (1.0, 1e+39)
     """
-    if values.dtype.kind not in "iu" or values.dtype.itemsize != 8 or not values.size:
+    kind = values.dtype.kind
+    if kind not in "iuf" or values.dtype.itemsize != 8 or not values.size:
         return None
+    if kind == "f":  # (already infinite or NaN: stays so; a finite one may not)
+        low, high = values.min(), values.max()
+        if not (np.isfinite(low) and np.isfinite(high)):
+            finite = np.asarray(values)[np.isfinite(values)]
+            if not finite.size:
+                return None
+            low, high = finite.min(), finite.max()
+        return None if -_FLOAT32.max <= low and high <= _FLOAT32.max else (
+            float(low), float(high), _FLOAT32)
     low, high = int(values.min()), int(values.max())
-    kind = _UINT32 if values.dtype.kind == "u" else _INT32
-    return None if kind.min <= low and high <= kind.max else (low, high, kind)
+    bounds = _UINT32 if kind == "u" else _INT32
+    return None if bounds.min <= low and high <= bounds.max else (low, high, bounds)
+
+
+def what_32_bits_do(bounds: Any) -> str:
+    """What JAX without x64 does to values beyond ``bounds`` (``beyond_32_bits``'), in words."""
+    return "makes them infinite" if bounds.dtype.kind == "f" else "would wrap them"
 
 
 _INT32, _UINT32 = np.iinfo(np.int32), np.iinfo(np.uint32)
+_FLOAT32 = np.finfo(np.float32)

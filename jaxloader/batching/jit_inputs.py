@@ -19,7 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.checks import MASK64, POSITION_BITS
-from jaxloader.base.columns import beyond_32_bits, device_dtype_problem, host_only
+from jaxloader.base.columns import (beyond_32_bits, device_dtype_problem, host_only,
+                                    what_32_bits_do)
 from jaxloader.base.errors import RecordError
 from jaxloader.batching import collate
 from jaxloader.sources.code_digest import filled
@@ -49,16 +50,17 @@ def checked_32_bits(column: Any, size: int, t: Any, where: Callable[[], str]) ->
 
 
 def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], str]) -> None:
-    """Refuses 64-bit integers that 32 bits cannot hold (JAX without x64 would wrap them)."""
+    """Refuses 64-bit integers that 32 bits cannot hold (JAX without x64 would wrap them), and
+    finite 64-bit floats beyond float32's (it would make them infinite)."""
     beyond = beyond_32_bits(values)
     if beyond is not None:
         low, high, kind = beyond
         raise RecordError(
             f"{where()}: {t} gets batch{column.path} of dtype {column.dtype} with values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 takes it as "
-            f"{kind.dtype} and would wrap them; drop it, or make it fit, in a Map before the "
-            "JitMap, or set jax.config.update('jax_enable_x64', True) before the loader (its "
-            "workers compile with the training process's)")
+            f"{kind.dtype} and {what_32_bits_do(kind)}; drop it, or make it fit, in a Map "
+            "before the JitMap, or set jax.config.update('jax_enable_x64', True) before the "
+            "loader (its workers compile with the training process's)")
 
 
 _KEY_SALT = 0x9E3779B97F4A7C15  # a JitMap's keys differ from each other's and a RandomMap's

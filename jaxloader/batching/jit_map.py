@@ -153,10 +153,11 @@ class JitMap:
         last = self._last_output(row_out, rows)
         record = tree_lib.unflatten(treedef, inputs)
         keys = record_keys(seed, epoch, positions, index) if self.random else None
-        # JAX without x64 takes a 64-bit integer as 32 bits: a value out of their range wraps.
-        # Such a column is gathered and checked once a batch (not a chunk: a check's fixed cost)
+        # JAX without x64 takes a 64-bit number as 32 bits: an integer out of their range
+        # wraps, a float beyond float32's is infinite. Such a column is gathered and checked
+        # once a batch (not a chunk: a check's fixed cost)
         columns = [jit_inputs.checked_32_bits(column, size, self, where)
-                   if column.dtype.kind in "iu" and column.dtype.itemsize == 8
+                   if column.dtype.kind in "iuf" and column.dtype.itemsize == 8
                    and np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)).itemsize == 4
                    else column for column in columns]
         views: list | None = None

@@ -30,7 +30,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.columns import beyond_32_bits, device_dtype_problem, host_only
+from jaxloader.base.columns import (beyond_32_bits, device_dtype_problem, host_only,
+                                    what_32_bits_do)
 from jaxloader.base.errors import ConfigError
 
 
@@ -259,17 +260,19 @@ class Putter:
 
 def _check_32_bits(batch: Any, leaves: list) -> None:
     """Refuses 64-bit integers that 32 bits cannot hold: JAX without x64 places them as 32-bit
-    and would wrap them (an id past 2**31, a time in nanoseconds) without a word. (64-bit
-    floats become float32 as JAX makes them: precision, not wrapped values.)"""
+    and would wrap them (an id past 2**31, a time in nanoseconds) without a word; and finite
+    64-bit floats beyond float32's range, which it makes infinite. (Other 64-bit floats become
+    float32 as JAX makes them: precision, not values lost.)"""
     for i, leaf in enumerate(leaves):
         beyond = beyond_32_bits(leaf) if isinstance(leaf, (np.ndarray, np.generic)) else None
         if beyond is None:
             continue
         low, high, kind = beyond
         path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(batch)[0][i][0])
+        fit = (f"an offset, or a split into two {kind.dtype} leaves"
+               if kind.dtype.kind != "f" else "a scale, or a log")
         raise ConfigError(
             f"sharding: batch leaf {path or '<root>'} of dtype {leaf.dtype} holds values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
-            f"{kind.dtype} and would wrap them; make it fit (a Map: an offset, or a split into "
-            f"two {kind.dtype} leaves), or jax.config.update('jax_enable_x64', True) before "
-            "the loader")
+            f"{kind.dtype} and {what_32_bits_do(kind)}; make it fit (a Map: {fit}), or "
+            "jax.config.update('jax_enable_x64', True) before the loader")

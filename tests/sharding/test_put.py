@@ -148,6 +148,13 @@ def test_64_bit_integers_that_32_bits_cannot_hold_are_refused_not_wrapped():
                                                  rf"holds values {values}, expected .*would "
                                                  r"wrap them; make it fit"):
             put({"a": np.zeros(2, np.float32), "b": {"t": leaf}})
+    # a float64 beyond float32's range came out infinite; one infinite already stays so
+    fine = put({"f": np.array([1.5, -np.inf, np.nan, 3e38])})["f"]
+    assert np.isinf(fine[1]) and np.isnan(fine[2]) and fine[3] == np.float32(3e38)
+    with pytest.raises(jl.ConfigError, match=r"leaf \['f'\] of dtype float64 holds values "
+                                             r"-1e\+39..2.0, expected .*float32 and makes them "
+                                             r"infinite; make it fit \(a Map: a scale"):
+        put({"f": np.array([2.0, -1e39, np.inf])})
 
 
 def test_bad_shardings_give_clear_errors():
