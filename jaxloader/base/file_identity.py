@@ -67,6 +67,15 @@ def parquet(path: str) -> list[int]:
         return [size, zlib.crc32(raw.read(length))]
 
 
+def stat(path: str) -> tuple[int, int, int] | None:
+    """A local file's size, modification time and inode, which change when it is written
+    (``None`` for a remote one: a stat is a round trip there); ``OSError`` where it is gone."""
+    if "://" in path:
+        return None
+    found = os.stat(path)
+    return found.st_size, found.st_mtime_ns, found.st_ino
+
+
 def whole(path: str) -> list[int]:
     """``[size, CRC-32 of the first KiB, CRC-32 of the last KiB]`` of the file at ``path``."""
     with open_binary(path) as raw:

@@ -203,6 +203,23 @@ def descriptors_of(token: str) -> list[int]:
     return found
 
 
+def descriptor_share(share: int, most: int, untracked: bool = bool(_UNTRACKED)) -> int:
+    """Mappings this process may keep: ``1/share`` of its descriptor limit, each mapping a
+    descriptor (two before Python 3.13, where ``mmap`` keeps one of its own: ``untracked``
+    false), 4 to ``most``.
+
+    Example:
+        >>> 4 <= descriptor_share(4, 256) <= 256
+        True
+    """
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return most
+    return min(most, max(4, soft // (share * (1 if untracked else 2))))
+
+
 def out_of_descriptors(e: OSError, what: str = "a new segment") -> SharedMemoryError:
     """The error for ``what`` (a segment) that a full descriptor table refused."""
     import resource

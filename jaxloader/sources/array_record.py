@@ -197,12 +197,9 @@ def _open(path: str) -> Any:
 
 
 def _stat(path: str) -> tuple[int, int, int] | None:
-    """A local file's size, modification time and inode; ``None`` for a remote one, or one
-    that cannot be found (the identity's check then names it)."""
-    if "://" in path:
-        return None
+    """``file_identity.stat``; ``None`` also for a file that cannot be found (the identity's
+    check then names it)."""
     try:
-        found = os.stat(path)
+        return file_identity.stat(path)
     except OSError:
         return None
-    return found.st_size, found.st_mtime_ns, found.st_ino

@@ -179,14 +179,11 @@ def open_parquet(path: str, **options: Any) -> Any:
 
 
 def _stat(path: str) -> tuple[int, int, int] | None:
-    """A local file's size, modification time and inode (``None`` for a remote one)."""
-    if "://" in path:
-        return None
+    """``file_identity.stat``; an error naming the file and the remedy where it is gone."""
     try:
-        found = os.stat(path)
+        return file_identity.stat(path)
     except OSError as e:
         raise open_error(path, e) from None
-    return found.st_size, found.st_mtime_ns, found.st_ino
 
 
 def _checked_open(path: str, use: Any) -> Any:

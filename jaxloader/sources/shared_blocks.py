@@ -187,13 +187,7 @@ def max_owned() -> int:
     """``MAX_OWNED``, or fewer where an eighth of this process's descriptor limit holds fewer
     files (each a descriptor, two before Python 3.13): at a limit of 128 a worker held 149
     and failed to open a Parquet file, naming the file as if it were at fault."""
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return MAX_OWNED
-    each = 1 if _UNTRACKED else 2
-    return min(MAX_OWNED, max(4, soft // (8 * each)))
+    return shm.descriptor_share(8, MAX_OWNED, bool(_UNTRACKED))
 
 
 def _room() -> bool:

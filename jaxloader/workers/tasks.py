@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from typing import NamedTuple
 
 from jaxloader.base.errors import WorkerError
@@ -44,13 +43,9 @@ def ahead_slots() -> int:
     """``MAX_AHEAD_SLOTS``, or fewer where a quarter of this process's descriptor limit holds
     fewer slots (a limit of 64, or 1,024 before Python 3.13): a few loaders alive at once
     then fit the table, where their slots would fill it."""
-    import resource
+    from jaxloader.runtime.shm import descriptor_share
 
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return MAX_AHEAD_SLOTS
-    each = 1 if sys.version_info >= (3, 13) else 2  # descriptors a slot (runtime/shm.py)
-    return max(4, min(MAX_AHEAD_SLOTS, soft // (4 * each)))
+    return descriptor_share(4, MAX_AHEAD_SLOTS)
 
 
 def steps_per_task(slot_size: int, streaming: bool, tasks: int = 1,
