@@ -218,6 +218,27 @@ def test_a_state_is_refused_by_another_worker_count_or_stream(tmp_path):
             other.load_state_dict(mapped.state_dict())
 
 
+def test_checking_a_state_leaves_no_file_open(tmp_path):
+    """load_state_dict opens each reader's shard at its state to check it; those copies'
+    files are closed, not left to the garbage collector."""
+    import gc
+    import warnings
+
+    stream = jsonl_stream(tmp_path, shuffle_window=5)
+    with jl.StreamLoader(stream, batch_size=4, seed=1) as loader:
+        first = take(loader, 3)
+        state = loader.state_dict()
+        first += take(loader, 2)
+    gc.collect()
+    with jl.StreamLoader(stream, batch_size=4, seed=1) as other:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            other.load_state_dict(state)
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], caught
+        assert_same_stream(take(other, 2), first[3:])
+
+
 def test_a_stream_state_with_unknown_keys_or_a_step_past_its_keys_is_refused(tmp_path):
     with loader_of(generator_stream(tmp_path), [], 0) as loader:
         take(loader, 2)

@@ -82,7 +82,8 @@ def test_a_stream_transform_that_returns_none_is_named():
     stream = jl.Stream.from_generator(lambda s: ({"x": i} for i in range(10)), 1)
     with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(_forgot_return)],
                          process_index=0, process_count=1) as loader:
-        with pytest.raises(jl.RecordError, match=r"stream step 0, row 0: transforms\[0\] "
+        with pytest.raises(jl.RecordError, match=r"stream step 0, row 0 \(\S+<lambda>\[0\] "
+                                                 r"record 1\): transforms\[0\] "
                                                  r"Map\(_forgot_return\) returned None"):
             next(iter(loader))
 

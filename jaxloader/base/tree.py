@@ -263,21 +263,24 @@ class RecordNames:
         ('record position 23 (source index 17)', 'record position 23 (source index 17)', 'row 2')
     """
 
-    __slots__ = ("positions", "indices", "first_row")
+    __slots__ = ("positions", "indices", "first_row", "origin")
 
-    def __init__(self, positions: Any = None, indices: Any = None, first_row: int = 0) -> None:
+    def __init__(self, positions: Any = None, indices: Any = None, first_row: int = 0,
+                 origin: Callable[[int], str] | None = None) -> None:
         self.positions, self.indices, self.first_row = positions, indices, first_row
+        self.origin = origin  # (a stream's rows) row -> " (where its record came from)"
 
     def __getitem__(self, rows: slice) -> "RecordNames":
         """The names of ``rows`` (a chunk's rows ``a:b`` of the batch), counted from 0 again."""
         if self.positions is None:
-            return RecordNames(first_row=self.first_row + (rows.start or 0))
+            return RecordNames(first_row=self.first_row + (rows.start or 0), origin=self.origin)
         return RecordNames(self.positions[rows],
                            None if self.indices is None else self.indices[rows])
 
     def name(self, j: int) -> str:
         if self.positions is None:
-            return f"row {self.first_row + j}"
+            row = self.first_row + j
+            return f"row {row}{self.origin(row) if self.origin is not None else ''}"
         position = int(self.positions[j])
         index = None if self.indices is None else int(self.indices[j])
         return (f"record position {position}" if index is None or index == position

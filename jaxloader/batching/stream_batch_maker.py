@@ -43,6 +43,7 @@ from jaxloader.base.timings import COLLATE, LOOP, SAMPLE, StageClock
 from jaxloader.base.tree import RecordNames
 from jaxloader.batching.batch_maker import finish_batch
 from jaxloader.streams.contract import ReadableStream, RecordReader
+from jaxloader.streams.origins import described
 from jaxloader.streams.packed import PackedStream
 from jaxloader.batching.record_transforms import DROPPED, RecordTransforms
 from jaxloader.batching.transforms import Filter
@@ -70,6 +71,9 @@ class StreamBatchMaker:
         self.clock = StageClock()  # where this process's batches' time goes (base/timings)
         self._hosted: dict[int, RecordReader] = {}  # this process's reader k -> it, as reset
         self._reader: RecordReader | None = None  # the one that made the last batch
+        self._before: dict | None = None  # its state before that batch (errors read it again)
+        self._reads_at: list[int] | None = None  # (Filters) each row's count of records read
+        self._untils: dict[int, dict] = {}  # each reader's pass end, as reset: {"until": e}
         self.readers = process_count * per_process
         for k in range(per_process):  # refuses too few shards now, not in a worker later
             self.reader_for(k)
@@ -97,6 +101,7 @@ class StreamBatchMaker:
             reader = self.reader_for(local if 0 <= local < self.per_process else 0)
             reader.reset(one)
             self._hosted[reader.reader - first] = reader
+            self._untils[reader.reader] = {"until": one["until"]} if one and "until" in one else {}
 
     def close(self) -> None:
         """Closes the shards the readers hosted here have open."""
@@ -128,6 +133,8 @@ class StreamBatchMaker:
         if self._reader is None:  # (the loader routes a step to the worker hosting its reader)
             raise JaxloaderError(f"{self.location(step)}: this maker hosts readers "
                                  f"{sorted(self._hosted)} of this process, not its")
+        self._before = {**self._reader.get_state(), **self._untils.get(self._reader.reader, {})
+                        } if getattr(self._reader, "origin", None) is not None else None
         self._reader.begin_step(step)  # (a mixture's weight changes start where it is)
         clock, run = self.clock, self._transforms
         clock.made += 1  # is it timed (the rule of base/timings, asked inline)
@@ -140,7 +147,8 @@ class StreamBatchMaker:
                 clock.loop_detail(perf_counter() - start, run.spent)
             start = clock.span(LOOP, start)
         real = len(records)
-        treedef, columns = record_columns(self._padded(step, records), _ROWS)
+        treedef, columns = record_columns(self._padded(step, records), RecordNames(
+            origin=lambda row: self._origin(step, self._reads(row, real))))
         if self.mask_key is not None:  # a pass that ends: True on the records
             valid = np.arange(self.batch_size) < len(records)
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
@@ -169,8 +177,9 @@ class StreamBatchMaker:
         if self._transforms:  # (the loop of _transform, inlined: it runs once a record)
             run, first = self._transforms, self._position(step, 0)
             records = [run(record, (first + row) >> _POSITION_BITS,
-                           (first + row) & _POSITION_MASK, _where, (step, row))
+                           (first + row) & _POSITION_MASK, self._where, (step, row, row + 1))
                        for row, record in enumerate(records)]
+        self._reads_at = None  # (row r is the (r + 1)-th record read)
         return records
 
     def _padded(self, step: int, records: list) -> list:
@@ -221,15 +230,18 @@ class StreamBatchMaker:
         """``batch_size`` records that every ``Filter`` keeps, read on past those dropped."""
         assert self._reader is not None
         out: list = []
-        dropped = 0  # in a row, at this row
+        dropped = reads = 0  # dropped in a row, at this row; read for the batch
+        self._reads_at = reads_at = []
         while len(out) < self.batch_size:
             try:
                 raw = self._reader.next()
             except StopIteration:  # the end of a pass: the rest of the batch is padding
                 break
-            record = self._transform(step, len(out), raw, dropped)
+            reads += 1
+            record = self._transform(step, len(out), raw, dropped, reads=reads)
             if record is not DROPPED:
                 out.append(record)
+                reads_at.append(reads)
                 dropped = 0
                 continue
             dropped += 1
@@ -242,22 +254,48 @@ class StreamBatchMaker:
         return out
 
     def _transform(self, step: int, row: int, record: Any, dropped: int = 0,
-                   filters: bool = True) -> Any:
+                   filters: bool = True, reads: int = 0) -> Any:
         """``record``, the batch's row ``row``, through the record transforms (``DROPPED``
         when a ``Filter`` drops it, ``dropped`` being how many it dropped at this row; with
-        ``filters=False`` through the others only). A ``RandomMap`` is keyed by the record's
-        place in the process-major stream."""
+        ``filters=False`` through the others only); the ``reads``-th record read for the
+        batch (0: a padding record). A ``RandomMap`` is keyed by the record's place in the
+        process-major stream."""
         at = self._position(step, row)
-        return self._transforms(record, at >> _POSITION_BITS, at & _POSITION_MASK, _where,
-                                (step, row), dropped << 32, filters)
+        return self._transforms(record, at >> _POSITION_BITS, at & _POSITION_MASK,
+                                self._where, (step, row, reads), dropped << 32, filters)
+
+    def _where(self, step: int, row: int, reads: int) -> str:
+        """Names the batch's row ``row``, the ``reads``-th record read for it, in an error."""
+        return f"stream step {step}, row {row}{self._origin(step, reads)}"
+
+    def _reads(self, row: int, real: int) -> int:
+        """Which record read for the last batch its row ``row`` is (0: padding)."""
+        if row >= real:
+            return 0
+        return row + 1 if self._reads_at is None else self._reads_at[row]
+
+    def _origin(self, step: int, reads: int) -> str:
+        """`` (shard and place)`` of the ``reads``-th record read for step ``step``'s batch:
+        its reader is made anew at its state before the batch, and reads up to it."""
+        live, before = self._reader, self._before
+        if not reads or live is None or before is None:
+            return ""
+
+        def replay() -> str | None:
+            assert live is not None and before is not None
+            reader = self.reader_for(live.reader - self.process_index * self.per_process)
+            try:
+                reader.reset(before)
+                reader.begin_step(step)
+                for _ in range(reads):
+                    reader.next()
+                return reader.origin()  # type: ignore[attr-defined]
+            finally:
+                reader.close()
+        return described(replay)
 
     def _position(self, step: int, row: int) -> int:
         """The place of the batch's row ``row`` in the process-major stream of records."""
         return (step * self.process_count + self.process_index) * self.batch_size + row
 
 
-_ROWS = RecordNames()  # a stream's records are named by their rows in the batch
-
-
-def _where(step: int, row: int) -> str:
-    return f"stream step {step}, row {row}"

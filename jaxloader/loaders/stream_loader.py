@@ -315,7 +315,11 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             opened = passes.stopping_at(readers, until or passes.stops_of(readers, self.num_epochs))
         probe = copy.deepcopy(self._pristine)  # each state checked by opening it, on copies
         for i, r in enumerate(opened):
-            probe.reader_for(i).reset(copied(r))
+            reader = probe.reader_for(i)
+            try:
+                reader.reset(copied(r))
+            finally:
+                reader.close()  # (its files: a state checked leaves none open)
         step, base = state["step"], copied(readers)
         self._invalidate()
         # The pass the state was in (None: its readers' states say), the step, and the readers'

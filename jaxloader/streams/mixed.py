@@ -56,6 +56,7 @@ from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.plans.mixture import (check_weights_before, first_block_with, plan_regimes,
                                      regime_counts)
 from jaxloader.order.index_shuffle import splitmix64, splitmix64_array
+from jaxloader.streams.origins import mixture_origin
 
 WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)
 FIRST_EXHAUSTED, ALL_EXHAUSTED = "first_exhausted", "all_exhausted"
@@ -125,7 +126,7 @@ class MixedReader:
         self._changes = sorted(mixed.schedule.items())  # (step, weights), step 0 first
         self._started = {0: 0}  # a change's step -> the group it starts at
         self._regimes = self._plan()
-        self._emitted = 0
+        self._emitted = self._served = 0  # (_served: the component of the last record)
         self._group: int | None = None
         self._layout = np.zeros(0, np.int64)
         self._out: set[int] = set()  # (a pass) the components with no record left in it
@@ -144,8 +145,7 @@ class MixedReader:
         first group at or after the records read so far (see the module docstring)."""
         due = [s for s, _ in self._changes if s <= step and s not in self._started]
         for change in due:
-            self._started[change] = max(-(-self._emitted // self._size),
-                                        *self._started.values())
+            self._started[change] = max(-(-self._emitted // self._size), *self._started.values())
         if due:
             self._regimes, self._group = self._plan(), None
 
@@ -219,7 +219,7 @@ class MixedReader:
         group, slot = divmod(self._emitted, self._size)
         if group != self._group:
             self._layout, self._group = self._lay_out(group), group
-        c = int(self._layout[slot])
+        c = self._served = int(self._layout[slot])
         try:
             record = self.components[c].next()
         except StopIteration:  # its pass is over: its slots are passed over from now on
@@ -240,13 +240,16 @@ class MixedReader:
             return False
         return True
 
+    origin = mixture_origin  # the component, shard and place of next()'s last record
+
     def last_records(self) -> list:
         """What pads the batches of a pass that has ended: each component's last records, in
         the components' order (a pure function of the state)."""
         return [r for component in self.components for r in component.last_records()]
 
     def _next_of_those_left(self) -> Any:
-        record = self.components[self._to_one_left()].next()
+        c = self._served = self._to_one_left()
+        record = self.components[c].next()
         self._emitted += 1
         return record
 
@@ -363,7 +366,7 @@ class EpochedReader(MixedReader):
         group, slot = divmod(self._emitted, self._size)
         if group != self._group:
             self._layout, self._group = self._lay_out(group), group
-        c = int(self._layout[slot])
+        c = self._served = int(self._layout[slot])
         record = self.components[c].next()
         self._emitted += 1
         if not self.components[c].has_next():  # (it may read its next window, as next() would)

@@ -41,6 +41,7 @@ from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import MappedShard, generator_shards
+from jaxloader.streams.origins import Segments, last_origin, state_or_why
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
@@ -228,6 +229,8 @@ class StreamReader:
         self._ended = False
         self._window_epoch = self._window_key = 0
         self._window_start: tuple = (0, None)
+        self._read_from: tuple | None = None  # the window's (shards, Segments, permutation)
+        self._previous: tuple | None = None  # the window's before it (origin() reads them)
 
     # -- state ------------------------------------------------------------------------------
     def initial_state(self) -> dict:
@@ -274,6 +277,8 @@ class StreamReader:
         self._emitted += 1
         return record
 
+    origin = last_origin  # the shard and place of the record next() handed out last
+
     def has_next(self) -> bool:
         """Whether ``next()`` has a record (it may read the next window, as ``next()`` would)."""
         try:
@@ -301,12 +306,14 @@ class StreamReader:
             shard = self._current if self._shard < len(self._mine) else None
             self._window_start = (self._shard, shard.get_state() if shard else None)
             window: list = []
+            segments = Segments([(*self._window_start, 0)])
             while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):
                 try:
                     window.append(self._read())
                 except StopIteration:
                     self._shard += 1
                     self._open(self._shard, None)
+                    segments.append((self._shard, None, len(window)))
             if window:
                 break
             if self._window_number == 0:  # a whole epoch without a record: the next, unless
@@ -336,14 +343,14 @@ class StreamReader:
             self._permutation = IndexShuffle(n, seed=key, epoch=self._window_key)(np.arange(n))
         else:
             self._permutation = np.zeros(1, np.int64)
+        self._previous, self._read_from = self._read_from, (self._mine, segments,
+                                                           self._permutation)
 
     def _read(self) -> Any:
         shard = self._current
         try:
             return shard.next()
-        except StopIteration:
-            raise
-        except JaxloaderError:
+        except (StopIteration, JaxloaderError):
             raise
         except Exception as e:
             # the state is asked for here, not before every record (a Hugging Face shard's
@@ -351,7 +358,7 @@ class StreamReader:
             # it was when its next() raises (IterableShard counts only records returned)
             raise RecordError(
                 f"stream shard {shard.name} (reader {self.reader}, epoch {self._epoch}) raised "
-                f"{type(e).__name__} at {_state_or_why(shard)}: {e}"
+                f"{type(e).__name__} at {state_or_why(shard)}: {e}"
             ) from e
 
     def _start_epoch(self, epoch: int) -> None:
@@ -375,14 +382,6 @@ class StreamReader:
         """Closes the shard this reader has open."""
         shard, self._current = self._current, None
         close_of(shard)
-
-
-def _state_or_why(shard: Any) -> Any:
-    """``shard.get_state()``, for a message: what it says, or why it could not."""
-    try:
-        return shard.get_state()
-    except Exception as e:  # noqa: BLE001 - the shard is already failing; name that first
-        return f"<no state: get_state raised {type(e).__name__}>"
 
 
 def _checked(state: Any, reader: int) -> dict:

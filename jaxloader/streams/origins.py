@@ -1,0 +1,89 @@
+"""Where a stream's record came from (its shard and its place there), for messages only.
+
+A reader keeps no origin per record. It keeps, per window, where each shard's run of records
+in the window starts (``Segments``); a message reads the shard again from there to name the
+record's place (a line, a record count, or the shard's state after it). A loader's batch
+maker likewise keeps its reader's state before each batch, and reads the batch again up to a
+record that failed (``described``). Nothing is done for a record that raises no error.
+
+Example:
+    >>> from jaxloader.streams.iterable_shards import IterableShard
+    >>> shard = IterableShard(lambda: "abc", name="letters")
+    >>> Segments([(0, None, 0)]).place([shard], [0], 2)
+    'letters record 3'
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Sequence
+
+from jaxloader.base.abilities import close_of
+
+_COUNTS = (("line", "line"), ("records", "record"), ("consumed", "record"))
+
+
+class Segments(list):
+    """A window's runs of records by shard, ``(shard, state, first)`` each: the reader's
+    ``shard``-th of its epoch, read from ``state`` (``None``: its start) into the window's
+    places from ``first`` on."""
+
+    def place(self, shards: Sequence[Any], mine: Sequence[int], index: int) -> str:
+        """The shard and place of the window's record ``index`` (before its permutation),
+        read again from its run's start."""
+        at, state, first = next(s for s in reversed(self) if s[2] <= index)
+        shard = copy.copy(shards[mine[at]])
+        try:
+            shard.reset(state)
+            for _ in range(index - first + 1):
+                shard.next()
+            after = shard.get_state()
+        finally:
+            close_of(shard)
+        return named(shard.name, after)
+
+
+def last_origin(reader: Any) -> str | None:
+    """A ``StreamReader``'s ``origin()``: the shard and place of the record its ``next()``
+    handed out last (of the window before, where ``has_next()`` has read the next one)."""
+    read = reader._read_from if reader._emitted else reader._previous
+    if read is None:
+        return None
+    mine, segments, permutation = read
+    index = permutation[reader._emitted - 1] if reader._emitted else permutation[-1]
+    return segments.place(reader.stream.shards, mine, int(index))
+
+
+def mixture_origin(reader: Any) -> str | None:
+    """A ``MixedReader``'s ``origin()``: its component that handed out the last record, and
+    that one's origin (``None`` where it names none: packed rows)."""
+    origin = getattr(reader.components[reader._served], "origin", None)
+    where = origin() if origin is not None else None
+    return where and f"mix(streams)[{reader._served}]: {where}"
+
+
+def named(name: str, state: Any) -> str:
+    """``name`` and the place a shard's ``state`` (after a record) says: its line or record
+    number where it counts them, else the state itself."""
+    for key, word in _COUNTS:
+        if isinstance(state, dict) and key in state:
+            return f"{name} {word} {state[key]}"
+    return f"{name} (its state after the record: {state!r:.200})"
+
+
+def described(replay: Callable[[], str | None]) -> str:
+    """``" (origin)"``, the origin ``replay()`` finds; ``""`` where it finds none (packed
+    rows), or why it could not."""
+    try:
+        origin = replay()
+    except Exception as e:  # noqa: BLE001 - the message names the first error; this is extra
+        return f" (its shard is not known: reading it again raised {type(e).__name__}: {e})"
+    return f" ({origin})" if origin else ""
+
+
+def state_or_why(shard: Any) -> Any:
+    """``shard.get_state()``, for a message: what it says, or why it could not."""
+    try:
+        return shard.get_state()
+    except Exception as e:  # noqa: BLE001 - the shard is already failing; name that first
+        return f"<no state: get_state raised {type(e).__name__}>"

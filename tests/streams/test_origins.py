@@ -1,0 +1,121 @@
+"""A stream record's error names its shard and its place there (line, record), whichever
+window, reader, component, filter or restore it came through."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from streams.test_mixed import components, same_keys
+from streams.test_shards import write_jsonl
+
+
+class Bad(Exception):
+    pass
+
+
+def failing_at(target):
+    def check(record):
+        if record["id"] == target:
+            raise Bad(f"record {target}")
+        return record
+    return check
+
+
+GENERATOR_SHARD = "components.<locals>.<lambda>[{}]"  # components()' generator's shards' names
+
+
+def expected(tmp_path, record_id):
+    """Where ``components``' record ``record_id`` is: its component, shard and place."""
+    if record_id < 1000:
+        shard, k = divmod(record_id, 15)
+        return f"mix(streams)[0]: {tmp_path / f'a-{shard}.jsonl'} line {k + 1}"
+    if record_id < 2000:
+        shard, k = divmod(record_id - 1000, 10)
+        return f"mix(streams)[1]: {tmp_path / f'b-{shard}.tar'} record {k + 1}"
+    shard, k = divmod(record_id - 2000, 3)
+    return f"mix(streams)[2]: {GENERATOR_SHARD.format(shard)} record {k + 1}"
+
+
+def error_of(loader, steps=40):
+    with loader, pytest.raises((jl.RecordError, jl.WorkerError)) as e:
+        for _ in zip(range(steps), loader):
+            pass
+    return str(e.value)
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_a_map_error_names_the_records_shard_and_place(tmp_path, window):
+    streams = components(tmp_path, window=window)
+    for target in (0, 14, 31, 59, 1000, 1017, 1039, 2000, 2004, 2009):
+        loader = jl.StreamLoader(
+            jl.mix(streams, [0.5, 0.3, 0.2]), batch_size=7, seed=3,
+            transforms=[jl.Map(same_keys), jl.Map(failing_at(target))])
+        message = error_of(loader)
+        assert f"): transforms[1] Map(failing_at.<locals>.check) raised Bad: record {target}" in message
+        assert expected(tmp_path, target) + ")" in message, (target, message)
+
+
+def test_origins_through_filters_a_restore_and_blank_lines(tmp_path):
+    """Records a Filter drops are counted among those read; a loader restored mid-window
+    reads its reader again from the restored state; a line count passes blank lines."""
+    paths = []
+    for s in range(2):
+        lines = [f'{{"id": {s * 100 + i}}}' for i in range(30)]
+        for at in (3, 4, 11):  # blank lines a JSONL file skips
+            lines.insert(at, "")
+        (path := tmp_path / f"p{s}.jsonl").write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    line_of = {s * 100 + i: i + 1 + sum(at <= i + n for n, at in enumerate((3, 4, 11)))
+               for s in range(2) for i in range(30)}
+    stream = jl.Stream.jsonl(paths, shuffle_window=5)
+    keep_even = jl.Filter(lambda r: r["id"] % 2 == 0)
+    for target in (0, 10, 28, 104, 126):
+        made = dict(batch_size=4, seed=5, num_workers=0)
+        with jl.StreamLoader(stream, transforms=[keep_even], **made) as first:
+            it = iter(first)
+            next(it), next(it)
+            state = first.state_dict()
+        restored = jl.StreamLoader(stream, transforms=[keep_even, jl.Map(failing_at(target))],
+                                   **made)
+        with pytest.warns(UserWarning, match="transforms differ"):  # (the Map added)
+            restored.load_state_dict(state)
+        message = error_of(restored)
+        path = paths[target // 100]
+        assert f"({path} line {line_of[target]})" in message, (target, line_of[target], message)
+
+
+def test_collation_names_both_rows_origins_with_workers(tmp_path):
+    """In a worker: the rows a CollateError names, each with its file and line."""
+    paths = [write_jsonl(tmp_path / f"c{s}.jsonl", range(s * 20, s * 20 + 20)) for s in range(2)]
+
+    def to_array(record):
+        return {"x": np.zeros(3 if record["id"] == 27 else 2)}
+    loader = jl.StreamLoader(jl.Stream.jsonl(paths, shuffle_window=6), batch_size=5, seed=1,
+                             num_workers=2, transforms=[jl.Map(to_array)])
+    with loader, pytest.raises(jl.WorkerError, match="CollateError") as e:
+        list(zip(range(20), loader))
+    message = str(e.value)
+    assert f"({paths[1]} line 8) has shape (3,)" in message, message
+    assert message.count(f"{tmp_path}") >= 2  # the first row's origin too
+
+
+def test_a_shard_that_cannot_be_read_again_says_so():
+    """Where the shard cannot be read again, the message says why in the origin's place."""
+    failed = []
+
+    def numbers(shard):
+        if failed:
+            raise OSError("gone")
+        return ({"id": i} for i in range(6))
+
+    def check(record):
+        if record["id"] == 5:
+            failed.append(1)
+            raise Bad("five")
+        return record
+    loader = jl.StreamLoader(jl.Stream.from_generator(numbers, 1), batch_size=4, seed=0,
+                             transforms=[jl.Map(check)])
+    message = error_of(loader)
+    assert "row 1 (its shard is not known: reading it again raised OSError: gone)" in message
