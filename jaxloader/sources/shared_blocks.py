@@ -47,11 +47,13 @@ import mmap
 import os
 import secrets
 import sys
+import warnings
 import weakref
 from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base.errors import PerformanceWarning
 from jaxloader.runtime import shm
 
 _SLOT = 4  # int64s a slot: pid, descriptor, inode, nonce
@@ -194,8 +196,25 @@ def _room() -> bool:
     """Whether a block may be mapped: from Python 3.13 always (a mapping holds no descriptor);
     before, while fewer than ``max_owned`` are alive in this process. A worker's cache of
     small row groups read from the others held 227 descriptors at a limit of 256, and ran out
-    as it mapped a slot."""
-    return bool(_UNTRACKED) or len(_MAPPINGS) < max_owned()
+    as it mapped a slot. The first refusal in a process warns (on its stderr, a worker's)."""
+    if _UNTRACKED or len(_MAPPINGS) < (most := max_owned()):
+        return True
+    if not _WARNED:
+        _WARNED.append(most)
+        import resource
+
+        warnings.warn(
+            f"ParquetSource(share_decoded=True): this process (pid {os.getpid()}) maps {most} "
+            f"shared row groups, as many as its descriptor limit allows before Python 3.13 "
+            f"(an eighth of {resource.getrlimit(resource.RLIMIT_NOFILE)[0]:,}; each mapping "
+            "holds a descriptor); the others it reads at once it decodes for itself, as each "
+            "worker then does: raise the limit (ulimit -n, or resource.setrlimit before the "
+            "loader is made), read fewer row groups at once (a smaller LocalShuffle window), "
+            "or use Python 3.13 or newer", PerformanceWarning, stacklevel=2)
+    return False
+
+
+_WARNED: list[int] = []  # (one warning a process)
 
 
 def _read(mapping: mmap.mmap, block: int, nonce: int) -> Any:

@@ -177,10 +177,14 @@ def test_before_python_313_the_blocks_mapped_at_once_stay_within_the_descriptor_
     import resource
 
     monkeypatch.setattr(shared_blocks, "_UNTRACKED", {})  # (as Python 3.11 and 3.12 map)
+    monkeypatch.setattr(shared_blocks, "_WARNED", [])
     monkeypatch.setattr(resource, "getrlimit", lambda _: (64, 1 << 20))  # max_owned: 4
     gc.collect()
     blocks, other = SharedBlocks(table.name, 8), SharedBlocks(table.name, 8)
-    kept = [blocks.get(block, lambda block=block: _table(block)) for block in range(6)]
+    with pytest.warns(jl.PerformanceWarning, match=r"maps 4 shared row groups.*an eighth of "
+                                                   r"64.*raise the limit") as warned:
+        kept = [blocks.get(block, lambda block=block: _table(block)) for block in range(6)]
+    assert len(warned) == 1  # once a process, where the first block found no room
     assert len(shared_blocks._MAPPINGS) == 4 and sorted(blocks._owned) == [0, 1, 2, 3]
     assert [t.equals(_table(b)) for b, t in enumerate(kept)] == [True] * 6
     calls = []
