@@ -231,7 +231,9 @@ def test_a_streams_collate_error_in_process_names_its_step_and_row():
             else:
                 list(dl)
         assert str(e.value).startswith("stream step 1 (reader 0, its batch 1): batch leaf ['x']")
-        assert "row 0 has shape (3,) dtype float32, row 2 has shape (4,)" in str(e.value)
+        shard = "test_a_streams_collate_error_in_process_names_its_step_and_row.<locals>.numbers[0]"
+        assert (f"row 0 ({shard} record 5) has shape (3,) dtype float32, row 2 ({shard} record "
+                "7) has shape (4,)") in str(e.value)
 
 
 def test_an_error_in_the_main_process_repeats_its_step_instead_of_ending_the_stream():
