@@ -13,6 +13,8 @@ A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
 from __future__ import annotations
 
 import errno
+import os
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Self
 
 from jaxloader.base.checks import refused_call
@@ -24,6 +26,7 @@ from jaxloader.loaders.iterator import LoaderIterator, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
 from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placement
 from jaxloader.runtime import shm
+from jaxloader.runtime.worker_info import get_worker_info
 
 if TYPE_CHECKING:
     from jaxloader.loaders.diagnosis import Diagnosis
@@ -113,7 +116,7 @@ class LoaderLifecycle:
                 f"prefetch='auto' with num_workers={options.num_workers}: the tuning that "
                 "doubles the prefetch runs with num_workers='auto' only; pass "
                 "num_workers='auto', or prefetch as a count (2 by default)")
-        elif options.num_workers == 0:
+        elif options.num_workers == 0 or self._in_a_worker():
             engine = InProcessEngine(maker)
         else:
             from jaxloader.workers.pool import WorkerPool
@@ -140,6 +143,23 @@ class LoaderLifecycle:
         if tune is not None or options.log_every_s:
             self._monitor = Monitor(tune, options.log_every_s, self._summary)
         return engine
+
+    def _in_a_worker(self) -> bool:
+        """Whether this process is another loader's worker (or Ray actor), where a loader
+        makes its batches in process, with a warning (the same batches): a transform's module
+        that makes a loader at its top level is imported by each worker, whose loader started
+        workers that imported it again, without end."""
+        info, options = get_worker_info(), self._options
+        if info is not None:
+            count = "'auto'" if options.auto_workers else options.num_workers
+            warnings.warn(
+                f"a {type(self).__name__} with num_workers={count} was made in "
+                f"worker {info.id} (pid {os.getpid()}) of another loader: it makes its batches "
+                "in this process, the same batches (a worker starts no workers). A loader made "
+                "at a module's top level is made again in each worker that imports the module "
+                "(for a transform defined there): make it in a function that the training "
+                "script calls", stacklevel=4)
+        return info is not None
 
     def _worker_counts(self) -> list[int] | None:
         """The worker counts ``num_workers="auto"`` may choose among (None: any)."""

@@ -887,3 +887,51 @@ def test_a_training_script_interrupted_by_ctrl_c_exits_at_once():
     finally:
         run.kill()
         run.wait()
+
+
+def test_a_loader_made_in_a_worker_makes_its_batches_there_with_a_warning(monkeypatch):
+    from jaxloader.runtime import worker_info
+
+    monkeypatch.setattr(worker_info, "_INFO", worker_info.WorkerInfo(1, 2, 0))
+    source = jl.ArraySource({"x": np.arange(12)})
+    with pytest.warns(UserWarning, match=r"StreamLoader with num_workers=2 was made in worker 1 "
+                                         r".*in this process.*in a function"):
+        streamed = jl.StreamLoader(jl.Stream.from_generator(lambda i: ({"x": j} for j in
+                                                                       range(8)), 2),
+                                   batch_size=2, num_workers=2)
+    with pytest.warns(UserWarning, match=r"DataLoader with num_workers='auto' was made in "
+                                         r"worker 1 \(pid \d+\).*same batches") as warned:
+        loader = jl.DataLoader(source, batch_size=4, shuffle=True, num_workers="auto")
+    assert warned[0].filename == __file__  # (the line that made it)
+    with loader, streamed:
+        assert loader.num_workers == 0 and streamed.num_workers == 0
+        monkeypatch.setattr(worker_info, "_INFO", None)
+        with jl.DataLoader(source, batch_size=4, shuffle=True) as here:
+            assert_same_stream(list(loader), list(here))
+        assert len(list(zip(range(4), streamed))) == 4
+
+
+def test_a_transforms_module_that_makes_a_loader_on_import_starts_no_workers_of_workers(
+        tmp_path, monkeypatch):
+    # each worker imports the module to find its transform: its loader started workers that
+    # imported it again, without end (exponentially with 2 workers)
+    (tmp_path / "made_on_import.py").write_text(textwrap.dedent(f"""
+        import os
+        import numpy as np, jaxloader as jl
+        with open({str(tmp_path / "imports.log")!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        def double(r):
+            return {{"x": r["x"] * 2}}
+        loader = jl.DataLoader(jl.ArraySource({{"x": np.arange(16)}}), batch_size=4,
+                               num_workers=2, transforms=[double])
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "made_on_import", raising=False)
+    import made_on_import
+
+    with made_on_import.loader as loader:
+        assert [b["x"].tolist() for b in loader][1] == [8, 10, 12, 14]
+        time.sleep(0.5)  # (a worker's loader would be starting its own workers by now)
+        pids = (tmp_path / "imports.log").read_text().split()
+        assert len(pids) == 3 and len(set(pids)) == 3, pids  # this process and 2 workers
+    del sys.modules["made_on_import"]
