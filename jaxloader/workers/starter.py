@@ -251,6 +251,7 @@ def serve(fd: int, parent: int) -> None:
         if not data:
             return
         number, kind, argument = pickle.loads(data)
+        _reap_all(exited)
         reply: tuple[Any, ...]
         if kind == "start":
             (cwd, std), me, pid = argument, os.getpid(), _fork(fds)
@@ -298,6 +299,20 @@ def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int)
     from jaxloader.workers.worker import run
 
     run(fds[0], parent)
+
+
+def _reap_all(exited: dict[int, int]) -> None:
+    """Reaps every worker that has exited, its code kept for ``poll``: one whose start was cut
+    short (a Ctrl-C as the training process asked) is never asked after, and its pid stayed a
+    zombie of the starter for good."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        exited[pid] = os.waitstatus_to_exitcode(status)
 
 
 def _reaped(pid: int, exited: dict[int, int]) -> int | None:

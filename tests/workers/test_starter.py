@@ -114,6 +114,43 @@ def test_a_worker_killed_is_reported_with_its_signal():
             next(iter(loader))
 
 
+def test_a_worker_whose_start_was_cut_short_is_reaped_at_the_next_request():
+    # a Ctrl-C as the training process asked for a start drops the reply: the pool never
+    # learns the pid, never asks after it, and the worker stayed a zombie of the starter
+    from multiprocessing.connection import Pipe
+
+    from jaxloader.workers.process import worker_environment
+
+    forked = starter.Starter(worker_environment(os.environ))
+    try:
+        ours, theirs = Pipe()
+        forked._ask(("start", (os.getcwd(), [])), [theirs.fileno()])  # (the reply dropped)
+        theirs.close()
+        ours.close()  # the worker sees its pipe's end and exits
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _zombies_of(forked.pid):
+            time.sleep(0.02)
+        assert _zombies_of(forked.pid)  # exited, not yet reaped
+        assert forked.poll(1 << 22) is not None  # any request: every exited worker is reaped
+        assert not _zombies_of(forked.pid)
+    finally:
+        forked.close()
+        forked._popen.wait(30)
+
+
+def _zombies_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and fields[0] == "Z" and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
 def test_without_a_starter_workers_are_exec_d_one_by_one(monkeypatch):
     monkeypatch.setattr(starter, "AVAILABLE", False)
     seen = _run()
