@@ -1,0 +1,65 @@
+"""A source is read by one thread at a time in the training process: ``peek()`` beside a
+device-put thread, two loaders over one source or a shared part, a loader closed while
+another reads (a ParquetSource crashed the process, or said its file was damaged)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import numpy as np
+
+import jaxloader as jl
+
+
+class Watched:
+    """A source that counts the times two threads read it at once."""
+
+    def __init__(self, n: int, base: int = 0) -> None:
+        self.n, self.base, self.inside, self.overlaps = n, base, 0, 0
+        self.guard = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        with self.guard:
+            self.inside += 1
+            self.overlaps += self.inside > 1
+        time.sleep(0.0005)  # (a read that takes a while: a row group's decode)
+        with self.guard:
+            self.inside -= 1
+        return {"x": np.int64(self.base + i)}
+
+
+def test_peek_beside_the_device_put_thread_reads_the_source_in_turn():
+    source = Watched(400)
+    with jl.DataLoader(source, batch_size=8, shuffle=True, seed=1, num_workers=0,
+                       sharding=jax.devices()[0], device_prefetch=4) as loader, \
+            jl.DataLoader(source, batch_size=8, shuffle=True, seed=1) as reference:
+        it, expected = iter(loader), list(reference)
+        for step in range(30):
+            peeked = loader.peek()
+            got = next(it)
+            assert np.array_equal(np.asarray(peeked["x"]), expected[step]["x"])
+            assert np.array_equal(np.asarray(got["x"]), expected[step]["x"])
+    assert source.overlaps == 0
+
+
+def test_two_loaders_sharing_a_part_read_it_in_turn_and_a_close_waits_for_a_read():
+    shared = Watched(200)
+    whole = jl.ConcatSource([shared, Watched(50, base=1000)])
+    first = jl.DataLoader(shared, batch_size=8, shuffle=True, num_workers=0,
+                          sharding=jax.devices()[0])
+    second = jl.DataLoader(whole, batch_size=8, shuffle=True, num_workers=0,
+                           sharding=jax.devices()[0])
+    with first, second:
+        done = []
+        thread = threading.Thread(target=lambda: done.append(len(list(second))))
+        thread.start()
+        count = len(list(first))
+        for _ in range(5):
+            jl.DataLoader(whole, batch_size=8).close()  # (closes the parts between reads)
+        thread.join(60)
+    assert (count, done) == (25, [31]) and shared.overlaps == 0
