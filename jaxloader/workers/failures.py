@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import time
 from typing import Any, Callable, Iterable
 
@@ -44,10 +45,27 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
         except Exception:  # noqa: BLE001 - the text below still says what happened
             cause = None
     return WorkerError(
-        f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}\n"
+        f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}{_not_found(cause)}\n"
         f"--- traceback in the {who.split()[-1]} ---\n{failed.traceback.rstrip()}\n"
         "--- the loader is broken; fix the cause and create a new loader ---"
     ), cause
+
+
+def _not_found(cause: BaseException | None) -> str:
+    """Where this process found a module a worker could not import (a notebook that changed
+    directory since it imported a module from the one it was in: a worker's ``''`` on
+    ``sys.path`` is its directory now), and the remedy; ``""`` for other causes."""
+    name = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
+    where = getattr(sys.modules.get(name or ""), "__file__", None)
+    if not name or not where:
+        return ""
+    folder = os.path.dirname(where)
+    for _ in range(name.count(".") + os.path.basename(where).startswith("__init__.")):
+        folder = os.path.dirname(folder)  # (the folder a package is found in)
+    here = f" (its '' is the directory of the moment, {os.getcwd()})" if "" in sys.path else ""
+    return (f" (this process imported {name} from {where}, which the worker's sys.path does "
+            f"not find{here}: put {folder} on sys.path, or PYTHONPATH, before making the "
+            "loader)")
 
 
 # the signals faulthandler dumps the stacks on (native code that crashed)

@@ -935,3 +935,25 @@ def test_a_transforms_module_that_makes_a_loader_on_import_starts_no_workers_of_
         pids = (tmp_path / "imports.log").read_text().split()
         assert len(pids) == 3 and len(set(pids)) == 3, pids  # this process and 2 workers
     del sys.modules["made_on_import"]
+
+
+def test_a_module_the_workers_cannot_import_is_named_with_where_this_process_found_it(
+        tmp_path, monkeypatch):
+    # a notebook imports a module of its directory ('' on sys.path), then changes directory:
+    # the workers, started there, said only "No module named ..."
+    (tmp_path / "first").mkdir(), (tmp_path / "second").mkdir()
+    (tmp_path / "first" / "helpers_left_behind.py").write_text("def same(r):\n    return r\n")
+    monkeypatch.chdir(tmp_path / "first")
+    monkeypatch.syspath_prepend("")
+    monkeypatch.delitem(sys.modules, "helpers_left_behind", raising=False)
+    import helpers_left_behind
+
+    monkeypatch.chdir(tmp_path / "second")
+    with pytest.raises(jl.WorkerError, match=(
+            rf"No module named 'helpers_left_behind' \(this process imported "
+            rf"helpers_left_behind from {tmp_path}/first/helpers_left_behind.py.*'' is the "
+            rf"directory of the moment, {tmp_path}/second\): put {tmp_path}/first on sys.path")):
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=1,
+                           transforms=[helpers_left_behind.same]) as loader:
+            next(iter(loader))
+    del sys.modules["helpers_left_behind"]
