@@ -20,7 +20,9 @@ Cases (jaxloader only, with 2 workers, batches of 256, as ``bench_files.py`` and
   ``.cls``), ``Map(decode)``;
 - ``small``, ``large``, ``huge``: 2,000 batches of 256 records of 16 float32 (16 KiB), 60 of 64
   records of 150 KiB (9.4 MiB), 60 of 16 records of 2 MiB (32 MiB), from an ``ArraySource``
-  shuffled, after a warm-up.
+  shuffled, after a warm-up;
+- ``small_here``: ``small`` made in process (``num_workers=0``): the main process's own
+  per-batch path, with nothing to overlap it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ("parquet_local", "tar", "small", "large", "huge")
+CASES = ("parquet_local", "tar", "small", "large", "huge", "small_here")
 
 
 def child(case: str, data: str) -> dict:
@@ -64,12 +66,13 @@ def child(case: str, data: str) -> dict:
         warm, count = 20, 300
     else:
         rows, width, many = {"small": (256, 16, 40), "large": (64, 150 * 256, 40),
-                             "huge": (16, 512 * 1024, 16)}[case]
+                             "huge": (16, 512 * 1024, 16), "small_here": (256, 16, 40)}[case]
         x = np.random.default_rng(0).random((rows * many, width), dtype=np.float32)
         loader = jl.DataLoader(jl.ArraySource({"x": x, "y": np.arange(len(x))}),
-                               batch_size=rows, shuffle=True, num_workers=2, num_epochs=None,
+                               batch_size=rows, shuffle=True, num_epochs=None,
+                               num_workers=0 if case == "small_here" else 2,
                                process_index=0, process_count=1)
-        warm, count = 20, 2000 if case == "small" else 60
+        warm, count = 20, 2000 if case.startswith("small") else 60
     with loader:
         it = iter(loader)
         for _ in range(warm):

@@ -4,8 +4,8 @@ A ``MapSource``'s fingerprint and a ``Stream.map``'s shard names carry it, so th
 under another function is refused; a ``FilteredSource``'s kept indices carry its ``deep`` form,
 so that a file kept by another predicate is found again (``kept_arrays``). What a ``repr``
 shows differently in each process is left out (a memory address, ``<Scale object at 0x7f...>``,
-where an object's attributes are its own; the order of a set of strings, which Python hashes
-with a random key each run), so a state saved under the same function restores in a new
+where an object's attributes are its own; the order of a set of strings, at any depth of a
+tuple, list, dict or dataclass, which Python hashes with a random key each run), so a state saved under the same function restores in a new
 process. What code reads without naming it (a file, a database) is not seen.
 
 Example:
@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import dis
 import functools
 import hashlib
@@ -199,10 +200,67 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
 
 
 def _repr(value: Any) -> str:
+    """``repr(value)``; where a set of strings is inside it (a tuple's, a list's, a dict's,
+    a dataclass's or a named tuple's item, at any depth), written as ``repr`` would with each
+    such set sorted: ``repr`` wrote it in the order of this run's hash key, so a state saved
+    under a ``partial(fn, stop={"a", "b"})`` was refused in every new process."""
     try:
-        return repr(value)
+        return _ordered(value, 0) if _holds_ordered(value, 0) else repr(value)
     except Exception:  # noqa: BLE001 - a repr that raises: the type says what it can
         return f"<{type(value).__qualname__}>"
+
+
+_DEPTH = 16  # containers walked into, at most
+
+
+def _parts(value: Any) -> list | None:
+    """The items of a container ``_repr`` writes itself (a dict's keys and values in turn, a
+    dataclass's or named tuple's fields), or None."""
+    kind = type(value)
+    if kind in (tuple, list) or isinstance(value, (set, frozenset)):
+        return list(value)
+    if kind is dict:
+        return [item for pair in value.items() for item in pair]
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and \
+            _generated_repr(kind):
+        return [getattr(value, f.name) for f in dataclasses.fields(value) if f.repr]
+    return None
+
+
+def _holds_ordered(value: Any, depth: int) -> bool:
+    """Whether a set of strings (hash-ordered) is in ``value``, at any depth."""
+    if isinstance(value, (set, frozenset)) and _hash_ordered(value):
+        return True
+    parts = _parts(value) if depth < _DEPTH else None
+    return parts is not None and any(_holds_ordered(v, depth + 1) for v in parts)
+
+
+def _ordered(value: Any, depth: int) -> str:
+    """``repr(value)`` with every set of strings in it sorted (``_holds_ordered``)."""
+    if depth >= _DEPTH or not _holds_ordered(value, depth):
+        return repr(value)
+    each = [_ordered(v, depth + 1) for v in _parts(value) or ()]
+    kind = type(value)
+    if isinstance(value, (set, frozenset)):
+        return f"{kind.__name__}({sorted(each)!r})"
+    if kind is list:
+        return f"[{', '.join(each)}]"
+    if kind is tuple:
+        return f"({', '.join(each)}{',' if len(each) == 1 else ''})"
+    if kind is dict:
+        return "{" + ", ".join(f"{k}: {v}" for k, v in zip(each[::2], each[1::2])) + "}"
+    names = kind._fields if isinstance(value, tuple) else [  # type: ignore[attr-defined]
+        f.name for f in dataclasses.fields(value) if f.repr]
+    return f"{kind.__qualname__}({', '.join(f'{n}={v}' for n, v in zip(names, each))})"
+
+
+def _generated_repr(kind: type) -> bool:
+    """Whether ``kind`` is a dataclass whose ``__repr__`` is the generated one (``_ordered``
+    writes that form only; one of the class's own is left to itself)."""
+    wrapped = getattr(kind.__repr__, "__wrapped__", None)  # (reprlib.recursive_repr's)
+    return getattr(wrapped, "__qualname__", "").endswith("__create_fn__.<locals>.__repr__")
 
 
 def _attributes(value: Any) -> dict[str, Any]:
@@ -219,8 +277,8 @@ def _attributes(value: Any) -> dict[str, Any]:
 def _hash_ordered(value: Any) -> bool:
     """Whether a set's order depends on the process (strings and bytes are hashed with a
     random key each run), not on its values alone."""
-    return any(isinstance(v, (str, bytes)) or isinstance(v, tuple) and _hash_ordered(v)
-               for v in value)
+    return any(isinstance(v, (str, bytes)) or isinstance(v, (tuple, frozenset)) and
+               _hash_ordered(v) for v in value)
 
 
 def _update_code(digest: Any, code: Any) -> None:
@@ -230,4 +288,4 @@ def _update_code(digest: Any, code: Any) -> None:
             _update_code(digest, const)
         else:
             digest.update((_value_text(const) if isinstance(const, frozenset)
-                           else repr(const)).encode())
+                           else _repr(const)).encode())
