@@ -63,3 +63,20 @@ def test_two_loaders_sharing_a_part_read_it_in_turn_and_a_close_waits_for_a_read
             jl.DataLoader(whole, batch_size=8).close()  # (closes the parts between reads)
         thread.join(60)
     assert (count, done) == (25, [31]) and shared.overlaps == 0
+
+
+def test_loaders_over_lists_keep_no_lock_and_a_sources_lock_goes_with_it():
+    import gc
+
+    from jaxloader.base import source_locks
+
+    gc.collect()
+    before = len(source_locks._LOCKS)
+    for _ in range(20):  # (a list takes no weak reference: a lock kept for it stayed)
+        with jl.DataLoader([{"x": np.int64(i)} for i in range(8)], batch_size=4) as loader:
+            next(iter(loader))
+        with jl.DataLoader(Watched(8), batch_size=4) as loader:
+            loader.peek()
+    del loader
+    gc.collect()
+    assert len(source_locks._LOCKS) == before

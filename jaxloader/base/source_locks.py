@@ -9,6 +9,10 @@ one cache, where two threads crashed the process (a segfault in ``read_row_group
 a time (``engines.in_process.made_here``), and its files are closed between them
 (``sources.parts.close_source``). Workers read their own copies and take no lock.
 
+An object that takes no weak reference (a list of records, a tuple) gets a lock of its own
+at each call, which holds nothing back: Python's own containers are read safely from two
+threads, and a lock kept for it could not be dropped with it.
+
 A source made of others (a mixture, a concatenation, a filter over one) holds the lock of
 each of them, taken in one order (by ``id``: no two threads wait on each other), since two
 loaders may share a part and not the whole.
@@ -78,9 +82,10 @@ def _kept(key: tuple, owner: Any, make: Any) -> Any:
     with _GUARD:
         found = _LOCKS.get(key)
         if found is None:
-            found = _LOCKS[key] = make()
+            found = make()
             try:  # dropped with its owner, so that a new object at its id gets its own
                 weakref.finalize(owner, _LOCKS.pop, key, None).atexit = False
-            except TypeError:  # (no weak reference to it: kept, one lock shared at worst)
-                pass
+            except TypeError:  # no weak reference to it (a list, a tuple: Python's own
+                return found  # containers read safely from two threads): not kept
+            _LOCKS[key] = found
     return found

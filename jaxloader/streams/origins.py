@@ -1,8 +1,8 @@
 """Where a stream's record came from (its shard and its place there), for messages only.
 
-A reader keeps no origin per record. It keeps, per window, where each shard's run of records
-in the window starts (``Segments``); a message reads the shard again from there to name the
-record's place (a line, a record count, or the shard's state after it). A loader's batch
+A reader keeps no origin per record. It keeps, per window, where the window starts and where
+it crossed into another shard (``Segments``); a message reads the shard again from there to
+name the record's place (a line, a record count, or the shard's state after it). A loader's batch
 maker likewise keeps its reader's state before each batch, and reads the batch again up to a
 record that failed (``described``). Nothing is done for a record that raises no error.
 
@@ -49,9 +49,10 @@ def last_origin(reader: Any) -> str | None:
     read = reader._read_from if reader._emitted else reader._previous
     if read is None:
         return None
-    mine, segments, permutation = read
+    mine, (shard, state), crossed, permutation = read
     index = permutation[reader._emitted - 1] if reader._emitted else permutation[-1]
-    return segments.place(reader.stream.shards, mine, int(index))
+    runs = Segments([(shard, state, 0), *((at, None, first) for at, first in crossed or ())])
+    return runs.place(reader.stream.shards, mine, int(index))
 
 
 def mixture_origin(reader: Any) -> str | None:

@@ -41,7 +41,7 @@ from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import MappedShard, generator_shards
-from jaxloader.streams.origins import Segments, last_origin, state_or_why
+from jaxloader.streams.origins import last_origin, state_or_why
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
@@ -229,7 +229,7 @@ class StreamReader:
         self._ended = False
         self._window_epoch = self._window_key = 0
         self._window_start: tuple = (0, None)
-        self._read_from: tuple | None = None  # the window's (shards, Segments, permutation)
+        self._read_from: tuple | None = None  # the window's (shards, start, crossed, order)
         self._previous: tuple | None = None  # the window's before it (origin() reads them)
 
     # -- state ------------------------------------------------------------------------------
@@ -306,14 +306,14 @@ class StreamReader:
             shard = self._current if self._shard < len(self._mine) else None
             self._window_start = (self._shard, shard.get_state() if shard else None)
             window: list = []
-            segments = Segments([(*self._window_start, 0)])
+            crossed: list | None = None  # (shard, first) of each shard opened in the window
             while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):
                 try:
                     window.append(self._read())
                 except StopIteration:
                     self._shard += 1
                     self._open(self._shard, None)
-                    segments.append((self._shard, None, len(window)))
+                    crossed = [*(crossed or ()), (self._shard, len(window))]
             if window:
                 break
             if self._window_number == 0:  # a whole epoch without a record: the next, unless
@@ -343,8 +343,8 @@ class StreamReader:
             self._permutation = IndexShuffle(n, seed=key, epoch=self._window_key)(np.arange(n))
         else:
             self._permutation = np.zeros(1, np.int64)
-        self._previous, self._read_from = self._read_from, (self._mine, segments,
-                                                           self._permutation)
+        self._previous, self._read_from = self._read_from, (self._mine, self._window_start,
+                                                           crossed, self._permutation)
 
     def _read(self) -> Any:
         shard = self._current
