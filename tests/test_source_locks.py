@@ -80,3 +80,35 @@ def test_loaders_over_lists_keep_no_lock_and_a_sources_lock_goes_with_it():
     del loader
     gc.collect()
     assert len(source_locks._LOCKS) == before
+
+
+def test_a_ctrl_c_anywhere_in_taking_or_letting_go_of_the_locks_leaves_none_held():
+    # taken in a loop, a lock whose acquire() had returned, or one a release loop had not yet
+    # reached, stayed held by the main thread: the device-put thread then hung for good
+    import signal
+
+    from jaxloader.base.source_locks import holding, source_lock
+
+    class Part:
+        pass
+
+    parts = [Part() for _ in range(4)]
+    locks = source_lock(parts[0], lambda _: parts)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for round_ in range(400):
+            signal.setitimer(signal.ITIMER_REAL, 1e-5 * (1 + round_ % 37))
+            try:
+                while True:
+                    holding(locks, int)
+            except KeyboardInterrupt:
+                pass
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            assert not any(lock._is_owned() for lock in locks), round_
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

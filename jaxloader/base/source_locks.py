@@ -20,11 +20,9 @@ loaders may share a part and not the whole.
 Example:
     >>> class Source: ...
     >>> a, b = Source(), Source()
-    >>> held = SourceLock([a, b])
-    >>> with held:
-    ...     lock_of(a).acquire(blocking=False)  # (re-entrant: this thread holds it)
+    >>> holding(source_lock(a, lambda s: [s, b]), lambda: lock_of(b).acquire(blocking=False))
     True
-    >>> lock_of(a).release(); lock_of(a) is lock_of(a), lock_of(a) is lock_of(b)
+    >>> lock_of(b).release(); lock_of(a) is lock_of(a), lock_of(a) is lock_of(b)
     (True, False)
 """
 
@@ -32,10 +30,10 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable
 
-_LOCKS: dict[int, Any] = {}  # id(object) -> its lock (or a source's SourceLock), while it lives
-_GUARD = threading.RLock()  # (a SourceLock made under it finds its parts' locks)
+_LOCKS: dict[tuple, Any] = {}  # (kind, id) -> a lock, or a source's parts' locks, while it lives
+_GUARD = threading.RLock()  # (parts' locks are found under it as a source's are made)
 
 
 def lock_of(source: Any) -> threading.RLock:
@@ -43,36 +41,21 @@ def lock_of(source: Any) -> threading.RLock:
     return _kept(("one", id(source)), source, threading.RLock)
 
 
-class SourceLock:
-    """The locks of ``sources`` (a source and its parts), held together: taken in the order
-    of their ids, and let go in the reverse."""
-
-    def __init__(self, sources: Iterable[Any]) -> None:
-        self._locks = [lock_of(s) for s in sorted(sources, key=id)]
-
-    def __enter__(self) -> None:
-        taken = 0
-        try:
-            for lock in self._locks:
-                lock.acquire()
-                taken += 1
-        except BaseException:  # (a Ctrl-C between two: none stays held)
-            for lock in reversed(self._locks[:taken]):
-                lock.release()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        for lock in reversed(self._locks):
-            lock.release()
+def source_lock(source: Any, parts: Any) -> tuple[threading.RLock, ...]:
+    """``source``'s locks, found once: each of ``parts(source)``'s (its parts and itself), in
+    the order of their ids; ``holding`` takes them."""
+    return _kept(("all", id(source)), source,
+                 lambda: tuple(lock_of(s) for s in sorted(parts(source), key=id)))
 
 
-def source_lock(source: Any, parts: Any) -> Any:
-    """``source``'s lock, made once: a ``SourceLock`` over ``parts(source)`` (its parts and
-    itself), or its own lock where it has no parts."""
-    def make() -> Any:
-        every = list(parts(source))
-        return SourceLock(every) if len(every) > 1 else lock_of(source)
-    return _kept(("all", id(source)), source, make)
+def holding(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with every lock of ``locks`` held, each taken in a ``with`` block of its
+    own: a Ctrl-C leaves none held (between a lock's taking and its ``with``, or between two
+    releases of a loop, it left one held for good, and the next thread to read hung)."""
+    if not locks:
+        return fn(*args)
+    with locks[0]:
+        return holding(locks[1:], fn, *args)
 
 
 def _kept(key: tuple, owner: Any, make: Any) -> Any:

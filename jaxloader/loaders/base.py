@@ -12,6 +12,7 @@ A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import warnings
@@ -152,6 +153,8 @@ class LoaderLifecycle:
         info, options = get_worker_info(), self._options
         if info is not None:
             count = "'auto'" if options.auto_workers else options.num_workers
+            self._options = dataclasses.replace(options, auto_workers=False,
+                                                auto_prefetch=False)  # (no count to tune)
             warnings.warn(
                 f"a {type(self).__name__} with num_workers={count} was made in "
                 f"worker {info.id} (pid {os.getpid()}) of another loader: it makes its batches "

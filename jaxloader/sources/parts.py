@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from jaxloader.base.abilities import close_of, parts_of
-from jaxloader.base.source_locks import source_lock
+from jaxloader.base.source_locks import holding, source_lock
 
 
 def walk(source: Any) -> Iterator[Any]:
@@ -38,7 +38,10 @@ def close_source(source: Any) -> None:
     """Closes what ``source`` and the sources it is made of hold open in this process (files,
     decoded rows): jaxloader's own sources, which reopen on their next read; a user's source,
     whose ``close`` may end it for good, is left alone."""
-    with source_lock(source, walk):  # (not while another thread makes a batch from it)
-        for each in walk(source):
-            if type(each).__module__.startswith("jaxloader."):
-                close_of(each)
+    holding(source_lock(source, walk), _close_parts, source)  # (not while a batch is made)
+
+
+def _close_parts(source: Any) -> None:
+    for each in walk(source):
+        if type(each).__module__.startswith("jaxloader."):
+            close_of(each)

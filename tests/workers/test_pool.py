@@ -899,6 +899,11 @@ def test_a_loader_made_in_a_worker_makes_its_batches_there_with_a_warning(monkey
         streamed = jl.StreamLoader(jl.Stream.from_generator(lambda i: ({"x": j} for j in
                                                                        range(8)), 2),
                                    batch_size=2, num_workers=2)
+    with pytest.warns(UserWarning, match=r"StreamLoader with num_workers='auto'"):
+        tuned = jl.StreamLoader(jl.Stream.from_generator(lambda i: ({"x": j} for j in
+                                                                    range(8)), 2),
+                                batch_size=2, num_workers="auto", prefetch="auto",
+                                readers_per_process=2)
     with pytest.warns(UserWarning, match=r"DataLoader with num_workers='auto' was made in "
                                          r"worker 1 \(pid \d+\).*same batches") as warned:
         loader = jl.DataLoader(source, batch_size=4, shuffle=True, num_workers="auto")
@@ -909,6 +914,8 @@ def test_a_loader_made_in_a_worker_makes_its_batches_there_with_a_warning(monkey
         with jl.DataLoader(source, batch_size=4, shuffle=True) as here:
             assert_same_stream(list(loader), list(here))
         assert len(list(zip(range(4), streamed))) == 4
+    with tuned:  # (its runs asked the in-process engine for a roster)
+        assert len(list(zip(range(4), tuned))) == 4 and tuned.num_workers == 0
 
 
 def test_a_transforms_module_that_makes_a_loader_on_import_starts_no_workers_of_workers(

@@ -114,9 +114,11 @@ def test_a_worker_killed_is_reported_with_its_signal():
             next(iter(loader))
 
 
-def test_a_worker_whose_start_was_cut_short_is_reaped_at_the_next_request():
+def test_a_worker_whose_start_was_cut_short_is_reaped_after_the_next_request():
     # a Ctrl-C as the training process asked for a start drops the reply: the pool never
     # learns the pid, never asks after it, and the worker stayed a zombie of the starter
+    import pickle
+    import socket
     from multiprocessing.connection import Pipe
 
     from jaxloader.workers.process import worker_environment
@@ -124,15 +126,16 @@ def test_a_worker_whose_start_was_cut_short_is_reaped_at_the_next_request():
     forked = starter.Starter(worker_environment(os.environ))
     try:
         ours, theirs = Pipe()
-        forked._ask(("start", (os.getcwd(), [])), [theirs.fileno()])  # (the reply dropped)
+        request = pickle.dumps((next(forked._numbers), "start", (os.getcwd(), [])))
+        socket.send_fds(forked._socket, [request], [theirs.fileno()])  # (its reply unread)
         theirs.close()
         ours.close()  # the worker sees its pipe's end and exits
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not _zombies_of(forked.pid):
             time.sleep(0.02)
         assert _zombies_of(forked.pid)  # exited, not yet reaped
-        assert forked.poll(1 << 22) is not None  # any request: every exited worker is reaped
-        assert not _zombies_of(forked.pid)
+        assert forked.poll(1 << 22) is not None  # the next request: its reply is read, and
+        assert not _zombies_of(forked.pid) and forked.idle  # the worker it names asked after
     finally:
         forked.close()
         forked._popen.wait(30)
