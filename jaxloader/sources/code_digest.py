@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import dis
 import functools
@@ -186,7 +187,7 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
     if isinstance(value, (set, frozenset)) and _hash_ordered(value):
         text = f"{type(value).__name__}({sorted(map(_repr, value))!r})"
         return text if whole else text[:200]
-    text = _repr(value)
+    text = _repr(value, None if whole else 200)
     text = text if whole else text[:200]
     if _ADDRESS.search(text) is None:
         return text
@@ -199,65 +200,100 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
     return _ADDRESS.sub("", text)
 
 
-def _repr(value: Any) -> str:
-    """``repr(value)``; where a set of strings is inside it (a tuple's, a list's, a dict's,
-    a dataclass's or a named tuple's item, at any depth), written as ``repr`` would with each
-    such set sorted: ``repr`` wrote it in the order of this run's hash key, so a state saved
-    under a ``partial(fn, stop={"a", "b"})`` was refused in every new process."""
+def _repr(value: Any, limit: int | None = None) -> str:
+    """``repr(value)`` (at least its first ``limit`` characters where it is longer; ``None``:
+    all of it), where every set of two or more strings in a tuple, list, dict, dataclass or
+    named tuple, at any depth, is written sorted: ``repr`` wrote it in the order of this run's
+    hash key, so a state saved under a ``partial(fn, stop={"a", "b"})`` was refused in every
+    new process. Without such a set the text is ``repr``'s (what older versions digested)."""
     try:
-        return _ordered(value, 0) if _holds_ordered(value, 0) else repr(value)
+        return _Written(limit).text(value, 0)[0]
     except Exception:  # noqa: BLE001 - a repr that raises: the type says what it can
         return f"<{type(value).__qualname__}>"
 
 
-_DEPTH = 16  # containers walked into, at most
+_DEPTH = 16  # containers written item by item, at most this deep
+_ATOMIC = (str, int, float, bool, bytes, type(None))  # (a container of these: repr's own)
 
 
-def _parts(value: Any) -> list | None:
-    """The items of a container ``_repr`` writes itself (a dict's keys and values in turn, a
-    dataclass's or named tuple's fields), or None."""
+class _Written:
+    """``_repr``'s writer: a container's items in turn, each as ``repr`` writes it, until the
+    text holds ``limit`` characters (a 200,000-word vocabulary is not walked for 200)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.left = limit
+        self.path: set[int] = set()  # (containers being written: a cycle is written as repr)
+
+    def text(self, value: Any, depth: int) -> tuple[str, bool]:
+        """``value``'s text and whether it is whole (not cut at the limit)."""
+        kind = type(value)
+        if isinstance(value, (set, frozenset)) and len(value) > 1 and _hash_ordered(value):
+            return self._spent(f"{kind.__name__}({sorted(_repr(v) for v in value)!r})")
+        items, opening, closing = _shape(value)
+        if items is None or depth >= _DEPTH or all(type(v) in _ATOMIC for v in items):
+            return self._spent(repr(value))  # (also a cycle's "[...]", as repr writes it)
+        if id(value) in self.path:
+            return self._spent(_CYCLE.get(kind, "..."))
+        self.path.add(id(value))
+        out = [opening]
+        try:
+            for i, item in enumerate(items):
+                if i:
+                    out.append(": " if kind is dict and i % 2 else ", ")
+                if opening.endswith("(") and kind not in (tuple, set, frozenset):
+                    out.append(f"{_field_names(value)[i]}=")
+                written, whole = self.text(item, depth + 1)
+                out.append(written)
+                if not whole:
+                    return "".join(out), False
+        finally:
+            self.path.discard(id(value))
+        if kind is tuple and len(items) == 1:
+            out.append(",")
+        out.append(closing)
+        return "".join(out), True
+
+    def _spent(self, text: str) -> tuple[str, bool]:
+        if self.left is None:
+            return text, True
+        self.left -= len(text)
+        return text, self.left > 0
+
+
+_CYCLE: dict[type, str] = {list: "[...]", dict: "{...}", tuple: "(...)"}
+
+
+def _shape(value: Any) -> tuple[list | None, str, str]:
+    """The items ``_repr`` writes one by one (a dict's keys and values in turn, a dataclass's
+    or named tuple's fields) and what opens and closes them; ``(None, "", "")`` for others."""
     kind = type(value)
-    if kind in (tuple, list) or isinstance(value, (set, frozenset)):
-        return list(value)
+    if kind is list:
+        return list(value), "[", "]"
+    if kind is tuple:
+        return list(value), "(", ")"
     if kind is dict:
-        return [item for pair in value.items() for item in pair]
-    if isinstance(value, tuple) and hasattr(kind, "_fields"):
-        return list(value)
+        return [item for pair in value.items() for item in pair], "{", "}"
+    if kind in (set, frozenset) and len(value) == 1:  # (a set of one set of strings)
+        return list(value), "{" if kind is set else "frozenset({", "}" if kind is set else "})"
+    if isinstance(value, tuple) and getattr(kind.__repr__, "__code__", None) is _NAMED_REPR:
+        return list(value), f"{kind.__name__}(", ")"
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and \
             _generated_repr(kind):
-        return [getattr(value, f.name) for f in dataclasses.fields(value) if f.repr]
-    return None
+        return [getattr(value, n) for n in _field_names(value)], f"{kind.__qualname__}(", ")"
+    return None, "", ""
 
 
-def _holds_ordered(value: Any, depth: int) -> bool:
-    """Whether a set of strings (hash-ordered) is in ``value``, at any depth."""
-    if isinstance(value, (set, frozenset)) and _hash_ordered(value):
-        return True
-    parts = _parts(value) if depth < _DEPTH else None
-    return parts is not None and any(_holds_ordered(v, depth + 1) for v in parts)
+def _field_names(value: Any) -> list[str]:
+    if isinstance(value, tuple):
+        return list(type(value)._fields)  # type: ignore[attr-defined]
+    return [f.name for f in dataclasses.fields(value) if f.repr]
 
 
-def _ordered(value: Any, depth: int) -> str:
-    """``repr(value)`` with every set of strings in it sorted (``_holds_ordered``)."""
-    if depth >= _DEPTH or not _holds_ordered(value, depth):
-        return repr(value)
-    each = [_ordered(v, depth + 1) for v in _parts(value) or ()]
-    kind = type(value)
-    if isinstance(value, (set, frozenset)):
-        return f"{kind.__name__}({sorted(each)!r})"
-    if kind is list:
-        return f"[{', '.join(each)}]"
-    if kind is tuple:
-        return f"({', '.join(each)}{',' if len(each) == 1 else ''})"
-    if kind is dict:
-        return "{" + ", ".join(f"{k}: {v}" for k, v in zip(each[::2], each[1::2])) + "}"
-    names = kind._fields if isinstance(value, tuple) else [  # type: ignore[attr-defined]
-        f.name for f in dataclasses.fields(value) if f.repr]
-    return f"{kind.__qualname__}({', '.join(f'{n}={v}' for n, v in zip(names, each))})"
+_NAMED_REPR = getattr(collections.namedtuple("_Named", "a").__repr__, "__code__", None)
 
 
 def _generated_repr(kind: type) -> bool:
-    """Whether ``kind`` is a dataclass whose ``__repr__`` is the generated one (``_ordered``
+    """Whether ``kind`` is a dataclass whose ``__repr__`` is the generated one (``_repr``
     writes that form only; one of the class's own is left to itself)."""
     wrapped = getattr(kind.__repr__, "__wrapped__", None)  # (reprlib.recursive_repr's)
     return getattr(wrapped, "__qualname__", "").endswith("__create_fn__.<locals>.__repr__")

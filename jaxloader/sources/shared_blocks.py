@@ -201,20 +201,28 @@ def _room() -> bool:
         return True
     if not _WARNED:
         _WARNED.append(most)
-        import resource
-
-        warnings.warn(
-            f"ParquetSource(share_decoded=True): this process (pid {os.getpid()}) maps {most} "
-            f"shared row groups, as many as its descriptor limit allows before Python 3.13 "
-            f"(an eighth of {resource.getrlimit(resource.RLIMIT_NOFILE)[0]:,}; each mapping "
-            "holds a descriptor); the others it reads at once it decodes for itself, as each "
-            "worker then does: raise the limit (ulimit -n, or resource.setrlimit before the "
-            "loader is made), read fewer row groups at once (a smaller LocalShuffle window), "
-            "or use Python 3.13 or newer", PerformanceWarning, stacklevel=2)
+        warnings.warn(_budget_said(most), PerformanceWarning, stacklevel=2)
     return False
 
 
 _WARNED: list[int] = []  # (one warning a process)
+
+
+def _budget_said(most: int) -> str:
+    """Why a process maps no more than ``most`` shared row groups, and what to do."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if most >= MAX_OWNED or soft == resource.RLIM_INFINITY:
+        why, raise_it = f"the most a process maps at once ({MAX_OWNED})", ""
+    else:
+        why = (f"a sixteenth of its descriptor limit, {soft:,}, before Python 3.13 (each "
+               "mapping holds a descriptor, and Python's mmap one more)")
+        raise_it = "raise the limit (ulimit -n, or resource.setrlimit before the loader is made), "
+    return (f"ParquetSource(share_decoded=True): this process (pid {os.getpid()}) maps {most} "
+            f"shared row groups, {why}; the others it reads at once it decodes for itself, as "
+            f"each worker then does: {raise_it}read fewer row groups at once (a smaller "
+            "LocalShuffle window), or use Python 3.13 or newer")
 
 
 def _read(mapping: mmap.mmap, block: int, nonce: int) -> Any:

@@ -115,7 +115,23 @@ def test_values_without_a_set_of_strings_digest_as_before():
     # a state saved by an earlier version restores: those values' text is still their repr
     from jaxloader.sources.code_digest import _repr
 
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        stop: set
+        parent: object = None
+
+    cyclic = [1, ("a",)]
+    cyclic.append(cyclic)
+    tree = Config({"eos"}, [Config({"x"})])
+    tree.parent[0].parent = tree  # (a back reference: repr writes "...")
     for value in [(1, [2.5, "a"], {"k": (None,)}), ("one",), {3, 1, 2}, [frozenset({4})],
-                  _keep_small, functools.partial(_keep_small, 3)]:
-        assert _repr(value) == repr(value)
+                  _keep_small, functools.partial(_keep_small, 3), ("x", {"b"}), cyclic, tree,
+                  collections.namedtuple("Pair", "a b")([{"one"}], 2), {"k": {"v"}}]:
+        assert _repr(value) == repr(value)  # (a set of one string: repr's text was stable)
     assert _repr(("x", {"b", "a"})) == """('x', set(["'a'", "'b'"]))"""  # (a set's own form)
+    many = [[i] for i in range(200_000)] + [{"b", "a"}]  # (its first 200 characters: no walk)
+    text = _repr(many, 200)
+    assert 200 <= len(text) < 1_000 and repr(many).startswith(text)

@@ -8,6 +8,7 @@ import gc
 import io
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -181,8 +182,9 @@ def test_before_python_313_the_blocks_mapped_at_once_stay_within_the_descriptor_
     monkeypatch.setattr(resource, "getrlimit", lambda _: (64, 1 << 20))  # max_owned: 4
     gc.collect()
     blocks, other = SharedBlocks(table.name, 8), SharedBlocks(table.name, 8)
-    with pytest.warns(jl.PerformanceWarning, match=r"maps 4 shared row groups.*an eighth of "
-                                                   r"64.*raise the limit") as warned:
+    with pytest.warns(jl.PerformanceWarning, match=r"maps 4 shared row groups, a sixteenth "
+                                                   r"of its descriptor limit, 64,.*raise the "
+                                                   r"limit") as warned:
         kept = [blocks.get(block, lambda block=block: _table(block)) for block in range(6)]
     assert len(warned) == 1  # once a process, where the first block found no room
     assert len(shared_blocks._MAPPINGS) == 4 and sorted(blocks._owned) == [0, 1, 2, 3]
@@ -194,6 +196,18 @@ def test_before_python_313_the_blocks_mapped_at_once_stay_within_the_descriptor_
     gc.collect()  # the tables let go: room again
     assert other.get(2, lambda: calls.append(2) or _table(2)).equals(_table(2)) and calls == [1]
     blocks.close(), other.close()
+
+
+def test_the_budgets_warning_names_what_bounds_it(monkeypatch):
+    import resource
+
+    for limit, said in ((1024, r"maps 64 .*a sixteenth of its descriptor limit, 1,024.*raise"),
+                        (1 << 16, r"maps 256 .*the most a process maps at once \(256\); "
+                                  r"the others .*does: read fewer"),
+                        (resource.RLIM_INFINITY, r"maps 256 .*at once \(256\)")):
+        monkeypatch.setattr(resource, "getrlimit", lambda _, limit=limit: (limit, limit))
+        most = shm.descriptor_share(8, shared_blocks.MAX_OWNED, False)  # (as before 3.13)
+        assert re.search(said, shared_blocks._budget_said(most)), (limit, most)
 
 
 def test_a_worker_holds_at_most_max_owned_files(table, monkeypatch):
