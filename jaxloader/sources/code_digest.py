@@ -20,6 +20,7 @@ import dataclasses
 import dis
 import functools
 import hashlib
+import itertools
 import inspect
 import os
 import re
@@ -230,14 +231,15 @@ class _Written:
         if isinstance(value, (set, frozenset)) and len(value) > 1 and _hash_ordered(value):
             return self._spent(f"{kind.__name__}({sorted(_repr(v) for v in value)!r})")
         items, opening, closing = _shape(value)
-        if items is None or depth >= _DEPTH or all(type(v) in _ATOMIC for v in items):
-            return self._spent(repr(value))  # (also a cycle's "[...]", as repr writes it)
+        if items is None or depth >= _DEPTH or self.left is None and all(
+                type(v) in _ATOMIC for v in _shape(value)[0]):  # (whole: repr's, at C speed)
+            return self._spent(repr(value))
         if id(value) in self.path:
             return self._spent(_CYCLE.get(kind, "..."))
         self.path.add(id(value))
         out = [opening]
         try:
-            for i, item in enumerate(items):
+            for i, item in enumerate(items):  # (lazily: the first 200 characters' worth)
                 if i:
                     out.append(": " if kind is dict and i % 2 else ", ")
                 if opening.endswith("(") and kind not in (tuple, set, frozenset):
@@ -248,7 +250,7 @@ class _Written:
                     return "".join(out), False
         finally:
             self.path.discard(id(value))
-        if kind is tuple and len(items) == 1:
+        if kind is tuple and len(value) == 1:
             out.append(",")
         out.append(closing)
         return "".join(out), True
@@ -263,24 +265,29 @@ class _Written:
 _CYCLE: dict[type, str] = {list: "[...]", dict: "{...}", tuple: "(...)"}
 
 
-def _shape(value: Any) -> tuple[list | None, str, str]:
-    """The items ``_repr`` writes one by one (a dict's keys and values in turn, a dataclass's
-    or named tuple's fields) and what opens and closes them; ``(None, "", "")`` for others."""
+def _shape(value: Any) -> tuple[Any, str, str]:
+    """The items ``_repr`` writes one by one (an iterator: a dict's keys and values in turn,
+    a dataclass's or named tuple's fields) and what opens and closes them; ``(None, "", "")``
+    for other values."""
     kind = type(value)
-    if kind is list:
-        return list(value), "[", "]"
-    if kind is tuple:
-        return list(value), "(", ")"
-    if kind is dict:
-        return [item for pair in value.items() for item in pair], "{", "}"
+    if kind is list or kind is tuple or kind is dict:
+        return _items(value), *_BRACKETS[kind]
     if kind in (set, frozenset) and len(value) == 1:  # (a set of one set of strings)
-        return list(value), "{" if kind is set else "frozenset({", "}" if kind is set else "})"
+        return iter(value), "{" if kind is set else "frozenset({", "}" if kind is set else "})"
     if isinstance(value, tuple) and getattr(kind.__repr__, "__code__", None) is _NAMED_REPR:
-        return list(value), f"{kind.__name__}(", ")"
+        return iter(value), f"{kind.__name__}(", ")"
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and \
             _generated_repr(kind):
-        return [getattr(value, n) for n in _field_names(value)], f"{kind.__qualname__}(", ")"
+        return (getattr(value, n) for n in _field_names(value)), f"{kind.__qualname__}(", ")"
     return None, "", ""
+
+
+_BRACKETS: dict[type, tuple[str, str]] = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}")}
+
+
+def _items(value: Any) -> Any:
+    """A list's, a tuple's or a set's items, a dict's keys and values in turn (an iterator)."""
+    return itertools.chain.from_iterable(value.items()) if type(value) is dict else iter(value)
 
 
 def _field_names(value: Any) -> list[str]:
