@@ -53,7 +53,8 @@ def test_a_map_error_names_the_records_shard_and_place(tmp_path, window):
             jl.mix(streams, [0.5, 0.3, 0.2]), batch_size=7, seed=3,
             transforms=[jl.Map(same_keys), jl.Map(failing_at(target))])
         message = error_of(loader)
-        assert f"): transforms[1] Map(failing_at.<locals>.check) raised Bad: record {target}" in message
+        assert (f"): transforms[1] Map(failing_at.<locals>.check) raised Bad: record "
+                f"{target}") in message
         assert expected(tmp_path, target) + ")" in message, (target, message)
 
 
