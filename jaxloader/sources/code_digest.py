@@ -6,7 +6,8 @@ so that a file kept by another predicate is found again (``kept_arrays``). What 
 shows differently in each process is left out (a memory address, ``<Scale object at 0x7f...>``,
 where an object's attributes are its own; the order of a set of strings, at any depth of a
 tuple, list, dict or dataclass, which Python hashes with a random key each run), so a state
-saved under the same function restores in a new process. What code reads without naming it (a file, a database) is not seen.
+saved under the same function restores in a new process. What code reads without naming it
+(a file, a database) is not seen.
 
 Example:
     >>> code_digest(lambda r: r * 2) == code_digest(lambda r: r * 3)
