@@ -55,7 +55,8 @@ def holding(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: A
     if not locks:
         return fn(*args)
     with locks[0]:
-        return holding(locks[1:], fn, *args)
+        done = holding(locks[1:], fn, *args)  # (kept, not returned, inside the block: what
+    return done  # follows a call returned there is the block's, where a Ctrl-C can land)
 
 
 def _kept(key: tuple, owner: Any, make: Any) -> Any:
