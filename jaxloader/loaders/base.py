@@ -117,7 +117,10 @@ class LoaderLifecycle:
                 f"prefetch='auto' with num_workers={options.num_workers}: the tuning that "
                 "doubles the prefetch runs with num_workers='auto' only; pass "
                 "num_workers='auto', or prefetch as a count (2 by default)")
-        elif options.num_workers == 0 or self._in_a_worker():
+        elif options.num_workers == 0:
+            engine = InProcessEngine(maker)
+        elif get_worker_info() is not None:
+            self._made_in_a_worker()
             engine = InProcessEngine(maker)
         else:
             from jaxloader.workers.pool import WorkerPool
@@ -145,24 +148,23 @@ class LoaderLifecycle:
             self._monitor = Monitor(tune, options.log_every_s, self._summary)
         return engine
 
-    def _in_a_worker(self) -> bool:
-        """Whether this process is another loader's worker (or Ray actor), where a loader
-        makes its batches in process, with a warning (the same batches): a transform's module
-        that makes a loader at its top level is imported by each worker, whose loader started
-        workers that imported it again, without end."""
+    def _made_in_a_worker(self) -> None:
+        """In another loader's worker (or Ray actor) a loader makes its batches in process,
+        untuned, with a warning (the same batches): a transform's module that makes a loader
+        at its top level is imported by each worker, whose loader started workers that
+        imported it again, without end."""
         info, options = get_worker_info(), self._options
-        if info is not None:
-            count = "'auto'" if options.auto_workers else options.num_workers
-            self._options = dataclasses.replace(options, auto_workers=False,
-                                                auto_prefetch=False)  # (no count to tune)
-            warnings.warn(
-                f"a {type(self).__name__} with num_workers={count} was made in "
-                f"worker {info.id} (pid {os.getpid()}) of another loader: it makes its batches "
-                "in this process, the same batches (a worker starts no workers). A loader made "
-                "at a module's top level is made again in each worker that imports the module "
-                "(for a transform defined there): make it in a function that the training "
-                "script calls", stacklevel=4)
-        return info is not None
+        assert info is not None
+        count = "'auto'" if options.auto_workers else options.num_workers
+        self._options = dataclasses.replace(options, auto_workers=False,
+                                            auto_prefetch=False)  # (no count to tune)
+        warnings.warn(
+            f"a {type(self).__name__} with num_workers={count} was made in "
+            f"worker {info.id} (pid {os.getpid()}) of another loader: it makes its batches "
+            "in this process, the same batches (a worker starts no workers). A loader made "
+            "at a module's top level is made again in each worker that imports the module "
+            "(for a transform defined there): make it in a function that the training "
+            "script calls", stacklevel=4)
 
     def _worker_counts(self) -> list[int] | None:
         """The worker counts ``num_workers="auto"`` may choose among (None: any)."""

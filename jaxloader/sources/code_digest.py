@@ -187,7 +187,7 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
         data = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
         return f"array({value.dtype}, {value.shape}, {data.hexdigest()})"
     if isinstance(value, (set, frozenset)) and _hash_ordered(value):
-        text = f"{type(value).__name__}({sorted(map(_repr, value))!r})"
+        text = _sorted_set(value)
         return text if whole else text[:200]
     text = _repr(value, None if whole else 200)
     text = text if whole else text[:200]
@@ -200,6 +200,11 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
                          for k, v in sorted(attributes.items())])
             text += said if whole else said[:400]
     return _ADDRESS.sub("", text)
+
+
+def _sorted_set(value: Any) -> str:
+    """A set whose order is the run's hash order, written sorted (each item as ``_repr``)."""
+    return f"{type(value).__name__}({sorted(_repr(v) for v in value)!r})"
 
 
 def _repr(value: Any, limit: int | None = None) -> str:
@@ -230,7 +235,7 @@ class _Written:
         """``value``'s text and whether it is whole (not cut at the limit)."""
         kind = type(value)
         if isinstance(value, (set, frozenset)) and len(value) > 1 and _hash_ordered(value):
-            return self._spent(f"{kind.__name__}({sorted(_repr(v) for v in value)!r})")
+            return self._spent(_sorted_set(value))
         items, opening, closing = _shape(value)
         if items is None or depth >= _DEPTH or self.left is None and all(
                 type(v) in _ATOMIC for v in _shape(value)[0]):  # (whole: repr's, at C speed)
@@ -239,12 +244,13 @@ class _Written:
             return self._spent(_CYCLE.get(kind, "..."))
         self.path.add(id(value))
         out = [opening]
+        names = _field_names(value) if opening.endswith("(") and kind is not tuple else None
         try:
             for i, item in enumerate(items):  # (lazily: the first 200 characters' worth)
                 if i:
                     out.append(": " if kind is dict and i % 2 else ", ")
-                if opening.endswith("(") and kind not in (tuple, set, frozenset):
-                    out.append(f"{_field_names(value)[i]}=")
+                if names is not None:
+                    out.append(f"{names[i]}=")
                 written, whole = self.text(item, depth + 1)
                 out.append(written)
                 if not whole:
