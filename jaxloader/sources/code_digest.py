@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import dis
+import enum
 import functools
 import hashlib
 import itertools
@@ -186,8 +187,8 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
     if whole and isinstance(value, np.ndarray) and not value.dtype.hasobject:
         data = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
         return f"array({value.dtype}, {value.shape}, {data.hexdigest()})"
-    if isinstance(value, (set, frozenset)) and _hash_ordered(value):
-        text = _sorted_set(value)
+    if isinstance(value, (set, frozenset)) and _hash_ordered(value, len(value) < 2):
+        text = _sorted_set(value)  # (a set of one Enum member: repr's text, as before)
         return text if whole else text[:200]
     text = _repr(value, None if whole else 200)
     text = text if whole else text[:200]
@@ -324,11 +325,28 @@ def _attributes(value: Any) -> dict[str, Any]:
     return found
 
 
-def _hash_ordered(value: Any) -> bool:
-    """Whether a set's order depends on the process (strings and bytes are hashed with a
-    random key each run), not on its values alone."""
-    return any(isinstance(v, (str, bytes)) or isinstance(v, (tuple, frozenset)) and
-               _hash_ordered(v) for v in value)
+def _hash_ordered(value: Any, text_only: bool = False) -> bool:
+    """Whether a set's order depends on the process, not on its values alone: strings and
+    bytes are hashed with a random key each run, and so are what hash them (an ``Enum``
+    member by its name, a hashable dataclass by its fields, a tuple by its items).
+    ``text_only``: strings and bytes and tuples of them only (what older versions sorted)."""
+    return any(_random_hash(v, text_only) for v in value)
+
+
+def _random_hash(v: Any, text_only: bool) -> bool:
+    if isinstance(v, (str, bytes)):
+        return True
+    if isinstance(v, (tuple, frozenset)):
+        return _hash_ordered(v, text_only)
+    if text_only:
+        return False
+    if isinstance(v, enum.Enum):
+        return type(v).__hash__ is enum.Enum.__hash__
+    params = getattr(type(v), "__dataclass_params__", None)  # (a generated __hash__:)
+    if params is not None and (params.unsafe_hash or params.eq and params.frozen):
+        return _hash_ordered([getattr(v, f.name) for f in dataclasses.fields(v)
+                              if (f.compare if f.hash is None else f.hash)])
+    return False
 
 
 def _update_code(digest: Any, code: Any) -> None:

@@ -88,7 +88,8 @@ def test_deep_sees_a_helper_of_a_notebooks_main_which_has_no_file():
 def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
     # a partial's set keyword, a dataclass's set field, sets in a list or dict were digested
     # by repr, in the order of the run's string hash key: a state saved over a
-    # MapSource(partial(fn, stop={...})) was refused in every new process
+    # MapSource(partial(fn, stop={...})) was refused in every new process; Enum members and
+    # frozen dataclasses hash by their names and fields, the same way
     import os
     import subprocess
 
@@ -101,9 +102,14 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
         "def tag(r, stop):\n    return r in stop\n"
         "cfg, pair = Config({'x', 'y', 'zz', 'w'}), Pair(frozenset({'p', 'q', 'rr'}), [2])\n"
         "nested = {'k': [({'u', 'v', 'ww'}, 1)], 'j': 2}\n"
+        "import enum\nclass Kind(enum.Enum):\n    A = 1\n    B = 2\n    C = 3\n    D = 4\n"
+        "@dataclasses.dataclass(frozen=True)\nclass Tag:\n    name: str\n"
+        "kinds, tags = {Kind.A, Kind.B, Kind.C, Kind.D}, {Tag('p'), Tag('q'), Tag('rr')}\n"
         "def uses(r):\n    return r in cfg.stop or r in pair.a or r in nested\n"
+        "def typed(r):\n    return r in kinds or r in tags\n"
         "print(code_digest(functools.partial(tag, stop={'a', 'b', 'cc', 'ddd', 'e'})),\n"
-        "      code_digest(uses, deep=True), code_digest(lambda r: r in ('s', {'t', 'uu'})))\n")
+        "      code_digest(uses, deep=True), code_digest(lambda r: r in ('s', {'t', 'uu'})),\n"
+        "      code_digest(typed, deep=True), code_digest(functools.partial(tag, stop=kinds)))\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     said = {subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
@@ -132,6 +138,13 @@ def test_values_without_a_set_of_strings_digest_as_before():
                   collections.namedtuple("Pair", "a b")([{"one"}], 2), {"k": {"v"}}]:
         assert _repr(value) == repr(value)  # (a set of one string: repr's text was stable)
     assert _repr(("x", {"b", "a"})) == """('x', set(["'a'", "'b'"]))"""  # (a set's own form)
+    import enum
+
+    from jaxloader.sources.code_digest import _value_text
+
+    kind = enum.Enum("Kind", "A B")
+    for one in [{kind.A}, frozenset({kind.B}), ({kind.A}, 1)]:  # (an order of one: as before)
+        assert _value_text(one) == _repr(one) == repr(one)
     many = [[i] for i in range(200_000)] + [{"b", "a"}]  # (its first 200 characters: no walk)
     text = _repr(many, 200)
     assert 200 <= len(text) < 1_000 and repr(many).startswith(text)
