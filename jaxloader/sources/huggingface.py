@@ -2,9 +2,10 @@
 
 In its default (Python) format a ``Dataset`` returns list features as Python lists, which are
 pytree nodes: a 32-float feature would batch as 32 arrays of shape ``(batch,)``. The loader
-therefore reads a ``Dataset`` through ``HuggingFaceSource``: the same columns in NumPy format,
-so a numeric list feature is one array (``(batch, 32)``), and strings stay ``str`` (an object
-leaf, whatever their lengths) in either format. A dataset with its own transform
+therefore reads a ``Dataset`` through ``HuggingFaceSource``: the same columns in NumPy format
+(without its float32 and int64 defaults), so a numeric list feature is one array (``(batch,
+32)``); columns holding strings or bytes from Arrow, so they stay ``str`` and ``bytes``
+(object leaves, whole, whatever their lengths) in either format. A dataset with its own transform
 (``with_transform``) is read through it, its columns batched. Batches are read with one
 vectorised call, and the dataset's own fingerprint (it changes with every ``map``/``filter``)
 guards restores.
@@ -40,27 +41,37 @@ def adapt(source: Any) -> Any:
 
 
 class HuggingFaceSource:
-    """A ``datasets.Dataset`` (any format) read in NumPy format, strings as ``str``, structs
-    (dict features) as dicts of their fields batched, numbers of the dtypes the features
-    declare (NumPy format gives a struct's fields as ``float64``/``int64``)."""
+    """A ``datasets.Dataset`` (any format) read in NumPy format, strings as ``str`` (read from
+    Arrow), structs (dict features) as dicts of their fields batched, numbers of the dtypes
+    the features declare (NumPy format gives a struct's fields as ``float64``/``int64``)."""
 
     def __init__(self, dataset: Any) -> None:
         fmt = dataset.format
         # the user's own transform (with_transform / set_transform): kept, its answers batched
         self.custom = fmt["type"] == "custom"
-        self.dataset = dataset if self.custom else dataset.with_format(
-            "numpy", columns=fmt["columns"], output_all_columns=fmt["output_all_columns"])
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
+        read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
+                else fmt["columns"])
+        media = {key for key in read if _has_media(self._features.get(key))}
+        # Columns holding strings or bytes are read from Arrow: NumPy format makes them
+        # fixed-width arrays first, which cut a value's trailing NULs and take the longest
+        # value's width for every row (a 2 MB document in a batch of 128: 1 GiB). The others
+        # in NumPy format without its default dtypes (float32 for every float: float64 values
+        # were rounded; int64 for durations). Images and sounds: decoded by NumPy format.
+        # Both from one Arrow read (rows taken through a shuffle's indices once).
+        self._text = [] if self.custom else [
+            key for key in read if key not in media and _holds_text(dataset.data.schema.field(
+                key).type)]
+        self._read, self._numeric = read, [key for key in read if key not in self._text]
+        self.dataset = dataset if self.custom else dataset.with_format("arrow", columns=read)
+        self._numpy = None if self.custom else _numpy_formatter(dataset.features)
         # the rows where a column read holds a null (found once; none read where Arrow's
         # counts say there are none), checked against each read's indices: NumPy format gives
         # a null as NaN, an int column with one as floats (cast back here: the null another
         # number), a string, a struct's field or an image as None. An image's or a sound's
         # own fields (``_media``, at any depth) are left alone: a null path beside its bytes
         # is how they are stored.
-        read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
-                else fmt["columns"])
-        media = {key for key in read if _has_media(self._features.get(key))}
         self._nulls = {} if self.custom else {
             key: rows for key in read if _nulls(dataset.data.column(key), key in media)
             and len(rows := _null_rows(dataset, key, key in media))}
@@ -74,16 +85,20 @@ class HuggingFaceSource:
             self._check_nulls(np.array([int(index) % len(self.dataset)]))
         if self.custom:
             return row
-        return {key: _as_declared(value, self._features.get(key)) for key, value in row.items()}
+        out = self._numpy.format_row(row.select(self._numeric)) if self._numeric else {}
+        out.update({key: _first(_from_arrow(row.column(key))) for key in self._text})
+        return {key: _as_declared(out[key], self._features.get(key)) for key in self._read}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
-        batch = self.dataset[np.asarray(indices).tolist()]
+        rows = self.dataset[np.asarray(indices).tolist()]
         if self._nulls:
             self._check_nulls(np.asarray(indices))
         if self.custom:  # the transform's columns: lists of rows, or arrays
-            return {key: _strings_as_objects(_rows_batched(value)) for key, value in batch.items()}
-        return {key: _as_declared(_rows_batched(value), self._features.get(key))
-                for key, value in batch.items()}
+            return {key: _strings_as_objects(_rows_batched(value)) for key, value in rows.items()}
+        batch = {key: _rows_batched(value) for key, value in self._numpy.format_batch(
+            rows.select(self._numeric)).items()} if self._numeric else {}
+        batch.update({key: _from_arrow(rows.column(key)) for key in self._text})
+        return {key: _as_declared(batch[key], self._features.get(key)) for key in self._read}
 
     def lengths(self, key: str) -> np.ndarray | None:
         """Every row's length of the list column ``key``, from the Arrow lists' offsets (no
@@ -278,6 +293,54 @@ def _declared_dtype(feature: Any) -> np.dtype | None:
     except TypeError:
         return None  # "string", "large_string", "binary", ...
     return dtype if dtype.kind in "biuf" else None
+
+
+def _numpy_formatter(features: Any) -> Any:
+    """NumPy format's formatter (it decodes images and sounds) without its default dtypes."""
+    from datasets.formatting import get_formatter
+
+    return get_formatter("numpy", features=features, dtype=None)
+
+
+def _holds_text(kind: Any) -> bool:
+    """Whether an Arrow type holds strings or bytes, at any depth of lists and structs."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return any(_holds_text(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
+            kind):
+        return _holds_text(kind.value_type)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
+        kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+
+
+def _from_arrow(column: Any) -> Any:
+    """A batch's Arrow column (of ``_holds_text``'s types) as NumPy format batches it, values
+    whole: strings and bytes an object array of ``str``/``bytes``, a struct a dict of its
+    fields, a list column an array a row (stacked where the rows are arrays of one shape),
+    other values by pyarrow (numbers of their own dtype)."""
+    import pyarrow as pa
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = array.type
+    if pa.types.is_struct(kind):
+        return {kind.field(i).name: _from_arrow(field) for i, field in enumerate(
+            array.flatten())}
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
+            kind):
+        return _stacked([_from_arrow(array.values.slice(start, end - start)) for start, end in
+                         zip(array.offsets[:-1].to_pylist(), array.offsets[1:].to_pylist())]
+                        if not pa.types.is_fixed_size_list(kind) else
+                        [_from_arrow(row.values) for row in array])
+    if _holds_text(kind):
+        return object_column(array.to_pylist())
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _first(value: Any) -> Any:
+    """The first row of a batch from ``_from_arrow`` (a dict's fields' first rows)."""
+    return {k: _first(v) for k, v in value.items()} if isinstance(value, dict) else value[0]
 
 
 def _strings_as_objects(column: Any) -> Any:

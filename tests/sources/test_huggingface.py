@@ -271,3 +271,58 @@ def test_a_dataset_dict_is_named_wherever_a_source_goes():
     with pytest.raises(jl.ConfigError, match=r"IterableDatasetDict .*pass one of them to a "
                                              r"StreamLoader: jaxloader.StreamLoader\(source"):
         jl.DataLoader(streams, batch_size=2)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_values_come_as_stored_not_as_numpy_formats_defaults(num_workers):
+    # NumPy format cast every float to float32 (float64 values rounded, then cast back to
+    # float64: the loss hidden), durations to int64, and made strings and bytes fixed-width
+    # arrays, which cut trailing NULs
+    import datetime
+
+    feats = datasets.Features({
+        "x": datasets.Value("float64"), "pair": datasets.Sequence(datasets.Value("float64")),
+        "d": datasets.Value("duration[ms]"), "text": datasets.Value("string"),
+        "blob": datasets.Value("binary"), "tags": datasets.Sequence(datasets.Value("string")),
+        "st": {"n": datasets.Value("float32"), "s": datasets.Value("string")}})
+    rows = {"x": [0.1, 1e-300, 123456789.123456789], "pair": [[0.1, 0.2], [0.3], []],
+            "d": [datetime.timedelta(milliseconds=1500 + i) for i in range(3)],
+            "text": ["abc\x00", "x", "\x00\x00"], "blob": [b"\x01\x00", b"\x00\x00", b"z"],
+            "tags": [["a\x00", "b"], ["c"], []], "st": [{"n": i / 4, "s": f"q{i}\x00"}
+                                                      for i in range(3)]}
+    ds = datasets.Dataset.from_dict(rows, features=feats)
+    with jl.DataLoader(ds, batch_size=3, num_workers=num_workers, process_index=0,
+                       process_count=1) as loader:
+        batch = next(iter(loader))
+    assert batch["x"].dtype == np.float64 and batch["x"].tolist() == rows["x"]
+    assert [p.tolist() for p in batch["pair"]] == rows["pair"]
+    assert batch["d"].dtype == np.dtype("timedelta64[ms]")
+    assert batch["d"].astype(np.int64).tolist() == [1500, 1501, 1502]
+    for key in ("text", "blob"):
+        assert batch[key].dtype == object and batch[key].tolist() == rows[key]
+    assert [t.tolist() for t in batch["tags"]] == rows["tags"]
+    assert batch["st"]["s"].tolist() == [r["s"] for r in rows["st"]]
+    assert batch["st"]["n"].dtype == np.float32
+    from jaxloader.sources.huggingface import HuggingFaceSource
+
+    one = HuggingFaceSource(ds)[1]  # (a record at a time: the same values)
+    assert one["x"] == rows["x"][1] and one["blob"] == b"\x00\x00" and one["st"]["s"] == "q1\x00"
+
+
+def test_a_long_string_is_not_copied_to_every_rows_width():
+    # NumPy format made a column of strings one fixed-width array: one 2 MB document in a
+    # batch of 128 took 1 GiB
+    import tracemalloc
+
+    from jaxloader.sources.huggingface import HuggingFaceSource
+
+    source = HuggingFaceSource(datasets.Dataset.from_dict(
+        {"text": ["x" * 200_000] + ["short"] * 127, "n": list(range(128))}))
+    tracemalloc.start()
+    try:
+        batch = source.__getitems__(np.arange(128))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(batch["text"][0]) == 200_000 and batch["text"][1] == "short"
+    assert peak < 20 * 200_000, peak  # (fixed width: 128 rows x 200,000 x 4 bytes)
