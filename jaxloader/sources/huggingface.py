@@ -65,7 +65,7 @@ class HuggingFaceSource:
                 key).type)]
         self._read, self._numeric = read, [key for key in read if key not in self._text]
         self.dataset = dataset if self.custom else dataset.with_format("arrow", columns=read)
-        self._numpy = None if self.custom else _numpy_formatter(dataset.features)
+        self._numpy: Any = None if self.custom else _numpy_formatter(dataset.features)
         # the rows where a column read holds a null (found once; none read where Arrow's
         # counts say there are none), checked against each read's indices: NumPy format gives
         # a null as NaN, an int column with one as floats (cast back here: the null another
