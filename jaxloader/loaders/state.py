@@ -20,6 +20,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from jaxloader.base import file_identity
+from jaxloader.base.abilities import in_generation
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
@@ -242,7 +243,9 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         raise StateDictError(
             "state does not fit this stream loader (" + "; ".join(diffs) + "); "
             + ("restore it over the same stream: the same shards (files are named relative to "
-               "the folder they share), shuffle_window and shuffle_shards; " if other else "")
+               "the folder they share), shuffle_window and shuffle_shards, and the same "
+               "functions in it (a Stream.map's and a PackedStream's tokenize: named by a "
+               "digest of their code); " if other else "")
             + "a stream's order depends on the seed, the batch size and the number of readers "
             "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
             "restore with the same ones (pass readers_per_process= to change num_workers)")
@@ -260,6 +263,36 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         raise StateDictError(f"state['readers']: expected the states of readers {first}.."
                              f"{first + readers - 1}, received {found!r:.200}")
     return found
+
+
+def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> Any:
+    """A stream state with its stream's description as this version writes it (``described``)
+    where an older one wrote it otherwise: its shards' names before 2026-11-29 (``describe``
+    under ``OLDER`` generation 1), or a ``PackedStream``'s without its ``tokenize`` (before
+    2026-11-29's twenty-second session: that state's tokenizer is not known, nor checked; a
+    warning says so). Other states as they are."""
+    if not isinstance(state, dict) or state.get("stream") == described:
+        return state
+    saved = state.get("stream")
+    for then in (described, in_generation(1, describe)):
+        if saved == then or saved == _untokenized(then):
+            if saved != then:
+                warnings.warn(
+                    "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
+                    "state is older, and is restored without checking it: restore under the "
+                    "saved run's tokenize, or the batches differ from that run's", UserWarning,
+                    stacklevel=3)
+            return {**state, "stream": described}
+    return state
+
+
+def _untokenized(described: Any) -> Any:
+    """A stream's description without its ``PackedStream``s' ``tokenize`` digests."""
+    if isinstance(described, list):
+        return [_untokenized(d) for d in described]
+    if isinstance(described, dict):
+        return {k: _untokenized(v) for k, v in described.items() if k != "tokenize"}
+    return described
 
 
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:

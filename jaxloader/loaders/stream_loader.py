@@ -32,7 +32,6 @@ from typing import Any, Callable, Generator, Generic, Literal, Never, Sequence
 
 import numpy as np
 
-from jaxloader.base.abilities import in_generation
 from jaxloader.base.checks import MASK64, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
@@ -41,8 +40,8 @@ from jaxloader.sharding.hosts import Pairing, stream_settings
 from jaxloader.loaders.base import LoaderLifecycle, Workers
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
-from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transforms_of,
-                                     warn_changed_transforms)
+from jaxloader.loaders.state import (STATE_VERSION, as_written_now, check_stream_state,
+                                     transforms_of, warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.streams import passes
@@ -302,9 +301,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         """Continues from ``state``; live iterators of this loader stop being valid."""
         self._check_placement()
         config = self._config()
-        if isinstance(state, dict) and state.get("stream") != config["stream"] and \
-                state.get("stream") == in_generation(1, self._stream.describe):
-            state = {**state, "stream": config["stream"]}  # (saved before 2026-11-29)
+        state = as_written_now(state, config["stream"], self._stream.describe)
         readers = check_stream_state(state, config, self.process_index,
                                      self._stream.extra_state(), self._readers)
         warn_changed_transforms(state.get("transforms"), self._named(), state["step"])

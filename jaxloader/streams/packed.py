@@ -45,6 +45,7 @@ import numpy as np
 from jaxloader.base.checks import check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
+from jaxloader.sources.code_digest import code_digest
 from jaxloader.streams.contract import StreamLike
 from jaxloader.streams.packing_readers import FitPackedReader, PackedReader
 
@@ -121,6 +122,8 @@ class PackedStream:
         if self.method != "concat":  # (a state saved before fitting existed stays valid)
             described.update(method=self.method, bins=self.bins, window=self.window,
                              overlong=self.overlong)
+        if self.tokenize is not None:  # (a function of the data, as Stream.map's)
+            described["tokenize"] = code_digest(self.tokenize)[:16]
         return described
 
     def reader(self, *, reader: int, readers: int, seed: int,
