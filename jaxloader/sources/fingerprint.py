@@ -43,7 +43,7 @@ def source_fingerprint(source: Any) -> dict[str, str]:
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))
         spec = spec or described
-        digest.update(described.encode())
+        digest.update(described.encode(errors="surrogatepass"))
         for leaf in leaves:
             digest.update(_content(leaf))
     return {"record_spec": spec, "record_hash": digest.hexdigest()}
@@ -59,7 +59,7 @@ def _content(leaf: Any) -> bytes:
     if isinstance(leaf, (np.ndarray, np.generic)) and not leaf.dtype.hasobject:
         return np.ascontiguousarray(leaf).tobytes()
     if isinstance(leaf, str):
-        return leaf.encode()
+        return leaf.encode(errors="surrogatepass")  # (a name not in UTF-8: os.fsdecode's)
     if isinstance(leaf, (bytes, bool, int, float, complex)):
         return leaf if isinstance(leaf, bytes) else repr(leaf).encode()
     return b""  # other objects: their type is in the spec; a repr may hold an address
@@ -118,7 +118,8 @@ def combined(kind: str, size: int, sources: Sequence[Any], *own: bytes | str) ->
     for source in sources:
         digest.update(repr(sorted(source_fingerprint(source).items())).encode())
     for part in own:
-        digest.update(part if isinstance(part, bytes) else part.encode())
+        digest.update(part if isinstance(part, bytes) else part.encode(
+            errors="surrogatepass"))
     return f"{kind}:{size}:{digest.hexdigest()}"
 
 

@@ -46,7 +46,8 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             out.append(path)
             continue
         suffixes = (suffix,) if isinstance(suffix, str) else suffix
-        if any(c in path for c in _PATTERN):
+        if any(c in path for c in _PATTERN) and (remote or not os.path.isdir(path)):
+            # (a folder named with [ or ? is that folder: "run[1]" matched run1, silently)
             found = (_remote_glob(path, owner) if remote else sorted({  # a folder matched (a
                 g for f in glob.glob(path, recursive=True)  # Spark output's train.parquet):
                 for g in (_files_in(f, suffixes, dataset, owner) if os.path.isdir(f)
@@ -142,8 +143,9 @@ def files_fingerprints(kind: str, count: int, paths: Sequence[str],
     """
     def of(names: Sequence[str]) -> str:
         digest = hashlib.blake2b(digest_size=16)
-        digest.update("\0".join(names).encode())
+        digest.update("\0".join(names).encode(errors="surrogatepass"))
         for part in parts:
-            digest.update(part if isinstance(part, bytes) else part.encode())
+            digest.update(part if isinstance(part, bytes) else part.encode(
+                errors="surrogatepass"))
         return f"{kind}:{count}:{digest.hexdigest()}"
     return of(path_names(paths)), of(paths)

@@ -103,7 +103,7 @@ class RaggedSource:
 
         digest = hashlib.blake2b(digest_size=16)
         for key in self._values:
-            digest.update(key.encode())
+            digest.update(key.encode(errors="surrogatepass"))
             digest.update(self._offsets[key][:: max(1, self._len // 64)].tobytes())
             values = self._values[key]  # 64 values spread over the data, and the last one:
             digest.update(values[:: max(1, len(values) // 64)].tobytes())  # other data with

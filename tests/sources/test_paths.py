@@ -75,6 +75,33 @@ def test_a_file_named_like_a_pattern_is_that_file(tmp_path):
         str(tmp_path / "part[1].parquet")]
 
 
+def test_a_folder_named_like_a_pattern_is_that_folder(tmp_path):
+    # "run[1]" was a pattern first: it read the folder run1 beside it, silently
+    touch(tmp_path, "run[1]/a.parquet", "run1/b.parquet", "what?/c.parquet", "whatX/d.parquet")
+    assert expand(str(tmp_path / "run[1]"), ".parquet", "S") == [
+        str(tmp_path / "run[1]" / "a.parquet")]
+    assert expand(str(tmp_path / "what?"), ".parquet", "S") == [
+        str(tmp_path / "what?" / "c.parquet")]
+    assert expand(str(tmp_path / "run[0-9]"), ".parquet", "S") == [  # (a pattern still)
+        str(tmp_path / "run1" / "b.parquet")]
+
+
+def test_files_named_outside_utf8_have_a_state(tmp_path):
+    # a name in Latin-1 is a str with surrogates (os.fsdecode): state_dict() raised
+    # UnicodeEncodeError as it digested the names
+    for i, name in enumerate([b"caf\xe9 0.bin", b"caf\xe9 1.bin"]):
+        with open(os.path.join(os.fsencode(tmp_path), name), "wb") as f:
+            f.write(bytes([i]) * 4)
+    paths = sorted(os.path.join(str(tmp_path), n) for n in os.listdir(str(tmp_path)))
+    with jl.DataLoader(jl.FileListSource(paths, labels=[0, 1]), batch_size=1,
+                       process_index=0, process_count=1) as loader:
+        assert [b["data"][0] for b in loader] == [b"\0" * 4, b"\1" * 4]
+        state = loader.state_dict()
+    with jl.DataLoader(jl.FileListSource(paths, labels=[0, 1]), batch_size=1,
+                       process_index=0, process_count=1) as again:
+        again.load_state_dict(state)
+
+
 def test_a_pattern_or_folder_with_no_file_is_named(tmp_path):
     touch(tmp_path / "empty", "notes.txt")
     with pytest.raises(jl.ConfigError, match=r"ParquetSource\(paths\): '.*nope-\*.parquet' "
