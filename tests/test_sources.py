@@ -100,6 +100,33 @@ def test_a_data_frame_column_that_is_not_numbers_is_named_with_the_remedy():
     with pytest.raises(jl.ConfigError, match=r"names must differ, got \['a', 'a'\]"):
         jl.ArraySource(pd.DataFrame([[1, 2]], columns=["a", "a"]))
 
+
+def test_nullable_columns_keep_their_numbers_and_missing_values_are_refused():
+    # pandas' Int64 and Float64 became float64 with NaN for a missing value: integers past
+    # 2**53 rounded, a missing one a NaN, silently
+    pd = pytest.importorskip("pandas")
+    whole = pd.DataFrame({"id": pd.array([2**53 + 1, 2, 3], dtype="Int64"),
+                          "ok": pd.array([True, False, True], dtype="boolean")})
+    source = jl.ArraySource(whole)
+    assert source[0]["id"] == 2**53 + 1 and source.arrays[0].dtype == np.int64
+    assert source.arrays[1].dtype == bool
+    for column in (pd.array([1, None, 3], dtype="Int64"), pd.array([0.5, None, 1.0],
+                                                                   dtype="Float64")):
+        with pytest.raises(jl.ConfigError, match=r"column 'v' \(\w+\) has 1 missing value.*"
+                                                 r"rows \[1\].*fillna"):
+            jl.ArraySource(pd.DataFrame({"v": column}))
+    with pytest.raises(jl.ConfigError, match=r"column 'v' .*missing"):
+        jl.ArraySource(pd.Series(pd.array([1, None], dtype="Int64"), name="v"))
+    assert jl.ArraySource(pd.DataFrame({"v": [0.5, np.nan]})).arrays[0].dtype == np.float64
+
+
+def test_a_masked_arrays_mask_is_not_dropped():
+    masked = np.ma.masked_array([1, 2, 3], mask=[False, True, False])
+    with pytest.raises(jl.ConfigError, match=r"masked array with 1 masked value.*filled"):
+        jl.ArraySource({"x": masked})
+    plain = jl.ArraySource({"x": np.ma.masked_array([1, 2, 3])})  # (nothing masked: its data)
+    assert type(plain.arrays[0]) is np.ndarray and plain[1]["x"] == 2
+
 def _writes_in_place(record):
     record["x"][0] = -1.0  # the mistake: the record is the source's memory
     return record

@@ -20,7 +20,9 @@ from jaxloader.base.errors import ConfigError
 class ArraySource:
     """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0,
     or a pandas ``DataFrame``: a dict of its columns, each of its own dtype (a record is a
-    row, ``{"age": ..., "income": ...}``; ``ArraySource(df.to_numpy())`` for one array).
+    row, ``{"age": ..., "income": ...}``; ``ArraySource(df.to_numpy())`` for one array; a
+    nullable column, ``Int64``, as its NumPy dtype, refused where a value is missing). A masked
+    array with masked values is refused: a batch would not carry its mask.
 
     Records are read-only views of the arrays (also in worker processes): a transform copies
     what it changes.
@@ -40,7 +42,13 @@ class ArraySource:
             raise ConfigError("ArraySource(tree): expected at least one array leaf, got none")
         arrays = []
         for path, leaf in zip(paths, leaves):
-            array = leaf if isinstance(leaf, np.ndarray) else np.asarray(leaf)
+            if np.ma.is_masked(leaf):  # (its data alone would be batched: the mask lost)
+                raise ConfigError(
+                    f"ArraySource leaf {path}: a masked array with {np.ma.count_masked(leaf)} "
+                    "masked value(s), whose mask a batch would not carry; fill them "
+                    "(x.filled(0)) and pass the mask as a leaf of its own (np.ma.getmaskarray(x))")
+            array = leaf if isinstance(leaf, np.ndarray) and not isinstance(
+                leaf, np.ma.MaskedArray) else np.asarray(leaf)  # (a memmap stays one)
             if array.ndim == 0 or array.dtype.hasobject:
                 strings = array.ndim > 0 and array.size and isinstance(array.flat[0], (str, bytes))
                 remedy = ("for strings, np.asarray(leaf, dtype=str) (fixed width: shared with "
@@ -115,23 +123,35 @@ def _frame_columns(frame: Any) -> Any:
     """A ``DataFrame``'s columns as a dict of arrays by position (a ``Series``: its values);
     a column NumPy cannot hold as numbers is refused, named, with what to do."""
     if type(frame).__name__ == "Series":
-        return frame.to_numpy()
+        return _column(str(frame.name), frame)
     names = [str(name) for name in frame.columns]
     if len(set(names)) != len(names):
         raise ConfigError(f"ArraySource(DataFrame): column names must differ, got {names}; "
                           "rename the repeated ones (df.columns = [...])")
-    columns = {}
-    for name, (_, column) in zip(names, frame.items()):
-        array = column.to_numpy()
-        if array.dtype.hasobject:
-            raise ConfigError(
-                f"ArraySource(DataFrame): column {name!r} has dtype {column.dtype}, which NumPy "
-                "holds as Python objects (strings, or missing values in a nullable dtype), "
-                "expected numbers; encode it (df[col].astype('category').cat.codes), fill "
-                "the missing values (df[col].fillna(0).astype('int64')), or for strings pass "
-                "datasets.Dataset.from_pandas(df), which the loader reads as it is")
-        columns[name] = array
-    return columns
+    return {name: _column(name, column) for name, (_, column) in zip(names, frame.items())}
+
+
+def _column(name: str, column: Any) -> np.ndarray:
+    """A pandas column as NumPy: a nullable dtype's (``Int64``, ``Float64``, ``boolean``,
+    pyarrow's) as its NumPy dtype where it has no missing value, refused where it has one
+    (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
+    dtype = getattr(column.dtype, "numpy_dtype", None)
+    if not isinstance(column.dtype, np.dtype) and (missing := np.flatnonzero(
+            np.asarray(column.isna()))).size:
+        raise ConfigError(
+            f"ArraySource(DataFrame): column {name!r} ({column.dtype}) has {missing.size} "
+            f"missing value(s), in rows {missing[:5].tolist()} (by position), expected numbers "
+            "(NumPy would hold them as NaN, and integers as floats); fill them "
+            f"(df[{name!r}].fillna(0)) or drop those rows (df.dropna(subset=[{name!r}]))")
+    array = column.to_numpy(dtype=dtype) if isinstance(dtype, np.dtype) and (
+        not dtype.hasobject) else column.to_numpy()
+    if array.dtype.hasobject:
+        raise ConfigError(
+            f"ArraySource(DataFrame): column {name!r} has dtype {column.dtype}, which NumPy "
+            "holds as Python objects (strings, categories, dates with a time zone), expected "
+            "numbers; encode it (df[col].astype('category').cat.codes), or for strings pass "
+            "datasets.Dataset.from_pandas(df), which the loader reads as it is")
+    return array
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
