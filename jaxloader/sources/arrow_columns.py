@@ -82,15 +82,17 @@ def nested_nulls(array: Any) -> int:
     return count
 
 
-def null_message(name: str, path: str, nulls: str) -> str:
+def null_message(name: str, path: str, nulls: str, column: str | None = None) -> str:
     """The error's message for ``nulls`` (their count and where) in column ``name`` of the file at
-    ``path``, found as a row group is decoded or in the file's footer, with the remedy.
+    ``path``, found as a row group is decoded or in the file's footer, with the remedy;
+    ``column``: the column read that holds it (a struct field's; ``None``: ``name`` itself).
 
     Example:
-        >>> print(null_message("img.path", "f.parquet", "2 null value(s)"))  # doctest: +ELLIPSIS
+        >>> print(null_message("img.path", "f.parquet", "2 null value(s)", "img"))
+        ... # doctest: +ELLIPSIS
         ParquetSource: column 'img.path' of 'f.parquet' has 2 null value(s); ... 'img' out ...
     """
-    top = name.split(".")[0]  # (a struct's field: columns= names its column)
+    top = column or name  # (a struct's field: columns= names its column)
     media = (f"; {top!r} looks like a Hugging Face Image or Audio column (bytes and a path "
              "that may be null): read the files with datasets.load_dataset('parquet', "
              "data_files=...) and pass the Dataset, which knows the feature"
@@ -99,7 +101,7 @@ def null_message(name: str, path: str, nulls: str) -> str:
             f"the file, or leave the column {top!r} out with columns={media}")
 
 
-def _decode_array(array: Any, name: str, path: str) -> Any:
+def _decode_array(array: Any, name: str, path: str, column: str | None = None) -> Any:
     """``decode`` of one Arrow array: lists of one length at every depth become one axis a
     depth (a list of lists of 3 numbers, 2 a row: rows of shape (2, 3)); a struct's fields
     are decoded as columns (``ArrowStruct``), named ``column.field``."""
@@ -109,11 +111,11 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
     where = "" if nulls else " inside its lists"
     nulls = nulls or nested_nulls(array)
     if nulls:
-        raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}"))
+        raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}", column))
     kind = array.type
     if pa.types.is_struct(kind):
         return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",
-                                                              path)
+                                                              path, column or name)
                             for i, field in enumerate(array.flatten())})
     if _is_list(kind):
         if pa.types.is_fixed_size_list(kind):  # (no offsets to check: ~100 us a row group)
@@ -124,13 +126,18 @@ def _decode_array(array: Any, name: str, path: str) -> Any:
         if size is None:
             return ArrowRows(array, ragged=True, where=f"column {name!r} of {path!r}")
         inner = _values(array)
-        values = _decode_array(inner, name, path) if _is_list(inner.type) else None
+        values = _decode_array(inner, name, path, column) if _is_list(inner.type) else None
         if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
             values = numpy_of(inner)
         out = values.reshape(len(array), size, *values.shape[1:])
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
         return ArrowRows(array, ragged=False, where=f"column {name!r} of {path!r}")
+    elif isinstance(kind, pa.BaseExtensionType) and hasattr(array, "to_numpy_ndarray"):
+        out = np.asarray(array.to_numpy_ndarray())  # (a fixed-shape tensor: rows of its shape)
+    elif pa.types.is_time(kind):  # (a time of day, since midnight: Arrow's own gives
+        ints = numpy_of(array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64()))
+        out = ints.astype(np.int64).view(f"timedelta64[{kind.unit}]")  # datetime.time objects)
     else:
         out = numpy_of(array)
     out.flags.writeable = False

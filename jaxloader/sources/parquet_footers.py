@@ -64,6 +64,10 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
                   f"{other.field(f.name).type if f.name in other.names else 'missing'} here"
                   for f in wanted if f.name not in other.names
                   or not _alike(other.field(f.name).type).equals(_alike(f.type))]
+        if columns is None:  # (all of them: one only a later file has was left out, silently)
+            differ += [f"{name}: missing in {paths[0]!r}, {other.field(name).type} here"
+                       for name in other.names if name not in available
+                       and name not in _pandas_row_labels(other)]
         if differ:
             raise ConfigError(
                 f"ParquetSource: file {path!r} has another schema than the first file: "
@@ -85,10 +89,13 @@ def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:
     group is decoded. Only columns outside lists are counted: a list's values count an empty
     list as a null (those nulls are found as they are decoded), as does a file written without
     statistics."""
-    prefixes = tuple(f"{name}." for name in columns)
+    # each column's leaves by position (a name can hold a dot: "user.id" beside "user")
+    owners: list[str] = []
+    for field in meta.schema.to_arrow_schema():
+        owners += [field.name] * _leaf_count(field.type)
     schema = [meta.schema.column(i) for i in range(meta.num_columns)]
     leaves = [i for i, leaf in enumerate(schema)  # (a required leaf holds no null)
-              if (leaf.path in columns or leaf.path.startswith(prefixes))
+              if owners[i] in columns
               and leaf.max_repetition_level == 0 and leaf.max_definition_level > 0]
     start = 0
     for g in range(meta.num_row_groups):
@@ -100,8 +107,23 @@ def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:
                 raise ConfigError(null_message(
                     meta.schema.column(i).path, path,
                     f"{stats.null_count} null value(s) in row group {g} ({rows} of the file), "
-                    "its footer says"))
+                    "its footer says", column=owners[i]))
         start += group.num_rows
+
+
+def _leaf_count(kind: Any) -> int:
+    """The Parquet leaf columns an Arrow type is stored in (a struct's fields, a map's key
+    and value, a list's values)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
+            kind):
+        return _leaf_count(kind.value_type)
+    return 1
 
 
 def _alike(kind: Any) -> Any:

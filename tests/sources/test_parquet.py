@@ -536,6 +536,58 @@ def test_a_null_the_footer_counts_is_refused_where_the_source_is_made(tmp_path):
     assert jl.ParquetSource(str(tmp_path / "lists.parquet"))[1]["v"].tolist() == []
 
 
+def test_a_column_only_a_later_file_has_is_refused_not_dropped(tmp_path):
+    # columns came from the first file: a later file's own were left out, silently (and the
+    # same files in the other order were refused)
+    pq.write_table(pa.table({"id": [0, 1]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"id": [2, 3], "label": [7, 8]}), tmp_path / "part-1.parquet")
+    with pytest.raises(jl.ConfigError, match=r"part-1.parquet' has another schema.*label: "
+                                             r"missing in .*part-0.parquet', int64 here"):
+        jl.ParquetSource(str(tmp_path))
+    assert len(jl.ParquetSource(str(tmp_path), columns=["id"])) == 4
+
+
+def test_a_column_named_with_a_dot_is_not_a_fields_struct(tmp_path):
+    # pandas.json_normalize's names: "user.id" beside "user" was taken for a field of it, so
+    # columns=["user"] was refused for a null in "user.id", with the remedy to leave out "user"
+    path = tmp_path / "dots.parquet"
+    pq.write_table(pa.table({"user": [10, 20], "user.id": pa.array([None, 5], pa.int64())}),
+                   path)
+    assert jl.ParquetSource(str(path), columns=["user"])[0] == {"user": 10}
+    with pytest.raises(jl.ConfigError, match=r"column 'user.id' .* leave the column 'user.id' "
+                                             r"out with columns="):
+        jl.ParquetSource(str(path))
+    point = pa.struct([("id", pa.int64()), ("n", pa.int64())])  # (a struct's field: its column)
+    pq.write_table(pa.table({"user": pa.array([{"id": 1, "n": None}], point), "z": [1]}), path)
+    with pytest.raises(jl.ConfigError, match=r"column 'user.n' .* leave the column 'user' out"):
+        jl.ParquetSource(str(path))
+    assert jl.ParquetSource(str(path), columns=["z"])[0] == {"z": 1}
+
+
+def test_tensors_keep_their_shape_and_times_of_day_are_durations(tmp_path):
+    # a fixed-shape tensor came out as its storage's flat rows, (4, 6) for rows of (2, 3); a
+    # time of day as datetime.time objects, refused at the first batch with a remedy that
+    # did not work (np.asarray(x) gives an object array)
+    import datetime
+
+    x = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    pq.write_table(pa.table({
+        "x": pa.FixedShapeTensorArray.from_numpy_ndarray(x),
+        "t": pa.array([datetime.time(1, 2, 3, 4)] * 4, pa.time64("us")),
+        "s": pa.array([datetime.time(0, 0, 5)] * 4, pa.time32("ms"))}), tmp_path / "t.parquet")
+    source = jl.ParquetSource(str(tmp_path / "t.parquet"))
+    assert source[1]["x"].shape == (2, 3) and np.array_equal(source[1]["x"], x[1])
+    for workers in (0, 2):
+        with jl.DataLoader(source, batch_size=4, num_workers=workers, process_index=0,
+                           process_count=1) as loader:
+            batch = next(iter(loader))
+        assert batch["x"].shape == (4, 2, 3) and np.array_equal(batch["x"], x)
+        assert batch["t"].dtype == np.dtype("timedelta64[us]")
+        assert batch["t"].astype(np.int64).tolist() == [3_723_000_004] * 4
+        assert batch["s"].dtype == np.dtype("timedelta64[ms]")
+        assert batch["s"].astype(np.int64).tolist() == [5_000] * 4
+
+
 def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
     pd = pytest.importorskip("pandas")  # installed with datasets, in the test extra
     frame = pd.DataFrame({"x": np.arange(4.0)}, index=[10, 11, 12, 13])  # not a range
