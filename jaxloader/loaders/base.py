@@ -124,7 +124,9 @@ class LoaderLifecycle:
             engine = InProcessEngine(maker)
         else:
             from jaxloader.workers.pool import WorkerPool
+            from jaxloader.workers.starter import hold_standard_descriptors
 
+            hold_standard_descriptors()
             capacity = None
             if options.auto_workers:
                 tune = AutoTune(None, tune_prefetch=options.auto_prefetch,

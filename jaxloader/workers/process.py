@@ -148,7 +148,8 @@ class WorkerProcess:
         if start_method == "exec":
             fd = child.fileno()
             boot = _BOOT.format(root=starter.PACKAGE_ROOT, fd=fd, parent=parent)
-            self._popen = subprocess.Popen([sys.executable, "-c", boot], pass_fds=(fd,),
+            self._popen = subprocess.Popen([sys.executable, *starter.interpreter_flags(), "-c",
+                                            boot], pass_fds=(fd,),
                                            env=worker_environment(os.environ))
             self.pid = self._popen.pid
             return

@@ -57,6 +57,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import pickle
@@ -87,8 +88,12 @@ class Starter:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             boot = _BOOT.format(root=PACKAGE_ROOT, fd=theirs.fileno(), parent=os.getpid())
-            self._popen = subprocess.Popen([sys.executable, "-c", boot],
-                                           pass_fds=(theirs.fileno(),), env=dict(environment))
+            # (this interpreter's flags, -O, -W error, -X dev: a worker's asserts and warnings
+            # as the training process's; in "/": a directory of the moment may go, and
+            # 3.13.0 cannot import NumPy in one that has; workers take the trainer's)
+            self._popen = subprocess.Popen(
+                [sys.executable, *interpreter_flags(), "-c", boot], cwd="/",
+                pass_fds=(theirs.fileno(),), env=dict(environment))
         except BaseException:
             ours.close()
             raise
@@ -186,7 +191,8 @@ class Starter:
     def _end(self) -> None:
         self._ended = True
         self._socket.close()
-        self._popen.poll()  # (reaped, if it has exited)
+        if self._popen.poll() is None:  # (exiting: reaped later, never dropped unwaited)
+            _EXITING.append(self._popen)
 
     def close(self) -> None:
         """Closes the link: the starter exits, and workers it started exit with it."""
@@ -201,8 +207,53 @@ def _open(fd: int) -> bool:
     return True
 
 
+def interpreter_flags() -> list[str]:
+    """The command-line options of this interpreter that a worker's needs (``-O``, ``-W``,
+    ``-X``, ``-I``, ...): what ``multiprocessing`` passes to its own."""
+    return list(subprocess._args_from_interpreter_flags())  # type: ignore[attr-defined]
+
+
+def hold_standard_descriptors() -> None:
+    """Opens ``/dev/null`` on each of descriptors 0, 1 and 2 that is closed (a script run as
+    ``python train.py >&-``, a daemon's): the loader's own pipes and memory files took those
+    numbers, and were handed to workers as their standard output, which overwrote a worker's
+    pipe (it never started: a bare ``BrokenPipeError``)."""
+    for fd in (0, 1, 2):
+        if not _open(fd):
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # (a lower one was closed meanwhile: taken by another thread)
+                os.close(opened)
+            else:  # (as a standard descriptor is: the starter's, where exec leaves it)
+                os.set_inheritable(fd, True)
+
+
 _STARTERS: dict[tuple, Starter] = {}
 _LOCK = threading.Lock()
+_EXITING: list[subprocess.Popen] = []  # starters closed, not yet seen to exit (reaped here)
+
+
+def _reap_exiting(wait_s: float = 0.0) -> None:
+    """Reaps the starters closed that have exited since (``wait_s``: waiting up to that long
+    for each): one dropped running warned ``ResourceWarning: subprocess ... is still
+    running`` as it was collected."""
+    for popen in list(_EXITING):
+        try:
+            popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        _EXITING.remove(popen)
+
+
+def _close_starters() -> None:
+    """At exit: each starter's link closed and the starter waited for (a second at most): a
+    link left to the collector warned of an unclosed socket, a process of one still running."""
+    for starter in list(_STARTERS.values()):
+        starter.close()
+    _STARTERS.clear()
+    _reap_exiting(wait_s=1.0)
+
+
+atexit.register(_close_starters)
 
 
 def starter_for(environment: Mapping[str, str]) -> Starter:
@@ -214,6 +265,7 @@ def starter_for(environment: Mapping[str, str]) -> Starter:
     limit gave the next loaders' workers the old one."""
     key = (sys.executable, tuple(sorted(environment.items())), _limits())
     with _LOCK:
+        _reap_exiting()
         starter = _STARTERS.get(key)
         if starter is None or starter.ended:
             for other, old in list(_STARTERS.items()):
@@ -257,8 +309,16 @@ def serve(fd: int, parent: int) -> None:
 
     importlib.import_module("numpy.random")  # (a RandomMap's generators: imported once for all)
     worker.die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a terminal's Ctrl-C is the trainer's)
-    link = socket.socket(fileno=fd)
+    worker.leave_signals_to_the_trainer()
+    # (its workers are its own to reap: a training process that ignores SIGCHLD left them to
+    # the kernel, and their exit codes were lost)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    with socket.socket(fileno=fd) as link:
+        _answer(link)
+
+
+def _answer(link: socket.socket) -> None:
+    """The starter's requests, answered until the link closes."""
     exited: dict[int, int] = {}
     while True:
         try:

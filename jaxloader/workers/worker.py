@@ -314,6 +314,15 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def leave_signals_to_the_trainer() -> None:
+    """Ignores SIGINT and SIGTERM: a terminal's Ctrl-C, and a scheduler's SIGTERM to the whole
+    process group (``timeout``, SLURM's preemption), are the training process's to act on;
+    a worker ends with it (``die_with_parent``). Killed by a SIGTERM, a trainer that saves on
+    one found its workers gone before its save."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(_WATCHDOG_S)
@@ -362,7 +371,7 @@ def main(fd: int, parent: int) -> None:
     """Entry point of a worker: ``fd`` is its end of the pipe to the main process, ``parent``
     that process's pid."""
     die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    leave_signals_to_the_trainer()
     conn = Connection(fd)
     try:
         serve(conn)

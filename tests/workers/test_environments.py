@@ -1,0 +1,126 @@
+"""Workers in the environments a training process runs in: its standard descriptors closed,
+interpreter flags, a scheduler's SIGTERM to the process group, SIGCHLD ignored, a directory
+gone, warnings shown (each in a fresh process: what it changes is the process's own)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jaxloader.workers import starter
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not starter.AVAILABLE, reason="the starter is Linux's")]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRELUDE = f"""
+import os, signal, sys, tempfile, time
+sys.path.insert(0, {ROOT!r})
+import numpy as np
+import jaxloader as jl
+
+def loader(transforms=(), num_workers=2, **kw):
+    return jl.DataLoader(jl.ArraySource({{"y": np.arange(40)}}), batch_size=4,
+                         num_workers=num_workers, transforms=list(transforms), process_index=0,
+                         process_count=1, **kw)
+"""
+
+
+def run(tmp_path, body, *flags, shell="", **kw):
+    """``body`` after ``PRELUDE`` as a script of its own (``shell``: how a shell redirects
+    it); its output (stdout, stderr) and exit code."""
+    script = tmp_path / "script.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    command = " ".join([sys.executable, *flags, str(script)])
+    done = subprocess.run(["sh", "-c", f"exec {command} {shell}"], capture_output=True,
+                          text=True, timeout=100, cwd=tmp_path, **kw)
+    return done.stdout, done.stderr, done.returncode
+
+
+def test_workers_start_with_the_standard_output_or_error_closed(tmp_path):
+    # the loader's own descriptors took numbers 1 and 2 and went to workers as their standard
+    # output, which overwrote a worker's pipe: it never started (a bare BrokenPipeError)
+    for closed in (">&-", "2>&-", "<&- >&- 2>&-"):
+        out, err, code = run(tmp_path, """
+            with loader() as ld:
+                got = [b["y"].tolist() for b in ld]
+            open("got.txt", "w").write(repr(got[:2]))
+            """, shell=closed)
+        assert code == 0, (closed, err)
+        assert (tmp_path / "got.txt").read_text() == "[[0, 1, 2, 3], [4, 5, 6, 7]]"
+
+
+def test_workers_run_under_the_interpreters_flags(tmp_path):
+    # python -O: with workers, a transform's assert still ran (the workers' interpreter had
+    # none of the trainer's flags), and 0 and 2 workers gave other results
+    (tmp_path / "checks.py").write_text(
+        "import sys\n\ndef check(r):\n    assert r['y'] < 5, 'debug only'\n"
+        "    return {'y': r['y'], 'optimize': sys.flags.optimize}\n")
+    out, err, code = run(tmp_path, """
+        import checks
+        for workers in (0, 2):
+            with loader([jl.Map(checks.check)], num_workers=workers) as ld:
+                print(workers, sorted({int(v) for b in ld for v in b["optimize"]}))
+        """, "-O", env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert code == 0, err
+    assert out.split("\n")[:2] == ["0 [1]", "2 [1]"]
+
+
+def test_a_trainer_that_saves_on_a_group_sigterm_keeps_its_workers(tmp_path):
+    # timeout, SLURM's preemption, kill -TERM -PGID: the workers (and their starter) died of
+    # it, and a trainer that goes on to its next checkpoint got a WorkerError before saving
+    out, err, code = run(tmp_path, """
+        told = []
+        signal.signal(signal.SIGTERM, lambda *_: told.append(1))
+        with loader(num_epochs=None, prefetch=1) as ld:
+            it = iter(ld)
+            for step in range(1, 200):
+                next(it)
+                if step == 5:
+                    os.killpg(0, signal.SIGTERM)
+                    time.sleep(0.5)  # (the workers' end, if they die of it)
+                if told and step % 50 == 0:
+                    print("saved at step", ld.state_dict()["step"])
+                    break
+        """, start_new_session=True)
+    assert code == 0, err
+    assert out.strip() == "saved at step 50"
+
+
+def test_a_worker_that_exits_is_reported_by_its_code_with_sigchld_ignored(tmp_path):
+    # SIG_IGN reached the starter through exec: the kernel reaped its workers, and one that
+    # exited with code 3 was reported killed by SIGKILL ("often the out-of-memory killer")
+    out, err, code = run(tmp_path, """
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        def die(r):
+            if r["y"] == 13:
+                os._exit(3)
+            return r
+        try:
+            with loader([jl.Map(die)]) as ld:
+                list(ld)
+        except jl.WorkerError as e:
+            print(str(e).splitlines()[0])
+        """)
+    assert code == 0, err
+    assert "exit code 3" in out, out
+
+
+def test_workers_start_in_a_directory_that_is_gone_and_leave_no_warning(tmp_path):
+    # a directory removed under the trainer: on 3.13.0 the starter could not import NumPy
+    # there (a bare ConnectionResetError); and -X dev warned of the starter's process and
+    # sockets, never closed nor waited for, at exit
+    out, err, code = run(tmp_path, """
+        gone = tempfile.mkdtemp()
+        os.chdir(gone)
+        os.rmdir(gone)
+        with loader() as ld:
+            print(len(list(ld)))
+        """, "-X", "dev")
+    assert code == 0, err
+    assert out.strip() == "10"
+    assert "ResourceWarning" not in err, err
