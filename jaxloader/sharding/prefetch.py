@@ -45,6 +45,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 import time
@@ -52,6 +53,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from jaxloader.base.abilities import close_of
+from jaxloader.base.errors import JaxloaderError
 
 # close() waits this long for the thread, which may be finishing a batch (then left to end by
 # itself: a worker's batch ends when close() kills the workers; an in-process one when made)
@@ -99,6 +101,7 @@ class HostPrefetcher:
         # lost, and the wait times out and looks again.
         self._ended: queue.SimpleQueue = queue.SimpleQueue()
         self._launched = self._finished = False
+        self.owner = os.getpid()  # (a forked child has the queues, not the thread)
         self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
 
@@ -211,6 +214,11 @@ class DevicePrefetcher:
 
     def next(self) -> Any:
         """The next device batch; raises StopIteration at the end, or the host side's error."""
+        if os.getpid() != self._host.owner:  # (it waited for good for a thread it has not)
+            raise JaxloaderError(
+                f"this loader's device-put thread runs in process {self._host.owner}, which "
+                f"forked this one ({os.getpid()}): a forked process cannot use it; make a "
+                "loader in it, and leave the parent's loader to the parent")
         if self._put_in_thread:
             return self._next_placed()
         while len(self._in_flight) < self._depth and not self._ended and self._pending is None:

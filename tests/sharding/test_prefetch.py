@@ -369,3 +369,31 @@ def test_interrupts_in_the_consumers_calls_never_leave_a_lock_held():
         sender.kill()
         sender.wait()  # all it sent is delivered now, to tick(): none after the next line
         signal.signal(signal.SIGPROF, previous)
+
+
+def test_a_forked_child_is_refused_the_device_put_thread_not_left_waiting():
+    # it waited for good on a queue whose thread was the parent's (a loader with sharding=,
+    # used after os.fork(): no worker pool to refuse it first)
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))!r})
+from jaxloader.base.errors import JaxloaderError
+from jaxloader.sharding.prefetch import DevicePrefetcher
+for in_thread in (False, True):
+    p = DevicePrefetcher(iter(range(100)), put=lambda b: b, depth=2, put_in_thread=in_thread)
+    p.start()
+    assert p.next() == 0
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # (the hang: killed by SIGALRM)
+        try:
+            p.next()
+            os._exit(3)
+        except JaxloaderError as e:
+            os._exit(7 if "forked this one" in str(e) else 4)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), p.next())
+    p.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split("\n")[:2] == ["7 1", "7 1"], done.stderr
