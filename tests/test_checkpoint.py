@@ -47,6 +47,20 @@ def test_classic_manager_round_trip_continues_exactly(tmp_path):
         assert_same_stream(take(fresh, 5), expected)
 
 
+def test_a_warning_of_a_restore_through_orbax_names_the_users_line(tmp_path):
+    # it named a line of jaxloader's, called by Orbax's: Python's default filter then said it
+    # once a process, however many restores under other transforms
+    with make() as loader:
+        take(loader, 3)
+        manager = ocp.CheckpointManager(tmp_path)
+        manager.save(3, args=ocp.args.Composite(loader=LoaderSave(loader)))
+        manager.wait_until_finished()
+    with make(transforms=[jl.Map(lambda r: r)]) as other:
+        with pytest.warns(UserWarning, match="transforms differ") as said:
+            manager.restore(3, args=ocp.args.Composite(loader=LoaderRestore(other)))
+    assert {w.filename for w in said if "transforms differ" in str(w.message)} == {__file__}
+
+
 def test_v1_checkpointables_round_trip(tmp_path):
     with make(num_workers=1) as loader:
         take(loader, 3)

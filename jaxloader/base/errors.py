@@ -7,6 +7,10 @@ arguments and data), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
+import os
+import sys
+import sysconfig
+
 
 class JaxloaderError(Exception):
     """Base class of every error raised by jaxloader itself."""
@@ -58,3 +62,26 @@ class SharedMemoryError(JaxloaderError, MemoryError):
 class PerformanceWarning(UserWarning):
     """A configuration that works but reads far slower than it could: what, by how much, and
     the remedy (e.g. a file source's cache smaller than what its shuffle reads at once)."""
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARIES = tuple(p + os.sep for p in {sysconfig.get_paths().get(k) for k in (
+    "stdlib", "platstdlib", "purelib", "platlib")} if p)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning said by this function's caller at the first frame of
+    the user's code up the stack: not jaxloader's, nor an installed library's (Orbax's, where
+    it restores a state). A fixed level pointed into jaxloader or Orbax there, and Python's
+    default filter said the warning once a process, however many restores. The first frame
+    outside jaxloader where there is no user's code."""
+    frame, level, outside = sys._getframe(1), 1, 0
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_PACKAGE):
+            outside = outside or level
+            if not name.startswith(_LIBRARIES) and not name.startswith("<frozen") and (
+                    "site-packages" not in name and "dist-packages" not in name):
+                return level
+        frame, level = frame.f_back, level + 1
+    return outside or 1

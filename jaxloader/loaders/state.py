@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from jaxloader.base import file_identity
 from jaxloader.base.abilities import in_generation
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
-from jaxloader.base.errors import StateDictError
+from jaxloader.base.errors import StateDictError, user_stacklevel
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.code_digest import code_digest
 
@@ -82,7 +82,7 @@ def _kind_and_digest(named: str) -> tuple[str, str]:
     return named.split("(", 1)[0], named.rsplit(" ", 1)[-1]
 
 
-def warn_changed_transforms(saved: Any, now: list[str], step: int, depth: int = 3) -> None:
+def warn_changed_transforms(saved: Any, now: list[str], step: int) -> None:
     """A warning naming the transforms that differ from the saved run's (a state saved
     before states held them, on 2026-11-29, has none to compare): the step still reads the
     same records in the same order, but makes them into other batches than that run would."""
@@ -103,7 +103,7 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int, depth: int = 
         f"({'; '.join(changes[:4])}{'; ...' if len(changes) > 4 else ''}): from step {step} "
         "on, the same records in the same order are made into batches by this loader's "
         "transforms, not the saved run's; restore with the same transforms for the same "
-        "batches", stacklevel=depth)  # (the caller's load_state_dict)
+        "batches", stacklevel=user_stacklevel())
 
 
 def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:
@@ -195,7 +195,10 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     if then != now and then.split(":")[:2] == now.split(":")[:2]:  # (kind and size alike)
         diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
                      "differs is inside it: a function it runs (MapSource, a filter's "
-                     "predicate), its options, or its data")
+                     "predicate: its code, as this Python compiles it, so another Python "
+                     "version or -O differs too), its options, or its data; or the state is "
+                     "older than a change of that source's fingerprint (the checkpointing "
+                     "guide lists them): restore it with the jaxloader that saved it")
     if diffs:
         raise StateDictError(
             "state does not fit this loader (" + "; ".join(diffs) + "); restore it into a "
@@ -213,7 +216,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     sampler.check_extra_state(state, state["step"])
     refuse_unknown(state, expected, "DataLoader")
     if transforms is not None:
-        warn_changed_transforms(state.get("transforms"), transforms, state["step"], depth=4)
+        warn_changed_transforms(state.get("transforms"), transforms, state["step"])
     return state["step"]
 
 
@@ -281,7 +284,7 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
                     "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
                     "state is older, and is restored without checking it: restore under the "
                     "saved run's tokenize, or the batches differ from that run's", UserWarning,
-                    stacklevel=3)
+                    stacklevel=user_stacklevel())
             return {**state, "stream": described}
     return state
 

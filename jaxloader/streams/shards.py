@@ -74,9 +74,13 @@ class FileShard:
         self.close()
         self._file, self._identity, plain = open_file(self)
         self._size_known = self._identity.get("size") if plain else None
-        if state is not None:
-            check_unchanged(self, state)
-        seek(self, offset)
+        try:
+            if state is not None:
+                check_unchanged(self, state)
+            seek(self, offset)
+        except BaseException:  # (a shard refused is left closed: its file was left open)
+            self.close()
+            raise
         self._count = count
         self._opened()
 

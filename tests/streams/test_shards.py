@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
+import warnings
 import cloudpickle
 import tarfile
 
@@ -292,10 +294,14 @@ def test_a_restore_over_a_changed_shard_is_refused_naming_it(tmp_path, workers, 
     lines = text.splitlines(keepends=True)
     paths[0].write_text({"shorter": "".join(lines[:25]), "appended": text + lines[0],
                          "head": lines[0] + text}[change])
-    with pytest.raises(jl.StateDictError, match=r"stream shard .*s0.jsonl: changed since the "
-                                                r"state was saved \(size [\d,]+ bytes then, "
-                                                r"[\d,]+ now.*append_only=True"):
-        _restored(paths, workers, state)
+    with warnings.catch_warnings(record=True) as said:  # (the refused shard's file: open)
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(jl.StateDictError, match=r"stream shard .*s0.jsonl: changed since "
+                                                    r"the state was saved \(size [\d,]+ bytes "
+                                                    r"then, [\d,]+ now.*append_only=True"):
+            _restored(paths, workers, state)
+        gc.collect()
+    assert not [w for w in said if issubclass(w.category, ResourceWarning)], said
 
 
 @pytest.mark.parametrize("workers", [0, 2])
