@@ -282,8 +282,18 @@ def _free(where: str) -> str:
 def open_memory_file(pid: int, fd_number: int, inode: int, flags: int) -> int | None:
     """A descriptor of the memory file that process ``pid`` holds as ``fd_number``, opened with
     ``flags`` through ``/proc``; ``None`` if that number now names another file (not ``inode``).
-    Raises ``OSError`` if the process or its descriptor is gone."""
-    fd = os.open(f"/proc/{pid}/fd/{fd_number}", flags | os.O_CLOEXEC)
+    Raises ``OSError`` if the process or its descriptor is gone, or it may not be opened."""
+    path = f"/proc/{pid}/fd/{fd_number}"
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC)
+    except PermissionError as e:  # (it said a bare "Permission denied", blamed on the payload)
+        raise PermissionError(
+            e.errno, f"{e.strerror}: {path}, process {pid}'s shared memory, which a worker "
+            "opens through /proc: the kernel allows that only while that process is dumpable "
+            "and this /proc is its PID namespace's. A training process that changed its user "
+            "(os.setuid) or called prctl(PR_SET_DUMPABLE, 0) is not: make the loaders before "
+            "that, or run as that user from the start; in a PID namespace of its own, mount "
+            "its /proc (unshare --fork --pid --mount-proc)") from None
     if os.fstat(fd).st_ino != inode:
         os.close(fd)
         return None

@@ -5,6 +5,7 @@ gone, warnings shown (each in a fresh process: what it changes is the process's 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -30,12 +31,12 @@ def loader(transforms=(), num_workers=2, **kw):
 """
 
 
-def run(tmp_path, body, *flags, shell="", **kw):
+def run(tmp_path, body, *flags, shell="", prefix="", **kw):
     """``body`` after ``PRELUDE`` as a script of its own (``shell``: how a shell redirects
-    it); its output (stdout, stderr) and exit code."""
+    it; ``prefix``: a command it runs under); its output (stdout, stderr) and exit code."""
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    command = " ".join([sys.executable, *flags, str(script)])
+    command = " ".join([prefix, sys.executable, *flags, str(script)]).strip()
     done = subprocess.run(["sh", "-c", f"exec {command} {shell}"], capture_output=True,
                           text=True, timeout=100, cwd=tmp_path, **kw)
     return done.stdout, done.stderr, done.returncode
@@ -124,3 +125,19 @@ def test_workers_start_in_a_directory_that_is_gone_and_leave_no_warning(tmp_path
     assert code == 0, err
     assert out.strip() == "10"
     assert "ResourceWarning" not in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a PID namespace of its own: root's unshare")
+def test_shared_memory_closed_to_a_worker_says_why_and_what_to_do(tmp_path):
+    # in a PID namespace without its /proc (or a trainer not dumpable: os.setuid), a worker
+    # cannot open the trainer's memory files: a bare "Permission denied: '/proc/1/fd/6'",
+    # said to come from the payload or worker_init_fn
+    out, err, code = run(tmp_path, """
+        try:
+            with loader() as ld:
+                list(ld)
+        except jl.WorkerError as e:
+            print(str(e).splitlines()[0])
+        """, shell="", prefix="unshare -pf")
+    assert "mount its /proc (unshare --fork --pid --mount-proc)" in out, (out, err)
