@@ -129,6 +129,13 @@ class Segment:
                 registry.pop(name, None)
             if isinstance(e, OSError) and e.errno == errno.ENOMEM:
                 raise unmappable(size, e) from e
+            if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOENT, errno.EACCES):
+                raise SharedMemoryError(  # (a bare "Read-only file system: '/jaxloader_...'")
+                    f"shared memory: could not create a segment of {size:,} bytes in /dev/shm "
+                    f"({e.strerror}): on this system the loader's shared memory is POSIX "
+                    "shared memory, in /dev/shm, which must be a writable tmpfs (in a "
+                    "container: docker run --shm-size=1g, or mount a tmpfs there); or use "
+                    "num_workers=0") from e
             raise
         finally:
             if fd >= 0:

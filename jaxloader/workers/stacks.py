@@ -204,8 +204,17 @@ class WorkerStacks:
             faulthandler.enable(stack_fd, all_threads=True)
         # (its descriptors are the thread's, closed by it as it ends: closed under a thread
         # that may still write, a number reused by another file would get the stacks)
-        threading.Thread(target=self._answer_requests, args=(ask_fd,), name="jaxloader-stacks",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._answer_requests, args=(ask_fd,),
+                             name="jaxloader-stacks", daemon=True).start()
+        except RuntimeError as e:  # (a bare "can't start new thread", blamed on the payload)
+            for fd in (ask_fd, *(() if crash_dumps else (stack_fd,))):
+                os.close(fd)
+            raise RuntimeError(
+                f"{e}: a worker's own thread (its stacks, for stall reports) could not start: "
+                "this user's processes and threads are at their limit (ulimit -u "
+                f"{_process_limit()}), or memory is short; raise the limit, or use fewer "
+                "workers") from e
 
     def close(self) -> None:
         self._closed.set()
@@ -223,6 +232,13 @@ class WorkerStacks:
             os.close(ask_fd)
             if not self._crash_dumps:
                 os.close(self._stack_fd)
+
+
+def _process_limit() -> str:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
 
 
 def _open_named(name: str, proc_prefix: str, flags: int) -> int:

@@ -25,6 +25,22 @@ def test_posix_names_carry_prefix_and_owner_pid_and_unlink_removes_them():
     seg.destroy()  # idempotent
 
 
+def test_a_dev_shm_read_only_or_missing_is_named_with_the_remedy(monkeypatch):
+    # a bare "OSError: [Errno 30] Read-only file system: '/jaxloader_..._...'"
+    import errno
+
+    from jaxloader.base.errors import SharedMemoryError
+    from jaxloader.runtime import shm
+
+    for code in (errno.EROFS, errno.ENOENT):
+        def refused(*_, code=code, **__):
+            raise OSError(code, os.strerror(code), "/jaxloader_1_ab")
+        monkeypatch.setattr(shm._posixshmem, "shm_open", refused)
+        with pytest.raises(SharedMemoryError, match=r"in /dev/shm \(.*\): .*writable tmpfs "
+                                                    r".*--shm-size.*num_workers=0"):
+            Segment.create(10_000, memfd=False)
+
+
 @needs_memfd
 def test_memory_files_leave_nothing_in_dev_shm_and_close_their_descriptor():
     before = set(os.listdir("/dev/shm"))

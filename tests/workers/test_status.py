@@ -313,3 +313,24 @@ def test_a_ctrl_c_as_a_stack_file_is_made_leaves_no_descriptor(monkeypatch, wher
         stacks.StackFiles(2)
     monkeypatch.setattr(stacks.os, "fstat", real_fstat)
     assert set(os.listdir("/proc/self/fd")) - before == set()
+
+
+def test_a_stack_thread_that_cannot_start_names_the_limit_and_leaves_no_descriptor(
+        monkeypatch):
+    # ulimit -u: a bare "RuntimeError: can't start new thread", said to come from the payload
+    # or worker_init_fn
+    files = stacks.StackFiles(1)
+    try:
+        before = set(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else set()
+
+        def refused(self):
+            raise RuntimeError("can't start new thread")
+        monkeypatch.setattr(stacks.threading.Thread, "start", refused)
+        with pytest.raises(RuntimeError, match=r"can't start new thread: a worker's own thread "
+                                               r".*ulimit -u .*fewer workers"):
+            stacks.WorkerStacks(*files.names(0))
+        monkeypatch.undo()
+        if before:
+            assert set(os.listdir("/proc/self/fd")) - before == set()
+    finally:
+        files.destroy()
