@@ -115,7 +115,9 @@ def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
     raise CollateError(
         f"batch leaf {path}: {where} holds a {_type_name(value)}, which is "
         "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
-        "convert it in a Map (np.asarray(x), or str(x)), or register its class as a JAX "
+        "convert it in a Map to numbers (float(x), np.asarray(x) of what holds them; a "
+        "datetime.time: np.timedelta64 since midnight) or a string (str(x)), or register "
+        "its class as a JAX "
         f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
     )
 

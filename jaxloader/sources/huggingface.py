@@ -56,13 +56,14 @@ class HuggingFaceSource:
         media = {key for key in read if _has_media(self._features.get(key))}
         # Columns holding strings or bytes are read from Arrow: NumPy format makes them
         # fixed-width arrays first, which cut a value's trailing NULs and take the longest
-        # value's width for every row (a 2 MB document in a batch of 128: 1 GiB). The others
+        # value's width for every row (a 2 MB document in a batch of 128: 1 GiB); and times
+        # of day (NumPy format: datetime.time objects, which no batch holds). The others
         # in NumPy format without its default dtypes (float32 for every float: float64 values
         # were rounded; int64 for durations). Images and sounds: decoded by NumPy format.
         # Both from one Arrow read (rows taken through a shuffle's indices once).
         self._text = [] if self.custom else [
-            key for key in read if key not in media and _holds_text(dataset.data.schema.field(
-                key).type)]
+            key for key in read if key not in media and _read_from_arrow(
+                dataset.data.schema.field(key).type)]
         self._read, self._numeric = read, [key for key in read if key not in self._text]
         self.dataset = dataset if self.custom else dataset.with_format("arrow", columns=read)
         self._numpy: Any = None if self.custom else _numpy_formatter(dataset.features)
@@ -302,22 +303,30 @@ def _numpy_formatter(features: Any) -> Any:
     return get_formatter("numpy", features=features, dtype=None)
 
 
-def _holds_text(kind: Any) -> bool:
-    """Whether an Arrow type holds strings or bytes, at any depth of lists and structs."""
+def _read_from_arrow(kind: Any) -> bool:
+    """Whether an Arrow type holds strings, bytes or times of day, at any depth of lists and
+    structs (``_from_arrow`` reads those columns)."""
     import pyarrow as pa
 
     if pa.types.is_struct(kind):
-        return any(_holds_text(kind.field(i).type) for i in range(kind.num_fields))
+        return any(_read_from_arrow(kind.field(i).type) for i in range(kind.num_fields))
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
             kind):
-        return _holds_text(kind.value_type)
+        return _read_from_arrow(kind.value_type)
+    return _text(kind) or pa.types.is_time(kind)
+
+
+def _text(kind: Any) -> bool:
+    import pyarrow as pa
+
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
         kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
 
 
 def _from_arrow(column: Any) -> Any:
-    """A batch's Arrow column (of ``_holds_text``'s types) as NumPy format batches it, values
-    whole: strings and bytes an object array of ``str``/``bytes``, a struct a dict of its
+    """A batch's Arrow column (of ``_read_from_arrow``'s types) as NumPy format batches it,
+    values whole: strings and bytes an object array of ``str``/``bytes``, times of day
+    ``timedelta64`` since midnight (as ``ParquetSource`` gives them), a struct a dict of its
     fields, a list column an array a row (stacked where the rows are arrays of one shape),
     other values by pyarrow (numbers of their own dtype)."""
     import pyarrow as pa
@@ -333,8 +342,12 @@ def _from_arrow(column: Any) -> Any:
                          zip(array.offsets[:-1].to_pylist(), array.offsets[1:].to_pylist())]
                         if not pa.types.is_fixed_size_list(kind) else
                         [_from_arrow(row.values) for row in array])
-    if _holds_text(kind):
+    if _text(kind):
         return object_column(array.to_pylist())
+    if pa.types.is_time(kind):
+        ints = array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64())
+        return ints.to_numpy(zero_copy_only=False).astype(np.int64).view(
+            f"timedelta64[{kind.unit}]")
     return array.to_numpy(zero_copy_only=False)
 
 

@@ -284,12 +284,14 @@ def test_values_come_as_stored_not_as_numpy_formats_defaults(num_workers):
         "x": datasets.Value("float64"), "pair": datasets.Sequence(datasets.Value("float64")),
         "d": datasets.Value("duration[ms]"), "text": datasets.Value("string"),
         "blob": datasets.Value("binary"), "tags": datasets.Sequence(datasets.Value("string")),
-        "st": {"n": datasets.Value("float32"), "s": datasets.Value("string")}})
+        "st": {"n": datasets.Value("float32"), "s": datasets.Value("string")},
+        "t": datasets.Value("time64[us]")})
     rows = {"x": [0.1, 1e-300, 123456789.123456789], "pair": [[0.1, 0.2], [0.3], []],
             "d": [datetime.timedelta(milliseconds=1500 + i) for i in range(3)],
             "text": ["abc\x00", "x", "\x00\x00"], "blob": [b"\x01\x00", b"\x00\x00", b"z"],
             "tags": [["a\x00", "b"], ["c"], []], "st": [{"n": i / 4, "s": f"q{i}\x00"}
-                                                      for i in range(3)]}
+                                                      for i in range(3)],
+            "t": [datetime.time(0, 0, i) for i in range(3)]}  # (datetime.time: refused)
     ds = datasets.Dataset.from_dict(rows, features=feats)
     with jl.DataLoader(ds, batch_size=3, num_workers=num_workers, process_index=0,
                        process_count=1) as loader:
@@ -303,6 +305,8 @@ def test_values_come_as_stored_not_as_numpy_formats_defaults(num_workers):
     assert [t.tolist() for t in batch["tags"]] == rows["tags"]
     assert batch["st"]["s"].tolist() == [r["s"] for r in rows["st"]]
     assert batch["st"]["n"].dtype == np.float32
+    assert batch["t"].dtype == np.dtype("timedelta64[us]")  # (as ParquetSource gives it)
+    assert batch["t"].astype(np.int64).tolist() == [0, 1_000_000, 2_000_000]
     from jaxloader.sources.huggingface import HuggingFaceSource
 
     one = HuggingFaceSource(ds)[1]  # (a record at a time: the same values)
