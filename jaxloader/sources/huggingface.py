@@ -4,8 +4,8 @@ In its default (Python) format a ``Dataset`` returns list features as Python lis
 pytree nodes: a 32-float feature would batch as 32 arrays of shape ``(batch,)``. The loader
 therefore reads a ``Dataset`` through ``HuggingFaceSource``: the same columns in NumPy format
 (without its float32 and int64 defaults), so a numeric list feature is one array (``(batch,
-32)``); columns holding strings or bytes from Arrow, so they stay ``str`` and ``bytes``
-(object leaves, whole, whatever their lengths) in either format. A dataset with its own transform
+32)``); columns of strings or bytes from Arrow, so they stay ``str`` and ``bytes`` (object
+leaves, whole, whatever their lengths) in either format. A dataset with its own transform
 (``with_transform``) is read through it, its columns batched. Batches are read with one
 vectorised call, and the dataset's own fingerprint (it changes with every ``map``/``filter``)
 guards restores.
@@ -54,8 +54,8 @@ class HuggingFaceSource:
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
         media = {key for key in read if _has_media(self._features.get(key))}
-        # Columns holding strings or bytes are read from Arrow: NumPy format makes them
-        # fixed-width arrays first, which cut a value's trailing NULs and take the longest
+        # Columns of strings or bytes are read from Arrow: NumPy format makes such a column
+        # a fixed-width array first, which cut a value's trailing NULs and took the longest
         # value's width for every row (a 2 MB document in a batch of 128: 1 GiB); and times
         # of day (NumPy format: datetime.time objects, which no batch holds). The others
         # in NumPy format without its default dtypes (float32 for every float: float64 values
@@ -87,7 +87,7 @@ class HuggingFaceSource:
         if self.custom:
             return row
         out = self._numpy.format_row(row.select(self._numeric)) if self._numeric else {}
-        out.update({key: _first(_from_arrow(row.column(key))) for key in self._text})
+        out.update({key: _from_arrow(row.column(key))[0] for key in self._text})
         return {key: _as_declared(out[key], self._features.get(key)) for key in self._read}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
@@ -304,56 +304,28 @@ def _numpy_formatter(features: Any) -> Any:
 
 
 def _read_from_arrow(kind: Any) -> bool:
-    """Whether an Arrow type holds strings, bytes or times of day, at any depth of lists and
-    structs (``_from_arrow`` reads those columns)."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(kind):
-        return any(_read_from_arrow(kind.field(i).type) for i in range(kind.num_fields))
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
-            kind):
-        return _read_from_arrow(kind.value_type)
-    return _text(kind) or pa.types.is_time(kind)
-
-
-def _text(kind: Any) -> bool:
+    """Whether a column of this Arrow type is read by ``_from_arrow``: strings and bytes (NumPy
+    format makes a column of them one fixed-width array; in lists and structs it keeps them
+    as objects), times of day."""
     import pyarrow as pa
 
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
-        kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+        kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind) or (
+        pa.types.is_time(kind))
 
 
-def _from_arrow(column: Any) -> Any:
-    """A batch's Arrow column (of ``_read_from_arrow``'s types) as NumPy format batches it,
-    values whole: strings and bytes an object array of ``str``/``bytes``, times of day
-    ``timedelta64`` since midnight (as ``ParquetSource`` gives them), a struct a dict of its
-    fields, a list column an array a row (stacked where the rows are arrays of one shape),
-    other values by pyarrow (numbers of their own dtype)."""
+def _from_arrow(column: Any) -> np.ndarray:
+    """A batch's Arrow column of ``_read_from_arrow``'s types: strings and bytes an object
+    array of ``str``/``bytes``, whole; times of day ``timedelta64`` since midnight (as
+    ``ParquetSource`` gives them)."""
     import pyarrow as pa
 
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     kind = array.type
-    if pa.types.is_struct(kind):
-        return {kind.field(i).name: _from_arrow(field) for i, field in enumerate(
-            array.flatten())}
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
-            kind):
-        return _stacked([_from_arrow(array.values.slice(start, end - start)) for start, end in
-                         zip(array.offsets[:-1].to_pylist(), array.offsets[1:].to_pylist())]
-                        if not pa.types.is_fixed_size_list(kind) else
-                        [_from_arrow(row.values) for row in array])
-    if _text(kind):
+    if not pa.types.is_time(kind):
         return object_column(array.to_pylist())
-    if pa.types.is_time(kind):
-        ints = array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64())
-        return ints.to_numpy(zero_copy_only=False).astype(np.int64).view(
-            f"timedelta64[{kind.unit}]")
-    return array.to_numpy(zero_copy_only=False)
-
-
-def _first(value: Any) -> Any:
-    """The first row of a batch from ``_from_arrow`` (a dict's fields' first rows)."""
-    return {k: _first(v) for k, v in value.items()} if isinstance(value, dict) else value[0]
+    ints = array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64())
+    return ints.to_numpy(zero_copy_only=False).astype(np.int64).view(f"timedelta64[{kind.unit}]")
 
 
 def _strings_as_objects(column: Any) -> Any:

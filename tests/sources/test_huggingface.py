@@ -313,6 +313,26 @@ def test_values_come_as_stored_not_as_numpy_formats_defaults(num_workers):
     assert one["x"] == rows["x"][1] and one["blob"] == b"\x00\x00" and one["st"]["s"] == "q1\x00"
 
 
+def test_lists_of_strings_and_of_dicts_batch_as_numpy_format_gives_them():
+    # a first fix read every column holding text from Arrow: a chat's list of messages came
+    # as a dict of arrays a row (a Map over r["messages"] failed), lists of strings of one
+    # length as (batch,) of rows, not (batch, n)
+    messages = [[{"role": "user", "content": f"q{i}\x00"}, {"role": "assistant",
+                                                           "content": "a"}] for i in range(4)]
+    ds = datasets.Dataset.from_dict({"messages": messages, "tags": [["a", "b\x00"]] * 4})
+
+    def as_text(r):
+        return {"text": " ".join(m["role"] + ": " + m["content"] for m in r["messages"])}
+
+    with jl.DataLoader(ds, batch_size=4, process_index=0, process_count=1) as loader:
+        batch = next(iter(loader))
+    assert batch["messages"].shape == (4, 2) and batch["messages"][1, 0]["content"] == "q1\x00"
+    assert batch["tags"].shape == (4, 2) and batch["tags"].tolist() == [["a", "b\x00"]] * 4
+    with jl.DataLoader(ds, batch_size=4, transforms=[jl.Map(as_text)], process_index=0,
+                       process_count=1) as loader:
+        assert next(iter(loader))["text"][2] == "user: q2\x00 assistant: a"
+
+
 def test_a_long_string_is_not_copied_to_every_rows_width():
     # NumPy format made a column of strings one fixed-width array: one 2 MB document in a
     # batch of 128 took 1 GiB
