@@ -115,7 +115,7 @@ def test_nullable_columns_keep_their_numbers_and_missing_values_are_refused():
         with pytest.raises(jl.ConfigError, match=r"column 'v' \(\w+\) has 1 missing value.*"
                                                  r"rows \[1\].*fillna"):
             jl.ArraySource(pd.DataFrame({"v": column}))
-    with pytest.raises(jl.ConfigError, match=r"column 'v' .*missing"):
+    with pytest.raises(jl.ConfigError, match=r"ArraySource\(Series\) .*missing.*s.fillna"):
         jl.ArraySource(pd.Series(pd.array([1, None], dtype="Int64"), name="v"))
     assert jl.ArraySource(pd.DataFrame({"v": [0.5, np.nan]})).arrays[0].dtype == np.float64
 

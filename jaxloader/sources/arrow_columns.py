@@ -135,9 +135,6 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
         return ArrowRows(array, ragged=False, where=f"column {name!r} of {path!r}")
     elif isinstance(kind, pa.BaseExtensionType) and hasattr(array, "to_numpy_ndarray"):
         out = np.asarray(array.to_numpy_ndarray())  # (a fixed-shape tensor: rows of its shape)
-    elif pa.types.is_time(kind):  # (a time of day, since midnight: Arrow's own gives
-        ints = numpy_of(array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64()))
-        out = ints.astype(np.int64).view(f"timedelta64[{kind.unit}]")  # datetime.time objects)
     else:
         out = numpy_of(array)
     out.flags.writeable = False
@@ -145,12 +142,16 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
 
 
 def numpy_of(array: Any) -> np.ndarray:
-    """An Arrow array as NumPy: numbers without nulls as a view of Arrow's buffer. Arrow's own
-    ``to_numpy`` imports pandas where it is installed (tens of MiB more in every worker),
-    so it is left for the other types (booleans, dates)."""
+    """An Arrow array as NumPy: numbers without nulls as a view of Arrow's buffer, times of day
+    as ``timedelta64`` since midnight. Arrow's own ``to_numpy`` imports pandas where it is
+    installed (tens of MiB more in every worker), so it is left for the other types
+    (booleans, dates)."""
     import pyarrow as pa
 
     kind = array.type
+    if pa.types.is_time(kind):  # (a time of day, since midnight: Arrow's own gives
+        ints = numpy_of(array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64()))
+        return ints.astype(np.int64).view(f"timedelta64[{kind.unit}]")  # datetime.time)
     if array.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
         code = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
         dtype = np.dtype(f"<{code}{kind.bit_width // 8}")

@@ -89,11 +89,15 @@ def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:
     group is decoded. Only columns outside lists are counted: a list's values count an empty
     list as a null (those nulls are found as they are decoded), as does a file written without
     statistics."""
-    # each column's leaves by position (a name can hold a dot: "user.id" beside "user")
+    # each column's leaves by position (a name can hold a dot: "user.id" beside "user"); by
+    # their paths where the count is not the file's (a type stored in leaves not counted)
     owners: list[str] = []
     for field in meta.schema.to_arrow_schema():
         owners += [field.name] * _leaf_count(field.type)
     schema = [meta.schema.column(i) for i in range(meta.num_columns)]
+    if len(owners) != len(schema):
+        owners = [next((c for c in columns if leaf.path == c or leaf.path.startswith(c + ".")),
+                       "") for leaf in schema]
     leaves = [i for i, leaf in enumerate(schema)  # (a required leaf holds no null)
               if owners[i] in columns
               and leaf.max_repetition_level == 0 and leaf.max_definition_level > 0]
@@ -120,8 +124,9 @@ def _leaf_count(kind: Any) -> int:
         return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
     if pa.types.is_map(kind):
         return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
-            kind):
+    if isinstance(kind, pa.BaseExtensionType):
+        return _leaf_count(kind.storage_type)
+    if hasattr(kind, "value_type") and not pa.types.is_dictionary(kind):  # (lists, views)
         return _leaf_count(kind.value_type)
     return 1
 

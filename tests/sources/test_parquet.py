@@ -562,6 +562,16 @@ def test_a_column_named_with_a_dot_is_not_a_fields_struct(tmp_path):
     with pytest.raises(jl.ConfigError, match=r"column 'user.n' .* leave the column 'user' out"):
         jl.ParquetSource(str(path))
     assert jl.ParquetSource(str(path), columns=["z"])[0] == {"z": 1}
+    # columns stored in leaves counted another way (a list view's values, an extension's
+    # storage): an IndexError as the source was made, for any columns=
+    kinds = {"ext": pa.FixedShapeTensorArray.from_numpy_ndarray(np.zeros((2, 2, 2)))}
+    if hasattr(pa, "list_view"):
+        kinds["view"] = pa.array([[point_row := {"id": 1, "n": 2}], [point_row]],
+                                 pa.list_view(point))
+    pq.write_table(pa.table({**kinds, "a": pa.array([1, None]), "b": [5, 6]}), path)
+    assert jl.ParquetSource(str(path), columns=["b"])[1] == {"b": 6}
+    with pytest.raises(jl.ConfigError, match=r"column 'a' .* leave the column 'a' out"):
+        jl.ParquetSource(str(path), columns=["a"])
 
 
 def test_tensors_keep_their_shape_and_times_of_day_are_durations(tmp_path):
@@ -574,7 +584,9 @@ def test_tensors_keep_their_shape_and_times_of_day_are_durations(tmp_path):
     pq.write_table(pa.table({
         "x": pa.FixedShapeTensorArray.from_numpy_ndarray(x),
         "t": pa.array([datetime.time(1, 2, 3, 4)] * 4, pa.time64("us")),
-        "s": pa.array([datetime.time(0, 0, 5)] * 4, pa.time32("ms"))}), tmp_path / "t.parquet")
+        "s": pa.array([datetime.time(0, 0, 5)] * 4, pa.time32("ms")),
+        "l": pa.array([[datetime.time(0, 0, 5)]] * 4, pa.list_(pa.time32("ms")))}),
+        tmp_path / "t.parquet")
     source = jl.ParquetSource(str(tmp_path / "t.parquet"))
     assert source[1]["x"].shape == (2, 3) and np.array_equal(source[1]["x"], x[1])
     for workers in (0, 2):
@@ -586,6 +598,7 @@ def test_tensors_keep_their_shape_and_times_of_day_are_durations(tmp_path):
         assert batch["t"].astype(np.int64).tolist() == [3_723_000_004] * 4
         assert batch["s"].dtype == np.dtype("timedelta64[ms]")
         assert batch["s"].astype(np.int64).tolist() == [5_000] * 4
+        assert batch["l"].dtype == np.dtype("timedelta64[ms]") and batch["l"].shape == (4, 1)
 
 
 def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
