@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from types import FrameType
 
 
 class JaxloaderError(Exception):
@@ -75,7 +76,8 @@ def user_stacklevel() -> int:
     it restores a state). A fixed level pointed into jaxloader or Orbax there, and Python's
     default filter said the warning once a process, however many restores. The first frame
     outside jaxloader where there is no user's code."""
-    frame, level, outside = sys._getframe(1), 1, 0
+    frame: FrameType | None = sys._getframe(1)
+    level, outside = 1, 0
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(_PACKAGE):

@@ -124,7 +124,7 @@ class LoaderLifecycle:
             engine = InProcessEngine(maker)
         else:
             from jaxloader.workers.pool import WorkerPool
-            from jaxloader.workers.starter import hold_standard_descriptors
+            from jaxloader.workers.launch import hold_standard_descriptors
 
             hold_standard_descriptors()
             capacity = None

@@ -279,7 +279,7 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     saved = state.get("stream")
     for then in (described, in_generation(1, describe)):
         if saved == then or saved == _untokenized(then):
-            if saved != then:
+            if saved != then and _untokenized(then) != _untokenized(then, drop=False):
                 warnings.warn(
                     "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
                     "state is older, and is restored without checking it: restore under the "
@@ -289,12 +289,14 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     return state
 
 
-def _untokenized(described: Any) -> Any:
-    """A stream's description without its ``PackedStream``s' ``tokenize`` digests."""
+def _untokenized(described: Any, drop: bool = True) -> Any:
+    """A stream's description without its ``PackedStream``s' ``tokenize`` digests (``drop``
+    false: without those that are ``None`` only)."""
     if isinstance(described, list):
-        return [_untokenized(d) for d in described]
+        return [_untokenized(d, drop) for d in described]
     if isinstance(described, dict):
-        return {k: _untokenized(v) for k, v in described.items() if k != "tokenize"}
+        return {k: _untokenized(v, drop) for k, v in described.items()
+                if k != "tokenize" or not drop and v is not None}
     return described
 
 

@@ -122,8 +122,10 @@ class PackedStream:
         if self.method != "concat":  # (a state saved before fitting existed stays valid)
             described.update(method=self.method, bins=self.bins, window=self.window,
                              overlong=self.overlong)
-        if self.tokenize is not None:  # (a function of the data, as Stream.map's)
-            described["tokenize"] = code_digest(self.tokenize)[:16]
+        # (a function of the data, as Stream.map's; None too: a state saved without one is
+        # refused under one)
+        described["tokenize"] = None if self.tokenize is None else code_digest(
+            self.tokenize)[:16]
         return described
 
     def reader(self, *, reader: int, readers: int, seed: int,

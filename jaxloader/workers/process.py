@@ -67,7 +67,7 @@ from typing import Any, Callable, Mapping
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
-from jaxloader.workers import protocol, starter
+from jaxloader.workers import launch, protocol, starter
 from jaxloader.workers.protocol import Stop
 
 log = logging.getLogger("jaxloader")
@@ -89,10 +89,7 @@ THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM
 NON_TEMPORAL = "glibc.cpu.x86_non_temporal_threshold"
 NON_TEMPORAL_BYTES = 1 << 20
 _X86_LINUX = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
-_BOOT = (
-    "import sys; sys.path.insert(0, {root!r}); "
-    "from jaxloader.workers.worker import run; run({fd}, {parent})"
-)
+_BOOT = "from jaxloader.workers.worker import run; run({fd}, {parent})"
 
 
 def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
@@ -143,14 +140,16 @@ class WorkerProcess:
                 self.pid = self._starter.start(child.fileno(), _cwd())
             except (EOFError, OSError):  # (it ended since: killed, or out of memory)
                 self._starter = starter.starter_for(environment)
-                self.pid = self._starter.start(child.fileno(), _cwd())
+                try:
+                    self.pid = self._starter.start(child.fileno(), _cwd())
+                except (EOFError, ConnectionError) as e:  # (it ended as it started: a bare
+                    raise self._starter.ended_early() from e  # "Connection reset by peer")
             return
         if start_method == "exec":
             fd = child.fileno()
-            boot = _BOOT.format(root=starter.PACKAGE_ROOT, fd=fd, parent=parent)
-            self._popen = subprocess.Popen([sys.executable, *starter.interpreter_flags(), "-c",
-                                            boot], pass_fds=(fd,),
-                                           env=worker_environment(os.environ))
+            self._popen = subprocess.Popen(
+                launch.boot_command(_BOOT.format(fd=fd, parent=parent)), pass_fds=(fd,),
+                cwd=launch.boot_directory(), env=worker_environment(os.environ))
             self.pid = self._popen.pid
             return
         self.pid = self._fork_pid = os.fork()

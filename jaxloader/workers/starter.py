@@ -68,13 +68,11 @@ import sys
 import threading
 from typing import Any, Mapping, NoReturn, Sequence
 
+from jaxloader.base.errors import JaxloaderError
+from jaxloader.workers import launch
+
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
-# the folder jaxloader is imported from, put first on a fresh interpreter's path
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_BOOT = (
-    "import sys; sys.path.insert(0, {root!r}); "
-    "from jaxloader.workers.starter import serve; serve({fd}, {parent})"
-)
+_BOOT = "from jaxloader.workers.starter import serve; serve({fd}, {parent})"
 _MESSAGE = 1 << 16  # a request or a reply is a small tuple
 _ANSWER_S = 30.0  # a starter that does not answer (stopped, stuck) is taken as ended
 _ENDED = -signal.SIGKILL  # a worker whose starter ended: killed with it (die_with_parent)
@@ -87,12 +85,9 @@ class Starter:
     def __init__(self, environment: Mapping[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            boot = _BOOT.format(root=PACKAGE_ROOT, fd=theirs.fileno(), parent=os.getpid())
-            # (this interpreter's flags, -O, -W error, -X dev: a worker's asserts and warnings
-            # as the training process's; in "/": a directory of the moment may go, and
-            # 3.13.0 cannot import NumPy in one that has; workers take the trainer's)
+            boot = _BOOT.format(fd=theirs.fileno(), parent=os.getpid())
             self._popen = subprocess.Popen(
-                [sys.executable, *interpreter_flags(), "-c", boot], cwd="/",
+                launch.boot_command(boot), cwd=launch.boot_directory(),
                 pass_fds=(theirs.fileno(),), env=dict(environment))
         except BaseException:
             ours.close()
@@ -198,6 +193,19 @@ class Starter:
         """Closes the link: the starter exits, and workers it started exit with it."""
         self._end()
 
+    def ended_early(self) -> JaxloaderError:
+        """The error for a starter that ended before it started a worker (twice)."""
+        try:
+            code: Any = self._popen.wait(timeout=_ANSWER_S)
+        except subprocess.TimeoutExpired:
+            code = "none yet"
+        return JaxloaderError(
+            f"the worker starter (pid {self.pid}) ended before it started a worker (exit code "
+            f"{code}): its own error is above, on this process's standard error. It runs "
+            f"{sys.executable} with this process's sys.path, interpreter flags and environment "
+            "(JAX_PLATFORMS=cpu, one thread a math library) and imports NumPy and jaxloader; "
+            "fix what it says, or pass start_method='fork'")
+
 
 def _open(fd: int) -> bool:
     try:
@@ -205,26 +213,6 @@ def _open(fd: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def interpreter_flags() -> list[str]:
-    """The command-line options of this interpreter that a worker's needs (``-O``, ``-W``,
-    ``-X``, ``-I``, ...): what ``multiprocessing`` passes to its own."""
-    return list(subprocess._args_from_interpreter_flags())  # type: ignore[attr-defined]
-
-
-def hold_standard_descriptors() -> None:
-    """Opens ``/dev/null`` on each of descriptors 0, 1 and 2 that is closed (a script run as
-    ``python train.py >&-``, a daemon's): the loader's own pipes and memory files took those
-    numbers, and were handed to workers as their standard output, which overwrote a worker's
-    pipe (it never started: a bare ``BrokenPipeError``)."""
-    for fd in (0, 1, 2):
-        if not _open(fd):
-            opened = os.open(os.devnull, os.O_RDWR)
-            if opened != fd:  # (a lower one was closed meanwhile: taken by another thread)
-                os.close(opened)
-            else:  # (as a standard descriptor is: the starter's, where exec leaves it)
-                os.set_inheritable(fd, True)
 
 
 _STARTERS: dict[tuple, Starter] = {}

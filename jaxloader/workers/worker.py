@@ -318,9 +318,15 @@ def leave_signals_to_the_trainer() -> None:
     """Ignores SIGINT and SIGTERM: a terminal's Ctrl-C, and a scheduler's SIGTERM to the whole
     process group (``timeout``, SLURM's preemption), are the training process's to act on;
     a worker ends with it (``die_with_parent``). Killed by a SIGTERM, a trainer that saves on
-    one found its workers gone before its save."""
+    one found its workers gone before its save. SIGTERM is caught by a handler that does
+    nothing, not ignored: an ignored signal stays ignored in every program a transform runs
+    (``subprocess.Popen(...).terminate()`` did nothing there); a caught one is reset by exec."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _left_to_the_trainer)
+
+
+def _left_to_the_trainer(signum: int, frame: Any) -> None:
+    """A worker's SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``)."""
 
 
 def _watch_parent(parent: int) -> None:

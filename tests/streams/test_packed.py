@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -155,6 +156,16 @@ def test_a_state_is_refused_under_another_tokenize_and_an_older_one_restored_wit
         with pytest.warns(UserWarning, match="restored without checking it"):
             again.load_state_dict(older)
         assert again.state_dict()["stream"] == state["stream"]
+    with loader_of(packed(None)) as plain:  # (none: a state of its own is refused under one)
+        take(plain, 1)
+        without = json.loads(json.dumps(plain.state_dict()))
+    with loader_of(packed(by_byte)) as other:
+        with pytest.raises(jl.StateDictError, match=r"'tokenize': None"):
+            other.load_state_dict(without)
+    del without["stream"]["tokenize"]  # (and one saved before, without one: as it was)
+    with loader_of(packed(None)) as plain, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain.load_state_dict(without)
 
 
 def test_a_fitted_state_names_the_window_and_its_rows_given():

@@ -31,13 +31,14 @@ def loader(transforms=(), num_workers=2, **kw):
 """
 
 
-def run(tmp_path, body, *flags, shell="", prefix="", **kw):
+def run(tmp_path, body, *flags, shell="", prefix="", wrapper="", **kw):
     """``body`` after ``PRELUDE`` as a script of its own (``shell``: how a shell redirects
-    it; ``prefix``: a command it runs under); its output (stdout, stderr) and exit code."""
+    it; ``prefix``: shell commands before; ``wrapper``: a command it runs under); its output
+    (stdout, stderr) and exit code."""
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    command = " ".join([prefix, sys.executable, *flags, str(script)]).strip()
-    done = subprocess.run(["sh", "-c", f"exec {command} {shell}"], capture_output=True,
+    command = " ".join([sys.executable, *flags, str(script)])
+    done = subprocess.run(["sh", "-c", f"{prefix} exec {wrapper} {command} {shell}"], capture_output=True,
                           text=True, timeout=100, cwd=tmp_path, **kw)
     return done.stdout, done.stderr, done.returncode
 
@@ -87,9 +88,22 @@ def test_a_trainer_that_saves_on_a_group_sigterm_keeps_its_workers(tmp_path):
                 if told and step % 50 == 0:
                     print("saved at step", ld.state_dict()["step"])
                     break
+        import subprocess
+        def child(r):  # (a program a transform runs still ends on terminate())
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            time.sleep(0.2)
+            p.terminate()
+            try:
+                return {"code": np.int64(p.wait(timeout=10))}
+            except subprocess.TimeoutExpired:
+                p.kill()
+                return {"code": np.int64(0)}
+        with jl.DataLoader(jl.ArraySource({"y": np.arange(1)}), batch_size=1, num_workers=1,
+                           transforms=[jl.Map(child)], process_index=0, process_count=1) as ld:
+            print("child", next(iter(ld))["code"][0])
         """, start_new_session=True)
     assert code == 0, err
-    assert out.strip() == "saved at step 50"
+    assert out.split("\n")[:2] == ["saved at step 50", "child -15"], (out, err)
 
 
 def test_a_worker_that_exits_is_reported_by_its_code_with_sigchld_ignored(tmp_path):
@@ -139,5 +153,37 @@ def test_shared_memory_closed_to_a_worker_says_why_and_what_to_do(tmp_path):
                 list(ld)
         except jl.WorkerError as e:
             print(str(e).splitlines()[0])
-        """, shell="", prefix="unshare -pf")
+        """, wrapper="unshare -pf")
     assert "mount its /proc (unshare --fork --pid --mount-proc)" in out, (out, err)
+
+
+def test_workers_start_where_the_trainers_path_finds_numpy_only(tmp_path):
+    # python -S with sys.path made by hand, a relative PYTHONPATH entry: the starter imported
+    # NumPy from its own path (and, first, from "/"), could not, and ended with a bare
+    # ConnectionResetError
+    import numpy
+
+    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    out, err, code = run(tmp_path, """
+        with loader() as ld:
+            print(len(list(ld)))
+        """, "-S", prefix=f"cd {os.path.dirname(site)} &&",
+        env={**os.environ, "PYTHONPATH": os.path.basename(site)})
+    assert code == 0, err
+    assert out.strip() == "10"
+
+
+def test_a_starter_that_cannot_start_says_so(tmp_path):
+    out, err, code = run(tmp_path, """
+        from jaxloader.workers import launch
+        real = launch.boot_command
+        launch.boot_command = lambda code: real("raise SystemExit('a broken environment')")
+        try:
+            with loader() as ld:
+                list(ld)
+        except jl.JaxloaderError as e:
+            print(e)
+        """)
+    assert "a broken environment" in err
+    assert out.startswith("the worker starter (pid ") and "ended before it started a worker" \
+        " (exit code 1): its own error is above" in out, (out, err)
