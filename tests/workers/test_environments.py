@@ -38,8 +38,8 @@ def run(tmp_path, body, *flags, shell="", prefix="", wrapper="", **kw):
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     command = " ".join([sys.executable, *flags, str(script)])
-    done = subprocess.run(["sh", "-c", f"{prefix} exec {wrapper} {command} {shell}"], capture_output=True,
-                          text=True, timeout=100, cwd=tmp_path, **kw)
+    done = subprocess.run(["sh", "-c", f"{prefix} exec {wrapper} {command} {shell}"],
+                          capture_output=True, text=True, timeout=100, cwd=tmp_path, **kw)
     return done.stdout, done.stderr, done.returncode
 
 
