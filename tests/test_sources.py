@@ -97,6 +97,8 @@ def test_a_data_frame_column_that_is_not_numbers_is_named_with_the_remedy():
     with pytest.raises(jl.ConfigError, match=r"column 'text' has dtype .*expected numbers.*"
                                              r"Dataset.from_pandas"):
         jl.ArraySource(pd.DataFrame({"id": [1, 2], "text": ["a", "bb"]}))
+    with pytest.raises(jl.ConfigError, match=r"column 'text' has dtype .*Dataset.from_pandas"):
+        jl.ArraySource(pd.DataFrame({"text": ["a", None]}))  # (a missing one: still strings)
     with pytest.raises(jl.ConfigError, match=r"names must differ, got \['a', 'a'\]"):
         jl.ArraySource(pd.DataFrame([[1, 2]], columns=["a", "a"]))
 

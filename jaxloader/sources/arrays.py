@@ -123,7 +123,7 @@ def _frame_columns(frame: Any) -> Any:
     """A ``DataFrame``'s columns as a dict of arrays by position (a ``Series``: its values);
     a column NumPy cannot hold as numbers is refused, named, with what to do."""
     if type(frame).__name__ == "Series":
-        return _column("", frame)
+        return _column(None, frame)
     names = [str(name) for name in frame.columns]
     if len(set(names)) != len(names):
         raise ConfigError(f"ArraySource(DataFrame): column names must differ, got {names}; "
@@ -131,22 +131,22 @@ def _frame_columns(frame: Any) -> Any:
     return {name: _column(name, column) for name, (_, column) in zip(names, frame.items())}
 
 
-def _column(name: str, column: Any) -> np.ndarray:  # (name: "", a Series)
-    """A pandas column as NumPy: a nullable dtype's (``Int64``, ``Float64``, ``boolean``,
-    pyarrow's) as its NumPy dtype where it has no missing value, refused where it has one
-    (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
+def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Series)
+    """A pandas column as NumPy: a nullable dtype's of numbers (``Int64``, ``Float64``,
+    ``boolean``, pyarrow's) as its NumPy dtype where it has no missing value, refused where it
+    has one (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
     dtype = getattr(column.dtype, "numpy_dtype", None)
-    if not isinstance(column.dtype, np.dtype) and (missing := np.flatnonzero(
+    numbers = isinstance(dtype, np.dtype) and not dtype.hasobject
+    if numbers and not isinstance(column.dtype, np.dtype) and (missing := np.flatnonzero(
             np.asarray(column.isna()))).size:
         remedy = (f"(df[{name!r}].fillna(0)) or drop those rows (df.dropna(subset=[{name!r}]))"
-                  if name else "(s.fillna(0)) or drop those rows (s.dropna())")
+                  if name is not None else "(s.fillna(0)) or drop those rows (s.dropna())")
         raise ConfigError(
             f"{_named(name)} ({column.dtype}) has {missing.size} missing value(s), in rows "
             f"{missing[:5].tolist()} (by position), expected numbers (NumPy would hold them as "
             f"NaN, and integers as floats); fill them {remedy}")
-    array = column.to_numpy(dtype=dtype) if isinstance(dtype, np.dtype) and (
-        not dtype.hasobject) else column.to_numpy()
-    if array.dtype.hasobject and name:  # (a Series': refused as any leaf of objects is)
+    array = column.to_numpy(dtype=dtype) if numbers else column.to_numpy()
+    if array.dtype.hasobject and name is not None:  # (a Series': as any leaf of objects)
         raise ConfigError(
             f"{_named(name)} has dtype {column.dtype}, which NumPy "
             "holds as Python objects (strings, categories, dates with a time zone), expected "
@@ -155,8 +155,8 @@ def _column(name: str, column: Any) -> np.ndarray:  # (name: "", a Series)
     return array
 
 
-def _named(name: str) -> str:
-    return f"ArraySource(DataFrame): column {name!r}" if name else "ArraySource(Series)"
+def _named(name: str | None) -> str:
+    return "ArraySource(Series)" if name is None else f"ArraySource(DataFrame): column {name!r}"
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -87,7 +87,7 @@ class HuggingFaceSource:
         if self.custom:
             return row
         out = self._numpy.format_row(row.select(self._numeric)) if self._numeric else {}
-        out.update({key: _from_arrow(row.column(key))[0] for key in self._text})
+        out.update({key: _first(_from_arrow(row.column(key))) for key in self._text})
         return {key: _as_declared(out[key], self._features.get(key)) for key in self._read}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
@@ -303,29 +303,69 @@ def _numpy_formatter(features: Any) -> Any:
     return get_formatter("numpy", features=features, dtype=None)
 
 
-def _read_from_arrow(kind: Any) -> bool:
+def _read_from_arrow(kind: Any, top: bool = True) -> bool:
     """Whether a column of this Arrow type is read by ``_from_arrow``: strings and bytes (NumPy
     format makes a column of them one fixed-width array; in lists and structs it keeps them
-    as objects), times of day."""
+    as objects), and times of day at any depth of lists and structs of numbers (NumPy format:
+    ``datetime.time`` objects, which no batch holds)."""
     import pyarrow as pa
 
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i).type for i in range(kind.num_fields)]
+        return not any(map(_text, fields)) and any(_read_from_arrow(f, False) for f in fields)
+    if _listed(kind):
+        return not _text(kind.value_type) and _read_from_arrow(kind.value_type, False)
+    return top and _text(kind) or pa.types.is_time(kind)
+
+
+def _listed(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or (
+        pa.types.is_fixed_size_list(kind))
+
+
+def _text(kind: Any) -> bool:
+    """Whether an Arrow type is strings or bytes (views too), or holds them, at any depth."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return any(_text(kind.field(i).type) for i in range(kind.num_fields))
+    if _listed(kind):
+        return _text(kind.value_type)
+    views = [getattr(pa.types, f"is_{name}_view", None) for name in ("string", "binary")]
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
-        kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind) or (
-        pa.types.is_time(kind))
+        kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind) or any(
+        view(kind) for view in views if view is not None)
 
 
-def _from_arrow(column: Any) -> np.ndarray:
+def _from_arrow(column: Any) -> Any:
     """A batch's Arrow column of ``_read_from_arrow``'s types: strings and bytes an object
     array of ``str``/``bytes``, whole; times of day ``timedelta64`` since midnight (as
-    ``ParquetSource`` gives them)."""
+    ``ParquetSource`` gives them), in a struct's fields (a dict of them) and in lists (an array
+    a row, stacked where the rows are of one shape)."""
     import pyarrow as pa
 
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     kind = array.type
+    if pa.types.is_struct(kind):
+        return {kind.field(i).name: _from_arrow(field) for i, field in enumerate(
+            array.flatten())}
+    if _listed(kind):
+        if pa.types.is_fixed_size_list(kind):
+            return _stacked([_from_arrow(row.values) for row in array])
+        offsets = array.offsets.to_pylist()
+        return _stacked([_from_arrow(array.values.slice(a, b - a)) for a, b in zip(
+            offsets[:-1], offsets[1:])])
     if not pa.types.is_time(kind):
         return object_column(array.to_pylist())
     ints = array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64())
     return ints.to_numpy(zero_copy_only=False).astype(np.int64).view(f"timedelta64[{kind.unit}]")
+
+
+def _first(value: Any) -> Any:
+    """The first row of a batch from ``_from_arrow`` (a dict's fields' first rows)."""
+    return {k: _first(v) for k, v in value.items()} if isinstance(value, dict) else value[0]
 
 
 def _strings_as_objects(column: Any) -> Any:

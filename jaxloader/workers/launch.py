@@ -1,51 +1,90 @@
 """How a fresh interpreter for workers is launched (the starter, or an exec'd worker): its
-command line and directory, and the training process's standard descriptors it inherits.
+command line, directory and path, and the training process's standard descriptors.
 
 It runs what the training process runs: the same executable, the same interpreter flags
 (``-O``, ``-W error``, ``-X dev``: a transform's ``assert`` or a warning made an error acts
 the same with 0 or N workers, as ``multiprocessing``'s children do), and the training
-process's ``sys.path`` from its first line, before it imports NumPy or jaxloader (a relative
+process's ``sys.path`` from its first lines, before it imports NumPy or jaxloader (a relative
 ``PYTHONPATH`` entry, or a script that added a folder under ``-S``, would not be found from
-another directory). Its descriptors 0, 1 and 2 are open (``/dev/null`` where the training
-process had them closed, or close-on-exec): numbers the descriptors it is handed would
-otherwise take, and a worker's standard output put over its pipe.
+another directory). The path goes through a pipe: an argument holds 128 KiB at most, and a
+long ``sys.path`` (a Bazel or Nix tree) is longer. Its descriptors 0, 1 and 2 are open
+(``/dev/null`` where the training process had them closed, or close-on-exec), and
+``sys.stdout`` and ``sys.stderr`` with them: numbers the descriptors it is handed would
+otherwise take (a worker's standard output put over its pipe), and a worker's prints lost.
 
 Example:
-    >>> command = boot_command("from jaxloader.workers.starter import serve; serve(5, 1)")
-    >>> command[-2], "sys.path[:] = " in command[-1]
-    ('-c', True)
+    >>> popen = launch("print(sys.path[0] == PACKAGE)".replace("PACKAGE", repr(PACKAGE_ROOT)),
+    ...                stdout=subprocess.PIPE, text=True)
+    >>> popen.communicate()[0]
+    'True\\n'
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 # the folder jaxloader is imported from, put first on a fresh interpreter's path
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_PRELUDE = (
-    "import os, sys\n"
-    "for f in (0, 1, 2):\n"
-    "    try:\n"
-    "        os.fstat(f)\n"
-    "    except OSError:\n"
-    "        os.open(os.devnull, os.O_RDWR)\n"
-    "sys.path[:] = {path!r}\n"
-)
+_PRELUDE = """import json, os, sys
+for f in (0, 1, 2):
+    try:
+        os.fstat(f)
+    except OSError:
+        os.open(os.devnull, os.O_RDWR)
+for f, name in ((1, "stdout"), (2, "stderr")):
+    if getattr(sys, name) is None:
+        setattr(sys, name, open(f, "w", closefd=False, errors="backslashreplace"))
+with open({fd}, "rb") as f:
+    sys.path[:] = json.loads(f.read())
+"""
 
 
-def boot_command(code: str) -> list[str]:
-    """The command line of a fresh interpreter that runs ``code`` (a line of Python) as this
-    process would (module docstring)."""
-    path = [PACKAGE_ROOT] + [os.path.abspath(p) if p else p for p in sys.path]
+def launch(code: str, pass_fds: tuple[int, ...] = (), **popen: Any) -> subprocess.Popen:
+    """A fresh interpreter that runs ``code`` (Python, after the prelude that makes it what
+    this process is: module docstring), started in this process's directory where that
+    exists (Python 3.13.0 cannot import NumPy in a removed one: ``/`` then)."""
+    path = [PACKAGE_ROOT] + [os.path.abspath(p) if p else "" for p in map(_path, sys.path) if
+                             p is not None]
     flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-    return [sys.executable, *flags, "-c", _PRELUDE.format(path=path) + code]
+    read_end, write_end = os.pipe()
+    try:
+        started = subprocess.Popen(
+            [sys.executable, *flags, "-c", _PRELUDE.format(fd=read_end) + code],
+            pass_fds=(*pass_fds, read_end), cwd=_directory(), **popen)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    try:
+        with open(write_end, "wb") as sending:  # (a long path: written as the child reads)
+            sending.write(json.dumps(path).encode())
+    except BrokenPipeError:
+        pass  # (it ended as it started: said where its exit is asked after)
+    return started
 
 
-def boot_directory() -> str | None:
-    """The directory to start it in: this process's (``None``), or ``/`` where that one has
-    been removed (Python 3.13.0 cannot import NumPy in a removed directory)."""
+def _path(entry: Any) -> str | None:
+    """A ``sys.path`` entry as a path, or ``None`` (the importer skips what is not one)."""
+    try:
+        return os.fsdecode(entry)
+    except TypeError:
+        return None
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _directory() -> str | None:
     try:
         os.getcwd()
     except FileNotFoundError:
@@ -59,9 +98,7 @@ def hold_standard_descriptors() -> None:
     numbers, and were handed to workers as their standard output, which overwrote a worker's
     pipe (it never started: a bare ``BrokenPipeError``)."""
     for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
+        if not _open(fd):
             opened = os.open(os.devnull, os.O_RDWR)
             if opened != fd:  # (a lower one was closed meanwhile: taken by another thread)
                 os.close(opened)

@@ -147,9 +147,8 @@ class WorkerProcess:
             return
         if start_method == "exec":
             fd = child.fileno()
-            self._popen = subprocess.Popen(
-                launch.boot_command(_BOOT.format(fd=fd, parent=parent)), pass_fds=(fd,),
-                cwd=launch.boot_directory(), env=worker_environment(os.environ))
+            self._popen = launch.launch(_BOOT.format(fd=fd, parent=parent), pass_fds=(fd,),
+                                        env=worker_environment(os.environ))
             self.pid = self._popen.pid
             return
         self.pid = self._fork_pid = os.fork()

@@ -86,9 +86,8 @@ class Starter:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             boot = _BOOT.format(fd=theirs.fileno(), parent=os.getpid())
-            self._popen = subprocess.Popen(
-                launch.boot_command(boot), cwd=launch.boot_directory(),
-                pass_fds=(theirs.fileno(),), env=dict(environment))
+            self._popen = launch.launch(boot, pass_fds=(theirs.fileno(),),
+                                        env=dict(environment))
         except BaseException:
             ours.close()
             raise

@@ -333,6 +333,29 @@ def test_lists_of_strings_and_of_dicts_batch_as_numpy_format_gives_them():
         assert next(iter(loader))["text"][2] == "user: q2\x00 assistant: a"
 
 
+def test_times_of_day_in_lists_and_dicts_and_string_views_come_as_stored():
+    # a second fix narrowed the Arrow reads to a column's own values: times in lists and
+    # dicts came as datetime.time again (refused), and views of strings lost their NULs
+    import datetime
+
+    import pyarrow as pa
+
+    table = {"t": pa.array([[datetime.time(0, 0, i), datetime.time(1)] for i in range(3)],
+                           pa.list_(pa.time64("us"))),
+             "s": pa.array([{"a": datetime.time(0, 0, i)} for i in range(3)],
+                           pa.struct([("a", pa.time32("s"))]))}
+    if hasattr(pa, "string_view"):
+        table["v"] = pa.array(["a\x00", "b", "c"], pa.string_view())
+    ds = datasets.Dataset(pa.table(table))
+    with jl.DataLoader(ds, batch_size=3, process_index=0, process_count=1) as loader:
+        batch = next(iter(loader))
+    assert batch["t"].dtype == np.dtype("timedelta64[us]") and batch["t"].shape == (3, 2)
+    assert batch["t"][2, 0] == np.timedelta64(2_000_000, "us")
+    assert batch["s"]["a"].astype(np.int64).tolist() == [0, 1, 2]
+    if "v" in table:
+        assert batch["v"].tolist() == ["a\x00", "b", "c"]
+
+
 def test_a_long_string_is_not_copied_to_every_rows_width():
     # NumPy format made a column of strings one fixed-width array: one 2 MB document in a
     # batch of 128 took 1 GiB

@@ -173,11 +173,23 @@ def test_workers_start_where_the_trainers_path_finds_numpy_only(tmp_path):
     assert out.strip() == "10"
 
 
+def test_workers_start_under_a_long_or_odd_sys_path(tmp_path):
+    # the path went to the starter in its command line (an argument holds 128 KiB: "Argument
+    # list too long"), and an entry that is no path (an int) failed it with a TypeError
+    out, err, code = run(tmp_path, """
+        sys.path += ["/nowhere/" + "p" * 100 + str(i) for i in range(1400)] + [42]
+        with loader() as ld:
+            print(len(list(ld)), len(repr(sys.path)) > 1 << 17)
+        """)
+    assert code == 0, err
+    assert out.strip() == "10 True"
+
+
 def test_a_starter_that_cannot_start_says_so(tmp_path):
     out, err, code = run(tmp_path, """
         from jaxloader.workers import launch
-        real = launch.boot_command
-        launch.boot_command = lambda code: real("raise SystemExit('a broken environment')")
+        real = launch.launch
+        launch.launch = lambda code, **kw: real("raise SystemExit('a broken environment')", **kw)
         try:
             with loader() as ld:
                 list(ld)
