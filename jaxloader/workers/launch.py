@@ -76,7 +76,8 @@ def _path(entry: Any) -> str | None:
         return None
 
 
-def _open(fd: int) -> bool:
+def is_open(fd: int) -> bool:
+    """Whether ``fd`` is an open descriptor of this process."""
     try:
         os.fstat(fd)
     except OSError:
@@ -98,7 +99,7 @@ def hold_standard_descriptors() -> None:
     numbers, and were handed to workers as their standard output, which overwrote a worker's
     pipe (it never started: a bare ``BrokenPipeError``)."""
     for fd in (0, 1, 2):
-        if not _open(fd):
+        if not is_open(fd):
             opened = os.open(os.devnull, os.O_RDWR)
             if opened != fd:  # (a lower one was closed meanwhile: taken by another thread)
                 os.close(opened)

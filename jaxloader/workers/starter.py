@@ -123,7 +123,7 @@ class Starter:
         """Forks a worker serving the pipe end ``fd`` (a duplicate goes to it; the caller
         closes its own) in directory ``cwd`` (None: the starter's), its standard output and
         error this process's of the moment; its pid. ``OSError`` if it could not."""
-        std = [n for n in (1, 2) if _open(n)]
+        std = [n for n in (1, 2) if launch.is_open(n)]
         with self._tally:  # (not idle: another environment's first start must not close it)
             self._starting += 1
         try:
@@ -204,14 +204,6 @@ class Starter:
             f"{sys.executable} with this process's sys.path, interpreter flags and environment "
             "(JAX_PLATFORMS=cpu, one thread a math library) and imports NumPy and jaxloader; "
             "fix what it says, or pass start_method='fork'")
-
-
-def _open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 _STARTERS: dict[tuple, Starter] = {}
