@@ -279,7 +279,7 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     saved = state.get("stream")
     for then in (described, in_generation(1, describe)):
         if saved == then or saved == _untokenized(then):
-            if saved != then and _untokenized(then) != _untokenized(then, drop=False):
+            if saved != then and _tokenized(then):
                 warnings.warn(
                     "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
                     "state is older, and is restored without checking it: restore under the "
@@ -289,15 +289,21 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     return state
 
 
-def _untokenized(described: Any, drop: bool = True) -> Any:
-    """A stream's description without its ``PackedStream``s' ``tokenize`` digests (``drop``
-    false: without those that are ``None`` only)."""
+def _untokenized(described: Any) -> Any:
+    """A stream's description without its ``PackedStream``s' ``tokenize`` digests."""
     if isinstance(described, list):
-        return [_untokenized(d, drop) for d in described]
+        return [_untokenized(d) for d in described]
     if isinstance(described, dict):
-        return {k: _untokenized(v, drop) for k, v in described.items()
-                if k != "tokenize" or not drop and v is not None}
+        return {k: _untokenized(v) for k, v in described.items() if k != "tokenize"}
     return described
+
+
+def _tokenized(described: Any) -> bool:
+    """Whether a stream's description names a ``PackedStream``'s ``tokenize`` (not ``None``)."""
+    if isinstance(described, list):
+        return any(map(_tokenized, described))
+    return isinstance(described, dict) and (described.get("tokenize") is not None or any(
+        map(_tokenized, described.values())))
 
 
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:

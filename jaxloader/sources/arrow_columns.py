@@ -40,7 +40,8 @@ def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
     return _decode_array(array, name, path)
 
 
-def _is_list(kind: Any) -> bool:
+def is_list(kind: Any) -> bool:
+    """Whether an Arrow type is a list (of any length, fixed or not, 32- or 64-bit offsets)."""
     import pyarrow as pa
 
     return pa.types.is_list(kind) or pa.types.is_large_list(kind) or (
@@ -65,13 +66,13 @@ def nested_nulls(array: Any) -> int:
     one, or come out as ``None``)."""
     import pyarrow as pa
 
-    if not _is_list(array.type):  # (a struct's fields are decoded, and named, one by one)
+    if not is_list(array.type):  # (a struct's fields are decoded, and named, one by one)
         return 0
     count, inside = 0, [array]
     while inside:
         array = inside.pop()
         seen = 0  # (a null struct's fields are null there too: counted once, as the struct)
-        if _is_list(array.type):
+        if is_list(array.type):
             parts = [_values(array)]
         elif pa.types.is_struct(array.type):
             parts, seen = array.flatten(), array.null_count
@@ -117,7 +118,7 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
         return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",
                                                               path, column or name)
                             for i, field in enumerate(array.flatten())})
-    if _is_list(kind):
+    if is_list(kind):
         if pa.types.is_fixed_size_list(kind):  # (no offsets to check: ~100 us a row group)
             size = kind.list_size if len(array) else None
         else:
@@ -126,7 +127,7 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
         if size is None:
             return ArrowRows(array, ragged=True, where=f"column {name!r} of {path!r}")
         inner = _values(array)
-        values = _decode_array(inner, name, path, column) if _is_list(inner.type) else None
+        values = _decode_array(inner, name, path, column) if is_list(inner.type) else None
         if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
             values = numpy_of(inner)
         out = values.reshape(len(array), size, *values.shape[1:])

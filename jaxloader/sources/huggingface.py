@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import RecordError
-from jaxloader.sources.arrow_columns import nested_nulls
+from jaxloader.sources.arrow_columns import is_list, nested_nulls, numpy_of
 
 
 _LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths
@@ -313,16 +313,9 @@ def _read_from_arrow(kind: Any, top: bool = True) -> bool:
     if pa.types.is_struct(kind):
         fields = [kind.field(i).type for i in range(kind.num_fields)]
         return not any(map(_text, fields)) and any(_read_from_arrow(f, False) for f in fields)
-    if _listed(kind):
+    if is_list(kind):
         return not _text(kind.value_type) and _read_from_arrow(kind.value_type, False)
     return top and _text(kind) or pa.types.is_time(kind)
-
-
-def _listed(kind: Any) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or (
-        pa.types.is_fixed_size_list(kind))
 
 
 def _text(kind: Any) -> bool:
@@ -331,7 +324,7 @@ def _text(kind: Any) -> bool:
 
     if pa.types.is_struct(kind):
         return any(_text(kind.field(i).type) for i in range(kind.num_fields))
-    if _listed(kind):
+    if is_list(kind):
         return _text(kind.value_type)
     views = [getattr(pa.types, f"is_{name}_view", None) for name in ("string", "binary")]
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
@@ -351,16 +344,13 @@ def _from_arrow(column: Any) -> Any:
     if pa.types.is_struct(kind):
         return {kind.field(i).name: _from_arrow(field) for i, field in enumerate(
             array.flatten())}
-    if _listed(kind):
+    if is_list(kind):
         if pa.types.is_fixed_size_list(kind):
             return _stacked([_from_arrow(row.values) for row in array])
         offsets = array.offsets.to_pylist()
         return _stacked([_from_arrow(array.values.slice(a, b - a)) for a, b in zip(
             offsets[:-1], offsets[1:])])
-    if not pa.types.is_time(kind):
-        return object_column(array.to_pylist())
-    ints = array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64())
-    return ints.to_numpy(zero_copy_only=False).astype(np.int64).view(f"timedelta64[{kind.unit}]")
+    return numpy_of(array) if pa.types.is_time(kind) else object_column(array.to_pylist())
 
 
 def _first(value: Any) -> Any:
