@@ -101,8 +101,8 @@ def test_a_ctrl_c_anywhere_in_taking_or_letting_go_of_the_locks_leaves_none_held
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
         for round_ in range(400):
-            signal.setitimer(signal.ITIMER_REAL, 1e-5 * (1 + round_ % 37))
-            try:
+            try:  # (the timer set inside: one that fired as setitimer returned ended the run)
+                signal.setitimer(signal.ITIMER_REAL, 1e-5 * (1 + round_ % 37))
                 while True:
                     holding(locks, int)
             except KeyboardInterrupt:
