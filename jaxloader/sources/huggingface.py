@@ -118,8 +118,7 @@ class HuggingFaceSource:
         if self.custom or key not in self.dataset.column_names:
             return None
         kind = self.dataset.data.schema.field(key).type
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-                or pa.types.is_fixed_size_list(kind)) or not pa.types.is_integer(kind.value_type):
+        if not is_list(kind) or not pa.types.is_integer(kind.value_type):
             return None
         column = self.dataset.with_format("arrow", columns=[key])
         out = [pc.list_value_length(table[key]).to_numpy(zero_copy_only=False)
@@ -156,8 +155,7 @@ def _numeric(kind: Any) -> bool:
     """Whether an Arrow type holds numbers (or booleans), at any depth of lists."""
     import pyarrow as pa
 
-    while pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(
-            kind):
+    while is_list(kind):
         kind = kind.value_type
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
@@ -228,8 +226,7 @@ def _nulls(column: Any, media: bool = False) -> bool:
     def nested(kind: Any) -> bool:
         import pyarrow as pa
 
-        while pa.types.is_list(kind) or pa.types.is_large_list(kind) or \
-                pa.types.is_fixed_size_list(kind):
+        while is_list(kind):
             kind = kind.value_type
         return pa.types.is_struct(kind)
 
