@@ -158,7 +158,42 @@ def numpy_of(array: Any) -> np.ndarray:
         dtype = np.dtype(f"<{code}{kind.bit_width // 8}")
         return np.frombuffer(array.buffers()[1], dtype, count=len(array),
                              offset=array.offset * dtype.itemsize)
-    return np.asarray(array.to_numpy(zero_copy_only=False))
+    return np.asarray(_times_as_durations(array).to_numpy(zero_copy_only=False))
+
+
+def _with_times(kind: Any, time32: Any, time64: Any) -> Any:
+    """``kind`` with each time of day inside its lists and structs made ``time32(unit)`` or
+    ``time64(unit)``; ``None`` where it holds none."""
+    import pyarrow as pa
+
+    if pa.types.is_time(kind):
+        return (time32 if pa.types.is_time32(kind) else time64)(kind.unit)
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        kinds = [_with_times(field.type, time32, time64) for field in fields]
+        return None if all(k is None for k in kinds) else pa.struct(
+            [field.with_type(field.type if k is None else k) for field, k in zip(fields, kinds)])
+    if is_list(kind):
+        inner = _with_times(kind.value_field.type, time32, time64)
+        if inner is None:
+            return None
+        field = kind.value_field.with_type(inner)
+        return (pa.list_(field, kind.list_size) if pa.types.is_fixed_size_list(kind) else
+                pa.large_list(field) if pa.types.is_large_list(kind) else pa.list_(field))
+    return None
+
+
+def _times_as_durations(array: Any) -> Any:
+    """``array`` with its times of day inside lists and structs as durations since midnight,
+    which become ``timedelta64`` as the top-level ones do (Arrow's own gives ``datetime.time``
+    objects there): the same buffers seen as integers, ``time32``'s widened to 64 bits."""
+    import pyarrow as pa
+
+    ints = _with_times(array.type, lambda unit: pa.int32(), lambda unit: pa.int64())
+    if ints is None:
+        return array
+    wide = _with_times(array.type, lambda unit: pa.int64(), lambda unit: pa.int64())
+    return array.view(ints).cast(wide).view(_with_times(array.type, pa.duration, pa.duration))
 
 
 _NO_BYTES = np.zeros(0, np.uint8)

@@ -601,6 +601,28 @@ def test_tensors_keep_their_shape_and_times_of_day_are_durations(tmp_path):
         assert batch["l"].dtype == np.dtype("timedelta64[ms]") and batch["l"].shape == (4, 1)
 
 
+def test_times_of_day_inside_ragged_lists_and_lists_of_structs_are_durations_too(tmp_path):
+    # lists of lists of other lengths and lists of structs came as datetime.time objects
+    # inside their rows' object arrays, where the top level and uniform lists held durations
+    import datetime
+
+    t = datetime.time
+    pq.write_table(pa.table({
+        "ll": pa.array([[[t(1), t(2)], [t(3)]], [[t(0, 0, 4)]]],
+                       pa.list_(pa.list_(pa.time64("us")))),
+        "ls": pa.array([[{"x": t(0, 1), "n": 1}], [{"x": t(0, 0, 2), "n": 2}, {"x": t(3), "n": 3}]],
+                       pa.list_(pa.struct([("x", pa.time32("s")), ("n", pa.int32())])))}),
+        tmp_path / "t.parquet")
+    source = jl.ParquetSource(str(tmp_path / "t.parquet"))
+    first, second = source[0], source[1]
+    assert [row.dtype for row in first["ll"]] == [np.dtype("timedelta64[us]")] * 2
+    assert first["ll"][0].astype(np.int64).tolist() == [3_600_000_000, 7_200_000_000]
+    assert second["ll"][0].astype(np.int64).tolist() == [4_000_000]
+    assert [row["x"] for row in second["ls"]] == [datetime.timedelta(seconds=2),
+                                                  datetime.timedelta(hours=3)]
+    assert first["ls"][0] == {"x": datetime.timedelta(minutes=1), "n": 1}
+
+
 def test_the_row_labels_pandas_stores_are_not_read_as_a_column(tmp_path):
     pd = pytest.importorskip("pandas")  # installed with datasets, in the test extra
     frame = pd.DataFrame({"x": np.arange(4.0)}, index=[10, 11, 12, 13])  # not a range
