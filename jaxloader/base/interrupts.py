@@ -38,8 +38,9 @@ The invariants the rest of the code keeps:
 5. **No Python code runs when a batch dies.** A slot returns to the ring through a weak
    reference whose callback is a builtin (``deque.append``), so an interrupt cannot land in it
    (``workers.ring``).
-6. **Workers leave Ctrl-C to the main process.** They ignore SIGINT and exit when their pipe
-   reports EOF (``workers.worker``).
+6. **Workers leave Ctrl-C to the main process.** Each is a process group of its own, which a
+   terminal's Ctrl-C does not reach, does nothing on SIGINT, and exits when its pipe reports
+   EOF (``workers.worker``).
 7. **What must agree changes at once.** CPython runs a signal handler only at a function's
    start, just after a call returns and at a loop's back edge, never between two plain stores. So
    values that must agree are set in one statement with no call inside (a stream loader's

@@ -18,9 +18,9 @@ The pipe is the link: when the main process closes it, ``recv`` sees EOF and the
 A worker inside user code (a long transform, a generator that blocks) reads no pipe: the kernel
 ends it when the main process dies (Linux's parent-death signal, asked for before any user
 code runs; elsewhere a watchdog thread). Ctrl-C in the terminal is left to the main process
-(the worker ignores SIGINT). The worker writes the step it starts into its status row first
-(``status.py``): a worker that dies is named with the step it died in. The worker never
-imports JAX and never unlinks a segment.
+(a worker is a process group of its own, and does nothing on SIGINT). The worker writes the
+step it starts into its status row first (``status.py``): a worker that dies is named with
+the step it died in. The worker never imports JAX and never unlinks a segment.
 """
 
 from __future__ import annotations
@@ -315,18 +315,31 @@ def die_with_parent(parent: int) -> None:
 
 
 def leave_signals_to_the_trainer() -> None:
-    """Ignores SIGINT and SIGTERM: a terminal's Ctrl-C, and a scheduler's SIGTERM to the whole
-    process group (``timeout``, SLURM's preemption), are the training process's to act on;
-    a worker ends with it (``die_with_parent``). Killed by a SIGTERM, a trainer that saves on
-    one found its workers gone before its save. SIGTERM is caught by a handler that does
-    nothing, not ignored: an ignored signal stays ignored in every program a transform runs
-    (``subprocess.Popen(...).terminate()`` did nothing there); a caught one is reset by exec."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _left_to_the_trainer)
+    """Leaves a terminal's and a scheduler's signals to the training process, which a worker
+    ends with (``die_with_parent``): a worker is a process group of its own, so a terminal's
+    Ctrl-C, Ctrl-\\ and Ctrl-Z reach neither it nor the programs its transform runs (they
+    ended such a program in flight, and a trainer that goes on after its ``KeyboardInterrupt``
+    got that batch's error); terminal I/O from that group does not stop it (SIGTTIN, SIGTTOU:
+    a read there fails instead). SIGINT and SIGTERM (a scheduler's to every process of a job,
+    SLURM's preemption) are caught by a handler that does nothing: a trainer that saves on
+    SIGTERM found its workers gone before its save. They are caught, not ignored: an ignored
+    signal stays ignored in every program a transform runs (``terminate()`` and
+    ``send_signal(SIGINT)`` did nothing there); a caught one is reset by exec. A system call
+    the signal lands in is restarted (``siginterrupt``), as under an ignored one: a C library
+    a transform calls need not retry one that fails with EINTR."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # (a sandbox that forbids it: the handlers below still hold)
+        pass
+    for signum in (signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(signum, signal.SIG_IGN)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _left_to_the_trainer)
+        signal.siginterrupt(signum, False)
 
 
 def _left_to_the_trainer(signum: int, frame: Any) -> None:
-    """A worker's SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``)."""
+    """A worker's SIGINT and SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``)."""
 
 
 def _watch_parent(parent: int) -> None:

@@ -106,6 +106,71 @@ def test_a_trainer_that_saves_on_a_group_sigterm_keeps_its_workers(tmp_path):
     assert out.split("\n")[:2] == ["saved at step 50", "child -15"], (out, err)
 
 
+def test_a_program_a_transform_runs_does_not_ignore_sigint(tmp_path):
+    # workers ignored SIGINT, and every program a transform ran inherited it: a transform's
+    # send_signal(SIGINT) to one did nothing there, and did with 0 workers
+    out, err, code = run(tmp_path, """
+        import subprocess
+        probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+        def child(r):
+            done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+            return {"ignored": np.array(done.stdout.strip() == "True")}
+        for workers in (0, 1):
+            with loader([jl.Map(child)], num_workers=workers) as ld:
+                print(workers, bool(next(iter(ld))["ignored"].any()))
+        """)
+    assert code == 0, err
+    assert out.split("\n")[:2] == ["0 False", "1 False"], (out, err)
+
+
+def test_a_terminals_ctrl_c_is_the_trainers_and_leaves_the_workers_batches_alone(tmp_path):
+    # a Ctrl-C goes to the terminal's whole process group: a program a worker's transform ran
+    # would end of it, and a trainer that goes on after its KeyboardInterrupt (here caught in
+    # its step, outside next()) would get that read-ahead batch's error
+    out, err, code = run(tmp_path, """
+        import subprocess, threading
+        def slow(r):
+            subprocess.run(["sleep", "0.4"], check=True)
+            return r
+        with loader([jl.Map(slow)], num_workers=2, prefetch=2) as ld:
+            it = iter(ld)
+            first = next(it)["y"].tolist()
+            threading.Timer(0.2, lambda: os.killpg(0, signal.SIGINT)).start()
+            try:
+                time.sleep(5)  # (the training step)
+            except KeyboardInterrupt:
+                pass
+            print(first, next(it)["y"].tolist(), next(it)["y"].tolist())
+        """, start_new_session=True)
+    assert code == 0, err
+    assert out.split("\n")[0] == "[0, 1, 2, 3] [4, 5, 6, 7] [8, 9, 10, 11]", (out, err)
+
+
+def test_a_ctrl_c_in_a_workers_c_call_does_not_fail_it(tmp_path):
+    # a worker catches SIGINT to leave it to the trainer: a read in C it lands in is restarted
+    # (as under an ignored one), not failed with EINTR for a library that does not retry it
+    out, err, code = run(tmp_path, """
+        def read_in_c(r):
+            import ctypes, threading
+            libc = ctypes.CDLL(None, use_errno=True)
+            rd, wr = os.pipe()
+            me = threading.get_ident()
+            def poke():
+                time.sleep(0.1)
+                signal.pthread_kill(me, signal.SIGINT)
+                time.sleep(0.15)
+                os.write(wr, b"x")
+            threading.Thread(target=poke).start()
+            got = libc.read(rd, ctypes.create_string_buffer(1), 1)
+            return {"read": np.int64(got), "errno": np.int64(ctypes.get_errno() if got < 0 else 0)}
+        with loader([jl.Map(read_in_c)], num_workers=1) as ld:
+            batch = next(iter(ld))
+            print(batch["read"].tolist(), batch["errno"].tolist())
+        """)
+    assert code == 0, err
+    assert out.split("\n")[0] == "[1, 1, 1, 1] [0, 0, 0, 0]", (out, err)
+
+
 def test_a_worker_that_exits_is_reported_by_its_code_with_sigchld_ignored(tmp_path):
     # SIG_IGN reached the starter through exec: the kernel reaped its workers, and one that
     # exited with code 3 was reported killed by SIGKILL ("often the out-of-memory killer")
