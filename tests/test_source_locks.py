@@ -65,6 +65,49 @@ def test_two_loaders_sharing_a_part_read_it_in_turn_and_a_close_waits_for_a_read
     assert (count, done) == (25, [31]) and shared.overlaps == 0
 
 
+class Slotted:
+    """``Watched`` with ``__slots__``: it takes no weak reference."""
+
+    __slots__ = ("n", "base", "inside", "overlaps", "guard")
+    __init__, __len__, __getitem__ = Watched.__init__, Watched.__len__, Watched.__getitem__
+
+
+def test_a_source_that_takes_no_weak_reference_is_read_in_turn_too():
+    # an object without weak references got a new lock at each read, which held nothing
+    # back: two loaders over one such source read it at once (another record's bytes)
+    source = Slotted(400)
+    with jl.DataLoader(source, batch_size=8, shuffle=True, seed=1,
+                       sharding=jax.devices()[0], device_prefetch=4) as first, \
+            jl.DataLoader(source, batch_size=8, shuffle=True, seed=2) as second:
+        done = []
+        thread = threading.Thread(target=lambda: done.append(len(list(second))))
+        thread.start()
+        count = len(list(first))
+        thread.join(60)
+    assert (count, done) == (50, [50]) and source.overlaps == 0
+
+
+def test_a_transform_that_asks_another_loader_over_its_source_for_a_batch_gets_it():
+    # the source's lock was held while the record transforms ran: a transform waiting on a
+    # batch of another loader over the same source, made in that loader's device-put
+    # thread, waited for good on a lock its own thread held
+    source = Watched(40)
+    with jl.DataLoader(source, batch_size=4, shuffle=True, seed=1, num_epochs=None,
+                       sharding=jax.devices()[0]) as partner:
+        partners = iter(partner)
+
+        def mix(record):
+            return {"x": record["x"] + 1000 * np.asarray(next(partners)["x"])[0]}
+
+        with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(mix)]) as loader:
+            done = []
+            thread = threading.Thread(target=lambda: done.append(len(list(loader))),
+                                      daemon=True)
+            thread.start()
+            thread.join(30)
+    assert done == [10] and source.overlaps == 0
+
+
 def test_loaders_over_lists_keep_no_lock_and_a_sources_lock_goes_with_it():
     import gc
 

@@ -9,9 +9,15 @@ one cache, where two threads crashed the process (a segfault in ``read_row_group
 a time (``engines.in_process.made_here``), and its files are closed between them
 (``sources.parts.close_source``). Workers read their own copies and take no lock.
 
-An object that takes no weak reference (a list of records, a tuple) gets a lock of its own
-at each call, which holds nothing back: Python's own containers are read safely from two
-threads, and a lock kept for it could not be dropped with it.
+Only the reads hold them (``reading``, where ``made_under`` asks for it), not the record
+transforms between them: a transform that asks another loader over the same source for a
+batch (made in its device-put thread) would wait on a lock its own thread held.
+
+Python's own containers (a list of records, a tuple, a dict) are read safely from two threads,
+and take no weak reference: they get a lock of their own at each call, which holds nothing
+back. Any other object that takes no weak reference (a class with ``__slots__``) shares one
+lock with all such objects: a lock kept for it alone could not be dropped with it. Locks are
+taken in the order of their ids, so a shared one never makes two threads wait on each other.
 
 A source made of others (a mixture, a concatenation, a filter over one) holds the lock of
 each of them, taken in one order (by ``id``: no two threads wait on each other), since two
@@ -34,6 +40,9 @@ from typing import Any, Callable
 
 _LOCKS: dict[tuple, Any] = {}  # (kind, id) -> a lock, or a source's parts' locks, while it lives
 _GUARD = threading.RLock()  # (parts' locks are found under it as a source's are made)
+_UNREFERENCED = threading.RLock()  # the lock of every object that takes no weak reference
+_CONTAINERS = (list, tuple, dict, str, bytes, range)  # read safely from two threads
+_HELD = threading.local()  # .locks: what ``reading`` holds in this thread (``made_under``)
 
 
 def lock_of(source: Any) -> threading.RLock:
@@ -45,7 +54,31 @@ def source_lock(source: Any, parts: Any) -> tuple[threading.RLock, ...]:
     """``source``'s locks, found once: each of ``parts(source)``'s (its parts and itself), in
     the order of their ids; ``holding`` takes them."""
     return _kept(("all", id(source)), source,
-                 lambda: tuple(lock_of(s) for s in sorted(parts(source), key=id)))
+                 lambda: tuple(sorted({id(lock): lock for lock in map(lock_of, parts(source))}
+                                      .values(), key=id)))
+
+
+def made_under(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, each of its ``reading`` calls in this thread holding ``locks`` (what was
+    asked before is asked again after: a loader's batch made inside another's transform)."""
+    before = getattr(_HELD, "locks", ())
+    try:
+        _HELD.locks = locks
+        done = fn(*args)
+    finally:
+        _HELD.locks = before
+    return done
+
+
+def held() -> tuple[threading.RLock, ...]:
+    """The locks this thread's reads of a source hold now (none in a worker)."""
+    return getattr(_HELD, "locks", ())
+
+
+def reading(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a read of a source, holding the locks ``made_under`` asked for."""
+    locks = getattr(_HELD, "locks", ())
+    return holding(locks, fn, *args) if locks else fn(*args)
 
 
 def holding(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:
@@ -69,7 +102,8 @@ def _kept(key: tuple, owner: Any, make: Any) -> Any:
             found = make()
             try:  # dropped with its owner, so that a new object at its id gets its own
                 weakref.finalize(owner, _LOCKS.pop, key, None).atexit = False
-            except TypeError:  # no weak reference to it (a list, a tuple: Python's own
-                return found  # containers read safely from two threads): not kept
+            except TypeError:  # no weak reference to it: not kept (module docstring)
+                return found if isinstance(owner, _CONTAINERS) or key[0] == "all" else (
+                    _UNREFERENCED)
             _LOCKS[key] = found
     return found

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+from operator import getitem
 from time import perf_counter
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, cast
@@ -34,6 +35,7 @@ from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import gatherer_of
 from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.sources.base import one_each
@@ -46,6 +48,9 @@ from jaxloader.batching.transforms import BatchMap, returned_none
 
 class BatchMaker:
     """Makes the batch of a global step for one process (see the module docstring)."""
+
+    reads_under_locks = True  # in the training process its reads hold the source's locks,
+    # not its record transforms (``base.source_locks.made_under``)
 
     def __init__(
         self,
@@ -87,7 +92,7 @@ class BatchMaker:
         start = perf_counter() if timed else 0.0
         spec = self.sampler.batch(step)
         if self._vectorised:
-            treedef, columns = self._read_vectorised(spec)
+            treedef, columns = reading(self._read_vectorised, spec)
             if timed:
                 start = clock.span(READ, start)
         else:
@@ -212,13 +217,23 @@ class BatchMaker:
         start = perf_counter()
         raw = None
         if self._batched_reads:
-            got = self._getitems(spec)
+            got = reading(self._getitems, spec)
             raw = got if isinstance(got, list) else tree_lib.split_rows(got, len(spec.indices))
         records: list = []
+        locks = held() if raw is None else ()  # (a record's read holds them, not its transforms)
+        lock = locks[0] if len(locks) == 1 else None
         for j, (position, index) in enumerate(zip(spec.positions.tolist(),
                                                   spec.indices.tolist())):
             try:
-                record = source[index] if raw is None else raw[j]
+                if raw is not None:
+                    record = raw[j]
+                elif lock is not None:  # (the common case: a plain source's one lock)
+                    with lock:
+                        record = source[index]
+                elif locks:  # (a source made of others: each part's)
+                    record = holding(locks, getitem, source, index)
+                else:  # (in a worker)
+                    record = source[index]
             except JaxloaderError:
                 raise
             except Exception as e:

@@ -32,7 +32,7 @@ from time import perf_counter
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
 from jaxloader.base.errors import CollateError
-from jaxloader.base.source_locks import holding, source_lock
+from jaxloader.base.source_locks import holding, made_under, source_lock
 from jaxloader.base.timings import Gauges, StageClock
 from jaxloader.sources.parts import walk
 
@@ -106,9 +106,11 @@ class Engine(Protocol):
 def made_here(maker: Maker, step: int) -> tuple[Any, Any]:
     """``maker.make(step)`` in this process; a collation error names the step first, as a
     worker's error does (``workers.failures``)."""
+    locks = source_lock(maker.source, walk)  # (peek() and other loaders may read it too)
     try:
-        # (peek() and other loaders may read the source meanwhile: each of its parts in turn)
-        return holding(source_lock(maker.source, walk), maker.make, step)
+        if getattr(maker, "reads_under_locks", False):  # its reads hold them, not transforms
+            return made_under(locks, maker.make, step)
+        return holding(locks, maker.make, step)
     except CollateError as e:
         e.args = (f"{maker.location(step)}: {e}",)
         raise
