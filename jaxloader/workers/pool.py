@@ -288,6 +288,10 @@ class WorkerPool:
         began = perf_counter() if received <= SAMPLE or not received & (SAMPLE - 1) else 0.0
         for fd, _ in events:
             worker = roster.by_fd[fd]
+            if worker < 0:  # a worker's end (its pidfd): what it sent before is read first
+                if not self._workers[~worker].conn.poll(0):
+                    self._worker_died(~worker)
+                continue
             try:
                 message = protocol.receive(self._workers[worker].conn)
             except (EOFError, ConnectionResetError, OSError):

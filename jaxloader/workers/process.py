@@ -130,6 +130,7 @@ class WorkerProcess:
             _in_lasting_thread(lambda: self._start(start_method, child))
         finally:
             child.close()
+        self.sentinel = _sentinel(self.pid)
 
     def _start(self, start_method: str, child: Any) -> None:
         parent = os.getpid()
@@ -244,6 +245,9 @@ class WorkerProcess:
             if not drained:
                 self.kill()
             self.conn.close()
+            if self.sentinel is not None:
+                sentinel, self.sentinel = self.sentinel, None
+                os.close(sentinel)
 
     def reap(self) -> int | None:
         """The exit code once the worker has ended (``let_go()`` first); None if a worker
@@ -261,6 +265,17 @@ class WorkerProcess:
             except (EOFError, OSError):
                 return True
         return True
+
+
+def _sentinel(pid: int) -> int | None:
+    """A descriptor readable once process ``pid`` has ended (Linux's pidfd; ``None`` elsewhere,
+    or where the kernel has none): a worker's death is seen through it even where its pipe
+    reports no EOF, a copy of the pipe's worker end held by another process (forked by
+    another thread while the worker started, or a forked worker of another loader)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # (not Linux, a kernel before 5.3, or ended already:
+        return None  # its pipe says so)
 
 
 def _cwd() -> str | None:

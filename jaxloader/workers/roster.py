@@ -6,7 +6,9 @@ them.
     Roster(count) ── workers[0..started)   processes (process.py), a pipe each
                      active                those given tasks now: workers[0..active)
                      poller, by_fd          one poll() over every pipe (a parked worker's too:
-                                            its last tasks come back, its death is seen)
+                                            its last tasks come back, its death is seen) and
+                                            every worker's pidfd (~i: its end, said also where
+                                            another process holds a copy of its pipe)
                      in_flight, layouts     tasks out a worker; the last layout each sent
     resize(n) ──> target; apply() between two blocks of tasks: starts workers up to n (their
                   payload sent), or parks those past n (they finish their tasks, then idle)
@@ -81,6 +83,9 @@ class Roster:
         i = len(self.workers) - 1
         self.by_fd[worker.conn.fileno()] = i
         self.poller.register(worker.conn.fileno(), select.POLLIN)
+        if worker.sentinel is not None:  # (its end, where no EOF comes: ~i, pool._receive)
+            self.by_fd[worker.sentinel] = ~i
+            self.poller.register(worker.sentinel, select.POLLIN)
         self.in_flight.append(0)
         self.layouts.append(None)
         while len(self._gauges.makers) <= i:

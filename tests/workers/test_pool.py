@@ -189,6 +189,42 @@ def test_a_dead_worker_is_reported_at_once(how):
     loader.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="a worker's end is seen by pidfd")
+def test_a_dead_worker_is_reported_while_another_process_holds_its_pipe():
+    # a death was seen only by its pipe's EOF, which never came while another process held a
+    # copy of the worker's end (a fork of a transform, or a worker of another loader forked
+    # while this one started): the training process waited for good
+    def fork_once(r):
+        child = 0
+        if int(r["y"]) == 0:
+            child = os.fork()
+            if child == 0:  # (a child that holds every descriptor of the worker)
+                time.sleep(30)
+                os._exit(0)
+        if int(r["y"]) == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"y": r["y"], "child": np.int64(child)}
+
+    loader = jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(fork_once)],
+                           num_workers=1, process_index=0, process_count=1)
+    got: list = []
+
+    def run():
+        try:
+            for batch in loader:
+                got.extend(batch["child"][batch["child"] > 0].tolist())
+        except jl.WorkerError as e:
+            got.append(str(e))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(15)
+    for pid in got[:-1]:
+        os.kill(pid, signal.SIGKILL)
+    loader.close()
+    assert len(got) == 2 and "killed by signal 9" in got[1] and "step 3" in got[1], got
+
+
 @pytest.mark.skipif(not starter.AVAILABLE, reason="the worker starter is Linux's")
 def test_workers_started_before_one_that_cannot_start_are_stopped_and_reaped(monkeypatch):
     real, started = starter.Starter.start, []
