@@ -108,6 +108,28 @@ def test_a_transform_that_asks_another_loader_over_its_source_for_a_batch_gets_i
     assert done == [10] and source.overlaps == 0
 
 
+def test_a_source_of_a_thousand_parts_is_read_peeked_and_closed():
+    # holding() took a frame for each part's lock: past ~990 parts every batch in the
+    # training process, peek() and close() raised RecursionError
+    class Part:
+        def __init__(self, base: int) -> None:
+            self.base = base
+
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> dict:
+            return {"x": np.int64(self.base + i)}
+
+    parts = [Part(10 * c) for c in range(1200)]
+    with jl.DataLoader(jl.ConcatSource(parts), batch_size=8, num_epochs=1) as loader:
+        peeked = loader.peek()
+        batches = list(loader)
+    assert np.array_equal(peeked["x"], batches[0]["x"]) and len(batches) == 300
+    assert sorted(np.concatenate([b["x"] for b in batches]).tolist()) == sorted(
+        10 * c + i for c in range(1200) for i in range(2))
+
+
 def test_loaders_over_lists_keep_no_lock_and_a_sources_lock_goes_with_it():
     import gc
 

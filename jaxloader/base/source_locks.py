@@ -87,6 +87,10 @@ def holding(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: A
     releases of a loop, it left one held for good, and the next thread to read hung)."""
     if not locks:
         return fn(*args)
+    if len(locks) >= 8:  # (a frame for 8: a mixture of 1,000 parts is no deeper than Python's
+        with locks[0], locks[1], locks[2], locks[3], locks[4], locks[5], locks[6], locks[7]:
+            done = holding(locks[8:], fn, *args)  # limit; the same as nested blocks)
+        return done
     with locks[0]:
         done = holding(locks[1:], fn, *args)  # (kept, not returned, inside the block: what
     return done  # follows a call returned there is the block's, where a Ctrl-C can land)

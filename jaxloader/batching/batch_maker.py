@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import warnings
-from operator import getitem
 from time import perf_counter
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, cast
@@ -221,29 +220,45 @@ class BatchMaker:
             raw = got if isinstance(got, list) else tree_lib.split_rows(got, len(spec.indices))
         records: list = []
         locks = held() if raw is None else ()  # (a record's read holds them, not its transforms)
-        lock = locks[0] if len(locks) == 1 else None
+        if len(locks) > 1:  # a source made of others: its parts' locks taken once a batch (not
+            raw = holding(locks, self._read_each, spec)  # a record), its records read first
+            locks = ()
+        lock = locks[0] if locks else None
         for j, (position, index) in enumerate(zip(spec.positions.tolist(),
                                                   spec.indices.tolist())):
             try:
                 if raw is not None:
                     record = raw[j]
-                elif lock is not None:  # (the common case: a plain source's one lock)
+                elif lock is not None:  # (in the training process: the source's lock)
                     with lock:
                         record = source[index]
-                elif locks:  # (a source made of others: each part's)
-                    record = holding(locks, getitem, source, index)
                 else:  # (in a worker)
                     record = source[index]
             except JaxloaderError:
                 raise
             except Exception as e:
-                raise RecordError(
-                    f"{spec.record_location(position, index)}: source[index] raised "
-                    f"{type(e).__name__}: {e}; the original error is the cause below") from e
+                raise RecordError(_read_failed(spec, position, index, e)) from e
             records.append(run(record, epoch, position, spec.record_location, (position, index)))
         if detail:
             self.clock.loop_detail(perf_counter() - start, run.spent)
         return records
+
+    def _read_each(self, spec: BatchSpec) -> list:
+        """The batch's records, ``source[index]`` each, an error naming its record."""
+        source, records = self.source, []
+        for position, index in zip(spec.positions.tolist(), spec.indices.tolist()):
+            try:
+                records.append(source[index])
+            except JaxloaderError:
+                raise
+            except Exception as e:
+                raise RecordError(_read_failed(spec, position, index, e)) from e
+        return records
+
+
+def _read_failed(spec: BatchSpec, position: int, index: int, e: Exception) -> str:
+    return (f"{spec.record_location(position, index)}: source[index] raised "
+            f"{type(e).__name__}: {e}; the original error is the cause below")
 
 
 def _real(spec: BatchSpec) -> int:
