@@ -208,3 +208,45 @@ def test_an_interrupt_at_any_line_of_the_order_caches_leaves_them_right():
             np.testing.assert_array_equal(sampler.batch(step).indices, want[step],
                                           err_msg=f"interrupted at line {n}, step {step}")
     assert raised > 10  # every line of both, then none left to land on
+
+
+class _Huge:
+    """2**41 records, none stored."""
+
+    def __len__(self) -> int:
+        return 1 << 41
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": np.int64(i % 7)}
+
+
+def test_random_transforms_over_more_positions_than_their_keys_hold_are_refused():
+    # a record's key is (epoch << 40) | position: past 2**40 positions an epoch, positions p
+    # and 2**40 + p drew the same numbers in epoch 1, silently
+    import jaxloader as jl
+
+    for transform in (jl.RandomMap(lambda r, rng: r), jl.JitMap(lambda r, key: r)):
+        with pytest.raises(ConfigError, match="2,199,023,255,552 record positions.*40 bits"):
+            jl.DataLoader(_Huge(), batch_size=4, transforms=[transform])
+    with jl.DataLoader(_Huge(), batch_size=4, transforms=[jl.Map(lambda r: r)]) as loader:
+        assert next(iter(loader))["x"].tolist() == [0, 1, 2, 3]  # (no key: no limit)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_an_epoch_past_the_last_one_a_key_holds_is_refused_as_it_is_reached(mixed):
+    # past epoch 2**24 a RandomMap raised OverflowError (blamed on the user's transform), a
+    # JitMap's keys wrapped to epoch 0's, and the loader's own state was refused on restore
+    import jaxloader as jl
+
+    source = jl.ArraySource({"x": np.arange(4)})
+    source = jl.mix([source, source], [0.5, 0.5]) if mixed else source
+    with jl.DataLoader(source, batch_size=4, num_epochs=None, seed=1,
+                       transforms=[jl.RandomMap(lambda r, rng: r)]) as loader:
+        state = loader.state_dict()
+        last = (1 << 24) * len(loader) - 1
+        state["step"] = last
+        loader.load_state_dict(state)
+        it = iter(loader)
+        next(it)
+        with pytest.raises(ConfigError, match=f"step {last + 1:,} is in epoch 16,777,216"):
+            next(it)

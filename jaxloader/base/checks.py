@@ -25,6 +25,27 @@ POSITION_BITS = 40
 EPOCH_LIMIT = 1 << (64 - POSITION_BITS)
 
 
+def past_epochs(step: int, epoch: int) -> ConfigError:
+    """The error for step ``step``, in epoch ``epoch`` >= ``EPOCH_LIMIT``."""
+    return ConfigError(
+        f"step {step:,} is in epoch {epoch:,}: epochs stop at {EPOCH_LIMIT:,} (a record's "
+        "random numbers are keyed by its epoch and position in 64 bits, and its state could "
+        "not be restored); make an epoch longer (ConcatSource([source] * k) holds k passes "
+        "over it an epoch)")
+
+
+def check_positions(positions: int, random: bool) -> None:
+    """Refuses epochs of more than 2**POSITION_BITS record positions where a transform draws
+    random numbers: past it, a record's key would share its bits with the epoch's."""
+    if random and positions > 1 << POSITION_BITS:
+        raise ConfigError(
+            f"an epoch of {positions:,} record positions with a RandomMap or JitMap: a "
+            f"record's random numbers are keyed by its position in {POSITION_BITS} bits "
+            f"({1 << POSITION_BITS:,} positions an epoch); read a part of the source at a "
+            "time (FilteredSource(source, indices=part)), or draw the numbers in a Map from "
+            "the record's own fields")
+
+
 def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,
               error: type[Exception] = ConfigError) -> int:
     """``value`` as an int if it is one (not a bool) in ``[low, high]``; else ``error`` naming

@@ -33,6 +33,7 @@ from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import gatherer_of
+from jaxloader.base.checks import check_positions
 from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
@@ -42,7 +43,7 @@ from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
 from jaxloader.batching.record_transforms import RecordTransforms, read_only_hint
 from jaxloader.batching.jit_map import JitMap
-from jaxloader.batching.transforms import BatchMap, returned_none
+from jaxloader.batching.transforms import BatchMap, RandomMap, returned_none
 
 
 class BatchMaker:
@@ -73,6 +74,9 @@ class BatchMaker:
         # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
         self._gather = gatherer_of(source)
         self._transforms = RecordTransforms(record_transforms, sampler.seed)
+        check_positions(sampler.steps_per_epoch * sampler.global_batch_size,
+                        any(isinstance(t, (RandomMap, JitMap))
+                            for t in (*record_transforms, *batch_transforms)))
         self.clock = StageClock()  # where this process's batches' time goes (base/timings)
 
     @property

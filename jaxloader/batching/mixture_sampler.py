@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
@@ -92,6 +92,8 @@ class MixtureSampler:
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
+        if epoch >= EPOCH_LIMIT:
+            raise past_epochs(step, epoch)
         positions = k * self.global_batch_size + self._rows
         # Step ``step``'s indices, from a memo computed for the span of steps it is in
         # (~32,768 positions a class; NumPy's cost is per call): each process computes only

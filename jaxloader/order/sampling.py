@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.base.tree import RecordNames
 from jaxloader.order.index_shuffle import IndexShuffle
@@ -218,6 +218,8 @@ class Sampler:
     def batch(self, step: int) -> BatchSpec:
         """The records of global step ``step`` (``step >= 0``) for this process."""
         epoch, k = divmod(step, self.steps_per_epoch)
+        if epoch >= EPOCH_LIMIT:
+            raise past_epochs(step, epoch)
         positions = k * self.global_batch_size + self._rows
         n = self.num_records
         valid = None
@@ -243,6 +245,8 @@ class Sampler:
         stride = self._memo.stride
         epoch, k = divmod(steps[0], self.steps_per_epoch)
         last_epoch, last = divmod(steps[-1], self.steps_per_epoch)
+        if last_epoch >= EPOCH_LIMIT:
+            return None  # (batch() says so)
         G = self.global_batch_size
         full = (self.num_records - int(self._rows[-1]) - 1) // G + 1  # steps of whole rows
         if (last_epoch != epoch or last >= full or last - k != (len(steps) - 1) * stride
