@@ -96,11 +96,8 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # for type checkers; at run time the lazy __getattr__ below serves it
-    from jaxloader.sharding.put import data_sharding
 
-
-def __getattr__(name: str) -> Any:
+def _lazy(name: str) -> Any:
     """Imports ``data_sharding`` (and with it JAX) on first use: ``import jaxloader``, and every
     worker, stay free of JAX; and the modules of optional parts (``jl.checkpoint``, Orbax's;
     ``jl.ray``), as ``import jaxloader.checkpoint`` would."""
@@ -114,3 +111,12 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module(f"jaxloader.{name}")  # (sets the attribute too)
     raise AttributeError(f"module 'jaxloader' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # for type checkers (a misspelt name is then theirs to flag); at run time
+    from jaxloader import checkpoint, ray  # the module's __getattr__ serves these
+    from jaxloader.sharding.put import data_sharding
+
+    __all__ += ["checkpoint", "ray"]  # (to type checkers only: a star import leaves them)
+else:
+    __getattr__ = _lazy

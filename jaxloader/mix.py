@@ -4,23 +4,48 @@ given steps; the plan both follow is ``plans.mixture``'s."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, Union, overload
+
+import numpy as np
 
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.plans.mixture import normalised
 from jaxloader.sources.base import Source
 from jaxloader.sources.mixture import Mixture
-from jaxloader.streams.contract import StreamLike
+from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.mixed import STOPPING_STRATEGIES, MixedStream
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, as_stream
 
 
+Weights = Union[Sequence[float], Mapping[str, float], np.ndarray]
+Stopping = Literal["all_exhausted_without_replacement", "first_exhausted", "all_exhausted"]
+
+
+@overload
+def mix(sources: Sequence[ReadableStream] | Mapping[str, ReadableStream], weights: Weights,
+        from_step: Mapping[int, Weights] | None = None,
+        stopping_strategy: Stopping = "all_exhausted_without_replacement") -> MixedStream: ...
+
+
+@overload
+def mix(sources: Sequence[Source] | Mapping[str, Source], weights: Weights,
+        from_step: Mapping[int, Weights] | None = None,
+        stopping_strategy: Stopping = "all_exhausted_without_replacement") -> Mixture: ...
+
+
+@overload
 def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLike],
-        weights: Sequence[float] | Mapping[str, float],
-        from_step: Mapping[int, Sequence[float] | Mapping[str, float]] | None = None,
-        stopping_strategy: str = "all_exhausted_without_replacement",
+        weights: Weights, from_step: Mapping[int, Weights] | None = None,
+        stopping_strategy: Stopping = "all_exhausted_without_replacement",
+        ) -> Mixture | MixedStream: ...
+
+
+def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLike],
+        weights: Weights,
+        from_step: Mapping[int, Weights] | None = None,
+        stopping_strategy: Stopping = "all_exhausted_without_replacement",
         ) -> Mixture | MixedStream:
     """A mixture of ``sources``, a record of ``sources[c]`` at a position with probability
     ``weights[c]`` (normalised); ``from_step={step: weights}`` changes them from that step on.

@@ -111,7 +111,7 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
 
 
 def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
-            out: str | None = "jaxloader_profile.png") -> Profile:
+            out: str | os.PathLike | None = "jaxloader_profile.png") -> Profile:
     """Runs ``loader`` (a ``DataLoader``/``StreamLoader``, or ``make_loader(num_workers=n)``
     to try several counts: by default 0, 1, 2 and the cores) for ``steps`` batches a count;
     writes the picture to ``out`` (``None``: kept in memory only, ``Profile.png``).
@@ -127,6 +127,7 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
     if steps < 3:
         raise ConfigError(f"profile(steps=): expected at least 3 batches, got {steps}; the "
                           "first includes the workers' start: 300 gives a steady picture")
+    out = None if out is None else os.fspath(out)
     if out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise ConfigError(f"profile(out={out!r}): its folder does not exist; make it first, "
                           "or pass out=None to keep the picture in memory (Profile.png)")

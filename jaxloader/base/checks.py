@@ -12,13 +12,14 @@ Example:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
 
 MASK64 = (1 << 64) - 1  # seeds and hash keys are 64-bit
+Int = Union[int, np.integer]  # a count or a seed as a user's code has it (NumPy's too)
 # A record's random numbers are keyed by (epoch << POSITION_BITS | position) in 64 bits
 # (transforms.RecordRng): positions < 2**40 (1e12 records), epochs < 2**24 (EPOCH_LIMIT)
 POSITION_BITS = 40

@@ -29,7 +29,7 @@ class WorkerStats(NamedTuple):
         1.5
     """
 
-    worker: int  # its index (``get_worker_info().worker_id``)
+    worker: int  # its index (``get_worker_info().id``)
     pid: int
     batches: int  # batches it made (some may still wait to be handed out)
     records: int

@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -79,7 +79,12 @@ class BatchMap:
         return f"BatchMap({fn_name(self.fn)})"
 
 
-def split_transforms(transforms: Sequence[Any], *,
+# What ``transforms=`` takes: a list of them, or one alone (a function is a ``Map``'s), or None
+Transforms = Union[Sequence[Any], "Map", "RandomMap", "BatchMap", "Filter", Callable[..., Any],
+                   None]
+
+
+def split_transforms(transforms: Transforms, *,
                      filters: bool = False) -> tuple[tuple, tuple]:
     """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``.
     ``filters``: whether ``Filter`` may be among them (a ``StreamLoader``'s)."""

@@ -18,7 +18,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Self
 
-from jaxloader.base.checks import refused_call
+from jaxloader.base.checks import Int, refused_call
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
@@ -55,7 +55,7 @@ class LoaderLifecycle:
     _probing = False  # iter() by jaxloader.profile, which puts the position back: not compared
     # with the other processes' (sharding.hosts), as it may run on one of them alone
 
-    def _putter_for(self, sharding: Any, given_index: int | None,
+    def _putter_for(self, sharding: Any, given_index: Int | None,
                     by_block: bool = False) -> "Putter | None":
         """The placement of ``sharding`` (``None``: batches stay NumPy). ``by_block`` (a
         stream's): with several processes, this process's place is the block of the global
@@ -85,7 +85,7 @@ class LoaderLifecycle:
         imported, against JAX's now."""
         self._jax_pending = check_jax_placement(self._placement, self._jax_pending)
 
-    def _start_engine(self, maker: Maker, worker_init_fn: Callable[[int], None] | None,
+    def _start_engine(self, maker: Maker, worker_init_fn: Callable[[int], object] | None,
                       workers: Workers | None = None) -> Engine:
         """The engine of ``maker``'s batches: in this process, worker processes, or
         ``workers``' (an object whose ``engine(maker)`` gives one: ``jaxloader.ray``)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any, Callable, Generic, Literal, Never, Sequence
+from typing import Any, Callable, Generic, Literal, Never, cast
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, pla
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
-from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
@@ -38,7 +38,7 @@ from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
 from jaxloader.loaders.state import check_state, make_state, transforms_of
-from jaxloader.batching.transforms import split_transforms
+from jaxloader.batching.transforms import Transforms, split_transforms
 from jaxloader.sharding.hosts import Pairing
 
 
@@ -132,21 +132,21 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self,
         source: Source = REQUIRED,
         *extra: Never,
-        batch_size: int = REQUIRED,
-        shuffle: bool | LocalShuffle = False,
-        seed: int = 0,
-        transforms: Sequence[Any] = (),
-        num_workers: int | Literal["auto"] = 0,
-        last_batch: str = "drop",
-        num_epochs: int | None = 1,
-        process_index: int | None = None,
-        process_count: int | None = None,
+        batch_size: Int = REQUIRED,
+        shuffle: bool | np.bool_ | LocalShuffle = False,
+        seed: Int = 0,
+        transforms: Transforms = (),
+        num_workers: Int | Literal["auto"] = 0,
+        last_batch: Literal["drop", "partial", "pad"] = "drop",
+        num_epochs: Int | None = 1,
+        process_index: Int | None = None,
+        process_count: Int | None = None,
         mask_key: str = "mask",
-        prefetch: int | Literal["auto"] = 2,
-        worker_init_fn: Callable[[int], None] | None = None,
-        start_method: str = "exec",
+        prefetch: Int | Literal["auto"] = 2,
+        worker_init_fn: Callable[[int], object] | None = None,
+        start_method: Literal["exec", "fork"] = "exec",
         sharding: Any = None,
-        device_prefetch: int = 2,
+        device_prefetch: Int = 2,
         stall_warning_s: float | None = 300.0,
         timeout_s: float | None = None,
         log_every_s: float | None = None,
@@ -184,9 +184,10 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             check_order = order_check_of(part)
             if check_order is not None:
                 check_order(shuffle)
-        self._options = LoaderOptions(count, num_epochs, mask_key, ahead, start_method,
-                                      device_prefetch, stall_warning_s, timeout_s, log_every_s,
-                                      auto_workers, auto_prefetch)
+        self._options = LoaderOptions(  # (its ints made Python's as they are checked)
+            count, cast("int | None", num_epochs), mask_key, ahead, start_method,
+            cast(int, device_prefetch), stall_warning_s, timeout_s, log_every_s, auto_workers,
+            auto_prefetch)
         record_transforms, batch_transforms = split_transforms(transforms)
         rest = self._sampler.num_records % batch_size  # (a mixture's batches are all full)
         if self._putter is not None and last_batch == "partial" and rest and \
@@ -315,8 +316,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         if idle:
             close_source(self._source)
 
-def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: bool | LocalShuffle,
-                 seed: int, last_batch: str, process_index: int, process_count: int,
+def _sampler_for(source: Any, num_records: int, batch_size: int, *,
+                 shuffle: bool | np.bool_ | LocalShuffle, seed: Int, last_batch: str,
+                 process_index: int, process_count: int,
                  num_workers: int, rows: np.ndarray | None = None) -> Order:
     """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
     seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
@@ -326,7 +328,9 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *, shuffle: boo
             f"{type(shuffle).__name__} {shuffle!r}; True shuffles every record, LocalShuffle "
             "reads blocks of neighbours (files)")
     if isinstance(source, Mixture):  # each component in its own order (LocalShuffle too)
-        return MixtureSampler(source, batch_size, shuffle=shuffle, seed=seed,
+        return MixtureSampler(source, batch_size, seed=seed,
+                              shuffle=shuffle if isinstance(shuffle, LocalShuffle) else bool(
+                                  shuffle),
                               last_batch=last_batch, process_index=process_index,
                               process_count=process_count, memo_stride=max(1, num_workers),
                               rows=rows)

@@ -20,7 +20,7 @@ import math
 import sys
 from typing import Any, NamedTuple
 
-from jaxloader.base.checks import check_int
+from jaxloader.base.checks import Int, check_int
 from jaxloader.base.errors import ConfigError
 
 START_METHODS = ("exec", "fork")
@@ -80,7 +80,7 @@ class LoaderOptions:
             )
 
 
-def automatic(name: str, value: int | str, start: int) -> tuple[int, bool]:
+def automatic(name: str, value: Int | str, start: int) -> tuple[int, bool]:
     """``(start, True)`` for ``"auto"``, else ``(value, False)`` with ``value`` an int >= 0.
 
     Example:
@@ -102,8 +102,8 @@ class Placement(NamedTuple):
     process_count: int
 
 
-def placement(batch_size: int, process_index: int | None,
-              process_count: int | None) -> Placement:
+def placement(batch_size: Int, process_index: Int | None,
+              process_count: Int | None) -> Placement:
     """``batch_size`` and the process's place, checked; a place left ``None`` is JAX's.
 
     Example:
@@ -128,7 +128,7 @@ def placement(batch_size: int, process_index: int | None,
     return Placement(batch_size, process_index, process_count)
 
 
-def jax_pending(process_index: int | None, process_count: int | None) -> tuple[bool, bool]:
+def jax_pending(process_index: Int | None, process_count: Int | None) -> tuple[bool, bool]:
     """Which of the place's two numbers ``placement`` takes as one process's without asking
     JAX: both, when both are left ``None`` and this process has not started JAX's runtime
     (JAX not imported, or imported and not yet used). Such a process has not called

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import copy
 import weakref
-from typing import Any, Callable, Generator, Generic, Literal, Never, Sequence
+from typing import Any, Callable, Generator, Generic, Literal, Never, cast
 
 import numpy as np
 
-from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
@@ -47,7 +47,7 @@ from jaxloader.engines.in_process import made_here
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.reader import Stream, as_stream
-from jaxloader.batching.transforms import split_transforms
+from jaxloader.batching.transforms import Transforms, split_transforms
 
 
 
@@ -103,14 +103,15 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
     """
 
     def __init__(self, stream: StreamLike = REQUIRED, *extra: Never,
-                 batch_size: int = REQUIRED,
-                 seed: int = 0, transforms: Sequence[Any] = (),
-                 num_workers: int | Literal["auto"] = 0,
-                 process_index: int | None = None, process_count: int | None = None,
-                 prefetch: int | Literal["auto"] = 2, worker_init_fn: Callable[[int], None] | None = None,
-                 start_method: str = "exec", sharding: Any = None,
-                 device_prefetch: int = 2, readers_per_process: int | None = None,
-                 num_epochs: int | None = None, mask_key: str = "mask",
+                 batch_size: Int = REQUIRED,
+                 seed: Int = 0, transforms: Transforms = (),
+                 num_workers: Int | Literal["auto"] = 0,
+                 process_index: Int | None = None, process_count: Int | None = None,
+                 prefetch: Int | Literal["auto"] = 2,
+                 worker_init_fn: Callable[[int], object] | None = None,
+                 start_method: Literal["exec", "fork"] = "exec", sharding: Any = None,
+                 device_prefetch: Int = 2, readers_per_process: Int | None = None,
+                 num_epochs: Int | None = None, mask_key: str = "mask",
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
                  log_every_s: float | None = None, workers: Workers | None = None,
                  **unknown: Never) -> None:
@@ -142,9 +143,10 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 "among the worker counts that divide it")
         count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
-        self._options = LoaderOptions(count, num_epochs, mask_key, ahead, start_method,
-                                      device_prefetch, stall_warning_s, timeout_s, log_every_s,
-                                      auto_workers, auto_prefetch)
+        self._options = LoaderOptions(  # (its ints made Python's as they are checked)
+            count, cast("int | None", num_epochs), mask_key, ahead, start_method,
+            cast(int, device_prefetch), stall_warning_s, timeout_s, log_every_s, auto_workers,
+            auto_prefetch)
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(transforms, filters=True)

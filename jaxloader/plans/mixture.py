@@ -59,7 +59,7 @@ def block_size(global_batch: int, components: int) -> int:
     return max(BLOCK, least)
 
 
-def normalised(weights: Sequence[float] | Mapping[str, float], count: int, name: str,
+def normalised(weights: Sequence[float] | Mapping[str, float] | np.ndarray, count: int, name: str,
              names: list[str] | None = None) -> np.ndarray:
     if isinstance(weights, Mapping):
         if names is None:

@@ -7,7 +7,7 @@ as PyTorch's ``get_worker_info()`` tells a dataset.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 
 class WorkerInfo(NamedTuple):
@@ -29,7 +29,7 @@ class WorkerInfo(NamedTuple):
     seed: int
 
     @property
-    def dataset(self) -> None:
+    def dataset(self) -> NoReturn:
         """Not given, unlike PyTorch's: raises an ``AttributeError`` that says what to do."""
         raise AttributeError(
             "WorkerInfo has no dataset (PyTorch's get_worker_info().dataset): open what a "

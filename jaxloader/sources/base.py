@@ -44,7 +44,7 @@ class Source(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: int) -> Any: ...
+    def __getitem__(self, index: int, /) -> Any: ...  # (positional: any name fits, ``idx``)
 
 
 @runtime_checkable

@@ -33,7 +33,8 @@ class FileListSource:
         (b'b.txt', 1)
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None) -> None:
+    def __init__(self, paths: Sequence[str | os.PathLike],
+                 labels: Sequence[int] | np.ndarray | None = None) -> None:
         if isinstance(paths, (str, bytes, os.PathLike)):
             raise ConfigError(
                 f"FileListSource(paths): expected a list of paths, got one path {paths!r}; for a "

@@ -38,7 +38,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 
@@ -77,8 +77,9 @@ class PackedStream:
 
     def __init__(self, stream: StreamLike, key: str, length: int,
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
-                 dtype: Any = np.int32, *, method: str = "concat", bins: int = 16,
-                 window: int = 1000, overlong: str = "split") -> None:
+                 dtype: Any = np.int32, *,
+                 method: Literal["concat", "best_fit", "first_fit"] = "concat", bins: int = 16,
+                 window: int = 1000, overlong: Literal["split", "truncate"] = "split") -> None:
         from jaxloader.streams.mixed import MixedStream
         from jaxloader.streams.reader import Stream, as_stream
 

@@ -39,7 +39,7 @@ class Shard(Protocol):
 
     name: str
 
-    def reset(self, state: dict | None = None) -> None: ...
+    def reset(self, state: dict | None) -> None: ...  # (the loader always passes one)
 
     def next(self) -> Any: ...
 

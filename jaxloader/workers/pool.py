@@ -78,7 +78,7 @@ class WorkerPool:
         *,
         prefetch: int = 2,
         start_method: str = "exec",
-        worker_init_fn: Callable[[int], None] | None = None,
+        worker_init_fn: Callable[[int], object] | None = None,
         stall_warning_s: float | None = None,
         timeout_s: float | None = None,
         max_workers: int | None = None,

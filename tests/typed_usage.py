@@ -1,0 +1,43 @@
+"""What a user's type checker sees of the public API: CI's mypy checks this file (pyproject's
+``[tool.mypy] files``), so documented usage that it would refuse fails CI, and each mistake
+below must stay an error (``warn_unused_ignores``: an ignore with no error is one). Never run:
+everything is inside a function no one calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import jaxloader as jl
+
+
+class Digits:
+    """A PyTorch-style dataset: its own name for the index."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, idx: int) -> dict[str, int]:
+        return {"x": idx}
+
+
+def _usage() -> None:
+    web = jl.ArraySource({"x": np.arange(10)})
+    code = jl.ArraySource({"x": np.arange(10)})
+    mixed: jl.Mixture = jl.mix([web, code], [0.7, 0.3])  # (a source: a DataLoader's)
+    jl.DataLoader(jl.mix({"web": web, "code": code}, np.array([0.7, 0.3])), batch_size=8)
+    jl.DataLoader(mixed, batch_size=np.int64(4), seed=np.uint64(7), shuffle=np.bool_(True),
+                  transforms=lambda r: r, worker_init_fn=lambda worker: 3, last_batch="pad")
+    jl.DataLoader(Digits(), batch_size=2, transforms=jl.Map(lambda r: r))
+    jl.DataLoader([{"x": 1}, {"x": 2}], batch_size=2, transforms=None)
+    streams = jl.mix([jl.Stream.jsonl("a.jsonl"), jl.Stream.jsonl("b.jsonl")], [1, 1])
+    with jl.StreamLoader(streams, batch_size=2, transforms=jl.Filter(bool)) as loader:
+        loader.state_dict()
+    jl.profile(loader, out=Path("profile.png"))
+    jl.FileListSource(["a.jpg"], labels=np.array([1]))
+    jl.checkpoint.LoaderSave
+    jl.DataLoder(web, batch_size=2)  # type: ignore[attr-defined]
+    jl.DataLoader(web, batch_size=2, last_batch="partal")  # type: ignore[arg-type]
+    jl.DataLoader(web, batch_size=2, start_method="spawn")  # type: ignore[arg-type]
+    jl.StreamLoader(jl.mix([web, code], [1, 1]), batch_size=2)  # type: ignore[arg-type]
