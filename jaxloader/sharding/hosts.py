@@ -292,7 +292,11 @@ class HostsCheck:
             "process already does: each record's draws come from its own position). "
             f"(Compared: this loader's {_nth(self.n + 1)} with process 0's, and on process 0 "
             "with every process's; a process that iterates it where the others do not is out "
-            "of step with them.)")
+            "of step with them. Loaders are paired across processes by the order of their "
+            f"first iter(): this one is {self.prefix.rstrip('/').split('/')[-2]!r}, numbered "
+            "as its process first iterated it, so a process that first iterated another one "
+            "before it (an eval loader) compares that one with this: iterate them first in "
+            "the same order in every process.)")
 
 
 def _listed(processes: list[int]) -> str:

@@ -75,7 +75,8 @@ def test_a_difference_names_the_process_setting_and_values_and_raises_at_every_c
     for _ in range(2):
         with pytest.raises(jl.ConfigError, match=r"differ at this iter\(\) \(seed: process 1 "
                            r"has 2, this process \(0\) 1\)\. .*same source, seed, batch_size.*"
-                           r"this loader's 1st iter\(\)"):
+                           r"this loader's 1st iter\(\).*this one is 'DataLoader-0', "
+                           r"numbered as its process first iterated it"):
             check.due(0)
     with pytest.raises(jl.ConfigError, match=r"seed: process 0 has 1, this process \(1\) 2"):
         other.due(5)  # (its first look, whenever it comes)
