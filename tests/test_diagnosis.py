@@ -220,6 +220,25 @@ def test_the_log_says_what_the_workers_do_and_a_periodic_summary_with_the_verdic
     assert summaries and "batches/s" in summaries[0], said
 
 
+def test_two_loaders_log_lines_say_which_loader_each_is(caplog):
+    # a train and an eval loader logging side by side: no line said which loader it was of
+    caplog.set_level("INFO", logger="jaxloader")
+    train = jl.DataLoader(arrays(), batch_size=16, num_epochs=None, log_every_s=0.01, **ONE)
+    evaluate = jl.DataLoader([{"x": np.float32(i)} for i in range(64)], batch_size=8,
+                             num_epochs=None, log_every_s=0.01, **ONE)
+    with train, evaluate:
+        its = iter(train), iter(evaluate)
+        for _ in range(6):
+            for it in its:
+                next(it)
+                time.sleep(0.005)
+    said = [r.getMessage() for r in caplog.records if "batches/s" in r.getMessage()]
+    named = {m.split(": ", 1)[0] for m in said}
+    assert len(named) == 2, said
+    assert {name.split(" (", 1)[1] for name in named} == {"ArraySource, batch_size 16)",
+                                                          "list, batch_size 8)"}, named
+
+
 def test_the_log_is_silent_by_default(capfd):
     run(jl.DataLoader(arrays(), batch_size=16, num_workers=1, log_every_s=0.05, **ONE), 20)
     assert capfd.readouterr().err == ""  # INFO records reach no handler unless one is set

@@ -12,11 +12,13 @@ A subclass gives ``state_dict``/``load_state_dict`` and how it iterates.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
+import itertools
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
 
 from jaxloader.base.checks import Int, refused_call
 from jaxloader.base.errors import ConfigError
@@ -40,6 +42,15 @@ class Workers(Protocol):
     n: int  # how many (a stream's readers are spread over them)
 
     def engine(self, maker: Maker) -> Engine: ...
+
+
+_MADE: dict[str, Iterator[int]] = collections.defaultdict(lambda: itertools.count(1))
+
+
+def label(kind: str, source: Any, batch_size: int) -> str:
+    """A loader's name in log lines, which may come from several loaders of one process (a
+    train and an eval loader): its kind and number in this process, what it reads."""
+    return f"{kind} {next(_MADE[kind])} ({type(source).__name__}, batch_size {batch_size})"
 
 
 class LoaderLifecycle:
@@ -137,7 +148,8 @@ class LoaderLifecycle:
                                     start_method=options.start_method,
                                     worker_init_fn=worker_init_fn,
                                     stall_warning_s=options.stall_warning_s,
-                                    timeout_s=options.timeout_s, max_workers=capacity)
+                                    timeout_s=options.timeout_s, max_workers=capacity,
+                                    label=self._progress.label)
             except OSError as e:  # (a pipe, a worker's status file: a bare "Errno 24")
                 if e.errno != errno.EMFILE:
                     raise
@@ -147,7 +159,8 @@ class LoaderLifecycle:
                 tune.pool = engine
         self._monitor = None
         if tune is not None or options.log_every_s:
-            self._monitor = Monitor(tune, options.log_every_s, self._summary)
+            self._monitor = Monitor(tune, options.log_every_s, self._summary,
+                                    self._progress.label)
         return engine
 
     def _made_in_a_worker(self) -> None:

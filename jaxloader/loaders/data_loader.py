@@ -22,7 +22,7 @@ import numpy as np
 from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import older_fingerprint, source_fingerprint, source_files
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
-from jaxloader.loaders.base import LoaderLifecycle, Workers
+from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.batching.batch_maker import BatchMaker
@@ -201,6 +201,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._transforms_named: list[str] | None = None  # (the same: transforms_of them)
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress(where=self._maker.location)
+        self._progress.label = label("DataLoader", source, batch_size)
         self._active: LoaderIterator | None = None
         self._pairing = Pairing("DataLoader")  # (its iter()s, for sharding.hosts)
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)

@@ -55,6 +55,7 @@ class Progress:
     def __init__(self, owner: str = "DataLoader",
                  where: Callable[[int], str] = "step {}".format) -> None:
         self.owner = owner  # the loader's class, for messages
+        self.label = owner  # which loader, in log lines (``base.label``: its number, source)
         self.where = where  # a step named in messages (its epoch, its records)
         self.kinds = BatchKinds()  # every batch's leaves as the first's
         self.step = 0  # the global step of the next batch handed out
@@ -256,8 +257,8 @@ class LoaderIterator(Generic[BatchT]):
             self._last_return = entered
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:
-                log.info("the first batch took %.1f s (the workers' start and the first "
-                         "reads)", returned - entered)
+                log.info("%s: the first batch took %.1f s (the workers' start and the first "
+                         "reads)", progress.label, returned - entered)
         if monitor is not None and returned >= monitor.next_at:
             monitor.tick(returned, self._step + 1, progress.batches + 1,
                          progress.wait_s + (returned - entered))

@@ -79,6 +79,7 @@ class AutoTune:
     def __init__(self, pool: Any, cores: int | None = None, tune_prefetch: bool = False,
                  counts: list[int] | None = None) -> None:
         self.pool = pool
+        self.label = "jaxloader"  # which loader, in its log lines (its Monitor's)
         self.cores = cores or cores_available()
         self.tune_prefetch = tune_prefetch
         self.counts = counts  # the counts allowed (a stream's: those dividing its readers)
@@ -168,8 +169,8 @@ class AutoTune:
         elif waited > WAITING and self.tune_prefetch and busy < IDLE:
             prefetch = min(MAX_PREFETCH, 2 * self.pool.prefetch)
             if prefetch != self.pool.prefetch:
-                log.info("autotune: prefetch %d -> %d: the consumer waited %.0f%% while the "
-                         "workers were busy %.0f%%", self.pool.prefetch, prefetch,
+                log.info("%s: autotune: prefetch %d -> %d: the consumer waited %.0f%% while the "
+                         "workers were busy %.0f%%", self.label, self.pool.prefetch, prefetch,
                          100 * waited, 100 * busy)
                 self.pool.prefetch = prefetch
         elif waited < WAITING / 2 and busy < IDLE and fewer is not None:
@@ -177,7 +178,8 @@ class AutoTune:
                                               f"busy {busy:.0%}")
 
     def _change(self, before: int, after: int, rate: float, why: str) -> None:
-        log.info("autotune: %d -> %d workers (%.1f batches/s): %s", before, after, rate, why)
+        log.info("%s: autotune: %d -> %d workers (%.1f batches/s): %s", self.label, before, after,
+                 rate, why)
         self._trial = (before, rate)
         self._settling = True
         self.pool.roster.resize(after)
@@ -186,8 +188,8 @@ class AutoTune:
         """Keeps a change that paid, else goes back; whether it went back."""
         up = active > before
         kept = rate >= before_rate * (1 + GAIN) if up else rate >= before_rate * (1 - LOSS)
-        log.info("autotune: %s %d workers: %.1f batches/s against %.1f with %d", "kept" if kept
-                 else "back from", active, rate, before_rate, before)
+        log.info("%s: autotune: %s %d workers: %.1f batches/s against %.1f with %d", self.label,
+                 "kept" if kept else "back from", active, rate, before_rate, before)
         if kept:
             return False
         if up:
@@ -204,8 +206,10 @@ class Monitor:
     """A loader's autotune and periodic summary, run from ``next()`` when ``next_at`` comes."""
 
     def __init__(self, tune: AutoTune | None, log_every_s: float | None,
-                 summary: Callable[[], str]) -> None:
-        self.tune = tune
+                 summary: Callable[[], str], label: str = "jaxloader") -> None:
+        self.tune, self.label = tune, label  # (label: which loader, in its log lines)
+        if tune is not None:
+            tune.label = label
         self.log_every_s = log_every_s
         self._summary = summary
         self._log_at = perf_counter() + log_every_s if log_every_s else float("inf")
@@ -221,6 +225,6 @@ class Monitor:
             self.tune.decide(now, step, batches, wait_s)
         if now >= self._log_at and batches > 1:  # (the summary needs a batch past the first)
             self._log_at = now + (self.log_every_s or 0.0)
-            log.info("%s", self._summary())
+            log.info("%s: %s", self.label, self._summary())
         self.next_at = min(now + WINDOW_S if self.tune is not None else float("inf"),
                            self._log_at)

@@ -37,7 +37,7 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.sharding.hosts import Pairing, stream_settings
-from jaxloader.loaders.base import LoaderLifecycle, Workers
+from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.loaders.state import (STATE_VERSION, as_written_now, check_stream_state,
@@ -183,6 +183,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._pristine = copy.deepcopy(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._progress = Progress("StreamLoader", where=self._maker.location)
+        self._progress.label = label("StreamLoader", given, batch_size)
         self._pairing = Pairing("StreamLoader")  # (its iter()s, for sharding.hosts)
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0

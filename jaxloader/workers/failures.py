@@ -100,8 +100,10 @@ class StallWatch:
     all are made, and a healthy worker making one every 0.1 s kept the consumer waiting 1.6 s,
     past a ``timeout_s`` of 1."""
 
-    def __init__(self, warn_s: float | None, timeout_s: float | None) -> None:
-        self.warn_s, self.timeout_s = warn_s, timeout_s
+    def __init__(self, warn_s: float | None, timeout_s: float | None,
+                 label: str = "jaxloader") -> None:
+        self.warn_s, self.timeout_s, self.label = warn_s, timeout_s, label  # (label: which
+        # loader waits, in the log line: a train and an eval loader may both be late)
         self.watching = warn_s is not None or timeout_s is not None
         self._awaited: int | None = None
         self._since = 0.0  # when the wait for the step began
@@ -140,8 +142,9 @@ class StallWatch:
                 "timeout_s, then create a new loader ---")
         if self.warn_s is not None and still >= self.warn_s * (self._warned + 1):
             _LOG.warning(
-                "jaxloader: %s: %s\nThe loader keeps waiting (timeout_s= makes a wait this "
-                "long an error; stall_warning_s= sets when this is said)", late, report())
+                "%s: %s: %s\nThe loader keeps waiting (timeout_s= makes a wait this "
+                "long an error; stall_warning_s= sets when this is said)", self.label, late,
+                report())
             # the next at the first multiple of stall_warning_s after this one was made (a
             # report takes time): the (_warned + 1)-th
             self._warned = int((time.monotonic() - self._moved) // self.warn_s)

@@ -82,10 +82,11 @@ class WorkerPool:
         stall_warning_s: float | None = None,
         timeout_s: float | None = None,
         max_workers: int | None = None,
+        label: str = "jaxloader",
     ) -> None:
         self._maker = maker
         self._owner = os.getpid()  # (a forked child shares the pipes, not the workers)
-        self._stall = failures.StallWatch(stall_warning_s, timeout_s)
+        self._stall = failures.StallWatch(stall_warning_s, timeout_s, label)
         self._prefetch = prefetch
         self._start_method = start_method
         self._initial = num_workers
