@@ -37,6 +37,8 @@ Bottleneck = Literal["step", "workers", "source", "main", "device"]
 INPUT_BOUND = 0.10  # the consumer waiting more than this share of its time: input limits it
 BUSY = 0.60  # workers busy at least this share of the time: they are what the consumer waits on
 WAITS = 0.30  # a worker's busy time off the CPU above this share: its reads wait (storage)
+CONTENDED = 0.25  # a worker's busy time waiting for a core above this share: the cores are
+# taken (by other processes: another loader's workers), whatever this loader's count says
 DOMINANT = 0.50  # a transform above this share of the workers' time is named
 MAIN_SHARE = 0.30  # the training process's work this share of the loop's wait: "main"/"device"
 # a batch handed over from workers costs the training process at least this (a batch of one
@@ -162,11 +164,12 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             where = "the workers'" if num_workers else "the loader's"
             advice.append(f"the {name} takes {seconds / made_total:.0%} of {where} time "
                           f"({1e3 * seconds / max(1, stats.batches_made):.1f} ms a batch)")
-    off_cpu = 0.0
+    off_cpu = queued = 0.0
     if stats.workers:
         busy_s = sum(w.busy_s for w in stats.workers)
         cpu_s = sum(w.cpu_s + w.queued_s for w in stats.workers)  # (waiting for a core: no read)
         off_cpu = max(0.0, busy_s - cpu_s) / busy_s if busy_s else 0.0
+        queued = sum(w.queued_s for w in stats.workers) / busy_s if busy_s else 0.0
 
     bottleneck: Bottleneck
     if wait_fraction < INPUT_BOUND:
@@ -211,6 +214,12 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
                              f"than cores overlap the waits: {named.format(more)}, "
                              f"{gain(more)}")
+        elif queued >= CONTENDED and not remote:  # (the cores this loader leaves are not idle)
+            advice.insert(0, f"the workers waited for a core {queued:.0%} of their busy time: "
+                             "other processes hold the cores (another loader's workers, the "
+                             "training step's threads), so more workers would not make "
+                             "batches sooner; make the work a record cheaper, or give the "
+                             "other processes fewer cores")
         elif idle > 0:
             workers = fit(num_workers + idle)  # (none where no count the loader takes is more)
             if workers > num_workers:
