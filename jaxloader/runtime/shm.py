@@ -227,7 +227,12 @@ def descriptor_share(share: int, most: int, untracked: bool = bool(_UNTRACKED)) 
     return min(most, max(4, soft // (share * (1 if untracked else 2))))
 
 
-def out_of_descriptors(e: OSError, what: str = "a new segment") -> SharedMemoryError:
+_FEWER = ("close the loaders you no longer use (each keeps its slots), use fewer workers, or "
+          "keep fewer batches alive")
+
+
+def out_of_descriptors(e: OSError, what: str = "a new segment",
+                       remedy: str = _FEWER) -> SharedMemoryError:
     """The error for ``what`` (a segment) that a full descriptor table refused."""
     import resource
 
@@ -238,9 +243,8 @@ def out_of_descriptors(e: OSError, what: str = "a new segment") -> SharedMemoryE
                 "docker run --ulimit nofile=65536)")
     return SharedMemoryError(
         f"shared memory: no descriptor left for {what} ({e.strerror}; this process may "
-        f"hold {soft:,}, and a batch slot holds {1 if _UNTRACKED else 2}): {raise_it}; close "
-        "the loaders you no longer use (each keeps its slots), use fewer workers, or keep "
-        "fewer batches alive")
+        f"hold {soft:,}, and a batch slot holds {1 if _UNTRACKED else 2}): {raise_it}; "
+        f"{remedy}")
 
 
 def unmappable(size: int, e: OSError) -> SharedMemoryError:

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import errno
 import functools
 import io
 import itertools
@@ -35,11 +36,15 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
-from jaxloader.runtime.shm import Segment, attach
+from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
+_ONE_EACH = ("each array of a source of 1 MiB or more goes to the workers in a memory file of "
+             "its own, a descriptor each while the loader lives: hold the records' arrays in "
+             "fewer, larger ones (an ArraySource of columns, or np.stack them), or pass "
+             "num_workers=0")
 SPLIT_MIN_BYTES = 64 << 20  # copies over 64 MiB run on up to 4 threads: faulting in fresh
 # shared pages is CPU-bound, and it is on the path to the first batch
 
@@ -74,7 +79,16 @@ class _Pickler(cloudpickle.Pickler):
             return None
         ref, _ = self._shared.get(id(obj), (None, None))
         if ref is None:
-            segment = Segment.create(obj.nbytes, prefault=False)
+            try:
+                segment = Segment.create(obj.nbytes, prefault=False)
+            except SharedMemoryError as e:
+                cause = e.__cause__
+                if not (isinstance(cause, OSError) and cause.errno in (errno.EMFILE,
+                                                                       errno.ENFILE)):
+                    raise
+                raise out_of_descriptors(cause, f"the source's array {len(self._shared) + 1} "
+                                         f"of {SHARE_MIN_BYTES >> 20} MiB or more", _ONE_EACH) \
+                    from cause
             self._keep(segment)  # before the copy: its owner destroys it if the copy fails
             shared = np.ndarray(obj.shape, obj.dtype, buffer=segment.memory)
             if type(obj) is JoinedArrays:  # each part into its rows

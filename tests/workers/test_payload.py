@@ -24,6 +24,28 @@ def test_large_arrays_cross_once_through_shared_memory_read_only():
         seg.destroy()
 
 
+def test_out_of_descriptors_for_a_sources_arrays_says_so_and_what_to_do():
+    # a list of records of 1 MiB arrays: one memory file an array, and a full descriptor table
+    # was blamed on batch slots ("use fewer workers, keep fewer batches alive")
+    import resource
+
+    from jaxloader.base.errors import SharedMemoryError
+
+    records = [{"x": np.full(SHARE_MIN_BYTES, i, np.uint8)} for i in range(40)]
+    segments: list = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 20, hard))
+    try:
+        with pytest.raises(SharedMemoryError, match=r"no descriptor left for the source's array "
+                           r"\d+ of 1 MiB or more .* hold the records' arrays in fewer, larger"):
+            dumps(records, segments.append)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for seg in segments:
+            seg.destroy()
+    assert 10 < len(segments) < 40
+
+
 def test_memmaps_cross_as_their_file(tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, np.arange(2 * SHARE_MIN_BYTES, dtype=np.int32).reshape(1024, -1))
