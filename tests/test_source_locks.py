@@ -47,6 +47,28 @@ def test_peek_beside_the_device_put_thread_reads_the_source_in_turn():
     assert source.overlaps == 0
 
 
+def test_peek_beside_the_device_put_thread_draws_each_records_own_numbers():
+    # only the reads held the source's lock: peek()'s copy of the maker and the device-put
+    # thread ran their RandomMaps at once, on the one generator they share, each re-keying it
+    # for its own record in the middle of the other's draws (other numbers, silently)
+    def draw(record, rng):
+        first = rng.integers(1 << 30)
+        time.sleep(0.002)  # (longer than a read: the other thread's transform runs meanwhile)
+        return {"x": record["x"], "a": np.int64(first), "b": np.int64(rng.integers(1 << 30))}
+
+    def make(**kw):
+        return jl.DataLoader(Watched(400), batch_size=8, shuffle=True, seed=1,
+                             transforms=[jl.RandomMap(draw)], **kw)
+
+    with make(sharding=jax.devices()[0], device_prefetch=4) as loader, make() as reference:
+        it, expected = iter(loader), list(reference)
+        for step in range(12):
+            peeked, got = loader.peek(), next(it)
+            for key in ("x", "a", "b"):
+                assert np.array_equal(np.asarray(peeked[key]), expected[step][key]), step
+                assert np.array_equal(np.asarray(got[key]), expected[step][key]), step
+
+
 def test_two_loaders_sharing_a_part_read_it_in_turn_and_a_close_waits_for_a_read():
     shared = Watched(200)
     whole = jl.ConcatSource([shared, Watched(50, base=1000)])

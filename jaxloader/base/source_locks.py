@@ -11,13 +11,17 @@ a time (``engines.in_process.made_here``), and its files are closed between them
 
 Only the reads hold them (``reading``, where ``made_under`` asks for it), not the record
 transforms between them: a transform that asks another loader over the same source for a
-batch (made in its device-put thread) would wait on a lock its own thread held.
+batch (made in its device-put thread) would wait on a lock its own thread held. (What runs
+inside a read, a ``MapSource``'s function, still holds them.)
 
 Python's own containers (a list of records, a tuple, a dict) are read safely from two threads,
 and take no weak reference: they get a lock of their own at each call, which holds nothing
 back. Any other object that takes no weak reference (a class with ``__slots__``) shares one
-lock with all such objects: a lock kept for it alone could not be dropped with it. Locks are
-taken in the order of their ids, so a shared one never makes two threads wait on each other.
+lock with all such objects: a lock kept for it alone could not be dropped with it (such
+sources are then read one at a time in the process, even two unrelated ones). A source's
+locks are taken in the order of their ids, so two threads reading never wait on each other;
+a read that itself waits on another thread's read (a ``MapSource`` whose function asks a
+loader with a device-put thread for a batch) may.
 
 A source made of others (a mixture, a concatenation, a filter over one) holds the lock of
 each of them, taken in one order (by ``id``: no two threads wait on each other), since two
@@ -34,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any, Callable
@@ -43,6 +48,16 @@ _GUARD = threading.RLock()  # (parts' locks are found under it as a source's are
 _UNREFERENCED = threading.RLock()  # the lock of every object that takes no weak reference
 _CONTAINERS = (list, tuple, dict, str, bytes, range)  # read safely from two threads
 _HELD = threading.local()  # .locks: what ``reading`` holds in this thread (``made_under``)
+
+
+def _forked() -> None:
+    """In a forked child (a worker, a transform's fork) only the forking thread goes on: its
+    reads hold none of the parent's locks, whose copies may be held for good."""
+    _HELD.locks = ()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def lock_of(source: Any) -> threading.RLock:

@@ -34,7 +34,7 @@ from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import gatherer_of
 from jaxloader.base.checks import check_positions
-from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
@@ -75,7 +75,7 @@ class BatchMaker:
         self._gather = gatherer_of(source)
         self._transforms = RecordTransforms(record_transforms, sampler.seed)
         check_positions(sampler.steps_per_epoch * sampler.global_batch_size,
-                        any(isinstance(t, (RandomMap, JitMap))
+                        any(isinstance(t, RandomMap) or (isinstance(t, JitMap) and t.random)
                             for t in (*record_transforms, *batch_transforms)))
         self.clock = StageClock()  # where this process's batches' time goes (base/timings)
 
@@ -168,7 +168,10 @@ class BatchMaker:
         indices = self.sampler.task_indices(steps)
         specs: list[BatchSpec] | None = None
         if indices is None:
-            specs = [self.sampler.batch(step) for step in steps]
+            try:
+                specs = [self.sampler.batch(step) for step in steps]
+            except ConfigError:  # (past the last epoch: said at its own step, step by step)
+                return None
             if len({len(spec.indices) for spec in specs}) != 1:
                 return None  # a partial last batch among them
             indices = np.concatenate([spec.indices for spec in specs])

@@ -32,7 +32,7 @@ from time import perf_counter
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
 from jaxloader.base.errors import CollateError
-from jaxloader.base.source_locks import holding, made_under, source_lock
+from jaxloader.base.source_locks import holding, lock_of, made_under, source_lock
 from jaxloader.base.timings import Gauges, StageClock
 from jaxloader.sources.parts import walk
 
@@ -108,8 +108,11 @@ def made_here(maker: Maker, step: int) -> tuple[Any, Any]:
     worker's error does (``workers.failures``)."""
     locks = source_lock(maker.source, walk)  # (peek() and other loaders may read it too)
     try:
-        if getattr(maker, "reads_under_locks", False):  # its reads hold them, not transforms
-            return made_under(locks, maker.make, step)
+        if getattr(maker, "reads_under_locks", False):  # its reads hold them, not transforms;
+            # and one batch of a maker at a time (peek()'s is a copy beside the device-put
+            # thread's: they share its record generator, its sampler's memo and caches)
+            return holding((lock_of(getattr(maker, "sampler")),), made_under, locks,
+                           maker.make, step)
         return holding(locks, maker.make, step)
     except CollateError as e:
         e.args = (f"{maker.location(step)}: {e}",)

@@ -214,7 +214,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
                              f"than cores overlap the waits: {named.format(more)}, "
                              f"{gain(more)}")
-        elif queued >= CONTENDED and not remote:  # (the cores this loader leaves are not idle)
+        elif queued >= CONTENDED and not remote and num_workers < cores:  # (the cores this
+            # loader leaves are not idle: its workers' own queueing needs more than the cores)
             advice.insert(0, f"the workers waited for a core {queued:.0%} of their busy time: "
                              "other processes hold the cores (another loader's workers, the "
                              "training step's threads), so more workers would not make "

@@ -38,7 +38,7 @@ def close_source(source: Any) -> None:
     """Closes what ``source`` and the sources it is made of hold open in this process (files,
     decoded rows): jaxloader's own sources, which reopen on their next read; a user's source,
     whose ``close`` may end it for good, is left alone."""
-    holding(source_lock(source, walk), _close_parts, source)  # (not while a batch is made)
+    holding(source_lock(source, walk), _close_parts, source)  # (not while a read is made)
 
 
 def _close_parts(source: Any) -> None:

@@ -71,19 +71,11 @@ class WorkerPool:
         >>> pool.close()
     """
 
-    def __init__(
-        self,
-        maker: Maker,
-        num_workers: int,
-        *,
-        prefetch: int = 2,
-        start_method: str = "exec",
-        worker_init_fn: Callable[[int], object] | None = None,
-        stall_warning_s: float | None = None,
-        timeout_s: float | None = None,
-        max_workers: int | None = None,
-        label: str = "jaxloader",
-    ) -> None:
+    def __init__(self, maker: Maker, num_workers: int, *, prefetch: int = 2,
+                 start_method: str = "exec",
+                 worker_init_fn: Callable[[int], object] | None = None,
+                 stall_warning_s: float | None = None, timeout_s: float | None = None,
+                 max_workers: int | None = None, label: str = "jaxloader") -> None:
         self._maker = maker
         self._owner = os.getpid()  # (a forked child shares the pipes, not the workers)
         self._stall = failures.StallWatch(stall_warning_s, timeout_s, label)
@@ -290,7 +282,7 @@ class WorkerPool:
         for fd, _ in events:
             worker = roster.by_fd[fd]
             if worker < 0:  # a worker's end (its pidfd): what it sent before is read first
-                if not self._workers[~worker].conn.poll(0):
+                if roster.ended(~worker):
                     self._worker_died(~worker)
                 continue
             try:

@@ -221,10 +221,13 @@ class WorkerProcess:
         """SIGKILL, unless it is known to have exited (its pid may then be another process's).
         Only a signal: safe from a thread other than the one talking to the worker."""
         if self._exitcode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            try:  # its process group (``worker.leave_signals_to_the_trainer``): what its
+                os.killpg(self.pid, signal.SIGKILL)  # transform runs goes with it
+            except (ProcessLookupError, PermissionError):  # (no group of its own)
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def let_go(self, deadline: float | None = None) -> None:
         """Asks the worker to stop, waits for its pipe to close until ``deadline``
@@ -233,7 +236,9 @@ class WorkerProcess:
         ``reap()`` then waits for the end of a worker that let go in time (its threads, its
         atexit hooks: ``worker.leave``), so several workers are let go within one grace before
         any is waited for: one worker's end must not use up another's grace."""
-        if self._exitcode is not None:
+        if self._exitcode is not None:  # (its end known: its pipe and pidfd still open)
+            self.conn.close()
+            self._close_sentinel()
             return
         self.ask_to_stop()
         if deadline is None:
@@ -245,13 +250,18 @@ class WorkerProcess:
             if not drained:
                 self.kill()
             self.conn.close()
-            if self.sentinel is not None:
-                sentinel, self.sentinel = self.sentinel, None
-                os.close(sentinel)
+            self._close_sentinel()
+
+    def _close_sentinel(self) -> None:
+        """Closes the pidfd (idempotent: ``let_go`` and ``reap`` both ask)."""
+        sentinel, self.sentinel = self.sentinel, None
+        if sentinel is not None:
+            os.close(sentinel)
 
     def reap(self) -> int | None:
         """The exit code once the worker has ended (``let_go()`` first); None if a worker
         started by ``"exec"`` is still running after ``_KILL_TIMEOUT_S``."""
+        self._close_sentinel()
         return self.exitcode(timeout=None if self._fork_pid else _KILL_TIMEOUT_S)
 
     def _wait_for_eof(self, timeout: float) -> bool:

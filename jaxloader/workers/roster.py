@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import select
 import sys
 from typing import Any, Callable
@@ -91,6 +92,20 @@ class Roster:
         while len(self._gauges.makers) <= i:
             self._gauges.makers.append(StageTotals())
         return i
+
+    def ended(self, i: int) -> bool:
+        """Whether worker ``i``, whose pidfd says it has ended, has nothing left in its pipe
+        (else that is read first, without waiting: the rest of a message cut short by its
+        end never comes where another process holds a copy of its pipe, so such a read
+        fails, and its end is said then)."""
+        conn = self.workers[i].conn
+        try:
+            if conn.poll(0):
+                os.set_blocking(conn.fileno(), False)
+                return False
+        except OSError:  # (closed)
+            pass
+        return True
 
     @property
     def most(self) -> int:

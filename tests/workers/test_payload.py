@@ -43,7 +43,7 @@ def test_out_of_descriptors_for_a_sources_arrays_says_so_and_what_to_do():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         for seg in segments:
             seg.destroy()
-    assert 10 < len(segments) < 40
+    assert 0 < len(segments) < 40
 
 
 def test_memmaps_cross_as_their_file(tmp_path):

@@ -225,6 +225,75 @@ def test_a_dead_worker_is_reported_while_another_process_holds_its_pipe():
     assert len(got) == 2 and "killed by signal 9" in got[1] and "step 3" in got[1], got
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="a worker's end is seen by pidfd")
+def test_broken_and_closed_pools_leave_no_descriptor_behind():
+    # a worker's pidfd was closed only by a let_go() that found it running: a worker that
+    # raised or died, or one killed by a close() from another thread, left its pidfd open
+    def fail(r):
+        os._exit(3)  # (its exit code known: let_go() had nothing to do)
+
+    def run(n):
+        for _ in range(n):
+            loader = jl.DataLoader(source(), batch_size=6, transforms=[jl.Map(fail)],
+                                   num_workers=2, process_index=0, process_count=1)
+            with pytest.raises(jl.WorkerError):
+                list(loader)
+            loader.close()
+
+    run(1)  # (the worker starter's own descriptors, opened once)
+    before = len(os.listdir("/proc/self/fd"))
+    run(4)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_worker_killed_at_close_takes_the_programs_its_transform_runs(tmp_path):
+    # a worker is a process group of its own: a close() that kills it (busy past its grace)
+    # left a program its transform had started running on, orphaned, in the background
+    started = tmp_path / "child"
+
+    def run_child(r):
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "60"])
+        started.write_text(str(child.pid))
+        time.sleep(60)
+        return r
+
+    loader = jl.DataLoader(source(), batch_size=1, transforms=[jl.Map(run_child)],
+                           num_workers=1, process_index=0, process_count=1)
+    it = iter(loader)
+
+    def wait() -> None:
+        try:
+            next(it)
+        except jl.JaxloaderError:  # (closed meanwhile)
+            pass
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not started.exists() or not started.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = int(started.read_text())
+    loader.close()
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    deadline = time.monotonic() + 5
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ended = gone()
+    if not ended:
+        os.kill(pid, signal.SIGKILL)
+    assert ended
+
+
 @pytest.mark.skipif(not starter.AVAILABLE, reason="the worker starter is Linux's")
 def test_workers_started_before_one_that_cannot_start_are_stopped_and_reaped(monkeypatch):
     real, started = starter.Starter.start, []
