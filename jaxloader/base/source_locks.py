@@ -92,8 +92,12 @@ def held() -> tuple[threading.RLock, ...]:
 
 def reading(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, a read of a source, holding the locks ``made_under`` asked for."""
-    locks = getattr(_HELD, "locks", ())
-    return holding(locks, fn, *args) if locks else fn(*args)
+    locks: tuple[threading.RLock, ...] = getattr(_HELD, "locks", ())
+    if len(locks) != 1:
+        return holding(locks, fn, *args) if locks else fn(*args)
+    with locks[0]:  # (the common case, a batch: one lock, taken here)
+        done = fn(*args)
+    return done
 
 
 def holding(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:

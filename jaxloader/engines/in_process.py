@@ -111,8 +111,9 @@ def made_here(maker: Maker, step: int) -> tuple[Any, Any]:
         if getattr(maker, "reads_under_locks", False):  # its reads hold them, not transforms;
             # and one batch of a maker at a time (peek()'s is a copy beside the device-put
             # thread's: they share its record generator, its sampler's memo and caches)
-            return holding((lock_of(getattr(maker, "sampler")),), made_under, locks,
-                           maker.make, step)
+            with lock_of(getattr(maker, "sampler")):
+                made = made_under(locks, maker.make, step)
+            return made
         return holding(locks, maker.make, step)
     except CollateError as e:
         e.args = (f"{maker.location(step)}: {e}",)
