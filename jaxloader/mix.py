@@ -4,7 +4,7 @@ given steps; the plan both follow is ``plans.mixture``'s."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Sequence, Union, overload
+from typing import Any, Mapping, Sequence, Union, overload
 
 import numpy as np
 
@@ -14,13 +14,12 @@ from jaxloader.plans.mixture import normalised
 from jaxloader.sources.base import Source
 from jaxloader.sources.mixture import Mixture
 from jaxloader.streams.contract import ReadableStream, StreamLike
-from jaxloader.streams.mixed import STOPPING_STRATEGIES, MixedStream
+from jaxloader.streams.mixed import STOPPING_STRATEGIES, MixedStream, Stopping
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, as_stream
 
 
 Weights = Union[Sequence[float], Mapping[str, float], np.ndarray]
-Stopping = Literal["all_exhausted_without_replacement", "first_exhausted", "all_exhausted"]
 
 
 @overload

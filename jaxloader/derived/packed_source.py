@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -67,9 +67,9 @@ class PackedSource:
     """
 
     def __init__(self, source: Source, keys: str | Sequence[str], length: int | Mapping[str, int],
-                 *, method: Literal["best_fit", "first_fit", "concat"] = "best_fit",
+                 *, method: packing_plan.Method = "best_fit",
                  bins: int = 16, window: int = 10_000,
-                 overlong: Literal["split", "truncate"] = "split", seed: int | None = 0,
+                 overlong: packing_plan.Overlong = "split", seed: int | None = 0,
                  lengths: np.ndarray | str | os.PathLike | None = None) -> None:
         source = adapt(source)  # a datasets.Dataset: read as NumPy, lengths from Arrow
         refuse_mixture(source, "PackedSource")

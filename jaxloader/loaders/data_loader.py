@@ -23,7 +23,8 @@ from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import older_fingerprint, source_fingerprint, source_files
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
-from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
+from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
+                                       placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
@@ -33,7 +34,7 @@ from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
 from jaxloader.batching.mixture_sampler import MixtureSampler
 from jaxloader.sources.mixture import Mixture
-from jaxloader.order.sampling import Order, Sampler
+from jaxloader.order.sampling import LastBatch, Order, Sampler
 from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
@@ -137,14 +138,14 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         seed: Int = 0,
         transforms: Transforms = (),
         num_workers: Int | Literal["auto"] = 0,
-        last_batch: Literal["drop", "partial", "pad"] = "drop",
+        last_batch: LastBatch = "drop",
         num_epochs: Int | None = 1,
         process_index: Int | None = None,
         process_count: Int | None = None,
         mask_key: str = "mask",
         prefetch: Int | Literal["auto"] = 2,
         worker_init_fn: Callable[[int], object] | None = None,
-        start_method: Literal["exec", "fork"] = "exec",
+        start_method: StartMethod = "exec",
         sharding: Any = None,
         device_prefetch: Int = 2,
         stall_warning_s: float | None = 300.0,

@@ -18,12 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from jaxloader.base.checks import Int, check_int
 from jaxloader.base.errors import ConfigError
 
-START_METHODS = ("exec", "fork")
+StartMethod = Literal["exec", "fork"]
+START_METHODS: tuple[str, ...] = get_args(StartMethod)
 
 
 @dataclasses.dataclass(frozen=True)

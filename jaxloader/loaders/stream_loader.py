@@ -38,7 +38,8 @@ from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.sharding.hosts import Pairing, stream_settings
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
-from jaxloader.loaders.options import LoaderOptions, automatic, jax_pending, placement
+from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
+                                       placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.loaders.state import (STATE_VERSION, as_written_now, check_stream_state,
                                      transforms_of, warn_changed_transforms)
@@ -109,7 +110,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                  process_index: Int | None = None, process_count: Int | None = None,
                  prefetch: Int | Literal["auto"] = 2,
                  worker_init_fn: Callable[[int], object] | None = None,
-                 start_method: Literal["exec", "fork"] = "exec", sharding: Any = None,
+                 start_method: StartMethod = "exec", sharding: Any = None,
                  device_prefetch: Int = 2, readers_per_process: Int | None = None,
                  num_epochs: Int | None = None, mask_key: str = "mask",
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,

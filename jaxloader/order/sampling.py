@@ -14,7 +14,7 @@ needs no billion-entry array.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Literal, NamedTuple, Protocol, get_args
 
 import numpy as np
 
@@ -23,7 +23,8 @@ from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.base.tree import RecordNames
 from jaxloader.order.index_shuffle import IndexShuffle
 
-LAST_BATCH_POLICIES = ("drop", "pad", "partial")
+LastBatch = Literal["drop", "pad", "partial"]
+LAST_BATCH_POLICIES: tuple[str, ...] = get_args(LastBatch)
 
 # Shuffled indices are computed for a class of steps holding this many positions at a time and
 # the chunk's classes are kept: amortises NumPy's per-call overhead over many small batches,

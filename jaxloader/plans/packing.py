@@ -21,17 +21,19 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Literal, NamedTuple, Sequence, get_args
 
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.order.index_shuffle import IndexShuffle
 
-METHODS = ("first_fit", "best_fit", "concat")
+Method = Literal["first_fit", "best_fit", "concat"]
+METHODS: tuple[str, ...] = get_args(Method)
 PYTHON_WINDOWS = 32  # up to this many windows, fit one after another in Python; more: NumPy
 # steps over all at once (a step's cost grows slowly with the windows, a Python loop's fast)
-OVERLONG = ("split", "truncate")
+Overlong = Literal["split", "truncate"]
+OVERLONG: tuple[str, ...] = get_args(Overlong)
 
 
 def check_method(label: str, method: object, methods: Sequence[str] = METHODS) -> None:

@@ -99,8 +99,8 @@ class Pairing:
         n, self.count = self.count, self.count + 1
         text = json.dumps({name: _compact(value) for name, value in settings.items()},
                           sort_keys=True, default=repr)
-        check = HostsCheck(store, f"{_PREFIX}/{self.name}/{n}/", me, process_count,
-                           json.loads(text), self.kind, n)  # (as the others read it)
+        check = HostsCheck(store, self.name, me, process_count, json.loads(text), self.kind,
+                           n)  # (the settings as the others read them)
         try:
             store.key_value_set(f"{check.prefix}{me}", text)
         except Exception as e:  # noqa: BLE001 (the store's: said, and nothing compared)
@@ -178,9 +178,10 @@ def _compact(value: Any) -> Any:
 class HostsCheck:
     """One ``iter()``'s settings against the other processes' (``Pairing.publish``)."""
 
-    def __init__(self, store: Store, prefix: str, me: int, count: int,
+    def __init__(self, store: Store, name: str, me: int, count: int,
                  settings: dict[str, Any], owner: str, n: int) -> None:
-        self.store, self.prefix, self.me, self.settings = store, prefix, me, settings
+        self.prefix = f"{_PREFIX}/{name}/{n}/"  # its n-th iter()'s keys in the store
+        self.store, self.name, self.me, self.settings = store, name, me, settings
         self.owner, self.n, self.count = owner, n, count
         self.pending = set(range(1, count)) if me == 0 else {0}
         self.next_call = 0  # the run's next() call (counted from 0) that looks next
@@ -293,7 +294,7 @@ class HostsCheck:
             f"(Compared: this loader's {_nth(self.n + 1)} with process 0's, and on process 0 "
             "with every process's; a process that iterates it where the others do not is out "
             "of step with them. Loaders are paired across processes by the order of their "
-            f"first iter(): this one is {self.prefix.rstrip('/').split('/')[-2]!r}, numbered "
+            f"first iter(): this one is {self.name!r}, numbered "
             "as its process first iterated it, so a process that first iterated another one "
             "before it (an eval loader) compares that one with this: iterate them first in "
             "the same order in every process.)")

@@ -48,7 +48,7 @@ Example:
 from __future__ import annotations
 
 import bisect
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 
@@ -60,7 +60,8 @@ from jaxloader.streams.origins import mixture_origin
 
 WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)
 FIRST_EXHAUSTED, ALL_EXHAUSTED = "first_exhausted", "all_exhausted"
-STOPPING_STRATEGIES = (WITHOUT_REPLACEMENT, FIRST_EXHAUSTED, ALL_EXHAUSTED)
+Stopping = Literal["all_exhausted_without_replacement", "first_exhausted", "all_exhausted"]
+STOPPING_STRATEGIES: tuple[str, ...] = get_args(Stopping)  # (WITHOUT_REPLACEMENT first)
 
 
 class MixedStream:

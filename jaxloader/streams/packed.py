@@ -38,7 +38,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -78,8 +78,8 @@ class PackedStream:
     def __init__(self, stream: StreamLike, key: str, length: int,
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
                  dtype: Any = np.int32, *,
-                 method: Literal["concat", "best_fit", "first_fit"] = "concat", bins: int = 16,
-                 window: int = 1000, overlong: Literal["split", "truncate"] = "split") -> None:
+                 method: packing_plan.Method = "concat", bins: int = 16,
+                 window: int = 1000, overlong: packing_plan.Overlong = "split") -> None:
         from jaxloader.streams.mixed import MixedStream
         from jaxloader.streams.reader import Stream, as_stream
 
