@@ -58,10 +58,9 @@ from jaxloader.plans.mixture import (check_weights_before, first_block_with, pla
 from jaxloader.order.index_shuffle import splitmix64, splitmix64_array
 from jaxloader.streams.origins import mixture_origin
 
-WITHOUT_REPLACEMENT = "all_exhausted_without_replacement"  # (Hugging Face's names)
-FIRST_EXHAUSTED, ALL_EXHAUSTED = "first_exhausted", "all_exhausted"
 Stopping = Literal["all_exhausted_without_replacement", "first_exhausted", "all_exhausted"]
-STOPPING_STRATEGIES: tuple[str, ...] = get_args(Stopping)  # (WITHOUT_REPLACEMENT first)
+STOPPING_STRATEGIES: tuple[str, ...] = get_args(Stopping)  # (Hugging Face's names)
+WITHOUT_REPLACEMENT, FIRST_EXHAUSTED, ALL_EXHAUSTED = STOPPING_STRATEGIES
 
 
 class MixedStream:
