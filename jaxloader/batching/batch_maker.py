@@ -189,10 +189,10 @@ class BatchMaker:
             if joined is not None:
                 return collate.take_columns(joined.treedef, joined.arrays, spec.indices)
             if self.source.alike_arrays:
-                rows, local = self.source.split(spec.indices)
+                read, rows, local = self.source.split(spec.indices)
                 parts = cast("list[ArraySource]", self.source.sources)  # (alike: all arrays)
-                return collate.take_parts_columns(parts[0].treedef, [p.arrays for p in parts],
-                                                  rows, local)
+                return collate.take_parts_columns(parts[0].treedef,
+                                                  [parts[k].arrays for k in read], rows, local)
         if self._gather is not None:
             gathered = self._getitems(spec, self._gather, "gather_columns")
             if gathered is not None:

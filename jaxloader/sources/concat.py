@@ -109,12 +109,23 @@ class ConcatSource:
             parts.append(got)
         return np.concatenate(parts)
 
-    def split(self, indices: np.ndarray) -> tuple[list, list]:
-        """For each part ``k``: the places in ``indices`` that fall in it, and its own
-        indices there (empty arrays for parts not read)."""
+    def split(self, indices: np.ndarray) -> tuple[list[int], list, list]:
+        """The parts ``indices`` fall in, ascending; for each, the places in ``indices`` that
+        fall in it and its own indices there. A cost of the batch, not of the parts.
+
+        Example:
+            >>> both = ConcatSource([ArraySource(np.arange(3)), ArraySource(np.arange(2)),
+            ...                      ArraySource(np.arange(4))])
+            >>> read, rows, local = both.split(np.array([6, 0, 7]))
+            >>> read, [r.tolist() for r in rows], [i.tolist() for i in local]
+            ([0, 2], [[1], [0, 2]], [[0], [1, 2]])
+        """
         parts = np.searchsorted(self.offsets, indices, side="right") - 1
-        rows = [np.flatnonzero(parts == k) for k in range(len(self.sources))]
-        return rows, [indices[r] - self.offsets[k] for k, r in enumerate(rows)]
+        order = np.argsort(parts, kind="stable")
+        cuts = np.flatnonzero(np.diff(parts[order])) + 1
+        rows = np.split(order, cuts)
+        read = parts[order[np.concatenate([[0], cuts])]].tolist() if len(order) else [0]
+        return read, rows, [indices[r] - self.offsets[k] for k, r in zip(read, rows)]
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
