@@ -12,6 +12,7 @@ Example:
 from typing import TYPE_CHECKING, Any
 
 from jaxloader.base.errors import (
+    ArgumentError,
     CollateError,
     ConfigError,
     JaxloaderError,
@@ -50,6 +51,7 @@ from jaxloader.workers import WorkerInfo, get_worker_info
 from jaxloader.profiling import profile
 
 __all__ = [
+    "ArgumentError",
     "ArrayRecordSource",
     "ArraySource",
     "BatchMap",

@@ -33,7 +33,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ArgumentError, ConfigError
 from jaxloader.loaders.state_files import (apply_state, read_state, restore_into,
                                            state_filename, write_state)
 
@@ -126,7 +126,7 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):
 def _args(args: tuple, kwargs: dict, cls: type) -> Any:
     value = kwargs.get("args", args[0] if args else None)
     if not isinstance(value, cls):
-        raise TypeError(
+        raise ArgumentError(
             f"LoaderCheckpointHandler: expected args={cls.__name__}(loader), got "
             f"{type(value).__name__}; save with LoaderSave(loader), restore with "
             "LoaderRestore(loader)"

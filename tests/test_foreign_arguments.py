@@ -32,6 +32,8 @@ def test_a_peer_name_raises_naming_the_value_and_what_to_pass(name, value, remed
     message = str(info.value)
     assert message.startswith(f"DataLoader({name}={value!r}): DataLoader has no {name}: ")
     assert remedy in message
+    # one of jaxloader's, as troubleshooting.md says every error is (it was a bare TypeError)
+    assert isinstance(info.value, jl.ArgumentError) and isinstance(info.value, jl.JaxloaderError)
 
 
 @pytest.mark.parametrize("owner, remedies, extra", [
@@ -87,6 +89,14 @@ def test_a_source_by_a_peers_name_or_a_peers_positions_says_how_to_pass_it(owner
     with pytest.raises(TypeError, match=rf"^{name}\({first}\) needs batch_size=.*"
                                         rf"{name}\({first}, batch_size=32\)$"):
         owner(source)
+    with pytest.raises(jl.ArgumentError):  # (a JaxloaderError, a TypeError)
+        owner(source, 32)
+
+
+def test_grains_per_worker_buffer_size_says_what_to_pass():
+    # docs/migrating/grain.md lists it beside worker_buffer_size; it got Python's plain error
+    with pytest.raises(jl.ArgumentError, match=r"has no per_worker_buffer_size: use prefetch="):
+        loader(per_worker_buffer_size=4)
 
 
 def test_any_other_unknown_name_is_pythons_usual_error():

@@ -21,6 +21,12 @@ class ConfigError(JaxloaderError, ValueError):
     """An argument of the loader or of a source is invalid."""
 
 
+class ArgumentError(JaxloaderError, TypeError):
+    """A call's arguments do not fit its signature: a second positional argument, a missing
+    one, or a name the callee does not take (PyTorch's, Grain's and tf.data's names say what
+    to pass instead). A ``TypeError``, as Python's own for a bad call."""
+
+
 class RecordError(JaxloaderError, RuntimeError):
     """Reading or transforming one record failed.
 

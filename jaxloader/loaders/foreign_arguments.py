@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxloader.base.errors import ArgumentError
+
 _REMEDIES = {
     # torch.utils.data.DataLoader
     "drop_last": "use last_batch='drop' (the default; drop_last=True) or last_batch='partial' "
@@ -45,6 +47,8 @@ _REMEDIES = {
     # torch.utils.data.DataLoader(dataset=...)
     "dataset": "pass the source as the first argument",
     "worker_buffer_size": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
+    "per_worker_buffer_size": "use prefetch= (tasks in flight per worker, a task up to 16 "
+                              "batches)",
     "read_options": "use num_workers= (and prefetch=)",
 }
 
@@ -84,13 +88,13 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
                 batch_size: Any) -> None:
     """``refuse``, after the call's positional arguments: a second one (PyTorch's
     ``DataLoader(ds, 32, True)``) or none (Grain's ``data_source=``) raises ``TypeError``
-    naming what to pass, as does a missing ``batch_size``.
+    naming what to pass, as does a missing ``batch_size`` (``ArgumentError``, a ``TypeError``).
 
     Example:
         >>> refuse_call("DataLoader", [1, 2], (32,), {}, REQUIRED)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        TypeError: DataLoader(source, 32): ... by name: DataLoader(source, batch_size=32)
+        jaxloader.base.errors.ArgumentError: DataLoader(source, 32): ... batch_size=32)
     """
     first = "stream" if owner == "StreamLoader" else "source"
     if extra:
@@ -100,30 +104,31 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
         named = ", ".join(f"{name}={value!r}" for name, value in pairs if name not in foreign)
         other = next((f"; and {owner}(..., {name}={value!r}): {owner} has no {name}: "
                       f"{foreign[name]}" for name, value in pairs if name in foreign), "")
-        raise TypeError(f"{owner}({first}, {given}): {owner} takes its {first} alone by "
+        raise ArgumentError(f"{owner}({first}, {given}): {owner} takes its {first} alone by "
                         f"position, every other argument by name: {owner}({first}, {named})"
                         + other)
     refuse(owner, unknown)
     if source is REQUIRED:
-        raise TypeError(f"{owner}() needs a {first}, given first: {owner}({first}, "
+        raise ArgumentError(f"{owner}() needs a {first}, given first: {owner}({first}, "
                         "batch_size=...)")
     if batch_size is REQUIRED:
-        raise TypeError(f"{owner}({first}) needs batch_size=, the records a batch (each "
+        raise ArgumentError(f"{owner}({first}) needs batch_size=, the records a batch (each "
                         f"process's): {owner}({first}, batch_size=32)")
 
 
 def refuse(owner: str, unknown: dict[str, Any]) -> None:
-    """Raises ``TypeError`` for the first name in ``unknown`` (none: returns); ``owner`` is
-    ``"DataLoader"`` or ``"StreamLoader"``, whose remedies differ where a stream differs.
+    """Raises ``ArgumentError`` (a ``TypeError``) for the first name in ``unknown`` (none:
+    returns); ``owner`` is ``"DataLoader"`` or ``"StreamLoader"``, whose remedies differ where a
+    stream differs.
 
     Example:
         >>> refuse("DataLoader", {"drop_last": True})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        TypeError: DataLoader(drop_last=True): DataLoader has no drop_last: use last_batch=...
+        jaxloader.base.errors.ArgumentError: DataLoader(drop_last=True): ... use last_batch=...
     """
     for name, value in unknown.items():
         remedy = (_STREAM_REMEDIES if owner == "StreamLoader" else _REMEDIES).get(name)
         if remedy is None:
-            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
-        raise TypeError(f"{owner}({name}={value!r}): {owner} has no {name}: {remedy}")
+            raise ArgumentError(f"{owner}() got an unexpected keyword argument {name!r}")
+        raise ArgumentError(f"{owner}({name}={value!r}): {owner} has no {name}: {remedy}")

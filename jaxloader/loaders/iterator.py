@@ -257,8 +257,8 @@ class LoaderIterator(Generic[BatchT]):
             self._last_return = entered
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:
-                log.info("%s: the first batch took %.1f s (the workers' start and the first "
-                         "reads)", progress.label, returned - entered)
+                log.info("%s: the first batch took %.1f s (the first reads, and the workers' "
+                         "start where it has workers)", progress.label, returned - entered)
         if monitor is not None and returned >= monitor.next_at:
             monitor.tick(returned, self._step + 1, progress.batches + 1,
                          progress.wait_s + (returned - entered))

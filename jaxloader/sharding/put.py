@@ -43,6 +43,10 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
         >>> data_sharding(mesh).spec == jax.sharding.PartitionSpec("data")
         True
     """
+    if not isinstance(mesh, Mesh):
+        raise ConfigError(
+            f"data_sharding(mesh): expected a jax.sharding.Mesh, got {type(mesh).__name__} "
+            f"{mesh!r:.80}; make one with jax.make_mesh((jax.device_count(),), ('data',))")
     axes = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
     missing = [a for a in axes if a not in mesh.axis_names]
     if missing:

@@ -307,3 +307,13 @@ def test_a_mixtures_full_batches_are_not_refused_as_a_partial_last_one():
         print([b["x"].shape[0] for b in loader])
     """, n=2)
     assert out.strip() == "[4, 4]"
+
+
+@pytest.mark.parametrize("bad", [None, ("data",), "data"])
+def test_data_sharding_of_something_not_a_mesh_says_what_it_needs(bad):
+    # None gave AttributeError: 'NoneType' object has no attribute 'axis_names'
+    import jaxloader as jl
+
+    with pytest.raises(jl.ConfigError, match=r"data_sharding\(mesh\): expected a "
+                                             r"jax.sharding.Mesh, got .*jax.make_mesh"):
+        jl.data_sharding(bad)
