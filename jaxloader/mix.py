@@ -4,22 +4,17 @@ given steps; the plan both follow is ``plans.mixture``'s."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union, overload
-
-import numpy as np
+from typing import Any, Mapping, Sequence, overload
 
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
-from jaxloader.plans.mixture import normalised
+from jaxloader.plans.mixture import Weights, normalised
 from jaxloader.sources.base import Source
 from jaxloader.sources.mixture import Mixture
 from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.mixed import STOPPING_STRATEGIES, MixedStream, Stopping
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, as_stream
-
-
-Weights = Union[Sequence[float], Mapping[str, float], np.ndarray]
 
 
 @overload
@@ -88,8 +83,9 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
     names = list(sources) if isinstance(sources, Mapping) else None
     sources = list(sources.values()) if isinstance(sources, Mapping) else sources
     schedule = {0: normalised(weights, len(sources), "weights", names)}
-    for step, later in sorted((from_step or {}).items()):
+    for step in from_step or {}:  # (each checked before they are sorted: '10' beside 20)
         check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
+    for step, later in sorted((from_step or {}).items()):
         schedule[int(step)] = normalised(later, len(sources), f"from_step[{step}]", names)
     parts: list[Any] = [as_stream(s) for s in sources]  # Hugging Face IterableDatasets
     if any(isinstance(s, MixedStream) for s in parts):

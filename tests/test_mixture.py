@@ -413,3 +413,24 @@ def test_mix_names_arguments_of_the_wrong_kind_and_an_empty_component_by_its_pla
     empty = jl.ArraySource({"x": np.zeros(0, np.float32)})
     with pytest.raises(jl.ConfigError, match=r"^mix\(sources\)\[1\]: .*empty source"):
         jl.mix([a, empty], [1, 1])  # (named a ConcatSource's part)
+
+
+def test_a_mixture_made_directly_checks_and_normalises_its_weights_as_mix_does():
+    # Mixture is public: weights 3:1 given as they were read nothing of the first component
+    a, b = jl.ArraySource({"x": np.zeros(30)}), jl.ArraySource({"x": np.ones(10)})
+    with jl.DataLoader(jl.Mixture([a, b], {0: np.array([3.0, 1.0])}), batch_size=40,
+                       process_index=0, process_count=1) as loader:
+        x = next(iter(loader))["x"]
+    assert ((x == 0).sum(), (x == 1).sum()) == (30, 10)
+    made = jl.mix([a, b], [0.1, 0.2])
+    assert jl.Mixture([a, b], made.schedule).schedule[0] is made.schedule[0]  # (kept as is)
+    for bad, said in [({0: np.array([1.0])}, r"Mixture\(schedule\[0\]\): expected one weight "
+                                             r"per source \(2\), got 1"),
+                      ({0: [np.nan, 1]}, r"finite and >= 0, got \[nan, 1.0\]"),
+                      ({5: [1, 1]}, r"with step 0, got \{5: \[1, 1\]\}; jl.mix"),
+                      ([0.5, 0.5], r"expected a dict \{step: weights\} with step 0"),
+                      ({0: [1, 1], -2: [1, 1]}, r"step: expected an int >= 0, got -2")]:
+        with pytest.raises(jl.ConfigError, match=said):
+            jl.Mixture([a, b], bad)
+    with pytest.raises(jl.ConfigError, match=r"from_step=...\) step: expected an int, got str"):
+        jl.mix([a, b], [1, 1], from_step={"10": [1, 1], 20: [1, 1]})

@@ -544,3 +544,30 @@ def test_the_same_shards_at_another_path_restore_and_a_state_of_whole_paths_stil
             pytest.raises(jl.StateDictError, match=r"stream: expected .*; restore it over the "
                                                    r"same stream: the same shards"):
         other.load_state_dict(state)
+
+
+def test_a_state_over_a_generator_of_other_files_is_refused_and_an_older_one_warned(tmp_path):
+    # shards were named by the function's name alone: a state saved over a generator that read
+    # other files (its closure) restored, silently, with those files' records
+    for name, base in (("a", 0), ("b", 800)):
+        write_jsonl(tmp_path / f"{name}.jsonl", range(base, base + 40))
+
+    def stream(path):
+        def read(shard):
+            with open(path) as f:
+                yield from (json.loads(line) for line in f)
+        return jl.Stream.from_generator(read, shards=1)
+
+    with loader_of(stream(tmp_path / "a.jsonl"), []) as loader:
+        take(loader, 2)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with loader_of(stream(tmp_path / "b.jsonl"), []) as other:
+        with pytest.raises(jl.StateDictError, match=r"'code': \['[0-9a-f]{16}'\]"):
+            other.load_state_dict(state)
+    with loader_of(stream(tmp_path / "a.jsonl"), []) as same:
+        same.load_state_dict(state)
+        assert next(iter(same))["id"].tolist() == list(range(12, 18))
+    older = {**state, "stream": {k: v for k, v in state["stream"].items() if k != "code"}}
+    with loader_of(stream(tmp_path / "a.jsonl"), []) as again:  # (saved before: not checked)
+        with pytest.warns(UserWarning, match="from_generator's function .* restored without"):
+            again.load_state_dict(older)

@@ -278,32 +278,41 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
         return state
     saved = state.get("stream")
     for then in (described, in_generation(1, describe)):
-        if saved == then or saved == _untokenized(then):
-            if saved != then and _tokenized(then):
-                warnings.warn(
-                    "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
-                    "state is older, and is restored without checking it: restore under the "
-                    "saved run's tokenize, or the batches differ from that run's", UserWarning,
-                    stacklevel=user_stacklevel())
-            return {**state, "stream": described}
+        for lacking in _OLDER_FORMS:
+            if saved == _without(then, lacking):
+                for key, what in _CHECKED_SINCE:
+                    if key in lacking and _holds(then, key):
+                        warnings.warn(
+                            f"{what} is checked by a state since 2026-11-29; this state is "
+                            "older, and is restored without checking it: restore under the "
+                            "saved run's, or the batches differ from that run's", UserWarning,
+                            stacklevel=user_stacklevel())
+                return {**state, "stream": described}
     return state
 
 
-def _untokenized(described: Any) -> Any:
-    """A stream's description without its ``PackedStream``s' ``tokenize`` digests."""
+# What a stream's description holds since versions of 2026-11-29, and what it checks: a state
+# saved before lacks it (a tokenize of None too)
+_CHECKED_SINCE = (("tokenize", "a PackedStream's tokenize"),
+                  ("code", "a Stream.from_generator's function (and what its closure holds)"))
+_OLDER_FORMS = ((), ("tokenize",), ("code",), ("tokenize", "code"))
+
+
+def _without(described: Any, keys: tuple[str, ...]) -> Any:
+    """A stream's description without ``keys`` at any depth (``_CHECKED_SINCE``)."""
     if isinstance(described, list):
-        return [_untokenized(d) for d in described]
+        return [_without(d, keys) for d in described]
     if isinstance(described, dict):
-        return {k: _untokenized(v) for k, v in described.items() if k != "tokenize"}
+        return {k: _without(v, keys) for k, v in described.items() if k not in keys}
     return described
 
 
-def _tokenized(described: Any) -> bool:
-    """Whether a stream's description names a ``PackedStream``'s ``tokenize`` (not ``None``)."""
+def _holds(described: Any, key: str) -> bool:
+    """Whether a stream's description holds a value for ``key`` (not ``None``) at any depth."""
     if isinstance(described, list):
-        return any(map(_tokenized, described))
-    return isinstance(described, dict) and (described.get("tokenize") is not None or any(
-        map(_tokenized, described.values())))
+        return any(_holds(d, key) for d in described)
+    return isinstance(described, dict) and (described.get(key) is not None or any(
+        _holds(v, key) for v in described.values()))
 
 
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:

@@ -39,11 +39,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
 from jaxloader.base.errors import ConfigError, StateDictError
+
+# A component's weights: one number each, in the components' order, or by name
+Weights = Union[Sequence[float], Mapping[str, float], np.ndarray]
 
 BLOCK = 1024  # positions a block at most (see block_size)
 
@@ -59,17 +62,17 @@ def block_size(global_batch: int, components: int) -> int:
     return max(BLOCK, least)
 
 
-def normalised(weights: Sequence[float] | Mapping[str, float] | np.ndarray, count: int, name: str,
-             names: list[str] | None = None) -> np.ndarray:
+def normalised(weights: Weights, count: int, name: str, names: list[str] | None = None,
+               owner: str = "mix") -> np.ndarray:
     if isinstance(weights, Mapping):
         if names is None:
             raise ConfigError(
-                f"mix({name}): weights by name ({sorted(map(str, weights))}) need sources by "
+                f"{owner}({name}): weights by name ({sorted(map(str, weights))}) need sources by "
                 "name: pass the sources as a dict with those keys, or the weights as a list "
                 "in the sources' order")
         if set(weights) != set(names):
             raise ConfigError(
-                f"mix({name}): expected a weight for each source by name {names}, got "
+                f"{owner}({name}): expected a weight for each source by name {names}, got "
                 f"{list(weights)} (missing {[n for n in names if n not in weights]}, unknown "
                 f"{[n for n in weights if n not in names]})")
         weights = [weights[n] for n in names]
@@ -77,17 +80,17 @@ def normalised(weights: Sequence[float] | Mapping[str, float] | np.ndarray, coun
     if given.ndim != 1 or not all(isinstance(v, numbers.Real)
                                   and not isinstance(v, (bool, np.bool_)) for v in given):
         raise ConfigError(
-            f"mix({name}): expected one number per source ({count}), got "
+            f"{owner}({name}): expected one number per source ({count}), got "
             f"{type(weights).__name__} {weights!r:.80}")
     w = given.astype(np.float64)
     if w.shape != (count,):
         raise ConfigError(
-            f"mix({name}): expected one weight per source ({count}), got {len(w)}: {w.tolist()}"
+            f"{owner}({name}): expected one weight per source ({count}), got {len(w)}: {w.tolist()}"
         )
     if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise ConfigError(f"mix({name}): weights must be finite and >= 0, got {w.tolist()}")
+        raise ConfigError(f"{owner}({name}): weights must be finite and >= 0, got {w.tolist()}")
     if w.sum() <= 0:
-        raise ConfigError(f"mix({name}): weights sum to zero ({w.tolist()}); give one a weight "
+        raise ConfigError(f"{owner}({name}): weights sum to zero ({w.tolist()}); give one a weight "
                           "> 0")
     return w / w.sum()
 

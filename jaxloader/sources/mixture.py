@@ -13,11 +13,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
+from jaxloader.plans.mixture import Weights, normalised
 from jaxloader.sources.base import Source
 from jaxloader.sources.concat import ConcatSource
 
@@ -36,9 +38,9 @@ class Mixture(ConcatSource):
 
     read_by_index = False  # (ConcatSource)
 
-    def __init__(self, sources: Sequence[Source], schedule: dict[int, np.ndarray]) -> None:
+    def __init__(self, sources: Sequence[Source], schedule: Mapping[int, Weights]) -> None:
         super().__init__(sources)
-        self.schedule = schedule  # step -> normalised weights, from step 0
+        self.schedule = checked_schedule(schedule, len(self.sources))
 
     def __repr__(self) -> str:
         weights = ", ".join(f"{w:.3g}" for w in self.schedule[0])
@@ -61,3 +63,32 @@ def refuse_mixture(source: Any, what: str) -> None:
             f"{what}(source): got a mixture (jl.mix), which it would read as its components "
             f"one after another, the weights unused; wrap each component and mix those: "
             f"jl.mix([{what}(a, ...), {what}(b, ...)], weights)")
+
+
+def checked_schedule(schedule: Any, count: int) -> dict[int, np.ndarray]:
+    """``{step: weights}`` from step 0, each weights' list normalised and checked as ``jl.mix``
+    checks them (a ``Mixture`` made directly took unnormalised weights as they were: 3:1 read
+    nothing of the first component).
+
+    Example:
+        >>> checked_schedule({0: [3, 1], 10: [1, 1]}, 2)[0].tolist()
+        [0.75, 0.25]
+    """
+    if not isinstance(schedule, Mapping) or 0 not in schedule:
+        raise ConfigError(
+            f"Mixture(sources, schedule): expected a dict {{step: weights}} with step 0, got "
+            f"{schedule!r:.80}; jl.mix(sources, weights, from_step={{step: weights}}) makes one")
+    for step in schedule:
+        check_int("Mixture(schedule) step", step, low=0, remedy="steps from 0")
+    return {int(step): _kept_or_normalised(schedule[step], count, f"schedule[{step}]")
+            for step in sorted(schedule)}
+
+
+def _kept_or_normalised(weights: Any, count: int, name: str) -> np.ndarray:
+    """``weights`` as they are where ``jl.mix`` normalised them (bit for bit: the layout rounds
+    from them), else normalised and checked."""
+    w = normalised(weights, count, name, owner="Mixture")
+    if isinstance(weights, np.ndarray) and weights.dtype == np.float64 and np.allclose(
+            weights, w, rtol=1e-12, atol=0):
+        return weights
+    return w

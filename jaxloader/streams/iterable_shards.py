@@ -7,7 +7,7 @@ function). The file shards and the shard protocol are ``jaxloader.streams.shards
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of
 from jaxloader.base.checks import check_int, refused_call
@@ -47,7 +47,18 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
             f"{signature} does not take the shard number; pass a function of it, such as "
             f"lambda shard: {name}() for one shard (tf.data's from_generator calls it "
             "without one)")
-    return [IterableShard(Bound(make, i), name=f"{name}[{i}]") for i in range(shards)]
+    code = code_digest(make)[:16]  # (what a state checks: the records' function and closure)
+    return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code)
+            for i in range(shards)]
+
+
+def codes_of(shards: Sequence[Any]) -> dict[str, list[str]]:
+    """``{"code": [...]}``, each shard's function's digest (``""`` for a file), where a shard
+    has one (``Stream.from_generator``'s, under a ``Stream.map`` too); ``{}`` otherwise: what
+    a stream's description adds, so that a state saved over a generator that read other files
+    (its closure) is refused, as a ``MapSource``'s is."""
+    codes = [getattr(getattr(s, "shard", s), "code", None) or "" for s in shards]
+    return {"code": codes} if any(codes) else {}
 
 
 class IterableShard:
@@ -70,7 +81,8 @@ class IterableShard:
         2
     """
 
-    def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None) -> None:
+    def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None,
+                 code: str | None = None) -> None:
         if callable(make):
             self._make = make
         elif isinstance(make, Iterable) and iter(make) is not make:  # re-iterable (a list)
@@ -82,6 +94,7 @@ class IterableShard:
                 "makes it, e.g. IterableShard(lambda: my_generator(...))"
             )
         self.name: str = name or str(getattr(make, "__qualname__", type(make).__name__))
+        self.code = code  # (``codes_of``: a state checks it where given)
         self._it: Iterator | None = None
         self._consumed = 0
 
