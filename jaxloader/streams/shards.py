@@ -120,6 +120,7 @@ class _LineShard(FileShard):
             except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
                 raise unreadable(self, f"line {self._count + 1}", e) from e
             if not raw:
+                self._check_whole()
                 raise StopIteration
             self._count += 1
             record = self._parse(raw.rstrip(b"\r\n"))
@@ -129,6 +130,16 @@ class _LineShard(FileShard):
     def _parse(self, raw: bytes) -> Any:
         """The record of a line (without its line break), or ``_BLANK`` to skip it."""
         raise NotImplementedError
+
+    def _check_whole(self) -> None:
+        """At the end: a plain file that ends before the bytes it held when opened was cut
+        as it was read (its last records lost, the pass ended early with no error)."""
+        if self._size_known is not None and (at := self._file.tell()) < self._size_known:
+            raise RecordError(
+                f"{self.path}: the file ends at byte {at:,} (after line {self._count}), but "
+                f"it held {self._size_known:,} bytes when opened: it was cut while read; "
+                "restore the file (and resume from a state saved before), or write shards "
+                "to a new file and rename it into place")
 
 
 class JsonlShard(_LineShard):

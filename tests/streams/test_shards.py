@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import io
 import json
 import warnings
@@ -384,3 +385,23 @@ def test_a_json_list_of_booleans_among_numbers_is_refused_naming_the_line(tmp_pa
     with pytest.raises(jl.RecordError, match=r"flags.jsonl: line 3: a list mixes true/false with "
                                              r"numbers \(\[True, 3\]\).*write 0 and 1"):
         shard.next()
+
+
+@pytest.mark.parametrize("kind", [jl.JsonlShard, jl.TextShard])
+def test_a_file_cut_while_read_is_an_error_not_an_early_end(tmp_path, kind):
+    # truncated in place at a line's end as it was read: the pass ended after the lines left,
+    # with no error (a tar shard says so)
+    path = write_jsonl(tmp_path / "a.jsonl", range(2000))
+    shard = kind(path)
+    shard.reset(None)
+    for _ in range(3):
+        shard.next()
+    lines = path.read_bytes().splitlines(keepends=True)
+    os.truncate(path, sum(map(len, lines[:500])))
+    with pytest.raises(jl.RecordError, match=rf"a.jsonl: the file ends at byte [\d,]+ \(after "
+                                             rf"line 500\), but it held [\d,]+ bytes when "
+                                             rf"opened: it was cut while read"):
+        for _ in range(2000):
+            shard.next()
+    shard.close()
+    assert len(read_all(kind(path))) == 500  # (a file read whole ends as it should)
