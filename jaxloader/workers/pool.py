@@ -46,7 +46,7 @@ from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker
 from jaxloader.workers import failures, payload, protocol
-from jaxloader.workers.process import stop_all
+from jaxloader.workers.process import WorkerProcess, stop_all
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.tasks import Failure, InFlight, task_shape
@@ -109,11 +109,12 @@ class WorkerPool:
         self._ring = SlotRing()
         self._shapes: dict[tuple[int, bool], tuple[int, int, int]] = {}  # _task_shape's
         old = getattr(self, "roster", None)  # (a restart: as many workers, as many in use)
+        self._workers: list[WorkerProcess] = []  # the pool's before any starts (Roster)
+        self._finalizer = weakref.finalize(self, stop_all, self._workers, self._ring)
         self.roster = Roster(self._initial if old is None else max(old.target, len(old.workers)),
                               capacity=self._capacity, start_method=self._start_method,
-                              gauges=self.gauges, active=None if old is None else old.target)
-        self._workers = self.roster.workers
-        self._finalizer = weakref.finalize(self, stop_all, self._workers, self._ring)
+                              gauges=self.gauges, active=None if old is None else old.target,
+                              workers=self._workers)
         self._tasks: dict[int, InFlight] = {}
         self._next_task = 0
         self._run = 0

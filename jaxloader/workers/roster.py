@@ -41,7 +41,10 @@ class Roster:
     """See the module docstring; not thread-safe but for ``resize``."""
 
     def __init__(self, count: int, *, capacity: int, start_method: str, gauges: Gauges,
-                 active: int | None = None) -> None:
+                 active: int | None = None, workers: list[WorkerProcess] | None = None) -> None:
+        """``workers``: the list the workers go in, the caller's before any starts (an
+        interrupt as the roster is made, or as it returns, leaves none the caller cannot
+        stop: ``jaxloader.base.interrupts``, 3)."""
         self.capacity = max(count, capacity)
         self._fork_said = False  # (a fork refused once JAX is imported: said once)
         if start_method == "fork" and active is not None and "jax" in sys.modules:
@@ -54,24 +57,24 @@ class Roster:
             start_method = "exec"
         self._start_method = start_method
         self._gauges = gauges
-        self.workers: list[WorkerProcess] = []
+        self.workers: list[WorkerProcess] = [] if workers is None else workers
         # One poller for the pool's life: blocking in poll() costs a syscall, where
         # multiprocessing.connection.wait builds and fills a new selector every call.
         self.poller = select.poll()
         self.by_fd: dict[int, int] = {}
         self.in_flight: list[int] = []
         self.layouts: list[Any] = []
+        self.active = self.target = count if active is None else active
+        self.since = 0  # the first step submitted with the count in use
         try:
             for _ in range(count):
                 self.add()
+            if count:  # (a Ctrl-C in the log's I/O, too: the workers are stopped)
+                log.info("%s %d worker process(es): pids %s", "started" if active is None
+                         else "restarted (after an interrupted run)", count, self.pids)
         except BaseException:  # (a fork refused: those started must not be left running)
             stop_all(self.workers)
             raise
-        self.active = self.target = count if active is None else active
-        if count:
-            log.info("%s %d worker process(es): pids %s", "started" if active is None else
-                     "restarted (after an interrupted run)", count, self.pids)
-        self.since = 0  # the first step submitted with the count in use
 
     @property
     def pids(self) -> list[int]:

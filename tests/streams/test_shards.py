@@ -398,9 +398,9 @@ def test_a_file_cut_while_read_is_an_error_not_an_early_end(tmp_path, kind):
         shard.next()
     lines = path.read_bytes().splitlines(keepends=True)
     os.truncate(path, sum(map(len, lines[:500])))
-    with pytest.raises(jl.RecordError, match=rf"a.jsonl: the file ends at byte [\d,]+ \(after "
-                                             rf"line 500\), but it held [\d,]+ bytes when "
-                                             rf"opened: it was cut while read"):
+    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file ends at byte [\d,]+ \(after "
+                                             r"line 500\), but it held [\d,]+ bytes when "
+                                             r"opened: it was cut while read"):
         for _ in range(2000):
             shard.next()
     shard.close()

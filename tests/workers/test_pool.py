@@ -1069,3 +1069,49 @@ def test_a_module_the_workers_cannot_import_is_named_with_where_this_process_fou
                            transforms=[helpers_left_behind.same]) as loader:
             next(iter(loader))
     del sys.modules["helpers_left_behind"]
+
+
+def _pidfds():
+    return sum(os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+               for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
+@pytest.mark.parametrize("where", ["in the roster's log line", "as the roster returns"])
+def test_a_ctrl_c_as_workers_are_started_again_leaves_none_behind(monkeypatch, where):
+    # an interrupt storm left a pidfd a worker behind (7-12 a run): a Ctrl-C in the roster's
+    # log line (after the try that stops what it started), or as it returned to the pool
+    # (before the pool held it), left its workers where nothing stopped them
+    import jaxloader.workers.pool as pool_module
+    import jaxloader.workers.roster as roster_module
+
+    pool = make_pool(2)
+    before, started = _pidfds(), []
+    try:
+        it = pool.batches(0, None)
+        next(it)
+        it.close()
+        pool._mixed_up = True  # (what an interrupt outside the wait leaves: a restart next)
+        if where == "as the roster returns":
+            class Interrupted(roster_module.Roster):
+                def __init__(self, *args, **kwargs):
+                    super().__init__(*args, **kwargs)
+                    started.extend(self.pids)
+                    raise KeyboardInterrupt
+            monkeypatch.setattr(pool_module, "Roster", Interrupted)
+        else:
+            said = roster_module.log.info
+
+            def interrupted(message, *args):
+                if "worker process(es): pids" not in message:  # (not the roster's line)
+                    return said(message, *args)
+                started.extend(args[-1])  # (the pids it names)
+                raise KeyboardInterrupt
+            monkeypatch.setattr(roster_module.log, "info", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pool.batches(0, None).send(None)
+        monkeypatch.undo()
+    finally:
+        pool.close()
+    assert len(started) == 2 and _pidfds() <= before - 2  # (the first workers' closed too)
+    time.sleep(0.2)
+    assert not [pid for pid in started if running(pid)]
