@@ -186,6 +186,14 @@ def test_what_a_jit_map_cannot_take_is_refused_naming_it():
                                                  r"3.0..1e\+39, .*float32 and makes them "
                                                  r"infinite"):
             next(it)
+    far = jl.ArraySource({"c": np.array([1j, 2.0, 1e300j, 3.0])})  # (complex128: its parts)
+    with jl.DataLoader(far, batch_size=2, transforms=[jl.JitMap(lambda r: r)],
+                       process_index=0, process_count=1) as wide:
+        it = iter(wide)
+        assert next(it)["c"].tolist() == [1j, 2.0]
+        with pytest.raises(jl.RecordError, match=r"batch\['c'\] of dtype complex128 with "
+                                                 r"values 0.0..1e\+300, .*complex64"):
+            next(it)
 
 
 def test_a_key_only_where_the_function_takes_one_and_a_batch_map_after_it():

@@ -88,15 +88,21 @@ def host_only(dtype: np.dtype) -> bool:
 def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[Any, Any, Any] | None:
     """``(lowest, highest, the 32-bit range)`` of 64-bit integers that 32 bits cannot hold,
     which JAX without x64 takes as 32-bit and would wrap, or of finite 64-bit floats beyond
-    float32's range, which it would make infinite; ``None`` where they fit (or are neither).
+    float32's range (complex128's real and imaginary parts too), which it would make infinite;
+    ``None`` where they fit (or are neither).
 
     Example:
         >>> beyond_32_bits(np.array([1, 2**40]))[:2], beyond_32_bits(np.array([1, 2]))
         ((1, 1099511627776), None)
         >>> beyond_32_bits(np.array([1.0, 1e39, np.inf]))[:2]
         (1.0, 1e+39)
+        >>> beyond_32_bits(np.array([1 + 2j, 1e300j]))[:2]
+        (0.0, 1e+300)
     """
     kind = values.dtype.kind
+    if kind == "c" and values.dtype.itemsize == 16 and values.size:  # (complex128: its parts,
+        return beyond_32_bits(np.concatenate([np.ravel(values.real),  # which complex64's
+                                              np.ravel(values.imag)]))  # float32s hold)
     if kind not in "iuf" or values.dtype.itemsize != 8 or not values.size:
         return None
     if kind == "f":  # (already infinite or NaN: stays so; a finite one may not)
@@ -111,6 +117,14 @@ def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[Any, Any, Any] | No
     low, high = int(values.min()), int(values.max())
     bounds = _UINT32 if kind == "u" else _INT32
     return None if bounds.min <= low and high <= bounds.max else (low, high, bounds)
+
+
+def as_32_bits(dtype: Any) -> str:
+    """What JAX without x64 takes a 64-bit ``dtype`` as, and for a complex one, that its parts
+    are what ``beyond_32_bits`` gave the range of (in words)."""
+    kind = np.dtype(dtype).kind
+    return {"i": "int32", "u": "uint32", "f": "float32"}.get(
+        kind, "complex64 (its real and imaginary parts float32s)")
 
 
 def what_32_bits_do(bounds: Any) -> str:

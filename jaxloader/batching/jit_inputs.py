@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.checks import MASK64, POSITION_BITS
-from jaxloader.base.columns import (beyond_32_bits, device_dtype_problem, host_only,
+from jaxloader.base.columns import (as_32_bits, beyond_32_bits, device_dtype_problem, host_only,
                                     what_32_bits_do)
 from jaxloader.base.errors import RecordError
 from jaxloader.batching import collate
@@ -58,7 +58,8 @@ def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], s
         raise RecordError(
             f"{where()}: {t} gets batch{column.path} of dtype {column.dtype} with values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 takes it as "
-            f"{kind.dtype} and {what_32_bits_do(kind)}; drop it, or make it fit, in a Map "
+            f"{as_32_bits(column.dtype)} and {what_32_bits_do(kind)}; drop it, or make it fit, "
+            "in a Map "
             "before the JitMap, or set jax.config.update('jax_enable_x64', True) before the "
             "loader (its workers compile with the training process's)")
 

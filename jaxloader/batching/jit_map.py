@@ -157,8 +157,9 @@ class JitMap:
         # wraps, a float beyond float32's is infinite. Such a column is gathered and checked
         # once a batch (not a chunk: a check's fixed cost)
         columns = [jit_inputs.checked_32_bits(column, size, self, where)
-                   if column.dtype.kind in "iuf" and column.dtype.itemsize == 8
-                   and np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)).itemsize == 4
+                   if column.dtype.kind in "iufc" and column.dtype.itemsize in (8, 16)
+                   and np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)).itemsize
+                   == column.dtype.itemsize // 2
                    else column for column in columns]
         views: list | None = None
         out_treedef: Any = None

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.columns import (beyond_32_bits, device_dtype_problem, host_only,
+from jaxloader.base.columns import (as_32_bits, beyond_32_bits, device_dtype_problem, host_only,
                                     what_32_bits_do)
 from jaxloader.base.errors import ConfigError
 
@@ -278,5 +278,5 @@ def _check_32_bits(batch: Any, leaves: list) -> None:
         raise ConfigError(
             f"sharding: batch leaf {path or '<root>'} of dtype {leaf.dtype} holds values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
-            f"{kind.dtype} and {what_32_bits_do(kind)}; make it fit (a Map: {fit}), or "
+            f"{as_32_bits(leaf.dtype)} and {what_32_bits_do(kind)}; make it fit (a Map: {fit}), or "
             "jax.config.update('jax_enable_x64', True) before the loader")

@@ -155,6 +155,13 @@ def test_64_bit_integers_that_32_bits_cannot_hold_are_refused_not_wrapped():
                                              r"-1e\+39..2.0, expected .*float32 and makes them "
                                              r"infinite; make it fit \(a Map: a scale"):
         put({"f": np.array([2.0, -1e39, np.inf])})
+    # a complex128 beyond complex64's came out infinite too (its parts float32s)
+    assert put({"c": np.array([1 + 2j, 3e38j])})["c"].tolist() == [1 + 2j,
+                                                                    np.complex64(3e38j)]
+    with pytest.raises(jl.ConfigError, match=r"leaf \['c'\] of dtype complex128 holds values "
+                                             r"0.0..1e\+300, .*complex64 \(its real and "
+                                             r"imaginary parts float32s\) and makes them"):
+        put({"c": np.array([1 + 2j, 1e300j])})
 
 
 def test_bad_shardings_give_clear_errors():
