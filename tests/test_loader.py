@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -298,6 +300,37 @@ def test_bad_arguments(kw, match):
         loader(**kw)
 
 
+def test_a_flag_given_anything_but_true_or_false_is_refused_naming_it(tmp_path):
+    # checked by truth: "no" was taken as True (a MapSource's function given columns, shards
+    # shuffled), and PackedSource took seed=True where NumPy's ints were refused
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
+    src = jl.ArraySource({"x": np.arange(4)})
+    made = [("Stream(shuffle_shards)", lambda v: jl.Stream([jl.JsonlShard("a.jsonl")],
+                                                            shuffle_shards=v)),
+            ("JsonlShard(append_only)", lambda v: jl.JsonlShard("a.jsonl", append_only=v)),
+            ("TarShard(tolerate_missing_end)",
+             lambda v: jl.TarShard("a.tar", tolerate_missing_end=v)),
+            ("ParquetSource(share_decoded)",
+             lambda v: jl.ParquetSource(tmp_path / "a.parquet", share_decoded=v)),
+            ("MapSource(batched)", lambda v: jl.MapSource(src, dict, batched=v)),
+            ("MapSource(lengths_kept)", lambda v: jl.MapSource(src, dict, lengths_kept=v)),
+            ("JitMap(random)", lambda v: jl.JitMap(lambda r: r, random=v))]
+    for name, make in made:
+        for value in ("no", 0, None)[:2 if name == "JitMap(random)" else 3]:  # (None: asked
+            with pytest.raises(jl.ConfigError, match=rf"^{re.escape(name)}: expected True or "
+                                                     rf"False, got {type(value).__name__}"):
+                make(value)  # of the function, for a JitMap)
+        make(np.bool_(False))  # (NumPy's bool is one)
+    tokens = jl.ArraySource({"tokens": np.ones((4, 3), np.int32)})
+    with pytest.raises(jl.ConfigError, match=r"PackedSource\(seed=...\): expected an int, got "
+                                             r"bool True"):
+        jl.PackedSource(tokens, "tokens", 6, seed=True)
+    assert jl.PackedSource(tokens, "tokens", 6, seed=np.int64(3)).config["seed"] == 3
+
+
 def test_empty_source_is_refused():
     with pytest.raises(jl.ConfigError, match="empty"):
         jl.DataLoader(jl.ArraySource({"a": np.zeros((0,))}), batch_size=1)
@@ -424,3 +457,19 @@ def test_shuffle_takes_a_bool_or_a_local_shuffle_and_names_them_otherwise():
     for good in (True, np.bool_(True), None, jl.LocalShuffle(window=2, block_size=2)):
         with loader(shuffle=good) as ok:  # None: PyTorch's default, no shuffle
             assert len(next(iter(ok))["x"]) == 4
+
+
+def test_more_workers_than_four_a_core_are_warned_of_at_the_users_line(monkeypatch):
+    # num_workers=1000 (a typo) started 1000 interpreters without a word; PyTorch warns too
+    import jaxloader.loaders.options as options
+
+    monkeypatch.setattr(options, "cores_available", lambda: 2)
+    src = jl.ArraySource({"x": np.arange(8)})
+    with pytest.warns(jl.PerformanceWarning, match=r"num_workers=9: 9 worker processes on 2 "
+                                                   r"cores, more than 4 a core") as said:
+        jl.DataLoader(src, batch_size=4, num_workers=9, process_index=0, process_count=1).close()
+    assert said[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jl.DataLoader(src, batch_size=4, num_workers=8, process_index=0, process_count=1,
+                      timeout_s=np.float32(2)).close()  # (NumPy's float: refused before)

@@ -59,6 +59,20 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
     return int(value)
 
 
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a bool if it is one (NumPy's too); else ``ConfigError`` naming ``name``
+    (a string such as ``"no"`` is true to Python, and was taken as ``True``).
+
+    Example:
+        >>> check_bool("Stream(shuffle_shards)", np.bool_(False))
+        False
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name}: expected True or False, got {type(value).__name__} "
+                          f"{value!r:.80}")
+    return bool(value)
+
+
 def check_indices(indices: np.ndarray, size: int, owner: str) -> None:
     """Raises ``IndexError`` naming ``owner``, the first index out of ``[0, size)`` and the
     range, as ``owner[index]`` does (one vectorised test: a batched read's).

@@ -86,7 +86,8 @@ def user_stacklevel() -> int:
     level, outside = 1, 0
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_PACKAGE):
+        if not name.startswith(_PACKAGE) and not str(frame.f_globals.get("__name__")).startswith(
+                "jaxloader."):  # (a dataclass's __init__ is jaxloader's, made in "<string>")
             outside = outside or level
             if not name.startswith(_LIBRARIES) and not name.startswith("<frozen") and (
                     "site-packages" not in name and "dist-packages" not in name):

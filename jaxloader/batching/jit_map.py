@@ -43,6 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
@@ -96,7 +97,7 @@ class JitMap:
             raise ConfigError(f"JitMap(chunk_bytes=...): expected a positive int (bytes), got "
                               f"{chunk_bytes!r:.60}")
         self.fn = fn
-        self.random = takes_key(fn) if random is None else bool(random)
+        self.random = takes_key(fn) if random is None else check_bool("JitMap(random)", random)
         self.chunk_bytes = chunk_bytes
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
         self._vmapped: Any = None

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import lengths_of
+from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, record_tokens
 from jaxloader.base.errors import ConfigError
@@ -69,7 +70,7 @@ class PackedSource:
     def __init__(self, source: Source, keys: str | Sequence[str], length: int | Mapping[str, int],
                  *, method: packing_plan.Method = "best_fit",
                  bins: int = 16, window: int = 10_000,
-                 overlong: packing_plan.Overlong = "split", seed: int | None = 0,
+                 overlong: packing_plan.Overlong = "split", seed: Int | None = 0,
                  lengths: np.ndarray | str | os.PathLike | None = None) -> None:
         source = adapt(source)  # a datasets.Dataset: read as NumPy, lengths from Arrow
         refuse_mixture(source, "PackedSource")
@@ -80,12 +81,12 @@ class PackedSource:
             raise ConfigError(f"PackedSource(keys=...): expected a key or a list of keys of the "
                               f"records' token arrays, got {keys!r}")
         self.row_length = _row_lengths(length, self.keys)
+        if seed is not None:  # (NumPy's ints too; not True)
+            seed = check_int("PackedSource(seed=...)", seed, low=0, high=MASK64,
+                             remedy="or None (records in stored order)")
         self.config = dict(method=method, bins=bins, window=window, overlong=overlong, seed=seed)
         packing_plan.check_method("PackedSource(method=...)", method)
         packing_plan.check_overlong("PackedSource(overlong=...)", overlong, method)
-        if seed is not None and (not isinstance(seed, int) or seed < 0):
-            raise ConfigError(f"PackedSource(seed=...): expected an int >= 0 or None (records "
-                              f"in stored order), got {seed!r}")
         self._lengths, self._kept = _lengths(source, self.keys, n, lengths)
         if method == "concat":
             self.plan = packing_plan.concat(self._lengths, int(self.row_length[0]), seed)

@@ -18,10 +18,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
+import numpy as np
+
 from jaxloader.base.checks import Int, check_int
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
+from jaxloader.loaders.diagnosis import cores_available
+from jaxloader.loaders.monitor import READ_WAIT_FACTOR
 
 StartMethod = Literal["exec", "fork"]
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
@@ -53,6 +58,13 @@ class LoaderOptions:
                                          remedy="pass None for an endless iterator"))
         keep("num_workers", check_int("num_workers", self.num_workers, low=0,
                                       remedy="0 runs in this process; 'auto' chooses"))
+        if self.num_workers > READ_WAIT_FACTOR * (cores := cores_available()):  # (a typo?)
+            warnings.warn(
+                f"num_workers={self.num_workers}: {self.num_workers} worker processes on "
+                f"{cores} cores, more than {READ_WAIT_FACTOR} a core, which even reads that "
+                "wait on a network do not keep busy (each worker is an interpreter of its own, "
+                "with its own memory); use fewer, or num_workers='auto', which grows while "
+                "more help", PerformanceWarning, stacklevel=user_stacklevel())
         keep("prefetch", check_int(
             "prefetch", self.prefetch, low=1,
             remedy="tasks in flight per worker, a task up to 16 batches; 'auto' chooses"))
@@ -66,14 +78,16 @@ class LoaderOptions:
             )
         for name in ("stall_warning_s", "timeout_s", "log_every_s"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(
-                    value, (int, float)) or not 0 < value < math.inf):
+            if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(
+                    value, (int, float, np.integer, np.floating)) or not 0 < value < math.inf):
                 raise ConfigError(
                     f"{name}: expected a number of seconds > 0, or None, got "
                     f"{type(value).__name__} {value!r}; None: "
                     + {"stall_warning_s": "no report of a late batch",
                        "timeout_s": "wait for a batch as long as it takes",
                        "log_every_s": "no periodic summary"}[name])
+            if value is not None:
+                keep(name, float(value))  # (NumPy's: a Python float)
         if self.start_method not in START_METHODS:
             raise ConfigError(
                 f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "

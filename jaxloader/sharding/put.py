@@ -47,7 +47,12 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
         raise ConfigError(
             f"data_sharding(mesh): expected a jax.sharding.Mesh, got {type(mesh).__name__} "
             f"{mesh!r:.80}; make one with jax.make_mesh((jax.device_count(),), ('data',))")
-    axes = (data_axis,) if isinstance(data_axis, str) else tuple(data_axis)
+    axes = (data_axis,) if isinstance(data_axis, str) else tuple(
+        data_axis if isinstance(data_axis, (list, tuple)) else ())
+    if not axes or not all(isinstance(a, str) for a in axes):  # ([]: every device whole)
+        raise ConfigError(
+            f"data_sharding(mesh, data_axis): expected a mesh axis's name or a non-empty tuple "
+            f"of them, got {data_axis!r:.80}; the mesh's axes are {tuple(mesh.axis_names)}")
     missing = [a for a in axes if a not in mesh.axis_names]
     if missing:
         raise ConfigError(

@@ -35,6 +35,7 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
+from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digest
@@ -75,7 +76,9 @@ class MapSource:
                 f"MapSource(batched=True): the source ({type(source).__name__}) reads no batch "
                 "of columns (it has no __getitems__); map its records one by one "
                 "(batched=False)")
-        self.source, self.fn, self.batched, self.lengths_kept = source, fn, batched, lengths_kept
+        self.source, self.fn = source, fn
+        self.batched = check_bool("MapSource(batched)", batched)
+        self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
         return len(self.source)

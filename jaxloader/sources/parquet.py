@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_indices, check_int
+from jaxloader.base.checks import check_bool, check_indices, check_int
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
@@ -92,7 +92,8 @@ class ParquetSource:
         self._group_bytes = footers.group_bytes
         self._schema_text = footers.schema_text
         self.cache_bytes = cache_bytes
-        self.share_decoded = share_decoded and shm.MEMFD_AVAILABLE
+        self.share_decoded = (check_bool("ParquetSource(share_decoded)", share_decoded)
+                              and shm.MEMFD_AVAILABLE)
         self._table_name: str | None = None  # the shared blocks' table, once workers are made
         self._table_finalizer: weakref.finalize | None = None  # destroys it (main process)
         self._reset_process_state()

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import OLDER, close_of
-from jaxloader.base.checks import MASK64, check_int
+from jaxloader.base.checks import MASK64, check_bool, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand, path_names
@@ -81,7 +81,7 @@ class Stream:
                                    remedy="records permuted together; 0 keeps the shards' order")
         self.shards = shards
         self.shuffle_window = max(1, shuffle_window)
-        self.shuffle_shards = shuffle_shards
+        self.shuffle_shards = check_bool("Stream(shuffle_shards)", shuffle_shards)
 
     def __repr__(self) -> str:
         names = [getattr(s, "name", type(s).__name__) for s in self.shards[:3]]

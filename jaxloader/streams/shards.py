@@ -24,6 +24,7 @@ import zlib
 from typing import Any, Protocol, runtime_checkable
 
 from jaxloader.base import file_identity
+from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.streams.compressed import compression, decompressed
 from jaxloader.streams.json_values import numbers_as_arrays
@@ -63,7 +64,7 @@ class FileShard:
     def __init__(self, path: str | os.PathLike, *, append_only: bool = False) -> None:
         self.path = os.fspath(path)
         self.name = self.path
-        self.append_only = append_only
+        self.append_only = check_bool(f"{type(self).__name__}(append_only)", append_only)
         self._file: Any = None
         self._count = 0
         self._identity: dict[str, int] = {}

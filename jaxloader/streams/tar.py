@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from zlib import adler32
 
+from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import RecordError
 from jaxloader.streams.shards import FileShard, unreadable
 
@@ -76,7 +77,8 @@ class TarShard(FileShard):
     def __init__(self, path: str | os.PathLike, *, tolerate_missing_end: bool = False,
                  append_only: bool = False) -> None:
         super().__init__(path, append_only=append_only)
-        self.tolerate_missing_end = tolerate_missing_end
+        self.tolerate_missing_end = check_bool("TarShard(tolerate_missing_end)",
+                                               tolerate_missing_end)
         # the member read ahead: (its first header's offset, key, extension, data)
         self._pending: tuple[int, str, str, bytes] | None = None
         self._end: int | None = None  # where the end-of-archive marker starts, once read

@@ -324,3 +324,16 @@ def test_data_sharding_of_something_not_a_mesh_says_what_it_needs(bad):
     with pytest.raises(jl.ConfigError, match=r"data_sharding\(mesh\): expected a "
                                              r"jax.sharding.Mesh, got .*jax.make_mesh"):
         jl.data_sharding(bad)
+
+
+@pytest.mark.parametrize("axis", [[], (), 0, None, ("data", 1)])
+def test_data_sharding_of_no_axis_or_not_a_name_is_refused(axis):
+    # [] gave PartitionSpec(None,): every device got the whole batch; 0 or None a TypeError
+    import jax
+
+    import jaxloader as jl
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    with pytest.raises(jl.ConfigError, match=r"data_sharding\(mesh, data_axis\): expected a "
+                                             r"mesh axis's name or a non-empty tuple"):
+        jl.data_sharding(mesh, axis)
