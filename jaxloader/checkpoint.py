@@ -33,9 +33,9 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxloader.base.errors import ArgumentError, ConfigError
-from jaxloader.loaders.state_files import (apply_state, read_state, restore_into,
-                                           state_filename, write_state)
+from jaxloader.base.errors import ArgumentError
+from jaxloader.loaders.state_files import (apply_state, check_loader, read_state,
+                                           restore_into, state_filename, write_state)
 
 __all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave", "apply_state",
            "read_state", "restore_into", "state_filename", "write_state"]
@@ -87,15 +87,7 @@ class LoaderRestore(ocp.args.CheckpointArgs):
 
 def _check_loader(args: Any, method: str) -> None:
     """Refuses an argument that is not a loader (``iter(loader)``, Grain's idiom, say)."""
-    if not callable(getattr(args.loader, method, None)):
-        remedy = ("pass the loader itself, not iter(loader): the position is the loader's, and "
-                  "its iterators follow it")
-        if isinstance(args.loader, dict):  # a state_dict() already
-            remedy = ("pass the loader itself, not its state_dict(): Orbax saves and restores "
-                      "through it (a state you hold goes in with loader.load_state_dict(state))")
-        raise ConfigError(
-            f"{type(args).__name__}(loader): expected a DataLoader or StreamLoader (its "
-            f"{method}()), got {type(args.loader).__name__}; {remedy}")
+    check_loader(args.loader, f"{type(args).__name__}(loader)", method)
 
 
 class LoaderCheckpointHandler(ocp.CheckpointHandler):

@@ -36,6 +36,7 @@ import os
 import sys
 from typing import Any, Callable, NamedTuple, Sequence
 
+from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import LOOP
 from jaxloader.loaders.base import LoaderLifecycle
@@ -124,18 +125,24 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
         >>> [run.workers for run in report.runs], loader.step  # its position put back
         ([0], 0)
     """
-    if steps < 3:
-        raise ConfigError(f"profile(steps=): expected at least 3 batches, got {steps}; the "
-                          "first includes the workers' start: 300 gives a steady picture")
+    steps = check_int("profile(steps=)", steps, low=3, remedy="batches a count, the first "
+                      "the workers' start: 300 gives a steady picture")
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise ConfigError(f"profile(out=): expected a file's path for the picture, or None, "
+                          f"got {type(out).__name__} {out!r:.80}")
     out = None if out is None else os.fspath(out)
-    if out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        raise ConfigError(f"profile(out={out!r}): its folder does not exist; make it first, "
-                          "or pass out=None to keep the picture in memory (Profile.png)")
+    if out is not None and (os.path.isdir(out) or not os.path.isdir(
+            os.path.dirname(os.path.abspath(out)))):  # (said now, not after the runs)
+        what = "a folder" if os.path.isdir(out) else "its folder does not exist"
+        raise ConfigError(f"profile(out={out!r}): {what}; pass a file's path in a folder that "
+                          "exists, or out=None to keep the picture in memory (Profile.png)")
     if callable(loader) and not hasattr(loader, "state_dict"):
-        counts = sorted(set(workers if workers is not None else (0, 1, 2, cores_available())))
-        if not counts or any(not isinstance(n, int) or n < 0 for n in counts):
-            raise ConfigError(f"profile(workers=): expected worker counts of 0 or more, got "
-                              f"{workers!r}; e.g. workers=(0, 1, 2), or leave it None")
+        listed = workers if workers is not None else (0, 1, 2, cores_available())
+        if not isinstance(listed, (list, tuple, range)) or not listed or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in listed):
+            raise ConfigError(f"profile(workers=): expected a list of worker counts of 0 or "
+                              f"more, got {workers!r}; e.g. workers=(0, 1, 2), or leave it None")
+        counts = sorted(set(listed))
         runs = [_one(_made(loader, n), steps, own=True) for n in counts]
     elif not isinstance(loader, LoaderLifecycle):
         raise ConfigError(f"profile: expected a DataLoader, a StreamLoader or a function "

@@ -305,7 +305,8 @@ def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():
         with pytest.raises(jl.ConfigError, match=r"workers=\(0, 1\)\) with a loader: .*"
                                                  r"pass make_loader"):
             jl.profile(loader, steps=5, workers=(0, 1), out=None)
-    with pytest.raises(jl.ConfigError, match=r"expected worker counts of 0 or more, got \(\)"):
+    with pytest.raises(jl.ConfigError, match=r"expected a list of worker counts of 0 or more, "
+                                             r"got \(\)"):
         jl.profile(make, steps=5, workers=(), out=None)  # (max() of nothing)
     with pytest.raises(jl.ConfigError, match=r"'<lambda>'\(num_workers=0\) returned int"):
         jl.profile(lambda num_workers: 5, steps=5, workers=(0,), out=None)

@@ -473,3 +473,62 @@ def test_more_workers_than_four_a_core_are_warned_of_at_the_users_line(monkeypat
         warnings.simplefilter("error")
         jl.DataLoader(src, batch_size=4, num_workers=8, process_index=0, process_count=1,
                       timeout_s=np.float32(2)).close()  # (NumPy's float: refused before)
+
+
+def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_path):
+    # each gave a bare TypeError, AttributeError, ValueError or IsADirectoryError from inside
+    import jaxloader.checkpoint as ckpt
+
+    (tmp_path / "not.npy").write_text("hello")
+    src = jl.ArraySource({"x": np.arange(8)})
+    loader = jl.DataLoader(src, batch_size=4, process_index=0, process_count=1)
+
+    class LengthOfAFloat:
+        def __len__(self):
+            return 8.0
+
+        def __getitem__(self, i):
+            return {"x": i}
+
+    calls = [
+        (lambda: jl.DataLoader(src, batch_size=4, transforms=3),
+         r"transforms: expected a transform, a function or a list of them, got int 3"),
+        (lambda: jl.ConcatSource(src), r"ConcatSource\(sources\): expected a non-empty list of "
+                                       r"sources, got ArraySource"),
+        (lambda: jl.FileListSource(None), r"FileListSource\(paths\): expected a list of paths"),
+        (lambda: jl.FileListSource(["a.bin", None]), r"FileListSource\(paths\[1\]\): expected "
+                                                     r"a path"),
+        (lambda: jl.ParquetSource(3), r"ParquetSource\(paths\): expected a path .* got int 3"),
+        (lambda: jl.Stream.jsonl(None), r"Stream.jsonl\(paths\): expected a path"),
+        (lambda: jl.JsonlShard(3), r"JsonlShard\(path\): expected a file's path"),
+        (lambda: jl.Stream.from_generator(lambda i: iter([{"x": 1}]), 1).map(3),
+         r"Stream.map\(fn\): expected a function of a record, got int 3"),
+        (lambda: jl.PackedStream(jl.Stream([jl.JsonlShard("a.jsonl")]), "x", 8, dtype="int33"),
+         r"PackedStream\(dtype\): expected an integer dtype for tokens .* got 'int33'"),
+        (lambda: jl.DataLoader(LengthOfAFloat(), batch_size=4),
+         r"LengthOfAFloat.__len__ must return an int >= 0"),
+        (lambda: jl.FilteredSource(src, indices=tmp_path / "not.npy"),
+         r"not.npy: expected a .npy file of one array .* it is not one"),
+        (lambda: jl.FilteredSource(src, indices=tmp_path), r"expected a .npy file .* a folder"),
+        (lambda: ckpt.write_state(tmp_path, iter(loader)),
+         r"checkpoint.write_state\(directory, loader\): expected a DataLoader or StreamLoader "
+         r".* got LoaderIterator; pass the loader itself"),
+        (lambda: ckpt.restore_into(tmp_path, None), r"read_state\(directory, loader\): expected"),
+        (lambda: jl.profile(loader, steps=None), r"profile\(steps=\): expected an int, got "
+                                                 r"NoneType"),
+        (lambda: jl.profile(lambda num_workers: loader, workers=2, out=None),
+         r"profile\(workers=\): expected a list of worker counts"),
+        (lambda: jl.profile(loader, out=tmp_path), r"profile\(out=.*\): a folder"),
+    ]
+    with loader:
+        for call, said in calls:
+            with pytest.raises(jl.ConfigError, match=said):
+                call()
+    assert len(jl.ConcatSource(s for s in [src, src])) == 16  # (a generator of parts: taken)
+    assert len(jl.Stream(jl.JsonlShard("a.jsonl")).shards) == 1  # (one shard: a list of it)
+    with pytest.raises(OSError, match=r"make the directory first"):
+        ckpt.write_state(tmp_path / "missing", loader)
+    ckpt.write_state(tmp_path, loader)
+    with pytest.raises(jl.StateDictError, match=r"found a file, not a directory \(pass its "
+                                                r"folder"):
+        ckpt.restore_into(tmp_path / "process_0-of-1.json", loader)

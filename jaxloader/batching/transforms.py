@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -92,6 +92,10 @@ def split_transforms(transforms: Transforms, *,
         transforms = ()
     if callable(transforms) or isinstance(transforms, _KINDS) or _grain_name(transforms):
         transforms = (transforms,)  # (one transform, a Grain object too, without a list)
+    if not isinstance(transforms, Iterable) or isinstance(transforms, (str, bytes, Mapping)):
+        raise ConfigError(f"transforms: expected a transform, a function or a list of them, "
+                          f"got {type(transforms).__name__} {transforms!r:.80}")
+    transforms = tuple(transforms)
     record, batch = [], []
     for i, t in enumerate(transforms):
         t = from_grain(t) or t

@@ -31,14 +31,29 @@ from typing import Any, Awaitable
 
 from etils import epath
 
-from jaxloader.base.errors import StateDictError
+from jaxloader.base.errors import ConfigError, StateDictError
 
 _FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 PathLike = str | os.PathLike  # epath.Path included
 
 
+def check_loader(loader: Any, what: str, method: str = "state_dict") -> None:
+    """Refuses ``loader`` (``what``'s argument) where it is not a loader (``iter(loader)``,
+    Grain's idiom, say, or a ``state_dict()`` already)."""
+    if not callable(getattr(loader, method, None)) or not hasattr(loader, "process_count"):
+        remedy = ("pass the loader itself, not iter(loader): the position is the loader's, and "
+                  "its iterators follow it")
+        if isinstance(loader, dict):  # a state_dict() already
+            remedy = ("pass the loader itself, not its state_dict(): Orbax saves and restores "
+                      "through it (a state you hold goes in with loader.load_state_dict(state))")
+        raise ConfigError(
+            f"{what}: expected a DataLoader or StreamLoader (its {method}()), got "
+            f"{type(loader).__name__}; {remedy}")
+
+
 def state_filename(loader: Any) -> str:
     """``process_{i}-of-{n}.json`` for this loader's process index and count."""
+    check_loader(loader, "checkpoint.state_filename(loader)")
     return f"process_{loader.process_index}-of-{loader.process_count}.json"
 
 
@@ -49,18 +64,22 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
     work. Orbax makes the whole checkpoint appear at once (it renames its temporary directory
     when every item is written), so the file is written in place.
     """
+    check_loader(loader, "checkpoint.write_state(directory, loader)")
     state = loader.state_dict() if state is None else state
     path = epath.Path(directory) / state_filename(loader)
     try:
         path.write_text(json.dumps(state))
     except OSError as e:  # a full disk, a read-only or vanished directory
+        remedy = ("make the directory first (Orbax makes a step's), or pass one that exists"
+                  if isinstance(e, FileNotFoundError) else "free space on that disk, or save "
+                  "the checkpoint to another directory")
         raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "
-                      f"({e.strerror or e}); free space on that disk, or save the checkpoint "
-                      "to another directory", str(path)) from e
+                      f"({e.strerror or e}); {remedy}", str(path)) from e
 
 
 def read_state(directory: PathLike, loader: Any) -> dict:
     """The state in ``directory`` that fits this process (see the module docstring)."""
+    check_loader(loader, "checkpoint.read_state(directory, loader)", "load_state_dict")
     root = epath.Path(directory)
     own = root / state_filename(loader)
     if own.exists():
@@ -69,7 +88,9 @@ def read_state(directory: PathLike, loader: Any) -> dict:
         present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
         files = [f for f in present if _FILE.match(f)]
         if not files:
-            found = present if root.is_dir() else "no such directory"
+            found = present if root.is_dir() else (  # (a state file itself: its folder)
+                f"a file, not a directory (pass its folder, {root.parent})" if root.exists()
+                else "no such directory")
             raise StateDictError(
                 f"checkpoint {root}: expected loader state files "
                 f"'process_<i>-of-<n>.json', found {found}; was the loader saved with "

@@ -107,7 +107,12 @@ def check_source(source: Any) -> int:
             f"source: expected an object with __len__ and __getitem__ (a random-access source), "
             f"got {type(source).__name__}; {remedy}"
         )
-    n = len(source)
+    try:
+        n = len(source)
+    except (TypeError, ValueError, OverflowError) as e:  # (a __len__ of 8.0, -1, 2**64)
+        raise ConfigError(
+            f"source: {type(source).__name__}.__len__ must return an int >= 0 (Python's len() "
+            f"says: {e}); return the number of records as an int") from None
     if n <= 0:
         raise ConfigError(
             f"source: expected at least one record, got an empty source ({type(source).__name__} "

@@ -7,7 +7,7 @@ parts as over one source.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence, cast
+from typing import Any, Iterator, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -36,10 +36,12 @@ class ConcatSource:
     read_by_index = True
 
     def __init__(self, sources: Sequence[Source]) -> None:
-        if isinstance(sources, (str, bytes)) or not len(sources):
-            raise ConfigError(
-                f"ConcatSource(sources): expected a non-empty list of sources, got {sources!r:.80}"
-            )
+        if isinstance(sources, Iterator):  # (a generator of parts: its list)
+            sources = list(sources)
+        if not isinstance(sources, (list, tuple)) or not sources:  # (one source: its records
+            raise ConfigError(  # were taken for the parts)
+                f"ConcatSource(sources): expected a non-empty list of sources, got "
+                f"{type(sources).__name__} {sources!r:.80}; pass [source_a, source_b, ...]")
         sources = [adapt(s) for s in sources]  # datasets.Dataset parts as NumPy
         for k, source in enumerate(sources):
             if not getattr(source, "read_by_index", True):

@@ -10,7 +10,7 @@ its record, naming the path.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -40,7 +40,16 @@ class FileListSource:
                 f"FileListSource(paths): expected a list of paths, got one path {paths!r}; for a "
                 "folder, pass sorted(pathlib.Path(folder).glob('*.jpg')) or the like"
             )
-        self.paths = [os.fspath(p) for p in paths]
+        try:
+            self.paths = [os.fspath(p) for p in paths]
+        except TypeError:  # (None, a number: named, with where it is)
+            listed = list(paths) if isinstance(paths, Iterable) else None
+            at, bad = next(((i, p) for i, p in enumerate(listed or ())
+                            if not isinstance(p, (str, bytes, os.PathLike))), (None, paths))
+            raise ConfigError(
+                f"FileListSource(paths{'' if at is None else f'[{at}]'}): expected "
+                f"{'a list of paths' if at is None else 'a path'} (str or pathlib.Path), got "
+                f"{type(bad).__name__} {bad!r:.80}") from None
         if not self.paths:
             raise ConfigError("FileListSource(paths): expected at least one path, got none")
         self.labels: np.ndarray | None = None

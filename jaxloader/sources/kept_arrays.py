@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base.errors import ConfigError
+
 FROM = ".from"  # the suffix of the file that says what an array was found from
 
 
@@ -48,7 +50,14 @@ def kept_or_found(given: Any, find: Callable[[], Any],
         source = None if found_from is None else found_from()
         if os.path.exists(path):
             kept_from = _kept_from(path + FROM)
-            given = np.load(path)
+            try:
+                given = np.load(path)
+            except (OSError, ValueError, EOFError) as e:  # (a folder, another file's bytes)
+                raise ConfigError(
+                    f"{path}: expected a .npy file of one array (np.save's), which this reads "
+                    f"and writes; it is {'a folder' if os.path.isdir(path) else 'not one'} "
+                    f"({type(e).__name__}: {str(e)[:120]}); pass the path of a .npy file "
+                    "(a new one is written)") from None
             changed = [] if source is None or kept_from is None else [
                 what for what, digest in source.items()
                 if kept_from.get(what) not in (digest if isinstance(digest, tuple) else (digest,))]

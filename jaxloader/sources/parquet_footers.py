@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,7 +46,13 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     available = list(schema.names)
     if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
         columns = [columns]
-    if columns is not None and not (columns := list(columns)):
+    given = columns
+    columns = list(columns) if isinstance(columns, Iterable) else columns
+    if columns is not None and not (isinstance(columns, list) and all(
+            isinstance(c, str) for c in columns)):
+        raise ConfigError(f"ParquetSource(columns): expected a column's name or a list of "
+                          f"names, got {given!r:.80}")
+    if columns is not None and not columns:
         raise ConfigError("ParquetSource(columns=[]): expected the names of the columns to "
                           "read, at least one; None reads them all")
     chosen = list(columns) if columns is not None else [

@@ -24,7 +24,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from jaxloader.base.errors import ConfigError
 
@@ -38,7 +38,13 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
     with no file raises naming it. ``dataset``: a folder is read as pandas and pyarrow read
     a Parquet dataset's: names under it starting with ``_`` or ``.`` are left out (Spark's
     ``_temporary/``), and Hive partitions (``label=0/``), columns in folder names, refused."""
-    listed = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    listed = [paths] if isinstance(paths, (str, os.PathLike)) else (
+        list(paths) if isinstance(paths, Iterable) and not isinstance(paths, bytes) else [paths])
+    bad = next((p for p in listed if not isinstance(p, (str, os.PathLike))), listed)
+    if bad is not listed:  # (None, a number, a file object: a TypeError deep in os.fspath)
+        raise ConfigError(
+            f"{owner}(paths): expected a path (a str or pathlib.Path), a folder, a pattern or "
+            f"a list of them, got {type(bad).__name__} {bad!r:.80}")
     out: list[str] = []
     for path in [str(os.fspath(p)) for p in listed]:
         remote = "://" in path

@@ -141,6 +141,9 @@ class MappedShard:
     stream state saved under another function is refused."""
 
     def __init__(self, shard: Any, fn: Callable[[Any], Any], name: str | None = None) -> None:
+        if not callable(fn):  # (said where the stream is made, not at its first read)
+            raise ConfigError(f"Stream.map(fn): expected a function of a record, got "
+                              f"{type(fn).__name__} {fn!r:.80}")
         self.shard, self.fn = shard, fn
         self.name = name or f"{shard.name} | map {code_digest(fn)[:16]}"
 

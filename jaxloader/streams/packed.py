@@ -96,9 +96,14 @@ class PackedStream:
         if tokenize is not None and not callable(tokenize):
             raise ConfigError(f"PackedStream(tokenize): expected a function of a record, got "
                               f"{type(tokenize).__name__}")
-        if np.dtype(dtype).kind not in "iu":
-            raise ConfigError(f"PackedStream(dtype): expected an integer dtype for tokens, got "
-                              f"{np.dtype(dtype)}")
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError:  # (a name NumPy does not know: 'int33')
+            kind = ""
+        if kind not in ("i", "u"):
+            raise ConfigError(f"PackedStream(dtype): expected an integer dtype for tokens "
+                              f"(np.int32, 'uint16'), got "
+                              f"{np.dtype(dtype) if kind else repr(dtype)[:80]}")
         packing_plan.check_method("PackedStream(method)", method)
         bins = check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
         window = check_int("PackedStream(window)", window, low=1,

@@ -67,7 +67,7 @@ class Stream:
 
     def __init__(self, shards: Sequence[Shard], *, shuffle_window: int = 0,
                  shuffle_shards: bool = True) -> None:
-        shards = list(shards)
+        shards = list(shards) if isinstance(shards, Iterable) else [shards]  # (one: a list)
         if not shards:
             raise ConfigError("Stream(shards): expected at least one shard, got none")
         for i, shard in enumerate(shards):
