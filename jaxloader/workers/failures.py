@@ -73,21 +73,33 @@ _FATAL_SIGNALS = {signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, 
 
 
 def died(worker: int, pid: int, code: int | None, board: StatusBoard,
-         where: Callable[[int], str]) -> WorkerError:
+         where: Callable[[int], str], starter: tuple[int, int | None] | None = None
+         ) -> WorkerError:
     """The error for worker ``worker``, gone with exit code ``code`` (negative: a signal),
-    named with the step its status row says it started."""
+    named with the step its status row says it started; ``starter``: the pid and exit code of
+    the worker starter, where it ended first (its workers end with it)."""
     step = board.making(worker)
-    how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
-    if code is not None and code < 0 and -code == 9:
+    how = _ended(code)
+    if starter is not None:  # (not the worker's doing: it was blamed on the OOM killer)
+        how = (f"the worker starter (pid {starter[0]}, the process that starts the workers) "
+               f"ended first, {_ended(starter[1])}, and its workers end with it")
+    elif code is not None and code < 0 and -code == 9:
         how += " (SIGKILL: often the out-of-memory killer)"
     doing = f"while making {where(step)}" if step is not None else (
         "while starting" if board.starting(worker) else "while idle")
     stacks = board.crash(worker) if code is not None and -code in _FATAL_SIGNALS else None
     return WorkerError(
-        f"worker {worker} (pid {pid}) died {doing}: {how}; the loader is broken; check "
-        "memory use and native code in transforms, then create a new loader"
+        f"worker {worker} (pid {pid}) died {doing}: {how}; the loader is broken; "
+        + ("check what ended it (a signal sent to it, the out-of-memory killer: its size is "
+           "the training process's start), then create a new loader, which starts a new one"
+           if starter is not None else "check memory use and native code in transforms, then "
+           "create a new loader")
         + (f"\n--- the worker's Python stacks as the signal came ---\n{stacks}" if stacks
            else ""))
+
+
+def _ended(code: int | None) -> str:
+    return f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
 
 
 _LOG = logging.getLogger("jaxloader")

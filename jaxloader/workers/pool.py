@@ -355,7 +355,8 @@ class WorkerPool:
             raise failures.closed()
         w = self._workers[worker]
         code = w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S)
-        self._break(failures.died(worker, w.pid, code, self._board, self._maker.location), None)
+        self._break(failures.died(worker, w.pid, code, self._board, self._maker.location,
+                                  w.starter_ended()), None)
 
     def _break(self, error: WorkerError, cause: BaseException | None) -> NoReturn:
         error.__cause__ = cause

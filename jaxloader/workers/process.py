@@ -208,6 +208,15 @@ class WorkerProcess:
                 return code
             time.sleep(_POLL_S)
 
+    def starter_ended(self) -> tuple[int, int | None] | None:
+        """The pid and exit code of this worker's starter where that process has exited (the
+        worker then ended with it); ``None`` otherwise."""
+        starter = self._starter
+        if starter is None or not starter.ended:
+            return None
+        code = starter.exit_code()
+        return None if code is None else (starter.pid, code)
+
     def ask_to_stop(self) -> None:
         """Sends the stop message without waiting (so several workers wind down together)."""
         if not self._asked and self._exitcode is None:

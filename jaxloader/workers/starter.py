@@ -111,6 +111,11 @@ class Starter:
             self._end()
         return self._ended
 
+    def exit_code(self) -> int | None:
+        """The starter process's exit code (negative: killed by that signal); None while it
+        runs (a link closed by ``close()`` too, until it has exited)."""
+        return self._popen.poll()
+
     @property
     def idle(self) -> bool:
         """Whether none of its workers may still run: those not yet seen to have exited are

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1115,3 +1116,42 @@ def test_a_ctrl_c_as_workers_are_started_again_leaves_none_behind(monkeypatch, w
     assert len(started) == 2 and _pidfds() <= before - 2  # (the first workers' closed too)
     time.sleep(0.2)
     assert not [pid for pid in started if running(pid)]
+
+
+def test_workers_that_end_with_their_killed_starter_name_the_starter(tmp_path):
+    # a kill -9 of the worker starter ended its workers, each blamed on the out-of-memory killer
+    # and on "native code in transforms"; run apart: the starter is this process's
+    done = _run_script(tmp_path, """
+        import os, signal, time
+        import numpy as np
+        import jaxloader as jl
+
+        def slow(r):
+            time.sleep(0.001)
+            return r
+
+        loader = jl.DataLoader(jl.ArraySource({"x": np.arange(4000)}), batch_size=10,
+                               num_workers=2, transforms=[jl.Map(slow)], process_index=0,
+                               process_count=1)
+        it = iter(loader)
+        next(it)
+        starter = loader._engine._workers[0]._starter
+        os.kill(starter.pid, signal.SIGKILL)
+        try:
+            for _ in it:
+                pass
+        except jl.WorkerError as e:
+            print(e)
+        loader.close()
+        again = jl.DataLoader(jl.ArraySource({"x": np.arange(40)}), batch_size=10,
+                              num_workers=2, process_index=0, process_count=1)
+        print(sum(len(b["x"]) for b in again))
+        again.close()
+    """)
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 0, err[-3000:]
+    said, made = out.strip().splitlines()[-2:]
+    assert re.search(r"died .*: the worker starter \(pid \d+, the process that starts the "
+                     r"workers\) ended first, killed by signal 9, and its workers end with it; "
+                     r"the loader is broken; check what ended it", said), said
+    assert "native code" not in said and made == "40"  # (a new loader starts a new starter)
