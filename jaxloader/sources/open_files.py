@@ -1,6 +1,7 @@
 """``OpenFiles``: the files a source holds open in a process, at most a few, the least recently
 used closed first: a dataset of thousands of files must not hold a descriptor each (a soft
-limit of 1,024 is common, and every worker holds its own).
+limit of 1,024 is common, and every worker holds its own). In a worker every source's count
+together too (``worker_budget``): a mixture of hundreds of one-file sources held hundreds.
 
 Example:
     >>> files = OpenFiles(2, close=list.clear)
@@ -13,6 +14,20 @@ from __future__ import annotations
 
 import collections
 from typing import Any, Callable, Hashable
+
+from jaxloader.runtime import shm
+from jaxloader.runtime.worker_info import get_worker_info
+
+# In a worker: every source's open handles, least recently used first. Not in the training
+# process, where two threads may read two sources at once (one would close the other's file
+# as it reads): a worker reads one record at a time.
+_EVERY: "collections.OrderedDict[tuple[int, Hashable], OpenFiles]" = collections.OrderedDict()
+
+
+def worker_budget() -> int:
+    """The files a worker holds open, every source's together: a quarter of its descriptor
+    limit, 4 to 256."""
+    return shm.descriptor_share(4, 256, untracked=True)
 
 
 class OpenFiles:
@@ -27,17 +42,26 @@ class OpenFiles:
         handle = self._open.get(key)
         if handle is not None:
             self._open.move_to_end(key)
+            if (id(self), key) in _EVERY:
+                _EVERY.move_to_end((id(self), key))
         return handle
 
     def add(self, key: Hashable, handle: Any) -> Any:
-        """Keeps ``handle`` as ``key``'s, closing the least recently used past the limit."""
+        """Keeps ``handle`` as ``key``'s, closing the least recently used past the limit (this
+        source's, and in a worker every source's)."""
         self._open[key] = handle
         while len(self._open) > self._limit:
-            self._close(self._open.popitem(last=False)[1])
+            self.drop(next(iter(self._open)))
+        if get_worker_info() is not None:
+            _EVERY[(id(self), key)] = self
+            while len(_EVERY) > worker_budget():
+                (_, oldest), owner = next(iter(_EVERY.items()))
+                owner.drop(oldest)
         return handle
 
     def drop(self, key: Hashable) -> None:
         """Closes ``key``'s handle, if open."""
+        _EVERY.pop((id(self), key), None)
         handle = self._open.pop(key, None)
         if handle is not None:
             self._close(handle)
@@ -45,4 +69,4 @@ class OpenFiles:
     def close(self) -> None:
         """Closes every handle (a later ``add`` opens again)."""
         while self._open:
-            self._close(self._open.popitem()[1])
+            self.drop(next(reversed(self._open)))

@@ -2,7 +2,8 @@
 
 ::
 
-    main process:  SharedBlocks.create(count) ──> the table (a memory file): a slot per block
+    main process:  SharedBlocks.create(count) ──> the table (a range of a memory file that
+                   other sources' tables share: ``block_tables``): a slot per block
     a worker:      get(block, decode): lock the block's byte of the table, then
                      slot names a live file of this block?  ──> map it (no decode)
                      else decode, write it to a new memory file (Arrow IPC), publish the slot
@@ -19,7 +20,7 @@ Why it cannot leak or hang:
   in ``/dev/shm``. (DESIGN.md has the main process make every segment; these are the one
   exception, and they keep that rule's reason: no leak, no SIGBUS, every page written before
   any process maps it.)
-- The table belongs to the main process (``Segment``), which workers map.
+- The table belongs to the main process (a range of its ``Segment``), which workers map.
 - A block is decoded under a POSIX record lock on its byte of the table: the kernel releases it
   when its holder dies, and a holder waits on nothing else, so a wait always ends.
 - A slot is read under the block's lock (the publisher writes the rows, then the slot, before
@@ -42,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import mmap
 import os
@@ -55,43 +57,47 @@ import numpy as np
 
 from jaxloader.base.errors import PerformanceWarning
 from jaxloader.runtime import shm
+from jaxloader.sources import block_tables
 
 _SLOT = 4  # int64s a slot: pid, descriptor, inode, nonce
 _MAGIC = int.from_bytes(b"jxblock1", "little")
 _HEAD = 64  # a block's file: magic, block, nonce, IPC length; the Arrow IPC stream from here
-# Files a worker holds open for the others, oldest let go first: a cache of many small row
-# groups must not run a process out of descriptors (a soft limit of 1,024 is common), nor
-# take more than an eighth of its limit (``max_owned``).
+# Files a worker holds open for the others, oldest let go first (every table's together): a
+# cache of many small row groups must not run a process out of descriptors (a soft limit of
+# 1,024 is common), nor take more than an eighth of its limit (``max_owned``).
 MAX_OWNED = 256
 # Python's mmap keeps a duplicate of the descriptor it maps unless told not to (3.13 on).
 _UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 # Before 3.13, each mapping alive (a cached row group's) holds a descriptor: they are counted,
 # and past ``max_owned`` a block is decoded by this process alone (``_room``).
 _MAPPINGS: "weakref.WeakSet[mmap.mmap]" = weakref.WeakSet()
+# The files this process made and holds open for the others, of every table, oldest first:
+# ``max_owned`` in all, not a table (a mixture of hundreds of one-file sources held as many)
+_OWNED: "collections.OrderedDict[tuple[int, int], SharedBlocks]" = collections.OrderedDict()
 # Pages mapped at once, not one fault at a time: a third of the cost of publishing a block
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class SharedBlocks:
-    """A worker's view of the table of ``count`` decoded blocks named ``name`` (a memory file of
-    the main process, from ``SharedBlocks.create``)."""
+    """A worker's view of the table of ``count`` decoded blocks named ``name`` (a range of a
+    memory file of the main process, from ``SharedBlocks.create``: ``block_tables``)."""
 
     def __init__(self, name: str, count: int) -> None:
-        # The one descriptor of the table in this process, kept: closing any descriptor of a
-        # file drops this process's record locks on it.
-        fd = shm.open_memory_file(*shm.memory_file_name(name), os.O_RDWR)
-        if fd is None:
-            raise OSError(f"shared blocks {name}: the owner's descriptor names another file")
-        self._fd = fd
-        self._map = mmap.mmap(self._fd, count * _SLOT * 8)
-        self._slots = np.frombuffer(self._map, np.int64).reshape(count, _SLOT)
+        # The table file's one descriptor in this process, kept while a table of it is used
+        # (``block_tables``): closing any descriptor of a file drops this process's record
+        # locks on it. A block's lock is its byte of the file, its slot the same row.
+        self._file, _, first = name.partition("@")
+        self._base = int(first or 0)
+        self._fd, mapping = block_tables.opened(self._file)
+        self._slots = np.frombuffer(mapping, np.int64).reshape(-1, _SLOT)[
+            self._base:self._base + count]
         self._owned: dict[int, int] = {}  # block -> descriptor of the file this process made
         self._most = max_owned()
 
     @staticmethod
-    def create(count: int) -> shm.Segment:
+    def create(count: int) -> block_tables.Lease:
         """The table for ``count`` blocks (main process), or raises ``SharedMemoryError``."""
-        return shm.Segment.create(max(count, 1) * _SLOT * 8, memfd=True)
+        return block_tables.lease(count)
 
     def get(self, block: int, decode: Callable[[], Any], wait: bool = True) -> Any:
         """Block ``block`` as an Arrow table over shared memory, decoded by ``decode()`` (which
@@ -105,11 +111,13 @@ class SharedBlocks:
             found = self._published(block)
             return found if found is not None else self._publish(block, decode())
         finally:
-            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, block)
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, self._base + block)
 
     def release(self, block: int) -> None:
-        """This process's cache let ``block`` go: close the file if it made it (mappings, here
-        and in other workers, stay valid until dropped)."""
+        """This process's cache let ``block`` go, or the process holds too many such files
+        (``_OWNED``): close the file if it made it (mappings, here and in other workers, stay
+        valid until dropped; a worker that finds it closed decodes the block itself)."""
+        _OWNED.pop((id(self), block), None)
         fd = self._owned.pop(block, None)
         if fd is not None:
             os.close(fd)
@@ -118,12 +126,12 @@ class SharedBlocks:
         for block in list(self._owned):
             self.release(block)
         del self._slots  # (a view of the map: the map closes only once no view holds it)
-        self._map.close()
-        os.close(self._fd)
+        block_tables.let_go(self._file)
 
     def _lock(self, block: int, wait: bool) -> bool:
         try:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, block)
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1,
+                        self._base + block)
         except (BlockingIOError, PermissionError):  # held by another worker (EAGAIN/EACCES)
             return False
         return True
@@ -179,8 +187,10 @@ class SharedBlocks:
             return table  # this process keeps its own decode; the others decode theirs
         _MAPPINGS.add(mapping)
         self._owned[block] = fd
-        while len(self._owned) > self._most:
-            self.release(next(iter(self._owned)))
+        _OWNED[(id(self), block)] = self
+        while len(_OWNED) > self._most:  # (every table's: hundreds of sources in one worker)
+            (_, oldest), owner = next(iter(_OWNED.items()))
+            owner.release(oldest)
         self._slots[block] = (os.getpid(), fd, os.fstat(fd).st_ino, nonce)
         return _read(mapping, block, nonce)
 

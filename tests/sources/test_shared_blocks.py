@@ -157,7 +157,7 @@ def test_short_memory_decodes_privately_and_publishes_nothing(table, monkeypatch
         monkeypatch.setattr(shared_blocks.os, "pwrite", refuse)
     blocks = SharedBlocks(table.name, 8)
     assert blocks.get(3, lambda: _table(3)).equals(_table(3))
-    assert not np.frombuffer(table.memory, np.int64).any() and not blocks._owned
+    assert not blocks._slots.any() and not blocks._owned
     blocks.close()
 
 
@@ -290,3 +290,69 @@ def test_a_lone_worker_decodes_for_itself(tmp_path, monkeypatch):
     copy = pickle.loads(pickle.dumps(src))
     monkeypatch.setattr(worker_info, "_INFO", worker_info.WorkerInfo(0, 1, 0))  # no other to share with
     assert copy[60]["id"] == 60 and not copy._sharing()
+
+
+def test_tables_share_one_file_and_a_worker_holds_max_owned_files_of_all_of_them(monkeypatch):
+    # a table a memory file, and max_owned files a table: a mixture of hundreds of one-file
+    # sources held a descriptor a source in the main process and hundreds in each worker
+    from jaxloader.sources import block_tables
+
+    monkeypatch.setattr(shared_blocks, "MAX_OWNED", 3)
+    leases = [SharedBlocks.create(2) for _ in range(4)]
+    assert len({lease.name.split("@")[0] for lease in leases}) == 1  # (one file)
+    views = [SharedBlocks(lease.name, 2) for lease in leases]
+    assert len({view._fd for view in views}) == 1  # (one descriptor of it in this process)
+    for i, view in enumerate(views):
+        view.get(1, lambda i=i: _table(i))
+    assert sum(len(view._owned) for view in views) == 3 and not views[0]._owned  # (oldest)
+    other = SharedBlocks(leases[3].name, 2)  # a block of the last table, not another's slot
+    assert other.get(1, lambda: _table(99)).equals(_table(3))
+    for view in [*views, other]:
+        view.close()
+    assert not block_tables._OPENED
+    assert [lease.destroy() for lease in leases] == [True] * 4 and not block_tables._FILES
+
+
+def test_a_worker_holds_a_budget_of_open_files_for_every_source_together(monkeypatch):
+    from jaxloader.sources import open_files
+
+    closed: list = []
+    sources = [open_files.OpenFiles(8, close=closed.append) for _ in range(3)]
+    monkeypatch.setattr(open_files, "worker_budget", lambda: 4)
+    sources[0].add("a", "a0")  # (the training process: each source's own limit alone)
+    monkeypatch.setattr(open_files, "get_worker_info", lambda: object())  # (a worker)
+    for name in "bc":
+        for i, files in enumerate(sources):
+            files.add(name, f"{name}{i}")
+    assert closed == ["b0", "b1"] and sources[0].get("a") == "a0"  # (not counted, kept)
+    assert sources[2].get("b") == "b2"  # (now the most recently used)
+    sources[0].add("d", "d0")
+    assert closed == ["b0", "b1", "c0"]
+    for files in sources:
+        files.close()
+    assert not open_files._EVERY
+
+
+_MANY_SOURCES = textwrap.dedent("""
+    import os, resource, sys
+    import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    import jaxloader as jl
+    sources = []
+    for i in range(600):
+        path = os.path.join(sys.argv[1], f"{i}.parquet")
+        pq.write_table(pa.table({"x": np.arange(8) + i * 8}), path)
+        sources.append(jl.ParquetSource(path))
+    with jl.DataLoader(jl.mix(sources, [1.0] * 600), batch_size=48, num_workers=2,
+                       process_index=0, process_count=1) as loader:
+        got = np.concatenate([b["x"] for b in loader])
+    print(len(got), int(got.min()) >= 0, int(got.max()) < 4800)
+""")
+
+
+def test_a_mixture_of_600_one_file_sources_reads_under_a_limit_of_1024_descriptors(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _MANY_SOURCES, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["4800", "True", "True"]  # (it ran out of descriptors)
