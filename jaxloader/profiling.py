@@ -34,7 +34,7 @@ import importlib.util
 import io
 import os
 import sys
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
@@ -138,7 +138,9 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
                           "exists, or out=None to keep the picture in memory (Profile.png)")
     if callable(loader) and not hasattr(loader, "state_dict"):
         listed = workers if workers is not None else (0, 1, 2, cores_available())
-        if not isinstance(listed, (list, tuple, range)) or not listed or any(
+        listed = list(listed) if isinstance(listed, Iterable) and not isinstance(
+            listed, (str, bytes)) else []  # (a set, a generator: taken)
+        if not listed or any(
                 isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in listed):
             raise ConfigError(f"profile(workers=): expected a list of worker counts of 0 or "
                               f"more, got {workers!r}; e.g. workers=(0, 1, 2), or leave it None")

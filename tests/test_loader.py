@@ -319,7 +319,7 @@ def test_a_flag_given_anything_but_true_or_false_is_refused_naming_it(tmp_path):
             ("MapSource(lengths_kept)", lambda v: jl.MapSource(src, dict, lengths_kept=v)),
             ("JitMap(random)", lambda v: jl.JitMap(lambda r: r, random=v))]
     for name, make in made:
-        for value in ("no", 0, None)[:2 if name == "JitMap(random)" else 3]:  # (None: asked
+        for value in ("no", 2, None)[:2 if name == "JitMap(random)" else 3]:  # (None: asked
             with pytest.raises(jl.ConfigError, match=rf"^{re.escape(name)}: expected True or "
                                                      rf"False, got {type(value).__name__}"):
                 make(value)  # of the function, for a JitMap)
@@ -525,6 +525,7 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
             with pytest.raises(jl.ConfigError, match=said):
                 call()
     assert len(jl.ConcatSource(s for s in [src, src])) == 16  # (a generator of parts: taken)
+    assert len(jl.ConcatSource({"a": src, "b": src}.values())) == 16  # (and a dict's values)
     assert len(jl.Stream(jl.JsonlShard("a.jsonl")).shards) == 1  # (one shard: a list of it)
     with pytest.raises(OSError, match=r"make the directory first"):
         ckpt.write_state(tmp_path / "missing", loader)

@@ -60,16 +60,18 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
 
 
 def check_bool(name: str, value: object) -> bool:
-    """``value`` as a bool if it is one (NumPy's too); else ``ConfigError`` naming ``name``
-    (a string such as ``"no"`` is true to Python, and was taken as ``True``).
+    """``value`` as a bool if it is one (NumPy's too, and the ints 0 and 1); else
+    ``ConfigError`` naming ``name`` (a string such as ``"no"`` is true to Python, and was
+    taken as ``True``).
 
     Example:
-        >>> check_bool("Stream(shuffle_shards)", np.bool_(False))
-        False
+        >>> check_bool("Stream(shuffle_shards)", np.bool_(False)), check_bool("x", 1)
+        (False, True)
     """
-    if not isinstance(value, (bool, np.bool_)):
+    if not isinstance(value, (bool, np.bool_)) and not (
+            isinstance(value, (int, np.integer)) and value in (0, 1)):
         raise ConfigError(f"{name}: expected True or False, got {type(value).__name__} "
-                          f"{value!r:.80}")
+                          f"{value!r:.80}; pass a bool (a string such as 'no' is true)")
     return bool(value)
 
 

@@ -27,6 +27,7 @@ from jaxloader.base.checks import Int, check_int
 from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
 from jaxloader.loaders.diagnosis import cores_available
 from jaxloader.loaders.monitor import READ_WAIT_FACTOR
+from jaxloader.runtime.worker_info import get_worker_info
 
 StartMethod = Literal["exec", "fork"]
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
@@ -58,7 +59,8 @@ class LoaderOptions:
                                          remedy="pass None for an endless iterator"))
         keep("num_workers", check_int("num_workers", self.num_workers, low=0,
                                       remedy="0 runs in this process; 'auto' chooses"))
-        if self.num_workers > READ_WAIT_FACTOR * (cores := cores_available()):  # (a typo?)
+        if self.num_workers > READ_WAIT_FACTOR * (cores := cores_available()) and (
+                get_worker_info() is None):  # (a typo? In a worker none start: said there)
             warnings.warn(
                 f"num_workers={self.num_workers}: {self.num_workers} worker processes on "
                 f"{cores} cores, more than {READ_WAIT_FACTOR} a core, which even reads that "

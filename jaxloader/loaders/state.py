@@ -106,6 +106,26 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int) -> None:
         "batches", stacklevel=user_stacklevel())
 
 
+def warn_changed_generators(saved: Any, now: list[str], step: int) -> None:
+    """A warning where the stream's ``Stream.from_generator`` functions differ from the saved
+    run's, by their code or what their closures hold (a list of files): if they make other
+    records, the restore reads other ones than that run would. A warning, not a refusal: a
+    closure may also hold what differs each run and changes no record (the run's parsed
+    arguments, an object with a time in it). A state saved before 2026-11-29 has none."""
+    if saved is None or saved == now:
+        return
+    if not isinstance(saved, list) or not all(isinstance(c, str) for c in saved):
+        raise StateDictError(f"state['generators']: expected a list of str, received "
+                             f"{saved!r:.120}; pass the dict that state_dict() returned, "
+                             "unchanged")
+    warnings.warn(
+        f"the stream's Stream.from_generator functions differ from those of the run that saved "
+        f"this state, by their code or what their closures hold (digests: saved {saved[:4]}, "
+        f"now {now[:4]}): if they make other records (other files), the stream from step "
+        f"{step} is not the saved run's; restore with the same generators for the same "
+        "records", stacklevel=user_stacklevel())
+
+
 def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:
     def check(name: str, value: Any) -> None:
         check_int(name, value, low=low, high=high, error=StateDictError,
@@ -253,7 +273,7 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
             "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
             "restore with the same ones (pass readers_per_process= to change num_workers)")
     refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", "transforms",
-                           *config, *extra}, "StreamLoader")
+                           "generators", *config, *extra}, "StreamLoader")
     # a record's random numbers are keyed by its place in the stream, in 64 bits
     last = MASK64 // (config["process_count"] * config["batch_size"])
     check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
@@ -278,41 +298,32 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
         return state
     saved = state.get("stream")
     for then in (described, in_generation(1, describe)):
-        for lacking in _OLDER_FORMS:
-            if saved == _without(then, lacking):
-                for key, what in _CHECKED_SINCE:
-                    if key in lacking and _holds(then, key):
-                        warnings.warn(
-                            f"{what} is checked by a state since 2026-11-29; this state is "
-                            "older, and is restored without checking it: restore under the "
-                            "saved run's, or the batches differ from that run's", UserWarning,
-                            stacklevel=user_stacklevel())
-                return {**state, "stream": described}
+        if saved == then or saved == _untokenized(then):
+            if saved != then and _tokenized(then):
+                warnings.warn(
+                    "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
+                    "state is older, and is restored without checking it: restore under the "
+                    "saved run's tokenize, or the batches differ from that run's", UserWarning,
+                    stacklevel=user_stacklevel())
+            return {**state, "stream": described}
     return state
 
 
-# What a stream's description holds since versions of 2026-11-29, and what it checks: a state
-# saved before lacks it (a tokenize of None too)
-_CHECKED_SINCE = (("tokenize", "a PackedStream's tokenize"),
-                  ("code", "a Stream.from_generator's function (and what its closure holds)"))
-_OLDER_FORMS = ((), ("tokenize",), ("code",), ("tokenize", "code"))
-
-
-def _without(described: Any, keys: tuple[str, ...]) -> Any:
-    """A stream's description without ``keys`` at any depth (``_CHECKED_SINCE``)."""
+def _untokenized(described: Any) -> Any:
+    """A stream's description without its ``PackedStream``s' ``tokenize`` digests."""
     if isinstance(described, list):
-        return [_without(d, keys) for d in described]
+        return [_untokenized(d) for d in described]
     if isinstance(described, dict):
-        return {k: _without(v, keys) for k, v in described.items() if k not in keys}
+        return {k: _untokenized(v) for k, v in described.items() if k != "tokenize"}
     return described
 
 
-def _holds(described: Any, key: str) -> bool:
-    """Whether a stream's description holds a value for ``key`` (not ``None``) at any depth."""
+def _tokenized(described: Any) -> bool:
+    """Whether a stream's description names a ``PackedStream``'s ``tokenize`` (not ``None``)."""
     if isinstance(described, list):
-        return any(_holds(d, key) for d in described)
-    return isinstance(described, dict) and (described.get(key) is not None or any(
-        _holds(v, key) for v in described.values()))
+        return any(map(_tokenized, described))
+    return isinstance(described, dict) and (described.get("tokenize") is not None or any(
+        map(_tokenized, described.values())))
 
 
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:

@@ -42,11 +42,13 @@ from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, ja
                                        placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.loaders.state import (STATE_VERSION, as_written_now, check_stream_state,
-                                     transforms_of, warn_changed_transforms)
+                                     transforms_of, warn_changed_generators,
+                                     warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
+from jaxloader.streams.iterable_shards import codes_of
 from jaxloader.streams.reader import Stream, as_stream
 from jaxloader.batching.transforms import Transforms, split_transforms
 
@@ -299,7 +301,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step),
-                **passes.to_state(self._until, self.num_epochs), "transforms": self._named()}
+                **passes.to_state(self._until, self.num_epochs), "transforms": self._named(),
+                **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
@@ -309,6 +312,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         readers = check_stream_state(state, config, self.process_index,
                                      self._stream.extra_state(), self._readers)
         warn_changed_transforms(state.get("transforms"), self._named(), state["step"])
+        warn_changed_generators(state.get("generators"), codes_of(self._stream.shards),
+                                state["step"])
         self._stream.check_extra_state(state, state["step"])
         until = passes.from_state(state, self.num_epochs)  # (checked before anything changes)
         opened = readers  # each opened in its pass (where a mixture reads its next record)

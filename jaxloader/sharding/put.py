@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import numpy as np
@@ -48,7 +48,8 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
             f"data_sharding(mesh): expected a jax.sharding.Mesh, got {type(mesh).__name__} "
             f"{mesh!r:.80}; make one with jax.make_mesh((jax.device_count(),), ('data',))")
     axes = (data_axis,) if isinstance(data_axis, str) else tuple(
-        data_axis if isinstance(data_axis, (list, tuple)) else ())
+        data_axis if isinstance(data_axis, Iterable) and not isinstance(data_axis, bytes)
+        else ())  # (a list, a tuple, a config's list)
     if not axes or not all(isinstance(a, str) for a in axes):  # ([]: every device whole)
         raise ConfigError(
             f"data_sharding(mesh, data_axis): expected a mesh axis's name or a non-empty tuple "

@@ -7,7 +7,8 @@ parts as over one source.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, NamedTuple, Sequence, cast
+import collections
+from typing import Any, Iterable, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -36,12 +37,16 @@ class ConcatSource:
     read_by_index = True
 
     def __init__(self, sources: Sequence[Source]) -> None:
-        if isinstance(sources, Iterator):  # (a generator of parts: its list)
-            sources = list(sources)
-        if not isinstance(sources, (list, tuple)) or not sources:  # (one source: its records
-            raise ConfigError(  # were taken for the parts)
+        given = sources
+        if isinstance(sources, (list, tuple, collections.deque)) or (isinstance(
+                sources, Iterable) and not hasattr(type(sources), "__getitem__")):
+            sources = list(sources)  # (a generator, a dict's values: their list)
+        else:  # (one source, or a string: its records were taken for the parts)
+            sources = []
+        if not sources:
+            raise ConfigError(
                 f"ConcatSource(sources): expected a non-empty list of sources, got "
-                f"{type(sources).__name__} {sources!r:.80}; pass [source_a, source_b, ...]")
+                f"{type(given).__name__} {given!r:.80}; pass [source_a, source_b, ...]")
         sources = [adapt(s) for s in sources]  # datasets.Dataset parts as NumPy
         for k, source in enumerate(sources):
             if not getattr(source, "read_by_index", True):

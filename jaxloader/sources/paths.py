@@ -40,11 +40,13 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
     ``_temporary/``), and Hive partitions (``label=0/``), columns in folder names, refused."""
     listed = [paths] if isinstance(paths, (str, os.PathLike)) else (
         list(paths) if isinstance(paths, Iterable) and not isinstance(paths, bytes) else [paths])
-    bad = next((p for p in listed if not isinstance(p, (str, os.PathLike))), listed)
+    at, bad = next(((i, p) for i, p in enumerate(listed)
+                    if not isinstance(p, (str, os.PathLike))), (None, listed))
     if bad is not listed:  # (None, a number, a file object: a TypeError deep in os.fspath)
+        where = "" if isinstance(paths, (str, os.PathLike)) or bad is paths else f"[{at}]"
         raise ConfigError(
-            f"{owner}(paths): expected a path (a str or pathlib.Path), a folder, a pattern or "
-            f"a list of them, got {type(bad).__name__} {bad!r:.80}")
+            f"{owner}(paths{where}): expected a path (a str or pathlib.Path), a folder, a "
+            f"pattern or a list of them, got {type(bad).__name__} {bad!r:.80}")
     out: list[str] = []
     for path in [str(os.fspath(p)) for p in listed]:
         remote = "://" in path

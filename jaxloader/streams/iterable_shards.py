@@ -52,13 +52,16 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
             for i in range(shards)]
 
 
-def codes_of(shards: Sequence[Any]) -> dict[str, list[str]]:
-    """``{"code": [...]}``, each shard's function's digest (``""`` for a file), where a shard
-    has one (``Stream.from_generator``'s, under a ``Stream.map`` too); ``{}`` otherwise: what
-    a stream's description adds, so that a state saved over a generator that read other files
-    (its closure) is refused, as a ``MapSource``'s is."""
-    codes = [getattr(getattr(s, "shard", s), "code", None) or "" for s in shards]
-    return {"code": codes} if any(codes) else {}
+def codes_of(shards: Sequence[Any]) -> list[str]:
+    """Each ``Stream.from_generator`` shard's function's digest (under any ``Stream.map``s),
+    ``""`` for another shard; ``[]`` where none has one: what a stream loader's state holds,
+    so that a restore over a generator of other files is said (``loaders.state``)."""
+    codes = []
+    for shard in shards:
+        while isinstance(shard, MappedShard):
+            shard = shard.shard
+        codes.append(getattr(shard, "code", None) or "")
+    return codes if any(codes) else []
 
 
 class IterableShard:

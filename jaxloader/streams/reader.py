@@ -40,7 +40,7 @@ from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
-from jaxloader.streams.iterable_shards import MappedShard, codes_of, generator_shards
+from jaxloader.streams.iterable_shards import MappedShard, generator_shards
 from jaxloader.streams.origins import last_origin, state_or_why
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
@@ -184,7 +184,7 @@ class Stream:
             folder = paths[0][:len(paths[0]) - len(path_names(paths)[0])]
             names = [n[len(folder):] if folder and n.startswith(folder) else n for n in names]
         return {"shards": names, "shuffle_window": self.shuffle_window,
-                "shuffle_shards": self.shuffle_shards, **codes_of(self.shards)}
+                "shuffle_shards": self.shuffle_shards}
 
     def extra_state(self) -> dict[str, Any]:
         """What a state holds beyond the readers' places: nothing (a mixture: its weights)."""

@@ -166,8 +166,9 @@ class WorkerPool:
             if self._mixed_up:
                 self._restart()
             if resets is not None and self.roster.target != self.roster.active:
+                self._mixed_up = True  # (a Ctrl-C as workers start or take their payload)
                 self.roster.apply(self._send_payload, start)  # (a stream: a run, one count)
-                self._shapes = {}
+                self._shapes, self._mixed_up = {}, False
             self._run += 1
             run = self._run
             self._board.begin_run(run)  # (the runs before: their workers skip what is left)

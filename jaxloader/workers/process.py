@@ -113,7 +113,9 @@ class WorkerProcess:
     """A started worker: ``conn`` to talk to it, ``pid``, ``exitcode()``, ``let_go()`` then
     ``reap()`` to stop it."""
 
-    def __init__(self, start_method: str) -> None:
+    def __init__(self, start_method: str, into: list | None = None) -> None:
+        """``into``: the caller's list, which the worker joins as soon as it has started (a
+        Ctrl-C as this returns leaves none the caller cannot stop: ``base.interrupts``, 3)."""
         if start_method == "fork" and "jax" in sys.modules:
             raise ConfigError(
                 "start_method='fork': JAX is imported in this process, and forking a process "
@@ -126,10 +128,13 @@ class WorkerProcess:
         self._fork_pid: int | None = None
         self._exitcode: int | None = None
         self._asked = False
+        self.sentinel: int | None = None
         try:
             _in_lasting_thread(lambda: self._start(start_method, child))
         finally:
             child.close()
+        if into is not None:
+            into.append(self)
         self.sentinel = _sentinel(self.pid)
 
     def _start(self, start_method: str, child: Any) -> None:

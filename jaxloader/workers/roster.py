@@ -82,8 +82,7 @@ class Roster:
 
     def add(self) -> int:
         """Starts one more worker process (its payload is sent apart); its index."""
-        worker = WorkerProcess(self._start_method)
-        self.workers.append(worker)
+        worker = WorkerProcess(self._start_method, into=self.workers)
         i = len(self.workers) - 1
         self.by_fd[worker.conn.fileno()] = i
         self.poller.register(worker.conn.fileno(), select.POLLIN)
