@@ -493,6 +493,12 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
     calls = [
         (lambda: jl.DataLoader(src, batch_size=4, transforms=3),
          r"transforms: expected a transform, a function or a list of them, got int 3"),
+        # (the class: the first batch said "Map(fn): expected a callable, got dict")
+        (lambda: jl.DataLoader(src, batch_size=4, transforms=[jl.Map]),
+         r"transforms\[0\]: got the class Map, not one of its transforms; make one: Map\(fn\)"),
+        (lambda: jl.PackedSource(jl.ArraySource({"t": np.ones((4, 3), np.int32)}), "t", 6,
+                                 lengths=np.array([3, -1, 3, 3])),
+         r"dtype int64, the least -1; pass each record's token count"),
         (lambda: jl.ConcatSource(src), r"ConcatSource\(sources\): expected a non-empty list of "
                                        r"sources, got ArraySource"),
         (lambda: jl.FileListSource(None), r"FileListSource\(paths\): expected a list of paths"),

@@ -110,6 +110,9 @@ def split_transforms(transforms: Transforms, *,
                 f"jaxloader.FilteredSource(source, fn){mapped} (or read a stream with a "
                 "StreamLoader, which takes Filter)"
             )
+        if isinstance(t, type) and issubclass(t, _KINDS):  # (the class: Map(record) at a batch)
+            raise ConfigError(f"transforms[{i}]: got the class {t.__name__}, not one of its "
+                              f"transforms; make one: {t.__name__}(fn)")
         if not isinstance(t, _KINDS):
             if not callable(t):
                 grain = _grain_name(t)

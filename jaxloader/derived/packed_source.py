@@ -229,7 +229,11 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
         raise ConfigError(
             f"PackedSource(lengths=...){where}: expected {n} non-negative integer lengths per "
             f"key {keys} (shape ({n}, {len(keys)})), got shape {lengths.shape} dtype "
-            f"{lengths.dtype}; delete a stale cache file to read them again"
+            f"{lengths.dtype}"
+            + (f", the least {lengths.min()}" if lengths.size and lengths.dtype.kind in "iuf"
+               and lengths.min() < 0 else "")
+            + ("; delete a stale cache file to read them again" if path else "; pass each "
+               "record's token count (or leave lengths= out: they are read)")
         )
     kept = None if given is None else (repr(path) if path else "(an array)")
     return lengths.astype(np.int64), kept
