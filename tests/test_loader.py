@@ -507,6 +507,8 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
         (lambda: jl.ParquetSource(3), r"ParquetSource\(paths\): expected a path .* got int 3"),
         (lambda: jl.Stream.jsonl(None), r"Stream.jsonl\(paths\): expected a path"),
         (lambda: jl.JsonlShard(3), r"JsonlShard\(path\): expected a file's path"),
+        (lambda: jl.TextShard(b"a.txt"), r"TextShard\(path\): expected a file's path"),
+        (lambda: jl.ConcatSource({src}), r"expected a non-empty list of sources, got set"),
         (lambda: jl.Stream.from_generator(lambda i: iter([{"x": 1}]), 1).map(3),
          r"Stream.map\(fn\): expected a function of a record, got int 3"),
         (lambda: jl.PackedStream(jl.Stream([jl.JsonlShard("a.jsonl")]), "x", 8, dtype="int33"),

@@ -8,7 +8,8 @@ parts as over one source.
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable, NamedTuple, Sequence, cast
+from collections.abc import Iterator, ValuesView
+from typing import Any, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -38,11 +39,10 @@ class ConcatSource:
 
     def __init__(self, sources: Sequence[Source]) -> None:
         given = sources
-        if isinstance(sources, (list, tuple, collections.deque)) or (isinstance(
-                sources, Iterable) and not hasattr(type(sources), "__getitem__")):
-            sources = list(sources)  # (a generator, a dict's values: their list)
-        else:  # (one source, or a string: its records were taken for the parts)
-            sources = []
+        if isinstance(sources, (list, tuple, collections.deque, ValuesView, Iterator)):
+            sources = list(sources)  # (a generator, a dict's values: their list, in order)
+        else:  # (one source, a string: its records were taken for the parts; a set: in no
+            sources = []  # order; a stream: endless)
         if not sources:
             raise ConfigError(
                 f"ConcatSource(sources): expected a non-empty list of sources, got "

@@ -7,6 +7,7 @@ function). The file shards and the shard protocol are ``jaxloader.streams.shards
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of
@@ -47,7 +48,9 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
             f"{signature} does not take the shard number; pass a function of it, such as "
             f"lambda shard: {name}() for one shard (tf.data's from_generator calls it "
             "without one)")
-    code = code_digest(make)[:16]  # (what a state checks: the records' function and closure)
+    code = code_digest(functools.partial(  # (a state warns of another: the records' function,
+        make, *(getattr(make, "__defaults__", None) or ()),  # its closure and its defaults,
+        **(getattr(make, "__kwdefaults__", None) or {})))[:16]  # def read(i, files=FILES))
     return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code)
             for i in range(shards)]
 

@@ -62,7 +62,7 @@ class FileShard:
     _COUNTER = "line"
 
     def __init__(self, path: str | os.PathLike, *, append_only: bool = False) -> None:
-        if not isinstance(path, (str, bytes, os.PathLike)):  # (None, a number: os.fspath's)
+        if not isinstance(path, (str, os.PathLike)):  # (None, a number: os.fspath's TypeError)
             raise ConfigError(f"{type(self).__name__}(path): expected a file's path (a str or "
                               f"pathlib.Path), got {type(path).__name__} {path!r:.80}; a list "
                               "of files is Stream.jsonl/text/tar(paths)'s")

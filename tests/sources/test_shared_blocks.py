@@ -356,3 +356,30 @@ def test_a_mixture_of_600_one_file_sources_reads_under_a_limit_of_1024_descripto
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["4800", "True", "True"]  # (it ran out of descriptors)
+
+
+def test_a_lease_let_go_by_a_collection_inside_another_lease_waits_on_nothing(monkeypatch):
+    # a source's finalizer lets its lease go; a collection ran it inside lease() (an allocation
+    # there), which held the lock destroy() took: a hang for good
+    import threading
+
+    from jaxloader.sources import block_tables
+
+    first, made, got = block_tables.lease(2), block_tables._File.__init__, []
+
+    def collected(self, slots):
+        first.destroy()
+        made(self, slots)
+
+    monkeypatch.setattr(block_tables._File, "__init__", collected)
+    thread = threading.Thread(target=lambda: got.append(block_tables.lease(1 << 16)),
+                              daemon=True)  # (more than a file holds: a new one)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive() and len(got) == 1
+    monkeypatch.undo()
+    a = block_tables.lease(3)
+    big = block_tables.lease(1 << 16)
+    c = block_tables.lease(3)  # (a file with room is filled, not only the last made: small
+    assert c.name.split("@") == [a.name.split("@")[0], "3"]  # ones after a big one had one each)
+    assert all(lease.destroy() for lease in (got[0], a, big, c)) and not block_tables._FILES
