@@ -185,3 +185,33 @@ class LoaderLife(RuleBasedStateMachine):
 
 LoaderLife.TestCase.settings = settings(max_examples=10, stateful_step_count=12, deadline=None)
 test_a_loader_in_any_order_of_calls = LoaderLife.TestCase
+
+
+@pytest.mark.parametrize("how", ["load_state_dict", "iter"])
+def test_a_restore_or_iter_from_another_thread_during_next_is_not_undone(how):
+    # next() in one thread set the step after the other thread's load_state_dict() or iter():
+    # the restore undone (the next iter() began past it), or one batch handed out twice
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(60)}), batch_size=3,
+                           process_index=0, process_count=1)
+    state = loader.state_dict()
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    made, again = it._next, []
+
+    def made_meanwhile():  # (another thread's call lands while this batch is made)
+        batch = made()
+        if how == "load_state_dict":
+            loader.load_state_dict(state)
+        else:
+            again.append(iter(loader))
+        return batch
+
+    it._next = made_meanwhile
+    with pytest.raises(jl.JaxloaderError, match="this iterator is stale"):
+        next(it)
+    expected = 0 if how == "load_state_dict" else 4
+    assert loader.step == expected and loader.state_dict()["step"] == expected
+    assert next(again[0] if again else iter(loader))["x"].tolist() == [
+        3 * expected, 3 * expected + 1, 3 * expected + 2]
+    loader.close()

@@ -293,11 +293,11 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
         self._check_placement()
-        self._progress.step = check_state(state, self._sampler, self._source_fingerprint(),
-                                          [path for path, _ in self._files],
-                                          lambda: older_fingerprint(self._source),
-                                          self._transforms_state())
-        self._invalidate()
+        step = check_state(state, self._sampler, self._source_fingerprint(),
+                           [path for path, _ in self._files],
+                           lambda: older_fingerprint(self._source), self._transforms_state())
+        self._invalidate()  # (first: a next() in another thread then cannot set its step after)
+        self._progress.step = step
 
     def _transforms_state(self) -> list[str]:
         if self._transforms_named is None:

@@ -36,7 +36,7 @@ from jaxloader.base.batch_kinds import BatchKinds
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
 from jaxloader.sharding.hosts import HostsCheck
-from jaxloader.sharding.prefetch import DevicePrefetcher
+from jaxloader.sharding.prefetch import DevicePrefetcher, Stopped
 
 log = logging.getLogger("jaxloader")
 SLOW_FIRST_S = 1.0  # a first batch slower than this is logged
@@ -226,15 +226,21 @@ class LoaderIterator(Generic[BatchT]):
             raise
         except StopIteration:
             raise
-        except BaseException:
+        except BaseException as e:
             # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
             # dropped, and the next call makes this same step again (jaxloader.base.interrupts, 1).
             self._interrupted = True
             self._timing = False
             progress.check_at = 0.0  # (next() then starts the consumer's time again)
             self.stop_work()
+            if isinstance(e, Stopped):  # (closed or restored from another thread meanwhile)
+                return self.__next__()  # (says so)
             raise
-        # No calls from here to the return: a signal cannot split the step from its batch.
+        # No calls from here to the return: a signal cannot split the step from its batch, nor
+        # another thread's iter(), load_state_dict() or close() come between this test and the
+        # step (it set the step, and this iterator's batch undid it)
+        if progress.generation != self._generation:
+            return self.__next__()  # (says that this iterator is stale; the batch goes)
         self._step += 1
         progress.step = self._step
         progress.batches += 1

@@ -62,6 +62,12 @@ _POLL_S = 0.1  # while waiting for the thread's end: how often to look again wit
 _BACK_OFF_S = 0.001  # see "Staying out of the way"; covers a step's dispatch, not a step
 _END = object()
 _STOP = object()
+_STOPPED = object()  # the thread's last word on ``_ready``: a get() waiting then is not left
+
+
+class Stopped(JaxloaderError):
+    """``get()`` found the thread stopped by ``stop()`` from another thread: its iterator is
+    stale (the loader's own error says so)."""
 
 
 def _drain(q: queue.SimpleQueue) -> list:
@@ -131,6 +137,9 @@ class HostPrefetcher:
             finally:
                 self._finished = True
                 self._ended.put(None)
+                # A consumer waiting in get() as the thread stopped (its loader closed or
+                # restored from another thread) waited for good: it is told
+                self._ready.put((_STOPPED, None))
 
     def _back_off(self) -> bool:
         """After the consumer took a batch: waits ``_BACK_OFF_S`` while another is still
@@ -157,6 +166,10 @@ class HostPrefetcher:
     def get(self) -> tuple[Any, BaseException | None]:
         """``(next host batch or _END, None)``, or ``(None, the thread's error)``."""
         host, error = self._ready.get()
+        if host is _STOPPED:
+            self._ready.put((_STOPPED, None))  # (for a later get() too)
+            raise Stopped("the device-put thread was stopped (its loader closed, restored or "
+                          "iterated again from another thread) while this call waited")
         if error is None and host is not _END:
             self._taken.put(None)  # before the permit: the woken thread must see the take
             self._permits.put(None)

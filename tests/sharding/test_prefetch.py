@@ -397,3 +397,28 @@ for in_thread in (False, True):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.split("\n")[:2] == ["7 1", "7 1"], done.stderr
+
+
+def test_a_get_waiting_as_the_thread_is_stopped_is_told_not_left_waiting():
+    # close() or load_state_dict() from another thread stopped the thread at a stop check,
+    # with nothing put: a next() waiting for its batch waited for good (no permit here: the
+    # thread waits for one, as it does with its batches made ahead)
+    host = HostPrefetcher(iter([1, 2]), depth=0)
+    host.start()
+    got: list = []
+
+    def wait() -> None:
+        try:
+            got.append(host.get())
+        except prefetch.Stopped as e:
+            got.append(e)
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
+    time.sleep(0.1)
+    host.stop()
+    waiting.join(10)
+    assert not waiting.is_alive() and isinstance(got[0], prefetch.Stopped)
+    assert host.close()
+    with pytest.raises(prefetch.Stopped):  # (and a later get() too)
+        host.get()
