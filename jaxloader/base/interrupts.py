@@ -14,7 +14,8 @@ interrupt landing inside one is printed and swallowed).
 The invariants the rest of the code keeps:
 
 1. **Nothing is lost or repeated by ``next()``.** The position moves only after a batch is in
-   hand, with no call between taking the batch and returning it (``iterator.LoaderIterator``).
+   hand, with no call between taking the batch and returning it (``iterator.LoaderIterator``),
+   and only while its iterator is live (another thread's restore is not undone by it).
    An exception inside ``next()`` marks the iterator interrupted; the next ``next()`` stops what
    was in flight (waiting until the prefetch thread is gone: never two drivers) and makes the
    same step again. ``iter()`` and a restore wait for the old thread the same way.

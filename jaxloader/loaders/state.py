@@ -111,7 +111,7 @@ def warn_changed_generators(saved: Any, now: list[str], step: int) -> None:
     run's, by their code or what their closures hold (a list of files): if they make other
     records, the restore reads other ones than that run would. A warning, not a refusal: a
     closure may also hold what differs each run and changes no record (the run's parsed
-    arguments, an object with a time in it). A state saved before 2026-11-29 has none."""
+    arguments, an object with a time in it). A state saved by an earlier version has none."""
     if saved is None or saved == now:
         return
     if not isinstance(saved, list) or not all(isinstance(c, str) for c in saved):

@@ -100,7 +100,7 @@ class IterableShard:
                 "makes it, e.g. IterableShard(lambda: my_generator(...))"
             )
         self.name: str = name or str(getattr(make, "__qualname__", type(make).__name__))
-        self.code = code  # (``codes_of``: a state checks it where given)
+        self.code = code  # (``codes_of``: a restore warns of another, where given)
         self._it: Iterator | None = None
         self._consumed = 0
 
