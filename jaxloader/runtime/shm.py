@@ -49,7 +49,7 @@ _MEMFD = "memfd"
 MEMFD_AVAILABLE = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 # A mapping without a descriptor of its own (Python 3.13): before, ``mmap`` keeps a duplicate
 # open, and a slot costs the owner two of the process's descriptors (often 1,024 at most)
-_UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 class Segment:
@@ -93,7 +93,7 @@ class Segment:
             fd = os.memfd_create(token, os.MFD_CLOEXEC)
             reserve(fd, size, "memory")
             name = f"{_MEMFD}:{os.getpid()}:{fd}:{os.fstat(fd).st_ino}"
-            segment = cls(name, mmap.mmap(fd, size, **_UNTRACKED), size, fd)
+            segment = cls(name, mmap.mmap(fd, size, **UNTRACKED), size, fd)
             if registry is not None:
                 registry[name] = segment
         except BaseException as e:
@@ -116,7 +116,7 @@ class Segment:
         try:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             reserve(fd, size, "/dev/shm")
-            segment = cls(name, mmap.mmap(fd, size, **_UNTRACKED), size)
+            segment = cls(name, mmap.mmap(fd, size, **UNTRACKED), size)
             if registry is not None:
                 registry[name] = segment
             resource_tracker.register("/" + name, "shared_memory")
@@ -210,7 +210,7 @@ def descriptors_of(token: str) -> list[int]:
     return found
 
 
-def descriptor_share(share: int, most: int, untracked: bool = bool(_UNTRACKED)) -> int:
+def descriptor_share(share: int, most: int, untracked: bool = bool(UNTRACKED)) -> int:
     """Mappings this process may keep: ``1/share`` of its descriptor limit, each mapping a
     descriptor (two before Python 3.13, where ``mmap`` keeps one of its own: ``untracked``
     false), 4 to ``most``.
@@ -243,7 +243,7 @@ def out_of_descriptors(e: OSError, what: str = "a new segment",
                 "docker run --ulimit nofile=65536)")
     return SharedMemoryError(
         f"shared memory: no descriptor left for {what} ({e.strerror}; this process may "
-        f"hold {soft:,}, and a batch slot holds {1 if _UNTRACKED else 2}): {raise_it}; "
+        f"hold {soft:,}, and a batch slot holds {1 if UNTRACKED else 2}): {raise_it}; "
         f"{remedy}")
 
 
@@ -327,11 +327,11 @@ def attach(name: str, size: int) -> mmap.mmap:
                 "segment was released before this worker mapped it"
             )
         try:
-            return mmap.mmap(fd, size, **_UNTRACKED)
+            return mmap.mmap(fd, size, **UNTRACKED)
         finally:
             os.close(fd)
     fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
-        return mmap.mmap(fd, size, **_UNTRACKED)
+        return mmap.mmap(fd, size, **UNTRACKED)
     finally:
         os.close(fd)

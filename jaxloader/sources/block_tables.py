@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-import sys
 import threading
 from typing import Any
 
@@ -44,8 +43,6 @@ _FILES: list["_File"] = []  # the main process's table files with a lease
 # may run it inside ``lease`` (an allocation there), in the thread that holds the lock
 _RELEASED: collections.deque["_File"] = collections.deque()
 _OPENED: dict[str, list[Any]] = {}  # a file's name -> [descriptor, mapping, users], here
-# Python's mmap keeps a duplicate of the descriptor it maps unless told not to (3.13 on)
-_UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 class _File:
@@ -115,7 +112,7 @@ def opened(file: str) -> tuple[int, mmap.mmap]:
         if fd is None:
             raise OSError(f"shared blocks {file}: the owner's descriptor names another file")
         try:
-            mapping = mmap.mmap(fd, os.fstat(fd).st_size, **_UNTRACKED)
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size, **shm.UNTRACKED)
         except BaseException:
             os.close(fd)
             raise

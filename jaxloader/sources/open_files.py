@@ -54,7 +54,8 @@ class OpenFiles:
             self.drop(next(iter(self._open)))
         if get_worker_info() is not None:
             _EVERY[(id(self), key)] = self
-            while len(_EVERY) > worker_budget():
+            most = worker_budget()
+            while len(_EVERY) > most:
                 (_, oldest), owner = next(iter(_EVERY.items()))
                 owner.drop(oldest)
         return handle

@@ -51,7 +51,8 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     if columns is not None and not (isinstance(columns, list) and all(
             isinstance(c, str) for c in columns)):
         raise ConfigError(f"ParquetSource(columns): expected a column's name or a list of "
-                          f"names, got {given!r:.80}")
+                          f"names, got {given!r:.80}; e.g. columns=['text', 'label'], or "
+                          "None for every column")
     if columns is not None and not columns:
         raise ConfigError("ParquetSource(columns=[]): expected the names of the columns to "
                           "read, at least one; None reads them all")

@@ -48,7 +48,6 @@ import fcntl
 import mmap
 import os
 import secrets
-import sys
 import warnings
 import weakref
 from typing import Any, Callable
@@ -66,8 +65,9 @@ _HEAD = 64  # a block's file: magic, block, nonce, IPC length; the Arrow IPC str
 # cache of many small row groups must not run a process out of descriptors (a soft limit of
 # 1,024 is common), nor take more than an eighth of its limit (``max_owned``).
 MAX_OWNED = 256
-# Python's mmap keeps a duplicate of the descriptor it maps unless told not to (3.13 on).
-_UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+# Python's mmap keeps a duplicate of the descriptor it maps unless told not to (3.13 on):
+# shm's, named here for the tests that map as 3.11 does
+_UNTRACKED: dict[str, Any] = shm.UNTRACKED
 # Before 3.13, each mapping alive (a cached row group's) holds a descriptor: they are counted,
 # and past ``max_owned`` a block is decoded by this process alone (``_room``).
 _MAPPINGS: "weakref.WeakSet[mmap.mmap]" = weakref.WeakSet()
