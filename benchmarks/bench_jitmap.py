@@ -208,9 +208,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     data = {
         "crop": (rng.integers(0, 256, (2048, 224, 224, 3), np.uint8), np_crop, jax_crop,
-                 peers.tf_crop_flip_normalise, 40 if args.quick else 150),
+                 peers.tf_crop_flip_normalise, 40 if args.quick else 600),
         "heavy": (rng.integers(0, 256, (4096, 64, 64, 3), np.uint8), np_heavy, jax_heavy,
-                  tf_heavy, 100 if args.quick else 400),
+                  tf_heavy, 100 if args.quick else 800),
     }
     results: dict = {"machine": machine(), "cases": {}}
     rows = []

@@ -249,14 +249,16 @@ def test_a_batch_run_in_chunks_of_rows_is_the_batch_run_at_once():
 def test_each_chunk_is_written_over_the_chunk_befores_output_never_over_a_batch_held():
     # The chunk before's output is donated to XLA, which writes the next chunk over it (memory
     # still in the caches, no fresh allocation): one address for every chunk of every batch
-    t = jl.JitMap(lambda r: {"y": r["x"] * 2.0}, chunk_bytes=64)  # 32 bytes a row: 2 rows
-    addresses = []
+    t = jl.JitMap(lambda r, key: {"y": r["x"] * 2.0}, chunk_bytes=64)  # 32 bytes a row: 2 rows
+    addresses, given = [], []
     call = t._call
 
     def spy(compiled, args, where):
         out = call(compiled, args, where)
         addresses.extend(leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(out)
                          if isinstance(leaf, jax.Array))  # (not the shapes it traces first)
+        if len(args) == 3:  # (last, record, keys): a chunk's call, not the shapes traced
+            given.extend(jax.tree.leaves(args[1:]))
         return out
     t._call = spy
     x = np.arange(24, dtype=np.float32).reshape(6, 4)
@@ -264,12 +266,39 @@ def test_each_chunk_is_written_over_the_chunk_befores_output_never_over_a_batch_
         out = t({"x": x + step}, seed=0, epoch=0, positions=np.arange(6))
         assert np.array_equal(out["y"], (x + step) * 2)
     assert len(addresses) == 6 and len(set(addresses)) == 1
+    # the input, its keys too, is the same jax.Arrays over the input buffers every chunk (JAX
+    # given NumPy arrays wraps each anew, a call)
+    buffers = t._local.inputs[(2, (((4,), np.dtype(np.float32)),))][0]
+    assert len(given) == 12 and all(isinstance(a, jax.Array) for a in given)
+    assert {a.unsafe_buffer_pointer() for a in given} == {b.ctypes.data for b in buffers}
     # one chunk: XLA's own arrays are the batch, and a batch the caller still holds is not
     # written over (JAX gives a donated buffer with a view alive a fresh one instead)
     whole = jl.JitMap(lambda r: {"y": r["x"] * 2.0})
     held = whole({"x": x}, seed=0, epoch=0, positions=np.arange(6))
     again = whole({"x": x + 1}, seed=0, epoch=0, positions=np.arange(6))
     assert np.array_equal(held["y"], x * 2) and np.array_equal(again["y"], (x + 1) * 2)
+
+
+def test_64_bit_leaves_reach_xla_as_the_32_bits_jax_would_make_them():
+    # Without x64, JAX converts a 64-bit NumPy input at each call; the JitMap hands XLA the
+    # leaf made 32-bit once a batch (read in place), with the values JAX's conversion gives
+    rng = np.random.default_rng(3)
+    batch = {"f": rng.normal(size=(6, 3)) * 1e3, "i": rng.integers(-2**31, 2**31, (6, 3)),
+             "u": rng.integers(0, 2**32, (6, 3)).astype(np.uint64),
+             "c": rng.normal(size=(6, 3)) + 1j * rng.normal(size=(6, 3))}
+    t = jl.JitMap(lambda r: r, chunk_bytes=128)  # 96 bytes a row: a chunk a row
+    given = []
+    call = t._call
+
+    def spy(compiled, args, where):
+        given.extend(np.asarray(x).dtype for x in jax.tree.leaves(args[1:]))
+        return call(compiled, args, where)
+    t._call = spy
+    out = t(batch, seed=0, epoch=0, positions=np.arange(6))
+    assert set(given) == {np.dtype(d) for d in ("float32", "int32", "uint32", "complex64")}
+    for name, values in batch.items():
+        expected = np.asarray(jax.numpy.asarray(values))  # JAX's own conversion
+        assert out[name].dtype == expected.dtype and out[name].tobytes() == expected.tobytes()
 
 
 def _doubled(record):  # a new dict: the pad mask it was given left out

@@ -41,12 +41,14 @@ def check_columns(columns: list, t: Any, where: Callable[[], str]) -> None:
                 "into numbers in a Map before the JitMap, or drop it there")
 
 
-def checked_32_bits(column: Any, size: int, t: Any, where: Callable[[], str]) -> Any:
-    """``column`` (64-bit integers) gathered into one array, its values checked to fit 32 bits
-    (``check_32_bits``)."""
+def checked_32_bits(column: Any, size: int, t: Any, where: Callable[[], str],
+                    narrow: np.dtype) -> Any:
+    """``column`` (64-bit numbers) gathered into one array, its values checked to fit 32 bits
+    (``check_32_bits``) and made ``narrow`` (what JAX without x64 takes them as, the same
+    values: NumPy's cast and JAX's round a float alike)."""
     values = collate.stack_rows(column, 0, size, np.empty(column.shape, column.dtype))
     check_32_bits(column, values, t, where)
-    return column._replace(values=values)
+    return column._replace(values=values.astype(narrow), dtype=narrow)
 
 
 def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], str]) -> None:

@@ -49,7 +49,7 @@ from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
 from jaxloader.batching.jit_inputs import record_keys
-from jaxloader.batching.jit_cpu import aligned, cpu_device
+from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place
 from jaxloader.batching.jit_errors import code_of, user_line
 from jaxloader.batching.record_columns import batch_columns
 
@@ -149,19 +149,20 @@ class JitMap:
             raise RecordError(f"{where()}: {self!r} got a batch of no rows; a batch has one "
                               "record or more")
         compiled = self._jitted()
-        rows, row_out = self._chunk_rows(treedef, columns, where, size)
-        inputs = self._inputs(columns, rows)
-        last = self._last_output(row_out, rows)
-        record = tree_lib.unflatten(treedef, inputs)
-        keys = record_keys(seed, epoch, positions, index) if self.random else None
         # JAX without x64 takes a 64-bit number as 32 bits: an integer out of their range
-        # wraps, a float beyond float32's is infinite. Such a column is gathered and checked
-        # once a batch (not a chunk: a check's fixed cost)
-        columns = [jit_inputs.checked_32_bits(column, size, self, where)
+        # wraps, a float beyond float32's is infinite. Such a column is gathered, checked and
+        # made 32-bit once a batch (not a chunk: a check's fixed cost; and JAX would convert
+        # each chunk's input in the call, where XLA reads a 32-bit one in place)
+        columns = [jit_inputs.checked_32_bits(column, size, self, where, narrow)
                    if column.dtype.kind in "iufc" and column.dtype.itemsize in (8, 16)
-                   and np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)).itemsize
-                   == column.dtype.itemsize // 2
+                   and (narrow := np.dtype(jax.dtypes.canonicalize_dtype(column.dtype)))
+                   .itemsize == column.dtype.itemsize // 2
                    else column for column in columns]
+        rows, row_out = self._chunk_rows(treedef, columns, where, size)
+        inputs, given = self._inputs(columns, rows)
+        last = self._last_output(row_out, rows)
+        record = tree_lib.unflatten(treedef, given[:len(columns)])
+        keys = record_keys(seed, epoch, positions, index) if self.random else None
         views: list | None = None
         out_treedef: Any = None
         layout = None
@@ -171,8 +172,9 @@ class JitMap:
             start = perf_counter()
             for column, buffer in zip(columns, inputs):
                 collate.stack_rows(column, a, b, buffer[:b - a])
-            args = (record,) if keys is None else (
-                record, keys[a:b] if b - a == rows else np.resize(keys[a:b], (rows, 2)))
+            if keys is not None:
+                inputs[-1][...] = keys[a:b] if b - a == rows else np.resize(keys[a:b], (rows, 2))
+            args = (record,) if keys is None else (record, given[-1])
             outside += perf_counter() - start
             # the chunk before's output is donated: XLA writes this chunk's over it, in memory
             # still in the caches (refused, XLA allocating afresh, while a view of it lives)
@@ -286,15 +288,19 @@ class JitMap:
         return jax.tree.map(lambda x: jnp.zeros((rows, *x.shape[1:]), x.dtype, device=device),
                             row_out)
 
-    def _inputs(self, columns: list, rows: int) -> list[np.ndarray]:
-        """This thread's input buffers for a chunk of ``rows``: made once a signature, at
-        64-byte aligned addresses (where XLA reads its input in place)."""
+    def _inputs(self, columns: list, rows: int) -> tuple[list[np.ndarray], list]:
+        """This thread's input buffers for a chunk of ``rows`` (the keys' last, where ``fn``
+        takes them): made once a signature, at 64-byte aligned addresses; and what XLA is
+        given for each, ``jax.Array``s over the same memory (``in_place``)."""
         signature = (rows, tuple((c.shape[1:], c.dtype) for c in columns))
         made = self._local.__dict__.setdefault("inputs", {})
         if signature not in made:
             made.clear()  # (one signature kept: a last, partial batch's is made again)
-            made[signature] = [aligned(_row_bytes(c.shape, c.dtype) * rows).view(c.dtype)
-                               .reshape(rows, *c.shape[1:]) for c in columns]
+            buffers = [aligned(_row_bytes(c.shape, c.dtype) * rows).view(c.dtype)
+                       .reshape(rows, *c.shape[1:]) for c in columns]
+            if self.random:
+                buffers.append(aligned(8 * rows).view(np.uint32).reshape(rows, 2))
+            made[signature] = (buffers, in_place(buffers))
         return made[signature]
 
     def _call(self, compiled: Any, args: tuple, where: Callable[[], str]) -> Any:
