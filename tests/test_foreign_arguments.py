@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import re
 
 import numpy as np
@@ -19,7 +20,7 @@ def loader(**kw):
 
 @pytest.mark.parametrize("name, value, remedy", [
     ("drop_last", True, "last_batch='drop'"),
-    ("collate_fn", list, "BatchMap"),
+    ("collate_fn", list, "pad or crop ragged ones in a Map"),
     ("pin_memory", True, "sharding="),
     ("worker_count", 2, "num_workers="),
     ("generator", None, "seed="),
@@ -126,3 +127,69 @@ def test_none_for_transforms_is_none_and_a_worker_init_fn_that_is_no_function_is
                                                  r"fn\(worker_id\), but .*init\(i, count\) does "
                                                  r"not take one argument; .*num_workers"):
             loader(worker_init_fn=init, num_workers=workers)
+
+
+def test_a_tf_data_style_function_of_image_and_label_is_told_a_record_is_one_argument():
+    # tf.data maps over (image, label) as two arguments; a Map gets the record as one, and a
+    # JitMap of two arguments takes the second for its key
+    source = jl.ArraySource((np.zeros((8, 4, 4), np.uint8), np.arange(8)))
+
+    def augment(image, label):
+        return image, label
+    for transform, said in [(jl.Map(augment), r"a Map calls fn\(record\).*image, label = record"),
+                            (jl.JitMap(augment), r"fn\(image, label\) gets the record as image "
+                                                 r"and the key as label")]:
+        with jl.DataLoader(source, batch_size=4, transforms=[transform]) as loader:
+            with pytest.raises(jl.RecordError, match=said):
+                next(iter(loader))
+
+
+def test_a_source_that_writes_into_its_own_large_arrays_in_a_worker_is_told_why():
+    # (a decode cache in the source's arrays, a PyTorch habit): arrays of 1 MiB or more reach
+    # the workers as shared read-only views; with num_workers=0 the write works
+    class Cached:
+        def __init__(self):
+            self.x = np.zeros((8, 65_536), np.float32)  # 2 MiB
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            self.x[i] += 1.0
+            return {"x": self.x[i]}
+    with jl.DataLoader(Cached(), batch_size=4, num_workers=0) as loader:
+        assert float(next(iter(loader))["x"].mean()) == 1.0
+    with jl.DataLoader(Cached(), batch_size=4, num_workers=1) as loader:
+        with pytest.raises(jl.WorkerError, match=r"source\[index\] raised ValueError: .*read-only"
+                                                 r".*1 MiB or more .*shared read-only views"):
+            next(iter(loader))
+
+
+def test_a_getitems_written_for_a_list_of_indices_is_told_it_gets_an_array():
+    class ListOnly:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {"x": i}
+
+        def __getitems__(self, indices):
+            return [{"x": i} for i in json.loads(json.dumps(indices))]
+    with jl.DataLoader(ListOnly(), batch_size=4) as loader:
+        with pytest.raises(jl.RecordError, match=r"__getitems__ raised TypeError: .*an int64 "
+                                                 r"NumPy array.*indices.tolist\(\)"):
+            next(iter(loader))
+
+
+def test_a_generator_object_of_a_tf_data_style_function_is_told_the_call_that_works():
+    def gen():
+        yield {"x": 1}
+    with pytest.raises(jl.ConfigError, match=re.escape("from_generator(lambda shard: gen(), "
+                                                       "shards=1)")):
+        jl.Stream.from_generator(gen(), shards=1)
+    with pytest.raises(jl.ConfigError, match=re.escape("from_generator(_read, shards=2)")):
+        jl.Stream.from_generator(_read(0), shards=2)  # (a function of the shard: itself)
+
+
+def _read(shard):
+    yield {"x": shard}

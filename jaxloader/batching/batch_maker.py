@@ -41,7 +41,8 @@ from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.sources.base import one_each
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
-from jaxloader.batching.record_transforms import RecordTransforms, read_only_hint
+from jaxloader.batching.record_transforms import (RecordTransforms, read_only_hint,
+                                                  source_read_only_hint)
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.transforms import BatchMap, RandomMap, returned_none
 
@@ -209,7 +210,7 @@ class BatchMaker:
         except Exception as e:
             raise RecordError(
                 f"{spec.location()}: source.{name} raised {type(e).__name__}: {e}"
-            ) from e
+                f"{source_read_only_hint(e)}{_indices_hint(e, read)}") from e
         if read is None and isinstance(got, list):
             one_each(got, len(spec.indices), f"{spec.location()}: source")
         return got
@@ -265,7 +266,16 @@ class BatchMaker:
 
 def _read_failed(spec: BatchSpec, position: int, index: int, e: Exception) -> str:
     return (f"{spec.record_location(position, index)}: source[index] raised "
-            f"{type(e).__name__}: {e}; the original error is the cause below")
+            f"{type(e).__name__}: {e}{source_read_only_hint(e)}; the original error is the "
+            "cause below")
+
+
+def _indices_hint(e: Exception, read: Any) -> str:
+    """For a ``__getitems__`` that raised a ``TypeError``: what it was given."""
+    if read is None and isinstance(e, TypeError):
+        return (" (__getitems__ is given the indices as an int64 NumPy array, where PyTorch "
+                "gives a list: indices.tolist() where your code needs one)")
+    return ""
 
 
 def _real(spec: BatchSpec) -> int:

@@ -59,6 +59,9 @@ _NOT_TRACING = ("ConcretizationTypeError", "TracerBoolConversionError",
                 "TracerArrayConversionError", "TracerIntegerConversionError",
                 "NonConcreteBooleanIndexError")
 CHUNK_BYTES = 4 << 20  # a chunk's input and output together: what stays in the caches
+_KEY_ARGUMENT = (" (a function of two arguments is called fn(record, key): a tf.data-style "
+                 "fn(image, label) gets the record as image and the key as label; take the "
+                 "record whole: def f(record, key): image, label = record)")
 
 
 class JitMap:
@@ -249,7 +252,8 @@ class JitMap:
                     raise RecordError(
                         f"{where()}: {self!r} returns a jax.random key at "
                         f"{jax.tree_util.keystr(path) or '<root>'} ({x.dtype}), which a batch "
-                        "cannot hold; return jax.random.key_data(key) (its uint32 words)")
+                        "cannot hold; return jax.random.key_data(key) (its uint32 words)"
+                        + (_KEY_ARGUMENT if self.random else ""))
             per_row = sum(_row_bytes(x.shape, x.dtype) for x in jax.tree.leaves(out))
             per_row += sum(_row_bytes(c.shape, c.dtype) for c in columns)
             found = (1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1), out)

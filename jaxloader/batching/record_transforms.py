@@ -89,8 +89,8 @@ class RecordTransforms:
         except Exception as e:
             raise RecordError(
                 f"{where(*where_args)}: transforms[{t_index}] {self.transforms[t_index]!r} "
-                f"raised {type(e).__name__}: {e}{read_only_hint(e)}; the original error is the "
-                "cause below") from e
+                f"raised {type(e).__name__}: {e}{read_only_hint(e)}{arguments_hint(e)}; the "
+                "original error is the cause below") from e
         return record
 
 
@@ -100,4 +100,22 @@ def read_only_hint(e: Exception) -> str:
         return (" (source records are read-only views, shared with the workers and the "
                 "source itself, as is a JitMap's output of one chunk: copy what you change, "
                 "e.g. r['x'].copy() or np.array(r['x']))")
+    return ""
+
+
+def arguments_hint(e: Exception) -> str:
+    """What to do about a record transform called with other arguments than it takes (a
+    tf.data-style ``fn(image, label)``), else nothing."""
+    if isinstance(e, TypeError) and "positional argument" in str(e):
+        return (" (a Map calls fn(record), a RandomMap fn(record, rng): the record is one "
+                "argument, a tuple record unpacked in the function: image, label = record)")
+    return ""
+
+
+def source_read_only_hint(e: Exception) -> str:
+    """What to do about a source that wrote into its own arrays in a worker, else nothing."""
+    if isinstance(e, ValueError) and "read-only" in str(e):
+        return (" (a source's arrays of 1 MiB or more reach the workers as shared read-only "
+                "views; with num_workers=0 they are your own: keep what the source changes, a "
+                "cache, in arrays it makes in the worker, e.g. np.array(x) copies)")
     return ""

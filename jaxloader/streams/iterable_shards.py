@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of
@@ -33,11 +34,14 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
     ``from_generator`` takes, would fail at the first read)."""
     if not callable(make):
         what = getattr(make, "__name__", None)
+        code = getattr(make, "gi_code", None)  # (a generator's: did its function take a shard?)
+        call = (f"lambda shard: {what}()" if what and code is not None and not (
+            code.co_argcount or code.co_flags & inspect.CO_VARARGS) else what or "make")
         raise ConfigError(
             f"Stream.from_generator(make): got a {type(make).__name__} object, which cannot "
             "start again (for each shard, each worker, a restore, the next epoch); pass the "
             "generator function itself, called as make(shard): "
-            f"Stream.from_generator({what or 'make'}, shards={shards})")
+            f"Stream.from_generator({call}, shards={shards})")
     shards = check_int("Stream.from_generator(shards)", shards, low=1,
                        remedy="one shard per independent part of the generator")
     name = getattr(make, "__qualname__", "generator")
