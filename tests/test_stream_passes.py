@@ -123,7 +123,8 @@ def test_a_state_names_its_pass_and_a_malformed_one_is_refused():
         other.load_state_dict(state)
         assert "pass" not in other.state_dict()
         assert counted(list(other)).max() == 1  # the rest of epoch 1: to the end of [0, 2)
-        assert other.state_dict()["pass"] == {"num_epochs": 2, "until": 2}
+        # (run to its end: the state says the pass ended, which every process saw)
+        assert other.state_dict()["pass"] == {"num_epochs": 2, "until": 2, "ended": True}
 
 
 def test_iter_again_as_the_next_pass_begins_finishes_that_pass():
@@ -400,6 +401,18 @@ def test_two_hosts_end_each_pass_at_the_same_step(tmp_path):
         assert hosts[0][p]["steps"] == hosts[1][p]["steps"] == 30
         assert sorted(hosts[0][p]["ids"]) == list(range(45))
         assert sorted(hosts[1][p]["ids"]) == list(range(45, 108))
+
+
+@pytest.mark.e2e
+def test_two_hosts_resume_a_pass_where_one_hosts_readers_are_done(tmp_path):
+    # Left at step 24, host 0's readers are done and host 1's read on: the pass is not over.
+    # A new iter(), a restore and peek() there gave host 0 the next pass's records again
+    hosts = passes_of_two_hosts(tmp_path, "resume")
+    for host in hosts:
+        rest = host["full"][24:]
+        assert host["again"] == host["restored"] == rest and len(rest) == 6
+        assert host["peeked"] == host["restored_peek"] == rest[:1]
+    assert hosts[0]["full"][24:] == [[]] * 6  # (host 0's: done, its batches all padding)
 
 
 @pytest.mark.e2e

@@ -262,7 +262,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         put = self._putter
         hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
             {**make_state(self._sampler, start, self._source_fingerprint()),
-             "num_epochs": self.num_epochs}, self.process_count)
+             "num_epochs": self.num_epochs}, self.process_count, index=self.process_index)
         self._active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,
             single_device=put is not None and put.single_device, monitor=self._monitor,

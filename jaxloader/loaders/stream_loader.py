@@ -30,7 +30,6 @@ import copy
 import weakref
 from typing import Any, Callable, Generator, Generic, Literal, Never, cast
 
-import numpy as np
 
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
@@ -185,6 +184,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         # thread may be making a batch with self._maker, changing it as a copy reads it)
         self._pristine = copy.deepcopy(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
+        self._ended = False  # whether the pass _until was seen to end (by every process)
         self._progress = Progress("StreamLoader", where=self._maker.location)
         self._progress.label = label("StreamLoader", given, batch_size)
         self._pairing = Pairing("StreamLoader")  # (its iter()s, for sharding.hosts)
@@ -221,8 +221,9 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._progress.check()
         self._check_placement()
         self._invalidate()
-        if self.num_epochs is not None:
-            self._until = self._pass_of(self._states_at(self._progress.step))
+        if self.num_epochs is not None:  # (the processes asked, at an iter() they all make)
+            until = self._pass_of(self._states_at(self._progress.step), not self._probing)
+            self._until, self._ended = until, False  # (an ended pass: until is the next's)
         put = self._putter
         hosts = None
         if self.process_count > 1 and not self._probing:
@@ -231,7 +232,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             hosts = self._pairing.publish(
                 {**config, **described,
                  **self._stream.extra_state(), "step": self._progress.step,
-                 "num_epochs": self.num_epochs}, self.process_count)
+                 "num_epochs": self.num_epochs}, self.process_count, index=self.process_index)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       _ReaderRuns(self), put,
                                       self._options.device_prefetch,
@@ -245,19 +246,20 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         out its last record (asked on the consumer's thread, where a collective is safe;
         each process asks at every step of a pass, so they ask alike)."""
         assert self._until is not None
-        done = all(passes.done(self._fold(step), self._until))
-        if self.process_count == 1:
-            return done
-        from jax.experimental import multihost_utils
+        self._ended = passes.everywhere(all(passes.done(self._fold(step), self._until)),
+                                        self.process_count)
+        return self._ended
 
-        return bool(np.all(multihost_utils.process_allgather(np.array(done))))
-
-    def _pass_of(self, states: list[dict]) -> list[int]:
+    def _pass_of(self, states: list[dict], ask: bool = False) -> list[int]:
         """The pass the position is in (each reader's end): the one under way (from the run,
-        or the state restored) until every reader is done in it, then the next."""
+        or the state restored) until it ended, then the next. It ends once every reader of
+        every process is done in it: with several processes, seen by this process's run (or
+        its state), or ``ask``ed of them all (a collective); a process whose readers are done
+        is not at the end while another's read on."""
         assert self.num_epochs is not None
         ends = self._until
-        if ends is None or all(passes.done(states, ends)):
+        if ends is None or self._ended or (self.process_count == 1 or ask) and passes.everywhere(
+                all(passes.done(states, ends)), self.process_count):
             ends = passes.stops_of(states, self.num_epochs)
         return ends
 
@@ -301,7 +303,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": self._states_at(step),
-                **passes.to_state(self._until, self.num_epochs), "transforms": self._named(),
+                **passes.to_state(self._until, self.num_epochs, self._ended),
+                "transforms": self._named(),
                 **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -332,8 +335,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         # states as of it, set in one statement with no call inside: a Ctrl-C lands before or
         # after, never between (a step with another step's readers would give wrong batches,
         # silently). A stale run's device-put thread files into the dict it was given.
-        self._until, self._progress.step, self._base, self._base_step, self._reports = (
-            until, step, base, step, {})
+        self._until, self._ended, self._progress.step, self._base, self._base_step, \
+            self._reports = until, passes.ended(state, until), step, base, step, {}
 
 class _ReaderRuns:
     """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state

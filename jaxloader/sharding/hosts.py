@@ -46,6 +46,7 @@ SHORT = 60  # a value whose JSON is longer is compared by its digest
 # shard names): a difference with all else alike is warned of, not refused, since a digest may
 # differ over the same data (a Hugging Face dataset's fingerprint made at random).
 NOTED = frozenset({"source", "record_hash", "files"})
+_INDEX = "process_index"  # the loader's, published beside its settings: each its own
 _PREFIX = "jaxloader/hosts"
 _named: dict[str, int] = {}  # loaders of a kind named so far in this process
 _lock = threading.Lock()
@@ -79,12 +80,14 @@ class Pairing:
         # k-th iter() stays its k-th)
 
     def publish(self, settings: dict[str, Any], process_count: int,
-                store: Store | None = None, me: int | None = None) -> "HostsCheck | None":
+                store: Store | None = None, me: int | None = None,
+                index: int | None = None) -> "HostsCheck | None":
         """Writes this process's ``settings`` for the loader's next ``iter()`` to the store
         (and drops its own of two ``iter()`` calls before: the store stays small) and
         returns the check its run's ``next()`` calls make; ``None`` where there is nothing
         to compare with (one process, or no ``jax.distributed`` and no ``store``).
-        ``process_count``: the loader's; ``me``: this process's index in the store's run."""
+        ``process_count``: the loader's; ``me``: this process's index in the store's run;
+        ``index``: the loader's ``process_index``, which must differ from every other's."""
         if process_count == 1:
             return None
         if store is None:
@@ -97,7 +100,8 @@ class Pairing:
                 self.name = f"{self.kind}-{_named.setdefault(self.kind, 0)}"
                 _named[self.kind] += 1
         n, self.count = self.count, self.count + 1
-        text = json.dumps({name: _compact(value) for name, value in settings.items()},
+        text = json.dumps({**{name: _compact(value) for name, value in settings.items()},
+                           **({_INDEX: index} if index is not None else {})},
                           sort_keys=True, default=repr)
         check = HostsCheck(store, self.name, me, process_count, json.loads(text), self.kind,
                            n)  # (the settings as the others read them)
@@ -187,6 +191,7 @@ class HostsCheck:
         self.next_call = 0  # the run's next() call (counted from 0) that looks next
         self.failure: ConfigError | None = None
         self.noted: str | None = None  # a difference in the data's digests, to warn of
+        self.indices = {me: settings.get(_INDEX)}  # each process's loader's process_index
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
         """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first
@@ -251,7 +256,10 @@ class HostsCheck:
                 entries = []
         found = sorted((peer, json.loads(value)) for key, value in entries
                        if (peer := int(key.rsplit("/", 1)[1])) in self.pending)
-        differ = [(peer, theirs) for peer, theirs in found if theirs != self.settings]
+        self._same_index(found)
+        mine = {k: v for k, v in self.settings.items() if k != _INDEX}
+        differ = [(peer, theirs) for peer, theirs in found
+                  if {k: v for k, v in theirs.items() if k != _INDEX} != mine]
         fatal = [(peer, theirs) for peer, theirs in differ if self._fields(peer, theirs, False)]
         if fatal:
             self.failure = self._differs(fatal)
@@ -266,6 +274,24 @@ class HostsCheck:
         self.pending.difference_update(peer for peer, _ in found)  # (after: a Ctrl-C
         # before here leaves them to the next look)
 
+    def _same_index(self, found: list[tuple[int, dict[str, Any]]]) -> None:
+        """A ``failure`` where two processes' loaders read as one ``process_index``: both
+        read the same rows, and another's are never read."""
+        for peer, theirs in found:
+            self.indices[peer] = theirs.get(_INDEX)
+        seen: dict[Any, int] = {}
+        for process, index in sorted(self.indices.items()):
+            if index is None or self.failure is not None:
+                continue
+            if index in seen:
+                self.failure = ConfigError(
+                    f"{self.owner}: processes {seen[index]} and {process} of {self.count} both "
+                    f"read as process_index={index}, so both read the same rows and another "
+                    "process's are never read; leave process_index out (each process's is "
+                    f"then JAX's, jax.process_index()) or give each its own, 0 to "
+                    f"{self.count - 1}")
+            seen.setdefault(index, process)
+
     def _fields(self, peer: int, theirs: dict[str, Any], noted: bool = True) -> str:
         """The settings ``peer`` has otherwise, with both values (``noted``: also those
         ``NOTED``)."""
@@ -273,7 +299,7 @@ class HostsCheck:
         return "; ".join(
             f"{name}: process {peer} has {theirs.get(name, '(none)')!r:.70}, this process "
             f"({self.me}) {mine.get(name, '(none)')!r:.70}"
-            for name in sorted(set(mine) | set(theirs))
+            for name in sorted((set(mine) | set(theirs)) - {_INDEX})
             if mine.get(name) != theirs.get(name) and (noted or not _noted(name)))
 
     def _differs(self, differ: list[tuple[int, dict[str, Any]]]) -> ConfigError:

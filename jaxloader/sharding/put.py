@@ -151,22 +151,25 @@ class Putter:
         devices, in the mesh's order, so a process reads these (a mesh not in process order,
         or a batch axis that interleaves the processes, holds other rows than block
         ``process_index``). ``None`` with one process (or a count passed by hand) or no
-        ``NamedSharding``. Refuses a sharding that gives this process other than
-        ``batch_size`` rows (the batch axis replicated across processes), or leaves that
-        give it different rows."""
+        ``NamedSharding`` (nor one device's). Refuses a sharding that gives this process
+        other than ``batch_size`` rows (the batch axis replicated across processes, or on one
+        device), or leaves that give it different rows."""
         B = self.batch_size
         if self.process_count == 1 or B is None or jax.process_count() != self.process_count:
             return None  # (a process count passed by hand: one JAX process)
         G, me, found = B * self.process_count, jax.process_index(), set()
         for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
-            if not isinstance(s, NamedSharding):
+            if isinstance(s, jax.sharding.SingleDeviceSharding):  # (one process's device)
+                shape: tuple = (G,)
+            elif not isinstance(s, NamedSharding):
                 continue
-            shape = (G, *(math.prod(s.mesh.shape[a] for a in ((e,) if isinstance(e, str)
-                                                             else e or ()) if a in s.mesh.shape)
-                          for e in s.spec[1:]))
+            else:
+                shape = (G, *(math.prod(s.mesh.shape[a] for a in (
+                    (e,) if isinstance(e, str) else e or ()) if a in s.mesh.shape)
+                              for e in s.spec[1:]))
             held = {(i[0].start or 0, G if i[0].stop is None else i[0].stop)
                     for d, i in s.devices_indices_map(shape).items()
-                    if d.process_index == me}  # type: ignore[attr-defined]
+                    if d.process_index == me}
             rows = tuple(sorted({r for start, stop in held for r in range(start, stop)}))
             if len(rows) != B:
                 raise ConfigError(

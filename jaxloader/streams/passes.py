@@ -49,11 +49,30 @@ def stops_of(states: list[dict], num_epochs: int) -> list[int]:
     return [stop] * len(states)
 
 
-def to_state(stops: list[int] | None, num_epochs: int | None) -> dict[str, Any]:
-    """What a loader's state holds of the pass it is in (nothing before its first)."""
+def to_state(stops: list[int] | None, num_epochs: int | None,
+             ended: bool = False) -> dict[str, Any]:
+    """What a loader's state holds of the pass it is in (nothing before its first), and
+    whether it was seen to end (by every process: one whose readers are done is not at the
+    end while another's read on)."""
     if stops is None or num_epochs is None:
         return {}
-    return {"pass": {"num_epochs": num_epochs, "until": stops[0]}}
+    return {"pass": {"num_epochs": num_epochs, "until": stops[0], **({"ended": True} if ended
+                                                                      else {})}}
+
+
+def ended(state: dict, stops: list[int] | None) -> bool:
+    """Whether the pass a state holds (``from_state``'s ``stops``) was seen to end."""
+    return stops is not None and state["pass"].get("ended") is True
+
+
+def everywhere(done: bool, process_count: int) -> bool:
+    """Whether ``done`` holds in every process (a collective: each process asks alike)."""
+    if process_count == 1:
+        return done
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.array(done))))
 
 
 def from_state(state: dict, num_epochs: int | None) -> list[int] | None:

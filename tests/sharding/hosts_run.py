@@ -3,7 +3,8 @@
 Usage: hosts_run.py PROCESS_ID PORT
 
 Makes, on both hosts, loaders alike and loaders that differ on host 1 (its seed, its batch
-size, the step it restored, its data, a stream's seed, num_epochs or shuffle), one iter() each
+size, the step it restored, its data, a stream's seed, num_epochs or shuffle; both hosts
+given process_index=0), one iter() each
 in the same order (host 0 also profiles a loader first, alone), and prints what each did:
 "CASE ok" with its first batches' ids, or "CASE refused: <message>", and "CASE_warned
 <message>" for each warning. Last, host 0 alone iterates one more loader, and prints what it
@@ -61,6 +62,9 @@ if other:
     time.sleep(1.5)  # host 0's first next() waits for this host's settings
 run("late", loader(), steps=8)
 run("data", jl.DataLoader(jl.ArraySource({"id": np.arange(80) + other}), batch_size=4))
+run("index", loader(process_index=0, process_count=2))  # (host 1's too: the same rows)
+run("stream_index", jl.StreamLoader(jl.Stream.from_generator(
+    lambda shard: iter([{"id": shard}] * 4), 8), batch_size=2, process_index=0, process_count=2))
 lines = jl.Stream.from_generator(lambda shard: ({"id": shard * 10 + i} for i in range(10)), 4)
 run("stream", jl.StreamLoader(lines, batch_size=2))
 run("stream_seed", jl.StreamLoader(lines, batch_size=2, seed=5 if other else 0))

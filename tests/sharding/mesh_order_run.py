@@ -4,7 +4,7 @@ another order than the processes: the global batches must still be one process's
 Usage: mesh_order_run.py PROCESS_ID PORT
 
 Prints, on host 0, one line a mesh and loader: its name and "same" or the batches that
-differ; and the error of a batch replicated across the hosts.
+differ; and the errors of a batch replicated across the hosts and of one on one device.
 """
 
 import sys
@@ -49,4 +49,9 @@ try:  # the batch replicated across the processes: each would need every process
 except jl.ConfigError as e:
     if process_id == "0":
         print("refused:", e)
+try:  # the batch on one device, this process's (made, it failed at the first next())
+    jl.DataLoader(source, batch_size=4, sharding=jax.local_devices()[0])
+except jl.ConfigError as e:
+    if process_id == "0":
+        print("one device refused:", e)
 print("done", process_id)

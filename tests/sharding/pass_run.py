@@ -1,6 +1,6 @@
 """One host of a two-host pass over a stream (started by test_stream_passes.py).
 
-Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES [packed | mixed | first_exhausted]
+Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES [packed | mixed | first_exhausted | resume]
 
 Each host reads its own readers' shards (uneven: host 1's end far later than host 0's) with
 ``num_epochs=1`` and runs a collective every step, as a training or evaluation step would; a
@@ -8,7 +8,9 @@ host that stopped before the other would leave it waiting there. Writes each pas
 (``packed``: the records packed into rows of 8 tokens, record ``i`` being ``1 + i % 5``
 tokens ``i + 1``; each placed token's record is written; ``mixed``: mixed at 0.75 / 0.25 with
 a second stream, ``1000 + i``, of 2, 6, 1 and 9 records a shard; ``first_exhausted``: so
-mixed, with that stopping strategy).
+mixed, with that stopping strategy; ``resume``: a pass, then the same pass left at step 24,
+where host 0's readers are done and host 1's are not, continued by a new ``iter()``, by a
+state restored into a new loader, and looked at with ``peek()`` there).
 """
 
 import json
@@ -18,6 +20,7 @@ import jax
 
 process_id, port, out_dir, passes = sys.argv[1:5]
 packed, first = sys.argv[5:] == ["packed"], sys.argv[5:] == ["first_exhausted"]
+resume = sys.argv[5:] == ["resume"]
 mixed = first or sys.argv[5:] == ["mixed"]
 jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
                            process_id=int(process_id))
@@ -42,6 +45,32 @@ if mixed:
 if packed:
     stream = jl.PackedStream(stream, "t", 8,
                              tokenize=lambda r: {"t": np.full(1 + r["id"] % 5, r["id"] + 1)})
+
+
+def ids_of(batches):
+    return [batch["id"][batch["mask"]].tolist() for batch in batches]
+
+
+if resume:
+    def loader_of():
+        return jl.StreamLoader(stream, batch_size=4, num_epochs=1, num_workers=0,
+                               readers_per_process=2)
+    with loader_of() as loader:
+        full = ids_of(loader)
+    with loader_of() as loader:
+        it = iter(loader)
+        ids_of(next(it) for _ in range(24))
+        state, peeked = loader.state_dict(), ids_of([loader.peek()])
+        again = ids_of(loader)  # a new iter(): the rest of the pass
+    with loader_of() as loader:
+        loader.load_state_dict(state)
+        restored_peek = ids_of([loader.peek()])
+        restored = ids_of(loader)
+    with open(f"{out_dir}/pass_{process_id}.json", "w") as f:
+        json.dump({"full": full, "again": again, "restored": restored, "peeked": peeked,
+                   "restored_peek": restored_peek}, f)
+    print("done", process_id)
+    sys.exit(0)
 out = []
 with jl.StreamLoader(stream, batch_size=4, num_epochs=1, num_workers=2) as loader:
     assert loader.process_count == 2

@@ -24,7 +24,7 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
         for case in ("alike", "late", "stream", "profiled"):
             assert host[case].startswith("ok "), (case, host[case])
         for case in ("seed", "batch_size", "step", "stream_seed", "stream_epochs",
-                     "stream_shuffle"):
+                     "stream_shuffle", "index", "stream_index"):
             assert host[case].startswith("refused: "), (case, host[case])
     # each host names the other's value first (host 0 sees host 1's 4; host 1 its own 4)
     assert "seed: process 1 has 4, this process (0) 3" in lines[0]["seed"]
@@ -34,6 +34,9 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     assert "step: process 0 has 0, this process (1) 2" in lines[1]["step"]
     assert "seed: process 1 has 5, this process (0) 0" in lines[0]["stream_seed"]
     assert "same source, seed, batch_size" in lines[0]["seed"]
+    for host in lines:  # (both given process_index=0: read the same rows, without a word)
+        for case in ("index", "stream_index"):
+            assert "processes 0 and 1 of 2 both read as process_index=0" in host[case]
     # (a stream's pass ends by a collective: compared before it, not left waiting there)
     assert "num_epochs: process 1 has None, this process (0) 1" in lines[0]["stream_epochs"]
     assert "same stream, seed, batch_size, readers_per_process" in lines[0]["stream_epochs"]
@@ -52,5 +55,6 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
         "loader's 1st iter()) within 0.5 s" in logged[0], logged
 
 
-CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "stream",
+CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "index",
+         "stream_index", "stream",
          "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "missing"}

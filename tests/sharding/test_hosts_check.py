@@ -82,6 +82,30 @@ def test_a_difference_names_the_process_setting_and_values_and_raises_at_every_c
         other.due(5)  # (its first look, whenever it comes)
 
 
+def test_two_processes_reading_as_one_process_index_are_refused():
+    # (process_index= given by hand, the same on two processes: both read the same rows,
+    # another's never read); each its own index is no difference in the settings
+    def checks(indices):
+        pairings, store = _pairings(3), Store()
+        return [p.publish({"seed": 1}, 3, store=store, me=i, index=index)
+                for i, (p, index) in enumerate(zip(pairings, indices))]
+    assert all(c.due(0) for c in checks((0, 1, 2)))
+    for check in checks((0, 0, 2))[:2]:  # (process 1 sees it against process 0's)
+        with pytest.raises(jl.ConfigError, match=r"processes 0 and 1 of 3 both read as "
+                           r"process_index=0, .*leave process_index out.*0 to 2"):
+            check.due(0)
+    zero, one, two = checks((0, 2, 2))  # (process 0 sees every process's)
+    with pytest.raises(jl.ConfigError, match=r"processes 1 and 2 of 3 both read as "
+                       r"process_index=2"):
+        zero.due(0)
+    pairings, store = _pairings(), Store()  # (another difference: the indices not named)
+    check = pairings[0].publish({"seed": 1}, 2, store=store, me=0, index=0)
+    pairings[1].publish({"seed": 2}, 2, store=store, me=1, index=1)
+    with pytest.raises(jl.ConfigError, match=r"differ at this iter\(\) \(seed: process 1 has 2, "
+                       r"this process \(0\) 1\)\."):
+        check.due(0)
+
+
 def test_a_late_process_is_waited_for_on_the_first_call_then_looked_for_at_powers_of_two(
         monkeypatch, caplog):
     store = Store()

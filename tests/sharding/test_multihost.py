@@ -70,3 +70,6 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
     refused = [line for line in lines if line.startswith("refused:")]
     assert len(refused) == 1 and "gives this process's devices 8 rows of the global batch " \
         "of 8" in refused[0] and "not split across the processes" in refused[0], outs[0]
+    one = [line for line in lines if line.startswith("one device refused:")]
+    assert len(one) == 1 and "SingleDeviceSharding" in one[0] and "gives this process's " \
+        "devices 8 rows of the global batch of 8" in one[0], outs[0]
