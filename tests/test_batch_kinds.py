@@ -78,6 +78,24 @@ def test_a_rank_or_a_text_kind_that_changes_is_refused_with_its_own_remedy():
         list(jl.DataLoader(text, batch_size=4, process_index=0, process_count=1))
 
 
+def test_python_strings_bytes_and_numbers_that_change_between_batches_are_refused():
+    # A leaf of Python objects was compared with anything: str in one batch and bytes in the
+    # next (refused within a batch) passed, as did numbers then bytes
+    for records, now, then in (([{"x": "a"}, {"x": b"b"}], "bytes", "str"),
+                               ([{"x": 7}, {"x": b"b"}], "bytes", "int64"),
+                               ([{"x": 1.5}, {"x": "text"}], "str", "float64")):
+        for workers in (0, 1):
+            with jl.DataLoader(records, batch_size=1, num_workers=workers, process_index=0,
+                               process_count=1) as loader:
+                with pytest.raises(jl.CollateError, match=rf"step 1 .*leaf \['x'\] is {now}, "
+                                   rf"where the first batch \(step 0\) had {then}"):
+                    list(loader)
+    same = [{"x": "a"}, {"x": "bc"}, {"x": np.array(["d"])[0]}, {"x": np.array(["ef"])}]
+    assert [b["x"].tolist() for b in jl.DataLoader(same, batch_size=1, process_index=0,
+                                                   process_count=1)] == [["a"], ["bc"], ["d"],
+                                                                         [["ef"]]]
+
+
 def test_a_batch_map_that_changes_the_structure_is_refused_naming_the_leaf():
     def odd_steps_more(batch):
         return {**batch, "extra": batch["x"]} if batch["x"][0] >= 4 else batch

@@ -6,8 +6,9 @@ batch and a float64 one (with a batch size of 2; ``CollateError`` with 4, where 
 ``ConcatSource``'s parts of other dtypes made batches of each in turn, and a ``BatchMap`` could
 return another structure for some steps: the training step was compiled again, or failed far
 from the cause. What stays on the host is compared by kind alone: strings (``str``, whatever
-their width) and bytes; a leaf of objects (ragged rows, Python strings) with anything, as a
-list feature is rows of one length stacked in one batch and ragged rows in the next. Shapes
+their width) and bytes, Python ones too (a leaf of objects by its first value's type); a leaf
+of other objects (ragged rows) with anything, as a list feature is rows of one length stacked
+in one batch and ragged rows in the next. Shapes
 are compared by rank (a ``BatchMap`` may pad to each batch's longest).
 
 Example:
@@ -42,6 +43,7 @@ class BatchKinds:
         self._ranks: list = []
         self._first: dict[str, Any] | None = None  # the first batch's kinds, by leaf path
         self._first_step = 0
+        self._objects: list = []  # the last batch's object leaves' kinds (the fast path's)
 
     def check(self, batch: Any, step: int, where: Callable[[int], str]) -> None:
         """Raises ``CollateError`` if ``batch`` (of ``step``, which ``where`` names) has other
@@ -54,7 +56,9 @@ class BatchKinds:
             except AttributeError:  # (a nested dict, a leaf that is no array)
                 flat = False
             else:
-                if dtypes == self._dtypes and ranks == self._ranks and list(batch) == self._keys:
+                objects = [_kind(v) for v in batch.values() if v.dtype.kind == "O"]
+                if dtypes == self._dtypes and ranks == self._ranks and list(batch) == self._keys \
+                        and objects == self._objects:
                     return
         kinds = ({f"[{k!r}]": _kind(v) for k, v in batch.items()} if flat
                  else {path: _kind(leaf) for path, leaf in _leaves(batch)})
@@ -63,7 +67,8 @@ class BatchKinds:
         elif kinds != self._first:
             self._compare(kinds, step, where)
         if flat:
-            self._keys, self._dtypes, self._ranks = list(batch), dtypes, ranks
+            self._keys, self._dtypes, self._ranks, self._objects = (list(batch), dtypes, ranks,
+                                                                    objects)
 
     def _compare(self, kinds: dict, step: int, where: Callable[[int], str]) -> None:
         first = self._first
@@ -101,12 +106,15 @@ class BatchKinds:
 
 def _kind(leaf: Any) -> Any:
     """What is compared of a leaf: its dtype and rank; a text dtype by kind, whatever its
-    width, and any rank; ``None`` for objects (compared with nothing)."""
+    width, and any rank, as Python strings or bytes (told by the first: a batch's records
+    agree); ``None`` for other objects (compared with nothing)."""
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:  # (a Python number, or an object)
         return (np.dtype(type(leaf)), 0) if isinstance(leaf, (bool, int, float)) else None
     if dtype.kind == "O":
-        return None
+        first = leaf.flat[0] if leaf.size else None
+        return (np.dtype("U"), -1) if isinstance(first, str) else (
+            (np.dtype("S"), -1) if isinstance(first, bytes) else None)
     if dtype.kind in _TEXT:
         return np.dtype(dtype.kind), -1
     return dtype, leaf.ndim

@@ -57,6 +57,8 @@ class MapSource:
         (4, 20)
     """
 
+    batched: bool  # (fn takes a batch of columns)
+
     def __init__(self, source: Source, fn: Callable[[Any], Any], *, batched: bool = False,
                  lengths_kept: bool = True) -> None:
         from jaxloader.sources.mixture import refuse_mixture
@@ -71,6 +73,11 @@ class MapSource:
             raise ConfigError(f"MapSource(fn): expected a function of a record (or, with "
                               f"batched=True, of a batch of columns), got "
                               f"{type(fn).__name__}{hint}")
+        if batched and isinstance(source, MapSource) and not source.batched:
+            raise ConfigError(
+                "MapSource(batched=True): the source is a MapSource of records (batched=False), "
+                "which reads a list of records, not a batch of columns; map them one by one "
+                "(batched=False), or make the inner one batched=True")
         if batched and not isinstance(source, BatchedSource):
             raise ConfigError(
                 f"MapSource(batched=True): the source ({type(source).__name__}) reads no batch "
@@ -85,8 +92,7 @@ class MapSource:
 
     def __getitem__(self, index: int) -> Any:
         if self.batched:
-            rows = self.fn(cast(BatchedSource, self.source).__getitems__(
-                np.array([index], np.int64)))
+            rows = self.fn(self._columns(np.array([index], np.int64)))
             return {key: value[0] for key, value in rows.items()}
         return self.fn(self.source[index])
 
@@ -94,8 +100,19 @@ class MapSource:
         """The records at ``indices``: a batch of columns through ``fn`` (``batched``), else
         a list of records, each through ``fn`` (the source read at once where it can)."""
         if self.batched:
-            return self.fn(cast(BatchedSource, self.source).__getitems__(indices))
+            return self.fn(self._columns(indices))
         return [self.fn(record) for record in records_at(self.source, indices)]
+
+    def _columns(self, indices: np.ndarray) -> Any:
+        """The source's batch of columns at ``indices``; refused where it reads records."""
+        got = cast(BatchedSource, self.source).__getitems__(indices)
+        if isinstance(got, list):  # (a ragged list column, a list among its parts)
+            raise ConfigError(
+                f"MapSource(batched=True): the source ({type(self.source).__name__}) reads "
+                f"a list of records, not a batch of columns (a column of lists of other "
+                "lengths, a list or record-wise MapSource among its parts), so fn would get "
+                "a list; map its records one by one (batched=False)")
+        return got
 
     @property
     def block_starts(self) -> np.ndarray | None:

@@ -202,3 +202,21 @@ def test_a_mapped_stream_mixes_and_resumes(workers):
         batch = next(iter(loader))
     assert batch["x"].dtype == np.float32 and batch["x"].shape == (6,)
     check_resume(make(), total=8, k=3, make_restored=make(0 if workers else 2))
+
+
+def test_a_batched_map_over_a_source_that_reads_records_is_refused_naming_it(tmp_path):
+    # A Parquet file with a column of lists of other lengths reads a list of records: a
+    # batched function got the list, and failed inside ('list' object is not a mapping)
+    path = str(tmp_path / "docs.parquet")
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2], [3], [4, 5, 6]], pa.list_(pa.int32())),
+                             "value": [1.0, 2.0, 3.0]}), path)
+    cast = jl.MapSource(ParquetSource(path), lambda rows: {**rows, "value": rows["value"]
+                                                           .astype(np.float32)}, batched=True)
+    for read in (lambda: cast.__getitems__(np.array([0, 2])), lambda: cast[1]):
+        with pytest.raises(jl.ConfigError, match=r"MapSource\(batched=True\): the source "
+                           r"\(ParquetSource\) reads a list of records.*batched=False"):
+            read()
+    assert float(jl.MapSource(ParquetSource(path), lambda r: {**r, "value": np.float32(
+        r["value"])})[2]["value"]) == 3.0  # (its records one by one)
+    with pytest.raises(jl.ConfigError, match=r"a MapSource of records \(batched=False\)"):
+        jl.MapSource(jl.MapSource(_arrays(), dict), _columns_as_float32, batched=True)
