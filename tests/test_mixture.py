@@ -434,3 +434,31 @@ def test_a_mixture_made_directly_checks_and_normalises_its_weights_as_mix_does()
             jl.Mixture([a, b], bad)
     with pytest.raises(jl.ConfigError, match=r"from_step=...\) step: expected an int, got str"):
         jl.mix([a, b], [1, 1], from_step={"10": [1, 1], 20: [1, 1]})
+
+
+def test_a_small_component_read_locally_makes_few_block_orders_a_span(monkeypatch):
+    # A 5-record component read locally wraps an epoch every 5 reads, and each epoch makes a
+    # block order: a span of 32,768 positions made ~6,500 before the first batch (2 s). The
+    # span now holds 64 of its epochs at most; the batches are those of a longer span
+    from jaxloader.batching import mixture_sampler
+
+    made = []
+
+    class Counted(mixture_sampler.BlockOrder):
+        def __init__(self, *args, **kwargs):
+            made.append(1)
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(mixture_sampler, "BlockOrder", Counted)
+
+    def first_batches(n=40):
+        mix = jl.mix([jl.ArraySource({"x": np.arange(5)}),
+                      jl.ArraySource({"x": np.arange(100, 400)})], [1, 1])
+        with jl.DataLoader(mix, batch_size=8, shuffle=jl.LocalShuffle(window=2, block_size=3),
+                           seed=1, num_epochs=None, process_index=0, process_count=1) as loader:
+            it = iter(loader)
+            return [next(it)["x"].tolist() for _ in range(n)]
+    capped = first_batches()
+    assert 0 < len(made) <= 2 * (64 + 2)  # (two components' orders; a span's epochs)
+    monkeypatch.setattr(mixture_sampler, "_EPOCHS_A_SPAN", 1000)  # (another span's)
+    made.clear()
+    assert first_batches() == capped and len(made) > 1000

@@ -30,6 +30,7 @@ from jaxloader.plans.mixture import (block_size, check_weights_before,
 from jaxloader.sources.mixture import Mixture
 
 _SPAN = 1 << 15  # positions a span of steps covers: their indices are computed at once, memoised
+_EPOCHS_A_SPAN = 64  # read locally: a component's epochs a span covers at most
 
 
 class MixtureSampler:
@@ -83,8 +84,13 @@ class MixtureSampler:
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
-        # a class of steps holds ~_SPAN positions of them
-        self._span_steps = max(1, _SPAN * memo_stride // self.global_batch_size)
+        # a class of steps holds ~_SPAN positions of them; read locally, fewer where a small
+        # component would wrap many epochs in them (a block order to make each: a 5-record
+        # component took 2 s a span of 32,768)
+        span = _SPAN if self._local is None else min(_SPAN, _EPOCHS_A_SPAN * min(
+            (n / w for n, w in zip(self._lengths.tolist(), np.max(list(
+                mixture.schedule.values()), axis=0).tolist()) if w > 0), default=_SPAN))
+        self._span_steps = max(1, int(span) * memo_stride // self.global_batch_size)
         self._rows = check_rows(rows, batch_size, process_index, process_count)  # (its own)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
