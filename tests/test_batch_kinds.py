@@ -90,6 +90,15 @@ def test_python_strings_bytes_and_numbers_that_change_between_batches_are_refuse
                 with pytest.raises(jl.CollateError, match=rf"step 1 .*leaf \['x'\] is {now}, "
                                    rf"where the first batch \(step 0\) had {then}"):
                     list(loader)
+    # a leaf of objects that tell nothing first (a None, a ragged row), then str, then bytes
+    told = [np.array([None, "a"], object), np.array(["b", "c"], object),
+            np.array([b"d", b"e"], object)]
+    with jl.DataLoader(jl.ArraySource({"i": np.arange(6)}), batch_size=2, process_index=0,
+                       process_count=1, transforms=[jl.BatchMap(
+                           lambda b: {"x": told[int(b["i"][0]) // 2]})]) as loader:
+        with pytest.raises(jl.CollateError, match=r"step 2 .*leaf \['x'\] is bytes, where the "
+                           r"batch of step 1 \(the first to tell its kind\) had str"):
+            list(loader)
     same = [{"x": "a"}, {"x": "bc"}, {"x": np.array(["d"])[0]}, {"x": np.array(["ef"])}]
     assert [b["x"].tolist() for b in jl.DataLoader(same, batch_size=1, process_index=0,
                                                    process_count=1)] == [["a"], ["bc"], ["d"],

@@ -143,6 +143,16 @@ def test_a_tf_data_style_function_of_image_and_label_is_told_a_record_is_one_arg
             with pytest.raises(jl.RecordError, match=said):
                 next(iter(loader))
 
+    def helper(a, b):
+        return a
+
+    def calls_helper(record):  # (its own call's TypeError: not told the record is one)
+        return helper(record)
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(calls_helper)]) as loader:
+        with pytest.raises(jl.RecordError, match=r"missing 1 required positional") as info:
+            next(iter(loader))
+    assert "the record is one argument" not in str(info.value)
+
 
 def test_a_source_that_writes_into_its_own_large_arrays_in_a_worker_is_told_why():
     # (a decode cache in the source's arrays, a PyTorch habit): arrays of 1 MiB or more reach
@@ -159,6 +169,12 @@ def test_a_source_that_writes_into_its_own_large_arrays_in_a_worker_is_told_why(
             return {"x": self.x[i]}
     with jl.DataLoader(Cached(), batch_size=4, num_workers=0) as loader:
         assert float(next(iter(loader))["x"].mean()) == 1.0
+    frozen = Cached()
+    frozen.x.flags.writeable = False  # (read-only in this process: not the workers' sharing)
+    with jl.DataLoader(frozen, batch_size=4, num_workers=0) as loader:
+        with pytest.raises(jl.RecordError, match=r"read-only") as info:
+            next(iter(loader))
+    assert "1 MiB" not in str(info.value)
     with jl.DataLoader(Cached(), batch_size=4, num_workers=1) as loader:
         with pytest.raises(jl.WorkerError, match=r"source\[index\] raised ValueError: .*read-only"
                                                  r".*1 MiB or more .*shared read-only views"):

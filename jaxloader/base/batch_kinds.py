@@ -44,6 +44,7 @@ class BatchKinds:
         self._first: dict[str, Any] | None = None  # the first batch's kinds, by leaf path
         self._first_step = 0
         self._objects: list = []  # the last batch's object leaves' kinds (the fast path's)
+        self._since: dict[str, int] = {}  # a leaf of objects first: the step that told its kind
 
     def check(self, batch: Any, step: int, where: Callable[[int], str]) -> None:
         """Raises ``CollateError`` if ``batch`` (of ``step``, which ``where`` names) has other
@@ -73,8 +74,9 @@ class BatchKinds:
     def _compare(self, kinds: dict, step: int, where: Callable[[int], str]) -> None:
         first = self._first
         assert first is not None
-        then = f"the first batch (step {self._first_step})"
         for path in {**first, **kinds}:
+            then = (f"the first batch (step {self._first_step})" if path not in self._since
+                    else f"the batch of step {self._since[path]} (the first to tell its kind)")
             if path not in kinds or path not in first:
                 raise CollateError(
                     f"{where(step)}: batch leaf {path} is "
@@ -82,6 +84,9 @@ class BatchKinds:
                     f"{then}: every batch must have the same leaves; make each record (or "
                     "each BatchMap's batch) of one structure")
             now, before = kinds[path], first[path]
+            if before is None and now is not None:  # (objects before: the first kind that
+                first[path], self._since[path] = now, step  # tells is compared from here)
+                continue
             if now is None or before is None or now == before:  # (objects: with anything)
                 continue
             (kind, rank), (kind0, rank0) = now, before

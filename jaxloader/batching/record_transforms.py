@@ -89,8 +89,9 @@ class RecordTransforms:
         except Exception as e:
             raise RecordError(
                 f"{where(*where_args)}: transforms[{t_index}] {self.transforms[t_index]!r} "
-                f"raised {type(e).__name__}: {e}{read_only_hint(e)}{arguments_hint(e)}; the "
-                "original error is the cause below") from e
+                f"raised {type(e).__name__}: {e}{read_only_hint(e)}"
+                f"{arguments_hint(e, self.transforms[t_index].fn)}; the original error is the "
+                "cause below") from e
         return record
 
 
@@ -103,18 +104,26 @@ def read_only_hint(e: Exception) -> str:
     return ""
 
 
-def arguments_hint(e: Exception) -> str:
-    """What to do about a record transform called with other arguments than it takes (a
-    tf.data-style ``fn(image, label)``), else nothing."""
-    if isinstance(e, TypeError) and "positional argument" in str(e):
-        return (" (a Map calls fn(record), a RandomMap fn(record, rng): the record is one "
-                "argument, a tuple record unpacked in the function: image, label = record)")
-    return ""
+def arguments_hint(e: Exception, fn: Any) -> str:
+    """What to do about a record transform ``fn`` called with other arguments than it takes (a
+    tf.data-style ``fn(image, label)``: its code never ran), else nothing."""
+    code = getattr(getattr(fn, "func", fn), "__code__", None)  # (a partial's function's)
+    if code is None or not (isinstance(e, TypeError) and "positional argument" in str(e)):
+        return ""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:  # (raised inside it: another call's arguments)
+            return ""
+        tb = tb.tb_next
+    return (" (a Map calls fn(record), a RandomMap fn(record, rng): the record is one "
+            "argument, a tuple record unpacked in the function: image, label = record)")
 
 
 def source_read_only_hint(e: Exception) -> str:
     """What to do about a source that wrote into its own arrays in a worker, else nothing."""
-    if isinstance(e, ValueError) and "read-only" in str(e):
+    from jaxloader.runtime.worker_info import get_worker_info
+
+    if isinstance(e, ValueError) and "read-only" in str(e) and get_worker_info() is not None:
         return (" (a source's arrays of 1 MiB or more reach the workers as shared read-only "
                 "views; with num_workers=0 they are your own: keep what the source changes, a "
                 "cache, in arrays it makes in the worker, e.g. np.array(x) copies)")

@@ -27,6 +27,7 @@ allgather on the consumer's thread), and ends.
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from typing import Any, Callable, Generator, Generic, Literal, Never, cast
 
@@ -221,47 +222,41 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._progress.check()
         self._check_placement()
         self._invalidate()
-        if self.num_epochs is not None:  # (the processes asked, at an iter() they all make)
-            until = self._pass_of(self._states_at(self._progress.step), not self._probing)
-            self._until, self._ended = until, False  # (an ended pass: until is the next's)
         put = self._putter
         hosts = None
         if self.process_count > 1 and not self._probing:
             config = self._config()
             described = stream_settings(config.pop("stream"))
             hosts = self._pairing.publish(
-                {**config, **described,
-                 **self._stream.extra_state(), "step": self._progress.step,
-                 "num_epochs": self.num_epochs}, self.process_count, index=self.process_index)
+                {**config, **described, **self._stream.extra_state(),
+                 "step": self._progress.step, "num_epochs": self.num_epochs,
+                 **passes.to_state(self._until, self.num_epochs, self._ended)},
+                self.process_count, index=self.process_index)
+        if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
+            until = passes.pass_of(  # once their settings are compared: no collective waits
+                self._states_at(self._progress.step), self._until, self._ended,  # on one
+                self.num_epochs, self.process_count, None if self._probing else hosts or True)
+            self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       _ReaderRuns(self), put,
                                       self._options.device_prefetch,
                                       single_device=put is not None and put.single_device,
-                                      ends_before=None if self._until is None else self._ends,
+                                      ends_before=None if self._until is None else
+                                      functools.partial(self._ends, self._progress.generation),
                                       monitor=self._monitor, hosts=hosts)
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 
-    def _ends(self, step: int) -> bool:
+    def _ends(self, generation: int, step: int) -> bool:
         """Whether the pass ends before ``step``: every reader of every process has handed
         out its last record (asked on the consumer's thread, where a collective is safe;
-        each process asks at every step of a pass, so they ask alike)."""
+        each process asks at every step of a pass, so they ask alike). Kept as the pass's
+        end where the run of ``generation`` is still the loader's (not a stale one's)."""
         assert self._until is not None
-        self._ended = passes.everywhere(all(passes.done(self._fold(step), self._until)),
-                                        self.process_count)
-        return self._ended
-
-    def _pass_of(self, states: list[dict], ask: bool = False) -> list[int]:
-        """The pass the position is in (each reader's end): the one under way (from the run,
-        or the state restored) until it ended, then the next. It ends once every reader of
-        every process is done in it: with several processes, seen by this process's run (or
-        its state), or ``ask``ed of them all (a collective); a process whose readers are done
-        is not at the end while another's read on."""
-        assert self.num_epochs is not None
-        ends = self._until
-        if ends is None or self._ended or (self.process_count == 1 or ask) and passes.everywhere(
-                all(passes.done(states, ends)), self.process_count):
-            ends = passes.stops_of(states, self.num_epochs)
-        return ends
+        done = passes.everywhere(all(passes.done(self._fold(step), self._until)),
+                                 self.process_count)
+        if generation == self._progress.generation:  # (no call between the test and the set)
+            self._ended = done
+        return done
 
     def peek(self) -> BatchT:
         """The batch the next ``next()`` gives, made in this process; the position stays."""
@@ -271,7 +266,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         maker = copy.deepcopy(self._pristine)  # its own shards: the running reader's stay put
         states = self._states_at(step)
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
-            states = passes.stopping_at(states, self._pass_of(states))
+            states = passes.stopping_at(states, passes.pass_of(
+                states, self._until, self._ended, self.num_epochs, self.process_count))
         try:
             maker.reset(states[step % self._readers])
             batch, _ = made_here(maker, step)

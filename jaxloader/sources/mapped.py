@@ -109,9 +109,10 @@ class MapSource:
         if isinstance(got, list):  # (a ragged list column, a list among its parts)
             raise ConfigError(
                 f"MapSource(batched=True): the source ({type(self.source).__name__}) reads "
-                f"a list of records, not a batch of columns (a column of lists of other "
-                "lengths, a list or record-wise MapSource among its parts), so fn would get "
-                "a list; map its records one by one (batched=False)")
+                "a list where a batch of columns was expected: records (a column of lists of "
+                "other lengths, a list or record-wise MapSource among its parts: map them one "
+                "by one, batched=False), or an ArraySource's columns as a list (give it a dict "
+                "or a tuple of arrays)")
         return got
 
     @property

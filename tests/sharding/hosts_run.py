@@ -69,6 +69,13 @@ lines = jl.Stream.from_generator(lambda shard: ({"id": shard * 10 + i} for i in 
 run("stream", jl.StreamLoader(lines, batch_size=2))
 run("stream_seed", jl.StreamLoader(lines, batch_size=2, seed=5 if other else 0))
 run("stream_epochs", jl.StreamLoader(lines, batch_size=2, num_epochs=None if other else 1))
+with jl.StreamLoader(lines, batch_size=2, num_epochs=1) as first:  # a state in mid-pass
+    it = iter(first)
+    next(it)
+    mid_pass = first.state_dict()
+restored = jl.StreamLoader(lines, batch_size=2, num_epochs=None if other else 1)
+restored.load_state_dict(mid_pass)  # (host 0 asks the others at iter() whether it ended)
+run("stream_epochs_restored", restored)
 shuffled = jl.Stream.from_generator(lambda shard: iter([{"id": shard}] * 4), 8,
                                     shuffle_shards=not other)
 run("stream_shuffle", jl.StreamLoader(shuffled, batch_size=2))

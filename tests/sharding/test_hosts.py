@@ -24,7 +24,7 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
         for case in ("alike", "late", "stream", "profiled"):
             assert host[case].startswith("ok "), (case, host[case])
         for case in ("seed", "batch_size", "step", "stream_seed", "stream_epochs",
-                     "stream_shuffle", "index", "stream_index"):
+                     "stream_shuffle", "index", "stream_index", "stream_epochs_restored"):
             assert host[case].startswith("refused: "), (case, host[case])
     # each host names the other's value first (host 0 sees host 1's 4; host 1 its own 4)
     assert "seed: process 1 has 4, this process (0) 3" in lines[0]["seed"]
@@ -39,6 +39,10 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
             assert "processes 0 and 1 of 2 both read as process_index=0" in host[case]
     # (a stream's pass ends by a collective: compared before it, not left waiting there)
     assert "num_epochs: process 1 has None, this process (0) 1" in lines[0]["stream_epochs"]
+    # (restored in mid-pass, host 0 asks the others whether it ended: compared first, not
+    # left waiting in that collective while host 1 went on)
+    assert "num_epochs: process 1 has None, this process (0) 1" in \
+        lines[0]["stream_epochs_restored"]
     assert "same stream, seed, batch_size, readers_per_process" in lines[0]["stream_epochs"]
     assert "stream.shuffle_shards: process 1 has False, this process (0) True" in \
         lines[0]["stream_shuffle"]
@@ -56,5 +60,5 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
 
 
 CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "index",
-         "stream_index", "stream",
+         "stream_index", "stream_epochs_restored", "stream",
          "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "missing"}

@@ -214,7 +214,8 @@ def test_a_batched_map_over_a_source_that_reads_records_is_refused_naming_it(tmp
                                                            .astype(np.float32)}, batched=True)
     for read in (lambda: cast.__getitems__(np.array([0, 2])), lambda: cast[1]):
         with pytest.raises(jl.ConfigError, match=r"MapSource\(batched=True\): the source "
-                           r"\(ParquetSource\) reads a list of records.*batched=False"):
+                           r"\(ParquetSource\) reads a list where a batch of columns was "
+                           r"expected: records.*batched=False"):
             read()
     assert float(jl.MapSource(ParquetSource(path), lambda r: {**r, "value": np.float32(
         r["value"])})[2]["value"]) == 3.0  # (its records one by one)
