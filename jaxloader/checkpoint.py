@@ -27,6 +27,7 @@ differs when they do not.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -90,7 +91,15 @@ def _check_loader(args: Any, method: str) -> None:
     check_loader(args.loader, f"{type(args).__name__}(loader)", method)
 
 
-class LoaderCheckpointHandler(ocp.CheckpointHandler):
+# An asynchronous handler where Orbax has one: a synchronous one in a CheckpointManager's save
+# waits for the step's directory to be made, for good where making it failed (a read-only or
+# full disk), and a Ctrl-C does not end that wait; an asynchronous one's failure is raised
+_COMMIT: Any = getattr(getattr(ocp, "future", None), "CommitFutureAwaitingContractedSignals",
+                       None)
+_BASE: Any = getattr(ocp, "AsyncCheckpointHandler", None) if _COMMIT else None
+
+
+class LoaderCheckpointHandler(_BASE or ocp.CheckpointHandler):  # type: ignore[misc]
     """Orbax handler: one JSON file per process with the loader's ``state_dict()``; Orbax
     finds it through ``LoaderSave``/``LoaderRestore`` (their examples), registered when this
     module is imported."""
@@ -100,6 +109,19 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):
         path = epath.Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         write_state(path, save_args.loader)
+
+    async def async_save(self, directory: Any, *args: Any, **kwargs: Any) -> list:
+        """The loader's state as of this call (the position saved), written once Orbax has
+        made the step's directory, by a commit future (Orbax's own handlers' way)."""
+        save_args = _args(args, kwargs, LoaderSave)
+        loader = save_args.loader
+        state = loader.state_dict()
+
+        async def write() -> None:
+            path = epath.Path(directory)
+            await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(write_state, path, loader, state)
+        return [_COMMIT(write(), name="jaxloader_loader_save")]
 
     def restore(self, directory: Any, *args: Any, **kwargs: Any) -> dict:
         restore_args = _args(args, kwargs, LoaderRestore)

@@ -246,7 +246,7 @@ def test_a_save_to_a_full_disk_names_the_path(tmp_path):
     assert caught.value.errno == 28
 
 
-def test_an_iterator_given_for_the_loader_is_refused_with_the_remedy():
+def test_an_iterator_given_for_the_loader_is_refused_with_the_remedy(tmp_path):
     # Grain's CheckpointSave(iterator) idiom: an AttributeError deep in the handler
     with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, process_index=0,
                        process_count=1) as loader:
@@ -260,6 +260,15 @@ def test_an_iterator_given_for_the_loader_is_refused_with_the_remedy():
                                                  r"state_dict\(\).*load_state_dict\(state\)"):
             LoaderRestore(loader.state_dict())
 
+        # the v1 API took the iterator for a pytree: Orbax's handler errors, not the remedy
+        path = epath.Path(tmp_path) / "v1"
+        with pytest.raises(jl.ConfigError, match=r"got LoaderIterator; pass the loader itself"):
+            ocp_v1.save_checkpointables(path, {"loader": iter(loader)})
+        ocp_v1.save_checkpointables(path, {"loader": loader})
+        with pytest.raises(jl.ConfigError, match=r"load_state_dict\(\)\), got LoaderIterator; "
+                                                 r"pass the loader itself"):
+            ocp_v1.load_checkpointables(path, {"loader": iter(loader)})
+
 
 def test_the_checkpoint_module_is_an_attribute_of_the_package():
     # the docs name jaxloader.checkpoint.LoaderSave: after `import jaxloader` alone, it said
@@ -271,3 +280,37 @@ def test_the_checkpoint_module_is_an_attribute_of_the_package():
                            "print(jl.checkpoint.LoaderSave.__name__, jl.ray.__name__)"],
                           capture_output=True, text=True, timeout=120)
     assert said.stdout.split() == ["LoaderSave", "jaxloader.ray"], said.stderr
+
+
+_UNWRITABLE = """
+import os, shutil, sys, numpy as np, jax.numpy as jnp, orbax.checkpoint as ocp
+import jaxloader as jl
+from jaxloader.checkpoint import LoaderSave
+root = sys.argv[1]
+loader = jl.DataLoader(jl.ArraySource({"i": np.arange(64)}), batch_size=4, num_epochs=None)
+manager = ocp.CheckpointManager(root)
+shutil.rmtree(root)
+open(root, "w").close()  # (a file where the checkpoints were: a step's folder cannot be made)
+try:
+    manager.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave({"w": jnp.ones(3)}),
+                                            loader=LoaderSave(loader)))
+    manager.wait_until_finished()
+    print("saved")
+except Exception as e:
+    print("raised", type(e).__name__, e)
+loader.close()
+os._exit(0)
+"""
+
+
+def test_a_save_whose_step_folder_cannot_be_made_raises_rather_than_waits(tmp_path):
+    # Orbax waits, before a synchronous handler's save, for the step's folder to be made:
+    # where making it failed (a read-only or full disk) the save waited for good, deaf to a
+    # Ctrl-C; the model's item alone raised. The loader's handler is asynchronous, as Orbax's
+    import subprocess
+    import sys
+
+    said = subprocess.run([sys.executable, "-c", _UNWRITABLE, str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=100,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert said.stdout.startswith("raised NotADirectoryError"), (said.stdout, said.stderr[-2000:])

@@ -63,6 +63,8 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     assert sorted(reference) == list(range(1, steps + 1))
     digits = run.startswith("digits")
     assert ("test accuracy" if digits else "final loss") in out
+    if run == "digits, Flax NNX":  # its own run's folder, not the Linen one's (it took it)
+        assert sorted(os.listdir(whole / "checkpoints")) == ["digits_nnx"]
     if not digits:  # it learns: the loss at the end is well below the start
         assert reference[steps] < 0.75 * reference[1], (reference[1], reference[steps])
         files = int(args[args.index("--files") + 1])
