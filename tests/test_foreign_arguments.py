@@ -136,7 +136,11 @@ def test_a_tf_data_style_function_of_image_and_label_is_told_a_record_is_one_arg
 
     def augment(image, label):
         return image, label
+    class Augment:  # (an object: its __call__'s arguments)
+        def __call__(self, image, label):
+            return image, label
     for transform, said in [(jl.Map(augment), r"a Map calls fn\(record\).*image, label = record"),
+                            (jl.Map(Augment()), r"a Map calls fn\(record\)"),
                             (jl.JitMap(augment), r"fn\(image, label\) gets the record as image "
                                                  r"and the key as label")]:
         with jl.DataLoader(source, batch_size=4, transforms=[transform]) as loader:
@@ -191,10 +195,11 @@ def test_a_getitems_written_for_a_list_of_indices_is_told_it_gets_an_array():
 
         def __getitems__(self, indices):
             return [{"x": i} for i in json.loads(json.dumps(indices))]
-    with jl.DataLoader(ListOnly(), batch_size=4) as loader:
-        with pytest.raises(jl.RecordError, match=r"__getitems__ raised TypeError: .*an int64 "
-                                                 r"NumPy array.*indices.tolist\(\)"):
-            next(iter(loader))
+    for source in (ListOnly(), jl.ConcatSource([ListOnly(), ListOnly()])):  # (under ours too)
+        with jl.DataLoader(source, batch_size=4) as loader:
+            with pytest.raises(jl.RecordError, match=r"__getitems__ raised TypeError: .*an "
+                                                     r"int64 NumPy array.*indices.tolist\(\)"):
+                next(iter(loader))
 
 
 def test_a_generator_object_of_a_tf_data_style_function_is_told_the_call_that_works():

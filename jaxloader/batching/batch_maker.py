@@ -210,7 +210,7 @@ class BatchMaker:
         except Exception as e:
             raise RecordError(
                 f"{spec.location()}: source.{name} raised {type(e).__name__}: {e}"
-                f"{source_read_only_hint(e)}{_indices_hint(e, read, self.source)}") from e
+                f"{source_read_only_hint(e)}{_indices_hint(e, read)}") from e
         if read is None and isinstance(got, list):
             one_each(got, len(spec.indices), f"{spec.location()}: source")
         return got
@@ -270,11 +270,16 @@ def _read_failed(spec: BatchSpec, position: int, index: int, e: Exception) -> st
             "cause below")
 
 
-def _indices_hint(e: Exception, read: Any, source: Any) -> str:
-    """For a ``__getitems__`` of the user's (not one of jaxloader's sources) that raised a
-    ``TypeError``: what it was given."""
-    if read is None and isinstance(e, TypeError) and not type(source).__module__.startswith(
-            "jaxloader."):
+def _indices_hint(e: Exception, read: Any) -> str:
+    """For a ``TypeError`` from a ``__getitems__`` of the user's (not one of jaxloader's
+    sources), at the top or under one of them: what it was given."""
+    tb, users = e.__traceback__, False
+    while tb is not None:
+        frame = tb.tb_frame
+        users = users or frame.f_code.co_name == "__getitems__" and not str(
+            frame.f_globals.get("__name__", "")).startswith("jaxloader.")
+        tb = tb.tb_next
+    if read is None and isinstance(e, TypeError) and users:
         return (" (__getitems__ is given the indices as an int64 NumPy array, where PyTorch "
                 "gives a list: indices.tolist() where your code needs one)")
     return ""

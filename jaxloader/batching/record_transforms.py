@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import Any, Callable
 
 from jaxloader.base.errors import JaxloaderError, RecordError
@@ -107,9 +109,11 @@ def read_only_hint(e: Exception) -> str:
 def arguments_hint(e: Exception, fn: Any) -> str:
     """What to do about a record transform ``fn`` called with other arguments than it takes (a
     tf.data-style ``fn(image, label)``: its code never ran), else nothing."""
-    code = getattr(getattr(fn, "func", fn), "__code__", None)  # (a partial's function's)
-    if code is None or not (isinstance(e, TypeError) and "positional argument" in str(e)):
+    if not (isinstance(e, TypeError) and "positional argument" in str(e)):
         return ""
+    inner = inspect.unwrap(getattr(fn, "func", fn))  # (a partial's, a decorated function's)
+    code = getattr(inner, "__code__", None) or getattr(  # (an object's __call__)
+        getattr(type(inner), "__call__", None), "__code__", None)
     tb = e.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is code:  # (raised inside it: another call's arguments)
@@ -121,10 +125,23 @@ def arguments_hint(e: Exception, fn: Any) -> str:
 
 def source_read_only_hint(e: Exception) -> str:
     """What to do about a source that wrote into its own arrays in a worker, else nothing."""
-    from jaxloader.runtime.worker_info import get_worker_info
-
-    if isinstance(e, ValueError) and "read-only" in str(e) and get_worker_info() is not None:
+    if isinstance(e, ValueError) and "read-only" in str(e) and _in_a_worker():
         return (" (a source's arrays of 1 MiB or more reach the workers as shared read-only "
                 "views; with num_workers=0 they are your own: keep what the source changes, a "
                 "cache, in arrays it makes in the worker, e.g. np.array(x) copies)")
     return ""
+
+
+def _in_a_worker() -> bool:
+    """Whether this process makes batches for a training process elsewhere: a worker, or a
+    Ray actor (which gets the source's arrays as read-only views of Ray's object store)."""
+    from jaxloader.runtime.worker_info import get_worker_info
+
+    if get_worker_info() is not None:
+        return True
+    ray = sys.modules.get("ray")
+    try:
+        return bool(ray is not None and ray.is_initialized()
+                    and ray.get_runtime_context().get_actor_id())
+    except Exception:  # noqa: BLE001 (Ray's: not known to be an actor)
+        return False
