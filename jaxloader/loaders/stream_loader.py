@@ -31,7 +31,6 @@ import functools
 import weakref
 from typing import Any, Callable, Generator, Generic, Literal, Never, cast
 
-
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
