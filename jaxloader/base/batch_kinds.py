@@ -57,7 +57,7 @@ class BatchKinds:
             except AttributeError:  # (a nested dict, a leaf that is no array)
                 flat = False
             else:
-                objects = [_kind(v) for v in batch.values() if v.dtype.kind == "O"]
+                objects = [_kind(v) for v, d in zip(batch.values(), dtypes) if d.kind == "O"]
                 if dtypes == self._dtypes and ranks == self._ranks and list(batch) == self._keys \
                         and objects == self._objects:
                     return

@@ -273,15 +273,16 @@ def _read_failed(spec: BatchSpec, position: int, index: int, e: Exception) -> st
 def _indices_hint(e: Exception, read: Any) -> str:
     """For a ``TypeError`` from a ``__getitems__`` of the user's (not one of jaxloader's
     sources), at the top or under one of them: what it was given."""
-    tb, users = e.__traceback__, False
+    if read is not None or not isinstance(e, TypeError):
+        return ""
+    tb = e.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        users = users or frame.f_code.co_name == "__getitems__" and not str(
-            frame.f_globals.get("__name__", "")).startswith("jaxloader.")
+        if frame.f_code.co_name == "__getitems__" and not str(
+                frame.f_globals.get("__name__", "")).startswith("jaxloader."):
+            return (" (__getitems__ is given the indices as an int64 NumPy array, where "
+                    "PyTorch gives a list: indices.tolist() where your code needs one)")
         tb = tb.tb_next
-    if read is None and isinstance(e, TypeError) and users:
-        return (" (__getitems__ is given the indices as an int64 NumPy array, where PyTorch "
-                "gives a list: indices.tolist() where your code needs one)")
     return ""
 
 

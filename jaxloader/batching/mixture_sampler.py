@@ -87,10 +87,12 @@ class MixtureSampler:
         # a class of steps holds ~_SPAN positions of them; read locally, fewer where a small
         # component would wrap many epochs in them (a block order to make each: a 5-record
         # component took 2 s a span of 32,768)
-        span = _SPAN if self._local is None else min(_SPAN, _EPOCHS_A_SPAN * min(
-            (n / w for n, w in zip(self._lengths.tolist(), np.max(list(
-                mixture.schedule.values()), axis=0).tolist()) if w > 0), default=_SPAN))
-        self._span_steps = max(1, int(span) * memo_stride // self.global_batch_size)
+        span = _SPAN
+        if self._local is not None:  # (positions an epoch of a component takes, at the least)
+            top = np.max(list(mixture.schedule.values()), axis=0)  # (each one's largest weight)
+            epoch = self._lengths[top > 0] / top[top > 0]
+            span = min(_SPAN, int(_EPOCHS_A_SPAN * np.min(epoch, initial=_SPAN)))
+        self._span_steps = max(1, span * memo_stride // self.global_batch_size)
         self._rows = check_rows(rows, batch_size, process_index, process_count)  # (its own)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
