@@ -93,7 +93,10 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1])).mean()
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None,
+               checkpoint_dir: str = os.path.join("checkpoints", "digits")) -> argparse.Namespace:
+    """The job's flags (``argv``, else the command line's); ``checkpoint_dir`` is
+    ``--checkpoint-dir``'s default (the NNX example keeps its runs apart from this one's)."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000, help="total training steps")
@@ -101,13 +104,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=100)
-    parser.add_argument("--checkpoint-dir", default=os.path.join("checkpoints", "digits"))
+    parser.add_argument("--checkpoint-dir", default=checkpoint_dir)
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint (the default when there is one)")
     parser.add_argument("--fresh", action="store_true",
                         help="delete --checkpoint-dir first and start a new run")
     parser.add_argument("--loss-log", help="append every step's loss here, as JSON lines")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def digits_loader(args: argparse.Namespace, train: dict, mesh: jax.sharding.Mesh) -> jl.DataLoader:

@@ -49,9 +49,7 @@ def train_step(model: MLP, optimizer: nnx.Optimizer, batch: dict) -> jax.Array:
 
 
 def main() -> None:
-    args = parse_args()
-    if args.checkpoint_dir == os.path.join("checkpoints", "digits"):  # not the Linen run's
-        args.checkpoint_dir = os.path.join("checkpoints", "digits_nnx")
+    args = parse_args(checkpoint_dir=os.path.join("checkpoints", "digits_nnx"))  # its own
     manager = open_checkpoints(args)  # first: a finished run is reported at once
     train, test = digits_split()
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))

@@ -158,3 +158,31 @@ def test_the_digits_read_from_scikit_learns_file_are_those_load_digits_gives():
     assert images.shape == (1797, 8, 8) and labels.shape == (1797,)
     np.testing.assert_array_equal(images, data.images)
     np.testing.assert_array_equal(labels, data.target)
+
+
+class _Opened(Exception):
+    pass
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ((), os.path.join("checkpoints", "digits_nnx")),
+    (("--checkpoint-dir", os.path.join("checkpoints", "digits")),
+     os.path.join("checkpoints", "digits")),  # asked for: taken as given (it was redirected)
+])
+def test_nnx_example_checkpoint_folder(monkeypatch, argv, expected):
+    """The NNX job's runs go to their own folder by default, and to ``--checkpoint-dir`` when
+    it is given, the Linen job's default among others."""
+    monkeypatch.syspath_prepend(EXAMPLES)
+    import train_digits_nnx
+
+    opened = []
+
+    def open_checkpoints(args):
+        opened.append(args.checkpoint_dir)
+        raise _Opened
+
+    monkeypatch.setattr(train_digits_nnx, "open_checkpoints", open_checkpoints)
+    monkeypatch.setattr(sys, "argv", ["train_digits_nnx.py", *argv])
+    with pytest.raises(_Opened):
+        train_digits_nnx.main()
+    assert opened == [expected]
