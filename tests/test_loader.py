@@ -308,6 +308,14 @@ def test_a_flag_given_anything_but_true_or_false_is_refused_naming_it(tmp_path):
 
     pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
     src = jl.ArraySource({"x": np.arange(4)})
+
+    class Records:  # reads no batch: batched="no" was told so, not that "no" is no bool
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"x": i}
+
     made = [("Stream(shuffle_shards)", lambda v: jl.Stream([jl.JsonlShard("a.jsonl")],
                                                             shuffle_shards=v)),
             ("JsonlShard(append_only)", lambda v: jl.JsonlShard("a.jsonl", append_only=v)),
@@ -316,6 +324,7 @@ def test_a_flag_given_anything_but_true_or_false_is_refused_naming_it(tmp_path):
             ("ParquetSource(share_decoded)",
              lambda v: jl.ParquetSource(tmp_path / "a.parquet", share_decoded=v)),
             ("MapSource(batched)", lambda v: jl.MapSource(src, dict, batched=v)),
+            ("MapSource(batched)", lambda v: jl.MapSource(Records(), dict, batched=v)),
             ("MapSource(lengths_kept)", lambda v: jl.MapSource(src, dict, lengths_kept=v)),
             ("JitMap(random)", lambda v: jl.JitMap(lambda r: r, random=v))]
     for name, make in made:

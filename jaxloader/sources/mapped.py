@@ -73,6 +73,7 @@ class MapSource:
             raise ConfigError(f"MapSource(fn): expected a function of a record (or, with "
                               f"batched=True, of a batch of columns), got "
                               f"{type(fn).__name__}{hint}")
+        batched = check_bool("MapSource(batched)", batched)  # (before its truth is used)
         if batched and isinstance(source, MapSource) and not source.batched:
             raise ConfigError(
                 "MapSource(batched=True): the source is a MapSource of records (batched=False), "
@@ -84,7 +85,7 @@ class MapSource:
                 "of columns (it has no __getitems__); map its records one by one "
                 "(batched=False)")
         self.source, self.fn = source, fn
-        self.batched = check_bool("MapSource(batched)", batched)
+        self.batched = batched
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
