@@ -10,11 +10,10 @@
 
 This process has ``W = max(1, num_workers)`` readers; step ``s`` is the ``s // W``-th batch of
 reader ``s % W`` (made in worker ``s % W``). Workers read ahead (prefetch), so the state of a
-reader is taken from the report of the last batch *handed out* by it, never from where its
-worker has got to: a state names exactly the next batch, and a restore continues the same
-stream. The order is fixed for a given ``(seed, process_count, num_workers)``; a state restores
-into a loader with the same counts (0 and 1 workers are the same: one reader), and is refused
-with another count.
+reader is taken from the report of the last batch *handed out* by it, never from where its worker
+has got to: a state names exactly the next batch, and a restore continues the same stream. The
+order is fixed for a given ``(seed, process_count, num_workers)``; a state restores into a loader
+with the same counts (0 and 1 workers are the same: one reader), and is refused with another count.
 
 A pass that ends (``num_epochs=n``): ``iter()`` gives each reader the epoch it stops before
 (``"until"`` in the states it resets from: the end of the pass of ``n`` epochs, counted from
@@ -240,10 +239,17 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                                       _ReaderRuns(self), put,
                                       self._options.device_prefetch,
                                       single_device=put is not None and put.single_device,
-                                      ends_before=None if self._until is None else
+                                      ends_before=self._filed if self._until is None else
                                       functools.partial(self._ends, self._progress.generation),
                                       monitor=self._monitor, hosts=hosts)
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
+
+    def _filed(self, step: int) -> bool:
+        """Files in the reports before ``step`` at times (asked a step, on the consumer's
+        thread; an endless run kept one a step till a ``state_dict()``); no end: ``False``."""
+        if step % 64 == 0:
+            self._fold(step)
+        return False
 
     def _ends(self, generation: int, step: int) -> bool:
         """Whether the pass ends before ``step``: every reader of every process has handed
