@@ -11,7 +11,10 @@ back to the free list only when nothing can read it any more: a weak reference t
 array that every handed-out view hangs from. Its callback is ``deque.append``, a builtin: no
 Python code runs when the views die, so a Ctrl-C can never land in (and be swallowed by) a slot
 return, as it could in a ``weakref.finalize`` callback (``jaxloader.base.interrupts``, 5). New slots are created at the largest
-size seen, so variable-length data grows the ring once, not every batch. The ring owns (and at
+size seen lately, so variable-length data grows the ring once, not every batch; when the largest
+batch of the last ``_SETTLE`` to ``2 * _SETTLE`` is under half the slot size, the size comes
+down to it (one outlier batch grew every slot for good, and the pool, which sizes its tasks by
+the slots, then ran a step a task: 3x slower for the rest of the run). The ring owns (and at
 ``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they
 die.
 
@@ -30,6 +33,7 @@ descriptors at a limit of 1,024.
 
 from __future__ import annotations
 
+import mmap
 import weakref
 from collections import deque
 from typing import Any
@@ -41,6 +45,7 @@ from jaxloader.runtime.shm import Segment
 from jaxloader.workers.tasks import ahead_slots
 
 _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing data grows rarely
+_SETTLE = 512  # batches handed out between looks at the slot size (module docstring)
 
 
 class SlotRing:
@@ -55,6 +60,8 @@ class SlotRing:
         self._segments: dict[str, Segment] = {}
         self._size = 0  # bytes: the size new slots get
         self._known = False  # whether a batch has been written: until then slot_size is 0
+        self._largest = [0, 0]  # bytes of the largest batch handed out: the window before, this
+        self._handed = 0  # batches handed out
         self._kept_linked = ahead_slots()  # slots lent and linked at most (module docstring)
         # the refs of the slots lent, in order (some returned since): a ref, not its id, which
         # a later ref may take once it is freed (that slot was then unlinked in turn)
@@ -66,9 +73,9 @@ class SlotRing:
 
     @property
     def slot_size(self) -> int:
-        """The bytes new slots get: at least the largest batch seen (a page at least, 25% more
-        after a grow); 0 until a batch has been seen (grown into or handed out), however many
-        slots of a page were made before: the pool sizes its tasks by it."""
+        """The bytes new slots get: at least the largest batch seen lately (a page at least,
+        25% more after a grow); 0 until a batch has been seen (grown into or handed out),
+        however many slots of a page were made before: the pool sizes its tasks by it."""
         return self._size if self._known else 0
 
     def take(self, worker: int = 0) -> Segment:
@@ -97,15 +104,22 @@ class SlotRing:
     def give_back(self, segment: Segment) -> None:
         """Returns a slot nobody reads (a stale or failed task's, or one whose views died); one
         unlinked while its batch was kept is destroyed."""
-        if not segment.linked:
+        if not segment.linked or segment.size > 2 * self._size:  # (or made before a settle)
             self._destroy(segment)
             return
         self._free.setdefault(self._worker_of.get(segment.name, 0), []).append(segment)
 
     def hand_out(self, segment: Segment, layout: Layout, objects: list) -> Any:
         """The batch in ``segment`` as NumPy views; the slot returns when they are all gone."""
-        base = np.frombuffer(segment.memory, np.uint8, count=layout.size(objects))
+        nbytes = layout.size(objects)
+        base = np.frombuffer(segment.memory, np.uint8, count=nbytes)
         self._known = True
+        largest = self._largest
+        if nbytes > largest[1]:
+            largest[1] = nbytes
+        self._handed += 1
+        if self._handed % _SETTLE == 0:
+            self._settle()
         ref = weakref.ref(base, self._dead.append)
         self._lent[id(ref)] = (ref, segment)  # the ref must outlive the views to call back
         order = self._lent_order
@@ -116,6 +130,18 @@ class SlotRing:
             if kept is not None and kept[0] is old:
                 kept[1].unlink()
         return layout.views(base, objects)
+
+    def _settle(self) -> None:
+        """Brings the slot size down to the last windows' largest batch (25% over) where it is
+        under half of it; free slots over twice the new size go (module docstring)."""
+        wanted = max(mmap.PAGESIZE, int(max(self._largest) * _GROWTH))
+        self._largest[:] = [self._largest[1], 0]
+        if self._size > 2 * wanted:
+            self._size = wanted
+            for free in self._free.values():
+                for segment in [s for s in free if s.size > 2 * wanted]:
+                    free.remove(segment)
+                    self._destroy(segment)
 
     def _create(self, size: int, worker: int) -> Segment:
         # close() finds it, cut short too. Not prefaulted: its pages are reserved (allocated and

@@ -172,3 +172,33 @@ def test_batches_let_go_in_turn_reuse_their_slots_past_the_slots_budget():
         assert int(held["v"][0, 0]) == value
     assert len(names) <= 3, len(names)  # (it was 300 and more)
     ring.close()
+
+
+def test_one_outlier_batch_leaves_the_slots_its_size_only_for_a_while(monkeypatch):
+    # the slot size only grew: one large batch among small ones made every later slot its size,
+    # and the pool (which sizes its tasks by it) ran a step a task for good, 3x slower
+    monkeypatch.setattr("jaxloader.workers.ring._SETTLE", 8, raising=False)
+    ring = SlotRing()
+
+    def hand(value, n=100):
+        segment = ring.take()
+        records = [{"v": np.full(n, value, np.int32)} for _ in range(4)]
+        buf = segment.buf
+        if segment.size < 16 * n + 64:
+            segment = ring.grow(segment, 16 * n + 64)
+            buf = segment.buf
+        _, layout = materialize(*record_columns(records), alloc=lambda k: buf[:k])
+        batch = ring.hand_out(segment, layout, [])
+        assert int(batch["v"][3, n - 1]) == value
+        return segment.size
+
+    small = hand(0)
+    big = hand(1, 2**18)  # 4 MiB
+    assert ring.slot_size >= big > 100 * small
+    sizes = [hand(v) and ring.slot_size for v in range(2, 40)]
+    assert sizes[0] >= big  # (kept for a window or two)
+    assert sizes[-1] <= 2 * small, sizes  # then back to the small batches' size
+    assert max(s.size for s in ring._segments.values()) <= 2 * small  # the big slot went
+    again = hand(40, 2**18)  # and a large batch later grows it again
+    assert again >= big and ring.slot_size >= big
+    ring.close()
