@@ -9,7 +9,9 @@ its record, naming the path.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -82,6 +84,9 @@ class FileListSource:
             data = _read_bytes(path)
         except OSError as e:
             raise OSError(f"FileListSource: cannot read file {path!r} (record {index}): {e}") from e
+        except MemoryError as e:  # (its message is empty: the file is what says why)
+            raise MemoryError(f"FileListSource: file {path!r} (record {index}) does not fit "
+                              "in this process's memory") from e
         record: dict[str, Any] = {"path": path, "data": data}
         if self.labels is not None:
             record["label"] = self.labels[index]
@@ -110,5 +115,10 @@ def _read_bytes(path: str) -> bytes:
         from etils import epath
 
         return epath.Path(path).read_bytes()
-    with open(path, "rb") as f:
+    # opened without waiting (a FIFO's open waits for a writer), then told by what it is: a
+    # FIFO or a device (/dev/zero) is read for good
+    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, "
+                                        "whose reading would wait or never end)")
         return f.read()

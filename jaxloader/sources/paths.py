@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import stat
 from typing import Iterable, Sequence
 
 from jaxloader.base.errors import ConfigError
@@ -59,13 +60,15 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             found = (_remote_glob(path, owner) if remote else sorted({  # a folder matched (a
                 g for f in glob.glob(path, recursive=True)  # Spark output's train.parquet):
                 for g in (_files_in(f, suffixes, dataset, owner) if os.path.isdir(f)
-                          else [f])}))  # its files
+                          else [f] if _not_folder(f, owner) else [])}))  # its files
             what = "matches no file"
         elif not remote and os.path.isdir(path):
             found = _files_in(path, suffixes, dataset, owner)
             what = f"is a folder with no *{suffixes[0]} file" + (
                 f" (nor {', '.join('*' + s for s in suffixes[1:])})" if suffixes[1:] else "")
-        else:
+        else:  # (a file that is not there is named where it is opened)
+            if not remote:
+                _not_folder(path, owner)  # (a FIFO, a device: refused)
             out.append(path)
             continue
         if not found:
@@ -84,7 +87,7 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
     folders (a link to nothing stays, to be named where it is opened); for a ``dataset``, not
     under a name starting with ``_`` or ``.``, and no Hive partition (see ``expand``)."""
     found = sorted(f for s in suffixes for f in glob.glob(
-        os.path.join(glob.escape(folder), "**", f"*{s}"), recursive=True) if not os.path.isdir(f))
+        os.path.join(glob.escape(folder), "**", f"*{s}"), recursive=True) if _not_folder(f, owner))
     if not dataset:
         return found
     kept = [f for f in found if not any(
@@ -99,6 +102,25 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
                 "write them into the files as columns, or pass the files themselves (a "
                 "pattern: 'folder/**/*.parquet') to read them without those columns")
     return kept
+
+
+def _not_folder(path: str, owner: str) -> bool:
+    """Whether local ``path`` is a file (or names nothing: a link to nothing is named where
+    it is opened), not a folder; a ``ConfigError`` where it is a FIFO, a device or a socket,
+    whose reading waits for a writer (deaf to Ctrl-C, in pyarrow's or array-record's C++) or
+    never ends (``/dev/zero``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return True
+    if stat.S_ISDIR(mode):
+        return False
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device")
+        raise ConfigError(f"{owner}(paths): {path!r} is {kind}, not a regular file (reading it "
+                          "would wait for a writer, or never end); pass regular files")
+    return True
 
 
 def _remote_glob(pattern: str, owner: str) -> list[str]:

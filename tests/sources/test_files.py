@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -43,6 +45,18 @@ def test_a_missing_file_fails_at_its_record_naming_the_path(tmp_path):
                            process_count=1, transforms=[jl.Map(lambda r: r)])
     with pytest.raises(jl.RecordError, match=r"img-2.bin.*record 2"):
         next(iter(loader))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+def test_a_fifo_or_a_device_in_the_list_fails_at_its_record_not_waits(tmp_path):
+    # a FIFO's open waited for a writer; /dev/zero was read until memory ran out, and the
+    # MemoryError named no file
+    os.mkfifo(tmp_path / "img-1.bin")
+    source = jl.FileListSource([*files(tmp_path, 1), str(tmp_path / "img-1.bin"), "/dev/zero"])
+    assert source[0]["data"]
+    for index, name in ((1, "img-1.bin"), (2, "/dev/zero")):
+        with pytest.raises(OSError, match=rf"{name}' \(record {index}\): .*not a regular file"):
+            source[index]
 
 
 def test_bad_arguments(tmp_path):

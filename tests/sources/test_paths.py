@@ -113,6 +113,20 @@ def test_a_pattern_or_folder_with_no_file_is_named(tmp_path):
         expand([], ".parquet", "ParquetSource")
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+def test_a_fifo_or_a_device_among_the_paths_is_refused(tmp_path):
+    # pyarrow's and array-record's opening of a FIFO waited for a writer, for good and deaf
+    # to Ctrl-C; a device (/dev/zero) was read without end
+    os.mkfifo(tmp_path / "part-1.parquet")
+    for given in (tmp_path / "part-1.parquet", tmp_path, str(tmp_path / "part-*.parquet")):
+        with pytest.raises(jl.ConfigError, match=r"ParquetSource\(paths\): '.*part-1.parquet' "
+                                                 r"is a FIFO, not a regular file"):
+            expand(given, ".parquet", "ParquetSource")
+    with pytest.raises(jl.ConfigError, match="'/dev/zero' is a device"):
+        expand("/dev/zero", ".tar", "Stream.tar")
+    assert expand(str(tmp_path / "gone.parquet"), ".parquet", "X")  # (named where opened)
+
+
 def test_file_sources_take_a_folder_or_a_pattern(tmp_path):
     for k in (1, 0):
         pq.write_table(pa.table({"id": np.arange(3) + 3 * k}), tmp_path / f"part-{k}.parquet")
