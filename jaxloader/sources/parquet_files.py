@@ -82,6 +82,15 @@ class ParquetFiles:
             # a file rewritten as it was read fails as a damaged one would: say which it is
             raise self._changed_since(number) or self._undecodable(number, group, columns,
                                                                     e) from e
+        except MemoryError as e:  # (pyarrow's ArrowMemoryError: its message names no file)
+            meta = self._metas.get(number)
+            rows = "" if meta is None else f" of {meta.row_group(group).num_rows:,} rows"
+            raise RecordError(
+                f"ParquetSource: file {self.paths[number]!r}, row group {group}{rows}, columns "
+                f"{columns}: does not fit in this process's memory ({type(e).__name__}: {e}); "
+                "write the file with smaller row groups (pyarrow's row_group_size=), or read "
+                "fewer columns; a footer that counts more rows than the file holds is damaged"
+            ) from e
 
     def handle(self, number: int) -> Any:
         """File ``number`` as a ``pyarrow.parquet.ParquetFile``, opened if it is not."""

@@ -536,6 +536,57 @@ def test_a_null_the_footer_counts_is_refused_where_the_source_is_made(tmp_path):
     assert jl.ParquetSource(str(tmp_path / "lists.parquet"))[1]["v"].tolist() == []
 
 
+def _rows_claimed(path, rows, which):
+    """The Parquet file at ``path`` with its footer's row counts (the file's, then each row
+    group's: thrift field 3 and 2, an i64 each) at positions ``which`` set to ``rows``."""
+    import struct
+
+    def varint(n):
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    raw = path.read_bytes()
+    size = struct.unpack("<I", raw[-8:-4])[0]
+    meta = raw[-8 - size:-8]
+    old = b"\x16" + varint(777 << 1)  # (a field delta of 1, type i64: 777 zigzagged)
+    hits = [i for i in range(len(meta)) if meta.startswith(old, i)]
+    patched = bytearray(meta)
+    for i in sorted((hits[w] for w in which), reverse=True):
+        patched[i:i + len(old)] = b"\x16" + varint(rows << 1)
+    path.write_bytes(raw[:-8 - size] + bytes(patched) + struct.pack("<I", len(patched))
+                     + b"PAR1")
+
+
+def test_a_footer_that_claims_rows_the_file_lacks_is_named(tmp_path):
+    # a row group counted as 10**15 rows was allocated as many at the first batch (pyarrow's
+    # ArrowMemoryError named no file); one whose count differs from the file's passed too
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, which in (("file", [0]), ("group", [-1]), ("both", [0, -1])):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"x": np.arange(777), "s": [str(i) for i in range(777)]}), path)
+        _rows_claimed(path, 10**15, which)
+        meta = pq.ParquetFile(path).metadata
+        assert [meta.num_rows, meta.row_group(0).num_rows].count(10**15) == len(which)
+        if name != "both":
+            with pytest.raises(jl.ConfigError, match=rf"{name}.parquet': its footer counts "
+                                                     r"[\d,]+ rows, its row groups [\d,]+: the "
+                                                     "footer is damaged"):
+                jl.ParquetSource(path)
+            continue
+        loader = jl.DataLoader(jl.ParquetSource(path), batch_size=4, process_index=0,
+                               process_count=1)
+        with pytest.raises(jl.RecordError, match=r"both.parquet', row group 0 of 1,000,"
+                                                 r"000,000,000,000 rows, columns \['x', 's'\]: "
+                                                 r"does not fit in this process's memory"):
+            next(iter(loader))
+
+
 def test_a_column_only_a_later_file_has_is_refused_not_dropped(tmp_path):
     # columns came from the first file: a later file's own were left out, silently (and the
     # same files in the other order were refused)
