@@ -312,7 +312,11 @@ def no_records(reader: int, epoch: int, in_pass: bool, stream: Any, dealt: list[
 
 def unreadable(shard: Any, where: str, error: Exception) -> RecordError:
     """The error for a shard whose bytes cannot be read at ``where`` (a compressed file cut
-    short or corrupt, a failing disk)."""
+    short or corrupt, a failing disk), or does not fit in memory (a record of gigabytes)."""
+    if isinstance(error, MemoryError):
+        return RecordError(f"{shard.path}: {where}: does not fit in this process's memory "
+                           f"({type(error).__name__}: {error}): a record that large is read "
+                           "whole; split it, or drop the shard from the stream")
     return RecordError(f"{shard.path}: {where}: cannot be read ({type(error).__name__}: "
                        f"{error}); is the file whole? replace it, or drop the shard from the "
                        "stream")

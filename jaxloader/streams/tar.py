@@ -107,6 +107,8 @@ class TarShard(FileShard):
                     field = header[124:136]
                     size = (int.from_bytes(field[1:], "big") if field[0] == 0x80  # GNU, >8 GiB
                             else int(field.rstrip(b"\0 ").strip() or b"0", 8))
+                    if size < 0:  # (int() takes a sign: -1 to -511 read an empty member)
+                        raise ValueError
                     stored = int(header[148:156].rstrip(b"\0 ").strip() or b"-1", 8)
                     if pax_size is not None:  # (a pax size: over 8 GiB, the field then 0)
                         size, pax_size = pax_size, None

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxloader as jl
+from jaxloader.streams.tar import _SMALL
 from streams.test_shards import read_all
 
 
@@ -260,6 +261,48 @@ def test_a_damaged_header_fails_its_checksum_by_name(tmp_path):
                                              r"'sam.le00007.cls' fails its checksum "
                                              r"\(stored \d+, computed \d+\)"):
         read_all(jl.TarShard(path))
+
+
+@pytest.mark.parametrize("size", [b"-0000000001\0", b"-0000001000\0"])
+def test_a_negative_size_field_is_refused_not_an_empty_member(tmp_path, size):
+    # int(field, 8) takes a sign: -1 to -511 padded to nothing, an empty member read silently
+    path = _samples(tmp_path / "neg.tar", 3)
+    whole = bytearray(path.read_bytes())
+    at = _header_offset(whole, "sample00001.cls")
+    whole[at + 124:at + 136] = size
+    whole[at + 148:at + 156] = b"        "  # the checksum made right for the new field
+    whole[at + 148:at + 155] = f"{sum(whole[at:at + 512]):06o}\0".encode()
+    path.write_bytes(bytes(whole))
+    assert tarfile.TarInfo.frombuf(bytes(whole[at:at + 512]), "utf-8", "strict").size < 0
+    with pytest.raises(jl.RecordError, match=rf"neg.tar: byte {at}: not a tar header "
+                                             r"\(size field b'-0"):
+        read_all(jl.TarShard(path))
+
+
+def test_a_member_too_large_for_memory_is_said_so_not_a_damaged_file(tmp_path):
+    # a MemoryError (a member of gigabytes, or a decompression bomb) asked "is the file
+    # whole?", which sent the user to the wrong remedy
+    path = _samples(tmp_path / "big.tar", 2, size=10_000)
+    shard = jl.TarShard(path)
+    shard.reset()
+
+    class Short:  # a file whose reads of a large member run out of memory
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            if n > _SMALL:
+                raise MemoryError
+            return self.f.read(n)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    shard._file = Short(shard._file)  # (the first member was read by reset())
+    with pytest.raises(jl.RecordError, match=r"big.tar: the member after record \d+: does not "
+                                             r"fit in this process's memory \(MemoryError"):
+        for _ in range(4):
+            shard.next()
 
 
 def test_a_shard_ending_inside_a_header_or_without_its_end_marker(tmp_path):
