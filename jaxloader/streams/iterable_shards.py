@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
+import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of
@@ -16,6 +18,9 @@ from jaxloader.base.checks import check_int, refused_call
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.sources.code_digest import code_digest
 from jaxloader.streams.shards import state_ints
+
+log = logging.getLogger("jaxloader")
+_TELL_S = 10.0  # a resume that reads records again says how far it is, this often
 
 
 class Bound:
@@ -120,7 +125,8 @@ class IterableShard:
                 "generator function) or return a list or an iterator (a missing `return`?)"
             ) from None
         self._consumed = 0
-        for _ in range(skip):
+        told = time.monotonic() + _TELL_S
+        for done in range(skip):
             try:
                 next(self._it)
             except StopIteration:
@@ -129,6 +135,11 @@ class IterableShard:
                     f"it ends after {self._consumed}; it must make the same records each time"
                 ) from None
             self._consumed += 1
+            if done & 1023 == 1023 and time.monotonic() > told:  # (a resume of hours: seen)
+                told += _TELL_S
+                log.warning("IterableShard %s: resuming by reading its records again up to "
+                            "the saved position (it cannot skip them): %s of %s", self.name,
+                            f"{done + 1:,}", f"{skip:,}")
 
     def next(self) -> Any:
         if self._it is None:
