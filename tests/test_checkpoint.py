@@ -229,12 +229,15 @@ def test_v1_training_checkpointer_loop_resumes_from_the_latest_step(tmp_path):
 def test_a_truncated_state_file_is_an_error_naming_the_file_and_the_step(tmp_path):
     manager = _saved_at(tmp_path, 3)
     saved = tmp_path / "3" / "loader" / "process_0-of-1.json"
-    saved.write_text(saved.read_text()[:40])  # a copy that stopped
-    with make() as fresh, pytest.raises(jl.StateDictError, match=r"checkpoint .*3/loader/"
-                                                                  r"process_0-of-1.json \(step "
-                                                                  r"3\): the loader's state is "
-                                                                  r"not whole JSON"):
-        manager.restore(3, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
+    for damaged in (saved.read_text()[:40],  # a copy that stopped
+                    "[" * 100_000):  # (a RecursionError, which named no file)
+        saved.write_text(damaged)
+        with make() as fresh, pytest.raises(jl.StateDictError, match=r"checkpoint .*3/loader/"
+                                                                      r"process_0-of-1.json "
+                                                                      r"\(step 3\): the "
+                                                                      r"loader's state is not "
+                                                                      r"whole JSON"):
+            manager.restore(3, args=ocp.args.Composite(loader=LoaderRestore(fresh)))
 
 
 def test_a_save_to_a_full_disk_names_the_path(tmp_path):

@@ -221,3 +221,17 @@ def test_an_object_column_of_another_type_is_refused_past_its_nones():
     with pytest.raises(jl.CollateError, match=r"leaf \['price'\]: the batch's value 1 holds a "
                                               r"decimal.Decimal"):
         jl.DataLoader(_Prices(), batch_size=4).peek()
+
+
+def test_a_record_nested_past_the_recursion_limit_is_named_not_a_bare_recursion_error():
+    # JSON nested 900 deep is parsed, then batching raised a bare RecursionError
+    deep: dict = {"a": 1}
+    for _ in range(5000):
+        deep = {"a": deep}
+    cyclic: dict = {}
+    cyclic["a"] = cyclic
+    for records, which in (([{"ok": 1}, deep], "item 1"), ([deep, {"a": 1}], "item 0"),
+                           ([{"ok": 1}, cyclic], "item 1")):
+        with pytest.raises(CollateError, match=rf"collate: {which} is nested deeper than "
+                                               r"Python's recursion limit"):
+            collate(records)

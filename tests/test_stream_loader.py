@@ -267,6 +267,13 @@ def test_a_stream_state_with_unknown_keys_or_a_step_past_its_keys_is_refused(tmp
         with pytest.raises(jl.StateDictError, match=r"state\['step'\]: expected an int in "
                                                     r"\[0, \d+\], got 10000000000000000000"):
             loader.load_state_dict({**state, "step": 10**19})
+        reader = {**state["readers"][0], "window": 2**64}  # (permuted as window 0 was)
+        with pytest.raises(jl.StateDictError, match=r"stream state: window 2\*\*64|window "
+                                                    r"18446744073709551616 out of range"):
+            loader.load_state_dict({**state, "readers": [reader]})
+        with pytest.raises(jl.StateDictError) as caught:  # (a crafted 50 MB: said whole)
+            loader.load_state_dict({**state, "stream": "x" * 10**6})
+        assert "stream: expected" in str(caught.value) and len(str(caught.value)) < 5000
         loader.load_state_dict(state)
         assert loader.step == 2
 

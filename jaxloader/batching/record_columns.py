@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import sys
+
 from operator import attrgetter
 from typing import Any, NamedTuple, NoReturn
 
@@ -209,10 +211,38 @@ def record_columns(records: list, names: Any = None) -> tuple[tree_lib.TreeDef, 
     in errors: a ``tree.RecordNames``)."""
     if not records:
         raise CollateError("collate: expected at least one record, got an empty list")
-    treedef = tree_lib.structure(records[0])
+    try:
+        treedef = tree_lib.structure(records[0])
+        values = tree_lib.gather(records, treedef, names)
+    except RecursionError:  # (JSON nested 900 deep: parsed, then a bare RecursionError here)
+        raise CollateError(f"collate: {tree_lib.record_name(names, _deepest(records))} is "
+                           "nested deeper than Python's recursion limit lets it be walked "
+                           "(dicts and lists in each other); flatten it in a Map (a nested part "
+                           "as a JSON string, say)") from None
     paths = tree_lib.leaf_paths(treedef)
-    values = tree_lib.gather(records, treedef, names)
     return treedef, [_record_column(p, v, names) for p, v in zip(paths, values)]
+
+
+def _deepest(records: list) -> int:
+    """The first of ``records`` whose dicts, lists and tuples nest deepest (walked without
+    recursion: for the error that a recursive walk of it raised; a record that holds itself
+    is as deep as the recursion limit)."""
+    limit = sys.getrecursionlimit()
+
+    def depth(record: Any) -> int:
+        deepest, stack = 0, [(record, 1)]
+        while stack:
+            node, level = stack.pop()
+            if level >= limit:
+                return level
+            deepest = max(deepest, level)
+            children = node.values() if isinstance(node, dict) else node if isinstance(
+                node, (list, tuple)) else ()
+            stack.extend((c, level + 1) for c in children)
+        return deepest
+
+    depths = [depth(r) for r in records]
+    return depths.index(max(depths))
 
 
 def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]]:

@@ -148,8 +148,8 @@ def _of_type(kind: type, choices: tuple = ()) -> Callable[[str, Any], None]:
         if type(value) is not kind or (choices and value not in choices):
             want = f"one of {choices}" if choices else f"a {kind.__name__}"
             raise StateDictError(
-                f"{name}: expected {want}, received {type(value).__name__} {value!r}; pass the "
-                "dict that DataLoader.state_dict() returned, unchanged"
+                f"{name}: expected {want}, received {type(value).__name__} {value!r:.120}; "
+                "pass the dict that DataLoader.state_dict() returned, unchanged"
             )
     return check
 
@@ -198,7 +198,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             check(f"state[{key!r}]", state[key])
     if state["version"] != STATE_VERSION:
         raise StateDictError(
-            f"state['version']: expected {STATE_VERSION}, received {state['version']!r}; this "
+            f"state['version']: expected {STATE_VERSION}, received {state['version']!r:.120}; this "
             "state was written by another jaxloader version that this one cannot read"
         )
     then, now = state.get("files"), expected.get("files")
@@ -209,8 +209,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
         # (saved before: the same source)
         state = {**state, "source": expected.get("source")}
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
-    diffs = [f"{k}: expected {expected.get(k)!r}, received {state.get(k)!r}" for k in compared
-             if state.get(k) != expected.get(k)]
+    diffs = [f"{k}: expected {expected.get(k)!r:.1000}, received {state.get(k)!r:.1000}"
+             for k in compared if state.get(k) != expected.get(k)]  # (a crafted 50 MB: cut)
     then, now = str(state.get("source")), str(expected.get("source"))
     if then != now and then.split(":")[:2] == now.split(":")[:2]:  # (kind and size alike)
         diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
@@ -254,13 +254,13 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
             "DataLoader's state restores into a DataLoader")
     if state.get("version") != STATE_VERSION:
         raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
-                             f"{state.get('version')!r}; this state was written by another "
+                             f"{state.get('version')!r:.120}; this state was written by another "
                              "jaxloader version that this one cannot read")
-    diffs = [f"{k}: expected {v!r}, received {state.get(k)!r}" for k, v in config.items()
-             if state.get(k) != v]
+    diffs = [f"{k}: expected {v!r:.1000}, received {state.get(k)!r:.1000}"
+             for k, v in config.items() if state.get(k) != v]
     if state.get("process_index") != process_index:
         diffs.append(f"process_index: expected {process_index}, received "
-                     f"{state.get('process_index')!r}")
+                     f"{state.get('process_index')!r:.120}")
     if diffs:
         other = state.get("stream") != config.get("stream")
         raise StateDictError(

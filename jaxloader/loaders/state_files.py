@@ -99,7 +99,7 @@ def read_state(directory: PathLike, loader: Any) -> dict:
         path = root / files[0]  # every process's file holds the same step
     try:
         return json.loads(path.read_text())
-    except ValueError as e:  # (a UnicodeDecodeError too)
+    except (ValueError, RecursionError) as e:  # (a UnicodeDecodeError; JSON nested 100k deep)
         step = _step_of(path)
         raise StateDictError(
             f"checkpoint {path}{f' (step {step})' if step is not None else ''}: the loader's "

@@ -394,6 +394,7 @@ def _checked(state: Any, reader: int) -> dict:
     if state["reader"] != reader:
         raise StateDictError(f"stream state: it is reader {state['reader']}'s, handed to "
                              f"reader {reader}")
-    if state["epoch"] > MASK64:
-        raise StateDictError(f"stream state: epoch {state['epoch']} out of range")
+    for key in ("epoch", "window"):  # (a window of 2**64 permuted as window 0 did)
+        if state[key] > MASK64:
+            raise StateDictError(f"stream state: {key} {state[key]} out of range")
     return state
