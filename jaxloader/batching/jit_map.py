@@ -182,13 +182,14 @@ class JitMap:
             # the chunk before's output is donated: XLA writes this chunk's over it, in memory
             # still in the caches (refused, XLA allocating afresh, while a view of it lives)
             last = self._call(compiled, (last, *args), where)
-            start = perf_counter()
             if views is None:  # the first chunk: the batch's structure (checked once), its place
                 out_treedef, full, order, batch_layout = self._output_layout(last, row_out,
                                                                              rows, size)
+            leaves = _host_leaves(last, order)  # (waits for XLA's run: the JitMap's time)
+            start = perf_counter()
+            if views is None:
                 if rows == size and alloc is None:  # one chunk: XLA's arrays are the batch
-                    views = [leaf.copy() if _aliases(leaf, inputs) else leaf
-                             for leaf in _host_leaves(last, order)]
+                    views = [leaf.copy() if _aliases(leaf, inputs) else leaf for leaf in leaves]
                     self._local.last = (row_out, rows, last)
                     return tree_lib.unflatten(out_treedef, views), None, outside
                 if alloc is None:
@@ -196,7 +197,6 @@ class JitMap:
                 else:
                     layout = batch_layout
                     views = layout.leaf_views(alloc(layout.nbytes))
-            leaves = _host_leaves(last, order)
             _write_rows(views, leaves, a, b)
             del leaves  # no view of the output left (a view alive, XLA would not write over it)
             outside += perf_counter() - start
