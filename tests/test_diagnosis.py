@@ -369,6 +369,12 @@ def test_placement_in_process_gets_its_advice():
     d = diagnose(stats, num_workers=0, cores=4)
     assert d.bottleneck == "device" and d.advice, d
     assert "placement takes 18.0 ms a batch" in d.advice[0] and "device_prefetch=" in d.advice[0]
+    assert "on a thread" in d.advice[0]
+    # several devices' copies are made in the training thread: a deeper prefetch overlaps
+    # them with the steps on an accelerator only (it was advised as copies "on a thread")
+    d = diagnose(stats, num_workers=0, cores=4, placed_in_thread=False)
+    assert "on a thread" not in d.advice[0] and "on an accelerator a larger device_prefetch=" \
+        in d.advice[0], d.advice
 
 
 def test_transforms_waiting_off_the_cpu_get_more_workers_than_cores_a_count_the_loader_takes():

@@ -271,8 +271,10 @@ class LoaderLifecycle:
         """
         from jaxloader.loaders.diagnosis import diagnose
 
+        put = self._putter
         return diagnose(self.stats, self._engine.active, counts=self._worker_counts(),
-                        remote=getattr(self._engine, "remote", False))
+                        remote=getattr(self._engine, "remote", False),
+                        placed_in_thread=put is None or put.single_device)
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""

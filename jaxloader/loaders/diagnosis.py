@@ -103,12 +103,14 @@ class Diagnosis(NamedTuple):
 
 
 def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
-             counts: list[int] | None = None, remote: bool = False) -> Diagnosis:
+             counts: list[int] | None = None, remote: bool = False,
+             placed_in_thread: bool = True) -> Diagnosis:
     """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
     docstring); ``cores``: those this process may use (default: its affinity); ``counts``: the
     worker counts the loader takes (a ``StreamLoader``'s divide its readers; None: any), which
     the advice keeps to; ``remote``: the workers are Ray actors (``RayWorkers(n)``), whose
-    cores are the cluster's, not this machine's."""
+    cores are the cluster's, not this machine's; ``placed_in_thread``: batches are placed on
+    the device-put thread (one device), not in the training thread (several: ``prefetch``)."""
     if stats.batches < 2:
         raise JaxloaderError(
             f"diagnose(): {stats.batches} batch(es) handed out since the stats began; iterate "
@@ -195,7 +197,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                                  f"{1e3 * now_s:.2f} ms a batch: workers would not make them "
                                  "much sooner; larger batches, or less work a record")
         else:
-            advice.insert(0, _placement_advice(place, per))
+            advice.insert(0, _placement_advice(place, per, placed_in_thread))
     elif waited / per < 2 * HANDOVER_FLOOR_S and work_s < 2 * HANDOVER_FLOOR_S and \
             stats.ready_ahead >= 1 and place <= handover:
         # the loop waits about what handing a batch over costs: its wait is the training
@@ -243,7 +245,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         else:
             bottleneck = "source" if read >= made_total - read else "workers"
         if bottleneck == "device":
-            advice.insert(0, f"{_placement_advice(place, per)}, while the workers wait "
+            advice.insert(0, f"{_placement_advice(place, per, placed_in_thread)}, while the "
+                             f"workers wait "
                              f"({busy:.0%} busy)")
         elif bottleneck == "main":
             advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
@@ -258,8 +261,14 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                      num_workers, stats.batches_made)
 
 
-def _placement_advice(place: float, batches: int) -> str:
-    """What placement costs a batch, and what makes it cheaper."""
+def _placement_advice(place: float, batches: int, in_thread: bool) -> str:
+    """What placement costs a batch, and what makes it cheaper (a deeper ``device_prefetch``
+    only where the copies leave the training thread: one device's, on the thread; several
+    devices' are dispatched from the training thread, ahead, which overlaps them with the
+    steps on an accelerator, not on the CPU backend)."""
+    ahead = ("a larger device_prefetch= (batches copied ahead, on a thread)" if in_thread else
+             "on an accelerator a larger device_prefetch= (several devices' copies are "
+             "dispatched ahead from the training thread, and overlap the steps)")
     return (f"device placement takes {1e3 * place / batches:.1f} ms a batch in the training "
-            "process: fewer or smaller leaves, a lower precision (a Map to bfloat16/uint8), or "
-            "a larger device_prefetch= (batches copied ahead, on a thread)")
+            f"process: fewer or smaller leaves, a lower precision (a Map to bfloat16/uint8), or "
+            f"{ahead}")
