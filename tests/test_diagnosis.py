@@ -287,6 +287,22 @@ def test_time_between_passes_is_in_no_stage_nor_the_wall():
     assert stats.batches == 16 and stats.wall_s < 0.4, stats
 
 
+def test_profile_does_not_advise_a_worker_count_it_measured_slower():
+    # cheap batches at num_workers=0: "num_workers=2 makes them in parallel, expected ~2.1x"
+    # under a table where 2 workers had run at 0.6x (the hand-over's cost is a floor)
+    from jaxloader.loaders.diagnosis import Diagnosis
+    from jaxloader.profiling import Profile, Run
+
+    advised = ("batches are made in the training process (num_workers=0): num_workers=2 "
+               "makes them in parallel, expected ~2.1x", "num_workers=8 reads more at once")
+    runs = [Run(0, 13_500.0, Diagnosis("main", {"read": 1.0}, advised, 300), []),
+            Run(2, 8_100.0, Diagnosis("main", {"read": 1.0}, (), 300), [])]
+    said = str(Profile(runs, None, "p.png"))
+    assert "expected ~2.1x" not in said.split("advised, from the stage times")[0], said
+    assert "num_workers=2 ran here at 8100.0 batches/s, 0.60x num_workers=0's" in said, said
+    assert "  - num_workers=8 reads more at once" in said  # (a count not run: as advised)
+
+
 def test_profile_leaves_a_loader_of_yours_where_it_was_and_names_one_that_runs_out():
     # it closed the caller's loader, 20 batches on; one that ran out: a bare StopIteration
     with jl.DataLoader(arrays(), batch_size=8, num_epochs=None, **ONE) as loader:
