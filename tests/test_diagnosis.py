@@ -464,6 +464,21 @@ def test_the_stats_give_each_workers_time_waiting_for_a_core():
         assert all(w.queued_s < 0.05 for w in loader.stats.workers)  # (~none since the reset)
 
 
+def test_a_workers_wait_for_a_core_is_every_threads(tmp_path, monkeypatch):
+    # the main thread's alone: a JitMap's task waits off the CPU for XLA's threads, which
+    # wait for a core, and the verdict said "the transforms wait (files, sleeps, locks)"
+    from jaxloader.base import stats
+
+    for thread, waited in ((7, 2_000_000_000), (8, 5_000_000_000), (9, None)):
+        folder = tmp_path / "7" / "task" / str(thread)
+        folder.mkdir(parents=True)
+        (folder / "schedstat").write_text("1 2 3" if waited is None else f"910 {waited} 4\n")
+    (tmp_path / "7" / "schedstat").write_text("910 2000000000 4\n")  # (the main thread's)
+    monkeypatch.setattr(stats, "_PROC", str(tmp_path), raising=False)
+    assert stats.queued_s(7) == pytest.approx(2 + 5 + 2e-9)
+    assert stats.queued_s(8) == 0.0  # (no such process)
+
+
 def test_ray_actors_are_advised_as_actors_and_each_keeps_its_own_pid_in_the_stats():
     from jaxloader.base.stats import WorkerStats
 

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
@@ -111,11 +112,22 @@ class LoaderStats(NamedTuple):
 
 
 def queued_s(pid: int) -> float:
-    """Seconds process ``pid`` has waited for a core (runnable, not running: Linux's
-    schedstat), so that a worker waiting for a CPU is not taken for one waiting on a read; 0
-    where it cannot be read."""
+    """Seconds the threads of process ``pid`` have waited for a core (runnable, not running:
+    Linux's schedstat), so that a worker waiting for a CPU is not taken for one waiting on a
+    read: every thread's, as its CPU time is (a JitMap's task waits off the CPU for XLA's
+    threads, which wait for a core); 0 where it cannot be read."""
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+        threads = os.listdir(f"{_PROC}/{pid}/task")
+    except OSError:
         return 0.0
+    total = 0
+    for thread in threads:
+        try:
+            with open(f"{_PROC}/{pid}/task/{thread}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # (a thread that ended meanwhile)
+            continue
+    return total / 1e9
+
+
+_PROC = "/proc"

@@ -86,8 +86,9 @@ class Progress:
                                      nbytes + totals.bytes)
             if pids:
                 pid = pids[i] if i < len(pids) else 0
-                queued = max(0.0, queued_s(pid) - self.queued_from.get(pid, 0.0)) \
-                    if pid and local else 0.0
+                queued = min(max(0.0, queued_s(pid) - self.queued_from.get(pid, 0.0)),
+                             max(0.0, totals.busy_s - totals.cpu_s)) if pid and local else 0.0
+                # (at most the tasks' time off their CPU: waits outside tasks are not theirs)
                 workers.append(WorkerStats(i, pid, totals.batches, totals.records, totals.bytes,
                                            totals.busy_s, totals.cpu_s, mine, queued))
         if gauges.receipt_w or gauges.handouts:
