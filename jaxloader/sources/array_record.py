@@ -179,15 +179,19 @@ def _open(path: str) -> Any:
         ) from e
     if "://" not in path and not os.path.exists(path):
         raise ConfigError(f"ArrayRecordSource: file {path!r} does not exist; check the path")
-    reader = array_record_module.ArrayRecordReader(path)
-    if not reader.ok() and "://" in path:
+    try:
+        reader = array_record_module.ArrayRecordReader(path)
+        opened, why = reader.ok(), ""
+    except RuntimeError as e:  # (array-record 0.5 raises where later releases say not ok())
+        opened, why = False, f" ({e})"
+    if not opened and "://" in path:
         raise ConfigError(
-            f"ArrayRecordSource: the array-record reader could not open {path!r}: remote paths "
-            "are opened by array-record's own reader (gs:// in releases built with Riegeli's "
-            "GCS reader, such as 0.8.6); check the path, the credentials and the installed "
-            "array-record, or copy the files to a local disk"
+            f"ArrayRecordSource: the array-record reader could not open {path!r}{why}: remote "
+            "paths are opened by array-record's own reader (gs:// in releases built with "
+            "Riegeli's GCS reader, such as 0.8.6); check the path, the credentials and the "
+            "installed array-record, or copy the files to a local disk"
         )
-    if not reader.ok():
+    if not opened:
         raise ConfigError(
             f"ArrayRecordSource: file {path!r} could not be opened as an ArrayRecord file: it "
             "is not one, or it is cut short or damaged (its index is at its end); pass "

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import re
+import sys
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,8 @@ from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.base.state_copy import copied
 from jaxloader.sources.huggingface import _declared_dtype
 from jaxloader.streams.json_values import numbers_as_arrays
+
+_RESTORES = (4, 8, 5)  # the first datasets release whose IterableDataset states restore right
 
 
 def is_iterable_dataset(value: Any) -> bool:
@@ -66,10 +70,14 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
                   "load it with datasets.load_dataset(..., streaming=True)")
         raise ConfigError(f"Stream.huggingface(dataset): expected a datasets.IterableDataset, "
                           f"got {type(dataset).__name__}; {remedy}")
-    if not hasattr(dataset, "state_dict"):
-        raise ConfigError("Stream.huggingface(dataset): this datasets release has no "
-                          "IterableDataset.state_dict, which a restore needs; pip install "
-                          "\"datasets>=2.18\"")
+    given = str(getattr(sys.modules.get("datasets"), "__version__", ""))
+    release = tuple(int(n) for n in re.findall(r"\d+", given)[:3])
+    if not hasattr(dataset, "state_dict") or release and release < _RESTORES:
+        raise ConfigError(
+            f"Stream.huggingface(dataset): datasets {given or '(of no version)'} cannot "
+            "restore this stream (before 4.8.5 a mapped IterableDataset's state restarted it "
+            "from its first record, silently; before 3.4 its states were of another form); "
+            "pip install \"datasets>=4.8.5\"")
     if getattr(dataset, "_distributed", None) is not None:
         raise ConfigError(
             "Stream.huggingface(dataset): the dataset is split by node "

@@ -58,6 +58,19 @@ def test_resume_and_bad_files(tmp_path):
         jl.ArrayRecordSource("gs://b/a.array_record")
 
 
+def test_a_reader_that_raises_where_it_cannot_open_is_told_as_one_that_says_so(monkeypatch):
+    # array-record 0.5 raised a bare RuntimeError from its constructor (later: ok() is False)
+    from array_record.python import array_record_module
+
+    def raising(path):
+        raise RuntimeError("open() failed: GCS bucket name is invalid")
+
+    monkeypatch.setattr(array_record_module, "ArrayRecordReader", raising)
+    with pytest.raises(jl.ConfigError, match=r"reader could not open 'gs://b/a.array_record' "
+                                             r"\(open\(\) failed: GCS bucket name is invalid\)"):
+        jl.ArrayRecordSource("gs://b/a.array_record")
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_file_rewritten_under_the_loader_is_an_error_naming_it(tmp_path, num_workers):
     # the identity was taken at construction, never checked when a reader opened the file:

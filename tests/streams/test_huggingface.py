@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import shutil
 
 import numpy as np
@@ -242,3 +243,15 @@ def test_a_null_in_a_list_of_floats_is_refused_naming_the_shard_and_the_field():
         with pytest.raises(jl.JaxloaderError, match=r"HuggingFaceShard .*\['v'\]: a list of "
                                                      r"float64 holds a null \(None\).*ds.filter"):
             next(iter(loader))
+
+
+@pytest.mark.parametrize("release", ["4.8.4", "3.2.0"])
+def test_a_datasets_release_whose_states_restart_the_stream_is_refused(monkeypatch, release):
+    # 3.4 to 4.8.4 restored a mapped IterableDataset's state at its first record (the records
+    # after the state's place came again, silently); before 3.4 its states had another form
+    monkeypatch.setattr(datasets, "__version__", release)
+    with pytest.raises(ConfigError, match=rf"datasets {re.escape(release)} cannot restore "
+                                          r"this stream .* pip install \"datasets>=4.8.5\""):
+        jl.Stream.huggingface(iterable().map(lambda r: r))
+    monkeypatch.setattr(datasets, "__version__", "4.8.5")
+    jl.Stream.huggingface(iterable().map(lambda r: r))
