@@ -63,6 +63,7 @@ class LoaderLifecycle:
     _placement: Placement
     _jax_pending: tuple[bool, bool]  # the place's numbers taken without JAX (options.jax_pending)
     _monitor: Monitor | None
+    _putter: Putter | None  # (_putter_for's: None without a sharding)
     _probing = False  # iter() by jaxloader.profile, which puts the position back: not compared
     # with the other processes' (sharding.hosts), as it may run on one of them alone
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import copy
 import functools
-import weakref
-from typing import Any, Callable, Generator, Generic, Literal, Never, cast
+import threading
+from typing import Any, Callable, Generic, Literal, Never, cast
 
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
@@ -44,6 +44,7 @@ from jaxloader.loaders.state import (STATE_VERSION, as_written_now, check_stream
                                      warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
+from jaxloader.loaders.stream_runs import ReaderRuns
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.iterable_shards import codes_of
@@ -190,6 +191,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0
         self._reports: dict[int, dict] = {}
+        self._filing = threading.RLock()  # (_fold's)
         self._active: LoaderIterator | None = None
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
@@ -198,15 +200,31 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         return [copied(s) for s in self._fold(step)]
 
     def _fold(self, step: int) -> list[dict]:
-        """The readers' states as of ``step``, the reports before it filed in (not copies:
-        read them only)."""
-        for s in range(self._base_step, step):
-            report = self._reports.get(s)
-            if report is not None:  # filed before it is taken out: a Ctrl-C between the two
-                self._base[s % self._readers] = report  # files it again, never loses it
-                self._reports.pop(s, None)
-        self._base_step = max(self._base_step, step)
-        return self._base
+        """The readers' states as of ``step`` (handed out), the reports before it filed in
+        (not copies: read them only). One thread at a time (a state_dict() of another, the
+        consumer's, a run's on the device-put thread): two at once could file an older report
+        over a newer one (reentrant: a signal handler's state_dict() within one)."""
+        with self._filing:
+            for s in range(self._base_step, step):
+                report = self._reports.get(s)
+                if report is not None:  # filed before it is taken out: a Ctrl-C between the
+                    self._base[s % self._readers] = report  # two files it again, never loses it
+                    self._reports.pop(s, None)
+            self._base_step = max(self._base_step, step)
+            return self._base
+
+    def _states_ahead(self, start: int) -> list[dict]:
+        """Each reader's state once the batches before ``start`` are made (copies), for a run
+        from ``start``, the position left as it is: a run made anew on the device-put thread
+        (``stream_runs.rehosted``) starts ahead of what was handed out, and filing to there
+        moved the position past batches not handed out, which a state_dict() then skipped."""
+        with self._filing:
+            states = [copied(s) for s in self._base]
+            for s in range(self._base_step, start):
+                report = self._reports.get(s)
+                if report is not None:
+                    states[s % self._readers] = copied(report)
+            return states
 
     def _reads(self) -> str:
         return repr(self._stream)
@@ -236,7 +254,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 self.num_epochs, self.process_count, None if self._probing else hosts or True)
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
-                                      _ReaderRuns(self), put,
+                                      ReaderRuns(self), put,
                                       self._options.device_prefetch,
                                       single_device=put is not None and put.single_device,
                                       ends_before=self._filed if self._until is None else
@@ -338,63 +356,3 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         # silently). A stale run's device-put thread files into the dict it was given.
         self._until, self._ended, self._progress.step, self._base, self._base_step, \
             self._reports = until, passes.ended(state, until), step, base, step, {}
-
-class _ReaderRuns:
-    """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state
-    of what was handed out, and files the reports of the batches it hands out."""
-
-    def __init__(self, loader: StreamLoader) -> None:
-        self._loader = loader
-
-    @property
-    def pids(self) -> list[int]:
-        return self._loader.worker_pids
-
-    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
-        """The engine's run from ``start``; with ``num_workers="auto"``, runs that move the
-        readers to their new hosts each time the worker count asked for changes."""
-        loader = self._loader
-        if not loader._options.auto_workers:
-            return self._run(start, stop, max(1, loader.num_workers))
-        return _rehosted(weakref.ref(loader), getattr(loader._engine, "roster"), start, stop)
-
-    def _run(self, start: int, stop: int | None, hosts: int) -> Generator[Any, None, None]:
-        """One engine run from ``start`` with ``hosts`` hosting the readers."""
-        loader = self._loader
-        states = loader._states_at(start)
-        if loader._until is not None:
-            states = passes.stopping_at(states, loader._until)
-        resets: list = [states[w::hosts] for w in range(hosts)]  # host w: readers w, w + W, ..
-        # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
-        # thread may still be filing one; it would file the same state, runs being pure).
-        for step in [s for s in list(loader._reports) if s >= start]:
-            loader._reports.pop(step, None)
-        return loader._engine.batches(start, stop, resets, loader._reports)
-
-    def close(self) -> None:
-        self._loader._engine.close()
-
-
-def _rehosted(loader_ref: Callable[[], StreamLoader | None], roster: Any, start: int,
-              stop: int | None) -> Generator[Any, None, None]:
-    """Runs from ``start``, a new one from the next step each time ``roster``'s count asked
-    for changes: the readers move to their new hosts from the states of what was handed out
-    (what was read ahead is made again, identically). Holds the loader weakly: a loader
-    dropped mid-run must be collected, its device-put thread (which drives this) stopped."""
-    step = start
-    while stop is None or step < stop:
-        loader = loader_ref()
-        if loader is None:
-            return
-        run = _ReaderRuns(loader)._run(step, stop, roster.target)
-        del loader
-        try:
-            for batch in run:
-                step += 1
-                yield batch
-                if roster.target != roster.active:
-                    break
-            else:
-                return
-        finally:
-            run.close()

@@ -1,0 +1,75 @@
+"""The engine as a ``StreamLoader``'s iterator sees it (``ReaderRuns``): each run starts every
+reader from the state of what was handed out (``StreamLoader._states_ahead``), and files the
+reports of the batches it hands out; with ``num_workers="auto"``, a new run each time the worker
+count asked for changes (``rehosted``, on the device-put thread where there is one).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Generator
+
+from jaxloader.streams import passes
+
+StreamLoader = Any  # (jaxloader.loaders.stream_loader's, which imports this module)
+
+
+class ReaderRuns:
+    """The engine as a ``LoaderIterator`` sees it: each run starts every reader from the state
+    of what was handed out, and files the reports of the batches it hands out."""
+
+    def __init__(self, loader: StreamLoader) -> None:
+        self._loader = loader
+
+    @property
+    def pids(self) -> list[int]:
+        return self._loader.worker_pids
+
+    def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]:
+        """The engine's run from ``start``; with ``num_workers="auto"``, runs that move the
+        readers to their new hosts each time the worker count asked for changes."""
+        loader = self._loader
+        if not loader._options.auto_workers:
+            return self._run(start, stop, max(1, loader.num_workers))
+        return rehosted(weakref.ref(loader), getattr(loader._engine, "roster"), start, stop)
+
+    def _run(self, start: int, stop: int | None, hosts: int) -> Generator[Any, None, None]:
+        """One engine run from ``start`` with ``hosts`` hosting the readers."""
+        loader = self._loader
+        states = loader._states_ahead(start)
+        if loader._until is not None:
+            states = passes.stopping_at(states, loader._until)
+        resets: list = [states[w::hosts] for w in range(hosts)]  # host w: readers w, w + W, ..
+        # A stale run's read-ahead goes (list() copies the keys at once: an old device-put
+        # thread may still be filing one; it would file the same state, runs being pure).
+        for step in [s for s in list(loader._reports) if s >= start]:
+            loader._reports.pop(step, None)
+        return loader._engine.batches(start, stop, resets, loader._reports)
+
+    def close(self) -> None:
+        self._loader._engine.close()
+
+
+def rehosted(loader_ref: Callable[[], StreamLoader | None], roster: Any, start: int,
+              stop: int | None) -> Generator[Any, None, None]:
+    """Runs from ``start``, a new one from the next step each time ``roster``'s count asked
+    for changes: the readers move to their new hosts from the states of what was handed out
+    (what was read ahead is made again, identically). Holds the loader weakly: a loader
+    dropped mid-run must be collected, its device-put thread (which drives this) stopped."""
+    step = start
+    while stop is None or step < stop:
+        loader = loader_ref()
+        if loader is None:
+            return
+        run = ReaderRuns(loader)._run(step, stop, roster.target)
+        del loader
+        try:
+            for batch in run:
+                step += 1
+                yield batch
+                if roster.target != roster.active:
+                    break
+            else:
+                return
+        finally:
+            run.close()
