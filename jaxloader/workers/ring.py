@@ -12,8 +12,8 @@ array that every handed-out view hangs from. Its callback is ``deque.append``, a
 Python code runs when the views die, so a Ctrl-C can never land in (and be swallowed by) a slot
 return, as it could in a ``weakref.finalize`` callback (``jaxloader.base.interrupts``, 5). New slots are created at the largest
 size seen lately, so variable-length data grows the ring once, not every batch; when the largest
-batch of the last ``_SETTLE`` to ``2 * _SETTLE`` is under half the slot size, the size comes
-down to it (one outlier batch grew every slot for good, and the pool, which sizes its tasks by
+batch of the last ``_SETTLE`` to ``2 * _SETTLE`` is under 40% of the slot size, the size comes
+down to it, 25% more (one outlier batch grew every slot for good, and the pool, which sizes its tasks by
 the slots, then ran a step a task: 3x slower for the rest of the run). The ring owns (and at
 ``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they
 die.
@@ -132,8 +132,8 @@ class SlotRing:
         return layout.views(base, objects)
 
     def _settle(self) -> None:
-        """Brings the slot size down to the last windows' largest batch (25% over) where it is
-        under half of it; free slots over twice the new size go (module docstring)."""
+        """Brings the slot size down to the last windows' largest batch, 25% more, where that
+        is under half of it; free slots over twice the new size go (module docstring)."""
         wanted = max(mmap.PAGESIZE, int(max(self._largest) * _GROWTH))
         self._largest[:] = [self._largest[1], 0]
         if self._size > 2 * wanted:

@@ -59,11 +59,11 @@ SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at mos
 
 
 class _Slots:
-    """The worker's mappings of slots by name, most recent last; at most ``_MAX_MAPPED``, and
-    none smaller than the largest slot given: the ring gives workers slots of its size only,
-    which never shrinks, and destroys the smaller ones (``ring.SlotRing.take``, ``grow``), whose
-    memory a mapping kept alive: batches that grew (sorted lengths) left a worker holding 2.6
-    GB of slots the ring had let go, against a ring of 720 MB."""
+    """The worker's mappings of slots by name, most recent last; at most ``_MAX_MAPPED``, none
+    smaller than the largest slot given (the ring destroys smaller ones, whose memory a mapping
+    kept alive: a worker held 2.6 GB of slots the ring had let go, against a ring of 720 MB),
+    and once the ring comes down after an outlier (``SlotRing._settle``: a slot given under half
+    the largest) none over twice the slot given."""
 
     def __init__(self) -> None:
         self._maps: OrderedDict[str, Any] = OrderedDict()
@@ -74,10 +74,10 @@ class _Slots:
         mapped = self._maps.pop(name, None)
         if mapped is None or len(mapped) < size:
             mapped = self._attach(name, size)
-        if size > self._largest:
+        if size > self._largest or 2 * size < self._largest:  # (grown, or come down)
             self._largest = size
-            for smaller in [n for n, m in self._maps.items() if len(m) < size]:
-                self._close(smaller)
+            for other in [n for n, m in self._maps.items() if len(m) < size or len(m) > 2 * size]:
+                self._close(other)
         self._maps[name] = mapped
         while len(self._maps) > self._most:  # slots the main process replaced or retired
             self._close(next(iter(self._maps)))

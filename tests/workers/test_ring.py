@@ -141,6 +141,28 @@ def test_a_worker_lets_go_of_the_slots_the_ring_replaced_by_larger_ones():
     assert max(held) <= 4 * largest, (held, largest)  # (a slot or two in flight)
 
 
+class _Outlier:  # one batch of 32 MB (records 40 to 43) among batches of 1 KB
+    def __len__(self):
+        return 4000
+
+    def __getitem__(self, i):
+        return {"x": np.full(2_000_000 if 40 <= i < 44 else 64, i, np.float32)}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux's /proc")
+def test_a_worker_lets_go_of_an_outlier_batchs_slot_once_the_ring_came_down(monkeypatch):
+    # the ring destroyed the outlier's 40 MB slot once its size came down, but the worker
+    # that wrote it kept it mapped (it let go of smaller slots only): its memory held for good
+    monkeypatch.setattr("jaxloader.workers.ring._SETTLE", 16, raising=False)
+    with jl.DataLoader(_Outlier(), batch_size=4, num_workers=2, process_index=0,
+                       process_count=1) as loader:
+        it = iter(loader)
+        for _ in range(300):
+            next(it)
+        held = [_slots_mapped(pid) for pid in loader.worker_pids]
+    assert max(held) < 4 << 20, held
+
+
 def test_batches_kept_past_the_slots_budget_let_their_descriptors_go(monkeypatch):
     # each kept batch's slot held a descriptor of this process (two before Python 3.13):
     # list(loader) of 2,500 batches ran out of them at a limit of 1,024
