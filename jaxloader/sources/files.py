@@ -116,9 +116,18 @@ def _read_bytes(path: str) -> bytes:
 
         return epath.Path(path).read_bytes()
     # opened without waiting (a FIFO's open waits for a writer), then told by what it is: a
-    # FIFO or a device (/dev/zero) is read for good
-    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, "
-                                        "whose reading would wait or never end)")
+    # FIFO or a device (/dev/zero) is read for good, a folder is named as open() names it
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, whose "
+                                    "reading would wait or never end)")
+    with open(fd, "rb") as f:
         return f.read()

@@ -57,6 +57,13 @@ def test_a_fifo_or_a_device_in_the_list_fails_at_its_record_not_waits(tmp_path):
     for index, name in ((1, "img-1.bin"), (2, "/dev/zero")):
         with pytest.raises(OSError, match=rf"{name}' \(record {index}\): .*not a regular file"):
             source[index]
+    (tmp_path / "sub.bin").mkdir()  # (a folder: its descriptor was left open, each read)
+    folder = jl.FileListSource([str(tmp_path / "sub.bin")])
+    opened = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    for _ in range(20):
+        with pytest.raises(OSError, match=r"record 0\): .*Is a directory: '.*sub.bin'"):
+            folder[0]
+    assert opened is None or len(os.listdir("/proc/self/fd")) == opened
 
 
 def test_bad_arguments(tmp_path):
