@@ -187,3 +187,17 @@ class _Scale:
 
     def times(self, r):
         return {"x": r["x"] * self.k}
+
+
+def test_a_long_value_that_differs_is_shown_where_it_differs():
+    # a stream of 64 shards whose state differs in its shuffle_window only: both values were
+    # cut at 1,000 characters, alike, before the difference
+    from jaxloader.loaders.state import differ
+
+    shards = [f"train-{i:05d}-of-00064.jsonl" for i in range(64)]
+    said = differ("stream", {"shards": shards, "shuffle_window": 8},
+                  {"shards": shards, "shuffle_window": 16})
+    assert "'shuffle_window': 8}" in said and "'shuffle_window': 16}" in said, said
+    assert len(said) < 1000 and said.count("...") == 2
+    huge = differ("source", "x" * 10**7, "y")  # (a crafted 10 MB: cut, quickly)
+    assert len(huge) < 1000 and huge.startswith("source: expected 'xxx")

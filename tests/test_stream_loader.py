@@ -306,6 +306,11 @@ def test_a_stream_state_with_unknown_keys_or_a_step_past_its_keys_is_refused(tmp
         with pytest.raises(jl.StateDictError) as caught:  # (a crafted 50 MB: said whole)
             loader.load_state_dict({**state, "stream": "x" * 10**6})
         assert "stream: expected" in str(caught.value) and len(str(caught.value)) < 5000
+        for crafted in ({**reader, "window": 0, "shard_state": {"consumed": "x" * 10**6}},
+                        {**reader, "window": 0, "emitted": "x" * 10**6}):
+            with pytest.raises(jl.StateDictError) as caught:
+                loader.load_state_dict({**state, "readers": [crafted]})
+            assert len(str(caught.value)) < 2000, len(str(caught.value))
         loader.load_state_dict(state)
         assert loader.step == 2
 

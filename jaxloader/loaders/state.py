@@ -209,8 +209,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
         # (saved before: the same source)
         state = {**state, "source": expected.get("source")}
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
-    diffs = [f"{k}: expected {expected.get(k)!r:.1000}, received {state.get(k)!r:.1000}"
-             for k in compared if state.get(k) != expected.get(k)]  # (a crafted 50 MB: cut)
+    diffs = [differ(k, expected.get(k), state.get(k))
+             for k in compared if state.get(k) != expected.get(k)]
     then, now = str(state.get("source")), str(expected.get("source"))
     if then != now and then.split(":")[:2] == now.split(":")[:2]:  # (kind and size alike)
         diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
@@ -256,8 +256,7 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
                              f"{state.get('version')!r:.120}; this state was written by another "
                              "jaxloader version that this one cannot read")
-    diffs = [f"{k}: expected {v!r:.1000}, received {state.get(k)!r:.1000}"
-             for k, v in config.items() if state.get(k) != v]
+    diffs = [differ(k, v, state.get(k)) for k, v in config.items() if state.get(k) != v]
     if state.get("process_index") != process_index:
         diffs.append(f"process_index: expected {process_index}, received "
                      f"{state.get('process_index')!r:.120}")
@@ -357,3 +356,32 @@ def _check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
         f"{'; ...' if len(changed) > 3 else ''}): the saved step would read other records "
         "than it named; restore over the files the state was saved over, as they were (put "
         "them back), or start the run again without this state")
+
+
+_SHOWN = 400  # characters of a long value a message shows, from before where it differs
+
+
+def differ(key: str, expected: Any, received: Any) -> str:
+    """``key: expected ..., received ...``, a long value (a stream's 64 shards, a crafted 50
+    MB string) shown from just before where the two first differ, both cut alike.
+
+    Example:
+        >>> differ("window", 4, 8)
+        'window: expected 4, received 8'
+        >>> said = differ("s", "a" * 900 + "x", "a" * 900 + "y")
+        >>> len(said), said.replace("a" * 100, "<100 a>")
+        (233, "s: expected ...<100 a>x', received ...<100 a>y'")
+    """
+    want, got = repr(expected), repr(received)
+    if len(want) <= 2 * _SHOWN and len(got) <= 2 * _SHOWN:
+        return f"{key}: expected {want}, received {got}"
+    low, high = 0, min(len(want), len(got))  # the common prefix's length, by halves (in C)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if want[:mid] == got[:mid] else (low, mid - 1)
+    start = max(0, low - _SHOWN // 4)
+
+    def cut(text: str) -> str:
+        return ("..." if start else "") + text[start:start + _SHOWN] + (
+            "..." if len(text) > start + _SHOWN else "")
+    return f"{key}: expected {cut(want)}, received {cut(got)}"

@@ -390,7 +390,7 @@ def _checked(state: Any, reader: int) -> dict:
             state.get("shard_state") is None or isinstance(state["shard_state"], dict)):
         raise StateDictError(f"stream state: expected {{reader, epoch, shard, shard_state, "
                              f"window, emitted}} of non-negative ints (shard_state a dict or "
-                             f"None), got {state!r}")
+                             f"None), got {state!r:.300}")
     if state["reader"] != reader:
         raise StateDictError(f"stream state: it is reader {state['reader']}'s, handed to "
                              f"reader {reader}")

@@ -239,7 +239,7 @@ def check_unchanged(shard: Any, state: dict) -> None:
     for key, value in then.items():
         if type(value) is not int or value < 0:
             raise StateDictError(f"{type(shard).__name__} {shard.name}: state[{key!r}]: "
-                                 f"expected a non-negative int, got {value!r}")
+                                 f"expected a non-negative int, got {value!r:.120}")
     now = shard._identity
     if not then or then == {key: now.get(key) for key in then}:
         return
@@ -329,5 +329,5 @@ def state_ints(shard: Any, state: dict | None, keys: tuple[str, ...]) -> tuple[i
     if not isinstance(state, dict) or any(
             not isinstance(state.get(k), int) or state[k] < 0 for k in keys):
         raise StateDictError(f"{type(shard).__name__} {shard.name}: expected a state with "
-                             f"non-negative ints {list(keys)}, got {state!r}")
+                             f"non-negative ints {list(keys)}, got {state!r:.300}")
     return tuple(state[k] for k in keys)
