@@ -193,8 +193,8 @@ def _open(path: str) -> Any:
         )
     if not opened:
         raise ConfigError(
-            f"ArrayRecordSource: file {path!r} could not be opened as an ArrayRecord file: it "
-            "is not one, or it is cut short or damaged (its index is at its end); pass "
+            f"ArrayRecordSource: file {path!r} could not be opened as an ArrayRecord file"
+            f"{why}: it is not one, or it is cut short or damaged (its index is at its end); pass "
             "ArrayRecord files only, and re-create or re-download a damaged one"
         )
     return reader

@@ -101,11 +101,13 @@ def _check_rows(paths: Sequence[str], metas: list, rows: list[int]) -> None:
     for path, meta in zip(paths, metas):
         counted = sum(rows[at:at + meta.num_row_groups])
         at += meta.num_row_groups
-        if counted != meta.num_rows or any(n < 0 for n in rows[at - meta.num_row_groups:at]):
+        fewest = min(rows[at - meta.num_row_groups:at], default=0)
+        if counted != meta.num_rows or fewest < 0:
             raise ConfigError(
                 f"ParquetSource: file {path!r}: its footer counts {meta.num_rows:,} rows, its "
-                f"row groups {counted:,}: the footer is damaged; write the file again, or leave "
-                "it out of the source's paths")
+                f"row groups {counted:,}" + (f" (one of them {fewest:,})" if fewest < 0 else "")
+                + ": the footer is damaged; write the file again, or leave it out of the "
+                "source's paths")
 
 
 def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:

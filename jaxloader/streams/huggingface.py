@@ -72,7 +72,9 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
                           f"got {type(dataset).__name__}; {remedy}")
     given = str(getattr(sys.modules.get("datasets"), "__version__", ""))
     release = tuple(int(n) for n in re.findall(r"\d+", given)[:3])
-    if not hasattr(dataset, "state_dict") or release and release < _RESTORES:
+    early = re.search(r"\d(a|b|rc|\.?dev)\d*", given) is not None  # (4.8.5rc1: before 4.8.5)
+    if not hasattr(dataset, "state_dict") or release and (
+            release < _RESTORES or release == _RESTORES and early):
         raise ConfigError(
             f"Stream.huggingface(dataset): datasets {given or '(of no version)'} cannot "
             "restore this stream (before 4.8.5 a mapped IterableDataset's state restarted it "
