@@ -150,6 +150,59 @@ def test_a_state_taken_as_auto_workers_move_the_readers_names_what_was_handed_ou
         assert [np.asarray(b["id"]).tolist() for b in take(again, 4)] == rest
 
 
+class _Landing(dict):
+    """The readers' reports, with ``call`` run once as report ``at`` is read: a signal handler
+    (or another thread) landing inside the loader's filing of them."""
+
+    def __init__(self, at, call):
+        super().__init__()
+        self.at, self.call = at, call
+
+    def get(self, step, default=None):
+        report = dict.get(self, step, default)
+        if step == self.at and self.call is not None:
+            call, self.call = self.call, None
+            call()
+        return report
+
+
+def _counting():
+    stream = jl.Stream.from_generator(
+        lambda s: ({"id": np.int64(1000 * s + i)} for i in range(10**6)), 2)
+    return jl.StreamLoader(stream, batch_size=2, num_workers=0, readers_per_process=2,
+                           process_index=0, process_count=1)
+
+
+def test_a_state_dict_or_a_restore_landing_inside_the_filing_of_the_reports_loses_nothing():
+    # a SIGTERM handler's state_dict() inside the loader's filing of its readers' reports
+    # filed an older report over a newer one (a restore then read records again), or made a
+    # run start from stale states (iter() repeated records); a load_state_dict() there had
+    # the old reports filed into the restored position
+    with _counting() as reference:
+        it = iter(reference)
+        whole = [next(it)["id"].tolist() for _ in range(80)]
+    with _counting() as loader:
+        loader._reports = _Landing(11, loader.state_dict)  # inside the fold at step 64
+        it = iter(loader)
+        got = [next(it)["id"].tolist() for _ in range(65)]
+        state = loader.state_dict()
+    with _counting() as again:
+        again.load_state_dict(state)
+        assert got + [b["id"].tolist() for b in take(again, 4)] == whole[:69]
+    with _counting() as loader:  # inside the states a run starts from (iter() at step 10)
+        loader._reports = _Landing(5, loader.state_dict)
+        take(loader, 10)
+        assert [b["id"].tolist() for b in take(loader, 4)] == whole[10:14]
+    with _counting() as loader:  # a restore to step 3 inside another's state_dict()
+        loader._reports = _Landing(5, lambda: loader.load_state_dict(saved))
+        with _counting() as earlier:
+            take(earlier, 3)
+            saved = earlier.state_dict()
+        take(loader, 10)
+        loader.state_dict()
+        assert [b["id"].tolist() for b in take(loader, 4)] == whole[3:7]
+
+
 def test_peek_gives_the_next_batch_and_leaves_the_position(tmp_path):
     with loader_of(jsonl_stream(tmp_path, shuffle_window=4), [], 0) as loader:
         it = iter(loader)

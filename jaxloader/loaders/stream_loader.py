@@ -192,8 +192,17 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._base_step = 0
         self._reports: dict[int, dict] = {}
         self._filing = threading.RLock()  # (_fold's)
+        self._filing_now = False  # whether a fold runs (on the thread holding _filing)
         self._active: LoaderIterator | None = None
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
+
+    def _states_now(self) -> tuple[int, list[dict]]:
+        """The step of the next batch handed out and each reader's state as of it (copies),
+        read together: another thread's ``state_dict()`` read the step apart, which the states
+        the consumer had filed since were ahead of, and a restore skipped the batches between."""
+        with self._filing:
+            step = self._progress.step
+            return step, self._states_at(step)
 
     def _states_at(self, step: int) -> list[dict]:
         """Each reader's state once the batches before ``step`` are handed out (copies)."""
@@ -201,17 +210,26 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
 
     def _fold(self, step: int) -> list[dict]:
         """The readers' states as of ``step`` (handed out), the reports before it filed in
-        (not copies: read them only). One thread at a time (a state_dict() of another, the
+        (not copies: read them only). One thread at a time (another's state_dict(), the
         consumer's, a run's on the device-put thread): two at once could file an older report
-        over a newer one (reentrant: a signal handler's state_dict() within one)."""
+        over a newer one; and within a fold on this thread (a signal handler's state_dict()),
+        read, not filed, for the same reason."""
         with self._filing:
-            for s in range(self._base_step, step):
-                report = self._reports.get(s)
-                if report is not None:  # filed before it is taken out: a Ctrl-C between the
-                    self._base[s % self._readers] = report  # two files it again, never loses it
-                    self._reports.pop(s, None)
-            self._base_step = max(self._base_step, step)
-            return self._base
+            base, reports = self._base, self._reports
+            if self._filing_now:
+                return _overlaid(base, self._base_step, reports, step)
+            self._filing_now = True
+            try:
+                for s in range(self._base_step, step):
+                    report = reports.get(s)
+                    if report is not None:  # filed before it is taken out: a Ctrl-C between
+                        base[s % self._readers] = report  # the two files it again, never loses it
+                        reports.pop(s, None)
+                if self._base is base:  # (not replaced meanwhile: a handler's load_state_dict())
+                    self._base_step = max(self._base_step, step)
+            finally:
+                self._filing_now = False
+            return base
 
     def _states_ahead(self, start: int) -> list[dict]:
         """Each reader's state once the batches before ``start`` are made (copies), for a run
@@ -219,12 +237,12 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         (``stream_runs.rehosted``) starts ahead of what was handed out, and filing to there
         moved the position past batches not handed out, which a state_dict() then skipped."""
         with self._filing:
-            states = [copied(s) for s in self._base]
-            for s in range(self._base_step, start):
-                report = self._reports.get(s)
-                if report is not None:
-                    states[s % self._readers] = copied(report)
-            return states
+            held, self._filing_now = self._filing_now, True  # (a handler's fold within: reads)
+            try:
+                return [copied(r) for r in _overlaid(self._base, self._base_step,
+                                                     self._reports, start)]
+            finally:
+                self._filing_now = held
 
     def _reads(self) -> str:
         return repr(self._stream)
@@ -250,7 +268,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 self.process_count, index=self.process_index)
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
             until = passes.pass_of(  # once their settings are compared: no collective waits
-                self._states_at(self._progress.step), self._until, self._ended,  # on one
+                self._states_now()[1], self._until, self._ended,  # on one
                 self.num_epochs, self.process_count, None if self._probing else hosts or True)
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
@@ -285,9 +303,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         """The batch the next ``next()`` gives, made in this process; the position stays."""
         self._check_placement()
         self._progress.check()
-        step = self._progress.step
+        step, states = self._states_now()
         maker = copy.deepcopy(self._pristine)  # its own shards: the running reader's stay put
-        states = self._states_at(step)
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
             states = passes.stopping_at(states, passes.pass_of(
                 states, self._until, self._ended, self.num_epochs, self.process_count))
@@ -318,10 +335,10 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
     def state_dict(self) -> dict[str, Any]:
         """This process's position: the step and each of its readers' state; JSON-ready."""
         self._check_placement()
-        step = self._progress.step
+        step, readers = self._states_now()
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
-                self.process_index, **self._config(), **extra, "readers": self._states_at(step),
+                self.process_index, **self._config(), **extra, "readers": readers,
                 **passes.to_state(self._until, self.num_epochs, self._ended),
                 "transforms": self._named(),
                 **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})}
@@ -354,5 +371,18 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         # states as of it, set in one statement with no call inside: a Ctrl-C lands before or
         # after, never between (a step with another step's readers would give wrong batches,
         # silently). A stale run's device-put thread files into the dict it was given.
-        self._until, self._ended, self._progress.step, self._base, self._base_step, \
-            self._reports = until, passes.ended(state, until), step, base, step, {}
+        with self._filing:  # (after _invalidate(), whose device-put thread may wait for it)
+            self._until, self._ended, self._progress.step, self._base, self._base_step, \
+                self._reports = until, passes.ended(state, until), step, base, step, {}
+
+
+def _overlaid(base: list[dict], base_step: int, reports: dict[int, dict],
+              step: int) -> list[dict]:
+    """The readers' states as of ``step`` from ``base`` (as of ``base_step``) and the
+    ``reports`` after it, nothing filed (a new list of the same dicts)."""
+    states = list(base)
+    for s in range(base_step, step):
+        report = reports.get(s)
+        if report is not None:
+            states[s % len(states)] = report
+    return states

@@ -115,19 +115,16 @@ def _read_bytes(path: str) -> bytes:
         from etils import epath
 
         return epath.Path(path).read_bytes()
-    # opened without waiting (a FIFO's open waits for a writer), then told by what it is: a
-    # FIFO or a device (/dev/zero) is read for good, a folder is named as open() names it
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, whose "
-                                    "reading would wait or never end)")
-    with open(fd, "rb") as f:
+    # opened without waiting (a FIFO's open waits for a writer; the file object holds the
+    # descriptor from the start), then told by what it is: a FIFO or a device (/dev/zero) is
+    # read for good; a folder is refused by open() itself, naming it
+    with open(path, "rb", opener=lambda name, flags: os.open(name, flags | _NO_WAIT)) as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, "
+                                        "whose reading would wait or never end)")
+        if _NO_WAIT:
+            os.set_blocking(f.fileno(), True)  # (a network file system may honour it)
         return f.read()
+
+
+_NO_WAIT = getattr(os, "O_NONBLOCK", 0)

@@ -71,8 +71,10 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
         raise ConfigError(f"Stream.huggingface(dataset): expected a datasets.IterableDataset, "
                           f"got {type(dataset).__name__}; {remedy}")
     given = str(getattr(sys.modules.get("datasets"), "__version__", ""))
-    release = tuple(int(n) for n in re.findall(r"\d+", given)[:3])
-    early = re.search(r"\d(a|b|rc|\.?dev)\d*", given) is not None  # (4.8.5rc1: before 4.8.5)
+    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", given)
+    release = tuple(int(n or 0) for n in parts.groups()[:3]) if parts else ()
+    early = parts is not None and re.match(  # (4.8.5rc1, 4.8.5.dev0: before 4.8.5)
+        r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4)) is not None
     if not hasattr(dataset, "state_dict") or release and (
             release < _RESTORES or release == _RESTORES and early):
         raise ConfigError(

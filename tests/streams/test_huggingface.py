@@ -245,7 +245,8 @@ def test_a_null_in_a_list_of_floats_is_refused_naming_the_shard_and_the_field():
             next(iter(loader))
 
 
-@pytest.mark.parametrize("release", ["4.8.4", "3.2.0", "4.8.5rc1", "4.8.5.dev0"])
+@pytest.mark.parametrize("release", ["4.8.4", "3.2.0", "4.8.5rc1", "4.8.5.dev0", "4.8.5-rc1",
+                                     "4.8.5c1"])
 def test_a_datasets_release_whose_states_restart_the_stream_is_refused(monkeypatch, release):
     # 3.4 to 4.8.4 restored a mapped IterableDataset's state at its first record (the records
     # after the state's place came again, silently); before 3.4 its states had another form
@@ -253,6 +254,7 @@ def test_a_datasets_release_whose_states_restart_the_stream_is_refused(monkeypat
     with pytest.raises(ConfigError, match=rf"datasets {re.escape(release)} cannot restore "
                                           r"this stream .* pip install \"datasets>=4.8.5\""):
         jl.Stream.huggingface(iterable().map(lambda r: r))
-    for later in ("4.8.5", "4.9.0.dev0", "5.0.0rc1", "4.10.0"):
+    for later in ("4.8.5", "4.9.0.dev0", "5.0.0rc1", "4.10.0", "4.8.5+g1a2b3c",
+                  "4.8.5.post1.dev2"):
         monkeypatch.setattr(datasets, "__version__", later)
         jl.Stream.huggingface(iterable().map(lambda r: r))
