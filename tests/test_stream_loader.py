@@ -201,6 +201,26 @@ def test_a_state_dict_or_a_restore_landing_inside_the_filing_of_the_reports_lose
         take(loader, 10)
         loader.state_dict()
         assert [b["id"].tolist() for b in take(loader, 4)] == whole[3:7]
+    with _counting() as loader:  # a restore to step 3 just before the consumer's fold at 64
+        filed = loader._filed
+
+        def restored_first(step):
+            if step == 64:
+                loader._filed = filed
+                loader.load_state_dict(saved)
+            return filed(step)
+
+        loader._filed = restored_first
+        it = iter(loader)
+        for _ in range(64):
+            next(it)
+        with pytest.raises(jl.JaxloaderError, match="this iterator is stale"):
+            next(it)  # (its run ended by the restore: said, not a silent end of the loop)
+        assert [b["id"].tolist() for b in take(loader, 10)] == whole[3:13]
+        state = loader.state_dict()  # (the stale fold to 64 had filed past the position)
+    with _counting() as again:
+        again.load_state_dict(state)
+        assert [b["id"].tolist() for b in take(again, 3)] == whole[13:16]
 
 
 def test_peek_gives_the_next_batch_and_leaves_the_position(tmp_path):

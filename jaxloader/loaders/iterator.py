@@ -240,6 +240,8 @@ class LoaderIterator(Generic[BatchT]):
             progress.broken = e
             raise
         except StopIteration:
+            if progress.generation != self._generation:  # (its run ended by a restore, iter()
+                return self.__next__()  # or close() from elsewhere: says it is stale, not done)
             raise
         except BaseException as e:
             # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is

@@ -45,6 +45,7 @@ from jaxloader.loaders.state import (STATE_VERSION, as_written_now, check_stream
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.loaders.stream_runs import ReaderRuns
+from jaxloader.sharding.prefetch import Stopped
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.iterable_shards import codes_of
@@ -196,13 +197,14 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._active: LoaderIterator | None = None
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
-    def _states_now(self) -> tuple[int, list[dict]]:
-        """The step of the next batch handed out and each reader's state as of it (copies),
-        read together: another thread's ``state_dict()`` read the step apart, which the states
-        the consumer had filed since were ahead of, and a restore skipped the batches between."""
+    def _states_now(self) -> tuple[int, list[dict], list[int] | None, bool]:
+        """The step of the next batch handed out, each reader's state as of it (copies) and the
+        pass (``_until``, ``_ended``), read together: another thread's ``state_dict()`` read
+        the step apart, which the states the consumer had filed since were ahead of (a restore
+        skipped the batches between), and the pass apart, which a restore may change."""
         with self._filing:
             step = self._progress.step
-            return step, self._states_at(step)
+            return step, self._states_at(step), self._until, self._ended
 
     def _states_at(self, step: int) -> list[dict]:
         """Each reader's state once the batches before ``step`` are handed out (copies)."""
@@ -215,34 +217,41 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         over a newer one; and within a fold on this thread (a signal handler's state_dict()),
         read, not filed, for the same reason."""
         with self._filing:
-            base, reports = self._base, self._reports
+            step = min(step, self._progress.step)  # (a stale run's, after a restore: not past it)
+            base, reports, readers = self._base, self._reports, self._readers
             if self._filing_now:
                 return _overlaid(base, self._base_step, reports, step)
             self._filing_now = True
             try:
-                for s in range(self._base_step, step):
-                    report = reports.get(s)
-                    if report is not None:  # filed before it is taken out: a Ctrl-C between
-                        base[s % self._readers] = report  # the two files it again, never loses it
-                        reports.pop(s, None)
+                for s in range(self._base_step, step):  # (no branch: a Ctrl-C at the back edge
+                    i = s % readers  # of one skipped the with's and finally's exits, on 3.13)
+                    base[i] = reports.get(s) or base[i]  # filed before it is taken out: a
+                    reports.pop(s, None)  # Ctrl-C between the two files it again, never loses it
                 if self._base is base:  # (not replaced meanwhile: a handler's load_state_dict())
                     self._base_step = max(self._base_step, step)
             finally:
                 self._filing_now = False
             return base
 
-    def _states_ahead(self, start: int) -> list[dict]:
+    def _states_ahead(self, start: int, generation: int) -> list[dict]:
         """Each reader's state once the batches before ``start`` are made (copies), for a run
-        from ``start``, the position left as it is: a run made anew on the device-put thread
-        (``stream_runs.rehosted``) starts ahead of what was handed out, and filing to there
-        moved the position past batches not handed out, which a state_dict() then skipped."""
-        with self._filing:
+        from ``start`` of ``generation``, the position left as it is: a run made anew on the
+        device-put thread (``stream_runs.rehosted``) starts ahead of what was handed out, and
+        filing to there moved the position past batches not handed out, which a state_dict()
+        then skipped. A run made stale meanwhile gives way (``Stopped``): a signal handler's
+        load_state_dict() within a fold waits, holding the lock, for this thread to end."""
+        while not self._filing.acquire(timeout=0.05):
+            if generation != self._progress.generation:
+                raise Stopped(f"a run of {self._progress.owner} made stale")
+        try:
             held, self._filing_now = self._filing_now, True  # (a handler's fold within: reads)
             try:
                 return [copied(r) for r in _overlaid(self._base, self._base_step,
                                                      self._reports, start)]
             finally:
                 self._filing_now = held
+        finally:
+            self._filing.release()
 
     def _reads(self) -> str:
         return repr(self._stream)
@@ -268,8 +277,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 self.process_count, index=self.process_index)
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
             until = passes.pass_of(  # once their settings are compared: no collective waits
-                self._states_now()[1], self._until, self._ended,  # on one
-                self.num_epochs, self.process_count, None if self._probing else hosts or True)
+                *self._states_now()[1:], self.num_epochs, self.process_count,  # on one
+                None if self._probing else hosts or True)
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       ReaderRuns(self), put,
@@ -303,11 +312,11 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         """The batch the next ``next()`` gives, made in this process; the position stays."""
         self._check_placement()
         self._progress.check()
-        step, states = self._states_now()
+        step, states, until, ended = self._states_now()
         maker = copy.deepcopy(self._pristine)  # its own shards: the running reader's stay put
         if self.num_epochs is not None:  # the pass next() is in, or the one iter() starts
             states = passes.stopping_at(states, passes.pass_of(
-                states, self._until, self._ended, self.num_epochs, self.process_count))
+                states, until, ended, self.num_epochs, self.process_count))
         try:
             maker.reset(states[step % self._readers])
             batch, _ = made_here(maker, step)
@@ -335,11 +344,11 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
     def state_dict(self) -> dict[str, Any]:
         """This process's position: the step and each of its readers' state; JSON-ready."""
         self._check_placement()
-        step, readers = self._states_now()
+        step, readers, until, ended = self._states_now()
         extra = self._stream.extra_state()  # a mixture's weights
         return {"version": STATE_VERSION, "step": step, "process_index":
                 self.process_index, **self._config(), **extra, "readers": readers,
-                **passes.to_state(self._until, self.num_epochs, self._ended),
+                **passes.to_state(until, self.num_epochs, ended),
                 "transforms": self._named(),
                 **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})}
 

@@ -29,14 +29,17 @@ class ReaderRuns:
         """The engine's run from ``start``; with ``num_workers="auto"``, runs that move the
         readers to their new hosts each time the worker count asked for changes."""
         loader = self._loader
+        generation = loader._progress.generation  # (the runs' loader's: a restore ends them)
         if not loader._options.auto_workers:
-            return self._run(start, stop, max(1, loader.num_workers))
-        return rehosted(weakref.ref(loader), getattr(loader._engine, "roster"), start, stop)
+            return self._run(start, stop, max(1, loader.num_workers), generation)
+        return rehosted(weakref.ref(loader), getattr(loader._engine, "roster"), start, stop,
+                        generation)
 
-    def _run(self, start: int, stop: int | None, hosts: int) -> Generator[Any, None, None]:
+    def _run(self, start: int, stop: int | None, hosts: int,
+             generation: int) -> Generator[Any, None, None]:
         """One engine run from ``start`` with ``hosts`` hosting the readers."""
         loader = self._loader
-        states = loader._states_ahead(start)
+        states = loader._states_ahead(start, generation)
         if loader._until is not None:
             states = passes.stopping_at(states, loader._until)
         resets: list = [states[w::hosts] for w in range(hosts)]  # host w: readers w, w + W, ..
@@ -51,7 +54,7 @@ class ReaderRuns:
 
 
 def rehosted(loader_ref: Callable[[], StreamLoader | None], roster: Any, start: int,
-              stop: int | None) -> Generator[Any, None, None]:
+             stop: int | None, generation: int) -> Generator[Any, None, None]:
     """Runs from ``start``, a new one from the next step each time ``roster``'s count asked
     for changes: the readers move to their new hosts from the states of what was handed out
     (what was read ahead is made again, identically). Holds the loader weakly: a loader
@@ -61,7 +64,7 @@ def rehosted(loader_ref: Callable[[], StreamLoader | None], roster: Any, start: 
         loader = loader_ref()
         if loader is None:
             return
-        run = ReaderRuns(loader)._run(step, stop, roster.target)
+        run = ReaderRuns(loader)._run(step, stop, roster.target, generation)
         del loader
         try:
             for batch in run:
