@@ -13,10 +13,10 @@ Python code runs when the views die, so a Ctrl-C can never land in (and be swall
 return, as it could in a ``weakref.finalize`` callback (``jaxloader.base.interrupts``, 5). New slots are created at the largest
 size seen lately, so variable-length data grows the ring once, not every batch; when the largest
 batch of the last ``_SETTLE`` to ``2 * _SETTLE`` is under 40% of the slot size, the size comes
-down to it, 25% more (one outlier batch grew every slot for good, and the pool, which sizes its tasks by
-the slots, then ran a step a task: 3x slower for the rest of the run). The ring owns (and at
-``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped when they
-die.
+down to it, 25% more (one outlier batch grew every slot for good, and the pool, which sizes its
+tasks by the slots, then ran a step a task: 3x slower for the rest of the run). The ring owns
+(and at ``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped
+when they die.
 
 A slot goes back to the worker that wrote it last (``take(worker)``: its own free slots first,
 then another's, then a new one): a worker maps each slot it writes once and keeps the mapping
