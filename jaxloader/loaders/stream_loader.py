@@ -223,10 +223,11 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 return _overlaid(base, self._base_step, reports, step)
             self._filing_now = True
             try:
-                for s in range(self._base_step, step):  # (no branch: a Ctrl-C at the back edge
-                    i = s % readers  # of one skipped the with's and finally's exits, on 3.13)
-                    base[i] = reports.get(s) or base[i]  # filed before it is taken out: a
-                    reports.pop(s, None)  # Ctrl-C between the two files it again, never loses it
+                for s in range(self._base_step, step):  # (no branch to the back edge: a Ctrl-C
+                    i = s % readers  # at one skipped the with's and finally's exits, on 3.13)
+                    base[i] = r if (r := reports.get(s)) is not None else base[i]  # filed
+                    reports.pop(s, None)  # before it is taken out: a Ctrl-C between the two
+                    # files it again, never loses it
                 if self._base is base:  # (not replaced meanwhile: a handler's load_state_dict())
                     self._base_step = max(self._base_step, step)
             finally:
