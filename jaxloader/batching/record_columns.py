@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import sys
-
 from operator import attrgetter
 from typing import Any, NamedTuple, NoReturn
 

@@ -246,8 +246,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             bottleneck = "source" if read >= made_total - read else "workers"
         if bottleneck == "device":
             advice.insert(0, f"{_placement_advice(place, per, placed_in_thread)}, while the "
-                             f"workers wait "
-                             f"({busy:.0%} busy)")
+                             f"workers wait ({busy:.0%} busy)")
         elif bottleneck == "main":
             advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
                              f"waits: the training process's hand-over takes "

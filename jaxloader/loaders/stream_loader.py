@@ -218,16 +218,14 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         read, not filed, for the same reason."""
         with self._filing:
             step = min(step, self._progress.step)  # (a stale run's, after a restore: not past it)
-            base, reports, readers = self._base, self._reports, self._readers
+            base, reports = self._base, self._reports
             if self._filing_now:
                 return _overlaid(base, self._base_step, reports, step)
             self._filing_now = True
-            try:
-                for s in range(self._base_step, step):  # (no branch to the back edge: a Ctrl-C
-                    i = s % readers  # at one skipped the with's and finally's exits, on 3.13)
-                    base[i] = r if (r := reports.get(s)) is not None else base[i]  # filed
-                    reports.pop(s, None)  # before it is taken out: a Ctrl-C between the two
-                    # files it again, never loses it
+            try:  # filed, in one slice assignment, before taken out: a Ctrl-C between the two
+                base[:] = _overlaid(base, self._base_step, reports, step)  # files them again
+                for s in range(self._base_step, step):  # (no branch here: a Ctrl-C at a branch's
+                    reports.pop(s, None)  # back edge skipped the with's and finally's exits, 3.13)
                 if self._base is base:  # (not replaced meanwhile: a handler's load_state_dict())
                     self._base_step = max(self._base_step, step)
             finally:

@@ -55,6 +55,23 @@ from jaxloader.streams.json_values import numbers_as_arrays
 _RESTORES = (4, 8, 5)  # the first datasets release whose IterableDataset states restore right
 
 
+def _restores(release: str) -> bool:
+    """Whether datasets ``release`` (its ``__version__``) restores a mapped IterableDataset's
+    state: 4.8.5 or later, not a pre-release of 4.8.5 (PEP 440's forms, read by hand:
+    ``packaging`` is no dependency); a form not read is taken as one that does.
+
+    Example:
+        >>> [_restores(v) for v in ("4.8.4", "4.8.5rc1", "4.8.5", "4.8.5.post1", "5.0.0.dev0")]
+        [False, False, True, True, True]
+    """
+    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", release)
+    if parts is None:
+        return True
+    numbers = tuple(int(n or 0) for n in parts.groups()[:3])
+    early = re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4))
+    return numbers > _RESTORES or numbers == _RESTORES and early is None
+
+
 def is_iterable_dataset(value: Any) -> bool:
     """Whether ``value`` is a Hugging Face ``datasets.IterableDataset`` (no import of it)."""
     return any(c.__name__ == "IterableDataset" and c.__module__.startswith("datasets.")
@@ -71,12 +88,7 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
         raise ConfigError(f"Stream.huggingface(dataset): expected a datasets.IterableDataset, "
                           f"got {type(dataset).__name__}; {remedy}")
     given = str(getattr(sys.modules.get("datasets"), "__version__", ""))
-    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", given)
-    release = tuple(int(n or 0) for n in parts.groups()[:3]) if parts else ()
-    early = parts is not None and re.match(  # (4.8.5rc1, 4.8.5.dev0: before 4.8.5)
-        r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4)) is not None
-    if not hasattr(dataset, "state_dict") or release and (
-            release < _RESTORES or release == _RESTORES and early):
+    if not hasattr(dataset, "state_dict") or not _restores(given):
         raise ConfigError(
             f"Stream.huggingface(dataset): datasets {given or '(of no version)'} cannot "
             "restore this stream (before 4.8.5 a mapped IterableDataset's state restarted it "
