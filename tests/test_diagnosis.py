@@ -10,7 +10,7 @@ import pytest
 
 import jaxloader as jl
 from busy import WaitingSource, spin
-from jaxloader.base.stats import LoaderStats
+from jaxloader.base.stats import LoaderStats, WorkerStats
 from jaxloader.base.errors import WorkerError
 from jaxloader.base.timings import Gauges, Timed, weight
 from jaxloader.workers.tasks import Failure
@@ -239,6 +239,57 @@ def test_the_log_says_what_the_workers_do_and_a_periodic_summary_with_the_verdic
     assert any("stopping worker process" in m for m in said), said  # close()
     summaries = [m for m in said if "bottleneck: workers" in m]
     assert summaries and "batches/s" in summaries[0], said
+
+
+def slow_early(record):
+    if record["x"][0] < 4 * 16 * 30:  # the first 30 batches of 16 (shuffle off)
+        spin(0.002)
+    return record
+
+
+def test_the_periodic_summary_judges_the_input_since_the_summary_before(caplog):
+    # the summary judged every batch since the loader was made: a slow first stretch was named
+    # the bottleneck for the rest of the run, long after the loop itself had become the limit
+    caplog.set_level("INFO", logger="jaxloader")
+    loader = jl.DataLoader(arrays(), batch_size=16, transforms=[jl.Map(slow_early)],
+                           num_workers=1, log_every_s=3600, **ONE)
+    with loader:
+        it = iter(loader)
+        for _ in range(30):
+            next(it)
+        assert "bottleneck: workers" in loader._summary()
+        earlier = loader.stats
+        for _ in range(30):
+            next(it)
+            time.sleep(0.01)
+        line = loader._summary()
+        assert loader.diagnose().bottleneck == "workers"  # the totals still say so
+        assert loader.diagnose(since=earlier).bottleneck == "step"
+    assert "bottleneck: step" in line and line.startswith("30 batches in "), line
+    assert line.endswith("(60 batches since the stats began)"), line
+
+
+def test_a_window_of_stats_is_the_difference_of_two_reads():
+    w0 = WorkerStats(0, 7, 10, 40, 400, 2.0, 1.5, {"read": 1.0}, 0.25)
+    earlier = LoaderStats(10, 3.0, 1.0, 4.0, 40, 400, {"read": 1.0, "step": 1.0}, (w0,), 1,
+                          2.0, 10, 0.5)
+    w1 = w0._replace(batches=30, records=120, bytes=1200, busy_s=3.0, cpu_s=2.0,
+                     stages={"read": 1.5, "Map(f)": 0.5}, queued_s=0.5)
+    new = WorkerStats(1, 8, 5, 20, 200, 1.0, 1.0, {"read": 0.2})  # started in the window
+    later = LoaderStats(30, 3.5, 5.0, 9.5, 160, 1600, {"read": 1.7, "step": 5.0}, (w1, new), 2,
+                        1.0, 35, 0.5)
+    window = later.since(earlier)
+    assert (window.batches, window.wait_s, window.run_s, window.wall_s) == (20, 0.5, 4.0, 5.5)
+    assert (window.records, window.bytes, window.batches_made) == (120, 1200, 25)
+    assert dict(window.stages) == pytest.approx({"read": 0.7, "step": 4.0})
+    assert window.first_batch_s == 0.0 and window.num_workers == 2
+    assert window.ready_ahead == pytest.approx((1.0 * 30 - 2.0 * 10) / 20)
+    first, second = window.workers
+    assert (first.batches, first.busy_s, first.cpu_s, first.queued_s) == (20, 1.0, 0.5, 0.25)
+    assert dict(first.stages) == pytest.approx({"read": 0.5, "Map(f)": 0.5})
+    assert second == new
+    assert earlier.since(later) is earlier  # counts gone back (reset_stats): the newer whole
+    assert later.since(LoaderStats(0, 0.0, 0.0)).first_batch_s == 0.5
 
 
 def test_two_loaders_log_lines_say_which_loader_each_is(caplog):

@@ -110,6 +110,44 @@ class LoaderStats(NamedTuple):
             steady = self.wall_s
         return tuple(min(1.0, w.busy_s / steady) if steady else 0.0 for w in self.workers)
 
+    def since(self, earlier: "LoaderStats") -> "LoaderStats":
+        """The stats of the window from ``earlier`` (this loader's stats read before) to these:
+        what the input did lately, which the totals of a long run hide. A worker started in the
+        window counts whole; after a ``reset_stats()`` (counts gone back) these stats are the
+        window.
+
+        Example:
+            >>> a = LoaderStats(batches=10, wait_s=5.0, run_s=1.0, wall_s=6.0)
+            >>> b = LoaderStats(batches=110, wait_s=5.5, run_s=10.5, wall_s=16.0)
+            >>> window = b.since(a)
+            >>> window.batches, round(window.wait_fraction, 2), round(b.wait_fraction, 2)
+            (100, 0.05, 0.34)
+        """
+        if self.batches < earlier.batches or self.batches_made < earlier.batches_made:
+            return self
+        was = {(w.worker, w.pid): w for w in earlier.workers}
+        workers = []
+        for w in self.workers:
+            e = was.get((w.worker, w.pid))
+            workers.append(w if e is None or w.batches < e.batches else w._replace(
+                batches=w.batches - e.batches, records=w.records - e.records,
+                bytes=w.bytes - e.bytes, busy_s=w.busy_s - e.busy_s, cpu_s=w.cpu_s - e.cpu_s,
+                stages=_minus(w.stages, e.stages), queued_s=max(0.0, w.queued_s - e.queued_s)))
+        batches = self.batches - earlier.batches
+        ahead = (self.ready_ahead * self.batches - earlier.ready_ahead * earlier.batches)
+        return LoaderStats(
+            batches, self.wait_s - earlier.wait_s, self.run_s - earlier.run_s,
+            self.wall_s - earlier.wall_s, self.records - earlier.records,
+            self.bytes - earlier.bytes, _minus(self.stages, earlier.stages), tuple(workers),
+            self.num_workers, max(0.0, ahead / batches) if batches else 0.0,
+            self.batches_made - earlier.batches_made,
+            self.first_batch_s if earlier.batches == 0 else 0.0)
+
+
+def _minus(later: Mapping[str, float], earlier: Mapping[str, float]) -> Mapping[str, float]:
+    """Seconds by stage between two reads (a stage's time only grows)."""
+    return MappingProxyType({k: max(0.0, v - earlier.get(k, 0.0)) for k, v in later.items()})
+
 
 def queued_s(pid: int) -> float:
     """Seconds the threads of process ``pid`` have waited for a core (runnable, not running:

@@ -64,6 +64,7 @@ class LoaderLifecycle:
     _jax_pending: tuple[bool, bool]  # the place's numbers taken without JAX (options.jax_pending)
     _monitor: Monitor | None
     _putter: Putter | None  # (_putter_for's: None without a sharding)
+    _summarised: LoaderStats | None = None  # the stats at the periodic summary before
     _probing = False  # iter() by jaxloader.profile, which puts the position back: not compared
     # with the other processes' (sharding.hosts), as it may run on one of them alone
 
@@ -198,18 +199,23 @@ class LoaderLifecycle:
         raise NotImplementedError
 
     def _summary(self) -> str:
-        """The periodic one-line summary (``log_every_s=``)."""
-        stats = self.stats
-        line = (f"{stats.batches} batches, {stats.batches_per_s:.1f} batches/s, the loop waited "
-                f"{stats.wait_fraction:.0%}, {self.num_workers} worker(s)")
+        """The periodic one-line summary (``log_every_s=``): the window since the summary
+        before, whose verdict is the input's now (the totals' would name a slow first epoch
+        for the rest of the run), then the batches since the stats began."""
+        total = self.stats
+        before, self._summarised = self._summarised, total
+        stats = total.since(before) if before is not None else total
+        line = (f"{stats.batches} batches in {stats.wall_s:.0f} s, {stats.batches_per_s:.1f} "
+                f"batches/s, the loop waited {stats.wait_fraction:.0%}, "
+                f"{self.num_workers} worker(s)")
         if stats.busy:
             line += f" busy {sum(stats.busy) / len(stats.busy):.0%}"
         if stats.batches >= 2:
-            verdict = self.diagnose()
+            verdict = self._diagnose(stats)
             line += f"; bottleneck: {verdict.bottleneck}"
             if verdict.advice:
                 line += f" ({verdict.advice[0]})"
-        return line
+        return line + f" ({total.batches} batches since the stats began)"
 
     @property
     def batch_size(self) -> int:
@@ -256,10 +262,11 @@ class LoaderLifecycle:
         return self._progress.stats(engine.gauges, pids, engine.active,
                                     local=not getattr(engine, "remote", False))
 
-    def diagnose(self) -> "Diagnosis":
+    def diagnose(self, since: LoaderStats | None = None) -> "Diagnosis":
         """What limits the input now, from ``stats``: ``bottleneck`` (``"step"``,
         ``"workers"``, ``"source"``, ``"main"`` or ``"device"``), seconds by stage, and advice;
-        ``print()`` it for a table.
+        ``print()`` it for a table. ``since``: stats read before (``loader.stats``), to judge
+        only the window after them (``stats.since(earlier)``).
 
         Example:
             >>> import numpy as np, jaxloader as jl
@@ -270,10 +277,14 @@ class LoaderLifecycle:
             >>> loader.diagnose().bottleneck  # made in this process, for a loop doing nothing
             'main'
         """
+        stats = self.stats
+        return self._diagnose(stats if since is None else stats.since(since))
+
+    def _diagnose(self, stats: LoaderStats) -> "Diagnosis":
         from jaxloader.loaders.diagnosis import diagnose
 
         put = self._putter
-        return diagnose(self.stats, self._engine.active, counts=self._worker_counts(),
+        return diagnose(stats, self._engine.active, counts=self._worker_counts(),
                         remote=getattr(self._engine, "remote", False),
                         placed_in_thread=put is None or put.single_device)
 
@@ -282,6 +293,7 @@ class LoaderLifecycle:
         self._progress.reset_stats(() if getattr(self._engine, "remote", False)
                                    else self._engine.pids)
         self._engine.gauges.reset()
+        self._summarised = None  # (the periodic summary's window starts afresh too)
         if self._monitor is not None:  # (a tuning window across the reset: counts gone back)
             self._monitor.restart()
 
