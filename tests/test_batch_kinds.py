@@ -42,6 +42,15 @@ def test_a_stream_whose_numbers_turn_to_floats_is_refused_whatever_the_batch_siz
             list(loader)
 
 
+def test_int64_then_uint64_is_told_to_be_uint64_not_float64_which_rounds():
+    parts = jl.ConcatSource([jl.ArraySource({"x": np.arange(4)}),
+                             jl.ArraySource({"x": np.arange(4, dtype=np.uint64) + 2**63})])
+    with pytest.raises(jl.CollateError, match=r"uint64 \(1-D\), where the first batch \(step 0\) "
+                                              r"had int64 \(1-D\).*hold no common int.*"
+                                              r"np.asarray\(x, 'uint64'\)"):
+        list(jl.DataLoader(parts, batch_size=4, process_index=0, process_count=1))
+
+
 def test_strings_of_other_lengths_nested_leaves_and_partial_batches_pass():
     words = np.array(["a", "bb", "ccc", "dddd", "eeeee"])  # batches of <U2, then <U4, <U5
     source = jl.ArraySource({"w": words, "p": {"q": np.arange(5.0)}})

@@ -101,12 +101,15 @@ class BatchKinds:
                 common = repr(np.result_type(kind0, kind).name)
             except TypeError:
                 common = repr(_TEXT.get(kind0.kind, kind0.name))
+            cause = "a JSON number written 1 in some records and 1.5 in others, or parts of a " \
+                "ConcatSource that differ"
+            if {kind.kind, kind0.kind} == {"i", "u"} and common == "'float64'":
+                cause, common = ("int64 and uint64 hold no common int, and float64 rounds past "
+                                 "2**53: 'uint64' if none is negative"), "'uint64'"
             raise CollateError(
                 f"{where(step)}: batch leaf {path} is {name}, where {then} had {name0}: every "
-                f"batch must have one dtype a leaf (a JSON number written 1 in some records "
-                f"and 1.5 in others, or parts of a ConcatSource that differ); make it one in "
-                f"a Map (np.asarray(x, {common})), or in a jl.MapSource of the part that "
-                "differs")
+                f"batch must have one dtype a leaf ({cause}); make it one in a Map "
+                f"(np.asarray(x, {common})), or in a jl.MapSource of the part that differs")
 
 
 def _kind(leaf: Any) -> Any:

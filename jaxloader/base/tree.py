@@ -335,6 +335,11 @@ def _raise_mismatch(trees: list, treedef: TreeDef, names: Any, path: str) -> NoR
                 "an array of one length in a Map (np.asarray, padded or cropped), or pack "
                 "token sequences with jaxloader.PackedSource (PackedStream for a stream)"
                 if sequence else
+                "a stream's JSON list of numbers becomes an array, but not an empty one (no "
+                "dtype) nor one holding an int beyond int64 (kept Python ints, exact): make it "
+                "an array in a Map (np.asarray(x, np.uint64) for such ints, np.zeros(0, "
+                "np.int64) for an empty list)"
+                if {want[0], got[0]} == {"list", "leaf"} else
                 "make every record the same structure (a Map can add missing keys; a None "
                 "where other records have an array must become an array too)")
             raise CollateError(

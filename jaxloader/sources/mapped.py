@@ -34,6 +34,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
+from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
@@ -93,8 +94,9 @@ class MapSource:
 
     def __getitem__(self, index: int) -> Any:
         if self.batched:
-            rows = self.fn(self._columns(np.array([index], np.int64)))
-            return {key: value[0] for key, value in rows.items()}
+            leaves, treedef = tree_lib.flatten(self.fn(self._columns(np.array([index],
+                                                                               np.int64))))
+            return tree_lib.unflatten(treedef, [leaf[0] for leaf in leaves])  # (any pytree)
         return self.fn(self.source[index])
 
     def __getitems__(self, indices: np.ndarray) -> Any:

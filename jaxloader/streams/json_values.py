@@ -3,8 +3,8 @@ pytree node: ``"tokens": [5, 8, 13]`` would batch as 3 arrays of one number a re
 JSON lines files and the Python-format records of a Hugging Face stream.
 
 Example:
-    >>> numbers_as_arrays({"t": [5, 8], "w": ["a"], "big": [2**64 - 1, 1]})
-    {'t': array([5, 8]), 'w': ['a'], 'big': [18446744073709551615, 1]}
+    >>> numbers_as_arrays({"t": [5, 8], "w": ["a"], "id": [2**63]})
+    {'t': array([5, 8]), 'w': ['a'], 'id': [9223372036854775808]}
 """
 
 from __future__ import annotations
@@ -28,15 +28,21 @@ def numbers_as_arrays(value: Any) -> Any:
             array = np.asarray(value)
         except ValueError:  # lists of other lengths
             array = None
-        if array is not None and (array.dtype.kind in "biu" or array.dtype.kind == "f"
-                                  and _has_float(value)):
-            return array
+        if array is not None and (array.dtype.kind in "bi" or array.dtype.kind == "f"
+                                  and _has_float(value) and not _has_big_int(value)):
+            return array  # (uint64 or float64 from ints of 2**63 up: kept Python ints)
     return [numbers_as_arrays(v) for v in value]
 
 
 def _has_float(value: list) -> bool:
     """Whether a float is among the numbers of ``value`` (through nested lists)."""
     return any(_has_float(v) if isinstance(v, list) else type(v) is float for v in value)
+
+
+def _has_big_int(value: list) -> bool:
+    """Whether an int beyond int64 is among the numbers of ``value`` (through nested lists)."""
+    return any(_has_big_int(v) if isinstance(v, list) else
+               type(v) is int and not -2**63 <= v < 2**63 for v in value)
 
 
 _NUMBERS = {int, float, bool}

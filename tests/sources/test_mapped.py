@@ -221,3 +221,16 @@ def test_a_batched_map_over_a_source_that_reads_records_is_refused_naming_it(tmp
         r["value"])})[2]["value"]) == 3.0  # (its records one by one)
     with pytest.raises(jl.ConfigError, match=r"a MapSource of records \(batched=False\)"):
         jl.MapSource(jl.MapSource(_arrays(), dict), _columns_as_float32, batched=True)
+
+
+def test_a_batched_map_of_tuples_or_nested_dicts_gives_one_record_by_index():
+    # source[i] took the batch's output as a flat dict: a tuple raised AttributeError, a
+    # nested dict a KeyError, where the loader read both
+    pairs = jl.MapSource(jl.ArraySource((np.arange(10), np.arange(10) * 2)),
+                         lambda b: (b[0] + 1, b[1]), batched=True)
+    assert pairs[3] == (4, 6)
+    nested = jl.MapSource(jl.ArraySource({"a": np.arange(10)}),
+                          lambda b: {"n": {"x": b["a"] + 1}, "a": b["a"]}, batched=True)
+    assert nested[3] == {"n": {"x": 4}, "a": 3}
+    loader = jl.DataLoader(nested, batch_size=10, process_index=0, process_count=1)
+    assert next(iter(loader))["n"]["x"][3] == nested[3]["n"]["x"]

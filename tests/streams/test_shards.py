@@ -226,6 +226,29 @@ def test_ints_beyond_int64_in_a_list_stay_exact_and_collation_names_them(tmp_pat
             next(iter(loader))
 
 
+def test_a_list_of_ints_past_int64_alone_stays_exact_and_a_list_beside_arrays_is_named(tmp_path):
+    # a list whose ints all fit uint64 became a uint64 array (and one beside a float, float64,
+    # rounded): the next batch, of int64 ids, failed with advice to cast to float64 (rounding)
+    path = tmp_path / "ids.jsonl"
+    ids = [[2**63 + 1], [2**63 + 2], [3], [4], [2**64 - 1, 1.5], [2**63 - 1, 1.5]]
+    path.write_text("".join(json.dumps({"h": h}) + "\n" for h in ids))
+    records = read_all(jl.JsonlShard(path))
+    assert [r["h"] for r in records[:3] + records[4:5]] == [[2**63 + 1], [2**63 + 2], [3],
+                                                            [2**64 - 1, 1.5]]
+    assert type(records[4]["h"]) is list and records[2]["h"].dtype == np.int64
+    assert records[5]["h"].dtype == np.float64  # (2**63 - 1 is an int64: a float list)
+    with jl.StreamLoader(jl.Stream.jsonl(path), batch_size=2, process_index=0,
+                         process_count=1) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"9223372036854775809, beyond int64"):
+            next(iter(loader))
+    with jl.StreamLoader(jl.Stream.jsonl(path), batch_size=3, process_index=0,
+                         process_count=1) as loader:  # two lists, then an array of [3]
+        with pytest.raises(jl.JaxloaderError, match=r"has a leaf; a stream's JSON list of "
+                                                     r"numbers becomes an array, but not an "
+                                                     r"empty one .*np.uint64"):
+            next(iter(loader))
+
+
 def test_blank_lines_are_skipped_however_many_follow_each_other(tmp_path):
     path = tmp_path / "gaps.jsonl"
     path.write_text('{"x": 1}\n' + "\n" * 5000 + '  \n{"x": 2}\n\n')
