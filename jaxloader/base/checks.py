@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -108,3 +109,21 @@ def refused_call(fn: Callable[..., Any], *args: Any) -> str | None:
     except TypeError:
         return str(signature)
     return None
+
+
+def released_at_least(release: str, floor: tuple[int, int, int]) -> bool:
+    """Whether a package's ``release`` (its ``__version__``) is ``floor`` or later, not a
+    pre-release of ``floor`` (PEP 440's forms, read by hand: ``packaging`` is no dependency);
+    a form not read is taken as one that is.
+
+    Example:
+        >>> [released_at_least(v, (4, 8, 5))
+        ...  for v in ("4.8.4", "4.8.5rc1", "4.8.5", "4.8.5.post1", "5.0.0.dev0", "2.21")]
+        [False, False, True, True, True, False]
+    """
+    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", release)
+    if parts is None:
+        return True
+    numbers = tuple(int(n or 0) for n in parts.groups()[:3])
+    early = re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4))
+    return numbers > floor or numbers == floor and early is None

@@ -20,15 +20,18 @@ Example (``tests/sources/test_huggingface.py`` runs it)::
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
+from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
-from jaxloader.base.errors import RecordError
+from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.arrow_columns import is_list, nested_nulls, numpy_of
 
 
+_NUMPY_2 = (2, 21, 0)  # the first datasets release whose NumPy format works under NumPy 2
 _LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths
 
 
@@ -49,6 +52,13 @@ class HuggingFaceSource:
         fmt = dataset.format
         # the user's own transform (with_transform / set_transform): kept, its answers batched
         self.custom = fmt["type"] == "custom"
+        release = str(getattr(sys.modules.get("datasets"), "__version__", ""))
+        if not self.custom and not released_at_least(release, _NUMPY_2):
+            raise ConfigError(  # (its NumPy format's np.array(copy=False): a bare ValueError)
+                f"a datasets.Dataset: datasets {release} reads no batch under NumPy "
+                f"{np.__version__} (its NumPy format was made for NumPy 1; 2.21 was the first "
+                "release for NumPy 2); pip install \"datasets>=2.21\" (the test extra's "
+                "floor is 4.8.5)")
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]

@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import re
 import sys
 from typing import Any
 
 import numpy as np
 
+from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.base.state_copy import copied
@@ -53,23 +53,6 @@ from jaxloader.sources.huggingface import _declared_dtype
 from jaxloader.streams.json_values import numbers_as_arrays
 
 _RESTORES = (4, 8, 5)  # the first datasets release whose IterableDataset states restore right
-
-
-def _restores(release: str) -> bool:
-    """Whether datasets ``release`` (its ``__version__``) restores a mapped IterableDataset's
-    state: 4.8.5 or later, not a pre-release of 4.8.5 (PEP 440's forms, read by hand:
-    ``packaging`` is no dependency); a form not read is taken as one that does.
-
-    Example:
-        >>> [_restores(v) for v in ("4.8.4", "4.8.5rc1", "4.8.5", "4.8.5.post1", "5.0.0.dev0")]
-        [False, False, True, True, True]
-    """
-    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", release)
-    if parts is None:
-        return True
-    numbers = tuple(int(n or 0) for n in parts.groups()[:3])
-    early = re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4))
-    return numbers > _RESTORES or numbers == _RESTORES and early is None
 
 
 def is_iterable_dataset(value: Any) -> bool:
@@ -88,7 +71,7 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
         raise ConfigError(f"Stream.huggingface(dataset): expected a datasets.IterableDataset, "
                           f"got {type(dataset).__name__}; {remedy}")
     given = str(getattr(sys.modules.get("datasets"), "__version__", ""))
-    if not hasattr(dataset, "state_dict") or not _restores(given):
+    if not hasattr(dataset, "state_dict") or not released_at_least(given, _RESTORES):
         raise ConfigError(
             f"Stream.huggingface(dataset): datasets {given or '(of no version)'} cannot "
             "restore this stream (before 4.8.5 a mapped IterableDataset's state restarted it "

@@ -373,3 +373,17 @@ def test_a_long_string_is_not_copied_to_every_rows_width():
         tracemalloc.stop()
     assert len(batch["text"][0]) == 200_000 and batch["text"][1] == "short"
     assert peak < 20 * 200_000, peak  # (fixed width: 128 rows x 200,000 x 4 bytes)
+
+
+@pytest.mark.parametrize("release", ["2.18.0", "2.20.0", "2.21.0rc1"])
+def test_a_datasets_release_whose_numpy_format_fails_under_numpy_2_is_named(monkeypatch,
+                                                                            release):
+    # datasets before 2.21 called np.array(copy=False) in its NumPy format: NumPy 2's bare
+    # ValueError at the first batch, from inside datasets
+    ds = datasets.Dataset.from_dict({"x": [1, 2, 3, 4]})
+    monkeypatch.setattr(datasets, "__version__", release)
+    with pytest.raises(jl.ConfigError, match=rf"datasets {release} reads no batch under NumPy "
+                                             r".*pip install \"datasets>=2.21\""):
+        jl.DataLoader(ds, batch_size=2, process_index=0, process_count=1)
+    monkeypatch.setattr(datasets, "__version__", "2.21.0")
+    assert len(jl.DataLoader(ds, batch_size=2, process_index=0, process_count=1)) == 2
