@@ -118,7 +118,9 @@ def test_a_fifo_or_a_device_among_the_paths_is_refused(tmp_path):
     # pyarrow's and array-record's opening of a FIFO waited for a writer, for good and deaf
     # to Ctrl-C; a device (/dev/zero) was read without end
     os.mkfifo(tmp_path / "part-1.parquet")
-    for given in (tmp_path / "part-1.parquet", tmp_path, str(tmp_path / "part-*.parquet")):
+    for given in (tmp_path / "part-1.parquet", tmp_path, str(tmp_path / "part-*.parquet"),
+                  f"file://{tmp_path}/part-1.parquet", f"file://{tmp_path}/part-*.parquet",
+                  f"file://{tmp_path}"):  # (file:// passed the check; its pattern: KeyError)
         with pytest.raises(jl.ConfigError, match=r"ParquetSource\(paths\): '.*part-1.parquet' "
                                                  r"is a FIFO, not a regular file"):
             expand(given, ".parquet", "ParquetSource")
@@ -133,6 +135,7 @@ def test_file_sources_take_a_folder_or_a_pattern(tmp_path):
     whole = jl.ParquetSource(tmp_path)
     assert whole.__getitems__(np.arange(6))["id"].tolist() == list(range(6))
     assert whole.fingerprint == jl.ParquetSource(str(tmp_path / "part-*.parquet")).fingerprint
+    assert whole.fingerprint == jl.ParquetSource(f"file://{tmp_path}/part-*.parquet").fingerprint
     assert whole.fingerprint == jl.ParquetSource(
         [str(tmp_path / "part-0.parquet"), str(tmp_path / "part-1.parquet")]).fingerprint
     pytest.importorskip("array_record")
