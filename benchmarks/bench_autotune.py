@@ -10,8 +10,8 @@ Cases (batches taken as fast as they come, no model):
 - ``reads``: a source whose reads wait 2 ms a record off the CPU (``time.sleep``: storage),
   batches of 16.
 
-For each: the rate of each fixed count of the grid (0, 1, 2, 4, 8: the workers started and 10
-batches taken before the clock, then ``--fixed-s`` seconds); ``num_workers="auto"`` from
+For each: the rate of each fixed count of the grid (0, 1, 2, 4, 8, 16, 32: the workers started
+and 10 batches taken before the clock, then ``--fixed-s`` seconds); ``num_workers="auto"`` from
 ``iter()`` for ``--auto-s`` seconds: when its rate over 2 s first reached 90% of the best fixed
 count's, its count and rate at the end; Grain's ``pick_performance_config`` (its count, and
 Grain's rate with it, ``mp_prefetch``); and jaxloader's rate at Grain's count. Needs Grain
@@ -30,7 +30,7 @@ import numpy as np
 import jaxloader as jl
 
 ONE = {"process_index": 0, "process_count": 1}
-GRID = (0, 1, 2, 4, 8)
+GRID = (0, 1, 2, 4, 8, 16, 32)
 
 
 def spin(seconds: float) -> None:

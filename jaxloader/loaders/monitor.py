@@ -17,16 +17,18 @@ ceiling, for ``RETRY_WINDOWS`` windows: another program may have had the cores);
 consumer does not wait and the workers idle, it tries one fewer, kept if the
 rate holds. A window is judged from the step the pool makes with the new count (those
 submitted before it are made by the count before), new workers started. Bounds: the
-cores this process may use (``os.sched_getaffinity``), ``READ_WAIT_FACTOR`` times as many while
-the workers spend more than ``READS_WAIT`` of their busy time off the CPU and not queued for
-it (reads that wait overlap), and a memory budget (half the memory available, at a worker's resident size). A batch
+cores this process may use (``os.sched_getaffinity``), more while the workers spend more than
+``READS_WAIT`` of their busy time off the CPU and not queued for it (reads that wait overlap):
+``READ_WAIT_FACTOR`` times as many, or one over the share on the CPU (up to
+``MAX_READ_WAIT_FACTOR``), and a memory budget (half the memory available, at a worker's
+resident size). A batch
 is the same whichever worker makes it, so the count changes nothing but the speed. Every
 decision is logged (``logging.getLogger("jaxloader")``, INFO).
 
 Example:
     >>> tune = AutoTune(pool=None, cores=2)
-    >>> tune.bound(off_cpu=0.9), tune.bound(off_cpu=0.0)
-    (8, 2)
+    >>> tune.bound(off_cpu=0.95), tune.bound(off_cpu=0.5), tune.bound(off_cpu=0.0)
+    (32, 8, 2)
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ GAIN = 0.08  # more workers are kept if the rate rose at least this much
 LOSS = 0.05  # fewer workers are kept if the rate fell at most this much
 IDLE = 0.50  # workers busy less than this, the consumer not waiting: one fewer is tried
 READS_WAIT = 0.30  # workers off the CPU this share of their busy time: reads wait
-READ_WAIT_FACTOR = 4  # then up to this many workers a core
+READ_WAIT_FACTOR = 4  # then up to this many workers a core, or 1 / the share on the CPU
+MAX_READ_WAIT_FACTOR = 16  # (a read waiting 95% of the time: 16 a core at most)
 MAX_WORKERS = 64
 RETRY_WINDOWS = 30  # a ceiling or floor found holds this many windows, then may be tried again
 MAX_PREFETCH = 8
@@ -92,7 +95,7 @@ class AutoTune:
 
     def capacity(self) -> int:
         """The most workers it may ever ask for (the pool's status table is this big)."""
-        most = min(MAX_WORKERS, READ_WAIT_FACTOR * self.cores)
+        most = min(MAX_WORKERS, MAX_READ_WAIT_FACTOR * self.cores)
         return max(n for n in self.counts or [most] if n <= most or n == 1)
 
     def allowed(self, wanted: int, low: int, high: int) -> int | None:
@@ -106,8 +109,11 @@ class AutoTune:
         return min(fits, key=lambda n: (abs(n - wanted), n))
 
     def bound(self, off_cpu: float) -> int:
-        """The most workers worth running now: the cores, more while reads wait."""
-        high = self.cores * (READ_WAIT_FACTOR if off_cpu >= READS_WAIT else 1)
+        """The most workers worth running now: the cores, more while reads wait (as many as
+        keep each core busy, were the waits overlapped)."""
+        factor = 1 if off_cpu < READS_WAIT else min(MAX_READ_WAIT_FACTOR, max(
+            READ_WAIT_FACTOR, round(1 / max(1e-9, 1.0 - off_cpu))))
+        high = self.cores * factor
         return max(1, min(high, self.ceiling, self.capacity()))
 
     def _memory_bound(self, active: int) -> int:

@@ -26,7 +26,7 @@ import numpy as np
 from jaxloader.base.checks import Int, check_int
 from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
 from jaxloader.loaders.diagnosis import cores_available
-from jaxloader.loaders.monitor import READ_WAIT_FACTOR
+from jaxloader.loaders.monitor import MAX_READ_WAIT_FACTOR
 from jaxloader.runtime.worker_info import get_worker_info
 
 StartMethod = Literal["exec", "fork"]
@@ -59,14 +59,14 @@ class LoaderOptions:
                                          remedy="pass None for an endless iterator"))
         keep("num_workers", check_int("num_workers", self.num_workers, low=0,
                                       remedy="0 runs in this process; 'auto' chooses"))
-        if self.num_workers > READ_WAIT_FACTOR * (cores := cores_available()) and (
+        if self.num_workers > MAX_READ_WAIT_FACTOR * (cores := cores_available()) and (
                 get_worker_info() is None):  # (a typo? In a worker none start: said there)
             warnings.warn(
                 f"num_workers={self.num_workers}: {self.num_workers} worker processes on "
-                f"{cores} cores, more than {READ_WAIT_FACTOR} a core, which even reads that "
-                "wait on a network do not keep busy (each worker is an interpreter of its own, "
-                "with its own memory); use fewer, or num_workers='auto', which grows while "
-                "more help", PerformanceWarning, stacklevel=user_stacklevel())
+                f"{cores} cores, more than {MAX_READ_WAIT_FACTOR} a core, which even reads "
+                "waiting 95% of the time do not keep busy (each worker is an interpreter of "
+                "its own, with its own memory); use fewer, or num_workers='auto', which grows "
+                "while more help", PerformanceWarning, stacklevel=user_stacklevel())
         keep("prefetch", check_int(
             "prefetch", self.prefetch, low=1,
             remedy="tasks in flight per worker, a task up to 16 batches; 'auto' chooses"))
