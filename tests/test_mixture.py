@@ -284,6 +284,21 @@ def test_a_mixture_state_of_another_version_is_refused(version):
         second.load_state_dict(state)
 
 
+def test_a_state_written_with_the_mixture_order_until_2026_11_27_restores_or_is_named():
+    # such a state ("mixture_order": 5, the order read since) was refused as "edited by hand"
+    with make()() as first:
+        take(first, 5)
+        state = first.state_dict()
+        expected = take(first, 3)
+    with make()() as second:
+        second.load_state_dict({**state, "mixture_order": 5})
+        assert_same_stream(take(second, 3), expected)
+        with pytest.raises(jl.StateDictError, match=r"state\['mixture_order'\]: expected 5 "
+                                                    r"\(or none\), received 2: a state of an "
+                                                    r"earlier jaxloader.*the jaxloader that saved"):
+            second.load_state_dict({**state, "mixture_order": 2})
+
+
 @pytest.mark.parametrize("entry", [[0, [0.6, "x", 0.2]], ["0", ["0.6", "0.2", "0.2"]],
                                    [0, 5], [0.0, [0.6, 0.2, 0.2]], [0, [0.6, None, 0.2]],
                                    [True, [0.6, 0.2, 0.2]], [-1, [0.6, 0.2, 0.2]]])

@@ -20,9 +20,9 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from jaxloader.base import file_identity
-from jaxloader.base.abilities import in_generation
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError, user_stacklevel
+from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.code_digest import code_digest
 
@@ -201,6 +201,9 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             f"state['version']: expected {STATE_VERSION}, received {state['version']!r:.120}; this "
             "state was written by another jaxloader version that this one cannot read"
         )
+    if "mixture_order" in state and "mixture" in expected:  # (written until 2026-11-27)
+        check_mixture_order(state["mixture_order"], 5, "state['mixture_order']")
+        state = {k: v for k, v in state.items() if k != "mixture_order"}
     then, now = state.get("files"), expected.get("files")
     if isinstance(then, list) and isinstance(now, list) and len(then) == len(now) and \
             sorted(map(str, then)) != sorted(map(str, now)):  # (not the same files reordered)
@@ -285,44 +288,6 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
         raise StateDictError(f"state['readers']: expected the states of readers {first}.."
                              f"{first + readers - 1}, received {found!r:.200}")
     return found
-
-
-def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> Any:
-    """A stream state with its stream's description as this version writes it (``described``)
-    where an older one wrote it otherwise: its shards' names before 2026-11-29 (``describe``
-    under ``OLDER`` generation 1), or a ``PackedStream``'s without its ``tokenize`` (before
-    2026-11-29's twenty-second session: that state's tokenizer is not known, nor checked; a
-    warning says so). Other states as they are."""
-    if not isinstance(state, dict) or state.get("stream") == described:
-        return state
-    saved = state.get("stream")
-    for then in (described, in_generation(1, describe)):
-        if saved == then or saved == _untokenized(then):
-            if saved != then and _tokenized(then):
-                warnings.warn(
-                    "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
-                    "state is older, and is restored without checking it: restore under the "
-                    "saved run's tokenize, or the batches differ from that run's", UserWarning,
-                    stacklevel=user_stacklevel())
-            return {**state, "stream": described}
-    return state
-
-
-def _untokenized(described: Any) -> Any:
-    """A stream's description without its ``PackedStream``s' ``tokenize`` digests."""
-    if isinstance(described, list):
-        return [_untokenized(d) for d in described]
-    if isinstance(described, dict):
-        return {k: _untokenized(v) for k, v in described.items() if k != "tokenize"}
-    return described
-
-
-def _tokenized(described: Any) -> bool:
-    """Whether a stream's description names a ``PackedStream``'s ``tokenize`` (not ``None``)."""
-    if isinstance(described, list):
-        return any(map(_tokenized, described))
-    return isinstance(described, dict) and (described.get("tokenize") is not None or any(
-        map(_tokenized, described.values())))
 
 
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:

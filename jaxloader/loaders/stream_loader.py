@@ -39,9 +39,9 @@ from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
-from jaxloader.loaders.state import (STATE_VERSION, as_written_now, check_stream_state,
-                                     transforms_of, warn_changed_generators,
-                                     warn_changed_transforms)
+from jaxloader.loaders.older_states import as_written_now
+from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transforms_of,
+                                     warn_changed_generators, warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.loaders.stream_runs import ReaderRuns

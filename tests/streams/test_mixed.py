@@ -73,6 +73,22 @@ def test_resume_continues_the_same_mixed_stream(tmp_path, k):
                      total=k + 10, k=k)
 
 
+def test_a_mixed_streams_state_written_with_its_mixture_order_restores_or_is_named(tmp_path):
+    # until 2026-11-27 a mixed stream's description held "mixture_order": 1 (the order read
+    # since): refused, naming the shards as what differed
+    streams = components(tmp_path)
+    with loader_of(streams) as first:
+        state = first.state_dict()
+        expected = take(first, 3)
+    older = {**state, "stream": {**state["stream"], "mixture_order": 1}}
+    with loader_of(streams) as second:
+        second.load_state_dict(older)
+        assert_same_stream(take(second, 3), expected)
+        with pytest.raises(jl.StateDictError, match=r"state\['stream'\]\['mixture_order'\]: "
+                                                    r"expected 1 \(or none\), received 0"):
+            second.load_state_dict({**older, "stream": {**older["stream"], "mixture_order": 0}})
+
+
 def test_a_weight_change_keeps_the_steps_before_it(tmp_path):
     streams = components(tmp_path)
     with loader_of(streams, workers=2) as plain:
