@@ -97,7 +97,8 @@ class _Pickler(cloudpickle.Pickler):
                     _copy(shared[end - len(part):end], part)
             else:
                 _copy(shared, obj)
-            ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype.str)
+            ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype)  # (the dtype
+            # itself: a bfloat16's or a structured dtype's .str is raw bytes, "<V2")
             self._shared[id(obj)] = ref, obj  # obj kept: its id is not reused while pickling
         return ref
 
@@ -179,7 +180,7 @@ def _as_its_file(mm: np.memmap, filename: str, mappings: "_Mappings") -> tuple |
         return None
     array = np.asarray(mm)
     offset = array.__array_interface__["data"][0] - _base_address(mm)
-    return ("memmap", filename, mm.offset + offset, array.shape, array.dtype.str,
+    return ("memmap", filename, mm.offset + offset, array.shape, array.dtype,
             array.strides, (found.st_dev, found.st_ino))
 
 

@@ -57,6 +57,37 @@ def test_memmaps_cross_as_their_file(tmp_path):
     assert np.array_equal(out[0], mm) and np.array_equal(out[1], mm[100:200, 3:])
 
 
+def test_arrays_of_bfloat16_and_structured_dtypes_cross_with_their_dtype(tmp_path):
+    # the reference held dtype.str, which for these is raw bytes ("<V2", "|V12"): with workers
+    # a bfloat16 column of 1 MiB or more came out as void bytes, a structured one nameless
+    import jaxloader as jl
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    n = SHARE_MIN_BYTES // 2
+    bf16 = (np.arange(n) % 7).astype(ml_dtypes.bfloat16)
+    pairs = np.zeros(n // 4, [("a", "<i4"), ("b", "<f8")])  # (1.5 MiB)
+    pairs["a"], pairs["b"] = np.arange(len(pairs)), 0.5
+    path = tmp_path / "pairs.npy"
+    np.save(path, pairs)
+    segments = []
+    out = loads(dumps([bf16, pairs, np.load(path, mmap_mode="r")], segments.append))
+    try:
+        assert len(segments) == 2 and [o.dtype for o in out] == [bf16.dtype, pairs.dtype,
+                                                                 pairs.dtype]
+        assert np.array_equal(out[0], bf16) and all(np.array_equal(o, pairs) for o in out[1:])
+    finally:
+        del out
+        for seg in segments:
+            seg.destroy()
+    source = jl.ArraySource({"x": bf16.reshape(-1, 4), "p": pairs})
+    with jl.DataLoader(source, batch_size=4, num_workers=1, process_index=0,
+                       process_count=1) as loader:
+        batch = next(iter(loader))
+    assert batch["x"].dtype == bf16.dtype and batch["p"].dtype == pairs.dtype
+    assert np.array_equal(batch["x"], bf16.reshape(-1, 4)[:4]) and batch["p"]["a"].tolist() == [
+        0, 1, 2, 3]
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux says what is mapped")
 def test_a_memmap_whose_file_has_other_bytes_crosses_as_its_bytes(tmp_path):
     # a copy-on-write map changed in memory, a file replaced since it was mapped: a worker
