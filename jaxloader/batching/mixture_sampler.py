@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
 from jaxloader.base.errors import ConfigError, StateDictError
-from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
+from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo, check_rows
 from jaxloader.plans.mixture import (block_size, check_weights_before,
@@ -66,6 +66,7 @@ class MixtureSampler:
         # each component's blocks (its own starts, from 0), and its epochs' orders of them
         self._block_starts = None if self._local is None else [
             self._local.block_starts(part, len(part)) for part in mixture.sources]
+        self.layout = None if self._block_starts is None else blocks_layout(self._block_starts)
         self._block_orders: dict[tuple[int, int], BlockOrder] = {}
         self.process_index, self.process_count = process_index, process_count
         # A mixture has no short last batch: positions run on across epochs.

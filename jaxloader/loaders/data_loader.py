@@ -31,7 +31,7 @@ from jaxloader.engines.in_process import made_here
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import StageClock
-from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle
+from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
 from jaxloader.batching.mixture_sampler import MixtureSampler
 from jaxloader.sources.mixture import Mixture
 from jaxloader.order.sampling import LastBatch, Order, Sampler
@@ -260,9 +260,13 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             n = self.num_epochs
             stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
         put = self._putter
+        layout = self._sampler.layout  # (a LocalShuffle's blocks: the same on every process)
         hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
-            {**make_state(self._sampler, start, self._source_fingerprint()),
-             "num_epochs": self.num_epochs}, self.process_count, index=self.process_index)
+            {**make_state(self._sampler, start, self._source_fingerprint(),
+                          self._transforms_state()),
+             "num_epochs": self.num_epochs, **({"local_shuffle_blocks": layout} if layout
+                                              else {})},
+            self.process_count, index=self.process_index)
         self._active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,
             single_device=put is not None and put.single_device, monitor=self._monitor,
@@ -341,7 +345,10 @@ def _sampler_for(source: Any, num_records: int, batch_size: int, *,
         starts = shuffle.block_starts(source, num_records)
         order = functools.partial(BlockOrder, starts, window=shuffle.window, seed=seed)
         described = shuffle.describe(source)
-    return Sampler(num_records, batch_size, shuffle=bool(shuffle), seed=seed,
-                   last_batch=last_batch, process_index=process_index,
-                   process_count=process_count, order=order, order_description=described,
-                   memo_stride=max(1, num_workers), rows=rows)
+    sampler = Sampler(num_records, batch_size, shuffle=bool(shuffle), seed=seed,
+                      last_batch=last_batch, process_index=process_index,
+                      process_count=process_count, order=order, order_description=described,
+                      memo_stride=max(1, num_workers), rows=rows)
+    if isinstance(shuffle, LocalShuffle):
+        sampler.layout = blocks_layout([starts])
+    return sampler

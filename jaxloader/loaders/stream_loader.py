@@ -272,6 +272,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             hosts = self._pairing.publish(
                 {**config, **described, **self._stream.extra_state(),
                  "step": self._progress.step, "num_epochs": self.num_epochs,
+                 "transforms": self._named(), "generators": codes_of(self._stream.shards),
                  **passes.to_state(self._until, self.num_epochs, self._ended)},
                 self.process_count, index=self.process_index)
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 
@@ -72,6 +73,21 @@ class LocalShuffle:
                   and block_starts_of(source) is not None
                   else str(self.block_size or 1024))
         return f"window {self.window}, blocks {blocks}"
+
+
+def blocks_layout(starts: list[np.ndarray]) -> str:
+    """Where the blocks of a read-local order start (a source's, or each component's), short:
+    what the processes of a run compare, which a state's ``local_shuffle`` does not name (the
+    same rows in other row groups: other blocks, another order).
+
+    Example:
+        >>> blocks_layout([np.array([0, 50, 100])])[:22]
+        '2 blocks, starts sha1 '
+    """
+    digest = hashlib.sha1()
+    for part in starts:
+        digest.update(np.asarray(part, "<i8").tobytes() + b"/")
+    return f"{sum(len(part) - 1 for part in starts)} blocks, starts sha1 {digest.hexdigest()[:12]}"
 
 
 class BlockOrder:

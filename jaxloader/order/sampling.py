@@ -123,6 +123,7 @@ class Order(Protocol):
     process_index: int
     process_count: int
     steps_per_epoch: int
+    layout: str | None  # a read-local order's blocks (``local_shuffle.blocks_layout``)
 
     def batch(self, step: int) -> BatchSpec: ...
 
@@ -213,6 +214,7 @@ class Sampler:
         self._memo = StepMemo(memo_stride)  # chunk: (epoch, chunk of steps)
         self._order = order
         self.order_description = order_description
+        self.layout: str | None = None  # a read-local order's blocks (local_shuffle's layout)
         # (epoch, its shuffle), replaced in one assignment (see StepMemo)
         self._shuffled: tuple[int, Callable[[np.ndarray], np.ndarray]] | None = None
 

@@ -43,9 +43,10 @@ WAIT_S = 10.0  # the run's first next() waits this long for the other processes'
 SLICE_S = 0.25  # ... in waits this long each (a Ctrl-C or a close() is seen between them)
 SHORT = 60  # a value whose JSON is longer is compared by its digest
 # What the data is, told apart only by digests (a fingerprint, files' identities, a stream's
-# shard names): a difference with all else alike is warned of, not refused, since a digest may
-# differ over the same data (a Hugging Face dataset's fingerprint made at random).
-NOTED = frozenset({"source", "record_hash", "files"})
+# shard names, the transforms' and generators' code): a difference with all else alike is
+# warned of, not refused, since a digest may differ over the same data (a Hugging Face
+# dataset's fingerprint made at random, a function's code compiled by another Python).
+NOTED = frozenset({"source", "record_hash", "files", "transforms", "generators"})
 _INDEX = "process_index"  # the loader's, published beside its settings: each its own
 _PREFIX = "jaxloader/hosts"
 _named: dict[str, int] = {}  # loaders of a kind named so far in this process
@@ -267,10 +268,11 @@ class HostsCheck:
             peer, theirs = differ[0]
             self.noted = (
                 f"{self.owner}: the processes' data differ ({self._fields(peer, theirs)}), "
-                "where the rest agrees: the hosts may read other data. Harmless if the data "
-                "is the same (a Hugging Face dataset whose fingerprint datasets made at "
-                "random, as it warns when it cannot hash a function); else give every "
-                "process the same data")
+                "where the rest agrees: the hosts may read other data, or transform it "
+                "otherwise. Harmless if the data and the functions are the same (a Hugging "
+                "Face dataset whose fingerprint datasets made at random, as it warns when it "
+                "cannot hash a function; a function compiled by another Python version); "
+                "else give every process the same data and functions")
         self.pending.difference_update(peer for peer, _ in found)  # (after: a Ctrl-C
         # before here leaves them to the next look)
 
@@ -309,6 +311,10 @@ class HostsCheck:
         same = ("stream, seed, batch_size, readers_per_process (num_workers by default) and "
                 "num_epochs" if self.owner == "StreamLoader" else
                 "source, seed, batch_size, shuffle, last_batch and num_epochs")
+        if "local_shuffle_blocks:" in fields:  # (the same rows in other row groups)
+            same += (" (a LocalShuffle reads the source's own blocks, a Parquet file's row "
+                     "groups: write each process's copy with the same row groups, or give "
+                     "LocalShuffle a block_size)")
         return ConfigError(
             f"{self.owner}: the processes' loaders differ at this iter() ({fields}){more}. "
             f"Each process reads its own rows of one global order, so every process must "

@@ -241,3 +241,71 @@ def test_the_count_of_processes_said_is_the_runs(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="jaxloader"):
         assert checks[0].due(0) is False
     assert "process(es) 3 of 8 have not made this iter()" in caplog.records[0].getMessage()
+
+
+def test_a_local_shuffle_over_other_row_groups_on_another_process_is_refused(tmp_path,
+                                                                            monkeypatch):
+    # each host's copy of the same 400 rows in other row groups: the read-local orders
+    # differed (a quarter of the epoch read twice, a quarter never), and the hosts' check
+    # only warned that the files' digests differed, "harmless if the data is the same"
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    store, me = Store(), [0]
+    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
+    its = []
+    for index, rows in ((1, 80), (0, 50)):
+        path = tmp_path / f"host{index}" / "data.parquet"
+        path.parent.mkdir()
+        pq.write_table(pa.table({"id": np.arange(400)}), path, row_group_size=rows)
+        loader = jl.DataLoader(jl.ParquetSource(str(path)), batch_size=20, seed=0,
+                               shuffle=jl.LocalShuffle(window=2), process_index=index,
+                               process_count=2)
+        loader._pairing.name = "DataLoader-blocks"  # (one loader of two processes)
+        me[0] = index
+        its.append(iter(loader))
+    with pytest.raises(jl.ConfigError, match=r"local_shuffle_blocks: process 1 has '5 blocks, "
+                                             r"starts sha1 [0-9a-f]{12}', this process \(0\) "
+                                             r"'8 blocks.*the same row groups"):
+        next(its[1])
+
+
+def _scale(record):
+    return {"x": record["x"] / 255.0}
+
+
+def _same(record):
+    return record
+
+
+def _generator_of(names):
+    def read(shard):
+        return ({"f": f"{names[shard]}{i}"} for i in range(3))
+    return read
+
+
+def test_other_transforms_or_generators_on_another_process_are_warned_of(monkeypatch):
+    # one host normalised its batches and the other did not, or its generator closed over
+    # another file list: neither was compared, where a restore warns of both
+    store, me = Store(), [0]
+    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
+
+    def loaders(index):
+        data = jl.DataLoader(jl.ArraySource({"x": np.full(8, 255.0)}), batch_size=2,
+                             transforms=[jl.Map(_scale if index == 0 else _same)],
+                             process_index=index, process_count=2)
+        names = ["a", "b", "c", "d"] if index == 0 else ["a", "b", "x", "y"]
+        stream = jl.StreamLoader(jl.Stream.from_generator(_generator_of(names), 4),
+                                 batch_size=2, process_index=index, process_count=2)
+        data._pairing.name, stream._pairing.name = "DataLoader-t", "StreamLoader-t"
+        return data, stream
+
+    its = []
+    for index in (1, 0):
+        me[0] = index
+        its.append([iter(loader) for loader in loaders(index)])
+    with pytest.warns(UserWarning, match=r"data differ \(transforms: process 1 has .*Map"
+                                         r"\(_same\).*or transform it otherwise"):
+        next(its[1][0])
+    with pytest.warns(UserWarning, match=r"data differ \(generators: process 1 has "):
+        next(its[1][1])
