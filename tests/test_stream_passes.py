@@ -416,6 +416,21 @@ def test_two_hosts_resume_a_pass_where_one_hosts_readers_are_done(tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_host_whose_batch_fails_in_a_pass_is_named_by_the_other_not_waited_for(tmp_path):
+    # host 1's transform raised, and host 0 waited in the pass's end (a collective each step)
+    # for as long as host 1 lived, or until JAX's shutdown barrier aborted both
+    here = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    run_hosts(os.path.join(here, "sharding", "pass_run.py"), 2,
+              ["{port}", str(tmp_path), "1", "fails"], env={"PYTHONPATH": pythonpath},
+              timeout=60)
+    said = [json.loads((tmp_path / f"pass_{i}.json").read_text()) for i in range(2)]
+    assert said[1].startswith("RecordError: ") and "record 70 is damaged" in said[1], said
+    assert said[0].startswith("JaxloaderError: StreamLoader: process 1 of 2 failed at step ")
+    assert "record 70 is damaged" in said[0] and "see that process's error" in said[0], said
+
+
+@pytest.mark.e2e
 def test_two_hosts_end_a_packed_pass_at_the_same_step(tmp_path):
     # the same hosts, their records packed into rows of 8 tokens (concat): every token of the
     # host's records once a pass, and both hosts stop at the same step

@@ -137,7 +137,8 @@ class LoaderIterator(Generic[BatchT]):
     def __init__(self, progress: Progress, start: int, stop: int | None, engine: BatchRuns,
                  put: Callable[[Any], Any] | None, device_prefetch: int,
                  single_device: bool, ends_before: Callable[[int], bool] | None = None,
-                 monitor: Any = None, hosts: HostsCheck | None = None) -> None:
+                 monitor: Any = None, hosts: HostsCheck | None = None,
+                 failed: Callable[[BaseException, int], None] | None = None) -> None:
         self._progress = progress
         self._generation = progress.generation
         self._step = self._start_step = start
@@ -149,6 +150,7 @@ class LoaderIterator(Generic[BatchT]):
         self._ends_before = ends_before  # whether the run ends before a step (a stream's pass)
         self._monitor = monitor  # loaders/monitor: autotune, periodic summary (or None)
         self._hosts = hosts  # the other processes' settings, until compared (sharding.hosts)
+        self._failed = failed  # tells the other processes a batch failed (pass_votes)
         self._batches: Generator[Any, None, None] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         # When the last batch was handed out, once _checks has started the consumer's time
@@ -238,6 +240,8 @@ class LoaderIterator(Generic[BatchT]):
                 self._checks(progress, entered, returned)
         except WorkerError as e:
             progress.broken = e
+            if self._failed is not None:
+                self._failed(e, self._step)
             raise
         except StopIteration:
             if progress.generation != self._generation:  # (its run ended by a restore, iter()
@@ -252,6 +256,8 @@ class LoaderIterator(Generic[BatchT]):
             self.stop_work()
             if isinstance(e, Stopped):  # (closed or restored from another thread meanwhile)
                 return self.__next__()  # (says so)
+            if self._failed is not None and isinstance(e, Exception):  # (not a Ctrl-C: the
+                self._failed(e, self._step)  # step is made again at the next call)
             raise
         # No calls from here to the return: a signal cannot split the step from its batch, nor
         # another thread's iter(), load_state_dict() or close() come between this test and the

@@ -19,8 +19,9 @@ A pass that ends (``num_epochs=n``): ``iter()`` gives each reader the epoch it s
 (``"until"`` in the states it resets from: the end of the pass of ``n`` epochs, counted from
 epoch 0, that it is in, or of the next pass once every reader is done); a reader out of
 records pads its batch (``mask``) and its report says ``"ended"``. Before each step the
-iterator asks whether every reader is done (with several processes, all of theirs: an
-allgather on the consumer's thread), and ends.
+iterator asks whether every reader is done (with several processes, all of theirs: a vote
+through ``jax.distributed``'s store on the consumer's thread, ``sharding.pass_votes``), and
+ends.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
 from jaxloader.sharding.hosts import Pairing, stream_settings
+from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
@@ -44,7 +46,7 @@ from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transfor
                                      warn_changed_generators, warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
-from jaxloader.loaders.stream_runs import ReaderRuns
+from jaxloader.loaders.stream_runs import ReaderRuns, overlaid
 from jaxloader.sharding.prefetch import Stopped
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
@@ -189,6 +191,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._progress = Progress("StreamLoader", where=self._maker.location)
         self._progress.label = label("StreamLoader", given, batch_size)
         self._pairing = Pairing("StreamLoader")  # (its iter()s, for sharding.hosts)
+        self._votes: PassVotes | None = None  # (an iter()'s on its pass's end: pass_votes)
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0
         self._reports: dict[int, dict] = {}
@@ -220,10 +223,10 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             step = min(step, self._progress.step)  # (a stale run's, after a restore: not past it)
             base, reports = self._base, self._reports
             if self._filing_now:
-                return _overlaid(base, self._base_step, reports, step)
+                return overlaid(base, self._base_step, reports, step)
             self._filing_now = True
             try:  # filed, in one slice assignment, before taken out: a Ctrl-C between the two
-                base[:] = _overlaid(base, self._base_step, reports, step)  # files them again
+                base[:] = overlaid(base, self._base_step, reports, step)  # files them again
                 for s in range(self._base_step, step):  # (no branch here: a Ctrl-C at a branch's
                     reports.pop(s, None)  # back edge skipped the with's and finally's exits, 3.13)
                 if self._base is base:  # (not replaced meanwhile: a handler's load_state_dict())
@@ -245,7 +248,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         try:
             held, self._filing_now = self._filing_now, True  # (a handler's fold within: reads)
             try:
-                return [copied(r) for r in _overlaid(self._base, self._base_step,
+                return [copied(r) for r in overlaid(self._base, self._base_step,
                                                      self._reports, start)]
             finally:
                 self._filing_now = held
@@ -275,10 +278,12 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                  "transforms": self._named(), "generators": codes_of(self._stream.shards),
                  **passes.to_state(self._until, self.num_epochs, self._ended)},
                 self.process_count, index=self.process_index)
+        self._votes = votes = None if hosts is None else hosts.votes()
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
             until = passes.pass_of(  # once their settings are compared: no collective waits
                 *self._states_now()[1:], self.num_epochs, self.process_count,  # on one
-                None if self._probing else hosts or True)
+                None if self._probing else hosts or True,
+                None if votes is None else functools.partial(votes.ask, key="start"))
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       ReaderRuns(self), put,
@@ -286,7 +291,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                                       single_device=put is not None and put.single_device,
                                       ends_before=self._filed if self._until is None else
                                       functools.partial(self._ends, self._progress.generation),
-                                      monitor=self._monitor, hosts=hosts)
+                                      monitor=self._monitor, hosts=hosts,
+                                      failed=None if votes is None else votes.failed)
         return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
 
     def _filed(self, step: int) -> bool:
@@ -302,8 +308,10 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         each process asks at every step of a pass, so they ask alike). Kept as the pass's
         end where the run of ``generation`` is still the loader's (not a stale one's)."""
         assert self._until is not None
+        votes = None if self._votes is None else functools.partial(  # (names one that failed)
+            self._votes.ask, key=str(step), gone=lambda: generation != self._progress.generation)
         done = passes.everywhere(all(passes.done(self._fold(step), self._until)),
-                                 self.process_count)
+                                 self.process_count, votes)
         if generation == self._progress.generation:  # (no call between the test and the set)
             self._ended = done
         return done
@@ -384,14 +392,3 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             self._until, self._ended, self._progress.step, self._base, self._base_step, \
                 self._reports = until, passes.ended(state, until), step, base, step, {}
 
-
-def _overlaid(base: list[dict], base_step: int, reports: dict[int, dict],
-              step: int) -> list[dict]:
-    """The readers' states as of ``step`` from ``base`` (as of ``base_step``) and the
-    ``reports`` after it, nothing filed (a new list of the same dicts)."""
-    states = list(base)
-    for s in range(base_step, step):
-        report = reports.get(s)
-        if report is not None:
-            states[s % len(states)] = report
-    return states

@@ -76,3 +76,15 @@ def rehosted(loader_ref: Callable[[], StreamLoader | None], roster: Any, start: 
                 return
         finally:
             run.close()
+
+
+def overlaid(base: list[dict], base_step: int, reports: dict[int, dict],
+             step: int) -> list[dict]:
+    """The readers' states as of ``step`` from ``base`` (as of ``base_step``) and the
+    ``reports`` after it, nothing filed (a new list of the same dicts)."""
+    states = list(base)
+    for s in range(base_step, step):
+        report = reports.get(s)
+        if report is not None:
+            states[s % len(states)] = report
+    return states

@@ -37,6 +37,7 @@ import warnings
 from typing import Any, Callable, Protocol
 
 from jaxloader.base.errors import ConfigError
+from jaxloader.sharding.pass_votes import PassVotes
 
 log = logging.getLogger("jaxloader")
 WAIT_S = 10.0  # the run's first next() waits this long for the other processes' settings
@@ -193,6 +194,11 @@ class HostsCheck:
         self.failure: ConfigError | None = None
         self.noted: str | None = None  # a difference in the data's digests, to warn of
         self.indices = {me: settings.get(_INDEX)}  # each process's loader's process_index
+
+    def votes(self) -> PassVotes:
+        """This ``iter()``'s votes on whether a stream's pass has ended (``pass_votes``)."""
+        return PassVotes(self.store, f"{_PREFIX}/{self.name}/{self.n}-pass/", self.me,
+                         self.count, self.owner)
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
         """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first

@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from jaxloader.base.errors import ConfigError, StateDictError
 
@@ -66,25 +66,31 @@ def ended(state: dict, stops: list[int] | None) -> bool:
 
 
 def pass_of(states: list[dict], ends: list[int] | None, ended: bool, num_epochs: int,
-            process_count: int, ask: Any = None) -> list[int]:
+            process_count: int, ask: Any = None,
+            vote: Callable[[bool], bool] | None = None) -> list[int]:
     """The pass a position is in (each reader's end): the one under way (``ends``, from the
     run or the state restored) until it ``ended``, then the next. It ends once every reader
     of every process is done in it: one process's readers done is not the end while
     another's read on, so with several processes it is known from the run (or its state), or
     ``ask``ed of them all at an ``iter()`` they all make (a collective; ``ask``: the hosts'
     check of that ``iter()``, made first so that a process made otherwise is refused rather
-    than left waiting, or ``True`` where there is none)."""
+    than left waiting, or ``True`` where there is none; ``vote``: asks through the hosts'
+    store, not a collective, as ``everywhere``)."""
     if ends is not None and not ended and (process_count == 1 or ask):
         if ask is not True and ask is not None:
             ask.due(0)  # (raises where a process differs: its settings hold the pass)
-        ended = everywhere(all(done(states, ends)), process_count)
+        ended = everywhere(all(done(states, ends)), process_count, vote)
     return stops_of(states, num_epochs) if ends is None or ended else ends
 
 
-def everywhere(done: bool, process_count: int) -> bool:
-    """Whether ``done`` holds in every process (a collective: each process asks alike)."""
+def everywhere(done: bool, process_count: int,
+               vote: Callable[[bool], bool] | None = None) -> bool:
+    """Whether ``done`` holds in every process (each process asks alike): ``vote``'s answer
+    (through ``jax.distributed``'s store: ``sharding.pass_votes``), else a collective."""
     if process_count == 1:
         return done
+    if vote is not None:
+        return vote(done)
     import numpy as np
     from jax.experimental import multihost_utils
 

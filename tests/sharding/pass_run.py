@@ -1,6 +1,7 @@
 """One host of a two-host pass over a stream (started by test_stream_passes.py).
 
-Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES [packed | mixed | first_exhausted | resume]
+Usage: pass_run.py PROCESS_ID PORT OUT_DIR PASSES
+       [packed | mixed | first_exhausted | resume | fails]
 
 Each host reads its own readers' shards (uneven: host 1's end far later than host 0's) with
 ``num_epochs=1`` and runs a collective every step, as a training or evaluation step would; a
@@ -10,7 +11,8 @@ tokens ``i + 1``; each placed token's record is written; ``mixed``: mixed at 0.7
 a second stream, ``1000 + i``, of 2, 6, 1 and 9 records a shard; ``first_exhausted``: so
 mixed, with that stopping strategy; ``resume``: a pass, then the same pass left at step 24,
 where host 0's readers are done and host 1's are not, continued by a new ``iter()``, by a
-state restored into a new loader, and looked at with ``peek()`` there).
+state restored into a new loader, and looked at with ``peek()`` there; ``fails``: host 1's
+record 70 raises in a ``Map``, and each host writes what its loop raised).
 """
 
 import json
@@ -20,7 +22,7 @@ import jax
 
 process_id, port, out_dir, passes = sys.argv[1:5]
 packed, first = sys.argv[5:] == ["packed"], sys.argv[5:] == ["first_exhausted"]
-resume = sys.argv[5:] == ["resume"]
+resume, fails = sys.argv[5:] == ["resume"], sys.argv[5:] == ["fails"]
 mixed = first or sys.argv[5:] == ["mixed"]
 jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
                            process_id=int(process_id))
@@ -69,6 +71,22 @@ if resume:
     with open(f"{out_dir}/pass_{process_id}.json", "w") as f:
         json.dump({"full": full, "again": again, "restored": restored, "peeked": peeked,
                    "restored_peek": restored_peek}, f)
+    print("done", process_id)
+    sys.exit(0)
+if fails:
+    def damaged(record):
+        if record["id"] == 70:  # (host 1's reader 3)
+            raise ValueError("record 70 is damaged")
+        return record
+
+    with jl.StreamLoader(stream, batch_size=4, num_epochs=1, transforms=[jl.Map(damaged)],
+                         readers_per_process=2) as loader:
+        try:
+            said = f"finished after {len(list(loader))} steps"
+        except Exception as e:  # (host 0 waited for host 1 in the pass's end for good)
+            said = f"{type(e).__name__}: {e}"
+    with open(f"{out_dir}/pass_{process_id}.json", "w") as f:
+        json.dump(said, f)
     print("done", process_id)
     sys.exit(0)
 out = []
