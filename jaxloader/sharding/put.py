@@ -275,7 +275,8 @@ def _check_32_bits(batch: Any, leaves: list) -> None:
     """Refuses 64-bit integers that 32 bits cannot hold: JAX without x64 places them as 32-bit
     and would wrap them (an id past 2**31, a time in nanoseconds) without a word; and finite
     64-bit floats beyond float32's range, which it makes infinite. (Other 64-bit floats become
-    float32 as JAX makes them: precision, not values lost.)"""
+    float32 as JAX makes them: precision lost, and those under 1.4e-45 become 0, as
+    devices_and_hosts.md says.)"""
     for i, leaf in enumerate(leaves):
         beyond = beyond_32_bits(leaf) if isinstance(leaf, (np.ndarray, np.generic)) else None
         if beyond is None:

@@ -64,7 +64,14 @@ class FileListSource:
             given = np.asarray(labels)
             if given.dtype.kind not in "iub":
                 odd = next((j for j, v in enumerate(labels) if not isinstance(
-                    v, (int, np.integer))), 0)  # (the first that is no int: None, a str)
+                    v, (int, np.integer))), None)  # (the first that is no int: None, a str)
+                big = next((j for j, v in enumerate(labels) if not -2**63 <= v < 2**63), 0) \
+                    if odd is None else None  # (all ints: one past int64 made them floats)
+                if big is not None:
+                    raise ConfigError(
+                        f"FileListSource(labels): labels[{big}] is {int(labels[big])}, beyond "
+                        "int64, which labels are kept as; pass labels from -2**63 to 2**63 - 1")
+                assert odd is not None
                 raise ConfigError(
                     f"FileListSource(labels): expected integers, got {given.dtype} (labels[{odd}]"
                     f" is {labels[odd]!r}); for class names pass ints, e.g. "

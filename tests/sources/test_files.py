@@ -81,6 +81,11 @@ def test_bad_arguments(tmp_path):
         jl.FileListSource(["a", "b"], labels=[0, None])
     with pytest.raises(jl.ConfigError, match=r"9223372036854775813 is beyond int64"):
         jl.FileListSource(["a"], labels=np.array([2**63 + 5], np.uint64))
+    # ints past int64 among others made them floats or objects: "expected integers", the
+    # class names' remedy, and labels[0] named whatever it held
+    for labels, at, value in (([-1, 2**63], 1, 2**63), ([2**64, 1], 0, 2**64)):
+        with pytest.raises(jl.ConfigError, match=rf"labels\[{at}\] is {value}, beyond int64"):
+            jl.FileListSource(["a", "b"], labels=labels)
     a = jl.FileListSource(["a", "b"]).fingerprint
     assert a != jl.FileListSource(["b", "a"]).fingerprint and a.startswith("files:2:")
 
