@@ -290,6 +290,10 @@ def test_a_window_of_stats_is_the_difference_of_two_reads():
     assert second == new
     assert earlier.since(later) is earlier  # counts gone back (reset_stats): the newer whole
     assert later.since(LoaderStats(0, 0.0, 0.0)).first_batch_s == 0.5
+    assert window.batches_per_s == pytest.approx(20 / 5.5)  # (a window: no first batch)
+    # read across a reset_stats() whose counts have since grown past the earlier ones: the
+    # counts since the reset, not a difference across it (negative times, a rate below 0)
+    assert later._replace(began=2.0).since(earlier._replace(began=1.0)).batches == 30
 
 
 def test_two_loaders_log_lines_say_which_loader_each_is(caplog):

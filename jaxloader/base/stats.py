@@ -78,6 +78,9 @@ class LoaderStats(NamedTuple):
     # (a worker reports its batches at most every 50 ms)
     batches_made: int = 0
     first_batch_s: float = 0.0  # from the first next() to its batch (workers' start included)
+    began: float = 0.0  # when these counts began (time.perf_counter(): the loader made, or
+    # reset_stats()), which tells a window's two reads apart from reads across a reset
+    window: bool = False  # a window's stats (``since``): its batches all in its wall time
 
     @property
     def wait_fraction(self) -> float:
@@ -89,7 +92,7 @@ class LoaderStats(NamedTuple):
     def batches_per_s(self) -> float:
         """Batches handed out a second, after the first (whose wait includes the start)."""
         steady = self.wall_s - self.first_batch_s
-        if self.batches > 1 and steady > 0:
+        if self.batches > 1 and steady > 0 and not self.window:
             return (self.batches - 1) / steady
         return self.batches / self.wall_s if self.wall_s else 0.0
 
@@ -122,9 +125,11 @@ class LoaderStats(NamedTuple):
             >>> window = b.since(a)
             >>> window.batches, round(window.wait_fraction, 2), round(b.wait_fraction, 2)
             (100, 0.05, 0.34)
+            >>> window.batches_per_s  # (100 batches in its 10 s)
+            10.0
         """
-        if self.batches < earlier.batches or self.batches_made < earlier.batches_made:
-            return self
+        if self.began != earlier.began or self.batches < earlier.batches:
+            return self  # (read across a reset_stats(): the counts since it)
         was = {(w.worker, w.pid): w for w in earlier.workers}
         workers = []
         for w in self.workers:
@@ -141,7 +146,8 @@ class LoaderStats(NamedTuple):
             self.bytes - earlier.bytes, _minus(self.stages, earlier.stages), tuple(workers),
             self.num_workers, max(0.0, ahead / batches) if batches else 0.0,
             self.batches_made - earlier.batches_made,
-            self.first_batch_s if earlier.batches == 0 else 0.0)
+            self.first_batch_s if earlier.batches == 0 else 0.0, self.began,
+            window=earlier.batches > 0)
 
 
 def _minus(later: Mapping[str, float], earlier: Mapping[str, float]) -> Mapping[str, float]:

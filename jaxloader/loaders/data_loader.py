@@ -38,7 +38,8 @@ from jaxloader.order.sampling import LastBatch, Order, Sampler
 from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
-from jaxloader.loaders.state import check_state, make_state, transforms_of
+from jaxloader.loaders.state import (check_state, compared_transforms, make_state,
+                                     transforms_of)
 from jaxloader.batching.transforms import Transforms, split_transforms
 from jaxloader.sharding.hosts import Pairing
 
@@ -263,7 +264,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         layout = self._sampler.layout  # (a LocalShuffle's blocks: the same on every process)
         hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
             {**make_state(self._sampler, start, self._source_fingerprint(),
-                          self._transforms_state()),
+                          compared_transforms(self._transforms_state())),
              "num_epochs": self.num_epochs, **({"local_shuffle_blocks": layout} if layout
                                               else {})},
             self.process_count, index=self.process_index)

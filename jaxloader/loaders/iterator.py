@@ -99,12 +99,13 @@ class Progress:
         wall = self.last_s - self.first_s - self.apart_s if self.first_s is not None else 0.0
         return LoaderStats(self.batches, self.wait_s, self.run_s, wall, records, nbytes,
                            stages, tuple(workers), num_workers, gauges.ready_ahead(), made,
-                           self.first_batch_s)
+                           self.first_batch_s, self.began)
 
     def reset_stats(self, pids: Sequence[int] = ()) -> None:
         """Starts the counts again (the engine's gauges are reset by the loader); ``pids``:
         the workers', whose time waiting for a core counts from now."""
         self.queued_from = {pid: queued_s(pid) for pid in pids}
+        self.began = time.perf_counter()  # when the stats began (LoaderStats.began)
         self.batches = 0  # batches handed out, time waited inside next(), run between calls
         self.wait_s = self.run_s = self.place_s = 0.0  # (placement: device_put's time)
         self.first_s: float | None = None  # when the first next() of the window was entered
@@ -223,7 +224,11 @@ class LoaderIterator(Generic[BatchT]):
             entered = time.perf_counter()  # (a wait for the other hosts is not the input's)
         if self._stop is not None and self._step >= self._stop:
             raise StopIteration
-        if self._ends_before is not None and self._ends_before(self._step):
+        try:
+            ends = self._ends_before is not None and self._ends_before(self._step)
+        except Stopped:  # (a stream's pass: closed or restored from another thread meanwhile)
+            return self.__next__()  # (says so)
+        if ends:
             self._stop = self._step  # asked once: the same answer on every later call
             self.stop_work()  # what was made past the end goes
             raise StopIteration

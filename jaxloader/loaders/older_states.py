@@ -26,10 +26,8 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     states as they are."""
     if not isinstance(state, dict) or state.get("stream") == described:
         return state
-    saved = state.get("stream")
-    if isinstance(saved, dict) and "mix" in saved and "mixture_order" in saved:
-        check_mixture_order(saved["mixture_order"], 1, "state['stream']['mixture_order']")
-        saved = {k: v for k, v in saved.items() if k != "mixture_order"}
+    saved = _without_mixture_order(state.get("stream"), "state['stream']")
+    if saved is not state.get("stream"):
         state = {**state, "stream": saved}
     for then in (described, in_generation(1, describe)):
         if saved == then or saved == _untokenized(then):
@@ -41,6 +39,20 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
                     stacklevel=user_stacklevel())
             return {**state, "stream": described}
     return state
+
+
+def _without_mixture_order(described: Any, name: str) -> Any:
+    """A stream's description without the ``mixture_order`` (1) of its mixtures, at any
+    depth (a ``PackedStream`` over a mixture held it inside); the same object if none."""
+    if not isinstance(described, dict):
+        return described
+    out = {key: _without_mixture_order(value, f"{name}[{key!r}]")
+           for key, value in described.items() if key != "mixture_order"}
+    if "mixture_order" in described:
+        check_mixture_order(described["mixture_order"], 1, f"{name}['mixture_order']")
+    elif all(out[key] is described[key] for key in out):
+        return described
+    return out
 
 
 def check_mixture_order(order: Any, now: int, name: str) -> None:

@@ -82,6 +82,12 @@ def _kind_and_digest(named: str) -> tuple[str, str]:
     return named.split("(", 1)[0], named.rsplit(" ", 1)[-1]
 
 
+def compared_transforms(named: list[str]) -> list[str]:
+    """What of ``transforms_of``'s names the processes of a run compare: each one's kind and
+    digest (its ``repr`` may hold an address, another in each process)."""
+    return [" ".join(_kind_and_digest(n)) for n in named]
+
+
 def warn_changed_transforms(saved: Any, now: list[str], step: int) -> None:
     """A warning naming the transforms that differ from the saved run's (a state saved
     before states held them, on 2026-11-29, has none to compare): the step still reads the

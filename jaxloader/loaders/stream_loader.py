@@ -42,8 +42,9 @@ from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, ja
                                        placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.loaders.older_states import as_written_now
-from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transforms_of,
-                                     warn_changed_generators, warn_changed_transforms)
+from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, compared_transforms,
+                                     transforms_of, warn_changed_generators,
+                                     warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.loaders.stream_runs import ReaderRuns, overlaid
@@ -275,15 +276,17 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             hosts = self._pairing.publish(
                 {**config, **described, **self._stream.extra_state(),
                  "step": self._progress.step, "num_epochs": self.num_epochs,
-                 "transforms": self._named(), "generators": codes_of(self._stream.shards),
+                 "transforms": compared_transforms(self._named()),
+                 "generators": codes_of(self._stream.shards),
                  **passes.to_state(self._until, self.num_epochs, self._ended)},
                 self.process_count, index=self.process_index)
-        self._votes = votes = None if hosts is None else hosts.votes()
+        self._votes = votes = None if self.process_count == 1 or self._probing else \
+            self._pairing.votes(self.process_count)
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
             until = passes.pass_of(  # once their settings are compared: no collective waits
                 *self._states_now()[1:], self.num_epochs, self.process_count,  # on one
                 None if self._probing else hosts or True,
-                None if votes is None else functools.partial(votes.ask, key="start"))
+                None if votes is None else functools.partial(votes.ask, step="start"))
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       ReaderRuns(self), put,
@@ -309,7 +312,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         end where the run of ``generation`` is still the loader's (not a stale one's)."""
         assert self._until is not None
         votes = None if self._votes is None else functools.partial(  # (names one that failed)
-            self._votes.ask, key=str(step), gone=lambda: generation != self._progress.generation)
+            self._votes.ask, step=step, gone=lambda: generation != self._progress.generation)
         done = passes.everywhere(all(passes.done(self._fold(step), self._until)),
                                  self.process_count, votes)
         if generation == self._progress.generation:  # (no call between the test and the set)

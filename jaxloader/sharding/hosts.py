@@ -58,7 +58,7 @@ _told = {"late": False, "store": False}  # said once at WARNING (later: at INFO)
 class Store(Protocol):
     """The part of ``jax.distributed``'s key-value client used here."""
 
-    def key_value_set(self, key: str, value: str) -> None: ...
+    def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None: ...
 
     def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str: ...
 
@@ -80,6 +80,7 @@ class Pairing:
         self.name: str | None = None
         self.count = 0  # (counted whether or not its publish got through: every process's
         # k-th iter() stays its k-th)
+        self.voted: list[str] = []  # this process's last votes on a pass's end (pass_votes)
 
     def publish(self, settings: dict[str, Any], process_count: int,
                 store: Store | None = None, me: int | None = None,
@@ -118,6 +119,20 @@ class Pairing:
             except Exception:  # noqa: BLE001 (the store's; a key left is no harm)
                 pass
         return check
+
+    def votes(self, process_count: int) -> PassVotes | None:
+        """The last ``iter()``'s votes on whether a stream's pass has ended (``pass_votes``):
+        every process of a run that ``jax.distributed`` runs votes, whether or not its
+        settings got through (one left on a collective would wait for the others for good);
+        ``None`` where none does."""
+        if process_count == 1 or self.name is None:
+            return None
+        store, me = _jax_store(process_count)
+        if store is None:
+            return None
+        assert me is not None
+        return PassVotes(store, f"{_PREFIX}/{self.name}/{self.count - 1}-pass/", me,
+                         process_count, self.kind, self.voted)
 
 
 def _jax_store(process_count: int) -> tuple[Store | None, int | None]:
@@ -194,11 +209,6 @@ class HostsCheck:
         self.failure: ConfigError | None = None
         self.noted: str | None = None  # a difference in the data's digests, to warn of
         self.indices = {me: settings.get(_INDEX)}  # each process's loader's process_index
-
-    def votes(self) -> PassVotes:
-        """This ``iter()``'s votes on whether a stream's pass has ended (``pass_votes``)."""
-        return PassVotes(self.store, f"{_PREFIX}/{self.name}/{self.n}-pass/", self.me,
-                         self.count, self.owner)
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
         """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first

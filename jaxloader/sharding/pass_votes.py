@@ -6,28 +6,37 @@ each process asks the others at every step. With a collective (``process_allgath
 process that raised (a reader dealt only empty shards, a transform's error) never joined the
 next one, and the others waited in it without a word: for as long as that process lived, or
 until JAX's shutdown barrier aborted them minutes later. Here each process writes its vote
-for a step to the store and reads the others' (every few milliseconds at first); a process
-whose ``next()`` failed writes that instead, and the others raise naming it and its error.
-A process later than ``WAIT_S`` is named in a log line, once a pass.
+for a step to the store and reads the others' (waiting on the first missing one's key, which
+returns as soon as it is written); a process whose ``next()`` failed writes that as its vote
+for the step after, which the others wait on, and they raise naming it and its error. A
+process later than ``WAIT_S`` is named in a log line, once a pass. Every process of a run
+votes where ``jax.distributed`` runs it (``Pairing.votes``), or none does.
 
 Example:
     >>> class Store(dict):  # (jax.distributed's client's calls, in memory)
-    ...     key_value_set, key_value_delete = dict.__setitem__, dict.pop
+    ...     def key_value_set(self, key, value, allow_overwrite=False):
+    ...         self[key] = value
+    ...     def blocking_key_value_get(self, key, timeout_in_ms):
+    ...         if key not in self:
+    ...             raise RuntimeError("DEADLINE_EXCEEDED")
+    ...         return self[key]
+    ...     def key_value_delete(self, key):
+    ...         self.pop(key, None)
     ...     def key_value_dir_get(self, prefix):
     ...         return [(k, v) for k, v in self.items() if k.startswith(prefix)]
     >>> store = Store()
-    >>> one, two = (PassVotes(store, "run/0-pass/", me, 2, "StreamLoader") for me in (0, 1))
-    >>> two.ask(False, "2", gone=lambda: True)  # doctest: +IGNORE_EXCEPTION_DETAIL
+    >>> one, two = (PassVotes(store, "run/0-pass/", me, 2, "StreamLoader", []) for me in (0, 1))
+    >>> two.ask(False, 2, gone=lambda: True)  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
     jaxloader.sharding.prefetch.Stopped: (process 0 had not voted; the run was made stale)
-    >>> one.ask(True, "2")  # (every vote in: the pass goes on)
+    >>> one.ask(True, 2)  # (every vote in: the pass goes on)
     False
-    >>> two.failed(ValueError("no records"), step=3)
+    >>> two.failed(ValueError("no records"), step=2)
     >>> try:
-    ...     one.ask(True, "3")
+    ...     one.ask(True, 3)
     ... except Exception as e:
     ...     print(str(e)[:70])
-    StreamLoader: process 1 of 2 failed at step 3 (ValueError: no records)
+    StreamLoader: process 1 of 2 failed at step 2 (ValueError: no records)
 """
 
 from __future__ import annotations
@@ -40,44 +49,52 @@ from jaxloader.base.errors import JaxloaderError
 
 log = logging.getLogger("jaxloader")
 WAIT_S = 10.0  # a process later than this is named in a log line
-_FAILED = "failed"
+SLICE_S = 0.25  # a wait on the store lasts this long at most (a close() is seen between)
+_FAILED = "failed "  # a vote that says its process failed, with where and why
 
 
 class PassVotes:
-    """One ``iter()``'s votes (``HostsCheck.votes``): ``prefix`` in the store, this process
-    ``me`` of ``count``; ``owner``: the loader's kind, for messages."""
+    """One ``iter()``'s votes (``Pairing.votes``): ``prefix`` in the store, this process ``me``
+    of ``count``; ``owner``: the loader's kind, for messages; ``voted``: this process's last
+    vote keys, kept by its loader across ``iter()`` calls (two kept in the store)."""
 
-    def __init__(self, store: Any, prefix: str, me: int, count: int, owner: str) -> None:
+    def __init__(self, store: Any, prefix: str, me: int, count: int, owner: str,
+                 voted: list[str]) -> None:
         self.store, self.prefix, self.me, self.count, self.owner = store, prefix, me, count, owner
-        self._mine: list[str] = []  # this process's votes, oldest first (two kept)
+        self._voted = voted
+        self._failed_at: str | None = None  # where this process's next() failed, if it did
         self._told = False
 
-    def ask(self, done: bool, key: str, gone: Callable[[], bool] = lambda: False) -> bool:
-        """Whether ``done`` holds in every process at ``key`` (a step: each process asks at
-        every step, alike); raises naming a process that failed, stops where ``gone()`` (its
-        run was closed or restored from another thread)."""
-        here = f"{self.prefix}{key}/"
+    def ask(self, done: bool, step: int | str,
+            gone: Callable[[], bool] = lambda: False) -> bool:
+        """Whether ``done`` holds in every process at ``step`` (each process asks at every
+        step of a pass, alike; ``"start"`` at an ``iter()``); raises naming a process that
+        failed, stops where ``gone()`` (the run was closed or restored from another thread)."""
+        if self._failed_at is not None:
+            raise JaxloaderError(
+                f"{self.owner}: this process's next() failed at {self._failed_at}, in a pass "
+                "whose end every process asks the others at each step, and the others were "
+                "told so: the pass cannot go on; call iter() again on every process (or "
+                "restore a state on every process)")
+        here = f"{self.prefix}{step}/"
         mine = f"{here}{self.me}"
-        if mine not in self._mine:  # (a step asked again after a failed next(): voted once)
-            self.store.key_value_set(mine, "1" if done else "0")
-            self._mine.append(mine)
-            if len(self._mine) > 2:  # every process has read the votes two steps before
-                self.store.key_value_delete(self._mine.pop(0))
-        pause, late = 0.0005, time.monotonic() + WAIT_S
+        if mine not in self._voted:  # (a step asked again after a Ctrl-C: the same vote)
+            self._voted.append(mine)  # (first: a Ctrl-C after the write must not write twice)
+            self.store.key_value_set(mine, "1" if done else "0", allow_overwrite=True)
+            if len(self._voted) > 2:  # every process has read the votes two before
+                self.store.key_value_delete(self._voted.pop(0))
+        late, votes = time.monotonic() + WAIT_S, self._votes(here)
         while True:
-            votes: dict[str, str] = {}
-            for name, value in self.store.key_value_dir_get(self.prefix):
-                where, _, who = name[len(self.prefix):].rpartition("/")
-                if where == _FAILED:
+            for who, value in sorted(votes.items()):
+                if value.startswith(_FAILED):
                     raise JaxloaderError(
-                        f"{self.owner}: process {who} of {self.count} failed at {value}, so "
-                        "this pass cannot end on every process (each asks the others at every "
-                        "step whether it has); see that process's error. A pass "
-                        "(num_epochs) reads on every process alike: make its data readable "
-                        "there, or run the loop without num_epochs")
-                if where == key:
-                    votes[who] = value
-            if len(votes) == self.count:
+                        f"{self.owner}: process {who} of {self.count} failed at "
+                        f"{value[len(_FAILED):]}, so this pass cannot end on every process "
+                        "(each asks the others at every step whether it has); see that "
+                        "process's error. A pass (num_epochs) reads on every process alike: "
+                        "make its data readable there, or run the loop without num_epochs")
+            missing = [who for who in range(self.count) if who not in votes]
+            if not missing:
                 return all(value == "1" for value in votes.values())
             if gone():
                 from jaxloader.sharding.prefetch import Stopped
@@ -85,18 +102,30 @@ class PassVotes:
                 raise Stopped(f"a run of {self.owner} made stale")
             if not self._told and time.monotonic() > late:
                 self._told = True
-                waiting = sorted(set(range(self.count)) - {int(w) for w in votes})
                 log.warning("%s: waiting for process(es) %s of %d to say whether the pass "
-                            "has ended at %s (more than %.3g s)", self.owner, waiting,
-                            self.count, key, WAIT_S)
-            time.sleep(pause)
-            pause = min(0.02, 2 * pause)
+                            "has ended at step %s (more than %.3g s)", self.owner, missing,
+                            self.count, step, WAIT_S)
+            try:  # (returns once that one has voted)
+                votes[missing[0]] = self.store.blocking_key_value_get(f"{here}{missing[0]}",
+                                                                      int(SLICE_S * 1000))
+            except Exception as e:  # noqa: BLE001 (the store's timeout: every vote looked
+                if "DEADLINE_EXCEEDED" not in str(e):  # at again, a failure among them: the
+                    raise  # one waited on may itself have stopped at another's failure)
+                votes = self._votes(here)
+
+    def _votes(self, here: str) -> dict[int, str]:
+        """The votes at ``here`` in the store, by process."""
+        return {int(name.rsplit("/", 1)[1]): value
+                for name, value in self.store.key_value_dir_get(here)}
 
     def failed(self, error: BaseException, step: int) -> None:
-        """Tells the other processes that this one's ``next()`` at ``step`` failed (they
-        raise at their next vote); a store that fails is left (the error is this process's)."""
+        """Tells the other processes that this one's ``next()`` at ``step`` failed: its vote
+        for the step after, which they wait on, says so (they raise, naming it); this
+        process's later asks in the pass are refused. A store that fails is left (the error
+        is this process's own)."""
+        self._failed_at = f"step {step} ({type(error).__name__}: {error})"[:600]
         try:
-            self.store.key_value_set(f"{self.prefix}{_FAILED}/{self.me}",
-                                     f"step {step} ({type(error).__name__}: {error})"[:600])
-        except Exception:  # noqa: BLE001 (said already, or said twice: the first stands)
+            self.store.key_value_set(f"{self.prefix}{step + 1}/{self.me}",
+                                     _FAILED + self._failed_at, allow_overwrite=True)
+        except Exception:  # noqa: BLE001
             pass

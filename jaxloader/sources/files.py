@@ -62,15 +62,17 @@ class FileListSource:
                     f"got {len(labels)}"
                 )
             given = np.asarray(labels)
-            if given.dtype.kind not in "iub":
-                odd = next((j for j, v in enumerate(labels) if not isinstance(
-                    v, (int, np.integer))), None)  # (the first that is no int: None, a str)
-                big = next((j for j, v in enumerate(labels) if not -2**63 <= v < 2**63), 0) \
-                    if odd is None else None  # (all ints: one past int64 made them floats)
+            odd = None if given.dtype.kind in "iub" else next(
+                (j for j, v in enumerate(labels) if not isinstance(v, (int, np.integer))), None)
+            if given.dtype.kind not in "iub" and odd is None:  # ints: objects, or floats made
+                big = next((j for j, v in enumerate(labels)  # of some past int64
+                            if not -2**63 <= v < 2**63), None)
                 if big is not None:
                     raise ConfigError(
                         f"FileListSource(labels): labels[{big}] is {int(labels[big])}, beyond "
                         "int64, which labels are kept as; pass labels from -2**63 to 2**63 - 1")
+                given = np.array([int(v) for v in labels], np.int64)
+            if given.dtype.kind not in "iub":
                 assert odd is not None
                 raise ConfigError(
                     f"FileListSource(labels): expected integers, got {given.dtype} (labels[{odd}]"

@@ -34,7 +34,6 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
@@ -94,9 +93,7 @@ class MapSource:
 
     def __getitem__(self, index: int) -> Any:
         if self.batched:
-            leaves, treedef = tree_lib.flatten(self.fn(self._columns(np.array([index],
-                                                                               np.int64))))
-            return tree_lib.unflatten(treedef, [leaf[0] for leaf in leaves])  # (any pytree)
+            return _first_row(self.fn(self._columns(np.array([index], np.int64))))
         return self.fn(self.source[index])
 
     def __getitems__(self, indices: np.ndarray) -> Any:
@@ -144,3 +141,19 @@ class MapSource:
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
         return f"MapSource({self.source!r}, {name}{', batched' if self.batched else ''})"
+
+
+def _first_row(columns: Any) -> Any:
+    """The record of a batch of one row: each column's first row, through dicts and tuples
+    (a list column, of strings say, is a column: its first item).
+
+    Example:
+        >>> _first_row({"a": np.array([3]), "b": (np.array([[1, 2]]), ["word"])})
+        {'a': np.int64(3), 'b': (array([1, 2]), 'word')}
+    """
+    if isinstance(columns, dict):
+        return {key: _first_row(value) for key, value in columns.items()}
+    if isinstance(columns, tuple):
+        rows = [_first_row(value) for value in columns]
+        return type(columns)(*rows) if hasattr(columns, "_fields") else tuple(rows)
+    return columns[0]

@@ -26,6 +26,7 @@ import hashlib
 import os
 import stat
 from typing import Iterable, Sequence
+from urllib.parse import unquote, urlsplit
 
 from jaxloader.base.errors import ConfigError
 
@@ -50,8 +51,8 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             f"pattern or a list of them, got {type(bad).__name__} {bad!r:.80}")
     out: list[str] = []
     for path in [str(os.fspath(p)) for p in listed]:
-        if path.startswith("file:///"):  # a local path (etils.epath lists no file:// folder,
-            path = path[len("file://"):]  # and a FIFO is to be refused as locally)
+        if path.startswith(("file:///", "file://localhost/")):  # a local path (etils.epath
+            path = unquote(urlsplit(path).path)  # lists no file:// folder; a FIFO is refused)
         remote = "://" in path
         if not remote and os.path.isfile(path):  # a file named with [ or * is that file
             out.append(path)

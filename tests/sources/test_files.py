@@ -86,6 +86,8 @@ def test_bad_arguments(tmp_path):
     for labels, at, value in (([-1, 2**63], 1, 2**63), ([2**64, 1], 0, 2**64)):
         with pytest.raises(jl.ConfigError, match=rf"labels\[{at}\] is {value}, beyond int64"):
             jl.FileListSource(["a", "b"], labels=labels)
+    objects = jl.FileListSource(["a", "b"], labels=np.array([1, 2], dtype=object))
+    assert objects.labels.dtype == np.int64 and objects.labels.tolist() == [1, 2]
     a = jl.FileListSource(["a", "b"]).fingerprint
     assert a != jl.FileListSource(["b", "a"]).fingerprint and a.startswith("files:2:")
 

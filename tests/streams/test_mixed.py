@@ -88,6 +88,24 @@ def test_a_mixed_streams_state_written_with_its_mixture_order_restores_or_is_nam
                                                     r"expected 1 \(or none\), received 0"):
             second.load_state_dict({**older, "stream": {**older["stream"], "mixture_order": 0}})
 
+    def ordered(described):  # (a PackedStream's description held its mixture's inside)
+        if isinstance(described, dict):
+            return {**{k: ordered(v) for k, v in described.items()},
+                    **({"mixture_order": 1} if "mix" in described else {})}
+        return described
+
+    def packed():
+        return jl.StreamLoader(jl.PackedStream(jl.mix(streams[:1] * 2, [0.5, 0.5]), "t", 8,
+                                               tokenize=lambda r: {"t": np.full(2, r["id"])}),
+                               batch_size=4, seed=3, process_index=0, process_count=1)
+    with packed() as first:
+        state = first.state_dict()
+        expected = take(first, 2)
+    assert ordered(state["stream"]) != state["stream"] and "mix" not in state["stream"]
+    with packed() as second:
+        second.load_state_dict({**state, "stream": ordered(state["stream"])})
+        assert_same_stream(take(second, 2), expected)
+
 
 def test_a_weight_change_keeps_the_steps_before_it(tmp_path):
     streams = components(tmp_path)

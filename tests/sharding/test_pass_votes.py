@@ -1,0 +1,122 @@
+"""A stream's pass's end voted through a key-value store (sharding/pass_votes.py), on a store in
+memory standing for jax.distributed's (test_stream_passes.py runs the real one on two
+processes, one of them failing)."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.sharding import hosts
+from jaxloader.sharding.pass_votes import PassVotes
+from sharding.test_hosts_check import Store
+
+
+def test_a_vote_written_before_a_ctrl_c_is_not_written_again_on_the_retry():
+    # the key was recorded after the write: a Ctrl-C between them made the retry write it
+    # again, which JAX's client refuses (ALREADY_EXISTS), and the other host waited for good
+    class Interrupted(Store):
+        def key_value_set(self, key, value, allow_overwrite=False):
+            super().key_value_set(key, value, allow_overwrite)
+            if key.endswith("/7/1") and not getattr(self, "said", False):
+                self.said = True
+                raise KeyboardInterrupt
+
+    store = Interrupted()
+    one, two = (PassVotes(store, "p/0-pass/", me, 2, "StreamLoader", []) for me in (0, 1))
+    with pytest.raises(KeyboardInterrupt):
+        two.ask(False, 7)
+    store.values["p/0-pass/7/0"] = "1"  # (the other host's vote)
+    assert two.ask(False, 7) is False and one.ask(True, 7) is False
+
+
+def test_a_failed_process_names_itself_on_a_retry_and_the_others_name_it():
+    store = Store()
+    one, two = (PassVotes(store, "p/0-pass/", me, 2, "StreamLoader", []) for me in (0, 1))
+    store.values["p/0-pass/4/0"] = "0"
+    assert two.ask(False, 4) is False
+    two.failed(OSError("the disk went away"), step=4)
+    with pytest.raises(jl.JaxloaderError, match=r"this process's next\(\) failed at step 4 "
+                                                r"\(OSError: the disk went away\).*call iter\(\) "
+                                                r"again on every process"):
+        two.ask(False, 4)  # (a retry: the others were told, and went their way)
+    with pytest.raises(jl.JaxloaderError, match=r"process 1 of 2 failed at step 4 \(OSError"):
+        one.ask(False, 5)
+
+
+def test_old_votes_go_two_at_a_time_across_iters():
+    store, voted = Store(), []
+    alone = PassVotes(store, "p/0-pass/", 0, 1, "StreamLoader", voted)
+    for step in ("start", 0, 1, 2):
+        alone.ask(False, step)
+    later = PassVotes(store, "p/1-pass/", 0, 1, "StreamLoader", voted)
+    later.ask(True, "start")
+    assert sorted(store.values) == ["p/0-pass/2/0", "p/1-pass/start/0"]
+
+
+def test_every_process_votes_where_jax_distributed_runs_even_if_its_settings_failed(
+        monkeypatch):
+    # a process whose settings' write failed went on with the allgather, the others with the
+    # store: each waited for the other for good
+    class SettingsFail(Store):
+        def key_value_set(self, key, value, allow_overwrite=False):
+            if "-pass/" not in key:
+                raise RuntimeError("UNAVAILABLE: the coordinator")
+            super().key_value_set(key, value, allow_overwrite)
+
+    store = SettingsFail()
+    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, 1))
+    pairing = hosts.Pairing("StreamLoader")
+    assert pairing.publish({"seed": 0}, 2) is None  # (said, and nothing compared)
+    votes = pairing.votes(2)
+    assert votes is not None and re.search(r"/StreamLoader-\d+/0-pass/$", votes.prefix)
+    assert hosts.Pairing("StreamLoader").votes(1) is None
+
+
+def test_a_restore_from_another_thread_while_the_pass_waits_says_the_iterator_is_stale(
+        monkeypatch):
+    # the vote's Stopped came out of next() bare, where a run made stale says so
+    from jaxloader.streams import passes
+
+    store, here = Store(), threading.local()
+    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, here.me))
+    monkeypatch.setattr(passes, "check", lambda count: None)  # (two "processes" here)
+    stream = jl.Stream.from_generator(lambda s: ({"id": s * 10 + i} for i in range(4)), 2)
+    loaders = [jl.StreamLoader(stream, batch_size=2, num_epochs=1, process_index=i,
+                               process_count=2) for i in (0, 1)]
+    for loader in loaders:
+        loader._pairing.name = "StreamLoader-stale"  # (one loader of two processes)
+    its, said = {}, []
+
+    def host(i):
+        here.me = i
+        its[i] = iter(loaders[i])  # (the processes vote on the pass at iter(): together)
+
+    threads = [threading.Thread(target=host, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    def first():  # host 0's first next(), while host 1 never asks
+        here.me = 0
+        try:
+            next(its[0])
+        except Exception as e:  # noqa: BLE001
+            said.append(e)
+
+    waiting = threading.Thread(target=first)
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()  # (waiting for host 1's vote)
+    loaders[0].load_state_dict(loaders[0].state_dict())
+    waiting.join(10)
+    assert not waiting.is_alive() and len(said) == 1, said
+    assert isinstance(said[0], jl.JaxloaderError) and "this iterator is stale" in str(said[0])
+    for loader in loaders:
+        loader.close()
+    assert np.all([not t.is_alive() for t in threads])
