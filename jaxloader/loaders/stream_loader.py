@@ -282,6 +282,9 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 self.process_count, index=self.process_index)
         self._votes = votes = None if self.process_count == 1 or self._probing else \
             self._pairing.votes(self.process_count)
+        if hosts is not None and votes is not None:  # (settings refused: the others told)
+            told, at = votes.failed, self._progress
+            hosts.told = lambda e: told(e, at.step, ("start", at.step))
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
             until = passes.pass_of(  # once their settings are compared: no collective waits
                 *self._states_now()[1:], self.num_epochs, self.process_count,  # on one

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NoReturn, Protocol
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.sharding.pass_votes import PassVotes
@@ -209,6 +209,8 @@ class HostsCheck:
         self.failure: ConfigError | None = None
         self.noted: str | None = None  # a difference in the data's digests, to warn of
         self.indices = {me: settings.get(_INDEX)}  # each process's loader's process_index
+        self.told: Callable[[ConfigError], None] | None = None  # tells the others of a
+        # failure (a stream's pass: its votes, which the others wait on; pass_votes)
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
         """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first
@@ -216,7 +218,7 @@ class HostsCheck:
         8th...; raises on a difference. Whether every other process's settings are compared
         (nothing left to do)."""
         if self.failure is not None:
-            raise self.failure
+            self._raise()
         if call < self.next_call:
             return False
         try:
@@ -231,8 +233,14 @@ class HostsCheck:
             warnings.warn(self.noted, UserWarning, stacklevel=3)  # (the caller's next())
             self.noted = None
         if self.failure is not None:
-            raise self.failure
+            self._raise()
         return not self.pending
+
+    def _raise(self) -> NoReturn:
+        assert self.failure is not None
+        if self.told is not None:
+            self.told(self.failure)
+        raise self.failure
 
     def _wait(self, gone: Callable[[], bool]) -> None:
         """Up to ``WAIT_S`` for the pending processes' settings, in slices."""

@@ -9,8 +9,10 @@ until JAX's shutdown barrier aborted them minutes later. Here each process write
 for a step to the store and reads the others' (waiting on the first missing one's key, which
 returns as soon as it is written); a process whose ``next()`` failed writes that as its vote
 for the step after, which the others wait on, and they raise naming it and its error. A
-process later than ``WAIT_S`` is named in a log line, once a pass. Every process of a run
-votes where ``jax.distributed`` runs it (``Pairing.votes``), or none does.
+process later than ``WAIT_S`` is named in a log line, once a pass; one whose settings the
+check refused (``hosts``) says so the same way. Every process of a run votes where
+``jax.distributed`` runs it (``Pairing.votes``), or none does. A process's older votes go once
+every process has voted at a step (each is then done with the steps before).
 
 Example:
     >>> class Store(dict):  # (jax.distributed's client's calls, in memory)
@@ -72,17 +74,16 @@ class PassVotes:
         failed, stops where ``gone()`` (the run was closed or restored from another thread)."""
         if self._failed_at is not None:
             raise JaxloaderError(
-                f"{self.owner}: this process's next() failed at {self._failed_at}, in a pass "
-                "whose end every process asks the others at each step, and the others were "
-                "told so: the pass cannot go on; call iter() again on every process (or "
-                "restore a state on every process)")
+                f"{self.owner}: this process failed at {self._failed_at}, in a pass whose end "
+                "every process asks the others at each step, and the others were told so: the "
+                "pass cannot go on. Restore a state saved before it on every process (a "
+                "loader whose worker failed: made anew), or start the pass again everywhere")
         here = f"{self.prefix}{step}/"
         mine = f"{here}{self.me}"
-        if mine not in self._voted:  # (a step asked again after a Ctrl-C: the same vote)
-            self._voted.append(mine)  # (first: a Ctrl-C after the write must not write twice)
-            self.store.key_value_set(mine, "1" if done else "0", allow_overwrite=True)
-            if len(self._voted) > 2:  # every process has read the votes two before
-                self.store.key_value_delete(self._voted.pop(0))
+        if mine not in self._voted:
+            self._voted.append(mine)
+        # written each time (a step asked again after a failed write or a Ctrl-C: the same)
+        self.store.key_value_set(mine, "1" if done else "0", allow_overwrite=True)
         late, votes = time.monotonic() + WAIT_S, self._votes(here)
         while True:
             for who, value in sorted(votes.items()):
@@ -94,7 +95,10 @@ class PassVotes:
                         "process's error. A pass (num_epochs) reads on every process alike: "
                         "make its data readable there, or run the loop without num_epochs")
             missing = [who for who in range(self.count) if who not in votes]
-            if not missing:
+            if not missing:  # every process voted here, so each is done with its asks
+                for old in self._voted[:-1]:  # before: this process's older votes go
+                    self.store.key_value_delete(old)
+                del self._voted[:-1]
                 return all(value == "1" for value in votes.values())
             if gone():
                 from jaxloader.sharding.prefetch import Stopped
@@ -118,14 +122,17 @@ class PassVotes:
         return {int(name.rsplit("/", 1)[1]): value
                 for name, value in self.store.key_value_dir_get(here)}
 
-    def failed(self, error: BaseException, step: int) -> None:
-        """Tells the other processes that this one's ``next()`` at ``step`` failed: its vote
-        for the step after, which they wait on, says so (they raise, naming it); this
-        process's later asks in the pass are refused. A store that fails is left (the error
-        is this process's own)."""
+    def failed(self, error: BaseException, step: int,
+               asked: tuple[int | str, ...] = ()) -> None:
+        """Tells the other processes that this one failed at ``step``: its vote where they
+        ask next (``asked``: by default the step after, past this step's vote; the step
+        itself and ``"start"`` where its settings were refused before it voted) says so,
+        and they raise, naming it; this process's later asks in the pass are refused. A
+        store that fails is left (the error is this process's own)."""
         self._failed_at = f"step {step} ({type(error).__name__}: {error})"[:600]
-        try:
-            self.store.key_value_set(f"{self.prefix}{step + 1}/{self.me}",
-                                     _FAILED + self._failed_at, allow_overwrite=True)
-        except Exception:  # noqa: BLE001
-            pass
+        for key in asked or (step + 1,):
+            try:
+                self.store.key_value_set(f"{self.prefix}{key}/{self.me}",
+                                         _FAILED + self._failed_at, allow_overwrite=True)
+            except Exception:  # noqa: BLE001
+                pass

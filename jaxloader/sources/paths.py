@@ -26,7 +26,7 @@ import hashlib
 import os
 import stat
 from typing import Iterable, Sequence
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from jaxloader.base.errors import ConfigError
 
@@ -51,8 +51,10 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             f"pattern or a list of them, got {type(bad).__name__} {bad!r:.80}")
     out: list[str] = []
     for path in [str(os.fspath(p)) for p in listed]:
-        if path.startswith(("file:///", "file://localhost/")):  # a local path (etils.epath
-            path = unquote(urlsplit(path).path)  # lists no file:// folder; a FIFO is refused)
+        for head in ("file://localhost/", "file:///"):  # a local path (etils.epath lists no
+            if path.startswith(head):  # file:// folder; a FIFO is refused); no urlsplit: a
+                path = unquote("/" + path[len(head):])  # pattern's ? is no query, # no
+                break  # fragment
         remote = "://" in path
         if not remote and os.path.isfile(path):  # a file named with [ or * is that file
             out.append(path)

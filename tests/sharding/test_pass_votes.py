@@ -40,22 +40,70 @@ def test_a_failed_process_names_itself_on_a_retry_and_the_others_name_it():
     store.values["p/0-pass/4/0"] = "0"
     assert two.ask(False, 4) is False
     two.failed(OSError("the disk went away"), step=4)
-    with pytest.raises(jl.JaxloaderError, match=r"this process's next\(\) failed at step 4 "
-                                                r"\(OSError: the disk went away\).*call iter\(\) "
-                                                r"again on every process"):
+    with pytest.raises(jl.JaxloaderError, match=r"this process failed at step 4 \(OSError: "
+                                                r"the disk went away\).*Restore a state saved "
+                                                r"before it on every process"):
         two.ask(False, 4)  # (a retry: the others were told, and went their way)
     with pytest.raises(jl.JaxloaderError, match=r"process 1 of 2 failed at step 4 \(OSError"):
         one.ask(False, 5)
 
 
-def test_old_votes_go_two_at_a_time_across_iters():
+def test_old_votes_go_once_every_process_has_voted_after_them_across_iters():
+    # (none were deleted; then some were deleted after an ask that raised, while a third
+    # process still read them)
     store, voted = Store(), []
     alone = PassVotes(store, "p/0-pass/", 0, 1, "StreamLoader", voted)
     for step in ("start", 0, 1, 2):
         alone.ask(False, step)
+    assert sorted(store.values) == ["p/0-pass/2/0"]
     later = PassVotes(store, "p/1-pass/", 0, 1, "StreamLoader", voted)
     later.ask(True, "start")
-    assert sorted(store.values) == ["p/0-pass/2/0", "p/1-pass/start/0"]
+    assert sorted(store.values) == ["p/1-pass/start/0"]
+    one, two = (PassVotes(store, "p/2-pass/", me, 2, "StreamLoader", []) for me in (0, 1))
+    two.failed(ValueError("bad"), 0)
+    with pytest.raises(jl.JaxloaderError, match="process 1 of 2 failed"):
+        one.ask(False, 1)
+    with pytest.raises(jl.JaxloaderError, match="process 1 of 2 failed"):
+        one.ask(False, 1)  # (raised: nothing of it deleted, for a third that reads it still)
+    assert "p/2-pass/1/0" in store.values
+
+
+def test_a_vote_whose_write_failed_is_written_on_the_retry():
+    # it was recorded as written: the retry skipped it, and every process waited for good
+    class Flaky(Store):
+        def key_value_set(self, key, value, allow_overwrite=False):
+            if not getattr(self, "said", False):
+                self.said = True
+                raise RuntimeError("UNAVAILABLE: failed to connect to the coordinator")
+            super().key_value_set(key, value, allow_overwrite)
+
+    store = Flaky()
+    one, two = (PassVotes(store, "p/0-pass/", me, 2, "StreamLoader", []) for me in (0, 1))
+    with pytest.raises(RuntimeError, match="UNAVAILABLE"):
+        two.ask(False, 5)
+    store.values["p/0-pass/5/0"] = "0"
+    assert two.ask(False, 5) is False and store.values["p/0-pass/5/1"] == "0"
+
+
+def test_a_process_whose_settings_are_refused_tells_the_ones_that_agreed():
+    # three processes, the third with another seed: process 0 and it raised, and process 1,
+    # which compares with process 0 alone, waited for their votes for good
+    store = Store()
+    pairings = [hosts.Pairing("StreamLoader") for _ in range(3)]
+    for pairing in pairings:
+        pairing.name = "StreamLoader-told"
+    checks = [pairing.publish({"seed": 1 if me == 2 else 0}, 3, store=store, me=me)
+              for me, pairing in enumerate(pairings)]
+    votes = [PassVotes(store, "p/0-pass/", me, 3, "StreamLoader", []) for me in range(3)]
+    for me in (0, 2):
+        checks[me].told = (lambda v: lambda e: v.failed(e, 4, ("start", 4)))(votes[me])
+        with pytest.raises(jl.ConfigError, match="seed: process"):
+            checks[me].due(0)
+    assert checks[1].due(0) is True  # (process 0's settings are its own)
+    with pytest.raises(jl.JaxloaderError, match=r"process 0 of 3 failed at step 4 \(ConfigError"):
+        votes[1].ask(False, 4)
+    with pytest.raises(jl.JaxloaderError, match=r"process 0 of 3 failed at step 4"):
+        votes[1].ask(False, "start")
 
 
 def test_every_process_votes_where_jax_distributed_runs_even_if_its_settings_failed(

@@ -136,6 +136,7 @@ def test_file_sources_take_a_folder_or_a_pattern(tmp_path):
     assert whole.__getitems__(np.arange(6))["id"].tolist() == list(range(6))
     assert whole.fingerprint == jl.ParquetSource(str(tmp_path / "part-*.parquet")).fingerprint
     assert whole.fingerprint == jl.ParquetSource(f"file://{tmp_path}/part-*.parquet").fingerprint
+    assert whole.fingerprint == jl.ParquetSource(f"file://{tmp_path}/part-?.parquet").fingerprint
     spaced = tmp_path / "a b"
     spaced.mkdir()
     pq.write_table(pa.table({"id": np.arange(2)}), spaced / "c.parquet")
