@@ -32,22 +32,21 @@ import threading
 from typing import Any, Callable, Generic, Literal, Never, cast
 
 from jaxloader.base.checks import MASK64, Int, check_int
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
-from jaxloader.sharding.hosts import Pairing, stream_settings
+from jaxloader.sharding.hosts import Pairing
 from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.loaders.older_states import as_written_now
-from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, compared_transforms,
-                                     transforms_of, warn_changed_generators,
-                                     warn_changed_transforms)
+from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transforms_of,
+                                     warn_changed_generators, warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
-from jaxloader.loaders.stream_runs import ReaderRuns, overlaid
+from jaxloader.loaders.stream_runs import ReaderRuns, overlaid, published
 from jaxloader.sharding.prefetch import Stopped
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
@@ -269,27 +268,21 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._check_placement()
         self._invalidate()
         put = self._putter
-        hosts = None
-        if self.process_count > 1 and not self._probing:
-            config = self._config()
-            described = stream_settings(config.pop("stream"))
-            hosts = self._pairing.publish(
-                {**config, **described, **self._stream.extra_state(),
-                 "step": self._progress.step, "num_epochs": self.num_epochs,
-                 "transforms": compared_transforms(self._named()),
-                 "generators": codes_of(self._stream.shards),
-                 **passes.to_state(self._until, self.num_epochs, self._ended)},
-                self.process_count, index=self.process_index)
-        self._votes = votes = None if self.process_count == 1 or self._probing else \
-            self._pairing.votes(self.process_count)
-        if hosts is not None and votes is not None:  # (settings refused: the others told)
-            told, at = votes.failed, self._progress
-            hosts.told = lambda e: told(e, at.step, ("start", at.step))
+        hosts, votes = published(self)  # (the other processes: settings, a pass's votes)
+        self._votes = votes
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
-            until = passes.pass_of(  # once their settings are compared: no collective waits
-                *self._states_now()[1:], self.num_epochs, self.process_count,  # on one
-                None if self._probing else hosts or True,
-                None if votes is None else functools.partial(votes.ask, step="start"))
+            generation = self._progress.generation
+            try:  # (once their settings are compared: no vote waits on one made otherwise)
+                until = passes.pass_of(
+                    *self._states_now()[1:], self.num_epochs, self.process_count,
+                    None if self._probing else hosts or True, None if votes is None else
+                    functools.partial(votes.ask, step="start", gone=lambda: generation !=
+                                      self._progress.generation))
+            except Stopped:  # (closed or restored from another thread while it waited)
+                self._progress.check()
+                raise JaxloaderError(
+                    "iter() was left: load_state_dict() was called from another thread while "
+                    "it waited for the other processes; call iter() again") from None
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       ReaderRuns(self), put,

@@ -9,7 +9,11 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Generator
 
+from jaxloader.loaders.state import compared_transforms
+from jaxloader.sharding.hosts import HostsCheck, stream_settings
+from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.streams import passes
+from jaxloader.streams.iterable_shards import codes_of
 
 StreamLoader = Any  # (jaxloader.loaders.stream_loader's, which imports this module)
 
@@ -88,3 +92,25 @@ def overlaid(base: list[dict], base_step: int, reports: dict[int, dict],
         if report is not None:
             states[s % len(states)] = report
     return states
+
+
+def published(loader: StreamLoader) -> tuple[HostsCheck | None, PassVotes | None]:
+    """What an ``iter()`` of ``loader`` tells the other processes: its settings, compared at
+    its first ``next()`` (``sharding.hosts``), and, in a pass, the votes on its end
+    (``sharding.pass_votes``), which a refusal of its settings is told through too."""
+    if loader.process_count == 1 or loader._probing:
+        return None, None
+    config = loader._config()
+    described = stream_settings(config.pop("stream"))
+    hosts = loader._pairing.publish(
+        {**config, **described, **loader._stream.extra_state(),
+         "step": loader._progress.step, "num_epochs": loader.num_epochs,
+         "transforms": compared_transforms(loader._named()),
+         "generators": codes_of(loader._stream.shards),
+         **passes.to_state(loader._until, loader.num_epochs, loader._ended)},
+        loader.process_count, index=loader.process_index)
+    votes = None if loader.num_epochs is None else loader._pairing.votes(loader.process_count)
+    if hosts is not None and votes is not None:
+        refused, at = votes.refused, loader._progress
+        hosts.told = lambda e: refused(e, at.step)
+    return hosts, votes

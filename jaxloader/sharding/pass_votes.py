@@ -9,10 +9,13 @@ until JAX's shutdown barrier aborted them minutes later. Here each process write
 for a step to the store and reads the others' (waiting on the first missing one's key, which
 returns as soon as it is written); a process whose ``next()`` failed writes that as its vote
 for the step after, which the others wait on, and they raise naming it and its error. A
-process later than ``WAIT_S`` is named in a log line, once a pass; one whose settings the
-check refused (``hosts``) says so the same way. Every process of a run votes where
-``jax.distributed`` runs it (``Pairing.votes``), or none does. A process's older votes go once
-every process has voted at a step (each is then done with the steps before).
+process later than ``WAIT_S`` is named in a log line, once an ``iter()``; one whose settings
+check refused the others' (``hosts``) says so the same way, at ``iter()``'s vote and at its
+step. Either is written once more in a folder of its own, which a process waiting looks at
+between waits (one late, or at another step, asks where those votes are not). Every process
+of a run votes where ``jax.distributed`` runs it (``Pairing.votes``), or none does. A
+process's older votes go once every process has voted at a step (each is then done with the
+steps before), its failures' too.
 
 Example:
     >>> class Store(dict):  # (jax.distributed's client's calls, in memory)
@@ -47,12 +50,15 @@ import logging
 import time
 from typing import Any, Callable
 
-from jaxloader.base.errors import JaxloaderError
+from jaxloader.base.errors import ConfigError, JaxloaderError
 
 log = logging.getLogger("jaxloader")
 WAIT_S = 10.0  # a process later than this is named in a log line
 SLICE_S = 0.25  # a wait on the store lasts this long at most (a close() is seen between)
 _FAILED = "failed "  # a vote that says its process failed, with where and why
+_REFUSED = "refused "  # a vote that says its process's settings check refused the others'
+_TOLD = "told/"  # where each such vote is written once more, for any step (a process late,
+# or at another step: its votes are not where the others ask)
 
 
 class PassVotes:
@@ -87,13 +93,7 @@ class PassVotes:
         late, votes = time.monotonic() + WAIT_S, self._votes(here)
         while True:
             for who, value in sorted(votes.items()):
-                if value.startswith(_FAILED):
-                    raise JaxloaderError(
-                        f"{self.owner}: process {who} of {self.count} failed at "
-                        f"{value[len(_FAILED):]}, so this pass cannot end on every process "
-                        "(each asks the others at every step whether it has); see that "
-                        "process's error. A pass (num_epochs) reads on every process alike: "
-                        "make its data readable there, or run the loop without num_epochs")
+                self._said(who, value)
             missing = [who for who in range(self.count) if who not in votes]
             if not missing:  # every process voted here, so each is done with its asks
                 for old in self._voted[:-1]:  # before: this process's older votes go
@@ -107,14 +107,17 @@ class PassVotes:
             if not self._told and time.monotonic() > late:
                 self._told = True
                 log.warning("%s: waiting for process(es) %s of %d to say whether the pass "
-                            "has ended at step %s (more than %.3g s)", self.owner, missing,
-                            self.count, step, WAIT_S)
+                            "has ended at %s (more than %.3g s)", self.owner, missing,
+                            self.count, "iter()" if step == "start" else f"step {step}",
+                            WAIT_S)
             try:  # (returns once that one has voted)
                 votes[missing[0]] = self.store.blocking_key_value_get(f"{here}{missing[0]}",
                                                                       int(SLICE_S * 1000))
             except Exception as e:  # noqa: BLE001 (the store's timeout: every vote looked
-                if "DEADLINE_EXCEEDED" not in str(e):  # at again, a failure among them: the
-                    raise  # one waited on may itself have stopped at another's failure)
+                if "DEADLINE_EXCEEDED" not in str(e):  # at again, and what any process told
+                    raise  # at another step: the one waited on may have stopped at it)
+                for who, value in self._votes(f"{self.prefix}{_TOLD}").items():
+                    self._said(who, value)
                 votes = self._votes(here)
 
     def _votes(self, here: str) -> dict[int, str]:
@@ -122,17 +125,44 @@ class PassVotes:
         return {int(name.rsplit("/", 1)[1]): value
                 for name, value in self.store.key_value_dir_get(here)}
 
-    def failed(self, error: BaseException, step: int,
-               asked: tuple[int | str, ...] = ()) -> None:
-        """Tells the other processes that this one failed at ``step``: its vote where they
-        ask next (``asked``: by default the step after, past this step's vote; the step
-        itself and ``"start"`` where its settings were refused before it voted) says so,
-        and they raise, naming it; this process's later asks in the pass are refused. A
-        store that fails is left (the error is this process's own)."""
+    def _said(self, who: int, value: str) -> None:
+        """Raises where process ``who``'s vote says it failed, or refused the settings."""
+        if value.startswith(_FAILED):
+            raise JaxloaderError(
+                f"{self.owner}: process {who} of {self.count} failed at "
+                f"{value[len(_FAILED):]}, so this pass cannot end on every process (each asks "
+                "the others at every step whether it has); see that process's error. A pass "
+                "(num_epochs) reads on every process alike: make its data readable there, or "
+                "run the loop without num_epochs")
+        if value.startswith(_REFUSED):
+            raise ConfigError(
+                f"{self.owner}: process {who} of {self.count} refused this iter()'s settings "
+                f"({value[len(_REFUSED):]}); every process must make its loader alike and "
+                "restore the same state: see that process's error")
+
+    def failed(self, error: BaseException, step: int) -> None:
+        """Tells the other processes that this one's ``next()`` failed at ``step``: its vote
+        for the step after, which they ask next, says so (and once more where they look
+        between waits), and they raise, naming it; this process's later asks in the pass are
+        refused. A store that fails is left (the error is this process's own)."""
         self._failed_at = f"step {step} ({type(error).__name__}: {error})"[:600]
-        for key in asked or (step + 1,):
+        self._tell(_FAILED + self._failed_at, step + 1)
+
+    def refused(self, error: BaseException, step: int) -> None:
+        """Tells the other processes that this one's check of their settings refused them
+        (``sharding.hosts``) at the ``iter()`` or the ``next()`` of ``step``: they raise,
+        naming it and what differs."""
+        text = str(error)
+        self._failed_at = f"step {step} (its settings check refused the others')"
+        cut = text.find("). ")  # (the difference: "... at this iter() (seed: ...)")
+        self._tell(_REFUSED + (text[:cut + 1] if cut > 0 else text)[:600], "start", step)
+
+    def _tell(self, value: str, *steps: int | str) -> None:
+        for key in [f"{self.prefix}{step}/{self.me}" for step in steps] + [
+                f"{self.prefix}{_TOLD}{self.me}"]:
             try:
-                self.store.key_value_set(f"{self.prefix}{key}/{self.me}",
-                                         _FAILED + self._failed_at, allow_overwrite=True)
+                self.store.key_value_set(key, value, allow_overwrite=True)
             except Exception:  # noqa: BLE001
-                pass
+                continue
+            if key not in self._voted:  # (gone once every process has voted after it)
+                self._voted.append(key)

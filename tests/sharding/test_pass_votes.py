@@ -66,6 +66,13 @@ def test_old_votes_go_once_every_process_has_voted_after_them_across_iters():
     with pytest.raises(jl.JaxloaderError, match="process 1 of 2 failed"):
         one.ask(False, 1)  # (raised: nothing of it deleted, for a third that reads it still)
     assert "p/2-pass/1/0" in store.values
+    told = [key for key in store.values if key.startswith("p/2-pass/") and key.endswith("/1")]
+    assert sorted(told) == ["p/2-pass/1/1", "p/2-pass/told/1"]
+    store.values["p/3-pass/0/0"] = "0"
+    again = PassVotes(store, "p/3-pass/", 1, 2, "StreamLoader", two._voted)
+    again.ask(False, 0)  # (the failed one's next iter(): its failure's votes go)
+    assert not [key for key in store.values if key.startswith("p/2-pass/") and
+                key.endswith("/1")]
 
 
 def test_a_vote_whose_write_failed_is_written_on_the_retry():
@@ -96,14 +103,21 @@ def test_a_process_whose_settings_are_refused_tells_the_ones_that_agreed():
               for me, pairing in enumerate(pairings)]
     votes = [PassVotes(store, "p/0-pass/", me, 3, "StreamLoader", []) for me in range(3)]
     for me in (0, 2):
-        checks[me].told = (lambda v: lambda e: v.failed(e, 4, ("start", 4)))(votes[me])
+        checks[me].told = (lambda v: lambda e: v.refused(e, 4))(votes[me])
         with pytest.raises(jl.ConfigError, match="seed: process"):
             checks[me].due(0)
     assert checks[1].due(0) is True  # (process 0's settings are its own)
-    with pytest.raises(jl.JaxloaderError, match=r"process 0 of 3 failed at step 4 \(ConfigError"):
-        votes[1].ask(False, 4)
-    with pytest.raises(jl.JaxloaderError, match=r"process 0 of 3 failed at step 4"):
-        votes[1].ask(False, "start")
+    for step in (4, "start"):
+        with pytest.raises(jl.ConfigError, match=r"process 0 of 3 refused this iter\(\)'s "
+                                                 r"settings \(StreamLoader: the processes' "
+                                                 r"loaders differ at this iter\(\) \(seed: "
+                                                 r"process 2 has 1, this process \(0\) 0\)\); "
+                                                 r"every process must make its loader alike"):
+            votes[1].ask(False, step)
+    # one at another step (a state of another pass restored, the settings' wait given up):
+    # told where it looks between waits, not at the step it asks
+    with pytest.raises(jl.ConfigError, match=r"process 0 of 3 refused"):
+        votes[1].ask(False, 16)
 
 
 def test_every_process_votes_where_jax_distributed_runs_even_if_its_settings_failed(
@@ -168,3 +182,59 @@ def test_a_restore_from_another_thread_while_the_pass_waits_says_the_iterator_is
     for loader in loaders:
         loader.close()
     assert np.all([not t.is_alive() for t in threads])
+
+
+@pytest.mark.parametrize("how", ["close", "restore"])
+def test_a_close_or_restore_while_iter_waits_for_the_others_ends_the_wait(monkeypatch, how):
+    # iter()'s vote on a pass under way took no gone(): a close() or a restore from another
+    # thread (a preemption handler) returned, and iter() waited for the other process for good
+    from jaxloader.streams import passes
+
+    store, here = Store(), threading.local()
+    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, here.me))
+    monkeypatch.setattr(hosts, "WAIT_S", 0.2)
+    monkeypatch.setattr(passes, "check", lambda count: None)  # (two "processes" here)
+    stream = jl.Stream.from_generator(lambda s: ({"id": s * 10 + i} for i in range(8)), 2)
+
+    def loader(i, name):
+        made = jl.StreamLoader(stream, batch_size=2, num_epochs=1, process_index=i,
+                               process_count=2)
+        made._pairing.name = name
+        return made
+
+    firsts = [loader(i, "StreamLoader-first") for i in (0, 1)]
+
+    def step_once(i):
+        here.me = i
+        next(iter(firsts[i]))
+
+    threads = [threading.Thread(target=step_once, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    mid_pass = firsts[0].state_dict()  # (a pass under way: iter() asks whether it ended)
+    assert mid_pass["pass"]
+    alone, said = loader(0, "StreamLoader-alone"), []
+    alone.load_state_dict(mid_pass)
+
+    def start():
+        here.me = 0
+        try:
+            iter(alone)  # (process 1 never makes this iter())
+        except Exception as e:  # noqa: BLE001
+            said.append(e)
+
+    waiting = threading.Thread(target=start)
+    waiting.start()
+    waiting.join(1.0)
+    assert waiting.is_alive()
+    if how == "close":
+        alone.close()
+    else:
+        alone.load_state_dict(mid_pass)
+    waiting.join(10)
+    assert not waiting.is_alive() and len(said) == 1, said
+    assert ("is closed" if how == "close" else "iter() was left") in str(said[0]), said
+    for made in (*firsts, alone):
+        made.close()
