@@ -272,17 +272,17 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._votes = votes
         if self.num_epochs is not None:  # (asked of the processes, at an iter() they all make,
             generation = self._progress.generation
+            gone = lambda: generation != self._progress.generation  # noqa: E731
             try:  # (once their settings are compared: no vote waits on one made otherwise)
                 until = passes.pass_of(
                     *self._states_now()[1:], self.num_epochs, self.process_count,
                     None if self._probing else hosts or True, None if votes is None else
-                    functools.partial(votes.ask, step="start", gone=lambda: generation !=
-                                      self._progress.generation))
+                    functools.partial(votes.ask, step="start", gone=gone), gone)
             except Stopped:  # (closed or restored from another thread while it waited)
                 self._progress.check()
                 raise JaxloaderError(
-                    "iter() was left: load_state_dict() was called from another thread while "
-                    "it waited for the other processes; call iter() again") from None
+                    "iter() was left: iter() or load_state_dict() was called from another "
+                    "thread while it waited for the other processes; call iter() again") from None
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         self._active = LoaderIterator(self._progress, self._progress.step, None,
                                       ReaderRuns(self), put,

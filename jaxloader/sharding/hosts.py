@@ -80,7 +80,7 @@ class Pairing:
         self.name: str | None = None
         self.count = 0  # (counted whether or not its publish got through: every process's
         # k-th iter() stays its k-th)
-        self.voted: list[str] = []  # this process's last votes on a pass's end (pass_votes)
+        self.voted: list[str] = []  # the pass votes it wrote, not yet deleted (pass_votes)
 
     def publish(self, settings: dict[str, Any], process_count: int,
                 store: Store | None = None, me: int | None = None,
@@ -131,8 +131,15 @@ class Pairing:
         if store is None:
             return None
         assert me is not None
-        return PassVotes(store, f"{_PREFIX}/{self.name}/{self.count - 1}-pass/", me,
-                         process_count, self.kind, self.voted)
+        n = self.count - 1
+        for key in [k for k in self.voted if int(k.split("/")[-3].split("-")[0]) <= n - 2]:
+            try:  # (an iter() two before: its votes no one waits on any more, as its
+                store.key_value_delete(key)  # settings; those of iter()s refused till now)
+            except Exception:  # noqa: BLE001 (the store's; a key left is no harm)
+                pass
+            self.voted.remove(key)
+        return PassVotes(store, f"{_PREFIX}/{self.name}/{n}-pass/", me, process_count,
+                         self.kind, self.voted)
 
 
 def _jax_store(process_count: int) -> tuple[Store | None, int | None]:

@@ -63,8 +63,8 @@ _TOLD = "told/"  # where each such vote is written once more, for any step (a pr
 
 class PassVotes:
     """One ``iter()``'s votes (``Pairing.votes``): ``prefix`` in the store, this process ``me``
-    of ``count``; ``owner``: the loader's kind, for messages; ``voted``: this process's last
-    vote keys, kept by its loader across ``iter()`` calls (two kept in the store)."""
+    of ``count``; ``owner``: the loader's kind, for messages; ``voted``: the keys this process
+    wrote and has not deleted yet, kept by its loader across ``iter()`` calls."""
 
     def __init__(self, store: Any, prefix: str, me: int, count: int, owner: str,
                  voted: list[str]) -> None:
@@ -83,7 +83,7 @@ class PassVotes:
                 f"{self.owner}: this process failed at {self._failed_at}, in a pass whose end "
                 "every process asks the others at each step, and the others were told so: the "
                 "pass cannot go on. Restore a state saved before it on every process (a "
-                "loader whose worker failed: made anew), or start the pass again everywhere")
+                "loader whose worker failed: made anew)")
         here = f"{self.prefix}{step}/"
         mine = f"{here}{self.me}"
         if mine not in self._voted:
@@ -96,9 +96,10 @@ class PassVotes:
                 self._said(who, value)
             missing = [who for who in range(self.count) if who not in votes]
             if not missing:  # every process voted here, so each is done with its asks
-                for old in self._voted[:-1]:  # before: this process's older votes go
-                    self.store.key_value_delete(old)
-                del self._voted[:-1]
+                for old in self._voted:  # before: this process's older votes go
+                    if old != mine:
+                        self.store.key_value_delete(old)
+                self._voted[:] = [mine]
                 return all(value == "1" for value in votes.values())
             if gone():
                 from jaxloader.sharding.prefetch import Stopped
@@ -116,8 +117,8 @@ class PassVotes:
             except Exception as e:  # noqa: BLE001 (the store's timeout: every vote looked
                 if "DEADLINE_EXCEEDED" not in str(e):  # at again, and what any process told
                     raise  # at another step: the one waited on may have stopped at it)
-                for who, value in self._votes(f"{self.prefix}{_TOLD}").items():
-                    self._said(who, value)
+                for who, value in sorted(self._votes(f"{self.prefix}{_TOLD}").items()):
+                    self._said(who, value)  # (its own: never there while it asks)
                 votes = self._votes(here)
 
     def _votes(self, here: str) -> dict[int, str]:

@@ -66,8 +66,8 @@ def ended(state: dict, stops: list[int] | None) -> bool:
 
 
 def pass_of(states: list[dict], ends: list[int] | None, ended: bool, num_epochs: int,
-            process_count: int, ask: Any = None,
-            vote: Callable[[bool], bool] | None = None) -> list[int]:
+            process_count: int, ask: Any = None, vote: Callable[[bool], bool] | None = None,
+            gone: Callable[[], bool] = lambda: False) -> list[int]:
     """The pass a position is in (each reader's end): the one under way (``ends``, from the
     run or the state restored) until it ``ended``, then the next. It ends once every reader
     of every process is done in it: one process's readers done is not the end while
@@ -75,10 +75,11 @@ def pass_of(states: list[dict], ends: list[int] | None, ended: bool, num_epochs:
     ``ask``ed of them all at an ``iter()`` they all make (a collective; ``ask``: the hosts'
     check of that ``iter()``, made first so that a process made otherwise is refused rather
     than left waiting, or ``True`` where there is none; ``vote``: asks through the hosts'
-    store, not a collective, as ``everywhere``)."""
+    store, not a collective, as ``everywhere``; ``gone``: the run was closed or restored
+    meanwhile, which ends the wait for the others' settings)."""
     if ends is not None and not ended and (process_count == 1 or ask):
         if ask is not True and ask is not None:
-            ask.due(0)  # (raises where a process differs: its settings hold the pass)
+            ask.due(0, gone)  # (raises where a process differs: its settings hold the pass)
         ended = everywhere(all(done(states, ends)), process_count, vote)
     return stops_of(states, num_epochs) if ends is None or ended else ends
 

@@ -37,7 +37,8 @@ class Store:
 
     def key_value_dir_get(self, key):
         self.looks += 1
-        return [(k, v) for k, v in self.values.items() if k.startswith(key)]
+        return [(k, v) for k, v in list(self.values.items())  # (a copy: threads write too)
+                if k.startswith(key)]
 
     def key_value_delete(self, key):
         self.values.pop(key, None)

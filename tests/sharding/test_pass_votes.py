@@ -192,7 +192,6 @@ def test_a_close_or_restore_while_iter_waits_for_the_others_ends_the_wait(monkey
 
     store, here = Store(), threading.local()
     monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, here.me))
-    monkeypatch.setattr(hosts, "WAIT_S", 0.2)
     monkeypatch.setattr(passes, "check", lambda count: None)  # (two "processes" here)
     stream = jl.Stream.from_generator(lambda s: ({"id": s * 10 + i} for i in range(8)), 2)
 
@@ -233,8 +232,35 @@ def test_a_close_or_restore_while_iter_waits_for_the_others_ends_the_wait(monkey
         alone.close()
     else:
         alone.load_state_dict(mid_pass)
-    waiting.join(10)
+    waiting.join(2)  # (the wait for the others' settings, 10 s, ends too)
     assert not waiting.is_alive() and len(said) == 1, said
     assert ("is closed" if how == "close" else "iter() was left") in str(said[0]), said
     for made in (*firsts, alone):
         made.close()
+
+
+def test_a_vote_is_kept_when_an_older_iters_refusal_is_told_after_it():
+    # the keys after the last were taken as older: a refusal told after a newer vote deleted
+    # that vote, for which a third process still waited
+    class Meanwhile(Store):  # (the older iter's refusal told while the newer one waits)
+        def blocking_key_value_get(self, key, timeout_in_ms):
+            old.refused(jl.ConfigError("x (seed: process 1 has 1, this process (0) 0). More"), 0)
+            self.values[key] = "0"
+            return "0"
+
+    store, voted = Meanwhile(), []
+    old, new = (PassVotes(store, f"r/{n}-pass/", 0, 2, "StreamLoader", voted) for n in (0, 1))
+    assert new.ask(False, 0) is False
+    assert "r/1-pass/0/0" in store.values and voted == ["r/1-pass/0/0"]
+
+
+def test_the_votes_of_iters_refused_again_and_again_do_not_pile_up(monkeypatch):
+    store = Store()
+    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, 0))
+    pairing = hosts.Pairing("StreamLoader")
+    pairing.name = "StreamLoader-again"
+    for n in range(50):  # (each iter() refused before any vote went through)
+        pairing.count = n + 1
+        pairing.votes(2).refused(jl.ConfigError("differ (seed: 1). More"), 0)
+    mine = [key for key in store.values if "-pass/" in key]
+    assert len(mine) <= 9 and len(pairing.voted) == len(mine), mine
