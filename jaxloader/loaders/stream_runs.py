@@ -1,7 +1,10 @@
 """The engine as a ``StreamLoader``'s iterator sees it (``ReaderRuns``): each run starts every
 reader from the state of what was handed out (``StreamLoader._states_ahead``), and files the
 reports of the batches it hands out; with ``num_workers="auto"``, a new run each time the worker
-count asked for changes (``rehosted``, on the device-put thread where there is one).
+count asked for changes (``rehosted``, on the device-put thread where there is one). What a run
+starts from and tells: the readers' states as of a step, from the filed ones and the reports
+after them (``overlaid``), and what an ``iter()`` tells the other processes, its settings and
+its pass's votes (``published``).
 """
 
 from __future__ import annotations
