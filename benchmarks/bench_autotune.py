@@ -14,7 +14,8 @@ For each: the rate of each fixed count of the grid (0, 1, 2, 4, 8, 16, 32: the w
 and 10 batches taken before the clock, then ``--fixed-s`` seconds); ``num_workers="auto"`` from
 ``iter()`` for ``--auto-s`` seconds: when its rate over 2 s first reached 90% of the best fixed
 count's, its count and rate at the end; Grain's ``pick_performance_config`` (its count, and
-Grain's rate with it, ``mp_prefetch``); and jaxloader's rate at Grain's count. Needs Grain
+Grain's rate with it, ``mp_prefetch``, its reads on 16 threads a worker); and jaxloader's
+rate at Grain's count, one record after the other and with ``read_threads=16``. Needs Grain
 (Python 3.11 here). Results in docs/benchmarks.md.
 """
 
@@ -31,6 +32,7 @@ import jaxloader as jl
 
 ONE = {"process_index": 0, "process_count": 1}
 GRID = (0, 1, 2, 4, 8, 16, 32)
+THREADS = 16  # read_threads= against Grain's threads (its default ReadOptions)
 
 
 def spin(seconds: float) -> None:
@@ -63,10 +65,10 @@ def case(name: str) -> tuple:
     return WaitingSource(), [], 16
 
 
-def loader(name: str, workers: int | str) -> jl.DataLoader:
+def loader(name: str, workers: int | str, threads: int = 1) -> jl.DataLoader:
     source, transforms, batch = case(name)
     return jl.DataLoader(source, batch_size=batch, transforms=transforms, num_workers=workers,
-                         num_epochs=None, **ONE)
+                         read_threads=threads, num_epochs=None, **ONE)
 
 
 def rate(it: Any, seconds: float) -> float:
@@ -80,8 +82,8 @@ def rate(it: Any, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-def fixed_rate(name: str, workers: int, seconds: float) -> float:
-    with loader(name, workers) as dl:
+def fixed_rate(name: str, workers: int, seconds: float, threads: int = 1) -> float:
+    with loader(name, workers, threads) as dl:
         return rate(iter(dl), seconds)
 
 
@@ -139,15 +141,18 @@ def main() -> None:
         grain = grain_run(name, args.fixed_s)
         at_grains = grid.get(grain["workers"]) or fixed_rate(name, grain["workers"],
                                                               args.fixed_s)
+        threaded = fixed_rate(name, grain["workers"], args.fixed_s, threads=THREADS)
         results[name] = {"grid": grid, "best": best_n, "auto": auto, "grain": grain,
-                         "jaxloader_at_grains_count": at_grains}
+                         "jaxloader_at_grains_count": at_grains,
+                         "jaxloader_at_grains_count_threads": threaded}
         print(f"{name}: grid " + ", ".join(f"{n}: {r:.1f}" for n, r in grid.items())
               + f" batches/s (best {best_n})")
         print(f"  auto: 90% of the best after {auto['reached_90pct_s']} s; at the end "
               f"{auto['final_workers']} workers, {auto['final_rate']:.1f} batches/s "
               f"({auto['final_rate'] / grid[best_n]:.0%} of the best); counts {auto['counts_seen']}")
         print(f"  Grain pick_performance_config: {grain['workers']} workers, Grain "
-              f"{grain['rate']:.1f} batches/s; jaxloader with that count {at_grains:.1f}")
+              f"{grain['rate']:.1f} batches/s; jaxloader with that count {at_grains:.1f}, "
+              f"and with read_threads={THREADS} {threaded:.1f}")
     print(json.dumps(results))
 
 

@@ -58,6 +58,7 @@ def test_every_remedy_names_an_argument_or_class_jaxloader_has(owner, remedies, 
     ("drop_last", True, "num_epochs=n"),
     ("sampler", range(4), "jaxloader.Filter"),
     ("collate_fn", list, "BatchMap"),
+    ("read_threads", 16, "readers_per_process="),  # (a DataLoader's)
 ])
 def test_a_peer_name_given_to_a_stream_loader_says_what_a_stream_takes(name, value, remedy):
     stream = jl.Stream.from_generator(lambda i: ({"x": j} for j in range(8)), 1)

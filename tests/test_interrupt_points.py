@@ -76,6 +76,20 @@ def _device():
     return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 
+class _Records:
+    """Records read one by one (``source[i]``): on a loader's read threads."""
+
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, i):
+        return {"x": np.arange(3, dtype=np.float32) + i, "id": np.int64(i)}
+
+
+def _doubled(record):
+    return {**record, "x": record["x"] * 2}
+
+
 ONE = dict(process_index=0, process_count=1)
 LOADERS = {
     "arrays, full shuffle, a RandomMap": lambda: jl.DataLoader(
@@ -94,6 +108,9 @@ LOADERS = {
         jl.mix([jl.ArraySource({"id": np.arange(30)}),
                 jl.ArraySource({"id": np.arange(100, 117)})], [0.6, 0.4],
                from_step={4: [0.2, 0.8]}), batch_size=4, shuffle=True, seed=3, **ONE),
+    "records read on threads, a Map": lambda: jl.DataLoader(
+        _Records(), batch_size=4, shuffle=True, seed=3, transforms=[jl.Map(_doubled)],
+        read_threads=3, **ONE),
     "packed rows": lambda: jl.DataLoader(
         jl.PackedSource(_docs(), "tokens", 8), batch_size=3, shuffle=True, seed=1, **ONE),
     "a stream, a RandomMap": lambda: jl.StreamLoader(
@@ -121,9 +138,10 @@ def _host(batch):
 
 
 def _new_threads(before: set[int]) -> list[threading.Thread]:
-    """The loaders' threads alive now that were not in ``before`` (idents)."""
+    """The loaders' threads alive now that were not in ``before`` (idents), but for the read
+    threads a loader holds while it lives (idle between batches; a closed one's end)."""
     return [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
-            and t.name.startswith("jaxloader")]
+            and t.name.startswith("jaxloader") and not t.name.startswith("jaxloader-read")]
 
 
 def _take(loader, it, n, out):

@@ -32,6 +32,7 @@ import numpy as np
 from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.read_threads import Reads, count as threads_now, each, using
 from jaxloader.base.abilities import gatherer_of
 from jaxloader.base.checks import check_positions
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
@@ -60,8 +61,10 @@ class BatchMaker:
         record_transforms: tuple = (),
         batch_transforms: tuple[BatchMap, ...] = (),
         mask_key: str = "mask",
+        read_threads: int = 1,
     ) -> None:
         self.source = source
+        self.read_threads = read_threads  # a batch's records read on so many threads at once
         self.sampler = sampler
         self.record_transforms = record_transforms
         self.batch_transforms = batch_transforms
@@ -90,6 +93,11 @@ class BatchMaker:
 
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
+        if self.read_threads > 1:  # (asked by each read a record at a time: base/read_threads)
+            return using(self.read_threads, self._make, step, alloc)
+        return self._make(step, alloc)
+
+    def _make(self, step: int, alloc: Callable[[int], Any] | None) -> tuple[Any, collate.Layout]:
         clock = self.clock
         clock.made += 1  # is it timed (the rule of base/timings, asked inline)
         timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
@@ -228,40 +236,47 @@ class BatchMaker:
             raw = got if isinstance(got, list) else tree_lib.split_rows(got, len(spec.indices))
         records: list = []
         locks = held() if raw is None else ()  # (a record's read holds them, not its transforms)
-        if len(locks) > 1:  # a source made of others: its parts' locks taken once a batch (not
-            raw = holding(locks, self._read_each, spec)  # a record), its records read first
-            locks = ()
+        threads = threads_now()
+        if len(locks) > 1 or (locks and threads > 1):  # a source made of others: its parts'
+            raw = holding(locks, self._read_each, spec)  # locks taken once a batch (not a
+            locks = ()  # record), its records read first; on threads, all read under them
         lock = locks[0] if locks else None
-        for j, (position, index) in enumerate(zip(spec.positions.tolist(),
-                                                  spec.indices.tolist())):
-            try:
-                if raw is not None:
-                    record = raw[j]
-                elif lock is not None:  # (in the training process: the source's lock)
-                    with lock:
+        ahead = None  # (in a worker, on threads: the reads in flight while records transform)
+        if raw is None and threads > 1 and len(spec.indices) > 1:
+            ahead = Reads(source.__getitem__, spec.indices.tolist(), threads)
+        try:
+            for j, (position, index) in enumerate(zip(spec.positions.tolist(),
+                                                      spec.indices.tolist())):
+                try:
+                    if raw is not None:
+                        record = raw[j]
+                    elif ahead is not None:
+                        record = ahead[j]
+                    elif lock is not None:  # (in the training process: the source's lock)
+                        with lock:
+                            record = source[index]
+                    else:  # (in a worker)
                         record = source[index]
-                else:  # (in a worker)
-                    record = source[index]
-            except JaxloaderError:
-                raise
-            except Exception as e:
-                raise RecordError(_read_failed(spec, position, index, e)) from e
-            records.append(run(record, epoch, position, spec.record_location, (position, index)))
+                except JaxloaderError:
+                    raise
+                except Exception as e:
+                    raise RecordError(_read_failed(spec, position, index, e)) from e
+                records.append(run(record, epoch, position, spec.record_location,
+                                   (position, index)))
+        finally:
+            if ahead is not None:
+                ahead.close()
         if detail:
             self.clock.loop_detail(perf_counter() - start, run.spent)
         return records
 
     def _read_each(self, spec: BatchSpec) -> list:
-        """The batch's records, ``source[index]`` each, an error naming its record."""
-        source, records = self.source, []
-        for position, index in zip(spec.positions.tolist(), spec.indices.tolist()):
-            try:
-                records.append(source[index])
-            except JaxloaderError:
-                raise
-            except Exception as e:
-                raise RecordError(_read_failed(spec, position, index, e)) from e
-        return records
+        """The batch's records, ``source[index]`` each (on the batch's read threads), an error
+        naming its record."""
+        positions, indices = spec.positions.tolist(), spec.indices.tolist()
+        return each(
+            self.source.__getitem__, indices,
+            lambda j, e: RecordError(_read_failed(spec, positions[j], indices[j], e)))
 
 
 def _read_failed(spec: BatchSpec, position: int, index: int, e: Exception) -> str:

@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
+from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digest
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
@@ -110,7 +111,7 @@ class FilteredSource:
         picked = self.indices[np.asarray(rows, np.int64)]
         if hasattr(self.source, "__getitems__"):
             return self.source.__getitems__(picked)
-        return [self.source[i] for i in picked.tolist()]
+        return each(self.source.__getitem__, picked.tolist())
 
     @functools.cached_property
     def block_starts(self) -> np.ndarray | None:

@@ -286,7 +286,9 @@ class LoaderLifecycle:
         put = self._putter
         return diagnose(stats, self._engine.active, counts=self._worker_counts(),
                         remote=getattr(self._engine, "remote", False),
-                        placed_in_thread=put is None or put.single_device)
+                        placed_in_thread=put is None or put.single_device,
+                        read_threads=getattr(getattr(self, "_maker", None), "read_threads",
+                                             None))
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""

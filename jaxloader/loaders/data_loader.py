@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import weakref
 from typing import Any, Callable, Generic, Literal, Never, cast
 
 import numpy as np
@@ -28,6 +29,7 @@ from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, ja
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
+from jaxloader.base import read_threads as read_pool
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import StageClock
@@ -64,6 +66,13 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             starts one and changes the count as it runs, from the rate and the consumer's wait
             (up to the cores this process may use, more while reads wait; each decision
             logged; ``loader.num_workers`` is the count in use). The batches do not depend on it.
+        read_threads: a batch's records read on this many threads at once, in each worker (or
+            in this process): for reads that wait (a network filesystem, a bucket, a
+            database), as Grain's ``ReadOptions(num_threads=16)``; fewer processes then keep
+            the waits overlapped. Each ``source[i]`` of a source read record by record
+            (also inside a mixture, a concatenation or a filter), which must be safe to call
+            from several threads at once; a source's own ``__getitems__`` reads as it does,
+            and record transforms stay on one thread. The batches do not depend on it.
         last_batch: ``"drop"`` the short last batch of an epoch, ``"pad"`` it to full size with
             repeated records and a bool leaf ``batch[mask_key]`` (True on real rows; records must
             be dicts), or keep it ``"partial"`` (smaller; one process only).
@@ -139,6 +148,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         seed: Int = 0,
         transforms: Transforms = (),
         num_workers: Int | Literal["auto"] = 0,
+        read_threads: Int = 1,
         last_batch: LastBatch = "drop",
         num_epochs: Int | None = 1,
         process_index: Int | None = None,
@@ -196,8 +206,14 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
                 not isinstance(source, Mixture):
             self._putter.check_last_batch(rest, self._sampler.num_records)
         self._source, self._num_records = source, num_records
+        threads = check_int("read_threads", read_threads, low=1, high=1024,
+                            remedy="threads reading a batch's records in each worker (1: one "
+                                   "record after the other)")
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
-                                 mask_key)
+                                 mask_key, threads)
+        # (this process's pool of them, for num_workers=0 and peek(): let go at close())
+        self._read_pool = weakref.finalize(self, read_pool.hold(threads)) if threads > 1 \
+            else None
         self._fingerprint: dict[str, Any] | None = None  # computed on first use, then kept
         self._transforms = (*record_transforms, *batch_transforms)
         self._transforms_named: list[str] | None = None  # (the same: transforms_of them)
@@ -318,10 +334,13 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
 
     def _release(self, idle: bool) -> None:
         """Closes the files the source holds open in this process (``peek``,
-        ``num_workers=0``), unless a device-put thread still makes a batch from it (it ends
-        with that batch; the files close when the source goes)."""
+        ``num_workers=0``) and lets its read threads go, unless a device-put thread still
+        makes a batch from it (it ends with that batch; the files close when the source goes,
+        the threads when the loader does)."""
         if idle:
             close_source(self._source)
+            if self._read_pool is not None:  # (else let go when the loader goes)
+                self._read_pool()
 
 def _sampler_for(source: Any, num_records: int, batch_size: int, *,
                  shuffle: bool | np.bool_ | LocalShuffle, seed: Int, last_batch: str,

@@ -104,13 +104,15 @@ class Diagnosis(NamedTuple):
 
 def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
              counts: list[int] | None = None, remote: bool = False,
-             placed_in_thread: bool = True) -> Diagnosis:
+             placed_in_thread: bool = True, read_threads: int | None = None) -> Diagnosis:
     """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
     docstring); ``cores``: those this process may use (default: its affinity); ``counts``: the
     worker counts the loader takes (a ``StreamLoader``'s divide its readers; None: any), which
     the advice keeps to; ``remote``: the workers are Ray actors (``RayWorkers(n)``), whose
     cores are the cluster's, not this machine's; ``placed_in_thread``: batches are placed on
-    the device-put thread (one device), not in the training thread (several: ``prefetch``)."""
+    the device-put thread (one device), not in the training thread (several: ``prefetch``);
+    ``read_threads``: the threads a worker reads a batch's records on (a ``DataLoader``'s;
+    ``None`` for a loader without them)."""
     if stats.batches < 2:
         raise JaxloaderError(
             f"diagnose(): {stats.batches} batch(es) handed out since the stats began; iterate "
@@ -216,6 +218,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
                              f"than cores overlap the waits: {named.format(more)}, "
                              f"{gain(more)}")
+            if bottleneck == "source" and read_threads is not None and read_threads < 16:
+                advice.insert(1, "or read_threads=16: each worker reads a batch's records on "
+                                 "16 threads, the waits overlapped without more processes "
+                                 "(a source read record by record, safe on several threads)")
         elif queued >= CONTENDED and not remote and num_workers < cores:  # (the cores this
             # loader leaves are not idle: its workers' own queueing needs more than the cores)
             advice.insert(0, f"the workers waited for a core {queued:.0%} of their busy time: "

@@ -51,7 +51,8 @@ _REMEDIES = {
     "worker_buffer_size": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
     "per_worker_buffer_size": "use prefetch= (tasks in flight per worker, a task up to 16 "
                               "batches)",
-    "read_options": "use num_workers= (and prefetch=)",
+    "read_options": "use read_threads= (its num_threads: a batch's records read on threads "
+                    "in each worker) and prefetch=",
 }
 
 
@@ -67,6 +68,10 @@ _STREAM_REMEDIES = {
                "shuffle_window=1000) (every Stream maker takes shuffle_window=)",
     "drop_last": _FULL, "last_batch": _FULL, "drop_remainder": _FULL,
     "sampler": _IN_ORDER, "batch_sampler": _IN_ORDER,
+    "read_options": "use num_workers= (and prefetch=): a stream's readers read in order, "
+                    "each in its worker",
+    "read_threads": "a stream's readers read in order, each in its worker: more of them "
+                    "overlap reads that wait (readers_per_process=, num_workers=)",
 }
 
 

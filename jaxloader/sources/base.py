@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.read_threads import each
 from jaxloader.sources.arrays import is_data_frame
 
 
@@ -149,7 +150,7 @@ def records_at(source: Any, indices: np.ndarray) -> list:
         from jaxloader.base import tree as tree_lib
 
         return tree_lib.split_rows(got, len(indices))
-    return [source[int(i)] for i in indices]
+    return each(source.__getitem__, np.asarray(indices).tolist())
 
 
 def one_each(records: list, n: int, where: str = "source") -> list:

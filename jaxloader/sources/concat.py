@@ -17,6 +17,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of
 from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import CollateError, ConfigError
+from jaxloader.base.read_threads import each
 from jaxloader.sources.arrays import ArraySource
 from jaxloader.sources.base import Source, check_source, one_each
 from jaxloader.sources.huggingface import adapt
@@ -172,7 +173,7 @@ class ConcatSource:
                     one_each(got, len(run), f"ConcatSource's sources[{part}]")
                 pieces.append((run, got))
             else:
-                pieces.append((run, [source[int(i)] for i in local[run]]))
+                pieces.append((run, each(source.__getitem__, local[run].tolist())))
         if any(isinstance(got, list) for _, got in pieces):
             records: list = [None] * len(parts)
             for run, got in pieces:

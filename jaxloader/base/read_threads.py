@@ -1,0 +1,158 @@
+"""A batch's records read on several threads of this process (``DataLoader(read_threads=)``).
+
+Reads that wait (files on a network filesystem, objects in a bucket, a database) leave a
+process idle while they do; Grain overlaps them with threads in each worker (its
+``ReadOptions(num_threads=16)``). Here a batch's ``source[i]`` calls go to a pool of
+``read_threads`` threads, in the worker or in the process that makes the batch, and come back
+in the batch's order: the batch is the same, bit for bit, whatever the count. Only reads run
+on the pool; record transforms stay on the batch's thread (in a worker they run while the later
+records are still being read).
+
+The count is set for the thread making a batch (``using``) and asked by whatever reads a
+record at a time inside it: the ``BatchMaker``, and the sources made of others that read their
+parts record by record (``each``). A read made on a pool thread reads its own records one by
+one: a source whose read makes another loader's batch cannot wait on threads its own reads
+hold.
+
+A read that raises is raised in the batch's order (the first record of the batch that failed),
+after what was in flight has finished: no read of the source goes on past the call, which in
+the training process holds the source's locks (``base.source_locks``) for the whole read. The
+source must be safe to read from several threads at once, as Grain's must.
+
+Example:
+    >>> using(4, each, lambda i: i * 10, [3, 1, 2])
+    [30, 10, 20]
+    >>> each(lambda i: 1 // i, [1, 0], failed=lambda j, e: ValueError(f"record {j}: {e}"))
+    Traceback (most recent call last):
+    ...
+    ValueError: record 1: integer division or modulo by zero
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import os
+import threading
+from typing import Any, Callable, Sequence, TypeVar
+
+from jaxloader.base.errors import JaxloaderError
+
+T = TypeVar("T")
+_STATE = threading.local()  # .count: this thread's batch's read threads; .pooled: a pool thread
+_POOLS: dict[int, futures.ThreadPoolExecutor] = {}  # count -> its pool, in this process
+_HOLDERS: dict[int, int] = {}  # count -> the loaders of this process that read on its pool
+_GUARD = threading.Lock()
+
+
+def _forked() -> None:
+    """A forked child has none of its parent's pool threads: it starts pools of its own."""
+    _POOLS.clear()
+    _HOLDERS.clear()
+
+
+def hold(n: int) -> Callable[[], None]:
+    """Keeps the pool of ``n`` threads for a loader of this process; the function returned
+    lets it go (once), and the pool's threads end when no loader holds it: a closed loader
+    leaves no thread. (A worker's pool is held by none: it ends with the worker.)"""
+    with _GUARD:
+        _HOLDERS[n] = _HOLDERS.get(n, 0) + 1
+    held = [True]
+
+    def release() -> None:
+        if not held or not held.pop():
+            return
+        with _GUARD:
+            _HOLDERS[n] -= 1
+            pool = None if _HOLDERS[n] else _POOLS.pop(n, None)
+            if not _HOLDERS[n]:
+                del _HOLDERS[n]
+        if pool is not None:  # (idle threads end at once; a read under way, once it returns:
+            pool.shutdown(wait=False)  # a close() does not wait for it)
+
+    return release
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def count() -> int:
+    """The read threads of the batch this thread is making (1 outside one, and on a pool
+    thread)."""
+    return 1 if getattr(_STATE, "pooled", False) else getattr(_STATE, "count", 1)
+
+
+def using(n: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with this thread's reads on ``n`` threads (what was set before is set
+    again after: a loader's batch made inside another's read)."""
+    before = getattr(_STATE, "count", 1)
+    _STATE.count = n
+    try:
+        return fn(*args)
+    finally:
+        _STATE.count = before
+
+
+def _pooled() -> None:
+    _STATE.pooled = True
+
+
+def _pool(n: int) -> futures.ThreadPoolExecutor:
+    pool = _POOLS.get(n)
+    if pool is None:
+        with _GUARD:
+            pool = _POOLS.get(n)
+            if pool is None:  # (left open: idle threads, woken and joined at the exit)
+                pool = _POOLS[n] = futures.ThreadPoolExecutor(
+                    n, thread_name_prefix="jaxloader-read", initializer=_pooled)
+    return pool
+
+
+class Reads:
+    """``read(item)`` of each of ``items``, in flight on ``n`` threads; ``reads[j]`` waits for
+    the ``j``-th (raising what it raised). ``close()`` cancels those not started and waits for
+    the rest: call it before the source may be read by anyone else."""
+
+    def __init__(self, read: Callable[[Any], Any], items: Sequence[Any], n: int) -> None:
+        self._futures: list[futures.Future] = []
+        try:
+            for item in items:
+                try:
+                    self._futures.append(_pool(n).submit(read, item))
+                except RuntimeError:  # (its pool let go meanwhile by a loader's close())
+                    self._futures.append(_pool(n).submit(read, item))
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, j: int) -> Any:
+        return self._futures[j].result()
+
+    def close(self) -> None:
+        for f in self._futures:
+            f.cancel()
+        futures.wait(self._futures)
+
+
+def each(read: Callable[[Any], T], items: Sequence[Any],
+         failed: Callable[[int, Exception], Exception] | None = None) -> list[T]:
+    """``[read(item) for item in items]``, on this thread's read threads (``count``); a read
+    that raises is raised in ``items``' order, as ``failed(j, error)`` (its cause the error)
+    when given, ``JaxloaderError``s as they are."""
+    n = count()
+    reads = Reads(read, items, n) if n > 1 and len(items) > 1 else None
+    out: list[T] = []
+    try:
+        for j, item in enumerate(items):
+            try:
+                out.append(read(item) if reads is None else reads[j])
+            except JaxloaderError:
+                raise
+            except Exception as e:
+                if failed is None:
+                    raise
+                raise failed(j, e) from e
+    finally:
+        if reads is not None:
+            reads.close()
+    return out

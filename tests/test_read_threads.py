@@ -1,0 +1,204 @@
+"""``DataLoader(read_threads=)``: a batch's records read on several threads, in a worker or in
+the training process, the batches the same bit for bit."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.base import read_threads
+from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.source_locks import lock_of
+
+ONE = {"process_index": 0, "process_count": 1}
+
+
+class Records:
+    """Records computed from their index (any thread may read them)."""
+
+    def __init__(self, n: int = 300) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": np.arange(3, dtype=np.float32) + i, "y": np.int64(i * 7)}
+
+
+class Together:
+    """Reads that end only once ``k`` of them run at once (a barrier each ``k``): a batch of
+    a multiple of ``k`` records is read only where its reads overlap. Each record says whether
+    it was read on one of jaxloader's read threads."""
+
+    def __init__(self, k: int = 4, n: int = 64) -> None:
+        self.k, self.n = k, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> dict:
+        return {"k": self.k, "n": self.n}  # (a worker makes its own barrier)
+
+    def __getitem__(self, i: int) -> dict:
+        barrier = self.__dict__.get("barrier")
+        if barrier is None:
+            barrier = self.__dict__.setdefault("barrier", threading.Barrier(self.k))
+        barrier.wait(timeout=30)
+        return {"i": np.int64(i), "pooled": np.bool_(
+            threading.current_thread().name.startswith("jaxloader-read"))}
+
+
+def batches(loader: jl.DataLoader, n: int) -> list:
+    with loader:
+        it = iter(loader)
+        return [next(it) for _ in range(n)]
+
+
+def same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            assert x[key].dtype == y[key].dtype
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def double(record: dict) -> dict:
+    return {**record, "x": record["x"] * 2}
+
+
+@pytest.mark.parametrize("kind", ["records", "concat", "filtered", "mapped"])
+def test_the_batches_are_the_same_on_threads_with_0_and_2_workers(kind):
+    source = {"records": lambda: Records(),
+              "concat": lambda: jl.ConcatSource([Records(100), Records(200)]),
+              "filtered": lambda: jl.FilteredSource(Records(), lambda r: r["y"] % 3 != 0),
+              "mapped": lambda: jl.MapSource(Records(), double)}[kind]
+
+    def made(workers: int, threads: int, transforms: list) -> list:
+        return batches(jl.DataLoader(source(), batch_size=16, shuffle=True, seed=5,
+                                     transforms=transforms, num_workers=workers,
+                                     read_threads=threads, last_batch="pad", num_epochs=2,
+                                     **ONE), 20)
+
+    for transforms in ([], [double]):
+        reference = made(0, 1, transforms)
+        same(made(0, 8, transforms), reference)
+        if kind in ("records", "concat"):  # (the workers' side, twice, not for every kind)
+            same(made(2, 8, transforms), reference)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_the_reads_overlap_on_the_threads(workers, wrapped):
+    # 4 reads must run at once for any to end: with read_threads=4 every batch is made (on
+    # the pool's threads), one record after the other they would wait out the barrier
+    source = Together(4)
+    if wrapped:  # (read by the ConcatSource's own __getitems__, on the batch's threads)
+        source = jl.ConcatSource([source])
+    got = batches(jl.DataLoader(source, batch_size=8, read_threads=4, num_workers=workers,
+                                **ONE), 4)
+    assert np.concatenate([b["i"] for b in got]).tolist() == list(range(32))
+    assert all(b["pooled"].all() for b in got)
+
+
+def test_a_failed_read_names_the_first_record_in_order_after_every_read_in_flight_ended():
+    active, ended = [], []
+
+    class Failing(Records):
+        def __getitem__(self, i: int) -> dict:
+            if i in (3, 5):
+                raise OSError(f"record {i} is damaged")
+            active.append(i)
+            time.sleep(0.05)
+            ended.append(i)
+            return super().__getitem__(i)
+
+    loader = jl.DataLoader(Failing(), batch_size=8, read_threads=8, **ONE)
+    with pytest.raises(RecordError, match=r"index 3\b.*record 3 is damaged"):
+        next(iter(loader))
+    assert sorted(active) == sorted(ended)  # no read went on past the error
+    loader.close()
+
+
+def test_the_source_lock_is_held_while_the_threads_read_in_the_training_process():
+    held = []
+
+    class Checked(Records):
+        def __getitem__(self, i: int) -> dict:
+            lock = lock_of(self)  # (held by the batch's thread: a pool thread cannot take it)
+            taken = lock.acquire(blocking=False)
+            if taken:
+                lock.release()
+            held.append(not taken)
+            return super().__getitem__(i)
+
+    for transforms in ([], [double]):
+        held.clear()
+        batches(jl.DataLoader(Checked(), batch_size=8, read_threads=4, transforms=transforms,
+                              **ONE), 2)
+        assert held and all(held)
+
+
+def test_a_read_on_a_pool_thread_reads_its_own_records_one_by_one():
+    inner = []
+
+    def read(i: int) -> int:  # (a source made of others, read inside a read: no pool again)
+        inner.append(read_threads.count())
+        return read_threads.each(lambda j: j + i, [0, 1])[1]
+
+    release = read_threads.hold(4)  # (let go after: no thread left to the other tests)
+    try:
+        assert read_threads.using(4, read_threads.each, read, [10, 20, 30]) == [11, 21, 31]
+    finally:
+        release()
+    assert inner == [1, 1, 1] and read_threads.count() == 1
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 2.0, "16", 2000])
+def test_a_wrong_count_is_refused_by_name(bad):
+    with pytest.raises(ConfigError, match="read_threads: expected an int"):
+        jl.DataLoader(Records(), batch_size=4, read_threads=bad, **ONE)
+
+
+def test_the_diagnosis_of_waiting_reads_offers_read_threads():
+    from jaxloader.base.stats import LoaderStats, WorkerStats
+    from jaxloader.loaders.diagnosis import diagnose
+
+    waiting = (WorkerStats(0, 1, 50, 800, 1 << 20, busy_s=2.9, cpu_s=0.1,
+                           stages={"read": 2.8, "collate": 0.1}),)
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=800, stages={"read": 2.8, "collate": 0.1,
+                                             "consumer wait": 2.5, "step": 0.5},
+                        workers=waiting, num_workers=1)
+    d = diagnose(stats, num_workers=1, cores=2, read_threads=1)
+    assert d.bottleneck == "source" and "read_threads=16" in d.advice[1], d
+    assert not any("read_threads" in a for a in diagnose(stats, num_workers=1, cores=2,
+                                                         read_threads=16).advice)
+    assert not any("read_threads" in a for a in diagnose(stats, num_workers=1, cores=2).advice)
+
+
+def test_a_closed_loader_leaves_no_read_thread():
+    before = {t.ident for t in threading.enumerate()}
+
+    def pool_threads() -> list:
+        return [t for t in threading.enumerate()
+                if t.name.startswith("jaxloader-read") and t.ident not in before]
+
+    first = jl.DataLoader(Records(), batch_size=8, read_threads=3, **ONE)
+    second = jl.DataLoader(Records(), batch_size=8, read_threads=3, num_epochs=None, **ONE)
+    batches(first, 2)  # (closed: the second still holds the pool)
+    it = iter(second)
+    next(it)
+    assert pool_threads()
+    second.close()
+    deadline = time.monotonic() + 10
+    while pool_threads() and time.monotonic() < deadline:  # (woken, they end at once)
+        time.sleep(0.01)
+    assert not pool_threads()
+    third = jl.DataLoader(Records(), batch_size=8, read_threads=3, **ONE)  # a pool anew
+    same(batches(third, 2), batches(jl.DataLoader(Records(), batch_size=8, **ONE), 2))
