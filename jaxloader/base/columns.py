@@ -112,7 +112,7 @@ def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[Any, Any, Any] | No
             if not finite.size:
                 return None
             low, high = finite.min(), finite.max()
-        return None if -_FLOAT32.max <= low and high <= _FLOAT32.max else (
+        return None if -_ROUNDS_TO_INF < low and high < _ROUNDS_TO_INF else (
             float(low), float(high), _FLOAT32)
     low, high = int(values.min()), int(values.max())
     bounds = _UINT32 if kind == "u" else _INT32
@@ -133,4 +133,8 @@ def what_32_bits_do(bounds: Any) -> str:
 
 
 _INT32, _UINT32 = np.iinfo(np.int32), np.iinfo(np.uint32)
+# float32's largest finite value and half a step beyond it, the least a float64 that rounds to
+# infinity (a tie rounds to even: up); 3.4028235e38, float32's maximum as NumPy prints it, is
+# below, and rounds to the maximum
+_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103
 _FLOAT32 = np.finfo(np.float32)

@@ -373,7 +373,8 @@ def reordered(out: Any, like: Any) -> Any:
         {'z': {'b': 3, 'c': 2}, 'a': 1}
     """
     if isinstance(out, dict) and isinstance(like, dict) and like.keys() == out.keys():
-        return {k: reordered(out[k], like[k]) for k in like}
+        kind = type(out) if type(out) is collections.OrderedDict else dict  # (as fn's)
+        return kind((k, reordered(out[k], like[k])) for k in like)
     if type(out) in (list, tuple) and type(like) is type(out) and len(like) == len(out):
         return type(out)(reordered(o, lk) for o, lk in zip(out, like))
     return out

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import linecache
+import re
 import traceback
 from typing import Any, Callable
 
@@ -46,3 +47,30 @@ def code_of(fn: Any) -> Any:
         fn = getattr(fn, "__wrapped__", None) or getattr(fn, "func", None) or getattr(
             type(fn), "__call__", None)
     return None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def error_text(e: BaseException) -> str:
+    """The line of ``e``'s message that says what failed: its first; where that opens a Python
+    traceback held in the text (an error raised in a ``jax.debug.callback``, which XLA passes
+    on as text), the error it ends with and its innermost frame.
+
+    Example:
+        >>> text = ["INTERNAL: CpuCallback error: Traceback (most recent call last):",
+        ...         '  File "a.py", line 5, in check', "ValueError: record 9 is bad"]
+        >>> error_text(RuntimeError("\\n".join(text)))
+        'INTERNAL: CpuCallback error: ValueError: record 9 is bad (a.py:5, in check)'
+    """
+    lines = str(e).splitlines()
+    if not lines:
+        return ""
+    opening, marker, _ = lines[0].partition("Traceback (most recent call last):")
+    if not marker:
+        return lines[0]
+    last = next((line for line in reversed(lines) if line.strip() and not line[0].isspace()),
+                "")
+    frames = _FRAME.findall(str(e))
+    where = f" ({frames[-1][0]}:{frames[-1][1]}, in {frames[-1][2]})" if frames else ""
+    return f"{opening}{last}{where}"

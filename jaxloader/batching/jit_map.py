@@ -50,7 +50,9 @@ from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
 from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place
-from jaxloader.batching.jit_errors import code_of, user_line
+from jaxloader.batching.jit_outputs import (aliases, host_leaves, leaf_order, record_kind,
+                                             write_rows)
+from jaxloader.batching.jit_errors import code_of, error_text, user_line
 from jaxloader.batching.record_columns import batch_columns
 
 # The errors of a function that does not trace: Python control flow on a traced value, a NumPy
@@ -62,6 +64,10 @@ CHUNK_BYTES = 4 << 20  # a chunk's input and output together: what stays in the 
 _KEY_ARGUMENT = (" (a function of two arguments is called fn(record, key): a tf.data-style "
                  "fn(image, label) gets the record as image and the key as label; take the "
                  "record whole: def f(record, key): image, label = record)")
+
+_MAIN_PYTREE = (" (a pytree class of your main script reaches a worker by value, without its "
+                "registration with JAX, which ran in your script only: define the class in a "
+                "module of its own, which the workers import, or return a dict)")
 
 
 class JitMap:
@@ -106,13 +112,21 @@ class JitMap:
         self._vmapped: Any = None
         self._local = threading.local()  # a thread's chunk sizes, input buffers, last
         # output (written over by the next chunk) and batch layout
+        self._likes: dict[tuple, Any] = {}  # a record's kind -> the skeleton of fn's output
         code = code_of(fn)  # its file, named in errors (a pickled function's may be lost)
         self._file = None if code is None else code.co_filename
 
     def __repr__(self) -> str:
         code = code_of(self.fn)  # (an instance, a partial: what it runs, not its address)
         name = getattr(self.fn, "__qualname__", None) or getattr(code, "co_qualname", None)
-        return f"JitMap({name or repr(self.fn)})"
+        given = f", {self.settings}" if self.settings else ""
+        return f"JitMap({name or repr(self.fn)}{given})"
+
+    @property
+    def settings(self) -> str:
+        """What changes the batches besides ``fn``'s code, for states' digests: ``random``
+        given against what ``fn``'s signature says (its keys, or none)."""
+        return "" if self.random == takes_key(self.fn) else f"random={self.random}"
 
     def __getstate__(self) -> dict:
         return {"fn": self.fn, "random": self.random, "file": self._file,  # (not compiled)
@@ -123,6 +137,7 @@ class JitMap:
         self.chunk_bytes = state["chunk_bytes"]
         self._compiled = self._vmapped = None
         self._local = threading.local()
+        self._likes = {}
         self._x64 = state.get("x64")  # the sender's jax_enable_x64: a worker compiles alike
 
     def __call__(self, batch: Any, *, seed: int, epoch: int, positions: np.ndarray,
@@ -183,13 +198,13 @@ class JitMap:
             # still in the caches (refused, XLA allocating afresh, while a view of it lives)
             last = self._call(compiled, (last, *args), where)
             if views is None:  # the first chunk: the batch's structure (checked once), its place
-                out_treedef, full, order, batch_layout = self._output_layout(last, row_out,
-                                                                             rows, size)
-            leaves = _host_leaves(last, order)  # (waits for XLA's run: the JitMap's time)
+                out_treedef, full, order, batch_layout = self._output_layout(
+                    last, row_out, rows, size, self._likes.get(record_kind(record, 1)))
+            leaves = host_leaves(last, order)  # (waits for XLA's run: the JitMap's time)
             start = perf_counter()
             if views is None:
                 if rows == size and alloc is None:  # one chunk: XLA's arrays are the batch
-                    views = [leaf.copy() if _aliases(leaf, inputs) else leaf for leaf in leaves]
+                    views = [leaf.copy() if aliases(leaf, inputs) else leaf for leaf in leaves]
                     self._local.last = (row_out, rows, last)
                     return tree_lib.unflatten(out_treedef, views), None, outside
                 if alloc is None:
@@ -197,7 +212,7 @@ class JitMap:
                 else:
                     layout = batch_layout
                     views = layout.leaf_views(alloc(layout.nbytes))
-            _write_rows(views, leaves, a, b)
+            write_rows(views, leaves, a, b)
             del leaves  # no view of the output left (a view alive, XLA would not write over it)
             outside += perf_counter() - start
         assert views is not None
@@ -222,7 +237,8 @@ class JitMap:
                 except Exception as e:  # the user's line, before JAX filters the traceback
                     setattr(e, "jaxloader_line", user_line(e, fn, file))
                     raise
-                self._like = tree_lib.skeleton(out)  # (its dicts' keys in order: jit sorts)
+                # its dicts' keys in the order fn wrote them (jit sorts them), by record kind
+                self._likes[record_kind(record)] = tree_lib.skeleton(out)
                 return out
             vmapped = jax.vmap(traced)
             on_cpu = jax.sharding.SingleDeviceSharding(cpu_device())  # (NumPy inputs go there)
@@ -260,20 +276,21 @@ class JitMap:
             self._local.rows[signature] = found
         return max(1, min(found[0], size)), found[1]
 
-    def _output_layout(self, out: Any, row_out: Any, rows: int,
-                       size: int) -> tuple[Any, list, list[int] | None, Layout]:
+    def _output_layout(self, out: Any, row_out: Any, rows: int, size: int,
+                       like: Any) -> tuple[Any, list, list[int] | None, Layout]:
         """The structure of a batch of ``size`` rows from chunks of ``rows`` like ``out`` (XLA's
-        output): its treedef, its columns (no values), where its leaves are in JAX's order,
-        and its layout in a slot. Checked (``batch_columns``) once a shape, in this thread:
-        the compiled function's output is the same for every batch of it."""
+        output; ``like``: the skeleton of what fn returned, its dicts' keys in fn's order): its
+        treedef, its columns (no values), where its leaves are in JAX's order, and its layout
+        in a slot. Checked (``batch_columns``) once a shape, in this thread: the compiled
+        function's output is the same for every batch of it."""
         kept = self._local.__dict__.get("layout")
         if kept is None or kept[0] is not row_out or kept[1:3] != (rows, size):
-            ordered = tree_lib.reordered(out, getattr(self, "_like", None))  # (as fn wrote)
+            ordered = tree_lib.reordered(out, like)  # (as fn wrote)
             leaves, ours = tree_lib.flatten(ordered)
             treedef, columns = batch_columns(
                 tree_lib.unflatten(ours, [np.asarray(x) for x in leaves]), rows)
             full = [c._replace(shape=(size, *c.shape[1:]), values=None) for c in columns]
-            kept = (row_out, rows, size, treedef, full, _leaf_order(ordered),
+            kept = (row_out, rows, size, treedef, full, leaf_order(out, ordered),
                     collate.layout_of(treedef, full))
             self._local.layout = kept
         return kept[3:]
@@ -321,10 +338,14 @@ class JitMap:
                     "on traced arrays, once for all batches of a shape: write choices on "
                     "values with jnp.where or jax.lax.cond, use jax.numpy in place of NumPy, "
                     "or move that part into a Map before the JitMap") from e
-            first = str(e).splitlines()[0] if str(e) else ""
-            raise RecordError(f"{where()}: {self!r} raised {type(e).__name__}: {first}"
-                              f"{line}{jit_inputs.placed_elsewhere(self.fn, cpu_device())}; "
-                              "the original error is the cause below") from e
+            # (a tf.data-style fn(image, label) on (image, label) records: a tuple as image)
+            hint = _KEY_ARGUMENT if self.random and isinstance(e, (AttributeError, TypeError)) \
+                and "tuple" in str(e) else ""
+            if "__main__." in str(e) and "not a valid JAX type" in str(e):
+                hint += _MAIN_PYTREE
+            raise RecordError(f"{where()}: {self!r} raised {type(e).__name__}: {error_text(e)}"
+                              f"{line}{jit_inputs.placed_elsewhere(self.fn, cpu_device())}"
+                              f"{hint}; the original error is the cause below") from e
 
 
 def takes_key(fn: Callable[..., Any]) -> bool:
@@ -352,45 +373,3 @@ def _x64() -> bool | None:
 def _row_bytes(shape: tuple, dtype: Any) -> int:
     """Bytes of one row of a leaf of ``shape`` (rows first)."""
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-def _host_leaves(out: Any, order: list[int] | None) -> list[np.ndarray]:
-    """``out``'s leaves as NumPy views, in this package's order (``order``: ``_leaf_order``'s)."""
-    import jax
-
-    if order is None:
-        return [np.asarray(leaf) for leaf in tree_lib.flatten(out)[0]]
-    found = jax.tree.leaves(out)
-    return [np.asarray(found[i]) for i in order]
-
-
-def _write_rows(views: list, leaves: list, a: int, b: int) -> None:
-    """Rows ``a`` to ``b`` of ``views`` from ``leaves`` (a function: no name is left holding a
-    leaf after it)."""
-    for view, leaf in zip(views, leaves):
-        view[a:b] = leaf[:b - a]
-
-
-def _leaf_order(out: Any) -> list[int] | None:
-    """Where each of ``out``'s leaves in this package's order (its tree's) is in JAX's
-    (``jax.tree.leaves``, the faster to ask a chunk), or ``None`` where they differ in number.
-    A dict's keys are in their order here, sorted in JAX's.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> _leaf_order({"b": jnp.zeros(1), "a": (jnp.ones(1), jnp.zeros(2))})
-        [2, 0, 1]
-    """
-    import jax
-
-    where = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(out))}
-    order = [where.get(id(leaf)) for leaf in tree_lib.flatten(out)[0]]
-    if None in order or len(order) != len(where):
-        return None
-    return [i for i in order if i is not None]  # (all of them: for the type checker)
-
-
-def _aliases(leaf: np.ndarray, inputs: list) -> bool:
-    """Whether ``leaf`` is in one of ``inputs`` (an input returned as it is), which the next
-    batch overwrites."""
-    return any(np.may_share_memory(leaf, buffer) for buffer in inputs)

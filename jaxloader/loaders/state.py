@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -73,7 +74,18 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
         >>> transforms_of([Map(abs)])[0].startswith("Map(abs) ")
         True
     """
-    return [f"{t!r} {code_digest(t.fn, bound=True)[:16]}" for t in transforms]
+    return [f"{t!r} {_digest(t)}" for t in transforms]
+
+
+def _digest(transform: Any) -> str:
+    """A digest of ``transform``'s code, and of the settings that change what it makes (a
+    ``JitMap`` given ``random=`` against what its function's signature says: its ``repr``)
+    where it has any: a state saved without them names the same digest as before."""
+    digest = code_digest(transform.fn, bound=True)[:16]
+    settings = getattr(transform, "settings", "")
+    if settings:
+        digest = hashlib.sha256(f"{digest} {settings}".encode()).hexdigest()[:16]
+    return digest
 
 
 def _kind_and_digest(named: str) -> tuple[str, str]:

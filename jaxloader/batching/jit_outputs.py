@@ -1,0 +1,71 @@
+"""A ``JitMap``'s output: XLA's leaves put in the order of what the function returned (its dicts'
+keys as it wrote them, where ``jax.jit`` sorts them), viewed and written into the batch.
+
+Example:
+    >>> import numpy as np
+    >>> record_kind({"x": np.zeros((4, 3), np.uint8)}, lead=1)[1]
+    (((3,), 'uint8'),)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxloader.base import tree as tree_lib
+
+
+def host_leaves(out: Any, order: list[int] | None) -> list[np.ndarray]:
+    """``out``'s leaves as NumPy views, in this package's order (``order``: ``leaf_order``'s)."""
+    import jax
+
+    if order is None:
+        return [np.asarray(leaf) for leaf in tree_lib.flatten(out)[0]]
+    found = jax.tree.leaves(out)
+    return [np.asarray(found[i]) for i in order]
+
+
+def write_rows(views: list, leaves: list, a: int, b: int) -> None:
+    """Rows ``a`` to ``b`` of ``views`` from ``leaves`` (a function: no name is left holding a
+    leaf after it)."""
+    for view, leaf in zip(views, leaves):
+        view[a:b] = leaf[:b - a]
+
+
+def leaf_order(out: Any, ordered: Any) -> list[int] | None:
+    """Where each leaf of ``ordered`` (``out``'s leaves, reordered as fn wrote them), in this
+    package's order (its tree's), is among ``out``'s in JAX's (``jax.tree.leaves``, the faster
+    to ask a chunk), or ``None`` where they differ in number. A dict's keys are in their order
+    here, sorted in JAX's; an ``OrderedDict``'s in their order in both, where ``ordered`` may
+    hold a plain dict of them.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> out = {"b": jnp.zeros(1), "a": (jnp.ones(1), jnp.zeros(2))}
+        >>> leaf_order(out, out)
+        [2, 0, 1]
+    """
+    import jax
+
+    where = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(out))}
+    order = [where.get(id(leaf)) for leaf in tree_lib.flatten(ordered)[0]]
+    if None in order or len(order) != len(where):
+        return None
+    return [i for i in order if i is not None]  # (all of them: for the type checker)
+
+
+def record_kind(record: Any, lead: int = 0) -> tuple:
+    """A record's kind, the same inside fn's trace (``lead`` 0) and for a chunk of such
+    records (``lead`` 1: the rows' axis left out): its structure, its leaves' shapes and
+    dtypes."""
+    import jax
+
+    leaves, structure = jax.tree.flatten(record)
+    return structure, tuple((tuple(x.shape[lead:]), str(x.dtype)) for x in leaves)
+
+
+def aliases(leaf: np.ndarray, inputs: list) -> bool:
+    """Whether ``leaf`` is in one of ``inputs`` (an input returned as it is), which the next
+    batch overwrites."""
+    return any(np.may_share_memory(leaf, buffer) for buffer in inputs)

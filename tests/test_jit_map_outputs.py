@@ -1,0 +1,155 @@
+"""A JitMap's outputs as the function wrote them, and its errors as they happened (a JitMap
+audit's findings)."""
+
+import collections
+import dataclasses
+import functools
+import warnings
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.base.columns import beyond_32_bits
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+ONE = {"process_index": 0, "process_count": 1}
+
+
+def columns(n=8):
+    return jl.ArraySource({"x": np.arange(n, dtype=np.float32),
+                           "y": 100 + np.arange(n, dtype=np.int32)})
+
+
+def ordered(r):
+    return collections.OrderedDict([("z", r["x"]), ("a", r["y"]),
+                                    ("m", collections.OrderedDict([("q", r["x"] * 2),
+                                                                   ("b", r["y"] + 1)]))])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_ordered_dicts_values_stay_under_their_keys(workers):
+    # its leaves are in insertion order in JAX's flattening, a plain dict's sorted: the
+    # values came back under each other's keys (and, with workers, cast to each other's dtype)
+    expected = jax.vmap(ordered)({"x": np.arange(4, dtype=np.float32),
+                                  "y": 100 + np.arange(4, dtype=np.int32)})
+    with jl.DataLoader(columns(), batch_size=4, num_workers=workers,
+                       transforms=[jl.JitMap(ordered)], **ONE) as loader:
+        batch = next(iter(loader))
+    assert type(batch) is collections.OrderedDict and list(batch) == ["z", "a", "m"]
+    assert type(batch["m"]) is collections.OrderedDict and list(batch["m"]) == ["q", "b"]
+    for got, want in zip(jax.tree.leaves(batch), jax.tree.leaves(expected)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, np.asarray(want))
+
+
+def test_a_jit_map_shared_by_two_loaders_keeps_each_ones_key_order():
+    def added(r):
+        return {**r, "n": jnp.float32(0)}
+
+    shared = jl.JitMap(added)
+    a = jl.DataLoader(jl.ArraySource({"z": np.zeros(8, np.float32), "a": np.zeros(8)}),
+                      batch_size=4, transforms=[shared], num_epochs=None, **ONE)
+    b = jl.DataLoader(jl.ArraySource({"q": np.zeros(8, np.float32), "b": np.zeros(8)}),
+                      batch_size=4, transforms=[shared], num_epochs=None, **ONE)
+    with a, b:
+        first = list(next(ia := iter(a)))
+        assert list(next(iter(b))) == ["b", "q", "n"]
+        assert list(next(ia)) == first == ["a", "z", "n"]  # (the order the function wrote)
+
+
+def maybe_noisy(r, key=None):
+    return {"x": r["x"] if key is None else r["x"] + jax.random.normal(key)}
+
+
+def test_a_restore_under_another_random_setting_is_warned_and_the_same_one_is_not():
+    def saved(**kw):
+        with jl.DataLoader(columns(32), batch_size=4, transforms=[jl.JitMap(maybe_noisy, **kw)],
+                           **ONE) as loader:
+            next(iter(loader))
+            return loader.state_dict()
+
+    for before, after, told in [({}, {"random": True}, True), ({}, {}, False),
+                                ({"random": True}, {"random": True}, False),
+                                ({"random": True}, {}, True)]:
+        state = saved(**before)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            restored = jl.DataLoader(columns(32), batch_size=4,
+                                     transforms=[jl.JitMap(maybe_noisy, **after)], **ONE)
+            restored.load_state_dict(state)
+            restored.close()
+        said = [w for w in caught if "transforms differ" in str(w.message)]
+        assert bool(said) == told, (before, after, [str(w.message) for w in caught])
+    assert repr(jl.JitMap(maybe_noisy, random=True)) == "JitMap(maybe_noisy, random=True)"
+    assert repr(jl.JitMap(maybe_noisy)) == "JitMap(maybe_noisy)"  # (what states held before)
+
+
+def test_float32s_largest_value_written_as_numpy_prints_it_is_taken():
+    rounds_up = 2.0 ** 128 - 2.0 ** 103  # the least float64 that float32 makes infinite
+    assert beyond_32_bits(np.array([1.0, 3.4028235e38, -3.4028235e38])) is None
+    assert beyond_32_bits(np.array([np.nextafter(rounds_up, 0)])) is None
+    assert beyond_32_bits(np.array([rounds_up]))[:2] == (rounds_up, rounds_up)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float32(rounds_up))
+    assert np.isfinite(np.float32(np.nextafter(rounds_up, 0)))
+    source = jl.ArraySource({"v": np.array([1.0, 3.4028235e38] * 2)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(lambda r: r)],
+                       **ONE) as loader:
+        assert next(iter(loader))["v"].tolist() == [1.0, float(np.finfo(np.float32).max)] * 2
+
+
+def check_label(y):
+    if np.any(np.asarray(y) == 9):
+        raise ValueError("record 9 is bad")
+
+
+def test_an_error_in_a_debug_callback_is_named_with_its_line():
+    def aug(r):
+        jax.debug.callback(check_label, r["y"])
+        return {"x": r["x"] * 2}
+
+    source = jl.ArraySource({"x": np.arange(16, dtype=np.float32), "y": np.arange(16)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(aug)], **ONE) as loader:
+        with pytest.raises(jl.RecordError) as info:
+            list(loader)
+    message = str(info.value)  # (was "...callback: Traceback (most recent call last):")
+    assert "ValueError: record 9 is bad" in message
+    assert f"{__file__}:" in message and "in check_label" in message
+
+
+def test_a_tf_data_style_function_of_image_and_label_is_told_the_remedy():
+    def augment(image, label):
+        return image.astype(jnp.float32) / 255.0, label
+
+    source = jl.ArraySource((np.zeros((8, 4, 4, 3), np.uint8), np.arange(8)))
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(augment)],
+                       **ONE) as loader:
+        with pytest.raises(jl.RecordError, match=r"'tuple' object .*image, label = record"):
+            next(iter(loader))
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["image", "label"],
+                   meta_fields=[])
+@dataclasses.dataclass
+class Example:
+    image: object
+    label: object
+
+
+Example.__module__ = "__main__"  # (as in a script: sent to a worker by value, unregistered)
+
+
+def as_example(r):
+    return Example(r["x"] * 2, r["y"])
+
+
+def test_a_pytree_class_of_the_main_script_is_named_with_the_remedy_in_a_worker():
+    with jl.DataLoader(columns(), batch_size=4, transforms=[jl.JitMap(as_example)],
+                       **ONE) as loader:
+        assert next(iter(loader)).label.tolist() == [100, 101, 102, 103]  # (in process)
+    with jl.DataLoader(columns(), batch_size=4, transforms=[jl.JitMap(as_example)],
+                       num_workers=1, **ONE) as loader:
+        with pytest.raises(jl.WorkerError, match="define the class in a module of its own"):
+            next(iter(loader))
