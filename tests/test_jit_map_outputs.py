@@ -153,3 +153,35 @@ def test_a_pytree_class_of_the_main_script_is_named_with_the_remedy_in_a_worker(
                        num_workers=1, **ONE) as loader:
         with pytest.raises(jl.WorkerError, match="define the class in a module of its own"):
             next(iter(loader))
+
+
+def scaled_by(table):
+    def scale(r):
+        return {"x": r["x"] * table[-1]}
+    return scale
+
+
+def test_a_change_past_the_repr_of_an_array_a_transform_holds_is_warned_at_a_restore():
+    def restored(table, state, kind=jl.JitMap):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with jl.DataLoader(columns(32), batch_size=4, transforms=[kind(scaled_by(table))],
+                               **ONE) as loader:
+                loader.load_state_dict(state)
+        return [w for w in caught if "transforms differ" in str(w.message)]
+
+    for kind in (jl.JitMap, jl.Map):
+        table = np.ones(1000, np.float32)  # (its repr's first 200 characters: ones)
+        with jl.DataLoader(columns(32), batch_size=4, transforms=[kind(scaled_by(table))],
+                           **ONE) as loader:
+            state = loader.state_dict()
+        assert not restored(table.copy(), state, kind)
+        changed = table.copy()
+        changed[-1] = 5.0
+        assert restored(changed, state, kind), kind
+        # a state saved before the digests held the arrays' bytes: the code's digest alone
+        from jaxloader.loaders.state import older_transforms_of
+
+        older = {**state, "transforms": older_transforms_of([kind(scaled_by(table))])}
+        assert older["transforms"] != state["transforms"]
+        assert not restored(table.copy(), older, kind)

@@ -41,7 +41,7 @@ from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
 from jaxloader.loaders.state import (check_state, compared_transforms, make_state,
-                                     transforms_of)
+                                     older_transforms_of, transforms_of)
 from jaxloader.batching.transforms import Transforms, split_transforms
 from jaxloader.sharding.hosts import Pairing
 
@@ -316,7 +316,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._check_placement()
         step = check_state(state, self._sampler, self._source_fingerprint(),
                            [path for path, _ in self._files],
-                           lambda: older_fingerprint(self._source), self._transforms_state())
+                           lambda: older_fingerprint(self._source), self._transforms_state(),
+                           lambda: older_transforms_of(self._transforms))
         self._invalidate()  # (first: a next() in another thread then cannot set its step after)
         self._progress.step = step
 

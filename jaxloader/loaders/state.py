@@ -25,7 +25,7 @@ from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError, user_stacklevel
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
-from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.code_digest import arrays_digest, code_digest
 
 # The state's one version: what a step reads (the orders of ``order`` and ``plans``, the
 # layout of a state) is this number's; a change to any of them changes it, and a state of
@@ -77,14 +77,21 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
     return [f"{t!r} {_digest(t)}" for t in transforms]
 
 
-def _digest(transform: Any) -> str:
-    """A digest of ``transform``'s code, and of the settings that change what it makes (a
-    ``JitMap`` given ``random=`` against what its function's signature says: its ``repr``)
-    where it has any: a state saved without them names the same digest as before."""
+def older_transforms_of(transforms: Sequence[Any]) -> list[str]:
+    """``transforms_of`` as versions until 2026-11-30 named them (not the bytes of the arrays
+    a function holds), which a state saved then holds."""
+    return [f"{t!r} {_digest(t, arrays=False)}" for t in transforms]
+
+
+def _digest(transform: Any, arrays: bool = True) -> str:
+    """A digest of ``transform``'s code, and, where it has any, of the settings that change
+    what it makes (a ``JitMap`` given ``random=`` against what its function's signature says:
+    its ``repr``) and of the bytes of the arrays its function holds (``arrays_digest``)."""
     digest = code_digest(transform.fn, bound=True)[:16]
-    settings = getattr(transform, "settings", "")
-    if settings:
-        digest = hashlib.sha256(f"{digest} {settings}".encode()).hexdigest()[:16]
+    held = arrays_digest(transform.fn) if arrays else ""
+    more = f"{getattr(transform, 'settings', '')} {held}".strip()
+    if more:
+        digest = hashlib.sha256(f"{digest} {more}".encode()).hexdigest()[:16]
     return digest
 
 
@@ -100,7 +107,8 @@ def compared_transforms(named: list[str]) -> list[str]:
     return [" ".join(_kind_and_digest(n)) for n in named]
 
 
-def warn_changed_transforms(saved: Any, now: list[str], step: int) -> None:
+def warn_changed_transforms(saved: Any, now: list[str], step: int,
+                            older: Callable[[], list[str]] | None = None) -> None:
     """A warning naming the transforms that differ from the saved run's (a state saved
     before states held them, on 2026-11-29, has none to compare): the step still reads the
     same records in the same order, but makes them into other batches than that run would."""
@@ -112,6 +120,9 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int) -> None:
                              "unchanged")
     if list(map(_kind_and_digest, saved)) == list(map(_kind_and_digest, now)):
         return  # (alike: a repr may hold an address, another each run)
+    if older is not None and list(map(_kind_and_digest, saved)) == list(
+            map(_kind_and_digest, older())):
+        return  # (a state saved before the digests held arrays' bytes and settings)
     changes = [f"transforms[{i}]: saved {a or 'none'}, now {b or 'none'}" for i, (a, b) in
                enumerate(zip(saved + [""] * len(now), now + [""] * len(saved)))
                if _kind_and_digest(a) != _kind_and_digest(b)]
@@ -190,7 +201,8 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
 def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                 paths: Sequence[str] = (),
                 older: Callable[[], tuple[str, ...]] = tuple,
-                transforms: list[str] | None = None) -> int:
+                transforms: list[str] | None = None,
+                older_transforms: Callable[[], list[str]] | None = None) -> int:
     """Validates ``state`` against ``sampler`` and the source's ``fingerprint`` (``paths``:
     the files its ``"files"`` are the identities of, to name one that changed; ``older()``:
     the source's fingerprints of older versions, which a state may hold, asked only where its
@@ -257,7 +269,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     sampler.check_extra_state(state, state["step"])
     refuse_unknown(state, expected, "DataLoader")
     if transforms is not None:
-        warn_changed_transforms(state.get("transforms"), transforms, state["step"])
+        warn_changed_transforms(state.get("transforms"), transforms, state["step"],
+                                older_transforms)
     return state["step"]
 
 

@@ -42,8 +42,9 @@ from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, ja
                                        placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.loaders.older_states import as_written_now
-from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, transforms_of,
-                                     warn_changed_generators, warn_changed_transforms)
+from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, older_transforms_of,
+                                     transforms_of, warn_changed_generators,
+                                     warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.loaders.stream_runs import ReaderRuns, overlaid, published
@@ -366,7 +367,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         state = as_written_now(state, config["stream"], self._stream.describe)
         readers = check_stream_state(state, config, self.process_index,
                                      self._stream.extra_state(), self._readers)
-        warn_changed_transforms(state.get("transforms"), self._named(), state["step"])
+        warn_changed_transforms(state.get("transforms"), self._named(), state["step"],
+                                lambda: older_transforms_of(self._transforms))
         warn_changed_generators(state.get("generators"), codes_of(self._stream.shards),
                                 state["step"])
         self._stream.check_extra_state(state, state["step"])
