@@ -307,7 +307,7 @@ def _doubled(record):  # a new dict: the pad mask it was given left out
 
 def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
     # the padded rows of the last batch then look like records in the loss, without a word
-    monkeypatch.setattr("jaxloader.batching.batch_maker._SAID", set())
+    monkeypatch.setattr("jaxloader.batching.batch_finish._SAID", set())
     source = jl.ArraySource({"img": np.arange(44, dtype=np.float32).reshape(11, 4)})
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[jl.JitMap(_doubled)]) as loader:

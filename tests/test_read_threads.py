@@ -35,20 +35,20 @@ class Together:
     a multiple of ``k`` records is read only where its reads overlap. Each record says whether
     it was read on one of jaxloader's read threads."""
 
-    def __init__(self, k: int = 4, n: int = 64) -> None:
-        self.k, self.n = k, n
+    def __init__(self, k: int = 4, n: int = 64, timeout_s: float = 30) -> None:
+        self.k, self.n, self.timeout_s = k, n, timeout_s
 
     def __len__(self) -> int:
         return self.n
 
     def __getstate__(self) -> dict:
-        return {"k": self.k, "n": self.n}  # (a worker makes its own barrier)
+        return {"k": self.k, "n": self.n, "timeout_s": self.timeout_s}  # (a barrier of its own)
 
     def __getitem__(self, i: int) -> dict:
         barrier = self.__dict__.get("barrier")
         if barrier is None:
             barrier = self.__dict__.setdefault("barrier", threading.Barrier(self.k))
-        barrier.wait(timeout=30)
+        barrier.wait(timeout=self.timeout_s)
         return {"i": np.int64(i), "pooled": np.bool_(
             threading.current_thread().name.startswith("jaxloader-read"))}
 
@@ -104,6 +104,23 @@ def test_the_reads_overlap_on_the_threads(workers, wrapped):
                                 **ONE), 4)
     assert np.concatenate([b["i"] for b in got]).tolist() == list(range(32))
     assert all(b["pooled"].all() for b in got)
+
+
+def test_a_workers_task_reads_the_records_of_all_its_steps_at_once():
+    # a task of two steps of 4 records, read by a worker on 8 threads: its 8 reads must run
+    # at once (a barrier of 8); read a step at a time, they waited out the barrier
+    from jaxloader.batching.batch_maker import BatchMaker
+    from jaxloader.order.sampling import Sampler
+
+    maker = BatchMaker(Together(8, timeout_s=5), Sampler(64, 4, shuffle=False, seed=0,
+                                                         last_batch="drop"), read_threads=8)
+    made = [batch for batch, _ in maker.make_steps([2, 3], [None, None])]
+    assert [b["i"].tolist() for b in made] == [[8, 9, 10, 11], [12, 13, 14, 15]]
+    assert maker._ahead == {}  # (the task's reads let go as it ended)
+    left = maker.make_steps([4, 5, 6, 7], [None] * 4)  # a task left after its first step
+    assert next(left)[0]["i"].tolist() == [16, 17, 18, 19]
+    left.close()  # (its reads in flight end; the others are not read)
+    assert maker._ahead == {}
 
 
 def test_a_failed_read_names_the_first_record_in_order_after_every_read_in_flight_ended():

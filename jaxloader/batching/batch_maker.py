@@ -22,9 +22,7 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from time import perf_counter
-from collections.abc import Mapping
 from typing import Any, Callable, Iterator, cast
 
 import numpy as np
@@ -41,11 +39,11 @@ from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.sources.base import one_each
 from jaxloader.base.string_column import StringColumn
-from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock, stage_name
-from jaxloader.batching.record_transforms import (RecordTransforms, read_only_hint,
-                                                  source_read_only_hint)
+from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock
+from jaxloader.batching.record_transforms import RecordTransforms, source_read_only_hint
+from jaxloader.batching.batch_finish import finish_batch
 from jaxloader.batching.jit_map import JitMap
-from jaxloader.batching.transforms import BatchMap, RandomMap, returned_none
+from jaxloader.batching.transforms import BatchMap, RandomMap
 
 
 class BatchMaker:
@@ -65,6 +63,7 @@ class BatchMaker:
     ) -> None:
         self.source = source
         self.read_threads = read_threads  # a batch's records read on so many threads at once
+        self._ahead: dict[int, tuple[Reads, int]] = {}  # a task's step -> its reads in flight
         self.sampler = sampler
         self.record_transforms = record_transforms
         self.batch_transforms = batch_transforms
@@ -108,7 +107,7 @@ class BatchMaker:
             if timed:
                 start = clock.span(READ, start)
         else:
-            records = self._read_records(spec, timed)
+            records = self._read_records(spec, timed, self._ahead.pop(step, None))
             if timed:
                 start = clock.span(LOOP, start)
             treedef, columns = record_columns(records, spec.names())
@@ -140,8 +139,14 @@ class BatchMaker:
         start = perf_counter()
         gathered = self._gather_steps(steps) if len(steps) > 1 else None
         if gathered is None:
-            for step, alloc in zip(steps, allocs):
-                yield self.make(step, alloc)
+            reads = self._read_ahead(steps)
+            try:
+                for step, alloc in zip(steps, allocs):
+                    yield self.make(step, alloc)
+            finally:
+                if reads is not None:  # (a task left: what is still to read is not read)
+                    self._ahead.clear()
+                    reads.close()
             return
         clock.add(READ, perf_counter() - start)  # (a task's read: once, timed each time)
         specs, columns = gathered  # specs: None where the sampler gave the task's indices
@@ -166,6 +171,27 @@ class BatchMaker:
                 clock.span(COLLATE, start)
                 clock.count(n if layout is not None else _real(spec), made[1].nbytes)
             yield made
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ahead": {}}  # (reads in flight stay in this process)
+
+    def _read_ahead(self, steps: list[int]) -> Reads | None:
+        """On read threads, in a worker, the records of all the task's ``steps`` read at
+        once, in order (``_ahead``: where each step's are): a step's reads then overlap the
+        steps' before it, not only each other. ``None`` where records are read otherwise."""
+        if self.read_threads < 2 or len(steps) < 2 or self._batched_reads or held() or (
+                self._vectorised):
+            return None
+        try:
+            specs = [self.sampler.batch(step) for step in steps]
+        except ConfigError:  # (past the last epoch: said at its own step)
+            return None
+        reads = Reads(self.source.__getitem__,
+                      np.concatenate([spec.indices for spec in specs]).tolist(),
+                      self.read_threads)
+        offsets = np.cumsum([0] + [len(spec.indices) for spec in specs]).tolist()
+        self._ahead = {step: (reads, offset) for step, offset in zip(steps, offsets)}
+        return reads
 
     def _gather_steps(self, steps: list[int]) -> tuple[list[BatchSpec] | None, dict] | None:
         """The steps' specs (``None`` where the sampler gives a task's indices at once, all
@@ -223,9 +249,11 @@ class BatchMaker:
             one_each(got, len(spec.indices), f"{spec.location()}: source")
         return got
 
-    def _read_records(self, spec: BatchSpec, timed: bool = False) -> list:
-        """Each record read and transformed; a ``RandomMap`` gets its record's generator
-        (each transform timed on a ``timed`` batch)."""
+    def _read_records(self, spec: BatchSpec, timed: bool = False,
+                      read: tuple[Reads, int] | None = None) -> list:
+        """Each record read (``read``: already in flight, from an offset) and transformed; a
+        ``RandomMap`` gets its record's generator (each transform timed on a ``timed``
+        batch)."""
         source, epoch, run = self.source, spec.epoch, self._transforms
         detail = timed and bool(run)
         run.detail(detail)  # (a loop cut short by an error leaves no timers on)
@@ -241,8 +269,8 @@ class BatchMaker:
             raw = holding(locks, self._read_each, spec)  # locks taken once a batch (not a
             locks = ()  # record), its records read first; on threads, all read under them
         lock = locks[0] if locks else None
-        ahead = None  # (in a worker, on threads: the reads in flight while records transform)
-        if raw is None and threads > 1 and len(spec.indices) > 1:
+        ahead, at = read or (None, 0)  # (in a worker, on threads: reads in flight meanwhile)
+        if raw is None and ahead is None and threads > 1 and len(spec.indices) > 1:
             ahead = Reads(source.__getitem__, spec.indices.tolist(), threads)
         try:
             for j, (position, index) in enumerate(zip(spec.positions.tolist(),
@@ -251,7 +279,7 @@ class BatchMaker:
                     if raw is not None:
                         record = raw[j]
                     elif ahead is not None:
-                        record = ahead[j]
+                        record = ahead[at + j]
                     elif lock is not None:  # (in the training process: the source's lock)
                         with lock:
                             record = source[index]
@@ -264,7 +292,7 @@ class BatchMaker:
                 records.append(run(record, epoch, position, spec.record_location,
                                    (position, index)))
         finally:
-            if ahead is not None:
+            if ahead is not None and read is None:  # (a task's: closed as the task ends)
                 ahead.close()
         if detail:
             self.clock.loop_detail(perf_counter() - start, run.spent)
@@ -312,73 +340,3 @@ def _rows(columns: dict[str, Any], a: int, b: int) -> dict[str, Any]:
     ``DeferredTake``s)."""
     deferred = (StringColumn, collate.DeferredTake)
     return {name: c.rows(a, b) if type(c) in deferred else c[a:b] for name, c in columns.items()}
-
-
-_SAID: set[int] = set()  # the transforms said to drop the mask, in this process
-
-
-def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> None:
-    if id(transform) not in _SAID:
-        _SAID.add(id(transform))
-        warnings.warn(
-            f"{where()}: {transform!r} returned a batch without the {mask_key!r} leaf it was "
-            "given (False on the rows that pad a batch: last_batch='pad', or a pass that "
-            f"ends), so padded rows look like records; return it (out[{mask_key!r}] = "
-            f"batch[{mask_key!r}]; in a JitMap, the record's)", stacklevel=2)
-
-
-def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
-                 where: Callable[[], str], alloc: Callable[[int], Any] | None = None,
-                 clock: StageClock | None = None, keyed: tuple = (0, 0, None),
-                 mask_key: str | None = None) -> tuple[Any, collate.Layout]:
-    """The batch of ``columns`` after the ``BatchMap``s and ``JitMap``s, written into
-    ``alloc`` when given; ``where()`` names it in an error; ``keyed``: ``(seed, epoch,
-    positions)`` of its records, a ``JitMap``'s keys; ``mask_key``: the pad mask's leaf,
-    which a transform that leaves it out is warned of. Each transform's seconds go to
-    ``clock`` under its name, taken off its collation (which the caller times whole)."""
-    if not batch_transforms:
-        return collate.materialize(treedef, columns, alloc)
-    seed, epoch, positions = keyed
-    last = len(batch_transforms) - 1
-    batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
-    for i, t in enumerate(batch_transforms):
-        start = perf_counter()
-        layout, outside = None, 0.0
-        if type(t) is JitMap:  # (its errors name the batch, the transform and the remedy)
-            if batch is not None:
-                treedef, columns = batch_columns(batch, size)
-            batch, layout, outside = t.run(
-                treedef, columns, size, seed=seed, epoch=epoch, index=i, where=where,
-                positions=np.arange(size) if positions is None else positions,
-                alloc=alloc if i == last else None)
-        else:
-            if batch is None:
-                batch = collate.materialize(treedef, columns)[0]
-            try:
-                batch = t.fn(batch)
-            except Exception as e:
-                raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}"
-                                  f"{read_only_hint(e)}; the original error is the cause "
-                                  "below") from e
-            # the transform that changed the batch axis named (the batch's check, after all of
-            # them, names none); a 0-d leaf another transform may take up is left to it
-            rows = [np.shape(x) for x in tree_lib.flatten(batch)[0] if hasattr(x, "shape")]
-            bad = next((shape for shape in rows if (shape[0] != size if shape else i == last)),
-                       None)
-            if bad is not None:
-                raise RecordError(f"{where()}: {t!r} returned a leaf of shape {bad}, expected "
-                                  f"{size} rows first (the batch's): a batch transform keeps "
-                                  "the batch axis; to drop rows use a FilteredSource")
-        if clock is not None:  # (a timed batch)
-            spent = perf_counter() - start - outside
-            clock.add_sampled(stage_name(t), spent)
-            clock.add_sampled(COLLATE, -spent)
-        if batch is None:
-            raise returned_none(where(), t)
-        if mask_key is not None and not (isinstance(batch, Mapping) and mask_key in batch):
-            _dropped_mask(t, mask_key, where)
-            mask_key = None
-        if layout is not None:  # a JitMap wrote it into alloc
-            return batch, layout
-    treedef, columns = batch_columns(batch, size)
-    return collate.materialize(treedef, columns, alloc)

@@ -41,7 +41,7 @@ from jaxloader.base.checks import POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.base.timings import COLLATE, LOOP, SAMPLE, StageClock
 from jaxloader.base.tree import RecordNames
-from jaxloader.batching.batch_maker import finish_batch
+from jaxloader.batching.batch_finish import finish_batch
 from jaxloader.streams.contract import ReadableStream, RecordReader
 from jaxloader.streams.origins import described
 from jaxloader.streams.packed import PackedStream

@@ -1,0 +1,99 @@
+"""A batch's last stage: the pad mask's check, the ``BatchMap``s and ``JitMap``s in turn, and the
+batch written into its slot (one copy), for both loaders' batch makers.
+
+Example:
+    >>> import numpy as np
+    >>> from jaxloader.batching.record_columns import batch_columns
+    >>> treedef, columns = batch_columns({"x": np.arange(4)}, 4)
+    >>> batch, layout = finish_batch(treedef, columns, (), 4, lambda: "step 0")
+    >>> batch["x"].tolist()
+    [0, 1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from time import perf_counter
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.errors import RecordError
+from jaxloader.base.timings import COLLATE, StageClock, stage_name
+from jaxloader.batching import collate
+from jaxloader.batching.jit_map import JitMap
+from jaxloader.batching.record_columns import batch_columns
+from jaxloader.batching.record_transforms import read_only_hint
+from jaxloader.batching.transforms import returned_none
+
+
+_SAID: set[int] = set()  # the transforms said to drop the mask, in this process
+
+
+def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> None:
+    if id(transform) not in _SAID:
+        _SAID.add(id(transform))
+        warnings.warn(
+            f"{where()}: {transform!r} returned a batch without the {mask_key!r} leaf it was "
+            "given (False on the rows that pad a batch: last_batch='pad', or a pass that "
+            f"ends), so padded rows look like records; return it (out[{mask_key!r}] = "
+            f"batch[{mask_key!r}]; in a JitMap, the record's)", stacklevel=2)
+
+
+def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
+                 where: Callable[[], str], alloc: Callable[[int], Any] | None = None,
+                 clock: StageClock | None = None, keyed: tuple = (0, 0, None),
+                 mask_key: str | None = None) -> tuple[Any, collate.Layout]:
+    """The batch of ``columns`` after the ``BatchMap``s and ``JitMap``s, written into
+    ``alloc`` when given; ``where()`` names it in an error; ``keyed``: ``(seed, epoch,
+    positions)`` of its records, a ``JitMap``'s keys; ``mask_key``: the pad mask's leaf,
+    which a transform that leaves it out is warned of. Each transform's seconds go to
+    ``clock`` under its name, taken off its collation (which the caller times whole)."""
+    if not batch_transforms:
+        return collate.materialize(treedef, columns, alloc)
+    seed, epoch, positions = keyed
+    last = len(batch_transforms) - 1
+    batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
+    for i, t in enumerate(batch_transforms):
+        start = perf_counter()
+        layout, outside = None, 0.0
+        if type(t) is JitMap:  # (its errors name the batch, the transform and the remedy)
+            if batch is not None:
+                treedef, columns = batch_columns(batch, size)
+            batch, layout, outside = t.run(
+                treedef, columns, size, seed=seed, epoch=epoch, index=i, where=where,
+                positions=np.arange(size) if positions is None else positions,
+                alloc=alloc if i == last else None)
+        else:
+            if batch is None:
+                batch = collate.materialize(treedef, columns)[0]
+            try:
+                batch = t.fn(batch)
+            except Exception as e:
+                raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}"
+                                  f"{read_only_hint(e)}; the original error is the cause "
+                                  "below") from e
+            # the transform that changed the batch axis named (the batch's check, after all of
+            # them, names none); a 0-d leaf another transform may take up is left to it
+            rows = [np.shape(x) for x in tree_lib.flatten(batch)[0] if hasattr(x, "shape")]
+            bad = next((shape for shape in rows if (shape[0] != size if shape else i == last)),
+                       None)
+            if bad is not None:
+                raise RecordError(f"{where()}: {t!r} returned a leaf of shape {bad}, expected "
+                                  f"{size} rows first (the batch's): a batch transform keeps "
+                                  "the batch axis; to drop rows use a FilteredSource")
+        if clock is not None:  # (a timed batch)
+            spent = perf_counter() - start - outside
+            clock.add_sampled(stage_name(t), spent)
+            clock.add_sampled(COLLATE, -spent)
+        if batch is None:
+            raise returned_none(where(), t)
+        if mask_key is not None and not (isinstance(batch, Mapping) and mask_key in batch):
+            _dropped_mask(t, mask_key, where)
+            mask_key = None
+        if layout is not None:  # a JitMap wrote it into alloc
+            return batch, layout
+    treedef, columns = batch_columns(batch, size)
+    return collate.materialize(treedef, columns, alloc)
