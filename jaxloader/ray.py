@@ -52,7 +52,7 @@ from jaxloader.ray_actor import MakerActor, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.ray_tasks import (TaskQueues, lost_errors, step_failed, steps_text, task_failed,
                                  task_steps)
-from jaxloader.workers.failures import unpicklable
+from jaxloader.workers.failures import closed, unpicklable
 from jaxloader.workers.payload import SHARE_MIN_BYTES
 
 log = logging.getLogger("jaxloader")
@@ -64,16 +64,16 @@ class RayWorkers:
     ``ray.remote`` (``num_cpus``, ``resources``, ``scheduling_strategy``, ``runtime_env``, ...).
 
     ``in_flight``: tasks (a few steps each) each actor is asked for ahead; ``task_bytes``: the
-    batches a task carries (as many steps as fit, at most 32; at least one): Ray costs the
+    batches a task carries (as many steps as fit, and as an actor makes in half a second, at
+    most 32; at least one): Ray costs the
     training process ~1 ms of CPU a call whatever its size, so larger tasks cost it less a
     batch and hold more of the object store (about ``in_flight x n x task_bytes``);
     ``min_actors``: the loader starts once this many actors run (``n`` by default); the others
     take steps as the cluster places them (an autoscaler adding nodes), and an actor Ray
-    restarts (``max_restarts=``) takes steps again; ``timeout_s``: how long a task (up to 32
-    steps, fewer with a smaller ``task_bytes``) may take once the batches before it are
-    received: an actor that takes longer is killed and its steps are made elsewhere, as a dead
-    one's (``None``: wait); ``start_timeout_s``: how long the
-    actors may take to start (Ray waits for free resources) before the loader says so. Actors
+    restarts (``max_restarts=``) takes steps again; ``timeout_s``: how long a task may take
+    once the batches before it are received: an actor that takes longer is killed and its
+    steps are made elsewhere, as a dead one's (``None``: wait); ``start_timeout_s``: how long
+    the actors may take to start (Ray waits for free resources) before the loader says so. Actors
     get local workers' environment (``JAX_PLATFORMS=cpu``, one thread a math library and for
     XLA) unless ``runtime_env`` sets those variables.
 
@@ -201,6 +201,7 @@ class RayEngine:
         return [pid or 0 for pid in self._pids]
 
     remote = True  # (its pids are other machines': no /proc of theirs here)
+    _closed = False  # close() began (from another thread: a run waiting says so)
 
     def _admit(self, wait_s: float = 0.0, at_least: int = 0) -> None:
         """Actors that run now (placed by the cluster since, or restarted by Ray) take steps;
@@ -293,17 +294,16 @@ class RayEngine:
                 self._killed.pop(first, None)  # (made: actors lost before on it are no sign)
                 made, timings, pid, failed = made
                 self.made_by(actor, pid, timings)
-                if self._steps is None and made:  # the first batch back sizes the tasks
-                    self._steps = task_steps(tree_lib.flatten(made[0])[0], self._spec.task_bytes)
+                if made:  # each task back sizes the next ones
+                    self._steps = task_steps(tree_lib.flatten(made[0])[0], self._spec.task_bytes,
+                                             timings[0] / len(made))
                 while made:
                     yield made.pop(0)
                 del made
                 if failed is not None:  # (after the batches before it, as a local worker's)
                     self.raise_failed(actor, failed)
-        finally:
-            for _, _, _, ref in flight:  # a run left early (a restore, a break): not made
-                self.cancel(ref)
-            flight.clear()  # (their objects are freed with their refs)
+        finally:  # a run left early (a restore, a break): its tasks are dropped, not
+            flight.clear()  # cancelled (Ray may stall an actor 30 s on a cancelled one)
 
     def hung(self, actor: int, steps: str) -> None:
         """Kills an actor that did not make a task within ``timeout_s``, saying so."""
@@ -345,17 +345,12 @@ class RayEngine:
                                    stride)
         raise error from cause
 
-    def cancel(self, ref: Any) -> None:
-        """Cancels a task not needed any more."""
-        try:
-            self._ray.cancel(ref)
-        except Exception:  # noqa: BLE001 - done already, or its actor is gone
-            pass
-
     def _lose(self, actor: int, error: BaseException, flight: deque,
               hung: bool = False) -> None:
         """Drops a dead actor (``hung``: killed, its oldest task not done within
         ``timeout_s``); its tasks in flight go, in order, to the actors left."""
+        if self._closed:  # (by close() from another thread: not a death)
+            raise closed() from error
         if actor in self._alive:
             self._alive.remove(actor)
             log.warning("Ray actor %d (pid %s) is gone (%s); its steps go to the %d left",
@@ -371,12 +366,14 @@ class RayEngine:
         owned = [(first, count) for first, count, owner, _ in flight if owner == actor]
         for first, _ in owned[:1] if hung else owned:
             self._killed[first] = self._killed.get(first, 0) + 1
-        cause = [(first, count) for first, count in owned
-                 if self._killed.get(first, 0) >= KILLS_PER_TASK]
+        # (hung, where fewer actors would be lost for good: all of them, in turn)
+        most = KILLS_PER_TASK if not hung or self._spec.actor_options.get("max_restarts") \
+            else min(KILLS_PER_TASK, self._spec.n)
+        cause = [(first, count) for first, count in owned if self._killed.get(first, 0) >= most]
         if cause:  # the steps, not the actors, are the cause (one of the tasks, if several)
             raise lost_in_turn(" or ".join(steps_text(*task) for task in cause),
-                               self._location(cause[0][0]), error,
-                               self._spec.timeout_s) from error
+                               self._location(cause[0][0]), error, self._spec.timeout_s,
+                               self._killed[cause[0][0]]) from error
         if not self._alive and self._pending:  # the actors still starting: wait for one
             try:
                 self._admit(self._spec.start_timeout_s, 1)
@@ -387,7 +384,8 @@ class RayEngine:
             raise WorkerError(
                 f"every Ray actor is gone (the last: actor {actor}, {type(error).__name__}); "
                 f"steps {first}..{last} were in flight and are not made; check the cluster's "
-                "nodes and memory, then create a new loader (or restore its last state into "
+                "nodes and memory (or whether making those steps ends a process: run them with "
+                "num_workers=0), then create a new loader (or restore its last state into "
                 "one)") from error
         for i, (first, count, owner, _) in enumerate(flight):
             if owner == actor:
@@ -395,6 +393,7 @@ class RayEngine:
 
     def close(self) -> None:
         """Kills the actors and drops the maker's object; idempotent."""
+        self._closed = True  # (a run waiting meanwhile says so, not that they died)
         for actor in range(len(self._actors)):
             self.cancel_actor(actor)
         self._actors, self._alive, self._maker_ref = [], [], None

@@ -24,7 +24,8 @@ from typing import Any, Generator
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError, WorkerError
-from jaxloader.ray_tasks import lost_errors, steps_text, task_steps
+from jaxloader.ray_tasks import TASK_SECONDS, lost_errors, steps_text, task_steps
+from jaxloader.workers.failures import closed
 
 log = logging.getLogger("jaxloader")
 KILLS_PER_TASK = 3  # actors lost in turn making the same steps: those steps are the cause
@@ -92,8 +93,9 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             engine.made_by(w, pid, timings)
             if failed is not None:
                 failures[failed.step] = (w, failed)
-            if engine._steps is None and made:  # the first batch back sizes the tasks
-                engine._steps = task_steps(tree_lib.flatten(made[0][0])[0], spec.task_bytes)
+            if made:  # each task back sizes the next ones
+                engine._steps = task_steps(tree_lib.flatten(made[0][0])[0], spec.task_bytes,
+                                           timings[0] / len(made))
             for k, (batch, report) in enumerate(made):
                 step = first + k * hosts
                 ready[step] = (batch, report)
@@ -102,21 +104,20 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                 held[w][j] = report if until is None else {**report, "until": until}
             del made
     finally:
-        for refs in flight:  # a run left early (a restore, a break): not made
-            for _, _, ref in refs:
-                engine.cancel(ref)
-            refs.clear()
+        for refs in flight:  # a run left early (a restore, a break): its tasks are dropped,
+            refs.clear()  # not cancelled (Ray may stall an actor 30 s on a cancelled one)
 
 
-def lost_in_turn(steps: str, where: str, error: BaseException,
-                 timeout_s: float | None) -> WorkerError:
-    """The error for steps that ``KILLS_PER_TASK`` actors in turn did not make: each died
-    making them, or none made them within ``timeout_s``."""
-    made_by = f"{steps} ({where}) were being made by {KILLS_PER_TASK} Ray actors in turn, and"
+def lost_in_turn(steps: str, where: str, error: BaseException, timeout_s: float | None,
+                 actors: int = KILLS_PER_TASK) -> WorkerError:
+    """The error for steps that ``actors`` in turn (``KILLS_PER_TASK``, or all of them) did
+    not make: each died making them, or none made them within ``timeout_s``."""
+    made_by = (f"{steps} ({where}) were being made by {actors} Ray actor"
+               f"{'s in turn' if actors > 1 else ''}, and")
     if type(error).__name__ == "GetTimeoutError":
         return WorkerError(
             f"{made_by} none finished them within timeout_s={timeout_s:g} s (a task is up to "
-            "32 steps, fewer with a smaller task_bytes): raise timeout_s, or find what hangs "
+            f"{TASK_SECONDS:g} s of steps, at most 32): raise timeout_s, or find what hangs "
             "by making those steps with num_workers=0")
     return WorkerError(
         f"{made_by} each died: something in making them ends the process (native code in a "
@@ -132,6 +133,8 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
     # all its steps in flight, one run of the host's (which task it was making is not known:
     # one it finished may come back lost with it, its reply not yet sent)
     steps = steps_text(first, sum(count for _, count, _ in flight), hosts)
+    if engine._closed:  # (by close() from another thread: not a death)
+        raise closed() from error
     if killed[(w, first)] >= KILLS_PER_TASK:  # the steps, not the actors, are the cause
         raise lost_in_turn(steps, engine._location(first), error,
                            engine._spec.timeout_s) from error
@@ -139,7 +142,6 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
                 "its last batch received, %s", w, engine._pids[w], type(error).__name__, steps)
     restart_actor(engine, w, f"{steps} were in flight and are not made")
     for i, (first, count, ref) in enumerate(list(flight)):
-        engine.cancel(ref)
         flight[i] = (first, count, engine.tasks.sent(w, engine._actors[w].make_stream.remote(
             first, count, hosts, held if i == 0 else None, engine.gauges.trace)))
 

@@ -83,11 +83,19 @@ def task_failed(actor: int, pid: int | None, first: int, count: int, e: Any,
         "cause and create a new loader"), cause
 
 
-def task_steps(leaves: list, task_bytes: int) -> int:
-    """Steps a task, from a first batch's ``leaves``: as many as fit ``task_bytes``, at most
-    ``MAX_STEPS``, at least one."""
+def task_steps(leaves: list, task_bytes: int, step_s: float = 0.0) -> int:
+    """Steps a task, from a batch's ``leaves`` and the seconds an actor took a step: as many
+    as fit ``task_bytes`` and ``TASK_SECONDS``, at most ``MAX_STEPS``, at least one. (A task
+    once sent is made whole: a run left early, or a new ``iter()``, waits for it.)
+
+    Example:
+        >>> import numpy as np
+        >>> task_steps([np.zeros(1000)], 160 << 20), task_steps([np.zeros(1000)], 160 << 20, 0.2)
+        (32, 2)
+    """
     nbytes = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
-    return max(1, min(MAX_STEPS, task_bytes // max(1, nbytes)))
+    timed = int(TASK_SECONDS / step_s) if step_s > 0 else MAX_STEPS
+    return max(1, min(MAX_STEPS, task_bytes // max(1, nbytes), timed))
 
 
 def lost_errors(ray: Any) -> tuple:
@@ -98,6 +106,8 @@ def lost_errors(ray: Any) -> tuple:
 
 
 MAX_STEPS = 32  # steps a task at most
+TASK_SECONDS = 0.5  # an actor's time a task at most (where a step takes less): Ray's ~1 ms a
+# call is then under 0.2% of it
 
 
 def steps_text(first: int, count: int, stride: int = 1) -> str:

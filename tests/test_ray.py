@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import tempfile
+import threading
 import time
 from collections import deque
 
@@ -408,8 +409,6 @@ def check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster):
 
 
 def check_what_cannot_go_to_the_actors_is_named(cluster):
-    import threading
-
     lock = threading.Lock()
 
     def uses_lock(r):
@@ -432,8 +431,48 @@ def check_what_cannot_go_to_the_actors_is_named(cluster):
 
 # Ray starts its nodes' processes through subprocess (fork, then exec at once), which JAX's
 # fork hook warns of once JAX has run in this test process
+def sleepy(r):  # 50 ms a record: 0.2 s a batch of 4
+    time.sleep(0.05)
+    return r
+
+
+def check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, monkeypatch):
+    # Ray (2.60) stalled an actor 30 s on a cancelled queued task (a stream's new iter(), one
+    # run in three), then took it for gone; and a new run waited for a whole task of 32 steps
+    cancelled = []
+    monkeypatch.setattr(ray, "cancel", lambda *a, **k: cancelled.append(a))
+    source = jl.ArraySource({"y": np.arange(64)})
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(sleepy)], num_epochs=None,
+                       workers=RayWorkers(1), process_index=0, process_count=1) as on_ray:
+        for _ in range(2):
+            it = iter(on_ray)
+            [next(it) for _ in range(3)]
+            del it  # (left early)
+        assert 1 <= on_ray._engine._steps <= 2  # 0.5 s of 0.2 s steps (by bytes: 32)
+    with stream_loader(slowly=True, workers=RayWorkers(2)) as on_ray:
+        for _ in range(2):
+            it = iter(on_ray)
+            [next(it) for _ in range(3)]
+            del it
+    assert cancelled == []
+
+
+def check_a_close_from_another_thread_says_the_loader_was_closed(cluster):
+    for make in (lambda: loader(slowly=True, workers=RayWorkers(2)),
+                 lambda: stream_loader(slowly=True, workers=RayWorkers(2))):
+        closing = make()
+        it = iter(closing)
+        next(it)
+        threading.Timer(0.3, closing.close).start()
+        with pytest.raises(jl.JaxloaderError, match="the loader was closed") as info:
+            while True:  # (a DataLoader's said every actor was gone, a StreamLoader's
+                next(it)  # raised IndexError from a new actor started after the close)
+        assert not isinstance(info.value, jl.WorkerError)
+    assert not live_actors()
+
+
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
-def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
+def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
     expected = in_process()
     check_the_same_batches_and_states_across_ray_and_local_workers(cluster, expected)
@@ -451,6 +490,8 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog):
     check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback(cluster)
     check_what_cannot_go_to_the_actors_is_named(cluster)
     check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster)
+    check_a_close_from_another_thread_says_the_loader_was_closed(cluster)
+    check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, monkeypatch)
 
 
 def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
@@ -485,6 +526,41 @@ def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
     hung = Engine()  # one killed after timeout_s: charged the task it did not finish alone
     hung._lose(0, TimeoutError(), deque([(3, 1, 0, None), (6, 10, 0, None)]), hung=True)
     assert hung._killed == {3: 1}
+
+
+def test_steps_that_every_actor_of_fewer_than_three_did_not_make_in_time_are_named():
+    """Two actors, each killed after timeout_s on the same steps: the loader said "every Ray
+    actor is gone ... check the cluster's nodes and memory", not the steps and timeout_s."""
+    from jaxloader.ray import RayEngine
+
+    class GetTimeoutError(Exception):  # (named as Ray's)
+        pass
+
+    class Engine(RayEngine):  # the bookkeeping alone: no actor, no cluster
+        def __init__(self, **options):
+            self._alive, self._pids, self._pending, self._killed = [0, 1], [7, 8], {}, {}
+            self._spec, self._turn, self._location = RayWorkers(2, timeout_s=3, **options), 0, \
+                "a source".format
+
+        def cancel_actor(self, actor):
+            pass
+
+        def _submit(self, first, count):
+            actor = self._alive[self._turn % len(self._alive)]
+            self._turn += 1
+            return first, count, actor, None
+
+    engine, hung = Engine(), GetTimeoutError()
+    flight = deque([(4, 8, 0, None), (12, 8, 1, None)])
+    engine._lose(0, hung, flight, hung=True)
+    with pytest.raises(jl.WorkerError, match=r"^steps 4\.\.11 \(a source\) were being made by 2 "
+                                             r"Ray actors in turn, and none finished them "
+                                             r"within timeout_s=3 s .* raise timeout_s"):
+        engine._lose(1, hung, flight, hung=True)
+    closed = Engine()  # a close() from another thread: not a death
+    closed._closed = True
+    with pytest.raises(jl.JaxloaderError, match="the loader was closed"):
+        closed._lose(0, RuntimeError("killed"), deque([(4, 8, 0, None)]))
 
 
 def test_a_task_waits_timeout_s_for_itself_and_each_task_its_actor_runs_before_it():
