@@ -10,11 +10,12 @@
       block in poll(all worker pipes)              (a dead worker's pipe reports EOF at once)
 
 ``N`` is the workers in use (``roster.py``; ``resize`` changes it between two blocks of tasks,
-a batch being the same whichever worker makes it). Step ``s`` is made by worker ``s % N``: the samplers' memos, kept by class of step, are computed
-once, and a stream's reader for the step lives there. A task is several of a worker's steps, so
-that a small batch costs its share of a task's two messages; tasks go out a block at a time,
-one a worker, as many ahead as ``tasks.py`` says (a run's first block a step a task, so that
-its first batch comes at once). A slot goes back to the worker that wrote it
+a batch being the same whichever worker makes it). Step ``s`` is made by worker ``s % N``: the
+samplers' memos, kept by class of step, are computed once, and a stream's reader for the step
+lives there. A task is several of a worker's steps (up to half a second of them), so that a
+small batch costs its share of a task's two messages; tasks go out a block at a time, one a
+worker, as many ahead as ``tasks.py`` says (a run's first block a step a task: its first batch
+comes at once). A slot goes back to the worker that wrote it
 (``SlotRing.take(worker)``), which keeps its mapping. A new ``batches()`` run makes the old
 run's tasks stale (``StatusBoard.begin_run``): their workers skip the steps not yet made, the
 rest are dropped, and their slots come back, so a restore waits for one step at most.
@@ -49,7 +50,7 @@ from jaxloader.workers import failures, payload, protocol
 from jaxloader.workers.process import WorkerProcess, stop_all
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
 from jaxloader.workers.ring import SlotRing
-from jaxloader.workers.tasks import Failure, InFlight, task_shape
+from jaxloader.workers.tasks import MAX_TASK_STEPS, Failure, InFlight, task_shape, timed_steps
 from jaxloader.workers.roster import Roster
 from jaxloader.runtime.shm import Segment, destroy_all
 from jaxloader.workers.status import StatusBoard
@@ -79,7 +80,7 @@ class WorkerPool:
         self._maker = maker
         self._owner = os.getpid()  # (a forked child shares the pipes, not the workers)
         self._stall = failures.StallWatch(stall_warning_s, timeout_s, label)
-        self._prefetch = prefetch
+        self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
         self._start_method = start_method
         self._initial = num_workers
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
@@ -116,8 +117,7 @@ class WorkerPool:
                               gauges=self.gauges, active=None if old is None else old.target,
                               workers=self._workers)
         self._tasks: dict[int, InFlight] = {}
-        self._next_task = 0
-        self._run = 0
+        self._next_task = self._run = 0
         self._waiting = False  # in poll(): an interrupt there leaves no mess
 
     def _send_payload(self, first: int = 0) -> None:
@@ -234,7 +234,8 @@ class WorkerPool:
         key = (self._ring.slot_size, streaming)
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = task_shape(*key, self._prefetch, self.roster.active)
+            shape = self._shapes[key] = task_shape(*key, self._prefetch, self.roster.active,
+                                                   self._timed)
         return shape
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
@@ -294,6 +295,8 @@ class WorkerPool:
             if type(message) is Done:
                 if message.timings is not None and message.timings[-1] >= gauges.reset_at:
                     gauges.makers[worker].absorb(message.timings[:-1])  # (work since)
+                    if (timed := timed_steps(message.timings)) != self._timed:
+                        self._timed, self._shapes = timed, {}  # (tasks of its time)
                 task = self._tasks[message.task_id]
                 segments, layouts = task.segments, roster.layouts
                 for nth, layout, objects, report in message.made:
@@ -315,7 +318,8 @@ class WorkerPool:
                 self._send(worker, Slot(message.task_id, message.nth, segment.name,
                                         segment.size))
             elif type(message) is Failed:
-                failure = self._worker_failed(worker, message)
+                failure = Failure(*failures.raised(worker, self._workers[worker].pid, message,
+                                                   self._maker.location))
                 failed_task = self._tasks.pop(message.task_id, None)
                 if failed_task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)
@@ -345,11 +349,6 @@ class WorkerPool:
                 lambda: failures.holder_progress(awaited, self._tasks.values(), self._board))
             if error is not None:
                 self._break(error, None)
-
-    def _worker_failed(self, worker: int, failed: Failed) -> Failure:
-        """The error to raise, and its cause, for a worker's failure report."""
-        return Failure(*failures.raised(worker, self._workers[worker].pid, failed,
-                                         self._maker.location))
 
     def _worker_died(self, worker: int) -> NoReturn:
         if self._closing:  # (killed by close() from another thread, or at exit)

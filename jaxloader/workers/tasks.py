@@ -37,6 +37,11 @@ MAX_AHEAD_STEPS = 64
 # ``prefetch`` tasks, of fewer steps from 16 workers (``prefetch`` 2)
 # ``ahead_slots()`` lowers it under a low descriptor limit: a quarter of the table a loader.
 MAX_AHEAD_SLOTS = 256
+# A task's batches go back together once it is done: a task is also at most this many seconds
+# of a worker's steps (as its last timings say), so that batches that take long to make (0.5 s
+# each: 16 a task were 8 s, the loop waiting for all of them) come as they are made; as many
+# steps are kept ahead, in more tasks
+TASK_SECONDS = 0.5
 
 
 def ahead_slots() -> int:
@@ -70,19 +75,38 @@ def tasks_ahead(slot_size: int, steps: int, prefetch: int, workers: int,
     return max(prefetch, min(held, room))
 
 
-def task_shape(slot_size: int, streaming: bool, prefetch: int,
-               workers: int) -> tuple[int, int, int]:
+def task_shape(slot_size: int, streaming: bool, prefetch: int, workers: int,
+               timed: int = MAX_TASK_STEPS) -> tuple[int, int, int]:
     """``(steps a task, tasks ahead a worker, steps ahead in all)`` for slots of
-    ``slot_size`` bytes (0: not known yet).
+    ``slot_size`` bytes (0: not known yet); ``timed``: the steps a worker makes in
+    ``TASK_SECONDS`` (``timed_steps``), at most a task's.
 
     Example:
         >>> task_shape(22_528, False, prefetch=2, workers=2)
         (16, 4, 128)
+        >>> task_shape(22_528, False, prefetch=2, workers=2, timed=2)  # (as many ahead)
+        (2, 32, 128)
     """
     slots = ahead_slots()
     steps = steps_per_task(slot_size, streaming, workers * prefetch, slots)
     ahead = tasks_ahead(slot_size, steps, prefetch, workers, slots)
+    if timed < steps:
+        steps, ahead = timed, ahead * steps // timed
     return steps, ahead, workers * ahead * steps
+
+
+def timed_steps(timings: tuple) -> int:
+    """The steps a worker makes in ``TASK_SECONDS`` (1 to ``MAX_TASK_STEPS``), from the
+    timings a ``Done`` brings: ``(busy seconds, CPU seconds, stages, batches, ...)``.
+
+    Example:
+        >>> timed_steps((2.0, 1.9, (), 8)), timed_steps((0.01, 0.01, (), 8))
+        (2, 16)
+    """
+    busy, batches = timings[0], timings[3]
+    if busy <= 0 or batches <= 0:
+        return MAX_TASK_STEPS
+    return max(1, min(MAX_TASK_STEPS, int(TASK_SECONDS * batches / busy)))
 
 
 class InFlight(NamedTuple):

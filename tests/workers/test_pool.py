@@ -20,7 +20,7 @@ from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.order.sampling import Sampler
 from jaxloader.workers import starter
 from jaxloader.workers.pool import WorkerPool
-from jaxloader.workers.tasks import steps_per_task
+from jaxloader.workers.tasks import steps_per_task, task_shape
 from resume_harness import assert_same_stream, check_resume, take
 from workers.shm_probe import held_segments, running, still_held
 
@@ -122,6 +122,28 @@ def test_small_batches_run_further_ahead_within_the_bounds():
             steps = steps_per_task(size, False, workers * 2)  # as the pool asks, prefetch 2
             assert workers * ahead(workers, size, steps) * steps <= max(MAX_AHEAD_SLOTS,
                                                                         workers * 2)
+
+
+def sleepy(r):  # 50 ms a record: 0.2 s a batch of 4
+    time.sleep(0.05)
+    return r
+
+
+def test_batches_that_take_long_to_make_come_in_tasks_of_half_a_second():
+    # a task's batches go back together: small batches of 0.2 s each went 16 a task (3.2 s
+    # before the first of them), as their bytes allowed
+    maker = BatchMaker(jl.ArraySource({"y": np.arange(200)}), Sampler(
+        200, 4, shuffle=False, seed=0, last_batch="drop"), (jl.Map(sleepy),))
+    pool = WorkerPool(maker, num_workers=1)
+    try:
+        assert pool._task_shape(False)[0] == 1  # (the batch's size not known yet)
+        made = [b["y"][0] for b in pool.batches(0, 6)]
+        steps, ahead, in_all = pool._task_shape(False)
+        assert made == [0, 4, 8, 12, 16, 20] and 1 <= steps <= 2, (steps, ahead)
+        by_bytes = task_shape(pool._ring.slot_size, False, prefetch=2, workers=1)
+        assert by_bytes[0] == 16 and by_bytes[2] - steps < in_all <= by_bytes[2]  # as far ahead
+    finally:
+        pool.close()
 
 
 class Ragged:
