@@ -45,7 +45,10 @@ _GUARD = threading.Lock()
 
 
 def _forked() -> None:
-    """A forked child has none of its parent's pool threads: it starts pools of its own."""
+    """A forked child has none of its parent's pool threads, nor the thread that may have held
+    the guard: it starts pools of its own."""
+    global _GUARD
+    _GUARD = threading.Lock()
     _POOLS.clear()
     _HOLDERS.clear()
 
@@ -62,10 +65,10 @@ def hold(n: int) -> Callable[[], None]:
         if not held or not held.pop():
             return
         with _GUARD:
-            _HOLDERS[n] -= 1
-            pool = None if _HOLDERS[n] else _POOLS.pop(n, None)
-            if not _HOLDERS[n]:
-                del _HOLDERS[n]
+            left = _HOLDERS.pop(n, 0) - 1  # (0 in a forked child: its holders were cleared)
+            if left > 0:
+                _HOLDERS[n] = left
+            pool = None if left > 0 else _POOLS.pop(n, None)
         if pool is not None:  # (idle threads end at once; a read under way, once it returns:
             pool.shutdown(wait=False)  # a close() does not wait for it)
 
