@@ -366,9 +366,8 @@ class RayEngine:
         owned = [(first, count) for first, count, owner, _ in flight if owner == actor]
         for first, _ in owned[:1] if hung else owned:
             self._killed[first] = self._killed.get(first, 0) + 1
-        # (hung, where fewer actors would be lost for good: all of them, in turn)
-        most = KILLS_PER_TASK if not hung or self._spec.actor_options.get("max_restarts") \
-            else min(KILLS_PER_TASK, self._spec.n)
+        # (hung, with no actor left to try, nor one to come: all of them in turn, fewer)
+        most = 1 if hung and not (self._alive or self._pending) else KILLS_PER_TASK
         cause = [(first, count) for first, count in owned if self._killed.get(first, 0) >= most]
         if cause:  # the steps, not the actors, are the cause (one of the tasks, if several)
             raise lost_in_turn(" or ".join(steps_text(*task) for task in cause),

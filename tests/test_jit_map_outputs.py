@@ -82,6 +82,15 @@ def test_a_restore_under_another_random_setting_is_warned_and_the_same_one_is_no
             restored.close()
         said = [w for w in caught if "transforms differ" in str(w.message)]
         assert bool(said) == told, (before, after, [str(w.message) for w in caught])
+    from jaxloader.loaders.state import older_transforms_of  # (a state saved before: silent)
+
+    forced = [jl.JitMap(maybe_noisy, random=True)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with jl.DataLoader(columns(32), batch_size=4, transforms=forced, **ONE) as restored:
+            restored.load_state_dict({**saved(random=True),
+                                      "transforms": older_transforms_of(forced)})
+    assert not [w for w in caught if "transforms differ" in str(w.message)]
     assert repr(jl.JitMap(maybe_noisy, random=True)) == "JitMap(maybe_noisy, random=True)"
     assert repr(jl.JitMap(maybe_noisy)) == "JitMap(maybe_noisy)"  # (what states held before)
 
@@ -185,3 +194,20 @@ def test_a_change_past_the_repr_of_an_array_a_transform_holds_is_warned_at_a_res
         older = {**state, "transforms": older_transforms_of([kind(scaled_by(table))])}
         assert older["transforms"] != state["transforms"]
         assert not restored(table.copy(), older, kind)
+
+
+def test_the_arrays_digest_leaves_mapped_files_and_looks_into_containers(tmp_path):
+    from jaxloader.sources.array_digest import arrays_digest
+
+    closing = lambda held: lambda r: held  # noqa: E731 - (a closure over held)
+    mapped = np.memmap(tmp_path / "table.bin", dtype=np.uint8, mode="w+", shape=(1 << 20,))
+    assert arrays_digest(closing(np.asarray(mapped)[10:])) == ""  # (a view: not read whole)
+    table = np.zeros(10, np.float32)
+    held = {"vocab": {str(i): i for i in range(200_000)}, "tables": [[table]]}
+    before = arrays_digest(closing(held))
+    table[3] = 1.0
+    assert before and arrays_digest(closing(held)) != before
+    big = np.zeros((70 << 20) // 4, np.float32)  # (past 64 MiB: a sample of its rows)
+    before = arrays_digest(closing(big))
+    big[0] = 1.0
+    assert arrays_digest(closing(big)) != before

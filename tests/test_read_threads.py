@@ -106,6 +106,20 @@ def test_the_reads_overlap_on_the_threads(workers, wrapped):
     assert all(b["pooled"].all() for b in got)
 
 
+def test_a_map_sources_function_runs_on_the_read_threads_with_each_read():
+    # a waiting fetch in a MapSource (a source read record by record): its calls ran one after
+    # the other on the batch's thread, the docs' remedy for a transform that waits
+    together = Together(4)
+
+    def fetch(record: dict) -> dict:
+        return {**record, **together[int(record["y"]) // 7]}
+
+    got = batches(jl.DataLoader(jl.MapSource(Records(64), fetch), batch_size=8, read_threads=4,
+                                **ONE), 2)
+    assert np.concatenate([b["i"] for b in got]).tolist() == list(range(16))
+    assert all(b["pooled"].all() for b in got)
+
+
 def test_a_workers_task_reads_the_records_of_all_its_steps_at_once():
     # a task of two steps of 4 records, read by a worker on 8 threads: its 8 reads must run
     # at once (a barrier of 8); read a step at a time, they waited out the barrier

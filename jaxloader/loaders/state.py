@@ -25,7 +25,8 @@ from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError, user_stacklevel
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
-from jaxloader.sources.code_digest import arrays_digest, code_digest
+from jaxloader.sources.array_digest import arrays_digest
+from jaxloader.sources.code_digest import code_digest
 
 # The state's one version: what a step reads (the orders of ``order`` and ``plans``, the
 # layout of a state) is this number's; a change to any of them changes it, and a state of
@@ -78,21 +79,19 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
 
 
 def older_transforms_of(transforms: Sequence[Any]) -> list[str]:
-    """``transforms_of`` as versions until 2026-11-30 named them (not the bytes of the arrays
-    a function holds), which a state saved then holds."""
-    return [f"{t!r} {_digest(t, arrays=False)}" for t in transforms]
+    """``transforms_of`` as versions until 2026-11-30 named them (its code's digest alone),
+    which a state saved then holds: whatever its settings (it did not say them)."""
+    return [f"{t!r} {code_digest(t.fn, bound=True)[:16]}" for t in transforms]
 
 
-def _digest(transform: Any, arrays: bool = True) -> str:
-    """A digest of ``transform``'s code, and, where it has any, of the settings that change
-    what it makes (a ``JitMap`` given ``random=`` against what its function's signature says:
-    its ``repr``) and of the bytes of the arrays its function holds (``arrays_digest``)."""
-    digest = code_digest(transform.fn, bound=True)[:16]
-    held = arrays_digest(transform.fn) if arrays else ""
-    more = f"{getattr(transform, 'settings', '')} {held}".strip()
-    if more:
-        digest = hashlib.sha256(f"{digest} {more}".encode()).hexdigest()[:16]
-    return digest
+def _digest(transform: Any) -> str:
+    """A digest of ``transform``'s code, of the settings that change what it makes (a
+    ``JitMap`` given ``random=`` against what its function's signature says: its ``repr``)
+    and of the bytes of the arrays its function holds (``arrays_digest``); never its code's
+    alone, which older states hold (``older_transforms_of``)."""
+    more = f"{code_digest(transform.fn, bound=True)[:16]} "
+    more += f"{getattr(transform, 'settings', '')} {arrays_digest(transform.fn)}"
+    return hashlib.sha256(more.encode()).hexdigest()[:16]
 
 
 def _kind_and_digest(named: str) -> tuple[str, str]:

@@ -111,47 +111,6 @@ class _Digests:
         return self.of(value, within)
 
 
-def arrays_digest(fn: Any) -> str:
-    """A digest of the bytes of the NumPy arrays ``fn`` holds (its closure's, a partial's
-    arguments', a callable's attributes', a bound method's object's, and theirs, in tuples,
-    lists and dicts, 4 levels down; not a memory-mapped file's; one past 64 MiB by 8 MiB of
-    its values, evenly spaced), ``""`` where none (``code_digest`` reads an array by its
-    ``repr``'s first characters). Example:
-        >>> scaled, table = (lambda t: lambda r: r * t), np.ones(1000)  # (a closure over t)
-        >>> before = arrays_digest(scaled(table))
-        >>> table[-1] = 5.0
-        >>> arrays_digest(scaled(table)) == before, arrays_digest(abs)
-        (False, '')
-    """
-    digest, seen, todo, found = hashlib.blake2b(digest_size=16), set(), [(fn, 0)], False
-    while todo:
-        value, depth = todo.pop()
-        if id(value) in seen or depth > 4 or isinstance(value, (type, types.ModuleType)):
-            continue
-        seen.add(id(value))
-        inside: list = []
-        if isinstance(value, np.ndarray):
-            if not value.dtype.hasobject and not isinstance(value, np.memmap):
-                digest.update(f"{value.dtype}{value.shape}".encode())
-                flat = value.reshape(-1)  # (a trainer's data its method's object holds)
-                step = max(1, flat.nbytes >> 23) if flat.nbytes > 64 << 20 else 1
-                digest.update(np.ascontiguousarray(flat[::step]).data)
-                found = True
-        elif isinstance(value, (tuple, list)):
-            inside = list(value)
-        elif isinstance(value, dict):
-            inside = list(value.values())
-        elif isinstance(value, functools.partial):
-            inside = [value.func, *value.args, *value.keywords.values()]
-        elif callable(value) or depth and hasattr(value, "__dict__"):
-            inside = [cell.cell_contents for cell in getattr(value, "__closure__", None) or ()
-                      if filled(cell)] + [getattr(value, "__self__", None)]
-            if not inspect.isroutine(value):
-                inside += list(_attributes(value).values())
-        todo += [(v, depth + 1) for v in reversed(inside)]
-    return digest.hexdigest() if found else ""
-
-
 def filled(cell: Any) -> bool:
     """Whether a closure cell holds a value (an empty one raises when read)."""
     try:

@@ -34,6 +34,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
+from jaxloader.base import read_threads
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
@@ -98,9 +99,12 @@ class MapSource:
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """The records at ``indices``: a batch of columns through ``fn`` (``batched``), else
-        a list of records, each through ``fn`` (the source read at once where it can)."""
+        a list of records, each through ``fn`` (the source read at once where it can; on a
+        loader's read threads, each record read and mapped on them: ``fn`` is a read)."""
         if self.batched:
             return self.fn(self._columns(indices))
+        if read_threads.count() > 1 and not hasattr(self.source, "__getitems__"):
+            return read_threads.each(self.__getitem__, np.asarray(indices).tolist())
         return [self.fn(record) for record in records_at(self.source, indices)]
 
     def _columns(self, indices: np.ndarray) -> Any:

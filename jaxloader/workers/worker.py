@@ -228,8 +228,7 @@ def serve(conn: Connection) -> None:
                   for nth, (name, size) in enumerate(named)]
         steps = [first + nth * stride for nth in range(len(leases))]
         made: list[tuple] = []
-        failed = None
-        batches = None
+        failed = batches = None
         for nth, (step, lease) in enumerate(zip(steps, leases)):
             if status.stale(run):  # a restore, an iter(), a Ctrl-C since: nobody waits for it
                 made.extend((k, SKIPPED, None, None) for k in range(nth, len(leases)))
@@ -252,6 +251,7 @@ def serve(conn: Connection) -> None:
             del batch  # drop the views of the slot before the main process may reuse it
             made.append((nth, None if layout == last_layout else layout, objects, report))
             last_layout = layout
+        batches = None  # (a task left or failed: its reads in flight end, the rest not read)
         status.idle()
         # The timings ride on a Done (jaxloader.base.timings): no message of their own, and on
         # one every SEND_EVERY_S at most (each costs the main process its unpickling, ~2 us),
