@@ -23,6 +23,7 @@ from typing import Any
 
 import cloudpickle
 
+from jaxloader.base import read_threads
 from jaxloader.engines.in_process import Maker
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT
 from jaxloader.workers.protocol import Failed, failed
@@ -37,6 +38,7 @@ class MakerActor:
         sys.path.extend(p for p in path if p not in sys.path)
         blob, buffers = payload
         self._maker: Maker = cloudpickle.loads(blob, buffers=buffers)
+        read_threads.keep()  # (its read threads stay from one task to the next)
 
     def pid(self) -> int:
         return os.getpid()

@@ -207,7 +207,11 @@ def test_the_arrays_digest_leaves_mapped_files_and_looks_into_containers(tmp_pat
     before = arrays_digest(closing(held))
     table[3] = 1.0
     assert before and arrays_digest(closing(held)) != before
-    big = np.zeros((70 << 20) // 4, np.float32)  # (past 64 MiB: a sample of its rows)
-    before = arrays_digest(closing(big))
-    big[0] = 1.0
+    big = np.zeros((2, (35 << 20) // 4), np.float32).T  # (past 64 MiB: a sample of its
+    before = arrays_digest(closing(big))  # values, whatever its layout)
+    big[0, 0] = 1.0
     assert arrays_digest(closing(big)) != before
+    default = lambda r, t=table: t  # noqa: E731 - (an array held as a default argument)
+    before = arrays_digest(default)
+    table[4] = 1.0
+    assert before and arrays_digest(default) != before

@@ -175,6 +175,20 @@ def test_the_source_lock_is_held_while_the_threads_read_in_the_training_process(
         assert held and all(held)
 
 
+def test_reads_no_loader_holds_leave_no_thread():
+    # a BatchMaker or read_threads.each used by hand (a doctest): its pool stayed for the
+    # process's life, and a later check for jaxloader's threads (test_lifecycle) saw them
+    before = {t.ident for t in threading.enumerate()}
+    assert read_threads.using(3, read_threads.each, lambda i: i * 10, [3, 1, 2]) == [30, 10, 20]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [
+            t for t in threading.enumerate() if t.ident not in before and t.name.startswith(
+                "jaxloader-read")]:
+        time.sleep(0.01)
+    assert not [t for t in threading.enumerate()
+                if t.ident not in before and t.name.startswith("jaxloader-read")]
+
+
 def test_a_read_on_a_pool_thread_reads_its_own_records_one_by_one():
     inner = []
 

@@ -42,6 +42,7 @@ _STATE = threading.local()  # .count: this thread's batch's read threads; .poole
 _POOLS: dict[int, futures.ThreadPoolExecutor] = {}  # count -> its pool, in this process
 _HOLDERS: dict[int, int] = {}  # count -> the loaders of this process that read on its pool
 _GUARD = threading.Lock()
+_KEPT = [False]  # this process makes batches for another (``keep``): its pools stay
 
 
 def _forked() -> None:
@@ -53,10 +54,17 @@ def _forked() -> None:
     _HOLDERS.clear()
 
 
+def keep() -> None:
+    """This process makes batches for another (a worker, a Ray actor): its pools stay for
+    its life, ready for the next task."""
+    _KEPT[0] = True
+
+
 def hold(n: int) -> Callable[[], None]:
     """Keeps the pool of ``n`` threads for a loader of this process; the function returned
     lets it go (once), and the pool's threads end when no loader holds it: a closed loader
-    leaves no thread. (A worker's pool is held by none: it ends with the worker.)"""
+    leaves no thread. A pool neither held nor kept (a ``BatchMaker`` used by hand) ends with
+    each ``Reads`` that used it."""
     with _GUARD:
         _HOLDERS[n] = _HOLDERS.get(n, 0) + 1
     held = [True]
@@ -69,10 +77,16 @@ def hold(n: int) -> Callable[[], None]:
             if left > 0:
                 _HOLDERS[n] = left
             pool = None if left > 0 else _POOLS.pop(n, None)
-        if pool is not None:  # (idle threads end at once; a read under way, once it returns:
-            pool.shutdown(wait=False)  # a close() does not wait for it)
+        if pool is not None:
+            _let_go(pool)
 
     return release
+
+
+def _let_go(pool: futures.ThreadPoolExecutor) -> None:
+    """Ends ``pool``'s threads: idle ones at once; one under way once its read returns (a
+    ``close()`` does not wait for it)."""
+    pool.shutdown(wait=False)
 
 
 if hasattr(os, "register_at_fork"):
@@ -118,6 +132,7 @@ class Reads:
 
     def __init__(self, read: Callable[[Any], Any], items: Sequence[Any], n: int) -> None:
         self._futures: list[futures.Future] = []
+        self._n = n
         try:
             for item in items:
                 try:
@@ -135,6 +150,11 @@ class Reads:
         for f in self._futures:
             f.cancel()
         futures.wait(self._futures)
+        if not _KEPT[0] and not _HOLDERS.get(self._n):  # (no loader holds it: none stays)
+            with _GUARD:
+                pool = None if _HOLDERS.get(self._n) else _POOLS.pop(self._n, None)
+            if pool is not None:
+                _let_go(pool)
 
 
 def each(read: Callable[[Any], T], items: Sequence[Any],

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, NoReturn
 
+from jaxloader.base import read_threads
+
 
 class WorkerInfo(NamedTuple):
     """What ``get_worker_info()`` returns inside a worker: its id, the workers in use as it
@@ -51,6 +53,8 @@ def get_worker_info() -> WorkerInfo | None:
 
 
 def set_info(info: WorkerInfo) -> None:
-    """This process is worker ``info.id`` (called once, by the worker as it starts)."""
+    """This process is worker ``info.id`` (called once, by the worker as it starts): its read
+    threads stay from one task to the next (``base.read_threads.keep``)."""
     global _INFO
     _INFO = info
+    read_threads.keep()

@@ -21,12 +21,18 @@ import numpy as np
 from jaxloader.sources.code_digest import _ATOMIC, _attributes, filled
 
 
+WHOLE_BYTES = 64 << 20  # the arrays read whole, together; past them each is sampled:
+SAMPLE_BYTES = 8 << 20  # this many bytes of its values, evenly spaced
+MOST_VALUES = 20_000  # the values looked at (a vocabulary of a million words is not walked)
+
+
 def arrays_digest(fn: Any) -> str:
-    """A digest of the bytes of the NumPy arrays ``fn`` holds (its closure's, a partial's
-    arguments', a callable's attributes', a bound method's object's, and theirs, in tuples,
-    lists and dicts, 4 levels down; not a memory-mapped file's; one past 64 MiB by 8 MiB of
-    its values, evenly spaced), ``""`` where none (``code_digest`` reads an array by its
-    ``repr``'s first characters). A container's first 100,000 items are looked at.
+    """A digest of the bytes of the NumPy arrays ``fn`` holds (its closure's and default
+    arguments', a partial's arguments', a callable's attributes', a bound method's object's,
+    and theirs, in tuples, lists and dicts, 4 levels down; not a memory-mapped file's), ``""``
+    where none (``code_digest`` reads an array by its ``repr``'s first characters). The first
+    ``WHOLE_BYTES`` of arrays are read whole, each after them by ``SAMPLE_BYTES`` of its values,
+    evenly spaced; the first ``MOST_VALUES`` values found are looked at.
 
     Example:
         >>> scaled, table = (lambda t: lambda r: r * t), np.ones(1000)  # (a closure over t)
@@ -35,8 +41,10 @@ def arrays_digest(fn: Any) -> str:
         >>> arrays_digest(scaled(table)) == before, arrays_digest(abs)
         (False, '')
     """
-    digest, seen, todo, found = hashlib.blake2b(digest_size=16), set(), [(fn, 0)], False
-    while todo:
+    digest, todo, found = hashlib.blake2b(digest_size=16), [(fn, 0)], False
+    seen: set[int] = set()
+    whole = WHOLE_BYTES  # (read whole until this many bytes; then a sample of each)
+    while todo and len(seen) < MOST_VALUES:
         value, depth = todo.pop()
         if id(value) in seen or depth > 4 or isinstance(value, (type, types.ModuleType)):
             continue
@@ -45,20 +53,25 @@ def arrays_digest(fn: Any) -> str:
         if isinstance(value, np.ndarray):
             if not value.dtype.hasobject and not _mapped(value):
                 digest.update(f"{value.dtype}{value.shape}".encode())
-                # past 64 MiB, a sample of its rows (a trainer's data, which the object of its
-                # augment method holds, is not read whole at the first state_dict())
-                rows = value.reshape(1) if not value.ndim else value
-                step = -(-value.nbytes // (8 << 20)) if value.nbytes > 64 << 20 else 1
-                digest.update(np.ascontiguousarray(rows[::step]).data)
+                if value.nbytes <= whole:
+                    digest.update(np.ascontiguousarray(value).data)
+                    whole -= value.nbytes
+                else:  # (a trainer's data, which the object of its augment method holds, is
+                    # not read whole at the first state_dict(): evenly spaced values, any layout)
+                    step = -(-value.size // max(1, SAMPLE_BYTES // value.itemsize))
+                    digest.update(np.ascontiguousarray(value.flat[::step]).data)
                 found = True
-        elif isinstance(value, (tuple, list, dict)):  # (their first 100,000 items)
+        elif isinstance(value, (tuple, list, dict)):  # (their first MOST_VALUES items)
             inside = [v for v in itertools.islice(value.values() if isinstance(value, dict)
-                                                  else value, 100_000) if type(v) not in _ATOMIC]
+                                                  else value, MOST_VALUES)
+                      if type(v) not in _ATOMIC]
         elif isinstance(value, functools.partial):
             inside = [value.func, *value.args, *value.keywords.values()]
         elif callable(value) or depth and hasattr(value, "__dict__"):
             inside = [cell.cell_contents for cell in getattr(value, "__closure__", None) or ()
                       if filled(cell)] + [getattr(value, "__self__", None)]
+            inside += [*(getattr(value, "__defaults__", None) or ()),  # (lambda r, t=table:)
+                       *(getattr(value, "__kwdefaults__", None) or {}).values()]
             if not inspect.isroutine(value):
                 inside += list(_attributes(value).values())
         todo += [(v, depth + 1) for v in reversed(inside)]
