@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from jaxloader.base import read_threads
 from line_interrupts import numbered, points_of, raised_at_place, raised_at_point
 from resume_harness import assert_same_batch
 
@@ -220,6 +221,7 @@ def test_a_ctrl_c_at_any_point_of_a_call_loses_and_repeats_nothing(kind, call, t
             assert steps == [*range(WARM), *range(first, first + len(steps) - WARM)], where
             for step, batch in got:
                 assert_same_batch(batch, by_step[step], f"{where}, step {step}")
+            assert read_threads.count() == 1, where  # (no batch's read threads left set)
             if reached:
                 break
         else:

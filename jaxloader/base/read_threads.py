@@ -103,11 +103,12 @@ def using(n: int, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` with this thread's reads on ``n`` threads (what was set before is set
     again after: a loader's batch made inside another's read)."""
     before = getattr(_STATE, "count", 1)
-    _STATE.count = n
-    try:
-        return fn(*args)
+    try:  # (set inside: a Ctrl-C before the try left it set for good, in this thread)
+        _STATE.count = n
+        done = fn(*args)
     finally:
         _STATE.count = before
+    return done
 
 
 def _pooled() -> None:
