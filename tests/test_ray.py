@@ -494,17 +494,15 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch):
     check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, monkeypatch)
 
 
-def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
-    """An actor killed making steps 6..15 while its earlier task, finished, came back lost
-    with it (its reply not sent: seen 1 run in 6 on the cluster above): 6..15 is charged too,
-    so the third actor that dies making it names it (it was charged the earlier task alone,
-    and the loader said every actor was gone instead)."""
+def bookkeeping(spec):
+    """A RayEngine of ``spec.n`` actors, its bookkeeping alone: no actor, no cluster."""
     from jaxloader.ray import RayEngine
 
-    class Engine(RayEngine):  # the bookkeeping alone: no actor, no cluster
+    class Engine(RayEngine):
         def __init__(self):
-            self._alive, self._pids, self._pending, self._killed = [0, 1, 2], [7, 8, 9], {}, {}
-            self._spec, self._turn, self._location = RayWorkers(3), 0, "a source".format
+            self._alive, self._pids = list(range(spec.n)), [7 + i for i in range(spec.n)]
+            self._pending, self._killed, self._spec, self._turn = {}, {}, spec, 0
+            self._location = "a source".format
 
         def cancel_actor(self, actor):
             pass
@@ -514,7 +512,15 @@ def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
             self._turn += 1
             return first, count, actor, None
 
-    engine, died = Engine(), RuntimeError("died")
+    return Engine()
+
+
+def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
+    """An actor killed making steps 6..15 while its earlier task, finished, came back lost
+    with it (its reply not sent: seen 1 run in 6 on the cluster above): 6..15 is charged too,
+    so the third actor that dies making it names it (it was charged the earlier task alone,
+    and the loader said every actor was gone instead)."""
+    engine, died = bookkeeping(RayWorkers(3)), RuntimeError("died")
     flight = deque([(3, 1, 0, None), (4, 1, 1, None), (6, 10, 0, None)])
     engine._lose(0, died, flight)  # step 3 came back lost with actor 0, which made 6..15
     assert [(first, owner) for first, _, owner, _ in flight] == [(3, 1), (4, 1), (6, 2)]
@@ -523,7 +529,8 @@ def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
     with pytest.raises(jl.WorkerError, match=r"^steps 6\.\.15 \(a source\) were being made by "
                                              r"3 Ray actors in turn, and each died"):
         engine._lose(1, died, flight)  # (^: it alone; step 3, made, was charged no more)
-    hung = Engine()  # one killed after timeout_s: charged the task it did not finish alone
+    hung = bookkeeping(RayWorkers(3))  # one killed after timeout_s: charged the task it did
+    # not finish alone
     hung._lose(0, TimeoutError(), deque([(3, 1, 0, None), (6, 10, 0, None)]), hung=True)
     assert hung._killed == {3: 1}
 
@@ -531,33 +538,17 @@ def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
 def test_steps_that_every_actor_of_fewer_than_three_did_not_make_in_time_are_named():
     """Two actors, each killed after timeout_s on the same steps: the loader said "every Ray
     actor is gone ... check the cluster's nodes and memory", not the steps and timeout_s."""
-    from jaxloader.ray import RayEngine
-
     class GetTimeoutError(Exception):  # (named as Ray's)
         pass
 
-    class Engine(RayEngine):  # the bookkeeping alone: no actor, no cluster
-        def __init__(self, **options):
-            self._alive, self._pids, self._pending, self._killed = [0, 1], [7, 8], {}, {}
-            self._spec, self._turn, self._location = RayWorkers(2, timeout_s=3, **options), 0, \
-                "a source".format
-
-        def cancel_actor(self, actor):
-            pass
-
-        def _submit(self, first, count):
-            actor = self._alive[self._turn % len(self._alive)]
-            self._turn += 1
-            return first, count, actor, None
-
-    engine, hung = Engine(), GetTimeoutError()
+    engine, hung = bookkeeping(RayWorkers(2, timeout_s=3)), GetTimeoutError()
     flight = deque([(4, 8, 0, None), (12, 8, 1, None)])
     engine._lose(0, hung, flight, hung=True)
     with pytest.raises(jl.WorkerError, match=r"^steps 4\.\.11 \(a source\) were being made by 2 "
                                              r"Ray actors in turn, and none finished them "
                                              r"within timeout_s=3 s .* raise timeout_s"):
         engine._lose(1, hung, flight, hung=True)
-    closed = Engine()  # a close() from another thread: not a death
+    closed = bookkeeping(RayWorkers(2))  # a close() from another thread: not a death
     closed._closed = True
     with pytest.raises(jl.JaxloaderError, match="the loader was closed"):
         closed._lose(0, RuntimeError("killed"), deque([(4, 8, 0, None)]))
