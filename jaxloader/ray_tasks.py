@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 from jaxloader.base.errors import WorkerError
 from jaxloader.workers.failures import raised
+from jaxloader.workers.tasks import TASK_SECONDS  # (an actor's as a local worker's: Ray's
+# ~1 ms a call is under 0.2% of it)
 
 
 class TaskQueues:
@@ -106,8 +108,6 @@ def lost_errors(ray: Any) -> tuple:
 
 
 MAX_STEPS = 32  # steps a task at most
-TASK_SECONDS = 0.5  # an actor's time a task at most (where a step takes less): Ray's ~1 ms a
-# call is then under 0.2% of it
 
 
 def steps_text(first: int, count: int, stride: int = 1) -> str:
