@@ -247,3 +247,42 @@ def test_a_closed_loader_leaves_no_read_thread():
     assert not pool_threads()
     third = jl.DataLoader(Records(), batch_size=8, read_threads=3, **ONE)  # a pool anew
     same(batches(third, 2), batches(jl.DataLoader(Records(), batch_size=8, **ONE), 2))
+
+
+def bad_at_13(record: dict) -> dict:
+    if int(record["y"]) == 13 * 7:
+        raise ValueError("record 13 is damaged")
+    return record
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_map_sources_failing_function_names_its_record(threads, inside):
+    # the message named the batch only ("record positions 24..31"), with or without threads
+    source = jl.MapSource(Records(64), bad_at_13)
+    if inside:  # (a part of a concatenation: its index among the whole's)
+        source = jl.ConcatSource([Records(64), source])
+    loader = jl.DataLoader(source, batch_size=8, shuffle=True, seed=1, read_threads=threads,
+                           **ONE)
+    with pytest.raises(RecordError, match=rf"record position \d+ \(source index "
+                                          rf"{64 * inside + 13}\): .*record 13 is damaged"):
+        list(loader)
+    loader.close()
+
+
+def test_a_packings_failed_read_names_no_other_record():
+    class Flaky(Records):  # its reads fail once the plan is made (a file replaced)
+        planned = False
+
+        def __getitem__(self, i: int) -> dict:
+            if Flaky.planned and i == 2:
+                raise OSError("record 2 is gone")
+            return {"tokens": np.arange(i % 5 + 1, dtype=np.int32)}
+
+    packed = jl.PackedSource(jl.MapSource(Flaky(40), dict), "tokens", 8)
+    Flaky.planned = True
+    with jl.DataLoader(packed, batch_size=3, read_threads=4, **ONE) as loader:
+        with pytest.raises(RecordError, match="record 2 is gone") as info:
+            list(loader)
+    assert "(source index" not in str(info.value)  # (the source's third record (among those
+    # the batch's rows read) is not the batch's third row)

@@ -158,11 +158,28 @@ class Reads:
                 _let_go(pool)
 
 
+def tag_item(e: BaseException, j: int | None) -> None:
+    """Marks ``e`` as raised by the ``j``-th of the items a source was asked for, for the
+    batch maker's message, which names that record (``item_of``); ``None``: by none of them
+    (a source that read other records for them: a packing's)."""
+    try:
+        e.jaxloader_item = j  # type: ignore[attr-defined]
+    except AttributeError:  # (an exception that takes no attribute: the batch is named)
+        pass
+
+
+def item_of(e: BaseException) -> int | None:
+    """``tag_item``'s ``j`` of ``e``, if any."""
+    j = getattr(e, "jaxloader_item", None)
+    return j if isinstance(j, int) else None
+
+
 def each(read: Callable[[Any], T], items: Sequence[Any],
          failed: Callable[[int, Exception], Exception] | None = None) -> list[T]:
     """``[read(item) for item in items]``, on this thread's read threads (``count``); a read
     that raises is raised in ``items``' order, as ``failed(j, error)`` (its cause the error)
-    when given, ``JaxloaderError``s as they are."""
+    when given, else as it is, marked with ``j`` (``tag_item``); ``JaxloaderError``s as they
+    are."""
     n = count()
     reads = Reads(read, items, n) if n > 1 and len(items) > 1 else None
     out: list[T] = []
@@ -174,6 +191,7 @@ def each(read: Callable[[Any], T], items: Sequence[Any],
                 raise
             except Exception as e:
                 if failed is None:
+                    tag_item(e, j)
                     raise
                 raise failed(j, e) from e
     finally:

@@ -30,7 +30,7 @@ import numpy as np
 from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.read_threads import Reads, count as threads_now, each, using
+from jaxloader.base.read_threads import Reads, count as threads_now, each, item_of, using
 from jaxloader.base.abilities import gatherer_of
 from jaxloader.base.checks import check_positions
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
@@ -241,9 +241,12 @@ class BatchMaker:
                   name: str = "__getitems__") -> Any:
         try:
             got = (read or self.source.__getitems__)(spec.indices)
-        except Exception as e:
+        except Exception as e:  # (the record named where the source said which: item_of)
+            j = item_of(e)
+            where = spec.record_location(int(spec.positions[j]), int(spec.indices[j])) if (
+                j is not None and 0 <= j < len(spec.indices)) else spec.location()
             raise RecordError(
-                f"{spec.location()}: source.{name} raised {type(e).__name__}: {e}"
+                f"{where}: source.{name} raised {type(e).__name__}: {e}"
                 f"{source_read_only_hint(e)}{_indices_hint(e, read)}") from e
         if read is None and isinstance(got, list):
             one_each(got, len(spec.indices), f"{spec.location()}: source")

@@ -38,6 +38,7 @@ from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, record_tokens
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
@@ -263,7 +264,12 @@ def _gather_records(source: Any, records: np.ndarray, key: str,
     """The sequences of ``records`` (each segment's record, each of ``dtype``) one after
     another, where each segment's record starts in them, and its length."""
     unique, inverse = np.unique(records, return_inverse=True)
-    seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
+    try:
+        read = records_at(source, unique)
+    except Exception as e:  # (which of these it was is not which packed row)
+        tag_item(e, None)
+        raise
+    seqs = [_sequence(r, key, int(i)) for r, i in zip(read, unique)]
     for i, seq in zip(unique, seqs):
         if seq.dtype != dtype and len(seq):
             raise ConfigError(

@@ -17,7 +17,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of
 from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import CollateError, ConfigError
-from jaxloader.base.read_threads import each
+from jaxloader.base.read_threads import each, item_of, tag_item
 from jaxloader.sources.arrays import ArraySource
 from jaxloader.sources.base import Source, check_source, one_each
 from jaxloader.sources.huggingface import adapt
@@ -167,13 +167,19 @@ class ConcatSource:
         for run in runs:
             part = int(parts[run[0]]) if len(run) else 0
             source = self.sources[part]
-            if hasattr(source, "__getitems__"):
-                got = source.__getitems__(local[run])
-                if isinstance(got, list):
-                    one_each(got, len(run), f"ConcatSource's sources[{part}]")
-                pieces.append((run, got))
-            else:
-                pieces.append((run, each(source.__getitem__, local[run].tolist())))
+            try:
+                if hasattr(source, "__getitems__"):
+                    got = source.__getitems__(local[run])
+                    if isinstance(got, list):
+                        one_each(got, len(run), f"ConcatSource's sources[{part}]")
+                    pieces.append((run, got))
+                else:
+                    pieces.append((run, each(source.__getitem__, local[run].tolist())))
+            except Exception as e:  # (a part's record named: where it is among indices)
+                at = item_of(e)
+                if at is not None and 0 <= at < len(run):
+                    tag_item(e, int(run[at]))
+                raise
         if any(isinstance(got, list) for _, got in pieces):
             records: list = [None] * len(parts)
             for run, got in pieces:

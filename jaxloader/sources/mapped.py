@@ -105,7 +105,14 @@ class MapSource:
             return self.fn(self._columns(indices))
         if read_threads.count() > 1 and not hasattr(self.source, "__getitems__"):
             return read_threads.each(self.__getitem__, np.asarray(indices).tolist())
-        return [self.fn(record) for record in records_at(self.source, indices)]
+        records = records_at(self.source, indices)
+        for j, record in enumerate(records):
+            try:
+                records[j] = self.fn(record)
+            except Exception as e:  # (the batch maker's message names the record)
+                read_threads.tag_item(e, j)
+                raise
+        return records
 
     def _columns(self, indices: np.ndarray) -> Any:
         """The source's batch of columns at ``indices``; refused where it reads records."""
