@@ -130,6 +130,13 @@ class PackedSource:
 
     def __getitems__(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The packed rows ``rows``, batched: one slice copy per segment and key."""
+        try:
+            return self._rows(rows)
+        except Exception as e:  # (which of its source's records failed is not which row)
+            tag_item(e, None)
+            raise
+
+    def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         plan = self.plan
         rows = np.asarray(rows, np.int64)
         first, last = plan.row_ptr[rows], plan.row_ptr[rows + 1]
@@ -264,12 +271,7 @@ def _gather_records(source: Any, records: np.ndarray, key: str,
     """The sequences of ``records`` (each segment's record, each of ``dtype``) one after
     another, where each segment's record starts in them, and its length."""
     unique, inverse = np.unique(records, return_inverse=True)
-    try:
-        read = records_at(source, unique)
-    except Exception as e:  # (which of these it was is not which packed row)
-        tag_item(e, None)
-        raise
-    seqs = [_sequence(r, key, int(i)) for r, i in zip(read, unique)]
+    seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
     for i, seq in zip(unique, seqs):
         if seq.dtype != dtype and len(seq):
             raise ConfigError(
