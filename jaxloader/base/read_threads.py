@@ -17,7 +17,10 @@ hold.
 A read that raises is raised in the batch's order (the first record of the batch that failed),
 after what was in flight has finished: no read of the source goes on past the call, which in
 the training process holds the source's locks (``base.source_locks``) for the whole read. The
-source must be safe to read from several threads at once, as Grain's must.
+source must be safe to read from several threads at once, as Grain's must. Such an error is
+marked with which of the items it was (``tag_item``), so that the batch maker names that
+record; a source that reads its items through others (a concatenation, a packing) turns the
+mark into its own, or clears it.
 
 Example:
     >>> using(4, each, lambda i: i * 10, [3, 1, 2])

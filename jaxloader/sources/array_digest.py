@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.sources.code_digest import _ATOMIC, _attributes, filled
+from jaxloader.sources.code_digest import ATOMIC, attributes_of, filled
 
 
 WHOLE_BYTES = 64 << 20  # the arrays read whole, together; past them each is sampled:
@@ -64,7 +64,7 @@ def arrays_digest(fn: Any) -> str:
         elif isinstance(value, (tuple, list, dict)):  # (their first MOST_VALUES items)
             inside = [v for v in itertools.islice(value.values() if isinstance(value, dict)
                                                   else value, MOST_VALUES)
-                      if type(v) not in _ATOMIC]
+                      if type(v) not in ATOMIC]
         elif isinstance(value, functools.partial):
             inside = [value.func, *value.args, *value.keywords.values()]
         elif callable(value) or depth and hasattr(value, "__dict__"):
@@ -73,7 +73,7 @@ def arrays_digest(fn: Any) -> str:
             inside += [*(getattr(value, "__defaults__", None) or ()),  # (lambda r, t=table:)
                        *(getattr(value, "__kwdefaults__", None) or {}).values()]
             if not inspect.isroutine(value):
-                inside += list(_attributes(value).values())
+                inside += list(attributes_of(value).values())
         todo += [(v, depth + 1) for v in reversed(inside)]
     return digest.hexdigest() if found else ""
 

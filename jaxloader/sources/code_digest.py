@@ -195,7 +195,7 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
     if _ADDRESS.search(text) is None:
         return text
     if depth < 2:
-        attributes = _attributes(value)
+        attributes = attributes_of(value)
         if attributes:
             said = repr([(k, _value_text(v, whole, depth + 1))
                          for k, v in sorted(attributes.items())])
@@ -221,7 +221,7 @@ def _repr(value: Any, limit: int | None = None) -> str:
 
 
 _DEPTH = 16  # containers written item by item, at most this deep
-_ATOMIC = (str, int, float, bool, bytes, type(None))  # (a container of these: repr's own)
+ATOMIC = (str, int, float, bool, bytes, type(None))  # (a container of these: repr's own)
 
 
 class _Written:
@@ -239,7 +239,7 @@ class _Written:
             return self._spent(_sorted_set(value))
         items, opening, closing = _shape(value)
         if items is None or depth >= _DEPTH or self.left is None and all(
-                type(v) in _ATOMIC for v in _shape(value)[0]):  # (whole: repr's, at C speed)
+                type(v) in ATOMIC for v in _shape(value)[0]):  # (whole: repr's, at C speed)
             return self._spent(repr(value))
         if id(value) in self.path:
             return self._spent(_CYCLE.get(kind, "..."))
@@ -314,7 +314,8 @@ def _generated_repr(kind: type) -> bool:
     return getattr(wrapped, "__qualname__", "").endswith("__create_fn__.<locals>.__repr__")
 
 
-def _attributes(value: Any) -> dict[str, Any]:
+def attributes_of(value: Any) -> dict[str, Any]:
+    """``value``'s own attributes: its ``__dict__`` and its classes' ``__slots__``."""
     found = dict(getattr(value, "__dict__", None) or {})
     for cls in type(value).__mro__:
         slots = cls.__dict__.get("__slots__", ())
