@@ -50,6 +50,19 @@ class DeferredTake(NamedTuple):
         return self.array.take(self.indices, 0, out, "clip")
 
 
+def spaced_values(array: np.ndarray, most: int) -> np.ndarray:
+    """At most ``most`` evenly spaced values of ``array`` (the first, then every ``step``-th in
+    C order), as a new 1-D array: only they are copied, whatever the layout (``ravel`` of a
+    transposed array would copy it whole). What a watch or a digest compares of an array too
+    large to read.
+
+    Example:
+        >>> spaced_values(np.arange(12).reshape(3, 4).T, 5).tolist()  # (of 0 4 8 1 5 9 2 ...)
+        [0, 1, 2, 3]
+    """
+    return array.flat[::-(-array.size // max(1, most)) or 1]
+
+
 def device_dtype_problem(dtype: np.dtype) -> str | None:
     """Why JAX takes no array of ``dtype``, though it is no string, object or date (those stay
     NumPy), and the ``Map`` that makes one it takes; ``None`` where it takes it (the numbers,

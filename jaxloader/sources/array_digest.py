@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxloader.base.columns import spaced_values
 from jaxloader.sources.code_digest import ATOMIC, attributes_of, filled
 
 
@@ -58,8 +59,7 @@ def arrays_digest(fn: Any) -> str:
                     whole -= value.nbytes
                 else:  # (a trainer's data, which the object of its augment method holds, is
                     # not read whole at the first state_dict(): evenly spaced values, any layout)
-                    step = -(-value.size // max(1, SAMPLE_BYTES // value.itemsize))
-                    digest.update(np.ascontiguousarray(value.flat[::step]).data)
+                    digest.update(spaced_values(value, SAMPLE_BYTES // value.itemsize).data)
                 found = True
         elif isinstance(value, (tuple, list, dict)):  # (their first MOST_VALUES items)
             inside = [v for v in itertools.islice(value.values() if isinstance(value, dict)

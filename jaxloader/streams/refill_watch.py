@@ -37,12 +37,13 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.abilities import close_of
+from jaxloader.base.columns import spaced_values
 from jaxloader.streams.huggingface import HuggingFaceShard
 from jaxloader.streams.shards import FileShard
 
 CHECKED = 2  # records watched after each shard is opened (a buffer is refilled from the first)
 _LEAVES = 32  # arrays of a record sampled, at most
-_SAMPLE = 1024  # elements of an array compared, about (spread over it)
+_SAMPLE = 1024  # elements of an array compared, at most (spread over it)
 
 
 def watched(shard: Any) -> Any:
@@ -114,9 +115,8 @@ def _walk(value: Any, path: str, out: list, depth: int) -> None:
             _walk(item, f"{path}[{i}]", out, depth + 1)
 
 
-def _sample(array: np.ndarray) -> bytes:  # (a non-contiguous array: copied whole)
-    flat = array.reshape(-1) if array.flags.c_contiguous else array.ravel()  # (a view, or a copy)
-    return flat[::max(1, flat.size // _SAMPLE)].tobytes()
+def _sample(array: np.ndarray) -> bytes:
+    return spaced_values(array, _SAMPLE).tobytes()
 
 
 def _changed(samples: list[tuple[str, np.ndarray, bytes]], record: Any) -> str | None:

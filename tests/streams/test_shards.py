@@ -189,6 +189,30 @@ def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     assert not [w for w in recwarn if "IterableShard" in str(w.message)]
 
 
+def _refilling_transposed(shard):  # a camera's frame buffer, yielded as a transposed view
+    buffer = np.zeros((1024, 2048), np.float32)
+    for i in range(4):
+        buffer[:] = i
+        yield {"frame": buffer.T}
+
+
+def test_a_refilled_transposed_buffer_is_seen_and_only_its_sample_copied():
+    import tracemalloc
+    reader = jl.Stream.from_generator(_refilling_transposed, 1).reader(reader=0, readers=1)
+    reader.reset(None)
+    tracemalloc.start()
+    try:
+        with pytest.warns(UserWarning, match=r"_refilling_transposed\[0\]: a record's leaf "
+                                             r"\['frame'\] changed"):
+            [reader.next() for _ in range(3)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the frame is 8 MiB: its watch compares 1,024 values, and copied the frame whole (twice
+    # a record) where it was not C-contiguous
+    assert peak < 1 << 20, peak
+
+
 def test_json_lists_of_numbers_become_arrays_and_others_stay_lists(tmp_path):
     # a list is a pytree node: "tokens": [5, 8, 13] batched as 3 arrays of one number a
     # record; as one array it batches as (batch, 3)
