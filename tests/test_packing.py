@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -306,3 +308,70 @@ def test_a_parquet_list_column_packs_every_token_once(tmp_path, num_workers):
         seen = [s for batch in loader
                 for s in unpack({k: v[batch["mask"]] for k, v in batch.items() if k != "mask"})]
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(1, lengths.sum() + 1))
+
+
+def test_a_shuffled_packing_over_parquet_past_its_cache_is_warned_with_its_remedies(tmp_path):
+    # each row of PackedSource(seed=0) packs records from all over the file: every batch read
+    # row groups from the whole of it (13 batches/s against 235 with the remedy), unwarned
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(0)
+    records = [rng.integers(1, 1000, n).tolist() for n in rng.integers(5, 15, 2_000)]
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"tokens": pa.array(records, pa.list_(pa.int32()))}), path,
+                   row_group_size=100)  # 20 row groups of ~4 KB decoded
+    small = dict(cache_bytes=20_000)  # (4 of them)
+
+    def warned(seed, shuffle, **source):
+        packed = jl.PackedSource(jl.ParquetSource(path, **source), "tokens", 64, seed=seed)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jl.DataLoader(packed, batch_size=4, shuffle=shuffle).close()
+        return [str(w.message) for w in caught if w.category is jl.PerformanceWarning]
+
+    (said,) = warned(0, False, **small)
+    assert re.search(r"PackedSource\(seed=0\) packs records from all over the files into each "
+                     r"row, so its rows read from all 20 row groups at once, whatever the "
+                     r"loader's shuffle.*cache_bytes= at least [\d,]+ .*or "
+                     r"PackedSource\(seed=None\).*shuffle=jl.LocalShuffle\(window=\d, "
+                     r"block_size=\d+\)", said), said
+    assert warned(0, jl.LocalShuffle(window=2), **small)  # (no shuffle of the rows helps)
+    (said,) = warned(None, True, **small)
+    assert "a full shuffle (shuffle=True) of a PackedSource's rows" in said
+    window, size = map(int, re.search(r"window=(\d+), block_size=(\d+)", said).groups())
+    assert not warned(None, jl.LocalShuffle(window=window, block_size=size), **small)
+    assert not warned(None, False, **small) and not warned(0, True, cache_bytes=1 << 20)
+
+
+def test_empty_records_of_any_kind_are_passed_over_and_a_keys_rows_keep_one_dtype():
+    # an empty Python list (a document that tokenized to nothing) was refused as float64, and
+    # an empty array of another dtype made a batch's rows of that dtype, a batch in ten
+    lists = [{"tokens": [5, 6, 7]}, {"tokens": []}, {"tokens": [8, 9]}]
+    assert jl.PackedSource(lists, "tokens", 8, seed=None)[0]["tokens"].tolist() == [
+        5, 6, 7, 8, 9, 0, 0, 0]
+    pairs = [{"inputs": np.arange(1, 6, dtype=np.int32) + i,
+              "targets": np.arange(1, 4, dtype=np.int32) if i % 10 else np.zeros(0, np.int64)}
+             for i in range(40)]
+    packed = jl.PackedSource(pairs, ["inputs", "targets"], {"inputs": 16, "targets": 8},
+                             seed=None, bins=np.int64(4), window=np.int64(20))  # (NumPy ints)
+    assert {str(packed.__getitems__(np.array([r]))["targets"].dtype)
+            for r in range(len(packed))} == {"int32"}
+    with pytest.raises(jl.ConfigError, match=r"PackedSource\(bins=...\): expected an int >= 1"):
+        jl.PackedSource(pairs, "inputs", 16, bins=0)
+
+
+def test_a_map_that_makes_the_packed_key_without_lengths_kept_false_is_told_so(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": ["1 2 3", "4 5"]}), tmp_path / "text.parquet")
+    text = jl.ParquetSource(tmp_path / "text.parquet")
+
+    def tokenize(r):
+        return {"input_ids": np.array(r["text"].split(), np.int32)}
+
+    with pytest.raises(jl.ConfigError, match=r"MapSource\(.*tokenize\)\.lengths\('input_ids'\): "
+                                             r"lengths_kept=True takes the source's lengths, "
+                                             r"and it has none: .*pass lengths_kept=False"):
+        jl.PackedSource(jl.MapSource(text, tokenize), "input_ids", 8)
+    assert len(jl.PackedSource(jl.MapSource(text, tokenize, lengths_kept=False), "input_ids",
+                               8)) == 1

@@ -135,7 +135,16 @@ class MapSource:
         """The source's lengths of list column ``key`` where the map keeps them
         (``lengths_kept``); ``None`` where it does not or the source has none (a
         ``PackedSource`` then reads the mapped records once)."""
-        return lengths_of(self.source, key) if self.lengths_kept else None
+        if not self.lengths_kept:
+            return None
+        try:
+            return lengths_of(self.source, key)
+        except ConfigError as e:  # (a function that makes the key: its source has none)
+            raise ConfigError(
+                f"{self!r}.lengths({key!r}): lengths_kept=True takes the source's lengths, "
+                f"and it has none: {e}. Where the function makes or changes {key!r} (a "
+                "tokenizer), pass lengths_kept=False: the mapped records' lengths are then "
+                "read once") from None
 
     def check_order(self, shuffle: Any) -> None:
         """The source's check of what an order reads at once (a Parquet file's cache)."""

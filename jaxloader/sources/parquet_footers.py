@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -200,10 +200,14 @@ def fingerprints(source: Any) -> tuple[str, ...]:
                                        parts[1])
 
 
-def check_order(source: Any, shuffle: Any) -> None:
+def check_order(source: Any, shuffle: Any,
+                told: Callable[[int, int], tuple[str, str]] | None = None) -> None:
     """``ParquetSource.check_order``: a ``PerformanceWarning`` when ``shuffle`` reads from more
     row groups at once than ``source.cache_bytes`` holds decoded (the footers' sizes), with the
     ``cache_bytes`` it needs: a row group evicted before its window is done is decoded again.
+    ``told``: for an order that reads from all row groups whatever ``shuffle`` is, as a
+    ``PackedSource``'s shuffled records do, what it is and the remedy past ``cache_bytes=``,
+    from the row groups and how many the cache holds.
 
     Example:
         >>> import tempfile, warnings, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
@@ -219,7 +223,10 @@ def check_order(source: Any, shuffle: Any) -> None:
     # the most row groups the cache holds, the largest ones: the window to advise
     fits = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), source.cache_bytes,
                                side="right"))
-    if isinstance(shuffle, LocalShuffle):  # a window of blocks, each in 1 row group or
+    if told is not None:
+        count = len(sizes)
+        what, remedy = told(count, fits)
+    elif isinstance(shuffle, LocalShuffle):  # a window of blocks, each in 1 row group or
         blocks = shuffle.block_starts(source, len(source))  # more (blocks of records)
         first = source._starts.searchsorted(blocks[:-1], side="right")
         spans = np.sort(source._starts.searchsorted(blocks[1:] - 1, side="right") - first + 1)

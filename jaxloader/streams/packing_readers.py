@@ -24,6 +24,7 @@ from jaxloader.base.errors import JaxloaderError, RecordError, StateDictError
 from jaxloader.base.state_copy import copied
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, record_tokens
+from jaxloader.streams.origins import described
 
 EMPTY_RUN = 100_000  # records in a row with no tokens before a reader gives up
 _ONE_WINDOW = 1 << 62  # fit's window for all of a window's pieces (split records give more)
@@ -280,15 +281,22 @@ def _next_tokens(packed: Any, inner: Any) -> np.ndarray:
     key, tokenize = packed.key, packed.tokenize
     for _ in range(EMPTY_RUN):
         record = inner.next()
-        if tokenize is not None:
-            try:
-                record = tokenize(record)
-            except JaxloaderError:
-                raise
-            except Exception as e:
-                raise RecordError(f"PackedStream(tokenize) raised {type(e).__name__} on a "
-                                  f"record of reader {inner.reader}: {e}") from e
-        tokens = _tokens_of(record, key, packed.dtype)
+        try:
+            if tokenize is not None:
+                try:
+                    record = tokenize(record)
+                except JaxloaderError:
+                    raise
+                except Exception as e:
+                    raise RecordError(f"PackedStream(tokenize) raised {type(e).__name__} on a "
+                                      f"record of reader {inner.reader}: {e}") from e
+            tokens = _tokens_of(record, key, packed.dtype)
+        except RecordError as e:  # (which record of a corpus of files: its shard and place)
+            origin = getattr(inner, "origin", None)
+            where = described(origin) if origin is not None else ""
+            if where and e.args and isinstance(e.args[0], str):
+                e.args = (f"{e.args[0]} (at {where.strip()[1:-1]})", *e.args[1:])
+            raise
         if len(tokens):
             return tokens
     raise RecordError(  # an endless stream of them would never fill a row

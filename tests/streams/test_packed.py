@@ -218,6 +218,25 @@ def test_bad_input_is_named():
             next(iter(loader))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_record_is_named_by_its_file_and_line(tmp_path, workers):
+    # in a corpus of many files it was named by its reader alone
+    for s in range(3):
+        (tmp_path / f"part-{s}.jsonl").write_text("".join(
+            json.dumps({"tokens": [1, 2.5, 3] if (s, i) == (1, 7) else [1, 2, 3]}) + "\n"
+            for i in range(10)))
+    for tokenize, expected in ((None, r"expected 1-D integer tokens, got shape \(3,\) dtype "
+                                      r"float64"),
+                               (lambda r: {"tokens": np.array(r["tokens"], np.int32)
+                                           if 2.5 not in r["tokens"] else 1 / 0},
+                                r"PackedStream\(tokenize\) raised ZeroDivisionError")):
+        stream = jl.PackedStream(jl.Stream.jsonl(tmp_path), "tokens", 8, tokenize=tokenize)
+        with loader_of(stream, workers, num_epochs=1) as loader:
+            with pytest.raises((jl.RecordError, jl.WorkerError),
+                               match=expected + r".* \(at .*part-1.jsonl line 8\)"):
+                list(loader)
+
+
 def test_a_stream_of_records_without_tokens_raises_rather_than_hangs(monkeypatch):
     from jaxloader.streams import packing_readers as packed
 
