@@ -46,7 +46,10 @@ with open({fd}, "rb") as f:
 def launch(code: str, pass_fds: tuple[int, ...] = (), **popen: Any) -> subprocess.Popen:
     """A fresh interpreter that runs ``code`` (Python, after the prelude that makes it what
     this process is: module docstring), started in this process's directory where that
-    exists (Python 3.13.0 cannot import NumPy in a removed one: ``/`` then)."""
+    exists (Python 3.13.0 cannot import NumPy in a removed one: ``/`` then), and in a process
+    group of its own from its first instruction: a terminal's or a notebook's Ctrl-C (sent to
+    the training process's group) reached it while it imported, before a worker leaves the
+    signals to the trainer, and printed its ``KeyboardInterrupt``."""
     path = [PACKAGE_ROOT] + [os.path.abspath(p) if p else "" for p in map(_path, sys.path) if
                              p is not None]
     flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
@@ -54,7 +57,7 @@ def launch(code: str, pass_fds: tuple[int, ...] = (), **popen: Any) -> subproces
     try:
         started = subprocess.Popen(
             [sys.executable, *flags, "-c", _PRELUDE.format(fd=read_end) + code],
-            pass_fds=(*pass_fds, read_end), cwd=_directory(), **popen)
+            pass_fds=(*pass_fds, read_end), cwd=_directory(), **{"process_group": 0, **popen})
     except BaseException:
         os.close(write_end)
         raise

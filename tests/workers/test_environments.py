@@ -146,6 +146,23 @@ def test_a_terminals_ctrl_c_is_the_trainers_and_leaves_the_workers_batches_alone
     assert out.split("\n")[0] == "[0, 1, 2, 3] [4, 5, 6, 7] [8, 9, 10, 11]", (out, err)
 
 
+def test_a_ctrl_c_while_a_fresh_interpreter_for_workers_imports_does_not_reach_it(tmp_path):
+    # the starter (and an exec'd worker) joined a process group of its own only once it had
+    # imported jaxloader: a notebook's interrupt in that window printed its KeyboardInterrupt
+    out, err, code = run(tmp_path, """
+        import subprocess
+        from jaxloader.workers import launch
+        child = launch.launch("import time; time.sleep(1.0); print('imported')",
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (after: an ignored one is inherited)
+        time.sleep(0.3)
+        os.killpg(0, signal.SIGINT)
+        print(child.communicate(), child.returncode)
+        """, start_new_session=True)
+    assert code == 0, err
+    assert out.strip() == "('imported\\n', '') 0", (out, err)
+
+
 def test_a_ctrl_c_in_a_workers_c_call_does_not_fail_it(tmp_path):
     # a worker catches SIGINT to leave it to the trainer: a read in C it lands in is restarted
     # (as under an ignored one), not failed with EINTR for a library that does not retry it
