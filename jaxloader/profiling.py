@@ -29,6 +29,8 @@ Example:
 from __future__ import annotations
 
 import argparse
+import base64
+import html
 import importlib
 import importlib.util
 import io
@@ -92,8 +94,18 @@ class Profile:
             advice.append(line)
         return tuple(advice)
 
-    def _repr_png_(self) -> bytes | None:  # a notebook shows the picture inline
+    def _repr_png_(self) -> bytes | None:  # (the picture alone, where HTML is not shown)
         return self.png
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))  # (IPython's text: the table)
+
+    def _repr_html_(self) -> str:
+        """What a notebook shows: the table and advice, then the picture (a ``_repr_png_``
+        alone showed the picture without them)."""
+        picture = "" if self.png is None else (
+            f'<img src="data:image/png;base64,{base64.b64encode(self.png).decode()}">')
+        return f"<pre>{html.escape(str(self))}</pre>{picture}"
 
 
 def _one(loader: Any, steps: int, own: bool) -> Run:

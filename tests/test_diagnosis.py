@@ -360,6 +360,26 @@ def test_profile_does_not_advise_a_worker_count_it_measured_slower():
     assert "  - num_workers=8 reads more at once" in said  # (a count not run: as advised)
 
 
+def test_a_notebook_shows_a_diagnosis_and_a_profile_as_their_tables():
+    # a cell ending in loader.diagnose() showed Diagnosis(bottleneck='source', stages=...),
+    # and one ending in jl.profile(...) the picture alone, or <Profile at 0x...> without one
+    from IPython.lib.pretty import pretty
+
+    from jaxloader.loaders.diagnosis import Diagnosis
+    from jaxloader.profiling import Profile, Run
+
+    found = Diagnosis("workers", {"read": 0.1, "Map(decode)": 0.9}, ("num_workers=4",), 10)
+    assert pretty(found) == str(found) and str(found).startswith("input bottleneck: workers")
+    for png in (b"\x89PNG picture", None):
+        report = Profile([Run(1, 100.0, found, [])], png, None)
+        assert pretty(report) == str(report)
+        shown = report._repr_html_()
+        assert shown.startswith("<pre>workers  batches/s  bottleneck\n") and (
+            "&lt;" not in str(report) and "the fastest: num_workers=1" in shown)
+        assert ("data:image/png;base64,iVBOR" in shown) is (png is not None), shown
+    assert "no picture: matplotlib is not installed" in shown
+
+
 def test_profile_leaves_a_loader_of_yours_where_it_was_and_names_one_that_runs_out():
     # it closed the caller's loader, 20 batches on; one that ran out: a bare StopIteration
     with jl.DataLoader(arrays(), batch_size=8, num_epochs=None, **ONE) as loader:

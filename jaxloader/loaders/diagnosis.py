@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Literal, Mapping, NamedTuple
+from typing import Any, Literal, Mapping, NamedTuple
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.stats import LoaderStats
@@ -80,6 +80,9 @@ class Diagnosis(NamedTuple):
     wait_fraction: float = 0.0
     num_workers: int = 0
     batches_made: int = 0  # (the makers' stages are a batch made's, not one handed out)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))  # (a notebook cell ending in loader.diagnose(): the table)
 
     def __str__(self) -> str:
         made = {k: v for k, v in self.stages.items() if k not in _MAIN_STAGES}
