@@ -215,9 +215,9 @@ def test_an_interrupt_while_close_stops_the_iterator_still_stops_the_workers(mon
     while it waits for a slow worker): a Ctrl-C there used to skip stopping the workers, and a
     second close() did nothing (the loader already counted as closed). The interrupt is put
     where it lands in such a join."""
-    from jaxloader.loaders.iterator import LoaderIterator
+    from jaxloader.loaders.iterator import IteratorWork
 
-    stop_work = LoaderIterator.stop_work
+    stop_work = IteratorWork.stop
 
     def interrupted_stop_work(self, until_gone=False):
         stop_work(self, until_gone)
@@ -227,7 +227,7 @@ def test_an_interrupt_while_close_stops_the_iterator_still_stops_the_workers(mon
     it = iter(loader)
     next(it)
     pids = loader.worker_pids
-    monkeypatch.setattr(LoaderIterator, "stop_work", interrupted_stop_work)
+    monkeypatch.setattr(IteratorWork, "stop", interrupted_stop_work)
     with pytest.raises(_Tick):
         loader.close()
     monkeypatch.undo()

@@ -215,3 +215,35 @@ def test_a_restore_or_iter_from_another_thread_during_next_is_not_undone(how):
     assert next(again[0] if again else iter(loader))["x"].tolist() == [
         3 * expected, 3 * expected + 1, 3 * expected + 2]
     loader.close()
+
+
+def _numbers(shard):
+    for i in range(1_000):
+        yield {"x": np.int64(shard * 10_000 + i)}
+
+
+@pytest.mark.parametrize("kind", ["stream", "arrays"])
+def test_a_loader_dropped_after_its_first_batch_ends_its_workers_without_the_cycle_collector(
+        kind):
+    # a notebook's cell run again: a StreamLoader that had made an iterator held it, and the
+    # iterator the loader (a cycle), so its workers ran on until Python's cycle collector did
+    import weakref
+
+    gc.disable()
+    try:
+        if kind == "stream":
+            loader = jl.StreamLoader(jl.Stream.from_generator(_numbers, shards=2), batch_size=8,
+                                     num_workers=2, process_index=0, process_count=1)
+        else:
+            loader = jl.DataLoader(jl.ArraySource({"x": np.arange(100)}), batch_size=8,
+                                   num_workers=2, process_index=0, process_count=1)
+        next(iter(loader))
+        pids, dropped = loader.worker_pids, weakref.ref(loader)
+        del loader
+        assert dropped() is None
+        deadline = time.monotonic() + 10
+        while any(map(running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(running, pids)), pids
+    finally:
+        gc.enable()

@@ -2,8 +2,8 @@
 
 ::
 
-    DataLoader, StreamLoader ── _progress (iterator.Progress), _active (the live iterator),
-                                _engine (what makes batches)
+    DataLoader, StreamLoader ── _progress (iterator.Progress), _engine (what makes batches),
+                                _active (the live iterator's work)
        step, stats, worker_pids; _invalidate() on iter/restore/close; close() and `with`;
        save()/load() for Orbax v1 (a JSON file of state_dict() per process)
 
@@ -25,7 +25,7 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
-from jaxloader.loaders.iterator import LoaderIterator, Progress
+from jaxloader.loaders.iterator import IteratorWork, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
 from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placement
 from jaxloader.runtime import shm
@@ -57,7 +57,7 @@ class LoaderLifecycle:
     """Position, statistics, Orbax v1 hooks and shutdown, shared by the loaders."""
 
     _progress: Progress
-    _active: LoaderIterator | None
+    _active: IteratorWork | None  # (the live iterator's work: not the iterator, iterator.py)
     _engine: Engine
     _options: LoaderOptions
     _placement: Placement
@@ -307,7 +307,7 @@ class LoaderLifecycle:
         self._progress.generation += 1
         gone = True
         if self._active is not None:
-            gone = self._active.stop_work(until_gone)
+            gone = self._active.stop(until_gone)
             self._active = None
         return gone
 

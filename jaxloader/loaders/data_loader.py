@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import older_fingerprint, source_fingerprint, source_files
-from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
+from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
@@ -220,7 +220,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress(where=self._maker.location)
         self._progress.label = label("DataLoader", source, batch_size)
-        self._active: LoaderIterator | None = None
+        self._active: IteratorWork | None = None
         self._pairing = Pairing("DataLoader")  # (its iter()s, for sharding.hosts)
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
@@ -284,12 +284,13 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
              "num_epochs": self.num_epochs, **({"local_shuffle_blocks": layout} if layout
                                               else {})},
             self.process_count, index=self.process_index)
-        self._active = LoaderIterator(
+        active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,
             single_device=put is not None and put.single_device, monitor=self._monitor,
             hosts=hosts,
         )
-        return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
+        self._active = active.work
+        return active._start()  # its work held first: a Ctrl-C in _start() leaves it to _invalidate
 
     def _check_length(self) -> None:
         """A source whose length moved since the loader was made is refused: the order covers

@@ -152,8 +152,7 @@ class LoaderIterator(Generic[BatchT]):
         self._monitor = monitor  # loaders/monitor: autotune, periodic summary (or None)
         self._hosts = hosts  # the other processes' settings, until compared (sharding.hosts)
         self._failed = failed  # tells the other processes a batch failed (pass_votes)
-        self._batches: Generator[Any, None, None] | None = None
-        self._prefetcher: DevicePrefetcher | None = None
+        self.work = IteratorWork()  # (what its loader holds of it, to stop)
         # When the last batch was handed out, once _checks has started the consumer's time
         # (on the first call, and again after a call that failed: the time until the next
         # call is not the consumer's). next() tests one value, check_at, for all of it.
@@ -171,7 +170,7 @@ class LoaderIterator(Generic[BatchT]):
 
     def _start_work(self) -> None:
         """The engine run (and device prefetch) from this iterator's step."""
-        self._batches = batches = self._engine.batches(self._step, self._stop)
+        self.work.batches = batches = self._engine.batches(self._step, self._stop)
         put = self._put
         if put is not None:
             put = _timed_put(put, self._progress)
@@ -180,10 +179,10 @@ class LoaderIterator(Generic[BatchT]):
         elif self._depth == 0:
             self._next = lambda: put(next(batches))
         else:
-            self._prefetcher = DevicePrefetcher(batches, put, self._depth,
-                                                put_in_thread=self._single_device)
-            self._next = self._prefetcher.next
-            self._prefetcher.start()  # held before it runs: an interrupt cannot orphan it
+            self.work.prefetcher = prefetcher = DevicePrefetcher(
+                batches, put, self._depth, put_in_thread=self._single_device)
+            self._next = prefetcher.next
+            prefetcher.start()  # held before it runs: an interrupt cannot orphan it
         self._interrupted = False
 
     def __iter__(self) -> "LoaderIterator[BatchT]":
@@ -299,14 +298,38 @@ class LoaderIterator(Generic[BatchT]):
         progress.check_at = monitor.next_at if monitor is not None else math.inf
 
     def stop_work(self, until_gone: bool = False) -> bool:
+        """``IteratorWork.stop``: its engine run (and device-prefetch thread) stopped."""
+        return self.work.stop(until_gone)
+
+
+class IteratorWork:
+    """What an iterator runs: its engine run (``batches``) and device-prefetch thread, which
+    its loader holds to stop at the next ``iter()``, restore or ``close()``. The loader holds
+    this, not the iterator: a ``StreamLoader``'s iterator holds its loader (its runs start
+    from the loader's filed states), and the loader holding it back made a cycle: a
+    ``StreamLoader`` dropped once it had made an iterator (a notebook's cell run again) kept
+    its workers until Python's cycle collector ran.
+
+    Example:
+        >>> IteratorWork().stop()  # (nothing started)
+        True
+    """
+
+    __slots__ = ("batches", "prefetcher")
+
+    def __init__(self) -> None:
+        self.batches: Generator[Any, None, None] | None = None
+        self.prefetcher: DevicePrefetcher | None = None
+
+    def stop(self, until_gone: bool = False) -> bool:
         """Stops the host-batch thread (waiting for it at most its join timeout, or
         ``until_gone``) or closes the engine run (frees its slots); whether nothing of it
         runs any more (a thread still finishing a batch: not yet)."""
-        if self._prefetcher is not None:
-            return self._prefetcher.close(until_gone)
-        if self._batches is not None:
+        if self.prefetcher is not None:
+            return self.prefetcher.close(until_gone)
+        if self.batches is not None:
             try:
-                self._batches.close()
+                self.batches.close()
             except ValueError:  # run by another thread now: the engine's close() ends it
                 return False
         return True

@@ -34,7 +34,7 @@ from typing import Any, Callable, Generic, Literal, Never, cast
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderError
 from jaxloader.base.state_copy import copied
-from jaxloader.loaders.iterator import BatchT, LoaderIterator, Progress
+from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
 from jaxloader.sharding.hosts import Pairing
 from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
@@ -198,7 +198,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._reports: dict[int, dict] = {}
         self._filing = threading.RLock()  # (_fold's)
         self._filing_now = False  # whether a fold runs (on the thread holding _filing)
-        self._active: LoaderIterator | None = None
+        self._active: IteratorWork | None = None
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
     def _states_now(self) -> tuple[int, list[dict], list[int] | None, bool]:
@@ -285,15 +285,15 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                     "iter() was left: iter() or load_state_dict() was called from another "
                     "thread while it waited for the other processes; call iter() again") from None
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
-        self._active = LoaderIterator(self._progress, self._progress.step, None,
-                                      ReaderRuns(self), put,
-                                      self._options.device_prefetch,
-                                      single_device=put is not None and put.single_device,
-                                      ends_before=self._filed if self._until is None else
-                                      functools.partial(self._ends, self._progress.generation),
-                                      monitor=self._monitor, hosts=hosts,
-                                      failed=None if votes is None else votes.failed)
-        return self._active._start()  # held first: a Ctrl-C in _start() leaves it to _invalidate
+        active = LoaderIterator(self._progress, self._progress.step, None, ReaderRuns(self),
+                                put, self._options.device_prefetch,
+                                single_device=put is not None and put.single_device,
+                                ends_before=self._filed if self._until is None else
+                                functools.partial(self._ends, self._progress.generation),
+                                monitor=self._monitor, hosts=hosts,
+                                failed=None if votes is None else votes.failed)
+        self._active = active.work  # (not the iterator, which holds this loader: no cycle)
+        return active._start()  # its work held first: a Ctrl-C in _start() leaves it to _invalidate
 
     def _filed(self, step: int) -> bool:
         """Files in the reports before ``step`` at times (asked a step, on the consumer's
