@@ -12,6 +12,8 @@ found a loader dropped after a ``break`` keeping its workers through the device-
 from __future__ import annotations
 
 import gc
+import re
+import warnings
 import threading
 import time
 
@@ -247,3 +249,35 @@ def test_a_loader_dropped_after_its_first_batch_ends_its_workers_without_the_cyc
         assert not any(map(running, pids)), pids
     finally:
         gc.enable()
+
+
+def test_many_loaders_with_workers_open_at_once_are_said_with_the_notebooks_remedy(
+        monkeypatch):
+    # a notebook keeps every loader a cell showed (Out[n]): re-running such a cell piled up
+    # workers and descriptors until a new loader failed, with nothing said before
+    from jaxloader.loaders import base
+
+    monkeypatch.setattr(base, "MANY_OPEN", 2)
+    made = []
+    try:
+        for expected in (False, True, False, True, False):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                made.append(jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4,
+                                          num_workers=1, process_index=0, process_count=1))
+            said = [str(w.message) for w in caught if "loaders with workers" in str(w.message)]
+            assert bool(said) is expected, (len(made), said)
+            if said:
+                assert re.search(rf"DataLoader \d+ \(ArraySource, batch_size 4\): {len(made)} "
+                                 rf"loaders with workers are open in this process, with "
+                                 rf"{len(made)} worker processes.*close\(\) the loaders.*"
+                                 r"Out\[n\].*';'.*%reset -f out", said[0]), said
+                assert caught[0].filename == __file__
+        made.pop(0).close()  # (closed: not counted; the next makes 4 open again)
+        made.pop(0).close()
+        with pytest.warns(UserWarning, match=r": 4 loaders with workers are open"):
+            made.append(jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4,
+                                      num_workers=1, process_index=0, process_count=1))
+    finally:
+        for loader in made:
+            loader.close()

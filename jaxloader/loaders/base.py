@@ -18,10 +18,11 @@ import errno
 import itertools
 import os
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
 
 from jaxloader.base.checks import Int, refused_call
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, user_stacklevel
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
@@ -45,6 +46,29 @@ class Workers(Protocol):
 
 
 _MADE: dict[str, Iterator[int]] = collections.defaultdict(lambda: itertools.count(1))
+_WITH_WORKERS: weakref.WeakSet = weakref.WeakSet()  # this process's loaders with worker pools
+MANY_OPEN = 6  # loaders with workers open at once said (then 12, 24, ...): a notebook's Out
+
+
+def _said_open(made: LoaderLifecycle, pool: Engine) -> None:
+    """Warns where ``made`` (a loader, its worker ``pool`` just started) makes ``MANY_OPEN``
+    (or twice, four times as many) loaders with workers open in this process: each keeps its
+    processes and slots until it is closed or collected, and a notebook keeps every loader a
+    cell showed."""
+    open_now = [loader for loader in _WITH_WORKERS if not loader._progress.closed]
+    times, rest = divmod(len(open_now), MANY_OPEN)
+    if not times or rest or times & (times - 1):
+        return
+    processes = len(pool.pids) + sum(len(loader.worker_pids) for loader in open_now
+                                     if loader is not made)
+    warnings.warn(
+        f"{made._progress.label}: {len(open_now)} loaders with workers are open in this "
+        f"process, with {processes} worker processes and their batch slots (memory, a "
+        "descriptor each), until each is closed or collected; close() the loaders you are "
+        "done with (or make them in a 'with' block). In a notebook, a cell that ends by "
+        "showing a loader or its iterator keeps it in Out[n] and _ however often the cell runs "
+        "again: end such a cell with ';', and %reset -f out lets go of those kept",
+        stacklevel=user_stacklevel())
 
 
 def label(kind: str, source: Any, batch_size: int) -> str:
@@ -159,6 +183,8 @@ class LoaderLifecycle:
                                                 "and status files") from e
             if tune is not None:
                 tune.pool = engine
+            _WITH_WORKERS.add(self)
+            _said_open(self, engine)
         self._monitor = None
         if tune is not None or options.log_every_s:
             self._monitor = Monitor(tune, options.log_every_s, self._summary,

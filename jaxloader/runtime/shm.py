@@ -227,8 +227,9 @@ def descriptor_share(share: int, most: int, untracked: bool = bool(UNTRACKED)) -
     return min(most, max(4, soft // (share * (1 if untracked else 2))))
 
 
-_FEWER = ("close the loaders you no longer use (each keeps its slots), use fewer workers, or "
-          "keep fewer batches alive")
+_FEWER = ("close the loaders you no longer use (each keeps its slots; a notebook keeps each "
+          "loader a cell showed, in Out[n]: %reset -f out), use fewer workers, or keep fewer "
+          "batches alive")
 
 
 def out_of_descriptors(e: OSError, what: str = "a new segment",
