@@ -224,21 +224,25 @@ def _numbers(shard):
         yield {"x": np.int64(shard * 10_000 + i)}
 
 
-@pytest.mark.parametrize("kind", ["stream", "arrays"])
+@pytest.mark.parametrize("kind,options", [
+    ("stream", dict(num_workers=2)), ("arrays", dict(num_workers=2)),
+    ("stream", dict(num_workers="auto", readers_per_process=2)),
+    ("stream", dict(num_workers=2, log_every_s=60)), ("arrays", dict(num_workers="auto"))])
 def test_a_loader_dropped_after_its_first_batch_ends_its_workers_without_the_cycle_collector(
-        kind):
+        kind, options):
     # a notebook's cell run again: a StreamLoader that had made an iterator held it, and the
-    # iterator the loader (a cycle), so its workers ran on until Python's cycle collector did
+    # iterator the loader (a cycle); any loader with num_workers='auto' or log_every_s= held
+    # its monitor, and the monitor the loader: its workers ran on until the cycle collector did
     import weakref
 
     gc.disable()
     try:
         if kind == "stream":
             loader = jl.StreamLoader(jl.Stream.from_generator(_numbers, shards=2), batch_size=8,
-                                     num_workers=2, process_index=0, process_count=1)
+                                     process_index=0, process_count=1, **options)
         else:
             loader = jl.DataLoader(jl.ArraySource({"x": np.arange(100)}), batch_size=8,
-                                   num_workers=2, process_index=0, process_count=1)
+                                   process_index=0, process_count=1, **options)
         next(iter(loader))
         pids, dropped = loader.worker_pids, weakref.ref(loader)
         del loader
@@ -278,6 +282,18 @@ def test_many_loaders_with_workers_open_at_once_are_said_with_the_notebooks_reme
         with pytest.warns(UserWarning, match=r": 4 loaders with workers are open"):
             made.append(jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4,
                                       num_workers=1, process_index=0, process_count=1))
+        for loader in made:
+            loader.close()
+        kept = []  # (a cell ending in `it`: the iterator keeps its dropped loader's workers)
+        for expected in (False, True):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                kept.append(iter(jl.DataLoader(jl.ArraySource({"x": np.arange(8)}),
+                                               batch_size=4, num_workers=1, process_index=0,
+                                               process_count=1)))
+            assert any(": 2 loaders with workers are open" in str(w.message)
+                       for w in caught) is expected
+        del kept
     finally:
         for loader in made:
             loader.close()

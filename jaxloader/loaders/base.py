@@ -17,6 +17,7 @@ import dataclasses
 import errno
 import itertools
 import os
+import threading
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
@@ -46,29 +47,46 @@ class Workers(Protocol):
 
 
 _MADE: dict[str, Iterator[int]] = collections.defaultdict(lambda: itertools.count(1))
-_WITH_WORKERS: weakref.WeakSet = weakref.WeakSet()  # this process's loaders with worker pools
+_POOLS: weakref.WeakSet = weakref.WeakSet()  # this process's worker pools not closed (a
+# loader's, or its iterator's: a DataLoader's iterator holds the pool, and keeps it past its
+# loader)
+_POOLS_LOCK = threading.Lock()  # (loaders made in several threads at once)
+if hasattr(os, "register_at_fork"):  # (a forked child has none of its parent's workers)
+    os.register_at_fork(after_in_child=_POOLS.clear)
 MANY_OPEN = 6  # loaders with workers open at once said (then 12, 24, ...): a notebook's Out
 
 
-def _said_open(made: LoaderLifecycle, pool: Engine) -> None:
-    """Warns where ``made`` (a loader, its worker ``pool`` just started) makes ``MANY_OPEN``
-    (or twice, four times as many) loaders with workers open in this process: each keeps its
-    processes and slots until it is closed or collected, and a notebook keeps every loader a
-    cell showed."""
-    open_now = [loader for loader in _WITH_WORKERS if not loader._progress.closed]
-    times, rest = divmod(len(open_now), MANY_OPEN)
+def _said_open(label: str, pool: Engine) -> None:
+    """Warns where the loader ``label``, its worker ``pool`` just started, makes ``MANY_OPEN``
+    (or twice, four times as many) worker pools running in this process: each keeps its
+    processes and slots until its loader is closed or collected (and its iterators), and a
+    notebook keeps every loader or iterator a cell showed."""
+    with _POOLS_LOCK:
+        _POOLS.add(pool)
+        running = [len(each.pids) for each in list(_POOLS)]
+    times, rest = divmod(len(running), MANY_OPEN)
     if not times or rest or times & (times - 1):
         return
-    processes = len(pool.pids) + sum(len(loader.worker_pids) for loader in open_now
-                                     if loader is not made)
     warnings.warn(
-        f"{made._progress.label}: {len(open_now)} loaders with workers are open in this "
-        f"process, with {processes} worker processes and their batch slots (memory, a "
+        f"{label}: {len(running)} loaders with workers are open in this "
+        f"process, with {sum(running)} worker processes and their batch slots (memory, a "
         "descriptor each), until each is closed or collected; close() the loaders you are "
         "done with (or make them in a 'with' block). In a notebook, a cell that ends by "
         "showing a loader or its iterator keeps it in Out[n] and _ however often the cell runs "
         "again: end such a cell with ';', and %reset -f out lets go of those kept",
         stacklevel=user_stacklevel())
+
+
+def _weakly(method: Callable[[], str]) -> Callable[[], str]:
+    """``method`` called through a weak reference to its object (``""`` once it is gone): for
+    what its loader holds (the monitor), so that no cycle keeps a dropped loader, and its
+    workers, until the cycle collector runs."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> str:
+        bound = ref()
+        return "" if bound is None else bound()
+    return call
 
 
 def label(kind: str, source: Any, batch_size: int) -> str:
@@ -183,11 +201,10 @@ class LoaderLifecycle:
                                                 "and status files") from e
             if tune is not None:
                 tune.pool = engine
-            _WITH_WORKERS.add(self)
-            _said_open(self, engine)
+            _said_open(self._progress.label, engine)
         self._monitor = None
         if tune is not None or options.log_every_s:
-            self._monitor = Monitor(tune, options.log_every_s, self._summary,
+            self._monitor = Monitor(tune, options.log_every_s, _weakly(self._summary),
                                     self._progress.label)
         return engine
 
@@ -376,6 +393,8 @@ class LoaderLifecycle:
         """Releases workers and buffers, without waiting for batches in flight (workers busy
         in a transform are killed); idempotent."""
         self._progress.closed = True
+        with _POOLS_LOCK:  # (its workers end: not counted among those open)
+            _POOLS.discard(self._engine)
         gone: list[bool] = []
         # Every call runs every step (each is idempotent): a Ctrl-C while the prefetch thread
         # is joined must not skip the workers (``jaxloader.base.interrupts``, 4), and one that lands

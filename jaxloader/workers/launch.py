@@ -29,7 +29,9 @@ from typing import Any
 
 # the folder jaxloader is imported from, put first on a fresh interpreter's path
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_PRELUDE = """import json, os, sys
+_PRELUDE = """import json, os, signal, sys
+for stopping in (signal.SIGTTIN, signal.SIGTTOU):
+    signal.signal(stopping, signal.SIG_IGN)
 for f in (0, 1, 2):
     try:
         os.fstat(f)
@@ -49,15 +51,16 @@ def launch(code: str, pass_fds: tuple[int, ...] = (), **popen: Any) -> subproces
     exists (Python 3.13.0 cannot import NumPy in a removed one: ``/`` then), and in a process
     group of its own from its first instruction: a terminal's or a notebook's Ctrl-C (sent to
     the training process's group) reached it while it imported, before a worker leaves the
-    signals to the trainer, and printed its ``KeyboardInterrupt``."""
+    signals to the trainer, and printed its ``KeyboardInterrupt``. As a background group's,
+    its writes to the terminal under ``stty tostop`` (and its reads) do not stop it: the
+    prelude ignores SIGTTOU and SIGTTIN, as a worker does."""
     path = [PACKAGE_ROOT] + [os.path.abspath(p) if p else "" for p in map(_path, sys.path) if
                              p is not None]
     flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
     read_end, write_end = os.pipe()
     try:
-        started = subprocess.Popen(
-            [sys.executable, *flags, "-c", _PRELUDE.format(fd=read_end) + code],
-            pass_fds=(*pass_fds, read_end), cwd=_directory(), **{"process_group": 0, **popen})
+        started = _popen([sys.executable, *flags, "-c", _PRELUDE.format(fd=read_end) + code],
+                         pass_fds=(*pass_fds, read_end), cwd=_directory(), **popen)
     except BaseException:
         os.close(write_end)
         raise
@@ -69,6 +72,16 @@ def launch(code: str, pass_fds: tuple[int, ...] = (), **popen: Any) -> subproces
     except BrokenPipeError:
         pass  # (it ended as it started: said where its exit is asked after)
     return started
+
+
+def _popen(args: list[str], **popen: Any) -> subprocess.Popen:
+    """``args`` started in a process group of its own, or in this one where a sandbox forbids
+    ``setpgid`` (a worker then asks for one again, and leaves SIGINT to the trainer when it
+    is not allowed)."""
+    try:
+        return subprocess.Popen(args, **{"process_group": 0, **popen})
+    except PermissionError:
+        return subprocess.Popen(args, **popen)
 
 
 def _path(entry: Any) -> str | None:

@@ -163,6 +163,59 @@ def test_a_ctrl_c_while_a_fresh_interpreter_for_workers_imports_does_not_reach_i
     assert out.strip() == "('imported\\n', '') 0", (out, err)
 
 
+def test_a_fresh_interpreter_for_workers_writing_to_a_tostop_terminal_is_not_stopped(tmp_path):
+    # in a group of its own it is a background process: under `stty tostop` a write to the
+    # terminal (a warning as it imports) stopped it, and the loader waited on it for good
+    script = tmp_path / "tostop.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, pty, subprocess, sys, termios
+        sys.path.insert(0, {ROOT!r})
+        pid, fd = pty.fork()
+        if pid == 0:
+            attrs = termios.tcgetattr(0)
+            attrs[3] |= termios.TOSTOP
+            termios.tcsetattr(0, termios.TCSANOW, attrs)
+            from jaxloader.workers import launch
+            child = launch.launch("import sys; sys.stderr.write('a warning\\\\n')")
+            try:
+                print("exited", child.wait(timeout=10), flush=True)
+            except subprocess.TimeoutExpired:
+                print("stopped", flush=True)
+                child.kill()
+            os._exit(0)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.waitpid(pid, 0)
+        print(out.decode(errors="replace"))
+        """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert "a warning" in done.stdout and "exited 0" in done.stdout, (done.stdout, done.stderr)
+
+
+def test_workers_start_where_a_sandbox_forbids_a_process_group_of_their_own(monkeypatch):
+    # Popen(process_group=0) raised PermissionError there, and no worker started
+    from jaxloader.workers import launch
+
+    plain = subprocess.Popen
+
+    def sandboxed(args, **kw):
+        if "process_group" in kw:
+            raise PermissionError(1, "Operation not permitted")
+        return plain(args, **kw)
+
+    monkeypatch.setattr(launch.subprocess, "Popen", sandboxed)
+    child = launch.launch("print('started')", stdout=subprocess.PIPE, text=True)
+    assert child.communicate()[0] == "started\n" and child.returncode == 0
+
+
 def test_a_ctrl_c_in_a_workers_c_call_does_not_fail_it(tmp_path):
     # a worker catches SIGINT to leave it to the trainer: a read in C it lands in is restarted
     # (as under an ignored one), not failed with EINTR for a library that does not retry it
