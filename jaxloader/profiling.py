@@ -29,8 +29,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import base64
-import html
 import importlib
 import importlib.util
 import io
@@ -100,12 +98,15 @@ class Profile:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))  # (IPython's text: the table)
 
-    def _repr_html_(self) -> str:
+    def _ipython_display_(self) -> None:
         """What a notebook shows: the table and advice, then the picture (a ``_repr_png_``
-        alone showed the picture without them)."""
-        picture = "" if self.png is None else (
-            f'<img src="data:image/png;base64,{base64.b64encode(self.png).decode()}">')
-        return f"<pre>{html.escape(str(self))}</pre>{picture}"
+        alone showed the picture without them; HTML with the picture in it kept it twice in
+        the notebook's file)."""
+        from IPython.display import Image, display
+
+        print(self)
+        if self.png is not None:
+            display(Image(data=self.png, format="png"))
 
 
 def _one(loader: Any, steps: int, own: bool) -> Run:

@@ -360,7 +360,7 @@ def test_profile_does_not_advise_a_worker_count_it_measured_slower():
     assert "  - num_workers=8 reads more at once" in said  # (a count not run: as advised)
 
 
-def test_a_notebook_shows_a_diagnosis_and_a_profile_as_their_tables():
+def test_a_notebook_shows_a_diagnosis_and_a_profile_as_their_tables(monkeypatch, capsys):
     # a cell ending in loader.diagnose() showed Diagnosis(bottleneck='source', stages=...),
     # and one ending in jl.profile(...) the picture alone, or <Profile at 0x...> without one
     from IPython.lib.pretty import pretty
@@ -373,10 +373,12 @@ def test_a_notebook_shows_a_diagnosis_and_a_profile_as_their_tables():
     for png in (b"\x89PNG picture", None):
         report = Profile([Run(1, 100.0, found, [])], png, None)
         assert pretty(report) == str(report)
-        shown = report._repr_html_()
-        assert shown.startswith("<pre>workers  batches/s  bottleneck\n") and (
-            "&lt;" not in str(report) and "the fastest: num_workers=1" in shown)
-        assert ("data:image/png;base64,iVBOR" in shown) is (png is not None), shown
+        pictures = []
+        monkeypatch.setattr("IPython.display.display", pictures.append)
+        report._ipython_display_()
+        shown = capsys.readouterr().out
+        assert shown == str(report) + "\n" and "the fastest: num_workers=1" in shown
+        assert [p.data for p in pictures] == ([png] if png else [])
     assert "no picture: matplotlib is not installed" in shown
 
 

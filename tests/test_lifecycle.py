@@ -259,9 +259,9 @@ def test_many_loaders_with_workers_open_at_once_are_said_with_the_notebooks_reme
         monkeypatch):
     # a notebook keeps every loader a cell showed (Out[n]): re-running such a cell piled up
     # workers and descriptors until a new loader failed, with nothing said before
-    from jaxloader.loaders import base
+    from jaxloader.loaders import open_pools
 
-    monkeypatch.setattr(base, "MANY_OPEN", 2)
+    monkeypatch.setattr(open_pools, "MANY_OPEN", 2)
     made = []
     try:
         for expected in (False, True, False, True, False):

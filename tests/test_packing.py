@@ -312,7 +312,7 @@ def test_a_parquet_list_column_packs_every_token_once(tmp_path, num_workers):
 
 def test_a_shuffled_packing_over_parquet_past_its_cache_is_warned_with_its_remedies(tmp_path):
     # each row of PackedSource(seed=0) packs records from all over the file: every batch read
-    # row groups from the whole of it (13 batches/s against 235 with the remedy), unwarned
+    # row groups from the whole of it (15 batches/s against 481 with the remedy), unwarned
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     rng = np.random.default_rng(0)
@@ -320,26 +320,43 @@ def test_a_shuffled_packing_over_parquet_past_its_cache_is_warned_with_its_remed
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"tokens": pa.array(records, pa.list_(pa.int32()))}), path,
                    row_group_size=100)  # 20 row groups of ~4 KB decoded
-    small = dict(cache_bytes=20_000)  # (4 of them)
+    small = dict(cache_bytes=20_000)  # (5 of them)
 
-    def warned(seed, shuffle, **source):
-        packed = jl.PackedSource(jl.ParquetSource(path, **source), "tokens", 64, seed=seed)
+    def warned(seed, shuffle, tokenized=False, decodes=None, **source):
+        files = jl.ParquetSource(path, **source)
+        if decodes is not None:  # (the row groups decoded, counted)
+            decoded = files._decoded
+            files._decoded = lambda *a: decodes.append(a[0]) or decoded(*a)
+        records = jl.MapSource(files, lambda r: r) if tokenized else files
+        packed = jl.PackedSource(records, "tokens", 64, seed=seed)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            jl.DataLoader(packed, batch_size=4, shuffle=shuffle).close()
+            with jl.DataLoader(packed, batch_size=4, shuffle=shuffle) as loader:
+                if decodes is not None:
+                    decodes.clear()
+                    list(loader)
         return [str(w.message) for w in caught if w.category is jl.PerformanceWarning]
 
-    (said,) = warned(0, False, **small)
+    decodes = []
+    (said,) = warned(0, False, decodes=decodes, **small)
     assert re.search(r"PackedSource\(seed=0\) packs records from all over the files into each "
                      r"row, so its rows read from all 20 row groups at once, whatever the "
                      r"loader's shuffle.*cache_bytes= at least [\d,]+ .*or "
                      r"PackedSource\(seed=None\).*shuffle=jl.LocalShuffle\(window=\d, "
                      r"block_size=\d+\)", said), said
+    assert len(decodes) > 10 * 20, len(decodes)  # (each row group decoded again and again)
+    window, size = map(int, re.search(r"window=(\d+), block_size=(\d+)", said).groups())
+    assert not warned(None, jl.LocalShuffle(window=window, block_size=size), decodes=decodes,
+                      **small)
+    assert len(decodes) < 3 * 20, len(decodes)  # (the advice: read about once an epoch)
     assert warned(0, jl.LocalShuffle(window=2), **small)  # (no shuffle of the rows helps)
+    assert warned(0, False, tokenized=True, **small)[0] == said  # (a MapSource between)
     (said,) = warned(None, True, **small)
     assert "a full shuffle (shuffle=True) of a PackedSource's rows" in said
-    window, size = map(int, re.search(r"window=(\d+), block_size=(\d+)", said).groups())
-    assert not warned(None, jl.LocalShuffle(window=window, block_size=size), **small)
+    (said,) = warned(None, jl.LocalShuffle(window=3 * window, block_size=size), **small)
+    assert re.search(rf"LocalShuffle\(window={3 * window}, block_size={size}\) of a "
+                     rf"PackedSource's rows \(blocks of {size} rows\) reads up to \d+ row "
+                     rf"group\(s\) at a time.*LocalShuffle\(window={window}, ", said), said
     assert not warned(None, False, **small) and not warned(0, True, cache_bytes=1 << 20)
 
 

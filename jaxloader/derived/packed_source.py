@@ -33,17 +33,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxloader.base.abilities import lengths_of, order_check_of
+from jaxloader.base.abilities import lengths_of
 from jaxloader.base.checks import MASK64, Int, check_int
+from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, record_tokens
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
-from jaxloader.sources import parquet_footers
 from jaxloader.sources.mixture import refuse_mixture
-from jaxloader.sources.parquet import ParquetSource
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.sources.ragged import RaggedSource
@@ -175,31 +174,11 @@ class PackedSource:
     def check_order(self, shuffle: Any) -> None:
         """The source's check of what an order reads at once (a ``ParquetSource`` warns past
         its cache), which ``DataLoader`` calls: with ``seed=``, each row packs records from all
-        over the source, so the rows read from all of it at once whatever ``shuffle`` is (no
-        ``LocalShuffle`` of the rows helps); with ``seed=None`` a row's records are neighbours
-        in the source, and a full shuffle of the rows reads from all of it."""
-        seed, check = self.config["seed"], order_check_of(self.source)
-        if check is None or seed is None and shuffle is not True:
-            return  # (rows in stored order; a LocalShuffle of rows: its blocks' size is told)
-        if not isinstance(self.source, ParquetSource):
-            check(True)  # (a source of the user's, or a filter: the records' full shuffle)
-            return
-        per_group = max(1, round(len(self) / len(self.source._group_bytes)))
-
-        def told(count: int, fits: int) -> tuple[str, str]:
-            local = (f"shuffle=jl.LocalShuffle(window={fits}, block_size={per_group}) (blocks "
-                     f"of {per_group} rows, about one row group's records each)" if fits else
-                     "a LocalShuffle of the rows (not one row group fits: it needs that much)")
-            if seed is None:
-                return (f"a full shuffle (shuffle=True) of a PackedSource's rows reads from "
-                        f"all {count} row groups at once"), f"or {local}"
-            return (f"PackedSource(seed={seed}) packs records from all over the files into "
-                    f"each row, so its rows read from all {count} row groups at once, whatever "
-                    "the loader's shuffle"), (
-                f"or PackedSource(seed=None), whose rows pack neighbouring records (the loader "
-                f"still shuffles the rows), with {local}")
-
-        parquet_footers.check_order(self.source, True, told)
+        over the source, so the rows read from all of it at once whatever ``shuffle`` is;
+        with ``seed=None`` a row's records are neighbours, and a full shuffle of the rows
+        reads from all of it, a ``LocalShuffle`` of them from its blocks'
+        (``derived.packed_order``)."""
+        check_packed_order(self, shuffle)
 
     def _token_dtypes(self) -> list[np.dtype]:
         """Each key's token dtype: its first record's with tokens (one row has some), read

@@ -17,16 +17,16 @@ import dataclasses
 import errno
 import itertools
 import os
-import threading
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
 
 from jaxloader.base.checks import Int, refused_call
-from jaxloader.base.errors import ConfigError, user_stacklevel
+from jaxloader.base.errors import ConfigError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
+from jaxloader.loaders import open_pools
 from jaxloader.loaders.iterator import IteratorWork, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
 from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placement
@@ -47,36 +47,6 @@ class Workers(Protocol):
 
 
 _MADE: dict[str, Iterator[int]] = collections.defaultdict(lambda: itertools.count(1))
-_POOLS: weakref.WeakSet = weakref.WeakSet()  # this process's worker pools not closed (a
-# loader's, or its iterator's: a DataLoader's iterator holds the pool, and keeps it past its
-# loader)
-_POOLS_LOCK = threading.Lock()  # (loaders made in several threads at once)
-if hasattr(os, "register_at_fork"):  # (a forked child has none of its parent's workers)
-    os.register_at_fork(after_in_child=_POOLS.clear)
-MANY_OPEN = 6  # loaders with workers open at once said (then 12, 24, ...): a notebook's Out
-
-
-def _said_open(label: str, pool: Engine) -> None:
-    """Warns where the loader ``label``, its worker ``pool`` just started, makes ``MANY_OPEN``
-    (or twice, four times as many) worker pools running in this process: each keeps its
-    processes and slots until its loader is closed or collected (and its iterators), and a
-    notebook keeps every loader or iterator a cell showed."""
-    with _POOLS_LOCK:
-        _POOLS.add(pool)
-        running = [len(each.pids) for each in list(_POOLS)]
-    times, rest = divmod(len(running), MANY_OPEN)
-    if not times or rest or times & (times - 1):
-        return
-    warnings.warn(
-        f"{label}: {len(running)} loaders with workers are open in this "
-        f"process, with {sum(running)} worker processes and their batch slots (memory, a "
-        "descriptor each), until each is closed or collected; close() the loaders you are "
-        "done with (or make them in a 'with' block). In a notebook, a cell that ends by "
-        "showing a loader or its iterator keeps it in Out[n] and _ however often the cell runs "
-        "again: end such a cell with ';', and %reset -f out lets go of those kept",
-        stacklevel=user_stacklevel())
-
-
 def _weakly(method: Callable[[], str]) -> Callable[[], str]:
     """``method`` called through a weak reference to its object (``""`` once it is gone): for
     what its loader holds (the monitor), so that no cycle keeps a dropped loader, and its
@@ -201,7 +171,7 @@ class LoaderLifecycle:
                                                 "and status files") from e
             if tune is not None:
                 tune.pool = engine
-            _said_open(self._progress.label, engine)
+            open_pools.started(self._progress.label, engine)
         self._monitor = None
         if tune is not None or options.log_every_s:
             self._monitor = Monitor(tune, options.log_every_s, _weakly(self._summary),
@@ -393,8 +363,7 @@ class LoaderLifecycle:
         """Releases workers and buffers, without waiting for batches in flight (workers busy
         in a transform are killed); idempotent."""
         self._progress.closed = True
-        with _POOLS_LOCK:  # (its workers end: not counted among those open)
-            _POOLS.discard(self._engine)
+        open_pools.closed(self._engine)  # (its workers end: not counted among those open)
         gone: list[bool] = []
         # Every call runs every step (each is idempotent): a Ctrl-C while the prefetch thread
         # is joined must not skip the workers (``jaxloader.base.interrupts``, 4), and one that lands

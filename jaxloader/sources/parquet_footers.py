@@ -201,13 +201,13 @@ def fingerprints(source: Any) -> tuple[str, ...]:
 
 
 def check_order(source: Any, shuffle: Any,
-                told: Callable[[int, int], tuple[str, str]] | None = None) -> None:
+                told: tuple[int, Callable[[int], tuple[str, str]]] | None = None) -> None:
     """``ParquetSource.check_order``: a ``PerformanceWarning`` when ``shuffle`` reads from more
     row groups at once than ``source.cache_bytes`` holds decoded (the footers' sizes), with the
     ``cache_bytes`` it needs: a row group evicted before its window is done is decoded again.
-    ``told``: for an order that reads from all row groups whatever ``shuffle`` is, as a
-    ``PackedSource``'s shuffled records do, what it is and the remedy past ``cache_bytes=``,
-    from the row groups and how many the cache holds.
+    ``told``: for an order of rows made from the files' records (a ``PackedSource``'s), how
+    many row groups it reads at once, and, from how many the cache holds, what it is and the
+    remedy past ``cache_bytes=`` (asked where it warns: ``derived.packed_order``).
 
     Example:
         >>> import tempfile, warnings, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
@@ -224,8 +224,7 @@ def check_order(source: Any, shuffle: Any,
     fits = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), source.cache_bytes,
                                side="right"))
     if told is not None:
-        count = len(sizes)
-        what, remedy = told(count, fits)
+        count, what_and_remedy = min(told[0], len(sizes)), told[1]
     elif isinstance(shuffle, LocalShuffle):  # a window of blocks, each in 1 row group or
         blocks = shuffle.block_starts(source, len(source))  # more (blocks of records)
         first = source._starts.searchsorted(blocks[:-1], side="right")
@@ -245,6 +244,8 @@ def check_order(source: Any, shuffle: Any,
         return
     held = int(np.sort(sizes)[len(sizes) - count:].sum())
     if held > source.cache_bytes:
+        if told is not None:
+            what, remedy = what_and_remedy(fits)
         warnings.warn(
             f"ParquetSource(cache_bytes={source.cache_bytes:,}): {what}, up to {held:,} bytes "
             f"decoded (the footers' sizes), more than the cache holds: each batch decodes "

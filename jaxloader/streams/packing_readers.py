@@ -295,7 +295,9 @@ def _next_tokens(packed: Any, inner: Any) -> np.ndarray:
             origin = getattr(inner, "origin", None)
             where = described(origin) if origin is not None else ""
             if where and e.args and isinstance(e.args[0], str):
-                e.args = (f"{e.args[0]} (at {where.strip()[1:-1]})", *e.args[1:])
+                place = where.strip()[1:-1]  # (or why it is not known)
+                e.args = (f"{e.args[0]} ({'' if place.startswith('its ') else 'at '}{place})",
+                          *e.args[1:])
             raise
         if len(tokens):
             return tokens
