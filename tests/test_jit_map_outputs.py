@@ -215,3 +215,7 @@ def test_the_arrays_digest_leaves_mapped_files_and_looks_into_containers(tmp_pat
     before = arrays_digest(default)
     table[4] = 1.0
     assert before and arrays_digest(default) != before
+    stamps = np.arange(1_000).astype("M8[s]")  # (a datetime64's buffer: the digest raised)
+    before = arrays_digest(closing(stamps))
+    stamps[5] = np.datetime64(0, "s")
+    assert before and arrays_digest(closing(stamps)) != before

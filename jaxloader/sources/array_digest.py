@@ -55,11 +55,11 @@ def arrays_digest(fn: Any) -> str:
             if not value.dtype.hasobject and not _mapped(value):
                 digest.update(f"{value.dtype}{value.shape}".encode())
                 if value.nbytes <= whole:
-                    digest.update(np.ascontiguousarray(value).data)
+                    digest.update(_bytes(value))
                     whole -= value.nbytes
                 else:  # (a trainer's data, which the object of its augment method holds, is
                     # not read whole at the first state_dict(): evenly spaced values, any layout)
-                    digest.update(spaced_values(value, SAMPLE_BYTES // value.itemsize).data)
+                    digest.update(_bytes(spaced_values(value, SAMPLE_BYTES // value.itemsize)))
                 found = True
         elif isinstance(value, (tuple, list, dict)):  # (their first MOST_VALUES items)
             inside = [v for v in itertools.islice(value.values() if isinstance(value, dict)
@@ -76,6 +76,12 @@ def arrays_digest(fn: Any) -> str:
                 inside += list(attributes_of(value).values())
         todo += [(v, depth + 1) for v in reversed(inside)]
     return digest.hexdigest() if found else ""
+
+
+def _bytes(array: np.ndarray) -> memoryview:
+    """``array``'s bytes in C order, as a buffer of bytes: a datetime64's buffer cannot be
+    exported as its own dtype (the digest raised ``ValueError`` on a closure over one)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def _mapped(array: np.ndarray) -> bool:
