@@ -42,8 +42,9 @@ class FileListSource:
                 f"FileListSource(paths): expected a list of paths, got one path {paths!r}; for a "
                 "folder, pass sorted(pathlib.Path(folder).glob('*.jpg')) or the like"
             )
-        try:
-            self.paths = [os.fspath(p) for p in paths]
+        try:  # (bytes, as os.listdir(b".") gives a name that is not UTF-8: the str Python
+            # makes of it, which names the same file and goes into a JSON state)
+            self.paths = [os.fsdecode(p) for p in paths]
         except TypeError:  # (None, a number: named, with where it is)
             listed = list(paths) if isinstance(paths, Iterable) else None
             at, bad = next(((i, p) for i, p in enumerate(listed or ())

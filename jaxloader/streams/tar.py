@@ -204,7 +204,10 @@ class TarShard(FileShard):
         self._end = offset
         zeros = header.count(0) == len(header)
         second = self._file.read(_BLOCK) if len(header) == _BLOCK and zeros else b""
-        if second.count(0) != len(second):
+        if offset == 0 and not header:  # (not even an empty archive's marker: also with
+            # tolerate_missing_end, a failed download read as a shard of no records)
+            how = "the file holds no bytes (an empty archive holds its end marker, 1,024)"
+        elif second.count(0) != len(second):
             how = "a zero block is followed by data, not by a second zero block"
         elif not zeros:
             how = f"it ends inside a header ({len(header)} of {_BLOCK} bytes)"
@@ -221,7 +224,8 @@ class TarShard(FileShard):
             f"{self.path}: byte {offset}: {how}; replace the "
             "shard (re-download or re-create it), or drop it from the stream"
             + ("; if its writer leaves the marker out, read it with "
-               "Stream.tar(paths, tolerate_missing_end=True)" if zeros else ""))
+               "Stream.tar(paths, tolerate_missing_end=True)" if zeros and (header or offset)
+               else ""))
 
     def _link(self, header: bytes, offset: int, long_name: str | None) -> None:
         """An error for a link member (its first header at ``offset``): it holds no data,

@@ -66,6 +66,20 @@ def test_a_fifo_or_a_device_in_the_list_fails_at_its_record_not_waits(tmp_path):
     assert opened is None or len(os.listdir("/proc/self/fd")) == opened
 
 
+def test_bytes_paths_as_os_listdir_gives_them_are_read_and_saved(tmp_path):
+    # a name that is not UTF-8 comes from os.listdir(b'...') as bytes: taken, then a bare
+    # TypeError at the first read and at state_dict()
+    folder = os.fsencode(tmp_path)
+    with open(folder + b"/caf\xe9.bin", "wb") as f:
+        f.write(b"y")
+    (tmp_path / "ok.bin").write_bytes(b"x")
+    paths = sorted(folder + b"/" + name for name in os.listdir(folder))
+    with jl.DataLoader(jl.FileListSource(paths), batch_size=2, process_index=0,
+                       process_count=1) as loader:
+        assert sorted(next(iter(loader))["data"].tolist()) == [b"x", b"y"]
+        assert loader.state_dict()["step"] == 1
+
+
 def test_bad_arguments(tmp_path):
     with pytest.raises(jl.ConfigError, match="one path"):
         jl.FileListSource(str(tmp_path))
