@@ -106,6 +106,14 @@ class Wrapping(Protocol):
 
 
 @runtime_checkable
+class Originating(Protocol):
+    """A source that names where a record comes from (a ``FileListSource``'s file), for an
+    error about the record (a transform's on it, its batch's): ``None`` where it cannot."""
+
+    def record_origin(self, index: int) -> str | None: ...
+
+
+@runtime_checkable
 class Closable(Protocol):
     """Something that holds files or memory open until it is closed."""
 
@@ -204,6 +212,18 @@ def parts_of(source: object) -> list[Any]:
         inner = source.source
         return [inner] if hasattr(inner, "__len__") and hasattr(inner, "__getitem__") else []
     return []
+
+
+def origin_of(source: object, index: int) -> str | None:
+    """Where ``source``'s record ``index`` comes from (``Originating``), or ``None``; never
+    raises (it names a record in an error being said)."""
+    if not isinstance(source, Originating):
+        return None
+    try:
+        said = source.record_origin(index)
+    except Exception:  # noqa: BLE001 - a name for a message only
+        return None
+    return said if isinstance(said, str) else None
 
 
 def close_of(held: object) -> None:

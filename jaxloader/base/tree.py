@@ -268,14 +268,15 @@ class RecordNames:
     def __init__(self, positions: Any = None, indices: Any = None, first_row: int = 0,
                  origin: Callable[[int], str] | None = None) -> None:
         self.positions, self.indices, self.first_row = positions, indices, first_row
-        self.origin = origin  # (a stream's rows) row -> " (where its record came from)"
+        self.origin = origin  # row (a stream's), or source index -> " (where it came from)"
 
     def __getitem__(self, rows: slice) -> "RecordNames":
         """The names of ``rows`` (a chunk's rows ``a:b`` of the batch), counted from 0 again."""
         if self.positions is None:
             return RecordNames(first_row=self.first_row + (rows.start or 0), origin=self.origin)
         return RecordNames(self.positions[rows],
-                           None if self.indices is None else self.indices[rows])
+                           None if self.indices is None else self.indices[rows],
+                           origin=self.origin)
 
     def name(self, j: int) -> str:
         if self.positions is None:
@@ -283,8 +284,9 @@ class RecordNames:
             return f"row {row}{self.origin(row) if self.origin is not None else ''}"
         position = int(self.positions[j])
         index = None if self.indices is None else int(self.indices[j])
-        return (f"record position {position}" if index is None or index == position
-                else f"record position {position} (source index {index})")
+        where = "" if self.origin is None else self.origin(position if index is None else index)
+        return (f"record position {position}{where}" if index is None or index == position
+                else f"record position {position} (source index {index}){where}")
 
 
 def record_name(names: Any, j: int) -> str:

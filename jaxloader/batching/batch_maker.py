@@ -30,8 +30,9 @@ import numpy as np
 from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.tree import RecordNames
 from jaxloader.base.read_threads import Reads, count as threads_now, each, item_of, using
-from jaxloader.base.abilities import gatherer_of
+from jaxloader.base.abilities import Originating, gatherer_of, origin_of
 from jaxloader.base.checks import check_positions
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.source_locks import held, holding, reading
@@ -62,6 +63,7 @@ class BatchMaker:
         read_threads: int = 1,
     ) -> None:
         self.source = source
+        self._origins = isinstance(source, Originating)  # (its records' files, in errors)
         self.read_threads = read_threads  # a batch's records read on so many threads at once
         self._ahead: dict[int, tuple[Reads, int]] = {}  # a task's step -> its reads in flight
         self.sampler = sampler
@@ -110,7 +112,7 @@ class BatchMaker:
             records = self._read_records(spec, timed, self._ahead.pop(step, None))
             if timed:
                 start = clock.span(LOOP, start)
-            treedef, columns = record_columns(records, spec.names())
+            treedef, columns = record_columns(records, self._names(spec))
         made = self._finish(spec, treedef, columns, alloc, timed)
         if timed:
             clock.span(COLLATE, start)
@@ -234,8 +236,25 @@ class BatchMaker:
                 return collate.gathered_columns(gathered, len(spec.indices))
         got = self._getitems(spec)
         if isinstance(got, list):
-            return record_columns(got, spec.names())
+            return record_columns(got, self._names(spec))
         return batch_columns(got, len(spec.indices))
+
+    def _where(self, spec: BatchSpec) -> Callable[[int, int], str]:
+        """How an error names a record of ``spec``: its step, position and source index, and
+        the file it comes from where the source says (``origin_of``: a ``FileListSource``)."""
+        if not self._origins:
+            return spec.record_location
+        return lambda position, index: spec.record_location(position, index) + self._origin(
+            index)
+
+    def _origin(self, index: int) -> str:
+        said = origin_of(self.source, index)
+        return f" ({said})" if said else ""
+
+    def _names(self, spec: BatchSpec) -> RecordNames:
+        names = spec.names()
+        names.origin = self._origin if self._origins else None
+        return names
 
     def _getitems(self, spec: BatchSpec, read: Callable[[Any], Any] | None = None,
                   name: str = "__getitems__") -> Any:
@@ -243,7 +262,7 @@ class BatchMaker:
             got = (read or self.source.__getitems__)(spec.indices)
         except Exception as e:  # (the record named where the source said which: item_of)
             j = item_of(e)
-            where = spec.record_location(int(spec.positions[j]), int(spec.indices[j])) if (
+            where = self._where(spec)(int(spec.positions[j]), int(spec.indices[j])) if (
                 j is not None and 0 <= j < len(spec.indices)) else spec.location()
             raise RecordError(
                 f"{where}: source.{name} raised {type(e).__name__}: {e}"
@@ -273,6 +292,7 @@ class BatchMaker:
             locks = ()  # record), its records read first; on threads, all read under them
         lock = locks[0] if locks else None
         ahead, at = read or (None, 0)  # (in a worker, on threads: reads in flight meanwhile)
+        where = self._where(spec)
         if raw is None and ahead is None and threads > 1 and len(spec.indices) > 1:
             ahead = Reads(source.__getitem__, spec.indices.tolist(), threads)
         try:
@@ -291,9 +311,8 @@ class BatchMaker:
                 except JaxloaderError:
                     raise
                 except Exception as e:
-                    raise RecordError(_read_failed(spec, position, index, e)) from e
-                records.append(run(record, epoch, position, spec.record_location,
-                                   (position, index)))
+                    raise RecordError(_read_failed(where, position, index, e)) from e
+                records.append(run(record, epoch, position, where, (position, index)))
         finally:
             if ahead is not None and read is None:  # (a task's: closed as the task ends)
                 ahead.close()
@@ -304,14 +323,16 @@ class BatchMaker:
     def _read_each(self, spec: BatchSpec) -> list:
         """The batch's records, ``source[index]`` each (on the batch's read threads), an error
         naming its record."""
-        positions, indices = spec.positions.tolist(), spec.indices.tolist()
+        positions, indices, where = spec.positions.tolist(), spec.indices.tolist(), \
+            self._where(spec)
         return each(
             self.source.__getitem__, indices,
-            lambda j, e: RecordError(_read_failed(spec, positions[j], indices[j], e)))
+            lambda j, e: RecordError(_read_failed(where, positions[j], indices[j], e)))
 
 
-def _read_failed(spec: BatchSpec, position: int, index: int, e: Exception) -> str:
-    return (f"{spec.record_location(position, index)}: source[index] raised "
+def _read_failed(where: Callable[[int, int], str], position: int, index: int,
+                 e: Exception) -> str:
+    return (f"{where(position, index)}: source[index] raised "
             f"{type(e).__name__}: {e}{source_read_only_hint(e)}; the original error is the "
             "cause below")
 

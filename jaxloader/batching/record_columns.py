@@ -193,6 +193,9 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
             elif _scalar_dtype(v) is not None and (dtype := _scalar_dtype(values[0])) is not None:
                 fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
                        f"'{dtype}'), say)")
+            elif _image_modes(values[0], v):
+                fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
+                       "convert each as it is decoded, Image.open(...).convert('RGB')")
             else:
                 fix = ("make every record's leaf the same shape and dtype (pad or crop in a "
                        "Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream for a "
@@ -203,6 +206,16 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                 f"{describe(v)}; {fix}"
             )
     raise CollateError(f"batch leaf {path}: records differ in type")
+
+
+def _image_modes(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` look like pictures of one size in two image modes: ``(h, w)``
+    or ``(h, w, c)``, ``c`` 1, 3 or 4, of uint8 or uint16, one of 3 or 4 channels."""
+    if not all(getattr(v, "dtype", None) in (np.uint8, np.uint16) for v in (a, b)):
+        return False
+    channels = [1 if v.ndim == 2 else v.shape[2] if v.ndim == 3 else 0 for v in (a, b)]
+    return a.shape[:2] == b.shape[:2] and 0 not in channels and set(channels) <= {1, 3, 4} \
+        and channels[0] != channels[1] and max(channels) >= 3
 
 
 def record_columns(records: list, names: Any = None) -> tuple[tree_lib.TreeDef, list[Column]]:

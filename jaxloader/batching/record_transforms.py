@@ -91,9 +91,9 @@ class RecordTransforms:
         except Exception as e:
             raise RecordError(
                 f"{where(*where_args)}: transforms[{t_index}] {self.transforms[t_index]!r} "
-                f"raised {type(e).__name__}: {e}{read_only_hint(e)}"
-                f"{arguments_hint(e, self.transforms[t_index].fn)}; the original error is the "
-                "cause below") from e
+                f"raised {type(e).__name__}{f': {e}' if str(e) else ''}{read_only_hint(e)}"
+                f"{arguments_hint(e, self.transforms[t_index].fn)}{_memory_hint(e)}; the "
+                "original error is the cause below") from e
         return record
 
 
@@ -104,6 +104,16 @@ def read_only_hint(e: Exception) -> str:
                 "source itself, as is a JitMap's output of one chunk: copy what you change, "
                 "e.g. r['x'].copy() or np.array(r['x']))")
     return ""
+
+
+def _memory_hint(e: Exception) -> str:
+    """What to look at for a transform that ran out of memory (a ``MemoryError`` says
+    nothing of its own)."""
+    if not isinstance(e, MemoryError):
+        return ""
+    return (" (out of memory in this transform: a record larger than the others, an image of "
+            "very many pixels say; check its size before decoding it, e.g. PIL's "
+            "Image.open(...).size, or give the process more memory)")
 
 
 def arguments_hint(e: Exception, fn: Any) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
+from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
@@ -106,6 +106,10 @@ class FilteredSource:
             raise IndexError(f"FilteredSource: record {index} out of range "
                              f"[0, {len(self.indices)})")
         return self.source[int(self.indices[index])]
+
+    def record_origin(self, index: int) -> str | None:
+        """Where its record ``index`` (the source's kept one) comes from, for messages."""
+        return origin_of(self.source, int(self.indices[index]))
 
     def __getitems__(self, rows: np.ndarray) -> Any:
         picked = self.indices[np.asarray(rows, np.int64)]

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence, cast
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import block_starts_of, lengths_of
+from jaxloader.base.abilities import block_starts_of, lengths_of, origin_of
 from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.base.read_threads import each, item_of, tag_item
@@ -142,6 +142,11 @@ class ConcatSource:
         """``[source number, index in it]`` for each index (a ``(n, 2)`` array)."""
         parts = np.searchsorted(self.offsets, indices, side="right") - 1
         return np.stack([parts, indices - self.offsets[parts]], axis=-1)
+
+    def record_origin(self, index: int) -> str | None:
+        """Where record ``index`` comes from (its part's file), for messages."""
+        part = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return origin_of(self.sources[part], index - int(self.offsets[part]))
 
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < len(self):

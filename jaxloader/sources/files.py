@@ -85,6 +85,10 @@ class FileListSource:
                                   "which labels are kept as; pass labels below 2**63")
             self.labels = given.astype(np.int64)
 
+    def record_origin(self, index: int) -> str:
+        """Record ``index``'s file, which an error about the record names."""
+        return self.paths[index]
+
     def __len__(self) -> int:
         return len(self.paths)
 

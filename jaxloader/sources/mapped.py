@@ -35,7 +35,7 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import read_threads
-from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
+from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
@@ -145,6 +145,10 @@ class MapSource:
                 f"and it has none: {e}. Where the function makes or changes {key!r} (a "
                 "tokenizer), pass lengths_kept=False: the mapped records' lengths are then "
                 "read once") from None
+
+    def record_origin(self, index: int) -> str | None:
+        """Where the source's record ``index`` comes from (a file), for messages."""
+        return origin_of(self.source, index)
 
     def check_order(self, shuffle: Any) -> None:
         """The source's check of what an order reads at once (a Parquet file's cache)."""

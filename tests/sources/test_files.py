@@ -80,6 +80,42 @@ def test_bytes_paths_as_os_listdir_gives_them_are_read_and_saved(tmp_path):
         assert loader.state_dict()["step"] == 1
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_error_about_a_record_names_its_file(tmp_path, num_workers):
+    # a file read was named by its source index alone (paths[14]: the user's to look up),
+    # and a MemoryError said nothing ("raised MemoryError: ;")
+    paths = files(tmp_path, 6)
+    gray = lambda r: {"image": np.zeros((4, 4) if r["data"][:1] == b"\x03" else (4, 4, 3),
+                                        np.uint8)}  # noqa: E731 - (an L image among RGB)
+
+    def failing(r):
+        if r["data"][:1] == b"\x02":
+            raise ValueError("cannot identify image file")
+        return r
+
+    def huge(r):
+        raise MemoryError()
+
+    for fn, expected in ((failing, r"record position 2 \(source index 2\) \(.*img-2.bin\): "
+                                   r"transforms\[0\] Map\(.*failing\) raised ValueError"),
+                         (gray, r"batch leaf \['image'\]: records differ: record position 0 "
+                                r"\(.*img-0.bin\) has shape \(4, 4, 3\).*record position 3 "
+                                r"\(.*img-3.bin\) has shape \(4, 4\).*other modes.*"
+                                r"convert\('RGB'\)"),
+                         (huge, r"img-0.bin\): transforms\[0\] Map\(.*huge\) raised MemoryError "
+                                r"\(out of memory in this transform")):
+        for source in (jl.FileListSource(paths),
+                       jl.ConcatSource([jl.FileListSource(paths[:1]),
+                                        jl.MapSource(jl.FileListSource(paths[1:]),
+                                                     lambda r: r)])):
+            with jl.DataLoader(source, batch_size=6, transforms=[jl.Map(fn)],
+                               num_workers=num_workers, process_index=0,
+                               process_count=1) as loader:
+                with pytest.raises((jl.RecordError, jl.CollateError, jl.WorkerError),
+                                   match=expected):
+                    next(iter(loader))
+
+
 def test_bad_arguments(tmp_path):
     with pytest.raises(jl.ConfigError, match="one path"):
         jl.FileListSource(str(tmp_path))
