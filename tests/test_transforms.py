@@ -196,3 +196,38 @@ def test_a_batch_transform_that_changes_the_batch_axis_is_the_one_named():
                                                          jl.BatchMap(_write_in_place)]) as loader:
         with pytest.raises(jl.RecordError, match=r"read-only.*copy what you change"):
             list(loader)  # (a hint where a JitMap's read-only output is written into)
+
+
+class BombWarning(UserWarning):  # (as Pillow's DecompressionBombWarning: a warning a transform
+    pass                         # raises, which a script makes an error, or ignores)
+
+
+def _warns(record):
+    if int(record["x"]) == 3:
+        import warnings
+
+        warnings.warn("too many pixels", BombWarning)
+    return record
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_scripts_warning_filters_act_in_the_workers_too(num_workers, capfd):
+    # a filter set in code (warnings.simplefilter("error", ...)) turned a transform's warning
+    # into an error with num_workers=0 only: workers made the batch, printing the warning
+    import warnings
+
+    def first_batch():
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=8,
+                           transforms=[jl.Map(_warns)], num_workers=num_workers,
+                           process_index=0, process_count=1) as loader:
+            return next(iter(loader))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BombWarning)
+        with pytest.raises((jl.RecordError, jl.WorkerError), match="raised BombWarning: too "
+                                                                   "many pixels"):
+            first_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BombWarning)
+        assert first_batch()["x"].tolist() == list(range(8))
+    assert "too many pixels" not in capfd.readouterr().err
