@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -231,3 +233,37 @@ def test_the_scripts_warning_filters_act_in_the_workers_too(num_workers, capfd):
         warnings.simplefilter("ignore", BombWarning)
         assert first_batch()["x"].tolist() == list(range(8))
     assert "too many pixels" not in capfd.readouterr().err
+
+
+def _numpy_global(record):
+    return {"x": record["x"] + np.random.randint(0, 100)}
+
+
+def _python_global(record):
+    import random
+
+    return {"x": record["x"] + random.randint(0, 100)}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_transform_drawing_from_the_global_random_state_is_warned(num_workers, capfd):
+    # the batches then differ with the worker count and from run to run: nothing said
+    import warnings
+
+    def batches(transform):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            with jl.DataLoader(jl.ArraySource({"x": np.arange(32)}), batch_size=8,
+                               transforms=[transform], num_workers=num_workers,
+                               process_index=0, process_count=1) as loader:
+                list(loader)
+        said = [str(w.message) for w in caught] + capfd.readouterr().err.splitlines()
+        return [line for line in said if "drew from the global random state" in line]
+
+    for fn in (_numpy_global, _python_global):
+        said = batches(jl.Map(fn))
+        assert len(said) == max(1, num_workers), said  # (once a process)
+        assert re.search(rf"a record transform \(Map\({fn.__name__}\)\) drew from the global "
+                         r"random state .*differ with the worker count.*jl.RandomMap\(lambda "
+                         r"record, rng:", said[0]), said
+    assert not batches(jl.RandomMap(lambda r, rng: {"x": r["x"] + rng.integers(100)}))
