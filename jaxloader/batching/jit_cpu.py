@@ -18,7 +18,10 @@ THREADS_ENV = "JAXLOADER_XLA_THREADS"  # cores a worker's XLA CPU backend is siz
 
 
 def cpu_device() -> Any:
-    """JAX's first CPU device. In a worker (``JAXLOADER_XLA_THREADS`` in its environment: 1
+    """JAX's first CPU device of this process (after ``jax.distributed.initialize``,
+    ``jax.devices("cpu")[0]`` is process 0's, which another process cannot address: its
+    JitMap failed with num_workers=0, "UnsafeBufferPointer() is supported only for unsharded
+    arrays"). In a worker (``JAXLOADER_XLA_THREADS`` in its environment: 1
     by default, ``workers/process.py``), XLA's CPU backend is started while this process may
     run on that many cores only: XLA sizes its thread pools from the cores it may use, and
     flags do not bound them. Every thread may use all the cores again afterwards."""
@@ -28,13 +31,13 @@ def cpu_device() -> Any:
         return _CPU[0]
     threads = os.environ.get(THREADS_ENV)
     if not threads or not hasattr(os, "sched_setaffinity"):
-        _CPU.append(jax.devices("cpu")[0])
+        _CPU.append(jax.local_devices(backend="cpu")[0])
         return _CPU[0]
     _keep_freed_memory()
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, sorted(allowed)[:max(1, int(threads))])
     try:
-        _CPU.append(jax.devices("cpu")[0])
+        _CPU.append(jax.local_devices(backend="cpu")[0])
         return _CPU[0]
     finally:
         for tid in os.listdir("/proc/self/task"):

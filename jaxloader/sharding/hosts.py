@@ -270,8 +270,12 @@ class HostsCheck:
             (log.info if _told["late"] else log.warning)(
                 "%s: process(es) %s of %d have not made this iter() (this loader's %s) "
                 "within %.3g s, so their settings are not yet compared with this process's; "
-                "they are looked for again at the 2nd, 4th, 8th... next() (a process that "
-                "iterates this loader fewer times than the others is out of step with them)",
+                "they are looked for again at the 2nd, 4th, 8th... next(). Where they iterate "
+                "this loader fewer times than this process (an iter() made on one process "
+                "alone, to look at a batch: loader.peek() gives it with no iter()), the "
+                "processes are out of step: each global batch joins this process's step with "
+                "another of theirs, records are lost, and the pass's end waits for good; "
+                "iterate the loader alike on every process",
                 self.owner, _listed(sorted(self.pending)), self.count, _nth(self.n + 1),
                 WAIT_S)
             _told["late"] = True

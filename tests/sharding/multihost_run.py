@@ -43,6 +43,13 @@ for step in range(int(steps)):
         with open(f"{out_dir}/state_{process_id}.json", "w") as f:
             json.dump(loader.state_dict(), f)
 loader.close()
+if mode != "resume":  # a JitMap in this process (num_workers=0) on every host: it ran on
+    # jax.devices("cpu")[0], process 0's, which process 1 cannot address
+    import jax.numpy as jnp  # noqa: E402
+
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(16.0)}), batch_size=4,
+                       transforms=[jl.JitMap(lambda r: {"x": jnp.sqrt(r["x"])})]) as jitted:
+        assert np.allclose(next(iter(jitted))["x"] ** 2, np.arange(4.0) + 4 * int(process_id))
 if process_id == "0":
     np.savez(f"{out_dir}/stream_{mode}.npz", **{k: np.stack(v) for k, v in stream.items()})
 print("done", process_id)
