@@ -121,6 +121,8 @@ def test_a_late_process_is_waited_for_on_the_first_call_then_looked_for_at_power
     assert store.waits and max(store.waits) <= 50  # (waited for it, then went on)
     assert [r.levelname for r in caplog.records] == ["WARNING"] and "process(es) 1, 2 of 3 " \
         "have not made this iter() (this loader's 1st iter())" in caplog.records[0].getMessage()
+    assert "out of step: each global batch joins this process's step with another of theirs" \
+        in caplog.records[0].getMessage() and "loader.peek()" in caplog.records[0].getMessage()
     looks = []
     for call in range(1, 9):
         before = store.looks
