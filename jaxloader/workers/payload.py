@@ -31,8 +31,7 @@ import os
 import pickle
 import sys
 import threading
-import warnings
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import cloudpickle
 import numpy as np
@@ -257,45 +256,6 @@ class _Unpickler(pickle.Unpickler):
             array = np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset, strides=strides)
         array.flags.writeable = False  # the source is shared: a transform must not write it
         return array
-
-
-class WithWarnings:
-    """``obj`` with this process's warning filters of the moment (``warnings.simplefilter``
-    calls of a script, ``-W`` and ``PYTHONWARNINGS``), which unpickling it in a worker makes
-    the worker's: a filter that turns a transform's warning into an error (Pillow's
-    ``DecompressionBombWarning``), or ignores one, acts as with ``num_workers=0`` (a worker
-    started with its interpreter's defaults). A filter whose category does not pickle stays
-    behind.
-
-    Example:
-        >>> import warnings
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("error", ResourceWarning)
-        ...     blob = dumps(WithWarnings("maker"), [].append)
-        >>> with warnings.catch_warnings():
-        ...     loads(blob), warnings.filters[0][:3:2]
-        ('maker', ('error', <class 'ResourceWarning'>))
-    """
-
-    def __init__(self, obj: Any) -> None:
-        self.obj, self.filters = obj, []
-        for entry in warnings.filters:
-            try:
-                cloudpickle.dumps(entry[2])
-            except Exception:  # noqa: BLE001 - (a category of a module the worker lacks)
-                continue
-            self.filters.append(entry)
-
-    def __reduce__(self) -> tuple:
-        return _with_filters, (self.filters, self.obj)
-
-
-def _with_filters(filters: list, obj: Any) -> Any:
-    """``obj``, once ``filters`` are this process's, as they were there (``resetwarnings``
-    tells the warnings machinery its filters changed: what it remembered is dropped)."""
-    warnings.resetwarnings()
-    cast(list, warnings.filters)[:] = filters  # (typeshed: a Sequence; Python's: the list)
-    return obj
 
 
 def dumps(obj: Any, keep: Callable[[Segment], None]) -> bytes:

@@ -96,8 +96,7 @@ class WorkerPool:
         self._board_finalizer = weakref.finalize(self, self._board.destroy)
         self._start()
         try:
-            self._blob = payload.dumps(payload.WithWarnings((maker, worker_init_fn)),
-                                       self._shared.append)
+            self._blob = payload.dumps((maker, worker_init_fn), self._shared.append)
         except BaseException as e:  # (a Ctrl-C too: a notebook keeps the frames, and the pool)
             self.close()
             if isinstance(e, Exception) and not isinstance(e, SharedMemoryError):
