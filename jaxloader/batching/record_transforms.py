@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import inspect
 import sys
-import warnings
+import threading
 from typing import Any, Callable
 
 from jaxloader.base.errors import JaxloaderError, RecordError
 from jaxloader.base.timings import stage_names, timed_calls
+from jaxloader.batching.global_draws import WATCHED, DrawWatch
 from jaxloader.batching.transforms import Filter, Map, RandomMap, RecordRng, returned_none
 
 DROPPED = object()  # what a record a Filter drops becomes
@@ -46,7 +47,8 @@ class RecordTransforms:
         self._active = self._steps
         self._rng = RecordRng(seed)
         self.filters = any(kind == _FILTER for _, (_, kind) in self._steps)
-        self._watched = WATCHED if transforms else 0  # records left to watch the global RNGs
+        self._watch = DrawWatch(transforms)  # (a transform that draws from np.random)
+        self._watched = WATCHED if transforms else 0  # records left to watch
 
     def __bool__(self) -> bool:
         return bool(self._steps)
@@ -101,44 +103,17 @@ class RecordTransforms:
         return record
 
     def _watching(self, record: Any, *args: Any) -> Any:
-        """``self(record, *args)``, warning where the transforms drew from NumPy's or
-        Python's global random state: its numbers are not the loader's (batches then differ
-        with the worker count, from run to run, and after a restore), which is asked of
-        the first ``WATCHED`` records of each process only."""
-        left, self._watched = self._watched - 1, 0  # (the call below runs them plain)
-        before = _global_draws()
+        """``self(record, *args)``, each transform watched for draws from the global random
+        state (``global_draws``) on the process's main thread."""
+        left, self._watched = self._watched - 1, 0  # (the call below runs them as given)
+        active = self._active
+        if threading.current_thread() is threading.main_thread():
+            self._active = self._watch.steps(self._steps)
         try:
-            record = self(record, *args)
+            return self(record, *args)
         finally:
-            self._watched = left
-        if _global_draws() != before:
-            self._watched = 0  # (said once)
-            names = ", ".join(repr(t) for t in self.transforms)
-            code = getattr(inspect.unwrap(getattr(self.transforms[0].fn, "func",
-                                                  self.transforms[0].fn)), "__code__", None)
-            warnings.warn_explicit(  # (at the transform's code: a worker has no user's frame)
-                f"a record transform ({names}) drew from the global random state "
-                "(np.random.random, np.random.randint, random.random, ...): its numbers are "
-                "not the loader's, so the batches differ with the worker count, from run to "
-                "run and after a restore; draw from the generator a RandomMap gives it: "
-                "jl.RandomMap(lambda record, rng: ... rng.random() ...) (a transform that "
-                "seeds it from the record itself may leave this be)", UserWarning,
-                code.co_filename if code else "<transform>", code.co_firstlineno if code else 0)
-        return record
-
-
-WATCHED = 16  # records whose transforms are watched for the global random state, a process
-
-
-def _global_draws() -> tuple:
-    """Where NumPy's and Python's global generators are (a draw moves them)."""
-    import random
-
-    import numpy as np
-
-    state: Any = np.random.get_state(legacy=True)  # (a tuple: MT19937, its key, pos, ...)
-    python = random.getstate()[1]
-    return state[2], state[3], int(state[1][0]), python[-1], python[0]
+            self._active = active
+            self._watched = 0 if self._watch.said else left
 
 
 def read_only_hint(e: Exception) -> str:

@@ -33,8 +33,17 @@ from jaxloader.base.errors import user_stacklevel
 MANY_OPEN = 6  # loaders with workers open at once said (then 12, 24, ...)
 _POOLS: weakref.WeakSet = weakref.WeakSet()  # those not closed (collected: gone from it)
 _LOCK = threading.Lock()  # (loaders made, and closed, in several threads at once)
-if hasattr(os, "register_at_fork"):  # (a forked child has none of its parent's workers)
-    os.register_at_fork(after_in_child=_POOLS.clear)
+
+
+def _forked() -> None:
+    """A forked child has none of its parent's workers, nor the lock another thread held."""
+    global _LOCK
+    _POOLS.clear()
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def started(label: str, pool: Any) -> None:

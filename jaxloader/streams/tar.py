@@ -206,7 +206,8 @@ class TarShard(FileShard):
         second = self._file.read(_BLOCK) if len(header) == _BLOCK and zeros else b""
         if offset == 0 and not header:  # (not even an empty archive's marker: also with
             # tolerate_missing_end, a failed download read as a shard of no records)
-            how = "the file holds no bytes (an empty archive holds its end marker, 1,024)"
+            how = ("the file holds no bytes (decompressed, where it is compressed; an empty "
+                   "archive holds its end marker, 1,024)")
         elif second.count(0) != len(second):
             how = "a zero block is followed by data, not by a second zero block"
         elif not zeros:

@@ -321,8 +321,9 @@ def test_a_shard_ending_inside_a_header_or_without_its_end_marker(tmp_path):
     path.write_bytes(b"")  # (a download that failed: no record, not even with the tolerance)
     for tolerate in (False, True):
         with pytest.raises(jl.RecordError, match=r"end.tar: byte 0: the file holds no bytes "
-                                                 r"\(an empty archive holds its end marker, "
-                                                 r"1,024\); replace the shard"):
+                                                 r"\(decompressed, where it is compressed; an "
+                                                 r"empty archive holds its end marker, 1,024\); "
+                                                 r"replace the shard"):
             read_all(jl.TarShard(path, tolerate_missing_end=tolerate))
     path.write_bytes(bytes(1024))  # (an empty archive: none, said by no error)
     assert read_all(jl.TarShard(path)) == []
