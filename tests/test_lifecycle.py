@@ -297,3 +297,31 @@ def test_many_loaders_with_workers_open_at_once_are_said_with_the_notebooks_reme
     finally:
         for loader in made:
             loader.close()
+
+
+def test_a_child_forked_while_another_thread_counts_the_pools_counts_its_own():
+    # the at-fork hook cleared the pools but kept the lock: held by another thread as the
+    # process forked, the child's first loader with workers waited for it for good
+    import os
+    import signal
+
+    from jaxloader.loaders import open_pools
+
+    class Pool:
+        pids = [1]
+
+    open_pools._LOCK.acquire()  # (as another thread holds it, counting)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a loader with workers, counted (never back into pytest)
+            try:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)  # (killed if it waits)
+                signal.alarm(5)
+                pool = Pool()
+                open_pools.started("DataLoader 1", pool)
+                os._exit(0 if list(open_pools._POOLS) == [pool] else 3)
+            finally:
+                os._exit(4)
+    finally:
+        open_pools._LOCK.release()
+    assert os.waitpid(pid, 0)[1] == 0  # (not killed by SIGALRM: 14)

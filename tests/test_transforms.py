@@ -272,3 +272,49 @@ def test_draws_beside_a_transform_on_another_thread_are_not_its_own():
                     np.random.rand()  # (the trainer's own: dropout noise, a schedule)
                     time.sleep(0.0001)
     assert not [w for w in caught if "global random state" in str(w.message)]
+
+
+def _slow(record):
+    import time
+
+    time.sleep(0.003)
+    return record
+
+
+def _gaussian_twice(record):  # (a legacy normal() draws two and keeps one: the second moves
+    if int(record["x"]) in (0, 1):  # no bit generator, only the kept Gaussian)
+        np.random.randn()
+    return record
+
+
+class _DrawingReads:  # a source whose reads draw (on read threads, beside the transforms)
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        np.random.rand()
+        return {"x": np.int64(i)}
+
+
+def test_the_watch_keeps_the_first_records_timings_and_sees_what_it_should(capfd):
+    import warnings
+
+    def loader(source, transforms, **options):
+        return jl.DataLoader(source, batch_size=16, transforms=transforms, process_index=0,
+                             process_count=1, **options)
+
+    with loader(jl.ArraySource({"x": np.arange(64)}), [jl.Map(_slow)]) as timed:
+        next(iter(timed))
+        stages = timed.stats.stages
+    assert stages.get("Map(_slow)", 0) > 0.04 > stages["read"], stages  # (all booked as read)
+    with pytest.warns(UserWarning, match=r"Map\(_gaussian_twice\) drew"):
+        with loader(jl.ArraySource({"x": np.arange(64)}), [jl.Map(_gaussian_twice)]) as ld:
+            next(iter(ld))
+    with warnings.catch_warnings():  # (the loader's warning made an error: not the Map's)
+        warnings.simplefilter("error")
+        with loader(jl.ArraySource({"x": np.arange(64)}), [jl.Map(_numpy_global)]) as ld:
+            with pytest.raises(UserWarning, match=r"Map\(_numpy_global\) drew from the"):
+                next(iter(ld))
+    with loader(_DrawingReads(), [jl.Map(lambda r: r)], num_workers=1, read_threads=4) as ld:
+        list(ld)
+    assert "drew from the global random state" not in capfd.readouterr().err

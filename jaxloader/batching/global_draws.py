@@ -19,6 +19,7 @@ Example:
     >>> with warnings.catch_warnings(record=True) as said:
     ...     warnings.simplefilter("always")
     ...     _ = [fn(1) for _ in range(SEEN)]
+    ...     watch.say()  # (once the record's transforms have returned)
     >>> str(said[0].message)[:61]
     'transforms[0] Map(<lambda>) drew from the global random state'
 """
@@ -43,13 +44,17 @@ class DrawWatch:
         self.transforms = transforms
         self.said = False
         self._drew: dict[int, int] = {}
-        self._steps: tuple | None = None
+        self._pending: int | None = None  # a transform to say, once its call has returned
+        self._steps: dict[int, tuple] = {}  # id of the steps given -> them watched
 
     def steps(self, steps: tuple) -> tuple:
-        """``steps`` (``(index, (fn, kind))`` each) with each ``fn`` watched."""
-        if self._steps is None:
-            self._steps = tuple((i, (self._watched(fn, i), kind)) for i, (fn, kind) in steps)
-        return self._steps
+        """``steps`` (``(index, (fn, kind))`` each: the bare ones, or the timed ones of a
+        timed batch) with each ``fn`` watched."""
+        watched = self._steps.get(id(steps))
+        if watched is None or watched[0] is not steps:
+            watched = self._steps[id(steps)] = (steps, tuple(
+                (i, (self._watched(fn, i), kind)) for i, (fn, kind) in steps))
+        return watched[1]
 
     def _watched(self, fn: Callable[..., Any], index: int) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
@@ -62,9 +67,15 @@ class DrawWatch:
 
     def _drawn(self, index: int) -> None:
         self._drew[index] = self._drew.get(index, 0) + 1
-        if self._drew[index] < SEEN or self.said:
+        if self._drew[index] >= SEEN and not self.said and self._pending is None:
+            self._pending = index
+
+    def say(self) -> None:
+        """Warns of the transform that drew, if one did: called once its record's transforms
+        have returned (a warning made an error is then no error of the transform's)."""
+        if self._pending is None or self.said:
             return
-        self.said = True
+        index, self._pending, self.said = self._pending, None, True
         transform = self.transforms[index]
         fn = inspect.unwrap(getattr(transform.fn, "func", transform.fn))
         code = getattr(fn, "__code__", None)
@@ -83,9 +94,8 @@ def _draws() -> tuple | None:
     """Where NumPy's and Python's global generators are (a draw moves them); ``None`` where
     that cannot be asked."""
     try:
-        numpy = getattr(np.random, "get_bit_generator")().state  # (NumPy 2.0's stubs: not
-        # exported, but there)
-        python = random.getstate()
+        numpy = np.random.get_state(legacy=False)  # (a dict for every bit generator, with
+        python = random.getstate()  # the legacy Gaussian that every other normal() takes)
     except Exception:  # noqa: BLE001 - (a watch only: nothing to say then)
         return None
     return _brief(numpy), python[1][0], python[1][-1], python[2]

@@ -26,6 +26,7 @@ import threading
 from typing import Any, Callable
 
 from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.read_threads import count as read_threads
 from jaxloader.base.timings import stage_names, timed_calls
 from jaxloader.batching.global_draws import WATCHED, DrawWatch
 from jaxloader.batching.transforms import Filter, Map, RandomMap, RecordRng, returned_none
@@ -105,15 +106,23 @@ class RecordTransforms:
     def _watching(self, record: Any, *args: Any) -> Any:
         """``self(record, *args)``, each transform watched for draws from the global random
         state (``global_draws``) on the process's main thread."""
-        left, self._watched = self._watched - 1, 0  # (the call below runs them as given)
+        if threading.current_thread() is not threading.main_thread() or read_threads() > 1:
+            self._watched, watched = 0, self._watched  # (others draw meanwhile: not watched)
+            try:
+                return self(record, *args)
+            finally:
+                self._watched = watched
+        left, self._watched = self._watched - 1, 0  # (the call below runs them watched)
         active = self._active
-        if threading.current_thread() is threading.main_thread():
-            self._active = self._watch.steps(self._steps)
+        self._active = self._watch.steps(active)
         try:
-            return self(record, *args)
+            record = self(record, *args)
         finally:
             self._active = active
             self._watched = 0 if self._watch.said else left
+        self._watch.say()
+        self._watched = 0 if self._watch.said else self._watched
+        return record
 
 
 def read_only_hint(e: Exception) -> str:

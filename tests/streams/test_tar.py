@@ -325,6 +325,11 @@ def test_a_shard_ending_inside_a_header_or_without_its_end_marker(tmp_path):
                                                  r"empty archive holds its end marker, 1,024\); "
                                                  r"replace the shard"):
             read_all(jl.TarShard(path, tolerate_missing_end=tolerate))
+    gz = tmp_path / "end.tar.gz"
+    gz.write_bytes(gzip.compress(b""))  # (a compressed file of no bytes: the same)
+    with pytest.raises(jl.RecordError, match=r"end.tar.gz: byte 0: the file holds no bytes "
+                                             r"\(decompressed, where it is compressed"):
+        read_all(jl.TarShard(gz, tolerate_missing_end=True))
     path.write_bytes(bytes(1024))  # (an empty archive: none, said by no error)
     assert read_all(jl.TarShard(path)) == []
 
