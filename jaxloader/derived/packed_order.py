@@ -44,8 +44,8 @@ def check_packed_order(packed: Any, shuffle: Any) -> None:
     if seed is None and shuffle is False:
         return  # (the rows in stored order: their records' too)
     plan, count = packed.plan, len(files._group_bytes)
-    groups = files._starts.searchsorted(rows_of(plan.record), side="right") - 1
     if seed is None and isinstance(shuffle, LocalShuffle):
+        groups = files._starts.searchsorted(rows_of(plan.record), side="right") - 1
         starts = shuffle.block_starts(packed, len(packed))
         spans = np.sort(spans_of(groups, plan.row_ptr, starts))[::-1]
         count = int(spans[:shuffle.window].sum())

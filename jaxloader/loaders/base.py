@@ -47,6 +47,8 @@ class Workers(Protocol):
 
 
 _MADE: dict[str, Iterator[int]] = collections.defaultdict(lambda: itertools.count(1))
+
+
 def _weakly(method: Callable[[], str]) -> Callable[[], str]:
     """``method`` called through a weak reference to its object (``""`` once it is gone): for
     what its loader holds (the monitor), so that no cycle keeps a dropped loader, and its
