@@ -299,6 +299,8 @@ def test_many_loaders_with_workers_open_at_once_are_said_with_the_notebooks_reme
             loader.close()
 
 
+@pytest.mark.filterwarnings("ignore:.*fork:RuntimeWarning",  # (JAX's and Python's: the
+                            "ignore:.*fork:DeprecationWarning")  # child only counts, and exits)
 def test_a_child_forked_while_another_thread_counts_the_pools_counts_its_own():
     # the at-fork hook cleared the pools but kept the lock: held by another thread as the
     # process forked, the child's first loader with workers waited for it for good
