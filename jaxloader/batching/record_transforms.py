@@ -105,23 +105,22 @@ class RecordTransforms:
 
     def _watching(self, record: Any, *args: Any) -> Any:
         """``self(record, *args)``, each transform watched for draws from the global random
-        state (``global_draws``) on the process's main thread."""
+        state (``global_draws``) on the process's main thread. Made elsewhere (a device-put
+        thread's batches, this loader's in this process all are) or beside reads on threads,
+        where others draw meanwhile, they are not watched, from then on."""
         if threading.current_thread() is not threading.main_thread() or read_threads() > 1:
-            self._watched, watched = 0, self._watched  # (others draw meanwhile: not watched)
-            try:
-                return self(record, *args)
-            finally:
-                self._watched = watched
+            self._watched = 0
+            return self(record, *args)
         left, self._watched = self._watched - 1, 0  # (the call below runs them watched)
         active = self._active
         self._active = self._watch.steps(active)
         try:
             record = self(record, *args)
         finally:
-            self._active = active
-            self._watched = 0 if self._watch.said else left
+            self._active, self._watched = active, left
         self._watch.say()
-        self._watched = 0 if self._watch.said else self._watched
+        if self._watch.said:
+            self._watched = 0
         return record
 
 

@@ -293,11 +293,10 @@ def _next_tokens(packed: Any, inner: Any) -> np.ndarray:
             tokens = _tokens_of(record, key, packed.dtype)
         except RecordError as e:  # (which record of a corpus of files: its shard and place)
             origin = getattr(inner, "origin", None)
-            where = described(origin) if origin is not None else ""
+            where = "" if origin is None else described(  # " (at ...)", or why not known
+                lambda: f"at {place}" if (place := origin()) else None)
             if where and e.args and isinstance(e.args[0], str):
-                place = where.strip()[1:-1]  # (or why it is not known)
-                e.args = (f"{e.args[0]} ({'' if place.startswith('its ') else 'at '}{place})",
-                          *e.args[1:])
+                e.args = (e.args[0] + where, *e.args[1:])
             raise
         if len(tokens):
             return tokens
