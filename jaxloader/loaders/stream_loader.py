@@ -34,6 +34,7 @@ from typing import Any, Callable, Generic, Literal, Never, cast
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderError
 from jaxloader.base.state_copy import copied
+from jaxloader.loaders.stream_copies import pristine
 from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
 from jaxloader.sharding.hosts import Pairing
 from jaxloader.sharding.pass_votes import PassVotes
@@ -186,7 +187,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             mask_key=None if num_epochs is None else mask_key)
         # What peek() and load_state_dict() copy: a maker no thread runs (the device-put
         # thread may be making a batch with self._maker, changing it as a copy reads it)
-        self._pristine = copy.deepcopy(self._maker)
+        self._pristine = pristine(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._ended = False  # whether the pass _until was seen to end (by every process)
         self._progress = Progress("StreamLoader", where=self._maker.location)

@@ -42,6 +42,7 @@ from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import MappedShard, generator_shards
 from jaxloader.streams.origins import last_origin, state_or_why
+from jaxloader.streams.shard_state import plain_state
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
@@ -304,7 +305,7 @@ class StreamReader:
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
             shard = self._current if self._shard < len(self._mine) else None
-            self._window_start = (self._shard, shard.get_state() if shard else None)
+            self._window_start = (self._shard, plain_state(shard) if shard else None)
             window: list = []
             crossed: list | None = None  # (shard, first) of each shard opened in the window
             while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):
@@ -334,9 +335,8 @@ class StreamReader:
             self._window_number, self._shard = 0, 0
             self._start_epoch(self._epoch)
             self._open(0, None)
-        self._window = window
+        self._window, self._emitted = window, 0
         self._window_number += 1
-        self._emitted = 0
         n = len(window)
         if n > 1:
             key = splitmix64(self.seed ^ splitmix64(self.reader + 1) ^ splitmix64(self._epoch))

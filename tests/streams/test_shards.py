@@ -472,3 +472,78 @@ def test_a_file_cut_while_read_is_an_error_not_an_early_end(tmp_path, kind):
             shard.next()
     shard.close()
     assert len(read_all(kind(path))) == 500  # (a file read whole ends as it should)
+
+
+class _LiveState:
+    """A shard that keeps its place in a dict and hands out that dict."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self.n, self.name = n, name
+
+    def reset(self, state=None):
+        self.st = {"i": 0} if state is None else dict(state)
+
+    def next(self):
+        if self.st["i"] == self.n:
+            raise StopIteration
+        self.st["i"] += 1
+        return {"v": np.int64(self.n * 100 + self.st["i"])}
+
+    def get_state(self):
+        return self.st
+
+
+@pytest.mark.parametrize("workers,window", [(0, 0), (2, 8)])
+def test_a_shard_handing_out_its_own_state_dict_restores_without_skipping(workers, window):
+    # The reader kept the shard's dict itself as where its window starts: the saved start moved
+    # on as the shard read, and a restore skipped the records read since (1 and 8 here).
+    def loader():
+        stream = jl.Stream([_LiveState(40, "a"), _LiveState(40, "b")], shuffle_window=window)
+        return jl.StreamLoader(stream, batch_size=4, num_workers=workers, seed=1)
+
+    with loader() as first:
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        want = [next(it)["v"].tolist() for _ in range(3)]
+    with loader() as again:
+        again.load_state_dict(state)
+        it = iter(again)
+        assert [next(it)["v"].tolist() for _ in range(3)] == want
+
+
+def test_a_shard_state_json_cannot_hold_is_refused_naming_the_shard_and_place():
+    # (it failed at the checkpoint's save, a bare TypeError; a NumPy int is made Python's)
+    class NumPyCount(_LiveState):
+        def get_state(self):
+            return {"i": np.int64(self.st["i"])}
+
+    with jl.StreamLoader(jl.Stream([NumPyCount(3, "np")]), batch_size=1) as loader:
+        next(iter(loader))
+        json.dumps(loader.state_dict())
+    shard = _LiveState(3, "arr")
+    shard.reset(None)
+    shard.get_state = lambda: {"i": 1, "seen": {"ids": np.arange(2)}}
+    with jl.StreamLoader(jl.Stream([shard]), batch_size=1) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"stream shard arr: get_state\(\) "
+                           r"\['seen'\]\['ids'\] is a ndarray.*plain JSON"):
+            next(iter(loader))
+
+
+def test_a_stream_that_cannot_be_copied_is_refused_naming_its_part_and_the_remedy(tmp_path):
+    # It was a bare TypeError from copy.deepcopy, also with num_workers=0 (the remedy the
+    # troubleshooting page gives for an unpicklable source).
+    import sqlite3
+
+    class Table:
+        def __init__(self) -> None:
+            self.connection = sqlite3.connect(tmp_path / "t.db")
+
+        def rows(self, shard):
+            yield {"v": shard}
+
+    stream = jl.Stream.from_generator(Table().rows, shards=2)
+    with pytest.raises(jl.JaxloaderError, match=r"cannot copy the shard \S*Table\.rows\[0\]: "
+                       r"TypeError: cannot pickle 'sqlite3.Connection'.*inside the generator"):
+        jl.StreamLoader(stream, batch_size=2, num_workers=0)
