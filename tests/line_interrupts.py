@@ -140,6 +140,11 @@ def _raised(tracer: Callable[..., Any], call: Callable[[], Any]) -> bool:
     ``Tick`` came out of it."""
     collecting = gc.isenabled()
     gc.disable()
+    here = sys._getframe()
+    opcodes = here.f_trace_opcodes
+    # (3.12 only: opcode events come only where some frame asked for them before settrace;
+    # the tracer's own setting of f_trace_opcodes then takes effect, as it does elsewhere)
+    here.f_trace_opcodes = sys.version_info[:2] == (3, 12) or opcodes
     sys.settrace(tracer)
     try:
         call()
@@ -147,6 +152,7 @@ def _raised(tracer: Callable[..., Any], call: Callable[[], Any]) -> bool:
         return True
     finally:
         sys.settrace(None)
+        here.f_trace_opcodes = opcodes
         if collecting:
             gc.enable()
     return False

@@ -201,3 +201,48 @@ def test_a_long_value_that_differs_is_shown_where_it_differs():
     assert len(said) < 1000 and said.count("...") == 2
     huge = differ("source", "x" * 10**7, "y")  # (a crafted 10 MB: cut, quickly)
     assert len(huge) < 1000 and huge.startswith("source: expected 'xxx")
+
+
+class _WorkerOnly:
+    """Records readable only in a worker (a connection its worker_init_fn opens), unless it
+    names its data itself."""
+
+    def __init__(self, fingerprint: str | None = None) -> None:
+        if fingerprint is not None:
+            self.fingerprint = fingerprint
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        if jl.get_worker_info() is None:
+            raise AttributeError("'NoneType' object has no attribute 'execute'")
+        return {"x": np.int64(i)}
+
+
+def test_a_source_the_training_process_cannot_read_is_told_of_a_fingerprint_at_state_dict():
+    # state_dict() hashes records 0, n // 2 and n - 1 in the training process: it raised the
+    # source's own AttributeError at the first checkpoint, after training had run fine.
+    with jl.DataLoader(_WorkerOnly(), batch_size=4, num_workers=2) as loader:
+        next(iter(loader))  # (training reads its records in the workers)
+        with pytest.raises(StateDictError, match=r"source\[0\] raised AttributeError: .*"
+                           r"`fingerprint` attribute") as raised:
+            loader.state_dict()
+        assert isinstance(raised.value.__cause__, AttributeError)
+    with jl.DataLoader(_WorkerOnly("rows-v1"), batch_size=4, num_workers=2) as loader:
+        next(iter(loader))
+        assert loader.state_dict()["source"] == "rows-v1"
+
+
+def test_records_that_differ_from_read_to_read_are_told_of_a_fingerprint_at_a_restore():
+    class Augmented:
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int):
+            return {"x": np.random.default_rng().random(3)}
+
+    source = Augmented()
+    state = jl.DataLoader(source, batch_size=4).state_dict()
+    with pytest.raises(StateDictError, match=r"differ from read to read.*RandomMap.*fingerprint"):
+        jl.DataLoader(source, batch_size=4).load_state_dict(state)

@@ -252,6 +252,12 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                      "version or -O differs too), its options, or its data; or the state is "
                      "older than a change of that source's fingerprint (the checkpointing "
                      "guide lists them): restore it with the jaxloader that saved it")
+    if state.get("record_hash") != expected.get("record_hash") and \
+            state.get("record_spec") == expected.get("record_spec") is not None:
+        diffs.append("the source's records 0, n // 2 and n - 1 have the same structure and "
+                     "other values: other data, or a source whose records differ from read to "
+                     "read (random augmentation in __getitem__: draw in a RandomMap, or give "
+                     "the source a `fingerprint` attribute naming its data)")
     if diffs:
         raise StateDictError(
             "state does not fit this loader (" + "; ".join(diffs) + "); restore it into a "

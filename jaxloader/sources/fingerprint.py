@@ -27,6 +27,7 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import (GENERATIONS, file_identities_of, fingerprint_of,
                                       in_generation)
+from jaxloader.base.errors import StateDictError
 from jaxloader.sources.parts import walk
 
 
@@ -39,7 +40,7 @@ def source_fingerprint(source: Any) -> dict[str, str]:
     digest = hashlib.blake2b(digest_size=16)
     spec = ""
     for position in sorted({0, n // 2, n - 1}):
-        leaves, treedef = tree_lib.flatten(source[position])
+        leaves, treedef = tree_lib.flatten(_read(source, position))
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))
         spec = spec or described
@@ -47,6 +48,19 @@ def source_fingerprint(source: Any) -> dict[str, str]:
         for leaf in leaves:
             digest.update(_content(leaf))
     return {"record_spec": spec, "record_hash": digest.hexdigest()}
+
+
+def _read(source: Any, position: int) -> Any:
+    try:
+        return source[position]
+    except Exception as e:  # noqa: BLE001 - any error of the user's source: said why it ran
+        raise StateDictError(
+            f"the loader's state names its data by a hash of the source's records 0, n // 2 "
+            f"and n - 1, read in this process (the training process, also with workers); "
+            f"source[{position}] raised {type(e).__name__}: {e}; give the source a "
+            "`fingerprint` attribute (a str naming its data and version, e.g. 'reviews-v3'), "
+            "which the state holds instead, or let the training process read its records "
+            "(a handle opened in worker_init_fn: open it lazily in __getitem__)") from e
 
 
 def _describe(leaf: Any) -> str:

@@ -205,7 +205,9 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any,
             return WorkerError(
                 f"cannot send the {name} ({obj!r:.80}) to {to}: "
                 f"{type(inner).__name__}: {inner}; make it picklable by cloudpickle (no open "
-                "files, locks or sockets; open them lazily in the worker), or "
+                "files, locks or sockets; open them lazily in the worker, and leave out in "
+                "__getstate__ one the training process opened: peek(), num_workers=0 and "
+                "state_dict() read records there), or "
                 + ("use num_workers=0" if to == "worker processes" else "run the loader "
                    "without workers=")
             )

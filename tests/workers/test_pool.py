@@ -397,6 +397,30 @@ def test_an_unpicklable_transform_is_named_at_construction():
                           process_index=0, process_count=1)
 
 
+def test_a_handle_the_training_process_opened_lazily_is_told_of_getstate():
+    # A handle opened lazily in __getitem__ (as the PyTorch guide advises) is opened in the
+    # training process too, by state_dict()'s reads: the next loader over the source could not
+    # send it, and its remedy was to open the handle lazily, which the user had done.
+    class Rows:
+        def __init__(self) -> None:
+            self.handle = None
+
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int):
+            self.handle = self.handle or threading.Lock()  # (opened lazily: a file, say)
+            return {"x": np.int64(i)}
+
+    rows = Rows()
+    with jl.DataLoader(rows, batch_size=4, num_workers=2) as loader:
+        next(iter(loader))
+        loader.state_dict()
+    with pytest.raises(jl.WorkerError, match=r"cannot send the source .*lock.*leave out in "
+                       r"__getstate__ one the training process opened: .*state_dict\(\)"):
+        jl.DataLoader(rows, batch_size=4, num_workers=2)
+
+
 def test_worker_info_and_init_fn():
     def tag(r):
         info = jl.get_worker_info()
