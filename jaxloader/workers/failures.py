@@ -7,7 +7,7 @@ its status row: ``status.py``) and what to do; a raise carries the worker's trac
 it pickles, the exception itself as the cause.
 
 Example:
-    >>> from jaxloader.workers.protocol import Failed
+    >>> from jaxloader.workers.protocol import Failed, chain
     >>> error, _ = raised(1, 4242, Failed(3, 25, "ValueError: bad", "Traceback ...", None),
     ...                   lambda step: f"step {step}")
     >>> str(error).splitlines()[0]
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import signal
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any, Callable, Iterable
 from jaxloader.base.errors import JaxloaderError, StallError, WorkerError
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
-from jaxloader.workers.protocol import Failed
+from jaxloader.workers.protocol import Failed, chain
 from jaxloader.workers.status import StatusBoard
 
 
@@ -41,7 +40,7 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
     cause = None
     if failed.pickled is not None:
         try:
-            cause = pickle.loads(failed.pickled)
+            cause = chain(failed.pickled)
         except Exception:  # noqa: BLE001 - the text below still says what happened
             cause = None
     return WorkerError(

@@ -127,17 +127,37 @@ class Failed(NamedTuple):
     step: int | None
     summary: str  # "TypeError: ..."
     traceback: str  # formatted in the worker
-    pickled: bytes | None  # the exception itself, if it pickles
+    pickled: bytes | None  # the exception and its causes, each where it pickles (``chain``)
 
 
 def failed(task_id: int, step: int | None, e: BaseException) -> Failed:
     """``Failed`` for ``e``, raised making ``step`` (in its ``except`` block: the traceback is
-    the one being handled); the exception itself with it where it pickles."""
-    try:
-        pickled = pickle.dumps(e)
-    except Exception:  # noqa: BLE001 - an unpicklable exception still reaches the user as text
-        pickled = None
+    the one being handled); the exception itself with it, and its ``__cause__``s, where they
+    pickle (pickle keeps no cause: the chain goes link by link)."""
+    links: list[bytes | None] = []
+    link: BaseException | None = e
+    while link is not None and len(links) < 8:
+        try:
+            links.append(pickle.dumps(link))
+        except Exception:  # noqa: BLE001 - an unpicklable one still reaches the user as text
+            links.append(None)
+        link = link.__cause__
+    pickled = None if links[0] is None else pickle.dumps(links)
     return Failed(task_id, step, f"{type(e).__name__}: {e}", traceback.format_exc(), pickled)
+
+
+def chain(pickled: bytes) -> BaseException:
+    """The exception ``failed`` pickled, its causes linked again (up to one that did not
+    pickle)."""
+    links = pickle.loads(pickled)
+    if isinstance(links, BaseException):  # (a Failed of a version before the chain)
+        return links
+    first = link = pickle.loads(links[0])
+    for following in links[1:]:
+        if following is None:
+            break
+        link.__cause__ = link = pickle.loads(following)
+    return first
 
 
 # On the wire a message is a plain tuple (its kind's number, *fields): pickling a NamedTuple by

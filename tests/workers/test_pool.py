@@ -181,6 +181,8 @@ def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
     assert "traceback in the worker" in msg and "record thirteen is bad" in msg
     assert "boom" in msg  # the remote traceback names the user's function
     assert isinstance(e.value.__cause__, jl.RecordError)
+    # the original error is the RecordError's cause, as in process (pickle keeps no cause)
+    assert repr(e.value.__cause__.__cause__) == "ValueError('record thirteen is bad')"
     with pytest.raises(jl.WorkerError) as again:  # broken is a state
         iter(loader)
     assert again.value is e.value

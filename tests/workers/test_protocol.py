@@ -45,23 +45,28 @@ def test_a_record_class_defined_in_the_script_comes_back_as_that_class(tmp_path)
     assert lines[2:4] == ["2 True [0, 2, 4, 6] [0, 1, 2, 0]", "2 True [8, 10, 12, 14] [1, 2, 0, 1]"]
 
 
-class _LockedShard:
-    """A shard whose state holds a lock: no pickler can send it back."""
+class _LockedReader:
+    """A stream's reader whose state holds a lock: no pickler can send it back (a shard's
+    state is copied into JSON's types, or refused, as it is read: a reader of a stream of
+    one's own is not)."""
 
-    name = "locked"
+    def __init__(self, inner):
+        self.inner = inner
 
-    def reset(self, state):
-        self.n = 0
-
-    def next(self):
-        self.n += 1
-        return {"x": np.int64(self.n)}
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
     def get_state(self):
-        return {"n": self.n, "lock": threading.Lock()}
+        return {**self.inner.get_state(), "lock": threading.Lock()}
+
+
+class _LockedStream(jl.Stream):
+    def reader(self, **kw):
+        return _LockedReader(super().reader(**kw))
 
 
 def test_a_batch_that_cannot_be_sent_is_reported_with_its_error_not_as_a_death():
-    with jl.StreamLoader(jl.Stream([_LockedShard()]), batch_size=4, num_workers=1) as loader:
+    stream = _LockedStream.from_generator(lambda i: ({"x": np.int64(n)} for n in range(9)), 1)
+    with jl.StreamLoader(stream, batch_size=4, num_workers=1) as loader:
         with pytest.raises(jl.WorkerError, match="cannot pickle '_thread.lock'"):
             next(iter(loader))
