@@ -233,9 +233,12 @@ class Sampler:
         elif self.last_batch == "partial":  # (one process: its rows are the whole batch)
             positions = positions[positions < n]
             indices = self._indices_of(epoch, positions)
-        else:  # "pad": full size, pad rows repeat records from the start of the epoch
+        else:  # "pad": full size, pad rows repeat the batch's first record (its global
+            # batch's, read by one process or another: a pad row adds no record to the batch,
+            # so a bad record fails only in its own batch)
             valid = positions < n
-            indices = self._indices_of(epoch, positions % n)
+            indices = self._indices_of(epoch, np.where(valid, positions,
+                                                       k * self.global_batch_size))
         return BatchSpec(step, epoch, positions, indices, valid)
 
     def task_indices(self, steps: list[int]) -> np.ndarray | None:
