@@ -220,8 +220,9 @@ class ArrowRows:
         self._starts = np.frombuffer(array.buffers()[1], width, count=len(array) + 1,
                                      offset=array.offset * width.itemsize)
         self.ragged, self.nbytes = ragged, array.nbytes
-        if ragged:
-            self._values = numpy_of(array.values)
+        if ragged:  # (lists of lists of one length inside: rows of one more axis a depth)
+            inner = _decode_array(array.values, where, "") if is_list(array.values.type) else None
+            self._values = inner if isinstance(inner, np.ndarray) else numpy_of(array.values)
             self._values.flags.writeable = False
         else:
             data = array.buffers()[2]

@@ -75,6 +75,10 @@ class HuggingFaceSource:
             key for key in read if key not in media and _read_from_arrow(
                 dataset.data.schema.field(key).type)]
         self._read, self._numeric = read, [key for key in read if key not in self._text]
+        # lists of other lengths: an object array in every batch, also where a batch's rows
+        # happen to be of one length (NumPy format stacks those: a leaf on the device then)
+        self._ragged = set() if self.custom else {
+            key for key in self._numeric if _ragged(dataset.data.column(key))}
         self.dataset = dataset if self.custom else dataset.with_format("arrow", columns=read)
         self._numpy: Any = None if self.custom else _numpy_formatter(dataset.features)
         # the rows where a column read holds a null (found once; none read where Arrow's
@@ -106,7 +110,8 @@ class HuggingFaceSource:
             self._check_nulls(np.asarray(indices))
         if self.custom:  # the transform's columns: lists of rows, or arrays
             return {key: _strings_as_objects(_rows_batched(value)) for key, value in rows.items()}
-        batch = {key: _rows_batched(value) for key, value in self._numpy.format_batch(
+        batch = {key: object_column([np.asarray(v) for v in value]) if key in self._ragged
+                 else _rows_batched(value) for key, value in self._numpy.format_batch(
             rows.select(self._numeric)).items()} if self._numeric else {}
         batch.update({key: _from_arrow(rows.column(key)) for key in self._text})
         return {key: _as_declared(batch[key], self._features.get(key)) for key in self._read}
@@ -168,6 +173,17 @@ def _numeric(kind: Any) -> bool:
     while is_list(kind):
         kind = kind.value_type
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+
+
+def _ragged(column: Any) -> bool:
+    """Whether a column's rows are lists of more than one length (from Arrow's offsets)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        return False
+    lengths = pc.min_max(pc.list_value_length(column))
+    return lengths["min"].as_py() != lengths["max"].as_py()
 
 
 def _null_rows(dataset: Any, key: str, media: bool = False) -> np.ndarray:

@@ -387,3 +387,17 @@ def test_a_datasets_release_whose_numpy_format_fails_under_numpy_2_is_named(monk
         jl.DataLoader(ds, batch_size=2, process_index=0, process_count=1)
     monkeypatch.setattr(datasets, "__version__", "2.21.0")
     assert len(jl.DataLoader(ds, batch_size=2, process_index=0, process_count=1)) == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_column_of_lists_of_other_lengths_is_an_object_array_in_every_batch(workers):
+    # NumPy format stacked a batch whose rows happened to be of one length: that leaf went to
+    # the devices as int64 (2, 3), the next as objects, and a jitted step failed mid-epoch.
+    ds = datasets.Dataset.from_dict({"ids": [[1, 2, 3], [4, 5, 6], [7], [8, 9]]})
+    with jl.DataLoader(ds, batch_size=2, num_workers=workers) as loader:
+        batches = [b["ids"] for b in loader]
+    assert [(b.dtype, b.shape) for b in batches] == [(np.dtype(object), (2,))] * 2
+    assert [row.tolist() for b in batches for row in b] == [[1, 2, 3], [4, 5, 6], [7], [8, 9]]
+    assert all(row.dtype == np.int64 for b in batches for row in b)
+    same = datasets.Dataset.from_dict({"ids": [[1, 2, 3], [4, 5, 6]]})  # (one length: stacked)
+    assert next(iter(jl.DataLoader(same, batch_size=2)))["ids"].dtype == np.int64

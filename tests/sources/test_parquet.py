@@ -936,3 +936,24 @@ def test_files_that_differ_only_in_arrow_encoding_are_read_together(tmp_path):
     with pytest.raises(jl.ConfigError, match=r"another schema than the first file: t: "
                                              r"list<\w+: int64>"):
         jl.ParquetSource(tmp_path)  # (numbers of another type still differ)
+
+
+@pytest.mark.parametrize("inner", [4, -1])
+def test_rows_of_different_lengths_of_lists_of_one_length_are_arrays_of_one_more_axis(
+        tmp_path, inner):
+    # Feature frames of 4 values, T a record: each record was an object array of arrays (a
+    # batch's rank then depended on whether its lengths happened to be equal, and no device
+    # took it); a record is a (T, 4) array, and a batch of other lengths is refused.
+    rng = np.random.default_rng(0)
+    mels = [rng.random((t, 4), dtype=np.float32) for t in (5, 5, 7, 9)]
+    path = str(tmp_path / "mel.parquet")
+    kind = pa.list_(pa.list_(pa.float32(), inner))
+    pq.write_table(pa.table({"mel": pa.array([m.tolist() for m in mels], kind)}), path)
+    source = jl.ParquetSource(path)
+    for i, mel in enumerate(mels):
+        assert source[i]["mel"].dtype == np.float32 and np.array_equal(source[i]["mel"], mel)
+    with jl.DataLoader(source, batch_size=2, num_workers=0) as loader:
+        it = iter(loader)
+        assert next(it)["mel"].shape == (2, 5, 4)
+        with pytest.raises(jl.CollateError, match=r"shape \(7, 4\) dtype float32"):
+            next(it)
