@@ -114,6 +114,8 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
     if nulls:
         raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}", column))
     kind = array.type
+    if pa.types.is_dictionary(kind):  # (a pandas categorical: its values, as a column of them
+        return _decode_array(array.dictionary_decode(), name, path, column)  # is decoded)
     if pa.types.is_struct(kind):
         return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",
                                                               path, column or name)

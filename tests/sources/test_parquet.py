@@ -957,3 +957,23 @@ def test_rows_of_different_lengths_of_lists_of_one_length_are_arrays_of_one_more
         assert next(it)["mel"].shape == (2, 5, 4)
         with pytest.raises(jl.CollateError, match=r"shape \(7, 4\) dtype float32"):
             next(it)
+
+
+def test_a_dictionary_column_is_decoded_as_its_values_and_counted_by_their_bytes(tmp_path):
+    # A pandas categorical (a dictionary of strings) became an object array of str: the cache
+    # counted 8 bytes a row for it (10x under in an audit: workers grew past cache_bytes), and
+    # each str crossed from the workers alone, 2-20x slower than a column of plain strings.
+    from jaxloader.sources.arrow_columns import decode
+
+    names = np.array([f"category-number-{i:04d}" for i in range(50)])
+    picks = np.random.default_rng(0).integers(0, 50, 1000)
+    table = pa.table({"c": pa.array(names[picks]).dictionary_encode()})
+    pq.write_table(table, tmp_path / "cat.parquet")
+    column = pq.read_table(tmp_path / "cat.parquet").column("c")
+    assert pa.types.is_dictionary(column.type)
+    decoded = decode(column, "c", "cat.parquet")
+    assert decoded.nbytes >= 1000 * len(names[0])
+    source = jl.ParquetSource(str(tmp_path / "cat.parquet"))
+    with jl.DataLoader(source, batch_size=100, num_workers=2) as loader:
+        got = [v for batch in loader for v in batch["c"].tolist()]
+    assert got == names[picks].tolist()
