@@ -284,7 +284,8 @@ class ParquetSource:
         # a full shuffle of a file the cache holds): other workers will read them. A batch
         # from more (a full shuffle of a large file) decodes for itself: publishing costs a
         # third of a decode, and the others would rarely find a row group still held.
-        share = self._sharing() and int(self._group_bytes[runs].sum()) <= self.cache_bytes
+        share = self._sharing() and (int(self._group_bytes[runs].sum()) <= self.cache_bytes or (
+            len(runs) <= 2 and int(self._group_bytes[runs].max()) <= self.cache_bytes))
         if share and len(runs) > 1:
             self._fetch_free(runs.tolist())
         # strings' offsets are read at rows and rows + 1 (as a list for runs of a few rows):
