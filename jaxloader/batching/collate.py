@@ -127,7 +127,8 @@ def add_leaf(treedef: tree_lib.TreeDef, columns: list, key: str, array: np.ndarr
     """Appends ``array`` as leaf ``key`` of a dict batch (used for the pad mask, which
     ``why`` adds)."""
     if treedef[0] != "dict":
-        other = (", or use last_batch='drop'" if why.startswith("last_batch") else
+        other = (", or use last_batch='partial' (one process: a short last batch, every "
+                 "record kept) or 'drop'" if why.startswith("last_batch") else
                  " (a Map(lambda r: {'record': r}) wraps one)")
         raise CollateError(
             f"{why} adds a {key!r} leaf to each batch, so records must be dicts; got "

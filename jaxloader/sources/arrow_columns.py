@@ -83,7 +83,8 @@ def nested_nulls(array: Any) -> int:
     return count
 
 
-def null_message(name: str, path: str, nulls: str, column: str | None = None) -> str:
+def null_message(name: str, path: str, nulls: str, column: str | None = None,
+                 floats: bool = False) -> str:
     """The error's message for ``nulls`` (their count and where) in column ``name`` of the file at
     ``path``, found as a row group is decoded or in the file's footer, with the remedy;
     ``column``: the column read that holds it (a struct field's; ``None``: ``name`` itself).
@@ -98,8 +99,11 @@ def null_message(name: str, path: str, nulls: str, column: str | None = None) ->
              "that may be null): read the files with datasets.load_dataset('parquet', "
              "data_files=...) and pass the Dataset, which knows the feature"
              if name.endswith(".path") else "")
+    nan = ("; pandas writes a float NaN as a null (df.to_parquet, pa.Table.from_pandas): to "
+           "keep NaN, write that column as pa.array(df[name].to_numpy(), from_pandas=False)"
+           if floats else "")
     return (f"ParquetSource: column {name!r} of {path!r} has {nulls}; fill them when writing "
-            f"the file, or leave the column {top!r} out with columns={media}")
+            f"the file, or leave the column {top!r} out with columns={media}{nan}")
 
 
 def _decode_array(array: Any, name: str, path: str, column: str | None = None) -> Any:
@@ -112,7 +116,8 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
     where = "" if nulls else " inside its lists"
     nulls = nulls or nested_nulls(array)
     if nulls:
-        raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}", column))
+        raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}", column,
+                                       floats=pa.types.is_floating(array.type)))
     kind = array.type
     if pa.types.is_dictionary(kind):  # (a pandas categorical: its values, as a column of them
         return _decode_array(array.dictionary_decode(), name, path, column)  # is decoded)

@@ -139,7 +139,8 @@ def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:
                 raise ConfigError(null_message(
                     meta.schema.column(i).path, path,
                     f"{stats.null_count} null value(s) in row group {g} ({rows} of the file), "
-                    "its footer says", column=owners[i]))
+                    "its footer says", column=owners[i],
+                    floats=meta.schema.column(i).physical_type in ("FLOAT", "DOUBLE")))
         start += group.num_rows
 
 
@@ -331,7 +332,8 @@ def metadata(path: str) -> Any:
     except (pa.ArrowInvalid, OSError) as e:
         raise ConfigError(
             f"ParquetSource: file {path!r} is not a Parquet file ({e}); pass Parquet files "
-            "only (FileListSource reads other files as bytes)"
+            "only (FileListSource reads other files as bytes); a Parquet file cut short or "
+            "damaged (a copy or download that failed) has no footer: copy it again"
         ) from None
 
 

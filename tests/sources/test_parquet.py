@@ -474,6 +474,11 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     (tmp_path / "notes.txt").write_text("not a parquet file")
     with pytest.raises(jl.ConfigError, match=r"'.*notes.txt' is not a Parquet file"):
         jl.ParquetSource(str(tmp_path / "notes.txt"))
+    cut = open(paths[0], "rb").read()[:-100]  # (a copy that failed: told to copy it again)
+    (tmp_path / "cut.parquet").write_bytes(cut)
+    with pytest.raises(jl.ConfigError, match=r"cut.parquet' is not a Parquet file.*cut short "
+                       r"or damaged.*copy it again"):
+        jl.ParquetSource(str(tmp_path / "cut.parquet"))
     pq.write_table(pa.table({"id": np.arange(3, dtype=np.int32)}), tmp_path / "other.parquet")
     with pytest.raises(jl.ConfigError, match=r"other.parquet' has another schema.*id: int64"):
         jl.ParquetSource([paths[0], str(tmp_path / "other.parquet")])
@@ -1004,3 +1009,19 @@ def test_workers_share_row_groups_a_batch_straddles_where_two_do_not_fit_the_cac
         x = np.concatenate([batch["x"] for batch in loader])
     assert np.array_equal(x, np.arange(len(x), dtype=np.float64))
     assert sorted(open(_CountingDecodes.log).read().split()) == ["0", "1", "2", "3"]
+
+
+def test_a_null_that_pandas_wrote_for_nan_is_told_how_to_keep_nan(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pd.DataFrame({"x": [1.0, np.nan, 3.0], "i": [1, 2, 3]}).to_parquet(tmp_path / "f.parquet")
+    with pytest.raises(jl.ConfigError, match=r"'x' .* 1 null value.*pandas writes a float NaN "
+                       r"as a null.*from_pandas=False"):
+        jl.ParquetSource(str(tmp_path / "f.parquet"))
+    pq.write_table(pa.table({"i": pa.array([1, None])}), tmp_path / "i.parquet")
+    with pytest.raises(jl.ConfigError, match=r"'i' .* 1 null value") as ints:
+        jl.ParquetSource(str(tmp_path / "i.parquet"))
+    assert "NaN" not in str(ints.value)
+    fixed = pa.chunked_array([pa.array([1.5, None])])  # (no footer's count: as decoded)
+    from jaxloader.sources.arrow_columns import decode
+    with pytest.raises(jl.ConfigError, match="NaN as a null"):
+        decode(fixed, "v", "f.parquet")
