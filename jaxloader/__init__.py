@@ -46,6 +46,7 @@ from jaxloader.loaders.stream_loader import StreamLoader
 from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Stream, TarShard,
                                TextShard)
 from jaxloader.batching.jit_map import JitMap
+from jaxloader.batching.pad import Pad
 from jaxloader.batching.transforms import BatchMap, Filter, Map, RandomMap
 from jaxloader.workers import WorkerInfo, get_worker_info
 from jaxloader.profiling import profile
@@ -74,6 +75,7 @@ __all__ = [
     "MapSource",
     "Mixture",
     "PackedSource",
+    "Pad",
     "ParquetSource",
     "PerformanceWarning",
     "RaggedSource",

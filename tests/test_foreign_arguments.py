@@ -20,7 +20,7 @@ def loader(**kw):
 
 @pytest.mark.parametrize("name, value, remedy", [
     ("drop_last", True, "last_batch='drop'"),
-    ("collate_fn", list, "pad or crop ragged ones in a Map"),
+    ("collate_fn", list, "(what a padding collate_fn did)"),
     ("pin_memory", True, "sharding="),
     ("worker_count", 2, "num_workers="),
     ("generator", None, "seed="),

@@ -44,6 +44,7 @@ from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock
 from jaxloader.batching.record_transforms import RecordTransforms, source_read_only_hint
 from jaxloader.batching.batch_finish import finish_batch
 from jaxloader.batching.jit_map import JitMap
+from jaxloader.batching.pad import pad_records, split_pad
 from jaxloader.batching.transforms import BatchMap, RandomMap
 
 
@@ -69,8 +70,10 @@ class BatchMaker:
         self.sampler = sampler
         self.record_transforms = record_transforms
         self.batch_transforms = batch_transforms
+        self._pad, self._finishing = split_pad(batch_transforms)  # (a Pad: on the records)
         self.mask_key = mask_key
-        self._vectorised = not record_transforms and hasattr(source, "__getitems__")
+        self._vectorised = (not record_transforms and self._pad is None
+                            and hasattr(source, "__getitems__"))
         # With record transforms, a source that reads many records at once still does (a file
         # source decodes a row group once, not once a record); an ArraySource's records stay
         # read-only views of its arrays, indexed one by one.
@@ -112,7 +115,10 @@ class BatchMaker:
             records = self._read_records(spec, timed, self._ahead.pop(step, None))
             if timed:
                 start = clock.span(LOOP, start)
-            treedef, columns = record_columns(records, self._names(spec))
+            names = self._names(spec)
+            if self._pad is not None:
+                records = pad_records(self._pad, records, names)
+            treedef, columns = record_columns(records, names)
         made = self._finish(spec, treedef, columns, alloc, timed)
         if timed:
             clock.span(COLLATE, start)
@@ -125,7 +131,7 @@ class BatchMaker:
         """The batch of ``spec`` from its columns: the pad mask, the ``BatchMap``s, the slot."""
         if spec.valid is not None:
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, spec.valid)
-        return finish_batch(treedef, columns, self.batch_transforms, len(spec.indices),
+        return finish_batch(treedef, columns, self._finishing, len(spec.indices),
                             spec.location, alloc, self.clock if timed else None,
                             (self.sampler.seed, spec.epoch, spec.positions),
                             None if spec.valid is None else self.mask_key)
@@ -154,7 +160,7 @@ class BatchMaker:
         specs, columns = gathered  # specs: None where the sampler gave the task's indices
         n = len(specs[0].indices) if specs else self.sampler.batch_size
         layout = None  # the steps' one layout, where nothing else is added to their columns
-        if not self.batch_transforms and all(spec.valid is None for spec in specs or ()):
+        if not self._finishing and all(spec.valid is None for spec in specs or ()):
             layout = collate.layout_of(*collate.gathered_columns(_rows(columns, 0, n), n))
             if any(spec.offset == collate.BESIDE for spec in layout.leaves):
                 layout = None  # objects that travel beside the slot: materialize's way

@@ -197,9 +197,11 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                 fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
                        "convert each as it is decoded, Image.open(...).convert('RGB')")
             else:
-                fix = ("make every record's leaf the same shape and dtype (pad or crop in a "
-                       "Map; 1-D token arrays: jaxloader.PackedSource, or PackedStream for a "
-                       "stream), or use batch_size=1")
+                key = path[2:-2] if path.count("[") == 1 and path[:2] == "['" else "<key>"
+                fix = ("make every record's leaf the same shape and dtype (pad them to the "
+                       f"batch's longest with jaxloader.Pad({key!r}) after the Maps, or pad or "
+                       "crop in a Map; 1-D token arrays: jaxloader.PackedSource, or "
+                       "PackedStream for a stream), or use batch_size=1")
             raise CollateError(
                 f"batch leaf {path}: records differ: {tree_lib.record_name(names, 0)} has "
                 f"{describe(values[0])}, {tree_lib.record_name(names, j)} has "

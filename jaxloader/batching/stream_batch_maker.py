@@ -45,6 +45,7 @@ from jaxloader.batching.batch_finish import finish_batch
 from jaxloader.streams.contract import ReadableStream, RecordReader
 from jaxloader.streams.origins import described
 from jaxloader.streams.packed import PackedStream
+from jaxloader.batching.pad import pad_records, split_pad
 from jaxloader.batching.record_transforms import DROPPED, RecordTransforms
 from jaxloader.batching.transforms import Filter
 
@@ -67,6 +68,7 @@ class StreamBatchMaker:
         self.process_index, self.process_count, self.per_process = (process_index,
                                                                     process_count, per_process)
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
+        self._pad, self._finishing = split_pad(batch_transforms)  # (a Pad: on the records)
         self._transforms = RecordTransforms(record_transforms, seed)
         self.clock = StageClock()  # where this process's batches' time goes (base/timings)
         self._hosted: dict[int, RecordReader] = {}  # this process's reader k -> it, as reset
@@ -147,14 +149,17 @@ class StreamBatchMaker:
                 clock.loop_detail(perf_counter() - start, run.spent)
             start = clock.span(LOOP, start)
         real = len(records)
-        treedef, columns = record_columns(self._padded(step, records), RecordNames(
-            origin=lambda row: self._origin(step, self._reads(row, real))))
+        names = RecordNames(origin=lambda row: self._origin(step, self._reads(row, real)))
+        records = self._padded(step, records)
+        if self._pad is not None:
+            records = pad_records(self._pad, records, names)
+        treedef, columns = record_columns(records, names)
         if self.mask_key is not None:  # a pass that ends: True on the records
-            valid = np.arange(self.batch_size) < len(records)
+            valid = np.arange(self.batch_size) < real
             treedef, columns = collate.add_leaf(treedef, columns, self.mask_key, valid,
                                                 "StreamLoader(num_epochs=...)")
         first = (step * self.process_count + self.process_index) * self.batch_size
-        made = finish_batch(treedef, columns, self.batch_transforms, self.batch_size,
+        made = finish_batch(treedef, columns, self._finishing, self.batch_size,
                             lambda: self.location(step), alloc, clock if timed else None,
                             (self.seed, 0, np.arange(first, first + self.batch_size)),
                             self.mask_key)

@@ -31,6 +31,7 @@ import numpy as np
 from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching.jit_map import JitMap
+from jaxloader.batching.pad import Pad
 
 
 class Map:
@@ -80,8 +81,8 @@ class BatchMap:
 
 
 # What ``transforms=`` takes: a list of them, or one alone (a function is a ``Map``'s), or None
-Transforms = Union[Sequence[Any], "Map", "RandomMap", "BatchMap", "Filter", Callable[..., Any],
-                   None]
+Transforms = Union[Sequence[Any], "Map", "RandomMap", "BatchMap", "Filter", "JitMap", "Pad",
+                   Callable[..., Any], None]
 
 
 def split_transforms(transforms: Transforms, *,
@@ -96,7 +97,8 @@ def split_transforms(transforms: Transforms, *,
         raise ConfigError(f"transforms: expected a transform, a function or a list of them, "
                           f"got {type(transforms).__name__} {transforms!r:.80}")
     transforms = tuple(transforms)
-    record, batch = [], []
+    record: list = []
+    batch: list[Any] = []
     for i, t in enumerate(transforms):
         t = from_grain(t) or t
         if isinstance(t, Filter) and not filters:
@@ -126,8 +128,21 @@ def split_transforms(transforms: Transforms, *,
                     f"JitMap or a callable, got {type(t).__name__} {t!r:.60}; {remedy}"
                 )
             t = Map(t)
-        if isinstance(t, (BatchMap, JitMap)):
+        if isinstance(t, Pad):  # (between the two: on the records, before their collation)
+            if batch:
+                raise ConfigError(
+                    f"transforms[{i}]: {t!r} pads records before they are collated, but comes "
+                    f"after {batch[0]!r}; " + ("one Pad takes several keys: Pad([...])" if
+                                               isinstance(batch[0], Pad) else
+                                               "put it after the Maps and before BatchMap and "
+                                               "JitMap"))
             batch.append(t)
+        elif isinstance(t, (BatchMap, JitMap)):
+            batch.append(t)
+        elif batch and isinstance(batch[0], Pad) and len(batch) == 1:
+            raise ConfigError(f"transforms[{i}]: {t!r} is a record transform after {batch[0]!r}, "
+                              "which pads the records as they are collated; put it before the "
+                              "Pad")
         elif batch:
             raise ConfigError(
                 f"transforms[{i}]: {t!r} is a record transform after a batch transform "
@@ -251,7 +266,7 @@ def returned_none(where: str, transform: Any, index: int | None = None) -> Recor
         f"function (a missing `return`?){drop}")
 
 
-_KINDS = (Map, RandomMap, BatchMap, Filter, JitMap)  # what transforms= takes as it is
+_KINDS = (Map, RandomMap, BatchMap, Filter, JitMap, Pad)  # what transforms= takes as it is
 
 
 def _check_callable(fn: Any, kind: str) -> None:

@@ -59,9 +59,10 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             ``ParquetSource`` whose cache holds less than the order reads at once warns
             (``PerformanceWarning``).
         seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
-        transforms: a list: ``Map``/``RandomMap`` (per record), then ``JitMap`` and
-            ``BatchMap`` (per batch); a bare function in it is a ``Map``. One transform may
-            be given alone: ``transforms=f`` is ``transforms=[Map(f)]``.
+        transforms: a list: ``Map``/``RandomMap`` (per record), then a ``Pad`` (records of
+            other lengths padded to their batch's longest), then ``JitMap`` and ``BatchMap``
+            (per batch); a bare function in it is a ``Map``. One transform may be given
+            alone: ``transforms=f`` is ``transforms=[Map(f)]``.
         num_workers: worker processes; 0 makes batches in the main process; ``"auto"``
             starts one and changes the count as it runs, from the rate and the consumer's wait
             (up to the cores this process may use, more while reads wait; each decision

@@ -18,9 +18,10 @@ _REMEDIES = {
     "drop_last": "use last_batch='drop' (the default; drop_last=True) or last_batch='partial' "
                  "(drop_last=False), or last_batch='pad' to keep every record with a mask",
     "collate_fn": "batches are collated for you (a pytree of stacked arrays), records of one "
-                  "shape each: pad or crop ragged ones in a Map (token sequences: "
-                  "jaxloader.PackedSource); to change a whole batch, pass "
-                  "transforms=[..., jaxloader.BatchMap(fn)]",
+                  "shape each: pad ragged ones to the batch's longest with "
+                  "transforms=[..., jaxloader.Pad(keys)] (what a padding collate_fn did), or "
+                  "pad or crop them in a Map (token sequences: jaxloader.PackedSource); to "
+                  "change a whole batch, pass transforms=[..., jaxloader.BatchMap(fn)]",
     "pin_memory": "pass sharding= (and device_prefetch=) to have batches placed on the "
                   "devices by a background thread",
     "prefetch_factor": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",

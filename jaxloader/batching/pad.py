@@ -1,0 +1,143 @@
+"""``Pad``: leaves of other lengths padded to their batch's longest, with their lengths.
+
+::
+
+    records (after the record transforms) ──Pad: each named leaf padded on its first axis to
+    the batch's longest (rounded up to multiple_of), its length a leaf beside──> collation
+
+A batch's leaf has one shape, so records of other lengths (clips, sentences, feature frames)
+are padded before they are stacked; padding each record to one fixed length wastes what the
+batch's longest does not need. The padded length is a pure function of the batch's records, so
+a batch is the same with any worker count and after a restore. Rounding up to ``multiple_of``
+bounds the shapes a jitted step is compiled for (a few buckets, not one a length).
+
+Example:
+    >>> import numpy as np
+    >>> pad = Pad("tokens", multiple_of=4)
+    >>> records = [{"tokens": np.arange(3)}, {"tokens": np.arange(5)}]
+    >>> padded = pad_records(pad, records)
+    >>> [r["tokens"].tolist() for r in padded], [int(r["tokens_length"]) for r in padded]
+    ([[0, 1, 2, 0, 0, 0, 0, 0], [0, 1, 2, 3, 4, 0, 0, 0]], [3, 5])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxloader.base import tree as tree_lib
+from jaxloader.base.checks import check_int
+from jaxloader.base.errors import CollateError, ConfigError
+
+
+class Pad:
+    """Pads the leaves ``keys`` of each batch's records on their first axis to the batch's
+    longest (rounded up to ``multiple_of``) with ``value``, and adds each record's length as the
+    leaf ``key + length_suffix`` (an ``int32``; ``length_suffix=None``: none). Records must be
+    dicts. It goes in ``transforms=`` after the record transforms (``Map``, ``RandomMap``) and
+    before the batch transforms (``BatchMap``, ``JitMap``), which then see the padded batch.
+
+    Args:
+        keys: a key of the records, or several.
+        value: what pads (cast to each leaf's dtype).
+        multiple_of: the padded length is a multiple of it (1: the batch's longest).
+        length_suffix: the lengths leaf's name after its key's.
+
+    Example:
+        >>> import numpy as np, jaxloader as jl
+        >>> clips = [{"audio": np.ones(n, np.float32), "label": n % 2} for n in (3, 7, 5, 2)]
+        >>> loader = jl.DataLoader(clips, batch_size=2, transforms=[jl.Pad("audio")])
+        >>> [(b["audio"].shape, b["audio_length"].tolist()) for b in loader]
+        [((2, 7), [3, 7]), ((2, 5), [5, 2])]
+    """
+
+    def __init__(self, keys: str | Sequence[str], *, value: Any = 0, multiple_of: int = 1,
+                 length_suffix: str | None = "_length") -> None:
+        named = [keys] if isinstance(keys, str) else list(keys) if isinstance(
+            keys, (list, tuple)) else None
+        if not named or not all(isinstance(k, str) for k in named):
+            raise ConfigError(f"Pad(keys): expected a key of the records (a str) or a list of "
+                              f"them, got {keys!r:.80}")
+        if len(set(named)) < len(named):
+            raise ConfigError(f"Pad(keys): {named} names a key twice")
+        if length_suffix is not None and (not isinstance(length_suffix, str) or
+                                          not length_suffix):
+            raise ConfigError(f"Pad(length_suffix): expected a non-empty str or None, got "
+                              f"{length_suffix!r}")
+        if not isinstance(value, (int, float, complex, np.number, np.bool_)):
+            raise ConfigError(f"Pad(value): expected a number (what pads), got {value!r:.80}")
+        self.keys = tuple(named)
+        self.value = value
+        self.multiple_of = check_int("Pad(multiple_of)", multiple_of, low=1,
+                                     remedy="1 (the batch's longest) or a bucket, e.g. 64")
+        self.length_suffix = length_suffix
+        self.fn = pad_records  # (what a state's digest of the transforms reads: its code)
+
+    @property
+    def settings(self) -> str:
+        """What changes the batches it makes (a state names it)."""
+        return repr(self)
+
+    def __repr__(self) -> str:
+        keys = self.keys[0] if len(self.keys) == 1 else list(self.keys)
+        return (f"Pad({keys!r}, value={self.value!r}, multiple_of={self.multiple_of}, "
+                f"length_suffix={self.length_suffix!r})")
+
+
+def split_pad(batch_transforms: tuple) -> tuple[Pad | None, tuple]:
+    """A loader's batch transforms as its ``Pad`` (first where there is one: ``transforms``'
+    order) and those that run on the collated batch."""
+    if batch_transforms and isinstance(batch_transforms[0], Pad):
+        return batch_transforms[0], batch_transforms[1:]
+    return None, batch_transforms
+
+
+def pad_records(pad: Pad, records: list, names: Any = None) -> list:
+    """``records`` with ``pad.keys`` padded to their longest and their lengths added (new
+    dicts; the records given are left as they are). ``names`` names a record in errors."""
+    out = [_fields(pad, record, tree_lib.record_name(names, j))
+           for j, record in enumerate(records)]
+    for key in pad.keys:
+        leaves = [record[key] for record in out]
+        for j, leaf in enumerate(leaves):
+            if leaf.shape[1:] != leaves[0].shape[1:]:
+                raise CollateError(
+                    f"{pad!r}: {key!r} of {tree_lib.record_name(names, 0)} has shape "
+                    f"{leaves[0].shape} and of {tree_lib.record_name(names, j)} {leaf.shape}: "
+                    "a Pad pads the first axis only, the others must agree; pad or crop "
+                    "those in a Map before it")
+        longest = max(len(leaf) for leaf in leaves)
+        width = -(-longest // pad.multiple_of) * pad.multiple_of
+        for record, leaf in zip(out, leaves):
+            if len(leaf) != width:
+                padded = np.full((width, *leaf.shape[1:]), pad.value, dtype=leaf.dtype)
+                padded[:len(leaf)] = leaf
+                record[key] = padded
+            if pad.length_suffix is not None:
+                record[key + pad.length_suffix] = np.int32(len(leaf))
+    return out
+
+
+def _fields(pad: Pad, record: Any, name: str) -> dict:
+    """A copy of ``record`` (a dict) with its padded leaves as arrays, each checked."""
+    if not isinstance(record, dict):
+        raise CollateError(f"{pad!r}: {name} is a {type(record).__name__}, expected a dict "
+                           "of leaves; return a dict from a Map before the Pad")
+    record = dict(record)
+    for key in pad.keys:
+        if key not in record:
+            raise CollateError(f"{pad!r}: {name} has no key {key!r} (its keys: "
+                               f"{list(record)[:20]})")
+        leaf = np.asarray(record[key])
+        if leaf.ndim == 0 or leaf.dtype == object:
+            raise CollateError(
+                f"{pad!r}: {name}'s {key!r} is {type(record[key]).__name__} of shape "
+                f"{leaf.shape} and dtype {leaf.dtype}, expected an array (or list) of numbers "
+                "with a length axis to pad; make it one in a Map before the Pad")
+        suffix = pad.length_suffix
+        if suffix is not None and key + suffix in record:
+            raise CollateError(f"{pad!r}: {name} already has the key {key + suffix!r} its "
+                               "lengths would take; pass another length_suffix=")
+        record[key] = leaf
+    return record

@@ -1,0 +1,145 @@
+"""``Pad``: records of other lengths padded to their batch's longest, with their lengths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+
+
+def clips(n: int = 23, seed: int = 0) -> list[dict]:
+    """Records of other lengths: a clip of 1-40 samples (its value its index), frames of 2
+    features, a label, and text."""
+    lengths = np.random.default_rng(seed).integers(1, 41, n)
+    return [{"audio": np.full(k, i, np.float32), "frames": np.full((k // 2 + 1, 2), i, np.int16),
+             "label": np.int64(i % 3), "text": f"clip {i}"} for i, k in enumerate(lengths)]
+
+
+def unpadded(batch: dict, key: str) -> list[list]:
+    return [row[:n].tolist() for row, n in zip(batch[key], batch[key + "_length"])]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_batch_is_padded_to_its_longest_and_its_lengths_said(workers):
+    records = clips()
+    pad = jl.Pad(["audio", "frames"], value=-1, multiple_of=8)
+    with jl.DataLoader(records, batch_size=4, shuffle=True, seed=3, num_workers=workers,
+                       transforms=[pad]) as loader:
+        batches = list(loader)
+    assert len(batches) == 5
+    seen = []
+    for batch in batches:
+        lengths = batch["audio_length"]
+        assert batch["audio"].shape == (4, -(-int(lengths.max()) // 8) * 8)
+        assert batch["audio"].dtype == np.float32 and lengths.dtype == np.int32
+        for row, n, label in zip(batch["audio"], lengths, batch["label"]):
+            i = int(row[0])
+            assert n == len(records[i]["audio"]) and label == i % 3
+            assert (row[:n] == i).all() and (row[n:] == -1).all()
+            seen.append(i)
+        frames = batch["frames"]
+        assert frames.dtype == np.int16 and frames.shape[2] == 2 and frames.shape[1] % 8 == 0
+        assert [r.shape[0] for r in map(np.asarray, unpadded(batch, "frames"))] == [
+            len(records[int(row[0])]["frames"]) for row in batch["audio"]]
+        assert [str(t) for t in batch["text"]] == [f"clip {int(row[0])}" for row in batch["audio"]]
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 20
+
+
+def test_batches_are_the_same_with_any_worker_count_and_after_a_restore_into_another():
+    def loader(workers):
+        return jl.DataLoader(clips(40), batch_size=4, shuffle=True, seed=5, num_workers=workers,
+                             transforms=[jl.Map(lambda r: {**r, "audio": r["audio"] * 2}),
+                                         jl.Pad(["audio", "frames"]),
+                                         jl.BatchMap(lambda b: {**b, "n": np.full(
+                                             len(b["label"]), b["audio"].shape[1])})])
+
+    with loader(0) as zero, loader(2) as two:
+        want = list(zero)
+        got = list(two)
+        assert [unpadded(b, "audio") for b in got] == [unpadded(b, "audio") for b in want]
+        assert all(b["audio"].shape == a["audio"].shape and (b["n"] == a["audio"].shape[1]).all()
+                   for a, b in zip(want, got))
+    with loader(2) as saving:
+        it = iter(saving)
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(saving.state_dict()))
+    with loader(2) as again, loader(0) as alone:
+        for restored in (again, alone):
+            restored.load_state_dict(state)
+            rest = list(restored)
+            assert [unpadded(b, "audio") for b in rest] == [unpadded(b, "audio")
+                                                            for b in want[3:]]
+
+
+def test_a_restore_under_other_pad_settings_is_told_as_other_transforms_are():
+    pad = ["audio", "frames"]
+    state = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad)]).state_dict()
+    jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad)]).load_state_dict(state)
+    other = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, multiple_of=16)])
+    with pytest.warns(UserWarning, match=r"transforms differ.*multiple_of=16"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_pads_its_batches_and_its_last_one(workers):
+    def records(shard):
+        for i in range(shard * 100, shard * 100 + 7):
+            yield {"ids": list(range(i % 5 + 1)), "i": i}
+
+    stream = jl.Stream.from_generator(records, shards=2)
+    with jl.StreamLoader(stream, batch_size=4, num_workers=workers, num_epochs=1,
+                         readers_per_process=2, transforms=[jl.Pad("ids")]) as loader:
+        batches = list(loader)
+    got = sorted(int(i) for b in batches for i, m in zip(b["i"], b["mask"]) if m)
+    assert got == [*range(7), *range(100, 107)]
+    for b in batches:
+        assert b["ids"].shape[1] == int(b["ids_length"].max())
+        assert all(row[:n].tolist() == list(range(n)) for row, n in zip(b["ids"], b["ids_length"]))
+
+
+def test_parquet_lists_of_other_lengths_are_padded(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    tokens = [list(range(k)) for k in (3, 1, 4, 1, 5, 9, 2, 6)]
+    pq.write_table(pa.table({"tokens": tokens}), tmp_path / "t.parquet")
+    with jl.DataLoader(jl.ParquetSource(str(tmp_path / "t.parquet")), batch_size=4,
+                       transforms=[jl.Pad("tokens")]) as loader:
+        batches = list(loader)
+    assert [b["tokens"].shape for b in batches] == [(4, 4), (4, 9)]
+    assert [row for b in batches for row in unpadded(b, "tokens")] == tokens
+
+
+def test_placement_and_records_it_cannot_pad_are_told():
+    with pytest.raises(jl.ConfigError, match=r"Pad\('audio'.*after BatchMap.*before BatchMap"):
+        jl.DataLoader(clips(), batch_size=4, transforms=[jl.BatchMap(lambda b: b),
+                                                         jl.Pad("audio")])
+    with pytest.raises(jl.ConfigError, match=r"Map\(.*after Pad.*put it before the Pad"):
+        jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad("audio"), jl.Map(lambda r: r)])
+    with pytest.raises(jl.ConfigError, match=r"one Pad takes several keys"):
+        jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad("audio"), jl.Pad("frames")])
+    for bad, said in [(dict(keys=3), r"Pad\(keys\)"),
+                      (dict(keys="a", multiple_of=0), "multiple_of"),
+                      (dict(keys="a", value="x"), r"Pad\(value\)"),
+                      (dict(keys=["a", "a"]), "twice")]:
+        with pytest.raises(jl.ConfigError, match=said):
+            jl.Pad(**bad)
+
+    def first(records, **kw):
+        return next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad("a", **kw)])))
+
+    for records, said in [
+            ([(np.arange(2),), (np.arange(3),)], r"record position 0 is a tuple, expected a dict"),
+            ([{"b": np.arange(2)}] * 2, r"has no key 'a' \(its keys: \['b'\]\)"),
+            ([{"a": 1.5}] * 2, r"'a' is float of shape \(\) .* a length axis"),
+            ([{"a": [1, 2], "a_length": 2}] * 2, r"already has the key 'a_length'.*length_suffix"),
+            ([{"a": np.zeros((2, 3))}, {"a": np.zeros((4, 2))}],
+             r"record position 0 has shape \(2, 3\) and of record position 1 \(4, 2\): a Pad "
+             r"pads the first axis only")]:
+        with pytest.raises(jl.CollateError, match=said):
+            first(records)
+    assert "a_length" not in first([{"a": [1, 2]}, {"a": [3]}], length_suffix=None)
+    assert first([{"a": [1, 2]}, {"a": [3]}], length_suffix="_n")["a_n"].tolist() == [2, 1]
