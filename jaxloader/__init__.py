@@ -43,8 +43,8 @@ from jaxloader.sources import (
 from jaxloader.base.stats import LoaderStats, WorkerStats
 from jaxloader.loaders.diagnosis import Diagnosis
 from jaxloader.loaders.stream_loader import StreamLoader
-from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Stream, TarShard,
-                               TextShard)
+from jaxloader.streams import (IterableShard, JsonlShard, PackedStream, Shard, Stream,
+                               TarShard, TextShard)
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.pad import Pad
 from jaxloader.batching.transforms import BatchMap, Filter, Map, RandomMap
@@ -81,6 +81,7 @@ __all__ = [
     "RaggedSource",
     "RandomMap",
     "RecordError",
+    "Shard",
     "SharedMemoryError",
     "Source",
     "StallError",

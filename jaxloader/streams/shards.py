@@ -36,7 +36,27 @@ _HEADER_BYTES = 16
 
 @runtime_checkable
 class Shard(Protocol):
-    """One shard of a stream (see the module docstring)."""
+    """One shard of a stream, the protocol a shard of your own follows: ``reset(state)``
+    starts at the beginning (``None``) or where ``get_state()`` said it was; ``next()``
+    returns the next record (``StopIteration`` at the end); ``get_state()`` says where the
+    next record is, as plain JSON (dicts with string keys, lists, str, int, float, bool,
+    None; the reader keeps a copy, with NumPy scalars made Python's); ``name`` names it in
+    messages. A loader copies a shard (``copy.copy``) for each reader, so open files and
+    connections in ``reset``, not in ``__init__``.
+
+    Example:
+        >>> class Countdown:
+        ...     def __init__(self, n): self.n, self.name = n, f"countdown-{n}"
+        ...     def reset(self, state=None): self.left = self.n if state is None else state["left"]
+        ...     def next(self):
+        ...         if self.left == 0:
+        ...             raise StopIteration
+        ...         self.left -= 1
+        ...         return {"value": self.left + 1}
+        ...     def get_state(self): return {"left": self.left}
+        >>> isinstance(Countdown(3), Shard)
+        True
+    """
 
     name: str
 

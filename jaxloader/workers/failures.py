@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
+from jaxloader.base.abilities import parts_of
 from jaxloader.base.errors import JaxloaderError, StallError, WorkerError
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
@@ -197,12 +198,21 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any,
     suspects = [("source", maker.source), ("worker_init_fn", init_fn)]
     suspects += [(f"transforms {t!r}", t) for t in maker.record_transforms + maker.batch_transforms]
     for name, obj in suspects:
-        shared: list[Segment] = []
-        try:
-            payload.dumps(obj, shared.append)
-        except Exception as inner:  # noqa: BLE001
+        inner = _unsendable(obj)
+        if inner is not None:
+            part = ""
+            if name == "source":  # (a source made of others: the innermost that fails)
+                below: Any = obj
+                while True:
+                    failing = next(((p, why) for p in parts_of(below)
+                                    if (why := _unsendable(p)) is not None), None)
+                    if failing is None:
+                        break
+                    below, inner = failing
+                if below is not obj:
+                    part = f": its part {below!r:.80}"
             return WorkerError(
-                f"cannot send the {name} ({obj!r:.80}) to {to}: "
+                f"cannot send the {name} ({obj!r:.80}) to {to}{part}: "
                 f"{type(inner).__name__}: {inner}; make it picklable by cloudpickle (no open "
                 "files, locks or sockets; open them lazily in the worker, and leave out in "
                 "__getstate__ one the training process opened: peek(), num_workers=0 and "
@@ -210,10 +220,20 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any,
                 + ("use num_workers=0" if to == "worker processes" else "run the loader "
                    "without workers=")
             )
-        finally:
-            for segment in shared:  # only a probe: nothing will read these
-                segment.destroy()
     return WorkerError(f"cannot send the loader to {to}: {type(e).__name__}: {e}")
+
+
+def _unsendable(obj: Any) -> Exception | None:
+    """Why ``obj`` cannot be sent to a worker (``payload.dumps``'s error), or ``None``."""
+    shared: list[Segment] = []
+    try:
+        payload.dumps(obj, shared.append)
+    except Exception as inner:  # noqa: BLE001 - any pickler's error is the answer
+        return inner
+    finally:
+        for segment in shared:  # only a probe: nothing will read these
+            segment.destroy()
+    return None
 
 
 def forked(owner: int) -> JaxloaderError:

@@ -1203,3 +1203,24 @@ def test_workers_that_end_with_their_killed_starter_name_the_starter(tmp_path):
                      r"workers\) ended first, killed by signal 9, and its workers end with it; "
                      r"the loader is broken; check what ended it", said), said
     assert "native code" not in said and made == "40"  # (a new loader starts a new starter)
+
+
+def test_an_unpicklable_part_of_a_source_made_of_others_is_named():
+    # The error named the outer source alone (MapSource(ConcatSource(...))), not the part.
+    class Locked:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int):
+            return {"x": np.int64(i)}
+
+        def __repr__(self) -> str:
+            return "Locked()"
+
+    inner = jl.ConcatSource([jl.ArraySource({"x": np.arange(4)}), Locked()])
+    with pytest.raises(jl.WorkerError, match=r"cannot send the source \(MapSource.*: its part "
+                       r"Locked\(\): TypeError: cannot pickle '_thread.lock'"):
+        jl.DataLoader(jl.MapSource(inner, lambda r: r), batch_size=2, num_workers=2)
