@@ -143,3 +143,41 @@ def test_placement_and_records_it_cannot_pad_are_told():
             first(records)
     assert "a_length" not in first([{"a": [1, 2]}, {"a": [3]}], length_suffix=None)
     assert first([{"a": [1, 2]}, {"a": [3]}], length_suffix="_n")["a_n"].tolist() == [2, 1]
+
+
+def test_a_fixed_length_is_what_several_processes_need_and_the_longest_is_refused_there():
+    records = [{"a": np.arange(n)} for n in (3, 9, 2, 5, 4, 1, 7, 6)]
+    # each process pads its own rows: to their longest, widths would differ (3 and 9 here)
+    with pytest.raises(jl.ConfigError, match=r"each of the 2 processes pads .*length=N"):
+        jl.DataLoader(records, batch_size=2, process_index=0, process_count=2,
+                      transforms=[jl.Pad("a")])
+    with pytest.raises(jl.ConfigError, match=r"each of the 2 processes"):
+        jl.StreamLoader(jl.Stream.from_generator(lambda i: iter(records), shards=2),
+                        batch_size=2, process_index=1, process_count=2, transforms=[jl.Pad("a")])
+    widths = []
+    for index in range(2):
+        with jl.DataLoader(records, batch_size=2, process_index=index, process_count=2,
+                           transforms=[jl.Pad("a", length=10)]) as loader:
+            widths += [b["a"].shape for b in loader]
+    assert widths == [(2, 10)] * 4
+    with pytest.raises(jl.CollateError, match=r"'a' of record position 1 .*9 rows, more than "
+                       r"length=8; crop it"):
+        next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad("a", length=8)])))
+    with pytest.raises(jl.ConfigError, match="pass one of the two"):
+        jl.Pad("a", length=8, multiple_of=4)
+
+
+def test_an_empty_list_takes_the_batch_dtype_and_a_value_the_dtype_cannot_hold_is_refused():
+    # (an empty Python list is float64 to NumPy: the batch became float64, or was refused
+    # with advice to add the Pad it had)
+    batch = next(iter(jl.DataLoader([{"ids": []}, {"ids": [4, 5]}], batch_size=2,
+                                    transforms=[jl.Pad("ids")])))
+    assert batch["ids"].dtype == np.int64 and batch["ids"].tolist() == [[0, 0], [4, 5]]
+    small = [{"b": np.ones(n, np.uint8)} for n in (1, 3)]
+    for value, held in [(-1, "255"), (0.5, "0")]:
+        with pytest.raises(jl.CollateError, match=rf"'b' is uint8, which cannot hold "
+                           rf"value={value} \(it would be .*{held}"):
+            next(iter(jl.DataLoader(small, batch_size=2, transforms=[jl.Pad("b", value=value)])))
+    floats = next(iter(jl.DataLoader([{"f": np.ones(1)}, {"f": np.ones(2)}], batch_size=2,
+                                     transforms=[jl.Pad("f", value=float("nan"))])))
+    assert np.isnan(floats["f"][0, 1]) and floats["f"][1].tolist() == [1.0, 1.0]

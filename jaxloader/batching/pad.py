@@ -42,6 +42,8 @@ class Pad:
         keys: a key of the records, or several.
         value: what pads (cast to each leaf's dtype).
         multiple_of: the padded length is a multiple of it (1: the batch's longest).
+        length: pad every batch to this length instead (a record longer is refused): what
+            several processes reading one global batch need, each padding its own rows.
         length_suffix: the lengths leaf's name after its key's.
 
     Example:
@@ -53,7 +55,7 @@ class Pad:
     """
 
     def __init__(self, keys: str | Sequence[str], *, value: Any = 0, multiple_of: int = 1,
-                 length_suffix: str | None = "_length") -> None:
+                 length: int | None = None, length_suffix: str | None = "_length") -> None:
         named = [keys] if isinstance(keys, str) else list(keys) if isinstance(
             keys, (list, tuple)) else None
         if not named or not all(isinstance(k, str) for k in named):
@@ -71,6 +73,11 @@ class Pad:
         self.value = value
         self.multiple_of = check_int("Pad(multiple_of)", multiple_of, low=1,
                                      remedy="1 (the batch's longest) or a bucket, e.g. 64")
+        self.length = None if length is None else check_int(
+            "Pad(length)", length, low=0, remedy="the length every batch is padded to")
+        if self.length is not None and self.multiple_of != 1:
+            raise ConfigError(f"Pad: got length={length} and multiple_of={multiple_of}; a "
+                              "fixed length pads every batch to it: pass one of the two")
         self.length_suffix = length_suffix
         self.fn = pad_records  # (what a state's digest of the transforms reads: its code)
 
@@ -81,8 +88,9 @@ class Pad:
 
     def __repr__(self) -> str:
         keys = self.keys[0] if len(self.keys) == 1 else list(self.keys)
-        return (f"Pad({keys!r}, value={self.value!r}, multiple_of={self.multiple_of}, "
-                f"length_suffix={self.length_suffix!r})")
+        size = (f"multiple_of={self.multiple_of}" if self.length is None else
+                f"length={self.length}")
+        return f"Pad({keys!r}, value={self.value!r}, {size}, length_suffix={self.length_suffix!r})"
 
 
 def split_pad(batch_transforms: tuple) -> tuple[Pad | None, tuple]:
@@ -108,15 +116,50 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
                     "a Pad pads the first axis only, the others must agree; pad or crop "
                     "those in a Map before it")
         longest = max(len(leaf) for leaf in leaves)
-        width = -(-longest // pad.multiple_of) * pad.multiple_of
+        width = -(-longest // pad.multiple_of) * pad.multiple_of if pad.length is None else \
+            pad.length
+        if longest > width:
+            j = next(j for j, leaf in enumerate(leaves) if len(leaf) > width)
+            raise CollateError(f"{pad!r}: {key!r} of {tree_lib.record_name(names, j)} has "
+                               f"{longest} rows, more than length={width}; crop it in a Map "
+                               "before the Pad, or pass a larger length=")
+        kind = _kind(leaves)
+        _check_value(pad, key, kind)
         for record, leaf in zip(out, leaves):
-            if len(leaf) != width:
-                padded = np.full((width, *leaf.shape[1:]), pad.value, dtype=leaf.dtype)
+            if len(leaf) != width or leaf.dtype != kind:
+                padded = np.full((width, *leaf.shape[1:]), pad.value, dtype=kind)
                 padded[:len(leaf)] = leaf
                 record[key] = padded
             if pad.length_suffix is not None:
                 record[key + pad.length_suffix] = np.int32(len(leaf))
     return out
+
+
+def _kind(leaves: list[np.ndarray]) -> np.dtype:
+    """The dtype of the batch's padded leaf: its records', where an empty one (an empty
+    Python list, float64 by NumPy's default) takes the others' (a document of no tokens)."""
+    sized = [leaf.dtype for leaf in leaves if leaf.size]
+    return sized[0] if sized else leaves[0].dtype
+
+
+def _check_value(pad: Pad, key: str, kind: np.dtype) -> None:
+    """Refuses a ``value`` that ``kind`` cannot hold as it is (-1 in uint8, 0.5 in int32)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        held = np.asarray(pad.value).astype(kind)
+    if not (held == pad.value or (held != held and pad.value != pad.value)):
+        raise CollateError(f"{pad!r}: {key!r} is {kind}, which cannot hold value="
+                           f"{pad.value!r} (it would be {held!r}); pass a value of its kind")
+
+
+def check_hosts(transforms: Sequence[Any], process_count: int) -> None:
+    """Refuses a ``Pad`` to each batch's longest where several processes read a global
+    batch: each pads to the longest of its own rows, and the global array needs one width."""
+    for pad in transforms:
+        if isinstance(pad, Pad) and pad.length is None and process_count > 1:
+            raise ConfigError(
+                f"{pad!r}: each of the {process_count} processes pads its rows of a global "
+                "batch to their own longest, so their widths differ where one array needs one; "
+                "pass Pad(..., length=N), which pads every batch to N")
 
 
 def _fields(pad: Pad, record: Any, name: str) -> dict:

@@ -31,7 +31,7 @@ import numpy as np
 from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching.jit_map import JitMap
-from jaxloader.batching.pad import Pad
+from jaxloader.batching.pad import Pad, check_hosts
 
 
 class Map:
@@ -85,8 +85,8 @@ Transforms = Union[Sequence[Any], "Map", "RandomMap", "BatchMap", "Filter", "Jit
                    Callable[..., Any], None]
 
 
-def split_transforms(transforms: Transforms, *,
-                     filters: bool = False) -> tuple[tuple, tuple]:
+def split_transforms(transforms: Transforms, *, filters: bool = False,
+                     process_count: int = 1) -> tuple[tuple, tuple]:
     """Validates ``transforms=``; returns ``(record_transforms, batch_transforms)``.
     ``filters``: whether ``Filter`` may be among them (a ``StreamLoader``'s)."""
     if transforms is None:  # (as PyTorch's collate_fn=None: none)
@@ -152,6 +152,7 @@ def split_transforms(transforms: Transforms, *,
             )
         else:
             record.append(t)
+    check_hosts(batch, process_count)
     return tuple(record), tuple(batch)
 
 

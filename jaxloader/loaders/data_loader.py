@@ -201,7 +201,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             count, cast("int | None", num_epochs), mask_key, ahead, start_method,
             cast(int, device_prefetch), stall_warning_s, timeout_s, log_every_s, auto_workers,
             auto_prefetch)
-        record_transforms, batch_transforms = split_transforms(transforms)
+        record_transforms, batch_transforms = split_transforms(transforms,
+                                                               process_count=process_count)
         rest = self._sampler.num_records % batch_size  # (a mixture's batches are all full)
         if self._putter is not None and last_batch == "partial" and rest and \
                 not isinstance(source, Mixture):

@@ -156,7 +156,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             auto_prefetch)
         if num_epochs is not None:
             passes.check(process_count)
-        record_transforms, batch_transforms = split_transforms(transforms, filters=True)
+        record_transforms, batch_transforms = split_transforms(
+            transforms, filters=True, process_count=process_count)
         self._transforms = (*record_transforms, *batch_transforms)
         self._transforms_named: list[str] | None = None  # (transforms_of them, when asked)
         self._stream: ReadableStream = given

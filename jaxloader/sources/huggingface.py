@@ -78,7 +78,7 @@ class HuggingFaceSource:
         # lists of other lengths: an object array in every batch, also where a batch's rows
         # happen to be of one length (NumPy format stacks those: a leaf on the device then)
         self._ragged = set() if self.custom else {
-            key for key in self._numeric if _ragged(dataset.data.column(key))}
+            key for key in self._numeric if _ragged(dataset, key)}
         self.dataset = dataset if self.custom else dataset.with_format("arrow", columns=read)
         self._numpy: Any = None if self.custom else _numpy_formatter(dataset.features)
         # the rows where a column read holds a null (found once; none read where Arrow's
@@ -175,15 +175,21 @@ def _numeric(kind: Any) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
-def _ragged(column: Any) -> bool:
-    """Whether a column's rows are lists of more than one length (from Arrow's offsets)."""
+def _ragged(dataset: Any, key: str) -> bool:
+    """Whether the dataset's rows (after its ``select``/``filter``/``shuffle``) of column
+    ``key`` are lists of more than one length (from Arrow's offsets: ~0.1 s for 10M rows)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    column = dataset.data.column(key)
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         return False
-    lengths = pc.min_max(pc.list_value_length(column))
-    return lengths["min"].as_py() != lengths["max"].as_py()
+    lengths = pc.list_value_length(column)
+    mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
+    if mapping is not None:
+        lengths = pc.take(lengths, mapping.column(0))
+    extremes = pc.min_max(lengths)
+    return extremes["min"].as_py() != extremes["max"].as_py()
 
 
 def _null_rows(dataset: Any, key: str, media: bool = False) -> np.ndarray:

@@ -42,7 +42,7 @@ from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import MappedShard, generator_shards
 from jaxloader.streams.origins import last_origin, state_or_why
-from jaxloader.streams.shard_state import plain_state
+from jaxloader.streams.shard_state import plain, snapshot
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
@@ -227,8 +227,7 @@ class StreamReader:
         self._opened: int | None = None
         self._current: Any = None  # the open shard: this reader's copy of it
         self._until: int | None = None  # the epoch a pass ends before (None: endless)
-        self._ended = False
-        self._window_epoch = self._window_key = 0
+        self._ended, self._window_epoch, self._window_key = False, 0, 0
         self._window_start: tuple = (0, None)
         self._read_from: tuple | None = None  # the window's (shards, start, crossed, order)
         self._previous: tuple | None = None  # the window's before it (origin() reads them)
@@ -258,8 +257,9 @@ class StreamReader:
         self._emitted = emitted
 
     def get_state(self) -> dict:
-        return {"reader": self.reader, "epoch": self._window_epoch,
-                "shard": self._window_start[0], "shard_state": self._window_start[1],
+        at, state = self._window_start  # (the shard's state as read: in JSON's types now)
+        return {"reader": self.reader, "epoch": self._window_epoch, "shard": at,
+                "shard_state": plain(state, lambda: self.stream.shards[self._mine[at]].name),
                 "window": self._window_key, "emitted": self._emitted}
 
     # -- records ----------------------------------------------------------------------------
@@ -305,7 +305,7 @@ class StreamReader:
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
             shard = self._current if self._shard < len(self._mine) else None
-            self._window_start = (self._shard, plain_state(shard) if shard else None)
+            self._window_start = (self._shard, snapshot(shard) if shard else None)
             window: list = []
             crossed: list | None = None  # (shard, first) of each shard opened in the window
             while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):

@@ -154,9 +154,13 @@ def chain(pickled: bytes) -> BaseException:
         return links
     first = link = pickle.loads(links[0])
     for following in links[1:]:
-        if following is None:
+        try:  # (an exception may pickle and not unpickle: its __init__ takes other arguments)
+            cause = pickle.loads(following) if following is not None else None
+        except Exception:  # noqa: BLE001 - the chain up to it is kept; the text has the rest
+            cause = None
+        if cause is None:
             break
-        link.__cause__ = link = pickle.loads(following)
+        link.__cause__ = link = cause
     return first
 
 

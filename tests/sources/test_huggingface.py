@@ -401,3 +401,13 @@ def test_a_column_of_lists_of_other_lengths_is_an_object_array_in_every_batch(wo
     assert all(row.dtype == np.int64 for b in batches for row in b)
     same = datasets.Dataset.from_dict({"ids": [[1, 2, 3], [4, 5, 6]]})  # (one length: stacked)
     assert next(iter(jl.DataLoader(same, batch_size=2)))["ids"].dtype == np.int64
+
+
+def test_lists_a_filter_left_of_one_length_are_stacked():
+    # (the table's rows were looked at, not the dataset's: a filter to one length still gave
+    # objects, which no device takes)
+    ds = datasets.Dataset.from_dict({"ids": [[1, 2, 3], [7], [4, 5, 6], [8, 9], [1, 1, 1]]})
+    kept = ds.filter(lambda r: len(r["ids"]) == 3)
+    batch = next(iter(jl.DataLoader(kept, batch_size=3)))
+    assert batch["ids"].dtype == np.int64 and batch["ids"].tolist() == [[1, 2, 3], [4, 5, 6],
+                                                                       [1, 1, 1]]

@@ -70,3 +70,28 @@ def test_a_batch_that_cannot_be_sent_is_reported_with_its_error_not_as_a_death()
     with jl.StreamLoader(stream, batch_size=4, num_workers=1) as loader:
         with pytest.raises(jl.WorkerError, match="cannot pickle '_thread.lock'"):
             next(iter(loader))
+
+
+class _TwoArguments(Exception):
+    """Pickles, and does not unpickle (its args are the one message made of two)."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+
+
+def test_a_cause_that_does_not_unpickle_keeps_the_chain_above_it():
+    from jaxloader.workers.protocol import chain, failed
+
+    try:
+        try:
+            try:
+                raise _TwoArguments(5, "locked")
+            except _TwoArguments as e:
+                raise ValueError("read failed") from e
+        except ValueError as e:
+            raise jl.RecordError("step 0: record 3") from e
+    except jl.RecordError as e:
+        sent = failed(1, 0, e)
+    got = chain(sent.pickled)
+    assert isinstance(got, jl.RecordError) and repr(got.__cause__) == "ValueError('read failed')"
+    assert got.__cause__.__cause__ is None  # (the one that did not unpickle, and what follows)
