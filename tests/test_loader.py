@@ -138,6 +138,14 @@ def test_list_getitems_sources_are_collated():
                                     process_count=1)))
     assert batch["v"].dtype == np.float32 and batch["v"].tolist() == [0, 1, 2]
 
+    class ListColumn(ListBatches):  # (a column of text as a Python list: a pytree node)
+        def __getitems__(self, idx):
+            return {"v": np.asarray(idx, np.float32), "s": [f"r{i}" for i in idx]}
+
+    with pytest.raises(jl.CollateError, match=r"leaf \['s'\]\[0\].*a list or tuple in a batch "
+                       r"is a pytree node.*dtype=object for strings"):
+        next(iter(jl.DataLoader(ListColumn(), batch_size=3)))
+
 
 @pytest.mark.parametrize("extra", [-1, 1])
 @pytest.mark.parametrize("how", ["plain", "map", "concat", "worker"])

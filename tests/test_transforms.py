@@ -194,6 +194,12 @@ def test_a_batch_transform_that_changes_the_batch_axis_is_the_one_named():
                 jl.BatchMap(lambda b: {"x": b["x"] / b["n"]})]
     with jl.DataLoader(source, batch_size=4, transforms=taken_up) as loader:
         assert next(iter(loader))["x"].tolist() == [0.0, 0.25, 0.5, 0.75]
+    # a Python number left in the batch was not named (a NumPy one was): the same now
+    last = [jl.BatchMap(lambda b: {**b, "n": len(b["x"])})]
+    with jl.DataLoader(source, batch_size=4, transforms=last) as loader:
+        with pytest.raises(jl.RecordError, match=r"BatchMap\(\S*<lambda>\) returned a leaf of "
+                                                 r"shape \(\), expected 4 rows"):
+            next(iter(loader))
     with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(lambda r: r),
                                                          jl.BatchMap(_write_in_place)]) as loader:
         with pytest.raises(jl.RecordError, match=r"read-only.*copy what you change"):

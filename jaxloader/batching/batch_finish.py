@@ -42,6 +42,17 @@ def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> No
             f"batch[{mask_key!r}]; in a JitMap, the record's)", stacklevel=2)
 
 
+def _shape(leaf: Any) -> tuple | None:
+    """A leaf's shape as NumPy sees it (a Python number's: ``()``), ``None`` where it has none
+    (a list of rows of other lengths)."""
+    if hasattr(leaf, "shape"):
+        return np.shape(leaf)
+    try:
+        return np.shape(leaf)
+    except ValueError:
+        return None
+
+
 def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
                  where: Callable[[], str], alloc: Callable[[int], Any] | None = None,
                  clock: StageClock | None = None, keyed: tuple = (0, 0, None),
@@ -77,7 +88,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                                   "below") from e
             # the transform that changed the batch axis named (the batch's check, after all of
             # them, names none); a 0-d leaf another transform may take up is left to it
-            rows = [np.shape(x) for x in tree_lib.flatten(batch)[0] if hasattr(x, "shape")]
+            rows = [shape for x in tree_lib.flatten(batch)[0] if (shape := _shape(x)) is not None]
             bad = next((shape for shape in rows if (shape[0] != size if shape else i == last)),
                        None)
             if bad is not None:

@@ -266,10 +266,14 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
         array = np.asarray(leaf)
         if array.ndim == 0 or array.shape[0] != size:
+            listed = ("; a list or tuple in a batch is a pytree node, not a column: give a "
+                      "column of rows as an array (np.asarray(rows), dtype=object for "
+                      "strings), or return a list of records from __getitems__"
+                      if path.endswith("]") and path.rsplit("[", 1)[1][:-1].isdigit() else "")
             raise CollateError(
                 f"batch leaf {path}: expected {size} rows (the batch size) along axis 0, got "
-                f"shape {array.shape}; a batch transform or __getitems__ must keep the batch axis"
-            )
+                f"shape {array.shape}; a batch transform or __getitems__ must keep the batch "
+                f"axis{listed}")
         if array.dtype.hasobject and array.size:  # (its first value that is not None)
             row, first = next(((i, v) for i, v in enumerate(array.flat) if v is not None),
                               (0, None))
