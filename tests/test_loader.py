@@ -598,3 +598,25 @@ def test_a_bad_record_fails_only_its_own_batch_with_pad_and_the_documented_skip_
                 state["step"] += 1
     assert len(errors) == 1 and "record position 1 " in str(errors[0])
     assert seen == [*range(4, 13)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_record_error_says_its_step_position_and_index_as_attributes(workers):
+    # (an inference job that reports the records it could not read parsed the message)
+    def bad_map(r):
+        if int(r["id"]) == 9:
+            raise ValueError("bad")
+        return r
+
+    for source, transforms, index in [(_OneBad(), [], 1),
+                                      (jl.ArraySource({"id": np.arange(13)}), [jl.Map(bad_map)],
+                                       9)]:
+        with jl.DataLoader(source, batch_size=4, num_workers=workers, shuffle=True, seed=1,
+                           transforms=transforms) as loader:
+            with pytest.raises(jl.JaxloaderError) as raised:
+                list(loader)
+        error = raised.value if workers == 0 else raised.value.__cause__
+        assert isinstance(error, jl.RecordError) and error.index == index
+        position = loader._sampler.batch(error.step).positions.tolist().index(error.position)
+        assert loader._sampler.batch(error.step).indices[position] == index
+        assert f"record position {error.position} (source index {index})" in str(error)

@@ -31,8 +31,20 @@ class RecordError(JaxloaderError, RuntimeError):
     """Reading or transforming one record failed.
 
     Names the step, the record position in its epoch and the source index; the original
-    exception is kept as ``__cause__``.
+    exception is kept as ``__cause__``. A ``DataLoader``'s error about one record also has them
+    as attributes, ``step``, ``position`` and ``index`` (``None`` where not known: a stream's
+    record, a batch's error), for a job that reports the records it could not read.
     """
+
+    step: int | None = None
+    position: int | None = None
+    index: int | None = None
+
+    def at(self, step: int, position: int, index: int) -> "RecordError":
+        """This error with the record it is about, where it does not say yet."""
+        if self.index is None:
+            self.step, self.position, self.index = step, position, index
+        return self
 
 
 class CollateError(JaxloaderError, ValueError):

@@ -317,8 +317,12 @@ class BatchMaker:
                 except JaxloaderError:
                     raise
                 except Exception as e:
-                    raise RecordError(_read_failed(where, position, index, e)) from e
-                records.append(run(record, epoch, position, where, (position, index)))
+                    raise RecordError(_read_failed(where, position, index, e)).at(
+                        spec.step, position, index) from e
+                try:
+                    records.append(run(record, epoch, position, where, (position, index)))
+                except RecordError as e:
+                    raise e.at(spec.step, position, index)
         finally:
             if ahead is not None and read is None:  # (a task's: closed as the task ends)
                 ahead.close()
@@ -333,7 +337,8 @@ class BatchMaker:
             self._where(spec)
         return each(
             self.source.__getitem__, indices,
-            lambda j, e: RecordError(_read_failed(where, positions[j], indices[j], e)))
+            lambda j, e: RecordError(_read_failed(where, positions[j], indices[j], e)).at(
+                spec.step, positions[j], indices[j]))
 
 
 def _read_failed(where: Callable[[int, int], str], position: int, index: int,
