@@ -181,3 +181,15 @@ def test_an_empty_list_takes_the_batch_dtype_and_a_value_the_dtype_cannot_hold_i
     floats = next(iter(jl.DataLoader([{"f": np.ones(1)}, {"f": np.ones(2)}], batch_size=2,
                                      transforms=[jl.Pad("f", value=float("nan"))])))
     assert np.isnan(floats["f"][0, 1]) and floats["f"][1].tolist() == [1.0, 1.0]
+
+
+def test_records_of_other_dtypes_are_refused_not_cast_to_the_first():
+    # (int32 beside int64 made every record int32: 2**40 became 0, with only NumPy's warning;
+    # the other order made the batch float64)
+    records = [{"a": np.array([1, 2, 3], np.int32)}, {"a": np.array([2**40], np.int64)}]
+    with pytest.raises(jl.CollateError, match=r"'a' of record position 0 is int32 and of record "
+                       r"position 1 int64; give every record one dtype"):
+        next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad("a")])))
+    with pytest.raises(jl.CollateError, match=r"cannot hold value=18446744073709551616"):
+        next(iter(jl.DataLoader([{"a": [1]}, {"a": [1, 2]}], batch_size=2,
+                                transforms=[jl.Pad("a", value=2**64)])))

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -123,7 +124,7 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
             raise CollateError(f"{pad!r}: {key!r} of {tree_lib.record_name(names, j)} has "
                                f"{longest} rows, more than length={width}; crop it in a Map "
                                "before the Pad, or pass a larger length=")
-        kind = _kind(leaves)
+        kind = _kind(pad, key, leaves, names)
         _check_value(pad, key, kind)
         for record, leaf in zip(out, leaves):
             if len(leaf) != width or leaf.dtype != kind:
@@ -135,18 +136,28 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
     return out
 
 
-def _kind(leaves: list[np.ndarray]) -> np.dtype:
-    """The dtype of the batch's padded leaf: its records', where an empty one (an empty
+def _kind(pad: Pad, key: str, leaves: list[np.ndarray], names: Any) -> np.dtype:
+    """The dtype of the batch's padded leaf: its records' (one), where an empty one (an empty
     Python list, float64 by NumPy's default) takes the others' (a document of no tokens)."""
-    sized = [leaf.dtype for leaf in leaves if leaf.size]
-    return sized[0] if sized else leaves[0].dtype
+    sized = [(j, leaf.dtype) for j, leaf in enumerate(leaves) if leaf.size]
+    for j, kind in sized:
+        if kind != sized[0][1]:
+            raise CollateError(
+                f"{pad!r}: {key!r} of {tree_lib.record_name(names, sized[0][0])} is "
+                f"{sized[0][1]} and of {tree_lib.record_name(names, j)} {kind}; give every "
+                "record one dtype there: cast in a Map before the Pad")
+    return sized[0][1] if sized else leaves[0].dtype
 
 
 def _check_value(pad: Pad, key: str, kind: np.dtype) -> None:
     """Refuses a ``value`` that ``kind`` cannot hold as it is (-1 in uint8, 0.5 in int32)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        held = np.asarray(pad.value).astype(kind)
-    if not (held == pad.value or (held != held and pad.value != pad.value)):
+    try:
+        with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a complex value's cast warns of its part lost)
+            held = np.asarray(pad.value).astype(kind)
+    except (OverflowError, TypeError, ValueError):  # (an int past uint64: NumPy's object)
+        held = None
+    if held is None or not (held == pad.value or (held != held and pad.value != pad.value)):
         raise CollateError(f"{pad!r}: {key!r} is {kind}, which cannot hold value="
                            f"{pad.value!r} (it would be {held!r}); pass a value of its kind")
 

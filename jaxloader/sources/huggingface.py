@@ -182,14 +182,17 @@ def _ragged(dataset: Any, key: str) -> bool:
     import pyarrow.compute as pc
 
     column = dataset.data.column(key)
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-        return False
-    lengths = pc.list_value_length(column)
     mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
-    if mapping is not None:
-        lengths = pc.take(lengths, mapping.column(0))
-    extremes = pc.min_max(lengths)
-    return extremes["min"].as_py() != extremes["max"].as_py()
+    depth = 0  # (lists in lists: the table's inner lists, those of rows left out too)
+    while pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        lengths = pc.list_value_length(column)
+        if mapping is not None and depth == 0:
+            lengths = pc.take(lengths, mapping.column(0))
+        extremes = pc.min_max(lengths)
+        if extremes["min"].as_py() != extremes["max"].as_py():
+            return True
+        column, depth = pc.list_flatten(column), depth + 1
+    return False
 
 
 def _null_rows(dataset: Any, key: str, media: bool = False) -> np.ndarray:

@@ -19,6 +19,7 @@ import copy
 from typing import Any, Callable, Sequence
 
 from jaxloader.base.abilities import close_of
+from jaxloader.base.state_copy import copied
 
 _COUNTS = (("line", "line"), ("records", "record"), ("consumed", "record"))
 
@@ -34,7 +35,7 @@ class Segments(list):
         at, state, first = next(s for s in reversed(self) if s[2] <= index)
         shard = copy.copy(shards[mine[at]])
         try:
-            shard.reset(state)
+            shard.reset(state if state is None else copied(state))  # (it may keep, change it)
             for _ in range(index - first + 1):
                 shard.next()
             after = shard.get_state()

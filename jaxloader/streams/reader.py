@@ -42,7 +42,7 @@ from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import MappedShard, generator_shards
 from jaxloader.streams.origins import last_origin, state_or_why
-from jaxloader.streams.shard_state import plain, snapshot
+from jaxloader.streams.shard_state import copied, plain, snapshot
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
@@ -375,7 +375,7 @@ class StreamReader:
         self.close()
         if index < len(self._mine):
             shard = copy.copy(self.stream.shards[self._mine[index]])  # (reset opens its files)
-            shard.reset(state)
+            shard.reset(state if state is None else copied(state))  # (it may keep and change it)
             self._current = watched(shard)  # (its first records: a buffer refilled?)
 
     def close(self) -> None:

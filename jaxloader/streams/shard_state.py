@@ -4,8 +4,8 @@ when the reader's state is asked for.
 A reader keeps where each window starts (a shard and its state) until the window's records are
 all handed out, and a loader's ``state_dict()`` hands it on to be saved as JSON. The shard's
 own dict may change as it reads on (a shard that keeps its place in a dict and returns that
-dict), so the reader keeps a copy of it (``snapshot``: its top level, once a window: a record,
-without a shuffle window): otherwise the saved start moves with the shard, and a restore skips
+dict), so the reader keeps a copy of it (``snapshot``, once a window: a record, without a
+shuffle window): otherwise the saved start moves with the shard, and a restore skips
 the records read since. A state that JSON cannot hold (a NumPy int, an array, a set) would
 fail only at the checkpoint's save: ``plain`` makes NumPy scalars Python's and tuples lists,
 and refuses the rest, naming the shard and the place, when the reader's state is asked for
@@ -25,15 +25,23 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.errors import StateDictError
+from jaxloader.base.state_copy import copied
 
 _SCALARS = (str, int, float, bool, type(None))
 _PLAIN = frozenset(_SCALARS)  # (a set's lookup: the check twice a batch)
 
 
 def snapshot(shard: Any) -> Any:
-    """``shard.get_state()``, its top level copied (its nested parts as they are)."""
+    """A copy of ``shard.get_state()``: a flat dict's top level (numbers and strings, the
+    usual state), else a deep copy (``copied``)."""
     state = shard.get_state()
-    return dict(state) if type(state) is dict else state
+    if type(state) is dict:
+        scalars = _PLAIN
+        for value in state.values():
+            if type(value) not in scalars:
+                return copied(state)
+        return dict(state)
+    return copied(state)
 
 
 def plain(state: Any, name: Callable[[], str]) -> dict | None:

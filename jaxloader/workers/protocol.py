@@ -152,16 +152,25 @@ def chain(pickled: bytes) -> BaseException:
     links = pickle.loads(pickled)
     if isinstance(links, BaseException):  # (a Failed of a version before the chain)
         return links
-    first = link = pickle.loads(links[0])
+    first = link = _link(links[0])
+    if first is None:
+        raise ValueError("the exception did not unpickle as one")  # (the caller's text says)
     for following in links[1:]:
-        try:  # (an exception may pickle and not unpickle: its __init__ takes other arguments)
-            cause = pickle.loads(following) if following is not None else None
-        except Exception:  # noqa: BLE001 - the chain up to it is kept; the text has the rest
-            cause = None
+        cause = _link(following)
         if cause is None:
             break
         link.__cause__ = link = cause
     return first
+
+
+def _link(pickled: bytes | None) -> BaseException | None:
+    """One link of a chain unpickled, or ``None``: an exception may pickle and not unpickle
+    (its ``__init__`` takes other arguments), or unpickle as something else."""
+    try:
+        link = pickle.loads(pickled) if pickled is not None else None
+    except Exception:  # noqa: BLE001 - the chain up to it is kept; the worker's text has it
+        return None
+    return link if isinstance(link, BaseException) else None
 
 
 # On the wire a message is a plain tuple (its kind's number, *fields): pickling a NamedTuple by

@@ -411,3 +411,10 @@ def test_lists_a_filter_left_of_one_length_are_stacked():
     batch = next(iter(jl.DataLoader(kept, batch_size=3)))
     assert batch["ids"].dtype == np.int64 and batch["ids"].tolist() == [[1, 2, 3], [4, 5, 6],
                                                                        [1, 1, 1]]
+
+
+def test_lists_of_lists_of_other_inner_lengths_are_objects_in_every_batch():
+    ds = datasets.Dataset.from_dict({"spans": [[[1, 2], [3, 4]], [[5, 6], [7, 8]],
+                                               [[1], [2, 3]], [[4, 5], [6]]]})
+    kinds = [b["spans"].dtype for b in jl.DataLoader(ds, batch_size=2)]
+    assert kinds == [np.dtype(object)] * 2

@@ -95,3 +95,30 @@ def test_a_cause_that_does_not_unpickle_keeps_the_chain_above_it():
     got = chain(sent.pickled)
     assert isinstance(got, jl.RecordError) and repr(got.__cause__) == "ValueError('read failed')"
     assert got.__cause__.__cause__ is None  # (the one that did not unpickle, and what follows)
+
+
+class _NotAnException(Exception):
+    """Unpickles as a str (a proxy of the error, say)."""
+
+    def __reduce__(self):
+        return (str, ("a proxy",))
+
+
+def test_a_link_that_unpickles_as_no_exception_ends_the_chain_there():
+    from jaxloader.workers.protocol import chain, failed
+
+    try:
+        try:
+            raise _NotAnException("odd")
+        except _NotAnException as e:
+            raise jl.RecordError("step 0: record 3") from e
+    except jl.RecordError as e:
+        sent = failed(1, 0, e)
+    got = chain(sent.pickled)
+    assert isinstance(got, jl.RecordError) and got.__cause__ is None
+    try:
+        raise _NotAnException("top")
+    except _NotAnException as e:
+        alone = failed(1, 0, e)
+    with pytest.raises(ValueError, match="did not unpickle as one"):
+        chain(alone.pickled)
