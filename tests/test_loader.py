@@ -620,3 +620,18 @@ def test_a_record_error_says_its_step_position_and_index_as_attributes(workers):
         position = loader._sampler.batch(error.step).positions.tolist().index(error.position)
         assert loader._sampler.batch(error.step).indices[position] == index
         assert f"record position {error.position} (source index {index})" in str(error)
+
+    class Inner:  # (a source reading through a loader of its own: its error is about its own
+        def __len__(self) -> int:  # record, and says this loader's as it passes through)
+            return 13
+
+        def __getitem__(self, i: int):
+            if i == 4:
+                next(iter(jl.DataLoader(_OneBad(), batch_size=4)))
+            return {"id": np.int64(i)}
+
+    with jl.DataLoader(Inner(), batch_size=4, num_workers=workers) as loader:
+        with pytest.raises(jl.JaxloaderError) as raised:
+            list(loader)
+    error = raised.value if workers == 0 else raised.value.__cause__
+    assert (error.step, error.position, error.index) == (1, 4, 4)

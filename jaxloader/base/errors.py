@@ -41,9 +41,9 @@ class RecordError(JaxloaderError, RuntimeError):
     index: int | None = None
 
     def at(self, step: int, position: int, index: int) -> "RecordError":
-        """This error with the record it is about, where it does not say yet."""
-        if self.index is None:
-            self.step, self.position, self.index = step, position, index
+        """This error with the record it is about, in the loader that raises it (one a loader
+        read inside a source raised is about that loader's record: replaced)."""
+        self.step, self.position, self.index = step, position, index
         return self
 
 

@@ -314,6 +314,8 @@ class BatchMaker:
                             record = source[index]
                     else:  # (in a worker)
                         record = source[index]
+                except RecordError as e:  # (a source's own, naming its place)
+                    raise e.at(spec.step, position, index)
                 except JaxloaderError:
                     raise
                 except Exception as e:

@@ -181,17 +181,18 @@ def _ragged(dataset: Any, key: str) -> bool:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = dataset.data.column(key)
-    mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
-    depth = 0  # (lists in lists: the table's inner lists, those of rows left out too)
-    while pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+    column, rows = dataset.data.column(key), getattr(dataset, "_indices", None)  # (kept)
+    def listed(kind: Any) -> bool:
+        return pa.types.is_list(kind) or pa.types.is_large_list(kind) or \
+            pa.types.is_fixed_size_list(kind)
+    if rows is not None and listed(column.type) and listed(column.type.value_type):
+        column, rows = pc.take(column, rows.column(0)), None  # (lists in lists: rows kept's)
+    while listed(column.type):
         lengths = pc.list_value_length(column)
-        if mapping is not None and depth == 0:
-            lengths = pc.take(lengths, mapping.column(0))
-        extremes = pc.min_max(lengths)
+        extremes = pc.min_max(lengths if rows is None else pc.take(lengths, rows.column(0)))
         if extremes["min"].as_py() != extremes["max"].as_py():
             return True
-        column, depth = pc.list_flatten(column), depth + 1
+        column, rows = pc.list_flatten(column), None
     return False
 
 

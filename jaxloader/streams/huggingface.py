@@ -151,6 +151,8 @@ class HuggingFaceShard:
     """Shard ``index`` of ``count`` of a ``datasets.IterableDataset`` (``ds.shard(count,
     index)``), following the ``Shard`` protocol; the state is the dataset's own."""
 
+    fresh_state = True  # (get_state() makes it anew: the reader keeps it without a copy)
+
     def __init__(self, dataset: Any, index: int, count: int, name: str) -> None:
         self.dataset, self.index, self.count, self.name = dataset, index, count, name
         features = getattr(dataset, "features", None)

@@ -27,21 +27,27 @@ import numpy as np
 from jaxloader.base.errors import StateDictError
 from jaxloader.base.state_copy import copied
 
+__all__ = ["copied", "plain", "snapshot"]  # (copied: the reader's, for a shard's reset)
+
 _SCALARS = (str, int, float, bool, type(None))
 _PLAIN = frozenset(_SCALARS)  # (a set's lookup: the check twice a batch)
 
 
 def snapshot(shard: Any) -> Any:
     """A copy of ``shard.get_state()``: a flat dict's top level (numbers and strings, the
-    usual state), else a deep copy (``copied``)."""
+    usual state), else ``plain``'s, which is made anew (refused, naming the shard, where JSON
+    cannot hold it); as it is from a shard whose state is made anew each time it is asked
+    for (``fresh_state``: a Hugging Face dataset's)."""
     state = shard.get_state()
+    if getattr(shard, "fresh_state", False):
+        return state
     if type(state) is dict:
         scalars = _PLAIN
         for value in state.values():
             if type(value) not in scalars:
-                return copied(state)
+                return plain(state, lambda: shard.name)
         return dict(state)
-    return copied(state)
+    return plain(state, lambda: shard.name)
 
 
 def plain(state: Any, name: Callable[[], str]) -> dict | None:

@@ -9,6 +9,7 @@ import json
 import warnings
 import cloudpickle
 import tarfile
+import threading
 
 import numpy as np
 import pytest
@@ -528,6 +529,12 @@ def test_a_shard_state_json_cannot_hold_is_refused_naming_the_shard_and_place():
     with jl.StreamLoader(jl.Stream([shard]), batch_size=1) as loader:
         with pytest.raises(jl.JaxloaderError, match=r"stream shard arr: get_state\(\) "
                            r"\['seen'\]\['ids'\] is a ndarray.*plain JSON"):
+            next(iter(loader))
+    shard.name = "locked"  # (nothing can copy it: named as JSON's refusal, not copy's error)
+    shard.get_state = lambda: {"i": 1, "lock": threading.Lock()}
+    with jl.StreamLoader(jl.Stream([shard]), batch_size=1) as loader:
+        with pytest.raises(jl.JaxloaderError, match=r"stream shard locked: get_state\(\) "
+                           r"\['lock'\] is a lock"):
             next(iter(loader))
 
 
