@@ -45,8 +45,6 @@ def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> No
 def _shape(leaf: Any) -> tuple | None:
     """A leaf's shape as NumPy sees it (a Python number's: ``()``), ``None`` where it has none
     (a list of rows of other lengths)."""
-    if hasattr(leaf, "shape"):
-        return np.shape(leaf)
     try:
         return np.shape(leaf)
     except ValueError:

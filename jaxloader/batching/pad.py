@@ -105,8 +105,7 @@ def split_pad(batch_transforms: tuple) -> tuple[Pad | None, tuple]:
 def pad_records(pad: Pad, records: list, names: Any = None) -> list:
     """``records`` with ``pad.keys`` padded to their longest and their lengths added (new
     dicts; the records given are left as they are). ``names`` names a record in errors."""
-    out = [_fields(pad, record, tree_lib.record_name(names, j))
-           for j, record in enumerate(records)]
+    out = [_fields(pad, record, names, j) for j, record in enumerate(records)]
     for key in pad.keys:
         leaves = [record[key] for record in out]
         for j, leaf in enumerate(leaves):
@@ -173,25 +172,29 @@ def check_hosts(transforms: Sequence[Any], process_count: int) -> None:
                 "pass Pad(..., length=N), which pads every batch to N")
 
 
-def _fields(pad: Pad, record: Any, name: str) -> dict:
-    """A copy of ``record`` (a dict) with its padded leaves as arrays, each checked."""
+def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
+    """A copy of ``record`` (a dict, the batch's ``j``-th, named by ``names`` in an error: a
+    stream's name reads its shard again, so only there) with its padded leaves as arrays."""
     if not isinstance(record, dict):
-        raise CollateError(f"{pad!r}: {name} is a {type(record).__name__}, expected a dict "
-                           "of leaves; return a dict from a Map before the Pad")
+        raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} is a "
+                           f"{type(record).__name__}, expected a dict of leaves; return a dict "
+                           "from a Map before the Pad")
     record = dict(record)
     for key in pad.keys:
         if key not in record:
-            raise CollateError(f"{pad!r}: {name} has no key {key!r} (its keys: "
-                               f"{list(record)[:20]})")
+            raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} has no key {key!r} "
+                               f"(its keys: {list(record)[:20]})")
         leaf = np.asarray(record[key])
         if leaf.ndim == 0 or leaf.dtype == object:
             raise CollateError(
-                f"{pad!r}: {name}'s {key!r} is {type(record[key]).__name__} of shape "
-                f"{leaf.shape} and dtype {leaf.dtype}, expected an array (or list) of numbers "
-                "with a length axis to pad; make it one in a Map before the Pad")
+                f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
+                f"{type(record[key]).__name__} of shape {leaf.shape} and dtype {leaf.dtype}, "
+                "expected an array (or list) of numbers with a length axis to pad; make it one "
+                "in a Map before the Pad")
         suffix = pad.length_suffix
         if suffix is not None and key + suffix in record:
-            raise CollateError(f"{pad!r}: {name} already has the key {key + suffix!r} its "
-                               "lengths would take; pass another length_suffix=")
+            raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} already has the key "
+                               f"{key + suffix!r} its lengths would take; pass another "
+                               "length_suffix=")
         record[key] = leaf
     return record

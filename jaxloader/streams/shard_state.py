@@ -30,7 +30,7 @@ from jaxloader.base.state_copy import copied
 __all__ = ["copied", "plain", "snapshot"]  # (copied: the reader's, for a shard's reset)
 
 _SCALARS = (str, int, float, bool, type(None))
-_PLAIN = frozenset(_SCALARS)  # (a set's lookup: the check twice a batch)
+_PLAIN = frozenset(_SCALARS)  # (a set's lookup: the check made once a window)
 
 
 def snapshot(shard: Any) -> Any:

@@ -40,8 +40,8 @@ class Shard(Protocol):
     starts at the beginning (``None``) or where ``get_state()`` said it was; ``next()``
     returns the next record (``StopIteration`` at the end); ``get_state()`` says where the
     next record is, as plain JSON (dicts with string keys, lists, str, int, float, bool,
-    None; NumPy scalars are made Python's; the reader copies the dict's top level as it
-    reads: a nested dict or list in it must not change afterwards); ``name`` names it in
+    None; NumPy scalars are made Python's; the reader keeps a copy as it reads, so a dict
+    the shard goes on changing is fine); ``name`` names it in
     messages. A loader copies a shard (``copy.copy``) for each reader, so open files and
     connections in ``reset``, not in ``__init__``.
 

@@ -7,7 +7,7 @@ its status row: ``status.py``) and what to do; a raise carries the worker's trac
 it pickles, the exception itself as the cause.
 
 Example:
-    >>> from jaxloader.workers.protocol import Failed, chain
+    >>> from jaxloader.workers.protocol import Failed
     >>> error, _ = raised(1, 4242, Failed(3, 25, "ValueError: bad", "Traceback ...", None),
     ...                   lambda step: f"step {step}")
     >>> str(error).splitlines()[0]
