@@ -630,8 +630,10 @@ def test_a_record_error_says_its_step_position_and_index_as_attributes(workers):
                 next(iter(jl.DataLoader(_OneBad(), batch_size=4)))
             return {"id": np.int64(i)}
 
-    with jl.DataLoader(Inner(), batch_size=4, num_workers=workers) as loader:
-        with pytest.raises(jl.JaxloaderError) as raised:
-            list(loader)
-    error = raised.value if workers == 0 else raised.value.__cause__
-    assert (error.step, error.position, error.index) == (1, 4, 4)
+    for threads in (1, 2):  # (2, in process: a user's source read on threads under its lock)
+        with jl.DataLoader(Inner(), batch_size=4, num_workers=workers,
+                           read_threads=threads) as loader:
+            with pytest.raises(jl.JaxloaderError) as raised:
+                list(loader)
+        error = raised.value if workers == 0 else raised.value.__cause__
+        assert (error.step, error.position, error.index) == (1, 4, 4)

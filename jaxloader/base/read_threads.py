@@ -178,11 +178,12 @@ def item_of(e: BaseException) -> int | None:
 
 
 def each(read: Callable[[Any], T], items: Sequence[Any],
-         failed: Callable[[int, Exception], Exception] | None = None) -> list[T]:
+         failed: Callable[[int, Exception], Exception] | None = None,
+         located: Callable[[int, JaxloaderError], JaxloaderError] | None = None) -> list[T]:
     """``[read(item) for item in items]``, on this thread's read threads (``count``); a read
     that raises is raised in ``items``' order, as ``failed(j, error)`` (its cause the error)
     when given, else as it is, marked with ``j`` (``tag_item``); ``JaxloaderError``s as they
-    are."""
+    are, or as ``located(j, error)`` makes them (the item they are about said)."""
     n = count()
     reads = Reads(read, items, n) if n > 1 and len(items) > 1 else None
     out: list[T] = []
@@ -190,8 +191,10 @@ def each(read: Callable[[Any], T], items: Sequence[Any],
         for j, item in enumerate(items):
             try:
                 out.append(read(item) if reads is None else reads[j])
-            except JaxloaderError:
-                raise
+            except JaxloaderError as e:
+                if located is None:
+                    raise
+                raise located(j, e)
             except Exception as e:
                 if failed is None:
                     tag_item(e, j)

@@ -340,7 +340,9 @@ class BatchMaker:
         return each(
             self.source.__getitem__, indices,
             lambda j, e: RecordError(_read_failed(where, positions[j], indices[j], e)).at(
-                spec.step, positions[j], indices[j]))
+                spec.step, positions[j], indices[j]),
+            lambda j, e: e.at(spec.step, positions[j], indices[j]) if isinstance(
+                e, RecordError) else e)
 
 
 def _read_failed(where: Callable[[int, int], str], position: int, index: int,
