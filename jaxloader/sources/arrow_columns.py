@@ -131,12 +131,10 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
         else:
             lengths = np.diff(numpy_of(array.offsets))
             size = int(lengths[0]) if len(lengths) and np.all(lengths == lengths[0]) else None
-        if size is None:
-            return ArrowRows(array, ragged=True, where=f"column {name!r} of {path!r}")
-        inner = _values(array)
-        values = _decode_array(inner, name, path, column) if is_list(inner.type) else None
-        if not isinstance(values, np.ndarray):  # inner lists of other lengths: arrays a row
-            values = numpy_of(inner)
+        if size is None:  # (its rows slice the values at Arrow's offsets: all of them)
+            return ArrowRows(array, ragged=True, where=f"column {name!r} of {path!r}",
+                             values=_inner(array.values, name, path, column))
+        values = _inner(_values(array), name, path, column)
         out = values.reshape(len(array), size, *values.shape[1:])
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
             kind) or pa.types.is_large_binary(kind):
@@ -147,6 +145,13 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
         out = numpy_of(array)
     out.flags.writeable = False
     return out
+
+
+def _inner(values: Any, name: str, path: str, column: str | None) -> np.ndarray:
+    """A list column's values as NumPy: lists of one length inside one more axis a depth,
+    inner lists of other lengths an array a row."""
+    decoded = _decode_array(values, name, path, column) if is_list(values.type) else None
+    return decoded if isinstance(decoded, np.ndarray) else numpy_of(values)
 
 
 def numpy_of(array: Any) -> np.ndarray:
@@ -215,7 +220,8 @@ class ArrowRows:
     time rows are sliced one by one), a tenth of the memory of Python objects a row; objects
     are made only for the rows read, with no Arrow call."""
 
-    def __init__(self, array: Any, ragged: bool, where: str = "a column") -> None:
+    def __init__(self, array: Any, ragged: bool, where: str = "a column",
+                 values: np.ndarray | None = None) -> None:
         import pyarrow as pa
 
         self.where = where  # (named in errors)
@@ -227,9 +233,8 @@ class ArrowRows:
         self._starts = np.frombuffer(array.buffers()[1], width, count=len(array) + 1,
                                      offset=array.offset * width.itemsize)
         self.ragged, self.nbytes = ragged, array.nbytes
-        if ragged:  # (lists of lists of one length inside: rows of one more axis a depth)
-            inner = _decode_array(array.values, where, "") if is_list(array.values.type) else None
-            self._values = inner if isinstance(inner, np.ndarray) else numpy_of(array.values)
+        if ragged:  # (``values``: the list's values decoded, ``decode``'s ``_inner``)
+            self._values = numpy_of(array.values) if values is None else values
             self._values.flags.writeable = False
         else:
             data = array.buffers()[2]

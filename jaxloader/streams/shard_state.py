@@ -41,13 +41,7 @@ def snapshot(shard: Any) -> Any:
     state = shard.get_state()
     if getattr(shard, "fresh_state", False):
         return state
-    if type(state) is dict:
-        scalars = _PLAIN
-        for value in state.values():
-            if type(value) not in scalars:
-                return plain(state, lambda: shard.name)
-        return dict(state)
-    return plain(state, lambda: shard.name)
+    return dict(state) if _flat(state) else plain(state, lambda: shard.name)
 
 
 def plain(state: Any, name: Callable[[], str]) -> dict | None:
@@ -60,11 +54,21 @@ def plain(state: Any, name: Callable[[], str]) -> dict | None:
         raise StateDictError(
             f"stream shard {name()}: get_state() returned {type(state).__name__}, "
             "expected a dict of plain JSON (where the next record is: offsets, counts)")
+    if _flat(state) and all(type(key) is str for key in state):
+        return state  # (JSON's types already)
+    return _plain(state, name, ())
+
+
+def _flat(state: Any) -> bool:
+    """Whether ``state`` is a dict of JSON's scalars (the usual state: offsets, counts), whose
+    top level is then all a copy needs (its keys: ``plain``'s, once a batch, not a record's)."""
+    if type(state) is not dict:
+        return False
     scalars = _PLAIN
-    for key, value in state.items():
-        if type(key) is not str or type(value) not in scalars:
-            return _plain(state, name, ())
-    return state
+    for value in state.values():
+        if type(value) not in scalars:
+            return False
+    return True
 
 
 def _plain(value: Any, name: Callable[[], str], at: tuple) -> Any:
