@@ -7,8 +7,9 @@ arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by 
 cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
 and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``JoinedArrays``,
 the alike parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
-cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays cross as their file
-(on Linux, checked to be the one mapped; a copy-on-write map written to is copied).
+cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays and their views cross
+as their file (on Linux, checked to be the one mapped; a copy-on-write map written to is
+copied); a view whose elements overlap (windows) as the bytes it spans and its strides.
 
 Example:
     >>> import numpy as np
@@ -23,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import ctypes
 import errno
 import functools
 import io
@@ -67,29 +69,21 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
     def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is np.memmap and isinstance(obj.filename, (str, os.PathLike)) \
-                and obj.base is not None:  # (np.load(pathlib.Path) keeps a Path)
+        mapped = _memmap_under(obj) if type(obj) in (np.memmap, np.ndarray) else None
+        if mapped is not None:
             if self._mappings is None:
                 self._mappings = _Mappings()
-            found = _as_its_file(obj, os.fspath(obj.filename), self._mappings)
+            found = _as_its_file(obj, mapped, self._mappings)
             if found is not None:
                 return found
         if type(obj) not in (np.ndarray, JoinedArrays, np.memmap) \
                 or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
             return None
         ref, _ = self._shared.get(id(obj), (None, None))
+        if ref is None and type(obj) is not JoinedArrays and _span(obj)[1] < obj.nbytes:
+            ref = self._share_span(obj)
         if ref is None:
-            try:
-                segment = Segment.create(obj.nbytes, prefault=False)
-            except SharedMemoryError as e:
-                cause = e.__cause__
-                if not (isinstance(cause, OSError) and cause.errno in (errno.EMFILE,
-                                                                       errno.ENFILE)):
-                    raise
-                raise out_of_descriptors(cause, f"the source's array {len(self._shared) + 1} "
-                                         f"of {SHARE_MIN_BYTES >> 20} MiB or more", _ONE_EACH) \
-                    from cause
-            self._keep(segment)  # before the copy: its owner destroys it if the copy fails
+            segment = self._make(obj.nbytes)
             shared = np.ndarray(obj.shape, obj.dtype, buffer=segment.memory)
             if type(obj) is JoinedArrays:  # each part into its rows
                 ends = np.cumsum([len(part) for part in obj.arrays])
@@ -100,6 +94,32 @@ class _Pickler(cloudpickle.Pickler):
             ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype)  # (the dtype
             # itself: a bfloat16's or a structured dtype's .str is raw bytes, "<V2")
             self._shared[id(obj)] = ref, obj  # obj kept: its id is not reused while pickling
+        return ref
+
+    def _make(self, nbytes: int) -> Segment:
+        try:
+            segment = Segment.create(nbytes, prefault=False)
+        except SharedMemoryError as e:
+            cause = e.__cause__
+            if not (isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE)):
+                raise
+            raise out_of_descriptors(cause, f"the source's array {len(self._shared) + 1} "
+                                     f"of {SHARE_MIN_BYTES >> 20} MiB or more", _ONE_EACH) \
+                from cause
+        self._keep(segment)  # before the copy: its owner destroys it if the copy fails
+        return segment
+
+    def _share_span(self, obj: np.ndarray) -> tuple:
+        """A view whose elements overlap (``sliding_window_view``'s windows, a
+        ``broadcast_to``) crosses as the bytes it spans and its strides: a copy of its
+        elements would be up to a window's length times larger."""
+        start, size = _span(obj)
+        segment = self._make(size)
+        np.ndarray(size, np.uint8, buffer=segment.memory)[:] = np.ctypeslib.as_array(
+            (ctypes.c_ubyte * size).from_address(start))
+        first = obj.__array_interface__["data"][0] - start
+        ref = ("span", segment.name, segment.size, obj.shape, obj.dtype, first, obj.strides)
+        self._shared[id(obj)] = ref, obj
         return ref
 
 
@@ -162,12 +182,33 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         raise errors[0]
 
 
-def _as_its_file(mm: np.memmap, filename: str, mappings: "_Mappings") -> tuple | None:
-    """``mm`` as its file's name, place and identity (device, inode), or ``None`` where the
-    file would not give a worker the array's bytes: a copy-on-write map (``mmap_mode="c"``)
-    written to, or a file replaced since it was mapped (Linux names the mapped file
-    ``(deleted)``, or by another name). Those cross as other arrays do, copied (and so does
-    any copy-on-write map where Linux's word is not to be had)."""
+def _span(array: np.ndarray) -> tuple[int, int]:
+    """The address of the lowest byte ``array``'s elements use and how many bytes they span."""
+    start = end = array.__array_interface__["data"][0]
+    for n, stride in zip(array.shape, array.strides):
+        start, end = start + min(0, stride * (n - 1)), end + max(0, stride * (n - 1))
+    return start, end - start + array.itemsize
+
+
+def _memmap_under(array: np.ndarray) -> np.memmap | None:
+    """The memory-mapped file ``array`` views (``np.load(mmap_mode=...)``, sliced, or its
+    windows: ``sliding_window_view`` keeps the map behind an object of its own), or None."""
+    base: Any = array
+    while base is not None:
+        if type(base) is np.memmap and isinstance(base.filename, (str, os.PathLike)) \
+                and base.base is not None:  # (np.load(pathlib.Path) keeps a Path)
+            return base
+        base = getattr(base, "base", None)
+    return None
+
+
+def _as_its_file(array: np.ndarray, mm: np.memmap, mappings: "_Mappings") -> tuple | None:
+    """``array`` (``mm`` or a view of it) as ``mm``'s file's name, place and identity (device,
+    inode), or ``None`` where the file would not give a worker the array's bytes: a
+    copy-on-write map (``mmap_mode="c"``) written to, or a file replaced since it was mapped
+    (Linux names the mapped file ``(deleted)``, or by another name). Those cross as other
+    arrays do, copied (and so does any copy-on-write map where Linux's word is not to be had)."""
+    filename = os.fspath(mm.filename or "")  # (_memmap_under: a name)
     try:
         found = os.stat(filename)
     except OSError:
@@ -178,7 +219,7 @@ def _as_its_file(mm: np.memmap, filename: str, mappings: "_Mappings") -> tuple |
     if mapped is not None and (mapped[0] != os.path.realpath(filename)
                                or mm.mode == "c" and mapped[1]):
         return None
-    array = np.asarray(mm)
+    array = np.asarray(array)
     offset = array.__array_interface__["data"][0] - _base_address(mm)
     return ("memmap", filename, mm.offset + offset, array.shape, array.dtype,
             array.strides, (found.st_dev, found.st_ino))
@@ -239,6 +280,10 @@ class _Unpickler(pickle.Unpickler):
         if pid[0] == "shm":
             _, name, size, shape, dtype = pid
             array = np.ndarray(shape, np.dtype(dtype), buffer=attach(name, size))
+        elif pid[0] == "span":
+            _, name, size, shape, dtype, first, strides = pid
+            array = np.ndarray(shape, np.dtype(dtype), buffer=attach(name, size), offset=first,
+                               strides=strides)
         else:
             _, filename, offset, shape, dtype, strides, identity = pid
             try:

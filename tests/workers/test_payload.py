@@ -287,3 +287,36 @@ def test_a_transform_from_an_importable_module_is_imported_by_name_in_each_worke
         by = {int(v) for batch in loader for v in batch["imported_by"]}
         workers = set(loader.worker_pids)
     assert by and by <= workers and os.getpid() not in by, (by, workers, os.getpid())
+
+
+def test_windows_of_an_array_cross_as_the_bytes_they_span(tmp_path):
+    # sliding_window_view's windows of a 0.5 MiB signal are 32 MiB as elements: each was
+    # copied into a memory file of its elements' size (a window's length times the signal),
+    # and windows of a memory-mapped file were copied too, not mapped by the file
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    signal = np.arange(SHARE_MIN_BYTES // 8, dtype=np.float32).reshape(-1, 2)
+    path = tmp_path / "signal.npy"
+    np.save(path, signal)
+    mm = np.load(path, mmap_mode="r")
+    for base in (signal, mm):
+        windows = np.moveaxis(sliding_window_view(base, 65, axis=0)[::1], -1, 1)
+        flipped = windows[::-3, ::-1]
+        assert windows.nbytes > 60 * signal.nbytes
+        segments: list = []
+        blob = dumps({"x": windows[:, :-1], "y": windows[:, 1:], "f": flipped,
+                      "b": np.broadcast_to(signal[:1], (SHARE_MIN_BYTES, 2))}, segments.append)
+        try:
+            assert len(blob) < 4096
+            held = sum(segment.size for segment in segments)
+            assert held <= (3 if base is signal else 1) * (signal.nbytes + 4096), held
+            out = loads(blob)
+            assert np.array_equal(out["x"], windows[:, :-1])
+            assert np.array_equal(out["y"], windows[:, 1:])
+            assert np.array_equal(out["f"], flipped) and np.array_equal(out["b"][-1], signal[0])
+            with pytest.raises(ValueError, match="read-only"):
+                out["y"][0, 0, 0] = 1
+            del out
+        finally:
+            for segment in segments:
+                segment.destroy()
