@@ -212,3 +212,26 @@ def test_a_stream_pads_without_reading_its_shards_again():
         for _ in range(5):
             next(it)
     assert _STARTS == [0]
+
+
+def test_each_key_may_have_its_own_value_and_times_pad_with_not_a_time():
+    # (datetime64 leaves could not be padded: a NaT was refused as "not a number" and 0 as a
+    # value the dtype cannot hold; one Pad took one value, so NaN for features beside -1 for
+    # integer ids could not be said)
+    when = np.array(["2020-01-01T00:00", "2020-01-01T00:15", "2020-01-01T00:30"], "datetime64[s]")
+    records = [{"t": when[:n], "x": np.ones(n), "ids": np.arange(n)} for n in (3, 1)]
+    pad = jl.Pad(["t", "x", "ids"], value={"t": np.datetime64("NaT", "s"), "x": np.nan, "ids": -1})
+    for workers in (0, 2):
+        with jl.DataLoader(records, batch_size=2, transforms=[pad], num_workers=workers) as loader:
+            batch = next(iter(loader))
+        assert batch["t"].dtype == when.dtype and batch["t"][0].tolist() == when.tolist()
+        assert np.isnat(batch["t"][1, 1:]).all() and batch["t"][1, 0] == when[0]
+        assert np.isnan(batch["x"][1, 1:]).all() and batch["ids"][1].tolist() == [0, -1, -1]
+        assert batch["t_length"].tolist() == [3, 1]
+    with pytest.raises(jl.CollateError, match=r"'t' is datetime64\[s\], which cannot hold "
+                       r"value=0 .* pass np.datetime64\('NaT', 's'\), for that key alone: "
+                       r"value=\{'t': \.\.\., \.\.\.\}"):
+        next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad(["x", "t"])])))
+    with pytest.raises(jl.ConfigError, match=r"a dict gives the value of each key of \['t', "
+                       r"'x'\], got one for \['t'\]"):
+        jl.Pad(["t", "x"], value={"t": np.datetime64("NaT", "s")})

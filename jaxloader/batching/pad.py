@@ -41,7 +41,8 @@ class Pad:
 
     Args:
         keys: a key of the records, or several.
-        value: what pads (cast to each leaf's dtype).
+        value: what pads (cast to each leaf's dtype; ``np.datetime64("NaT", "s")`` for times), or a
+            dict of one for each key (``{"audio": 0.0, "ids": -1}``).
         multiple_of: the padded length is a multiple of it (1: the batch's longest).
         length: pad every batch to this length instead (a record longer is refused): what
             several processes reading one global batch need, each padding its own rows.
@@ -68,10 +69,18 @@ class Pad:
                                           not length_suffix):
             raise ConfigError(f"Pad(length_suffix): expected a non-empty str or None, got "
                               f"{length_suffix!r}")
-        if not isinstance(value, (int, float, complex, np.number, np.bool_)):
-            raise ConfigError(f"Pad(value): expected a number (what pads), got {value!r:.80}")
+        values = value if isinstance(value, dict) else dict.fromkeys(named, value)
+        if set(values) != set(named):
+            raise ConfigError(f"Pad(value): a dict gives the value of each key of {named}, got "
+                              f"one for {list(values)}")
+        for given in values.values():
+            if not isinstance(given, (int, float, complex, np.number, np.bool_, np.datetime64,
+                                      np.timedelta64)):
+                raise ConfigError(f"Pad(value): expected a number (what pads), or a dict of one "
+                                  f"for each key, got {given!r:.80}")
         self.keys = tuple(named)
         self.value = value
+        self.values = values  # (each key's)
         self.multiple_of = check_int("Pad(multiple_of)", multiple_of, low=1,
                                      remedy="1 (the batch's longest) or a bucket, e.g. 64")
         self.length = None if length is None else check_int(
@@ -127,7 +136,7 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
         _check_value(pad, key, kind)
         for record, leaf in zip(out, leaves):
             if len(leaf) != width or leaf.dtype != kind:
-                padded = np.full((width, *leaf.shape[1:]), pad.value, dtype=kind)
+                padded = np.full((width, *leaf.shape[1:]), pad.values[key], dtype=kind)
                 padded[:len(leaf)] = leaf
                 record[key] = padded
             if pad.length_suffix is not None:
@@ -150,15 +159,21 @@ def _kind(pad: Pad, key: str, leaves: list[np.ndarray], names: Any) -> np.dtype:
 
 def _check_value(pad: Pad, key: str, kind: np.dtype) -> None:
     """Refuses a ``value`` that ``kind`` cannot hold as it is (-1 in uint8, 0.5 in int32)."""
+    value = pad.values[key]
     try:
         with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (a complex value's cast warns of its part lost)
-            held = np.asarray(pad.value).astype(kind)
+            held = np.asarray(value).astype(kind)
+            kept = bool(held == value or (held != held and value != value))
     except (OverflowError, TypeError, ValueError):  # (an int past uint64: NumPy's object)
-        held = None
-    if held is None or not (held == pad.value or (held != held and pad.value != pad.value)):
+        held, kept = None, False
+    if not kept:
+        example = (f"np.{kind.name.split('[')[0]}('NaT', {np.datetime_data(kind)[0]!r})"
+                   if kind.kind in "mM" else "a value of its kind")
         raise CollateError(f"{pad!r}: {key!r} is {kind}, which cannot hold value="
-                           f"{pad.value!r} (it would be {held!r}); pass a value of its kind")
+                           f"{value!r} (it would be {held!r}); pass {example}" +
+                           (f", for that key alone: value={{{key!r}: ..., ...}}"
+                            if len(pad.keys) > 1 else ""))
 
 
 def check_hosts(transforms: Sequence[Any], process_count: int) -> None:
