@@ -99,6 +99,12 @@ def test_a_data_frame_column_that_is_not_numbers_is_named_with_the_remedy():
         jl.ArraySource(pd.DataFrame({"id": [1, 2], "text": ["a", "bb"]}))
     with pytest.raises(jl.ConfigError, match=r"column 'text' has dtype .*Dataset.from_pandas"):
         jl.ArraySource(pd.DataFrame({"text": ["a", None]}))  # (a missing one: still strings)
+    zoned = pd.DataFrame({"t": pd.date_range("2020-01-01", periods=2, freq="h", tz="UTC")})
+    with pytest.raises(jl.ConfigError, match=r"column 't' has dtype datetime64\[\w+, UTC\].*"
+                                             r"drop the zone \(df\['t'\].dt.tz_convert\(None\)"):
+        jl.ArraySource(zoned)  # (it was told to encode times as categories' codes)
+    zoned["t"] = zoned["t"].dt.tz_convert(None)
+    assert jl.ArraySource(zoned)[1]["t"] == np.datetime64("2020-01-01T01:00")
     with pytest.raises(jl.ConfigError, match=r"names must differ, got \['a', 'a'\]"):
         jl.ArraySource(pd.DataFrame([[1, 2]], columns=["a", "a"]))
 

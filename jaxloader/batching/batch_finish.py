@@ -92,7 +92,10 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             if bad is not None:
                 raise RecordError(f"{where()}: {t!r} returned a leaf of shape {bad}, expected "
                                   f"{size} rows first (the batch's): a batch transform keeps "
-                                  "the batch axis; to drop rows use a FilteredSource")
+                                  "the batch axis; to drop rows use a FilteredSource, for "
+                                  "several examples a record return them stacked from a Map "
+                                  "(docs/troubleshooting.md, 'Several examples from one "
+                                  "record')")
         if clock is not None:  # (a timed batch)
             spent = perf_counter() - start - outside
             clock.add_sampled(stage_name(t), spent)

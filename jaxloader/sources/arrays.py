@@ -147,11 +147,15 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
             f"NaN, and integers as floats); fill them {remedy}")
     array = column.to_numpy(dtype=dtype) if numbers else column.to_numpy()
     if array.dtype.hasobject and name is not None:  # (a Series': as any leaf of objects)
+        zoned = getattr(column.dtype, "tz", None) is not None
         raise ConfigError(
             f"{_named(name)} has dtype {column.dtype}, which NumPy "
             "holds as Python objects (strings, categories, dates with a time zone), expected "
-            "numbers; encode it (df[col].astype('category').cat.codes), or for strings pass "
-            "datasets.Dataset.from_pandas(df), which the loader reads as it is")
+            "numbers; " + (f"drop the zone (df[{name!r}].dt.tz_convert(None): the instants in "
+                           "UTC, datetime64)" if zoned else
+                           "encode it (df[col].astype('category').cat.codes), or for strings "
+                           "pass datasets.Dataset.from_pandas(df), which the loader reads as "
+                           "it is"))
     return array
 
 
