@@ -28,6 +28,8 @@ from jaxloader.base.errors import RecordError
 
 ENDS_BYTES = 1024  # a stream shard's first and last bytes, hashed into its identity
 _PARQUET_TAIL = 8  # a Parquet file ends with its footer's length (4 bytes) and b"PAR1"
+_TAIL_BYTES = 64 << 10  # read at once from a Parquet file's end: its footer with them (pyarrow's
+# own first read of a footer is as long)
 
 
 def open_binary(path: str) -> Any:
@@ -58,13 +60,39 @@ def ends(raw: Any, size: int | None = None, skip: int = 0) -> dict[str, int]:
 def parquet(path: str) -> list[int]:
     """``[size, CRC-32 of the footer]`` of the Parquet file at ``path``."""
     with open_binary(path) as raw:
-        size = raw.seek(0, os.SEEK_END)
-        if size < _PARQUET_TAIL:
-            return [size, 0]
-        raw.seek(size - _PARQUET_TAIL)
-        length = int.from_bytes(raw.read(4), "little")
-        raw.seek(max(0, size - _PARQUET_TAIL - length))
-        return [size, zlib.crc32(raw.read(length))]
+        return parquet_tail(raw)[0]
+
+
+def parquet_tail(raw: Any) -> tuple[list[int], bytes]:
+    """``parquet``'s identity of the open file ``raw``, and the file's last bytes, which hold
+    its footer (what ``pyarrow.parquet.read_metadata`` parses): one read where the footer is
+    under ``_TAIL_BYTES``, as most are (a round trip a read on remote storage)."""
+    size = raw.seek(0, os.SEEK_END)
+    if size < _PARQUET_TAIL:
+        return [size, 0], b""
+    start = max(0, size - _TAIL_BYTES)
+    raw.seek(start)
+    tail = raw.read(size - start)
+    length = int.from_bytes(tail[-_PARQUET_TAIL:-4], "little")
+    if start and length + _PARQUET_TAIL > len(tail):  # a footer larger than the read
+        start = max(0, size - _PARQUET_TAIL - length)
+        raw.seek(start)
+        tail = raw.read(size - start)
+    at = max(0, len(tail) - _PARQUET_TAIL - length)
+    return [size, zlib.crc32(tail[at:at + length])], tail
+
+
+def storage_failure(owner: str, path: str, what: str, error: OSError) -> OSError:
+    """The error (of ``error``'s type) for a file the storage or the network failed to give
+    (a ``ConnectionError``, a ``TimeoutError``): not the file's fault, so not "damaged" or "not
+    found", and worth trying again."""
+    message = (f"{owner}: {path!r}: reading {what} failed ({type(error).__name__}: {error}): the storage "
+               "or the network failed, not the file; try again (remote file systems retry "
+               "before they give up: gcsfs's and s3fs's retries= settings)")
+    try:
+        return type(error)(message)
+    except Exception:  # noqa: BLE001 - a type of its own that takes other arguments
+        return OSError(message)
 
 
 def stat(path: str) -> tuple[int, int, int] | None:

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from jaxloader.base import file_identity
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.paths import files_fingerprints
 
@@ -96,6 +97,9 @@ class FileListSource:
         path = self.paths[index]
         try:
             data = _read_bytes(path)
+        except (ConnectionError, TimeoutError) as e:
+            raise file_identity.storage_failure("FileListSource", path,
+                                                f"record {index}", e) from e
         except OSError as e:
             raise OSError(f"FileListSource: cannot read file {path!r} (record {index}): {e}") from e
         except MemoryError as e:  # (its message is empty: the file is what says why)

@@ -80,7 +80,7 @@ class ParquetSource:
         self.paths = expand(paths, ".parquet", "ParquetSource", dataset=True)
         footers = parquet_footers.read(self.paths, columns)
         self.columns = footers.columns
-        self._files = ParquetFiles(self.paths)  # opened when read; identities for the state
+        self._files = ParquetFiles(self.paths, footers.identities)  # opened when read
         self._groups = footers.groups
         self._starts = np.concatenate([[0], np.cumsum(footers.rows)]).astype(np.int64)
         # row groups of one size but the last, as a writer's row_group_size makes them (one

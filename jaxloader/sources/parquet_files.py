@@ -50,9 +50,13 @@ class ParquetFiles:
     """The files at ``paths`` (see the module docstring); their identities are taken here, in
     the process that makes the source."""
 
-    def __init__(self, paths: Sequence[str]) -> None:
+    def __init__(self, paths: Sequence[str],
+                 identities: Sequence[list[int] | None] | None = None) -> None:
         self.paths = list(paths)
-        self.identities = [_checked_open(path, file_identity.parquet) for path in self.paths]
+        given = list(identities) if identities is not None else [None] * len(self.paths)
+        self.identities = [identity if identity is not None else
+                           _checked_open(path, file_identity.parquet)
+                           for path, identity in zip(self.paths, given)]
         self._stats = [_stat(path) for path in self.paths]
         self._reset()
 
@@ -98,13 +102,30 @@ class ParquetFiles:
         if handle is not None:
             return handle
         path = self.paths[number]
-        if "://" in path:  # (at each open: no stat a row group there)
-            self._check_remote(number)
         meta = self._metas.get(number)
-        handle = _checked_open(path, lambda p: open_parquet(
-            p, metadata=meta, page_checksum_verification=True))
+        if "://" in path:  # checked at each open (no stat a row group there), with one read
+            handle = _checked_open(path, lambda p: self._open_remote(number))
+        else:
+            handle = _checked_open(path, lambda p: open_parquet(
+                p, metadata=meta, page_checksum_verification=True))
         self._metas[number] = handle.metadata
         return self._open.add(number, handle)
+
+    def _open_remote(self, number: int) -> Any:
+        """Remote file ``number`` opened, checked against its identity, with its footer from
+        the same read of its end (one open and one read: each a round trip)."""
+        import pyarrow.parquet as pq
+
+        raw = file_identity.open_binary(self.paths[number])
+        try:
+            meta, identity = remote_footer(raw)
+            if identity != self.identities[number]:
+                raise self._changed(number, identity)
+            return pq.ParquetFile(raw, metadata=self._metas.get(number, meta),
+                                  page_checksum_verification=True)
+        except BaseException:
+            raw.close()
+            raise
 
     def close(self) -> None:
         """Closes the open files (a later read opens them again)."""
@@ -123,11 +144,6 @@ class ParquetFiles:
             raise self._changed(number, identity)
         self._stats[number] = now  # the same bytes (a copy put in place): read the new file
         self._open.drop(number)
-
-    def _check_remote(self, number: int) -> None:
-        identity = _checked_open(self.paths[number], file_identity.parquet)
-        if identity != self.identities[number]:
-            raise self._changed(number, identity)
 
     def _changed_since(self, number: int) -> RecordError | None:
         """After a read that failed: the error for a local file no longer the one checked before
@@ -187,6 +203,16 @@ def open_parquet(path: str, **options: Any) -> Any:
         raise
 
 
+def remote_footer(raw: Any) -> tuple[Any, list[int]]:
+    """The footer and identity (``file_identity.parquet``) of the remote Parquet file open as
+    ``raw``, from one read of its end."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    identity, tail = file_identity.parquet_tail(raw)
+    return pq.read_metadata(pa.BufferReader(tail)), identity
+
+
 def _stat(path: str) -> tuple[int, int, int] | None:
     """``file_identity.stat``; an error naming the file and the remedy where it is gone."""
     try:
@@ -203,6 +229,8 @@ def _checked_open(path: str, use: Any) -> Any:
         raise open_error(path, e) from None
     except PermissionError as e:
         raise open_error(path, e) from None
+    except (ConnectionError, TimeoutError) as e:
+        raise file_identity.storage_failure("ParquetSource", path, "the file", e) from e
 
 
 def open_error(path: str, error: OSError) -> OSError:

@@ -153,3 +153,19 @@ def test_gs_paths_are_read_through_epath_in_workers(gcs):
                        process_count=1) as loader:
         firsts = np.concatenate([b["first"] for b in loader])
     assert sorted(firsts.tolist()) == list(range(9))
+
+
+def test_a_connection_error_is_told_as_the_storages(gcs, monkeypatch):
+    import fake_gcs
+
+    root, _ = gcs
+    (root / "bucket").mkdir()
+    paths = [p.replace(str(root) + "/", "gs://") for p in files(root / "bucket")]
+
+    def reset(self, path, mode="rb", **kwargs):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
+    with pytest.raises(ConnectionResetError, match=r"FileListSource: 'gs://bucket/\S+': reading "
+                       r"record 4 failed .*the storage or the network failed, not the file"):
+        jl.FileListSource(paths)[4]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -1035,3 +1037,83 @@ def test_a_null_that_pandas_wrote_for_nan_is_told_how_to_keep_nan(tmp_path):
     from jaxloader.sources.arrow_columns import decode
     with pytest.raises(jl.ConfigError, match="NaN as a null"):
         decode(fixed, "v", "f.parquet")
+
+
+def test_remote_files_are_opened_once_for_their_footer_and_once_a_read(gcs, monkeypatch):
+    # each remote footer was read four times: twice where the source is made (its footer,
+    # then its identity), twice at each open to read (its identity, then pyarrow's footer),
+    # one open and a round trip each; the footers of many files were read one by one
+    import fake_gcs
+
+    root, _ = gcs
+    (root / "bucket").mkdir()
+    local = write_parts(root / "bucket")
+    remote = [p.replace(str(root) + "/", "gs://") for p in local]
+    reads: list[str] = []
+    plain_open = fake_gcs.FakeGcs._open
+
+    def counted_open(self, path, mode="rb", **kwargs):
+        opened = plain_open(self, path, mode, **kwargs)
+        read = opened.read
+
+        def counted_read(*args):
+            reads.append(path)
+            return read(*args)
+
+        opened.read = counted_read
+        return opened
+
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", counted_open)
+    fake_gcs.FakeGcs.opened.clear()
+    source = jl.ParquetSource(remote)
+    assert len(fake_gcs.FakeGcs.opened) == 3 and len(reads) == 3
+    fake_gcs.FakeGcs.opened.clear()
+    with jl.DataLoader(source, batch_size=16) as loader:
+        ids = np.concatenate([batch["id"] for batch in loader])
+    assert ids.tolist() == list(range(128)) and len(fake_gcs.FakeGcs.opened) == 3
+    assert [i for _, i in source.file_identities()] == [
+        i for _, i in jl.ParquetSource(local).file_identities()]
+    # a file rewritten under the loader is still told when it is opened again
+    pq.write_table(pa.table({"id": np.arange(50)}), local[0])
+    with pytest.raises(jl.RecordError, match=r"part-0.parquet"):
+        next(iter(jl.DataLoader(source, batch_size=16)))
+
+
+def test_a_connection_error_is_told_as_the_storages_not_as_a_damaged_file(gcs, monkeypatch):
+    # a connection reset reading a remote footer was told as "not a Parquet file ... copy it
+    # again": nothing was wrong with the file
+    import fake_gcs
+
+    root, _ = gcs
+    (root / "bucket").mkdir()
+    remote = [p.replace(str(root) + "/", "gs://") for p in write_parts(root / "bucket")]
+
+    def reset(self, path, mode="rb", **kwargs):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    source = jl.ParquetSource(remote)
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
+    with pytest.raises(jl.RecordError, match=r"ParquetSource: 'gs://bucket/part-0.parquet': "
+                       r"reading the file failed .*not the file; try again"):
+        next(iter(jl.DataLoader(source, batch_size=4)))
+    with pytest.raises(ConnectionResetError, match=r"ParquetSource: 'gs://bucket/part-0.parquet'"
+                       r": reading its footer failed \(ConnectionResetError: .*the storage or the network "
+                       r"failed, not the file; try again"):
+        jl.ParquetSource(remote)
+
+
+def test_a_footer_longer_than_one_read_gives_the_same_identity_and_footer(tmp_path):
+    from jaxloader.base import file_identity
+    from jaxloader.sources.parquet_files import remote_footer
+
+    path = str(tmp_path / "wide.parquet")
+    pq.write_table(pa.table({f"column_{i}": [i] for i in range(1500)}), path)
+    with open(path, "rb") as raw:
+        raw.seek(-8, 2)
+        length = int.from_bytes(raw.read(4), "little")
+        raw.seek(-8 - length, 2)
+        footer = raw.read(length)
+        assert length > 64 << 10
+        meta, identity = remote_footer(raw)
+    assert identity == file_identity.parquet(path) == [os.path.getsize(path), zlib.crc32(footer)]
+    assert meta.num_columns == 1500 and meta.equals(pq.read_metadata(path))

@@ -335,6 +335,22 @@ def test_gs_shards_are_read_and_resumed_through_epath(gcs, kind):
         read_all(jl.JsonlShard("gs://nope.jsonl"))
 
 
+def test_a_connection_error_opening_a_shard_is_told_as_the_storages(gcs, monkeypatch):
+    # (it was a ConfigError: "check the path, or drop the shard from the stream")
+    import fake_gcs
+
+    root, _ = gcs
+    write_jsonl(root / "a.jsonl", list(range(3)))
+
+    def reset(self, path, mode="rb", **kwargs):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
+    with pytest.raises(ConnectionResetError, match=r"JsonlShard: 'gs://a.jsonl': reading its "
+                       r"start failed .*not the file; try again"):
+        read_all(jl.JsonlShard("gs://a.jsonl"))
+
+
 # -- a restore over a changed shard is refused, naming it -------------------------------------
 def _saved_midway(paths, workers, **kwargs):
     """A loader's state after 3 batches of 10, over the jsonl ``paths``."""
