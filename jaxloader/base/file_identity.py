@@ -86,9 +86,9 @@ def storage_failure(owner: str, path: str, what: str, error: OSError) -> OSError
     """The error (of ``error``'s type) for a file the storage or the network failed to give
     (a ``ConnectionError``, a ``TimeoutError``): not the file's fault, so not "damaged" or "not
     found", and worth trying again."""
-    message = (f"{owner}: {path!r}: reading {what} failed ({type(error).__name__}: {error}): the storage "
-               "or the network failed, not the file; try again (remote file systems retry "
-               "before they give up: gcsfs's and s3fs's retries= settings)")
+    message = (f"{owner}: {path!r}: reading {what} failed ({type(error).__name__}: {error}): "
+               "the storage or the network failed, not the file; try again (remote file "
+               "systems retry before they give up: gcsfs's and s3fs's retries= settings)")
     try:
         return type(error)(message)
     except Exception:  # noqa: BLE001 - a type of its own that takes other arguments

@@ -1097,8 +1097,8 @@ def test_a_connection_error_is_told_as_the_storages_not_as_a_damaged_file(gcs, m
                        r"reading the file failed .*not the file; try again"):
         next(iter(jl.DataLoader(source, batch_size=4)))
     with pytest.raises(ConnectionResetError, match=r"ParquetSource: 'gs://bucket/part-0.parquet'"
-                       r": reading its footer failed \(ConnectionResetError: .*the storage or the network "
-                       r"failed, not the file; try again"):
+                       r": reading its footer failed \(ConnectionResetError: .*the storage or "
+                       r"the network failed, not the file; try again"):
         jl.ParquetSource(remote)
 
 
