@@ -124,7 +124,7 @@ class WorkerPool:
         for i in range(first, len(self._workers)):
             protocol.send(self._workers[i].conn, Init(sys.path, i, self.roster.active,
                                                       self._maker.seed, self._blob,
-                                                      self._board.names(i)))
+                                                      self._board.names(i), sys.argv))
 
     @property
     def active(self) -> int:

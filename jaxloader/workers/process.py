@@ -14,7 +14,7 @@ Start methods:
   because forking a process with JAX's threads running can deadlock the child.
 
 Either way the worker's link is one duplex pipe; its EOF tells each side the other is gone.
-A worker also ends with the main process whatever it is doing (``worker.die_with_parent``: on
+A worker also ends with the main process whatever it is doing (``ties.die_with_parent``: on
 Linux the kernel's parent-death signal, which fires when the *thread* that started the worker
 ends; so a worker is started from the main thread, or from a thread kept as long as the process,
 ``_in_lasting_thread``, never from a short-lived one such as a device-put thread).
@@ -235,7 +235,7 @@ class WorkerProcess:
         """SIGKILL, unless it is known to have exited (its pid may then be another process's).
         Only a signal: safe from a thread other than the one talking to the worker."""
         if self._exitcode is None:
-            try:  # its process group (``worker.leave_signals_to_the_trainer``): what its
+            try:  # its process group (``ties.leave_signals_to_the_trainer``): what its
                 os.killpg(self.pid, signal.SIGKILL)  # transform runs goes with it
             except (ProcessLookupError, PermissionError):  # (no group of its own)
                 try:

@@ -3,7 +3,7 @@
 ::
 
     main process                                           worker
-    Init(path, worker_id, num_workers, seed, payload, status)
+    Init(path, worker_id, num_workers, seed, payload, status, argv)
                                                       ──>  sys.path, its status row (status.py),
                                                             loads(payload), init_fn(id)
                                                       <──  Failed(-1, None, ...)  (could not start)
@@ -63,6 +63,7 @@ class Init(NamedTuple):
     seed: int
     payload: bytes  # payload.dumps((maker, init_fn))
     status: tuple  # StatusBoard.names(worker_id): where it says what it is doing
+    argv: list[str]  # the main process's sys.argv (workers.ties.take_the_trainers)
 
 
 class Task(NamedTuple):

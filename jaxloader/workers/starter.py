@@ -32,7 +32,7 @@ after by this end itself, from its next request on, until it has exited and been
 
 Lifetimes: the starter is started from a thread that lasts as long as the process
 (``process._in_lasting_thread``) and dies with the training process
-(``worker.die_with_parent``), and its workers die with it the same way: a killed training
+(``ties.die_with_parent``), and its workers die with it the same way: a killed training
 process leaves none of them. It ends when the training process closes its end (at exit). One
 starter per worker environment: a process whose environment changes (``OPENBLAS_NUM_THREADS``
 set between two loaders) gets a new one, since a fork would keep the libraries the first
@@ -289,11 +289,11 @@ def serve(fd: int, parent: int) -> None:
     from it: it ends as an exec'd worker does (``worker.run``)."""
     import importlib
 
-    from jaxloader.workers import worker
+    from jaxloader.workers import ties
 
     importlib.import_module("numpy.random")  # (a RandomMap's generators: imported once for all)
-    worker.die_with_parent(parent)
-    worker.leave_signals_to_the_trainer()
+    ties.die_with_parent(parent)
+    ties.leave_signals_to_the_trainer()
     # (its workers are its own to reap: a training process that ignores SIGCHLD left them to
     # the kernel, and their exit codes were lost)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

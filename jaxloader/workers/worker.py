@@ -30,7 +30,6 @@ import importlib
 import errno
 import os
 import pickle
-import signal
 import sys
 import threading
 import time
@@ -41,7 +40,7 @@ from typing import Any, NoReturn
 from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
 from jaxloader.engines.in_process import Maker, StreamMaker
-from jaxloader.workers import payload, protocol
+from jaxloader.workers import payload, protocol, ties
 from jaxloader.runtime import shm, worker_info
 from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
@@ -53,8 +52,6 @@ from jaxloader.workers.tasks import ahead_slots
 # may hold (``tasks.ahead_slots``: a quarter of the descriptor limit; a mapping holds one
 # before Python 3.13)
 _MAX_MAPPED = 128
-_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
-_WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
 SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most (busy)
 
 
@@ -187,8 +184,9 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     init = protocol.receive(conn)
     if type(init) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
         return None
-    path, worker_id, num_workers, seed, blob, status_names = init
+    path, worker_id, num_workers, seed, blob, status_names, argv = init
     sys.path[:] = path
+    ties.take_the_trainers(argv)
     try:
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
@@ -292,63 +290,6 @@ def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: li
     return True
 
 
-def die_with_parent(parent: int) -> None:
-    """Makes this process end when process ``parent`` (the training process) ends, whatever
-    this one is doing then: on Linux the kernel sends it SIGKILL (``PR_SET_PDEATHSIG``; asked
-    for in the thread that started it, which ``process.py`` keeps alive as long as the main
-    process); elsewhere a watchdog thread exits when its parent changes. A parent that died
-    before this was asked for is seen at once (``getppid`` no longer ``parent``)."""
-    watched = False
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            watched = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            watched = False
-    if not watched:
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
-                         name="jaxloader-parent-watchdog").start()
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def leave_signals_to_the_trainer() -> None:
-    """Leaves a terminal's and a scheduler's signals to the training process, which a worker
-    ends with (``die_with_parent``): a worker is a process group of its own, so a terminal's
-    Ctrl-C, Ctrl-\\ and Ctrl-Z reach neither it nor the programs its transform runs (they
-    ended such a program in flight, and a trainer that goes on after its ``KeyboardInterrupt``
-    got that batch's error); terminal I/O from that group does not stop it (SIGTTIN, SIGTTOU:
-    a read there fails instead). SIGINT and SIGTERM (a scheduler's to every process of a job,
-    SLURM's preemption) are caught by a handler that does nothing: a trainer that saves on
-    SIGTERM found its workers gone before its save. They are caught, not ignored: an ignored
-    signal stays ignored in every program a transform runs (``terminate()`` and
-    ``send_signal(SIGINT)`` did nothing there); a caught one is reset by exec. A system call
-    the signal lands in is restarted (``siginterrupt``), as under an ignored one: a C library
-    a transform calls need not retry one that fails with EINTR."""
-    try:
-        os.setpgid(0, 0)
-    except OSError:  # (a sandbox that forbids it: the handlers below still hold)
-        pass
-    for signum in (signal.SIGTTIN, signal.SIGTTOU):
-        signal.signal(signum, signal.SIG_IGN)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _left_to_the_trainer)
-        signal.siginterrupt(signum, False)
-
-
-def _left_to_the_trainer(signum: int, frame: Any) -> None:
-    """A worker's SIGINT and SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``)."""
-
-
-def _watch_parent(parent: int) -> None:
-    while True:
-        time.sleep(_WATCHDOG_S)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
 def run(fd: int, parent: int) -> NoReturn:
     """An ``"exec"`` worker's whole life, exec'd or forked from the starter: ``main``, then
     ``leave``. An exception out of ``main`` (a defect of ours) goes to the interpreter, which
@@ -389,8 +330,8 @@ def leave() -> NoReturn:
 def main(fd: int, parent: int) -> None:
     """Entry point of a worker: ``fd`` is its end of the pipe to the main process, ``parent``
     that process's pid."""
-    die_with_parent(parent)
-    leave_signals_to_the_trainer()
+    ties.die_with_parent(parent)
+    ties.leave_signals_to_the_trainer()
     conn = Connection(fd)
     try:
         serve(conn)

@@ -334,3 +334,59 @@ def test_a_starter_that_cannot_start_says_so(tmp_path):
     assert "a broken environment" in err
     assert out.startswith("the worker starter (pid ") and "ended before it started a worker" \
         " (exit code 1): its own error is above" in out, (out, err)
+
+
+def test_a_pool_a_transform_forks_ends_and_workers_see_the_trainers_argv(tmp_path):
+    # a forked multiprocessing.Pool's children kept the worker's SIGTERM handler, which does
+    # nothing: the Pool's end (terminate) waited for them forever; and a module that parses
+    # the command line as it is imported read the worker's ["-c"]: its defaults, silently
+    (tmp_path / "config.py").write_text(
+        "import argparse\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--scale', type=float, default=1.0)\n"
+        "args, _ = parser.parse_known_args()\n\n"
+        "def scale(r):\n    return {'y': r['y'] * args.scale}\n")
+    out, err, code = run(tmp_path, """
+        import multiprocessing
+        import config
+        def pooled(r):
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                return {"y": np.int64(sum(pool.map(abs, [int(r["y"]), -int(r["y"])])))}
+        with loader([jl.Map(pooled)], num_workers=1, timeout_s=40) as ld:
+            print("pooled", next(iter(ld))["y"].tolist())
+        def terminated(r):  # (what Pool.terminate asks of each child, which raced its end)
+            ready, told = os.pipe()
+            child = os.fork()
+            if child == 0:
+                os.write(told, b"1")
+                time.sleep(3)
+                os._exit(0)
+            os.read(ready, 1)
+            os.kill(child, signal.SIGTERM)
+            return {"y": np.int64(os.WIFSIGNALED(os.waitpid(child, 0)[1]))}
+        with loader([jl.Map(terminated)], num_workers=1) as ld:
+            print("terminated", next(iter(ld))["y"].tolist())
+        for workers in (0, 2):
+            with loader([jl.Map(config.scale)], num_workers=workers) as ld:
+                print(workers, next(iter(ld))["y"].tolist())
+        """, env={**os.environ, "PYTHONPATH": str(tmp_path)}, shell="--scale 10")
+    assert code == 0, err
+    assert out.split("\n")[:4] == ["pooled [0, 2, 4, 6]", "terminated [1, 1, 1, 1]",
+                                   "0 [0.0, 10.0, 20.0, 30.0]", "2 [0.0, 10.0, 20.0, 30.0]"], (
+        out, err)
+
+
+def test_a_workers_print_output_to_a_file_is_kept_when_it_is_stopped(tmp_path):
+    # a worker's standard output to a file or a pipe was buffered by the block, and a busy
+    # worker is killed at close() and after a failing step: what it had printed went with it
+    out, err, code = run(tmp_path, """
+        def noisy(r):
+            print("debug", int(r["y"]))
+            time.sleep(30 if r["y"] == 5 else 0)  # (busy at close: killed)
+            return r
+        with loader([jl.Map(noisy)]) as ld:
+            first = next(iter(ld))["y"].tolist()
+        print("first", first)
+        """, shell="> out.txt")
+    assert code == 0, err
+    printed = (tmp_path / "out.txt").read_text().split("\n")
+    assert {f"debug {i}" for i in (0, 1, 2, 3, 4, 5)} <= set(printed), printed

@@ -250,7 +250,7 @@ def test_workers_inside_user_code_end_with_a_killed_training_process(tmp_path, k
 def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_exits_at_once():
     # its parent is not the pid it was told: the parent died, and this process was reparented
     not_its_parent = os.getpid() + 1  # its parent is this process
-    run = subprocess.run([sys.executable, "-c", "from jaxloader.workers.worker import "
+    run = subprocess.run([sys.executable, "-c", "from jaxloader.workers.ties import "
                           f"die_with_parent; die_with_parent({not_its_parent}); "
                           "print('still here')"],
                          capture_output=True, text=True, timeout=60,

@@ -1,0 +1,113 @@
+"""What ties a worker to the training process: it ends with it, leaves it the terminal's and
+a scheduler's signals, and runs the user's code as the training process would: with its
+``sys.argv`` and with output a line at a time.
+
+Example (in a fresh process, as a worker is: these change the process they run in):
+    >>> import subprocess
+    >>> from jaxloader.workers.launch import PACKAGE_ROOT
+    >>> code = ("import sys; from jaxloader.workers import ties; "
+    ...         "ties.take_the_trainers(['train.py', '--lr', '0.1']); print(sys.argv)")
+    >>> subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    ...                cwd=PACKAGE_ROOT).stdout.strip()
+    "['train.py', '--lr', '0.1']"
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
+_WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
+
+
+def die_with_parent(parent: int) -> None:
+    """Makes this process end when process ``parent`` (the training process) ends, whatever
+    this one is doing then: on Linux the kernel sends it SIGKILL (``PR_SET_PDEATHSIG``; asked
+    for in the thread that started it, which ``process.py`` keeps alive as long as the main
+    process); elsewhere a watchdog thread exits when its parent changes. A parent that died
+    before this was asked for is seen at once (``getppid`` no longer ``parent``)."""
+    watched = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            watched = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            watched = False
+    if not watched:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="jaxloader-parent-watchdog").start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def leave_signals_to_the_trainer() -> None:
+    """Leaves a terminal's and a scheduler's signals to the training process, which a worker
+    ends with (``die_with_parent``): a worker is a process group of its own, so a terminal's
+    Ctrl-C, Ctrl-\\ and Ctrl-Z reach neither it nor the programs its transform runs (they
+    ended such a program in flight, and a trainer that goes on after its ``KeyboardInterrupt``
+    got that batch's error); terminal I/O from that group does not stop it (SIGTTIN, SIGTTOU:
+    a read there fails instead). SIGINT and SIGTERM (a scheduler's to every process of a job,
+    SLURM's preemption) are caught by a handler that does nothing: a trainer that saves on
+    SIGTERM found its workers gone before its save. They are caught, not ignored: an ignored
+    signal stays ignored in every program a transform runs (``terminate()`` and
+    ``send_signal(SIGINT)`` did nothing there); a caught one is reset by exec. A system call
+    the signal lands in is restarted (``siginterrupt``), as under an ignored one: a C library
+    a transform calls need not retry one that fails with EINTR."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # (a sandbox that forbids it: the handlers below still hold)
+        pass
+    for signum in (signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(signum, signal.SIG_IGN)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _left_to_the_trainer)
+        signal.siginterrupt(signum, False)
+
+
+def _left_to_the_trainer(signum: int, frame: Any) -> None:
+    """A worker's SIGINT and SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``)."""
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(_WATCHDOG_S)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def take_the_trainers(argv: list[str]) -> None:
+    """Runs what follows (the payload's imports, ``worker_init_fn``, transforms) as in the
+    training process: its ``sys.argv`` (a module that parses the command line as it is
+    imported got its defaults, silently: the worker's own is ``["-c"]``); standard output
+    written a line at a time, as to a terminal (a busy worker is killed at ``close()`` and
+    after a failing step, and a file's or a pipe's block of buffered ``print`` output went
+    with it); and a process the user's code forks (a ``multiprocessing.Pool``) with Python's
+    own SIGINT and SIGTERM handlers (``_signals_back``)."""
+    sys.argv[:] = argv
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_signals_back)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True)
+            except (OSError, ValueError):  # (closed, or not a text stream of io's)
+                pass
+
+
+def _signals_back() -> None:
+    """In a child the worker forks: SIGINT and SIGTERM as Python starts with them. It had the
+    worker's handler, which does nothing, and ``Pool.terminate()`` (a ``with Pool()`` block's
+    end) waited forever for children it could not end."""
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # (not the main thread: CPython makes the forking thread it)
+        pass
