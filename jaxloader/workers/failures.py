@@ -45,10 +45,15 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
         except Exception:  # noqa: BLE001 - the text below still says what happened
             cause = None
     return WorkerError(
-        f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}{_not_found(cause)}\n"
+        f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}{_not_found(cause)}"
+        f"{_DEBUGGER if 'bdb.BdbQuit' in failed.traceback else ''}\n"
         f"--- traceback in the {who.split()[-1]} ---\n{failed.traceback.rstrip()}\n"
         "--- the loader is broken; fix the cause and create a new loader ---"
     ), cause
+
+
+_DEBUGGER = (" (a debugger stopped in a worker, which reads no terminal of its own: debug the "
+             "transform with num_workers=0)")
 
 
 def _not_found(cause: BaseException | None) -> str:

@@ -141,10 +141,23 @@ def failed(task_id: int, step: int | None, e: BaseException) -> Failed:
         try:
             links.append(pickle.dumps(link))
         except Exception:  # noqa: BLE001 - an unpicklable one still reaches the user as text
-            links.append(None)
+            links.append(_by_value(link))
         link = link.__cause__
     pickled = None if links[0] is None else pickle.dumps(links)
     return Failed(task_id, step, f"{type(e).__name__}: {e}", traceback.format_exc(), pickled)
+
+
+def _by_value(link: BaseException) -> bytes | None:
+    """``link`` pickled by cloudpickle, or ``None``: an exception of a class defined in the
+    user's script (``__main__``), which pickle names and a worker's ``__main__`` lacks; the
+    training process loads it as its own class again (cloudpickle tracks the classes it sent),
+    so ``except MyError`` catches it there."""
+    import cloudpickle  # a worker has it imported (its payload came by it)
+
+    try:
+        return cloudpickle.dumps(link, pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - it still reaches the user as text
+        return None
 
 
 def chain(pickled: bytes) -> BaseException:

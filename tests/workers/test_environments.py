@@ -390,3 +390,36 @@ def test_a_workers_print_output_to_a_file_is_kept_when_it_is_stopped(tmp_path):
     assert code == 0, err
     printed = (tmp_path / "out.txt").read_text().split("\n")
     assert {f"debug {i}" for i in (0, 1, 2, 3, 4, 5)} <= set(printed), printed
+
+
+def test_an_error_of_a_class_the_script_defines_is_the_cause_with_workers(tmp_path):
+    # pickle names a class by its module, and a worker's __main__ has no such class: the
+    # chain ended at the RecordError with workers (except MyError caught it with 0 workers)
+    out, err, code = run(tmp_path, """
+        class BadRecord(Exception):
+            pass
+        def check(r):
+            if r["y"] == 2:
+                raise BadRecord(f"record {int(r['y'])}")
+            return r
+        for workers in (0, 2):
+            with loader([jl.Map(check)], num_workers=workers) as ld:
+                try:
+                    next(iter(ld))
+                except jl.JaxloaderError as e:
+                    cause = e.__cause__
+                    while cause is not None and not isinstance(cause, BadRecord):
+                        cause = cause.__cause__
+                    print(workers, type(cause).__name__, cause)
+        def stop_here(r):  # (a debugger in a worker: told to debug with num_workers=0)
+            breakpoint()
+            return r
+        with loader([jl.Map(stop_here)]) as ld:
+            try:
+                next(iter(ld))
+            except jl.WorkerError as e:
+                print("debugger:", "debug the transform with num_workers=0" in str(e))
+        """, shell="< /dev/null")
+    assert code == 0, err
+    assert out.split("\n")[:2] == ["0 BadRecord record 2", "2 BadRecord record 2"], (out, err)
+    assert "debugger: True" in out.split("\n"), (out, err)
