@@ -246,3 +246,49 @@ def test_records_that_differ_from_read_to_read_are_told_of_a_fingerprint_at_a_re
     state = jl.DataLoader(source, batch_size=4).state_dict()
     with pytest.raises(StateDictError, match=r"differ from read to read.*RandomMap.*fingerprint"):
         jl.DataLoader(source, batch_size=4).load_state_dict(state)
+
+
+class _SeekingSource:
+    """Records read as a record file is, a seek then a read of one shared position; ``during``
+    runs inside the read of record 5 (a signal handler, or another thread's call)."""
+
+    def __init__(self) -> None:
+        self.position, self.inside, self.overlapped, self.during = 0, False, False, None
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> dict:
+        self.overlapped |= self.inside
+        self.inside, self.position = True, index
+        try:
+            if index == 5 and self.during is not None:
+                during, self.during = self.during, None
+                during()
+            return {"x": np.int64(self.position)}
+        finally:
+            self.inside = False
+
+
+def test_the_first_state_dict_waits_for_a_read_and_refuses_to_read_inside_one():
+    # its reads of records 0, n // 2 and n - 1 took no lock: a state_dict() from another
+    # thread read inside a batch's read, and one from a signal handler interrupting a read
+    # (a preemption save) moved that read's file: a record of the wrong place, or an error
+    import threading
+
+    source = _SeekingSource()
+    loader = jl.DataLoader(source, batch_size=8)
+    saved: list = []
+    source.during = lambda: (saved.append(threading.Thread(
+        target=lambda: saved.append(loader.state_dict()))), saved[0].start(), saved[0].join(0.3))
+    first = next(iter(loader))
+    saved[0].join(10)
+    assert first["x"].tolist() == list(range(8)) and not source.overlapped
+    assert saved[1]["step"] == 0  # (taken once the read was done)
+    loader = jl.DataLoader(source, batch_size=8)
+    source.during = loader.state_dict  # (as a handler called in the read would)
+    with pytest.raises(StateDictError, match=r"called in a thread that is reading the source .*"
+                                             r"call loader.state_dict\(\) once before"):
+        next(iter(loader))
+    assert not source.overlapped
+    loader.state_dict()  # (outside a read: taken)

@@ -28,14 +28,31 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import (GENERATIONS, file_identities_of, fingerprint_of,
                                       in_generation)
 from jaxloader.base.errors import StateDictError
+from jaxloader.base.source_locks import holding, source_lock
 from jaxloader.sources.parts import walk
 
 
 def source_fingerprint(source: Any) -> dict[str, str]:
-    """``{"source": its own}`` when the source has one, else ``{"record_spec", "record_hash"}``."""
+    """``{"source": its own}`` when the source has one, else ``{"record_spec", "record_hash"}``,
+    its records read holding its locks (``base.source_locks``: a batch another thread makes
+    from it waits, or this does); refused in a thread that is reading it (a signal handler that
+    interrupted a read: reading again would move that read's file)."""
     own = fingerprint_of(source)
     if own is not None:
         return {"source": own}
+    locks = source_lock(source, walk)
+    if any(getattr(lock, "_is_owned", lambda: False)() for lock in locks):
+        raise StateDictError(
+            "state_dict() (or a restore) was called in a thread that is reading the source "
+            "(a signal handler that interrupted a batch's read?): the first one reads its "
+            "records 0, n // 2 and n - 1 for the state's fingerprint, which would move the "
+            "interrupted read; call loader.state_dict() once before (it is kept), save at a "
+            "step's end (a handler that sets a flag the training loop checks), or give the "
+            "source a `fingerprint` attribute")
+    return holding(locks, _records_hash, source)
+
+
+def _records_hash(source: Any) -> dict[str, str]:
     n = len(source)
     digest = hashlib.blake2b(digest_size=16)
     spec = ""
