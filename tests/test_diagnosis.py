@@ -713,3 +713,40 @@ def test_after_reset_stats_the_workers_timings_are_of_work_done_since():
         stats = loader.stats
     busy = sum(w.busy_s for w in stats.workers)
     assert 0 < busy <= stats.wall_s + 0.05, stats
+
+
+def test_read_threads_are_advised_for_sources_read_record_by_record_and_counted_as_threads():
+    # the remote-storage audit: read_threads=16 advised for a Parquet source, which reads a
+    # batch at once (16 threads: the same 26.4 batches/s); 32 read threads' summed queueing
+    # (the cores mostly idle) taken for a worker short of cores ("every
+    # core is in use"); and in process, no word of read_threads for reads waiting on files
+    from jaxloader.base.stats import WorkerStats
+
+    waiting = tuple(WorkerStats(i, 1, 50, 800, 1 << 20, busy_s=2.9, cpu_s=1.0, queued_s=1.7,
+                                stages={"read": 2.8, "collate": 0.1}) for i in range(2))
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=1600, stages={"read": 5.6, "collate": 0.2,
+                                              "consumer wait": 2.5, "step": 0.5},
+                        workers=waiting, num_workers=2)
+    d = diagnose(stats, num_workers=2, cores=2, read_threads=32)
+    assert d.bottleneck == "source" and "reads wait" in d.advice[0], d
+    assert "read_threads=64" in d.advice[1], d
+    assert "every core is in use" not in str(d), d
+    assert not any("read_threads" in a for a in diagnose(stats, num_workers=2, cores=2,
+                                                         read_threads=None).advice)
+    source = WaitingSource(512)
+    with jl.DataLoader(source, batch_size=8, **ONE) as loader:
+        for _, _batch in zip(range(12), loader):
+            pass
+        advice = loader.diagnose().advice
+    assert "read_threads=16" in advice[1], advice
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import tempfile
+
+    path = tempfile.mkdtemp() + "/x.parquet"
+    pq.write_table(pa.table({"x": np.arange(64)}), path)
+    with jl.DataLoader(jl.ParquetSource(path), batch_size=8, **ONE) as loader:
+        assert loader._maker.threaded_reads is None
+    with jl.DataLoader(source, batch_size=8, read_threads=4, **ONE) as loader:
+        assert loader._maker.threaded_reads == 4

@@ -91,6 +91,13 @@ class BatchMaker:
     def seed(self) -> int:
         return self.sampler.seed
 
+    @property
+    def threaded_reads(self) -> int | None:
+        """The threads a batch's records are read on, or ``None`` where the source reads a
+        batch at once (``__getitems__``: a Parquet file, a Hugging Face dataset), which
+        ``read_threads`` does not change."""
+        return None if self._batched_reads else self.read_threads
+
     def location(self, step: int) -> str:
         """Where step ``step``'s batch is, for messages."""
         return self.sampler.batch(step).location()

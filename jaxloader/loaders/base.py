@@ -302,7 +302,7 @@ class LoaderLifecycle:
         return diagnose(stats, self._engine.active, counts=self._worker_counts(),
                         remote=getattr(self._engine, "remote", False),
                         placed_in_thread=put is None or put.single_device,
-                        read_threads=getattr(getattr(self, "_maker", None), "read_threads",
+                        read_threads=getattr(getattr(self, "_maker", None), "threaded_reads",
                                              None))
 
     def reset_stats(self) -> None:
