@@ -68,6 +68,28 @@ def test_a_read_that_raises_is_made_again_step_by_step_and_names_its_own_step(tm
         next(batches)
 
 
+def test_a_read_at_once_that_raised_and_then_did_not_is_said(tmp_path):
+    # a task's rows read at once raised (a connection reset), read again step by step they
+    # did not: the batches came and the error was gone without a word, only with workers
+    class Once(jl.ParquetSource):
+        failed = False
+
+        def gather_columns(self, indices):
+            if not Once.failed:
+                Once.failed = True
+                raise ConnectionResetError(104, "Connection reset by peer")
+            return super().gather_columns(indices)
+
+    maker = BatchMaker(Once(_parquet(tmp_path)),
+                       Sampler(103, 2, shuffle=False, seed=0, last_batch="drop"))
+    _, allocs = _slots(4)
+    with pytest.warns(RuntimeWarning, match=r"steps 17..23: their rows read at once raised "
+                      r"ConnectionResetError: .*Connection reset by peer; read again step by "
+                      r"step, they were not"):
+        batches = list(maker.make_steps([17, 19, 21, 23], allocs))
+    assert [int(batch["id"][0]) for batch, _ in batches] == [34, 38, 42, 46]
+
+
 def test_a_gathered_column_of_objects_travels_beside_the_slot_as_one_by_one():
     class Gathers:  # a source whose gather_columns gives a column of Python objects
         def __len__(self):

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from time import perf_counter
 from typing import Any, Callable, Iterator, cast
 
@@ -81,6 +82,7 @@ class BatchMaker:
                                and not isinstance(source, ArraySource))
         # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
         self._gather = gatherer_of(source)
+        self._gather_failed: str | None = None  # a task's read at once that raised
         self._transforms = RecordTransforms(record_transforms, sampler.seed)
         check_positions(sampler.steps_per_epoch * sampler.global_batch_size,
                         any(isinstance(t, RandomMap) or (isinstance(t, JitMap) and t.random)
@@ -152,12 +154,18 @@ class BatchMaker:
         that raises is made again step by step, so the error names its own step."""
         clock = self.clock
         start = perf_counter()
+        self._gather_failed = None
         gathered = self._gather_steps(steps) if len(steps) > 1 else None
         if gathered is None:
             reads = self._read_ahead(steps)
             try:
                 for step, alloc in zip(steps, allocs):
                     yield self.make(step, alloc)
+                if self._gather_failed is not None:  # an error that passed is no error unsaid
+                    warnings.warn(f"steps {steps[0]}..{steps[-1]}: their rows read at once "
+                                  f"raised {self._gather_failed}; read again step by step, "
+                                  "they were not: an error that passed (the storage or the "
+                                  "network?)", RuntimeWarning, stacklevel=2)
             finally:
                 if reads is not None:  # (a task left: what is still to read is not read)
                     self._ahead.clear()
@@ -227,7 +235,8 @@ class BatchMaker:
             indices = np.concatenate([spec.indices for spec in specs])
         try:
             gathered = self._gather(indices)
-        except Exception:  # noqa: BLE001 - made again step by step, where it raises as its own
+        except Exception as e:  # noqa: BLE001 - made again step by step, where it raises as its own
+            self._gather_failed = f"{type(e).__name__}: {e}"  # (said if they do not)
             return None
         return None if gathered is None else (specs, gathered)
 
