@@ -222,8 +222,11 @@ def test_the_diagnosis_of_waiting_reads_offers_read_threads():
                         workers=waiting, num_workers=1)
     d = diagnose(stats, num_workers=1, cores=2, read_threads=1)
     assert d.bottleneck == "source" and "read_threads=16" in d.advice[1], d
+    # (16 threads still waiting: twice as many, up to the 1,024 a loader takes)
+    assert "read_threads=32" in diagnose(stats, num_workers=1, cores=2,
+                                         read_threads=16).advice[1]
     assert not any("read_threads" in a for a in diagnose(stats, num_workers=1, cores=2,
-                                                         read_threads=16).advice)
+                                                         read_threads=1024).advice)
     assert not any("read_threads" in a for a in diagnose(stats, num_workers=1, cores=2).advice)
 
 
