@@ -33,6 +33,7 @@ import os
 import pickle
 import sys
 import threading
+import types
 from typing import Any, Callable
 
 import cloudpickle
@@ -59,6 +60,9 @@ class _Pickler(cloudpickle.Pickler):
         self._mappings: _Mappings | None = None  # read at the first memmap
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType and _CODE_REDUCE is not None:
+            rebuild, args = _CODE_REDUCE(obj)  # (cloudpickle's, which names every file
+            return _named_code, (rebuild, args, obj.co_filename)  # "<dynamic-code>")
         if type(obj) is _CACHED and not _importable(obj):
             # rebuilt in the worker as an empty cache around the function, which crosses by
             # value; the function is set after the cache exists, so a recursive one (its
@@ -124,6 +128,14 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _CACHED = type(functools.lru_cache()(len))  # functools._lru_cache_wrapper
+# cloudpickle 3.1 ships a function's code with "<dynamic-code>" as its file: a worker's
+# traceback then named no file and showed no line of a script's transform
+_CODE_REDUCE = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+
+
+def _named_code(rebuild: Any, args: tuple, filename: str) -> types.CodeType:
+    """A function's code as cloudpickle rebuilds it, with the file it was defined in."""
+    return rebuild(*args).replace(co_filename=filename)
 
 
 def _importable(fn: Any) -> bool:

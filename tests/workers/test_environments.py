@@ -396,6 +396,7 @@ def test_an_error_of_a_class_the_script_defines_is_the_cause_with_workers(tmp_pa
     # pickle names a class by its module, and a worker's __main__ has no such class: the
     # chain ended at the RecordError with workers (except MyError caught it with 0 workers)
     out, err, code = run(tmp_path, """
+        import re
         class BadRecord(Exception):
             pass
         def check(r):
@@ -411,6 +412,8 @@ def test_an_error_of_a_class_the_script_defines_is_the_cause_with_workers(tmp_pa
                     while cause is not None and not isinstance(cause, BadRecord):
                         cause = cause.__cause__
                     print(workers, type(cause).__name__, cause)
+                    print(workers, re.search(r'script.py", line \\d+, in check', str(e))
+                          is not None)
         def stop_here(r):  # (a debugger in a worker: told to debug with num_workers=0)
             breakpoint()
             return r
@@ -421,5 +424,6 @@ def test_an_error_of_a_class_the_script_defines_is_the_cause_with_workers(tmp_pa
                 print("debugger:", "debug the transform with num_workers=0" in str(e))
         """, shell="< /dev/null")
     assert code == 0, err
-    assert out.split("\n")[:2] == ["0 BadRecord record 2", "2 BadRecord record 2"], (out, err)
+    assert out.split("\n")[:4] == ["0 BadRecord record 2", "0 False", "2 BadRecord record 2",
+                                   "2 True"], (out, err)  # (a worker's traceback: its line)
     assert "debugger: True" in out.split("\n"), (out, err)

@@ -320,3 +320,16 @@ def test_windows_of_an_array_cross_as_the_bytes_they_span(tmp_path):
         finally:
             for segment in segments:
                 segment.destroy()
+
+
+def test_a_functions_code_crosses_with_its_file():
+    # cloudpickle 3.1 names the file of every function it ships "<dynamic-code>": a worker's
+    # traceback of a script's transform named no file and showed no line of it
+    code = compile("def outer(x):\n    inner = lambda y: y + 1\n    return inner(x)\n",
+                   "/home/me/train.py", "exec")
+    namespace: dict = {"__name__": "__main__"}
+    exec(code, namespace)
+    loaded = loads(dumps(namespace["outer"], lambda segment: None))
+    assert loaded(1) == 2 and loaded.__code__.co_filename == "/home/me/train.py"
+    inner = next(c for c in loaded.__code__.co_consts if hasattr(c, "co_filename"))
+    assert inner.co_filename == "/home/me/train.py"
