@@ -710,3 +710,48 @@ def test_a_state_over_a_generator_of_other_files_is_warned_of_and_an_older_one_t
         same.load_state_dict(older)
     with loader_of(jl.Stream([jl.JsonlShard(tmp_path / "a.jsonl")]), []) as files:
         assert "generators" not in files.state_dict()  # (none: not said)
+
+
+def test_iter_from_another_thread_while_an_in_process_batch_is_made():
+    # num_workers=0: thread A's next() is inside a batch (a Map) when the main thread calls
+    # iter() and next(): the new run reset the one maker under A's batch (its reader closed:
+    # A's report() failed "assert self._reader is not None", or read a closed file). A's next()
+    # must say it is stale, and the new iterator go on from the position: A's batch dropped.
+    import threading
+
+    a_inside, reset_done = threading.Event(), threading.Event()
+    thread_a: list = []
+
+    def gate(r):
+        if thread_a and threading.current_thread() is thread_a[0] and r["x"] == 8:
+            a_inside.set()  # (step 2's first record, in A's batch)
+            reset_done.wait(1.0)  # before: the new run's reset came meanwhile; now it waits
+        return r
+
+    stream = jl.Stream.from_generator(lambda i: ({"x": j} for j in range(10**6)), shards=1)
+    with jl.StreamLoader(stream, batch_size=4, num_workers=0,
+                         transforms=[jl.Map(gate)]) as loader:
+        maker = loader._engine._maker
+        reset = maker.reset
+        maker.reset = lambda state: (reset(state), reset_done.set() if a_inside.is_set()
+                                     else None)[1]
+        got: dict = {}
+
+        def a():
+            it = iter(loader)
+            got["a"] = [next(it)["x"].tolist() for _ in range(2)]
+            try:
+                next(it)
+            except Exception as e:  # noqa: BLE001 (which one is the test)
+                got["error"] = e
+
+        thread_a.append(threading.Thread(target=a))
+        thread_a[0].start()
+        assert a_inside.wait(30)
+        it2 = iter(loader)
+        main = [next(it2)["x"].tolist() for _ in range(3)]
+        thread_a[0].join(30)
+        assert got["a"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert isinstance(got.get("error"), jl.JaxloaderError), repr(got.get("error"))
+        assert "this iterator is stale" in str(got["error"])
+        assert main == [[8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import threading
 from time import perf_counter
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
@@ -120,6 +121,26 @@ def made_here(maker: Maker, step: int) -> tuple[Any, Any]:
         raise
 
 
+class Runs:
+    """An engine's runs (``batches()`` calls), numbered as they are made, not at their first
+    ``next()``: the newest is the live one. An older one that another thread still drives (an
+    ``iter()`` made while its ``next()`` ran cannot close a running generator) ends at its next
+    turn, before it touches what the live run uses (a stream's readers, a pool's pipes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._newest = 0
+
+    def made(self) -> int:
+        """A new run's number."""
+        with self._lock:
+            self._newest += 1
+            return self._newest
+
+    def stale(self, run: int) -> bool:
+        return run != self._newest
+
+
 class InProcessEngine:
     """Makes batches in the calling thread (``num_workers=0``); a stream's one host is this
     process, with all its readers (``resets[0]``)."""
@@ -129,6 +150,11 @@ class InProcessEngine:
         self.gauges = Gauges(1)
         self.gauges.makers[0].pull = self._pull
         self._busy = 0.0  # seconds spent making batches since the last pull
+        # One thread makes a batch at a time, of the newest run: an iter() from another thread
+        # while a next() makes a batch cannot stop that run (its generator is running), and a
+        # stream's maker is one object (reset() closes the readers the batch reads from)
+        self._driver = threading.RLock()  # (held while a batch is made, not across a yield)
+        self._runs = Runs()
 
     @property
     def pids(self) -> list[int]:
@@ -140,19 +166,29 @@ class InProcessEngine:
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
+        return self._batches(self._runs.made(), start, stop, resets, reports)
+
+    def _batches(self, issued: int, start: int, stop: int | None, resets: list | None,
+                 reports: dict | None) -> Generator[Any, None, None]:
         maker = self._maker
         stream = maker if isinstance(maker, StreamMaker) else None
-        if stream is not None and resets is not None:
-            stream.reset(resets[0])
+        with self._driver:
+            if self._runs.stale(issued):  # (a newer run: its iterator says this one is stale)
+                return
+            if stream is not None and resets is not None:
+                stream.reset(resets[0])
+            if (maker.clock.trace is not None) != self.gauges.trace:
+                maker.clock.trace = [] if self.gauges.trace else None
         steps = itertools.count(start) if stop is None else range(start, stop)
-        if (maker.clock.trace is not None) != self.gauges.trace:
-            maker.clock.trace = [] if self.gauges.trace else None
         for step in steps:
-            began = perf_counter()
-            batch, _ = made_here(maker, step)
-            if stream is not None and reports is not None:
-                reports[step] = stream.report()
-            self._busy += perf_counter() - began
+            with self._driver:
+                if self._runs.stale(issued):
+                    return
+                began = perf_counter()
+                batch, _ = made_here(maker, step)
+                if stream is not None and reports is not None:
+                    reports[step] = stream.report()
+                self._busy += perf_counter() - began
             yield batch
 
     def _pull(self) -> tuple:

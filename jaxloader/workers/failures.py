@@ -139,6 +139,23 @@ class StallWatch:
                            self.timeout_s) if t is not None]
         return max(0.0, min(due) - (time.monotonic() - self._moved))
 
+    def wait(self, poll: Callable[..., list], awaited: int | None,
+             report: Callable[[int], str], progress: Callable[[int], float | None]
+             ) -> tuple[list, StallError | None]:
+        """``poll(ms)`` until it gives events, the wait for step ``awaited`` said when late
+        (``due``, of ``report(awaited)``): the events, or the ``StallError`` past ``timeout_s``."""
+        if awaited is None or not self.watching:
+            return poll(), None
+        step = awaited
+        self.begin(step)
+        while True:
+            events = poll(self.left() * 1000)  # (overdue: what has come)
+            if events:
+                return events, None
+            error = self.due(lambda: report(step), lambda: progress(step))
+            if error is not None:
+                return [], error
+
     def due(self, report: Callable[[], str],
             progress: Callable[[], float | None] = lambda: None) -> StallError | None:
         """The ``StallError`` if the wait is past ``timeout_s``; else logs ``report()`` if a

@@ -15,22 +15,22 @@ samplers' memos, kept by class of step, are computed once, and a stream's reader
 lives there. A task is several of a worker's steps (up to half a second of them), so that a
 small batch costs its share of a task's two messages; tasks go out a block at a time, one a
 worker, as many ahead as ``tasks.py`` says (a run's first block a step a task: its first batch
-comes at once). A slot goes back to the worker that wrote it
-(``SlotRing.take(worker)``), which keeps its mapping. A new ``batches()`` run makes the old
-run's tasks stale (``StatusBoard.begin_run``): their workers skip the steps not yet made, the
-rest are dropped, and their slots come back, so a restore waits for one step at most.
-
-Broken is a state: once a worker raises or dies, the pool raises a ``WorkerError`` naming the
-worker, its pid, what it was doing and the remedy (``failures.py``), and so does every later
-call. A late batch is said (``failures.StallWatch``), not waited for in silence.
+comes at once). A slot goes back to the worker that wrote it (``SlotRing.take(worker)``), which
+keeps its mapping. A new ``batches()`` run makes the old run's tasks stale
+(``StatusBoard.begin_run``): their workers skip the steps not yet made, the rest are dropped,
+and their slots come back, so a restore waits for one step at most; an older run another
+thread still drives ends at its next turn (``in_process.Runs``: it took the live run's
+batches, which then waited forever). Broken is a state: once a worker raises or dies, the pool
+raises a ``WorkerError`` naming the worker, its pid, what it was doing and the remedy
+(``failures.py``), and so does every later call. A late batch is said (``StallWatch``).
 
 One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run may
 be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run holds
-``_driver`` (a re-entrant lock) while it executes, never while suspended at a ``yield``; it takes
-it in ``with`` blocks, which leave no gap for a Ctrl-C between taking and owning it. ``close()``
-takes it; if a run still holds it after ``_DRIVER_WAIT_S`` (a worker busy with a slow record), it
-kills the workers, which only sends signals: the run's ``poll()`` then sees their pipes close,
-the run breaks and closes the pool itself, in its own thread, and ``close()`` gets the lock.
+``_driver`` (re-entrant) while it executes, never while suspended at a ``yield``, in ``with``
+blocks (no gap for a Ctrl-C between taking and owning it). ``close()`` takes it; if a run still
+holds it after ``_DRIVER_WAIT_S`` (a worker busy with a slow record), it kills the workers: the
+run's ``poll()`` sees their pipes close, the run breaks and closes the pool in its own thread,
+and ``close()`` gets the lock.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any, Callable, Generator, NoReturn
 from jaxloader.base.errors import SharedMemoryError, WorkerError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
-from jaxloader.engines.in_process import Maker
+from jaxloader.engines.in_process import Maker, Runs
 from jaxloader.workers import failures, payload, protocol
 from jaxloader.workers.process import WorkerProcess, stop_all
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
@@ -81,8 +81,7 @@ class WorkerPool:
         self._owner = os.getpid()  # (a forked child shares the pipes, not the workers)
         self._stall = failures.StallWatch(stall_warning_s, timeout_s, label)
         self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
-        self._start_method = start_method
-        self._initial = num_workers
+        self._start_method, self._initial = start_method, num_workers
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
         self._shared: list[Segment] = []  # source arrays shared with the workers
         self._broken: WorkerError | None = None
@@ -91,6 +90,7 @@ class WorkerPool:
         self.restarts = 0  # times the workers were replaced after such an interrupt
         self._shared_finalizer = weakref.finalize(self, destroy_all, self._shared)
         self._driver = threading.RLock()  # held by a run while it executes (module docstring)
+        self._runs = Runs()  # the newest made is the live run (module docstring)
         self._board = StatusBoard(self._capacity)  # what each worker does (status.py)
         self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
         self._board_finalizer = weakref.finalize(self, self._board.destroy)
@@ -105,8 +105,7 @@ class WorkerPool:
         self._send_payload()
 
     def _start(self) -> None:
-        """Starts the interpreters (their imports overlap with what follows) and a
-        fresh ring; the bookkeeping of tasks starts empty."""
+        """Starts the interpreters (their imports overlap with what follows), a fresh ring."""
         self._ring = SlotRing()
         self._shapes: dict[tuple[int, bool], tuple[int, int, int]] = {}  # _task_shape's
         old = getattr(self, "roster", None)  # (a restart: as many workers, as many in use)
@@ -158,11 +157,17 @@ class WorkerPool:
         """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order. A
         stream's run passes ``resets`` (each worker's reader state to continue from): step ``s``
         is then made by worker ``s % num_workers``, its reader state after it in ``reports``."""
+        return self._batches(self._runs.made(), start, stop, resets, reports)
+
+    def _batches(self, issued: int, start: int, stop: int | None, resets: list | None,
+                 reports: dict | None) -> Generator[Any, None, None]:
         with self._driver:  # never held across a yield (``jaxloader.base.interrupts``, 3)
             if os.getpid() != self._owner:  # (before anything the owner's workers would see)
                 raise failures.forked(self._owner)
             if self._broken is not None:
                 raise self._broken
+            if self._runs.stale(issued):  # (a newer run made: this one ends; in_process.Runs)
+                return
             if self._mixed_up:
                 self._restart()
             if resets is not None and self.roster.target != self.roster.active:
@@ -181,6 +186,10 @@ class WorkerPool:
                 with self._driver:
                     if os.getpid() != self._owner:  # (one syscall a batch)
                         raise failures.forked(self._owner)
+                    if self._closing:  # (close() held the driver while this run waited)
+                        raise self._broken or failures.closed()
+                    if self._runs.stale(issued):
+                        return
                     while stop is None or next_submit < stop:
                         steps, ahead, room = self._task_shape(streaming)
                         if next_submit - next_yield >= room:
@@ -201,8 +210,8 @@ class WorkerPool:
                     if next_yield not in ready:
                         self._receive(run, ready, awaited=next_yield)
                         continue
-                    # (segment, layout, objects, report), or rarely a Failure or a Timed; handed
-                    # in a list popped at the yield (a local would keep the slot lent till resumed)
+                    # (segment, layout, objects, report), or a Failure or a Timed; handed in a
+                    # list popped at the yield (a local would keep the slot lent till resumed)
                     made = ready.pop(next_yield)
                     if type(made) is tuple:
                         handed = [self._ring.hand_out(*made[:3])]
@@ -270,9 +279,8 @@ class WorkerPool:
 
     def _receive(self, run: int, ready: dict, block: bool = True,
                  awaited: int | None = None) -> bool:
-        """Blocks until some worker reports (with ``block``, while the consumer awaits step
-        ``awaited``; else reads only what has come); files its result or raises its failure.
-        Whether a report was read."""
+        """Whether a report was read: waits for one (``block``, the consumer awaiting step
+        ``awaited``; else what has come), files its result or raises its failure."""
         roster = self.roster
         self._waiting = True  # (readable, or hung up (EOF) or failed: all reported)
         events = self._wait(awaited) if block else roster.poller.poll(0)
@@ -336,19 +344,13 @@ class WorkerPool:
     def _wait(self, awaited: int | None) -> list:
         """``poll()`` until a worker reports; a long wait for step ``awaited`` is said, or an
         error (``failures.StallWatch``)."""
-        watch = self._stall
-        if awaited is None or not watch.watching:
-            return self.roster.poller.poll()
-        watch.begin(awaited)
-        while True:
-            events = self.roster.poller.poll(watch.left() * 1000)  # (overdue: what has come)
-            if events:
-                return events
-            error = watch.due(lambda: failures.stall_report(
-                awaited, self._tasks.values(), self.pids, self._board, self._maker.location),
-                lambda: failures.holder_progress(awaited, self._tasks.values(), self._board))
-            if error is not None:
-                self._break(error, None)
+        events, error = self._stall.wait(self.roster.poller.poll, awaited, lambda step: (
+            failures.stall_report(step, self._tasks.values(), self.pids, self._board,
+                                  self._maker.location)),
+            lambda step: failures.holder_progress(step, self._tasks.values(), self._board))
+        if error is not None:
+            self._break(error, None)
+        return events
 
     def _worker_died(self, worker: int) -> NoReturn:
         if self._closing:  # (killed by close() from another thread, or at exit)
@@ -365,8 +367,8 @@ class WorkerPool:
         raise error
 
     def _restart(self) -> None:
-        """New workers and ring after an interrupted run (its batches handed out stay readable),
-        the shared source arrays and payload reused; interrupted itself, it runs again next."""
+        """New workers and ring after an interrupted run (its batches out stay readable), the
+        shared source arrays and payload reused; interrupted itself, it runs again next."""
         self._stop_workers()
         self._board.restarted()  # (before the new workers can write their rows)
         self._start()
@@ -375,9 +377,8 @@ class WorkerPool:
         self.restarts += 1
 
     def close(self) -> None:
-        """Stops the workers (signal, drain, join, kill) and unlinks every segment. Idempotent;
-        an interrupt (Ctrl-C) during it does not stop the later steps, it is raised after them.
-        Safe from any thread while another drives a run (see the module docstring)."""
+        """Stops the workers (signal, drain, join, kill), unlinks every segment; idempotent,
+        from any thread (module docstring). A Ctrl-C in it is raised after its later steps."""
         self._closing = True
         if not self._driver.acquire(timeout=_DRIVER_WAIT_S):
             for worker in self._workers:  # the run in the other thread sees them go, and stops
@@ -387,8 +388,8 @@ class WorkerPool:
         with self._driver:
             run_all([self._stop_workers, self._destroy_shared])
 
-    # Called, not through their finalizers, which run once (cut short by a Ctrl-C, never to end):
-    # these run in full again on the next call; the finalizers stay for a pool only collected.
+    # Called, not through their finalizers (which run once: cut short by a Ctrl-C, never to
+    # end), so that they run in full again next call; finalizers are for a pool only collected.
     def _stop_workers(self) -> None:
         stop_all(self._workers, self._ring)
         self._finalizer.detach()

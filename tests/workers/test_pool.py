@@ -1224,3 +1224,32 @@ def test_an_unpicklable_part_of_a_source_made_of_others_is_named():
     with pytest.raises(jl.WorkerError, match=r"cannot send the source \(MapSource.*: its part "
                        r"Locked\(\): TypeError: cannot pickle '_thread.lock'"):
         jl.DataLoader(jl.MapSource(inner, lambda r: r), batch_size=2, num_workers=2)
+
+
+def test_a_stale_run_driven_on_ends_and_leaves_the_newer_runs_batches():
+    # An iter() from another thread while this thread's next() runs inside the pool's run
+    # cannot close that run (its generator is running): the older run is driven on after the
+    # newer was made. It must end there (its iterator says it is stale), not send tasks or read
+    # the newer run's reports: it dropped the newer run's batches, which then waited forever.
+    # Driven from one thread here, each order of the two that threads gave, deterministically.
+    maker = BatchMaker(jl.ArraySource({"y": np.arange(64)}),
+                       Sampler(64, 2, shuffle=False, seed=0, last_batch="drop"))
+    pool = WorkerPool(maker, num_workers=2, timeout_s=30)  # (a lost batch: an error, no hang)
+    try:
+        old = pool.batches(0, None)
+        assert next(old)["y"].tolist() == [0, 1]
+        new = pool.batches(1, None)  # made, not yet started: the older resumes first
+        with pytest.raises(StopIteration):
+            next(old)
+        assert [next(new)["y"].tolist() for _ in range(3)] == [[2, 3], [4, 5], [6, 7]]
+        newer = pool.batches(4, None)
+        assert next(newer)["y"].tolist() == [8, 9]  # started: it has tasks in flight
+        with pytest.raises(StopIteration):
+            next(new)  # (before: it read and dropped the newer run's batches)
+        assert [next(newer)["y"].tolist() for _ in range(20)] == [
+            [2 * s, 2 * s + 1] for s in range(5, 25)]
+        pool.close()
+        with pytest.raises(jl.JaxloaderError, match="was closed"):
+            next(newer)  # (before: OSError "handle is closed", or a segment used after close)
+    finally:
+        pool.close()
