@@ -232,6 +232,9 @@ def test_each_key_may_have_its_own_value_and_times_pad_with_not_a_time():
                        r"value=0 .* pass np.datetime64\('NaT', 's'\), for that key alone: "
                        r"value=\{'t': \.\.\., \.\.\.\}"):
         next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad(["x", "t"])])))
+    reordered = {"ids": -1, "x": np.nan, "t": np.datetime64("NaT", "s")}
+    assert pad.settings == jl.Pad(["t", "x", "ids"], value=reordered).settings  # (a state's
+    # record of it: not the dict's order)
     with pytest.raises(jl.ConfigError, match=r"a dict gives the value of each key of \['t', "
                        r"'x'\], got one for \['t'\]"):
         jl.Pad(["t", "x"], value={"t": np.datetime64("NaT", "s")})

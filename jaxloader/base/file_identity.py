@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import os
 import zlib
 from typing import Any
@@ -68,8 +69,9 @@ def parquet_tail(raw: Any) -> tuple[list[int], bytes]:
     its footer (what ``pyarrow.parquet.read_metadata`` parses): one read where the footer is
     under ``_TAIL_BYTES``, as most are (a round trip a read on remote storage)."""
     size = raw.seek(0, os.SEEK_END)
-    if size < _PARQUET_TAIL:
-        return [size, 0], b""
+    if size < _PARQUET_TAIL:  # (the whole file: pyarrow says what it lacks)
+        raw.seek(0)
+        return [size, 0], raw.read(size)
     start = max(0, size - _TAIL_BYTES)
     raw.seek(start)
     tail = raw.read(size - start)
@@ -82,7 +84,19 @@ def parquet_tail(raw: Any) -> tuple[list[int], bytes]:
     return [size, zlib.crc32(tail[at:at + length])], tail
 
 
-def storage_failure(owner: str, path: str, what: str, error: OSError) -> OSError:
+# what a connection, and the file systems over one, give up with (aiohttp's ClientOSError, a
+# socket's OSError, are no ConnectionError: their errno says it)
+_NETWORK_ERRNOS = {errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT,
+                   errno.EPIPE, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTUNREACH}
+
+
+def storage_failed(error: BaseException) -> bool:
+    """Whether ``error`` is the storage's or the network's failing (``storage_failure``)."""
+    return isinstance(error, (ConnectionError, TimeoutError)) or (
+        isinstance(error, OSError) and error.errno in _NETWORK_ERRNOS)
+
+
+def storage_failure(owner: str, path: str, what: str, error: Exception) -> Exception:
     """The error (of ``error``'s type) for a file the storage or the network failed to give
     (a ``ConnectionError``, a ``TimeoutError``): not the file's fault, so not "damaged" or "not
     found", and worth trying again."""

@@ -160,12 +160,14 @@ class BatchMaker:
             reads = self._read_ahead(steps)
             try:
                 for step, alloc in zip(steps, allocs):
-                    yield self.make(step, alloc)
-                if self._gather_failed is not None:  # an error that passed is no error unsaid
-                    warnings.warn(f"steps {steps[0]}..{steps[-1]}: their rows read at once "
-                                  f"raised {self._gather_failed}; read again step by step, "
-                                  "they were not: an error that passed (the storage or the "
-                                  "network?)", RuntimeWarning, stacklevel=2)
+                    made = self.make(step, alloc)
+                    if step == steps[-1] and self._gather_failed is not None:  # (before the
+                        # last yield: a worker takes as many as it asked for, then closes it)
+                        warnings.warn(f"steps {steps[0]}..{steps[-1]}: their rows read at once "
+                                      f"raised {self._gather_failed}; read again step by step, "
+                                      "they were not: an error that passed (the storage or "
+                                      "the network?)", RuntimeWarning, stacklevel=2)
+                    yield made
             finally:
                 if reads is not None:  # (a task left: what is still to read is not read)
                     self._ahead.clear()

@@ -100,7 +100,9 @@ class Pad:
         keys = self.keys[0] if len(self.keys) == 1 else list(self.keys)
         size = (f"multiple_of={self.multiple_of}" if self.length is None else
                 f"length={self.length}")
-        return f"Pad({keys!r}, value={self.value!r}, {size}, length_suffix={self.length_suffix!r})"
+        value = ({key: self.values[key] for key in self.keys} if isinstance(self.value, dict)
+                 else self.value)  # (a dict in the keys' order: the same Pad, the same text)
+        return f"Pad({keys!r}, value={value!r}, {size}, length_suffix={self.length_suffix!r})"
 
 
 def split_pad(batch_transforms: tuple) -> tuple[Pad | None, tuple]:

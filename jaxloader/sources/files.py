@@ -97,10 +97,10 @@ class FileListSource:
         path = self.paths[index]
         try:
             data = _read_bytes(path)
-        except (ConnectionError, TimeoutError) as e:
-            raise file_identity.storage_failure("FileListSource", path,
-                                                f"record {index}", e) from e
         except OSError as e:
+            if file_identity.storage_failed(e):
+                raise file_identity.storage_failure("FileListSource", path,
+                                                    f"record {index}", e) from e
             raise OSError(f"FileListSource: cannot read file {path!r} (record {index}): {e}") from e
         except MemoryError as e:  # (its message is empty: the file is what says why)
             raise MemoryError(f"FileListSource: file {path!r} (record {index}) does not fit "

@@ -84,6 +84,9 @@ class ParquetFiles:
             return handle.read_row_group(group, columns=columns, use_threads=not in_worker)
         except (OSError, ValueError, RuntimeError) as e:  # (pyarrow's errors derive from these)
             # a file rewritten as it was read fails as a damaged one would: say which it is
+            if file_identity.storage_failed(e):
+                raise file_identity.storage_failure("ParquetSource", self.paths[number],
+                                                    f"row group {group}", e) from e
             raise self._changed_since(number) or self._undecodable(number, group, columns,
                                                                     e) from e
         except MemoryError as e:  # (pyarrow's ArrowMemoryError: its message names no file)
@@ -118,11 +121,11 @@ class ParquetFiles:
 
         raw = file_identity.open_binary(self.paths[number])
         try:
-            meta, identity = remote_footer(raw)
-            if identity != self.identities[number]:
-                raise self._changed(number, identity)
-            return pq.ParquetFile(raw, metadata=self._metas.get(number, meta),
-                                  page_checksum_verification=True)
+            identity, tail = file_identity.parquet_tail(raw)
+            if identity != self.identities[number]:  # (before its footer is read: a file
+                raise self._changed(number, identity)  # being rewritten is no damaged one)
+            meta = self._metas.get(number) or footer_of(tail)
+            return pq.ParquetFile(raw, metadata=meta, page_checksum_verification=True)
         except BaseException:
             raw.close()
             raise
@@ -206,11 +209,16 @@ def open_parquet(path: str, **options: Any) -> Any:
 def remote_footer(raw: Any) -> tuple[Any, list[int]]:
     """The footer and identity (``file_identity.parquet``) of the remote Parquet file open as
     ``raw``, from one read of its end."""
+    identity, tail = file_identity.parquet_tail(raw)
+    return footer_of(tail), identity
+
+
+def footer_of(tail: bytes) -> Any:
+    """The footer a Parquet file's last bytes hold (``file_identity.parquet_tail``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    identity, tail = file_identity.parquet_tail(raw)
-    return pq.read_metadata(pa.BufferReader(tail)), identity
+    return pq.read_metadata(pa.BufferReader(tail))
 
 
 def _stat(path: str) -> tuple[int, int, int] | None:
@@ -229,7 +237,9 @@ def _checked_open(path: str, use: Any) -> Any:
         raise open_error(path, e) from None
     except PermissionError as e:
         raise open_error(path, e) from None
-    except (ConnectionError, TimeoutError) as e:
+    except OSError as e:
+        if not file_identity.storage_failed(e):
+            raise
         raise file_identity.storage_failure("ParquetSource", path, "the file", e) from e
 
 

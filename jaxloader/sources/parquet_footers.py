@@ -357,10 +357,10 @@ def footer(path: str) -> tuple[Any, list[int] | None]:
             f"ParquetSource: {path!r} is a folder; remote folders are not listed: pass a "
             f"pattern, {pattern!r}, or the files' paths"
         ) from None
-    except (ConnectionError, TimeoutError) as e:
-        raise file_identity.storage_failure("ParquetSource", path, "its footer",
-                                            e) from e
     except (pa.ArrowInvalid, OSError) as e:
+        if file_identity.storage_failed(e):
+            raise file_identity.storage_failure("ParquetSource", path, "its footer",
+                                                e) from e  # (OSError: e is one)
         raise ConfigError(
             f"ParquetSource: file {path!r} is not a Parquet file ({e}); pass Parquet files "
             "only (FileListSource reads other files as bytes); a Parquet file cut short or "

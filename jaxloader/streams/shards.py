@@ -247,10 +247,10 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
                     raw.close()
                 raise unreadable(shard, "its first KiB", e) from e
         return reader, found, reader is raw and "://" not in shard.path
-    except (ConnectionError, TimeoutError) as e:
-        raise file_identity.storage_failure(type(shard).__name__, shard.path,
-                                            "its start", e) from e
     except OSError as e:
+        if file_identity.storage_failed(e):
+            raise file_identity.storage_failure(type(shard).__name__, shard.path,
+                                                "its start", e) from e
         raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
                           "path, or drop the shard from the stream") from None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import warnings
@@ -1073,9 +1074,14 @@ def test_remote_files_are_opened_once_for_their_footer_and_once_a_read(gcs, monk
     assert ids.tolist() == list(range(128)) and len(fake_gcs.FakeGcs.opened) == 3
     assert [i for _, i in source.file_identities()] == [
         i for _, i in jl.ParquetSource(local).file_identities()]
-    # a file rewritten under the loader is still told when it is opened again
+    # a file rewritten under the loader is still told when it is opened again, as changed,
+    # also one cut short (a writer caught mid-rewrite: it was told as no Parquet file, unnamed)
     pq.write_table(pa.table({"id": np.arange(50)}), local[0])
-    with pytest.raises(jl.RecordError, match=r"part-0.parquet"):
+    with pytest.raises(jl.RecordError, match=r"part-0.parquet' changed while the loader reads"):
+        next(iter(jl.DataLoader(source, batch_size=16)))
+    with open(local[0], "r+b") as cut:
+        cut.truncate(os.path.getsize(local[0]) // 2)
+    with pytest.raises(jl.RecordError, match=r"part-0.parquet' changed while the loader reads"):
         next(iter(jl.DataLoader(source, batch_size=16)))
 
 
@@ -1091,11 +1097,34 @@ def test_a_connection_error_is_told_as_the_storages_not_as_a_damaged_file(gcs, m
     def reset(self, path, mode="rb", **kwargs):
         raise ConnectionResetError(104, "Connection reset by peer")
 
+    plain_open = fake_gcs.FakeGcs._open
     source = jl.ParquetSource(remote)
     monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
     with pytest.raises(jl.RecordError, match=r"ParquetSource: 'gs://bucket/part-0.parquet': "
                        r"reading the file failed .*not the file; try again"):
         next(iter(jl.DataLoader(source, batch_size=4)))
+    class ClientOSError(OSError):  # (aiohttp's: an OSError, no ConnectionError)
+        pass
+
+    def reset_after_the_footer(self, path, mode="rb", **kwargs):  # (a read of rows: reset)
+        opened = plain_open(self, path, mode, **kwargs)
+        read, reads = opened.read, []
+
+        def failing(*args):
+            reads.append(1)
+            if len(reads) > 1:
+                raise ClientOSError(errno.ETIMEDOUT, "Connection timed out")
+            return read(*args)
+
+        opened.read = failing
+        return opened
+
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset_after_the_footer)
+    with pytest.raises(jl.RecordError, match=r"ParquetSource: 'gs://bucket/part-0.parquet': "
+                       r"reading row group 0 failed \(ClientOSError: .*Connection timed out\): the "
+                       r"storage or the network failed"):
+        next(iter(jl.DataLoader(source, batch_size=4)))
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
     with pytest.raises(ConnectionResetError, match=r"ParquetSource: 'gs://bucket/part-0.parquet'"
                        r": reading its footer failed \(ConnectionResetError: .*the storage or "
                        r"the network failed, not the file; try again"):
@@ -1117,3 +1146,7 @@ def test_a_footer_longer_than_one_read_gives_the_same_identity_and_footer(tmp_pa
         meta, identity = remote_footer(raw)
     assert identity == file_identity.parquet(path) == [os.path.getsize(path), zlib.crc32(footer)]
     assert meta.num_columns == 1500 and meta.equals(pq.read_metadata(path))
+    with open(path, "wb") as tiny:  # (under a footer's 8 bytes: pyarrow says so, of 4 bytes)
+        tiny.write(b"PAR1")
+    with open(path, "rb") as raw, pytest.raises(Exception, match=r"size is 4 bytes"):
+        remote_footer(raw)
