@@ -90,6 +90,13 @@ def test_a_read_at_once_that_raised_and_then_did_not_is_said(tmp_path):
         batches = [next(made) for _ in range(4)]  # (as a worker takes them: then closed)
         made.close()
     assert [int(batch["id"][0]) for batch, _ in batches] == [34, 38, 42, 46]
+    Once.failed = False  # (again: said once a worker, not once a task)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(list(maker.make_steps([17, 19, 21, 23], allocs))) == 4
+    assert not caught, caught
 
 
 def test_a_gathered_column_of_objects_travels_beside_the_slot_as_one_by_one():

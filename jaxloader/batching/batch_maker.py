@@ -40,6 +40,7 @@ from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.sources.base import one_each
+from jaxloader.sources.parts import reads_each
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock
 from jaxloader.batching.record_transforms import RecordTransforms, source_read_only_hint
@@ -55,15 +56,9 @@ class BatchMaker:
     reads_under_locks = True  # in the training process its reads hold the source's locks,
     # not its record transforms (``base.source_locks.made_under``)
 
-    def __init__(
-        self,
-        source: Any,
-        sampler: Order,
-        record_transforms: tuple = (),
-        batch_transforms: tuple[BatchMap, ...] = (),
-        mask_key: str = "mask",
-        read_threads: int = 1,
-    ) -> None:
+    def __init__(self, source: Any, sampler: Order, record_transforms: tuple = (),
+                 batch_transforms: tuple[BatchMap, ...] = (), mask_key: str = "mask",
+                 read_threads: int = 1) -> None:
         self.source = source
         self._origins = isinstance(source, Originating)  # (its records' files, in errors)
         self.read_threads = read_threads  # a batch's records read on so many threads at once
@@ -76,13 +71,13 @@ class BatchMaker:
         self._vectorised = (not record_transforms and self._pad is None
                             and hasattr(source, "__getitems__"))
         # With record transforms, a source that reads many records at once still does (a file
-        # source decodes a row group once, not once a record); an ArraySource's records stay
-        # read-only views of its arrays, indexed one by one.
+        # source's row group decoded once); an ArraySource's records stay read-only views.
         self._batched_reads = (hasattr(source, "__getitems__")
                                and not isinstance(source, ArraySource))
         # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
         self._gather = gatherer_of(source)
-        self._gather_failed: str | None = None  # a task's read at once that raised
+        self._gather_failed: str | None = None  # a task's read at once that raised,
+        self._gather_said = False  # and whether one that passed step by step was said
         self._transforms = RecordTransforms(record_transforms, sampler.seed)
         check_positions(sampler.steps_per_epoch * sampler.global_batch_size,
                         any(isinstance(t, RandomMap) or (isinstance(t, JitMap) and t.random)
@@ -95,10 +90,9 @@ class BatchMaker:
 
     @property
     def threaded_reads(self) -> int | None:
-        """The threads a batch's records are read on, or ``None`` where the source reads a
-        batch at once (``__getitems__``: a Parquet file, a Hugging Face dataset), which
-        ``read_threads`` does not change."""
-        return None if self._batched_reads else self.read_threads
+        """The threads a batch's records are read on; ``None`` where ``read_threads`` changes
+        nothing (``sources.parts.reads_each``: each source reads a batch at once)."""
+        return self.read_threads if reads_each(self.source) else None
 
     def location(self, step: int) -> str:
         """Where step ``step``'s batch is, for messages."""
@@ -150,8 +144,8 @@ class BatchMaker:
         """``make(step, alloc)`` for each of ``steps`` (a worker's task), in order. A source
         that gathers its own columns (``gather_columns``) reads the rows of all the steps at
         once, then each step's rows are written into its slot: a task then costs about one
-        step's read and NumPy calls, not one each. A read
-        that raises is made again step by step, so the error names its own step."""
+        step's read and NumPy calls, not one each. A read that raises is made again step by
+        step, so the error names its own step (and one that then passes is said, once)."""
         clock = self.clock
         start = perf_counter()
         self._gather_failed = None
@@ -161,12 +155,14 @@ class BatchMaker:
             try:
                 for step, alloc in zip(steps, allocs):
                     made = self.make(step, alloc)
-                    if step == steps[-1] and self._gather_failed is not None:  # (before the
-                        # last yield: a worker takes as many as it asked for, then closes it)
+                    if step == steps[-1] and self._gather_failed is not None and not (
+                            self._gather_said):  # (before the last yield: a worker takes as
+                        self._gather_said = True  # many as it asked for, then closes it)
                         warnings.warn(f"steps {steps[0]}..{steps[-1]}: their rows read at once "
                                       f"raised {self._gather_failed}; read again step by step, "
-                                      "they were not: an error that passed (the storage or "
-                                      "the network?)", RuntimeWarning, stacklevel=2)
+                                      "they were not: the storage's or the network's error "
+                                      "that passed, or one of so many rows at once (said once "
+                                      "a worker)", RuntimeWarning, stacklevel=2)
                     yield made
             finally:
                 if reads is not None:  # (a task left: what is still to read is not read)

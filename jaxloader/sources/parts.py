@@ -34,6 +34,17 @@ def walk(source: Any) -> Iterator[Any]:
         stack.extend(reversed(parts_of(each)))
 
 
+def reads_each(source: Any) -> bool:
+    """Whether a source in ``source`` reads its records one by one (on a loader's read threads,
+    where it has them): one without ``__getitems__``, or one inside jaxloader's wrappers and
+    concatenations, which read such a part's records each on the threads."""
+    if not hasattr(source, "__getitems__"):
+        return True
+    parts = parts_of(source)
+    return bool(parts) and type(source).__module__.startswith("jaxloader.") and any(
+        reads_each(part) for part in parts)
+
+
 def close_source(source: Any) -> None:
     """Closes what ``source`` and the sources it is made of hold open in this process (files,
     decoded rows): jaxloader's own sources, which reopen on their next read; a user's source,

@@ -147,6 +147,12 @@ class Starter:
     def poll(self, pid: int) -> int | None:
         """The exit code of worker ``pid`` (negative: killed by that signal), None while it
         runs. A worker whose starter has ended ended with it (SIGKILL)."""
+        code = self._poll_one(pid)
+        if self._orphans and pid not in self._orphans:
+            self._ask_after_orphans()
+        return code
+
+    def _poll_one(self, pid: int) -> int | None:
         code = _ENDED
         if not self.ended:
             try:
@@ -156,16 +162,15 @@ class Starter:
         if code is not None:
             self._running.discard(pid)
             self._orphans.discard(pid)
-        if self._orphans and pid not in self._orphans:
-            self._ask_after_orphans()
         return code
 
     def _ask_after_orphans(self) -> None:
         """Polls the workers of starts cut short, so that each is reaped once it has exited
         (its pipe's other end went with the start: it exits as it starts). They stayed
-        zombies for good: 1,788 under rapid interrupts."""
+        zombies for good: 1,788 under rapid interrupts; one by one, not a poll inside
+        another's (a poll a frame deep: a RecursionError past ~1,000, and no worker started)."""
         for pid in list(self._orphans):
-            self.poll(pid)
+            self._poll_one(pid)
 
     def _ask(self, request: tuple, fds: Sequence[int] = ()) -> tuple:
         with self._lock:

@@ -333,3 +333,7 @@ def test_a_functions_code_crosses_with_its_file():
     assert loaded(1) == 2 and loaded.__code__.co_filename == "/home/me/train.py"
     inner = next(c for c in loaded.__code__.co_consts if hasattr(c, "co_filename"))
     assert inner.co_filename == "/home/me/train.py"
+    # no file ("<string>": python -c, exec): cloudpickle's name, not one a worker's traceback
+    # would read lines for from its own -c text
+    exec(compile("def f(x):\n    return x\n", "<string>", "exec"), namespace)
+    assert loads(dumps(namespace["f"], lambda segment: None)).__code__.co_filename != "<string>"

@@ -296,3 +296,19 @@ def test_a_worker_ends_with_its_threads_done_its_hooks_run_and_its_output_flushe
         "thread-1"]
     out = capfd.readouterr().out
     assert "worker 0 unflushed;" in out and "worker 1 unflushed;" in out
+
+
+def test_thousands_of_orphans_are_asked_after_one_by_one():
+    # starts cut short by rapid Ctrl-Cs leave orphans, each polled after a poll: each poll of
+    # an orphan that had exited asked after the others inside it, a frame deeper each time
+    # (a RecursionError past ~1,000, and the loader could not restart its workers)
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=1,
+                       process_index=0, process_count=1) as loader:
+        next(iter(loader))
+        worker = loader._engine._workers[0]
+        the_starter = worker._starter
+        gone = range(2_000_000_000, 2_000_003_000)  # (no such processes: each has ended)
+        the_starter._orphans.update(gone)
+        the_starter._running.update(gone)
+        assert the_starter.poll(worker.pid) is None  # (the worker still runs)
+        assert not the_starter._orphans & set(gone)
