@@ -753,6 +753,7 @@ def test_read_threads_are_advised_for_sources_read_record_by_record_and_counted_
     # wrappers read a part's records each on the threads (the second review: none advised)
     for wrapped, threads in ((jl.MapSource(source, light), 4),
                              (jl.ConcatSource([source, source]), 4),
-                             (jl.MapSource(jl.ParquetSource(path), light), None)):
+                             (jl.MapSource(jl.ParquetSource(path), light), None),
+                             (type("MyMap", (jl.MapSource,), {})(source, light), 4)):
         with jl.DataLoader(wrapped, batch_size=8, read_threads=4, **ONE) as loader:
             assert loader._maker.threaded_reads == threads, wrapped

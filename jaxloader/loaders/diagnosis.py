@@ -234,7 +234,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                 advice.insert(1, f"or read_threads={threads}: each worker reads a batch's "
                                  f"records on {threads} threads, the waits overlapped without "
                                  "more processes (a source read record by record, safe on "
-                                 "several threads)")
+                                 "several threads; a MapSource's function runs on them where "
+                                 "its own source is such a one)")
         elif queued >= CONTENDED and not remote and num_workers < cores:  # (the cores this
             # loader leaves are not idle: its workers' own queueing needs more than the cores)
             advice.insert(0, f"the workers waited for a core {queued:.0%} of their busy time: "

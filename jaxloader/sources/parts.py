@@ -40,8 +40,10 @@ def reads_each(source: Any) -> bool:
     concatenations, which read such a part's records each on the threads."""
     if not hasattr(source, "__getitems__"):
         return True
+    defines = next(c for c in type(source).__mro__ if "__getitems__" in vars(c))  # (a user's
+    # subclass of a MapSource reads as one)
     parts = parts_of(source)
-    return bool(parts) and type(source).__module__.startswith("jaxloader.") and any(
+    return bool(parts) and defines.__module__.startswith("jaxloader.") and any(
         reads_each(part) for part in parts)
 
 

@@ -60,9 +60,9 @@ class _Pickler(cloudpickle.Pickler):
         self._mappings: _Mappings | None = None  # read at the first memmap
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is types.CodeType and _CODE_REDUCE is not None and not (
-                obj.co_filename.startswith("<")):  # (no file: "<string>" of python -c, which
-            # a worker's traceback would read from its own -c text)
+        if type(obj) is types.CodeType and _CODE_REDUCE is not None and (
+                obj.co_filename not in ("<string>", "<stdin>")):  # (python -c's, exec's: a
+            # worker's traceback read its own -c text for them; "<python-input-3>" stays)
             rebuild, args = _CODE_REDUCE(obj)  # (cloudpickle's, which names every file
             return _named_code, (rebuild, args, obj.co_filename)  # "<dynamic-code>")
         if type(obj) is _CACHED and not _importable(obj):

@@ -337,3 +337,5 @@ def test_a_functions_code_crosses_with_its_file():
     # would read lines for from its own -c text
     exec(compile("def f(x):\n    return x\n", "<string>", "exec"), namespace)
     assert loads(dumps(namespace["f"], lambda segment: None)).__code__.co_filename != "<string>"
+    exec(compile("def g(x):\n    return x\n", "<python-input-3>", "exec"), namespace)  # (a REPL's)
+    assert loads(dumps(namespace["g"], lambda s: None)).__code__.co_filename == "<python-input-3>"
