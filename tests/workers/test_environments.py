@@ -386,7 +386,8 @@ def test_a_workers_print_output_to_a_file_is_kept_when_it_is_stopped(tmp_path):
         with loader([jl.Map(noisy)]) as ld:
             first = next(iter(ld))["y"].tolist()
         print("first", first)
-        """, shell="> out.txt")
+        """, shell="> out.txt", env={k: v for k, v in os.environ.items()
+                                     if k != "PYTHONUNBUFFERED"})  # (python -u writes at once)
     assert code == 0, err
     printed = (tmp_path / "out.txt").read_text().split("\n")
     assert {f"debug {i}" for i in (0, 1, 2, 3, 4, 5)} <= set(printed), printed
