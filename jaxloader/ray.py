@@ -158,8 +158,9 @@ class RayEngine:
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
         self._maker_ref: Any = ray.put((blob, arrays))
         self._remote = ray.remote(**with_worker_environment(spec.actor_options))(MakerActor)
-        self._actors: list[Any] = [self._remote.remote(self._maker_ref, list(sys.path))
-                                   for _ in range(spec.n)]
+        self._actors: list[Any] = [
+            self._remote.remote(self._maker_ref, list(sys.path), list(sys.argv))
+            for _ in range(spec.n)]
         self._alive: list[int] = []
         self._pids: list[int | None] = [None] * spec.n
         # actors not running yet (the cluster has not placed them, or Ray restarts them):

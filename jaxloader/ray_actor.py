@@ -34,8 +34,10 @@ class MakerActor:
     process's ``sys.path`` is there (its functions' modules, pickled by name, are then found,
     as a local worker's are); its arrays are the object store's, not copied."""
 
-    def __init__(self, payload: tuple, path: list[str]) -> None:
+    def __init__(self, payload: tuple, path: list[str], argv: list[str] | None = None) -> None:
         sys.path.extend(p for p in path if p not in sys.path)
+        if argv is not None:  # (a module that parses the command line as it is imported reads
+            sys.argv[:] = argv  # the training script's, as in a local worker: workers/ties.py)
         blob, buffers = payload
         self._maker: Maker = cloudpickle.loads(blob, buffers=buffers)
         read_threads.keep()  # (its read threads stay from one task to the next)

@@ -150,7 +150,8 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     what is lost if none starts within ``start_timeout_s``."""
     ray, spec = engine._ray, engine._spec
     engine.cancel_actor(actor)
-    engine._actors[actor] = engine._remote.remote(engine._maker_ref, list(sys.path))
+    engine._actors[actor] = engine._remote.remote(engine._maker_ref, list(sys.path),
+                                                  list(sys.argv))
     try:
         engine._pids[actor] = ray.get(engine._actors[actor].pid.remote(),
                                       timeout=spec.start_timeout_s)

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -457,6 +458,20 @@ def check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, 
     assert cancelled == []
 
 
+def scaled(r):  # a config read from the command line, as a module parsing it when imported
+    return {"x": r["x"] * np.float32(sys.argv[-1]), "y": r["y"]}
+
+
+def check_actors_see_the_training_scripts_argv(cluster, monkeypatch):
+    # an actor's sys.argv was Ray's worker's: a config parsed from it got its defaults (or
+    # Ray's flags), silently, as a local worker's did before it was given the trainer's
+    monkeypatch.setattr(sys, "argv", ["train.py", "--scale", "10"])
+    with jl.DataLoader(jl.ArraySource({"x": np.ones(8, np.float32), "y": np.arange(8)}),
+                       batch_size=4, transforms=[jl.Map(scaled)], workers=RayWorkers(1),
+                       process_index=0, process_count=1) as on_ray:
+        assert next(iter(on_ray))["x"].tolist() == [10.0] * 4
+
+
 def check_a_close_from_another_thread_says_the_loader_was_closed(cluster):
     for make in (lambda: loader(slowly=True, workers=RayWorkers(2)),
                  lambda: stream_loader(slowly=True, workers=RayWorkers(2))):
@@ -491,6 +506,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch):
     check_what_cannot_go_to_the_actors_is_named(cluster)
     check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster)
     check_a_close_from_another_thread_says_the_loader_was_closed(cluster)
+    check_actors_see_the_training_scripts_argv(cluster, monkeypatch)
     check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, monkeypatch)
 
 
