@@ -36,6 +36,11 @@ class FakeGcs(LocalFileSystem):
         return super()._open(path, mode, **kwargs)
 
 
+def connection_reset(self, path, mode="rb", **kwargs):
+    """An ``_open`` for ``monkeypatch.setattr(FakeGcs, "_open", ...)``: the network fails."""
+    raise ConnectionResetError(104, "Connection reset by peer")
+
+
 def register(root: str, worker_id: int | None = None) -> None:
     """Serve ``gs://`` from ``root`` in this process (``worker_init_fn`` passes the id)."""
     FakeGcs.root = str(root)

@@ -1,4 +1,5 @@
-"""The sources a source is made of, walked: what a loader closes and what names its files.
+"""The sources a source is made of, walked: what a loader closes, what names its files, and
+whether one of them reads record by record (what ``read_threads`` can overlap).
 
 A ``ConcatSource`` (a mixture) reads its ``sources``; a wrapper (``MapSource``,
 ``FilteredSource``, ``PackedSource``) its ``source`` (``jaxloader.base.abilities``). No import of

@@ -3,7 +3,7 @@
 ::
 
     start ──> the kernel ends it with its parent (die_with_parent), whatever it runs then
-    Init ──> set sys.path, its status row, loads(payload), init_fn(id)
+    Init ──> set sys.path and argv (ties.py), its status row, loads(payload), init_fn(id)
     Task ──> [maker.reset(task.reset)] for each of its steps: status.making(step), then
                                               maker.make(step, alloc=its slot)
                                               (the heap keeps a batch's freed pages: heap.py)

@@ -162,10 +162,7 @@ def test_a_connection_error_is_told_as_the_storages(gcs, monkeypatch):
     (root / "bucket").mkdir()
     paths = [p.replace(str(root) + "/", "gs://") for p in files(root / "bucket")]
 
-    def reset(self, path, mode="rb", **kwargs):
-        raise ConnectionResetError(104, "Connection reset by peer")
-
-    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", fake_gcs.connection_reset)
     with pytest.raises(ConnectionResetError, match=r"FileListSource: 'gs://bucket/\S+': reading "
                        r"record 4 failed .*the storage or the network failed, not the file"):
         jl.FileListSource(paths)[4]

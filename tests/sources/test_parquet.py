@@ -1094,12 +1094,9 @@ def test_a_connection_error_is_told_as_the_storages_not_as_a_damaged_file(gcs, m
     (root / "bucket").mkdir()
     remote = [p.replace(str(root) + "/", "gs://") for p in write_parts(root / "bucket")]
 
-    def reset(self, path, mode="rb", **kwargs):
-        raise ConnectionResetError(104, "Connection reset by peer")
-
     plain_open = fake_gcs.FakeGcs._open
     source = jl.ParquetSource(remote)
-    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", fake_gcs.connection_reset)
     with pytest.raises(jl.RecordError, match=r"ParquetSource: 'gs://bucket/part-0.parquet': "
                        r"reading the file failed .*not the file; try again"):
         next(iter(jl.DataLoader(source, batch_size=4)))
@@ -1124,7 +1121,7 @@ def test_a_connection_error_is_told_as_the_storages_not_as_a_damaged_file(gcs, m
                        r"reading row group 0 failed \(ClientOSError: .*Connection timed out\): the "
                        r"storage or the network failed"):
         next(iter(jl.DataLoader(source, batch_size=4)))
-    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", fake_gcs.connection_reset)
     with pytest.raises(ConnectionResetError, match=r"ParquetSource: 'gs://bucket/part-0.parquet'"
                        r": reading its footer failed \(ConnectionResetError: .*the storage or "
                        r"the network failed, not the file; try again"):

@@ -342,10 +342,7 @@ def test_a_connection_error_opening_a_shard_is_told_as_the_storages(gcs, monkeyp
     root, _ = gcs
     write_jsonl(root / "a.jsonl", list(range(3)))
 
-    def reset(self, path, mode="rb", **kwargs):
-        raise ConnectionResetError(104, "Connection reset by peer")
-
-    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", reset)
+    monkeypatch.setattr(fake_gcs.FakeGcs, "_open", fake_gcs.connection_reset)
     with pytest.raises(ConnectionResetError, match=r"JsonlShard: 'gs://a.jsonl': reading its "
                        r"start failed .*not the file; try again"):
         read_all(jl.JsonlShard("gs://a.jsonl"))
