@@ -206,7 +206,8 @@ def _room() -> bool:
     """Whether a block may be mapped: from Python 3.13 always (a mapping holds no descriptor);
     before, while fewer than ``max_owned`` are alive in this process. A worker's cache of
     small row groups read from the others held 227 descriptors at a limit of 256, and ran out
-    as it mapped a slot. The first refusal in a process warns (on its stderr, a worker's)."""
+    as it mapped a slot. The first refusal in a process warns (a worker's warning is warned
+    again in the training process: workers/relay.py)."""
     if _UNTRACKED or len(_MAPPINGS) < (most := max_owned()):
         return True
     if not _WARNED:

@@ -46,9 +46,9 @@ from jaxloader.base.errors import SharedMemoryError, WorkerError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker, Runs
-from jaxloader.workers import failures, payload, protocol
+from jaxloader.workers import failures, payload, protocol, relay
 from jaxloader.workers.process import WorkerProcess, stop_all
-from jaxloader.workers.protocol import Done, Failed, Grow, Init, Slot, Task
+from jaxloader.workers.protocol import Done, Failed, Grow, Init, Said, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.tasks import MAX_TASK_STEPS, Failure, InFlight, task_shape, timed_steps
 from jaxloader.workers.roster import Roster
@@ -91,6 +91,7 @@ class WorkerPool:
         self._shared_finalizer = weakref.finalize(self, destroy_all, self._shared)
         self._driver = threading.RLock()  # held by a run while it executes (module docstring)
         self._runs = Runs()  # the newest made is the live run (module docstring)
+        self._heard = relay.Heard()  # the workers' records and warnings, said here
         self._board = StatusBoard(self._capacity)  # what each worker does (status.py)
         self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
         self._board_finalizer = weakref.finalize(self, self._board.destroy)
@@ -121,9 +122,9 @@ class WorkerPool:
 
     def _send_payload(self, first: int = 0) -> None:
         for i in range(first, len(self._workers)):
-            protocol.send(self._workers[i].conn, Init(sys.path, i, self.roster.active,
-                                                      self._maker.seed, self._blob,
-                                                      self._board.names(i), sys.argv))
+            protocol.send(self._workers[i].conn, Init(
+                sys.path, i, self.roster.active, self._maker.seed, self._blob,
+                self._board.names(i), sys.argv, relay.settings()))
 
     @property
     def active(self) -> int:
@@ -263,8 +264,7 @@ class WorkerPool:
 
     def _submit(self, worker: int, first: int, count: int, run: int, reset: Any) -> None:
         segments = [self._ring.take(worker) for _ in range(count)]
-        task_id = self._next_task
-        self._next_task += 1
+        task_id, self._next_task = self._next_task, self._next_task + 1
         self._tasks[task_id] = InFlight(worker, first, self.roster.active, run, segments)
         self.roster.in_flight[worker] += 1
         self._send(worker, Task(task_id, first, self.roster.active,
@@ -325,6 +325,8 @@ class WorkerPool:
                 segments[message.nth] = segment
                 self._send(worker, Slot(message.task_id, message.nth, segment.name,
                                         segment.size))
+            elif type(message) is Said:  # (what its code logged and warned: before its Done)
+                self._heard.replay(message, worker)
             elif type(message) is Failed:
                 failure = Failure(*failures.raised(worker, self._workers[worker].pid, message,
                                                    self._maker.location))
@@ -356,9 +358,8 @@ class WorkerPool:
         if self._closing:  # (killed by close() from another thread, or at exit)
             raise failures.closed()
         w = self._workers[worker]
-        code = w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S)
-        self._break(failures.died(worker, w.pid, code, self._board, self._maker.location,
-                                  w.starter_ended()), None)
+        self._break(failures.died(worker, w.pid, w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S),
+                                  self._board, self._maker.location, w.starter_ended()), None)
 
     def _break(self, error: WorkerError, cause: BaseException | None) -> NoReturn:
         error.__cause__ = cause
@@ -373,8 +374,7 @@ class WorkerPool:
         self._board.restarted()  # (before the new workers can write their rows)
         self._start()
         self._send_payload()
-        self._mixed_up = False
-        self.restarts += 1
+        self._mixed_up, self.restarts = False, self.restarts + 1
 
     def close(self) -> None:
         """Stops the workers (signal, drain, join, kill), unlinks every segment; idempotent,

@@ -3,9 +3,13 @@
 ::
 
     main process                                           worker
-    Init(path, worker_id, num_workers, seed, payload, status, argv)
+    Init(path, worker_id, num_workers, seed, payload, status, argv, relay)
                                                       ──>  sys.path, its status row (status.py),
                                                             loads(payload), init_fn(id)
+                                                      <──  Said(records, warnings, dropped)
+                                                                (what its code logged and
+                                                                warned: relay.py; before a
+                                                                Done or Failed)
                                                       <──  Failed(-1, None, ...)  (could not start)
     Task(task_id, step, stride, slots, reset, trace, run)
                                                       ──>  make steps step, step + stride, ...,
@@ -64,6 +68,7 @@ class Init(NamedTuple):
     payload: bytes  # payload.dumps((maker, init_fn))
     status: tuple  # StatusBoard.names(worker_id): where it says what it is doing
     argv: list[str]  # the main process's sys.argv (workers.ties.take_the_trainers)
+    relay: tuple  # its logger levels and warning filters (relay.settings)
 
 
 class Task(NamedTuple):
@@ -131,6 +136,14 @@ class Failed(NamedTuple):
     pickled: bytes | None  # the exception and its causes, each where it pickles (``chain``)
 
 
+class Said(NamedTuple):
+    """What the worker's code logged and warned since its last message (``relay.py``)."""
+
+    records: list  # logging.LogRecord, their messages formatted (QueueHandler.prepare)
+    warnings: list  # (the Warning, filename, lineno)
+    dropped: int  # records and warnings over relay.MOST_KEPT, not kept
+
+
 def failed(task_id: int, step: int | None, e: BaseException) -> Failed:
     """``Failed`` for ``e``, raised making ``step`` (in its ``except`` block: the traceback is
     the one being handled); the exception itself with it, and its ``__cause__``s, where they
@@ -189,7 +202,7 @@ def _link(pickled: bytes | None) -> BaseException | None:
 
 # On the wire a message is a plain tuple (its kind's number, *fields): pickling a NamedTuple by
 # class calls Python code on both ends, and the main process handles two messages a batch.
-_KINDS: tuple[type, ...] = (Init, Task, Slot, Stop, Done, Grow, Failed)
+_KINDS: tuple[type, ...] = (Init, Task, Slot, Stop, Done, Grow, Failed, Said)
 _NUMBER = {kind: number for number, kind in enumerate(_KINDS)}
 _new = tuple.__new__
 

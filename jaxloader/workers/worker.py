@@ -3,12 +3,13 @@
 ::
 
     start ──> the kernel ends it with its parent (die_with_parent), whatever it runs then
-    Init ──> set sys.path and argv (ties.py), its status row, loads(payload), init_fn(id)
+    Init ──> set sys.path and argv (ties.py), the trainer's logging levels and warning
+             filters (relay.py), its status row, loads(payload), init_fn(id)
     Task ──> [maker.reset(task.reset)] for each of its steps: status.making(step), then
                                               maker.make(step, alloc=its slot)
                                               (the heap keeps a batch's freed pages: heap.py)
                                               (Grow ... Slot when it needs more room)
-         ──> Done (a Made tuple a step, + reports)
+         ──> [Said: what its code logged and warned] Done (a Made tuple a step, + reports)
          └─> a step that raises: Done for the steps before it, Failed (exception, traceback)
     Stop / EOF ──> exit (``run``: hooks, threads and streams seen to, no module teardown)
 
@@ -40,7 +41,7 @@ from typing import Any, NoReturn
 from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
 from jaxloader.engines.in_process import Maker, StreamMaker
-from jaxloader.workers import payload, protocol, ties
+from jaxloader.workers import payload, protocol, relay, ties
 from jaxloader.runtime import shm, worker_info
 from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
@@ -184,17 +185,19 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     init = protocol.receive(conn)
     if type(init) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
         return None
-    path, worker_id, num_workers, seed, blob, status_names, argv = init
+    path, worker_id, num_workers, seed, blob, status_names, argv, told = init
     sys.path[:] = path
     ties.take_the_trainers(argv)
+    relay.take(told, worker_id)
     try:
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
         maker: Maker  # as it is unpickled)
         maker, init_fn = payload.loads(blob)
         if init_fn is not None:
-            init_fn(worker_id)
+            relay.run_init(init_fn, worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
+        relay.send_kept(conn)
         protocol.send(conn, protocol.failed(-1, None, e))
         return None
     status.idle()
@@ -263,6 +266,7 @@ def serve(conn: Connection) -> None:
         if now >= send_at or trace or failed is not None or inbox.empty():
             timings, busy, cpu = (busy, cpu, *clock.take(busy), since), 0.0, 0.0
             send_at, since = now + SEND_EVERY_S, None
+        relay.send_kept(conn)  # (what the steps logged and warned: said before them)
         sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
@@ -311,6 +315,7 @@ def leave() -> NoReturn:
     flushed at the end (write it in a ``with`` block)."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
+    relay.spill()
     code = 0
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:

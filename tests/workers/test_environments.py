@@ -428,3 +428,43 @@ def test_an_error_of_a_class_the_script_defines_is_the_cause_with_workers(tmp_pa
     assert out.split("\n")[:4] == ["0 BadRecord record 2", "0 False", "2 BadRecord record 2",
                                    "2 True"], (out, err)  # (a worker's traceback: its line)
     assert "debugger: True" in out.split("\n"), (out, err)
+
+
+def test_a_workers_logging_and_warnings_of_the_scripts_own_kinds(tmp_path):
+    # a warning filter on a category the script defines crashed every worker as it started
+    # (pickle names the class by __main__); a worker_init_fn that configures logging logs
+    # there; a record whose extra= does not pickle comes as its message
+    out, err, code = run(tmp_path, """
+        import logging, threading, warnings
+        def old_api(r):
+            warnings.warn("old_api is deprecated", DeprecationWarning)
+            return r
+        with loader([jl.Map(old_api)]) as ld:
+            list(ld)  # (a script's DeprecationWarning is shown, once: __main__'s, as without)
+        class Blank(UserWarning):
+            pass
+        warnings.simplefilter("error", Blank)
+        def warn(r):
+            if r["y"] == 5:
+                logging.getLogger("aug").warning("odd", extra={"lock": threading.Lock()})
+                warnings.warn(Blank("blank record 5"))
+            return r
+        with loader([jl.Map(warn)]) as ld:
+            try:
+                list(ld)
+            except jl.WorkerError as e:
+                print("raised", type(e.__cause__).__name__, type(e.__cause__.__cause__).__name__)
+        def init(i):
+            logging.basicConfig(format="worker-format %(processName)s %(message)s")
+            logging.getLogger("init").warning("started %d", i)
+        warnings.simplefilter("ignore", Blank)
+        with loader([jl.Map(warn)], num_workers=1, worker_init_fn=init) as ld:
+            list(ld)
+        """, shell="< /dev/null")
+    assert code == 0, err
+    assert out.split("\n")[0] == "raised RecordError Blank", (out, err)
+    lines = err.splitlines()
+    assert sum("DeprecationWarning: old_api is deprecated" in line for line in lines) == 1, err
+    assert "odd" in lines, err  # (the trainer's last resort: the record, less its extra)
+    assert "worker-format jaxloader-worker-0 started 0" in lines, err
+    assert "worker-format jaxloader-worker-0 odd" in lines, err  # (the worker's own handler)

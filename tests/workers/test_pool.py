@@ -215,6 +215,7 @@ def test_a_dead_worker_is_reported_at_once(how):
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="a worker's end is seen by pidfd")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
 def test_a_dead_worker_is_reported_while_another_process_holds_its_pipe():
     # a death was seen only by its pipe's EOF, which never came while another process held a
     # copy of the worker's end (a fork of a transform, or a worker of another loader forked
@@ -1090,7 +1091,8 @@ def test_a_transforms_module_that_makes_a_loader_on_import_starts_no_workers_of_
     monkeypatch.delitem(sys.modules, "made_on_import", raising=False)
     import made_on_import
 
-    with made_on_import.loader as loader:
+    with made_on_import.loader as loader, pytest.warns(
+            UserWarning, match=r"num_workers=2 was made in worker \d .* of another loader"):
         assert [b["x"].tolist() for b in loader][1] == [8, 10, 12, 14]
         time.sleep(0.5)  # (a worker's loader would be starting its own workers by now)
         pids = (tmp_path / "imports.log").read_text().split()

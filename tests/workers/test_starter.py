@@ -19,7 +19,8 @@ import jaxloader as jl
 from jaxloader.workers import starter
 
 pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(not starter.AVAILABLE, reason="the starter is Linux's")]
+              pytest.mark.skipif(not starter.AVAILABLE, reason="the starter is Linux's"),
+              pytest.mark.filterwarnings("ignore:.*Map.where. drew from the global random")]
 
 
 def _parent(pid: int) -> int:
