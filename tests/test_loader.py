@@ -190,6 +190,28 @@ def test_a_source_whose_length_moved_is_refused_at_iter(num_workers):
                 call(dl)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_source_that_grows_under_an_endless_loader_is_refused_at_the_next_epoch(num_workers):
+    # a replay buffer (a list appended to) read by a step loop's one iter(): the records added
+    # were never read, without a word, and state_dict() saved the grown source's fingerprint
+    # with the loader's length: a state no source restores (refused at load, blaming the data)
+    records = [{"x": np.int64(i)} for i in range(8)]
+    with jl.DataLoader(records, batch_size=4, num_epochs=None, num_workers=num_workers,
+                       process_index=0, process_count=1) as dl:
+        it = iter(dl)
+        assert next(it)["x"].tolist() == [0, 1, 2, 3]
+        records.extend({"x": np.int64(i)} for i in range(8, 12))
+        with pytest.raises(jl.ConfigError, match=r"length changed from 8 to 12"):
+            dl.state_dict()
+        assert next(it)["x"].tolist() == [4, 5, 6, 7]  # (the epoch the loader began)
+        for _ in range(2):  # (and again: the next epoch is not read over the old order)
+            with pytest.raises(jl.ConfigError, match=r"length changed from 8 to 12 since the "
+                               r"loader was made: .*make a new DataLoader"):
+                next(it)
+        del records[8:]
+        assert next(it)["x"].tolist() == [0, 1, 2, 3]
+
+
 def test_a_raising_transform_names_the_record_and_keeps_the_cause():
     def boom(r):
         if int(r["x"]) == 6:

@@ -289,7 +289,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,
             single_device=put is not None and put.single_device, monitor=self._monitor,
-            hosts=hosts,
+            hosts=hosts, epochs=(self._sampler.steps_per_epoch, self._check_length),
         )
         self._active = active.work
         return active._start()  # its work held first: a Ctrl-C in _start() leaves it to _invalidate
@@ -297,7 +297,10 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
     def _check_length(self) -> None:
         """A source whose length moved since the loader was made is refused: the order covers
         the records it had then (records added were never read, and with workers those
-        removed were read from the workers' copies), as the workers' copies do."""
+        removed were read from the workers' copies), as the workers' copies do. Asked at
+        ``iter()``, at each epoch's start (an endless loader's source may grow: a replay
+        buffer) and by ``state_dict()`` (its fingerprint would be the grown source's, its
+        length the loader's: a state no source restores)."""
         now = len(self._source)
         if now != self._num_records:
             raise ConfigError(
@@ -311,6 +314,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         """The position (next global step), the configuration it depends on and a fingerprint
         of the source; JSON-ready."""
         self._check_placement()
+        self._check_length()
         return make_state(self._sampler, self._progress.step, self._source_fingerprint(),
                           self._transforms_state())
 

@@ -139,7 +139,8 @@ class LoaderIterator(Generic[BatchT]):
                  put: Callable[[Any], Any] | None, device_prefetch: int,
                  single_device: bool, ends_before: Callable[[int], bool] | None = None,
                  monitor: Any = None, hosts: HostsCheck | None = None,
-                 failed: Callable[[BaseException, int], None] | None = None) -> None:
+                 failed: Callable[[BaseException, int], None] | None = None,
+                 epochs: tuple[int, Callable[[], None]] | None = None) -> None:
         self._progress = progress
         self._generation = progress.generation
         self._step = self._start_step = start
@@ -152,6 +153,11 @@ class LoaderIterator(Generic[BatchT]):
         self._monitor = monitor  # loaders/monitor: autotune, periodic summary (or None)
         self._hosts = hosts  # the other processes' settings, until compared (sharding.hosts)
         self._failed = failed  # tells the other processes a batch failed (pass_votes)
+        # (steps an epoch, a check of the source at each epoch's first step: a source that
+        # grew under an endless loader is refused there, as at iter(); else never read)
+        self._epochs, self._next_epoch = epochs, math.inf
+        if epochs is not None:
+            self._next_epoch = (start // epochs[0] + 1) * epochs[0]
         self.work = IteratorWork()  # (what its loader holds of it, to stop)
         # When the last batch was handed out, once _checks has started the consumer's time
         # (on the first call, and again after a call that failed: the time until the next
@@ -231,6 +237,9 @@ class LoaderIterator(Generic[BatchT]):
             self._stop = self._step  # asked once: the same answer on every later call
             self.stop_work()  # what was made past the end goes
             raise StopIteration
+        if self._step >= self._next_epoch and self._epochs is not None:
+            self._epochs[1]()  # (raises, again at each call, if the source changed)
+            self._next_epoch += self._epochs[0]
         if self._interrupted:
             # Until the old thread is gone (the first try may itself have been cut short):
             # two threads must never drive the engine at once.
