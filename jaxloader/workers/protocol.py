@@ -6,10 +6,9 @@
     Init(path, worker_id, num_workers, seed, payload, status, argv, relay)
                                                       ──>  sys.path, its status row (status.py),
                                                             loads(payload), init_fn(id)
-                                                      <──  Said(records, warnings, dropped)
-                                                                (what its code logged and
-                                                                warned: relay.py; before a
-                                                                Done or Failed)
+                                                      <──  Said(items, dropped)  (what its
+                                                                code logged and warned:
+                                                                relay.py; at any time)
                                                       <──  Failed(-1, None, ...)  (could not start)
     Task(task_id, step, stride, slots, reset, trace, run)
                                                       ──>  make steps step, step + stride, ...,
@@ -139,8 +138,8 @@ class Failed(NamedTuple):
 class Said(NamedTuple):
     """What the worker's code logged and warned since its last message (``relay.py``)."""
 
-    records: list  # logging.LogRecord, their messages formatted (QueueHandler.prepare)
-    warnings: list  # (the Warning, filename, lineno)
+    items: list  # (pickled, text) each: a LogRecord, its message formatted, or a warning's
+    # (message, filename, lineno); the text where it does not unpickle (relay.load)
     dropped: int  # records and warnings over relay.MOST_KEPT, not kept
 
 

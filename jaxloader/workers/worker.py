@@ -150,7 +150,7 @@ class _Lease:
         self.used = nbytes
         if nbytes > self.size:
             start = time.perf_counter()
-            protocol.send(self._inbox.conn, Grow(self.task_id, self.nth, nbytes))
+            relay.send(self._inbox.conn, Grow(self.task_id, self.nth, nbytes))
             _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id, self.nth)
             self._clock.add(SLOT_WAIT, time.perf_counter() - start)  # (collation's too)
         return self._slots.get(self.name, self.size)[:nbytes]
@@ -188,8 +188,8 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     path, worker_id, num_workers, seed, blob, status_names, argv, told = init
     sys.path[:] = path
     ties.take_the_trainers(argv)
-    relay.take(told, worker_id)
     try:
+        relay.take(told, worker_id, conn)
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
         maker: Maker  # as it is unpickled)
@@ -198,7 +198,7 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
             relay.run_init(init_fn, worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
         relay.send_kept(conn)
-        protocol.send(conn, protocol.failed(-1, None, e))
+        relay.send(conn, protocol.failed(-1, None, e))
         return None
     status.idle()
     return maker, status
@@ -271,7 +271,7 @@ def serve(conn: Connection) -> None:
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
         if sent and failed is not None:  # (a batch that could not be sent failed the task)
-            protocol.send(conn, failed)
+            relay.send(conn, failed)
 
 
 def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list,
@@ -281,15 +281,15 @@ def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: li
     if not made:
         return True
     try:
-        protocol.send(conn, Done(task_id, tuple(made), timings))
+        relay.send(conn, Done(task_id, tuple(made), timings))
         return True
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     for one in made:  # which one: sent one by one, up to the one that fails
         try:
-            protocol.send(conn, Done(task_id, (one,), timings if one is made[0] else None))
+            relay.send(conn, Done(task_id, (one,), timings if one is made[0] else None))
         except (pickle.PicklingError, AttributeError, TypeError) as e:
-            protocol.send(conn, protocol.failed(task_id, first + one[0] * stride, e))
+            relay.send(conn, protocol.failed(task_id, first + one[0] * stride, e))
             return False
     return True
 
@@ -343,4 +343,5 @@ def main(fd: int, parent: int) -> None:
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone or closed the pipe: nothing left to do
     finally:
+        relay.stop_sending()
         conn.close()

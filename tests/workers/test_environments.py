@@ -468,3 +468,29 @@ def test_a_workers_logging_and_warnings_of_the_scripts_own_kinds(tmp_path):
     assert "odd" in lines, err  # (the trainer's last resort: the record, less its extra)
     assert "worker-format jaxloader-worker-0 started 0" in lines, err
     assert "worker-format jaxloader-worker-0 odd" in lines, err  # (the worker's own handler)
+
+
+def test_a_forked_workers_handler_writes_a_record_once_and_a_late_one_is_kept(tmp_path):
+    # a forked worker wrote a named logger's record with the handler it inherited, and sent it
+    # to the trainer too, which wrote it again; a warning kept at a worker's exit crashed it
+    out, err, code = run(tmp_path, """
+        import atexit, logging, warnings
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("AUG %(processName)s %(message)s"))
+        logging.getLogger("aug").addHandler(handler)
+        def blank(r):
+            if r["y"] == 1:
+                logging.getLogger("aug").warning("record 1 is blank")
+            return r
+        with loader([jl.Map(blank)], num_workers=1, start_method="fork") as ld:
+            list(ld)
+        def init(i):
+            atexit.register(lambda: (logging.getLogger("late").warning("at exit %d", i),
+                                     warnings.warn("a late warning")))
+        with loader(num_workers=1, worker_init_fn=init) as ld:
+            list(ld)
+        """, shell="< /dev/null")
+    assert code == 0, err
+    assert out.splitlines() == ["AUG jaxloader-worker-0 record 1 is blank"], (out, err)
+    assert "jaxloader-worker-0 WARNING late: at exit 0" in err.splitlines(), err
+    assert "UserWarning: a late warning" in err and "Traceback" not in err, err

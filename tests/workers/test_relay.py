@@ -79,10 +79,105 @@ def test_records_and_warnings_over_what_a_worker_keeps_are_counted_and_said(capl
     monkeypatch.setattr(relay, "MOST_KEPT", 3)
     kept = relay._Kept()
     for i in range(4):
-        kept.put_nowait(logging.makeLogRecord({"name": "tests.augment", "msg": f"{i}"}))
+        kept.keep((None, ("w", f"UserWarning: {i}", __file__, 1)), urgent=False)
     kept.warning(UserWarning("over"), UserWarning, __file__, 1)
-    assert ([r.msg for r in kept.records], kept.warnings, kept.dropped) == (["0", "1", "2"], [], 2)
+    assert ([plain[1] for _, plain in kept.items], kept.dropped) == (
+        ["UserWarning: 0", "UserWarning: 1", "UserWarning: 2"], 2)
     with caplog.at_level(logging.WARNING, "jaxloader"):
-        relay.Heard().replay(Said([], [], kept.dropped), 3)
-    assert ("worker 3 logged and warned more than 3 times between two of its messages: 2 "
-            "records and warnings were dropped") in caplog.text
+        relay.Heard().replay(Said([], kept.dropped), 3)
+    assert ("worker 3 logged and warned more than 3 times in 0.1 s: 2 records and warnings "
+            "were dropped") in caplog.text
+
+
+class ShapeWarning(UserWarning):
+    def __init__(self, shape, text):  # (pickles; unpickles as ShapeWarning(*args): it cannot)
+        super().__init__(text)
+        self.shape = shape
+
+
+def _odd_shape(record):
+    if int(record["x"]) == 5:
+        warnings.warn(ShapeWarning((3, 4), "record 5 has an odd shape"))
+        log.warning("odd shape", extra={"detail": ShapeWarning((3, 4), "detail")})
+    return record
+
+
+def test_a_warning_that_does_not_unpickle_comes_as_its_text(caplog):
+    # every next() after it raised the unpickling's TypeError from the pool, and the workers
+    # were restarted to make the step again, which warned again: the loop never went on
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=4,
+                           transforms=[jl.Map(_odd_shape)], num_workers=2, process_index=0,
+                           process_count=1) as loader:
+            assert len(list(loader)) == 4
+    assert [str(w.message) for w in caught if "odd" in str(w.message)] == [
+        "ShapeWarning: record 5 has an odd shape"]
+    assert [r.getMessage() for r in caplog.records if r.name == "tests.augment"] == ["odd shape"]
+
+
+def _warn_then_die(record):
+    if int(record["x"]) == 6:
+        log.error("record %d: its header says 2**40 pixels", int(record["x"]))
+        warnings.warn("decoding a bomb")
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)  # (as the kernel's OOM killer would)
+    return record
+
+
+def test_what_a_worker_said_before_it_was_killed_is_said(caplog):
+    # records and warnings waited for the task's end in the worker: those of a worker killed
+    # (out of memory, a segfault) went with it, where they had been on its stderr before
+    with warnings.catch_warnings(record=True) as caught, jl.DataLoader(
+            jl.ArraySource({"x": np.arange(16)}), batch_size=4,
+            transforms=[jl.Map(_warn_then_die)], num_workers=1, process_index=0,
+            process_count=1) as loader:
+        warnings.simplefilter("always")
+        with pytest.raises(jl.WorkerError, match="killed by signal 9"):
+            list(loader)
+    assert "record 6: its header says 2**40 pixels" in caplog.text
+    assert [str(w.message) for w in caught] == ["decoding a bomb"]
+
+
+def test_a_warning_is_said_again_under_the_trainers_filters_of_the_moment():
+    # each worker showed a warning once ("default", its filters as it started) and sent only
+    # that: a pytest.warns around a later epoch of the loader saw nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        with _loader(2, num_epochs=3) as loader:
+            with pytest.warns(BlankImage, match="record 1 blank") as caught:
+                assert len(list(loader)) == 12
+    assert len([w for w in caught if "blank" in str(w.message)]) == 12  # (3 epochs of 4)
+
+
+def test_a_warning_made_an_error_after_the_workers_started_says_so():
+    # the bare warning came out of the pool's receive, naming no step, and the next call
+    # restarted every worker
+    with _loader(2) as loader, warnings.catch_warnings():
+        warnings.simplefilter("ignore", BlankImage)
+        it = iter(loader)
+        next(it)
+        warnings.simplefilter("error", BlankImage)
+        with pytest.raises(jl.WorkerError, match=r"worker \d warned BlankImage: record 1 blank "
+                           r"\(.*test_relay.py:\d+\), which this process's warning filters "
+                           r"make an error: .*set the filter before the loader is made"):
+            list(it)
+
+
+def test_a_filter_on_a_category_the_workers_cannot_import_starts_them(monkeypatch):
+    # a plugin's warning class loaded by path: its module is not importable in a worker,
+    # which died at its start unpickling the filter ("check memory use and native code")
+    import sys
+    import types
+
+    module = types.ModuleType("a_plugin_by_path")  # (in sys.modules, as a path's import is)
+    module.PluginWarning = plugin = type("PluginWarning", (UserWarning,),
+                                         {"__module__": "a_plugin_by_path"})
+    monkeypatch.setitem(sys.modules, "a_plugin_by_path", module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", plugin)
+        warnings.simplefilter("error", BlankImage)
+        with _loader(1) as loader, pytest.raises(jl.WorkerError, match="raised BlankImage"):
+            list(loader)  # (the filters that follow it are the worker's still)
