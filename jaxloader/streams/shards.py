@@ -77,10 +77,14 @@ class FileShard:
     records. Content, not a modification time: a shard copied elsewhere resumes; an edit
     inside that keeps the size and both ends is not seen. ``append_only=True`` accepts a
     file that only grew (no shorter, its first KiB as it was), for shards that records are
-    appended to.
+    appended to. While a local plain file is read, its modification time is looked at every
+    ``_LOOK_EVERY`` records and at its end (``_check_unmoved``): a file rewritten in place as
+    it is read (``open(path, "w")`` by a writer job) gave the rest of its records from the new
+    file, from inside one of its lines, without a word.
     """
 
     _COUNTER = "line"
+    _LOOK_EVERY = 256  # records between two looks at the file's modification time
 
     def __init__(self, path: str | os.PathLike, *, append_only: bool = False) -> None:
         if not isinstance(path, (str, os.PathLike)):  # (None, a number: os.fspath's TypeError)
@@ -94,12 +98,14 @@ class FileShard:
         self._count = 0
         self._identity: dict[str, int] = {}
         self._size_known: int | None = None  # the bytes the reader reads, if known unread
+        self._mtime: int | None = None  # the local plain file's st_mtime_ns as last looked at
 
     def reset(self, state: dict | None = None) -> None:
         offset, count = state_ints(self, state, ("offset", self._COUNTER))
         self.close()
         self._file, self._identity, plain = open_file(self)
         self._size_known = self._identity.get("size") if plain else None
+        self._mtime = os.fstat(self._file.fileno()).st_mtime_ns if plain else None
         try:
             if state is not None:
                 check_unchanged(self, state)
@@ -126,9 +132,30 @@ class FileShard:
             self._file.close()
             self._file = None
 
+    def _check_unmoved(self, where: str) -> None:
+        """Raises if the file was modified since it was opened (or, ``append_only``, since
+        the last look) other than by records appended to it."""
+        if self._mtime is None:
+            return
+        now = os.fstat(self._file.fileno())
+        if now.st_mtime_ns == self._mtime:
+            return
+        if self.append_only and now.st_size >= self._file.tell() and _prefix_head(
+                self, self._identity["size"]) == self._identity["head"]:
+            self._mtime = now.st_mtime_ns  # (records appended: read on)
+            return
+        raise RecordError(
+            f"{self.path}: the file was modified while read ({where}; {self._identity['size']:,}"
+            f" bytes when opened, {now.st_size:,} now"
+            + (", its first KiB not as it was" if self.append_only else "")
+            + "): the records from then on may be another file's, from inside one of them; "
+            "write a shard to a new file and rename it into place (a reader keeps the file it "
+            "opened)" + ("" if self.append_only else ", or, if records are only appended to "
+                         "it, read the shards with append_only=True"))
+
     def __getstate__(self) -> dict:  # an open file stays with its process
         return {**self.__dict__, "_file": None, "_count": 0, "_identity": {},
-                "_size_known": None}
+                "_size_known": None, "_mtime": None}
 
 
 _BLANK = object()  # a line that is no record
@@ -146,10 +173,17 @@ class _LineShard(FileShard):
             except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
                 raise unreadable(self, f"line {self._count + 1}", e) from e
             if not raw:
+                self._check_unmoved(f"at its end, after line {self._count}")
                 self._check_whole()
                 raise StopIteration
             self._count += 1
-            record = self._parse(raw.rstrip(b"\r\n"))
+            if not self._count % self._LOOK_EVERY:
+                self._check_unmoved(f"by line {self._count}")
+            try:
+                record = self._parse(raw.rstrip(b"\r\n"))
+            except RecordError:  # (a line of a file rewritten as read: said as that)
+                self._check_unmoved(f"by line {self._count}")
+                raise
             if record is not _BLANK:
                 return record
 

@@ -278,6 +278,8 @@ class TarShard(FileShard):
             record[pending[2]] = pending[3]
         self._pending = pending
         self._count += 1
+        if pending is None or not self._count % self._LOOK_EVERY:
+            self._check_unmoved(f"by record {self._count}")
         return record
 
     def _offset(self) -> int:

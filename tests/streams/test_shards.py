@@ -479,13 +479,62 @@ def test_a_file_cut_while_read_is_an_error_not_an_early_end(tmp_path, kind):
         shard.next()
     lines = path.read_bytes().splitlines(keepends=True)
     os.truncate(path, sum(map(len, lines[:500])))
-    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file ends at byte [\d,]+ \(after "
-                                             r"line 500\), but it held [\d,]+ bytes when "
-                                             r"opened: it was cut while read"):
+    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file was modified while read \(by "
+                                             r"line 256; [\d,]+ bytes when opened, [\d,]+ "
+                                             r"now\)"):
         for _ in range(2000):
             shard.next()
     shard.close()
     assert len(read_all(kind(path))) == 500  # (a file read whole ends as it should)
+    shard = kind(path)  # (where the file's time did not move, as on a file system of whole
+    shard.reset(None)  # seconds: its size at the end says it)
+    shard.next()
+    os.truncate(path, sum(map(len, lines[:200])))
+    os.utime(path, ns=(shard._mtime, shard._mtime))
+    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file ends at byte [\d,]+ \(after "
+                                             r"line 200\), but it held [\d,]+ bytes when "
+                                             r"opened: it was cut while read"):
+        for _ in range(2000):
+            shard.next()
+    shard.close()
+
+
+@pytest.mark.parametrize("kind", [jl.JsonlShard, jl.TextShard])
+def test_a_file_rewritten_in_place_while_read_is_an_error(tmp_path, kind):
+    # a writer job regenerating a shard (open(path, "w"), more records than before): the
+    # reader went on inside the new file's lines, a fragment of one a record, without a word
+    path = write_jsonl(tmp_path / "a.jsonl", range(600))
+    shard = kind(path)
+    shard.reset(None)
+    for _ in range(10):
+        shard.next()
+    write_jsonl(path, range(1000, 3000))
+    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file was modified while read \(by "
+                                             r"line \d+; .* rename it into place .*, or, if "
+                                             r"records are only appended to it, read the "
+                                             r"shards with append_only=True"):
+        for _ in range(3000):
+            shard.next()
+    shard.close()
+    appended = kind(path, append_only=True)  # records appended as it reads: read on
+    appended.reset(None)
+    got = [appended.next() for _ in range(10)]
+    with open(path, "a") as f:
+        f.writelines(json.dumps({"x": i}) + "\n" for i in range(5000, 5300))
+    while True:
+        try:
+            got.append(appended.next())
+        except StopIteration:
+            break
+    assert len(got) == 2300
+    write_jsonl(path, range(7000, 8000))  # (rewritten: its first KiB another)
+    appended.reset(None)
+    with pytest.raises(jl.RecordError, match=r"modified while read .*its first KiB not as"):
+        appended.next()
+        write_jsonl(path, range(9000, 9600))
+        for _ in range(1000):
+            appended.next()
+    appended.close()
 
 
 class _LiveState:
