@@ -90,6 +90,10 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
                f"ended first, {_ended(starter[1])}, and its workers end with it")
     elif code is not None and code < 0 and -code == 9:
         how += " (SIGKILL: often the out-of-memory killer)"
+    elif code is not None and code < 0 and -code == 7:
+        how += (" (SIGBUS: memory it mapped lost its pages: a memory-mapped file the source "
+                "reads, np.load(..., mmap_mode='r'), truncated or rewritten as it was read; "
+                "replace such a file by renaming a new one into place)")
     doing = f"while making {where(step)}" if step is not None else (
         "while starting" if board.starting(worker) else "while idle")
     stacks = board.crash(worker) if code is not None and -code in _FATAL_SIGNALS else None

@@ -1255,3 +1255,18 @@ def test_a_stale_run_driven_on_ends_and_leaves_the_newer_runs_batches():
             next(newer)  # (before: OSError "handle is closed", or a segment used after close)
     finally:
         pool.close()
+
+
+def test_a_worker_killed_by_sigbus_names_a_memory_mapped_file_cut_as_it_was_read(tmp_path):
+    # an .npy opened with mmap_mode and truncated by another job: "killed by signal 7; ...
+    # check memory use and native code in transforms", naming neither the signal nor the file
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(64 * 8192, dtype=np.int64).reshape(64, 8192))
+    with jl.DataLoader(jl.ArraySource({"x": np.load(path, mmap_mode="r")}), batch_size=4,
+                       num_workers=1, prefetch=1, process_index=0, process_count=1) as loader:
+        it = iter(loader)
+        next(it)
+        os.truncate(path, 128)
+        with pytest.raises(jl.WorkerError, match=r"killed by signal 7 \(SIGBUS: .*a memory-mapped "
+                                                 r"file the source reads.*truncated"):
+            list(it)
