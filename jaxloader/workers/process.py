@@ -83,6 +83,8 @@ WORKER_ENVIRONMENT = {"JAX_PLATFORMS": "cpu"}
 _DROPPED = ("JAX_PLATFORM_NAME",)
 # One thread a math library in a worker, unless the environment says otherwise (module docstring)
 THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                   "NUMBA_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1",  # (tokenizers' pool)
+                   "OPENCV_FOR_THREADS_NUM": "1",
                    "JAXLOADER_XLA_THREADS": "1"}  # (a JitMap's XLA: batching/jit_cpu.py)
 # Copies this large or larger bypass a worker's caches (module docstring); glibc reads the
 # threshold when the process starts, so a forked worker keeps its parent's

@@ -44,6 +44,9 @@ def test_math_libraries_run_one_thread_in_a_worker_unless_the_environment_says_o
     chosen = worker_environment({"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "2"})
     assert (chosen["OMP_NUM_THREADS"], chosen["MKL_NUM_THREADS"],
             chosen["OPENBLAS_NUM_THREADS"]) == ("4", "2", "1")
+    # numba's prange, tokenizers' rayon and OpenCV's pools took a thread a core in each worker
+    assert [worker_environment({"RAYON_NUM_THREADS": "3"})[name] for name in (
+        "NUMBA_NUM_THREADS", "RAYON_NUM_THREADS", "OPENCV_FOR_THREADS_NUM")] == ["1", "3", "1"]
 
 
 X86_LINUX = sys.platform == "linux" and os.uname().machine == "x86_64"
