@@ -301,10 +301,17 @@ def check_unchanged(shard: Any, state: dict) -> None:
     now = shard._identity
     if not then or then == {key: now.get(key) for key in then}:
         return
-    if shard.append_only and "size" in then and now["size"] >= then["size"]:
-        # it only grew if it starts as it did (its old end may be rewritten: a tar's marker)
-        if "head" not in then or _prefix_head(shard, then["size"]) == then["head"]:
-            return
+    # it only grew if it starts as it did (its old end may be rewritten: a tar's marker)
+    grew = "size" in then and now["size"] >= then["size"] and (
+        "head" not in then or _prefix_head(shard, then["size"]) == then["head"])
+    if shard.append_only and grew:
+        return
+    if grew and now["size"] > then["size"]:  # ("its first KiB differs", it said: not so)
+        raise StateDictError(
+            f"stream shard {shard.path}: it grew since the state was saved ({then['size']:,} "
+            f"bytes then, {now['size']:,} now, its first bytes as they were): records were "
+            "appended to it; read the shards with append_only=True (Stream.jsonl(paths, "
+            "append_only=True)) to resume over them, or restore over the file as it was")
     changed = ([f"size {then['size']:,} bytes then, {now['size']:,} now"]
                if then.get("size", now["size"]) != now["size"] else ["the same size"])
     changed += [f"its {'first' if key == 'head' else 'last'} KiB differs"

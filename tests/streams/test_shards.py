@@ -378,9 +378,10 @@ def test_a_restore_over_a_changed_shard_is_refused_naming_it(tmp_path, workers, 
                          "head": lines[0] + text}[change])
     with warnings.catch_warnings(record=True) as said:  # (the refused shard's file: open)
         warnings.simplefilter("always", ResourceWarning)
-        with pytest.raises(jl.StateDictError, match=r"stream shard .*s0.jsonl: changed since "
-                                                    r"the state was saved \(size [\d,]+ bytes "
-                                                    r"then, [\d,]+ now.*append_only=True"):
+        with pytest.raises(jl.StateDictError, match=r"stream shard .*s0.jsonl: (changed|it "
+                                                    r"grew) since the state was saved \((size )?"
+                                                    r"[\d,]+ bytes then, [\d,]+ now.*"
+                                                    r"append_only=True"):
             _restored(paths, workers, state)
         gc.collect()
     assert not [w for w in said if issubclass(w.category, ResourceWarning)], said
@@ -414,6 +415,23 @@ def test_a_shard_rewritten_to_the_same_size_is_refused_by_its_first_kib(tmp_path
     with pytest.raises(jl.StateDictError, match=r"same.jsonl: changed since the state was saved "
                                                 r"\(the same size; its first KiB differs\)"):
         jl.JsonlShard(path).reset(state)
+
+
+def test_a_shard_that_only_grew_is_refused_saying_so_with_the_remedy(tmp_path):
+    # records appended to it: "size 210 bytes then, 450 now; its first KiB differs; its last
+    # KiB differs", though its first bytes were as they were
+    path = write_jsonl(tmp_path / "grown.jsonl", range(5))
+    shard = jl.JsonlShard(path)
+    shard.reset(None)
+    shard.next()
+    state = shard.get_state()
+    with open(path, "a") as f:
+        f.write(json.dumps({"id": 5, "text": "appended"}) + "\n")
+    with pytest.raises(jl.StateDictError, match=r"grown.jsonl: it grew since the state was "
+                                                r"saved \([\d,]+ bytes then, [\d,]+ now, its "
+                                                r"first bytes as they were\): .*append_only=True"):
+        jl.JsonlShard(path).reset(state)
+    assert read_all(jl.JsonlShard(path, append_only=True), state)[-1]["text"] == "appended"
 
 
 def test_a_compressed_shard_compressed_again_with_the_same_records_restores(tmp_path):
