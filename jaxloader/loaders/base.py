@@ -94,6 +94,14 @@ class LoaderLifecycle:
         from jaxloader.sharding.put import Putter
 
         batch_size, index, count = self._placement
+        import jax
+
+        if count != jax.process_count():  # (it failed at the first batch, "divide evenly")
+            raise ConfigError(
+                f"sharding= with process_count={count}, where JAX runs {jax.process_count()} "
+                "process(es) (jax.process_count()): a sharded batch is one global jax.Array "
+                "over JAX's processes; leave process_index and process_count unset (JAX's "
+                "own), or drop sharding= and place each process's NumPy batch yourself")
         putter = Putter(sharding, count, batch_size)
         block = putter.block(index) if by_block else index
         if block != index:

@@ -234,6 +234,22 @@ def test_bad_shardings_give_clear_errors():
         assert "no mesh set" in str(e) and "jax.set_mesh" in str(e), e
     else:
         raise AssertionError("a PartitionSpec with no mesh set must be refused")
+    grid = jax.make_mesh((2, 2), ("data", "model"))  # one spec of 2 axes over every leaf:
+    try:  # the 1-dimensional mask it fails on was said to "divide evenly"
+        next(iter(jl.DataLoader(source(10), batch_size=4, last_batch="pad", device_prefetch=0,
+                                sharding=NamedSharding(grid, P("data", "model")))))
+    except jl.ConfigError as e:
+        assert ("leaf ['mask']" in str(e) and "its spec names 2 dimensions, the leaf has 1" in
+                str(e) and "'mask': jaxloader.data_sharding(mesh)" in str(e)), e
+    else:
+        raise AssertionError("a spec longer than the mask must be refused")
+    try:  # two hosts by hand in one JAX process: it failed at the first batch, "divide evenly"
+        jl.DataLoader(source(8), batch_size=4, sharding=jl.data_sharding(mesh),
+                      process_index=0, process_count=2)
+    except jl.ConfigError as e:
+        assert "with process_count=2, where JAX runs 1 process(es)" in str(e), e
+    else:
+        raise AssertionError("a process count not JAX's must be refused with a sharding")
     print("ok")
     """, n=4)
     assert out.strip() == "ok"
