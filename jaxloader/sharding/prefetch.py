@@ -5,7 +5,7 @@
     engine (workers or in-process) ──> host thread ──(queue, `depth` ahead)──┐
                                        [put(host) here: one device]          │
     next() ── [many devices: in the caller's thread, dispatch put(host) for the next batches]
-              keep `depth` device batches ready, return the oldest
+              keep `depth` device batches ready beside the one returned, the oldest
 
 Where the copy is made depends on the sharding:
 
@@ -21,7 +21,7 @@ Where the copy is made depends on the sharding:
   N+``depth`` overlaps the step on batch N.
 
 Bounds: ``depth`` placed batches waiting (thread placing), or ``depth`` device copies in flight
-and ``depth`` host batches made ahead of them (caller placing). Once placed, the host batch is
+after the one handed out and ``depth + 1`` host batches made ahead of them (caller placing). Once placed, the host batch is
 dropped: JAX keeps the host memory alive until its copy is done (or, on CPU, for as long as the
 device array aliases it), so the shared-memory slot returns to the ring only when nothing reads
 it. An exception from the host side or from ``put`` reaches the consumer, unchanged, after the
@@ -213,8 +213,10 @@ class DevicePrefetcher:
 
     def __init__(self, host_batches: Iterator[Any], put: Callable[[Any], Any], depth: int,
                  put_in_thread: bool = False) -> None:
-        # started by start(); with put_in_thread it places the batches too
-        self._host = HostPrefetcher(host_batches, depth, put if put_in_thread else None)
+        # started by start(); with put_in_thread it places the batches too; else one host batch
+        # more, ready to place as the caller takes one (``depth`` then stay placed ahead)
+        self._host = HostPrefetcher(host_batches, depth if put_in_thread else depth + 1,
+                                    put if put_in_thread else None)
         self._put = put
         self._depth = depth
         self._put_in_thread = put_in_thread
@@ -234,7 +236,8 @@ class DevicePrefetcher:
                 "loader in it, and leave the parent's loader to the parent")
         if self._put_in_thread:
             return self._next_placed()
-        while len(self._in_flight) < self._depth and not self._ended and self._pending is None:
+        # (depth placed ahead of the one handed out: the depth of one device, the docs')
+        while len(self._in_flight) <= self._depth and not self._ended and self._pending is None:
             if self._in_flight and not self._host.ready():
                 break  # do not wait for a batch that is not needed yet
             host, error = self._host.get()

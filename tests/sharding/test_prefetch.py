@@ -422,3 +422,25 @@ def test_a_get_waiting_as_the_thread_is_stopped_is_told_not_left_waiting():
     assert host.close()
     with pytest.raises(prefetch.Stopped):  # (and a later get() too)
         host.get()
+
+
+@pytest.mark.parametrize("put_in_thread", [True, False])
+def test_device_prefetch_keeps_its_depth_placed_ahead_of_the_batch_handed_out(put_in_thread):
+    # placed in the caller's thread (several devices), depth=1 kept none ahead of the step and
+    # depth=N kept N - 1: the same setting meant one batch less than on one device
+    placed: list[int] = []
+
+    def put(batch):
+        placed.append(batch)
+        return batch
+
+    for depth in (1, 2):
+        placed.clear()
+        p = DevicePrefetcher(iter(range(20)), put=put, depth=depth,
+                             put_in_thread=put_in_thread).start()
+        for taken in range(1, 5):
+            assert p.next() == taken - 1
+            time.sleep(0.05)  # (the host thread makes its batches ahead)
+            if taken > 1:
+                assert len(placed) - taken == depth, (depth, taken, placed)
+        p.close()
