@@ -41,7 +41,7 @@ from typing import Any, NoReturn
 from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
 from jaxloader.engines.in_process import Maker, StreamMaker
-from jaxloader.workers import payload, protocol, relay, ties
+from jaxloader.workers import payload, protocol, relay_worker, ties
 from jaxloader.runtime import shm, worker_info
 from jaxloader.runtime.worker_info import WorkerInfo
 from jaxloader.workers.heap import Heap
@@ -150,7 +150,7 @@ class _Lease:
         self.used = nbytes
         if nbytes > self.size:
             start = time.perf_counter()
-            relay.send(self._inbox.conn, Grow(self.task_id, self.nth, nbytes))
+            relay_worker.send(self._inbox.conn, Grow(self.task_id, self.nth, nbytes))
             _, _, self.name, self.size = self._inbox.wait_for_slot(self.task_id, self.nth)
             self._clock.add(SLOT_WAIT, time.perf_counter() - start)  # (collation's too)
         return self._slots.get(self.name, self.size)[:nbytes]
@@ -189,16 +189,16 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     sys.path[:] = path
     ties.take_the_trainers(argv)
     try:
-        relay.take(told, worker_id, conn)
+        relay_worker.take(told, worker_id, conn)
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
         maker: Maker  # as it is unpickled)
         maker, init_fn = payload.loads(blob)
         if init_fn is not None:
-            relay.run_init(init_fn, worker_id)
+            relay_worker.run_init(init_fn, worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
-        relay.send_kept(conn)
-        relay.send(conn, protocol.failed(-1, None, e))
+        relay_worker.send_kept(conn, wait=True)
+        relay_worker.send(conn, protocol.failed(-1, None, e))
         return None
     status.idle()
     return maker, status
@@ -266,12 +266,14 @@ def serve(conn: Connection) -> None:
         if now >= send_at or trace or failed is not None or inbox.empty():
             timings, busy, cpu = (busy, cpu, *clock.take(busy), since), 0.0, 0.0
             send_at, since = now + SEND_EVERY_S, None
-        relay.send_kept(conn)  # (what the steps logged and warned: said before them)
+        # what the steps logged and warned: said before them (a failure's, whatever it takes)
+        relay_worker.send_kept(conn, wait=failed is not None)
+        relay_worker.said_again()
         sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
             last_layout = None  # the main process may not hold the last layout sent
         if sent and failed is not None:  # (a batch that could not be sent failed the task)
-            relay.send(conn, failed)
+            relay_worker.send(conn, failed)
 
 
 def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: list,
@@ -281,15 +283,15 @@ def _send_made(conn: Connection, task_id: int, first: int, stride: int, made: li
     if not made:
         return True
     try:
-        relay.send(conn, Done(task_id, tuple(made), timings))
+        relay_worker.send(conn, Done(task_id, tuple(made), timings))
         return True
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     for one in made:  # which one: sent one by one, up to the one that fails
         try:
-            relay.send(conn, Done(task_id, (one,), timings if one is made[0] else None))
+            relay_worker.send(conn, Done(task_id, (one,), timings if one is made[0] else None))
         except (pickle.PicklingError, AttributeError, TypeError) as e:
-            relay.send(conn, protocol.failed(task_id, first + one[0] * stride, e))
+            relay_worker.send(conn, protocol.failed(task_id, first + one[0] * stride, e))
             return False
     return True
 
@@ -315,7 +317,7 @@ def leave() -> NoReturn:
     flushed at the end (write it in a ``with`` block)."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    relay.spill()
+    relay_worker.spill()
     code = 0
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
@@ -343,5 +345,5 @@ def main(fd: int, parent: int) -> None:
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone or closed the pipe: nothing left to do
     finally:
-        relay.stop_sending()
+        relay_worker.stop_sending()
         conn.close()

@@ -494,3 +494,23 @@ def test_a_forked_workers_handler_writes_a_record_once_and_a_late_one_is_kept(tm
     assert out.splitlines() == ["AUG jaxloader-worker-0 record 1 is blank"], (out, err)
     assert "jaxloader-worker-0 WARNING late: at exit 0" in err.splitlines(), err
     assert "UserWarning: a late warning" in err and "Traceback" not in err, err
+
+
+def test_a_pool_a_transform_forks_warns_as_python_does(tmp_path):
+    # its children inherited the worker's relay (each warning shown again, never once)
+    (tmp_path / "pool_child.py").write_text(
+        "import warnings\ndef child(i):\n    warnings.warn('the same warning')\n    return i\n")
+    out, err, code = run(tmp_path, """
+        import multiprocessing
+        sys.path.insert(0, os.getcwd())
+        from pool_child import child
+        def fan_out(r):
+            with multiprocessing.get_context("fork").Pool(1) as pool:
+                pool.map(child, range(20))
+            print("a pool", flush=True)
+            return r
+        with loader([jl.Map(fan_out)], num_workers=1) as ld:
+            next(iter(ld))
+        """, shell="< /dev/null")
+    assert code == 0, err
+    assert err.count("UserWarning: the same warning") == out.count("a pool") > 0, (out, err)
