@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Iterable
 
 import jax
@@ -123,6 +124,8 @@ class Putter:
         # One process, every leaf on one device: no step can wait in a collective, so the
         # copies may be issued from a thread (see jaxloader.sharding.prefetch).
         self.single_device = process_count == 1 and all(len(s.device_set) == 1 for s in leaves)
+        self._kinds: list | None = None  # the first batch's leaves' shapes past rows, dtypes
+        self._said_kinds = False  # (several processes: _same_kinds, said once)
         if batch_size is not None:  # (refused here, not at the first batch's placement)
             for s, axes, ways in self._batch_axes():
                 if batch_size * process_count % ways:
@@ -214,6 +217,8 @@ class Putter:
 
     def _placed(self, batch: Any) -> Any:
         leaves = jax.tree_util.tree_leaves(batch)
+        if self.process_count > 1 and not self._said_kinds:
+            self._same_kinds(batch, leaves)
         if not jax.config.read("jax_enable_x64"):
             _check_32_bits(batch, leaves)
         if self.process_count == 1 and not any(
@@ -275,6 +280,36 @@ class Putter:
                 f"{np.shape(leaf)}, dtype {getattr(leaf, 'dtype', type(leaf).__name__)}, "
                 f"{self.process_count} process(es)) with {sharding}: {e}; {remedy}"
             ) from e
+
+
+    def _same_kinds(self, batch: Any, leaves: list) -> None:
+        """Warns, once, where a leaf's shape past its rows or its dtype differs from the
+        first batch's, with several processes: each builds the global array's shape from its
+        own part, and JAX compares none, so processes whose widths differ at a step hold
+        global arrays of other shapes (each its own loss, replicated parameters drifting
+        apart) until a collective's sizes differ; a width of the batch's own (a ``BatchMap``
+        padding to its batch's longest) is that, bucketing by length over the global batch
+        is not."""
+        kinds = [(np.shape(leaf)[1:], getattr(leaf, "dtype", None)) for leaf in leaves]
+        if self._kinds is None or kinds == self._kinds:
+            self._kinds = kinds
+            return
+        self._said_kinds = True
+        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(batch)]
+        path, (was, now) = next((path, pair) for path, pair in zip(paths, zip(self._kinds, kinds))
+                                if pair[0] != pair[1])
+        def shape(kind: tuple) -> str:
+            return "(rows" + "".join(f", {size}" for size in kind[0]) + f") {kind[1]}"
+
+        warnings.warn(
+            f"batch leaf {path} went from shape {shape(was)} to {shape(now)} between two "
+            f"batches, over {self.process_count} processes: each "
+            "process builds the global array's shape from its own rows, and nothing compares "
+            "them, so where the processes' shapes differ at a step their global arrays "
+            "differ (a loss of its own on each); pad to a width the same on every process "
+            "(jl.Pad(length=...)), not to each batch's longest, unless every process's batch of "
+            "a step has the same shapes (a bucketing by length over the global batch)",
+            UserWarning, stacklevel=2)
 
 
 def _check_32_bits(batch: Any, leaves: list) -> None:

@@ -353,3 +353,25 @@ def test_data_sharding_of_no_axis_or_not_a_name_is_refused(axis):
     with pytest.raises(jl.ConfigError, match=r"data_sharding\(mesh, data_axis\): expected a "
                                              r"mesh axis's name or a non-empty tuple"):
         jl.data_sharding(mesh, axis)
+
+
+def test_a_leaf_whose_width_changes_over_several_processes_is_warned():
+    # a BatchMap padding to its batch's longest on 2 hosts: each host built the global array's
+    # shape from its own width, (8, 9) on one and (8, 11) on the other, each its own loss
+    out = run_with_devices("""
+    import warnings
+    from jaxloader.sharding.put import Putter
+    put = Putter(jl.data_sharding(jax.make_mesh((4,), ("data",))), process_count=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for width in (9, 9, 11, 12):
+            batch = {"len": np.zeros(2, np.int32), "tok": np.zeros((2, width), np.int32)}
+            if not put._said_kinds:  # (as _placed asks: said once)
+                put._same_kinds(batch, list(batch.values()))
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and said[0].startswith(
+        "batch leaf ['tok'] went from shape (rows, 9) int32 to (rows, 11) int32 between two "
+        "batches, over 2 processes"), said
+    print("ok")
+    """, n=4)
+    assert out.strip() == "ok"
