@@ -225,8 +225,8 @@ class Putter:
                 host_only(getattr(leaf, "dtype", _NUMERIC)) for leaf in leaves):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code
                 return jax.device_put(batch, self.sharding)
-            except (TypeError, ValueError):
-                pass  # the per-leaf path below says which leaf and why
+            except (TypeError, ValueError, AssertionError):  # (JAX 0.10: a spec longer than
+                pass  # a leaf's rank asserts) the per-leaf path below says which leaf and why
         try:
             return jax.tree_util.tree_map_with_path(self._put_subtree, self.sharding, batch,
                                                     is_leaf=_is_sharding)
@@ -257,7 +257,7 @@ class Putter:
                 return jax.device_put(leaf, sharding)
             global_shape = (leaf.shape[0] * self.process_count, *leaf.shape[1:])
             return jax.make_array_from_process_local_data(sharding, leaf, global_shape)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, AssertionError) as e:
             rows = np.shape(leaf)[0] if np.ndim(leaf) else None
             problem = device_dtype_problem(np.dtype(getattr(leaf, "dtype", _NUMERIC)))
             if problem is not None:

@@ -144,9 +144,7 @@ class WorkerPool:
     def prefetch(self, value: int) -> None:
         self._prefetch, self._shapes = value, {}
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.pid for w in self._workers]
+    pids = property(lambda self: [w.pid for w in self._workers])
 
     @property
     def segment_count(self) -> int:
@@ -358,6 +356,7 @@ class WorkerPool:
         if self._closing:  # (killed by close() from another thread, or at exit)
             raise failures.closed()
         w = self._workers[worker]
+        self._heard.last_words(w.conn, worker)  # (its last records, unread as it died)
         self._break(failures.died(worker, w.pid, w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S),
                                   self._board, self._maker.location, w.starter_ended()), None)
 

@@ -9,9 +9,9 @@ had logged or warned them there.
                                                  logger's records kept (run_init: unless
                                                  worker_init_fn configures logging itself)
     Heard.replay(said) <────── Said(items, ..) ──  (relay_worker.py) a new warning or a
-                                                 record of WARNING and over within SOON_S;
-                                                 others within FLUSH_S, and before each
-                                                 Done and Failed, while the pipe has room
+                                                 record of WARNING and over at once; all
+                                                 before each Done and Failed; others every
+                                                 FLUSH_S while the pipe has room
 
 A record goes to its logger's handlers in the training process (``Logger.handle``, as
 ``logging.handlers.QueueListener``'s cookbook recipe does), its message and traceback formatted
@@ -55,11 +55,11 @@ import warnings
 from typing import Any
 
 from jaxloader.base.errors import WorkerError
+from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Said
 
 MOST_KEPT = 50_000  # records and warnings a worker keeps for the training process to read
 FLUSH_S = 0.1  # a record under WARNING waits this long at most in a worker
-SOON_S = 0.01  # and a new warning or a record of WARNING and over this long (a burst: one send)
 _log = logging.getLogger("jaxloader")
 
 def settings() -> tuple:
@@ -102,7 +102,8 @@ class Heard:
     """The training process's end (the pool keeps one): says each worker's ``Said`` again."""
 
     def __init__(self) -> None:
-        self.registry: dict = {}  # warn_explicit's: a warning shown once a loader ("default")
+        self.registries: dict[str, dict] = {}  # warn_explicit's, a file each (a module's
+        # in Python; "default": shown once a loader)
         self._modules: dict[str, str] = {}  # a warning's file: its module's name
 
     def replay(self, said: Said, worker: int) -> None:
@@ -117,10 +118,11 @@ class Heard:
             if module is None:  # (a file no module of the worker's is: the script's)
                 module = self._modules.get(filename) or self._modules.setdefault(
                     filename, _module_of(filename))
+            registry = self.registries.setdefault(filename, {})
             for _ in range(1 + item[2]):  # (and as many times as it was given again)
-                self._warn(worker, message, filename, lineno, module)
+                self._warn(worker, message, filename, lineno, module, registry)
                 text = str(message)  # (shown once under "default" or "module": no more calls)
-                if self.registry.get((text, type(message), lineno)) or self.registry.get(
+                if registry.get((text, type(message), lineno)) or registry.get(
                         (text, type(message), 0)):
                     break
         if said.dropped:
@@ -130,11 +132,21 @@ class Heard:
                          "count), or configure logging in worker_init_fn to log there",
                          worker, MOST_KEPT, said.dropped)
 
-    def _warn(self, worker: int, message: Warning, filename: str, lineno: int,
-              module: str) -> None:
+    def last_words(self, conn: Any, worker: int) -> None:
+        """What worker ``worker``, found dead, said before it died and left unread in its pipe
+        (``conn``): its last records, an error logged just before a kill; the rest dropped."""
         try:
-            warnings.warn_explicit(message, type(message), filename, lineno, module,
-                                   self.registry)
+            while conn.poll(0):
+                message = protocol.receive(conn)
+                if type(message) is Said:
+                    self.replay(message, worker)
+        except (OSError, EOFError, ValueError, WorkerError):
+            pass
+
+    def _warn(self, worker: int, message: Warning, filename: str, lineno: int,
+              module: str, registry: dict) -> None:
+        try:
+            warnings.warn_explicit(message, type(message), filename, lineno, module, registry)
         except Warning as e:  # (the "error" action: a filter set since the workers began)
             raise WorkerError(
                 f"worker {worker} warned {type(e).__name__}: {e} ({filename}:{lineno}), "

@@ -2,12 +2,13 @@
 process.
 
 Kept from any of the worker's threads (``_Kept``), sent by the thread that gives an urgent item
-(a new warning, a record of ``WARNING`` and over: at once, so that a worker killed or hung
-right after has said it; past ``_BURST_SENDS`` in ``SOON_S``, within it), by a thread of its own
-(``jaxloader-relay``, every ``FLUSH_S``), and before each ``Done`` and ``Failed``. Every message
-the worker sends goes by ``send``, one thread at a time. A send that would wait for room in the
-pipe is left for later: the training process reads the pipe as it reads batches, in ``next()``,
-and a pipe full of records made the worker wait with its batch. A warning given again (one a
+(a new warning, a record of ``WARNING`` and over: at once, with what was kept before it, so
+that a worker killed or hung right after has said it), before each ``Done`` and ``Failed``
+(what a task said, before its batches: the training process reads the pipe as it reads
+batches, in ``next()``, so a worker whose records fill the pipe waits for that, as a process
+waits for its log handlers), and by a thread of its own (``jaxloader-relay``, every
+``FLUSH_S``) while the pipe has room, so that a long task's records do not wait for its end.
+Every message the worker sends goes by ``send``, one thread at a time. A warning given again (one a
 record, under ``"always"``) is counted in the item kept for it, not kept again; one shown once
 (``"default"``) is shown again after each task that showed it (``said_again``).
 
@@ -34,11 +35,10 @@ from typing import Any, Callable
 
 from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Said
-from jaxloader.workers.relay import FLUSH_S, MOST_KEPT, SOON_S
+from jaxloader.workers.relay import FLUSH_S, MOST_KEPT
 
 _CHUNK_BYTES = 1 << 16  # a Said's pickled items at most: a send the pipe's room takes at once
 _SEEN_MOST = 4096  # warnings remembered as sent (a warning given again is counted, not urgent)
-_BURST_SENDS = 8  # urgent items sent at once within SOON_S; those after wait for the flusher
 
 
 class _Kept:
@@ -53,9 +53,6 @@ class _Kept:
         self.seen: set[tuple] = set()  # warnings' keys sent before
         self.conn: Connection | None = None  # where to send them (None: not a worker's)
         self.flusher: threading.Thread | None = None
-        self.wake = threading.Event()  # an urgent item waits for the flusher
-        self.sent_at = 0.0
-        self.burst_at, self.burst = 0.0, 0  # urgent items since (sent at once: _BURST_SENDS)
         self.warned = False  # a warning shown since the last task's end (said_again)
 
     def put_nowait(self, record: logging.LogRecord) -> None:  # (QueueHandler's queue)
@@ -98,24 +95,16 @@ class _Kept:
                                                 name="jaxloader-relay")
         if start:
             self.flusher.start()  # type: ignore[union-attr]
-        if urgent:
-            conn, now = self.conn, time.monotonic()
-            if now - self.burst_at >= SOON_S:  # (a new burst)
-                self.burst_at, self.burst = now, 0
-            self.burst += 1
-            if conn is not None and self.burst <= _BURST_SENDS:
-                try:
-                    send_kept(conn)
-                except (OSError, EOFError, ValueError):  # (the pipe closed: kept for spill())
-                    pass
-            else:
-                self.wake.set()
+        conn = self.conn
+        if urgent and conn is not None:
+            try:
+                send_kept(conn, wait=True)
+            except (OSError, EOFError, ValueError):  # (the pipe closed: kept for spill())
+                pass
 
     def _flush_now_and_then(self) -> None:
         while (conn := self.conn) is not None:
-            self.wake.wait(FLUSH_S)
-            self.wake.clear()
-            time.sleep(max(0.0, self.sent_at + SOON_S - time.monotonic()))
+            time.sleep(FLUSH_S)
             try:
                 send_kept(conn)
             except (OSError, EOFError, ValueError):  # (the pipe closed: the worker ends)
@@ -182,9 +171,9 @@ def kept() -> tuple[list, int]:
 
 
 def send_kept(conn: Connection, wait: bool = False) -> None:
-    """Sends what was kept, a message of up to ``_CHUNK_BYTES`` of items at a time while the
-    pipe has room (``wait``: until all is sent). Before a ``Done`` or ``Failed``: a warning
-    of a batch's records is said before the batch is handed out, unless the pipe was full."""
+    """Sends what was kept, a message of up to ``_CHUNK_BYTES`` of items at a time: all of it
+    (``wait``: before a ``Done`` or ``Failed``, so a warning of a batch's records is said
+    before the batch is handed out), or while the pipe has room (the flusher's)."""
     with _SENDING:  # (taken before: two threads' sends keep the items' order)
         while _KEPT.items or _KEPT.dropped:
             if not wait and not _room(conn):
@@ -202,7 +191,6 @@ def send_kept(conn: Connection, wait: bool = False) -> None:
                 with _KEPT.lock:  # (kept for spill(): the pipe closed as the worker ends)
                     _KEPT.items[:0], _KEPT.dropped = chunk, _KEPT.dropped + dropped
                 raise
-            _KEPT.sent_at = time.monotonic()
 
 
 def stop_sending() -> None:

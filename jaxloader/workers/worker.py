@@ -266,8 +266,7 @@ def serve(conn: Connection) -> None:
         if now >= send_at or trace or failed is not None or inbox.empty():
             timings, busy, cpu = (busy, cpu, *clock.take(busy), since), 0.0, 0.0
             send_at, since = now + SEND_EVERY_S, None
-        # what the steps logged and warned: said before them (a failure's, whatever it takes)
-        relay_worker.send_kept(conn, wait=failed is not None)
+        relay_worker.send_kept(conn, wait=True)  # (what the steps said: before them)
         relay_worker.said_again()
         sent = _send_made(conn, task_id, first, stride, made, timings)
         if not sent or failed is not None:
