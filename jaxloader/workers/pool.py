@@ -390,6 +390,7 @@ class WorkerPool:
     # Called, not through their finalizers (which run once: cut short by a Ctrl-C, never to
     # end), so that they run in full again next call; finalizers are for a pool only collected.
     def _stop_workers(self) -> None:
+        self._heard.all_last_words(self._workers)  # (records a thread logged after the last)
         stop_all(self._workers, self._ring)
         self._finalizer.detach()
 

@@ -49,6 +49,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import sys
 import warnings
@@ -133,15 +134,30 @@ class Heard:
                          worker, MOST_KEPT, said.dropped)
 
     def last_words(self, conn: Any, worker: int) -> None:
-        """What worker ``worker``, found dead, said before it died and left unread in its pipe
-        (``conn``): its last records, an error logged just before a kill; the rest dropped."""
+        """What worker ``worker``, found dead or being stopped, said and left unread in its
+        pipe (``conn``): its last records, an error logged just before a kill, a thread's
+        record after its last batch; the rest dropped. Read without waiting (a message cut
+        short, whose end never comes where a process the worker forked holds the pipe)."""
+        try:
+            fd = conn.fileno()
+            blocking = os.get_blocking(fd)
+        except (OSError, ValueError):  # (closed)
+            return
+        os.set_blocking(fd, False)
         try:
             while conn.poll(0):
                 message = protocol.receive(conn)
                 if type(message) is Said:
                     self.replay(message, worker)
-        except (OSError, EOFError, ValueError, WorkerError):
+        except Exception:  # noqa: BLE001 - a message cut, a record that fails: the rest goes
             pass
+        finally:
+            os.set_blocking(fd, blocking)
+
+    def all_last_words(self, workers: list) -> None:
+        """``last_words`` of each worker in ``workers`` (``WorkerProcess``es), as they stop."""
+        for worker, process in enumerate(workers):
+            self.last_words(process.conn, worker)
 
     def _warn(self, worker: int, message: Warning, filename: str, lineno: int,
               module: str, registry: dict) -> None:

@@ -3,7 +3,8 @@ process.
 
 Kept from any of the worker's threads (``_Kept``), sent by the thread that gives an urgent item
 (a new warning, a record of ``WARNING`` and over: at once, with what was kept before it, so
-that a worker killed or hung right after has said it), before each ``Done`` and ``Failed``
+that a worker killed or hung right after has said it, where the pipe has room: a transform
+never waits for the training process to read), before each ``Done`` and ``Failed``
 (what a task said, before its batches: the training process reads the pipe as it reads
 batches, in ``next()``, so a worker whose records fill the pipe waits for that, as a process
 waits for its log handlers), and by a thread of its own (``jaxloader-relay``, every
@@ -98,7 +99,7 @@ class _Kept:
         conn = self.conn
         if urgent and conn is not None:
             try:
-                send_kept(conn, wait=True)
+                send_kept(conn)  # (while the pipe has room: a transform never waits on it)
             except (OSError, EOFError, ValueError):  # (the pipe closed: kept for spill())
                 pass
 
@@ -116,6 +117,7 @@ _HANDLER = logging.handlers.QueueHandler(_KEPT)  # type: ignore[arg-type]
 _SENDING = threading.RLock()  # one frame at a time on the pipe (re-entered: a warning given
 # as a message is pickled is sent before it)
 _showwarning = warnings.showwarning
+_last_resort = logging.lastResort
 
 
 def send(conn: Connection, message: Any) -> None:
@@ -310,4 +312,6 @@ def _not_in_a_child() -> None:
     _KEPT.conn = None
     _KEPT.flusher = None
     logging.root.removeHandler(_HANDLER)
+    if logging.lastResort is _HANDLER:  # (forked as worker_init_fn ran: a Pool it starts)
+        logging.lastResort = _last_resort
     warnings.showwarning = _showwarning

@@ -499,7 +499,8 @@ def test_a_forked_workers_handler_writes_a_record_once_and_a_late_one_is_kept(tm
 def test_a_pool_a_transform_forks_warns_as_python_does(tmp_path):
     # its children inherited the worker's relay (each warning shown again, never once)
     (tmp_path / "pool_child.py").write_text(
-        "import warnings\ndef child(i):\n    warnings.warn('the same warning')\n    return i\n")
+        "import logging, warnings\ndef child(i):\n    warnings.warn('the same warning')\n"
+        "    return i\ndef log_it():\n    logging.getLogger('kid').warning('from the child')\n")
     out, err, code = run(tmp_path, """
         import multiprocessing
         sys.path.insert(0, os.getcwd())
@@ -511,6 +512,16 @@ def test_a_pool_a_transform_forks_warns_as_python_does(tmp_path):
             return r
         with loader([jl.Map(fan_out)], num_workers=1) as ld:
             next(iter(ld))
+        pools = {}
+        def start_pool(worker_id):  # (forked as worker_init_fn runs: its records were lost)
+            pools["pool"] = multiprocessing.get_context("fork").Pool(1)
+        def in_pool(r):
+            from pool_child import log_it
+            pools["pool"].apply(log_it)
+            return r
+        with loader([jl.Map(in_pool)], num_workers=1, worker_init_fn=start_pool) as ld:
+            next(iter(ld))
         """, shell="< /dev/null")
     assert code == 0, err
     assert err.count("UserWarning: the same warning") == out.count("a pool") > 0, (out, err)
+    assert "from the child" in err.splitlines(), err  # (Python's last resort: the message)

@@ -259,3 +259,26 @@ def test_the_same_warning_of_two_files_is_shown_for_each(tmp_path, monkeypatch):
             list(loader)
     assert sorted(os.path.basename(w.filename) for w in caught) == ["plugin_a.py",
                                                                     "plugin_b.py"]
+
+
+def _later(record):
+    if int(record["x"]) == 15:  # (a thread's record after the worker's last batch)
+        import threading
+        import time
+
+        threading.Thread(target=lambda: (time.sleep(0.3), log.warning(
+            "record 15: the cache write failed"))).start()
+    return record
+
+
+def test_a_record_a_workers_thread_logs_after_its_last_batch_is_handled_at_close(caplog):
+    # sent after the last batch, it waited in the pipe, and close() dropped it with what a
+    # stopping worker leaves there: neither handled nor printed
+    import time
+
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=4,
+                       transforms=[jl.Map(_later)], num_workers=2, process_index=0,
+                       process_count=1) as loader:
+        assert len(list(loader)) == 4
+        time.sleep(1.0)
+    assert "record 15: the cache write failed" in caplog.text
