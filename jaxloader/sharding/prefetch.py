@@ -21,11 +21,11 @@ Where the copy is made depends on the sharding:
   N+``depth`` overlaps the step on batch N.
 
 Bounds: ``depth`` placed batches waiting (thread placing), or ``depth`` device copies in flight
-after the one handed out and ``depth + 1`` host batches made ahead of them (caller placing). Once placed, the host batch is
-dropped: JAX keeps the host memory alive until its copy is done (or, on CPU, for as long as the
-device array aliases it), so the shared-memory slot returns to the ring only when nothing reads
-it. An exception from the host side or from ``put`` reaches the consumer, unchanged, after the
-batches before it.
+after the one handed out and ``depth + 1`` host batches made ahead of them (caller placing).
+Once placed, the host batch is dropped: JAX keeps the host memory alive until its copy is done
+(or, on CPU, for as long as the device array aliases it), so the shared-memory slot returns to
+the ring only when nothing reads it. An exception from the host side or from ``put`` reaches
+the consumer, unchanged, after the batches before it.
 
 Staying out of the way: when the consumer takes a batch while another is still ready, it is
 about to free its previous batch and dispatch a step, which needs a core and the GIL for a

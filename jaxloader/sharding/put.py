@@ -281,7 +281,6 @@ class Putter:
                 f"{self.process_count} process(es)) with {sharding}: {e}; {remedy}"
             ) from e
 
-
     def _same_kinds(self, batch: Any, leaves: list) -> None:
         """Warns, once, where a leaf's shape past its rows or its dtype differs from the
         first batch's, with several processes: each builds the global array's shape from its
@@ -298,6 +297,7 @@ class Putter:
         paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(batch)]
         path, (was, now) = next((path, pair) for path, pair in zip(paths, zip(self._kinds, kinds))
                                 if pair[0] != pair[1])
+
         def shape(kind: tuple) -> str:
             return "(rows" + "".join(f", {size}" for size in kind[0]) + f") {kind[1]}"
 

@@ -147,7 +147,8 @@ class FileShard:
         raise RecordError(
             f"{self.path}: the file was modified while read ({where}; {self._identity['size']:,}"
             f" bytes when opened, {now.st_size:,} now"
-            + (", its first KiB not as it was" if self.append_only else "")
+            + (", shorter than read or its first KiB not as it was" if self.append_only
+               else "")
             + "): the records from then on may be another file's, from inside one of them; "
             "write a shard to a new file and rename it into place (a reader keeps the file it "
             "opened)" + ("" if self.append_only else ", or, if records are only appended to "

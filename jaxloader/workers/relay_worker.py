@@ -40,6 +40,7 @@ from jaxloader.workers.relay import FLUSH_S, MOST_KEPT
 
 _CHUNK_BYTES = 1 << 16  # a Said's pickled items at most: a send the pipe's room takes at once
 _SEEN_MOST = 4096  # warnings remembered as sent (a warning given again is counted, not urgent)
+_SEND_WAIT_S = 0.01  # an urgent item waits this long at most for another thread's send
 
 
 class _Kept:
@@ -96,12 +97,14 @@ class _Kept:
                                                 name="jaxloader-relay")
         if start:
             self.flusher.start()  # type: ignore[union-attr]
-        conn = self.conn
-        if urgent and conn is not None:
+        conn = self.conn  # (a transform does not wait for the pipe: sent while it has room,
+        if urgent and conn is not None and _SENDING.acquire(timeout=_SEND_WAIT_S):  # else later)
             try:
-                send_kept(conn)  # (while the pipe has room: a transform never waits on it)
+                send_kept(conn)
             except (OSError, EOFError, ValueError):  # (the pipe closed: kept for spill())
                 pass
+            finally:
+                _SENDING.release()
 
     def _flush_now_and_then(self) -> None:
         while (conn := self.conn) is not None:
