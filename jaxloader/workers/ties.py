@@ -69,10 +69,23 @@ def leave_signals_to_the_trainer() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _left_to_the_trainer)
         signal.siginterrupt(signum, False)
+    _worker[0] = os.getpid()
+
+
+_worker = [0]  # the worker's pid: a process it forks has another
 
 
 def _left_to_the_trainer(signum: int, frame: Any) -> None:
-    """A worker's SIGINT and SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``)."""
+    """A worker's SIGINT and SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``).
+    In a process the worker forked, where the signal came before ``_signals_back`` ran (a
+    ``multiprocessing.Pool`` ended as one of its children still started: ``terminate()``
+    then waited for it forever), the signal does what Python's own handler would."""
+    if os.getpid() == _worker[0]:
+        return
+    _signals_back()
+    if signum == signal.SIGINT:
+        signal.default_int_handler(signum, frame)
+    os.kill(os.getpid(), signum)
 
 
 def _watch_parent(parent: int) -> None:

@@ -525,3 +525,27 @@ def test_a_pool_a_transform_forks_warns_as_python_does(tmp_path):
     assert code == 0, err
     assert err.count("UserWarning: the same warning") == out.count("a pool") > 0, (out, err)
     assert "from the child" in err.splitlines(), err  # (Python's last resort: the message)
+
+
+def test_a_child_the_worker_forks_ends_on_a_sigterm_that_came_before_its_handlers_were_reset():
+    # a Pool ended as one of its children still started: the SIGTERM came while the child had
+    # the worker's handler, which does nothing, and the Pool's terminate() waited for it
+    code = textwrap.dedent("""
+        import os, signal, sys, time
+        sys.path.insert(0, %r)
+        from jaxloader.workers import ties
+        ties.leave_signals_to_the_trainer()
+        child = os.fork()
+        if child == 0:
+            signal.signal(signal.SIGTERM, ties._left_to_the_trainer)  # (as before the reset)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            os._exit(0)
+        status = os.waitpid(child, 0)[1]
+        print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # (the worker itself: left to the trainer)
+        print("worker on")
+        """ % ROOT)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split() == ["True", "worker", "on"], (done.stdout, done.stderr)
