@@ -9,9 +9,9 @@ had logged or warned them there.
                                                  logger's records kept (run_init: unless
                                                  worker_init_fn configures logging itself)
     Heard.replay(said) <────── Said(items, ..) ──  (relay_worker.py) a new warning or a
-                                                 record of WARNING and over at once; all
-                                                 before each Done and Failed; others every
-                                                 FLUSH_S while the pipe has room
+                                                 record of WARNING and over at once, and
+                                                 others every FLUSH_S, while the pipe has
+                                                 room; all before each Done and Failed
 
 A record goes to its logger's handlers in the training process (``Logger.handle``, as
 ``logging.handlers.QueueListener``'s cookbook recipe does), its message and traceback formatted
@@ -23,9 +23,9 @@ in the worker (``QueueHandler.prepare``), its ``processName`` the worker's
 under the ``"default"`` action. A worker's filters are the trainer's as it starts: one made an
 error raises where it is given, as with ``num_workers=0``; one shown once is shown again after
 each task that gave it (``relay_worker.said_again``); one shown each time is counted, and the
-count sent. A filter's category is matched by its module and name in a worker:
-no filter makes a worker import a module (JAX) or fail on one it cannot. Levels are the
-trainer's as its workers start. Up to ``MOST_KEPT`` wait in a worker (the training process
+count sent. A filter's category is matched by its module and name in a worker: no filter
+makes a worker import a module (JAX) or fail on one it cannot. Levels are the trainer's as its
+workers start. Up to ``MOST_KEPT`` wait in a worker (the training process
 reads them as it reads batches, in ``next()``); more are counted and the count said.
 
 Example:
@@ -60,7 +60,7 @@ from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Said
 
 MOST_KEPT = 50_000  # records and warnings a worker keeps for the training process to read
-FLUSH_S = 0.1  # a record under WARNING waits this long at most in a worker
+FLUSH_S = 0.1  # how often a worker sends the records kept, where the pipe has room
 _log = logging.getLogger("jaxloader")
 
 def settings() -> tuple:
