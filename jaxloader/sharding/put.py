@@ -160,8 +160,10 @@ class Putter:
         B = self.batch_size
         if self.process_count == 1 or B is None or jax.process_count() != self.process_count:
             return None  # (a process count passed by hand: one JAX process)
-        G, me, found = B * self.process_count, jax.process_index(), set()
-        for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
+        G, me = B * self.process_count, jax.process_index()
+        found: dict[tuple, tuple[str, Any]] = {}  # rows -> the first leaf (path, sharding)
+        for path, s in jax.tree_util.tree_flatten_with_path(self.sharding,
+                                                             is_leaf=_is_sharding)[0]:
             if isinstance(s, jax.sharding.SingleDeviceSharding):  # (one process's device)
                 shape: tuple = (G,)
             elif not isinstance(s, NamedSharding):
@@ -182,13 +184,16 @@ class Putter:
                     "processes; shard it over a mesh axis that spans them "
                     "(data_sharding(mesh, 'data'), 'data' first in the mesh), or give each "
                     f"process the whole batch: process_index=0, process_count=1, batch_size={G}")
-            found.add(rows)
+            found.setdefault(rows, (jax.tree_util.keystr(path), s))
         if len(found) > 1:
+            (one, (at, s)), (other, (other_at, other_s)) = list(found.items())[:2]
             raise ConfigError(
-                "sharding: its leaves put this process's devices at different rows of the "
-                "global batch; one process reads the same rows for every leaf: give the "
-                "leaves shardings that split the batch axis over the same mesh axes")
-        return np.array(found.pop(), np.int64) if found else None
+                f"sharding: leaf {at} puts this process's devices at {_said(one)} of the global "
+                f"batch of {G}, leaf {other_at} at {_said(other)}; one process reads the same "
+                "rows for every leaf: give the leaves shardings that split the batch axis over "
+                f"the same mesh axes (the spec {getattr(s, 'spec', s)} for both, not "
+                f"{getattr(other_s, 'spec', other_s)})")
+        return np.array(next(iter(found)), np.int64) if found else None
 
     def block(self, process_index: int) -> int:
         """The block of ``batch_size`` rows this process's devices hold (``rows``), where they
@@ -310,6 +315,13 @@ class Putter:
             "(jl.Pad(length=...)), not to each batch's longest, unless every process's batch of "
             "a step has the same shapes (a bucketing by length over the global batch)",
             UserWarning, stacklevel=2)
+
+
+def _said(rows: tuple) -> str:
+    """Rows for a message: ``rows 4-7``, or the first few where they are apart."""
+    if rows[-1] - rows[0] == len(rows) - 1:
+        return f"rows {rows[0]}-{rows[-1]}"
+    return "rows " + ", ".join(map(str, rows[:6])) + (", ..." if len(rows) > 6 else "")
 
 
 def _check_32_bits(batch: Any, leaves: list) -> None:

@@ -73,8 +73,7 @@ class WorkerPool:
     """
 
     def __init__(self, maker: Maker, num_workers: int, *, prefetch: int = 2,
-                 start_method: str = "exec",
-                 worker_init_fn: Callable[[int], object] | None = None,
+                 start_method: str = "exec", worker_init_fn: Callable[[int], object] | None = None,
                  stall_warning_s: float | None = None, timeout_s: float | None = None,
                  max_workers: int | None = None, label: str = "jaxloader") -> None:
         self._maker = maker
@@ -144,7 +143,9 @@ class WorkerPool:
     def prefetch(self, value: int) -> None:
         self._prefetch, self._shapes = value, {}
 
-    pids = property(lambda self: [w.pid for w in self._workers])
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers]
 
     @property
     def segment_count(self) -> int:
@@ -173,8 +174,7 @@ class WorkerPool:
                 self._mixed_up = True  # (a Ctrl-C as workers start or take their payload)
                 self.roster.apply(self._send_payload, start)  # (a stream: a run, one count)
                 self._shapes, self._mixed_up = {}, False
-            self._run += 1
-            run = self._run
+            self._run = run = self._run + 1
             self._board.begin_run(run)  # (the runs before: their workers skip what is left)
             self._stall.begin(None)
         ready: dict[int, tuple] = {}

@@ -4,7 +4,8 @@ another order than the processes: the global batches must still be one process's
 Usage: mesh_order_run.py PROCESS_ID PORT
 
 Prints, on host 0, one line a mesh and loader: its name and "same" or the batches that
-differ; and the errors of a batch replicated across the hosts and of one on one device.
+differ; and the errors of a batch replicated across the hosts, of one on one device and of
+leaves placed at different rows.
 """
 
 import sys
@@ -54,4 +55,11 @@ try:  # the batch on one device, this process's (made, it failed at the first ne
 except jl.ConfigError as e:
     if process_id == "0":
         print("one device refused:", e)
+try:  # leaves whose shardings put this process at other rows: no one read serves both
+    jl.DataLoader(jl.ArraySource({"x": np.arange(22), "y": np.arange(22)}), batch_size=4,
+                  sharding={"x": jl.data_sharding(two_axes, "data"),
+                            "y": shardings["interleaved"]})
+except jl.ConfigError as e:
+    if process_id == "0":
+        print("mixed rows refused:", e)
 print("done", process_id)

@@ -486,6 +486,14 @@ def test_a_json_list_of_booleans_among_numbers_is_refused_naming_the_line(tmp_pa
         shard.next()
 
 
+def read_to_its_error(shard, match):
+    """Reads ``shard`` (reset) until it raises a ``RecordError`` that ``match``-es; closes it."""
+    with pytest.raises(jl.RecordError, match=match):
+        while True:
+            shard.next()
+    shard.close()
+
+
 @pytest.mark.parametrize("kind", [jl.JsonlShard, jl.TextShard])
 def test_a_file_cut_while_read_is_an_error_not_an_early_end(tmp_path, kind):
     # truncated in place at a line's end as it was read: the pass ended after the lines left,
@@ -497,24 +505,16 @@ def test_a_file_cut_while_read_is_an_error_not_an_early_end(tmp_path, kind):
         shard.next()
     lines = path.read_bytes().splitlines(keepends=True)
     os.truncate(path, sum(map(len, lines[:500])))
-    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file was modified while read \(by "
-                                             r"line 256; [\d,]+ bytes when opened, [\d,]+ "
-                                             r"now\)"):
-        for _ in range(2000):
-            shard.next()
-    shard.close()
+    read_to_its_error(shard, r"a.jsonl: the file was modified while read \(by line 256; "
+                             r"[\d,]+ bytes when opened, [\d,]+ now\)")
     assert len(read_all(kind(path))) == 500  # (a file read whole ends as it should)
     shard = kind(path)  # (where the file's time did not move, as on a file system of whole
     shard.reset(None)  # seconds: its size at the end says it)
     shard.next()
     os.truncate(path, sum(map(len, lines[:200])))
     os.utime(path, ns=(shard._mtime, shard._mtime))
-    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file ends at byte [\d,]+ \(after "
-                                             r"line 200\), but it held [\d,]+ bytes when "
-                                             r"opened: it was cut while read"):
-        for _ in range(2000):
-            shard.next()
-    shard.close()
+    read_to_its_error(shard, r"a.jsonl: the file ends at byte [\d,]+ \(after line 200\), but "
+                             r"it held [\d,]+ bytes when opened: it was cut while read")
 
 
 @pytest.mark.parametrize("kind", [jl.JsonlShard, jl.TextShard])
@@ -527,13 +527,9 @@ def test_a_file_rewritten_in_place_while_read_is_an_error(tmp_path, kind):
     for _ in range(10):
         shard.next()
     write_jsonl(path, range(1000, 3000))
-    with pytest.raises(jl.RecordError, match=r"a.jsonl: the file was modified while read \(by "
-                                             r"line \d+; .* rename it into place .*, or, if "
-                                             r"records are only appended to it, read the "
-                                             r"shards with append_only=True"):
-        for _ in range(3000):
-            shard.next()
-    shard.close()
+    read_to_its_error(shard, r"a.jsonl: the file was modified while read \(by line \d+; .* "
+                             r"rename it into place .*, or, if records are only appended to "
+                             r"it, read the shards with append_only=True")
     appended = kind(path, append_only=True)  # records appended as it reads: read on
     appended.reset(None)
     got = [appended.next() for _ in range(10)]
