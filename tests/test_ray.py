@@ -416,7 +416,7 @@ def check_what_cannot_go_to_the_actors_is_named(cluster):
         with lock:
             return r
 
-    with pytest.raises(jl.WorkerError, match=r"cannot send the transforms Map\(.*uses_lock\).* "
+    with pytest.raises(jl.WorkerError, match=r"cannot send the transform Map\(.*uses_lock\).* "
                                              r"to Ray actors: .*make it picklable.* without "
                                              r"workers="):
         loader(extra=[jl.Map(uses_lock)], workers=RayWorkers(1))

@@ -2,9 +2,12 @@
 
 A wait for a batch is watched (``StallWatch``): past ``stall_warning_s`` it is logged, with
 what each worker is doing (``stall_report``), again every ``stall_warning_s``; past
-``timeout_s`` it is a ``StallError``. Every message names the worker, its pid, what it was doing (the step and record positions, from
-its status row: ``status.py``) and what to do; a raise carries the worker's traceback and, when
-it pickles, the exception itself as the cause.
+``timeout_s`` it is a ``StallError``. Every message names the worker, its pid, what it was
+doing (the step and record positions, from its status row: ``status.py``) and what to do; a
+raise carries the worker's traceback and, when it pickles, the exception itself as the cause.
+A payload that does not pickle is said with the part of it that does not (``unpicklable``):
+the transform, source or ``worker_init_fn``, and in it the variable a function captured or
+the attribute that holds the object (``_culprit``).
 
 Example:
     >>> from jaxloader.workers.protocol import Failed
@@ -16,12 +19,18 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import inspect
+import io
 import logging
 import os
+import pickle
 import signal
 import sys
 import time
 from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from jaxloader.base.abilities import parts_of
 from jaxloader.base.errors import JaxloaderError, StallError, WorkerError
@@ -222,13 +231,12 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any,
     """The error for a payload that cannot be sent ``to`` the workers: which part of it, found
     by sending each."""
     suspects = [("source", maker.source), ("worker_init_fn", init_fn)]
-    suspects += [(f"transforms {t!r}", t) for t in maker.record_transforms + maker.batch_transforms]
+    suspects += [("transform", t) for t in maker.record_transforms + maker.batch_transforms]
     for name, obj in suspects:
         inner = _unsendable(obj)
         if inner is not None:
-            part = ""
+            part, below = "", obj
             if name == "source":  # (a source made of others: the innermost that fails)
-                below: Any = obj
                 while True:
                     failing = next(((p, why) for p in parts_of(below)
                                     if (why := _unsendable(p)) is not None), None)
@@ -236,9 +244,11 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any,
                         break
                     below, inner = failing
                 if below is not obj:
-                    part = f": its part {below!r:.80}"
+                    part = f": its part {_repr(below)}"
+            held = _culprit(below, {id(below)})
+            part += f": the object at {held} does not pickle" if held else ""
             return WorkerError(
-                f"cannot send the {name} ({obj!r:.80}) to {to}{part}: "
+                f"cannot send the {name} {_repr(obj)} to {to}{part}: "
                 f"{type(inner).__name__}: {inner}; make it picklable by cloudpickle (no open "
                 "files, locks or sockets; open them lazily in the worker, and leave out in "
                 "__getstate__ one the training process opened: peek(), num_workers=0 and "
@@ -247,6 +257,88 @@ def unpicklable(e: Exception, maker: Any, init_fn: Any,
                    "without workers=")
             )
     return WorkerError(f"cannot send the loader to {to}: {type(e).__name__}: {e}")
+
+
+def _culprit(obj: Any, seen: set[int], depth: int = 6) -> str:
+    """Where in ``obj`` (which does not pickle) the part that does not is held, the smallest
+    found: ``"scale's global 'lock' (<unlocked _thread.lock ...>)"``; ``""`` where no part of
+    it alone fails. Probes each part (``_parts``) once; an error's path only."""
+    try:
+        parts = list(_parts(obj))
+    except Exception:  # noqa: BLE001 - its own reduction fails: it is the smallest found
+        return ""
+    for name, part in parts:
+        if id(part) in seen or not _fails_alone(part):
+            continue
+        seen.add(id(part))
+        deeper = _culprit(part, seen, depth - 1) if depth else ""
+        return f"{name}{' > ' + deeper if deeper else f' ({_repr(part)})'}"
+    return ""
+
+
+class _Probe(payload._Pickler):
+    """The payload's pickler, but arrays are left out (a probe copies none) and nothing kept."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        return 0 if isinstance(obj, np.ndarray) and obj.dtype != object else None
+
+
+def _fails_alone(part: Any) -> bool:
+    try:
+        _Probe(io.BytesIO(), lambda segment: None).dump(part)
+    except Exception:  # noqa: BLE001 - any pickler's error says it fails
+        return True
+    return False
+
+
+def _repr(obj: Any) -> str:
+    try:
+        said = repr(obj)
+    except Exception:  # noqa: BLE001 - a name in a message being said
+        return f"a {type(obj).__name__}"
+    return said if len(said) <= 80 else said[:77] + "..."
+
+
+def _parts(obj: Any) -> Iterable[tuple[str, Any]]:
+    """What ``obj`` holds that cloudpickle sends with it, named: a function's captured
+    variables, globals and defaults, a method's object, a partial's function and arguments,
+    an object's attributes, a container's items."""
+    if inspect.ismethod(obj):
+        yield f"{obj.__name__}'s object", obj.__self__
+        obj = obj.__func__
+    if inspect.isfunction(obj):
+        code, name = obj.__code__, obj.__name__
+        cells = zip(code.co_freevars, obj.__closure__ or ())
+        yield from ((f"{name}'s captured variable {v!r}", c.cell_contents) for v, c in cells)
+        yield from ((f"{name}'s global {g!r}", obj.__globals__[g]) for g in code.co_names
+                    if g in obj.__globals__)
+        yield from ((f"{name}'s default {d!r}", v) for d, v in zip(
+            code.co_varnames[code.co_argcount - len(obj.__defaults__ or ()):],
+            obj.__defaults__ or ()))
+        yield from ((f"{name}'s default {d!r}", v) for d, v in (obj.__kwdefaults__ or {}).items())
+    elif isinstance(obj, functools.partial):
+        yield "the partial's function", obj.func
+        yield from ((f"the partial's argument {i}", a) for i, a in enumerate(obj.args))
+        yield from ((f"the partial's argument {k!r}", a) for k, a in obj.keywords.items())
+    elif isinstance(obj, dict):
+        yield from ((f"item {k!r:.40}", v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        yield from ((f"item {i}", v) for i, v in enumerate(obj))
+    elif isinstance(obj, type):  # (a class of __main__ crosses by value, its attributes too)
+        yield from ((f"{obj.__name__}.{a}", v) for a, v in vars(obj).items()
+                    if not a.startswith("__") or inspect.isfunction(v))
+    else:  # what pickle sends of it: its reduction's arguments and state (__getstate__'s)
+        kind, reduced = type(obj).__name__, obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        if not isinstance(reduced, tuple):
+            return
+        yield from ((f"{kind}'s class" if a is type(obj) else f"{kind}'s argument {i}", a)
+                    for i, a in enumerate(reduced[1]))
+        state = reduced[2] if len(reduced) > 2 else None
+        for each in state if isinstance(state, tuple) else (state,):
+            if isinstance(each, dict):
+                yield from ((f"{kind}.{a}", v) for a, v in each.items())
+            elif each is not None:
+                yield f"{kind}'s state", each
 
 
 def _unsendable(obj: Any) -> Exception | None:

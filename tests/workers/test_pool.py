@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -395,7 +396,7 @@ def test_an_unpicklable_transform_is_named_at_construction():
 
     big = jl.ArraySource({"x": np.zeros((64, 1 << 15), np.float32)})  # 8 MiB: shared, probed
     for src in (source(), big):  # the fixture checks that the probes' segments are gone
-        with pytest.raises(jl.WorkerError, match=r"transforms Map\(.*uses_lock.*lock"):
+        with pytest.raises(jl.WorkerError, match=r"transform Map\(.*uses_lock.*lock"):
             jl.DataLoader(src, batch_size=6, transforms=[jl.Map(uses_lock)], num_workers=2,
                           process_index=0, process_count=1)
 
@@ -1223,9 +1224,54 @@ def test_an_unpicklable_part_of_a_source_made_of_others_is_named():
             return "Locked()"
 
     inner = jl.ConcatSource([jl.ArraySource({"x": np.arange(4)}), Locked()])
-    with pytest.raises(jl.WorkerError, match=r"cannot send the source \(MapSource.*: its part "
-                       r"Locked\(\): TypeError: cannot pickle '_thread.lock'"):
+    with pytest.raises(jl.WorkerError, match=r"cannot send the source MapSource.*: its part "
+                       r"Locked\(\): the object at Locked.lock \(<unlocked _thread.lock .*\) "
+                       r"does not pickle: TypeError: cannot pickle '_thread.lock'"):
         jl.DataLoader(jl.MapSource(inner, lambda r: r), batch_size=2, num_workers=2)
+
+
+_LOCK = threading.Lock()
+
+
+class _StateHoldsLock:
+    def __init__(self) -> None:
+        self.table = np.zeros(3 << 20, np.uint8)  # (not copied by the probes)
+        self.handle = threading.Lock()  # left out of the state: not the culprit
+        self.stats = {"mean": 0.0, "guard": threading.Lock()}
+
+    def __getstate__(self) -> dict:
+        return {"table": self.table, "stats": self.stats}
+
+    def __call__(self, r):
+        return r
+
+
+def test_an_unpicklable_transform_names_the_variable_that_holds_the_object():
+    # The error named the transform and the pickler's error (cannot pickle '_thread.lock'),
+    # not which of the function's variables or the object's attributes held the lock
+    def make():
+        handle = threading.Lock()
+
+        def scale(r):
+            with handle:
+                return r
+        return scale
+
+    def add(r, guard):
+        return r
+
+    cases = [
+        (make(), r"the object at Map.fn > scale's captured variable 'handle' \(<unlocked "
+                 r"_thread.lock"),
+        (functools.partial(add, guard=_LOCK), r"Map.fn > the partial's argument 'guard' "),
+        (_StateHoldsLock(), r"Map.fn > _StateHoldsLock.stats > item 'guard' \(<unlocked"),
+        (lambda r: _LOCK and r, r"Map.fn > <lambda>'s global '_LOCK' \(<unlocked"),
+    ]
+    for fn, said in cases:
+        with pytest.raises(jl.WorkerError, match=r"cannot send the transform Map\(.* to worker "
+                           r"processes: .*" + said + r".* does not pickle: TypeError"):
+            jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, num_workers=1,
+                          transforms=[jl.Map(fn)])
 
 
 def test_a_stale_run_driven_on_ends_and_leaves_the_newer_runs_batches():
