@@ -35,11 +35,11 @@ import numpy as np
 
 
 def code_digest(fn: Any, deep: bool = False, bound: bool = False) -> str:
-    """A digest of ``fn``: its name, source text (where Python has it: a script's or a
-    notebook's), the names and constants its code uses (nested functions' too: two lambdas on
-    one line), its closure's values (a ``functools.partial``: its function and arguments); for
-    another callable, its type and ``repr`` too. Not its bytecode, which differs between Python
-    versions.
+    """A digest of ``fn``: its name, source text (where Python has it: a script's or a notebook's),
+    the names and constants its code uses (nested functions' too: two lambdas on one line), its
+    closure's values and default arguments' (``lambda r, m=m: ...``; a ``functools.partial``: its
+    function and arguments); for another callable, its type and ``repr`` too. Not its bytecode,
+    which differs between Python versions.
 
     ``deep``: also the values of the globals its code names, the functions and values of the
     user's own modules (not installed ones) it names, and a bound method's object, each whole
@@ -88,7 +88,7 @@ class _Digests:
             _update_code(digest, code)
         closure = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
                    if filled(cell)]
-        for value in closure:
+        for value in closure + _defaults(fn):
             if id(value) not in within:
                 digest.update(self._value(value, within).encode())
         owner = getattr(fn, "__self__", None)
@@ -109,6 +109,14 @@ class _Digests:
                 inspect.getmodule(value)):  # (an installed library's: by its name)
             return f"{value.__module__}.{value.__qualname__}"
         return self.of(value, within)
+
+
+def _defaults(fn: Any) -> list:
+    """``fn``'s default arguments (a callable object's ``__call__``'s), keyword-only ones with
+    their names: a value bound as one (``lambda r, m=m: ...``) is in no source text."""
+    held = fn if hasattr(fn, "__defaults__") else getattr(type(fn), "__call__", None)
+    keywords = sorted((getattr(held, "__kwdefaults__", None) or {}).items())
+    return [*(getattr(held, "__defaults__", None) or ()), *(v for pair in keywords for v in pair)]
 
 
 def filled(cell: Any) -> bool:

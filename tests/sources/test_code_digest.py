@@ -36,6 +36,24 @@ def test_a_partial_is_its_function_and_arguments():
         functools.partial(_keep_small, 4))
 
 
+def test_a_value_bound_as_a_default_argument_is_part_of_the_digest():
+    # ``lambda r, m=m: ...`` (a phase's value, bound as a loop's variables are) digested the
+    # same for every m: a kept file or a MapSource's state of another phase was taken for this
+    def at_least(m):
+        return lambda r, m=m: r >= m
+
+    def keyword(m):
+        def keep(r, *, m=m):
+            return r >= m
+        return keep
+
+    for make in (at_least, keyword):
+        assert code_digest(make(10)) == code_digest(make(10))
+        assert code_digest(make(10)) != code_digest(make(90))
+        assert code_digest(make(10), deep=True) != code_digest(make(90), deep=True)
+    assert code_digest(_keep_small) == code_digest(_keep_small)  # (none: as before)
+
+
 def test_objects_that_hold_each_other_or_cannot_be_printed_are_digested():
     a, b = _Node(1), _Node(2)
     a.other, b.other = b, a  # a cycle of attributes: a RecursionError before

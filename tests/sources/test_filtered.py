@@ -228,6 +228,18 @@ def test_an_indices_file_sees_what_the_function_reads_beyond_its_code(tmp_path, 
             assert kept(make(18), name) == [18, 19]
 
 
+def test_an_indices_file_of_a_predicate_with_another_default_argument_is_found_again(tmp_path):
+    # the phase's bound as a default (lambda r, m=m: ...): the second phase read the first's
+    # kept records back, 90 where 10 passed, without a word
+    def at_least(m):
+        return lambda r, m=m: r["x"] >= m
+
+    source, path = jl.ArraySource({"x": np.arange(100)}), tmp_path / "kept.npy"
+    assert len(jl.FilteredSource(source, at_least(10), indices=path)) == 90
+    with pytest.warns(UserWarning, match="found again"):
+        assert len(jl.FilteredSource(source, at_least(90), indices=path)) == 10
+
+
 def test_a_function_with_a_set_of_strings_has_one_digest_in_every_process():
     # a frozenset's repr follows the process's random string hashing: a file found again and
     # a warning on every run, each host rewriting it

@@ -145,6 +145,14 @@ def test_a_state_saved_under_another_function_is_refused(tmp_path):
         state = json.loads(json.dumps(first.state_dict()))
     with loader(_as_float32) as same:
         same.load_state_dict(state)
+    def shifted(k):
+        return lambda r, k=k: {**r, "id": r["id"] + k}
+
+    with loader(shifted(1)) as first:  # (another value bound as a default: restored over)
+        take(first, 2)
+        bound_one = json.loads(json.dumps(first.state_dict()))
+    with loader(shifted(2)) as other, pytest.raises(jl.StateDictError, match="source: expected"):
+        other.load_state_dict(bound_one)
     with loader(lambda r: {**r, "id": r["id"] + 1}) as other:
         # (two hashes and a remedy about the seed and batch size: it now says what differs)
         with pytest.raises(jl.StateDictError, match=r"source: expected 'map:160:.*the source is "
