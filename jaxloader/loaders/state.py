@@ -231,6 +231,14 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             f"state['version']: expected {STATE_VERSION}, received {state['version']!r:.120}; this "
             "state was written by another jaxloader version that this one cannot read"
         )
+    if ("mixture" in state) != ("mixture" in expected):  # (said before the fingerprints)
+        kinds = ("a plain source", "a mixture (jaxloader.mix)")
+        raise StateDictError(
+            f"state: it is from a loader over {kinds['mixture' in state]}, and this loader reads "
+            f"{kinds['mixture' in expected]}; a state restores into a loader over the same "
+            "data: a mixture's into the same mixture, a plain source's into that source (to "
+            "mix in sources later, mix them from the start at weight 0 and raise it with "
+            "jl.mix(..., from_step={step: weights}))")
     if "mixture_order" in state and "mixture" in expected:  # (written until 2026-11-27)
         check_mixture_order(state["mixture_order"], 5, "state['mixture_order']")
         state = {k: v for k, v in state.items() if k != "mixture_order"}
