@@ -183,6 +183,42 @@ def test_an_empty_list_takes_the_batch_dtype_and_a_value_the_dtype_cannot_hold_i
     assert np.isnan(floats["f"][0, 1]) and floats["f"][1].tolist() == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_of_only_empty_lists_has_the_dtype_given_or_its_error_names_the_pad(workers):
+    # sorted by length, the empty transcripts filled a batch alone: float64 (NumPy's empty
+    # list) where the others were int64, the run refused at the next batch, the remedy to cast
+    # the token ids to float64; nothing gave the dtype
+    records = [{"ids": []} for _ in range(4)] + [{"ids": list(range(n))} for n in (3, 5, 2, 4)]
+
+    def batches(pad):
+        with jl.DataLoader(records, batch_size=4, num_workers=workers, transforms=[pad]) as l:
+            return list(l)
+
+    got = batches(jl.Pad("ids", dtype=np.int32))
+    assert [b["ids"].dtype for b in got] == [np.int32, np.int32]
+    assert [unpadded(b, "ids") for b in got] == [[[]] * 4, [[0, 1, 2], [0, 1, 2, 3, 4], [0, 1],
+                                                            [0, 1, 2, 3]]]
+    with pytest.raises(jl.CollateError, match=r"int64 \(2-D\), where the first batch .* had "
+                       r"float64 .* a Pad's batch whose records all held empty lists, float64 for "
+                       r"NumPy: give the Pad dtype="):
+        batches(jl.Pad("ids"))
+    for bad, said in [([1.5], r"is float64, which dtype=int32 would change in kind"),
+                      ([2**40], r"holds values int32 does not \(from 1099511627776")]:
+        with pytest.raises(jl.CollateError, match=said):
+            next(iter(jl.DataLoader([{"ids": bad}], batch_size=1,
+                                    transforms=[jl.Pad("ids", dtype=np.int32)])))
+    with pytest.raises(jl.ConfigError, match=r"Pad\(dtype\): expected a numeric dtype for keys "
+                       r"of \['ids'\], got \{'x'"):
+        jl.Pad("ids", dtype={"x": np.int32})
+    assert "dtype={'ids': np.int16}" in repr(jl.Pad(["ids", "a"], dtype={"ids": np.int16}))
+
+
+def test_ragged_lists_without_a_pad_are_told_to_take_one():
+    with pytest.raises(jl.CollateError, match=r"records differ in structure.*pad the lists to "
+                       r"the batch's longest with jaxloader.Pad\('t'\)"):
+        next(iter(jl.DataLoader([{"t": [1, 2]}, {"t": [3]}], batch_size=2)))
+
+
 def test_records_of_other_dtypes_are_refused_not_cast_to_the_first():
     # (int32 beside int64 made every record int32: 2**40 became 0, with only NumPy's warning;
     # the other order made the batch float64)

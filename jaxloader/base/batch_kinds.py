@@ -103,6 +103,9 @@ class BatchKinds:
                 common = repr(_TEXT.get(kind0.kind, kind0.name))
             cause = "a JSON number written 1 in some records and 1.5 in others, or parts of a " \
                 "ConcatSource that differ"
+            if np.dtype("float64") in (kind, kind0) and {kind.kind, kind0.kind} & set("iub"):
+                cause += ("; or a Pad's batch whose records all held empty lists, float64 "
+                          "for NumPy: give the Pad dtype= (jl.Pad(..., dtype=np.int32))")
             if {kind.kind, kind0.kind} == {"i", "u"} and common == "'float64'":
                 cause, common = ("int64 and uint64 hold no common int, and float64 rounds past "
                                  "2**53: 'uint64' if none is negative"), "'uint64'"

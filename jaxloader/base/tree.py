@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import functools
 import operator
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any, Callable, NoReturn
@@ -332,9 +333,12 @@ def _raise_mismatch(trees: list, treedef: TreeDef, names: Any, path: str) -> NoR
         got = structure(t)
         if _top(got) != want:
             sequence = want[0] in ("list", "tuple") and got[0] == want[0]
+            key = path[2:-2] if re.fullmatch(r"\['[^'\[]*'\]", path) else "key"  # (a Pad's)
             remedy = (  # [5, 8, 13] and [5, 8]: token lists, which JAX sees as nodes
-                f"a {want[0]} (of numbers, say) is a node of its items, not an array: make it "
-                "an array of one length in a Map (np.asarray, padded or cropped), or pack "
+                f"a {want[0]} (of numbers, say) is a node of its items, not an array: pad "
+                f"the lists to the batch's longest with jaxloader.Pad({key!r}) after "
+                "the Maps (it takes lists), make them arrays of one length in a Map (np.asarray, "
+                "padded or cropped), or pack "
                 "token sequences with jaxloader.PackedSource (PackedStream for a stream)"
                 if sequence else
                 "a stream's JSON list of numbers becomes an array, but not an empty one (no "

@@ -47,6 +47,11 @@ class Pad:
         length: pad every batch to this length instead (a record longer is refused): what
             several processes reading one global batch need, each padding its own rows.
         length_suffix: the lengths leaf's name after its key's.
+        dtype: each padded leaf's dtype, or a dict of one for some keys (``{"ids": np.int32}``):
+            lists are made arrays of it and arrays cast to it (where it holds their kind).
+            Without it, a leaf keeps its records' dtype; an empty Python list (``float64``
+            for NumPy) takes the others', so a batch whose records all hold empty lists is
+            ``float64``: give ``dtype=`` for lists that may all be empty (token ids).
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -57,7 +62,8 @@ class Pad:
     """
 
     def __init__(self, keys: str | Sequence[str], *, value: Any = 0, multiple_of: int = 1,
-                 length: int | None = None, length_suffix: str | None = "_length") -> None:
+                 length: int | None = None, length_suffix: str | None = "_length",
+                 dtype: Any = None) -> None:
         named = [keys] if isinstance(keys, str) else list(keys) if isinstance(
             keys, (list, tuple)) else None
         if not named or not all(isinstance(k, str) for k in named):
@@ -78,6 +84,17 @@ class Pad:
                                       np.timedelta64)):
                 raise ConfigError(f"Pad(value): expected a number (what pads), or a dict of one "
                                   f"for each key, got {given!r:.80}")
+        try:
+            kinds = {k: np.dtype(d) for k, d in (dtype.items() if isinstance(dtype, dict) else
+                                                 dict.fromkeys(named, dtype).items())
+                     if d is not None}
+        except TypeError as e:
+            raise ConfigError(f"Pad(dtype): expected a NumPy dtype (np.int32), or a dict of one "
+                              f"for some keys, got {dtype!r:.80}: {e}") from e
+        if set(kinds) - set(named) or any(d.kind not in "biufcmM" for d in kinds.values()):
+            raise ConfigError(f"Pad(dtype): expected a numeric dtype for keys of {named}, got "
+                              f"{dtype!r:.80}")
+        self.dtypes = kinds
         self.keys = tuple(named)
         self.value = value
         self.values = values  # (each key's)
@@ -102,7 +119,11 @@ class Pad:
                 f"length={self.length}")
         value = ({key: self.values[key] for key in self.keys} if isinstance(self.value, dict)
                  else self.value)  # (a dict in the keys' order: the same Pad, the same text)
-        return f"Pad({keys!r}, value={value!r}, {size}, length_suffix={self.length_suffix!r})"
+        kinds = "" if not self.dtypes else ", dtype=" + (
+            f"np.{self.dtypes[self.keys[0]].name}" if len(self.keys) == 1 else
+            "{" + ", ".join(f"{k!r}: np.{d.name}" for k, d in self.dtypes.items()) + "}")
+        return (f"Pad({keys!r}, value={value!r}, {size}, length_suffix={self.length_suffix!r}"
+                f"{kinds})")
 
 
 def split_pad(batch_transforms: tuple) -> tuple[Pad | None, tuple]:
@@ -134,7 +155,7 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
             raise CollateError(f"{pad!r}: {key!r} of {tree_lib.record_name(names, j)} has "
                                f"{longest} rows, more than length={width}; crop it in a Map "
                                "before the Pad, or pass a larger length=")
-        kind = _kind(pad, key, leaves, names)
+        kind = pad.dtypes.get(key) or _kind(pad, key, leaves, names)
         _check_value(pad, key, kind)
         for record, leaf in zip(out, leaves):
             if len(leaf) != width or leaf.dtype != kind:
@@ -201,7 +222,7 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
         if key not in record:
             raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} has no key {key!r} "
                                f"(its keys: {list(record)[:20]})")
-        leaf = np.asarray(record[key])
+        leaf = _as_array(pad, record[key], pad.dtypes.get(key), names, j, key)
         if leaf.ndim == 0 or leaf.dtype == object:
             raise CollateError(
                 f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
@@ -215,3 +236,23 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
                                "length_suffix=")
         record[key] = leaf
     return record
+
+
+def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
+              key: str) -> np.ndarray:
+    """A record's leaf as an array, of ``kind`` where the ``Pad`` gives one (a list made so, an
+    array cast), refused where ``kind`` is of another kind (floats into ints) or cannot hold
+    its ints."""
+    given = np.asarray(value)
+    if kind is None or given.dtype == kind or given.dtype == object:
+        return given  # (objects: refused by the caller)
+    if given.size and not np.can_cast(given.dtype, kind, "same_kind"):
+        raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
+                           f"{given.dtype}, which dtype={kind} would change in kind; cast it "
+                           "in a Map before the Pad, or give the Pad a dtype of its kind")
+    made = given.astype(kind)
+    if given.dtype.kind in "iu" and not np.array_equal(made, given):
+        raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds values "
+                           f"{kind} does not (from {given.min()} to {given.max()}); pass a "
+                           "dtype that holds them")
+    return made
