@@ -265,8 +265,8 @@ def check_order(source: Any, shuffle: Any,
 
 
 def lengths(source: Any, key: str) -> np.ndarray:
-    """``ParquetSource.lengths``: every row's length of the list column ``key``, from its
-    offsets alone.
+    """``ParquetSource.lengths``: every row's length of the list column ``key`` (of any
+    values: token ids, audio samples, or frames of lists, each one), from its offsets alone.
 
     Example:
         >>> import tempfile, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
@@ -280,12 +280,12 @@ def lengths(source: Any, key: str) -> np.ndarray:
     schema = metadata(source.paths[0]).schema.to_arrow_schema()
     kind = schema.field(key).type if key in source.columns else None
     if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-                            or pa.types.is_fixed_size_list(kind)) or not (
-            pa.types.is_integer(kind.value_type)):
+                            or pa.types.is_fixed_size_list(kind)):
         raise ConfigError(
-            f"ParquetSource.lengths({key!r}): expected a column of lists of integers (token "
-            f"ids) among {source.columns}, got {kind if kind is not None else 'no such column'}"
-            "; tokenize into such a column, or pass lengths= to PackedSource"
+            f"ParquetSource.lengths({key!r}): expected a column of lists (token ids, samples, "
+            f"feature frames) among {source.columns}, got "
+            f"{kind if kind is not None else 'no such column'}; write the column as lists, or "
+            "measure the lengths from the records (PackedSource: pass lengths=)"
         )
     out = []
     for group in range(len(source._groups)):
