@@ -27,6 +27,7 @@ from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.fingerprint import compact_spec
 
 # The state's one version: what a step reads (the orders of ``order`` and ``plans``, the
 # layout of a state) is this number's; a change to any of them changes it, and a state of
@@ -239,6 +240,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             "data: a mixture's into the same mixture, a plain source's into that source (to "
             "mix in sources later, mix them from the start at weight 0 and raise it with "
             "jl.mix(..., from_step={step: weights}))")
+    if isinstance(state.get("record_spec"), str):  # (whole in a state until 2026-11-30)
+        state = {**state, "record_spec": compact_spec(state["record_spec"])}
     if "mixture_order" in state and "mixture" in expected:  # (written until 2026-11-27)
         check_mixture_order(state["mixture_order"], 5, "state['mixture_order']")
         state = {k: v for k, v in state.items() if k != "mixture_order"}
