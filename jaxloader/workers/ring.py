@@ -10,11 +10,13 @@ A slot is a ``Segment`` reused batch after batch (no per-batch segment in steady
 back to the free list only when nothing can read it any more: a weak reference to the one base
 array that every handed-out view hangs from. Its callback is ``deque.append``, a builtin: no
 Python code runs when the views die, so a Ctrl-C can never land in (and be swallowed by) a slot
-return, as it could in a ``weakref.finalize`` callback (``jaxloader.base.interrupts``, 5). New slots are created at the largest
-size seen lately, so variable-length data grows the ring once, not every batch; when the largest
-batch of the last ``_SETTLE`` to ``2 * _SETTLE`` is under 40% of the slot size, the size comes
-down to it, 25% more (one outlier batch grew every slot for good, and the pool, which sizes its
-tasks by the slots, then ran a step a task: 3x slower for the rest of the run). The ring owns
+return, as it could in a ``weakref.finalize`` callback (``jaxloader.base.interrupts``, 5). New
+slots are created at the largest size seen lately, so variable-length data grows the ring once,
+not every batch; every ``_SETTLE`` batches, when the largest batch of the last ``_SETTLE`` to
+``2 * _SETTLE`` is under 40% of the slot size, the size comes down to it, 25% more (an outlier
+is so forgotten 2 to 3 times ``_SETTLE`` batches after it; one outlier batch grew every slot
+for good, and the pool, which sizes its tasks by the slots, then ran a step a task: 3x slower
+for the rest of the run). The ring owns
 (and at ``close()`` unlinks) every segment; a slot whose views outlive ``close()`` is unmapped
 when they die.
 
