@@ -23,9 +23,9 @@ from __future__ import annotations
 import errno
 import os
 import zlib
-from typing import Any
+from typing import Any, Sequence
 
-from jaxloader.base.errors import RecordError
+from jaxloader.base.errors import RecordError, StateDictError
 
 ENDS_BYTES = 1024  # a stream shard's first and last bytes, hashed into its identity
 _PARQUET_TAIL = 8  # a Parquet file ends with its footer's length (4 bytes) and b"PAR1"
@@ -145,3 +145,46 @@ def changed_error(owner: str, path: str, then: list[int], now: list[int] | None,
         f"{owner}: file {path!r} changed while the loader reads it ({what}): its {held} are no "
         "longer those the order (and a saved state) names; put the file back, or make a new "
         "source and loader over the files as they are now")
+
+
+def check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
+    """Refuses a state saved over other bytes than a source's files hold now (a state's
+    ``"files"``, ``then``, and the source's, ``now``, of ``paths``), naming the files that
+    changed, or those added since (by identity: a file among the saved, wherever it was, is
+    not new).
+
+    Example:
+        >>> check_files([[10, 1]], [[10, 1], [20, 2]], ["a.parquet", "b.parquet"])
+        Traceback (most recent call last):
+        ...
+        jaxloader.base.errors.StateDictError: state['files']: the state was saved over 1 file...
+    """
+    if then == now:
+        return
+    if not isinstance(then, list) or not isinstance(now, list):
+        raise StateDictError(
+            f"state['files']: expected the identities of the source's {len(now or ())} files "
+            f"(state_dict() records them), received {'none' if then is None else then!r:.80}: "
+            "a state edited by hand or saved by another jaxloader version; restore a state "
+            "this version saved over the same files")
+    named = [paths[i] if i < len(paths) else f"file {i}" for i in range(len(now))]
+    if len(then) != len(now):
+        saved, read = set(map(str, then)), set(map(str, now))
+        new = [name for name, b in zip(named, now) if str(b) not in saved]
+        gone = sum(str(a) not in read for a in then)
+        raise StateDictError(
+            f"state['files']: the state was saved over {len(then)} file(s), the source reads "
+            f"{len(now)}" + (f"; not among the saved: {', '.join(new[:3])}"
+                             f"{', ...' if len(new) > 3 else ''} (added or changed since)"
+                             if new else "") +
+            (f"; {gone} saved file(s) are not read now (removed or changed)" if gone else "") +
+            ": the saved step would read other records than it named; restore over the files "
+            "the state was saved over (a folder read whole: pass the saved files by name), or "
+            "start the run again without this state")
+    changed = [f"{name}: {change(a, b)}" for name, a, b in zip(named, then, now) if a != b]
+    raise StateDictError(
+        f"state['files']: {len(changed)} of the source's {len(now)} files changed since the "
+        f"state was saved, or are other files ({'; '.join(changed[:3])}"
+        f"{'; ...' if len(changed) > 3 else ''}): the saved step would read other records "
+        "than it named; restore over the files the state was saved over, as they were (put "
+        "them back), or start the run again without this state")

@@ -20,7 +20,7 @@ import hashlib
 import warnings
 from typing import Any, Callable, Sequence
 
-from jaxloader.base import file_identity
+from jaxloader.base.file_identity import check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError, user_stacklevel
 from jaxloader.loaders.older_states import check_mixture_order
@@ -246,9 +246,9 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
         check_mixture_order(state["mixture_order"], 5, "state['mixture_order']")
         state = {k: v for k, v in state.items() if k != "mixture_order"}
     then, now = state.get("files"), expected.get("files")
-    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now) and \
+    if isinstance(then, list) and isinstance(now, list) and \
             sorted(map(str, then)) != sorted(map(str, now)):  # (not the same files reordered)
-        _check_files(then, now, paths)  # a file changed: named, before the fingerprint it moves
+        check_files(then, now, paths)  # changed, added: named, before the fingerprint it moves
     if state.get("source") != expected.get("source") and state.get("source") in older():
         # (saved before: the same source)
         state = {**state, "source": expected.get("source")}
@@ -275,7 +275,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
             "size (batch_size x process_count)"
         )
-    _check_files(state.get("files"), expected.get("files"), paths)
+    check_files(state.get("files"), expected.get("files"), paths)
     epochs = state["step"] // sampler.steps_per_epoch
     if epochs >= EPOCH_LIMIT:
         raise StateDictError(
@@ -347,28 +347,6 @@ def refuse_unknown(state: dict, expected: Any, loader: str) -> None:
             f"state: unknown keys {unknown}; expected keys {sorted(expected)}: a state edited by "
             f"hand, or another kind of loader's; pass the dict that {loader}.state_dict() "
             "returned, unchanged")
-
-
-def _check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
-    """Refuses a state saved over other bytes than the source's files hold now, naming the
-    files that changed (a state's ``"files"`` and the source's, the paths equal)."""
-    if then == now:
-        return
-    if then is None or now is None or len(then) != len(now):
-        raise StateDictError(
-            f"state['files']: expected the identities of the source's {len(now or ())} files "
-            f"(state_dict() records them), received {'none' if then is None else len(then)}: "
-            "a state edited by hand or saved by another jaxloader version; restore a state "
-            "this version saved over the same files")
-    changed = [f"{paths[i] if i < len(paths) else f'file {i}'}: "
-               f"{file_identity.change(a, b)}" for i, (a, b) in enumerate(zip(then, now))
-               if a != b]
-    raise StateDictError(
-        f"state['files']: {len(changed)} of the source's {len(now)} files changed since the "
-        f"state was saved, or are other files ({'; '.join(changed[:3])}"
-        f"{'; ...' if len(changed) > 3 else ''}): the saved step would read other records "
-        "than it named; restore over the files the state was saved over, as they were (put "
-        "them back), or start the run again without this state")
 
 
 _SHOWN = 400  # characters of a long value a message shows, from before where it differs

@@ -114,6 +114,25 @@ def test_a_state_saved_over_other_bytes_is_refused_naming_the_file(tmp_path, wor
         assert again.step == 2
 
 
+def test_a_state_over_a_folder_that_gained_or_lost_a_file_names_them(tmp_path):
+    # refused by the record count and the source's hash alone ("num_records: expected 40,
+    # received 30; source: ..."): which file was new was not said
+    paths = [_write(tmp_path / f"p{i}.parquet", np.arange(10) + 10 * i) for i in range(3)]
+    with _loader(paths, 0) as loader:
+        next(iter(loader))
+        state = json.loads(json.dumps(loader.state_dict()))
+    added = paths + [_write(tmp_path / "p3.parquet", np.arange(10) + 100)]
+    with _loader(added, 0) as again, pytest.raises(
+            jl.StateDictError, match=r"state\['files'\]: the state was saved over 3 file\(s\), "
+                                     r"the source reads 4; not among the saved: \S*p3.parquet "
+                                     r"\(added or changed since\): .*pass the saved files"):
+        again.load_state_dict(state)
+    with _loader(paths[::2], 0) as fewer, pytest.raises(
+            jl.StateDictError, match=r"saved over 3 file\(s\), the source reads 2; 1 saved "
+                                     r"file\(s\) are not read now \(removed or changed\)"):
+        fewer.load_state_dict(state)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_file_replaced_under_a_live_loader_is_noticed_at_its_next_row_group(tmp_path,
                                                                               workers):
