@@ -20,19 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from typing import Any, Protocol, runtime_checkable
 
-from jaxloader.base import file_identity
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
-from jaxloader.streams.compressed import compression, decompressed
 from jaxloader.streams.json_values import numbers_as_arrays
-
-# a compressed file's first bytes, left out of its identity's tail: gzip's header holds the
-# time it compressed (bytes 4 to 8), and a small file's last KiB would reach into it
-_HEADER_BYTES = 16
-
+from jaxloader.streams.shard_files import check_unchanged, open_file, prefix_head, unreadable
 
 @runtime_checkable
 class Shard(Protocol):
@@ -140,7 +133,7 @@ class FileShard:
         now = os.fstat(self._file.fileno())
         if now.st_mtime_ns == self._mtime:
             return
-        if self.append_only and now.st_size >= self._file.tell() and _prefix_head(
+        if self.append_only and now.st_size >= self._file.tell() and prefix_head(
                 self, self._identity["size"]) == self._identity["head"]:
             self._mtime = now.st_mtime_ns  # (records appended: read on)
             return
@@ -256,92 +249,6 @@ class TextShard(_LineShard):
                               "convert the file (iconv -f <its encoding> -t utf-8)") from None
 
 
-def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
-    """``shard.path`` opened for reading the bytes it holds (decompressed if it is gzip,
-    bzip2, xz or Zstandard: ``jaxloader.streams.compressed``), with the file's identity as
-    opened (``file_identity.ends``; of a compressed file, the head is its first KiB once
-    decompressed: gzip writes the time it compressed into its first bytes, so the same records
-    compressed again would otherwise look changed) and whether the reader is the file itself
-    (local, not compressed); an error naming the shard if it cannot be opened."""
-    try:
-        raw = file_identity.open_binary(shard.path)  # (remote: gs://, s3://)
-        try:
-            plain = compression(raw) is None
-            found = file_identity.ends(raw, skip=0 if plain else _HEADER_BYTES)
-        except BaseException:
-            raw.close()
-            raise
-        reader = decompressed(raw, shard.path)
-        if reader is not raw:
-            try:
-                found["head"] = _head(reader, file_identity.ENDS_BYTES)
-            except Exception as e:  # (cut short or corrupt: EOFError, LZMAError, zlib.error,
-                try:  # BadGzipFile and bz2's "Invalid data stream", which are OSErrors)
-                    reader.close()
-                finally:  # (a decompressor leaves its file open)
-                    raw.close()
-                raise unreadable(shard, "its first KiB", e) from e
-        return reader, found, reader is raw and "://" not in shard.path
-    except OSError as e:
-        if file_identity.storage_failed(e):
-            raise file_identity.storage_failure(type(shard).__name__, shard.path,
-                                                "its start", e) from e
-        raise ConfigError(f"{type(shard).__name__}: cannot open {shard.path!r}: {e}; check the "
-                          "path, or drop the shard from the stream") from None
-
-
-def check_unchanged(shard: Any, state: dict) -> None:
-    """Refuses to resume ``shard`` (just opened) from ``state`` if the file is not the one the
-    state was saved over (``FileShard``), naming what changed. A state without an identity (a
-    shard's first, never opened) resumes as it is."""
-    then = {key: state[key] for key in ("size", "head", "tail") if key in state}
-    for key, value in then.items():
-        if type(value) is not int or value < 0:
-            raise StateDictError(f"{type(shard).__name__} {shard.name}: state[{key!r}]: "
-                                 f"expected a non-negative int, got {value!r:.120}")
-    now = shard._identity
-    if not then or then == {key: now.get(key) for key in then}:
-        return
-    # it only grew if it starts as it did (its old end may be rewritten: a tar's marker)
-    grew = "size" in then and now["size"] >= then["size"] and (
-        "head" not in then or _prefix_head(shard, then["size"]) == then["head"])
-    if shard.append_only and grew:
-        return
-    if grew and now["size"] > then["size"]:  # ("its first KiB differs", it said: not so)
-        raise StateDictError(
-            f"stream shard {shard.path}: it grew since the state was saved ({then['size']:,} "
-            f"bytes then, {now['size']:,} now, its first bytes as they were): records were "
-            "appended to it; read the shards with append_only=True (Stream.jsonl(paths, "
-            "append_only=True)) to resume over them, or restore over the file as it was")
-    changed = ([f"size {then['size']:,} bytes then, {now['size']:,} now"]
-               if then.get("size", now["size"]) != now["size"] else ["the same size"])
-    changed += [f"its {'first' if key == 'head' else 'last'} KiB differs"
-                for key in ("head", "tail") if key in then and then[key] != now.get(key)]
-    kind = "shorter or rewritten" if shard.append_only else "changed"
-    raise StateDictError(
-        f"stream shard {shard.path}: {kind} since the state was saved ({'; '.join(changed)}): "
-        f"the state's offset {state.get('offset')} would resume inside other records; restore "
-        "over the shards the state was saved with, or drop this shard from the stream"
-        + ("" if shard.append_only else "; if records are only appended to it, read the "
-           "shards with append_only=True (Stream.jsonl(paths, append_only=True))"))
-
-
-def _prefix_head(shard: Any, size: int) -> int:
-    """The head of ``shard``'s identity as it was when the file had ``size`` bytes, read from
-    the file as it is now: its first KiB (a plain file's first ``size`` bytes, if fewer)."""
-    if shard._size_known is None:  # (compressed: the first KiB of what it holds, as opened)
-        return shard._identity["head"]
-    with file_identity.open_binary(shard.path) as raw:
-        return _head(raw, min(size, file_identity.ENDS_BYTES))
-
-
-def _head(reader: Any, count: int) -> int:
-    """The CRC-32 of ``reader``'s first ``count`` bytes; ``reader`` left at its start."""
-    head = zlib.crc32(reader.read(count))
-    reader.seek(0)
-    return head
-
-
 def seek(shard: Any, offset: int) -> None:
     """``shard._file`` to ``offset`` (a compressed file: read up to it, where it may turn out
     cut short)."""
@@ -374,18 +281,6 @@ def no_records(reader: int, epoch: int, in_pass: bool, stream: Any, dealt: list[
               "shards (a 0-byte file, as Spark writes them), or use fewer readers")
     return ConfigError(f"stream reader {reader}: no records {why} shards [{shown}]; "
                        f"{remedy}")
-
-
-def unreadable(shard: Any, where: str, error: Exception) -> RecordError:
-    """The error for a shard whose bytes cannot be read at ``where`` (a compressed file cut
-    short or corrupt, a failing disk), or does not fit in memory (a record of gigabytes)."""
-    if isinstance(error, MemoryError):
-        return RecordError(f"{shard.path}: {where}: does not fit in this process's memory "
-                           f"({type(error).__name__}: {error}): a record that large is read "
-                           "whole; split it, or drop the shard from the stream")
-    return RecordError(f"{shard.path}: {where}: cannot be read ({type(error).__name__}: "
-                       f"{error}); is the file whole? replace it, or drop the shard from the "
-                       "stream")
 
 
 def state_ints(shard: Any, state: dict | None, keys: tuple[str, ...]) -> tuple[int, ...]:
