@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, Protocol, runtime_checkable
 
 from jaxloader.base.checks import check_bool
@@ -92,6 +93,7 @@ class FileShard:
         self._identity: dict[str, int] = {}
         self._size_known: int | None = None  # the bytes the reader reads, if known unread
         self._mtime: int | None = None  # the local plain file's st_mtime_ns as last looked at
+        self._said_held = False  # a last line without its line break was said (_held_back)
 
     def reset(self, state: dict | None = None) -> None:
         offset, count = state_ints(self, state, ("offset", self._COUNTER))
@@ -166,9 +168,15 @@ class _LineShard(FileShard):
                 raw = self._file.readline()
             except Exception as e:  # (gzip's EOFError, lzma's LZMAError: no common base)
                 raise unreadable(self, f"line {self._count + 1}", e) from e
-            if not raw:
+            held = bool(raw) and self.append_only and not raw.endswith(b"\n") and (
+                self._mtime is not None)  # (a local plain file: seeks back)
+            if held:  # (being written: read in a later pass, whole)
+                self._file.seek(self._file.tell() - len(raw))
+                self._held_back(len(raw))
+            if not raw or held:
                 self._check_unmoved(f"at its end, after line {self._count}")
-                self._check_whole()
+                if not held:
+                    self._check_whole()
                 raise StopIteration
             self._count += 1
             if not self._count % self._LOOK_EVERY:
@@ -184,6 +192,17 @@ class _LineShard(FileShard):
     def _parse(self, raw: bytes) -> Any:
         """The record of a line (without its line break), or ``_BLANK`` to skip it."""
         raise NotImplementedError
+
+    def _held_back(self, size: int) -> None:
+        """Said once a shard: an ``append_only`` file's last line has no line break, so it is
+        taken as being written (read half, it was two records) and left for a later pass."""
+        if not self._said_held:
+            self._said_held = True
+            warnings.warn(
+                f"{self.path}: its last line ({size:,} bytes after line {self._count}) has no "
+                "line break: with append_only=True it is taken as a record being written and "
+                "read once its line break is; a writer ends every record with one (a file "
+                "that is whole: append it, or read it without append_only)", stacklevel=2)
 
     def _check_whole(self) -> None:
         """At the end: a plain file that ends before the bytes it held when opened was cut

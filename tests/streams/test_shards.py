@@ -551,6 +551,30 @@ def test_a_file_rewritten_in_place_while_read_is_an_error(tmp_path, kind):
     appended.close()
 
 
+@pytest.mark.parametrize("kind", [jl.JsonlShard, jl.TextShard])
+def test_an_appended_line_read_half_written_waits_for_its_line_break(tmp_path, kind):
+    # a writer's record caught between two writes was read as two records: its first half (a
+    # JSON error, or a line of text) and its second
+    path = write_jsonl(tmp_path / "a.jsonl", range(3))
+    with open(path, "a") as f:
+        f.write('{"x": 3, "te')
+    shard = kind(path, append_only=True)
+    with pytest.warns(UserWarning, match=r"a.jsonl: its last line \(12 bytes after line 3\) "
+                      r"has no line break: .*read once its line break is"):
+        assert len(read_all(shard)) == 3
+    state = shard.get_state()
+    with open(path, "a") as f:
+        f.write('xt": "x"}\n{"x": 4}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (said once a shard)
+        rest = read_all(shard, state)
+    assert [json.loads(r) if isinstance(r, str) else {k: v for k, v in r.items()}
+            for r in rest] == [{"x": 3, "text": "x"}, {"x": 4}]
+    with open(path, "a") as f:
+        f.write('{"x": 5}')  # (a file whole without its last line break: read plainly)
+    assert len(read_all(kind(path))) == 6
+
+
 class _LiveState:
     """A shard that keeps its place in a dict and hands out that dict."""
 
