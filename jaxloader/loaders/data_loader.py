@@ -218,7 +218,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             else None
         self._fingerprint: dict[str, Any] | None = None  # computed on first use, then kept
         self._transforms = (*record_transforms, *batch_transforms)
-        self._transforms_named: list[str] | None = None  # (the same: transforms_of them)
+        self._transforms_named: list[str] | None = transforms_of(self._transforms)  # (as
+        # made: a memo a transform fills as it runs in this process is not another transform)
         self._files = source_files(source)  # (path, identity) of each file it reads
         self._progress = Progress(where=self._maker.location)
         self._progress.label = label("DataLoader", source, batch_size)

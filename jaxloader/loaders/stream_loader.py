@@ -159,7 +159,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         record_transforms, batch_transforms = split_transforms(
             transforms, filters=True, process_count=process_count)
         self._transforms = (*record_transforms, *batch_transforms)
-        self._transforms_named: list[str] | None = None  # (transforms_of them, when asked)
+        self._transforms_named: list[str] | None = transforms_of(self._transforms)  # (as
+        # made: a memo a transform fills as it runs in this process is not another transform)
         self._stream: ReadableStream = given
         # what hosts readers: the workers (Ray actors), or this process
         hosts = max(1, count) if workers is None else getattr(workers, "n", 1)

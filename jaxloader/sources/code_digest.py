@@ -218,8 +218,9 @@ def _sorted_set(value: Any) -> str:
 
 def _repr(value: Any, limit: int | None = None) -> str:
     """``repr(value)`` (at least its first ``limit`` characters where it is longer; ``None``:
-    all of it), where every set of two or more strings in a tuple, list, dict, dataclass or
-    named tuple, at any depth, is written sorted: ``repr`` wrote it in the order of this run's
+    all of it), where every set of two or more strings in a tuple, list, dict (a
+    ``defaultdict`` too), dataclass, named tuple or ``SimpleNamespace``, at any depth, is
+    written sorted: ``repr`` wrote it in the order of this run's
     hash key, so a state saved under a ``partial(fn, stop={"a", "b"})`` was refused in every
     new process. Without such a set the text is ``repr``'s (what older versions digested)."""
     try:
@@ -257,7 +258,7 @@ class _Written:
         try:
             for i, item in enumerate(items):  # (lazily: the first 200 characters' worth)
                 if i:
-                    out.append(": " if kind is dict and i % 2 else ", ")
+                    out.append(": " if issubclass(kind, dict) and i % 2 else ", ")
                 if names is not None:
                     out.append(f"{names[i]}=")
                 written, whole = self.text(item, depth + 1)
@@ -288,6 +289,10 @@ def _shape(value: Any) -> tuple[Any, str, str]:
     kind = type(value)
     if kind is list or kind is tuple or kind is dict:
         return _items(value), *_BRACKETS[kind]
+    if kind is collections.defaultdict:
+        return _items(value), f"defaultdict({value.default_factory!r}, {{", "})"
+    if kind is types.SimpleNamespace:
+        return iter(vars(value).values()), "namespace(", ")"
     if kind in (set, frozenset) and len(value) == 1:  # (a set of one set of strings)
         return iter(value), "{" if kind is set else "frozenset({", "}" if kind is set else "})"
     if isinstance(value, tuple) and getattr(kind.__repr__, "__code__", None) is _NAMED_REPR:
@@ -303,10 +308,13 @@ _BRACKETS: dict[type, tuple[str, str]] = {list: ("[", "]"), tuple: ("(", ")"), d
 
 def _items(value: Any) -> Any:
     """A list's, a tuple's or a set's items, a dict's keys and values in turn (an iterator)."""
-    return itertools.chain.from_iterable(value.items()) if type(value) is dict else iter(value)
+    return itertools.chain.from_iterable(value.items()) if isinstance(value, dict) else \
+        iter(value)
 
 
 def _field_names(value: Any) -> list[str]:
+    if isinstance(value, types.SimpleNamespace):
+        return list(vars(value))
     if isinstance(value, tuple):
         return list(type(value)._fields)  # type: ignore[attr-defined]
     return [f.name for f in dataclasses.fields(value) if f.repr]

@@ -87,6 +87,9 @@ class MapSource:
                 "(batched=False)")
         self.source, self.fn = source, fn
         self.batched = batched
+        # (its digest as made: a memo the function fills as it reads, a closure's or a
+        # default's, must not make the state of a run that read records another source's)
+        self._fn_digest = code_digest(fn)
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
@@ -159,7 +162,7 @@ class MapSource:
     @property
     def fingerprint(self) -> str:
         """The source's fingerprint and the function's code."""
-        return combined("map", len(self), [self.source], code_digest(self.fn),
+        return combined("map", len(self), [self.source], self._fn_digest,
                         b"batched" if self.batched else b"records")
 
     def __repr__(self) -> str:

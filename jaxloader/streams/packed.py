@@ -111,6 +111,8 @@ class PackedStream:
         packing_plan.check_overlong("PackedStream(overlong)", overlong, method)
         self.stream, self.key, self.length = stream, key, length
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
+        self._tokenize_digest = None if tokenize is None else code_digest(tokenize)[:16]  # (as
+        # made: a memo it fills as it reads is not another function)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
 
     def __repr__(self) -> str:
@@ -130,8 +132,7 @@ class PackedStream:
                              overlong=self.overlong)
         # (a function of the data, as Stream.map's; None too: a state saved without one is
         # refused under one)
-        described["tokenize"] = None if self.tokenize is None else code_digest(
-            self.tokenize)[:16]
+        described["tokenize"] = self._tokenize_digest
         return described
 
     def reader(self, *, reader: int, readers: int, seed: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 
 from jaxloader.sources.code_digest import code_digest
 
@@ -125,9 +126,13 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
         "kinds, tags = {Kind.A, Kind.B, Kind.C, Kind.D}, {Tag('p'), Tag('q'), Tag('rr')}\n"
         "def uses(r):\n    return r in cfg.stop or r in pair.a or r in nested\n"
         "def typed(r):\n    return r in kinds or r in tags\n"
+        "import types\n"  # (a default's or a closure's namespace or defaultdict: unsorted
+        "def held(r, o=types.SimpleNamespace(stop={'a', 'b', 'cc', 'd'}),\n"  # until 2026-11-30)
+        "         d=collections.defaultdict(set, {'k': {'e', 'ff', 'g'}})):\n    return r\n"
         "print(code_digest(functools.partial(tag, stop={'a', 'b', 'cc', 'ddd', 'e'})),\n"
         "      code_digest(uses, deep=True), code_digest(lambda r: r in ('s', {'t', 'uu'})),\n"
-        "      code_digest(typed, deep=True), code_digest(functools.partial(tag, stop=kinds)))\n")
+        "      code_digest(typed, deep=True), code_digest(functools.partial(tag, stop=kinds)),\n"
+        "      code_digest(held))\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     said = {subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
@@ -153,7 +158,9 @@ def test_values_without_a_set_of_strings_digest_as_before():
     tree.parent[0].parent = tree  # (a back reference: repr writes "...")
     for value in [(1, [2.5, "a"], {"k": (None,)}), ("one",), {3, 1, 2}, [frozenset({4})],
                   _keep_small, functools.partial(_keep_small, 3), ("x", {"b"}), cyclic, tree,
-                  collections.namedtuple("Pair", "a b")([{"one"}], 2), {"k": {"v"}}]:
+                  collections.namedtuple("Pair", "a b")([{"one"}], 2), {"k": {"v"}},
+                  collections.defaultdict(list, {"a": [1]}), collections.defaultdict(set),
+                  types.SimpleNamespace(a=1, b={"x"}), types.SimpleNamespace()]:
         assert _repr(value) == repr(value)  # (a set of one string: repr's text was stable)
     assert _repr(("x", {"b", "a"})) == """('x', set(["'a'", "'b'"]))"""  # (a set's own form)
     import enum

@@ -4,6 +4,7 @@ can do (read-local blocks, packing lengths, files, the state)."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -164,6 +165,34 @@ def test_a_state_saved_under_another_function_is_refused(tmp_path):
     assert [path for path, _ in jl.DataLoader(
         jl.MapSource(jl.ParquetSource(path), _as_float32), batch_size=8, process_index=0,
         process_count=1)._files] == [path]  # the map's files: named in the state
+
+
+def test_a_function_that_fills_a_memo_it_holds_restores_in_a_fresh_process():
+    # def norm(r, _cache={}): the digest read the memo as it was at state_dict(), filled by
+    # the batches made in this process, and a fresh process's empty one: refused there
+    def fresh():  # (a new process's function: its own empty memo)
+        def norm(r, _cache={}):
+            _cache.setdefault(int(r["x"]), 1)
+            return {"x": r["x"] * 2}
+        return norm
+
+    def loader():
+        return jl.DataLoader(jl.MapSource(jl.ArraySource({"x": np.arange(16)}), fresh()),
+                             batch_size=4, process_index=0, process_count=1)
+
+    with loader() as first, loader() as again:
+        take(first, 2)
+        again.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert next(iter(again))["x"].tolist() == [16, 18, 20, 22]
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=4, process_index=0,
+                       process_count=1, transforms=[jl.Map(fresh())]) as first:
+        take(first, 2)
+        state = first.state_dict()
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=4, process_index=0,
+                       process_count=1, transforms=[jl.Map(fresh())]) as again:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (the transform as made: not warned of)
+            again.load_state_dict(state)
 
 
 class _Scale:  # an object with Python's own repr: <_Scale object at 0x...>, another each run
