@@ -206,6 +206,14 @@ def test_a_record_of_long_lists_makes_a_small_state_and_a_whole_spec_of_before_r
     with jl.DataLoader(clips, batch_size=2) as again:  # (as saved before 2026-11-30: whole)
         again.load_state_dict({**state, "record_spec": whole})
         assert next(iter(again))["id"].tolist() == [2, 3]
+    from jaxloader.base.abilities import fingerprint_of, in_generation
+
+    mapped = jl.MapSource(clips, lambda r: {"id": r["id"]})  # (a source made of them: its
+    with jl.DataLoader(mapped, batch_size=2) as loader:  # fingerprint takes their spec)
+        saved = loader.state_dict()
+        then = in_generation(1, lambda: fingerprint_of(mapped))
+        assert then != saved["source"]
+        loader.load_state_dict({**saved, "source": then})  # (as saved before: it restores)
     other = [{**c, "audio": c["audio"][:-1]} for c in clips]
     with jl.DataLoader(other, batch_size=2) as shorter, pytest.raises(
             StateDictError, match=r"record_spec: expected .* characters, "

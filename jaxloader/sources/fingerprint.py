@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 from typing import Any, Sequence
@@ -25,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import (GENERATIONS, file_identities_of, fingerprint_of,
+from jaxloader.base.abilities import (GENERATIONS, OLDER, file_identities_of, fingerprint_of,
                                       in_generation)
 from jaxloader.base.errors import StateDictError
 from jaxloader.base.source_locks import holding, source_lock
@@ -60,7 +61,11 @@ def _records_hash(source: Any) -> dict[str, str]:
         leaves, treedef = tree_lib.flatten(_read(source, position))
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))
-        spec = spec or compact_spec(described)
+        if not spec:  # (whole until 2026-11-30: what an older state, or file kept, holds)
+            spec = described if OLDER.get() else compact_spec(described)
+            seen = _COMPACTED_SEEN.get()
+            if seen is not None and spec != described:
+                seen.append(source)
         digest.update(described.encode(errors="surrogatepass"))
         for leaf in leaves:
             digest.update(_content(leaf))
@@ -80,6 +85,11 @@ def compact_spec(spec: str) -> str:
         return spec
     digest = hashlib.blake2b(spec.encode(errors="surrogatepass"), digest_size=16).hexdigest()
     return f"{spec[:1000]} ... ({len(spec):,} characters, blake2b {digest})"
+
+
+# the sources whose records' structure was compacted while a combined fingerprint was made
+_COMPACTED_SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "compacted", default=None)
 
 
 def _read(source: Any, position: int) -> Any:
@@ -140,9 +150,14 @@ def combined_generations(kind: str, size: int, sources: Sequence[Any],
         >>> len(combined_generations("twice", 3, [ArraySource({"x": np.zeros(3)})]))
         1
     """
-    found = [combined(kind, size, sources, *own)]
-    if not any(getattr(part, "older_fingerprints", None) is not None
-               for source in sources for part in walk(source)):
+    token = _COMPACTED_SEEN.set([])
+    try:
+        found = [combined(kind, size, sources, *own)]
+        compacted = bool(_COMPACTED_SEEN.get())  # (a part's records' structure: whole before)
+    finally:
+        _COMPACTED_SEEN.reset(token)
+    if not compacted and not any(getattr(part, "older_fingerprints", None) is not None
+                                 for source in sources for part in walk(source)):
         return tuple(found)  # (none written otherwise: no source read again for nothing)
     for generation in range(1, GENERATIONS + 1):
         then = in_generation(generation, lambda: combined(kind, size, sources, *own))

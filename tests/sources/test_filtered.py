@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -238,6 +239,24 @@ def test_an_indices_file_of_a_predicate_with_another_default_argument_is_found_a
     assert len(jl.FilteredSource(source, at_least(10), indices=path)) == 90
     with pytest.warns(UserWarning, match="found again"):
         assert len(jl.FilteredSource(source, at_least(90), indices=path)) == 10
+
+
+def test_a_file_kept_over_long_records_by_an_older_version_is_read_back(tmp_path):
+    # their record_spec whole then, compacted now (2026-11-30): the source's fingerprint
+    # another, the records filtered again over the whole dataset, with a warning
+    from jaxloader.base.abilities import in_generation
+    from jaxloader.sources.fingerprint import combined, file_stamps
+
+    records = [{"t": list(range(300)), "i": i} for i in range(10)]
+    path, keep = tmp_path / "kept.npy", lambda r: r["i"] > 3
+    assert len(jl.FilteredSource(records, keep, indices=path)) == 6
+    said = json.loads((tmp_path / "kept.npy.from").read_text())
+    then = in_generation(1, lambda: combined("source", 10, [records], *file_stamps(records)))
+    assert then != said["source"]
+    (tmp_path / "kept.npy.from").write_text(json.dumps({**said, "source": then}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(jl.FilteredSource(records, keep, indices=path)) == 6
 
 
 def test_a_function_with_a_set_of_strings_has_one_digest_in_every_process():
