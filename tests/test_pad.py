@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -82,6 +83,13 @@ def test_a_restore_under_other_pad_settings_is_told_as_other_transforms_are():
     other = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, multiple_of=16)])
     with pytest.warns(UserWarning, match=r"transforms differ.*multiple_of=16"):
         other.load_state_dict(state)
+    # a state another jaxloader saved: its Pad's code digest another (the library's code,
+    # edited since), its settings the same: every such state warned to change the transforms
+    older = {**state, "transforms": [t.rsplit(" ", 1)[0] + " 0540857f131c391a"
+                                     for t in state["transforms"]]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad)]).load_state_dict(older)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -203,20 +211,34 @@ def test_a_batch_of_only_empty_lists_has_the_dtype_given_or_its_error_names_the_
                        r"NumPy: give the Pad dtype="):
         batches(jl.Pad("ids"))
     for bad, said in [([1.5], r"is float64, which dtype=int32 would change in kind"),
-                      ([2**40], r"holds values int32 does not \(from 1099511627776")]:
+                      ([2**40], r"holds values int32 does not \(from 1099511627776"),
+                      (np.array([1e6]), r"holds values float16 does not")]:
         with pytest.raises(jl.CollateError, match=said):
-            next(iter(jl.DataLoader([{"ids": bad}], batch_size=1,
-                                    transforms=[jl.Pad("ids", dtype=np.int32)])))
+            next(iter(jl.DataLoader([{"ids": bad}], batch_size=1, transforms=[jl.Pad(
+                "ids", dtype=np.float16 if "float16" in said else np.int32)])))
+    for kind, given in [(np.uint16, [1, 2]), (np.int8, [True, False]), (np.float32, [3, 4])]:
+        batch = next(iter(jl.DataLoader([{"ids": given}], batch_size=1,
+                                        transforms=[jl.Pad("ids", dtype=kind)])))
+        assert batch["ids"].dtype == kind and batch["ids"].tolist() == [[1, 2] if kind is np.uint16
+                                                                     else list(map(int, given))]
     with pytest.raises(jl.ConfigError, match=r"Pad\(dtype\): expected a numeric dtype for keys "
                        r"of \['ids'\], got \{'x'"):
         jl.Pad("ids", dtype={"x": np.int32})
     assert "dtype={'ids': np.int16}" in repr(jl.Pad(["ids", "a"], dtype={"ids": np.int16}))
+    assert repr(jl.Pad(["a", "b"], dtype={"b": np.int8, "a": "M8[ns]"})).endswith(
+        "dtype={'a': np.dtype('<M8[ns]'), 'b': np.int8})")  # (the keys' order; valid Python)
 
 
 def test_ragged_lists_without_a_pad_are_told_to_take_one():
-    with pytest.raises(jl.CollateError, match=r"records differ in structure.*pad the lists to "
-                       r"the batch's longest with jaxloader.Pad\('t'\)"):
-        next(iter(jl.DataLoader([{"t": [1, 2]}, {"t": [3]}], batch_size=2)))
+    for key in ("t", "it's"):
+        with pytest.raises(jl.CollateError, match=r"records differ in structure.*pad the lists "
+                           rf"to the batch's longest with jaxloader.Pad\({key!r}\)"):
+            next(iter(jl.DataLoader([{key: [1, 2]}, {key: [3]}], batch_size=2)))
+    for records in ([{"text": {"ids": [1, 2]}}, {"text": {"ids": [3]}}], [([1, 2],), ([3],)]):
+        with pytest.raises(jl.CollateError, match=r"records differ in structure") as said:
+            next(iter(jl.DataLoader(records, batch_size=2)))  # (not a key a Pad pads)
+        assert "jaxloader.Pad(" not in str(said.value) and "move them to a key of the " \
+            "record, which jaxloader.Pad pads" in str(said.value)
 
 
 def test_records_of_other_dtypes_are_refused_not_cast_to_the_first():

@@ -28,10 +28,10 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import collections
 import functools
 import operator
-import re
 import sys
 from collections.abc import Mapping
 from typing import Any, Callable, NoReturn
@@ -327,19 +327,32 @@ def _top(treedef: TreeDef) -> tuple:
     return (*treedef[:-1], len(treedef[-1])) if len(treedef) > 1 else treedef
 
 
+def _top_key(path: str) -> str | None:
+    """The record's key a leaf's ``path`` (``"['ids']"``) names, where it is one of a dict
+    record's own (not deeper, not a tuple's place); else ``None``."""
+    try:
+        key = ast.literal_eval(path[1:-1]) if path[:1] == "[" and path[-1:] == "]" else None
+    except (ValueError, SyntaxError):  # (a deeper path: "['a']['b']")
+        return None
+    return key if isinstance(key, str) and path == f"[{key!r}]" else None
+
+
 def _raise_mismatch(trees: list, treedef: TreeDef, names: Any, path: str) -> NoReturn:
     want = _top(treedef)
     for j, t in enumerate(trees):
         got = structure(t)
         if _top(got) != want:
             sequence = want[0] in ("list", "tuple") and got[0] == want[0]
-            key = path[2:-2] if re.fullmatch(r"\['[^'\[]*'\]", path) else "key"  # (a Pad's)
+            key = _top_key(path)  # (what a Pad pads: a record's key)
             remedy = (  # [5, 8, 13] and [5, 8]: token lists, which JAX sees as nodes
-                f"a {want[0]} (of numbers, say) is a node of its items, not an array: pad "
-                f"the lists to the batch's longest with jaxloader.Pad({key!r}) after "
-                "the Maps (it takes lists), make them arrays of one length in a Map (np.asarray, "
-                "padded or cropped), or pack "
-                "token sequences with jaxloader.PackedSource (PackedStream for a stream)"
+                f"a {want[0]} (of numbers, say) is a node of its items, not an array: "
+                + (f"pad the lists to the batch's longest with jaxloader.Pad({key!r}) after "
+                   "the Maps (it takes lists), " if key is not None else "")
+                + "make them arrays of one length in a Map (np.asarray, padded or cropped"
+                + (")" if key is not None else "; or move them to a key of the record, which "
+                   "jaxloader.Pad pads)")
+                + ", or pack token sequences with jaxloader.PackedSource (PackedStream for a "
+                "stream)"
                 if sequence else
                 "a stream's JSON list of numbers becomes an array, but not an empty one (no "
                 "dtype) nor one holding an int beyond int64 (kept Python ints, exact): make it "

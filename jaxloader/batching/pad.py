@@ -120,8 +120,9 @@ class Pad:
         value = ({key: self.values[key] for key in self.keys} if isinstance(self.value, dict)
                  else self.value)  # (a dict in the keys' order: the same Pad, the same text)
         kinds = "" if not self.dtypes else ", dtype=" + (
-            f"np.{self.dtypes[self.keys[0]].name}" if len(self.keys) == 1 else
-            "{" + ", ".join(f"{k!r}: np.{d.name}" for k, d in self.dtypes.items()) + "}")
+            _dtype_text(self.dtypes[self.keys[0]]) if len(self.keys) == 1 else "{" + ", ".join(
+                f"{k!r}: {_dtype_text(self.dtypes[k])}" for k in self.keys if k in self.dtypes)
+            + "}")  # (in the keys' order: the same Pad, the same text)
         return (f"Pad({keys!r}, value={value!r}, {size}, length_suffix={self.length_suffix!r}"
                 f"{kinds})")
 
@@ -238,20 +239,31 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
     return record
 
 
+def _dtype_text(kind: np.dtype) -> str:
+    """``np.int32``, or ``np.dtype('<M8[ns]')`` where NumPy has no such name."""
+    return f"np.{kind.name}" if getattr(np, kind.name, None) is kind.type else \
+        f"np.dtype({kind.str!r})"
+
+
 def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
               key: str) -> np.ndarray:
     """A record's leaf as an array, of ``kind`` where the ``Pad`` gives one (a list made so, an
-    array cast), refused where ``kind`` is of another kind (floats into ints) or cannot hold
-    its ints."""
+    array cast): ints and bools into any number that holds each value, floats into floats
+    (refused where one overflows), complex into complex; other kinds are refused."""
     given = np.asarray(value)
     if kind is None or given.dtype == kind or given.dtype == object:
         return given  # (objects: refused by the caller)
-    if given.size and not np.can_cast(given.dtype, kind, "same_kind"):
+    into = {"b": "biuf", "i": "biuf", "u": "biuf", "f": "fc", "c": "c", "m": "m", "M": "M"}
+    if given.size and kind.kind not in into.get(given.dtype.kind, ""):
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
                            f"{given.dtype}, which dtype={kind} would change in kind; cast it "
                            "in a Map before the Pad, or give the Pad a dtype of its kind")
-    made = given.astype(kind)
-    if given.dtype.kind in "iu" and not np.array_equal(made, given):
+    with np.errstate(all="ignore"):
+        made = given.astype(kind)
+        lost = (not np.array_equal(made, given) if given.dtype.kind in "biu" else
+                bool(np.any(np.isinf(made) & ~np.isinf(given)))
+                if given.dtype.kind in "fc" else False)
+    if lost:
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds values "
                            f"{kind} does not (from {given.min()} to {given.max()}); pass a "
                            "dtype that holds them")

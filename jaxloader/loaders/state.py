@@ -97,8 +97,10 @@ def _digest(transform: Any) -> str:
 
 def _kind_and_digest(named: str) -> tuple[str, str]:
     """A transform as ``transforms_of`` names it, less its ``repr``'s details: its kind
-    (``Map``, ``BatchMap``...) and its code's digest."""
-    return named.split("(", 1)[0], named.rsplit(" ", 1)[-1]
+    (``Map``, ``BatchMap``...) and its code's digest; a ``Pad`` by its ``repr`` (its settings:
+    its code is jaxloader's, another in another version, and its repr holds no address)."""
+    kind = named.split("(", 1)[0]
+    return kind, named.rsplit(" ", 1)[0 if kind == "Pad" else -1]
 
 
 def compared_transforms(named: list[str]) -> list[str]:
