@@ -187,12 +187,14 @@ class Putter:
             found.setdefault(rows, (jax.tree_util.keystr(path), s))
         if len(found) > 1:
             (one, (at, s)), (other, (other_at, other_s)) = list(found.items())[:2]
+            spec, other_spec = getattr(s, "spec", s), getattr(other_s, "spec", other_s)
             raise ConfigError(
                 f"sharding: leaf {at} puts this process's devices at {_said(one)} of the global "
                 f"batch of {G}, leaf {other_at} at {_said(other)}; one process reads the same "
                 "rows for every leaf: give the leaves shardings that split the batch axis over "
-                f"the same mesh axes (the spec {getattr(s, 'spec', s)} for both, not "
-                f"{getattr(other_s, 'spec', other_s)})")
+                + (f"the same mesh axes (the spec {spec} for both, not {other_spec})"
+                   if str(spec) != str(other_spec) else "one mesh (their specs are alike, "
+                   f"{spec}, but their meshes list the devices in another order)"))
         return np.array(next(iter(found)), np.int64) if found else None
 
     def block(self, process_index: int) -> int:

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import io
@@ -310,8 +311,8 @@ def _parts(obj: Any) -> Iterable[tuple[str, Any]]:
         code, name = obj.__code__, obj.__name__
         cells = zip(code.co_freevars, obj.__closure__ or ())
         yield from ((f"{name}'s captured variable {v!r}", c.cell_contents) for v, c in cells)
-        yield from ((f"{name}'s global {g!r}", obj.__globals__[g]) for g in code.co_names
-                    if g in obj.__globals__)
+        yield from ((f"{name}'s global {g!r}", obj.__globals__[g])
+                    for g in sorted(_globals_loaded(code)) if g in obj.__globals__)
         yield from ((f"{name}'s default {d!r}", v) for d, v in zip(
             code.co_varnames[code.co_argcount - len(obj.__defaults__ or ()):],
             obj.__defaults__ or ()))
@@ -339,6 +340,17 @@ def _parts(obj: Any) -> Iterable[tuple[str, Any]]:
                 yield from ((f"{kind}.{a}", v) for a, v in each.items())
             elif each is not None:
                 yield f"{kind}'s state", each
+
+
+def _globals_loaded(code: Any) -> set[str]:
+    """The globals ``code`` (and code nested in it: a generator expression's) reads or sets:
+    what cloudpickle sends of a function's globals (``co_names`` holds attributes' names too)."""
+    found = {i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL")}
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            found |= _globals_loaded(const)
+    return found
 
 
 def _unsendable(obj: Any) -> Exception | None:

@@ -62,4 +62,10 @@ try:  # leaves whose shardings put this process at other rows: no one read serve
 except jl.ConfigError as e:
     if process_id == "0":
         print("mixed rows refused:", e)
+try:  # one spec, but meshes of the devices in other orders
+    jl.DataLoader(jl.ArraySource({"x": np.arange(22), "y": np.arange(22)}), batch_size=4,
+                  sharding={"x": shardings["in process order"], "y": shardings["reversed"]})
+except jl.ConfigError as e:
+    if process_id == "0":
+        print("mixed meshes refused:", e)
 print("done", process_id)

@@ -73,6 +73,9 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
     one = [line for line in lines if line.startswith("one device refused:")]
     assert len(one) == 1 and "SingleDeviceSharding" in one[0] and "gives this process's " \
         "devices 8 rows of the global batch of 8" in one[0], outs[0]
+    meshes = [line for line in lines if line.startswith("mixed meshes refused:")]
+    assert len(meshes) == 1 and "one mesh (their specs are alike, P('data',), but their meshes " \
+        "list the devices in another order)" in meshes[0], outs[0]
     mixed = [line for line in lines if line.startswith("mixed rows refused:")]
     assert len(mixed) == 1 and "leaf ['x'] puts this process's devices at rows 0-3 of the " \
         "global batch of 8, leaf ['y'] at rows 0, 1, 4, 5;" in mixed[0], outs[0]

@@ -1246,6 +1246,10 @@ class _StateHoldsLock:
         return r
 
 
+_HOLDER = _StateHoldsLock()
+_HOLDER._LOCK = None
+
+
 def test_an_unpicklable_transform_names_the_variable_that_holds_the_object():
     # The error named the transform and the pickler's error (cannot pickle '_thread.lock'),
     # not which of the function's variables or the object's attributes held the lock
@@ -1266,6 +1270,11 @@ def test_an_unpicklable_transform_names_the_variable_that_holds_the_object():
         (functools.partial(add, guard=_LOCK), r"Map.fn > the partial's argument 'guard' "),
         (_StateHoldsLock(), r"Map.fn > _StateHoldsLock.stats > item 'guard' \(<unlocked"),
         (lambda r: _LOCK and r, r"Map.fn > <lambda>'s global '_LOCK' \(<unlocked"),
+        # a global only its nested code reads; an attribute named as a global that is not read
+        # (co_names holds both: the unsent global '_LOCK' was named for _HOLDER's lock)
+        (lambda r: any(_LOCK for _ in r) or r, r"Map.fn > <lambda>'s global '_LOCK' \("),
+        (lambda r: _HOLDER._LOCK or r, r"Map.fn > <lambda>'s global '_HOLDER' > "
+                                       r"_StateHoldsLock.stats > item 'guard'"),
     ]
     for fn, said in cases:
         with pytest.raises(jl.WorkerError, match=r"cannot send the transform Map\(.* to worker "
