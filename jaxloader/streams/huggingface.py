@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 import sys
 from typing import Any
 
 import numpy as np
 
+from jaxloader.base import file_identity
 from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
@@ -161,11 +163,15 @@ class HuggingFaceShard:
         self._it: Any = None
         self._start: dict | None = None  # the state reset() was given, until a record is read
         self._started = False
+        self._files: list | None = None  # [name, size, CRC-32s of its ends] of its local files
 
     def reset(self, state: dict | None = None) -> None:
         given = self._checked(state)
         part = self.dataset.shard(num_shards=self.count, index=self.index)
+        self._files = _local_files(part)
         if given is not None:
+            _check_files(self.name, state.get("files") if isinstance(state, dict) else None,
+                         self._files)
             if given["epoch"] != getattr(part, "epoch", 0):  # (the dataset would start over)
                 raise StateDictError(
                     f"HuggingFaceShard {self.name}: the state is of the dataset's epoch "
@@ -184,7 +190,8 @@ class HuggingFaceShard:
 
     def get_state(self) -> dict:
         # the dataset has a state once it is iterating (its first example asked for)
-        return {"hf": self._part.state_dict() if self._started else self._start}
+        state = {"hf": self._part.state_dict() if self._started else self._start}
+        return {**state, "files": self._files} if self._files else state
 
     def close(self) -> None:
         if self._started:  # get_state() still answers, with where it stopped
@@ -205,7 +212,58 @@ class HuggingFaceShard:
         return given
 
     def __getstate__(self) -> dict:  # the iterator stays with its process
-        return {**self.__dict__, "_part": None, "_it": None, "_start": None, "_started": False}
+        return {**self.__dict__, "_part": None, "_it": None, "_start": None, "_started": False,
+                "_files": None}
+
+
+def _local_files(part: Any) -> list | None:
+    """``[name, size, head, tail]`` (``file_identity.whole``) of each local file the shard
+    ``part`` reads (its data files, under its maps and filters), which its state holds: a
+    restore over a file rewritten since resumed inside the new file's rows, silently. A file's
+    name is its base name (the data copied elsewhere restores); remote ones are not looked at."""
+    node = getattr(part, "_ex_iterable", None)
+    for _ in range(64):
+        inner = getattr(node, "ex_iterable", None)
+        if inner is None:
+            break
+        node = inner
+    paths: list[str] = []
+
+    def add(value: Any) -> None:
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                add(item)
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                add(value[key])
+        elif isinstance(value, str) and "://" not in value and value not in paths and (
+                os.path.isfile(value)):  # (its base_files and original_files: one file)
+            paths.append(value)
+
+    add(getattr(node, "kwargs", None) or {})
+    return [[os.path.basename(p), *file_identity.whole(p)] for p in paths] or None
+
+
+def _check_files(name: str, then: Any, now: list | None) -> None:
+    """Refuses a restore of shard ``name`` over local files other than its state names (a
+    state without them, saved before 2026-11-30, resumes as it is)."""
+    if then is None or then == now:
+        return
+    now_by_name = {f[0]: f[1:] for f in now or ()}
+    for entry in then if isinstance(then, list) else [then]:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
+            raise StateDictError(f"HuggingFaceShard {name}: state['files']: expected [name, "
+                                 f"size, head, tail] of each file, got {entry!r:.120}; restore "
+                                 "a state this stream saved")
+        held = now_by_name.get(entry[0])
+        if held != entry[1:]:
+            what = ("not among the shard's files now" if held is None else
+                    file_identity.change(entry[1:], held))
+            raise StateDictError(
+                f"HuggingFaceShard {name}: its file {entry[0]} changed since the state was "
+                f"saved ({what}): the state's place would resume inside other rows; restore "
+                "over the files the state was saved with, or start the stream again without "
+                "this state")
 
     def __repr__(self) -> str:
         return f"HuggingFaceShard({self.name})"

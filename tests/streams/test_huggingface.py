@@ -84,6 +84,43 @@ def test_a_restore_over_files_continues_the_same_stream(tmp_path, kind):
     check_resume(make(2), total=30, k=7, make_restored=make(0))
 
 
+@pytest.mark.parametrize("kind", ["parquet", "json"])
+def test_a_restore_over_files_rewritten_since_is_refused_naming_the_file(tmp_path, kind):
+    # the stream's names digest the files' paths only: a restore over rewritten files (the
+    # same names and row counts) resumed inside the new rows, without a word
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(path, offset):
+        ids = list(range(offset, offset + 30))
+        if kind == "parquet":
+            pq.write_table(pa.table({"id": ids}), path, row_group_size=10)
+        else:
+            with open(path, "w") as out:
+                out.write("".join(json.dumps({"id": i}) + "\n" for i in ids))
+
+    files = [str(tmp_path / f"part-{f}.{kind}") for f in range(2)]
+    for f, path in enumerate(files):
+        write(path, 100 * f)
+
+    def loader():
+        return jl.StreamLoader(datasets.load_dataset(kind, data_files=files, split="train",
+                                                     streaming=True), batch_size=4,
+                               process_index=0, process_count=1)
+
+    with loader() as first:
+        next(iter(first))
+        state = json.loads(json.dumps(first.state_dict()))
+    with loader() as same:
+        same.load_state_dict(state)  # (the files as they were)
+    for f, path in enumerate(files):  # (the shard the state is in, whichever it is)
+        write(path, 1000 + 100 * f)
+    with loader() as other, pytest.raises(StateDictError, match=rf"its file part-\d.{kind} "
+                                          r"changed since the state was saved \(size"):
+        other.load_state_dict(state)
+        next(iter(other))
+
+
 def test_a_restore_does_not_read_the_shard_again_through_the_datasets_map():
     """The state is the dataset's own: a restore passes over the examples read before below
     the dataset's map, where skipping records (Stream.from_generator) maps every one."""
