@@ -324,7 +324,7 @@ def _declared_dtype(feature: Any) -> np.dtype | None:
         feature = feature.feature  # Sequence / List / LargeList
     try:
         dtype = np.dtype(getattr(feature, "dtype", None) or "O")
-    except TypeError:
+    except (TypeError, ValueError):  # "decimal128(2, 1)": NumPy's ValueError
         return None  # "string", "large_string", "binary", ...
     return dtype if dtype.kind in "biuf" else None
 

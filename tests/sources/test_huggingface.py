@@ -430,3 +430,24 @@ def test_lists_of_lists_a_filter_left_of_one_shape_stack_and_fixed_outer_lists_a
                                                   length=2))
     kinds = [b["spans"].dtype for b in jl.DataLoader(fixed.select([0, 2, 1, 0]), batch_size=2)]
     assert kinds == [np.dtype(object)] * 2
+
+
+def test_a_decimal_column_is_a_clear_collate_error_and_a_map_may_drop_it():
+    # NumPy raises ValueError on the dtype "decimal128(2, 1)", which was not caught: every
+    # read failed (a Map dropping the column too), and a stream's construction raised a bare
+    # ValueError
+    import decimal
+
+    import pyarrow as pa
+
+    table = pa.table({"price": pa.array([decimal.Decimal("1.5")] * 4, pa.decimal128(2, 1)),
+                      "y": list(range(4))})
+    ds = datasets.Dataset(table)
+    with pytest.raises(jl.CollateError, match=r"\['price'\].*decimal.Decimal.*convert it in a "
+                                              r"Map"):
+        next(iter(jl.DataLoader(ds, batch_size=2)))
+    dropped = jl.DataLoader(ds, batch_size=2, transforms=[jl.Map(lambda r: {"y": r["y"]})])
+    assert next(iter(dropped))["y"].tolist() == [0, 1]
+    with jl.StreamLoader(ds.to_iterable_dataset(), batch_size=2, transforms=[
+            jl.Map(lambda r: {"y": r["y"]})], process_index=0, process_count=1) as stream:
+        assert next(iter(stream))["y"].tolist() == [0, 1]
