@@ -165,6 +165,12 @@ def test_resume_and_the_datasets_own_fingerprint():
     with pytest.raises(jl.StateDictError, match="source: expected"):
         jl.DataLoader(changed, batch_size=4, process_index=0, process_count=1).load_state_dict(
             state)
+    # the same rows in another format: refused, and said why (it said only "restore it into
+    # a loader over the same data", which it was)
+    with pytest.raises(jl.StateDictError, match=r"the source's own fingerprint differs .*a "
+                       r"Hugging Face Dataset's, which map, filter, with_format"):
+        jl.DataLoader(ds.with_format("numpy"), batch_size=4, process_index=0,
+                      process_count=1).load_state_dict(state)
 
 
 @pytest.mark.parametrize("fmt", [None, "numpy"])
@@ -451,3 +457,27 @@ def test_a_decimal_column_is_a_clear_collate_error_and_a_map_may_drop_it():
     with jl.StreamLoader(ds.to_iterable_dataset(), batch_size=2, transforms=[
             jl.Map(lambda r: {"y": r["y"]})], process_index=0, process_count=1) as stream:
         assert next(iter(stream))["y"].tolist() == [0, 1]
+
+
+def test_a_null_field_of_a_media_struct_is_none_as_the_dataset_gives_it(tmp_path):
+    # an image stored by path (Image(decode=False)): its null bytes came as array(None,
+    # dtype=object), so a Map's `if r["img"]["bytes"] is not None` took the wrong branch
+    from PIL import Image as PILImage
+
+    paths = []
+    for i in range(8):
+        paths.append(str(tmp_path / f"{i}.png"))
+        PILImage.new("RGB", (2, 2)).save(paths[-1])
+    ds = datasets.Dataset.from_dict({"img": paths}, features=datasets.Features(
+        {"img": datasets.Image(decode=False)}))
+    seen = []
+
+    def look(r):
+        seen.append(r["img"]["bytes"])
+        return {"path": r["img"]["path"]}
+
+    with jl.DataLoader(ds, batch_size=4, transforms=[jl.Map(look)]) as loader:
+        assert [str(p) for p in next(iter(loader))["path"]] == paths[:4]
+    assert len(seen) == 4 and all(v is None for v in seen)  # (array(None) == None: True)
+    batch = next(iter(jl.DataLoader(ds, batch_size=4)))
+    assert all(v is None for v in batch["img"]["bytes"])
