@@ -7,7 +7,8 @@ arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by 
 cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
 and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``JoinedArrays``,
 the alike parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
-cost 10 GB however many workers there are. Memory-mapped ``.npy`` arrays and their views cross
+cost 10 GB however many workers there are; so do Arrow tables (an in-memory ``datasets.Dataset``),
+as their IPC stream, read in place. Memory-mapped ``.npy`` arrays and their views cross
 as their file (on Linux, checked to be the one mapped; a copy-on-write map written to is
 copied); a view whose elements overlap (windows) as the bytes it spans and its strides.
 
@@ -82,6 +83,9 @@ class _Pickler(cloudpickle.Pickler):
             found = _as_its_file(obj, mapped, self._mappings)
             if found is not None:
                 return found
+        if type(obj).__name__ == "Table" and type(obj).__module__.startswith("pyarrow") and \
+                obj.nbytes >= SHARE_MIN_BYTES:
+            return self._share_table(obj)
         if type(obj) not in (np.ndarray, JoinedArrays, np.memmap) \
                 or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
             return None
@@ -114,6 +118,24 @@ class _Pickler(cloudpickle.Pickler):
                 from cause
         self._keep(segment)  # before the copy: its owner destroys it if the copy fails
         return segment
+
+    def _share_table(self, table: Any) -> tuple:
+        """An Arrow table (an in-memory ``datasets.Dataset``'s) crosses as its IPC stream in a
+        segment, which a worker reads without a copy: pickled, each worker held its own."""
+        import pyarrow as pa
+
+        ref, _ = self._shared.get(id(table), (None, None))
+        if ref is None:
+            sink = pa.MockOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            segment = self._make(max(1, sink.size()))
+            with pa.ipc.new_stream(pa.FixedSizeBufferWriter(pa.py_buffer(segment.memory)),
+                                   table.schema) as writer:
+                writer.write_table(table)
+            ref = ("arrow", segment.name, segment.size, sink.size())
+            self._shared[id(table)] = ref, table
+        return ref
 
     def _share_span(self, obj: np.ndarray) -> tuple:
         """A view whose elements overlap (``sliding_window_view``'s windows, a
@@ -281,16 +303,21 @@ def _base_address(mm: np.memmap) -> int:
 class _Unpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file)
-        self._loaded: dict[tuple, np.ndarray] = {}  # pickle does not memoize persistent ids
+        self._loaded: dict[tuple, Any] = {}  # pickle does not memoize persistent ids
 
-    def persistent_load(self, pid: tuple) -> np.ndarray:
+    def persistent_load(self, pid: tuple) -> Any:
         array = self._loaded.get(pid)
         if array is None:
             array = self._loaded[pid] = self._load(pid)
         return array
 
     @staticmethod
-    def _load(pid: tuple) -> np.ndarray:
+    def _load(pid: tuple) -> Any:
+        if pid[0] == "arrow":  # (zero-copy: the table's buffers are the segment's)
+            import pyarrow as pa
+
+            _, name, size, used = pid
+            return pa.ipc.open_stream(pa.py_buffer(attach(name, size)).slice(0, used)).read_all()
         if pid[0] == "shm":
             _, name, size, shape, dtype = pid
             array = np.ndarray(shape, np.dtype(dtype), buffer=attach(name, size))

@@ -24,6 +24,23 @@ def test_large_arrays_cross_once_through_shared_memory_read_only():
         seg.destroy()
 
 
+def test_an_arrow_table_crosses_once_through_shared_memory():
+    # an in-memory datasets.Dataset pickles its pa.Table: each worker held a copy of it
+    # (150 MB of float32: 221 MiB private a worker against 74 with it shared)
+    pa = pytest.importorskip("pyarrow")
+    table = pa.table({"x": np.arange(SHARE_MIN_BYTES // 4, dtype=np.int64),
+                      "s": [str(i) for i in range(SHARE_MIN_BYTES // 4)]})
+    segments = []
+    blob = dumps({"t": table, "again": table, "small": pa.table({"y": [1, 2]})}, segments.append)
+    assert len(segments) == 1 and len(blob) < 10_000
+    out = loads(blob)
+    assert out["t"].equals(table) and out["t"] is out["again"] and out["small"]["y"].to_pylist() \
+        == [1, 2]
+    del out
+    for seg in segments:
+        seg.destroy()
+
+
 def test_out_of_descriptors_for_a_sources_arrays_says_so_and_what_to_do():
     # a list of records of 1 MiB arrays: one memory file an array, and a full descriptor table
     # was blamed on batch slots ("use fewer workers, keep fewer batches alive")
