@@ -483,3 +483,25 @@ def test_a_small_component_read_locally_makes_few_block_orders_a_span(monkeypatc
     monkeypatch.setattr(mixture_sampler, "_EPOCHS_A_SPAN", 1000)  # (another span's)
     made.clear()
     assert first_batches() == capped and len(made) > 1000
+
+
+def test_a_plain_streams_state_into_a_mixed_stream_and_back_says_so():
+    # refused with the streams' descriptions alone (a mixture's {'mix': [...]} against a
+    # plain one's), not said as a mixture against a plain stream
+    def stream(value):
+        return jl.Stream.from_generator(lambda i: ({"x": np.int64(value)} for _ in range(100)),
+                                        shards=1)
+
+    def saved(s):
+        with jl.StreamLoader(s, batch_size=4, process_index=0, process_count=1) as loader:
+            next(iter(loader))
+            return loader.state_dict()
+
+    for then, now, said in [(stream(0), jl.mix([stream(0), stream(1)], [1.0, 0.0]),
+                             "from a loader over a plain stream, this one reads a mixture"),
+                            (jl.mix([stream(0), stream(1)], [1.0, 0.0]), stream(0),
+                             "from a loader over a mixture, this one reads a plain stream")]:
+        state = saved(then)
+        with jl.StreamLoader(now, batch_size=4, process_index=0, process_count=1) as loader, \
+                pytest.raises(jl.StateDictError, match=rf"{said} \(to mix in streams later"):
+            loader.load_state_dict(state)

@@ -318,6 +318,12 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
     if state.get("process_index") != process_index:
         diffs.append(f"process_index: expected {process_index}, received "
                      f"{state.get('process_index')!r:.120}")
+    then, now = (isinstance(s, dict) and "mix" in s for s in (state.get("stream"),
+                                                             config.get("stream")))
+    if then != now:  # (a plain stream's state into a mixture, or back)
+        diffs.append(f"the state is from a loader over {'a mixture' if then else 'a plain stream'}"
+                     f", this one reads {'a mixture' if now else 'a plain stream'} (to mix in "
+                     "streams later: mix them from the start at weight 0, raised by from_step)")
     if diffs:
         other = state.get("stream") != config.get("stream")
         raise StateDictError(
