@@ -268,8 +268,10 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     elif then != now and ":" not in then + now and "None" not in (then, now):  # (its own)
         diffs.append("the source's own fingerprint differs (its `fingerprint` attribute; a "
                      "Hugging Face Dataset's, which map, filter, with_format, select, "
-                     "flatten_indices and save_to_disk + load_from_disk change): make the source "
-                     "the same way as the run that saved the state")
+                     "flatten_indices and save_to_disk + load_from_disk change, and a map whose "
+                     "function datasets cannot hash makes anew each run: pass it "
+                     "new_fingerprint=): make the source the same way as the run that saved "
+                     "the state")
     if state.get("record_hash") != expected.get("record_hash") and \
             state.get("record_spec") == expected.get("record_spec") is not None:
         diffs.append("the source's records 0, n // 2 and n - 1 have the same structure and "

@@ -283,8 +283,8 @@ def _rows_batched(column: Any) -> Any:
         return column
     if isinstance(column[0], dict):
         return {key: _rows_batched([row[key] for row in column]) for key in column[0]}
-    if all(v is None or isinstance(v, (str, bytes)) for v in column):  # (a null: None, as
-        return object_column(list(column))  # the dataset gives it, not array(None))
+    if any(v is None for v in column) or all(isinstance(v, (str, bytes)) for v in column):
+        return object_column(list(column))  # (a null: None, as the dataset gives it)
     try:
         rows = [np.asarray(v) for v in column]
     except (TypeError, ValueError):  # (a ragged nested list)

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base import file_identity
+from jaxloader.base.abilities import OLDER
 from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
@@ -107,12 +108,6 @@ def data_digest(dataset: Any) -> str:
     ``Dataset``s it streams), in its shards' names, which a state is checked against: a
     state is refused by a stream over other files, as a file source's is. Values with no
     stable text (a generator function) are left out; ``""`` where nothing is found."""
-    node = getattr(dataset, "_ex_iterable", None)
-    for _ in range(64):  # down the chain of maps and filters to what reads the data
-        inner = getattr(node, "ex_iterable", None)
-        if inner is None:
-            break
-        node = inner
     digest, found = hashlib.blake2b(digest_size=6), []
 
     def add(value: Any) -> None:
@@ -130,7 +125,9 @@ def data_digest(dataset: Any) -> str:
             digest.update(value._fingerprint.encode())
             found.append(1)
 
-    add(getattr(node, "kwargs", None) or {})
+    top = getattr(dataset, "_ex_iterable", None)
+    for node in [_chain_end(top)] if OLDER.get() else _readers(top):  # (until 2026-11-30: the
+        add(getattr(node, "kwargs", None) or {})  # chain's end, a join's own node)
     return f"@{digest.hexdigest()}" if found else ""
 
 
@@ -219,14 +216,9 @@ class HuggingFaceShard:
 def _local_files(part: Any) -> list | None:
     """``[name, size, head, tail]`` (``file_identity.whole``) of each local file the shard
     ``part`` reads (its data files, under its maps and filters), which its state holds: a
-    restore over a file rewritten since resumed inside the new file's rows, silently. A file's
-    name is its base name (the data copied elsewhere restores); remote ones are not looked at."""
-    node = getattr(part, "_ex_iterable", None)
-    for _ in range(64):
-        inner = getattr(node, "ex_iterable", None)
-        if inner is None:
-            break
-        node = inner
+    restore over a file rewritten since resumed inside the new file's rows, silently. A file is
+    named by its base name in the state (the shards' names digest the whole paths: a stream
+    over a copy elsewhere is another stream); remote ones are not looked at."""
     paths: list[str] = []
 
     def add(value: Any) -> None:
@@ -240,8 +232,32 @@ def _local_files(part: Any) -> list | None:
                 os.path.isfile(value)):  # (its base_files and original_files: one file)
             paths.append(value)
 
-    add(getattr(node, "kwargs", None) or {})
+    for node in _readers(getattr(part, "_ex_iterable", None)):
+        add(getattr(node, "kwargs", None) or {})
     return [[os.path.basename(p), *file_identity.whole(p)] for p in paths] or None
+
+
+def _chain_end(node: Any) -> Any:
+    """The end of ``node``'s chain of ``ex_iterable`` (a join's own node: not into its parts)."""
+    for _ in range(64):
+        inner = getattr(node, "ex_iterable", None)
+        if inner is None:
+            break
+        node = inner
+    return node
+
+
+def _readers(node: Any, depth: int = 0) -> list:
+    """What reads the data under ``node``, an ``IterableDataset``'s chain of iterables: down
+    its maps and filters (``ex_iterable``) and into each dataset it joins (``ex_iterables``:
+    ``concatenate_datasets``, ``interleave_datasets``)."""
+    if node is None or depth > 64:
+        return []
+    joined = getattr(node, "ex_iterables", None)
+    if isinstance(joined, (list, tuple)):
+        return [found for each in joined for found in _readers(each, depth + 1)]
+    inner = getattr(node, "ex_iterable", None)
+    return [node] if inner is None else _readers(inner, depth + 1)
 
 
 def _check_files(name: str, then: Any, now: list | None) -> None:

@@ -28,6 +28,7 @@ import bisect
 import ctypes
 import errno
 import functools
+import importlib
 import io
 import itertools
 import os
@@ -84,8 +85,8 @@ class _Pickler(cloudpickle.Pickler):
             if found is not None:
                 return found
         if type(obj).__name__ == "Table" and type(obj).__module__.startswith("pyarrow") and \
-                obj.nbytes >= SHARE_MIN_BYTES:
-            return self._share_table(obj)
+                obj.nbytes >= SHARE_MIN_BYTES and (modules := _registering(obj.schema)) is not None:
+            return self._share_table(obj, modules)
         if type(obj) not in (np.ndarray, JoinedArrays, np.memmap) \
                 or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
             return None
@@ -119,9 +120,10 @@ class _Pickler(cloudpickle.Pickler):
         self._keep(segment)  # before the copy: its owner destroys it if the copy fails
         return segment
 
-    def _share_table(self, table: Any) -> tuple:
+    def _share_table(self, table: Any, modules: list[str]) -> tuple:
         """An Arrow table (an in-memory ``datasets.Dataset``'s) crosses as its IPC stream in a
-        segment, which a worker reads without a copy: pickled, each worker held its own."""
+        segment, which a worker reads without a copy: pickled, each worker held its own. The
+        worker imports ``modules`` first: they register its extension types."""
         import pyarrow as pa
 
         ref, _ = self._shared.get(id(table), (None, None))
@@ -133,7 +135,7 @@ class _Pickler(cloudpickle.Pickler):
             with pa.ipc.new_stream(pa.FixedSizeBufferWriter(pa.py_buffer(segment.memory)),
                                    table.schema) as writer:
                 writer.write_table(table)
-            ref = ("arrow", segment.name, segment.size, sink.size())
+            ref = ("arrow", segment.name, segment.size, sink.size(), tuple(modules))
             self._shared[id(table)] = ref, table
         return ref
 
@@ -160,6 +162,28 @@ _CODE_REDUCE = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
 def _named_code(rebuild: Any, args: tuple, filename: str) -> types.CodeType:
     """A function's code as cloudpickle rebuilds it, with the file it was defined in."""
     return rebuild(*args).replace(co_filename=filename)
+
+
+def _registering(schema: Any) -> list[str] | None:
+    """The modules that register ``schema``'s Arrow extension types (at any depth), which a
+    worker imports before it reads the table; ``None`` where one is not importable (a type
+    of ``__main__``'s: the table is pickled, and the type with it, as before)."""
+    import pyarrow as pa
+
+    found: set[str] = set()
+    types_ = [field.type for field in schema]
+    while types_:
+        kind = types_.pop()
+        if isinstance(kind, pa.ExtensionType):
+            if type(kind).__module__.startswith("pyarrow"):
+                pass  # (pyarrow's own: registered as it is imported)
+            elif not _importable(type(kind)):
+                return None
+            else:
+                found.add(type(kind).__module__)
+            kind = kind.storage_type
+        types_ += [kind.field(i).type for i in range(kind.num_fields)]
+    return sorted(found)
 
 
 def _importable(fn: Any) -> bool:
@@ -316,7 +340,9 @@ class _Unpickler(pickle.Unpickler):
         if pid[0] == "arrow":  # (zero-copy: the table's buffers are the segment's)
             import pyarrow as pa
 
-            _, name, size, used = pid
+            _, name, size, used, modules = pid
+            for module in modules:
+                importlib.import_module(module)
             return pa.ipc.open_stream(pa.py_buffer(attach(name, size)).slice(0, used)).read_all()
         if pid[0] == "shm":
             _, name, size, shape, dtype = pid

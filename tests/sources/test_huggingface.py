@@ -481,3 +481,20 @@ def test_a_null_field_of_a_media_struct_is_none_as_the_dataset_gives_it(tmp_path
     assert len(seen) == 4 and all(v is None for v in seen)  # (array(None) == None: True)
     batch = next(iter(jl.DataLoader(ds, batch_size=4)))
     assert all(v is None for v in batch["img"]["bytes"])
+
+
+def test_a_transforms_column_mixing_none_and_numbers_gives_a_map_none():
+    # with_transform's [1, None, 3, 4]: a Map saw array(None, dtype=object) for the None, and
+    # `-1 if r["n"] is None else r["n"]` made it NaN
+    def own(batch):
+        return {"n": [None if v == 2 else v for v in batch["x"]],
+                "s": [{"a": None if v == 2 else float(v)} for v in batch["x"]]}
+
+    ds = datasets.Dataset.from_dict({"x": [1, 2, 3, 4]}).with_transform(own)
+
+    def fill(r):
+        return {"n": np.float32(-1 if r["n"] is None else r["n"]),
+                "a": np.float32(-1 if r["s"]["a"] is None else r["s"]["a"])}
+
+    batch = next(iter(jl.DataLoader(ds, batch_size=4, transforms=[jl.Map(fill)])))
+    assert batch["n"].tolist() == batch["a"].tolist() == [1.0, -1.0, 3.0, 4.0]

@@ -120,6 +120,22 @@ def test_a_restore_over_files_rewritten_since_is_refused_naming_the_file(tmp_pat
         other.load_state_dict(state)
         next(iter(other))
 
+    def joined():  # (its parts' files under the join: none were found, nothing was checked)
+        parts = [datasets.load_dataset(kind, data_files=[path], split="train", streaming=True)
+                 for path in files]
+        return jl.StreamLoader(datasets.concatenate_datasets(parts), batch_size=4,
+                               process_index=0, process_count=1)
+
+    with joined() as first:
+        next(iter(first))
+        state = json.loads(json.dumps(first.state_dict()))
+    for f, path in enumerate(files):
+        write(path, 2000 + 100 * f)
+    with joined() as other, pytest.raises(StateDictError, match=rf"its file part-\d.{kind} "
+                                          r"changed since the state was saved"):
+        other.load_state_dict(state)
+        next(iter(other))
+
 
 def test_a_restore_does_not_read_the_shard_again_through_the_datasets_map():
     """The state is the dataset's own: a restore passes over the examples read before below

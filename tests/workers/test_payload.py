@@ -41,6 +41,35 @@ def test_an_arrow_table_crosses_once_through_shared_memory():
         seg.destroy()
 
 
+def test_an_arrow_table_of_an_extension_type_of_the_script_is_pickled_with_its_type():
+    # read from shared memory by a worker that never registered the type: its storage type
+    # (double), where pickling kept the type; a type of an importable module is registered
+    # by importing it first (datasets' Array2D), pyarrow's own are always there
+    pa = pytest.importorskip("pyarrow")
+
+    class Celsius(pa.ExtensionType):  # (a script's: no worker can import it)
+        def __init__(self) -> None:
+            super().__init__(pa.float64(), "test.celsius")
+
+        def __arrow_ext_serialize__(self) -> bytes:
+            return b""
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type, serialized):
+            return cls()
+
+    storage = pa.array(np.arange(SHARE_MIN_BYTES // 4, dtype=np.float64))
+    table = pa.table({"t": pa.ExtensionArray.from_storage(Celsius(), storage)})
+    segments = []
+    out = loads(dumps(table, segments.append))
+    assert not segments and out.schema.field("t").type.extension_name == "test.celsius"
+    from jaxloader.workers.payload import _registering
+
+    array2d = pytest.importorskip("datasets").Array2D(shape=(2, 2), dtype="float32")
+    assert _registering(pa.schema([("a", pa.list_(array2d()))])) == [
+        type(array2d()).__module__]
+
+
 def test_out_of_descriptors_for_a_sources_arrays_says_so_and_what_to_do():
     # a list of records of 1 MiB arrays: one memory file an array, and a full descriptor table
     # was blamed on batch slots ("use fewer workers, keep fewer batches alive")
