@@ -42,7 +42,7 @@ import datetime
 import hashlib
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -108,27 +108,33 @@ def data_digest(dataset: Any) -> str:
     ``Dataset``s it streams), in its shards' names, which a state is checked against: a
     state is refused by a stream over other files, as a file source's is. Values with no
     stable text (a generator function) are left out; ``""`` where nothing is found."""
-    digest, found = hashlib.blake2b(digest_size=6), []
-
-    def add(value: Any) -> None:
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                add(item)
-        elif isinstance(value, dict):
-            for key in sorted(value, key=str):
-                digest.update(str(key).encode())
-                add(value[key])
-        elif isinstance(value, (str, int, float, bool)):
-            digest.update(repr(value).encode())
-            found.append(1)
-        elif isinstance(getattr(value, "_fingerprint", None), str):
-            digest.update(value._fingerprint.encode())
-            found.append(1)
-
+    digest, found = hashlib.blake2b(digest_size=6), False
     top = getattr(dataset, "_ex_iterable", None)
     for node in [_chain_end(top)] if OLDER.get() else _readers(top):  # (until 2026-11-30: the
-        add(getattr(node, "kwargs", None) or {})  # chain's end, a join's own node)
+        for is_key, value in _walked(getattr(node, "kwargs", None) or {}):  # chain's end)
+            if is_key:
+                digest.update(str(value).encode())
+            elif isinstance(value, (str, int, float, bool)):
+                digest.update(repr(value).encode())
+                found = True
+            elif isinstance(getattr(value, "_fingerprint", None), str):
+                digest.update(value._fingerprint.encode())
+                found = True
     return f"@{digest.hexdigest()}" if found else ""
+
+
+def _walked(value: Any) -> Iterator[tuple[bool, Any]]:
+    """A reader's arguments in order, each dict's keys sorted: ``(True, key)`` before the
+    key's value's, ``(False, value)`` for each value not a list, tuple or dict."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _walked(item)
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            yield True, key
+            yield from _walked(value[key])
+    else:
+        yield False, value
 
 
 def _shuffled(dataset: Any) -> bool:
@@ -220,20 +226,11 @@ def _local_files(part: Any) -> list | None:
     named by its base name in the state (the shards' names digest the whole paths: a stream
     over a copy elsewhere is another stream); remote ones are not looked at."""
     paths: list[str] = []
-
-    def add(value: Any) -> None:
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                add(item)
-        elif isinstance(value, dict):
-            for key in sorted(value, key=str):
-                add(value[key])
-        elif isinstance(value, str) and "://" not in value and value not in paths and (
-                os.path.isfile(value)):  # (its base_files and original_files: one file)
-            paths.append(value)
-
     for node in _readers(getattr(part, "_ex_iterable", None)):
-        add(getattr(node, "kwargs", None) or {})
+        for is_key, value in _walked(getattr(node, "kwargs", None) or {}):
+            if not is_key and isinstance(value, str) and "://" not in value and (
+                    value not in paths and os.path.isfile(value)):  # (base_files and
+                paths.append(value)  # original_files name one file twice)
     return [[os.path.basename(p), *file_identity.whole(p)] for p in paths] or None
 
 
