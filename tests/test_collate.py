@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import decimal
+import re
 from collections import namedtuple
 
 import numpy as np
@@ -200,6 +201,18 @@ def test_other_objects_are_refused_naming_the_leaf_the_type_and_the_fix():
 def test_none_where_another_record_has_an_array_is_refused_naming_the_leaf():
     with pytest.raises(CollateError, match=r"\['y'\].*position 6 has None; give every record an array"):
         collate([{"y": np.zeros(2)}, {"y": None}], positions=[5, 6])
+
+
+@pytest.mark.parametrize("value, fill", [("a caption", "a str ('' where it has none"),
+                                         (b"x", "a bytes (b'' where it has none"),
+                                         (1.5, "a number (a fill value")])
+def test_none_where_another_record_has_text_or_a_number_is_told_what_to_give(value, fill):
+    # (a caption of None among str was told "give every record an array")
+    with pytest.raises(CollateError, match=rf"has None; give every record {re.escape(fill)}"):
+        collate([{"y": value}, {"y": None}])
+    with pytest.raises(CollateError, match="has None, .* where others have a value must "
+                                           "become one: '' for a str, a fill number"):
+        collate([{"y": None}, {"y": value}])  # (a None first: a node, told by structure)
 
 
 class _Prices:

@@ -360,7 +360,8 @@ def _raise_mismatch(trees: list, treedef: TreeDef, names: Any, path: str) -> NoR
                 "np.int64) for an empty list)"
                 if {want[0], got[0]} == {"list", "leaf"} else
                 "make every record the same structure (a Map can add missing keys; a None "
-                "where other records have an array must become an array too)")
+                "where others have a value must become one: '' for a str, a fill number or "
+                "an empty or masked array, and a flag where that must be told apart)")
             raise CollateError(
                 f"batch leaf {path or '<root>'}: records differ in structure: "
                 f"{record_name(names, 0)} has {describe(treedef)}, "

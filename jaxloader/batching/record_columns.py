@@ -185,8 +185,9 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
     first = kind(values[0])
     for j, v in enumerate(values):
         if kind(v) != first:
-            if v is None:
-                fix = "give every record an array there (an empty or a masked one), not None"
+            if v is None or values[0] is None:
+                fix = f"give every record {_none_fill(values[0] if v is None else v)} there, " \
+                    "not None"
             elif first[0] in (str, bytes) and kind(v)[0] in (str, bytes):
                 fix = ("give every record one of them there: decode the bytes (or encode the "
                        "str) in a Map")
@@ -208,6 +209,17 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                 f"{describe(v)}; {fix}"
             )
     raise CollateError(f"batch leaf {path}: records differ in type")
+
+
+def _none_fill(given: Any) -> str:
+    """What a record with None where others have ``given`` may hold instead."""
+    if isinstance(given, (str, bytes)):  # (a caption's: text, not an array)
+        empty = "''" if isinstance(given, str) else "b''"
+        return (f"a {type(given).__name__} ({empty} where it has none, and a flag of your own "
+                "where that must be told apart)")
+    if _scalar_dtype(given) is not None:
+        return "a number (a fill value, and a flag or mask where that must be told apart)"
+    return "an array (an empty or a masked one)"
 
 
 def _image_modes(a: Any, b: Any) -> bool:

@@ -129,10 +129,9 @@ class ParquetSource:
         self.__dict__.update(state)
         self._table_finalizer = None
         self._reset_process_state()
-        # A worker unpickles its source as it starts: pyarrow's import (~0.2 s) happens then,
-        # while the main process makes its model, not in the first batch; so does that of
-        # pyarrow.compute, which a list column's first decode (``flatten``) imports otherwise
-        # in the first batch.
+        # A worker unpickles its source as it starts: pyarrow's import (~0.2 s) is then, as the
+        # main process makes its model, not in the first batch; so is pyarrow.compute's (a
+        # list column's first decode, ``flatten``, imports it otherwise in the first batch).
         parquet_footers.pyarrow_parquet()
         importlib.import_module("pyarrow.compute")
 
@@ -170,14 +169,15 @@ class ParquetSource:
     def fingerprint(self) -> str:
         """The files' names (``path_names``), row counts and schema: other data, told with no
         read (the files' bytes are named by ``file_identities``)."""
-        return self._fingerprints()[0]
+        return parquet_footers.fingerprints(self)[0]
 
     @property
     def older_fingerprints(self) -> tuple[str | None, ...]:  # (base.abilities.OLDER)
-        return self._fingerprints()[1:]
+        return parquet_footers.fingerprints(self)[1:]
 
-    def _fingerprints(self) -> tuple[str, ...]:
-        return parquet_footers.fingerprints(self)
+    def record_origin(self, index: int) -> str:
+        """Row ``index``'s file and row there (an error about the record names it)."""
+        return parquet_footers.origin(self, index)
 
     def check_order(self, shuffle: bool | LocalShuffle) -> None:
         """Warns (``PerformanceWarning``) when ``shuffle`` reads from more row groups at once

@@ -303,6 +303,14 @@ def lengths(source: Any, key: str) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
+def origin(source: Any, index: int) -> str:
+    """``ParquetSource.record_origin``: row ``index``'s file and its row in that file."""
+    group = int(np.searchsorted(source._starts, index, side="right")) - 1
+    file_number = source._groups[group][0]
+    first = next(g for g, (f, _) in enumerate(source._groups) if f == file_number)
+    return f"{source.paths[file_number]} row {index - int(source._starts[first])}"
+
+
 def pyarrow_parquet() -> Any:
     """``pyarrow.parquet``, or an error that says how to install it."""
     try:

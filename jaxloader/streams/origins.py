@@ -37,11 +37,12 @@ class Segments(list):
         try:
             shard.reset(state if state is None else copied(state))  # (it may keep, change it)
             for _ in range(index - first + 1):
-                shard.next()
+                record = shard.next()
             after = shard.get_state()
         finally:
             close_of(shard)
-        return named(shard.name, after)
+        key = record.get("__key__") if isinstance(record, dict) else None  # (a tar's sample)
+        return named(shard.name, after) + (f", key {key!r}" if isinstance(key, str) else "")
 
 
 def last_origin(reader: Any) -> str | None:
@@ -66,7 +67,8 @@ def mixture_origin(reader: Any) -> str | None:
 
 def named(name: str, state: Any) -> str:
     """``name`` and the place a shard's ``state`` (after a record) says: its line or record
-    number where it counts them, else the state itself."""
+    number where it counts them (from 1: the shard's first is its record 1), else the state
+    itself."""
     for key, word in _COUNTS:
         if isinstance(state, dict) and key in state:
             return f"{name} {word} {state[key]}"

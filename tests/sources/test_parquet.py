@@ -1152,3 +1152,23 @@ def test_a_footer_longer_than_one_read_gives_the_same_identity_and_footer(tmp_pa
         tiny.write(b"PAR1")
     with open(path, "rb") as raw, pytest.raises(Exception, match=r"size is 4 bytes"):
         remote_footer(raw)
+
+
+def test_an_error_about_a_record_names_its_file_and_row_there(tmp_path):
+    # (a damaged image at row 4 of the second file was named "source index 54" alone: the
+    # user had to add up the files' row counts to find it)
+    paths = write_parts(tmp_path)
+    source = jl.ParquetSource(paths)
+    assert source.record_origin(0) == f"{paths[0]} row 0"
+    assert source.record_origin(54) == f"{paths[1]} row 4"  # (its row group 0, of 16)
+    assert source.record_origin(127) == f"{paths[2]} row 40"
+
+    def decode(r):
+        if r["id"] == 70:
+            raise ValueError("truncated image")
+        return r
+
+    parts = jl.ConcatSource([jl.ParquetSource(paths[:1]), jl.ParquetSource(paths[1:])])
+    loader = jl.DataLoader(parts, batch_size=8, transforms=[jl.Map(decode)])
+    with pytest.raises(jl.RecordError, match=rf"\({paths[1]} row 20\): transforms\[0\]"):
+        list(loader)

@@ -33,7 +33,8 @@ def expected(tmp_path, record_id):
         return f"mix(streams)[0]: {tmp_path / f'a-{shard}.jsonl'} line {k + 1}"
     if record_id < 2000:
         shard, k = divmod(record_id - 1000, 10)
-        return f"mix(streams)[1]: {tmp_path / f'b-{shard}.tar'} record {k + 1}"
+        return (f"mix(streams)[1]: {tmp_path / f'b-{shard}.tar'} record {k + 1}, "
+                f"key 'sample{record_id:05d}'")  # (the sample's __key__, which users search)
     shard, k = divmod(record_id - 2000, 3)
     return f"mix(streams)[2]: {GENERATOR_SHARD.format(shard)} record {k + 1}"
 
