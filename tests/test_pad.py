@@ -212,10 +212,14 @@ def test_a_batch_of_only_empty_lists_has_the_dtype_given_or_its_error_names_the_
         batches(jl.Pad("ids"))
     for bad, said in [([1.5], r"is float64, which dtype=int32 would change in kind"),
                       ([2**40], r"holds values int32 does not \(from 1099511627776"),
-                      (np.array([1e6]), r"holds values float16 does not")]:
+                      (np.array([1e6]), r"holds values float16 does not"),
+                      ([2**53 + 1], r"holds values float64 does not"),  # (were rounded,
+                      (np.array([2**64 - 1], np.uint64), r"values float64 does not")]:  # silently)
+        kind = next((k for k in (np.float16, np.float64) if f"values {np.dtype(k)}" in said),
+                    np.int32)
         with pytest.raises(jl.CollateError, match=said):
             next(iter(jl.DataLoader([{"ids": bad}], batch_size=1, transforms=[jl.Pad(
-                "ids", dtype=np.float16 if "float16" in said else np.int32)])))
+                "ids", dtype=kind)])))
     for kind, given in [(np.uint16, [1, 2]), (np.int8, [True, False]), (np.float32, [3, 4])]:
         batch = next(iter(jl.DataLoader([{"ids": given}], batch_size=1,
                                         transforms=[jl.Pad("ids", dtype=kind)])))

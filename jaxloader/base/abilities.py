@@ -128,6 +128,19 @@ today's), and the sources made of it combine those: what a state saved then hold
 GENERATIONS = 2
 
 
+OLDER_DIGESTS: contextvars.ContextVar[bool] = contextvars.ContextVar("older_digests", default=False)
+"""Set to describe a source or a stream as versions until 2026-11-30 (the thirty-third session)
+wrote it, otherwise as today's: functions' code digests without their default arguments, a
+Hugging Face stream's joined datasets left out of its digest; every ``OLDER`` generation
+wrote them so too (``older_digests()``)."""
+
+
+def older_digests() -> bool:
+    """Whether digests are taken as states saved until 2026-11-30 hold them (``OLDER_DIGESTS``,
+    or an ``OLDER`` generation)."""
+    return OLDER_DIGESTS.get() or bool(OLDER.get())
+
+
 def in_generation(generation: int, compute: Callable[[], Any]) -> Any:
     """``compute()`` with ``OLDER`` at ``generation``: a source's fingerprint, or a stream's
     description, as that generation of older versions wrote it into states."""
@@ -136,6 +149,17 @@ def in_generation(generation: int, compute: Callable[[], Any]) -> Any:
         return compute()
     finally:
         OLDER.reset(token)
+
+
+def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
+    """``compute()`` as each older version wrote it, the newest first: today's but
+    ``OLDER_DIGESTS``, then each ``OLDER`` generation's."""
+    token = OLDER_DIGESTS.set(True)
+    try:
+        found = [compute()]
+    finally:
+        OLDER_DIGESTS.reset(token)
+    return found + [in_generation(g, compute) for g in range(1, GENERATIONS + 1)]
 
 
 def fingerprint_of(source: object) -> str | None:

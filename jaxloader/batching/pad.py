@@ -260,7 +260,8 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
                            "in a Map before the Pad, or give the Pad a dtype of its kind")
     with np.errstate(all="ignore"):
         made = given.astype(kind)
-        lost = (not np.array_equal(made, given) if given.dtype.kind in "biu" else
+        lost = (not np.array_equal(made.astype(given.dtype), given)  # (back: in float64
+                if given.dtype.kind in "biu" else  # an int past 2**53 would compare equal)
                 bool(np.any(np.isinf(made) & ~np.isinf(given)))
                 if given.dtype.kind in "fc" else False)
     if lost:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from jaxloader.base.abilities import in_generation
+from jaxloader.base.abilities import in_older_forms
 from jaxloader.base.errors import StateDictError, user_stacklevel
 
 
 def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> Any:
     """A stream state with its stream's description as this version writes it (``described``)
-    where an older one wrote it otherwise: its shards' names before 2026-11-29 (``describe``
+    where an older one wrote it otherwise: its functions' digests until 2026-11-30 (their
+    defaults left out: ``OLDER_DIGESTS``), its shards' names before 2026-11-29 (``describe``
     under ``OLDER`` generation 1), or a ``PackedStream``'s without its ``tokenize`` (before
     2026-11-29's twenty-second session: that state's tokenizer is not known, nor checked; a
     warning says so), or a mixture's with its ``mixture_order`` (until 2026-11-27). Other
@@ -29,7 +30,7 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     saved = _without_mixture_order(state.get("stream"), "state['stream']")
     if saved is not state.get("stream"):
         state = {**state, "stream": saved}
-    for then in (described, in_generation(1, describe)):
+    for then in [described, *in_older_forms(describe)[:2]]:
         if saved == then or saved == _untokenized(then):
             if saved != then and _tokenized(then):
                 warnings.warn(

@@ -79,18 +79,20 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
     return [f"{t!r} {_digest(t)}" for t in transforms]
 
 
-def older_transforms_of(transforms: Sequence[Any]) -> list[str]:
-    """``transforms_of`` as versions until 2026-11-30 named them (its code's digest alone),
-    which a state saved then holds: whatever its settings (it did not say them)."""
-    return [f"{t!r} {code_digest(t.fn, bound=True)[:16]}" for t in transforms]
+def older_transforms_of(transforms: Sequence[Any]) -> list[list[str]]:
+    """``transforms_of`` as older versions named them, which a state saved then holds: until
+    the thirty-third session of 2026-11-30, their code's digests without defaults; before
+    that day, the code's digest alone, whatever their settings (it did not say them)."""
+    return [[f"{t!r} {_digest(t, defaults=False)}" for t in transforms],
+            [f"{t!r} {code_digest(t.fn, bound=True, defaults=False)[:16]}" for t in transforms]]
 
 
-def _digest(transform: Any) -> str:
+def _digest(transform: Any, defaults: bool = True) -> str:
     """A digest of ``transform``'s code, of the settings that change what it makes (a
     ``JitMap`` given ``random=`` against what its function's signature says: its ``repr``)
     and of the bytes of the arrays its function holds (``arrays_digest``); never its code's
     alone, which older states hold (``older_transforms_of``)."""
-    more = f"{code_digest(transform.fn, bound=True)[:16]} "
+    more = f"{code_digest(transform.fn, bound=True, defaults=defaults)[:16]} "
     more += f"{getattr(transform, 'settings', '')} {arrays_digest(transform.fn)}"
     return hashlib.sha256(more.encode()).hexdigest()[:16]
 
@@ -110,7 +112,7 @@ def compared_transforms(named: list[str]) -> list[str]:
 
 
 def warn_changed_transforms(saved: Any, now: list[str], step: int,
-                            older: Callable[[], list[str]] | None = None) -> None:
+                            older: Callable[[], list[list[str]]] | None = None) -> None:
     """A warning naming the transforms that differ from the saved run's (a state saved
     before states held them, on 2026-11-29, has none to compare): the step still reads the
     same records in the same order, but makes them into other batches than that run would."""
@@ -122,9 +124,9 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
                              "unchanged")
     if list(map(_kind_and_digest, saved)) == list(map(_kind_and_digest, now)):
         return  # (alike: a repr may hold an address, another each run)
-    if older is not None and list(map(_kind_and_digest, saved)) == list(
-            map(_kind_and_digest, older())):
-        return  # (a state saved before the digests held arrays' bytes and settings)
+    if older is not None and any(list(map(_kind_and_digest, saved)) == list(
+            map(_kind_and_digest, then)) for then in older()):
+        return  # (a state saved before the digests held defaults, arrays' bytes, settings)
     changes = [f"transforms[{i}]: saved {a or 'none'}, now {b or 'none'}" for i, (a, b) in
                enumerate(zip(saved + [""] * len(now), now + [""] * len(saved)))
                if _kind_and_digest(a) != _kind_and_digest(b)]
@@ -205,7 +207,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                 paths: Sequence[str] = (),
                 older: Callable[[], tuple[str, ...]] = tuple,
                 transforms: list[str] | None = None,
-                older_transforms: Callable[[], list[str]] | None = None) -> int:
+                older_transforms: Callable[[], list[list[str]]] | None = None) -> int:
     """Validates ``state`` against ``sampler`` and the source's ``fingerprint`` (``paths``:
     the files its ``"files"`` are the identities of, to name one that changed; ``older()``:
     the source's fingerprints of older versions, which a state may hold, asked only where its

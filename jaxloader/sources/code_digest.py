@@ -4,10 +4,11 @@ A ``MapSource``'s fingerprint and a ``Stream.map``'s shard names carry it, so th
 under another function is refused; a ``FilteredSource``'s kept indices carry its ``deep`` form,
 so that a file kept by another predicate is found again (``kept_arrays``). What a ``repr``
 shows differently in each process is left out (a memory address, ``<Scale object at 0x7f...>``,
-where an object's attributes are its own; the order of a set of strings, at any depth of a
-tuple, list, dict or dataclass, which Python hashes with a random key each run), so a state
-saved under the same function restores in a new process. What code reads without naming it
-(a file, a database) is not seen.
+where an object's attributes are its own; the order of a set of strings, paths, patterns or
+any but numbers, at any depth of a tuple, list, dict or dataclass, which Python hashes with a
+random key or an address each run), so a state saved under the same function restores in a
+new process; a list or dict built from such a set keeps that run's order (build it sorted).
+What code reads without naming it (a file, a database) is not seen.
 
 Example:
     >>> code_digest(lambda r: r * 2) == code_digest(lambda r: r * 3)
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import decimal
 import dis
 import enum
+import fractions
 import functools
 import hashlib
 import itertools
@@ -34,7 +37,7 @@ from typing import Any
 import numpy as np
 
 
-def code_digest(fn: Any, deep: bool = False, bound: bool = False) -> str:
+def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool = True) -> str:
     """A digest of ``fn``: its name, source text (where Python has it: a script's or a notebook's),
     the names and constants its code uses (nested functions' too: two lambdas on one line), its
     closure's values and default arguments' (``lambda r, m=m: ...``; a ``functools.partial``: its
@@ -49,16 +52,19 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False) -> str:
 
     ``bound``: also a bound method's object (its ``repr``, or its attributes where that has an
     address): a Grain transform's parameters, which its ``map`` method reads.
+
+    ``defaults=False``: not default arguments, as versions until 2026-11-30 digested (what a
+    state saved then holds: ``base.abilities.OLDER``).
     """
-    return _Digests(deep, bound).of(fn, frozenset())
+    return _Digests(deep, bound, defaults).of(fn, frozenset())
 
 
 class _Digests:
     """The digests of one ``code_digest`` call, each function's once (a helper called from
     many places, a function that calls itself)."""
 
-    def __init__(self, deep: bool, bound: bool = False) -> None:
-        self.deep, self.bound = deep, bound
+    def __init__(self, deep: bool, bound: bool = False, defaults: bool = True) -> None:
+        self.deep, self.bound, self.defaults = deep, bound, defaults
         self.done: dict[int, str] = {}
 
     def of(self, fn: Any, within: frozenset) -> str:
@@ -88,7 +94,7 @@ class _Digests:
             _update_code(digest, code)
         closure = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
                    if filled(cell)]
-        for value in closure + _defaults(fn):
+        for value in closure + (_defaults(fn) if self.defaults else []):
             if id(value) not in within:
                 digest.update(self._value(value, within).encode())
         owner = getattr(fn, "__self__", None)
@@ -213,7 +219,7 @@ def _value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
 
 def _sorted_set(value: Any) -> str:
     """A set whose order is the run's hash order, written sorted (each item as ``_repr``)."""
-    return f"{type(value).__name__}({sorted(_repr(v) for v in value)!r})"
+    return f"{type(value).__name__}({sorted(_ADDRESS.sub('', _repr(v)) for v in value)!r})"
 
 
 def _repr(value: Any, limit: int | None = None) -> str:
@@ -345,9 +351,15 @@ def attributes_of(value: Any) -> dict[str, Any]:
 def _hash_ordered(value: Any, text_only: bool = False) -> bool:
     """Whether a set's order depends on the process, not on its values alone: strings and
     bytes are hashed with a random key each run, and so are what hash them (an ``Enum``
-    member by its name, a hashable dataclass by its fields, a tuple by its items).
-    ``text_only``: strings and bytes and tuples of them only (what older versions sorted)."""
+    member by its name, a hashable dataclass by its fields, a tuple by its items, a path, a
+    compiled pattern, a date), and an object hashed by its address; only numbers (and
+    ``None``) hash the same in every process. ``text_only``: strings and bytes and tuples of
+    them only (what older versions sorted)."""
     return any(_random_hash(v, text_only) for v in value)
+
+
+_FIXED_HASH = (int, float, complex, type(None), decimal.Decimal, fractions.Fraction,
+               np.number, np.bool_)  # (hashed by their value: a set of them keeps its order)
 
 
 def _random_hash(v: Any, text_only: bool) -> bool:
@@ -363,7 +375,7 @@ def _random_hash(v: Any, text_only: bool) -> bool:
     if params is not None and (params.unsafe_hash or params.eq and params.frozen):
         return _hash_ordered([getattr(v, f.name) for f in dataclasses.fields(v)
                               if (f.compare if f.hash is None else f.hash)])
-    return False
+    return not isinstance(v, _FIXED_HASH)
 
 
 def _update_code(digest: Any, code: Any) -> None:

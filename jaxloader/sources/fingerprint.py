@@ -26,8 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import (GENERATIONS, OLDER, file_identities_of, fingerprint_of,
-                                      in_generation)
+from jaxloader.base.abilities import (file_identities_of, fingerprint_of, in_older_forms,
+                                      older_digests)
 from jaxloader.base.errors import StateDictError
 from jaxloader.base.source_locks import holding, source_lock
 from jaxloader.sources.parts import walk
@@ -62,7 +62,7 @@ def _records_hash(source: Any) -> dict[str, str]:
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))
         if not spec:  # (whole until 2026-11-30: what an older state, or file kept, holds)
-            spec = described if OLDER.get() else compact_spec(described)
+            spec = described if older_digests() else compact_spec(described)
             seen = _COMPACTED_SEEN.get()
             if seen is not None and spec != described:
                 seen.append(source)
@@ -133,8 +133,7 @@ def older_fingerprint(source: Any) -> tuple[str, ...]:
         ()
     """
     now, found = fingerprint_of(source), []
-    for generation in range(1, GENERATIONS + 1):
-        then = in_generation(generation, lambda: fingerprint_of(source))
+    for then in in_older_forms(lambda: fingerprint_of(source)):
         if then is not None and then != now and then not in found:
             found.append(then)
     return tuple(found)
@@ -159,8 +158,7 @@ def combined_generations(kind: str, size: int, sources: Sequence[Any],
     if not compacted and not any(getattr(part, "older_fingerprints", None) is not None
                                  for source in sources for part in walk(source)):
         return tuple(found)  # (none written otherwise: no source read again for nothing)
-    for generation in range(1, GENERATIONS + 1):
-        then = in_generation(generation, lambda: combined(kind, size, sources, *own))
+    for then in in_older_forms(lambda: combined(kind, size, sources, *own)):
         if then not in found:
             found.append(then)
     return tuple(found)

@@ -35,7 +35,8 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import read_threads
-from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
+from jaxloader.base.abilities import (block_starts_of, lengths_of, older_digests,
+                                      order_check_of, origin_of)
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
@@ -88,8 +89,9 @@ class MapSource:
         self.source, self.fn = source, fn
         self.batched = batched
         # (its digest as made: a memo the function fills as it reads, a closure's or a
-        # default's, must not make the state of a run that read records another source's)
-        self._fn_digest = code_digest(fn)
+        # default's, must not make the state of a run that read records another source's);
+        # and as versions until 2026-11-30 took it (no defaults: what their states hold)
+        self._fn_digests = (code_digest(fn), code_digest(fn, defaults=False))
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
@@ -162,8 +164,14 @@ class MapSource:
     @property
     def fingerprint(self) -> str:
         """The source's fingerprint and the function's code."""
-        return combined("map", len(self), [self.source], self._fn_digest,
+        return combined("map", len(self), [self.source], self._fn_digests[older_digests()],
                         b"batched" if self.batched else b"records")
+
+    @property
+    def older_fingerprints(self) -> tuple[None] | None:  # (base.abilities.OLDER)
+        """``(None,)`` where older versions digested the function otherwise (its defaults
+        left out): their fingerprint is ``fingerprint`` under ``older_digests()``."""
+        return (None,) if self._fn_digests[0] != self._fn_digests[1] else None
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", None) or repr(self.fn)

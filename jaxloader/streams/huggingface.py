@@ -47,7 +47,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from jaxloader.base import file_identity
-from jaxloader.base.abilities import OLDER
+from jaxloader.base.abilities import in_generation, older_digests
 from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
@@ -99,8 +99,9 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
     dataset = dataset.with_format(None)
     count = getattr(dataset, "num_shards", None) or dataset.n_shards
     name = getattr(getattr(dataset, "info", None), "dataset_name", None) or "IterableDataset"
-    name += data_digest(dataset)
-    return [HuggingFaceShard(dataset, i, count, f"{name}[{i}/{count}]") for i in range(count)]
+    names = (name + data_digest(dataset), name + in_generation(1, lambda: data_digest(dataset)))
+    return [HuggingFaceShard(dataset, i, count, tuple(f"{n}[{i}/{count}]" for n in names))
+            for i in range(count)]
 
 
 def data_digest(dataset: Any) -> str:
@@ -110,7 +111,7 @@ def data_digest(dataset: Any) -> str:
     stable text (a generator function) are left out; ``""`` where nothing is found."""
     digest, found = hashlib.blake2b(digest_size=6), False
     top = getattr(dataset, "_ex_iterable", None)
-    for node in [_chain_end(top)] if OLDER.get() else _readers(top):  # (until 2026-11-30: the
+    for node in [_chain_end(top)] if older_digests() else _readers(top):  # (until 2026-11-30: the
         for is_key, value in _walked(getattr(node, "kwargs", None) or {}):  # chain's end)
             if is_key:
                 digest.update(str(value).encode())
@@ -158,8 +159,8 @@ class HuggingFaceShard:
 
     fresh_state = True  # (get_state() makes it anew: the reader keeps it without a copy)
 
-    def __init__(self, dataset: Any, index: int, count: int, name: str) -> None:
-        self.dataset, self.index, self.count, self.name = dataset, index, count, name
+    def __init__(self, dataset: Any, index: int, count: int, names: tuple[str, ...]) -> None:
+        self.dataset, self.index, self.count, self._names = dataset, index, count, names
         features = getattr(dataset, "features", None)
         self._plan = plan_of(dict(features)) if features else _UNKNOWN
         self._part: Any = None
@@ -167,6 +168,12 @@ class HuggingFaceShard:
         self._start: dict | None = None  # the state reset() was given, until a record is read
         self._started = False
         self._files: list | None = None  # [name, size, CRC-32s of its ends] of its local files
+
+    @property
+    def name(self) -> str:
+        """The dataset's name and its data's digest; under ``older_digests()``, as versions until
+        2026-11-30 wrote it (the end of its chain alone: a joined dataset's undigested)."""
+        return self._names[older_digests()]
 
     def reset(self, state: dict | None = None) -> None:
         given = self._checked(state)
@@ -189,7 +196,7 @@ class HuggingFaceShard:
             self.reset(None)
         record = next(self._it)
         self._started = True
-        return as_declared(record, self._plan, f"HuggingFaceShard {self.name}: a record")
+        return as_declared(record, self._plan, f"HuggingFaceShard {self._names[0]}: a record")
 
     def get_state(self) -> dict:
         # the dataset has a state once it is iterating (its first example asked for)

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from jaxloader.base.abilities import close_of
+from jaxloader.base.abilities import close_of, older_digests
 from jaxloader.base.checks import check_int, refused_call
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.sources.code_digest import code_digest
@@ -59,7 +59,8 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
             "without one)")
     code = code_digest(functools.partial(  # (a state warns of another: the records' function,
         make, *(getattr(make, "__defaults__", None) or ()),  # its closure and its defaults,
-        **(getattr(make, "__kwdefaults__", None) or {})))[:16]  # def read(i, files=FILES))
+        **(getattr(make, "__kwdefaults__", None) or {})), defaults=False)[:16]  # def read(i,
+    # files=FILES); the partial holds them, as it did before code_digest took defaults)
     return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code)
             for i in range(shards)]
 
@@ -161,12 +162,19 @@ class MappedShard:
     the shard's and the function's code digest (``sources.code_digest``), so a
     stream state saved under another function is refused."""
 
-    def __init__(self, shard: Any, fn: Callable[[Any], Any], name: str | None = None) -> None:
+    def __init__(self, shard: Any, fn: Callable[[Any], Any],
+                 codes: tuple[str, str] | None = None) -> None:
         if not callable(fn):  # (said where the stream is made, not at its first read)
             raise ConfigError(f"Stream.map(fn): expected a function of a record, got "
                               f"{type(fn).__name__} {fn!r:.80}")
         self.shard, self.fn = shard, fn
-        self.name = name or f"{shard.name} | map {code_digest(fn)[:16]}"
+        self._codes = codes or (code_digest(fn)[:16], code_digest(fn, defaults=False)[:16])
+
+    @property
+    def name(self) -> str:
+        """The shard's and the function's digest (without its defaults under ``older_digests()``: as
+        versions until 2026-11-30 wrote it)."""
+        return f"{self.shard.name} | map {self._codes[older_digests()]}"
 
     def reset(self, state: dict | None = None) -> None:
         self.shard.reset(state)
@@ -182,4 +190,4 @@ class MappedShard:
 
     def __copy__(self) -> "MappedShard":
         """A reader's own copy: of the shard under it too (each reader reads its own)."""
-        return MappedShard(copy.copy(self.shard), self.fn, self.name)
+        return MappedShard(copy.copy(self.shard), self.fn, self._codes)

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from jaxloader.base.abilities import older_digests
 from jaxloader.base.checks import check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
@@ -111,8 +112,9 @@ class PackedStream:
         packing_plan.check_overlong("PackedStream(overlong)", overlong, method)
         self.stream, self.key, self.length = stream, key, length
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
-        self._tokenize_digest = None if tokenize is None else code_digest(tokenize)[:16]  # (as
-        # made: a memo it fills as it reads is not another function)
+        self._tokenize_digests = (None, None) if tokenize is None else (  # (as made: a memo
+            code_digest(tokenize)[:16], code_digest(tokenize, defaults=False)[:16])  # it fills
+        # is not another function; no defaults: as versions until 2026-11-30 took it)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
 
     def __repr__(self) -> str:
@@ -132,7 +134,7 @@ class PackedStream:
                              overlong=self.overlong)
         # (a function of the data, as Stream.map's; None too: a state saved without one is
         # refused under one)
-        described["tokenize"] = self._tokenize_digest
+        described["tokenize"] = self._tokenize_digests[older_digests()]
         return described
 
     def reader(self, *, reader: int, readers: int, seed: int,

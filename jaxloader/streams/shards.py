@@ -53,7 +53,8 @@ class Shard(Protocol):
         True
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...  # (an attribute, or a property: read only)
 
     def reset(self, state: dict | None) -> None: ...  # (the loader always passes one)
 

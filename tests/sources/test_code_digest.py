@@ -108,7 +108,8 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
     # a partial's set keyword, a dataclass's set field, sets in a list or dict were digested
     # by repr, in the order of the run's string hash key: a state saved over a
     # MapSource(partial(fn, stop={...})) was refused in every new process; Enum members and
-    # frozen dataclasses hash by their names and fields, the same way
+    # frozen dataclasses hash by their names and fields, the same way; so do paths, compiled
+    # patterns and dates (a default's: refused in every new process, the third review)
     import os
     import subprocess
 
@@ -129,6 +130,11 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
         "import types\n"  # (a default's or a closure's namespace or defaultdict: unsorted
         "def held(r, o=types.SimpleNamespace(stop={'a', 'b', 'cc', 'd'}),\n"  # until 2026-11-30)
         "         d=collections.defaultdict(set, {'k': {'e', 'ff', 'g'}})):\n    return r\n"
+        "import datetime, pathlib, re\n"  # (paths, patterns, dates hash by text: unsorted
+        "def other(r, p={re.compile('a+'), re.compile('bb'), re.compile('c')},\n"  # until
+        "          q=frozenset(map(pathlib.Path, ['/a', '/bb', '/c', '/d'])),\n"  # 2026-11-30:
+        "          d={datetime.date(2020, 1, i) for i in range(1, 6)}):\n    return r\n"
+        "print(code_digest(other), code_digest(lambda r: r in {re.compile('x'), 1.5, 'y'}))\n"
         "print(code_digest(functools.partial(tag, stop={'a', 'b', 'cc', 'ddd', 'e'})),\n"
         "      code_digest(uses, deep=True), code_digest(lambda r: r in ('s', {'t', 'uu'})),\n"
         "      code_digest(typed, deep=True), code_digest(functools.partial(tag, stop=kinds)),\n"

@@ -1,0 +1,127 @@
+"""States saved before functions' default arguments were digested (until the thirty-third
+session of 2026-11-30) restore: their digests are matched as written then, the functions'
+defaults left out (``base.abilities.OLDER_DIGESTS``). Before, such a state over a function with
+a default was refused (a ``MapSource``, a ``Stream.map``, a ``PackedStream``'s ``tokenize``),
+a joined Hugging Face stream's too (its parts were not digested), and a ``Map``'s warned."""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.fingerprint import combined
+from streams.test_shards import write_jsonl
+
+K = 3
+
+
+def add(r, k=K):
+    return {**r, "id": r["id"] + k}
+
+
+def tokens(r, k=K):
+    return {"tokens": np.asarray([r["id"], r["id"] + k], np.int32)}
+
+
+def _stream_loader(stream):
+    return jl.StreamLoader(stream, batch_size=4, process_index=0, process_count=1)
+
+
+def _saved_then(loader, rename):
+    """The loader's state after 3 batches, its 4th batch's ids, and the state as an older
+    version wrote it (``rename`` on its JSON text)."""
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = json.loads(json.dumps(loader.state_dict()))
+    return state, next(batches)["id"].tolist(), json.loads(rename(json.dumps(state)))
+
+
+def _restored_quietly(make, state):
+    with make() as again, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.load_state_dict(state)
+        return next(iter(again))["id"].tolist()
+
+
+def test_a_stream_map_and_a_tokenize_with_defaults_restore_states_of_older_digests(tmp_path):
+    paths = [write_jsonl(tmp_path / f"p{i}.jsonl", range(i * 100, i * 100 + 30))
+             for i in range(3)]
+    now, then = code_digest(add)[:16], code_digest(add, defaults=False)[:16]
+    assert now != then
+    make = lambda: _stream_loader(jl.Stream.jsonl(paths).map(add))  # noqa: E731
+    with make() as loader:
+        state, want, older = _saved_then(loader, lambda text: text.replace(now, then))
+    assert older != state
+    assert _restored_quietly(make, older) == want
+    packed = lambda: _stream_loader(jl.PackedStream(  # noqa: E731
+        jl.Stream.jsonl(paths), "tokens", 4, tokenize=tokens))
+    now, then = code_digest(tokens)[:16], code_digest(tokens, defaults=False)[:16]
+    with packed() as loader:
+        batches = iter(loader)
+        next(batches)
+        state = json.loads(json.dumps(loader.state_dict()))
+        want = next(batches)["tokens"].tolist()
+    assert state["stream"]["tokenize"] == now
+    state["stream"]["tokenize"] = then
+    with packed() as again, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.load_state_dict(state)
+        assert next(iter(again))["tokens"].tolist() == want
+
+
+def test_a_map_source_and_a_map_with_defaults_restore_states_of_older_digests():
+    records = [{"id": i} for i in range(40)]
+    source = jl.MapSource(records, add)
+    make = lambda: jl.DataLoader(source, batch_size=4, shuffle=True)  # noqa: E731
+    then = combined("map", 40, [records], code_digest(add, defaults=False), b"records")
+    with make() as loader:
+        state, want, older = _saved_then(loader, lambda text: text)
+    assert state["source"] != then
+    assert _restored_quietly(make, {**older, "source": then}) == want
+    make = lambda: jl.DataLoader(records, batch_size=4, shuffle=True,  # noqa: E731
+                                 transforms=[jl.Map(add)])
+    with make() as loader:
+        state, want, _ = _saved_then(loader, lambda text: text)
+    from jaxloader.loaders.state import older_transforms_of
+
+    for older in older_transforms_of([jl.Map(add)]):  # (a Map's change is warned of)
+        assert _restored_quietly(make, {**state, "transforms": older}) == want
+
+
+def test_a_generators_digest_is_what_older_versions_wrote():
+    # (its defaults were digested through a partial before functions' were: taking them
+    # twice made every older state's generators "differ", warned at each restore)
+    def read(shard, n=K):
+        for i in range(12):
+            yield {"id": np.int64(shard * 100 + i * n)}
+
+    with _stream_loader(jl.Stream.from_generator(read, shards=2)) as loader:
+        next(iter(loader))
+        codes = loader.state_dict()["generators"]
+    assert codes == [code_digest(functools.partial(read, K), defaults=False)[:16]] * 2
+
+
+def test_a_joined_hugging_face_streams_state_of_older_names_restores(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    paths = [str(write_jsonl(tmp_path / f"p{i}.jsonl", range(i * 100, i * 100 + 30)))
+             for i in range(4)]
+
+    def joined():
+        return datasets.interleave_datasets([
+            datasets.load_dataset("json", data_files=paths[:2], split="train", streaming=True),
+            datasets.load_dataset("json", data_files=paths[2:], split="train", streaming=True)])
+
+    make = lambda: _stream_loader(jl.Stream.huggingface(joined()))  # noqa: E731
+    with make() as loader:
+        name = loader.state_dict()["stream"]["shards"][0]  # ('json@<its parts' digest>[0/1]')
+        state, want, older = _saved_then(  # (the end of its chain only: undigested)
+            loader, lambda text: text.replace(name.split("[")[0], "json"))
+    assert "@" in name and older != state
+    assert _restored_quietly(make, older) == want
