@@ -102,6 +102,16 @@ def test_a_pass_of_several_epochs_restored_mid_pass_ends_where_the_saved_run_wou
             assert restored.epoch == 3 and len(list(restored)) == 15  # then the next pass
         assert len(rest) == 15 - k and all(np.array_equal(a, b) for a, b in zip(rest, full[k:]))
     dl = loader(20, shuffle=True, num_epochs=3)
+    list(dl)
+    with loader(20, shuffle=True, num_epochs=3, num_workers=num_workers) as restored:
+        restored.load_state_dict(dl.state_dict())  # (at the end of the pass: dl ran through)
+        with pytest.warns(UserWarning, match=r"DataLoader was restored at the end of a pass: "
+                                             r"this iter\(\) begins the next one, epoch 3 to 5"):
+            assert len(list(restored)) == 15  # (a run that had ended there trains on: said)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (once: not at an iter() without a restore)
+            assert len(list(restored)) == 15
+    dl = loader(20, shuffle=True, num_epochs=3)
     it = iter(dl)
     head = [next(it)["x"].copy() for _ in range(7)]
     again = [b["x"].copy() for b in dl]  # iter() again mid-pass: the rest of that pass

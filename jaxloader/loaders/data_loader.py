@@ -274,6 +274,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._check_placement()
         self._check_length()
         self._invalidate()
+        self._progress.say_new_pass()
         start = self._progress.step
         stop = None
         if self.num_epochs is not None:  # the pass the position is in: epochs [k n, (k+1) n)
@@ -328,6 +329,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
                            lambda: older_transforms_of(self._transforms))
         self._invalidate()  # (first: a next() in another thread then cannot set its step after)
         self._progress.step = step
+        n, epoch = self.num_epochs, step // self._sampler.steps_per_epoch
+        self._progress.at_pass_end = f"epoch {epoch}" + (f" to {epoch + n - 1}" if n > 1 else "") \
+            if n and step and not step % (n * self._sampler.steps_per_epoch) else ""
 
     def _transforms_state(self) -> list[str]:
         if self._transforms_named is None:

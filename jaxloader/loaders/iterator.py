@@ -27,11 +27,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from typing import Any, Callable, Generator, Generic, Protocol, Sequence
 
 from typing_extensions import TypeVar
 
-from jaxloader.base.errors import JaxloaderError, WorkerError
+from jaxloader.base.errors import JaxloaderError, WorkerError, user_stacklevel
 from jaxloader.base.batch_kinds import BatchKinds
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
@@ -62,7 +63,21 @@ class Progress:
         self.generation = 0  # iterators of older generations are stale
         self.broken: JaxloaderError | None = None  # raised by every later call
         self.closed = False
+        self.at_pass_end = ""  # restored at a pass's end: the pass its next iter() begins
         self.reset_stats()
+
+    def say_new_pass(self) -> None:
+        """At ``iter()``: warns, once, that a loader restored at the end of a pass begins the
+        next one (``at_pass_end``), which a run that had ended there would train on."""
+        said, self.at_pass_end = self.at_pass_end, ""
+        if said:
+            warnings.warn(
+                f"{self.owner} was restored at the end of a pass: this iter() begins the next "
+                f"one, {said}, as a PyTorch DataLoader's next epoch does; a run that had ended "
+                "with that state trains on unless it stops before iterating (a DataLoader's "
+                "loader.epoch says where it is; or keep the epochs done in the checkpoint); a "
+                "loop over epochs (for epoch in range(E): for batch in loader) goes on as it "
+                "should", UserWarning, stacklevel=user_stacklevel())
 
     def check(self) -> None:
         """Raises the loader's failure, or that it is closed."""

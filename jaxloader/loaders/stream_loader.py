@@ -271,6 +271,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._progress.check()
         self._check_placement()
         self._invalidate()
+        self._progress.say_new_pass()
         put = self._putter
         hosts, votes = published(self)  # (the other processes: settings, a pass's votes)
         self._votes = votes
@@ -386,13 +387,14 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 reader.reset(copied(r))
             finally:
                 reader.close()  # (its files: a state checked leaves none open)
-        step, base = state["step"], copied(readers)
+        step, base, ended = state["step"], copied(readers), passes.ended(state, until)
         self._invalidate()
         # The pass the state was in (None: its readers' states say), the step, and the readers'
         # states as of it, set in one statement with no call inside: a Ctrl-C lands before or
-        # after, never between (a step with another step's readers would give wrong batches,
-        # silently). A stale run's device-put thread files into the dict it was given.
+        # after, never between (a step with another step's readers: wrong batches, silently).
         with self._filing:  # (after _invalidate(), whose device-put thread may wait for it)
             self._until, self._ended, self._progress.step, self._base, self._base_step, \
-                self._reports = until, passes.ended(state, until), step, base, step, {}
+                self._reports = until, ended, step, base, step, {}
+        self._progress.at_pass_end = f"{self.num_epochs} more epoch(s) of its readers" if ended \
+            else ""
 
