@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 import weakref
 from typing import Any, Callable, Generic, Literal, Never, cast
 
@@ -31,7 +32,7 @@ from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
 from jaxloader.base.checks import MASK64, Int, check_int
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, user_stacklevel
 from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
 from jaxloader.batching.mixture_sampler import MixtureSampler
@@ -204,6 +205,14 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         record_transforms, batch_transforms = split_transforms(transforms,
                                                                process_count=process_count)
         rest = self._sampler.num_records % batch_size  # (a mixture's batches are all full)
+        dropped = self._sampler.num_records % self._sampler.global_batch_size
+        if last_batch == "drop" and dropped and not shuffle and not isinstance(source, Mixture):
+            warnings.warn(  # (PyTorch's default keeps them: an evaluation loader lost them)
+                f"DataLoader(last_batch='drop', shuffle=False): the last {dropped} of the "
+                f"{self._sampler.num_records} records are never read, in any epoch (each drops "
+                "the same short last batch); pass last_batch='pad' (every record, a mask on "
+                "the padding rows: an evaluation's) or 'partial' to read them, or shuffle=True "
+                "(each epoch drops others)", UserWarning, stacklevel=user_stacklevel())
         if self._putter is not None and last_batch == "partial" and rest and \
                 not isinstance(source, Mixture):
             self._putter.check_last_batch(rest, self._sampler.num_records)
