@@ -248,3 +248,16 @@ def test_a_record_nested_past_the_recursion_limit_is_named_not_a_bare_recursion_
         with pytest.raises(CollateError, match=rf"collate: {which} is nested deeper than "
                                                r"Python's recursion limit"):
             collate(records)
+
+
+def test_a_masked_array_with_masked_values_is_refused_not_batched_as_its_fill_values():
+    # (netCDF4 reads missing data as masked arrays: the fill value -999 was batched as data)
+    sst = [np.ma.masked_array([1.0, 2.0], mask=[False, j == 1], fill_value=-999.0)
+           for j in range(3)]
+    with pytest.raises(CollateError, match=r"\['sst'\]: item 1 is a masked array "
+                                           r"with 1 masked value.*x.filled\(0\)"):
+        collate([{"sst": v} for v in sst])
+    with pytest.raises(CollateError, match=r"the batch's column is a masked array"):
+        batch_columns({"sst": np.ma.masked_array([1.0, 2.0], mask=[True, False])}, 2)
+    plain = [np.ma.masked_array([1.0, 2.0]) for _ in range(2)]  # (none masked: its data)
+    assert collate([{"sst": v} for v in plain])[0]["sst"].tolist() == [[1.0, 2.0]] * 2

@@ -109,6 +109,30 @@ def test_a_data_frame_column_that_is_not_numbers_is_named_with_the_remedy():
         jl.ArraySource(pd.DataFrame([[1, 2]], columns=["a", "a"]))
 
 
+def test_a_polars_frame_is_a_dict_of_its_columns_of_their_dtypes():
+    # (np.asarray made it one float64 matrix: ids past 2**53 rounded, times and bools as
+    # floats, the names lost; passed as the source, each record a frame of one row)
+    import datetime
+
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"t": [datetime.datetime(2020, 1, 1, h) for h in range(4)],
+                          "x": pl.Series([0.5, 1.5, 2.5, 3.5], dtype=pl.Float32),
+                          "id": [2**53 + 1 + 2 * i for i in range(4)], "ok": [True, False] * 2})
+    for workers in (0, 2):
+        with jl.DataLoader(jl.ArraySource(frame), batch_size=2, num_workers=workers,
+                           process_index=0, process_count=1) as loader:
+            batch = next(iter(loader))
+        assert batch["id"].tolist() == [2**53 + 1, 2**53 + 3] and batch["ok"].dtype == bool
+        assert batch["t"].dtype.kind == "M" and batch["x"].dtype == np.float32
+    with pytest.raises(jl.ConfigError, match=r"polars DataFrame of 4 rows.*ArraySource"):
+        jl.DataLoader(frame, batch_size=2)
+    assert jl.ArraySource(frame["id"])[1] == 2**53 + 3  # (a Series: its values)
+    with pytest.raises(jl.ConfigError, match=r"column 'v' \(Int64\) has 1 null.*fill_null"):
+        jl.ArraySource(pl.DataFrame({"v": [1, None, 3]}))
+    with pytest.raises(jl.ConfigError, match=r"column 's' has dtype String.*to_dicts"):
+        jl.ArraySource(pl.DataFrame({"s": ["a", "b"]}))
+
+
 def test_nullable_columns_keep_their_numbers_and_missing_values_are_refused():
     # pandas' Int64 and Float64 became float64 with NaN for a missing value: integers past
     # 2**53 rounded, a missing one a NaN, silently

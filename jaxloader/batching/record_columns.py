@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from operator import attrgetter
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, Callable, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -43,6 +43,9 @@ def _record_column(path: str, values: list, names: Any) -> Column:
     first = values[0]
     n = len(values)
     if isinstance(first, np.ndarray) and first.ndim:
+        if any(issubclass(k, np.ma.MaskedArray) for k in set(map(type, values))):
+            _refuse_masked(path, values, lambda j: tree_lib.record_name(names, j))  # (netCDF4's
+            # missing values, as its fill values, silently)
         # Shapes are checked here; dtypes by the stacking itself (casting="no" refuses any
         # difference), which saves a second pass over the records.
         try:
@@ -75,6 +78,8 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                     else (str(v) if isinstance(v, str) else bytes(v)) for v in values]
         return Column(path, (n,), array.dtype, array)
     if isinstance(first, (np.ndarray, np.generic)):
+        if any(issubclass(k, np.ma.MaskedArray) for k in set(map(type, values))):
+            _refuse_masked(path, values, names)
         if first.dtype.kind in "biufc" and type(first) is not np.ndarray:
             same = len(set(map(type, values))) == 1  # a numeric scalar type fixes the dtype
         else:
@@ -105,6 +110,18 @@ def _record_column(path: str, values: list, names: Any) -> Column:
     if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
         return _record_column(path, [np.asarray(v) for v in values], names)
     _refuse_object(path, tree_lib.record_name(names, 0), first)
+
+
+def _refuse_masked(path: str, values: list, name: Callable[[int], str]) -> None:
+    """A masked array with masked values (netCDF4's read of missing data): its data alone
+    would be batched, the fill values as data; refused, named (one without any: its data)."""
+    for j, v in enumerate(values):
+        if np.ma.is_masked(v):
+            raise CollateError(
+                f"batch leaf {path}: {name(j)} is a masked array with "
+                f"{np.ma.count_masked(v)} masked value(s), whose mask a batch would not carry "
+                "(its fill values would be batched as data); in a Map, fill them (x.filled(0)) "
+                "and give the mask a leaf of its own (np.ma.getmaskarray(x))")
 
 
 def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
@@ -276,6 +293,8 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     leaves, treedef = tree_lib.flatten(batch)
     columns = []
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
+        if isinstance(leaf, np.ma.MaskedArray):  # (np.asarray drops its mask)
+            _refuse_masked(path, [leaf], lambda j: "the batch's column")
         array = np.asarray(leaf)
         if array.ndim == 0 or array.shape[0] != size:
             listed = ("; a list or tuple in a batch is a pytree node, not a column: give a "

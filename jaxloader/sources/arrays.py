@@ -19,8 +19,8 @@ from jaxloader.base.errors import ConfigError
 
 class ArraySource:
     """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0,
-    or a pandas ``DataFrame``: a dict of its columns, each of its own dtype (a record is a
-    row, ``{"age": ..., "income": ...}``; ``ArraySource(df.to_numpy())`` for one array; a
+    or a pandas or polars ``DataFrame``: a dict of its columns, each of its own dtype (a record
+    is a row, ``{"age": ..., "income": ...}``; ``ArraySource(df.to_numpy())`` for one array; a
     nullable column, ``Int64``, as its NumPy dtype, refused where a value is missing). A masked
     array with masked values is refused: a batch would not carry its mask.
 
@@ -114,14 +114,19 @@ class ArraySource:
 
 
 def is_data_frame(x: Any) -> bool:
-    """Whether ``x`` is a pandas ``DataFrame`` or ``Series`` (pandas is not imported)."""
+    """Whether ``x`` is a pandas or polars ``DataFrame`` or ``Series`` (neither imported)."""
     kind = type(x)
-    return kind.__module__.split(".")[0] == "pandas" and kind.__name__ in ("DataFrame", "Series")
+    return kind.__module__.split(".")[0] in ("pandas", "polars") and kind.__name__ in (
+        "DataFrame", "Series")
 
 
 def _frame_columns(frame: Any) -> Any:
     """A ``DataFrame``'s columns as a dict of arrays by position (a ``Series``: its values);
-    a column NumPy cannot hold as numbers is refused, named, with what to do."""
+    a column NumPy cannot hold as numbers is refused, named, with what to do. A polars frame's
+    too (np.asarray of one made a float64 matrix: its ids rounded, its names lost)."""
+    if type(frame).__module__.startswith("polars"):
+        return _polars_column(None, frame) if type(frame).__name__ == "Series" else {
+            name: _polars_column(name, frame.get_column(name)) for name in frame.columns}
     if type(frame).__name__ == "Series":
         return _column(None, frame)
     names = [str(name) for name in frame.columns]
@@ -129,6 +134,24 @@ def _frame_columns(frame: Any) -> Any:
         raise ConfigError(f"ArraySource(DataFrame): column names must differ, got {names}; "
                           "rename the repeated ones (df.columns = [...])")
     return {name: _column(name, column) for name, (_, column) in zip(names, frame.items())}
+
+
+def _polars_column(name: str | None, column: Any) -> np.ndarray:
+    """A polars column as NumPy (its dtype's: Int64 as int64, Datetime as datetime64, Boolean
+    as bool); one with nulls refused (NumPy would hold them as NaN, integers as floats)."""
+    if column.null_count():
+        fill = "fill_null(0)" if name is None else f"with_columns(pl.col({name!r}).fill_null(0))"
+        raise ConfigError(
+            f"{_named(name)} ({column.dtype}) has {column.null_count()} null(s), expected "
+            f"numbers (NumPy would hold them as NaN, and integers as floats); fill them "
+            f"(df.{fill}) or drop those rows (df.drop_nulls())")
+    array = np.asarray(column.to_numpy())
+    if array.dtype.hasobject and name is not None:
+        raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
+                          "Python objects (strings, categories, lists), expected numbers; "
+                          "encode it (df[col].to_physical() for a category's codes), or pass "
+                          "df.to_dicts(), whose records keep str leaves")
+    return array
 
 
 def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Series)

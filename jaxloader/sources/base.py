@@ -78,8 +78,10 @@ def check_source(source: Any) -> int:
     if is_data_frame(source):
         kind = type(source).__name__
         raise ConfigError(
-            f"source: got a pandas {kind} of {len(source)} rows, whose [i] looks up the label i "
-            f"(a column or a row), not row i; wrap it: jaxloader.ArraySource(your_{kind.lower()}) "
+            f"source: got a {type(source).__module__.split('.')[0]} {kind} of {len(source)} "
+            "rows, whose [i] is not the record of row i (a pandas label, a column or a row; "
+            "a polars row as a frame of one, its columns' dtypes lost in a batch); wrap it: "
+            f"jaxloader.ArraySource(your_{kind.lower()}) "
             + ("(a record is a row, a dict of the columns)" if kind == "DataFrame" else
                "(a record is a value)")
         )
