@@ -189,6 +189,31 @@ class _Scale:
         return {"x": r["x"] * self.k}
 
 
+def test_records_of_array_likes_are_hashed_by_their_values_and_older_states_restore():
+    # (a PIL image, a jax.Array, an xarray DataArray was described by its type alone and
+    # hashed as nothing: a state restored over other images, silently)
+    import hashlib
+
+    from PIL import Image
+
+    def images(level):
+        return [{"im": Image.fromarray(np.full((2, 3), level + i, np.uint8))} for i in range(8)]
+
+    with jl.DataLoader(images(0), batch_size=2, shuffle=True) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    assert state["record_spec"] == "['im']: uint8(2, 3)"
+    with jl.DataLoader(images(1), batch_size=2, shuffle=True) as other, pytest.raises(
+            StateDictError, match="same structure and other values"):
+        other.load_state_dict(state)
+    spec = "['im']: Image"  # (as versions before wrote it: the type, and no bytes hashed)
+    older = {**state, "record_spec": spec, "record_hash": hashlib.blake2b(
+        spec.encode() * 3, digest_size=16).hexdigest()}
+    with jl.DataLoader(images(0), batch_size=2, shuffle=True) as again:
+        again.load_state_dict(older)
+        assert again.step == 1 and again.state_dict() == state
+
+
 def test_a_record_of_long_lists_makes_a_small_state_and_a_whole_spec_of_before_restores():
     # a 30 s clip as a Python list: 480,000 leaves in record_spec, a 12 MB state
     import hashlib

@@ -129,10 +129,11 @@ GENERATIONS = 2
 
 
 OLDER_DIGESTS: contextvars.ContextVar[bool] = contextvars.ContextVar("older_digests", default=False)
-"""Set to describe a source or a stream as versions until 2026-11-30 (the thirty-third session)
-wrote it, otherwise as today's: functions' code digests without their default arguments, a
-Hugging Face stream's joined datasets left out of its digest; every ``OLDER`` generation
-wrote them so too (``older_digests()``)."""
+"""Set to describe a source or a stream as versions until 2026-11-30 wrote it, otherwise as
+today's: functions' code digests without their default arguments, a Hugging Face stream's
+joined datasets left out of its digest, a record's structure whole (until the thirty-third
+session), a record's array-likes (a ``jax.Array``, a PIL image) by their type alone (until the
+thirty-fourth); every ``OLDER`` generation wrote them so too (``older_digests()``)."""
 
 
 def older_digests() -> bool:

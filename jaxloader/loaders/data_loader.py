@@ -22,7 +22,8 @@ from typing import Any, Callable, Generic, Literal, Never, cast
 import numpy as np
 
 from jaxloader.base.abilities import order_check_of
-from jaxloader.sources.fingerprint import older_fingerprint, source_fingerprint, source_files
+from jaxloader.sources.fingerprint import (older_fingerprint, older_records, source_files,
+                                          source_fingerprint)
 from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
@@ -334,7 +335,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._check_placement()
         step = check_state(state, self._sampler, self._source_fingerprint(),
                            [path for path, _ in self._files],
-                           lambda: older_fingerprint(self._source), self._transforms_state(),
+                           lambda: (*older_fingerprint(self._source), *older_records(
+                               self._source)), self._transforms_state(),
                            lambda: older_transforms_of(self._transforms))
         self._invalidate()  # (first: a next() in another thread then cannot set its step after)
         self._progress.step = step

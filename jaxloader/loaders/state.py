@@ -205,14 +205,14 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
 
 def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                 paths: Sequence[str] = (),
-                older: Callable[[], tuple[str, ...]] = tuple,
+                older: Callable[[], Sequence[str | dict]] = tuple,
                 transforms: list[str] | None = None,
                 older_transforms: Callable[[], list[list[str]]] | None = None) -> int:
     """Validates ``state`` against ``sampler`` and the source's ``fingerprint`` (``paths``:
     the files its ``"files"`` are the identities of, to name one that changed; ``older()``:
     the source's fingerprints of older versions, which a state may hold, asked only where its
-    fingerprint differs); warns where it was saved under other ``transforms``; returns the
-    step to continue from."""
+    fingerprint differs: its own, or its records' hash and structure, a dict); warns where
+    it was saved under other ``transforms``; returns the step to continue from."""
     expected = make_state(sampler, 0, fingerprint, transforms)
     if not isinstance(state, dict):
         raise StateDictError(
@@ -256,6 +256,10 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     if state.get("source") != expected.get("source") and state.get("source") in older():
         # (saved before: the same source)
         state = {**state, "source": expected.get("source")}
+    if "record_hash" in expected and state.get("record_hash") != expected["record_hash"] and any(
+            isinstance(t, dict) and {**t, "record_spec": compact_spec(t["record_spec"])} == {
+                k: state.get(k) for k in t} for t in older()):  # (its records as saved before)
+        state = {**state, **{k: expected[k] for k in ("record_spec", "record_hash")}}
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [differ(k, expected.get(k), state.get(k))
              for k in compared if state.get(k) != expected.get(k)]

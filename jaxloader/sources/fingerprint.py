@@ -59,6 +59,8 @@ def _records_hash(source: Any) -> dict[str, str]:
     spec = ""
     for position in sorted({0, n // 2, n - 1}):
         leaves, treedef = tree_lib.flatten(_read(source, position))
+        if not older_digests():  # (an array-like, as a batch holds it; by its type until
+            leaves = [_as_batched(leaf) for leaf in leaves]  # 2026-11-30's 34th session)
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))
         if not spec:  # (whole until 2026-11-30: what an older state, or file kept, holds)
@@ -105,6 +107,19 @@ def _read(source: Any, position: int) -> Any:
             "(a handle opened in worker_init_fn: open it lazily in __getitem__)") from e
 
 
+def _as_batched(leaf: Any) -> Any:
+    """A leaf with the array protocol (a ``jax.Array``, a torch tensor, a PIL image, an
+    xarray ``DataArray``) as the NumPy array a batch holds: its dtype, shape and bytes are
+    then the state's (by its type alone, a restore over other such data was taken)."""
+    if isinstance(leaf, (np.ndarray, np.generic)) or not any(
+            hasattr(leaf, a) for a in ("__array__", "__array_interface__", "__array_struct__")):
+        return leaf
+    try:
+        return np.asarray(leaf)
+    except Exception:  # noqa: BLE001 - one that does not convert: by its type, as before
+        return leaf
+
+
 def _describe(leaf: Any) -> str:
     if isinstance(leaf, (np.ndarray, np.generic)):
         return f"{leaf.dtype}{leaf.shape}"
@@ -137,6 +152,16 @@ def older_fingerprint(source: Any) -> tuple[str, ...]:
         if then is not None and then != now and then not in found:
             found.append(then)
     return tuple(found)
+
+
+def older_records(source: Any) -> list[dict]:
+    """A source without a fingerprint of its own: its records' hash and structure as older
+    versions wrote them into states, where they differ from today's (``source_fingerprint``
+    under ``in_older_forms``; an array-like leaf by its type before 2026-11-30's 34th session).
+    """
+    now = source_fingerprint(source)
+    return [] if "record_hash" not in now else [
+        then for then in in_older_forms(lambda: source_fingerprint(source)) if then != now]
 
 
 def combined_generations(kind: str, size: int, sources: Sequence[Any],
