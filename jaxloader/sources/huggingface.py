@@ -28,7 +28,8 @@ import numpy as np
 from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError
-from jaxloader.sources.arrow_columns import is_list, nested_nulls, numpy_of
+from jaxloader.sources.arrow_columns import is_list, numpy_of
+from jaxloader.sources.huggingface_rows import has_media, has_nulls, null_rows
 
 
 _NUMPY_2 = (2, 21, 0)  # the first datasets release whose NumPy format works under NumPy 2
@@ -63,7 +64,7 @@ class HuggingFaceSource:
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
-        media = {key for key in read if _has_media(self._features.get(key))}
+        media = {key for key in read if has_media(self._features.get(key))}
         # Columns of strings or bytes are read from Arrow: NumPy format makes such a column
         # a fixed-width array first, which cut a value's trailing NULs and took the longest
         # value's width for every row (a 2 MB document in a batch of 128: 1 GiB); and times
@@ -88,8 +89,8 @@ class HuggingFaceSource:
         # own fields (``_media``, at any depth) are left alone: a null path beside its bytes
         # is how they are stored.
         self._nulls = {} if self.custom else {
-            key: rows for key in read if _nulls(dataset.data.column(key), key in media)
-            and len(rows := _null_rows(dataset, key, key in media))}
+            key: rows for key in read if has_nulls(dataset.data.column(key), key in media)
+            and len(rows := null_rows(dataset, key, key in media))}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -149,9 +150,9 @@ class HuggingFaceSource:
 
     def _check_nulls(self, indices: np.ndarray) -> None:
         """Refuses the rows ``indices`` where a numeric column holds a null, naming it."""
-        for key, null_rows in self._nulls.items():
-            at = np.minimum(np.searchsorted(null_rows, indices), len(null_rows) - 1)
-            hit = indices[null_rows[at] == indices]
+        for key, held in self._nulls.items():
+            at = np.minimum(np.searchsorted(held, indices), len(held) - 1)
+            hit = indices[held[at] == indices]
             if len(hit):
                 kind = self.dataset.data.schema.field(key).type
                 got = ("NaN, or for integers a float cast back (another number)"
@@ -194,81 +195,6 @@ def _ragged(dataset: Any, key: str) -> bool:
             return True
         column, rows = pc.list_flatten(column), None
     return False
-
-
-def _null_rows(dataset: Any, key: str, media: bool = False) -> np.ndarray:
-    """The dataset's rows (after its ``select``/``filter``/``shuffle``) where column ``key``
-    holds a null, its lists' values and its structs' fields included (not an image's, where
-    the column's features hold one: ``media``), ascending."""
-    column = dataset.data.column(key)
-    in_table = np.concatenate([_null_rows_of(c, media) if _nulls(c, media)
-                               else np.zeros(len(c), bool)
-                               for c in column.chunks] or [np.zeros(0, bool)])
-    mapping = getattr(dataset, "_indices", None)  # (the rows a select or filter kept)
-    if mapping is not None:
-        in_table = in_table[mapping.column(0).to_numpy()]
-    return np.flatnonzero(in_table)
-
-
-def _has_media(feature: Any) -> bool:
-    """Whether a ``datasets`` feature is, or holds at any depth, an image, a sound, a video or
-    a document (stored as a struct of ``bytes`` and a ``path`` that may be null)."""
-    if type(feature).__name__ in ("Image", "Audio", "Video", "Pdf"):
-        return True
-    if isinstance(feature, dict):
-        return any(_has_media(f) for f in feature.values())
-    if isinstance(feature, (list, tuple)):
-        return any(_has_media(f) for f in feature)
-    return _has_media(getattr(feature, "feature", None)) if hasattr(feature, "feature") \
-        else False
-
-
-def _media(kind: Any) -> bool:
-    """Whether an Arrow type is how ``datasets`` stores an image or a sound (``Image``,
-    ``Audio``): a struct of ``bytes`` and a ``path``, either of which may be null."""
-    import pyarrow as pa
-
-    return pa.types.is_struct(kind) and sorted(f.name for f in kind) == ["bytes", "path"]
-
-
-def _null_rows_of(array: Any, media: bool = False) -> np.ndarray:
-    """A row mask of an Arrow array: where it, a value of its lists or a field of its structs
-    (not an image's, ``_media``, where the features hold one: ``media``) is null."""
-    import pyarrow as pa
-
-    rows = array.is_null().to_numpy(zero_copy_only=False)
-    if isinstance(array, pa.StructArray) and not (media and _media(array.type)):
-        for field in array.flatten():  # (its offset applied)
-            rows |= _null_rows_of(field, media)
-    elif isinstance(array, pa.FixedSizeListArray):
-        size = array.type.list_size
-        if size:
-            inner = _null_rows_of(array.values.slice(array.offset * size, len(array) * size),
-                                  media)
-            rows |= inner.reshape(len(array), size).any(axis=1)
-    elif isinstance(array, (pa.ListArray, pa.LargeListArray)):
-        # by the offsets: the values behind a null list are in them (not in flatten()'s)
-        offsets = array.offsets.to_numpy()
-        inner = _null_rows_of(array.values.slice(offsets[0], offsets[-1] - offsets[0]), media)
-        if inner.any():
-            rows[np.repeat(np.arange(len(array)), np.diff(offsets))[inner]] = True
-    return rows
-
-
-def _nulls(column: Any, media: bool = False) -> bool:
-    """Whether an Arrow column (chunked or not) holds a null, its lists' values and its
-    structs' fields included (not an image's, where the features hold one: ``media``):
-    Arrow's counts first, the rows walked only where a struct may hide one."""
-    def nested(kind: Any) -> bool:
-        import pyarrow as pa
-
-        while is_list(kind):
-            kind = kind.value_type
-        return pa.types.is_struct(kind)
-
-    return any(chunk.null_count or (_null_rows_of(chunk, media).any() if nested(chunk.type)
-                                    else nested_nulls(chunk))
-               for chunk in getattr(column, "chunks", [column]))
 
 
 def _rows_batched(column: Any) -> Any:
