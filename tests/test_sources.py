@@ -39,6 +39,16 @@ def test_empty_and_non_sources():
     with pytest.raises(jl.ConfigError, match="__len__ and __getitem__.*is a stream: jaxloader"):
         check_source(iter([1, 2]))
 
+    class StoreArray:  # (a zarr array: shape and [i], no __len__; told to wrap it whole)
+        shape = (10**9, 64)
+
+        def __getitem__(self, i):
+            return np.zeros(64)
+
+    with pytest.raises(jl.ConfigError, match=r"an array of a store \(zarr, HDF5\): a source of "
+                                             r"your own .*ArraySource\(array\) reads it whole"):
+        check_source(StoreArray())
+
 
 def test_a_dict_passed_as_the_source_gets_the_array_source_hint():
     with pytest.raises(jl.ConfigError, match=r"dict of 2 entries.*'x', 'y'.*ArraySource"):

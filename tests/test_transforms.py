@@ -159,6 +159,10 @@ def test_grain_objects_alone_and_those_not_taken_are_named():
         jl.DataLoader(source, batch_size=4, transforms=[_Double(), batch()])
     with pytest.raises(jl.ConfigError, match=r"Grain's MapWithIndex has no counterpart"):
         jl.DataLoader(source, batch_size=4, transforms=[type("Mine", (with_index,), {})()])
+    flat = type("FlatMapTransform", (), {"__module__": "grain.transforms"})  # (its page did
+    with pytest.raises(jl.ConfigError, match=r"FlatMapTransform has no counterpart .* several "
+                                             r"examples from one record: stack them"):  # not
+        jl.DataLoader(source, batch_size=4, transforms=[type("Clips", (flat,), {})()])  # say)
     # the Filter refusal named the Grain object's repr (an address), and the MapSource it
     # advises refused the object without saying what to pass
     with pytest.raises(jl.ConfigError, match=r"it sees the records Map\(_Double.map\) make"):

@@ -122,7 +122,11 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
                           "the batch is batch_size= and last_batch=; a batch_fn is a "
                           "BatchMap(fn) after the record transforms" if grain == "Batch" else
                           f"Grain's {grain} has no counterpart in transforms= (Map, RandomMap "
-                          "and Filter objects are taken; docs/migrating/grain.md)")
+                          "and Filter objects are taken; docs/migrating/grain.md)" + (
+                              "; several examples from one record: stack them from a Map, or "
+                              "make a source of (record, part) pairs (docs/troubleshooting.md, "
+                              "'Several examples from one record')" if "FlatMap" in grain
+                              else ""))
                 raise ConfigError(
                     f"transforms[{i}]: expected Map, RandomMap, {'Filter, ' * filters}BatchMap, "
                     f"JitMap or a callable, got {type(t).__name__} {t!r:.60}; {remedy}"

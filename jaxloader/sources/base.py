@@ -102,6 +102,10 @@ def check_source(source: Any) -> int:
             remedy = ("a Hugging Face IterableDataset is a stream: jaxloader.StreamLoader(ds) "
                       "reads it as it is (docs/guides/streams.md), or pass the Dataset itself "
                       "(random access, without streaming=True)")
+        elif hasattr(source, "shape") and hasattr(source, "__getitem__"):  # (a zarr array)
+            remedy = ("an array of a store (zarr, HDF5): a source of your own reading its rows "
+                      "(__len__: shape[0]; __getitem__ and __getitems__ reading them), as "
+                      "docs/files.md shows; ArraySource(array) reads it whole into memory")
         elif hasattr(source, "__iter__"):
             remedy = ("an iterable without random access (a generator) is a stream: "
                       "jaxloader.StreamLoader(jaxloader.Stream.from_generator(make, shards=n)), "
