@@ -29,7 +29,7 @@ from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.arrow_columns import is_list, numpy_of
-from jaxloader.sources.huggingface_rows import has_media, has_nulls, null_rows
+from jaxloader.sources.huggingface_rows import failing_row, has_media, has_nulls, null_rows
 
 
 _NUMPY_2 = (2, 21, 0)  # the first datasets release whose NumPy format works under NumPy 2
@@ -106,6 +106,14 @@ class HuggingFaceSource:
         return {key: _as_declared(out[key], self._features.get(key)) for key in self._read}
 
     def __getitems__(self, indices: np.ndarray) -> Any:
+        try:
+            return self._getitems(indices)
+        except RecordError:
+            raise
+        except Exception as e:  # (a row that does not read: named, with its column)
+            raise failing_row(self, indices, e) from e
+
+    def _getitems(self, indices: np.ndarray) -> Any:
         rows = self.dataset[np.asarray(indices).tolist()]
         if self._nulls:
             self._check_nulls(np.asarray(indices))

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxloader.base.errors import RecordError
+from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.arrow_columns import is_list, nested_nulls
 
 
@@ -91,3 +93,39 @@ def has_nulls(column: Any, media: bool = False) -> bool:
     return any(chunk.null_count or (_null_rows_of(chunk, media).any() if nested(chunk.type)
                                     else nested_nulls(chunk))
                for chunk in getattr(column, "chunks", [column]))
+
+
+def failing_row(source: Any, indices: Any, error: Exception) -> Exception:
+    """Where a batch's read of ``source`` (a ``HuggingFaceSource``) that raised ``error`` fails:
+    its rows read one by one, the first that raises read column by column. A ``RecordError``
+    naming the row (the dataset's index) and the column, marked as the batch's ``j``-th
+    (``tag_item``: the loader names its step and position), or ``error`` where no row alone
+    fails. An image that does not decode was named by its batch alone."""
+    for j, index in enumerate(np.asarray(indices).tolist()):
+        try:
+            source[index]
+        except Exception as e:  # noqa: BLE001 - the row's own error, whatever it is
+            key = _column_of(source, index)
+            found: Exception = RecordError(
+                f"the dataset's row {index}{f', column {key!r}' if key else ''}: "
+                f"{type(e).__name__}: {e}; fix or drop that row (ds.filter, ds.select), or, "
+                "for images or sounds that may not decode, read the column undecoded "
+                f"(ds.cast_column({key or 'column'!r}, datasets.Image(decode=False))) and "
+                "decode it in a Map, which names the record")
+            found.__cause__ = e
+            tag_item(found, j)
+            return found
+    return error
+
+
+def _column_of(source: Any, index: int) -> str | None:
+    """The first column whose read of row ``index`` alone raises, or ``None``."""
+    if source.custom:  # (a transform's columns: not read one by one)
+        return None
+    row = source.dataset[index]  # (an Arrow table: decoded as the source does, a column each)
+    for key in source._numeric:
+        try:
+            source._numpy.format_row(row.select([key]))
+        except Exception:  # noqa: BLE001 - the column that fails
+            return key
+    return None

@@ -498,3 +498,30 @@ def test_a_transforms_column_mixing_none_and_numbers_gives_a_map_none():
 
     batch = next(iter(jl.DataLoader(ds, batch_size=4, transforms=[jl.Map(fill)])))
     assert batch["n"].tolist() == batch["a"].tolist() == [1.0, -1.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_image_that_does_not_decode_is_named_by_its_row_and_column(num_workers):
+    # (a truncated JPEG among shuffled rows was "source.__getitems__ raised OSError:
+    # Truncated File Read" at a step: no row, no column to filter on)
+    import io
+
+    from PIL import Image
+
+    def jpeg(i):
+        out = io.BytesIO()
+        Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(out, "JPEG")
+        return out.getvalue()
+
+    images = [{"bytes": jpeg(i), "path": None} for i in range(12)]
+    images[5] = {"bytes": images[5]["bytes"][:60], "path": None}
+    ds = datasets.Dataset.from_dict({"id": list(range(12)), "image": images},
+                                    features=datasets.Features({"id": datasets.Value("int64"),
+                                                                "image": datasets.Image()}))
+    with jl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers) as loader, \
+            pytest.raises((jl.RecordError, jl.WorkerError)) as caught:
+        list(loader)
+    said = str(caught.value)
+    assert "(source index 5): source.__getitems__ raised RecordError: the dataset's row 5, " \
+           "column 'image': OSError" in said, said
+    assert "ds.cast_column('image', datasets.Image(decode=False))" in said
