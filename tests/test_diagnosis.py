@@ -757,3 +757,29 @@ def test_read_threads_are_advised_for_sources_read_record_by_record_and_counted_
                              (type("MyMap", (jl.MapSource,), {})(source, light), 4)):
         with jl.DataLoader(wrapped, batch_size=8, read_threads=4, **ONE) as loader:
             assert loader._maker.threaded_reads == threads, wrapped
+
+
+def test_a_map_sources_function_is_named_where_reading_is_the_bottleneck():
+    # (a mixture's components decoding in MapSources: "make reading (the source's own code)
+    # cheaper", as if it were storage; the decoder was not named)
+    from jaxloader.loaders.diagnosis import mapped_functions
+
+    def decode_clips(r):
+        return r
+
+    part = jl.MapSource(arrays(64), decode_clips)
+    assert mapped_functions(jl.mix([part, jl.MapSource(arrays(64), decode_clips)],
+                                   [0.5, 0.5])) == [
+        "MapSource(test_a_map_sources_function_is_named_where_reading_is_the_bottleneck."
+        "<locals>.decode_clips)"]
+    assert mapped_functions(arrays(8)) == [] and mapped_functions(None) == []
+    busy = tuple(WorkerStats(i, 1, 50, 800, 1 << 20, busy_s=2.9, cpu_s=2.8,
+                             stages={"read": 2.8, "collate": 0.1}) for i in range(2))
+    stats = LoaderStats(batches=100, wait_s=2.5, run_s=0.5, wall_s=3.0, batches_made=100,
+                        records=1600, stages={"read": 5.6, "collate": 0.2,
+                                              "consumer wait": 2.5, "step": 0.5},
+                        workers=busy, num_workers=2)
+    d = diagnose(stats, num_workers=2, cores=2, mapped=["MapSource(decode_clips)"])
+    assert d.bottleneck == "source" and "reading includes MapSource(decode_clips): its " \
+        "function's CPU work" in d.advice[-1], d
+    assert not any("MapSource" in a for a in diagnose(stats, num_workers=2, cores=2).advice)

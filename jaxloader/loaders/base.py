@@ -304,14 +304,15 @@ class LoaderLifecycle:
         return self._diagnose(stats if since is None else stats.since(since))
 
     def _diagnose(self, stats: LoaderStats) -> "Diagnosis":
-        from jaxloader.loaders.diagnosis import diagnose
+        from jaxloader.loaders.diagnosis import diagnose, mapped_functions
 
         put = self._putter
         return diagnose(stats, self._engine.active, counts=self._worker_counts(),
                         remote=getattr(self._engine, "remote", False),
                         placed_in_thread=put is None or put.single_device,
                         read_threads=getattr(getattr(self, "_maker", None), "threaded_reads",
-                                             None))
+                                             None), mapped=mapped_functions(
+                                                 getattr(self, "_source", None)))
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping, NamedTuple
+from typing import Any, Literal, Mapping, NamedTuple, Sequence
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.stats import LoaderStats
@@ -107,7 +107,8 @@ class Diagnosis(NamedTuple):
 
 def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
              counts: list[int] | None = None, remote: bool = False,
-             placed_in_thread: bool = True, read_threads: int | None = None) -> Diagnosis:
+             placed_in_thread: bool = True, read_threads: int | None = None,
+             mapped: Sequence[str] = ()) -> Diagnosis:
     """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
     docstring); ``cores``: those this process may use (default: its affinity); ``counts``: the
     worker counts the loader takes (a ``StreamLoader``'s divide its readers; None: any), which
@@ -115,7 +116,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     cores are the cluster's, not this machine's; ``placed_in_thread``: batches are placed on
     the device-put thread (one device), not in the training thread (several: ``prefetch``);
     ``read_threads``: the threads a worker reads a batch's records on (a ``DataLoader``'s;
-    ``None`` for a loader without them)."""
+    ``None`` for a loader without them); ``mapped``: the functions the source runs as it
+    reads (``mapped_functions``), timed as reading."""
     if stats.batches < 2:
         raise JaxloaderError(
             f"diagnose(): {stats.batches} batch(es) handed out since the stats began; iterate "
@@ -276,8 +278,22 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             advice.append(f"the workers are busy only {busy:.0%} of the time while the loop "
                           f"waits: they wait for tasks (a larger {ahead} helps where batches "
                           "come in bursts) or for a core (other processes on these cores?)")
+    if bottleneck == "source" and mapped:  # (a decoder in a mixture's component: "reading")
+        advice.append(f"reading includes {', '.join(mapped)}: its function's CPU work (a "
+                      "decoder?) is timed as reading; workers share it as they share "
+                      "transforms, and a loader Map (where every part takes it) is timed apart")
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers, stats.batches_made)
+
+
+def mapped_functions(source: Any) -> list[str]:
+    """The ``MapSource`` functions ``source`` runs as it reads (``"MapSource(decode)"``)."""
+    from jaxloader.batching.transforms import fn_name
+    from jaxloader.sources.mapped import MapSource
+    from jaxloader.sources.parts import walk
+
+    return [] if source is None else list(dict.fromkeys(
+        f"MapSource({fn_name(s.fn)})" for s in walk(source) if isinstance(s, MapSource)))
 
 
 def _placement_advice(place: float, batches: int, in_thread: bool) -> str:
