@@ -258,7 +258,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         return self._progress.step // self._sampler.steps_per_epoch
 
     def peek(self) -> BatchT:
-        """The batch the next ``next()`` gives, without moving the position.
+        """The batch at the loader's position (the next ``next()`` gives it; after a pass ran
+        out, the next pass's first, which a new ``iter()`` gives), without moving the position.
 
         Made in this process (also with workers), and placed like the others when a sharding
         is given: use it to build a model from the batch's shapes.

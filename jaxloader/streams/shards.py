@@ -24,7 +24,7 @@ import warnings
 from typing import Any, Protocol, runtime_checkable
 
 from jaxloader.base.checks import check_bool
-from jaxloader.base.errors import ConfigError, RecordError, StateDictError
+from jaxloader.base.errors import ConfigError, RecordError, StateDictError, user_stacklevel
 from jaxloader.streams.json_values import numbers_as_arrays
 from jaxloader.streams.shard_files import check_unchanged, open_file, prefix_head, unreadable
 
@@ -203,7 +203,8 @@ class _LineShard(FileShard):
                 f"{self.path}: its last line ({size:,} bytes after line {self._count}) has no "
                 "line break: with append_only=True it is taken as a record being written and "
                 "read once its line break is; a writer ends every record with one (a file "
-                "that is whole: append it, or read it without append_only)", stacklevel=2)
+                "that is whole: append it, or read it without append_only)",
+                stacklevel=user_stacklevel())
 
     def _check_whole(self) -> None:
         """At the end: a plain file that ends before the bytes it held when opened was cut
