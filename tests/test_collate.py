@@ -259,5 +259,8 @@ def test_a_masked_array_with_masked_values_is_refused_not_batched_as_its_fill_va
         collate([{"sst": v} for v in sst])
     with pytest.raises(CollateError, match=r"the batch's column is a masked array"):
         batch_columns({"sst": np.ma.masked_array([1.0, 2.0], mask=[True, False])}, 2)
+    for first in (np.float32(280.5), 280.5, np.ma.masked):  # (netCDF4's scalar where missing:
+        with pytest.raises(CollateError, match=r"is a masked array with 1 masked"):  # np.ma.
+            collate([{"t": first}, {"t": np.ma.masked}])  # masked: a TypeError, then a NaN)
     plain = [np.ma.masked_array([1.0, 2.0]) for _ in range(2)]  # (none masked: its data)
     assert collate([{"sst": v} for v in plain])[0]["sst"].tolist() == [[1.0, 2.0]] * 2

@@ -168,6 +168,16 @@ def test_a_state_at_the_end_of_a_pass_starts_the_next_pass():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert list(restored)  # (a stream's passes may differ in batches)
+    with make() as loader:  # (saved in the loop, after the last batch: no "ended" yet)
+        inside = [loader.state_dict() for _ in loader]
+    with make() as restored:
+        restored.load_state_dict(inside[-1])
+        with pytest.warns(UserWarning, match=r"restored at the end of a pass"):
+            assert_same_stream(list(restored), second)
+        restored.load_state_dict(inside[-2])  # (one batch before: the rest of that pass)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(list(restored)) == 1
 
 
 def test_a_pass_of_two_epochs_restored_in_its_second_ends_where_the_saved_run_would():

@@ -78,10 +78,11 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                     else (str(v) if isinstance(v, str) else bytes(v)) for v in values]
         return Column(path, (n,), array.dtype, array)
     if isinstance(first, (np.ndarray, np.generic)):
-        if any(issubclass(k, np.ma.MaskedArray) for k in set(map(type, values))):
-            _refuse_masked(path, values, names)
+        kinds = set(map(type, values))
+        if any(issubclass(k, np.ma.MaskedArray) for k in kinds):  # (np.ma.masked: 0-d)
+            _refuse_masked(path, values, lambda j: tree_lib.record_name(names, j))
         if first.dtype.kind in "biufc" and type(first) is not np.ndarray:
-            same = len(set(map(type, values))) == 1  # a numeric scalar type fixes the dtype
+            same = len(kinds) == 1  # a numeric scalar type fixes the dtype
         else:
             try:
                 same = len(set(map(_SIGNATURE, values))) == 1
@@ -166,6 +167,8 @@ def _scalars_of_one_dtype(path: str, values: list, names: Any) -> Column:
     """A column of numeric scalars of other types that batch as one dtype (a Python ``int``
     beside ``np.int64`` ones: a list source mixed with a Parquet one, a Map's default),
     batched as it; any other difference raises, naming the first record that differs."""
+    if any(isinstance(v, np.ma.MaskedArray) for v in values):  # (np.ma.masked among floats:
+        _refuse_masked(path, values, lambda j: tree_lib.record_name(names, j))  # a NaN)
     dtypes = {_scalar_dtype(v) for v in values}
     if len(dtypes) != 1 or None in dtypes:
         raise_leaf_mismatch(path, values, names)

@@ -68,8 +68,8 @@ def make_state(sampler: Order, step: int, fingerprint: dict[str, Any],
 
 
 def transforms_of(transforms: Sequence[Any]) -> list[str]:
-    """Each of a loader's transforms as its state names it: its ``repr`` and a digest of its
-    function's code (``code_digest``), so that a restore under other transforms is told.
+    """Each of a loader's transforms as its state names it, its ``repr`` and a digest of its
+    function's code (``code_digest``): a restore under other transforms is told.
 
     Example:
         >>> from jaxloader.batching.transforms import Map
@@ -80,19 +80,20 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
 
 
 def older_transforms_of(transforms: Sequence[Any]) -> list[list[str]]:
-    """``transforms_of`` as older versions named them, which a state saved then holds: until
-    the thirty-third session of 2026-11-30, their code's digests without defaults; before
-    that day, the code's digest alone, whatever their settings (it did not say them)."""
-    return [[f"{t!r} {_digest(t, defaults=False)}" for t in transforms],
-            [f"{t!r} {code_digest(t.fn, bound=True, defaults=False)[:16]}" for t in transforms]]
+    """``transforms_of`` as older versions named them: in 2026-11-30's 33rd session, sets in
+    their run's order; before, no defaults either; before that day, the code's digest alone."""
+    before = {"defaults": False, "sets_as_before": True}
+    return [[f"{t!r} {_digest(t, sets_as_before=True)}" for t in transforms],
+            [f"{t!r} {_digest(t, **before)}" for t in transforms],
+            [f"{t!r} {code_digest(t.fn, bound=True, **before)[:16]}" for t in transforms]]
 
 
-def _digest(transform: Any, defaults: bool = True) -> str:
+def _digest(transform: Any, **older: bool) -> str:
     """A digest of ``transform``'s code, of the settings that change what it makes (a
     ``JitMap`` given ``random=`` against what its function's signature says: its ``repr``)
     and of the bytes of the arrays its function holds (``arrays_digest``); never its code's
     alone, which older states hold (``older_transforms_of``)."""
-    more = f"{code_digest(transform.fn, bound=True, defaults=defaults)[:16]} "
+    more = f"{code_digest(transform.fn, bound=True, **older)[:16]} "
     more += f"{getattr(transform, 'settings', '')} {arrays_digest(transform.fn)}"
     return hashlib.sha256(more.encode()).hexdigest()[:16]
 

@@ -395,6 +395,6 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         with self._filing:  # (after _invalidate(), whose device-put thread may wait for it)
             self._until, self._ended, self._progress.step, self._base, self._base_step, \
                 self._reports = until, ended, step, base, step, {}
-        self._progress.at_pass_end = f"{self.num_epochs} more epoch(s) of its readers" if ended \
-            else ""
+        self._progress.at_pass_end = f"{self.num_epochs} more epoch(s) of its readers" if ended or (
+            until and self.process_count == 1 and all(passes.done(readers, until))) else ""
 

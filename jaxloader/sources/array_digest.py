@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.columns import spaced_values
-from jaxloader.sources.code_digest import ATOMIC, attributes_of, filled
+from jaxloader.sources.code_digest import filled
+from jaxloader.sources.value_text import ATOMIC, attributes_of
 
 
 WHOLE_BYTES = 64 << 20  # the arrays read whole, together; past them each is sampled:

@@ -42,6 +42,15 @@ class ArraySource:
             raise ConfigError("ArraySource(tree): expected at least one array leaf, got none")
         arrays = []
         for path, leaf in zip(paths, leaves):
+            if is_data_frame(leaf) and type(leaf).__name__ == "Series":
+                leaf = _frame_columns(leaf)  # (its dtype's values, nulls refused: as alone)
+            elif is_data_frame(leaf):  # (np.asarray: one matrix of one dtype, names lost)
+                raise ConfigError(
+                    f"ArraySource leaf {path}: a {type(leaf).__name__} inside the tree, which "
+                    "NumPy would make one array of one dtype (its column names lost, int64 "
+                    "ids past 2**53 rounded in float64); pass the frame alone, "
+                    "ArraySource(df), for a dict of its columns a record, or give its columns "
+                    "as arrays yourself (df.to_numpy(dtype) for one matrix)")
             if np.ma.is_masked(leaf):  # (its data alone would be batched: the mask lost)
                 raise ConfigError(
                     f"ArraySource leaf {path}: a masked array with {np.ma.count_masked(leaf)} "

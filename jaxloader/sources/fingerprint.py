@@ -26,8 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import (file_identities_of, fingerprint_of, in_older_forms,
-                                      older_digests)
+from jaxloader.base.abilities import (array_likes_by_type, file_identities_of, fingerprint_of,
+                                      in_older_forms, older_digests)
 from jaxloader.base.errors import StateDictError
 from jaxloader.base.source_locks import holding, source_lock
 from jaxloader.sources.parts import walk
@@ -59,7 +59,7 @@ def _records_hash(source: Any) -> dict[str, str]:
     spec = ""
     for position in sorted({0, n // 2, n - 1}):
         leaves, treedef = tree_lib.flatten(_read(source, position))
-        if not older_digests():  # (an array-like, as a batch holds it; by its type until
+        if not array_likes_by_type():  # (an array-like, as a batch holds it; by its type until
             leaves = [_as_batched(leaf) for leaf in leaves]  # 2026-11-30's 34th session)
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))

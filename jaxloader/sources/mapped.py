@@ -35,12 +35,12 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import read_threads
-from jaxloader.base.abilities import (block_starts_of, lengths_of, older_digests,
+from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
-from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.code_digest import code_digests
 from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.huggingface import adapt
 
@@ -91,7 +91,7 @@ class MapSource:
         # (its digest as made: a memo the function fills as it reads, a closure's or a
         # default's, must not make the state of a run that read records another source's);
         # and as versions until 2026-11-30 took it (no defaults: what their states hold)
-        self._fn_digests = (code_digest(fn), code_digest(fn, defaults=False))
+        self._fn_digests = code_digests(fn)
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
@@ -164,14 +164,14 @@ class MapSource:
     @property
     def fingerprint(self) -> str:
         """The source's fingerprint and the function's code."""
-        return combined("map", len(self), [self.source], self._fn_digests[older_digests()],
+        return combined("map", len(self), [self.source], self._fn_digests[digest_level()],
                         b"batched" if self.batched else b"records")
 
     @property
     def older_fingerprints(self) -> tuple[None] | None:  # (base.abilities.OLDER)
         """``(None,)`` where older versions digested the function otherwise (its defaults
-        left out): their fingerprint is ``fingerprint`` under ``older_digests()``."""
-        return (None,) if self._fn_digests[0] != self._fn_digests[1] else None
+        left out, sets in their run's order): theirs is ``fingerprint`` at ``digest_level()``."""
+        return (None,) if len(set(self._fn_digests)) > 1 else None
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", None) or repr(self.fn)

@@ -13,10 +13,10 @@ import logging
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from jaxloader.base.abilities import close_of, older_digests
+from jaxloader.base.abilities import close_of, digest_level
 from jaxloader.base.checks import check_int, refused_call
 from jaxloader.base.errors import ConfigError, StateDictError
-from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.code_digest import code_digest, code_digests
 from jaxloader.streams.shards import state_ints
 
 log = logging.getLogger("jaxloader")
@@ -163,18 +163,18 @@ class MappedShard:
     stream state saved under another function is refused."""
 
     def __init__(self, shard: Any, fn: Callable[[Any], Any],
-                 codes: tuple[str, str] | None = None) -> None:
+                 codes: tuple[str, ...] | None = None) -> None:
         if not callable(fn):  # (said where the stream is made, not at its first read)
             raise ConfigError(f"Stream.map(fn): expected a function of a record, got "
                               f"{type(fn).__name__} {fn!r:.80}")
         self.shard, self.fn = shard, fn
-        self._codes = codes or (code_digest(fn)[:16], code_digest(fn, defaults=False)[:16])
+        self._codes = codes or tuple(d[:16] for d in code_digests(fn))
 
     @property
     def name(self) -> str:
-        """The shard's and the function's digest (without its defaults under ``older_digests()``: as
+        """The shard's and the function's digest (at ``digest_level()``: as
         versions until 2026-11-30 wrote it)."""
-        return f"{self.shard.name} | map {self._codes[older_digests()]}"
+        return f"{self.shard.name} | map {self._codes[digest_level()]}"
 
     def reset(self, state: dict | None = None) -> None:
         self.shard.reset(state)

@@ -42,11 +42,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jaxloader.base.abilities import older_digests
+from jaxloader.base.abilities import digest_level
 from jaxloader.base.checks import check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
-from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.code_digest import code_digests
 from jaxloader.streams.contract import StreamLike
 from jaxloader.streams.packing_readers import FitPackedReader, PackedReader
 
@@ -112,9 +112,9 @@ class PackedStream:
         packing_plan.check_overlong("PackedStream(overlong)", overlong, method)
         self.stream, self.key, self.length = stream, key, length
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
-        self._tokenize_digests = (None, None) if tokenize is None else (  # (as made: a memo
-            code_digest(tokenize)[:16], code_digest(tokenize, defaults=False)[:16])  # it fills
-        # is not another function; no defaults: as versions until 2026-11-30 took it)
+        self._tokenize_digests = (None,) * 3 if tokenize is None else tuple(  # (as made: a
+            d[:16] for d in code_digests(tokenize))  # memo it fills is not another function;
+        # and as versions of 2026-11-30 took it, base.abilities.digest_level)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
 
     def __repr__(self) -> str:
@@ -134,7 +134,7 @@ class PackedStream:
                              overlong=self.overlong)
         # (a function of the data, as Stream.map's; None too: a state saved without one is
         # refused under one)
-        described["tokenize"] = self._tokenize_digests[older_digests()]
+        described["tokenize"] = self._tokenize_digests[digest_level()]
         return described
 
     def reader(self, *, reader: int, readers: int, seed: int,

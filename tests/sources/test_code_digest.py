@@ -148,7 +148,7 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
 
 def test_values_without_a_set_of_strings_digest_as_before():
     # a state saved by an earlier version restores: those values' text is still their repr
-    from jaxloader.sources.code_digest import _repr
+    from jaxloader.sources.value_text import written as _repr
 
     import collections
     import dataclasses
@@ -171,7 +171,7 @@ def test_values_without_a_set_of_strings_digest_as_before():
     assert _repr(("x", {"b", "a"})) == """('x', set(["'a'", "'b'"]))"""  # (a set's own form)
     import enum
 
-    from jaxloader.sources.code_digest import _value_text
+    from jaxloader.sources.value_text import value_text as _value_text
 
     kind = enum.Enum("Kind", "A B")
     for one in [{kind.A}, frozenset({kind.B}), ({kind.A}, 1)]:  # (an order of one: as before)

@@ -1,0 +1,220 @@
+"""A value's text as every process writes it (``value_text``), for ``code_digest``: ``repr``
+without memory addresses (an object whose ``repr`` has one by its attributes), and every set
+whose order is its run's (strings, paths, objects hashed by their address: Python's hash key or
+an address differs each run) written sorted, at any depth of a tuple, list, dict, dataclass or
+named tuple. A state saved under the same function then restores in a new process.
+
+Example:
+    >>> value_text({"b", "a"}) == value_text({"a", "b"})
+    True
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import dataclasses
+import decimal
+import enum
+import fractions
+import hashlib
+import itertools
+import re
+import types
+from typing import Any
+
+import numpy as np
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
+    """``repr(value)`` as every process writes it (its first 200 characters; ``whole``: all
+    of it, an array by its bytes): without memory addresses, and where the repr had one
+    (``object``'s own) with the object's attributes instead (``__dict__`` and ``__slots__``, two
+    levels down); a set of strings in sorted order."""
+    if whole and isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        data = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
+        return f"array({value.dtype}, {value.shape}, {data.hexdigest()})"
+    if isinstance(value, (set, frozenset)) and _hash_ordered(value, len(value) < 2):
+        text = _sorted_set(value)  # (a set of one Enum member: repr's text, as before)
+        return text if whole else text[:200]
+    text = written(value, None if whole else 200)
+    text = text if whole else text[:200]
+    if _ADDRESS.search(text) is None:
+        return text
+    if depth < 2:
+        attributes = attributes_of(value)
+        if attributes:
+            said = repr([(k, value_text(v, whole, depth + 1))
+                         for k, v in sorted(attributes.items())])
+            text += said if whole else said[:400]
+    return _ADDRESS.sub("", text)
+
+
+def _sorted_set(value: Any) -> str:
+    """A set whose order is the run's hash order, written sorted (each item as ``written``)."""
+    return f"{type(value).__name__}({sorted(_ADDRESS.sub('', written(v)) for v in value)!r})"
+
+
+def written(value: Any, limit: int | None = None) -> str:
+    """``repr(value)`` (at least its first ``limit`` characters where it is longer; ``None``:
+    all of it), where every set of two or more strings in a tuple, list, dict (a
+    ``defaultdict`` too), dataclass, named tuple or ``SimpleNamespace``, at any depth, is
+    written sorted: ``repr`` wrote it in the order of this run's
+    hash key, so a state saved under a ``partial(fn, stop={"a", "b"})`` was refused in every
+    new process. Without such a set the text is ``repr``'s (what older versions digested)."""
+    try:
+        return _Written(limit).text(value, 0)[0]
+    except Exception:  # noqa: BLE001 - a repr that raises: the type says what it can
+        return f"<{type(value).__qualname__}>"
+
+
+_DEPTH = 16  # containers written item by item, at most this deep
+ATOMIC = (str, int, float, bool, bytes, type(None))  # (a container of these: repr's own)
+
+
+class _Written:
+    """``written``'s writer: a container's items in turn, each as ``repr`` writes it, until the
+    text holds ``limit`` characters (a 200,000-word vocabulary is not walked for 200)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.left = limit
+        self.path: set[int] = set()  # (containers being written: a cycle is written as repr)
+
+    def text(self, value: Any, depth: int) -> tuple[str, bool]:
+        """``value``'s text and whether it is whole (not cut at the limit)."""
+        kind = type(value)
+        if isinstance(value, (set, frozenset)) and len(value) > 1 and _hash_ordered(value):
+            return self._spent(_sorted_set(value))
+        items, opening, closing = _shape(value)
+        if items is None or depth >= _DEPTH or self.left is None and all(
+                type(v) in ATOMIC for v in _shape(value)[0]):  # (whole: repr's, at C speed)
+            return self._spent(repr(value))
+        if id(value) in self.path:
+            return self._spent(_CYCLE.get(kind, "..."))
+        self.path.add(id(value))
+        out = [opening]
+        names = _field_names(value) if opening.endswith("(") and kind is not tuple else None
+        try:
+            for i, item in enumerate(items):  # (lazily: the first 200 characters' worth)
+                if i:
+                    out.append(": " if issubclass(kind, dict) and i % 2 else ", ")
+                if names is not None:
+                    out.append(f"{names[i]}=")
+                written, whole = self.text(item, depth + 1)
+                out.append(written)
+                if not whole:
+                    return "".join(out), False
+        finally:
+            self.path.discard(id(value))
+        if kind is tuple and len(value) == 1:
+            out.append(",")
+        out.append(closing)
+        return "".join(out), True
+
+    def _spent(self, text: str) -> tuple[str, bool]:
+        if self.left is None:
+            return text, True
+        self.left -= len(text)
+        return text, self.left > 0
+
+
+_CYCLE: dict[type, str] = {list: "[...]", dict: "{...}", tuple: "(...)"}
+
+
+def _shape(value: Any) -> tuple[Any, str, str]:
+    """The items ``written`` writes one by one (an iterator: a dict's keys and values in turn,
+    a dataclass's or named tuple's fields) and what opens and closes them; ``(None, "", "")``
+    for other values."""
+    kind = type(value)
+    if kind is list or kind is tuple or kind is dict:
+        return _items(value), *_BRACKETS[kind]
+    if kind is collections.defaultdict:
+        return _items(value), f"defaultdict({value.default_factory!r}, {{", "})"
+    if kind is types.SimpleNamespace:
+        return iter(vars(value).values()), "namespace(", ")"
+    if kind in (set, frozenset) and len(value) == 1:  # (a set of one set of strings)
+        return iter(value), "{" if kind is set else "frozenset({", "}" if kind is set else "})"
+    if isinstance(value, tuple) and getattr(kind.__repr__, "__code__", None) is _NAMED_REPR:
+        return iter(value), f"{kind.__name__}(", ")"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and \
+            _generated_repr(kind):
+        return (getattr(value, n) for n in _field_names(value)), f"{kind.__qualname__}(", ")"
+    return None, "", ""
+
+
+_BRACKETS: dict[type, tuple[str, str]] = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}")}
+
+
+def _items(value: Any) -> Any:
+    """A list's, a tuple's or a set's items, a dict's keys and values in turn (an iterator)."""
+    return itertools.chain.from_iterable(value.items()) if isinstance(value, dict) else \
+        iter(value)
+
+
+def _field_names(value: Any) -> list[str]:
+    if isinstance(value, types.SimpleNamespace):
+        return list(vars(value))
+    if isinstance(value, tuple):
+        return list(type(value)._fields)  # type: ignore[attr-defined]
+    return [f.name for f in dataclasses.fields(value) if f.repr]
+
+
+_NAMED_REPR = getattr(collections.namedtuple("_Named", "a").__repr__, "__code__", None)
+
+
+def _generated_repr(kind: type) -> bool:
+    """Whether ``kind`` is a dataclass whose ``__repr__`` is the generated one (``written``
+    writes that form only; one of the class's own is left to itself)."""
+    wrapped = getattr(kind.__repr__, "__wrapped__", None)  # (reprlib.recursive_repr's)
+    return getattr(wrapped, "__qualname__", "").endswith("__create_fn__.<locals>.__repr__")
+
+
+def attributes_of(value: Any) -> dict[str, Any]:
+    """``value``'s own attributes: its ``__dict__`` and its classes' ``__slots__``."""
+    found = dict(getattr(value, "__dict__", None) or {})
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__") and hasattr(
+                    value, slot):
+                found[slot] = getattr(value, slot)
+    return found
+
+
+def _hash_ordered(value: Any, text_only: bool = False) -> bool:
+    """Whether a set's order depends on the process, not on its values alone: strings and
+    bytes are hashed with a random key each run, and so are what hash them (an ``Enum``
+    member by its name, a hashable dataclass by its fields, a tuple by its items, a path, a
+    compiled pattern, a date), and an object hashed by its address; only numbers (and
+    ``None``) hash the same in every process. ``text_only``: strings and bytes and tuples of
+    them only (what older versions sorted)."""
+    return any(_random_hash(v, text_only) for v in value)
+
+
+_FIXED_HASH = (int, float, complex, type(None), decimal.Decimal, fractions.Fraction,
+               np.number, np.bool_)  # (hashed by their value: a set of them keeps its order)
+
+
+def _random_hash(v: Any, text_only: bool) -> bool:
+    if isinstance(v, (str, bytes)):
+        return True
+    if isinstance(v, (tuple, frozenset)):
+        return _hash_ordered(v, text_only)
+    if text_only:
+        return False
+    if isinstance(v, enum.Enum):
+        return type(v).__hash__ is enum.Enum.__hash__
+    params = getattr(type(v), "__dataclass_params__", None)  # (a generated __hash__:)
+    if params is not None and (params.unsafe_hash or params.eq and params.frozen):
+        return _hash_ordered([getattr(v, f.name) for f in dataclasses.fields(v)
+                              if (f.compare if f.hash is None else f.hash)])
+    return not isinstance(v, _FIXED_HASH) and not SETS_AS_BEFORE.get()
+
+
+# set by code_digest(sets_as_before=True): sets of other values than strings, Enum members and
+# dataclasses written in their run's order, as versions until 2026-11-30's 34th session did (a
+# set of UUIDs or timedeltas has the same order in every process: such states restore)
+SETS_AS_BEFORE: contextvars.ContextVar[bool] = contextvars.ContextVar("sets", default=False)
