@@ -137,6 +137,11 @@ def test_a_polars_frame_is_a_dict_of_its_columns_of_their_dtypes():
     with pytest.raises(jl.ConfigError, match=r"polars DataFrame of 4 rows.*ArraySource"):
         jl.DataLoader(frame, batch_size=2)
     assert jl.ArraySource(frame["id"])[1] == 2**53 + 3  # (a Series: its values)
+    assert next(iter(jl.DataLoader(frame["id"], batch_size=2)))[1] == 2**53 + 3  # (its [i])
+    with pytest.raises(jl.ConfigError, match=r"leaf \['x'\]: a DataFrame inside the tree"):
+        jl.ArraySource({"x": frame, "y": np.arange(4)})  # (one float64 matrix: ids rounded)
+    both = jl.ArraySource((np.zeros((4, 2)), frame["id"]))  # (a Series in the tree: as alone)
+    assert both[1][1] == 2**53 + 3
     with pytest.raises(jl.ConfigError, match=r"column 'v' \(Int64\) has 1 null.*fill_null"):
         jl.ArraySource(pl.DataFrame({"v": [1, None, 3]}))
     with pytest.raises(jl.ConfigError, match=r"column 's' has dtype String.*to_dicts"):

@@ -75,12 +75,13 @@ def check_source(source: Any) -> int:
             f"({', '.join(map(repr, keys))}), which would be read as "
             f"{len(source)} records; {remedy}"
         )
-    if is_data_frame(source):
+    if is_data_frame(source) and not (type(source).__module__.startswith("polars") and type(
+            source).__name__ == "Series"):  # (a polars Series' [i] is its value i: a source)
         kind = type(source).__name__
         raise ConfigError(
             f"source: got a {type(source).__module__.split('.')[0]} {kind} of {len(source)} "
-            "rows, whose [i] is not the record of row i (a pandas label, a column or a row; "
-            "a polars row as a frame of one, its columns' dtypes lost in a batch); wrap it: "
+            "rows, whose [i] is not the record of row i (pandas: a label, a column or a row; "
+            "polars: a frame of one row, its columns' dtypes lost in a batch); wrap it: "
             f"jaxloader.ArraySource(your_{kind.lower()}) "
             + ("(a record is a row, a dict of the columns)" if kind == "DataFrame" else
                "(a record is a value)")
