@@ -685,3 +685,35 @@ def test_drop_without_a_shuffle_says_which_records_no_epoch_reads():
                    {"shuffle": jl.LocalShuffle(4)}):
             jl.DataLoader(list(range(127)), batch_size=64, **kw)
         jl.DataLoader(list(range(128)), batch_size=64)
+
+
+def test_next_from_a_second_thread_at_once_is_refused_by_name_and_loses_no_batch():
+    # (Keras' PyDataset(workers=N) calls next() from several threads: "ValueError: generator
+    # already executing", and the other thread's batch dropped with the iterator's work)
+    import threading
+
+    entered, go = threading.Event(), threading.Event()
+
+    class Held:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            if i == 0:
+                entered.set()
+                go.wait(10)
+            return {"x": np.int64(i)}
+
+    loader = jl.DataLoader(Held(), batch_size=4, num_epochs=None, process_index=0,
+                           process_count=1)
+    it, got = iter(loader), []
+    first = threading.Thread(target=lambda: got.append(next(it)["x"].tolist()))
+    first.start()
+    assert entered.wait(10)
+    with pytest.raises(jl.JaxloaderError, match=r"next\(\) on this DataLoader iterator from "
+                                                r"two threads at once.*PyDataset"):
+        next(it)
+    go.set()
+    first.join(10)
+    assert got == [[0, 1, 2, 3]] and next(it)["x"].tolist() == [4, 5, 6, 7]
+    loader.close()

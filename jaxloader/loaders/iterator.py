@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import warnings
 from typing import Any, Callable, Generator, Generic, Protocol, Sequence
@@ -206,6 +207,8 @@ class LoaderIterator(Generic[BatchT]):
             prefetcher.start()  # held before it runs: an interrupt cannot orphan it
         self._interrupted = False
 
+    _caller: int | None = None  # the thread in next(), while one is
+
     def __iter__(self) -> "LoaderIterator[BatchT]":
         return self
 
@@ -224,81 +227,95 @@ class LoaderIterator(Generic[BatchT]):
         check_loader(self, "ocp_v1 load of a checkpointable", "load_state_dict")
 
     def __next__(self) -> BatchT:
-        entered = time.perf_counter()
-        progress = self._progress
-        if progress.broken is not None:
-            raise progress.broken
-        if progress.generation != self._generation:
-            progress.check()
-            raise JaxloaderError(
-                "this iterator is stale: iter(), load_state_dict() or close() was called on its "
-                f"{progress.owner} since it was made; call iter(loader) again (a loader has one "
-                f"live iterator: for two at once, make two {progress.owner}s)"
-            )
-        if self._hosts is not None:  # (before a stream's end, which runs a collective)
-            if self._hosts.due(self._step - self._start_step,
-                               lambda: progress.generation != self._generation):
-                self._hosts = None  # every other process's settings compared, alike
-            if progress.generation != self._generation:  # (closed or restored meanwhile)
+        me, caller = threading.get_ident(), self._caller
+        if caller is not None and caller != me:  # (a generator's "already executing", and
+            raise JaxloaderError(  # the other thread's batch dropped with it)
+                f"next() on this {self._progress.owner} iterator from two threads at once; one "
+                "thread takes a loader's batches (its workers make them in parallel already): "
+                "hand them to other threads through a queue, or give each thread its own "
+                "loader (Keras' PyDataset(workers=N) calls from several: leave workers at 1)")
+        self._caller = me  # (inline, no wrapper: a call's return would be a point where a
+        try:  # signal could split the step from its batch)
+            entered = time.perf_counter()
+            progress = self._progress
+            if progress.broken is not None:
+                raise progress.broken
+            if progress.generation != self._generation:
+                progress.check()
+                raise JaxloaderError(
+                    "this iterator is stale: iter(), load_state_dict() or close() was called on "
+                    f"its {progress.owner} since it was made; call iter(loader) again (a loader "
+                    f"has one live iterator: for two at once, make two {progress.owner}s)"
+                )
+            if self._hosts is not None:  # (before a stream's end, which runs a collective)
+                if self._hosts.due(self._step - self._start_step,
+                                   lambda: progress.generation != self._generation):
+                    self._hosts = None  # every other process's settings compared, alike
+                if progress.generation != self._generation:  # (closed or restored meanwhile)
+                    return self.__next__()  # (says so)
+                entered = time.perf_counter()  # (a wait for the other hosts is not the input's)
+            if self._stop is not None and self._step >= self._stop:
+                raise StopIteration
+            try:
+                ends = self._ends_before is not None and self._ends_before(self._step)
+            except Stopped:  # (a stream's pass: closed or restored from another thread meanwhile)
                 return self.__next__()  # (says so)
-            entered = time.perf_counter()  # (a wait for the other hosts is not the input's)
-        if self._stop is not None and self._step >= self._stop:
-            raise StopIteration
-        try:
-            ends = self._ends_before is not None and self._ends_before(self._step)
-        except Stopped:  # (a stream's pass: closed or restored from another thread meanwhile)
-            return self.__next__()  # (says so)
-        if ends:
-            self._stop = self._step  # asked once: the same answer on every later call
-            self.stop_work()  # what was made past the end goes
-            raise StopIteration
-        if self._step >= self._next_epoch and self._epochs is not None:
-            self._epochs[1]()  # (raises, again at each call, if the source changed)
-            self._next_epoch += self._epochs[0]
-        if self._interrupted:
-            # Until the old thread is gone (the first try may itself have been cut short):
-            # two threads must never drive the engine at once.
-            self.stop_work(until_gone=True)
-            self._start_work()
-        try:
-            batch = self._next()
-            progress.kinds.check(batch, self._step, progress.where)
-            returned = time.perf_counter()
-            if returned >= progress.check_at:  # a first batch, or the monitor's time
-                self._checks(progress, entered, returned)
-        except WorkerError as e:
-            progress.broken = e
-            if self._failed is not None:
-                self._failed(e, self._step)
+            if ends:
+                self._stop = self._step  # asked once: the same answer on every later call
+                self.stop_work()  # what was made past the end goes
+                raise StopIteration
+            if self._step >= self._next_epoch and self._epochs is not None:
+                self._epochs[1]()  # (raises, again at each call, if the source changed)
+                self._next_epoch += self._epochs[0]
+            if self._interrupted:
+                # Until the old thread is gone (the first try may itself have been cut short):
+                # two threads must never drive the engine at once.
+                self.stop_work(until_gone=True)
+                self._start_work()
+            try:
+                batch = self._next()
+                progress.kinds.check(batch, self._step, progress.where)
+                returned = time.perf_counter()
+                if returned >= progress.check_at:  # a first batch, or the monitor's time
+                    self._checks(progress, entered, returned)
+            except WorkerError as e:
+                progress.broken = e
+                if self._failed is not None:
+                    self._failed(e, self._step)
+                raise
+            except StopIteration:
+                if progress.generation != self._generation:  # (its run ended by a restore, iter()
+                    return self.__next__()  # or close() from elsewhere: says it is stale, not done)
+                raise
+            except BaseException as e:
+                # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
+                # dropped, and the next call makes this same step again
+                # (jaxloader.base.interrupts, 1).
+                self._interrupted = True
+                self._timing = False
+                progress.check_at = 0.0  # (next() then starts the consumer's time again)
+                self.stop_work()
+                if isinstance(e, Stopped):  # (closed or restored from another thread meanwhile)
+                    return self.__next__()  # (says so)
+                if self._failed is not None and isinstance(e, Exception):  # (not a Ctrl-C: the
+                    self._failed(e, self._step)  # step is made again at the next call)
+                raise
+            # No calls from here to the return: a signal cannot split the step from its batch, nor
+            # another thread's iter(), load_state_dict() or close() come between this test and the
+            # step (it set the step, and this iterator's batch undid it)
+            if progress.generation != self._generation:
+                return self.__next__()  # (says that this iterator is stale; the batch goes)
+            self._step += 1
+            progress.step = self._step
+            progress.batches += 1
+            progress.wait_s += returned - entered
+            progress.run_s += entered - self._last_return
+            progress.last_s = self._last_return = returned
+            self._caller = None  # (no call: a signal cannot come before the return)
+            return batch
+        except BaseException:
+            self._caller = None
             raise
-        except StopIteration:
-            if progress.generation != self._generation:  # (its run ended by a restore, iter()
-                return self.__next__()  # or close() from elsewhere: says it is stale, not done)
-            raise
-        except BaseException as e:
-            # Ctrl-C, or a transform's error with num_workers=0: whatever was in flight is
-            # dropped, and the next call makes this same step again (jaxloader.base.interrupts, 1).
-            self._interrupted = True
-            self._timing = False
-            progress.check_at = 0.0  # (next() then starts the consumer's time again)
-            self.stop_work()
-            if isinstance(e, Stopped):  # (closed or restored from another thread meanwhile)
-                return self.__next__()  # (says so)
-            if self._failed is not None and isinstance(e, Exception):  # (not a Ctrl-C: the
-                self._failed(e, self._step)  # step is made again at the next call)
-            raise
-        # No calls from here to the return: a signal cannot split the step from its batch, nor
-        # another thread's iter(), load_state_dict() or close() come between this test and the
-        # step (it set the step, and this iterator's batch undid it)
-        if progress.generation != self._generation:
-            return self.__next__()  # (says that this iterator is stale; the batch goes)
-        self._step += 1
-        progress.step = self._step
-        progress.batches += 1
-        progress.wait_s += returned - entered
-        progress.run_s += entered - self._last_return
-        progress.last_s = self._last_return = returned
-        return batch
 
     def _checks(self, progress: Progress, entered: float, returned: float) -> None:
         """The first batch of the stats' window (said if slow), the consumer's time started
