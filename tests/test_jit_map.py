@@ -320,6 +320,19 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
                        transforms=[kept]) as loader, warnings.catch_warnings():
         warnings.simplefilter("error")
         assert [b["mask"].tolist() for b in loader][-1] == [True, True, True, False]
+    # a tuple that carries the mask as it is, or cast (Keras' sample weights) carries it
+    # (warned "without the 'mask' leaf", the mask its third element)
+    for carried in (lambda b: (b["img"], b["mask"]), lambda b: (b["img"], b["mask"] * 1.0)):
+        with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0,
+                           process_count=1, transforms=[jl.BatchMap(carried)]) as loader, \
+                warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert [b[1].tolist() for b in loader][-1] == [1, 1, 1, 0]
+    monkeypatch.setattr("jaxloader.batching.batch_finish._SAID", set())
+    with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
+                       transforms=[jl.BatchMap(lambda b: (b["img"],))]) as loader:
+        with pytest.warns(UserWarning, match=r"without the 'mask' leaf"):
+            list(loader)
 
 
 def test_a_jit_map_over_an_array_on_a_mesh_names_it_and_the_remedy():

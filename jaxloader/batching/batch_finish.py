@@ -42,6 +42,14 @@ def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> No
             f"batch[{mask_key!r}]; in a JitMap, the record's)", stacklevel=2)
 
 
+def _is_mask(leaf: Any, given: Any) -> bool:
+    """Whether ``leaf`` carries the batch's mask ``given`` on: it, or it cast (a tuple's
+    element of sample weights, ``mask.astype(np.float32)``, as Keras takes them)."""
+    return leaf is given or given is not None and isinstance(leaf, np.ndarray) and (
+        leaf.shape == np.shape(given)) and leaf.dtype.kind in "biuf" and bool(
+        np.array_equal(leaf != 0, given))
+
+
 def _shape(leaf: Any) -> tuple | None:
     """A leaf's shape as NumPy sees it (a Python number's: ``()``), ``None`` where it has none
     (a list of rows of other lengths)."""
@@ -67,7 +75,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
     for i, t in enumerate(batch_transforms):
         start = perf_counter()
-        layout, outside = None, 0.0
+        layout, outside, given = None, 0.0, None
         if type(t) is JitMap:  # (its errors name the batch, the transform and the remedy)
             if batch is not None:
                 treedef, columns = batch_columns(batch, size)
@@ -78,6 +86,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         else:
             if batch is None:
                 batch = collate.materialize(treedef, columns)[0]
+            given = batch.get(mask_key) if mask_key is not None and isinstance(
+                batch, Mapping) else None  # (a mask carried in a tuple is carried: not warned)
             try:
                 batch = t.fn(batch)
             except Exception as e:
@@ -103,7 +113,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         if batch is None:
             raise returned_none(where(), t)
         if mask_key is not None and not (isinstance(batch, Mapping) and mask_key in batch):
-            _dropped_mask(t, mask_key, where)
+            if not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
+                _dropped_mask(t, mask_key, where)
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc
             return batch, layout
