@@ -322,12 +322,13 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
         assert [b["mask"].tolist() for b in loader][-1] == [True, True, True, False]
     # a tuple that carries the mask as it is, or cast (Keras' sample weights) carries it
     # (warned "without the 'mask' leaf", the mask its third element)
-    for carried in (lambda b: (b["img"], b["mask"]), lambda b: (b["img"], b["mask"] * 1.0)):
+    for carried in (lambda b: (b["img"], b["mask"]), lambda b: (b["img"], b["mask"] * 1.0),
+                    lambda b: (b["img"], jnp.asarray(b["mask"], jnp.float32)[:, None])):
         with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0,
                            process_count=1, transforms=[jl.BatchMap(carried)]) as loader, \
                 warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert [b[1].tolist() for b in loader][-1] == [1, 1, 1, 0]
+            assert np.ravel([b[1] for b in loader][-1]).tolist() == [1, 1, 1, 0]
     monkeypatch.setattr("jaxloader.batching.batch_finish._SAID", set())
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[jl.BatchMap(lambda b: (b["img"],))]) as loader:

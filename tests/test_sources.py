@@ -144,8 +144,11 @@ def test_a_polars_frame_is_a_dict_of_its_columns_of_their_dtypes():
     assert both[1][1] == 2**53 + 3
     with pytest.raises(jl.ConfigError, match=r"column 'v' \(Int64\) has 1 null.*fill_null"):
         jl.ArraySource(pl.DataFrame({"v": [1, None, 3]}))
-    with pytest.raises(jl.ConfigError, match=r"column 's' has dtype String.*to_dicts"):
-        jl.ArraySource(pl.DataFrame({"s": ["a", "b"]}))
+    text = jl.ArraySource({"s": pl.Series(["a", "bb"]), "t": pl.DataFrame({"u": ["c", "d"]})
+                           .get_column("u")})  # (strings: fixed width, as np.asarray gave)
+    assert text[1] == {"s": "bb", "t": "d"} and text.arrays[0].dtype == np.dtype("<U2")
+    with pytest.raises(jl.ConfigError, match=r"column 'l' has dtype List.*to_dicts"):
+        jl.ArraySource(pl.DataFrame({"l": [[1], [2, 3]]}))
 
 
 def test_nullable_columns_keep_their_numbers_and_missing_values_are_refused():

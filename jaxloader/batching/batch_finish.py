@@ -43,11 +43,15 @@ def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> No
 
 
 def _is_mask(leaf: Any, given: Any) -> bool:
-    """Whether ``leaf`` carries the batch's mask ``given`` on: it, or it cast (a tuple's
-    element of sample weights, ``mask.astype(np.float32)``, as Keras takes them)."""
-    return leaf is given or given is not None and isinstance(leaf, np.ndarray) and (
-        leaf.shape == np.shape(given)) and leaf.dtype.kind in "biuf" and bool(
-        np.array_equal(leaf != 0, given))
+    """Whether ``leaf`` carries the batch's mask ``given`` on: it, or it cast or reshaped (a
+    tuple's element of sample weights, ``mask.astype(np.float32)`` or a ``jnp`` array of it,
+    as Keras takes them)."""
+    if leaf is given:
+        return True
+    if given is None or np.size(leaf) != np.size(given) or not hasattr(leaf, "__array__"):
+        return False
+    values = np.asarray(leaf)
+    return values.dtype.kind in "biuf" and bool(np.array_equal(values.reshape(-1) != 0, given))
 
 
 def _shape(leaf: Any) -> tuple | None:

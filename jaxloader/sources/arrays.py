@@ -155,6 +155,8 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
             f"numbers (NumPy would hold them as NaN, and integers as floats); fill them "
             f"(df.{fill}) or drop those rows (df.drop_nulls())")
     array = np.asarray(column.to_numpy())
+    if array.dtype.hasobject and str(column.dtype) in ("String", "Utf8"):
+        return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave them)
     if array.dtype.hasobject and name is not None:
         raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
                           "Python objects (strings, categories, lists), expected numbers; "
