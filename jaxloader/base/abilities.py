@@ -146,7 +146,7 @@ def older_digests() -> bool:
 
 def digest_level() -> int:
     """Which of a function's digests a state holds (``code_digests``): 0, this version's; 1,
-    2026-11-30's thirty-third session's; 2, those before it's (``older_digests()``)."""
+    2026-11-30's thirty-third session's; 2, the versions' before it (``older_digests()``)."""
     return 2 if older_digests() else OLDER_DIGESTS.get()
 
 
