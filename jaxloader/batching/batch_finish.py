@@ -117,7 +117,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         if batch is None:
             raise returned_none(where(), t)
         if mask_key is not None and not (isinstance(batch, Mapping) and mask_key in batch):
-            if not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
+            if id(t) not in _SAID and not any(  # (once said, not looked for again)
+                    _is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
                 _dropped_mask(t, mask_key, where)
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc

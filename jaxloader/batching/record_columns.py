@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from operator import attrgetter
-from typing import Any, Callable, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -44,8 +44,7 @@ def _record_column(path: str, values: list, names: Any) -> Column:
     n = len(values)
     if isinstance(first, np.ndarray) and first.ndim:
         if any(issubclass(k, np.ma.MaskedArray) for k in set(map(type, values))):
-            _refuse_masked(path, values, lambda j: tree_lib.record_name(names, j))  # (netCDF4's
-            # missing values, as its fill values, silently)
+            _refuse_masked(path, values, names)  # (netCDF4's missing data: its fill values)
         # Shapes are checked here; dtypes by the stacking itself (casting="no" refuses any
         # difference), which saves a second pass over the records.
         try:
@@ -80,7 +79,7 @@ def _record_column(path: str, values: list, names: Any) -> Column:
     if isinstance(first, (np.ndarray, np.generic)):
         kinds = set(map(type, values))
         if any(issubclass(k, np.ma.MaskedArray) for k in kinds):  # (np.ma.masked: 0-d)
-            _refuse_masked(path, values, lambda j: tree_lib.record_name(names, j))
+            _refuse_masked(path, values, names)
         if first.dtype.kind in "biufc" and type(first) is not np.ndarray:
             same = len(kinds) == 1  # a numeric scalar type fixes the dtype
         else:
@@ -113,16 +112,16 @@ def _record_column(path: str, values: list, names: Any) -> Column:
     _refuse_object(path, tree_lib.record_name(names, 0), first)
 
 
-def _refuse_masked(path: str, values: list, name: Callable[[int], str]) -> None:
+def _refuse_masked(path: str, values: list, names: Any, whole: str | None = None) -> None:
     """A masked array with masked values (netCDF4's read of missing data): its data alone
     would be batched, the fill values as data; refused, named (one without any: its data)."""
     for j, v in enumerate(values):
         if np.ma.is_masked(v):
             raise CollateError(
-                f"batch leaf {path}: {name(j)} is a masked array with "
-                f"{np.ma.count_masked(v)} masked value(s), whose mask a batch would not carry "
-                "(its fill values would be batched as data); in a Map, fill them (x.filled(0)) "
-                "and give the mask a leaf of its own (np.ma.getmaskarray(x))")
+                f"batch leaf {path}: {whole or tree_lib.record_name(names, j)} is a masked "
+                f"array with {np.ma.count_masked(v)} masked value(s), whose mask a batch would "
+                "not carry (its fill values would be batched as data); in a Map, fill them "
+                "(x.filled(0)) and give the mask a leaf of its own (np.ma.getmaskarray(x))")
 
 
 def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
@@ -168,7 +167,7 @@ def _scalars_of_one_dtype(path: str, values: list, names: Any) -> Column:
     beside ``np.int64`` ones: a list source mixed with a Parquet one, a Map's default),
     batched as it; any other difference raises, naming the first record that differs."""
     if any(isinstance(v, np.ma.MaskedArray) for v in values):  # (np.ma.masked among floats:
-        _refuse_masked(path, values, lambda j: tree_lib.record_name(names, j))  # a NaN)
+        _refuse_masked(path, values, names)  # a NaN)
     dtypes = {_scalar_dtype(v) for v in values}
     if len(dtypes) != 1 or None in dtypes:
         raise_leaf_mismatch(path, values, names)
@@ -297,7 +296,7 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     columns = []
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
         if isinstance(leaf, np.ma.MaskedArray):  # (np.asarray drops its mask)
-            _refuse_masked(path, [leaf], lambda j: "the batch's column")
+            _refuse_masked(path, [leaf], None, "the batch's column")
         array = np.asarray(leaf)
         if array.ndim == 0 or array.shape[0] != size:
             listed = ("; a list or tuple in a batch is a pytree node, not a column: give a "

@@ -157,6 +157,14 @@ class IterableShard:
         return {**self.__dict__, "_it": None, "_consumed": 0}
 
 
+def mapped_shards(shards: Sequence[Any], fn: Callable[[Any], Any]) -> list["MappedShard"]:
+    """``shards`` each through ``fn`` (``Stream.map``), the function's digests taken once."""
+    if not shards:
+        return []
+    first = MappedShard(shards[0], fn)
+    return [first, *(MappedShard(shard, fn, first._codes) for shard in shards[1:])]
+
+
 class MappedShard:
     """``shard``'s records through ``fn`` (``Stream.map``); its state is the shard's, its name
     the shard's and the function's code digest (``sources.code_digest``), so a

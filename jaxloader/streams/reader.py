@@ -40,7 +40,7 @@ from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import SUFFIXES
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
-from jaxloader.streams.iterable_shards import MappedShard, generator_shards
+from jaxloader.streams.iterable_shards import generator_shards, mapped_shards
 from jaxloader.streams.origins import last_origin, state_or_why
 from jaxloader.streams.shard_state import copied, plain, snapshot
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
@@ -164,7 +164,7 @@ class Stream:
             >>> reader.reset(None); reader.next()
             {'y': 1}
         """
-        return Stream([MappedShard(shard, fn) for shard in self.shards],
+        return Stream(mapped_shards(self.shards, fn),
                       shuffle_window=self.shuffle_window, shuffle_shards=self.shuffle_shards)
 
     def reader(self, *, reader: int, readers: int, seed: int = 0,
