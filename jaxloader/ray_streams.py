@@ -60,9 +60,12 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                     count = min(most, left)
                     reset = None if sent_reset[w] else held[w]
                     sent_reset[w] = True
+                    actors = engine._actors  # (close() from another thread empties it anew)
+                    if engine._closed or w >= len(actors):  # (an IndexError, not "closed")
+                        raise closed()
                     flight[w].append((next_for[w], count, engine.tasks.sent(
-                        w, engine._actors[w].make_stream.remote(next_for[w], count, hosts,
-                                                                reset, engine.gauges.trace))))
+                        w, actors[w].make_stream.remote(next_for[w], count, hosts, reset,
+                                                        engine.gauges.trace))))
                     next_for[w] += count * hosts
             if next_yield in failures:  # (the batches before it handed out)
                 engine.raise_failed(*failures[next_yield])
@@ -141,8 +144,11 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
     log.warning("Ray actor %d (pid %s) is gone (%s); a new actor continues its readers from "
                 "its last batch received, %s", w, engine._pids[w], type(error).__name__, steps)
     restart_actor(engine, w, f"{steps} were in flight and are not made")
+    actors = engine._actors  # (close() from another thread empties it anew)
+    if engine._closed or w >= len(actors):
+        raise closed() from error
     for i, (first, count, ref) in enumerate(list(flight)):
-        flight[i] = (first, count, engine.tasks.sent(w, engine._actors[w].make_stream.remote(
+        flight[i] = (first, count, engine.tasks.sent(w, actors[w].make_stream.remote(
             first, count, hosts, held if i == 0 else None, engine.gauges.trace)))
 
 def restart_actor(engine: Any, actor: int, lost: str) -> None:

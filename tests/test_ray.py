@@ -479,9 +479,10 @@ def check_a_close_from_another_thread_says_the_loader_was_closed(cluster):
         it = iter(closing)
         next(it)
         threading.Timer(0.3, closing.close).start()
-        with pytest.raises(jl.JaxloaderError, match="the loader was closed") as info:
-            while True:  # (a DataLoader's said every actor was gone, a StreamLoader's
-                next(it)  # raised IndexError from a new actor started after the close)
+        with pytest.raises(jl.JaxloaderError, match="the loader was closed|is closed; create "
+                                                    "a new one") as info:  # (inside a next(),
+            while True:  # or between two) (a DataLoader's said every actor was gone, a
+                next(it)  # StreamLoader's raised IndexError from the actors close() emptied)
         assert not isinstance(info.value, jl.WorkerError)
     assert not live_actors()
 
