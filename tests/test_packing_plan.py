@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -80,7 +82,8 @@ def test_fit_truncates_overlong_records_and_reports_them(lengths, width, method)
 
 def test_several_keys_fit_together():
     lengths = np.array([[5, 2], [3, 6], [4, 1], [9, 3]])
-    plan = pp.fit(lengths, [8, 6], method="best_fit", bins=2, seed=None)
+    with pytest.warns(UserWarning, match=r"1 record\(s\) .* \(record 3: 'in' 9 of 8, 't' 3 of 6"):
+        plan = pp.fit(lengths, [8, 6], method="best_fit", bins=2, seed=None, keys=["in", "t"])
     assert_rows_well_formed(plan)
     for k in range(2):
         got = covered(plan, 4, key=k)
@@ -90,6 +93,18 @@ def test_several_keys_fit_together():
                 assert got[r] == want
             else:
                 assert sum(n for _, n in got[r]) == lengths[r, k]
+
+
+def test_keys_of_one_length_and_row_length_are_cut_together_without_a_word():
+    # tokens and their labels (10 and 10 of 8) are cut at the same places; a key with no
+    # tokens has no pieces to match; a graph's nodes fit, its edges are cut: warned
+    lengths = np.array([[10, 10, 0], [3, 3, 2]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = pp.fit(lengths, [8, 8, 4], seed=None)
+    assert plan.length[plan.record == 0].tolist() == [[8, 8, 0], [2, 2, 0]]
+    with pytest.warns(UserWarning, match=r"edges without its nodes.*overlong='truncate'"):
+        pp.fit(np.array([[5, 10]]), [8, 8], seed=None, keys=["nodes", "edges"])
 
 
 def test_best_fit_wastes_less_than_first_fit_on_long_tailed_lengths():

@@ -97,7 +97,8 @@ class PackedSource:
             self.plan = packing_plan.concat(self._lengths, int(self.row_length[0]), seed)
         else:
             self.plan = packing_plan.fit(self._lengths, self.row_length, method=method,
-                                         bins=bins, window=window, overlong=overlong, seed=seed)
+                                         bins=bins, window=window, overlong=overlong, seed=seed,
+                                         keys=self.keys)
         if self.plan.rows == 0:
             raise ConfigError(f"PackedSource: the {n} records have no tokens under "
                               f"{self.keys}; nothing to pack")

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal, NamedTuple, Sequence, get_args
 
 import numpy as np
@@ -141,11 +142,13 @@ def concat(lengths: np.ndarray, row_length: int, seed: int | None = 0) -> Packin
 
 def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
         method: str = "best_fit", bins: int = 16, window: int = 10_000,
-        overlong: str = "split", seed: int | None = 0) -> PackingPlan:
+        overlong: str = "split", seed: int | None = 0,
+        keys: Sequence[str] = ()) -> PackingPlan:
     """First-fit or best-fit packing of whole records (``lengths``: records x keys) into rows
     of ``row_length`` tokens per key, ``bins`` rows open at a time, over windows of ``window``
     records. Records longer than a row are split into row-sized pieces (``overlong="split"``)
     or cut to the row (``"truncate"``, reported in ``truncated``); empty records are skipped.
+    ``keys`` names the keys in errors.
 
     Example:
         >>> p = fit(np.array([[6], [2], [5], [3]]), [8], method="first_fit", bins=2, seed=None)
@@ -170,6 +173,7 @@ def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
         dropped = int((n - np.minimum(n, limit)).sum())
         items, start, n = records, np.zeros_like(n), np.minimum(n, limit)
     else:  # pieces of one row each, then the rest: pieces[i] of a record
+        _warn_unaligned(records[over], n[over], limit, keys)
         pieces = np.max(-(-n // limit), axis=1)
         items = np.repeat(records, pieces)
         piece = np.arange(len(items), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces,
@@ -184,6 +188,34 @@ def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
         row_ptr=_row_ptr(row[by_row], int(row.max()) + 1 if len(row) else 0),
         record=items[by_row], record_offset=start[by_row], row_offset=offset[by_row],
         length=n[by_row], row_length=limit, truncated=truncated, dropped=dropped)
+
+
+def _warn_unaligned(records: np.ndarray, n: np.ndarray, limit: np.ndarray,
+                    keys: Sequence[str]) -> None:
+    """Warns of records to split (longer than a row under a key) whose keys' pieces do not
+    match: each key is cut at its row length, so a piece of a graph's edges lands in a row
+    with none of its nodes. Only keys of one length and one row length (tokens and their
+    labels) are cut at the same places; a key with no tokens has no pieces to match. (A
+    warning, not a refusal: plans made so before are kept, states over them restore.)"""
+    if n.shape[1] < 2 or not len(records):
+        return
+    has = n > 0
+    first = np.argmax(has, axis=1)  # (a record to split has tokens under some key)
+    same = np.all(~has | ((n == n[np.arange(len(n)), first][:, None])
+                          & (limit == limit[first][:, None])), axis=1)
+    bad = np.flatnonzero(~same)
+    if len(bad):
+        i = bad[np.argmin(records[bad])]
+        names = list(keys) if len(keys) == n.shape[1] else list(range(n.shape[1]))
+        held = ", ".join(f"{k!r} {int(a)} of {int(b)}" for k, a, b in zip(names, n[i], limit))
+        warnings.warn(
+            f"PackedSource(overlong='split'): {len(bad)} record(s) are longer than a row and "
+            f"their keys are cut at other places (record {int(records[i])}: {held} tokens): "
+            "a piece of one key lands in a row without the matching piece of another (a "
+            "decoder's targets without their inputs, a graph's edges without its nodes); "
+            "where a record's keys belong together, pass overlong='truncate' (each key cut "
+            "to its row, the records listed in .truncated), row lengths that hold them, or "
+            "drop them before packing (jl.FilteredSource)", UserWarning, stacklevel=4)
 
 
 def _fit_windows(n: np.ndarray, limit: np.ndarray, best: bool, bins: int,
