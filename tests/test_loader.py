@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import warnings
 
@@ -88,7 +89,7 @@ def test_epoch_loop_and_num_epochs():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_pass_of_several_epochs_restored_mid_pass_ends_where_the_saved_run_would(
-        num_workers):
+        num_workers, caplog):
     """num_epochs=3: a run restored in its third epoch gave that epoch's rest and 2 more."""
     full = [b["x"].copy() for b in loader(20, shuffle=True, num_epochs=3)]  # 3 x 5 steps
     for k in (3, 7, 12):
@@ -111,6 +112,16 @@ def test_a_pass_of_several_epochs_restored_mid_pass_ends_where_the_saved_run_wou
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # (once: not at an iter() without a restore)
             assert len(list(restored)) == 15
+    dl = loader(20, shuffle=True)  # an epoch loop's loader, saved at an epoch's end: its
+    for _ in range(2):  # restore goes on, the next epoch; said in the log, no warning
+        list(dl)
+    with loader(20, shuffle=True) as restored, warnings.catch_warnings(), \
+            caplog.at_level(logging.INFO, "jaxloader"):
+        warnings.simplefilter("error")
+        restored.load_state_dict(dl.state_dict())
+        assert [b["x"].tolist() for b in restored] == [b["x"].tolist() for b in dl]
+        assert "restored at the end of a pass: this iter() begins the next one, epoch 2," \
+            in caplog.text
     dl = loader(20, shuffle=True, num_epochs=3)
     it = iter(dl)
     head = [next(it)["x"].copy() for _ in range(7)]

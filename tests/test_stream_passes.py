@@ -4,7 +4,9 @@ the same with any worker count, resumed exactly mid-pass and across passes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import warnings
 
 import numpy as np
@@ -149,7 +151,7 @@ def test_resume_of_file_streams_in_a_pass(tmp_path, kind):
                                        batch_size=7, num_epochs=1), total=k + 12, k=k)
 
 
-def test_a_state_at_the_end_of_a_pass_starts_the_next_pass():
+def test_a_state_at_the_end_of_a_pass_starts_the_next_pass(caplog):
     def make():
         return jl.StreamLoader(uneven_stream(shuffle_window=4), batch_size=8, num_epochs=1,
                                readers_per_process=2, process_index=0, process_count=1)
@@ -160,20 +162,23 @@ def test_a_state_at_the_end_of_a_pass_starts_the_next_pass():
         assert_same_stream(list(loader), first)
         state = loader.state_dict()
     assert all(r["ended"] is True for r in state["readers"])
-    with make() as restored:  # (a run that had ended there would train on: said, once)
-        restored.load_state_dict(state)
-        with pytest.warns(UserWarning, match=r"StreamLoader was restored at the end of a pass: "
-                                             r"this iter\(\) begins the next one, 1 more"):
-            assert_same_stream(list(restored), second)
-        with warnings.catch_warnings():
+    with make() as restored:  # (a run that had ended there would train on: said, once, in
+        restored.load_state_dict(state)  # the log: a pass of one epoch, an epoch loop's)
+        with warnings.catch_warnings(), caplog.at_level(logging.INFO, "jaxloader"):
             warnings.simplefilter("error")
+            assert_same_stream(list(restored), second)
+            assert re.search(r"StreamLoader was restored at the end of a pass: this iter\(\) "
+                             r"begins the next one, 1 more", caplog.text)
+            caplog.clear()
             assert list(restored)  # (a stream's passes may differ in batches)
+            assert "end of a pass" not in caplog.text
     with make() as loader:  # (saved in the loop, after the last batch: no "ended" yet)
         inside = [loader.state_dict() for _ in loader]
     with make() as restored:
         restored.load_state_dict(inside[-1])
-        with pytest.warns(UserWarning, match=r"restored at the end of a pass"):
+        with caplog.at_level(logging.INFO, "jaxloader"):
             assert_same_stream(list(restored), second)
+        assert "restored at the end of a pass" in caplog.text
         restored.load_state_dict(inside[-2])  # (one batch before: the rest of that pass)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -198,6 +203,12 @@ def test_a_pass_of_two_epochs_restored_in_its_second_ends_where_the_saved_run_wo
     with make(2) as restored:
         restored.load_state_dict(state)
         assert_same_stream(list(restored), full[k:])
+        ended = restored.state_dict()  # (at the pass's end: a pass of two epochs warns)
+    with make() as restored:
+        restored.load_state_dict(ended)
+        with pytest.warns(UserWarning, match=r"StreamLoader was restored at the end of a "
+                                             r"pass: this iter\(\) begins the next one, 2 more"):
+            next(iter(restored))
 
 
 def test_iter_again_mid_pass_finishes_that_pass():

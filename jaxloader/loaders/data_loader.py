@@ -285,7 +285,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._check_placement()
         self._check_length()
         self._invalidate()
-        self._progress.say_new_pass()
+        self._progress.say_new_pass(self.num_epochs)
         start = self._progress.step
         stop = None
         if self.num_epochs is not None:  # the pass the position is in: epochs [k n, (k+1) n)

@@ -67,18 +67,24 @@ class Progress:
         self.at_pass_end = ""  # restored at a pass's end: the pass its next iter() begins
         self.reset_stats()
 
-    def say_new_pass(self) -> None:
-        """At ``iter()``: warns, once, that a loader restored at the end of a pass begins the
-        next one (``at_pass_end``), which a run that had ended there would train on."""
+    def say_new_pass(self, epochs: int | None) -> None:
+        """At ``iter()``: says, once, that a loader restored at the end of a pass begins the
+        next one (``at_pass_end``), which a run that had ended there would train on. A pass
+        of several ``epochs`` warns (the loop over them is that one iter(): a run restarted
+        after its end would train them again); a pass of one is logged at INFO (a loop over
+        epochs restored at an epoch's end goes on as it should: the common resume)."""
         said, self.at_pass_end = self.at_pass_end, ""
-        if said:
-            warnings.warn(
-                f"{self.owner} was restored at the end of a pass: this iter() begins the next "
+        if not said:
+            return
+        text = (f"{self.owner} was restored at the end of a pass: this iter() begins the next "
                 f"one, {said}, as a PyTorch DataLoader's next epoch does; a run that had ended "
                 "with that state trains on unless it stops before iterating (a DataLoader's "
-                "loader.epoch says where it is; or keep the epochs done in the checkpoint); a "
-                "loop over epochs (for epoch in range(E): for batch in loader) goes on as it "
-                "should", UserWarning, stacklevel=user_stacklevel())
+                "loader.epoch says where it is; or keep the epochs done in the checkpoint)")
+        if epochs is not None and epochs > 1:
+            warnings.warn(text, UserWarning, stacklevel=user_stacklevel())
+        else:
+            log.info("%s; a loop over epochs (for epoch in range(E): for batch in loader) "
+                     "goes on as it should", text)
 
     def check(self) -> None:
         """Raises the loader's failure, or that it is closed."""

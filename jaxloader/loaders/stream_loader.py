@@ -271,7 +271,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._progress.check()
         self._check_placement()
         self._invalidate()
-        self._progress.say_new_pass()
+        self._progress.say_new_pass(self.num_epochs)
         put = self._putter
         hosts, votes = published(self)  # (the other processes: settings, a pass's votes)
         self._votes = votes
