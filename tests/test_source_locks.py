@@ -152,6 +152,19 @@ def test_a_source_of_a_thousand_parts_is_read_peeked_and_closed():
         10 * c + i for c in range(1200) for i in range(2))
 
 
+def test_a_source_of_twenty_thousand_parts_is_read_peeked_and_closed():
+    # a frame took 8 parts' locks: past ~7,900 parts (an offline RL buffer, an episode a
+    # part) every batch, peek() and close() raised RecursionError again
+    parts = [jl.ArraySource({"x": np.arange(2) + 10 * c}) for c in range(20_000)]
+    with jl.DataLoader(jl.ConcatSource(parts), batch_size=8, num_epochs=1) as loader:
+        peeked = loader.peek()
+        it = iter(loader)
+        first, second = next(it), next(it)
+    assert np.array_equal(peeked["x"], first["x"])
+    assert first["x"].tolist() + second["x"].tolist() == [
+        10 * c + i for c in range(8) for i in range(2)]
+
+
 def test_loaders_over_lists_keep_no_lock_and_a_sources_lock_goes_with_it():
     import gc
 

@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -104,20 +105,30 @@ def holding(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: A
     """``fn(*args)`` with every lock of ``locks`` held, each taken in a ``with`` block of its
     own: a Ctrl-C leaves none held (between a lock's taking and its ``with``, or between two
     releases of a loop, it left one held for good, and the next thread to read hung)."""
+    frames = len(locks) // _PER_FRAME + 200  # (and the caller's: a mixture of 100,000 parts,
+    if frames > _DEEPEST[0]:  # one per episode, nests 6,250 blocks: past Python's 1,000)
+        _DEEPEST[0] = frames  # (raised, never lowered: another thread may be that deep now;
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), frames + 1000))  # Python frames)
     return _holding(locks, 0, fn, args)
+
+
+_PER_FRAME = 16  # locks one frame's ``with`` takes (Python 3.11 compiles up to 20)
+_DEEPEST = [0]  # the most frames a ``holding`` has asked for
 
 
 def _holding(locks: tuple[threading.RLock, ...], i: int, fn: Callable[..., Any],
              args: tuple) -> Any:
     """``holding`` from ``locks[i]`` on (an index, not a slice: slicing a mixture's 4,000
-    locks 8 at a time copied 1M of them a batch)."""
+    locks 16 at a time copied 1M of them a batch)."""
     left = len(locks) - i
     if left <= 0:
         return fn(*args)
-    if left >= 8:  # (a frame for 8: a mixture of 1,000 parts is no deeper than Python's
+    if left >= _PER_FRAME:  # (a frame for 16: the same as nested blocks)
         with locks[i], locks[i + 1], locks[i + 2], locks[i + 3], locks[i + 4], \
-                locks[i + 5], locks[i + 6], locks[i + 7]:
-            done = _holding(locks, i + 8, fn, args)  # limit; the same as nested blocks)
+                locks[i + 5], locks[i + 6], locks[i + 7], locks[i + 8], locks[i + 9], \
+                locks[i + 10], locks[i + 11], locks[i + 12], locks[i + 13], locks[i + 14], \
+                locks[i + 15]:
+            done = _holding(locks, i + _PER_FRAME, fn, args)
         return done
     with locks[i]:
         done = _holding(locks, i + 1, fn, args)  # (kept, not returned, inside the block:
