@@ -15,6 +15,31 @@ def test_array_source_records_and_vectorised_reads():
     assert batch["img"].shape == (2, 4) and batch["nested"][0].tolist() == [10, 0]
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_windows_of_a_series_are_gathered_without_copying_every_window(num_workers):
+    # take() made a strided view (sliding_window_view's windows, troubleshooting.md's recipe)
+    # contiguous first, every batch: 128 MiB of windows copied for a batch of 128 KiB
+    import tracemalloc
+
+    series = np.arange(32_768 * 32, dtype=np.float32).reshape(32_768, 32)  # 4 MiB
+    windows = np.lib.stride_tricks.sliding_window_view(series, 32, axis=0)  # 128 MiB's view
+    src = jl.ArraySource({"x": windows})
+    assert src.__getitems__(np.array([7, 3]))["x"].tolist() == [windows[7].tolist(),
+                                                                windows[3].tolist()]
+    with jl.DataLoader(src, batch_size=32, shuffle=True, num_workers=num_workers) as loader:
+        it = iter(loader)
+        next(it)
+        tracemalloc.start()
+        try:
+            batch = next(it)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    first = batch["x"][0]
+    assert np.array_equal(first, series[int(first[0, 0]) // 32:][:32].T)
+    assert peak < 16 * 2**20, peak  # (the batch is 128 KiB; the windows 128 MiB)
+
+
 def test_array_source_leaves_of_different_lengths():
     with pytest.raises(jl.ConfigError, match=r"same number of records.*\['a'\]: 3.*\['b'\]: 4"):
         jl.ArraySource({"a": np.zeros(3), "b": np.zeros(4)})

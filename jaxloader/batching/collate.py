@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.columns import DeferredTake
+from jaxloader.base.columns import DeferredTake, take_rows
 from jaxloader.base.errors import CollateError
 from jaxloader.base.string_column import StringColumn, split
 from jaxloader.batching.record_columns import Column, raise_leaf_mismatch
@@ -215,7 +215,7 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
             continue
         view = np.ndarray(spec.shape, spec.dtype, buffer, spec.offset)  # (as leaf_views)
         if type(column) is DeferredTake:  # gathered straight into the slot: no copy in between
-            column.array.take(column.indices[a:b], 0, view, "clip")  # (as DeferredTake.taken)
+            take_rows(column.array, column.indices[a:b], view)  # (as DeferredTake.taken)
         else:
             view[...] = column[a:b]
         batch[name] = view
@@ -271,7 +271,7 @@ def _stack(column: Column, out: np.ndarray | None = None) -> np.ndarray:
         if out is None:
             out = np.empty(column.shape, column.dtype)
         for array, rows, local in zip(values.arrays, values.rows, values.local):
-            out[rows] = np.take(array, local, axis=0, mode="clip")
+            out[rows] = take_rows(array, local)
         return out
     if isinstance(values, np.ndarray):
         if out is None:

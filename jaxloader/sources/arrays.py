@@ -115,7 +115,8 @@ class ArraySource:
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """A batched pytree of the records at ``indices`` (one gather per leaf)."""
-        return tree_lib.unflatten(self._treedef, [a.take(indices, axis=0) for a in self._arrays])
+        return tree_lib.unflatten(self._treedef, [  # (take copies a strided view whole first)
+            a.take(indices, axis=0) if a.flags.c_contiguous else a[indices] for a in self._arrays])
 
     def __repr__(self) -> str:
         leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)
