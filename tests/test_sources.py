@@ -176,6 +176,32 @@ def test_a_polars_frame_is_a_dict_of_its_columns_of_their_dtypes():
         jl.ArraySource(pl.DataFrame({"l": [[1], [2, 3]]}))
 
 
+def test_polars_structs_long_text_and_frames_of_one_dtype_in_a_tree():
+    # a Struct column became one float64 matrix (ids rounded, names lost); one long document
+    # among short ones made every string its width (200 MB for 60 KB of text); a frame of one
+    # dtype of numbers inside a tree (sklearn's {"X": X_df, "y": y}) was refused since the
+    # last session, where it had been a matrix and loses nothing as one
+    pl = pytest.importorskip("polars")
+    pd = pytest.importorskip("pandas")
+    meta = pl.Series("meta", [{"id": 2**53 + 1, "w": 0.5}, {"id": 3, "w": 1.5}])
+    with pytest.raises(jl.ConfigError, match=r"column 'meta' is a Struct.*df.unnest\('meta'\)"):
+        jl.ArraySource(pl.DataFrame({"meta": meta, "y": [0, 1]}))
+    assert jl.ArraySource(pl.DataFrame({"meta": meta}).unnest("meta"))[0]["id"] == 2**53 + 1
+    texts = ["short review"] * 999 + ["x" * 50_000]
+    with pytest.raises(jl.ConfigError, match=r"column 'text' holds 1000 strings of 61988 "
+                                             r"characters .* 191 MiB; pass df.to_dicts\(\)"):
+        jl.ArraySource(pl.DataFrame({"text": texts}))
+    with pytest.raises(jl.ConfigError, match=r"1 null\(s\), expected strings.*fill_null\(''\)"):
+        jl.ArraySource(pl.DataFrame({"s": ["a", None]}))
+    for frame in (pd.DataFrame({"a": np.float32([1, 2, 3]), "b": np.float32([4, 5, 6])}),
+                  pl.DataFrame({"a": [1, 2, 3], "b": [2**53 + 1, 5, 6]})):
+        both = jl.ArraySource({"X": frame, "y": np.arange(3)})
+        assert both[0]["X"].tolist() == frame.to_numpy()[0].tolist()
+        assert both.arrays[0].dtype == frame.to_numpy().dtype
+    with pytest.raises(jl.ConfigError, match=r"DataFrame inside the tree"):  # (two dtypes)
+        jl.ArraySource({"X": pd.DataFrame({"a": [1, 2], "b": [0.5, 1.5]})})
+
+
 def test_nullable_columns_keep_their_numbers_and_missing_values_are_refused():
     # pandas' Int64 and Float64 became float64 with NaN for a missing value: integers past
     # 2**53 rounded, a missing one a NaN, silently
@@ -193,6 +219,12 @@ def test_nullable_columns_keep_their_numbers_and_missing_values_are_refused():
     with pytest.raises(jl.ConfigError, match=r"ArraySource\(Series\) .*missing.*s.fillna"):
         jl.ArraySource(pd.Series(pd.array([1, None], dtype="Int64"), name="v"))
     assert jl.ArraySource(pd.DataFrame({"v": [0.5, np.nan]})).arrays[0].dtype == np.float64
+    ids = pd.Categorical([2**53 + 1, 2**53 + 3, None])  # (to_numpy: float64, rounded, NaN)
+    with pytest.raises(jl.ConfigError, match=r"column 'v' \(category\) has 1 missing value.*"
+                                             r"rows \[2\].*cat.codes"):
+        jl.ArraySource(pd.DataFrame({"v": ids}))
+    kept = jl.ArraySource(pd.DataFrame({"v": ids[:2]}))
+    assert kept.arrays[0].dtype == np.int64 and kept[0]["v"] == 2**53 + 1
 
 
 def test_a_masked_arrays_mask_is_not_dropped():

@@ -44,6 +44,8 @@ class ArraySource:
         for path, leaf in zip(paths, leaves):
             if is_data_frame(leaf) and type(leaf).__name__ == "Series":
                 leaf = _frame_columns(leaf)  # (its dtype's values, nulls refused: as alone)
+            elif is_data_frame(leaf) and _one_kind_of_numbers(leaf):
+                leaf = leaf.to_numpy()  # (a model's X of one dtype: a matrix loses nothing)
             elif is_data_frame(leaf):  # (np.asarray: one matrix of one dtype, names lost)
                 raise ConfigError(
                     f"ArraySource leaf {path}: a {type(leaf).__name__} inside the tree, which "
@@ -130,6 +132,18 @@ def is_data_frame(x: Any) -> bool:
         "DataFrame", "Series")
 
 
+def _one_kind_of_numbers(frame: Any) -> bool:
+    """Whether every column of a pandas or polars ``DataFrame`` is of one NumPy dtype of
+    numbers (no nullable or other kind): its ``to_numpy()`` is exact."""
+    kinds = list(frame.dtypes)
+    if type(frame).__module__.startswith("polars"):
+        numeric = all(kind.is_numeric() and kind == kinds[0] for kind in kinds) and not any(
+            column.null_count() for column in frame.get_columns())
+        return bool(kinds) and numeric and str(kinds[0]) not in ("Decimal", "Int128")
+    return bool(kinds) and all(isinstance(kind, np.dtype) and kind == kinds[0]
+                               and kind.kind in "biufc" for kind in kinds)
+
+
 def _frame_columns(frame: Any) -> Any:
     """A ``DataFrame``'s columns as a dict of arrays by position (a ``Series``: its values);
     a column NumPy cannot hold as numbers is refused, named, with what to do. A polars frame's
@@ -148,16 +162,39 @@ def _frame_columns(frame: Any) -> Any:
 
 def _polars_column(name: str | None, column: Any) -> np.ndarray:
     """A polars column as NumPy (its dtype's: Int64 as int64, Datetime as datetime64, Boolean
-    as bool); one with nulls refused (NumPy would hold them as NaN, integers as floats)."""
+    as bool); one with nulls refused (NumPy would hold them as NaN, integers as floats), a
+    Struct (NumPy made one float64 matrix of its fields: names lost, ids rounded) too."""
+    text = str(column.dtype) in ("String", "Utf8")
     if column.null_count():
-        fill = "fill_null(0)" if name is None else f"with_columns(pl.col({name!r}).fill_null(0))"
+        value = "''" if text else "0"
+        fill = (f"fill_null({value})" if name is None else
+                f"with_columns(pl.col({name!r}).fill_null({value}))")
         raise ConfigError(
             f"{_named(name)} ({column.dtype}) has {column.null_count()} null(s), expected "
-            f"numbers (NumPy would hold them as NaN, and integers as floats); fill them "
+            f"{'strings' if text else 'numbers'} (NumPy would hold them as "
+            f"{'None' if text else 'NaN, and integers as floats'}); fill them "
             f"(df.{fill}) or drop those rows (df.drop_nulls())")
-    array = np.asarray(column.to_numpy())
-    if array.dtype.hasobject and str(column.dtype) in ("String", "Utf8"):
-        return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave them)
+    if type(column.dtype).__name__ == "Struct":
+        raise ConfigError(
+            f"{_named(name)} is a {column.dtype}, which NumPy would make one float64 matrix of "
+            "its fields (their names lost, int64 ids past 2**53 rounded); give its fields "
+            f"columns of their own: df.unnest({name or 'column'!r})")
+    try:
+        array = np.asarray(column.to_numpy())
+    except Exception as error:  # noqa: BLE001 - polars' own (Int128: no NumPy dtype)
+        raise ConfigError(f"{_named(name)} ({column.dtype}) has no NumPy form ({error}); cast "
+                          "it to a NumPy dtype (df.cast) or leave it out") from None
+    if array.dtype.hasobject and text:
+        fixed = np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
+        chars = int(column.str.len_chars().sum())
+        if fixed.nbytes > max(_WIDE, 8 * 4 * chars):  # (UTF-32, each as wide as the longest)
+            raise ConfigError(
+                f"{_named(name)} holds {len(fixed)} strings of {chars} characters in all, "
+                f"which NumPy's fixed width (each as long as the longest, "
+                f"{fixed.dtype.itemsize // 4}) would make {fixed.nbytes / 2**20:.0f} MiB; pass "
+                "df.to_dicts() (records with str leaves), datasets.Dataset.from_polars(df), "
+                "or tokenize the text first")
+        return fixed
     if array.dtype.hasobject and name is not None:
         raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
                           "Python objects (strings, categories, lists), expected numbers; "
@@ -166,16 +203,23 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
     return array
 
 
+_WIDE = 64 * 2**20  # fixed-width strings up to this many bytes are taken, however wide
+
+
 def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Series)
     """A pandas column as NumPy: a nullable dtype's of numbers (``Int64``, ``Float64``,
     ``boolean``, pyarrow's) as its NumPy dtype where it has no missing value, refused where it
     has one (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
     dtype = getattr(column.dtype, "numpy_dtype", None)
     numbers = isinstance(dtype, np.dtype) and not dtype.hasobject
-    if numbers and not isinstance(column.dtype, np.dtype) and (missing := np.flatnonzero(
-            np.asarray(column.isna()))).size:
+    coded = type(column.dtype).__name__ == "CategoricalDtype"  # (to_numpy: floats, NaN)
+    if (numbers or coded) and not isinstance(column.dtype, np.dtype) and (
+            missing := np.flatnonzero(np.asarray(column.isna()))).size:
         remedy = (f"(df[{name!r}].fillna(0)) or drop those rows (df.dropna(subset=[{name!r}]))"
                   if name is not None else "(s.fillna(0)) or drop those rows (s.dropna())")
+        if coded:
+            remedy = (f"(df[{name!r}].cat.add_categories(-1).fillna(-1)), take its codes "
+                      f"(df[{name!r}].cat.codes: -1 where missing), or drop those rows")
         raise ConfigError(
             f"{_named(name)} ({column.dtype}) has {missing.size} missing value(s), in rows "
             f"{missing[:5].tolist()} (by position), expected numbers (NumPy would hold them as "
