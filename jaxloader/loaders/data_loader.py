@@ -212,8 +212,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
                 f"DataLoader(last_batch='drop', shuffle=False): the last {dropped} of the "
                 f"{self._sampler.num_records} records are never read, in any epoch (each drops "
                 "the same short last batch); pass last_batch='pad' (every record, a mask on "
-                "the padding rows: an evaluation's) or 'partial' to read them, or shuffle=True "
-                "(each epoch drops others)", UserWarning, stacklevel=user_stacklevel())
+                "the padding rows: an evaluation's)" + ("" if self._sampler.global_batch_size
+                > batch_size else " or 'partial'") + " to read them, or shuffle=True (each "
+                "epoch drops others)", UserWarning, stacklevel=user_stacklevel())
         if self._putter is not None and last_batch == "partial" and rest and \
                 not isinstance(source, Mixture):
             self._putter.check_last_batch(rest, self._sampler.num_records)
