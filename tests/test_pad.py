@@ -192,6 +192,20 @@ def test_an_empty_list_takes_the_batch_dtype_and_a_value_the_dtype_cannot_hold_i
     assert np.isnan(floats["f"][0, 1]) and floats["f"][1].tolist() == [1.0, 1.0]
 
 
+def test_an_empty_leaf_takes_the_others_trailing_shape_and_a_masked_one_is_refused():
+    # a graph of no edges read from JSON ([], shape (0,)) beside edges of shape (n, 2) was
+    # refused; a masked array (netCDF4's missing data) was padded with its fill values as data
+    graphs = [{"edges": []}, {"edges": [[0, 1], [1, 2]]}, {"edges": np.zeros((0, 2), np.int32)}]
+    batch = next(iter(jl.DataLoader(graphs, batch_size=3, transforms=[jl.Pad("edges")])))
+    assert batch["edges"].shape == (3, 2, 2) and batch["edges_length"].tolist() == [0, 2, 0]
+    assert batch["edges"][1].tolist() == [[0, 1], [1, 2]] and not batch["edges"][0].any()
+    profiles = [{"t": np.ma.masked_equal(np.array([1.0, -999.0, 3.0][:2 + i]), -999.0)}
+                for i in range(2)]
+    with pytest.raises(jl.CollateError, match=r"record position 0's 't' is a masked array with "
+                                              r"1 masked value.*x.filled\(0\)"):
+        next(iter(jl.DataLoader(profiles, batch_size=2, transforms=[jl.Pad("t")])))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_batch_of_only_empty_lists_has_the_dtype_given_or_its_error_names_the_pad(workers):
     # sorted by length, the empty transcripts filled a batch alone: float64 (NumPy's empty

@@ -51,7 +51,8 @@ class Pad:
             lists are made arrays of it and arrays cast to it (where it holds their kind).
             Without it, a leaf keeps its records' dtype; an empty Python list (``float64``
             for NumPy) takes the others', so a batch whose records all hold empty lists is
-            ``float64``: give ``dtype=`` for lists that may all be empty (token ids).
+            ``float64``: give ``dtype=`` for lists that may all be empty (token ids). An
+            empty leaf takes the others' trailing shape too (a graph's ``[]`` of edges).
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -140,7 +141,7 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
     dicts; the records given are left as they are). ``names`` names a record in errors."""
     out = [_fields(pad, record, names, j) for j, record in enumerate(records)]
     for key in pad.keys:
-        leaves = [record[key] for record in out]
+        leaves = _shaped_empties([record[key] for record in out])
         for j, leaf in enumerate(leaves):
             if leaf.shape[1:] != leaves[0].shape[1:]:
                 raise CollateError(
@@ -166,6 +167,16 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
             if pad.length_suffix is not None:
                 record[key + pad.length_suffix] = np.int32(len(leaf))
     return out
+
+
+def _shaped_empties(leaves: list[np.ndarray]) -> list[np.ndarray]:
+    """``leaves`` where an empty one (no rows: a JSON ``[]``, a Parquet row group of empty
+    lists) takes the trailing shape of the first with rows (a graph of no edges: ``(0, 2)``)."""
+    rows = next((leaf for leaf in leaves if len(leaf)), None)
+    if rows is None:
+        return leaves
+    return [leaf if len(leaf) or leaf.shape[1:] == rows.shape[1:] else
+            np.empty((0, *rows.shape[1:]), leaf.dtype) for leaf in leaves]
 
 
 def _kind(pad: Pad, key: str, leaves: list[np.ndarray], names: Any) -> np.dtype:
@@ -223,6 +234,12 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
         if key not in record:
             raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} has no key {key!r} "
                                f"(its keys: {list(record)[:20]})")
+        if np.ma.is_masked(record[key]):  # (copied into a padded array: the mask lost)
+            raise CollateError(
+                f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is a masked array with "
+                f"{np.ma.count_masked(record[key])} masked value(s), whose fill values would "
+                "be padded as data; in a Map before the Pad, fill them (x.filled(0)) and give "
+                "the mask a key of its own (np.ma.getmaskarray(x)), which the Pad can pad too")
         leaf = _as_array(pad, record[key], pad.dtypes.get(key), names, j, key)
         if leaf.ndim == 0 or leaf.dtype == object:
             raise CollateError(
