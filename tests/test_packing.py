@@ -67,6 +67,19 @@ def test_a_truncating_packer_reports_what_it_cut():
     assert sorted(int(s[0]) for s in seen) == starts[lengths > 0].tolist()  # each record's head
 
 
+def test_sequences_of_several_axes_are_refused_not_flattened():
+    # from_sequences flattened a (T, 4) episode into 4T values: a window cut from it mixed
+    # features and steps, and lengths counted values, silently (the RL and graph audits)
+    episodes = [np.arange(12.0).reshape(3, 4), np.arange(8.0).reshape(2, 4)]
+    with pytest.raises(jl.ConfigError, match=r"'obs' of sequence 0 has shape \(3, 4\), "
+                                             r"expected 1-D.*its own key.*jl.Pad"):
+        jl.RaggedSource.from_sequences({"obs": episodes})
+    with pytest.raises(jl.ConfigError, match=r"got shape \(5, 4\) .*its own key"):
+        jl.RaggedSource({"obs": (np.concatenate(episodes), np.array([0, 3, 5]))})
+    ones = jl.RaggedSource.from_sequences({"t": [7, [8, 9]]})  # (a scalar: one value)
+    assert ones.lengths("t").tolist() == [1, 2] and ones[0]["t"].tolist() == [7]
+
+
 def test_any_source_of_dict_records_packs_like_a_ragged_one():
     source, _ = documents(60)
     records = [{"tokens": np.array(source[i]["tokens"]), "label": i} for i in range(len(source))]

@@ -58,7 +58,14 @@ class RaggedSource:
         """
         pairs = {}
         for key, seqs in columns.items():
-            arrays = [np.asarray(s, dtype=dtype).reshape(-1) for s in seqs]
+            arrays = [np.asarray(s, dtype=dtype).reshape(-1) if np.ndim(s) == 0 else
+                      np.asarray(s, dtype=dtype) for s in seqs]  # (a scalar: one value)
+            for i, array in enumerate(arrays):  # (reshape(-1) made a (T, 4) episode 4T steps)
+                if array.ndim != 1:
+                    raise ConfigError(
+                        f"RaggedSource.from_sequences: {key!r} of sequence {i} has shape "
+                        f"{array.shape}, expected 1-D (a record's values along one axis); "
+                        f"{_FLAT_ONLY}")
             offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
             values = np.concatenate(arrays) if arrays else np.zeros(0, dtype or np.int64)
             pairs[key] = (values, offsets)
@@ -116,10 +123,17 @@ class RaggedSource:
         return f"RaggedSource({self._len} records; {parts})"
 
 
+_FLAT_ONLY = (
+    "a RaggedSource holds sequences of single values, a key each: give each feature its own "
+    "key, or keep records of several axes (a graph's (n, 4) nodes, an episode's (T, 4) "
+    "observations) in a list of dicts or a source of your own, padded by jl.Pad")
+
+
 def _check(key: str, values: np.ndarray, offsets: np.ndarray) -> None:
     if values.ndim != 1 or values.dtype.hasobject:
-        raise ConfigError(f"RaggedSource[{key!r}] values: expected a flat numeric array, got "
-                          f"shape {values.shape} dtype {values.dtype}; concatenate the sequences")
+        raise ConfigError(f"RaggedSource[{key!r}] values: expected a 1-D numeric array (the "
+                          f"sequences concatenated), got shape {values.shape} dtype "
+                          f"{values.dtype}" + (f"; {_FLAT_ONLY}" if values.ndim > 1 else ""))
     if (offsets.ndim != 1 or len(offsets) < 1 or offsets.dtype.kind not in "iu"
             or offsets[0] != 0 or offsets[-1] != len(values)
             or np.any(offsets[1:] < offsets[:-1])):  # (np.diff wraps unsigned offsets)
