@@ -125,9 +125,11 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
         return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",
                                                               path, column or name)
                             for i, field in enumerate(array.flatten())})
+    if is_list(kind) and not len(array) and (empty := _no_rows(kind)) is not None:
+        return empty
     if is_list(kind):
         if pa.types.is_fixed_size_list(kind):  # (no offsets to check: ~100 us a row group)
-            size = kind.list_size if len(array) else None
+            size = kind.list_size
         else:
             lengths = np.diff(numpy_of(array.offsets))
             size = int(lengths[0]) if len(lengths) and np.all(lengths == lengths[0]) else None
@@ -143,6 +145,25 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
         out = np.asarray(array.to_numpy_ndarray())  # (a fixed-shape tensor: rows of its shape)
     else:
         out = numpy_of(array)
+    out.flags.writeable = False
+    return out
+
+
+def _no_rows(kind: Any) -> np.ndarray | None:
+    """A list array of no rows (the values of a row group whose lists are all empty) as the
+    array its type says: the leaf's dtype, a fixed-size list's length, 0 for a list's of any
+    (not Python objects, nor a fixed-size list's crash on its missing offsets: ``Pad`` gives
+    an empty leaf the others' trailing shape); ``None`` for strings or structs (as before)."""
+    import pyarrow as pa
+
+    shape = [0]
+    while is_list(kind):
+        shape.append(kind.list_size if pa.types.is_fixed_size_list(kind) else 0)
+        kind = kind.value_type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            or pa.types.is_boolean(kind) or pa.types.is_temporal(kind)):
+        return None
+    out = np.empty(shape, numpy_of(pa.array([], kind)).dtype)
     out.flags.writeable = False
     return out
 

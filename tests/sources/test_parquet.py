@@ -54,6 +54,26 @@ def test_rows_in_order_with_numpy_leaves_and_strings(tmp_path):
         "id": ((0,), np.int64), "vector": ((0, 16), np.float32), "text": ((0,), object)}
 
 
+def test_a_row_group_of_empty_lists_reads_as_its_type_says(tmp_path):
+    # a row group whose molecules all have no edges: a list of fixed-size lists raised a bare
+    # TypeError (no offsets), a list of lists gave (0,) object arrays, which Pad refused and
+    # a batch took as objects (the graph audit)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for kind, shape in [(pa.list_(pa.list_(pa.int32(), 2)), (0, 2)),
+                        (pa.list_(pa.list_(pa.int32())), (0, 0))]:
+        path = tmp_path / "edges.parquet"
+        pq.write_table(pa.table({"e": pa.array([[[1, 2]], [], [], []], kind)}), path,
+                       row_group_size=2)
+        source = jl.ParquetSource(path)
+        assert source[2]["e"].shape == shape and source[2]["e"].dtype == np.int32
+        with jl.DataLoader(source, batch_size=4, transforms=[jl.Pad("e")]) as loader:
+            batch = next(iter(loader))
+        assert batch["e"].shape == (4, 1, 2) and batch["e_length"].tolist() == [1, 0, 0, 0]
+        assert batch["e"][0].tolist() == [[1, 2]] and batch["e"].dtype == np.int32
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_loader_reads_every_row_once_an_epoch_vectorised_or_per_record(tmp_path,
                                                                            num_workers):
