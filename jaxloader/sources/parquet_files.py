@@ -63,6 +63,7 @@ class ParquetFiles:
     def _reset(self) -> None:
         self._open = OpenFiles(_MAX_OPEN, close=lambda handle: handle.close(force=True))
         self._metas: dict[int, Any] = {}  # footers read in this process, by file
+        self._int96: dict[int, set[str]] = {}  # their INT96 columns
 
     def __getstate__(self) -> dict:
         return {"paths": self.paths, "identities": self.identities, "_stats": self._stats}
@@ -81,7 +82,7 @@ class ParquetFiles:
         if in_worker:
             _return_freed_memory()
         try:
-            return handle.read_row_group(group, columns=columns, use_threads=not in_worker)
+            table = handle.read_row_group(group, columns=columns, use_threads=not in_worker)
         except (OSError, ValueError, RuntimeError) as e:  # (pyarrow's errors derive from these)
             # a file rewritten as it was read fails as a damaged one would: say which it is
             if file_identity.storage_failed(e):
@@ -98,6 +99,12 @@ class ParquetFiles:
                 "write the file with smaller row groups (pyarrow's row_group_size=), or read "
                 "fewer columns; a footer that counts more rows than the file holds is damaged"
             ) from e
+        int96 = self._int96.get(number)
+        if int96 is None:
+            schema = handle.schema  # (a footer's columns, once a file)
+            self._int96[number] = int96 = {schema.column(i).path for i in range(len(schema))
+                                           if schema.column(i).physical_type == "INT96"}
+        return _int96_in_ns(table, int96, self.paths[number], group) if int96 else table
 
     def handle(self, number: int) -> Any:
         """File ``number`` as a ``pyarrow.parquet.ParquetFile``, opened if it is not."""
@@ -110,7 +117,7 @@ class ParquetFiles:
             handle = _checked_open(path, lambda p: self._open_remote(number))
         else:
             handle = _checked_open(path, lambda p: open_parquet(
-                p, metadata=meta, page_checksum_verification=True))
+                p, metadata=meta, page_checksum_verification=True, **_INT96))
         self._metas[number] = handle.metadata
         return self._open.add(number, handle)
 
@@ -125,7 +132,8 @@ class ParquetFiles:
             if identity != self.identities[number]:  # (before its footer is read: a file
                 raise self._changed(number, identity)  # being rewritten is no damaged one)
             meta = self._metas.get(number) or footer_of(tail)
-            return pq.ParquetFile(raw, metadata=meta, page_checksum_verification=True)
+            return pq.ParquetFile(raw, metadata=meta, page_checksum_verification=True,
+                                  **_INT96)
         except BaseException:
             raw.close()
             raise
@@ -189,6 +197,35 @@ class ParquetFiles:
             f"cannot be decoded ({type(error).__name__}: {error}): the file is damaged, or the "
             "storage failed to read it (a disk or network error: try again); replace a damaged "
             "file (download or write it again), or leave it out of the source's paths")
+
+
+# Spark's INT96 times read as microseconds (pyarrow's nanoseconds wrapped a 9999-12-31 to
+# 1816), then cast to the nanoseconds the footer's schema says, where they fit (``_int96_in_ns``)
+_INT96 = {"coerce_int96_timestamp_unit": "us"}
+
+
+def _int96_in_ns(table: Any, int96: set[str], path: str, group: int) -> Any:
+    """``table`` with its ``int96`` columns (read as microseconds) in nanoseconds, as before; a
+    time nanoseconds cannot hold (before 1677, after 2262) refused, named, with the remedy."""
+    import pyarrow as pa
+
+    for name in int96 & set(table.column_names):
+        column = table.column(name)
+        ns = pa.timestamp("ns", tz=column.type.tz)
+        try:
+            table = table.set_column(table.column_names.index(name), name, column.cast(ns))
+        except pa.ArrowInvalid:
+            import pyarrow.compute as pc
+
+            low, high = pc.min_max(column).values()
+            raise RecordError(
+                f"ParquetSource: column {name!r} of {path!r}, row group {group}, is an INT96 "
+                f"time (Spark's default) from {low} to {high}, which datetime64[ns] cannot "
+                "hold (1677-09-21 to 2262-04-11: pyarrow wraps it, 9999-12-31 read as "
+                "1816-03-29); write it as microseconds (Spark: spark.sql.parquet."
+                "outputTimestampType=TIMESTAMP_MICROS; pyarrow: coerce_timestamps='us'), "
+                "or leave it out with columns=") from None
+    return table
 
 
 def open_parquet(path: str, **options: Any) -> Any:

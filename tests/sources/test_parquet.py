@@ -74,6 +74,31 @@ def test_a_row_group_of_empty_lists_reads_as_its_type_says(tmp_path):
         assert batch["e"][0].tolist() == [[1, 2]] and batch["e"].dtype == np.int32
 
 
+def test_spark_int96_times_are_read_in_nanoseconds_or_refused_where_they_wrap(tmp_path):
+    # pyarrow reads INT96 (Spark's default) as nanoseconds, wrapping a warehouse's 9999-12-31
+    # to 1816-03-29 and 1500-01-01 to 2084, silently (the recsys audit)
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def written(times):
+        path = tmp_path / f"t{len(times)}.parquet"
+        pq.write_table(pa.table({"t": pa.array(times, pa.timestamp("us"))}), path,
+                       use_deprecated_int96_timestamps=True)
+        return jl.ParquetSource(path)
+
+    kept = written([datetime.datetime(2024, 1, 1, 12), datetime.datetime(1970, 1, 2)])
+    assert kept[0]["t"] == np.datetime64("2024-01-01T12:00", "ns")
+    assert kept.__getitems__(np.array([1]))["t"].dtype == np.dtype("M8[ns]")
+    far = written([datetime.datetime(2024, 1, 1), datetime.datetime(9999, 12, 31),
+                   datetime.datetime(1500, 1, 1)])
+    with pytest.raises(jl.RecordError, match=r"column 't' of .*t3.parquet', row group 0, is an "
+                                             r"INT96 time .* from 1500-01-01 .* to 9999-12-31.*"
+                                             r"TIMESTAMP_MICROS"):
+        far[0]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_loader_reads_every_row_once_an_epoch_vectorised_or_per_record(tmp_path,
                                                                            num_workers):
