@@ -46,9 +46,7 @@ from jaxloader.runtime import shm
 from jaxloader.runtime.worker_info import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (a read-local window's)
-# and at most this many: a row group shared by the workers is a mapping that holds a
-# descriptor on Python < 3.13, and a process has ~1,024
-_MAX_CACHED_GROUPS = 256
+_MAX_CACHED_GROUPS = parquet_footers.MAX_CACHED_GROUPS  # (and at most this many)
 # A batch from more row groups than this is read run by run: a join of them would be made again
 # for nearly every batch (a full shuffle), where a read-local batch reads a window's (8 by default)
 _MAX_JOINED = 64

@@ -231,8 +231,8 @@ def check_order(source: Any, shuffle: Any,
     """
     sizes = source._group_bytes
     # the most row groups the cache holds, the largest ones: the window to advise
-    fits = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), source.cache_bytes,
-                               side="right"))
+    fits = min(MAX_CACHED_GROUPS, int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]),
+                                                      source.cache_bytes, side="right")))
     if told is not None:
         count, what_and_remedy = min(told[0], len(sizes)), told[1]
     elif isinstance(shuffle, LocalShuffle):  # a window of blocks, each in 1 row group or
@@ -253,15 +253,25 @@ def check_order(source: Any, shuffle: Any,
     else:
         return
     held = int(np.sort(sizes)[len(sizes) - count:].sum())
-    if held > source.cache_bytes:
+    if held > source.cache_bytes or count > MAX_CACHED_GROUPS:
         if told is not None:
             what, remedy = what_and_remedy(fits)
+        cache = (f"up to {held:,} bytes decoded (the footers' sizes), more than the cache "
+                 "holds" if held > source.cache_bytes else f"more row groups than the "
+                 f"{MAX_CACHED_GROUPS} a process keeps decoded, whatever cache_bytes")
+        size = (f"pass cache_bytes= at least {held:,} (each worker holds that much)" if
+                count <= MAX_CACHED_GROUPS else "write the files with fewer, larger row "
+                f"groups (pyarrow's row_group_size=; {len(sizes):,} now, "
+                f"{sum(sizes) // len(sizes):,} bytes each decoded)")
         warnings.warn(
-            f"ParquetSource(cache_bytes={source.cache_bytes:,}): {what}, up to {held:,} bytes "
-            f"decoded (the footers' sizes), more than the cache holds: each batch decodes "
-            f"its row groups again, tens to hundreds of times slower; pass cache_bytes= at "
-            f"least {held:,} (each worker holds that much) {remedy}",
+            f"ParquetSource(cache_bytes={source.cache_bytes:,}): {what}, {cache}: each batch "
+            f"decodes its row groups again, tens to hundreds of times slower; {size} {remedy}",
             PerformanceWarning, stacklevel=4)  # (the DataLoader(...) that asks)
+
+
+# Decoded row groups a process keeps at most (``ParquetSource``'s cache): a row group shared
+# by the workers is a mapping that holds a descriptor on Python < 3.13, and a process has ~1,024
+MAX_CACHED_GROUPS = 256
 
 
 def lengths(source: Any, key: str) -> np.ndarray:

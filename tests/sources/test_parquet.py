@@ -813,6 +813,28 @@ def test_a_cache_smaller_than_what_the_order_reads_at_once_warns(tmp_path):
     assert len(warned(mixed, True)) == 1 and warned(mixed, False) == []
 
 
+def test_an_order_over_more_row_groups_than_the_cache_keeps_warns_whatever_its_bytes(
+        tmp_path, monkeypatch):
+    # the cache keeps at most 256 row groups: a full shuffle over 3,000 small ones decoded
+    # ~2,400 a batch (~130x slower) without a word, and cache_bytes, the remedy, changed nothing
+    monkeypatch.setattr("jaxloader.sources.parquet_footers.MAX_CACHED_GROUPS", 3)
+    source = jl.ParquetSource(write_parts(tmp_path), cache_bytes=1 << 30)  # 10 row groups
+
+    def warned(shuffle):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jl.DataLoader(source, batch_size=8, shuffle=shuffle, process_index=0,
+                          process_count=1)
+        return [str(w.message) for w in caught if w.category is jl.PerformanceWarning]
+
+    message, = warned(True)
+    assert "more row groups than the 3 a process keeps decoded, whatever cache_bytes" in message
+    assert "row_group_size=; 10 now" in message and "LocalShuffle(window=3)" in message
+    message, = warned(jl.LocalShuffle(window=4))
+    assert "up to 4 row group(s)" in message and "(window=3 fits)" in message
+    assert warned(jl.LocalShuffle(window=3)) == [] and warned(False) == []
+
+
 def test_gs_paths_are_read_through_epath_in_process_and_in_workers(gcs):
     import fake_gcs
 
