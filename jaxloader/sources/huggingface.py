@@ -28,7 +28,7 @@ import numpy as np
 from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError
-from jaxloader.sources.arrow_columns import is_list, numpy_of
+from jaxloader.sources.arrow_numpy import is_list, numpy_of
 from jaxloader.sources.huggingface_rows import failing_row, has_media, has_nulls, null_rows
 
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from jaxloader.base.errors import RecordError
 from jaxloader.base.read_threads import tag_item
-from jaxloader.sources.arrow_columns import is_list, nested_nulls
+from jaxloader.sources.arrow_columns import nested_nulls
+from jaxloader.sources.arrow_numpy import is_list
 
 
 def null_rows(dataset: Any, key: str, media: bool = False) -> np.ndarray:

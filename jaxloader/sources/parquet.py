@@ -40,13 +40,14 @@ from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources import parquet_footers
 from jaxloader.sources.parquet_files import ParquetFiles
 from jaxloader.sources.paths import expand
+from jaxloader.sources import shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
 from jaxloader.runtime import shm
 from jaxloader.runtime.worker_info import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (a read-local window's)
-_MAX_CACHED_GROUPS = parquet_footers.MAX_CACHED_GROUPS  # (and at most this many)
+_MAX_CACHED_GROUPS = shared_blocks.MAX_CACHED_GROUPS  # (and at most this many)
 # A batch from more row groups than this is read run by run: a join of them would be made again
 # for nearly every batch (a full shuffle), where a read-local batch reads a window's (8 by default)
 _MAX_JOINED = 64

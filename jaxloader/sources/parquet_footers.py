@@ -27,7 +27,7 @@ from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import null_message
 from jaxloader.sources.parquet_files import open_error, open_parquet, remote_footer
 from jaxloader.sources.paths import files_fingerprints
-
+from jaxloader.sources.shared_blocks import MAX_CACHED_GROUPS
 
 _REMOTE_READS = 16  # footers of remote files read at once where a source is made
 
@@ -213,11 +213,11 @@ def fingerprints(source: Any) -> tuple[str, ...]:
 def check_order(source: Any, shuffle: Any,
                 told: tuple[int, Callable[[int], tuple[str, str]]] | None = None) -> None:
     """``ParquetSource.check_order``: a ``PerformanceWarning`` when ``shuffle`` reads from more
-    row groups at once than ``source.cache_bytes`` holds decoded (the footers' sizes), with the
-    ``cache_bytes`` it needs: a row group evicted before its window is done is decoded again.
-    ``told``: for an order of rows made from the files' records (a ``PackedSource``'s), how
-    many row groups it reads at once, and, from how many the cache holds, what it is and the
-    remedy past ``cache_bytes=`` (asked where it warns: ``derived.packed_order``).
+    row groups at once than ``source.cache_bytes`` holds decoded (the footers' sizes) or than
+    ``MAX_CACHED_GROUPS``, with the remedy: a row group evicted before its window is done is
+    decoded again. ``told``: for an order of rows made from the files' records (a
+    ``PackedSource``'s), how many row groups it reads at once, and, from how many the cache
+    holds, what it is and the remedy (asked where it warns: ``derived.packed_order``).
 
     Example:
         >>> import tempfile, warnings, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
@@ -248,30 +248,24 @@ def check_order(source: Any, shuffle: Any,
         count = len(sizes)
         what = f"a full shuffle (shuffle=True) reads from all {count} row groups at once"
         remedy = (f"or shuffle=jl.LocalShuffle(window={fits}), which reads {fits} row group(s) "
-                  "at a time, as many as it holds (docs/files.md)" if fits else
-                  "(not one row group fits: LocalShuffle needs that much too)")
+                  "at a time, as many as it holds (docs/files.md)" if fits else "(not one "
+                  "row group fits: LocalShuffle needs that much too)")
     else:
-        return
+        return  # (file order: a row group at a time)
     held = int(np.sort(sizes)[len(sizes) - count:].sum())
     if held > source.cache_bytes or count > MAX_CACHED_GROUPS:
         if told is not None:
             what, remedy = what_and_remedy(fits)
-        cache = (f"up to {held:,} bytes decoded (the footers' sizes), more than the cache "
-                 "holds" if held > source.cache_bytes else f"more row groups than the "
-                 f"{MAX_CACHED_GROUPS} a process keeps decoded, whatever cache_bytes")
-        size = (f"pass cache_bytes= at least {held:,} (each worker holds that much)" if
-                count <= MAX_CACHED_GROUPS else "write the files with fewer, larger row "
-                f"groups (pyarrow's row_group_size=; {len(sizes):,} now, "
-                f"{sum(sizes) // len(sizes):,} bytes each decoded)")
+        cache, size = (f"up to {held:,} bytes decoded (the footers' sizes), more than the "
+                       "cache holds", f"pass cache_bytes= at least {held:,} (each worker "
+                       "holds that much)") if count <= MAX_CACHED_GROUPS else (
+            f"more row groups than the {MAX_CACHED_GROUPS} a process keeps decoded, whatever "
+            f"cache_bytes", f"write the files with fewer, larger row groups (pyarrow's "
+            f"row_group_size=; {len(sizes):,} now, {sum(sizes) // len(sizes):,} bytes each)")
         warnings.warn(
             f"ParquetSource(cache_bytes={source.cache_bytes:,}): {what}, {cache}: each batch "
             f"decodes its row groups again, tens to hundreds of times slower; {size} {remedy}",
             PerformanceWarning, stacklevel=4)  # (the DataLoader(...) that asks)
-
-
-# Decoded row groups a process keeps at most (``ParquetSource``'s cache): a row group shared
-# by the workers is a mapping that holds a descriptor on Python < 3.13, and a process has ~1,024
-MAX_CACHED_GROUPS = 256
 
 
 def lengths(source: Any, key: str) -> np.ndarray:

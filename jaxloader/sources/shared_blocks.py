@@ -58,6 +58,9 @@ from jaxloader.base.errors import PerformanceWarning
 from jaxloader.runtime import shm
 from jaxloader.sources import block_tables
 
+# Decoded row groups a process keeps at most (``ParquetSource``'s cache): a row group shared
+# by the workers is a mapping that holds a descriptor on Python < 3.13, and a process has ~1,024
+MAX_CACHED_GROUPS = 256
 _SLOT = 4  # int64s a slot: pid, descriptor, inode, nonce
 _MAGIC = int.from_bytes(b"jxblock1", "little")
 _HEAD = 64  # a block's file: magic, block, nonce, IPC length; the Arrow IPC stream from here
