@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from jaxloader.base.abilities import in_older_forms
+from jaxloader.base.abilities import DIGEST_LEVELS, in_older_forms
 from jaxloader.base.errors import StateDictError, user_stacklevel
 
 
@@ -30,7 +30,7 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     saved = _without_mixture_order(state.get("stream"), "state['stream']")
     if saved is not state.get("stream"):
         state = {**state, "stream": saved}
-    for then in [described, *in_older_forms(describe)[:3]]:
+    for then in [described, *in_older_forms(describe)[:DIGEST_LEVELS + 1]]:
         if saved == then or saved == _untokenized(then):
             if saved != then and _tokenized(then):
                 warnings.warn(

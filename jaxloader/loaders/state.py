@@ -80,12 +80,13 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
 
 
 def older_transforms_of(transforms: Sequence[Any]) -> list[list[str]]:
-    """``transforms_of`` as older versions named them: in 2026-11-30's 33rd session, sets in
-    their run's order; before, no defaults either; before that day, the code's digest alone."""
-    before = {"defaults": False, "sets_as_before": True}
-    return [[f"{t!r} {_digest(t, sets_as_before=True)}" for t in transforms],
-            [f"{t!r} {_digest(t, **before)}" for t in transforms],
-            [f"{t!r} {code_digest(t.fn, bound=True, **before)[:16]}" for t in transforms]]
+    """``transforms_of`` as older versions named them: in 2026-11-30's 34th session, a long
+    value's text cut at 200 characters; in its 33rd, sets in their run's order too; before,
+    no defaults either; before that day, the code's digest alone."""
+    forms = [{"tails": False}, {"sets_as_before": True, "tails": False},
+             {"defaults": False, "sets_as_before": True, "tails": False}]
+    return [[f"{t!r} {_digest(t, **f)}" for t in transforms] for f in forms] + [
+        [f"{t!r} {code_digest(t.fn, bound=True, **forms[2])[:16]}" for t in transforms]]
 
 
 def _digest(transform: Any, **older: bool) -> str:
@@ -141,18 +142,17 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
         "batches", stacklevel=user_stacklevel())
 
 
-def warn_changed_generators(saved: Any, now: list[str], step: int) -> None:
+def warn_changed_generators(saved: Any, now: list[str], step: int,
+                            before: list[str] | None = None) -> None:
     """A warning where the stream's ``Stream.from_generator`` functions differ from the saved
-    run's, by their code or what their closures hold (a list of files): if they make other
-    records, the restore reads other ones than that run would. A warning, not a refusal: a
-    closure may also hold what differs each run and changes no record (the run's parsed
-    arguments, an object with a time in it). A state saved by an earlier version has none."""
-    if saved is None or saved == now:
+    run's, by their code or what their closures hold (a list of files): the restore would read
+    other records. A warning, not a refusal: a closure may hold what differs each run and
+    changes no record (parsed arguments, a time). Older states: none, or ``before``'s."""
+    if saved is None or saved == now or saved == before:
         return
     if not isinstance(saved, list) or not all(isinstance(c, str) for c in saved):
         raise StateDictError(f"state['generators']: expected a list of str, received "
-                             f"{saved!r:.120}; pass the dict that state_dict() returned, "
-                             "unchanged")
+                             f"{saved!r:.120}; pass the dict that state_dict() returned, unchanged")
     warnings.warn(
         f"the stream's Stream.from_generator functions differ from those of the run that saved "
         f"this state, by their code or what their closures hold (digests: saved {saved[:4]}, "

@@ -1,7 +1,7 @@
 """``arrays_digest``: the NumPy arrays a transform's function holds, digested by their values.
 
-``code_digest`` reads a value by its ``repr``'s first 200 characters, as every process writes
-it: a change deep in a large table a transform closes over is not in them. A state names its
+``code_digest`` reads a value by its ``repr``, as every process writes it, which summarises a
+large array: a change deep in a large table a transform closes over is not in it. A state names its
 transforms with both (``loaders.state.transforms_of``), so that a restore under another table
 is warned of.
 """

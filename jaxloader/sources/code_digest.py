@@ -30,16 +30,18 @@ from typing import Any
 from jaxloader.sources.value_text import SETS_AS_BEFORE, value_text, written
 
 
-def code_digests(fn: Any) -> tuple[str, str, str]:
-    """``code_digest(fn)`` as this version takes it, as 2026-11-30's thirty-third session's
-    did (``sets_as_before``) and as versions before it did (also no defaults): what states
-    saved by each hold (indexed by ``base.abilities.digest_level()``)."""
-    return (code_digest(fn), code_digest(fn, sets_as_before=True),
-            code_digest(fn, defaults=False, sets_as_before=True))
+def code_digests(fn: Any) -> tuple[str, str, str, str]:
+    """``code_digest(fn)`` as this version takes it, as 2026-11-30's thirty-fourth session's
+    did (``tails=False``), as its thirty-third's did (also ``sets_as_before``) and as versions
+    before it did (also no defaults): what states saved by each hold (indexed by
+    ``base.abilities.digest_level()``)."""
+    return (code_digest(fn), code_digest(fn, tails=False),
+            code_digest(fn, sets_as_before=True, tails=False),
+            code_digest(fn, defaults=False, sets_as_before=True, tails=False))
 
 
 def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool = True,
-                sets_as_before: bool = False) -> str:
+                sets_as_before: bool = False, tails: bool = True) -> str:
     """A digest of ``fn``: its name, source text (where Python has it: a script's or a notebook's),
     the names and constants its code uses (nested functions' too: two lambdas on one line), its
     closure's values and default arguments' (``lambda r, m=m: ...``; a ``functools.partial``: its
@@ -58,11 +60,13 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     ``defaults=False``: not default arguments, as versions until 2026-11-30 digested (what a
     state saved then holds: ``base.abilities.OLDER``). ``sets_as_before``: a set of values
     other than strings, ``Enum`` members and dataclasses in its run's order, as versions until
-    2026-11-30's thirty-fourth session wrote it.
+    2026-11-30's thirty-fourth session wrote it. ``tails=False``: a value's text cut at 200
+    characters, with no digest of the rest (a closure's list of files that grew at its end
+    went unseen), as versions until 2026-11-30's thirty-fifth session took it.
     """
     token = SETS_AS_BEFORE.set(sets_as_before)
     try:
-        return _Digests(deep, bound, defaults).of(fn, frozenset())
+        return _Digests(deep, bound, defaults, tails).of(fn, frozenset())
     finally:
         SETS_AS_BEFORE.reset(token)
 
@@ -71,8 +75,9 @@ class _Digests:
     """The digests of one ``code_digest`` call, each function's once (a helper called from
     many places, a function that calls itself)."""
 
-    def __init__(self, deep: bool, bound: bool = False, defaults: bool = True) -> None:
-        self.deep, self.bound, self.defaults = deep, bound, defaults
+    def __init__(self, deep: bool, bound: bool = False, defaults: bool = True,
+                 tails: bool = True) -> None:
+        self.deep, self.bound, self.defaults, self.tails = deep, bound, defaults, tails
         self.done: dict[int, str] = {}
 
     def of(self, fn: Any, within: frozenset) -> str:
@@ -82,14 +87,15 @@ class _Digests:
         digest = hashlib.blake2b(digest_size=16)
         if isinstance(fn, functools.partial):
             digest.update(b"partial:" + self.of(fn.func, within).encode())
-            digest.update(value_text((fn.args, sorted(fn.keywords.items())), self.deep)
-                          .encode())
+            digest.update(value_text((fn.args, sorted(fn.keywords.items())), self.deep,
+                                     tail=self.tails).encode())
             self.done[id(fn)] = found = digest.hexdigest()
             return found
         code = getattr(fn, "__code__", None)
         if code is None:
             call = getattr(type(fn), "__call__", None)
-            digest.update(f"{type(fn).__qualname__}:{value_text(fn)}".encode())
+            digest.update(f"{type(fn).__qualname__}:{value_text(fn, tail=self.tails)}"
+                          .encode())
             code = getattr(call, "__code__", None)
         else:
             digest.update(getattr(fn, "__qualname__", "").encode())
@@ -118,7 +124,7 @@ class _Digests:
 
     def _value(self, value: Any, within: frozenset) -> str:
         if not callable(value):
-            return value_text(value, self.deep)
+            return value_text(value, self.deep, tail=self.tails)
         if self.deep and inspect.isfunction(value) and not _users(
                 inspect.getmodule(value)):  # (an installed library's: by its name)
             return f"{value.__module__}.{value.__qualname__}"

@@ -29,28 +29,41 @@ import numpy as np
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def value_text(value: Any, whole: bool = False, depth: int = 0) -> str:
+def value_text(value: Any, whole: bool = False, depth: int = 0, tail: bool = False) -> str:
     """``repr(value)`` as every process writes it (its first 200 characters; ``whole``: all
     of it, an array by its bytes): without memory addresses, and where the repr had one
     (``object``'s own) with the object's attributes instead (``__dict__`` and ``__slots__``, two
-    levels down); a set of strings in sorted order."""
+    levels down); a set of strings in sorted order. ``tail``: where the text is longer than
+    200 characters, a digest of the rest after them (a list of files that grew at its end,
+    which the first 200 did not show; versions until 2026-11-30's thirty-fifth session left
+    it out: ``abilities.OLDER_DIGESTS``)."""
     if whole and isinstance(value, np.ndarray) and not value.dtype.hasobject:
         data = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
         return f"array({value.dtype}, {value.shape}, {data.hexdigest()})"
     if isinstance(value, (set, frozenset)) and _hash_ordered(value, len(value) < 2):
         text = _sorted_set(value)  # (a set of one Enum member: repr's text, as before)
-        return text if whole else text[:200]
-    text = written(value, None if whole else 200)
-    text = text if whole else text[:200]
+        return text if whole else _cut(text, tail)
+    text = written(value, None if whole or tail else 200)
+    text = text if whole else _cut(text, tail)
     if _ADDRESS.search(text) is None:
         return text
     if depth < 2:
         attributes = attributes_of(value)
         if attributes:
-            said = repr([(k, value_text(v, whole, depth + 1))
+            said = repr([(k, value_text(v, whole, depth + 1, tail))
                          for k, v in sorted(attributes.items())])
-            text += said if whole else said[:400]
+            text += said if whole else _cut(said, tail, 400)
     return _ADDRESS.sub("", text)
+
+
+def _cut(text: str, tail: bool, most: int = 200) -> str:
+    """``text``'s first ``most`` characters, with the length and a digest of all of it
+    (without its addresses, which differ in each process) where ``tail`` asks."""
+    if not tail or len(text) <= most:
+        return text[:most]
+    same = _ADDRESS.sub("", text)
+    whole = hashlib.blake2b(same.encode(errors="surrogatepass"), digest_size=8)
+    return f"{text[:most]}...{len(same)}:{whole.hexdigest()}"
 
 
 def _sorted_set(value: Any) -> str:

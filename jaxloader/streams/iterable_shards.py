@@ -57,23 +57,27 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
             f"{signature} does not take the shard number; pass a function of it, such as "
             f"lambda shard: {name}() for one shard (tf.data's from_generator calls it "
             "without one)")
-    code = code_digest(functools.partial(  # (a state warns of another: the records' function,
-        make, *(getattr(make, "__defaults__", None) or ()),  # its closure and its defaults,
-        **(getattr(make, "__kwdefaults__", None) or {})), defaults=False)[:16]  # def read(i,
-    # files=FILES); the partial holds them, as it did before code_digest took defaults)
-    return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code)
+    held = functools.partial(  # (a state warns of another: the records' function, its
+        make, *(getattr(make, "__defaults__", None) or ()),  # closure and its defaults, def
+        **(getattr(make, "__kwdefaults__", None) or {}))  # read(i, files=FILES); the partial
+    # holds them, as it did before code_digest took defaults; and as versions until
+    # 2026-11-30's thirty-fifth session took it, a long value's text cut at 200 characters)
+    code, before = (code_digest(held, defaults=False, tails=tails)[:16]
+                    for tails in (True, False))
+    return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code, code_before=before)
             for i in range(shards)]
 
 
-def codes_of(shards: Sequence[Any]) -> list[str]:
+def codes_of(shards: Sequence[Any], before: bool = False) -> list[str]:
     """Each ``Stream.from_generator`` shard's function's digest (under any ``Stream.map``s),
     ``""`` for another shard; ``[]`` where none has one: what a stream loader's state holds,
-    so that a restore over a generator of other files is said (``loaders.state``)."""
+    so that a restore over a generator of other files is said (``loaders.state``).
+    ``before``: as versions until 2026-11-30's thirty-fifth session took them."""
     codes = []
     for shard in shards:
         while isinstance(shard, MappedShard):
             shard = shard.shard
-        codes.append(getattr(shard, "code", None) or "")
+        codes.append(getattr(shard, "code_before" if before else "code", None) or "")
     return codes if any(codes) else []
 
 
@@ -98,7 +102,7 @@ class IterableShard:
     """
 
     def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, code_before: str | None = None) -> None:
         if callable(make):
             self._make = make
         elif isinstance(make, Iterable) and iter(make) is not make:  # re-iterable (a list)
@@ -111,6 +115,7 @@ class IterableShard:
             )
         self.name: str = name or str(getattr(make, "__qualname__", type(make).__name__))
         self.code = code  # (``codes_of``: a restore warns of another, where given)
+        self.code_before = code_before or code
         self._it: Iterator | None = None
         self._consumed = 0
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jaxloader.base.abilities import digest_level
+from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
 from jaxloader.base.checks import check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.base.errors import ConfigError
@@ -112,9 +112,9 @@ class PackedStream:
         packing_plan.check_overlong("PackedStream(overlong)", overlong, method)
         self.stream, self.key, self.length = stream, key, length
         self.tokenize, self.dtype = tokenize, np.dtype(dtype)
-        self._tokenize_digests = (None,) * 3 if tokenize is None else tuple(  # (as made: a
-            d[:16] for d in code_digests(tokenize))  # memo it fills is not another function;
-        # and as versions of 2026-11-30 took it, base.abilities.digest_level)
+        self._tokenize_digests = (None,) * (DIGEST_LEVELS + 1) if tokenize is None else (
+            tuple(d[:16] for d in code_digests(tokenize)))  # (as made: a memo it fills is
+        # not another function; and as versions of 2026-11-30 took it, digest_level)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
 
     def __repr__(self) -> str:

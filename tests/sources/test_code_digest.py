@@ -6,6 +6,10 @@ import functools
 import sys
 import types
 
+import numpy as np
+import pytest
+
+import jaxloader as jl
 from jaxloader.sources.code_digest import code_digest
 
 
@@ -138,12 +142,46 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
         "print(code_digest(functools.partial(tag, stop={'a', 'b', 'cc', 'ddd', 'e'})),\n"
         "      code_digest(uses, deep=True), code_digest(lambda r: r in ('s', {'t', 'uu'})),\n"
         "      code_digest(typed, deep=True), code_digest(functools.partial(tag, stop=kinds)),\n"
-        "      code_digest(held))\n")
+        "      code_digest(held))\n"
+        "def long(r, o=[object() for _ in range(30)], f=[f'/data/ep_{i:06d}.npz' for i in "
+        "range(40)], s={f'word{i}' for i in range(60)}):\n    return r\n"  # (past 200
+        "print(code_digest(long))\n")  # characters: the rest's digest, addresses left out)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     said = {subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
                            ).stdout for seed in range(1, 6)}
     assert len(said) == 1, said
+
+
+def test_a_value_changed_past_its_first_200_characters_is_another_function():
+    # a closure's text was cut at 200 characters: a replay folder's list of files that grew
+    # at its end restored a Stream.from_generator state without a word, and other records
+    # came (the RL audit); a MapSource's the same, silently
+    short = [f"/data/replay/run-2026-11-30/episode_{i:06d}.npz" for i in range(10)]
+    grown = short + [f"/data/replay/run-2026-11-30/episode_{i:06d}.npz" for i in range(10, 16)]
+
+    def reader(files):
+        def read(shard):
+            for f in files[shard::2]:
+                yield {"n": np.int64(len(files)), "f": np.int64(len(f))}
+        return read
+
+    assert code_digest(reader(short)) != code_digest(reader(grown))
+    assert code_digest(reader(short), tails=False) == code_digest(reader(grown), tails=False)
+    with jl.StreamLoader(jl.Stream.from_generator(reader(short), shards=2), batch_size=2,
+                         process_index=0, process_count=1) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    with jl.StreamLoader(jl.Stream.from_generator(reader(grown), shards=2), batch_size=2,
+                         process_index=0, process_count=1) as loader:
+        with pytest.warns(UserWarning, match=r"Stream.from_generator functions differ"):
+            loader.load_state_dict(state)
+    source = lambda files: jl.MapSource(  # noqa: E731
+        jl.ArraySource({"x": np.arange(8)}), lambda r, files=files: {"x": r["x"] + len(files)})
+    with jl.DataLoader(source(short), batch_size=2) as loader:
+        state = loader.state_dict()
+    with jl.DataLoader(source(grown), batch_size=2) as loader, pytest.raises(jl.StateDictError):
+        loader.load_state_dict(state)
 
 
 def test_values_without_a_set_of_strings_digest_as_before():
