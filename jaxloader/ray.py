@@ -346,8 +346,7 @@ class RayEngine:
                                    stride)
         raise error from cause
 
-    def _lose(self, actor: int, error: BaseException, flight: deque,
-              hung: bool = False) -> None:
+    def _lose(self, actor: int, error: BaseException, flight: deque, hung: bool = False) -> None:
         """Drops a dead actor (``hung``: killed, its oldest task not done within
         ``timeout_s``); its tasks in flight go, in order, to the actors left."""
         if self._closed:  # (by close() from another thread: not a death)
@@ -380,6 +379,8 @@ class RayEngine:
             except (self._ray.exceptions.GetTimeoutError, *lost_errors(self._ray)):
                 pass  # (none started: said below)
         if not self._alive:
+            if self._closed:  # (close() from another thread meanwhile: not a death)
+                raise closed() from error
             first, last = flight[0][0], flight[-1][0] + flight[-1][1] - 1
             raise WorkerError(
                 f"every Ray actor is gone (the last: actor {actor}, {type(error).__name__}); "

@@ -156,12 +156,18 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     what is lost if none starts within ``start_timeout_s``."""
     ray, spec = engine._ray, engine._spec
     engine.cancel_actor(actor)
-    engine._actors[actor] = engine._remote.remote(engine._maker_ref, list(sys.path),
-                                                  list(sys.argv))
+    actors = engine._actors  # (close() from another thread empties it anew: said as closed,
+    made = engine._remote.remote(engine._maker_ref, list(sys.path), list(sys.argv))  # the
+    if actor < len(actors):  # new actor killed, whether close() came before or after this)
+        actors[actor] = made
+    if engine._closed or actor >= len(actors):
+        ray.kill(made, no_restart=True)
+        raise closed()
     try:
-        engine._pids[actor] = ray.get(engine._actors[actor].pid.remote(),
-                                      timeout=spec.start_timeout_s)
+        engine._pids[actor] = ray.get(made.pid.remote(), timeout=spec.start_timeout_s)
     except Exception as e:
+        if engine._closed:  # (killed by close() as it started: not the cluster's doing)
+            raise closed() from e
         raise WorkerError(
             f"Ray actor {actor} is gone and no new one started within "
             f"{spec.start_timeout_s:.0f} s ({type(e).__name__}); {lost}; the cluster has "

@@ -571,6 +571,57 @@ def test_steps_that_every_actor_of_fewer_than_three_did_not_make_in_time_are_nam
         closed._lose(0, RuntimeError("killed"), deque([(4, 8, 0, None)]))
 
 
+def test_a_close_that_lands_while_an_actor_is_dropped_or_replaced_says_so():
+    """A close() from another thread landing inside _lose (the last actor dropped) said
+    "every Ray actor is gone ... check the cluster's nodes"; inside a stream's restart_actor,
+    IndexError, or "no new one started within 120 s ... add nodes" (the sixth review)."""
+    from types import SimpleNamespace
+
+    from jaxloader.ray_streams import restart_actor
+
+    engine = bookkeeping(RayWorkers(1))
+    engine.cancel_actor = lambda actor: setattr(engine, "_closed", True)  # (close() lands)
+    with pytest.raises(jl.JaxloaderError, match="the loader was closed") as raised:
+        engine._lose(0, RuntimeError("killed"), deque([(4, 8, 0, None)]))
+    assert not isinstance(raised.value, jl.WorkerError)
+    killed = []
+
+    class Made:
+        pid = SimpleNamespace(remote=lambda: "pid")
+
+    def stream_engine(close_in):
+        fake = SimpleNamespace(_closed=False, _actors=["lost"], _pids=[1], _maker_ref=None,
+                               cancel_actor=lambda actor: None)
+
+        def close():
+            fake._closed, fake._actors = True, []
+
+        def get(ref, timeout):
+            if close_in == "get":
+                close()
+                raise RuntimeError("actor died")  # (killed by close())
+            return 9
+
+        def remote(*args):
+            if close_in == "remote":
+                close()
+            return Made()
+
+        fake._ray = SimpleNamespace(get=get, kill=lambda a, no_restart: killed.append(a),
+                                    available_resources=dict)
+        fake._spec, fake._remote = RayWorkers(1), SimpleNamespace(remote=remote)
+        return fake
+
+    for close_in in ("remote", "get"):
+        with pytest.raises(jl.JaxloaderError, match="the loader was closed") as raised:
+            restart_actor(stream_engine(close_in), 0, "steps 4..7 are not made")
+        assert not isinstance(raised.value, jl.WorkerError)
+    assert len(killed) == 1 and isinstance(killed[0], Made)  # (the new actor: not left on)
+    running = stream_engine(None)
+    restart_actor(running, 0, "")
+    assert isinstance(running._actors[0], Made) and running._pids == [9]
+
+
 def test_a_task_waits_timeout_s_for_itself_and_each_task_its_actor_runs_before_it():
     """A lost actor's tasks go behind a survivor's own; a run left early leaves tasks Ray
     runs anyway: the clock of ``timeout_s`` counted them as the task's own time, and healthy
