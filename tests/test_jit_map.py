@@ -311,10 +311,20 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
     source = jl.ArraySource({"img": np.arange(44, dtype=np.float32).reshape(11, 4)})
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[jl.JitMap(_doubled)]) as loader:
-        with pytest.warns(UserWarning, match=r"step 0 \(epoch 0, .*\): JitMap\(_doubled\) returned "
-                                             r"a batch without the 'mask' leaf it was given.*"
-                                             r"return it"):
-            assert sorted(next(iter(loader))) == ["y"]
+        with pytest.warns(UserWarning, match=r"^JitMap\(_doubled\) returned a batch without the "
+                                             r"'mask' leaf it was given.*return it") as said:
+            assert [sorted(b) for b in loader] == [["y"]] * 3  # (said at the padded batch)
+        assert said[0].filename == __file__  # (at the function's line)
+    # a transform that uses the mask (the labels' ignore index, weights of another name) made
+    # the padded rows otherwise: warned as dropping it (the sixth review)
+    for used in (jl.BatchMap(lambda b: {"x": b["img"], "y": np.where(b["mask"], 1, -100)}),
+                 jl.JitMap(lambda r: {"y": r["img"], "w": r["mask"].astype(jnp.float32)}),
+                 jl.JitMap(lambda r: {"y": jnp.where(r["mask"], r["img"], -1.0)})):
+        with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0,
+                           process_count=1, transforms=[used]) as loader, \
+                warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(list(loader)) == 3
     kept = jl.JitMap(lambda r: {"y": r["img"] * 2, "mask": r["mask"]})
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[kept]) as loader, warnings.catch_warnings():

@@ -29,17 +29,61 @@ from jaxloader.batching.record_transforms import read_only_hint
 from jaxloader.batching.transforms import returned_none
 
 
-_SAID: set[int] = set()  # the transforms said to drop the mask, in this process
+_SAID: set[int] = set()  # the transforms found to keep or drop the mask, in this process
 
 
-def _dropped_mask(transform: Any, mask_key: str, where: Callable[[], str]) -> None:
-    if id(transform) not in _SAID:
-        _SAID.add(id(transform))
-        warnings.warn(
-            f"{where()}: {transform!r} returned a batch without the {mask_key!r} leaf it was "
-            "given (False on the rows that pad a batch: last_batch='pad', or a pass that "
-            f"ends), so padded rows look like records; return it (out[{mask_key!r}] = "
-            f"batch[{mask_key!r}]; in a JitMap, the record's)", stacklevel=2)
+def _dropped_mask(transform: Any, mask_key: str) -> None:
+    """Warns, once, that ``transform`` dropped the pad mask and made padded rows as records;
+    at the line of its function (in a worker too: the relay says it there)."""
+    fn = getattr(transform, "fn", None)
+    code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
+    text = (f"{transform!r} returned a batch without the {mask_key!r} leaf it was given (False "
+            "on the rows that pad a batch: last_batch='pad', or a pass that ends), and made the "
+            "padded rows as it made records, so they look like records; return it "
+            f"(out[{mask_key!r}] = batch[{mask_key!r}]; in a JitMap, the record's), or use it "
+            "(np.where(batch['mask'], labels, -100))")
+    if code is None:
+        warnings.warn(text, UserWarning, stacklevel=3)
+    else:
+        warnings.warn_explicit(text, UserWarning, code.co_filename, code.co_firstlineno,
+                               getattr(fn, "__module__", None) or "jaxloader")
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Whether two batches hold the same leaves (NaN equal to NaN)."""
+    leaves, others = tree_lib.flatten(a)[0], tree_lib.flatten(b)[0]
+    try:
+        return len(leaves) == len(others) and all(
+            np.array_equal(x, y, equal_nan=np.asarray(x).dtype.kind in "fc")
+            for x, y in zip(leaves, others))
+    except (TypeError, ValueError):  # (objects, shapes of rows that differ)
+        return False
+
+
+def _copied(batch: Mapping, mask_key: str, given: np.ndarray) -> dict:
+    """A copy of ``batch`` (each array copied) whose every row is a record."""
+    return {**{k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+               for k, v in batch.items()}, mask_key: np.ones_like(given)}
+
+
+def _made_alike(batch: Any, again: Callable[[], Any]) -> bool:
+    """Whether ``again()``, the transform made again with every row a record, makes ``batch``:
+    then it made the padded rows as records. One that fails made them otherwise, or cannot
+    be told: not said."""
+    try:
+        return _alike(batch, again())
+    except Exception:  # noqa: BLE001 - the user's function, on another mask
+        return False
+
+
+def _mask_of(mask_key: str | None, batch: Any, columns: list) -> np.ndarray | None:
+    """The pad mask a transform is given: the batch's leaf, or its column (a JitMap's)."""
+    if mask_key is None:
+        return None
+    if batch is not None:
+        return batch.get(mask_key) if isinstance(batch, Mapping) else None
+    found = [c.values for c in columns if c.path == f"[{mask_key!r}]"]
+    return found[0] if found and isinstance(found[0], np.ndarray) else None
 
 
 def _is_mask(leaf: Any, given: Any) -> bool:
@@ -79,19 +123,29 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
     for i, t in enumerate(batch_transforms):
         start = perf_counter()
-        layout, outside, given = None, 0.0, None
+        layout, outside, again = None, 0.0, None
         if type(t) is JitMap:  # (its errors name the batch, the transform and the remedy)
             if batch is not None:
                 treedef, columns = batch_columns(batch, size)
-            batch, layout, outside = t.run(
-                treedef, columns, size, seed=seed, epoch=epoch, index=i, where=where,
-                positions=np.arange(size) if positions is None else positions,
-                alloc=alloc if i == last else None)
+            given = _mask_of(mask_key, None, columns)
+            keys = dict(seed=seed, epoch=epoch, index=i, where=where,
+                        positions=np.arange(size) if positions is None else positions)
+            batch, layout, outside = t.run(treedef, columns, size, alloc=alloc if i == last
+                                           else None, **keys)
+            if given is not None and id(t) not in _SAID and not given.all():
+                records = [c._replace(values=np.ones_like(given)) if c.values is given else c
+                           for c in columns]  # (every row a record: made alike, mask unused)
+                again = lambda: t.run(treedef, records, size, **keys)[0]  # noqa: E731
         else:
             if batch is None:
                 batch = collate.materialize(treedef, columns)[0]
-            given = batch.get(mask_key) if mask_key is not None and isinstance(
-                batch, Mapping) else None  # (a mask carried in a tuple is carried: not warned)
+            given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
+            if mask_key is not None and given is not None and id(t) not in _SAID and not (
+                    given.all()):
+                # (a padded batch, the transform not yet found to keep or drop the mask: a
+                # copy to make again with every row a record, which it may write into)
+                copied = _copied(batch, mask_key, given)
+                again = lambda: t.fn(copied)  # noqa: E731
             try:
                 batch = t.fn(batch)
             except Exception as e:
@@ -117,9 +171,11 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         if batch is None:
             raise returned_none(where(), t)
         if mask_key is not None and not (isinstance(batch, Mapping) and mask_key in batch):
-            if id(t) not in _SAID and not any(  # (once said, not looked for again)
+            if again is not None and not any(  # (found once: not looked for again)
                     _is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
-                _dropped_mask(t, mask_key, where)
+                _SAID.add(id(t))
+                if _made_alike(batch, again):  # (no padded batch yet: not known)
+                    _dropped_mask(t, mask_key)
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc
             return batch, layout
