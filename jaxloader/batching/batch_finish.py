@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -170,12 +170,13 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             clock.add_sampled(COLLATE, -spent)
         if batch is None:
             raise returned_none(where(), t)
-        if mask_key is not None and not (isinstance(batch, Mapping) and mask_key in batch):
-            if again is not None and not any(  # (found once: not looked for again)
-                    _is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
-                _SAID.add(id(t))
-                if _made_alike(batch, again):  # (no padded batch yet: not known)
-                    _dropped_mask(t, mask_key)
+        kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
+        if again is not None:  # (a padded batch: found once, not looked for again)
+            _SAID.add(id(t))
+            if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]
+                                    ) and _made_alike(batch, again):
+                _dropped_mask(t, cast(str, mask_key))
+        if not kept:
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc
             return batch, layout
