@@ -315,3 +315,22 @@ def test_each_key_may_have_its_own_value_and_times_pad_with_not_a_time():
     with pytest.raises(jl.ConfigError, match=r"a dict gives the value of each key of \['t', "
                        r"'x'\], got one for \['t'\]"):
         jl.Pad(["t", "x"], value={"t": np.datetime64("NaT", "s")})
+
+
+def test_ml_dtypes_numbers_are_a_pads_dtype():
+    # Pad(dtype=ml_dtypes.bfloat16) was refused as "not numeric" (NumPy's kind for it is V,
+    # raw bytes), and two float8 Pads had one repr, a state's settings (the diffusion audit)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    records = [{"z": np.ones(n, np.float32)} for n in (2, 3)]
+    pad = jl.Pad("z", value=-1.5, dtype=ml_dtypes.bfloat16)
+    batch = next(iter(jl.DataLoader(records, batch_size=2, transforms=[pad])))
+    assert batch["z"].dtype == ml_dtypes.bfloat16
+    assert batch["z"].astype(np.float32).tolist() == [[1, 1, -1.5], [1, 1, 1]]
+    assert "dtype=ml_dtypes.bfloat16" in repr(pad)
+    assert repr(jl.Pad("z", dtype=ml_dtypes.float8_e4m3fn)) != repr(
+        jl.Pad("z", dtype=ml_dtypes.float8_e5m2))
+    with pytest.raises(jl.ConfigError, match=r"expected a numeric dtype"):
+        jl.Pad("z", dtype=np.dtype("V2"))  # (raw bytes stay refused)
+    from jaxloader.base.columns import device_dtype_problem  # (np.save's bfloat16: |V2)
+
+    assert "x.view(ml_dtypes.bfloat16)" in device_dtype_problem(np.dtype("V2"))

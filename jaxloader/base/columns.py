@@ -95,8 +95,10 @@ def device_dtype_problem(dtype: np.dtype) -> str | None:
         return (f"dtype {dtype} is of the other byte order than this machine's, which JAX "
                 "does not take; make it native in a Map (x.astype(x.dtype.newbyteorder('=')))")
     if dtype.kind == "V" and dtype.type is np.void:
+        saved = (" (bfloat16 saved by np.save or np.savez reads back as |V2: "
+                 "x.view(ml_dtypes.bfloat16))" if dtype.itemsize == 2 else "")
         return (f"dtype {dtype} is raw bytes, which JAX has no type for; view them as numbers "
-                "in a Map (x.view(np.uint8))")
+                f"in a Map (x.view(np.uint8)){saved}")
     return None
 
 

@@ -92,7 +92,7 @@ class Pad:
         except TypeError as e:
             raise ConfigError(f"Pad(dtype): expected a NumPy dtype (np.int32), or a dict of one "
                               f"for some keys, got {dtype!r:.80}: {e}") from e
-        if set(kinds) - set(named) or any(d.kind not in "biufcmM" for d in kinds.values()):
+        if set(kinds) - set(named) or any(_kind_of(d) not in "biufcmM" for d in kinds.values()):
             raise ConfigError(f"Pad(dtype): expected a numeric dtype for keys of {named}, got "
                               f"{dtype!r:.80}")
         self.dtypes = kinds
@@ -256,8 +256,19 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
     return record
 
 
+def _kind_of(dtype: np.dtype) -> str:
+    """A dtype's kind, ml_dtypes' numbers (``bfloat16``, ``float8_*``, ``int4``) by theirs:
+    NumPy calls them ``V``, raw bytes."""
+    if dtype.kind == "V" and dtype.type is not np.void:
+        return {"f": "f", "b": "f", "i": "i", "u": "u"}.get(dtype.name[:1], "V")
+    return dtype.kind
+
+
 def _dtype_text(kind: np.dtype) -> str:
-    """``np.int32``, or ``np.dtype('<M8[ns]')`` where NumPy has no such name."""
+    """``np.int32``, ``ml_dtypes.bfloat16``, or ``np.dtype('<M8[ns]')`` where neither names
+    it."""
+    if kind.type.__module__.startswith("ml_dtypes"):
+        return f"ml_dtypes.{kind.name}"
     return f"np.{kind.name}" if getattr(np, kind.name, None) is kind.type else \
         f"np.dtype({kind.str!r})"
 
@@ -271,7 +282,7 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
     if kind is None or given.dtype == kind or given.dtype == object:
         return given  # (objects: refused by the caller)
     into = {"b": "biuf", "i": "biuf", "u": "biuf", "f": "fc", "c": "c", "m": "m", "M": "M"}
-    if given.size and kind.kind not in into.get(given.dtype.kind, ""):
+    if given.size and _kind_of(kind) not in into.get(_kind_of(given.dtype), ""):
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
                            f"{given.dtype}, which dtype={kind} would change in kind; cast it "
                            "in a Map before the Pad, or give the Pad a dtype of its kind")
