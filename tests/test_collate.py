@@ -264,3 +264,16 @@ def test_a_masked_array_with_masked_values_is_refused_not_batched_as_its_fill_va
             collate([{"t": first}, {"t": np.ma.masked}])  # masked: a TypeError, then a NaN)
     plain = [np.ma.masked_array([1.0, 2.0]) for _ in range(2)]  # (none masked: its data)
     assert collate([{"sst": v} for v in plain])[0]["sst"].tolist() == [[1.0, 2.0]] * 2
+
+
+def test_a_whole_decimal_is_told_to_become_an_integer_not_a_float():
+    # (DECIMAL(20, 0) ids, Hive's and Spark's uint64: the remedy float(x) lost their digits)
+    import decimal
+
+    ids = [{"uid": decimal.Decimal(2**63 + 57)}, {"uid": decimal.Decimal(7)}]
+    with pytest.raises(jl.CollateError, match=r"9223372036854775865 is a whole number.*"
+                                              r"np.uint64\(int\(x\)\)"):
+        next(iter(jl.DataLoader(ids, batch_size=2)))
+    with pytest.raises(jl.CollateError) as raised:
+        next(iter(jl.DataLoader([{"p": decimal.Decimal("0.5")}] * 2, batch_size=2)))
+    assert "whole number" not in str(raised.value)

@@ -130,6 +130,10 @@ def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
     if type(value).__module__ == "__main__":
         hint = (" (a class from __main__ or a notebook reaches worker processes by value, "
                 "without its JAX registration: define it in a module, or use num_workers=0)")
+    elif type(value).__qualname__ == "Decimal" and value == value.to_integral_value():
+        hint = (f" ({value} is a whole number: ids written as DECIMAL(20, 0), uint64 in Hive "
+                "and Spark, lose their last digits as floats; np.uint64(int(x)) or "
+                "np.int64(int(x)) keeps them)")
     raise CollateError(
         f"batch leaf {path}: {where} holds a {_type_name(value)}, which is "
         "neither an array (nor has the array protocol), a number, a string nor a pytree node; "

@@ -277,7 +277,10 @@ def _sequence(record: Any, key: str, index: int) -> np.ndarray:
         lambda got: ConfigError(f"PackedSource: record {index}: expected a dict with key "
                                 f"{key!r} (a 1-D token array), got {got}"),
         lambda problem: ConfigError(f"PackedSource: record {index}[{key!r}]: expected a 1-D "
-                                    f"integer array of tokens, got {problem}"))
+                                    f"array of numbers (tokens, a value a step), got {problem}"
+                                    "; a key of several axes (a step's (T, 4) observations) "
+                                    "cannot be packed: pack an index key and gather them in a "
+                                    "Map after"))
 
 
 def _gather_records(source: Any, records: np.ndarray, key: str,

@@ -267,11 +267,11 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     then, now = str(state.get("source")), str(expected.get("source"))
     if then != now and then.split(":")[:2] == now.split(":")[:2]:  # (kind and size alike)
         diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
-                     "differs is inside it: a function it runs (MapSource, a filter's "
-                     "predicate: its code, as this Python compiles it, so another Python "
-                     "version or -O differs too), its options, or its data; or the state is "
-                     "older than a change of that source's fingerprint (the checkpointing "
-                     "guide lists them): restore it with the jaxloader that saved it")
+                     "differs is inside it: a function it runs (MapSource, a filter's predicate:"
+                     " its code as this Python compiles it: another Python or -O differs too), "
+                     "its options (a ParquetSource's columns=, in their order), or its data; or"
+                     " the state is older than a change of that source's fingerprint (the "
+                     "checkpointing guide lists them): restore with the jaxloader that saved it")
     elif then != now and ":" not in then + now and "None" not in (then, now):  # (its own)
         diffs.append("the source's own fingerprint differs (its `fingerprint` attribute; a "
                      "Hugging Face Dataset's, which map, filter, with_format, select, "

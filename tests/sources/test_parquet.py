@@ -1239,3 +1239,16 @@ def test_an_error_about_a_record_names_its_file_and_row_there(tmp_path):
     loader = jl.DataLoader(parts, batch_size=8, transforms=[jl.Map(decode)])
     with pytest.raises(jl.RecordError, match=rf"\({paths[1]} row 20\): transforms\[0\]"):
         list(loader)
+
+
+def test_a_state_under_other_columns_is_refused_naming_them(tmp_path):
+    # (a recsys run that added a feature column was told of "a function it runs ... or its
+    # data": columns= is part of a ParquetSource's fingerprint)
+    paths = write_parts(tmp_path)
+    with jl.DataLoader(jl.ParquetSource(paths, columns=["id", "text"]), batch_size=8) as loader:
+        state = loader.state_dict()
+    for columns in (["id", "text", "vector"], ["text", "id"]):
+        with jl.DataLoader(jl.ParquetSource(paths, columns=columns), batch_size=8) as loader:
+            with pytest.raises(jl.StateDictError, match=r"a ParquetSource's columns=, in their "
+                                                        r"order"):
+                loader.load_state_dict(state)
