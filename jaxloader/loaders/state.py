@@ -122,8 +122,7 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
         return
     if not isinstance(saved, list) or not all(isinstance(t, str) for t in saved):
         raise StateDictError(f"state['transforms']: expected a list of str, received "
-                             f"{saved!r:.120}; pass the dict that state_dict() returned, "
-                             "unchanged")
+                             f"{saved!r:.120}; pass the dict that state_dict() returned, unchanged")
     if list(map(_kind_and_digest, saved)) == list(map(_kind_and_digest, now)):
         return  # (alike: a repr may hold an address, another each run)
     if older is not None and any(list(map(_kind_and_digest, saved)) == list(
@@ -255,8 +254,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             sorted(map(str, then)) != sorted(map(str, now)):  # (not the same files reordered)
         check_files(then, now, paths)  # changed, added: named, before the fingerprint it moves
     if state.get("source") != expected.get("source") and state.get("source") in older():
-        # (saved before: the same source)
-        state = {**state, "source": expected.get("source")}
+        state = {**state, "source": expected.get("source")}  # (saved before: the same source)
     if "record_hash" in expected and state.get("record_hash") != expected["record_hash"] and any(
             isinstance(t, dict) and {**t, "record_spec": compact_spec(t["record_spec"])} == {
                 k: state.get(k) for k in t} for t in older()):  # (its records as saved before)
@@ -264,8 +262,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [differ(k, expected.get(k), state.get(k))
              for k in compared if state.get(k) != expected.get(k)]
-    then, now = str(state.get("source")), str(expected.get("source"))
-    if then != now and then.split(":")[:2] == now.split(":")[:2]:  # (kind and size alike)
+    then, now = str(state.get("source")), str(expected.get("source"))  # (kind, size alike:)
+    if then != now and then.split(":")[:2] == now.split(":")[:2]:
         diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
                      "differs is inside it: a function it runs (MapSource, a filter's predicate:"
                      " its code as this Python compiles it: another Python or -O differs too), "
@@ -279,12 +277,14 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                      "function datasets cannot hash makes anew each run: pass it "
                      "new_fingerprint=): make the source the same way as the run that saved "
                      "the state")
-    if state.get("record_hash") != expected.get("record_hash") and \
+    grown = state.get("num_records") != sampler.num_records
+    if grown or state.get("record_hash") != expected.get("record_hash") and \
             state.get("record_spec") == expected.get("record_spec") is not None:
-        diffs.append("the source's records 0, n // 2 and n - 1 have the same structure and "
-                     "other values: other data, or a source whose records differ from read to "
-                     "read (random augmentation in __getitem__: draw in a RandomMap, or give "
-                     "the source a `fingerprint` attribute naming its data)")
+        diffs.append("records appended or removed (a buffer that grew: a new loader reads it "
+                     "from its start)" if grown else "records 0, n // 2, n - 1 are alike in "
+                     "structure, not in values: other data, or records that differ from read to"
+                     " read (augmentation in __getitem__: draw in a RandomMap, or give the "
+                     "source a `fingerprint` attribute naming its data)")
     if diffs:
         raise StateDictError(
             "state does not fit this loader (" + "; ".join(diffs) + "); restore it into a "
