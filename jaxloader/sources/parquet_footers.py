@@ -40,8 +40,7 @@ class Footers(NamedTuple):
     rows: list[int]
     group_bytes: np.ndarray  # each row group's decoded size of the columns read
     schema_text: tuple[str, str]  # (the Parquet columns', the Arrow schema's as it prints)
-    identities: list[list[int] | None]  # a remote file's (``file_identity.parquet``), read
-    # with its footer; None for a local one
+    identities: list[list[int] | None]  # a remote file's, read with its footer; or None
 
 
 def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
@@ -77,10 +76,11 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     for path, meta in zip(paths[1:], metas[1:]):
         other = meta.schema.to_arrow_schema()
         names, other_labels = set(other.names), _pandas_row_labels(other)
-        differ = [f"{f.name}: {f.type} in {paths[0]!r}, "
-                  f"{other.field(f.name).type if f.name in names else 'missing'} here"
-                  for f in wanted if f.name not in names
-                  or not _alike(other.field(f.name).type).equals(_alike(f.type))]
+        differ = [f"{f.name}: {f.type} in {paths[0]!r}, "  # (a file of no rows: a column of
+                  f"{other.field(f.name).type if f.name in names else 'missing'} here"  # no
+                  for f in wanted if f.name not in names or not _alike(  # type, pandas', is
+                      other.field(f.name).type).equals(_alike(f.type)) and not (  # alike)
+                      meta.num_rows == 0 and str(other.field(f.name).type) == "null")]
         if columns is None:  # (all of them: one only a later file has was left out, silently)
             differ += [f"{name}: missing in {paths[0]!r}, {other.field(name).type} here"
                        for name in other.names if name not in known

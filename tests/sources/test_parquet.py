@@ -1252,3 +1252,17 @@ def test_a_state_under_other_columns_is_refused_naming_them(tmp_path):
             with pytest.raises(jl.StateDictError, match=r"a ParquetSource's columns=, in their "
                                                         r"order"):
                 loader.load_state_dict(state)
+
+
+def test_a_part_file_of_no_rows_whose_text_column_has_no_type_is_read_with_the_others(tmp_path):
+    # (pandas writes an empty frame's object column as type null: the whole dataset refused
+    # as "another schema", for a file that adds no record)
+    pd = pytest.importorskip("pandas")
+    pd.DataFrame({"row": np.arange(5), "s": list("abcde")}).to_parquet(tmp_path / "a.parquet")
+    pd.DataFrame({"row": pd.Series([], dtype="int64"), "s": pd.Series([], dtype=object)}
+                 ).to_parquet(tmp_path / "b.parquet")
+    source = jl.ParquetSource([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")])
+    assert len(source) == 5 and source[4]["s"] == "e"
+    pd.DataFrame({"row": [9], "s": [None]}).to_parquet(tmp_path / "c.parquet")  # (rows: no)
+    with pytest.raises(jl.ConfigError, match=r"another schema than the first file: s: \w*string"):
+        jl.ParquetSource([str(tmp_path / "a.parquet"), str(tmp_path / "c.parquet")])
