@@ -142,6 +142,9 @@ def test_a_data_frame_column_that_is_not_numbers_is_named_with_the_remedy():
     assert jl.ArraySource(zoned)[1]["t"] == np.datetime64("2020-01-01T01:00")
     with pytest.raises(jl.ConfigError, match=r"names must differ, got \['a', 'a'\]"):
         jl.ArraySource(pd.DataFrame([[1, 2]], columns=["a", "a"]))
+    atoms = pd.DataFrame({"pos": [np.zeros((3, 3)), np.zeros((2, 3))]})  # (told to encode it
+    with pytest.raises(jl.ConfigError, match=r"an array a row .* df.to_dict\('records'\)"):
+        jl.ArraySource(atoms)  # as categories' codes: the arrays lost)
 
 
 def test_a_polars_frame_is_a_dict_of_its_columns_of_their_dtypes():

@@ -227,14 +227,17 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
     array = column.to_numpy(dtype=dtype) if numbers else column.to_numpy()
     if array.dtype.hasobject and name is not None:  # (a Series': as any leaf of objects)
         zoned = getattr(column.dtype, "tz", None) is not None
+        rows = len(array) and isinstance(array[0], (np.ndarray, list, tuple))
         raise ConfigError(
             f"{_named(name)} has dtype {column.dtype}, which NumPy "
-            "holds as Python objects (strings, categories, dates with a time zone), expected "
-            "numbers; " + (f"drop the zone (df[{name!r}].dt.tz_convert(None): the instants in "
-                           "UTC, datetime64)" if zoned else
-                           "encode it (df[col].astype('category').cat.codes), or for strings "
-                           "pass datasets.Dataset.from_pandas(df), which the loader reads as "
-                           "it is"))
+            "holds as Python objects (strings, categories, dates with a time zone, arrays), "
+            "expected numbers; " + (
+                f"drop the zone (df[{name!r}].dt.tz_convert(None): the instants in UTC, "
+                "datetime64)" if zoned else "it holds an array a row (a molecule's atoms): "
+                "pass df.to_dict('records'), a list of records the loader reads as they are "
+                "(jl.Pad pads rows of other lengths)" if rows else
+                "encode it (df[col].astype('category').cat.codes), or for strings "
+                "pass datasets.Dataset.from_pandas(df), which the loader reads as it is"))
     return array
 
 
