@@ -277,3 +277,13 @@ def test_a_whole_decimal_is_told_to_become_an_integer_not_a_float():
     with pytest.raises(jl.CollateError) as raised:
         next(iter(jl.DataLoader([{"p": decimal.Decimal("0.5")}] * 2, batch_size=2)))
     assert "whole number" not in str(raised.value)
+
+
+def test_leaves_with_an_axis_of_no_values_are_batched():
+    # (records of shape (3, 0), or a Pad of empty lists to a length: "cannot reshape array of
+    # size 0", a bare ValueError at a step)
+    records = [{"x": np.zeros((3, 0), np.float32)} for _ in range(4)]
+    assert next(iter(jl.DataLoader(records, batch_size=4)))["x"].shape == (4, 3, 0)
+    empty = [{"e": np.zeros((0, 0), np.int64)} for _ in range(4)]
+    batch = next(iter(jl.DataLoader(empty, batch_size=4, transforms=[jl.Pad("e", length=4)])))
+    assert batch["e"].shape == (4, 4, 0) and batch["e_length"].tolist() == [0] * 4

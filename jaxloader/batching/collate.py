@@ -282,7 +282,7 @@ def _stack(column: Column, out: np.ndarray | None = None) -> np.ndarray:
         out = np.empty(column.shape, column.dtype)
     if len(column.shape) == 1:  # scalars: fromiter is an order of magnitude faster than np.stack
         out[:] = np.fromiter(values, column.dtype, count=len(values))
-    elif column.shape[1] == 0 or column.dtype.hasobject:
+    elif 0 in column.shape[1:] or column.dtype.hasobject:  # (no values: (3, 0) rows)
         out[...] = np.stack(values)
     else:  # rows of equal shape: one concatenate along axis 0 straight into out
         try:
