@@ -334,3 +334,28 @@ def test_ml_dtypes_numbers_are_a_pads_dtype():
     from jaxloader.base.columns import device_dtype_problem  # (np.save's bfloat16: |V2)
 
     assert "x.view(ml_dtypes.bfloat16)" in device_dtype_problem(np.dtype("V2"))
+
+
+def test_each_key_may_have_its_own_length_a_graphs_node_and_edge_budgets():
+    # one length for all keys padded a graph's nodes to its edge budget, and several hosts
+    # (which need a length) could not give each its own (the graph audit)
+    graphs = [{"nodes": np.ones((n, 4), np.float32), "edges": np.zeros((2 * n, 2), np.int32)}
+              for n in (3, 5, 2, 4)]
+    pad = jl.Pad(["nodes", "edges"], length={"edges": 12, "nodes": 6})
+    assert repr(pad) == ("Pad(['nodes', 'edges'], value=0, length={'nodes': 6, 'edges': 12}, "
+                         "length_suffix='_length')")
+    for process in (0, 1):
+        with jl.DataLoader(graphs, batch_size=2, transforms=[pad], process_index=process,
+                           process_count=2) as loader:
+            batch = next(iter(loader))
+        assert batch["nodes"].shape == (2, 6, 4) and batch["edges"].shape == (2, 12, 2)
+    mixed = jl.Pad(["nodes", "edges"], multiple_of={"nodes": 4, "edges": 1},
+                   length={"nodes": None, "edges": 10})
+    batch = next(iter(jl.DataLoader(graphs, batch_size=2, transforms=[mixed])))
+    assert batch["nodes"].shape == (2, 8, 4) and batch["edges"].shape == (2, 10, 2)
+    with pytest.raises(jl.ConfigError, match=r"a dict gives the length of each key of "
+                                             r"\['nodes', 'edges'\], got one for \['nodes'\]"):
+        jl.Pad(["nodes", "edges"], length={"nodes": 6})
+    with pytest.raises(jl.ConfigError, match=r"each of the 2 processes pads"):
+        jl.DataLoader(graphs, batch_size=2, transforms=[mixed], process_index=0,
+                      process_count=2)

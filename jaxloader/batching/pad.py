@@ -43,9 +43,12 @@ class Pad:
         keys: a key of the records, or several.
         value: what pads (cast to each leaf's dtype; ``np.datetime64("NaT", "s")`` for times), or a
             dict of one for each key (``{"audio": 0.0, "ids": -1}``).
-        multiple_of: the padded length is a multiple of it (1: the batch's longest).
+        multiple_of: the padded length is a multiple of it (1: the batch's longest), or a dict
+            of one for each key.
         length: pad every batch to this length instead (a record longer is refused): what
-            several processes reading one global batch need, each padding its own rows.
+            several processes reading one global batch need, each padding its own rows; or a
+            dict of one for each key (a graph's budgets: ``{"nodes": 64, "edges": 256}``;
+            ``None`` for a key padded to the longest).
         length_suffix: the lengths leaf's name after its key's.
         dtype: each padded leaf's dtype, or a dict of one for some keys (``{"ids": np.int32}``):
             lists are made arrays of it and arrays cast to it (where it holds their kind).
@@ -62,9 +65,10 @@ class Pad:
         [((2, 7), [3, 7]), ((2, 5), [5, 2])]
     """
 
-    def __init__(self, keys: str | Sequence[str], *, value: Any = 0, multiple_of: int = 1,
-                 length: int | None = None, length_suffix: str | None = "_length",
-                 dtype: Any = None) -> None:
+    def __init__(self, keys: str | Sequence[str], *, value: Any = 0,
+                 multiple_of: int | dict[str, int] = 1,
+                 length: int | dict[str, int] | None = None,
+                 length_suffix: str | None = "_length", dtype: Any = None) -> None:
         named = [keys] if isinstance(keys, str) else list(keys) if isinstance(
             keys, (list, tuple)) else None
         if not named or not all(isinstance(k, str) for k in named):
@@ -99,13 +103,17 @@ class Pad:
         self.keys = tuple(named)
         self.value = value
         self.values = values  # (each key's)
-        self.multiple_of = check_int("Pad(multiple_of)", multiple_of, low=1,
-                                     remedy="1 (the batch's longest) or a bucket, e.g. 64")
-        self.length = None if length is None else check_int(
-            "Pad(length)", length, low=0, remedy="the length every batch is padded to")
-        if self.length is not None and self.multiple_of != 1:
+        self.multiples = {k: check_int(f"Pad(multiple_of) of {k!r}", m, low=1, remedy="1 (the "
+                                       "batch's longest) or a bucket, e.g. 64")
+                          for k, m in _each(named, multiple_of, "multiple_of").items()}
+        self.lengths = {k: None if n is None else check_int(
+            f"Pad(length) of {k!r}", n, low=0, remedy="the length every batch is padded to")
+            for k, n in _each(named, length, "length").items()}
+        self.multiple_of, self.length = multiple_of, length  # (as given: its repr's)
+        if any(self.lengths[k] is not None and self.multiples[k] != 1 for k in named):
             raise ConfigError(f"Pad: got length={length} and multiple_of={multiple_of}; a "
-                              "fixed length pads every batch to it: pass one of the two")
+                              "fixed length pads every batch to it: pass one of the two (for "
+                              "a key)")
         self.length_suffix = length_suffix
         self.fn = pad_records  # (what a state's digest of the transforms reads: its code)
 
@@ -116,8 +124,9 @@ class Pad:
 
     def __repr__(self) -> str:
         keys = self.keys[0] if len(self.keys) == 1 else list(self.keys)
-        size = (f"multiple_of={self.multiple_of}" if self.length is None else
-                f"length={self.length}")
+        size = ", ".join([f"multiple_of={_in_order(self.multiple_of, self.keys)}"] * (
+            self.length is None or self.multiple_of != 1) + [
+            f"length={_in_order(self.length, self.keys)}"] * (self.length is not None))
         value = ({key: self.values[key] for key in self.keys} if isinstance(self.value, dict)
                  else self.value)  # (a dict in the keys' order: the same Pad, the same text)
         kinds = "" if not self.dtypes else ", dtype=" + (
@@ -150,8 +159,8 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
                     "a Pad pads the first axis only, the others must agree; pad or crop "
                     "those in a Map before it")
         longest = max(len(leaf) for leaf in leaves)
-        width = -(-longest // pad.multiple_of) * pad.multiple_of if pad.length is None else \
-            pad.length
+        fixed, multiple = pad.lengths[key], pad.multiples[key]
+        width = -(-longest // multiple) * multiple if fixed is None else fixed
         if longest > width:
             j = next(j for j, leaf in enumerate(leaves) if len(leaf) > width)
             raise CollateError(f"{pad!r}: {key!r} of {tree_lib.record_name(names, j)} has "
@@ -215,7 +224,7 @@ def check_hosts(transforms: Sequence[Any], process_count: int) -> None:
     """Refuses a ``Pad`` to each batch's longest where several processes read a global
     batch: each pads to the longest of its own rows, and the global array needs one width."""
     for pad in transforms:
-        if isinstance(pad, Pad) and pad.length is None and process_count > 1:
+        if isinstance(pad, Pad) and None in pad.lengths.values() and process_count > 1:
             raise ConfigError(
                 f"{pad!r}: each of the {process_count} processes pads its rows of a global "
                 "batch to their own longest, so their widths differ where one array needs one; "
@@ -256,12 +265,28 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
     return record
 
 
+def _each(keys: list[str], given: Any, name: str) -> dict[str, Any]:
+    """``given`` for each of ``keys``: a dict of one for each key (a graph's node and edge
+    budgets), or one for all."""
+    if not isinstance(given, dict):
+        return dict.fromkeys(keys, given)
+    if set(given) != set(keys):
+        raise ConfigError(f"Pad({name}): a dict gives the {name} of each key of {keys}, got "
+                          f"one for {list(given)}")
+    return given
+
+
 def _kind_of(dtype: np.dtype) -> str:
     """A dtype's kind, ml_dtypes' numbers (``bfloat16``, ``float8_*``, ``int4``) by theirs:
     NumPy calls them ``V``, raw bytes."""
     if dtype.kind == "V" and dtype.type is not np.void:
         return {"f": "f", "b": "f", "i": "i", "u": "u"}.get(dtype.name[:1], "V")
     return dtype.kind
+
+
+def _in_order(given: Any, keys: tuple) -> Any:
+    """A dict given for each key, in the keys' order (the same Pad, the same text)."""
+    return {key: given[key] for key in keys} if isinstance(given, dict) else given
 
 
 def _dtype_text(kind: np.dtype) -> str:
