@@ -34,17 +34,17 @@ def value_text(value: Any, whole: bool = False, depth: int = 0, tail: bool = Fal
     of it, an array by its bytes): without memory addresses, and where the repr had one
     (``object``'s own) with the object's attributes instead (``__dict__`` and ``__slots__``, two
     levels down); a set of strings in sorted order. ``tail``: where the text is longer than
-    200 characters, a digest of the rest after them (a list of files that grew at its end,
-    which the first 200 did not show; versions until 2026-11-30's thirty-fifth session left
-    it out: ``abilities.OLDER_DIGESTS``)."""
+    200 characters, a digest of what the value holds past them (``tail_digest``: a list of
+    files that grew at its end; versions until 2026-11-30's thirty-fifth session left it
+    out: ``abilities.OLDER_DIGESTS``)."""
     if whole and isinstance(value, np.ndarray) and not value.dtype.hasobject:
         data = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
         return f"array({value.dtype}, {value.shape}, {data.hexdigest()})"
     if isinstance(value, (set, frozenset)) and _hash_ordered(value, len(value) < 2):
         text = _sorted_set(value)  # (a set of one Enum member: repr's text, as before)
-        return text if whole else _cut(text, tail)
-    text = written(value, None if whole or tail else 200)
-    text = text if whole else _cut(text, tail)
+        return text if whole else _cut(text, tail and len(text) > 200, value)
+    text = written(value, None if whole else 201 if tail else 200)
+    text = text if whole else _cut(text, tail and len(text) > 200, value)
     if _ADDRESS.search(text) is None:
         return text
     if depth < 2:
@@ -52,18 +52,65 @@ def value_text(value: Any, whole: bool = False, depth: int = 0, tail: bool = Fal
         if attributes:
             said = repr([(k, value_text(v, whole, depth + 1, tail))
                          for k, v in sorted(attributes.items())])
-            text += said if whole else _cut(said, tail, 400)
+            text += said if whole else said[:400]  # (each attribute's tail in it)
     return _ADDRESS.sub("", text)
 
 
-def _cut(text: str, tail: bool, most: int = 200) -> str:
-    """``text``'s first ``most`` characters, with the length and a digest of all of it
-    (without its addresses, which differ in each process) where ``tail`` asks."""
-    if not tail or len(text) <= most:
-        return text[:most]
-    same = _ADDRESS.sub("", text)
-    whole = hashlib.blake2b(same.encode(errors="surrogatepass"), digest_size=8)
-    return f"{text[:most]}...{len(same)}:{whole.hexdigest()}"
+def _cut(text: str, long: bool, value: Any) -> str:
+    """``text``'s first 200 characters, and where it is ``long``, ``tail_digest(value)``."""
+    return f"{text[:200]}...{tail_digest(value)}" if long else text[:200]
+
+
+_TAIL_ITEMS = 100_000  # items a tail digest walks in Python at most (then containers' lengths)
+
+
+def tail_digest(value: Any) -> str:
+    """A digest of what ``value`` holds, the same in every process: containers (lists, tuples,
+    dicts, sets in sorted order, dataclasses, named tuples, namespaces) item by item, strings,
+    numbers and arrays by their ``repr``, any other object by its type alone (its ``repr`` may
+    hold a set in the run's order, or an address: only the first 200 characters, as
+    ``written``, show it); past ``_TAIL_ITEMS`` items walked, containers by their length."""
+    walk = _Tail()
+    walk.add(value, 0)
+    return walk.digest.hexdigest()
+
+
+class _Tail:
+    def __init__(self) -> None:
+        self.digest = hashlib.blake2b(digest_size=8)
+        self.left = _TAIL_ITEMS
+        self.path: set[int] = set()
+
+    def add(self, value: Any, depth: int) -> None:
+        kind, update = type(value), self.digest.update
+        if kind in ATOMIC or isinstance(value, (np.ndarray, np.generic)):
+            update(repr(value).encode(errors="surrogatepass"))
+            return
+        if isinstance(value, (set, frozenset)):  # (each item's own digest, sorted; past the
+            items = sorted(tail_digest(v) for v in value) if len(value) <= self.left else []
+            self.left -= len(value)  # budget its length: a part would be the run's order's)
+            update(f"{kind.__name__}{len(value)}{items}".encode())
+            return
+        items, opening, closing = _shape(value)
+        if items is None or depth >= _DEPTH or id(value) in self.path or self.left <= 0:
+            size = len(value) if items is not None and hasattr(value, "__len__") else ""
+            update(f"<{kind.__qualname__}{size}>".encode())
+            return
+        if kind in (list, tuple, dict) and all(type(v) in ATOMIC for v in _shape(value)[0]):
+            update(repr(value).encode(errors="surrogatepass"))  # (at C speed)
+            self.left -= len(value)
+            return
+        self.path.add(id(value))
+        update(opening.encode())
+        for item in items:
+            if self.left <= 0:  # (the rest by the container's length)
+                update(f"...{len(value) if hasattr(value, '__len__') else ''}".encode())
+                break
+            self.left -= 1
+            self.add(item, depth + 1)
+            update(b",")
+        update(closing.encode())
+        self.path.discard(id(value))
 
 
 def _sorted_set(value: Any) -> str:

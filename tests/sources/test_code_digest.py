@@ -145,7 +145,10 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
         "      code_digest(held))\n"
         "def long(r, o=[object() for _ in range(30)], f=[f'/data/ep_{i:06d}.npz' for i in "
         "range(40)], s={f'word{i}' for i in range(60)}):\n    return r\n"  # (past 200
-        "print(code_digest(long))\n")  # characters: the rest's digest, addresses left out)
+        "print(code_digest(long))\n"  # characters: the rest's digest, addresses left out;
+        "class Custom:\n    def __repr__(self):\n"  # a repr of its own holds a set in the
+        "        return 'C(' + 'x' * 210 + repr({f'tag{i}' for i in range(30)}) + ')'\n"  # run's
+        "def custom(r, c=Custom()):\n    return r\nprint(code_digest(custom))\n")  # order)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     said = {subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
