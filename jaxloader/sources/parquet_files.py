@@ -63,7 +63,7 @@ class ParquetFiles:
     def _reset(self) -> None:
         self._open = OpenFiles(_MAX_OPEN, close=lambda handle: handle.close(force=True))
         self._metas: dict[int, Any] = {}  # footers read in this process, by file
-        self._int96: dict[int, set[str]] = {}  # their INT96 columns
+        self._int96: dict[int, dict[str, Any]] = {}  # their INT96 columns' footer types
 
     def __getstate__(self) -> dict:
         return {"paths": self.paths, "identities": self.identities, "_stats": self._stats}
@@ -100,10 +100,11 @@ class ParquetFiles:
                 "fewer columns; a footer that counts more rows than the file holds is damaged"
             ) from e
         int96 = self._int96.get(number)
-        if int96 is None:
-            schema = handle.schema  # (a footer's columns, once a file)
-            self._int96[number] = int96 = {schema.column(i).path for i in range(len(schema))
-                                           if schema.column(i).physical_type == "INT96"}
+        if int96 is None:  # (a footer's columns, once a file: a top-level column holding an
+            schema, kinds = handle.schema, handle.metadata.schema.to_arrow_schema()  # INT96
+            self._int96[number] = int96 = {  # at any depth, and its type as the footer says)
+                top: kinds.field(top).type for top in {schema.column(i).path.split(".")[0]
+                for i in range(len(schema)) if schema.column(i).physical_type == "INT96"}}
         return _int96_in_ns(table, int96, self.paths[number], group) if int96 else table
 
     def handle(self, number: int) -> Any:
@@ -204,23 +205,25 @@ class ParquetFiles:
 _INT96 = {"coerce_int96_timestamp_unit": "us"}
 
 
-def _int96_in_ns(table: Any, int96: set[str], path: str, group: int) -> Any:
-    """``table`` with its ``int96`` columns (read as microseconds) in nanoseconds, as before; a
-    time nanoseconds cannot hold (before 1677, after 2262) refused, named, with the remedy."""
+def _int96_in_ns(table: Any, int96: dict[str, Any], path: str, group: int) -> Any:
+    """``table`` with its ``int96`` columns (read as microseconds, at any depth of a struct or
+    list) of the types the footer says (nanoseconds, as before); a time nanoseconds cannot
+    hold (before 1677, after 2262) refused, named, with the remedy."""
     import pyarrow as pa
 
-    for name in int96 & set(table.column_names):
+    for name in set(int96) & set(table.column_names):
         column = table.column(name)
-        ns = pa.timestamp("ns", tz=column.type.tz)
         try:
-            table = table.set_column(table.column_names.index(name), name, column.cast(ns))
+            table = table.set_column(table.column_names.index(name), name,
+                                     column.cast(int96[name]))
         except pa.ArrowInvalid:
             import pyarrow.compute as pc
 
-            low, high = pc.min_max(column).values()
+            held = ("before 1677 or after 2262" if not pa.types.is_timestamp(column.type) else
+                    "from {} to {}".format(*pc.min_max(column).values()))
             raise RecordError(
-                f"ParquetSource: column {name!r} of {path!r}, row group {group}, is an INT96 "
-                f"time (Spark's default) from {low} to {high}, which datetime64[ns] cannot "
+                f"ParquetSource: column {name!r} of {path!r}, row group {group}, holds INT96 "
+                f"times (Spark's default) {held}, which datetime64[ns] cannot "
                 "hold (1677-09-21 to 2262-04-11: pyarrow wraps it, 9999-12-31 read as "
                 "1816-03-29); write it as microseconds (Spark: spark.sql.parquet."
                 "outputTimestampType=TIMESTAMP_MICROS; pyarrow: coerce_timestamps='us'), "
