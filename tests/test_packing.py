@@ -76,8 +76,9 @@ def test_sequences_of_several_axes_are_refused_not_flattened():
         jl.RaggedSource.from_sequences({"obs": episodes})
     with pytest.raises(jl.ConfigError, match=r"got shape \(5, 4\) .*its own key"):
         jl.RaggedSource({"obs": (np.concatenate(episodes), np.array([0, 3, 5]))})
-    ones = jl.RaggedSource.from_sequences({"t": [7, [8, 9]]})  # (a scalar: one value)
-    assert ones.lengths("t").tolist() == [1, 2] and ones[0]["t"].tolist() == [7]
+    ones = jl.RaggedSource.from_sequences({"t": [7, [8, 9], [[5, 6, 7]], [[4], [3]]]})
+    assert ones.lengths("t").tolist() == [1, 2, 3, 2] and ones[2]["t"].tolist() == [5, 6, 7]
+    # (a scalar, a tokenizer's (1, T) ids and (T, 1) values have one axis of values)
 
 
 def test_any_source_of_dict_records_packs_like_a_ragged_one():
@@ -272,8 +273,8 @@ def test_bad_input_is_named():
         with pytest.raises(jl.ConfigError, match=r"record 0: expected a dict with key 'ids' .*"
                                                  r"got \['tokens'\]"):
             jl.PackedSource(over, "ids", 8)
-    with pytest.raises(jl.ConfigError, match=r"record 0\['x'\]: expected a 1-D integer array.*"
-                                             r"shape \(2, 2\)"):
+    with pytest.raises(jl.ConfigError, match=r"record 0\['x'\]: expected a 1-D array of "
+                                             r"numbers.*shape \(2, 2\).*an index key"):
         jl.PackedSource([{"x": np.zeros((2, 2), np.int32)}], "x", 8)
     with pytest.raises(jl.ConfigError, match=r"overlong=...\): 'truncate' with method='concat'"):
         jl.PackedSource(source, "tokens", 8, method="concat", overlong="truncate")  # (ignored)

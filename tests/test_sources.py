@@ -203,6 +203,15 @@ def test_polars_structs_long_text_and_frames_of_one_dtype_in_a_tree():
         assert both.arrays[0].dtype == frame.to_numpy().dtype
     with pytest.raises(jl.ConfigError, match=r"DataFrame inside the tree"):  # (two dtypes)
         jl.ArraySource({"X": pd.DataFrame({"a": [1, 2], "b": [0.5, 1.5]})})
+    decimals = pl.DataFrame({"d": pl.Series(["1.5", "2.25"]).str.to_decimal()})
+    with pytest.raises(jl.ConfigError, match=r"DataFrame inside the tree"):  # (no NumPy form)
+        jl.ArraySource({"X": decimals})
+    with pytest.raises(jl.ConfigError, match=r"would make 3819 MiB"):  # (asked before NumPy
+        jl.ArraySource(pl.DataFrame({"t": ["a"] * 1000 + ["x" * 1_000_000]}))  # makes it)
+    labels = pd.DataFrame({"c": pd.Categorical(["a", None, "b"])})  # (strings: -1 is refused)
+    with pytest.raises(jl.ConfigError, match=r"missing value.*; take its codes") as said:
+        jl.ArraySource(labels)
+    assert "add_categories" not in str(said.value)
 
 
 def test_nullable_columns_keep_their_numbers_and_missing_values_are_refused():

@@ -55,7 +55,8 @@ class Pad:
             Without it, a leaf keeps its records' dtype; an empty Python list (``float64``
             for NumPy) takes the others', so a batch whose records all hold empty lists is
             ``float64``: give ``dtype=`` for lists that may all be empty (token ids). An
-            empty leaf takes the others' trailing shape too (a graph's ``[]`` of edges).
+            empty leaf takes the trailing shape of the batch's records with rows too (a
+            graph's ``[]`` of edges; a batch of none keeps its own).
 
     Example:
         >>> import numpy as np, jaxloader as jl

@@ -83,7 +83,7 @@ def _stored_order(packed: Any) -> Any:
     if config.pop("method") == "concat":
         return packing_plan.concat(packed._lengths, int(packed.row_length[0]), None)
     return packing_plan.fit(packed._lengths, packed.row_length, method=packed.config["method"],
-                            **config)
+                            warn=False, **config)  # (the source warned as it was made)
 
 
 def spans_of(groups: np.ndarray, row_ptr: np.ndarray, starts: np.ndarray) -> np.ndarray:

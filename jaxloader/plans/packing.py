@@ -143,12 +143,12 @@ def concat(lengths: np.ndarray, row_length: int, seed: int | None = 0) -> Packin
 def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
         method: str = "best_fit", bins: int = 16, window: int = 10_000,
         overlong: str = "split", seed: int | None = 0,
-        keys: Sequence[str] = ()) -> PackingPlan:
+        keys: Sequence[str] = (), warn: bool = True) -> PackingPlan:
     """First-fit or best-fit packing of whole records (``lengths``: records x keys) into rows
     of ``row_length`` tokens per key, ``bins`` rows open at a time, over windows of ``window``
     records. Records longer than a row are split into row-sized pieces (``overlong="split"``)
     or cut to the row (``"truncate"``, reported in ``truncated``); empty records are skipped.
-    ``keys`` names the keys in errors.
+    ``keys`` names the keys in a warning (``warn``) of records split unaligned.
 
     Example:
         >>> p = fit(np.array([[6], [2], [5], [3]]), [8], method="first_fit", bins=2, seed=None)
@@ -173,7 +173,8 @@ def fit(lengths: np.ndarray, row_length: Sequence[int] | np.ndarray, *,
         dropped = int((n - np.minimum(n, limit)).sum())
         items, start, n = records, np.zeros_like(n), np.minimum(n, limit)
     else:  # pieces of one row each, then the rest: pieces[i] of a record
-        _warn_unaligned(records[over], n[over], limit, keys)
+        if warn:
+            _warn_unaligned(records[over], n[over], limit, keys)
         pieces = np.max(-(-n // limit), axis=1)
         items = np.repeat(records, pieces)
         piece = np.arange(len(items), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces,

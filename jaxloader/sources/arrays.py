@@ -139,7 +139,8 @@ def _one_kind_of_numbers(frame: Any) -> bool:
     if type(frame).__module__.startswith("polars"):
         numeric = all(kind.is_numeric() and kind == kinds[0] for kind in kinds) and not any(
             column.null_count() for column in frame.get_columns())
-        return bool(kinds) and numeric and str(kinds[0]) not in ("Decimal", "Int128")
+        return bool(kinds) and numeric and type(kinds[0]).__name__ not in (
+            "Decimal", "Int128", "UInt128")  # (no NumPy form)
     return bool(kinds) and all(isinstance(kind, np.dtype) and kind == kinds[0]
                                and kind.kind in "biufc" for kind in kinds)
 
@@ -185,16 +186,16 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
         raise ConfigError(f"{_named(name)} ({column.dtype}) has no NumPy form ({error}); cast "
                           "it to a NumPy dtype (df.cast) or leave it out") from None
     if array.dtype.hasobject and text:
-        fixed = np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
-        chars = int(column.str.len_chars().sum())
-        if fixed.nbytes > max(_WIDE, 8 * 4 * chars):  # (UTF-32, each as wide as the longest)
+        lengths = column.str.len_chars()
+        chars, longest = int(lengths.sum()), int(lengths.max() or 0)
+        wide = 4 * longest * len(array)  # (UTF-32, each as wide as the longest: asked first)
+        if wide > max(_WIDE, 8 * 4 * chars):
             raise ConfigError(
-                f"{_named(name)} holds {len(fixed)} strings of {chars} characters in all, "
-                f"which NumPy's fixed width (each as long as the longest, "
-                f"{fixed.dtype.itemsize // 4}) would make {fixed.nbytes / 2**20:.0f} MiB; pass "
-                "df.to_dicts() (records with str leaves), datasets.Dataset.from_polars(df), "
-                "or tokenize the text first")
-        return fixed
+                f"{_named(name)} holds {len(array)} strings of {chars} characters in all, "
+                f"which NumPy's fixed width (each as long as the longest, {longest}) would "
+                f"make {wide / 2**20:.0f} MiB; pass df.to_dicts() (records with str leaves), "
+                "datasets.Dataset.from_polars(df), or tokenize the text first")
+        return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
     if array.dtype.hasobject and name is not None:
         raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
                           "Python objects (strings, categories, lists), expected numbers; "
@@ -215,15 +216,18 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
     coded = type(column.dtype).__name__ == "CategoricalDtype"  # (to_numpy: floats, NaN)
     if (numbers or coded) and not isinstance(column.dtype, np.dtype) and (
             missing := np.flatnonzero(np.asarray(column.isna()))).size:
-        remedy = (f"(df[{name!r}].fillna(0)) or drop those rows (df.dropna(subset=[{name!r}]))"
-                  if name is not None else "(s.fillna(0)) or drop those rows (s.dropna())")
-        if coded:
-            remedy = (f"(df[{name!r}].cat.add_categories(-1).fillna(-1)), take its codes "
-                      f"(df[{name!r}].cat.codes: -1 where missing), or drop those rows")
+        remedy = (f"fill them (df[{name!r}].fillna(0)) or drop those rows (df.dropna(subset="
+                  f"[{name!r}]))" if name is not None else
+                  "fill them (s.fillna(0)) or drop those rows (s.dropna())")
+        if coded:  # (a fill of -1 among strings: refused next as objects)
+            fill = ("" if column.cat.categories.dtype.kind not in "biuf" else
+                    f"fill them (df[{name!r}].cat.add_categories(-1).fillna(-1)), ")
+            remedy = (f"{fill}take its codes (df[{name!r}].cat.codes: -1 where missing), or "
+                      "drop those rows")
         raise ConfigError(
             f"{_named(name)} ({column.dtype}) has {missing.size} missing value(s), in rows "
             f"{missing[:5].tolist()} (by position), expected numbers (NumPy would hold them as "
-            f"NaN, and integers as floats); fill them {remedy}")
+            f"NaN, and integers as floats); {remedy}")
     array = column.to_numpy(dtype=dtype) if numbers else column.to_numpy()
     if array.dtype.hasobject and name is not None:  # (a Series': as any leaf of objects)
         zoned = getattr(column.dtype, "tz", None) is not None

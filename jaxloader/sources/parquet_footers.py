@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from jaxloader.base import file_identity
-from jaxloader.base.errors import ConfigError, PerformanceWarning
+from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import null_message
 from jaxloader.sources.parquet_files import open_error, open_parquet, remote_footer
@@ -265,7 +265,7 @@ def check_order(source: Any, shuffle: Any,
         warnings.warn(
             f"ParquetSource(cache_bytes={source.cache_bytes:,}): {what}, {cache}: each batch "
             f"decodes its row groups again, tens to hundreds of times slower; {size} {remedy}",
-            PerformanceWarning, stacklevel=4)  # (the DataLoader(...) that asks)
+            PerformanceWarning, stacklevel=user_stacklevel())  # (the DataLoader(...))
 
 
 def lengths(source: Any, key: str) -> np.ndarray:

@@ -58,9 +58,10 @@ class RaggedSource:
         """
         pairs = {}
         for key, seqs in columns.items():
-            arrays = [np.asarray(s, dtype=dtype).reshape(-1) if np.ndim(s) == 0 else
-                      np.asarray(s, dtype=dtype) for s in seqs]  # (a scalar: one value)
-            for i, array in enumerate(arrays):  # (reshape(-1) made a (T, 4) episode 4T steps)
+            arrays = [np.asarray(s, dtype=dtype) for s in seqs]
+            for i, array in enumerate(arrays):  # (reshape(-1) made a (T, 4) episode 4T steps;
+                if array.ndim != 1 and sum(n > 1 for n in array.shape) < 2:  # a scalar, a
+                    arrays[i] = array = array.reshape(-1)  # tokenizer's (1, T): one axis)
                 if array.ndim != 1:
                     raise ConfigError(
                         f"RaggedSource.from_sequences: {key!r} of sequence {i} has shape "
