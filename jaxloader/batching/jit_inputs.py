@@ -38,7 +38,8 @@ def check_columns(columns: list, t: Any, where: Callable[[], str]) -> None:
             raise RecordError(
                 f"{where()}: {t} gets batch{column.path} of dtype {column.dtype}, expected "
                 "numbers (bool, int, uint, float, complex): JAX takes numeric arrays; turn it "
-                "into numbers in a Map before the JitMap, or drop it there")
+                "into numbers in a Map before the JitMap (text: token ids of a fixed length), "
+                "or drop it there (a JitMap's batch passes no leaf it cannot take through)")
 
 
 def checked_32_bits(column: Any, size: int, t: Any, where: Callable[[], str],
