@@ -325,6 +325,17 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
                 warnings.catch_warnings():
             warnings.simplefilter("error")
             assert len(list(loader)) == 3
+    nested = [{"im": {"a": np.full(2, float(i))}} for i in range(5)]  # (made again on a copy:
+
+    def doubled_in_place(b):  # the batch it writes into is written once)
+        b["im"]["a"] *= 2
+        return {"x": b["im"]["a"]}
+
+    monkeypatch.setattr("jaxloader.batching.batch_finish._SAID", set())
+    with pytest.warns(UserWarning, match=r"doubled_in_place\) returned a batch"):
+        got = [b["x"][:, 0].tolist() for b in jl.DataLoader(
+            nested, batch_size=2, last_batch="pad", transforms=[jl.BatchMap(doubled_in_place)])]
+    assert got == [[0, 2], [4, 6], [8, 8]]
     kept = jl.JitMap(lambda r: {"y": r["img"] * 2, "mask": r["mask"]})
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[kept]) as loader, warnings.catch_warnings():

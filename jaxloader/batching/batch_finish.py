@@ -60,10 +60,14 @@ def _alike(a: Any, b: Any) -> bool:
         return False
 
 
-def _copied(batch: Mapping, mask_key: str, given: np.ndarray) -> dict:
-    """A copy of ``batch`` (each array copied) whose every row is a record."""
-    return {**{k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
-               for k, v in batch.items()}, mask_key: np.ones_like(given)}
+def _copied(batch: Mapping, mask_key: str, given: np.ndarray) -> Any:
+    """A copy of ``batch`` (each array copied, at any depth: the transform may write into
+    them) whose every row is a record."""
+    leaves, treedef = tree_lib.flatten(batch)
+    copy = tree_lib.unflatten(treedef, [np.array(x, copy=True) if isinstance(x, np.ndarray)
+                                        else x for x in leaves])
+    copy[mask_key] = np.ones_like(given)
+    return copy
 
 
 def _made_alike(batch: Any, again: Callable[[], Any]) -> bool:
