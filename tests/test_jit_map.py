@@ -336,6 +336,17 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
         got = [b["x"][:, 0].tolist() for b in jl.DataLoader(
             nested, batch_size=2, last_batch="pad", transforms=[jl.BatchMap(doubled_in_place)])]
     assert got == [[0, 2], [4, 6], [8, 8]]
+    buffer = np.zeros(2, np.float32)  # (a transform writing into a buffer of its own: the
+
+    def ignore_padding(b):  # batch made again wrote into the one handed out)
+        buffer[:] = np.where(b["mask"], b["img"][:, 0], -100)
+        return {"y": buffer}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = [b["y"].tolist() for b in jl.DataLoader(
+            source, batch_size=2, last_batch="pad", transforms=[jl.BatchMap(ignore_padding)])]
+    assert got[-1] == [40.0, -100.0]
     kept = jl.JitMap(lambda r: {"y": r["img"] * 2, "mask": r["mask"]})
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[kept]) as loader, warnings.catch_warnings():

@@ -73,11 +73,19 @@ def _copied(batch: Mapping, mask_key: str, given: np.ndarray) -> Any:
 def _made_alike(batch: Any, again: Callable[[], Any]) -> bool:
     """Whether ``again()``, the transform made again with every row a record, makes ``batch``:
     then it made the padded rows as records. One that fails made them otherwise, or cannot
-    be told: not said."""
+    be told: not said. ``batch`` is kept as it was (a transform that writes into a buffer of
+    its own each call wrote the new batch into the one handed out)."""
+    leaves = tree_lib.flatten(batch)[0]
+    kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in leaves]
     try:
-        return _alike(batch, again())
+        return _alike(kept, tree_lib.flatten(again())[0])
     except Exception:  # noqa: BLE001 - the user's function, on another mask
         return False
+    finally:
+        for leaf, copy in zip(leaves, kept):
+            if isinstance(leaf, np.ndarray) and leaf.flags.writeable and not _alike(
+                    [leaf], [copy]):
+                np.copyto(leaf, copy)  # (its buffer, written again: put back)
 
 
 def _mask_of(mask_key: str | None, batch: Any, columns: list) -> np.ndarray | None:
