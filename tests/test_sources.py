@@ -40,6 +40,33 @@ def test_windows_of_a_series_are_gathered_without_copying_every_window(num_worke
     assert peak < 16 * 2**20, peak  # (the batch is 128 KiB; the windows 128 MiB)
 
 
+def test_large_records_under_a_wrapper_are_read_as_views_not_copied_whole():
+    # a FilteredSource, MapSource or mixture over volumes read a batch through __getitems__,
+    # copying every volume whole before a RandomMap cut a patch of each; a filter's pass read
+    # 4,096 whole volumes at a time (the medical imaging audit)
+    import tracemalloc
+
+    volumes = jl.ArraySource({"v": np.arange(8 * 64**3, dtype=np.float32).reshape(8, 64, 64, 64)})
+
+    def patch(r, rng):
+        z = int(rng.integers(0, 56))
+        return {"p": np.array(r["v"][z:z + 8, :8, :8])}
+
+    for source in (jl.FilteredSource(volumes, indices=np.arange(8)),
+                   jl.MapSource(volumes, lambda r: r), jl.ConcatSource([volumes, volumes]),
+                   jl.FilteredSource(volumes, lambda r: r["v"][0, 0, 0] >= 0)):
+        with jl.DataLoader(source, batch_size=4, transforms=[jl.RandomMap(patch)]) as loader:
+            it = iter(loader)
+            next(it)
+            tracemalloc.start()
+            try:
+                batch = next(it)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        assert batch["p"].shape == (4, 8, 8, 8) and peak < 2**20, (source, peak)  # (4 MiB)
+
+
 def test_array_source_leaves_of_different_lengths():
     with pytest.raises(jl.ConfigError, match=r"same number of records.*\['a'\]: 3.*\['b'\]: 4"):
         jl.ArraySource({"a": np.zeros(3), "b": np.zeros(4)})

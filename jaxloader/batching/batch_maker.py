@@ -39,7 +39,7 @@ from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
-from jaxloader.sources.base import one_each
+from jaxloader.sources.base import large_views, one_each
 from jaxloader.sources.parts import reads_each
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock
@@ -72,8 +72,8 @@ class BatchMaker:
                             and hasattr(source, "__getitems__"))
         # With record transforms, a source that reads many records at once still does (a file
         # source's row group decoded once); an ArraySource's records stay read-only views.
-        self._batched_reads = (hasattr(source, "__getitems__")
-                               and not isinstance(source, ArraySource))
+        self._batched_reads = (hasattr(source, "__getitems__")  # (large records: views)
+                               and not isinstance(source, ArraySource) and not large_views(source))
         # A source that gathers its columns itself (a ParquetSource: strings as one buffer)
         self._gather = gatherer_of(source)
         self._gather_failed: str | None = None  # a task's read at once that raised,

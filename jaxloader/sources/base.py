@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import weakref
+
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -144,13 +146,14 @@ def _columns(source: Any) -> bool:
 
 def records_at(source: Any, indices: np.ndarray) -> list:
     """``source``'s records ``indices``, as a list: one ``__getitems__`` when it has one (a
-    batched pytree is split into records), else one ``source[i]`` each.
+    batched pytree is split into records) and its records are not ``large_views``, else one
+    ``source[i]`` each.
 
     Example:
         >>> records_at([{"x": 1}, {"x": 2}, {"x": 3}], np.array([2, 0]))
         [{'x': 3}, {'x': 1}]
     """
-    if hasattr(source, "__getitems__"):
+    if hasattr(source, "__getitems__") and not large_views(source):
         got = source.__getitems__(indices)
         if isinstance(got, list):
             return one_each(got, len(indices))
@@ -177,3 +180,39 @@ def one_each(records: list, n: int, where: str = "source") -> list:
             "one record an index, in their order; to leave records out, use a FilteredSource "
             "or a Filter transform")
     return records
+
+
+_VIEWS_FROM = 256 << 10  # bytes a record: past them, an array source's records are read as views
+_VIEWS: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def large_views(source: Any) -> bool:
+    """Whether ``source`` is an ``ArraySource``, or jaxloader's wrappers (``FilteredSource``,
+    ``MapSource``, ``ConcatSource``, a mixture) over them, whose records hold ``_VIEWS_FROM``
+    bytes or more (volumes, long clips): read one by one, each a view of its arrays; a batched
+    read (``__getitems__``) copied whole records before a transform cut a patch of each (a
+    batch of 4 patches of 32**3 copied four 64 MiB volumes), or a filter looked at one voxel
+    of each. Asked once a source."""
+    try:
+        return _VIEWS[source]
+    except (KeyError, TypeError):
+        pass
+    from jaxloader.base.abilities import parts_of
+    from jaxloader.sources.arrays import ArraySource
+    from jaxloader.sources.parts import walk
+
+    large, found = True, False
+    for part in walk(source):
+        if isinstance(part, ArraySource):
+            found = True
+            large = large and sum(a.nbytes // max(1, len(a)) for a in part.arrays) >= _VIEWS_FROM
+        elif not type(part).__module__.startswith("jaxloader.") or not parts_of(part):
+            large = False  # (a source of the user's, or a file's: its own batched read)
+        if not large:
+            break
+    views = large and found
+    try:
+        _VIEWS[source] = views
+    except TypeError:  # (a list, which takes no weak reference)
+        pass
+    return views
