@@ -12,15 +12,19 @@ Example:
 from __future__ import annotations
 
 import collections
+import collections.abc
 import contextvars
 import dataclasses
+import datetime
 import decimal
 import enum
 import fractions
 import hashlib
 import itertools
+import os
 import re
 import types
+import uuid
 from typing import Any
 
 import numpy as np
@@ -66,13 +70,19 @@ _TAIL_ITEMS = 100_000  # items a tail digest walks in Python at most (then conta
 
 def tail_digest(value: Any) -> str:
     """A digest of what ``value`` holds, the same in every process: containers (lists, tuples,
-    dicts, sets in sorted order, dataclasses, named tuples, namespaces) item by item, strings,
-    numbers and arrays by their ``repr``, any other object by its type alone (its ``repr`` may
-    hold a set in the run's order, or an address: only the first 200 characters, as
-    ``written``, show it); past ``_TAIL_ITEMS`` items walked, containers by their length."""
+    dicts and other mappings, deques, sets in sorted order, dataclasses, named tuples,
+    namespaces) item by item; strings, numbers, paths, times, and pandas objects by their
+    ``repr``; a NumPy array by its dtype, shape and (up to 4,096 spaced) values; another
+    object by its type and its attributes (``__dict__``, ``__slots__``) as any value, or, with
+    none, by its type and length alone (a ``repr`` of its own may hold a set in the run's
+    order). Past ``_TAIL_ITEMS`` items walked, containers by their length."""
     walk = _Tail()
     walk.add(value, 0)
     return walk.digest.hexdigest()
+
+
+_BY_TEXT = (os.PathLike, datetime.date, datetime.time, datetime.timedelta, decimal.Decimal,
+            fractions.Fraction, uuid.UUID, enum.Enum, range, slice, np.dtype)
 
 
 class _Tail:
@@ -83,8 +93,15 @@ class _Tail:
 
     def add(self, value: Any, depth: int) -> None:
         kind, update = type(value), self.digest.update
-        if kind in ATOMIC or isinstance(value, (np.ndarray, np.generic)):
-            update(repr(value).encode(errors="surrogatepass"))
+        if kind in ATOMIC or isinstance(value, (np.generic, *_BY_TEXT)) or (
+                kind.__module__.split(".")[0] == "pandas"):  # (pandas: rows, shape shown)
+            update(_ADDRESS.sub("", repr(value)).encode(errors="surrogatepass"))
+            return
+        if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+            from jaxloader.base.columns import spaced_values
+
+            update(f"{value.dtype}{value.shape}".encode())
+            update(np.ascontiguousarray(spaced_values(value, 4096)).tobytes())
             return
         if isinstance(value, (set, frozenset)):  # (each item's own digest, sorted; past the
             items = sorted(tail_digest(v) for v in value) if len(value) <= self.left else []
@@ -92,10 +109,12 @@ class _Tail:
             update(f"{kind.__name__}{len(value)}{items}".encode())
             return
         items, opening, closing = _shape(value)
+        if items is None:  # (other mappings, deques, an object array; an object's attributes)
+            items, opening, closing = _other_items(value)
         if items is None or depth >= _DEPTH or id(value) in self.path or self.left <= 0:
-            size = len(value) if items is not None and hasattr(value, "__len__") else ""
-            update(f"<{kind.__qualname__}{size}>".encode())
-            return
+            size = len(value) if hasattr(value, "__len__") else ""
+            update(f"<{kind.__qualname__}{size}>".encode())  # (no attributes: a repr of
+            return  # its own may hold a set in the run's order)
         if kind in (list, tuple, dict) and all(type(v) in ATOMIC for v in _shape(value)[0]):
             update(repr(value).encode(errors="surrogatepass"))  # (at C speed)
             self.left -= len(value)
@@ -111,6 +130,21 @@ class _Tail:
             update(b",")
         update(closing.encode())
         self.path.discard(id(value))
+
+
+def _other_items(value: Any) -> tuple[Any, str, str]:
+    """What ``tail_digest`` walks of a value ``written`` does not: a mapping's keys and values
+    in turn (an ``OrderedDict``, a ``Counter``), a sequence's items (a ``deque``, an object
+    array), an object's attributes by name; ``(None, "", "")`` for none."""
+    name = type(value).__qualname__
+    if isinstance(value, collections.abc.Mapping):
+        return itertools.chain.from_iterable(value.items()), f"{name}{{", "}"
+    if isinstance(value, (collections.deque, np.ndarray)):
+        return iter(value.tolist() if isinstance(value, np.ndarray) else value), f"{name}[", "]"
+    attributes = attributes_of(value)
+    if attributes:
+        return itertools.chain.from_iterable(sorted(attributes.items())), f"{name}(", ")"
+    return None, "", ""
 
 
 def _sorted_set(value: Any) -> str:

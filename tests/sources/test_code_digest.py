@@ -148,7 +148,10 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
         "print(code_digest(long))\n"  # characters: the rest's digest, addresses left out;
         "class Custom:\n    def __repr__(self):\n"  # a repr of its own holds a set in the
         "        return 'C(' + 'x' * 210 + repr({f'tag{i}' for i in range(30)}) + ')'\n"  # run's
-        "def custom(r, c=Custom()):\n    return r\nprint(code_digest(custom))\n")  # order)
+        "def custom(r, c=Custom()):\n    return r\nprint(code_digest(custom))\n"  # order;
+        "import numpy as np\nclass Ep:\n    def __init__(self, i):\n        self.i = i\n"  # an
+        "eps = np.empty(40, dtype=object)\neps[:] = [Ep(i) for i in range(40)]\n"  # object
+        "def episodes(r, e=eps):\n    return r\nprint(code_digest(episodes))\n")  # array)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     said = {subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
@@ -171,6 +174,12 @@ def test_a_value_changed_past_its_first_200_characters_is_another_function():
 
     assert code_digest(reader(short)) != code_digest(reader(grown))
     assert code_digest(reader(short), tails=False) == code_digest(reader(grown), tails=False)
+    import collections
+    import pathlib
+
+    for kind in (collections.OrderedDict.fromkeys, collections.deque,
+                 lambda names: list(map(pathlib.Path, names))):  # (each walked, as a list is)
+        assert code_digest(reader(kind(short))) != code_digest(reader(kind(grown)))
     with jl.StreamLoader(jl.Stream.from_generator(reader(short), shards=2), batch_size=2,
                          process_index=0, process_count=1) as loader:
         next(iter(loader))
