@@ -100,11 +100,11 @@ class ParquetFiles:
                 "fewer columns; a footer that counts more rows than the file holds is damaged"
             ) from e
         int96 = self._int96.get(number)
-        if int96 is None:  # (a footer's columns, once a file: a top-level column holding an
-            schema, kinds = handle.schema, handle.metadata.schema.to_arrow_schema()  # INT96
-            self._int96[number] = int96 = {  # at any depth, and its type as the footer says)
-                top: kinds.field(top).type for top in {schema.column(i).path.split(".")[0]
-                for i in range(len(schema)) if schema.column(i).physical_type == "INT96"}}
+        if int96 is None:  # (once a file: each top-level column the footer says otherwise
+            read, said = handle.schema_arrow, handle.metadata.schema.to_arrow_schema()  # than
+            self._int96[number] = int96 = {  # it is read, an INT96 at any depth: its type)
+                field.name: said.field(i).type for i, field in enumerate(read)
+                if not field.type.equals(said.field(i).type)}
         return _int96_in_ns(table, int96, self.paths[number], group) if int96 else table
 
     def handle(self, number: int) -> Any:

@@ -48,8 +48,9 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     differs from the first file's, or a column the files lack."""
     pyarrow_parquet()  # (an error that says to install it, before any file is read)
     found = _footers(paths)
-    metas = [meta for meta, _ in found]
-    schema = metas[0].schema.to_arrow_schema()
+    metas = [meta for meta, _ in found]  # (the first file with rows is the one to match: a
+    first = next((i for i, meta in enumerate(metas) if meta.num_rows), 0)  # pandas' empty
+    schema = metas[first].schema.to_arrow_schema()  # part has columns of no type)
     available = list(schema.names)
     known, labels = set(available), _pandas_row_labels(schema)  # (lists: 40,000 columns 48 s)
     if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
@@ -69,20 +70,19 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     missing = [c for c in chosen if c not in known]
     if missing:
         raise ConfigError(
-            f"ParquetSource(columns): {missing} not in {paths[0]!r}, whose columns are "
-            f"{available}; pass columns= some of them"
-        )
+            f"ParquetSource(columns): {missing} not in {paths[first]!r}, whose columns are "
+            f"{available}; pass columns= some of them")
     wanted = [schema.field(c) for c in chosen]
-    for path, meta in zip(paths[1:], metas[1:]):
+    for path, meta in [(p, m) for i, (p, m) in enumerate(zip(paths, metas)) if i != first]:
         other = meta.schema.to_arrow_schema()
         names, other_labels = set(other.names), _pandas_row_labels(other)
-        differ = [f"{f.name}: {f.type} in {paths[0]!r}, "  # (a file of no rows: a column of
+        differ = [f"{f.name}: {f.type} in {paths[first]!r}, "  # (a file of no rows: a column of
                   f"{other.field(f.name).type if f.name in names else 'missing'} here"  # no
                   for f in wanted if f.name not in names or not _alike(  # type, pandas', is
                       other.field(f.name).type).equals(_alike(f.type)) and not (  # alike)
                       meta.num_rows == 0 and str(other.field(f.name).type) == "null")]
         if columns is None:  # (all of them: one only a later file has was left out, silently)
-            differ += [f"{name}: missing in {paths[0]!r}, {other.field(name).type} here"
+            differ += [f"{name}: missing in {paths[first]!r}, {other.field(name).type} here"
                        for name in other.names if name not in known
                        and name not in other_labels]
         if differ:
@@ -99,7 +99,7 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     _check_rows(paths, metas, rows)
     return Footers(chosen, groups, rows,
                    np.array([_decoded_bytes(metas[f].row_group(g), chosen) for f, g in groups],
-                            dtype=np.int64), (_columns_text(metas[0].schema), str(schema)),
+                            dtype=np.int64), (_columns_text(metas[first].schema), str(schema)),
                    [identity for _, identity in found])
 
 
