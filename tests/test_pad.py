@@ -353,6 +353,9 @@ def test_each_key_may_have_its_own_length_a_graphs_node_and_edge_budgets():
                    length={"nodes": None, "edges": 10})
     batch = next(iter(jl.DataLoader(graphs, batch_size=2, transforms=[mixed])))
     assert batch["nodes"].shape == (2, 8, 4) and batch["edges"].shape == (2, 10, 2)
+    rounded = jl.Pad(["nodes", "edges"], multiple_of=4, length={"nodes": None, "edges": 10})
+    batch = next(iter(jl.DataLoader(graphs, batch_size=2, transforms=[rounded])))
+    assert batch["nodes"].shape == (2, 8, 4) and batch["edges"].shape == (2, 10, 2)
     with pytest.raises(jl.ConfigError, match=r"a dict gives the length of each key of "
                                              r"\['nodes', 'edges'\], got one for \['nodes'\]"):
         jl.Pad(["nodes", "edges"], length={"nodes": 6})

@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import re
 import warnings
 from collections.abc import Mapping
 from time import perf_counter
@@ -36,8 +38,11 @@ def _dropped_mask(transform: Any, mask_key: str) -> None:
     """Warns, once, that ``transform`` dropped the pad mask and made padded rows as records;
     at the line of its function (in a worker too: the relay says it there)."""
     fn = getattr(transform, "fn", None)
+    while isinstance(fn, functools.partial) or hasattr(fn, "__wrapped__"):  # (jax.jit's too)
+        fn = fn.func if isinstance(fn, functools.partial) else fn.__wrapped__
     code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
-    text = (f"{transform!r} returned a batch without the {mask_key!r} leaf it was given (False "
+    named = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(transform))  # (the same in each worker)
+    text = (f"{named} returned a batch without the {mask_key!r} leaf it was given (False "
             "on the rows that pad a batch: last_batch='pad', or a pass that ends), and made the "
             "padded rows as it made records, so they look like records; return it "
             f"(out[{mask_key!r}] = batch[{mask_key!r}]; in a JitMap, the record's), or use it "

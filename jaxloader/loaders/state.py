@@ -278,7 +278,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                      "new_fingerprint=): make the source the same way as the run that saved "
                      "the state")
     grown = state.get("num_records") != sampler.num_records
-    if grown or state.get("record_hash") != expected.get("record_hash") and \
+    if (grown or state.get("record_hash") != expected.get("record_hash")) and \
             state.get("record_spec") == expected.get("record_spec") is not None:
         diffs.append("records appended or removed (a buffer that grew: a new loader reads it "
                      "from its start)" if grown else "records 0, n // 2, n - 1 are alike in "

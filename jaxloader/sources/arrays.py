@@ -197,10 +197,14 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
                 "datasets.Dataset.from_polars(df), or tokenize the text first")
         return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
     if array.dtype.hasobject and name is not None:
+        decimal = type(column.dtype).__name__ == "Decimal"
         raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
-                          "Python objects (strings, categories, lists), expected numbers; "
-                          "encode it (df[col].to_physical() for a category's codes), or pass "
-                          "df.to_dicts(), whose records keep str leaves")
+                          "Python objects (strings, categories, lists, decimals), expected "
+                          "numbers; " + ("cast it (df[col].cast(pl.Float64); pl.Int64 or "
+                                         "pl.UInt64 for whole ids, which floats round)" if
+                                         decimal else "encode it (df[col].to_physical() for "
+                                         "a category's codes), or pass df.to_dicts(), whose "
+                                         "records keep str leaves"))
     return array
 
 
