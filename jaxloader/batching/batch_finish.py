@@ -37,7 +37,7 @@ _SAID: set[int] = set()  # the transforms found to keep or drop the mask, in thi
 def _dropped_mask(transform: Any, mask_key: str) -> None:
     """Warns, once, that ``transform`` dropped the pad mask and made padded rows as records;
     at the line of its function (in a worker too: the relay says it there)."""
-    fn = getattr(transform, "fn", None)
+    fn: Any = getattr(transform, "fn", None)
     while isinstance(fn, functools.partial) or hasattr(fn, "__wrapped__"):  # (jax.jit's too)
         fn = fn.func if isinstance(fn, functools.partial) else fn.__wrapped__
     code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
