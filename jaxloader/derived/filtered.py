@@ -47,10 +47,12 @@ class FilteredSource:
     it), or in ``num_workers`` worker processes, as a ``DataLoader``'s. Or ``indices``: the
     record numbers to keep (an array; any order, repeats allowed), or the path of a ``.npy``
     file that keeps the ones ``keep`` found (read back on the next run; found again when the
-    source's fingerprint or ``keep``'s code changed, as ``<file>.from`` beside it says: its
-    code, closure, the globals it names, what it names in your own modules; delete the file
-    when something else it reads changed: a file it opens, say). ``keep`` may also be a ``jl.Filter`` or a Grain ``Filter``
-    object (its ``filter`` method), as a ``StreamLoader``'s ``transforms=`` takes them.
+    source's fingerprint, a file it reads (a Parquet file, a memory-mapped array's) or
+    ``keep``'s code changed, as ``<file>.from`` beside it says: its code, closure, the globals
+    it names, what it names in your own modules; delete the file when something else it
+    reads changed: a file it opens, say). ``keep`` may also be a ``jl.Filter`` or a Grain
+    ``Filter`` object (its ``filter`` method), as a ``StreamLoader``'s ``transforms=`` takes
+    them.
 
     Example:
         >>> import numpy as np, jaxloader as jl

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import os
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 
@@ -240,4 +240,26 @@ def file_stamps(source: Any) -> list[str]:
             stamps.append(f"{identity}@{os.stat(path).st_mtime_ns}")
         except (OSError, TypeError, ValueError):  # (a path of another file system)
             stamps.append(repr(identity))
+    for path in _mapped_files(source):  # (an ArraySource's memmaps: a label map saved again
+        try:  # under its name was kept by the cache found from the old one, silently)
+            found = os.stat(path)
+            stamps.append(f"{path}:{found.st_ino}:{found.st_size}@{found.st_mtime_ns}")
+        except OSError:
+            stamps.append(str(path))
     return [repr(stamps)] if stamps else []
+
+
+def _mapped_files(source: Any) -> list[str]:
+    """The files of the memory-mapped arrays (``np.load(mmap_mode=...)``, views of them) the
+    array sources in ``source`` hold, in order."""
+    files = []
+    for part in walk(source):
+        for array in getattr(part, "arrays", None) or () if hasattr(part, "treedef") else ():
+            base: Any = array
+            while base is not None and not (type(base) is np.memmap and isinstance(
+                    base.filename, (str, os.PathLike))):
+                base = getattr(base, "base", None)
+            name = None if base is None else os.fspath(cast(str, base.filename))
+            if name is not None and name not in files:
+                files.append(name)
+    return files

@@ -325,3 +325,26 @@ def test_an_indices_file_an_older_version_kept_over_parquet_is_read_back(tmp_pat
         warnings.simplefilter("error")
         kept = jl.FilteredSource(jl.ParquetSource(str(data)), _positive, indices=path)
     assert kept.indices.tolist() == [0, 2, 4]  # (read back: a finding again warns)
+
+
+def has_foreground(r):
+    return bool(r["label"].any())
+
+
+def test_an_indices_file_is_found_again_when_a_memory_mapped_array_is_saved_again(tmp_path):
+    # (a label map re-annotated and saved under its name: the source's fingerprint reads
+    # records 0, n // 2 and n - 1 only, and the kept cases came from the old labels, silently)
+    labels = np.ones((8, 4, 4), np.uint8)
+    np.save(tmp_path / "labels.npy", labels)
+    kept = str(tmp_path / "kept.npy")
+
+    def kept_cases():
+        source = jl.ArraySource({"label": np.load(tmp_path / "labels.npy", mmap_mode="r")})
+        return jl.FilteredSource(source, has_foreground, indices=kept).indices.tolist()
+
+    assert kept_cases() == list(range(8))
+    labels[3] = 0  # (case 3 emptied, written as a new file under the same name)
+    np.save(tmp_path / "new.npy", labels)
+    __import__("os").replace(tmp_path / "new.npy", tmp_path / "labels.npy")
+    with pytest.warns(UserWarning, match=r"kept.npy was found from another source"):
+        assert kept_cases() == [0, 1, 2, 4, 5, 6, 7]
