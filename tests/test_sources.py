@@ -70,6 +70,9 @@ def test_large_records_under_a_wrapper_are_read_as_views_not_copied_whole():
 def test_array_source_leaves_of_different_lengths():
     with pytest.raises(jl.ConfigError, match=r"same number of records.*\['a'\]: 3.*\['b'\]: 4"):
         jl.ArraySource({"a": np.zeros(3), "b": np.zeros(4)})
+    volumes = [np.zeros((12, 4, 4)), np.zeros((10, 4, 4))]  # (a list of volumes: told to
+    with pytest.raises(jl.ConfigError, match=r"a list of arrays is a node .*np.stack"):
+        jl.ArraySource({"image": volumes, "case": np.arange(2)})  # slice them)
 
 
 def test_array_source_rejects_scalars_and_objects():

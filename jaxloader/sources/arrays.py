@@ -75,11 +75,16 @@ class ArraySource:
             arrays.append(array)
         lengths = {path: a.shape[0] for path, a in zip(paths, arrays)}
         if len(set(lengths.values())) != 1:
+            listed = any(path.endswith("]") and path.rsplit("[", 1)[1][:-1].isdigit()
+                         for path in lengths)  # (a list's items: leaves of their own)
             raise ConfigError(
                 "ArraySource: every leaf must have the same number of records (axis 0), got "
                 + ", ".join(f"{p}: {n}" for p, n in lengths.items())
-                + "; slice the arrays to one length"
-            )
+                + "; slice the arrays to one length" + (
+                    "; a list of arrays is a node of the tree, each array a leaf whose rows "
+                    "are records: for a record an array (a volume a case), stack them "
+                    "(np.stack(volumes)) or pass a list of records ([{'image': v} for v in "
+                    "volumes])" if listed else ""))
         self._len = arrays[0].shape[0]
         self._set_arrays(arrays)
 
