@@ -15,26 +15,30 @@ def test_array_source_records_and_vectorised_reads():
     assert batch["img"].shape == (2, 4) and batch["nested"][0].tolist() == [10, 0]
 
 
+def second_batch_and_its_peak(loader):
+    """The loader's second batch and the most memory this process allocated making it."""
+    import tracemalloc
+
+    it = iter(loader)
+    next(it)
+    tracemalloc.start()
+    try:
+        return next(it), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_windows_of_a_series_are_gathered_without_copying_every_window(num_workers):
     # take() made a strided view (sliding_window_view's windows, troubleshooting.md's recipe)
     # contiguous first, every batch: 128 MiB of windows copied for a batch of 128 KiB
-    import tracemalloc
-
     series = np.arange(32_768 * 32, dtype=np.float32).reshape(32_768, 32)  # 4 MiB
     windows = np.lib.stride_tricks.sliding_window_view(series, 32, axis=0)  # 128 MiB's view
     src = jl.ArraySource({"x": windows})
     assert src.__getitems__(np.array([7, 3]))["x"].tolist() == [windows[7].tolist(),
                                                                 windows[3].tolist()]
     with jl.DataLoader(src, batch_size=32, shuffle=True, num_workers=num_workers) as loader:
-        it = iter(loader)
-        next(it)
-        tracemalloc.start()
-        try:
-            batch = next(it)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        batch, peak = second_batch_and_its_peak(loader)
     first = batch["x"][0]
     assert np.array_equal(first, series[int(first[0, 0]) // 32:][:32].T)
     assert peak < 16 * 2**20, peak  # (the batch is 128 KiB; the windows 128 MiB)
@@ -44,8 +48,6 @@ def test_large_records_under_a_wrapper_are_read_as_views_not_copied_whole():
     # a FilteredSource, MapSource or mixture over volumes read a batch through __getitems__,
     # copying every volume whole before a RandomMap cut a patch of each; a filter's pass read
     # 4,096 whole volumes at a time (the medical imaging audit)
-    import tracemalloc
-
     volumes = jl.ArraySource({"v": np.arange(8 * 64**3, dtype=np.float32).reshape(8, 64, 64, 64)})
 
     def patch(r, rng):
@@ -56,14 +58,7 @@ def test_large_records_under_a_wrapper_are_read_as_views_not_copied_whole():
                    jl.MapSource(volumes, lambda r: r), jl.ConcatSource([volumes, volumes]),
                    jl.FilteredSource(volumes, lambda r: r["v"][0, 0, 0] >= 0)):
         with jl.DataLoader(source, batch_size=4, transforms=[jl.RandomMap(patch)]) as loader:
-            it = iter(loader)
-            next(it)
-            tracemalloc.start()
-            try:
-                batch = next(it)
-                peak = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
+            batch, peak = second_batch_and_its_peak(loader)
         assert batch["p"].shape == (4, 8, 8, 8) and peak < 2**20, (source, peak)  # (4 MiB)
 
 
