@@ -35,7 +35,8 @@ def numpy_of(array: Any) -> np.ndarray:
         ints = numpy_of(array.view(pa.int32() if pa.types.is_time32(kind) else pa.int64()))
         return ints.astype(np.int64).view(f"timedelta64[{kind.unit}]")  # datetime.time)
     if array.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
-        code = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
+        code = ("f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind)
+                else "u")
         dtype = np.dtype(f"<{code}{kind.bit_width // 8}")
         return np.frombuffer(array.buffers()[1], dtype, count=len(array),
                              offset=array.offset * dtype.itemsize)
