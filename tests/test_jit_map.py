@@ -342,11 +342,17 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
         buffer[:] = np.where(b["mask"], b["img"][:, 0], -100)
         return {"y": buffer}
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = [b["y"].tolist() for b in jl.DataLoader(
-            source, batch_size=2, last_batch="pad", transforms=[jl.BatchMap(ignore_padding)])]
-    assert got[-1] == [40.0, -100.0]
+    def read_only(b):  # (and hands it out read-only: it was not put back)
+        view = ignore_padding(b)["y"].view()
+        view.flags.writeable = False
+        return {"y": view}
+
+    for fn in (ignore_padding, read_only):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = [b["y"].tolist() for b in jl.DataLoader(
+                source, batch_size=2, last_batch="pad", transforms=[jl.BatchMap(fn)])]
+        assert got[-1] == [40.0, -100.0]
     kept = jl.JitMap(lambda r: {"y": r["img"] * 2, "mask": r["mask"]})
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[kept]) as loader, warnings.catch_warnings():

@@ -65,32 +65,29 @@ def _alike(a: Any, b: Any) -> bool:
         return False
 
 
-def _copied(batch: Mapping, mask_key: str, given: np.ndarray) -> Any:
+def _copied(batch: Mapping, mask_key: str, given: np.ndarray) -> dict:
     """A copy of ``batch`` (each array copied, at any depth: the transform may write into
-    them) whose every row is a record."""
+    them) whose every row is a record; a dict at its top (a ``FrozenDict`` takes no key)."""
     leaves, treedef = tree_lib.flatten(batch)
     copy = tree_lib.unflatten(treedef, [np.array(x, copy=True) if isinstance(x, np.ndarray)
                                         else x for x in leaves])
-    copy[mask_key] = np.ones_like(given)
-    return copy
+    return {**copy, mask_key: np.ones_like(given)}
 
 
-def _made_alike(batch: Any, again: Callable[[], Any]) -> bool:
-    """Whether ``again()``, the transform made again with every row a record, makes ``batch``:
-    then it made the padded rows as records. One that fails made them otherwise, or cannot
-    be told: not said. ``batch`` is kept as it was (a transform that writes into a buffer of
-    its own each call wrote the new batch into the one handed out)."""
-    leaves = tree_lib.flatten(batch)[0]
+def _made_again(batch: Any, again: Callable[[], Any]) -> tuple[bool, Any]:
+    """Whether ``again()``, the transform made again with every row a record, makes ``batch``
+    (then it made the padded rows as records; one that fails made them otherwise, or cannot
+    be told: not said), and the batch to hand out: ``batch``, or a copy of it as it was where
+    making it again wrote into its arrays (a buffer the transform fills each call)."""
+    leaves, treedef = tree_lib.flatten(batch)
     kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in leaves]
     try:
-        return _alike(kept, tree_lib.flatten(again())[0])
+        alike = _alike(kept, tree_lib.flatten(again())[0])
     except Exception:  # noqa: BLE001 - the user's function, on another mask
-        return False
-    finally:
-        for leaf, copy in zip(leaves, kept):
-            if isinstance(leaf, np.ndarray) and leaf.flags.writeable and not _alike(
-                    [leaf], [copy]):
-                np.copyto(leaf, copy)  # (its buffer, written again: put back)
+        alike = False
+    if all(_alike([leaf], [copy]) for leaf, copy in zip(leaves, kept)):
+        return alike, batch
+    return alike, tree_lib.unflatten(treedef, kept)
 
 
 def _mask_of(mask_key: str | None, batch: Any, columns: list) -> np.ndarray | None:
@@ -157,8 +154,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             if batch is None:
                 batch = collate.materialize(treedef, columns)[0]
             given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
-            if mask_key is not None and given is not None and id(t) not in _SAID and not (
-                    given.all()):
+            if mask_key is not None and isinstance(given, np.ndarray) and id(t) not in _SAID \
+                    and not given.all():  # (a mask made a list by a transform before: kept)
                 # (a padded batch, the transform not yet found to keep or drop the mask: a
                 # copy to make again with every row a record, which it may write into)
                 copied = _copied(batch, mask_key, given)
@@ -190,9 +187,10 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
         if again is not None:  # (a padded batch: found once, not looked for again)
             _SAID.add(id(t))
-            if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]
-                                    ) and _made_alike(batch, again):
-                _dropped_mask(t, cast(str, mask_key))
+            if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
+                alike, batch = _made_again(batch, again)
+                if alike:
+                    _dropped_mask(t, cast(str, mask_key))
         if not kept:
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc
