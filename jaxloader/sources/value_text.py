@@ -71,11 +71,11 @@ _TAIL_ITEMS = 100_000  # items a tail digest walks in Python at most (then conta
 def tail_digest(value: Any) -> str:
     """A digest of what ``value`` holds, the same in every process: containers (lists, tuples,
     dicts and other mappings, deques, sets in sorted order, dataclasses, named tuples,
-    namespaces) item by item; strings, numbers, paths, times, and pandas objects by their
-    ``repr``; a NumPy array by its dtype, shape and (up to 4,096 spaced) values; another
-    object by its type and its attributes (``__dict__``, ``__slots__``) as any value, or, with
-    none, by its type and length alone (a ``repr`` of its own may hold a set in the run's
-    order). Past ``_TAIL_ITEMS`` items walked, containers by their length."""
+    namespaces) item by item; strings, numbers, paths and times by their ``repr``; pandas
+    objects by their labels and values (hashed by pandas); a NumPy array by its dtype, shape
+    and (up to 4,096 spaced) values; another object by its type and length alone (its
+    ``repr`` may hold a set in the run's order, its attributes a time or a logger's table of
+    every logger). Past ``_TAIL_ITEMS`` items walked, containers by their length."""
     walk = _Tail()
     walk.add(value, 0)
     return walk.digest.hexdigest()
@@ -93,9 +93,14 @@ class _Tail:
 
     def add(self, value: Any, depth: int) -> None:
         kind, update = type(value), self.digest.update
-        if kind in ATOMIC or isinstance(value, (np.generic, *_BY_TEXT)) or (
-                kind.__module__.split(".")[0] == "pandas"):  # (pandas: rows, shape shown)
+        if kind in ATOMIC or isinstance(value, (np.generic, *_BY_TEXT)):
             update(_ADDRESS.sub("", repr(value)).encode(errors="surrogatepass"))
+            return
+        if kind.__module__.split(".")[0] == "pandas" and hasattr(value, "shape"):
+            update(_pandas_text(value))  # (its values and labels: not a repr's display)
+            return
+        if isinstance(value, np.ndarray) and value.ndim == 0:  # (np.save of a dict: its item)
+            self.add(value.item(), depth + 1)
             return
         if isinstance(value, np.ndarray) and not value.dtype.hasobject:
             from jaxloader.base.columns import spaced_values
@@ -112,9 +117,9 @@ class _Tail:
         if items is None:  # (other mappings, deques, an object array; an object's attributes)
             items, opening, closing = _other_items(value)
         if items is None or depth >= _DEPTH or id(value) in self.path or self.left <= 0:
-            size = len(value) if hasattr(value, "__len__") else ""
-            update(f"<{kind.__qualname__}{size}>".encode())  # (no attributes: a repr of
-            return  # its own may hold a set in the run's order)
+            update(f"<{kind.__qualname__}{_length(value)}>".encode())  # (another object:
+            return  # its type; its repr may hold a set in the run's order, its attributes a
+            # time, a logger's table of every logger: another digest in each process)
         if kind in (list, tuple, dict) and all(type(v) in ATOMIC for v in _shape(value)[0]):
             update(repr(value).encode(errors="surrogatepass"))  # (at C speed)
             self.left -= len(value)
@@ -135,16 +140,33 @@ class _Tail:
 def _other_items(value: Any) -> tuple[Any, str, str]:
     """What ``tail_digest`` walks of a value ``written`` does not: a mapping's keys and values
     in turn (an ``OrderedDict``, a ``Counter``), a sequence's items (a ``deque``, an object
-    array), an object's attributes by name; ``(None, "", "")`` for none."""
+    array); ``(None, "", "")`` for others."""
     name = type(value).__qualname__
     if isinstance(value, collections.abc.Mapping):
         return itertools.chain.from_iterable(value.items()), f"{name}{{", "}"
     if isinstance(value, (collections.deque, np.ndarray)):
         return iter(value.tolist() if isinstance(value, np.ndarray) else value), f"{name}[", "]"
-    attributes = attributes_of(value)
-    if attributes:
-        return itertools.chain.from_iterable(sorted(attributes.items())), f"{name}(", ")"
     return None, "", ""
+
+
+def _length(value: Any) -> str:
+    try:
+        return str(len(value))
+    except Exception:  # noqa: BLE001 - none, or one that raises (a 0-d array)
+        return ""
+
+
+def _pandas_text(value: Any) -> bytes:
+    """A pandas object's shape, labels and values as bytes (its rows hashed by pandas: the
+    same in every process), or its shape where they cannot be hashed."""
+    try:
+        import pandas as pd
+
+        rows = pd.util.hash_pandas_object(value, index=True).to_numpy()
+        names = repr(list(getattr(value, "columns", [getattr(value, "name", None)])))
+        return f"{value.shape}{names}".encode() + rows.tobytes()
+    except Exception:  # noqa: BLE001 - a frame of lists, objects pandas cannot hash
+        return repr(value.shape).encode()
 
 
 def _sorted_set(value: Any) -> str:

@@ -151,7 +151,10 @@ def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
         "def custom(r, c=Custom()):\n    return r\nprint(code_digest(custom))\n"  # order;
         "import numpy as np\nclass Ep:\n    def __init__(self, i):\n        self.i = i\n"  # an
         "eps = np.empty(40, dtype=object)\neps[:] = [Ep(i) for i in range(40)]\n"  # object
-        "def episodes(r, e=eps):\n    return r\nprint(code_digest(episodes))\n")  # array)
+        "def episodes(r, e=eps):\n    return r\nprint(code_digest(episodes))\n"  # array;
+        "import time\nclass Stamped:\n    def __init__(self):\n        self.t = time.time()\n"
+        "def stamped(r, s=[Stamped() for _ in range(20)]):\n    return r\n"  # objects: by
+        "print(code_digest(stamped))\n")  # their type, not attributes a time holds)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     said = {subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
@@ -178,8 +181,9 @@ def test_a_value_changed_past_its_first_200_characters_is_another_function():
     import pathlib
 
     for kind in (collections.OrderedDict.fromkeys, collections.deque,
-                 lambda names: list(map(pathlib.Path, names))):  # (each walked, as a list is)
-        assert code_digest(reader(kind(short))) != code_digest(reader(kind(grown)))
+                 lambda names: list(map(pathlib.Path, names)),
+                 lambda names: np.array(dict.fromkeys(names), dtype=object)):  # (np.save's
+        assert code_digest(reader(kind(short))) != code_digest(reader(kind(grown)))  # dict)
     with jl.StreamLoader(jl.Stream.from_generator(reader(short), shards=2), batch_size=2,
                          process_index=0, process_count=1) as loader:
         next(iter(loader))
