@@ -240,26 +240,34 @@ def file_stamps(source: Any) -> list[str]:
             stamps.append(f"{identity}@{os.stat(path).st_mtime_ns}")
         except (OSError, TypeError, ValueError):  # (a path of another file system)
             stamps.append(repr(identity))
-    for path in _mapped_files(source):  # (an ArraySource's memmaps: a label map saved again
-        try:  # under its name was kept by the cache found from the old one, silently)
-            found = os.stat(path)
-            stamps.append(f"{path}:{found.st_ino}:{found.st_size}@{found.st_mtime_ns}")
+    for path in _mapped_files(source):  # (memmaps: a label map saved again under its name
+        try:  # was kept by the cache found from the old one, silently; by size and time, as
+            found = os.stat(path)  # a file's own: a copy that keeps its time is the same)
+            stamps.append(f"mapped {found.st_size}@{found.st_mtime_ns}")
         except OSError:
-            stamps.append(str(path))
+            stamps.append("mapped")
     return [repr(stamps)] if stamps else []
 
 
 def _mapped_files(source: Any) -> list[str]:
     """The files of the memory-mapped arrays (``np.load(mmap_mode=...)``, views of them) the
-    array sources in ``source`` hold, in order."""
-    files = []
+    sources in ``source`` hold (an ``ArraySource``'s leaves, a ``RaggedSource``'s values and
+    offsets: arrays among their attributes, in dicts and tuples there too), in order."""
+    files: list[str] = []
     for part in walk(source):
-        for array in getattr(part, "arrays", None) or () if hasattr(part, "treedef") else ():
-            base: Any = array
-            while base is not None and not (type(base) is np.memmap and isinstance(
-                    base.filename, (str, os.PathLike))):
-                base = getattr(base, "base", None)
-            name = None if base is None else os.fspath(cast(str, base.filename))
-            if name is not None and name not in files:
-                files.append(name)
+        if not type(part).__module__.startswith("jaxloader."):
+            continue  # (a source of the user's: its own fingerprint)
+        held = list(vars(part).values()) if hasattr(part, "__dict__") else []
+        for value in held:
+            inner = value.values() if isinstance(value, dict) else value if isinstance(
+                value, (list, tuple)) else [value]
+            for array in (x for item in inner for x in (
+                    item if isinstance(item, tuple) else (item,))):
+                base: Any = array
+                while isinstance(base, np.ndarray) and not (type(base) is np.memmap and (
+                        isinstance(base.filename, (str, os.PathLike)))):
+                    base = base.base
+                name = os.fspath(cast(str, base.filename)) if type(base) is np.memmap else None
+                if name is not None and name not in files:
+                    files.append(name)
     return files

@@ -348,3 +348,19 @@ def test_an_indices_file_is_found_again_when_a_memory_mapped_array_is_saved_agai
     __import__("os").replace(tmp_path / "new.npy", tmp_path / "labels.npy")
     with pytest.warns(UserWarning, match=r"kept.npy was found from another source"):
         assert kept_cases() == [0, 1, 2, 4, 5, 6, 7]
+    tokens = np.full(6400, 1000, np.int32)  # (a RaggedSource's values, memory-mapped: an LM's
+    tokens[13] = 7  # tokens, filtered by a banned one, 7; its fingerprint samples every
+    np.save(tmp_path / "tokens.npy", tokens)  # 100th value)
+
+    def clean_documents():
+        ragged = jl.RaggedSource({"ids": (np.load(tmp_path / "tokens.npy", mmap_mode="r"),
+                                          np.arange(0, 6401, 800))})
+        return jl.FilteredSource(ragged, lambda r: 7 not in r["ids"],
+                                 indices=str(tmp_path / "clean.npy")).indices.tolist()
+
+    assert clean_documents() == [1, 2, 3, 4, 5, 6, 7]
+    tokens[13], tokens[4013] = 1000, 7  # (document 0 clean now, 5 not: same lengths)
+    np.save(tmp_path / "new.npy", tokens)
+    __import__("os").replace(tmp_path / "new.npy", tmp_path / "tokens.npy")
+    with pytest.warns(UserWarning, match=r"clean.npy was found from another source"):
+        assert clean_documents() == [0, 1, 2, 3, 4, 6, 7]
