@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jaxloader.base import file_identity
 from jaxloader.base.errors import RecordError
@@ -105,7 +105,17 @@ class ParquetFiles:
             self._int96[number] = int96 = {  # it is read, an INT96 at any depth: its type)
                 field.name: said.field(i).type for i, field in enumerate(read)
                 if not field.type.equals(said.field(i).type)}
-        return _int96_in_ns(table, int96, self.paths[number], group) if int96 else table
+        return _int96_in_ns(table, int96, self.paths[number], group,
+                            lambda names: self._in_ns(number, group, names)) if int96 else table
+
+    def _in_ns(self, number: int, group: int, names: list[str]) -> Any:
+        """Columns ``names`` of a row group read as pyarrow reads INT96 by itself: in
+        nanoseconds, exact where they fit (times past 1677-2262 wrap: ``_int96_in_ns``)."""
+        handle = open_parquet(self.paths[number], metadata=self._metas.get(number))
+        try:
+            return handle.read_row_group(group, columns=names, use_threads=False)
+        finally:
+            handle.close(force=True)
 
     def handle(self, number: int) -> Any:
         """File ``number`` as a ``pyarrow.parquet.ParquetFile``, opened if it is not."""
@@ -205,13 +215,16 @@ class ParquetFiles:
 _INT96 = {"coerce_int96_timestamp_unit": "us"}
 
 
-def _int96_in_ns(table: Any, int96: dict[str, Any], path: str, group: int) -> Any:
+def _int96_in_ns(table: Any, int96: dict[str, Any], path: str, group: int,
+                 in_ns: Callable[[list[str]], Any]) -> Any:
     """``table`` with its ``int96`` columns (read as microseconds, at any depth of a struct or
-    list) of the types the footer says (nanoseconds, as before); a time nanoseconds cannot
-    hold (before 1677, after 2262) refused, named, with the remedy."""
+    list) of the types the footer says (nanoseconds, as before): read again so (``in_ns``:
+    exact, their digits past the microsecond kept) once the microseconds say each fits; a
+    time nanoseconds cannot hold (before 1677, after 2262) refused, named, with the remedy."""
     import pyarrow as pa
 
-    for name in set(int96) & set(table.column_names):
+    names = [name for name in table.column_names if name in int96]
+    for name in names:
         column = table.column(name)
         try:
             table = table.set_column(table.column_names.index(name), name,
@@ -228,6 +241,10 @@ def _int96_in_ns(table: Any, int96: dict[str, Any], path: str, group: int) -> An
                 "1816-03-29); write it as microseconds (Spark: spark.sql.parquet."
                 "outputTimestampType=TIMESTAMP_MICROS; pyarrow: coerce_timestamps='us'), "
                 "or leave it out with columns=") from None
+    if names:
+        exact = in_ns(names)
+        for name in names:
+            table = table.set_column(table.column_names.index(name), name, exact.column(name))
     return table
 
 

@@ -90,6 +90,10 @@ def test_spark_int96_times_are_read_in_nanoseconds_or_refused_where_they_wrap(tm
 
     kept = written([datetime.datetime(2024, 1, 1, 12), datetime.datetime(1970, 1, 2)])
     assert kept[0]["t"] == np.datetime64("2024-01-01T12:00", "ns")
+    exact = tmp_path / "ns.parquet"  # (nanoseconds, as Impala writes them: all their digits)
+    pq.write_table(pa.table({"t": pa.array([1_625_054_401_123_456_789], pa.timestamp("ns"))}),
+                   exact, use_deprecated_int96_timestamps=True)
+    assert jl.ParquetSource(exact)[0]["t"] == np.datetime64(1_625_054_401_123_456_789, "ns")
     assert kept.__getitems__(np.array([1]))["t"].dtype == np.dtype("M8[ns]")
     far = written([datetime.datetime(2024, 1, 1), datetime.datetime(9999, 12, 31),
                    datetime.datetime(1500, 1, 1)])
