@@ -94,7 +94,8 @@ class BatchKinds:
                 raise CollateError(
                     f"{where(step)}: batch leaf {path} is {rank}-D, where {then} had "
                     f"{rank0}-D: every batch must have one rank a leaf; reshape or pad it in a "
-                    "Map (or the BatchMap that made it)")
+                    "Map (or the BatchMap that made it; records that all held an empty list [] "
+                    "have an axis fewer: np.reshape(x, (-1, 4)) gives one the rows' shape)")
             name, name0 = (_TEXT.get(d.kind, d.name) + ("" if r < 0 else f" ({r}-D)")
                            for d, r in ((kind, rank), (kind0, rank0)))
             try:  # (numbers: the dtype that holds both)

@@ -56,7 +56,8 @@ class Pad:
             for NumPy) takes the others', so a batch whose records all hold empty lists is
             ``float64``: give ``dtype=`` for lists that may all be empty (token ids). An
             empty leaf takes the trailing shape of the batch's records with rows too (a
-            graph's ``[]`` of edges; a batch of none keeps its own).
+            graph's ``[]`` of edges; a batch of none keeps its own, refused where that says
+            no shape of its rows: ``(0, 0)``).
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -154,6 +155,14 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
     out = [_fields(pad, record, names, j) for j, record in enumerate(records)]
     for key in pad.keys:
         leaves = _shaped_empties([record[key] for record in out])
+        if not any(len(leaf) for leaf in leaves) and 0 in leaves[0].shape[1:]:
+            raise CollateError(
+                f"{pad!r}: every record's {key!r} in this batch is empty, of shape "
+                f"{leaves[0].shape}, which says no shape of its rows (a Parquet row group of "
+                "empty lists of lists); padded, the batch would have an axis of 0 where "
+                "others have the rows' size: write such lists of a fixed size "
+                "(pa.list_(pa.float32(), 4)), or give them their rows' shape in a Map before "
+                f"the Pad (np.reshape(x, (-1, 4)))")
         for j, leaf in enumerate(leaves):
             if leaf.shape[1:] != leaves[0].shape[1:]:
                 raise CollateError(
