@@ -83,10 +83,11 @@ class DrawWatch:
             f"transforms[{index}] {transform!r} drew from the global random state "
             f"(np.random.randint, random.random, ...) on {SEEN} of the first records: its "
             "numbers are not the loader's, so the batches differ with the worker count, from "
-            "run to run and after a restore; draw from the generator a RandomMap gives "
-            "(jl.RandomMap(lambda record, rng: ... rng.random() ...); a random Filter: draw "
-            "in a RandomMap, then filter on what it drew). A transform that seeds the global "
-            "state from the record itself may leave this be", UserWarning,
+            "run to run and after a restore (and workers forked from one state draw the same "
+            "numbers: their records' augmentations repeat); draw from the generator a "
+            "RandomMap gives (jl.RandomMap(lambda record, rng: ... rng.random() ...); a random "
+            "Filter: draw in a RandomMap, then filter on what it drew). A transform that seeds "
+            "the global state from the record itself may leave this be", UserWarning,
             code.co_filename if code else "<transform>", code.co_firstlineno if code else 0)
 
 

@@ -113,8 +113,9 @@ class Pad:
             for k, n in _each(named, length, "length").items()}
         self.multiple_of, self.length = multiple_of, length  # (as given: its repr's)
         if any(self.lengths[k] is not None and self.multiples[k] != 1 for k in named) and (
-                isinstance(multiple_of, dict) or not isinstance(length, dict)):  # (an int with
-            # lengths for some keys: the keys padded to their longest round to it)
+                isinstance(multiple_of, dict) or not isinstance(length, dict) or None not in
+                self.lengths.values()):  # (an int with lengths for some keys: the keys padded
+            # to their longest round to it; with one for every key, it rounds none)
             raise ConfigError(f"Pad: got length={length} and multiple_of={multiple_of}; a "
                               "fixed length pads every batch to it: pass one of the two (for "
                               "a key)")
