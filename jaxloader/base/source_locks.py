@@ -105,10 +105,11 @@ def holding(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: A
     """``fn(*args)`` with every lock of ``locks`` held, each taken in a ``with`` block of its
     own: a Ctrl-C leaves none held (between a lock's taking and its ``with``, or between two
     releases of a loop, it left one held for good, and the next thread to read hung)."""
-    frames = len(locks) // _PER_FRAME + 200  # (and the caller's: a mixture of 100,000 parts,
-    if frames > _DEEPEST[0]:  # one per episode, nests 6,250 blocks: past Python's 1,000)
-        _DEEPEST[0] = frames  # (raised, never lowered: another thread may be that deep now;
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), frames + 1000))  # Python frames)
+    if len(locks) > _PER_FRAME * 400:  # (a mixture of 100,000 parts, one per episode, nests
+        frames = len(locks) // _PER_FRAME + 200  # 6,250 blocks: past Python's 1,000 frames)
+        if frames > _DEEPEST[0]:  # (raised, never lowered: another thread may be that deep
+            _DEEPEST[0] = frames  # now; Python frames, not the C stack's since 3.11)
+            sys.setrecursionlimit(max(sys.getrecursionlimit(), frames + 1000))
     return _holding(locks, 0, fn, args)
 
 

@@ -215,7 +215,10 @@ def write_rows(layout: Layout, columns: dict[str, Any], a: int, b: int,
             continue
         view = np.ndarray(spec.shape, spec.dtype, buffer, spec.offset)  # (as leaf_views)
         if type(column) is DeferredTake:  # gathered straight into the slot: no copy in between
-            take_rows(column.array, column.indices[a:b], view)  # (as DeferredTake.taken)
+            if column.array.flags.c_contiguous:  # (as DeferredTake.taken)
+                column.array.take(column.indices[a:b], 0, view, "clip")
+            else:
+                take_rows(column.array, column.indices[a:b], view)
         else:
             view[...] = column[a:b]
         batch[name] = view
