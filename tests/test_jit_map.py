@@ -347,7 +347,15 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
         view.flags.writeable = False
         return {"y": view}
 
-    for fn in (ignore_padding, read_only):
+    class Reused:  # (a dict of its own each call: filled again by the second call)
+        def __init__(self):
+            self.out = {}
+
+        def __call__(self, b):
+            self.out["y"] = np.where(b["mask"], b["img"][:, 0], -100)
+            return self.out
+
+    for fn in (ignore_padding, read_only, Reused()):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             got = [b["y"].tolist() for b in jl.DataLoader(

@@ -77,17 +77,17 @@ def _copied(batch: Mapping, mask_key: str, given: np.ndarray) -> dict:
 def _made_again(batch: Any, again: Callable[[], Any]) -> tuple[bool, Any]:
     """Whether ``again()``, the transform made again with every row a record, makes ``batch``
     (then it made the padded rows as records; one that fails made them otherwise, or cannot
-    be told: not said), and the batch to hand out: ``batch``, or a copy of it as it was where
-    making it again wrote into its arrays (a buffer the transform fills each call)."""
+    be told: not said), and the batch to hand out: ``batch`` as it was, rebuilt from its
+    leaves taken before (a transform that returns a dict of its own each call filled it
+    again), a copy of each array the second call wrote into (a buffer it fills each call)."""
     leaves, treedef = tree_lib.flatten(batch)
     kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in leaves]
     try:
         alike = _alike(kept, tree_lib.flatten(again())[0])
     except Exception:  # noqa: BLE001 - the user's function, on another mask
         alike = False
-    if all(_alike([leaf], [copy]) for leaf, copy in zip(leaves, kept)):
-        return alike, batch
-    return alike, tree_lib.unflatten(treedef, kept)
+    return alike, tree_lib.unflatten(treedef, [
+        leaf if _alike([leaf], [copy]) else copy for leaf, copy in zip(leaves, kept)])
 
 
 def _mask_of(mask_key: str | None, batch: Any, columns: list) -> np.ndarray | None:

@@ -163,7 +163,8 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
                 "empty lists of lists); padded, the batch would have an axis of 0 where "
                 "others have the rows' size: write such lists of a fixed size "
                 "(pa.list_(pa.float32(), 4)), or give them their rows' shape in a Map before "
-                f"the Pad (np.reshape(x, (-1, 4)))")
+                "the Pad (np.reshape(x, (-1, 4))); rows meant to hold no values: leave the key "
+                "out of the Pad")
         for j, leaf in enumerate(leaves):
             if leaf.shape[1:] != leaves[0].shape[1:]:
                 raise CollateError(

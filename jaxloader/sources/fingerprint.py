@@ -253,10 +253,11 @@ def _mapped_files(source: Any) -> list[str]:
     """The files of the memory-mapped arrays (``np.load(mmap_mode=...)``, views of them) the
     sources in ``source`` hold (an ``ArraySource``'s leaves, a ``RaggedSource``'s values and
     offsets: arrays among their attributes, in dicts and tuples there too), in order."""
-    files: list[str] = []
+    files: dict[str, None] = {}  # (in order, each once)
     for part in walk(source):
-        if not type(part).__module__.startswith("jaxloader."):
-            continue  # (a source of the user's: its own fingerprint)
+        if not any(c.__module__.startswith("jaxloader.") for c in type(part).__mro__):
+            continue  # (a source of the user's own: its own fingerprint; a subclass of
+            # jaxloader's holds its arrays)
         held = list(vars(part).values()) if hasattr(part, "__dict__") else []
         for value in held:
             inner = value.values() if isinstance(value, dict) else value if isinstance(
@@ -267,7 +268,6 @@ def _mapped_files(source: Any) -> list[str]:
                 while isinstance(base, np.ndarray) and not (type(base) is np.memmap and (
                         isinstance(base.filename, (str, os.PathLike)))):
                     base = base.base
-                name = os.fspath(cast(str, base.filename)) if type(base) is np.memmap else None
-                if name is not None and name not in files:
-                    files.append(name)
-    return files
+                if type(base) is np.memmap:
+                    files[os.fspath(cast(str, base.filename))] = None
+    return list(files)

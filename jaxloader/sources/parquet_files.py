@@ -45,6 +45,10 @@ from jaxloader.sources.open_files import OpenFiles
 # mixture holds this many a component; far under a 1,024-descriptor limit.
 _MAX_OPEN = 8
 
+# Spark's INT96 times read as microseconds (pyarrow's nanoseconds wrapped a 9999-12-31 to
+# 1816), then cast to the nanoseconds the footer's schema says, where they fit (``_int96_in_ns``)
+_INT96 = {"coerce_int96_timestamp_unit": "us"}
+
 
 class ParquetFiles:
     """The files at ``paths`` (see the module docstring); their identities are taken here, in
@@ -111,8 +115,10 @@ class ParquetFiles:
     def _in_ns(self, number: int, group: int, names: list[str]) -> Any:
         """Columns ``names`` of a row group read as pyarrow reads INT96 by itself: in
         nanoseconds, exact where they fit (times past 1677-2262 wrap: ``_int96_in_ns``)."""
-        handle = open_parquet(self.paths[number], metadata=self._metas.get(number))
-        try:
+        path, meta = self.paths[number], self._metas.get(number)
+        handle = (self._open_remote(number, {}) if "://" in path else _checked_open(
+            path, lambda p: open_parquet(p, metadata=meta, page_checksum_verification=True)))
+        try:  # (checked as the file read first is: the same file, its pages' checksums)
             return handle.read_row_group(group, columns=names, use_threads=False)
         finally:
             handle.close(force=True)
@@ -132,7 +138,7 @@ class ParquetFiles:
         self._metas[number] = handle.metadata
         return self._open.add(number, handle)
 
-    def _open_remote(self, number: int) -> Any:
+    def _open_remote(self, number: int, options: dict = _INT96) -> Any:
         """Remote file ``number`` opened, checked against its identity, with its footer from
         the same read of its end (one open and one read: each a round trip)."""
         import pyarrow.parquet as pq
@@ -144,7 +150,7 @@ class ParquetFiles:
                 raise self._changed(number, identity)  # being rewritten is no damaged one)
             meta = self._metas.get(number) or footer_of(tail)
             return pq.ParquetFile(raw, metadata=meta, page_checksum_verification=True,
-                                  **_INT96)
+                                  **options)
         except BaseException:
             raw.close()
             raise
@@ -210,9 +216,6 @@ class ParquetFiles:
             "file (download or write it again), or leave it out of the source's paths")
 
 
-# Spark's INT96 times read as microseconds (pyarrow's nanoseconds wrapped a 9999-12-31 to
-# 1816), then cast to the nanoseconds the footer's schema says, where they fit (``_int96_in_ns``)
-_INT96 = {"coerce_int96_timestamp_unit": "us"}
 
 
 def _int96_in_ns(table: Any, int96: dict[str, Any], path: str, group: int,

@@ -99,8 +99,11 @@ class _Tail:
         if kind.__module__.split(".")[0] == "pandas" and hasattr(value, "shape"):
             update(_pandas_text(value))  # (its values and labels: not a repr's display)
             return
-        if isinstance(value, np.ndarray) and value.ndim == 0:  # (np.save of a dict: its item)
+        if isinstance(value, np.ndarray) and value.ndim == 0 and depth < _DEPTH and (
+                id(value) not in self.path):  # (np.save of a dict: its item)
+            self.path.add(id(value))
             self.add(value.item(), depth + 1)
+            self.path.discard(id(value))
             return
         if isinstance(value, np.ndarray) and not value.dtype.hasobject:
             from jaxloader.base.columns import spaced_values
@@ -144,9 +147,9 @@ def _other_items(value: Any) -> tuple[Any, str, str]:
     name = type(value).__qualname__
     if isinstance(value, collections.abc.Mapping):
         return itertools.chain.from_iterable(value.items()), f"{name}{{", "}"
-    if isinstance(value, (collections.deque, np.ndarray)):
+    if isinstance(value, collections.deque) or isinstance(value, np.ndarray) and value.ndim:
         return iter(value.tolist() if isinstance(value, np.ndarray) else value), f"{name}[", "]"
-    return None, "", ""
+    return None, "", ""  # (a 0-d array met again: one that holds itself)
 
 
 def _length(value: Any) -> str:
@@ -156,14 +159,19 @@ def _length(value: Any) -> str:
         return ""
 
 
+_PANDAS_ROWS = 100_000  # rows of a pandas object hashed at most, spaced (as an array's values)
+
+
 def _pandas_text(value: Any) -> bytes:
     """A pandas object's shape, labels and values as bytes (its rows hashed by pandas: the
     same in every process), or its shape where they cannot be hashed."""
     try:
         import pandas as pd
 
-        rows = pd.util.hash_pandas_object(value, index=True).to_numpy()
-        names = repr(list(getattr(value, "columns", [getattr(value, "name", None)])))
+        step = max(1, len(value) // _PANDAS_ROWS)  # (a table of millions: rows spaced)
+        rows = pd.util.hash_pandas_object(value.iloc[::step], index=True).to_numpy()
+        names = repr([list(getattr(value, "columns", [getattr(value, "name", None)])),
+                      getattr(value.index, "names", None)])
         return f"{value.shape}{names}".encode() + rows.tobytes()
     except Exception:  # noqa: BLE001 - a frame of lists, objects pandas cannot hash
         return repr(value.shape).encode()
