@@ -2,7 +2,7 @@
 row, whatever the rows are) and ``DeferredTake`` (rows still to gather, gathered straight into a
 batch's slot); and what a column's dtype is to JAX (``host_only``: none, it stays NumPy;
 ``device_dtype_problem``: none, and a ``Map`` would make one), asked where leaves are placed and
-where a ``JitMap`` takes them.
+where a ``JitMap`` takes them; and the memory-mapped file a column views (``memmap_under``).
 
 Example:
     >>> DeferredTake(np.arange(10) * 2, np.array([3, 1])).taken().tolist()
@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -170,3 +171,16 @@ _INT32, _UINT32 = np.iinfo(np.int32), np.iinfo(np.uint32)
 # below, and rounds to the maximum
 _ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103
 _FLOAT32 = np.finfo(np.float32)
+
+
+def memmap_under(array: np.ndarray) -> np.memmap | None:
+    """The memory-mapped file ``array`` views (``np.load(mmap_mode=...)``, sliced, or its
+    windows: ``sliding_window_view`` keeps the map behind an object of its own), or None: what
+    a worker maps by its file, and what a cache's stamps name (``sources.fingerprint``)."""
+    base: Any = array
+    while base is not None:
+        if type(base) is np.memmap and isinstance(base.filename, (str, os.PathLike)) \
+                and base.base is not None:  # (np.load(pathlib.Path) keeps a Path)
+            return base
+        base = getattr(base, "base", None)
+    return None

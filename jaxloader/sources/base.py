@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import weakref
-
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 

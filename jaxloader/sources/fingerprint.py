@@ -26,6 +26,7 @@ from typing import Any, Sequence, cast
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.columns import memmap_under
 from jaxloader.base.abilities import (array_likes_by_type, file_identities_of, fingerprint_of,
                                       in_older_forms, older_digests)
 from jaxloader.base.errors import StateDictError
@@ -264,10 +265,7 @@ def _mapped_files(source: Any) -> list[str]:
                 value, (list, tuple)) else [value]
             for array in (x for item in inner for x in (
                     item if isinstance(item, tuple) else (item,))):
-                base: Any = array
-                while isinstance(base, np.ndarray) and not (type(base) is np.memmap and (
-                        isinstance(base.filename, (str, os.PathLike)))):
-                    base = base.base
-                if type(base) is np.memmap:
-                    files[os.fspath(cast(str, base.filename))] = None
+                mapped = memmap_under(array) if isinstance(array, np.ndarray) else None
+                if mapped is not None:
+                    files[os.fspath(cast(str, mapped.filename))] = None
     return list(files)

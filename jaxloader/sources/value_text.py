@@ -131,7 +131,7 @@ class _Tail:
         update(opening.encode())
         for item in items:
             if self.left <= 0:  # (the rest by the container's length)
-                update(f"...{len(value) if hasattr(value, '__len__') else ''}".encode())
+                update(f"...{_length(value)}".encode())
                 break
             self.left -= 1
             self.add(item, depth + 1)

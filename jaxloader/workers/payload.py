@@ -41,6 +41,7 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
+from jaxloader.base.columns import memmap_under
 from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
 from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
@@ -77,7 +78,7 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
     def persistent_id(self, obj: Any) -> Any:
-        mapped = _memmap_under(obj) if type(obj) in (np.memmap, np.ndarray) else None
+        mapped = memmap_under(obj) if type(obj) in (np.memmap, np.ndarray) else None
         if mapped is not None:
             if self._mappings is None:
                 self._mappings = _Mappings()
@@ -250,25 +251,13 @@ def _span(array: np.ndarray) -> tuple[int, int]:
     return start, end - start + array.itemsize
 
 
-def _memmap_under(array: np.ndarray) -> np.memmap | None:
-    """The memory-mapped file ``array`` views (``np.load(mmap_mode=...)``, sliced, or its
-    windows: ``sliding_window_view`` keeps the map behind an object of its own), or None."""
-    base: Any = array
-    while base is not None:
-        if type(base) is np.memmap and isinstance(base.filename, (str, os.PathLike)) \
-                and base.base is not None:  # (np.load(pathlib.Path) keeps a Path)
-            return base
-        base = getattr(base, "base", None)
-    return None
-
-
 def _as_its_file(array: np.ndarray, mm: np.memmap, mappings: "_Mappings") -> tuple | None:
     """``array`` (``mm`` or a view of it) as ``mm``'s file's name, place and identity (device,
     inode), or ``None`` where the file would not give a worker the array's bytes: a
     copy-on-write map (``mmap_mode="c"``) written to, or a file replaced since it was mapped
     (Linux names the mapped file ``(deleted)``, or by another name). Those cross as other
     arrays do, copied (and so does any copy-on-write map where Linux's word is not to be had)."""
-    filename = os.fspath(mm.filename or "")  # (_memmap_under: a name)
+    filename = os.fspath(mm.filename or "")  # (memmap_under: a name)
     try:
         found = os.stat(filename)
     except OSError:
