@@ -105,7 +105,8 @@ def take_the_trainers(argv: list[str]) -> None:
     own SIGINT and SIGTERM handlers (``_signals_back``)."""
     sys.argv[:] = argv
     if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_signals_back)
+        os.register_at_fork(before=_hold_signals, after_in_parent=_release_signals,
+                            after_in_child=_signals_back)
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
@@ -115,12 +116,29 @@ def take_the_trainers(argv: list[str]) -> None:
                 pass
 
 
+_HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+def _hold_signals() -> None:
+    """Before the worker forks: SIGINT and SIGTERM held (blocked) in the forking thread, so a
+    child gets one sent before ``_signals_back`` reset its handlers once they are reset (one
+    that came between the fork and the reset tripped the worker's handler, which the reset
+    then dropped: a ``Pool``'s ``terminate()`` waited for that child forever, CI on 3.11)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+
+
+def _release_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+
+
 def _signals_back() -> None:
-    """In a child the worker forks: SIGINT and SIGTERM as Python starts with them. It had the
-    worker's handler, which does nothing, and ``Pool.terminate()`` (a ``with Pool()`` block's
-    end) waited forever for children it could not end."""
+    """In a child the worker forks: SIGINT and SIGTERM as Python starts with them, then let
+    through (held since the fork: ``_hold_signals``). It had the worker's handler, which does
+    nothing, and ``Pool.terminate()`` (a ``with Pool()`` block's end) waited forever for
+    children it could not end."""
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     except ValueError:  # (not the main thread: CPython makes the forking thread it)
         pass
+    _release_signals()
