@@ -220,6 +220,19 @@ def test_a_weight_change_leaves_earlier_steps_alone_and_restores_exactly():
         other.load_state_dict(state)
 
 
+def test_weights_written_otherwise_that_normalise_one_rounding_apart_are_refused_on_restore():
+    # [0.3, 0.35, 0.35] normalise to 0.30000000000000004, ...; [6, 7, 7] to 0.3, 0.35, 0.35:
+    # each block's share is floored from them, so the two lay out other components
+    decimals, whole = (0.3, 0.35, 0.35), (6, 7, 7)
+    steps = np.arange(60 * 20)
+    assert not np.array_equal(component_of(sampler(decimals, batch_size=60).indices(steps)),
+                              component_of(sampler(whole, batch_size=60).indices(steps)))
+    state = sampler(decimals, batch_size=60).extra_state()
+    sampler(decimals, batch_size=60).check_extra_state(state, 5)  # the same: restores
+    with pytest.raises(jl.StateDictError, match=r"only to their last digits.*\[6, 7, 7\]"):
+        sampler(whole, batch_size=60).check_extra_state(state, 5)
+
+
 def test_read_locally_each_component_reads_its_records_once_an_epoch_a_window_at_a_time():
     # LocalShuffle in a mixture: each component's blocks (100 records here) permuted each
     # epoch, its records shuffled within windows of 2 blocks: a run of its reads stays in 2

@@ -134,6 +134,14 @@ def test_a_restore_may_add_weight_changes_from_its_step_on_only(tmp_path):
     with loader_of(streams, weights=(0.2, 0.3, 0.5)) as other:
         with pytest.raises(jl.StateDictError, match=r"weights before step 5 differ"):
             other.load_state_dict(state)
+    with loader_of(streams, weights=(5, 3, 2)) as same:  # normalised: the same numbers
+        same.load_state_dict(state)
+    with loader_of(streams, weights=(0.3, 0.35, 0.35)) as first:
+        take(first, 5)
+        state = json.loads(json.dumps(first.state_dict()))
+    with loader_of(streams, weights=(6, 7, 7)) as other:  # one rounding apart: other steps
+        with pytest.raises(jl.StateDictError, match=r"only to their last digits"):
+            other.load_state_dict(state)
 
 
 def record_tokens(record):
