@@ -62,6 +62,24 @@ def test_large_records_under_a_wrapper_are_read_as_views_not_copied_whole():
         assert batch["p"].shape == (4, 8, 8, 8) and peak < 2**20, (source, peak)  # (4 MiB)
 
 
+def test_a_batched_map_source_over_large_records_gets_the_batch_a_call():
+    # read one by one as views, a MapSource(batched=True)'s function got one-row batches from
+    # 256 KiB records on when a loader had a transform: a function of the batch (centring by
+    # its mean, a tokenizer's vectorised call) gave other data, or ran once a row
+    calls = []
+
+    def centre(batch):
+        calls.append(len(batch["x"]))
+        return {"x": batch["x"] - batch["x"].mean(axis=0, keepdims=True)}
+
+    x = np.zeros((8, 2**16), np.float32)  # 256 KiB a record
+    x[:, 0] = np.arange(8)
+    source = jl.MapSource(jl.ArraySource({"x": x}), centre, batched=True)
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(lambda r: r)]) as loader:
+        first = next(iter(loader))["x"][:, 0]
+    assert first.tolist() == [-1.5, -0.5, 0.5, 1.5] and calls == [4]
+
+
 def test_array_source_leaves_of_different_lengths():
     with pytest.raises(jl.ConfigError, match=r"same number of records.*\['a'\]: 3.*\['b'\]: 4"):
         jl.ArraySource({"a": np.zeros(3), "b": np.zeros(4)})

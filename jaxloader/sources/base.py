@@ -205,8 +205,10 @@ def large_views(source: Any) -> bool:
         if isinstance(part, ArraySource):
             found = True
             large = large and sum(a.nbytes // max(1, len(a)) for a in part.arrays) >= _VIEWS_FROM
-        elif not type(part).__module__.startswith("jaxloader.") or not parts_of(part):
-            large = False  # (a source of the user's, or a file's: its own batched read)
+        elif (not type(part).__module__.startswith("jaxloader.") or not parts_of(part)
+              or getattr(part, "batched", False)):
+            large = False  # (a source of the user's, or a file's: its own batched read; a
+            # MapSource(batched=True)'s function is the user's vectorised one, a batch a call)
         if not large:
             break
     views = large and found

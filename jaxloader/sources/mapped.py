@@ -47,10 +47,12 @@ from jaxloader.sources.huggingface import adapt
 
 class MapSource:
     """``source``'s records through ``fn`` (a record's function; with ``batched``, a function
-    of a batch of columns, as ``source.__getitems__`` gives them). ``lengths_kept``: whether
-    ``fn`` keeps the lengths of the list columns it does not drop, so that ``PackedSource``
-    reads them from ``source`` without a pass (the default); say ``False`` for a function that
-    tokenizes or cuts them (``PackedSource`` then reads the mapped records once).
+    of a batch of columns, as ``source.__getitems__`` gives them, whose rows are each a function
+    of their own row: a record read alone, as ``peek()`` reads it, is a batch of one).
+    ``lengths_kept``: whether ``fn`` keeps the lengths of the list columns it does not drop, so
+    that ``PackedSource`` reads them from ``source`` without a pass (the default); say
+    ``False`` for a function that tokenizes or cuts them (``PackedSource`` then reads the
+    mapped records once).
 
     Example:
         >>> import numpy as np, jaxloader as jl
