@@ -361,6 +361,16 @@ def test_a_jit_map_that_leaves_out_the_pad_mask_is_warned_of(monkeypatch):
             got = [b["y"].tolist() for b in jl.DataLoader(
                 source, batch_size=2, last_batch="pad", transforms=[jl.BatchMap(fn)])]
         assert got[-1] == [40.0, -100.0]
+
+    class Attrs(dict):  # (a mapping of its own type, read by attribute in the next transform:
+        __getattr__ = dict.__getitem__  # handed on as made, not rebuilt a dict: the review)
+
+    attrs = [jl.BatchMap(lambda b: Attrs(y=b["img"][:, 0])), jl.BatchMap(lambda b: {"y": b.y})]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (it drops the mask: said)
+        got = [b["y"].tolist() for b in jl.DataLoader(
+            source, batch_size=2, last_batch="pad", transforms=attrs)]
+    assert got[-1] == [40.0, 40.0]
     kept = jl.JitMap(lambda r: {"y": r["img"] * 2, "mask": r["mask"]})
     with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0, process_count=1,
                        transforms=[kept]) as loader, warnings.catch_warnings():

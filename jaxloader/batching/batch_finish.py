@@ -81,11 +81,18 @@ def _made_again(batch: Any, again: Callable[[], Any]) -> tuple[bool, Any]:
     leaves taken before (a transform that returns a dict of its own each call filled it
     again), a copy of each array the second call wrote into (a buffer it fills each call)."""
     leaves, treedef = tree_lib.flatten(batch)
-    kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in leaves]
+    kept = [np.copy(x, subok=True) if isinstance(x, np.ndarray) else x for x in leaves]
     try:
         alike = _alike(kept, tree_lib.flatten(again())[0])
     except Exception:  # noqa: BLE001 - the user's function, on another mask
         alike = False
+    written = [(leaf, copy) for leaf, copy in zip(leaves, kept) if not _alike([leaf], [copy])]
+    now = tree_lib.flatten(batch)[0]
+    if len(now) == len(leaves) and all(a is b for a, b in zip(now, leaves)) and all(
+            isinstance(leaf, np.ndarray) and leaf.flags.writeable for leaf, _ in written):
+        for leaf, copy in written:  # (the batch itself, as the transform made it: its own
+            np.copyto(leaf, copy)  # mapping type, which a rebuild would make a dict)
+        return alike, batch
     return alike, tree_lib.unflatten(treedef, [
         leaf if _alike([leaf], [copy]) else copy for leaf, copy in zip(leaves, kept)])
 
