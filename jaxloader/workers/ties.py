@@ -117,6 +117,7 @@ def take_the_trainers(argv: list[str]) -> None:
 
 
 _HELD = {signal.SIGINT, signal.SIGTERM}
+_MASKS: dict[int, Any] = {}  # a forking thread's signal mask before its fork, by thread
 
 
 def _hold_signals() -> None:
@@ -124,21 +125,35 @@ def _hold_signals() -> None:
     child gets one sent before ``_signals_back`` reset its handlers once they are reset (one
     that came between the fork and the reset tripped the worker's handler, which the reset
     then dropped: a ``Pool``'s ``terminate()`` waited for that child forever, CI on 3.11)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    _MASKS[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
 
 
 def _release_signals() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+    """The forking thread's mask as it was before the fork (a transform's own blocked
+    signals stay blocked, in the worker and in its child)."""
+    mask = _MASKS.pop(threading.get_ident(), None)
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _signals_back() -> None:
-    """In a child the worker forks: SIGINT and SIGTERM as Python starts with them, then let
-    through (held since the fork: ``_hold_signals``). It had the worker's handler, which does
-    nothing, and ``Pool.terminate()`` (a ``with Pool()`` block's end) waited forever for
-    children it could not end."""
+    """In a child the worker forks: SIGINT and SIGTERM as Python starts with them where they
+    still have the worker's handler, which does nothing (``Pool.terminate()``, a ``with
+    Pool()`` block's end, waited forever for children it could not end; a handler the user's
+    code set is its own), then let through (held since the fork: ``_hold_signals``). SIGINT
+    is let through under the system's default: one held since the fork ends the child, as an
+    uncaught ``KeyboardInterrupt`` would (raised here, in a fork hook, Python drops it)."""
+    reset = [signum for signum in _HELD if signal.getsignal(signum) is _left_to_the_trainer]
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in reset:
+            signal.signal(signum, signal.SIG_DFL)
     except ValueError:  # (not the main thread: CPython makes the forking thread it)
-        pass
-    _release_signals()
+        reset = []
+    mask = _MASKS.get(threading.get_ident())
+    _MASKS.clear()  # (other threads' forks, in the parent, are not this process's)
+    if mask is None:  # (the thread's id not kept across the fork: unheld, not left held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+    else:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if signal.SIGINT in reset:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -387,6 +387,55 @@ def test_a_pool_a_transform_forks_ends_and_workers_see_the_trainers_argv(tmp_pat
                                    "2 [0.0, 10.0, 20.0, 30.0]"], (out, err)
 
 
+def test_a_child_a_worker_forks_keeps_the_transforms_mask_and_handlers_and_ends_on_sigint(
+        tmp_path):
+    # the worker's fork hooks unblocked SIGTERM in the forking thread and the child where the
+    # transform had blocked it (to sigwait for it in the child), replaced a handler of the
+    # transform's own in the child, and a SIGINT sent as the fork returned was lost (with a
+    # traceback a time): the review of 990e4fb
+    out, err, code = run(tmp_path, """
+        def forks(r):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            child = os.fork()
+            if child == 0:
+                still = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+                signal.sigwait({signal.SIGTERM})
+                os._exit(7 if still else 8)
+            kept = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            os.kill(child, signal.SIGTERM)
+            masked = os.waitpid(child, 0)[1]
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            old = signal.signal(signal.SIGTERM, lambda *a: os._exit(42))  # (its clean-up)
+            ready, told = os.pipe()
+            child = os.fork()
+            if child == 0:
+                os.write(told, b"1")
+                time.sleep(3)
+                os._exit(0)
+            os.read(ready, 1)
+            os.kill(child, signal.SIGTERM)
+            handled = os.waitpid(child, 0)[1]
+            signal.signal(signal.SIGTERM, old)
+            lived = 0
+            for _ in range(10):
+                child = os.fork()
+                if child == 0:
+                    try:
+                        time.sleep(0.2)
+                    except KeyboardInterrupt:
+                        os._exit(3)
+                    os._exit(0)
+                os.kill(child, signal.SIGINT)
+                lived += os.waitpid(child, 0)[1] == 0
+            return {"y": np.array([kept, os.waitstatus_to_exitcode(masked),
+                                   os.waitstatus_to_exitcode(handled), lived])}
+        with loader([jl.Map(forks)], num_workers=1) as ld:
+            print(next(iter(ld))["y"][0].tolist())
+        """)
+    assert code == 0, err
+    assert out.split("\n")[0] == "[1, 7, 42, 0]" and "Traceback" not in err, (out, err)
+
+
 def test_a_workers_print_output_to_a_file_is_kept_when_it_is_stopped(tmp_path):
     # a worker's standard output to a file or a pipe was buffered by the block, and a busy
     # worker is killed at close() and after a failing step: what it had printed went with it
