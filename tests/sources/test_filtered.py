@@ -367,3 +367,17 @@ def test_an_indices_file_is_found_again_when_a_memory_mapped_array_is_saved_agai
     __import__("os").replace(tmp_path / "new.npy", tmp_path / "tokens.npy")
     with pytest.warns(UserWarning, match=r"clean.npy was found from another source"):
         assert clean_documents() == [0, 1, 2, 3, 4, 6, 7]
+    from numpy.lib.stride_tricks import sliding_window_view  # (windows over a mapped series:
+
+    def quiet_windows():  # the map is behind NumPy's own DummyArray base: stamped as well)
+        series = np.load(tmp_path / "tokens.npy", mmap_mode="r")
+        windows = jl.ArraySource({"w": sliding_window_view(series, 800)[::800]})
+        return jl.FilteredSource(windows, lambda r: 7 not in r["w"],
+                                 indices=str(tmp_path / "quiet.npy")).indices.tolist()
+
+    assert quiet_windows() == [0, 1, 2, 3, 4, 6, 7]
+    tokens[4013], tokens[2413] = 1000, 7  # (window 5 clean now, 3 not)
+    np.save(tmp_path / "new.npy", tokens)
+    __import__("os").replace(tmp_path / "new.npy", tmp_path / "tokens.npy")
+    with pytest.warns(UserWarning, match=r"quiet.npy was found from another source"):
+        assert quiet_windows() == [0, 1, 2, 4, 5, 6, 7]
