@@ -107,6 +107,34 @@ def test_several_keys_are_packed_side_by_side():
     assert sorted(map(len, unpack(batch, "inputs"))) == [2, 3, 5, 7]
 
 
+def test_each_key_pads_with_its_value_and_float_keys_pack_from_any_source():
+    # the rows were 0 after their segments whatever the key: an SFT's labels padded with 0
+    # trained the model to predict token 0 on every padding slot, silently; and a float key
+    # (a weight a token) packed from a RaggedSource only (the SFT and DPO audits)
+    ids = [np.arange(1, n + 1, dtype=np.int32) for n in (5, 3, 7, 2)]
+    records = [{"ids": i, "labels": np.where(i > 2, i, -100).astype(np.int32),
+                "weight": (i > 2).astype(np.float32)} for i in ids]
+    value = {"ids": 0, "labels": -100, "weight": 0.0}
+    for source in (records, jl.RaggedSource.from_sequences(
+            {k: [r[k] for r in records] for k in ("ids", "labels", "weight")})):
+        packed = jl.PackedSource(source, ["ids", "labels", "weight"], 8, seed=None, value=value)
+        batch = packed.__getitems__(np.arange(len(packed)))
+        pad = batch["ids_segment_ids"] == 0
+        assert pad.any() and (batch["labels"][pad] == -100).all() and (batch["ids"][pad] == 0).all()
+        assert batch["weight"].dtype == np.float32 and (batch["weight"][pad] == 0).all()
+        placed = ~pad
+        assert np.array_equal(batch["labels"][placed] == -100, batch["weight"][placed] == 0)
+    with pytest.raises(jl.ConfigError, match=r"value=...\): expected a number .*, or a dict of "
+                                             r"one for each key of \['ids', 'labels'\]"):
+        jl.PackedSource(records, ["ids", "labels"], 8, value={"labels": -100})
+    unsigned = [{"ids": r["ids"].astype(np.uint16)} for r in records]
+    with pytest.raises(jl.ConfigError, match=r"'ids' holds uint16, which cannot hold value=-1"):
+        jl.PackedSource(unsigned, "ids", 8, value=-1)[0]
+    with pytest.raises(jl.ConfigError, match=r"record 0\['t'\]: expected a 1-D array of "
+                                             r"numbers.*<U1$"):
+        jl.PackedSource([{"t": np.array(list("abc"))}], "t", 8)
+
+
 def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
     source, lengths = documents(50)
     records = [{"tokens": np.array(source[i]["tokens"])} for i in range(len(source))]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -127,3 +128,20 @@ def released_at_least(release: str, floor: tuple[int, int, int]) -> bool:
     numbers = tuple(int(n or 0) for n in parts.groups()[:3])
     early = re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4))
     return numbers > floor or numbers == floor and early is None
+
+
+def held_as(value: Any, kind: np.dtype) -> tuple[Any, bool]:
+    """``value`` cast to ``kind``, and whether that holds it as it is (-1 in uint8, 0.5 in
+    int32 do not; NaN in a float does): what pads a ``Pad``'s or a packer's rows.
+
+    Example:
+        >>> held_as(-100, np.dtype(np.int32))[1], held_as(-1, np.dtype(np.uint8))[1]
+        (True, False)
+    """
+    try:
+        with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a complex value's cast warns of its part lost)
+            held = np.asarray(value).astype(kind)
+            return held, bool(held == value or (held != held and value != value))
+    except (OverflowError, TypeError, ValueError):  # (an int past uint64: NumPy's object)
+        return None, False

@@ -22,13 +22,12 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int
+from jaxloader.base.checks import check_int, held_as
 from jaxloader.base.errors import CollateError, ConfigError
 
 
@@ -218,13 +217,7 @@ def _kind(pad: Pad, key: str, leaves: list[np.ndarray], names: Any) -> np.dtype:
 def _check_value(pad: Pad, key: str, kind: np.dtype) -> None:
     """Refuses a ``value`` that ``kind`` cannot hold as it is (-1 in uint8, 0.5 in int32)."""
     value = pad.values[key]
-    try:
-        with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (a complex value's cast warns of its part lost)
-            held = np.asarray(value).astype(kind)
-            kept = bool(held == value or (held != held and value != value))
-    except (OverflowError, TypeError, ValueError):  # (an int past uint64: NumPy's object)
-        held, kept = None, False
+    held, kept = held_as(value, kind)
     if not kept:
         example = (f"np.{kind.name.split('[')[0]}('NaT', {np.datetime_data(kind)[0]!r})"
                    if kind.kind in "mM" else "a value of its kind")

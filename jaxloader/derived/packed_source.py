@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -37,7 +38,7 @@ from jaxloader.base.abilities import lengths_of
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import PackedRows, record_tokens
+from jaxloader.plans.packed_rows import PackedRows, check_fill, fill_values, record_tokens
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
@@ -55,7 +56,9 @@ class PackedSource:
     ``keys``; ``method`` is ``"best_fit"``, ``"first_fit"`` (``bins`` rows open at a time,
     over windows of ``window`` records) or ``"concat"`` (records cut across rows: every token
     placed once); ``overlong`` says what happens to a record longer than a row: ``"split"``
-    into row-sized pieces or ``"truncate"`` (listed in ``truncated``).
+    into row-sized pieces or ``"truncate"`` (listed in ``truncated``). ``value``: what the
+    rows hold after their segments, a number or ``{key: number}`` (``{"ids": 0, "labels":
+    -100}`` for a loss that ignores -100; the segment ids are 0 there whatever it is).
 
     ``lengths``: the records' lengths (``(records,)`` or ``(records, keys)``), or the path of a
     ``.npy`` file that keeps them (read once from the records when it does not exist yet, or
@@ -73,7 +76,8 @@ class PackedSource:
                  *, method: packing_plan.Method = "best_fit",
                  bins: int = 16, window: int = 10_000,
                  overlong: packing_plan.Overlong = "split", seed: Int | None = 0,
-                 lengths: np.ndarray | str | os.PathLike | None = None) -> None:
+                 lengths: np.ndarray | str | os.PathLike | None = None,
+                 value: Any = 0) -> None:
         source = adapt(source)  # a datasets.Dataset: read as NumPy, lengths from Arrow
         refuse_mixture(source, "PackedSource")
         n = check_source(source)
@@ -83,6 +87,7 @@ class PackedSource:
             raise ConfigError(f"PackedSource(keys=...): expected a key or a list of keys of the "
                               f"records' token arrays, got {keys!r}")
         self.row_length = _row_lengths(length, self.keys)
+        self._fills = fill_values("PackedSource(value=...)", value, self.keys)
         if seed is not None:  # (NumPy's ints too; not True)
             seed = check_int("PackedSource(seed=...)", seed, low=0, high=MASK64,
                              remedy="or None (records in stored order)")
@@ -107,7 +112,9 @@ class PackedSource:
         # each key's token dtype, the first record with tokens' (read at the first batch, not
         # here: lengths come without a record read): a batch's rows are of it, whatever
         # records it holds (NumPy would promote a batch's mixed dtypes, and a step recompile)
-        self._dtypes = [flat[0].dtype for flat in self._flat] if self._flat else None
+        self._dtypes: list[np.dtype] | None = None
+        if self._flat:
+            self._set_dtypes([flat[0].dtype for flat in self._flat])
 
     @property
     def truncated(self) -> np.ndarray:
@@ -159,7 +166,8 @@ class PackedSource:
                     self._check_lengths(records, k, offsets[records + 1] - starts)
             else:
                 if self._dtypes is None:
-                    self._dtypes = self._token_dtypes()
+                    self._set_dtypes(self._token_dtypes())
+                assert self._dtypes is not None
                 values, starts, lengths = _gather_records(self.source, records, key,
                                                           self._dtypes[k])
                 self._check_lengths(records, k, lengths)
@@ -167,7 +175,7 @@ class PackedSource:
             at = plan.row_offset[seg, k].tolist()
             size = plan.length[seg, k].tolist()
             width = int(self.row_length[k])
-            packed = PackedRows((len(rows), width), values.dtype)
+            packed = PackedRows((len(rows), width), values.dtype, self._fills[k])
             packed.place_batch(values, begin, size, out_row, at, rank)
             batch.update(packed.fields(key))
         return batch
@@ -180,6 +188,11 @@ class PackedSource:
         reads from all of it, a ``LocalShuffle`` of them from its blocks'
         (``derived.packed_order``)."""
         check_packed_order(self, shuffle)
+
+    def _set_dtypes(self, dtypes: list[np.dtype]) -> None:
+        for key, fill, dtype in zip(self.keys, self._fills, dtypes):
+            check_fill("PackedSource(value=...)", key, fill, dtype)
+        self._dtypes = dtypes
 
     def _token_dtypes(self) -> list[np.dtype]:
         """Each key's token dtype: its first record's with tokens (one row has some), read
@@ -278,9 +291,10 @@ def _sequence(record: Any, key: str, index: int) -> np.ndarray:
                                 f"{key!r} (a 1-D token array), got {got}"),
         lambda problem: ConfigError(f"PackedSource: record {index}[{key!r}]: expected a 1-D "
                                     f"array of numbers (tokens, a value a step), got {problem}"
-                                    "; a key of several axes (a step's (T, 4) observations) "
-                                    "cannot be packed: pack an index key and gather them in a "
-                                    "Map after"))
+                                    + ("; a key of several axes (a step's (T, 4) observations) "
+                                       "cannot be packed: pack an index key and gather them in "
+                                       "a Map after" if re.match(r"shape \(\d+, ", problem)
+                                       else "")))
 
 
 def _gather_records(source: Any, records: np.ndarray, key: str,

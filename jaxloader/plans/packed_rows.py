@@ -7,7 +7,7 @@
         key_segment_ids   (L,)  1..k for the row's k segments, 0 on padding
         key_positions     (L,)  0.. within each segment
 
-and what a record's tokens must be: 1-D integers (``token_problem``).
+and what a record's tokens must be: 1-D numbers (``token_problem``).
 
 Example:
     >>> rows = PackedRows((5,), np.int32)
@@ -24,14 +24,18 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from jaxloader.base.checks import held_as
+from jaxloader.base.errors import ConfigError
+
 
 class PackedRows:
-    """Rows of ``shape`` (one row: ``(L,)``; a batch: ``(B, L)``), padding until placed."""
+    """Rows of ``shape`` (one row: ``(L,)``; a batch: ``(B, L)``), padding (``fill``) until
+    placed."""
 
     __slots__ = ("tokens", "ids", "positions", "_count_up")
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
-        self.tokens = np.zeros(shape, dtype)
+    def __init__(self, shape: tuple[int, ...], dtype: Any, fill: Any = 0) -> None:
+        self.tokens = np.full(shape, fill, dtype) if fill else np.zeros(shape, dtype)
         self.ids = np.zeros(shape, np.int32)
         self.positions = np.zeros(shape, np.int32)
         self._count_up = _count_up(shape[-1])
@@ -69,12 +73,12 @@ def _count_up(width: int) -> np.ndarray:
 
 
 def token_problem(value: Any, empty_of_any_dtype: bool) -> tuple[np.ndarray, str | None]:
-    """``value`` as an array, and what keeps it from being a record's tokens (1-D integers;
-    where ``empty_of_any_dtype``, an empty one of any dtype, as ``np.asarray([])`` gives), or
-    ``None``."""
+    """``value`` as an array, and what keeps it from being a record's tokens (1-D numbers:
+    ids, a loss mask, a weight a token; where ``empty_of_any_dtype``, an empty one of any
+    dtype, as ``np.asarray([])`` gives), or ``None``."""
     array = value if type(value) is np.ndarray else np.asarray(value)
     if array.ndim != 1 or ((array.size or not empty_of_any_dtype)
-                           and array.dtype.kind not in "biu"):
+                           and array.dtype.kind not in "biuf"):
         return array, f"shape {array.shape} dtype {array.dtype}"
     return array, None
 
@@ -91,3 +95,24 @@ def record_tokens(record: Any, key: str, empty_of_any_dtype: bool,
     if problem is not None:
         raise not_tokens(problem)
     return value
+
+
+def fill_values(label: str, value: Any, keys: list[str]) -> list[Any]:
+    """Each key's padding, from ``value``: a number for all, or ``{key: number}`` for each
+    (labels' -100 beside ids' 0), refused otherwise, naming ``label``."""
+    values = value if isinstance(value, Mapping) else dict.fromkeys(keys, value)
+    if set(values) != set(keys) or not all(
+            isinstance(v, (int, float, np.integer, np.floating, np.bool_))
+            for v in values.values()):
+        raise ConfigError(f"{label}: expected a number (what pads the rows after their "
+                          f"segments), or a dict of one for each key of {keys}, got "
+                          f"{value!r:.120}")
+    return [values[k] for k in keys]
+
+
+def check_fill(label: str, key: str, fill: Any, dtype: np.dtype) -> None:
+    """Refuses a key's padding ``fill`` its tokens' ``dtype`` cannot hold (-100 in uint16)."""
+    held, kept = held_as(fill, dtype)
+    if not kept:
+        raise ConfigError(f"{label}: {key!r} holds {dtype}, which cannot hold value={fill!r} "
+                          f"(it would be {held!r}); pad it with a value of its kind")

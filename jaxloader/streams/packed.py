@@ -38,13 +38,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
 from jaxloader.base.checks import check_int
 from jaxloader.plans import packing as packing_plan
+from jaxloader.plans.packed_rows import check_fill, fill_values
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.code_digest import code_digests
 from jaxloader.streams.contract import StreamLike
@@ -61,6 +62,12 @@ class PackedStream:
     becomes of a record longer than a row (``"split"`` into rows, or ``"truncate"``). Read it
     with a ``StreamLoader``; its ``transforms`` then apply to the rows.
 
+    ``key`` may be a list of keys as long as each other in every record (ids, labels, a loss
+    mask): each is packed at the same places, its rows of its own ``dtype`` (one, or ``{key:
+    dtype}``; a float key needs a float one); other keys a record holds are not packed, and
+    said once. ``value``: what the rows hold after their segments (a number, or ``{key:
+    number}``: ``{"ids": 0, "labels": -100}``).
+
     Example:
         >>> import numpy as np, jaxloader as jl
         >>> text = jl.Stream.from_generator(lambda i: iter(["ab", "cde"]), shards=1)
@@ -76,11 +83,12 @@ class PackedStream:
         [[97, 98, 0, 0], [99, 100, 101, 0]]
     """
 
-    def __init__(self, stream: StreamLike, key: str, length: int,
+    def __init__(self, stream: StreamLike, key: str | Sequence[str], length: int,
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
                  dtype: Any = np.int32, *,
                  method: packing_plan.Method = "concat", bins: int = 16,
-                 window: int = 1000, overlong: packing_plan.Overlong = "split") -> None:
+                 window: int = 1000, overlong: packing_plan.Overlong = "split",
+                 value: Any = 0) -> None:
         from jaxloader.streams.mixed import MixedStream
         from jaxloader.streams.reader import Stream, as_stream
 
@@ -90,35 +98,36 @@ class PackedStream:
                 f"PackedStream(stream): expected a jl.Stream or streams mixed by jl.mix, got "
                 f"{type(stream).__name__}; for a random-access source use jl.PackedSource"
             )
-        if not isinstance(key, str):
+        keys = [key] if isinstance(key, str) else list(key) if isinstance(
+            key, (list, tuple)) else []
+        if not keys or not all(isinstance(k, str) for k in keys) or len(set(keys)) < len(keys):
             raise ConfigError(f"PackedStream(key): expected the name of the token field (a "
-                              f"str), got {key!r}")
+                              f"str), or a list of names of fields as long as it, got {key!r}")
         length = check_int("PackedStream(length)", length, low=1, remedy="tokens a row, e.g. 2048")
         if tokenize is not None and not callable(tokenize):
             raise ConfigError(f"PackedStream(tokenize): expected a function of a record, got "
                               f"{type(tokenize).__name__}")
-        try:
-            kind = np.dtype(dtype).kind
-        except TypeError:  # (a name NumPy does not know: 'int33')
-            kind = ""
-        if kind not in ("i", "u"):
-            raise ConfigError(f"PackedStream(dtype): expected an integer dtype for tokens "
-                              f"(np.int32, 'uint16'), got "
-                              f"{np.dtype(dtype) if kind else repr(dtype)[:80]}")
+        self.dtypes = _dtypes(dtype, keys)
         packing_plan.check_method("PackedStream(method)", method)
         bins = check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
         window = check_int("PackedStream(window)", window, low=1,
                            remedy="records packed together, e.g. 1000")
         packing_plan.check_overlong("PackedStream(overlong)", overlong, method)
-        self.stream, self.key, self.length = stream, key, length
-        self.tokenize, self.dtype = tokenize, np.dtype(dtype)
+        self.stream, self.keys, self.length = stream, keys, length
+        self.key, self.dtype = keys[0], self.dtypes[0]  # (the first: the tokens)
+        self.values = fill_values("PackedStream(value)", value, keys)
+        for k, fill, kind in zip(keys, self.values, self.dtypes):
+            check_fill("PackedStream(value)", k, fill, kind)
+        self.tokenize = tokenize
+        self.said_left_out = False  # (keys a record holds beside the packed ones: said once)
         self._tokenize_digests = (None,) * (DIGEST_LEVELS + 1) if tokenize is None else (
             tuple(d[:16] for d in code_digests(tokenize)))  # (as made: a memo it fills is
         # not another function; and as versions of 2026-11-30 took it, digest_level)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
 
     def __repr__(self) -> str:
-        return (f"PackedStream({self.stream!r}, {self.key!r}, {self.length}, "
+        keys = self.key if len(self.keys) == 1 else self.keys
+        return (f"PackedStream({self.stream!r}, {keys!r}, {self.length}, "
                 f"method={self.method!r})")
 
     @property
@@ -129,6 +138,8 @@ class PackedStream:
         """What a state is checked against: the packing and the stream under it."""
         described = {"packed": self.stream.describe(), "key": self.key, "length": self.length,
                      "dtype": self.dtype.str}
+        if len(self.keys) > 1:  # (a state of one key's stays as it was)
+            described.update(keys=self.keys, dtypes=[d.str for d in self.dtypes])
         if self.method != "concat":  # (a state saved before fitting existed stays valid)
             described.update(method=self.method, bins=self.bins, window=self.window,
                              overlong=self.overlong)
@@ -151,3 +162,27 @@ class PackedStream:
 
     def check_extra_state(self, state: dict, step: int) -> None:
         self.stream.check_extra_state(state, step)
+
+
+def _dtypes(dtype: Any, keys: list[str]) -> list[np.dtype]:
+    """Each key's dtype, from ``dtype``: one for all, or ``{key: dtype}`` (the tokens' then
+    ``np.int32`` where left out), numbers all (integers for the tokens, the first key)."""
+    given = dtype if isinstance(dtype, Mapping) else dict.fromkeys(keys, dtype)
+    if set(given) - set(keys):
+        raise ConfigError(f"PackedStream(dtype): a dtype for keys not packed "
+                          f"{sorted(map(str, set(given) - set(keys)))}; the keys are {keys}")
+    out = []
+    for i, key in enumerate(keys):
+        named = given.get(key, np.int32)
+        try:
+            kind: str = np.dtype(named).kind
+        except TypeError:  # (a name NumPy does not know: 'int33')
+            kind = ""
+        if kind not in (("i", "u") if i == 0 else ("b", "i", "u", "f")):
+            raise ConfigError(
+                f"PackedStream(dtype): expected an integer dtype for tokens (np.int32, "
+                f"'uint16'){', a number dtype for the keys after' if len(keys) > 1 else ''}, "
+                f"got {np.dtype(named) if kind else repr(named)[:80]}"
+                + (f" for {key!r}" if len(keys) > 1 else ""))
+        out.append(np.dtype(named))
+    return out

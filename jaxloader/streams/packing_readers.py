@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -93,13 +94,13 @@ class _PackingReader:
         return True
 
     def last_records(self) -> list:
-        """What pads the batches of a pass that has ended: a row of padding (tokens and
+        """What pads the batches of a pass that has ended: a row of padding (``value``, and
         segment ids 0), the same after a restore."""
-        return [self._blank().fields(self.packed.key)]
+        return [self._blank().fields()]
 
-    def _blank(self) -> PackedRows:
-        """A row, padding (tokens and segment ids 0) until placed."""
-        return PackedRows((self.packed.length,), self.packed.dtype)
+    def _blank(self) -> _Row:
+        """A row, padding (``value``, and segment ids 0) until placed."""
+        return _Row(self.packed)
 
     def close(self) -> None:
         self.inner.close()
@@ -114,7 +115,8 @@ class PackedReader(_PackingReader):
 
     def __init__(self, packed: Any, inner: Any) -> None:
         self.packed, self.inner, self.reader = packed, inner, inner.reader
-        self._tokens: np.ndarray | None = None  # the record the next row starts in
+        self._tokens: list[np.ndarray] | None = None  # the record the next row starts in (a
+        # sequence a key, as long as each other)
         self._before: dict | None = None  # the inner state before that record
         self._skip = 0  # its tokens already in rows
 
@@ -124,11 +126,11 @@ class PackedReader(_PackingReader):
         if state["skip"]:
             self._read_record()
             assert self._tokens is not None
-            if state["skip"] >= len(self._tokens):
+            if state["skip"] >= len(self._tokens[0]):
                 raise StateDictError(
                     f"packed stream state: {state['skip']} tokens of a record of "
-                    f"{len(self._tokens)} already in rows; not this stream's (or its tokenize "
-                    "changed)")
+                    f"{len(self._tokens[0])} already in rows; not this stream's (or its "
+                    "tokenize changed)")
             self._skip = state["skip"]
 
     def _holds(self) -> bool:
@@ -155,14 +157,15 @@ class PackedReader(_PackingReader):
                         raise
                     break
             assert self._tokens is not None
-            n = min(width - filled, len(self._tokens) - self._skip)
+            n = min(width - filled, len(self._tokens[0]) - self._skip)
             segment += 1
-            row.place(slice(filled, filled + n), self._tokens[self._skip:self._skip + n], segment)
+            row.place(slice(filled, filled + n),
+                      [t[self._skip:self._skip + n] for t in self._tokens], segment)
             filled += n
             self._skip += n
-            if self._skip == len(self._tokens):
+            if self._skip == len(self._tokens[0]):
                 self._tokens, self._before, self._skip = None, None, 0
-        return row.fields(self.packed.key)
+        return row.fields()
 
     def _read_record(self) -> None:
         """The next record with tokens: its tokens, and the inner state before it."""
@@ -181,7 +184,7 @@ class FitPackedReader(_PackingReader):
 
     def __init__(self, packed: Any, inner: Any) -> None:
         self.packed, self.inner, self.reader = packed, inner, inner.reader
-        self._records: list[np.ndarray] = []  # the window's tokens, record by record
+        self._records: list[list[np.ndarray]] = []  # the window's tokens, record by record
         self._plan: packing_plan.PackingPlan | None = None  # None: no window read yet
         self._before: dict | None = None  # the inner state before the window
         self._row = 0  # the window's rows already given
@@ -221,18 +224,19 @@ class FitPackedReader(_PackingReader):
                        .tolist(), plan.row_offset[first:last, 0].tolist(),
                        plan.length[first:last, 0].tolist())
         for segment, (record, begin, at, n) in enumerate(segments, 1):
-            row.place(slice(at, at + n), self._records[record][begin:begin + n], segment)
+            row.place(slice(at, at + n), [t[begin:begin + n] for t in self._records[record]],
+                      segment)
         self._row += 1
         if self._row == plan.rows:  # the window is used up: the next row starts the next
             self._drop()
-        return row.fields(self.packed.key)
+        return row.fields()
 
     def _read_window(self) -> None:
         """The next ``window`` records with tokens (at the end of a pass, those left;
         ``StopIteration`` if none), and their plan."""
         packed = self.packed
         before = self.inner.get_state()
-        records: list[np.ndarray] = []
+        records: list[list[np.ndarray]] = []
         try:
             while len(records) < packed.window:
                 records.append(_next_tokens(packed, self.inner))
@@ -241,7 +245,7 @@ class FitPackedReader(_PackingReader):
                 raise
         self._before, self._records = before, records
         self._plan = packing_plan.fit(
-            np.array([len(t) for t in self._records], np.int64), [packed.length],
+            np.array([len(t[0]) for t in self._records], np.int64), [packed.length],
             method=packed.method, bins=packed.bins, window=_ONE_WINDOW,
             overlong=packed.overlong, seed=None)
         self._row = 0
@@ -276,9 +280,10 @@ def _opened(reader: _PackingReader, state: dict | None, field: str) -> dict:
     return state
 
 
-def _next_tokens(packed: Any, inner: Any) -> np.ndarray:
-    """The tokens of ``inner``'s next record that has any (passing over those without)."""
-    key, tokenize = packed.key, packed.tokenize
+def _next_tokens(packed: Any, inner: Any) -> list[np.ndarray]:
+    """The tokens of ``inner``'s next record that has any (passing over those without), a
+    sequence for each of ``packed``'s keys."""
+    keys, tokenize = packed.keys, packed.tokenize
     for _ in range(EMPTY_RUN):
         record = inner.next()
         try:
@@ -290,7 +295,9 @@ def _next_tokens(packed: Any, inner: Any) -> np.ndarray:
                 except Exception as e:
                     raise RecordError(f"PackedStream(tokenize) raised {type(e).__name__} on a "
                                       f"record of reader {inner.reader}: {e}") from e
-            tokens = _tokens_of(record, key, packed.dtype)
+            tokens = [_tokens_of(record, key, dtype, key == keys[0])
+                      for key, dtype in zip(keys, packed.dtypes)]
+            _check_aligned(packed, record, tokens)
         except RecordError as e:  # (which record of a corpus of files: its shard and place)
             origin = getattr(inner, "origin", None)
             where = "" if origin is None else described(  # " (at ...)", or why not known
@@ -298,25 +305,85 @@ def _next_tokens(packed: Any, inner: Any) -> np.ndarray:
             if where and e.args and isinstance(e.args[0], str):
                 e.args = (e.args[0] + where, *e.args[1:])
             raise
-        if len(tokens):
+        if len(tokens[0]):
             return tokens
     raise RecordError(  # an endless stream of them would never fill a row
         f"PackedStream: reader {inner.reader} read {EMPTY_RUN:,} records in a row with no "
-        f"tokens under {key!r}; check tokenize (or the stream's records)")
+        f"tokens under {keys[0]!r}; check tokenize (or the stream's records)")
 
 
-def _tokens_of(record: Any, key: str, dtype: np.dtype) -> np.ndarray:
+def _check_aligned(packed: Any, record: Any, tokens: list[np.ndarray]) -> None:
+    """Refuses keys of other lengths than the first's (they are cut at the same places), and
+    says once which of the record's other keys are as long and left out (a loss mask
+    ``tokenize`` made, not packed: the loss then counts every token)."""
+    keys, n = packed.keys, len(tokens[0])
+    for key, values in zip(keys[1:], tokens[1:]):
+        if len(values) != n:
+            raise RecordError(
+                f"PackedStream: record[{key!r}] holds {len(values)} values, record"
+                f"[{keys[0]!r}] {n}: the keys are packed at the same places, so each must be "
+                "as long as the tokens (a loss mask, labels); pack keys of other lengths "
+                "with a PackedStream each")
+    if not packed.said_left_out:
+        left = [k for k, v in record.items() if k not in keys and _as_long(v, n)]
+        if left:
+            packed.said_left_out = True
+            warnings.warn(
+                f"PackedStream: the records hold {left} as long as {keys[0]!r}, which are not "
+                f"packed and left out of the rows; to pack them at the same places, pass "
+                f"key={[*keys, *left]!r} (a loss mask, labels: value= pads them)",
+                stacklevel=2)
+
+
+def _as_long(value: Any, n: int) -> bool:
+    """Whether ``value`` is a sequence of ``n`` numbers (a key one could pack beside)."""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return tuple(shape) == (n,) and n > 1 and getattr(value, "dtype", np.dtype(object)
+                                                          ).kind in "biuf"
+    return isinstance(value, (list, tuple)) and len(value) == n > 1 and all(
+        isinstance(v, (int, float, np.number, np.bool_)) for v in value[:8])
+
+
+def _tokens_of(record: Any, key: str, dtype: np.dtype, first: bool) -> np.ndarray:
     value = record_tokens(
         record, key, True,
         lambda got: RecordError(f"PackedStream: expected a record (after tokenize) with key "
                                 f"{key!r}: 1-D integer tokens, got {got}; pass tokenize= to "
                                 "make them"),
-        lambda problem: RecordError(f"PackedStream: record[{key!r}]: expected 1-D integer "
-                                    f"tokens, got {problem}"))
-    if value.size and not np.can_cast(value.dtype, dtype):  # (a tokenizer's int64 ids)
-        info = np.iinfo(dtype)
+        lambda problem: RecordError(f"PackedStream: record[{key!r}]: expected 1-D numbers "
+                                    f"(tokens), got {problem}"))
+    if value.size and value.dtype.kind == "f" and dtype.kind != "f":
+        raise RecordError(
+            f"PackedStream: record[{key!r}]: expected 1-D integer tokens, got shape "
+            f"{value.shape} dtype {value.dtype}" if first else
+            f"PackedStream: record[{key!r}] holds {value.dtype} values, packed as {dtype}; "
+            f"pass dtype={{{key!r}: np.float32, ...}} for it")
+    if value.size and dtype.kind in "iu" and not np.can_cast(value.dtype, dtype):
+        info = np.iinfo(dtype)  # (a tokenizer's int64 ids)
         low, high = value.min(), value.max()
         if low < info.min or high > info.max:
             raise RecordError(f"PackedStream: record[{key!r}] holds tokens outside {dtype} "
                               f"([{low}, {high}]); pass dtype= a wider integer")
     return value
+
+
+class _Row:
+    """A packed row of each of a ``PackedStream``'s keys, placed at the same places."""
+
+    __slots__ = ("rows", "keys")
+
+    def __init__(self, packed: Any) -> None:
+        self.keys = packed.keys
+        self.rows = [PackedRows((packed.length,), dtype, fill)
+                     for dtype, fill in zip(packed.dtypes, packed.values)]
+
+    def place(self, where: slice, pieces: list[np.ndarray], segment: int) -> None:
+        for row, piece in zip(self.rows, pieces):
+            row.place(where, piece, segment)
+
+    def fields(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for row, key in zip(self.rows, self.keys):
+            out.update(row.fields(key))
+        return out

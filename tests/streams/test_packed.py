@@ -283,3 +283,78 @@ def test_a_reader_restored_anywhere_gives_the_same_rows(lengths, width, method, 
     for want in rows[k:]:
         got = again.next()
         assert all(np.array_equal(got[key], value) for key, value in want.items())
+
+
+def chat(record):  # an SFT conversation: ids, labels (-100 off the reply), a loss mask, a
+    ids = record["tokens"]  # weight a token; the reply is its second half
+    reply = np.arange(len(ids)) >= len(ids) // 2
+    return {"ids": ids, "labels": np.where(reply, ids, -100), "loss_mask": reply,
+            "weight": np.where(reply, 0.5, 0.0).astype(np.float32)}
+
+
+@pytest.mark.parametrize("fit", [{}, {"method": "best_fit", "window": 5, "bins": 2}])
+def test_several_keys_are_packed_at_the_same_places_each_padded_with_its_value(fit):
+    # a PackedStream packed one key and dropped the rest of what tokenize made, without a
+    # word: an SFT loss mask or labels could not be packed (the SFT and DPO audits)
+    keys = ["ids", "labels", "loss_mask", "weight"]
+    stream = jl.PackedStream(documents(), keys, 16, tokenize=chat, **fit,
+                             dtype={"ids": np.int32, "labels": np.int32, "loss_mask": np.bool_,
+                                    "weight": np.float32},
+                             value={"ids": 0, "labels": -100, "loss_mask": False, "weight": 0})
+    for workers in (0, 2):
+        with loader_of(stream, workers) as loader:
+            batches = take(loader, 4)
+        for b in batches:
+            ids, segments = b["ids"], b["ids_segment_ids"]
+            for key in keys[1:]:
+                assert np.array_equal(b[f"{key}_segment_ids"], segments)
+                assert np.array_equal(b[f"{key}_positions"], b["ids_positions"])
+            assert b["labels"].dtype == np.int32 and b["loss_mask"].dtype == np.bool_
+            assert b["weight"].dtype == np.float32
+            assert np.array_equal(b["labels"][b["loss_mask"]], ids[b["loss_mask"]])
+            assert (b["labels"][~b["loss_mask"]] == -100).all()
+            assert (b["weight"][b["loss_mask"]] == 0.5).all()
+            assert (b["weight"][~b["loss_mask"]] == 0).all()
+        if fit:  # (whole records: padding at rows' ends)
+            assert (np.concatenate([b["labels"][b["ids_segment_ids"] == 0]
+                                    for b in batches]) == -100).all()
+            assert sum(int((b["ids_segment_ids"] == 0).sum()) for b in batches) > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ('weight' left out: said)
+        check_resume(lambda: loader_of(jl.PackedStream(documents(), keys[:3], 8, tokenize=chat,
+                                                       value={"ids": 0, "labels": -100,
+                                                              "loss_mask": 0}, **fit), 2),
+                     total=8, k=3)
+
+
+def test_keys_left_out_are_said_and_keys_of_other_lengths_refused():
+    with loader_of(jl.PackedStream(documents(shards=1), "ids", 8, tokenize=chat)) as loader:
+        with pytest.warns(UserWarning, match=r"\['labels', 'loss_mask', 'weight'\] as long as "
+                                             r"'ids', which are not packed.*key=\['ids', "):
+            take(loader, 1)
+
+    def short(record):
+        return {"ids": record["tokens"], "mask": np.ones(len(record["tokens"]) - 1, bool)}
+
+    with loader_of(jl.PackedStream(documents(shards=1), ["ids", "mask"], 8,
+                                   tokenize=short)) as loader:
+        with pytest.raises(jl.RecordError, match=r"record\['mask'\] holds 4 values, record"
+                                                 r"\['ids'\] 5: the keys are packed at the same"):
+            take(loader, 1)
+    with pytest.raises(jl.ConfigError, match=r"PackedStream\(value\): 'labels' holds uint16, "
+                                             r"which cannot hold value=-100"):
+        jl.PackedStream(documents(), ["ids", "labels"], 8, tokenize=chat, dtype=np.uint16,
+                        value={"ids": 0, "labels": -100})
+    with pytest.raises(jl.ConfigError, match=r"PackedStream\(dtype\): a dtype for keys not "
+                                             r"packed \['label'\]"):
+        jl.PackedStream(documents(), ["ids", "labels"], 8, dtype={"label": np.int64})
+    with pytest.raises(jl.ConfigError, match=r"a number dtype for the keys after, got <U1 for "
+                                             r"'labels'"):
+        jl.PackedStream(documents(), ["ids", "labels"], 8, dtype={"labels": "U1"})
+    weights = jl.PackedStream(documents(shards=1), ["ids", "weight"], 8, tokenize=chat)
+    with loader_of(weights) as loader:  # (floats into the int32 rows: refused, the remedy)
+        with pytest.raises(jl.RecordError, match=r"record\['weight'\] holds float32 values, "
+                                                 r"packed as int32; pass dtype=\{'weight': np"):
+            take(loader, 1)
+    one = jl.PackedStream(documents(), "tokens", 8).describe()  # (a state of one key's: the
+    assert "keys" not in one and one["key"] == "tokens"  # same as it was)
