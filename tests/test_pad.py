@@ -147,7 +147,14 @@ def test_placement_and_records_it_cannot_pad_are_told():
             ([{"a": [1, 2], "a_length": 2}] * 2, r"already has the key 'a_length'.*length_suffix"),
             ([{"a": np.zeros((2, 3))}, {"a": np.zeros((4, 2))}],
              r"record position 0 has shape \(2, 3\) and of record position 1 \(4, 2\): a Pad "
-             r"pads the first axis only")]:
+             r"pads the first axis only"),
+            # a reward model's responses (a bare ValueError of NumPy's, naming nothing: the
+            # DPO audit), and text (told to pass value="", which a Pad refuses)
+            ([{"a": [np.arange(4), np.arange(2)]}, {"a": [np.arange(3)]}],
+             r"record position 0's 'a' is a list of sequences of other lengths.*first axis "
+             r"only; in a Map before the Pad, pad each inner sequence"),
+            ([{"a": np.array(["x", "yz"])}] * 2, r"'a' holds text \(<U2\), and a Pad pads "
+                                                  r"numbers")]:
         with pytest.raises(jl.CollateError, match=said):
             first(records)
     assert "a_length" not in first([{"a": [1, 2]}, {"a": [3]}], length_suffix=None)
@@ -258,6 +265,10 @@ def test_ragged_lists_without_a_pad_are_told_to_take_one():
             next(iter(jl.DataLoader(records, batch_size=2)))  # (not a key a Pad pads)
         assert "jaxloader.Pad(" not in str(said.value) and "move them to a key of the " \
             "record, which jaxloader.Pad pads" in str(said.value)
+    pairs = [{"r": [np.arange(4), np.arange(2)]}, {"r": [np.arange(3), np.arange(1)]}]
+    with pytest.raises(jl.CollateError, match=r"leaf \['r'\]\[0\].*a Pad pads a record's "
+                                              r"top-level keys: return this leaf under a key"):
+        next(iter(jl.DataLoader(pairs, batch_size=2)))  # (not Pad('<key>'), the DPO audit)
 
 
 def test_records_of_other_dtypes_are_refused_not_cast_to_the_first():

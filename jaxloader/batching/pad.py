@@ -257,6 +257,11 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
                 "be padded as data; in a Map before the Pad, fill them (x.filled(0)) and give "
                 "the mask a key of its own (np.ma.getmaskarray(x)), which the Pad can pad too")
         leaf = _as_array(pad, record[key], pad.dtypes.get(key), names, j, key)
+        if leaf.dtype.kind in "SU":
+            raise CollateError(
+                f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds text "
+                f"({leaf.dtype}), and a Pad pads numbers; make it numbers (token ids) in a Map "
+                "before the Pad, or leave the key out of the Pad's keys")
         if leaf.ndim == 0 or leaf.dtype == object:
             raise CollateError(
                 f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
@@ -310,7 +315,15 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
     """A record's leaf as an array, of ``kind`` where the ``Pad`` gives one (a list made so, an
     array cast): ints and bools into any number that holds each value, floats into floats
     (refused where one overflows), complex into complex; other kinds are refused."""
-    given = np.asarray(value)
+    try:
+        given = np.asarray(value)
+    except ValueError:  # (sequences of other lengths: NumPy's "inhomogeneous shape")
+        raise CollateError(
+            f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is a {type(value).__name__} "
+            "of sequences of other lengths, which makes no array: a Pad pads the first axis "
+            "only; in a Map before the Pad, pad each inner sequence to one width (np.stack of "
+            "them padded to the longest, or to a fixed one) or give each a key of its own"
+        ) from None
     if kind is None or given.dtype == kind or given.dtype == object:
         return given  # (objects: refused by the caller)
     into = {"b": "biuf", "i": "biuf", "u": "biuf", "f": "fc", "c": "c", "m": "m", "M": "M"}

@@ -221,9 +221,12 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                 fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
                        "convert each as it is decoded, Image.open(...).convert('RGB')")
             else:
-                key = path[2:-2] if path.count("[") == 1 and path[:2] == "['" else "<key>"
-                fix = ("make every record's leaf the same shape and dtype (pad them to the "
-                       f"batch's longest with jaxloader.Pad({key!r}) after the Maps, or pad or "
+                top = path.count("[") == 1 and path[:2] == "['"
+                pad = (f"pad them to the batch's longest with jaxloader.Pad({path[2:-2]!r}) "
+                       "after the Maps" if top else "a Pad pads a record's top-level keys: "
+                       "return this leaf under a key of its own from a Map, then pad it with "
+                       "jaxloader.Pad")
+                fix = (f"make every record's leaf the same shape and dtype ({pad}, or pad or "
                        "crop in a Map; 1-D token arrays: jaxloader.PackedSource, or "
                        "PackedStream for a stream), or use batch_size=1")
             raise CollateError(
