@@ -210,8 +210,10 @@ def descriptors_of(token: str) -> list[int]:
     return found
 
 
-def descriptor_share(share: int, most: int, untracked: bool = bool(UNTRACKED)) -> int:
-    """Mappings this process may keep: ``1/share`` of its descriptor limit, each mapping a
+def descriptor_share(share: int, most: int, untracked: bool = bool(UNTRACKED),
+                     taken: int = 0) -> int:
+    """Mappings this process may keep: ``1/share`` of its descriptor limit less ``taken``
+    descriptors (those open, and other loaders' slots still to come), each mapping a
     descriptor (two before Python 3.13, where ``mmap`` keeps one of its own: ``untracked``
     false), 4 to ``most``.
 
@@ -224,7 +226,15 @@ def descriptor_share(share: int, most: int, untracked: bool = bool(UNTRACKED)) -
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return most
-    return min(most, max(4, soft // (share * (1 if untracked else 2))))
+    return min(most, max(4, (soft - taken) // (share * (1 if untracked else 2))))
+
+
+def open_descriptors() -> int | None:
+    """The descriptors this process has open (Linux's ``/proc/self/fd``), or ``None``."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # (less the listing's own)
+    except OSError:
+        return None
 
 
 _FEWER = ("close the loaders you no longer use (each keeps its slots; a notebook keeps each "

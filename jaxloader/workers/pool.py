@@ -243,7 +243,7 @@ class WorkerPool:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = task_shape(*key, self._prefetch, self.roster.active,
-                                                   self._timed)
+                                                   self._timed, self._ring.budget)
         return shape
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,

@@ -28,14 +28,16 @@ nearly every batch, which would eat what a deeper pipeline gains.
 
 A slot's memory file holds a descriptor of this process while it is linked (so that workers can
 open it). Batches kept alive keep their slots: past ``tasks.ahead_slots()`` of them (a quarter of
-the descriptor limit), the oldest kept is unlinked (its mapping stays; its descriptor closes)
-and destroyed, not reused, when its views die: ``list(loader)`` of 2,500 batches ran out of
-descriptors at a limit of 1,024.
+what the other loaders' rings leave of the descriptor limit), the oldest kept is unlinked (its
+mapping stays; its descriptor closes) and destroyed, not reused, when its views die:
+``list(loader)`` of 2,500 batches ran out of descriptors at a limit of 1,024.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
+import threading
 import weakref
 from collections import deque
 from typing import Any
@@ -43,8 +45,35 @@ from typing import Any
 import numpy as np
 
 from jaxloader.batching.collate import Layout
-from jaxloader.runtime.shm import Segment
+from jaxloader.runtime.shm import UNTRACKED, Segment, open_descriptors
 from jaxloader.workers.tasks import ahead_slots
+
+_RINGS: weakref.WeakSet = weakref.WeakSet()  # the rings not closed, of every loader alive
+_LOCK = threading.Lock()  # (loaders made in several threads at once)
+
+
+def _forked() -> None:
+    """A forked child has none of its parent's rings, nor the lock another thread held."""
+    global _LOCK
+    _RINGS.clear()
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _budget(others: list[SlotRing]) -> int:
+    """A new ring's slots: ``tasks.ahead_slots`` of the descriptors left by those open and the
+    slots ``others`` (the rings of the loaders alive) may still make: up to half as many again
+    as their budget (the steps ahead are within it, the tasks being submitted and the batches
+    the loop holds are not)."""
+    each = 1 if UNTRACKED else 2
+    coming = sum(max(0, r.budget * 3 // 2 - r.segment_count) for r in others)
+    opened = open_descriptors()
+    if opened is None:  # (no /proc: the others' whole budgets)
+        opened, coming = 0, sum(r.budget * 3 // 2 for r in others)
+    return ahead_slots(opened + coming * each, len(others))
 
 _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing data grows rarely
 _SETTLE = 512  # batches handed out between looks at the slot size (module docstring)
@@ -64,10 +93,17 @@ class SlotRing:
         self._known = False  # whether a batch has been written: until then slot_size is 0
         self._largest = [0, 0]  # bytes of the largest batch handed out: the window before, this
         self._handed = 0  # batches handed out
-        self._kept_linked = ahead_slots()  # slots lent and linked at most (module docstring)
+        with _LOCK:
+            self._kept_linked = _budget(list(_RINGS))  # slots lent and linked at most
+            _RINGS.add(self)
         # the refs of the slots lent, in order (some returned since): a ref, not its id, which
         # a later ref may take once it is freed (that slot was then unlinked in turn)
         self._lent_order: deque[weakref.ref] = deque()
+
+    @property
+    def budget(self) -> int:
+        """The slots this ring keeps linked at most: its loader's steps ahead are fewer."""
+        return self._kept_linked
 
     @property
     def segment_count(self) -> int:
@@ -163,6 +199,8 @@ class SlotRing:
     def close(self) -> None:
         """Unlinks every segment; unmaps those no view reads (the rest when their views die).
         Idempotent."""
+        with _LOCK:
+            _RINGS.discard(self)
         for segment in list(self._segments.values()):
             segment.destroy()
         self._segments.clear()

@@ -44,13 +44,15 @@ MAX_AHEAD_SLOTS = 256
 TASK_SECONDS = 0.5
 
 
-def ahead_slots() -> int:
+def ahead_slots(taken: int = 0, others: int = 0) -> int:
     """``MAX_AHEAD_SLOTS``, or fewer where a quarter of this process's descriptor limit holds
-    fewer slots (a limit of 64, or 1,024 before Python 3.13): a few loaders alive at once
-    then fit the table, where their slots would fill it."""
+    fewer slots (a limit of 64, or 1,024 before Python 3.13); with ``others`` loaders alive,
+    ``1 / (4 + others)`` of the limit less the ``taken`` descriptors (``ring.SlotRing``): so
+    that loaders alive at once fit the table, where their slots would fill it (four task
+    loaders with workers filled 1,024 on Python 3.11)."""
     from jaxloader.runtime.shm import descriptor_share
 
-    return descriptor_share(4, MAX_AHEAD_SLOTS)
+    return descriptor_share(4 + others, MAX_AHEAD_SLOTS, taken=taken)
 
 
 def steps_per_task(slot_size: int, streaming: bool, tasks: int = 1,
@@ -76,10 +78,11 @@ def tasks_ahead(slot_size: int, steps: int, prefetch: int, workers: int,
 
 
 def task_shape(slot_size: int, streaming: bool, prefetch: int, workers: int,
-               timed: int = MAX_TASK_STEPS) -> tuple[int, int, int]:
+               timed: int = MAX_TASK_STEPS, slots: int | None = None) -> tuple[int, int, int]:
     """``(steps a task, tasks ahead a worker, steps ahead in all)`` for slots of
     ``slot_size`` bytes (0: not known yet); ``timed``: the steps a worker makes in
-    ``TASK_SECONDS`` (``timed_steps``), at most a task's.
+    ``TASK_SECONDS`` (``timed_steps``), at most a task's; ``slots``: the loader's slots ahead
+    at most (its ring's; ``ahead_slots()`` where not given).
 
     Example:
         >>> task_shape(22_528, False, prefetch=2, workers=2)
@@ -87,7 +90,7 @@ def task_shape(slot_size: int, streaming: bool, prefetch: int, workers: int,
         >>> task_shape(22_528, False, prefetch=2, workers=2, timed=2)  # (as many ahead)
         (2, 32, 128)
     """
-    slots = ahead_slots()
+    slots = ahead_slots() if slots is None else slots
     steps = steps_per_task(slot_size, streaming, workers * prefetch, slots)
     ahead = tasks_ahead(slot_size, steps, prefetch, workers, slots)
     if timed < steps:

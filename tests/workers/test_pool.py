@@ -634,6 +634,31 @@ def test_a_low_descriptor_limit_holds_fewer_slots_not_a_failure(tmp_path):
     assert out.split() == ["True"], err[-2000:]
 
 
+def test_loaders_alive_at_once_share_the_descriptor_table(tmp_path):
+    # each loader took a quarter of the table whatever the others held: under 1,024, the
+    # fourth task loader of a multi-task loop (the seventh on Python 3.13) ran out of
+    # descriptors, before the warning of many loaders open (the multi-task audit)
+    proc = _run_script(tmp_path, """
+        import resource, warnings
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(
+            resource.RLIMIT_NOFILE)[1]))
+        import numpy as np, jaxloader as jl
+        warnings.simplefilter("ignore")  # (6 loaders open: said)
+        loaders = [jl.DataLoader(jl.ArraySource({"x": np.arange(4000) + 10_000 * t}),
+                                 batch_size=8, shuffle=True, seed=t, num_epochs=None,
+                                 num_workers=2) for t in range(8)]
+        steps = [iter(loader) for loader in loaders]
+        for _ in range(40):
+            for t, it in enumerate(steps):
+                assert (next(it)["x"] // 10_000 == t).all()
+        for loader in loaders:
+            loader.close()
+        print("ok")
+    """)
+    out, err = proc.communicate(timeout=120)
+    assert out.split() == ["ok"], err[-2000:]
+
+
 def test_ctrl_c_shuts_down_cleanly(tmp_path):
     proc = _run_script(tmp_path, SCRIPT_HEAD + """
     while True:

@@ -166,7 +166,7 @@ def test_a_worker_lets_go_of_an_outlier_batchs_slot_once_the_ring_came_down(monk
 def test_batches_kept_past_the_slots_budget_let_their_descriptors_go(monkeypatch):
     # each kept batch's slot held a descriptor of this process (two before Python 3.13):
     # list(loader) of 2,500 batches ran out of them at a limit of 1,024
-    monkeypatch.setattr("jaxloader.workers.ring.ahead_slots", lambda: 3)
+    monkeypatch.setattr("jaxloader.workers.ring.ahead_slots", lambda taken=0, others=0: 3)
     ring = SlotRing()
     kept = []
     for value in range(5):
