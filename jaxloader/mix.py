@@ -129,6 +129,6 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
             "lengths, each component reshuffled as it wraps; leave stopping_strategy out, or "
             "set the epoch's length with a number of steps")
     try:
-        return Mixture(parts, schedule)
+        return Mixture(parts, schedule, names)
     except ConfigError as e:  # (a part's error: named by its place in the mix, not a concat's)
         raise ConfigError(str(e).replace("ConcatSource: sources[", "mix(sources)[", 1)) from None

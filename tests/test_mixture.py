@@ -233,6 +233,28 @@ def test_weights_written_otherwise_that_normalise_one_rounding_apart_are_refused
         sampler(whole, batch_size=60).check_extra_state(state, 5)
 
 
+def test_components_that_differ_are_named_and_arrays_in_memory_refused_as_mixed():
+    # the error said "in one, ... in another" (which of a multi-task mixture's?), and came at
+    # the first batch holding both: step 12 for a component of weight 0.005 (the audit)
+    cls = jl.ArraySource({"image": np.zeros((40, 4), np.float32), "label": np.zeros(40, int)})
+    seg = jl.ArraySource({"image": np.zeros((40, 4), np.float32),
+                          "mask": np.zeros((40, 4), np.uint8)})
+    with pytest.raises(jl.ConfigError, match=r"keys \['image', 'label'\] in 'cls', dict with "
+                                             r"keys \['image', 'mask'\] in 'seg'"):
+        jl.mix({"cls": cls, "seg": seg}, {"cls": 0.995, "seg": 0.005})
+    wide = jl.ArraySource({"image": np.zeros((40, 4)), "label": np.zeros(40, int)})
+    with pytest.raises(jl.ConfigError, match=r"\['image'\].*float32\(4,\) in mix\(sources\)"
+                                             r"\[0\], float64\(4,\) in mix\(sources\)\[1\]"):
+        jl.mix([cls, wide], [0.5, 0.5])
+    listed = [{"image": np.zeros(4), "label": 0}] * 40  # (read to be known: at its batch)
+    mixed = jl.mix({"cls": cls, "list": listed}, {"cls": 0.5, "list": 0.5})
+    with pytest.raises(jl.JaxloaderError, match=r"records differ: .*\('(list|cls)' record \d+\)"
+                                                r".*\('(list|cls)' record \d+\)"):
+        next(iter(jl.DataLoader(mixed, batch_size=8, shuffle=True)))
+    assert len(jl.ConcatSource([cls, seg])) == 80  # (a concatenation read a part a batch)
+    jl.mix([cls, seg], [1, 0], from_step={10: [0, 1]})  # (never in one batch: a schedule)
+
+
 def test_read_locally_each_component_reads_its_records_once_an_epoch_a_window_at_a_time():
     # LocalShuffle in a mixture: each component's blocks (100 records here) permuted each
     # epoch, its records shuffled within windows of 2 blocks: a run of its reads stays in 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator, ValuesView
-from typing import Any, NamedTuple, Sequence, cast
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -37,8 +37,9 @@ class ConcatSource:
     # False for a source whose records by index are not what a loader reads of it (a Mixture:
     # its weights apply through the loader's sampler): refused as a part
     read_by_index = True
+    _PLACE = "sources"  # (a part by its place, in messages)
 
-    def __init__(self, sources: Sequence[Source]) -> None:
+    def __init__(self, sources: Sequence[Source], names: Sequence[str] | None = None) -> None:
         given = sources
         if isinstance(sources, (list, tuple, collections.deque, ValuesView, Iterator)):
             sources = list(sources)  # (a generator, a dict's values: their list, in order)
@@ -62,6 +63,7 @@ class ConcatSource:
             except ConfigError as e:
                 raise ConfigError(f"ConcatSource: sources[{k}]: {e}") from None
         self.sources = list(sources)
+        self.names = None if names is None else [str(n) for n in names]  # (jl.mix's, if any)
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.alike_arrays = _alike_arrays(self.sources)
         # In a worker, alike in-memory parts arrive as one array a leaf (see __getstate__):
@@ -144,9 +146,11 @@ class ConcatSource:
         return np.stack([parts, indices - self.offsets[parts]], axis=-1)
 
     def record_origin(self, index: int) -> str | None:
-        """Where record ``index`` comes from (its part's file), for messages."""
+        """Where record ``index`` comes from (its part's file, else the part), for
+        messages."""
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
-        return origin_of(self.sources[part], index - int(self.offsets[part]))
+        local = index - int(self.offsets[part])
+        return origin_of(self.sources[part], local) or f"{self.label(part)} record {local}"
 
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < len(self):
@@ -168,9 +172,10 @@ class ConcatSource:
         else:  # each part's rows ascending (a file source then has no order to put back)
             order = np.argsort(indices, kind="stable")
             runs = np.split(order, np.flatnonzero(np.diff(parts[order])) + 1)
-        pieces = []
+        pieces, of = [], []
         for run in runs:
             part = int(parts[run[0]]) if len(run) else 0
+            of.append(part)
             source = self.sources[part]
             try:
                 if hasattr(source, "__getitems__"):
@@ -192,7 +197,24 @@ class ConcatSource:
                 for j, record in zip(run, rows):
                     records[j] = record
             return records
-        return _merge(pieces, len(parts))
+        return _merge(pieces, len(parts), lambda i: self.label(of[i]))
+
+    def check_alike(self, parts: list[int]) -> None:
+        """Refuses ``parts`` (read together in batches), ``ArraySource`` parts whose rows
+        would not merge into one batch (other keys, dtypes, row shapes), as a batch of them
+        would: known now, with no read (a mixture's component of small weight was first read
+        at step 12, and refused there)."""
+        arrays = [p for p in parts if type(self.sources[p]) is ArraySource]
+        if len(arrays) > 1:
+            try:
+                _merge([(np.arange(0), cast(ArraySource, self.sources[p]).__getitems__(
+                    np.arange(0))) for p in arrays], 0, lambda i: self.label(arrays[i]))
+            except CollateError as e:
+                raise ConfigError(str(e)) from None
+
+    def label(self, part: int) -> str:
+        """Part ``part`` as messages name it: by its name in ``jl.mix``, else its place."""
+        return f"{self.names[part]!r}" if self.names else f"{self._PLACE}[{part}]"
 
     def __repr__(self) -> str:
         return f"ConcatSource({len(self)} records in {len(self.sources)} sources)"
@@ -250,8 +272,9 @@ class _JoinedParts(NamedTuple):
     leaves: list
 
 
-def _merge(pieces: list, n: int) -> Any:
-    """Batched answers of the parts, rows put back in the order asked for."""
+def _merge(pieces: list, n: int, label: Callable[[int], str]) -> Any:
+    """Batched answers of the parts, rows put back in the order asked for; ``label(i)``:
+    the part of ``pieces[i]``, as messages name it."""
     if len(pieces) == 1:
         return pieces[0][1]  # one part, read in the order asked for
     flat = _merge_flat(pieces, n)
@@ -260,13 +283,14 @@ def _merge(pieces: list, n: int) -> Any:
     treedef = tree_lib.flatten(pieces[0][1])[1]
     paths = tree_lib.leaf_paths(treedef)
     answers = []
-    for run, got in pieces:
+    for i, (run, got) in enumerate(pieces):
         leaves, other = tree_lib.flatten(got)
         if other != treedef:
             raise CollateError(
                 "the parts of a ConcatSource (a jl.mix's components are its parts) differ in "
-                f"structure: {tree_lib.describe(treedef)} in one, {tree_lib.describe(other)} "
-                "in another; make the parts' records alike: rename or add keys with a "
+                f"structure: {tree_lib.describe(treedef)} in {label(0)}, "
+                f"{tree_lib.describe(other)} in {label(i)}; make the parts' records alike: "
+                "rename or add keys with a "
                 "jl.MapSource(part, fn) of the part that differs (a Map on the loader cannot: "
                 "parts are read together)"
             )
@@ -274,14 +298,15 @@ def _merge(pieces: list, n: int) -> Any:
     outs = []
     for i, path in enumerate(paths):
         columns = [leaves[i] for leaves in answers]
-        out = np.empty((n, *columns[0].shape[1:]), _merged_dtype(path, columns))
+        out = np.empty((n, *columns[0].shape[1:]), _merged_dtype(path, columns, label))
         for (run, _), column in zip(pieces, columns):
             out[run] = column
         outs.append(out)
     return tree_lib.unflatten(treedef, outs)
 
 
-def _merged_dtype(path: str, columns: list[np.ndarray]) -> np.dtype:
+def _merged_dtype(path: str, columns: list[np.ndarray],
+                  label: Callable[[int], str]) -> np.dtype:
     """The dtype the parts' columns of one leaf merge into: theirs where they agree. Strings
     of other widths take the widest (``<U3`` and ``<U5``: ``<U5``), and fixed-width strings
     with a part's Python ones (a Parquet column) become Python ones (``object``), as a
@@ -295,13 +320,13 @@ def _merged_dtype(path: str, columns: list[np.ndarray]) -> np.dtype:
         if any(c.dtype == object for c in columns):
             return np.dtype(object)
         return np.result_type(*(c.dtype for c in columns))
-    other = next(c for c in columns
-                 if c.dtype != first.dtype or c.shape[1:] != first.shape[1:])
+    i, other = next((i, c) for i, c in enumerate(columns)
+                    if c.dtype != first.dtype or c.shape[1:] != first.shape[1:])
     raise CollateError(
         f"batch leaf {path}: the parts of a ConcatSource differ (a jl.mix's "
         "components are its parts): "
-        f"{first.dtype}{first.shape[1:]} in one, {other.dtype}{other.shape[1:]} in "
-        "another; make the parts' records alike: cast with a jl.MapSource(part, fn) of "
+        f"{first.dtype}{first.shape[1:]} in {label(0)}, {other.dtype}{other.shape[1:]} in "
+        f"{label(i)}; make the parts' records alike: cast with a jl.MapSource(part, fn) of "
         "the part that differs (a Map on the loader cannot: parts are read together)"
     )
 

@@ -37,10 +37,14 @@ class Mixture(ConcatSource):
     """
 
     read_by_index = False  # (ConcatSource)
+    _PLACE = "mix(sources)"
 
-    def __init__(self, sources: Sequence[Source], schedule: Mapping[int, Weights]) -> None:
-        super().__init__(sources)
+    def __init__(self, sources: Sequence[Source], schedule: Mapping[int, Weights],
+                 names: Sequence[str] | None = None) -> None:
+        super().__init__(sources, names)
         self.schedule = checked_schedule(schedule, len(self.sources))
+        for weights in self.schedule.values():  # (those of a regime share its batches;
+            self.check_alike([c for c, w in enumerate(weights) if w > 0])  # not others)
 
     def __repr__(self) -> str:
         weights = ", ".join(f"{w:.3g}" for w in self.schedule[0])

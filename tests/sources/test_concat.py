@@ -68,9 +68,9 @@ def test_vectorised_reads_merge_the_parts_in_order():
     with pytest.raises(jl.CollateError, match=r"\['x'\]: the parts of a ConcatSource differ"):
         jl.ConcatSource([sources[0], jl.ArraySource({"x": np.zeros((3, 2))})]).__getitems__(
             np.array([0, 11]))
-    # other keys: named as keys (was "int64() in one, int64() in another")
-    with pytest.raises(jl.CollateError, match=r"differ in structure: dict with keys \['x'\] in "
-                                              r"one, dict with keys \['z'\] in another"):
+    # other keys: named as keys (was "int64() in one, int64() in another"), the parts by place
+    with pytest.raises(jl.CollateError, match=r"structure: dict with keys \['x'\] in sources"
+                                              r"\[0\], dict with keys \['z'\] in sources\[1\]"):
         jl.ConcatSource([sources[0], jl.ArraySource({"z": np.zeros(3)})]).__getitems__(
             np.array([0, 11]))
 
@@ -101,7 +101,7 @@ def test_strings_of_other_widths_or_forms_merge_and_other_differences_are_named(
     for other in ({"t": np.asarray([b"x", b"y"])}, {"t": np.arange(2)},
                   {"t": np.asarray([["x", "y"], ["z", "w"]])}):
         with pytest.raises(jl.CollateError, match=r"\['t'\]: the parts of a ConcatSource "
-                                                  r"differ .*: <U3\(\) in one, "):
+                                                  r"differ .*: <U3\(\) in sources\[0\], "):
             jl.ConcatSource([narrow, jl.ArraySource(other)]).__getitems__(np.array([0, 3]))
 
 

@@ -51,8 +51,9 @@ def _mixed(path, batched=False):
 
 def test_a_float64_parquet_component_is_refused_until_its_own_map_casts_it(tmp_path):
     path = _wide(tmp_path)
-    with pytest.raises(jl.JaxloaderError, match=r"float64\(4,\) in one, float32\(4,\) in "
-                                                r"another; .*jl.MapSource\(part, fn\)"):
+    with pytest.raises(jl.JaxloaderError, match=r"float64\(4,\) in mix\(sources\)\[0\], "
+                                                r"float32\(4,\) in mix\(sources\)\[1\]; "
+                                                r".*jl.MapSource\(part, fn\)"):
         with jl.DataLoader(jl.mix([jl.ParquetSource(path), _arrays()], [0.6, 0.4]),
                            batch_size=8, shuffle=True, process_index=0, process_count=1) as loader:
             take(loader, 3)
