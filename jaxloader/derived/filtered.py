@@ -110,8 +110,13 @@ class FilteredSource:
         return self.source[int(self.indices[index])]
 
     def record_origin(self, index: int) -> str | None:
-        """Where its record ``index`` (the source's kept one) comes from, for messages."""
-        return origin_of(self.source, int(self.indices[index]))
+        """Where its record ``index`` (the source's kept one) comes from, for messages: the
+        source's own answer, else its record's number there (a pool's row, the one the user
+        knows: a worker's copy over the kept rows alone says the pool's, ``worker_copy``)."""
+        i = int(self.indices[index])
+        rows = self.__dict__.get("_pool_rows")
+        return origin_of(self.source, i) or (
+            f"its source's record {i if rows is None else int(rows[i])}")
 
     def __getitems__(self, rows: np.ndarray) -> Any:
         picked = self.indices[np.asarray(rows, np.int64)]
@@ -171,6 +176,7 @@ class FilteredSource:
         copy = type(self).__new__(type(self))
         copy.__dict__.update({k: v for k, v in self.__dict__.items() if k != "block_starts"})
         copy.source, copy.indices = kept, where.astype(np.int64).reshape(-1)
+        copy.__dict__["_pool_rows"] = rows
         copy.indices.flags.writeable = False
         return copy
 

@@ -24,6 +24,7 @@ from jaxloader.base.file_identity import check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.errors import StateDictError, user_stacklevel
 from jaxloader.loaders.older_states import check_mixture_order
+from jaxloader.loaders.source_changes import source_differences
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.code_digest import code_digest
@@ -262,21 +263,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [differ(k, expected.get(k), state.get(k))
              for k in compared if state.get(k) != expected.get(k)]
-    then, now = str(state.get("source")), str(expected.get("source"))  # (kind, size alike:)
-    if then != now and then.split(":")[:2] == now.split(":")[:2]:
-        diffs.append(f"the source is of the same kind ({now.split(':')[0]}) and size, so what "
-                     "differs is inside it: a function it runs (MapSource, a filter's predicate:"
-                     " its code as this Python compiles it: another Python or -O differs too), "
-                     "its options (a ParquetSource's columns=, in their order), or its data; or"
-                     " the state is older than a change of that source's fingerprint (the "
-                     "checkpointing guide lists them): restore with the jaxloader that saved it")
-    elif then != now and ":" not in then + now and "None" not in (then, now):  # (its own)
-        diffs.append("the source's own fingerprint differs (its `fingerprint` attribute; a "
-                     "Hugging Face Dataset's, which map, filter, with_format, select, "
-                     "flatten_indices and save_to_disk + load_from_disk change, and a map whose "
-                     "function datasets cannot hash makes anew each run: pass it "
-                     "new_fingerprint=): make the source the same way as the run that saved "
-                     "the state")
+    diffs += source_differences(str(state.get("source")), str(expected.get("source")))
     grown = state.get("num_records") != sampler.num_records
     if (grown or state.get("record_hash") != expected.get("record_hash")) and \
             state.get("record_spec") == expected.get("record_spec") is not None:

@@ -381,3 +381,18 @@ def test_an_indices_file_is_found_again_when_a_memory_mapped_array_is_saved_agai
     __import__("os").replace(tmp_path / "new.npy", tmp_path / "tokens.npy")
     with pytest.warns(UserWarning, match=r"quiet.npy was found from another source"):
         assert quiet_windows() == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_a_state_restored_over_another_subset_says_the_kept_records_differ():
+    # (an active-learning round's subset recomputed after a preemption: the refusal blamed
+    # a function, options or data, never the indices)
+    pool = jl.ArraySource({"x": np.arange(1000)})
+    with jl.DataLoader(jl.FilteredSource(pool, indices=np.arange(0, 400, 2)),
+                       batch_size=10) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    with jl.DataLoader(jl.FilteredSource(pool, indices=np.arange(1, 400, 2)),
+                       batch_size=10) as loader:
+        with pytest.raises(jl.StateDictError, match=r"same kind \(filtered\) and size, so what "
+                                                    r"differs is inside it: the records it keeps"):
+            loader.load_state_dict(state)

@@ -405,6 +405,10 @@ def test_a_filtered_source_over_a_pool_in_memory_sends_its_rows_alone():
         got = out["client"].__getitems__(np.arange(6))
         assert np.array_equal(got["y"], picked) and np.array_equal(got["x"], pool.arrays[0][picked])
         assert out["client"][1]["y"] == 7
+        # an error names the pool's record, as in the training process (the audit: a record
+        # of a subset was named by its place in the subset alone)
+        assert out["client"].record_origin(0) == client.record_origin(0) == \
+            "its source's record 4000"
         # sources over more than half of the pool together: the rest share it whole
         halves = [jl.FilteredSource(pool, indices=np.arange(1500) + 1500 * i) for i in range(2)]
         parts = loads(dumps(halves, segments.append))
