@@ -70,6 +70,29 @@ def test_same_batches_with_0_and_2_workers_and_across_a_restore():
         assert same(list(restored), expected[3:])
 
 
+_STATS = np.zeros(4, np.float32)  # a fold's normalisation, refilled in place each trial
+
+
+def _normalised(r):
+    return {"x": r["x"] - _STATS}
+
+
+def test_a_jit_map_kept_across_loaders_reads_what_its_function_reads_at_each_loader():
+    # compiled once on the JitMap in the training process, it kept the globals and arrays
+    # its first trace read: a sweep's later folds were normalised by the first fold's stats
+    # with num_workers=0, and by their own with workers (the sweeps audit)
+    normalise = jl.JitMap(_normalised)
+    source = jl.ArraySource({"x": np.ones((4, 4), np.float32)})
+    got = {}
+    for fold in (0.0, 0.5):
+        _STATS[:] = fold
+        for workers in (0, 1):
+            with jl.DataLoader(source, batch_size=4, transforms=[normalise],
+                               num_workers=workers) as loader:
+                got[fold, workers] = float(next(iter(loader))["x"][0, 0])
+    assert got == {(0.0, 0): 1.0, (0.0, 1): 1.0, (0.5, 0): 0.5, (0.5, 1): 0.5}
+
+
 def test_a_function_that_does_not_trace_is_refused_naming_the_line_and_the_remedy():
     def branchy(r):
         if r["image"].mean() > 100:  # Python control flow on a traced value

@@ -212,3 +212,51 @@ def test_a_ctrl_c_anywhere_in_taking_or_letting_go_of_the_locks_leaves_none_held
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_filters_scan_and_a_packers_lengths_read_the_source_in_turn_with_a_loader():
+    # two trials' FilteredSource(keep) over one ParquetSource in two threads, or one while
+    # another thread trained on it, read it at once: pyarrow segfaulted, said "the file is
+    # damaged", or hung (the sweeps audit). A source that counts reads at once stands in.
+    class Probe:
+        def __init__(self):
+            self.inside, self.overlaps = 0, 0
+
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return self.__getitems__(np.array([i]))[0]
+
+        def __getitems__(self, indices):
+            self.inside += 1
+            self.overlaps += self.inside > 1
+            time.sleep(0.002)
+            self.inside -= 1
+            return [{"tokens": np.arange(1 + i % 5, dtype=np.int32), "fold": i % 4}
+                    for i in indices]
+
+    probe = Probe()
+    done = threading.Event()
+
+    def train():
+        with jl.DataLoader(probe, batch_size=4, num_epochs=None,
+                           transforms=[jl.Map(lambda r: {"fold": r["fold"]})]) as loader:
+            for _, _ in zip(range(400), loader):
+                if done.is_set():
+                    break
+
+    def build(k):
+        for _ in range(4):
+            assert len(jl.FilteredSource(probe, lambda r: r["fold"] != k)) == 48
+            jl.PackedSource(probe, "tokens", 8)
+
+    threads = [threading.Thread(target=train)] + [
+        threading.Thread(target=build, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads[1:]:
+        t.join()
+    done.set()
+    threads[0].join()
+    assert probe.overlaps == 0

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
@@ -141,7 +142,9 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
                                                "put it after the Maps and before BatchMap and "
                                                "JitMap"))
             batch.append(t)
-        elif isinstance(t, (BatchMap, JitMap)):
+        elif isinstance(t, JitMap):  # (a loader's own: compiled anew, as in its workers; one
+            batch.append(copy.copy(t))  # kept across loaders kept the globals it first read)
+        elif isinstance(t, BatchMap):
             batch.append(t)
         elif batch and isinstance(batch[0], Pad) and len(batch) == 1:
             raise ConfigError(f"transforms[{i}]: {t!r} is a record transform after {batch[0]!r}, "

@@ -34,6 +34,7 @@ from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digest
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
+from jaxloader.sources.parts import read_locked
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.batching.transforms import Filter, fn_name, from_grain
@@ -194,7 +195,9 @@ class FilteredSource:
 def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
     out = []
     for start in range(0, n, CHUNK):
-        records = records_at(source, np.arange(start, min(n, start + CHUNK)))
+        chunk = np.arange(start, min(n, start + CHUNK))
+        records = read_locked(source, records_at, source, chunk)  # (a loader over it in
+        # another thread reads between chunks)
         i = start  # (the record ``keep`` raised on, named in the error)
         try:  # (around the chunk, not each record: the scan reads every record)
             for i, record in enumerate(records, start):
@@ -242,17 +245,22 @@ def _checked(indices: Any, n: int, path: str | None) -> np.ndarray:
     where = f" (from {path})" if path else ""
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         mask = array.dtype == bool and not path
+        found = isinstance(indices, tuple) and len(indices) == 1  # (np.where's, np.nonzero's)
         raise ConfigError(f"FilteredSource(indices){where}: expected a 1-D array of record "
                           f"numbers, got shape {array.shape} dtype {array.dtype}"
-                          + ("; for a mask, pass np.flatnonzero(mask)" if mask else ""))
+                          + ("; for a mask, pass np.flatnonzero(mask)" if mask else "")
+                          + ("; np.where(...) gives a tuple of one array for each axis: pass "
+                             "np.where(...)[0]" if found else ""))
     array = array.astype(np.int64)
     if array.size and (array.min() < 0 or array.max() >= n):
+        at = int(np.flatnonzero((array < 0) | (array >= n))[0])
         remedy = ("delete a stale file to filter again" if path else
                   "indices count from 0, with no negative ones (np.arange(n)[indices] turns "
-                  "them into record numbers)")
+                  "them into record numbers)" if array[at] < 0 else
+                  f"the source has {n} records: indices of another, larger one?")
         raise ConfigError(
             f"FilteredSource(indices){where}: expected record numbers in [0, {n}), got "
-            f"[{array.min()}, {array.max()}]; {remedy}")
+            f"[{array.min()}, {array.max()}] (indices[{at}] is {int(array[at])}); {remedy}")
     array.flags.writeable = False
     return array
 

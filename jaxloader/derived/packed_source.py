@@ -44,6 +44,7 @@ from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
+from jaxloader.sources.parts import read_locked
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.sources.ragged import RaggedSource
@@ -201,7 +202,8 @@ class PackedSource:
         for k, key in enumerate(self.keys):
             with_tokens = np.flatnonzero(self._lengths[:, k])
             i = int(with_tokens[0]) if len(with_tokens) else 0  # (a key empty everywhere)
-            out.append(_sequence(records_at(self.source, np.array([i]))[0], key, i).dtype)
+            record = read_locked(self.source, records_at, self.source, np.array([i]))[0]
+            out.append(_sequence(record, key, i).dtype)
         return out
 
     def _check_lengths(self, records: np.ndarray, k: int, got: np.ndarray) -> None:
@@ -245,7 +247,8 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
     where they came from, for messages (``None``: the source's own, or read)."""
 
     def find() -> np.ndarray:
-        own = [lengths_of(source, k) for k in keys]  # RaggedSource, ParquetSource, ...
+        own = [read_locked(source, lengths_of, source, k)  # RaggedSource, ParquetSource, ...
+               for k in keys]
         columns = [c for c in own if c is not None]
         if len(columns) == len(keys):
             return np.stack(columns, axis=1)
@@ -278,7 +281,8 @@ def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
     out = np.empty((n, len(keys)), np.int64)
     for start in range(0, n, _LENGTH_CHUNK):
         stop = min(n, start + _LENGTH_CHUNK)
-        for i, record in enumerate(records_at(source, np.arange(start, stop))):
+        for i, record in enumerate(read_locked(source, records_at, source,
+                                               np.arange(start, stop))):
             for k, key in enumerate(keys):
                 out[start + i, k] = len(_sequence(record, key, start + i))
     return out

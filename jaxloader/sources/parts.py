@@ -9,7 +9,7 @@ the sources themselves: the layers above use it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable
 
 from jaxloader.base.abilities import close_of, parts_of
 from jaxloader.base.source_locks import holding, source_lock
@@ -46,6 +46,14 @@ def reads_each(source: Any) -> bool:
     parts = parts_of(source)
     return bool(parts) and defines.__module__.startswith("jaxloader.") and any(
         reads_each(part) for part in parts)
+
+
+def read_locked(source: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a read of ``source`` made in this process outside a loader's batch (a
+    filter's scan, a packer's lengths), holding its locks (``base.source_locks``): two trials'
+    filters over one ``ParquetSource`` in two threads, or one while another thread trained on
+    it, crashed pyarrow (a segfault, "the file is damaged") or hung."""
+    return holding(source_lock(source, walk), fn, *args)
 
 
 def close_source(source: Any) -> None:

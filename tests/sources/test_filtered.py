@@ -99,11 +99,16 @@ def test_bad_input_is_named(tmp_path):
         jl.FilteredSource(source, "x > 3")
     with pytest.raises(jl.ConfigError, match=r"expected keep .* or indices.*does not exist yet"):
         jl.FilteredSource(source, indices=tmp_path / "none.npy")
-    with pytest.raises(jl.ConfigError, match=r"record numbers in \[0, 10\), got \[0, 12\]"):
-        jl.FilteredSource(source, indices=[0, 12])
+    with pytest.raises(jl.ConfigError, match=r"record numbers in \[0, 10\), got \[0, 12\] "
+                                             r"\(indices\[2\] is 12\); the source has 10 "
+                                             r"records: indices of another"):
+        jl.FilteredSource(source, indices=[0, 3, 12])  # (not "no negative ones": the audit)
+    with pytest.raises(jl.ConfigError, match=r"shape \(1, 3\).*pass np.where\(...\)\[0\]"):
+        jl.FilteredSource(source, indices=np.where(np.arange(10) > 6))
     # indices in memory have no stale file to delete: a negative one (PyTorch's Subset takes
     # them) and a bool mask are named with their own remedy
-    with pytest.raises(jl.ConfigError, match=r"got \[-1, 1\]; indices count from 0, with no "
+    with pytest.raises(jl.ConfigError, match=r"got \[-1, 1\] \(indices\[0\] is -1\); indices "
+                                             r"count from 0, with no "
                                              r"negative ones \(np.arange"):
         jl.FilteredSource(source, indices=[-1, 0, 1])
     with pytest.raises(jl.ConfigError, match=r"dtype bool; for a mask, pass np.flatnonzero"):
