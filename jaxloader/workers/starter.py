@@ -100,6 +100,7 @@ class Starter:
         self._numbers = itertools.count()
         self._running: set[int] = set()  # its workers not yet seen to have exited
         self._orphans: set[int] = set()  # those of starts cut short (no pool knows them)
+        self._lost_start = False  # a start cut short as its reply was read: worker unknown
         self._starting = 0  # starts asked for, their pids not yet in _running
         self._tally = threading.Lock()  # (for _starting: starts may come from several threads)
         self._ended = False
@@ -132,7 +133,11 @@ class Starter:
         with self._tally:  # (not idle: another environment's first start must not close it)
             self._starting += 1
         try:
-            reply = self._ask(("start", (cwd, std)), [fd, *std])
+            try:
+                reply = self._ask(("start", (cwd, std)), [fd, *std])
+            except BaseException:  # (a Ctrl-C as its reply was read: the worker unknown)
+                self._lost_start = True
+                raise
             if reply[0] != "started":
                 raise OSError(f"the worker starter (pid {self.pid}) could not fork a worker: "
                               f"{reply[1]}; free memory or processes (ulimit -u), or ask for "
@@ -148,7 +153,7 @@ class Starter:
         """The exit code of worker ``pid`` (negative: killed by that signal), None while it
         runs. A worker whose starter has ended ended with it (SIGKILL)."""
         code = self._poll_one(pid)
-        if self._orphans and pid not in self._orphans:
+        if (self._orphans or self._lost_start) and pid not in self._orphans:
             self._ask_after_orphans()
         return code
 
@@ -169,6 +174,16 @@ class Starter:
         (its pipe's other end went with the start: it exits as it starts). They stayed
         zombies for good: 1,788 under rapid interrupts; one by one, not a poll inside
         another's (a poll a frame deep: a RecursionError past ~1,000, and no worker started)."""
+        if self._lost_start and not self.ended:  # (a start cut short after its reply was
+            self._lost_start = False  # read: its worker is among the starter's children)
+            try:
+                children = self._ask(("children", None))[1]
+            except (EOFError, OSError):
+                children = []
+            for pid in children:
+                if pid not in self._running:
+                    self._running.add(pid)
+                    self._orphans.add(pid)
         for pid in list(self._orphans):
             self._poll_one(pid)
 
@@ -309,6 +324,7 @@ def serve(fd: int, parent: int) -> None:
 def _answer(link: socket.socket) -> None:
     """The starter's requests, answered until the link closes."""
     exited: dict[int, int] = {}
+    children: set[int] = set()  # forked, not yet reaped: what a start cut short asks after
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(link, _MESSAGE, 3)
@@ -325,11 +341,16 @@ def _answer(link: socket.socket) -> None:
                 _become_worker(fds, cwd, std, me)
             if isinstance(pid, int):
                 exited.pop(pid, None)  # (a pid of a worker reaped before, now this one's)
+                children.add(pid)
                 reply = ("started", pid)
             else:
                 reply = ("failed", pid)
+        elif kind == "children":
+            reply = ("children", sorted(children))
         else:
             reply = ("exit", _reaped(argument, exited))
+            if reply[1] is not None:
+                children.discard(argument)
         link.sendmsg([pickle.dumps((number, *reply))])
 
 
