@@ -113,11 +113,9 @@ class FilteredSource:
     def record_origin(self, index: int) -> str | None:
         """Where its record ``index`` (the source's kept one) comes from, for messages: the
         source's own answer, else its record's number there (a pool's row, the one the user
-        knows: a worker's copy over the kept rows alone says the pool's, ``worker_copy``)."""
+        knows)."""
         i = int(self.indices[index])
-        rows = self.__dict__.get("_pool_rows")
-        return origin_of(self.source, i) or (
-            f"its source's record {i if rows is None else int(rows[i])}")
+        return origin_of(self.source, i) or f"its source's record {i}"
 
     def __getitems__(self, rows: np.ndarray) -> Any:
         picked = self.indices[np.asarray(rows, np.int64)]
@@ -152,34 +150,6 @@ class FilteredSource:
                 shuffle.block_size is not None or self.block_starts is None):
             return  # (blocks of kept records: what they read of the source is not known)
         check(shuffle)
-
-    def worker_copy(self, compacted: dict[int, int]) -> FilteredSource | None:
-        """What a worker gets in its place (``workers.payload``): over an ``ArraySource`` of
-        arrays in memory, of 1 MiB or more, a copy over the rows kept alone, where those of
-        every such source over it (``compacted``: rows by the pool's id) are under half of it;
-        else ``None`` (this one, the pool shared whole). A loader over 50 records of a pool
-        of 300 MiB (a federated client, an active-learning round) copied all of it to shared
-        memory, each loader alive its own copy."""
-        from jaxloader.base.columns import memmap_under
-        from jaxloader.sources.arrays import ArraySource
-
-        pool = self.source
-        if type(pool) is not ArraySource or sum(a.nbytes for a in pool.arrays) < 1 << 20 or any(
-                type(a) is not np.ndarray or memmap_under(a) is not None for a in pool.arrays):
-            return None  # (a memory-mapped file crosses as its file: no copy to save)
-        rows, where = np.unique(self.indices, return_inverse=True)
-        if 2 * (compacted.get(id(pool), 0) + len(rows)) > len(pool):
-            return None
-        compacted[id(pool)] = compacted.get(id(pool), 0) + len(rows)
-        kept = ArraySource.__new__(ArraySource)
-        kept.__setstate__({"treedef": pool.treedef, "len": len(rows),
-                           "arrays": [a[rows] for a in pool.arrays]})
-        copy = type(self).__new__(type(self))
-        copy.__dict__.update({k: v for k, v in self.__dict__.items() if k != "block_starts"})
-        copy.source, copy.indices = kept, where.astype(np.int64).reshape(-1)
-        copy.__dict__["_pool_rows"] = rows
-        copy.indices.flags.writeable = False
-        return copy
 
     @property
     def fingerprint(self) -> str:

@@ -6,9 +6,7 @@ a worker has no such name: each worker gets its own empty cache of the same size
 arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by a closure) do not
 cross as bytes: ``dumps`` copies each once into a shared-memory segment owned by the main process
 and pickles a reference, and ``loads`` maps it, read-only, in the worker (a ``JoinedArrays``,
-the alike parts of a ``ConcatSource``, is copied part by part into one segment; a source with a
-``worker_copy`` sends what that gives: a ``FilteredSource`` the rows it keeps of a pool in
-memory). 10 GB of arrays then
+the alike parts of a ``ConcatSource``, is copied part by part into one segment). 10 GB of arrays then
 cost 10 GB however many workers there are; so do Arrow tables (an in-memory ``datasets.Dataset``),
 as their IPC stream, read in place. Memory-mapped ``.npy`` arrays and their views cross
 as their file (on Linux, checked to be the one mapped; a copy-on-write map written to is
@@ -63,7 +61,6 @@ class _Pickler(cloudpickle.Pickler):
         self._keep = keep
         self._shared: dict[int, tuple[tuple, Any]] = {}
         self._mappings: _Mappings | None = None  # read at the first memmap
-        self._compacted: dict[int, int] = {}  # rows of pools sent as kept rows (worker_copy)
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is types.CodeType and _CODE_REDUCE is not None and (
@@ -78,9 +75,6 @@ class _Pickler(cloudpickle.Pickler):
             params = obj.cache_parameters()
             return (_cache_shell, (params["maxsize"], params["typed"]), obj.__wrapped__,
                     None, None, _fill_cache_shell)
-        copy = getattr(type(obj), "worker_copy", None)  # (a FilteredSource over rows of a
-        if callable(copy) and (made := copy(obj, self._compacted)) is not None:  # pool in
-            return made.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # memory: those rows alone)
         return super().reducer_override(obj)
 
     def persistent_id(self, obj: Any) -> Any:
