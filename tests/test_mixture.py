@@ -253,6 +253,14 @@ def test_components_that_differ_are_named_and_arrays_in_memory_refused_as_mixed(
         next(iter(jl.DataLoader(mixed, batch_size=8, shuffle=True)))
     assert len(jl.ConcatSource([cls, seg])) == 80  # (a concatenation read a part a batch)
     jl.mix([cls, seg], [1, 0], from_step={10: [0, 1]})  # (never in one batch: a schedule)
+    # records of 256 KiB or more are read one by one: a record Map may make them alike (a
+    # crop of two sites' volumes of other sizes, the review)
+    site_a = jl.ArraySource({"vol": np.zeros((4, 64, 64, 64), np.float32)})
+    site_b = jl.ArraySource({"vol": np.ones((4, 80, 80, 80), np.float32)})
+    crop = jl.Map(lambda r: {"vol": np.ascontiguousarray(r["vol"][:8, :8, :8])})
+    with jl.DataLoader(jl.mix([site_a, site_b], [0.5, 0.5]), batch_size=4, shuffle=True,
+                       transforms=[crop]) as loader:
+        assert next(iter(loader))["vol"].shape == (4, 8, 8, 8)
 
 
 def test_read_locally_each_component_reads_its_records_once_an_epoch_a_window_at_a_time():

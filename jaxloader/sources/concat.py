@@ -19,7 +19,7 @@ from jaxloader.base.checks import check_indices
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.base.read_threads import each, item_of, tag_item
 from jaxloader.sources.arrays import ArraySource
-from jaxloader.sources.base import Source, check_source, one_each
+from jaxloader.sources.base import Source, check_source, large_views, one_each
 from jaxloader.sources.huggingface import adapt
 
 
@@ -205,7 +205,8 @@ class ConcatSource:
         would: known now, with no read (a mixture's component of small weight was first read
         at step 12, and refused there)."""
         arrays = [p for p in parts if type(self.sources[p]) is ArraySource]
-        if len(arrays) > 1:
+        if len(arrays) > 1 and not large_views(self):  # (records read one by one, as views:
+            # a record Map may make them alike, a crop of volumes of two sizes)
             try:
                 _merge([(np.arange(0), cast(ArraySource, self.sources[p]).__getitems__(
                     np.arange(0))) for p in arrays], 0, lambda i: self.label(arrays[i]))

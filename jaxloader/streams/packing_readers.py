@@ -336,13 +336,17 @@ def _check_aligned(packed: Any, record: Any, tokens: list[np.ndarray]) -> None:
 
 
 def _as_long(value: Any, n: int) -> bool:
-    """Whether ``value`` is a sequence of ``n`` numbers (a key one could pack beside)."""
+    """Whether ``value`` is a sequence of ``n`` numbers, not all alike (a key one could pack
+    beside: labels, a loss mask; not a tokenizer's attention mask of ones, which the segment
+    ids stand for)."""
     shape = getattr(value, "shape", None)
     if shape is not None:
-        return tuple(shape) == (n,) and n > 1 and getattr(value, "dtype", np.dtype(object)
-                                                          ).kind in "biuf"
-    return isinstance(value, (list, tuple)) and len(value) == n > 1 and all(
-        isinstance(v, (int, float, np.number, np.bool_)) for v in value[:8])
+        numbers = tuple(shape) == (n,) and n > 1 and getattr(
+            value, "dtype", np.dtype(object)).kind in "biuf"
+    else:
+        numbers = isinstance(value, (list, tuple)) and len(value) == n > 1 and all(
+            isinstance(v, (int, float, np.number, np.bool_)) for v in value)
+    return numbers and bool(np.any(np.asarray(value) != np.asarray(value)[0]))
 
 
 def _tokens_of(record: Any, key: str, dtype: np.dtype, first: bool) -> np.ndarray:

@@ -49,14 +49,15 @@ from jaxloader.runtime.shm import UNTRACKED, Segment, open_descriptors
 from jaxloader.workers.tasks import ahead_slots
 
 _RINGS: weakref.WeakSet = weakref.WeakSet()  # the rings not closed, of every loader alive
-_LOCK = threading.Lock()  # (loaders made in several threads at once)
+_LOCK = threading.RLock()  # (loaders made in several threads at once; reentrant: a loader
+# collected as a ring is made, its ring closed in that thread, takes it again)
 
 
 def _forked() -> None:
     """A forked child has none of its parent's rings, nor the lock another thread held."""
     global _LOCK
     _RINGS.clear()
-    _LOCK = threading.Lock()
+    _LOCK = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -68,6 +69,8 @@ def _budget(others: list[SlotRing]) -> int:
     slots ``others`` (the rings of the loaders alive) may still make: up to half as many again
     as their budget (the steps ahead are within it, the tasks being submitted and the batches
     the loop holds are not)."""
+    if not others:  # (alone: a quarter of the limit, as before other loaders counted)
+        return ahead_slots()
     each = 1 if UNTRACKED else 2
     coming = sum(max(0, r.budget * 3 // 2 - r.segment_count) for r in others)
     opened = open_descriptors()

@@ -333,6 +333,16 @@ def test_keys_left_out_are_said_and_keys_of_other_lengths_refused():
                                              r"'ids', which are not packed.*key=\['ids', "):
             take(loader, 1)
 
+    def hugging_face(record):  # (an attention mask of ones, token type ids of zeros: the
+        n = len(record["tokens"])  # segment ids stand for them, not said)
+        return {"ids": record["tokens"], "attention_mask": np.ones(n, np.int64),
+                "token_type_ids": [0] * n}
+
+    with loader_of(jl.PackedStream(documents(shards=1), "ids", 8, tokenize=hugging_face)) as \
+            loader, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        take(loader, 2)
+
     def short(record):
         return {"ids": record["tokens"], "mask": np.ones(len(record["tokens"]) - 1, bool)}
 

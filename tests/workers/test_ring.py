@@ -224,3 +224,34 @@ def test_one_outlier_batch_leaves_the_slots_its_size_only_for_a_while(monkeypatc
     again = hand(40, 2**18)  # and a large batch later grows it again
     assert again >= big and ring.slot_size >= big
     ring.close()
+
+
+def test_a_ring_alone_keeps_a_quarter_of_the_limit_and_a_collected_loader_may_close_its_ring(
+        monkeypatch):
+    # (a ring alone: the slots of before other loaders were counted, the review; and a loader
+    # collected as another's ring counted the descriptors (a garbage collection there) closed
+    # its ring under the same lock: a plain lock waited for itself for good)
+    import threading
+
+    from jaxloader.workers import ring as ring_module
+    from jaxloader.workers.tasks import ahead_slots
+
+    monkeypatch.setattr(ring_module, "_RINGS", weakref.WeakSet())  # (no other loader's)
+    alone = SlotRing()
+    assert alone.budget == ahead_slots()
+    other = SlotRing()
+    assert other.budget <= alone.budget
+    counted = ring_module.open_descriptors
+
+    def collected_meanwhile():
+        other.close()
+        return counted()
+
+    made = []
+    thread = threading.Thread(target=lambda: made.append(SlotRing()), daemon=True)
+    monkeypatch.setattr(ring_module, "open_descriptors", collected_meanwhile)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and made
+    for each in (alone, made[0]):
+        each.close()
