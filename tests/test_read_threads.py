@@ -267,8 +267,9 @@ def test_a_map_sources_failing_function_names_its_record(threads, inside):
         source = jl.ConcatSource([Records(64), source])
     loader = jl.DataLoader(source, batch_size=8, shuffle=True, seed=1, read_threads=threads,
                            **ONE)
+    part = r" \(sources\[1\] record 13\)" if inside else ""  # (and the part's own)
     with pytest.raises(RecordError, match=rf"record position \d+ \(source index "
-                                          rf"{64 * inside + 13}\): .*record 13 is damaged"):
+                                          rf"{64 * inside + 13}\){part}: .*record 13 is damaged"):
         list(loader)
     loader.close()
 
