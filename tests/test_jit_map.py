@@ -91,6 +91,44 @@ def test_a_jit_map_kept_across_loaders_reads_what_its_function_reads_at_each_loa
                                num_workers=workers) as loader:
                 got[fold, workers] = float(next(iter(loader))["x"][0, 0])
     assert got == {(0.0, 0): 1.0, (0.0, 1): 1.0, (0.5, 0): 0.5, (0.5, 1): 0.5}
+    # the loader's copy compiles under this process's settings, not those of its making: it
+    # turned jax_enable_x64 off for the whole process at its first batch (the review)
+    before = jax.config.read("jax_enable_x64")
+    with jl.DataLoader(source, batch_size=4, transforms=[normalise]) as loader:
+        try:
+            jax.config.update("jax_enable_x64", not before)
+            next(iter(loader))
+            assert jax.config.read("jax_enable_x64") == (not before)
+        finally:
+            jax.config.update("jax_enable_x64", before)
+
+
+def _keeps(r):
+    return {"y": r["img"] * 2, "mask": r["mask"]}
+
+
+def _drops(k):
+    def drops(r):  # (leaves the pad mask out: its padded rows look like records)
+        return {"y": r["img"] * k}
+    return drops
+
+
+def test_each_jit_map_that_drops_the_mask_is_warned_of_once_across_loaders(monkeypatch):
+    # a loader's own copy of a JitMap, freed, left its id to the next loader's copy: the
+    # check was skipped for it, silently (6 of 10 candidates of a sweep; the review)
+    monkeypatch.setattr("jaxloader.batching.batch_finish._SAID", set())
+    source = jl.ArraySource({"img": np.arange(44, dtype=np.float32).reshape(11, 4)})
+    keeps, candidates = jl.JitMap(_keeps), [jl.JitMap(_drops(k)) for k in range(1, 5)]
+    said = []
+    for candidate in candidates + candidates:  # (the second round: said already)
+        for t in (keeps, candidate):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0,
+                                   process_count=1, transforms=[t]) as loader:
+                    list(loader)
+            said += [t for w in caught if "without the 'mask'" in str(w.message)]
+    assert said == candidates
 
 
 def test_a_function_that_does_not_trace_is_refused_naming_the_line_and_the_remedy():

@@ -252,6 +252,17 @@ def test_components_that_differ_are_named_and_arrays_in_memory_refused_as_mixed(
                                                 r".*\('(list|cls)' record \d+\)"):
         next(iter(jl.DataLoader(mixed, batch_size=8, shuffle=True)))
     assert len(jl.ConcatSource([cls, seg])) == 80  # (a concatenation read a part a batch)
+
+    def check(r):
+        if r["label"] == 7:
+            raise ValueError("bad record")
+        return r
+
+    pool = jl.ArraySource({"label": np.arange(40)})
+    subsets = {n: jl.FilteredSource(pool, indices=np.arange(10)) for n in ("math", "code")}
+    with pytest.raises(jl.RecordError, match=r"\(its source's record 7 in '(math|code)'\)"):
+        list(jl.DataLoader(jl.mix(subsets, {"math": 0.5, "code": 0.5}), batch_size=4,
+                           transforms=[jl.Map(check)], num_epochs=1))
     jl.mix([cls, seg], [1, 0], from_step={10: [0, 1]})  # (never in one batch: a schedule)
     # records of 256 KiB or more are read one by one: a record Map may make them alike (a
     # crop of two sites' volumes of other sizes, the review)

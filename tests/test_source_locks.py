@@ -260,3 +260,62 @@ def test_a_filters_scan_and_a_packers_lengths_read_the_source_in_turn_with_a_loa
     done.set()
     threads[0].join()
     assert probe.overlaps == 0
+
+
+class _EvenRows:
+    """A user's dataset over a pool, its subset made as it is first read."""
+
+    def __init__(self, pool):
+        self.source, self._sub = pool, None
+
+    def __len__(self):
+        return len(self.source) // 2
+
+    def __getitem__(self, i):
+        if self._sub is None:
+            self._sub = jl.FilteredSource(self.source, lambda r: r["x"] % 2 == 0)
+        return self._sub[i]
+
+
+def test_a_filter_made_on_a_read_thread_or_in_a_forked_child_does_not_wait_for_ever():
+    # a filter's scan holds the source's locks (read_locked): made on a batch's read thread,
+    # it waited for the locks the batch's maker held; made in a forked child (a worker's
+    # init), for locks a thread of the parent held, which the child does not have (the review)
+    import os
+
+    from jaxloader.base.source_locks import holding, source_lock
+    from jaxloader.sources.parts import walk
+
+    pool = jl.ArraySource({"x": np.arange(1000)})
+    got = []
+
+    def read():
+        with jl.DataLoader(_EvenRows(pool), batch_size=8, read_threads=4) as loader:
+            got.append(next(iter(loader))["x"].tolist())
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert got == [[0, 2, 4, 6, 8, 10, 12, 14]]
+    held, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=holding, daemon=True, args=(
+        source_lock(pool, walk), lambda: (held.set(), release.wait(30))))
+    holder.start()
+    held.wait(10)
+    try:
+        child = os.fork()
+        if child == 0:
+            try:
+                os._exit(0 if len(jl.FilteredSource(pool, lambda r: r["x"] < 10)) == 10 else 1)
+            finally:
+                os._exit(2)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if done[0] == 0:
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+        assert done[0] == child and os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        release.set()
+        holder.join(10)

@@ -102,6 +102,12 @@ def count() -> int:
     return 1 if getattr(_STATE, "pooled", False) else getattr(_STATE, "count", 1)
 
 
+def on_a_read_thread() -> bool:
+    """Whether this thread is one of the read threads a batch is made on (its maker holds the
+    sources' locks for it: ``base.source_locks``)."""
+    return bool(getattr(_STATE, "pooled", False))
+
+
 def using(n: int, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` with this thread's reads on ``n`` threads (what was set before is set
     again after: a loader's batch made inside another's read)."""

@@ -53,8 +53,13 @@ _HELD = threading.local()  # .locks: what ``reading`` holds in this thread (``ma
 
 def _forked() -> None:
     """In a forked child (a worker, a transform's fork) only the forking thread goes on: its
-    reads hold none of the parent's locks, whose copies may be held for good."""
+    reads hold none of the parent's locks, whose copies may be held for good (by a thread
+    that is not in the child: a filter made in a forked worker's init waited for ever), so
+    every source gets a new one."""
+    global _GUARD, _UNREFERENCED
     _HELD.locks = ()
+    _LOCKS.clear()
+    _GUARD, _UNREFERENCED = threading.RLock(), threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):

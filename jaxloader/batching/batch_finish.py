@@ -31,7 +31,9 @@ from jaxloader.batching.record_transforms import read_only_hint
 from jaxloader.batching.transforms import returned_none
 
 
-_SAID: set[int] = set()  # the transforms found to keep or drop the mask, in this process
+_SAID: set[int] = set()  # the transforms found to keep or drop the mask, in this process: by
+# their function's id (a loader's JitMap is its own copy, of the user's function, which the
+# user holds: a copy's id came again for the next loader's copy, and that one went unlooked)
 
 
 def _dropped_mask(transform: Any, mask_key: str) -> None:
@@ -52,6 +54,12 @@ def _dropped_mask(transform: Any, mask_key: str) -> None:
     else:
         warnings.warn_explicit(text, UserWarning, code.co_filename, code.co_firstlineno,
                                getattr(fn, "__module__", None) or "jaxloader")
+
+
+def _said_id(transform: Any) -> int:
+    """What ``_SAID`` knows a transform by: its function's id (a ``BatchMap``'s, a
+    ``JitMap``'s: the user's, alive as theirs is), else its own."""
+    return id(getattr(transform, "fn", transform))
 
 
 def _alike(a: Any, b: Any) -> bool:
@@ -153,7 +161,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                         positions=np.arange(size) if positions is None else positions)
             batch, layout, outside = t.run(treedef, columns, size, alloc=alloc if i == last
                                            else None, **keys)
-            if given is not None and id(t) not in _SAID and not given.all():
+            if given is not None and _said_id(t) not in _SAID and not given.all():
                 records = [c._replace(values=np.ones_like(given)) if c.values is given else c
                            for c in columns]  # (every row a record: made alike, mask unused)
                 again = lambda: t.run(treedef, records, size, **keys)[0]  # noqa: E731
@@ -161,10 +169,11 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             if batch is None:
                 batch = collate.materialize(treedef, columns)[0]
             given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
-            if mask_key is not None and isinstance(given, np.ndarray) and id(t) not in _SAID \
-                    and not given.all():  # (a mask made a list by a transform before: kept)
+            if mask_key is not None and isinstance(given, np.ndarray) and \
+                    _said_id(t) not in _SAID and not given.all():
                 # (a padded batch, the transform not yet found to keep or drop the mask: a
-                # copy to make again with every row a record, which it may write into)
+                # copy to make again with every row a record, which it may write into; a mask
+                # a transform before made a list: kept)
                 copied = _copied(batch, mask_key, given)
                 again = lambda: t.fn(copied)  # noqa: E731
             try:
@@ -193,7 +202,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             raise returned_none(where(), t)
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
         if again is not None:  # (a padded batch: found once, not looked for again)
-            _SAID.add(id(t))
+            _SAID.add(_said_id(t))
             if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
                 alike, batch = _made_again(batch, again)
                 if alike:

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 import threading
@@ -127,6 +128,14 @@ class JitMap:
         """What changes the batches besides ``fn``'s code, for states' digests: ``random``
         given against what ``fn``'s signature says (its keys, or none)."""
         return "" if self.random == takes_key(self.fn) else f"random={self.random}"
+
+    def fresh(self) -> JitMap:
+        """A copy of this ``JitMap`` compiled anew where it runs (a loader's own: one kept
+        across loaders kept the globals its first trace read), under this process's JAX
+        settings (a worker's copy takes the training process's ``jax_enable_x64``)."""
+        made = copy.copy(self)
+        made._x64 = None
+        return made
 
     def __getstate__(self) -> dict:
         return {"fn": self.fn, "random": self.random, "file": self._file,  # (not compiled)

@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
@@ -143,7 +142,7 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
                                                "JitMap"))
             batch.append(t)
         elif isinstance(t, JitMap):  # (a loader's own: compiled anew, as in its workers; one
-            batch.append(copy.copy(t))  # kept across loaders kept the globals it first read)
+            batch.append(t.fresh())  # kept across loaders kept the globals it first read)
         elif isinstance(t, BatchMap):
             batch.append(t)
         elif batch and isinstance(batch[0], Pad) and len(batch) == 1:

@@ -150,7 +150,11 @@ class ConcatSource:
         messages."""
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
         local = index - int(self.offsets[part])
-        return origin_of(self.sources[part], local) or f"{self.label(part)} record {local}"
+        found = origin_of(self.sources[part], local)
+        if found and not found.startswith(("its source's record ", "sources[")):
+            return found  # (a file's row names it; a subset's or a nested part's answer says
+        # which part of this one it is in too)
+        return f"{found} in {self.label(part)}" if found else f"{self.label(part)} record {local}"
 
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < len(self):

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 from jaxloader.base.abilities import close_of, parts_of
+from jaxloader.base.read_threads import on_a_read_thread
 from jaxloader.base.source_locks import holding, source_lock
 
 
@@ -52,7 +53,10 @@ def read_locked(source: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, a read of ``source`` made in this process outside a loader's batch (a
     filter's scan, a packer's lengths), holding its locks (``base.source_locks``): two trials'
     filters over one ``ParquetSource`` in two threads, or one while another thread trained on
-    it, crashed pyarrow (a segfault, "the file is damaged") or hung."""
+    it, crashed pyarrow (a segfault, "the file is damaged") or hung. On a batch's read thread
+    (a source that makes its filter as it is first read), the batch's maker holds them."""
+    if on_a_read_thread():
+        return fn(*args)
     return holding(source_lock(source, walk), fn, *args)
 
 

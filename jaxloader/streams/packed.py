@@ -119,7 +119,7 @@ class PackedStream:
         for k, fill, kind in zip(keys, self.values, self.dtypes):
             check_fill("PackedStream(value)", k, fill, kind)
         self.tokenize = tokenize
-        self.said_left_out = False  # (keys a record holds beside the packed ones: said once)
+        self.left_out_looks = 0  # (records looked at for keys left out: streams.packing_readers)
         self._tokenize_digests = (None,) * (DIGEST_LEVELS + 1) if tokenize is None else (
             tuple(d[:16] for d in code_digests(tokenize)))  # (as made: a memo it fills is
         # not another function; and as versions of 2026-11-30 took it, digest_level)

@@ -28,6 +28,7 @@ from jaxloader.plans.packed_rows import PackedRows, record_tokens
 from jaxloader.streams.origins import described
 
 EMPTY_RUN = 100_000  # records in a row with no tokens before a reader gives up
+_LOOKS = 64  # records looked at for keys as long as the tokens, left out (said once)
 _ONE_WINDOW = 1 << 62  # fit's window for all of a window's pieces (split records give more)
 
 
@@ -324,10 +325,11 @@ def _check_aligned(packed: Any, record: Any, tokens: list[np.ndarray]) -> None:
                 f"[{keys[0]!r}] {n}: the keys are packed at the same places, so each must be "
                 "as long as the tokens (a loss mask, labels); pack keys of other lengths "
                 "with a PackedStream each")
-    if not packed.said_left_out:
+    if packed.left_out_looks < _LOOKS:  # (the first records a process reads: said once)
+        packed.left_out_looks += 1
         left = [k for k, v in record.items() if k not in keys and _as_long(v, n)]
         if left:
-            packed.said_left_out = True
+            packed.left_out_looks = _LOOKS
             warnings.warn(
                 f"PackedStream: the records hold {left} as long as {keys[0]!r}, which are not "
                 f"packed and left out of the rows; to pack them at the same places, pass "
@@ -336,17 +338,19 @@ def _check_aligned(packed: Any, record: Any, tokens: list[np.ndarray]) -> None:
 
 
 def _as_long(value: Any, n: int) -> bool:
-    """Whether ``value`` is a sequence of ``n`` numbers, not all alike (a key one could pack
-    beside: labels, a loss mask; not a tokenizer's attention mask of ones, which the segment
-    ids stand for)."""
+    """Whether ``value`` is a sequence of ``n`` numbers (a key one could pack beside: labels,
+    a loss mask, a weight a token), not integers all 1 or all 0 (a tokenizer's attention mask
+    or token type ids, which the segment ids stand for)."""
     shape = getattr(value, "shape", None)
     if shape is not None:
-        numbers = tuple(shape) == (n,) and n > 1 and getattr(
-            value, "dtype", np.dtype(object)).kind in "biuf"
-    else:
-        numbers = isinstance(value, (list, tuple)) and len(value) == n > 1 and all(
-            isinstance(v, (int, float, np.number, np.bool_)) for v in value)
-    return numbers and bool(np.any(np.asarray(value) != np.asarray(value)[0]))
+        if tuple(shape) != (n,) or n < 2 or getattr(value, "dtype", np.dtype(object)
+                                                     ).kind not in "biuf":
+            return False
+    elif not (isinstance(value, (list, tuple)) and len(value) == n > 1 and all(
+            isinstance(v, (int, float, np.number, np.bool_)) for v in value[:8])):
+        return False
+    values = np.asarray(value)
+    return values.dtype.kind == "f" or not (values.min() == values.max() in (0, 1))
 
 
 def _tokens_of(record: Any, key: str, dtype: np.dtype, first: bool) -> np.ndarray:

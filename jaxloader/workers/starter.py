@@ -15,20 +15,19 @@ limits, umask, CPU affinity and the hash seed (one for all workers). A worker fo
 ends as an exec'd one does (``worker.run``: atexit hooks, threads and streams, exit code and
 traceback, without the interpreter's teardown of its modules).
 
-Why not ``multiprocessing``'s ``"forkserver"``, the same idea: its children prepare themselves
-by importing the parent's ``__main__`` by path, which runs an unguarded script's top level
-again (a second ``jax.distributed.initialize()``), the thing ``"exec"`` exists to avoid; and
-its processes are ``multiprocessing.Process`` objects, whose pipes and exit codes the pool
-already has its own way to read (``process.WorkerProcess``).
+Why not ``multiprocessing``'s ``"forkserver"``, the same idea: its children import the parent's
+``__main__`` by path, which runs an unguarded script's top level again (a second
+``jax.distributed.initialize()``), what ``"exec"`` exists to avoid; and its processes are
+``multiprocessing.Process`` objects, whose pipes and exit codes the pool reads its own way.
 
 The link is a Unix socket of ordered messages (``SOCK_SEQPACKET``, Linux): a request is a
 pickled tuple, numbered; a worker's end of its pipe (and the standard streams) go with the
-request that starts it (``SCM_RIGHTS``). Requests: ``start`` (the worker's pid back) and
-``poll`` (its exit code once it has exited: the starter is the worker's parent and reaps it
-then, not before, so that its pid is not another process's while the pool may still signal
-it). A reply to a request that an interrupt cut short is recognised by its number and dropped;
-a worker such a reply names (its start cut short: the pool never learned its pid) is asked
-after by this end itself, from its next request on, until it has exited and been reaped.
+request that starts it (``SCM_RIGHTS``). Requests: ``start`` (the worker's pid back), ``poll``
+(its exit code once it has exited: the starter reaps it then, not before, so that its pid is not
+another process's while the pool may still signal it) and ``children`` (those not reaped). A
+reply to a request an interrupt cut short is known by its number and dropped; a worker of a start
+cut short (the pool never learned its pid: named in such a reply, or among the children after
+a reply read as the interrupt came) is asked after by this end until it has been reaped.
 
 Lifetimes: the starter is started from a thread that lasts as long as the process
 (``process._in_lasting_thread``) and dies with the training process
@@ -106,15 +105,13 @@ class Starter:
         self._ended = False
 
     @property
-    def ended(self) -> bool:
-        """Whether the starter is gone (closed, or its process has exited)."""
+    def ended(self) -> bool:  # (closed, or its process has exited)
         if not self._ended and self._popen.poll() is not None:
             self._end()
         return self._ended
 
     def exit_code(self) -> int | None:
-        """The starter process's exit code (negative: killed by that signal); None while it
-        runs (a link closed by ``close()`` too, until it has exited)."""
+        """The starter's exit code (negative: killed by that signal); None while it runs."""
         return self._popen.poll()
 
     @property
@@ -146,7 +143,11 @@ class Starter:
         finally:
             with self._tally:
                 self._starting -= 1
-        self._ask_after_orphans()
+        try:
+            self._ask_after_orphans()
+        except BaseException:  # (a Ctrl-C there: the worker started, its pool not told)
+            self._orphans.add(reply[1])
+            raise
         return int(reply[1])
 
     def poll(self, pid: int) -> int | None:
@@ -175,15 +176,14 @@ class Starter:
         zombies for good: 1,788 under rapid interrupts; one by one, not a poll inside
         another's (a poll a frame deep: a RecursionError past ~1,000, and no worker started)."""
         if self._lost_start and not self.ended:  # (a start cut short after its reply was
-            self._lost_start = False  # read: its worker is among the starter's children)
-            try:
+            try:  # read: its worker is among the starter's children; unmarked once told)
                 children = self._ask(("children", None))[1]
             except (EOFError, OSError):
                 children = []
-            for pid in children:
-                if pid not in self._running:
-                    self._running.add(pid)
-                    self._orphans.add(pid)
+            self._lost_start = False
+            for pid in set(children) - self._running:
+                self._running.add(pid)
+                self._orphans.add(pid)
         for pid in list(self._orphans):
             self._poll_one(pid)
 

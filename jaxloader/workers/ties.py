@@ -101,12 +101,9 @@ def take_the_trainers(argv: list[str]) -> None:
     imported got its defaults, silently: the worker's own is ``["-c"]``); standard output
     written a line at a time, as to a terminal (a busy worker is killed at ``close()`` and
     after a failing step, and a file's or a pipe's block of buffered ``print`` output went
-    with it); and a process the user's code forks (a ``multiprocessing.Pool``) with Python's
-    own SIGINT and SIGTERM handlers (``_signals_back``)."""
+    with it). (A process the user's code forks, a ``multiprocessing.Pool``'s, gets Python's
+    own SIGINT and SIGTERM handlers from ``hold_signals_across_forks``.)"""
     sys.argv[:] = argv
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_hold_signals, after_in_parent=_release_signals,
-                            after_in_child=_signals_back)
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
@@ -114,6 +111,16 @@ def take_the_trainers(argv: list[str]) -> None:
                 reconfigure(line_buffering=True)
             except (OSError, ValueError):  # (closed, or not a text stream of io's)
                 pass
+
+
+def hold_signals_across_forks() -> None:
+    """A process the worker forks gets Python's own SIGINT and SIGTERM handlers
+    (``_signals_back``); called after the worker's other fork hooks are registered, so that
+    its own runs last: a SIGINT let through before another hook's Python code (the log
+    relay's) was raised there, printed and dropped."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_hold_signals, after_in_parent=_release_signals,
+                            after_in_child=_signals_back)
 
 
 _HELD = {signal.SIGINT, signal.SIGTERM}

@@ -190,6 +190,7 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     ties.take_the_trainers(argv)
     try:
         relay_worker.take(told, worker_id, conn)
+        ties.hold_signals_across_forks()  # (its hook after the relay's)
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
         maker: Maker  # as it is unpickled)

@@ -343,6 +343,13 @@ def test_keys_left_out_are_said_and_keys_of_other_lengths_refused():
         warnings.simplefilter("error")
         take(loader, 2)
 
+    def weighted(record):  # (a document's quality weight over its tokens: said, the review)
+        return {"ids": record["tokens"], "loss_weight": np.full(len(record["tokens"]), 0.5)}
+
+    with loader_of(jl.PackedStream(documents(shards=1), "ids", 8, tokenize=weighted)) as loader:
+        with pytest.warns(UserWarning, match=r"\['loss_weight'\] as long as 'ids'"):
+            take(loader, 1)
+
     def short(record):
         return {"ids": record["tokens"], "mask": np.ones(len(record["tokens"]) - 1, bool)}
 

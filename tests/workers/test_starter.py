@@ -152,9 +152,9 @@ def test_a_worker_whose_starts_reply_was_read_as_a_ctrl_c_came_is_reaped_too():
     forked = starter.Starter(worker_environment(os.environ))
     asked = forked._ask
 
-    def read_then_interrupted(request, fds=()):
-        reply = asked(request, fds)
-        if request[0] == "start":
+    def read_then_interrupted(request, fds=()):  # (the start's reply, then the children's:
+        reply = asked(request, fds)  # a second Ctrl-C there forgot the lost start, the review)
+        if request[0] in ("start", "children"):
             raise KeyboardInterrupt
         return reply
 
@@ -163,6 +163,8 @@ def test_a_worker_whose_starts_reply_was_read_as_a_ctrl_c_came_is_reaped_too():
         ours, theirs = Pipe()
         with pytest.raises(KeyboardInterrupt):
             forked.start(theirs.fileno(), os.getcwd())
+        with pytest.raises(KeyboardInterrupt):
+            forked._ask_after_orphans()
         theirs.close()
         ours.close()  # the worker sees its pipe's end and exits
         forked._ask = asked
