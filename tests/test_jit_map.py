@@ -129,6 +129,26 @@ def test_each_jit_map_that_drops_the_mask_is_warned_of_once_across_loaders(monke
                     list(loader)
             said += [t for w in caught if "without the 'mask'" in str(w.message)]
     assert said == candidates
+    # one function in two BatchMaps, one keeping its mask and one dropping another's: the
+    # second went unwarned (keyed by the function, the review); a JitMap subclass ran as a
+    # BatchMap on the whole batch, its attributes lost on the way to the workers: refused
+
+    def model_inputs(b):
+        return {k: b[k] for k in ("img", "mask") if k in b}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for key in ("mask", "valid"):
+            list(jl.DataLoader(source, batch_size=4, last_batch="pad", mask_key=key,
+                               transforms=[jl.BatchMap(model_inputs)]))
+    assert ["'valid'" in str(w.message) for w in caught
+            if "returned a batch without" in str(w.message)] == [True]
+
+    class Scaled(jl.JitMap):
+        pass
+
+    with pytest.raises(jl.ConfigError, match=r"Scaled is a subclass of JitMap.*JitMap\(fn\)"):
+        jl.DataLoader(source, batch_size=4, transforms=[Scaled(_keeps)])
 
 
 def test_a_function_that_does_not_trace_is_refused_naming_the_line_and_the_remedy():

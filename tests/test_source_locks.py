@@ -319,3 +319,57 @@ def test_a_filter_made_on_a_read_thread_or_in_a_forked_child_does_not_wait_for_e
     finally:
         release.set()
         holder.join(10)
+
+
+def test_a_filter_made_on_a_read_thread_takes_the_locks_its_maker_does_not_hold():
+    # a read thread took none (0ff843d): a dataset making its subset of another source as it
+    # is first read scanned that source beside another thread's loader over it (the review)
+    class Counted:
+        def __init__(self):
+            self.inside, self.overlaps = 0, 0
+
+        def __len__(self):
+            return 400
+
+        def __getitem__(self, i):
+            return self.__getitems__(np.array([i]))[0]
+
+        def __getitems__(self, indices):
+            self.inside += 1
+            self.overlaps += self.inside > 1
+            time.sleep(0.0005)
+            self.inside -= 1
+            return [{"x": int(i)} for i in indices]
+
+    other = Counted()
+
+    class Lazy:
+        def __init__(self):
+            self.sub = None
+
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            if self.sub is None:
+                self.sub = jl.FilteredSource(other, lambda r: r["x"] % 2 == 0)
+            return {"y": i}
+
+    done = threading.Event()
+
+    def train():
+        with jl.DataLoader(other, batch_size=4, num_epochs=None) as loader:
+            for _ in loader:
+                if done.is_set():
+                    break
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        for _ in range(3):
+            with jl.DataLoader(Lazy(), batch_size=8, read_threads=4) as loader:
+                next(iter(loader))
+    finally:
+        done.set()
+        trainer.join(30)
+    assert other.overlaps == 0

@@ -39,6 +39,7 @@ import threading
 from typing import Any, Callable, Sequence, TypeVar
 
 from jaxloader.base.errors import JaxloaderError
+from jaxloader.base.source_locks import held, lending
 
 T = TypeVar("T")
 _STATE = threading.local()  # .count: this thread's batch's read threads; .pooled: a pool thread
@@ -102,12 +103,6 @@ def count() -> int:
     return 1 if getattr(_STATE, "pooled", False) else getattr(_STATE, "count", 1)
 
 
-def on_a_read_thread() -> bool:
-    """Whether this thread is one of the read threads a batch is made on (its maker holds the
-    sources' locks for it: ``base.source_locks``)."""
-    return bool(getattr(_STATE, "pooled", False))
-
-
 def using(n: int, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` with this thread's reads on ``n`` threads (what was set before is set
     again after: a loader's batch made inside another's read)."""
@@ -143,12 +138,13 @@ class Reads:
     def __init__(self, read: Callable[[Any], Any], items: Sequence[Any], n: int) -> None:
         self._futures: list[futures.Future] = []
         self._n = n
+        mine = held()  # (the locks this thread holds, which the reads take as theirs)
         try:
             for item in items:
                 try:
-                    self._futures.append(_pool(n).submit(read, item))
+                    self._futures.append(_pool(n).submit(lending, mine, read, item))
                 except RuntimeError:  # (its pool let go meanwhile by a loader's close())
-                    self._futures.append(_pool(n).submit(read, item))
+                    self._futures.append(_pool(n).submit(lending, mine, read, item))
         except BaseException:
             self.close()
             raise

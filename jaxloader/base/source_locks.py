@@ -91,6 +91,24 @@ def made_under(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args
     return done
 
 
+def lending(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a batch's read thread, for the thread that holds ``locks`` (its maker,
+    which waits for it): a read there (a filter a source makes as it is first read) takes
+    the others only (``lent``)."""
+    before = getattr(_HELD, "lent", ())
+    try:
+        _HELD.lent = locks
+        done = fn(*args)
+    finally:
+        _HELD.lent = before
+    return done
+
+
+def lent() -> tuple[threading.RLock, ...]:
+    """The locks the thread this one reads for holds (``lending``), none elsewhere."""
+    return getattr(_HELD, "lent", ())
+
+
 def held() -> tuple[threading.RLock, ...]:
     """The locks this thread's reads of a source hold now (none in a worker)."""
     return getattr(_HELD, "locks", ())

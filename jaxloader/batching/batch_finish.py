@@ -31,9 +31,7 @@ from jaxloader.batching.record_transforms import read_only_hint
 from jaxloader.batching.transforms import returned_none
 
 
-_SAID: set[int] = set()  # the transforms found to keep or drop the mask, in this process: by
-# their function's id (a loader's JitMap is its own copy, of the user's function, which the
-# user holds: a copy's id came again for the next loader's copy, and that one went unlooked)
+_SAID: set[tuple] = set()  # the transforms found to keep or drop the mask, in this process
 
 
 def _dropped_mask(transform: Any, mask_key: str) -> None:
@@ -56,10 +54,12 @@ def _dropped_mask(transform: Any, mask_key: str) -> None:
                                getattr(fn, "__module__", None) or "jaxloader")
 
 
-def _said_id(transform: Any) -> int:
-    """What ``_SAID`` knows a transform by: its function's id (a ``BatchMap``'s, a
-    ``JitMap``'s: the user's, alive as theirs is), else its own."""
-    return id(getattr(transform, "fn", transform))
+def _said_id(transform: Any, mask_key: Any) -> tuple:
+    """What ``_SAID`` knows a transform by, with the mask it was given: a ``JitMap`` by its
+    function (a loader's is its own copy, of the user's function, which the user holds: a
+    freed copy's id came again for the next loader's copy, unlooked), another by itself (one
+    function in two ``BatchMap``s, one keeping its mask and one dropping another's)."""
+    return (id(transform.fn) if type(transform) is JitMap else id(transform), mask_key)
 
 
 def _alike(a: Any, b: Any) -> bool:
@@ -161,7 +161,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                         positions=np.arange(size) if positions is None else positions)
             batch, layout, outside = t.run(treedef, columns, size, alloc=alloc if i == last
                                            else None, **keys)
-            if given is not None and _said_id(t) not in _SAID and not given.all():
+            if given is not None and _said_id(t, mask_key) not in _SAID and not given.all():
                 records = [c._replace(values=np.ones_like(given)) if c.values is given else c
                            for c in columns]  # (every row a record: made alike, mask unused)
                 again = lambda: t.run(treedef, records, size, **keys)[0]  # noqa: E731
@@ -170,7 +170,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                 batch = collate.materialize(treedef, columns)[0]
             given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
             if mask_key is not None and isinstance(given, np.ndarray) and \
-                    _said_id(t) not in _SAID and not given.all():
+                    _said_id(t, mask_key) not in _SAID and not given.all():
                 # (a padded batch, the transform not yet found to keep or drop the mask: a
                 # copy to make again with every row a record, which it may write into; a mask
                 # a transform before made a list: kept)
@@ -202,7 +202,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             raise returned_none(where(), t)
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
         if again is not None:  # (a padded batch: found once, not looked for again)
-            _SAID.add(_said_id(t))
+            _SAID.add(_said_id(t, mask_key))
             if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
                 alike, batch = _made_again(batch, again)
                 if alike:

@@ -142,7 +142,13 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
                                                "JitMap"))
             batch.append(t)
         elif isinstance(t, JitMap):  # (a loader's own: compiled anew, as in its workers; one
-            batch.append(t.fresh())  # kept across loaders kept the globals it first read)
+            if type(t) is not JitMap:  # kept across loaders kept the globals it first read)
+                raise ConfigError(
+                    f"transforms[{i}]: {type(t).__name__} is a subclass of JitMap, which runs "
+                    "as a BatchMap on the whole batch and loses its attributes on the way to "
+                    "the workers; pass the function to JitMap(fn), its settings in a closure "
+                    "or a functools.partial")
+            batch.append(t.fresh())
         elif isinstance(t, BatchMap):
             batch.append(t)
         elif batch and isinstance(batch[0], Pad) and len(batch) == 1:

@@ -163,15 +163,11 @@ class FilteredSource:
 
 
 def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
-    """The records ``keep`` keeps, read holding the source's locks (``read_locked``; once for
-    the scan: a chunk at a time took a mixture's 20,000 parts' locks 49 times, 3x the scan)."""
-    return read_locked(source, _scan, source, keep, n)
-
-
-def _scan(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
     out = []
     for start in range(0, n, CHUNK):
-        records = records_at(source, np.arange(start, min(n, start + CHUNK)))
+        chunk = np.arange(start, min(n, start + CHUNK))
+        records = read_locked(source, records_at, source, chunk)  # (a loader over it in
+        # another thread reads between chunks; ``keep`` runs holding none)
         i = start  # (the record ``keep`` raised on, named in the error)
         try:  # (around the chunk, not each record: the scan reads every record)
             for i, record in enumerate(records, start):

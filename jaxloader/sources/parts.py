@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 from jaxloader.base.abilities import close_of, parts_of
-from jaxloader.base.read_threads import on_a_read_thread
-from jaxloader.base.source_locks import holding, source_lock
+from jaxloader.base.source_locks import holding, lent, source_lock
 
 
 def walk(source: Any) -> Iterator[Any]:
@@ -54,10 +53,11 @@ def read_locked(source: Any, fn: Callable[..., Any], *args: Any) -> Any:
     filter's scan, a packer's lengths), holding its locks (``base.source_locks``): two trials'
     filters over one ``ParquetSource`` in two threads, or one while another thread trained on
     it, crashed pyarrow (a segfault, "the file is damaged") or hung. On a batch's read thread
-    (a source that makes its filter as it is first read), the batch's maker holds them."""
-    if on_a_read_thread():
-        return fn(*args)
-    return holding(source_lock(source, walk), fn, *args)
+    (a source that makes its filter as it is first read) the locks its maker holds are taken
+    as held (``lent``: the maker waits for this read), the others as anywhere."""
+    mine = {id(lock) for lock in lent()}
+    locks = tuple(lock for lock in source_lock(source, walk) if id(lock) not in mine)
+    return holding(locks, fn, *args)
 
 
 def close_source(source: Any) -> None:

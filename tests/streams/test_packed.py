@@ -350,6 +350,13 @@ def test_keys_left_out_are_said_and_keys_of_other_lengths_refused():
         with pytest.warns(UserWarning, match=r"\['loss_weight'\] as long as 'ids'"):
             take(loader, 1)
 
+    def word_ids(record):  # (numbers, then None: a tokenizer's word_ids(), not packable)
+        n = len(record["tokens"])
+        return {"ids": record["tokens"], "words": [*range(n - 1), None]}
+
+    with loader_of(jl.PackedStream(documents(shards=1), "ids", 8, tokenize=word_ids)) as loader:
+        assert take(loader, 1)[0]["ids"].shape == (3, 8)
+
     def short(record):
         return {"ids": record["tokens"], "mask": np.ones(len(record["tokens"]) - 1, bool)}
 
