@@ -214,29 +214,32 @@ def test_a_ctrl_c_anywhere_in_taking_or_letting_go_of_the_locks_leaves_none_held
         signal.signal(signal.SIGALRM, previous)
 
 
+class _Counted:
+    """A source that counts its reads made while another is (``overlaps``)."""
+
+    def __init__(self, n, seconds):
+        self.n, self.seconds, self.inside, self.overlaps = n, seconds, 0, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.__getitems__(np.array([i]))[0]
+
+    def __getitems__(self, indices):
+        self.inside += 1
+        self.overlaps += self.inside > 1
+        time.sleep(self.seconds)
+        self.inside -= 1
+        return [{"tokens": np.arange(1 + i % 5, dtype=np.int32), "fold": i % 4}
+                for i in indices]
+
+
 def test_a_filters_scan_and_a_packers_lengths_read_the_source_in_turn_with_a_loader():
     # two trials' FilteredSource(keep) over one ParquetSource in two threads, or one while
     # another thread trained on it, read it at once: pyarrow segfaulted, said "the file is
     # damaged", or hung (the sweeps audit). A source that counts reads at once stands in.
-    class Probe:
-        def __init__(self):
-            self.inside, self.overlaps = 0, 0
-
-        def __len__(self):
-            return 64
-
-        def __getitem__(self, i):
-            return self.__getitems__(np.array([i]))[0]
-
-        def __getitems__(self, indices):
-            self.inside += 1
-            self.overlaps += self.inside > 1
-            time.sleep(0.002)
-            self.inside -= 1
-            return [{"tokens": np.arange(1 + i % 5, dtype=np.int32), "fold": i % 4}
-                    for i in indices]
-
-    probe = Probe()
+    probe = _Counted(64, 0.002)
     done = threading.Event()
 
     def train():
@@ -324,24 +327,7 @@ def test_a_filter_made_on_a_read_thread_or_in_a_forked_child_does_not_wait_for_e
 def test_a_filter_made_on_a_read_thread_takes_the_locks_its_maker_does_not_hold():
     # a read thread took none (0ff843d): a dataset making its subset of another source as it
     # is first read scanned that source beside another thread's loader over it (the review)
-    class Counted:
-        def __init__(self):
-            self.inside, self.overlaps = 0, 0
-
-        def __len__(self):
-            return 400
-
-        def __getitem__(self, i):
-            return self.__getitems__(np.array([i]))[0]
-
-        def __getitems__(self, indices):
-            self.inside += 1
-            self.overlaps += self.inside > 1
-            time.sleep(0.0005)
-            self.inside -= 1
-            return [{"x": int(i)} for i in indices]
-
-    other = Counted()
+    other = _Counted(400, 0.0005)
 
     class Lazy:
         def __init__(self):
@@ -352,13 +338,14 @@ def test_a_filter_made_on_a_read_thread_takes_the_locks_its_maker_does_not_hold(
 
         def __getitem__(self, i):
             if self.sub is None:
-                self.sub = jl.FilteredSource(other, lambda r: r["x"] % 2 == 0)
+                self.sub = jl.FilteredSource(other, lambda r: r["fold"] % 2 == 0)
             return {"y": i}
 
     done = threading.Event()
 
     def train():
-        with jl.DataLoader(other, batch_size=4, num_epochs=None) as loader:
+        with jl.DataLoader(other, batch_size=4, num_epochs=None,
+                           transforms=[jl.Map(lambda r: {"fold": r["fold"]})]) as loader:
             for _ in loader:
                 if done.is_set():
                     break

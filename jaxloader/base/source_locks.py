@@ -82,25 +82,24 @@ def source_lock(source: Any, parts: Any) -> tuple[threading.RLock, ...]:
 def made_under(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, each of its ``reading`` calls in this thread holding ``locks`` (what was
     asked before is asked again after: a loader's batch made inside another's transform)."""
-    before = getattr(_HELD, "locks", ())
-    try:
-        _HELD.locks = locks
-        done = fn(*args)
-    finally:
-        _HELD.locks = before
-    return done
+    return _with("locks", locks, fn, *args)
 
 
 def lending(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` on a batch's read thread, for the thread that holds ``locks`` (its maker,
     which waits for it): a read there (a filter a source makes as it is first read) takes
     the others only (``lent``)."""
-    before = getattr(_HELD, "lent", ())
+    return _with("lent", locks, fn, *args)
+
+
+def _with(name: str, locks: tuple, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with this thread's ``_HELD.<name>`` set to ``locks``, then as it was."""
+    before = getattr(_HELD, name, ())
     try:
-        _HELD.lent = locks
+        setattr(_HELD, name, locks)
         done = fn(*args)
     finally:
-        _HELD.lent = before
+        setattr(_HELD, name, before)
     return done
 
 
