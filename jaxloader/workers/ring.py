@@ -72,10 +72,11 @@ def _budget(others: list[SlotRing]) -> int:
     if not others:  # (alone: a quarter of the limit, as before other loaders counted)
         return ahead_slots()
     each = 1 if UNTRACKED else 2
-    coming = sum(max(0, r.budget * 3 // 2 - r.segment_count) for r in others)
+    most = [r.budget * 3 // 2 for r in others]
+    coming = sum(max(0, m - r.segment_count) for m, r in zip(most, others))
     opened = open_descriptors()
     if opened is None:  # (no /proc: the others' whole budgets)
-        opened, coming = 0, sum(r.budget * 3 // 2 for r in others)
+        opened, coming = 0, sum(most)
     return ahead_slots(opened + coming * each, len(others))
 
 _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing data grows rarely

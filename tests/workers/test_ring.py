@@ -236,7 +236,10 @@ def test_a_ring_alone_keeps_a_quarter_of_the_limit_and_a_collected_loader_may_cl
     from jaxloader.workers import ring as ring_module
     from jaxloader.workers.tasks import ahead_slots
 
+    import resource
+
     monkeypatch.setattr(ring_module, "_RINGS", weakref.WeakSet())  # (no other loader's)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1024))  # (where it shows)
     alone = SlotRing()
     assert alone.budget == ahead_slots()
     other = SlotRing()
