@@ -6,7 +6,9 @@ name it matches (Spark's ``train.parquet/part-*.parquet``) for that folder's fil
 pattern (``gs://bucket/dir/train-*.parquet``, in the file name only) lists its folder through
 ``etils.epath``, as Orbax lists checkpoints; a remote folder is not listed (pass a pattern). The
 list is fixed at construction and is part of the source's fingerprint, so a restore over a folder
-whose files changed is refused.
+whose files changed is refused. A file listed twice (a folder and a pattern over it) is
+refused: each of its records would be read twice a pass. A folder's files whose names end with
+the suffix in other case (``.TAR``) are its files too; files it leaves out are warned of.
 
 Example:
     >>> import os, tempfile
@@ -24,13 +26,17 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import stat
+import warnings
 from typing import Iterable, Sequence
 from urllib.parse import unquote
 
 from jaxloader.base.errors import ConfigError
 
 _PATTERN = "*?["
+# a shell's brace expansion (WebDataset's shard-{000..099}.tar), which no glob expands
+_BRACES = re.compile(r"\{[^{}/]*(\.\.|,)[^{}/]*\}")
 
 
 def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
@@ -50,6 +56,7 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             f"{owner}(paths{where}): expected a path (a str or pathlib.Path), a folder, a "
             f"pattern or a list of them, got {type(bad).__name__} {bad!r:.80}")
     out: list[str] = []
+    left_out: list[str] = []  # a folder's files not of the suffixes (warned of)
     for path in [str(os.fspath(p)) for p in listed]:
         for head in ("file://localhost/", "file:///"):  # a local path (etils.epath lists no
             if path.startswith(head):  # file:// folder; a FIFO is refused); no urlsplit: a
@@ -59,16 +66,25 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         if not remote and os.path.isfile(path):  # a file named with [ or * is that file
             out.append(path)
             continue
+        braces = _BRACES.search(path)
+        if braces and (remote or not os.path.exists(path)):
+            raise ConfigError(
+                f"{owner}(paths): {path!r} has braces ({braces[0]}), which are "
+                "not expanded (they are a shell's, not a pattern's); pass a pattern "
+                "('shard-*.tar'), a list ([f'shard-{i:03d}.tar' for i in range(100)]) or "
+                "braceexpand's list (list(braceexpand.braceexpand(path)))")
         suffixes = (suffix,) if isinstance(suffix, str) else suffix
         if any(c in path for c in _PATTERN) and (remote or not os.path.isdir(path)):
             # (a folder named with [ or ? is that folder: "run[1]" matched run1, silently)
             found = (_remote_glob(path, owner) if remote else sorted({  # a folder matched (a
                 g for f in glob.glob(path, recursive=True)  # Spark output's train.parquet):
-                for g in (_files_in(f, suffixes, dataset, owner) if os.path.isdir(f)
+                for g in (_files_in(f, suffixes, dataset, owner, left_out) if os.path.isdir(f)
                           else [f] if _not_folder(f, owner) else [])}))  # its files
+            if dataset and not remote:
+                found = _not_hidden(path, found)
             what = "matches no file"
         elif not remote and os.path.isdir(path):
-            found = _files_in(path, suffixes, dataset, owner)
+            found = _files_in(path, suffixes, dataset, owner, left_out)
             what = f"is a folder with no *{suffixes[0]} file" + (
                 f" (nor {', '.join('*' + s for s in suffixes[1:])})" if suffixes[1:] else "")
         else:  # (a file that is not there is named where it is opened)
@@ -83,20 +99,63 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         out.extend(found)
     if not out:
         raise ConfigError(f"{owner}(paths): expected at least one path, got none")
+    _once_each(out, owner)
+    if left_out:
+        shown = ", ".join(repr(f) for f in left_out[:3]) + (
+            f", ... ({len(left_out)} in all)" if len(left_out) > 3 else "")
+        warnings.warn(
+            f"{owner}(paths): files in a folder given are left out, their names not ending "
+            f"with {' or '.join(suffixes)}: {shown}; to read them, pass a pattern that "
+            "matches them (folder/*) or their paths", stacklevel=3)
     return out
 
 
+def _once_each(paths: list[str], owner: str) -> None:
+    """Refuses a file listed twice (a folder and a pattern over it, or the same path written
+    two ways): each of its records would be read twice a pass, where a user means once."""
+    seen: dict[str, int] = {}
+    for i, path in enumerate(paths):
+        real = path if "://" in path else os.path.realpath(path)
+        if real in seen:
+            raise ConfigError(
+                f"{owner}(paths): {path!r} is listed twice (also as {paths[seen[real]]!r}, file "
+                f"{seen[real]} of the {len(paths)} listed): its records would be read twice a "
+                "pass; list each file once (a folder and a pattern over it list its files "
+                "again); to read some files more often, give them weights in jl.mix")
+        seen[real] = i
+
+
+def _not_hidden(pattern: str, found: list[str]) -> list[str]:
+    """A dataset pattern's files but those under a name starting with ``_`` or ``.`` that
+    the pattern does not name itself (``out/**/*.parquet`` leaves a Spark job's
+    ``out/_temporary/`` out, as a folder's listing and pyarrow's do)."""
+    parts = pattern.split(os.sep)
+    named = set(parts)
+    root = os.sep.join(parts[:next(i for i, p in enumerate(parts)
+                                   if any(c in p for c in _PATTERN))]) or os.sep
+    return [f for f in found if not any(
+        part[:1] in ("_", ".") and part not in named
+        for part in os.path.relpath(f, root).split(os.sep))]
+
+
 def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
-              owner: str = "") -> list[str]:
-    """What is under ``folder`` (at any depth) and ends with one of ``suffixes``, sorted: not
-    folders (a link to nothing stays, to be named where it is opened); for a ``dataset``, not
-    under a name starting with ``_`` or ``.``, and no Hive partition (see ``expand``)."""
-    found = sorted(f for s in suffixes for f in glob.glob(
-        os.path.join(glob.escape(folder), "**", f"*{s}"), recursive=True) if _not_folder(f, owner))
+              owner: str = "", left_out: list[str] | None = None) -> list[str]:
+    """What is under ``folder`` (at any depth) and ends with one of ``suffixes`` (in any case),
+    sorted: not folders (a link to nothing stays, to be named where it is opened); for a
+    ``dataset``, not under a name starting with ``_`` or ``.``, and no Hive partition (see
+    ``expand``). The other files (not hidden) are added to ``left_out``."""
+    ends = tuple(s.lower() for s in suffixes)
+    every = glob.glob(os.path.join(glob.escape(folder), "**", "*"), recursive=True)
+    if dataset:
+        every = [f for f in every if not any(
+            part[:1] in ("_", ".") for part in os.path.relpath(f, folder).split(os.sep))]
+    found = sorted(f for f in every if f.lower().endswith(ends) and _not_folder(f, owner))
+    if left_out is not None:
+        left_out.extend(sorted(f for f in every if not f.lower().endswith(ends)
+                               and os.path.isfile(f)))
     if not dataset:
         return found
-    kept = [f for f in found if not any(
-        part[:1] in ("_", ".") for part in os.path.relpath(f, folder).split(os.sep))]
+    kept = found
     for f in kept:
         keys = [part.partition("=")[0] for part in os.path.relpath(f, folder).split(os.sep)[:-1]
                 if "=" in part]
@@ -105,7 +164,9 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
                 f"{owner}(paths): {folder!r} is a Hive-partitioned folder ({f!r}): the columns "
                 f"{', '.join(keys)} are in its folders' names, which {owner} does not read; "
                 "write them into the files as columns, or pass the files themselves (a "
-                "pattern: 'folder/**/*.parquet') to read them without those columns")
+                "pattern: 'folder/**/*.parquet', which leaves names starting with _ or . out "
+                "as well) to read them without those columns (a MapSource over each "
+                "partition's files can add them: ConcatSource([...]))")
     return kept
 
 

@@ -81,8 +81,10 @@ def check_unchanged(shard: Any, state: dict) -> None:
         raise StateDictError(
             f"stream shard {shard.path}: it grew since the state was saved ({then['size']:,} "
             f"bytes then, {now['size']:,} now, its first bytes as they were): records were "
-            "appended to it; read the shards with append_only=True (Stream.jsonl(paths, "
-            "append_only=True)) to resume over them, or restore over the file as it was")
+            "appended to it, or it was cut short when the state was saved and is whole now "
+            "(a copy that had stopped); read the shards with append_only=True "
+            f"({_maker(shard)}(paths, append_only=True)) to resume over them, or restore over "
+            "the file as it was")
     changed = ([f"size {then['size']:,} bytes then, {now['size']:,} now"]
                if then.get("size", now["size"]) != now["size"] else ["the same size"])
     changed += [f"its {'first' if key == 'head' else 'last'} KiB differs"
@@ -91,9 +93,16 @@ def check_unchanged(shard: Any, state: dict) -> None:
     raise StateDictError(
         f"stream shard {shard.path}: {kind} since the state was saved ({'; '.join(changed)}): "
         f"the state's offset {state.get('offset')} would resume inside other records; restore "
-        "over the shards the state was saved with, or drop this shard from the stream"
+        "over the shards the state was saved with (a stream without this shard refuses "
+        "the state: its shards are part of it)"
         + ("" if shard.append_only else "; if records are only appended to it, read the "
-           "shards with append_only=True (Stream.jsonl(paths, append_only=True))"))
+           f"shards with append_only=True ({_maker(shard)}(paths, append_only=True))"))
+
+
+def _maker(shard: Any) -> str:
+    """The ``Stream`` constructor of ``shard``'s kind, as a remedy names it."""
+    return {"TarShard": "Stream.tar", "TextShard": "Stream.text"}.get(
+        type(shard).__name__, "Stream.jsonl")
 
 
 def prefix_head(shard: Any, size: int) -> int:

@@ -299,7 +299,8 @@ def no_records(reader: int, epoch: int, in_pass: bool, stream: Any, dealt: list[
         why = f"in {epochs} epochs running, up to epoch {epoch}, the last dealt"
     shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
     remedy = ("give the stream shards that hold records" if every else "remove the empty "
-              "shards (a 0-byte file, as Spark writes them), or use fewer readers")
+              "shards (a 0-byte JSONL or text file, as Spark writes them, or a tar archive of "
+              "no members), or use fewer readers")
     return ConfigError(f"stream reader {reader}: no records {why} shards [{shown}]; "
                        f"{remedy}")
 

@@ -15,12 +15,14 @@ the member and its byte offset, as does a member stored as a link (no data of it
 ``tolerate_missing_end=True`` accepts a shard that stops at a member boundary without the
 marker (some writers leave it out; a member cut short is still an error). A compressed shard is
 read to its end, where gzip, xz and Zstandard (written with one) check their checksums: a tar
-has none of its data.
+has none of its data. A member not named ``key.ext`` (no extension, or a dot first: macOS's
+``._name``) is left out, as WebDataset leaves it, and warned of once a shard.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from zlib import adler32
 
 from jaxloader.base.checks import check_bool
@@ -35,6 +37,11 @@ _READ_CHUNK = 64 << 20
 _READ_CHUNK_END = 1 << 16  # what follows the end-of-archive marker, read at a time
 _SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
 _CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is summed with its own field as 8 spaces
+# the remedy a damaged shard's error ends with: a stream's shards are part of its state
+_DROP = "or drop it from the stream (a state saved while it was in the stream is then refused)"
+# ... and a shard cut short's: the whole copy is the cut one grown
+_REPLACE = ("replace the shard (re-download or re-create it; a state saved inside the cut copy "
+            "resumes over the whole one read with Stream.tar(paths, append_only=True)), " + _DROP)
 
 
 class TarShard(FileShard):
@@ -77,6 +84,7 @@ class TarShard(FileShard):
     def __init__(self, path: str | os.PathLike, *, tolerate_missing_end: bool = False,
                  append_only: bool = False) -> None:
         super().__init__(path, append_only=append_only)
+        self._said_left_out = False
         self.tolerate_missing_end = check_bool("TarShard(tolerate_missing_end)",
                                                tolerate_missing_end)
         # the member read ahead: (its first header's offset, key, extension, data)
@@ -132,8 +140,17 @@ class TarShard(FileShard):
                 offset += _BLOCK + padded
                 kind = header[156]
                 if kind == 0x30 or kind == 0 or kind == 0x37:  # b"0", b"\0", b"7": a file
-                    break
-                if kind == 0x4C:  # b"L" (GNU): the next member's long name
+                    name = long_name or _header_name(header)
+                    # the key: the name up to the first dot of its last part; the extension:
+                    # the rest; a name without (none, or a dot first) is no key.ext: left out
+                    base = name.rfind("/") + 1
+                    dot = name.find(".", base)
+                    if dot > base:
+                        break
+                    self._left_out(name, start)
+                    long_name = None
+                    start = offset
+                elif kind == 0x4C:  # b"L" (GNU): the next member's long name
                     long_name = data.rstrip(b"\0").decode("utf-8", "replace")
                 elif kind == 0x78:  # b"x" (pax): the next member's attributes
                     path, pax_size = _pax(data, self.path, offset - _BLOCK - padded)
@@ -148,12 +165,20 @@ class TarShard(FileShard):
         except Exception as e:  # a compressed file cut short or corrupt
             raise unreadable(self, f"the member after record {self._count}", e) from e
         self._at = offset
-        name = long_name or _header_name(header)
-        # the key: the name up to the first dot of its last part; the extension: the rest
-        dot = name.find(".", name.rfind("/") + 1)
-        if dot < 0:
-            return start, name, "", data
         return start, name[:dot], name[dot + 1:], data
+
+    def _left_out(self, name: str, offset: int) -> None:
+        """Warns, once a shard, of a member not named ``key.ext``, which no record holds (as
+        WebDataset leaves such members out): a record of key ``''`` or of extension ``''``
+        failed later, far from the shard (macOS's resource files ``._name`` are such)."""
+        if not self._said_left_out:
+            self._said_left_out = True
+            warnings.warn(
+                f"{self.path}: byte {offset}: member {name!r} is left out, as any other of this "
+                "shard whose name has no extension or starts with a dot (no key.ext: macOS's "
+                "resource files ._name are such; tar there with COPYFILE_DISABLE=1): WebDataset "
+                "leaves them out too; re-create the shard without them to silence this",
+                stacklevel=2)
 
     def _check_exactly(self, header: bytes, offset: int, stored: int) -> None:
         """An error unless ``stored`` is the header's signed sum (some old writers summed
@@ -194,7 +219,7 @@ class TarShard(FileShard):
             f"{self.path}: byte {offset}: member {_header_name(header)!r} is cut short: its "
             f"header says {size:,} bytes (padded to {(size + _BLOCK - 1) & -_BLOCK:,}), the "
             f"file holds {max(0, left):,} more: a copy that stopped, or a damaged size field; "
-            "replace the shard (re-download or re-create it), or drop it from the stream")
+            + _REPLACE)
 
     def _end_of_archive(self, offset: int, header: bytes) -> None:
         """At ``header`` (read at ``offset``, a whole block of zeros or the file's last
@@ -222,8 +247,7 @@ class TarShard(FileShard):
             how = ("it ends without the end-of-archive marker (two zero blocks) after a "
                    "member: a copy that stopped at a member boundary")
         raise RecordError(
-            f"{self.path}: byte {offset}: {how}; replace the "
-            "shard (re-download or re-create it), or drop it from the stream"
+            f"{self.path}: byte {offset}: {how}; {_REPLACE}"
             + ("; if its writer leaves the marker out, read it with "
                "Stream.tar(paths, tolerate_missing_end=True)" if zeros and (header or offset)
                else ""))
@@ -240,7 +264,7 @@ class TarShard(FileShard):
         raise RecordError(
             f"{self.path}: byte {offset}: member {name!r} is a {kind} to {target!r}, which holds "
             f"no data of its own; re-create the shard with each member's data in it (GNU tar "
-            f"{flag}), or drop it from the stream")
+            f"{flag}), {_DROP}")
 
     def _read_to_end(self, offset: int) -> None:
         """What follows the end-of-archive marker (at ``offset``) of a compressed shard (or a
@@ -274,7 +298,7 @@ class TarShard(FileShard):
                 raise RecordError(
                     f"{self.path}: byte {pending[0]}: member {key}.{pending[2]} follows another "
                     f"of the same name; expected one member a key and extension: re-create the "
-                    "shard with each sample's files once, or drop it from the stream")
+                    f"shard with each sample's files once, {_DROP}")
             record[pending[2]] = pending[3]
         self._pending = pending
         self._count += 1
@@ -318,5 +342,5 @@ def _pax(data: bytes, path: str, offset: int) -> tuple[str | None, int | None]:
             except ValueError:
                 raise RecordError(f"{path}: byte {offset}: a pax header's size is {value!r}, "
                                   "expected a number of bytes: the header is damaged; replace "
-                                  "the shard, or drop it from the stream") from None
+                                  f"the shard, {_DROP}") from None
     return name, size

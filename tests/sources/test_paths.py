@@ -172,3 +172,61 @@ def test_a_remote_pattern_lists_its_folder_through_epath(gcs):
     with pytest.raises(jl.ConfigError, match=r"'gs://bucket/other' does not exist; check the "
                                              r"path; if it is a remote folder, pass a pattern"):
         jl.ParquetSource("gs://bucket/other")  # (a bucket's store may say so of a folder)
+
+
+def test_a_file_listed_twice_is_refused_not_read_twice_a_pass(tmp_path):
+    # a folder and a pattern over it, or one path written two ways, read each of its records
+    # twice a pass without a word
+    touch(tmp_path, "s-0.tar", "s-1.tar")
+    for paths in ([tmp_path, str(tmp_path / "*.tar")],
+                  [str(tmp_path / "s-0.tar"), str(tmp_path / "." / "s-0.tar")]):
+        with pytest.raises(jl.ConfigError, match=r"Stream.tar\(paths\): '.*s-0.tar' is listed "
+                                                 r"twice \(also as '.*s-0.tar', file 0 of the "
+                                                 r"\d listed\): its records would be read twice "
+                                                 r"a pass; list each file once"):
+            expand(paths, ".tar", "Stream.tar")
+    assert len(expand([str(tmp_path / "s-0.tar"), str(tmp_path / "s-1.tar")], ".tar", "S")) == 2
+
+
+def test_braces_are_refused_as_the_source_is_made_not_at_its_first_read(tmp_path):
+    # WebDataset's shard-{000..001}.tar was one path, missing, named at the first next()
+    touch(tmp_path, "shard-000.tar", "shard-001.tar", "odd{0..1}.tar")
+    for given in ("shard-{000..001}.tar", "shard-{000,001}.tar"):
+        with pytest.raises(jl.ConfigError, match=r"has braces \(\{000(\.\.|,)001\}\), which "
+                                                 r"are not expanded .*'shard-\*.tar'"):
+            jl.Stream.tar(str(tmp_path / given))
+    assert expand(str(tmp_path / "odd{0..1}.tar"), ".tar", "S") == [  # (a file so named)
+        str(tmp_path / "odd{0..1}.tar")]
+
+
+def test_a_folder_lists_its_files_in_any_case_and_says_which_it_leaves_out(tmp_path):
+    # shard-1.TAR and .tgz files were left out of a folder's shards, and a Parquet folder's
+    # part-00000 (no suffix) or .parq files, all without a word
+    touch(tmp_path / "t", "shard-0.tar", "shard-1.TAR", "shard-2.tgz", "shard-3.tar.gz",
+          "notes.md", ".hidden")
+    names = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
+    with pytest.warns(UserWarning, match=r"Stream.tar\(paths\): files in a folder given are "
+                                         r"left out, their names not ending with .tar or "
+                                         r".*: '.*t/notes.md'; to read them, pass a pattern"):
+        shards = jl.Stream.tar(tmp_path / "t").shards
+    assert names(s.path for s in shards) == [
+        "t/shard-0.tar", "t/shard-1.TAR", "t/shard-2.tgz", "t/shard-3.tar.gz"]
+    touch(tmp_path / "p", "a.parquet", "b.PARQUET", "part-00000", "c.parq", "_SUCCESS",
+          "_temporary/x")
+    with pytest.warns(UserWarning, match=r"left out, .*: '.*p/c.parq', '.*p/part-00000'; "):
+        assert names(expand(tmp_path / "p", ".parquet", "S", dataset=True)) == [
+            "p/a.parquet", "p/b.PARQUET"]
+
+
+def test_a_dataset_pattern_leaves_names_starting_with_underscore_out_as_a_folder_does(
+        tmp_path):
+    # the Hive refusal's remedy, 'folder/**/*.parquet', read a Spark job's leftover
+    # _temporary/ copy too (pyarrow and the folder's listing leave it out)
+    touch(tmp_path / "h", "year=1/p.parquet", "year=2/p.parquet", "_temporary/0/p.parquet",
+          "year=2/_temporary/p.parquet")
+    names = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
+    assert names(expand(str(tmp_path / "h" / "**" / "*.parquet"), ".parquet", "S",
+                        dataset=True)) == ["h/year=1/p.parquet", "h/year=2/p.parquet"]
+    assert len(expand(str(tmp_path / "h" / "**" / "*.parquet"), ".parquet", "S")) == 4
+    assert names(expand(str(tmp_path / "h" / "_temporary" / "*" / "*.parquet"), ".parquet", "S",
+                        dataset=True)) == ["h/_temporary/0/p.parquet"]  # (named: read)

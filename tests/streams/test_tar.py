@@ -340,3 +340,53 @@ def test_a_state_at_the_end_of_a_shard_resumes_at_its_end(tmp_path):
     assert len(read_all(shard)) == 3
     state = shard.get_state()
     assert read_all(jl.TarShard(path), state) == []
+
+
+def test_members_not_named_key_ext_are_left_out_and_said_once_a_shard(tmp_path):
+    # macOS's tar adds ._name resource files, and a member without an extension made a
+    # record {'__key__': 'noext', '': ...}: records of key '' or extension '' that failed far
+    # from the shard (WebDataset leaves such members out)
+    path = tmp_path / "mac.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in ("._000.jpg", "000.jpg", "000.txt", "noext", "d/.hidden.txt", "001.jpg"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.warns(UserWarning, match=r"mac.tar: byte 0: member '._000.jpg' is left out, "
+                                         r"as any other of this shard .*COPYFILE_DISABLE=1") as got:
+        records = read_all(jl.TarShard(path))
+    assert len([w for w in got if "left out" in str(w.message)]) == 1
+    assert [sorted(r) for r in records] == [["__key__", "jpg", "txt"], ["__key__", "jpg"]]
+    assert [r["__key__"] for r in records] == ["000", "001"]
+    shard = jl.TarShard(path)  # a state after the first record resumes past the left-out
+    with pytest.warns(UserWarning, match="left out"):
+        shard.reset()
+        shard.next()
+        assert read_all(jl.TarShard(path), shard.get_state()) == records[1:]
+
+
+def test_a_cut_shards_remedy_resumes_over_the_whole_copy(tmp_path):
+    # the error sent the user to drop the shard (then every state was refused) or replace it,
+    # where a state saved inside the cut copy was refused as 'appended to' with the remedy
+    # Stream.jsonl: Stream.tar(append_only=True) resumes over the whole copy
+    path = _samples(tmp_path / "cut.tar", 6)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:_header_offset(whole, "sample00004.bin")])
+    shard = jl.TarShard(path)
+    shard.reset()
+    for _ in range(2):
+        shard.next()
+    state = shard.get_state()
+    with pytest.raises(jl.RecordError, match=r"a state saved inside the cut copy resumes over "
+                                             r"the whole one read with Stream.tar\(paths, "
+                                             r"append_only=True\)\), or drop it from the stream "
+                                             r"\(a state saved while it was in the stream is "
+                                             r"then refused\)"):
+        read_all(shard, state)
+    path.write_bytes(whole)
+    with pytest.raises(jl.StateDictError, match=r"appended to it, or it was cut short when the "
+                                                r"state was saved .*Stream.tar\(paths, "
+                                                r"append_only=True\)"):
+        read_all(jl.TarShard(path), state)
+    rest = read_all(jl.TarShard(path, append_only=True), state)
+    assert [r["__key__"] for r in rest] == [f"sample{i:05d}" for i in range(2, 6)]
