@@ -40,6 +40,11 @@ _BZIP2_NEXT = (b"1AY&SY", b"\x17rE8P\x90")
 SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 
 
+def or_compressed(suffix: str) -> tuple[str, ...]:
+    """A folder's files of a format: ``a.jsonl``, and ``a.jsonl.gz`` and the like."""
+    return (suffix, *(suffix + c for c in SUFFIXES))
+
+
 def compression(raw: Any) -> str | None:
     """The format ``raw`` (a binary file at its start) is compressed in, or ``None``; the
     file is left at its start."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderError, RecordError, StateDictError
-from jaxloader.base.state_copy import copied
+from jaxloader.streams.shard_state import copied, crossings_of, mark_of
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, record_tokens
 from jaxloader.streams.origins import described
@@ -34,14 +34,14 @@ _ONE_WINDOW = 1 << 62  # fit's window for all of a window's pieces (split record
 
 class _PackingReader:
     """What the two packing readers share: the state (the inner reader's place before what
-    the next row is made of, and how much of that is given: ``_FIELD``), the end of a pass,
-    and closing the inner reader."""
+    the next row is made of, and how much of that is given: ``_FIELD``), the end of a pass."""
 
     _FIELD: str
     packed: Any
     inner: Any
     reader: int
     _before: dict | None  # the inner state before what the reader holds
+    _mark: Any = None  # (where it was taken: shard_state.mark_of)
     _until: dict = {}  # (a pass) {"until": the epoch it stops before}, as reset
 
     def _holds(self) -> bool:
@@ -66,8 +66,12 @@ class _PackingReader:
     def get_state(self) -> dict:
         if not self._holds():
             return _state(self.reader, self.inner.get_state(), self._FIELD, 0)
+        return _state(self.reader, self._replay(), self._FIELD, self._given())
+
+    def _replay(self) -> dict:
+        """The inner state before what it holds, where it leaves each shard (``Crossings``)."""
         assert self._before is not None  # (read with what it holds)
-        return _state(self.reader, copied(self._before), self._FIELD, self._given())
+        return crossings_of(self.inner, copied(self._before), self._mark)
 
     def changes_due(self, step: int) -> bool:
         """Whether the reader under it changes what it reads at ``step``."""
@@ -79,8 +83,7 @@ class _PackingReader:
         change that starts now, it is put back and read again after, where a restore reads
         it (from the inner place before it)."""
         if self._holds() and not self._given() and self.inner.changes_due(step):
-            assert self._before is not None
-            self.inner.reset({**copied(self._before), **self._until})
+            self.inner.reset({**self._replay(), **self._until})
             self._drop()
         self.inner.begin_step(step)
 
@@ -170,9 +173,9 @@ class PackedReader(_PackingReader):
 
     def _read_record(self) -> None:
         """The next record with tokens: its tokens, and the inner state before it."""
-        before = self.inner.get_state()
+        before, mark = self.inner.get_state(), mark_of(self.inner)
         self._tokens, self._skip = _next_tokens(self.packed, self.inner), 0
-        self._before = before
+        self._before, self._mark = before, mark
 
     _read_ahead = _read_record
 
@@ -236,7 +239,7 @@ class FitPackedReader(_PackingReader):
         """The next ``window`` records with tokens (at the end of a pass, those left;
         ``StopIteration`` if none), and their plan."""
         packed = self.packed
-        before = self.inner.get_state()
+        before, mark = self.inner.get_state(), mark_of(self.inner)
         records: list[list[np.ndarray]] = []
         try:
             while len(records) < packed.window:
@@ -244,7 +247,7 @@ class FitPackedReader(_PackingReader):
         except StopIteration:
             if not records:
                 raise
-        self._before, self._records = before, records
+        self._before, self._mark, self._records = before, mark, records
         self._plan = packing_plan.fit(
             np.array([len(t[0]) for t in self._records], np.int64), [packed.length],
             method=packed.method, bins=packed.bins, window=_ONE_WINDOW,

@@ -5,10 +5,11 @@
     readers R = process_count x max(1, num_workers); reader r = process_index * W + worker
     epoch e of reader r: shards in order shuffle(seed, e), every R-th from the r-th
     records ──> windows of `shuffle_window` records, each permuted by (seed, r, e, window k)
-    state of a reader: {reader, epoch, shard, shard_state, window, emitted}
+    state of a reader: {reader, epoch, shard, shard_state, window, emitted[, crossed]}
         (shard, shard_state): where the current window starts; emitted: records of it handed
-        out. A restore reopens the shard there, reads the window again and skips `emitted`:
-        nothing lost, nothing repeated, and the state a few numbers however big the window.
+        out; crossed: where it left each shard (shard_state.Crossings). A restore reopens the
+        shard there, reads the window again and skips `emitted`: nothing lost, nothing
+        repeated, and the state a few numbers however big the window.
 
 Each reader runs through its own epochs without end (a batch may hold the end of one epoch
 and the start of the next; an epoch whose shards hold no record is passed over), or up to the
@@ -33,20 +34,20 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import OLDER, close_of
-from jaxloader.base.checks import MASK64, check_bool, check_int
+from jaxloader.base.checks import check_bool, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError, StateDictError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand, path_names
-from jaxloader.streams.compressed import SUFFIXES
+from jaxloader.streams.compressed import or_compressed
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import generator_shards, mapped_shards
 from jaxloader.streams.origins import last_origin, state_or_why
-from jaxloader.streams.shard_state import copied, plain, snapshot
+from jaxloader.streams.shard_state import (Crossings, checked_reader_state, copied,
+                                           left_early, plain, snapshot)
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
-_STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
 EMPTY_EPOCHS = 1000  # a reader's epochs without a record, running, before it is refused
 
 
@@ -98,25 +99,26 @@ class Stream:
         (``jaxloader.streams.compressed``; a resume reads one up to its place). A restore
         over a file that changed since the state was saved is refused; ``append_only=True``
         accepts files that only grew (``shards.FileShard``)."""
-        paths = expand(paths, _or_compressed(".jsonl"), "Stream.jsonl")
+        paths = expand(paths, or_compressed(".jsonl"), "Stream.jsonl")
         return cls([JsonlShard(p, append_only=append_only) for p in paths], **kwargs)
 
     @classmethod
     def text(cls, paths: Any, *, append_only: bool = False, **kwargs: Any) -> "Stream":
         """A stream of text files, a line a record (``paths`` and ``append_only`` as for
         ``jsonl``; ``*.txt``, compressed or not)."""
-        paths = expand(paths, _or_compressed(".txt"), "Stream.text")
+        paths = expand(paths, or_compressed(".txt"), "Stream.text")
         return cls([TextShard(p, append_only=append_only) for p in paths], **kwargs)
 
     @classmethod
     def tar(cls, paths: Any, *, tolerate_missing_end: bool = False, append_only: bool = False,
             **kwargs: Any) -> "Stream":
         """A stream of tar shards in the WebDataset layout (``paths`` and ``append_only`` as
-        for ``jsonl``; ``*.tar``, compressed or not: ``*.tar.gz``). A damaged or cut shard
+        for ``jsonl``; ``*.tar``, compressed or not: ``*.tar.gz``, ``*.tgz``). Every host is
+        given the same list (``process_index`` deals it out). A damaged or cut shard
         is an error naming it and the member (``jaxloader.streams.tar``);
         ``tolerate_missing_end=True`` accepts shards written without the end-of-archive
         marker."""
-        paths = expand(paths, _or_compressed(".tar"), "Stream.tar")
+        paths = expand(paths, (*or_compressed(".tar"), ".tgz"), "Stream.tar")
         return cls([TarShard(p, tolerate_missing_end=tolerate_missing_end,
                              append_only=append_only) for p in paths], **kwargs)
 
@@ -201,11 +203,6 @@ def as_stream(value: Any) -> Any:
     return Stream.huggingface(value) if is_iterable_dataset(value) else value
 
 
-def _or_compressed(suffix: str) -> tuple[str, ...]:
-    """A folder's files of a format: ``a.jsonl``, and ``a.jsonl.gz`` and the like."""
-    return (suffix, *(suffix + c for c in SUFFIXES))
-
-
 class StreamReader:
     """Reader ``reader`` of ``readers``: its shards, epoch after epoch, window by window."""
 
@@ -230,6 +227,7 @@ class StreamReader:
         self._ended, self._window_epoch, self._window_key = False, 0, 0
         self._window_start: tuple = (0, None)
         self._read_from: tuple | None = None  # the window's (shards, start, crossed, order)
+        self._crossings = Crossings()  # where it left each shard (a state's "crossed")
         self._previous: tuple | None = None  # the window's before it (origin() reads them)
 
     # -- state ------------------------------------------------------------------------------
@@ -241,8 +239,10 @@ class StreamReader:
         """Continues from ``state`` (``None``: the start): the window is read again. A state
         with ``"until": e`` (a pass's end, which the loader adds) reads epochs before ``e``
         only: ``next()`` then raises ``StopIteration`` at the end of epoch ``e - 1``."""
-        state = self.initial_state() if state is None else _checked(state, self.reader)
+        state = self.initial_state() if state is None else checked_reader_state(
+            state, self.reader)
         self._until, self._ended = state.get("until"), False
+        self._crossings = Crossings(state.get("crossed", []))  # (read again, the window
         self._epoch, self._shard = state["epoch"], state["shard"]
         self._window_number, emitted = state["window"], state["emitted"]
         self._start_epoch(self._epoch)
@@ -250,7 +250,7 @@ class StreamReader:
             raise StateDictError(f"stream state: shard {self._shard} of reader {self.reader}'s "
                                  f"{len(self._mine)} in epoch {self._epoch}; not this stream's")
         self._open(self._shard, state["shard_state"])
-        self._fill()
+        self._fill()  # leaves its shards where the saved one did: see Crossings)
         if emitted > len(self._window):
             raise StateDictError(f"stream state: {emitted} records of a window of "
                                  f"{len(self._window)} handed out; not this stream's")
@@ -258,9 +258,16 @@ class StreamReader:
 
     def get_state(self) -> dict:
         at, state = self._window_start  # (the shard's state as read: in JSON's types now)
-        return {"reader": self.reader, "epoch": self._window_epoch, "shard": at,
-                "shard_state": plain(state, lambda: self.stream.shards[self._mine[at]].name),
-                "window": self._window_key, "emitted": self._emitted}
+        return self.crossings({
+            "reader": self.reader, "epoch": self._window_epoch, "shard": at,
+            "shard_state": plain(state, lambda: self.stream.shards[self._mine[at]].name),
+            "window": self._window_key, "emitted": self._emitted}, self.mark())
+
+    def mark(self) -> tuple[int, int]:  # (where a state taken now starts: Crossings.of's)
+        return self._crossings.since
+
+    def crossings(self, state: dict, mark: tuple[int, int]) -> dict:  # (see Crossings.of)
+        return self._crossings.of(state, mark)
 
     # -- records ----------------------------------------------------------------------------
     def changes_due(self, step: int) -> bool:
@@ -300,7 +307,7 @@ class StreamReader:
         if self._ended:
             raise StopIteration
         where = (self._window_epoch, self._window_key, self._window_start, self._epoch,
-                 self._window_number, self._shard)
+                 self._window_number, self._shard, self._crossings.since)
         empty, epochs = set[int](), 0  # the shards dealt empty in the epochs running, those
         while True:
             self._window_epoch, self._window_key = self._epoch, self._window_number
@@ -308,13 +315,20 @@ class StreamReader:
             self._window_start = (self._shard, snapshot(shard) if shard else None)
             window: list = []
             crossed: list | None = None  # (shard, first) of each shard opened in the window
+            cap = self._crossings.start()  # (-1, or where the saved run left this shard)
             while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):
                 try:
+                    if len(window) == cap:
+                        raise StopIteration
                     window.append(self._read())
                 except StopIteration:
+                    if len(window) < cap:
+                        raise left_early(self._current, len(window), cap) from None
+                    cap = self._crossings.left(len(window))
                     self._shard += 1
                     self._open(self._shard, None)
                     crossed = [*(crossed or ()), (self._shard, len(window))]
+            self._crossings.read(len(window))
             if window:
                 break
             if self._window_number == 0:  # a whole epoch without a record: the next, unless
@@ -328,7 +342,7 @@ class StreamReader:
             if self._until is not None and self._epoch + 1 >= self._until:
                 # the pass is over: the state stays at the last window, all of it handed out
                 (self._window_epoch, self._window_key, self._window_start, self._epoch,
-                 self._window_number, self._shard) = where
+                 self._window_number, self._shard, self._crossings.since) = where
                 self._ended = True
                 raise StopIteration
             self._epoch += 1  # the epoch is over: the next one
@@ -383,18 +397,3 @@ class StreamReader:
         shard, self._current = self._current, None
         close_of(shard)
 
-
-def _checked(state: Any, reader: int) -> dict:
-    if not isinstance(state, dict) or any(
-            type(state.get(k)) is not int or state[k] < 0 for k in _STATE_KEYS) or not (
-            state.get("shard_state") is None or isinstance(state["shard_state"], dict)):
-        raise StateDictError(f"stream state: expected {{reader, epoch, shard, shard_state, "
-                             f"window, emitted}} of non-negative ints (shard_state a dict or "
-                             f"None), got {state!r:.300}")
-    if state["reader"] != reader:
-        raise StateDictError(f"stream state: it is reader {state['reader']}'s, handed to "
-                             f"reader {reader}")
-    for key in ("epoch", "window"):  # (a window of 2**64 permuted as window 0 did)
-        if state[key] > MASK64:
-            raise StateDictError(f"stream state: {key} {state[key]} out of range")
-    return state

@@ -24,10 +24,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base.checks import MASK64
 from jaxloader.base.errors import StateDictError
 from jaxloader.base.state_copy import copied
 
-__all__ = ["copied", "plain", "snapshot"]  # (copied: the reader's, for a shard's reset)
+__all__ = ["Crossings", "checked_reader_state", "copied", "crossings_of", "left_early",
+           "mark_of", "plain", "snapshot"]  # (copied: the reader's, for a shard's reset)
 
 _SCALARS = (str, int, float, bool, type(None))
 _PLAIN = frozenset(_SCALARS)  # (a set's lookup: the check made once a window)
@@ -97,3 +99,106 @@ def _refused(name: Callable[[], str], at: tuple, what: str) -> StateDictError:
         f"stream shard {name()}: get_state() {where} is {what}, which a checkpoint cannot keep "
         "as JSON; return plain JSON from get_state() (dicts with string keys, lists, str, int, "
         "float, bool, None), e.g. int(n) for a NumPy int, a list for an array")
+
+
+_STATE_KEYS = ("reader", "epoch", "shard", "window", "emitted")
+
+
+def checked_reader_state(state: Any, reader: int) -> dict:
+    """A ``StreamReader``'s ``state``, checked as reader ``reader``'s."""
+    if not isinstance(state, dict) or any(
+            type(state.get(k)) is not int or state[k] < 0 for k in _STATE_KEYS) or not (
+            state.get("shard_state") is None or isinstance(state["shard_state"], dict)):
+        raise StateDictError(f"stream state: expected {{reader, epoch, shard, shard_state, "
+                             f"window, emitted}} of non-negative ints (shard_state a dict or "
+                             f"None), got {state!r:.300}")
+    if state["reader"] != reader:
+        raise StateDictError(f"stream state: it is reader {state['reader']}'s, handed to "
+                             f"reader {reader}")
+    for key in ("epoch", "window"):  # (a window of 2**64 permuted as window 0 did)
+        if state[key] > MASK64:
+            raise StateDictError(f"stream state: {key} {state[key]} out of range")
+    crossed = state.get("crossed", [])
+    if not isinstance(crossed, list) or any(type(n) is not int for n in crossed) or any(
+            not 0 <= a <= b for a, b in zip(crossed, crossed[1:] + [MASK64])):
+        raise StateDictError(f"stream state: crossed: expected the records read from its "
+                             f"window's start as it left each shard (ascending ints >= 0), got "
+                             f"{crossed!r:.200}; not this stream's")
+    return state
+
+
+def left_early(shard: Any, read: int, saved: int) -> StateDictError:
+    """The refusal of a window read again whose shard ``shard`` ended after ``read`` of its
+    records where the saved window read ``saved`` before it left it."""
+    return StateDictError(
+        f"stream shard {getattr(shard, 'name', shard)}: it ends after the window's first {read} "
+        f"records, where the window the state was saved in read {saved} before leaving it: it "
+        "holds fewer records than then (rewritten, or shortened); restore over the shards the "
+        "state was saved with")
+
+
+class Crossings:
+    """Where a ``StreamReader`` left each shard: the count of records it had read into windows
+    (since its reset) as it left each, the last ``KEPT``. A state's ``crossed`` is those since
+    its window's start (``of``), and a restore (``Crossings(crossed)``) leaves each shard where
+    the saved run did: an ``append_only`` shard appended to since the save gave the window
+    read again other records where the saved run had left it (its new records are read in its
+    next epoch), and a packing reader's window, read again from a state taken before it,
+    reads on past the reader's window.
+
+    Example:
+        >>> c = Crossings([2])  # the saved run left its first shard after 2 records
+        >>> c.start(), c.left(2)  # (reading a window: where to leave, then left it)
+        (2, -1)
+    """
+
+    KEPT = 4096  # (a packing reader's window spans a few shards: the older go)
+
+    def __init__(self, crossed: list[int] | None = None) -> None:
+        self.reads, self.exits, self.dropped = 0, list[int](), 0
+        self.since = (0, 0)  # (the exits before and the records read before the window)
+        self.leave = list(crossed or [])
+
+    def start(self) -> int:
+        """A window starts: the count of its records to leave the shard at, or -1."""
+        self.since = (self.dropped + len(self.exits), self.reads)
+        return self.leave[0] - self.reads if self.leave else -1
+
+    def left(self, read: int) -> int:
+        """The shard is left after ``read`` records of the window: ``start``'s for the next."""
+        if self.leave:
+            self.leave.pop(0)
+        self.exits.append(self.reads + read)
+        if len(self.exits) > self.KEPT:
+            del self.exits[:self.KEPT // 2]
+            self.dropped += self.KEPT // 2
+        return self.leave[0] - self.reads if self.leave else -1
+
+    def read(self, count: int) -> None:
+        """The window read holds ``count`` records."""
+        self.reads += count
+
+    def of(self, state: dict, mark: tuple[int, int]) -> dict:
+        """``state``, taken at ``mark`` (``since`` then), with ``crossed``: where the reader
+        left each shard since, counted from that window's start (none kept: as it is)."""
+        at = mark[0] - self.dropped
+        left = [e - mark[1] for e in self.exits[at:]] if at >= 0 else []
+        return {**state, "crossed": left} if left else state
+
+
+def mark_of(reader: Any) -> Any:
+    """Where ``reader``'s current window starts (``StreamReader.mark``; a mixture's, each of its
+    components'), for ``crossings_of`` a state of it taken now; ``None`` for other readers."""
+    if isinstance(getattr(reader, "components", None), list):
+        return [mark_of(c) for c in reader.components]
+    mark = getattr(reader, "mark", None)
+    return mark() if callable(mark) else None
+
+
+def crossings_of(reader: Any, state: dict, mark: Any) -> dict:
+    """``state`` of ``reader``, taken at ``mark`` (``mark_of``), with where it left each shard
+    since (``Crossings.of``; a mixture's in each component's state)."""
+    if isinstance(mark, list):
+        return {**state, "components": [crossings_of(c, part, m) for c, part, m in zip(
+            reader.components, state["components"], mark)]}
+    return state if mark is None else reader.crossings(state, mark)
