@@ -360,3 +360,63 @@ def test_a_filter_made_on_a_read_thread_takes_the_locks_its_maker_does_not_hold(
         done.set()
         trainer.join(30)
     assert other.overlaps == 0
+
+
+class _CountedEach:
+    """``_Counted``'s records read one at a time (no ``__getitems__``: a loader's read threads
+    read them)."""
+
+    def __init__(self, n, seconds):
+        self.counted = _Counted(n, seconds)
+
+    def __len__(self):
+        return len(self.counted)
+
+    def __getitem__(self, i):
+        return self.counted[i]
+
+
+def test_read_threads_shared_by_two_loaders_never_wait_on_each_other_for_good():
+    # The pool of a thread count is the process's: a loader's reads that made a subset of a
+    # source (waiting for its lock) filled it, while the thread holding that lock, a trainer
+    # reading it record by record, waited for its own reads queued behind them (8af8a6b; the
+    # fifteenth review). A maker now makes its reads not yet started itself, and no longer
+    # waits for those it cancelled (a cancelled read is done for wait() only once dequeued).
+    other = _CountedEach(400, 0.0005)
+
+    class Lazy:
+        def __init__(self):
+            self.sub = None
+
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            if self.sub is None:
+                self.sub = jl.FilteredSource(other, lambda r: r["fold"] % 2 == 0)
+            return {"y": i}
+
+    done, made = threading.Event(), []
+
+    def train():
+        with jl.DataLoader(other, batch_size=4, num_epochs=None, read_threads=4,
+                           transforms=[jl.Map(lambda r: {"fold": r["fold"]})]) as loader:
+            for _ in loader:
+                if done.is_set():
+                    break
+
+    def lazy():
+        for _ in range(3):
+            with jl.DataLoader(Lazy(), batch_size=8, read_threads=4) as loader:
+                made.append(next(iter(loader))["y"].tolist())
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    time.sleep(0.2)
+    other_loaders = threading.Thread(target=lazy, daemon=True)
+    other_loaders.start()
+    other_loaders.join(60)
+    done.set()
+    trainer.join(30)
+    assert made == [list(range(8))] * 3 and not trainer.is_alive()  # (the trainer's own
+    # reads overlap each other: read_threads=4 reads one source on four threads)

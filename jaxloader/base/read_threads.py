@@ -1,12 +1,12 @@
 """A batch's records read on several threads of this process (``DataLoader(read_threads=)``).
 
-Reads that wait (files on a network filesystem, objects in a bucket, a database) leave a
-process idle while they do; Grain overlaps them with threads in each worker (its
+Reads that wait (files on a network filesystem, objects in a bucket, a database) leave a process
+idle while they do; Grain overlaps them with threads in each worker (its
 ``ReadOptions(num_threads=16)``). Here a batch's ``source[i]`` calls go to a pool of
-``read_threads`` threads, in the worker or in the process that makes the batch, and come back
-in the batch's order: the batch is the same, bit for bit, whatever the count. Only reads run
-on the pool; record transforms stay on the batch's thread (in a worker they run while the later
-records are still being read).
+``read_threads`` threads, the loader's own (``pool_key``), in the worker or in the process that
+makes the batch, and come back in the batch's order: the batch is the same, bit for bit,
+whatever the count. Only reads run on the pool; record transforms stay on the batch's thread (in
+a worker they run while the later records are still being read).
 
 The count is set for the thread making a batch (``using``) and asked by whatever reads a
 record at a time inside it: the ``BatchMaker``, and the sources made of others that read their
@@ -34,17 +34,21 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures as futures
+import itertools
 import os
 import threading
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar, Union
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.source_locks import held, lending
 
 T = TypeVar("T")
-_STATE = threading.local()  # .count: this thread's batch's read threads; .pooled: a pool thread
-_POOLS: dict[int, futures.ThreadPoolExecutor] = {}  # count -> its pool, in this process
-_HOLDERS: dict[int, int] = {}  # count -> the loaders of this process that read on its pool
+Key = Union[int, tuple]  # a pool's: its count (a batch maker used by hand), or a loader's
+_STATE = threading.local()  # .count: this thread's batch's read threads, .key: their pool's;
+# .pooled: a pool thread
+_POOLS: dict[Key, futures.ThreadPoolExecutor] = {}  # key -> its pool, in this process
+_HOLDERS: dict[Key, int] = {}  # key -> the loaders of this process that read on its pool
+_TOKENS = itertools.count()
 _GUARD = threading.Lock()
 _KEPT = [False]  # this process makes batches for another (``keep``): its pools stay
 
@@ -64,8 +68,16 @@ def keep() -> None:
     _KEPT[0] = True
 
 
-def hold(n: int) -> Callable[[], None]:
-    """Keeps the pool of ``n`` threads for a loader of this process; the function returned
+def pool_key(n: int) -> tuple[int, int]:
+    """A loader's own pool of ``n`` threads (``using``, ``hold``; its workers' copies of its
+    batch maker each their own): a pool shared by the process's loaders filled with one
+    loader's reads waiting for a source's lock that another loader's batch holds, while
+    that batch waited for its own reads queued behind them, for good."""
+    return (n, next(_TOKENS))
+
+
+def hold(n: Key) -> Callable[[], None]:
+    """Keeps the pool of ``n`` (a key) for a loader of this process; the function returned
     lets it go (once), and the pool's threads end when no loader holds it: a closed loader
     leaves no thread. A pool neither held nor kept (a ``BatchMaker`` used by hand) ends with
     each ``Reads`` that used it."""
@@ -103,15 +115,21 @@ def count() -> int:
     return 1 if getattr(_STATE, "pooled", False) else getattr(_STATE, "count", 1)
 
 
-def using(n: int, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` with this thread's reads on ``n`` threads (what was set before is set
-    again after: a loader's batch made inside another's read)."""
-    before = getattr(_STATE, "count", 1)
+def current() -> Key:
+    """The pool the batch this thread is making reads on (``using``'s)."""
+    return getattr(_STATE, "key", count())
+
+
+def using(n: Key, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with this thread's reads on the pool of ``n`` (a count, or a loader's key:
+    ``pool_key``; what was set before is set again after: a loader's batch made inside
+    another's read)."""
+    before = getattr(_STATE, "count", 1), getattr(_STATE, "key", 1)
     try:  # (set inside: a Ctrl-C before the try left it set for good, in this thread)
-        _STATE.count = n
+        _STATE.count, _STATE.key = n if isinstance(n, int) else n[0], n
         done = fn(*args)
     finally:
-        _STATE.count = before
+        _STATE.count, _STATE.key = before
     return done
 
 
@@ -119,14 +137,15 @@ def _pooled() -> None:
     _STATE.pooled = True
 
 
-def _pool(n: int) -> futures.ThreadPoolExecutor:
+def _pool(n: Key) -> futures.ThreadPoolExecutor:
     pool = _POOLS.get(n)
     if pool is None:
         with _GUARD:
             pool = _POOLS.get(n)
             if pool is None:  # (left open: idle threads, woken and joined at the exit)
                 pool = _POOLS[n] = futures.ThreadPoolExecutor(
-                    n, thread_name_prefix="jaxloader-read", initializer=_pooled)
+                    n if isinstance(n, int) else n[0], thread_name_prefix="jaxloader-read",
+                    initializer=_pooled)
     return pool
 
 
@@ -135,7 +154,7 @@ class Reads:
     the ``j``-th (raising what it raised). ``close()`` cancels those not started and waits for
     the rest: call it before the source may be read by anyone else."""
 
-    def __init__(self, read: Callable[[Any], Any], items: Sequence[Any], n: int) -> None:
+    def __init__(self, read: Callable[[Any], Any], items: Sequence[Any], n: Key) -> None:
         self._futures: list[futures.Future] = []
         self._n = n
         mine = held()  # (the locks this thread holds, which the reads take as theirs)
@@ -155,7 +174,9 @@ class Reads:
     def close(self) -> None:
         for f in self._futures:
             f.cancel()
-        futures.wait(self._futures)
+        # (a cancelled read counts as done for wait() only once a pool thread takes it from
+        # the queue: with every thread waiting for a lock this thread holds, never)
+        futures.wait([f for f in self._futures if not f.cancelled()])
         if not _KEPT[0] and not _HOLDERS.get(self._n):  # (no loader holds it: none stays)
             with _GUARD:
                 pool = None if _HOLDERS.get(self._n) else _POOLS.pop(self._n, None)
@@ -187,7 +208,7 @@ def each(read: Callable[[Any], T], items: Sequence[Any],
     when given, else as it is, marked with ``j`` (``tag_item``); ``JaxloaderError``s as they
     are, or as ``located(j, error)`` makes them (the item they are about said)."""
     n = count()
-    reads = Reads(read, items, n) if n > 1 and len(items) > 1 else None
+    reads = Reads(read, items, current()) if n > 1 and len(items) > 1 else None
     out: list[T] = []
     try:
         for j, item in enumerate(items):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
+import weakref
 from collections.abc import Mapping
 from time import perf_counter
 from typing import Any, Callable, cast
@@ -31,7 +32,10 @@ from jaxloader.batching.record_transforms import read_only_hint
 from jaxloader.batching.transforms import returned_none
 
 
-_SAID: set[tuple] = set()  # the transforms found to keep or drop the mask, in this process
+# the transforms found to keep or drop the mask, in this process: (id, mask key) -> a weak
+# reference to it (a freed one's id comes again for the next loader's: a sweep's transform
+# that dropped the mask went unlooked where one that kept it had been)
+_SAID: dict[tuple, Any] = {}
 
 
 def _dropped_mask(transform: Any, mask_key: str) -> None:
@@ -54,12 +58,27 @@ def _dropped_mask(transform: Any, mask_key: str) -> None:
                                getattr(fn, "__module__", None) or "jaxloader")
 
 
-def _said_id(transform: Any, mask_key: Any) -> tuple:
-    """What ``_SAID`` knows a transform by, with the mask it was given: a ``JitMap`` by its
-    function (a loader's is its own copy, of the user's function, which the user holds: a
-    freed copy's id came again for the next loader's copy, unlooked), another by itself (one
-    function in two ``BatchMap``s, one keeping its mask and one dropping another's)."""
-    return (id(transform.fn) if type(transform) is JitMap else id(transform), mask_key)
+def _known_by(transform: Any) -> Any:
+    """What ``_SAID`` knows a transform by: a ``JitMap`` by its function (a loader's is its
+    own copy, of the user's function, which the user holds), another by itself (one function
+    in two ``BatchMap``s, one keeping its mask and one dropping another's)."""
+    return transform.fn if type(transform) is JitMap else transform
+
+
+def _said(transform: Any, mask_key: Any) -> bool:
+    """Whether ``transform`` was found to keep or drop the mask ``mask_key``."""
+    known = _known_by(transform)
+    ref = _SAID.get((id(known), mask_key))
+    return ref is not None and ref() is known
+
+
+def _say(transform: Any, mask_key: Any) -> None:
+    known = _known_by(transform)
+    try:
+        ref: Any = weakref.ref(known)
+    except TypeError:  # (kept alive: its id is not another's while it is)
+        ref = lambda: known  # noqa: E731
+    _SAID[(id(known), mask_key)] = ref
 
 
 def _alike(a: Any, b: Any) -> bool:
@@ -161,7 +180,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                         positions=np.arange(size) if positions is None else positions)
             batch, layout, outside = t.run(treedef, columns, size, alloc=alloc if i == last
                                            else None, **keys)
-            if given is not None and _said_id(t, mask_key) not in _SAID and not given.all():
+            if given is not None and not _said(t, mask_key) and not given.all():
                 records = [c._replace(values=np.ones_like(given)) if c.values is given else c
                            for c in columns]  # (every row a record: made alike, mask unused)
                 again = lambda: t.run(treedef, records, size, **keys)[0]  # noqa: E731
@@ -170,7 +189,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                 batch = collate.materialize(treedef, columns)[0]
             given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
             if mask_key is not None and isinstance(given, np.ndarray) and \
-                    _said_id(t, mask_key) not in _SAID and not given.all():
+                    not _said(t, mask_key) and not given.all():
                 # (a padded batch, the transform not yet found to keep or drop the mask: a
                 # copy to make again with every row a record, which it may write into; a mask
                 # a transform before made a list: kept)
@@ -202,7 +221,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             raise returned_none(where(), t)
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
         if again is not None:  # (a padded batch: found once, not looked for again)
-            _SAID.add(_said_id(t, mask_key))
+            _say(t, mask_key)
             if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
                 alike, batch = _made_again(batch, again)
                 if alike:

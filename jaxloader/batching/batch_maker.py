@@ -32,7 +32,8 @@ from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.tree import RecordNames
-from jaxloader.base.read_threads import Reads, count as threads_now, each, item_of, using
+from jaxloader.base.read_threads import (Reads, count as threads_now, current, each, item_of,
+                                         pool_key, using)
 from jaxloader.base.abilities import Originating, gatherer_of, origin_of
 from jaxloader.base.checks import check_positions
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
@@ -62,6 +63,7 @@ class BatchMaker:
         self.source = source
         self._origins = isinstance(source, Originating)  # (its records' files, in errors)
         self.read_threads = read_threads  # a batch's records read on so many threads at once
+        self.pool_key = pool_key(read_threads)  # (its own pool of them, in each process)
         self._ahead: dict[int, tuple[Reads, int]] = {}  # a task's step -> its reads in flight
         self.sampler = sampler
         self.record_transforms = record_transforms
@@ -101,7 +103,7 @@ class BatchMaker:
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
         if self.read_threads > 1:  # (asked by each read a record at a time: base/read_threads)
-            return using(self.read_threads, self._make, step, alloc)
+            return using(self.pool_key, self._make, step, alloc)
         return self._make(step, alloc)
 
     def _make(self, step: int, alloc: Callable[[int], Any] | None) -> tuple[Any, collate.Layout]:
@@ -209,7 +211,7 @@ class BatchMaker:
             return None
         reads = Reads(self.source.__getitem__,
                       np.concatenate([spec.indices for spec in specs]).tolist(),
-                      self.read_threads)
+                      self.pool_key)
         offsets = np.cumsum([0] + [len(spec.indices) for spec in specs]).tolist()
         self._ahead = {step: (reads, offset) for step, offset in zip(steps, offsets)}
         return reads
@@ -314,7 +316,7 @@ class BatchMaker:
         ahead, at = read or (None, 0)  # (in a worker, on threads: reads in flight meanwhile)
         where = self._where(spec)
         if raw is None and ahead is None and threads > 1 and len(spec.indices) > 1:
-            ahead = Reads(source.__getitem__, spec.indices.tolist(), threads)
+            ahead = Reads(source.__getitem__, spec.indices.tolist(), current())
         try:
             for j, (position, index) in enumerate(zip(spec.positions.tolist(),
                                                       spec.indices.tolist())):

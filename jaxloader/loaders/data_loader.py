@@ -225,8 +225,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         self._maker = BatchMaker(source, self._sampler, record_transforms, batch_transforms,
                                  mask_key, threads)
         # (this process's pool of them, for num_workers=0 and peek(): let go at close())
-        self._read_pool = weakref.finalize(self, read_pool.hold(threads)) if threads > 1 \
-            else None
+        pool = self._maker.pool_key
+        self._read_pool = weakref.finalize(self, read_pool.hold(pool)) if threads > 1 else None
         self._fingerprint: dict[str, Any] | None = None  # computed on first use, then kept
         self._transforms = (*record_transforms, *batch_transforms)
         self._transforms_named: list[str] | None = transforms_of(self._transforms)  # (as
