@@ -72,6 +72,11 @@ def _is_sharding(x: Any) -> bool:
     return isinstance(x, Sharding)
 
 
+def _a_row_each(leaf: Any) -> bool:
+    """A 1-D bool leaf: a value a row (the pad mask), placed by the batch axis alone."""
+    return isinstance(leaf, np.ndarray) and leaf.ndim == 1 and leaf.dtype == np.bool_
+
+
 def _is_placement(x: Any) -> bool:
     return isinstance(x, (Sharding, PartitionSpec, jax.Device))
 
@@ -119,6 +124,11 @@ class Putter:
                 "jaxloader.data_sharding(mesh, 'data')"
             )
         self.sharding = sharding
+        # one sharding of several axes (a sequence's over "seq": P(None, "seq")): a 1-D bool
+        # leaf, the pad mask of a pass that ends or of last_batch='pad', a row's, takes its
+        # batch axis's part (it failed at the first padded batch, the remedy another mesh's)
+        self._rows_only = NamedSharding(sharding.mesh, PartitionSpec(sharding.spec[0])) if (
+            isinstance(sharding, NamedSharding) and len(sharding.spec) > 1) else None
         self.process_count = process_count
         self.batch_size = batch_size  # per process: a batch with fewer rows is a partial one
         # One process, every leaf on one device: no step can wait in a collective, so the
@@ -228,14 +238,19 @@ class Putter:
             self._same_kinds(batch, leaves)
         if not jax.config.read("jax_enable_x64"):
             _check_32_bits(batch, leaves)
+        sharding = self.sharding
+        if self._rows_only is not None and isinstance(batch, dict) and any(
+                _a_row_each(leaf) for leaf in batch.values()):
+            sharding = {k: self._rows_only if _a_row_each(leaf) else sharding
+                        for k, leaf in batch.items()}
         if self.process_count == 1 and not any(
                 host_only(getattr(leaf, "dtype", _NUMERIC)) for leaf in leaves):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code
-                return jax.device_put(batch, self.sharding)
+                return jax.device_put(batch, sharding)
             except (TypeError, ValueError, AssertionError):  # (JAX 0.10: a spec longer than
                 pass  # a leaf's rank asserts) the per-leaf path below says which leaf and why
         try:
-            return jax.tree_util.tree_map_with_path(self._put_subtree, self.sharding, batch,
+            return jax.tree_util.tree_map_with_path(self._put_subtree, sharding, batch,
                                                     is_leaf=_is_sharding)
         except ConfigError:
             raise  # (a leaf's, named: its words may say "structured")
@@ -275,9 +290,8 @@ class Putter:
             elif len(spec := getattr(sharding, "spec", ())) > np.ndim(leaf):
                 remedy = (f"its spec names {len(spec)} dimensions, the leaf has "
                           f"{np.ndim(leaf)}: give this leaf a sharding of its own (a dict of "
-                          "shardings, the batch's keys" + (
-                              ", with 'mask': jaxloader.data_sharding(mesh) for the padding "
-                              "mask of last_batch='pad'" if path == "['mask']" else "") + ")")
+                          "shardings, the batch's keys: "
+                          f"NamedSharding(mesh, P({spec[0]!r})) splits its rows alone)")
             else:
                 remedy = ("the global batch (batch_size x process_count) must divide evenly "
                           "over the devices of the data axis, and each other axis over the "

@@ -235,14 +235,16 @@ def test_bad_shardings_give_clear_errors():
     else:
         raise AssertionError("a PartitionSpec with no mesh set must be refused")
     grid = jax.make_mesh((2, 2), ("data", "model"))  # one spec of 2 axes over every leaf:
-    try:  # the 1-dimensional mask it fails on was said to "divide evenly"
+    try:  # a 1-dimensional leaf it fails on was said to "divide evenly" (the pad mask, a
+        # row's, takes the batch axis's part: test_the_pad_mask_takes_the_batch_axis...)
         next(iter(jl.DataLoader(source(10), batch_size=4, last_batch="pad", device_prefetch=0,
+                                transforms=[jl.Map(lambda r: {**r, "x": r["x"][:2]})],
                                 sharding=NamedSharding(grid, P("data", "model")))))
     except jl.ConfigError as e:
-        assert ("leaf ['mask']" in str(e) and "its spec names 2 dimensions, the leaf has 1" in
-                str(e) and "'mask': jaxloader.data_sharding(mesh)" in str(e)), e
+        assert ("leaf ['y']" in str(e) and "its spec names 2 dimensions, the leaf has 1" in
+                str(e) and "NamedSharding(mesh, P('data')) splits its rows alone" in str(e)), e
     else:
-        raise AssertionError("a spec longer than the mask must be refused")
+        raise AssertionError("a spec longer than a leaf must be refused")
     try:  # two hosts by hand in one JAX process: it failed at the first batch, "divide evenly"
         jl.DataLoader(source(8), batch_size=4, sharding=jl.data_sharding(mesh),
                       process_index=0, process_count=2)
@@ -375,3 +377,29 @@ def test_a_leaf_whose_width_changes_over_several_processes_is_warned():
     print("ok")
     """, n=4)
     assert out.strip() == "ok"
+
+
+def test_the_pad_mask_takes_the_batch_axis_of_a_sharding_that_also_splits_the_sequence():
+    # one sharding for a batch of sequences split over "seq" (P(None, "seq"), context
+    # parallelism): the 1-D pad mask of a pass that ends, or of last_batch='pad', failed at
+    # the first padded batch, and the remedy's data_sharding(mesh) raised on a mesh with no
+    # 'data' axis (the long-context audit)
+    out = run_with_devices("""
+        mesh = jax.make_mesh((4,), ("seq",))
+        docs = [np.arange(1, n + 1, dtype=np.int32) for n in (100, 3000, 5000, 1, 9000)]
+        stream = jl.Stream.from_generator(lambda i: ({"t": d} for d in docs), shards=1)
+        with jl.StreamLoader(jl.PackedStream(stream, "t", 4096), batch_size=2, num_epochs=1,
+                             sharding=NamedSharding(mesh, P(None, "seq"))) as loader:
+            last = list(loader)[-1]
+        print(tuple(last["t"].sharding.spec), tuple(last["mask"].sharding.spec),
+              last["mask"].tolist())
+        mesh = jax.make_mesh((2, 2), ("data", "seq"))
+        with jl.DataLoader(source(10), batch_size=4, last_batch="pad", process_index=0,
+                           process_count=1, transforms=[jl.Map(lambda r: {"x": r["x"][0]})],
+                           sharding=NamedSharding(mesh, P("data", "seq"))) as loader:
+            last = list(loader)[-1]
+        print(tuple(last["x"].sharding.spec), tuple(last["mask"].sharding.spec),
+              last["mask"].tolist())
+    """, n=4)
+    assert out.splitlines() == ["(None, 'seq') (None,) [True, False]",
+                                "('data', 'seq') ('data',) [True, True, False, False]"]
