@@ -32,6 +32,7 @@ from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.pad import Pad, check_hosts
+from jaxloader.sources.code_digest import warn_hashing
 
 
 class Map:
@@ -101,6 +102,8 @@ def split_transforms(transforms: Transforms, *, filters: bool = False,
     batch: list[Any] = []
     for i, t in enumerate(transforms):
         t = from_grain(t) or t
+        if not isinstance(t, (JitMap, Pad, type)):  # (a JitMap's hash() fails as it traces)
+            warn_hashing(getattr(t, "fn", t), f"transforms[{i}]")
         if isinstance(t, Filter) and not filters:
             before = ", ".join(repr(from_grain(m) or m) for m in transforms[:i])  # (its input)
             mapped = (f" (it sees the records {before} make: filter "

@@ -31,7 +31,7 @@ from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
-from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.code_digest import code_digest, warn_hashing
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.parts import read_locked
@@ -77,6 +77,8 @@ class FilteredSource:
         if keep is not None and not callable(keep):
             raise ConfigError(f"FilteredSource(keep): expected a function of a record "
                               f"returning True to keep it, got {type(keep).__name__}")
+        if keep is not None:
+            warn_hashing(keep, "FilteredSource(keep)")
         if keep is not None and indices is not None and not isinstance(indices, (str,
                                                                                  os.PathLike)):
             raise ConfigError(  # (keep would never be called: the indices are the records)

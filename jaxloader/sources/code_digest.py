@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import builtins
 import dis
 import functools
 import hashlib
@@ -25,8 +26,10 @@ import os
 import site
 import sysconfig
 import types
+import warnings
 from typing import Any
 
+from jaxloader.base.errors import user_stacklevel
 from jaxloader.sources.value_text import SETS_AS_BEFORE, value_text, written
 
 
@@ -214,3 +217,29 @@ def _update_code(digest: Any, code: Any) -> None:
         else:
             digest.update((value_text(const) if isinstance(const, frozenset)
                            else written(const)).encode())
+
+
+def warn_hashing(fn: Any, where: str) -> None:
+    """Warns where ``fn``'s code (nested functions' too) calls the built-in ``hash``, whose value
+    for a str or bytes Python draws anew in each process (unless ``PYTHONHASHSEED`` is set): a
+    fold kept by ``hash(r["user"]) % 5`` held other records with workers than without, and in
+    each run (the Parquet audit)."""
+    if os.environ.get("PYTHONHASHSEED", "random") != "random":
+        return
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None),
+                                                     "__code__", None)
+    if code is None:
+        return
+    named: set[str] = set()
+    _names(code, named, set())
+    space = getattr(fn, "__globals__", None) or getattr(type(fn).__call__, "__globals__", {})
+    if "hash" in named and space.get("hash", builtins.hash) is builtins.hash:
+        warnings.warn(
+            f"{where}: {getattr(fn, '__qualname__', None) or repr(fn)} calls hash(), whose value "
+            "for a str or bytes Python draws anew in each process: it gives other values in "
+            "workers than in this process, and in each run, so the records kept or made differ "
+            "there and after a restore; hash text with zlib.crc32(s.encode()) or hashlib, or "
+            "set PYTHONHASHSEED=0 before Python starts (numbers hash the same everywhere)",
+            stacklevel=user_stacklevel())

@@ -40,7 +40,7 @@ from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
-from jaxloader.sources.code_digest import code_digests
+from jaxloader.sources.code_digest import code_digests, warn_hashing
 from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.huggingface import adapt
 
@@ -78,6 +78,7 @@ class MapSource:
                               f"batched=True, of a batch of columns), got "
                               f"{type(fn).__name__}{hint}")
         batched = check_bool("MapSource(batched)", batched)  # (before its truth is used)
+        warn_hashing(fn, "MapSource(fn)")
         if batched and isinstance(source, MapSource) and not source.batched:
             raise ConfigError(
                 "MapSource(batched=True): the source is a MapSource of records (batched=False), "

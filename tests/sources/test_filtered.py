@@ -401,3 +401,26 @@ def test_a_state_restored_over_another_subset_says_the_kept_records_differ():
         with pytest.raises(jl.StateDictError, match=r"same kind \(filtered\) and size, so what "
                                                     r"differs is inside it: the records it keeps"):
             loader.load_state_dict(state)
+
+
+def test_a_keep_map_or_transform_that_calls_hash_is_warned_of_unless_the_seed_is_set(
+        monkeypatch):
+    # a group k-fold by hash(r["user"]) % 5 kept 2,400 records with num_workers=0 and 4,000
+    # with 2 (str hashes are drawn anew in each process: the Parquet audit), without a word
+    import zlib
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    src = jl.ArraySource({"user": np.array(["ann", "bob", "cy"] * 10)})
+    with pytest.warns(UserWarning, match=r"FilteredSource\(keep\): .*<lambda> calls hash\(\), "
+                                         r"whose value for a str or bytes Python draws anew .*"
+                                         r"zlib.crc32"):
+        jl.FilteredSource(src, lambda r: hash(str(r["user"])) % 2 == 0)
+    with pytest.warns(UserWarning, match=r"MapSource\(fn\): .* calls hash\(\)"):
+        jl.MapSource(src, lambda r: {"bucket": hash(str(r["user"])) % 7})
+    with pytest.warns(UserWarning, match=r"transforms\[1\]: .* calls hash\(\)"):
+        jl.DataLoader(src, batch_size=3, process_index=0, process_count=1, transforms=[
+            jl.Map(lambda r: r), jl.Map(lambda r: {"bucket": hash(str(r["user"])) % 7})])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jl.FilteredSource(src, lambda r: zlib.crc32(str(r["user"]).encode()) % 2 == 0)
+        monkeypatch.setenv("PYTHONHASHSEED", "0")
+        jl.FilteredSource(src, lambda r: hash(str(r["user"])) % 2 == 0)
