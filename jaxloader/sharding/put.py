@@ -287,7 +287,7 @@ class Putter:
             elif self.batch_size is not None and rows is not None and rows < self.batch_size:
                 remedy = (f"this is an epoch's last batch, of {rows} rows, not {self.batch_size} "
                           f"(last_batch='partial'); {_PARTIAL_REMEDY}")
-            elif len(spec := getattr(sharding, "spec", ())) > np.ndim(leaf):
+            elif len(spec := tuple(getattr(sharding, "spec", ()))) > np.ndim(leaf):
                 remedy = (f"its spec names {len(spec)} dimensions, the leaf has "
                           f"{np.ndim(leaf)}: give this leaf a sharding of its own (a dict of "
                           "shardings, the batch's keys: "
