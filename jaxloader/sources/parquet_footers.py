@@ -24,7 +24,7 @@ import numpy as np
 from jaxloader.base import file_identity
 from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
 from jaxloader.order.local_shuffle import LocalShuffle
-from jaxloader.sources.arrow_columns import null_message
+from jaxloader.sources.parquet_checks import check_chosen, check_nulls, check_rows
 from jaxloader.sources.parquet_files import open_error, open_parquet, remote_footer
 from jaxloader.sources.paths import files_fingerprints
 from jaxloader.sources.shared_blocks import MAX_CACHED_GROUPS
@@ -67,11 +67,7 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
                           "read, at least one; None reads them all")
     chosen = list(columns) if columns is not None else [
         c for c in available if c not in labels]
-    missing = [c for c in chosen if c not in known]
-    if missing:
-        raise ConfigError(
-            f"ParquetSource(columns): {missing} not in {paths[first]!r}, whose columns are "
-            f"{available}; pass columns= some of them")
+    check_chosen(paths, metas, first, chosen)
     wanted = [schema.field(c) for c in chosen]
     for path, meta in [(p, m) for i, (p, m) in enumerate(zip(paths, metas)) if i != first]:
         other = meta.schema.to_arrow_schema()
@@ -94,79 +90,13 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
             )
     groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
     for path, meta in zip(paths, metas):
-        _check_nulls(path, meta, chosen)
+        check_nulls(path, meta, chosen)
     rows = [metas[f].row_group(g).num_rows for f, g in groups]
-    _check_rows(paths, metas, rows)
+    check_rows(paths, metas, rows)
     return Footers(chosen, groups, rows,
                    np.array([_decoded_bytes(metas[f].row_group(g), chosen) for f, g in groups],
                             dtype=np.int64), (_columns_text(metas[first].schema), str(schema)),
                    [identity for _, identity in found])
-
-
-def _check_rows(paths: Sequence[str], metas: list, rows: list[int]) -> None:
-    """A ``ConfigError`` where a file's footer counts other rows than its row groups do (a
-    damaged footer: a row group that claims 10**15 rows was read as that many)."""
-    at = 0
-    for path, meta in zip(paths, metas):
-        counted = sum(rows[at:at + meta.num_row_groups])
-        at += meta.num_row_groups
-        fewest = min(rows[at - meta.num_row_groups:at], default=0)
-        if counted != meta.num_rows or fewest < 0:
-            raise ConfigError(
-                f"ParquetSource: file {path!r}: its footer counts {meta.num_rows:,} rows, its "
-                f"row groups {counted:,}" + (f" (one of them {fewest:,})" if fewest < 0 else "")
-                + ": the footer is damaged; write the file again, or leave it out of the "
-                "source's paths")
-
-
-def _check_nulls(path: str, meta: Any, columns: list[str]) -> None:
-    """A ``ConfigError`` where the footer of the file at ``path`` counts a null in a column
-    read, so that it is refused where the source is made, not epochs into a run as its row
-    group is decoded. Only columns outside lists are counted: a list's values count an empty
-    list as a null (those nulls are found as they are decoded), as does a file written without
-    statistics."""
-    # each column's leaves by position (a name can hold a dot: "user.id" beside "user"); by
-    # their paths where the count is not the file's (a type stored in leaves not counted)
-    owners: list[str] = []
-    for field in meta.schema.to_arrow_schema():
-        owners += [field.name] * _leaf_count(field.type)
-    schema = [meta.schema.column(i) for i in range(meta.num_columns)]
-    if len(owners) != len(schema):
-        owners = [next((c for c in columns if leaf.path == c or leaf.path.startswith(c + ".")),
-                       "") for leaf in schema]
-    read = set(columns)
-    leaves = [i for i, leaf in enumerate(schema)  # (a required leaf holds no null)
-              if owners[i] in read
-              and leaf.max_repetition_level == 0 and leaf.max_definition_level > 0]
-    start = 0
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        for i in leaves:
-            stats = group.column(i).statistics
-            if stats is not None and stats.has_null_count and stats.null_count:
-                rows = f"rows {start}-{start + group.num_rows - 1}"
-                raise ConfigError(null_message(
-                    meta.schema.column(i).path, path,
-                    f"{stats.null_count} null value(s) in row group {g} ({rows} of the file), "
-                    "its footer says", column=owners[i],
-                    floats=meta.schema.column(i).physical_type in ("FLOAT", "DOUBLE")))
-        start += group.num_rows
-
-
-def _leaf_count(kind: Any) -> int:
-    """The Parquet leaf columns an Arrow type is stored in (a struct's fields, a map's key
-    and value, a list's values)."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(kind):
-        return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
-    if pa.types.is_map(kind):
-        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
-    if isinstance(kind, pa.BaseExtensionType):
-        return _leaf_count(kind.storage_type)
-    if hasattr(kind, "value_type") and not pa.types.is_dictionary(kind):  # (lists, views)
-        return _leaf_count(kind.value_type)
-    return 1
 
 
 def _alike(kind: Any) -> Any:

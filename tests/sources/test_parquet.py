@@ -1288,3 +1288,27 @@ def test_a_part_file_of_no_rows_whose_text_column_has_no_type_is_read_with_the_o
     pd.DataFrame({"row": [9], "s": [None]}).to_parquet(tmp_path / "c.parquet")  # (rows: no)
     with pytest.raises(jl.ConfigError, match=r"another schema than the first file: s: \w*string"):
         jl.ParquetSource([str(tmp_path / "a.parquet"), str(tmp_path / "c.parquet")])
+
+
+def test_a_column_twice_all_null_or_in_a_later_file_only_is_refused_naming_the_files(tmp_path):
+    # pyarrow's bare KeyError ("does not exist") for a column held twice, named no file; an
+    # all-None column (Arrow's null type) was refused at its first row group, epochs in; a
+    # column the first file lacks blamed columns= where the files' schemas differ (the
+    # Parquet audit)
+    pq.write_table(pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["a", "a"]),
+                   tmp_path / "dup.parquet")
+    pq.write_table(pa.table({"x": [1, 2], "n": pa.array([None, None], pa.null())}),
+                   tmp_path / "null.parquet")
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"x": [1, 2], "y": [5, 6]}), tmp_path / "c.parquet")
+    with pytest.raises(jl.ConfigError, match=r"dup.parquet' holds the column 'a' 2 times .*"
+                                             r"rename_columns"):
+        jl.ParquetSource(tmp_path / "dup.parquet")
+    with pytest.raises(jl.ConfigError, match=r"column 'n' of '.*null.parquet' is of Arrow type "
+                                             r"null .*leave it out with columns="):
+        jl.ParquetSource(tmp_path / "null.parquet")
+    assert len(jl.ParquetSource(tmp_path / "null.parquet", columns=["x"])) == 2
+    with pytest.raises(jl.ConfigError, match=r"\['y'\] not in '.*b.parquet', whose columns are "
+                                             r"\['x'\], though '.*c.parquet' holds them: the "
+                                             r"files' schemas differ"):
+        jl.ParquetSource([tmp_path / "b.parquet", tmp_path / "c.parquet"], columns=["y"])
