@@ -559,3 +559,30 @@ def test_a_plain_streams_state_into_a_mixed_stream_and_back_says_so():
         with jl.StreamLoader(now, batch_size=4, process_index=0, process_count=1) as loader, \
                 pytest.raises(jl.StateDictError, match=rf"{said} \(to mix in streams later"):
             loader.load_state_dict(state)
+
+
+def test_a_restore_over_a_mixture_grown_or_a_halved_batch_says_what_changed_and_the_remedy():
+    # a corpus appended to was "the same kind (mixture) and size" beside num_records that
+    # differ (the fingerprint counts components); one added was "restore over the same data";
+    # a batch halved after an OOM had no remedy (the continual pretraining audit)
+    def sources(n, k=2):
+        return [jl.ArraySource({"x": np.arange(n + 100 * c, dtype=np.int32) % 7})
+                for c in range(k)]
+
+    def loader(parts, batch_size=8):
+        return jl.DataLoader(jl.mix(parts, [1.0] * len(parts)), batch_size=batch_size,
+                             process_index=0, process_count=1)
+    with loader(sources(50)) as saved:
+        next(iter(saved))
+        state = saved.state_dict()
+    with pytest.raises(jl.StateDictError, match=r"the mixture holds its 2 components, but one of "
+                                                r"them differs inside: its records \(num_records"):
+        loader(sources(60)).load_state_dict(state)
+    with pytest.raises(jl.StateDictError, match=r"the mixture's components: 2 then, 3 now; to "
+                                                r"mix a component in later, mix it from the "
+                                                r"start at weight 0"):
+        loader(sources(50, 3)).load_state_dict(state)
+    with pytest.raises(jl.StateDictError, match=r"global_batch_size: expected 4, received 8.*"
+                                                r"keep the batch size and split each batch in "
+                                                r"the step \(gradient accumulation"):
+        loader(sources(50), batch_size=4).load_state_dict(state)

@@ -4,16 +4,30 @@ fingerprints (``kind:records:digest``, ``sources.fingerprint``) tell what may ha
 Example:
     >>> print(source_differences("filtered:200:ab", "filtered:200:cd")[0][:72])
     the source is of the same kind (filtered) and size, so what differs is i
+    >>> print(source_differences("mixture:3:ab", "mixture:4:cd")[0][:62])
+    the mixture's components: 3 then, 4 now; to mix a component in
 """
 
 from __future__ import annotations
 
 
-def source_differences(then: str, now: str) -> list[str]:
+def source_differences(then: str, now: str, same_size: bool = True) -> list[str]:
     """What differs between the saved source's fingerprint ``then`` and this one's ``now``,
-    said as the state's check lists it (none where they are the same, or say nothing)."""
+    said as the state's check lists it (none where they are the same, or say nothing).
+    ``same_size``: whether the records counted are (a mixture's fingerprint counts its
+    components, not its records)."""
+    kind, parts = now.split(":")[0], (then.split(":")[1:2], now.split(":")[1:2])
+    if then != now and kind == "mixture" and then.split(":")[0] == kind:
+        if parts[0] != parts[1]:
+            return [f"the mixture's components: {parts[0][0]} then, {parts[1][0]} now; to mix "
+                    "a component in later, mix it from the start at weight 0 and raise it "
+                    "with jl.mix(..., from_step={step: weights}) (one taken out: keep it, at "
+                    "weight 0 from the step)"]
+        return [f"the mixture holds its {parts[1][0]} components, but one of them differs "
+                "inside: " + ("its records (as many as then, other values)" if same_size else
+                              "its records (num_records: appended or removed)")
+                + ", a function it runs (MapSource, a filter's predicate) or its options"]
     if then != now and then.split(":")[:2] == now.split(":")[:2]:
-        kind = now.split(":")[0]
         kept = ("the records it keeps (another subset of the same size, or the same in another "
                 "order: keep a round's indices beside the checkpoint and make the "
                 "FilteredSource from them), " if kind == "filtered" else "")

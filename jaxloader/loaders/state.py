@@ -263,8 +263,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     compared = [*_CHECKED, *(k for k in _FINGERPRINT if k in state or k in expected)]
     diffs = [differ(k, expected.get(k), state.get(k))
              for k in compared if state.get(k) != expected.get(k)]
-    diffs += source_differences(str(state.get("source")), str(expected.get("source")))
     grown = state.get("num_records") != sampler.num_records
+    diffs += source_differences(str(state.get("source")), str(expected.get("source")), not grown)
     if (grown or state.get("record_hash") != expected.get("record_hash")) and \
             state.get("record_spec") == expected.get("record_spec") is not None:
         diffs.append("records appended or removed (a buffer that grew: a new loader reads it "
@@ -276,7 +276,10 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
         raise StateDictError(
             "state does not fit this loader (" + "; ".join(diffs) + "); restore it into a "
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
-            "size (batch_size x process_count)"
+            "size (batch_size x process_count)" + (
+                "; to use less memory a step, keep the batch size and split each batch in the "
+                "step (gradient accumulation over micro-batches)" if state.get(
+                    "global_batch_size") != expected.get("global_batch_size") else "")
         )
     check_files(state.get("files"), expected.get("files"), paths)
     epochs = state["step"] // sampler.steps_per_epoch
