@@ -434,3 +434,28 @@ def test_a_map_that_makes_the_packed_key_without_lengths_kept_false_is_told_so(t
         jl.PackedSource(jl.MapSource(text, tokenize), "input_ids", 8)
     assert len(jl.PackedSource(jl.MapSource(text, tokenize, lengths_kept=False), "input_ids",
                                8)) == 1
+
+
+def test_a_nested_list_column_is_refused_as_the_packed_source_is_made(tmp_path):
+    # list<list<int32>> tokens (a tokenizer's (1, n) rows written as they are) had lengths of
+    # their own, the outer lists' (all 1): a plan of nonsense, refused at a worker's first row
+    # (the long-context audit)
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"tokens": [[[1, 2, 3, 4, 5]], [[6, 7]]]}), tmp_path / "n.parquet")
+    with pytest.raises(jl.ConfigError, match=r"record 0\['tokens'\]: expected a 1-D array .*"
+                                             r"\(a list of lists: a nested column"):
+        jl.PackedSource(jl.ParquetSource(tmp_path / "n.parquet"), "tokens", 8)
+    with pytest.raises(jl.ConfigError, match=r"pass its \[0\]"):
+        jl.PackedSource([{"t": np.arange(1, 5).reshape(1, 4)}], "t", 8)
+
+
+def test_a_mixture_of_rows_of_two_lengths_is_told_it_is_the_shape_not_a_cast():
+    # a curriculum's mix of 2,048- and 8,192-token rows was told to cast (the long-context
+    # audit)
+    records = [{"t": np.arange(1, 9, dtype=np.int32)}] * 4
+    short, longer = jl.PackedSource(records, "t", 4), jl.PackedSource(records, "t", 8)
+    with pytest.raises(jl.RecordError, match=r"their shapes differ past the batch.s axis: pad "
+                                             r"or crop .*PackedSources of other lengths"):
+        list(jl.DataLoader(jl.mix([short, longer], [1, 1]), batch_size=4, process_index=0,
+                           process_count=1))

@@ -79,7 +79,12 @@ def token_problem(value: Any, empty_of_any_dtype: bool) -> tuple[np.ndarray, str
     array = value if type(value) is np.ndarray else np.asarray(value)
     if array.ndim != 1 or ((array.size or not empty_of_any_dtype)
                            and array.dtype.kind not in "biuf"):
-        return array, f"shape {array.shape} dtype {array.dtype}"
+        return array, f"shape {array.shape} dtype {array.dtype}" + (
+            " (a tokenizer's return_tensors='np' gives one row of tokens: pass its [0])"
+            if array.ndim == 2 and array.shape[0] == 1 else " (a list of lists: a nested "
+            "column; flatten each record's, or write the column as one list a record)"
+            if array.dtype == object and array.size and isinstance(
+                array.flat[0], (list, tuple, np.ndarray)) else "")
     return array, None
 
 

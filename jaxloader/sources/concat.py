@@ -331,8 +331,13 @@ def _merged_dtype(path: str, columns: list[np.ndarray],
         f"batch leaf {path}: the parts of a ConcatSource differ (a jl.mix's "
         "components are its parts): "
         f"{first.dtype}{first.shape[1:]} in {label(0)}, {other.dtype}{other.shape[1:]} in "
-        f"{label(i)}; make the parts' records alike: cast with a jl.MapSource(part, fn) of "
-        "the part that differs (a Map on the loader cannot: parts are read together)"
+        f"{label(i)}; make the parts' records alike: " + (
+            "cast with a jl.MapSource(part, fn) of the part that differs" if other.shape[1:] ==
+            first.shape[1:] else "their shapes differ past the batch's axis: pad or crop them "
+            "to one in a jl.MapSource(part, fn) of the part that differs (PackedSources of "
+            "other lengths: pack them at one length, or read each length with a loader of its "
+            "own, one after the other: a curriculum's phases)")
+        + " (a Map on the loader cannot: parts are read together)"
     )
 
 

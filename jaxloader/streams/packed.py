@@ -119,7 +119,8 @@ class PackedStream:
         for k, fill, kind in zip(keys, self.values, self.dtypes):
             check_fill("PackedStream(value)", k, fill, kind)
         self.tokenize = tokenize
-        self.left_out_looks = 0  # (records looked at for keys left out: streams.packing_readers)
+        self.left_out_looks = 0  # (records looked at for keys left out: streams.packing_checks)
+        self.said_truncated = False  # (records cut by overlong="truncate" said: the same)
         self._tokenize_digests = (None,) * (DIGEST_LEVELS + 1) if tokenize is None else (
             tuple(d[:16] for d in code_digests(tokenize)))  # (as made: a memo it fills is
         # not another function; and as versions of 2026-11-30 took it, digest_level)

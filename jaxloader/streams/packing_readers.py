@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
@@ -24,11 +23,11 @@ import numpy as np
 from jaxloader.base.errors import JaxloaderError, RecordError, StateDictError
 from jaxloader.streams.shard_state import copied, crossings_of, mark_of
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import PackedRows, record_tokens
+from jaxloader.plans.packed_rows import PackedRows
 from jaxloader.streams.origins import described
+from jaxloader.streams.packing_checks import check_aligned, tokens_of, warn_truncated
 
 EMPTY_RUN = 100_000  # records in a row with no tokens before a reader gives up
-_LOOKS = 64  # records looked at for keys as long as the tokens, left out (said once)
 _ONE_WINDOW = 1 << 62  # fit's window for all of a window's pieces (split records give more)
 
 
@@ -248,6 +247,7 @@ class FitPackedReader(_PackingReader):
             if not records:
                 raise
         self._before, self._mark, self._records = before, mark, records
+        warn_truncated(packed, [len(t[0]) for t in records])
         self._plan = packing_plan.fit(
             np.array([len(t[0]) for t in self._records], np.int64), [packed.length],
             method=packed.method, bins=packed.bins, window=_ONE_WINDOW,
@@ -299,9 +299,9 @@ def _next_tokens(packed: Any, inner: Any) -> list[np.ndarray]:
                 except Exception as e:
                     raise RecordError(f"PackedStream(tokenize) raised {type(e).__name__} on a "
                                       f"record of reader {inner.reader}: {e}") from e
-            tokens = [_tokens_of(record, key, dtype, key == keys[0])
+            tokens = [tokens_of(record, key, dtype, key == keys[0])
                       for key, dtype in zip(keys, packed.dtypes)]
-            _check_aligned(packed, record, tokens)
+            check_aligned(packed, record, tokens)
         except RecordError as e:  # (which record of a corpus of files: its shard and place)
             origin = getattr(inner, "origin", None)
             where = "" if origin is None else described(  # " (at ...)", or why not known
@@ -314,69 +314,6 @@ def _next_tokens(packed: Any, inner: Any) -> list[np.ndarray]:
     raise RecordError(  # an endless stream of them would never fill a row
         f"PackedStream: reader {inner.reader} read {EMPTY_RUN:,} records in a row with no "
         f"tokens under {keys[0]!r}; check tokenize (or the stream's records)")
-
-
-def _check_aligned(packed: Any, record: Any, tokens: list[np.ndarray]) -> None:
-    """Refuses keys of other lengths than the first's (they are cut at the same places), and
-    says once which of the record's other keys are as long and left out (a loss mask
-    ``tokenize`` made, not packed: the loss then counts every token)."""
-    keys, n = packed.keys, len(tokens[0])
-    for key, values in zip(keys[1:], tokens[1:]):
-        if len(values) != n:
-            raise RecordError(
-                f"PackedStream: record[{key!r}] holds {len(values)} values, record"
-                f"[{keys[0]!r}] {n}: the keys are packed at the same places, so each must be "
-                "as long as the tokens (a loss mask, labels); pack keys of other lengths "
-                "with a PackedStream each")
-    if packed.left_out_looks < _LOOKS:  # (the first records a process reads: said once)
-        packed.left_out_looks += 1
-        left = [k for k, v in record.items() if k not in keys and _as_long(v, n)]
-        if left:
-            packed.left_out_looks = _LOOKS
-            warnings.warn(
-                f"PackedStream: the records hold {left} as long as {keys[0]!r}, which are not "
-                f"packed and left out of the rows; to pack them at the same places, pass "
-                f"key={[*keys, *left]!r} (a loss mask, labels: value= pads them)",
-                stacklevel=2)
-
-
-def _as_long(value: Any, n: int) -> bool:
-    """Whether ``value`` is a sequence of ``n`` numbers (a key one could pack beside: labels,
-    a loss mask, a weight a token), not integers all 1 or all 0 (a tokenizer's attention mask
-    or token type ids, which the segment ids stand for)."""
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        if tuple(shape) != (n,) or n < 2 or getattr(value, "dtype", np.dtype(object)
-                                                     ).kind not in "biuf":
-            return False
-    elif not (isinstance(value, (list, tuple)) and len(value) == n > 1 and all(
-            isinstance(v, (int, float, np.number, np.bool_)) for v in value)):
-        return False  # (every item: word_ids() ends in None; the first 64 records only)
-    values = np.asarray(value)
-    return values.dtype.kind == "f" or not (values.min() == values.max() in (0, 1))
-
-
-def _tokens_of(record: Any, key: str, dtype: np.dtype, first: bool) -> np.ndarray:
-    value = record_tokens(
-        record, key, True,
-        lambda got: RecordError(f"PackedStream: expected a record (after tokenize) with key "
-                                f"{key!r}: 1-D integer tokens, got {got}; pass tokenize= to "
-                                "make them"),
-        lambda problem: RecordError(f"PackedStream: record[{key!r}]: expected 1-D numbers "
-                                    f"(tokens), got {problem}"))
-    if value.size and value.dtype.kind == "f" and dtype.kind != "f":
-        raise RecordError(
-            f"PackedStream: record[{key!r}]: expected 1-D integer tokens, got shape "
-            f"{value.shape} dtype {value.dtype}" if first else
-            f"PackedStream: record[{key!r}] holds {value.dtype} values, packed as {dtype}; "
-            f"pass dtype={{{key!r}: np.float32, ...}} for it")
-    if value.size and dtype.kind in "iu" and not np.can_cast(value.dtype, dtype):
-        info = np.iinfo(dtype)  # (a tokenizer's int64 ids)
-        low, high = value.min(), value.max()
-        if low < info.min or high > info.max:
-            raise RecordError(f"PackedStream: record[{key!r}] holds tokens outside {dtype} "
-                              f"([{low}, {high}]); pass dtype= a wider integer")
-    return value
 
 
 class _Row:
