@@ -134,6 +134,10 @@ def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
         hint = (f" ({value} is a whole number: ids written as DECIMAL(20, 0), uint64 in Hive "
                 "and Spark, lose their last digits as floats; np.uint64(int(x)) or "
                 "np.int64(int(x)) keeps them)")
+    elif type(value).__qualname__ == "Decimal":
+        hint = (f" (a decimal column's: {value} as a float may lose digits; str(x) keeps "
+                "them, an integer of its scale keeps them exact: np.int64(x.scaleb(k)) for "
+                "k digits after the point)")
     raise CollateError(
         f"batch leaf {path}: {where} holds a {_type_name(value)}, which is "
         "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
