@@ -251,10 +251,6 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
                for k in keys]
         columns = [c for c in own if c is not None]
         if len(columns) == len(keys):
-            if n:  # (a column of lists of lists has lengths of its own, its outer lists':
-                first = read_locked(source, records_at, source, np.arange(1))[0]  # refused
-                for k in keys:  # here, not at the first batch, from a record's tokens)
-                    _sequence(first, k, 0)
             return np.stack(columns, axis=1)
         return _read_lengths(source, keys, n)  # (or a Dataset's own transform, or not lists)
 

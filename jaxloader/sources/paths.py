@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import os
@@ -56,6 +57,7 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             f"{owner}(paths{where}): expected a path (a str or pathlib.Path), a folder, a "
             f"pattern or a list of them, got {type(bad).__name__} {bad!r:.80}")
     out: list[str] = []
+    by: list[str] = []  # (what listed each of out: a folder, a pattern, the file itself)
     left_out: list[str] = []  # a folder's files not of the suffixes (warned of)
     for path in [str(os.fspath(p)) for p in listed]:
         for head in ("file://localhost/", "file:///"):  # a local path (etils.epath lists no
@@ -65,14 +67,8 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         remote = "://" in path
         if not remote and os.path.isfile(path):  # a file named with [ or * is that file
             out.append(path)
+            by.append(path)
             continue
-        braces = _BRACES.search(path)
-        if braces and (remote or not os.path.exists(path)):
-            raise ConfigError(
-                f"{owner}(paths): {path!r} has braces ({braces[0]}), which are "
-                "not expanded (they are a shell's, not a pattern's); pass a pattern "
-                "('shard-*.tar'), a list ([f'shard-{i:03d}.tar' for i in range(100)]) or "
-                "braceexpand's list (list(braceexpand.braceexpand(path)))")
         suffixes = (suffix,) if isinstance(suffix, str) else suffix
         if any(c in path for c in _PATTERN) and (remote or not os.path.isdir(path)):
             # (a folder named with [ or ? is that folder: "run[1]" matched run1, silently)
@@ -90,16 +86,21 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         else:  # (a file that is not there is named where it is opened)
             if not remote:
                 _not_folder(path, owner)  # (a FIFO, a device: refused)
+            if remote or not os.path.exists(path):
+                _no_braces(path, owner)
             out.append(path)
+            by.append(path)
             continue
         if not found:
+            _no_braces(path, owner)
             raise ConfigError(
                 f"{owner}(paths): {path!r} {what}; check the path, or pass the files' paths"
             )
         out.extend(found)
+        by.extend([path] * len(found))
     if not out:
         raise ConfigError(f"{owner}(paths): expected at least one path, got none")
-    _once_each(out, owner)
+    _once_each(out, by, owner)
     if left_out:
         shown = ", ".join(repr(f) for f in left_out[:3]) + (
             f", ... ({len(left_out)} in all)" if len(left_out) > 3 else "")
@@ -110,31 +111,45 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
     return out
 
 
-def _once_each(paths: list[str], owner: str) -> None:
+def _no_braces(path: str, owner: str) -> None:
+    """Refuses ``path``, which names no file, where it has a shell's braces."""
+    braces = _BRACES.search(path)
+    if braces:
+        raise ConfigError(
+            f"{owner}(paths): {path!r} has braces ({braces[0]}), which are not expanded (they "
+            "are a shell's, not a pattern's), and names no file; pass a pattern "
+            "('shard-*.tar'), a list ([f'shard-{i:03d}.tar' for i in range(100)]) or "
+            "braceexpand's list (list(braceexpand.braceexpand(path)))")
+
+
+def _once_each(paths: list[str], by: list[str], owner: str) -> None:
     """Refuses a file listed twice (a folder and a pattern over it, or the same path written
-    two ways): each of its records would be read twice a pass, where a user means once."""
+    two ways; ``by``: what listed each): each of its records would be read twice a pass,
+    where a user means once. (Two names linked to one file are two: a link is a choice.)"""
     seen: dict[str, int] = {}
     for i, path in enumerate(paths):
-        real = path if "://" in path else os.path.realpath(path)
-        if real in seen:
+        same = path if "://" in path else os.path.abspath(path)
+        if same in seen:
+            j = seen[same]
             raise ConfigError(
-                f"{owner}(paths): {path!r} is listed twice (also as {paths[seen[real]]!r}, file "
-                f"{seen[real]} of the {len(paths)} listed): its records would be read twice a "
-                "pass; list each file once (a folder and a pattern over it list its files "
-                "again); to read some files more often, give them weights in jl.mix")
-        seen[real] = i
+                f"{owner}(paths): {path!r} is listed twice, by {by[j]!r} and by {by[i]!r}: "
+                "its records would be read twice a pass; list each file once (a folder and a "
+                "pattern over it list its files again); to read some files more often, give "
+                "them weights in jl.mix")
+        seen[same] = i
 
 
 def _not_hidden(pattern: str, found: list[str]) -> list[str]:
-    """A dataset pattern's files but those under a name starting with ``_`` or ``.`` that
-    the pattern does not name itself (``out/**/*.parquet`` leaves a Spark job's
-    ``out/_temporary/`` out, as a folder's listing and pyarrow's do)."""
+    """A dataset pattern's files but those under a name starting with ``_`` or ``.`` below
+    the pattern's fixed folder that the pattern does not name itself (``out/**/*.parquet``
+    leaves a Spark job's ``out/_temporary/`` out, as a folder's listing and pyarrow's do;
+    ``out/_staging*/*.parquet`` names ``_staging1``)."""
     parts = pattern.split(os.sep)
-    named = set(parts)
-    root = os.sep.join(parts[:next(i for i, p in enumerate(parts)
-                                   if any(c in p for c in _PATTERN))]) or os.sep
+    fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _PATTERN))
+    root = os.sep.join(parts[:fixed]) or (os.sep if os.path.isabs(pattern) else os.curdir)
+    named = [p for p in parts[fixed:] if p[:1] in ("_", ".")]
     return [f for f in found if not any(
-        part[:1] in ("_", ".") and part not in named
+        part[:1] in ("_", ".") and not any(fnmatch.fnmatchcase(part, p) for p in named)
         for part in os.path.relpath(f, root).split(os.sep))]
 
 
@@ -145,14 +160,17 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
     ``dataset``, not under a name starting with ``_`` or ``.``, and no Hive partition (see
     ``expand``). The other files (not hidden) are added to ``left_out``."""
     ends = tuple(s.lower() for s in suffixes)
-    every = glob.glob(os.path.join(glob.escape(folder), "**", "*"), recursive=True)
-    if dataset:
-        every = [f for f in every if not any(
-            part[:1] in ("_", ".") for part in os.path.relpath(f, folder).split(os.sep))]
-    found = sorted(f for f in every if f.lower().endswith(ends) and _not_folder(f, owner))
+    every: list[str] = []  # (one walk: a stat a file matched, none for the others)
+    others: list[str] = []
+    for top, folders, files in os.walk(folder, followlinks=True):  # (as glob's ** lists: no
+        folders[:] = [d for d in folders if d[:1] != "." and not (dataset and d[:1] == "_")]
+        for name in files:  # name starting with a dot; a dataset's none with _ either)
+            if name[:1] != "." and not (dataset and name[:1] == "_"):
+                (every if name.lower().endswith(ends) else others).append(
+                    os.path.join(top, name))
+    found = sorted(f for f in every if _not_folder(f, owner))
     if left_out is not None:
-        left_out.extend(sorted(f for f in every if not f.lower().endswith(ends)
-                               and os.path.isfile(f)))
+        left_out.extend(sorted(others))
     if not dataset:
         return found
     kept = found
@@ -192,7 +210,6 @@ def _not_folder(path: str, owner: str) -> bool:
 def _remote_glob(pattern: str, owner: str) -> list[str]:
     """``gs://bucket/dir/train-*.parquet``: the files of the folder whose names match,
     listed through ``etils.epath`` (a pattern in the file name only)."""
-    import fnmatch
 
     from etils import epath
 

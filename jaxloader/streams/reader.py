@@ -263,10 +263,10 @@ class StreamReader:
             "shard_state": plain(state, lambda: self.stream.shards[self._mine[at]].name),
             "window": self._window_key, "emitted": self._emitted}, self.mark())
 
-    def mark(self) -> tuple[int, int]:  # (where a state taken now starts: Crossings.of's)
-        return self._crossings.since
+    def mark(self) -> tuple:  # (where a state taken now starts: Crossings.mark)
+        return self._crossings.mark()
 
-    def crossings(self, state: dict, mark: tuple[int, int]) -> dict:  # (see Crossings.of)
+    def crossings(self, state: dict, mark: tuple) -> dict:  # (see Crossings.of)
         return self._crossings.of(state, mark)
 
     # -- records ----------------------------------------------------------------------------

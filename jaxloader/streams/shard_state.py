@@ -139,12 +139,12 @@ def left_early(shard: Any, read: int, saved: int) -> StateDictError:
 
 class Crossings:
     """Where a ``StreamReader`` left each shard: the count of records it had read into windows
-    (since its reset) as it left each, the last ``KEPT``. A state's ``crossed`` is those since
-    its window's start (``of``), and a restore (``Crossings(crossed)``) leaves each shard where
-    the saved run did: an ``append_only`` shard appended to since the save gave the window
-    read again other records where the saved run had left it (its new records are read in its
-    next epoch), and a packing reader's window, read again from a state taken before it,
-    reads on past the reader's window.
+    (since its reset) as it left each: those of the window being read, and ``KEPT`` before it.
+    A state's ``crossed`` is those since its window's start (``of``), and a restore
+    (``Crossings(crossed)``) leaves each shard where the saved run did: an ``append_only``
+    shard appended to since the save gave the window read again other records where the saved
+    run had left it (its new records are read in its next epoch), and a packing reader's
+    window, read again from a state taken before it, reads on past the reader's window.
 
     Example:
         >>> c = Crossings([2])  # the saved run left its first shard after 2 records
@@ -152,7 +152,8 @@ class Crossings:
         (2, -1)
     """
 
-    KEPT = 4096  # (a packing reader's window spans a few shards: the older go)
+    KEPT = 1 << 16  # exits kept before the window being read (a packing reader's window,
+    # read again from a state taken before it, spans a few shards; the window's own all kept)
 
     def __init__(self, crossed: list[int] | None = None) -> None:
         self.reads, self.exits, self.dropped = 0, list[int](), 0
@@ -169,20 +170,29 @@ class Crossings:
         if self.leave:
             self.leave.pop(0)
         self.exits.append(self.reads + read)
-        if len(self.exits) > self.KEPT:
-            del self.exits[:self.KEPT // 2]
-            self.dropped += self.KEPT // 2
+        older = self.since[0] - self.dropped  # (the exits before this window)
+        if older > self.KEPT:
+            del self.exits[:older - self.KEPT // 2]
+            self.dropped += older - self.KEPT // 2
         return self.leave[0] - self.reads if self.leave else -1
 
     def read(self, count: int) -> None:
         """The window read holds ``count`` records."""
         self.reads += count
 
-    def of(self, state: dict, mark: tuple[int, int]) -> dict:
-        """``state``, taken at ``mark`` (``since`` then), with ``crossed``: where the reader
-        left each shard since, counted from that window's start (none kept: as it is)."""
-        at = mark[0] - self.dropped
-        left = [e - mark[1] for e in self.exits[at:]] if at >= 0 else []
+    def mark(self) -> tuple["Crossings", int, int]:
+        """Where the window being read starts (what ``of`` counts a state taken now from):
+        these crossings', whose reader may be reset after (a mixture's component starting
+        its epoch anew gets new ones: the exits before are these)."""
+        return (self, *self.since)
+
+    def of(self, state: dict, mark: tuple["Crossings", int, int]) -> dict:
+        """``state``, taken at ``mark``, with ``crossed``: where the reader left each shard
+        since, counted from that window's start, as ``mark``'s crossings kept them (a window
+        left more than ``KEPT`` shards before the one read now: as it is)."""
+        crossings, index, reads = mark
+        at = index - crossings.dropped
+        left = [e - reads for e in crossings.exits[at:]] if at >= 0 else []
         return {**state, "crossed": left} if left else state
 
 

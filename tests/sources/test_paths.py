@@ -178,25 +178,30 @@ def test_a_file_listed_twice_is_refused_not_read_twice_a_pass(tmp_path):
     # a folder and a pattern over it, or one path written two ways, read each of its records
     # twice a pass without a word
     touch(tmp_path, "s-0.tar", "s-1.tar")
-    for paths in ([tmp_path, str(tmp_path / "*.tar")],
-                  [str(tmp_path / "s-0.tar"), str(tmp_path / "." / "s-0.tar")]):
+    for paths, by in (([tmp_path, str(tmp_path / "*.tar")], r"'.*re0' and by '.*\*.tar'"),
+                      ([str(tmp_path / "s-0.tar"), str(tmp_path) + "/./s-0.tar"],
+                       r"'.*s-0.tar' and by '.*/\./s-0.tar'"),
+                      ([tmp_path, str(tmp_path) + "/"], r"'.*re0' and by '.*re0/'")):
         with pytest.raises(jl.ConfigError, match=r"Stream.tar\(paths\): '.*s-0.tar' is listed "
-                                                 r"twice \(also as '.*s-0.tar', file 0 of the "
-                                                 r"\d listed\): its records would be read twice "
-                                                 r"a pass; list each file once"):
+                                                 rf"twice, by {by}: its records would be read "
+                                                 r"twice a pass; list each file once"):
             expand(paths, ".tar", "Stream.tar")
     assert len(expand([str(tmp_path / "s-0.tar"), str(tmp_path / "s-1.tar")], ".tar", "S")) == 2
+    os.symlink(tmp_path / "s-0.tar", tmp_path / "copy.tar")  # (a link is a choice: two)
+    assert len(expand([str(tmp_path / "s-0.tar"), str(tmp_path / "copy.tar")], ".tar", "S")) == 2
 
 
 def test_braces_are_refused_as_the_source_is_made_not_at_its_first_read(tmp_path):
     # WebDataset's shard-{000..001}.tar was one path, missing, named at the first next()
-    touch(tmp_path, "shard-000.tar", "shard-001.tar", "odd{0..1}.tar")
+    touch(tmp_path, "shard-000.tar", "shard-001.tar", "odd{0..1}.tar", "exp{a,b}/x.tar")
     for given in ("shard-{000..001}.tar", "shard-{000,001}.tar"):
         with pytest.raises(jl.ConfigError, match=r"has braces \(\{000(\.\.|,)001\}\), which "
                                                  r"are not expanded .*'shard-\*.tar'"):
             jl.Stream.tar(str(tmp_path / given))
     assert expand(str(tmp_path / "odd{0..1}.tar"), ".tar", "S") == [  # (a file so named)
         str(tmp_path / "odd{0..1}.tar")]
+    assert expand(str(tmp_path / "exp{a,b}" / "*.tar"), ".tar", "S") == [  # (a folder so
+        str(tmp_path / "exp{a,b}" / "x.tar")]  # named, in a pattern: the review)
 
 
 def test_a_folder_lists_its_files_in_any_case_and_says_which_it_leaves_out(tmp_path):
@@ -219,7 +224,7 @@ def test_a_folder_lists_its_files_in_any_case_and_says_which_it_leaves_out(tmp_p
 
 
 def test_a_dataset_pattern_leaves_names_starting_with_underscore_out_as_a_folder_does(
-        tmp_path):
+        tmp_path, monkeypatch):
     # the Hive refusal's remedy, 'folder/**/*.parquet', read a Spark job's leftover
     # _temporary/ copy too (pyarrow and the folder's listing leave it out)
     touch(tmp_path / "h", "year=1/p.parquet", "year=2/p.parquet", "_temporary/0/p.parquet",
@@ -230,3 +235,11 @@ def test_a_dataset_pattern_leaves_names_starting_with_underscore_out_as_a_folder
     assert len(expand(str(tmp_path / "h" / "**" / "*.parquet"), ".parquet", "S")) == 4
     assert names(expand(str(tmp_path / "h" / "_temporary" / "*" / "*.parquet"), ".parquet", "S",
                         dataset=True)) == ["h/_temporary/0/p.parquet"]  # (named: read)
+    assert names(expand(str(tmp_path / "h" / "_tempor*" / "*" / "*.parquet"), ".parquet", "S",
+                        dataset=True)) == ["h/_temporary/0/p.parquet"]  # (named by a pattern)
+    # a relative pattern under a working folder whose own name starts with _ (the review:
+    # its parents counted, "matches no file")
+    touch(tmp_path / "_scratch" / "run", "a.parquet")
+    monkeypatch.chdir(tmp_path / "_scratch" / "run")
+    for pattern in ("*.parquet", "**/*.parquet"):
+        assert expand(pattern, ".parquet", "S", dataset=True) == ["a.parquet"]

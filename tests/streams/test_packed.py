@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxloader as jl
-from resume_harness import check_resume, take
+from resume_harness import check_resume, check_resume_at_every_step, take
 from streams.test_compressed import compress
 from streams.test_shards import write_jsonl
 
@@ -449,3 +449,28 @@ def test_a_streams_bool_tokens_a_row_of_tokens_cut_records_and_bfloat16_weights_
     weighted = [{"t": np.arange(1, 5), "w": np.array([0.5, 1, 1, 2], ml_dtypes.bfloat16)}] * 3
     with pytest.warns(UserWarning, match=r"the records hold \['w'\] as long as 't'"):
         next(iter(loader(weighted)))
+
+
+@pytest.mark.parametrize("config", [([3, 4, 2], [1, 2], 19, 3, "first_exhausted", 6),
+                                    ([2, 1, 2, 3], [4], 7, 4, "all_exhausted", 7),
+                                    ([3, 3, 1], [5], 15, 5, "first_exhausted", 2)])
+def test_packing_over_a_mixture_whose_components_start_epochs_anew_restores_at_every_step(
+        config):
+    # a component of an exhausted mixture starts its epoch anew inside a packing window (its
+    # reader reset): the crossings a state counted from the window's start were the new
+    # reader's, so a restore skipped a document or was refused (the review of 21ea56a)
+    def gen(c, sizes):
+        def make(i):
+            for j in range(sizes[i]):
+                yield {"tokens": np.full(2 + (i * 7 + j * 3 + c) % 5, 1000 * c + 100 * i + j,
+                                         np.int32)}
+        return make
+    sa, sb, wa, wb, strategy, seed = config
+
+    def make():
+        a = jl.Stream.from_generator(gen(1, sa), shards=len(sa), shuffle_window=wa)
+        b = jl.Stream.from_generator(gen(2, sb), shards=len(sb), shuffle_window=wb)
+        mixed = jl.mix([a, b], [0.5, 0.5], stopping_strategy=strategy)
+        return jl.StreamLoader(jl.PackedStream(mixed, "tokens", 8, method="best_fit", window=5),
+                               batch_size=1, seed=seed, process_index=0, process_count=1)
+    check_resume_at_every_step(make, 20)

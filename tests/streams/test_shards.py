@@ -739,3 +739,30 @@ def test_naming_a_failing_records_place_leaves_the_readers_state_as_it_was():
         with pytest.warns(UserWarning, match="transforms differ"):  # (the Map left out)
             again.load_state_dict(state)
         assert next(iter(again))["v"].tolist() == [2007, 2008, 2009]
+
+
+def test_a_window_that_leaves_more_shards_than_are_kept_keeps_them_all(tmp_path, monkeypatch):
+    # the exits kept were trimmed inside the window being read: a window of 5,000 one-record
+    # shards lost its crossed, and its restore over shards appended to read 434 records twice
+    # (the review of 21ea56a); the window's own are kept now, the older ones trimmed
+    from jaxloader.streams.shard_state import Crossings
+    monkeypatch.setattr(Crossings, "KEPT", 8)
+    for k in range(30):
+        write_jsonl(tmp_path / f"s{k:02d}.jsonl", [k])
+
+    def make():
+        return jl.StreamLoader(jl.Stream.jsonl(sorted(tmp_path.glob("*.jsonl")), append_only=True,
+                                               shuffle_window=30, shuffle_shards=False),
+                               batch_size=3, num_epochs=1, process_index=0, process_count=1)
+    with make() as loader:
+        it = iter(loader)
+        before = [next(it)["id"].tolist() for _ in range(2)]
+        state = loader.state_dict()
+    assert len(state["readers"][0]["crossed"]) == 29
+    for k in range(0, 30, 3):  # (shards the window read to their end, appended to since)
+        with open(tmp_path / f"s{k:02d}.jsonl", "a") as f:
+            f.write(json.dumps({"id": 100 + k, "text": ""}) + "\n")
+    with make() as loader:
+        loader.load_state_dict(state)
+        after = [i for b in loader for i in b["id"].tolist()]
+    assert sorted(i for i in sum(before, []) + after if i < 100) == list(range(30))
