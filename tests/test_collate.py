@@ -278,7 +278,7 @@ def test_a_whole_decimal_is_told_to_become_an_integer_not_a_float():
         # it; the Parquet audit)
         next(iter(jl.DataLoader([{"p": decimal.Decimal("0.5")}] * 2, batch_size=2)))
     assert "whole number" not in str(raised.value)
-    assert "as a float may lose digits; str(x) keeps them" in str(raised.value)
+    assert "float(x) may round 0.5; str(x) keeps its digits" in str(raised.value)
 
 
 def test_leaves_with_an_axis_of_no_values_are_batched():

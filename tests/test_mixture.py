@@ -586,3 +586,6 @@ def test_a_restore_over_a_mixture_grown_or_a_halved_batch_says_what_changed_and_
                                                 r"keep the batch size and split each batch in "
                                                 r"the step \(gradient accumulation"):
         loader(sources(50), batch_size=4).load_state_dict(state)
+    with pytest.raises(jl.StateDictError) as raised:  # (a larger batch: no such remedy)
+        loader(sources(50), batch_size=16).load_state_dict(state)
+    assert "gradient accumulation" not in str(raised.value)

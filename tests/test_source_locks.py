@@ -380,8 +380,8 @@ def test_read_threads_shared_by_two_loaders_never_wait_on_each_other_for_good():
     # The pool of a thread count is the process's: a loader's reads that made a subset of a
     # source (waiting for its lock) filled it, while the thread holding that lock, a trainer
     # reading it record by record, waited for its own reads queued behind them (8af8a6b; the
-    # fifteenth review). A maker now makes its reads not yet started itself, and no longer
-    # waits for those it cancelled (a cancelled read is done for wait() only once dequeued).
+    # fifteenth review). Each loader reads on a pool of its own now, and no longer waits for
+    # reads it cancelled (a cancelled read is done for wait() only once dequeued).
     other = _CountedEach(400, 0.0005)
 
     class Lazy:

@@ -68,12 +68,13 @@ def keep() -> None:
     _KEPT[0] = True
 
 
-def pool_key(n: int) -> tuple[int, int]:
+def pool_key(n: int) -> tuple[int, int, int]:
     """A loader's own pool of ``n`` threads (``using``, ``hold``; its workers' copies of its
-    batch maker each their own): a pool shared by the process's loaders filled with one
-    loader's reads waiting for a source's lock that another loader's batch holds, while
-    that batch waited for its own reads queued behind them, for good."""
-    return (n, next(_TOKENS))
+    batch maker each their own, and a loader made in a worker its own: the process that made
+    it is in the key): a pool shared by the process's loaders filled with one loader's reads
+    waiting for a source's lock that another loader's batch holds, while that batch waited
+    for its own reads queued behind them, for good."""
+    return (n, os.getpid(), next(_TOKENS))
 
 
 def hold(n: Key) -> Callable[[], None]:

@@ -135,9 +135,9 @@ def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
                 "and Spark, lose their last digits as floats; np.uint64(int(x)) or "
                 "np.int64(int(x)) keeps them)")
     elif type(value).__qualname__ == "Decimal":
-        hint = (f" (a decimal column's: {value} as a float may lose digits; str(x) keeps "
-                "them, an integer of its scale keeps them exact: np.int64(x.scaleb(k)) for "
-                "k digits after the point)")
+        hint = (f" (a decimal column's: float(x) may round {value}; str(x) keeps its digits, "
+                "and int(x.scaleb(k)), an integer of k digits after the point, keeps it exact: "
+                "np.int64 of it where it fits, else a string)")
     raise CollateError(
         f"batch leaf {path}: {where} holds a {_type_name(value)}, which is "
         "neither an array (nor has the array protocol), a number, a string nor a pytree node; "

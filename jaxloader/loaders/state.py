@@ -278,8 +278,10 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             "loader over the same data with the same seed, shuffle, last_batch and global batch "
             "size (batch_size x process_count)" + (
                 "; to use less memory a step, keep the batch size and split each batch in the "
-                "step (gradient accumulation over micro-batches)" if state.get(
-                    "global_batch_size") != expected.get("global_batch_size") else "")
+                "step (gradient accumulation over micro-batches)" if isinstance(
+                    state.get("global_batch_size"), int) and isinstance(expected.get(
+                        "global_batch_size"), int) and expected["global_batch_size"] <
+                state["global_batch_size"] else "")
         )
     check_files(state.get("files"), expected.get("files"), paths)
     epochs = state["step"] // sampler.steps_per_epoch

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 from typing import Any, Iterable
 
 import jax
@@ -127,7 +128,8 @@ class Putter:
         # one sharding of several axes (a sequence's over "seq": P(None, "seq")): a 1-D bool
         # leaf, the pad mask of a pass that ends or of last_batch='pad', a row's, takes its
         # batch axis's part (it failed at the first padded batch, the remedy another mesh's)
-        self._rows_only = NamedSharding(sharding.mesh, PartitionSpec(sharding.spec[0])) if (
+        self._rows_only = NamedSharding(sharding.mesh, PartitionSpec(sharding.spec[0]),
+                                        memory_kind=sharding.memory_kind) if (
             isinstance(sharding, NamedSharding) and len(sharding.spec) > 1) else None
         self.process_count = process_count
         self.batch_size = batch_size  # per process: a batch with fewer rows is a partial one
@@ -239,10 +241,10 @@ class Putter:
         if not jax.config.read("jax_enable_x64"):
             _check_32_bits(batch, leaves)
         sharding = self.sharding
-        if self._rows_only is not None and isinstance(batch, dict) and any(
+        if self._rows_only is not None and type(batch) in (dict, OrderedDict) and any(
                 _a_row_each(leaf) for leaf in batch.values()):
-            sharding = {k: self._rows_only if _a_row_each(leaf) else sharding
-                        for k, leaf in batch.items()}
+            sharding = type(batch)((k, self._rows_only if _a_row_each(leaf) else sharding)
+                                   for k, leaf in batch.items())
         if self.process_count == 1 and not any(
                 host_only(getattr(leaf, "dtype", _NUMERIC)) for leaf in leaves):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code

@@ -24,6 +24,7 @@ import hashlib
 import inspect
 import os
 import site
+import sys
 import sysconfig
 import types
 import warnings
@@ -224,7 +225,7 @@ def warn_hashing(fn: Any, where: str) -> None:
     for a str or bytes Python draws anew in each process (unless ``PYTHONHASHSEED`` is set): a
     fold kept by ``hash(r["user"]) % 5`` held other records with workers than without, and in
     each run (the Parquet audit)."""
-    if os.environ.get("PYTHONHASHSEED", "random") != "random":
+    if _fixed_hash_seed():
         return
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -243,3 +244,18 @@ def warn_hashing(fn: Any, where: str) -> None:
             "there and after a restore; hash text with zlib.crc32(s.encode()) or hashlib, or "
             "set PYTHONHASHSEED=0 before Python starts (numbers hash the same everywhere)",
             stacklevel=user_stacklevel())
+
+
+def _fixed_hash_seed() -> bool:
+    """Whether this process's str hashes are the same as its workers': ``PYTHONHASHSEED`` a
+    number as this process started (its start's environment, where the system keeps it: one set
+    in ``os.environ`` later reaches the workers alone) and as it is now, which they inherit."""
+    now = os.environ.get("PYTHONHASHSEED", "random")
+    if not now.isdigit():
+        return False
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            started = dict(entry.partition(b"=")[::2] for entry in f.read().split(b"\0"))
+        return started.get(b"PYTHONHASHSEED") == now.encode()
+    except OSError:  # (no /proc: 0, Python's flag says; another number is taken as given)
+        return not sys.flags.hash_randomization or now != "0"

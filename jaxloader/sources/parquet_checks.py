@@ -28,7 +28,8 @@ def check_chosen(paths: Sequence[str], metas: list, first: int, chosen: list[str
     type, an all-null column: refused at its first row group, epochs in)."""
     schema = metas[first].schema.to_arrow_schema()
     available = list(schema.names)
-    missing = [c for c in chosen if c not in set(available)]
+    known = set(available)
+    missing = [c for c in chosen if c not in known]
     if missing:
         elsewhere = [p for p, meta in zip(paths, metas)
                      if set(missing) & set(meta.schema.to_arrow_schema().names)]
@@ -39,19 +40,25 @@ def check_chosen(paths: Sequence[str], metas: list, first: int, chosen: list[str
                 "holds them: the files' schemas differ; read them in separate sources (and "
                 "ConcatSource them after a Map that makes them alike), or pass columns= those "
                 "every file holds" if elsewhere else "; pass columns= some of them"))
-    twice = sorted(name for name, n in Counter(available).items() if n > 1 and name in chosen)
-    if twice:
+    wanted, schemas = set(chosen), [meta.schema.to_arrow_schema() for meta in metas]
+    for path, other in zip(paths, schemas):
+        counts = Counter(other.names)
+        twice = sorted(name for name in wanted if counts[name] > 1)
+        if twice:
+            raise ConfigError(
+                f"ParquetSource: {path!r} holds the column {twice[0]!r} {counts[twice[0]]} "
+                f"times (its columns: {list(other.names)}); a column is read by its name: write "
+                "the file again with names of their own (table.rename_columns), or pass "
+                "columns= others")
+    empty = [c for c in chosen if str(schema.field(c).type) == "null" and all(
+        str(other.field(c).type) == "null" for other, meta in zip(schemas, metas)
+        if meta.num_rows and c in other.names)]  # (values in another file: its type differs)
+    if empty:
         raise ConfigError(
-            f"ParquetSource: {paths[first]!r} holds the column {twice[0]!r} "
-            f"{Counter(available)[twice[0]]} times (its columns: {available}); a column is "
-            "read by its name: write the file again with names of their own "
-            "(table.rename_columns), or pass columns= others")
-    empty = [c for c in chosen if str(schema.field(c).type) == "null"]
-    if empty and any(meta.num_rows for meta in metas):
-        raise ConfigError(
-            f"ParquetSource: column {empty[0]!r} of {paths[first]!r} is of Arrow type null "
-            "(every value missing: pandas writes an all-None column so), so no batch can hold "
-            "it; leave it out with columns=, or write it with values and a type")
+            f"ParquetSource: column {empty[0]!r} of {paths[first]!r} is of Arrow type null in "
+            "every file with rows (every value missing: pandas writes an all-None column so), "
+            "so no batch can hold it; leave it out with columns=, or write it with values and "
+            "a type")
 
 
 def check_rows(paths: Sequence[str], metas: list, rows: list[int]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.base.errors import RecordError
+from jaxloader.base.errors import RecordError, user_stacklevel
 from jaxloader.plans.packed_rows import record_tokens
 
 LOOKS = 64  # records looked at for keys as long as the tokens, left out (said once)
@@ -105,4 +105,4 @@ def warn_truncated(packed: Any, lengths: list[int]) -> None:
         f"PackedStream(overlong='truncate'): {len(cut)} of a window's {len(lengths)} records "
         f"are longer than a row of {packed.length} tokens and cut to it ({sum(cut):,} of their "
         f"{sum(cut) + packed.length * len(cut):,} tokens left out; said once a process); "
-        "overlong='split' packs the rest into the next rows", stacklevel=2)
+        "overlong='split' packs the rest into the next rows", stacklevel=user_stacklevel())

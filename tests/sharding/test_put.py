@@ -400,6 +400,17 @@ def test_the_pad_mask_takes_the_batch_axis_of_a_sharding_that_also_splits_the_se
             last = list(loader)[-1]
         print(tuple(last["x"].sharding.spec), tuple(last["mask"].sharding.spec),
               last["mask"].tolist())
+        import collections  # (the review: a batch of an OrderedDict was refused as a tree that
+        # differs, and the mask lost the sharding's memory kind)
+        with jl.DataLoader(source(10), batch_size=4, last_batch="pad", process_index=0,
+                           process_count=1, transforms=[
+                               jl.Map(lambda r: {"x": r["x"][0]}),
+                               jl.BatchMap(lambda b: collections.OrderedDict(b))],
+                           sharding=NamedSharding(mesh, P("data", "seq"),
+                                                  memory_kind="pinned_host")) as loader:
+            last = list(loader)[-1]
+        print(type(last).__name__, last["mask"].sharding.memory_kind)
     """, n=4)
     assert out.splitlines() == ["(None, 'seq') (None,) [True, False]",
-                                "('data', 'seq') ('data',) [True, True, False, False]"]
+                                "('data', 'seq') ('data',) [True, True, False, False]",
+                                "OrderedDict pinned_host"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -422,5 +425,11 @@ def test_a_keep_map_or_transform_that_calls_hash_is_warned_of_unless_the_seed_is
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jl.FilteredSource(src, lambda r: zlib.crc32(str(r["user"]).encode()) % 2 == 0)
-        monkeypatch.setenv("PYTHONHASHSEED", "0")
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # (set after this process started: the
+    with pytest.warns(UserWarning, match=r"calls hash\(\)"):  # workers' alone, the review)
         jl.FilteredSource(src, lambda r: hash(str(r["user"])) % 2 == 0)
+    script = ("import warnings; warnings.simplefilter('error'); import numpy as np, jaxloader "
+              "as jl; jl.FilteredSource(jl.ArraySource({'u': np.array(['a', 'b'])}), "
+              "lambda r: hash(str(r['u'])) % 2 == hash('a') % 2)")
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ,
+                                                                   "PYTHONHASHSEED": "7"})

@@ -1312,3 +1312,12 @@ def test_a_column_twice_all_null_or_in_a_later_file_only_is_refused_naming_the_f
                                              r"\['x'\], though '.*c.parquet' holds them: the "
                                              r"files' schemas differ"):
         jl.ParquetSource([tmp_path / "b.parquet", tmp_path / "c.parquet"], columns=["y"])
+    # (the review: a column twice in a later file was still a KeyError; a column of no values
+    # in the first file and of values in another is the files' schemas differing)
+    pq.write_table(pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["x", "x"]),
+                   tmp_path / "dup2.parquet")
+    with pytest.raises(jl.ConfigError, match=r"dup2.parquet' holds the column 'x' 2 times"):
+        jl.ParquetSource([tmp_path / "b.parquet", tmp_path / "dup2.parquet"], columns=["x"])
+    pq.write_table(pa.table({"x": [3], "n": ["z"]}), tmp_path / "values.parquet")
+    with pytest.raises(jl.ConfigError, match=r"another schema than the first file: n: null in "):
+        jl.ParquetSource([tmp_path / "null.parquet", tmp_path / "values.parquet"])
