@@ -30,7 +30,10 @@ A slot's memory file holds a descriptor of this process while it is linked (so t
 open it). Batches kept alive keep their slots: past ``tasks.ahead_slots()`` of them (a quarter of
 what the other loaders' rings leave of the descriptor limit), the oldest kept is unlinked (its
 mapping stays; its descriptor closes) and destroyed, not reused, when its views die:
-``list(loader)`` of 2,500 batches ran out of descriptors at a limit of 1,024.
+``list(loader)`` of 2,500 batches ran out of descriptors at a limit of 1,024. Free slots past
+the most in use in the last ``_SETTLE`` to ``2 * _SETTLE`` batches (and ``_SPARE``) go at each
+settle: batches kept and dropped since no longer hold memory and descriptors for the loader's
+life.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def _budget(others: list[SlotRing]) -> int:
 
 _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing data grows rarely
 _SETTLE = 512  # batches handed out between looks at the slot size (module docstring)
+_SPARE = 4  # free slots kept past the most in use lately
 
 
 class SlotRing:
@@ -96,6 +100,7 @@ class SlotRing:
         self._size = 0  # bytes: the size new slots get
         self._known = False  # whether a batch has been written: until then slot_size is 0
         self._largest = [0, 0]  # bytes of the largest batch handed out: the window before, this
+        self._busiest = [0, 0]  # the most slots not free as a batch was handed out: the same
         self._handed = 0  # batches handed out
         with _LOCK:
             self._kept_linked = _budget(list(_RINGS))  # slots lent and linked at most
@@ -159,6 +164,9 @@ class SlotRing:
         largest = self._largest
         if nbytes > largest[1]:
             largest[1] = nbytes
+        busy = len(self._segments) - sum(map(len, self._free.values()))
+        if busy > self._busiest[1]:
+            self._busiest[1] = busy
         self._handed += 1
         if self._handed % _SETTLE == 0:
             self._settle()
@@ -175,7 +183,10 @@ class SlotRing:
 
     def _settle(self) -> None:
         """Brings the slot size down to the last windows' largest batch, 25% more, where that
-        is under half of it; free slots over twice the new size go (module docstring)."""
+        is under half of it; free slots over twice the new size go (module docstring). Free
+        slots past the most in use lately go too: batches a loop kept (a ``list(loader)``,
+        ``itertools.cycle``'s cache) grew the ring, which kept their slots, and a descriptor
+        each, for the loader's life once they were dropped."""
         wanted = max(mmap.PAGESIZE, int(max(self._largest) * _GROWTH))
         self._largest[:] = [self._largest[1], 0]
         if self._size > 2 * wanted:
@@ -184,6 +195,14 @@ class SlotRing:
                 for segment in [s for s in free if s.size > 2 * wanted]:
                     free.remove(segment)
                     self._destroy(segment)
+        free_now = sum(map(len, self._free.values()))
+        in_use = len(self._segments) - free_now
+        spare = free_now - max(0, max(self._busiest) + _SPARE - in_use)
+        self._busiest[:] = [self._busiest[1], 0]
+        for free in self._free.values():
+            while spare > 0 and free:
+                self._destroy(free.pop(0))
+                spare -= 1
 
     def _create(self, size: int, worker: int) -> Segment:
         # close() finds it, cut short too. Not prefaulted: its pages are reserved (allocated and
