@@ -140,3 +140,36 @@ def test_a_sources_block_starts_are_checked(starts, said):
     with jl.DataLoader(Blocks([0, 10, 20, 35]), batch_size=5, shuffle=jl.LocalShuffle(),
                        process_index=0, process_count=1) as loader:
         assert sorted(int(i) for b in loader for i in b["id"]) == list(range(35))
+
+
+def test_a_state_over_a_sources_own_blocks_names_them_and_is_refused_over_others():
+    # length buckets made anew with other edges over the same records, in the same order: a
+    # restore was accepted and read other batches, 64 of 512 records never read that epoch
+    # (the bucketing audit; the state said only "blocks the source's")
+    records = [{"i": np.int64(i)} for i in range(512)]
+
+    class Blocks:
+        def __init__(self, starts):
+            self.block_starts = np.array(starts)
+
+        def __len__(self):
+            return len(records)
+
+        def __getitem__(self, i):
+            return records[i]
+
+    def make(starts):
+        return jl.DataLoader(Blocks(starts), batch_size=32, shuffle=jl.LocalShuffle(window=1),
+                             process_index=0, process_count=1)
+    with make([0, 128, 256, 512]) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    assert state["local_shuffle"].startswith("window 1, blocks the source's (3 blocks, starts ")
+    with pytest.raises(jl.StateDictError, match=r"state\['local_shuffle'\]: expected \"window 1, "
+                                                r"blocks the source's \(2 blocks.*the source's "
+                                                r"own blocks starting elsewhere"):
+        make([0, 256, 512]).load_state_dict(state)
+    older = {**state, "local_shuffle": "window 1, blocks the source's"}  # (before 2026-12-01:
+    with make([0, 128, 256, 512]) as loader:  # restored as then)
+        loader.load_state_dict(older)
+        assert loader.step == 1

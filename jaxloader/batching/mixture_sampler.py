@@ -22,7 +22,8 @@ import numpy as np
 
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
 from jaxloader.base.errors import ConfigError, StateDictError
-from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
+from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
+                                          same_order)
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo, check_rows
 from jaxloader.plans.mixture import (block_size, check_weights_before,
@@ -253,7 +254,10 @@ class MixtureSampler:
         saved = state.get("mixture")
         if not isinstance(saved, list):
             check_weights_before(self.schedule, saved, step)  # raises, naming what came
-        if state.get("local_shuffle") != self._local_description:
+        saved_local, mine = state.get("local_shuffle"), self._local_description
+        if saved_local != mine and not (isinstance(saved_local, list) and isinstance(
+                mine, list) and len(saved_local) == len(mine) and all(
+                    same_order(a, b) for a, b in zip(saved_local, mine))):
             raise StateDictError(
                 f"state['local_shuffle']: expected {self._local_description!r} (each "
                 f"component's), received {state.get('local_shuffle')!r}; the components were "

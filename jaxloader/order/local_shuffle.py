@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Any
 
 import numpy as np
 
@@ -68,11 +69,22 @@ class LocalShuffle:
         return np.append(np.arange(0, num_records, size, dtype=np.int64), num_records)
 
     def describe(self, source: object) -> str:
-        """For the state: what must match for a step to mean the same records."""
-        blocks = ("the source's" if self.block_size is None
-                  and block_starts_of(source) is not None
-                  else str(self.block_size or 1024))
-        return f"window {self.window}, blocks {blocks}"
+        """For the state: what must match for a step to mean the same records; the source's own
+        blocks by where they start (``blocks_layout``: a user's length buckets, made anew with
+        other edges over the same records, restored silently into other batches)."""
+        own = block_starts_of(source) if self.block_size is None else None
+        if own is None:
+            return f"window {self.window}, blocks {self.block_size or 1024}"
+        return f"window {self.window}, blocks the source's ({blocks_layout([own])})"
+
+
+def same_order(saved: Any, now: Any) -> bool:
+    """Whether a state's read-local order (``describe``'s, ``saved``) is this loader's (``now``):
+    the same, or a state from before 2026-12-01 over the source's own blocks, which it did not
+    name (restored as then)."""
+    return saved == now or (isinstance(saved, str) and isinstance(now, str)
+                            and saved.endswith("blocks the source's")
+                            and now.startswith(saved + " ("))
 
 
 def blocks_layout(starts: list[np.ndarray]) -> str:

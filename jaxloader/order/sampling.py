@@ -22,6 +22,7 @@ from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.base.tree import RecordNames
 from jaxloader.order.index_shuffle import IndexShuffle
+from jaxloader.order.local_shuffle import same_order
 
 LastBatch = Literal["drop", "pad", "partial"]
 LAST_BATCH_POLICIES: tuple[str, ...] = get_args(LastBatch)
@@ -307,12 +308,13 @@ class Sampler:
         return {"local_shuffle": self.order_description} if self.order_description else {}
 
     def check_extra_state(self, state: dict, step: int) -> None:
-        if state.get("local_shuffle") != self.order_description:
+        if not same_order(state.get("local_shuffle"), self.order_description):
             raise StateDictError(
                 f"state['local_shuffle']: expected {self.order_description!r}, received "
                 f"{state.get('local_shuffle')!r}; restore into a loader with the same shuffle= "
                 "(a full shuffle and a read-local one order the records differently, and so "
-                "do windows and blocks of other sizes)"
+                "do windows and blocks of other sizes, or the source's own blocks starting "
+                "elsewhere: length buckets of other edges)"
             )
         if "mixture" in state:
             raise StateDictError(

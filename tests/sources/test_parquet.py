@@ -225,7 +225,7 @@ def test_concatenated_files_keep_their_row_groups_as_blocks(tmp_path):
     assert both.block_starts.tolist() == [0, 16, 32, 48, 50, 1074, 2098, 2550, 2566, 2582, 2587]
     assert jl.ConcatSource([jl.ArraySource({"x": np.arange(3)})] * 2).block_starts is None
     local = jl.LocalShuffle(window=1)
-    assert local.describe(jl.ConcatSource(files)) == "window 1, blocks the source's"
+    assert local.describe(jl.ConcatSource(files)).startswith("window 1, blocks the source's (7 ")
     with jl.DataLoader(jl.ConcatSource(files), batch_size=16, shuffle=local, last_batch="pad",
                        process_index=0, process_count=1) as loader:
         ids = np.concatenate([b["id"][b["mask"]] for b in loader])
