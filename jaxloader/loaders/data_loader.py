@@ -60,7 +60,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             file's row groups) and records within windows of blocks, for data in files. A
             ``ParquetSource`` whose cache holds less than the order reads at once warns
             (``PerformanceWarning``).
-        seed: seeds the shuffle and every ``RandomMap`` (an int in ``[0, 2**64)``).
+        seed: seeds the shuffle and every ``RandomMap`` (in ``[0, 2**64)``; loaders alike).
         transforms: a list: ``Map``/``RandomMap`` (per record), then a ``Pad`` (records of
             other lengths padded to their batch's longest), then ``JitMap`` and ``BatchMap``
             (per batch); a bare function in it is a ``Map``. One transform may be given
