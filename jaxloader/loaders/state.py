@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import numbers
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -279,9 +280,9 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
             "size (batch_size x process_count)" + (
                 "; to use less memory a step, keep the batch size and split each batch in the "
                 "step (gradient accumulation over micro-batches)" if isinstance(
-                    state.get("global_batch_size"), int) and isinstance(expected.get(
-                        "global_batch_size"), int) and expected["global_batch_size"] <
-                state["global_batch_size"] else "")
+                    state.get("global_batch_size"), numbers.Integral) and isinstance(
+                        expected.get("global_batch_size"), int) and expected[
+                    "global_batch_size"] < state["global_batch_size"] else "")
         )
     check_files(state.get("files"), expected.get("files"), paths)
     epochs = state["step"] // sampler.steps_per_epoch

@@ -251,7 +251,7 @@ def _fixed_hash_seed() -> bool:
     number as this process started (its start's environment, where the system keeps it: one set
     in ``os.environ`` later reaches the workers alone) and as it is now, which they inherit."""
     now = os.environ.get("PYTHONHASHSEED", "random")
-    if not now.isdigit():
+    if not now.isdigit() or sys.flags.ignore_environment:  # (python -E, -I: not read here)
         return False
     try:
         with open("/proc/self/environ", "rb") as f:

@@ -21,18 +21,19 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.sources.arrow_columns import null_message
 
 
-def check_chosen(paths: Sequence[str], metas: list, first: int, chosen: list[str]) -> None:
+def check_chosen(paths: Sequence[str], metas: list, schemas: list, first: int,
+                 chosen: list[str]) -> None:
     """Refuses a column of ``chosen`` that the file ``first`` (whose schema the others must
     share) lacks, naming the files that hold it; one its schema holds twice (pyarrow's
     ``KeyError``, "does not exist", named no file); one of no values at all (Arrow's ``null``
     type, an all-null column: refused at its first row group, epochs in)."""
-    schema = metas[first].schema.to_arrow_schema()
+    schema = schemas[first]  # (each file's Arrow schema: ``schemas``)
     available = list(schema.names)
     known = set(available)
     missing = [c for c in chosen if c not in known]
     if missing:
-        elsewhere = [p for p, meta in zip(paths, metas)
-                     if set(missing) & set(meta.schema.to_arrow_schema().names)]
+        elsewhere = [p for p, other in zip(paths, schemas)
+                     if set(missing) & set(other.names)]
         raise ConfigError(
             f"ParquetSource(columns): {missing} not in {paths[first]!r}, whose columns are "
             f"{available}" + (
@@ -40,7 +41,7 @@ def check_chosen(paths: Sequence[str], metas: list, first: int, chosen: list[str
                 "holds them: the files' schemas differ; read them in separate sources (and "
                 "ConcatSource them after a Map that makes them alike), or pass columns= those "
                 "every file holds" if elsewhere else "; pass columns= some of them"))
-    wanted, schemas = set(chosen), [meta.schema.to_arrow_schema() for meta in metas]
+    wanted = set(chosen)
     for path, other in zip(paths, schemas):
         counts = Counter(other.names)
         twice = sorted(name for name in wanted if counts[name] > 1)
@@ -50,9 +51,10 @@ def check_chosen(paths: Sequence[str], metas: list, first: int, chosen: list[str
                 f"times (its columns: {list(other.names)}); a column is read by its name: write "
                 "the file again with names of their own (table.rename_columns), or pass "
                 "columns= others")
-    empty = [c for c in chosen if str(schema.field(c).type) == "null" and all(
-        str(other.field(c).type) == "null" for other, meta in zip(schemas, metas)
-        if meta.num_rows and c in other.names)]  # (values in another file: its type differs)
+    rows = [(other, meta) for other, meta in zip(schemas, metas) if meta.num_rows]
+    empty = [c for c in chosen if rows and str(schema.field(c).type) == "null" and all(
+        str(other.field(c).type) == "null" for other, _ in rows
+        if c in other.names)]  # (values in another file: its type differs, said so there)
     if empty:
         raise ConfigError(
             f"ParquetSource: column {empty[0]!r} of {paths[first]!r} is of Arrow type null in "
@@ -77,7 +79,7 @@ def check_rows(paths: Sequence[str], metas: list, rows: list[int]) -> None:
                 "source's paths")
 
 
-def check_nulls(path: str, meta: Any, columns: list[str]) -> None:
+def check_nulls(path: str, meta: Any, columns: list[str], schema: Any = None) -> None:
     """A ``ConfigError`` where the footer of the file at ``path`` counts a null in a column
     read, so that it is refused where the source is made, not epochs into a run as its row
     group is decoded. Only columns outside lists are counted: a list's values count an empty
@@ -86,7 +88,7 @@ def check_nulls(path: str, meta: Any, columns: list[str]) -> None:
     # each column's leaves by position (a name can hold a dot: "user.id" beside "user"); by
     # their paths where the count is not the file's (a type stored in leaves not counted)
     owners: list[str] = []
-    for field in meta.schema.to_arrow_schema():
+    for field in schema if schema is not None else meta.schema.to_arrow_schema():
         owners += [field.name] * leaf_count(field.type)
     schema = [meta.schema.column(i) for i in range(meta.num_columns)]
     if len(owners) != len(schema):

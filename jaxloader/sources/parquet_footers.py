@@ -50,7 +50,8 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     found = _footers(paths)
     metas = [meta for meta, _ in found]  # (the first file with rows is the one to match: a
     first = next((i for i, meta in enumerate(metas) if meta.num_rows), 0)  # pandas' empty
-    schema = metas[first].schema.to_arrow_schema()  # part has columns of no type)
+    schemas = [meta.schema.to_arrow_schema() for meta in metas]  # (each file's, once)
+    schema = schemas[first]  # part has columns of no type)
     available = list(schema.names)
     known, labels = set(available), _pandas_row_labels(schema)  # (lists: 40,000 columns 48 s)
     if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
@@ -67,10 +68,10 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
                           "read, at least one; None reads them all")
     chosen = list(columns) if columns is not None else [
         c for c in available if c not in labels]
-    check_chosen(paths, metas, first, chosen)
+    check_chosen(paths, metas, schemas, first, chosen)
     wanted = [schema.field(c) for c in chosen]
-    for path, meta in [(p, m) for i, (p, m) in enumerate(zip(paths, metas)) if i != first]:
-        other = meta.schema.to_arrow_schema()
+    for path, meta, other in [(p, m, o) for i, (p, m, o) in enumerate(zip(paths, metas, schemas))
+                              if i != first]:
         names, other_labels = set(other.names), _pandas_row_labels(other)
         differ = [f"{f.name}: {f.type} in {paths[first]!r}, "  # (a file of no rows: a column of
                   f"{other.field(f.name).type if f.name in names else 'missing'} here"  # no
@@ -89,8 +90,8 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
                 "those they share"
             )
     groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
-    for path, meta in zip(paths, metas):
-        check_nulls(path, meta, chosen)
+    for path, meta, other in zip(paths, metas, schemas):
+        check_nulls(path, meta, chosen, other)
     rows = [metas[f].row_group(g).num_rows for f, g in groups]
     check_rows(paths, metas, rows)
     return Footers(chosen, groups, rows,

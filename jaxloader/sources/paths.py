@@ -92,7 +92,8 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             by.append(path)
             continue
         if not found:
-            _no_braces(path, owner)
+            if not os.path.isdir(path):
+                _no_braces(path, owner)
             raise ConfigError(
                 f"{owner}(paths): {path!r} {what}; check the path, or pass the files' paths"
             )
@@ -127,8 +128,9 @@ def _once_each(paths: list[str], by: list[str], owner: str) -> None:
     two ways; ``by``: what listed each): each of its records would be read twice a pass,
     where a user means once. (Two names linked to one file are two: a link is a choice.)"""
     seen: dict[str, int] = {}
-    for i, path in enumerate(paths):
-        same = path if "://" in path else os.path.abspath(path)
+    for i, path in enumerate(paths):  # (its folder's links followed: runs/latest/../x is
+        same = path if "://" in path else os.path.join(  # where the link goes; its own kept)
+            os.path.realpath(os.path.dirname(path) or os.curdir), os.path.basename(path))
         if same in seen:
             j = seen[same]
             raise ConfigError(
@@ -162,8 +164,10 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
     ends = tuple(s.lower() for s in suffixes)
     every: list[str] = []  # (one walk: a stat a file matched, none for the others)
     others: list[str] = []
+    inside = os.path.realpath(folder)
     for top, folders, files in os.walk(folder, followlinks=True):  # (as glob's ** lists: no
-        folders[:] = [d for d in folders if d[:1] != "." and not (dataset and d[:1] == "_")]
+        folders[:] = [d for d in folders if d[:1] != "." and not (dataset and d[:1] == "_")
+                      and not _within(os.path.join(top, d), inside)]  # (a link in: listed
         for name in files:  # name starting with a dot; a dataset's none with _ either)
             if name[:1] != "." and not (dataset and name[:1] == "_"):
                 (every if name.lower().endswith(ends) else others).append(
@@ -186,6 +190,16 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
                 "as well) to read them without those columns (a MapSource over each "
                 "partition's files can add them: ConcatSource([...]))")
     return kept
+
+
+def _within(path: str, inside: str) -> bool:
+    """Whether ``path`` is a link to a folder in ``inside`` (or ``inside`` itself): its files are
+    listed there, and a ``latest -> v2`` beside ``v2`` read them twice a pass, a link to ``.``
+    forty times."""
+    if not os.path.islink(path):
+        return False
+    real = os.path.realpath(path)
+    return real == inside or real.startswith(inside.rstrip(os.sep) + os.sep)
 
 
 def _not_folder(path: str, owner: str) -> bool:

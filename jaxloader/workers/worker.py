@@ -53,11 +53,14 @@ from jaxloader.workers.tasks import ahead_slots
 # may hold (``tasks.ahead_slots``: a quarter of the descriptor limit; a mapping holds one
 # before Python 3.13)
 _MAX_MAPPED = 128
+_UNUSED = 512  # slots given since a mapping was last used, past which it is let go
 SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most (busy)
 
 
 class _Slots:
     """The worker's mappings of slots by name, most recent last; at most ``_MAX_MAPPED``, none
+    unused for ``_UNUSED`` slots given (the ring lets its free slots past the most in use lately
+    go: a mapping kept their memory, 60 MB of 2 workers after a kept pass was dropped), none
     smaller than the largest slot given (the ring destroys smaller ones, whose memory a mapping
     kept alive: a worker held 2.6 GB of slots the ring had let go, against a ring of 720 MB),
     and once the ring comes down after an outlier (``SlotRing._settle``: a slot given under half
@@ -67,6 +70,8 @@ class _Slots:
         self._maps: OrderedDict[str, Any] = OrderedDict()
         self._largest = 0  # the largest slot given: smaller ones are not given again
         self._most = min(_MAX_MAPPED, ahead_slots())
+        self._gets = 0  # slots given so far, and each mapping's last (a name -> the count)
+        self._used: dict[str, int] = {}
 
     def get(self, name: str, size: int) -> memoryview:
         mapped = self._maps.pop(name, None)
@@ -77,9 +82,12 @@ class _Slots:
             for other in [n for n, m in self._maps.items() if len(m) < size or len(m) > 2 * size]:
                 self._close(other)
         self._maps[name] = mapped
-        while len(self._maps) > self._most:  # slots the main process replaced or retired
-            self._close(next(iter(self._maps)))
-        return memoryview(mapped)[:size]
+        self._gets += 1
+        self._used[name] = self._gets
+        while len(self._maps) > self._most or self._used[next(iter(self._maps))] < (
+                self._gets - _UNUSED):  # (slots the main process replaced or retired: its
+            self._close(next(iter(self._maps)))  # ring lets the free ones past the most in
+        return memoryview(mapped)[:size]  # use lately go, whose memory a mapping kept)
 
     def _attach(self, name: str, size: int) -> Any:
         """``shm.attach``; where the address space (``ulimit -v``) or the descriptor table is
@@ -101,6 +109,7 @@ class _Slots:
 
     def _close(self, name: str) -> None:
         mapped = self._maps.pop(name)
+        self._used.pop(name, None)
         try:
             mapped.close()
         except BufferError:  # (a view of it still alive: unmapped as it dies)

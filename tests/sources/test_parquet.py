@@ -1308,6 +1308,8 @@ def test_a_column_twice_all_null_or_in_a_later_file_only_is_refused_naming_the_f
                                              r"null .*leave it out with columns="):
         jl.ParquetSource(tmp_path / "null.parquet")
     assert len(jl.ParquetSource(tmp_path / "null.parquet", columns=["x"])) == 2
+    pq.write_table(pa.table({"n": pa.array([], pa.null())}), tmp_path / "none.parquet")
+    assert len(jl.ParquetSource(tmp_path / "none.parquet")) == 0  # (no rows: as before)
     with pytest.raises(jl.ConfigError, match=r"\['y'\] not in '.*b.parquet', whose columns are "
                                              r"\['x'\], though '.*c.parquet' holds them: the "
                                              r"files' schemas differ"):

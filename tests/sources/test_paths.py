@@ -243,3 +243,26 @@ def test_a_dataset_pattern_leaves_names_starting_with_underscore_out_as_a_folder
     monkeypatch.chdir(tmp_path / "_scratch" / "run")
     for pattern in ("*.parquet", "**/*.parquet"):
         assert expand(pattern, ".parquet", "S", dataset=True) == ["a.parquet"]
+
+
+def test_a_folder_with_links_in_itself_lists_each_file_once(tmp_path):
+    # a walk that follows links read data/latest -> v2 beside v2 twice a pass, a link to the
+    # folder itself forty times; runs/latest/../x (where the link goes) was taken for runs/x
+    # (the seventeenth review)
+    touch(tmp_path / "data", "v2/part-0.parquet")
+    os.symlink("v2", tmp_path / "data" / "latest")
+    os.symlink(".", tmp_path / "data" / "again")
+    names = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
+    assert names(expand(tmp_path / "data", ".parquet", "S")) == ["data/v2/part-0.parquet"]
+    touch(tmp_path / "outside", "o.parquet")
+    os.symlink(tmp_path / "outside", tmp_path / "data" / "out")  # (a link out: followed)
+    assert names(expand(tmp_path / "data", ".parquet", "S")) == [
+        "data/out/o.parquet", "data/v2/part-0.parquet"]
+    touch(tmp_path / "runs", "2024/sub/x.parquet", "2024/shared.parquet", "shared.parquet")
+    os.symlink("2024/sub", tmp_path / "runs" / "latest")
+    both = [str(tmp_path / "runs" / "latest" / ".." / "shared.parquet"),
+            str(tmp_path / "runs" / "shared.parquet")]
+    assert expand(both, ".parquet", "S") == both  # (two files: 2024's and runs')
+    os.mkdir(tmp_path / "exp{a,b}")  # (a folder named with braces, of no such file)
+    with pytest.raises(jl.ConfigError, match=r"is a folder with no \*.parquet file"):
+        expand(str(tmp_path / "exp{a,b}"), ".parquet", "S")

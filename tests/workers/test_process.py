@@ -323,3 +323,20 @@ def test_a_worker_lets_its_other_slots_go_where_a_mapping_finds_no_room(monkeypa
     with pytest.raises(jl.SharedMemoryError, match=r"could not map 4,096 bytes \(Cannot allocate"
                                                    r" memory\): this process's address space is"):
         slots.get("c", 4096)
+
+
+def test_a_worker_lets_go_of_slots_it_has_not_been_given_for_a_while(monkeypatch):
+    # the ring lets its free slots past the most in use lately go (a kept pass dropped), but a
+    # worker kept their mappings, and their memory, up to its 128 (60 MB for 2 workers; the
+    # seventeenth review)
+    import mmap
+
+    from jaxloader.workers import worker
+
+    monkeypatch.setattr(worker.shm, "attach", lambda name, size: mmap.mmap(-1, size))
+    slots = worker._Slots()
+    for k in range(40):  # (a pass kept: 40 slots)
+        slots.get(f"kept{k}", 4096).release()
+    for k in range(600):  # (then two slots in turn, past _UNUSED)
+        slots.get(f"now{k % 2}", 4096).release()
+    assert sorted(slots._maps) == ["now0", "now1"]
