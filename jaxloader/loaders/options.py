@@ -90,6 +90,13 @@ class LoaderOptions:
                        "log_every_s": "no periodic summary"}[name])
             if value is not None:
                 keep(name, float(value))  # (NumPy's: a Python float)
+        if self.timeout_s is not None and self.num_workers == 0 and not self.auto_workers:
+            warnings.warn(  # (it was taken without a word: a blocked source waited for good)
+                f"timeout_s={self.timeout_s}: with num_workers=0 a batch is made in the thread "
+                "that asks for it, which nothing can stop while the source blocks, so no "
+                "batch is timed out (stall_warning_s still reports one that is late); use "
+                "workers to time batches out, or a source that times out its own reads",
+                stacklevel=user_stacklevel())
         if self.start_method not in START_METHODS:
             raise ConfigError(
                 f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "

@@ -181,6 +181,9 @@ class HostPrefetcher:
         self._permits.put(_STOP)  # wakes a thread waiting for a permit
         self._taken.put(_STOP)  # or backing off
         self._stopping = True  # or about to make a batch, with permits left
+        # and a consumer waiting in get() now: the thread says so as it ends, but one blocked
+        # in its source (a generator waiting on a queue) never ends its batch to say it
+        self._ready.put((_STOPPED, None))
 
     def close(self, until_gone: bool = False) -> bool:
         """Stops the thread (after the batch it is making) and waits for it, at most

@@ -156,6 +156,7 @@ class FileShard:
 
 
 _BLANK = object()  # a line that is no record
+_SAID_HELD: set[str] = set()  # the files whose last line was said to be being written
 
 
 class _LineShard(FileShard):
@@ -195,10 +196,13 @@ class _LineShard(FileShard):
         raise NotImplementedError
 
     def _held_back(self, size: int) -> None:
-        """Said once a shard: an ``append_only`` file's last line has no line break, so it is
-        taken as being written (read half, it was two records) and left for a later pass."""
-        if not self._said_held:
+        """Said once a file in this process: an ``append_only`` file's last line has no line
+        break, so it is taken as being written (read half, it was two records) and left for a
+        later pass (a live log is caught mid-line most epochs: said each, the words changing
+        with the line, it was said nine times in ten)."""
+        if not self._said_held and self.path not in _SAID_HELD:
             self._said_held = True
+            _SAID_HELD.add(self.path)
             warnings.warn(
                 f"{self.path}: its last line ({size:,} bytes after line {self._count}) has no "
                 "line break: with append_only=True it is taken as a record being written and "

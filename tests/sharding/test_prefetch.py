@@ -444,3 +444,41 @@ def test_device_prefetch_keeps_its_depth_placed_ahead_of_the_batch_handed_out(pu
             if taken > 1:
                 assert len(placed) - taken == depth, (depth, taken, placed)
         p.close()
+
+
+def test_a_close_from_another_thread_ends_a_next_whose_source_blocks():
+    # num_workers=0 with a device-put thread: a generator waiting on an empty queue (the
+    # actors stopped) left next() waiting for good after a watchdog's close(), where the
+    # thread, blocked in the source, never ended its batch to say so (the online audit)
+    import queue
+
+    import jax
+    import numpy as np
+
+    import jaxloader as jl
+
+    rollouts = queue.Queue()
+    for i in range(8):
+        rollouts.put(i)
+
+    def actor(shard):
+        while True:
+            yield {"i": np.float32(rollouts.get())}
+    loader = jl.StreamLoader(jl.Stream.from_generator(actor, shards=1), batch_size=4,
+                             sharding=jax.devices()[0], process_index=0, process_count=1)
+    it = iter(loader)
+    assert [next(it)["i"].tolist() for _ in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    raised = []
+
+    def third():
+        try:
+            next(it)
+        except jl.JaxloaderError as e:
+            raised.append(str(e))
+    waiting = threading.Thread(target=third, daemon=True)
+    waiting.start()
+    waiting.join(0.5)
+    loader.close()
+    waiting.join(10)
+    assert raised and "closed" in raised[0], raised
+    rollouts.put(99)  # (the thread, blocked in the source, takes it and ends)

@@ -334,3 +334,12 @@ def test_a_stack_thread_that_cannot_start_names_the_limit_and_leaves_no_descript
             assert set(os.listdir("/proc/self/fd")) - before == set()
     finally:
         files.destroy()
+
+
+def test_timeout_s_without_workers_is_said_to_time_nothing_out():
+    # num_workers=0 took timeout_s without a word, and a source that blocked waited for good
+    # (the online audit): the batch is made in the asking thread, which nothing can stop
+    with pytest.warns(UserWarning, match=r"timeout_s=2.0: with num_workers=0 a batch is made "
+                                         r"in the thread that asks for it"):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, timeout_s=2,
+                      process_index=0, process_count=1).close()
