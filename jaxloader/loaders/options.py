@@ -33,6 +33,9 @@ StartMethod = Literal["exec", "fork"]
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
 
 
+_MANY_PLACED = 32  # device_prefetch past which the batches it keeps placed are warned of
+
+
 @dataclasses.dataclass(frozen=True)
 class LoaderOptions:
     """How batches are made and delivered (see ``DataLoader`` for each argument)."""
@@ -73,6 +76,12 @@ class LoaderOptions:
         keep("device_prefetch", check_int(
             "device_prefetch", self.device_prefetch, low=0,
             remedy="batches kept ready on device; 0 places each batch inside next()"))
+        if self.device_prefetch > _MANY_PLACED:  # (100,000 was taken: device memory filled)
+            warnings.warn(
+                f"device_prefetch={self.device_prefetch}: that many batches are placed on the "
+                "devices ahead of the step, each holding its device memory (an accelerator "
+                "runs out of it with no word of why); 2 hides a placement, a few more a "
+                "jittery one", stacklevel=user_stacklevel())
         if not isinstance(self.mask_key, str):
             raise ConfigError(
                 f"mask_key: expected a str (the name of the pad mask leaf), got "

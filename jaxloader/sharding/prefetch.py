@@ -207,6 +207,8 @@ class HostPrefetcher:
         # Its code is done: the join only waits for the thread's teardown (and, interrupted
         # now, marks nothing that still runs)
         self._thread.join(_POLL_S)
+        _drain(self._ready)  # (the batches made for no one: placed ones held device memory
+        self._ready.put((_STOPPED, None))  # while an iterator of the closed loader lived)
         return True
 
 

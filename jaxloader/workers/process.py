@@ -103,12 +103,24 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
         ('cpu', '4', '1')
     """
     kept = {name: value for name, value in parent.items() if name not in _DROPPED}
-    environment = {**THREAD_DEFAULTS, **kept, **WORKER_ENVIRONMENT}
+    environment = {**THREAD_DEFAULTS, **_x64(), **kept, **WORKER_ENVIRONMENT}
     tunables = environment.get("GLIBC_TUNABLES", "")
     if _X86_LINUX and NON_TEMPORAL not in tunables:
         environment["GLIBC_TUNABLES"] = ":".join(
             filter(None, (tunables, f"{NON_TEMPORAL}={NON_TEMPORAL_BYTES}")))
     return environment
+
+
+def _x64() -> dict[str, str]:
+    """``JAX_ENABLE_X64=1`` where this process turned 64-bit JAX on (``jax.config.update``): a
+    ``Map`` computing with ``jax.numpy`` in a worker made int32 and float32 (values past 2**31
+    wrapped) where this process made int64, without a word (a ``JitMap`` is told its own)."""
+    jax = sys.modules.get("jax")
+    try:
+        return {"JAX_ENABLE_X64": "1"} if jax is not None and jax.config.read(
+            "jax_enable_x64") else {}
+    except Exception:  # (a JAX being imported, or without the option: as its environment)
+        return {}
 
 
 class WorkerProcess:

@@ -482,3 +482,38 @@ def test_a_close_from_another_thread_ends_a_next_whose_source_blocks():
     waiting.join(10)
     assert raised and "closed" in raised[0], raised
     rollouts.put(99)  # (the thread, blocked in the source, takes it and ends)
+
+
+def test_a_closed_loaders_placed_batches_go_though_its_iterator_lives():
+    # the host thread's queue kept its placed batches (one device, device_prefetch=4: 4 of 1
+    # MiB) while an iterator of the closed loader was referenced (the device audit)
+    import gc
+
+    import jax
+    import numpy as np
+
+    import jaxloader as jl
+
+    def live():
+        gc.collect()
+        return sum(1 for a in jax.live_arrays() if a.shape == (16, 1000))
+    loader = jl.DataLoader(jl.ArraySource({"x": np.zeros((512, 1000), np.float32)}),
+                           batch_size=16, sharding=jax.devices()[0], device_prefetch=4,
+                           num_epochs=None, process_index=0, process_count=1)
+    it = iter(loader)
+    for _ in range(20):
+        next(it)
+    loader.close()
+    assert live() == 0
+    del it
+
+
+def test_a_device_prefetch_of_many_batches_is_warned_of():
+    # device_prefetch=100000 was taken: 2,751 batches placed 4 s in (the device audit)
+    import numpy as np
+
+    import jaxloader as jl
+
+    with pytest.warns(UserWarning, match=r"device_prefetch=100: that many batches are placed"):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, device_prefetch=100,
+                      process_index=0, process_count=1).close()

@@ -610,3 +610,26 @@ def test_a_child_the_worker_forks_ends_on_a_sigterm_that_came_before_its_handler
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.split() == ["True", "worker", "on"], (done.stdout, done.stderr)
+
+
+def test_64_bit_jax_reaches_a_maps_jax_numpy_in_the_workers():
+    # a Map computing with jax.numpy made int64 in this process and int32 in the workers, its
+    # values past 2**31 wrapped, after jax.config.update('jax_enable_x64', True) (the device
+    # audit; a JitMap is told its own)
+    script = textwrap.dedent("""
+        import jax, numpy as np, jaxloader as jl
+        jax.config.update("jax_enable_x64", True)
+        import jax.numpy as jnp
+        src = jl.ArraySource({"t": np.arange(8, dtype=np.int64) * 2**33})
+        for workers in (0, 2):
+            with jl.DataLoader(src, batch_size=4, num_workers=workers, process_index=0,
+                               process_count=1,
+                               transforms=[lambda r: {"t": jnp.asarray(r["t"]) + 1}]) as loader:
+                b = next(iter(loader))
+            print(workers, b["t"].dtype, b["t"].tolist())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = "int64 [1, 8589934593, 17179869185, 25769803777]"
+    assert out.stdout.splitlines() == [f"0 {first}", f"2 {first}"], out.stdout
