@@ -22,7 +22,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
 
 from jaxloader.base.checks import Int, refused_call
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, user_stacklevel
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
@@ -153,6 +153,13 @@ class LoaderLifecycle:
                 "doubles the prefetch runs with num_workers='auto' only; pass "
                 "num_workers='auto', or prefetch as a count (2 by default)")
         elif options.num_workers == 0:
+            if options.timeout_s is not None:  # (taken without a word: a blocked source
+                warnings.warn(  # waited for good)
+                    f"timeout_s={options.timeout_s}: with num_workers=0 a batch is made in the "
+                    "thread that asks for it, which nothing can stop while the source blocks, "
+                    "so no batch is timed out (stall_warning_s still reports one that is "
+                    "late); use workers to time batches out, or a source that times out its "
+                    "own reads", stacklevel=user_stacklevel())
             engine = InProcessEngine(maker)
         elif get_worker_info() is not None:
             self._made_in_a_worker()

@@ -33,8 +33,6 @@ StartMethod = Literal["exec", "fork"]
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
 
 
-_MANY_PLACED = 32  # device_prefetch past which the batches it keeps placed are warned of
-
 
 @dataclasses.dataclass(frozen=True)
 class LoaderOptions:
@@ -76,12 +74,6 @@ class LoaderOptions:
         keep("device_prefetch", check_int(
             "device_prefetch", self.device_prefetch, low=0,
             remedy="batches kept ready on device; 0 places each batch inside next()"))
-        if self.device_prefetch > _MANY_PLACED:  # (100,000 was taken: device memory filled)
-            warnings.warn(
-                f"device_prefetch={self.device_prefetch}: that many batches are placed on the "
-                "devices ahead of the step, each holding its device memory (an accelerator "
-                "runs out of it with no word of why); 2 hides a placement, a few more a "
-                "jittery one", stacklevel=user_stacklevel())
         if not isinstance(self.mask_key, str):
             raise ConfigError(
                 f"mask_key: expected a str (the name of the pad mask leaf), got "
@@ -99,13 +91,6 @@ class LoaderOptions:
                        "log_every_s": "no periodic summary"}[name])
             if value is not None:
                 keep(name, float(value))  # (NumPy's: a Python float)
-        if self.timeout_s is not None and self.num_workers == 0 and not self.auto_workers:
-            warnings.warn(  # (it was taken without a word: a blocked source waited for good)
-                f"timeout_s={self.timeout_s}: with num_workers=0 a batch is made in the thread "
-                "that asks for it, which nothing can stop while the source blocks, so no "
-                "batch is timed out (stall_warning_s still reports one that is late); use "
-                "workers to time batches out, or a source that times out its own reads",
-                stacklevel=user_stacklevel())
         if self.start_method not in START_METHODS:
             raise ConfigError(
                 f"start_method: expected one of {START_METHODS}, got {self.start_method!r}; "

@@ -49,11 +49,12 @@ import os
 import queue
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
 from jaxloader.base.abilities import close_of
-from jaxloader.base.errors import JaxloaderError
+from jaxloader.base.errors import JaxloaderError, user_stacklevel
 
 # close() waits this long for the thread, which may be finishing a batch (then left to end by
 # itself: a worker's batch ends when close() kills the workers; an in-process one when made)
@@ -62,6 +63,7 @@ _POLL_S = 0.1  # while waiting for the thread's end: how often to look again wit
 _BACK_OFF_S = 0.001  # see "Staying out of the way"; covers a step's dispatch, not a step
 _END = object()
 _STOP = object()
+_MANY_PLACED = 32  # batches kept placed ahead past which device_prefetch= is warned of
 _STOPPED = object()  # the thread's last word on ``_ready``: a get() waiting then is not left
 
 
@@ -138,7 +140,11 @@ class HostPrefetcher:
                 self._finished = True
                 self._ended.put(None)
                 # A consumer waiting in get() as the thread stopped (its loader closed or
-                # restored from another thread) waited for good: it is told
+                # restored from another thread) waited for good: it is told; what it made for
+                # a stopped run goes (a batch finished after close() stopped waiting for it
+                # held its device memory while the closed loader's iterator lived)
+                if self._stopping:
+                    _drain(self._ready)
                 self._ready.put((_STOPPED, None))
 
     def _back_off(self) -> bool:
@@ -220,6 +226,12 @@ class DevicePrefetcher:
                  put_in_thread: bool = False) -> None:
         # started by start(); with put_in_thread it places the batches too; else one host batch
         # more, ready to place as the caller takes one (``depth`` then stay placed ahead)
+        if depth > _MANY_PLACED:  # (100,000 was taken: the devices' memory filled, unsaid)
+            warnings.warn(
+                f"device_prefetch={depth}: that many batches are placed on the devices ahead of "
+                "the step, each holding its device memory (an accelerator runs out of it with "
+                "no word of why); 2 hides a placement, a few more a jittery one",
+                stacklevel=user_stacklevel())
         self._host = HostPrefetcher(host_batches, depth if put_in_thread else depth + 1,
                                     put if put_in_thread else None)
         self._put = put

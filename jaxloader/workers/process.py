@@ -103,7 +103,7 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
         ('cpu', '4', '1')
     """
     kept = {name: value for name, value in parent.items() if name not in _DROPPED}
-    environment = {**THREAD_DEFAULTS, **_x64(), **kept, **WORKER_ENVIRONMENT}
+    environment = {**THREAD_DEFAULTS, **kept, **x64_environment(kept), **WORKER_ENVIRONMENT}
     tunables = environment.get("GLIBC_TUNABLES", "")
     if _X86_LINUX and NON_TEMPORAL not in tunables:
         environment["GLIBC_TUNABLES"] = ":".join(
@@ -111,16 +111,20 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
     return environment
 
 
-def _x64() -> dict[str, str]:
-    """``JAX_ENABLE_X64=1`` where this process turned 64-bit JAX on (``jax.config.update``): a
-    ``Map`` computing with ``jax.numpy`` in a worker made int32 and float32 (values past 2**31
-    wrapped) where this process made int64, without a word (a ``JitMap`` is told its own)."""
+def x64_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """``JAX_ENABLE_X64`` as this process has 64-bit JAX (``jax.config.update``), where it has
+    imported JAX: a ``Map`` computing with ``jax.numpy`` in a worker made int32 and float32
+    (values past 2**31 wrapped) where this process made int64, without a word; "0" only where
+    the environment says otherwise (a ``JitMap`` is told its own)."""
     jax = sys.modules.get("jax")
     try:
-        return {"JAX_ENABLE_X64": "1"} if jax is not None and jax.config.read(
-            "jax_enable_x64") else {}
+        on = jax is not None and bool(jax.config.read("jax_enable_x64"))
     except Exception:  # (a JAX being imported, or without the option: as its environment)
         return {}
+    if on:
+        return {"JAX_ENABLE_X64": "1"}
+    said = parent.get("JAX_ENABLE_X64", "").strip().lower()
+    return {"JAX_ENABLE_X64": "0"} if jax is not None and said not in ("", "0", "false") else {}
 
 
 class WorkerProcess:

@@ -53,7 +53,7 @@ from jaxloader.workers.tasks import ahead_slots
 # may hold (``tasks.ahead_slots``: a quarter of the descriptor limit; a mapping holds one
 # before Python 3.13)
 _MAX_MAPPED = 128
-_UNUSED = 512  # slots given since a mapping was last used, past which it is let go
+_UNUSED = 256  # slots given since a mapping was last used, past which it is let go
 SEND_EVERY_S = 0.05  # a worker's stage timings go with a Done this often at most (busy)
 
 

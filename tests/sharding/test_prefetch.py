@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -506,6 +507,18 @@ def test_a_closed_loaders_placed_batches_go_though_its_iterator_lives():
     loader.close()
     assert live() == 0
     del it
+    # (a batch the thread was still making as close() stopped waiting for it, 0.2 s: put
+    # behind the stop mark and kept while the iterator lived; the eighteenth review)
+    slow = jl.DataLoader(jl.ArraySource({"x": np.zeros((64, 1000), np.float32)}),
+                         batch_size=16, sharding=jax.devices()[0], device_prefetch=4,
+                         num_epochs=None, process_index=0, process_count=1,
+                         transforms=[jl.BatchMap(lambda b: time.sleep(0.4) or b)])
+    it = iter(slow)
+    next(it)
+    slow.close()
+    time.sleep(1.5)
+    assert live() == 0
+    del it
 
 
 def test_a_device_prefetch_of_many_batches_is_warned_of():
@@ -514,6 +527,15 @@ def test_a_device_prefetch_of_many_batches_is_warned_of():
 
     import jaxloader as jl
 
+    import jax
+
     with pytest.warns(UserWarning, match=r"device_prefetch=100: that many batches are placed"):
-        jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, device_prefetch=100,
-                      process_index=0, process_count=1).close()
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+                           device_prefetch=100, sharding=jax.devices()[0], process_index=0,
+                           process_count=1) as loader:
+            next(iter(loader))
+    with warnings.catch_warnings():  # (placed nowhere: batches stay NumPy, said nothing of)
+        warnings.simplefilter("error")
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
+                           device_prefetch=100, process_index=0, process_count=1) as loader:
+            next(iter(loader))

@@ -263,6 +263,13 @@ def test_a_folder_with_links_in_itself_lists_each_file_once(tmp_path):
     both = [str(tmp_path / "runs" / "latest" / ".." / "shared.parquet"),
             str(tmp_path / "runs" / "shared.parquet")]
     assert expand(both, ".parquet", "S") == both  # (two files: 2024's and runs')
+    touch(tmp_path / "d", ".versions/v3/p.parquet", "_staging/s.parquet", "extra/e.parquet")
+    os.symlink(".versions/v3", tmp_path / "d" / "current")  # (its only way in: the walk
+    os.symlink("_staging", tmp_path / "d" / "latest")  # leaves .versions out; a dataset _)
+    assert names(expand(tmp_path / "d", ".parquet", "S")) == [
+        "d/_staging/s.parquet", "d/current/p.parquet", "d/extra/e.parquet"]
+    assert names(expand(tmp_path / "d", ".parquet", "S", dataset=True)) == [
+        "d/current/p.parquet", "d/extra/e.parquet", "d/latest/s.parquet"]
     os.mkdir(tmp_path / "exp{a,b}")  # (a folder named with braces, of no such file)
     with pytest.raises(jl.ConfigError, match=r"is a folder with no \*.parquet file"):
         expand(str(tmp_path / "exp{a,b}"), ".parquet", "S")

@@ -628,8 +628,10 @@ def test_64_bit_jax_reaches_a_maps_jax_numpy_in_the_workers():
                 b = next(iter(loader))
             print(workers, b["t"].dtype, b["t"].tolist())
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert out.returncode == 0, out.stderr[-2000:]
     first = "int64 [1, 8589934593, 17179869185, 25769803777]"
-    assert out.stdout.splitlines() == [f"0 {first}", f"2 {first}"], out.stdout
+    base = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    for said in ({}, {"JAX_ENABLE_X64": "0"}):  # (an environment's 0 won over the process's
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120, env={**base, "JAX_PLATFORMS": "cpu", **said})  # own)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.splitlines() == [f"0 {first}", f"2 {first}"], out.stdout
