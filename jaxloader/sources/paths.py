@@ -170,9 +170,11 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
     every: list[str] = []  # (one walk: a stat a file matched, none for the others)
     others: list[str] = []
     inside = os.path.realpath(folder)
+    walked = {inside}  # (the folders' real paths: two links to one, a link to a parent, once)
     for top, folders, files in os.walk(folder, followlinks=True):  # (as glob's ** lists: no
-        folders[:] = [d for d in folders if d[:1] != "." and not (dataset and d[:1] == "_")
-                      and not _within(os.path.join(top, d), inside, dataset)]  # (a link in:
+        folders[:] = [d for d in sorted(folders) if d[:1] != "." and not (  # (in order:
+            dataset and d[:1] == "_") and not _within(  # of two links, the first's names)
+                os.path.join(top, d), inside, dataset) and _first(os.path.join(top, d), walked)]
         for name in files:  # name starting with a dot; a dataset's none with _ either)
             if name[:1] != "." and not (dataset and name[:1] == "_"):
                 (every if name.lower().endswith(ends) else others).append(
@@ -209,6 +211,16 @@ def _within(path: str, inside: str, dataset: bool) -> bool:
         return False
     return not any(part[:1] == "." or (dataset and part[:1] == "_")
                    for part in os.path.relpath(real, inside).split(os.sep) if part != ".")
+
+
+def _first(path: str, walked: set[str]) -> bool:
+    """Whether folder ``path`` is walked the first time (its real path not in ``walked``, now
+    added): ``current`` and ``stable`` linked to one hidden version read it twice a pass."""
+    real = os.path.realpath(path)
+    if real in walked:
+        return False
+    walked.add(real)
+    return True
 
 
 def _not_folder(path: str, owner: str) -> bool:

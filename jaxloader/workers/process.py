@@ -147,18 +147,18 @@ class WorkerProcess:
         self._exitcode: int | None = None
         self._asked = False
         self.sentinel: int | None = None
-        try:
-            _in_lasting_thread(lambda: self._start(start_method, child))
+        environment = worker_environment(os.environ)  # (in this thread: jax.enable_x64 as a
+        try:  # context holds here alone)
+            _in_lasting_thread(lambda: self._start(start_method, child, environment))
         finally:
             child.close()
         if into is not None:
             into.append(self)
         self.sentinel = _sentinel(self.pid)
 
-    def _start(self, start_method: str, child: Any) -> None:
+    def _start(self, start_method: str, child: Any, environment: dict[str, str]) -> None:
         parent = os.getpid()
         if start_method == "exec" and starter.AVAILABLE:
-            environment = worker_environment(os.environ)
             self._starter = starter.starter_for(environment)
             try:
                 self.pid = self._starter.start(child.fileno(), _cwd())
@@ -172,7 +172,7 @@ class WorkerProcess:
         if start_method == "exec":
             fd = child.fileno()
             self._popen = launch.launch(_BOOT.format(fd=fd, parent=parent), pass_fds=(fd,),
-                                        env=worker_environment(os.environ))
+                                        env=environment)
             self.pid = self._popen.pid
             return
         self.pid = self._fork_pid = os.fork()
@@ -182,7 +182,6 @@ class WorkerProcess:
                 self.conn.close()
                 # the same environment as an exec'd worker's (the thread defaults reach
                 # libraries loaded from here on: NumPy's already has its threads)
-                environment = worker_environment(os.environ)
                 for name in _DROPPED:
                     os.environ.pop(name, None)
                 os.environ.update(environment)

@@ -270,6 +270,10 @@ def test_a_folder_with_links_in_itself_lists_each_file_once(tmp_path):
         "d/_staging/s.parquet", "d/current/p.parquet", "d/extra/e.parquet"]
     assert names(expand(tmp_path / "d", ".parquet", "S", dataset=True)) == [
         "d/current/p.parquet", "d/extra/e.parquet", "d/latest/s.parquet"]
+    os.symlink(".versions/v3", tmp_path / "d" / "stable")  # (two links to one hidden folder,
+    os.symlink("..", tmp_path / "d" / ".versions" / "v3" / "up")  # one back to its parent:
+    assert names(expand(tmp_path / "d", ".parquet", "S")) == [  # each file once; the review)
+        "d/_staging/s.parquet", "d/current/p.parquet", "d/extra/e.parquet"]
     os.mkdir(tmp_path / "exp{a,b}")  # (a folder named with braces, of no such file)
     with pytest.raises(jl.ConfigError, match=r"is a folder with no \*.parquet file"):
         expand(str(tmp_path / "exp{a,b}"), ".parquet", "S")

@@ -635,3 +635,25 @@ def test_64_bit_jax_reaches_a_maps_jax_numpy_in_the_workers():
                              timeout=120, env={**base, "JAX_PLATFORMS": "cpu", **said})  # own)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.splitlines() == [f"0 {first}", f"2 {first}"], out.stdout
+    context = textwrap.dedent("""
+        import jax, jax.experimental, numpy as np, jaxloader as jl  # noqa
+        import jax.numpy as jnp
+        x64 = getattr(jax.experimental, "enable_x64", None) or jax.enable_x64
+        src = jl.ArraySource({"t": np.arange(8, dtype=np.int64) * 2**33})
+        def trial(out):  # (a thread's loader: its workers were started from another thread,
+            with x64(True):  # where the context does not hold)
+                with jl.DataLoader(src, batch_size=4, num_workers=2, process_index=0,
+                                   process_count=1, transforms=[
+                                       lambda r: {"t": jnp.asarray(r["t"]) + 1}]) as loader:
+                    out.append(next(iter(loader))["t"])
+        import threading
+        got = []
+        thread = threading.Thread(target=trial, args=(got,))
+        thread.start()
+        thread.join()
+        print(got[0].dtype, got[0].tolist())
+    """)
+    out = subprocess.run([sys.executable, "-c", context], capture_output=True, text=True,
+                         timeout=120, env={**base, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == first, out.stdout
