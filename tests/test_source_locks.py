@@ -324,22 +324,25 @@ def test_a_filter_made_on_a_read_thread_or_in_a_forked_child_does_not_wait_for_e
         holder.join(10)
 
 
+class _Lazy:
+    """A dataset that makes its subset of ``other`` as it is first read (on a read thread)."""
+
+    def __init__(self, other):
+        self.other, self.sub = other, None
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if self.sub is None:
+            self.sub = jl.FilteredSource(self.other, lambda r: r["fold"] % 2 == 0)
+        return {"y": i}
+
+
 def test_a_filter_made_on_a_read_thread_takes_the_locks_its_maker_does_not_hold():
     # a read thread took none (0ff843d): a dataset making its subset of another source as it
     # is first read scanned that source beside another thread's loader over it (the review)
     other = _Counted(400, 0.0005)
-
-    class Lazy:
-        def __init__(self):
-            self.sub = None
-
-        def __len__(self):
-            return 16
-
-        def __getitem__(self, i):
-            if self.sub is None:
-                self.sub = jl.FilteredSource(other, lambda r: r["fold"] % 2 == 0)
-            return {"y": i}
 
     done = threading.Event()
 
@@ -354,7 +357,7 @@ def test_a_filter_made_on_a_read_thread_takes_the_locks_its_maker_does_not_hold(
     trainer.start()
     try:
         for _ in range(3):
-            with jl.DataLoader(Lazy(), batch_size=8, read_threads=4) as loader:
+            with jl.DataLoader(_Lazy(other), batch_size=8, read_threads=4) as loader:
                 next(iter(loader))
     finally:
         done.set()
@@ -384,18 +387,6 @@ def test_read_threads_shared_by_two_loaders_never_wait_on_each_other_for_good():
     # reads it cancelled (a cancelled read is done for wait() only once dequeued).
     other = _CountedEach(400, 0.0005)
 
-    class Lazy:
-        def __init__(self):
-            self.sub = None
-
-        def __len__(self):
-            return 16
-
-        def __getitem__(self, i):
-            if self.sub is None:
-                self.sub = jl.FilteredSource(other, lambda r: r["fold"] % 2 == 0)
-            return {"y": i}
-
     done, made = threading.Event(), []
 
     def train():
@@ -407,7 +398,7 @@ def test_read_threads_shared_by_two_loaders_never_wait_on_each_other_for_good():
 
     def lazy():
         for _ in range(3):
-            with jl.DataLoader(Lazy(), batch_size=8, read_threads=4) as loader:
+            with jl.DataLoader(_Lazy(other), batch_size=8, read_threads=4) as loader:
                 made.append(next(iter(loader))["y"].tolist())
 
     trainer = threading.Thread(target=train, daemon=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import jaxloader as jl
 from resume_harness import check_resume, check_resume_at_every_step, take
 from streams.test_compressed import compress
-from streams.test_shards import write_jsonl
+from streams.test_shards import append_after_each_save, write_jsonl
 
 LENGTHS = [5, 0, 17, 3, 40, 1, 9, 12, 0, 6, 22, 2]  # 0: passed over; 40: over two rows
 
@@ -404,26 +404,13 @@ def test_a_packed_pass_over_shards_appended_to_since_the_save_starts_each_docume
         return jl.StreamLoader(jl.PackedStream(stream, "tokens", 12, method=method, window=5),
                                batch_size=2, num_epochs=1, process_index=0, process_count=1)
 
-    def starts(batches):
-        return [t for b in batches for t in b["tokens"].ravel().tolist() if t >= 100]
     for path, text in written.items():
         path.write_text(text)
     with make() as loader:
         steps = len(list(loader))
-    for cut in range(1, steps):
-        for path, text in written.items():
-            path.write_text(text)
-        with make() as loader:
-            it = iter(loader)
-            before = [next(it) for _ in range(cut)]
-            state = loader.state_dict()
-        for path in written:
-            with open(path, "a") as f:
-                f.write(json.dumps({"tokens": [5000, 7]}) + "\n")
-        with make() as loader:
-            loader.load_state_dict(state)
-            got = starts(before + list(loader))
-        assert sorted(t for t in got if t in original) == sorted(original), (cut, got)
+    for run in append_after_each_save(tmp_path, make, steps, [{"tokens": [5000, 7]}], True):
+        got = [t for b in run for t in b["tokens"].ravel().tolist() if t >= 100]
+        assert sorted(t for t in got if t in original) == sorted(original), got
 
 
 def test_a_streams_bool_tokens_a_row_of_tokens_cut_records_and_bfloat16_weights_are_said():

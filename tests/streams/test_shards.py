@@ -403,9 +403,10 @@ def test_an_append_only_shard_resumes_over_appended_records_and_refuses_a_rewrit
         _restored(paths, workers, state, append_only=True)
 
 
-def _append_after_each_save(tmp_path, make, steps, records):
-    """For each step, a run saved there, ``records`` ids appended to each jsonl shard, then
-    restored: the ids of the first ``steps`` batches, before and after, each save."""
+def append_after_each_save(tmp_path, make, steps, records, to_end=False):
+    """For each step, a run saved there, ``records`` (dicts) appended to each jsonl shard,
+    then restored: the first ``steps`` batches, before and after, each save (``to_end``: a
+    pass's batches to its end after the restore)."""
     runs, written = [], {p: p.read_text() for p in tmp_path.glob("*.jsonl")}
     for cut in range(1, steps):
         for p, text in written.items():
@@ -416,11 +417,11 @@ def _append_after_each_save(tmp_path, make, steps, records):
             state = loader.state_dict()
         for p in tmp_path.glob("*.jsonl"):
             with open(p, "a") as f:
-                f.write("".join(json.dumps({"id": i, "text": "new"}) + "\n" for i in records))
+                f.write("".join(json.dumps(r) + "\n" for r in records))
         with make() as loader:
             loader.load_state_dict(state)
             it = iter(loader)
-            runs.append(before + [next(it) for _ in range(steps - cut)])
+            runs.append(before + (list(it) if to_end else [next(it) for _ in range(steps - cut)]))
     return runs
 
 
@@ -439,7 +440,8 @@ def test_an_append_only_shard_grown_since_restores_where_the_saved_window_left_i
                                                shuffle_window=window, shuffle_shards=False),
                                batch_size=3, process_index=0, process_count=1)
     original = {i for k in range(2) for i in range(1000 * k, 1000 * k + 10 * window // 4)}
-    for run in _append_after_each_save(tmp_path, make, len(original) // 3 + 2, [777]):
+    for run in append_after_each_save(tmp_path, make, len(original) // 3 + 2,
+                                      [{"id": 777, "text": "new"}]):
         ids = [i for b in run for i in b["id"].tolist()]
         first_pass = [i for i in ids if i in original][:len(original)]
         assert sorted(first_pass) == sorted(original), ids  # each once, none lost
