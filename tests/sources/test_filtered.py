@@ -416,7 +416,7 @@ def test_a_keep_map_or_transform_that_calls_hash_is_warned_of_unless_the_seed_is
     with pytest.warns(UserWarning, match=r"FilteredSource\(keep\): .*<lambda> calls hash\(\), "
                                          r"whose value for a str or bytes Python draws anew .*"
                                          r"zlib.crc32"):
-        jl.FilteredSource(src, lambda r: hash(str(r["user"])) % 2 == 0)
+        jl.FilteredSource(src, lambda r: hash(str(r["user"])) % 2 == hash("ann") % 2)
     with pytest.warns(UserWarning, match=r"MapSource\(fn\): .* calls hash\(\)"):
         jl.MapSource(src, lambda r: {"bucket": hash(str(r["user"])) % 7})
     with pytest.warns(UserWarning, match=r"transforms\[1\]: .* calls hash\(\)"):
@@ -427,7 +427,7 @@ def test_a_keep_map_or_transform_that_calls_hash_is_warned_of_unless_the_seed_is
         jl.FilteredSource(src, lambda r: zlib.crc32(str(r["user"]).encode()) % 2 == 0)
     monkeypatch.setenv("PYTHONHASHSEED", "0")  # (set after this process started: the
     with pytest.warns(UserWarning, match=r"calls hash\(\)"):  # workers' alone, the review)
-        jl.FilteredSource(src, lambda r: hash(str(r["user"])) % 2 == 0)
+        jl.FilteredSource(src, lambda r: hash(str(r["user"])) % 2 == hash("ann") % 2)
     script = ("import warnings; warnings.simplefilter('error'); import numpy as np, jaxloader "
               "as jl; jl.FilteredSource(jl.ArraySource({'u': np.array(['a', 'b'])}), "
               "lambda r: hash(str(r['u'])) % 2 == hash('a') % 2)")
