@@ -324,6 +324,26 @@ def test_a_filter_made_on_a_read_thread_or_in_a_forked_child_does_not_wait_for_e
         holder.join(10)
 
 
+class _Trainer(threading.Thread):
+    """A thread training on ``source`` (a ``Map`` of each record's fold) until ``stop()``."""
+
+    def __init__(self, source, **kwargs):
+        super().__init__(daemon=True)
+        self.source, self.kwargs, self.done = source, kwargs, threading.Event()
+        self.start()
+
+    def run(self):
+        with jl.DataLoader(self.source, batch_size=4, num_epochs=None, **self.kwargs,
+                           transforms=[jl.Map(lambda r: {"fold": r["fold"]})]) as loader:
+            for _ in loader:
+                if self.done.is_set():
+                    break
+
+    def stop(self):
+        self.done.set()
+        self.join(30)
+
+
 class _Lazy:
     """A dataset that makes its subset of ``other`` as it is first read (on a read thread)."""
 
@@ -343,25 +363,13 @@ def test_a_filter_made_on_a_read_thread_takes_the_locks_its_maker_does_not_hold(
     # a read thread took none (0ff843d): a dataset making its subset of another source as it
     # is first read scanned that source beside another thread's loader over it (the review)
     other = _Counted(400, 0.0005)
-
-    done = threading.Event()
-
-    def train():
-        with jl.DataLoader(other, batch_size=4, num_epochs=None,
-                           transforms=[jl.Map(lambda r: {"fold": r["fold"]})]) as loader:
-            for _ in loader:
-                if done.is_set():
-                    break
-
-    trainer = threading.Thread(target=train, daemon=True)
-    trainer.start()
+    trainer = _Trainer(other)
     try:
         for _ in range(3):
             with jl.DataLoader(_Lazy(other), batch_size=8, read_threads=4) as loader:
                 next(iter(loader))
     finally:
-        done.set()
-        trainer.join(30)
+        trainer.stop()
     assert other.overlaps == 0
 
 
@@ -385,29 +393,18 @@ def test_read_threads_shared_by_two_loaders_never_wait_on_each_other_for_good():
     # reading it record by record, waited for its own reads queued behind them (8af8a6b; the
     # fifteenth review). Each loader reads on a pool of its own now, and no longer waits for
     # reads it cancelled (a cancelled read is done for wait() only once dequeued).
-    other = _CountedEach(400, 0.0005)
-
-    done, made = threading.Event(), []
-
-    def train():
-        with jl.DataLoader(other, batch_size=4, num_epochs=None, read_threads=4,
-                           transforms=[jl.Map(lambda r: {"fold": r["fold"]})]) as loader:
-            for _ in loader:
-                if done.is_set():
-                    break
+    other, made = _CountedEach(400, 0.0005), []
 
     def lazy():
         for _ in range(3):
             with jl.DataLoader(_Lazy(other), batch_size=8, read_threads=4) as loader:
                 made.append(next(iter(loader))["y"].tolist())
 
-    trainer = threading.Thread(target=train, daemon=True)
-    trainer.start()
+    trainer = _Trainer(other, read_threads=4)
     time.sleep(0.2)
     other_loaders = threading.Thread(target=lazy, daemon=True)
     other_loaders.start()
     other_loaders.join(60)
-    done.set()
-    trainer.join(30)
+    trainer.stop()
     assert made == [list(range(8))] * 3 and not trainer.is_alive()  # (the trainer's own
     # reads overlap each other: read_threads=4 reads one source on four threads)

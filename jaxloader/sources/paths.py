@@ -154,9 +154,9 @@ def _not_hidden(pattern: str, found: list[str]) -> list[str]:
     parts = pattern.split(os.sep)
     fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _PATTERN))
     root = os.sep.join(parts[:fixed]) or (os.sep if os.path.isabs(pattern) else os.curdir)
-    named = [p for p in parts[fixed:] if p[:1] in ("_", ".")]
+    named = [p for p in parts[fixed:] if _left_out(p, True)]
     return [f for f in found if not any(
-        part[:1] in ("_", ".") and not any(fnmatch.fnmatchcase(part, p) for p in named)
+        _left_out(part, True) and not any(fnmatch.fnmatchcase(part, p) for p in named)
         for part in os.path.relpath(f, root).split(os.sep))]
 
 
@@ -171,21 +171,18 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
     others: list[str] = []
     inside = os.path.realpath(folder)
     walked = {inside}  # (the folders' real paths: two links to one, a link to a parent, once)
-    for top, folders, files in os.walk(folder, followlinks=True):  # (as glob's ** lists: no
-        folders[:] = [d for d in sorted(folders) if d[:1] != "." and not (  # (in order:
-            dataset and d[:1] == "_") and not _within(  # of two links, the first's names)
-                os.path.join(top, d), inside, dataset) and _first(os.path.join(top, d), walked)]
-        for name in files:  # name starting with a dot; a dataset's none with _ either)
-            if name[:1] != "." and not (dataset and name[:1] == "_"):
+    for top, folders, files in os.walk(folder, followlinks=True):
+        folders[:] = [d for d in sorted(folders) if not _left_out(d, dataset) and not _within(
+            os.path.join(top, d), inside, dataset) and _first(os.path.join(top, d), walked)]
+        # (in order: of two links to one folder, the first's names)
+        for name in files:
+            if not _left_out(name, dataset):
                 (every if name.lower().endswith(ends) else others).append(
                     os.path.join(top, name))
     found = sorted(f for f in every if _not_folder(f, owner))
     if left_out is not None:
         left_out.extend(sorted(others))
-    if not dataset:
-        return found
-    kept = found
-    for f in kept:
+    for f in found if dataset else ():  # (a Hive partition: refused, named)
         keys = [part.partition("=")[0] for part in os.path.relpath(f, folder).split(os.sep)[:-1]
                 if "=" in part]
         if keys:
@@ -196,7 +193,7 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
                 "pattern: 'folder/**/*.parquet', which leaves names starting with _ or . out "
                 "as well) to read them without those columns (a MapSource over each "
                 "partition's files can add them: ConcatSource([...]))")
-    return kept
+    return found
 
 
 def _within(path: str, inside: str, dataset: bool) -> bool:
@@ -209,8 +206,14 @@ def _within(path: str, inside: str, dataset: bool) -> bool:
     real = os.path.realpath(path)
     if real != inside and not real.startswith(inside.rstrip(os.sep) + os.sep):
         return False
-    return not any(part[:1] == "." or (dataset and part[:1] == "_")
+    return not any(_left_out(part, dataset)
                    for part in os.path.relpath(real, inside).split(os.sep) if part != ".")
+
+
+def _left_out(name: str, dataset: bool) -> bool:
+    """Whether a folder's listing leaves ``name`` out: a dot first (as glob's ``**``), or, for a
+    ``dataset``, an underscore (Spark's ``_temporary/``, as pandas and pyarrow)."""
+    return name[:1] == "." or (dataset and name[:1] == "_")
 
 
 def _first(path: str, walked: set[str]) -> bool:
