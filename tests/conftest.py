@@ -74,6 +74,7 @@ def pytest_configure(config):
     (~0.2 s, two fifths of a worker's start). Python checks each file's time against its
     source, so an edited module is compiled anew; the files go to ``__pycache__``
     (``.gitignore``)."""
+    _temporary_files_in_a_folder_of_this_run()
     if hasattr(config, "workerinput"):  # (an xdist process: its controller did it)
         return
     import compileall
@@ -83,6 +84,30 @@ def pytest_configure(config):
     package = list(spec.submodule_search_locations or []) if spec else []
     for folder in [*package, _TESTS]:
         compileall.compile_dir(folder, quiet=1)
+
+
+_MADE_HERE: list[str] = []  # this process's folder of temporary files, removed as it ends
+
+
+def _temporary_files_in_a_folder_of_this_run() -> None:
+    """The docstrings' examples and some tests make files with ``tempfile.mkdtemp()`` as a
+    user would; left in ``/tmp``, each run of the suite added ~20 folders for good. Each
+    pytest process (the controller, each ``-n 2`` worker) makes them in a folder of its own,
+    its children too (``TMPDIR``), removed when it ends (``pytest_unconfigure``)."""
+    import tempfile
+
+    # pytest's own tmp_path folders stay where they were (kept for the last three runs)
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    folder = tempfile.mkdtemp(prefix=f"jaxloader-tests-{os.getpid()}-")
+    _MADE_HERE.append(folder)
+    tempfile.tempdir = os.environ["TMPDIR"] = folder
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for folder in _MADE_HERE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 _BY_VALUE: set[str] = set()
