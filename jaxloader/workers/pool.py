@@ -47,7 +47,7 @@ from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker, Runs
 from jaxloader.workers import failures, payload, protocol, relay
-from jaxloader.workers.process import WorkerProcess, stop_all
+from jaxloader.workers.process import WorkerProcess, stop_all, worker_environment
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Said, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.tasks import MAX_TASK_STEPS, Failure, InFlight, task_shape, timed_steps
@@ -76,8 +76,7 @@ class WorkerPool:
                  start_method: str = "exec", worker_init_fn: Callable[[int], object] | None = None,
                  stall_warning_s: float | None = None, timeout_s: float | None = None,
                  max_workers: int | None = None, label: str = "jaxloader") -> None:
-        self._maker = maker
-        self._owner = os.getpid()  # (a forked child shares the pipes, not the workers)
+        self._maker, self._owner = maker, os.getpid()  # (a fork shares pipes, not workers)
         self._stall = failures.StallWatch(stall_warning_s, timeout_s, label)
         self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
         self._start_method, self._initial = start_method, num_workers
@@ -94,6 +93,7 @@ class WorkerPool:
         self._board = StatusBoard(self._capacity)  # what each worker does (status.py)
         self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
         self._board_finalizer = weakref.finalize(self, self._board.destroy)
+        self._environment = worker_environment(os.environ)  # (in the loader's thread: Roster)
         self._start()
         try:
             self._blob = payload.dumps((maker, worker_init_fn), self._shared.append)
@@ -114,7 +114,7 @@ class WorkerPool:
         self.roster = Roster(self._initial if old is None else max(old.target, len(old.workers)),
                               capacity=self._capacity, start_method=self._start_method,
                               gauges=self.gauges, active=None if old is None else old.target,
-                              workers=self._workers)
+                              workers=self._workers, environment=self._environment)
         self._tasks: dict[int, InFlight] = {}
         self._next_task = self._run = 0
         self._waiting = False  # in poll(): an interrupt there leaves no mess

@@ -131,9 +131,11 @@ class WorkerProcess:
     """A started worker: ``conn`` to talk to it, ``pid``, ``exitcode()``, ``let_go()`` then
     ``reap()`` to stop it."""
 
-    def __init__(self, start_method: str, into: list | None = None) -> None:
+    def __init__(self, start_method: str, into: list | None = None,
+                 environment: dict[str, str] | None = None) -> None:
         """``into``: the caller's list, which the worker joins as soon as it has started (a
-        Ctrl-C as this returns leaves none the caller cannot stop: ``base.interrupts``, 3)."""
+        Ctrl-C as this returns leaves none the caller cannot stop: ``base.interrupts``, 3).
+        ``environment``: the worker's (``worker_environment``), by default this thread's."""
         if start_method == "fork" and "jax" in sys.modules:
             raise ConfigError(
                 "start_method='fork': JAX is imported in this process, and forking a process "
@@ -147,8 +149,9 @@ class WorkerProcess:
         self._exitcode: int | None = None
         self._asked = False
         self.sentinel: int | None = None
-        environment = worker_environment(os.environ)  # (in this thread: jax.enable_x64 as a
-        try:  # context holds here alone)
+        if environment is None:  # (in this thread: jax.enable_x64 as a context holds here)
+            environment = worker_environment(os.environ)
+        try:
             _in_lasting_thread(lambda: self._start(start_method, child, environment))
         finally:
             child.close()

@@ -41,10 +41,12 @@ class Roster:
     """See the module docstring; not thread-safe but for ``resize``."""
 
     def __init__(self, count: int, *, capacity: int, start_method: str, gauges: Gauges,
-                 active: int | None = None, workers: list[WorkerProcess] | None = None) -> None:
+                 active: int | None = None, workers: list[WorkerProcess] | None = None,
+                 environment: dict[str, str] | None = None) -> None:
         """``workers``: the list the workers go in, the caller's before any starts (an
         interrupt as the roster is made, or as it returns, leaves none the caller cannot
-        stop: ``jaxloader.base.interrupts``, 3)."""
+        stop: ``jaxloader.base.interrupts``, 3). ``environment``: every worker's, those
+        the tuner adds later (from another thread) too (``process.worker_environment``)."""
         self.capacity = max(count, capacity)
         self._fork_said = False  # (a fork refused once JAX is imported: said once)
         if start_method == "fork" and active is not None and "jax" in sys.modules:
@@ -56,6 +58,7 @@ class Roster:
                         "not forks of this process, which could deadlock")
             start_method = "exec"
         self._start_method = start_method
+        self._environment = environment
         self._gauges = gauges
         self.workers: list[WorkerProcess] = [] if workers is None else workers
         # One poller for the pool's life: blocking in poll() costs a syscall, where
@@ -82,7 +85,8 @@ class Roster:
 
     def add(self) -> int:
         """Starts one more worker process (its payload is sent apart); its index."""
-        worker = WorkerProcess(self._start_method, into=self.workers)
+        worker = WorkerProcess(self._start_method, into=self.workers,
+                               environment=self._environment)
         i = len(self.workers) - 1
         self.by_fd[worker.conn.fileno()] = i
         self.poller.register(worker.conn.fileno(), select.POLLIN)

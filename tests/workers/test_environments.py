@@ -657,3 +657,35 @@ def test_64_bit_jax_reaches_a_maps_jax_numpy_in_the_workers():
                          timeout=120, env={**base, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == first, out.stdout
+
+
+def test_a_worker_added_after_a_jax_enable_x64_context_gets_the_loaders_64_bit_jax():
+    # the loader made in the context; a worker the tuner adds once it has ended (as monitor.py
+    # does, from the thread that asks for batches) made int32: values past 2**31 wrapped
+    # (the twentieth review)
+    script = textwrap.dedent("""
+        import os, jax, jax.experimental, numpy as np, jaxloader as jl  # noqa
+        import jax.numpy as jnp
+        x64 = getattr(jax.experimental, "enable_x64", None) or jax.enable_x64
+        src = jl.ArraySource({"t": np.arange(64, dtype=np.int64) * 2**33})
+        def plus_one(r):
+            return {"t": np.asarray(jnp.asarray(r["t"]) + 1).astype(np.int64),
+                    "want": r["t"] + 1, "pid": np.int64(os.getpid())}
+        with x64(True):
+            loader = jl.DataLoader(src, batch_size=4, num_workers="auto", process_index=0,
+                                   process_count=1, shuffle=False, transforms=[plus_one])
+        with loader:
+            it = iter(loader)
+            next(it)
+            loader._engine.roster.resize(2)  # (the tuner's call)
+            wrong, pids = [], set()
+            for b in it:
+                pids.update(b["pid"].tolist())
+                wrong += [t for t, w in zip(b["t"].tolist(), b["want"].tolist()) if t != w]
+        print(len(pids), wrong[:3])
+    """)
+    base = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**base, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "2 []", out.stdout
