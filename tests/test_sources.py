@@ -291,6 +291,28 @@ def test_a_masked_arrays_mask_is_not_dropped():
     plain = jl.ArraySource({"x": np.ma.masked_array([1, 2, 3])})  # (nothing masked: its data)
     assert type(plain.arrays[0]) is np.ndarray and plain[1]["x"] == 2
 
+
+def test_a_configs_list_of_columns_is_read_as_a_list_not_stacked_into_one_array():
+    # a UserList (OmegaConf's ListConfig, any sequence but a list) was one leaf: np.asarray
+    # stacked [features, labels] into 2 records of 1,000 floats, the int labels float64 (the
+    # config audit)
+    import collections
+    import types
+
+    features, labels = np.arange(1000.0), np.arange(1000)
+    for given in (collections.UserList([features, labels]),
+                  {"x": collections.UserList([features, labels])},
+                  types.MappingProxyType({"x": collections.UserList([features, labels])})):
+        src = jl.ArraySource(given)
+        assert len(src) == 1000, type(given)
+        record = src[7] if isinstance(given, collections.UserList) else src[7]["x"]
+        assert isinstance(record, list) and [r.dtype for r in record] == [np.float64, np.int64]
+    tree = {"x": (features, labels)}  # (a tree without one: as given)
+    assert type(jl.ArraySource(tree)[0]["x"]) is tuple
+    with pytest.raises(jl.ConfigError, match=r"\['y'\]\[0\].*pass a column of values as "
+                                             r"np.asarray\(values\)"):
+        jl.ArraySource({"y": collections.UserList([0, 1, 1, 0])})
+
 def _writes_in_place(record):
     record["x"][0] = -1.0  # the mistake: the record is the source's memory
     return record

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,8 @@ class ArraySource:
     or a pandas or polars ``DataFrame``: a dict of its columns, each of its own dtype (a record
     is a row, ``{"age": ..., "income": ...}``; ``ArraySource(df.to_numpy())`` for one array; a
     nullable column, ``Int64``, as its NumPy dtype, refused where a value is missing). A masked
-    array with masked values is refused: a batch would not carry its mask.
+    array with masked values is refused: a batch would not carry its mask. A sequence that is
+    not a list (a config's ``ListConfig``) is read as a list, a mapping as a dict.
 
     Records are read-only views of the arrays (also in worker processes): a transform copies
     what it changes.
@@ -36,7 +38,7 @@ class ArraySource:
     def __init__(self, tree: Any) -> None:
         if is_data_frame(tree):
             tree = _frame_columns(tree)
-        leaves, self._treedef = tree_lib.flatten(tree)
+        leaves, self._treedef = tree_lib.flatten(_lists(tree))
         paths = tree_lib.leaf_paths(self._treedef)
         if not leaves:
             raise ConfigError("ArraySource(tree): expected at least one array leaf, got none")
@@ -62,9 +64,12 @@ class ArraySource:
                 leaf, np.ma.MaskedArray) else np.asarray(leaf)  # (a memmap stays one)
             if array.ndim == 0 or array.dtype.hasobject:
                 strings = array.ndim > 0 and array.size and isinstance(array.flat[0], (str, bytes))
+                in_a_list = path.endswith("]") and path.rsplit("[", 1)[1][:-1].isdigit()
                 remedy = ("for strings, np.asarray(leaf, dtype=str) (fixed width: shared with "
                           "the workers, batched as <U arrays), or pass a list of records "
                           "({'text': ..., ...}: str leaves)" if strings else
+                          "a list is a node of the tree, each item a leaf: pass a column of "
+                          "values as np.asarray(values)" if in_a_list and array.ndim == 0 else
                           "wrap scalars in an array, keep other objects in your own source "
                           "(any object with __len__ and __getitem__)")
                 raise ConfigError(
@@ -262,3 +267,21 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     view = array.view()
     view.flags.writeable = False
     return view
+
+
+def _lists(tree: Any) -> Any:
+    """``tree`` with its sequences that are not a list or tuple (a config's list: OmegaConf's
+    ``ListConfig``, a ``UserList``) made lists, as a mapping that is not a dict is read as one:
+    taken as leaves, ``[features, labels]`` was stacked into one array of 2 records (the int
+    labels made float64) where a list is two columns. A tree without one is ``tree`` itself."""
+    if isinstance(tree, Mapping):
+        values = {k: _lists(v) for k, v in tree.items()}
+        return values if any(values[k] is not v for k, v in tree.items()) else tree
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        items = [_lists(c) for c in tree]
+        changed = any(a is not b for a, b in zip(items, tree))
+        return (items if isinstance(tree, list) else tuple(items)) if changed else tree
+    if isinstance(tree, Sequence) and not isinstance(
+            tree, (str, bytes, bytearray, memoryview, range, tuple, np.ndarray)):
+        return [_lists(c) for c in tree]
+    return tree
