@@ -160,6 +160,29 @@ def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
         jl.PackedSource(records[:49], "tokens", WIDTH, lengths=cache)
 
 
+def test_a_path_to_keep_lengths_in_whose_folder_is_not_there_is_refused_before_the_pass():
+    # each record's length was found (hours on a corpus), then saving them failed with a bare
+    # FileNotFoundError naming a .partial file; a config's ~/cache or $DATA is not expanded
+    # (the config audit)
+    reads = []
+
+    class Counted(list):
+        def __getitem__(self, i):
+            reads.append(i)
+            return super().__getitem__(i)
+
+    records = Counted({"tokens": np.arange(5)} for _ in range(20))
+    for path, said in (("~/no-such-cache/lengths.npy", r"is not there \(~ and \$NAME are not "
+                                                      r"expanded"),
+                       ("/no-such-folder/lengths.npy", r"is not there; make the folder")):
+        with pytest.raises(jl.ConfigError, match=f"{path}: expected a path .*{said}"):
+            jl.PackedSource(records, "tokens", WIDTH, lengths=path)
+        with pytest.raises(jl.ConfigError, match=said):
+            jl.FilteredSource(records, lambda r: True, indices=path)
+        assert len(reads) <= 6, reads  # (the fingerprints' records: no pass)
+        reads.clear()
+
+
 @pytest.mark.parametrize("change", [+3, -3])
 @pytest.mark.parametrize("ragged", [False, True])
 def test_lengths_kept_from_data_that_has_changed_are_found_again_or_refused(tmp_path, change,

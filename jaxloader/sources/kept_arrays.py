@@ -70,10 +70,27 @@ def kept_or_found(given: Any, find: Callable[[], Any],
                 warnings.warn(f"{path} {why} (as {path + FROM} says): found again, and saved "
                               "over it", stacklevel=stacklevel)
     if given is None:
+        if path is not None:
+            _writable(path)  # (before the pass over the source, which may take hours)
         given = find()
         if path is not None:
             _save(path, given, source)
     return given, path
+
+
+def _writable(path: str) -> None:
+    """Refuses a path whose folder is not there or cannot be written, where the array found
+    would be saved: it was said after the pass that found it, as a bare error naming a
+    ``.partial`` file."""
+    folder = os.path.dirname(path) or os.curdir
+    if os.path.isdir(folder) and os.access(folder, os.W_OK):
+        return
+    unexpanded = (" (~ and $NAME are not expanded in a path: os.path.expanduser, "
+                  "os.path.expandvars)" if "~" in path or "$" in path else "")
+    raise ConfigError(
+        f"{path}: expected a path to save the array found to, whose folder "
+        f"{'cannot be written' if os.path.isdir(folder) else 'is not there'}{unexpanded}; "
+        "make the folder, or pass another path")
 
 
 def _kept_from(path: str) -> dict | None:
