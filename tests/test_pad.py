@@ -91,6 +91,19 @@ def test_a_restore_under_other_pad_settings_is_told_as_other_transforms_are():
     with warnings.catch_warnings():  # its last 3 dropped, said as it is made)
         warnings.simplefilter("error")
         fresh.load_state_dict(older)
+    # a config's pad value 0.0, or a NumPy one, pads as 0 does: no warning (the config audit)
+    for saved, values in ((0, (0.0, np.float32(0), np.int64(0))),
+                          ({"audio": 0, "frames": -1}, ({"audio": 0.0, "frames": np.int8(-1)},))):
+        zero = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=saved)])
+        for value in values:
+            again = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=value)])
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                again.load_state_dict(zero.state_dict())
+    zero = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=0)]).state_dict()
+    minus = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=-100.5)])
+    with pytest.warns(UserWarning, match=r"transforms differ.*value=-100.5"):
+        minus.load_state_dict(zero)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

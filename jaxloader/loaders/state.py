@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import numbers
+import re
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -104,9 +105,16 @@ def _digest(transform: Any, **older: bool) -> str:
 def _kind_and_digest(named: str) -> tuple[str, str]:
     """A transform as ``transforms_of`` names it, less its ``repr``'s details: its kind
     (``Map``, ``BatchMap``...) and its code's digest; a ``Pad`` by its ``repr`` (its settings:
-    its code is jaxloader's, another in another version, and its repr holds no address)."""
+    its code is jaxloader's, another in another version, and its repr holds no address), its
+    values as numbers (a config's ``0.0`` or ``np.float32(0)`` pads as ``0`` does)."""
     kind = named.split("(", 1)[0]
-    return kind, named.rsplit(" ", 1)[0 if kind == "Pad" else -1]
+    if kind != "Pad":
+        return kind, named.rsplit(" ", 1)[-1]
+    return kind, _WHOLE.sub(r"\1", _SCALAR.sub(r"\1", named.rsplit(" ", 1)[0]))
+
+
+_SCALAR, _WHOLE = re.compile(r"\bnp\.\w+\(([-+\w.]+)\)"), re.compile(  # np.float32(0.0)
+    r"(?<![\w.])(-?\d+)\.0(?![\w.])")  # -> 0.0; 0.0 -> 0, -100.0 -> -100
 
 
 def compared_transforms(named: list[str]) -> list[str]:
@@ -185,8 +193,7 @@ def _of_type(kind: type, choices: tuple = ()) -> Callable[[str, Any], None]:
             want = f"one of {choices}" if choices else f"a {kind.__name__}"
             raise StateDictError(
                 f"{name}: expected {want}, received {type(value).__name__} {value!r:.120}; "
-                "pass the dict that DataLoader.state_dict() returned, unchanged"
-            )
+                "pass the dict that DataLoader.state_dict() returned, unchanged")
     return check
 
 
