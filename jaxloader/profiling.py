@@ -37,6 +37,8 @@ import re
 import sys
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
+import numpy as np
+
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import LOOP
@@ -172,11 +174,11 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
         listed = workers if workers is not None else (0, 1, 2, cores_available())
         listed = list(listed) if isinstance(listed, Iterable) and not isinstance(
             listed, (str, bytes)) else []  # (a set, a generator: taken)
-        if not listed or any(
-                isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in listed):
+        if not listed or any(isinstance(n, (bool, np.bool_)) or not isinstance(
+                n, (int, np.integer)) or n < 0 for n in listed):
             raise ConfigError(f"profile(workers=): expected a list of worker counts of 0 or "
                               f"more, got {workers!r}; e.g. workers=(0, 1, 2), or leave it None")
-        counts = sorted(set(listed))
+        counts = sorted({int(n) for n in listed})
         runs = [_one(_made(loader, n), steps, own=True) for n in counts]
     elif not isinstance(loader, LoaderLifecycle):
         raise ConfigError(f"profile: expected a DataLoader, a StreamLoader or a function "

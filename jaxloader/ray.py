@@ -44,7 +44,7 @@ import cloudpickle
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int
+from jaxloader.base.checks import check_int, is_seconds
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
@@ -97,8 +97,7 @@ class RayWorkers:
             remedy=f"the actors the loader waits for at its start, 1 to n ({self.n})")
         for name, value, none in (("start_timeout_s", start_timeout_s, ""),
                                   ("timeout_s", timeout_s, " or None")):
-            if (value is not None or not none) and not (
-                    isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+            if (value is not None or not none) and not is_seconds(value):
                 raise ConfigError(f"RayWorkers({name}=...): expected seconds > 0{none}, got "
                                   f"{value!r:.40}")
         self.start_timeout_s = float(start_timeout_s)

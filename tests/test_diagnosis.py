@@ -422,6 +422,8 @@ def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():
     with pytest.raises(jl.ConfigError, match=r"expected a list of worker counts of 0 or more, "
                                              r"got \(\)"):
         jl.profile(make, steps=5, workers=(), out=None)  # (max() of nothing)
+    assert [r.workers for r in jl.profile(make, steps=5, workers=np.arange(1), out=None).runs
+            ] == [0]  # (a config's NumPy counts were refused: the config audit)
     with pytest.raises(jl.ConfigError, match=r"'<lambda>'\(num_workers=0\) returned int"):
         jl.profile(lambda num_workers: 5, steps=5, workers=(0,), out=None)
     with pytest.raises(jl.ConfigError, match=r"its folder does not exist"):

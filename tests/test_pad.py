@@ -284,6 +284,26 @@ def test_ragged_lists_without_a_pad_are_told_to_take_one():
         next(iter(jl.DataLoader(pairs, batch_size=2)))  # (not Pad('<key>'), the DPO audit)
 
 
+def test_a_configs_list_and_mappings_are_taken_and_a_length_of_0_is_refused():
+    # OmegaConf's ListConfig and DictConfig (a Sequence, a Mapping, neither a list nor a dict)
+    # were refused as "expected a key ... or a list of them, got ['ids', 'labels']"; length=0
+    # was taken, then refused at the first batch (the config audit)
+    import collections
+    import types
+
+    records = [{"ids": np.arange(n), "labels": np.arange(n)} for n in (2, 5, 3)]
+    plain = jl.Pad(["ids", "labels"], value={"ids": 0, "labels": -100}, length={"ids": 8,
+                                                                                "labels": 8})
+    config = jl.Pad(collections.UserList(["ids", "labels"]),
+                    value=types.MappingProxyType({"ids": 0, "labels": -100}),
+                    length=types.MappingProxyType({"ids": 8, "labels": 8}))
+    assert repr(config) == repr(plain)
+    got = next(iter(jl.DataLoader(records, batch_size=3, transforms=[config])))
+    assert got["labels"].tolist()[0] == [0, 1] + [-100] * 6
+    with pytest.raises(jl.ConfigError, match=r"Pad\(length\) of 'ids': expected an int >= 1"):
+        jl.Pad("ids", length=0)
+
+
 def test_records_of_other_dtypes_are_refused_not_cast_to_the_first():
     # (int32 beside int64 made every record int32: 2**40 became 0, with only NumPy's warning;
     # the other order made the batch float64)

@@ -669,9 +669,11 @@ def test_bad_ray_workers_arguments_are_refused():
     assert repr(RayWorkers(2, timeout_s=30)) == "RayWorkers(2, in_flight=2, timeout_s=30)"
     with pytest.raises(jl.ConfigError, match=r"timeout_s=...\): expected seconds > 0"):
         RayWorkers(2, timeout_s=0)
-    for bad in ({"start_timeout_s": None}, {"start_timeout_s": -5}, {"timeout_s": "30"}):
+    for bad in ({"start_timeout_s": None}, {"start_timeout_s": -5}, {"timeout_s": "30"},
+                {"timeout_s": float("inf")}):  # (inf: taken, where DataLoader refuses it)
         with pytest.raises(jl.ConfigError, match=r"_s=...\): expected seconds > 0"):
             RayWorkers(2, **bad)  # (a bare TypeError, or accepted)
+    assert RayWorkers(2, timeout_s=np.float32(30)).timeout_s == 30.0  # (a config's: refused)
     assert repr(RayWorkers(2, start_timeout_s=30)) == "RayWorkers(2, in_flight=2, " \
         "start_timeout_s=30)"
     for threads in ({"max_concurrency": 4}, {"concurrency_groups": {"io": 2}}):

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import warnings
 from typing import Any, Callable, Union
@@ -59,6 +60,17 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise error(f"{name}: expected an int {bound}, got {value}; {remedy}")
     return int(value)
+
+
+def is_seconds(value: object) -> bool:
+    """Whether ``value`` is a number of seconds > 0 (NumPy's too; not a bool, nor infinity).
+
+    Example:
+        >>> is_seconds(np.float32(30)), is_seconds(True), is_seconds(float("inf"))
+        (True, False, False)
+    """
+    return bool(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)) and 0 < value < math.inf)
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -44,7 +44,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_bool
+from jaxloader.base.checks import check_bool, check_int
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
@@ -103,12 +103,10 @@ class JitMap:
         if not callable(fn):
             raise ConfigError(f"JitMap(fn): expected a callable, got {type(fn).__name__} "
                               f"{fn!r:.60}")
-        if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-            raise ConfigError(f"JitMap(chunk_bytes=...): expected a positive int (bytes), got "
-                              f"{chunk_bytes!r:.60}")
         self.fn = fn
         self.random = takes_key(fn) if random is None else check_bool("JitMap(random)", random)
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = check_int("JitMap(chunk_bytes)", chunk_bytes, low=1,
+                                     remedy="pass a positive int (bytes), e.g. 1 << 20")
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
         self._vmapped: Any = None
         self._local = threading.local()  # a thread's chunk sizes, input buffers, last

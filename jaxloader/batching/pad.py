@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -71,7 +71,9 @@ class Pad:
                  length: int | dict[str, int] | None = None,
                  length_suffix: str | None = "_length", dtype: Any = None) -> None:
         named = [keys] if isinstance(keys, str) else list(keys) if isinstance(
-            keys, (list, tuple)) else None
+            keys, Sequence) and not isinstance(keys, bytes) else None  # (a config's ListConfig
+        value, multiple_of, length, dtype = (  # and DictConfig: a list's and a dict's)
+            _dict(value), _dict(multiple_of), _dict(length), _dict(dtype))
         if not named or not all(isinstance(k, str) for k in named):
             raise ConfigError(f"Pad(keys): expected a key of the records (a str) or a list of "
                               f"them, got {keys!r:.80}")
@@ -108,7 +110,7 @@ class Pad:
                                        "batch's longest) or a bucket, e.g. 64")
                           for k, m in _each(named, multiple_of, "multiple_of").items()}
         self.lengths = {k: None if n is None else check_int(
-            f"Pad(length) of {k!r}", n, low=0, remedy="the length every batch is padded to")
+            f"Pad(length) of {k!r}", n, low=1, remedy="the length every batch is padded to")
             for k, n in _each(named, length, "length").items()}
         self.multiple_of, self.length = multiple_of, length  # (as given: its repr's)
         if any(self.lengths[k] is not None and self.multiples[k] != 1 for k in named) and (
@@ -275,6 +277,11 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
                                "length_suffix=")
         record[key] = leaf
     return record
+
+
+def _dict(given: Any) -> Any:
+    """``given``, a mapping that is not a dict (a config's ``DictConfig``) made one."""
+    return dict(given) if isinstance(given, Mapping) and not isinstance(given, dict) else given
 
 
 def _each(keys: list[str], given: Any, name: str) -> dict[str, Any]:

@@ -16,14 +16,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
-import numpy as np
-
-from jaxloader.base.checks import Int, check_int
+from jaxloader.base.checks import Int, check_int, is_seconds
 from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
 from jaxloader.loaders.diagnosis import cores_available
 from jaxloader.loaders.monitor import MAX_READ_WAIT_FACTOR
@@ -81,8 +78,7 @@ class LoaderOptions:
             )
         for name in ("stall_warning_s", "timeout_s", "log_every_s"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(
-                    value, (int, float, np.integer, np.floating)) or not 0 < value < math.inf):
+            if value is not None and not is_seconds(value):
                 raise ConfigError(
                     f"{name}: expected a number of seconds > 0, or None, got "
                     f"{type(value).__name__} {value!r}; None: "
