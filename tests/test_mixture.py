@@ -231,6 +231,11 @@ def test_weights_written_otherwise_that_normalise_one_rounding_apart_are_refused
     sampler(decimals, batch_size=60).check_extra_state(state, 5)  # the same: restores
     with pytest.raises(jl.StateDictError, match=r"only to their last digits.*\[6, 7, 7\]"):
         sampler(whole, batch_size=60).check_extra_state(state, 5)
+    # a NumPy config's float32 weights were told they "differ" and "never change earlier ones"
+    # (the config audit)
+    saved = sampler((0.7, 0.2, 0.1), batch_size=60).extra_state()
+    with pytest.raises(jl.StateDictError, match=r"only to their last digits.*float32 weights"):
+        sampler(np.array([0.7, 0.2, 0.1], np.float32), batch_size=60).check_extra_state(saved, 5)
 
 
 def test_components_that_differ_are_named_and_arrays_in_memory_refused_as_mixed():

@@ -30,7 +30,7 @@ import os
 import re
 import stat
 import warnings
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 from urllib.parse import unquote
 
 from jaxloader.base.errors import ConfigError
@@ -47,6 +47,10 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
     with no file raises naming it. ``dataset``: a folder is read as pandas and pyarrow read
     a Parquet dataset's: names under it starting with ``_`` or ``.`` are left out (Spark's
     ``_temporary/``), and Hive partitions (``label=0/``), columns in folder names, refused."""
+    if isinstance(paths, Mapping):  # (its keys were taken: "file 'train' does not exist")
+        raise ConfigError(f"{owner}(paths): expected a path, a folder, a pattern or a list of "
+                          f"them, got a {type(paths).__name__} of {list(paths)[:4]}; pass one "
+                          "entry's paths (paths['train']), or a source of each")
     listed = [paths] if isinstance(paths, (str, os.PathLike)) else (
         list(paths) if isinstance(paths, Iterable) and not isinstance(paths, bytes) else [paths])
     at, bad = next(((i, p) for i, p in enumerate(listed)
@@ -91,12 +95,14 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
                 _not_folder(path, owner)  # (a FIFO, a device: refused)
             if remote or not os.path.exists(path):
                 _no_braces(path, owner)
+                _not_expanded(path, owner, remote)
             out.append(path)
             by.append(path)
             continue
         if not found:
             if not os.path.isdir(path):
                 _no_braces(path, owner)
+                _not_expanded(path, owner, remote)
             raise ConfigError(
                 f"{owner}(paths): {path!r} {what}; check the path, or pass the files' paths"
             )
@@ -124,6 +130,15 @@ def _no_braces(path: str, owner: str) -> None:
             "are a shell's, not a pattern's), and names no file; pass a pattern "
             "('shard-*.tar'), a list ([f'shard-{i:03d}.tar' for i in range(100)]) or "
             "braceexpand's list (list(braceexpand.braceexpand(path)))")
+
+
+def _not_expanded(path: str, owner: str, remote: bool) -> None:
+    """Refuses ``path``, which names no file, where it has a ``~`` or ``$NAME`` a shell would
+    expand (a config's ``~/data``, ``$DATA/train``), which Python's ``open`` does not."""
+    if not remote and (path.startswith("~") or re.search(r"\$\{?[A-Za-z_]", path)):
+        raise ConfigError(
+            f"{owner}(paths): {path!r} names no file; its ~ or $NAME is a shell's, not "
+            "expanded: pass os.path.expandvars(os.path.expanduser(path))")
 
 
 def _once_each(paths: list[str], by: list[str], owner: str, reals: dict[str, str]) -> None:

@@ -324,3 +324,16 @@ def test_a_walk_looks_up_real_paths_of_links_only(tmp_path, monkeypatch):
     monkeypatch.setattr(os.path, "realpath", lambda p, **k: calls.append(p) or real(p, **k))
     assert len(expand(tmp_path / "d", ".parquet", "S")) == 25
     assert len(calls) <= 8, calls
+
+
+def test_a_configs_unexpanded_home_or_variable_and_a_dict_of_splits_are_named(tmp_path):
+    # '~/data/*.parquet' "matched no file", '$DATA/pq' "does not exist", and a dict of splits
+    # was read as its keys ("file 'train' does not exist") (the config audit)
+    for path in ("~/no-such-data/*.parquet", "$NO_SUCH_DATA/pq", "${NO_SUCH_DATA}/x.parquet"):
+        with pytest.raises(jl.ConfigError, match=r"names no file; its ~ or \$NAME is a shell's, "
+                                                 r"not expanded: pass os.path.expandvars"):
+            expand(path, ".parquet", "S")
+    with pytest.raises(jl.ConfigError, match=r"got a dict of \['train'\]; pass one entry's"):
+        expand({"train": str(tmp_path / "a.parquet")}, ".parquet", "S")
+    touch(tmp_path, "$x.parquet")  # (a file so named: itself)
+    assert expand(str(tmp_path / "$x.parquet"), ".parquet", "S") == [str(tmp_path / "$x.parquet")]
