@@ -84,7 +84,9 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
     sources = list(sources.values()) if isinstance(sources, Mapping) else sources
     schedule = {0: normalised(weights, len(sources), "weights", names)}
     for step in from_step or {}:  # (each checked before they are sorted: '10' beside 20)
-        check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is step 0")
+        check_int("mix(from_step=...) step", step, low=1, remedy="steps after 0; weights= is "
+                  "step 0" + ("; a JSON or YAML file's keys are str: {int(k): w for k, w in "
+                              "from_step.items()}" if isinstance(step, str) else ""))
     for step, later in sorted((from_step or {}).items()):
         schedule[int(step)] = normalised(later, len(sources), f"from_step[{step}]", names)
     parts: list[Any] = [as_stream(s) for s in sources]  # Hugging Face IterableDatasets

@@ -512,8 +512,10 @@ def test_a_mixture_made_directly_checks_and_normalises_its_weights_as_mix_does()
                       ({0: [1, 1], -2: [1, 1]}, r"step: expected an int >= 0, got -2")]:
         with pytest.raises(jl.ConfigError, match=said):
             jl.Mixture([a, b], bad)
-    with pytest.raises(jl.ConfigError, match=r"from_step=...\) step: expected an int, got str"):
-        jl.mix([a, b], [1, 1], from_step={"10": [1, 1], 20: [1, 1]})
+    with pytest.raises(jl.ConfigError, match=r"from_step=...\) step: expected an int, got str"
+                                             r".*keys are str: \{int\(k\): w for"):
+        jl.mix([a, b], [1, 1], from_step={"10": [1, 1], 20: [1, 1]})  # (a JSON config's: the
+    # remedy said nothing of it; the config audit)
 
 
 def test_a_small_component_read_locally_makes_few_block_orders_a_span(monkeypatch):

@@ -302,6 +302,8 @@ def test_a_configs_list_and_mappings_are_taken_and_a_length_of_0_is_refused():
     assert got["labels"].tolist()[0] == [0, 1] + [-100] * 6
     with pytest.raises(jl.ConfigError, match=r"Pad\(length\) of 'ids': expected an int >= 1"):
         jl.Pad("ids", length=0)
+    with pytest.raises(jl.ConfigError, match=r"got 'None'; a YAML file's None is null"):
+        jl.Pad("ids", length_suffix="None")  # (a key 'idsNone' made)
 
 
 def test_records_of_other_dtypes_are_refused_not_cast_to_the_first():

@@ -79,10 +79,12 @@ class Pad:
                               f"them, got {keys!r:.80}")
         if len(set(named)) < len(named):
             raise ConfigError(f"Pad(keys): {named} names a key twice")
+        said = isinstance(length_suffix, str) and length_suffix.lower() in ("none", "null")
         if length_suffix is not None and (not isinstance(length_suffix, str) or
-                                          not length_suffix):
+                                          not length_suffix or said):  # ("None": key tNone)
             raise ConfigError(f"Pad(length_suffix): expected a non-empty str or None, got "
-                              f"{length_suffix!r}")
+                              f"{length_suffix!r}" + "; a YAML file's None is null (its 'None' "
+                              "is a str)" * said)
         values = value if isinstance(value, dict) else dict.fromkeys(named, value)
         if set(values) != set(named):
             raise ConfigError(f"Pad(value): a dict gives the value of each key of {named}, got "
