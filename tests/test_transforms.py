@@ -330,3 +330,38 @@ def test_the_watch_keeps_the_first_records_timings_and_sees_what_it_should(capfd
     with loader(_DrawingReads(), [jl.Map(lambda r: r)], num_workers=1, read_threads=4) as ld:
         list(ld)
     assert "drew from the global random state" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_jaxloaders_warnings_are_of_its_own_category_from_workers_too(num_workers):
+    # each was a bare UserWarning: a user could filter all of jaxloader's by a message's regex
+    # alone (they name the user's line, not a module of jaxloader's; the warnings audit)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(32)}), batch_size=8,
+                           transforms=[jl.Map(_numpy_global)], num_workers=num_workers,
+                           process_index=0, process_count=1) as loader:
+            list(loader)
+        jl.DataLoader(list(range(10)), batch_size=4, last_batch="drop")
+    said = {w.category for w in caught if "global random state" in str(w.message)
+            or "last_batch='drop'" in str(w.message)}
+    assert said == {jl.JaxloaderWarning}, [(w.category, str(w.message)[:60]) for w in caught]
+
+
+def test_every_warning_of_the_package_names_its_category():
+    # (a warnings.warn without one is a bare UserWarning, which no filter of jaxloader's sees)
+    import ast
+    import pathlib
+
+    bare = []
+    for path in pathlib.Path(jl.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                    "warnings.warn", "warnings.warn_explicit"):
+                category = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == "category"), None)
+                if category is None or ast.unparse(category) == "UserWarning":
+                    bare.append(f"{path.name}:{node.lineno}")
+    assert not bare

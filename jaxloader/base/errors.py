@@ -1,4 +1,4 @@
-"""The exceptions jaxloader raises, and its one warning.
+"""The exceptions jaxloader raises, and its warnings.
 
 Every error says what was expected, what came instead, where (step, record position, leaf path)
 and what to do. They derive from the builtin a user would catch anyway (``ValueError`` for bad
@@ -78,7 +78,25 @@ class SharedMemoryError(JaxloaderError, MemoryError):
     """
 
 
-class PerformanceWarning(UserWarning):
+class JaxloaderWarning(UserWarning):
+    """Base class of the warnings jaxloader gives: data it leaves out or cuts, a restore that
+    reads other batches, a setting that works but surprises (each says what, where and the
+    remedy). A ``UserWarning``, so filters of those keep working; filter jaxloader's alone by
+    this class (the warnings name your line, not a module of jaxloader's).
+
+    Example:
+        >>> import warnings, jaxloader as jl
+        >>> with warnings.catch_warnings():  # (an evaluation's loader: every record is read)
+        ...     warnings.simplefilter("error", category=jl.JaxloaderWarning)
+        ...     try:
+        ...         jl.DataLoader(list(range(10)), batch_size=4, last_batch="drop")
+        ...     except jl.JaxloaderWarning as e:
+        ...         print(str(e)[:72])
+        DataLoader(last_batch='drop', shuffle=False): the last 2 of the 10 recor
+    """
+
+
+class PerformanceWarning(JaxloaderWarning):
     """A configuration that works but reads far slower than it could: what, by how much, and
     the remedy (e.g. a file source's cache smaller than what its shuffle reads at once)."""
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.errors import RecordError
+from jaxloader.base.errors import JaxloaderWarning, RecordError
 from jaxloader.base.timings import COLLATE, StageClock, stage_name
 from jaxloader.batching import collate
 from jaxloader.batching.jit_map import JitMap
@@ -52,9 +52,9 @@ def _dropped_mask(transform: Any, mask_key: str) -> None:
             f"(out[{mask_key!r}] = batch[{mask_key!r}]; in a JitMap, the record's), or use it "
             "(np.where(batch['mask'], labels, -100))")
     if code is None:
-        warnings.warn(text, UserWarning, stacklevel=3)
+        warnings.warn(text, JaxloaderWarning, stacklevel=3)
     else:
-        warnings.warn_explicit(text, UserWarning, code.co_filename, code.co_firstlineno,
+        warnings.warn_explicit(text, JaxloaderWarning, code.co_filename, code.co_firstlineno,
                                getattr(fn, "__module__", None) or "jaxloader")
 
 

@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxloader.base.errors import JaxloaderWarning
+
 WATCHED = 16  # records a loader's transforms are watched on, in each process
 SEEN = 2  # records a transform drew on before it is said
 
@@ -87,7 +89,7 @@ class DrawWatch:
             "numbers: their records' augmentations repeat); draw from the generator a "
             "RandomMap gives (jl.RandomMap(lambda record, rng: ... rng.random() ...); a random "
             "Filter: draw in a RandomMap, then filter on what it drew). A transform that seeds "
-            "the global state from the record itself may leave this be", UserWarning,
+            "the global state from the record itself may leave this be", JaxloaderWarning,
             code.co_filename if code else "<transform>", code.co_firstlineno if code else 0)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
-from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError
 from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
                                           same_order)
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
@@ -282,6 +282,7 @@ def late_changes(firsts: dict[int, int], global_batch: int, block: int, m: int) 
                 f"step {max(later)} starts in the same block of {block:,} positions (from "
                 f"position {first:,}) and replaces them; with {m} components a global batch "
                 f"that is a multiple of {m * (m - 1)} starts each change at its step",
+                JaxloaderWarning,
                 stacklevel=5)
         elif first != step * global_batch:
             where = (f"step {first // global_batch:,}" if first % global_batch == 0 else
@@ -292,4 +293,5 @@ def late_changes(firsts: dict[int, int], global_batch: int, block: int, m: int) 
                 f"of {block:,} (a block holds each one's share; a global batch of "
                 f"{global_batch} has no divisor of at least {m * (m - 1)} up to 1,024); a global "
                 f"batch that is a multiple of {m * (m - 1)} starts each change at its step",
+                JaxloaderWarning,
                 stacklevel=5)

@@ -22,7 +22,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
 
 from jaxloader.base.checks import Int, refused_call
-from jaxloader.base.errors import ConfigError, user_stacklevel
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
@@ -159,7 +159,7 @@ class LoaderLifecycle:
                     "thread that asks for it, which nothing can stop while the source blocks, "
                     "so no batch is timed out (stall_warning_s still reports one that is "
                     "late); use workers to time batches out, or a source that times out its "
-                    "own reads", stacklevel=user_stacklevel())
+                    "own reads", JaxloaderWarning, stacklevel=user_stacklevel())
             engine = InProcessEngine(maker)
         elif get_worker_info() is not None:
             self._made_in_a_worker()
@@ -211,7 +211,7 @@ class LoaderLifecycle:
             "in this process, the same batches (a worker starts no workers). A loader made "
             "at a module's top level is made again in each worker that imports the module "
             "(for a transform defined there): make it in a function that the training "
-            "script calls", stacklevel=4)
+            "script calls", JaxloaderWarning, stacklevel=4)
 
     def _worker_counts(self) -> list[int] | None:
         """The worker counts ``num_workers="auto"`` may choose among (None: any)."""

@@ -33,7 +33,7 @@ from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
 from jaxloader.base.checks import MASK64, Int, check_int
-from jaxloader.base.errors import ConfigError, user_stacklevel
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
 from jaxloader.batching.mixture_sampler import MixtureSampler
@@ -214,7 +214,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
                 "the same short last batch); pass last_batch='pad' (every record, a mask on "
                 "the padding rows: an evaluation's)" + ("" if self._sampler.global_batch_size
                 > batch_size else " or 'partial'") + " to read them, or shuffle=True (each "
-                "epoch drops others)", UserWarning, stacklevel=user_stacklevel())
+                "epoch drops others)", JaxloaderWarning, stacklevel=user_stacklevel())
         if self._putter is not None and last_batch == "partial" and rest and \
                 not isinstance(source, Mixture):
             self._putter.check_last_batch(rest, self._sampler.num_records)

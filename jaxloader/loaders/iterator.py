@@ -33,7 +33,7 @@ from typing import Any, Callable, Generator, Generic, Protocol, Sequence
 
 from typing_extensions import TypeVar
 
-from jaxloader.base.errors import JaxloaderError, WorkerError, user_stacklevel
+from jaxloader.base.errors import JaxloaderError, JaxloaderWarning, WorkerError, user_stacklevel
 from jaxloader.base.batch_kinds import BatchKinds
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
@@ -81,7 +81,7 @@ class Progress:
                 "with that state trains on unless it stops before iterating (a DataLoader's "
                 "loader.epoch says where it is; or keep the epochs done in the checkpoint)")
         if epochs is not None and epochs > 1:
-            warnings.warn(text, UserWarning, stacklevel=user_stacklevel())
+            warnings.warn(text, JaxloaderWarning, stacklevel=user_stacklevel())
         else:
             log.info("%s; a loop over epochs (for epoch in range(E): for batch in loader) "
                      "goes on as it should", text)

@@ -14,7 +14,7 @@ import warnings
 from typing import Any, Callable
 
 from jaxloader.base.abilities import DIGEST_LEVELS, in_older_forms
-from jaxloader.base.errors import StateDictError, user_stacklevel
+from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 
 
 def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> Any:
@@ -36,7 +36,7 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
                 warnings.warn(
                     "a PackedStream's tokenize is checked by a state since 2026-11-29; this "
                     "state is older, and is restored without checking it: restore under the "
-                    "saved run's tokenize, or the batches differ from that run's", UserWarning,
+                    "saved run's tokenize, or the batches differ from that run's", JaxloaderWarning,
                     stacklevel=user_stacklevel())
             return {**state, "stream": described}
     return state

@@ -28,7 +28,7 @@ import warnings
 import weakref
 from typing import Any
 
-from jaxloader.base.errors import user_stacklevel
+from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 
 MANY_OPEN = 6  # loaders with workers open at once said (then 12, 24, ...)
 _POOLS: weakref.WeakSet = weakref.WeakSet()  # those not closed (collected: gone from it)
@@ -62,6 +62,7 @@ def started(label: str, pool: Any) -> None:
         "done with (or make them in a 'with' block). In a notebook, a cell that ends by "
         "showing a loader or its iterator keeps it in Out[n] and _ however often the cell runs "
         "again: end such a cell with ';', and %reset -f out lets go of those kept",
+        JaxloaderWarning,
         stacklevel=user_stacklevel())
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from jaxloader.base.file_identity import check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
-from jaxloader.base.errors import StateDictError, user_stacklevel
+from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.loaders.source_changes import source_differences
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
@@ -148,7 +148,7 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
         f"({'; '.join(changes[:4])}{'; ...' if len(changes) > 4 else ''}): from step {step} "
         "on, the same records in the same order are made into batches by this loader's "
         "transforms, not the saved run's; restore with the same transforms for the same "
-        "batches", stacklevel=user_stacklevel())
+        "batches", JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 def warn_changed_generators(saved: Any, now: list[str], step: int,
@@ -167,7 +167,7 @@ def warn_changed_generators(saved: Any, now: list[str], step: int,
         f"this state, by their code or what their closures hold (digests: saved {saved[:4]}, "
         f"now {now[:4]}): if they make other records (other files), the stream from step "
         f"{step} is not the saved run's; restore with the same generators for the same "
-        "records", stacklevel=user_stacklevel())
+        "records", JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:

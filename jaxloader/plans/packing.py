@@ -26,7 +26,7 @@ from typing import Literal, NamedTuple, Sequence, get_args
 
 import numpy as np
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.order.index_shuffle import IndexShuffle
 
 Method = Literal["first_fit", "best_fit", "concat"]
@@ -216,7 +216,7 @@ def _warn_unaligned(records: np.ndarray, n: np.ndarray, limit: np.ndarray,
             "decoder's targets without their inputs, a graph's edges without its nodes); "
             "where a record's keys belong together, pass overlong='truncate' (each key cut "
             "to its row, the records listed in .truncated), row lengths that hold them, or "
-            "drop them before packing (jl.FilteredSource)", UserWarning, stacklevel=4)
+            "drop them before packing (jl.FilteredSource)", JaxloaderWarning, stacklevel=4)
 
 
 def _fit_windows(n: np.ndarray, limit: np.ndarray, best: bool, bins: int,

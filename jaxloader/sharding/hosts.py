@@ -36,7 +36,7 @@ import time
 import warnings
 from typing import Any, Callable, NoReturn, Protocol
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.sharding.pass_votes import PassVotes
 
 log = logging.getLogger("jaxloader")
@@ -237,7 +237,7 @@ class HostsCheck:
             self.pending.clear()
         self.next_call = 2 * call + 1  # (the 2nd, 4th, 8th... next())
         if self.noted is not None:
-            warnings.warn(self.noted, UserWarning, stacklevel=3)  # (the caller's next())
+            warnings.warn(self.noted, JaxloaderWarning, stacklevel=3)  # (the caller's next())
             self.noted = None
         if self.failure is not None:
             self._raise()

@@ -54,7 +54,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from jaxloader.base.abilities import close_of
-from jaxloader.base.errors import JaxloaderError, user_stacklevel
+from jaxloader.base.errors import JaxloaderError, JaxloaderWarning, user_stacklevel
 
 # close() waits this long for the thread, which may be finishing a batch (then left to end by
 # itself: a worker's batch ends when close() kills the workers; an in-process one when made)
@@ -230,7 +230,7 @@ class DevicePrefetcher:
             warnings.warn(
                 f"device_prefetch={depth}: that many batches are placed on the devices ahead of "
                 "the step, each holding its device memory (an accelerator runs out of it with "
-                "no word of why); 2 hides a placement, a few more a jittery one",
+                "no word of why); 2 hides a placement, a few more a jittery one", JaxloaderWarning,
                 stacklevel=user_stacklevel())
         self._host = HostPrefetcher(host_batches, depth if put_in_thread else depth + 1,
                                     put if put_in_thread else None)

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import (as_32_bits, beyond_32_bits, device_dtype_problem, host_only,
                                     what_32_bits_do)
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
 
 
 def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> NamedSharding:
@@ -332,7 +332,7 @@ class Putter:
             "differ (a loss of its own on each); pad to a width the same on every process "
             "(jl.Pad(length=...)), not to each batch's longest, unless every process's batch of "
             "a step has the same shapes (a bucketing by length over the global batch)",
-            UserWarning, stacklevel=2)
+            JaxloaderWarning, stacklevel=2)
 
 
 def _said(rows: tuple) -> str:

@@ -30,7 +30,7 @@ import types
 import warnings
 from typing import Any
 
-from jaxloader.base.errors import user_stacklevel
+from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.sources.value_text import SETS_AS_BEFORE, value_text, written
 
 
@@ -243,6 +243,7 @@ def warn_hashing(fn: Any, where: str) -> None:
             "workers than in this process, and in each run, so the records kept or made differ "
             "there and after a restore; hash text with zlib.crc32(s.encode()) or hashlib, or "
             "set PYTHONHASHSEED=0 before Python starts (numbers hash the same everywhere)",
+            JaxloaderWarning,
             stacklevel=user_stacklevel())
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
 
 FROM = ".from"  # the suffix of the file that says what an array was found from
 
@@ -68,7 +68,7 @@ def kept_or_found(given: Any, find: Callable[[], Any],
             if changed:
                 given = None
                 warnings.warn(f"{path} {why} (as {path + FROM} says): found again, and saved "
-                              "over it", stacklevel=stacklevel)
+                              "over it", JaxloaderWarning, stacklevel=stacklevel)
     if given is None:
         if path is not None:
             _writable(path)  # (before the pass over the source, which may take hours)

@@ -33,7 +33,7 @@ import warnings
 from typing import Iterable, Mapping, Sequence
 from urllib.parse import unquote
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
 
 _PATTERN = "*?["
 # a shell's brace expansion (WebDataset's shard-{000..099}.tar), which no glob expands
@@ -117,7 +117,7 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         warnings.warn(
             f"{owner}(paths): files in a folder given are left out, their names not ending "
             f"with {' or '.join(suffixes)}: {shown}; to read them, pass a pattern that "
-            "matches them (folder/*) or their paths", stacklevel=3)
+            "matches them (folder/*) or their paths", JaxloaderWarning, stacklevel=3)
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.base.errors import RecordError, user_stacklevel
+from jaxloader.base.errors import JaxloaderWarning, RecordError, user_stacklevel
 from jaxloader.plans.packed_rows import record_tokens
 
 LOOKS = 64  # records looked at for keys as long as the tokens, left out (said once)
@@ -42,7 +42,7 @@ def check_aligned(packed: Any, record: Any, tokens: list[np.ndarray]) -> None:
                 f"PackedStream: the records hold {left} as long as {keys[0]!r}, which are not "
                 f"packed and left out of the rows; to pack them at the same places, pass "
                 f"key={[*keys, *left]!r} (a loss mask, labels: value= pads them)",
-                stacklevel=2)
+                JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 def as_long(value: Any, n: int) -> bool:
@@ -105,4 +105,5 @@ def warn_truncated(packed: Any, lengths: list[int]) -> None:
         f"PackedStream(overlong='truncate'): {len(cut)} of a window's {len(lengths)} records "
         f"are longer than a row of {packed.length} tokens and cut to it ({sum(cut):,} of their "
         f"{sum(cut) + packed.length * len(cut):,} tokens left out; said once a process); "
-        "overlong='split' packs the rest into the next rows", stacklevel=user_stacklevel())
+        "overlong='split' packs the rest into the next rows", JaxloaderWarning,
+        stacklevel=user_stacklevel())

@@ -38,6 +38,7 @@ import numpy as np
 
 from jaxloader.base.abilities import close_of
 from jaxloader.base.columns import spaced_values
+from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.streams.huggingface import HuggingFaceShard
 from jaxloader.streams.shards import FileShard
 
@@ -85,7 +86,8 @@ class RefillWatch:
                 f"the next record (the shard now at {_state(shard)}): the shard's code fills one "
                 "buffer (or one dict) again and yields it again, so the records already read "
                 "(waiting in a batch or a shuffle window) each hold its last values; yield new "
-                "arrays in a new dict for each record (a copy: buf.copy())", stacklevel=3)
+                "arrays in a new dict for each record (a copy: buf.copy())", JaxloaderWarning,
+                stacklevel=user_stacklevel())
         if where is not None or self._left <= 0:
             self.next = shard.next  # type: ignore[method-assign]  # (watched enough)
             self._last = None

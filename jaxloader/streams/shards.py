@@ -24,7 +24,8 @@ import warnings
 from typing import Any, Protocol, runtime_checkable
 
 from jaxloader.base.checks import check_bool
-from jaxloader.base.errors import ConfigError, RecordError, StateDictError, user_stacklevel
+from jaxloader.base.errors import (ConfigError, JaxloaderWarning, RecordError, StateDictError,
+                                   user_stacklevel)
 from jaxloader.streams.json_values import numbers_as_arrays
 from jaxloader.streams.shard_files import check_unchanged, open_file, prefix_head, unreadable
 
@@ -207,7 +208,7 @@ class _LineShard(FileShard):
                 f"{self.path}: its last line ({size:,} bytes after line {self._count}) has no "
                 "line break: with append_only=True it is taken as a record being written and "
                 "read once its line break is; a writer ends every record with one (a file "
-                "that is whole: append it, or read it without append_only)",
+                "that is whole: append it, or read it without append_only)", JaxloaderWarning,
                 stacklevel=user_stacklevel())
 
     def _check_whole(self) -> None:

@@ -26,7 +26,7 @@ import warnings
 from zlib import adler32
 
 from jaxloader.base.checks import check_bool
-from jaxloader.base.errors import RecordError
+from jaxloader.base.errors import JaxloaderWarning, RecordError
 from jaxloader.streams.shards import FileShard, unreadable
 
 _BLOCK = 512
@@ -178,6 +178,7 @@ class TarShard(FileShard):
                 "shard whose name has no extension or starts with a dot (no key.ext: macOS's "
                 "resource files ._name are such; tar there with COPYFILE_DISABLE=1): WebDataset "
                 "leaves them out too; re-create the shard without them to silence this",
+                JaxloaderWarning,
                 stacklevel=2)
 
     def _check_exactly(self, header: bytes, offset: int, stored: int) -> None:
