@@ -385,10 +385,10 @@ def stop_all(workers: list[WorkerProcess], ring: Any = None) -> None:
     together: told at once, given one grace (``STOP_GRACE_S``) between them to close their pipes
     (those that have not are killed), then each waited for as it ends."""
     running = [w.pid for w in workers if w.exitcode() is None]
-    if running:
-        log.info("stopping worker process(es) %s", running)
     deadline = time.monotonic() + STOP_GRACE_S
-    steps: list[Callable[[], Any]] = [w.ask_to_stop for w in workers]
+    steps: list[Callable[[], Any]] = [functools.partial(  # (a step: a log handler that
+        log.info, "stopping worker process(es) %s", running)] if running else []  # raises)
+    steps += [w.ask_to_stop for w in workers]
     steps += [functools.partial(w.let_go, deadline) for w in workers]
     steps += [w.reap for w in workers] + ([] if ring is None else [ring.close])
     run_all(steps)

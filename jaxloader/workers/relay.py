@@ -52,6 +52,7 @@ import logging
 import os
 import pickle
 import sys
+import traceback
 import warnings
 from typing import Any
 
@@ -113,7 +114,7 @@ class Heard:
             if isinstance(told, logging.LogRecord):
                 logger = logging.getLogger(told.name)
                 if logger.isEnabledFor(told.levelno):
-                    logger.handle(told)
+                    _handle(logger, told, worker)
                 continue
             message, filename, lineno, module = told
             if module is None:  # (a file no module of the worker's is: the script's)
@@ -170,6 +171,27 @@ class Heard:
                 "the workers started are not theirs, so the step and record are not "
                 "known; set the filter before the loader is made (a worker then raises "
                 "it at the record, naming it), or ignore the warning") from e
+
+
+def _handle(logger: logging.Logger, record: logging.LogRecord, worker: int) -> None:
+    """``record`` to ``logger``'s handlers, with the fields this process's record factory adds
+    (``logging.setLogRecordFactory``: a rank a format names, which the worker's record lacks:
+    "Formatting field not found"); a handler that raises is said as ``logging`` says one
+    (``Handler.handleError``), not raised: raised in ``next()``, it was a bare error naming no
+    step, the workers were started again and the batch's records logged twice."""
+    factory = logging.getLogRecordFactory()
+    try:
+        if factory is not logging.LogRecord:
+            made = factory(record.name, record.levelno, record.pathname, record.lineno,
+                           record.msg, record.args, None, record.funcName, record.stack_info)
+            record.__dict__.update({k: v for k, v in vars(made).items()
+                                    if k not in vars(record)})
+        logger.handle(record)
+    except Exception:  # noqa: BLE001 - said below, as logging says a failing handler
+        if logging.raiseExceptions:
+            sys.stderr.write(f"--- Logging error (worker {worker}'s record of "
+                             f"{record.pathname}:{record.lineno}, said again here) ---\n")
+            traceback.print_exc(file=sys.stderr)
 
 
 def _module_of(filename: str) -> str:

@@ -282,3 +282,72 @@ def test_a_record_a_workers_thread_logs_after_its_last_batch_is_handled_at_close
         assert len(list(loader)) == 4
         time.sleep(1.0)
     assert "record 15: the cache write failed" in caplog.text
+
+
+def test_a_workers_record_gets_the_trainers_record_factory_fields_and_a_failing_handler_is_said(
+        capfd):
+    # a format naming a field the trainer's factory adds ('%(rank)s') failed on every worker's
+    # record ("Formatting field not found"); a handler that raised on one made next() raise it
+    # bare, the workers started again each time and records logged twice (the warnings audit)
+    made = logging.getLogRecordFactory()
+
+    def with_rank(*args, **kwargs):
+        record = made(*args, **kwargs)
+        record.rank = 0
+        return record
+
+    seen: list[str] = []
+
+    class Failing(logging.Handler):
+        def emit(self, record):
+            seen.append(self.format(record))
+            if "record 11" in record.getMessage():
+                raise ConnectionError("log server down")
+
+    handler = Failing()
+    handler.setFormatter(logging.Formatter("[rank %(rank)s] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    logging.setLogRecordFactory(with_rank)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BlankImage)
+            with _loader(2) as loader:
+                assert len(list(loader)) == 4
+                assert loader._engine.restarts == 0
+    finally:
+        logging.setLogRecordFactory(made)
+        log.removeHandler(handler)
+        log.setLevel(logging.NOTSET)
+    assert sorted(s for s in seen if "odd" in s) == [
+        f"[rank 0] record {x} is odd" for x in (11, 19, 27, 3)]
+    err = capfd.readouterr().err
+    assert "--- Logging error (worker 1's record of" in err and "log server down" in err
+
+
+def test_workers_stop_where_a_log_handler_raises_on_the_stopping_record():
+    # the record was logged before the steps that stop the workers, none of which then ran:
+    # each close() raised again and the workers lived on with the trainer (the warnings audit)
+    class Rejecting(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("stopping worker"):
+                raise RuntimeError("log sink rejected the record")
+
+    jaxloader_log = logging.getLogger("jaxloader")
+    handler, level = Rejecting(), jaxloader_log.level
+    jaxloader_log.addHandler(handler)
+    jaxloader_log.setLevel(logging.INFO)
+    try:
+        loader = jl.DataLoader(
+            jl.ArraySource({"x": np.arange(32)}), batch_size=8, num_workers=2,
+            process_index=0, process_count=1)
+        pids = loader._engine.roster.pids
+        list(loader)
+        with pytest.raises(RuntimeError, match="log sink rejected"):
+            loader.close()
+    finally:
+        jaxloader_log.removeHandler(handler)
+        jaxloader_log.setLevel(level)
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}") and open(
+        f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    loader.close()  # (done: nothing left to stop)
