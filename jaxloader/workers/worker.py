@@ -34,6 +34,7 @@ import pickle
 import sys
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
@@ -203,7 +204,9 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
         maker: Maker  # as it is unpickled)
-        maker, init_fn = payload.loads(blob)
+        with warnings.catch_warnings():  # (what a module warns as its import here runs: the
+            warnings.simplefilter("ignore")  # trainer's import said it, under its filters
+            maker, init_fn = payload.loads(blob)  # of the moment, which "error" set later broke)
         if init_fn is not None:
             relay_worker.run_init(init_fn, worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends

@@ -351,3 +351,23 @@ def test_workers_stop_where_a_log_handler_raises_on_the_stopping_record():
     assert not [p for p in pids if os.path.exists(f"/proc/{p}") and open(
         f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
     loader.close()  # (done: nothing left to stop)
+
+
+def test_a_module_that_warns_as_it_is_imported_starts_workers_made_under_error_after_it(
+        tmp_path, monkeypatch):
+    # imported first (its warning said), then warnings made errors for the run, as scripts do:
+    # the workers' import of it raised that warning, "worker 0 raised while starting" (the
+    # warnings audit)
+    (tmp_path / "noisy_import.py").write_text(
+        "import warnings\nwarnings.warn('optional C extension not found')\n"
+        "def double(r):\n    return {'x': r['x'] * 2}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import noisy_import
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=4, num_workers=2,
+                           transforms=[jl.Map(noisy_import.double)], process_index=0,
+                           process_count=1) as loader:
+            assert [b["x"].tolist()[0] for b in loader] == [0, 8, 16, 24]
