@@ -259,8 +259,8 @@ class MixtureSampler:
                 mine, list) and len(saved_local) == len(mine) and all(
                     same_order(a, b) for a, b in zip(saved_local, mine))):
             raise StateDictError(
-                f"state['local_shuffle']: expected {self._local_description!r} (each "
-                f"component's), received {state.get('local_shuffle')!r}; the components were "
+                f"state['local_shuffle']: expected {self._local_description!r:.400} (each "
+                f"component's), received {state.get('local_shuffle')!r:.400}; the components were "
                 "read in another order (shuffle=, LocalShuffle's window or blocks), so its "
                 "steps would read other records here; restore with the shuffle that wrote it"
             )

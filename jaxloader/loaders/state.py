@@ -138,7 +138,7 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
     if older is not None and any(list(map(_kind_and_digest, saved)) == list(
             map(_kind_and_digest, then)) for then in older()):
         return  # (a state saved before the digests held defaults, arrays' bytes, settings)
-    changes = [f"transforms[{i}]: saved {a or 'none'}, now {b or 'none'}" for i, (a, b) in
+    changes = [f"transforms[{i}]: saved {a or 'none':.300}, now {b or 'none':.300}" for i, (a, b) in
                enumerate(zip(saved + [""] * len(now), now + [""] * len(saved)))
                if _kind_and_digest(a) != _kind_and_digest(b)]
     warnings.warn(

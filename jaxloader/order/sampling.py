@@ -310,10 +310,10 @@ class Sampler:
     def check_extra_state(self, state: dict, step: int) -> None:
         if not same_order(state.get("local_shuffle"), self.order_description):
             raise StateDictError(
-                f"state['local_shuffle']: expected {self.order_description!r}, received "
-                f"{state.get('local_shuffle')!r}; restore into a loader with the same shuffle= "
-                "(a full shuffle and a read-local one order the records differently, and so "
-                "do windows and blocks of other sizes, or the source's own blocks starting "
+                f"state['local_shuffle']: expected {self.order_description!r:.400}, received "
+                f"{state.get('local_shuffle')!r:.400}; restore into a loader with the same "
+                "shuffle= (a full shuffle and a read-local one order the records differently, "
+                "and so do windows and blocks of other sizes, or the source's own blocks starting "
                 "elsewhere: length buckets of other edges)"
             )
         if "mixture" in state:

@@ -210,14 +210,14 @@ def check_weights_before(schedule: dict[int, Any], saved: Any, step: int) -> Non
             for s in ours):
         raise StateDictError(
             f"state['mixture']: the weights before step {step} are the state's only to their "
-            f"last digits: expected {sorted(ours.items())}, received {sorted(theirs.items())} "
-            "(normalised: each divided by their sum); each block's share is rounded down from "
-            "them, so the steps after would read other components than the run that saved it; "
+            f"last digits: expected {sorted(ours.items())!s:.400}, received "
+            f"{sorted(theirs.items())!s:.400} (normalised: each divided by their sum); each "
+            "block's share is rounded down from them, so the steps after would read other "
+            "components than the run that saved it; "
             "write the weights as that run did ([6, 7, 7] and [0.3, 0.35, 0.35] normalise to "
             "numbers one rounding apart; float32 weights, a NumPy config's, hold 0.7 as "
             "0.699999988: pass Python floats, [float(w) for w in weights])")
     raise StateDictError(
         f"state['mixture']: the weights before step {step} differ: expected "
-        f"{sorted(ours.items())}, received {sorted(theirs.items())}; a restore may add "
-        "weight changes at or after the step it resumes from, never change earlier ones"
-    )
+        f"{sorted(ours.items())!s:.400}, received {sorted(theirs.items())!s:.400}; a restore "
+        "may add weight changes at or after the step it resumes from, never change earlier ones")

@@ -167,11 +167,11 @@ class MixedReader:
         state = self.initial_state() if state is None else state
         parts = state.get("components") if isinstance(state, dict) else None
         if (not isinstance(state, dict) or type(state.get("emitted")) is not int
-                or state["emitted"] < 0 or not isinstance(parts, list)
+                or not 0 <= state["emitted"] < 1 << 62 or not isinstance(parts, list)
                 or len(parts) != len(self.components)):
             raise StateDictError(
-                f"mixed stream state: expected {{reader, emitted, components: one state for "
-                f"each of the {len(self.components)} streams}}, got {state!r:.200}")
+                f"mixed stream state: expected {{reader, emitted (an int, 0 to 2**62), components: "
+                f"one state for each of the {len(self.components)} streams}}, got {state!r:.200}")
         if state.get("reader") != self.reader:
             raise StateDictError(f"mixed stream state: it is reader {state.get('reader')}'s, "
                                  f"handed to reader {self.reader}")

@@ -108,8 +108,10 @@ def from_state(state: dict, num_epochs: int | None) -> list[int] | None:
         return None
     readers = state["readers"]
     until = held.get("until") if isinstance(held, dict) else None
+    epochs = [r.get("epoch", 0) if isinstance(r, dict) else None for r in readers] if isinstance(
+        readers, list) else [None]  # (the readers' states are checked as they are reset)
     if (type(until) is not int or until < num_epochs or until % num_epochs
-            or any(r.get("epoch", 0) >= until for r in readers)):
+            or any(type(e) is int and e >= until for e in epochs)):
         raise StateDictError(
             f"state['pass']: expected {{num_epochs: {num_epochs}, until: a multiple of it above "
             f"every reader's epoch}}, received {held!r:.200}; pass the dict that state_dict() "

@@ -44,7 +44,7 @@ from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import generator_shards, mapped_shards
 from jaxloader.streams.origins import last_origin, state_or_why
 from jaxloader.streams.shard_state import (Crossings, checked_reader_state, copied,
-                                           left_early, plain, snapshot)
+                                           ends_there, left_early, plain, snapshot)
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
@@ -319,6 +319,7 @@ class StreamReader:
             while len(window) < self.stream.shuffle_window and self._shard < len(self._mine):
                 try:
                     if len(window) == cap:
+                        ends_there(self._current, cap)
                         raise StopIteration
                     window.append(self._read())
                 except StopIteration:

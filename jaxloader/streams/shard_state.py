@@ -108,7 +108,8 @@ def checked_reader_state(state: Any, reader: int) -> dict:
     """A ``StreamReader``'s ``state``, checked as reader ``reader``'s."""
     if not isinstance(state, dict) or any(
             type(state.get(k)) is not int or state[k] < 0 for k in _STATE_KEYS) or not (
-            state.get("shard_state") is None or isinstance(state["shard_state"], dict)):
+            "shard_state" in state and (state["shard_state"] is None or isinstance(
+                state["shard_state"], dict))):
         raise StateDictError(f"stream state: expected {{reader, epoch, shard, shard_state, "
                              f"window, emitted}} of non-negative ints (shard_state a dict or "
                              f"None), got {state!r:.300}")
@@ -135,6 +136,24 @@ def left_early(shard: Any, read: int, saved: int) -> StateDictError:
         f"records, where the window the state was saved in read {saved} before leaving it: it "
         "holds fewer records than then (rewritten, or shortened); restore over the shards the "
         "state was saved with")
+
+
+def ends_there(shard: Any, read: int) -> None:
+    """Refuses a saved crossing, ``read`` records into a window, that leaves a file shard
+    (not ``append_only``, whose size and ends the state names) before its end: the saved run
+    left it at its end, so the state was edited or is another stream's (its records past
+    there were left out without a word). Other shards (a generator's) may have grown."""
+    if getattr(shard, "append_only", True) is not False:
+        return
+    try:
+        shard.next()
+    except StopIteration:
+        return
+    raise StateDictError(
+        f"stream shard {getattr(shard, 'name', shard)}: the state's crossed says the window "
+        f"left it after {read} records, and it holds more (its size is the state's): the "
+        "state was edited, or is another stream's; pass the dict that state_dict() returned, "
+        "unchanged")
 
 
 class Crossings:

@@ -106,6 +106,7 @@ class FileShard:
         try:
             if state is not None:
                 check_unchanged(self, state)
+                self._check_place(offset)
             seek(self, offset)
         except BaseException:  # (a shard refused is left closed: its file was left open)
             self.close()
@@ -115,6 +116,18 @@ class FileShard:
 
     def _opened(self) -> None:
         """Called once the file is open at the state's place."""
+
+    def _check_place(self, offset: int) -> None:
+        """Refuses a state's ``offset`` that no read of this file stops at: past its end (an
+        edited state's, which skipped its records without a word)."""
+        if self._size_known is not None and offset > self._size_known:
+            raise self._not_a_place(offset, f"past its end ({self._size_known} bytes)")
+
+    def _not_a_place(self, offset: int, why: str) -> StateDictError:
+        return StateDictError(
+            f"{type(self).__name__} {self.name}: the state's offset {offset} is {why}, where no "
+            "read of it stops: the state was edited, or is another file's; pass the dict that "
+            "state_dict() returned, unchanged")
 
     def get_state(self) -> dict:
         if self._file is None:
@@ -195,6 +208,19 @@ class _LineShard(FileShard):
     def _parse(self, raw: bytes) -> Any:
         """The record of a line (without its line break), or ``_BLANK`` to skip it."""
         raise NotImplementedError
+
+    def _check_place(self, offset: int) -> None:
+        """(and inside a line: a cut line was read as a record; the end of a last line
+        without its line break is a place)"""
+        super()._check_place(offset)
+        if offset:
+            try:  # (a byte at a time: a compressed file is not read back from its start)
+                self._file.seek(offset - 1)
+                inside = self._file.read(1) != b"\n" and self._file.read(1) != b""
+            except Exception:  # noqa: BLE001 - (cut short there: said at the offset's seek)
+                return
+            if inside:
+                raise self._not_a_place(offset, "inside a line")
 
     def _held_back(self, size: int) -> None:
         """Said once a file in this process: an ``append_only`` file's last line has no line
@@ -315,7 +341,7 @@ def state_ints(shard: Any, state: dict | None, keys: tuple[str, ...]) -> tuple[i
     if state is None:
         return tuple(0 for _ in keys)
     if not isinstance(state, dict) or any(
-            not isinstance(state.get(k), int) or state[k] < 0 for k in keys):
+            type(state.get(k)) is not int or state[k] < 0 for k in keys):
         raise StateDictError(f"{type(shard).__name__} {shard.name}: expected a state with "
                              f"non-negative ints {list(keys)}, got {state!r:.300}")
     return tuple(state[k] for k in keys)

@@ -92,6 +92,12 @@ class TarShard(FileShard):
         self._end: int | None = None  # where the end-of-archive marker starts, once read
         self._at = 0  # the offset of the next header to read
 
+    def _check_place(self, offset: int) -> None:
+        """(and inside a 512-byte block: a member's header is at a block's start)"""
+        super()._check_place(offset)
+        if offset % 512:
+            raise self._not_a_place(offset, "inside a tar block of 512 bytes")
+
     def _opened(self) -> None:
         self._end = None
         self._at = self._file.tell()  # the next header's offset (kept here, not asked for)

@@ -773,3 +773,82 @@ def test_a_window_that_leaves_more_shards_than_are_kept_keeps_them_all(tmp_path,
         loader.load_state_dict(state)
         after = [i for b in loader for i in b["id"].tolist()]
     assert sorted(i for i in sum(before, []) + after if i < 100) == list(range(30))
+
+
+def test_a_hand_edited_stream_state_is_refused_at_the_restore_not_read(tmp_path):
+    # each was taken (the state-fuzz audit): a crossing before a shard's end dropped the rest
+    # of it (or raised a bare StopIteration), an offset inside a line read a cut line as a
+    # record, one past the end skipped the shard, True was an offset of 1, and a missing
+    # shard_state a bare KeyError
+    for s in range(3):
+        (tmp_path / f"u{s}.txt").write_text("".join(f"s{s}-{i}\n" for i in range(5)))
+
+    def make():
+        stream = jl.Stream.text([str(tmp_path / f"u{s}.txt") for s in range(3)],
+                                shuffle_window=4, shuffle_shards=False)
+        return jl.StreamLoader(stream, batch_size=2, num_epochs=1,
+                               transforms=[jl.Map(lambda r: {"text": r})])
+
+    with make() as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest = [b["text"].tolist() for b in it]
+    reader = state["readers"][0]
+    assert reader["crossed"] == [1] and reader["shard_state"]["offset"] == 20
+
+    def edited(**changes):
+        return {**state, "readers": [{**reader, **changes}]}
+
+    shard = reader["shard_state"]
+    for bad, said in ((edited(crossed=[0]), r"crossed says the window left it after 0 records, "
+                                            r"and it holds more"),
+                      (edited(crossed=[0, 0, 0]), "and it holds more"),
+                      (edited(shard_state={**shard, "offset": 19}), "offset 19 is inside a line"),
+                      (edited(shard_state={**shard, "offset": 10**6}), r"offset 1000000 is past "
+                                                                       r"its end \(25 bytes\)"),
+                      (edited(shard_state={**shard, "offset": True}), "non-negative ints"),
+                      ({**state, "readers": [{k: v for k, v in reader.items()
+                                              if k != "shard_state"}]}, "shard_state")):
+        with make() as fresh:
+            next(iter(fresh))
+            with pytest.raises(jl.StateDictError, match=said):
+                fresh.load_state_dict(bad)
+    with make() as fresh:  # (the state itself: the rest of the pass)
+        fresh.load_state_dict(state)
+        assert [b["text"].tolist() for b in fresh] == rest
+
+
+def test_hand_edited_tar_mixture_and_pass_fields_are_refused_and_long_values_cut(tmp_path):
+    # a tar offset inside a block was read from there, a mixture's emitted of 2**63 failed
+    # at the next next() (ValueError, OverflowError), an epoch of None with num_epochs a bare
+    # TypeError, and a LocalShuffle state of 10**6 items made a 22 MB message (the state-fuzz
+    # audit)
+    tar = jl.TarShard(write_tar(tmp_path / "a.tar", range(4)))
+    tar.reset(None)
+    tar.next()
+    with pytest.raises(jl.StateDictError, match="offset 513 is inside a tar block"):
+        tar.reset({**tar.get_state(), "offset": 513})
+    a, b = (jl.Stream.jsonl([str(write_jsonl(tmp_path / f"{n}.jsonl", range(8)))])
+            for n in "ab")
+    with jl.StreamLoader(jl.mix([a, b], [1, 1]), batch_size=2, num_epochs=1) as loader:
+        next(iter(loader))
+        state = json.loads(json.dumps(loader.state_dict()))
+    with jl.StreamLoader(jl.mix([a, b], [1, 1]), batch_size=2, num_epochs=1) as fresh:
+        with pytest.raises(jl.StateDictError, match=r"emitted \(an int"):
+            fresh.load_state_dict({**state, "readers": [{**state["readers"][0],
+                                                         "emitted": 2**63}]})
+    with jl.StreamLoader(a, batch_size=2, num_epochs=1) as loader:
+        next(iter(loader))
+        state = json.loads(json.dumps(loader.state_dict()))
+        with pytest.raises(jl.StateDictError, match="stream state: expected"):
+            loader.load_state_dict({**state, "readers": [{**state["readers"][0],
+                                                          "epoch": None}]})
+    source = jl.ArraySource({"x": np.arange(64)})
+    with jl.DataLoader(source, batch_size=4, shuffle=jl.LocalShuffle(window=2, block_size=8),
+                       process_index=0, process_count=1) as loader:
+        state = loader.state_dict()
+        with pytest.raises(jl.StateDictError) as refused:
+            loader.load_state_dict({**state, "local_shuffle": "w" * 10**6})
+    assert len(str(refused.value)) < 2_000
