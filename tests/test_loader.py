@@ -729,3 +729,23 @@ def test_next_from_a_second_thread_at_once_is_refused_by_name_and_loses_no_batch
     first.join(10)
     assert got == [[0, 1, 2, 3]] and next(it)["x"].tolist() == [4, 5, 6, 7]
     loader.close()
+
+
+def test_a_loader_pickled_or_copied_says_to_make_it_where_it_is_read():
+    # a spawn or forkserver Process given a loader said "cannot pickle '_thread.RLock' object"
+    # (the process-managers audit)
+    import copy
+    import multiprocessing
+    import pickle
+
+    src = jl.ArraySource({"x": np.arange(8)})
+    for loader in (jl.DataLoader(src, batch_size=4, process_index=0, process_count=1),
+                   jl.StreamLoader(jl.Stream.from_generator(lambda i: iter([{"x": 1}]), 1),
+                                   batch_size=1)):
+        spawned = multiprocessing.get_context("spawn").Process(target=print, args=(loader,))
+        with loader:
+            for copying in (lambda: pickle.dumps(loader), lambda: copy.deepcopy(loader),
+                            spawned.start):
+                with pytest.raises(jl.JaxloaderError, match=r"Loader does not pickle .*make the "
+                                                           r"\w+Loader in the process that reads"):
+                    copying()

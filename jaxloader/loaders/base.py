@@ -26,7 +26,7 @@ from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
 from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
-from jaxloader.loaders import open_pools
+from jaxloader.loaders import not_pickled, open_pools
 from jaxloader.loaders.iterator import IteratorWork, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
 from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placement
@@ -67,7 +67,7 @@ def label(kind: str, source: Any, batch_size: int) -> str:
     return f"{kind} {next(_MADE[kind])} ({type(source).__name__}, batch_size {batch_size})"
 
 
-class LoaderLifecycle:
+class LoaderLifecycle(not_pickled.NotPickled):
     """Position, statistics, Orbax v1 hooks and shutdown, shared by the loaders."""
 
     _progress: Progress

@@ -38,7 +38,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import weakref
 from time import perf_counter
 from typing import Any, Callable, Generator, NoReturn
 
@@ -47,7 +46,8 @@ from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker, Runs
 from jaxloader.workers import failures, payload, protocol, relay
-from jaxloader.workers.process import WorkerProcess, stop_all, worker_environment
+from jaxloader.workers.endings import at_end, forget_all, stop_all
+from jaxloader.workers.process import WorkerProcess, worker_environment
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Said, Slot, Task
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.tasks import MAX_TASK_STEPS, Failure, InFlight, task_shape, timed_steps
@@ -83,16 +83,15 @@ class WorkerPool:
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
         self._shared: list[Segment] = []  # source arrays shared with the workers
         self._broken: WorkerError | None = None
-        self._closing = False  # close() began: a worker gone was killed by it, not dead
-        self._mixed_up = False  # an interrupt may have cut a message: restart the workers
-        self.restarts = 0  # times the workers were replaced after such an interrupt
-        self._shared_finalizer = weakref.finalize(self, destroy_all, self._shared)
+        self._closing = [False]  # close() began: a worker gone was killed by it, not dead
+        self._mixed_up, self.restarts = False, 0  # a message an interrupt cut: restart them
+        self._shared_finalizer = at_end(self, destroy_all, self._shared)
         self._driver = threading.RLock()  # held by a run while it executes (module docstring)
         self._runs = Runs()  # the newest made is the live run (module docstring)
         self._heard = relay.Heard()  # the workers' records and warnings, said here
         self._board = StatusBoard(self._capacity)  # what each worker does (status.py)
         self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
-        self._board_finalizer = weakref.finalize(self, self._board.destroy)
+        self._board_finalizer = at_end(self, self._board.destroy)
         self._environment = worker_environment(os.environ)  # (in the loader's thread: Roster)
         self._start()
         try:
@@ -110,14 +109,13 @@ class WorkerPool:
         self._shapes: dict[tuple[int, bool], tuple[int, int, int]] = {}  # _task_shape's
         old = getattr(self, "roster", None)  # (a restart: as many workers, as many in use)
         self._workers: list[WorkerProcess] = []  # the pool's before any starts (Roster)
-        self._finalizer = weakref.finalize(self, stop_all, self._workers, self._ring)
+        self._finalizer = at_end(self, stop_all, self._workers, self._ring)
         self.roster = Roster(self._initial if old is None else max(old.target, len(old.workers)),
                               capacity=self._capacity, start_method=self._start_method,
                               gauges=self.gauges, active=None if old is None else old.target,
                               workers=self._workers, environment=self._environment)
         self._tasks: dict[int, InFlight] = {}
-        self._next_task = self._run = 0
-        self._waiting = False  # in poll(): an interrupt there leaves no mess
+        self._next_task, self._run, self._waiting = 0, 0, False  # (in poll(): no mess to cut)
 
     def _send_payload(self, first: int = 0) -> None:
         for i in range(first, len(self._workers)):
@@ -185,7 +183,7 @@ class WorkerPool:
                 with self._driver:
                     if os.getpid() != self._owner:  # (one syscall a batch)
                         raise failures.forked(self._owner)
-                    if self._closing:  # (close() held the driver while this run waited)
+                    if self._closing[0]:  # (close() held the driver while this run waited)
                         raise self._broken or failures.closed()
                     if self._runs.stale(issued):
                         return
@@ -353,7 +351,7 @@ class WorkerPool:
         return events
 
     def _worker_died(self, worker: int) -> NoReturn:
-        if self._closing:  # (killed by close() from another thread, or at exit)
+        if self._closing[0]:  # (killed by close() from another thread, or at exit)
             raise failures.closed()
         w = self._workers[worker]
         self._heard.last_words(w.conn, worker)  # (its last records, unread as it died)
@@ -378,7 +376,9 @@ class WorkerPool:
     def close(self) -> None:
         """Stops the workers (signal, drain, join, kill), unlinks every segment; idempotent,
         from any thread (module docstring). A Ctrl-C in it is raised after its later steps."""
-        self._closing = True
+        if os.getpid() != self._owner:  # (a forked child's: its copies of the pipes alone)
+            return forget_all(self._workers)
+        self._closing[0] = True
         if not self._driver.acquire(timeout=_DRIVER_WAIT_S):
             for worker in self._workers:  # the run in the other thread sees them go, and stops
                 worker.kill()

@@ -52,7 +52,6 @@ process's environment is kept, with the threshold added unless it names one.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import platform
@@ -66,7 +65,6 @@ from multiprocessing.connection import Pipe, wait
 from typing import Any, Callable, Mapping
 
 from jaxloader.base.errors import ConfigError
-from jaxloader.base.interrupts import run_all
 from jaxloader.workers import launch, protocol, starter
 from jaxloader.workers.protocol import Stop
 
@@ -379,17 +377,4 @@ def _spawn_forever() -> None:
             done.put(None)
 
 
-def stop_all(workers: list[WorkerProcess], ring: Any = None) -> None:
-    """Stops ``workers``, then closes the pool's slot ring (if given). Every step runs even if
-    an earlier one is interrupted (``jaxloader.base.interrupts``, 4). The workers wind down
-    together: told at once, given one grace (``STOP_GRACE_S``) between them to close their pipes
-    (those that have not are killed), then each waited for as it ends."""
-    running = [w.pid for w in workers if w.exitcode() is None]
-    deadline = time.monotonic() + STOP_GRACE_S
-    steps: list[Callable[[], Any]] = [functools.partial(  # (a step: a log handler that
-        log.info, "stopping worker process(es) %s", running)] if running else []  # raises)
-    steps += [w.ask_to_stop for w in workers]
-    steps += [functools.partial(w.let_go, deadline) for w in workers]
-    steps += [w.reap for w in workers] + ([] if ring is None else [ring.close])
-    run_all(steps)
 

@@ -32,7 +32,8 @@ import sys
 from typing import Any, Callable
 
 from jaxloader.base.timings import Gauges, StageTotals
-from jaxloader.workers.process import WorkerProcess, stop_all
+from jaxloader.workers.endings import stop_all
+from jaxloader.workers.process import WorkerProcess
 
 log = logging.getLogger("jaxloader")
 

@@ -39,6 +39,7 @@ from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from jaxloader.base.errors import JaxloaderWarning
 from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
 from jaxloader.engines.in_process import Maker, StreamMaker
@@ -204,9 +205,7 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
         maker: Maker  # as it is unpickled)
-        with warnings.catch_warnings():  # (what a module warns as its import here runs: the
-            warnings.simplefilter("ignore")  # trainer's import said it, under its filters
-            maker, init_fn = payload.loads(blob)  # of the moment, which "error" set later broke)
+        maker, init_fn = _loaded(blob)
         if init_fn is not None:
             relay_worker.run_init(init_fn, worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
@@ -215,6 +214,19 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
         return None
     status.idle()
     return maker, status
+
+
+def _loaded(blob: bytes) -> Any:
+    """The payload, loaded. What a module warns as its import runs here is not given again:
+    the trainer's import said it, under its filters of the moment (``"error"`` set after it
+    broke every worker); jaxloader's own warnings (a loader made on import) are given."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        loaded = payload.loads(blob)
+    for w in said:
+        if issubclass(w.category, JaxloaderWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return loaded
 
 
 def serve(conn: Connection) -> None:

@@ -792,7 +792,7 @@ def test_a_close_interrupted_before_its_steps_began_is_finished_by_the_next(line
     """A Ctrl-C as the shutdown starts (its first lines, before any step) runs no step; the
     next close() runs them all. The shutdown used to run as a finalizer, which runs once: the
     second close() did nothing, and the workers lived on until the pool was collected."""
-    from jaxloader.workers import process as process_module
+    from jaxloader.workers import endings as process_module
     from line_interrupts import raised_at_line
 
     pool = make_pool(2)

@@ -340,3 +340,61 @@ def test_a_worker_lets_go_of_slots_it_has_not_been_given_for_a_while(monkeypatch
     for k in range(600):  # (then two slots in turn, past _UNUSED)
         slots.get(f"now{k % 2}", 4096).release()
     assert sorted(slots._maps) == ["now0", "now1"]
+
+
+def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(jl.__file__)), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=90, cwd=tmp_path, env=env)
+
+
+def test_a_forked_childs_close_leaves_the_parents_workers_and_batches_alone(tmp_path):
+    # the child's close() drained the parent's batches from the pipes it shares (a with block
+    # in a fork-started multiprocessing.Process, an async checkpoint writer's exit): the parent
+    # waited for good, or past timeout_s in a read (the process-managers audit)
+    done = _run("""
+        import os, numpy as np, jaxloader as jl
+        loader = jl.DataLoader(jl.ArraySource({"x": np.arange(400)}), batch_size=10,
+                               num_workers=2, timeout_s=20, process_index=0, process_count=1)
+        it = iter(loader)
+        first = [next(it)["x"][0] for _ in range(3)]
+        child = os.fork()
+        if child == 0:
+            loader.close()
+            os._exit(0)
+        os.waitpid(child, 0)
+        print([int(b["x"][0]) for b in it][:3])
+        loader.close()
+    """, tmp_path)
+    assert done.stdout.strip() == "[30, 40, 50]", done.stderr[-2000:]
+
+
+def test_an_unclosed_loaders_workers_are_asked_to_stop_at_exit_and_said_closed_not_killed(
+        tmp_path):
+    # made after a loader without workers made a batch (weakref.finalize's exit hook then ran
+    # after the starters were closed), the workers died by their parent-death signal, their
+    # atexit hooks not run; a thread still reading at exit was told a worker was killed,
+    # "often the out-of-memory killer"; a forked child's exit with start_method='fork' printed
+    # a ChildProcessError (the process-managers audit)
+    done = _run("""
+        import os, threading, numpy as np, jaxloader as jl
+        def init(worker):
+            import atexit
+            atexit.register(lambda: open(f"ended-{worker}", "w").close())
+        src = jl.ArraySource({"x": np.arange(4000)})
+        next(iter(jl.DataLoader(src, batch_size=10, num_workers=0)))
+        loader = jl.DataLoader(src, batch_size=10, num_workers=2, worker_init_fn=init)
+        for _, b in zip(range(5), loader):
+            pass
+        threading.Thread(target=lambda: [b for b in loader], daemon=True).start()
+        forked = jl.DataLoader(src, batch_size=10, num_workers=1, start_method="fork")
+        next(iter(forked))
+        if os.fork() == 0:
+            raise SystemExit(0)
+        os.wait()
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["ended-0", "ended-1"], done.stderr[-2000:]
+    assert "out-of-memory" not in done.stderr and "ChildProcessError" not in done.stderr, \
+        done.stderr[-3000:]
