@@ -35,12 +35,13 @@ import io
 import os
 import re
 import sys
+import warnings
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 from jaxloader.base.checks import check_int
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.base.timings import LOOP
 from jaxloader.loaders.base import LoaderLifecycle
 from jaxloader.loaders.diagnosis import Diagnosis, cores_available
@@ -165,9 +166,11 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
         raise ConfigError(f"profile(out=): expected a file's path for the picture, or None, "
                           f"got {type(out).__name__} {out!r:.80}")
     out = None if out is None else os.fspath(out)
-    if out is not None and (os.path.isdir(out) or not os.path.isdir(
-            os.path.dirname(os.path.abspath(out)))):  # (said now, not after the runs)
-        what = "a folder" if os.path.isdir(out) else "its folder does not exist"
+    folder = "" if out is None else os.path.dirname(os.path.abspath(out))
+    if out is not None and (os.path.isdir(out) or not os.path.isdir(folder) or not os.access(
+            folder, os.W_OK)):  # (said now, not after the runs)
+        what = "a folder" if os.path.isdir(out) else "its folder does not exist" if not \
+            os.path.isdir(folder) else "its folder cannot be written"
         raise ConfigError(f"profile(out={out!r}): {what}; pass a file's path in a folder that "
                           "exists, or out=None to keep the picture in memory (Profile.png)")
     if callable(loader) and not hasattr(loader, "state_dict"):
@@ -192,8 +195,18 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
         runs = [_one(loader, steps, own=False)]
     png = _picture(runs)
     if out is not None and png is not None:
-        with open(out, "wb") as f:
-            f.write(png)
+        try:  # (whole or not at all: a full disk left a cut picture over the last one)
+            partial = f"{out}.{os.getpid()}.partial"
+            with open(partial, "wb") as f:
+                f.write(png)
+            os.replace(partial, out)
+        except OSError as e:  # (the runs' report kept: Profile.png)
+            if os.path.exists(partial):
+                os.remove(partial)
+            warnings.warn(f"profile(out={out!r}): the picture could not be written ("
+                          f"{e.strerror or e}); it is kept in memory (Profile.png): free space "
+                          "there, or pass another path", JaxloaderWarning, stacklevel=2)
+            out = None
     return Profile(runs, png, out if png is not None else None)
 
 

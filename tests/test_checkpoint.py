@@ -248,6 +248,16 @@ def test_a_save_to_a_full_disk_names_the_path(tmp_path):
                                                         r"; free space") as caught:
         checkpoint.LoaderCheckpointHandler().save(tmp_path, args=LoaderSave(loader))
     assert caught.value.errno == 28
+    # a read-only mount was told to free space (the disk-full audit)
+    from etils import epath
+
+    def read_only(self, text):
+        raise OSError(30, "Read-only file system")
+    with make() as loader, pytest.MonkeyPatch.context() as patch, pytest.raises(
+            OSError, match=r"\(Read-only file system\); save the checkpoint to a directory "
+                           r"this process may write"):
+        patch.setattr(epath.Path, "write_text", read_only)
+        checkpoint.write_state(tmp_path / "elsewhere", loader)
 
 
 @pytest.mark.filterwarnings("ignore:coroutine '_create_paths' was never awaited")  # (Orbax

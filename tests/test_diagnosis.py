@@ -3,6 +3,7 @@ bottleneck injected on purpose gets its name (``loader.diagnose()``)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -408,6 +409,33 @@ def test_profile_of_a_loader_of_yours_is_its_run_alone_and_leaves_no_batch_in_yo
         assert report.best.diagnosis.batches == 20, report.best.diagnosis
         assert report.best.diagnosis.bottleneck != "step", report.best.diagnosis
         assert loader.stats.batches == 0
+
+
+def test_profile_says_an_unwritable_folder_first_and_keeps_the_picture_a_full_disk_refused(
+        tmp_path, monkeypatch):
+    # a read-only folder was found after every run, the report lost; a full disk left a cut
+    # picture in place of the last one, the report lost too (the disk-full audit)
+    def make(num_workers):
+        return jl.DataLoader(arrays(), batch_size=8, num_workers=num_workers,
+                             num_epochs=None, **ONE)
+
+    out = tmp_path / "p.png"
+    out.write_bytes(b"the last picture")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(
+        tmp_path) else real_access(path, mode))
+    with pytest.raises(jl.ConfigError, match="its folder cannot be written"):
+        jl.profile(make, steps=5, workers=(0,), out=out)
+    monkeypatch.setattr(os, "access", real_access)
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.warns(jl.JaxloaderWarning, match=r"could not be written \(No space left on "
+                                                 r"device\); it is kept in memory"):
+        report = jl.profile(make, steps=5, workers=(0,), out=out)
+    assert report.png[:4] == b"\x89PNG" and report.path is None
+    assert os.listdir(tmp_path) == ["p.png"] and out.read_bytes() == b"the last picture"
 
 
 def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():

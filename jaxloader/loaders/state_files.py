@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -71,8 +72,10 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
         path.write_text(json.dumps(state))
     except OSError as e:  # a full disk, a read-only or vanished directory
         remedy = ("make the directory first (Orbax makes a step's), or pass one that exists"
-                  if isinstance(e, FileNotFoundError) else "free space on that disk, or save "
-                  "the checkpoint to another directory")
+                  if isinstance(e, FileNotFoundError) else "save the checkpoint to a directory "
+                  "this process may write (its permissions, a read-only mount)" if e.errno in (
+                      errno.EROFS, errno.EACCES, errno.EPERM) else "free space on that disk, "
+                  "or save the checkpoint to another directory")
         raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "
                       f"({e.strerror or e}); {remedy}", str(path)) from e
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import resource
 import secrets
 import sys
 from multiprocessing import resource_tracker
@@ -273,18 +274,25 @@ def unmappable(size: int, e: OSError) -> SharedMemoryError:
 
 
 def reserve(fd: int, size: int, where: str) -> None:
-    """Sizes the file and reserves its pages, or raises ``SharedMemoryError``."""
-    os.ftruncate(fd, size)
+    """Sizes the file and reserves its pages, or raises ``SharedMemoryError`` (a file-size
+    limit, ``ulimit -f``, too: memory files count against it, and its bare "File too large"
+    was blamed on the source's pickling)."""
     try:
+        os.ftruncate(fd, size)
         os.posix_fallocate(fd, 0, size)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
             raise
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if e.errno == errno.EFBIG else -1
         raise SharedMemoryError(
             f"shared memory: could not reserve {size:,} bytes in {where} ({e.strerror}); "
-            f"{_free(where)}. Use smaller batches, fewer workers or prefetch, or free memory"
-            + ("; in a container, give it a larger /dev/shm (docker run --shm-size=2g)"
-               if where == "/dev/shm" else "") + "."
+            + (f"the file-size limit is {limit:,} bytes (ulimit -f, RLIMIT_FSIZE: a "
+               "scheduler's, LSF's bsub -F, SGE's h_fsize), which memory files count against: "
+               "raise it (ulimit -f unlimited), or use smaller batches and arrays"
+               if 0 <= limit < size else
+               f"{_free(where)}. Use smaller batches, fewer workers or prefetch, or free memory"
+               + ("; in a container, give it a larger /dev/shm (docker run --shm-size=2g)"
+                  if where == "/dev/shm" else "")) + "."
         ) from None
 
 

@@ -3,11 +3,12 @@
 
 Beside the file, ``<file>.from`` says what the array was found from (the source's fingerprint
 and, for a filter, its predicate's code digest: ``sources.code_digest``) and which array it
-is of (its digest: a run cut short between writing the two is not mistaken for a pair). A file found from
+is of (its digest), written before the array: a run cut short between the two (a full disk,
+a killed job) leaves a ``.from`` that names another array, found again. A file found from
 other data, or by another predicate, is found again and saved over, with a warning naming
 which changed: read back, it would give rows that lost tokens or records the predicate no
 longer keeps, without a word. A file without its ``.from`` (the user's own, or one an earlier
-jaxloader wrote) is read as it is.
+jaxloader wrote) is read as it is. An array that cannot be saved is warned of, and used.
 
 Example:
     >>> import os, tempfile
@@ -74,7 +75,13 @@ def kept_or_found(given: Any, find: Callable[[], Any],
             _writable(path)  # (before the pass over the source, which may take hours)
         given = find()
         if path is not None:
-            _save(path, given, source)
+            try:
+                _save(path, given, source)
+            except OSError as e:  # (the pass's work kept: said, and the run goes on)
+                warnings.warn(f"{path}: the array found could not be saved ({e.strerror or e}); "
+                              "this run goes on with it, and the next finds it again: free "
+                              "space there, or pass another path", JaxloaderWarning,
+                              stacklevel=stacklevel)
     return given, path
 
 
@@ -107,16 +114,19 @@ def _kept_from(path: str) -> dict | None:
 
 
 def _save(path: str, array: Any, found_from: dict[str, Any] | None) -> None:
-    """The array, then what it was found from, each written whole or not at all (another
-    process, or another host on shared storage, may read or write them at once)."""
-    _replace(path, lambda f: np.save(f, array))
+    """What the array was found from, then the array, each written whole or not at all
+    (another process, or another host on shared storage, may read or write them at once). In
+    that order: an array whose ``.from`` was not written (the disk full, the job killed
+    between the two) was read as a file of the user's, unchecked, in every later run."""
     if found_from is None:
         if os.path.exists(path + FROM):
             os.remove(path + FROM)  # (what it said is no longer this file's)
-        return
-    said = {**{what: digest[0] if isinstance(digest, tuple) else digest  # (today's)
-               for what, digest in found_from.items()}, "array": _array_digest(np.asarray(array))}
-    _replace(path + FROM, lambda f: f.write(json.dumps(said).encode() + b"\n"))
+    else:
+        said = {**{what: digest[0] if isinstance(digest, tuple) else digest  # (today's)
+                   for what, digest in found_from.items()},
+                "array": _array_digest(np.asarray(array))}
+        _replace(path + FROM, lambda f: f.write(json.dumps(said).encode() + b"\n"))
+    _replace(path, lambda f: np.save(f, array))
 
 
 def _array_digest(array: np.ndarray) -> str:

@@ -96,6 +96,36 @@ def test_indices_kept_in_a_file_are_read_back_and_guard_a_restore(tmp_path):
         same.load_state_dict(state)
 
 
+def test_indices_whose_save_failed_half_way_are_found_again_not_trusted(tmp_path,
+                                                                       monkeypatch):
+    # the array was written, then its .from failed (a disk full there, a job killed): a
+    # .npy without its .from is read as the user's own, unchecked, so the run after the data
+    # changed kept records the predicate drops; the failure was a bare OSError, the pass's
+    # work lost (the disk-full audit)
+    from jaxloader.sources import kept_arrays
+
+    path = tmp_path / "kept.npy"
+    writes, replace = [], kept_arrays._replace
+
+    def full_at_the_second_write(target, write):
+        writes.append(target)
+        if len(writes) == 2:
+            raise OSError(28, "No space left on device")
+        replace(target, write)
+
+    monkeypatch.setattr(kept_arrays, "_replace", full_at_the_second_write)
+    keep_even = lambda r: r["x"] % 2 == 0  # noqa: E731
+    with pytest.warns(jl.JaxloaderWarning, match=r"kept.npy: the array found could not be "
+                                                 r"saved \(No space left on device\); this run"):
+        first = jl.FilteredSource(jl.ArraySource({"x": np.arange(10)}), keep_even,
+                                  indices=path)
+    assert [first[i]["x"] for i in range(len(first))] == [0, 2, 4, 6, 8]
+    monkeypatch.setattr(kept_arrays, "_replace", replace)
+    changed = jl.FilteredSource(jl.ArraySource({"x": np.arange(1, 11)}), keep_even,
+                                indices=path)
+    assert [changed[i]["x"] for i in range(len(changed))] == [2, 4, 6, 8, 10]
+
+
 def test_bad_input_is_named(tmp_path):
     source = jl.ArraySource({"x": np.arange(10)})
     with pytest.raises(jl.ConfigError, match=r"FilteredSource\(keep\): expected a function"):

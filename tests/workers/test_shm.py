@@ -163,3 +163,22 @@ def test_memory_that_cannot_be_reserved_is_refused_at_construction_not_a_sigbus(
     assert "refused: shared memory: could not reserve" in out and "in /dev/shm" in out
     assert "bytes were free in /dev/shm" in out and "--shm-size" in out
     assert "ok posix left in /dev/shm: []" in out
+
+
+def test_a_file_size_limit_is_named_not_blamed_on_the_sources_pickling():
+    # a scheduler's ulimit -f (memory files count against it) said "cannot send the source
+    # ArraySource(...): OSError File too large; make it picklable" (the disk-full audit)
+    code = """if True:
+        import resource, numpy as np, jaxloader as jl
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.getrlimit(
+            resource.RLIMIT_FSIZE)[1]))
+        try:
+            jl.DataLoader(jl.ArraySource({"x": np.zeros((4096, 64), np.float32)}),
+                          batch_size=8, num_workers=2, process_index=0, process_count=1)
+        except jl.SharedMemoryError as e:
+            print(e)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert "could not reserve 1,048,576 bytes" in done.stdout, done.stderr[-2000:]
+    assert "the file-size limit is 65,536 bytes (ulimit -f" in done.stdout
