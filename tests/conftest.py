@@ -91,16 +91,22 @@ _MADE_HERE: list[str] = []  # this process's folder of temporary files, removed 
 
 def _temporary_files_in_a_folder_of_this_run() -> None:
     """The docstrings' examples and some tests make files with ``tempfile.mkdtemp()`` as a
-    user would; left in ``/tmp``, each run of the suite added ~20 folders for good. Each
-    pytest process (the controller, each ``-n 2`` worker) makes them in a folder of its own,
-    its children too (``TMPDIR``), removed when it ends (``pytest_unconfigure``)."""
+    user would; left in ``/tmp``, each run of the suite added ~20 folders for good. The run
+    makes them in a folder of its own (``TMPDIR``: its ``-n 2`` workers and children too),
+    removed as the controller ends (``pytest_unconfigure``). One folder, short: Ray's socket
+    paths under it must fit in AF_UNIX's 107 bytes (a worker's folder in the controller's
+    did not)."""
     import tempfile
 
+    run = os.environ.get("JAXLOADER_TESTS_TMPDIR")
+    if run and run == os.environ.get("TMPDIR") and os.path.isdir(run):
+        tempfile.tempdir = os.environ["TMPDIR"]  # (a worker of the run: the run's folder)
+        return
     # pytest's own tmp_path folders stay where they were (kept for the last three runs)
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-    folder = tempfile.mkdtemp(prefix=f"jaxloader-tests-{os.getpid()}-")
+    folder = tempfile.mkdtemp(prefix="jl-tests-")
     _MADE_HERE.append(folder)
-    tempfile.tempdir = os.environ["TMPDIR"] = folder
+    tempfile.tempdir = os.environ["TMPDIR"] = os.environ["JAXLOADER_TESTS_TMPDIR"] = folder
 
 
 def pytest_unconfigure(config):
