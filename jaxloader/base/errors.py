@@ -111,13 +111,15 @@ def user_stacklevel() -> int:
     the user's code up the stack: not jaxloader's, nor an installed library's (Orbax's, where
     it restores a state). A fixed level pointed into jaxloader or Orbax there, and Python's
     default filter said the warning once a process, however many restores. The first frame
-    outside jaxloader where there is no user's code."""
+    outside jaxloader where there is no user's code (in a worker, whose stack is jaxloader's,
+    the caller's own line)."""
     frame: FrameType | None = sys._getframe(1)
     level, outside = 1, 0
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(_PACKAGE) and not str(frame.f_globals.get("__name__")).startswith(
-                "jaxloader."):  # (a dataclass's __init__ is jaxloader's, made in "<string>")
+                "jaxloader.") and not frame.f_globals.get("__jaxloader_boot__"):  # (a
+            # dataclass's __init__ is jaxloader's, made in "<string>"; so is a worker's -c)
             outside = outside or level
             if not name.startswith(_LIBRARIES) and not name.startswith("<frozen") and (
                     "site-packages" not in name and "dist-packages" not in name):

@@ -35,7 +35,8 @@ import numpy as np
 
 from jaxloader.base.abilities import OLDER, close_of
 from jaxloader.base.checks import check_bool, check_int
-from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError, StateDictError
+from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
+                                   StateDictError)
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import or_compressed
@@ -171,8 +172,7 @@ class Stream:
 
     def reader(self, *, reader: int, readers: int, seed: int = 0,
                batch_size: int = 1) -> "StreamReader":
-        """Reader ``reader`` of ``readers`` (``streams.contract``; ``batch_size`` is not used:
-        a reader of shards gives records one by one)."""
+        """Reader ``reader`` of ``readers`` (``streams.contract``; no use of ``batch_size``)."""
         return StreamReader(self, reader=reader, readers=readers, seed=seed)
 
     def describe(self) -> dict[str, Any]:
@@ -365,8 +365,8 @@ class StreamReader:
         shard = self._current
         try:
             return shard.next()
-        except (StopIteration, JaxloaderError):
-            raise
+        except (StopIteration, JaxloaderError, JaxloaderWarning):  # (the last: jaxloader's
+            raise  # check made an error, not the shard's)
         except Exception as e:
             # the state is asked for here, not before every record (a Hugging Face shard's
             # costs a copy of its state: 5 us of ~50 a record); a shard's state stays where

@@ -89,7 +89,7 @@ THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM
 NON_TEMPORAL = "glibc.cpu.x86_non_temporal_threshold"
 NON_TEMPORAL_BYTES = 1 << 20
 _X86_LINUX = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
-_BOOT = "from jaxloader.workers.worker import run; run({fd}, {parent})"
+_BOOT = "__jaxloader_boot__ = 1; from jaxloader.workers.worker import run; run({fd}, {parent})"
 
 
 def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:

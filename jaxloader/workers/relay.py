@@ -182,10 +182,11 @@ def _handle(logger: logging.Logger, record: logging.LogRecord, worker: int) -> N
     factory = logging.getLogRecordFactory()
     try:
         if factory is not logging.LogRecord:
+            given = {"msg": record.msg, "args": record.args}  # (and what it adds: a rank)
             made = factory(record.name, record.levelno, record.pathname, record.lineno,
                            record.msg, record.args, None, record.funcName, record.stack_info)
-            record.__dict__.update({k: v for k, v in vars(made).items()
-                                    if k not in vars(record)})
+            record.__dict__.update({k: v for k, v in vars(made).items() if k not in vars(
+                record) or (k in given and v is not given[k])})  # (a prefix to the message)
         logger.handle(record)
     except Exception:  # noqa: BLE001 - said below, as logging says a failing handler
         if logging.raiseExceptions:

@@ -71,7 +71,7 @@ from jaxloader.base.errors import JaxloaderError
 from jaxloader.workers import launch
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
-_BOOT = "from jaxloader.workers.starter import serve; serve({fd}, {parent})"
+_BOOT = "__jaxloader_boot__ = 1; from jaxloader.workers.starter import serve; serve({fd}, {parent})"
 _MESSAGE = 1 << 16  # a request or a reply is a small tuple
 _ANSWER_S = 30.0  # a starter that does not answer (stopped, stuck) is taken as ended
 _ENDED = -signal.SIGKILL  # a worker whose starter ended: killed with it (die_with_parent)

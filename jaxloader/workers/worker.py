@@ -219,13 +219,17 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
 def _loaded(blob: bytes) -> Any:
     """The payload, loaded. What a module warns as its import runs here is not given again:
     the trainer's import said it, under its filters of the moment (``"error"`` set after it
-    broke every worker); jaxloader's own warnings (a loader made on import) are given."""
+    broke every worker); jaxloader's own warnings (a loader made on import) are given, but
+    not as errors (a source made on import that warns was the same)."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         loaded = payload.loads(blob)
     for w in said:
         if issubclass(w.category, JaxloaderWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            try:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            except Warning:  # (made an error: as the module's others, not given again)
+                pass
     return loaded
 
 

@@ -294,7 +294,8 @@ def test_a_workers_record_gets_the_trainers_record_factory_fields_and_a_failing_
     def with_rank(*args, **kwargs):
         record = made(*args, **kwargs)
         record.rank = 0
-        return record
+        record.msg = f"(r0) {record.msg}"  # (a prefix: the worker's records had none; the
+        return record  # twenty-first review)
 
     seen: list[str] = []
 
@@ -320,7 +321,7 @@ def test_a_workers_record_gets_the_trainers_record_factory_fields_and_a_failing_
         log.removeHandler(handler)
         log.setLevel(logging.NOTSET)
     assert sorted(s for s in seen if "odd" in s) == [
-        f"[rank 0] record {x} is odd" for x in (11, 19, 27, 3)]
+        f"[rank 0] (r0) record {x} is odd" for x in (11, 19, 27, 3)]
     err = capfd.readouterr().err
     assert "--- Logging error (worker 1's record of" in err and "log server down" in err
 
@@ -358,9 +359,10 @@ def test_a_module_that_warns_as_it_is_imported_starts_workers_made_under_error_a
     # imported first (its warning said), then warnings made errors for the run, as scripts do:
     # the workers' import of it raised that warning, "worker 0 raised while starting" (the
     # warnings audit)
-    (tmp_path / "noisy_import.py").write_text(
-        "import warnings\nwarnings.warn('optional C extension not found')\n"
-        "def double(r):\n    return {'x': r['x'] * 2}\n")
+    (tmp_path / "noisy_import.py").write_text(  # (jaxloader's own too: a source made on
+        "import warnings, jaxloader as jl\nwarnings.warn('optional C extension not found')\n"
+        "warnings.warn('files left out', jl.JaxloaderWarning)\n"  # import that warns; the
+        "def double(r):\n    return {'x': r['x'] * 2}\n")  # twenty-first review)
     monkeypatch.syspath_prepend(str(tmp_path))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
