@@ -195,17 +195,22 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
         runs = [_one(loader, steps, own=False)]
     png = _picture(runs)
     if out is not None and png is not None:
+        target = os.path.realpath(out)  # (a link's target, written through it)
+        partial = f"{target}.partial"
         try:  # (whole or not at all: a full disk left a cut picture over the last one)
-            partial = f"{out}.{os.getpid()}.partial"
             with open(partial, "wb") as f:
                 f.write(png)
-            os.replace(partial, out)
-        except OSError as e:  # (the runs' report kept: Profile.png)
+            if os.path.exists(target):  # (its mode kept)
+                os.chmod(partial, os.stat(target).st_mode & 0o7777)
+            os.replace(partial, target)
+        except BaseException as e:
             if os.path.exists(partial):
                 os.remove(partial)
+            if not isinstance(e, OSError):
+                raise
             warnings.warn(f"profile(out={out!r}): the picture could not be written ("
-                          f"{e.strerror or e}); it is kept in memory (Profile.png): free space "
-                          "there, or pass another path", JaxloaderWarning, stacklevel=2)
+                          f"{e.strerror or e}); it is kept in memory (Profile.png): pass "
+                          "another path, or free space there", JaxloaderWarning, stacklevel=2)
             out = None
     return Profile(runs, png, out if png is not None else None)
 

@@ -436,6 +436,12 @@ def test_profile_says_an_unwritable_folder_first_and_keeps_the_picture_a_full_di
         report = jl.profile(make, steps=5, workers=(0,), out=out)
     assert report.png[:4] == b"\x89PNG" and report.path is None
     assert os.listdir(tmp_path) == ["p.png"] and out.read_bytes() == b"the last picture"
+    monkeypatch.undo()  # (a link is written through, the file's mode kept: the twenty-first
+    os.chmod(out, 0o664)  # review)
+    (tmp_path / "latest.png").symlink_to("p.png")
+    jl.profile(make, steps=5, workers=(0,), out=tmp_path / "latest.png")
+    assert (tmp_path / "latest.png").is_symlink() and out.read_bytes()[:4] == b"\x89PNG"
+    assert os.stat(out).st_mode & 0o777 == 0o664
 
 
 def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():

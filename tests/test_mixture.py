@@ -236,6 +236,21 @@ def test_weights_written_otherwise_that_normalise_one_rounding_apart_are_refused
     saved = sampler((0.7, 0.2, 0.1), batch_size=60).extra_state()
     with pytest.raises(jl.StateDictError, match=r"only to their last digits.*float32 weights"):
         sampler(np.array([0.7, 0.2, 0.1], np.float32), batch_size=60).check_extra_state(saved, 5)
+    with pytest.raises(jl.StateDictError, match=r"differ: expected"):  # (a change of the
+        sampler((0.7, 0.2000002, 0.1), batch_size=60).check_extra_state(saved, 5)  # user's)
+
+
+def test_a_long_schedule_that_differs_late_is_shown_where_it_differs():
+    # cut at 400 characters, "expected" and "received" showed the same text, the step that
+    # differs left out (the twenty-first review)
+    from jaxloader.plans.mixture import check_weights_before
+
+    schedule = {s: [0.25, 0.75] for s in range(30)}
+    saved = [[s, [0.25, 0.75] if s < 29 else [0.5, 0.5]] for s in range(30)]
+    with pytest.raises(jl.StateDictError) as refused:
+        check_weights_before(schedule, saved, 40)
+    said = str(refused.value)
+    assert "(29, [0.25, 0.75])" in said and "(29, [0.5, 0.5])" in said, said
 
 
 def test_components_that_differ_are_named_and_arrays_in_memory_refused_as_mixed():

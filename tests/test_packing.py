@@ -181,6 +181,9 @@ def test_a_path_to_keep_lengths_in_whose_folder_is_not_there_is_refused_before_t
             jl.FilteredSource(records, lambda r: True, indices=path)
         assert len(reads) <= 6, reads  # (the fingerprints' records: no pass)
         reads.clear()
+        with pytest.raises(jl.ConfigError, match="expected keep .* or indices"):  # (no pass
+            jl.FilteredSource(records, indices=path)  # to come: its file is missing; the
+            # twenty-first review)
 
 
 @pytest.mark.parametrize("change", [+3, -3])

@@ -104,6 +104,14 @@ def test_a_restore_under_other_pad_settings_is_told_as_other_transforms_are():
     minus = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=-100.5)])
     with pytest.warns(UserWarning, match=r"transforms differ.*value=-100.5"):
         minus.load_state_dict(zero)
+    # np.float16(0.1) is another number than 0.1, and a key '1.0' another than '1' (the
+    # twenty-first review: both were taken as the same)
+    tenth = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=np.float16(0.1))])
+    with pytest.warns(UserWarning, match=r"transforms differ.*value=0.1"):
+        jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=0.1)]).load_state_dict(
+            tenth.state_dict())
+    from jaxloader.loaders.state import compared_transforms
+    assert len(set(compared_transforms([f"{jl.Pad(k)!r} 0" for k in ("1.0", "1")]))) == 2
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -311,7 +311,11 @@ def test_a_configs_list_of_columns_is_read_as_a_list_not_stacked_into_one_array(
     assert type(jl.ArraySource(tree)[0]["x"]) is tuple
     with pytest.raises(jl.ConfigError, match=r"\['y'\]\[0\].*pass a column of values as "
                                              r"np.asarray\(values\)"):
-        jl.ArraySource({"y": collections.UserList([0, 1, 1, 0])})
+        jl.ArraySource({"y": [0, 1, 1, 0]})
+    import array  # (a sequence of numbers or text is a column, as it was: the twenty-first
+    for column in (array.array("f", [1, 2, 3]), collections.deque([1.0, 2.0, 3.0]),  # review)
+                   collections.UserList(["a", "b", "c"]), collections.UserList([0, 1, 1])):
+        assert len(jl.ArraySource({"y": column})) == len(column)
 
 def _writes_in_place(record):
     record["x"][0] = -1.0  # the mistake: the record is the source's memory

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
+from jaxloader.base.difference import differ
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError
 from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
                                           same_order)
@@ -259,8 +260,8 @@ class MixtureSampler:
                 mine, list) and len(saved_local) == len(mine) and all(
                     same_order(a, b) for a, b in zip(saved_local, mine))):
             raise StateDictError(
-                f"state['local_shuffle']: expected {self._local_description!r:.400} (each "
-                f"component's), received {state.get('local_shuffle')!r:.400}; the components were "
+                differ("state['local_shuffle']", self._local_description,
+                       state.get("local_shuffle")) + " (each component's); the components were "
                 "read in another order (shuffle=, LocalShuffle's window or blocks), so its "
                 "steps would read other records here; restore with the shuffle that wrote it"
             )

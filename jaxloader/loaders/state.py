@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from jaxloader.base.file_identity import check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
+from jaxloader.base.difference import differ
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.loaders.source_changes import source_differences
@@ -106,15 +107,20 @@ def _kind_and_digest(named: str) -> tuple[str, str]:
     """A transform as ``transforms_of`` names it, less its ``repr``'s details: its kind
     (``Map``, ``BatchMap``...) and its code's digest; a ``Pad`` by its ``repr`` (its settings:
     its code is jaxloader's, another in another version, and its repr holds no address), its
-    values as numbers (a config's ``0.0`` or ``np.float32(0)`` pads as ``0`` does)."""
-    kind = named.split("(", 1)[0]
+    whole values as ints (a config's ``0.0`` or ``np.float32(0)`` pads as ``0`` does; not
+    ``np.float16(0.1)``, another number than ``0.1``, nor its keys)."""
+    kind, text = named.split("(", 1)[0], named.rsplit(" ", 1)[0]
     if kind != "Pad":
         return kind, named.rsplit(" ", 1)[-1]
-    return kind, _WHOLE.sub(r"\1", _SCALAR.sub(r"\1", named.rsplit(" ", 1)[0]))
+    if (at := _VALUE.search(text)) is None:
+        return kind, text
+    return kind, text[:at.start(1)] + _WHOLE.sub(r"\1", _SCALAR.sub(r"\1", at[1])) + text[
+        at.end(1):]
 
 
-_SCALAR, _WHOLE = re.compile(r"\bnp\.\w+\(([-+\w.]+)\)"), re.compile(  # np.float32(0.0)
-    r"(?<![\w.])(-?\d+)\.0(?![\w.])")  # -> 0.0; 0.0 -> 0, -100.0 -> -100
+_VALUE = re.compile(r", value=(.*?), (?:multiple_of|length)=")  # (its repr's value)
+_SCALAR = re.compile(r"\bnp\.\w+\((-?\d+)(?:\.0)?\)")  # np.float32(-1.0) -> -1
+_WHOLE = re.compile(r"(?<![\w.'\"])(-?\d+)\.0(?![\w.])")  # -100.0 -> -100 (not in a key)
 
 
 def compared_transforms(named: list[str]) -> list[str]:
@@ -138,8 +144,8 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
     if older is not None and any(list(map(_kind_and_digest, saved)) == list(
             map(_kind_and_digest, then)) for then in older()):
         return  # (a state saved before the digests held defaults, arrays' bytes, settings)
-    changes = [f"transforms[{i}]: saved {a or 'none':.300}, now {b or 'none':.300}" for i, (a, b) in
-               enumerate(zip(saved + [""] * len(now), now + [""] * len(saved)))
+    changes = [differ(f"transforms[{i}]", a or "none", b or "none", ("saved", "now"), str)
+               for i, (a, b) in enumerate(zip(saved + [""] * len(now), now + [""] * len(saved)))
                if _kind_and_digest(a) != _kind_and_digest(b)]
     warnings.warn(
         f"the loader's transforms differ from those of the run that saved this state, as "
@@ -369,32 +375,3 @@ def refuse_unknown(state: dict, expected: Any, loader: str) -> None:
             f"state: unknown keys {unknown}; expected keys {sorted(expected)}: a state edited by "
             f"hand, or another kind of loader's; pass the dict that {loader}.state_dict() "
             "returned, unchanged")
-
-
-_SHOWN = 400  # characters of a long value a message shows, from before where it differs
-
-
-def differ(key: str, expected: Any, received: Any) -> str:
-    """``key: expected ..., received ...``, a long value (a stream's 64 shards, a crafted 50
-    MB string) shown from just before where the two first differ, both cut alike.
-
-    Example:
-        >>> differ("window", 4, 8)
-        'window: expected 4, received 8'
-        >>> said = differ("s", "a" * 900 + "x", "a" * 900 + "y")
-        >>> len(said), said.replace("a" * 100, "<100 a>")
-        (233, "s: expected ...<100 a>x', received ...<100 a>y'")
-    """
-    want, got = repr(expected), repr(received)
-    if len(want) <= 2 * _SHOWN and len(got) <= 2 * _SHOWN:
-        return f"{key}: expected {want}, received {got}"
-    low, high = 0, min(len(want), len(got))  # the common prefix's length, by halves (in C)
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if want[:mid] == got[:mid] else (low, mid - 1)
-    start = max(0, low - _SHOWN // 4)
-
-    def cut(text: str) -> str:
-        return ("..." if start else "") + text[start:start + _SHOWN] + (
-            "..." if len(text) > start + _SHOWN else "")
-    return f"{key}: expected {cut(want)}, received {cut(got)}"

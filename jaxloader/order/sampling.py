@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, NamedTuple, Protocol, get_args
 import numpy as np
 
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
+from jaxloader.base.difference import differ
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.base.tree import RecordNames
 from jaxloader.order.index_shuffle import IndexShuffle
@@ -310,8 +311,8 @@ class Sampler:
     def check_extra_state(self, state: dict, step: int) -> None:
         if not same_order(state.get("local_shuffle"), self.order_description):
             raise StateDictError(
-                f"state['local_shuffle']: expected {self.order_description!r:.400}, received "
-                f"{state.get('local_shuffle')!r:.400}; restore into a loader with the same "
+                differ("state['local_shuffle']", self.order_description,
+                       state.get("local_shuffle")) + "; restore into a loader with the same "
                 "shuffle= (a full shuffle and a read-local one order the records differently, "
                 "and so do windows and blocks of other sizes, or the source's own blocks starting "
                 "elsewhere: length buckets of other edges)"

@@ -43,6 +43,7 @@ from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
+from jaxloader.base.difference import differ
 from jaxloader.base.errors import ConfigError, StateDictError
 
 # A component's weights: one number each, in the components' order, or by name
@@ -206,18 +207,17 @@ def check_weights_before(schedule: dict[int, Any], saved: Any, step: int) -> Non
         return  # ulp apart ([6, 7, 7] and [0.3, 0.35, 0.35], normalised) lay out other steps
     if ours.keys() == theirs.keys() and all(
             len(ours[s]) == len(theirs[s]) and all(
-                math.isclose(a, b, rel_tol=1e-6) for a, b in zip(ours[s], theirs[s]))
-            for s in ours):
+                math.isclose(a, b, rel_tol=2.5e-7) for a, b in zip(ours[s], theirs[s]))
+            for s in ours):  # (float32's rounding, normalised, within 2.5e-7)
         raise StateDictError(
-            f"state['mixture']: the weights before step {step} are the state's only to their "
-            f"last digits: expected {sorted(ours.items())!s:.400}, received "
-            f"{sorted(theirs.items())!s:.400} (normalised: each divided by their sum); each "
-            "block's share is rounded down from them, so the steps after would read other "
-            "components than the run that saved it; "
-            "write the weights as that run did ([6, 7, 7] and [0.3, 0.35, 0.35] normalise to "
-            "numbers one rounding apart; float32 weights, a NumPy config's, hold 0.7 as "
-            "0.699999988: pass Python floats, [float(w) for w in weights])")
+            differ(f"state['mixture']: the weights before step {step} are the state's only to "
+                   "their last digits", sorted(ours.items()), sorted(theirs.items()))
+            + " (normalised: each divided by their sum); each block's share is rounded down "
+            "from them, so the steps after would read other components than the run that "
+            "saved it; write the weights as that run did, of the same type ([6, 7, 7] and "
+            "[0.3, 0.35, 0.35] normalise to numbers one rounding apart; float32 weights, a "
+            "NumPy config's, hold 0.7 as 0.699999988, Python's float as 0.7)")
     raise StateDictError(
-        f"state['mixture']: the weights before step {step} differ: expected "
-        f"{sorted(ours.items())!s:.400}, received {sorted(theirs.items())!s:.400}; a restore "
-        "may add weight changes at or after the step it resumes from, never change earlier ones")
+        differ(f"state['mixture']: the weights before step {step} differ", sorted(ours.items()),
+               sorted(theirs.items())) + "; a restore may add weight changes at or after the "
+        "step it resumes from, never change earlier ones")

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -270,18 +271,24 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 
 
 def _lists(tree: Any) -> Any:
-    """``tree`` with its sequences that are not a list or tuple (a config's list: OmegaConf's
-    ``ListConfig``, a ``UserList``) made lists, as a mapping that is not a dict is read as one:
-    taken as leaves, ``[features, labels]`` was stacked into one array of 2 records (the int
-    labels made float64) where a list is two columns. A tree without one is ``tree`` itself."""
+    """``tree`` with its sequences of arrays (or trees) that are not a list or tuple (a
+    config's list: OmegaConf's ``ListConfig``, a ``UserList``) made lists, as a mapping that
+    is not a dict is read as one: taken as leaves, ``[features, labels]`` was stacked into one
+    array of 2 records (the int labels made float64) where a list is two columns. A tree
+    without one is ``tree`` itself."""
     if isinstance(tree, Mapping):
         values = {k: _lists(v) for k, v in tree.items()}
-        return values if any(values[k] is not v for k, v in tree.items()) else tree
+        if all(values[k] is v for k, v in tree.items()):
+            return tree
+        return (collections.defaultdict(tree.default_factory, values) if isinstance(
+            tree, collections.defaultdict) else collections.OrderedDict(values) if isinstance(
+                tree, collections.OrderedDict) else values)  # (its kind of tree kept)
     if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         items = [_lists(c) for c in tree]
         changed = any(a is not b for a, b in zip(items, tree))
         return (items if isinstance(tree, list) else tuple(items)) if changed else tree
-    if isinstance(tree, Sequence) and not isinstance(
-            tree, (str, bytes, bytearray, memoryview, range, tuple, np.ndarray)):
-        return [_lists(c) for c in tree]
+    if isinstance(tree, Sequence) and not isinstance(tree, (str, bytes, tuple)) and any(
+            isinstance(c, (np.ndarray, Mapping)) or isinstance(c, Sequence) and not isinstance(
+                c, (str, bytes)) for c in tree):  # (one of numbers or text is a column, as
+        return [_lists(c) for c in tree]  # before: an array.array, a deque, a UserList)
     return tree

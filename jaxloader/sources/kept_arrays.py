@@ -71,8 +71,8 @@ def kept_or_found(given: Any, find: Callable[[], Any],
                 warnings.warn(f"{path} {why} (as {path + FROM} says): found again, and saved "
                               "over it", JaxloaderWarning, stacklevel=stacklevel)
     if given is None:
-        if path is not None:
-            _writable(path)  # (before the pass over the source, which may take hours)
+        if path is not None and found_from is not None:  # (a pass to come, of hours maybe:
+            _folder_there(path)  # a path that cannot be saved to said first; no pass, none)
         given = find()
         if path is not None:
             try:
@@ -85,19 +85,19 @@ def kept_or_found(given: Any, find: Callable[[], Any],
     return given, path
 
 
-def _writable(path: str) -> None:
-    """Refuses a path whose folder is not there or cannot be written, where the array found
-    would be saved: it was said after the pass that found it, as a bare error naming a
-    ``.partial`` file."""
+def _folder_there(path: str) -> None:
+    """Refuses a path whose folder is not there (a typo, a config's ``~`` or ``$DATA`` not
+    expanded), where the array found would be saved: it was said after the pass that found
+    it, as a bare error naming a ``.partial`` file. (A folder that cannot be written is said
+    after the pass, and the array used: ``kept_or_found``.)"""
     folder = os.path.dirname(path) or os.curdir
-    if os.path.isdir(folder) and os.access(folder, os.W_OK):
+    if os.path.isdir(folder):
         return
     unexpanded = (" (~ and $NAME are not expanded in a path: os.path.expanduser, "
                   "os.path.expandvars)" if "~" in path or "$" in path else "")
     raise ConfigError(
-        f"{path}: expected a path to save the array found to, whose folder "
-        f"{'cannot be written' if os.path.isdir(folder) else 'is not there'}{unexpanded}; "
-        "make the folder, or pass another path")
+        f"{path}: expected a path to save the array found to, whose folder is not there"
+        f"{unexpanded}; make the folder, or pass another path")
 
 
 def _kept_from(path: str) -> dict | None:

@@ -33,7 +33,7 @@ import warnings
 from typing import Iterable, Mapping, Sequence
 from urllib.parse import unquote
 
-from jaxloader.base.errors import ConfigError, JaxloaderWarning
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 
 _PATTERN = "*?["
 # a shell's brace expansion (WebDataset's shard-{000..099}.tar), which no glob expands
@@ -170,17 +170,17 @@ def _real(path: str, folders: dict[str, str]) -> str:
 
 
 def _once_through_links(found: list[str], reals: dict[str, str]) -> list[str]:
-    """A pattern's files, each reached through links to one folder once, by the first of its
-    paths (``d/**/*.parquet`` over ``current`` and ``stable`` linked to one version), as a
-    folder's walk lists them."""
-    seen: set[str] = set()
-    kept = []
+    """A pattern's files, each reached through links to one folder once: by its own path where
+    the pattern reaches it (``d/**/*.parquet`` over ``latest -> v2`` beside ``v2``: ``v2``'s,
+    as a folder's walk names it; a link to ``.``: not 40 folders deep), else by the first
+    (``current`` and ``stable`` linked to one hidden version: ``current``'s)."""
+    chosen: dict[str, str] = {}
     for f in found:
         same = _real(f, reals)
-        if same not in seen:
-            seen.add(same)
-            kept.append(f)
-    return kept
+        if same not in chosen or same == os.path.abspath(f):  # (the first, or its own path)
+            chosen[same] = f
+    kept = set(chosen.values())
+    return [f for f in found if f in kept]
 
 
 def _not_hidden(pattern: str, found: list[str]) -> list[str]:
@@ -255,8 +255,8 @@ def _walk(folder: str, dataset: bool, owner: str,
     (``current`` and ``stable`` linked to one hidden version read it twice a pass; a link to a
     parent for ever); a link into ``folder``'s own files is not walked (``_within``). Only
     links' real paths are looked up (each part of a path costs a call: one per folder made a
-    walk of 20,000 folders 60% slower); ``reals`` gets each walked folder's. A folder that
-    cannot be listed is refused."""
+    walk of 20,000 folders 60% slower); ``reals`` gets each walked folder's. A folder under
+    ``folder`` that cannot be listed is warned of (``lost+found`` is not), ``folder`` refused."""
     inside = os.path.realpath(folder)
     walked: set[str] = set()
     ahead = [(folder, inside)]
@@ -268,10 +268,17 @@ def _walk(folder: str, dataset: bool, owner: str,
         reals[top] = real
         try:
             entries = sorted(os.scandir(top), key=lambda e: e.name)
-        except OSError as e:
-            raise ConfigError(f"{owner}(paths): the folder {top!r} cannot be listed "
-                              f"({e.strerror}); make it readable, or pass the files' paths"
-                              ) from e
+        except OSError as e:  # (a disk's root holds lost+found, root's alone: left out)
+            if top != folder and os.path.basename(top) != "lost+found":
+                warnings.warn(f"{owner}(paths): the folder {top!r} cannot be listed "
+                              f"({e.strerror}): its files are left out; make it readable, or "
+                              "pass a pattern or the files' paths", JaxloaderWarning,
+                              stacklevel=user_stacklevel())
+            elif top == folder:
+                raise ConfigError(f"{owner}(paths): the folder {top!r} cannot be listed "
+                                  f"({e.strerror}); make it readable, or pass the files' "
+                                  "paths") from e
+            continue
         files, folders = [], []
         for entry in entries:
             if _left_out(entry.name, dataset):

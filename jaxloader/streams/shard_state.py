@@ -152,8 +152,9 @@ def ends_there(shard: Any, read: int) -> None:
     raise StateDictError(
         f"stream shard {getattr(shard, 'name', shard)}: the state's crossed says the window "
         f"left it after {read} records, and it holds more (its size is the state's): the "
-        "state was edited, or is another stream's; pass the dict that state_dict() returned, "
-        "unchanged")
+        "state was saved reading it with append_only=True, which held its last line back "
+        "while it had no line break (read it as that run did), or the state was edited or is "
+        "another stream's (pass the dict that state_dict() returned, unchanged)")
 
 
 class Crossings:

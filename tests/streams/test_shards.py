@@ -188,6 +188,12 @@ def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
         firsts = [v for _ in range(5) for v in next(it)["x"][:, 0].tolist()]  # (one epoch)
     assert sorted(firsts) == sorted([*range(10), *[7] * 10])
     assert not [w for w in recwarn if "IterableShard" in str(w.message)]
+    with warnings.catch_warnings():  # (made an error: the warning itself, not a RecordError
+        warnings.simplefilter("error", jl.JaxloaderWarning)  # blaming the shard; the
+        reader = jl.Stream.from_generator(_refilling, 1).reader(reader=0, readers=1)  # review)
+        reader.reset(None)
+        with pytest.raises(jl.JaxloaderWarning, match="changed as the shard made the next"):
+            [reader.next() for _ in range(3)]
 
 
 def _refilling_transposed(shard):  # a camera's frame buffer, yielded as a transposed view
