@@ -196,7 +196,7 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
     png = _picture(runs)
     if out is not None and png is not None:
         target = os.path.realpath(out)  # (a link's target, written through it)
-        partial = f"{target}.partial"
+        partial = f"{target}.{os.getpid()}.partial"  # (each host's of a shared folder)
         try:  # (whole or not at all: a full disk left a cut picture over the last one)
             with open(partial, "wb") as f:
                 f.write(png)

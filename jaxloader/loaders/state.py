@@ -22,6 +22,8 @@ import re
 import warnings
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from jaxloader.base.file_identity import check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.difference import differ
@@ -114,13 +116,23 @@ def _kind_and_digest(named: str) -> tuple[str, str]:
         return kind, named.rsplit(" ", 1)[-1]
     if (at := _VALUE.search(text)) is None:
         return kind, text
-    return kind, text[:at.start(1)] + _WHOLE.sub(r"\1", _SCALAR.sub(r"\1", at[1])) + text[
+    return kind, text[:at.start(1)] + _WHOLE.sub(r"\1", _SCALAR.sub(_exact, at[1])) + text[
         at.end(1):]
 
 
 _VALUE = re.compile(r", value=(.*?), (?:multiple_of|length)=")  # (its repr's value)
-_SCALAR = re.compile(r"\bnp\.\w+\((-?\d+)(?:\.0)?\)")  # np.float32(-1.0) -> -1
+_SCALAR = re.compile(r"\bnp\.(\w+)\(([-+\w.]+)\)")  # np.float32(0.5) -> 0.5, where exact
 _WHOLE = re.compile(r"(?<![\w.'\"])(-?\d+)\.0(?![\w.])")  # -100.0 -> -100 (not in a key)
+
+
+def _exact(found: re.Match) -> str:
+    """A NumPy scalar's text as the number it holds (``np.float32(0.5)``: ``0.5``), where it
+    is that number (``np.float16(0.1)`` is not ``0.1``: as written)."""
+    try:
+        exact = float(getattr(np, found[1])(found[2])) == float(found[2])
+    except (AttributeError, TypeError, ValueError):
+        exact = False
+    return found[2] if exact else found[0]
 
 
 def compared_transforms(named: list[str]) -> list[str]:

@@ -83,8 +83,8 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
                           if os.path.isdir(f)
                           else [f] if _not_folder(f, owner) else [])}))  # its files
             if not remote:
-                found = _once_through_links(_not_hidden(path, found) if dataset else found,
-                                            reals)
+                found = _once_through_links(path, _not_hidden(path, found) if dataset else
+                                            found, reals)
             what = "matches no file"
         elif not remote and os.path.isdir(path):
             found = _files_in(path, suffixes, dataset, owner, left_out, reals)
@@ -169,18 +169,30 @@ def _real(path: str, folders: dict[str, str]) -> str:
     return os.path.join(real, os.path.basename(path))
 
 
-def _once_through_links(found: list[str], reals: dict[str, str]) -> list[str]:
+def _once_through_links(pattern: str, found: list[str], reals: dict[str, str]) -> list[str]:
     """A pattern's files, each reached through links to one folder once: by its own path where
-    the pattern reaches it (``d/**/*.parquet`` over ``latest -> v2`` beside ``v2``: ``v2``'s,
-    as a folder's walk names it; a link to ``.``: not 40 folders deep), else by the first
-    (``current`` and ``stable`` linked to one hidden version: ``current``'s)."""
+    the pattern reaches it, no link below the pattern's fixed folder (``d/**/*.parquet`` over
+    ``latest -> v2`` beside ``v2``: ``v2``'s, as a folder's walk names it, ``d`` a link or
+    not; a link to ``.``: not 40 folders deep), else by the first (``current`` and ``stable``
+    linked to one hidden version: ``current``'s)."""
+    root = _fixed(pattern)[0]
+    real_root = os.path.realpath(root)
     chosen: dict[str, str] = {}
     for f in found:
         same = _real(f, reals)
-        if same not in chosen or same == os.path.abspath(f):  # (the first, or its own path)
+        own = same == os.path.normpath(os.path.join(real_root, os.path.relpath(f, root)))
+        if same not in chosen or own:  # (the first, or its own path)
             chosen[same] = f
     kept = set(chosen.values())
     return [f for f in found if f in kept]
+
+
+def _fixed(pattern: str) -> tuple[str, list[str]]:
+    """The folder of ``pattern`` before its first part with a wildcard, and the parts after."""
+    parts = pattern.split(os.sep)
+    fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _PATTERN))
+    return os.sep.join(parts[:fixed]) or (os.sep if os.path.isabs(pattern) else os.curdir), \
+        parts[fixed:]
 
 
 def _not_hidden(pattern: str, found: list[str]) -> list[str]:
@@ -188,10 +200,8 @@ def _not_hidden(pattern: str, found: list[str]) -> list[str]:
     the pattern's fixed folder that the pattern does not name itself (``out/**/*.parquet``
     leaves a Spark job's ``out/_temporary/`` out, as a folder's listing and pyarrow's do;
     ``out/_staging*/*.parquet`` names ``_staging1``)."""
-    parts = pattern.split(os.sep)
-    fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _PATTERN))
-    root = os.sep.join(parts[:fixed]) or (os.sep if os.path.isabs(pattern) else os.curdir)
-    named = [p for p in parts[fixed:] if _left_out(p, True)]
+    root, matched = _fixed(pattern)
+    named = [p for p in matched if _left_out(p, True)]
     return [f for f in found if not any(
         _left_out(part, True) and not any(fnmatch.fnmatchcase(part, p) for p in named)
         for part in os.path.relpath(f, root).split(os.sep))]

@@ -181,18 +181,22 @@ def _handle(logger: logging.Logger, record: logging.LogRecord, worker: int) -> N
     step, the workers were started again and the batch's records logged twice."""
     factory = logging.getLogRecordFactory()
     try:
-        if factory is not logging.LogRecord:
-            given = {"msg": record.msg, "args": record.args}  # (and what it adds: a rank)
-            made = factory(record.name, record.levelno, record.pathname, record.lineno,
-                           record.msg, record.args, None, record.funcName, record.stack_info)
-            record.__dict__.update({k: v for k, v in vars(made).items() if k not in vars(
-                record) or (k in given and v is not given[k])})  # (a prefix to the message)
+        if factory is not logging.LogRecord:  # (what it adds, a rank, and what it changes,
+            given = (record.name, record.levelno, record.pathname, record.lineno,  # a prefix)
+                     record.msg, record.args, None, record.funcName, record.stack_info)
+            made, plain = vars(factory(*given)), vars(logging.LogRecord(*given))
+            record.__dict__.update({k: v for k, v in made.items() if k not in vars(record) or (
+                k not in _THIS_PROCESS and k in plain and v != plain[k])})
         logger.handle(record)
     except Exception:  # noqa: BLE001 - said below, as logging says a failing handler
         if logging.raiseExceptions:
             sys.stderr.write(f"--- Logging error (worker {worker}'s record of "
                              f"{record.pathname}:{record.lineno}, said again here) ---\n")
             traceback.print_exc(file=sys.stderr)
+
+
+_THIS_PROCESS = {"created", "msecs", "relativeCreated", "thread", "threadName", "process",
+                 "processName", "taskName"}  # (a record's fields of where and when it was made)
 
 
 def _module_of(filename: str) -> str:

@@ -220,7 +220,8 @@ def _loaded(blob: bytes) -> Any:
     """The payload, loaded. What a module warns as its import runs here is not given again:
     the trainer's import said it, under its filters of the moment (``"error"`` set after it
     broke every worker); jaxloader's own warnings (a loader made on import) are given, but
-    not as errors (a source made on import that warns was the same)."""
+    one a filter makes an error is not (as the module's others: a source made on import that
+    warns broke every worker too)."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         loaded = payload.loads(blob)
