@@ -92,7 +92,7 @@ def test_a_restore_under_other_pad_settings_is_told_as_other_transforms_are():
         warnings.simplefilter("error")
         fresh.load_state_dict(older)
     # a config's pad value 0.0, or a NumPy one, pads as 0 does: no warning (the config audit)
-    for saved, values in ((0, (0.0, np.float32(0), np.int64(0))),
+    for saved, values in ((0, (0.0, np.float32(0), np.int64(0))), (0.5, (np.float32(0.5),)),
                           ({"audio": 0, "frames": -1}, ({"audio": 0.0, "frames": np.int8(-1)},))):
         zero = jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=saved)])
         for value in values:
