@@ -332,10 +332,15 @@ class JitMap:
         return made[signature]
 
     def _call(self, compiled: Any, args: tuple, where: Callable[[], str]) -> Any:
-        """``compiled(*args)``; an error named: the batch, this transform, the user's line and,
-        for a function that does not trace, the remedies."""
+        """``compiled(*args)``, outside the caller's ``jax.set_mesh`` (it runs on this process's
+        CPU device: under a mesh of the accelerators, or of several CPU devices, jit refused
+        its inputs as on "incompatible devices"); an error named: the batch, this transform,
+        the user's line and, for a function that does not trace, the remedies."""
+        import jax
+
         try:
-            return compiled(*args)
+            with jax.set_mesh(None):
+                return compiled(*args)
         except Exception as e:
             line = getattr(e, "jaxloader_line", None) or user_line(e, self.fn, self._file)
             if type(e).__name__ in _NOT_TRACING:

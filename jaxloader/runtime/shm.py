@@ -240,7 +240,8 @@ def open_descriptors() -> int | None:
 
 _FEWER = ("close the loaders you no longer use (each keeps its slots; a notebook keeps each "
           "loader a cell showed, in Out[n]: %reset -f out), use fewer workers, or keep fewer "
-          "batches alive")
+          "batches alive (on the CPU backend a placed leaf over 64 KiB that you keep holds its "
+          "batch's slot: keep a copy, np.array(leaf))")
 
 
 def out_of_descriptors(e: OSError, what: str = "a new segment",

@@ -136,6 +136,10 @@ class Putter:
         # One process, every leaf on one device: no step can wait in a collective, so the
         # copies may be issued from a thread (see jaxloader.sharding.prefetch).
         self.single_device = process_count == 1 and all(len(s.device_set) == 1 for s in leaves)
+        # On the CPU backend a placed array may be the host array's memory (a worker's slot,
+        # all of a batch's): a small leaf kept (labels for an epoch's metric) held its whole
+        # batch's slot, 1 MiB a step. Small leaves are placed from a copy of their own.
+        self._copy_small = all(d.platform == "cpu" for s in leaves for d in s.device_set)
         self._kinds: list | None = None  # the first batch's leaves' shapes past rows, dtypes
         self._said_kinds = False  # (several processes: _same_kinds, said once)
         if batch_size is not None:  # (refused here, not at the first batch's placement)
@@ -235,6 +239,8 @@ class Putter:
         return tree_lib.reordered(self._placed(batch), tree_lib.skeleton(batch))
 
     def _placed(self, batch: Any) -> Any:
+        if self._copy_small:
+            batch = jax.tree_util.tree_map(_own_if_small, batch)
         leaves = jax.tree_util.tree_leaves(batch)
         if self.process_count > 1 and not self._said_kinds:
             self._same_kinds(batch, leaves)
@@ -333,6 +339,13 @@ class Putter:
             "(jl.Pad(length=...)), not to each batch's longest, unless every process's batch of "
             "a step has the same shapes (a bucketing by length over the global batch)",
             JaxloaderWarning, stacklevel=2)
+
+
+_SMALL = 1 << 16  # bytes: a leaf at most this large is placed from a copy (``Putter``)
+
+
+def _own_if_small(leaf: Any) -> Any:
+    return leaf.copy() if isinstance(leaf, np.ndarray) and leaf.nbytes <= _SMALL else leaf
 
 
 def _said(rows: tuple) -> str:

@@ -414,3 +414,43 @@ def test_the_pad_mask_takes_the_batch_axis_of_a_sharding_that_also_splits_the_se
     assert out.splitlines() == ["(None, 'seq') (None,) [True, False]",
                                 "('data', 'seq') ('data',) [True, True, False, False]",
                                 "OrderedDict pinned_host"]
+
+
+def test_a_jit_map_in_process_runs_inside_the_training_loops_set_mesh():
+    # the loop the guides write (with loader, jax.set_mesh(mesh):) made an in-process JitMap
+    # fail at step 0 ("incompatible devices": its CPU input against the mesh's), and peek()
+    # too; with device_prefetch=2 it ran (the put thread has no mesh; the device audit)
+    out = run_with_devices("""
+    mesh = jax.make_mesh((4,), ("data",))
+    double = jl.JitMap(lambda r: {"x": r["x"] * 2, "y": r["y"]})
+    for kw in ({}, {"sharding": jl.data_sharding(mesh), "device_prefetch": 0}):
+        loader = jl.DataLoader(source(32), batch_size=8, transforms=[double],
+                               process_index=0, process_count=1, **kw)
+        with loader, jax.set_mesh(mesh):
+            first = np.asarray(loader.peek()["x"])
+            batches = [np.asarray(b["x"]) for b in loader]
+        print(np.array_equal(first, batches[0]), len(batches),
+              np.array_equal(batches[1], 2 * np.arange(48, 96, dtype=np.float32).reshape(8, 3, 2)))
+    """, n=4)
+    assert out.split() == ["True", "4", "True"] * 2, out
+
+
+def test_small_placed_leaves_kept_on_the_cpu_backend_do_not_hold_their_batchs_slot():
+    # an evaluation keeping each batch's placed labels (256 bytes) for its metric held each
+    # batch's whole shared-memory slot (the images too: 1 MiB a step), as the CPU backend's
+    # placed array is the slot's memory (the device audit)
+    out = run_with_devices("""
+    import gc
+    src = jl.ArraySource({"image": np.ones((64 * 150, 64, 64), np.float32),
+                          "label": np.arange(64 * 150, dtype=np.int32)})
+    labels = []
+    with jl.DataLoader(src, batch_size=64, num_workers=2, transforms=[lambda r: r],
+                       sharding=jax.devices()[0], process_index=0, process_count=1) as loader:
+        for batch in loader:
+            labels.append(batch["label"])
+            del batch
+        gc.collect()
+        print(loader._engine.segment_count, int(sum(l.sum() for l in labels)))
+    """, n=1)
+    slots, total = map(int, out.split())
+    assert total == sum(range(64 * 150)) and slots < 40, out
