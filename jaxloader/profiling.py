@@ -35,6 +35,7 @@ import io
 import os
 import re
 import sys
+import uuid
 import warnings
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
@@ -196,9 +197,9 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
     png = _picture(runs)
     if out is not None and png is not None:
         target = os.path.realpath(out)  # (a link's target, written through it)
-        partial = f"{target}.{os.getpid()}.partial"  # (each host's of a shared folder)
+        partial = f"{target}.{uuid.uuid4().hex}.partial"  # (each host's: pids repeat)
         try:  # (whole or not at all: a full disk left a cut picture over the last one)
-            with open(partial, "wb") as f:
+            with open(partial, "xb") as f:
                 f.write(png)
             if os.path.exists(target):  # (its mode kept)
                 os.chmod(partial, os.stat(target).st_mode & 0o7777)

@@ -112,6 +112,12 @@ def test_a_restore_under_other_pad_settings_is_told_as_other_transforms_are():
             tenth.state_dict())
     from jaxloader.loaders.state import compared_transforms
     assert len(set(compared_transforms([f"{jl.Pad(k)!r} 0" for k in ("1.0", "1")]))) == 2
+    with warnings.catch_warnings():  # (a complex value's float() warned, an error under
+        warnings.simplefilter("error")  # "error"; nan is held exactly: the twenty-third
+        assert len(set(compared_transforms([  # review)
+            f"{jl.Pad('x', value=v)!r} 0" for v in (np.complex64(1 + 2j), 1 + 2j)]))) == 2
+        assert len(set(compared_transforms([
+            f"{jl.Pad('x', value=v)!r} 0" for v in (np.float32("nan"), float("nan"))]))) == 1
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -127,12 +127,18 @@ _WHOLE = re.compile(r"(?<![\w.'\"])(-?\d+)\.0(?![\w.])")  # -100.0 -> -100 (not 
 
 def _exact(found: re.Match) -> str:
     """A NumPy scalar's text as the number it holds (``np.float32(0.5)``: ``0.5``), where it
-    is that number (``np.float16(0.1)`` is not ``0.1``: as written)."""
+    is that number (``np.float16(0.1)`` is not ``0.1``: as written; a complex one, or a name
+    of NumPy's that is not a real number's type, as written)."""
+    kind = getattr(np, found[1], None)
+    if not (isinstance(kind, type) and issubclass(kind, (np.floating, np.integer))):
+        return found[0]
     try:
-        exact = float(getattr(np, found[1])(found[2])) == float(found[2])
-    except (AttributeError, TypeError, ValueError):
-        exact = False
-    return found[2] if exact else found[0]
+        with warnings.catch_warnings():  # (an overflow's, made an error by the user's filter)
+            warnings.simplefilter("ignore")
+            held, written = float(kind(found[2])), float(found[2])
+    except (TypeError, ValueError, OverflowError):
+        return found[0]
+    return found[2] if held == written or held != held and written != written else found[0]
 
 
 def compared_transforms(named: list[str]) -> list[str]:
