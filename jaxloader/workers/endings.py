@@ -52,8 +52,9 @@ def _at_exit() -> None:
     """The pools' finalizers, at exit: run by ``weakref.finalize``'s own exit hook where
     it was made later than the starters' hook, and after it where earlier (a loader without
     workers, a ``tempfile.TemporaryDirectory`` made first): the starters were closed, their
-    workers ended by their parent-death signal, without their atexit hooks."""
-    for end in list(_ENDS):
+    workers ended by their parent-death signal, without their atexit hooks. The newest first,
+    as ``weakref.finalize`` runs them: a pool's workers stopped before its memory goes."""
+    for end in reversed(list(_ENDS)):
         end()
 
 
