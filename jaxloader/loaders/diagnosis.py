@@ -10,11 +10,11 @@
                                              wait: placement the larger > "device", else "main"
                                           └─ else (they wait for tasks or a core): as if busy
 
-The advice is measured where it can be: the cores this process may use
-(``os.sched_getaffinity``) against the workers in use, the expected gain of more workers
-(bounded by how fast the step alone would run), how long the workers' reads wait off the CPU
-(their busy time less their CPU time and their time waiting for a core, a record), and a
-transform's share of the workers' time.
+The advice is measured where it can be: the cores this process may use (its affinity, at
+most its container's CPU quota: ``runtime.limits``) against the workers in use, the expected
+gain of more workers (bounded by how fast the step alone would run), how long the workers'
+reads wait off the CPU (their busy time less their CPU time and their time waiting for a core,
+a record), and a transform's share of the workers' time.
 
 Example:
     >>> from jaxloader.base.stats import LoaderStats
@@ -26,12 +26,12 @@ Example:
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal, Mapping, NamedTuple, Sequence
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.stats import LoaderStats
 from jaxloader.base.timings import COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, STEP, WAIT
+from jaxloader.runtime import limits
 
 Bottleneck = Literal["step", "workers", "source", "main", "device"]
 INPUT_BOUND = 0.10  # the consumer waiting more than this share of its time: input limits it
@@ -49,11 +49,9 @@ _MAIN_STAGES = (HANDOVER, PLACE, WAIT, STEP)
 
 
 def cores_available() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # (not Linux)
-        return os.cpu_count() or 1
+    """The cores this process may run on: its affinity's, at most its container's CPU quota
+    (``runtime.limits``)."""
+    return limits.cores()
 
 
 class Diagnosis(NamedTuple):

@@ -17,13 +17,13 @@ ceiling, for ``RETRY_WINDOWS`` windows: another program may have had the cores);
 consumer does not wait and the workers idle, it tries one fewer, kept if the
 rate holds. A window is judged from the step the pool makes with the new count (those
 submitted before it are made by the count before), new workers started. Bounds: the
-cores this process may use (``os.sched_getaffinity``), more while the workers spend more than
-``READS_WAIT`` of their busy time off the CPU and not queued for it (reads that wait overlap):
-``READ_WAIT_FACTOR`` times as many, or one over the share on the CPU (up to
-``MAX_READ_WAIT_FACTOR``), and a memory budget (half the memory available, at a worker's
-resident size). A batch
-is the same whichever worker makes it, so the count changes nothing but the speed. Every
-decision is logged (``logging.getLogger("jaxloader")``, INFO).
+cores this process may use (``runtime.limits``: a container's quota too), more while the
+workers spend more than ``READS_WAIT`` of their busy time off the CPU and not queued for it
+(reads that wait overlap): ``READ_WAIT_FACTOR`` times as many, or one over the share on the
+CPU (up to ``MAX_READ_WAIT_FACTOR``), and a memory budget (half the memory available, a
+container's limit too, at a worker's resident size). A batch is the same whichever worker
+makes it, so the count changes nothing but the speed. Every decision is logged
+(``logging.getLogger("jaxloader")``, INFO).
 
 Example:
     >>> tune = AutoTune(pool=None, cores=2)
@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from jaxloader.base.stats import queued_s
 from jaxloader.loaders.diagnosis import cores_available
+from jaxloader.runtime import limits
 
 log = logging.getLogger("jaxloader")
 
@@ -66,14 +67,9 @@ def _resident_bytes(pid: int) -> int:
 
 
 def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 1 << 62  # not known: no bound from memory
+    """The memory this process may still take, its container's limit's too (``runtime.limits``:
+    a pod's 16 GiB on a node's 1 TiB was no bound)."""
+    return limits.available_bytes()
 
 
 class AutoTune:

@@ -1,0 +1,124 @@
+"""The CPUs and memory this process may use: its affinity and the machine's memory, and less
+where its cgroup sets a limit (a Kubernetes pod's ``limits.cpu``, ``docker run --cpus=4
+--memory=16g``: cgroup v2's ``cpu.max`` and ``memory.max``, v1's ``cpu.cfs_quota_us`` and
+``memory.limit_in_bytes``), the least of its cgroup's and those above it. The affinity of a
+pod limited to 4 CPUs on a 64-core node lists 64: the advice said to run 64 workers for a
+64x speed-up, ``"auto"`` could grow to 64, and ``jl.profile`` tried 64.
+
+Example:
+    >>> cores() >= 1 and available_bytes() > 0
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")  # (v2 alone, or v1's beside it)
+
+
+def cores() -> int:
+    """The CPUs this process may run on: its affinity's, at most its cgroup's quota (rounded
+    up: a limit of 2.5 CPUs keeps 3 busy part of the time)."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        affinity = os.cpu_count() or 1
+    quota = _least(_cpu_limits())
+    return affinity if quota is None else max(1, min(affinity, math.ceil(quota)))
+
+
+def available_bytes() -> int:
+    """The memory this process may still take: the machine's available memory, at most what
+    its cgroup's limit leaves (the limit less what the cgroup uses); 2**62 where unknown."""
+    found = [_meminfo_available()]
+    for limit, used in _memory_limits():
+        found.append(max(0, limit - used))
+    known = [n for n in found if n is not None]
+    return min(known) if known else 1 << 62
+
+
+def _cgroups() -> list[tuple[str, str]]:
+    """``(controllers, path)`` of each of this process's cgroups (``/proc/self/cgroup``)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    return [(parts[1], parts[2]) for parts in (line.split(":", 2) for line in lines)
+            if len(parts) == 3]
+
+
+def _up(path: str) -> list[str]:
+    """``path`` and each cgroup above it, to the root (a limit may be set on any of them)."""
+    parts = [p for p in path.split("/") if p]
+    return ["/" + "/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _cpu_limits() -> list[float]:
+    """The CPUs each quota on this process's cgroups allows."""
+    found = []
+    for controllers, path in _cgroups():
+        for cgroup in _up(path):
+            if controllers == "":  # (v2: "max 100000", or "400000 100000")
+                for root in _ROOTS:
+                    text = _read(f"{root}{cgroup}/cpu.max")
+                    parts = (text or "").split()
+                    if len(parts) == 2 and parts[0] != "max" and _positive(parts):
+                        found.append(int(parts[0]) / int(parts[1]))
+            elif "cpu" in controllers.split(","):  # (v1: a quota of -1 is none)
+                folder = f"/sys/fs/cgroup/{controllers}{cgroup}"
+                quota, period = (_read(f"{folder}/cpu.cfs_quota_us"),
+                                 _read(f"{folder}/cpu.cfs_period_us"))
+                if quota and period and _positive([quota, period]):
+                    found.append(int(quota) / int(period))
+    return found
+
+
+def _memory_limits() -> list[tuple[int, int]]:
+    """``(limit, used)`` of each memory limit on this process's cgroups."""
+    found = []
+    for controllers, path in _cgroups():
+        for cgroup in _up(path):
+            if controllers == "":
+                files = [(f"{root}{cgroup}/memory.max", f"{root}{cgroup}/memory.current")
+                         for root in _ROOTS]
+            elif "memory" in controllers.split(","):
+                folder = f"/sys/fs/cgroup/{controllers}{cgroup}"
+                files = [(f"{folder}/memory.limit_in_bytes", f"{folder}/memory.usage_in_bytes")]
+            else:
+                continue
+            for limit_file, used_file in files:
+                limit, used = _read(limit_file), _read(used_file)
+                if limit and used and limit.isdigit() and used.isdigit() and int(
+                        limit) < 1 << 60:  # ("max"; v1's no limit is about 2**63)
+                    found.append((int(limit), int(used)))
+    return found
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _positive(parts: list[str]) -> bool:
+    return all(p.isdigit() and int(p) > 0 for p in parts)
+
+
+def _least(found: list[float]) -> float | None:
+    return min(found) if found else None

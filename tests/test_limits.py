@@ -1,0 +1,54 @@
+"""The CPUs and memory a container's cgroup allows (``runtime.limits``), read from files laid
+out as the kernel's cgroup v1 and v2 lay them out."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from jaxloader.runtime import limits
+
+
+@pytest.fixture
+def files(monkeypatch):
+    """``limits``'s cgroup files, and this process's cgroups, as a test lays them out."""
+    laid: dict[str, str] = {}
+    monkeypatch.setattr(limits, "_read", lambda path: laid.get(path))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    return laid
+
+
+def test_a_pods_cpu_quota_bounds_the_cores_below_its_affinity(files, monkeypatch):
+    # a pod limited to 4 CPUs on a 64-core node: its affinity lists 64, and the advice said
+    # to run 64 workers for a 64x speed-up, "auto" could grow to 64 (the CPU-quota audit)
+    monkeypatch.setattr(limits, "_cgroups", lambda: [("", "/kubepods/pod1/c1")])
+    assert limits.cores() == 64  # (no limit anywhere: "max")
+    files["/sys/fs/cgroup/kubepods/pod1/c1/cpu.max"] = "max 100000"
+    files["/sys/fs/cgroup/kubepods/pod1/cpu.max"] = "400000 100000"  # (the pod's, above)
+    assert limits.cores() == 4
+    from jaxloader.loaders.diagnosis import cores_available
+    from jaxloader.loaders.monitor import AutoTune
+    assert cores_available() == 4 and AutoTune(None).cores == 4
+    files["/sys/fs/cgroup/kubepods/pod1/c1/cpu.max"] = "250000 100000"  # (2.5: 3 busy)
+    assert limits.cores() == 3
+    monkeypatch.setattr(limits, "_cgroups", lambda: [("cpu,cpuacct", "/docker/abc")])
+    files["/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us"] = "200000"
+    files["/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us"] = "100000"
+    assert limits.cores() == 2  # (v1, docker run --cpus=2)
+    files["/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us"] = "-1"
+    assert limits.cores() == 64
+
+
+def test_a_pods_memory_limit_bounds_the_memory_available(files, monkeypatch):
+    # "auto"'s memory bound read the node's MemAvailable: a pod's 16 GiB was no bound
+    monkeypatch.setattr(limits, "_meminfo_available", lambda: 1 << 40)
+    monkeypatch.setattr(limits, "_cgroups", lambda: [("", "/kubepods/pod1")])
+    assert limits.available_bytes() == 1 << 40
+    files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = str(16 << 30)
+    files["/sys/fs/cgroup/kubepods/pod1/memory.current"] = str(6 << 30)
+    assert limits.available_bytes() == 10 << 30
+    from jaxloader.loaders.monitor import _available_bytes
+    assert _available_bytes() == 10 << 30
+    files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = "max"
+    assert limits.available_bytes() == 1 << 40
