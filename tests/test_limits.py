@@ -50,5 +50,12 @@ def test_a_pods_memory_limit_bounds_the_memory_available(files, monkeypatch):
     assert limits.available_bytes() == 10 << 30
     from jaxloader.loaders.monitor import _available_bytes
     assert _available_bytes() == 10 << 30
-    files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = "max"
+    files["/sys/fs/cgroup/kubepods/pod1/memory.stat"] = f"anon 1\ninactive_file {4 << 30}\n"
+    assert limits.available_bytes() == 14 << 30  # (the file cache the kernel takes back: a
+    files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = "max"  # loader's reads fill it)
     assert limits.available_bytes() == 1 << 40
+    monkeypatch.undo()
+    monkeypatch.setattr(limits, "_meminfo_available", lambda: 1 << 40)
+    monkeypatch.setattr(limits, "open", lambda *a, **k: (_ for _ in ()).throw(  # (a cgroup
+        UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")), raising=False)
+    assert limits.cores() >= 1 and limits.available_bytes() == 1 << 40  # named \xff)

@@ -31,7 +31,9 @@ def cores() -> int:
 
 def available_bytes() -> int:
     """The memory this process may still take: the machine's available memory, at most what
-    its cgroup's limit leaves (the limit less what the cgroup uses); 2**62 where unknown."""
+    its cgroup's limit leaves (the limit less what the cgroup uses, its file cache that the
+    kernel takes back left out, as the kubelet counts it: a loader's reads fill the cache to
+    the limit); 2**62 where unknown."""
     found = [_meminfo_available()]
     for limit, used in _memory_limits():
         found.append(max(0, limit - used))
@@ -41,10 +43,10 @@ def available_bytes() -> int:
 
 def _cgroups() -> list[tuple[str, str]]:
     """``(controllers, path)`` of each of this process's cgroups (``/proc/self/cgroup``)."""
-    try:
-        with open("/proc/self/cgroup") as f:
+    try:  # (a cgroup's name may hold any bytes)
+        with open("/proc/self/cgroup", errors="surrogateescape") as f:
             lines = f.read().splitlines()
-    except OSError:
+    except (OSError, ValueError):
         return []
     return [(parts[1], parts[2]) for parts in (line.split(":", 2) for line in lines)
             if len(parts) == 3]
@@ -58,9 +60,9 @@ def _up(path: str) -> list[str]:
 
 def _read(path: str) -> str | None:
     try:
-        with open(path) as f:
+        with open(path, errors="surrogateescape") as f:
             return f.read().strip()
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
@@ -90,19 +92,29 @@ def _memory_limits() -> list[tuple[int, int]]:
     for controllers, path in _cgroups():
         for cgroup in _up(path):
             if controllers == "":
-                files = [(f"{root}{cgroup}/memory.max", f"{root}{cgroup}/memory.current")
-                         for root in _ROOTS]
+                files = [(f"{root}{cgroup}/memory.max", f"{root}{cgroup}/memory.current",
+                          f"{root}{cgroup}/memory.stat", "inactive_file") for root in _ROOTS]
             elif "memory" in controllers.split(","):
                 folder = f"/sys/fs/cgroup/{controllers}{cgroup}"
-                files = [(f"{folder}/memory.limit_in_bytes", f"{folder}/memory.usage_in_bytes")]
+                files = [(f"{folder}/memory.limit_in_bytes", f"{folder}/memory.usage_in_bytes",
+                          f"{folder}/memory.stat", "total_inactive_file")]
             else:
                 continue
-            for limit_file, used_file in files:
+            for limit_file, used_file, stat_file, cache in files:
                 limit, used = _read(limit_file), _read(used_file)
                 if limit and used and limit.isdigit() and used.isdigit() and int(
                         limit) < 1 << 60:  # ("max"; v1's no limit is about 2**63)
-                    found.append((int(limit), int(used)))
+                    found.append((int(limit), max(0, int(used) - _stat(stat_file, cache))))
     return found
+
+
+def _stat(path: str, key: str) -> int:
+    """The value of ``key`` in a ``memory.stat`` file (0 where it has none)."""
+    for line in (_read(path) or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def _meminfo_available() -> int | None:

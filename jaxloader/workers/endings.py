@@ -54,8 +54,7 @@ def _at_exit() -> None:
     workers, a ``tempfile.TemporaryDirectory`` made first): the starters were closed, their
     workers ended by their parent-death signal, without their atexit hooks. The newest first,
     as ``weakref.finalize`` runs them: a pool's workers stopped before its memory goes."""
-    for end in reversed(list(_ENDS)):
-        end()
+    run_all(list(reversed(_ENDS)))  # (each, whatever one before it raises)
 
 
 def forget_all(workers: list[WorkerProcess]) -> None:
