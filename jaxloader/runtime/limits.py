@@ -25,8 +25,8 @@ def cores() -> int:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # (not Linux)
         affinity = os.cpu_count() or 1
-    quota = _least(_cpu_limits())
-    return affinity if quota is None else max(1, min(affinity, math.ceil(quota)))
+    quotas = _cpu_limits()
+    return max(1, min(affinity, math.ceil(min(quotas)))) if quotas else affinity
 
 
 def available_bytes() -> int:
@@ -130,7 +130,3 @@ def _meminfo_available() -> int | None:
 
 def _positive(parts: list[str]) -> bool:
     return all(p.isdigit() and int(p) > 0 for p in parts)
-
-
-def _least(found: list[float]) -> float | None:
-    return min(found) if found else None

@@ -237,14 +237,11 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
     return found
 
 
-def _within(path: str, inside: str, dataset: bool) -> bool:
-    """Whether ``path`` is a link to a folder whose files the walk of ``inside`` lists under
-    their own names (``inside`` itself, or a folder in it not left out): a ``latest -> v2``
-    beside ``v2`` read them twice a pass, a link to ``.`` forty times; one to ``.versions/v3``
-    (left out) is their only way in."""
-    if not os.path.islink(path):
-        return False
-    real = os.path.realpath(path)
+def _within(real: str, inside: str, dataset: bool) -> bool:
+    """Whether a link to the folder ``real`` (its real path) leads to files the walk of
+    ``inside`` lists under their own names (``inside`` itself, or a folder in it not left
+    out): a ``latest -> v2`` beside ``v2`` read them twice a pass, a link to ``.`` forty
+    times; one to ``.versions/v3`` (left out) is their only way in."""
     if real != inside and not real.startswith(inside.rstrip(os.sep) + os.sep):
         return False
     return not any(_left_out(part, dataset)
@@ -301,8 +298,8 @@ def _walk(folder: str, dataset: bool, owner: str,
                 files.append(entry.name)
             elif not entry.is_symlink():
                 folders.append((entry.path, os.path.join(real, entry.name)))
-            elif not _within(entry.path, inside, dataset):
-                folders.append((entry.path, os.path.realpath(entry.path)))
+            elif not _within(linked := os.path.realpath(entry.path), inside, dataset):
+                folders.append((entry.path, linked))
         yield top, files
         ahead.extend(reversed(folders))
 
