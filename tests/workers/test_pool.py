@@ -796,12 +796,16 @@ def test_a_close_interrupted_before_its_steps_began_is_finished_by_the_next(line
     from line_interrupts import raised_at_line
 
     pool = make_pool(2)
-    it = pool.batches(0, None)
-    next(it)
-    pids, names = pool.pids, held_segments()
-    assert raised_at_line(line, [process_module.stop_all], pool.close)
-    assert all(running(p) for p in pids)  # nothing was stopped yet
-    pool.close()
+    try:
+        it = pool.batches(0, None)
+        next(it)
+        next(it)  # (step 1 is worker 1's: each worker has loaded its payload; one still
+        # loading fails to open the memory the interrupted close() releases, and exits)
+        pids, names = pool.pids, held_segments()
+        assert raised_at_line(line, [process_module.stop_all], pool.close)
+        assert all(running(p) for p in pids)  # nothing was stopped yet
+    finally:
+        pool.close()
     alive, left = _wait_gone(pids, names, seconds=5.0)
     assert not alive and not left, (alive, left)
     assert pool.segment_count == 0
