@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from jaxloader.base.abilities import parts_of
-from jaxloader.base.errors import JaxloaderError, StallError, WorkerError
+from jaxloader.base.errors import JaxloaderError, SharedMemoryError, StallError, WorkerError
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
 from jaxloader.workers.protocol import Failed, chain
@@ -225,6 +225,17 @@ def stall_report(awaited: int, tasks: Iterable[Any], pids: list[int], board: Sta
     worker = awaited % len(pids) if task is None else task.worker
     return "\n".join([f"{where(awaited)} is awaited, from worker {worker}{sent}. "
                       "The workers:", *board.report(pids, where)])
+
+
+def pickled(maker: Any, init_fn: Any, keep: Callable[[Any], None]) -> bytes:
+    """The workers' payload (``payload.dumps``); what cannot be pickled said by
+    ``unpicklable`` (out of memory to share it in, or a Ctrl-C: said as it is)."""
+    try:
+        return payload.dumps((maker, init_fn), keep)
+    except SharedMemoryError:
+        raise
+    except Exception as e:
+        raise unpicklable(e, maker, init_fn) from e
 
 
 def unpicklable(e: Exception, maker: Any, init_fn: Any,

@@ -41,11 +41,11 @@ import threading
 from time import perf_counter
 from typing import Any, Callable, Generator, NoReturn
 
-from jaxloader.base.errors import SharedMemoryError, WorkerError
+from jaxloader.base.errors import WorkerError
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker, Runs
-from jaxloader.workers import failures, payload, protocol, relay
+from jaxloader.workers import failures, protocol, relay
 from jaxloader.workers.endings import at_end, forget_all, stop_all
 from jaxloader.workers.process import WorkerProcess, worker_environment
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Said, Slot, Task
@@ -93,14 +93,12 @@ class WorkerPool:
         self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
         self._board_finalizer = at_end(self, self._board.destroy)
         self._environment = worker_environment(os.environ)  # (in the loader's thread: Roster)
-        self._start()
-        try:
-            self._blob = payload.dumps((maker, worker_init_fn), self._shared.append)
-        except BaseException as e:  # (a Ctrl-C too: a notebook keeps the frames, and the pool)
+        try:  # (a start refused or failed, too: its memory files and workers go with it)
+            self._start()
+            self._blob = failures.pickled(maker, worker_init_fn, self._shared.append)
+        except BaseException:  # (a Ctrl-C too: a notebook keeps the frames, and the pool)
             self.close()
-            if isinstance(e, Exception) and not isinstance(e, SharedMemoryError):
-                raise failures.unpicklable(e, maker, worker_init_fn) from e
-            raise  # (out of memory to share it in, or a Ctrl-C: said as it is)
+            raise
         self._send_payload()
 
     def _start(self) -> None:

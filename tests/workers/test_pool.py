@@ -811,6 +811,20 @@ def test_a_close_interrupted_before_its_steps_began_is_finished_by_the_next(line
     assert pool.segment_count == 0
 
 
+def test_a_pool_whose_start_is_refused_leaves_no_memory_file_while_its_error_is_kept():
+    # a notebook (and pytest) keeps an error's frames, and the pool in them: a start refused
+    # (start_method="fork" beside JAX) kept its status board and stack files open until the
+    # next error replaced it (the augmentation audit's test found it)
+    import jax  # (fork is refused in a process that imported it)
+
+    assert jax.__name__ == "jax"
+    before = held_segments()
+    maker = BatchMaker(source(), Sampler(61, 6, shuffle=True, seed=5, last_batch="drop"))
+    with pytest.raises(jl.ConfigError, match="start_method='fork': JAX is imported") as kept:
+        WorkerPool(maker, 2, start_method="fork")
+    assert held_segments() == before, kept  # (the error, and its frames, still held here)
+
+
 def _status_kib(pid: int, key: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
