@@ -40,7 +40,6 @@ import time
 from collections import deque
 from typing import Any, Generator, NoReturn
 
-import cloudpickle
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
@@ -53,7 +52,7 @@ from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.ray_tasks import (TaskQueues, lost_errors, step_failed, steps_text, task_failed,
                                  task_steps)
 from jaxloader.workers.failures import closed, unpicklable
-from jaxloader.workers.payload import SHARE_MIN_BYTES
+from jaxloader.workers.payload import SHARE_MIN_BYTES, dumps_by_value
 
 log = logging.getLogger("jaxloader")
 INSTALL = 'pip install "jaxloader[ray]"'
@@ -151,7 +150,7 @@ class RayEngine:
             buffers.append(buffer)
             return False
         try:
-            blob = cloudpickle.dumps(maker, protocol=5, buffer_callback=out_of_band)
+            blob = dumps_by_value(maker, out_of_band)
         except Exception as e:
             raise unpicklable(e, maker, None, to="Ray actors") from e
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]

@@ -3,12 +3,16 @@ NumPy's or Python's global random state (``np.random.randint``, ``random.random`
 augmentation library may draw there inside).
 
 Such numbers are not the loader's: the batches then differ with the worker count, from run to
-run, and after a restore, without a word. ``RecordTransforms`` runs each transform through the
-watch for the first ``WATCHED`` records a loader makes in a process, on the process's main
-thread only (the training process's other threads, a device-put thread's batches beside the
-training loop, draw too), and warns once a transform has moved the global state on ``SEEN``
-records (a module a transform imports once may draw as it is imported: JAX does). Then the
-transforms run bare.
+run, and after a restore, without a word. The same holds of a generator a transform holds (an
+augmentation object's ``self.rng``, one its closure or the globals its code names hold:
+``held_generators``), and worse: each worker gets a copy of it in one state, so the workers
+draw the same numbers (one worker's augmentations another's); it is watched the same way.
+
+``RecordTransforms`` runs each transform through the watch for the first ``WATCHED`` records a
+loader makes in a process, on the process's main thread only (the training process's other
+threads, a device-put thread's batches beside the training loop, draw too), and warns once a
+transform has moved the global state on ``SEEN`` records (a module a transform imports once may
+draw as it is imported: JAX does). Then the transforms run bare.
 
 Example:
     >>> import warnings
@@ -26,8 +30,11 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
+import itertools
 import random
+import types
 import warnings
 from typing import Any, Callable
 
@@ -45,7 +52,10 @@ class DrawWatch:
     def __init__(self, transforms: tuple) -> None:
         self.transforms = transforms
         self.said = False
+        self._held: list | None = None  # (found in each process: a copy pickled with the
+        # watch is not the generator an imported module's function draws from there)
         self._drew: dict[int, int] = {}
+        self._from: dict[int, str] = {}  # a transform's held generator it drew from
         self._pending: int | None = None  # a transform to say, once its call has returned
         self._steps: dict[int, tuple] = {}  # id of the steps given -> them watched
 
@@ -58,11 +68,21 @@ class DrawWatch:
                 (i, (self._watched(fn, i), kind)) for i, (fn, kind) in steps))
         return watched[1]
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_held": None, "_steps": {}}
+
     def _watched(self, fn: Callable[..., Any], index: int) -> Callable[..., Any]:
+        if self._held is None:
+            self._held = held_generators(self.transforms)
+        held = [(where, g) for i, where, g in self._held if i == index]
+
         def call(*args: Any) -> Any:
-            before = _draws()
+            before, states = _draws(), [_state(g) for _, g in held]
             out = fn(*args)
-            if before is not None and _draws() != before:
+            moved = [where for (where, g), state in zip(held, states) if _state(g) != state]
+            if moved:
+                self._from[index] = moved[0]
+            if moved or before is not None and _draws() != before:
                 self._drawn(index)
             return out
         return call
@@ -81,12 +101,17 @@ class DrawWatch:
         transform = self.transforms[index]
         fn = inspect.unwrap(getattr(transform.fn, "func", transform.fn))
         code = getattr(fn, "__code__", None)
+        held = self._from.get(index)
+        what = "the global random state (np.random.randint, random.random, ...)" \
+            if held is None else f"a random generator it holds ({held})"
         warnings.warn_explicit(  # (at the transform's code: a worker has no frame of yours)
-            f"transforms[{index}] {transform!r} drew from the global random state "
-            f"(np.random.randint, random.random, ...) on {SEEN} of the first records: its "
-            "numbers are not the loader's, so the batches differ with the worker count, from "
-            "run to run and after a restore (and workers forked from one state draw the same "
-            "numbers: their records' augmentations repeat); draw from the generator a "
+            f"transforms[{index}] {transform!r} drew from {what} on {SEEN} of the first "
+            "records: its numbers are not the loader's, so the batches differ with the worker "
+            "count, from run to run and after a restore" + (
+                " (and workers forked from one state draw the same numbers: their records' "
+                "augmentations repeat)" if held is None else
+                ", and each worker draws from a copy made in one state: the same numbers, "
+                "one worker's augmentations another's") + "; draw from the generator a "
             "RandomMap gives (jl.RandomMap(lambda record, rng: ... rng.random() ...); a random "
             "Filter: draw in a RandomMap, then filter on what it drew). A transform that seeds "
             "the global state from the record itself may leave this be", JaxloaderWarning,
@@ -112,3 +137,97 @@ def _brief(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return (value.size, value.flat[0].item(), value.flat[-1].item()) if value.size else ()
     return value
+
+
+_GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
+_LOOKED_AT = 2000  # objects a transform's search for held generators looks at, at most
+_ITEMS = 64  # a container's items it looks at, at most
+
+
+def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
+    """The random generators ``transforms`` hold but the global ones (``_draws``), each as
+    ``(transform index, where, generator)``: in their functions' closures, defaults, bound
+    objects and the globals their code names, in the attributes of an object called
+    (``__dict__``, and its ``__call__``'s globals), in partials and containers, a few levels
+    down (by attributes, never by properties: nothing of the user's runs).
+
+    Example:
+        >>> from jaxloader.batching.transforms import Map
+        >>> rng = np.random.default_rng(0)
+        >>> [(i, where) for i, where, _ in held_generators((Map(lambda r: r + rng.random()),))]
+        [(0, 'fn.rng')]
+    """
+    found: list[tuple[int, str, Any]] = []
+    for index, transform in enumerate(transforms):
+        todo, seen = [("fn", getattr(transform, "fn", None), 0)], set[int]()
+        while todo and len(seen) < _LOOKED_AT:
+            where, obj, depth = todo.pop()
+            if id(obj) in seen or _plain(obj):
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, _GENERATORS):
+                if obj is not getattr(random, "_inst", None) and \
+                        obj is not getattr(np.random.mtrand, "_rand", None):
+                    found.append((index, where, obj))
+            elif depth < 5:
+                todo += [(where + name, child, depth + 1) for name, child in _inside(obj)]
+    return found
+
+
+def _plain(obj: Any) -> bool:
+    return obj is None or isinstance(obj, (type, types.ModuleType, np.ndarray, str, bytes, int,
+                                           float, complex, range))
+
+
+def _inside(obj: Any) -> list[tuple[str, Any]]:
+    """What ``obj`` holds, each with how it is reached from it."""
+    if isinstance(obj, types.FunctionType):
+        code, names = obj.__code__, set[str]()
+        codes = [code]
+        while codes:  # (the names its nested functions and comprehensions use too)
+            each = codes.pop()
+            names.update(each.co_names)
+            codes += [c for c in each.co_consts if isinstance(c, types.CodeType)]
+        cells = zip(code.co_freevars, obj.__closure__ or ())
+        return [(f".{name}", cell.cell_contents) for name, cell in cells
+                if _filled(cell)] + [(f".{name}", obj.__globals__[name]) for name in
+                                     sorted(names) if name in obj.__globals__] + [
+            (f".__defaults__[{i}]", d) for i, d in enumerate(obj.__defaults__ or ())] + [
+            (".__wrapped__", w) for w in [obj.__dict__.get("__wrapped__")] if w is not None]
+    if isinstance(obj, types.MethodType):
+        return [(".__self__", obj.__self__), ("", obj.__func__)]
+    if isinstance(obj, functools.partial):
+        return [("", obj.func), *((f".args[{i}]", a) for i, a in enumerate(obj.args)),
+                *((f".keywords[{k!r}]", v) for k, v in obj.keywords.items())]
+    if isinstance(obj, dict):
+        return [(f"[{k!r}]", v) for k, v in itertools.islice(obj.items(), _ITEMS)]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [(f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _ITEMS))]
+    attributes = getattr(obj, "__dict__", None)
+    held = [(f".{k}", v) for k, v in itertools.islice(attributes.items(), _ITEMS)] \
+        if isinstance(attributes, dict) else []
+    call = getattr(type(obj), "__call__", None)
+    return held + ([("", call)] if isinstance(call, types.FunctionType) else [])
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # (a name the function binds later)
+        return False
+    return True
+
+
+def _state(generator: Any) -> Any:
+    """Where ``generator`` is (a draw moves it); ``None`` where that cannot be asked."""
+    try:
+        if isinstance(generator, random.Random):
+            state = generator.getstate()
+            return state[1][0], state[1][-1], state[2]
+        if isinstance(generator, np.random.RandomState):
+            return _brief(generator.get_state(legacy=False))
+        bits = generator if isinstance(generator, np.random.BitGenerator) else \
+            generator.bit_generator
+        return _brief(bits.state)
+    except Exception:  # noqa: BLE001 - (a SystemRandom: no state; a watch only)
+        return None

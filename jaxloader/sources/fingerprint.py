@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import os
+import warnings
 from typing import Any, Sequence, cast
 
 import numpy as np
@@ -29,7 +30,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import memmap_under
 from jaxloader.base.abilities import (array_likes_by_type, file_identities_of, fingerprint_of,
                                       in_older_forms, older_digests)
-from jaxloader.base.errors import StateDictError
+from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.base.source_locks import holding, source_lock
 from jaxloader.sources.parts import walk
 
@@ -59,9 +60,9 @@ def _records_hash(source: Any) -> dict[str, str]:
     digest = hashlib.blake2b(digest_size=16)
     spec = ""
     for position in sorted({0, n // 2, n - 1}):
-        leaves, treedef = tree_lib.flatten(_read(source, position))
-        if not array_likes_by_type():  # (an array-like, as a batch holds it; by its type until
-            leaves = [_as_batched(leaf) for leaf in leaves]  # 2026-11-30's 34th session)
+        leaves, treedef = _leaves(source, position)
+        if position == 0:
+            _read_again(source, leaves, treedef)
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))
         if not spec:  # (whole until 2026-11-30: what an older state, or file kept, holds)
@@ -73,6 +74,34 @@ def _records_hash(source: Any) -> dict[str, str]:
         for leaf in leaves:
             digest.update(_content(leaf))
     return {"record_spec": spec, "record_hash": digest.hexdigest()}
+
+
+def _leaves(source: Any, position: int) -> tuple[list, tree_lib.TreeDef]:
+    leaves, treedef = tree_lib.flatten(_read(source, position))
+    if not array_likes_by_type():  # (an array-like, as a batch holds it; by its type until
+        leaves = [_as_batched(leaf) for leaf in leaves]  # 2026-11-30's 34th session)
+    return leaves, treedef
+
+
+def _read_again(source: Any, leaves: list, treedef: tree_lib.TreeDef) -> None:
+    """Warns where ``source[0]`` read again is not ``leaves``: a source that draws random
+    numbers as it reads (an augmentation in ``__getitem__``) was seen only at the restore,
+    which the changed fingerprint refused, every checkpoint of the run unusable."""
+    again, treedef_again = _leaves(source, 0)
+    differ = [path for path, a, b in zip(tree_lib.leaf_paths(treedef), leaves, again)
+              if _content(a) != _content(b)]
+    if treedef_again != treedef or differ:
+        where = f" ({differ[0]} differs)" if differ and treedef_again == treedef else ""
+        warnings.warn(
+            f"the source's record 0, read twice, gave other values{where}: it draws random "
+            "numbers as it reads (an augmentation in __getitem__, from np.random or a "
+            "generator it holds) or its data change; its batches then differ with the "
+            "worker count, from run to run and after a restore, and a restore of a state "
+            "saved from it is refused (a state names the data by its records); draw in a "
+            "RandomMap (jl.RandomMap(lambda record, rng: ...): the loader's generator, a "
+            "pure function of the seed and the record's place), or, for records that "
+            "change on purpose, give the source a `fingerprint` attribute", JaxloaderWarning,
+            stacklevel=user_stacklevel())
 
 
 def compact_spec(spec: str) -> str:

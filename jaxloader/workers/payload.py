@@ -33,6 +33,7 @@ import io
 import itertools
 import os
 import pickle
+import random
 import sys
 import threading
 import types
@@ -55,7 +56,35 @@ SPLIT_MIN_BYTES = 64 << 20  # copies over 64 MiB run on up to 4 threads: faultin
 # shared pages is CPU-bound, and it is on the path to the first batch
 
 
-class _Pickler(cloudpickle.Pickler):
+def global_random(name: str) -> Any:
+    """This process's own global generator: Python's (``"random"``) or NumPy's legacy one
+    (``"numpy"``), which a function pickled by value that names one of their bound methods
+    (``from numpy.random import randint`` in a script) finds in a worker. By value, each
+    worker drew from a copy of the training process's, in one state: the same numbers, each
+    worker's augmentations another's, and the draws out of the global watch's sight."""
+    return random._inst if name == "random" else np.random.mtrand._rand
+
+
+class GlobalsByName(cloudpickle.Pickler):
+    """cloudpickle's pickler, the global random generators by name (``global_random``)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj is getattr(random, "_inst", None):
+            return global_random, ("random",)
+        if obj is getattr(np.random.mtrand, "_rand", None):
+            return global_random, ("numpy",)
+        return super().reducer_override(obj)
+
+
+def dumps_by_value(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
+    """``cloudpickle.dumps(obj, 5, buffer_callback=...)`` (a Ray actor's payload), the global
+    random generators by name."""
+    buffer = io.BytesIO()
+    GlobalsByName(buffer, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    return buffer.getvalue()
+
+
+class _Pickler(GlobalsByName):
     def __init__(self, file: io.BytesIO, keep: Callable[[Segment], None]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._keep = keep

@@ -370,8 +370,8 @@ def _fork(fds: list[int]) -> int | str:
 def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int) -> NoReturn:
     """In a forked child: the training process's standard output and error and directory of
     the moment (a directory gone or closed to it: the starter's, as an exec'd worker would be
-    left in one that is gone), a random state of its own, then the worker's life
-    (``worker.run``)."""
+    left in one that is gone), then the worker's life (``worker.run``, which gives NumPy's
+    global generator a state of its own)."""
     for target, fd in zip(std, fds[1:]):
         os.dup2(fd, target)
         os.close(fd)
@@ -380,8 +380,6 @@ def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int)
             os.chdir(cwd)
         except OSError:
             pass
-    if "numpy.random" in sys.modules:  # (a fork shares its random state with its siblings)
-        sys.modules["numpy.random"].seed()
     from jaxloader.workers.worker import run
 
     run(fds[0], parent)

@@ -368,6 +368,8 @@ def main(fd: int, parent: int) -> None:
     that process's pid."""
     ties.die_with_parent(parent)
     ties.leave_signals_to_the_trainer()
+    if "numpy.random" in sys.modules:  # (a fork, from the starter or start_method="fork",
+        sys.modules["numpy.random"].seed()  # shares its global state with its siblings)
     conn = Connection(fd)
     try:
         serve(conn)

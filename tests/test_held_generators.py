@@ -1,0 +1,133 @@
+"""Random numbers the loader does not own, beyond the global state's draws a transform makes
+(tests/test_transforms.py): a generator a transform holds, the global generators reached by
+value through a script's ``from numpy.random import randint``, workers forked with one global
+state, and a source that draws as it reads. Each gave repeated or irreproducible augmentations
+without a word (the augmentation-randomness audit)."""
+
+from __future__ import annotations
+
+import pickle
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.workers import payload
+
+ONE = {"process_index": 0, "process_count": 1}
+
+
+def _epoch(transforms, num_workers, **options):
+    """The values the transforms drew over one epoch of 64 records, and the warnings said."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8,
+                           transforms=transforms, num_workers=num_workers, **ONE,
+                           **options) as loader:
+            drawn = np.concatenate([batch["aug"] for batch in loader])
+    return drawn, [str(w.message) for w in said]
+
+
+class _Crop:  # an augmentation object with its own generator (torchvision, albumentations)
+    def __init__(self):
+        self.rng = np.random.default_rng(1234)
+
+    def __call__(self, record):
+        return {**record, "aug": np.float64(self.rng.random())}
+
+
+MODULE_RNG = random.Random(7)  # (made as the module is imported: in each worker the same)
+
+
+def _module_draw(record):
+    return {**record, "aug": np.float64(MODULE_RNG.random())}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_generator_a_transform_holds_is_warned_of_by_where_it_is(num_workers):
+    # with workers each drew from a copy in one state: 32 values of 64, nothing said
+    drawn, said = _epoch([jl.Map(lambda r: r), jl.Map(_Crop())], num_workers)
+    found = [s for s in said if "random generator it holds" in s]
+    assert found and all(s.startswith("transforms[1] Map(") for s in found), said
+    assert "(fn.rng)" in found[0] and "each worker draws from a copy" in found[0]
+    assert "jl.RandomMap(lambda record, rng:" in found[0]
+    # one the function's module holds, found in each worker's own module (not a copy of the
+    # training process's, which never moves there)
+    drawn, said = _epoch([jl.Map(_module_draw)], num_workers)
+    assert any("(fn.MODULE_RNG)" in s for s in said), said
+    drawn, said = _epoch([jl.RandomMap(lambda r, rng: {**r, "aug": rng.random()})], num_workers)
+    assert len(set(drawn.tolist())) == 64 and not [s for s in said if "drew from" in s], said
+
+
+_SCRIPT = """
+from numpy.random import randint
+from random import random
+
+def augment(record):
+    return {**record, "aug": np.float64(randint(1 << 30) + random())}
+"""
+
+
+def test_the_global_generators_reach_workers_by_name_not_as_copies():
+    # a script's `from numpy.random import randint` is a bound method of NumPy's global
+    # RandomState: a function pickled by value carried a copy of it, in the training
+    # process's state, to each worker (the same numbers in each, out of the watch's sight)
+    for bound in (np.random.randint, random.random):
+        again = payload.loads(payload.dumps(bound, lambda segment: None))
+        assert again.__self__ is bound.__self__
+    blob = payload.dumps_by_value(np.random.randint, lambda buffer: True)  # (Ray's)
+    assert pickle.loads(blob).__self__ is np.random.randint.__self__
+    namespace = {"__name__": "__main__", "np": np}  # (a script's: pickled by value)
+    exec(_SCRIPT, namespace)
+    drawn, said = _epoch([jl.Map(namespace["augment"])], 2)
+    assert len(set(drawn.tolist())) == 64, len(set(drawn.tolist()))  # (32: repeated)
+    assert any("drew from the global random state" in s for s in said), said
+
+
+_FORKED = """
+import numpy as np, sys, jaxloader as jl
+assert "jax" not in sys.modules  # (start_method="fork" is refused beside JAX)
+def draw(record):
+    return {**record, "aug": np.float64(np.random.random())}
+with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, transforms=[jl.Map(draw)],
+                   num_workers=2, start_method="fork", process_index=0, process_count=1) as dl:
+    print(len(set(np.concatenate([b["aug"] for b in dl]).tolist())))
+"""
+
+
+def test_workers_forked_by_start_method_fork_draw_from_states_of_their_own():
+    # the starter's workers were reseeded, those of start_method="fork" kept the training
+    # process's state: each drew the same numbers (a warning said it might)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _FORKED], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["64"], out.stdout  # (32: each value twice)
+
+
+class _AugmentedReads:  # a torchvision-style dataset augmenting in __getitem__
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"x": np.int64(i), "jitter": np.float32(np.random.uniform(-1, 1))}
+
+
+def test_a_source_that_draws_as_it_reads_is_warned_of_at_the_first_state():
+    # nothing was said while training and saving; the restart's restore then refused the
+    # state, every checkpoint of the run unusable
+    with jl.DataLoader(_AugmentedReads(), batch_size=8, **ONE) as loader:
+        next(iter(loader))
+        with pytest.warns(jl.JaxloaderWarning, match=r"record 0, read twice, gave other "
+                                                     r"values \(\['jitter'\] differs\).*"
+                                                     r"RandomMap"):
+            loader.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a source whose reads are its records: nothing)
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, **ONE) as ld:
+            next(iter(ld))
+            ld.state_dict()
