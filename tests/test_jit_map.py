@@ -561,3 +561,22 @@ def test_the_workers_compile_with_the_training_processs_x64():
         jax.config.update("jax_enable_x64", False)
     assert made[0][0]["x"].dtype == np.float64 and made[0][0]["big"][0] == 2**40 + 1
     assert same(made[0], made[1])
+
+
+def test_the_workers_draw_a_keys_bits_as_the_training_processs_jax_settings_say():
+    # jax_threefry_partitionable set in the training script alone (JAX's upgrade notes say to,
+    # to keep an older version's bits): a key's crops in process were other than the workers'
+    # (the cross-environment audit), and a state of 2 workers restored in process went on
+    # with other crops, without a word
+    given = jax.config.jax_threefry_partitionable
+    jax.config.update("jax_threefry_partitionable", not given)
+    try:
+        made = []
+        for workers in (0, 2):
+            with loader(workers) as each:
+                made.append(list(each))
+    finally:
+        jax.config.update("jax_threefry_partitionable", given)
+    assert same(made[0], made[1])
+    with loader(0) as as_given:  # (the setting matters: other crops)
+        assert not same(list(as_given), made[0])

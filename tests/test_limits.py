@@ -38,6 +38,12 @@ def test_a_pods_cpu_quota_bounds_the_cores_below_its_affinity(files, monkeypatch
     assert limits.cores() == 2  # (v1, docker run --cpus=2)
     files["/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us"] = "-1"
     assert limits.cores() == 64
+    # RHEL 7's kernel lists the controllers "cpuacct,cpu"; the folder is "cpu,cpuacct", and
+    # the links "cpu" and "cpuacct" name it: the quota was never read (the 25th review)
+    monkeypatch.setattr(limits, "_cgroups", lambda: [("cpuacct,cpu", "/docker/abc")])
+    files["/sys/fs/cgroup/cpu/docker/abc/cpu.cfs_quota_us"] = "400000"
+    files["/sys/fs/cgroup/cpu/docker/abc/cpu.cfs_period_us"] = "100000"
+    assert limits.cores() == 4
 
 
 def test_a_pods_memory_limit_bounds_the_memory_available(files, monkeypatch):
@@ -50,6 +56,8 @@ def test_a_pods_memory_limit_bounds_the_memory_available(files, monkeypatch):
     assert limits.available_bytes() == 10 << 30
     from jaxloader.loaders.monitor import _available_bytes
     assert _available_bytes() == 10 << 30
+    from jaxloader.runtime.shm import _free  # (an out-of-memory error quoted the node's)
+    assert _free("memfd") == f"{10 << 30:,} bytes of memory were available"
     files["/sys/fs/cgroup/kubepods/pod1/memory.stat"] = f"anon 1\ninactive_file {4 << 30}\n"
     assert limits.available_bytes() == 14 << 30  # (the file cache the kernel takes back: a
     files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = "max"  # loader's reads fill it)

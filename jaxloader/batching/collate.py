@@ -67,10 +67,15 @@ class Layout(NamedTuple):
     leaves: tuple[LeafSpec, ...]
     nbytes: int
 
-    def views(self, buffer: Any, objects: list | None = None) -> Any:
-        """The batch as NumPy arrays over ``buffer`` (no copy); object leaves from ``objects``,
-        where the size in bytes stands for strings written into ``buffer`` after the numbers."""
-        return tree_lib.unflatten(self.treedef, self.leaf_views(buffer, objects))
+    def views(self, buffer: Any, objects: list | None = None, copied: int = 0) -> Any:
+        """The batch as NumPy arrays over ``buffer`` (no copy, but of those of ``copied`` bytes
+        or fewer); object leaves from ``objects``, where the size in bytes stands for strings
+        written into ``buffer`` after the numbers."""
+        leaves = self.leaf_views(buffer, objects)
+        if copied:
+            leaves = [leaf.copy() if type(leaf) is np.ndarray and leaf.nbytes <= copied
+                      else leaf for leaf in leaves]
+        return tree_lib.unflatten(self.treedef, leaves)
 
     def leaf_views(self, buffer: Any, objects: list | None = None) -> list:
         """``views`` as a list of leaves, in treedef order."""

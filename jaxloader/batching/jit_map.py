@@ -130,14 +130,14 @@ class JitMap:
     def fresh(self) -> JitMap:
         """A copy of this ``JitMap`` compiled anew where it runs (a loader's own: one kept
         across loaders kept the globals its first trace read), under this process's JAX
-        settings (a worker's copy takes the training process's ``jax_enable_x64``)."""
+        settings (a worker's copy takes the training process's: ``_CARRIED``)."""
         made = copy.copy(self)
-        made._x64 = None
+        made._jax = None
         return made
 
     def __getstate__(self) -> dict:
         return {"fn": self.fn, "random": self.random, "file": self._file,  # (not compiled)
-                "chunk_bytes": self.chunk_bytes, "x64": _x64()}
+                "chunk_bytes": self.chunk_bytes, "jax": _jax_settings()}
 
     def __setstate__(self, state: dict) -> None:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
@@ -145,7 +145,7 @@ class JitMap:
         self._compiled = self._vmapped = None
         self._local = threading.local()
         self._likes = {}
-        self._x64 = state.get("x64")  # the sender's jax_enable_x64: a worker compiles alike
+        self._jax = state.get("jax")  # the sender's settings: a worker compiles alike
 
     def __call__(self, batch: Any, *, seed: int, epoch: int, positions: np.ndarray,
                  index: int = 0, where: Callable[[], str] = lambda: "a batch") -> Any:
@@ -232,9 +232,9 @@ class JitMap:
         import jax
 
         if self._compiled is None:
-            x64 = getattr(self, "_x64", None)
-            if x64 is not None and x64 != jax.config.read("jax_enable_x64"):
-                jax.config.update("jax_enable_x64", x64)  # (a worker: as the training process)
+            for name, value in (getattr(self, "_jax", None) or {}).items():
+                if value != getattr(jax.config, name):  # (a worker: as the training process)
+                    jax.config.update(name, value)
             fn, random, file = self.fn, self.random, self._file
 
             def traced(record: Any, *raw: Any) -> Any:
@@ -376,10 +376,23 @@ def takes_key(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-def _x64() -> bool | None:
-    """This process's ``jax_enable_x64`` (``None``: JAX not imported, its default then)."""
+# What changes a compiled function's output besides its code: the dtypes, the random bits of a
+# key (a worker's default drew other ones than a training process that set it, without a word)
+_CARRIED = ("jax_enable_x64", "jax_threefry_partitionable", "jax_default_matmul_precision")
+
+
+def _jax_settings() -> dict[str, Any] | None:
+    """This process's ``_CARRIED`` settings (``None``: JAX not imported, its defaults then)."""
     jax = sys.modules.get("jax")
-    return None if jax is None else bool(jax.config.read("jax_enable_x64"))
+    if jax is None:
+        return None
+    found = {}
+    for name in _CARRIED:
+        try:
+            found[name] = getattr(jax.config, name)  # (read() refuses some)
+        except Exception:  # noqa: BLE001 - (a JAX without the option)
+            pass
+    return found
 
 
 def _row_bytes(shape: tuple, dtype: Any) -> int:

@@ -364,7 +364,8 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
             + ("restore it over the same stream: the same shards (files are named relative to "
                "the folder they share), shuffle_window and shuffle_shards, and the same "
                "functions in it (a Stream.map's and a PackedStream's tokenize: named by a "
-               "digest of their code); " if other else "")
+               "digest of their code as this Python compiles it: another Python version, or "
+               "its -O, may differ too); " if other else "")
             + "a stream's order depends on the seed, the batch size and the number of readers "
             "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
             "restore with the same ones (pass readers_per_process= to change num_workers)")

@@ -78,11 +78,11 @@ def _cpu_limits() -> list[float]:
                     if len(parts) == 2 and parts[0] != "max" and _positive(parts):
                         found.append(int(parts[0]) / int(parts[1]))
             elif "cpu" in controllers.split(","):  # (v1: a quota of -1 is none)
-                folder = f"/sys/fs/cgroup/{controllers}{cgroup}"
-                quota, period = (_read(f"{folder}/cpu.cfs_quota_us"),
-                                 _read(f"{folder}/cpu.cfs_period_us"))
-                if quota and period and _positive([quota, period]):
-                    found.append(int(quota) / int(period))
+                for folder in _v1_folders(controllers, "cpu", cgroup):
+                    quota, period = (_read(f"{folder}/cpu.cfs_quota_us"),
+                                     _read(f"{folder}/cpu.cfs_period_us"))
+                    if quota and period and _positive([quota, period]):
+                        found.append(int(quota) / int(period))
     return found
 
 
@@ -95,9 +95,9 @@ def _memory_limits() -> list[tuple[int, int]]:
                 files = [(f"{root}{cgroup}/memory.max", f"{root}{cgroup}/memory.current",
                           f"{root}{cgroup}/memory.stat", "inactive_file") for root in _ROOTS]
             elif "memory" in controllers.split(","):
-                folder = f"/sys/fs/cgroup/{controllers}{cgroup}"
                 files = [(f"{folder}/memory.limit_in_bytes", f"{folder}/memory.usage_in_bytes",
-                          f"{folder}/memory.stat", "total_inactive_file")]
+                          f"{folder}/memory.stat", "total_inactive_file")
+                         for folder in _v1_folders(controllers, "memory", cgroup)]
             else:
                 continue
             for limit_file, used_file, stat_file, cache in files:
@@ -106,6 +106,14 @@ def _memory_limits() -> list[tuple[int, int]]:
                         limit) < 1 << 60:  # ("max"; v1's no limit is about 2**63)
                     found.append((int(limit), max(0, int(used) - _stat(stat_file, cache))))
     return found
+
+
+def _v1_folders(controllers: str, name: str, cgroup: str) -> list[str]:
+    """Where cgroup v1's folder of ``cgroup`` may be: under the hierarchy named as
+    ``/proc/self/cgroup`` lists its ``controllers`` (``cpu,cpuacct``), and under the link named
+    for the controller (RHEL 7's kernel lists ``cpuacct,cpu`` for the folder ``cpu,cpuacct``,
+    which the links ``cpu`` and ``cpuacct`` name: its quota was never found)."""
+    return [f"/sys/fs/cgroup/{folder}{cgroup}" for folder in dict.fromkeys((controllers, name))]
 
 
 def _stat(path: str, key: str) -> int:

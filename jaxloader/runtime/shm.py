@@ -240,8 +240,8 @@ def open_descriptors() -> int | None:
 
 _FEWER = ("close the loaders you no longer use (each keeps its slots; a notebook keeps each "
           "loader a cell showed, in Out[n]: %reset -f out), use fewer workers, or keep fewer "
-          "batches alive (on the CPU backend a placed leaf over 64 KiB that you keep holds its "
-          "batch's slot: keep a copy, np.array(leaf))")
+          "batches alive (a leaf over 64 KiB that you keep, a NumPy batch's or one placed on "
+          "the CPU backend, holds its batch's slot: keep a copy, np.array(leaf))")
 
 
 def out_of_descriptors(e: OSError, what: str = "a new segment",
@@ -298,16 +298,19 @@ def reserve(fd: int, size: int, where: str) -> None:
 
 
 def _free(where: str) -> str:
-    """What was free, for the error message."""
+    """What was free, for the error message: in ``/dev/shm``, or of the memory this process
+    may take (at most what its container's limit leaves: the node's was quoted)."""
+    from jaxloader.runtime.limits import available_bytes
+
     try:
         if where == "/dev/shm":
             st = os.statvfs("/dev/shm")
             return f"{st.f_bavail * st.f_frsize:,} bytes were free in /dev/shm"
-        with open("/proc/meminfo") as f:
-            available = next(line for line in f if line.startswith("MemAvailable:"))
-        return f"{int(available.split()[1]) * 1024:,} bytes of memory were available"
-    except (OSError, StopIteration, ValueError):
+    except OSError:
         return "how much was free is unknown"
+    available = available_bytes()
+    return "how much was free is unknown" if available >= 1 << 62 else \
+        f"{available:,} bytes of memory were available"
 
 
 def open_memory_file(pid: int, fd_number: int, inode: int, flags: int) -> int | None:

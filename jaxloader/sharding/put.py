@@ -35,6 +35,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import (as_32_bits, beyond_32_bits, device_dtype_problem, host_only,
                                     what_32_bits_do)
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
+from jaxloader.workers.ring import SMALL_LEAF  # (a leaf this small is placed from a copy)
 
 
 def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> NamedSharding:
@@ -341,11 +342,8 @@ class Putter:
             JaxloaderWarning, stacklevel=2)
 
 
-_SMALL = 1 << 16  # bytes: a leaf at most this large is placed from a copy (``Putter``)
-
-
 def _own_if_small(leaf: Any) -> Any:
-    return leaf.copy() if isinstance(leaf, np.ndarray) and leaf.nbytes <= _SMALL else leaf
+    return leaf.copy() if isinstance(leaf, np.ndarray) and leaf.nbytes <= SMALL_LEAF else leaf
 
 
 def _said(rows: tuple) -> str:

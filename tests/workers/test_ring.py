@@ -167,7 +167,8 @@ def test_batches_kept_past_the_slots_budget_let_their_descriptors_go(monkeypatch
     # each kept batch's slot held a descriptor of this process (two before Python 3.13):
     # list(loader) of 2,500 batches ran out of them at a limit of 1,024
     monkeypatch.setattr("jaxloader.workers.ring.ahead_slots", lambda taken=0, others=0: 3)
-    ring = SlotRing()
+    monkeypatch.setattr("jaxloader.workers.ring.SMALL_LEAF", 0)  # (whole batches kept: their
+    ring = SlotRing()  # leaves' copies would free the slots below)
     kept = []
     for value in range(5):
         segment = ring.take()
@@ -180,6 +181,35 @@ def test_batches_kept_past_the_slots_budget_let_their_descriptors_go(monkeypatch
     assert {ring.take().name, ring.take().name}.isdisjoint(unlinked)  # destroyed, not reused
     assert ring.segment_count == 5
     ring.close()
+
+
+def _fill_two(segment, value):  # an image and a label, as an evaluation's batch holds them
+    records = [{"image": np.full(200, value, np.float32), "label": np.int64(value)}] * 4
+    buf = segment.buf
+    return materialize(*record_columns(records), alloc=lambda n: buf[:n])[1]
+
+
+def test_a_small_leaf_kept_from_each_batch_holds_a_copy_not_its_batchs_slot():
+    # an evaluation keeping each batch's labels for its metric (NumPy batches: no sharding=)
+    # held each batch's whole slot, a page a step here (a megabyte in the review's case): the
+    # ring grew a slot a batch, and on 3.11 under a limit of 256 descriptors it ran out at 173
+    ring, labels, dropped = SlotRing(), [], SlotRing()
+    try:
+        for value in range(300):
+            segment = ring.take()
+            batch = ring.hand_out(segment, _fill_two(segment, value), [])
+            labels.append(batch["label"])
+            del batch
+        assert [int(label[0]) for label in labels] == list(range(300))
+        assert ring.segment_count <= 2 * 64, ring.segment_count  # (it was 300: one a label)
+        for value in range(300):  # a loop that keeps nothing is handed views alone, as before
+            segment = dropped.take()
+            batch = dropped.hand_out(segment, _fill_two(segment, value), [])
+            assert batch["label"].base is not None and int(batch["image"][0, 0]) == value
+        assert dropped.segment_count <= 2
+    finally:
+        ring.close()
+        dropped.close()
 
 
 def test_batches_let_go_in_turn_reuse_their_slots_past_the_slots_budget():
