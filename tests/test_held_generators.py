@@ -7,6 +7,7 @@ without a word (the augmentation-randomness audit)."""
 from __future__ import annotations
 
 import pickle
+import re
 import random
 import warnings
 
@@ -131,3 +132,98 @@ def test_a_source_that_draws_as_it_reads_is_warned_of_at_the_first_state():
         with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, **ONE) as ld:
             next(iter(ld))
             ld.state_dict()
+
+
+class _Mixup:  # a batch's mixing weight from a generator of its own
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def __call__(self, batch):
+        return {**batch, "aug": np.full(len(batch["x"]), self.rng.beta(0.2, 0.2))}
+
+
+def _mix_global(batch):
+    return {**batch, "aug": np.full(len(batch["x"]), np.random.beta(0.2, 0.2))}
+
+
+def _scaled(batch):
+    return {**batch, "aug": batch["x"] * 0.5}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_maps_draws_are_watched_as_a_record_transforms_are(num_workers):
+    # a BatchMap was not watched at all: a mixup's weights from np.random, or from a generator
+    # it holds (the same weights in each worker: 4 distinct of 8 with 2), said nothing
+    for fn, what in ((_Mixup(), r"a random generator it holds \(fn.rng\)"),
+                     (_mix_global, r"the global random state")):
+        drawn, said = _epoch([jl.BatchMap(fn)], num_workers)
+        assert said and all(re.match(rf"BatchMap\(.*\) drew from {what}.* on 2 of the first "
+                                     r"batches.*JitMap's key", s) for s in said), said
+    drawn, said = _epoch([jl.BatchMap(_scaled)], num_workers)
+    assert not said, said
+
+
+class _Slotted:  # an augmentation object of slots alone (a dataclass(slots=True))
+    __slots__ = ("rng", "config")
+
+    def __init__(self, config):
+        self.rng, self.config = np.random.default_rng(0), config
+
+    def __call__(self, record):
+        return {**record, "aug": self.rng.random()}
+
+
+class _Config:  # a config object that looks names up in a dict, and prints otherwise
+    __slots__ = ("values",)
+
+    def __init__(self):
+        self.values = {"scale": 2.0}
+
+    def __getattr__(self, name):
+        return self.values[name]  # (KeyError for '__dict__': it ran the user's code)
+
+
+class _Loud:
+    def __repr__(self):
+        raise RuntimeError("repr ran")
+
+    @property
+    def __class__(self):
+        raise RuntimeError("__class__ ran")
+
+
+def _via_temp_file(record):  # (a decoder fed through a temporary file)
+    from tempfile import NamedTemporaryFile
+
+    return record if NamedTemporaryFile else record
+
+
+def test_the_search_for_held_generators_looks_into_slots_and_runs_nothing_of_the_users():
+    # (the twenty-sixth review) a slotted object's generator was not found; a config object's
+    # __getattr__, a key's __repr__ and a proxy's __class__ ran and failed the first batch;
+    # tempfile's own name generator, reached through its functions' globals, was warned of
+    import tempfile
+
+    from jaxloader.batching.global_draws import held_generators
+
+    tempfile.mkstemp.__name__  # (its names' generator made, as after JAX's cache or Orbax)
+    next(tempfile._get_candidate_names())
+    config, loud = _Config(), _Loud()
+    augment = _Slotted(config)
+    table = {loud: 1, "x": loud}
+
+    def uses(record):
+        return augment(record) if config else record
+
+    def proxied(record):
+        return uses(record) if table else record
+
+    found = held_generators((jl.Map(proxied), jl.Map(_via_temp_file)))
+    assert [(i, where) for i, where, _ in found] == [(0, "fn.uses.augment.rng")], found
+    with warnings.catch_warnings(record=True) as said:  # (the config's __getattr__ failed
+        # the loader as it was made, in the digest of its transforms, too)
+        warnings.simplefilter("always")
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, **ONE,
+                           transforms=[jl.Map(uses)]) as loader:
+            assert len(list(loader)) == 2
+    assert any("(fn.augment.rng)" in str(w.message) for w in said), said

@@ -1,5 +1,6 @@
 """JitMap: a jax.numpy transform compiled over the batch, the same batches wherever it runs."""
 
+import os
 import re
 import warnings
 
@@ -580,3 +581,31 @@ def test_the_workers_draw_a_keys_bits_as_the_training_processs_jax_settings_say(
     assert same(made[0], made[1])
     with loader(0) as as_given:  # (the setting matters: other crops)
         assert not same(list(as_given), made[0])
+
+
+_NO_PROC = """
+import os, sys
+listdir = os.listdir
+def no_proc(path="."):
+    if str(path).startswith("/proc"):
+        raise FileNotFoundError(2, "No such file or directory", path)
+    return listdir(path)
+os.listdir = no_proc
+os.environ["JAXLOADER_XLA_THREADS"] = "1"
+allowed = os.sched_getaffinity(0)
+from jaxloader.batching.jit_cpu import cpu_device
+print(cpu_device().platform, os.sched_getaffinity(0) == allowed)
+"""
+
+
+def test_a_workers_xla_starts_without_proc():
+    # (the portable-paths audit) a worker's JitMap listed /proc/self/task to give XLA's
+    # threads the cores back: without /proc (a locked-down container) every JitMap failed in
+    # the workers, FileNotFoundError
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_PROC], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["cpu", "True"], out.stdout

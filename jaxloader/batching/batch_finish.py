@@ -26,6 +26,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import JaxloaderWarning, RecordError
 from jaxloader.base.timings import COLLATE, StageClock, stage_name
 from jaxloader.batching import collate
+from jaxloader.batching.global_draws import batch_call
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.record_columns import batch_columns
 from jaxloader.batching.record_transforms import read_only_hint
@@ -196,7 +197,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                 copied = _copied(batch, mask_key, given)
                 again = lambda: t.fn(copied)  # noqa: E731
             try:
-                batch = t.fn(batch)
+                batch = batch_call(t, batch)  # (watched for draws on its first batches)
             except Exception as e:
                 raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}"
                                   f"{read_only_hint(e)}; the original error is the cause "

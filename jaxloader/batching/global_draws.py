@@ -34,13 +34,18 @@ import functools
 import inspect
 import itertools
 import random
+import sys
+import threading
 import types
 import warnings
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning
+from jaxloader.sources.code_digest import users_code
+from jaxloader.sources.value_text import attributes_of
 
 WATCHED = 16  # records a loader's transforms are watched on, in each process
 SEEN = 2  # records a transform drew on before it is said
@@ -49,8 +54,9 @@ SEEN = 2  # records a transform drew on before it is said
 class DrawWatch:
     """The watch of ``transforms`` (a loader's record transforms, in order)."""
 
-    def __init__(self, transforms: tuple) -> None:
-        self.transforms = transforms
+    def __init__(self, transforms: tuple, batches: bool = False) -> None:
+        """``batches``: a ``BatchMap`` (one, ``transforms[0]``), watched on batches."""
+        self.transforms, self._batches = transforms, batches
         self.said = False
         self._held: list | None = None  # (found in each process: a copy pickled with the
         # watch is not the generator an imported module's function draws from there)
@@ -104,18 +110,52 @@ class DrawWatch:
         held = self._from.get(index)
         what = "the global random state (np.random.randint, random.random, ...)" \
             if held is None else f"a random generator it holds ({held})"
+        named = f"{transform!r}" if self._batches else f"transforms[{index}] {transform!r}"
+        remedy = ("draw in a RandomMap what each record needs (returned as a leaf: a mixing "
+                  "weight, negative samples), or from a JitMap's key, and use it here"
+                  if self._batches else "draw from the generator a RandomMap gives (jl."
+                  "RandomMap(lambda record, rng: ... rng.random() ...); a random Filter: draw "
+                  "in a RandomMap, then filter on what it drew)")
         warnings.warn_explicit(  # (at the transform's code: a worker has no frame of yours)
-            f"transforms[{index}] {transform!r} drew from {what} on {SEEN} of the first "
-            "records: its numbers are not the loader's, so the batches differ with the worker "
+            f"{named} drew from {what} on {SEEN} of the first "
+            f"{'batches' if self._batches else 'records'}: its numbers are not the loader's, "
+            "so the batches differ with the worker "
             "count, from run to run and after a restore" + (
-                " (and workers forked from one state draw the same numbers: their records' "
-                "augmentations repeat)" if held is None else
+                " (and workers seeded alike, np.random.seed(get_worker_info().seed) in "
+                "worker_init_fn, draw the same numbers: their augmentations repeat)"
+                if held is None else
                 ", and each worker draws from a copy made in one state: the same numbers, "
-                "one worker's augmentations another's") + "; draw from the generator a "
-            "RandomMap gives (jl.RandomMap(lambda record, rng: ... rng.random() ...); a random "
-            "Filter: draw in a RandomMap, then filter on what it drew). A transform that seeds "
-            "the global state from the record itself may leave this be", JaxloaderWarning,
+                "one worker's augmentations another's") + f"; {remedy}. A transform that "
+            "seeds the global state from the record itself may leave this be", JaxloaderWarning,
             code.co_filename if code else "<transform>", code.co_firstlineno if code else 0)
+
+
+WATCHED_BATCHES = 8  # batches a BatchMap is watched on, in each process
+_BATCH_WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BatchMap -> watch
+
+
+def batch_call(transform: Any, batch: Any) -> Any:
+    """``transform.fn(batch)`` (a ``BatchMap``'s), watched as a record transform is on its first
+    ``WATCHED_BATCHES`` batches in this process's main thread: a mixup drawing its weights from
+    ``np.random``, or from a generator it holds (a copy in each worker: the same weights), was
+    not watched at all."""
+    if threading.current_thread() is not threading.main_thread():
+        return transform.fn(batch)
+    try:
+        watch = _BATCH_WATCHES.get(transform)
+        if watch is None:
+            watch = _BATCH_WATCHES[transform] = [WATCHED_BATCHES, DrawWatch((transform,), True)]
+    except TypeError:  # (not weakly referable: not watched)
+        return transform.fn(batch)
+    if watch[0] <= 0:
+        return transform.fn(batch)
+    watch[0] -= 1
+    ((_, (fn, _)),) = watch[1].steps(((0, (transform.fn, 0)),))
+    out = fn(batch)
+    watch[1].say()
+    if watch[1].said:
+        watch[0] = 0
+    return out
 
 
 def _draws() -> tuple | None:
@@ -142,14 +182,17 @@ def _brief(value: Any) -> Any:
 _GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 _LOOKED_AT = 2000  # objects a transform's search for held generators looks at, at most
 _ITEMS = 64  # a container's items it looks at, at most
+_PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
 
 
 def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
     """The random generators ``transforms`` hold but the global ones (``_draws``), each as
-    ``(transform index, where, generator)``: in their functions' closures, defaults, bound
-    objects and the globals their code names, in the attributes of an object called
-    (``__dict__``, and its ``__call__``'s globals), in partials and containers, a few levels
-    down (by attributes, never by properties: nothing of the user's runs).
+    ``(transform index, where, generator)``: in the attributes of an object called or bound
+    (``__dict__``, ``__slots__``), in partials and containers, and in the closures, defaults and
+    the globals named by the code of the user's own functions (not an installed library's:
+    ``tempfile``'s names are drawn from a generator of its own), a few levels down. Nothing of
+    the user's runs (no property, ``__getattr__`` or ``__repr__``), and what cannot be looked
+    at is left out: a watch only.
 
     Example:
         >>> from jaxloader.batching.transforms import Map
@@ -162,26 +205,29 @@ def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
         todo, seen = [("fn", getattr(transform, "fn", None), 0)], set[int]()
         while todo and len(seen) < _LOOKED_AT:
             where, obj, depth = todo.pop()
-            if id(obj) in seen or _plain(obj):
+            kind = type(obj)  # (not isinstance: a proxy's __class__ may run its code)
+            if id(obj) in seen or obj is None or issubclass(kind, _PLAIN):
                 continue
             seen.add(id(obj))
-            if isinstance(obj, _GENERATORS):
+            if issubclass(kind, _GENERATORS):
                 if obj is not getattr(random, "_inst", None) and \
                         obj is not getattr(np.random.mtrand, "_rand", None):
                     found.append((index, where, obj))
             elif depth < 5:
-                todo += [(where + name, child, depth + 1) for name, child in _inside(obj)]
+                try:
+                    todo += [(where + name, child, depth + 1) for name, child in _inside(obj)]
+                except Exception:  # noqa: BLE001 - (what cannot be looked at: left out)
+                    pass
     return found
-
-
-def _plain(obj: Any) -> bool:
-    return obj is None or isinstance(obj, (type, types.ModuleType, np.ndarray, str, bytes, int,
-                                           float, complex, range))
 
 
 def _inside(obj: Any) -> list[tuple[str, Any]]:
     """What ``obj`` holds, each with how it is reached from it."""
-    if isinstance(obj, types.FunctionType):
+    kind = type(obj)
+    if issubclass(kind, types.FunctionType):
+        if not users_code(sys.modules.get(obj.__module__)) or \
+                obj.__module__.startswith("jaxloader."):
+            return []
         code, names = obj.__code__, set[str]()
         codes = [code]
         while codes:  # (the names its nested functions and comprehensions use too)
@@ -194,20 +240,23 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
                                      sorted(names) if name in obj.__globals__] + [
             (f".__defaults__[{i}]", d) for i, d in enumerate(obj.__defaults__ or ())] + [
             (".__wrapped__", w) for w in [obj.__dict__.get("__wrapped__")] if w is not None]
-    if isinstance(obj, types.MethodType):
+    if issubclass(kind, types.MethodType):
         return [(".__self__", obj.__self__), ("", obj.__func__)]
-    if isinstance(obj, functools.partial):
+    if issubclass(kind, functools.partial):
         return [("", obj.func), *((f".args[{i}]", a) for i, a in enumerate(obj.args)),
-                *((f".keywords[{k!r}]", v) for k, v in obj.keywords.items())]
-    if isinstance(obj, dict):
-        return [(f"[{k!r}]", v) for k, v in itertools.islice(obj.items(), _ITEMS)]
-    if isinstance(obj, (list, tuple, set, frozenset)):
+                *((f".keywords[{_key(k)}]", v) for k, v in obj.keywords.items())]
+    if issubclass(kind, dict):
+        return [(f"[{_key(k)}]", v) for k, v in itertools.islice(dict.items(obj), _ITEMS)]
+    if issubclass(kind, (list, tuple, set, frozenset)):
         return [(f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _ITEMS))]
-    attributes = getattr(obj, "__dict__", None)
-    held = [(f".{k}", v) for k, v in itertools.islice(attributes.items(), _ITEMS)] \
-        if isinstance(attributes, dict) else []
-    call = getattr(type(obj), "__call__", None)
-    return held + ([("", call)] if isinstance(call, types.FunctionType) else [])
+    held = [(f".{k}", v) for k, v in itertools.islice(attributes_of(obj).items(), _ITEMS)]
+    call = next((c.__dict__["__call__"] for c in kind.__mro__ if "__call__" in c.__dict__), None)
+    return held + ([("", call)] if type(call) is types.FunctionType else [])
+
+
+def _key(key: Any) -> str:
+    """A key in a name: its ``repr`` where that is plain data's, else ``...``."""
+    return repr(key) if type(key) in (str, int, float, bytes, bool) else "..."
 
 
 def _filled(cell: Any) -> bool:

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,11 @@ def cpu_device() -> Any:
         _CPU.append(jax.local_devices(backend="cpu")[0])
         return _CPU[0]
     finally:
-        for tid in os.listdir("/proc/self/task"):
+        try:  # (XLA's threads, started meanwhile, given the whole affinity back)
+            started = os.listdir("/proc/self/task")
+        except OSError:  # (no /proc: this thread's alone)
+            started = [str(threading.get_native_id())]
+        for tid in started:
             try:
                 os.sched_setaffinity(int(tid), allowed)
             except OSError:  # a thread that ended meanwhile

@@ -124,7 +124,7 @@ class Segment:
         except BaseException as e:
             try:  # by name: a Ctrl-C right after shm_open returns loses the fd, not the name
                 _posixshmem.shm_unlink("/" + name)
-            except FileNotFoundError:
+            except OSError:  # (not made; or a read-only /dev/shm, said below)
                 pass
             if registry is not None:
                 registry.pop(name, None)
@@ -280,8 +280,11 @@ def reserve(fd: int, size: int, where: str) -> None:
     was blamed on the source's pickling)."""
     try:
         os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
+        if hasattr(os, "posix_fallocate"):  # (macOS has none: its pages come as written)
+            os.posix_fallocate(fd, 0, size)
     except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL) and os.fstat(fd).st_size == size:
+            return  # (a file system that reserves nothing ahead: sized, as macOS's)
         if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
             raise
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if e.errno == errno.EFBIG else -1

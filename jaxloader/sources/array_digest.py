@@ -68,13 +68,11 @@ def arrays_digest(fn: Any) -> str:
                       if type(v) not in ATOMIC]
         elif isinstance(value, functools.partial):
             inside = [value.func, *value.args, *value.keywords.values()]
-        elif callable(value) or depth and hasattr(value, "__dict__"):
-            inside = [cell.cell_contents for cell in getattr(value, "__closure__", None) or ()
-                      if filled(cell)] + [getattr(value, "__self__", None)]
-            inside += [*(getattr(value, "__defaults__", None) or ()),  # (lambda r, t=table:)
-                       *(getattr(value, "__kwdefaults__", None) or {}).values()]
-            if not inspect.isroutine(value):
-                inside += list(attributes_of(value).values())
+        else:
+            try:  # (an object's __getattr__ of the user's that raises KeyError: left out)
+                inside = _held(value, depth)
+            except Exception:  # noqa: BLE001
+                inside = []
         todo += [(v, depth + 1) for v in reversed(inside)]
     return digest.hexdigest() if found else ""
 
@@ -91,3 +89,17 @@ def _mapped(array: np.ndarray) -> bool:
     while base is not None and not isinstance(base, (np.memmap, mmap.mmap)):
         base = getattr(base, "base", None)
     return base is not None
+
+
+def _held(value: Any, depth: int) -> list:
+    """What a function (its closure, bound object and defaults) or an object (its attributes)
+    below the first holds."""
+    if not (callable(value) or depth and hasattr(value, "__dict__")):
+        return []
+    inside = [cell.cell_contents for cell in getattr(value, "__closure__", None) or ()
+              if filled(cell)] + [getattr(value, "__self__", None)]
+    inside += [*(getattr(value, "__defaults__", None) or ()),  # (lambda r, t=table:)
+               *(getattr(value, "__kwdefaults__", None) or {}).values()]
+    if not inspect.isroutine(value):
+        inside += list(attributes_of(value).values())
+    return inside

@@ -129,7 +129,7 @@ class _Digests:
     def _value(self, value: Any, within: frozenset) -> str:
         if not callable(value):
             return value_text(value, self.deep, tail=self.tails)
-        if self.deep and inspect.isfunction(value) and not _users(
+        if self.deep and inspect.isfunction(value) and not users_code(
                 inspect.getmodule(value)):  # (an installed library's: by its name)
             return f"{value.__module__}.{value.__qualname__}"
         return self.of(value, within)
@@ -162,7 +162,8 @@ def _globals_named(fn: Any, code: Any, closure: list) -> list:
     if code is not None:
         _names(code, named, attributes)
     found = [space[name] for name in sorted(named) if name in space]
-    for module in [v for v in found + closure if isinstance(v, types.ModuleType) and _users(v)]:
+    for module in [v for v in found + closure
+                   if isinstance(v, types.ModuleType) and users_code(v)]:
         found += [getattr(module, name) for name in sorted(attributes)
                   if hasattr(module, name) and not isinstance(getattr(module, name),
                                                               types.ModuleType)]
@@ -193,7 +194,7 @@ def _installed() -> tuple[str, ...]:
 _INSTALLED = _installed()
 
 
-def _users(module: Any) -> bool:
+def users_code(module: Any) -> bool:
     """Whether ``module`` is the user's own code: a file not under Python's library or a
     site-packages or dist-packages folder, or a notebook's ``__main__`` (no file), or code
     whose module is not known (built by ``exec``)."""

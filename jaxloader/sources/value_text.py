@@ -297,14 +297,22 @@ def _generated_repr(kind: type) -> bool:
 
 
 def attributes_of(value: Any) -> dict[str, Any]:
-    """``value``'s own attributes: its ``__dict__`` and its classes' ``__slots__``."""
-    found = dict(getattr(value, "__dict__", None) or {})
+    """``value``'s own attributes: its ``__dict__`` and its classes' ``__slots__``, read as
+    ``object`` reads them (a ``__getattr__`` of the user's that raises ``KeyError`` for
+    ``__dict__``, a config object's, failed the loader as it was made)."""
+    try:
+        own = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        own = None
+    found = dict(own) if type(own) is dict else {}
     for cls in type(value).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
-            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__") and hasattr(
-                    value, slot):
-                found[slot] = getattr(value, slot)
+            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
+                try:
+                    found[slot] = object.__getattribute__(value, slot)
+                except AttributeError:  # (not set)
+                    pass
     return found
 
 

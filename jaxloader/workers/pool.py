@@ -97,7 +97,7 @@ class WorkerPool:
             self._start()
             self._blob = failures.pickled(maker, worker_init_fn, self._shared.append)
         except BaseException:  # (a Ctrl-C too: a notebook keeps the frames, and the pool)
-            self.close()
+            self.close() if hasattr(self, "_finalizer") else self._destroy_shared()
             raise
         self._send_payload()
 

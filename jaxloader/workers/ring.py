@@ -182,14 +182,13 @@ class SlotRing:
         order = self._lent_order
         order.append(ref)
         if not self._copied and self._handed % _KEPT_AFTER == 0 and len(order) >= _KEPT_AFTER:
-            old = order[-_KEPT_AFTER]  # (a batch still held this many batches later: kept)
-            kept = self._lent.get(id(old))
-            self._copied = SMALL_LEAF if kept is not None and kept[0] is old else 0
+            if order[-_KEPT_AFTER]() is not None:  # (a batch still held this many later: kept)
+                self._copied = SMALL_LEAF
         while len(order) > self._kept_linked:  # (batches kept: the oldest's descriptor goes)
             old = order.popleft()
             kept = self._lent.get(id(old))
-            if kept is not None and kept[0] is old:
-                kept[1].unlink()
+            if kept is not None and kept[0] is old and old() is not None:  # (not one whose
+                kept[1].unlink()  # views died since the last take(): it comes back linked)
                 self._copied = SMALL_LEAF  # (a leaf kept holds a copy, not a whole slot)
         return layout.views(base, objects, self._copied)
 

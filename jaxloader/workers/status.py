@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -114,7 +115,8 @@ class StatusBoard:
     def stacks(self, pids: list[int]) -> list[str]:
         """Each worker's Python stacks (``StackFiles.take``), asked of those that can answer:
         not stopped, gone, or starting (its stack thread not yet running)."""
-        return self._stacks.take([_state(pid) not in ("T", "t", "Z", None)
+        known = os.path.isdir("/proc/self")  # (else no state is known: asked all the same)
+        return self._stacks.take([_state(pid) not in ("T", "t", "Z", None if known else "")
                                   and self._rows[worker, 0] != _STARTING
                                   for worker, pid in enumerate(pids)])
 

@@ -207,6 +207,14 @@ def test_a_small_leaf_kept_from_each_batch_holds_a_copy_not_its_batchs_slot():
             batch = dropped.hand_out(segment, _fill_two(segment, value), [])
             assert batch["label"].base is not None and int(batch["image"][0, 0]) == value
         assert dropped.segment_count <= 2
+        # nor at an epoch's end, its batches handed out with no take() between (which reads
+        # the views that died): each then looked kept, and copies were made for good (the
+        # twenty-sixth review)
+        slots = [dropped.take() for _ in range(100)]
+        for value, segment in enumerate(slots):
+            batch = dropped.hand_out(segment, _fill_two(segment, value), [])
+            assert batch["label"].base is not None, value
+        del slots, batch
     finally:
         ring.close()
         dropped.close()

@@ -41,6 +41,40 @@ def test_a_dev_shm_read_only_or_missing_is_named_with_the_remedy(monkeypatch):
             Segment.create(10_000, memfd=False)
 
 
+def test_the_portable_paths_make_segments_and_say_what_refuses_them(monkeypatch):
+    # (the portable-paths audit) macOS's os has no posix_fallocate: every loader with workers
+    # failed as it was made, naming it; a file system that reserves nothing ahead raised a
+    # bare EOPNOTSUPP; a read-only /dev/shm refused the cleanup's unlink too, and its bare
+    # "Read-only file system" came out instead of the remedy
+    import errno
+
+    from jaxloader.base.errors import SharedMemoryError
+    from jaxloader.runtime import shm
+
+    monkeypatch.delattr(os, "posix_fallocate")
+    for memfd in (False, shm.MEMFD_AVAILABLE):
+        seg = Segment.create(10_000, memfd=memfd)
+        seg.buf[9_999] = 7
+        assert seg.buf[9_999] == 7 and seg.destroy()
+    monkeypatch.undo()
+
+    def unsupported(fd, offset, size):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    seg = Segment.create(10_000, memfd=False)
+    assert seg.size >= 10_000 and seg.destroy()
+    monkeypatch.undo()
+
+    def read_only(*_, **__):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), "/jaxloader_1_ab")
+
+    monkeypatch.setattr(shm._posixshmem, "shm_open", read_only)  # (a read-only mount refuses
+    monkeypatch.setattr(shm._posixshmem, "shm_unlink", read_only)  # the unlink too)
+    with pytest.raises(SharedMemoryError, match=r"in /dev/shm \(.*\): .*writable tmpfs"):
+        Segment.create(10_000, memfd=False)
+
+
 @needs_memfd
 def test_memory_files_leave_nothing_in_dev_shm_and_close_their_descriptor():
     before = set(os.listdir("/dev/shm"))

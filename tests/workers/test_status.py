@@ -343,3 +343,24 @@ def test_timeout_s_without_workers_is_said_to_time_nothing_out():
                                          r"in the thread that asks for it"):
         jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, timeout_s=2,
                       process_index=0, process_count=1).close()
+
+
+def test_without_proc_the_workers_are_still_asked_for_their_stacks(monkeypatch):
+    # (the portable-paths audit) a worker's state comes from /proc/<pid>/stat; without /proc
+    # (macOS, a locked-down container) none is known, and a stall report asked none of the
+    # workers for their stacks: "(no stack: the process is stopped, gone, ...)" for a worker
+    # asleep in a transform, though its request pipe was there to ask
+    board = status.StatusBoard(2)
+    try:
+        board._rows[:, 0] = 0  # (started: not _STARTING)
+        asked = []
+        monkeypatch.setattr(board._stacks, "take", lambda which: asked.append(which) or
+                            ["", ""])
+        monkeypatch.setattr(status, "_state", lambda pid: None)
+        board.stacks([11, 12])
+        real_isdir = os.path.isdir
+        monkeypatch.setattr(os.path, "isdir", lambda p: p != "/proc/self" and real_isdir(p))
+        board.stacks([11, 12])
+        assert asked == [[False, False], [True, True]]  # (with /proc: None is a worker gone)
+    finally:
+        board.destroy()
