@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
+import held_augs
 import jaxloader as jl
 from jaxloader.workers import payload
 
@@ -227,3 +228,19 @@ def test_the_search_for_held_generators_looks_into_slots_and_runs_nothing_of_the
                            transforms=[jl.Map(uses)]) as loader:
             assert len(list(loader)) == 2
     assert any("(fn.augment.rng)" in str(w.message) for w in said), said
+
+
+def _via_module(record):  # (a project's augs.py, named by its attribute)
+    return {**record, "aug": np.float64(held_augs.TRAIN.random())}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_generator_a_users_module_or_a_list_of_augmentations_holds_is_found(num_workers):
+    # (the augmentation-libraries audit) augs.TRAIN, a seeded pipeline in the project's module:
+    # each worker imported the same, half the augmentations repeated, nothing said; a list
+    # subclass's own generator (imgaug's OneOf) was not looked for either
+    drawn, said = _epoch([jl.Map(_via_module)], num_workers)
+    assert any("(fn.held_augs.TRAIN)" in s for s in said), said
+    pick = held_augs.OneOf(lambda r: {**r, "aug": 1.0}, lambda r: {**r, "aug": 2.0})
+    drawn, said = _epoch([jl.Map(pick)], num_workers)
+    assert any("(fn.random_state)" in s for s in said), said

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import os
 import random
 import sys
 import threading
@@ -119,14 +120,15 @@ class DrawWatch:
         warnings.warn_explicit(  # (at the transform's code: a worker has no frame of yours)
             f"{named} drew from {what} on {SEEN} of the first "
             f"{'batches' if self._batches else 'records'}: its numbers are not the loader's, "
-            "so the batches differ with the worker "
-            "count, from run to run and after a restore" + (
-                " (and workers seeded alike, np.random.seed(get_worker_info().seed) in "
-                "worker_init_fn, draw the same numbers: their augmentations repeat)"
-                if held is None else
-                ", and each worker draws from a copy made in one state: the same numbers, "
-                "one worker's augmentations another's") + f"; {remedy}. A transform that "
-            "seeds the global state from the record itself may leave this be", JaxloaderWarning,
+            "so the batches differ with the worker count" + (
+                ", from run to run and after a restore (and workers seeded alike, "
+                "np.random.seed(get_worker_info().seed) in worker_init_fn, draw the same "
+                "numbers: their augmentations repeat)" if held is None else
+                " and after a restore (and from run to run, unless it is seeded), and each "
+                "worker draws from a copy made in one state: the same numbers, one worker's "
+                "augmentations another's") + f"; {remedy}. A transform that seeds the global "
+            "state (or the generator it holds: a library's own, set from the RandomMap's rng "
+            "before each call) from the record itself may leave this be", JaxloaderWarning,
             code.co_filename if code else "<transform>", code.co_firstlineno if code else 0)
 
 
@@ -183,6 +185,7 @@ _GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerato
 _LOOKED_AT = 2000  # objects a transform's search for held generators looks at, at most
 _ITEMS = 64  # a container's items it looks at, at most
 _PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
@@ -190,9 +193,9 @@ def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
     ``(transform index, where, generator)``: in the attributes of an object called or bound
     (``__dict__``, ``__slots__``), in partials and containers, and in the closures, defaults and
     the globals named by the code of the user's own functions (not an installed library's:
-    ``tempfile``'s names are drawn from a generator of its own), a few levels down. Nothing of
-    the user's runs (no property, ``__getattr__`` or ``__repr__``), and what cannot be looked
-    at is left out: a watch only.
+    ``tempfile``'s names are drawn from a generator of its own), a few levels down. No
+    property or ``__repr__`` of the user's runs, and what cannot be looked at is left out: a
+    watch only.
 
     Example:
         >>> from jaxloader.batching.transforms import Map
@@ -226,7 +229,7 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
     kind = type(obj)
     if issubclass(kind, types.FunctionType):
         if not users_code(sys.modules.get(obj.__module__)) or \
-                obj.__module__.startswith("jaxloader."):
+                obj.__code__.co_filename.startswith(_PACKAGE):  # (jaxloader's own)
             return []
         code, names = obj.__code__, set[str]()
         codes = [code]
@@ -235,9 +238,14 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
             names.update(each.co_names)
             codes += [c for c in each.co_consts if isinstance(c, types.CodeType)]
         cells = zip(code.co_freevars, obj.__closure__ or ())
-        return [(f".{name}", cell.cell_contents) for name, cell in cells
-                if _filled(cell)] + [(f".{name}", obj.__globals__[name]) for name in
-                                     sorted(names) if name in obj.__globals__] + [
+        named = {name: obj.__globals__[name] for name in sorted(names)
+                 if name in obj.__globals__}
+        return [(f".{name}", cell.cell_contents) for name, cell in cells if _filled(cell)] + [
+            (f".{name}", value) for name, value in named.items()] + [  # (augs.TRAIN: a
+            (f".{module}.{name}", vars(value)[name])  # user's module's attribute it names)
+            for module, value in named.items() if type(value) is types.ModuleType
+            and users_code(value) and not getattr(value, "__file__", "").startswith(_PACKAGE)
+            for name in sorted(names) if name in vars(value)] + [
             (f".__defaults__[{i}]", d) for i, d in enumerate(obj.__defaults__ or ())] + [
             (".__wrapped__", w) for w in [obj.__dict__.get("__wrapped__")] if w is not None]
     if issubclass(kind, types.MethodType):
@@ -245,11 +253,12 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
     if issubclass(kind, functools.partial):
         return [("", obj.func), *((f".args[{i}]", a) for i, a in enumerate(obj.args)),
                 *((f".keywords[{_key(k)}]", v) for k, v in obj.keywords.items())]
+    held = [] if kind in (dict, list, tuple, set, frozenset) else [  # (imgaug's OneOf is a
+        (f".{k}", v) for k, v in itertools.islice(attributes_of(obj).items(), _ITEMS)]  # list)
     if issubclass(kind, dict):
-        return [(f"[{_key(k)}]", v) for k, v in itertools.islice(dict.items(obj), _ITEMS)]
+        return held + [(f"[{_key(k)}]", v) for k, v in itertools.islice(dict.items(obj), _ITEMS)]
     if issubclass(kind, (list, tuple, set, frozenset)):
-        return [(f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _ITEMS))]
-    held = [(f".{k}", v) for k, v in itertools.islice(attributes_of(obj).items(), _ITEMS)]
+        return held + [(f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _ITEMS))]
     call = next((c.__dict__["__call__"] for c in kind.__mro__ if "__call__" in c.__dict__), None)
     return held + ([("", call)] if type(call) is types.FunctionType else [])
 

@@ -297,21 +297,20 @@ def _generated_repr(kind: type) -> bool:
 
 
 def attributes_of(value: Any) -> dict[str, Any]:
-    """``value``'s own attributes: its ``__dict__`` and its classes' ``__slots__``, read as
-    ``object`` reads them (a ``__getattr__`` of the user's that raises ``KeyError`` for
-    ``__dict__``, a config object's, failed the loader as it was made)."""
+    """``value``'s own attributes: its ``__dict__`` and its classes' ``__slots__``; what cannot
+    be read left out (a config object's ``__getattr__`` that raised ``KeyError`` for
+    ``__dict__`` failed the loader as it was made)."""
     try:
-        own = object.__getattribute__(value, "__dict__")
-    except AttributeError:
-        own = None
-    found = dict(own) if type(own) is dict else {}
+        found = dict(getattr(value, "__dict__", None) or {})
+    except Exception:  # noqa: BLE001 - (the user's __getattr__)
+        found = {}
     for cls in type(value).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
             if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
                 try:
-                    found[slot] = object.__getattribute__(value, slot)
-                except AttributeError:  # (not set)
+                    found[slot] = getattr(value, slot)
+                except Exception:  # noqa: BLE001 - (not set: AttributeError)
                     pass
     return found
 
