@@ -244,3 +244,16 @@ def test_a_generator_a_users_module_or_a_list_of_augmentations_holds_is_found(nu
     pick = held_augs.OneOf(lambda r: {**r, "aug": 1.0}, lambda r: {**r, "aug": 2.0})
     drawn, said = _epoch([jl.Map(pick)], num_workers)
     assert any("(fn.random_state)" in s for s in said), said
+
+
+def test_a_batch_maps_draw_warning_made_an_error_is_the_warning_not_the_batchs_error():
+    # (the twenty-seventh review) under warnings-as-errors a Map's draws raise the warning;
+    # a BatchMap's raised a RecordError naming the batch, the warning its "original error"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jl.JaxloaderWarning)
+        for transform in (jl.Map(lambda r: {**r, "aug": np.random.random()}),
+                          jl.BatchMap(_mix_global)):
+            with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, **ONE,
+                               transforms=[transform]) as loader:
+                with pytest.raises(jl.JaxloaderWarning, match="drew from the global random"):
+                    list(loader)

@@ -26,7 +26,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import JaxloaderWarning, RecordError
 from jaxloader.base.timings import COLLATE, StageClock, stage_name
 from jaxloader.batching import collate
-from jaxloader.batching.global_draws import batch_call
+from jaxloader.batching.global_draws import batch_call, batch_said
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.record_columns import batch_columns
 from jaxloader.batching.record_transforms import read_only_hint
@@ -202,6 +202,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                 raise RecordError(f"{where()}: {t!r} raised {type(e).__name__}: {e}"
                                   f"{read_only_hint(e)}; the original error is the cause "
                                   "below") from e
+            batch_said(t)
             # the transform that changed the batch axis named (the batch's check, after all of
             # them, names none); a 0-d leaf another transform may take up is left to it
             rows = [shape for x in tree_lib.flatten(batch)[0] if (shape := _shape(x)) is not None]

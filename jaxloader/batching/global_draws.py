@@ -35,7 +35,6 @@ import inspect
 import itertools
 import os
 import random
-import sys
 import threading
 import types
 import warnings
@@ -153,11 +152,17 @@ def batch_call(transform: Any, batch: Any) -> Any:
         return transform.fn(batch)
     watch[0] -= 1
     ((_, (fn, _)),) = watch[1].steps(((0, (transform.fn, 0)),))
-    out = fn(batch)
-    watch[1].say()
-    if watch[1].said:
+    return fn(batch)
+
+
+def batch_said(transform: Any) -> None:
+    """Warns of a ``BatchMap`` whose watched calls drew (``batch_call``), once its call has
+    returned: a warning made an error is then no error of the transform's (a ``RecordError``
+    naming the batch, its cause the warning)."""
+    watch = _BATCH_WATCHES.get(transform)
+    if watch is not None and watch[1]._pending is not None:
         watch[0] = 0
-    return out
+        watch[1].say()
 
 
 def _draws() -> tuple | None:
@@ -228,9 +233,9 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
     """What ``obj`` holds, each with how it is reached from it."""
     kind = type(obj)
     if issubclass(kind, types.FunctionType):
-        if not users_code(sys.modules.get(obj.__module__)) or \
-                obj.__code__.co_filename.startswith(_PACKAGE):  # (jaxloader's own)
-            return []
+        file = obj.__code__.co_filename  # (not __module__: functools.wraps copies the user's
+        if not users_code(types.SimpleNamespace(__file__=file)) or file.startswith(_PACKAGE):
+            return []  # onto a library's wrapper; jaxloader's own are not walked either)
         code, names = obj.__code__, set[str]()
         codes = [code]
         while codes:  # (the names its nested functions and comprehensions use too)
@@ -253,8 +258,9 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
     if issubclass(kind, functools.partial):
         return [("", obj.func), *((f".args[{i}]", a) for i, a in enumerate(obj.args)),
                 *((f".keywords[{_key(k)}]", v) for k, v in obj.keywords.items())]
-    held = [] if kind in (dict, list, tuple, set, frozenset) else [  # (imgaug's OneOf is a
-        (f".{k}", v) for k, v in itertools.islice(attributes_of(obj).items(), _ITEMS)]  # list)
+    own = {} if kind in (dict, list, tuple, set, frozenset) else attributes_of(obj, True)
+    held = [(f".{k}", v) for k, v in itertools.islice(own.items(), _ITEMS)]  # (imgaug's
+    # OneOf is a list)
     if issubclass(kind, dict):
         return held + [(f"[{_key(k)}]", v) for k, v in itertools.islice(dict.items(obj), _ITEMS)]
     if issubclass(kind, (list, tuple, set, frozenset)):

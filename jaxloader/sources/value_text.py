@@ -296,20 +296,24 @@ def _generated_repr(kind: type) -> bool:
     return getattr(wrapped, "__qualname__", "").endswith("__create_fn__.<locals>.__repr__")
 
 
-def attributes_of(value: Any) -> dict[str, Any]:
+def attributes_of(value: Any, plain: bool = False) -> dict[str, Any]:
     """``value``'s own attributes: its ``__dict__`` and its classes' ``__slots__``; what cannot
     be read left out (a config object's ``__getattr__`` that raised ``KeyError`` for
-    ``__dict__`` failed the loader as it was made)."""
+    ``__dict__`` failed the loader as it was made). ``plain``: read as ``object`` reads them,
+    no ``__getattr__`` of the user's run for what is not set (digests read them as they did)."""
+    read = (lambda name: object.__getattribute__(value, name)) if plain else (
+        lambda name: getattr(value, name))
     try:
-        found = dict(getattr(value, "__dict__", None) or {})
-    except Exception:  # noqa: BLE001 - (the user's __getattr__)
+        own = read("__dict__") if plain else getattr(value, "__dict__", None)
+        found = dict(own or {})
+    except Exception:  # noqa: BLE001 - (the user's __getattr__; none: slots alone)
         found = {}
     for cls in type(value).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
             if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
                 try:
-                    found[slot] = getattr(value, slot)
+                    found[slot] = read(slot)
                 except Exception:  # noqa: BLE001 - (not set: AttributeError)
                     pass
     return found
