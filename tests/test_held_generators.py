@@ -257,3 +257,47 @@ def test_a_batch_maps_draw_warning_made_an_error_is_the_warning_not_the_batchs_e
                                transforms=[transform]) as loader:
                 with pytest.raises(jl.JaxloaderWarning, match="drew from the global random"):
                     list(loader)
+
+
+class _WarmingCache:  # a cache whose first read computes, the next ones give what it kept
+    def __init__(self):
+        self.kept = {}
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i in self.kept:
+            return self.kept[i]
+        self.kept[i] = {"x": np.float32(i), "id": i}  # (sorted keys, a Python int)
+        return {"id": np.int64(i), "x": np.float32(i)}
+
+
+def test_a_record_read_again_in_another_form_of_the_same_values_is_not_warned_of():
+    # (the warnings sweep) a cache that gives its keys in another order, or an int where the
+    # first read gave an np.int64, changes no batch: it was said to draw as it reads
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with jl.DataLoader(_WarmingCache(), batch_size=4, **ONE) as loader:
+            loader.state_dict()  # (record 0 read cold, then from the cache)
+            next(iter(loader))
+
+
+def test_a_draw_watched_beside_a_thread_of_the_users_says_the_thread_may_have_drawn():
+    # (the warnings sweep) an uploader's retry jitter drawn from random on a thread of its own
+    # while a RandomMap ran made the RandomMap "draw from the global random state"
+    import threading
+
+    done = threading.Event()
+    uploader = threading.Thread(target=done.wait, name="uploader", daemon=True)
+    uploader.start()
+    try:
+        drawn, said = _epoch([jl.Map(_global_draw)], 0)
+    finally:
+        done.set()
+    assert any("(or another of this process's threads drew while it ran)" in s
+               for s in said), said
+
+
+def _global_draw(record):
+    return {**record, "aug": np.float64(np.random.random())}

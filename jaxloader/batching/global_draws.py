@@ -111,23 +111,29 @@ class DrawWatch:
         what = "the global random state (np.random.randint, random.random, ...)" \
             if held is None else f"a random generator it holds ({held})"
         named = f"{transform!r}" if self._batches else f"transforms[{index}] {transform!r}"
+        unit = "batch" if self._batches else "record"
         remedy = ("draw in a RandomMap what each record needs (returned as a leaf: a mixing "
                   "weight, negative samples), or from a JitMap's key, and use it here"
                   if self._batches else "draw from the generator a RandomMap gives (jl."
                   "RandomMap(lambda record, rng: ... rng.random() ...); a random Filter: draw "
                   "in a RandomMap, then filter on what it drew)")
+        others = held is None and any(  # (a thread of the user's may draw meanwhile)
+            "jaxloader" not in t.name for t in threading.enumerate()
+            if t is not threading.current_thread())
         warnings.warn_explicit(  # (at the transform's code: a worker has no frame of yours)
             f"{named} drew from {what} on {SEEN} of the first "
-            f"{'batches' if self._batches else 'records'}: its numbers are not the loader's, "
-            "so the batches differ with the worker count" + (
+            f"{'batches' if self._batches else 'records'}" + (
+                " (or another of this process's threads drew while it ran)" if others else "")
+            + f": unless it seeds it from the {unit} itself first (then leave this be), or its "
+            f"draws do not shape what it returns, its numbers are not the loader's, so the "
+            "batches differ with the worker count" + (
                 ", from run to run and after a restore (and workers seeded alike, "
                 "np.random.seed(get_worker_info().seed) in worker_init_fn, draw the same "
                 "numbers: their augmentations repeat)" if held is None else
                 " and after a restore (and from run to run, unless it is seeded), and each "
                 "worker draws from a copy made in one state: the same numbers, one worker's "
-                "augmentations another's") + f"; {remedy}. A transform that seeds the global "
-            "state (or the generator it holds: a library's own, set from the RandomMap's rng "
-            "before each call) from the record itself may leave this be", JaxloaderWarning,
+                "augmentations another's") + f"; {remedy} (a library's own generator: set it "
+            "from the RandomMap's rng before each call)", JaxloaderWarning,
             code.co_filename if code else "<transform>", code.co_firstlineno if code else 0)
 
 

@@ -84,24 +84,40 @@ def _leaves(source: Any, position: int) -> tuple[list, tree_lib.TreeDef]:
 
 
 def _read_again(source: Any, leaves: list, treedef: tree_lib.TreeDef) -> None:
-    """Warns where ``source[0]`` read again is not ``leaves``: a source that draws random
-    numbers as it reads (an augmentation in ``__getitem__``) was seen only at the restore,
-    which the changed fingerprint refused, every checkpoint of the run unusable."""
-    again, treedef_again = _leaves(source, 0)
-    differ = [path for path, a, b in zip(tree_lib.leaf_paths(treedef), leaves, again)
-              if _content(a) != _content(b)]
-    if treedef_again != treedef or differ:
-        where = f" ({differ[0]} differs)" if differ and treedef_again == treedef else ""
+    """Warns where ``source[0]`` read again holds other values than ``leaves``: a source that
+    draws random numbers as it reads (an augmentation in ``__getitem__``) was seen only at the
+    restore, which the changed fingerprint refused, every checkpoint of the run unusable. The
+    values by their place, a number as NumPy holds it (a cache that gives its keys in another
+    order, or an ``int`` where the first read gave an ``np.int64``, changes no batch)."""
+    first, then = _values(leaves, treedef), _values(*_leaves(source, 0))
+    differ = sorted(path for path in first.keys() | then.keys()
+                    if first.get(path) != then.get(path))
+    if differ:
         warnings.warn(
-            f"the source's record 0, read twice, gave other values{where}: it draws random "
-            "numbers as it reads (an augmentation in __getitem__, from np.random or a "
-            "generator it holds) or its data change; its batches then differ with the "
-            "worker count, from run to run and after a restore, and a restore of a state "
-            "saved from it is refused (a state names the data by its records); draw in a "
-            "RandomMap (jl.RandomMap(lambda record, rng: ...): the loader's generator, a "
+            f"the source's record 0, read twice, gave other values ({differ[0]} differs): "
+            "it draws random numbers as it reads (an augmentation in __getitem__, from "
+            "np.random or a generator it holds) or its data change; its batches then differ "
+            "with the worker count, from run to run and after a restore, and a restore of a "
+            "state saved from it is refused (a state names the data by its records); draw in "
+            "a RandomMap (jl.RandomMap(lambda record, rng: ...): the loader's generator, a "
             "pure function of the seed and the record's place), or, for records that "
             "change on purpose, give the source a `fingerprint` attribute", JaxloaderWarning,
             stacklevel=user_stacklevel())
+
+
+def _values(leaves: list, treedef: tree_lib.TreeDef) -> dict[str, bytes]:
+    """A record's leaves' contents by their paths, a Python number as NumPy's."""
+    return {path: _content(_as_numpy(leaf))
+            for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves)}
+
+
+def _as_numpy(leaf: Any) -> Any:
+    if type(leaf) not in (bool, int, float, complex):
+        return leaf
+    try:
+        return np.asarray(leaf)
+    except OverflowError:  # (an int past 64 bits: as it is)
+        return leaf
 
 
 def compact_spec(spec: str) -> str:
