@@ -73,8 +73,7 @@ class Layout(NamedTuple):
         written into ``buffer`` after the numbers."""
         leaves = self.leaf_views(buffer, objects)
         if copied:
-            leaves = [leaf.copy() if type(leaf) is np.ndarray and leaf.nbytes <= copied
-                      else leaf for leaf in leaves]
+            leaves = [own_if_small(leaf, copied) for leaf in leaves]
         return tree_lib.unflatten(self.treedef, leaves)
 
     def leaf_views(self, buffer: Any, objects: list | None = None) -> list:
@@ -97,6 +96,12 @@ class Layout(NamedTuple):
     def size(self, objects: list) -> int:
         """The bytes of ``buffer`` a batch of this layout uses, with its strings after."""
         return self.nbytes + sum(o for o in objects if type(o) is int)  # (else arrays)
+
+
+def own_if_small(leaf: Any, most: int) -> Any:
+    """``leaf`` copied where it is a NumPy array of ``most`` bytes or fewer (a view of a batch's
+    slot kept holds the whole slot; a copy holds itself)."""
+    return leaf.copy() if isinstance(leaf, np.ndarray) and leaf.nbytes <= most else leaf
 
 
 def take_columns(treedef: tree_lib.TreeDef, arrays: list, indices: np.ndarray) -> tuple:

@@ -30,13 +30,9 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import inspect
-import itertools
-import os
 import random
 import threading
-import types
 import warnings
 import weakref
 from typing import Any, Callable
@@ -44,8 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning
-from jaxloader.sources.code_digest import users_code
-from jaxloader.sources.value_text import attributes_of
+from jaxloader.batching.held_generators import held_generators
 
 WATCHED = 16  # records a loader's transforms are watched on, in each process
 SEEN = 2  # records a transform drew on before it is said
@@ -190,102 +185,6 @@ def _brief(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return (value.size, value.flat[0].item(), value.flat[-1].item()) if value.size else ()
     return value
-
-
-_GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
-_LOOKED_AT = 2000  # objects a transform's search for held generators looks at, at most
-_ITEMS = 64  # a container's items it looks at, at most
-_PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
-    """The random generators ``transforms`` hold but the global ones (``_draws``), each as
-    ``(transform index, where, generator)``: in the attributes of an object called or bound
-    (``__dict__``, ``__slots__``), in partials and containers, and in the closures, defaults and
-    the globals named by the code of the user's own functions (not an installed library's:
-    ``tempfile``'s names are drawn from a generator of its own), a few levels down. No
-    property or ``__repr__`` of the user's runs, and what cannot be looked at is left out: a
-    watch only.
-
-    Example:
-        >>> from jaxloader.batching.transforms import Map
-        >>> rng = np.random.default_rng(0)
-        >>> [(i, where) for i, where, _ in held_generators((Map(lambda r: r + rng.random()),))]
-        [(0, 'fn.rng')]
-    """
-    found: list[tuple[int, str, Any]] = []
-    for index, transform in enumerate(transforms):
-        todo, seen = [("fn", getattr(transform, "fn", None), 0)], set[int]()
-        while todo and len(seen) < _LOOKED_AT:
-            where, obj, depth = todo.pop()
-            kind = type(obj)  # (not isinstance: a proxy's __class__ may run its code)
-            if id(obj) in seen or obj is None or issubclass(kind, _PLAIN):
-                continue
-            seen.add(id(obj))
-            if issubclass(kind, _GENERATORS):
-                if obj is not getattr(random, "_inst", None) and \
-                        obj is not getattr(np.random.mtrand, "_rand", None):
-                    found.append((index, where, obj))
-            elif depth < 5:
-                try:
-                    todo += [(where + name, child, depth + 1) for name, child in _inside(obj)]
-                except Exception:  # noqa: BLE001 - (what cannot be looked at: left out)
-                    pass
-    return found
-
-
-def _inside(obj: Any) -> list[tuple[str, Any]]:
-    """What ``obj`` holds, each with how it is reached from it."""
-    kind = type(obj)
-    if issubclass(kind, types.FunctionType):
-        file = obj.__code__.co_filename  # (not __module__: functools.wraps copies the user's
-        if not users_code(types.SimpleNamespace(__file__=file)) or file.startswith(_PACKAGE):
-            return []  # onto a library's wrapper; jaxloader's own are not walked either)
-        code, names = obj.__code__, set[str]()
-        codes = [code]
-        while codes:  # (the names its nested functions and comprehensions use too)
-            each = codes.pop()
-            names.update(each.co_names)
-            codes += [c for c in each.co_consts if isinstance(c, types.CodeType)]
-        cells = zip(code.co_freevars, obj.__closure__ or ())
-        named = {name: obj.__globals__[name] for name in sorted(names)
-                 if name in obj.__globals__}
-        return [(f".{name}", cell.cell_contents) for name, cell in cells if _filled(cell)] + [
-            (f".{name}", value) for name, value in named.items()] + [  # (augs.TRAIN: a
-            (f".{module}.{name}", vars(value)[name])  # user's module's attribute it names)
-            for module, value in named.items() if type(value) is types.ModuleType
-            and users_code(value) and not getattr(value, "__file__", "").startswith(_PACKAGE)
-            for name in sorted(names) if name in vars(value)] + [
-            (f".__defaults__[{i}]", d) for i, d in enumerate(obj.__defaults__ or ())] + [
-            (".__wrapped__", w) for w in [obj.__dict__.get("__wrapped__")] if w is not None]
-    if issubclass(kind, types.MethodType):
-        return [(".__self__", obj.__self__), ("", obj.__func__)]
-    if issubclass(kind, functools.partial):
-        return [("", obj.func), *((f".args[{i}]", a) for i, a in enumerate(obj.args)),
-                *((f".keywords[{_key(k)}]", v) for k, v in obj.keywords.items())]
-    own = {} if kind in (dict, list, tuple, set, frozenset) else attributes_of(obj, True)
-    held = [(f".{k}", v) for k, v in itertools.islice(own.items(), _ITEMS)]  # (imgaug's
-    # OneOf is a list)
-    if issubclass(kind, dict):
-        return held + [(f"[{_key(k)}]", v) for k, v in itertools.islice(dict.items(obj), _ITEMS)]
-    if issubclass(kind, (list, tuple, set, frozenset)):
-        return held + [(f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _ITEMS))]
-    call = next((c.__dict__["__call__"] for c in kind.__mro__ if "__call__" in c.__dict__), None)
-    return held + ([("", call)] if type(call) is types.FunctionType else [])
-
-
-def _key(key: Any) -> str:
-    """A key in a name: its ``repr`` where that is plain data's, else ``...``."""
-    return repr(key) if type(key) in (str, int, float, bytes, bool) else "..."
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # (a name the function binds later)
-        return False
-    return True
 
 
 def _state(generator: Any) -> Any:

@@ -35,6 +35,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import (as_32_bits, beyond_32_bits, device_dtype_problem, host_only,
                                     what_32_bits_do)
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
+from jaxloader.batching.collate import own_if_small
 from jaxloader.workers.ring import SMALL_LEAF  # (a leaf this small is placed from a copy)
 
 
@@ -241,7 +242,7 @@ class Putter:
 
     def _placed(self, batch: Any) -> Any:
         if self._copy_small:
-            batch = jax.tree_util.tree_map(_own_if_small, batch)
+            batch = jax.tree_util.tree_map(lambda leaf: own_if_small(leaf, SMALL_LEAF), batch)
         leaves = jax.tree_util.tree_leaves(batch)
         if self.process_count > 1 and not self._said_kinds:
             self._same_kinds(batch, leaves)
@@ -340,10 +341,6 @@ class Putter:
             "(jl.Pad(length=...)), not to each batch's longest, unless every process's batch of "
             "a step has the same shapes (a bucketing by length over the global batch)",
             JaxloaderWarning, stacklevel=2)
-
-
-def _own_if_small(leaf: Any) -> Any:
-    return leaf.copy() if isinstance(leaf, np.ndarray) and leaf.nbytes <= SMALL_LEAF else leaf
 
 
 def _said(rows: tuple) -> str:

@@ -153,20 +153,27 @@ def filled(cell: Any) -> bool:
 
 
 def _globals_named(fn: Any, code: Any, closure: list) -> list:
-    """The values of the globals ``code`` names (nested code's too), and what it names through
-    a user's module (not an installed one), a global or in the ``closure``."""
+    """The values of ``named_globals``."""
+    return [value for _, value in named_globals(fn, code, closure)]
+
+
+def named_globals(fn: Any, code: Any, closure: list) -> list[tuple[str, Any]]:
+    """The globals ``code`` names (nested code's too), and what it names through a user's
+    module (not an installed one), a global or in the ``closure``, each with its name
+    (``module.name`` for the latter)."""
     space = getattr(fn, "__globals__", None) or getattr(
         getattr(type(fn), "__call__", None), "__globals__", None) or {}
     named: set[str] = set()
     attributes: set[str] = set()
     if code is not None:
         _names(code, named, attributes)
-    found = [space[name] for name in sorted(named) if name in space]
-    for module in [v for v in found + closure
-                   if isinstance(v, types.ModuleType) and users_code(v)]:
-        found += [getattr(module, name) for name in sorted(attributes)
-                  if hasattr(module, name) and not isinstance(getattr(module, name),
-                                                              types.ModuleType)]
+    found = [(name, space[name]) for name in sorted(named) if name in space]
+    for label, module in found + [("", v) for v in closure]:
+        if isinstance(module, types.ModuleType) and users_code(module):
+            label = label or module.__name__
+            found += [(f"{label}.{name}", getattr(module, name)) for name in sorted(attributes)
+                      if hasattr(module, name) and not isinstance(getattr(module, name),
+                                                                  types.ModuleType)]
     return found
 
 
@@ -195,20 +202,24 @@ _INSTALLED = _installed()
 
 
 def users_code(module: Any) -> bool:
-    """Whether ``module`` is the user's own code: a file not under Python's library or a
-    site-packages or dist-packages folder, or a notebook's ``__main__`` (no file), or code
-    whose module is not known (built by ``exec``)."""
+    """Whether ``module`` is the user's own code (``users_file``), or a notebook's ``__main__``
+    (no file), or code whose module is not known (built by ``exec``)."""
     if module is None:
         return True
     path = getattr(module, "__file__", None)
     if not isinstance(path, str):
         return getattr(module, "__name__", None) == "__main__"
+    return users_file(path)
+
+
+def users_file(path: str) -> bool:
+    """Whether ``path`` is not under Python's library or a site-packages or dist-packages
+    folder (a function's code's file: ``functools.wraps`` copies the user's ``__module__``
+    onto a library's wrapper)."""
     path = os.path.abspath(path)
     parts = path.split(os.sep)
     return not path.startswith(_INSTALLED) and "site-packages" not in parts and (
         "dist-packages" not in parts)
-
-
 
 
 def _update_code(digest: Any, code: Any) -> None:

@@ -1,0 +1,94 @@
+"""``held_generators``: the random generators a loader's transforms hold (an augmentation
+object's ``self.rng``, a ``random.Random`` in a closure, a seeded pipeline in the project's own
+module), which ``global_draws.DrawWatch`` watches beside the global state: a copy of each goes
+to every worker in one state, so the workers draw the same numbers.
+
+Example:
+    >>> from jaxloader.batching.transforms import Map
+    >>> rng = np.random.default_rng(0)
+    >>> [(i, where) for i, where, _ in held_generators((Map(lambda r: r + rng.random()),))]
+    [(0, 'fn.rng')]
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import random
+import types
+from typing import Any
+
+import numpy as np
+
+from jaxloader.sources.code_digest import filled, named_globals, users_file
+from jaxloader.sources.value_text import attributes_of
+
+_GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
+_LOOKED_AT = 2000  # objects a transform's search for held generators looks at, at most
+_ITEMS = 64  # a container's items it looks at, at most
+_PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
+    """The random generators ``transforms`` hold but the global ones (``global_draws``), each as
+    ``(transform index, where, generator)``: in the attributes of an object called or bound
+    (``__dict__``, ``__slots__``), in partials and containers, and in the closures, defaults and
+    the globals named by the code of the user's own functions (not an installed library's:
+    ``tempfile``'s names are drawn from a generator of its own), a few levels down. No
+    property or ``__repr__`` of the user's runs, and what cannot be looked at is left out: a
+    watch only."""
+    found: list[tuple[int, str, Any]] = []
+    for index, transform in enumerate(transforms):
+        todo, seen = [("fn", getattr(transform, "fn", None), 0)], set[int]()
+        while todo and len(seen) < _LOOKED_AT:
+            where, obj, depth = todo.pop()
+            kind = type(obj)  # (not isinstance: a proxy's __class__ may run its code)
+            if id(obj) in seen or obj is None or issubclass(kind, _PLAIN):
+                continue
+            seen.add(id(obj))
+            if issubclass(kind, _GENERATORS):
+                if obj is not getattr(random, "_inst", None) and \
+                        obj is not getattr(np.random.mtrand, "_rand", None):
+                    found.append((index, where, obj))
+            elif depth < 5:
+                try:
+                    todo += [(where + name, child, depth + 1) for name, child in _inside(obj)]
+                except Exception:  # noqa: BLE001 - (what cannot be looked at: left out)
+                    pass
+    return found
+
+
+def _inside(obj: Any) -> list[tuple[str, Any]]:
+    """What ``obj`` holds, each with how it is reached from it."""
+    kind = type(obj)
+    if issubclass(kind, types.FunctionType):
+        file = obj.__code__.co_filename  # (jaxloader's own are not walked either)
+        if not users_file(file) or file.startswith(_PACKAGE):
+            return []
+        closure = [(name, cell.cell_contents) for name, cell in
+                   zip(obj.__code__.co_freevars, obj.__closure__ or ()) if filled(cell)]
+        return [(f".{name}", value) for name, value in closure + named_globals(  # (augs.TRAIN:
+            obj, obj.__code__, [value for _, value in closure])] + [  # a module's it names)
+            (f".__defaults__[{i}]", d) for i, d in enumerate(obj.__defaults__ or ())] + [
+            (".__wrapped__", w) for w in [obj.__dict__.get("__wrapped__")] if w is not None]
+    if issubclass(kind, types.MethodType):
+        return [(".__self__", obj.__self__), ("", obj.__func__)]
+    if issubclass(kind, functools.partial):
+        return [("", obj.func), *((f".args[{i}]", a) for i, a in enumerate(obj.args)),
+                *((f".keywords[{_key(k)}]", v) for k, v in obj.keywords.items())]
+    own = {} if kind in (dict, list, tuple, set, frozenset) else attributes_of(obj, True)
+    held = [(f".{k}", v) for k, v in itertools.islice(own.items(), _ITEMS)]  # (imgaug's
+    # OneOf is a list)
+    if issubclass(kind, dict):
+        return held + [(f"[{_key(k)}]", v) for k, v in itertools.islice(dict.items(obj), _ITEMS)]
+    if issubclass(kind, (list, tuple, set, frozenset)):
+        return held + [(f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _ITEMS))]
+    call = next((c.__dict__["__call__"] for c in kind.__mro__ if "__call__" in c.__dict__), None)
+    return held + ([("", call)] if type(call) is types.FunctionType else [])
+
+
+def _key(key: Any) -> str:
+    """A key in a name: its ``repr`` where that is plain data's, else ``...``."""
+    return repr(key) if type(key) in (str, int, float, bytes, bool) else "..."
