@@ -53,7 +53,8 @@ def _restored_quietly(make, state):
 def test_a_stream_map_and_a_tokenize_with_defaults_restore_states_of_older_digests(tmp_path):
     paths = [write_jsonl(tmp_path / f"p{i}.jsonl", range(i * 100, i * 100 + 30))
              for i in range(3)]
-    now, then = code_digest(add)[:16], code_digest(add, defaults=False)[:16]
+    then = code_digest(add, defaults=False, code_as_before=True)[:16]  # (before defaults)
+    now = code_digest(add)[:16]
     assert now != then
     make = lambda: _stream_loader(jl.Stream.jsonl(paths).map(add))  # noqa: E731
     with make() as loader:
@@ -62,7 +63,8 @@ def test_a_stream_map_and_a_tokenize_with_defaults_restore_states_of_older_diges
     assert _restored_quietly(make, older) == want
     packed = lambda: _stream_loader(jl.PackedStream(  # noqa: E731
         jl.Stream.jsonl(paths), "tokens", 4, tokenize=tokens))
-    now, then = code_digest(tokens)[:16], code_digest(tokens, defaults=False)[:16]
+    now = code_digest(tokens)[:16]
+    then = code_digest(tokens, defaults=False, code_as_before=True)[:16]
     with packed() as loader:
         batches = iter(loader)
         next(batches)
@@ -80,7 +82,8 @@ def test_a_map_source_and_a_map_with_defaults_restore_states_of_older_digests():
     records = [{"id": i} for i in range(40)]
     source = jl.MapSource(records, add)
     make = lambda: jl.DataLoader(source, batch_size=4, shuffle=True)  # noqa: E731
-    then = combined("map", 40, [records], code_digest(add, defaults=False), b"records")
+    then = combined("map", 40, [records],
+                    code_digest(add, defaults=False, code_as_before=True), b"records")
     with make() as loader:
         state, want, older = _saved_then(loader, lambda text: text)
     assert state["source"] != then
@@ -137,7 +140,7 @@ def test_a_map_source_over_images_restores_a_state_of_the_thirty_third_session()
     images = [{"im": Image.fromarray(np.full((2, 2), i, np.uint8))} for i in range(12)]
     source = jl.MapSource(images, add_size)
     forms = []
-    for level in (0, 2, 3):  # (1, the 34th session's: today's where no value is long)
+    for level in (0, 3, 4):  # (2, the 34th session's: 1's where no value is long)
         token = OLDER_DIGESTS.set(level)
         try:
             forms.append(fingerprint_of(source))
@@ -175,7 +178,7 @@ def test_a_set_of_uuids_is_written_as_before_for_states_of_before():
         SETS_AS_BEFORE.reset(token)
     assert written(IDS) != repr(IDS)
     source = jl.MapSource(jl.ArraySource({"x": np.arange(40)}), not_excluded)
-    token = OLDER_DIGESTS.set(2)  # (the 33rd session's)
+    token = OLDER_DIGESTS.set(3)  # (the 33rd session's)
     try:
         then = fingerprint_of(source)
     finally:
@@ -202,7 +205,7 @@ def test_states_of_the_thirty_fourth_session_over_long_values_restore():
     from jaxloader.loaders.state import older_transforms_of, transforms_of
 
     source = jl.MapSource(jl.ArraySource({"x": np.arange(40)}), count_files)
-    token = OLDER_DIGESTS.set(1)
+    token = OLDER_DIGESTS.set(2)  # (the 34th session's)
     try:
         then = fingerprint_of(source)
     finally:

@@ -129,34 +129,36 @@ GENERATIONS = 2
 
 
 OLDER_DIGESTS: contextvars.ContextVar[int] = contextvars.ContextVar("older_digests", default=0)
-"""Set to describe a source or a stream as the versions of 2026-11-30 wrote it, otherwise as
-today's: 1, as the thirty-fourth session's did (a function's closure values and defaults by
-their text's first 200 characters, with no digest of the rest: ``digest_level()``); 2, as the
-thirty-third session's did (also a record's array-likes, a ``jax.Array``, a PIL image, by
-their type alone: ``array_likes_by_type()``; sets of values other than strings in their
-run's order); 3, as those before it did (also functions' code digests without their default
-arguments, a Hugging Face stream's joined datasets left out of its digest, a record's
-structure whole: ``older_digests()``). Every ``OLDER`` generation wrote them as 3 does."""
-DIGEST_LEVELS = 3
+"""Set to describe a source or a stream as older versions wrote it, otherwise as today's: 1,
+as versions until 2026-12-01's fortieth session did (a function's code's names and constants
+in the order each Python lists them: ``code_digest(code_as_before=True)``); 2, as 2026-11-30's
+thirty-fourth session's did (also a function's closure values and defaults by their text's
+first 200 characters, with no digest of the rest); 3, as its thirty-third session's did (also
+a record's array-likes, a ``jax.Array``, a PIL image, by their type alone:
+``array_likes_by_type()``; sets of values other than strings in their run's order); 4, as
+those before it did (also functions' code digests without their default arguments, a Hugging
+Face stream's joined datasets left out of its digest, a record's structure whole:
+``older_digests()``). Every ``OLDER`` generation wrote them as 4 does."""
+DIGEST_LEVELS = 4
 
 
 def older_digests() -> bool:
     """Whether digests are taken as states saved before 2026-11-30's thirty-third session hold
-    them (``OLDER_DIGESTS`` 3, or an ``OLDER`` generation)."""
-    return OLDER_DIGESTS.get() >= 3 or bool(OLDER.get())
+    them (``OLDER_DIGESTS`` 4, or an ``OLDER`` generation)."""
+    return OLDER_DIGESTS.get() >= 4 or bool(OLDER.get())
 
 
 def digest_level() -> int:
     """Which of a function's digests a state holds (``code_digests``): 0, this version's; 1,
-    2026-11-30's thirty-fourth session's; 2, its thirty-third's; 3, the versions' before it
-    (``older_digests()``)."""
-    return 3 if older_digests() else OLDER_DIGESTS.get()
+    the versions' until 2026-12-01's fortieth session; 2, 2026-11-30's thirty-fourth
+    session's; 3, its thirty-third's; 4, the versions' before it (``older_digests()``)."""
+    return 4 if older_digests() else OLDER_DIGESTS.get()
 
 
 def array_likes_by_type() -> bool:
     """Whether a record's array-likes are described by their type alone, as states saved
-    until 2026-11-30's thirty-fourth session hold them (``OLDER_DIGESTS`` 2 or more)."""
-    return OLDER_DIGESTS.get() >= 2 or bool(OLDER.get())
+    until 2026-11-30's thirty-fourth session hold them (``OLDER_DIGESTS`` 3 or more)."""
+    return OLDER_DIGESTS.get() >= 3 or bool(OLDER.get())
 
 
 def in_generation(generation: int, compute: Callable[[], Any]) -> Any:

@@ -96,7 +96,8 @@ class FilteredSource:
 
         found, path = kept_or_found(indices, find, None if keep is None else lambda: {
             "source": combined_generations("source", n, [source], *file_stamps(source)),
-            "keep function": code_digest(keep, deep=True)})
+            "keep function": (code_digest(keep, deep=True),  # (or as versions until
+                              code_digest(keep, deep=True, code_as_before=True))})  # 12-01)
         self.source, self.indices = source, _checked(found, n, path)
         if not len(self.indices):
             what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"

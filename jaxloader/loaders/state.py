@@ -86,13 +86,17 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
 
 
 def older_transforms_of(transforms: Sequence[Any]) -> list[list[str]]:
-    """``transforms_of`` as older versions named them: in 2026-11-30's 34th session, a long
-    value's text cut at 200 characters; in its 33rd, sets in their run's order too; before,
-    no defaults either; before that day, the code's digest alone."""
-    forms = [{"tails": False}, {"sets_as_before": True, "tails": False},
-             {"defaults": False, "sets_as_before": True, "tails": False}]
+    """``transforms_of`` as older versions named them: until 2026-12-01's fortieth session,
+    the code's names and constants in each Python's order (``code_as_before``); in
+    2026-11-30's 34th session, also a long value's text cut at 200 characters; in its 33rd,
+    sets in their run's order too; before, no defaults either; before that day, the code's
+    digest alone."""
+    forms: list[dict[str, bool]] = [
+        {"code_as_before": True}, {"tails": False}, {"sets_as_before": True, "tails": False},
+        {"defaults": False, "sets_as_before": True, "tails": False}]
+    forms[1:] = [{**f, "code_as_before": True} for f in forms[1:]]
     return [[f"{t!r} {_digest(t, **f)}" for t in transforms] for f in forms] + [
-        [f"{t!r} {code_digest(t.fn, bound=True, **forms[2])[:16]}" for t in transforms]]
+        [f"{t!r} {code_digest(t.fn, bound=True, **forms[-1])[:16]}" for t in transforms]]
 
 
 def _digest(transform: Any, **older: bool) -> str:
@@ -176,12 +180,12 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
 
 
 def warn_changed_generators(saved: Any, now: list[str], step: int,
-                            before: list[str] | None = None) -> None:
+                            before: Sequence[list[str]] = ()) -> None:
     """A warning where the stream's ``Stream.from_generator`` functions differ from the saved
     run's, by their code or what their closures hold (a list of files): the restore would read
     other records. A warning, not a refusal: a closure may hold what differs each run and
-    changes no record (parsed arguments, a time). Older states: none, or ``before``'s."""
-    if saved is None or saved == now or saved == before:
+    changes no record (parsed arguments, a time). Older states: none, or one of ``before``."""
+    if saved is None or saved == now or saved in before:
         return
     if not isinstance(saved, list) or not all(isinstance(c, str) for c in saved):
         raise StateDictError(f"state['generators']: expected a list of str, received "
@@ -364,8 +368,8 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
             + ("restore it over the same stream: the same shards (files are named relative to "
                "the folder they share), shuffle_window and shuffle_shards, and the same "
                "functions in it (a Stream.map's and a PackedStream's tokenize: named by a "
-               "digest of their code as this Python compiles it: another Python version, or "
-               "its -O, may differ too); " if other else "")
+               "digest of their code: -O drops asserts from it, and a state saved before "
+               "2026-12-01 restores under the Python version that saved it); " if other else "")
             + "a stream's order depends on the seed, the batch size and the number of readers "
             "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
             "restore with the same ones (pass readers_per_process= to change num_workers)")

@@ -52,7 +52,7 @@ from jaxloader.loaders.stream_runs import ReaderRuns, overlaid, published
 from jaxloader.sharding.prefetch import Stopped
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
-from jaxloader.streams.iterable_shards import codes_of
+from jaxloader.streams.iterable_shards import codes_of, older_codes_of
 from jaxloader.streams.reader import Stream, as_stream
 from jaxloader.batching.transforms import Transforms, split_transforms
 
@@ -374,7 +374,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         warn_changed_transforms(state.get("transforms"), self._named(), state["step"],
                                 lambda: older_transforms_of(self._transforms))
         warn_changed_generators(state.get("generators"), codes_of(self._stream.shards),
-                                state["step"], codes_of(self._stream.shards, before=True))
+                                state["step"], older_codes_of(self._stream.shards))
         self._stream.check_extra_state(state, state["step"])
         until = passes.from_state(state, self.num_epochs)  # (checked before anything changes)
         opened = readers  # each opened in its pass (where a mixture reads its next record)

@@ -34,23 +34,29 @@ from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.sources.value_text import SETS_AS_BEFORE, value_text, written
 
 
-def code_digests(fn: Any) -> tuple[str, str, str, str]:
-    """``code_digest(fn)`` as this version takes it, as 2026-11-30's thirty-fourth session's
-    did (``tails=False``), as its thirty-third's did (also ``sets_as_before``) and as versions
+def code_digests(fn: Any) -> tuple[str, str, str, str, str]:
+    """``code_digest(fn)`` as this version takes it, as versions until 2026-12-01's fortieth
+    session did (``code_as_before``), as 2026-11-30's thirty-fourth session's did (also
+    ``tails=False``), as its thirty-third's did (also ``sets_as_before``) and as versions
     before it did (also no defaults): what states saved by each hold (indexed by
     ``base.abilities.digest_level()``)."""
-    return (code_digest(fn), code_digest(fn, tails=False),
-            code_digest(fn, sets_as_before=True, tails=False),
-            code_digest(fn, defaults=False, sets_as_before=True, tails=False))
+    return (code_digest(fn), code_digest(fn, code_as_before=True),
+            code_digest(fn, tails=False, code_as_before=True),
+            code_digest(fn, sets_as_before=True, tails=False, code_as_before=True),
+            code_digest(fn, defaults=False, sets_as_before=True, tails=False,
+                        code_as_before=True))
 
 
 def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool = True,
-                sets_as_before: bool = False, tails: bool = True) -> str:
+                sets_as_before: bool = False, tails: bool = True,
+                code_as_before: bool = False) -> str:
     """A digest of ``fn``: its name, source text (where Python has it: a script's or a notebook's),
     the names and constants its code uses (nested functions' too: two lambdas on one line), its
     closure's values and default arguments' (``lambda r, m=m: ...``; a ``functools.partial``: its
     function and arguments); for another callable, its type and ``repr`` too. Not its bytecode,
-    which differs between Python versions.
+    which differs between Python versions; the names and constants as sets, the same from
+    Python 3.11 on (3.12 compiles a comprehension into its function's own code, where 3.11 made
+    a function of it: they are listed in other places).
 
     ``deep``: also the values of the globals its code names, the functions and values of the
     user's own modules (not installed ones) it names, and a bound method's object, each whole
@@ -67,10 +73,13 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     2026-11-30's thirty-fourth session wrote it. ``tails=False``: a value's text cut at 200
     characters, with no digest of the rest (a closure's list of files that grew at its end
     went unseen), as versions until 2026-11-30's thirty-fifth session took it.
+    ``code_as_before``: the code's names and constants in the order and places each Python
+    lists them, as versions until 2026-12-01's fortieth session took them (another digest
+    under 3.11 than under 3.12 and later for a function with a comprehension).
     """
     token = SETS_AS_BEFORE.set(sets_as_before)
     try:
-        return _Digests(deep, bound, defaults, tails).of(fn, frozenset())
+        return _Digests(deep, bound, defaults, tails, code_as_before).of(fn, frozenset())
     finally:
         SETS_AS_BEFORE.reset(token)
 
@@ -80,8 +89,9 @@ class _Digests:
     many places, a function that calls itself)."""
 
     def __init__(self, deep: bool, bound: bool = False, defaults: bool = True,
-                 tails: bool = True) -> None:
+                 tails: bool = True, code_as_before: bool = False) -> None:
         self.deep, self.bound, self.defaults, self.tails = deep, bound, defaults, tails
+        self.code_as_before = code_as_before
         self.done: dict[int, str] = {}
 
     def of(self, fn: Any, within: frozenset) -> str:
@@ -108,8 +118,10 @@ class _Digests:
                                             else type(fn)).encode())
         except (OSError, TypeError):
             pass  # (no source: built by exec, or the interpreter's prompt)
-        if code is not None:
+        if code is not None and self.code_as_before:
             _update_code(digest, code)
+        elif code is not None:
+            digest.update(_code_text(code).encode())
         closure = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
                    if filled(cell)]
         for value in closure + (_defaults(fn) if self.defaults else []):
@@ -220,6 +232,31 @@ def users_file(path: str) -> bool:
     parts = path.split(os.sep)
     return not path.startswith(_INSTALLED) and "site-packages" not in parts and (
         "dist-packages" not in parts)
+
+
+def _code_text(code: Any) -> str:
+    """The names and constants of ``code`` and the code nested in it (its functions', lambdas'
+    and comprehensions'), each set sorted: the same under every Python from 3.11 (3.12 inlines
+    a comprehension, 3.14 loads a small int without listing it as a constant, and a function
+    with no docstring lists ``None`` or not). Less than their order says: where there is no
+    source text, two functions that differ by their constants' places alone (``r[0] - r[1]``,
+    ``r[1] - r[0]``) have one digest."""
+    names: set[str] = set()
+    constants: set[str] = set()
+    _code_sets(code, names, constants)
+    return repr((sorted(names), sorted(constants)))
+
+
+def _code_sets(code: Any, names: set[str], constants: set[str]) -> None:
+    names.update(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            _code_sets(const, names, constants)
+        elif const is not None:
+            constants.add(value_text(const) if isinstance(const, frozenset) else written(const))
+    if "LOAD_SMALL_INT" in dis.opmap:  # (3.14: 0 to 255 are in the instruction alone)
+        constants.update(written(i.argval) for i in dis.get_instructions(code)
+                         if i.opname == "LOAD_SMALL_INT")
 
 
 def _update_code(digest: Any, code: Any) -> None:

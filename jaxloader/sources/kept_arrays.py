@@ -63,8 +63,9 @@ def kept_or_found(given: Any, find: Callable[[], Any],
                 what for what, digest in source.items()
                 if kept_from.get(what) not in (digest if isinstance(digest, tuple) else (digest,))]
             why = f"was found from another {' and another '.join(changed)} than this run's" + (
-                " (or the same function under another Python version: its digest is of its code "
-                "as each Python compiles it; 3.12 compiles comprehensions inline)"
+                " (or the same function under another Python's -O flag, which drops asserts "
+                "from its code, or, for a file written before 2026-12-01, another Python "
+                "version: 3.12 compiles comprehensions inline)"
                 if any("function" in what for what in changed) else "")
             if source is not None and kept_from and not changed and kept_from.get(
                     "array") != _array_digest(given):  # (no source: the file as it is)

@@ -62,22 +62,31 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
         **(getattr(make, "__kwdefaults__", None) or {}))  # read(i, files=FILES); the partial
     # holds them, as it did before code_digest took defaults; and as versions until
     # 2026-11-30's thirty-fifth session took it, a long value's text cut at 200 characters)
-    code, before = (code_digest(held, defaults=False, tails=tails)[:16]
-                    for tails in (True, False))
-    return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code, code_before=before)
-            for i in range(shards)]
+    code, *before = (code_digest(held, defaults=False, **form)[:16] for form in (
+        {}, {"code_as_before": True}, {"tails": False, "code_as_before": True}))
+    return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code,
+                          code_before=tuple(before)) for i in range(shards)]
 
 
-def codes_of(shards: Sequence[Any], before: bool = False) -> list[str]:
+def older_codes_of(shards: Sequence[Any]) -> list[list[str]]:
+    """``codes_of(shards)`` as older versions took them: what their states hold."""
+    return [codes_of(shards, before) for before in (1, 2)]
+
+
+def codes_of(shards: Sequence[Any], before: int = 0) -> list[str]:
     """Each ``Stream.from_generator`` shard's function's digest (under any ``Stream.map``s),
     ``""`` for another shard; ``[]`` where none has one: what a stream loader's state holds,
     so that a restore over a generator of other files is said (``loaders.state``).
-    ``before``: as versions until 2026-11-30's thirty-fifth session took them."""
+    ``before``: as versions until 2026-12-01's fortieth session took them (1: the code's
+    names and constants in each Python's order), until 2026-11-30's thirty-fifth (2)."""
     codes = []
     for shard in shards:
         while isinstance(shard, MappedShard):
             shard = shard.shard
-        codes.append(getattr(shard, "code_before" if before else "code", None) or "")
+        older = getattr(shard, "code_before", ())
+        code = older[min(before, len(older)) - 1] if before and older else getattr(
+            shard, "code", None)
+        codes.append(code or "")
     return codes if any(codes) else []
 
 
@@ -102,7 +111,7 @@ class IterableShard:
     """
 
     def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None,
-                 code: str | None = None, code_before: str | None = None) -> None:
+                 code: str | None = None, code_before: tuple[str, ...] = ()) -> None:
         if callable(make):
             self._make = make
         elif isinstance(make, Iterable) and iter(make) is not make:  # re-iterable (a list)
@@ -115,7 +124,7 @@ class IterableShard:
             )
         self.name: str = name or str(getattr(make, "__qualname__", type(make).__name__))
         self.code = code  # (``codes_of``: a restore warns of another, where given)
-        self.code_before = code_before or code
+        self.code_before = code_before  # (older versions' digests: ``codes_of(before=)``)
         self._it: Iterator | None = None
         self._consumed = 0
 

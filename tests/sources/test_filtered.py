@@ -192,7 +192,7 @@ def test_an_indices_file_is_found_again_when_the_data_or_the_function_change(tmp
         assert jl.FilteredSource(source, _even, indices=path).indices.tolist()[:2] == [0, 2]
     with pytest.warns(UserWarning, match=r"kept.npy was found from another keep function than "
                                          r"this run's \(or the same function under another "
-                                         r"Python version.*\) \(as .*kept.npy.from says\): found "
+                                         r"Python.*\) \(as .*kept.npy.from says\): found "
                                          r"again, "
                                          r"and saved over it"):
         third = jl.FilteredSource(source, _third, indices=path)

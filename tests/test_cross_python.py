@@ -1,0 +1,113 @@
+"""A state saved under one Python version restores under another: a function's digest is of
+its code's names and constants as sets, the same from Python 3.11 on. It was of them in the
+order each Python lists them, and Python 3.12 compiles a comprehension into its function's own
+code (PEP 709), where 3.11 made a function of it: a ``MapSource``, ``Stream.map`` or
+``PackedStream(tokenize=)`` state saved under 3.11 was refused under 3.13, a ``Map``'s warned,
+and a ``FilteredSource``'s kept file was found again each time the two alternated.
+
+The states' digests below were saved under Python 3.11 by this version, and by the versions
+before it (3f18cdf) under 3.11 and 3.13, whose states restore as they did (the suite runs under
+3.11 and 3.13: each must restore them)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import jaxloader as jl
+from jaxloader.sources.code_digest import code_digest
+
+OFFSET = 3
+
+
+def with_sums(r, k=OFFSET):
+    # (a list, a set and a dict comprehension, and a generator expression)
+    parts = [int(x) * 2 for x in range(int(r["x"]) % 5)]
+    odd = {p for p in parts if p % 4}
+    return {"x": r["x"], "sum": np.int64(sum(parts) + len(odd) + k),
+            "names": len({str(p): p for p in parts}), "any": any(p > 4 for p in parts)}
+
+
+def kept(r):
+    return all(int(r["x"]) % d for d in [3, 7]) and len([c for c in str(r["x"])]) < 3
+
+
+SAVED = {  # (what the states below hold of the functions' digests)
+    "under 3.11": {"source": "map:60:bcd1ce32cc62c3555042814250bffe5c",
+                   "transforms": ["Map(with_sums) 311054a7626a6151"],
+                   "map": "5b0ff6c0d180f449", "generators": "57a2702942496f89"},
+    "by 3f18cdf, under 3.11": {"source": "map:60:7b5ff60032aad27f6d9d0da6f42bde1f",
+                               "transforms": ["Map(with_sums) 11a14348250e6034"],
+                               "map": "0b9301c709d33aa7", "generators": "7fab0e0fe5b68640"},
+    "by 3f18cdf, under 3.13": {"source": "map:60:6758c0121eac4a5518b42e7f510371c1",
+                               "transforms": ["Map(with_sums) 4c3e684a75409357"],
+                               "map": "758fcab940f3f169", "generators": "1ef073f65b0003f9"}}
+DIGESTS_UNDER_311 = {"with_sums": "5b0ff6c0d180f4490b2d20fbeb115999",
+                     "kept (deep)": "ea61305e5ba39c2695ffda4f0a4a553b"}
+
+
+def read(shard):
+    yield from ({"x": np.int64(i), "sq": np.int64(sum(j for j in range(i)))}
+                for i in [k * 2 + shard for k in range(20)])
+
+
+def _stream_loader() -> jl.StreamLoader:
+    stream = jl.Stream.from_generator(read, shards=2).map(with_sums)
+    return jl.StreamLoader(stream, batch_size=4, process_index=0, process_count=1)
+
+
+def _loader() -> jl.DataLoader:
+    source = jl.MapSource(jl.ArraySource({"x": np.arange(60)}), with_sums)
+    return jl.DataLoader(source, batch_size=4, shuffle=True, seed=5, transforms=[jl.Map(
+        with_sums)])
+
+
+def _as_saved(state: dict, saved: dict) -> dict:
+    if "source" in state:
+        return {**state, "source": saved["source"], "transforms": saved["transforms"]}
+    shards = [f"read[{i}] | map {saved['map']}" for i in range(2)]
+    return {**state, "stream": {**state["stream"], "shards": shards},
+            "generators": [saved["generators"]] * 2}
+
+
+def test_the_digests_are_those_python_3_11_took():
+    assert code_digest(with_sums) == DIGESTS_UNDER_311["with_sums"]
+    assert code_digest(kept, deep=True) == DIGESTS_UNDER_311["kept (deep)"]
+
+
+@pytest.mark.parametrize("make", [_loader, _stream_loader], ids=["map source", "stream"])
+@pytest.mark.parametrize("when", ["under 3.11", "before"])
+def test_a_state_saved_under_python_3_11_or_by_an_older_version_restores_quietly(make, when):
+    with make() as loader:
+        batches = iter(loader)
+        for _ in range(3):
+            next(batches)
+        state = loader.state_dict()
+        want = next(batches)["sum"].tolist()
+    older = sys.version_info[:2] if sys.version_info[:2] == (3, 11) else (3, 13)
+    saved = _as_saved(state, SAVED[when if when != "before" else "by 3f18cdf, under %d.%d" %
+                                   older])
+    if when == "under 3.11":
+        assert saved == state  # (this Python's digests are 3.11's)
+    with make() as again, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.load_state_dict(saved)
+        assert next(iter(again))["sum"].tolist() == want
+
+
+def test_a_kept_file_of_an_older_version_is_taken_as_it_is(tmp_path):
+    # (its .from names the keep function's digest as versions until 2026-12-01 took it)
+    import json
+
+    path, source = tmp_path / "kept.npy", jl.ArraySource({"x": np.arange(60)})
+    first = jl.FilteredSource(source, kept, indices=path).indices.tolist()
+    said = json.loads((tmp_path / "kept.npy.from").read_text())
+    said["keep function"] = code_digest(kept, deep=True, code_as_before=True)
+    (tmp_path / "kept.npy.from").write_text(json.dumps(said))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = jl.FilteredSource(source, kept, indices=path)  # (found again: warned)
+    assert again.indices.tolist() == first
