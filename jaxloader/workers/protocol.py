@@ -51,10 +51,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import signal
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 
 class Init(NamedTuple):
@@ -218,7 +220,28 @@ def send(conn: Connection, message: Any) -> None:
         import cloudpickle  # a worker has it imported (its payload came by it)
 
         frame = cloudpickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
-    conn.send_bytes(frame)
+    with pipe_errors_raised():
+        conn.send_bytes(frame)
+
+
+@contextlib.contextmanager
+def pipe_errors_raised() -> Iterator[None]:
+    """A write in it to a pipe or socket whose reader is gone raises ``BrokenPipeError``, as
+    Python's own start makes it, also in a process that set ``SIGPIPE`` back to its default (a
+    script's ``signal.signal(SIGPIPE, SIG_DFL)``, for ``| head``): the kernel's signal would end
+    it at once, without a word, where a worker died (the out-of-memory killer). The signal is
+    blocked for this thread while it writes, and one it caused taken, not delivered."""
+    if signal.getsignal(signal.SIGPIPE) is signal.SIG_IGN:
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    try:
+        yield
+    finally:
+        if signal.SIGPIPE not in before:
+            if signal.SIGPIPE in signal.sigpending():
+                signal.sigwait({signal.SIGPIPE})
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def receive(conn: Connection) -> Any:

@@ -68,7 +68,7 @@ import threading
 from typing import Any, Mapping, NoReturn, Sequence
 
 from jaxloader.base.errors import JaxloaderError
-from jaxloader.workers import launch
+from jaxloader.workers import launch, protocol
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
 _BOOT = "__jaxloader_boot__ = 1; from jaxloader.workers.starter import serve; serve({fd}, {parent})"
@@ -192,7 +192,8 @@ class Starter:
             number = next(self._numbers)
             message = [pickle.dumps((number, *request))]
             try:
-                socket.send_fds(self._socket, message, list(fds))
+                with protocol.pipe_errors_raised():  # (a starter killed: said, not fatal)
+                    socket.send_fds(self._socket, message, list(fds))
                 while True:
                     data = self._socket.recv(_MESSAGE)
                     if not data:

@@ -214,6 +214,36 @@ def test_forked_workers_started_again_after_an_interrupt_once_jax_is_imported(tm
     assert any("fresh interpreters (start_method='exec')" in line for line in lines), out.stdout
 
 
+def test_a_worker_killed_under_sigpipe_at_its_default_is_said_not_fatal(tmp_path):
+    # a script that sets SIGPIPE back to its default (for `| head`): the next task written to
+    # a killed worker's pipe raised the kernel's SIGPIPE, which ended the training process at
+    # once with status 141 and no word, where a WorkerError names the worker
+    script = tmp_path / "piped.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal
+        import numpy as np
+        import jaxloader as jl
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        for k in range(2):
+            try:
+                with jl.DataLoader(jl.ArraySource({"x": np.arange(4096)}), batch_size=2,
+                                   num_workers=2) as loader:
+                    batches = iter(loader)
+                    next(batches)
+                    os.kill(loader.worker_pids[k], signal.SIGKILL)
+                    for _ in batches:
+                        pass
+            except jl.WorkerError as e:
+                print(str(e).split(":")[0])
+        print("went on")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
+    lines = out.stdout.splitlines()
+    assert [line.split(" (pid")[0] for line in lines] == ["worker 0", "worker 1", "went on"]
+
+
 # -- a worker ends with the training process, whatever it is doing ---------------------------
 def _gone(pid):
     """Whether ``pid`` has exited (a zombie waiting for its reaper counts as gone)."""
