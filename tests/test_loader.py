@@ -749,3 +749,47 @@ def test_a_loader_pickled_or_copied_says_to_make_it_where_it_is_read():
                 with pytest.raises(jl.JaxloaderError, match=r"Loader does not pickle .*make the "
                                                            r"\w+Loader in the process that reads"):
                     copying()
+
+
+@pytest.mark.parametrize("path", ["data/train-*.parquet", b"abc"])
+def test_a_path_given_as_the_source_is_refused_not_read_as_characters(path):
+    # a str has len and [i]: its characters were the records, a batch of ['r', 'e', 't', '.']
+    with pytest.raises(jl.ConfigError, match=r"source: got a (str|bytes) .*, a path, which "
+                                             r"would be read as \d+ records, one a character; "
+                                             r"read the files it names with a source: "
+                                             r"jaxloader.ParquetSource"):
+        jl.DataLoader(path, batch_size=4)
+
+
+def test_a_packed_or_mixed_stream_given_to_a_data_loader_is_named_a_stream():
+    # its remedy was "wrap NumPy arrays as ArraySource(arrays)"
+    stream = jl.Stream.from_generator(lambda i: iter([{"tokens": np.arange(3)}]), shards=1)
+    for given in (jl.PackedStream(stream, "tokens", 4), jl.mix([stream, stream], [1, 1])):
+        with pytest.raises(jl.ConfigError, match=rf"got a {type(given).__name__}, a stream, "
+                                                 r"with no random access; read it with "
+                                                 r"jaxloader.StreamLoader"):
+            jl.DataLoader(given, batch_size=4)
+
+
+class _NoReturn:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        record = {"x": i}  # noqa: F841  (the return left out)
+
+
+class _NoReturnBatches(_NoReturn):
+    def __getitems__(self, indices):
+        batch = {"x": indices}  # noqa: F841
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("source", [_NoReturn(), _NoReturnBatches()], ids=["item", "items"])
+def test_a_source_whose_read_returns_none_is_refused_not_made_into_none_batches(source,
+                                                                               num_workers):
+    # every batch was None, without a word
+    with pytest.raises((jl.CollateError, jl.WorkerError),
+                       match=r"step 0 .* is None, expected a (record|batch of 4 records); "
+                             r"return it from the source's __getitems?__ \(a missing `return`"):
+        next(iter(jl.DataLoader(source, batch_size=4, num_workers=num_workers)))

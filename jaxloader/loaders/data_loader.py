@@ -168,12 +168,12 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         workers: Workers | None = None,
         **unknown: Never,
     ) -> None:
-        from jaxloader.streams import Stream
+        from jaxloader.streams import PackedStream, Stream, mixed
 
         refuse_call("DataLoader", source, extra, unknown, batch_size)
-        if isinstance(source, Stream):
-            raise ConfigError("DataLoader(source): got a Stream, which has no random access; "
-                              "read it with jaxloader.StreamLoader(stream, batch_size=...)")
+        if isinstance(source, (Stream, PackedStream, mixed.MixedStream)):  # (any stream)
+            raise ConfigError(f"DataLoader(source): got a {type(source).__name__}, a stream, with "
+                              "no random access; read it with jaxloader.StreamLoader(stream, ...)")
         num_records = check_source(source)
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         self._jax_pending = jax_pending(process_index, process_count)

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -96,6 +97,15 @@ def check_source(source: Any) -> int:
             "reads them), wrap it: jaxloader.ArraySource(your_tuple) (for whole arrays as "
             "records, pass a list of them)"
         )
+    if isinstance(source, (str, bytes, os.PathLike)):  # (has len and [i]: its characters)
+        chars = "" if isinstance(source, os.PathLike) else (
+            f", which would be read as {len(source)} records, one a character")
+        raise ConfigError(
+            f"source: got a {type(source).__name__} ({source!r:.80}), a path{chars}; read "
+            "the files it "
+            "names with a source: jaxloader.ParquetSource(path), ArrayRecordSource(paths), "
+            "FileListSource(paths, read=...), or jaxloader.Stream.jsonl(paths)/.tar(paths) "
+            "for a StreamLoader")
     if not isinstance(source, Source):
         remedy = "wrap NumPy arrays as ArraySource(arrays)"
         from jaxloader.streams.huggingface import is_iterable_dataset
@@ -177,7 +187,7 @@ def one_each(records: list, n: int, where: str = "source") -> list:
         raise RecordError(
             f"{where}.__getitems__ returned {len(records)} records for {n} indices: expected "
             "one record an index, in their order; to leave records out, use a FilteredSource "
-            "or a Filter transform")
+            "(a Filter is a stream's)")
     return records
 
 
