@@ -793,3 +793,18 @@ def test_a_source_whose_read_returns_none_is_refused_not_made_into_none_batches(
                        match=r"step 0 .* is None, expected a (record|batch of 4 records); "
                              r"return it from the source's __getitems?__ \(a missing `return`"):
         next(iter(jl.DataLoader(source, batch_size=4, num_workers=num_workers)))
+
+
+def test_a_process_count_given_alone_where_jax_knows_one_process_is_refused():
+    # process_count=2 without jax.distributed: JAX's index was taken, 0 on every host, and
+    # each read the same half of the data without a word
+    arrays = jl.ArraySource({"x": np.arange(8)})
+    with pytest.raises(jl.ConfigError, match=r"process_count=2 was given without "
+                                             r"process_index, .* JAX knows 1 process.* pass "
+                                             r"process_index= too"):
+        jl.DataLoader(arrays, batch_size=2, process_count=2)
+    with pytest.raises(jl.ConfigError, match=r"use an index in \[0, 1\) \(JAX's count: pass "
+                                             r"process_count= too\)"):
+        jl.DataLoader(arrays, batch_size=2, process_index=1)
+    with jl.DataLoader(arrays, batch_size=2, process_count=1) as one:  # (what JAX says)
+        assert next(iter(one))["x"].tolist() == [0, 1]

@@ -126,6 +126,7 @@ def placement(batch_size: Int, process_index: Int | None,
     """
     batch_size = check_int("batch_size", batch_size, low=1,
                            remedy="pass a positive batch size per process")
+    counted = process_count is None  # (JAX's, where an index was given alone)
     if process_index is None or process_count is None:
         if process_index is None and process_count is None and not _jax_started():
             index, count = 0, 1  # see jax_pending: one process, checked again by iter()
@@ -133,12 +134,21 @@ def placement(batch_size: Int, process_index: Int | None,
             import jax  # (workers never get here)
 
             index, count = jax.process_index(), jax.process_count()
+            if process_index is None and isinstance(process_count, int) and (
+                    process_count != count):  # (JAX's index 0 of 1: each host would read it)
+                raise ConfigError(
+                    f"process_count={process_count} was given without process_index, which "
+                    f"would be JAX's, but JAX knows {count} process(es) (jax.distributed not "
+                    "initialised in this process?), so this process's index is not known and "
+                    "every host would read as process 0; pass process_index= too (each host "
+                    "its own), or call jax.distributed.initialize() before the loader")
         process_index = index if process_index is None else process_index
         process_count = count if process_count is None else process_count
     process_count = check_int("process_count", process_count, low=1,
                               remedy="leave it None to use jax's")
     process_index = check_int("process_index", process_index, low=0, high=process_count - 1,
-                              remedy=f"use an index in [0, {process_count})")
+                              remedy=f"use an index in [0, {process_count})" + (
+                                  " (JAX's count: pass process_count= too)" if counted else ""))
     return Placement(batch_size, process_index, process_count)
 
 
