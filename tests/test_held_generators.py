@@ -301,3 +301,31 @@ def test_a_draw_watched_beside_a_thread_of_the_users_says_the_thread_may_have_dr
 
 def _global_draw(record):
     return {**record, "aug": np.float64(np.random.random())}
+
+
+def _lazy_module():
+    """A project's module with a lazy ``__getattr__`` (PEP 562) that raises ``KeyError`` for a
+    name it does not know, as a lazy-import table does."""
+    import types
+
+    module = types.ModuleType("lazy_augs")
+    module.__file__ = __file__  # (the user's own)
+    module.SEEDED = np.random.default_rng(3)
+    module.__getattr__ = lambda name: {"later": 1}[name]
+    return module
+
+
+def test_the_search_reads_modules_without_running_their_code_and_follows_imports():
+    # (the twenty-eighth review) a module's attributes were read with getattr: a lazy module's
+    # __getattr__ ran and raised, a proxy global's __class__ ran and raised, and with them the
+    # generator in the function's closure was lost, the workers' same draws unsaid; a name
+    # imported from a project's module inside the function was no longer looked for
+    from jaxloader.batching.held_generators import held_generators
+
+    lazy, loud, rng = _lazy_module(), _Loud(), np.random.default_rng(7)
+    space = {"lazy_augs": lazy, "loud": loud, "rng": rng, "np": np}
+    exec("def lazily(r):\n    return r + 0 * lazy_augs.random + rng.random() if loud else r\n"
+         "def imports(r):\n    from held_augs import TRAIN\n    return r + TRAIN.random()\n",
+         space)
+    found = held_generators((jl.Map(space["lazily"]), jl.Map(space["imports"])))
+    assert [(i, where) for i, where, _ in found] == [(0, "fn.rng"), (1, "fn.held_augs.TRAIN")]

@@ -776,12 +776,12 @@ class _NoReturn:
         return 8
 
     def __getitem__(self, i):
-        record = {"x": i}  # noqa: F841  (the return left out)
+        {"x": i}  # (the record made, its return left out)
 
 
 class _NoReturnBatches(_NoReturn):
     def __getitems__(self, indices):
-        batch = {"x": indices}  # noqa: F841
+        {"x": indices}  # (its return left out)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])

@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import random
 import types
 from typing import Any
 
 import numpy as np
 
-from jaxloader.sources.code_digest import filled, named_globals, users_file
+from jaxloader.sources.code_digest import PACKAGE, filled, named_globals, users_file
 from jaxloader.sources.value_text import attributes_of
 
 _GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 _LOOKED_AT = 2000  # objects a transform's search for held generators looks at, at most
 _ITEMS = 64  # a container's items it looks at, at most
 _PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
@@ -65,12 +63,12 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
     kind = type(obj)
     if issubclass(kind, types.FunctionType):
         file = obj.__code__.co_filename  # (jaxloader's own are not walked either)
-        if not users_file(file) or file.startswith(_PACKAGE):
+        if not users_file(file) or file.startswith(PACKAGE):
             return []
         closure = [(name, cell.cell_contents) for name, cell in
                    zip(obj.__code__.co_freevars, obj.__closure__ or ()) if filled(cell)]
         return [(f".{name}", value) for name, value in closure + named_globals(  # (augs.TRAIN:
-            obj, obj.__code__, [value for _, value in closure])] + [  # a module's it names)
+            obj, obj.__code__, [value for _, value in closure], quiet=True)] + [  # a module's)
             (f".__defaults__[{i}]", d) for i, d in enumerate(obj.__defaults__ or ())] + [
             (".__wrapped__", w) for w in [obj.__dict__.get("__wrapped__")] if w is not None]
     if issubclass(kind, types.MethodType):

@@ -169,37 +169,63 @@ def _globals_named(fn: Any, code: Any, closure: list) -> list:
     return [value for _, value in named_globals(fn, code, closure)]
 
 
-def named_globals(fn: Any, code: Any, closure: list) -> list[tuple[str, Any]]:
+def named_globals(fn: Any, code: Any, closure: list,
+                  quiet: bool = False) -> list[tuple[str, Any]]:
     """The globals ``code`` names (nested code's too), and what it names through a user's
     module (not an installed one), a global or in the ``closure``, each with its name
-    (``module.name`` for the latter)."""
+    (``module.name`` for the latter). ``quiet``: running no code of the user's (a module's
+    ``__getattr__``, a proxy's ``__class__``), jaxloader's modules left out, and a name the code
+    imports from a user's module too (``from augs import TRAIN`` in a function): for the
+    search of held generators, where the digest reads them as it always did."""
     space = getattr(fn, "__globals__", None) or getattr(
         getattr(type(fn), "__call__", None), "__globals__", None) or {}
     named: set[str] = set()
     attributes: set[str] = set()
     if code is not None:
-        _names(code, named, attributes)
-    found = [(name, space[name]) for name in sorted(named) if name in space]
+        _names(code, named, attributes, quiet)
+    found = [(name, space[name] if name in space else sys.modules[name]) for name in sorted(
+        named) if name in space or (quiet and name in sys.modules)]  # (one imported in it)
     for label, module in found + [("", v) for v in closure]:
-        if isinstance(module, types.ModuleType) and users_code(module):
-            label = label or module.__name__
+        if not (issubclass(type(module), types.ModuleType) if quiet else isinstance(
+                module, types.ModuleType)):
+            continue
+        if quiet:
+            try:
+                held = vars(module)
+                if not users_code(types.SimpleNamespace(**{
+                        k: held[k] for k in ("__file__", "__name__") if k in held})) or str(
+                            held.get("__file__")).startswith(PACKAGE):
+                    continue
+                label = label or str(held.get("__name__") or "<module>")
+                found += [(f"{label}.{name}", held[name]) for name in sorted(attributes)
+                          if name in held and not issubclass(type(held[name]),
+                                                             types.ModuleType)]
+            except Exception:  # noqa: BLE001 - (what cannot be read is left out)
+                pass
+        elif users_code(module):
+            label = label or getattr(module, "__name__", "")
             found += [(f"{label}.{name}", getattr(module, name)) for name in sorted(attributes)
                       if hasattr(module, name) and not isinstance(getattr(module, name),
                                                                   types.ModuleType)]
     return found
 
 
-def _names(code: Any, named: set[str], attributes: set[str]) -> None:
+def _names(code: Any, named: set[str], attributes: set[str], imports: bool = False) -> None:
     """The global names ``code`` loads (not an attribute that has a global's name), and the
-    attribute names it loads (``module.function``), nested code's too."""
+    attribute names it loads (``module.function``), nested code's too; ``imports``: a module
+    it imports as a global it names, and a name it imports from one as an attribute."""
     for instruction in dis.get_instructions(code):
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             named.add(instruction.argval)
         elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
             attributes.add(instruction.argval)
+        elif imports and instruction.opname == "IMPORT_NAME":
+            named.add(instruction.argval)
+        elif imports and instruction.opname == "IMPORT_FROM":
+            attributes.add(instruction.argval)
     for const in code.co_consts:
         if hasattr(const, "co_code"):
-            _names(const, named, attributes)
+            _names(const, named, attributes, imports)
 
 
 def _installed() -> tuple[str, ...]:
@@ -211,6 +237,7 @@ def _installed() -> tuple[str, ...]:
 
 
 _INSTALLED = _installed()
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # jaxloader's
 
 
 def users_code(module: Any) -> bool:
