@@ -9,6 +9,8 @@ flags them) and ``refuse`` raises, naming what to pass instead.
 
 from __future__ import annotations
 
+import difflib
+
 from typing import Any
 
 from jaxloader.base.errors import ArgumentError
@@ -32,6 +34,7 @@ _REMEDIES = {
     "batch_sampler": "batches come from batch_size=, shuffle= and seed=; for a subset use "
                      "jaxloader.FilteredSource(source, indices=...)",
     "generator": "use seed= (an int: the order and every RandomMap draw follow from it)",
+    "shuffle_seed": "use seed= (an int: the order and every RandomMap draw follow from it)",
     "timeout": "use timeout_s= (seconds a batch may take before the loader raises, naming "
                "what each worker is doing; stall_warning_s= logs it first); a worker that "
                "dies or raises is reported at once",
@@ -74,6 +77,13 @@ _STREAM_REMEDIES = {
     "read_threads": "a stream's readers read in order, each in its worker: more of them "
                     "overlap reads that wait (readers_per_process=, num_workers=)",
 }
+_STREAM_REMEDIES.update(dict.fromkeys(("shuffle_window", "shuffle_buffer", "buffer_size"), (
+    "a stream's records are shuffled within a window given to the stream: "
+    "jaxloader.Stream.jsonl(paths, shuffle_window=1000) (every Stream maker takes "
+    "shuffle_window=; the loader's seed= seeds it)")))
+_REMEDIES.update(dict.fromkeys(("shuffle_window", "shuffle_buffer", "buffer_size"), (
+    "shuffle=True shuffles the whole source; shuffle=jaxloader.LocalShuffle(window=8) "
+    "shuffles blocks, and records within windows of blocks (a ParquetSource's row groups)")))
 
 
 class _Required:
@@ -137,6 +147,20 @@ def refuse(owner: str, unknown: dict[str, Any]) -> None:
     """
     for name, value in unknown.items():
         remedy = (_STREAM_REMEDIES if owner == "StreamLoader" else _REMEDIES).get(name)
-        if remedy is None:
-            raise ArgumentError(f"{owner}() got an unexpected keyword argument {name!r}")
+        if remedy is None:  # (Python's own "Did you mean" is not said for **unknown)
+            close = difflib.get_close_matches(name, _arguments(owner), n=1)
+            raise ArgumentError(f"{owner}() got an unexpected keyword argument {name!r}" + (
+                f"; did you mean {close[0]}=?" if close else ""))
         raise ArgumentError(f"{owner}({name}={value!r}): {owner} has no {name}: {remedy}")
+
+
+def _arguments(owner: str) -> list[str]:
+    """The names ``owner`` (a loader of jaxloader's) takes, for a near miss's remedy."""
+    import inspect
+
+    import jaxloader
+
+    made = getattr(jaxloader, owner, None)
+    return [] if made is None else [
+        name for name, p in inspect.signature(made).parameters.items()
+        if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
