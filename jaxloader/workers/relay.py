@@ -68,7 +68,9 @@ def settings() -> tuple:
     """What a worker takes from the training process: its loggers' levels (those set), the
     level ``logging.disable`` set, and its warning filters, each category by its module and
     name (a class of the script's ``__main__``, or of a module a worker cannot import, would
-    not unpickle there; one of JAX's would import JAX)."""
+    not unpickle there; one of JAX's would import JAX), and its recursion limit (a script's
+    ``sys.setrecursionlimit(10_000)`` for a deep transform: a RecursionError with workers
+    alone)."""
     manager = logging.root.manager
     levels = {name: logger.level for name, logger in list(manager.loggerDict.items())
               if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET}
@@ -76,7 +78,7 @@ def settings() -> tuple:
                 (category.__module__, getattr(category, "__qualname__", "Warning")),
                 getattr(module, "pattern", ""), lineno)
                for action, message, category, module, lineno in list(warnings.filters)]
-    return levels, logging.root.level, manager.disable, filters
+    return levels, logging.root.level, manager.disable, filters, sys.getrecursionlimit()
 
 
 def load(item: list) -> Any:

@@ -136,7 +136,8 @@ def take(given: tuple, worker_id: int, conn: Connection | None) -> None:
     this worker's."""
     import multiprocessing
 
-    levels, root_level, disable, filters = given
+    levels, root_level, disable, filters, recursion = given
+    sys.setrecursionlimit(recursion)
     for name, level in levels.items():  # (attributes: setLevel clears every logger's cache)
         logging.getLogger(name).level = level
     logging.root.setLevel(root_level)

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
+import jaxloader as jl
 from jaxloader.workers import starter
 
 pytestmark = [pytest.mark.timeout(120),
@@ -689,3 +691,20 @@ def test_a_worker_added_after_a_jax_enable_x64_context_gets_the_loaders_64_bit_j
                          timeout=120, env={**base, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "2 []", out.stdout
+
+
+def _limit(record):
+    return {"limit": np.int64(sys.getrecursionlimit())}
+
+
+def test_workers_run_under_the_trainers_recursion_limit():
+    # a script's sys.setrecursionlimit(10_000) for a deep transform: the workers kept
+    # Python's 1,000, and the transform raised RecursionError with workers alone
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(4321)
+    try:
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, num_workers=2,
+                           transforms=[jl.Map(_limit)]) as ld:
+            assert {int(v) for b in ld for v in b["limit"]} == {4321}
+    finally:
+        sys.setrecursionlimit(before)
