@@ -170,7 +170,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
     ) -> None:
         from jaxloader.streams import PackedStream, Stream, mixed
 
-        refuse_call("DataLoader", source, extra, unknown, batch_size)
+        refuse_call("DataLoader", source, extra, unknown, batch_size, type(self))
         if isinstance(source, (Stream, PackedStream, mixed.MixedStream)):  # (any stream)
             raise ConfigError(f"DataLoader(source): got a {type(source).__name__}, a stream, with "
                               "no random access; read it with jaxloader.StreamLoader(stream, ...)")

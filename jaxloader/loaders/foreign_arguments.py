@@ -103,7 +103,7 @@ _TORCH_ORDER = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_worker
 
 
 def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[str, Any],
-                batch_size: Any) -> None:
+                batch_size: Any, made: Any = None) -> None:
     """``refuse``, after the call's positional arguments: a second one (PyTorch's
     ``DataLoader(ds, 32, True)``) or none (Grain's ``data_source=``) raises ``TypeError``
     naming what to pass, as does a missing ``batch_size`` (``ArgumentError``, a ``TypeError``).
@@ -125,7 +125,7 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
         raise ArgumentError(f"{owner}({first}, {given}): {owner} takes its {first} alone by "
                         f"position, every other argument by name: {owner}({first}, {named})"
                         + other)
-    refuse(owner, unknown)
+    refuse(owner, unknown, made)
     if source is REQUIRED:
         raise ArgumentError(f"{owner}() needs a {first}, given first: {owner}({first}, "
                         "batch_size=...)")
@@ -134,10 +134,10 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
                         f"process's): {owner}({first}, batch_size=32)")
 
 
-def refuse(owner: str, unknown: dict[str, Any]) -> None:
+def refuse(owner: str, unknown: dict[str, Any], made: Any = None) -> None:
     """Raises ``ArgumentError`` (a ``TypeError``) for the first name in ``unknown`` (none:
     returns); ``owner`` is ``"DataLoader"`` or ``"StreamLoader"``, whose remedies differ where a
-    stream differs.
+    stream differs; ``made``, its class, whose arguments a near miss is told.
 
     Example:
         >>> refuse("DataLoader", {"drop_last": True})  # doctest: +ELLIPSIS
@@ -148,19 +148,17 @@ def refuse(owner: str, unknown: dict[str, Any]) -> None:
     for name, value in unknown.items():
         remedy = (_STREAM_REMEDIES if owner == "StreamLoader" else _REMEDIES).get(name)
         if remedy is None:  # (Python's own "Did you mean" is not said for **unknown)
-            close = difflib.get_close_matches(name, _arguments(owner), n=1)
+            close = difflib.get_close_matches(name, _arguments(made), n=1)
             raise ArgumentError(f"{owner}() got an unexpected keyword argument {name!r}" + (
                 f"; did you mean {close[0]}=?" if close else ""))
         raise ArgumentError(f"{owner}({name}={value!r}): {owner} has no {name}: {remedy}")
 
 
-def _arguments(owner: str) -> list[str]:
-    """The names ``owner`` (a loader of jaxloader's) takes, for a near miss's remedy."""
+def _arguments(made: Any) -> list[str]:
+    """The names ``made`` (the loader's class; ``None``: none known) takes, for a near miss's
+    remedy."""
     import inspect
 
-    import jaxloader
-
-    made = getattr(jaxloader, owner, None)
     return [] if made is None else [
         name for name, p in inspect.signature(made).parameters.items()
         if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]

@@ -122,7 +122,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
                  log_every_s: float | None = None, workers: Workers | None = None,
                  **unknown: Never) -> None:
-        refuse_call("StreamLoader", stream, extra, unknown, batch_size)
+        refuse_call("StreamLoader", stream, extra, unknown, batch_size, type(self))
         given: Any = as_stream(stream)  # a Hugging Face IterableDataset: Stream.huggingface
         if not isinstance(given, ReadableStream):
             if not isinstance(given, (list, tuple)):
