@@ -37,6 +37,7 @@ from jaxloader.base.abilities import parts_of
 from jaxloader.base.errors import JaxloaderError, SharedMemoryError, StallError, WorkerError
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
+from jaxloader.workers.launch import EXIT_UNKNOWN
 from jaxloader.workers.protocol import Failed, chain
 from jaxloader.workers.status import StatusBoard
 
@@ -118,6 +119,9 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
 
 
 def _ended(code: int | None) -> str:
+    if code == EXIT_UNKNOWN:
+        return ("its exit code unknown (this process's children are reaped by another: "
+                "SIGCHLD ignored, or a handler of its own calling waitpid)")
     return f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
 
 

@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 # the folder jaxloader is imported from, put first on a fresh interpreter's path
@@ -121,3 +122,28 @@ def hold_standard_descriptors() -> None:
                 os.close(opened)
             else:  # (as a standard descriptor is: a child's, where exec leaves it)
                 os.set_inheritable(fd, True)
+
+
+EXIT_UNKNOWN = 1 << 16
+"""An exit code no process has: one this process could not learn, its child reaped by another
+waiter (SIGCHLD ignored, or a handler of the script's calling ``waitpid``), where
+``subprocess`` says 0."""
+
+
+def exit_code(popen: subprocess.Popen, timeout: float | None = 0.0) -> int | None:
+    """``popen``'s exit code (negative: killed by that signal; ``EXIT_UNKNOWN``), waited for
+    up to ``timeout`` seconds (``None``: until it exits); ``None`` while it runs."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while popen.returncode is None:
+        try:
+            pid, status = os.waitpid(popen.pid, 0 if timeout is None else os.WNOHANG)
+        except ChildProcessError:  # (reaped by another)
+            popen.returncode = EXIT_UNKNOWN
+            break
+        if pid:
+            popen.returncode = os.waitstatus_to_exitcode(status)
+        elif deadline is None or time.monotonic() >= deadline:
+            return None
+        else:
+            time.sleep(0.005)
+    return popen.returncode

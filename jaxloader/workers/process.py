@@ -201,10 +201,7 @@ class WorkerProcess:
             if self._starter is not None:
                 self._exitcode = self._starter_exitcode(timeout)
             elif self._popen is not None:
-                try:
-                    self._exitcode = self._popen.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    return None
+                self._exitcode = launch.exit_code(self._popen, timeout)
             elif self._fork_pid is not None:
                 self._exitcode = self._fork_exitcode(timeout)
         return self._exitcode
@@ -215,7 +212,10 @@ class WorkerProcess:
         assert self._fork_pid is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            pid, status = os.waitpid(self._fork_pid, 0 if timeout is None else os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self._fork_pid, 0 if timeout is None else os.WNOHANG)
+            except ChildProcessError:  # (reaped by another: SIGCHLD ignored, a handler's)
+                return launch.EXIT_UNKNOWN
             if pid:
                 return os.waitstatus_to_exitcode(status)
             if deadline is None or time.monotonic() >= deadline:

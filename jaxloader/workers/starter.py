@@ -106,13 +106,14 @@ class Starter:
 
     @property
     def ended(self) -> bool:  # (closed, or its process has exited)
-        if not self._ended and self._popen.poll() is not None:
+        if not self._ended and launch.exit_code(self._popen) is not None:
             self._end()
         return self._ended
 
     def exit_code(self) -> int | None:
-        """The starter's exit code (negative: killed by that signal); None while it runs."""
-        return self._popen.poll()
+        """The starter's exit code (negative: killed by that signal; or
+        ``launch.EXIT_UNKNOWN``); None while it runs."""
+        return launch.exit_code(self._popen)
 
     @property
     def idle(self) -> bool:
@@ -211,7 +212,7 @@ class Starter:
     def _end(self) -> None:
         self._ended = True
         self._socket.close()
-        if self._popen.poll() is None:  # (exiting: reaped later, never dropped unwaited)
+        if launch.exit_code(self._popen) is None:  # (exiting: reaped later, not unwaited)
             _EXITING.append(self._popen)
 
     def close(self) -> None:

@@ -214,6 +214,60 @@ def test_forked_workers_started_again_after_an_interrupt_once_jax_is_imported(tm
     assert any("fresh interpreters (start_method='exec')" in line for line in lines), out.stdout
 
 
+def test_a_process_that_reaps_its_children_itself_has_its_workers_ends_said(tmp_path):
+    # SIGCHLD ignored (or a handler's waitpid): a forked worker's waitpid raised
+    # ChildProcessError from iter() and from every close(), its sibling left running and 10
+    # descriptors a loader; a killed starter was said to have ended with "exit code 0"
+    script = tmp_path / "reaping.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        import numpy as np
+        import jaxloader as jl
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+        def running(pid):  # (a zombie left to a pid 1 that reaps late has ended)
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        def dies(r):
+            if r["x"] == 37:
+                os._exit(3)
+            return r
+
+        for method in ("fork", "exec"):
+            loader = jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8,
+                                   num_workers=2, start_method=method,
+                                   transforms=[jl.Map(dies)] if method == "fork" else [])
+            pids = loader.worker_pids
+            try:
+                for batch in loader:
+                    if method == "exec":  # (the starter killed: its workers end with it)
+                        with open(f"/proc/{pids[0]}/stat") as f:
+                            os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+            except jl.WorkerError as e:
+                print(method, str(e).split(": ", 1)[1].split(";")[0])
+            loader.close()
+            for _ in range(100):  # (a starter's workers end as they see it gone)
+                if not any(running(pid) for pid in pids):
+                    break
+                time.sleep(0.1)
+            gone = not any(running(pid) for pid in pids)
+            print(method, "closed", gone, flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("fork its exit code unknown (this process's children are "
+                               "reaped by another: SIGCHLD ignored"), lines
+    assert lines[1] == "fork closed True", lines
+    assert "ended first, its exit code unknown" in lines[2], lines
+    assert lines[3] == "exec closed True", lines
+
+
 def test_a_worker_killed_under_sigpipe_at_its_default_is_said_not_fatal(tmp_path):
     # a script that sets SIGPIPE back to its default (for `| head`): the next task written to
     # a killed worker's pipe raised the kernel's SIGPIPE, which ended the training process at
