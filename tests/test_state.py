@@ -349,3 +349,18 @@ def test_the_first_state_dict_waits_for_a_read_and_refuses_to_read_inside_one():
         next(iter(loader))
     assert not source.overlapped
     loader.state_dict()  # (outside a read: taken)
+
+
+def test_a_state_whose_bool_came_back_as_numpys_restores():
+    # a state through a NumPy or pytree round trip holds np.bool_: "expected a bool, received
+    # bool np.True_" (np.int64 steps were taken)
+    source = jl.ArraySource({"x": np.arange(16)})
+    with jl.DataLoader(source, batch_size=4, shuffle=True) as loader:
+        batches = iter(loader)
+        next(batches)
+        state, want = loader.state_dict(), next(batches)["x"].tolist()
+    with jl.DataLoader(source, batch_size=4, shuffle=True) as again:
+        again.load_state_dict({**state, "shuffle": np.bool_(True), "step": np.int64(1)})
+        assert next(iter(again))["x"].tolist() == want
+        with pytest.raises(jl.StateDictError, match=r"state\['shuffle'\]: expected a bool"):
+            again.load_state_dict({**state, "shuffle": "yes"})

@@ -86,11 +86,10 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
 
 
 def older_transforms_of(transforms: Sequence[Any]) -> list[list[str]]:
-    """``transforms_of`` as older versions named them: until 2026-12-01's fortieth session,
-    the code's names and constants in each Python's order (``code_as_before``); in
-    2026-11-30's 34th session, also a long value's text cut at 200 characters; in its 33rd,
-    sets in their run's order too; before, no defaults either; before that day, the code's
-    digest alone."""
+    """``transforms_of`` as older versions named them: until 2026-12-01's 40th session, the
+    code's names and constants in each Python's order (``code_as_before``); in 2026-11-30's
+    34th, also a long value's text cut at 200 characters; in its 33rd, sets in their run's
+    order too; before, no defaults either; before that day, the code's digest alone."""
     forms: list[dict[str, bool]] = [
         {"code_as_before": True}, {"tails": False}, {"sets_as_before": True, "tails": False},
         {"defaults": False, "sets_as_before": True, "tails": False}]
@@ -217,7 +216,8 @@ def _identities(name: str, value: Any) -> None:
 
 def _of_type(kind: type, choices: tuple = ()) -> Callable[[str, Any], None]:
     def check(name: str, value: Any) -> None:
-        if type(value) is not kind or (choices and value not in choices):
+        if type(value) not in (kind, np.bool_ if kind is bool else kind) or (  # (a pytree's)
+                choices and value not in choices):
             want = f"one of {choices}" if choices else f"a {kind.__name__}"
             raise StateDictError(
                 f"{name}: expected {want}, received {type(value).__name__} {value!r:.120}; "
