@@ -808,3 +808,12 @@ def test_a_process_count_given_alone_where_jax_knows_one_process_is_refused():
         jl.DataLoader(arrays, batch_size=2, process_index=1)
     with jl.DataLoader(arrays, batch_size=2, process_count=1) as one:  # (what JAX says)
         assert next(iter(one))["x"].tolist() == [0, 1]
+
+
+def test_prefetch_below_one_is_told_one_bound():
+    # prefetch=-1 said "an int >= 0", and prefetch=0 then "an int >= 1"
+    arrays = jl.ArraySource({"x": np.arange(8)})
+    for value in (-1, 0):
+        with pytest.raises(jl.ConfigError, match=rf"prefetch: expected an int >= 1, got "
+                                                 rf"{value}; .*\(with num_workers='auto'\)"):
+            jl.DataLoader(arrays, batch_size=2, prefetch=value)

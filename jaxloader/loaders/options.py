@@ -103,8 +103,9 @@ def automatic(name: str, value: Int | str, start: int) -> tuple[int, bool]:
     """
     if value == "auto":
         return start, True
-    return check_int(name, value, low=0, remedy="a count, or 'auto' to let the loader choose"
-                     ), False
+    low = 1 if name == "prefetch" else 0  # (as Options checks it: said once, the same)
+    return check_int(name, value, low=low, remedy="a count, or 'auto' to let the loader choose"
+                     + (" (with num_workers='auto')" if low else "")), False
 
 
 class Placement(NamedTuple):
