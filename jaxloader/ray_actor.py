@@ -25,7 +25,7 @@ import cloudpickle
 
 from jaxloader.base import read_threads
 from jaxloader.engines.in_process import Maker
-from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT, x64_environment
+from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT, jax_environment
 from jaxloader.workers.protocol import Failed, failed
 
 
@@ -105,6 +105,6 @@ def with_worker_environment(options: dict) -> dict:
     CPU, one thread a math library and for a JitMap's XLA), where it does not set them."""
     runtime_env = dict(options.get("runtime_env") or {})
     runtime_env["env_vars"] = {**THREAD_DEFAULTS, **WORKER_ENVIRONMENT,
-                               **x64_environment(os.environ),  # (this process's 64-bit JAX)
+                               **jax_environment(os.environ),  # (this process's 64-bit JAX...)
                                **(runtime_env.get("env_vars") or {})}
     return {**options, "runtime_env": runtime_env}

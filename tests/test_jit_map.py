@@ -583,6 +583,44 @@ def test_the_workers_draw_a_keys_bits_as_the_training_processs_jax_settings_say(
         assert not same(list(as_given), made[0])
 
 
+def _own_key(r):  # (a key the function makes itself: the default implementation's bits)
+    return {"x": jax.random.normal(jax.random.key(r["i"][0]), (3,))}
+
+
+def _own_key_numpy(r):  # (a NumPy Map computing with jax.random in a worker)
+    return {"x": np.asarray(jax.random.normal(jax.random.key(int(r["i"][0])), (3,)))}
+
+
+def test_the_keys_a_function_makes_follow_the_training_processs_prng_impl():
+    # jax_default_prng_impl='rbg' (common on TPUs): a key a JitMap or a Map made itself drew
+    # threefry's bits in the workers, rbg's in process: 0 and 2 workers, and peek(), gave other
+    # batches, without a word (the newest-JAX audit)
+    source = jl.ArraySource({"i": np.arange(16, dtype=np.int32).reshape(16, 1)})
+    given = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", "rbg")
+    try:
+        made = {}
+        for kind, transform in (("jit", jl.JitMap(_own_key)), ("map", jl.Map(_own_key_numpy))):
+            for workers in (0, 2):
+                with jl.DataLoader(source, batch_size=4, transforms=[transform],
+                                   num_workers=workers, process_index=0,
+                                   process_count=1) as each:
+                    made[kind, workers] = list(each)
+    finally:
+        jax.config.update("jax_default_prng_impl", given)
+    assert same(made["jit", 0], made["jit", 2]) and same(made["map", 0], made["map", 2])
+
+
+def test_a_jit_map_in_process_makes_no_implicit_transfer():
+    # jax_transfer_guard "disallow", set to audit a training loop: the JitMap's zeros for its
+    # first output put their fill value on the device implicitly, a bare JaxRuntimeError
+    source = jl.ArraySource({"i": np.arange(8, dtype=np.int32).reshape(8, 1)})
+    with jax.transfer_guard("disallow"), jl.DataLoader(
+            source, batch_size=4, transforms=[jl.JitMap(_own_key)], process_index=0,
+            process_count=1) as loader:
+        assert [b["x"].shape for b in loader] == [(4, 3), (4, 3)]
+
+
 _NO_PROC = """
 import os, sys
 listdir = os.listdir

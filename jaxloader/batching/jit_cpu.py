@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -108,3 +109,24 @@ def in_place(buffers: list[np.ndarray]) -> list:
         same = placed is not None and placed.unsafe_buffer_pointer() == buffer.ctypes.data
         given.append(placed if same else buffer)
     return given
+
+
+# What changes a compiled function's output besides its code: the dtypes, a key's random bits
+# (a worker's default drew others than a process that set them, without a word), promotions
+CARRIED = ("jax_enable_x64", "jax_threefry_partitionable", "jax_default_matmul_precision",
+           "jax_default_prng_impl", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion")
+
+
+def jax_settings() -> dict[str, Any] | None:
+    """This process's ``CARRIED`` settings (``None``: JAX not imported, its defaults then)."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    found = {}
+    for name in CARRIED:
+        try:
+            value = getattr(jax.config, name)  # (read() refuses some)
+            found[name] = getattr(value, "value", value)  # (an Enum's: its text)
+        except Exception:  # noqa: BLE001 - (a JAX without the option)
+            pass
+    return found

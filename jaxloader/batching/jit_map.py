@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import sys
 import threading
 from time import perf_counter
 from typing import Any, Callable
@@ -50,7 +49,7 @@ from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
 from jaxloader.batching.jit_inputs import record_keys
-from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place
+from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place, jax_settings
 from jaxloader.batching.jit_outputs import (aliases, host_leaves, leaf_order, record_kind,
                                              write_rows)
 from jaxloader.batching.jit_errors import code_of, error_text, user_line
@@ -130,14 +129,14 @@ class JitMap:
     def fresh(self) -> JitMap:
         """A copy of this ``JitMap`` compiled anew where it runs (a loader's own: one kept
         across loaders kept the globals its first trace read), under this process's JAX
-        settings (a worker's copy takes the training process's: ``_CARRIED``)."""
+        settings (a worker's copy takes the training process's: ``jit_cpu.CARRIED``)."""
         made = copy.copy(self)
         made._jax = None
         return made
 
     def __getstate__(self) -> dict:
         return {"fn": self.fn, "random": self.random, "file": self._file,  # (not compiled)
-                "chunk_bytes": self.chunk_bytes, "jax": _jax_settings()}
+                "chunk_bytes": self.chunk_bytes, "jax": jax_settings()}
 
     def __setstate__(self, state: dict) -> None:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
@@ -307,14 +306,13 @@ class JitMap:
         buffer may be gone), to be written over by the next chunk; zeros where it had another
         shape, or there is none."""
         import jax
-        import jax.numpy as jnp
 
         kept = self._local.__dict__.pop("last", None)
         if kept is not None and kept[0] is row_out and kept[1] == rows:
             return kept[2]
-        device = cpu_device()
-        return jax.tree.map(lambda x: jnp.zeros((rows, *x.shape[1:]), x.dtype, device=device),
-                            row_out)
+        device = cpu_device()  # (put explicitly: jnp.zeros's fill broke jax_transfer_guard
+        return jax.tree.map(lambda x: jax.device_put(  # "disallow", and an abstract mesh)
+            np.zeros((rows, *x.shape[1:]), x.dtype), device), row_out)
 
     def _inputs(self, columns: list, rows: int) -> tuple[list[np.ndarray], list]:
         """This thread's input buffers for a chunk of ``rows`` (the keys' last, where ``fn``
@@ -374,25 +372,6 @@ def takes_key(fn: Callable[..., Any]) -> bool:
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                   and p.default is p.empty]  # (fn(r, factor=2.0): no key; random=True says so)
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
-
-
-# What changes a compiled function's output besides its code: the dtypes, the random bits of a
-# key (a worker's default drew other ones than a training process that set it, without a word)
-_CARRIED = ("jax_enable_x64", "jax_threefry_partitionable", "jax_default_matmul_precision")
-
-
-def _jax_settings() -> dict[str, Any] | None:
-    """This process's ``_CARRIED`` settings (``None``: JAX not imported, its defaults then)."""
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return None
-    found = {}
-    for name in _CARRIED:
-        try:
-            found[name] = getattr(jax.config, name)  # (read() refuses some)
-        except Exception:  # noqa: BLE001 - (a JAX without the option)
-            pass
-    return found
 
 
 def _row_bytes(shape: tuple, dtype: Any) -> int:

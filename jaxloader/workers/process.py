@@ -65,6 +65,7 @@ from multiprocessing.connection import Pipe, wait
 from typing import Any, Callable, Mapping
 
 from jaxloader.base.errors import ConfigError
+from jaxloader.batching.jit_cpu import jax_settings
 from jaxloader.workers import launch, protocol, starter
 from jaxloader.workers.protocol import Stop
 
@@ -101,7 +102,7 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
         ('cpu', '4', '1')
     """
     kept = {name: value for name, value in parent.items() if name not in _DROPPED}
-    environment = {**THREAD_DEFAULTS, **kept, **x64_environment(kept), **WORKER_ENVIRONMENT}
+    environment = {**THREAD_DEFAULTS, **kept, **jax_environment(kept), **WORKER_ENVIRONMENT}
     tunables = environment.get("GLIBC_TUNABLES", "")
     if _X86_LINUX and NON_TEMPORAL not in tunables:
         environment["GLIBC_TUNABLES"] = ":".join(
@@ -109,20 +110,26 @@ def worker_environment(parent: Mapping[str, str]) -> dict[str, str]:
     return environment
 
 
-def x64_environment(parent: Mapping[str, str]) -> dict[str, str]:
+def jax_environment(parent: Mapping[str, str]) -> dict[str, str]:
     """``JAX_ENABLE_X64`` as this process has 64-bit JAX (``jax.config.update``), where it has
     imported JAX: a ``Map`` computing with ``jax.numpy`` in a worker made int32 and float32
     (values past 2**31 wrapped) where this process made int64, without a word; "0" only where
-    the environment says otherwise (a ``JitMap`` is told its own)."""
+    the environment says otherwise (a ``JitMap`` is told its own). And ``jit_cpu.CARRIED``
+    as this process has them, which a worker's JAX reads as it is imported: a ``Map`` making
+    keys with ``jax.random.key`` drew threefry's bits in a worker, rbg's here."""
     jax = sys.modules.get("jax")
     try:
         on = jax is not None and bool(jax.config.read("jax_enable_x64"))
     except Exception:  # (a JAX being imported, or without the option: as its environment)
         return {}
+    carried = {name.upper(): str(int(value)) if isinstance(value, bool) else str(value)
+               for name, value in (jax_settings() or {}).items()
+               if value is not None and name != "jax_enable_x64"}  # (below: as the parent's)
     if on:
-        return {"JAX_ENABLE_X64": "1"}
+        return {**carried, "JAX_ENABLE_X64": "1"}
     said = parent.get("JAX_ENABLE_X64", "").strip().lower()
-    return {"JAX_ENABLE_X64": "0"} if jax is not None and said not in ("", "0", "false") else {}
+    return {**carried, **({"JAX_ENABLE_X64": "0"} if jax is not None and said not in (
+        "", "0", "false") else {})}
 
 
 class WorkerProcess:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from jaxloader.batching.jit_cpu import CARRIED
 from jaxloader.workers.process import (NON_TEMPORAL, NON_TEMPORAL_BYTES, THREAD_DEFAULTS,
                                        worker_environment)
 
@@ -34,6 +35,8 @@ def test_worker_environment_runs_jax_on_the_cpu_and_keeps_the_rest():
     parent = {"JAX_PLATFORMS": "cuda", "JAX_PLATFORM_NAME": "gpu", "XLA_FLAGS": "--x", "A": "1"}
     made = worker_environment(parent)
     made.pop("GLIBC_TUNABLES", None)  # (x86-64 Linux: the test below)
+    for name in CARRIED:  # (this process's JAX settings, where it imported JAX: a test below)
+        made.pop(name.upper(), None)
     assert made == {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--x", "A": "1", **THREAD_DEFAULTS}
     assert worker_environment({})["JAX_PLATFORMS"] == "cpu"
     assert parent["JAX_PLATFORMS"] == "cuda"  # the caller's mapping is not changed
