@@ -262,28 +262,41 @@ def users_file(path: str) -> bool:
 
 
 def _code_text(code: Any) -> str:
-    """The names and constants of ``code`` and the code nested in it (its functions', lambdas'
-    and comprehensions'), each set sorted: the same under every Python from 3.11 (3.12 inlines
-    a comprehension, 3.14 loads a small int without listing it as a constant, and a function
-    with no docstring lists ``None`` or not). Less than their order says: where there is no
-    source text, two functions that differ by their constants' places alone (``r[0] - r[1]``,
-    ``r[1] - r[0]``) have one digest."""
+    """The names and constants ``code`` and the code nested in it (its functions', lambdas'
+    and comprehensions') use, each set sorted, as its instructions load them: the same under
+    every Python from 3.11, which lists others beside them (3.11 keeps what it folded or cut
+    away, a nested function's defaults one by one; 3.12 inlines a comprehension, and joins an
+    f-string's nested format spec to ``""``; 3.13 gives a class body its first line; 3.14
+    loads a small int without listing it), ``None`` and ``""`` left out. Less than their
+    order says: where there is no source text, two functions that differ by their constants'
+    places alone (``r[0] - r[1]``, ``r[1] - r[0]``) have one digest."""
     names: set[str] = set()
     constants: set[str] = set()
     _code_sets(code, names, constants)
     return repr((sorted(names), sorted(constants)))
 
 
+_LISTED = {"__firstlineno__", "__static_attributes__"}  # (3.13's class bodies: not the code's)
+_CONSTANT = set(dis.hasconst) | {dis.opmap.get("LOAD_SMALL_INT", -1)}
+
+
 def _code_sets(code: Any, names: set[str], constants: set[str]) -> None:
-    names.update(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_code"):
-            _code_sets(const, names, constants)
-        elif const is not None:
-            constants.add(value_text(const) if isinstance(const, frozenset) else written(const))
-    if "LOAD_SMALL_INT" in dis.opmap:  # (3.14: 0 to 255 are in the instruction alone)
-        constants.update(written(i.argval) for i in dis.get_instructions(code)
-                         if i.opname == "LOAD_SMALL_INT")
+    instructions = list(dis.get_instructions(code))
+    for at, instruction in enumerate(instructions):
+        then = instructions[at + 1] if at + 1 < len(instructions) else None
+        if then is not None and then.argval in _LISTED and then.opname == "STORE_NAME":
+            continue  # (a class body's line, its attributes' names: 3.13's alone)
+        value = instruction.argval
+        if instruction.opcode in _CONSTANT:  # (by its index: 3.11's dis says "<unknown>" for
+            value = code.co_consts[instruction.arg] if (  # KW_NAMES' names)
+                instruction.opcode in dis.hasconst) else instruction.arg
+            if hasattr(value, "co_code"):
+                _code_sets(value, names, constants)
+            elif value is not None and value != "":  # (3.12 joins a nested f-string's spec
+                constants.add(value_text(value) if isinstance(value, frozenset) else written(
+                    value))  # to an empty one)
+        elif instruction.opcode in dis.hasname and value not in _LISTED:
+            names.add(value)
 
 
 def _update_code(digest: Any, code: Any) -> None:
