@@ -791,7 +791,8 @@ def test_a_source_whose_read_returns_none_is_refused_not_made_into_none_batches(
     # every batch was None, without a word
     with pytest.raises((jl.CollateError, jl.WorkerError),
                        match=r"step 0 .* is None, expected a (record|batch of 4 records); "
-                             r"return it from the source's __getitems?__ \(a missing `return`"):
+                             r"return it from what made it \(a missing `return`\?\): the "
+                             r"source's __getitems?__"):
         next(iter(jl.DataLoader(source, batch_size=4, num_workers=num_workers)))
 
 
@@ -806,6 +807,8 @@ def test_a_process_count_given_alone_where_jax_knows_one_process_is_refused():
     with pytest.raises(jl.ConfigError, match=r"use an index in \[0, 1\) \(JAX's count: pass "
                                              r"process_count= too\)"):
         jl.DataLoader(arrays, batch_size=2, process_index=1)
+    with pytest.raises(jl.ConfigError, match=r"process_count=2 was given without"):
+        jl.DataLoader(arrays, batch_size=2, process_count=np.int64(2))  # (a config's)
     with jl.DataLoader(arrays, batch_size=2, process_count=1) as one:  # (what JAX says)
         assert next(iter(one))["x"].tolist() == [0, 1]
 

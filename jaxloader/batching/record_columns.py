@@ -269,8 +269,9 @@ def record_columns(records: list, names: Any = None) -> tuple[tree_lib.TreeDef, 
         raise CollateError("collate: expected at least one record, got an empty list")
     if records[0] is None:  # (a tree of no leaves: a batch of None, without a word)
         raise CollateError(f"collate: {tree_lib.record_name(names, 0)} is None, expected a "
-                           "record; return it from the source's __getitem__ (a missing "
-                           "`return`?), or from the transform that made it")
+                           "record; return it from what made it (a missing `return`?): the "
+                           "source's __getitem__, a stream's generator or Stream.map, or a "
+                           "transform")
     try:
         treedef = tree_lib.structure(records[0])
         values = tree_lib.gather(records, treedef, names)
@@ -309,8 +310,8 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     """Validated columns of an already batched tree whose leaves have ``size`` rows."""
     if batch is None:  # (a tree of no leaves: a batch of None, without a word)
         raise CollateError("collate: the batch is None, expected a batch of "
-                           f"{size} records; return it from the source's __getitems__ (a "
-                           "missing `return`?), or from the batch transform that made it")
+                           f"{size} records; return it from what made it (a missing "
+                           "`return`?): the source's __getitems__, or a batch transform")
     leaves, treedef = tree_lib.flatten(batch)
     columns = []
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):

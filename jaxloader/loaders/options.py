@@ -20,6 +20,8 @@ import sys
 import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
+import numpy as np
+
 from jaxloader.base.checks import Int, check_int, is_seconds
 from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
 from jaxloader.loaders.diagnosis import cores_available
@@ -135,7 +137,7 @@ def placement(batch_size: Int, process_index: Int | None,
             import jax  # (workers never get here)
 
             index, count = jax.process_index(), jax.process_count()
-            if process_index is None and isinstance(process_count, int) and (
+            if process_index is None and isinstance(process_count, (int, np.integer)) and (
                     process_count != count):  # (JAX's index 0 of 1: each host would read it)
                 raise ConfigError(
                     f"process_count={process_count} was given without process_index, which "
