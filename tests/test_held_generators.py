@@ -329,3 +329,18 @@ def test_the_search_reads_modules_without_running_their_code_and_follows_imports
          space)
     found = held_generators((jl.Map(space["lazily"]), jl.Map(space["imports"])))
     assert [(i, where) for i, where, _ in found] == [(0, "fn.rng"), (1, "fn.held_augs.TRAIN")]
+
+
+def _imports_its_noise(record):
+    from held_later import NOISE  # (a fresh worker imports it at the first call)
+
+    return {**record, "aug": np.float64(NOISE.random())}
+
+
+def test_a_generator_of_a_module_imported_inside_the_transform_is_found_in_fresh_workers():
+    # (the twenty-ninth review) the search ran before the transform's first call: a fresh
+    # worker had not imported the module yet, its generator was not found, and each worker
+    # drew the same numbers without a word (in process the module was already imported)
+    drawn, said = _epoch([jl.Map(_imports_its_noise)], 2)
+    assert len(set(drawn.tolist())) < len(drawn)  # (the workers' numbers repeat)
+    assert any("(fn.held_later.NOISE)" in s for s in said), said

@@ -76,11 +76,17 @@ class DrawWatch:
         if self._held is None:
             self._held = held_generators(self.transforms)
         held = [(where, g) for i, where, g in self._held if i == index]
+        searched = [False]  # (again after its first call: a module it imports then, in a
 
-        def call(*args: Any) -> Any:
+        def call(*args: Any) -> Any:  # fresh worker, from augs import TRAIN, held its own)
             before, states = _draws(), [_state(g) for _, g in held]
             out = fn(*args)
             moved = [where for (where, g), state in zip(held, states) if _state(g) != state]
+            if not searched[0]:
+                searched[0] = True
+                known = {id(g) for _, g in held}
+                held.extend((where, g) for _, where, g in held_generators(
+                    self.transforms[index:index + 1]) if id(g) not in known)
             if moved:
                 self._from[index] = moved[0]
             if moved or before is not None and _draws() != before:
