@@ -365,3 +365,22 @@ def test_every_warning_of_the_package_names_its_category():
                 if category is None or ast.unparse(category) == "UserWarning":
                     bare.append(f"{path.name}:{node.lineno}")
     assert not bare
+
+
+def test_a_transform_whose_function_cannot_be_called_so_is_refused_as_it_is_made():
+    # a RandomMap of fn(record), a Map of fn(record, rng), a BatchMap of fn(batch, rng), a
+    # JitMap told random= against its function: each failed at the first batch, in a worker
+    for make, fn, said in [
+            (jl.RandomMap, lambda r: r, r"RandomMap\(fn\): fn is called as fn\(record, rng\), "
+                                        r"but .*<lambda>\(r\) cannot be; .*jl.Map\(fn\)"),
+            (jl.Map, lambda r, rng: r, r"Map\(fn\): fn is called as fn\(record\), but "
+                                       r".*<lambda>\(r, rng\) cannot be; .*jl.RandomMap\(fn\)"),
+            (jl.BatchMap, lambda b, rng: b, r"BatchMap\(fn\): fn is called as fn\(batch\)"),
+            (lambda fn: jl.JitMap(fn, random=False), lambda r, key: r,
+             r"JitMap\(fn\): fn is called as fn\(record\) \(random=False\), but .*<lambda>\(r, "
+             r"key\) cannot be")]:
+        with pytest.raises(jl.ConfigError, match=said):
+            make(fn)
+    for fn in (abs, lambda r, *more: r, lambda r, rng=None: r):  # (what can be called so)
+        jl.Map(fn)
+    jl.RandomMap(lambda r, rng, extra=1: r)

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_bool, check_int
+from jaxloader.base.checks import check_bool, check_int, refused_call
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
@@ -104,6 +104,11 @@ class JitMap:
                               f"{fn!r:.60}")
         self.fn = fn
         self.random = takes_key(fn) if random is None else check_bool("JitMap(random)", random)
+        if (signature := refused_call(fn, *[None] * (1 + self.random))) is not None:
+            raise ConfigError(  # (as made, not at the first batch in a worker)
+                f"JitMap(fn): fn is called as fn(record{', key' * self.random}) (random="
+                f"{self.random}), but {getattr(fn, '__qualname__', None) or repr(fn)}"
+                f"{signature} cannot be; pass random= as fn takes a key, or not")
         self.chunk_bytes = check_int("JitMap(chunk_bytes)", chunk_bytes, low=1,
                                      remedy="pass a positive int (bytes), e.g. 1 << 20")
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
-from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS
+from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS, refused_call
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.pad import Pad, check_hosts
@@ -286,8 +286,25 @@ _KINDS = (Map, RandomMap, BatchMap, Filter, JitMap, Pad)  # what transforms= tak
 
 
 def _check_callable(fn: Any, kind: str) -> None:
+    """Refuses what is no function, or one that cannot be called as ``kind`` calls it (said
+    as the transform is made, not at the first batch, in a worker)."""
     if not callable(fn):
         raise ConfigError(f"{kind}(fn): expected a callable, got {type(fn).__name__} {fn!r:.60}")
+    called = "fn(record, rng)" if kind == "RandomMap" else "fn(batch)" if (
+        kind == "BatchMap") else "fn(record)"
+    signature = refused_call(fn, *[None] * called.count(","), None)
+    if signature is None:
+        return
+    remedy = ("a function of the record alone is a Map's: jl.Map(fn)" if kind == "RandomMap"
+              else "a BatchMap's draws come from a RandomMap before it, returned as a leaf"
+              if kind == "BatchMap" else f"pass a function of one {called[3:-1]}")
+    remedy += ("" if kind == "BatchMap" else " (the record is one argument, a tuple record "
+               "unpacked in the function: image, label = record)") + (
+        "; a function of the record and a generator is a RandomMap's: jl.RandomMap(fn)"
+        if kind not in ("BatchMap", "RandomMap") and refused_call(fn, None, None) is None
+        else "")
+    raise ConfigError(f"{kind}(fn): fn is called as {called}, but {fn_name(fn)}{signature} "
+                      f"cannot be; {remedy}")
 
 
 def fn_name(fn: Any) -> str:
