@@ -820,3 +820,40 @@ def test_prefetch_below_one_is_told_one_bound():
         with pytest.raises(jl.ConfigError, match=rf"prefetch: expected an int >= 1, got "
                                                  rf"{value}; .*\(with num_workers='auto'\)"):
             jl.DataLoader(arrays, batch_size=2, prefetch=value)
+
+
+def test_a_jax_or_numpy_scalar_is_taken_as_the_int_it_holds():
+    # seed=jnp.int32(3) (a seed drawn or read with JAX) was refused: "expected an int"
+    jnp = pytest.importorskip("jax.numpy")
+    source = jl.ArraySource({"x": np.arange(20)})
+    want = [b["x"].tolist() for b in jl.DataLoader(source, batch_size=4, shuffle=True, seed=3)]
+    for seed, size in [(jnp.int32(3), jnp.int32(4)), (np.array(3, np.uint64), np.array(4))]:
+        got = [b["x"].tolist() for b in jl.DataLoader(source, batch_size=size, shuffle=True,
+                                                      seed=seed)]
+        assert got == want
+    for bad in (jnp.float32(3), np.array([3]), jnp.bool_(True)):
+        with pytest.raises(jl.ConfigError, match=r"seed: expected an int, got"):
+            jl.DataLoader(source, batch_size=4, shuffle=True, seed=bad)
+
+
+def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
+    # each was a bare AttributeError or TypeError from inside, or an error of the wrong thing
+    source = jl.ArraySource({"x": np.arange(20)})
+    with pytest.raises(jl.ConfigError, match=r"MapSource\(source, fn\): got a function "
+                                             r"\(<lambda>\) as the source and ArraySource"
+                                             r".* the source comes first"):
+        jl.MapSource(lambda r: r, source)
+    with pytest.raises(jl.ConfigError, match=r"from_sequences\(columns\): expected a dict .* "
+                                             r"got list \[\[1, 2\], \[3\]\]; name the column"):
+        jl.RaggedSource.from_sequences([[1, 2], [3]])
+    ragged = jl.RaggedSource.from_sequences({"t": [[1, 2], [3]] * 4})
+    with pytest.raises(jl.ConfigError, match=r"keys of the records' token arrays, got None; "
+                                             r"the source's keys are \['t'\]"):
+        jl.PackedSource(ragged, None, 8)
+    columns = [np.zeros((20, 2)), np.arange(20)]  # (PyTorch's TensorDataset(X, y), as a list)
+    with pytest.raises(jl.ConfigError, match=r"records \(2\).*DataLoader\(\[X, y\]\)\) is that "
+                                             r"many records, each a whole array: .* "
+                                             r"jaxloader.ArraySource\(\(X, y\)\)"):
+        jl.DataLoader(columns, batch_size=4)
+    rows = jl.DataLoader(jl.ArraySource(tuple(columns)), batch_size=4)  # (the remedy)
+    assert len(rows) == 5

@@ -53,7 +53,18 @@ def check_positions(positions: int, random: bool) -> None:
 def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,
               error: type[Exception] = ConfigError) -> int:
     """``value`` as an int if it is one (not a bool) in ``[low, high]``; else ``error`` naming
-    ``name``, what was expected, what came, and ``remedy``."""
+    ``name``, what was expected, what came, and ``remedy``. An argument's 0-d integer array
+    (a JAX scalar, ``jnp.int32(3)``, or NumPy's) is its int, as ``range()`` takes it; a
+    state's values (``StateDictError``) are checked as they are used, Python's or NumPy's ints.
+
+    Example:
+        >>> check_int("seed", np.array(7, np.uint32), low=0, remedy="a seed")
+        7
+    """
+    dtype = getattr(value, "dtype", None)
+    if getattr(value, "shape", None) == () and isinstance(dtype, np.dtype) and (
+            dtype.kind in "iu") and not isinstance(value, np.integer) and error is ConfigError:
+        value = int(value)  # type: ignore[call-overload]
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise error(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
     if value < low or (high is not None and value > high):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -83,10 +83,14 @@ class PackedSource:
         refuse_mixture(source, "PackedSource")
         n = check_source(source)
         self.source = source
-        self.keys = [keys] if isinstance(keys, str) else list(keys)
+        self.keys = [keys] if isinstance(keys, str) else list(keys) if isinstance(
+            keys, Iterable) and not isinstance(keys, Mapping) else []
         if not self.keys or not all(isinstance(k, str) for k in self.keys):
+            known = getattr(source, "keys", None)
             raise ConfigError(f"PackedSource(keys=...): expected a key or a list of keys of the "
-                              f"records' token arrays, got {keys!r}")
+                              f"records' token arrays, got {keys!r:.60}; "
+                              + (f"the source's keys are {known}" if isinstance(known, list) else
+                                 "PackedSource(source, 'tokens', length)"))
         self.row_length = _row_lengths(length, self.keys)
         self._fills = fill_values("PackedSource(value=...)", value, self.keys)
         if seed is not None:  # (NumPy's ints too; not True)

@@ -117,6 +117,10 @@ class Putter:
     """Turns a host batch (pytree of NumPy arrays) into a batch of global ``jax.Array``s."""
 
     def __init__(self, sharding: Any, process_count: int, batch_size: int | None = None) -> None:
+        # (jax.devices() as the sharding: a tree of one device a leaf, refused at the first
+        # batch as a tree the batch's is not; that error says what was meant)
+        self._devices = len(sharding) if isinstance(sharding, (list, tuple)) and sharding and all(
+            isinstance(d, jax.Device) for d in sharding) else 0
         sharding = as_shardings(sharding)
         leaves = jax.tree_util.tree_leaves(sharding, is_leaf=_is_sharding)
         if not leaves or not all(_is_sharding(s) for s in leaves):
@@ -270,8 +274,12 @@ class Putter:
             raise ConfigError(
                 f"sharding: its tree must be a prefix of the batch's tree; sharding tree "
                 f"{jax.tree_util.tree_structure(self.sharding, is_leaf=_is_sharding)}, batch "
-                f"tree {jax.tree_util.tree_structure(batch)}; pass one Sharding for all leaves "
-                "or mirror the batch's keys"
+                f"tree {jax.tree_util.tree_structure(batch)}; " + (
+                    f"a list of {self._devices} devices (jax.devices()) puts a list batch's "
+                    "element i on device i: to split each batch's rows over them, pass "
+                    f"jaxloader.data_sharding(jax.make_mesh(({self._devices},), ('data',), "
+                    "devices=devices))" if self._devices else
+                    "pass one Sharding for all leaves or mirror the batch's keys")
             ) from e
 
     def _put_subtree(self, at: tuple, sharding: Sharding, subtree: Any) -> Any:

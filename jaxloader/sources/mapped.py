@@ -67,6 +67,11 @@ class MapSource:
                  lengths_kept: bool = True) -> None:
         from jaxloader.sources.mixture import refuse_mixture
 
+        if callable(source) and not callable(fn) and hasattr(fn, "__getitem__"):
+            raise ConfigError(
+                f"MapSource(source, fn): got a function ({getattr(source, '__name__', source)}) "
+                f"as the source and {type(fn).__name__} {fn!r:.60} as fn; the source comes "
+                "first: MapSource(source, fn)")
         source = adapt(source)  # a datasets.Dataset: read as NumPy, as the loader reads it
         refuse_mixture(source, "MapSource")
         check_source(source)

@@ -252,6 +252,17 @@ def test_bad_shardings_give_clear_errors():
         assert "with process_count=2, where JAX runs 1 process(es)" in str(e), e
     else:
         raise AssertionError("a process count not JAX's must be refused with a sharding")
+    try:  # jax.devices() as the sharding: "a prefix of the batch's tree" alone, no remedy
+        next(iter(jl.DataLoader(source(8), batch_size=4, sharding=jax.devices())))
+    except jl.ConfigError as e:
+        assert ("a list of 4 devices (jax.devices()) puts a list batch's element i on device "
+                "i" in str(e) and "data_sharding(jax.make_mesh((4,), ('data',), devices=devices))"
+                in str(e)), e
+    else:
+        raise AssertionError("a list of devices for a dict batch must be refused")
+    remedy = jl.data_sharding(jax.make_mesh((4,), ("data",), devices=jax.devices()))
+    placed = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=remedy)))
+    assert len(placed["x"].sharding.device_set) == 4
     print("ok")
     """, n=4)
     assert out.strip() == "ok"
