@@ -35,7 +35,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
-import sys
 import time
 from collections import deque
 from typing import Any, Generator, NoReturn
@@ -47,7 +46,7 @@ from jaxloader.base.checks import check_int, is_seconds
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
-from jaxloader.ray_actor import MakerActor, with_worker_environment
+from jaxloader.ray_actor import MakerActor, actor_arguments, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.ray_tasks import (TaskQueues, lost_errors, step_failed, steps_text, task_failed,
                                  task_steps)
@@ -157,7 +156,7 @@ class RayEngine:
         self._maker_ref: Any = ray.put((blob, arrays))
         self._remote = ray.remote(**with_worker_environment(spec.actor_options))(MakerActor)
         self._actors: list[Any] = [
-            self._remote.remote(self._maker_ref, list(sys.path), list(sys.argv))
+            self._remote.remote(self._maker_ref, *actor_arguments())
             for _ in range(spec.n)]
         self._alive: list[int] = []
         self._pids: list[int | None] = [None] * spec.n

@@ -2,7 +2,8 @@
 
 ::
 
-    MakerActor(payload, sys.path)   the maker unpickled once (its arrays the object store's)
+    MakerActor(payload, *actor_arguments())
+                                    the maker unpickled once (its arrays the object store's)
       .make(first, count)           steps first .. first + count - 1: (batches, timings, pid,
                                     failed)
       .make_stream(first, count, stride, reset)
@@ -25,6 +26,7 @@ import cloudpickle
 
 from jaxloader.base import read_threads
 from jaxloader.engines.in_process import Maker
+from jaxloader.workers import relay, relay_worker
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT, jax_environment
 from jaxloader.workers.protocol import Failed, failed
 
@@ -34,7 +36,10 @@ class MakerActor:
     process's ``sys.path`` is there (its functions' modules, pickled by name, are then found,
     as a local worker's are); its arrays are the object store's, not copied."""
 
-    def __init__(self, payload: tuple, path: list[str], argv: list[str] | None = None) -> None:
+    def __init__(self, payload: tuple, path: list[str], argv: list[str] | None = None,
+                 settings: tuple | None = None) -> None:
+        if settings is not None:  # (a script's recursion limit for a deep transform, its
+            relay_worker.apply(settings)  # warning filters: as a local worker's)
         sys.path.extend(p for p in path if p not in sys.path)
         if argv is not None:  # (a module that parses the command line as it is imported reads
             sys.argv[:] = argv  # the training script's, as in a local worker: workers/ties.py)
@@ -98,6 +103,12 @@ def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | N
         batch, _ = maker.make(first + k * stride)
         made.append((batch, maker.report()))
     return made
+
+
+def actor_arguments() -> tuple:
+    """A new ``MakerActor``'s arguments past the payload: the training process's ``sys.path``,
+    ``sys.argv`` and ``relay.settings()``, as they are now."""
+    return list(sys.path), list(sys.argv), relay.settings()
 
 
 def with_worker_environment(options: dict) -> dict:

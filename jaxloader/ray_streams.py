@@ -18,12 +18,12 @@ the states of its last batch received are the same batches: nothing is lost or r
 from __future__ import annotations
 
 import logging
-import sys
 from collections import deque
 from typing import Any, Generator
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError, WorkerError
+from jaxloader.ray_actor import actor_arguments
 from jaxloader.ray_tasks import TASK_SECONDS, lost_errors, steps_text, task_steps
 from jaxloader.workers.failures import closed
 
@@ -157,7 +157,7 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     ray, spec = engine._ray, engine._spec
     engine.cancel_actor(actor)
     actors = engine._actors  # (close() from another thread empties it anew: said as closed,
-    made = engine._remote.remote(engine._maker_ref, list(sys.path), list(sys.argv))  # the
+    made = engine._remote.remote(engine._maker_ref, *actor_arguments())  # (the
     if actor < len(actors):  # new actor killed, whether close() came before or after this)
         actors[actor] = made
     if engine._closed or actor >= len(actors):

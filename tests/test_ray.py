@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections import deque
 
 import numpy as np
@@ -459,17 +460,35 @@ def check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, 
 
 
 def scaled(r):  # a config read from the command line, as a module parsing it when imported
-    return {"x": r["x"] * np.float32(sys.argv[-1]), "y": r["y"]}
+    try:  # (and the trainer's recursion limit, and its warning filters: "error" on this one)
+        warnings.warn("a deprecated path")
+        said = 0
+    except UserWarning:
+        said = 1
+    return {"x": r["x"] * np.float32(sys.argv[-1]), "y": r["y"],
+            "limit": np.int64(sys.getrecursionlimit()), "raised": np.int64(said)}
 
 
 def check_actors_see_the_training_scripts_argv(cluster, monkeypatch):
     # an actor's sys.argv was Ray's worker's: a config parsed from it got its defaults (or
-    # Ray's flags), silently, as a local worker's did before it was given the trainer's
+    # Ray's flags), silently, as a local worker's did before it was given the trainer's; its
+    # recursion limit was Python's 1,000 (a script's setrecursionlimit for a deep transform:
+    # RecursionError on Ray alone), and the trainer's warning filters were not there
     monkeypatch.setattr(sys, "argv", ["train.py", "--scale", "10"])
-    with jl.DataLoader(jl.ArraySource({"x": np.ones(8, np.float32), "y": np.arange(8)}),
-                       batch_size=4, transforms=[jl.Map(scaled)], workers=RayWorkers(1),
-                       process_index=0, process_count=1) as on_ray:
-        assert next(iter(on_ray))["x"].tolist() == [10.0] * 4
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(4321)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="a deprecated path")
+            with jl.DataLoader(jl.ArraySource({"x": np.ones(8, np.float32),
+                                               "y": np.arange(8)}),
+                               batch_size=4, transforms=[jl.Map(scaled)], workers=RayWorkers(1),
+                               process_index=0, process_count=1) as on_ray:
+                batch = next(iter(on_ray))
+    finally:
+        sys.setrecursionlimit(before)
+    assert batch["x"].tolist() == [10.0] * 4
+    assert batch["limit"].tolist() == [4321] * 4 and batch["raised"].tolist() == [1] * 4
 
 
 def check_a_close_from_another_thread_says_the_loader_was_closed(cluster):

@@ -136,13 +136,7 @@ def take(given: tuple, worker_id: int, conn: Connection | None) -> None:
     this worker's."""
     import multiprocessing
 
-    levels, root_level, disable, filters, recursion = given
-    sys.setrecursionlimit(recursion)
-    for name, level in levels.items():  # (attributes: setLevel clears every logger's cache)
-        logging.getLogger(name).level = level
-    logging.root.setLevel(root_level)
-    logging.disable(disable)
-    _filter(filters)
+    apply(given)
     warnings.showwarning = _KEPT.warning
     if not logging.root.handlers:
         logging.root.addHandler(_HANDLER)
@@ -150,6 +144,18 @@ def take(given: tuple, worker_id: int, conn: Connection | None) -> None:
     _KEPT.conn = conn
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_not_in_a_child)
+
+
+def apply(given: tuple) -> None:
+    """The training process's loggers' levels, warning filters and recursion limit
+    (``relay.settings()``) taken here (a Ray actor's, whose output Ray relays itself)."""
+    levels, root_level, disable, filters, recursion = given
+    sys.setrecursionlimit(recursion)
+    for name, level in levels.items():  # (attributes: setLevel clears every logger's cache)
+        logging.getLogger(name).level = level
+    logging.root.setLevel(root_level)
+    logging.disable(disable)
+    _filter(filters)
 
 
 def run_init(init_fn: Callable[[int], object], worker_id: int) -> None:
