@@ -757,8 +757,11 @@ def test_a_path_given_as_the_source_is_refused_not_read_as_characters(path):
     with pytest.raises(jl.ConfigError, match=r"source: got a (str|bytes) .*, a path, which "
                                              r"would be read as \d+ records, one a character; "
                                              r"read the files it names with a source: "
-                                             r"jaxloader.ParquetSource"):
-        jl.DataLoader(path, batch_size=4)
+                                             r"jaxloader.ParquetSource\(path\), "
+                                             r"ArrayRecordSource\(paths\), FileListSource"
+                                             r"\(paths\) \(each file's bytes, decoded by a "
+                                             r"Map\)"):  # (it said FileListSource(paths,
+        jl.DataLoader(path, batch_size=4)  # read=...), which takes no read=)
 
 
 def test_a_packed_or_mixed_stream_given_to_a_data_loader_is_named_a_stream():

@@ -102,10 +102,9 @@ def check_source(source: Any) -> int:
             f", which would be read as {len(source)} records, one a character")
         raise ConfigError(
             f"source: got a {type(source).__name__} ({source!r:.80}), a path{chars}; read "
-            "the files it "
-            "names with a source: jaxloader.ParquetSource(path), ArrayRecordSource(paths), "
-            "FileListSource(paths, read=...), or jaxloader.Stream.jsonl(paths)/.tar(paths) "
-            "for a StreamLoader")
+            "the files it names with a source: jaxloader.ParquetSource(path), "
+            "ArrayRecordSource(paths), FileListSource(paths) (each file's bytes, decoded by a "
+            "Map), or jaxloader.Stream.jsonl(paths)/.tar(paths) for a StreamLoader")
     if not isinstance(source, Source):
         remedy = "wrap NumPy arrays as ArraySource(arrays)"
         from jaxloader.streams.huggingface import is_iterable_dataset
