@@ -44,7 +44,8 @@ class MakerActor:
         if argv is not None:  # (a module that parses the command line as it is imported reads
             sys.argv[:] = argv  # the training script's, as in a local worker: workers/ties.py)
         blob, buffers = payload
-        self._maker: Maker = cloudpickle.loads(blob, buffers=buffers)
+        self._maker: Maker = relay_worker.imported(
+            lambda: cloudpickle.loads(blob, buffers=buffers))
         read_threads.keep()  # (its read threads stay from one task to the next)
 
     def pid(self) -> int:

@@ -469,20 +469,30 @@ def scaled(r):  # a config read from the command line, as a module parsing it wh
             "limit": np.int64(sys.getrecursionlimit()), "raised": np.int64(said)}
 
 
-def check_actors_see_the_training_scripts_argv(cluster, monkeypatch):
+def check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path):
     # an actor's sys.argv was Ray's worker's: a config parsed from it got its defaults (or
     # Ray's flags), silently, as a local worker's did before it was given the trainer's; its
     # recursion limit was Python's 1,000 (a script's setrecursionlimit for a deep transform:
-    # RecursionError on Ray alone), and the trainer's warning filters were not there
+    # RecursionError on Ray alone), and the trainer's warning filters were not there. Those
+    # filters are not the actor's as it imports a transform's module: one that warns as it is
+    # imported (said in the trainer, before "error" was set) broke every actor (a review's)
+    (tmp_path / "noisy_on_ray.py").write_text(
+        "import warnings\nwarnings.warn('optional C extension not found')\n"
+        "def same(r):\n    return r\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import noisy_on_ray
     monkeypatch.setattr(sys, "argv", ["train.py", "--scale", "10"])
     before = sys.getrecursionlimit()
     sys.setrecursionlimit(4321)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="a deprecated path")
+            warnings.filterwarnings("error", message="a deprecated path|optional C extension")
             with jl.DataLoader(jl.ArraySource({"x": np.ones(8, np.float32),
-                                               "y": np.arange(8)}),
-                               batch_size=4, transforms=[jl.Map(scaled)], workers=RayWorkers(1),
+                                               "y": np.arange(8)}), batch_size=4,
+                               transforms=[jl.Map(noisy_on_ray.same), jl.Map(scaled)],
+                               workers=RayWorkers(1),
                                process_index=0, process_count=1) as on_ray:
                 batch = next(iter(on_ray))
     finally:
@@ -507,7 +517,7 @@ def check_a_close_from_another_thread_says_the_loader_was_closed(cluster):
 
 
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
-def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch):
+def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch, tmp_path):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
     expected = in_process()
     check_the_same_batches_and_states_across_ray_and_local_workers(cluster, expected)
@@ -526,7 +536,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch):
     check_what_cannot_go_to_the_actors_is_named(cluster)
     check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster)
     check_a_close_from_another_thread_says_the_loader_was_closed(cluster)
-    check_actors_see_the_training_scripts_argv(cluster, monkeypatch)
+    check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path)
     check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, monkeypatch)
 
 

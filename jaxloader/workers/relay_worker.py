@@ -32,7 +32,9 @@ import threading
 import time
 import warnings
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+from jaxloader.base.errors import JaxloaderWarning
 
 from jaxloader.workers import protocol
 from jaxloader.workers.protocol import Said
@@ -156,6 +158,28 @@ def apply(given: tuple) -> None:
     logging.root.setLevel(root_level)
     logging.disable(disable)
     _filter(filters)
+
+
+T = TypeVar("T")
+
+
+def imported(load: Callable[[], T]) -> T:
+    """``load()`` (a worker's or an actor's payload, unpickled: its modules imported), after
+    ``apply``. What a module warns as its import runs here is not given again: the trainer's
+    import said it, under its filters of the moment (``"error"`` set after it broke every
+    worker, and every Ray actor); jaxloader's own warnings (a loader made on import) are given,
+    but one a filter makes an error is not (as the module's others: a source made on import
+    that warns broke every worker too)."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        loaded = load()
+    for w in said:
+        if issubclass(w.category, JaxloaderWarning):
+            try:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            except Warning:  # (made an error: as the module's others, not given again)
+                pass
+    return loaded
 
 
 def run_init(init_fn: Callable[[int], object], worker_id: int) -> None:

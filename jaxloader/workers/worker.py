@@ -34,12 +34,10 @@ import pickle
 import sys
 import threading
 import time
-import warnings
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from jaxloader.base.errors import JaxloaderWarning
 from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
 from jaxloader.engines.in_process import Maker, StreamMaker
@@ -205,7 +203,7 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
         worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
         maker: Maker  # as it is unpickled)
-        maker, init_fn = _loaded(blob)
+        maker, init_fn = relay_worker.imported(lambda: payload.loads(blob))
         if init_fn is not None:
             relay_worker.run_init(init_fn, worker_id)
     except BaseException as e:  # noqa: BLE001 - reported, then this worker ends
@@ -214,24 +212,6 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
         return None
     status.idle()
     return maker, status
-
-
-def _loaded(blob: bytes) -> Any:
-    """The payload, loaded. What a module warns as its import runs here is not given again:
-    the trainer's import said it, under its filters of the moment (``"error"`` set after it
-    broke every worker); jaxloader's own warnings (a loader made on import) are given, but
-    one a filter makes an error is not (as the module's others: a source made on import that
-    warns broke every worker too)."""
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        loaded = payload.loads(blob)
-    for w in said:
-        if issubclass(w.category, JaxloaderWarning):
-            try:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            except Warning:  # (made an error: as the module's others, not given again)
-                pass
-    return loaded
 
 
 def serve(conn: Connection) -> None:
