@@ -20,8 +20,6 @@ import sys
 import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
-import numpy as np
-
 from jaxloader.base.checks import Int, check_int, is_seconds
 from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
 from jaxloader.loaders.diagnosis import cores_available
@@ -130,6 +128,9 @@ def placement(batch_size: Int, process_index: Int | None,
     batch_size = check_int("batch_size", batch_size, low=1,
                            remedy="pass a positive batch size per process")
     counted = process_count is None  # (JAX's, where an index was given alone)
+    if process_count is not None:  # (an int first: a JAX scalar's checked as one below)
+        process_count = check_int("process_count", process_count, low=1,
+                                  remedy="leave it None to use jax's")
     if process_index is None or process_count is None:
         if process_index is None and process_count is None and not _jax_started():
             index, count = 0, 1  # see jax_pending: one process, checked again by iter()
@@ -137,8 +138,8 @@ def placement(batch_size: Int, process_index: Int | None,
             import jax  # (workers never get here)
 
             index, count = jax.process_index(), jax.process_count()
-            if process_index is None and isinstance(process_count, (int, np.integer)) and (
-                    process_count != count):  # (JAX's index 0 of 1: each host would read it)
+            if process_index is None and process_count not in (None, count):  # (JAX's index
+                # 0 of 1: each host would read it)
                 raise ConfigError(
                     f"process_count={process_count} was given without process_index, which "
                     f"would be JAX's, but JAX knows {count} process(es) (jax.distributed not "
