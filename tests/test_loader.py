@@ -812,6 +812,9 @@ def test_a_process_count_given_alone_where_jax_knows_one_process_is_refused():
         jl.DataLoader(arrays, batch_size=2, process_index=1)
     with pytest.raises(jl.ConfigError, match=r"process_count=2 was given without"):
         jl.DataLoader(arrays, batch_size=2, process_count=np.int64(2))  # (a config's)
+    with pytest.raises(jl.ConfigError, match=r"process_count=2 was given without"):
+        jl.DataLoader(arrays, batch_size=2, process_count=np.array(2))  # (a 0-d array's: it
+        # passed the guard once JAX scalars were taken as ints, process 0 of 2: a review's)
     with jl.DataLoader(arrays, batch_size=2, process_count=1) as one:  # (what JAX says)
         assert next(iter(one))["x"].tolist() == [0, 1]
 
@@ -851,8 +854,18 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
         jl.RaggedSource.from_sequences([[1, 2], [3]])
     ragged = jl.RaggedSource.from_sequences({"t": [[1, 2], [3]] * 4})
     with pytest.raises(jl.ConfigError, match=r"keys of the records' token arrays, got None; "
-                                             r"the source's keys are \['t'\]"):
+                                             r"name them, e.g. PackedSource\(source, 't', "):
         jl.PackedSource(ragged, None, 8)
+
+    class Frame:  # (a DataFrame's columns, by items(): taken, as before the check; a review's)
+        def items(self):
+            return iter([("t", [[1, 2], [3]] * 4)])
+
+    by_items = jl.RaggedSource.from_sequences(Frame())
+    assert len(by_items) == 8 and by_items[1]["t"].tolist() == [3]
+    jnp = pytest.importorskip("jax.numpy")
+    for keys, length in [({"t": 0}, jnp.int32(8)), ("t", {"t": np.array(8)})]:  # (its keys, as
+        assert len(jl.PackedSource(ragged, keys, length)) == 2  # before; a JAX int's length)
     columns = [np.zeros((20, 2)), np.arange(20)]  # (PyTorch's TensorDataset(X, y), as a list)
     with pytest.raises(jl.ConfigError, match=r"records \(2\).*DataLoader\(\[X, y\]\)\) is that "
                                              r"many records, each a whole array: .* "

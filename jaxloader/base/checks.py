@@ -61,16 +61,29 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
         >>> check_int("seed", np.array(7, np.uint32), low=0, remedy="a seed")
         7
     """
-    dtype = getattr(value, "dtype", None)
-    if getattr(value, "shape", None) == () and isinstance(dtype, np.dtype) and (
-            dtype.kind in "iu") and not isinstance(value, np.integer) and error is ConfigError:
-        value = int(value)  # type: ignore[call-overload]
+    if error is ConfigError:
+        value = scalar_int(value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise error(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise error(f"{name}: expected an int {bound}, got {value}; {remedy}")
     return int(value)
+
+
+def scalar_int(value: object) -> object:
+    """The int a 0-d integer array holds (a JAX scalar, ``jnp.int32(3)``, or NumPy's), else
+    ``value`` as it is (an int, NumPy's, or what its check refuses).
+
+    Example:
+        >>> scalar_int(np.array(3)), scalar_int(np.int8(3)), scalar_int(np.array([3]))
+        (3, np.int8(3), array([3]))
+    """
+    dtype = getattr(value, "dtype", None)
+    if getattr(value, "shape", None) == () and isinstance(dtype, np.dtype) and (
+            dtype.kind in "iu") and not isinstance(value, np.integer):
+        return int(value)  # type: ignore[call-overload]
+    return value
 
 
 def is_seconds(value: object) -> bool:

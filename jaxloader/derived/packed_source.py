@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import lengths_of
-from jaxloader.base.checks import MASK64, Int, check_int
+from jaxloader.base.checks import MASK64, Int, check_int, scalar_int
 from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, check_fill, fill_values, record_tokens
@@ -84,13 +84,15 @@ class PackedSource:
         n = check_source(source)
         self.source = source
         self.keys = [keys] if isinstance(keys, str) else list(keys) if isinstance(
-            keys, Iterable) and not isinstance(keys, Mapping) else []
+            keys, Iterable) else []
         if not self.keys or not all(isinstance(k, str) for k in self.keys):
-            known = getattr(source, "keys", None)
+            known = getattr(source, "keys", None)  # (a source's that says its records' keys)
+            known = known if isinstance(known, list) and known and all(
+                isinstance(k, str) for k in known) else ["tokens"]
             raise ConfigError(f"PackedSource(keys=...): expected a key or a list of keys of the "
-                              f"records' token arrays, got {keys!r:.60}; "
-                              + (f"the source's keys are {known}" if isinstance(known, list) else
-                                 "PackedSource(source, 'tokens', length)"))
+                              f"records' token arrays, got {keys!r:.60}; name them, e.g. "
+                              f"PackedSource(source, {known[0]!r}, length)" + (
+                                  f" (the records' keys: {known})" if len(known) > 1 else ""))
         self.row_length = _row_lengths(length, self.keys)
         self._fills = fill_values("PackedSource(value=...)", value, self.keys)
         if seed is not None:  # (NumPy's ints too; not True)
@@ -237,7 +239,8 @@ class PackedSource:
 
 
 def _row_lengths(length: Any, keys: list[str]) -> np.ndarray:
-    wanted = length if isinstance(length, Mapping) else {k: length for k in keys}
+    wanted = {k: scalar_int(v) for k, v in (
+        length.items() if isinstance(length, Mapping) else ((k, length) for k in keys))}
     if sorted(wanted) != sorted(keys) or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
             for v in wanted.values()):

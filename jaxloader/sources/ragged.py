@@ -56,10 +56,11 @@ class RaggedSource:
             >>> RaggedSource.from_sequences({"t": [[1, 2], [3]]}, dtype=np.int32)[0]["t"]
             array([1, 2], dtype=int32)
         """
-        if not isinstance(columns, Mapping):
+        if not callable(getattr(columns, "items", None)):  # (a dict, a DataFrame: its items)
+            shown = " ".join(repr(columns).split())[:60]
             raise ConfigError(
                 f"RaggedSource.from_sequences(columns): expected a dict of a key to its list of "
-                f"sequences, got {type(columns).__name__} {columns!r:.60}; name the column: "
+                f"sequences, got {type(columns).__name__} {shown}; name the column: "
                 "RaggedSource.from_sequences({'tokens': sequences})")
         pairs = {}
         for key, seqs in columns.items():
