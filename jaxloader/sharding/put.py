@@ -113,14 +113,31 @@ def as_shardings(sharding: Any) -> Any:
     return jax.tree_util.tree_map(one, sharding, is_leaf=_is_placement)
 
 
+def _devices_remedy(devices: list | tuple, batch: Any) -> str:
+    """What a list or tuple of devices given as the sharding does, and what was likely meant.
+
+    Example:
+        >>> print(_devices_remedy(jax.devices()[:1], {"x": 0}))  # doctest: +ELLIPSIS
+        a list of 1 device(s) puts a list batch's element i on device i; to put ... jax.devices()[0]
+    """
+    n, kind = len(devices), type(devices).__name__
+    named = "jax.devices()" if list(devices) == jax.devices() else "your_devices"
+    said = f"a {kind} of {n} device(s) puts a {kind} batch's element i on device i"
+    if isinstance(batch, (list, tuple)) and type(batch) is not type(devices) and len(batch) == n:
+        said += f" (this batch is a {type(batch).__name__}: {type(batch).__name__}({named}))"
+    return said + ("; to put each whole batch on one device, pass the device itself, e.g. "
+                   "jax.devices()[0]" if n == 1 else "; to split each batch's rows over them, pass jaxloader."
+                   f"data_sharding(jax.make_mesh(({n},), ('data',), devices={named}))")
+
+
 class Putter:
     """Turns a host batch (pytree of NumPy arrays) into a batch of global ``jax.Array``s."""
 
     def __init__(self, sharding: Any, process_count: int, batch_size: int | None = None) -> None:
         # (jax.devices() as the sharding: a tree of one device a leaf, refused at the first
         # batch as a tree the batch's is not; that error says what was meant)
-        self._devices = len(sharding) if isinstance(sharding, (list, tuple)) and sharding and all(
-            isinstance(d, jax.Device) for d in sharding) else 0
+        self._devices = sharding if isinstance(sharding, (list, tuple)) and sharding and all(
+            isinstance(d, jax.Device) for d in sharding) else None
         sharding = as_shardings(sharding)
         leaves = jax.tree_util.tree_leaves(sharding, is_leaf=_is_sharding)
         if not leaves or not all(_is_sharding(s) for s in leaves):
@@ -275,10 +292,7 @@ class Putter:
                 f"sharding: its tree must be a prefix of the batch's tree; sharding tree "
                 f"{jax.tree_util.tree_structure(self.sharding, is_leaf=_is_sharding)}, batch "
                 f"tree {jax.tree_util.tree_structure(batch)}; " + (
-                    f"a list of {self._devices} devices (jax.devices()) puts a list batch's "
-                    "element i on device i: to split each batch's rows over them, pass "
-                    f"jaxloader.data_sharding(jax.make_mesh(({self._devices},), ('data',), "
-                    "devices=devices))" if self._devices else
+                    _devices_remedy(self._devices, batch) if self._devices is not None else
                     "pass one Sharding for all leaves or mirror the batch's keys")
             ) from e
 

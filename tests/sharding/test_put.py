@@ -255,11 +255,23 @@ def test_bad_shardings_give_clear_errors():
     try:  # jax.devices() as the sharding: "a prefix of the batch's tree" alone, no remedy
         next(iter(jl.DataLoader(source(8), batch_size=4, sharding=jax.devices())))
     except jl.ConfigError as e:
-        assert ("a list of 4 devices (jax.devices()) puts a list batch's element i on device "
-                "i" in str(e) and "data_sharding(jax.make_mesh((4,), ('data',), devices=devices))"
+        assert ("a list of 4 device(s) puts a list batch's element i on device i" in str(e)
+                and "data_sharding(jax.make_mesh((4,), ('data',), devices=jax.devices()))"
                 in str(e)), e
     else:
         raise AssertionError("a list of devices for a dict batch must be refused")
+    pairs = [jl.Map(lambda r: (r["x"], r["y"]))]  # (a tuple batch: a list was said to fit it)
+    for given, said in [(jax.devices()[:2], "(this batch is a tuple: tuple(your_devices))"),
+                        (jax.devices()[:1], "pass the device itself, e.g. jax.devices()[0]")]:
+        try:
+            next(iter(jl.DataLoader(source(8), batch_size=4, sharding=given, transforms=pairs)))
+        except jl.ConfigError as e:
+            assert said in str(e), e
+        else:
+            raise AssertionError("a list of devices for a tuple batch must be refused")
+    x, y = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=tuple(jax.devices()[:2]),
+                                   transforms=pairs)))
+    assert x.devices() == {jax.devices()[0]} and y.devices() == {jax.devices()[1]}
     remedy = jl.data_sharding(jax.make_mesh((4,), ("data",), devices=jax.devices()))
     placed = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=remedy)))
     assert len(placed["x"].sharding.device_set) == 4
