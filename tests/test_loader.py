@@ -871,5 +871,7 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
                                              r"many records, each a whole array: .* "
                                              r"jaxloader.ArraySource\(\(X, y\)\)"):
         jl.DataLoader(columns, batch_size=4)
+    with pytest.raises(jl.ConfigError, match=r"last_batch='pad'$"):  # (not told of a list of
+        jl.DataLoader(jl.ArraySource(np.arange(3)), batch_size=4)  # arrays it is not: a review's)
     rows = jl.DataLoader(jl.ArraySource(tuple(columns)), batch_size=4)  # (the remedy)
     assert len(rows) == 5

@@ -14,7 +14,6 @@ See ``jaxloader.loaders.iterator`` for iteration and ``jaxloader.engines.in_proc
 from __future__ import annotations
 
 import copy
-import functools
 import warnings
 import weakref
 from typing import Any, Callable, Generic, Literal, Never, cast
@@ -32,13 +31,13 @@ from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
-from jaxloader.base.checks import MASK64, Int, check_int
+from jaxloader.base.checks import Int, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.base.timings import StageClock
-from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
-from jaxloader.batching.mixture_sampler import MixtureSampler
+from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.mixture import Mixture
-from jaxloader.order.sampling import LastBatch, Order, Sampler
+from jaxloader.order.sampling import LastBatch
+from jaxloader.loaders.record_order import sampler_for
 from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
@@ -190,10 +189,10 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
         rows = None if self._putter is None else self._putter.rows()  # (its devices' rows)
-        self._sampler = _sampler_for(source, num_records, batch_size, shuffle=shuffle,
-                                     seed=seed, last_batch=last_batch,
-                                     process_index=process_index, process_count=process_count,
-                                     num_workers=count, rows=rows)
+        self._sampler = sampler_for(source, num_records, batch_size, shuffle=shuffle,
+                                    seed=seed, last_batch=last_batch,
+                                    process_index=process_index, process_count=process_count,
+                                    num_workers=count, rows=rows)
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
             check_order = order_check_of(part)
@@ -367,34 +366,3 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             close_source(self._source)
             if self._read_pool is not None:  # (else let go when the loader goes)
                 self._read_pool()
-
-def _sampler_for(source: Any, num_records: int, batch_size: int, *,
-                 shuffle: bool | np.bool_ | LocalShuffle, seed: Int, last_batch: str,
-                 process_index: int, process_count: int,
-                 num_workers: int, rows: np.ndarray | None = None) -> Order:
-    """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
-    seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
-    if not (shuffle is None or isinstance(shuffle, (bool, np.bool_, LocalShuffle))):
-        raise ConfigError(
-            f"shuffle: expected True, False or jl.LocalShuffle(window=...), got "
-            f"{type(shuffle).__name__} {shuffle!r}; True shuffles every record, LocalShuffle "
-            "reads blocks of neighbours (files)")
-    if isinstance(source, Mixture):  # each component in its own order (LocalShuffle too)
-        return MixtureSampler(source, batch_size, seed=seed,
-                              shuffle=shuffle if isinstance(shuffle, LocalShuffle) else bool(
-                                  shuffle),
-                              last_batch=last_batch, process_index=process_index,
-                              process_count=process_count, memo_stride=max(1, num_workers),
-                              rows=rows)
-    order, described = None, None
-    if isinstance(shuffle, LocalShuffle):
-        starts = shuffle.block_starts(source, num_records)
-        order = functools.partial(BlockOrder, starts, window=shuffle.window, seed=seed)
-        described = shuffle.describe(source)
-    sampler = Sampler(num_records, batch_size, shuffle=bool(shuffle), seed=seed,
-                      last_batch=last_batch, process_index=process_index,
-                      process_count=process_count, order=order, order_description=described,
-                      memo_stride=max(1, num_workers), rows=rows)
-    if isinstance(shuffle, LocalShuffle):
-        sampler.layout = blocks_layout([starts])
-    return sampler

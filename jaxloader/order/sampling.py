@@ -209,10 +209,7 @@ class Sampler:
             raise ConfigError(
                 f"batch_size: with last_batch='drop', the global batch ({batch_size} x "
                 f"{process_count} processes = {self.global_batch_size}) must be <= the number of "
-                f"records ({num_records}); use a smaller batch_size or last_batch='pad'" + (
-                    "; a list of a few arrays (DataLoader([X, y])) is that many records, each "
-                    "a whole array: for their rows as records, pass jaxloader.ArraySource("
-                    "(X, y))" if num_records <= 8 else "")
+                f"records ({num_records}); use a smaller batch_size or last_batch='pad'"
             )
         # a class of steps holds ~_CHUNK_POSITIONS of them, whatever the stride
         self._chunk_steps = max(1, _CHUNK_POSITIONS * memo_stride // self.global_batch_size)
