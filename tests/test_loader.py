@@ -849,6 +849,14 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
                                              r"\(<lambda>\) as the source and ArraySource"
                                              r".* the source comes first"):
         jl.MapSource(lambda r: r, source)
+
+    class Callable(list):  # (a source object that is also callable is not "a function")
+        def __call__(self):
+            return self
+
+    with pytest.raises(jl.ConfigError, match=r"MapSource\(fn\): expected a function of a "
+                                             r"record .*, got dict$"):
+        jl.MapSource(Callable(range(4)), {"x": 1})
     with pytest.raises(jl.ConfigError, match=r"from_sequences\(columns\): expected a dict .* "
                                              r"got list \[\[1, 2\], \[3\]\]; name the column"):
         jl.RaggedSource.from_sequences([[1, 2], [3]])

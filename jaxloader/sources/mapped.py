@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -67,11 +68,11 @@ class MapSource:
                  lengths_kept: bool = True) -> None:
         from jaxloader.sources.mixture import refuse_mixture
 
-        if callable(source) and not callable(fn) and hasattr(fn, "__getitem__"):
-            raise ConfigError(
-                f"MapSource(source, fn): got a function ({getattr(source, '__name__', source)}) "
-                f"as the source and {type(fn).__name__} {fn!r:.60} as fn; the source comes "
-                "first: MapSource(source, fn)")
+        if inspect.isroutine(source) and not callable(fn) and hasattr(fn, "__getitem__"):
+            raise ConfigError(  # (a function, not a source object that is also callable)
+                f"MapSource(source, fn): got a function ({source.__name__:.60}) as the "
+                f"source and {type(fn).__name__} {fn!r:.60} as fn; the source comes first: "
+                "MapSource(source, fn)")
         source = adapt(source)  # a datasets.Dataset: read as NumPy, as the loader reads it
         refuse_mixture(source, "MapSource")
         check_source(source)
