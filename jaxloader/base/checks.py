@@ -15,14 +15,15 @@ import inspect
 import math
 import re
 import warnings
-from typing import Any, Callable, Union
+from typing import Any, Callable, SupportsIndex, Union
 
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
 
 MASK64 = (1 << 64) - 1  # seeds and hash keys are 64-bit
-Int = Union[int, np.integer]  # a count or a seed as a user's code has it (NumPy's too)
+Int = Union[int, np.integer, SupportsIndex]  # a count or a seed as a user's code has it
+# (NumPy's, and a JAX or NumPy 0-d integer array: both have __index__; check_int makes an int)
 # A record's random numbers are keyed by (epoch << POSITION_BITS | position) in 64 bits
 # (transforms.RecordRng): positions < 2**40 (1e12 records), epochs < 2**24 (EPOCH_LIMIT)
 POSITION_BITS = 40
