@@ -883,3 +883,25 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
         jl.DataLoader(jl.ArraySource(np.arange(3)), batch_size=4)  # arrays it is not: a review's)
     rows = jl.DataLoader(jl.ArraySource(tuple(columns)), batch_size=4)  # (the remedy)
     assert len(rows) == 5
+
+
+def test_a_device_prefetch_given_without_a_sharding_is_warned_of():
+    # it acts on placed batches alone: device_prefetch=8 for a slow copy, the sharding left out
+    # (or dropped on a CPU run), kept nothing ahead, without a word
+    source = jl.ArraySource({"x": np.arange(8)})
+    with pytest.warns(jl.JaxloaderWarning, match=r"device_prefetch=8 without a sharding: "
+                                                 r"batches stay NumPy arrays on the host"):
+        loader = jl.DataLoader(source, batch_size=4, device_prefetch=8)
+    assert next(iter(loader))["x"].tolist() == [0, 1, 2, 3]
+    with pytest.warns(jl.JaxloaderWarning, match=r"device_prefetch=3 without a sharding"):
+        jl.StreamLoader(jl.Stream.from_generator(lambda s: iter([{"x": 1}] * 4), 1),
+                        batch_size=2, device_prefetch=3)
+    jax = pytest.importorskip("jax")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (not given, 0, or with a sharding: nothing said)
+        jl.DataLoader(source, batch_size=4)
+        jl.DataLoader(source, batch_size=4, device_prefetch=0)
+        placed = jl.DataLoader(source, batch_size=4, device_prefetch=8,
+                               sharding=jax.devices()[0])
+        assert placed.device_prefetch == 8
+        assert jl.DataLoader(source, batch_size=4).device_prefetch == 2

@@ -109,8 +109,9 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
             (``batch_size * process_count`` rows), placed ahead by a background thread (one
             device) or by ``next()`` in your thread (several devices;
             docs/guides/devices_and_hosts.md).
-        device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``);
-            0 places each batch in ``next()``.
+        device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``;
+            2 if not given); 0 places each batch in ``next()``. Given without a sharding, it is
+            warned of: it acts on placed batches alone.
         stall_warning_s: with workers, a batch awaited this long, while the worker that holds
             it begins no step, is logged (``logging`` ``"jaxloader"``): which worker holds
             which step, for how long, its process state and Python stack; said again every
@@ -160,7 +161,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
         worker_init_fn: Callable[[int], object] | None = None,
         start_method: StartMethod = "exec",
         sharding: Any = None,
-        device_prefetch: Int = 2,
+        device_prefetch: Int | None = None,
         stall_warning_s: float | None = 300.0,
         timeout_s: float | None = None,
         log_every_s: float | None = None,
@@ -200,8 +201,8 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
                 check_order(shuffle)
         self._options = LoaderOptions(  # (its ints made Python's as they are checked)
             count, cast("int | None", num_epochs), mask_key, ahead, start_method,
-            cast(int, device_prefetch), stall_warning_s, timeout_s, log_every_s, auto_workers,
-            auto_prefetch)
+            cast("int | None", device_prefetch), stall_warning_s, timeout_s, log_every_s,
+            auto_workers, auto_prefetch, unplaced=self._putter is None)
         record_transforms, batch_transforms = split_transforms(transforms,
                                                                process_count=process_count)
         rest = self._sampler.num_records % batch_size  # (a mixture's batches are all full)
@@ -250,7 +251,7 @@ class DataLoader(LoaderLifecycle, Generic[BatchT]):
 
     @property
     def device_prefetch(self) -> int:
-        return self._options.device_prefetch
+        return cast(int, self._options.device_prefetch)  # (2 where not given)
 
     @property
     def epoch(self) -> int:

@@ -21,7 +21,8 @@ import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
 from jaxloader.base.checks import Int, check_int, is_seconds
-from jaxloader.base.errors import ConfigError, PerformanceWarning, user_stacklevel
+from jaxloader.base.errors import (ConfigError, JaxloaderWarning, PerformanceWarning,
+                                   user_stacklevel)
 from jaxloader.loaders.diagnosis import cores_available
 from jaxloader.loaders.monitor import MAX_READ_WAIT_FACTOR
 from jaxloader.runtime.worker_info import get_worker_info
@@ -40,12 +41,13 @@ class LoaderOptions:
     mask_key: str = "mask"
     prefetch: int = 2  # (2 with auto_prefetch: the start)
     start_method: str = "exec"
-    device_prefetch: int = 2
+    device_prefetch: int | None = None  # (an int once checked: 2 where not given)
     stall_warning_s: float | None = 300.0
     timeout_s: float | None = None
     log_every_s: float | None = None
     auto_workers: bool = False  # (set from num_workers="auto")
     auto_prefetch: bool = False  # (set from prefetch="auto")
+    unplaced: bool = False  # (no sharding: a device_prefetch given is warned of, once)
 
     def __post_init__(self) -> None:
         def keep(name: str, value: Any) -> None:  # as a Python int (NumPy's are not JSON)
@@ -68,9 +70,18 @@ class LoaderOptions:
         keep("prefetch", check_int(
             "prefetch", self.prefetch, low=1,
             remedy="tasks in flight per worker, a task up to 16 batches; 'auto' chooses"))
-        keep("device_prefetch", check_int(
+        given = self.device_prefetch is not None
+        keep("device_prefetch", 2 if not given else check_int(
             "device_prefetch", self.device_prefetch, low=0,
             remedy="batches kept ready on device; 0 places each batch inside next()"))
+        if given and self.device_prefetch and self.unplaced:  # (given, to no effect)
+            keep("unplaced", False)  # (said: not again by a copy, dataclasses.replace)
+            warnings.warn(
+                f"device_prefetch={self.device_prefetch} without a sharding: batches stay "
+                "NumPy arrays on the host and none is placed ahead; pass sharding= (a device, "
+                "jax.devices()[0], or jaxloader.data_sharding(mesh)) to have them placed "
+                "on a thread ahead of next(), or leave device_prefetch out",
+                JaxloaderWarning, stacklevel=user_stacklevel())
         if not isinstance(self.mask_key, str):
             raise ConfigError(
                 f"mask_key: expected a str (the name of the pad mask leaf), got "

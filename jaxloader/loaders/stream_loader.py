@@ -117,7 +117,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                  prefetch: Int | Literal["auto"] = 2,
                  worker_init_fn: Callable[[int], object] | None = None,
                  start_method: StartMethod = "exec", sharding: Any = None,
-                 device_prefetch: Int = 2, readers_per_process: Int | None = None,
+                 device_prefetch: Int | None = None, readers_per_process: Int | None = None,
                  num_epochs: Int | None = None, mask_key: str = "mask",
                  stall_warning_s: float | None = 300.0, timeout_s: float | None = None,
                  log_every_s: float | None = None, workers: Workers | None = None,
@@ -152,8 +152,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
         self._options = LoaderOptions(  # (its ints made Python's as they are checked)
             count, cast("int | None", num_epochs), mask_key, ahead, start_method,
-            cast(int, device_prefetch), stall_warning_s, timeout_s, log_every_s, auto_workers,
-            auto_prefetch)
+            cast("int | None", device_prefetch), stall_warning_s, timeout_s, log_every_s,
+            auto_workers, auto_prefetch, unplaced=self._putter is None)
         if num_epochs is not None:
             passes.check(process_count)
         record_transforms, batch_transforms = split_transforms(
@@ -290,7 +290,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                     "thread while it waited for the other processes; call iter() again") from None
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         active = LoaderIterator(self._progress, self._progress.step, None, ReaderRuns(self),
-                                put, self._options.device_prefetch,
+                                put, cast(int, self._options.device_prefetch),  # (an int, checked)
                                 single_device=put is not None and put.single_device,
                                 ends_before=self._filed if self._until is None else
                                 functools.partial(self._ends, self._progress.generation),
