@@ -881,6 +881,10 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
         jl.DataLoader(columns, batch_size=4)
     with pytest.raises(jl.ConfigError, match=r"last_batch='pad'$"):  # (not told of a list of
         jl.DataLoader(jl.ArraySource(np.arange(3)), batch_size=4)  # arrays it is not: a review's)
+    with pytest.raises(jl.ConfigError, match=r"last_batch='pad'$"):  # (images of one shape)
+        jl.DataLoader([np.zeros((8, 8))] * 3, batch_size=4)
+    with pytest.raises(jl.ConfigError, match=r"'partial' to keep it smaller$"):  # (another
+        jl.DataLoader(columns, batch_size=4, last_batch="bogus")  # error than few records)
     rows = jl.DataLoader(jl.ArraySource(tuple(columns)), batch_size=4)  # (the remedy)
     assert len(rows) == 5
 

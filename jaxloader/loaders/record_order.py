@@ -53,7 +53,8 @@ def sampler_for(source: Any, num_records: int, batch_size: int, *,
                           order_description=described, memo_stride=max(1, num_workers),
                           rows=rows)
     except ConfigError as e:  # (fewer records than a batch: a list of whole arrays?)
-        if num_records >= batch_size * process_count or not whole_arrays(source):
+        if last_batch != "drop" or num_records >= batch_size * process_count or not (
+                whole_arrays(source)):
             raise
         raise ConfigError(
             f"{e}; a list of a few arrays (DataLoader([X, y])) is that many records, each a "
@@ -65,15 +66,16 @@ def sampler_for(source: Any, num_records: int, batch_size: int, *,
 
 
 def whole_arrays(source: Any) -> bool:
-    """Whether ``source`` is a list of a few arrays of one number of rows (PyTorch's
-    ``TensorDataset(X, y)`` written as a list): records each a whole array, likely meant as
-    columns.
+    """Whether ``source`` is a list of a few arrays of one number of rows and several shapes
+    (PyTorch's ``TensorDataset(X, y)`` written as a list): records each a whole array, likely
+    meant as columns (arrays of one shape are likely records: images).
 
     Example:
-        >>> whole_arrays([np.zeros((20, 2)), np.arange(20)]), whole_arrays([[1, 2], [3, 4]])
+        >>> whole_arrays([np.zeros((20, 2)), np.arange(20)]), whole_arrays([np.zeros(2)] * 3)
         (True, False)
     """
-    if not isinstance(source, list) or not 1 <= len(source) <= 64:
+    if not isinstance(source, list) or not 2 <= len(source) <= 64:
         return False
     shapes: list[Any] = [getattr(a, "shape", None) for a in source]
-    return all(isinstance(s, tuple) and s for s in shapes) and len({s[0] for s in shapes}) == 1
+    return all(isinstance(s, tuple) and s for s in shapes) and len(
+        {s[0] for s in shapes}) == 1 and len(set(shapes)) > 1
