@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -849,6 +850,9 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
                                              r"\(<lambda>\) as the source and ArraySource"
                                              r".* the source comes first"):
         jl.MapSource(lambda r: r, source)
+    for fn, named in [(functools.partial(lambda r, k: r, k=2), "partial"), (np.sqrt, "sqrt")]:
+        with pytest.raises(jl.ConfigError, match=rf"got a function \({named}\) as the source"):
+            jl.MapSource(fn, source)  # (not a routine, still a function: a review's)
 
     class Callable(list):  # (a source object that is also callable is not "a function")
         def __call__(self):

@@ -68,10 +68,13 @@ class MapSource:
                  lengths_kept: bool = True) -> None:
         from jaxloader.sources.mixture import refuse_mixture
 
-        if inspect.isroutine(source) and not callable(fn) and hasattr(fn, "__getitem__"):
-            raise ConfigError(  # (a function, not a source object that is also callable)
-                f"MapSource(source, fn): got a function ({source.__name__:.60}) as the "
-                f"source and {type(fn).__name__} {fn!r:.60} as fn; the source comes first: "
+        if callable(source) and (inspect.isclass(source) or not (hasattr(
+                source, "__len__") and hasattr(source, "__getitem__"))) and not callable(
+                    fn) and hasattr(fn, "__getitem__"):  # (a function, a partial, a class;
+            named = getattr(source, "__name__", type(source).__name__)  # not a source)
+            raise ConfigError(
+                f"MapSource(source, fn): got a function ({named:.60}) as the source and "
+                f"{type(fn).__name__} {fn!r:.60} as fn; the source comes first: "
                 "MapSource(source, fn)")
         source = adapt(source)  # a datasets.Dataset: read as NumPy, as the loader reads it
         refuse_mixture(source, "MapSource")
