@@ -870,8 +870,17 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
         jl.PackedSource(ragged, None, 8)
 
     class Frame:  # (a DataFrame's columns, by items(): taken, as before the check; a review's)
+        columns = ["t"]
+
         def items(self):
             return iter([("t", [[1, 2], [3]] * 4)])
+
+    class Series:  # (a column, df["t"]: its items are its rows, not columns; no .columns)
+        def items(self):
+            return enumerate([[1, 2], [3]] * 4)
+
+    with pytest.raises(jl.ConfigError, match=r"got Series <.*name the column"):
+        jl.RaggedSource.from_sequences(Series())
 
     by_items = jl.RaggedSource.from_sequences(Frame())
     assert len(by_items) == 8 and by_items[1]["t"].tolist() == [3]

@@ -56,7 +56,9 @@ class RaggedSource:
             >>> RaggedSource.from_sequences({"t": [[1, 2], [3]]}, dtype=np.int32)[0]["t"]
             array([1, 2], dtype=int32)
         """
-        if not callable(getattr(columns, "items", None)):  # (a dict, a DataFrame: its items)
+        if not isinstance(columns, Mapping) and not (hasattr(columns, "columns") and callable(
+                getattr(columns, "items", None))):  # (a dict, or a DataFrame: its columns;
+            # not a Series, whose items are its rows)
             shown = " ".join(repr(columns).split())[:60]
             raise ConfigError(
                 f"RaggedSource.from_sequences(columns): expected a dict of a key to its list of "
