@@ -118,16 +118,20 @@ def _devices_remedy(devices: list | tuple, batch: Any) -> str:
 
     Example:
         >>> print(_devices_remedy(jax.devices()[:1], {"x": 0}))  # doctest: +ELLIPSIS
-        a list of 1 device(s) puts a list batch's element i on device i; to put ... jax.devices()[0]
+        a list of 1 device(s) puts a list batch's element i on device i; to put ...: jax.devices()[0]
     """
-    n, kind = len(devices), type(devices).__name__
+    n, kind, made = len(devices), type(devices).__name__, type(batch)
     named = "jax.devices()" if list(devices) == jax.devices() else "your_devices"
     said = f"a {kind} of {n} device(s) puts a {kind} batch's element i on device i"
-    if isinstance(batch, (list, tuple)) and type(batch) is not type(devices) and len(batch) == n:
-        said += f" (this batch is a {type(batch).__name__}: {type(batch).__name__}({named}))"
-    return said + ("; to put each whole batch on one device, pass the device itself, e.g. "
-                   "jax.devices()[0]" if n == 1 else "; to split each batch's rows over them, pass jaxloader."
-                   f"data_sharding(jax.make_mesh(({n},), ('data',), devices={named}))")
+    if isinstance(batch, (list, tuple)) and made is not type(devices) and len(batch) == n:
+        spread = f"*{named}" if hasattr(made, "_fields") else named  # (a namedtuple's fields)
+        said += f" (this batch is a {made.__name__}: {made.__name__}({spread}))"
+    if n > 1:
+        return said + ("; to split each batch's rows over them, pass jaxloader.data_sharding("
+                       f"jax.make_mesh(({n},), ('data',), devices={named}))")
+    at = jax.devices().index(devices[0]) if devices[0] in jax.devices() else None
+    return said + ("; to put each whole batch on one device, pass the device itself: "
+                   + (f"jax.devices()[{at}]" if at is not None else "your_devices[0]"))
 
 
 class Putter:

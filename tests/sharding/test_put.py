@@ -166,6 +166,7 @@ def test_64_bit_integers_that_32_bits_cannot_hold_are_refused_not_wrapped():
 
 def test_bad_shardings_give_clear_errors():
     out = run_with_devices("""
+    import collections
     from jaxloader.sharding.put import Putter
     mesh = jax.make_mesh((4,), ("data",))
     for bad, match in [("nope", "expected a jax.sharding.Sharding"),]:
@@ -262,7 +263,7 @@ def test_bad_shardings_give_clear_errors():
         raise AssertionError("a list of devices for a dict batch must be refused")
     pairs = [jl.Map(lambda r: (r["x"], r["y"]))]  # (a tuple batch: a list was said to fit it)
     for given, said in [(jax.devices()[:2], "(this batch is a tuple: tuple(your_devices))"),
-                        (jax.devices()[:1], "pass the device itself, e.g. jax.devices()[0]")]:
+                        (jax.devices()[2:3], "pass the device itself: jax.devices()[2]")]:
         try:
             next(iter(jl.DataLoader(source(8), batch_size=4, sharding=given, transforms=pairs)))
         except jl.ConfigError as e:
@@ -271,6 +272,18 @@ def test_bad_shardings_give_clear_errors():
             raise AssertionError("a list of devices for a tuple batch must be refused")
     x, y = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=tuple(jax.devices()[:2]),
                                    transforms=pairs)))
+    assert x.devices() == {jax.devices()[0]} and y.devices() == {jax.devices()[1]}
+    Pair = collections.namedtuple("Pair", "x y")  # (Pair(your_devices) fails as copied)
+    named = [jl.Map(lambda r: Pair(r["x"], r["y"]))]
+    try:
+        next(iter(jl.DataLoader(source(8), batch_size=4, sharding=jax.devices()[:2],
+                                transforms=named)))
+    except jl.ConfigError as e:
+        assert "(this batch is a Pair: Pair(*your_devices))" in str(e), e
+    else:
+        raise AssertionError("a list of devices for a namedtuple batch must be refused")
+    x, y = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=Pair(*jax.devices()[:2]),
+                                   transforms=named)))
     assert x.devices() == {jax.devices()[0]} and y.devices() == {jax.devices()[1]}
     remedy = jl.data_sharding(jax.make_mesh((4,), ("data",), devices=jax.devices()))
     placed = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=remedy)))
