@@ -834,11 +834,19 @@ def test_a_jax_or_numpy_scalar_is_taken_as_the_int_it_holds():
     jnp = pytest.importorskip("jax.numpy")
     source = jl.ArraySource({"x": np.arange(20)})
     want = [b["x"].tolist() for b in jl.DataLoader(source, batch_size=4, shuffle=True, seed=3)]
-    for seed, size in [(jnp.int32(3), jnp.int32(4)), (np.array(3, np.uint64), np.array(4))]:
+    class Index:  # (any __index__, as the Int type says: a review's)
+        def __init__(self, n):
+            self.n = n
+
+        def __index__(self):
+            return self.n
+
+    for seed, size in [(jnp.int32(3), jnp.int32(4)), (np.array(3, np.uint64), np.array(4)),
+                       (Index(3), Index(4))]:
         got = [b["x"].tolist() for b in jl.DataLoader(source, batch_size=size, shuffle=True,
                                                       seed=seed)]
         assert got == want
-    for bad in (jnp.float32(3), np.array([3]), jnp.bool_(True)):
+    for bad in (jnp.float32(3), np.array([3]), jnp.array([3]), jnp.bool_(True), np.bool_(1)):
         with pytest.raises(jl.ConfigError, match=r"seed: expected an int, got"):
             jl.DataLoader(source, batch_size=4, shuffle=True, seed=bad)
 
@@ -887,6 +895,10 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
     jnp = pytest.importorskip("jax.numpy")
     for keys, length in [({"t": 0}, jnp.int32(8)), ("t", {"t": np.array(8)})]:  # (its keys, as
         assert len(jl.PackedSource(ragged, keys, length)) == 2  # before; a JAX int's length)
+    two = jl.RaggedSource.from_sequences({"t": [[1, 2], [3]] * 4, "u": [[1, 2], [3]] * 4})
+    with pytest.raises(jl.ConfigError, match=r"got a set, \['t', 'u'\], whose order differs "
+                                             r".* PackedSource\(source, \['t', 'u'\], \.\.\.\)"):
+        jl.PackedSource(two, {"t", "u"}, 8)  # (the hash seed's order: a review's)
     columns = [np.zeros((20, 2)), np.arange(20)]  # (PyTorch's TensorDataset(X, y), as a list)
     with pytest.raises(jl.ConfigError, match=r"records \(2\).*DataLoader\(\[X, y\]\)\) is that "
                                              r"many records, each a whole array: .* "

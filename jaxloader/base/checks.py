@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 import re
 import warnings
 from typing import Any, Callable, SupportsIndex, Union
@@ -73,18 +74,21 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
 
 
 def scalar_int(value: object) -> object:
-    """The int a 0-d integer array holds (a JAX scalar, ``jnp.int32(3)``, or NumPy's), else
-    ``value`` as it is (an int, NumPy's, or what its check refuses).
+    """The int an integer that is not Python's nor NumPy's holds (a 0-d array, JAX's
+    ``jnp.int32(3)`` or NumPy's, anything of ``__index__``: the ``Int`` type), else ``value``
+    as it is (an int, NumPy's, or what its check refuses: a bool array, a 1-d one).
 
     Example:
         >>> scalar_int(np.array(3)), scalar_int(np.int8(3)), scalar_int(np.array([3]))
         (3, np.int8(3), array([3]))
     """
-    dtype = getattr(value, "dtype", None)
-    if getattr(value, "shape", None) == () and isinstance(dtype, np.dtype) and (
-            dtype.kind in "iu") and not isinstance(value, np.integer):
-        return int(value)  # type: ignore[call-overload]
-    return value
+    if isinstance(value, (int, np.integer)) or not hasattr(type(value), "__index__") or (
+            getattr(getattr(value, "dtype", None), "kind", "") == "b"):
+        return value
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:  # (a 1-d array of one value, a float array: refused as they are)
+        return value
 
 
 def is_seconds(value: object) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class PackedSource:
         (2, [6, 7, 8, 9, 4, 5], [1, 1, 1, 1, 2, 2])
     """
 
-    def __init__(self, source: Source, keys: str | Sequence[str], length: int | Mapping[str, int],
+    def __init__(self, source: Source, keys: str | Iterable[str], length: Int | Mapping[str, Int],
                  *, method: packing_plan.Method = "best_fit",
                  bins: int = 16, window: int = 10_000,
                  overlong: packing_plan.Overlong = "split", seed: Int | None = 0,
@@ -83,6 +83,12 @@ class PackedSource:
         refuse_mixture(source, "PackedSource")
         n = check_source(source)
         self.source = source
+        if isinstance(keys, (set, frozenset)) and len(keys) > 1:  # (their order: the hash seed's)
+            listed = sorted(keys, key=str)
+            raise ConfigError(
+                f"PackedSource(keys=...): got a set, {listed!r:.60}, whose order differs from "
+                "run to run (the rows' keys, the fingerprint, a lengths= array's columns would "
+                f"follow it); pass a list: PackedSource(source, {listed!r:.60}, ...)")
         self.keys = [keys] if isinstance(keys, str) else list(keys) if isinstance(
             keys, Iterable) else []
         if not self.keys or not all(isinstance(k, str) for k in self.keys):
