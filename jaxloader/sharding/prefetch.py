@@ -44,6 +44,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import queue
@@ -116,6 +117,9 @@ class HostPrefetcher:
     def start(self) -> None:
         """Starts the thread; apart from ``__init__`` so that its owner holds it first."""
         self._launched = True  # (before: an interrupt in start() may come once it runs)
+        _RUNNING.add(self)
+        atexit.unregister(_close_at_exit)  # (the newest hook runs first: before JAX's own,
+        atexit.register(_close_at_exit)  # registered as it started, and any later one)
         self._thread.start()
 
     def _run(self) -> None:
@@ -216,6 +220,21 @@ class HostPrefetcher:
         _drain(self._ready)  # (the batches made for no one: placed ones held device memory
         self._ready.put((_STOPPED, None))  # while an iterator of the closed loader lived)
         return True
+
+
+_RUNNING: weakref.WeakSet[HostPrefetcher] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """The threads of loaders left open as the interpreter exits, stopped and their placed
+    batches let go while JAX's runtime is whole: a batch placed on devices from the thread,
+    still queued as the interpreter tore down, aborted the process after the script's work was
+    done ("terminate called...", exit code 134: a finished run marked failed)."""
+    running = [p for p in _RUNNING if p.owner == os.getpid()]  # (a forked child has none)
+    for prefetcher in running:
+        prefetcher.stop()
+    for prefetcher in running:  # (each waits for its batch in the making, 0.2 s at most)
+        prefetcher.close()
 
 
 class DevicePrefetcher:
