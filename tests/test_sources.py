@@ -337,6 +337,28 @@ def test_in_place_writes_fail_alike_in_every_mode_and_change_nothing(num_workers
     assert np.all(x == 1.0)  # the caller's array is untouched
 
 
+def test_a_record_read_by_a_float_or_a_str_is_refused_naming_the_source(tmp_path):
+    # source[len(source) / 2]: ParquetSource and ConcatSource read record int(2.5) without a
+    # word (HuggingFaceSource cut it too), others a bare NumPy or comparison error
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"x": np.arange(5)}), tmp_path / "a.parquet")
+    (tmp_path / "f").write_bytes(b"f")
+    sources = {"ParquetSource": jl.ParquetSource(str(tmp_path / "a.parquet")),
+               "ConcatSource": jl.ConcatSource([jl.ArraySource({"x": np.arange(5)})]),
+               "RaggedSource": jl.RaggedSource.from_sequences({"t": [[1, 2], [3]] * 2 + [[4]]}),
+               "FileListSource": jl.FileListSource([str(tmp_path / "f")] * 5)}
+    for name, src in sources.items():
+        for bad in (2.5, "2"):
+            with pytest.raises(TypeError, match=rf"{name}\[{bad!r}\]: expected an int in "
+                                                rf"\[0, 5\), got {type(bad).__name__}; pass"):
+                src[bad]
+        assert src[np.array(4)] == src[4]  # (an int of any kind, as before)
+    assert sources["RaggedSource"][-1]["t"].tolist() == [4]  # (from the end, as before)
+    with pytest.raises(IndexError, match=r"ParquetSource: index -1 out of range \[0, 5\)$"):
+        sources["ParquetSource"][-1]
+
+
 def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
     # __getitems__ checked nothing: a bare assert, NumPy's "axis 0 with size 2", a pybind
     # TypeError, a list's IndexError, none naming the source or the range

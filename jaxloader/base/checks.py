@@ -118,6 +118,33 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
+def record_index(index: object, size: int, owner: str, *, from_end: bool = False) -> int:
+    """``index`` as the int position of one of ``owner``'s ``size`` records (an int of any
+    kind: NumPy's, a 0-d array; with ``from_end``, ``-1`` the last, as a list's). A float
+    (``source[len(source) / 2]``, read as another record by a cut) or a str raises a
+    ``TypeError`` naming ``owner``; a position out of range an ``IndexError``.
+
+    Example:
+        >>> record_index(np.int64(3), 10, "ParquetSource"), record_index(-1, 10, "S", from_end=True)
+        (3, 9)
+        >>> record_index(2.5, 10, "S")
+        Traceback (most recent call last):
+        ...
+        TypeError: S[2.5]: expected an int in [0, 10), got float; pass an int: source[int(i)]
+    """
+    try:
+        at = operator.index(index)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{owner}[{index!r:.40}]: expected an int in [0, {size}), got "
+                        f"{type(index).__name__}; pass an int: source[int(i)]") from None
+    if from_end and -size <= at < 0:
+        return at + size
+    if not 0 <= at < size:
+        raise IndexError(f"{owner}: index {at} out of range [0, {size})" + (
+            f" (or [-{size}, -1] from the end)" if from_end else ""))
+    return at
+
+
 def check_indices(indices: np.ndarray, size: int, owner: str) -> None:
     """Raises ``IndexError`` naming ``owner``, the first index out of ``[0, size)`` and the
     range, as ``owner[index]`` does (one vectorised test: a batched read's).

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from jaxloader.base.abilities import lengths_of
-from jaxloader.base.checks import MASK64, Int, check_int, scalar_int
+from jaxloader.base.checks import MASK64, Int, check_int, record_index, scalar_int
 from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import PackedRows, check_fill, fill_values, record_tokens
@@ -149,8 +149,7 @@ class PackedSource:
         return self.plan.rows
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"PackedSource: row {index} out of range [0, {len(self)})")
+        index = record_index(index, len(self), "PackedSource")
         return {k: v[0] for k, v in self.__getitems__(np.array([index])).items()}
 
     def __getitems__(self, rows: np.ndarray) -> dict[str, np.ndarray]:

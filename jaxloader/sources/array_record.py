@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import file_identity
-from jaxloader.base.checks import check_indices
+from jaxloader.base.checks import check_indices, record_index
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand, files_fingerprints
@@ -96,8 +96,7 @@ class ArrayRecordSource:
         return files_fingerprints("array_record", len(self), self.paths, self._starts.tobytes())
 
     def __getitem__(self, index: int) -> bytes:
-        if not 0 <= index < len(self):
-            raise IndexError(f"ArrayRecordSource: index {index} out of range [0, {len(self)})")
+        index = record_index(index, len(self), "ArrayRecordSource")
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         return self._read(k, [int(index - self._starts[k])])[0]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of, origin_of
-from jaxloader.base.checks import check_indices
+from jaxloader.base.checks import check_indices, record_index
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.base.read_threads import each, item_of, tag_item
 from jaxloader.sources.arrays import ArraySource
@@ -157,8 +157,7 @@ class ConcatSource:
         return f"{found} in {self.label(part)}" if found else f"{self.label(part)} record {local}"
 
     def __getitem__(self, index: int) -> Any:
-        if not 0 <= index < len(self):
-            raise IndexError(f"ConcatSource: index {index} out of range [0, {len(self)})")
+        index = record_index(index, len(self), "ConcatSource")
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
         return self.sources[part][int(index - self.offsets[part])]
 

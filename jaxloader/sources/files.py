@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from jaxloader.base import file_identity
+from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.paths import files_fingerprints
 
@@ -94,6 +95,7 @@ class FileListSource:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        index = record_index(index, len(self.paths), "FileListSource", from_end=True)
         path = self.paths[index]
         try:
             data = _read_bytes(path)

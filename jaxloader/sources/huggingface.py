@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.base.checks import released_at_least
+from jaxloader.base.checks import record_index, released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.arrow_numpy import is_list, numpy_of
@@ -96,9 +96,10 @@ class HuggingFaceSource:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        row = self.dataset[int(index)]
+        index = record_index(index, len(self.dataset), "HuggingFaceSource", from_end=True)
+        row = self.dataset[index]
         if self._nulls:
-            self._check_nulls(np.array([int(index) % len(self.dataset)]))
+            self._check_nulls(np.array([index]))
         if self.custom:
             return row
         out = self._numpy.format_row(row.select(self._numeric)) if self._numeric else {}

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_bool, check_indices, check_int
+from jaxloader.base.checks import check_bool, check_indices, check_int, record_index
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
@@ -191,8 +191,7 @@ class ParquetSource:
         return parquet_footers.lengths(self, key)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"ParquetSource: index {index} out of range [0, {len(self)})")
+        index = record_index(index, len(self), "ParquetSource")
         group = int(np.searchsorted(self._starts, index, side="right")) - 1
         decoded = self._decoded(group)
         row = int(index - self._starts[group])

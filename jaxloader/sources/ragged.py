@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError
 
 
@@ -99,9 +100,7 @@ class RaggedSource:
         return self._len
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if not -self._len <= index < self._len:
-            raise IndexError(f"RaggedSource: index {index} out of range [0, {self._len})")
-        index %= self._len
+        index = record_index(index, self._len, "RaggedSource", from_end=True)
         out = {}
         for key, values in self._values.items():
             offsets = self._offsets[key]
