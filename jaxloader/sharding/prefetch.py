@@ -48,6 +48,7 @@ import atexit
 import collections
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -222,6 +223,21 @@ class HostPrefetcher:
         return True
 
 
+def _as_here(put: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``put``, to run in the thread under this thread's ``jax.enable_x64`` where it is set
+    here alone (``with jax.enable_x64(True):`` around the training loop): the thread's puts
+    were 32-bit, and an int64 batch the same loader placed with ``device_prefetch=0`` was
+    refused as out of range. Else the thread follows the global setting, as it changes."""
+    jax = sys.modules.get("jax")
+    if jax is None or (here := jax.enable_x64.value) == jax.enable_x64.get_global():
+        return put
+
+    def put_as_here(batch: Any) -> Any:
+        with jax.enable_x64(here):
+            return put(batch)
+    return put_as_here
+
+
 _RUNNING: weakref.WeakSet[HostPrefetcher] = weakref.WeakSet()
 
 
@@ -252,7 +268,7 @@ class DevicePrefetcher:
                 "no word of why); 2 hides a placement, a few more a jittery one", JaxloaderWarning,
                 stacklevel=user_stacklevel())
         self._host = HostPrefetcher(host_batches, depth if put_in_thread else depth + 1,
-                                    put if put_in_thread else None)
+                                    _as_here(put) if put_in_thread else None)
         self._put = put
         self._depth = depth
         self._put_in_thread = put_in_thread

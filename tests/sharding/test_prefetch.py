@@ -555,3 +555,28 @@ def test_a_script_that_ends_with_its_loader_open_exits_cleanly():
         print("ok", x.devices() == {jax.devices()[0]})
         """, n=2)
         assert out.strip() == "ok True"
+
+
+def test_the_device_put_thread_places_under_the_callers_x64_setting():
+    # with jax.enable_x64(True) around the loop, the thread's puts were 32-bit: int64 values
+    # past 2**31 refused as out of range (float64 made float32) where device_prefetch=0,
+    # placing in the caller's thread, took them as they are
+    import numpy as np
+
+    import jax
+
+    import jaxloader as jl
+
+    rows = jl.ArraySource({"x": np.arange(8, dtype=np.int64) + 2**40,
+                           "f": np.linspace(0, 1, 8, dtype=np.float64)})
+    assert not jax.enable_x64.get_global()
+    with jax.enable_x64(True):
+        for ahead in (0, 2):
+            with jl.DataLoader(rows, batch_size=4, sharding=jax.devices()[0],
+                               device_prefetch=ahead) as loader:
+                batch = next(iter(loader))
+            assert batch["x"].dtype == np.int64 and int(batch["x"][0]) == 2**40, ahead
+            assert batch["f"].dtype == np.float64
+    with pytest.raises(jl.ConfigError, match=r"leaf \['x'\] of dtype int64 holds values"):
+        with jl.DataLoader(rows, batch_size=4, sharding=jax.devices()[0]) as loader:
+            next(iter(loader))  # (outside it, 32-bit as before: the global setting's)
