@@ -112,6 +112,9 @@ class HostPrefetcher:
         self._ended: queue.SimpleQueue = queue.SimpleQueue()
         self._launched = self._finished = False
         self.owner = os.getpid()  # (a forked child has the queues, not the thread)
+        # the batches made and placed under the x64 setting of the thread that made this one
+        # (they were 32-bit in a `with jax.enable_x64(True):` block; device_prefetch=0's not)
+        self._x64 = _x64_here()
         self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
 
@@ -124,6 +127,12 @@ class HostPrefetcher:
         self._thread.start()
 
     def _run(self) -> None:
+        if self._x64 is None:
+            return self._loop()
+        with sys.modules["jax"].enable_x64(self._x64):
+            return self._loop()
+
+    def _loop(self) -> None:
         try:
             while True:
                 if self._permits.get() is _STOP or self._stopping:
@@ -223,19 +232,14 @@ class HostPrefetcher:
         return True
 
 
-def _as_here(put: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``put``, to run in the thread under this thread's ``jax.enable_x64`` where it is set
-    here alone (``with jax.enable_x64(True):`` around the training loop): the thread's puts
-    were 32-bit, and an int64 batch the same loader placed with ``device_prefetch=0`` was
-    refused as out of range. Else the thread follows the global setting, as it changes."""
+def _x64_here() -> bool | None:
+    """This thread's ``jax.enable_x64`` where it is set here alone (``with
+    jax.enable_x64(True):`` around the training loop), else ``None``: the thread then follows
+    the global setting, as it changes."""
     jax = sys.modules.get("jax")
     if jax is None or (here := jax.enable_x64.value) == jax.enable_x64.get_global():
-        return put
-
-    def put_as_here(batch: Any) -> Any:
-        with jax.enable_x64(here):
-            return put(batch)
-    return put_as_here
+        return None
+    return bool(here)
 
 
 _RUNNING: weakref.WeakSet[HostPrefetcher] = weakref.WeakSet()
@@ -268,7 +272,7 @@ class DevicePrefetcher:
                 "no word of why); 2 hides a placement, a few more a jittery one", JaxloaderWarning,
                 stacklevel=user_stacklevel())
         self._host = HostPrefetcher(host_batches, depth if put_in_thread else depth + 1,
-                                    _as_here(put) if put_in_thread else None)
+                                    put if put_in_thread else None)
         self._put = put
         self._depth = depth
         self._put_in_thread = put_in_thread

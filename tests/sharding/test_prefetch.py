@@ -570,13 +570,14 @@ def test_the_device_put_thread_places_under_the_callers_x64_setting():
     rows = jl.ArraySource({"x": np.arange(8, dtype=np.int64) + 2**40,
                            "f": np.linspace(0, 1, 8, dtype=np.float64)})
     assert not jax.enable_x64.get_global()
+    halved = [jl.JitMap(lambda r: {"x": r["x"], "f": r["f"] / 2})]  # (made on the thread too)
     with jax.enable_x64(True):
-        for ahead in (0, 2):
+        for ahead, transforms in [(0, []), (2, []), (0, halved), (2, halved)]:
             with jl.DataLoader(rows, batch_size=4, sharding=jax.devices()[0],
-                               device_prefetch=ahead) as loader:
+                               device_prefetch=ahead, transforms=transforms) as loader:
                 batch = next(iter(loader))
             assert batch["x"].dtype == np.int64 and int(batch["x"][0]) == 2**40, ahead
-            assert batch["f"].dtype == np.float64
+            assert batch["f"].dtype == np.float64, (ahead, transforms)
     with pytest.raises(jl.ConfigError, match=r"leaf \['x'\] of dtype int64 holds values"):
         with jl.DataLoader(rows, batch_size=4, sharding=jax.devices()[0]) as loader:
             next(iter(loader))  # (outside it, 32-bit as before: the global setting's)
