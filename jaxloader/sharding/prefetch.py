@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import queue
 import sys
@@ -56,6 +57,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from jaxloader.base.abilities import close_of
+from jaxloader.batching.jit_cpu import CARRIED
 from jaxloader.base.errors import JaxloaderError, JaxloaderWarning, user_stacklevel
 
 # close() waits this long for the thread, which may be finishing a batch (then left to end by
@@ -112,9 +114,9 @@ class HostPrefetcher:
         self._ended: queue.SimpleQueue = queue.SimpleQueue()
         self._launched = self._finished = False
         self.owner = os.getpid()  # (a forked child has the queues, not the thread)
-        # the batches made and placed under the x64 setting of the thread that made this one
+        # the batches made and placed under the JAX settings of the thread that made this one
         # (they were 32-bit in a `with jax.enable_x64(True):` block; device_prefetch=0's not)
-        self._x64 = _x64_here()
+        self._jax_settings = _jax_here()
         self._thread = threading.Thread(target=self._run, name="jaxloader-host-prefetch",
                                         daemon=True)
 
@@ -127,10 +129,10 @@ class HostPrefetcher:
         self._thread.start()
 
     def _run(self) -> None:
-        if self._x64 is None:
-            return self._loop()
-        with sys.modules["jax"].enable_x64(self._x64):
-            return self._loop()
+        with contextlib.ExitStack() as settings:
+            for name, value in self._jax_settings.items():
+                settings.enter_context(getattr(sys.modules["jax"], name)(value))
+            self._loop()
 
     def _loop(self) -> None:
         try:
@@ -205,15 +207,17 @@ class HostPrefetcher:
         # in its source (a generator waiting on a queue) never ends its batch to say it
         self._ready.put((_STOPPED, None))
 
-    def close(self, until_gone: bool = False) -> bool:
+    def close(self, until_gone: bool = False, by: float | None = None) -> bool:
         """Stops the thread (after the batch it is making) and waits for it, at most
-        ``_JOIN_TIMEOUT_S`` (or ``until_gone``); whether it is gone. Idempotent."""
+        ``_JOIN_TIMEOUT_S`` (or until ``time.monotonic()`` is ``by``, or ``until_gone``);
+        whether it is gone. Idempotent."""
         self.stop()
         if not self._launched:
             return True
         if self._thread is threading.current_thread():
             return False
-        deadline = None if until_gone else time.monotonic() + _JOIN_TIMEOUT_S
+        deadline = None if until_gone else by if by is not None else (
+            time.monotonic() + _JOIN_TIMEOUT_S)
         while not self._finished:
             if self._thread.ident is None and not self._thread.is_alive():
                 return True  # (start() interrupted before the thread ran: none to wait for)
@@ -232,14 +236,18 @@ class HostPrefetcher:
         return True
 
 
-def _x64_here() -> bool | None:
-    """This thread's ``jax.enable_x64`` where it is set here alone (``with
-    jax.enable_x64(True):`` around the training loop), else ``None``: the thread then follows
-    the global setting, as it changes."""
+def _jax_here() -> dict[str, Any]:
+    """This thread's JAX settings that a batch made or placed depends on (those carried to the
+    workers, ``jit_cpu.CARRIED``) where they are set here alone (``with jax.enable_x64(True):``
+    around ``iter()``), each by its context manager's name; the thread follows the global
+    setting of the others, as it changes."""
     jax = sys.modules.get("jax")
-    if jax is None or (here := jax.enable_x64.value) == jax.enable_x64.get_global():
-        return None
-    return bool(here)
+    here = {}
+    for name in CARRIED if jax is not None else ():
+        state = getattr(jax, name.removeprefix("jax_"), None)  # (a JAX without it: none)
+        if hasattr(state, "get_global") and state.value != state.get_global():
+            here[name.removeprefix("jax_")] = state.value
+    return here
 
 
 _RUNNING: weakref.WeakSet[HostPrefetcher] = weakref.WeakSet()
@@ -253,8 +261,16 @@ def _close_at_exit() -> None:
     running = [p for p in _RUNNING if p.owner == os.getpid()]  # (a forked child has none)
     for prefetcher in running:
         prefetcher.stop()
-    for prefetcher in running:  # (each waits for its batch in the making, 0.2 s at most)
-        prefetcher.close()
+    deadline, failed = time.monotonic() + _JOIN_TIMEOUT_S, []  # (one wait for them all)
+    for prefetcher in running:
+        try:
+            prefetcher.close(by=deadline)
+        except Exception as e:  # noqa: BLE001 - the others closed first, then raised
+            failed.append(e)
+        finally:  # (what was placed, where the thread is still making a batch too)
+            _drain(prefetcher._ready)
+    if failed:
+        raise failed[0]
 
 
 class DevicePrefetcher:

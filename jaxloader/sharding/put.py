@@ -394,4 +394,5 @@ def _check_32_bits(batch: Any, leaves: list) -> None:
             f"sharding: batch leaf {path or '<root>'} of dtype {leaf.dtype} holds values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
             f"{as_32_bits(leaf.dtype)} and {what_32_bits_do(kind)}; make it fit (a Map: {fit}), or "
-            "jax.config.update('jax_enable_x64', True) before the loader")
+            "jax.config.update('jax_enable_x64', True) before the loader (or a with "
+            "jax.enable_x64(True): block entered before iter(), whose setting its thread takes)")

@@ -557,7 +557,7 @@ def test_a_script_that_ends_with_its_loader_open_exits_cleanly():
         assert out.strip() == "ok True"
 
 
-def test_the_device_put_thread_places_under_the_callers_x64_setting():
+def test_the_device_put_thread_makes_and_places_under_the_callers_jax_settings():
     # with jax.enable_x64(True) around the loop, the thread's puts were 32-bit: int64 values
     # past 2**31 refused as out of range (float64 made float32) where device_prefetch=0,
     # placing in the caller's thread, took them as they are
@@ -581,3 +581,11 @@ def test_the_device_put_thread_places_under_the_callers_x64_setting():
     with pytest.raises(jl.ConfigError, match=r"leaf \['x'\] of dtype int64 holds values"):
         with jl.DataLoader(rows, batch_size=4, sharding=jax.devices()[0]) as loader:
             next(iter(loader))  # (outside it, 32-bit as before: the global setting's)
+    mixed = [jl.JitMap(lambda r: {"s": r["i"] + r["f"]})]  # (int and float: not under strict)
+    small = jl.ArraySource({"i": np.arange(8, dtype=np.int32), "f": np.ones(8, np.float32)})
+    with jax.numpy_dtype_promotion("strict"):  # (the others workers take too: the same)
+        for ahead in (0, 2):
+            with jl.DataLoader(small, batch_size=4, sharding=jax.devices()[0], transforms=mixed,
+                               device_prefetch=ahead) as loader:
+                with pytest.raises(jl.RecordError, match=r"TypePromotionError"):
+                    next(iter(loader))
