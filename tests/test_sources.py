@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -347,11 +349,16 @@ def test_a_record_read_by_a_float_or_a_str_is_refused_naming_the_source(tmp_path
     sources = {"ParquetSource": jl.ParquetSource(str(tmp_path / "a.parquet")),
                "ConcatSource": jl.ConcatSource([jl.ArraySource({"x": np.arange(5)})]),
                "RaggedSource": jl.RaggedSource.from_sequences({"t": [[1, 2], [3]] * 2 + [[4]]}),
-               "FileListSource": jl.FileListSource([str(tmp_path / "f")] * 5)}
+               "FileListSource": jl.FileListSource([str(tmp_path / "f")] * 5),
+               "FilteredSource": jl.FilteredSource(jl.ArraySource({"x": np.arange(9)}),
+                                                   lambda r: r["x"] % 2 == 0),
+               "MapSource": jl.MapSource(jl.ArraySource({"x": np.arange(5)}), lambda c: c,
+                                         batched=True)}
     for name, src in sources.items():
-        for bad in (2.5, "2"):
-            with pytest.raises(TypeError, match=rf"{name}\[{bad!r}\]: expected an int in "
-                                                rf"\[0, 5\), got {type(bad).__name__}; pass"):
+        for bad in (2.5, "2", True, np.bool_(True)):  # (True was record 1)
+            with pytest.raises(TypeError, match=rf"{name}\[{re.escape(repr(bad))}\]: expected"
+                                                rf" an int in \[(-5|0), 5\), got "
+                                                rf"{type(bad).__name__}; pass"):
                 src[bad]
         assert src[np.array(4)] == src[4]  # (an int of any kind, as before)
     assert sources["RaggedSource"][-1]["t"].tolist() == [4]  # (from the end, as before)

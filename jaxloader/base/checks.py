@@ -133,9 +133,13 @@ def record_index(index: object, size: int, owner: str, *, from_end: bool = False
         TypeError: S[2.5]: expected an int in [0, 10), got float; pass an int: source[int(i)]
     """
     try:
+        if isinstance(index, (bool, np.bool_)) or getattr(  # (True: record 1, where a count
+                getattr(index, "dtype", None), "kind", "") == "b":  # refuses it)
+            raise TypeError
         at = operator.index(index)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"{owner}[{index!r:.40}]: expected an int in [0, {size}), got "
+        span = f"[-{size}, {size})" if from_end else f"[0, {size})"
+        raise TypeError(f"{owner}[{index!r:.40}]: expected an int in {span}, got "
                         f"{type(index).__name__}; pass an int: source[int(i)]") from None
     if from_end and -size <= at < 0:
         return at + size

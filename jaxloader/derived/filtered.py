@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
+from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
@@ -108,9 +109,7 @@ class FilteredSource:
         return len(self.indices)
 
     def __getitem__(self, index: int) -> Any:
-        if not 0 <= index < len(self.indices):
-            raise IndexError(f"FilteredSource: record {index} out of range "
-                             f"[0, {len(self.indices)})")
+        index = record_index(index, len(self.indices), "FilteredSource")
         return self.source[int(self.indices[index])]
 
     def record_origin(self, index: int) -> str | None:

@@ -38,7 +38,7 @@ import numpy as np
 from jaxloader.base import read_threads
 from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
-from jaxloader.base.checks import check_bool
+from jaxloader.base.checks import check_bool, record_index
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digests, warn_hashing
@@ -110,7 +110,8 @@ class MapSource:
         return len(self.source)
 
     def __getitem__(self, index: int) -> Any:
-        if self.batched:
+        if self.batched:  # (a float refused, not cut; -1 the last record)
+            index = record_index(index, len(self), "MapSource", from_end=True)
             return _first_row(self.fn(self._columns(np.array([index], np.int64))))
         return self.fn(self.source[index])
 
