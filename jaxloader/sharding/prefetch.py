@@ -242,9 +242,9 @@ def _jax_here() -> dict[str, Any]:
     around ``iter()``), each by its context manager's name; the thread follows the global
     setting of the others, as it changes."""
     jax = sys.modules.get("jax")
-    here = {}
+    here: dict[str, Any] = {}
     for name in CARRIED if jax is not None else ():
-        state = getattr(jax, name.removeprefix("jax_"), None)  # (a JAX without it: none)
+        state: Any = getattr(jax, name.removeprefix("jax_"), None)  # (a JAX without it)
         if hasattr(state, "get_global") and state.value != state.get_global():
             here[name.removeprefix("jax_")] = state.value
     return here
