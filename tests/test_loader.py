@@ -854,12 +854,12 @@ def test_a_jax_or_numpy_scalar_is_taken_as_the_int_it_holds():
 def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
     # each was a bare AttributeError or TypeError from inside, or an error of the wrong thing
     source = jl.ArraySource({"x": np.arange(20)})
-    with pytest.raises(jl.ConfigError, match=r"MapSource\(source, fn\): got a function "
+    with pytest.raises(jl.ConfigError, match=r"MapSource\(source, fn\): got a callable "
                                              r"\(<lambda>\) as the source and ArraySource"
                                              r".* the source comes first"):
         jl.MapSource(lambda r: r, source)
     for fn, named in [(functools.partial(lambda r, k: r, k=2), "partial"), (np.sqrt, "sqrt")]:
-        with pytest.raises(jl.ConfigError, match=rf"got a function \({named}\) as the source"):
+        with pytest.raises(jl.ConfigError, match=rf"got a callable \({named}\) as the source"):
             jl.MapSource(fn, source)  # (not a routine, still a function: a review's)
 
     class Callable(list):  # (a source object that is also callable is not "a function")
@@ -884,10 +884,13 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
             return iter([("t", [[1, 2], [3]] * 4)])
 
     class Series:  # (a column, df["t"]: its items are its rows, not columns; no .columns)
+        name = "t"
+
         def items(self):
             return enumerate([[1, 2], [3]] * 4)
 
-    with pytest.raises(jl.ConfigError, match=r"got Series <.*name the column"):
+    with pytest.raises(jl.ConfigError, match=r"got Series <.*name the column: RaggedSource"
+                                             r"\.from_sequences\(\{'t': sequences\}\)"):
         jl.RaggedSource.from_sequences(Series())
 
     by_items = jl.RaggedSource.from_sequences(Frame())

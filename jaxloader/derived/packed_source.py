@@ -86,9 +86,9 @@ class PackedSource:
         if isinstance(keys, (set, frozenset)) and len(keys) > 1:  # (their order: the hash seed's)
             listed = sorted(keys, key=str)
             raise ConfigError(
-                f"PackedSource(keys=...): got a set, {listed!r:.60}, whose order differs from "
-                "run to run (the rows' keys, the fingerprint, a lengths= array's columns would "
-                f"follow it); pass a list: PackedSource(source, {listed!r:.60}, ...)")
+                f"PackedSource(keys=...): got a set, {listed!r}, whose order differs from run "
+                "to run (the rows' keys, the fingerprint, a lengths= array's columns would "
+                f"follow it); pass a list: PackedSource(source, {listed!r}, ...)")
         self.keys = [keys] if isinstance(keys, str) else list(keys) if isinstance(
             keys, Iterable) else []
         if not self.keys or not all(isinstance(k, str) for k in self.keys):

@@ -73,7 +73,7 @@ class MapSource:
                     fn) and hasattr(fn, "__getitem__"):  # (a function, a partial, a class;
             named = getattr(source, "__name__", type(source).__name__)  # not a source)
             raise ConfigError(
-                f"MapSource(source, fn): got a function ({named:.60}) as the source and "
+                f"MapSource(source, fn): got a callable ({named:.60}) as the source and "
                 f"{type(fn).__name__} {fn!r:.60} as fn; the source comes first: "
                 "MapSource(source, fn)")
         source = adapt(source)  # a datasets.Dataset: read as NumPy, as the loader reads it

@@ -61,10 +61,12 @@ class RaggedSource:
                 getattr(columns, "items", None))):  # (a dict, or a DataFrame: its columns;
             # not a Series, whose items are its rows)
             shown = " ".join(repr(columns).split())[:60]
+            name = getattr(columns, "name", None)  # (a Series': its column's)
             raise ConfigError(
                 f"RaggedSource.from_sequences(columns): expected a dict of a key to its list of "
                 f"sequences, got {type(columns).__name__} {shown}; name the column: "
-                "RaggedSource.from_sequences({'tokens': sequences})")
+                f"RaggedSource.from_sequences({{{name if isinstance(name, str) else 'tokens'!r}"
+                ": sequences})")
         pairs = {}
         for key, seqs in columns.items():
             arrays = [np.asarray(s, dtype=dtype) for s in seqs]
