@@ -172,6 +172,7 @@ _EXIT_GRACE_S = 3.0  # a child told to stop (a worker, a notebook kernel) may st
 def no_leaks():
     before = _segments()
     running = {pid for pid, _ in live_children()}  # (a module's fixture's: a Ray cluster)
+    threads = set(threading.enumerate())  # (one an earlier test left is not this one's)
     yield
     deadline = time.monotonic() + _EXIT_GRACE_S
     while True:
@@ -183,8 +184,8 @@ def no_leaks():
     assert not children, f"live child processes left behind: {children}"
     # A device-put thread that outlived close()'s short wait ends by itself once its workers
     # are gone, and lets its slots go then: waited for (as long as the children), not counted.
-    for thread in threading.enumerate():
-        if thread.name == "jaxloader-host-prefetch":
+    for thread in set(threading.enumerate()) - threads:  # (one blocked for good in a source
+        if thread.name == "jaxloader-host-prefetch":  # made each later test wait 3 s)
             thread.join(max(0.0, deadline - time.monotonic()))
     leaked = _segments() - before
     if leaked:  # a mapping holds its memory file open until the last view of it is garbage

@@ -481,7 +481,12 @@ def test_a_close_from_another_thread_ends_a_next_whose_source_blocks():
     loader.close()
     waiting.join(10)
     assert raised and "closed" in raised[0], raised
-    rollouts.put(99)  # (the thread, blocked in the source, takes it and ends)
+    for _ in range(4):  # (the thread, blocked in the source, ends the batch it makes and then
+        rollouts.put(99)  # itself: one record alone left it blocked for the second, and every
+    deadline = time.monotonic() + 10  # later test in the process waited 3 s for it: no_leaks)
+    while any(t.name == "jaxloader-host-prefetch" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the device-put thread did not end"
+        time.sleep(0.01)
 
 
 def test_a_closed_loaders_placed_batches_go_though_its_iterator_lives():
