@@ -163,4 +163,8 @@ def _signals_back() -> None:
     else:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if signal.SIGINT in reset:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except KeyboardInterrupt:  # (one sent as the handler came back: raised in this hook,
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python would drop it, with a
+            os.kill(os.getpid(), signal.SIGINT)  # traceback: it ends the child, as held ones)
