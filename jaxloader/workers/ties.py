@@ -120,7 +120,7 @@ def hold_signals_across_forks() -> None:
     relay's) was raised there, printed and dropped."""
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_hold_signals, after_in_parent=_release_signals,
-                            after_in_child=_signals_back)
+                            after_in_child=_signals_back_in_child)
 
 
 _HELD = {signal.SIGINT, signal.SIGTERM}
@@ -163,8 +163,20 @@ def _signals_back() -> None:
     else:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if signal.SIGINT in reset:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _signals_back_in_child() -> None:
+    """``_signals_back`` as a fork hook: a SIGINT that comes as it runs (sent just after the
+    fork: let through as the mask comes back, or as Python's handler does) raises
+    ``KeyboardInterrupt`` in the hook, where Python drops it with a traceback and the child
+    lives on; it ends the child instead, as one held since the fork does."""
+    try:
+        _signals_back()
+    except KeyboardInterrupt:
         try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        except KeyboardInterrupt:  # (one sent as the handler came back: raised in this hook,
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python would drop it, with a
-            os.kill(os.getpid(), signal.SIGINT)  # traceback: it ends the child, as held ones)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            os.kill(os.getpid(), signal.SIGINT)
+        finally:  # (where it cannot be made the default: not the main thread)
+            os._exit(128 + signal.SIGINT)

@@ -390,33 +390,41 @@ def test_a_pool_a_transform_forks_ends_and_workers_see_the_trainers_argv(tmp_pat
 
 
 def test_a_sigint_as_a_forked_childs_handler_comes_back_ends_the_child():
-    # sent as the fork hook put Python's SIGINT handler back, it raised KeyboardInterrupt in
-    # the hook, where Python drops it with a traceback (CI, 3.13: the test below): the child
-    # lived on. Here the handler's return raises as that signal does, deterministically
+    # sent just after a worker forks, it raised KeyboardInterrupt in the fork hook (as Python's
+    # handler came back, or as the mask did with the worker's handler still there), where
+    # Python drops it with a traceback (CI, 3.13: the test below): the child lived on. Here
+    # each of those calls raises once as that signal does, deterministically
     script = textwrap.dedent("""
         import os, signal
         from jaxloader.workers import ties
-        real = signal.signal
-        def arriving(signum, handler):
-            old = real(signum, handler)
-            if handler is signal.default_int_handler:
-                raise KeyboardInterrupt  # (the SIGINT sent just then)
-            return old
-        real(signal.SIGINT, ties._left_to_the_trainer)  # (a worker's, where it forks)
-        child = os.fork()
-        if child == 0:
-            signal.signal = arriving
-            try:
-                ties._signals_back()
-            except BaseException:
-                os._exit(5)  # (raised out of the hook: Python would drop it, live on)
-            os._exit(0)
-        status = os.waitpid(child, 0)[1]
-        print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT, status)
+        real = {"signal": signal.signal, "pthread_sigmask": signal.pthread_sigmask}
+        def arriving(name, when):
+            def call(*args):
+                out = real[name](*args)
+                if when(*args):
+                    setattr(signal, name, real[name])  # (once)
+                    raise KeyboardInterrupt  # (the SIGINT sent just then)
+                return out
+            return call
+        cases = {"handler": ("signal", lambda s, h: h is signal.default_int_handler),
+                 "mask": ("pthread_sigmask", lambda how, mask: how != signal.SIG_BLOCK)}
+        for case, (name, when) in cases.items():
+            real["signal"](signal.SIGINT, ties._left_to_the_trainer)  # (a worker's)
+            child = os.fork()
+            if child == 0:
+                setattr(signal, name, arriving(name, when))
+                try:
+                    ties._signals_back_in_child()
+                except BaseException:
+                    os._exit(5)  # (raised out of the hook: Python would drop it, live on)
+                os._exit(0)
+            status = os.waitpid(child, 0)[1]
+            print(case, os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT or
+                  os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT, status)
         """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
-    assert done.stdout.startswith("True"), (done.stdout, done.stderr)
+    assert done.stdout.split()[1::3] == ["True", "True"], (done.stdout, done.stderr)
 
 
 def test_a_child_a_worker_forks_keeps_the_transforms_mask_and_handlers_and_ends_on_sigint(
