@@ -132,15 +132,12 @@ def record_index(index: object, size: int, owner: str, *, from_end: bool = False
         ...
         TypeError: S[2.5]: expected an int in [0, 10), got float; pass an int: source[int(i)]
     """
-    try:
-        if isinstance(index, (bool, np.bool_)) or getattr(  # (True: record 1, where a count
-                getattr(index, "dtype", None), "kind", "") == "b":  # refuses it)
-            raise TypeError
-        at = operator.index(index)  # type: ignore[arg-type]
-    except TypeError:
+    at = scalar_int(index)
+    if isinstance(at, bool) or not isinstance(at, (int, np.integer)):  # (True: record 1)
         span = f"[-{size}, {size})" if from_end else f"[0, {size})"
         raise TypeError(f"{owner}[{index!r:.40}]: expected an int in {span}, got "
-                        f"{type(index).__name__}; pass an int: source[int(i)]") from None
+                        f"{type(index).__name__}; pass an int: source[int(i)]")
+    at = int(at)
     if from_end and -size <= at < 0:
         return at + size
     if not 0 <= at < size:

@@ -80,8 +80,8 @@ class LoaderOptions:
                 f"device_prefetch={self.device_prefetch} without a sharding: batches stay "
                 "NumPy arrays on the host and none is placed ahead; pass sharding= (a device, "
                 "jax.devices()[0], or jaxloader.data_sharding(mesh); a mesh set by "
-                "jax.set_mesh is not used without one: sharding=PartitionSpec('data')) to have them "
-                "placed on a thread ahead of next(), or leave device_prefetch out",
+                "jax.set_mesh is not used without one: sharding=PartitionSpec('data')) to "
+                "have them placed on a thread ahead of next(), or leave device_prefetch out",
                 JaxloaderWarning, stacklevel=user_stacklevel())
         if not isinstance(self.mask_key, str):
             raise ConfigError(
