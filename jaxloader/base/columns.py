@@ -2,7 +2,8 @@
 row, whatever the rows are) and ``DeferredTake`` (rows still to gather, gathered straight into a
 batch's slot); and what a column's dtype is to JAX (``host_only``: none, it stays NumPy;
 ``device_dtype_problem``: none, and a ``Map`` would make one), asked where leaves are placed and
-where a ``JitMap`` takes them; and the memory-mapped file a column views (``memmap_under``).
+where a ``JitMap`` takes them; the memory-mapped file a column views (``memmap_under``) and the
+bytes a view's elements span (``byte_span``: windows overlap).
 
 Example:
     >>> DeferredTake(np.arange(10) * 2, np.array([3, 1])).taken().tolist()
@@ -11,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any, NamedTuple
 
@@ -184,3 +186,43 @@ def memmap_under(array: np.ndarray) -> np.memmap | None:
             return base
         base = getattr(base, "base", None)
     return None
+
+
+def byte_span(array: np.ndarray) -> tuple[int, int]:
+    """The address of the lowest byte ``array``'s elements use and how many bytes they span."""
+    start = end = array.__array_interface__["data"][0]
+    for n, stride in zip(array.shape, array.strides):
+        start, end = start + min(0, stride * (n - 1)), end + max(0, stride * (n - 1))
+    return start, end - start + array.itemsize
+
+
+def overlapping(array: np.ndarray) -> bool:
+    """Whether ``array``'s elements share bytes (``sliding_window_view``'s windows, a
+    ``broadcast_to``): a copy of its elements is larger than the bytes it views, up to a
+    window's length times.
+
+    Example:
+        >>> windows = np.lib.stride_tricks.sliding_window_view(np.arange(100.0), 10)
+        >>> overlapping(windows), overlapping(windows.copy()), overlapping(np.arange(3)[::2])
+        (True, False, False)
+    """
+    return array.size > 0 and byte_span(array)[1] < array.nbytes
+
+
+def span_bytes(array: np.ndarray) -> tuple:
+    """An array of overlapping elements as the arguments of ``from_span``: the bytes it spans
+    (a copy), its dtype, shape, first element's place in them and strides."""
+    start, size = byte_span(array)
+    first = array.__array_interface__["data"][0] - start
+    return ctypes.string_at(start, size), array.dtype, array.shape, first, array.strides
+
+
+def from_span(data: bytes, dtype: np.dtype, shape: tuple, first: int, strides: tuple) -> Any:
+    """The read-only view ``span_bytes`` took apart.
+
+    Example:
+        >>> windows = np.lib.stride_tricks.sliding_window_view(np.arange(6), 3)
+        >>> from_span(*span_bytes(windows)).tolist()
+        [[0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 5]]
+    """
+    return np.ndarray(shape, dtype, buffer=data, offset=first, strides=strides)

@@ -16,6 +16,7 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import block_starts_of, lengths_of, origin_of
 from jaxloader.base.checks import check_indices, record_index
+from jaxloader.base.columns import memmap_under, overlapping
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.base.read_threads import each, item_of, tag_item
 from jaxloader.sources.arrays import ArraySource
@@ -74,7 +75,8 @@ class ConcatSource:
         """Alike parts of plain in-memory arrays cross to workers joined, one array a leaf:
         the worker payload copies each part into its rows of one shared-memory segment (no
         more memory than the parts copied apart), so a worker gathers a batch with one
-        ``take`` a leaf. Memory-mapped parts cross as their files, never joined."""
+        ``take`` a leaf. Memory-mapped parts cross as their files and windows as the bytes they
+        span, never joined (``_joinable``)."""
         state = dict(self.__dict__)
         if self.joined is None and _joinable(self.sources):
             parts = cast("list[ArraySource]", self.sources)  # (joinable: ArraySources all)
@@ -236,9 +238,12 @@ def _alike_arrays(sources: list) -> bool:
 
 
 def _joinable(sources: list) -> bool:
-    """Alike ``ArraySource`` parts, each its own, of plain in-memory arrays."""
+    """Alike ``ArraySource`` parts, each its own, of plain in-memory arrays: not views of a
+    memory-mapped file (which cross as it), nor of overlapping elements (windows over a
+    series, which cross as the bytes they span: joined, each window was copied whole)."""
     return (_alike_arrays(sources) and len({id(s) for s in sources}) == len(sources)
-            and all(type(a) is np.ndarray for s in sources for a in s.arrays))
+            and all(type(a) is np.ndarray and memmap_under(a) is None and not overlapping(a)
+                    for s in sources for a in s.arrays))
 
 
 class JoinedArrays:

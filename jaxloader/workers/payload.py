@@ -42,7 +42,8 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
-from jaxloader.base.columns import memmap_under
+from jaxloader.base.columns import (byte_span, from_span, memmap_under, overlapping,
+                                    span_bytes)
 from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
 from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
@@ -66,14 +67,17 @@ def global_random(name: str) -> Any:
 
 
 class GlobalsByName(cloudpickle.Pickler):
-    """cloudpickle's pickler, the global random generators by name (``global_random``)."""
+    """cloudpickle's pickler, the global random generators by name (``global_random``), and a
+    view of overlapping elements as the bytes it spans (``span_bytes``)."""
 
     def reducer_override(self, obj: Any) -> Any:
         if obj is getattr(random, "_inst", None):
             return global_random, ("random",)
         if obj is getattr(np.random.mtrand, "_rand", None):
             return global_random, ("numpy",)
-        return super().reducer_override(obj)
+        if type(obj) is np.ndarray and not obj.dtype.hasobject and overlapping(obj):
+            return from_span, span_bytes(obj)  # (windows: the bytes under them, not a copy
+        return super().reducer_override(obj)  # of each, which NumPy's own pickle makes)
 
 
 def dumps_by_value(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
@@ -121,7 +125,7 @@ class _Pickler(GlobalsByName):
                 or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
             return None
         ref, _ = self._shared.get(id(obj), (None, None))
-        if ref is None and type(obj) is not JoinedArrays and _span(obj)[1] < obj.nbytes:
+        if ref is None and type(obj) is not JoinedArrays and overlapping(obj):
             ref = self._share_span(obj)
         if ref is None:
             segment = self._make(obj.nbytes)
@@ -173,7 +177,7 @@ class _Pickler(GlobalsByName):
         """A view whose elements overlap (``sliding_window_view``'s windows, a
         ``broadcast_to``) crosses as the bytes it spans and its strides: a copy of its
         elements would be up to a window's length times larger."""
-        start, size = _span(obj)
+        start, size = byte_span(obj)
         segment = self._make(size)
         np.ndarray(size, np.uint8, buffer=segment.memory)[:] = np.ctypeslib.as_array(
             (ctypes.c_ubyte * size).from_address(start))
@@ -270,14 +274,6 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
             helper.join()
     if errors:  # a part not copied must not pass for shared data
         raise errors[0]
-
-
-def _span(array: np.ndarray) -> tuple[int, int]:
-    """The address of the lowest byte ``array``'s elements use and how many bytes they span."""
-    start = end = array.__array_interface__["data"][0]
-    for n, stride in zip(array.shape, array.strides):
-        start, end = start + min(0, stride * (n - 1)), end + max(0, stride * (n - 1))
-    return start, end - start + array.itemsize
 
 
 def _as_its_file(array: np.ndarray, mm: np.memmap, mappings: "_Mappings") -> tuple | None:

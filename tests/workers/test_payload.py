@@ -257,6 +257,43 @@ def test_parts_not_joined_when_memory_mapped_or_repeated(tmp_path):
     assert plain.joined.arrays[0].tolist() == [0, 1, 2, 3, 4, 0, -1, -2, -3, -4]
 
 
+
+@pytest.mark.parametrize("steps", [SHARE_MIN_BYTES // 8, 200])  # shared, then pickled, each
+def test_windows_of_several_series_cross_as_the_bytes_they_span(tmp_path, steps):
+    # one ArraySource of windows a series, joined by ConcatSource or jl.mix: alike parts were
+    # joined, each window copied whole into one memory file (a window's length times the
+    # series); windows too small to share were pickled element by element, by Ray's too
+    import pickle
+
+    import jaxloader as jl
+    from jaxloader.workers.payload import dumps_by_value
+
+    np.save(tmp_path / "s.npy", np.arange(steps * 2, dtype=np.float32).reshape(-1, 2))
+    series = [np.arange(steps * 2, dtype=np.float32).reshape(-1, 2) + k for k in range(2)]
+    series.append(np.load(tmp_path / "s.npy", mmap_mode="r"))
+    windows = [np.moveaxis(np.lib.stride_tricks.sliding_window_view(s, 60, axis=0), -1, 1)
+               for s in series]
+    real = sum(s.nbytes for s in series)
+    assert sum(w.nbytes for w in windows) > 40 * real
+    for source in (jl.ConcatSource([jl.ArraySource({"x": w}) for w in windows]),
+                   jl.mix([jl.ArraySource({"x": w[:, :48], "y": w[:, 48:]}) for w in windows],
+                          [1, 1, 1])):
+        segments: list = []
+        blob = dumps(source, segments.append)
+        try:
+            assert len(blob) + sum(seg.size for seg in segments) < 3 * real + 65536
+            out = loads(blob)
+            for part, given in zip(out.sources, source.sources):
+                assert np.array_equal(part[7]["x"], given[7]["x"])
+            del out, part
+        finally:
+            for seg in segments:
+                seg.destroy()
+        by_value = dumps_by_value(source, lambda buffer: True)  # (a Ray actor's payload)
+        assert len(by_value) < 3 * real + 65536
+        out = pickle.loads(by_value)
+        assert np.array_equal(out.sources[1][5]["x"], source.sources[1][5]["x"])
+
 SCRIPT = '''
 import functools
 import numpy as np
