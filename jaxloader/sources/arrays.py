@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError
+from jaxloader.sources.frames import frame_columns, is_data_frame, one_kind_of_numbers
 
 
 class ArraySource:
@@ -38,7 +39,7 @@ class ArraySource:
 
     def __init__(self, tree: Any) -> None:
         if is_data_frame(tree):
-            tree = _frame_columns(tree)
+            tree = frame_columns(tree)
         leaves, self._treedef = tree_lib.flatten(_lists(tree))
         paths = tree_lib.leaf_paths(self._treedef)
         if not leaves:
@@ -46,8 +47,8 @@ class ArraySource:
         arrays = []
         for path, leaf in zip(paths, leaves):
             if is_data_frame(leaf) and type(leaf).__name__ == "Series":
-                leaf = _frame_columns(leaf)  # (its dtype's values, nulls refused: as alone)
-            elif is_data_frame(leaf) and _one_kind_of_numbers(leaf):
+                leaf = frame_columns(leaf)  # (its dtype's values, nulls refused: as alone)
+            elif is_data_frame(leaf) and one_kind_of_numbers(leaf):
                 leaf = leaf.to_numpy()  # (a model's X of one dtype: a matrix loses nothing)
             elif is_data_frame(leaf):  # (np.asarray: one matrix of one dtype, names lost)
                 raise ConfigError(
@@ -134,134 +135,6 @@ class ArraySource:
     def __repr__(self) -> str:
         leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)
         return f"ArraySource({self._len} records; {leaves})"
-
-
-def is_data_frame(x: Any) -> bool:
-    """Whether ``x`` is a pandas or polars ``DataFrame`` or ``Series`` (neither imported)."""
-    kind = type(x)
-    return kind.__module__.split(".")[0] in ("pandas", "polars") and kind.__name__ in (
-        "DataFrame", "Series")
-
-
-def _one_kind_of_numbers(frame: Any) -> bool:
-    """Whether every column of a pandas or polars ``DataFrame`` is of one NumPy dtype of
-    numbers (no nullable or other kind): its ``to_numpy()`` is exact."""
-    kinds = list(frame.dtypes)
-    if type(frame).__module__.startswith("polars"):
-        numeric = all(kind.is_numeric() and kind == kinds[0] for kind in kinds) and not any(
-            column.null_count() for column in frame.get_columns())
-        return bool(kinds) and numeric and type(kinds[0]).__name__ not in (
-            "Decimal", "Int128", "UInt128")  # (no NumPy form)
-    return bool(kinds) and all(isinstance(kind, np.dtype) and kind == kinds[0]
-                               and kind.kind in "biufc" for kind in kinds)
-
-
-def _frame_columns(frame: Any) -> Any:
-    """A ``DataFrame``'s columns as a dict of arrays by position (a ``Series``: its values);
-    a column NumPy cannot hold as numbers is refused, named, with what to do. A polars frame's
-    too (np.asarray of one made a float64 matrix: its ids rounded, its names lost)."""
-    if type(frame).__module__.startswith("polars"):
-        return _polars_column(None, frame) if type(frame).__name__ == "Series" else {
-            name: _polars_column(name, frame.get_column(name)) for name in frame.columns}
-    if type(frame).__name__ == "Series":
-        return _column(None, frame)
-    names = [str(name) for name in frame.columns]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"ArraySource(DataFrame): column names must differ, got {names}; "
-                          "rename the repeated ones (df.columns = [...])")
-    return {name: _column(name, column) for name, (_, column) in zip(names, frame.items())}
-
-
-def _polars_column(name: str | None, column: Any) -> np.ndarray:
-    """A polars column as NumPy (its dtype's: Int64 as int64, Datetime as datetime64, Boolean
-    as bool); one with nulls refused (NumPy would hold them as NaN, integers as floats), a
-    Struct (NumPy made one float64 matrix of its fields: names lost, ids rounded) too."""
-    text = str(column.dtype) in ("String", "Utf8")
-    if column.null_count():
-        value = "''" if text else "0"
-        fill = (f"fill_null({value})" if name is None else
-                f"with_columns(pl.col({name!r}).fill_null({value}))")
-        raise ConfigError(
-            f"{_named(name)} ({column.dtype}) has {column.null_count()} null(s), expected "
-            f"{'strings' if text else 'numbers'} (NumPy would hold them as "
-            f"{'None' if text else 'NaN, and integers as floats'}); fill them "
-            f"(df.{fill}) or drop those rows (df.drop_nulls())")
-    if type(column.dtype).__name__ == "Struct":
-        raise ConfigError(
-            f"{_named(name)} is a {column.dtype}, which NumPy would make one float64 matrix of "
-            "its fields (their names lost, int64 ids past 2**53 rounded); give its fields "
-            f"columns of their own: df.unnest({name or 'column'!r})")
-    try:
-        array = np.asarray(column.to_numpy())
-    except Exception as error:  # noqa: BLE001 - polars' own (Int128: no NumPy dtype)
-        raise ConfigError(f"{_named(name)} ({column.dtype}) has no NumPy form ({error}); cast "
-                          "it to a NumPy dtype (df.cast) or leave it out") from None
-    if array.dtype.hasobject and text:
-        lengths = column.str.len_chars()
-        chars, longest = int(lengths.sum()), int(lengths.max() or 0)
-        wide = 4 * longest * len(array)  # (UTF-32, each as wide as the longest: asked first)
-        if wide > max(_WIDE, 8 * 4 * chars):
-            raise ConfigError(
-                f"{_named(name)} holds {len(array)} strings of {chars} characters in all, "
-                f"which NumPy's fixed width (each as long as the longest, {longest}) would "
-                f"make {wide / 2**20:.0f} MiB; pass df.to_dicts() (records with str leaves), "
-                "datasets.Dataset.from_polars(df), or tokenize the text first")
-        return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
-    if array.dtype.hasobject and name is not None:
-        decimal = type(column.dtype).__name__ == "Decimal"
-        raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
-                          "Python objects (strings, categories, lists, decimals), expected "
-                          "numbers; " + ("cast it (df[col].cast(pl.Float64); pl.Int64 or "
-                                         "pl.UInt64 for whole ids, which floats round)" if
-                                         decimal else "encode it (df[col].to_physical() for "
-                                         "a category's codes), or pass df.to_dicts(), whose "
-                                         "records keep str leaves"))
-    return array
-
-
-_WIDE = 64 * 2**20  # fixed-width strings up to this many bytes are taken, however wide
-
-
-def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Series)
-    """A pandas column as NumPy: a nullable dtype's of numbers (``Int64``, ``Float64``,
-    ``boolean``, pyarrow's) as its NumPy dtype where it has no missing value, refused where it
-    has one (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
-    dtype = getattr(column.dtype, "numpy_dtype", None)
-    numbers = isinstance(dtype, np.dtype) and not dtype.hasobject
-    coded = type(column.dtype).__name__ == "CategoricalDtype"  # (to_numpy: floats, NaN)
-    if (numbers or coded) and not isinstance(column.dtype, np.dtype) and (
-            missing := np.flatnonzero(np.asarray(column.isna()))).size:
-        remedy = (f"fill them (df[{name!r}].fillna(0)) or drop those rows (df.dropna(subset="
-                  f"[{name!r}]))" if name is not None else
-                  "fill them (s.fillna(0)) or drop those rows (s.dropna())")
-        if coded:  # (a fill of -1 among strings: refused next as objects)
-            fill = ("" if column.cat.categories.dtype.kind not in "biuf" else
-                    f"fill them (df[{name!r}].cat.add_categories(-1).fillna(-1)), ")
-            remedy = (f"{fill}take its codes (df[{name!r}].cat.codes: -1 where missing), or "
-                      "drop those rows")
-        raise ConfigError(
-            f"{_named(name)} ({column.dtype}) has {missing.size} missing value(s), in rows "
-            f"{missing[:5].tolist()} (by position), expected numbers (NumPy would hold them as "
-            f"NaN, and integers as floats); {remedy}")
-    array = column.to_numpy(dtype=dtype) if numbers else column.to_numpy()
-    if array.dtype.hasobject and name is not None:  # (a Series': as any leaf of objects)
-        zoned = getattr(column.dtype, "tz", None) is not None
-        rows = len(array) and isinstance(array[0], (np.ndarray, list, tuple))
-        raise ConfigError(
-            f"{_named(name)} has dtype {column.dtype}, which NumPy "
-            "holds as Python objects (strings, categories, dates with a time zone, arrays), "
-            "expected numbers; " + (
-                f"drop the zone (df[{name!r}].dt.tz_convert(None): the instants in UTC, "
-                "datetime64)" if zoned else "it holds an array a row (a molecule's atoms): "
-                "pass df.to_dict('records'), a list of records the loader reads as they are "
-                "(jl.Pad pads rows of other lengths)" if rows else
-                "encode it (df[col].astype('category').cat.codes), or for strings "
-                "pass datasets.Dataset.from_pandas(df), which the loader reads as it is"))
-    return array
-
-
-def _named(name: str | None) -> str:
-    return "ArraySource(Series)" if name is None else f"ArraySource(DataFrame): column {name!r}"
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

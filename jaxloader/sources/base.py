@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.read_threads import each
-from jaxloader.sources.arrays import is_data_frame
+from jaxloader.sources.frames import is_data_frame
 
 
 @runtime_checkable
