@@ -17,14 +17,17 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError
-from jaxloader.sources.frames import frame_columns, is_data_frame, one_kind_of_numbers
+from jaxloader.sources.frames import (arrow_columns, arrow_kind, check_aligned, frame_columns,
+                                     is_data_frame, one_kind_of_numbers)
 
 
 class ArraySource:
     """A pytree (dict, tuple, list, namedtuple) of NumPy arrays with the records along axis 0,
-    or a pandas or polars ``DataFrame``: a dict of its columns, each of its own dtype (a record
-    is a row, ``{"age": ..., "income": ...}``; ``ArraySource(df.to_numpy())`` for one array; a
-    nullable column, ``Int64``, as its NumPy dtype, refused where a value is missing). A masked
+    or a pandas or polars ``DataFrame`` or a pyarrow ``Table``: a dict of its columns, each of
+    its own dtype (a record is a row, ``{"age": ..., "income": ...}``; ``ArraySource(
+    df.to_numpy())`` for one array; a nullable column, ``Int64``, as its NumPy dtype, refused
+    where a value is missing, as a time zone is). pandas leaves are paired by position, and
+    so refused where their indexes differ. A masked
     array with masked values is refused: a batch would not carry its mask. A sequence that is
     not a list (a config's ``ListConfig``) is read as a list, a mapping as a dict.
 
@@ -40,12 +43,22 @@ class ArraySource:
     def __init__(self, tree: Any) -> None:
         if is_data_frame(tree):
             tree = frame_columns(tree)
+        elif arrow_kind(tree) is not None:
+            tree = arrow_columns(tree)
         leaves, self._treedef = tree_lib.flatten(_lists(tree))
         paths = tree_lib.leaf_paths(self._treedef)
         if not leaves:
             raise ConfigError("ArraySource(tree): expected at least one array leaf, got none")
+        check_aligned(paths, leaves)
         arrays = []
         for path, leaf in zip(paths, leaves):
+            if arrow_kind(leaf) == "table":
+                raise ConfigError(
+                    f"ArraySource leaf {path}: an Arrow {type(leaf).__name__} inside the tree; "
+                    "pass the table alone, ArraySource(table), for a dict of its columns a "
+                    "record, or give its columns as leaves ({'x': table['x'], ...})")
+            if arrow_kind(leaf) == "column":  # (np.asarray: a null as NaN, ints as floats)
+                leaf = arrow_columns(leaf, path)
             if is_data_frame(leaf) and type(leaf).__name__ == "Series":
                 leaf = frame_columns(leaf)  # (its dtype's values, nulls refused: as alone)
             elif is_data_frame(leaf) and one_kind_of_numbers(leaf):

@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.read_threads import each
-from jaxloader.sources.frames import is_data_frame
+from jaxloader.sources.frames import arrow_kind, is_data_frame
 
 
 @runtime_checkable
@@ -77,6 +77,11 @@ def check_source(source: Any) -> int:
             f"({', '.join(map(repr, keys))}), which would be read as "
             f"{len(source)} records; {remedy}"
         )
+    if arrow_kind(source) == "table":  # (its [i] is column i)
+        raise ConfigError(
+            f"source: got an Arrow {type(source).__name__} of {source.num_rows} rows, whose [i] "
+            "is its column i, not the record of row i; wrap it: jaxloader.ArraySource(table) "
+            "(a record is a row, a dict of the columns)")
     if is_data_frame(source) and not (type(source).__module__.startswith("polars") and type(
             source).__name__ == "Series"):  # (a polars Series' [i] is its value i: a source)
         kind = type(source).__name__

@@ -10,11 +10,13 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
 from jaxloader.base.errors import ConfigError
+from jaxloader.sources.arrow_numpy import numpy_of
 
 
 def is_data_frame(x: Any) -> bool:
@@ -67,6 +69,13 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
             f"{'strings' if text else 'numbers'} (NumPy would hold them as "
             f"{'None' if text else 'NaN, and integers as floats'}); fill them "
             f"(df.{fill}) or drop those rows (df.drop_nulls())")
+    if getattr(column.dtype, "time_zone", None) is not None:  # (to_numpy: UTC's, unsaid)
+        col = "pl.col(...)" if name is None else f"pl.col({name!r})"
+        raise ConfigError(
+            f"{_named(name)} is {column.dtype}, whose zone NumPy's datetime64 has not (hours "
+            f"of the day would be UTC's); drop the zone (df.with_columns({col}.dt."
+            "convert_time_zone('UTC').dt.replace_time_zone(None)): the instants in UTC), or "
+            "convert to local times first")
     if type(column.dtype).__name__ == "Struct":
         raise ConfigError(
             f"{_named(name)} is a {column.dtype}, which NumPy would make one float64 matrix of "
@@ -107,6 +116,12 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
     """A pandas column as NumPy: a nullable dtype's of numbers (``Int64``, ``Float64``,
     ``boolean``, pyarrow's) as its NumPy dtype where it has no missing value, refused where it
     has one (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
+    if getattr(getattr(column.dtype, "pyarrow_dtype", None), "tz", None) is not None:
+        raise ConfigError(  # (to_numpy gave UTC's datetime64 without a word; NumPy's: objects)
+            f"{_named(name)} has dtype {column.dtype}, whose zone NumPy's datetime64 has not "
+            "(hours of the day would be UTC's); drop the zone ("
+            f"{'s' if name is None else f'df[{name!r}]'}.dt.tz_convert(None): the instants in "
+            "UTC), or convert to local times first")
     dtype = getattr(column.dtype, "numpy_dtype", None)
     numbers = isinstance(dtype, np.dtype) and not dtype.hasobject
     coded = type(column.dtype).__name__ == "CategoricalDtype"  # (to_numpy: floats, NaN)
@@ -143,3 +158,91 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
 
 def _named(name: str | None) -> str:
     return "ArraySource(Series)" if name is None else f"ArraySource(DataFrame): column {name!r}"
+
+
+def arrow_kind(x: Any) -> str | None:
+    """``"table"`` for a pyarrow ``Table`` or ``RecordBatch``, ``"column"`` for an ``Array`` or
+    ``ChunkedArray``, else None (pyarrow not imported: None)."""
+    pa = sys.modules.get("pyarrow")
+    if pa is None or not type(x).__module__.startswith("pyarrow"):
+        return None
+    return ("table" if isinstance(x, (pa.Table, pa.RecordBatch)) else
+            "column" if isinstance(x, (pa.Array, pa.ChunkedArray)) else None)
+
+
+def arrow_columns(data: Any, path: str | None = None) -> Any:
+    """An Arrow table's columns as a dict of NumPy arrays by name (an Arrow array: its values;
+    ``path``: the leaf it is), as a frame's: NumPy made one float64 matrix of a table (names
+    lost, ids past 2**53 rounded) and NaN of a null."""
+    if arrow_kind(data) == "column":
+        return _arrow_column(None, data, path)
+    names = list(data.schema.names)
+    if len(set(names)) != len(names):
+        raise ConfigError(f"ArraySource(Table): column names must differ, got {names}; rename "
+                          "the repeated ones (table.rename_columns([...]))")
+    return {name: _arrow_column(name, data.column(i)) for i, name in enumerate(names)}
+
+
+def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.ndarray:
+    """An Arrow column as NumPy: numbers, booleans and times without a zone as their NumPy
+    dtype, strings fixed-width; nulls, a zone and other types refused, with what to do."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind, named = column.type, (f"ArraySource leaf {path}" if path else "ArraySource(Array)"
+                                if name is None else f"ArraySource(Table): column {name!r}")
+    col = "array" if name is None else f"table[{name!r}]"
+    drop = "drop those rows (table.drop_null())" if name is not None else "drop them"
+    if column.null_count:
+        raise ConfigError(
+            f"{named} ({kind}) has {column.null_count} null(s), expected values (NumPy would "
+            f"hold them as NaN, and integers as floats); fill them (pc.fill_null({col}, 0)) "
+            f"or {drop}")
+    if pa.types.is_timestamp(kind) and kind.tz is not None:
+        raise ConfigError(
+            f"{named} is {kind}, whose zone NumPy's datetime64 has not (hours of the day "
+            f"would be UTC's); drop the zone ({col}.cast(pa.timestamp({kind.unit!r})): the "
+            "instants in UTC), or convert to local times first")
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        lengths = pc.utf8_length(column)
+        chars, longest = pc.sum(lengths).as_py() or 0, pc.max(lengths).as_py() or 0
+        if 4 * longest * len(column) > max(_WIDE, 8 * 4 * chars):
+            raise ConfigError(
+                f"{named} holds {len(column)} strings of {chars} characters in all, which "
+                f"NumPy's fixed width (each as long as the longest, {longest}) would make "
+                f"{4 * longest * len(column) / 2**20:.0f} MiB; pass table.to_pylist() "
+                "(records with str leaves), or tokenize the text first")
+        return np.asarray(column.to_pylist(), dtype=str)
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(
+            kind) or pa.types.is_temporal(kind)):
+        remedy = (f"cast it ({col}.cast(pa.float64()); pa.int64() for whole ids, which "
+                  "floats round)" if pa.types.is_decimal(kind) else
+                  f"decode it ({col}.cast({col}.type.value_type)) or take its codes "
+                  f"({col}.combine_chunks().indices)"
+                  if pa.types.is_dictionary(kind) else "give its fields columns of their "
+                  "own (table.flatten())" if pa.types.is_struct(kind) else
+                  "pass table.to_pylist() (records the loader reads as they are; jl.Pad pads "
+                  "rows of other lengths), or write it to Parquet and read it with "
+                  "ParquetSource")
+        raise ConfigError(f"{named} is {kind}, which NumPy holds as Python objects, expected "
+                          f"numbers; {remedy}")
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    return np.concatenate([numpy_of(chunk) for chunk in chunks]) if chunks else \
+        np.asarray(column.to_numpy())
+
+
+def check_aligned(paths: list[str], leaves: list) -> None:
+    """Refuses pandas leaves of one length whose indexes differ: NumPy pairs their rows by
+    position where pandas pairs them by label (a ``y`` left in its order after ``X`` was
+    sorted or sampled gave features others' labels)."""
+    indexed = [(path, leaf.index) for path, leaf in zip(paths, leaves)
+               if type(leaf).__module__.startswith("pandas") and hasattr(leaf, "index")]
+    for path, index in indexed[1:]:
+        first, labels = indexed[0]
+        if len(index) == len(labels) and not index.equals(labels):
+            raise ConfigError(
+                f"ArraySource: leaves {first} and {path} are pandas objects of other indexes "
+                f"({labels[:4].tolist()}... against {index[:4].tolist()}...), whose rows would "
+                "be paired by position, where pandas pairs them by label; align them "
+                "(y = y.loc[X.index]) or, where their positions pair them, drop the indexes "
+                "(X.reset_index(drop=True), y.reset_index(drop=True))")
