@@ -137,6 +137,38 @@ def test_a_sweeps_new_transforms_are_each_looked_at_though_a_freed_ones_id_comes
     assert unwarned == []
 
 
+
+def _casts_all(r):  # (a whole-tree cast: the pad mask made floats with the rest)
+    return jax.tree.map(lambda x: x.astype(jnp.float32) / 255, r)
+
+
+@pytest.mark.parametrize("kind,fn,workers", [
+    (jl.JitMap, _casts_all, 0),
+    (jl.BatchMap, lambda b: {k: v.astype(np.float32) / 255 for k, v in b.items()}, 2),
+    (jl.BatchMap, lambda b: {**b, "mask": np.ones((len(b["img"]), 16), bool)}, 0)])
+def test_a_transform_that_returns_the_pad_mask_changed_is_warned_of(kind, fn, workers):
+    # a cast of the whole batch made the mask 0 or 1/255 (a loss divided by its sum weighted
+    # records 1/255), an MAE's patch mask took its key (padding then unknown): without a word,
+    # where a transform that leaves it out is warned of
+    source = jl.ArraySource({"img": np.arange(40, dtype=np.uint8).reshape(10, 4)})
+    kept = (jl.BatchMap(lambda b: {k: v if k == "mask" else v.astype(np.float32) / 255
+                                   for k, v in b.items()}), jl.JitMap(lambda r: r))
+    for t, warned in [(kind(fn), True), *((k, False) for k in kept)]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0,
+                               process_count=1, transforms=[t],
+                               num_workers=workers if warned else 0) as loader:
+                last = list(loader)[-1]
+        said = [str(w.message) for w in caught if "leaf changed" in str(w.message)]
+        assert bool(said) == warned, (t, said)
+        if warned:
+            assert re.search(r"returned the 'mask' leaf changed \(given: the pad mask, bool of "
+                             r"shape \(4,\).*returned: (float32 of shape \(4,\)|bool of shape "
+                             r"\(4, 16\)).*leave it out.*mask_key='pad_mask'", said[0]), said
+        else:
+            assert last["mask"].tolist() == [True, True, False, False]
+
 def test_each_jit_map_that_drops_the_mask_is_warned_of_once_across_loaders(monkeypatch):
     # a loader's own copy of a JitMap, freed, left its id to the next loader's copy: the
     # check was skipped for it, silently (6 of 10 candidates of a sweep; the review)

@@ -42,18 +42,24 @@ _SAID: dict[tuple, Any] = {}
 def _dropped_mask(transform: Any, mask_key: str) -> None:
     """Warns, once, that ``transform`` dropped the pad mask and made padded rows as records;
     at the line of its function (in a worker too: the relay says it there)."""
+    named = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(transform))  # (the same in each worker)
+    _warn_at(transform, (
+        f"{named} returned a batch without the {mask_key!r} leaf it was given (False on the "
+        "rows that pad a batch: last_batch='pad', or a pass that ends), and made the padded "
+        "rows as it made records, so they look like records; return it "
+        f"(out[{mask_key!r}] = batch[{mask_key!r}]; in a JitMap, the record's), or use it "
+        "(np.where(batch['mask'], labels, -100))"))
+
+
+def _warn_at(transform: Any, text: str) -> None:
+    """A warning at the line of ``transform``'s function (in a worker too: the relay says it
+    there), or at the caller's where it has none."""
     fn: Any = getattr(transform, "fn", None)
     while isinstance(fn, functools.partial) or hasattr(fn, "__wrapped__"):  # (jax.jit's too)
         fn = fn.func if isinstance(fn, functools.partial) else fn.__wrapped__
     code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
-    named = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(transform))  # (the same in each worker)
-    text = (f"{named} returned a batch without the {mask_key!r} leaf it was given (False "
-            "on the rows that pad a batch: last_batch='pad', or a pass that ends), and made the "
-            "padded rows as it made records, so they look like records; return it "
-            f"(out[{mask_key!r}] = batch[{mask_key!r}]; in a JitMap, the record's), or use it "
-            "(np.where(batch['mask'], labels, -100))")
     if code is None:
-        warnings.warn(text, JaxloaderWarning, stacklevel=3)
+        warnings.warn(text, JaxloaderWarning, stacklevel=4)
     else:
         warnings.warn_explicit(text, JaxloaderWarning, code.co_filename, code.co_firstlineno,
                                getattr(fn, "__module__", None) or "jaxloader")
@@ -147,6 +153,29 @@ def _is_mask(leaf: Any, given: Any) -> bool:
     return values.dtype.kind in "biuf" and bool(np.array_equal(values.reshape(-1) != 0, given))
 
 
+def _same_mask(out: Any, given: np.ndarray) -> bool:
+    """Whether a transform returned the pad mask it was given: bools of its values."""
+    try:
+        out = np.asarray(out)
+    except Exception:  # noqa: BLE001 - (a leaf NumPy cannot take: not the mask)
+        return False
+    return out.dtype == bool and out.shape == given.shape and np.array_equal(out, given)
+
+
+def _changed_mask(transform: Any, mask_key: str, given: np.ndarray, out: Any) -> None:
+    """Warns, once a transform (Python's rule, at the transform's line), that it returned the
+    pad mask changed: a whole-tree cast made it floats, or a mask of its own took its key."""
+    out = np.asarray(out, dtype=object) if not hasattr(out, "dtype") else out
+    named = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(transform))
+    _warn_at(transform, f"{named} returned the {mask_key!r} leaf changed (given: the pad mask, "
+             f"bool of shape {given.shape}, False on the rows that pad a batch; returned: "
+             f"{out.dtype} of shape {np.shape(out)}), so it no longer tells records from "
+             "padding: a cast or map of the whole batch takes it too (leave it out: {k: v if "
+             f"k == {mask_key!r} else f(v) for k, v in batch.items()}}), or a mask of the "
+             f"transform's own took its key (name that one otherwise, or pass "
+             f"mask_key='pad_mask' to the loader)")
+
+
 def _shape(leaf: Any) -> tuple | None:
     """A leaf's shape as NumPy sees it (a Python number's: ``()``), ``None`` where it has none
     (a list of rows of other lengths)."""
@@ -222,6 +251,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         if batch is None:
             raise returned_none(where(), t)
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
+        if kept and isinstance(given, np.ndarray) and not _same_mask(batch[mask_key], given):
+            _changed_mask(t, cast(str, mask_key), given, batch[mask_key])
         if again is not None:  # (a padded batch: found once, not looked for again)
             _say(t, mask_key)
             if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
