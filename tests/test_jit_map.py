@@ -169,6 +169,32 @@ def test_a_transform_that_returns_the_pad_mask_changed_is_warned_of(kind, fn, wo
         else:
             assert last["mask"].tolist() == [True, True, False, False]
 
+
+def _np_offset(r):
+    s = np.random.randint(0, 4)  # (traced once: one offset for every record)
+    return {"first": r["img"][s]}
+
+
+def _key_offset(r, key):
+    return {"first": r["img"][jax.random.randint(key, (), 0, 4)]}
+
+
+def test_a_draw_from_numpys_global_state_as_a_jit_map_is_traced_is_warned_of():
+    # np.random in a JitMap ran once, as it was traced: one crop for every record, another in
+    # each worker, unsaid, where the same line in a Map is watched (the vision audit)
+    source = jl.ArraySource({"img": np.arange(64, dtype=np.float32).reshape(16, 4)})
+    for fn, warned in ((_np_offset, True), (_key_offset, False), (lambda r: r, False)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with jl.DataLoader(source, batch_size=4, process_index=0, process_count=1,
+                               transforms=[jl.JitMap(fn)]) as loader:
+                list(loader)
+        said = [w for w in caught if "as JAX traced it" in str(w.message)]
+        assert bool(said) == warned, [str(w.message) for w in said]
+        if warned:
+            assert said[0].lineno == _np_offset.__code__.co_firstlineno
+            assert "jax.random.randint(key" in str(said[0].message)
+
 def test_each_jit_map_that_drops_the_mask_is_warned_of_once_across_loaders(monkeypatch):
     # a loader's own copy of a JitMap, freed, left its id to the next loader's copy: the
     # check was skipped for it, silently (6 of 10 candidates of a sweep; the review)

@@ -172,6 +172,27 @@ def batch_said(transform: Any) -> None:
         watch[1].say()
 
 
+def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
+    """``call()``, a ``JitMap``'s function as JAX traces it, warned of where it drew from
+    NumPy's or Python's global random state: it runs once, as it is compiled, so the draw is
+    one constant for every record (another in each worker and each run), where the same
+    code in a ``Map`` is watched. Asked on the main thread alone (another may draw)."""
+    before = _draws() if threading.current_thread() is threading.main_thread() else None
+    out = call()
+    if before is not None and _draws() != before:
+        fn = inspect.unwrap(getattr(transform.fn, "func", transform.fn))
+        code = getattr(fn, "__code__", None)
+        warnings.warn_explicit(
+            f"{transform!r} drew from the global random state (np.random.randint, "
+            "random.random, ...) as JAX traced it: a JitMap's function runs once, as it is "
+            "compiled, so that draw is one number for every record, another in each worker "
+            "and each run; draw from the key the JitMap gives (jl.JitMap(lambda record, key: "
+            "... jax.random.randint(key, ...) ...)), or in a RandomMap before it",
+            JaxloaderWarning, code.co_filename if code else "<transform>",
+            code.co_firstlineno if code else 0)
+    return out
+
+
 def _draws() -> tuple | None:
     """Where NumPy's and Python's global generators are (a draw moves them); ``None`` where
     that cannot be asked."""

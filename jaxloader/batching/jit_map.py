@@ -52,6 +52,7 @@ from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place, jax_settings
 from jaxloader.batching.jit_outputs import (aliases, host_leaves, leaf_order, record_kind,
                                              write_rows)
+from jaxloader.batching.global_draws import traced_call
 from jaxloader.batching.jit_errors import code_of, error_text, user_line
 from jaxloader.batching.record_columns import batch_columns
 
@@ -243,8 +244,8 @@ class JitMap:
 
             def traced(record: Any, *raw: Any) -> Any:
                 try:
-                    out = fn(record, jax.random.wrap_key_data(raw[0], impl="threefry2x32")) \
-                        if random else fn(record)
+                    out = traced_call(self, lambda: fn(record, jax.random.wrap_key_data(
+                        raw[0], impl="threefry2x32")) if random else fn(record))
                 except Exception as e:  # the user's line, before JAX filters the traceback
                     setattr(e, "jaxloader_line", user_line(e, fn, file))
                     raise
