@@ -221,6 +221,10 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
             elif _scalar_dtype(v) is not None and (dtype := _scalar_dtype(values[0])) is not None:
                 fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
                        f"'{dtype}'), say)")
+            elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
+                    v.shape == values[0].shape:  # (told to pad: Pad and batch_size=1 refuse)
+                fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
+                       f"'{values[0].dtype}'), say)")
             elif _image_modes(values[0], v):
                 fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
                        "convert each as it is decoded, Image.open(...).convert('RGB')")
