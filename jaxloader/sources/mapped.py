@@ -42,7 +42,7 @@ from jaxloader.base.checks import check_bool, record_index
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digests, warn_hashing
-from jaxloader.sources.fingerprint import combined
+from jaxloader.sources.fingerprint import combined, reads_alike
 from jaxloader.sources.huggingface import adapt
 
 
@@ -176,7 +176,10 @@ class MapSource:
 
     @property
     def fingerprint(self) -> str:
-        """The source's fingerprint and the function's code."""
+        """The source's fingerprint and the function's code; record 0 read twice through it
+        first (a function that draws as it maps is warned of, as a source that draws is)."""
+        if len(self) and not digest_level():
+            reads_alike(self, f"{self!r}'s")
         return combined("map", len(self), [self.source], self._fn_digests[digest_level()],
                         b"batched" if self.batched else b"records")
 

@@ -272,3 +272,29 @@ def test_a_batched_map_of_tuples_or_nested_dicts_gives_one_record_by_index():
     assert nested[3] == {"n": {"x": 4}, "a": 3}
     loader = jl.DataLoader(nested, batch_size=10, process_index=0, process_count=1)
     assert next(iter(loader))["n"]["x"][3] == nested[3]["n"]["x"]
+
+
+def _draws(record):
+    return {**record, "noise": np.random.random()}  # (not the loader's numbers)
+
+
+def _held(generator):
+    return lambda record: {**record, "noise": generator.random()}
+
+
+def test_a_function_that_draws_as_it_maps_is_warned_of_at_a_state():
+    # a MapSource's function drawing from np.random, or from a generator it holds, gave
+    # other batches with 0 and 2 workers and after a restore, without a word: its fingerprint
+    # is the function's code, so the records were never read twice as a source's are
+    source = jl.ArraySource({"x": np.arange(16.0)})
+    for fn, warned in ((_draws, True), (_held(np.random.default_rng(0)), True),
+                       (lambda r: {**r, "y": r["x"] * 2}, False)):
+        loader = jl.DataLoader(jl.MapSource(source, fn), batch_size=4)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader.state_dict()
+        said = [str(w.message) for w in caught if "read twice" in str(w.message)]
+        assert bool(said) == warned, said
+        if warned:
+            assert said[0].startswith("MapSource(ArraySource(16 records")
+            assert "its function" in said[0] and "is refused" not in said[0]
