@@ -108,7 +108,8 @@ def take_the_trainers(argv: list[str]) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             try:
-                reconfigure(line_buffering=True)
+                reconfigure(line_buffering=True, write_through=False)  # (python -u's: each
+                # piece of a print one write, two workers' lines cut into each other)
             except (OSError, ValueError):  # (closed, or not a text stream of io's)
                 pass
 

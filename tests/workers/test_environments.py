@@ -494,6 +494,21 @@ def test_a_workers_print_output_to_a_file_is_kept_when_it_is_stopped(tmp_path):
     assert {f"debug {i}" for i in (0, 1, 2, 3, 4, 5)} <= set(printed), printed
 
 
+
+def test_a_workers_print_is_one_write_a_line_under_pythonunbuffered(tmp_path):
+    # PYTHONUNBUFFERED=1 (Docker images, this machine) left write_through on: print("a", b)
+    # wrote each piece apart, and two workers' lines came out cut into each other
+    out, err, code = run(tmp_path, """
+        import sys
+        def states(r):
+            return {"y": np.array([sys.stdout.line_buffering, sys.stdout.write_through,
+                                   sys.stderr.write_through])}
+        with loader([jl.Map(states)], num_workers=1) as ld:
+            print(next(iter(ld))["y"][0].tolist())
+        """, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert code == 0, err
+    assert out.split("\n")[0] == "[True, False, False]", (out, err)
+
 def test_an_error_of_a_class_the_script_defines_is_the_cause_with_workers(tmp_path):
     # pickle names a class by its module, and a worker's __main__ has no such class: the
     # chain ended at the RecordError with workers (except MyError caught it with 0 workers)
