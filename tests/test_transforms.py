@@ -32,6 +32,27 @@ def test_record_rng_streams_differ_by_position_epoch_and_transform():
     assert len(set(draws.values())) == len(draws)
 
 
+
+def test_a_random_map_that_spawns_from_its_rng_is_told_what_works():
+    # NumPy's way to independent streams, rng.spawn(2), raised NumPy's own message alone
+    # (the vision audit: two views of a record); the remedy's generators, as written
+    import jaxloader as jl
+
+    def spawned(record, rng):
+        views = rng.spawn(2)
+        return {"a": views[0].random(), "b": views[1].random()}
+
+    def made(record, rng):
+        views = [np.random.default_rng(s) for s in rng.integers(2**63, size=2)]
+        return {"a": views[0].random(), "b": views[1].random()}
+
+    source = jl.ArraySource({"x": np.arange(8)})
+    with pytest.raises(jl.RecordError, match=r"spawning.*\[np.random.default_rng\(s\) for s in "
+                                             r"rng.integers\(2\*\*63, size=2\)\]"):
+        next(iter(jl.DataLoader(source, batch_size=4, transforms=[jl.RandomMap(spawned)])))
+    batch = next(iter(jl.DataLoader(source, batch_size=4, transforms=[jl.RandomMap(made)])))
+    assert (batch["a"] != batch["b"]).all()
+
 def test_split_transforms_order_and_types():
     m, b = jl.Map(abs), jl.BatchMap(abs)
     record, batch = split_transforms([m, len, b])

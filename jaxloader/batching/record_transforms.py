@@ -125,11 +125,17 @@ class RecordTransforms:
 
 
 def read_only_hint(e: Exception) -> str:
-    """What to do about a transform that wrote into a read-only record (else nothing)."""
+    """What to do about a transform that wrote into a read-only record, or spawned from a
+    ``RandomMap``'s generator (else nothing)."""
     if isinstance(e, ValueError) and "read-only" in str(e):
         return (" (source records are read-only views, shared with the workers and the "
                 "source itself, as is a JitMap's output of one chunk: copy what you change, "
                 "e.g. r['x'].copy() or np.array(r['x']))")
+    if isinstance(e, TypeError) and "does not implement spawning" in str(e):
+        return (" (a RandomMap's rng is a Philox keyed by the seed, epoch and record, which "
+                "NumPy cannot spawn from: draw each view's numbers from rng itself, or make "
+                "generators of it, [np.random.default_rng(s) for s in rng.integers(2**63, "
+                "size=2)])")
     return ""
 
 
