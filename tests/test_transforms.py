@@ -53,6 +53,23 @@ def test_a_random_map_that_spawns_from_its_rng_is_told_what_works():
     batch = next(iter(jl.DataLoader(source, batch_size=4, transforms=[jl.RandomMap(made)])))
     assert (batch["a"] != batch["b"]).all()
 
+
+@pytest.mark.parametrize("made", ["map", "source", "batch", "jit"])
+def test_a_batch_of_no_leaves_is_refused_naming_what_made_it(made):
+    # {} from a Map, a MapSource, a BatchMap or a JitMap gave the training step {} batches,
+    # without a word (the vision audit's JitMap)
+    import jaxloader as jl
+
+    source = jl.ArraySource({"x": np.arange(8)})
+    empty = {"map": [jl.Map(lambda r: {})], "source": [], "batch": [jl.BatchMap(lambda b: {})],
+             "jit": [jl.JitMap(lambda r: {})]}[made]
+    if made == "source":
+        source = jl.MapSource(source, lambda r: {})
+    named = r"its records have no leaves \(\{\}\): the source or a Map" if made in (
+        "map", "source") else r"(BatchMap|JitMap)\(.*<lambda>\) returned a batch of no leaves"
+    with pytest.raises(jl.RecordError, match=r"step 0 .*" + named):
+        next(iter(jl.DataLoader(source, batch_size=4, transforms=empty)))
+
 def test_split_transforms_order_and_types():
     m, b = jl.Map(abs), jl.BatchMap(abs)
     record, batch = split_transforms([m, len, b])

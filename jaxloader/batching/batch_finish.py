@@ -194,6 +194,10 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     positions)`` of its records, a ``JitMap``'s keys; ``mask_key``: the pad mask's leaf,
     which a transform that leaves it out is warned of. Each transform's seconds go to
     ``clock`` under its name, taken off its collation (which the caller times whole)."""
+    if not columns:  # (a batch of nothing, given to the training step without a word)
+        raise RecordError(f"{where()}: its records have no leaves ("
+                          f"{tree_lib.unflatten(treedef, [])!r}): the source or a Map returned "
+                          "an empty record; return the arrays a step needs (a dict of them)")
     if not batch_transforms:
         return collate.materialize(treedef, columns, alloc)
     seed, epoch, positions = keyed
@@ -250,6 +254,9 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             clock.add_sampled(COLLATE, -spent)
         if batch is None:
             raise returned_none(where(), t)
+        if not tree_lib.flatten(batch)[0]:
+            raise RecordError(f"{where()}: {t!r} returned a batch of no leaves ({batch!r}); "
+                              "return the arrays a step needs (a dict of them)")
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
         if kept and isinstance(given, np.ndarray) and not _same_mask(batch[mask_key], given):
             _changed_mask(t, cast(str, mask_key), given, batch[mask_key])
