@@ -294,3 +294,21 @@ def test_leaves_with_an_axis_of_no_values_are_batched():
                                               r"of shape \(0, 0\).*np.reshape\(x, \(-1, 4\)\)"):
         next(iter(jl.DataLoader(empty, batch_size=4, transforms=[jl.Pad("e", length=4)])))
     # empty lists of lists, padded: (4, 4, 0) where other batches had (4, 4, 4), silently)
+
+
+def test_a_scipy_sparse_leaf_is_told_to_be_made_dense():
+    # a BatchMap's OneHotEncoder output was "expected 4 rows, got shape ()" (np.asarray of it:
+    # one object), and a record's was told np.asarray(x), which makes the same object
+    sparse = pytest.importorskip("scipy.sparse")
+    import jaxloader as jl
+
+    source = jl.ArraySource({"x": np.arange(8)})
+    for t, where in ((jl.BatchMap(lambda b: {"oh": sparse.csr_matrix(np.eye(4, 3))}),
+                      r"a SciPy sparse csr_matrix of shape \(4, 3\)"),
+                     (jl.Map(lambda r: {"oh": sparse.csr_matrix(np.eye(1, 3))}),
+                      r"record position 0 holds a scipy.sparse.*csr_matrix")):
+        with pytest.raises(CollateError, match=where + r".*x.toarray\(\)"):
+            next(iter(jl.DataLoader(source, batch_size=4, transforms=[t])))
+    dense = jl.Map(lambda r: {"oh": sparse.csr_matrix(np.eye(1, 3)).toarray()[0]})
+    assert next(iter(jl.DataLoader(source, batch_size=4, transforms=[dense])))["oh"].shape == (
+        4, 3)

@@ -130,6 +130,8 @@ def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
     if type(value).__module__ == "__main__":
         hint = (" (a class from __main__ or a notebook reaches worker processes by value, "
                 "without its JAX registration: define it in a module, or use num_workers=0)")
+    elif _is_sparse(value):
+        hint = f" ({_SPARSE})"
     elif type(value).__qualname__ == "Decimal" and value == value.to_integral_value():
         hint = (f" ({value} is a whole number: ids written as DECIMAL(20, 0), uint64 in Hive "
                 "and Spark, lose their last digits as floats; np.uint64(int(x)) or "
@@ -146,6 +148,14 @@ def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
         "its class as a JAX "
         f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
     )
+
+
+def _is_sparse(value: Any) -> bool:
+    return type(value).__module__.startswith("scipy.sparse") and hasattr(value, "toarray")
+
+
+_SPARSE = ("make it dense: x.toarray() (scikit-learn's encoders: sparse_output=False), or give "
+           "its parts as leaves (x.indices, x.data: jl.Pad pads them to the batch's longest)")
 
 
 # what an array of objects a source or a batch transform gives may hold: strings, bytes, arrays
@@ -321,6 +331,10 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
         if isinstance(leaf, np.ma.MaskedArray):  # (np.asarray drops its mask)
             _refuse_masked(path, [leaf], None, "the batch's column")
+        if _is_sparse(leaf):  # (np.asarray: one object, "got shape ()")
+            raise CollateError(f"batch leaf {path}: a SciPy sparse {type(leaf).__name__} of "
+                               f"shape {leaf.shape}, which no batch holds; "
+                               f"{_SPARSE.split(', or give')[0]}")
         array = np.asarray(leaf)
         if array.ndim == 0 or array.shape[0] != size:
             listed = ("; a list or tuple in a batch is a pytree node, not a column: give a "
