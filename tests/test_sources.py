@@ -251,7 +251,7 @@ def test_polars_structs_long_text_and_frames_of_one_dtype_in_a_tree():
     decimals = pl.DataFrame({"d": pl.Series(["1.5", "2.25"]).str.to_decimal()})
     with pytest.raises(jl.ConfigError, match=r"DataFrame inside the tree"):  # (no NumPy form)
         jl.ArraySource({"X": decimals})
-    with pytest.raises(jl.ConfigError, match=r"cast it \(df\[col\].cast\(pl.Float64\)"):
+    with pytest.raises(jl.ConfigError, match=r"cast it \(df\['d'\].cast\(pl.Float64\)"):
         jl.ArraySource(decimals)  # (told a category's codes)
     with pytest.raises(jl.ConfigError, match=r"would make 3819 MiB"):  # (asked before NumPy
         jl.ArraySource(pl.DataFrame({"t": ["a"] * 1000 + ["x" * 1_000_000]}))  # makes it)

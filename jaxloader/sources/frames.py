@@ -98,14 +98,9 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
                 "datasets.Dataset.from_polars(df), or tokenize the text first")
         return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
     if array.dtype.hasobject and name is not None:
-        decimal = type(column.dtype).__name__ == "Decimal"
         raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
                           "Python objects (strings, categories, lists, decimals), expected "
-                          "numbers; " + ("cast it (df[col].cast(pl.Float64); pl.Int64 or "
-                                         "pl.UInt64 for whole ids, which floats round)" if
-                                         decimal else "encode it (df[col].to_physical() for "
-                                         "a category's codes), or pass df.to_dicts(), whose "
-                                         "records keep str leaves"))
+                          f"numbers; {_polars_remedy(name, type(column.dtype).__name__)}")
     return array
 
 
@@ -141,19 +136,51 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
             f"NaN, and integers as floats); {remedy}")
     array = column.to_numpy(dtype=dtype) if numbers else column.to_numpy()
     if array.dtype.hasobject and name is not None:  # (a Series': as any leaf of objects)
-        zoned = getattr(column.dtype, "tz", None) is not None
-        rows = len(array) and isinstance(array[0], (np.ndarray, list, tuple))
         raise ConfigError(
             f"{_named(name)} has dtype {column.dtype}, which NumPy "
             "holds as Python objects (strings, categories, dates with a time zone, arrays), "
-            "expected numbers; " + (
-                f"drop the zone (df[{name!r}].dt.tz_convert(None): the instants in UTC, "
-                "datetime64)" if zoned else "it holds an array a row (a molecule's atoms): "
-                "pass df.to_dict('records'), a list of records the loader reads as they are "
-                "(jl.Pad pads rows of other lengths)" if rows else
-                "encode it (df[col].astype('category').cat.codes), or for strings "
-                "pass datasets.Dataset.from_pandas(df), which the loader reads as it is"))
+            f"expected numbers; {_pandas_remedy(name, column, array)}")
     return array
+
+
+def _polars_remedy(name: str, kind: str) -> str:
+    """What to do with a polars column of ``kind`` NumPy holds as objects."""
+    col = f"df[{name!r}]"
+    return {"Decimal": f"cast it ({col}.cast(pl.Float64); pl.Int64 or pl.UInt64 for whole "
+                       "ids, which floats round)",
+            "Categorical": f"take its codes ({col}.to_physical())",
+            "Enum": f"take its codes ({col}.to_physical())",
+            "Time": f"make it numbers ({col}.cast(pl.Int64): nanoseconds since midnight)",
+            "List": f"pass df.to_dicts(), records the loader reads as they are (jl.Pad pads "
+                    f"lists of other lengths), or, all of one length n, {col}.list.to_array(n)"
+            }.get(kind, "pass df.to_dicts(), whose records keep str, bytes and other leaves")
+
+
+def _pandas_remedy(name: str, column: Any, array: np.ndarray) -> str:
+    """What to do with a pandas column NumPy holds as objects."""
+    col, kind = f"df[{name!r}]", type(column.dtype).__name__
+    first = next((v for v in array if v is not None and not (isinstance(v, float) and v != v)),
+                 None)  # (not None, nor NaN)
+    if getattr(column.dtype, "tz", None) is not None:
+        return f"drop the zone ({col}.dt.tz_convert(None): the instants in UTC, datetime64)"
+    if isinstance(first, (np.ndarray, list, tuple)):
+        return ("it holds an array a row (a molecule's atoms): pass df.to_dict('records'), a "
+                "list of records the loader reads as they are (jl.Pad pads rows of other "
+                "lengths)")
+    if kind == "CategoricalDtype":
+        return f"take its codes ({col}.cat.codes)"
+    if kind == "PeriodDtype":
+        return f"make it times ({col}.dt.to_timestamp(): datetime64) or numbers ({col}.dt.year)"
+    if kind == "IntervalDtype":
+        return f"give its ends columns of their own ({col}.array.left, {col}.array.right)"
+    if type(first).__qualname__ == "Decimal":
+        return (f"cast it ({col}.astype(float); 'int64' or 'uint64' for whole ids, which "
+                "floats round)")
+    if isinstance(first, str):
+        fill = ".fillna('')" if column.isna().any() else ""  # (else 'None' and 'nan')
+        return (f"for its strings as a leaf, {col}{fill}.to_numpy(dtype=str) (fixed width), or "
+                "pass datasets.Dataset.from_pandas(df), which the loader reads as it is")
+    return f"encode it ({col}.astype('category').cat.codes), or pass df.to_dict('records')"
 
 
 def _named(name: str | None) -> str:

@@ -111,3 +111,35 @@ def test_a_time_zone_is_refused_on_every_pandas_and_polars_path():
         jl.ArraySource(table)
     assert jl.ArraySource({"t": table["t"].cast(pa.timestamp('s'))})[0]["t"] == np.datetime64(
         0, "s")
+
+
+def _frames():
+    import datetime
+    import decimal
+
+    pd = pytest.importorskip("pandas")
+    pl = pytest.importorskip("polars")
+    return [  # (each remedy was the same "encode it as a category's codes", or to_physical())
+        (pd.DataFrame({"c": [decimal.Decimal("1.5"), decimal.Decimal("2")]}),
+         "df['c'].astype(float)"),
+        (pd.DataFrame({"c": pd.period_range("2020", periods=2, freq="M")}),
+         "df['c'].dt.to_timestamp()"),
+        (pd.DataFrame({"c": pd.interval_range(0, 2)}), "df['c'].array.left"),
+        (pd.DataFrame({"c": pd.Categorical(["a", "b"])}), "df['c'].cat.codes"),
+        (pd.DataFrame({"c": ["a", None]}), "df['c'].fillna('').to_numpy(dtype=str)"),
+        (pl.DataFrame({"c": [datetime.time(1, 2), datetime.time(3)]}),
+         "df['c'].cast(pl.Int64)"),
+        (pl.DataFrame({"c": pl.Series(["a", "b"], dtype=pl.Categorical)}),
+         "df['c'].to_physical()"),
+        (pl.DataFrame({"c": [[1, 2], [3, 4]]}), "df['c'].list.to_array(2)"),
+    ]
+
+
+def test_a_column_numpy_holds_as_objects_is_told_the_remedy_of_its_kind():
+    pl = pytest.importorskip("polars")
+    for df, call in _frames():
+        with pytest.raises(jl.ConfigError, match=r"column 'c' has dtype") as said:
+            jl.ArraySource(df)
+        assert call.replace("(2)", "(n)") in str(said.value), (call, str(said.value))
+        fixed = eval(call, {"df": df, "pl": pl})  # (as the message writes it)
+        assert len(jl.ArraySource({"c": fixed})) == 2
