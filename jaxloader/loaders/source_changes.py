@@ -44,3 +44,24 @@ def source_differences(then: str, now: str, same_size: bool = True) -> list[str]
                 "hash makes anew each run: pass it new_fingerprint=): make the source the same "
                 "way as the run that saved the state"]
     return []
+
+
+def reordered(then: object, now: object) -> list[str]:
+    """A note where two record specs (``record_spec``: ``"['a']: int64(); ..."``) hold the
+    same leaves in another order: a frame's columns selected in another order, whose records
+    are the same dicts, though their fingerprint differs.
+
+    Example:
+        >>> reordered("['a']: int64(); ['b']: f()", "['b']: f(); ['a']: int64()")[0][:43]
+        "the records' leaves are the same in another"
+    """
+    if not (isinstance(then, str) and isinstance(now, str)) or then == now:
+        return []
+    saved, given = then.split("; "), now.split("; ")
+    if sorted(saved) != sorted(given):
+        return []
+    paths = [item.split(": ", 1)[0] for item in saved]
+    names = [p[2:-2] for p in paths if p.startswith("['") and p.endswith("']")]
+    frame = f" (a frame: df[{names!r}])" if len(names) == len(paths) else ""
+    return [f"the records' leaves are the same in another order: give them in the order saved, "
+            f"{', '.join(paths)}{frame}"]

@@ -29,7 +29,7 @@ from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.loaders.older_states import check_mixture_order
-from jaxloader.loaders.source_changes import source_differences
+from jaxloader.loaders.source_changes import reordered, source_differences
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.code_digest import code_digest
@@ -57,9 +57,7 @@ def make_state(sampler: Order, step: int, fingerprint: dict[str, Any],
         "step": int(step),
         "num_records": sampler.num_records,
         "global_batch_size": sampler.global_batch_size,
-        "seed": sampler.seed,
-        "shuffle": sampler.shuffle,
-        "last_batch": sampler.last_batch,
+        "seed": sampler.seed, "shuffle": sampler.shuffle, "last_batch": sampler.last_batch,
         **fingerprint,
         **sampler.extra_state(),  # a mixture's weights
         # Informational: a restore may use another split of the same global batch.
@@ -301,6 +299,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
              for k in compared if state.get(k) != expected.get(k)]
     grown = state.get("num_records") != sampler.num_records
     diffs += source_differences(str(state.get("source")), str(expected.get("source")), not grown)
+    diffs += reordered(state.get("record_spec"), expected.get("record_spec"))
     if (grown or state.get("record_hash") != expected.get("record_hash")) and \
             state.get("record_spec") == expected.get("record_spec") is not None:
         diffs.append("records appended or removed (a buffer that grew: a new loader reads it "

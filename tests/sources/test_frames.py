@@ -143,3 +143,15 @@ def test_a_column_numpy_holds_as_objects_is_told_the_remedy_of_its_kind():
         assert call.replace("(2)", "(n)") in str(said.value), (call, str(said.value))
         fixed = eval(call, {"df": df, "pl": pl})  # (as the message writes it)
         assert len(jl.ArraySource({"c": fixed})) == 2
+
+
+def test_a_restore_over_a_frames_columns_in_another_order_says_so_and_the_order_saved():
+    # refused (its fingerprint hashes the leaves in order), told only that the specs differ
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": [1, 2, 3, 4], "b": [0.5, 1.0, 2.0, 3.0]})
+    state = jl.DataLoader(jl.ArraySource(df), batch_size=2).state_dict()
+    with pytest.raises(jl.StateDictError, match=r"same in another order: give them in the "
+                                                r"order saved, \['a'\], \['b'\] \(a frame: "
+                                                r"df\[\['a', 'b'\]\]\)"):
+        jl.DataLoader(jl.ArraySource(df[["b", "a"]]), batch_size=2).load_state_dict(state)
+    jl.DataLoader(jl.ArraySource(df[['a', 'b']]), batch_size=2).load_state_dict(state)
