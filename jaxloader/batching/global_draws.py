@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning
+from jaxloader.base.random_state import brief, draws
 from jaxloader.batching.held_generators import held_generators
 
 WATCHED = 16  # records a loader's transforms are watched on, in each process
@@ -79,7 +80,7 @@ class DrawWatch:
         searched = [False]  # (again after its first call: a module it imports then, in a
 
         def call(*args: Any) -> Any:  # fresh worker, from augs import TRAIN, held its own)
-            before, states = _draws(), [_state(g) for _, g in held]
+            before, states = draws(), [_state(g) for _, g in held]
             out = fn(*args)
             moved = [where for (where, g), state in zip(held, states) if _state(g) != state]
             if not searched[0]:
@@ -89,7 +90,7 @@ class DrawWatch:
                     self.transforms[index:index + 1]) if id(g) not in known)
             if moved:
                 self._from[index] = moved[0]
-            if moved or before is not None and _draws() != before:
+            if moved or before is not None and draws() != before:
                 self._drawn(index)
             return out
         return call
@@ -177,9 +178,9 @@ def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
     NumPy's or Python's global random state: it runs once, as it is compiled, so the draw is
     one constant for every record (another in each worker and each run), where the same
     code in a ``Map`` is watched. Asked on the main thread alone (another may draw)."""
-    before = _draws() if threading.current_thread() is threading.main_thread() else None
+    before = draws() if threading.current_thread() is threading.main_thread() else None
     out = call()
-    if before is not None and _draws() != before:
+    if before is not None and draws() != before:
         fn = inspect.unwrap(getattr(transform.fn, "func", transform.fn))
         code = getattr(fn, "__code__", None)
         warnings.warn_explicit(
@@ -193,27 +194,6 @@ def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
     return out
 
 
-def _draws() -> tuple | None:
-    """Where NumPy's and Python's global generators are (a draw moves them); ``None`` where
-    that cannot be asked."""
-    try:
-        numpy = np.random.get_state(legacy=False)  # (a dict for every bit generator, with
-        python = random.getstate()  # the legacy Gaussian that every other normal() takes)
-    except Exception:  # noqa: BLE001 - (a watch only: nothing to say then)
-        return None
-    return _brief(numpy), python[1][0], python[1][-1], python[2]
-
-
-def _brief(value: Any) -> Any:
-    """A state's values, an array by its size and ends (MT19937's position moves each draw,
-    its key each 624)."""
-    if isinstance(value, dict):
-        return tuple((key, _brief(item)) for key, item in value.items())
-    if isinstance(value, np.ndarray):
-        return (value.size, value.flat[0].item(), value.flat[-1].item()) if value.size else ()
-    return value
-
-
 def _state(generator: Any) -> Any:
     """Where ``generator`` is (a draw moves it); ``None`` where that cannot be asked."""
     try:
@@ -221,9 +201,9 @@ def _state(generator: Any) -> Any:
             state = generator.getstate()
             return state[1][0], state[1][-1], state[2]
         if isinstance(generator, np.random.RandomState):
-            return _brief(generator.get_state(legacy=False))
+            return brief(generator.get_state(legacy=False))
         bits = generator if isinstance(generator, np.random.BitGenerator) else \
             generator.bit_generator
-        return _brief(bits.state)
+        return brief(bits.state)
     except Exception:  # noqa: BLE001 - (a SystemRandom: no state; a watch only)
         return None

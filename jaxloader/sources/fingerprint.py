@@ -83,15 +83,7 @@ def _leaves(source: Any, position: int) -> tuple[list, tree_lib.TreeDef]:
     return leaves, treedef
 
 
-def reads_alike(source: Any, who: str) -> None:
-    """Warns where ``source[0]`` read twice holds other values (``_read_again``); ``who``:
-    a source whose function maps records, named (a restore is not refused: its fingerprint
-    is the function's code)."""
-    _read_again(source, *_leaves(source, 0), who=who)
-
-
-def _read_again(source: Any, leaves: list, treedef: tree_lib.TreeDef,
-                who: str | None = None) -> None:
+def _read_again(source: Any, leaves: list, treedef: tree_lib.TreeDef) -> None:
     """Warns where ``source[0]`` read again holds other values than ``leaves``: a source that
     draws random numbers as it reads (an augmentation in ``__getitem__``) was seen only at the
     restore, which the changed fingerprint refused, every checkpoint of the run unusable. The
@@ -101,15 +93,12 @@ def _read_again(source: Any, leaves: list, treedef: tree_lib.TreeDef,
     differ = sorted(path for path in first.keys() | then.keys()
                     if first.get(path) != then.get(path))
     if differ:
-        default = "the source's"
         warnings.warn(
-            f"{who or default} record 0, read twice, gave other values ({differ[0]} "
-            "differs): it draws random numbers as it reads (an augmentation in "
-            f"{'its function' if who else '__getitem__'}, from np.random or a generator it "
-            "holds) or its data change; its batches then differ with the worker count, from "
-            "run to run and after a restore" + ("" if who else ", and a restore of a state "
-                                                "saved from it is refused (a state names the "
-                                                "data by its records)") + "; draw in "
+            f"the source's record 0, read twice, gave other values ({differ[0]} differs): "
+            "it draws random numbers as it reads (an augmentation in __getitem__, from "
+            "np.random or a generator it holds) or its data change; its batches then differ "
+            "with the worker count, from run to run and after a restore, and a restore of a "
+            "state saved from it is refused (a state names the data by its records); draw in "
             "a RandomMap (jl.RandomMap(lambda record, rng: ...): the loader's generator, a "
             "pure function of the seed and the record's place), or, for records that "
             "change on purpose, give the source a `fingerprint` attribute", JaxloaderWarning,

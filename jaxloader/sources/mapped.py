@@ -31,6 +31,8 @@ Example:
 from __future__ import annotations
 
 import inspect
+import threading
+import warnings
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -39,12 +41,16 @@ from jaxloader.base import read_threads
 from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
 from jaxloader.base.checks import check_bool, record_index
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
+from jaxloader.base.random_state import draws
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digests, warn_hashing
-from jaxloader.sources.fingerprint import combined, reads_alike
+from jaxloader.sources.fingerprint import combined
 from jaxloader.sources.huggingface import adapt
 
+
+WATCHED = 16  # reads a MapSource's function is watched on for draws, in each process
+SEEN = 2  # reads it drew on before it is said
 
 class MapSource:
     """``source``'s records through ``fn`` (a record's function; with ``batched``, a function
@@ -105,6 +111,7 @@ class MapSource:
         # and as versions until 2026-11-30 took it (no defaults: what their states hold)
         self._fn_digests = code_digests(fn)
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
+        self._watch, self._drew = WATCHED, 0  # (``_watched``: in each process, as it reads)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -112,18 +119,52 @@ class MapSource:
     def __getitem__(self, index: int) -> Any:
         if self.batched:  # (a float refused, not cut; -1 the last record)
             index = record_index(index, len(self), "MapSource", from_end=True)
-            return _first_row(self.fn(self._columns(np.array([index], np.int64))))
-        return self.fn(self.source[index])
+            columns = self._columns(np.array([index], np.int64))
+            return _first_row(self._watched(lambda: self.fn(columns)))
+        record = self.source[index]
+        return self._watched(lambda: self.fn(record))
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """The records at ``indices``: a batch of columns through ``fn`` (``batched``), else
         a list of records, each through ``fn`` (the source read at once where it can; on a
         loader's read threads, each record read and mapped on them: ``fn`` is a read)."""
         if self.batched:
-            return self.fn(self._columns(indices))
+            columns = self._columns(indices)
+            return self._watched(lambda: self.fn(columns))
         if read_threads.count() > 1 and not hasattr(self.source, "__getitems__"):
             return read_threads.each(self.__getitem__, np.asarray(indices).tolist())
         records = records_at(self.source, indices)
+        return self._watched(lambda: self._each(records))
+
+    def _watched(self, call: Callable[[], Any]) -> Any:
+        """``call()``, ``fn`` over a read, watched on the first ``WATCHED`` reads in each
+        process's main thread for draws from NumPy's or Python's global random state: not the
+        loader's numbers (the batches then differ with the worker count and after a restore),
+        and unseen by a state, whose fingerprint of a MapSource is its function's code."""
+        if self._watch <= 0 or threading.current_thread() is not threading.main_thread():
+            return call()
+        self._watch -= 1
+        before = draws()
+        out = call()
+        if before is not None and draws() != before:
+            self._drew += 1
+            if self._drew == SEEN:  # (one: a module imported at the first call may draw)
+                self._watch = 0
+                fn = inspect.unwrap(getattr(self.fn, "func", self.fn))
+                code = getattr(fn, "__code__", None)
+                warnings.warn_explicit(
+                    f"{self!r}: its function drew from the global random state (np.random, "
+                    f"random) on {SEEN} of its first reads: those numbers are not the "
+                    "loader's, so the batches differ with the worker count, from run to run "
+                    "and after a restore, and a state does not tell (it names the function by "
+                    "its code); draw in a RandomMap after the source (jl.RandomMap(lambda "
+                    "record, rng: ... rng.random() ...)), or seed from the record itself",
+                    JaxloaderWarning, code.co_filename if code else "<MapSource>",
+                    code.co_firstlineno if code else 0)
+        return out
+
+    def _each(self, records: list) -> list:
+        """``records``, each through ``fn``."""
         for j, record in enumerate(records):
             try:
                 records[j] = self.fn(record)
@@ -176,10 +217,7 @@ class MapSource:
 
     @property
     def fingerprint(self) -> str:
-        """The source's fingerprint and the function's code; record 0 read twice through it
-        first (a function that draws as it maps is warned of, as a source that draws is)."""
-        if len(self) and not digest_level():
-            reads_alike(self, f"{self!r}'s")
+        """The source's fingerprint and the function's code."""
         return combined("map", len(self), [self.source], self._fn_digests[digest_level()],
                         b"batched" if self.batched else b"records")
 
