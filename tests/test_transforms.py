@@ -67,8 +67,10 @@ def test_a_batch_of_no_leaves_is_refused_naming_what_made_it(made):
         source = jl.MapSource(source, lambda r: {})
     named = r"its records have no leaves \(\{\}\): the source or a Map" if made in (
         "map", "source") else r"(BatchMap|JitMap)\(.*<lambda>\) returned a batch of no leaves"
-    with pytest.raises(jl.RecordError, match=r"step 0 .*" + named):
-        next(iter(jl.DataLoader(source, batch_size=4, transforms=empty)))
+    for last_batch in ("drop", "pad"):  # (a pad mask alone: a batch of nothing too)
+        with pytest.raises(jl.RecordError, match=r"step 0 .*" + named):
+            next(iter(jl.DataLoader(source, batch_size=4, transforms=empty,
+                                    last_batch=last_batch)))
 
 def test_split_transforms_order_and_types():
     m, b = jl.Map(abs), jl.BatchMap(abs)

@@ -154,12 +154,19 @@ def _is_mask(leaf: Any, given: Any) -> bool:
 
 
 def _same_mask(out: Any, given: np.ndarray) -> bool:
-    """Whether a transform returned the pad mask it was given: bools of its values."""
+    """Whether a transform returned the pad mask as a pad mask still: bools, a row each first,
+    False on every row ``given`` says pads (the mask itself, refined: ``mask & valid``, or
+    given more axes: ``mask[:, None]``), or its values as numbers (``mask.astype(np.float32)``,
+    sample weights)."""
+    if out is given:
+        return True
     try:
         out = np.asarray(out)
     except Exception:  # noqa: BLE001 - (a leaf NumPy cannot take: not the mask)
         return False
-    return out.dtype == bool and out.shape == given.shape and np.array_equal(out, given)
+    if out.dtype == bool:
+        return out.shape[:1] == given.shape and not out[~given].any()
+    return out.shape == given.shape and out.dtype.kind in "iuf" and np.array_equal(out, given)
 
 
 def _changed_mask(transform: Any, mask_key: str, given: np.ndarray, out: Any) -> None:
@@ -194,7 +201,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     positions)`` of its records, a ``JitMap``'s keys; ``mask_key``: the pad mask's leaf,
     which a transform that leaves it out is warned of. Each transform's seconds go to
     ``clock`` under its name, taken off its collation (which the caller times whole)."""
-    if not columns:  # (a batch of nothing, given to the training step without a word)
+    if all(c.path == f"[{mask_key!r}]" for c in columns):  # (nothing but a pad mask, if any:
+        # a batch of nothing, given to the training step without a word)
         raise RecordError(f"{where()}: its records have no leaves ("
                           f"{tree_lib.unflatten(treedef, [])!r}): the source or a Map returned "
                           "an empty record; return the arrays a step needs (a dict of them)")
@@ -258,7 +266,9 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             raise RecordError(f"{where()}: {t!r} returned a batch of no leaves ({batch!r}); "
                               "return the arrays a step needs (a dict of them)")
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
-        if kept and isinstance(given, np.ndarray) and not _same_mask(batch[mask_key], given):
+        if kept and isinstance(given, np.ndarray) and given.dtype == bool and not _said(
+                t, ("changed", mask_key)) and not _same_mask(batch[mask_key], given):
+            _say(t, ("changed", mask_key))  # (once a transform: a changed one, not the next)
             _changed_mask(t, cast(str, mask_key), given, batch[mask_key])
         if again is not None:  # (a padded batch: found once, not looked for again)
             _say(t, mask_key)
