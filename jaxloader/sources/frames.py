@@ -267,9 +267,18 @@ def check_aligned(paths: list[str], leaves: list) -> None:
     for path, index in indexed[1:]:
         first, labels = indexed[0]
         if len(index) == len(labels) and not index.equals(labels):
+            import pandas as pd  # (its objects are leaves: imported)
+
+            fresh = [p for p, i in ((first, labels), (path, index))
+                     if i.equals(pd.RangeIndex(len(i)))]
             raise ConfigError(
                 f"ArraySource: leaves {first} and {path} are pandas objects of other indexes "
                 f"({labels[:4].tolist()}... against {index[:4].tolist()}...), whose rows would "
-                "be paired by position, where pandas pairs them by label; align them "
-                "(y = y.loc[X.index]) or, where their positions pair them, drop the indexes "
-                "(X.reset_index(drop=True), y.reset_index(drop=True))")
+                "be paired by position, where pandas pairs them by label; " + (
+                    f"{fresh[0]}'s is 0..n-1, as a frame made from an array has (pd.DataFrame("
+                    "scaler.fit_transform(X))): where positions pair them, drop the other's ("
+                    f"{({first, path} - {fresh[0]} or {path}).pop()} as .reset_index(drop=True)"
+                    "); where labels pair them, align them (y = y.loc[X.index])" if fresh else
+                    "align them (y = y.loc[X.index]), or, "
+                    "where their positions pair them, drop the indexes (X.reset_index("
+                    "drop=True), y.reset_index(drop=True))"))

@@ -83,6 +83,18 @@ def test_pandas_leaves_of_other_indexes_are_refused_not_paired_by_position():
                                   "y": y.reset_index(drop=True)})
     assert by_position[0]["y"] == 300  # (asked for: their positions pair them)
     assert jl.ArraySource({"x": X["f"], "y": y.to_numpy()})[0]["y"] == 300  # (one of pandas)
+    # a frame made from an array (a scaler's output) has index 0..n-1 where y kept the
+    # split's: positions pair them, and y.loc[X.index] would mislabel (the review)
+    train = pd.DataFrame({"f": [50.0, 20.0, 10.0], "label": [50, 20, 10]}, index=[5, 2, 1])
+    X, y = pd.DataFrame(train[["f"]].to_numpy()), train["label"]
+    with pytest.raises(jl.ConfigError, match=r"\['x'\]'s is 0..n-1, as a frame made from an "
+                                             r"array has.*positions pair them, drop the "
+                                             r"other's \(\['y'\] as .reset_index\(drop=True\)"
+                                             r"\); where labels pair them"):
+        jl.ArraySource({"x": X, "y": y})
+    fixed = jl.ArraySource({"x": X, "y": y.reset_index(drop=True)})
+    assert [(fixed[i]["x"][0], fixed[i]["y"]) for i in range(3)] == [(50, 50), (20, 20),
+                                                                      (10, 10)]
 
 
 def test_a_time_zone_is_refused_on_every_pandas_and_polars_path():
