@@ -77,10 +77,14 @@ def test_lists_of_other_lengths_are_told_they_are_nodes_not_arrays():
 def test_dtype_mismatch_is_refused_not_upcast():
     records = [np.zeros(3, np.float32), np.zeros(3, np.float64)]
     with pytest.raises(CollateError, match=r"float32.*float64; give every record one dtype "
-                                           r"there: cast in a Map \(np.asarray\(x, 'float32'\)"):
+                                           r"there: cast in a Map \(np.asarray\(x, 'float64'\)"):
         collate(records, positions=[0, 1])  # (told to Pad them, or batch_size=1: both refuse)
-    x = records[1]
-    assert collate([records[0], np.asarray(x, 'float32')], positions=[0, 1])[0].dtype == np.float32
+    x = records[0]  # (the one that holds both: the first record's narrowed the second's)
+    assert collate([np.asarray(x, 'float64'), records[1]], positions=[0, 1])[0].dtype == np.float64
+    with pytest.raises(CollateError, match=r"np.asarray\(x, '<U5'\)"):  # (not '<U3': cut)
+        collate([np.array(["abc"]), np.array(["abcde"])], positions=[0, 1])
+    with pytest.raises(CollateError, match=r"cast in a Map \(to the one your data needs\)"):
+        collate([np.zeros(1, "datetime64[s]"), np.zeros(1)], positions=[0, 1])
     with pytest.raises(CollateError, match="int.*float"):
         collate([{"a": 1}, {"a": 2.0}], positions=[0, 1])
 

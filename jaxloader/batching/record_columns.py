@@ -233,8 +233,11 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                        f"'{dtype}'), say)")
             elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
                     v.shape == values[0].shape:  # (told to pad: Pad and batch_size=1 refuse)
-                fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
-                       f"'{values[0].dtype}'), say)")
+                try:  # (the one that holds both: the first's cut a longer string, zeroed 0.5)
+                    both = f"np.asarray(x, '{np.result_type(values[0].dtype, v.dtype)}'), say"
+                except TypeError:  # (no dtype holds both: a date and a number)
+                    both = "to the one your data needs"
+                fix = f"give every record one dtype there: cast in a Map ({both})"
             elif _image_modes(values[0], v):
                 fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
                        "convert each as it is decoded, Image.open(...).convert('RGB')")
