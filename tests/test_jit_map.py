@@ -184,11 +184,20 @@ def _key_offset(r, key):
     return {"first": r["img"][jax.random.randint(key, (), 0, 4)]}
 
 
-def test_a_draw_from_numpys_global_state_as_a_jit_map_is_traced_is_warned_of():
+def _imports_a_drawing_module(r):
+    import draws_as_imported  # noqa: F401  (as flax.linen does: not the function's draw)
+    return r
+
+
+def test_a_draw_from_numpys_global_state_as_a_jit_map_is_traced_is_warned_of(
+        tmp_path, monkeypatch):
     # np.random in a JitMap ran once, as it was traced: one crop for every record, another in
     # each worker, unsaid, where the same line in a Map is watched (the vision audit)
+    (tmp_path / "draws_as_imported.py").write_text("import random\nrandom.random()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     source = jl.ArraySource({"img": np.arange(64, dtype=np.float32).reshape(16, 4)})
-    for fn, warned in ((_np_offset, True), (_key_offset, False), (lambda r: r, False)):
+    for fn, warned in ((_np_offset, True), (_key_offset, False), (lambda r: r, False),
+                       (_imports_a_drawing_module, False)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with jl.DataLoader(source, batch_size=4, process_index=0, process_count=1,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import sys
 import threading
 import warnings
 import weakref
@@ -179,8 +180,10 @@ def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
     one constant for every record (another in each worker and each run), where the same
     code in a ``Map`` is watched. Asked on the main thread alone (another may draw)."""
     before = draws() if threading.current_thread() is threading.main_thread() else None
+    modules = len(sys.modules)
     out = call()
-    if before is not None and draws() != before:
+    if before is not None and draws() != before and len(sys.modules) == modules:  # (a module
+        # imported as it was traced may draw as it is imported: flax.linen does)
         fn = inspect.unwrap(getattr(transform.fn, "func", transform.fn))
         code = getattr(fn, "__code__", None)
         warnings.warn_explicit(
