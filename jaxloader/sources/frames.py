@@ -70,11 +70,11 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
             f"{'None' if text else 'NaN, and integers as floats'}); fill them "
             f"(df.{fill}) or drop those rows (df.drop_nulls())")
     if getattr(column.dtype, "time_zone", None) is not None:  # (to_numpy: UTC's, unsaid)
-        col = "pl.col(...)" if name is None else f"pl.col({name!r})"
+        col = "s" if name is None else f"df.with_columns(pl.col({name!r})"
         raise ConfigError(
             f"{_named(name)} is {column.dtype}, whose zone NumPy's datetime64 has not (hours "
-            f"of the day would be UTC's); drop the zone (df.with_columns({col}.dt."
-            "convert_time_zone('UTC').dt.replace_time_zone(None)): the instants in UTC), or "
+            f"of the day would be UTC's); drop the zone ({col}.dt.convert_time_zone('UTC')"
+            f".dt.replace_time_zone(None){')' if name else ''}: the instants in UTC), or "
             "convert to local times first")
     if type(column.dtype).__name__ == "Struct":
         raise ConfigError(
@@ -220,6 +220,9 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
                                 if name is None else f"ArraySource(Table): column {name!r}")
     col = "array" if name is None else f"table[{name!r}]"
     drop = "drop those rows (table.drop_null())" if name is not None else "drop them"
+    if pa.types.is_null(kind):  # (fill_null has no value of its type to give)
+        raise ConfigError(f"{named} is of Arrow's null type: every value missing; leave it "
+                          f"out (table.drop_columns([{name!r}]))")
     if column.null_count:
         raise ConfigError(
             f"{named} ({kind}) has {column.null_count} null(s), expected values (NumPy would "
@@ -230,6 +233,17 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
             f"{named} is {kind}, whose zone NumPy's datetime64 has not (hours of the day "
             f"would be UTC's); drop the zone ({col}.cast(pa.timestamp({kind.unit!r})): the "
             "instants in UTC), or convert to local times first")
+    if getattr(pa.types, "is_string_view", lambda _: False)(kind):
+        column, kind = column.cast(pa.string()), pa.string()  # (as a string column)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if pa.types.is_fixed_size_list(kind) and _fixed_width(kind.value_type):  # (embeddings:
+        flat = [chunk.flatten() for chunk in chunks]  # a row each, as NumPy's 2-D array)
+        if any(f.null_count for f in flat):
+            raise ConfigError(f"{named} ({kind}) has nulls inside its lists, expected values; "
+                              "fill them, or drop those rows")
+        return np.concatenate([numpy_of(f) for f in flat] or [numpy_of(pa.array(
+            [], kind.value_type))]).reshape(
+            -1, kind.list_size)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         lengths = pc.utf8_length(column)
         chars, longest = pc.sum(lengths).as_py() or 0, pc.max(lengths).as_py() or 0
@@ -240,8 +254,7 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
                 f"{4 * longest * len(column) / 2**20:.0f} MiB; pass table.to_pylist() "
                 "(records with str leaves), or tokenize the text first")
         return np.asarray(column.to_pylist(), dtype=str)
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(
-            kind) or pa.types.is_temporal(kind)):
+    if not _fixed_width(kind):
         remedy = (f"cast it ({col}.cast(pa.float64()); pa.int64() for whole ids, which "
                   "floats round)" if pa.types.is_decimal(kind) else
                   f"decode it ({col}.cast({col}.type.value_type)) or take its codes "
@@ -253,7 +266,6 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
                   "ParquetSource")
         raise ConfigError(f"{named} is {kind}, which NumPy holds as Python objects, expected "
                           f"numbers; {remedy}")
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     return np.concatenate([numpy_of(chunk) for chunk in chunks]) if chunks else \
         np.asarray(column.to_numpy())
 
@@ -282,3 +294,11 @@ def check_aligned(paths: list[str], leaves: list) -> None:
                     "align them (y = y.loc[X.index]), or, "
                     "where their positions pair them, drop the indexes (X.reset_index("
                     "drop=True), y.reset_index(drop=True))"))
+
+
+def _fixed_width(kind: Any) -> bool:
+    """Whether an Arrow type's values are NumPy's numbers, booleans or times."""
+    import pyarrow as pa
+
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(
+        kind) or pa.types.is_temporal(kind)

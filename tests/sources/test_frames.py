@@ -167,3 +167,30 @@ def test_a_restore_over_a_frames_columns_in_another_order_says_so_and_the_order_
                                                 r"df\[\['a', 'b'\]\]\)"):
         jl.DataLoader(jl.ArraySource(df[["b", "a"]]), batch_size=2).load_state_dict(state)
     jl.DataLoader(jl.ArraySource(df[['a', 'b']]), batch_size=2).load_state_dict(state)
+
+
+def test_arrow_embeddings_views_and_null_columns_as_the_review_read_them():
+    # a fixed_size_list column (embeddings) was told to_pylist(), k scalar leaves a vector; a
+    # string_view column was "Python objects"; a null-type column was told fill_null, which
+    # raises for it; a polars Series with a zone was told df.with_columns(...)
+    pa = pytest.importorskip("pyarrow")
+    pl = pytest.importorskip("polars")
+    table = pa.table({"e": pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32(), 2)),
+                      "s": pa.array(["a", "bb", "c"], pa.string_view())})
+    for workers in (0, 2):
+        with jl.DataLoader(jl.ArraySource(table.slice(1)), batch_size=2, num_workers=workers,
+                           process_index=0, process_count=1) as loader:
+            batch = next(iter(loader))
+        assert batch["e"].tolist() == [[3, 4], [5, 6]] and batch["e"].dtype == np.float32
+        assert batch["s"].tolist() == ["bb", "c"]
+    table = pa.table({"n": pa.array([None, None]), "x": [1, 2]})
+    with pytest.raises(jl.ConfigError, match=r"'n' is of Arrow's null type.*"
+                                             r"\(table.drop_columns\(\['n'\]\)\)"):
+        jl.ArraySource(table)
+    assert jl.ArraySource(table.drop_columns(['n']))[1] == {"x": 2}
+    s = pl.Series([1], dtype=pl.Datetime("us", "Asia/Tokyo"))
+    with pytest.raises(jl.ConfigError, match=r"drop the zone \(s.dt.convert_time_zone\('UTC'\)"
+                                             r".dt.replace_time_zone\(None\):"):
+        jl.ArraySource(s)
+    assert jl.ArraySource(s.dt.convert_time_zone('UTC').dt.replace_time_zone(None))[0] == \
+        np.datetime64(1, "us")
