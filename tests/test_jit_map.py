@@ -1,5 +1,6 @@
 """JitMap: a jax.numpy transform compiled over the batch, the same batches wherever it runs."""
 
+import importlib
 import os
 import re
 import warnings
@@ -146,7 +147,8 @@ def _casts_all(r):  # (a whole-tree cast: the pad mask made floats with the rest
     (jl.JitMap, _casts_all, 0),
     (jl.BatchMap, lambda b: {k: v.astype(np.float32) / 255 for k, v in b.items()}, 2),
     (jl.BatchMap, lambda b: {**b, "mask": np.ones((len(b["img"]), 16), bool)}, 0)])
-def test_a_transform_that_returns_the_pad_mask_changed_is_warned_of_once(kind, fn, workers):
+def test_a_transform_that_returns_the_pad_mask_changed_is_warned_of_once(kind, fn, workers,
+                                                                         monkeypatch):
     # a cast of the whole batch made the mask 0 or 1/255 (a loss divided by its sum weighted
     # records 1/255), an MAE's patch mask took its key (padding then unknown): without a word,
     # where a transform that leaves it out is warned of; once a transform, the one that
@@ -156,10 +158,14 @@ def test_a_transform_that_returns_the_pad_mask_changed_is_warned_of_once(kind, f
                                    for k, v in b.items()}), jl.JitMap(lambda r: r),
             jl.BatchMap(lambda b: {**b, "mask": b["mask"] & (b["img"][:, 0] != 4)}),
             jl.BatchMap(lambda b: {**b, "mask": b["mask"][:, None]}),
-            jl.BatchMap(lambda b: {**b, "mask": b["mask"].astype(np.float32)}))  # (weights)
+            jl.BatchMap(lambda b: {**b, "mask": b["mask"].astype(np.float32)}),  # (weights)
+            jl.BatchMap(lambda b: {**b, "mask": b["mask"][:, None].astype(jnp.bfloat16)}))
+    cast_first = jl.BatchMap(lambda b: {**b, "mask": b["mask"].astype(np.float32)})
     for chain, warned in [((kind(fn), jl.BatchMap(lambda b: b)), True),
+                          ((cast_first, kind(fn)), True),  # (held to the loader's mask)
                           *(((k,), False) for k in kept)]:
-        with warnings.catch_warnings(record=True) as caught:
+        monkeypatch.setattr("jaxloader.batching.batch_finish._SAID", {})  # (a JitMap's said
+        with warnings.catch_warnings(record=True) as caught:  # by its function: one per chain)
             warnings.simplefilter("always")
             with jl.DataLoader(source, batch_size=4, last_batch="pad", process_index=0,
                                process_count=1, transforms=list(chain),
@@ -169,7 +175,8 @@ def test_a_transform_that_returns_the_pad_mask_changed_is_warned_of_once(kind, f
         assert len(said) == warned or warned and workers and len(said) <= workers, (chain, said)
         # (3 batches: said once a process, of the first transform)
         if warned:
-            assert said[0].startswith(repr(chain[0])[:8]) and re.search(
+            assert said[0].startswith(repr(chain[1 if chain[0] is cast_first else 0])[:8]) \
+                and re.search(
                 r"returned the 'mask' leaf changed \(given: the pad mask, bool of shape \(4,\)"
                 r".*returned: (float32 of shape \(4,\)|bool of shape \(4, 16\)).*leave it "
                 r"out.*mask_key='pad_mask'", said[0]), said
@@ -185,8 +192,8 @@ def _key_offset(r, key):
 
 
 def _imports_a_drawing_module(r):
-    import draws_as_imported  # noqa: F401  (as flax.linen does: not the function's draw)
-    return r
+    importlib.import_module("draws_as_imported")  # (draws as flax.linen does: not the
+    return r  # function's own draw)
 
 
 def test_a_draw_from_numpys_global_state_as_a_jit_map_is_traced_is_warned_of(

@@ -154,19 +154,24 @@ def _is_mask(leaf: Any, given: Any) -> bool:
 
 
 def _same_mask(out: Any, given: np.ndarray) -> bool:
-    """Whether a transform returned the pad mask as a pad mask still: bools, a row each first,
-    False on every row ``given`` says pads (the mask itself, refined: ``mask & valid``, or
-    given more axes: ``mask[:, None]``), or its values as numbers (``mask.astype(np.float32)``,
-    sample weights)."""
-    if out is given:
-        return True
+    """Whether a transform returned the pad mask as a pad mask still: a row each first, False
+    (or 0) on every row ``given``, the loader's, says pads, and bools or 0s and 1s (the mask
+    itself, refined: ``mask & valid``, given more axes: ``mask[:, None]``, or cast:
+    ``mask.astype(jnp.bfloat16)``)."""
     try:
         out = np.asarray(out)
-    except Exception:  # noqa: BLE001 - (a leaf NumPy cannot take: not the mask)
+        return out.shape[:1] == given.shape and not out[~given].any() and (
+            out.dtype == bool or bool(((out == 0) | (out == 1)).all()))
+    except Exception:  # noqa: BLE001 - (a leaf NumPy cannot take, or compare: not the mask)
         return False
-    if out.dtype == bool:
-        return out.shape[:1] == given.shape and not out[~given].any()
-    return out.shape == given.shape and out.dtype.kind in "iuf" and np.array_equal(out, given)
+
+
+def _passed_on(out: Any, given: Any) -> bool:
+    """Whether a transform returned the mask it was given as it was."""
+    try:
+        return out is given or bool(np.array_equal(np.asarray(out), np.asarray(given)))
+    except Exception:  # noqa: BLE001 - (a leaf NumPy cannot take or compare)
+        return False
 
 
 def _changed_mask(transform: Any, mask_key: str, given: np.ndarray, out: Any) -> None:
@@ -178,8 +183,8 @@ def _changed_mask(transform: Any, mask_key: str, given: np.ndarray, out: Any) ->
              f"bool of shape {given.shape}, False on the rows that pad a batch; returned: "
              f"{out.dtype} of shape {np.shape(out)}), so it no longer tells records from "
              "padding: a cast or map of the whole batch takes it too (leave it out: {k: v if "
-             f"k == {mask_key!r} else f(v) for k, v in batch.items()}}), or a mask of the "
-             f"transform's own took its key (name that one otherwise, or pass "
+             f"k == {mask_key!r} else f(v) for k, v in batch.items()}}), or a mask or weights "
+             f"of the transform's own took its key (name those otherwise, or pass "
              f"mask_key='pad_mask' to the loader)")
 
 
@@ -209,7 +214,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     if not batch_transforms:
         return collate.materialize(treedef, columns, alloc)
     seed, epoch, positions = keyed
-    last = len(batch_transforms) - 1
+    last, loaders = len(batch_transforms) - 1, None  # (the loader's pad mask, as made)
     batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
     for i, t in enumerate(batch_transforms):
         start = perf_counter()
@@ -266,10 +271,13 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             raise RecordError(f"{where()}: {t!r} returned a batch of no leaves ({batch!r}); "
                               "return the arrays a step needs (a dict of them)")
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
-        if kept and isinstance(given, np.ndarray) and given.dtype == bool and not _said(
-                t, ("changed", mask_key)) and not _same_mask(batch[mask_key], given):
+        if loaders is None and isinstance(given, np.ndarray) and given.dtype == bool:
+            loaders = given.copy()  # (a transform may write into it, or cast it: the next
+        if kept and loaders is not None and not _said(  # one is held to the loader's)
+                t, ("changed", mask_key)) and not _same_mask(batch[mask_key], loaders) and \
+                not _passed_on(batch[mask_key], given):  # (one after it is not to blame)
             _say(t, ("changed", mask_key))  # (once a transform: a changed one, not the next)
-            _changed_mask(t, cast(str, mask_key), given, batch[mask_key])
+            _changed_mask(t, cast(str, mask_key), loaders, batch[mask_key])
         if again is not None:  # (a padded batch: found once, not looked for again)
             _say(t, mask_key)
             if not kept and not any(_is_mask(leaf, given) for leaf in tree_lib.flatten(batch)[0]):
