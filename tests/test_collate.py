@@ -81,8 +81,12 @@ def test_dtype_mismatch_is_refused_not_upcast():
         collate(records, positions=[0, 1])  # (told to Pad them, or batch_size=1: both refuse)
     x = records[0]  # (the one that holds both: the first record's narrowed the second's)
     assert collate([np.asarray(x, 'float64'), records[1]], positions=[0, 1])[0].dtype == np.float64
-    with pytest.raises(CollateError, match=r"np.asarray\(x, '<U5'\)"):  # (not '<U3': cut)
-        collate([np.array(["abc"]), np.array(["abcde"])], positions=[0, 1])
+    with pytest.raises(CollateError, match=r"one string as a str \(str\(x.item\(\)\)\)"):
+        collate([np.array(["abc"]), np.array(["abcde"])], positions=[0, 1])  # (not '<U3')
+    assert collate([str(np.array(["abc"]).item()), str(np.array(["abcde"]).item())],
+                   positions=[0, 1])[0].tolist() == ["abc", "abcde"]
+    with pytest.raises(CollateError, match=r"np.asarray\(x, 'int64'\); 'uint64'"):  # (not
+        collate([np.zeros(1, np.int64), np.zeros(1, np.uint64)], positions=[0, 1])  # float64)
     with pytest.raises(CollateError, match=r"cast in a Map \(to the one your data needs\)"):
         collate([np.zeros(1, "datetime64[s]"), np.zeros(1)], positions=[0, 1])
     with pytest.raises(CollateError, match="int.*float"):

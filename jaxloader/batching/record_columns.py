@@ -150,6 +150,24 @@ def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
     )
 
 
+def _one_dtype(a: np.dtype, b: np.dtype) -> str:
+    """What to do with records whose leaf is of dtypes ``a`` and ``b`` alone: the first's cut
+    a longer string, zeroed a float image as uint8; a float rounds an id past 2**53."""
+    kinds = {a.kind, b.kind}
+    if kinds <= {"U", "S"}:  # (fixed-width text: the next record may be longer still)
+        return ("give a record's one string as a str (str(x.item())), which batches at any "
+                "length, or cast every record's to one width, the dataset's longest "
+                "(np.asarray(x, '<U64') for 64 characters)")
+    if kinds == {"i", "u"}:
+        return ("give every record one dtype there: cast in a Map (np.asarray(x, 'int64'); "
+                "'uint64' for ids past 2**63)")
+    try:
+        both = f"np.asarray(x, '{np.result_type(a, b)}'), say"
+    except TypeError:  # (no dtype holds both: a date and a number)
+        both = "to the one your data needs"
+    return f"give every record one dtype there: cast in a Map ({both})"
+
+
 def _is_sparse(value: Any) -> bool:
     return type(value).__module__.startswith("scipy.sparse") and hasattr(value, "toarray")
 
@@ -233,11 +251,7 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                        f"'{dtype}'), say)")
             elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
                     v.shape == values[0].shape:  # (told to pad: Pad and batch_size=1 refuse)
-                try:  # (the one that holds both: the first's cut a longer string, zeroed 0.5)
-                    both = f"np.asarray(x, '{np.result_type(values[0].dtype, v.dtype)}'), say"
-                except TypeError:  # (no dtype holds both: a date and a number)
-                    both = "to the one your data needs"
-                fix = f"give every record one dtype there: cast in a Map ({both})"
+                fix = _one_dtype(values[0].dtype, v.dtype)
             elif _image_modes(values[0], v):
                 fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
                        "convert each as it is decoded, Image.open(...).convert('RGB')")
