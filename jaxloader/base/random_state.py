@@ -11,10 +11,14 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import random
+import warnings
 from typing import Any
 
 import numpy as np
+
+from jaxloader.base.errors import JaxloaderWarning
 
 
 def draws() -> tuple | None:
@@ -36,3 +40,12 @@ def brief(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return (value.size, value.flat[0].item(), value.flat[-1].item()) if value.size else ()
     return value
+
+
+def warn_at(fn: Any, text: str, default: str) -> None:
+    """Warns ``text`` at the line of ``fn``'s code (a partial's function's; a worker has no
+    frame of the user's, and the relay says it there), or at ``default`` where it has none."""
+    fn = inspect.unwrap(getattr(fn, "func", fn))
+    code = getattr(fn, "__code__", None)
+    warnings.warn_explicit(text, JaxloaderWarning, code.co_filename if code else default,
+                           code.co_firstlineno if code else 0)

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning
-from jaxloader.base.random_state import brief, draws
+from jaxloader.base.random_state import brief, draws, warn_at
 from jaxloader.batching.held_generators import held_generators
 
 WATCHED = 16  # records a loader's transforms are watched on, in each process
@@ -184,16 +184,12 @@ def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
     out = call()
     if before is not None and draws() != before and len(sys.modules) == modules:  # (a module
         # imported as it was traced may draw as it is imported: flax.linen does)
-        fn = inspect.unwrap(getattr(transform.fn, "func", transform.fn))
-        code = getattr(fn, "__code__", None)
-        warnings.warn_explicit(
+        warn_at(transform.fn,
             f"{transform!r} drew from the global random state (np.random.randint, "
             "random.random, ...) as JAX traced it: a JitMap's function runs once, as it is "
             "compiled, so that draw is one number for every record, another in each worker "
             "and each run; draw from the key the JitMap gives (jl.JitMap(lambda record, key: "
-            "... jax.random.randint(key, ...) ...)), or in a RandomMap before it",
-            JaxloaderWarning, code.co_filename if code else "<transform>",
-            code.co_firstlineno if code else 0)
+            "... jax.random.randint(key, ...) ...)), or in a RandomMap before it", "<transform>")
     return out
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import warnings
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -41,8 +40,8 @@ from jaxloader.base import read_threads
 from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
 from jaxloader.base.checks import check_bool, record_index
-from jaxloader.base.errors import ConfigError, JaxloaderWarning
-from jaxloader.base.random_state import draws
+from jaxloader.base.errors import ConfigError
+from jaxloader.base.random_state import draws, warn_at
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digests, warn_hashing
 from jaxloader.sources.fingerprint import combined
@@ -113,6 +112,9 @@ class MapSource:
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
         self._watch, self._drew = WATCHED, 0  # (``_watched``: in each process, as it reads)
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_watch": WATCHED, "_drew": 0}  # (watched in each process)
+
     def __len__(self) -> int:
         return len(self.source)
 
@@ -150,17 +152,14 @@ class MapSource:
             self._drew += 1
             if self._drew == SEEN:  # (one: a module imported at the first call may draw)
                 self._watch = 0
-                fn = inspect.unwrap(getattr(self.fn, "func", self.fn))
-                code = getattr(fn, "__code__", None)
-                warnings.warn_explicit(
+                warn_at(self.fn, (
                     f"{self!r}: its function drew from the global random state (np.random, "
-                    f"random) on {SEEN} of its first reads: those numbers are not the "
-                    "loader's, so the batches differ with the worker count, from run to run "
-                    "and after a restore, and a state does not tell (it names the function by "
-                    "its code); draw in a RandomMap after the source (jl.RandomMap(lambda "
-                    "record, rng: ... rng.random() ...)), or seed from the record itself",
-                    JaxloaderWarning, code.co_filename if code else "<MapSource>",
-                    code.co_firstlineno if code else 0)
+                    f"random) on {SEEN} of its first reads: unless it seeds it from the record "
+                    "itself first (then leave this be), those numbers are not the loader's, so "
+                    "the batches differ with the worker count, from run to run and after a "
+                    "restore, and a state does not tell (it names the function by its code); "
+                    "draw in a RandomMap after the source (jl.RandomMap(lambda record, rng: ... "
+                    "rng.random() ...))"), "<MapSource>")
         return out
 
     def _each(self, records: list) -> list:

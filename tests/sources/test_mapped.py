@@ -4,6 +4,7 @@ can do (read-local blocks, packing lengths, files, the state)."""
 from __future__ import annotations
 
 import json
+import pickle
 import warnings
 
 import numpy as np
@@ -297,3 +298,7 @@ def test_a_function_that_draws_from_the_global_state_as_it_maps_is_warned_of(wor
         if warned:
             assert str(said[0].message).startswith("MapSource(ArraySource(16 records")
             assert said[0].lineno == _draws.__code__.co_firstlineno
+    read = jl.MapSource(source, _draws)
+    read[0]  # (a read in the training process: its count does not cross to the workers)
+    assert (read._watch, read._drew) == (15, 1)
+    assert (lambda m: (m._watch, m._drew))(pickle.loads(pickle.dumps(read))) == (16, 0)
