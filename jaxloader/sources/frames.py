@@ -178,8 +178,9 @@ def _pandas_remedy(name: str, column: Any, array: np.ndarray) -> str:
                 "floats round)")
     if isinstance(first, str):
         fill = ".fillna('')" if column.isna().any() else ""  # (else 'None' and 'nan')
-        return (f"for its strings as a leaf, {col}{fill}.to_numpy(dtype=str) (fixed width), or "
-                "pass datasets.Dataset.from_pandas(df), which the loader reads as it is")
+        return (f"give its strings as a leaf of their own, ArraySource({{{name!r}: "
+                f"{col}{fill}.to_numpy(dtype=str), ...}}) (fixed width), or pass "
+                "datasets.Dataset.from_pandas(df), which the loader reads as it is")
     return f"encode it ({col}.astype('category').cat.codes), or pass df.to_dict('records')"
 
 
@@ -222,17 +223,21 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
     drop = "drop those rows (table.drop_null())" if name is not None else "drop them"
     if pa.types.is_null(kind):  # (fill_null has no value of its type to give)
         raise ConfigError(f"{named} is of Arrow's null type: every value missing; leave it "
-                          f"out (table.drop_columns([{name!r}]))")
+                          "out" + (f" (table.drop_columns([{name!r}]))" if name else ""))
     if column.null_count:
         raise ConfigError(
             f"{named} ({kind}) has {column.null_count} null(s), expected values (NumPy would "
             f"hold them as NaN, and integers as floats); fill them (pc.fill_null({col}, 0)) "
             f"or {drop}")
-    if pa.types.is_timestamp(kind) and kind.tz is not None:
+    inner = kind.value_type if pa.types.is_fixed_size_list(kind) else kind
+    if pa.types.is_timestamp(inner) and inner.tz is not None:
         raise ConfigError(
             f"{named} is {kind}, whose zone NumPy's datetime64 has not (hours of the day "
-            f"would be UTC's); drop the zone ({col}.cast(pa.timestamp({kind.unit!r})): the "
-            "instants in UTC), or convert to local times first")
+            f"would be UTC's); drop the zone ({col}.cast(pa.timestamp({inner.unit!r})): the "
+            "instants in UTC), or convert to local times first" if inner is kind else
+            f"{named} is {kind}, whose zone NumPy's datetime64 has not (hours of the day "
+            "would be UTC's); drop the zone (a cast to lists of pa.timestamp("
+            f"{inner.unit!r})), or convert to local times first")
     if getattr(pa.types, "is_string_view", lambda _: False)(kind):
         column, kind = column.cast(pa.string()), pa.string()  # (as a string column)
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -242,8 +247,7 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
             raise ConfigError(f"{named} ({kind}) has nulls inside its lists, expected values; "
                               "fill them, or drop those rows")
         return np.concatenate([numpy_of(f) for f in flat] or [numpy_of(pa.array(
-            [], kind.value_type))]).reshape(
-            -1, kind.list_size)
+            [], kind.value_type))]).reshape(len(column), kind.list_size)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         lengths = pc.utf8_length(column)
         chars, longest = pc.sum(lengths).as_py() or 0, pc.max(lengths).as_py() or 0
@@ -288,9 +292,11 @@ def check_aligned(paths: list[str], leaves: list) -> None:
                 f"({labels[:4].tolist()}... against {index[:4].tolist()}...), whose rows would "
                 "be paired by position, where pandas pairs them by label; " + (
                     f"{fresh[0]}'s is 0..n-1, as a frame made from an array has (pd.DataFrame("
-                    "scaler.fit_transform(X))): where positions pair them, drop the other's ("
-                    f"{({first, path} - {fresh[0]} or {path}).pop()} as .reset_index(drop=True)"
-                    "); where labels pair them, align them (y = y.loc[X.index])" if fresh else
+                    "scaler.fit_transform(X))): where positions pair them, drop the index of "
+                    f"the one at {({first, path} - {fresh[0]} or {path}).pop()} (its "
+                    ".reset_index(drop=True)); where 0..n-1 are "
+                    "labels too (y = df['label'] of a frame not reordered), align them "
+                    "(y = y.loc[X.index])" if fresh else
                     "align them (y = y.loc[X.index]), or, "
                     "where their positions pair them, drop the indexes (X.reset_index("
                     "drop=True), y.reset_index(drop=True))"))

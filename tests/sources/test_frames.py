@@ -89,8 +89,8 @@ def test_pandas_leaves_of_other_indexes_are_refused_not_paired_by_position():
     X, y = pd.DataFrame(train[["f"]].to_numpy()), train["label"]
     with pytest.raises(jl.ConfigError, match=r"\['x'\]'s is 0..n-1, as a frame made from an "
                                              r"array has.*positions pair them, drop the "
-                                             r"other's \(\['y'\] as .reset_index\(drop=True\)"
-                                             r"\); where labels pair them"):
+                                             r"index of the one at \['y'\] \(its .reset_index"
+                                             r"\(drop=True\)\); where 0..n-1 are labels too"):
         jl.ArraySource({"x": X, "y": y})
     fixed = jl.ArraySource({"x": X, "y": y.reset_index(drop=True)})
     assert [(fixed[i]["x"][0], fixed[i]["y"]) for i in range(3)] == [(50, 50), (20, 20),
@@ -188,6 +188,13 @@ def test_arrow_embeddings_views_and_null_columns_as_the_review_read_them():
                                              r"\(table.drop_columns\(\['n'\]\)\)"):
         jl.ArraySource(table)
     assert jl.ArraySource(table.drop_columns(['n']))[1] == {"x": 2}
+    with pytest.raises(jl.ConfigError, match=r"null type: every value missing; leave it out$"):
+        jl.ArraySource(pa.nulls(3))  # (it was told table.drop_columns([None]))
+    zoned = pa.array([[0, 1]], pa.list_(pa.timestamp("s", tz="Asia/Tokyo"), 2))
+    with pytest.raises(jl.ConfigError, match=r"whose zone NumPy's datetime64 has not"):
+        jl.ArraySource(pa.table({"e": zoned}))  # (kept as UTC's without a word)
+    assert jl.ArraySource(pa.table({"e": pa.array([[], []], pa.list_(pa.float32(), 0))})
+                          ).arrays[0].shape == (2, 0)  # (NumPy's reshape error)
     s = pl.Series([1], dtype=pl.Datetime("us", "Asia/Tokyo"))
     with pytest.raises(jl.ConfigError, match=r"drop the zone \(s.dt.convert_time_zone\('UTC'\)"
                                              r".dt.replace_time_zone\(None\):"):
