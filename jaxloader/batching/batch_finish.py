@@ -166,10 +166,15 @@ def _same_mask(out: Any, given: np.ndarray) -> bool:
         return False
 
 
-def _passed_on(out: Any, given: Any) -> bool:
-    """Whether a transform returned the mask it was given as it was."""
+def _held(given: Any) -> Any:
+    """A copy of the mask a transform is given, as given (it may write into it)."""
+    return given.copy() if isinstance(given, np.ndarray) else given
+
+
+def _passed_on(out: Any, held: Any) -> bool:
+    """Whether a transform returned the mask it was given (``held``: a copy) as it was."""
     try:
-        return out is given or bool(np.array_equal(np.asarray(out), np.asarray(given)))
+        return bool(np.array_equal(np.asarray(out), np.asarray(held)))
     except Exception:  # noqa: BLE001 - (a leaf NumPy cannot take or compare)
         return False
 
@@ -223,6 +228,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             if batch is not None:
                 treedef, columns = batch_columns(batch, size)
             given = _mask_of(mask_key, None, columns)
+            held = _held(given)
             keys = dict(seed=seed, epoch=epoch, index=i, where=where,
                         positions=np.arange(size) if positions is None else positions)
             batch, layout, outside = t.run(treedef, columns, size, alloc=alloc if i == last
@@ -235,6 +241,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             if batch is None:
                 batch = collate.materialize(treedef, columns)[0]
             given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
+            held = _held(given)  # (as given: the transform may write into it)
             if mask_key is not None and isinstance(given, np.ndarray) and \
                     not _said(t, mask_key) and not given.all():
                 # (a padded batch, the transform not yet found to keep or drop the mask: a
@@ -271,11 +278,11 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             raise RecordError(f"{where()}: {t!r} returned a batch of no leaves ({batch!r}); "
                               "return the arrays a step needs (a dict of them)")
         kept = mask_key is not None and isinstance(batch, Mapping) and mask_key in batch
-        if loaders is None and isinstance(given, np.ndarray) and given.dtype == bool:
-            loaders = given.copy()  # (a transform may write into it, or cast it: the next
-        if kept and loaders is not None and not _said(  # one is held to the loader's)
+        if loaders is None and isinstance(held, np.ndarray) and held.dtype == bool:
+            loaders = held  # (the loader's, as the first transform got it: each after is
+        if kept and loaders is not None and not _said(  # held to it, as it may cast it)
                 t, ("changed", mask_key)) and not _same_mask(batch[mask_key], loaders) and \
-                not _passed_on(batch[mask_key], given):  # (one after it is not to blame)
+                not _passed_on(batch[mask_key], held):  # (one after it is not to blame)
             _say(t, ("changed", mask_key))  # (once a transform: a changed one, not the next)
             _changed_mask(t, cast(str, mask_key), loaders, batch[mask_key])
         if again is not None:  # (a padded batch: found once, not looked for again)
