@@ -81,8 +81,15 @@ def test_dtype_mismatch_is_refused_not_upcast():
         collate(records, positions=[0, 1])  # (told to Pad them, or batch_size=1: both refuse)
     x = records[0]  # (the one that holds both: the first record's narrowed the second's)
     assert collate([np.asarray(x, 'float64'), records[1]], positions=[0, 1])[0].dtype == np.float64
-    with pytest.raises(CollateError, match=r"one string as a str \(str\(x.item\(\)\)\)"):
+    with pytest.raises(CollateError, match=r"one width.*np.asarray\(x, '<U64'\).*for one "
+                                           r"string a record, give it as a str \(str\(x.item"):
         collate([np.array(["abc"]), np.array(["abcde"])], positions=[0, 1])  # (not '<U3')
+    wide = [np.array(["a", "b"]), np.array(["abc", "d"])]  # (two a record: x.item() raises)
+    assert collate([np.asarray(x, '<U64') for x in wide], positions=[0, 1])[0].shape == (2, 2)
+    for scalars, cast in (((np.uint8(1), np.float64(0.5)), "float64"),  # (not 'uint8': 0.5
+                          ((np.int64(7), np.uint64(2**63 + 5)), r"int64'\); 'uint64")):  # as 0)
+        with pytest.raises(CollateError, match=rf"np.asarray\(x, '{cast}"):
+            collate([{"w": scalars[0]}, {"w": scalars[1]}], positions=[0, 1])
     assert collate([str(np.array(["abc"]).item()), str(np.array(["abcde"]).item())],
                    positions=[0, 1])[0].tolist() == ["abc", "abcde"]
     with pytest.raises(CollateError, match=r"np.asarray\(x, 'int64'\); 'uint64'"):  # (not

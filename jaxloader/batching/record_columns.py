@@ -155,9 +155,10 @@ def _one_dtype(a: np.dtype, b: np.dtype) -> str:
     a longer string, zeroed a float image as uint8; a float rounds an id past 2**53."""
     kinds = {a.kind, b.kind}
     if kinds <= {"U", "S"}:  # (fixed-width text: the next record may be longer still)
-        return ("give a record's one string as a str (str(x.item())), which batches at any "
-                "length, or cast every record's to one width, the dataset's longest "
-                "(np.asarray(x, '<U64') for 64 characters)")
+        return ("cast every record's to one width, the dataset's longest (np.asarray(x, "
+                f"'{'<S' if kinds == {'S'} else '<U'}64') for 64 characters), or, for one "
+                "string a record, give it as a str (str(x.item()), which batches at any length"
+                + ("; bytes: x.item().decode()" if "S" in kinds else "") + ")")
     if kinds == {"i", "u"}:
         return ("give every record one dtype there: cast in a Map (np.asarray(x, 'int64'); "
                 "'uint64' for ids past 2**63)")
@@ -247,8 +248,8 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                 fix = ("give every record one of them there: decode the bytes (or encode the "
                        "str) in a Map")
             elif _scalar_dtype(v) is not None and (dtype := _scalar_dtype(values[0])) is not None:
-                fix = (f"give every record one dtype there: cast in a Map (np.asarray(x, "
-                       f"'{dtype}'), say)")
+                fix = _one_dtype(np.dtype(dtype), np.dtype(_scalar_dtype(v)))  # (the first's
+                # zeroed 0.5 as uint8, wrapped a uint64 id as int64: the third review)
             elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
                     v.shape == values[0].shape:  # (told to pad: Pad and batch_size=1 refuse)
                 fix = _one_dtype(values[0].dtype, v.dtype)
