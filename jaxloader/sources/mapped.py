@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -50,6 +51,7 @@ from jaxloader.sources.huggingface import adapt
 
 WATCHED = 16  # reads a MapSource's function is watched on for draws, in each process
 SEEN = 2  # reads it drew on before it is said
+_WATCHES: "weakref.WeakKeyDictionary[MapSource, list[int]]" = weakref.WeakKeyDictionary()
 
 class MapSource:
     """``source``'s records through ``fn`` (a record's function; with ``batched``, a function
@@ -110,10 +112,6 @@ class MapSource:
         # and as versions until 2026-11-30 took it (no defaults: what their states hold)
         self._fn_digests = code_digests(fn)
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
-        self._watch, self._drew = WATCHED, 0  # (``_watched``: in each process, as it reads)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_watch": WATCHED, "_drew": 0}  # (watched in each process)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -143,15 +141,20 @@ class MapSource:
         process's main thread for draws from NumPy's or Python's global random state: not the
         loader's numbers (the batches then differ with the worker count and after a restore),
         and unseen by a state, whose fingerprint of a MapSource is its function's code."""
-        if self._watch <= 0 or threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
             return call()
-        self._watch -= 1
+        watch = _WATCHES.get(self)  # (reads left, reads that drew: this process's, out of
+        if watch is None:  # the source's attributes, which digests of what holds it read)
+            watch = _WATCHES[self] = [WATCHED, 0]
+        if watch[0] <= 0:
+            return call()
+        watch[0] -= 1
         before = draws()
         out = call()
         if before is not None and draws() != before:
-            self._drew += 1
-            if self._drew == SEEN:  # (one: a module imported at the first call may draw)
-                self._watch = 0
+            watch[1] += 1
+            if watch[1] == SEEN:  # (one: a module imported at the first call may draw)
+                watch[0] = 0
                 warn_at(self.fn, (
                     f"{self!r}: its function drew from the global random state (np.random, "
                     f"random) on {SEEN} of its first reads: unless it seeds it from the record "

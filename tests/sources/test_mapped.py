@@ -3,6 +3,7 @@ can do (read-local blocks, packing lengths, files, the state)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import warnings
@@ -298,7 +299,15 @@ def test_a_function_that_draws_from_the_global_state_as_it_maps_is_warned_of(wor
         if warned:
             assert str(said[0].message).startswith("MapSource(ArraySource(16 records")
             assert said[0].lineno == _draws.__code__.co_firstlineno
-    read = jl.MapSource(source, _draws)
-    read[0]  # (a read in the training process: its count does not cross to the workers)
-    assert (read._watch, read._drew) == (15, 1)
-    assert (lambda m: (m._watch, m._drew))(pickle.loads(pickle.dumps(read))) == (16, 0)
+    from jaxloader.sources import mapped
+    from jaxloader.sources.code_digest import code_digest
+
+    read = jl.MapSource(source, functools.partial(_draws))
+
+    def keep(r):  # (a keep function holding it: a kept file is named by its digest)
+        return read[0]["x"] >= 0
+
+    digest = code_digest(keep, deep=True)
+    read[0]  # (its counts in its attributes changed the digest: the kept file then stale)
+    assert mapped._WATCHES[read] == [15, 1] and code_digest(keep, deep=True) == digest
+    assert pickle.loads(pickle.dumps(read)) not in mapped._WATCHES  # (counted in each process)
