@@ -236,8 +236,9 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
             f"would be UTC's); drop the zone ({col}.cast(pa.timestamp({inner.unit!r})): the "
             "instants in UTC), or convert to local times first" if inner is kind else
             f"{named} is {kind}, whose zone NumPy's datetime64 has not (hours of the day "
-            "would be UTC's); drop the zone (a cast to lists of pa.timestamp("
-            f"{inner.unit!r})), or convert to local times first")
+            f"would be UTC's); drop the zone ({col}.cast(pa.list_(pa.timestamp("
+            f"{inner.unit!r}), {kind.list_size})): the instants in UTC), or convert to local "
+            "times first")
     if getattr(pa.types, "is_string_view", lambda _: False)(kind):
         column, kind = column.cast(pa.string()), pa.string()  # (as a string column)
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
