@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import weakref
@@ -51,7 +52,11 @@ from jaxloader.sources.huggingface import adapt
 
 WATCHED = 16  # reads a MapSource's function is watched on for draws, in each process
 SEEN = 2  # reads it drew on before it is said
-_WATCHES: "weakref.WeakKeyDictionary[MapSource, list[int]]" = weakref.WeakKeyDictionary()
+_WATCHES: dict[int, tuple[weakref.ref, list[int]]] = {}  # id -> (the source, its counts)
+
+
+def _forget(at: int, _: object) -> None:
+    _WATCHES.pop(at, None)
 
 class MapSource:
     """``source``'s records through ``fn`` (a record's function; with ``batched``, a function
@@ -143,9 +148,11 @@ class MapSource:
         and unseen by a state, whose fingerprint of a MapSource is its function's code."""
         if threading.current_thread() is not threading.main_thread():
             return call()
-        watch = _WATCHES.get(self)  # (reads left, reads that drew: this process's, out of
-        if watch is None:  # the source's attributes, which digests of what holds it read)
-            watch = _WATCHES[self] = [WATCHED, 0]
+        entry = _WATCHES.get(id(self))  # (reads left, reads that drew: this process's, out
+        if entry is None or entry[0]() is not self:  # of the source's attributes, which
+            ref = weakref.ref(self, functools.partial(_forget, id(self)))  # digests
+            entry = _WATCHES[id(self)] = (ref, [WATCHED, 0])  # of what holds it read; by id:
+        watch = entry[1]  # a subclass may define __eq__, and so no hash)
         if watch[0] <= 0:
             return call()
         watch[0] -= 1

@@ -309,5 +309,17 @@ def test_a_function_that_draws_from_the_global_state_as_it_maps_is_warned_of(wor
 
     digest = code_digest(keep, deep=True)
     read[0]  # (its counts in its attributes changed the digest: the kept file then stale)
-    assert mapped._WATCHES[read] == [15, 1] and code_digest(keep, deep=True) == digest
-    assert pickle.loads(pickle.dumps(read)) not in mapped._WATCHES  # (counted in each process)
+    assert mapped._WATCHES[id(read)][1] == [15, 1] and code_digest(keep, deep=True) == digest
+    copy = pickle.loads(pickle.dumps(read))
+    assert id(copy) not in mapped._WATCHES  # (counted in each process)
+    gone = jl.MapSource(source, _draws)
+    gone[0]
+    del gone
+    assert not [r for r, _ in mapped._WATCHES.values() if r() is None]  # (let go with it)
+
+    class Tagged(jl.MapSource):  # (no hash: a weak-keyed table of them raised at every read)
+        def __eq__(self, other):
+            return isinstance(other, Tagged) and self.fn is other.fn
+
+    assert next(iter(jl.DataLoader(Tagged(source, _draws), batch_size=4)))["x"].tolist() == [
+        0, 1, 2, 3]
