@@ -170,6 +170,9 @@ def test_a_transform_that_returns_the_pad_mask_changed_is_warned_of_once(kind, f
     for chain, blamed in [((kind(fn), jl.BatchMap(lambda b: b)), 0),
                           ((cast_first, kind(fn)), 1),  # (held to the loader's mask)
                           ((jl.BatchMap(lambda b: b), jl.BatchMap(fills)), 1),
+                          ((jl.BatchMap(lambda b: {**b, "mask": np.where(b["mask"], 1.0, np.nan)
+                                                   .astype(np.float32)}),
+                            jl.BatchMap(lambda b: b)), 0),  # (NaN passed on: not blamed)
                           *(((k,), None) for k in kept)]:
         warned = blamed is not None
         monkeypatch.setattr("jaxloader.batching.batch_finish._SAID", {})  # (a JitMap's said

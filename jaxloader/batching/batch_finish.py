@@ -174,7 +174,8 @@ def _held(given: Any) -> Any:
 def _passed_on(out: Any, held: Any) -> bool:
     """Whether a transform returned the mask it was given (``held``: a copy) as it was."""
     try:
-        return bool(np.array_equal(np.asarray(out), np.asarray(held)))
+        held = np.asarray(held)
+        return bool(np.array_equal(np.asarray(out), held, equal_nan=held.dtype.kind in "fc"))
     except Exception:  # noqa: BLE001 - (a leaf NumPy cannot take or compare)
         return False
 
