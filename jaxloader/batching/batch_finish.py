@@ -212,8 +212,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     positions)`` of its records, a ``JitMap``'s keys; ``mask_key``: the pad mask's leaf,
     which a transform that leaves it out is warned of. Each transform's seconds go to
     ``clock`` under its name, taken off its collation (which the caller times whole)."""
-    if all(c.path == f"[{mask_key!r}]" for c in columns):  # (nothing but a pad mask, if any:
-        # a batch of nothing, given to the training step without a word)
+    if not columns or len(columns) == 1 and columns[0].path == f"[{mask_key!r}]":  # (none
+        # but a pad mask, if any: a batch of nothing, given to the step without a word)
         raise RecordError(f"{where()}: its records have no leaves ("
                           f"{tree_lib.unflatten(treedef, [])!r}): the source or a Map returned "
                           "an empty record; return the arrays a step needs (a dict of them)")

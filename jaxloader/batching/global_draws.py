@@ -184,12 +184,13 @@ def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
     out = call()
     if before is not None and draws() != before and len(sys.modules) == modules:  # (a module
         # imported as it was traced may draw as it is imported: flax.linen does)
-        warn_at(transform.fn,
+        warn_at(transform.fn, (
             f"{transform!r} drew from the global random state (np.random.randint, "
             "random.random, ...) as JAX traced it: a JitMap's function runs once, as it is "
             "compiled, so that draw is one number for every record, another in each worker "
             "and each run; draw from the key the JitMap gives (jl.JitMap(lambda record, key: "
-            "... jax.random.randint(key, ...) ...)), or in a RandomMap before it", "<transform>")
+            "... jax.random.randint(key, ...) ...)), or in a RandomMap before it"),
+            "<transform>")
     return out
 
 

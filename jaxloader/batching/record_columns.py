@@ -173,8 +173,9 @@ def _is_sparse(value: Any) -> bool:
     return type(value).__module__.startswith("scipy.sparse") and hasattr(value, "toarray")
 
 
-_SPARSE = ("make it dense: x.toarray() (scikit-learn's encoders: sparse_output=False), or give "
-           "its parts as leaves (x.indices, x.data: jl.Pad pads them to the batch's longest)")
+_DENSE = "make it dense: x.toarray() (scikit-learn's encoders: sparse_output=False)"
+_SPARSE = (f"{_DENSE}, or give its parts as leaves (x.indices, x.data: jl.Pad pads them to the "
+           "batch's longest)")
 
 
 # what an array of objects a source or a batch transform gives may hold: strings, bytes, arrays
@@ -349,12 +350,11 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
         if isinstance(leaf, np.ma.MaskedArray):  # (np.asarray drops its mask)
             _refuse_masked(path, [leaf], None, "the batch's column")
-        if _is_sparse(leaf):  # (np.asarray: one object, "got shape ()")
-            raise CollateError(f"batch leaf {path}: a SciPy sparse {type(leaf).__name__} of "
-                               f"shape {leaf.shape}, which no batch holds; "
-                               f"{_SPARSE.split(', or give')[0]}")
         array = np.asarray(leaf)
         if array.ndim == 0 or array.shape[0] != size:
+            if _is_sparse(leaf):  # (np.asarray: one object, "got shape ()")
+                raise CollateError(f"batch leaf {path}: a SciPy sparse {type(leaf).__name__} "
+                                   f"of shape {leaf.shape}, which no batch holds; {_DENSE}")
             listed = ("; a list or tuple in a batch is a pytree node, not a column: give a "
                       "column of rows as an array (np.asarray(rows), dtype=object for "
                       "strings), or return a list of records from __getitems__"

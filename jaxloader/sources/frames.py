@@ -1,6 +1,7 @@
-"""A pandas or polars ``DataFrame`` (or ``Series``) as ``ArraySource`` takes it: a dict of its
-columns as NumPy arrays, each of its own dtype, a column NumPy would hold otherwise than as its
-values (nulls, objects, a time zone) refused, named, with what to do.
+"""A pandas or polars ``DataFrame`` (or ``Series``), or a pyarrow ``Table`` (or array), as
+``ArraySource`` takes it: a dict of its columns as NumPy arrays, each of its own dtype, a column
+NumPy would hold otherwise than as its values (nulls, objects, a time zone) refused, named, with
+what to do; and pandas leaves paired by position refused where their indexes differ.
 
 Example:
     >>> import pandas as pd
@@ -71,11 +72,8 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
             f"(df.{fill}) or drop those rows (df.drop_nulls())")
     if getattr(column.dtype, "time_zone", None) is not None:  # (to_numpy: UTC's, unsaid)
         col = "s" if name is None else f"df.with_columns(pl.col({name!r})"
-        raise ConfigError(
-            f"{_named(name)} is {column.dtype}, whose zone NumPy's datetime64 has not (hours "
-            f"of the day would be UTC's); drop the zone ({col}.dt.convert_time_zone('UTC')"
-            f".dt.replace_time_zone(None){')' if name else ''}: the instants in UTC), or "
-            "convert to local times first")
+        raise _zoned(f"{_named(name)} is {column.dtype}", f"{col}.dt.convert_time_zone('UTC')"
+                     f".dt.replace_time_zone(None){')' if name else ''}")
     if type(column.dtype).__name__ == "Struct":
         raise ConfigError(
             f"{_named(name)} is a {column.dtype}, which NumPy would make one float64 matrix of "
@@ -88,14 +86,8 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
                           "it to a NumPy dtype (df.cast) or leave it out") from None
     if array.dtype.hasobject and text:
         lengths = column.str.len_chars()
-        chars, longest = int(lengths.sum()), int(lengths.max() or 0)
-        wide = 4 * longest * len(array)  # (UTF-32, each as wide as the longest: asked first)
-        if wide > max(_WIDE, 8 * 4 * chars):
-            raise ConfigError(
-                f"{_named(name)} holds {len(array)} strings of {chars} characters in all, "
-                f"which NumPy's fixed width (each as long as the longest, {longest}) would "
-                f"make {wide / 2**20:.0f} MiB; pass df.to_dicts() (records with str leaves), "
-                "datasets.Dataset.from_polars(df), or tokenize the text first")
+        _check_width(_named(name), len(array), int(lengths.sum()), int(lengths.max() or 0),
+                     "df.to_dicts() (records with str leaves), datasets.Dataset.from_polars(df)")
         return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
     if array.dtype.hasobject and name is not None:
         raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
@@ -107,16 +99,34 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
 _WIDE = 64 * 2**20  # fixed-width strings up to this many bytes are taken, however wide
 
 
+def _check_width(named: str, n: int, chars: int, longest: int, records: str) -> None:
+    """Refuses ``n`` strings NumPy's fixed width would make much larger than their ``chars``
+    (one long document among short ones made every string its width), asked before it is
+    made; ``records``: the call that gives records of str leaves instead."""
+    wide = 4 * longest * n  # (UTF-32, each as wide as the longest)
+    if wide > max(_WIDE, 8 * 4 * chars):
+        raise ConfigError(
+            f"{named} holds {n} strings of {chars} characters in all, which NumPy's fixed "
+            f"width (each as long as the longest, {longest}) would make {wide / 2**20:.0f} "
+            f"MiB; pass {records}, or tokenize the text first")
+
+
+def _zoned(subject: str, drop: str) -> ConfigError:
+    """The refusal of times with a zone (``subject``: the column and its type), which NumPy's
+    datetime64 has not; ``drop``: the call that gives its instants in UTC without it."""
+    return ConfigError(f"{subject}, whose zone NumPy's datetime64 has not (hours of the day "
+                       f"would be UTC's); drop the zone ({drop}: the instants in UTC), or "
+                       "convert to local times first")
+
+
 def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Series)
     """A pandas column as NumPy: a nullable dtype's of numbers (``Int64``, ``Float64``,
     ``boolean``, pyarrow's) as its NumPy dtype where it has no missing value, refused where it
     has one (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
     if getattr(getattr(column.dtype, "pyarrow_dtype", None), "tz", None) is not None:
-        raise ConfigError(  # (to_numpy gave UTC's datetime64 without a word; NumPy's: objects)
-            f"{_named(name)} has dtype {column.dtype}, whose zone NumPy's datetime64 has not "
-            "(hours of the day would be UTC's); drop the zone ("
-            f"{'s' if name is None else f'df[{name!r}]'}.dt.tz_convert(None): the instants in "
-            "UTC), or convert to local times first")
+        raise _zoned(  # (to_numpy gave UTC's datetime64 without a word; NumPy's: objects)
+            f"{_named(name)} has dtype {column.dtype}",
+            f"{'s' if name is None else f'df[{name!r}]'}.dt.tz_convert(None)")
     dtype = getattr(column.dtype, "numpy_dtype", None)
     numbers = isinstance(dtype, np.dtype) and not dtype.hasobject
     coded = type(column.dtype).__name__ == "CategoricalDtype"  # (to_numpy: floats, NaN)
@@ -231,14 +241,9 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
             f"or {drop}")
     inner = kind.value_type if pa.types.is_fixed_size_list(kind) else kind
     if pa.types.is_timestamp(inner) and inner.tz is not None:
-        raise ConfigError(
-            f"{named} is {kind}, whose zone NumPy's datetime64 has not (hours of the day "
-            f"would be UTC's); drop the zone ({col}.cast(pa.timestamp({inner.unit!r})): the "
-            "instants in UTC), or convert to local times first" if inner is kind else
-            f"{named} is {kind}, whose zone NumPy's datetime64 has not (hours of the day "
-            f"would be UTC's); drop the zone ({col}.cast(pa.list_(pa.timestamp("
-            f"{inner.unit!r}), {kind.list_size})): the instants in UTC), or convert to local "
-            "times first")
+        naive = f"pa.timestamp({inner.unit!r})"
+        raise _zoned(f"{named} is {kind}", f"{col}.cast({naive})" if inner is kind else
+                     f"{col}.cast(pa.list_({naive}, {kind.list_size}))")
     if getattr(pa.types, "is_string_view", lambda _: False)(kind):
         column, kind = column.cast(pa.string()), pa.string()  # (as a string column)
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -251,13 +256,8 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
             [], kind.value_type))]).reshape(len(column), kind.list_size)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         lengths = pc.utf8_length(column)
-        chars, longest = pc.sum(lengths).as_py() or 0, pc.max(lengths).as_py() or 0
-        if 4 * longest * len(column) > max(_WIDE, 8 * 4 * chars):
-            raise ConfigError(
-                f"{named} holds {len(column)} strings of {chars} characters in all, which "
-                f"NumPy's fixed width (each as long as the longest, {longest}) would make "
-                f"{4 * longest * len(column) / 2**20:.0f} MiB; pass table.to_pylist() "
-                "(records with str leaves), or tokenize the text first")
+        _check_width(named, len(column), pc.sum(lengths).as_py() or 0,
+                     pc.max(lengths).as_py() or 0, "table.to_pylist() (records with str leaves)")
         return np.asarray(column.to_pylist(), dtype=str)
     if not _fixed_width(kind):
         remedy = (f"cast it ({col}.cast(pa.float64()); pa.int64() for whole ids, which "
@@ -286,21 +286,19 @@ def check_aligned(paths: list[str], leaves: list) -> None:
         if len(index) == len(labels) and not index.equals(labels):
             import pandas as pd  # (its objects are leaves: imported)
 
-            fresh = [p for p, i in ((first, labels), (path, index))
-                     if i.equals(pd.RangeIndex(len(i)))]
+            fresh, other = (first, path) if labels.equals(pd.RangeIndex(len(labels))) else \
+                (path, first) if index.equals(pd.RangeIndex(len(index))) else (None, None)
+            remedy = (f"{fresh}'s is 0..n-1, as a frame made from an array has (pd.DataFrame("
+                      "scaler.fit_transform(X))): where positions pair them, drop the index of "
+                      f"the one at {other} (its .reset_index(drop=True)); where 0..n-1 are "
+                      "labels too (y = df['label'] of a frame not reordered), align them "
+                      "(y = y.loc[X.index])" if fresh else "align them (y = y.loc[X.index]), "
+                      "or, where their positions pair them, drop the indexes (X.reset_index("
+                      "drop=True), y.reset_index(drop=True))")
             raise ConfigError(
                 f"ArraySource: leaves {first} and {path} are pandas objects of other indexes "
                 f"({labels[:4].tolist()}... against {index[:4].tolist()}...), whose rows would "
-                "be paired by position, where pandas pairs them by label; " + (
-                    f"{fresh[0]}'s is 0..n-1, as a frame made from an array has (pd.DataFrame("
-                    "scaler.fit_transform(X))): where positions pair them, drop the index of "
-                    f"the one at {({first, path} - {fresh[0]} or {path}).pop()} (its "
-                    ".reset_index(drop=True)); where 0..n-1 are "
-                    "labels too (y = df['label'] of a frame not reordered), align them "
-                    "(y = y.loc[X.index])" if fresh else
-                    "align them (y = y.loc[X.index]), or, "
-                    "where their positions pair them, drop the indexes (X.reset_index("
-                    "drop=True), y.reset_index(drop=True))"))
+                f"be paired by position, where pandas pairs them by label; {remedy}")
 
 
 def _fixed_width(kind: Any) -> bool:
