@@ -140,7 +140,7 @@ def test_a_map_source_over_images_restores_a_state_of_the_thirty_third_session()
     images = [{"im": Image.fromarray(np.full((2, 2), i, np.uint8))} for i in range(12)]
     source = jl.MapSource(images, add_size)
     forms = []
-    for level in (0, 3, 4):  # (2, the 34th session's: 1's where no value is long)
+    for level in (0, 4, 5):  # (3, the 34th session's: 2's where no value is long)
         token = OLDER_DIGESTS.set(level)
         try:
             forms.append(fingerprint_of(source))
@@ -178,7 +178,7 @@ def test_a_set_of_uuids_is_written_as_before_for_states_of_before():
         SETS_AS_BEFORE.reset(token)
     assert written(IDS) != repr(IDS)
     source = jl.MapSource(jl.ArraySource({"x": np.arange(40)}), not_excluded)
-    token = OLDER_DIGESTS.set(3)  # (the 33rd session's)
+    token = OLDER_DIGESTS.set(4)  # (the 33rd session's)
     try:
         then = fingerprint_of(source)
     finally:
@@ -205,7 +205,7 @@ def test_states_of_the_thirty_fourth_session_over_long_values_restore():
     from jaxloader.loaders.state import older_transforms_of, transforms_of
 
     source = jl.MapSource(jl.ArraySource({"x": np.arange(40)}), count_files)
-    token = OLDER_DIGESTS.set(2)  # (the 34th session's)
+    token = OLDER_DIGESTS.set(3)  # (the 34th session's)
     try:
         then = fingerprint_of(source)
     finally:
@@ -215,6 +215,53 @@ def test_states_of_the_thirty_fourth_session_over_long_values_restore():
                                  transforms=transforms)
     with make() as loader:
         state, want, _ = _saved_then(loader, lambda text: text)
-    older = older_transforms_of(transforms)[0]
+    older = older_transforms_of(transforms)[2]  # (the 34th session's)
     assert then != state["source"] and older != transforms_of(transforms)
     assert _restored_quietly(make, {**state, "source": then, "transforms": older}) == want
+
+
+SHIFT = '''
+class Shift:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, r):
+        return {"id": r["id"] + self.k}
+'''
+
+
+def test_a_notebook_class_is_told_when_edited_and_its_states_of_before_restore(monkeypatch):
+    # (a class defined in a notebook's cell was digested by its __call__'s names alone: a
+    # restore under it edited, + to -, was quiet; now told, and the states the version before
+    # wrote, without its functions' text, restore as they did)
+    from jaxloader.base.abilities import OLDER_DIGESTS, fingerprint_of
+    from jaxloader.loaders.state import older_transforms_of
+    from sources.test_code_digest import notebook_class
+
+    records = jl.ArraySource({"id": np.arange(40)})
+
+    def make(cls, transforms=False):
+        fn = cls(3)
+        return jl.DataLoader(records if transforms else jl.MapSource(records, fn), batch_size=4,
+                             shuffle=True, transforms=[jl.Map(fn)] if transforms else None)
+
+    shift = notebook_class(monkeypatch, SHIFT, "Shift")
+    token = OLDER_DIGESTS.set(1)
+    try:
+        then = fingerprint_of(jl.MapSource(records, shift(3)))
+    finally:
+        OLDER_DIGESTS.reset(token)
+    with make(shift) as loader:
+        state, want, _ = _saved_then(loader, lambda text: text)
+    assert then != state["source"]
+    assert _restored_quietly(lambda: make(shift), {**state, "source": then}) == want
+    with make(shift, transforms=True) as loader:
+        mapped, mapped_want, _ = _saved_then(loader, lambda text: text)
+    older = {**mapped, "transforms": older_transforms_of([jl.Map(shift(3))])[0]}
+    assert older != mapped
+    assert _restored_quietly(lambda: make(shift, transforms=True), older) == mapped_want
+    edited = notebook_class(monkeypatch, SHIFT.replace("] + self", "] - self"), "Shift")
+    with make(edited) as again, pytest.raises(jl.StateDictError, match="map"):
+        again.load_state_dict(state)
+    with make(edited, transforms=True) as again, pytest.warns(jl.JaxloaderWarning, match="Shift"):
+        again.load_state_dict(mapped)

@@ -130,35 +130,39 @@ GENERATIONS = 2
 
 OLDER_DIGESTS: contextvars.ContextVar[int] = contextvars.ContextVar("older_digests", default=0)
 """Set to describe a source or a stream as older versions wrote it, otherwise as today's: 1,
-as versions until 2026-12-01's fortieth session did (a function's code's names and constants
-in the order each Python lists them: ``code_digest(code_as_before=True)``); 2, as 2026-11-30's
-thirty-fourth session's did (also a function's closure values and defaults by their text's
-first 200 characters, with no digest of the rest); 3, as its thirty-third session's did (also
-a record's array-likes, a ``jax.Array``, a PIL image, by their type alone:
-``array_likes_by_type()``; sets of values other than strings in their run's order); 4, as
-those before it did (also functions' code digests without their default arguments, a Hugging
-Face stream's joined datasets left out of its digest, a record's structure whole:
-``older_digests()``). Every ``OLDER`` generation wrote them as 4 does."""
-DIGEST_LEVELS = 4
+as versions until 2026-12-02's forty-fifth session did (a callable object of a class with no
+source Python finds, a notebook's, by its ``__call__``'s names and constants alone:
+``code_digest(methods=False)``, as every level after it too); 2, as versions until 2026-12-01's
+fortieth session did (also a function's code's names and constants in the order each Python
+lists them: ``code_digest(code_as_before=True)``); 3, as 2026-11-30's thirty-fourth session's
+did (also a function's closure values and defaults by their text's first 200 characters, with
+no digest of the rest); 4, as its thirty-third session's did (also a record's array-likes, a
+``jax.Array``, a PIL image, by their type alone: ``array_likes_by_type()``; sets of values
+other than strings in their run's order); 5, as those before it did (also functions' code
+digests without their default arguments, a Hugging Face stream's joined datasets left out of
+its digest, a record's structure whole: ``older_digests()``). Every ``OLDER`` generation wrote
+them as 5 does."""
+DIGEST_LEVELS = 5
 
 
 def older_digests() -> bool:
     """Whether digests are taken as states saved before 2026-11-30's thirty-third session hold
-    them (``OLDER_DIGESTS`` 4, or an ``OLDER`` generation)."""
-    return OLDER_DIGESTS.get() >= 4 or bool(OLDER.get())
+    them (``OLDER_DIGESTS`` 5, or an ``OLDER`` generation)."""
+    return OLDER_DIGESTS.get() >= 5 or bool(OLDER.get())
 
 
 def digest_level() -> int:
     """Which of a function's digests a state holds (``code_digests``): 0, this version's; 1,
-    the versions' until 2026-12-01's fortieth session; 2, 2026-11-30's thirty-fourth
-    session's; 3, its thirty-third's; 4, the versions' before it (``older_digests()``)."""
-    return 4 if older_digests() else OLDER_DIGESTS.get()
+    the versions' until 2026-12-02's forty-fifth session; 2, until 2026-12-01's fortieth; 3,
+    2026-11-30's thirty-fourth session's; 4, its thirty-third's; 5, the versions' before it
+    (``older_digests()``)."""
+    return DIGEST_LEVELS if older_digests() else OLDER_DIGESTS.get()
 
 
 def array_likes_by_type() -> bool:
     """Whether a record's array-likes are described by their type alone, as states saved
-    until 2026-11-30's thirty-fourth session hold them (``OLDER_DIGESTS`` 3 or more)."""
-    return OLDER_DIGESTS.get() >= 3 or bool(OLDER.get())
+    until 2026-11-30's thirty-fourth session hold them (``OLDER_DIGESTS`` 4 or more)."""
+    return OLDER_DIGESTS.get() >= 4 or bool(OLDER.get())
 
 
 def in_generation(generation: int, compute: Callable[[], Any]) -> Any:

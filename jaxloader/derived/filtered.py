@@ -32,7 +32,7 @@ from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
-from jaxloader.sources.code_digest import code_digest, warn_hashing
+from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, warn_hashing
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.parts import read_locked
@@ -97,8 +97,9 @@ class FilteredSource:
 
         found, path = kept_or_found(indices, find, None if keep is None else lambda: {
             "source": combined_generations("source", n, [source], *file_stamps(source)),
-            "keep function": (code_digest(keep, deep=True),  # (or as versions until
-                              code_digest(keep, deep=True, code_as_before=True))})  # 12-01)
+            "keep function": (code_digest(keep, deep=True), *(  # (or as older versions:
+                code_digest(keep, deep=True, methods=False, **form)  # until 12-02's 45th
+                for form in OLDER_FORMS[:2]))})  # session, until 12-01's 40th)
         self.source, self.indices = source, _checked(found, n, path)
         if not len(self.indices):
             what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"

@@ -32,7 +32,7 @@ from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.loaders.source_changes import reordered, source_differences
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.array_digest import arrays_digest
-from jaxloader.sources.code_digest import code_digest
+from jaxloader.sources.code_digest import OLDER_FORMS, code_digest
 from jaxloader.sources.fingerprint import compact_spec
 
 # The state's one version: what a step reads (the orders of ``order`` and ``plans``, the
@@ -84,14 +84,13 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
 
 
 def older_transforms_of(transforms: Sequence[Any]) -> list[list[str]]:
-    """``transforms_of`` as older versions named them: until 2026-12-01's 40th session, the
-    code's names and constants in each Python's order (``code_as_before``); in 2026-11-30's
-    34th, also a long value's text cut at 200 characters; in its 33rd, sets in their run's
-    order too; before, no defaults either; before that day, the code's digest alone."""
-    forms: list[dict[str, bool]] = [
-        {"code_as_before": True}, {"tails": False}, {"sets_as_before": True, "tails": False},
-        {"defaults": False, "sets_as_before": True, "tails": False}]
-    forms[1:] = [{**f, "code_as_before": True} for f in forms[1:]]
+    """``transforms_of`` as older versions named them (``code_digest.OLDER_FORMS``): until
+    2026-12-02's 45th session, a notebook's class by its ``__call__``'s names alone; until
+    2026-12-01's 40th, also the code's names and constants in each Python's order; in
+    2026-11-30's 34th, also a long value's text cut at 200 characters; in its 33rd, sets in
+    their run's order too; before, no defaults either; before that day, the code's digest
+    alone."""
+    forms = [{**form, "methods": False} for form in OLDER_FORMS]
     return [[f"{t!r} {_digest(t, **f)}" for t in transforms] for f in forms] + [
         [f"{t!r} {code_digest(t.fn, bound=True, **forms[-1])[:16]}" for t in transforms]]
 

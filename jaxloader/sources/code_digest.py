@@ -34,22 +34,26 @@ from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.sources.value_text import SETS_AS_BEFORE, value_text, written
 
 
-def code_digests(fn: Any) -> tuple[str, str, str, str, str]:
-    """``code_digest(fn)`` as this version takes it, as versions until 2026-12-01's fortieth
-    session did (``code_as_before``), as 2026-11-30's thirty-fourth session's did (also
-    ``tails=False``), as its thirty-third's did (also ``sets_as_before``) and as versions
-    before it did (also no defaults): what states saved by each hold (indexed by
-    ``base.abilities.digest_level()``)."""
-    return (code_digest(fn), code_digest(fn, code_as_before=True),
-            code_digest(fn, tails=False, code_as_before=True),
-            code_digest(fn, sets_as_before=True, tails=False, code_as_before=True),
-            code_digest(fn, defaults=False, sets_as_before=True, tails=False,
-                        code_as_before=True))
+def code_digests(fn: Any) -> tuple[str, ...]:
+    """``code_digest(fn)`` as this version takes it, as versions until 2026-12-02's
+    forty-fifth session did (``methods=False``), until 2026-12-01's fortieth (also
+    ``code_as_before``), as 2026-11-30's thirty-fourth session's did (also ``tails=False``), as
+    its thirty-third's did (also ``sets_as_before``) and as versions before it did (also no
+    defaults): what states saved by each hold (indexed by ``base.abilities.digest_level()``)."""
+    return (code_digest(fn), *(code_digest(fn, methods=False, **form) for form in OLDER_FORMS))
+
+
+OLDER_FORMS: tuple[dict[str, bool], ...] = (
+    {}, {"code_as_before": True}, {"tails": False, "code_as_before": True},
+    {"sets_as_before": True, "tails": False, "code_as_before": True},
+    {"defaults": False, "sets_as_before": True, "tails": False, "code_as_before": True})
+"""``code_digest``'s settings (with ``methods=False``) of each older digest level, the
+newest first: ``base.abilities.OLDER_DIGESTS`` 1 to 5."""
 
 
 def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool = True,
                 sets_as_before: bool = False, tails: bool = True,
-                code_as_before: bool = False) -> str:
+                code_as_before: bool = False, methods: bool = True) -> str:
     """A digest of ``fn``: its name, source text (where Python has it: a script's or a notebook's),
     the names and constants its code uses (nested functions' too: two lambdas on one line), its
     closure's values and default arguments' (``lambda r, m=m: ...``; a ``functools.partial``: its
@@ -76,10 +80,15 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     ``code_as_before``: the code's names and constants in the order and places each Python
     lists them, as versions until 2026-12-01's fortieth session took them (another digest
     under 3.11 than under 3.12 and later for a function with a comprehension).
+    ``methods=False``: a callable object whose class has no source Python can find (one
+    defined in a notebook's cell) by its ``__call__``'s names and constants alone, not its
+    class's functions' source text (``_methods_text``), as versions until 2026-12-02's
+    forty-fifth session took it (an edited operator, ``+`` to ``-``, went unseen).
     """
     token = SETS_AS_BEFORE.set(sets_as_before)
     try:
-        return _Digests(deep, bound, defaults, tails, code_as_before).of(fn, frozenset())
+        return _Digests(deep, bound, defaults, tails, code_as_before, methods).of(
+            fn, frozenset())
     finally:
         SETS_AS_BEFORE.reset(token)
 
@@ -89,9 +98,9 @@ class _Digests:
     many places, a function that calls itself)."""
 
     def __init__(self, deep: bool, bound: bool = False, defaults: bool = True,
-                 tails: bool = True, code_as_before: bool = False) -> None:
+                 tails: bool = True, code_as_before: bool = False, methods: bool = True) -> None:
         self.deep, self.bound, self.defaults, self.tails = deep, bound, defaults, tails
-        self.code_as_before = code_as_before
+        self.code_as_before, self.methods = code_as_before, methods
         self.done: dict[int, str] = {}
 
     def of(self, fn: Any, within: frozenset) -> str:
@@ -113,11 +122,12 @@ class _Digests:
             code = getattr(call, "__code__", None)
         else:
             digest.update(getattr(fn, "__qualname__", "").encode())
+        own = code is getattr(fn, "__code__", None)  # (else a callable object's class's)
         try:
-            digest.update(inspect.getsource(fn if code is getattr(fn, "__code__", None)
-                                            else type(fn)).encode())
-        except (OSError, TypeError):
-            pass  # (no source: built by exec, or the interpreter's prompt)
+            digest.update(inspect.getsource(fn if own else type(fn)).encode())
+        except (OSError, TypeError):  # (no source: built by exec, the interpreter's prompt,
+            if self.methods and not own:  # a notebook's class)
+                digest.update(_methods_text(type(fn)).encode())
         if code is not None and self.code_as_before:
             _update_code(digest, code)
         elif code is not None:
@@ -145,6 +155,29 @@ class _Digests:
                 inspect.getmodule(value)):  # (an installed library's: by its name)
             return f"{value.__module__}.{value.__qualname__}"
         return self.of(value, within)
+
+
+def _methods_text(cls: type) -> str:
+    """The source text of the functions ``cls`` and the user's classes under it define (methods,
+    static and class methods, properties'), each after its name: a class defined in a
+    notebook's cell has no source Python finds (it looks in its module's file, and
+    ``__main__`` has none there), but its functions' code names the cell, whose text the kernel
+    keeps (``linecache``)."""
+    texts = []
+    for klass in cls.__mro__:
+        if not users_code(inspect.getmodule(klass)):
+            continue  # (``object``, an installed library's base)
+        for name, value in sorted(vars(klass).items()):
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            parts = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [
+                value]
+            for part in filter(inspect.isfunction, parts):
+                try:
+                    texts.append(f"{klass.__qualname__}.{name}: {inspect.getsource(part)}")
+                except (OSError, TypeError):  # (a dataclass's made methods: no text)
+                    pass
+    return "".join(texts)
 
 
 def _defaults(fn: Any) -> list:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from jaxloader.base.abilities import close_of, digest_level
 from jaxloader.base.checks import check_int, refused_call
 from jaxloader.base.errors import ConfigError, StateDictError
-from jaxloader.sources.code_digest import code_digest, code_digests
+from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, code_digests
 from jaxloader.streams.shards import state_ints
 
 log = logging.getLogger("jaxloader")
@@ -60,25 +60,26 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
     held = functools.partial(  # (a state warns of another: the records' function, its
         make, *(getattr(make, "__defaults__", None) or ()),  # closure and its defaults, def
         **(getattr(make, "__kwdefaults__", None) or {}))  # read(i, files=FILES); the partial
-    # holds them, as it did before code_digest took defaults; and as versions until
-    # 2026-11-30's thirty-fifth session took it, a long value's text cut at 200 characters)
+    # holds them, as it did before code_digest took defaults; and as older versions took it:
+    # ``codes_of(before=)``)
     code, *before = (code_digest(held, defaults=False, **form)[:16] for form in (
-        {}, {"code_as_before": True}, {"tails": False, "code_as_before": True}))
+        {}, *({**f, "methods": False} for f in OLDER_FORMS[:3])))
     return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code,
                           code_before=tuple(before)) for i in range(shards)]
 
 
 def older_codes_of(shards: Sequence[Any]) -> list[list[str]]:
     """``codes_of(shards)`` as older versions took them: what their states hold."""
-    return [codes_of(shards, before) for before in (1, 2)]
+    return [codes_of(shards, before) for before in (1, 2, 3)]
 
 
 def codes_of(shards: Sequence[Any], before: int = 0) -> list[str]:
     """Each ``Stream.from_generator`` shard's function's digest (under any ``Stream.map``s),
     ``""`` for another shard; ``[]`` where none has one: what a stream loader's state holds,
     so that a restore over a generator of other files is said (``loaders.state``).
-    ``before``: as versions until 2026-12-01's fortieth session took them (1: the code's
-    names and constants in each Python's order), until 2026-11-30's thirty-fifth (2)."""
+    ``before``: as versions until 2026-12-02's forty-fifth session took them (1: a notebook's
+    class by its ``__call__``'s names alone), until 2026-12-01's fortieth (2: also the code's
+    names and constants in each Python's order), until 2026-11-30's thirty-fifth (3)."""
     codes = []
     for shard in shards:
         while isinstance(shard, MappedShard):

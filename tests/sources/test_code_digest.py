@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import linecache
 import sys
 import types
+import zlib
 
 import numpy as np
 import pytest
@@ -106,6 +109,60 @@ def test_deep_sees_a_helper_of_a_notebooks_main_which_has_no_file():
     said = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True).stdout
     assert said.strip() == "True"
+
+
+CELL = """
+class Scale:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, r):
+        return self.scaled(r) + self.shift(r)
+
+    def scaled(self, r):
+        return r * self.k
+
+    @staticmethod
+    def shift(r):
+        return r + 1
+"""
+
+
+def notebook_class(monkeypatch, text: str = CELL, name: str = "Scale") -> type:
+    """A class as a notebook's cell defines it: in a ``__main__`` with no file, the cell's
+    text kept by ``linecache`` under the cell's own file name, as IPython's kernel keeps it."""
+    main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    filename = f"/tmp/ipykernel_0/{zlib.crc32(text.encode())}.py"
+    monkeypatch.setitem(linecache.cache, filename,
+                        (len(text), None, text.splitlines(True), filename))
+    exec(compile(text, filename, "exec"), vars(main))  # noqa: S102 - (a cell, as a kernel runs it)
+    return vars(main)[name]
+
+
+@pytest.mark.parametrize("edit", [("r * self.k", "r / self.k"), ("r + 1", "r - 1")],
+                         ids=["a method", "a static method"])
+def test_a_notebook_cells_class_is_digested_by_its_functions_text(monkeypatch, edit):
+    # (Python finds no source of a class defined in a notebook's cell: a callable object was
+    # digested by its __call__'s names and constants, so an edited operator was the same
+    # digest, and a restore under the edited class went unsaid)
+    before = notebook_class(monkeypatch)(2)
+    with pytest.raises((OSError, TypeError)):
+        inspect.getsource(type(before))
+    after = notebook_class(monkeypatch, CELL.replace(*edit))(2)
+    assert code_digest(before) != code_digest(after)
+    assert code_digest(before, deep=True) != code_digest(after, deep=True)
+    assert code_digest(before) == code_digest(notebook_class(monkeypatch)(2))  # (run again)
+    assert code_digest(before, methods=False) == code_digest(after, methods=False)  # (before)
+
+
+def test_a_notebook_cells_class_digests_as_the_version_before_took_it_without_methods(
+        monkeypatch):
+    # (what a state saved by 7f10e28 holds of MapSource(..., Scale(2)) defined in a cell)
+    assert code_digest(notebook_class(monkeypatch)(2), methods=False) == SCALE_BEFORE
+
+
+SCALE_BEFORE = "286394113965dcc8ce0abfdc1aa373be"
 
 
 def test_sets_of_strings_inside_containers_digest_alike_under_every_hash_seed():
