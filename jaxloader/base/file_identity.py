@@ -5,12 +5,13 @@ therefore record each file's identity as they open it, and a restore over a file
 changed is refused, naming it (a stream: the shard it was in; a source: every file it reads):
 
     a stream shard     {"size", "head", "tail"}: CRC-32s of its first and last KiB (``ends``)
-    a Parquet file     [size, CRC-32 of its footer] (row groups' offsets, sizes and statistics)
+    a Parquet file     [size, CRC-32 of its footer (row groups' offsets, sizes and statistics),
+                        CRC-32 of the data before it in the same read (its last rows' bytes)]
     an ArrayRecord     [size, CRC-32 of its first KiB, of its last KiB] (``whole``)
 
 Content, not a modification time: a dataset copied to another disk (``cp``, ``gsutil cp``)
 keeps its identity and resumes; an edit inside a file that keeps its size and both ends (or
-its footer) is not seen.
+its footer and its last data) is not seen.
 
 Example:
     >>> import io
@@ -59,7 +60,10 @@ def ends(raw: Any, size: int | None = None, skip: int = 0) -> dict[str, int]:
 
 
 def parquet(path: str) -> list[int]:
-    """``[size, CRC-32 of the footer]`` of the Parquet file at ``path``."""
+    """``[size, CRC-32 of the footer, CRC-32 of the data before it]`` of the Parquet file at
+    ``path``: the data the footer's read holds (64 KiB less the footer, or a KiB), the last column
+    chunks' bytes, which rows moved within their row groups change where the footer (sizes,
+    statistics) stays the same (pyarrow's default writer, values that do not compress)."""
     with open_binary(path) as raw:
         return parquet_tail(raw)[0]
 
@@ -71,17 +75,17 @@ def parquet_tail(raw: Any) -> tuple[list[int], bytes]:
     size = raw.seek(0, os.SEEK_END)
     if size < _PARQUET_TAIL:  # (the whole file: pyarrow says what it lacks)
         raw.seek(0)
-        return [size, 0], raw.read(size)
+        return [size, 0, 0], raw.read(size)
     start = max(0, size - _TAIL_BYTES)
     raw.seek(start)
     tail = raw.read(size - start)
     length = int.from_bytes(tail[-_PARQUET_TAIL:-4], "little")
     if start and length + _PARQUET_TAIL > len(tail):  # a footer larger than the read
-        start = max(0, size - _PARQUET_TAIL - length)
+        start = max(0, size - _PARQUET_TAIL - length - ENDS_BYTES)  # (and the data's last KiB)
         raw.seek(start)
         tail = raw.read(size - start)
     at = max(0, len(tail) - _PARQUET_TAIL - length)
-    return [size, zlib.crc32(tail[at:at + length])], tail
+    return [size, zlib.crc32(tail[at:at + length]), zlib.crc32(tail[:at])], tail
 
 
 # what a connection, and the file systems over one, give up with (aiohttp's ClientOSError, a
@@ -131,7 +135,24 @@ def change(then: list[int], now: list[int]) -> str:
         return f"size {then[0]:,} bytes then, {now[0]:,} now"
     if len(then) == 2:
         return "the same size, another footer (its row groups' sizes or statistics differ)"
-    return "the same size, other bytes at its start or end"
+    return "the same size, other bytes at its start or end (a Parquet file: its footer, or the" \
+        " rows before it)"
+
+
+def as_now(then: Any, now: Any) -> Any:
+    """A state's file identities (``then``) with each Parquet file's written before 2026-12-02's
+    forty-fifth session, ``[size, footer's CRC]``, taken as ``now``'s where those two are the
+    same (wherever it is among them): such a state restores, checked as it was then (not its
+    last rows' bytes).
+
+    Example:
+        >>> as_now([[10, 1], [20, 2]], [[20, 3, 8], [10, 1, 7]])
+        [[10, 1, 7], [20, 2]]
+    """
+    if not isinstance(then, list) or not isinstance(now, list):
+        return then
+    parquet = {repr(b[:2]): b for b in now if isinstance(b, list) and len(b) == 3}
+    return [parquet.get(repr(a), a) if isinstance(a, list) and len(a) == 2 else a for a in then]
 
 
 def changed_error(owner: str, path: str, then: list[int], now: list[int] | None,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jaxloader.base.file_identity import check_files
+from jaxloader.base.file_identity import as_now, check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
@@ -283,7 +283,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     if "mixture_order" in state and "mixture" in expected:  # (written until 2026-11-27)
         check_mixture_order(state["mixture_order"], 5, "state['mixture_order']")
         state = {k: v for k, v in state.items() if k != "mixture_order"}
-    then, now = state.get("files"), expected.get("files")
+    then, now = as_now(state.get("files"), expected.get("files")), expected.get("files")
+    state = {**state, "files": then} if "files" in state else state
     if isinstance(then, list) and isinstance(now, list) and \
             sorted(map(str, then)) != sorted(map(str, now)):  # (not the same files reordered)
         check_files(then, now, paths)  # changed, added: named, before the fingerprint it moves

@@ -281,11 +281,13 @@ def file_stamps(source: Any) -> list[str]:
         []
     """
     stamps = []
-    for path, identity in source_files(source):
-        try:
-            stamps.append(f"{identity}@{os.stat(path).st_mtime_ns}")
-        except (OSError, TypeError, ValueError):  # (a path of another file system)
-            stamps.append(repr(identity))
+    for part in walk(source):  # (a Parquet file's by its size and footer, as before 2026-12-02's
+        cut = getattr(part, "stamped", None)  # 45th session: a rewrite changes the time too)
+        for path, identity in [(p, i[:cut]) for p, i in file_identities_of(part)]:
+            try:
+                stamps.append(f"{identity}@{os.stat(path).st_mtime_ns}")
+            except (OSError, TypeError, ValueError):  # (a path of another file system)
+                stamps.append(repr(identity))
     for path in _mapped_files(source):  # (memmaps: a label map saved again under its name
         try:  # was kept by the cache found from the old one, silently; by size and time, as
             found = os.stat(path)  # a file's own: a copy that keeps its time is the same)

@@ -71,6 +71,8 @@ class ParquetSource:
         True
     """
 
+    stamped = 2  # (a kept file's stamp: size, footer: ``fingerprint.file_stamps``)
+
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike],
                  columns: str | Sequence[str] | None = None,
                  cache_bytes: int = _DEFAULT_CACHE_BYTES, share_decoded: bool = True) -> None:

@@ -1233,8 +1233,11 @@ def test_a_footer_longer_than_one_read_gives_the_same_identity_and_footer(tmp_pa
         raw.seek(-8 - length, 2)
         footer = raw.read(length)
         assert length > 64 << 10
+        raw.seek(-8 - length - 1024, 2)
+        before = raw.read(1024)  # (the data's last KiB: rows moved within it change it)
         meta, identity = remote_footer(raw)
-    assert identity == file_identity.parquet(path) == [os.path.getsize(path), zlib.crc32(footer)]
+    assert identity == file_identity.parquet(path) == [os.path.getsize(path), zlib.crc32(footer),
+                                                       zlib.crc32(before)]
     assert meta.num_columns == 1500 and meta.equals(pq.read_metadata(path))
     with open(path, "wb") as tiny:  # (under a footer's 8 bytes: pyarrow says so, of 4 bytes)
         tiny.write(b"PAR1")
