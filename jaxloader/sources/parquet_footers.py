@@ -71,20 +71,20 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     check_chosen(paths, metas, schemas, first, chosen)
     wanted = [schema.field(c) for c in chosen]
     for path, meta, other in [(p, m, o) for i, (p, m, o) in enumerate(zip(paths, metas, schemas))
-                              if i != first]:
-        names, other_labels = set(other.names), _pandas_row_labels(other)
-        differ = [f"{f.name}: {f.type} in {paths[first]!r}, "  # (a file of no rows: a column of
-                  f"{other.field(f.name).type if f.name in names else 'missing'} here"  # no
-                  for f in wanted if f.name not in names or not _alike(  # type, pandas', is
-                      other.field(f.name).type).equals(_alike(f.type)) and not (  # alike)
-                      meta.num_rows == 0 and str(other.field(f.name).type) == "null")]
+                              if i != first and m.num_rows]:  # (a file of no rows gives none:
+        names, other_labels = set(other.names), _pandas_row_labels(other)  # an empty part's
+        differ = [f"{f.name}: {f.type} in {paths[first]!r}, "  # columns of no type, or of
+                  f"{other.field(f.name).type if f.name in names else 'missing'} here"  # its
+                  for f in wanted if f.name not in names or not _alike(  # own empty frame's)
+                      other.field(f.name).type).equals(_alike(f.type))]
         if columns is None:  # (all of them: one only a later file has was left out, silently)
             differ += [f"{name}: missing in {paths[first]!r}, {other.field(name).type} here"
                        for name in other.names if name not in known
                        and name not in other_labels]
         if differ:
             raise ConfigError(
-                f"ParquetSource: file {path!r} has another schema than the first file: "
+                f"ParquetSource: file {path!r} has another schema than the first file with "
+                "rows: "
                 + "; ".join(differ) + "; read the files in separate sources (and "
                 "ConcatSource them after a Map that makes them alike), or pass columns= "
                 "those they share"
