@@ -43,11 +43,13 @@ log = logging.getLogger("jaxloader")
 WAIT_S = 10.0  # the run's first next() waits this long for the other processes' settings
 SLICE_S = 0.25  # ... in waits this long each (a Ctrl-C or a close() is seen between them)
 SHORT = 60  # a value whose JSON is longer is compared by its digest
-# What the data is, told apart only by digests (a fingerprint, files' identities, a stream's
+# What the data is, told apart only by digests (a fingerprint, records' hashes, a stream's
 # shard names, the transforms' and generators' code): a difference with all else alike is
 # warned of, not refused, since a digest may differ over the same data (a Hugging Face
-# dataset's fingerprint made at random, a function's code compiled by another Python).
-NOTED = frozenset({"source", "record_hash", "files", "transforms", "generators"})
+# dataset's fingerprint made at random, a function's code compiled by another Python, a
+# source that draws as it reads). Files' identities are of their bytes alone: other ones are
+# other data, refused (``per_host_remedy``).
+NOTED = frozenset({"source", "record_hash", "transforms", "generators"})
 _INDEX = "process_index"  # the loader's, published beside its settings: each its own
 _PREFIX = "jaxloader/hosts"
 _named: dict[str, int] = {}  # loaders of a kind named so far in this process
@@ -304,10 +306,12 @@ class HostsCheck:
             self.noted = (
                 f"{self.owner}: the processes' data differ ({self._fields(peer, theirs)}), "
                 "where the rest agrees: the hosts may read other data, or transform it "
-                "otherwise. Harmless if the data and the functions are the same (a Hugging "
-                "Face dataset whose fingerprint datasets made at random, as it warns when it "
-                "cannot hash a function; a function compiled by another Python version); "
-                "else give every process the same data and functions")
+                f"otherwise. Other data loses records: each of the {self.count} processes "
+                "reads its own share of one order over its own data, and the other shares of "
+                "it are never read. " + per_host_remedy(self.owner) + ". Only the functions "
+                "differ, or the data is the same, where a Hugging Face dataset's fingerprint "
+                "is made at random (datasets warns when it cannot hash a function), a function "
+                "is compiled by another Python version, or a source draws as it reads")
         self.pending.difference_update(peer for peer, _ in found)  # (after: a Ctrl-C
         # before here leaves them to the next look)
 
@@ -346,6 +350,9 @@ class HostsCheck:
         same = ("stream, seed, batch_size, readers_per_process (num_workers by default) and "
                 "num_epochs" if self.owner == "StreamLoader" else
                 "source, seed, batch_size, shuffle, last_batch and num_epochs")
+        if "files:" in fields:  # (other bytes: each reads its share of its own, the rest never)
+            same += (" (the files differ: each process reads its share of its own files, and "
+                     f"the others' shares of them are never read; {per_host_remedy(self.owner)})")
         if "local_shuffle_blocks:" in fields:  # (the same rows in other row groups)
             same += (" (a LocalShuffle reads the source's own blocks, a Parquet file's row "
                      "groups: write each process's copy with the same row groups, or give "
@@ -365,6 +372,14 @@ class HostsCheck:
             "as its process first iterated it, so a process that first iterated another one "
             "before it (an eval loader) compares that one with this: iterate them first in "
             "the same order in every process.)")
+
+
+def per_host_remedy(owner: str) -> str:
+    """What to do where each host holds data of its own."""
+    return (f"give every process the same data, whole (the {owner} deals each its share); for "
+            "data that lives on each host alone, make each host's loader with process_index=0,"
+            " process_count=1 and put the hosts' batches together with "
+            "jax.make_array_from_process_local_data(sharding, batch)")
 
 
 def _listed(processes: list[int]) -> str:

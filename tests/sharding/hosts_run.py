@@ -3,7 +3,7 @@
 Usage: hosts_run.py PROCESS_ID PORT
 
 Makes, on both hosts, loaders alike and loaders that differ on host 1 (its seed, its batch
-size, the step it restored, its data, a stream's seed, num_epochs or shuffle; both hosts
+size, the step it restored, its data, its files, a stream's seed, num_epochs or shuffle; both hosts
 given process_index=0), one iter() each
 in the same order (host 0 also profiles a loader first, alone), and prints what each did:
 "CASE ok" with its first batches' ids, or "CASE refused: <message>", and "CASE_warned
@@ -12,7 +12,9 @@ logged waiting for host 1.
 """
 
 import logging
+import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -23,6 +25,8 @@ jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processe
                            process_id=process_id)
 
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 import jaxloader as jl  # noqa: E402
 
@@ -62,6 +66,9 @@ if other:
     time.sleep(1.5)  # host 0's first next() waits for this host's settings
 run("late", loader(), steps=8)
 run("data", jl.DataLoader(jl.ArraySource({"id": np.arange(80) + other}), batch_size=4))
+own = os.path.join(tempfile.mkdtemp(), "part.parquet")  # (each host a file of its own rows)
+pq.write_table(pa.table({"id": np.arange(80) + 1000 * process_id}), own)
+run("files", jl.DataLoader(jl.ParquetSource(own), batch_size=4))
 run("index", loader(process_index=0, process_count=2))  # (host 1's too: the same rows)
 run("stream_index", jl.StreamLoader(jl.Stream.from_generator(
     lambda shard: iter([{"id": shard}] * 4), 8), batch_size=2, process_index=0, process_count=2))

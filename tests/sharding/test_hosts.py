@@ -23,7 +23,7 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     for host in lines:
         for case in ("alike", "late", "stream", "profiled"):
             assert host[case].startswith("ok "), (case, host[case])
-        for case in ("seed", "batch_size", "step", "stream_seed", "stream_epochs",
+        for case in ("seed", "batch_size", "step", "stream_seed", "stream_epochs", "files",
                      "stream_shuffle", "index", "stream_index", "stream_epochs_restored"):
             assert host[case].startswith("refused: "), (case, host[case])
     # each host names the other's value first (host 0 sees host 1's 4; host 1 its own 4)
@@ -53,12 +53,14 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     for host in lines:  # other data of the same length, told apart only by digests: warned
         assert host["data"].startswith("ok "), host["data"]
         assert "the processes' data differ (record_hash: process" in host["data_warned"]
+        assert "each of the 2 processes reads its own share" in host["data_warned"]
+        assert "the files differ" in host["files"] and "process_count=1" in host["files"]
     assert lines[0]["missing"].startswith("ok ")  # host 0 alone: told, not stopped
     logged = [line for line in outs[0].splitlines() if line.startswith("logged:")]
     assert len(logged) == 1 and "process(es) 1 of 2 have not made this iter() (this " \
         "loader's 1st iter()) within 0.5 s" in logged[0], logged
 
 
-CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "index",
+CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "files", "index",
          "stream_index", "stream_epochs_restored", "stream",
          "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "missing"}

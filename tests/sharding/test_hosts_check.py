@@ -184,11 +184,19 @@ def test_other_data_told_only_by_digests_is_warned_of_not_refused():
     store = Store()
     check, _ = _pair(store, {"seed": 1, "source": "a" * 80}, {"seed": 1, "source": "b" * 80})
     with pytest.warns(UserWarning, match=r"data differ \(source: process 1 has 'digest "
-                      r"[0-9a-f]{16}', this process \(0\) 'digest [0-9a-f]{16}'\).*Hugging Face"):
+                      r"[0-9a-f]{16}', this process \(0\) 'digest [0-9a-f]{16}'\).*each of "
+                      r"the 2 processes reads its own share.*Hugging Face"):
         assert check.due(0) is True
     check, _ = _pair(Store(), {"seed": 1, "source": "a"}, {"seed": 2, "source": "b"})
     with pytest.raises(jl.ConfigError, match=r"\(seed: process 1 has 2, this process \(0\) 1; "
                        r"source: process 1 has 'b', this process \(0\) 'a'\)"):
+        check.due(0)
+    # (other files, by their bytes, are other data: each host read its share of its own
+    # records, the rest never, where the warning called itself "harmless if..."; the audit)
+    check, _ = _pair(Store(), {"seed": 1, "files": "a" * 80}, {"seed": 1, "files": "b" * 80})
+    with pytest.raises(jl.ConfigError, match=r"\(files: process 1 has 'digest .*the files "
+                       r"differ: each process reads its share of its own files.*process_index=0,"
+                       r" process_count=1 .*make_array_from_process_local_data"):
         check.due(0)
 
 
