@@ -758,3 +758,18 @@ def test_iter_from_another_thread_while_an_in_process_batch_is_made():
         assert isinstance(got.get("error"), jl.JaxloaderError), repr(got.get("error"))
         assert "this iterator is stale" in str(got["error"])
         assert main == [[8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
+
+
+def test_a_stream_state_on_another_process_count_is_refused_as_not_elastic():
+    # (the message said to keep process_count x readers_per_process, which the audit kept, 2
+    # hosts of one reader into 1 of two, and was refused again: no value restores it)
+    lines = jl.Stream.from_generator(lambda shard: ({"id": shard * 10 + i} for i in range(10)), 4)
+    with jl.StreamLoader(lines, batch_size=6, process_index=0, process_count=2,
+                         readers_per_process=1) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    with jl.StreamLoader(lines, batch_size=12, process_index=0, process_count=1,
+                         readers_per_process=2) as again, pytest.raises(
+            jl.StateDictError, match=r"process_count: expected 1, received 2.*on as many "
+                                     r"processes \(a stream state is not elastic"):
+        again.load_state_dict(state)

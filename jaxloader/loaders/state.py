@@ -369,9 +369,10 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
                "functions in it (a Stream.map's and a PackedStream's tokenize: named by a "
                "digest of their code: -O drops asserts from it, and a state saved before "
                "2026-12-01 restores under the Python version that saved it); " if other else "")
-            + "a stream's order depends on the seed, the batch size and the number of readers "
-            "(process_count x readers_per_process, which defaults to max(1, num_workers)): "
-            "restore with the same ones (pass readers_per_process= to change num_workers)")
+            + "a stream's order depends on the seed, the batch size, the process count and "
+            "each process's readers (readers_per_process, which defaults to max(1, "
+            "num_workers)): restore with the same ones, on as many processes (a stream state "
+            "is not elastic; pass readers_per_process= to change num_workers)")
     refuse_unknown(state, {"version", "step", "process_index", "readers", "pass", "transforms",
                            "generators", *config, *extra}, "StreamLoader")
     # a record's random numbers are keyed by its place in the stream, in 64 bits
