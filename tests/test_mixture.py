@@ -447,7 +447,9 @@ def test_a_weight_change_that_starts_after_its_step_says_where_it_starts():
         "mix(from_step={10: ...}): these weights are never used: the change at step 11 starts in "
         "the same",
         "mix(from_step={11: ...}): the weights change from step 128, not at step 11: with 4 "
-        "components, p"]
+        "components, p",
+        "mix: a batch of this loader does not hold each of the 4 components' share: positions are"
+        " laid ou"]
 
 
 def test_no_sources_is_named():
@@ -600,6 +602,9 @@ def test_a_restore_over_a_mixture_grown_or_a_halved_batch_says_what_changed_and_
     with pytest.raises(jl.StateDictError, match=r"the mixture holds its 2 components, but one of "
                                                 r"them differs inside: its records \(num_records"):
         loader(sources(60)).load_state_dict(state)
+    with pytest.raises(jl.StateDictError, match=r"differs inside: its records \(as many as "
+                       r"then.*or the same components in another order"):  # (a dict built
+        loader(sources(50)[::-1]).load_state_dict(state)  # otherwise: the contrastive audit)
     with pytest.raises(jl.StateDictError, match=r"the mixture's components: 2 then, 3 now; to "
                                                 r"mix a component in later, mix it from the "
                                                 r"start at weight 0"):
@@ -611,3 +616,25 @@ def test_a_restore_over_a_mixture_grown_or_a_halved_batch_says_what_changed_and_
     with pytest.raises(jl.StateDictError) as raised:  # (a larger batch: no such remedy)
         loader(sources(50), batch_size=16).load_state_dict(state)
     assert "gradient accumulation" not in str(raised.value)
+
+
+def test_batches_that_cannot_hold_each_components_share_are_warned_of():
+    # (class-balanced batches as a mix of one source a class: 4 classes at a batch of 8 gave
+    # [3, 1, 4, 0] without a word, and a class smaller than its share of a batch is in every
+    # batch twice, its own in-batch negative; the contrastive audit)
+    labels = np.repeat(np.arange(4), 100)
+    source = jl.ArraySource({"y": labels})
+    classes = [jl.FilteredSource(source, indices=np.flatnonzero(labels == c)) for c in range(4)]
+    with pytest.warns(jl.JaxloaderWarning, match=r"does not hold each of the 4 components' "
+                      r"share: .*a multiple of 12 holds each one's share"):
+        jl.DataLoader(jl.mix(classes, [1] * 4), batch_size=8, shuffle=True).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with jl.DataLoader(jl.mix(classes, [1] * 4), batch_size=12, shuffle=True) as loader:
+            counts = [np.bincount(b["y"], minlength=4).tolist() for b in take(loader, 20)]
+    assert counts == [[3, 3, 3, 3]] * 20  # (what the warning says to do)
+    few = jl.ArraySource({"y": np.arange(3)})
+    with pytest.warns(jl.JaxloaderWarning, match=r"component 'few' holds 3 records, fewer than "
+                      r"its share of a global batch of 8 \(weight 0.5\): every batch holds"):
+        jl.DataLoader(jl.mix({"few": few, "many": source}, {"few": 1, "many": 1}),
+                      batch_size=8).close()

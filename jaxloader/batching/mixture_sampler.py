@@ -84,6 +84,7 @@ class MixtureSampler:
         self._regimes = plan_regimes([(firsts[step], weights) for step, weights
                                       in sorted(mixture.schedule.items())], self._block)
         late_changes(firsts, self.global_batch_size, self._block, m)
+        loose_batches(mixture, self.global_batch_size, self._block)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
@@ -266,6 +267,35 @@ class MixtureSampler:
                 "steps would read other records here; restore with the shuffle that wrote it"
             )
         check_weights_before(self.schedule, saved, step)
+
+
+def loose_batches(mixture: Any, global_batch: int, block: int) -> None:
+    """Warns where a batch does not hold each component's share (a global batch with no divisor
+    of at least ``m * (m - 1)`` up to 1,024: positions laid out in blocks of 1,024, a batch a
+    part of one), and where a component is smaller than its share of a batch (each batch then
+    holds some of its records twice): class-balanced batches, in-batch negatives."""
+    m = len(mixture.sources)
+    if global_batch % block:
+        warnings.warn(
+            f"mix: a batch of this loader does not hold each of the {m} components' share: "
+            f"positions are laid out in blocks of {block:,} (each holds every component's "
+            f"share; a global batch of {global_batch} has no divisor of at least "
+            f"{m * (m - 1)} up to 1,024), and a batch takes its {global_batch} from one, so "
+            "it may hold fewer or none of a component; a global batch that is a multiple of "
+            f"{m * (m - 1)} holds each one's share (class-balanced batches)", JaxloaderWarning,
+            stacklevel=5)
+    lengths, names = np.diff(mixture.offsets), getattr(mixture, "names", None)
+    for step, weights in sorted(mixture.schedule.items()):
+        over = [c for c in range(m) if weights[c] * global_batch > lengths[c]]
+        if over:
+            c = over[0]
+            warnings.warn(
+                f"mix: component {repr(names[c]) if names else c} holds {lengths[c]} records, fewer "
+                f"than its share of a global batch of {global_batch} (weight {weights[c]:.3g}"
+                f"{f', from step {step}' if step else ''}): every batch holds some of them "
+                "twice (an in-batch negative that is the record itself); give it more records, "
+                "or a smaller weight", JaxloaderWarning, stacklevel=5)
+            return
 
 
 def late_changes(firsts: dict[int, int], global_batch: int, block: int, m: int) -> None:

@@ -26,7 +26,9 @@ def source_differences(then: str, now: str, same_size: bool = True) -> list[str]
         return [f"the mixture holds its {parts[1][0]} components, but one of them differs "
                 "inside: " + ("its records (as many as then, other values)" if same_size else
                               "its records (num_records: appended or removed)")
-                + ", a function it runs (MapSource, a filter's predicate) or its options"]
+                + ", a function it runs (MapSource, a filter's predicate) or its options; or "
+                "the same components in another order (a list or dict built otherwise: pass "
+                "them in the saved run's order)"]
     if then != now and then.split(":")[:2] == now.split(":")[:2]:
         kept = ("the records it keeps (another subset of the same size, or the same in another "
                 "order: keep a round's indices beside the checkpoint and make the "
