@@ -223,7 +223,12 @@ def _checked(indices: Any, n: int, path: str | None) -> np.ndarray:
                           f"numbers, got shape {array.shape} dtype {array.dtype}"
                           + ("; for a mask, pass np.flatnonzero(mask)" if mask else "")
                           + ("; np.where(...) gives a tuple of one array for each axis: pass "
-                             "np.where(...)[0]" if found else ""))
+                             "np.where(...)[0]" if found else "")
+                          + (f"; a {type(indices).__name__} is not an array: pass "
+                             + ("np.fromiter(sorted(indices), np.int64) (a set has no order "
+                                "of its own)" if isinstance(indices, (set, frozenset)) else
+                                "np.fromiter(indices, np.int64)")
+                             if array.dtype == object and array.ndim == 0 else ""))
     array = array.astype(np.int64)
     if array.size and (array.min() < 0 or array.max() >= n):
         at = int(np.flatnonzero((array < 0) | (array >= n))[0])

@@ -138,6 +138,13 @@ def test_bad_input_is_named(tmp_path):
         jl.FilteredSource(source, indices=[0, 3, 12])  # (not "no negative ones": the audit)
     with pytest.raises(jl.ConfigError, match=r"shape \(1, 3\).*pass np.where\(...\)\[0\]"):
         jl.FilteredSource(source, indices=np.where(np.arange(10) > 6))
+    # (a PyTorch sampler's generator or a set of indices: "shape () dtype object", no remedy)
+    with pytest.raises(jl.ConfigError, match=r"a generator is not an array: pass "
+                                             r"np.fromiter\(indices, np.int64\)"):
+        jl.FilteredSource(source, indices=(i for i in range(0, 10, 2)))
+    with pytest.raises(jl.ConfigError, match=r"a set is not an array: pass np.fromiter\(sorted"):
+        jl.FilteredSource(source, indices={3, 1})
+    assert len(jl.FilteredSource(source, indices=np.fromiter(sorted({3, 1}), np.int64))) == 2
     # indices in memory have no stale file to delete: a negative one (PyTorch's Subset takes
     # them) and a bool mask are named with their own remedy
     with pytest.raises(jl.ConfigError, match=r"got \[-1, 1\] \(indices\[0\] is -1\); indices "
