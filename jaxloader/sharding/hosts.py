@@ -11,8 +11,9 @@ to the run's key-value store, and its run's first ``next()`` compares: process 0
 other, the others with process 0. It waits up to ``WAIT_S`` for them (the first collective
 would wait for them anyway), then looks again at the 2nd, 4th, 8th... ``next()`` for any that
 came later. A difference raises ``ConfigError`` at every ``next()`` of the run, on process 0
-and on the process that differs, naming the process, the setting and both values; one only in
-what the data is, told by digests (``NOTED``), warns.
+and on the process that differs, naming the process, the setting and both values, and on the
+others through process 0's verdict (``host_verdict``); one only in what the data is, told by
+digests (``NOTED``), warns.
 
 A loader's ``iter()`` calls are paired by count (``Pairing``): its k-th with the other
 processes' k-th of the same loader, the loaders named by kind and the order of their first
@@ -37,6 +38,7 @@ import warnings
 from typing import Any, Callable, NoReturn, Protocol
 
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
+from jaxloader.sharding import host_verdict
 from jaxloader.sharding.pass_votes import PassVotes
 
 log = logging.getLogger("jaxloader")
@@ -118,6 +120,8 @@ class Pairing:
         if n >= 2:
             try:
                 store.key_value_delete(f"{_PREFIX}/{self.name}/{n - 2}/{me}")
+                if me == 0:
+                    store.key_value_delete(host_verdict.key(f"{_PREFIX}/{self.name}/{n - 2}"))
             except Exception:  # noqa: BLE001 (the store's; a key left is no harm)
                 pass
         return check
@@ -220,6 +224,7 @@ class HostsCheck:
         self.indices = {me: settings.get(_INDEX)}  # each process's loader's process_index
         self.told: Callable[[ConfigError], None] | None = None  # tells the others of a
         # failure (a stream's pass: its votes, which the others wait on; pass_votes)
+        self.verdict = count > 1 and me > 0  # process 0's verdict still to hear (host_verdict)
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
         """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first
@@ -238,15 +243,18 @@ class HostsCheck:
             _unavailable(self.owner, e)
             self.pending.clear()
         self.next_call = 2 * call + 1  # (the 2nd, 4th, 8th... next())
+        host_verdict.exchange(self, call, gone, WAIT_S)
         if self.noted is not None:
             warnings.warn(self.noted, JaxloaderWarning, stacklevel=3)  # (the caller's next())
             self.noted = None
         if self.failure is not None:
             self._raise()
-        return not self.pending
+        return not self.pending and not self.verdict
 
     def _raise(self) -> NoReturn:
         assert self.failure is not None
+        if self.me == 0:
+            host_verdict.say(self.store, self.prefix, str(self.failure))
         if self.told is not None:
             self.told(self.failure)
         raise self.failure

@@ -64,3 +64,17 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
 CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "files", "index",
          "stream_index", "stream_epochs_restored", "stream",
          "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "missing"}
+
+
+def test_a_host_alike_with_process_0_is_told_when_process_0_refused_a_third():
+    # (host 1 agreed with process 0 while host 2 did not: it went on into the first
+    # collective, to wait there until JAX's own timeout, its error naming no host; the
+    # multi-host audit)
+    pythonpath = os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
+    outs = run_hosts(os.path.join(HERE, "three_hosts_run.py"), 3, ["{port}"],
+                     env={"PYTHONPATH": pythonpath})
+    said = [out.splitlines()[0] for out in outs]
+    assert all(line.startswith("refused: ") for line in said), said
+    assert "seed: process 2 has 1, this process (0) 0" in said[0]
+    assert "process 0 refused this iter()'s settings, which this process's (1) agree with" in \
+        said[1] and "seed: process 2 has 1, this process (0) 0" in said[1]

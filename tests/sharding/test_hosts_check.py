@@ -342,3 +342,22 @@ def test_a_callable_objects_address_is_not_taken_for_another_transform(monkeypat
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         next(its[1])
+
+
+def test_a_process_alike_with_process_0_hears_that_process_0_refused_a_third(monkeypatch):
+    # (it went on into the first collective, to wait there until JAX gave up, naming no
+    # process; the multi-host audit)
+    monkeypatch.setattr(hosts, "WAIT_S", 0.05)
+    store = Store()
+    checks = [p.publish({"seed": 7 if i == 2 else 1}, 3, store=store, me=i)
+              for i, p in enumerate(_pairings(3))]
+    assert checks[1].due(0) is False  # (process 0 has not said yet: looked for again)
+    with pytest.raises(jl.ConfigError, match=r"seed: process 2 has 7, this process \(0\) 1"):
+        checks[0].due(0)
+    with pytest.raises(jl.ConfigError, match=r"process 0 refused this iter\(\)'s settings, which "
+                       r"this process's \(1\) agree with.*Process 0 said: .*seed: process 2 "
+                       r"has 7"):
+        checks[1].due(1)
+    store = Store()  # (alike: process 0 says so once it compared every process)
+    checks = [p.publish({"seed": 1}, 3, store=store, me=i) for i, p in enumerate(_pairings(3))]
+    assert checks[1].due(0) is False and checks[0].due(0) is True and checks[1].due(1) is True
