@@ -52,10 +52,15 @@ class Map:
 
 
 class RandomMap:
-    """A per-record transform ``fn(record, rng) -> record`` with a per-record seeded ``rng``.
+    """A per-record transform ``fn(record, rng) -> record`` with a per-record seeded ``rng``,
+    a pure function of ``(seed, epoch, position)`` and the transform's place in the list: two
+    ``RandomMap`` transforms in one loader draw apart (two views of a record, for contrastive
+    learning), where two loaders made with one seed draw the same numbers.
 
     Example:
         >>> noise = RandomMap(lambda r, rng: r + rng.normal(size=r.shape))
+        >>> views = [RandomMap(lambda r, rng: {**r, "a": r["x"] * rng.uniform()}),
+        ...          RandomMap(lambda r, rng: {**r, "b": r["x"] * rng.uniform()})]
     """
 
     def __init__(self, fn: Callable[[Any, np.random.Generator], Any]) -> None:
