@@ -51,6 +51,24 @@ def test_int64_then_uint64_is_told_to_be_uint64_not_float64_which_rounds():
         list(jl.DataLoader(parts, batch_size=4, process_index=0, process_count=1))
 
 
+def test_a_byte_order_or_a_structure_that_differs_is_named_by_the_dtype_not_its_name():
+    # (">f4 then <f4" read "float32, where ... had float32", and two structures "void32 ...
+    # void32" with the remedy np.asarray(x, 'void32'), which raises; the dtypes audit)
+    def refused(first, then):
+        parts = jl.ConcatSource([jl.ArraySource({"x": np.zeros(4, first)}),
+                                 jl.ArraySource({"x": np.zeros(4, then)})])
+        with pytest.raises(jl.CollateError) as caught:
+            list(jl.DataLoader(parts, batch_size=4, process_index=0, process_count=1))
+        return str(caught.value)
+
+    said = refused(">f4", "<f4")
+    assert "is float32 (1-D), where the first batch (step 0) had >f4 (1-D)" in said
+    assert "np.asarray(x, 'float32')" in said
+    said = refused([("a", "<i4")], [("a", "<f4")])
+    assert "[('a', '<f4')] (1-D), where the first batch (step 0) had [('a', '<i4')]" in said
+    assert "{f: x[f] for f in x.dtype.names}" in said and "void" not in said
+
+
 def test_strings_of_other_lengths_nested_leaves_and_partial_batches_pass():
     words = np.array(["a", "bb", "ccc", "dddd", "eeeee"])  # batches of <U2, then <U4, <U5
     source = jl.ArraySource({"w": words, "p": {"q": np.arange(5.0)}})

@@ -396,6 +396,34 @@ def test_ml_dtypes_numbers_are_a_pads_dtype():
     assert "x.view(ml_dtypes.bfloat16)" in device_dtype_problem(np.dtype("V2"))
 
 
+def test_a_pad_value_or_dtype_that_overflows_a_float_is_refused_not_made_inf_or_nan():
+    # (-1e9, the attention mask's pad, became -inf in float16 as NumPy 2 casts the value
+    # before it compares; 1e6 became NaN under Pad(dtype=float8_e4m3fn), which has no inf;
+    # a pad value of ml_dtypes' own type was "not a number"; the dtypes audit)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    records = [{"x": np.ones(n, np.float16)} for n in (2, 3)]
+    with pytest.raises(jl.CollateError, match=r"float16, which cannot hold value=-1000000000.0 "
+                       r"\(it would be .*-inf.*\); pass one it holds \(float16 from -65504.0"):
+        next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad("x", value=-1e9)])))
+    batch = next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad(
+        "x", value=-65504.0)])))  # (what the message says: held)
+    assert batch["x"][0].tolist() == [1, 1, -65504]
+    assert next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad(
+        "x", value=float("-inf"))])))["x"][0].tolist() == [1, 1, float("-inf")]  # (asked for)
+    big = [{"x": np.full(n, 1e6, np.float32)} for n in (2, 3)]
+    with pytest.raises(jl.CollateError, match=r"holds values float8_e4m3fn does not"):
+        next(iter(jl.DataLoader(big, batch_size=2, transforms=[jl.Pad(
+            "x", dtype=ml_dtypes.float8_e4m3fn)])))
+    own = [{"x": np.ones(n, ml_dtypes.bfloat16)} for n in (2, 3)]
+    batch = next(iter(jl.DataLoader(own, batch_size=2, transforms=[jl.Pad(
+        "x", value=ml_dtypes.bfloat16(0.5))])))
+    assert batch["x"].dtype == ml_dtypes.bfloat16 and batch["x"][0, 2] == 0.5
+    weighted = [{"t": np.arange(n, dtype=np.int32), "w": np.ones(n, np.float32)} for n in (2, 3)]
+    packed = jl.PackedSource(weighted, ["t", "w"], 4, value={"t": 0, "w": ml_dtypes.bfloat16(.5)})
+    rows = [packed[i]["w"].tolist() for i in range(len(packed))]
+    assert sorted(map(sorted, rows)) == [[0.5, 0.5, 1, 1], [0.5, 1, 1, 1]], rows
+
+
 def test_each_key_may_have_its_own_length_a_graphs_node_and_edge_budgets():
     # one length for all keys padded a graph's nodes to its edge budget, and several hosts
     # (which need a length) could not give each its own (the graph audit)

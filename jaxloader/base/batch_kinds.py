@@ -96,24 +96,27 @@ class BatchKinds:
                     f"{rank0}-D: every batch must have one rank a leaf; reshape or pad it in a "
                     "Map (or the BatchMap that made it; records that all held an empty list [] "
                     "have an axis fewer: np.reshape(x, (-1, 4)) gives one the rows' shape)")
-            name, name0 = (_TEXT.get(d.kind, d.name) + ("" if r < 0 else f" ({r}-D)")
-                           for d, r in ((kind, rank), (kind0, rank0)))
-            try:  # (numbers: the dtype that holds both)
-                common = repr(np.result_type(kind0, kind).name)
+            name, name0 = (_TEXT.get(d.kind, d.name if d.isnative and d.names is None else
+                                     str(d)) + ("" if r < 0 else f" ({r}-D)")
+                           for d, r in ((kind, rank), (kind0, rank0)))  # (a byte order, a
+            try:  # (numbers: the dtype that holds both)  # structure: not by its name alone)
+                fix = f"np.asarray(x, {np.result_type(kind0, kind).name!r})"
             except TypeError:
-                common = repr(_TEXT.get(kind0.kind, kind0.name))
+                fix = f"np.asarray(x, {_TEXT.get(kind0.kind, kind0.name)!r})"
+            if kind.names is not None or kind0.names is not None:
+                fix = "a leaf a field: {f: x[f] for f in x.dtype.names}"
             cause = "a JSON number written 1 in some records and 1.5 in others, or parts of a " \
                 "ConcatSource that differ"
             if np.dtype("float64") in (kind, kind0) and {kind.kind, kind0.kind} & set("iub"):
                 cause += ("; or a Pad's batch whose records all held empty lists, float64 "
                           "for NumPy: give the Pad dtype= (jl.Pad(..., dtype=np.int32))")
-            if {kind.kind, kind0.kind} == {"i", "u"} and common == "'float64'":
-                cause, common = ("int64 and uint64 hold no common int, and float64 rounds past "
-                                 "2**53: 'uint64' if none is negative"), "'uint64'"
+            if {kind.kind, kind0.kind} == {"i", "u"} and fix.endswith("'float64')"):
+                cause, fix = ("int64 and uint64 hold no common int, and float64 rounds past "
+                              "2**53: 'uint64' if none is negative"), "np.asarray(x, 'uint64')"
             raise CollateError(
                 f"{where(step)}: batch leaf {path} is {name}, where {then} had {name0}: every "
-                f"batch must have one dtype a leaf ({cause}); make it one in a Map "
-                f"(np.asarray(x, {common})), or in a jl.MapSource of the part that differs")
+                f"batch must have one dtype a leaf ({cause}); make it one in a Map ({fix}), or "
+                "in a jl.MapSource of the part that differs")
 
 
 def _kind(leaf: Any) -> Any:

@@ -206,11 +206,35 @@ def held_as(value: Any, kind: np.dtype) -> tuple[Any, bool]:
     Example:
         >>> held_as(-100, np.dtype(np.int32))[1], held_as(-1, np.dtype(np.uint8))[1]
         (True, False)
+        >>> held_as(0.1, np.dtype(np.float32))[1], held_as(-1e9, np.dtype(np.float16))[1]
+        (True, False)
     """
     try:
         with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (a complex value's cast warns of its part lost)
             held = np.asarray(value).astype(kind)
-            return held, bool(held == value or (held != held and value != value))
-    except (OverflowError, TypeError, ValueError):  # (an int past uint64: NumPy's object)
-        return None, False
+            return held, bool(held == value or (held != held and value != value)) and not (
+                _infinite(held) and not _infinite(value))  # (-1e9 in float16: NumPy 2 casts
+    except (OverflowError, TypeError, ValueError):  # the value, then -inf == -inf; an int
+        return None, False  # past uint64: NumPy's object)
+
+
+def _infinite(value: Any) -> bool:
+    """Whether ``value`` is a number that is infinite (not a date's, not text)."""
+    try:
+        return bool(np.isinf(np.asarray(value, dtype=np.complex128)))
+    except (TypeError, ValueError):
+        return False
+
+
+def ml_number(value: Any) -> bool:
+    """Whether ``value`` is a scalar of ml_dtypes' numbers (``bfloat16``, ``float8_*``,
+    ``int4``), which NumPy holds as ``np.generic`` of kind ``V``, not ``np.number``.
+
+    Example:
+        >>> ml_number(np.float32(1)), ml_number(np.void(b"x"))
+        (False, False)
+    """
+    dtype = getattr(value, "dtype", None)
+    return isinstance(value, np.generic) and dtype is not None and dtype.kind == "V" and (
+        dtype.type is not np.void and dtype.name[:1] in "fbiu")

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int, held_as
+from jaxloader.base.checks import check_int, held_as, ml_number
 from jaxloader.base.errors import CollateError, ConfigError
 
 
@@ -91,7 +91,7 @@ class Pad:
                               f"one for {list(values)}")
         for given in values.values():
             if not isinstance(given, (int, float, complex, np.number, np.bool_, np.datetime64,
-                                      np.timedelta64)):
+                                      np.timedelta64)) and not ml_number(given):
                 raise ConfigError(f"Pad(value): expected a number (what pads), or a dict of one "
                                   f"for each key, got {given!r:.80}")
         try:
@@ -224,7 +224,8 @@ def _check_value(pad: Pad, key: str, kind: np.dtype) -> None:
     held, kept = held_as(value, kind)
     if not kept:
         example = (f"np.{kind.name.split('[')[0]}('NaT', {np.datetime_data(kind)[0]!r})"
-                   if kind.kind in "mM" else "a value of its kind")
+                   if kind.kind in "mM" else f"one it holds ({kind} from {_finite(kind)})"
+                   if _kind_of(kind) in "fc" else "a value of its kind")
         raise CollateError(f"{pad!r}: {key!r} is {kind}, which cannot hold value="
                            f"{value!r} (it would be {held!r}); pass {example}" +
                            (f", for that key alone: value={{{key!r}: ..., ...}}"
@@ -297,6 +298,20 @@ def _each(keys: list[str], given: Any, name: str) -> dict[str, Any]:
     return given
 
 
+def _finite(kind: np.dtype) -> str:
+    """The range of a float ``kind``'s finite values, as text (its ``finfo``'s)."""
+    try:
+        if kind.kind in "fc":
+            info: Any = np.finfo(kind)
+        else:  # (bfloat16, float8_*: NumPy's finfo knows them not)
+            import ml_dtypes
+
+            info = ml_dtypes.finfo(kind)
+        return f"{info.min} to {info.max}"
+    except (ImportError, TypeError, ValueError):
+        return "its finite values"
+
+
 def _kind_of(dtype: np.dtype) -> str:
     """A dtype's kind, ml_dtypes' numbers (``bfloat16``, ``float8_*``, ``int4``) by theirs:
     NumPy calls them ``V``, raw bytes."""
@@ -342,10 +357,11 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
                            "in a Map before the Pad, or give the Pad a dtype of its kind")
     with np.errstate(all="ignore"):
         made = given.astype(kind)
-        lost = (not np.array_equal(made.astype(given.dtype), given)  # (back: in float64
-                if given.dtype.kind in "biu" else  # an int past 2**53 would compare equal)
-                bool(np.any(np.isinf(made) & ~np.isinf(given)))
-                if given.dtype.kind in "fc" else False)
+        if _kind_of(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal)
+            lost = not np.array_equal(made.astype(given.dtype), given)
+        else:  # (an overflow: inf, or NaN in a type with no inf, float8_e4m3fn)
+            lost = _kind_of(given.dtype) in "fc" and bool(np.any(
+                (np.isinf(made) & ~np.isinf(given)) | (np.isnan(made) & ~np.isnan(given))))
     if lost:
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds values "
                            f"{kind} does not (from {given.min()} to {given.max()}); pass a "

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jaxloader.base.checks import held_as
+from jaxloader.base.checks import held_as, ml_number
 from jaxloader.base.errors import ConfigError
 
 
@@ -107,7 +107,7 @@ def fill_values(label: str, value: Any, keys: list[str]) -> list[Any]:
     (labels' -100 beside ids' 0), refused otherwise, naming ``label``."""
     values = value if isinstance(value, Mapping) else dict.fromkeys(keys, value)
     if set(values) != set(keys) or not all(
-            isinstance(v, (int, float, np.integer, np.floating, np.bool_))
+            isinstance(v, (int, float, np.integer, np.floating, np.bool_)) or ml_number(v)
             for v in values.values()):
         raise ConfigError(f"{label}: expected a number (what pads the rows after their "
                           f"segments), or a dict of one for each key of {keys}, got "
