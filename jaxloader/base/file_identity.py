@@ -80,7 +80,8 @@ def parquet_tail(raw: Any) -> tuple[list[int], bytes]:
     raw.seek(start)
     tail = raw.read(size - start)
     length = int.from_bytes(tail[-_PARQUET_TAIL:-4], "little")
-    if start and length + _PARQUET_TAIL > len(tail):  # a footer larger than the read
+    if start and length + _PARQUET_TAIL + ENDS_BYTES > len(tail):  # (a footer larger than
+        # the read, or with less than a KiB of data before it there)
         start = max(0, size - _PARQUET_TAIL - length - ENDS_BYTES)  # (and the data's last KiB)
         raw.seek(start)
         tail = raw.read(size - start)
@@ -151,8 +152,22 @@ def as_now(then: Any, now: Any) -> Any:
     """
     if not isinstance(then, list) or not isinstance(now, list):
         return then
-    parquet = {repr(b[:2]): b for b in now if isinstance(b, list) and len(b) == 3}
-    return [parquet.get(repr(a), a) if isinstance(a, list) and len(a) == 2 else a for a in then]
+    def parquet(b: Any) -> bool:
+        return isinstance(b, list) and len(b) == 3
+
+    found = list(then)
+    for i, a in enumerate(then):  # (in its place first)
+        if isinstance(a, list) and len(a) == 2 and i < len(now) and parquet(now[i]) and \
+                now[i][:2] == a:
+            found[i] = now[i]
+    taken, left = {id(f) for f in found}, dict[str, list]()  # (else wherever it is: the
+    for b in now:  # files reordered; two of one size and footer taken in their order)
+        if parquet(b) and id(b) not in taken:
+            left.setdefault(repr(b[:2]), []).append(b)
+    for i, a in enumerate(then):
+        if found[i] is a and isinstance(a, list) and len(a) == 2 and left.get(repr(a)):
+            found[i] = left[repr(a)].pop(0)
+    return found
 
 
 def changed_error(owner: str, path: str, then: list[int], now: list[int] | None,
