@@ -31,6 +31,7 @@ import warnings
 from typing import Any
 
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
+from jaxloader.sources.class_text import class_text
 from jaxloader.sources.value_text import SETS_AS_BEFORE, value_text, written
 
 
@@ -82,7 +83,7 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     under 3.11 than under 3.12 and later for a function with a comprehension).
     ``methods=False``: a callable object whose class has no source Python can find (one
     defined in a notebook's cell) by its ``__call__``'s names and constants alone, not its
-    class's functions' source text (``_methods_text``), as versions until 2026-12-02's
+    class's text from its cell (``class_text``), as versions until 2026-12-02's
     forty-fifth session took it (an edited operator, ``+`` to ``-``, went unseen).
     """
     token = SETS_AS_BEFORE.set(sets_as_before)
@@ -158,26 +159,10 @@ class _Digests:
 
 
 def _methods_text(cls: type) -> str:
-    """The source text of the functions ``cls`` and the user's classes under it define (methods,
-    static and class methods, properties'), each after its name: a class defined in a
-    notebook's cell has no source Python finds (it looks in its module's file, and
-    ``__main__`` has none there), but its functions' code names the cell, whose text the kernel
-    keeps (``linecache``)."""
-    texts = []
-    for klass in cls.__mro__:
-        if not users_code(inspect.getmodule(klass)):
-            continue  # (``object``, an installed library's base)
-        for name, value in sorted(vars(klass).items()):
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
-            parts = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [
-                value]
-            for part in filter(inspect.isfunction, parts):
-                try:
-                    texts.append(f"{klass.__qualname__}.{name}: {inspect.getsource(part)}")
-                except (OSError, TypeError):  # (a dataclass's made methods: no text)
-                    pass
-    return "".join(texts)
+    """``class_text`` of each of the user's classes ``cls`` derives from, its own first (not
+    ``object``, nor an installed library's base)."""
+    return "".join(class_text(klass) for klass in cls.__mro__
+                   if users_code(inspect.getmodule(klass)))
 
 
 def _defaults(fn: Any) -> list:

@@ -1,0 +1,76 @@
+"""``class_text``: the text of a class defined in a notebook's cell, which Python finds none of.
+
+``inspect.getsource`` finds a class's text through its module's file, and a notebook's
+``__main__`` has none, so a callable object of a class defined in a cell was digested
+(``code_digest``) by its ``__call__``'s names and constants alone: an edited operator, a class
+attribute's value, a decorated method went unseen at a restore. Its functions' code names the
+cell's own file, whose lines the kernel keeps (``linecache``): the class's block is read from
+there, and each of its functions' text too (one assigned to the class after it was made).
+
+Example:
+    >>> class_text(int)  # (no function of its own: nothing to read)
+    ''
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import linecache
+import re
+from typing import Any
+
+
+def class_text(klass: type) -> str:
+    """``klass``'s block, read from the cell its functions' code names (``""`` where it is not
+    kept there), and the text of each function it holds, each after its name."""
+    functions = [(name, part) for name, value in sorted(vars(klass).items())
+                 for part in _functions(value)]
+    texts = [_block(klass, [f for _, f in functions])]
+    for name, part in functions:
+        try:
+            texts.append(f"{klass.__qualname__}.{name}: {inspect.getsource(part)}")
+        except (OSError, TypeError):  # (a dataclass's made methods: no text)
+            pass
+    return "".join(texts)
+
+
+def _functions(value: Any) -> list[Any]:
+    """The plain functions a class's attribute holds: a method's, a static or class
+    method's, a property's, a ``cached_property``'s, each unwrapped (``lru_cache``,
+    ``jax.jit``)."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    parts = ([value.fget, value.fset, value.fdel] if isinstance(value, property) else
+             [value.func] if isinstance(value, functools.cached_property) else [value])
+    found = []
+    for part in parts:
+        try:
+            part = inspect.unwrap(part) if callable(part) else part
+        except ValueError:  # (a cycle of __wrapped__)
+            pass
+        if inspect.isfunction(part):
+            found.append(part)
+    return found
+
+
+def _block(klass: type, functions: list[Any]) -> str:
+    """``klass``'s block in the cell its ``functions``' code names (``""`` where none does,
+    or the lines are not kept): from ``__firstlineno__`` (Python 3.13), else from the line
+    that opens a class of its name before the function; its values' text with it (``K = 2``,
+    a table)."""
+    own = [f for f in functions if f.__qualname__.startswith(f"{klass.__qualname__}.")]
+    for function in own or functions:  # (those its body defines first: one assigned to it
+        lines = linecache.getlines(function.__code__.co_filename)  # may be another cell's)
+        first = vars(klass).get("__firstlineno__")
+        if first is None:  # (the last that opens it before its function: one cell may make
+            opens = re.compile(rf"\s*class\s+{re.escape(klass.__name__)}\b")  # it twice)
+            first = next((i + 1 for i in range(min(function.__code__.co_firstlineno,
+                                                   len(lines)) - 1, -1, -1)
+                          if opens.match(lines[i])), None)
+        if lines and first is not None and 0 < first <= len(lines):
+            try:
+                return "".join(inspect.getblock(lines[first - 1:]))
+            except Exception:  # noqa: BLE001 - (a text the tokenizer cannot read)
+                return ""
+    return ""
