@@ -626,13 +626,18 @@ def test_batches_that_cannot_hold_each_components_share_are_warned_of():
     source = jl.ArraySource({"y": labels})
     classes = [jl.FilteredSource(source, indices=np.flatnonzero(labels == c)) for c in range(4)]
     with pytest.warns(jl.JaxloaderWarning, match=r"does not hold each of the 4 components' "
-                      r"share: .*a multiple of 12 holds each one's share"):
+                      r"share: .*at least 12, more than a global batch of 8.*a multiple of 12 "
+                      r"holds each one's share"):
         jl.DataLoader(jl.mix(classes, [1] * 4), batch_size=8, shuffle=True).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with jl.DataLoader(jl.mix(classes, [1] * 4), batch_size=12, shuffle=True) as loader:
             counts = [np.bincount(b["y"], minlength=4).tolist() for b in take(loader, 20)]
     assert counts == [[3, 3, 3, 3]] * 20  # (what the warning says to do)
+    with warnings.catch_warnings():  # (a batch over a block spans whole ones: each share
+        warnings.simplefilter("error")  # within a few records, the review)
+        big = [jl.ArraySource({"y": np.full(2000, c)}) for c in range(2)]
+        jl.DataLoader(jl.mix(big, [1, 1]), batch_size=1031, num_epochs=None).close()
     few = jl.ArraySource({"y": np.arange(3)})
     with pytest.warns(jl.JaxloaderWarning, match=r"component 'few' holds 3 records, fewer than "
                       r"its share of a global batch of 8 \(weight 0.5\): every batch holds"):

@@ -270,20 +270,20 @@ class MixtureSampler:
 
 
 def loose_batches(mixture: Any, global_batch: int, block: int) -> None:
-    """Warns where a batch does not hold each component's share (a global batch with no divisor
-    of at least ``m * (m - 1)`` up to 1,024: positions laid out in blocks of 1,024, a batch a
-    part of one), and where a component is smaller than its share of a batch (each batch then
-    holds some of its records twice): class-balanced batches, in-batch negatives."""
+    """Warns where a batch does not hold each component's share (a global batch under
+    ``m * (m - 1)``: positions laid out in blocks of 1,024, a batch a part of one), and where
+    a component is smaller than its share of a batch (each batch then holds some of its
+    records twice): class-balanced batches, in-batch negatives."""
     m = len(mixture.sources)
-    if global_batch % block:
+    if global_batch < block:  # (a larger one spans whole blocks: each share within a few)
         warnings.warn(
             f"mix: a batch of this loader does not hold each of the {m} components' share: "
             f"positions are laid out in blocks of {block:,} (each holds every component's "
-            f"share; a global batch of {global_batch} has no divisor of at least "
-            f"{m * (m - 1)} up to 1,024), and a batch takes its {global_batch} from one, so "
-            "it may hold fewer or none of a component; a global batch that is a multiple of "
-            f"{m * (m - 1)} holds each one's share (class-balanced batches)", JaxloaderWarning,
-            stacklevel=5)
+            f"share; with {m} components a block holds at least {m * (m - 1)}, more than a "
+            f"global batch of {global_batch}), and a batch takes its {global_batch} from one, "
+            "so it may hold fewer or none of a component; a global batch that is a multiple "
+            f"of {m * (m - 1)} holds each one's share (class-balanced batches)",
+            JaxloaderWarning, stacklevel=5)
     lengths, names = np.diff(mixture.offsets), getattr(mixture, "names", None)
     for step, weights in sorted(mixture.schedule.items()):
         over = [c for c in range(m) if weights[c] * global_batch > lengths[c]]

@@ -34,6 +34,7 @@ from typing import Any, Callable
 from jaxloader.base.errors import ConfigError
 
 SLICE_S = 0.25  # a wait for the verdict is cut in slices this long (a close() is seen)
+PENDING = "\0pending"  # process 0 still waits for some: looked for again, not waited on
 
 
 def key(prefix: str) -> str:
@@ -43,10 +44,13 @@ def key(prefix: str) -> str:
 
 
 def say(store: Any, prefix: str, failure: str | None) -> None:
-    """Process 0: writes that every process agrees (``failure`` ``None``) or its error's text;
-    a store that fails leaves the others to their first collective, as before."""
-    try:
-        store.key_value_set(key(prefix), "" if failure is None else failure[:4000])
+    """Process 0: writes that every process agrees (``failure`` ``None``), its error's text,
+    or that it still waits for some (``PENDING``: one later than its wait, whose first
+    ``next()`` must not wait for a verdict process 0 gives later, in its first collective); a
+    store that fails leaves the others to their first collective, as before."""
+    try:  # (over its PENDING)
+        store.key_value_set(key(prefix), "" if failure is None else failure[:4000],
+                            allow_overwrite=True)
     except Exception:  # noqa: BLE001 - (the store's; said already where it failed first)
         pass
 
@@ -55,19 +59,19 @@ def heard(store: Any, prefix: str, wait_s: float, gone: Callable[[], bool]) -> s
     """Process 0's verdict (``""``: all agree; else its error's text), waiting up to
     ``wait_s`` for it (until ``gone()``: the run closed or restored); ``None`` where it is not
     there yet."""
-    deadline = time.monotonic() + wait_s
+    deadline, said = time.monotonic() + wait_s, None
     try:
-        return str(store.key_value_try_get(key(prefix)))
+        said = str(store.key_value_try_get(key(prefix)))
     except Exception:  # noqa: BLE001 - (not there yet, or the store's)
         pass
-    while not gone() and (left := deadline - time.monotonic()) > 0:
+    while said is None and not gone() and (left := deadline - time.monotonic()) > 0:
         try:  # (returns once it is written)
-            return str(store.blocking_key_value_get(key(prefix), max(1, int(min(
+            said = str(store.blocking_key_value_get(key(prefix), max(1, int(min(
                 left, SLICE_S) * 1000))))
         except Exception as e:  # noqa: BLE001 - (the store's timeout: waited again)
             if "DEADLINE_EXCEEDED" not in str(e):
                 return None
-    return None
+    return None if said == PENDING else said
 
 def exchange(check: Any, call: int, gone: Callable[[], bool], wait_s: float) -> None:
     """``check`` (a ``hosts.HostsCheck``) at its run's ``call``-th ``next()``: process 0, once

@@ -12,8 +12,7 @@ other, the others with process 0. It waits up to ``WAIT_S`` for them (the first 
 would wait for them anyway), then looks again at the 2nd, 4th, 8th... ``next()`` for any that
 came later. A difference raises ``ConfigError`` at every ``next()`` of the run, on process 0
 and on the process that differs, naming the process, the setting and both values, and on the
-others through process 0's verdict (``host_verdict``); one only in what the data is, told by
-digests (``NOTED``), warns.
+others by process 0's verdict (``host_verdict``); one in the data's digests (``NOTED``) warns.
 
 A loader's ``iter()`` calls are paired by count (``Pairing``): its k-th with the other
 processes' k-th of the same loader, the loaders named by kind and the order of their first
@@ -224,7 +223,7 @@ class HostsCheck:
         self.indices = {me: settings.get(_INDEX)}  # each process's loader's process_index
         self.told: Callable[[ConfigError], None] | None = None  # tells the others of a
         # failure (a stream's pass: its votes, which the others wait on; pass_votes)
-        self.verdict = count > 1 and me > 0  # process 0's verdict still to hear (host_verdict)
+        self.verdict = count > 2 and me > 0  # process 0's to hear (host_verdict; 2: no third)
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
         """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first
@@ -289,6 +288,8 @@ class HostsCheck:
                 self.owner, _listed(sorted(self.pending)), self.count, _nth(self.n + 1),
                 WAIT_S)
             _told["late"] = True
+            if self.me == 0:  # (the others need not wait for its verdict: host_verdict)
+                host_verdict.say(self.store, self.prefix, host_verdict.PENDING)
 
     def _look(self) -> None:
         """Takes the settings the store has now (process 0: every other's; the others:

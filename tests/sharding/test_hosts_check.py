@@ -361,3 +361,17 @@ def test_a_process_alike_with_process_0_hears_that_process_0_refused_a_third(mon
     store = Store()  # (alike: process 0 says so once it compared every process)
     checks = [p.publish({"seed": 1}, 3, store=store, me=i) for i, p in enumerate(_pairings(3))]
     assert checks[1].due(0) is False and checks[0].due(0) is True and checks[1].due(1) is True
+    # (the review: a host later than process 0's wait found its settings, then waited for a
+    # verdict process 0 gives only at a later next(), in its first collective: the run held
+    # up 10 s more; now said to be coming, and looked for again)
+    store = Store()
+    pairings = _pairings(3)
+    checks = [p.publish({"seed": 1}, 3, store=store, me=i) for i, p in enumerate(pairings[:2])]
+    assert checks[0].due(0) is False  # (process 2 not there within its wait)
+    waits = len(store.waits)
+    assert checks[1].due(0) is False and len(store.waits) == waits  # (no wait on it)
+    pairings[2].publish({"seed": 1}, 3, store=store, me=2)
+    assert checks[0].due(1) is True and checks[1].due(1) is True
+    store = Store()  # (two processes: each compares the other's, with no third to hear of)
+    check, other = _pair(store, {"seed": 1}, {"seed": 1})
+    assert other.due(0) is True and not any(k.endswith("-verdict") for k in store.values)

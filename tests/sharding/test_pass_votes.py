@@ -106,7 +106,9 @@ def test_a_process_whose_settings_are_refused_tells_the_ones_that_agreed():
         checks[me].told = (lambda v: lambda e: v.refused(e, 4))(votes[me])
         with pytest.raises(jl.ConfigError, match="seed: process"):
             checks[me].due(0)
-    assert checks[1].due(0) is True  # (process 0's settings are its own)
+    with pytest.raises(jl.ConfigError, match=r"process 0 refused this iter\(\)'s settings, "
+                       r"which this process's \(1\) agree with"):  # (process 0's verdict, at
+        checks[1].due(0)  # its first next(); its votes tell one that asks the pass's end too)
     for step in (4, "start"):
         with pytest.raises(jl.ConfigError, match=r"process 0 of 3 refused this iter\(\)'s "
                                                  r"settings \(StreamLoader: the processes' "
