@@ -173,3 +173,47 @@ def test_a_state_over_a_sources_own_blocks_names_them_and_is_refused_over_others
     with make([0, 128, 256, 512]) as loader:  # restored as then)
         loader.load_state_dict(older)
         assert loader.step == 1
+
+
+class _Counted:
+    """``n`` records, each made from its index (no memory of them)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"id": np.int64(i)}
+
+
+def test_blocks_past_what_an_order_can_hold_are_refused_naming_the_block_size(monkeypatch):
+    # (2**40 records in blocks of 1,024: NumPy's bare "Unable to allocate 8.00 GiB" as the
+    # loader was made, naming neither LocalShuffle nor block_size; the scale audit)
+    from jaxloader.order import local_shuffle
+
+    with pytest.raises(jl.ConfigError, match=r"LocalShuffle: 1,099,511,627,776 records in "
+                       r"blocks of 1,024 are 1,073,741,824 blocks.*LocalShuffle\(window=4, "
+                       r"block_size=8,192\) or more"):
+        jl.DataLoader(_Counted(2**40), batch_size=4, shuffle=jl.LocalShuffle(window=4))
+    monkeypatch.setattr(local_shuffle, "MAX_BLOCKS", 1000)  # (what it says is taken: here
+    with pytest.raises(jl.ConfigError, match=r"block_size=10,000\) or more"):  # small)
+        jl.DataLoader(_Counted(10**7), batch_size=4, shuffle=jl.LocalShuffle(window=4))
+    with jl.DataLoader(_Counted(10**7), batch_size=4, shuffle=jl.LocalShuffle(
+            window=4, block_size=10_000)) as loader:
+        assert len(next(iter(loader))["id"]) == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_last_epoch_gives_its_batches_then_the_step_past_it_is_refused(workers):
+    # (with workers, the step past the last epoch raised as its failure was described, at
+    # once: the valid batches before it were lost, as many as the workers had made; the
+    # scale audit)
+    with jl.DataLoader(np.arange(8), batch_size=8, num_epochs=None,
+                       num_workers=workers) as loader:
+        loader.load_state_dict({**loader.state_dict(), "step": 2**24 - 3})
+        batches = iter(loader)
+        assert [len(next(batches)) for _ in range(3)] == [8, 8, 8]
+        with pytest.raises(jl.JaxloaderError, match=r"step 16,777,216"):
+            next(batches)

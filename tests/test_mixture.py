@@ -643,3 +643,17 @@ def test_batches_that_cannot_hold_each_components_share_are_warned_of():
                       r"its share of a global batch of 8 \(weight 0.5\): every batch holds"):
         jl.DataLoader(jl.mix({"few": few, "many": source}, {"few": 1, "many": 1}),
                       batch_size=8).close()
+
+
+def test_a_mixture_state_past_what_its_positions_count_exactly_is_refused():
+    # (positions past 2**53 split among the components in float64, past 2**63 wrapped: a
+    # state by hand restored into other components' shares, without a word; the scale audit)
+    from test_local_shuffle import _Counted
+
+    with jl.DataLoader(jl.mix([_Counted(2**40)] * 3, [0.3, 0.6, 0.1]), batch_size=1024,
+                       num_epochs=None) as loader:
+        state = loader.state_dict()
+        loader.load_state_dict({**state, "step": 2**40})  # (far, but exact: taken)
+        with pytest.raises(jl.StateDictError, match=r"past any step a mixture reaches: its "
+                                                    r"positions .* exact to 2\*\*53"):
+            loader.load_state_dict({**state, "step": 2**53})

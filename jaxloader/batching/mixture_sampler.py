@@ -253,6 +253,11 @@ class MixtureSampler:
         return state
 
     def check_extra_state(self, state: dict, step: int) -> None:
+        if (step + 1) * self.global_batch_size > 1 << 53:  # (a state by hand: a run reads
+            raise StateDictError(  # 9e15 records first)
+                f"state['step']: {step:,} is past any step a mixture reaches: its positions "
+                f"(to {(step + 1) * self.global_batch_size:,}) are split among the components"
+                " in float64, exact to 2**53; restore a state a run of this loader saved")
         saved = state.get("mixture")
         if not isinstance(saved, list):
             check_weights_before(self.schedule, saved, step)  # raises, naming what came

@@ -32,9 +32,11 @@ import numpy as np
 
 from jaxloader.base.abilities import block_starts_of
 from jaxloader.base.checks import check_int
+from jaxloader.base.errors import ConfigError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 
 _BLOCK_ORDER_KEY = 0x5EED_B10C  # distinct keys for the block order and the windows
+MAX_BLOCKS = 1 << 27  # blocks of a read-local order at most: ~4 GiB of their arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,14 @@ class LocalShuffle:
         if own is not None:
             return own
         size = self.block_size or 1024
+        if -(-num_records // size) > MAX_BLOCKS:  # (each process and worker holds a few
+            least = -(-num_records // MAX_BLOCKS)  # arrays of them, made anew each epoch)
+            raise ConfigError(
+                f"LocalShuffle: {num_records:,} records in blocks of {size:,} are "
+                f"{-(-num_records // size):,} blocks, whose order takes ~32 bytes a block in "
+                f"each process and worker (a read-local order is made of its blocks); pass "
+                f"LocalShuffle(window={self.window}, block_size={least:,}) or more (up to "
+                f"{MAX_BLOCKS:,} blocks)")
         return np.append(np.arange(0, num_records, size, dtype=np.int64), num_records)
 
     def describe(self, source: object) -> str:

@@ -6,8 +6,7 @@ what each worker is doing (``stall_report``), again every ``stall_warning_s``; p
 doing (the step and record positions, from its status row: ``status.py``) and what to do; a
 raise carries the worker's traceback and, when it pickles, the exception itself as the cause.
 A payload that does not pickle is said with the part of it that does not (``unpicklable``):
-the transform, source or ``worker_init_fn``, and in it the variable a function captured or
-the attribute that holds the object (``_culprit``).
+the transform, source or ``worker_init_fn``, and in it what holds the object (``_culprit``).
 
 Example:
     >>> from jaxloader.workers.protocol import Failed
@@ -48,13 +47,16 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
     a step; ``who``: what the worker is, a Ray actor's ``"Ray actor"``)."""
     doing = "while starting (loading the payload or running worker_init_fn)"
     if failed.step is not None:
-        doing = f"at {where(failed.step)}"
+        try:  # (a step past the epochs: its place raises as its batch did)
+            doing = f"at {where(failed.step)}"
+        except Exception:  # noqa: BLE001 - (said in its turn, not at once)
+            doing = f"at step {failed.step:,}"
     cause = None
     if failed.pickled is not None:
         try:
             cause = chain(failed.pickled)
         except Exception:  # noqa: BLE001 - the text below still says what happened
-            cause = None
+            pass
     return WorkerError(
         f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}{_not_found(cause)}"
         f"{_DEBUGGER if 'bdb.BdbQuit' in failed.traceback else ''}\n"
