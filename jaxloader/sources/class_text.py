@@ -8,8 +8,10 @@ cell's own file, whose lines the kernel keeps (``linecache``): the class's block
 there, and each of its functions' text too (one assigned to the class after it was made).
 
 Example:
-    >>> class_text(int)  # (no function of its own: nothing to read)
-    ''
+    >>> class Scale:
+    ...     K = 2
+    >>> class_text(Scale, lambda path: True, repr)  # (no function, no text kept: its value)
+    'K = 2\\n'
 """
 
 from __future__ import annotations
@@ -18,20 +20,26 @@ import functools
 import inspect
 import linecache
 import re
-from typing import Any
+from typing import Any, Callable
 
 
-def class_text(klass: type) -> str:
+def class_text(klass: type, users: Callable[[str], bool],
+               text: Callable[[Any], str]) -> str:
     """``klass``'s block, read from the cell its functions' code names (``""`` where it is not
-    kept there), and the text of each function it holds, each after its name."""
+    kept there), the text of each function it holds whose file is the user's (``users``: not
+    the standard library's, a dataclass's ``__replace__``), each after its name, and the text
+    (``text``) of each of its values (a subclass that sets ``K = 3`` alone: no function)."""
     functions = [(name, part) for name, value in sorted(vars(klass).items())
-                 for part in _functions(value)]
+                 for part in _functions(value) if users(part.__code__.co_filename)]
     texts = [_block(klass, [f for _, f in functions])]
     for name, part in functions:
         try:
             texts.append(f"{klass.__qualname__}.{name}: {inspect.getsource(part)}")
         except (OSError, TypeError):  # (a dataclass's made methods: no text)
             pass
+    texts += [f"{name} = {text(value)}\n" for name, value in sorted(vars(klass).items())
+              if not name.startswith("__") and not _functions(value) and not isinstance(
+                  value, (staticmethod, classmethod, property, functools.cached_property))]
     return "".join(texts)
 
 
@@ -68,6 +76,9 @@ def _block(klass: type, functions: list[Any]) -> str:
             first = next((i + 1 for i in range(min(function.__code__.co_firstlineno,
                                                    len(lines)) - 1, -1, -1)
                           if opens.match(lines[i])), None)
+            while first is not None and first > 1 and lines[first - 2].lstrip().startswith(
+                    "@"):  # (its decorators, as 3.13's __firstlineno__ counts them)
+                first -= 1
         if lines and first is not None and 0 < first <= len(lines):
             try:
                 return "".join(inspect.getblock(lines[first - 1:]))

@@ -116,14 +116,15 @@ class _Digests:
             self.done[id(fn)] = found = digest.hexdigest()
             return found
         code = getattr(fn, "__code__", None)
-        if code is None:
-            call = getattr(type(fn), "__call__", None)
+        own = code is not None  # (its own code and source, else its class's)
+        if code is None:  # (a __call__ under jax.jit or lru_cache: its code and its class's
+            call = getattr(type(fn), "__call__", None)  # source, where versions until
             digest.update(f"{type(fn).__qualname__}:{value_text(fn, tail=self.tails)}"
-                          .encode())
-            code = getattr(call, "__code__", None)
+                          .encode())  # 2026-12-02's 45th session took neither)
+            code = getattr(_unwrapped(call) if self.methods else call, "__code__", None)
+            own = not self.methods and code is None
         else:
             digest.update(getattr(fn, "__qualname__", "").encode())
-        own = code is getattr(fn, "__code__", None)  # (else a callable object's class's)
         try:
             digest.update(inspect.getsource(fn if own else type(fn)).encode())
         except (OSError, TypeError):  # (no source: built by exec, the interpreter's prompt,
@@ -161,8 +162,17 @@ class _Digests:
 def _methods_text(cls: type) -> str:
     """``class_text`` of each of the user's classes ``cls`` derives from, its own first (not
     ``object``, nor an installed library's base)."""
-    return "".join(class_text(klass) for klass in cls.__mro__
+    return "".join(class_text(klass, users_file, value_text) for klass in cls.__mro__
                    if users_code(inspect.getmodule(klass)))
+
+
+def _unwrapped(fn: Any) -> Any:
+    """``fn`` under its wrappers (``functools.wraps``' ``__wrapped__``: ``lru_cache``,
+    ``jax.jit``), or itself."""
+    try:
+        return inspect.unwrap(fn) if callable(fn) else fn
+    except ValueError:  # (a cycle of __wrapped__)
+        return fn
 
 
 def _defaults(fn: Any) -> list:

@@ -168,6 +168,37 @@ def test_a_notebook_cells_class_is_digested_by_its_functions_text(monkeypatch, e
     assert code_digest(before, methods=False) == code_digest(after, methods=False)  # (before)
 
 
+WRAPPED = """
+import functools
+
+
+class Base:
+    K = 2
+
+    @functools.lru_cache
+    def __call__(self, r):
+        return r * self.K
+
+
+class Variant(Base):
+    K = 3
+"""
+
+
+@pytest.mark.parametrize("edit, name", [(("r * self", "r / self"), "Base"),
+                                        (("K = 3", "K = 4"), "Variant")],
+                         ids=["a wrapped __call__", "a subclass's value alone"])
+def test_a_notebook_class_with_a_wrapped_call_or_values_alone_is_told_when_edited(
+        monkeypatch, edit, name):
+    # (a __call__ under lru_cache or jax.jit has no code of its own: no source was taken at
+    # all, in a module file too; a subclass that sets K = 3 alone has no function to find
+    # its cell by; the second review)
+    before = notebook_class(monkeypatch, WRAPPED, name)()
+    after = notebook_class(monkeypatch, WRAPPED.replace(*edit), name)()
+    assert code_digest(before) != code_digest(after)
+    assert code_digest(before) == code_digest(notebook_class(monkeypatch, WRAPPED, name)())
+
+
 def test_a_notebook_cells_class_digests_as_the_version_before_took_it_without_methods(
         monkeypatch):
     # (what a state saved by 7f10e28 holds of MapSource(..., Scale(2)) defined in a cell)
