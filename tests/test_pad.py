@@ -424,6 +424,31 @@ def test_a_pad_value_or_dtype_that_overflows_a_float_is_refused_not_made_inf_or_
     assert sorted(map(sorted, rows)) == [[0.5, 0.5, 1, 1], [0.5, 1, 1, 1]], rows
 
 
+def test_a_pads_cast_that_wraps_an_int_or_saturates_a_float_is_refused():
+    # (-1 into uint8 wrapped to 255 and back unseen; float4_e2m1fn, which has neither inf nor
+    # NaN, made NaN -0 and 1e6 6; a np.float64(0.1) pad value into float32 was refused, its
+    # remedy a range that held it; the second review)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+
+    def padded(values, **kw):
+        records = [{"x": np.asarray(v)} for v in values]
+        return next(iter(jl.DataLoader(records, batch_size=2, transforms=[jl.Pad("x", **kw)])))
+
+    for given, kind in [(np.array([-1, 5], np.int8), np.uint8),
+                        (np.array([200, 5], np.uint8), np.int8),
+                        (np.array([1, -7], ml_dtypes.int4), ml_dtypes.uint4),
+                        (np.array([1.0, np.nan], np.float32), ml_dtypes.float4_e2m1fn),
+                        (np.array([1.0, 1e6], np.float32), ml_dtypes.float4_e2m1fn)]:
+        with pytest.raises(jl.CollateError, match=r"holds values \w+ does not"):
+            padded([given, given[:1]], dtype=kind)
+    assert padded([np.array([1, 5], np.int8), np.array([2], np.int8)],
+                  dtype=np.uint8)["x"].tolist() == [[1, 5], [2, 0]]
+    assert np.isnan(padded([np.array([1.0, np.nan], np.float32), np.array([2.0], np.float32)],
+                           dtype=np.float16)["x"][0, 1])  # (NaN kept, not refused)
+    batch = padded([np.ones(2, np.float32), np.ones(1, np.float32)], value=np.float64(0.1))
+    assert batch["x"].dtype == np.float32 and batch["x"][1, 1] == np.float32(0.1)
+
+
 def test_each_key_may_have_its_own_length_a_graphs_node_and_edge_budgets():
     # one length for all keys padded a graph's nodes to its edge budget, and several hosts
     # (which need a length) could not give each its own (the graph audit)

@@ -201,30 +201,55 @@ def released_at_least(release: str, floor: tuple[int, int, int]) -> bool:
 
 def held_as(value: Any, kind: np.dtype) -> tuple[Any, bool]:
     """``value`` cast to ``kind``, and whether that holds it as it is (-1 in uint8, 0.5 in
-    int32 do not; NaN in a float does): what pads a ``Pad``'s or a packer's rows.
+    int32 do not; NaN in a float does); a float ``kind`` holds what it rounds (0.1, a
+    ``np.float64``'s too), not what it makes infinite, NaN or finite (-1e9 in float16; NaN in
+    ``float4_e2m1fn``, which has none): what pads a ``Pad``'s or a packer's rows.
 
     Example:
         >>> held_as(-100, np.dtype(np.int32))[1], held_as(-1, np.dtype(np.uint8))[1]
         (True, False)
-        >>> held_as(0.1, np.dtype(np.float32))[1], held_as(-1e9, np.dtype(np.float16))[1]
-        (True, False)
+        >>> held_as(np.float64(0.1), np.dtype(np.float32))[1]
+        True
+        >>> held_as(-1e9, np.dtype(np.float16))[1], held_as(np.inf, np.dtype(np.float16))[1]
+        (False, True)
     """
     try:
         with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (a complex value's cast warns of its part lost)
             held = np.asarray(value).astype(kind)
-            return held, bool(held == value or (held != held and value != value)) and not (
-                _infinite(held) and not _infinite(value))  # (-1e9 in float16: NumPy 2 casts
-    except (OverflowError, TypeError, ValueError):  # the value, then -inf == -inf; an int
-        return None, False  # past uint64: NumPy's object)
+            if float_kind(kind):
+                return held, _rounds(np.asarray(value, np.complex128), np.asarray(
+                    held, np.complex128), kind)
+            return held, bool(held == value or (held != held and value != value))
+    except (OverflowError, TypeError, ValueError):  # (an int past uint64: NumPy's object)
+        return None, False
 
 
-def _infinite(value: Any) -> bool:
-    """Whether ``value`` is a number that is infinite (not a date's, not text)."""
-    try:
-        return bool(np.isinf(np.asarray(value, dtype=np.complex128)))
-    except (TypeError, ValueError):
-        return False
+def _rounds(value: np.ndarray, held: np.ndarray, kind: np.dtype) -> bool:
+    """Whether ``held`` is ``value`` in ``kind`` but for rounding (both as complex128)."""
+    if np.isnan(value) or np.isnan(held):
+        return bool(np.isnan(value) and np.isnan(held))
+    if np.isinf(value) or np.isinf(held):
+        return bool(value == held)
+    top = float(finfo_of(kind).max)
+    return bool(abs(value.real) <= top and abs(value.imag) <= top and (
+        kind.kind == "c" or value.imag == 0))
+
+
+def float_kind(kind: np.dtype) -> bool:
+    """Whether ``kind`` is a float or complex dtype, ml_dtypes' floats too (``bfloat16``,
+    ``float8_*``, which NumPy calls ``V``)."""
+    return kind.kind in "fc" or (kind.kind == "V" and kind.type is not np.void
+                                 and kind.name[:1] in "fb")
+
+
+def finfo_of(kind: np.dtype) -> Any:
+    """``np.finfo`` of a float ``kind``, ml_dtypes' own for its floats."""
+    if kind.kind in "fc":
+        return np.finfo(kind)
+    import ml_dtypes  # (NumPy's finfo knows not its floats)
+
+    return ml_dtypes.finfo(kind)
 
 
 def ml_number(value: Any) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int, held_as, ml_number
+from jaxloader.base.checks import check_int, finfo_of, float_kind, held_as, ml_number
 from jaxloader.base.errors import CollateError, ConfigError
 
 
@@ -301,15 +301,27 @@ def _each(keys: list[str], given: Any, name: str) -> dict[str, Any]:
 def _finite(kind: np.dtype) -> str:
     """The range of a float ``kind``'s finite values, as text (its ``finfo``'s)."""
     try:
-        if kind.kind in "fc":
-            info: Any = np.finfo(kind)
-        else:  # (bfloat16, float8_*: NumPy's finfo knows them not)
-            import ml_dtypes
-
-            info = ml_dtypes.finfo(kind)
+        info = finfo_of(kind)
         return f"{info.min} to {info.max}"
     except (ImportError, TypeError, ValueError):
         return "its finite values"
+
+
+def _top(kind: np.dtype) -> float:
+    """The largest finite value of a float ``kind`` (inf for another: nothing past it)."""
+    return float(finfo_of(kind).max) if float_kind(kind) else np.inf
+
+
+def _in_range(given: np.ndarray, kind: np.dtype) -> bool:
+    """Whether an int ``kind`` holds each of ``given``'s ints (a cast back and forth wraps
+    -1 into uint8 and back unseen)."""
+    try:
+        info: Any = np.iinfo(kind)
+    except ValueError:  # (int4, uint4: ml_dtypes' own)
+        import ml_dtypes
+
+        info = ml_dtypes.iinfo(kind)
+    return int(info.min) <= int(given.min()) and int(given.max()) <= int(info.max)
 
 
 def _kind_of(dtype: np.dtype) -> str:
@@ -357,13 +369,15 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
                            "in a Map before the Pad, or give the Pad a dtype of its kind")
     with np.errstate(all="ignore"):
         made = given.astype(kind)
-        if _kind_of(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal)
-            lost = not np.array_equal(made.astype(given.dtype), given)
-        else:  # (an overflow: inf, or NaN in a type with no inf, float8_e4m3fn)
-            lost = _kind_of(given.dtype) in "fc" and bool(np.any(
-                (np.isinf(made) & ~np.isinf(given)) | (np.isnan(made) & ~np.isnan(given))))
+        if _kind_of(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal;
+            lost = not np.array_equal(made.astype(given.dtype), given) or (  # -1 in uint8
+                given.size > 0 and _kind_of(kind) in "iu" and not _in_range(given, kind))
+        else:  # (an overflow: inf, NaN in a type with no inf (float8_e4m3fn), or the
+            lost = _kind_of(given.dtype) in "fc" and bool(np.any(  # largest, in a type of
+                (np.isinf(made) != np.isinf(given)) | (np.isnan(made) != np.isnan(given))  # no
+                | (np.isfinite(given) & (np.abs(given) > _top(kind)))))  # NaN (float4_e2m1fn))
     if lost:
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds values "
-                           f"{kind} does not (from {given.min()} to {given.max()}); pass a "
-                           "dtype that holds them")
+                           f"{kind} does not (from {np.nanmin(given)} to {np.nanmax(given)});"
+                           " pass a dtype that holds them")
     return made
