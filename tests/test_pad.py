@@ -447,6 +447,11 @@ def test_a_pads_cast_that_wraps_an_int_or_saturates_a_float_is_refused():
                            dtype=np.float16)["x"][0, 1])  # (NaN kept, not refused)
     batch = padded([np.ones(2, np.float32), np.ones(1, np.float32)], value=np.float64(0.1))
     assert batch["x"].dtype == np.float32 and batch["x"][1, 1] == np.float32(0.1)
+    for given, kind, made in [(65510.0, np.float16, 65504.0),  # (rounding to the largest:
+                              (450.0, ml_dtypes.float8_e4m3fn, 448.0),  # taken, as 0.1 is;
+                              (6.2, ml_dtypes.float4_e2m1fn, 6.0)]:  # the third review)
+        batch = padded([np.array([given], np.float32), np.array([1.0], np.float32)], dtype=kind)
+        assert float(batch["x"][0, 0]) == made
 
 
 def test_each_key_may_have_its_own_length_a_graphs_node_and_edge_budgets():

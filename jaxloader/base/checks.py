@@ -231,9 +231,23 @@ def _rounds(value: np.ndarray, held: np.ndarray, kind: np.dtype) -> bool:
         return bool(np.isnan(value) and np.isnan(held))
     if np.isinf(value) or np.isinf(held):
         return bool(value == held)
-    top = float(finfo_of(kind).max)
-    return bool(abs(value.real) <= top and abs(value.imag) <= top and (
-        kind.kind == "c" or value.imag == 0))
+    return bool((kind.kind == "c" or value.imag == 0) and max(abs(value.real), abs(
+        value.imag)) <= saturated_past(kind))
+
+
+def saturated_past(kind: np.dtype) -> float:
+    """Past what a float ``kind`` with neither inf nor NaN (``float4_e2m1fn``) clamps a value
+    to its largest, more than rounding does; inf for a kind with either (what it makes then
+    is told apart: inf, NaN), or not a float."""
+    if not float_kind(kind):
+        return np.inf
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = np.array([np.inf, np.nan]).astype(kind).astype(np.float64)
+    if not np.isfinite(made).all():
+        return np.inf
+    info = finfo_of(kind)
+    return float(info.max) * (1 + float(info.eps) / 2)
 
 
 def float_kind(kind: np.dtype) -> bool:

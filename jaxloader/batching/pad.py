@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int, finfo_of, float_kind, held_as, ml_number
+from jaxloader.base.checks import check_int, finfo_of, held_as, ml_number, saturated_past
 from jaxloader.base.errors import CollateError, ConfigError
 
 
@@ -307,11 +307,6 @@ def _finite(kind: np.dtype) -> str:
         return "its finite values"
 
 
-def _top(kind: np.dtype) -> float:
-    """The largest finite value of a float ``kind`` (inf for another: nothing past it)."""
-    return float(finfo_of(kind).max) if float_kind(kind) else np.inf
-
-
 def _in_range(given: np.ndarray, kind: np.dtype) -> bool:
     """Whether an int ``kind`` holds each of ``given``'s ints (a cast back and forth wraps
     -1 into uint8 and back unseen)."""
@@ -373,9 +368,11 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
             lost = not np.array_equal(made.astype(given.dtype), given) or (  # -1 in uint8
                 given.size > 0 and _kind_of(kind) in "iu" and not _in_range(given, kind))
         else:  # (an overflow: inf, NaN in a type with no inf (float8_e4m3fn), or the
-            lost = _kind_of(given.dtype) in "fc" and bool(np.any(  # largest, in a type of
-                (np.isinf(made) != np.isinf(given)) | (np.isnan(made) != np.isnan(given))  # no
-                | (np.isfinite(given) & (np.abs(given) > _top(kind)))))  # NaN (float4_e2m1fn))
+            # largest, in a type of neither (float4_e2m1fn); complex: by each part)
+            part = np.maximum(np.abs(given.real), np.abs(given.imag))
+            lost = _kind_of(given.dtype) in "fc" and bool(np.any(
+                (np.isinf(made) != np.isinf(given)) | (np.isnan(made) != np.isnan(given))
+                | (np.isfinite(given) & (part > saturated_past(kind)))))
     if lost:
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds values "
                            f"{kind} does not (from {np.nanmin(given)} to {np.nanmax(given)});"

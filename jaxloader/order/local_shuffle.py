@@ -74,7 +74,7 @@ class LocalShuffle:
                 f"LocalShuffle: {num_records:,} records in blocks of {size:,} are "
                 f"{-(-num_records // size):,} blocks, whose order takes ~32 bytes a block in "
                 f"each process and worker (a read-local order is made of its blocks); pass "
-                f"LocalShuffle(window={self.window}, block_size={least:,}) or more (up to "
+                f"LocalShuffle(window={self.window}, block_size={least}) or more (up to "
                 f"{MAX_BLOCKS:,} blocks)")
         return np.append(np.arange(0, num_records, size, dtype=np.int64), num_records)
 

@@ -16,10 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import linecache
-import re
 from typing import Any, Callable
 
 
@@ -27,19 +27,21 @@ def class_text(klass: type, users: Callable[[str], bool],
                text: Callable[[Any], str]) -> str:
     """``klass``'s block, read from the cell its functions' code names (``""`` where it is not
     kept there), the text of each function it holds whose file is the user's (``users``: not
-    the standard library's, a dataclass's ``__replace__``), each after its name, and the text
-    (``text``) of each of its values (a subclass that sets ``K = 3`` alone: no function)."""
+    the standard library's, a dataclass's ``__replace__``), each after its name; where no
+    block is kept, the text (``text``) of each of its values (a subclass that sets ``K = 3``
+    alone: no function to find its cell by)."""
     functions = [(name, part) for name, value in sorted(vars(klass).items())
                  for part in _functions(value) if users(part.__code__.co_filename)]
     texts = [_block(klass, [f for _, f in functions])]
+    if not texts[0]:  # (else in its text: a set's dict, a memo filled, differ by run)
+        texts += [f"{name} = {text(value)}\n" for name, value in sorted(vars(klass).items())
+                  if not name.startswith("__") and not _functions(value) and not isinstance(
+                      value, (staticmethod, classmethod, property, functools.cached_property))]
     for name, part in functions:
         try:
             texts.append(f"{klass.__qualname__}.{name}: {inspect.getsource(part)}")
         except (OSError, TypeError):  # (a dataclass's made methods: no text)
             pass
-    texts += [f"{name} = {text(value)}\n" for name, value in sorted(vars(klass).items())
-              if not name.startswith("__") and not _functions(value) and not isinstance(
-                  value, (staticmethod, classmethod, property, functools.cached_property))]
     return "".join(texts)
 
 
@@ -62,23 +64,30 @@ def _functions(value: Any) -> list[Any]:
     return found
 
 
+def _first_line(lines: list[str], name: str, within: int) -> int | None:
+    """The first line of the class ``name`` (its decorators', as 3.13's ``__firstlineno__``
+    counts them) whose block holds line ``within`` (its function's: one cell may make it
+    twice), the innermost; ``None`` where the text does not parse."""
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):  # (a cell's magics, as the kernel kept them)
+        return None
+    starts = [min([node.lineno, *(d.lineno for d in node.decorator_list)])
+              for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == name
+              and node.lineno <= within <= (node.end_lineno or node.lineno)]
+    return max(starts, default=None)
+
+
 def _block(klass: type, functions: list[Any]) -> str:
     """``klass``'s block in the cell its ``functions``' code names (``""`` where none does,
-    or the lines are not kept): from ``__firstlineno__`` (Python 3.13), else from the line
-    that opens a class of its name before the function; its values' text with it (``K = 2``,
-    a table)."""
+    or the lines are not kept): from ``__firstlineno__`` (Python 3.13), else ``_first_line``;
+    its values' text with it (``K = 2``, a table)."""
     own = [f for f in functions if f.__qualname__.startswith(f"{klass.__qualname__}.")]
     for function in own or functions:  # (those its body defines first: one assigned to it
         lines = linecache.getlines(function.__code__.co_filename)  # may be another cell's)
         first = vars(klass).get("__firstlineno__")
-        if first is None:  # (the last that opens it before its function: one cell may make
-            opens = re.compile(rf"\s*class\s+{re.escape(klass.__name__)}\b")  # it twice)
-            first = next((i + 1 for i in range(min(function.__code__.co_firstlineno,
-                                                   len(lines)) - 1, -1, -1)
-                          if opens.match(lines[i])), None)
-            while first is not None and first > 1 and lines[first - 2].lstrip().startswith(
-                    "@"):  # (its decorators, as 3.13's __firstlineno__ counts them)
-                first -= 1
+        if first is None:  # (3.11, 3.12)
+            first = _first_line(lines, klass.__name__, function.__code__.co_firstlineno)
         if lines and first is not None and 0 < first <= len(lines):
             try:
                 return "".join(inspect.getblock(lines[first - 1:]))

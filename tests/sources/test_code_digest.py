@@ -199,6 +199,37 @@ def test_a_notebook_class_with_a_wrapped_call_or_values_alone_is_told_when_edite
     assert code_digest(before) == code_digest(notebook_class(monkeypatch, WRAPPED, name)())
 
 
+WRAPPED_FUNCTION = """
+import functools
+
+
+@functools.lru_cache
+def doubled(r):
+    return r * 2
+
+
+class Words:
+    STOP = {w: True for w in {"the", "a", "an", "of", "to"}}
+
+    def __call__(self, r):
+        return r in self.STOP
+"""
+
+
+def test_a_wrapped_function_and_a_cells_values_by_their_text(monkeypatch):
+    # (lru_cache(f), jax.jit(f): f's source was taken, unwrapped, but the fix for a wrapped
+    # __call__ took its wrapper's class instead, no text at all; and a class's values were
+    # taken beside its cell's text, a dict built from a set in its run's order: refused in a
+    # new process; the third review)
+    doubled = notebook_class(monkeypatch, WRAPPED_FUNCTION, "doubled")
+    edited = notebook_class(monkeypatch, WRAPPED_FUNCTION.replace("r * 2", "r - 2"), "doubled")
+    assert code_digest(doubled) != code_digest(edited)
+    words = notebook_class(monkeypatch, WRAPPED_FUNCTION, "Words")
+    before = code_digest(words())
+    words.STOP = dict(reversed(list(words.STOP.items())))  # (another run's order)
+    assert code_digest(words()) == before
+
+
 def test_a_notebook_cells_class_digests_as_the_version_before_took_it_without_methods(
         monkeypatch):
     # (what a state saved by 7f10e28 holds of MapSource(..., Scale(2)) defined in a cell)
