@@ -438,7 +438,9 @@ def test_a_pads_cast_that_wraps_an_int_or_saturates_a_float_is_refused():
                         (np.array([200, 5], np.uint8), np.int8),
                         (np.array([1, -7], ml_dtypes.int4), ml_dtypes.uint4),
                         (np.array([1.0, np.nan], np.float32), ml_dtypes.float4_e2m1fn),
-                        (np.array([1.0, 1e6], np.float32), ml_dtypes.float4_e2m1fn)]:
+                        (np.array([1.0, 1e6], np.float32), ml_dtypes.float4_e2m1fn),
+                        (np.array([1.0, 7.0], np.float32), ml_dtypes.float4_e2m1fn)]:  # (8:
+        # clamped to 6, not rounded; the fourth review)
         with pytest.raises(jl.CollateError, match=r"holds values \w+ does not"):
             padded([given, given[:1]], dtype=kind)
     assert padded([np.array([1, 5], np.int8), np.array([2], np.int8)],
@@ -449,7 +451,7 @@ def test_a_pads_cast_that_wraps_an_int_or_saturates_a_float_is_refused():
     assert batch["x"].dtype == np.float32 and batch["x"][1, 1] == np.float32(0.1)
     for given, kind, made in [(65510.0, np.float16, 65504.0),  # (rounding to the largest:
                               (450.0, ml_dtypes.float8_e4m3fn, 448.0),  # taken, as 0.1 is;
-                              (6.2, ml_dtypes.float4_e2m1fn, 6.0)]:  # the third review)
+                              (6.9, ml_dtypes.float4_e2m1fn, 6.0)]:  # the third review)
         batch = padded([np.array([given], np.float32), np.array([1.0], np.float32)], dtype=kind)
         assert float(batch["x"][0, 0]) == made
 

@@ -232,12 +232,12 @@ def _rounds(value: np.ndarray, held: np.ndarray, kind: np.dtype) -> bool:
     if np.isinf(value) or np.isinf(held):
         return bool(value == held)
     return bool((kind.kind == "c" or value.imag == 0) and max(abs(value.real), abs(
-        value.imag)) <= saturated_past(kind))
+        value.imag)) < saturated_past(kind))
 
 
 def saturated_past(kind: np.dtype) -> float:
-    """Past what a float ``kind`` with neither inf nor NaN (``float4_e2m1fn``) clamps a value
-    to its largest, more than rounding does; inf for a kind with either (what it makes then
+    """From what a float ``kind`` with neither inf nor NaN (``float4_e2m1fn``) clamps a value
+    to its largest, more than rounding does (a tie rounds to the even step past it); inf for a kind with either (what it makes then
     is told apart: inf, NaN), or not a float."""
     if not float_kind(kind):
         return np.inf
@@ -246,8 +246,8 @@ def saturated_past(kind: np.dtype) -> float:
         made = np.array([np.inf, np.nan]).astype(kind).astype(np.float64)
     if not np.isfinite(made).all():
         return np.inf
-    info = finfo_of(kind)
-    return float(info.max) * (1 + float(info.eps) / 2)
+    info = finfo_of(kind)  # (its largest and half the step past it: what rounds to it)
+    return float(info.max) + float(info.eps) * 2.0 ** (int(info.maxexp) - 1) / 2
 
 
 def float_kind(kind: np.dtype) -> bool:

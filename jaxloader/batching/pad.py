@@ -372,7 +372,7 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
             part = np.maximum(np.abs(given.real), np.abs(given.imag))
             lost = _kind_of(given.dtype) in "fc" and bool(np.any(
                 (np.isinf(made) != np.isinf(given)) | (np.isnan(made) != np.isnan(given))
-                | (np.isfinite(given) & (part > saturated_past(kind)))))
+                | (np.isfinite(given) & (part >= saturated_past(kind)))))
     if lost:
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds values "
                            f"{kind} does not (from {np.nanmin(given)} to {np.nanmax(given)});"

@@ -115,18 +115,19 @@ class _Digests:
                                      tail=self.tails).encode())
             self.done[id(fn)] = found = digest.hexdigest()
             return found
-        code, body = getattr(fn, "__code__", None), fn  # (body: whose closure and defaults)
+        code = getattr(fn, "__code__", None)
         own = code is not None  # (its own code and source, else its class's)
-        if code is None:  # (jax.jit(f), lru_cache(f): f's code; a __call__ under them: its
-            call = getattr(type(fn), "__call__", None)  # code and its class's source, where
-            digest.update(f"{type(fn).__qualname__}:{value_text(fn, tail=self.tails)}"
-                          .encode())  # versions until 2026-12-02's 45th session took f's
-            inner = _unwrapped(fn) if self.methods else fn  # source alone, and neither)
-            if inner is not fn and inspect.isfunction(inner):
-                code, body, own = inner.__code__, inner, True
-            else:
-                code = getattr(_unwrapped(call) if self.methods else call, "__code__", None)
-                own = not self.methods and code is None
+        if code is None:
+            call = getattr(type(fn), "__call__", None)
+            inner = _unwrapped(fn) if self.methods else fn  # (jax.jit(f), lru_cache(f): f)
+            held = value_text(fn, tail=self.tails) if inner is fn or users_code(
+                inspect.getmodule(type(fn))) else ""  # (a library's wrapper: not its text,
+            digest.update(f"{type(fn).__qualname__}:{held}".encode())  # f's file and line)
+            code = getattr(_unwrapped(call) if self.methods else call, "__code__", None)
+            own = not self.methods and code is None
+            if inner is not fn and callable(inner) and id(inner) not in within:
+                digest.update(b"wraps:" + self.of(inner, within).encode())  # (versions until
+                # 2026-12-02's 45th session took f's source alone, a wrapper class's neither)
         else:
             digest.update(getattr(fn, "__qualname__", "").encode())
         try:
@@ -138,14 +139,14 @@ class _Digests:
             _update_code(digest, code)
         elif code is not None:
             digest.update(_code_text(code).encode())
-        closure = [cell.cell_contents for cell in getattr(body, "__closure__", None) or ()
+        closure = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
                    if filled(cell)]
-        for value in closure + (_defaults(body) if self.defaults else []):
+        for value in closure + (_defaults(fn) if self.defaults else []):
             if id(value) not in within:
                 digest.update(self._value(value, within).encode())
         owner = getattr(fn, "__self__", None)
         if self.deep:
-            for value in [owner, *_globals_named(body, code, closure)]:
+            for value in [owner, *_globals_named(fn, code, closure)]:
                 if id(value) not in within and not isinstance(value, types.ModuleType):
                     digest.update(self._value(value, within).encode())
         elif self.bound and owner is not None and id(owner) not in within and not isinstance(

@@ -230,6 +230,48 @@ def test_a_wrapped_function_and_a_cells_values_by_their_text(monkeypatch):
     assert code_digest(words()) == before
 
 
+WRAPPERS = """
+import functools
+
+import jax
+
+
+class Logged:
+    def __init__(self, f):
+        functools.update_wrapper(self, f)
+        self.f = f
+
+    def __call__(self, r):
+        return self.f(r) * 2
+
+
+@Logged
+def tripled(r):
+    return r * 3
+
+
+def scale(r, n):
+    return r * n
+
+
+jitted = jax.jit(functools.partial(scale, n=3))
+"""
+
+
+@pytest.mark.parametrize("edit, name", [(("self.f(r) * 2", "self.f(r) * 5"), "tripled"),
+                                        (("r * n", "r - n"), "jitted")],
+                         ids=["a wrapper class's __call__", "jax.jit of a partial"])
+def test_what_a_wrapper_runs_and_what_it_wraps_are_both_told(monkeypatch, edit, name):
+    # (a wrapper that unwraps to a function was digested by that function alone: an edit of
+    # a user's decorator class went unseen; jax.jit of a partial, a callable object or a bound
+    # method unwraps to no plain function, and was digested by nothing; the fourth review)
+    before = notebook_class(monkeypatch, WRAPPERS, name)
+    after = notebook_class(monkeypatch, WRAPPERS.replace(*edit), name)
+    assert code_digest(before) != code_digest(after)
+    moved = notebook_class(monkeypatch, "# (a line more above)\n" + WRAPPERS, name)
+    assert code_digest(moved) == code_digest(before)  # (not jax.jit's text: a file and line)
+
+
 def test_a_notebook_cells_class_digests_as_the_version_before_took_it_without_methods(
         monkeypatch):
     # (what a state saved by 7f10e28 holds of MapSource(..., Scale(2)) defined in a cell)
