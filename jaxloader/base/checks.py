@@ -237,8 +237,8 @@ def _rounds(value: np.ndarray, held: np.ndarray, kind: np.dtype) -> bool:
 
 def saturated_past(kind: np.dtype) -> float:
     """From what a float ``kind`` with neither inf nor NaN (``float4_e2m1fn``) clamps a value
-    to its largest, more than rounding does (a tie rounds to the even step past it); inf for a kind with either (what it makes then
-    is told apart: inf, NaN), or not a float."""
+    to its largest, more than rounding does (a tie rounds to the even step past it); inf for
+    a kind with either (what it makes then is told apart: inf, NaN), or not a float."""
     if not float_kind(kind):
         return np.inf
     with np.errstate(all="ignore"), warnings.catch_warnings():
