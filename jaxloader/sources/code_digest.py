@@ -32,7 +32,7 @@ from typing import Any
 
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.sources.class_text import class_text
-from jaxloader.sources.value_text import SETS_AS_BEFORE, value_text, written
+from jaxloader.sources.value_text import PLACES_LEFT_OUT, SETS_AS_BEFORE, value_text, written
 
 
 def code_digests(fn: Any) -> tuple[str, ...]:
@@ -86,12 +86,13 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     class's text from its cell (``class_text``), as versions until 2026-12-02's
     forty-fifth session took it (an edited operator, ``+`` to ``-``, went unseen).
     """
-    token = SETS_AS_BEFORE.set(sets_as_before)
+    token, places = SETS_AS_BEFORE.set(sets_as_before), PLACES_LEFT_OUT.set(methods)
     try:
         return _Digests(deep, bound, defaults, tails, code_as_before, methods).of(
             fn, frozenset())
     finally:
         SETS_AS_BEFORE.reset(token)
+        PLACES_LEFT_OUT.reset(places)
 
 
 class _Digests:

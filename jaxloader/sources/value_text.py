@@ -31,6 +31,7 @@ import numpy as np
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_PLACE = re.compile(r" at (?:/|[A-Za-z]:\\)[^\s'\"<>]*:\d+")  # (' at /path/file.py:12')
 
 
 def value_text(value: Any, whole: bool = False, depth: int = 0, tail: bool = False) -> str:
@@ -50,14 +51,15 @@ def value_text(value: Any, whole: bool = False, depth: int = 0, tail: bool = Fal
     text = written(value, None if whole else 201 if tail else 200)
     text = text if whole else _cut(text, tail and len(text) > 200, value)
     if _ADDRESS.search(text) is None:
-        return text
+        return _PLACE.sub("", text) if PLACES_LEFT_OUT.get() else text
     if depth < 2:
         attributes = attributes_of(value)
         if attributes:
             said = repr([(k, value_text(v, whole, depth + 1, tail))
                          for k, v in sorted(attributes.items())])
             text += said if whole else said[:400]  # (each attribute's tail in it)
-    return _ADDRESS.sub("", text)
+    text = _ADDRESS.sub("", text)
+    return _PLACE.sub("", text) if PLACES_LEFT_OUT.get() else text
 
 
 def _cut(text: str, long: bool, value: Any) -> str:
@@ -353,3 +355,9 @@ def _random_hash(v: Any, text_only: bool) -> bool:
 # dataclasses written in their run's order, as versions until 2026-11-30's 34th session did (a
 # set of UUIDs or timedeltas has the same order in every process: such states restore)
 SETS_AS_BEFORE: contextvars.ContextVar[bool] = contextvars.ContextVar("sets", default=False)
+
+# set by code_digest at this version's digest level: a place in code (" at /path/file.py:12",
+# which jax.jit's object holds of its function) left out, as an address is: another with each
+# kernel, each copy of the code, each line added above (versions until 2026-12-02's 45th
+# session kept it)
+PLACES_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("places", default=False)
