@@ -15,7 +15,6 @@ import inspect
 import math
 import operator
 import re
-import warnings
 from typing import Any, Callable, SupportsIndex, Union
 
 import numpy as np
@@ -197,83 +196,3 @@ def released_at_least(release: str, floor: tuple[int, int, int]) -> bool:
     numbers = tuple(int(n or 0) for n in parts.groups()[:3])
     early = re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4))
     return numbers > floor or numbers == floor and early is None
-
-
-def held_as(value: Any, kind: np.dtype) -> tuple[Any, bool]:
-    """``value`` cast to ``kind``, and whether that holds it as it is (-1 in uint8, 0.5 in
-    int32 do not; NaN in a float does); a float ``kind`` holds what it rounds (0.1, a
-    ``np.float64``'s too), not what it makes infinite, NaN or finite (-1e9 in float16; NaN in
-    ``float4_e2m1fn``, which has none): what pads a ``Pad``'s or a packer's rows.
-
-    Example:
-        >>> held_as(-100, np.dtype(np.int32))[1], held_as(-1, np.dtype(np.uint8))[1]
-        (True, False)
-        >>> held_as(np.float64(0.1), np.dtype(np.float32))[1]
-        True
-        >>> held_as(-1e9, np.dtype(np.float16))[1], held_as(np.inf, np.dtype(np.float16))[1]
-        (False, True)
-    """
-    try:
-        with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (a complex value's cast warns of its part lost)
-            held = np.asarray(value).astype(kind)
-            if float_kind(kind):
-                return held, _rounds(np.asarray(value, np.complex128), np.asarray(
-                    held, np.complex128), kind)
-            return held, bool(held == value or (held != held and value != value))
-    except (OverflowError, TypeError, ValueError):  # (an int past uint64: NumPy's object)
-        return None, False
-
-
-def _rounds(value: np.ndarray, held: np.ndarray, kind: np.dtype) -> bool:
-    """Whether ``held`` is ``value`` in ``kind`` but for rounding (both as complex128)."""
-    if np.isnan(value) or np.isnan(held):
-        return bool(np.isnan(value) and np.isnan(held))
-    if np.isinf(value) or np.isinf(held):
-        return bool(value == held)
-    return bool((kind.kind == "c" or value.imag == 0) and max(abs(value.real), abs(
-        value.imag)) < saturated_past(kind))
-
-
-def saturated_past(kind: np.dtype) -> float:
-    """From what a float ``kind`` with neither inf nor NaN (``float4_e2m1fn``) clamps a value
-    to its largest, more than rounding does (a tie rounds to the even step past it); inf for
-    a kind with either (what it makes then is told apart: inf, NaN), or not a float."""
-    if not float_kind(kind):
-        return np.inf
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        made = np.array([np.inf, np.nan]).astype(kind).astype(np.float64)
-    if not np.isfinite(made).all():
-        return np.inf
-    info = finfo_of(kind)  # (its largest and half the step past it: what rounds to it)
-    return float(info.max) + float(info.eps) * 2.0 ** (int(info.maxexp) - 1) / 2
-
-
-def float_kind(kind: np.dtype) -> bool:
-    """Whether ``kind`` is a float or complex dtype, ml_dtypes' floats too (``bfloat16``,
-    ``float8_*``, which NumPy calls ``V``)."""
-    return kind.kind in "fc" or (kind.kind == "V" and kind.type is not np.void
-                                 and kind.name[:1] in "fb")
-
-
-def finfo_of(kind: np.dtype) -> Any:
-    """``np.finfo`` of a float ``kind``, ml_dtypes' own for its floats."""
-    if kind.kind in "fc":
-        return np.finfo(kind)
-    import ml_dtypes  # (NumPy's finfo knows not its floats)
-
-    return ml_dtypes.finfo(kind)
-
-
-def ml_number(value: Any) -> bool:
-    """Whether ``value`` is a scalar of ml_dtypes' numbers (``bfloat16``, ``float8_*``,
-    ``int4``), which NumPy holds as ``np.generic`` of kind ``V``, not ``np.number``.
-
-    Example:
-        >>> ml_number(np.float32(1)), ml_number(np.void(b"x"))
-        (False, False)
-    """
-    dtype = getattr(value, "dtype", None)
-    return isinstance(value, np.generic) and dtype is not None and dtype.kind == "V" and (
-        dtype.type is not np.void and dtype.name[:1] in "fbiu")

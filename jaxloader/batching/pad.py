@@ -27,7 +27,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_int, finfo_of, held_as, ml_number, saturated_past
+from jaxloader.base.checks import check_int
+from jaxloader.base.number_kinds import (finfo_of, held_as, iinfo_of, ml_number, number_kind,
+                                          saturated_past)
 from jaxloader.base.errors import CollateError, ConfigError
 
 
@@ -101,7 +103,7 @@ class Pad:
         except TypeError as e:
             raise ConfigError(f"Pad(dtype): expected a NumPy dtype (np.int32), or a dict of one "
                               f"for some keys, got {dtype!r:.80}: {e}") from e
-        if set(kinds) - set(named) or any(_kind_of(d) not in "biufcmM" for d in kinds.values()):
+        if set(kinds) - set(named) or any(number_kind(d) not in "biufcmM" for d in kinds.values()):
             raise ConfigError(f"Pad(dtype): expected a numeric dtype for keys of {named}, got "
                               f"{dtype!r:.80}")
         self.dtypes = kinds
@@ -225,7 +227,7 @@ def _check_value(pad: Pad, key: str, kind: np.dtype) -> None:
     if not kept:
         example = (f"np.{kind.name.split('[')[0]}('NaT', {np.datetime_data(kind)[0]!r})"
                    if kind.kind in "mM" else f"one it holds ({kind} from {_finite(kind)})"
-                   if _kind_of(kind) in "fc" else "a value of its kind")
+                   if number_kind(kind) in "fc" else "a value of its kind")
         raise CollateError(f"{pad!r}: {key!r} is {kind}, which cannot hold value="
                            f"{value!r} (it would be {held!r}); pass {example}" +
                            (f", for that key alone: value={{{key!r}: ..., ...}}"
@@ -310,21 +312,8 @@ def _finite(kind: np.dtype) -> str:
 def _in_range(given: np.ndarray, kind: np.dtype) -> bool:
     """Whether an int ``kind`` holds each of ``given``'s ints (a cast back and forth wraps
     -1 into uint8 and back unseen)."""
-    try:
-        info: Any = np.iinfo(kind)
-    except ValueError:  # (int4, uint4: ml_dtypes' own)
-        import ml_dtypes
-
-        info = ml_dtypes.iinfo(kind)
+    info = iinfo_of(kind)
     return int(info.min) <= int(given.min()) and int(given.max()) <= int(info.max)
-
-
-def _kind_of(dtype: np.dtype) -> str:
-    """A dtype's kind, ml_dtypes' numbers (``bfloat16``, ``float8_*``, ``int4``) by theirs:
-    NumPy calls them ``V``, raw bytes."""
-    if dtype.kind == "V" and dtype.type is not np.void:
-        return {"f": "f", "b": "f", "i": "i", "u": "u"}.get(dtype.name[:1], "V")
-    return dtype.kind
 
 
 def _in_order(given: Any, keys: tuple) -> Any:
@@ -358,19 +347,19 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
     if kind is None or given.dtype == kind or given.dtype == object:
         return given  # (objects: refused by the caller)
     into = {"b": "biuf", "i": "biuf", "u": "biuf", "f": "fc", "c": "c", "m": "m", "M": "M"}
-    if given.size and _kind_of(kind) not in into.get(_kind_of(given.dtype), ""):
+    if given.size and number_kind(kind) not in into.get(number_kind(given.dtype), ""):
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
                            f"{given.dtype}, which dtype={kind} would change in kind; cast it "
                            "in a Map before the Pad, or give the Pad a dtype of its kind")
     with np.errstate(all="ignore"):
         made = given.astype(kind)
-        if _kind_of(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal;
+        if number_kind(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal;
             lost = not np.array_equal(made.astype(given.dtype), given) or (  # -1 in uint8
-                given.size > 0 and _kind_of(kind) in "iu" and not _in_range(given, kind))
+                given.size > 0 and number_kind(kind) in "iu" and not _in_range(given, kind))
         else:  # (an overflow: inf, NaN in a type with no inf (float8_e4m3fn), or the
             # largest, in a type of neither (float4_e2m1fn); complex: by each part)
             part = np.maximum(np.abs(given.real), np.abs(given.imag))
-            lost = _kind_of(given.dtype) in "fc" and bool(np.any(
+            lost = number_kind(given.dtype) in "fc" and bool(np.any(
                 (np.isinf(made) != np.isinf(given)) | (np.isnan(made) != np.isnan(given))
                 | (np.isfinite(given) & (part >= saturated_past(kind)))))
     if lost:

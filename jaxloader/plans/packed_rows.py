@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jaxloader.base.checks import held_as, ml_number
+from jaxloader.base.number_kinds import held_as, ml_number
 from jaxloader.base.errors import ConfigError
 
 

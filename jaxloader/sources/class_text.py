@@ -53,15 +53,16 @@ def _functions(value: Any) -> list[Any]:
         value = value.__func__
     parts = ([value.fget, value.fset, value.fdel] if isinstance(value, property) else
              [value.func] if isinstance(value, functools.cached_property) else [value])
-    found = []
-    for part in parts:
-        try:
-            part = inspect.unwrap(part) if callable(part) else part
-        except ValueError:  # (a cycle of __wrapped__)
-            pass
-        if inspect.isfunction(part):
-            found.append(part)
-    return found
+    return [part for part in map(unwrapped, parts) if inspect.isfunction(part)]
+
+
+def unwrapped(fn: Any) -> Any:
+    """``fn`` under its wrappers (``functools.wraps``' ``__wrapped__``: ``lru_cache``,
+    ``jax.jit``), or itself."""
+    try:
+        return inspect.unwrap(fn) if callable(fn) else fn
+    except ValueError:  # (a cycle of __wrapped__)
+        return fn
 
 
 def _first_line(lines: list[str], name: str, within: int) -> int | None:

@@ -31,7 +31,7 @@ import warnings
 from typing import Any
 
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
-from jaxloader.sources.class_text import class_text
+from jaxloader.sources.class_text import class_text, unwrapped
 from jaxloader.sources.value_text import PLACES_LEFT_OUT, SETS_AS_BEFORE, value_text, written
 
 
@@ -120,11 +120,11 @@ class _Digests:
         own = code is not None  # (its own code and source, else its class's)
         if code is None:
             call = getattr(type(fn), "__call__", None)
-            inner = _unwrapped(fn) if self.methods else fn  # (jax.jit(f), lru_cache(f): f)
+            inner = unwrapped(fn) if self.methods else fn  # (jax.jit(f), lru_cache(f): f)
             held = value_text(fn, tail=self.tails) if inner is fn or users_code(
                 inspect.getmodule(type(fn))) else ""  # (a library's wrapper: not its text,
             digest.update(f"{type(fn).__qualname__}:{held}".encode())  # f's file and line)
-            code = getattr(_unwrapped(call) if self.methods else call, "__code__", None)
+            code = getattr(unwrapped(call) if self.methods else call, "__code__", None)
             own = not self.methods and code is None
             if inner is not fn and callable(inner) and id(inner) not in within:
                 digest.update(b"wraps:" + self.of(inner, within).encode())  # (versions until
@@ -170,15 +170,6 @@ def _methods_text(cls: type) -> str:
     ``object``, nor an installed library's base)."""
     return "".join(class_text(klass, users_file, value_text) for klass in cls.__mro__
                    if users_code(inspect.getmodule(klass)))
-
-
-def _unwrapped(fn: Any) -> Any:
-    """``fn`` under its wrappers (``functools.wraps``' ``__wrapped__``: ``lru_cache``,
-    ``jax.jit``), or itself."""
-    try:
-        return inspect.unwrap(fn) if callable(fn) else fn
-    except ValueError:  # (a cycle of __wrapped__)
-        return fn
 
 
 def _defaults(fn: Any) -> list:
