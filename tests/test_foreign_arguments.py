@@ -234,3 +234,19 @@ def test_a_misspelt_argument_is_told_its_near_name_and_a_shuffle_window_where_it
         "shuffle=jaxloader.LocalShuffle\\(window=8\\)")
     with pytest.raises(TypeError, match=rf"{loader} has no shuffle_window: .*{where}"):
         make(source, batch_size=2, shuffle_window=100)
+
+
+def test_pytorchs_loader_attributes_say_what_to_read_instead():
+    # len(loader.dataset) and loader.sampler.set_epoch(epoch), a PyTorch loop's lines, were a
+    # bare "'DataLoader' object has no attribute 'dataset'"
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2)
+    with pytest.raises(AttributeError, match=r"DataLoader has no dataset \(PyTorch's "
+                                             r"DataLoader\.dataset\): .*len\(loader\) \* "
+                                             "batch_size"):
+        len(loader.dataset)
+    for name in ("sampler", "batch_sampler"):
+        with pytest.raises(AttributeError, match=r"each iter\(loader\) is the next epoch"):
+            getattr(loader, name).set_epoch(1)
+    assert not hasattr(loader, "dataset")
+    with pytest.raises(AttributeError, match="'DataLoader' object has no attribute 'datasets'"):
+        loader.datasets  # (any other name: Python's own)

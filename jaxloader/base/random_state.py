@@ -1,6 +1,9 @@
-"""Where NumPy's and Python's global random generators are (``draws``): a draw moves them, so a
-function that drew from them, where the loader's numbers were meant, is found by asking before
-and after it (``batching.global_draws`` watches transforms so, ``sources.mapped`` its function).
+"""Where NumPy's, Python's and (once imported) PyTorch's global random generators are
+(``draws``): a draw moves them, so a function that drew from them, where the loader's numbers
+were meant, is found by asking before and after it (``batching.global_draws`` watches
+transforms so, ``sources.mapped`` its function). PyTorch's is torchvision's transforms' (a
+``RandomCrop`` draws there): watched where the user's code has imported torch, never imported
+here.
 
 Example:
     >>> before = draws()
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import sys
 import warnings
 from typing import Any
 
@@ -22,14 +26,38 @@ from jaxloader.base.errors import JaxloaderWarning
 
 
 def draws() -> tuple | None:
-    """Where NumPy's and Python's global generators are (a draw moves them); ``None`` where
-    that cannot be asked."""
+    """Where NumPy's, Python's and PyTorch's global generators are (a draw moves them);
+    ``None`` where that cannot be asked."""
     try:
         numpy = np.random.get_state(legacy=False)  # (a dict for every bit generator, with
         python = random.getstate()  # the legacy Gaussian that every other normal() takes)
+        torch = sys.modules.get("torch")
+        torch_state = None if torch is None or not hasattr(torch, "get_rng_state") else \
+            TorchState(torch.initial_seed(), torch.get_rng_state())
     except Exception:  # noqa: BLE001 - (a watch only: nothing to say then)
         return None
-    return brief(numpy), python[1][0], python[1][-1], python[2]
+    return brief(numpy), python[1][0], python[1][-1], python[2], torch_state
+
+
+class TorchState:
+    """Where a PyTorch generator is: equal to another of the same seed only where no draw
+    came between, and to any of another seed (``torch.manual_seed`` from the record, or from a
+    ``RandomMap``'s rng, is the remedy, not a draw to warn of)."""
+
+    def __init__(self, seed: int, state: Any) -> None:
+        self.seed, self.state = seed, bytes(state.numpy())
+
+    def __eq__(self, other: object) -> bool:
+        return not isinstance(other, TorchState) or self.seed != other.seed or \
+            self.state == other.state
+
+    __hash__ = None  # type: ignore[assignment]  # (compared, never a key)
+
+
+def global_examples() -> str:
+    """The global generators' calls a message names: PyTorch's where it is imported."""
+    return "np.random.randint, random.random, " + (
+        "torch.rand, a torchvision random transform, " if "torch" in sys.modules else "") + "..."
 
 
 def brief(value: Any) -> Any:

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderWarning
-from jaxloader.base.random_state import brief, draws, warn_at
+from jaxloader.base.random_state import TorchState, brief, draws, global_examples, warn_at
 from jaxloader.batching.held_generators import held_generators
 
 WATCHED = 16  # records a loader's transforms are watched on, in each process
@@ -111,7 +111,7 @@ class DrawWatch:
         fn = inspect.unwrap(getattr(transform.fn, "func", transform.fn))
         code = getattr(fn, "__code__", None)
         held = self._from.get(index)
-        what = "the global random state (np.random.randint, random.random, ...)" \
+        what = f"the global random state ({global_examples()})" \
             if held is None else f"a random generator it holds ({held})"
         named = f"{transform!r}" if self._batches else f"transforms[{index}] {transform!r}"
         unit = "batch" if self._batches else "record"
@@ -185,11 +185,11 @@ def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
     if before is not None and draws() != before and len(sys.modules) == modules:  # (a module
         # imported as it was traced may draw as it is imported: flax.linen does)
         warn_at(transform.fn, (
-            f"{transform!r} drew from the global random state (np.random.randint, "
-            "random.random, ...) as JAX traced it: a JitMap's function runs once, as it is "
-            "compiled, so that draw is one number for every record, another in each worker "
-            "and each run; draw from the key the JitMap gives (jl.JitMap(lambda record, key: "
-            "... jax.random.randint(key, ...) ...)), or in a RandomMap before it"),
+            f"{transform!r} drew from the global random state ({global_examples()}) as JAX "
+            "traced it: a JitMap's function runs once, as it is compiled, so that draw is one "
+            "number for every record, another in each worker and each run; draw from the key "
+            "the JitMap gives (jl.JitMap(lambda record, key: ... jax.random.randint(key, ...) "
+            "...)), or in a RandomMap before it"),
             "<transform>")
     return out
 
@@ -202,6 +202,8 @@ def _state(generator: Any) -> Any:
             return state[1][0], state[1][-1], state[2]
         if isinstance(generator, np.random.RandomState):
             return brief(generator.get_state(legacy=False))
+        if type(generator).__module__.startswith("torch"):  # (a torch.Generator)
+            return TorchState(generator.initial_seed(), generator.get_state())
         bits = generator if isinstance(generator, np.random.BitGenerator) else \
             generator.bit_generator
         return brief(bits.state)

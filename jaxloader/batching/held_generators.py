@@ -1,7 +1,8 @@
 """``held_generators``: the random generators a loader's transforms hold (an augmentation
-object's ``self.rng``, a ``random.Random`` in a closure, a seeded pipeline in the project's own
-module), which ``global_draws.DrawWatch`` watches beside the global state: a copy of each goes
-to every worker in one state, so the workers draw the same numbers.
+object's ``self.rng``, a ``random.Random`` or ``torch.Generator`` in a closure, a seeded
+pipeline in the project's own module), which ``global_draws.DrawWatch`` watches beside the
+global state: a copy of each goes to every worker in one state, so the workers draw the same
+numbers.
 
 Example:
     >>> from jaxloader.batching.transforms import Map
@@ -15,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import random
+import sys
 import types
 from typing import Any
 
@@ -38,6 +40,11 @@ def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
     property or ``__repr__`` of the user's runs, and what cannot be looked at is left out: a
     watch only."""
     found: list[tuple[int, str, Any]] = []
+    torch = sys.modules.get("torch")  # (its generators where the user's code imported it)
+    generator = getattr(torch, "Generator", None)
+    kinds = _GENERATORS + ((generator,) if isinstance(generator, type) else ())
+    globals_ = (getattr(random, "_inst", None), getattr(np.random.mtrand, "_rand", None),
+                getattr(torch, "default_generator", None))
     for index, transform in enumerate(transforms):
         todo, seen = [("fn", getattr(transform, "fn", None), 0)], set[int]()
         while todo and len(seen) < _LOOKED_AT:
@@ -46,9 +53,8 @@ def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
             if id(obj) in seen or obj is None or issubclass(kind, _PLAIN):
                 continue
             seen.add(id(obj))
-            if issubclass(kind, _GENERATORS):
-                if obj is not getattr(random, "_inst", None) and \
-                        obj is not getattr(np.random.mtrand, "_rand", None):
+            if issubclass(kind, kinds):
+                if not any(obj is g for g in globals_):  # (the global ones: draws())
                     found.append((index, where, obj))
             elif depth < 5:
                 try:

@@ -108,7 +108,8 @@ def _record_column(path: str, values: list, names: Any) -> Column:
             ) from None
         return Column(path, array.shape, array.dtype, array)
     if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
-        return _record_column(path, [np.asarray(v) for v in values], names)
+        return _record_column(path, [_as_array(path, v, j, names) for j, v in
+                                     enumerate(values)], names)
     _refuse_object(path, tree_lib.record_name(names, 0), first)
 
 
@@ -217,6 +218,22 @@ def _scalars_of_one_dtype(path: str, values: list, names: Any) -> Column:
 def _has_array_protocol(value: Any) -> bool:
     return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
                                            "__array_struct__"))
+
+
+def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
+    """``value`` (a leaf with the array protocol) as NumPy's, or a ``CollateError`` naming it
+    (a torch tensor of bfloat16, or one that requires grad, cannot be one)."""
+    try:
+        return np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - (the protocol's own error, whatever it raises)
+        kind = f"{_type_name(value)} of {getattr(value, 'dtype', '?')}"
+        torch = type(value).__module__.startswith("torch")
+        raise CollateError(
+            f"batch leaf {path}: {tree_lib.record_name(names, j)} is a {kind}, which NumPy "
+            f"cannot take ({type(e).__name__}: {e}); in a Map, make it a NumPy array" + (
+                " (t.detach().cpu().numpy(); a bfloat16 one: t.float(), or t.view(torch."
+                "int16).numpy().view(ml_dtypes.bfloat16) to keep its bits)" if torch else "")
+        ) from e
 
 
 def _type_name(value: Any) -> str:

@@ -27,7 +27,7 @@ from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Pro
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
-from jaxloader.loaders.foreign_arguments import REQUIRED, refuse_call
+from jaxloader.loaders.foreign_arguments import REQUIRED, TorchAttributes, refuse_call
 from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
@@ -47,7 +47,7 @@ from jaxloader.batching.transforms import Transforms, split_transforms
 from jaxloader.sharding.hosts import Pairing
 
 
-class DataLoader(LoaderLifecycle, Generic[BatchT]):
+class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
     """Batches of a random-access source, deterministic in ``(seed, epoch, step)``.
 
     Args:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 
-from typing import Any
+from typing import Any, NoReturn
 
 from jaxloader.base.errors import ArgumentError
 
@@ -152,6 +152,44 @@ def refuse(owner: str, unknown: dict[str, Any], made: Any = None) -> None:
             raise ArgumentError(f"{owner}() got an unexpected keyword argument {name!r}" + (
                 f"; did you mean {close[0]}=?" if close else ""))
         raise ArgumentError(f"{owner}({name}={value!r}): {owner} has no {name}: {remedy}")
+
+
+_ORDER = ("the order is a function of seed= and the epoch: each iter(loader) is the next epoch, "
+          "reshuffled (DistributedSampler.set_epoch's work), and process_index= and "
+          "process_count= split it between hosts (left None: JAX's)")
+_ATTRIBUTES = {
+    "dataset": "keep a name for the source you passed (len(source) records); len(loader) is "
+               "the batches of an epoch, len(loader) * batch_size the records they hold",
+    "sampler": _ORDER,
+    "batch_sampler": _ORDER,
+}
+
+
+class TorchAttributes:
+    """PyTorch's ``DataLoader.dataset``, ``.sampler`` and ``.batch_sampler``, which a training
+    loop reads (``len(loader.dataset)``, ``loader.sampler.set_epoch(epoch)``): each raises an
+    ``AttributeError`` saying what to do instead (Python's bare one named nothing)."""
+
+    @property
+    def dataset(self) -> NoReturn:
+        """Not kept: raises, saying what to read instead."""
+        _refuse_attribute(self, "dataset")
+
+    @property
+    def sampler(self) -> NoReturn:
+        """No sampler: raises, saying where the order comes from."""
+        _refuse_attribute(self, "sampler")
+
+    @property
+    def batch_sampler(self) -> NoReturn:
+        """No batch sampler: raises, saying where the order comes from."""
+        _refuse_attribute(self, "batch_sampler")
+
+
+def _refuse_attribute(owner: object, name: str) -> NoReturn:
+    kind = type(owner).__name__
+    raise AttributeError(f"{kind} has no {name} (PyTorch's DataLoader.{name}): "
+                         f"{_ATTRIBUTES[name]}")
 
 
 def _arguments(made: Any) -> list[str]:

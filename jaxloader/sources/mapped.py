@@ -43,7 +43,7 @@ from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
 from jaxloader.base.checks import check_bool, record_index
 from jaxloader.base.errors import ConfigError
-from jaxloader.base.random_state import draws, warn_at
+from jaxloader.base.random_state import draws, global_examples, warn_at
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digests, warn_hashing
 from jaxloader.sources.fingerprint import combined
@@ -163,13 +163,13 @@ class MapSource:
             if watch[1] == SEEN:  # (one: a module imported at the first call may draw)
                 watch[0] = 0
                 warn_at(self.fn, (
-                    f"{self!r}: its function drew from the global random state (np.random, "
-                    f"random) on {SEEN} of its first reads: unless it seeds it from the record "
-                    "itself first (then leave this be), those numbers are not the loader's, so "
-                    "the batches differ with the worker count, from run to run and after a "
-                    "restore, and a state does not tell (it names the function by its code); "
-                    "draw in a RandomMap after the source (jl.RandomMap(lambda record, rng: ... "
-                    "rng.random() ...))"), "<MapSource>")
+                    f"{self!r}: its function drew from the global random state "
+                    f"({global_examples()}) on {SEEN} of its first reads: unless it seeds it "
+                    "from the record itself first (then leave this be), those numbers are not "
+                    "the loader's, so the batches differ with the worker count, from run to run "
+                    "and after a restore, and a state does not tell (it names the function by "
+                    "its code); draw in a RandomMap after the source (jl.RandomMap(lambda "
+                    "record, rng: ... rng.random() ...))"), "<MapSource>")
         return out
 
     def _each(self, records: list) -> list:

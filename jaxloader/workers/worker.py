@@ -350,6 +350,11 @@ def main(fd: int, parent: int) -> None:
     ties.leave_signals_to_the_trainer()
     if "numpy.random" in sys.modules:  # (a fork, from the starter or start_method="fork",
         sys.modules["numpy.random"].seed()  # shares its global state with its siblings)
+    try:  # Python's reseeds itself, PyTorch's not (torchvision's transforms would repeat)
+        if hasattr(sys.modules.get("torch"), "seed"):
+            sys.modules["torch"].seed()
+    except Exception:  # noqa: BLE001 - (a watch warns of their draws still)
+        pass
     conn = Connection(fd)
     try:
         serve(conn)
