@@ -81,15 +81,18 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
 
 
 def read_state(directory: PathLike, loader: Any) -> dict:
-    """The state in ``directory`` that fits this process (see the module docstring)."""
+    """The state in ``directory`` that fits this process (see the module docstring); a folder
+    holding the files of runs on several process counts (one reused by ``write_state``) is
+    refused, naming each run's step."""
     check_loader(loader, "checkpoint.read_state(directory, loader)", "load_state_dict")
     root = epath.Path(directory)
     own = root / state_filename(loader)
+    present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    files = [f for f in present if _FILE.match(f)]
+    _one_run(root, files)
     if own.exists():
         path = own
     else:
-        present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-        files = [f for f in present if _FILE.match(f)]
         if not files:
             found = present if root.is_dir() else (  # (a state file itself: its folder)
                 f"a file, not a directory (pass its folder, {root.parent})" if root.exists()
@@ -109,6 +112,29 @@ def read_state(directory: PathLike, loader: Any) -> dict:
             f"state is not whole JSON ({e}): the file was cut short or damaged; restore an "
             "earlier checkpoint step" + (f" than {step}" if step is not None else "")
             + ", or start the run again") from None
+
+
+def _one_run(root: Any, files: list[str]) -> None:
+    """Refuses a folder holding the state files of several process counts: runs on other
+    counts wrote into one folder (``write_state`` to a folder reused), and a process would read
+    its own count's, maybe the oldest, without a word."""
+    counts: dict[int, str] = {}
+    for name in files:
+        counts.setdefault(int(_FILE.match(name).group(2)), name)  # type: ignore[union-attr]
+    if len(counts) < 2:
+        return
+    said = []
+    for count, name in sorted(counts.items()):
+        try:
+            step = f"step {json.loads((root / name).read_text())['step']}"
+        except Exception:  # noqa: BLE001 - (said as unread; the refusal stands)
+            step = "not read"
+        said.append(f"{count} process(es), {name}: {step}")
+    raise StateDictError(
+        f"checkpoint {root}: holds the loader states of runs on {len(counts)} process counts "
+        f"({'; '.join(said)}): written into one folder by runs on other process counts, so a "
+        "restore cannot tell which is the run to continue; keep each checkpoint in a folder of "
+        "its own (Orbax makes one a step), and delete the files of the states not meant")
 
 
 def _step_of(path: Any) -> int | None:
