@@ -219,3 +219,23 @@ def test_the_arrays_digest_leaves_mapped_files_and_looks_into_containers(tmp_pat
     before = arrays_digest(closing(stamps))
     stamps[5] = np.datetime64(0, "s")
     assert before and arrays_digest(closing(stamps)) != before
+
+
+def _centre(batch):  # a BatchMap writing in place, as it may into any collated batch
+    batch["x"] -= batch["x"].mean()
+    return batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_map_after_a_jit_map_may_write_into_a_batch_of_one_chunk_too(workers):
+    # full batches of two chunks were the loader's arrays, the partial last of one XLA's
+    # own, read-only: the run failed at the epoch's end
+    source = jl.ArraySource({"x": np.arange(19 * 256, dtype=np.float32).reshape(19, 256)})
+    doubled = jl.JitMap(lambda r: {"x": r["x"] * 2}, chunk_bytes=8 << 10)  # (4 rows a chunk)
+    with jl.DataLoader(source, batch_size=8, last_batch="partial", num_workers=workers,
+                       transforms=[doubled, jl.BatchMap(_centre)], **ONE) as loader:
+        batches = [b["x"] for b in loader]
+    assert [len(b) for b in batches] == [8, 8, 3]
+    for b, start in zip(batches, (0, 8, 16)):
+        rows = np.arange(start * 256, (start + len(b)) * 256, dtype=np.float32) * 2
+        np.testing.assert_allclose(b.ravel(), rows - rows.mean())

@@ -241,6 +241,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         else:
             if batch is None:
                 batch = collate.materialize(treedef, columns)[0]
+            elif i and type(batch_transforms[i - 1]) is JitMap:  # (a batch of one chunk is
+                batch = _writable(batch)  # XLA's, read-only; of several, the loader's arrays)
             given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
             held = _held(given)  # (as given: the transform may write into it)
             if mask_key is not None and isinstance(given, np.ndarray) and \
@@ -298,3 +300,13 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             return batch, layout
     treedef, columns = batch_columns(batch, size)
     return collate.materialize(treedef, columns, alloc)
+
+
+def _writable(batch: Any) -> Any:
+    """``batch`` with its read-only arrays copied: a ``BatchMap`` writing into what a
+    ``JitMap`` gave it failed on a batch of one chunk alone (the last, partial one, hours in)."""
+    leaves, treedef = tree_lib.flatten(batch)
+    if all(not isinstance(x, np.ndarray) or x.flags.writeable for x in leaves):
+        return batch
+    return tree_lib.unflatten(treedef, [x.copy() if isinstance(x, np.ndarray) and
+                                        not x.flags.writeable else x for x in leaves])

@@ -129,8 +129,7 @@ def read_only_hint(e: Exception) -> str:
     ``RandomMap``'s generator (else nothing)."""
     if isinstance(e, ValueError) and "read-only" in str(e):
         return (" (source records are read-only views, shared with the workers and the "
-                "source itself, as is a JitMap's output of one chunk: copy what you change, "
-                "e.g. r['x'].copy() or np.array(r['x']))")
+                "source itself: copy what you change, e.g. r['x'].copy() or np.array(r['x']))")
     if isinstance(e, TypeError) and "does not implement spawning" in str(e):
         return (" (a RandomMap's rng is a Philox keyed by the seed, epoch and record, which "
                 "NumPy cannot spawn from: draw each view's numbers from rng itself, or make "
