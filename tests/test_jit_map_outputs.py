@@ -239,3 +239,62 @@ def test_a_batch_map_after_a_jit_map_may_write_into_a_batch_of_one_chunk_too(wor
     for b, start in zip(batches, (0, 8, 16)):
         rows = np.arange(start * 256, (start + len(b)) * 256, dtype=np.float32) * 2
         np.testing.assert_allclose(b.ravel(), rows - rows.mean())
+
+
+def _noisy(record, key=None):  # a key made optional: given one, not left at its default
+    key = jax.random.key(0) if key is None else key
+    return {"x": record["x"] + jax.random.uniform(key)}
+
+
+def test_a_second_argument_named_key_with_a_default_is_warned_of_and_random_true_keys_it():
+    # fn(record, key=None) is a function of the record alone unless random=True: its own
+    # default key gave the same noise to every record of every batch, without a word
+    source = jl.ArraySource({"x": np.zeros(8, np.float32)})
+    with pytest.warns(jl.JaxloaderWarning, match=r"_noisy's second argument, named as a key, "
+                                                 r"has a default.*pass random=True"):
+        jl.JitMap(_noisy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (said: nothing more)
+        for told in (jl.JitMap(_noisy, random=True), jl.JitMap(_noisy, random=False)):
+            with jl.DataLoader(source, batch_size=4, transforms=[told], **ONE) as loader:
+                noise = np.concatenate([b["x"] for b in loader])
+            assert len(set(noise.tolist())) == (8 if told.random else 1), noise
+
+
+def _no_wraps(f):
+    def wrapper(*args):
+        return f(*args)
+    return wrapper
+
+
+_LIBRARY = """
+import functools
+def traced(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+"""
+
+
+def test_a_wrapper_taking_args_is_told_it_is_given_a_key_and_a_library_decorator_hides_no_line():
+    source = jl.ArraySource({"x": np.arange(8, dtype=np.float32)})
+
+    @_no_wraps
+    def double(record):
+        return {"x": record["x"] * 2}
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(double)], **ONE) as loader:
+        with pytest.raises(jl.RecordError, match=r"fn takes \*args, so it is called fn\(record, "
+                                                 r"key\).*pass random=False"):
+            next(iter(loader))
+    library: dict = {}
+    exec(compile(_LIBRARY, "a_library.py", "exec"), library)  # (a decorator of another file)
+
+    @library["traced"]
+    def sine(record):
+        return {"x": np.sin(record["x"])}  # (NumPy on a tracer: the user's line to name)
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(sine, random=False)],
+                       **ONE) as loader:
+        with pytest.raises(jl.RecordError, match=r"test_jit_map_outputs\.py:\d+: `return \{\"x"
+                                                 r"\": np\.sin"):
+            next(iter(loader))

@@ -1,5 +1,6 @@
-"""Where a ``JitMap``'s function failed, for its error: the user's own line (a traceback's
-innermost frame in the function's file), through what wraps the function.
+"""A ``JitMap``'s function as the user wrote it: whether it takes a key (``takes_key``), and
+where it failed, for its error: the user's own line (a traceback's innermost frame in the
+function's file), through what wraps the function.
 
 Example:
     >>> import functools
@@ -11,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import re
 import traceback
@@ -39,13 +41,14 @@ def user_line(e: BaseException, fn: Callable[..., Any], file: str | None) -> str
 
 def code_of(fn: Any) -> Any:
     """The code the user wrote of ``fn``: a function's own, or that of what it wraps (a
-    ``functools.partial``, a ``jax.jit``) or of its class's ``__call__``; ``None`` if none."""
-    for _ in range(4):
-        code = getattr(fn, "__code__", None)
+    ``functools.partial``, a ``jax.jit``, a decorator's ``functools.wraps``: what it wraps, not
+    the decorator's module) or of its class's ``__call__``; ``None`` if none."""
+    for _ in range(6):
+        wrapped = getattr(fn, "__wrapped__", None)
+        code = getattr(fn, "__code__", None) if wrapped is None else None
         if code is not None:
             return code
-        fn = getattr(fn, "__wrapped__", None) or getattr(fn, "func", None) or getattr(
-            type(fn), "__call__", None)
+        fn = wrapped or getattr(fn, "func", None) or getattr(type(fn), "__call__", None)
     return None
 
 
@@ -74,3 +77,33 @@ def error_text(e: BaseException) -> str:
     frames = _FRAME.findall(str(e))
     where = f" ({frames[-1][0]}:{frames[-1][1]}, in {frames[-1][2]})" if frames else ""
     return f"{opening}{last}{where}"
+
+
+def takes_key(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes two positional arguments without defaults (a record and a key), or
+    ``*args``.
+
+    Example:
+        >>> takes_key(lambda r, key: r), takes_key(lambda r: r), takes_key(lambda r, k=2: r)
+        (True, False, False)
+    """
+    return key_by(fn) in ("signature", "*args")
+
+
+def key_by(fn: Callable[..., Any]) -> str | None:
+    """Why ``fn`` is given a key: ``"signature"`` (two positional parameters without defaults),
+    ``"*args"`` (it takes any: a wrapper without ``functools.wraps``, ``partial(model.apply,
+    params)``, whose errors then say so); or why it may be meant to be and is not:
+    ``"default"`` (a second one named as a key has a default, ``fn(record, key=None)``: it is
+    warned of); else ``None``."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: one argument
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len([p for p in positional if p.default is p.empty]) >= 2:  # (fn(r, factor=2.0): no
+        return "signature"  # key; random=True says so)
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return "*args"
+    return "default" if len(positional) >= 2 and positional[1].name.lower() in (
+        "key", "rng", "prng_key", "rng_key", "prng", "random_key") else None

@@ -35,8 +35,8 @@ Example:
 from __future__ import annotations
 
 import copy
-import inspect
 import threading
+import warnings
 from time import perf_counter
 from typing import Any, Callable
 
@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_bool, check_int, refused_call
-from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
@@ -53,7 +53,7 @@ from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place, jax_settin
 from jaxloader.batching.jit_outputs import (aliases, host_leaves, leaf_order, record_kind,
                                              write_rows)
 from jaxloader.batching.global_draws import traced_call
-from jaxloader.batching.jit_errors import code_of, error_text, user_line
+from jaxloader.batching.jit_errors import code_of, error_text, key_by, takes_key, user_line
 from jaxloader.batching.record_columns import batch_columns
 
 # The errors of a function that does not trace: Python control flow on a traced value, a NumPy
@@ -65,6 +65,10 @@ CHUNK_BYTES = 4 << 20  # a chunk's input and output together: what stays in the 
 _KEY_ARGUMENT = (" (a function of two arguments is called fn(record, key): a tf.data-style "
                  "fn(image, label) gets the record as image and the key as label; take the "
                  "record whole: def f(record, key): image, label = record)")
+
+_STAR_ARGS = (" (fn takes *args, so it is called fn(record, key): a wrapper without "
+              "functools.wraps, partial(model.apply, params) given the key as their next "
+              "argument; pass random=False where it takes the record alone)")
 
 _MAIN_PYTREE = (" (a pytree class of your main script reaches a worker by value, without its "
                 "registration with JAX, which ran in your script only: define the class in a "
@@ -78,7 +82,8 @@ class JitMap:
     ``key`` is a ``jax.random`` key a record, derived from ``(seed, epoch, position)``, so the
     batch stays a pure function of its step (any worker count, a restore). Put NumPy ``Map``s
     (decoding, Python logic) before it; ``BatchMap``s may follow. ``random``: whether ``fn``
-    takes the key (by default: whether it takes two positional arguments without defaults).
+    takes the key (by default: whether it takes two positional arguments without defaults, or
+    ``*args``; ``fn(record, key=None)`` is warned of, left at its default key).
     ``chunk_bytes``: the batch runs a chunk of rows at a time, as many (a power of two) as
     have this much input and output together (4 MiB: they stay in the caches; the same chunks
     in every process). Dtypes are JAX's: without ``jax_enable_x64`` (the training process's,
@@ -105,11 +110,20 @@ class JitMap:
                               f"{fn!r:.60}")
         self.fn = fn
         self.random = takes_key(fn) if random is None else check_bool("JitMap(random)", random)
+        if random is None and key_by(fn) == "default":
+            warnings.warn(
+                f"JitMap(fn): {getattr(fn, '__qualname__', None) or repr(fn)}'s second "
+                "argument, named as a key, has a default, so fn is called fn(record) and draws "
+                "from that default, if at all (the same numbers for every record of every "
+                "batch, where it makes a key of its own); pass random=True to give each record "
+                "its key, or random=False to say it takes none", JaxloaderWarning,
+                stacklevel=user_stacklevel())
         if (signature := refused_call(fn, *[None] * (1 + self.random))) is not None:
             raise ConfigError(  # (as made, not at the first batch in a worker)
                 f"JitMap(fn): fn is called as fn(record{', key' * self.random}) (random="
                 f"{self.random}), but {getattr(fn, '__qualname__', None) or repr(fn)}"
-                f"{signature} cannot be; pass random= as fn takes a key, or not")
+                f"{signature} cannot be; pass random= as fn takes a key, or not (a key is "
+                "given by position, second: def fn(record, key), not fn(record, *, key))")
         self.chunk_bytes = check_int("JitMap(chunk_bytes)", chunk_bytes, low=1,
                                      remedy="pass a positive int (bytes), e.g. 1 << 20")
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
@@ -347,16 +361,17 @@ class JitMap:
                 return compiled(*args)
         except Exception as e:
             line = getattr(e, "jaxloader_line", None) or user_line(e, self.fn, self._file)
+            star = _STAR_ARGS if self.random and key_by(self.fn) == "*args" else ""
             if type(e).__name__ in _NOT_TRACING:
                 raise RecordError(
                     f"{where()}: {self!r} does not trace{line}: "
                     f"{type(e).__name__}: {str(e).splitlines()[0]}; a JitMap's function runs "
                     "on traced arrays, once for all batches of a shape: write choices on "
                     "values with jnp.where or jax.lax.cond, use jax.numpy in place of NumPy, "
-                    "or move that part into a Map before the JitMap") from e
+                    f"or move that part into a Map before the JitMap{star}") from e
             # (a tf.data-style fn(image, label) on (image, label) records: a tuple as image)
             hint = _KEY_ARGUMENT if self.random and isinstance(e, (AttributeError, TypeError)) \
-                and "tuple" in str(e) else ""
+                and "tuple" in str(e) else star
             if "__main__." in str(e) and "not a valid JAX type" in str(e):
                 hint += _MAIN_PYTREE
             raise RecordError(f"{where()}: {self!r} raised {type(e).__name__}: {error_text(e)}"
@@ -364,20 +379,7 @@ class JitMap:
                               f"{hint}; the original error is the cause below") from e
 
 
-def takes_key(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` takes two positional arguments without defaults (a record and a key).
-
-    Example:
-        >>> takes_key(lambda r, key: r), takes_key(lambda r: r), takes_key(lambda r, k=2: r)
-        (True, False, False)
-    """
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: one argument
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                  and p.default is p.empty]  # (fn(r, factor=2.0): no key; random=True says so)
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+_KEY_NAMES = ("key", "rng", "prng_key", "rng_key", "prng", "random_key")
 
 
 def _row_bytes(shape: tuple, dtype: Any) -> int:
