@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import threading
 
@@ -349,3 +350,16 @@ def test_a_folder_holding_the_states_of_runs_on_two_process_counts_is_refused(tm
         read_state(tmp_path, make(batch_size=4))
     os.remove(tmp_path / "process_0-of-1.json")
     assert read_state(tmp_path, make(batch_size=4))["step"] == 6
+
+
+def test_a_grain_iterators_state_is_told_for_what_it_is(tmp_path):
+    # Grain's Orbax handler writes the same file name: its state was refused as missing keys,
+    # told to pass the dict state_dict() returned
+    grains = {"version": 2, "last_seen_indices": {"0": 95}, "last_worker_index": 0,
+              "worker_count": 0, "sampler": "IndexSampler(...)", "data_source": "..."}
+    (tmp_path / "process_0-of-1.json").write_text(json.dumps(grains))
+    with pytest.raises(jl.StateDictError, match=r"a Grain iterator's state.*state\['step'\] = "
+                                                r"n"):
+        from jaxloader.checkpoint import restore_into
+
+        restore_into(tmp_path, make(batch_size=4))

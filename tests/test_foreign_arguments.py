@@ -26,6 +26,12 @@ def loader(**kw):
     ("generator", None, "seed="),
     ("pin_memory_device", "cuda", "sharding="),
     ("transformations", [], "transforms="),
+    # tf.data's (their names were Python's bare "unexpected keyword argument")
+    ("num_parallel_calls", -1, "num_workers="),
+    ("padded_shapes", None, "jaxloader.Pad(keys)"),
+    ("padding_values", 0, "jaxloader.Pad(keys, value=...)"),
+    ("reshuffle_each_iteration", False, "FilteredSource(source, indices=a permutation)"),
+    ("deterministic", True, "a batch is a function of (seed, epoch, step)"),
 ])
 def test_a_peer_name_raises_naming_the_value_and_what_to_pass(name, value, remedy):
     with pytest.raises(TypeError) as info:

@@ -50,6 +50,16 @@ _REMEDIES = {
     "operations": "use transforms= (jaxloader.Map, RandomMap, BatchMap)",
     "shard_options": "use process_index= and process_count= (left None: JAX's)",
     "data_source": "pass the source as the first argument",
+    # tf.data's map, shuffle and padded_batch
+    "num_parallel_calls": "use num_workers= (or 'auto'): transforms run in worker processes",
+    "deterministic": "nothing to set: a batch is a function of (seed, epoch, step), always",
+    "reshuffle_each_iteration": "shuffle=True shuffles each epoch anew from (seed, epoch); one "
+                                "order for every epoch: shuffle=False over jaxloader."
+                                "FilteredSource(source, indices=a permutation)",
+    "padded_shapes": "pad in transforms=[..., jaxloader.Pad(keys)] (to each batch's longest; "
+                     "jaxloader.Pad(keys, length=n): to n), along the first axis; pad the "
+                     "others in a Map",
+    "padding_values": "use jaxloader.Pad(keys, value=...) (one value, or a dict of them a key)",
     # torch.utils.data.DataLoader(dataset=...)
     "dataset": "pass the source as the first argument",
     "worker_buffer_size": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
@@ -72,6 +82,8 @@ _STREAM_REMEDIES = {
                "shuffle_window=1000) (every Stream maker takes shuffle_window=)",
     "drop_last": _FULL, "last_batch": _FULL, "drop_remainder": _FULL,
     "sampler": _IN_ORDER, "batch_sampler": _IN_ORDER,
+    "reshuffle_each_iteration": "a stream's shards are reordered each epoch by seed=, its "
+                                "records within the stream's shuffle_window=",
     "read_options": "use num_workers= (and prefetch=): a stream's readers read in order, "
                     "each in its worker",
     "read_threads": "a stream's readers read in order, each in its worker: more of them "

@@ -154,7 +154,13 @@ def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
     try:
         loader.load_state_dict(state)
     except StateDictError as e:
-        raise StateDictError(f"checkpoint {directory}: {e}") from e
+        grain = isinstance(state, dict) and "last_seen_indices" in state  # (its file's name
+        raise StateDictError(f"checkpoint {directory}: {e}" + (  # is a loader's state's)
+            "; this is a Grain iterator's state (grain.checkpoint), whose order jaxloader "
+            "cannot continue: restore the model's items alone, then start the loader at the "
+            "step trained (state = loader.state_dict(); state['step'] = n; "
+            "loader.load_state_dict(state)), its own order (docs/migrating/grain.md)"
+            if grain else "")) from e
     return state
 
 

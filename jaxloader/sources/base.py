@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -130,18 +131,59 @@ def check_source(source: Any) -> int:
             f"source: expected an object with __len__ and __getitem__ (a random-access source), "
             f"got {type(source).__name__}; {remedy}"
         )
+    _grain_steps(source)
     try:
         n = len(source)
     except (TypeError, ValueError, OverflowError) as e:  # (a __len__ of 8.0, -1, 2**64)
         raise ConfigError(
             f"source: {type(source).__name__}.__len__ must return an int >= 0 (Python's len() "
             f"says: {e}); return the number of records as an int") from None
+    if n >= sys.maxsize:  # (Grain's .repeat() with no count; a length of 2**62 is a source)
+        raise ConfigError(
+            f"source: {type(source).__name__} has {n} records (sys.maxsize): an endless source "
+            "(Grain's dataset.repeat()), whose epoch never ends and whose shuffle is not one "
+            "of its records; pass it before it repeats, with num_epochs=None for epochs "
+            "without end")
     if n <= 0:
         raise ConfigError(
             f"source: expected at least one record, got an empty source ({type(source).__name__} "
             "of length 0); check the path or the split you loaded"
         )
     return n
+
+
+_GRAIN_STEPS = {  # a Grain MapDataset's step -> what a loader takes for it
+    "ShuffleMapDataset": (".shuffle(seed)", "shuffle=True and seed=: a new order each epoch, "
+                          "where the dataset's is one order read in every epoch"),
+    "RepeatMapDataset": (".repeat()", "num_epochs= (None: endless)"),
+    "FilterMapDataset": (".filter(fn)", "jaxloader.FilteredSource(dataset, fn): the records "
+                         "kept, where the dataset holds a None in place of each dropped"),
+    "BatchMapDataset": (".batch(n)", "batch_size=n: the loader batches (a batch of the "
+                        "dataset's batches otherwise)"),
+}
+
+
+def _grain_steps(source: Any) -> None:
+    """Refuses a Grain ``MapDataset`` made with a step a loader takes itself (``.shuffle``,
+    ``.repeat``, ``.filter``, ``.batch``), anywhere in its chain: each read as it is lost its
+    meaning without a word (one order every epoch, a dropped record a None, batches of
+    batches)."""
+    todo, looked = [source], 0
+    while todo and looked < 64:
+        dataset, looked = todo.pop(), looked + 1
+        if type(dataset).__module__.split(".")[0] != "grain":
+            continue
+        step = _GRAIN_STEPS.get(type(dataset).__name__)
+        if step is not None:
+            raise ConfigError(
+                f"source: a Grain {type(source).__name__} made with {step[0]}" + (
+                    f" (a {type(dataset).__name__} in its chain)" if dataset is not source
+                    else "") + ", which the loader does itself; pass "
+                f"the dataset before {step[0]} and use {step[1]} (docs/migrating/grain.md)")
+        try:
+            todo += list(dataset.parents)
+        except Exception:  # noqa: BLE001 - (a Grain of another version: not looked into)
+            pass
 
 
 def _columns(source: Any) -> bool:
