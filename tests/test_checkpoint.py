@@ -363,3 +363,11 @@ def test_a_grain_iterators_state_is_told_for_what_it_is(tmp_path):
         from jaxloader.checkpoint import restore_into
 
         restore_into(tmp_path, make(batch_size=4))
+
+
+def test_a_steps_folder_given_for_its_loader_items_is_told_the_items_folder(tmp_path):
+    (tmp_path / "loader").mkdir()
+    write_state(tmp_path / "loader", make(batch_size=4))
+    with pytest.raises(jl.StateDictError, match=r"a checkpoint step's folder: pass its item's, "
+                                                r".*/loader\)"):
+        read_state(tmp_path, make(batch_size=4))

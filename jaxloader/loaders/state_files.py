@@ -97,6 +97,10 @@ def read_state(directory: PathLike, loader: Any) -> dict:
             found = present if root.is_dir() else (  # (a state file itself: its folder)
                 f"a file, not a directory (pass its folder, {root.parent})" if root.exists()
                 else "no such directory")
+            items = [name for name in present if (root / name).is_dir() and any(
+                _FILE.match(p.name) for p in (root / name).iterdir())]
+            if items:  # (a step's folder: its item's)
+                found = f"{found} (a checkpoint step's folder: pass its item's, {root / items[0]})"
             raise StateDictError(
                 f"checkpoint {root}: expected loader state files "
                 f"'process_<i>-of-<n>.json', found {found}; was the loader saved with "
