@@ -52,6 +52,8 @@ PLACE = "placement"  # device_put of the batch (sharding)
 WAIT = "consumer wait"  # the training loop inside next()
 STEP = "step"  # the training loop between next() calls
 LOOP = "record loop"  # (internal) the read and record transforms of one batch, before the split
+COMPILED = " compile"  # a JitMap's trace and compilation, once a shape ("JitMap(f) compile"):
+# timed each time, apart from its batches' cost
 SAMPLE = 16  # one batch (or receipt) in this many is timed, times scaled by it; a power of 2
 
 
@@ -179,6 +181,11 @@ def stage_name(transform: Any) -> str:
     fn = getattr(transform, "fn", None)
     name = getattr(fn, "__name__", None) or type(fn).__name__
     return f"{type(transform).__name__}({name})"
+
+
+def once(stage: str) -> bool:
+    """Whether ``stage`` is paid once, not a batch (a ``JitMap``'s compilation)."""
+    return stage.endswith(COMPILED)
 
 
 def stage_names(transforms: tuple) -> list[str]:

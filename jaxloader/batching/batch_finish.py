@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import JaxloaderWarning, RecordError
-from jaxloader.base.timings import COLLATE, StageClock, stage_name
+from jaxloader.base.timings import COMPILED, COLLATE, StageClock, stage_name
 from jaxloader.batching import collate
 from jaxloader.batching.global_draws import batch_call, batch_said
 from jaxloader.batching.jit_map import JitMap
@@ -224,7 +224,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
     for i, t in enumerate(batch_transforms):
         start = perf_counter()
-        layout, outside, again = None, 0.0, None
+        layout, outside, compiled_s, again = None, 0.0, 0.0, None
         if type(t) is JitMap:  # (its errors name the batch, the transform and the remedy)
             if batch is not None:
                 treedef, columns = batch_columns(batch, size)
@@ -232,8 +232,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             held = _held(given)
             keys = dict(seed=seed, epoch=epoch, index=i, where=where,
                         positions=np.arange(size) if positions is None else positions)
-            batch, layout, outside = t.run(treedef, columns, size, alloc=alloc if i == last
-                                           else None, **keys)
+            batch, layout, outside, compiled_s = t.run(
+                treedef, columns, size, alloc=alloc if i == last else None, **keys)
             if given is not None and not _said(t, mask_key) and not given.all():
                 records = [c._replace(values=np.ones_like(given)) if c.values is given else c
                            for c in columns]  # (every row a record: made alike, mask unused)
@@ -271,10 +271,12 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                                   "several examples a record return them stacked from a Map "
                                   "(docs/troubleshooting.md, 'Several examples from one "
                                   "record')")
-        if clock is not None:  # (a timed batch)
-            spent = perf_counter() - start - outside
+        if clock is not None:  # (a timed batch; a JitMap's compilation timed apart, once)
+            spent = perf_counter() - start - outside - compiled_s
             clock.add_sampled(stage_name(t), spent)
-            clock.add_sampled(COLLATE, -spent)
+            clock.add_sampled(COLLATE, -spent - compiled_s)
+            if compiled_s:
+                clock.add(stage_name(t) + COMPILED, compiled_s)
         if batch is None:
             raise returned_none(where(), t)
         if not tree_lib.flatten(batch)[0]:

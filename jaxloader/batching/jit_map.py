@@ -128,6 +128,7 @@ class JitMap:
                                      remedy="pass a positive int (bytes), e.g. 1 << 20")
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
         self._vmapped: Any = None
+        self._shapes: set = set()  # the chunks' shapes it was compiled for, in this process
         self._local = threading.local()  # a thread's chunk sizes, input buffers, last
         # output (written over by the next chunk) and batch layout
         self._likes: dict[tuple, Any] = {}  # a record's kind -> the skeleton of fn's output
@@ -162,6 +163,7 @@ class JitMap:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
         self.chunk_bytes = state["chunk_bytes"]
         self._compiled = self._vmapped = None
+        self._shapes = set()
         self._local = threading.local()
         self._likes = {}
         self._jax = state.get("jax")  # the sender's settings: a worker compiles alike
@@ -177,15 +179,18 @@ class JitMap:
     def run(self, treedef: tree_lib.TreeDef, columns: list, size: int, *, seed: int,
             epoch: int, positions: np.ndarray, index: int = 0,
             where: Callable[[], str] = lambda: "a batch",
-            alloc: Callable[[int], Any] | None = None) -> tuple[Any, Layout | None, float]:
+            alloc: Callable[[int], Any] | None = None) -> tuple[Any, Layout | None, float, float]:
         """``fn`` over the ``size`` rows of ``columns`` (a batch's leaves), a chunk of rows at a
         time: each chunk is gathered into the same aligned buffers, run, and written out while
         it is still in the caches. Written into ``alloc(nbytes)`` when given, its
         layout returned, else into fresh arrays. Also returns the seconds spent gathering the
-        input and writing the output (collation's, not the transform's).
+        input and writing the output (collation's, not the transform's), and those of a new
+        chunk shape's trace and compilation (once a shape: a stage of their own, not a
+        batch's cost).
 
         A last chunk of fewer rows is run at the chunk's shape (one compilation a chunk
         shape), its extra rows those of the chunk before, their results dropped."""
+        begun = perf_counter()  # (JAX's first import too, in a worker: a compilation's)
         import jax
 
         jit_inputs.check_columns(columns, self, where)
@@ -203,6 +208,8 @@ class JitMap:
                    .itemsize == column.dtype.itemsize // 2
                    else column for column in columns]
         rows, row_out = self._chunk_rows(treedef, columns, where, size)
+        shape = (rows, tuple((c.path, c.shape[1:], str(c.dtype)) for c in columns))
+        new, compiled_s = shape not in self._shapes, 0.0
         inputs, given = self._inputs(columns, rows)
         last = self._last_output(row_out, rows)
         record = tree_lib.unflatten(treedef, given[:len(columns)])
@@ -223,6 +230,9 @@ class JitMap:
             # the chunk before's output is donated: XLA writes this chunk's over it, in memory
             # still in the caches (refused, XLA allocating afresh, while a view of it lives)
             last = self._call(compiled, (last, *args), where)
+            if new:  # (its trace and compilation, with this one chunk's run)
+                new, compiled_s = False, perf_counter() - begun - outside
+                self._shapes.add(shape)
             if views is None:  # the first chunk: the batch's structure (checked once), its place
                 out_treedef, full, order, batch_layout = self._output_layout(
                     last, row_out, rows, size, self._likes.get(record_kind(record, 1)))
@@ -232,7 +242,7 @@ class JitMap:
                 if rows == size and alloc is None:  # one chunk: XLA's arrays are the batch
                     views = [leaf.copy() if aliases(leaf, inputs) else leaf for leaf in leaves]
                     self._local.last = (row_out, rows, last)
-                    return tree_lib.unflatten(out_treedef, views), None, outside
+                    return tree_lib.unflatten(out_treedef, views), None, outside, compiled_s
                 if alloc is None:
                     views = [np.empty(c.shape, c.dtype) for c in full]
                 else:
@@ -243,7 +253,7 @@ class JitMap:
             outside += perf_counter() - start
         assert views is not None
         self._local.last = (row_out, rows, last)
-        return tree_lib.unflatten(out_treedef, views), layout, outside
+        return tree_lib.unflatten(out_treedef, views), layout, outside, compiled_s
 
     def _jitted(self) -> Any:
         """``jit(vmap(fn))`` on the CPU device, made once in the process that runs it; its

@@ -30,7 +30,8 @@ from typing import Any, Literal, Mapping, NamedTuple, Sequence
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.stats import LoaderStats
-from jaxloader.base.timings import COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, STEP, WAIT
+from jaxloader.base.timings import (COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, STEP, WAIT,
+                                    once)
 from jaxloader.runtime import limits
 
 Bottleneck = Literal["step", "workers", "source", "main", "device"]
@@ -83,7 +84,7 @@ class Diagnosis(NamedTuple):
         printer.text(str(self))  # (a notebook cell ending in loader.diagnose(): the table)
 
     def __str__(self) -> str:
-        made = {k: v for k, v in self.stages.items() if k not in _MAIN_STAGES}
+        made = {k: v for k, v in self.stages.items() if k not in _MAIN_STAGES and not once(k)}
         main = {k: v for k, v in self.stages.items() if k in _MAIN_STAGES}
         total = sum(made.values()) or 1.0
         workers = "worker" if self.num_workers == 1 else "workers"
@@ -98,6 +99,9 @@ class Diagnosis(NamedTuple):
         for name, seconds in main.items():
             lines.append(f"  {name[:24]:<24} {seconds:8.3f} {1e3 * seconds / per:11.1f} "
                          f"{'(main)':>6}")
+        for name, seconds in self.stages.items():  # (a JitMap's compilation: once a shape)
+            if once(name):
+                lines.append(f"  {name[:24]:<24} {seconds:8.3f} {'':>11} {'(once)':>6}")
         lines.append("advice:")
         lines += [f"  - {line}" for line in self.advice] or ["  - none"]
         return "\n".join(lines)
@@ -124,7 +128,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     cores = cores or cores_available()
     stages = dict(stats.stages)
     per = stats.batches
-    made = {k: v for k, v in stages.items() if k not in _MAIN_STAGES}
+    # a JitMap's compilation, once a shape (in each worker): not a batch's cost, nor its share
+    compiled = sum(v for k, v in stages.items() if once(k))
+    made = {k: v for k, v in stages.items() if k not in _MAIN_STAGES and not once(k)}
     made_total = sum(made.values()) or 1e-12
     read = made.get(READ, 0.0)
     transforms = {k: v for k, v in made.items() if k not in (READ, COLLATE, SLOT_WAIT)}
@@ -133,13 +139,14 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     waited = max(0.0, stats.wait_s - stats.first_batch_s)
     wait_fraction = waited / (waited + stats.run_s) if waited + stats.run_s else 0.0
     # over the workers in use (those autotune parked keep the busy time of when they ran)
-    busy = min(1.0, sum(stats.busy) / max(1, stats.num_workers or len(stats.busy))) \
-        if stats.busy else 0.0
+    busy_s = sum(w.busy_s for w in stats.workers)
+    busy = min(1.0, sum(stats.busy) / max(1, stats.num_workers or len(stats.busy))) * (
+        1 - min(1.0, compiled / busy_s) if busy_s else 1.0) if stats.busy else 0.0
     steady = max(1e-12, stats.wall_s - stats.first_batch_s)
     now_s = steady / max(1, per - 1)  # seconds a batch now
     step_s = stats.run_s / per  # the training step's, between batches
     made_count = max(1, stats.batches_made)
-    work_s = (sum(w.busy_s for w in stats.workers) if stats.workers else made_total) / made_count
+    work_s = (max(0.0, busy_s - compiled) if stats.workers else made_total) / made_count
     main_share = min(1.0, (stats.run_s + handover + place) / steady)
     # (Ray actors: the cluster's cores, not known here; more actors where they are busy)
     # a worker's cores: its busy share, or more where its threads ran beside it (GIL-free)
@@ -173,7 +180,6 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                           f"({1e3 * seconds / max(1, stats.batches_made):.1f} ms a batch)")
     off_cpu = queued = 0.0
     if stats.workers:
-        busy_s = sum(w.busy_s for w in stats.workers)
         # a worker's wait for a core: its threads' summed, over the threads a batch is read on
         # (32 read threads waking from their reads queue at once: 0.24 s of 0.41 busy, with
         # the cores mostly idle, was read as a worker short of cores)
