@@ -334,15 +334,32 @@ def test_a_save_whose_step_folder_cannot_be_made_raises_rather_than_waits(tmp_pa
     assert said.stdout.startswith("raised NotADirectoryError"), (said.stdout, said.stderr[-2000:])
 
 
-def test_a_folder_holding_the_states_of_runs_on_two_process_counts_is_refused(tmp_path):
+def test_a_folder_reused_by_runs_on_two_process_counts_keeps_the_last_runs_states(tmp_path):
     # write_state into one reused folder: a run on one process at step 2, then on two at step
     # 6; a restore on one process read its own, older file (4 batches again, unsaid)
     single = make(batch_size=4)
     take(single, 2)
     write_state(tmp_path, single)
+    hosts = [make(batch_size=2, process_index=p, process_count=2) for p in range(2)]
+    for loader in hosts:
+        take(loader, 6)
+        write_state(tmp_path, loader)
+    assert sorted(os.listdir(tmp_path)) == ["process_0-of-2.json", "process_1-of-2.json"]
+    assert read_state(tmp_path, make(batch_size=4))["step"] == 6
+    take(single, 5)
+    write_state(tmp_path, single)  # (resized back: the two states are its past)
+    assert sorted(os.listdir(tmp_path)) == ["process_0-of-1.json"]
+    assert read_state(tmp_path, hosts[0])["step"] == 7
+
+
+def test_a_folder_holding_the_states_of_runs_on_two_process_counts_is_refused(tmp_path):
+    # (written so before write_state removed the other count's states)
     for loader in [make(batch_size=2, process_index=p, process_count=2) for p in range(2)]:
         take(loader, 6)
         write_state(tmp_path, loader)
+    single = make(batch_size=4)
+    take(single, 2)
+    (tmp_path / "process_0-of-1.json").write_text(json.dumps(single.state_dict()))
     with pytest.raises(jl.StateDictError, match=r"runs on 2 process counts \(1 process\(es\), "
                                                 r"process_0-of-1\.json: step 2; 2 process\(es\)"
                                                 r", process_0-of-2\.json: step 6\).*folder of "

@@ -256,3 +256,10 @@ def test_pytorchs_loader_attributes_say_what_to_read_instead():
     assert not hasattr(loader, "dataset")
     with pytest.raises(AttributeError, match="'DataLoader' object has no attribute 'datasets'"):
         loader.datasets  # (any other name: Python's own)
+
+    class Keeping(jl.DataLoader):  # (a subclass keeping its dataset, as a PyTorch one may)
+        def __init__(self, dataset, **options):
+            super().__init__(dataset, **options)
+            self.dataset = dataset
+    source = jl.ArraySource({"x": np.arange(8)})
+    assert Keeping(source, batch_size=2).dataset is source

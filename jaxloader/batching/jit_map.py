@@ -389,9 +389,6 @@ class JitMap:
                               f"{hint}; the original error is the cause below") from e
 
 
-_KEY_NAMES = ("key", "rng", "prng_key", "rng_key", "prng", "random_key")
-
-
 def _row_bytes(shape: tuple, dtype: Any) -> int:
     """Bytes of one row of a leaf of ``shape`` (rows first)."""
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize

@@ -177,31 +177,29 @@ _ATTRIBUTES = {
 }
 
 
+class _Refused:
+    """A PyTorch loader's attribute this loader has not: reading it raises an
+    ``AttributeError`` saying what to do instead (Python's bare one named nothing). It holds
+    no value of its own, so an assignment (a subclass's ``self.dataset = ds``) is kept and read
+    as any attribute."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, loader: object, owner: type | None = None) -> NoReturn:
+        kind = type(loader).__name__ if loader is not None else getattr(owner, "__name__", "")
+        raise AttributeError(f"{kind} has no {self.name} (PyTorch's DataLoader.{self.name}): "
+                             f"{_ATTRIBUTES[self.name]}")
+
+
 class TorchAttributes:
     """PyTorch's ``DataLoader.dataset``, ``.sampler`` and ``.batch_sampler``, which a training
     loop reads (``len(loader.dataset)``, ``loader.sampler.set_epoch(epoch)``): each raises an
-    ``AttributeError`` saying what to do instead (Python's bare one named nothing)."""
+    ``AttributeError`` saying what to do instead."""
 
-    @property
-    def dataset(self) -> NoReturn:
-        """Not kept: raises, saying what to read instead."""
-        _refuse_attribute(self, "dataset")
-
-    @property
-    def sampler(self) -> NoReturn:
-        """No sampler: raises, saying where the order comes from."""
-        _refuse_attribute(self, "sampler")
-
-    @property
-    def batch_sampler(self) -> NoReturn:
-        """No batch sampler: raises, saying where the order comes from."""
-        _refuse_attribute(self, "batch_sampler")
-
-
-def _refuse_attribute(owner: object, name: str) -> NoReturn:
-    kind = type(owner).__name__
-    raise AttributeError(f"{kind} has no {name} (PyTorch's DataLoader.{name}): "
-                         f"{_ATTRIBUTES[name]}")
+    dataset = _Refused()
+    sampler = _Refused()
+    batch_sampler = _Refused()
 
 
 def _arguments(made: Any) -> list[str]:

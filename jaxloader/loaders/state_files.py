@@ -59,7 +59,9 @@ def state_filename(loader: Any) -> str:
 
 
 def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> None:
-    """Writes this process's loader state into ``directory`` (which must exist).
+    """Writes this process's loader state into ``directory`` (which must exist), removing
+    the states a run on another process count wrote there (a folder reused: ``read_state``
+    refuses a folder holding both).
 
     Paths go through ``etils.epath``, as Orbax's do, so ``gs://`` and other remote directories
     work. Orbax makes the whole checkpoint appear at once (it renames its temporary directory
@@ -70,6 +72,13 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
     path = epath.Path(directory) / state_filename(loader)
     try:
         path.write_text(json.dumps(state))
+        for other in path.parent.iterdir():  # a run's on another process count, before: its
+            found = _FILE.match(other.name)  # states are this one's past (a folder reused)
+            if found and int(found.group(2)) != loader.process_count:
+                try:
+                    other.unlink()
+                except FileNotFoundError:  # (another process of this run took it first)
+                    pass
     except OSError as e:  # a full disk, a read-only or vanished directory
         remedy = ("make the directory first (Orbax makes a step's), or pass one that exists"
                   if isinstance(e, FileNotFoundError) else "save the checkpoint to a directory "

@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import os
-import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -138,12 +137,6 @@ def check_source(source: Any) -> int:
         raise ConfigError(
             f"source: {type(source).__name__}.__len__ must return an int >= 0 (Python's len() "
             f"says: {e}); return the number of records as an int") from None
-    if n >= sys.maxsize:  # (Grain's .repeat() with no count; a length of 2**62 is a source)
-        raise ConfigError(
-            f"source: {type(source).__name__} has {n} records (sys.maxsize): an endless source "
-            "(Grain's dataset.repeat()), whose epoch never ends and whose shuffle is not one "
-            "of its records; pass it before it repeats, with num_epochs=None for epochs "
-            "without end")
     if n <= 0:
         raise ConfigError(
             f"source: expected at least one record, got an empty source ({type(source).__name__} "
@@ -156,6 +149,12 @@ _GRAIN_STEPS = {  # a Grain MapDataset's step -> what a loader takes for it
     "ShuffleMapDataset": (".shuffle(seed)", "shuffle=True and seed=: a new order each epoch, "
                           "where the dataset's is one order read in every epoch"),
     "RepeatMapDataset": (".repeat()", "num_epochs= (None: endless)"),
+    "WindowShuffleMapDataset": ("WindowShuffleMapDataset(...)", "shuffle=jaxloader.LocalShuffle("
+                                "window=8): blocks in a new order each epoch, where the "
+                                "dataset's is one order read in every epoch"),
+    "FlatMapMapDataset": ("FlatMapMapDataset(...)", "a Map returning a record's examples stacked (a "
+                          "(k, ...) leaf), or a source of the split records: the dataset "
+                          "holds a None in each slot past a record's examples"),
     "FilterMapDataset": (".filter(fn)", "jaxloader.FilteredSource(dataset, fn): the records "
                          "kept, where the dataset holds a None in place of each dropped"),
     "BatchMapDataset": (".batch(n)", "batch_size=n: the loader batches (a batch of the "
@@ -169,7 +168,7 @@ def _grain_steps(source: Any) -> None:
     meaning without a word (one order every epoch, a dropped record a None, batches of
     batches)."""
     todo, looked = [source], 0
-    while todo and looked < 64:
+    while todo and looked < 1024:
         dataset, looked = todo.pop(), looked + 1
         if type(dataset).__module__.split(".")[0] != "grain":
             continue
