@@ -487,3 +487,16 @@ def test_a_mixture_of_rows_of_two_lengths_is_told_it_is_the_shape_not_a_cast():
                                              r"or crop .*PackedSources of other lengths"):
         list(jl.DataLoader(jl.mix([short, longer], [1, 1]), batch_size=4, process_index=0,
                            process_count=1))
+
+
+def test_an_empty_sequence_leaves_the_tokens_dtype_as_the_others_make_it():
+    # np.asarray([]) is float64: one empty document (a tokenizer's [] for empty text) made
+    # every token id of the key a float, packed as 11., 12., 13. without a word
+    for tokens in ([[11], [], [12, 13]], [np.array([11], np.int32), [], np.array([12, 13],
+                                                                                   np.int32)]):
+        ragged = jl.RaggedSource.from_sequences({"t": tokens})
+        assert ragged[0]["t"].dtype == np.asarray(tokens[0]).dtype, ragged[0]["t"].dtype
+        packed = jl.PackedSource(ragged, "t", 4, seed=None)
+        assert packed[0]["t"].tolist() == [11, 12, 13, 0] and packed[0]["t"].dtype.kind == "i"
+    assert jl.RaggedSource.from_sequences({"t": [[], []]})[0]["t"].dtype == np.int64
+    assert jl.RaggedSource.from_sequences({"t": [[0.5], []]})[1]["t"].dtype == np.float64

@@ -42,6 +42,8 @@ def source_fingerprint(source: Any) -> dict[str, str]:
     interrupted a read: reading again would move that read's file)."""
     own = fingerprint_of(source)
     if own is not None:
+        if getattr(source, "reads_run_code", False) is True and not digest_level():
+            _read_again(source, *_leaves(source, 0))  # (a dataset's own transform may draw)
         return {"source": own}
     locks = source_lock(source, walk)
     if any(getattr(lock, "_is_owned", lambda: False)() for lock in locks):

@@ -51,8 +51,16 @@ class HuggingFaceSource:
 
     def __init__(self, dataset: Any) -> None:
         fmt = dataset.format
-        # the user's own transform (with_transform / set_transform): kept, its answers batched
-        self.custom = fmt["type"] == "custom"
+        # the user's own transform (with_transform / set_transform): kept, its answers batched;
+        # its record 0 read twice at the first state (an augmentation there: warned of)
+        self.custom = self.reads_run_code = fmt["type"] == "custom"
+        if "dtype" in (fmt.get("format_kwargs") or {}):  # (NumPy's own dtypes are read)
+            raise ConfigError(
+                f"a datasets.Dataset with_format({fmt['type']!r}, dtype="
+                f"{fmt['format_kwargs']['dtype']!r}): the loader reads the columns' own dtypes "
+                "(float64 stays float64), not the format's dtype=, which it would leave out "
+                "without a word; cast in a Map (jl.Map(lambda r: {**r, 'x': r['x'].astype("
+                "np.float16)})), or in the dataset (ds.cast_column)")
         release = str(getattr(sys.modules.get("datasets"), "__version__", ""))
         if not self.custom and not released_at_least(release, _NUMPY_2):
             raise ConfigError(  # (its NumPy format's np.array(copy=False): a bare ValueError)

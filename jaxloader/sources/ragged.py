@@ -79,6 +79,10 @@ class RaggedSource:
                         f"{array.shape}, expected 1-D (a record's values along one axis); "
                         f"{_FLAT_ONLY}")
             offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
+            if dtype is None:  # (an empty record, np.asarray([]), is float64: the values' own
+                held = [a.dtype for a in arrays if a.size]  # dtype, not a float for all)
+                common = np.result_type(*held) if held else np.dtype(np.int64)
+                arrays = [a if a.size else a.astype(common) for a in arrays]
             values = np.concatenate(arrays) if arrays else np.zeros(0, dtype or np.int64)
             pairs[key] = (values, offsets)
         return cls(pairs)

@@ -525,3 +525,35 @@ def test_an_image_that_does_not_decode_is_named_by_its_row_and_column(num_worker
     assert "(source index 5): source.__getitems__ raised RecordError: the dataset's row 5, " \
            "column 'image': OSError" in said, said
     assert "ds.cast_column('image', datasets.Image(decode=False))" in said
+
+
+def _jittered(batch):  # Hugging Face's image example's augmentation, drawn as the dataset reads
+    return {"x": [v + np.random.rand() for v in batch["x"]]}
+
+
+def test_a_datasets_own_transform_that_draws_is_warned_of_at_the_first_state():
+    # its numbers are not the loader's: other batches with another worker count and after a
+    # restore, and the dataset's own fingerprint skipped the check a plain source gets
+    import warnings
+
+    ds = datasets.Dataset.from_dict({"x": [float(i) for i in range(32)]})
+    ds.set_transform(_jittered)
+    with jl.DataLoader(ds, batch_size=4, process_index=0, process_count=1) as loader:
+        next(iter(loader))
+        with pytest.warns(jl.JaxloaderWarning, match=r"record 0, read twice, gave other values"
+                                                     r".*RandomMap"):
+            loader.state_dict()
+    ds.set_transform(lambda batch: {"x": [v * 2 for v in batch["x"]]})  # (decoding: nothing)
+    with jl.DataLoader(ds, batch_size=4, process_index=0, process_count=1) as loader:
+        next(iter(loader))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loader.state_dict()
+
+
+def test_a_formats_dtype_is_refused_not_left_out():
+    # with_format("numpy", dtype=np.float16) gave float64 batches without a word
+    ds = datasets.Dataset.from_dict({"x": [float(i) for i in range(8)]})
+    with pytest.raises(jl.ConfigError, match=r"with_format\('numpy', dtype=.*float16.*cast in "
+                                             r"a Map"):
+        jl.DataLoader(ds.with_format("numpy", dtype=np.float16), batch_size=4)
