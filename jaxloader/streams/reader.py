@@ -5,11 +5,11 @@
     readers R = process_count x max(1, num_workers); reader r = process_index * W + worker
     epoch e of reader r: shards in order shuffle(seed, e), every R-th from the r-th
     records ──> windows of `shuffle_window` records, each permuted by (seed, r, e, window k)
-    state of a reader: {reader, epoch, shard, shard_state, window, emitted[, crossed]}
+    state of a reader: {reader, epoch, shard, shard_state, window, emitted[, crossed[_files]]}
         (shard, shard_state): where the current window starts; emitted: records of it handed
-        out; crossed: where it left each shard (shard_state.Crossings). A restore reopens the
-        shard there, reads the window again and skips `emitted`: nothing lost, nothing
-        repeated, and the state a few numbers however big the window.
+        out; crossed: where it left each shard, and the files it entered (Crossings). A
+        restore reopens the shard there, reads the window again (each file checked unchanged)
+        and skips `emitted`: nothing lost, nothing repeated, the state a few numbers.
 
 Each reader runs through its own epochs without end (a batch may hold the end of one epoch
 and the start of the next; an epoch whose shards hold no record is passed over), or up to the
@@ -35,8 +35,8 @@ import numpy as np
 
 from jaxloader.base.abilities import OLDER, close_of
 from jaxloader.base.checks import check_bool, check_int
-from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
-                                   StateDictError)
+from jaxloader.base.errors import ConfigError, JaxloaderError, JaxloaderWarning, RecordError
+from jaxloader.base.errors import StateDictError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import or_compressed
@@ -219,9 +219,7 @@ class StreamReader:
         self.stream, self.reader, self.readers = stream, reader, readers
         self.seed = seed
         self._window: list = []
-        self._order: np.ndarray = np.zeros(0, np.int64)
         self._mine: list[int] = []
-        self._opened: int | None = None
         self._current: Any = None  # the open shard: this reader's copy of it
         self._until: int | None = None  # the epoch a pass ends before (None: endless)
         self._ended, self._window_epoch, self._window_key = False, 0, 0
@@ -242,7 +240,7 @@ class StreamReader:
         state = self.initial_state() if state is None else checked_reader_state(
             state, self.reader)
         self._until, self._ended = state.get("until"), False
-        self._crossings = Crossings(state.get("crossed", []))  # (read again, the window
+        self._crossings = Crossings(state.get("crossed"), state.get("crossed_files"))  # (the
         self._epoch, self._shard = state["epoch"], state["shard"]
         self._window_number, emitted = state["window"], state["emitted"]
         self._start_epoch(self._epoch)
@@ -250,7 +248,7 @@ class StreamReader:
             raise StateDictError(f"stream state: shard {self._shard} of reader {self.reader}'s "
                                  f"{len(self._mine)} in epoch {self._epoch}; not this stream's")
         self._open(self._shard, state["shard_state"])
-        self._fill()  # leaves its shards where the saved one did: see Crossings)
+        self._fill()  # window read again leaves its shards where the saved one did: Crossings)
         if emitted > len(self._window):
             raise StateDictError(f"stream state: {emitted} records of a window of "
                                  f"{len(self._window)} handed out; not this stream's")
@@ -327,7 +325,7 @@ class StreamReader:
                         raise left_early(self._current, len(window), cap) from None
                     cap = self._crossings.left(len(window))
                     self._shard += 1
-                    self._open(self._shard, None)
+                    self._crossings.opened(self._open(self._shard, None))  # (checked, restored)
                     crossed = [*(crossed or ()), (self._shard, len(window))]
             self._crossings.read(len(window))
             if window:
@@ -383,15 +381,16 @@ class StreamReader:
             order = IndexShuffle(n, seed=self.seed, epoch=epoch)(order)
         self._mine = order[self.reader::self.readers].tolist()
 
-    def _open(self, index: int, state: dict | None) -> None:
-        """Opens shard ``index`` of this epoch's (at ``state``) as this reader's own copy:
-        readers in one process (a worker hosting several, or ``num_workers=0``) may read one
-        shard at once, each in its own epoch; the shard left is closed."""
-        self.close()
+    def _open(self, index: int, state: dict | None) -> Any:
+        """Opens shard ``index`` of this epoch's (at ``state``) as this reader's own copy, and
+        returns it (``None``: none left): readers in one process (a worker hosting several, or
+        ``num_workers=0``) may read one shard at once, each in its own epoch."""
+        self.close()  # (the shard left)
         if index < len(self._mine):
             shard = copy.copy(self.stream.shards[self._mine[index]])  # (reset opens its files)
             shard.reset(state if state is None else copied(state))  # (it may keep and change it)
             self._current = watched(shard)  # (its first records: a buffer refilled?)
+        return self._current
 
     def close(self) -> None:
         """Closes the shard this reader has open."""

@@ -92,7 +92,9 @@ def check_unchanged(shard: Any, state: dict) -> None:
     kind = "shorter or rewritten" if shard.append_only else "changed"
     raise StateDictError(
         f"stream shard {shard.path}: {kind} since the state was saved ({'; '.join(changed)}): "
-        f"the state's offset {state.get('offset')} would resume inside other records; restore "
+        + (f"the state's offset {state['offset']} would resume inside other records" if
+           "offset" in state else "the window the state was saved in read its first records,"
+           " which it would read otherwise") + "; restore "
         "over the shards the state was saved with (a stream without this shard refuses "
         "the state: its shards are part of it)"
         + ("" if shard.append_only else "; if records are only appended to it, read the "

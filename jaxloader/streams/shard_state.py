@@ -27,6 +27,7 @@ import numpy as np
 from jaxloader.base.checks import MASK64
 from jaxloader.base.errors import StateDictError
 from jaxloader.base.state_copy import copied
+from jaxloader.streams.shard_files import check_unchanged
 
 __all__ = ["Crossings", "checked_reader_state", "copied", "crossings_of", "left_early",
            "mark_of", "plain", "snapshot"]  # (copied: the reader's, for a shard's reset)
@@ -125,6 +126,14 @@ def checked_reader_state(state: Any, reader: int) -> dict:
         raise StateDictError(f"stream state: crossed: expected the records read from its "
                              f"window's start as it left each shard (ascending ints >= 0), got "
                              f"{crossed!r:.200}; not this stream's")
+    files = state.get("crossed_files", [])
+    if not isinstance(files, list) or len(files) > len(crossed) or any(
+            f is not None and not (isinstance(f, dict) and all(
+                k in ("size", "head", "tail") and type(v) is int and v >= 0
+                for k, v in f.items())) for f in files):
+        raise StateDictError(f"stream state: crossed_files: expected the identity of each file "
+                             f"the window entered (a dict of size, head and tail, or null), got "
+                             f"{files!r:.200}; not this stream's")
     return state
 
 
@@ -175,10 +184,23 @@ class Crossings:
     KEPT = 1 << 16  # exits kept before the window being read (a packing reader's window,
     # read again from a state taken before it, spans a few shards; the window's own all kept)
 
-    def __init__(self, crossed: list[int] | None = None) -> None:
+    def __init__(self, crossed: list[int] | None = None, files: list | None = None) -> None:
         self.reads, self.exits, self.dropped = 0, list[int](), 0
         self.since = (0, 0)  # (the exits before and the records read before the window)
         self.leave = list(crossed or [])
+        self.entered: list[dict | None] = []  # the file entered at each exit: its identity
+        self.expect = list(files or [])  # (a restore's: each checked as it is entered)
+
+    def opened(self, shard: Any) -> None:
+        """The shard entered at the last exit is open (``None``: none left this epoch): a file's
+        identity kept for a state's ``crossed_files``, and a restore's checked against the
+        saved one (a shard the window ran into, rewritten with as many records, repeated and
+        lost records without a word: only the window's first shard was checked)."""
+        identity = getattr(shard, "_identity", None)  # (a FileShard's: size, head, tail)
+        self.entered.append(dict(identity) if isinstance(identity, dict) and identity else None)
+        then = self.expect.pop(0) if self.expect else None
+        if then and self.entered[-1] is not None:
+            check_unchanged(shard, then)
 
     def start(self) -> int:
         """A window starts: the count of its records to leave the shard at, or -1."""
@@ -192,7 +214,7 @@ class Crossings:
         self.exits.append(self.reads + read)
         older = self.since[0] - self.dropped  # (the exits before this window)
         if older > self.KEPT:
-            del self.exits[:older - self.KEPT // 2]
+            del self.exits[:older - self.KEPT // 2], self.entered[:older - self.KEPT // 2]
             self.dropped += older - self.KEPT // 2
         return self.leave[0] - self.reads if self.leave else -1
 
@@ -213,7 +235,9 @@ class Crossings:
         crossings, index, reads = mark
         at = index - crossings.dropped
         left = [e - reads for e in crossings.exits[at:]] if at >= 0 else []
-        return {**state, "crossed": left} if left else state
+        files = crossings.entered[at:at + len(left)] if left else []
+        return {**state, "crossed": left, **({"crossed_files": files} if any(files) else {})} \
+            if left else state
 
 
 def mark_of(reader: Any) -> Any:
