@@ -657,3 +657,17 @@ def test_a_mixture_state_past_what_its_positions_count_exactly_is_refused():
         with pytest.raises(jl.StateDictError, match=r"past any step a mixture reaches: its "
                                                     r"positions .* exact to 2\*\*53"):
             loader.load_state_dict({**state, "step": 2**53})
+
+
+def test_a_component_of_weight_zero_is_said_to_count_in_the_epoch():
+    # its records counted in the epoch: num_epochs=1 read the weighted component's 100
+    # records 11 times each (len(loader) 110), without a word
+    a, b = jl.ArraySource({"x": np.arange(100)}), jl.ArraySource({"x": np.arange(1000)})
+    for weights, said in (([1, 0], "at every step"), ({0: [1, 0], 5: [0.5, 0.5]}, "until step 5")):
+        mixture = jl.mix([a, b], weights[0] if isinstance(weights, dict) else weights,
+                         from_step={5: weights[5]} if isinstance(weights, dict) else None)
+        with pytest.warns(jl.JaxloaderWarning, match=rf"component 1 has weight 0 {said}, but its "
+                                                     r"1,000 records count in the loader's epoch"
+                                                     r".*each 11 times an epoch"):
+            loader = jl.DataLoader(mixture, batch_size=10, process_index=0, process_count=1)
+        assert len(loader) == 110

@@ -85,6 +85,7 @@ class MixtureSampler:
                                       in sorted(mixture.schedule.items())], self._block)
         late_changes(firsts, self.global_batch_size, self._block, m)
         loose_batches(mixture, self.global_batch_size, self._block)
+        idle_components(mixture)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
@@ -301,6 +302,29 @@ def loose_batches(mixture: Any, global_batch: int, block: int) -> None:
                 "twice (an in-batch negative that is the record itself); give it more records, "
                 "or a smaller weight", JaxloaderWarning, stacklevel=5)
             return
+
+
+def idle_components(mixture: Any) -> None:
+    """Warns of a component of weight 0 at step 0 (one to weigh in later, or never): its
+    records count in the loader's epoch, the components' lengths summed, so an epoch reads
+    the others' records several times each, and ``num_epochs=1`` and ``len(loader)`` with it."""
+    lengths, names = np.diff(mixture.offsets), getattr(mixture, "names", None)
+    weights = sorted(mixture.schedule.items())
+    idle = [c for c in range(len(lengths)) if weights[0][1][c] == 0]
+    if not idle:
+        return
+    c, total = idle[0], int(lengths.sum())
+    later = next((step for step, w in weights if w[c] > 0), None)
+    read = int(sum(n for n, w in zip(lengths, weights[0][1]) if w > 0))
+    warnings.warn(
+        f"mix: component {repr(names[c]) if names else c} has weight 0 "
+        f"{f'until step {later}' if later else 'at every step'}, but its {lengths[c]:,} records "
+        f"count in the loader's epoch, the components' lengths summed ({total:,} records): "
+        f"while its weight is 0, the epoch's steps read the other {read:,} records, each "
+        f"{total / read:.3g} times an epoch (num_epochs=1 and len(loader) count them too); "
+        "train by steps (num_epochs=None and a step count), or leave it out of the mixture "
+        "(a state then restores only into a mixture without it)",
+        JaxloaderWarning, stacklevel=5)
 
 
 def late_changes(firsts: dict[int, int], global_batch: int, block: int, m: int) -> None:

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -46,7 +47,7 @@ from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
 from jaxloader.base.checks import check_int
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import check_fill, fill_values
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.sources.code_digest import code_digests
 from jaxloader.streams.contract import StreamLike
 from jaxloader.streams.packing_readers import FitPackedReader, PackedReader
@@ -125,6 +126,16 @@ class PackedStream:
             tuple(d[:16] for d in code_digests(tokenize)))  # (as made: a memo it fills is
         # not another function; and as versions of 2026-11-30 took it, digest_level)
         self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
+        changes = sorted(getattr(stream, "schedule", {0: None}))[1:]  # (a mixture's)
+        if changes and method != "concat":
+            warnings.warn(
+                f"PackedStream(method={method!r}) over streams mixed with weight changes (from "
+                f"step {changes[0]}): a reader packs a window of {window:,} records read ahead "
+                "of the rows it hands out, so a change reaches the batches only with the next "
+                "window, up to a window's rows after its step (hundreds of steps with rows of "
+                "a few documents); pass a smaller window= for a change nearer its step, or "
+                "method='concat' (a change at its step)", JaxloaderWarning,
+                stacklevel=user_stacklevel())
 
     def __repr__(self) -> str:
         keys = self.key if len(self.keys) == 1 else self.keys

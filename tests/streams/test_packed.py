@@ -461,3 +461,23 @@ def test_packing_over_a_mixture_whose_components_start_epochs_anew_restores_at_e
         return jl.StreamLoader(jl.PackedStream(mixed, "tokens", 8, method="best_fit", window=5),
                                batch_size=1, seed=seed, process_index=0, process_count=1)
     check_resume_at_every_step(make, 20)
+
+
+def _constant(k):
+    return jl.Stream.from_generator(lambda i: ({"t": [k] * 5} for _ in range(100)), shards=2)
+
+
+def test_a_weight_change_under_a_fit_packing_is_said_to_come_a_window_late():
+    # mixing.md and streams.md said the change starts at its step under a PackedStream: with
+    # best_fit it came 83 steps late at window=1000 (the audit's run), without a word
+    mixed = jl.mix([_constant(1), _constant(2)], [0.8, 0.2], from_step={5: [0.2, 0.8]})
+    for method in ("best_fit", "first_fit"):
+        with pytest.warns(jl.JaxloaderWarning, match=rf"PackedStream\(method='{method}'\) over "
+                                                     r"streams mixed with weight changes \(from "
+                                                     r"step 5\).*smaller window="):
+            jl.PackedStream(mixed, "t", 32, method=method)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jl.PackedStream(mixed, "t", 32)  # (concat: at its step)
+        jl.PackedStream(jl.mix([_constant(1), _constant(2)], [0.8, 0.2]), "t", 32,
+                        method="best_fit")  # (no change)
