@@ -500,3 +500,23 @@ def test_two_hosts_end_a_first_exhausted_pass_over_a_mixture_at_the_same_step(tm
                 mine = [set(ids) & w for w in whole]
                 assert any(m == w for m, w in zip(mine, whole))
                 assert sum(map(len, mine)) < sum(map(len, whole))  # one of them cut short
+
+
+def test_a_pass_over_empty_files_is_warned_of_as_the_loader_is_made(tmp_path):
+    # a pass failed only where the seed's deal gave a reader nothing but empty shards: the
+    # first pass, or one hours in, with the same files
+    paths = []
+    for k in range(8):
+        path = tmp_path / f"part-{k}.jsonl"
+        path.write_text("" if k in (3, 6) else "".join(f'{{"x": {i}}}\n' for i in range(5)))
+        paths.append(str(path))
+    stream = jl.Stream.jsonl(paths)
+    with pytest.warns(jl.JaxloaderWarning, match=r"num_epochs: 2 of the stream's shards are "
+                                                 r"empty files \(.*part-3\.jsonl, \.\.\.\).*"
+                                                 r"remove the empty files"):
+        jl.StreamLoader(stream, batch_size=2, num_epochs=1, process_index=0, process_count=1)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (endless: an epoch of empty shards is passed over)
+        jl.StreamLoader(stream, batch_size=2, process_index=0, process_count=1)

@@ -155,7 +155,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             cast("int | None", device_prefetch), stall_warning_s, timeout_s, log_every_s,
             auto_workers, auto_prefetch, unplaced=self._putter is None)
         if num_epochs is not None:
-            passes.check(process_count)
+            passes.check(process_count, given)
         record_transforms, batch_transforms = split_transforms(
             transforms, filters=True, process_count=process_count)
         self._transforms = (*record_transforms, *batch_transforms)

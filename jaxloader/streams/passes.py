@@ -18,14 +18,28 @@ Example:
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any, Callable
 
-from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 
 
-def check(process_count: int) -> None:
+def check(process_count: int, stream: Any = None) -> None:
     """Refuses a pass that ends (``num_epochs``) where its processes could not agree on its
-    end."""
+    end; warns of empty files among ``stream``'s shards, which fail a pass whose deal gives a
+    reader nothing else (at the pass the seed decides, maybe hours in)."""
+    empty = [path for shard in getattr(stream, "shards", None) or () if isinstance(
+        path := getattr(shard, "path", None), str) and os.path.isfile(path)
+        and os.path.getsize(path) == 0]
+    if empty:
+        warnings.warn(
+            f"num_epochs: {len(empty)} of the stream's shards are empty files ({empty[0]}"
+            f"{', ...' if len(empty) > 1 else ''}): a pass whose deal gives a reader only empty "
+            "shards is refused, as it has no records to pad its last batches with, at the pass "
+            "the seed's deal decides (the first, or one hours in); remove the empty files (a "
+            "0-byte part file, as Spark writes them), or read without end (num_epochs=None)",
+            JaxloaderWarning, stacklevel=user_stacklevel())
     if process_count > 1:
         import jax
 

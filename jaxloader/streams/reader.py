@@ -214,8 +214,9 @@ class StreamReader:
                 f"readers_per_process, which defaults to num_workers): reader "
                 f"{len(stream.shards)} would read nothing; give at least {readers} shards"
                 + (" (a Hugging Face dataset of Parquet files: ds.reshard() makes a shard of "
-                   "each row group)" if hf else "") + ", or fewer readers"
-            )
+                   "each row group)" if hf else " (one large file: split it, split -n l/8 "
+                   "train.jsonl part-, then Stream.jsonl(sorted(glob('part-*'))); or convert it "
+                   "to Parquet, read by a DataLoader)") + ", or fewer readers")
         self.stream, self.reader, self.readers = stream, reader, readers
         self.seed = seed
         self._window: list = []
