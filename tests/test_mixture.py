@@ -671,3 +671,17 @@ def test_a_component_of_weight_zero_is_said_to_count_in_the_epoch():
                                                      r".*each 11 times an epoch"):
             loader = jl.DataLoader(mixture, batch_size=10, process_index=0, process_count=1)
         assert len(loader) == 110
+
+
+def test_components_that_differ_across_a_change_inside_a_step_are_refused_as_made():
+    # each regime's components were checked alike, not those of two regimes a batch holds
+    # where a change starts inside a step: refused at step 341, hours in
+    parts = [jl.ArraySource({"x": np.zeros(100, dtype)}) for dtype in ("f4", "f8", "f4")]
+    mixture = jl.mix(parts, [1, 0, 0], from_step={5: [0, 1, 0]})
+    with pytest.warns(jl.JaxloaderWarning), pytest.raises(
+            jl.ConfigError, match=r"mix\(from_step=\{5: \.\.\.\}\): the change starts inside "
+                                  r"step 341, whose batch holds both weights' components: .*"
+                                  r"float32\(\) in mix\(sources\)\[0\], float64\(\)"):
+        jl.DataLoader(mixture, batch_size=3, process_index=0, process_count=1)
+    with pytest.warns(jl.JaxloaderWarning):  # (a change at a step's start: each regime alone)
+        jl.DataLoader(mixture, batch_size=6, process_index=0, process_count=1)

@@ -84,6 +84,16 @@ class MixtureSampler:
         self._regimes = plan_regimes([(firsts[step], weights) for step, weights
                                       in sorted(mixture.schedule.items())], self._block)
         late_changes(firsts, self.global_batch_size, self._block, m)
+        regimes = sorted(mixture.schedule.items())  # (a change inside a step: its batch holds
+        for (_, before), (step, after) in zip(regimes, regimes[1:]):  # both regimes' parts)
+            if firsts[step] * self._block % self.global_batch_size:
+                try:
+                    mixture.check_alike([c for c in range(m) if before[c] > 0 or after[c] > 0])
+                except ConfigError as e:
+                    raise ConfigError(
+                        f"mix(from_step={{{step}: ...}}): the change starts inside step "
+                        f"{firsts[step] * self._block // self.global_batch_size:,}, whose batch "
+                        f"holds both weights' components: {e}") from None
         loose_batches(mixture, self.global_batch_size, self._block)
         idle_components(mixture)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
