@@ -81,7 +81,10 @@ class FileListSource:
                     f"FileListSource(labels): expected integers, got {given.dtype} (labels[{odd}]"
                     f" is {labels[odd]!r}); for class names pass ints, e.g. "
                     "[classes.index(name) for name in names] with classes=sorted(set(names))"
-                )
+                    + ("; for numbers that are no class (a regression's targets), leave labels "
+                       "out and look each up by its path in a Map: jl.Map(lambda r: {**r, "
+                       "'target': np.float32(targets[r['path']])}), targets a dict"
+                       if isinstance(labels[odd], (float, np.floating)) else ""))
             if given.dtype.kind == "u" and len(given) and given.max() >= 2**63:
                 raise ConfigError(f"FileListSource(labels): {int(given.max())} is beyond int64, "
                                   "which labels are kept as; pass labels below 2**63")

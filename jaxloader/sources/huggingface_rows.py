@@ -108,7 +108,8 @@ def failing_row(source: Any, indices: Any, error: Exception) -> Exception:
         except Exception as e:  # noqa: BLE001 - the row's own error, whatever it is
             key = _column_of(source, index)
             found: Exception = RecordError(
-                f"the dataset's row {index}{f', column {key!r}' if key else ''}: "
+                f"the dataset's row {index}{f', column {key!r}' if key else ''}"
+                f"{_media_path(source, index, key)}: "
                 f"{type(e).__name__}: {e}; fix or drop that row (ds.filter, ds.select), or, "
                 "for images or sounds that may not decode, read the column undecoded "
                 f"(ds.cast_column({key or 'column'!r}, datasets.Image(decode=False))) and "
@@ -117,6 +118,17 @@ def failing_row(source: Any, indices: Any, error: Exception) -> Exception:
             tag_item(found, j)
             return found
     return error
+
+
+def _media_path(source: Any, index: int, key: str | None) -> str:
+    """`` (file '...')``: the file an image's or a sound's struct names (an imagefolder's), or
+    nothing."""
+    try:
+        value = source.dataset[index].column(key)[0].as_py() if key else None
+    except Exception:  # noqa: BLE001 - (a name only: nothing to add then)
+        return ""
+    path = value.get("path") if isinstance(value, dict) else None
+    return f" (file {path!r})" if isinstance(path, str) and path else ""
 
 
 def _column_of(source: Any, index: int) -> str | None:

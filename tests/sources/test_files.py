@@ -125,6 +125,9 @@ def test_bad_arguments(tmp_path):
     for labels, got in ((["cat", "dog"], "<U3"), ([0.5, 1.0], "float64")):
         with pytest.raises(jl.ConfigError, match=f"expected integers, got {got}"):
             jl.FileListSource(["a", "b"], labels=labels)
+    with pytest.raises(jl.ConfigError, match=r"a regression's targets\), leave labels out and "
+                                             r"look each up by its path in a Map"):
+        jl.FileListSource(["a", "b"], labels=[0.5, 1.5])  # (told only to name classes by ints)
     assert jl.FileListSource(["a", "b"], labels=[True, False]).labels.tolist() == [1, 0]
     # a None named the first label ("first 0"), which was fine; a uint64 past int64 wrapped
     with pytest.raises(jl.ConfigError, match=r"got object \(labels\[1\] is None\)"):

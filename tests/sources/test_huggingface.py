@@ -514,7 +514,7 @@ def test_an_image_that_does_not_decode_is_named_by_its_row_and_column(num_worker
         return out.getvalue()
 
     images = [{"bytes": jpeg(i), "path": None} for i in range(12)]
-    images[5] = {"bytes": images[5]["bytes"][:60], "path": None}
+    images[5] = {"bytes": images[5]["bytes"][:60], "path": "cat/5.jpeg"}  # (imagefolder's)
     ds = datasets.Dataset.from_dict({"id": list(range(12)), "image": images},
                                     features=datasets.Features({"id": datasets.Value("int64"),
                                                                 "image": datasets.Image()}))
@@ -523,7 +523,7 @@ def test_an_image_that_does_not_decode_is_named_by_its_row_and_column(num_worker
         list(loader)
     said = str(caught.value)
     assert "(source index 5): source.__getitems__ raised RecordError: the dataset's row 5, " \
-           "column 'image': OSError" in said, said
+           "column 'image' (file 'cat/5.jpeg'): OSError" in said, said
     assert "ds.cast_column('image', datasets.Image(decode=False))" in said
 
 
