@@ -350,6 +350,15 @@ def test_a_folder_reused_by_runs_on_two_process_counts_keeps_the_last_runs_state
     write_state(tmp_path, single)  # (resized back: the two states are its past)
     assert sorted(os.listdir(tmp_path)) == ["process_0-of-1.json"]
     assert read_state(tmp_path, hosts[0])["step"] == 7
+    for loader in hosts:  # (a state at a later step, a run saving there meanwhile, is left:
+        write_state(tmp_path, loader)  # not its past, and the folder refused)
+    assert len(os.listdir(tmp_path)) == 3
+    with pytest.raises(jl.StateDictError, match="runs on 2 process counts"):
+        read_state(tmp_path, single)
+    for loader in hosts:  # (at one step: one position, which any of them restores)
+        take(loader, 1)
+        write_state(tmp_path, loader)
+    assert len(os.listdir(tmp_path)) == 3 and read_state(tmp_path, single)["step"] == 7
 
 
 def test_a_folder_holding_the_states_of_runs_on_two_process_counts_is_refused(tmp_path):

@@ -840,3 +840,29 @@ def test_a_map_sources_function_is_named_where_reading_is_the_bottleneck():
     assert d.bottleneck == "source" and "reading includes MapSource(decode_clips): its " \
         "function's CPU work" in d.advice[-1], d
     assert not any("MapSource" in a for a in diagnose(stats, num_workers=2, cores=2).advice)
+
+
+def test_a_compilation_on_a_batch_not_timed_is_booked_as_one(monkeypatch):
+    # a partial last batch's new shape compiled on a batch not timed (one in 16 is): its
+    # compilation stayed in the JitMap's share of the time worked, ~5x its cost a batch
+    from jaxloader.batching.jit_map import JitMap
+
+    compiled = []
+    run = JitMap.run
+
+    def counted(self, *args, **kwargs):
+        out = run(self, *args, **kwargs)
+        compiled.append(out[3])
+        return out
+    monkeypatch.setattr(JitMap, "run", counted)
+    stats, _ = run_all(jl.DataLoader(arrays(1000), batch_size=24, last_batch="partial",
+                                     transforms=[jl.JitMap(_tanh)], **ONE))
+    assert len(compiled) == 42 and compiled[-1] > 0, compiled  # (1,000 = 41 x 24 + 16)
+    assert stats.stages["JitMap(_tanh) compile"] == pytest.approx(sum(compiled))
+
+
+def run_all(loader):
+    with loader:
+        for _ in loader:
+            pass
+        return loader.stats, None

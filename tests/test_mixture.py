@@ -671,6 +671,10 @@ def test_a_component_of_weight_zero_is_said_to_count_in_the_epoch():
                                                      r".*each 11 times an epoch"):
             loader = jl.DataLoader(mixture, batch_size=10, process_index=0, process_count=1)
         assert len(loader) == 110
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (trained by steps, as the warning asks: nothing)
+            jl.DataLoader(mixture, batch_size=10, num_epochs=None, process_index=0,
+                          process_count=1)
 
 
 def test_components_that_differ_across_a_change_inside_a_step_are_refused_as_made():

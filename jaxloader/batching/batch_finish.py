@@ -206,12 +206,15 @@ def _shape(leaf: Any) -> tuple | None:
 def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tuple, size: int,
                  where: Callable[[], str], alloc: Callable[[int], Any] | None = None,
                  clock: StageClock | None = None, keyed: tuple = (0, 0, None),
-                 mask_key: str | None = None) -> tuple[Any, collate.Layout]:
+                 mask_key: str | None = None, compiles: StageClock | None = None
+                 ) -> tuple[Any, collate.Layout]:
     """The batch of ``columns`` after the ``BatchMap``s and ``JitMap``s, written into
     ``alloc`` when given; ``where()`` names it in an error; ``keyed``: ``(seed, epoch,
     positions)`` of its records, a ``JitMap``'s keys; ``mask_key``: the pad mask's leaf,
     which a transform that leaves it out is warned of. Each transform's seconds go to
-    ``clock`` under its name, taken off its collation (which the caller times whole)."""
+    ``clock`` under its name, taken off its collation (which the caller times whole); a
+    ``JitMap``'s compilation to ``compiles`` (the maker's clock, on every batch: a partial
+    last batch's new shape compiles on a batch not timed)."""
     if not columns or len(columns) == 1 and columns[0].path == f"[{mask_key!r}]":  # (none
         # but a pad mask, if any: a batch of nothing, given to the step without a word)
         raise RecordError(f"{where()}: its records have no leaves ("
@@ -275,8 +278,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             spent = perf_counter() - start - outside - compiled_s
             clock.add_sampled(stage_name(t), spent)
             clock.add_sampled(COLLATE, -spent - compiled_s)
-            if compiled_s:
-                clock.add(stage_name(t) + COMPILED, compiled_s)
+        if compiled_s and (compiles or clock) is not None:
+            cast(StageClock, compiles or clock).add(stage_name(t) + COMPILED, compiled_s)
         if batch is None:
             raise returned_none(where(), t)
         if not tree_lib.flatten(batch)[0]:

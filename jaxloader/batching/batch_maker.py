@@ -41,7 +41,7 @@ from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource
 from jaxloader.sources.base import large_views, one_each
-from jaxloader.sources.parts import reads_each
+from jaxloader.sources.parts import reads_each, walk
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock
 from jaxloader.batching.record_transforms import RecordTransforms, source_read_only_hint
@@ -80,7 +80,8 @@ class BatchMaker:
         self._gather = gatherer_of(source)
         self._gather_failed: str | None = None  # a task's read at once that raised,
         self._gather_said = False  # and whether one that passed step by step was said
-        self._transforms = RecordTransforms(record_transforms, sampler.seed)
+        self._transforms = RecordTransforms(record_transforms, sampler.seed, copies=any(
+            not type(part).__module__.startswith("jaxloader.") for part in walk(source)))
         check_positions(sampler.steps_per_epoch * sampler.global_batch_size,
                         any(isinstance(t, RandomMap) or (isinstance(t, JitMap) and t.random)
                             for t in (*record_transforms, *batch_transforms)))
@@ -139,7 +140,7 @@ class BatchMaker:
         return finish_batch(treedef, columns, self._finishing, len(spec.indices),
                             spec.location, alloc, self.clock if timed else None,
                             (self.sampler.seed, spec.epoch, spec.positions),
-                            None if spec.valid is None else self.mask_key)
+                            None if spec.valid is None else self.mask_key, self.clock)
 
     def make_steps(self, steps: list[int], allocs: list[Callable[[int], Any]]
                    ) -> Iterator[tuple[Any, collate.Layout]]:

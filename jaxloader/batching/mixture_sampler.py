@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
 from jaxloader.base.difference import differ
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
                                           same_order)
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
@@ -95,7 +95,6 @@ class MixtureSampler:
                         f"{firsts[step] * self._block // self.global_batch_size:,}, whose batch "
                         f"holds both weights' components: {e}") from None
         loose_batches(mixture, self.global_batch_size, self._block)
-        idle_components(mixture)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
@@ -317,7 +316,8 @@ def loose_batches(mixture: Any, global_batch: int, block: int) -> None:
 def idle_components(mixture: Any) -> None:
     """Warns of a component of weight 0 at step 0 (one to weigh in later, or never): its
     records count in the loader's epoch, the components' lengths summed, so an epoch reads
-    the others' records several times each, and ``num_epochs=1`` and ``len(loader)`` with it."""
+    the others' records several times each, and ``num_epochs=1`` and ``len(loader)`` with it
+    (asked of a loader whose passes end: one trained by steps is as it should be)."""
     lengths, names = np.diff(mixture.offsets), getattr(mixture, "names", None)
     weights = sorted(mixture.schedule.items())
     idle = [c for c in range(len(lengths)) if weights[0][1][c] == 0]
@@ -334,7 +334,7 @@ def idle_components(mixture: Any) -> None:
         f"{total / read:.3g} times an epoch (num_epochs=1 and len(loader) count them too); "
         "train by steps (num_epochs=None and a step count), or leave it out of the mixture "
         "(a state then restores only into a mixture without it)",
-        JaxloaderWarning, stacklevel=5)
+        JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 def late_changes(firsts: dict[int, int], global_batch: int, block: int, m: int) -> None:

@@ -69,7 +69,8 @@ class StreamBatchMaker:
                                                                     process_count, per_process)
         self.record_transforms, self.batch_transforms = record_transforms, batch_transforms
         self._pad, self._finishing = split_pad(batch_transforms)  # (a Pad: on the records)
-        self._transforms = RecordTransforms(record_transforms, seed)
+        self._transforms = RecordTransforms(record_transforms, seed, copies=True)  # (a
+        # generator may yield dicts it keeps)
         self.clock = StageClock()  # where this process's batches' time goes (base/timings)
         self._hosted: dict[int, RecordReader] = {}  # this process's reader k -> it, as reset
         self._reader: RecordReader | None = None  # the one that made the last batch
@@ -162,7 +163,7 @@ class StreamBatchMaker:
         made = finish_batch(treedef, columns, self._finishing, self.batch_size,
                             lambda: self.location(step), alloc, clock if timed else None,
                             (self.seed, 0, np.arange(first, first + self.batch_size)),
-                            self.mask_key)
+                            self.mask_key, clock)
         if timed:
             clock.span(COLLATE, start)
             clock.count(real, made[1].nbytes)

@@ -193,7 +193,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._sampler = sampler_for(source, num_records, batch_size, shuffle=shuffle,
                                     seed=seed, last_batch=last_batch,
                                     process_index=process_index, process_count=process_count,
-                                    num_workers=count, rows=rows)
+                                    num_workers=count, rows=rows, ends=num_epochs is not None)
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
             check_order = order_check_of(part)

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
-from jaxloader.batching.mixture_sampler import MixtureSampler
+from jaxloader.batching.mixture_sampler import MixtureSampler, idle_components
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
 from jaxloader.order.sampling import Order, Sampler
 from jaxloader.sources.mixture import Mixture
@@ -26,8 +26,9 @@ from jaxloader.sources.mixture import Mixture
 def sampler_for(source: Any, num_records: int, batch_size: int, *,
                 shuffle: bool | np.bool_ | LocalShuffle, seed: Int, last_batch: str,
                 process_index: int, process_count: int,
-                num_workers: int, rows: np.ndarray | None = None) -> Order:
-    """The order of ``source``'s records: a mixture's own, a read-local one, or the full one."""
+                num_workers: int, rows: np.ndarray | None = None, ends: bool = False) -> Order:
+    """The order of ``source``'s records: a mixture's own, a read-local one, or the full one
+    (a mixture's idle components warned of where its passes ``end``: ``num_epochs``)."""
     seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
     if not (shuffle is None or isinstance(shuffle, (bool, np.bool_, LocalShuffle))):
         raise ConfigError(
@@ -35,12 +36,15 @@ def sampler_for(source: Any, num_records: int, batch_size: int, *,
             f"{type(shuffle).__name__} {shuffle!r}; True shuffles every record, LocalShuffle "
             "reads blocks of neighbours (files)")
     if isinstance(source, Mixture):  # each component in its own order (LocalShuffle too)
-        return MixtureSampler(source, batch_size, seed=seed,
-                              shuffle=shuffle if isinstance(shuffle, LocalShuffle) else bool(
-                                  shuffle),
-                              last_batch=last_batch, process_index=process_index,
-                              process_count=process_count, memo_stride=max(1, num_workers),
-                              rows=rows)
+        mixed = MixtureSampler(source, batch_size, seed=seed,
+                               shuffle=shuffle if isinstance(shuffle, LocalShuffle) else bool(
+                                   shuffle),
+                               last_batch=last_batch, process_index=process_index,
+                               process_count=process_count, memo_stride=max(1, num_workers),
+                               rows=rows)
+        if ends:
+            idle_components(source)
+        return mixed
     order, described = None, None
     if isinstance(shuffle, LocalShuffle):
         starts = shuffle.block_starts(source, num_records)

@@ -28,11 +28,12 @@ import errno
 import json
 import os
 import re
+import warnings
 from typing import Any, Awaitable
 
 from etils import epath
 
-from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 
 _FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 PathLike = str | os.PathLike  # epath.Path included
@@ -60,8 +61,8 @@ def state_filename(loader: Any) -> str:
 
 def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> None:
     """Writes this process's loader state into ``directory`` (which must exist), removing
-    the states a run on another process count wrote there (a folder reused: ``read_state``
-    refuses a folder holding both).
+    the states a run on another process count wrote there at an earlier step (a folder
+    reused: ``read_state`` refuses a folder holding states of other steps).
 
     Paths go through ``etils.epath``, as Orbax's do, so ``gs://`` and other remote directories
     work. Orbax makes the whole checkpoint appear at once (it renames its temporary directory
@@ -72,13 +73,6 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
     path = epath.Path(directory) / state_filename(loader)
     try:
         path.write_text(json.dumps(state))
-        for other in path.parent.iterdir():  # a run's on another process count, before: its
-            found = _FILE.match(other.name)  # states are this one's past (a folder reused)
-            if found and int(found.group(2)) != loader.process_count:
-                try:
-                    other.unlink()
-                except FileNotFoundError:  # (another process of this run took it first)
-                    pass
     except OSError as e:  # a full disk, a read-only or vanished directory
         remedy = ("make the directory first (Orbax makes a step's), or pass one that exists"
                   if isinstance(e, FileNotFoundError) else "save the checkpoint to a directory "
@@ -87,6 +81,31 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
                   "or save the checkpoint to another directory")
         raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "
                       f"({e.strerror or e}); {remedy}", str(path)) from e
+    for other in path.parent.iterdir():  # a run's on another process count, at a step before
+        found = _FILE.match(other.name)  # this one's: its past (a folder reused)
+        if found and int(found.group(2)) != loader.process_count:
+            _remove_past(other, state.get("step"))
+
+
+def _remove_past(other: Any, step: Any) -> None:
+    """Removes ``other``, a state of a run on another process count, where it is at a step
+    before ``step``: one at this step or later is left (a run still saving there, which
+    ``read_state`` refuses beside this one where the steps differ)."""
+    try:
+        then = json.loads(other.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):  # (gone, or not whole: left as it is)
+        return
+    if type(then) is not int or type(step) is not int or then >= step:
+        return
+    try:
+        other.unlink()
+    except FileNotFoundError:  # (another process of this run took it first)
+        pass
+    except OSError as e:  # (a bucket's retention, no right to delete: the save stands)
+        warnings.warn(f"checkpoint: {other}, the state of a run on another process count at "
+                      f"step {then}, could not be removed ({e}); read_state refuses the folder "
+                      "while it is there: remove it", JaxloaderWarning,
+                      stacklevel=user_stacklevel())
 
 
 def read_state(directory: PathLike, loader: Any) -> dict:
@@ -128,21 +147,25 @@ def read_state(directory: PathLike, loader: Any) -> dict:
 
 
 def _one_run(root: Any, files: list[str]) -> None:
-    """Refuses a folder holding the state files of several process counts: runs on other
-    counts wrote into one folder (``write_state`` to a folder reused), and a process would read
-    its own count's, maybe the oldest, without a word."""
+    """Refuses a folder holding the state files of several process counts at other steps:
+    runs on other counts wrote into one folder (``write_state`` to a folder reused, before it
+    removed the past ones, or two runs at once), and a process would read its own count's,
+    maybe the oldest, without a word. At one step they are one position: any restores it."""
     counts: dict[int, str] = {}
     for name in files:
         counts.setdefault(int(_FILE.match(name).group(2)), name)  # type: ignore[union-attr]
     if len(counts) < 2:
         return
-    said = []
+    said, steps = [], set()
     for count, name in sorted(counts.items()):
         try:
             step = f"step {json.loads((root / name).read_text())['step']}"
         except Exception:  # noqa: BLE001 - (said as unread; the refusal stands)
             step = "not read"
         said.append(f"{count} process(es), {name}: {step}")
+        steps.add(step)
+    if len(steps) == 1 and "not read" not in steps:  # (one position: any of them restores it)
+        return
     raise StateDictError(
         f"checkpoint {root}: holds the loader states of runs on {len(counts)} process counts "
         f"({'; '.join(said)}): written into one folder by runs on other process counts, so a "

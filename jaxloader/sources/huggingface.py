@@ -54,7 +54,7 @@ class HuggingFaceSource:
         # the user's own transform (with_transform / set_transform): kept, its answers batched;
         # its record 0 read twice at the first state (an augmentation there: warned of)
         self.custom = self.reads_run_code = fmt["type"] == "custom"
-        if "dtype" in (fmt.get("format_kwargs") or {}):  # (NumPy's own dtypes are read)
+        if (fmt.get("format_kwargs") or {}).get("dtype") is not None:  # (the columns' own)
             raise ConfigError(
                 f"a datasets.Dataset with_format({fmt['type']!r}, dtype="
                 f"{fmt['format_kwargs']['dtype']!r}): the loader reads the columns' own dtypes "

@@ -32,6 +32,7 @@ from jaxloader.streams.shard_files import check_unchanged
 __all__ = ["Crossings", "checked_reader_state", "copied", "crossings_of", "left_early",
            "mark_of", "plain", "snapshot"]  # (copied: the reader's, for a shard's reset)
 
+_IDENTITY = ("size", "head", "tail")  # a file's, as a crossing's state names it
 _SCALARS = (str, int, float, bool, type(None))
 _PLAIN = frozenset(_SCALARS)  # (a set's lookup: the check made once a window)
 
@@ -128,11 +129,10 @@ def checked_reader_state(state: Any, reader: int) -> dict:
                              f"{crossed!r:.200}; not this stream's")
     files = state.get("crossed_files", [])
     if not isinstance(files, list) or len(files) > len(crossed) or any(
-            f is not None and not (isinstance(f, dict) and all(
-                k in ("size", "head", "tail") and type(v) is int and v >= 0
-                for k, v in f.items())) for f in files):
+            f is not None and not (isinstance(f, list) and len(f) == len(_IDENTITY) and all(
+                v is None or type(v) is int and v >= 0 for v in f)) for f in files):
         raise StateDictError(f"stream state: crossed_files: expected the identity of each file "
-                             f"the window entered (a dict of size, head and tail, or null), got "
+                             f"the window entered ([size, head, tail], or null), got "
                              f"{files!r:.200}; not this stream's")
     return state
 
@@ -188,7 +188,7 @@ class Crossings:
         self.reads, self.exits, self.dropped = 0, list[int](), 0
         self.since = (0, 0)  # (the exits before and the records read before the window)
         self.leave = list(crossed or [])
-        self.entered: list[dict | None] = []  # the file entered at each exit: its identity
+        self.entered: list[list | None] = []  # the file entered at each exit: its identity
         self.expect = list(files or [])  # (a restore's: each checked as it is entered)
 
     def opened(self, shard: Any) -> None:
@@ -197,10 +197,11 @@ class Crossings:
         saved one (a shard the window ran into, rewritten with as many records, repeated and
         lost records without a word: only the window's first shard was checked)."""
         identity = getattr(shard, "_identity", None)  # (a FileShard's: size, head, tail)
-        self.entered.append(dict(identity) if isinstance(identity, dict) and identity else None)
+        self.entered.append([identity.get(k) for k in _IDENTITY] if isinstance(
+            identity, dict) and identity else None)  # (a list: a state of many crossings)
         then = self.expect.pop(0) if self.expect else None
         if then and self.entered[-1] is not None:
-            check_unchanged(shard, then)
+            check_unchanged(shard, {k: v for k, v in zip(_IDENTITY, then) if v is not None})
 
     def start(self) -> int:
         """A window starts: the count of its records to leave the shard at, or -1."""

@@ -557,3 +557,4 @@ def test_a_formats_dtype_is_refused_not_left_out():
     with pytest.raises(jl.ConfigError, match=r"with_format\('numpy', dtype=.*float16.*cast in "
                                              r"a Map"):
         jl.DataLoader(ds.with_format("numpy", dtype=np.float16), batch_size=4)
+    jl.DataLoader(ds.with_format("numpy", dtype=None), batch_size=4)  # (none given: taken)
