@@ -426,7 +426,7 @@ def test_a_transform_whose_function_cannot_be_called_so_is_refused_as_it_is_made
     jl.RandomMap(lambda r, rng, extra=1: r)
 
 
-def _halve(record):  # the PyTorch habit: the record's key set again, the record returned
+def _set_half(record):  # the PyTorch habit: the record's key set again, the record returned
     record["x"] = record["x"] / 2
     return record
 
@@ -435,11 +435,11 @@ def _halve(record):  # the PyTorch habit: the record's key set again, the record
 def test_a_map_setting_a_key_of_a_list_of_dicts_record_leaves_the_source_as_it_was(num_workers):
     # it rewrote the source's own dict: each epoch halved again (4, 2, 1), without a word
     records = [{"x": np.full(3, 8.0)} for _ in range(8)]
-    with jl.DataLoader(records, batch_size=4, transforms=[jl.Map(_halve)],
+    with jl.DataLoader(records, batch_size=4, transforms=[jl.Map(_set_half)],
                        num_workers=num_workers, process_index=0, process_count=1) as loader:
         seen = [float(b["x"][0, 0]) for _ in range(3) for b in loader]
     assert seen == [4.0] * 6 and records[0]["x"][0] == 8.0, seen
     stream = jl.Stream.from_generator(lambda shard: iter(records), shards=1)
-    with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(_halve)], num_epochs=3,
+    with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(_set_half)], num_epochs=3,
                          process_index=0, process_count=1) as loader:
         assert {float(b["x"][0, 0]) for b in loader} == {4.0}

@@ -144,10 +144,9 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._putter = self._putter_for(sharding, process_index, by_block=True)
         batch_size, process_index, process_count = self._placement
         if num_workers == "auto" and readers_per_process is None:
-            raise ConfigError(
-                "StreamLoader(num_workers='auto'): pass readers_per_process= too, e.g. 8: the "
-                "batches depend on it (the worker count does not), and the loader chooses "
-                "among the worker counts that divide it")
+            raise ConfigError("StreamLoader(num_workers='auto'): pass readers_per_process= too, "
+                              "e.g. 8: the batches depend on it (the worker count does not), and "
+                              "the loader chooses among the worker counts that divide it")
         count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)
         self._options = LoaderOptions(  # (its ints made Python's as they are checked)
@@ -155,7 +154,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
             cast("int | None", device_prefetch), stall_warning_s, timeout_s, log_every_s,
             auto_workers, auto_prefetch, unplaced=self._putter is None)
         if num_epochs is not None:
-            passes.check(process_count, given)
+            passes.check(process_count)
+            passes.empty_files(given)
         record_transforms, batch_transforms = split_transforms(
             transforms, filters=True, process_count=process_count)
         self._transforms = (*record_transforms, *batch_transforms)

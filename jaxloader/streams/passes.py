@@ -25,10 +25,10 @@ from typing import Any, Callable
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 
 
-def check(process_count: int, stream: Any = None) -> None:
-    """Refuses a pass that ends (``num_epochs``) where its processes could not agree on its
-    end; warns of empty files among ``stream``'s shards, which fail a pass whose deal gives a
-    reader nothing else (at the pass the seed decides, maybe hours in)."""
+def empty_files(stream: Any) -> None:
+    """Warns of empty files among ``stream``'s shards, in a pass that ends (``num_epochs``):
+    they fail a pass whose deal gives a reader nothing else (at the pass the seed decides,
+    maybe hours in)."""
     empty = [path for shard in getattr(stream, "shards", None) or () if isinstance(
         path := getattr(shard, "path", None), str) and os.path.isfile(path)
         and os.path.getsize(path) == 0]
@@ -40,6 +40,11 @@ def check(process_count: int, stream: Any = None) -> None:
             "the seed's deal decides (the first, or one hours in); remove the empty files (a "
             "0-byte part file, as Spark writes them), or read without end (num_epochs=None)",
             JaxloaderWarning, stacklevel=user_stacklevel())
+
+
+def check(process_count: int) -> None:
+    """Refuses a pass that ends (``num_epochs``) where its processes could not agree on its
+    end."""
     if process_count > 1:
         import jax
 
