@@ -866,3 +866,13 @@ def run_all(loader):
         for _ in loader:
             pass
         return loader.stats, None
+
+
+def test_placement_that_costs_its_calls_is_not_told_to_lower_the_precision():
+    # 0.2 ms to place 33 KB (a call's cost, not its bytes') was told to cast to bfloat16/uint8
+    from jaxloader.loaders.diagnosis import _placement_advice
+
+    small = _placement_advice(0.2, 1000, True, 33_000)  # (0.2 ms a batch: 165 MB/s)
+    assert "the cost of its calls, not its bytes" in small and "bfloat16" not in small, small
+    large = _placement_advice(2.0, 1000, True, 64e6)  # (2 ms for 64 MB: 32 GB/s)
+    assert "a lower precision (a Map to bfloat16/uint8)" in large, large

@@ -47,6 +47,7 @@ MAIN_SHARE = 0.30  # the training process's work this share of the loop's wait: 
 # sooner than that, whatever their work
 HANDOVER_FLOOR_S = 35e-6
 _MAIN_STAGES = (HANDOVER, PLACE, WAIT, STEP)
+PER_CALL_RATE = 1e9  # bytes/s under which placement costs its calls, not its bytes
 
 
 def cores_available() -> int:
@@ -135,6 +136,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     read = made.get(READ, 0.0)
     transforms = {k: v for k, v in made.items() if k not in (READ, COLLATE, SLOT_WAIT)}
     place, handover = stages.get(PLACE, 0.0), stages.get(HANDOVER, 0.0)
+    batch_bytes = stats.bytes / max(1, stats.batches_made)
     # After the first batch, whose wait is the workers' start
     waited = max(0.0, stats.wait_s - stats.first_batch_s)
     wait_fraction = waited / (waited + stats.run_s) if waited + stats.run_s else 0.0
@@ -216,7 +218,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                                  f"{1e3 * now_s:.2f} ms a batch: workers would not make them "
                                  "much sooner; larger batches, or less work a record")
         else:
-            advice.insert(0, _placement_advice(place, per, placed_in_thread))
+            advice.insert(0, _placement_advice(place, per, placed_in_thread, batch_bytes))
     elif waited / per < 2 * HANDOVER_FLOOR_S and work_s < 2 * HANDOVER_FLOOR_S and \
             stats.ready_ahead >= 1 and place <= handover:
         # the loop waits about what handing a batch over costs: its wait is the training
@@ -271,8 +273,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         else:
             bottleneck = "source" if read >= made_total - read else "workers"
         if bottleneck == "device":
-            advice.insert(0, f"{_placement_advice(place, per, placed_in_thread)}, while the "
-                             f"workers wait ({busy:.0%} busy)")
+            said = _placement_advice(place, per, placed_in_thread, batch_bytes)
+            advice.insert(0, f"{said}, while the workers wait ({busy:.0%} busy)")
         elif bottleneck == "main":
             advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
                              f"waits: the training process's hand-over takes "
@@ -300,14 +302,21 @@ def mapped_functions(source: Any) -> list[str]:
         f"MapSource({fn_name(s.fn)})" for s in walk(source) if isinstance(s, MapSource)))
 
 
-def _placement_advice(place: float, batches: int, in_thread: bool) -> str:
+def _placement_advice(place: float, batches: int, in_thread: bool, nbytes: float) -> str:
     """What placement costs a batch, and what makes it cheaper (a deeper ``device_prefetch``
     only where the copies leave the training thread: one device's, on the thread; several
     devices' are dispatched from the training thread, ahead, which overlaps them with the
-    steps on an accelerator, not on the CPU backend)."""
+    steps on an accelerator, not on the CPU backend). A batch of ``nbytes`` placed far below
+    a copy's rate costs its calls, not its bytes: a lower precision would not help."""
     ahead = ("a larger device_prefetch= (batches copied ahead, on a thread)" if in_thread else
              "on an accelerator a larger device_prefetch= (several devices' copies are "
              "dispatched ahead from the training thread, and overlap the steps)")
-    return (f"device placement takes {1e3 * place / batches:.1f} ms a batch in the training "
+    each = place / max(1, batches)
+    if nbytes < PER_CALL_RATE * each:  # (a copy's bytes/s: GB/s; a call's fixed cost, 0.2 ms)
+        return (f"device placement takes {1e3 * each:.1f} ms a batch in the training process, "
+                f"for {nbytes / 1e3:,.0f} KB a batch: the cost of its calls, not its bytes "
+                f"(fewer leaves, or larger batches, carry it; a lower precision would not), or "
+                f"{ahead}")
+    return (f"device placement takes {1e3 * each:.1f} ms a batch in the training "
             f"process: fewer or smaller leaves, a lower precision (a Map to bfloat16/uint8), or "
             f"{ahead}")

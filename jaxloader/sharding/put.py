@@ -226,7 +226,9 @@ class Putter:
                     f"reads its batch_size={B}: the batch axis is not split across the "
                     "processes; shard it over a mesh axis that spans them "
                     "(data_sharding(mesh, 'data'), 'data' first in the mesh), or give each "
-                    f"process the whole batch: process_index=0, process_count=1, batch_size={G}")
+                    "process the whole batch and place it yourself: drop sharding= and pass "
+                    f"process_index=0, process_count=1, batch_size={G}, then each step "
+                    "jax.make_array_from_process_local_data(sharding, batch)")
             found.setdefault(rows, (jax.tree_util.keystr(path), s))
         if len(found) > 1:
             (one, (at, s)), (other, (other_at, other_s)) = list(found.items())[:2]
@@ -301,8 +303,7 @@ class Putter:
             ) from e
 
     def _put_subtree(self, at: tuple, sharding: Sharding, subtree: Any) -> Any:
-        paths_leaves = jax.tree_util.tree_flatten_with_path(subtree)[0]
-        treedef = jax.tree_util.tree_structure(subtree)
+        paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(subtree)
         placed = [self._put_leaf(sharding, leaf, jax.tree_util.keystr((*at, *path)))
                   for path, leaf in paths_leaves]
         return jax.tree_util.tree_unflatten(treedef, placed)
@@ -315,7 +316,8 @@ class Putter:
                 return jax.device_put(leaf, sharding)
             global_shape = (leaf.shape[0] * self.process_count, *leaf.shape[1:])
             return jax.make_array_from_process_local_data(sharding, leaf, global_shape)
-        except (ValueError, TypeError, AssertionError) as e:
+        except (ValueError, TypeError, AssertionError, IndexError) as e:  # (IndexError: JAX's
+            # for a spec of more axes than the leaf, on several processes)
             rows = np.shape(leaf)[0] if np.ndim(leaf) else None
             problem = device_dtype_problem(np.dtype(getattr(leaf, "dtype", _NUMERIC)))
             if problem is not None:

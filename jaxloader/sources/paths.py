@@ -90,7 +90,7 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             found = _files_in(path, suffixes, dataset, owner, left_out, reals)
             what = f"is a folder with no *{suffixes[0]} file" + (
                 f" (nor {', '.join('*' + s for s in suffixes[1:])})" if suffixes[1:] else "")
-        else:  # (a file that is not there is named where it is opened)
+        else:  # (a file that is not there is named by its source or shard, as made)
             if not remote:
                 _not_folder(path, owner)  # (a FIFO, a device: refused)
             if remote or not os.path.exists(path):

@@ -4,8 +4,8 @@ another order than the processes: the global batches must still be one process's
 Usage: mesh_order_run.py PROCESS_ID PORT
 
 Prints, on host 0, one line a mesh and loader: its name and "same" or the batches that
-differ; and the errors of a batch replicated across the hosts, of one on one device and of
-leaves placed at different rows.
+differ; and the errors of a batch replicated across the hosts, of one on one device, of
+leaves placed at different rows and of a spec of more axes than a leaf.
 """
 
 import sys
@@ -68,4 +68,12 @@ try:  # one spec, but meshes of the devices in other orders
 except jl.ConfigError as e:
     if process_id == "0":
         print("mixed meshes refused:", e)
+try:  # a spec of two axes for a leaf of one: JAX's bare IndexError on several processes
+    with jl.DataLoader(jl.ArraySource({"x": np.zeros((22, 2), np.float32), "y": np.arange(22)}),
+                       batch_size=4, sharding=NamedSharding(two_axes, PartitionSpec(
+                           "data", "fsdp"))) as loader:
+        next(iter(loader))
+except jl.ConfigError as e:
+    if process_id == "0":
+        print("two axes refused:", e)
 print("done", process_id)

@@ -70,6 +70,12 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
     refused = [line for line in lines if line.startswith("refused:")]
     assert len(refused) == 1 and "gives this process's devices 8 rows of the global batch " \
         "of 8" in refused[0] and "not split across the processes" in refused[0], outs[0]
+    # (its remedy, process_count=1 with sharding=, was refused in turn: sharding= dropped)
+    assert "drop sharding= and pass process_index=0, process_count=1, batch_size=8, then " \
+        "each step jax.make_array_from_process_local_data(sharding, batch)" in refused[0]
+    two = [line for line in lines if line.startswith("two axes refused:")]  # (IndexError)
+    assert len(two) == 1 and "cannot place batch leaf ['y']" in two[0] and "its spec names 2 " \
+        "dimensions, the leaf has 1" in two[0], outs[0]
     one = [line for line in lines if line.startswith("one device refused:")]
     assert len(one) == 1 and "SingleDeviceSharding" in one[0] and "gives this process's " \
         "devices 8 rows of the global batch of 8" in one[0], outs[0]

@@ -320,8 +320,16 @@ def test_bad_lines_and_states_are_named(tmp_path):
     with pytest.raises(jl.StateDictError, match=r"JsonlShard .*bad.jsonl: expected a state with "
                                                 r"non-negative ints \['offset', 'line'\]"):
         shard.reset({"offset": -1, "line": 0})
-    with pytest.raises(jl.ConfigError, match=r"cannot open .*missing.jsonl"):
-        jl.JsonlShard(tmp_path / "missing.jsonl").reset()
+    with pytest.raises(jl.ConfigError, match=r"missing.jsonl' does not exist; check the path"):
+        jl.JsonlShard(tmp_path / "missing.jsonl")  # (as made: a reader reached it hours in)
+    with pytest.raises(jl.ConfigError, match=r"missing.jsonl' does not exist"):
+        jl.Stream.jsonl([str(tmp_path / "missing.jsonl")])
+    gone = tmp_path / "gone.jsonl"  # (deleted after the stream was made: where it is opened)
+    gone.write_text('{"x": 1}\n')
+    shard = jl.JsonlShard(gone)
+    gone.unlink()
+    with pytest.raises(jl.ConfigError, match=r"cannot open .*gone.jsonl"):
+        shard.reset()
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "tar"])
