@@ -353,9 +353,12 @@ def test_bad_arguments(kw, match):
         loader(**kw)
 
 
-def test_a_flag_given_anything_but_true_or_false_is_refused_naming_it(tmp_path):
+def test_a_flag_given_anything_but_true_or_false_is_refused_naming_it(tmp_path, monkeypatch):
     # checked by truth: "no" was taken as True (a MapSource's function given columns, shards
     # shuffled), and PackedSource took seed=True where NumPy's ints were refused
+    monkeypatch.chdir(tmp_path)  # (shards of files that are there: a.jsonl, a.tar)
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "a.tar").write_bytes(b"")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -540,8 +543,11 @@ def test_more_workers_than_sixteen_a_core_are_warned_of_at_the_users_line(monkey
                       timeout_s=np.float32(2)).close()  # (NumPy's float: refused before)
 
 
-def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_path):
+def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_path,
+                                                                           monkeypatch):
     # each gave a bare TypeError, AttributeError, ValueError or IsADirectoryError from inside
+    monkeypatch.chdir(tmp_path)  # (a shard of a file that is there: a.jsonl)
+    (tmp_path / "a.jsonl").write_text("")
     import jaxloader.checkpoint as ckpt
 
     (tmp_path / "not.npy").write_text("hello")
@@ -937,3 +943,19 @@ def test_a_device_prefetch_given_without_a_sharding_is_warned_of():
                                sharding=jax.devices()[0])
         assert placed.device_prefetch == 8
         assert jl.DataLoader(source, batch_size=4).device_prefetch == 2
+
+
+def test_a_loop_over_epochs_around_passes_of_several_is_said_once():
+    # num_epochs=3 in a loop over 3 epochs (a Grain or tf.data user's repeat(3)) read 9
+    # epochs without a word
+    loader = jl.DataLoader(np.arange(8), batch_size=4, shuffle=True, num_epochs=3)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        batches = sum(1 for _ in range(3) for _ in loader)
+    found = [str(w.message) for w in said if "a pass after the first" in str(w.message)]
+    assert batches == 18 and len(found) == 1, [str(w.message) for w in said]
+    assert "begins epochs 3 to 5" in found[0] and "pass num_epochs=1" in found[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (an epoch a pass, the usual loop: nothing)
+        one = jl.DataLoader(np.arange(8), batch_size=4, shuffle=True, num_epochs=1)
+        assert sum(1 for _ in range(3) for _ in one) == 6

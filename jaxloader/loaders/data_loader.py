@@ -292,6 +292,9 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         if self.num_epochs is not None:  # the pass the position is in: epochs [k n, (k+1) n)
             n = self.num_epochs
             stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
+            if n > 1:  # (a loop over epochs around passes of several: said once)
+                _say_later_pass(self._progress, n, self.epoch, start == stop - n * (
+                    self._sampler.steps_per_epoch))
         put = self._putter
         layout = self._sampler.layout  # (a LocalShuffle's blocks: the same on every process)
         hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
@@ -367,3 +370,17 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             close_source(self._source)
             if self._read_pool is not None:  # (else let go when the loader goes)
                 self._read_pool()
+
+
+def _say_later_pass(progress: Progress, epochs: int, epoch: int, at_start: bool) -> None:
+    """At ``iter()``: says, once, that a pass of several ``epochs`` after the first begins
+    (``epoch``, at its start): a loop over epochs around it reads each one's epochs."""
+    if progress.passes_said or not at_start or epoch < epochs:
+        return
+    progress.passes_said = True
+    warnings.warn(
+        f"{progress.owner}(num_epochs={epochs}): this iter() begins epochs {epoch} to "
+        f"{epoch + epochs - 1}, a pass after the first: each iter() is a pass of num_epochs "
+        "epochs, so a loop over epochs (for epoch in range(E): for batch in loader) reads "
+        f"E x {epochs} of them; pass num_epochs=1 for an epoch a loop (Grain's and tf.data's "
+        f"repeat({epochs}) is one loop over them)", JaxloaderWarning, stacklevel=user_stacklevel())

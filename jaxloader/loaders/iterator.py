@@ -65,6 +65,7 @@ class Progress:
         self.broken: JaxloaderError | None = None  # raised by every later call
         self.closed = False
         self.at_pass_end = ""  # restored at a pass's end: the pass its next iter() begins
+        self.passes_said = False  # a second pass of several epochs begun by iter(), said
         self.reset_stats()
 
     def say_new_pass(self, epochs: int | None) -> None:
@@ -76,6 +77,7 @@ class Progress:
         said, self.at_pass_end = self.at_pass_end, ""
         if not said:
             return
+        self.passes_said = True  # (this says the pass begun: say_later_pass need not)
         text = (f"{self.owner} was restored at the end of a pass: this iter() begins the next "
                 f"one, {said}, as a PyTorch DataLoader's next epoch does; a run that had ended "
                 "with that state trains on unless it stops before iterating (a DataLoader's "
