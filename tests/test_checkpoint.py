@@ -352,6 +352,9 @@ def test_a_folder_reused_by_runs_on_two_process_counts_keeps_the_last_runs_state
     assert read_state(tmp_path, hosts[0])["step"] == 7
     for loader in hosts:  # (a state at a later step, a run saving there meanwhile, is left:
         write_state(tmp_path, loader)  # not its past, and the folder refused)
+    with pytest.warns(jl.JaxloaderWarning, match=r"at a later step, 7 \(process_0-of-1.json\), "
+                                                 r"beside this one at 6: read_state refuses"):
+        write_state(tmp_path, hosts[0])  # (said where it is written: a rollback's save)
     assert len(os.listdir(tmp_path)) == 3
     with pytest.raises(jl.StateDictError, match="runs on 2 process counts"):
         read_state(tmp_path, single)

@@ -959,3 +959,6 @@ def test_a_loop_over_epochs_around_passes_of_several_is_said_once():
         warnings.simplefilter("error")  # (an epoch a pass, the usual loop: nothing)
         one = jl.DataLoader(np.arange(8), batch_size=4, shuffle=True, num_epochs=1)
         assert sum(1 for _ in range(3) for _ in one) == 6
+        again = jl.DataLoader(np.arange(8), batch_size=4, shuffle=True, num_epochs=3)
+        list(again)
+        jl.profile(again, steps=3, out=None)  # (its own iter(), a later pass: not said)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import collections
 import re
 
 import numpy as np
@@ -439,7 +440,19 @@ def test_a_map_setting_a_key_of_a_list_of_dicts_record_leaves_the_source_as_it_w
                        num_workers=num_workers, process_index=0, process_count=1) as loader:
         seen = [float(b["x"][0, 0]) for _ in range(3) for b in loader]
     assert seen == [4.0] * 6 and records[0]["x"][0] == 8.0, seen
+    for kept in ([collections.OrderedDict(x=np.full(3, 8.0)) for _ in range(8)],
+                 [collections.defaultdict(int, x=np.full(3, 8.0)) for _ in range(8)]):
+        with jl.DataLoader(kept, batch_size=4, transforms=[jl.Map(_set_half)],
+                           num_workers=num_workers, process_index=0, process_count=1) as loader:
+            assert {float(b["x"][0, 0]) for _ in range(3) for b in loader} == {4.0}
+    with jl.DataLoader(jl.MapSource(records, _set_half), batch_size=4, process_index=0,
+                       process_count=1) as loader:  # (a MapSource's function sets it too)
+        assert {float(b["x"][0, 0]) for _ in range(3) for b in loader} == {4.0}
     stream = jl.Stream.from_generator(lambda shard: iter(records), shards=1)
     with jl.StreamLoader(stream, batch_size=4, transforms=[jl.Map(_set_half)], num_epochs=3,
                          process_index=0, process_count=1) as loader:
+        assert {float(b["x"][0, 0]) for b in loader} == {4.0}
+    stream = jl.Stream.from_generator(lambda shard: iter(records), shards=1).map(_set_half)
+    with jl.StreamLoader(stream, batch_size=4, num_epochs=3, process_index=0,
+                         process_count=1) as loader:  # (a stream's map)
         assert {float(b["x"][0, 0]) for b in loader} == {4.0}

@@ -13,7 +13,7 @@ calls other than memos (the sampler's shuffle chunk, the RandomMap bit generator
 Example:
     >>> import numpy as np
     >>> from jaxloader.order.sampling import Sampler
-    >>> from jaxloader.sources import ArraySource, ConcatSource
+    >>> from jaxloader.sources import ArraySource, ConcatSource, MapSource
     >>> maker = BatchMaker(ArraySource({"x": np.arange(10)}),
     ...                    Sampler(10, 4, shuffle=False, seed=0, last_batch="drop"))
     >>> maker.make(1)[0]["x"].tolist()
@@ -39,7 +39,7 @@ from jaxloader.base.checks import check_positions
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
-from jaxloader.sources import ArraySource, ConcatSource
+from jaxloader.sources import ArraySource, ConcatSource, MapSource
 from jaxloader.sources.base import large_views, one_each
 from jaxloader.sources.parts import reads_each, walk
 from jaxloader.base.string_column import StringColumn
@@ -81,7 +81,8 @@ class BatchMaker:
         self._gather_failed: str | None = None  # a task's read at once that raised,
         self._gather_said = False  # and whether one that passed step by step was said
         self._transforms = RecordTransforms(record_transforms, sampler.seed, copies=any(
-            not type(part).__module__.startswith("jaxloader.") for part in walk(source)))
+            not type(p).__module__.startswith("jaxloader.") or isinstance(p, MapSource)
+            for p in walk(source)))  # (the user's records, or a function's: kept by it?)
         check_positions(sampler.steps_per_epoch * sampler.global_batch_size,
                         any(isinstance(t, RandomMap) or (isinstance(t, JitMap) and t.random)
                             for t in (*record_transforms, *batch_transforms)))

@@ -26,6 +26,7 @@ import threading
 from typing import Any, Callable
 
 from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.own_records import top_copy
 from jaxloader.base.read_threads import count as read_threads
 from jaxloader.base.timings import stage_names, timed_calls
 from jaxloader.batching.global_draws import WATCHED, DrawWatch
@@ -39,9 +40,8 @@ class RecordTransforms:
     """``transforms`` (``Map``, ``RandomMap``, ``Filter``) of a loader seeded ``seed``."""
 
     def __init__(self, transforms: tuple, seed: int, copies: bool = False) -> None:
-        """``copies``: a dict record is given to the transforms as a copy of its top level (a
-        source of the user's, a list of dicts, hands out its own: ``r["x"] = r["x"] / 2``
-        rewrote the source, each epoch halved again, without a word)."""
+        """``copies``: a dict or list record is given to the transforms as a copy of its top
+        level (``base.own_records``: a source of the user's hands out its own)."""
         kinds = {Map: _MAP, RandomMap: _RANDOM, Filter: _FILTER}
         self._copies = copies and any(kinds[type(t)] != _FILTER for t in transforms)
         self.transforms = transforms
@@ -78,8 +78,8 @@ class RecordTransforms:
         arguments are positional.)"""
         if self._watched:
             return self._watching(record, epoch, position, where, where_args, salt, filters)
-        if self._copies and type(record) is dict:
-            record = dict(record)
+        if self._copies:
+            record = top_copy(record)
         t_index = -1
         try:
             for t_index, (fn, kind) in self._active:

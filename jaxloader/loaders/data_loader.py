@@ -292,7 +292,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         if self.num_epochs is not None:  # the pass the position is in: epochs [k n, (k+1) n)
             n = self.num_epochs
             stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
-            if n > 1:  # (a loop over epochs around passes of several: said once)
+            if n > 1 and not self._probing:  # (a loop over epochs around passes: said once)
                 _say_later_pass(self._progress, n, self.epoch, start == stop - n * (
                     self._sampler.steps_per_epoch))
         put = self._putter

@@ -312,7 +312,7 @@ def _placement_advice(place: float, batches: int, in_thread: bool, nbytes: float
              "on an accelerator a larger device_prefetch= (several devices' copies are "
              "dispatched ahead from the training thread, and overlap the steps)")
     each = place / max(1, batches)
-    if nbytes < PER_CALL_RATE * each:  # (a copy's bytes/s: GB/s; a call's fixed cost, 0.2 ms)
+    if each < 1e-3 and nbytes < PER_CALL_RATE * each:  # (a copy's GB/s; calls' 0.2 ms)
         return (f"device placement takes {1e3 * each:.1f} ms a batch in the training process, "
                 f"for {nbytes / 1e3:,.0f} KB a batch: the cost of its calls, not its bytes "
                 f"(fewer leaves, or larger batches, carry it; a lower precision would not), or "

@@ -95,7 +95,14 @@ def _remove_past(other: Any, step: Any) -> None:
         then = json.loads(other.read_text()).get("step")
     except (OSError, ValueError, AttributeError):  # (gone, or not whole: left as it is)
         return
-    if type(then) is not int or type(step) is not int or then >= step:
+    if type(then) is not int or type(step) is not int or then == step:
+        return
+    if then > step:  # (a rollback on another process count, or a run saving there meanwhile)
+        warnings.warn(f"checkpoint: {other.parent} holds the state of a run on another process "
+                      f"count at a later step, {then} ({other.name}), beside this one at {step}: "
+                      "read_state refuses the folder while both are there; remove the one not "
+                      "meant, or keep each checkpoint in a folder of its own", JaxloaderWarning,
+                      stacklevel=user_stacklevel())
         return
     try:
         other.unlink()

@@ -43,6 +43,7 @@ from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
 from jaxloader.base.checks import check_bool, record_index
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.own_records import top_copy
 from jaxloader.base.random_state import draws, global_examples, warn_at
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digests, warn_hashing
@@ -126,7 +127,7 @@ class MapSource:
             index = record_index(index, len(self), "MapSource", from_end=True)
             columns = self._columns(np.array([index], np.int64))
             return _first_row(self._watched(lambda: self.fn(columns)))
-        record = self.source[index]
+        record = top_copy(self.source[index])  # (its source's own: fn may set a key)
         return self._watched(lambda: self.fn(record))
 
     def __getitems__(self, indices: np.ndarray) -> Any:
@@ -176,7 +177,7 @@ class MapSource:
         """``records``, each through ``fn``."""
         for j, record in enumerate(records):
             try:
-                records[j] = self.fn(record)
+                records[j] = self.fn(top_copy(record))
             except Exception as e:  # (the batch maker's message names the record)
                 read_threads.tag_item(e, j)
                 raise

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of, digest_level
+from jaxloader.base.own_records import top_copy
 from jaxloader.base.checks import check_int, refused_call
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, code_digests
@@ -203,7 +204,7 @@ class MappedShard:
         self.shard.reset(state)
 
     def next(self) -> Any:
-        return self.fn(self.shard.next())
+        return self.fn(top_copy(self.shard.next()))  # (a generator may yield dicts it keeps)
 
     def get_state(self) -> dict:
         return self.shard.get_state()

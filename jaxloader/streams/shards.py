@@ -90,10 +90,12 @@ class FileShard:
         self.path = os.fspath(path)
         self.name = self.path
         self.append_only = check_bool(f"{type(self).__name__}(append_only)", append_only)
-        if not self.append_only and "://" not in self.path and not os.path.lexists(self.path):
-            raise ConfigError(  # (as the stream is made: a reader reached it hours in)
-                f"{type(self).__name__}: {self.path!r} does not exist; check the path (a shard "
-                "is looked for as the stream is made, not where a reader reaches it)")
+        if not self.append_only and "://" not in self.path and not os.path.exists(self.path):
+            warnings.warn(  # (as the stream is made: a reader reached it hours in)
+                f"{type(self).__name__}: {self.path!r} does not exist here (or links to nothing):"
+                " check the path, as a reader reaching it raises (where it is on the machines "
+                "that read it alone, Ray actors', leave this be)", JaxloaderWarning,
+                stacklevel=user_stacklevel())
         self._file: Any = None
         self._count = 0
         self._identity: dict[str, int] = {}

@@ -320,10 +320,15 @@ def test_bad_lines_and_states_are_named(tmp_path):
     with pytest.raises(jl.StateDictError, match=r"JsonlShard .*bad.jsonl: expected a state with "
                                                 r"non-negative ints \['offset', 'line'\]"):
         shard.reset({"offset": -1, "line": 0})
-    with pytest.raises(jl.ConfigError, match=r"missing.jsonl' does not exist; check the path"):
+    with pytest.warns(jl.JaxloaderWarning, match=r"missing.jsonl' does not exist here"):
         jl.JsonlShard(tmp_path / "missing.jsonl")  # (as made: a reader reached it hours in)
-    with pytest.raises(jl.ConfigError, match=r"missing.jsonl' does not exist"):
-        jl.Stream.jsonl([str(tmp_path / "missing.jsonl")])
+    (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    with pytest.warns(jl.JaxloaderWarning, match=r"dangling.jsonl' does not exist here \(or "
+                                                 r"links to nothing\)"):
+        jl.Stream.jsonl([str(tmp_path / "dangling.jsonl")])
+    with pytest.warns(jl.JaxloaderWarning), pytest.raises(jl.ConfigError, match=r"cannot open "
+                                                                          r".*missing.jsonl"):
+        jl.JsonlShard(tmp_path / "missing.jsonl").reset()
     gone = tmp_path / "gone.jsonl"  # (deleted after the stream was made: where it is opened)
     gone.write_text('{"x": 1}\n')
     shard = jl.JsonlShard(gone)
