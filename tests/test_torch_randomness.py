@@ -10,27 +10,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
 
 import jaxloader as jl
+from test_held_generators import ONE, _epoch  # (the values drawn over an epoch)
 
 torch = pytest.importorskip("torch")
-
-ONE = {"process_index": 0, "process_count": 1}
-
-
-def _epoch(transforms, num_workers, **options):
-    """The values the transforms drew over one epoch of 64 records, and the warnings said."""
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8,
-                           transforms=transforms, num_workers=num_workers, **ONE,
-                           **options) as loader:
-            drawn = np.concatenate([batch["aug"] for batch in loader])
-    return drawn, [str(w.message) for w in said]
 
 
 def _torch_draw(record):  # a torchvision random transform's draw
