@@ -91,10 +91,7 @@ def _remove_past(other: Any, step: Any) -> None:
     """Removes ``other``, a state of a run on another process count, where it is at a step
     before ``step``: one at this step or later is left (a run still saving there, which
     ``read_state`` refuses beside this one where the steps differ)."""
-    try:
-        then = json.loads(other.read_text()).get("step")
-    except (OSError, ValueError, AttributeError):  # (gone, or not whole: left as it is)
-        return
+    then = _saved_step(other)
     if type(then) is not int or type(step) is not int or then == step:
         return
     if then > step:  # (a rollback on another process count, or a run saving there meanwhile)
@@ -165,10 +162,8 @@ def _one_run(root: Any, files: list[str]) -> None:
         return
     said, steps = [], set()
     for count, name in sorted(counts.items()):
-        try:
-            step = f"step {json.loads((root / name).read_text())['step']}"
-        except Exception:  # noqa: BLE001 - (said as unread; the refusal stands)
-            step = "not read"
+        then = _saved_step(root / name)
+        step = "not read" if then is None else f"step {then}"
         said.append(f"{count} process(es), {name}: {step}")
         steps.add(step)
     if len(steps) == 1 and "not read" not in steps:  # (one position: any of them restores it)
@@ -178,6 +173,15 @@ def _one_run(root: Any, files: list[str]) -> None:
         f"({'; '.join(said)}): written into one folder by runs on other process counts, so a "
         "restore cannot tell which is the run to continue; keep each checkpoint in a folder of "
         "its own (Orbax makes one a step), and delete the files of the states not meant")
+
+
+def _saved_step(path: Any) -> Any:
+    """The ``step`` a state file holds, or ``None`` where it cannot be read (gone, not whole,
+    not a state)."""
+    try:
+        return json.loads(path.read_text()).get("step")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
 
 
 def _step_of(path: Any) -> int | None:
