@@ -51,7 +51,8 @@ from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.ray_tasks import (TaskQueues, lost_errors, step_failed, steps_text, task_failed,
                                  task_steps)
 from jaxloader.workers.failures import closed, unpicklable
-from jaxloader.workers.payload import SHARE_MIN_BYTES, dumps_by_value
+from jaxloader.workers.by_value import dumps_by_value
+from jaxloader.workers.payload import SHARE_MIN_BYTES
 
 log = logging.getLogger("jaxloader")
 INSTALL = 'pip install "jaxloader[ray]"'

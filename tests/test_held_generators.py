@@ -16,7 +16,7 @@ import pytest
 
 import held_augs
 import jaxloader as jl
-from jaxloader.workers import payload
+from jaxloader.workers import by_value, payload
 
 ONE = {"process_index": 0, "process_count": 1}
 
@@ -79,7 +79,7 @@ def test_the_global_generators_reach_workers_by_name_not_as_copies():
     for bound in (np.random.randint, random.random):
         again = payload.loads(payload.dumps(bound, lambda segment: None))
         assert again.__self__ is bound.__self__
-    blob = payload.dumps_by_value(np.random.randint, lambda buffer: True)  # (Ray's)
+    blob = by_value.dumps_by_value(np.random.randint, lambda buffer: True)  # (Ray's)
     assert pickle.loads(blob).__self__ is np.random.randint.__self__
     namespace = {"__name__": "__main__", "np": np}  # (a script's: pickled by value)
     exec(_SCRIPT, namespace)

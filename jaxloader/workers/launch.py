@@ -43,6 +43,7 @@ for f, name in ((1, "stdout"), (2, "stderr")):
         setattr(sys, name, open(f, "w", closefd=False, errors="backslashreplace"))
 with open({fd}, "rb") as f:
     sys.path[:] = json.loads(f.read())
+del stopping, f, name
 """
 
 

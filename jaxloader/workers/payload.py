@@ -1,6 +1,7 @@
 """What crosses to a worker: the batch maker and init function, by ``cloudpickle``.
 
-Lambdas, notebook functions and classes defined in ``__main__`` cross by value, and so do
+Lambdas, notebook functions and classes defined in ``__main__`` cross by value (also a script
+run as ``__mp_main__``, a ``multiprocessing`` spawn or forkserver child's), and so do
 ``functools.cache`` / ``lru_cache`` functions defined there (cloudpickle would name them, and
 a worker has no such name: each worker gets its own empty cache of the same size). Large NumPy
 arrays anywhere in the payload (an ``ArraySource``'s leaves, arrays captured by a closure) do not
@@ -27,14 +28,11 @@ from __future__ import annotations
 import bisect
 import ctypes
 import errno
-import functools
 import importlib
 import io
 import itertools
 import os
 import pickle
-import random
-import sys
 import threading
 import types
 from typing import Any, Callable
@@ -42,10 +40,11 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
-from jaxloader.base.columns import (byte_span, from_span, memmap_under, overlapping,
-                                    span_bytes)
+from jaxloader.base.columns import byte_span, memmap_under, overlapping
 from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
+from jaxloader.workers.by_value import (CACHED, GlobalsByName, cache_shell, fill_cache_shell,
+                                        importable, script_by_value)
 from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
@@ -55,37 +54,6 @@ _ONE_EACH = ("each array of a source of 1 MiB or more goes to the workers in a m
              "num_workers=0")
 SPLIT_MIN_BYTES = 64 << 20  # copies over 64 MiB run on up to 4 threads: faulting in fresh
 # shared pages is CPU-bound, and it is on the path to the first batch
-
-
-def global_random(name: str) -> Any:
-    """This process's own global generator: Python's (``"random"``) or NumPy's legacy one
-    (``"numpy"``), which a function pickled by value that names one of their bound methods
-    (``from numpy.random import randint`` in a script) finds in a worker. By value, each
-    worker drew from a copy of the training process's, in one state: the same numbers, each
-    worker's augmentations another's, and the draws out of the global watch's sight."""
-    return random._inst if name == "random" else np.random.mtrand._rand
-
-
-class GlobalsByName(cloudpickle.Pickler):
-    """cloudpickle's pickler, the global random generators by name (``global_random``), and a
-    view of overlapping elements as the bytes it spans (``span_bytes``)."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if obj is getattr(random, "_inst", None):
-            return global_random, ("random",)
-        if obj is getattr(np.random.mtrand, "_rand", None):
-            return global_random, ("numpy",)
-        if type(obj) is np.ndarray and not obj.dtype.hasobject and overlapping(obj):
-            return from_span, span_bytes(obj)  # (windows: the bytes under them, not a copy
-        return super().reducer_override(obj)  # of each, which NumPy's own pickle makes)
-
-
-def dumps_by_value(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
-    """``cloudpickle.dumps(obj, 5, buffer_callback=...)`` (a Ray actor's payload), the global
-    random generators by name."""
-    buffer = io.BytesIO()
-    GlobalsByName(buffer, protocol=5, buffer_callback=buffer_callback).dump(obj)
-    return buffer.getvalue()
 
 
 class _Pickler(GlobalsByName):
@@ -101,13 +69,13 @@ class _Pickler(GlobalsByName):
             # worker's traceback read its own -c text for them; "<python-input-3>" stays)
             rebuild, args = _CODE_REDUCE(obj)  # (cloudpickle's, which names every file
             return _named_code, (rebuild, args, obj.co_filename)  # "<dynamic-code>")
-        if type(obj) is _CACHED and not _importable(obj):
+        if type(obj) is CACHED and not importable(obj):
             # rebuilt in the worker as an empty cache around the function, which crosses by
             # value; the function is set after the cache exists, so a recursive one (its
             # globals name the cache) finds the cache in the memo instead of recursing
             params = obj.cache_parameters()
-            return (_cache_shell, (params["maxsize"], params["typed"]), obj.__wrapped__,
-                    None, None, _fill_cache_shell)
+            return (cache_shell, (params["maxsize"], params["typed"]), obj.__wrapped__,
+                    None, None, fill_cache_shell)
         return super().reducer_override(obj)
 
     def persistent_id(self, obj: Any) -> Any:
@@ -187,7 +155,6 @@ class _Pickler(GlobalsByName):
         return ref
 
 
-_CACHED = type(functools.lru_cache()(len))  # functools._lru_cache_wrapper
 # cloudpickle 3.1 ships a function's code with "<dynamic-code>" as its file: a worker's
 # traceback then named no file and showed no line of a script's transform
 _CODE_REDUCE = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
@@ -211,41 +178,13 @@ def _registering(schema: Any) -> list[str] | None:
         if isinstance(kind, pa.ExtensionType):
             if type(kind).__module__.startswith("pyarrow"):
                 pass  # (pyarrow's own: registered as it is imported)
-            elif not _importable(type(kind)):
+            elif not importable(type(kind)):
                 return None
             else:
                 found.add(type(kind).__module__)
             kind = kind.storage_type
         types_ += [kind.field(i).type for i in range(kind.num_fields)]
     return sorted(found)
-
-
-def _importable(fn: Any) -> bool:
-    """Whether a worker finds ``fn`` by its module and name (not one of ``__main__``'s)."""
-    module = sys.modules.get(getattr(fn, "__module__", None) or "__main__")
-    if module is None or module.__name__ == "__main__":
-        return False
-    found: Any = module
-    for part in getattr(fn, "__qualname__", "<lambda>").split("."):
-        found = getattr(found, part, None)
-    return found is fn
-
-
-def _cache_shell(maxsize: int | None, typed: bool) -> Any:
-    """An empty cache whose function ``_fill_cache_shell`` sets once it is unpickled."""
-    target: list = []
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return target[0](*args, **kwargs)
-
-    cached = functools.lru_cache(maxsize=maxsize, typed=typed)(call)
-    setattr(cached, "_jaxloader_target", target)  # (a function's attribute: not in its type)
-    return cached
-
-
-def _fill_cache_shell(cached: Any, fn: Any) -> None:
-    cached._jaxloader_target.append(fn)
-    functools.update_wrapper(cached, fn)
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
@@ -386,6 +325,7 @@ class _Unpickler(pickle.Unpickler):
 
 def dumps(obj: Any, keep: Callable[[Segment], None]) -> bytes:
     """Pickles ``obj``; each shared segment is passed to ``keep`` (its owner must destroy it)."""
+    script_by_value()
     buffer = io.BytesIO()
     _Pickler(buffer, keep).dump(obj)
     return buffer.getvalue()

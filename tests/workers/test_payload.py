@@ -266,7 +266,7 @@ def test_windows_of_several_series_cross_as_the_bytes_they_span(tmp_path, steps)
     import pickle
 
     import jaxloader as jl
-    from jaxloader.workers.payload import dumps_by_value
+    from jaxloader.workers.by_value import dumps_by_value
 
     np.save(tmp_path / "s.npy", np.arange(steps * 2, dtype=np.float32).reshape(-1, 2))
     series = [np.arange(steps * 2, dtype=np.float32).reshape(-1, 2) + k for k in range(2)]
@@ -335,6 +335,46 @@ def test_cached_functions_of_a_script_reach_the_workers(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["[55, 59, 63, 67] [1, 1, 1, 1] [4, 4, 4, 4]",
                                            "[71, 75, 79, 83] [1, 1, 1, 1] [4, 4, 4, 4]"]
+
+
+SPAWNED = '''
+import multiprocessing
+import sys
+import numpy as np
+import jaxloader as jl
+
+
+def f(record):  # (named as the worker's own -c code names its descriptors' loop variable)
+    return {"x": record["x"] + 1}
+
+
+def job(method):
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, num_workers=2,
+                       transforms=[jl.Map(f), jl.Map(lambda r: r)]) as loader:
+        return f"{method} {f.__module__} {[b['x'].tolist() for b in loader]}"
+
+
+if __name__ == "__main__":
+    with multiprocessing.get_context(sys.argv[1]).Pool(1) as pool:
+        print(pool.apply(job, (sys.argv[1],)))
+'''
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_loader_made_in_a_spawned_process_sends_the_scripts_functions_by_value(tmp_path,
+                                                                               method):
+    """A spawn or forkserver child runs the script as the module ``__mp_main__``, which
+    cloudpickle sent by name: a worker found another ``__mp_main__`` there (its own code), and
+    raised a bare ``AttributeError``, or took a name of that code's (``f``) for the
+    function."""
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(SPAWNED)
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py"), method],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == f"{method} __mp_main__ [[1, 2, 3, 4], [5, 6, 7, 8]]"
 
 
 USER_MODULE = '''

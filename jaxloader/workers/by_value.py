@@ -1,0 +1,100 @@
+"""What crosses to a worker as itself rather than by its name: the functions and classes of
+the script the training process runs (``__main__``, or ``__mp_main__`` in a ``multiprocessing``
+spawn or forkserver child), which a worker, another program, cannot import, and their
+``functools.cache`` wrappers; and the global random generators, which cross by name (each
+worker draws from its own). ``payload`` pickles a local worker's payload with these, and Ray's
+payload is ``dumps_by_value``'s.
+
+Example:
+    >>> import functools, json
+    >>> importable(json.dumps), importable(lambda r: r)
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import random
+import sys
+from typing import Any, Callable
+
+import cloudpickle
+import numpy as np
+
+from jaxloader.base.columns import from_span, overlapping, span_bytes
+
+
+def global_random(name: str) -> Any:
+    """This process's own global generator: Python's (``"random"``) or NumPy's legacy one
+    (``"numpy"``), which a function pickled by value that names one of their bound methods
+    (``from numpy.random import randint`` in a script) finds in a worker. By value, each
+    worker drew from a copy of the training process's, in one state: the same numbers, each
+    worker's augmentations another's, and the draws out of the global watch's sight."""
+    return random._inst if name == "random" else np.random.mtrand._rand
+
+
+class GlobalsByName(cloudpickle.Pickler):
+    """cloudpickle's pickler, the global random generators by name (``global_random``), and a
+    view of overlapping elements as the bytes it spans (``span_bytes``)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj is getattr(random, "_inst", None):
+            return global_random, ("random",)
+        if obj is getattr(np.random.mtrand, "_rand", None):
+            return global_random, ("numpy",)
+        if type(obj) is np.ndarray and not obj.dtype.hasobject and overlapping(obj):
+            return from_span, span_bytes(obj)  # (windows: the bytes under them, not a copy
+        return super().reducer_override(obj)  # of each, which NumPy's own pickle makes)
+
+
+def script_by_value() -> None:
+    """Has cloudpickle send the script a ``multiprocessing`` spawn or forkserver child runs as
+    its ``__main__`` (a module named ``__mp_main__``) by value, as it sends ``__main__``'s: it
+    named its functions ``__mp_main__.f``, and a worker's ``__mp_main__`` is another module
+    (its own ``-c`` code: a bare ``AttributeError``, or a name of that code's taken for the
+    function). Registered once, for the process's life: no other process has that script."""
+    module = sys.modules.get("__mp_main__")
+    if module is not None and module is sys.modules.get("__main__") and \
+            "__mp_main__" not in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.register_pickle_by_value(module)
+
+
+def dumps_by_value(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
+    """``cloudpickle.dumps(obj, 5, buffer_callback=...)`` (a Ray actor's payload), the global
+    random generators by name."""
+    script_by_value()
+    buffer = io.BytesIO()
+    GlobalsByName(buffer, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    return buffer.getvalue()
+
+
+CACHED = type(functools.lru_cache()(len))  # functools._lru_cache_wrapper
+
+
+def importable(fn: Any) -> bool:
+    """Whether a worker finds ``fn`` by its module and name (not one of the script's)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "__main__")
+    if module is None or module.__name__ in ("__main__", "__mp_main__"):
+        return False
+    found: Any = module
+    for part in getattr(fn, "__qualname__", "<lambda>").split("."):
+        found = getattr(found, part, None)
+    return found is fn
+
+
+def cache_shell(maxsize: int | None, typed: bool) -> Any:
+    """An empty cache whose function ``fill_cache_shell`` sets once it is unpickled."""
+    target: list = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return target[0](*args, **kwargs)
+
+    cached = functools.lru_cache(maxsize=maxsize, typed=typed)(call)
+    setattr(cached, "_jaxloader_target", target)  # (a function's attribute: not in its type)
+    return cached
+
+
+def fill_cache_shell(cached: Any, fn: Any) -> None:
+    cached._jaxloader_target.append(fn)
+    functools.update_wrapper(cached, fn)
