@@ -252,9 +252,9 @@ class ParquetSource:
             self._fetch_free(listed)
         self._join = None  # its memory goes back to the cache's bound before the decodes
         decoded = [self._decoded(g, share) for g in listed]
-        # The footers' sizes are estimates: checked again with the decoded sizes, and with
-        # the join's own, so that it never evicts its row groups (read last, so evicted last)
-        grouped = sum(self._sizes[g] for g in listed)
+        # The footers' sizes are estimates: checked again with the decoded ones (the later may
+        # have evicted the first), and the join's, so that it never evicts its row groups
+        grouped = sum(nbytes_of(c) for columns in decoded for c in columns.values())
         if 3 * grouped > self.cache_bytes:
             return None
         join = JoinedGroups.of(distinct, decoded, self._starts)

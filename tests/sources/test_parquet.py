@@ -989,6 +989,37 @@ def test_a_batch_from_joined_row_groups_equals_one_read_run_by_run(tmp_path):
     assert src._join is None and not src._joins
 
 
+def test_row_groups_whose_footers_say_less_than_they_decode_to_are_not_joined(tmp_path):
+    """A column that compresses well (one long string over and over: its footer says 5 KB a
+    row group, which decodes to 200 KB) passed the footers' check for a join; decoding the
+    batch's row groups then evicted the first of them, whose size the decoded check looked up:
+    ``KeyError: 0`` at step 0 of a shuffled epoch. The decoded check adds up what was decoded,
+    and the batch is read run by run."""
+    path = str(tmp_path / "repeated.parquet")
+    pq.write_table(pa.table({"y": pa.array([b"z" * 200] * 8000), "i": np.arange(8000)}), path,
+                   row_group_size=1000)
+    src = jl.ParquetSource(path, cache_bytes=1 << 20)
+    with jl.DataLoader(src, batch_size=64, shuffle=True, num_epochs=1, seed=0) as loader:
+        seen = np.concatenate([batch["i"] for batch in loader])
+    assert len(seen) == 8000 // 64 * 64 and len(set(seen.tolist())) == len(seen)
+
+
+def test_a_full_shuffle_of_row_groups_that_decode_larger_than_their_footers_say_is_warned(
+        tmp_path):
+    """A dictionary's values are stored as its indices (a label of 10 classes, a string over
+    and over): the footers said 660 bytes for 200 KB decoded, so a full shuffle of 40 row
+    groups through a 1 MiB cache was said to fit, and ran tens of times slower unwarned."""
+    path = str(tmp_path / "repeated.parquet")
+    n = 40_000
+    pq.write_table(pa.table({"y": pa.array([b"z" * 200] * n), "label": np.arange(n) % 10}),
+                   path, row_group_size=1000)
+    src = jl.ParquetSource(path, cache_bytes=1 << 20)
+    src.__getitems__(np.arange(3))
+    assert 0.9 < src._group_bytes[0] / src._sizes[0] < 1.1, (src._group_bytes[0], src._sizes)
+    with pytest.warns(jl.PerformanceWarning, match="all 40 row groups at once"):
+        jl.DataLoader(src, batch_size=64, shuffle=True).close()
+
+
 def test_the_fingerprint_does_not_depend_on_an_extension_type_being_registered(tmp_path):
     # str(schema) showed a datasets Array2D column as its extension type only where datasets
     # was imported: a state saved by a training script that imports it was refused by a resume
