@@ -67,3 +67,29 @@ def test_a_pods_memory_limit_bounds_the_memory_available(files, monkeypatch):
     monkeypatch.setattr(limits, "open", lambda *a, **k: (_ for _ in ()).throw(  # (a cgroup
         UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")), raising=False)
     assert limits.cores() >= 1 and limits.available_bytes() == 1 << 40  # named \xff)
+
+
+def test_shared_memory_past_what_the_cgroup_leaves_is_refused_not_left_to_the_kernel(
+        files, monkeypatch):
+    """Under a container's memory limit a reservation never fails: the kernel's out-of-memory
+    killer ends the training process, without a word (the workers audit: a 500 MB slot under
+    a 300 MiB limit). Memory the cgroup's limit leaves (its whole file cache free, free swap
+    added) bounds a reservation, which past it is refused."""
+    import jaxloader as jl
+    from jaxloader.runtime import shm
+
+    monkeypatch.setattr(limits, "_meminfo", lambda key: {"MemAvailable:": 1 << 40,
+                                                          "SwapFree:": 0}[key])
+    monkeypatch.setattr(limits, "_cgroups", lambda: [("", "/kubepods/pod1")])
+    files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = str(16 << 30)
+    files["/sys/fs/cgroup/kubepods/pod1/memory.current"] = str(10 << 30)
+    files["/sys/fs/cgroup/kubepods/pod1/memory.stat"] = f"inactive_file {1 << 30}\nfile {3 << 30}\n"
+    assert limits.available_bytes() == 7 << 30 and limits.reservable_bytes() == 9 << 30
+    monkeypatch.setattr(limits, "_meminfo", lambda key: {"MemAvailable:": 1 << 40,
+                                                          "SwapFree:": 1 << 30}[key])
+    assert limits.reservable_bytes() == 10 << 30  # (shared pages may go to swap)
+    monkeypatch.setattr(limits, "reservable_bytes", lambda: 1 << 20)
+    with pytest.raises(jl.SharedMemoryError, match=r"could not reserve 2,097,152 bytes .* "
+                       r"1,048,576 bytes of memory are left"):
+        shm.Segment.create(2 << 20)
+    shm.Segment.create(1 << 19).destroy()

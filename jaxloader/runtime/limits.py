@@ -41,6 +41,19 @@ def available_bytes() -> int:
     return min(known) if known else 1 << 62
 
 
+def reservable_bytes() -> int:
+    """The memory new shared pages may take before the kernel's out-of-memory killer ends a
+    process (the largest, often the training process: a bare SIGKILL, no error): as
+    ``available_bytes``, but with the cgroup's whole file cache counted free (the kernel takes
+    it back before it kills) and free swap added (where shared pages may go); 2**62 where
+    unknown."""
+    swap = _meminfo("SwapFree:") or 0
+    available = _meminfo_available()
+    found = [] if available is None else [available + swap]
+    found += [max(0, limit - used) + swap for limit, used in _memory_limits(whole_cache=True)]
+    return min(found) if found else 1 << 62
+
+
 def _cgroups() -> list[tuple[str, str]]:
     """``(controllers, path)`` of each of this process's cgroups (``/proc/self/cgroup``)."""
     try:  # (a cgroup's name may hold any bytes)
@@ -86,17 +99,20 @@ def _cpu_limits() -> list[float]:
     return found
 
 
-def _memory_limits() -> list[tuple[int, int]]:
-    """``(limit, used)`` of each memory limit on this process's cgroups."""
+def _memory_limits(whole_cache: bool = False) -> list[tuple[int, int]]:
+    """``(limit, used)`` of each memory limit on this process's cgroups; used less the file
+    cache the kernel takes back first (``whole_cache``: all of it)."""
     found = []
     for controllers, path in _cgroups():
         for cgroup in _up(path):
             if controllers == "":
                 files = [(f"{root}{cgroup}/memory.max", f"{root}{cgroup}/memory.current",
-                          f"{root}{cgroup}/memory.stat", "inactive_file") for root in _ROOTS]
+                          f"{root}{cgroup}/memory.stat", "file" if whole_cache else "inactive_file")
+                         for root in _ROOTS]
             elif "memory" in controllers.split(","):
                 files = [(f"{folder}/memory.limit_in_bytes", f"{folder}/memory.usage_in_bytes",
-                          f"{folder}/memory.stat", "total_inactive_file")
+                          f"{folder}/memory.stat",
+                          "total_cache" if whole_cache else "total_inactive_file")
                          for folder in _v1_folders(controllers, "memory", cgroup)]
             else:
                 continue
@@ -126,10 +142,15 @@ def _stat(path: str, key: str) -> int:
 
 
 def _meminfo_available() -> int | None:
+    return _meminfo("MemAvailable:")
+
+
+def _meminfo(key: str) -> int | None:
+    """The bytes ``/proc/meminfo`` says for ``key`` (``"MemAvailable:"``), or ``None``."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError):
         pass

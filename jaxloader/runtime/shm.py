@@ -278,6 +278,16 @@ def reserve(fd: int, size: int, where: str) -> None:
     """Sizes the file and reserves its pages, or raises ``SharedMemoryError`` (a file-size
     limit, ``ulimit -f``, too: memory files count against it, and its bare "File too large"
     was blamed on the source's pickling)."""
+    from jaxloader.runtime.limits import reservable_bytes
+
+    room = reservable_bytes()  # (a cgroup's limit fails no reservation: the kernel kills)
+    if size > room:
+        raise SharedMemoryError(
+            f"shared memory: could not reserve {size:,} bytes in {where}: {room:,} bytes of "
+            "memory are left to this process (its container's or cgroup's limit less what it "
+            "uses, with free swap), and the kernel would end a process without an error "
+            "rather than refuse the reservation. Use smaller batches, fewer workers or "
+            "prefetch, or free memory (or raise the container's memory limit).")
     try:
         os.ftruncate(fd, size)
         if hasattr(os, "posix_fallocate"):  # (macOS has none: its pages come as written)

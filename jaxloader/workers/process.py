@@ -52,6 +52,7 @@ process's environment is kept, with the threshold added unless it names one.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import platform
@@ -184,18 +185,20 @@ class WorkerProcess:
             self.pid = self._popen.pid
             return
         self.pid = self._fork_pid = os.fork()
-        if self._fork_pid == 0:  # the child: serve, then leave without running atexit hooks
-            code = 0
+        if self._fork_pid == 0:  # the child: serve, then leave as an exec'd worker does,
+            code = 0  # running its own atexit hooks alone (the trainer's are dropped)
             try:
+                atexit._clear()
                 self.conn.close()
                 # the same environment as an exec'd worker's (the thread defaults reach
                 # libraries loaded from here on: NumPy's already has its threads)
                 for name in _DROPPED:
                     os.environ.pop(name, None)
                 os.environ.update(environment)
-                from jaxloader.workers.worker import main
+                from jaxloader.workers.worker import leave, main
 
                 main(child.fileno(), parent)
+                leave()
             except BaseException:  # noqa: BLE001
                 code = 1
             finally:

@@ -47,6 +47,21 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def gone_before_the_trainer() -> None:
+    """Raises this worker's ``oom_score_adj`` 1,000 over the training process's (at most to
+    1,000): where a container's memory runs out, the kernel's out-of-memory killer ends a
+    worker before the training process, which then says so (a ``WorkerError`` naming the
+    signal and its step), where the training process, the largest, was ended without a word.
+    A process may raise its own value without privileges (Linux alone)."""
+    try:
+        with open("/proc/self/oom_score_adj") as f:
+            now = int(f.read().strip() or 0)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(min(1000, now + 1000)))
+    except (OSError, ValueError):
+        pass
+
+
 def leave_signals_to_the_trainer() -> None:
     """Leaves a terminal's and a scheduler's signals to the training process, which a worker
     ends with (``die_with_parent``): a worker is a process group of its own, so a terminal's

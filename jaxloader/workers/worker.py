@@ -347,6 +347,7 @@ def main(fd: int, parent: int) -> None:
     """Entry point of a worker: ``fd`` is its end of the pipe to the main process, ``parent``
     that process's pid."""
     ties.die_with_parent(parent)
+    ties.gone_before_the_trainer()
     ties.leave_signals_to_the_trainer()
     if "numpy.random" in sys.modules:  # (a fork, from the starter or start_method="fork",
         sys.modules["numpy.random"].seed()  # shares its global state with its siblings)

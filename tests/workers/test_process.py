@@ -350,6 +350,21 @@ def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_exits_at_once
     assert (run.returncode, run.stdout, run.stderr) == (1, "", "")
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/oom_score_adj"), reason="Linux's /proc")
+def test_workers_are_ended_before_the_trainer_where_memory_runs_out():
+    """A container's memory limit fails no allocation: the kernel's out-of-memory killer ends
+    the largest process, the training process, without a word, where a worker's transform
+    took the memory (the workers audit). A worker's oom_score_adj is the trainer's + 1,000."""
+    def adj(pid):
+        with open(f"/proc/{pid}/oom_score_adj") as f:
+            return int(f.read())
+
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(40)}), batch_size=4,
+                       num_workers=2) as loader:
+        next(iter(loader))
+        assert [adj(pid) for pid in loader.worker_pids] == [min(1000, adj("self") + 1000)] * 2
+
+
 def test_workers_started_from_a_thread_that_ends_outlive_that_thread():
     # the kernel's parent-death signal follows the thread that started a process: workers
     # started from a short-lived thread (a notebook's, a device-put thread's) must not die
@@ -465,25 +480,28 @@ def test_an_unclosed_loaders_workers_are_asked_to_stop_at_exit_and_said_closed_n
     # after the starters were closed), the workers died by their parent-death signal, their
     # atexit hooks not run; a thread still reading at exit was told a worker was killed,
     # "often the out-of-memory killer"; a forked child's exit with start_method='fork' printed
-    # a ChildProcessError (the process-managers audit)
+    # a ChildProcessError (the process-managers audit). A worker of start_method='fork' ended
+    # without its atexit hooks, where workers.md says they run (the workers audit)
     done = _run("""
         import os, threading, numpy as np, jaxloader as jl
-        def init(worker):
+        def init(worker, named="ended"):
             import atexit
-            atexit.register(lambda: open(f"ended-{worker}", "w").close())
+            atexit.register(lambda: open(f"{named}-{worker}", "w").close())
         src = jl.ArraySource({"x": np.arange(4000)})
         next(iter(jl.DataLoader(src, batch_size=10, num_workers=0)))
         loader = jl.DataLoader(src, batch_size=10, num_workers=2, worker_init_fn=init)
         for _, b in zip(range(5), loader):
             pass
         threading.Thread(target=lambda: [b for b in loader], daemon=True).start()
-        forked = jl.DataLoader(src, batch_size=10, num_workers=1, start_method="fork")
+        forked = jl.DataLoader(src, batch_size=10, num_workers=1, start_method="fork",
+                               worker_init_fn=lambda worker: init(worker, "forked"))
         next(iter(forked))
         if os.fork() == 0:
             raise SystemExit(0)
         os.wait()
     """, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(os.listdir(tmp_path)) == ["ended-0", "ended-1"], done.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["ended-0", "ended-1", "forked-0"], \
+        done.stderr[-2000:]
     assert "out-of-memory" not in done.stderr and "ChildProcessError" not in done.stderr, \
         done.stderr[-3000:]
