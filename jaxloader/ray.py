@@ -168,7 +168,7 @@ class RayEngine:
         self._turn = 0
         self._steps: int | None = None  # steps a task (1 until a batch's size is known)
         self._killed: dict[int, int] = {}  # a task's first step -> actors lost while making it
-        self.tasks = TaskQueues(spec.n)  # each actor's, in the order sent: timeout_s's count
+        self.tasks = TaskQueues(spec.n, ray)  # each actor's, in the order sent: timeout_s's count
         try:
             self._admit(spec.start_timeout_s, spec.min_actors)
         except BaseException as e:

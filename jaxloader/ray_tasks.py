@@ -6,13 +6,18 @@ each actor's queue, which sets how long a task may take, and the errors of a tas
     sent(actor, ref)       a task sent: at the end of its actor's queue (Ray runs an actor's
                            tasks in the order sent, those cancelled by a run left early too)
     wait_s(actor, ref)     timeout_s for the task and for each task still queued before it
-    received(actor, ref)   its batches came back: out of the queue
+    received(actor, ref)   its batches came back: out of the queue, with every task sent to
+                           that actor before it (run before it); and a task done leaves the
+                           queue as the next is sent (a run left early's results, which the
+                           queue alone held, left Ray's object store only at close())
 
 Example:
     >>> queues = TaskQueues(1)
     >>> first, second = queues.sent(0, "a"), queues.sent(0, "b")
     >>> queues.ahead(0, "b")
     ['a']
+    >>> queues.received(0, "b"); queues.ahead(0, "b")  # (it ran "a" first)
+    []
 """
 
 from __future__ import annotations
@@ -28,12 +33,23 @@ from jaxloader.workers.tasks import TASK_SECONDS  # (an actor's as a local worke
 class TaskQueues:
     """Each actor's tasks not known done, in the order sent."""
 
-    def __init__(self, actors: int) -> None:
+    def __init__(self, actors: int, ray: Any = None) -> None:
         self._queued: list[dict[Any, int]] = [{} for _ in range(actors)]
         self._sent = 0
+        self._ray = ray
 
     def sent(self, actor: int, ref: Any) -> Any:
-        """``ref``, a task just sent to ``actor``, noted at the end of its queue."""
+        """``ref``, a task just sent to ``actor``, noted at the end of its queue; the tasks
+        Ray has done are let go first (``ray`` given): a run left early (a ``break``, a
+        restore, a stream's pass, which sends past its end) dropped its tasks, whose results,
+        up to ``task_bytes`` each, stayed in Ray's object store (spilled to disk) while the
+        queue held their references."""
+        queued = [r for queue in self._queued for r in queue]
+        if self._ray is not None and queued:
+            done, _ = self._ray.wait(queued, num_returns=len(queued), timeout=0)
+            for queue in self._queued:
+                for r in done:
+                    queue.pop(r, None)
         self._sent += 1
         self._queued[actor][ref] = self._sent
         return ref
@@ -58,8 +74,13 @@ class TaskQueues:
         return timeout_s * (1 + len(ahead) - len(done))
 
     def received(self, actor: int, ref: Any) -> None:
-        """Task ``ref`` of ``actor`` came back: out of its queue."""
-        self._queued[actor].pop(ref, None)
+        """Task ``ref`` of ``actor`` came back: out of its queue, and the tasks sent to it
+        before ``ref``, which it ran first (a run left early's: see ``sent``)."""
+        queue = self._queued[actor]
+        mine = queue.pop(ref, None)
+        if mine is not None and queue and next(iter(queue.values())) < mine:
+            for earlier in [r for r, n in queue.items() if n < mine]:
+                del queue[earlier]
 
     def clear(self, actor: int) -> None:
         """``actor`` is gone: its tasks with it."""
