@@ -15,12 +15,11 @@ elsewhere is the same batch: nothing is lost or repeated when an actor or a node
 state saved with Ray workers restores into local workers and the reverse (the state is the
 step). When no actor is left, a ``WorkerError`` names the steps lost and what to do.
 
-Ray is optional (``pip install "jaxloader[ray]"``); the loader uses the Ray session the program
-has (``ray.init(address=...)`` or ``RAY_ADDRESS``) and starts one only where ``ray.init()``
-would. A ``StreamLoader``'s readers are hosted by the actors as by local workers
-(``jaxloader.ray_streams``). Actors the cluster places later (``min_actors``) or Ray restarts
-take steps once they run; one that hangs past ``timeout_s`` is killed, its steps made
-elsewhere. Each task's stage timings come back with its batches (``loader.stats``,
+Ray is optional (``pip install "jaxloader[ray]"``); the loader uses the program's Ray session,
+or starts one as ``ray.init()`` would. A ``StreamLoader``'s readers are hosted by the actors as
+by local workers (``jaxloader.ray_streams``). Actors the cluster places later (``min_actors``)
+or Ray restarts take steps once they run; one that hangs past ``timeout_s`` is killed, its
+steps made elsewhere. Each task's stage timings come back with its batches (``loader.stats``,
 ``diagnose()``); the actor's side is ``jaxloader.ray_actor``.
 
 Example (needs Ray)::
@@ -48,9 +47,9 @@ from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor, actor_arguments, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
-from jaxloader.ray_tasks import (TaskQueues, lost_errors, step_failed, steps_text, task_failed,
-                                 task_steps)
-from jaxloader.workers.failures import closed, unpicklable
+from jaxloader.ray_tasks import (TaskQueues, check_session, get, lost_errors, session,
+                                 step_failed, steps_text, task_failed, task_steps)
+from jaxloader.workers.failures import StallWatch, closed, unpicklable
 from jaxloader.workers.by_value import dumps_by_value
 from jaxloader.workers.payload import SHARE_MIN_BYTES
 
@@ -64,17 +63,16 @@ class RayWorkers:
 
     ``in_flight``: tasks (a few steps each) each actor is asked for ahead; ``task_bytes``: the
     batches a task carries (as many steps as fit, and as an actor makes in half a second, at
-    most 32; at least one): Ray costs the
-    training process ~1 ms of CPU a call whatever its size, so larger tasks cost it less a
-    batch and hold more of the object store (about ``in_flight x n x task_bytes``);
+    most 32; at least one): Ray costs the training process ~1 ms of CPU a call whatever its
+    size, so larger tasks cost it less a batch and hold more of the object store (about
+    ``in_flight x n x task_bytes``);
     ``min_actors``: the loader starts once this many actors run (``n`` by default); the others
     take steps as the cluster places them (an autoscaler adding nodes), and an actor Ray
-    restarts (``max_restarts=``) takes steps again; ``timeout_s``: how long a task may take
-    once the batches before it are received: an actor that takes longer is killed and its
-    steps are made elsewhere, as a dead one's (``None``: wait); ``start_timeout_s``: how long
-    the actors may take to start (Ray waits for free resources) before the loader says so. Actors
-    get local workers' environment (``JAX_PLATFORMS=cpu``, one thread a math library and for
-    XLA) unless ``runtime_env`` sets those variables.
+    restarts (``max_restarts=``) takes steps again; ``timeout_s``: how long a task may take once
+    the batches before it are received: an actor that takes longer is killed and its steps are
+    made elsewhere, as a dead one's (``None``: wait); ``start_timeout_s``: how long the actors
+    may take to start (Ray waits for free resources) before the loader says so. Actors get local
+    workers' environment (``JAX_PLATFORMS=cpu``, a thread a math library) unless set.
 
     Example (needs Ray; a loader's batches on 4 actors of 2 CPUs each)::
 
@@ -120,25 +118,26 @@ class RayWorkers:
             else ""
         return f"RayWorkers({self.n}, in_flight={self.in_flight}{task}{least}{options})"
 
-    def engine(self, maker: Maker) -> "RayEngine":
+    def engine(self, maker: Maker, stall_warning_s: float | None = None,
+               label: str = "jaxloader") -> "RayEngine":
         """The engine of ``maker``'s batches on this many actors (what a loader calls)."""
-        return RayEngine(maker, self)
+        return RayEngine(maker, self, StallWatch(stall_warning_s, None, label))
 
 
 class RayEngine:
     """Makes batches on Ray actors in step order (see the module docstring); an ``Engine``.
 
     A task is a few consecutive steps (as many as make ``task_bytes``, at most
-    ``ray_tasks.MAX_STEPS``),
-    one remote call and one object: Ray's cost a call (~1 ms of the training process's CPU,
-    whatever its size) is then paid once for several batches."""
+    ``ray_tasks.MAX_STEPS``), one remote call and one object: Ray's cost a call (~1 ms of the
+    training process's CPU, whatever its size) is then paid once for several batches."""
 
-    def __init__(self, maker: Maker, spec: RayWorkers) -> None:
+    def __init__(self, maker: Maker, spec: RayWorkers, watch: StallWatch | None = None) -> None:
         import ray
 
         if not ray.is_initialized():
             ray.init()  # RAY_ADDRESS's cluster, else a local one: what Ray itself does
-        self._ray, self._spec, self._location = ray, spec, maker.location
+        self._ray, self._spec, self._location, self._watch = ray, spec, maker.location, watch
+        self._session = session(ray)  # (a run after ray.shutdown() is refused)
         self.gauges = Gauges(spec.n)  # each actor's stage timings, sent with its tasks
         # The maker once in the object store, its arrays as out-of-band buffers: every actor
         # on a node reads the same memory
@@ -195,8 +194,7 @@ class RayEngine:
 
     @property
     def maker_pids(self) -> list[int]:
-        """Each actor's pid by its index, as ``gauges.makers`` lists their timings (0: none
-        yet): a lost or late actor moves no other's timings to its pid."""
+        """Each actor's pid by its index, as ``gauges.makers`` lists their timings (0: none)."""
         return [pid or 0 for pid in self._pids]
 
     remote = True  # (its pids are other machines': no /proc of theirs here)
@@ -242,14 +240,17 @@ class RayEngine:
                 f"{len(self._alive)} of {at_least} actors started")
 
     def _submit(self, first: int, count: int) -> tuple[int, int, int, Any]:
+        check_session(self._ray, self._session)  # (before Ray's call, which would start one)
         actor = self._alive[self._turn % len(self._alive)]
         self._turn += 1
         return first, count, actor, self.tasks.sent(actor, self._actors[actor].make.remote(
             first, count, self.gauges.trace))
 
-    def wait_s(self, actor: int, ref: Any) -> float | None:
-        """How long to wait for ``actor``'s task ``ref`` (``TaskQueues.wait_s``)."""
-        return self.tasks.wait_s(self._ray, self._spec.timeout_s, actor, ref)
+    def get(self, actor: int, ref: Any, steps: str) -> Any:
+        """``actor``'s task ``ref`` (``ray_tasks.get``; ``TaskQueues.wait_s``'s time)."""
+        wait_s = self.tasks.wait_s(self._ray, self._spec.timeout_s, actor, ref)
+        return get(self._ray, ref, wait_s, self._watch,
+                   lambda: f"Ray actor {actor} (pid {self._pids[actor]}) is making {steps}")
 
     def batches(self, start: int, stop: int | None, resets: list | None = None,
                 reports: dict | None = None) -> Generator[Any, None, None]:
@@ -278,7 +279,7 @@ class RayEngine:
                     return
                 first, count, actor, ref = flight[0]
                 try:
-                    made = self._ray.get(ref, timeout=self.wait_s(actor, ref))
+                    made = self.get(actor, ref, steps_text(first, count))
                 except lost_actor as e:
                     self._lose(actor, e, flight)
                     continue
@@ -391,8 +392,9 @@ class RayEngine:
                 flight[i] = self._submit(first, count)
 
     def close(self) -> None:
-        """Kills the actors and drops the maker's object; idempotent."""
-        self._closed = True  # (a run waiting meanwhile says so, not that they died)
-        for actor in range(len(self._actors)):
+        """Kills the actors (not where Ray was shut down: its call would start Ray anew) and
+        drops the maker's object; idempotent. A run waiting meanwhile says it was closed."""
+        self._closed = True
+        for actor in range(len(self._actors) if session(self._ray) == self._session else 0):
             self.cancel_actor(actor)
         self._actors, self._alive, self._maker_ref = [], [], None

@@ -61,7 +61,10 @@ class MakerActor:
         try:
             for step in range(first, first + count):
                 made.append(self._maker.make(step)[0])
-        except Exception as e:  # the batches before it are handed out, then this is raised
+        except KeyboardInterrupt:  # (Ray's own, a task cancelled)
+            raise
+        except BaseException as e:  # noqa: BLE001 - the batches before it are handed out, then
+            # this is raised (a transform's sys.exit() too, which ended the actor)
             return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
         return made, self._timings(began, cpu), os.getpid(), None
 
@@ -72,7 +75,9 @@ class MakerActor:
         made: list = []
         try:
             make_stream(self._maker, first, count, stride, reset, made)
-        except Exception as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - (sys.exit() too, as make's)
             step = first + len(made) * stride
             return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
         return made, self._timings(began, cpu), os.getpid(), None

@@ -24,7 +24,8 @@ from typing import Any, Generator
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.ray_actor import actor_arguments
-from jaxloader.ray_tasks import TASK_SECONDS, lost_errors, steps_text, task_steps
+from jaxloader.ray_tasks import (TASK_SECONDS, check_session, lost_errors, steps_text,
+                                 task_steps)
 from jaxloader.workers.failures import closed
 
 log = logging.getLogger("jaxloader")
@@ -63,6 +64,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
                     actors = engine._actors  # (close() from another thread empties it anew)
                     if engine._closed or w >= len(actors):  # (an IndexError, not "closed")
                         raise closed()
+                    check_session(ray, engine._session)
                     flight[w].append((next_for[w], count, engine.tasks.sent(
                         w, actors[w].make_stream.remote(next_for[w], count, hosts, reset,
                                                         engine.gauges.trace))))
@@ -80,7 +82,7 @@ def stream_batches(engine: Any, start: int, stop: int | None, resets: list,
             w = next_yield % hosts
             first, count, ref = flight[w][0]
             try:
-                made = ray.get(ref, timeout=engine.wait_s(w, ref))
+                made = engine.get(w, ref, steps_text(first, count, hosts))
             except lost as e:
                 _replace(engine, w, e, flight[w], held[w], hosts, killed)
                 continue
@@ -147,6 +149,7 @@ def _replace(engine: Any, w: int, error: BaseException, flight: deque, held: lis
     actors = engine._actors  # (close() from another thread empties it anew)
     if engine._closed or w >= len(actors):
         raise closed() from error
+    check_session(engine._ray, engine._session)
     for i, (first, count, ref) in enumerate(list(flight)):
         flight[i] = (first, count, engine.tasks.sent(w, actors[w].make_stream.remote(
             first, count, hosts, held if i == 0 else None, engine.gauges.trace)))

@@ -22,10 +22,11 @@ Example:
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from jaxloader.base.errors import WorkerError
-from jaxloader.workers.failures import raised
+from jaxloader.workers.failures import StallWatch, raised
 from jaxloader.workers.tasks import TASK_SECONDS  # (an actor's as a local worker's: Ray's
 # ~1 ms a call is under 0.2% of it)
 
@@ -87,6 +88,49 @@ class TaskQueues:
         self._queued[actor].clear()
 
 
+def get(ray: Any, ref: Any, wait_s: float | None, watch: StallWatch | None,
+        said: Callable[[], str]) -> Any:
+    """``ray.get(ref)``, a ``GetTimeoutError`` past ``wait_s`` (``None``: no end), the wait said
+    in the log every ``stall_warning_s`` meanwhile (``watch``'s; ``said()``: who makes it), as
+    a local worker's is: it was waited for without a word, a hung transform's forever."""
+    if watch is None or watch.warn_s is None:
+        return ray.get(ref, timeout=wait_s)
+    began = time.monotonic()
+    watch.begin(id(ref))
+    while True:
+        left = min(watch.left(), 3600.0)
+        if wait_s is not None:
+            left = min(left, max(0.0, wait_s - (time.monotonic() - began)))
+        try:
+            return ray.get(ref, timeout=left)
+        except ray.exceptions.GetTimeoutError:
+            if wait_s is not None and time.monotonic() - began >= wait_s:
+                raise
+            watch.due(lambda: f"{said()} (Ray shows its stack: `ray stack` on its node, or the "
+                      "dashboard); RayWorkers(n, timeout_s=) kills an actor that takes longer")
+
+
+def session(ray: Any) -> tuple:
+    """The Ray session this process is connected to: its cluster (the GCS's address, this
+    node's id) and job; ``()`` where Ray is shut down."""
+    if not ray.is_initialized():
+        return ()
+    context = ray.get_runtime_context()
+    return getattr(context, "gcs_address", None), context.get_node_id(), context.get_job_id()
+
+
+def check_session(ray: Any, then: tuple) -> None:
+    """Raises where the Ray session the actors started in (``then``) is gone: a ``ray.shutdown()``
+    since (a notebook's cell), maybe a new ``ray.init()``. A task sent then started a new local
+    cluster (Ray's own ``ray.init()``) and failed there after seconds, a bare ``Exception``
+    ("Can't find actor ... different cluster"), the new cluster left running."""
+    if session(ray) != then:
+        raise WorkerError(
+            "the Ray session this loader's actors ran in is gone (ray.shutdown() since they "
+            "started), and the actors with it; make a new loader (after ray.init()), and "
+            "load this one's state_dict() into it to continue where it stopped")
+
+
 def step_failed(actor: int, pid: int | None, failed: Any,
                 where: Callable[[int], str]) -> tuple[WorkerError, BaseException | None]:
     """The error of a step that raised in an actor (its ``workers.protocol.Failed``: the
@@ -135,11 +179,11 @@ def steps_text(first: int, count: int, stride: int = 1) -> str:
     """A task's steps for messages: ``first``, ``first + stride``, ... (``count`` of them).
 
     Example:
-        >>> steps_text(4, 3), steps_text(4, 3, 2), steps_text(4, 1, 2)
-        ('steps 4..6', 'steps 4, 6, ..., 8', 'step 4')
+        >>> steps_text(4, 3), steps_text(4, 3, 2), steps_text(4, 1, 2), steps_text(4, 1)
+        ('steps 4..6', 'steps 4, 6, ..., 8', 'step 4', 'step 4')
     """
     last = first + (count - 1) * stride
-    if stride == 1:
+    if stride == 1 and count > 1:
         return f"steps {first}..{last}"
     return (f"step {first}" if count == 1 else f"steps {first} and {last}" if count == 2 else
             f"steps {first}, {first + stride}, ..., {last}")

@@ -244,12 +244,17 @@ def check_a_hung_actor_is_killed_after_timeout_s_and_its_steps_made_elsewhere(
         cluster, expected, caplog):
     hang = jl.Map(functools.partial(hangs_once, os.path.join(tempfile.mkdtemp(), "hung")))
     caplog.clear()
-    with loader(extra=[hang], workers=RayWorkers(2, timeout_s=2)) as on_ray:
+    with loader(extra=[hang], workers=RayWorkers(2, timeout_s=2),
+                stall_warning_s=0.5) as on_ray:
         made = list(on_ray)
         assert len(on_ray.worker_pids) == 1
     assert same(made, expected)
     assert any("did not make steps" in r.getMessage() and "within timeout_s=2 s: killed" in
                r.getMessage() for r in caplog.records)
+    # meanwhile the wait is said every stall_warning_s, as a local worker's (it was taken,
+    # and a hung actor waited for without a word: the Ray audit)
+    assert any(re.search(r"no batch for [01]\.\d s: Ray actor \d \(pid \d+\) is making "
+                         r"steps? \d+", r.getMessage()) for r in caplog.records), caplog.text
     assert not live_actors()
 
 
@@ -348,6 +353,12 @@ def fails_at_37(r):
     return r
 
 
+def exits_at_37(r):
+    if int(r["y"]) == 37:
+        sys.exit(3)
+    return r
+
+
 def check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback(cluster):
     # the task failed as a whole: 2 or 4 batches handed out (of the 9 before the step in
     # process and with local workers), the task's first step named, no traceback
@@ -362,6 +373,17 @@ def check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback
     assert len(made) == 9 and "raised at step 9 " in said, (len(made), said)
     assert "ValueError: record 37 is bad" in said and "--- traceback in the actor ---" in said
     assert "in fails_at_37" in said and isinstance(raised.value.__cause__, jl.RecordError), said
+    assert re.search(r'test_ray\.py", line \d+, in fails_at_37\n +raise ValueError', said), said
+    # a transform's sys.exit() ended the actors, one after another, the step never named
+    # (the Ray audit): raised at its step, as a local worker's
+    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(exits_at_37)],
+                       process_index=0, process_count=1, workers=RayWorkers(2)) as on_ray:
+        made = []
+        with pytest.raises(jl.WorkerError) as raised:
+            for batch in on_ray:
+                made.append(batch)
+    assert len(made) == 9 and "raised at step 9 " in str(raised.value), str(raised.value)
+    assert "SystemExit: 3" in str(raised.value), str(raised.value)
     counts = []
     for kw in ({}, {"workers": RayWorkers(2)}):
         with stream_loader(readers=2, extra=[jl.Map(stream_fails)], **kw) as streamed:
@@ -697,6 +719,31 @@ def test_the_results_of_tasks_a_run_left_early_are_let_go_once_done():
     assert queues._queued == [{"a1": 2, "a2": 3}, {"b1": 5}]
     queues.received(0, "a2")  # (it ran a1 before it)
     assert queues._queued == [{}, {"b1": 5}]
+
+
+def test_a_loader_used_after_ray_shutdown_says_its_session_is_gone():
+    """After ray.shutdown() (a notebook's cell), the next batch started a new local cluster
+    (Ray's own ray.init() at the actor's call) and failed there after seconds, a bare
+    Exception ("Can't find actor ... different cluster"), and close() started one too, left
+    running (the Ray audit)."""
+    kept = builtins.print, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        on_ray = loader(workers=RayWorkers(1))
+        it = iter(on_ray)
+        next(it)
+        ray.shutdown()
+        for again in (lambda: next(it), lambda: next(iter(on_ray))):
+            with pytest.raises(jl.WorkerError, match=r"the Ray session this loader's actors ran "
+                                                     r"in is gone \(ray.shutdown\(\) since"):
+                again()
+        on_ray.close()
+        assert not ray.is_initialized()
+    finally:
+        ray.shutdown()
+        builtins.print = kept[0]
+        for number, handler in kept[1].items():
+            signal.signal(number, handler)
 
 
 def test_bad_ray_workers_arguments_are_refused():

@@ -43,7 +43,7 @@ class Workers(Protocol):
 
     n: int  # how many (a stream's readers are spread over them)
 
-    def engine(self, maker: Maker) -> Engine: ...
+    def engine(self, maker: Maker, stall_warning_s: float | None, label: str) -> Engine: ...
 
 
 _MADE: dict[str, Iterator[int]] = collections.defaultdict(lambda: itertools.count(1))
@@ -146,7 +146,7 @@ class LoaderLifecycle(not_pickled.NotPickled):
                     "are the workers: their environment is RayWorkers(n, runtime_env=...), "
                     "their tasks ahead RayWorkers(n, in_flight=...), a hung one's timeout "
                     "RayWorkers(n, timeout_s=...))")
-            engine = workers.engine(maker)
+            engine = workers.engine(maker, options.stall_warning_s, self._progress.label)
         elif options.auto_prefetch and not options.auto_workers:
             raise ConfigError(
                 f"prefetch='auto' with num_workers={options.num_workers}: the tuning that "

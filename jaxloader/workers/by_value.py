@@ -17,6 +17,7 @@ import functools
 import io
 import random
 import sys
+import types
 from typing import Any, Callable
 
 import cloudpickle
@@ -35,10 +36,24 @@ def global_random(name: str) -> Any:
 
 
 class GlobalsByName(cloudpickle.Pickler):
-    """cloudpickle's pickler, the global random generators by name (``global_random``), and a
-    view of overlapping elements as the bytes it spans (``span_bytes``)."""
+    """cloudpickle's pickler, the global random generators by name (``global_random``), a
+    view of overlapping elements as the bytes it spans (``span_bytes``), a function's code with
+    its file's name, and a script's ``functools.cache`` functions as empty caches around it:
+    a local worker's payload and a Ray actor's."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType and _CODE_REDUCE is not None and (
+                obj.co_filename not in ("<string>", "<stdin>")):  # (python -c's, exec's: a
+            # worker's traceback read its own -c text for them; "<python-input-3>" stays)
+            rebuild, args = _CODE_REDUCE(obj)  # (cloudpickle's, which names every file
+            return _named_code, (rebuild, args, obj.co_filename)  # "<dynamic-code>")
+        if type(obj) is CACHED and not importable(obj):
+            # rebuilt in the worker as an empty cache around the function, which crosses by
+            # value; the function is set after the cache exists, so a recursive one (its
+            # globals name the cache) finds the cache in the memo instead of recursing
+            params = obj.cache_parameters()
+            return (cache_shell, (params["maxsize"], params["typed"]), obj.__wrapped__,
+                    None, None, fill_cache_shell)
         if obj is getattr(random, "_inst", None):
             return global_random, ("random",)
         if obj is getattr(np.random.mtrand, "_rand", None):
@@ -70,6 +85,14 @@ def dumps_by_value(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
 
 
 CACHED = type(functools.lru_cache()(len))  # functools._lru_cache_wrapper
+# cloudpickle 3.1 ships a function's code with "<dynamic-code>" as its file: a worker's
+# traceback then named no file and showed no line of a script's transform
+_CODE_REDUCE = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+
+
+def _named_code(rebuild: Any, args: tuple, filename: str) -> types.CodeType:
+    """A function's code as cloudpickle rebuilds it, with the file it was defined in."""
+    return rebuild(*args).replace(co_filename=filename)
 
 
 def importable(fn: Any) -> bool:

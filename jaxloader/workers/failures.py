@@ -169,7 +169,7 @@ class StallWatch:
         step = awaited
         self.begin(step)
         while True:
-            events = poll(self.left() * 1000)  # (overdue: what has come)
+            events = poll(min(self.left(), 3600.0) * 1000)  # (overdue: what came; ms: a C int)
             if events:
                 return events, None
             error = self.due(lambda: report(step), lambda: progress(step))

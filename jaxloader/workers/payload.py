@@ -34,17 +34,14 @@ import itertools
 import os
 import pickle
 import threading
-import types
 from typing import Any, Callable
 
-import cloudpickle
 import numpy as np
 
 from jaxloader.base.columns import byte_span, memmap_under, overlapping
 from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
-from jaxloader.workers.by_value import (CACHED, GlobalsByName, cache_shell, fill_cache_shell,
-                                        importable, script_by_value)
+from jaxloader.workers.by_value import GlobalsByName, importable, script_by_value
 from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
@@ -62,21 +59,6 @@ class _Pickler(GlobalsByName):
         self._keep = keep
         self._shared: dict[int, tuple[tuple, Any]] = {}
         self._mappings: _Mappings | None = None  # read at the first memmap
-
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is types.CodeType and _CODE_REDUCE is not None and (
-                obj.co_filename not in ("<string>", "<stdin>")):  # (python -c's, exec's: a
-            # worker's traceback read its own -c text for them; "<python-input-3>" stays)
-            rebuild, args = _CODE_REDUCE(obj)  # (cloudpickle's, which names every file
-            return _named_code, (rebuild, args, obj.co_filename)  # "<dynamic-code>")
-        if type(obj) is CACHED and not importable(obj):
-            # rebuilt in the worker as an empty cache around the function, which crosses by
-            # value; the function is set after the cache exists, so a recursive one (its
-            # globals name the cache) finds the cache in the memo instead of recursing
-            params = obj.cache_parameters()
-            return (cache_shell, (params["maxsize"], params["typed"]), obj.__wrapped__,
-                    None, None, fill_cache_shell)
-        return super().reducer_override(obj)
 
     def persistent_id(self, obj: Any) -> Any:
         mapped = memmap_under(obj) if type(obj) in (np.memmap, np.ndarray) else None
@@ -153,16 +135,6 @@ class _Pickler(GlobalsByName):
         ref = ("span", segment.name, segment.size, obj.shape, obj.dtype, first, obj.strides)
         self._shared[id(obj)] = ref, obj
         return ref
-
-
-# cloudpickle 3.1 ships a function's code with "<dynamic-code>" as its file: a worker's
-# traceback then named no file and showed no line of a script's transform
-_CODE_REDUCE = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
-
-
-def _named_code(rebuild: Any, args: tuple, filename: str) -> types.CodeType:
-    """A function's code as cloudpickle rebuilds it, with the file it was defined in."""
-    return rebuild(*args).replace(co_filename=filename)
 
 
 def _registering(schema: Any) -> list[str] | None:

@@ -141,6 +141,16 @@ def test_stall_arguments_are_checked():
                       process_index=0, process_count=1)
 
 
+def test_a_stall_warning_or_timeout_of_a_year_is_taken():
+    """"Never report" as a year: taken where the loader is made, then the first next() raised
+    a bare OverflowError (poll's milliseconds are a C int: 24.8 days at most; the API audit)."""
+    year = 365 * 24 * 3600
+    for kw in ({"stall_warning_s": year}, {"stall_warning_s": None, "timeout_s": 1e10}):
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, num_workers=1,
+                           process_index=0, process_count=1, **kw) as loader:
+            assert len(list(loader)) == 4
+
+
 def _slow_start(worker_id):
     time.sleep(0.5)
 
