@@ -1,4 +1,5 @@
-"""Where a stream's record came from (its shard and its place there), for messages only.
+"""Where a stream's record came from (its shard and its place there), for messages only; and a
+shard opened, its failure named (``opened``).
 
 A reader keeps no origin per record. It keeps, per window, where the window starts and where
 it crossed into another shard (``Segments``); a message reads the shard again from there to
@@ -19,6 +20,7 @@ import copy
 from typing import Any, Callable, Sequence
 
 from jaxloader.base.abilities import close_of
+from jaxloader.base.errors import JaxloaderError, JaxloaderWarning, RecordError
 from jaxloader.base.state_copy import copied
 
 _COUNTS = (("line", "line"), ("records", "record"), ("consumed", "record"))
@@ -81,6 +83,7 @@ def described(replay: Callable[[], str | None]) -> str:
     try:
         origin = replay()
     except Exception as e:  # noqa: BLE001 - the message names the first error; this is extra
+        e = e.__cause__ if isinstance(e, RecordError) and e.__cause__ is not None else e
         return f" (its shard is not known: reading it again raised {type(e).__name__}: {e})"
     return f" ({origin})" if origin else ""
 
@@ -91,3 +94,18 @@ def state_or_why(shard: Any) -> Any:
         return shard.get_state()
     except Exception as e:  # noqa: BLE001 - the shard is already failing; name that first
         return f"<no state: get_state raised {type(e).__name__}>"
+
+
+def opened(shard: Any, state: dict | None, reader: int, epoch: int) -> None:
+    """``shard.reset(state)``, where a shard opens its files or connections: what it raises is a
+    ``RecordError`` naming the shard, the reader and the epoch, as a record's read is (it was
+    bare, naming no shard of thousands, and ``except jl.RecordError`` missed it)."""
+    try:
+        shard.reset(state)
+    except (JaxloaderError, JaxloaderWarning):  # (jaxloader's own, or its warning made an error)
+        raise
+    except Exception as e:
+        raise RecordError(
+            f"stream shard {shard.name} (reader {reader}, epoch {epoch}) raised "
+            f"{type(e).__name__} as it was opened (its reset({'state' if state else 'None'})): "
+            f"{e}") from e

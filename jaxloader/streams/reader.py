@@ -43,7 +43,7 @@ from jaxloader.streams.compressed import or_compressed
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import generator_shards, mapped_shards
-from jaxloader.streams.origins import last_origin, state_or_why
+from jaxloader.streams.origins import last_origin, opened, state_or_why
 from jaxloader.streams.shard_state import (Crossings, checked_reader_state, copied,
                                            ends_there, left_early, plain, snapshot)
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
@@ -389,7 +389,7 @@ class StreamReader:
         self.close()  # (the shard left)
         if index < len(self._mine):
             shard = copy.copy(self.stream.shards[self._mine[index]])  # (reset opens its files)
-            shard.reset(state if state is None else copied(state))  # (it may keep and change it)
+            opened(shard, state if state is None else copied(state), self.reader, self._epoch)
             self._current = watched(shard)  # (its first records: a buffer refilled?)
         return self._current
 

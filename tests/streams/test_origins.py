@@ -121,3 +121,35 @@ def test_a_shard_that_cannot_be_read_again_says_so():
                              transforms=[jl.Map(check)])
     message = error_of(loader)
     assert "row 1 (its shard is not known: reading it again raised OSError: gone)" in message
+
+
+class Unreachable:
+    """A shard whose reset opens a connection that is refused."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def reset(self, state=None):
+        raise ConnectionRefusedError(f"{self.name}: connection refused")
+
+    def next(self):
+        raise StopIteration
+
+    def get_state(self):
+        return {}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_shard_that_fails_to_open_is_named(num_workers):
+    """A shard's reset, where it opens its files or connections, raised bare, naming no
+    shard of thousands (the API audit); a record's read was named."""
+    stream = jl.Stream([Unreachable(f"host-{i}") for i in range(4)], shuffle_shards=False)
+    with jl.StreamLoader(stream, batch_size=2, num_workers=num_workers,
+                         readers_per_process=1, process_index=0, process_count=1) as loader:
+        with pytest.raises((jl.RecordError, jl.WorkerError)) as raised:
+            next(iter(loader))
+    error = raised.value if num_workers == 0 else raised.value.__cause__
+    assert isinstance(error, jl.RecordError), repr(raised.value)
+    assert str(error).startswith("stream shard host-0 (reader 0, epoch 0) raised "
+                                 "ConnectionRefusedError as it was opened (its reset(None)): "
+                                 "host-0: connection refused"), str(error)
