@@ -83,8 +83,8 @@ def described(replay: Callable[[], str | None]) -> str:
     try:
         origin = replay()
     except Exception as e:  # noqa: BLE001 - the message names the first error; this is extra
-        e = e.__cause__ if isinstance(e, RecordError) and e.__cause__ is not None else e
-        return f" (its shard is not known: reading it again raised {type(e).__name__}: {e})"
+        why = e.__cause__ if isinstance(e, RecordError) and e.__cause__ is not None else e
+        return f" (its shard is not known: reading it again raised {type(why).__name__}: {why})"
     return f" ({origin})" if origin else ""
 
 
