@@ -414,3 +414,18 @@ def test_a_grain_dataset_made_with_a_step_the_loader_takes_is_refused_with_it(st
     with jl.DataLoader(kept, batch_size=2, process_index=0, process_count=1) as loader:
         assert len(loader) == 4
 
+
+
+def test_a_concatenations_names_are_one_a_part():
+    """names= was taken as given: a short list failed at the first record as an IndexError,
+    hiding the error it named a part for (parts of another structure); an int was a bare
+    TypeError; names alike were taken (the API audit)."""
+    a, b = jl.ArraySource({"x": np.zeros(4)}), jl.ArraySource({"y": np.zeros(4)})
+    for names in (["a"], 0, ["a", "a"], "ab"):
+        with pytest.raises(jl.ConfigError, match=r"ConcatSource\(names=...\): expected one name "
+                                                 r"a source, 2 distinct ones"):
+            jl.ConcatSource([a, b], names=names)
+    with pytest.raises(jl.ConfigError, match=r"Mixture\(names=...\)"):
+        jl.Mixture([a, a], {0: [0.5, 0.5]}, names=["a"])
+    assert jl.ConcatSource([a, b], names=("first", "second")).names == ["first", "second"]
+    assert jl.mix({0: a, 1: a}, {0: 0.5, 1: 0.5}).names == ["0", "1"]  # (jl.mix's keys)

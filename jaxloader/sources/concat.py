@@ -8,7 +8,7 @@ parts as over one source.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, ValuesView
+from collections.abc import Iterable, Iterator, Mapping, ValuesView
 from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import numpy as np
@@ -25,7 +25,8 @@ from jaxloader.sources.huggingface import adapt
 
 
 class ConcatSource:
-    """``sources[0]``'s records, then ``sources[1]``'s, and so on.
+    """``sources[0]``'s records, then ``sources[1]``'s, and so on. ``names``: one a source,
+    which messages name a part by (its place where left out).
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -64,7 +65,7 @@ class ConcatSource:
             except ConfigError as e:
                 raise ConfigError(f"ConcatSource: sources[{k}]: {e}") from None
         self.sources = list(sources)
-        self.names = None if names is None else [str(n) for n in names]  # (jl.mix's, if any)
+        self.names = None if names is None else _names(names, len(sources), type(self).__name__)
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.alike_arrays = _alike_arrays(self.sources)
         # In a worker, alike in-memory parts arrive as one array a leaf (see __getstate__):
@@ -380,3 +381,15 @@ def _merge_flat(pieces: list, n: int) -> dict | None:
             merged[run] = got[key]
         out[key] = merged
     return out
+
+
+def _names(names: Any, count: int, kind: str) -> list[str]:
+    """``names=``: one distinct name a source (``jl.mix``'s keys), for messages (a short list
+    failed at the first record as an ``IndexError``, hiding the error it named a part for)."""
+    listed = [str(n) for n in names] if isinstance(names, Iterable) and not isinstance(
+        names, (str, bytes, Mapping)) else []
+    if len(listed) != count or len(set(listed)) != count:
+        raise ConfigError(
+            f"{kind}(names=...): expected one name a source, {count} distinct ones, got "
+            f"{names!r:.120}; pass names=['a', 'b', ...] in the sources' order, or leave it out")
+    return listed
