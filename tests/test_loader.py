@@ -943,6 +943,11 @@ def test_a_device_prefetch_given_without_a_sharding_is_warned_of():
                                sharding=jax.devices()[0])
         assert placed.device_prefetch == 8
         assert jl.DataLoader(source, batch_size=4).device_prefetch == 2
+        # the options copied (a loader made in a worker: the workers audit) took the default
+        # 2 for one given, and said so
+        import dataclasses
+        from jaxloader.loaders.options import LoaderOptions
+        dataclasses.replace(LoaderOptions(num_workers=2, unplaced=True), auto_workers=False)
 
 
 def test_a_loop_over_epochs_around_passes_of_several_is_said_once():

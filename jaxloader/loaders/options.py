@@ -75,7 +75,6 @@ class LoaderOptions:
             "device_prefetch", self.device_prefetch, low=0,
             remedy="batches kept ready on device; 0 places each batch inside next()"))
         if given and self.device_prefetch and self.unplaced:  # (given, to no effect)
-            keep("unplaced", False)  # (said: not again by a copy, dataclasses.replace)
             warnings.warn(
                 f"device_prefetch={self.device_prefetch} without a sharding: batches stay "
                 "NumPy arrays on the host and none is placed ahead; pass sharding= (a device, "
@@ -83,6 +82,8 @@ class LoaderOptions:
                 "jax.set_mesh is not used without one: sharding=PartitionSpec('data')) to "
                 "have them placed on a thread ahead of next(), or leave device_prefetch out",
                 JaxloaderWarning, stacklevel=user_stacklevel())
+        keep("unplaced", False)  # (looked at once: a copy, dataclasses.replace, says nothing,
+        # and a default device_prefetch is not a given one there)
         if not isinstance(self.mask_key, str):
             raise ConfigError(
                 f"mask_key: expected a str (the name of the pad mask leaf), got "
