@@ -110,8 +110,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             device) or by ``next()`` in your thread (several devices;
             docs/guides/devices_and_hosts.md).
         device_prefetch: batches kept ready on device ahead of the consumer (with ``sharding``;
-            2 if not given); 0 places each batch in ``next()``. Given (above 0) without a sharding, it is
-            warned of: it acts on placed batches alone.
+            2 if not given); 0 places each batch in ``next()``. Given (above 0) without a
+            sharding, it is warned of: it acts on placed batches alone.
         stall_warning_s: with workers, a batch awaited this long, while the worker that holds
             it begins no step, is logged (``logging`` ``"jaxloader"``): which worker holds
             which step, for how long, its process state and Python stack; said again every
