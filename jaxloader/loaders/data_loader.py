@@ -275,6 +275,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._check_placement()
         self._progress.check()
         self._check_length()
+        if hasattr(self._engine, "copies"):  # (a worker pool's copies of the source's arrays)
+            self._engine.copies.check()
         peeker = copy.copy(self._maker)  # (a clock of its own: a peek is no batch of the
         peeker.clock = StageClock()  # stats; the maker's may be a device thread's meanwhile)
         batch, _ = made_here(peeker, self._progress.step)

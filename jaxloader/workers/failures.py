@@ -233,11 +233,11 @@ def stall_report(awaited: int, tasks: Iterable[Any], pids: list[int], board: Sta
                       "The workers:", *board.report(pids, where)])
 
 
-def pickled(maker: Any, init_fn: Any, keep: Callable[[Any], None]) -> bytes:
+def pickled(maker: Any, init_fn: Any, keep: Callable[[Any], None], note: Callable) -> bytes:
     """The workers' payload (``payload.dumps``); what cannot be pickled said by
     ``unpicklable`` (out of memory to share it in, or a Ctrl-C: said as it is)."""
     try:
-        return payload.dumps((maker, init_fn), keep)
+        return payload.dumps((maker, init_fn), keep, note)
     except SharedMemoryError:
         raise
     except Exception as e:

@@ -42,6 +42,7 @@ from jaxloader.base.columns import byte_span, memmap_under, overlapping
 from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
 from jaxloader.workers.by_value import GlobalsByName, importable, script_by_value
+from jaxloader.workers.source_copies import NOTED_MIN_BYTES
 from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
 
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
@@ -54,9 +55,10 @@ SPLIT_MIN_BYTES = 64 << 20  # copies over 64 MiB run on up to 4 threads: faultin
 
 
 class _Pickler(GlobalsByName):
-    def __init__(self, file: io.BytesIO, keep: Callable[[Segment], None]) -> None:
+    def __init__(self, file: io.BytesIO, keep: Callable[[Segment], None],
+                 note: Callable[[np.ndarray], None] | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._keep = keep
+        self._keep, self._note = keep, note or (lambda array: None)
         self._shared: dict[int, tuple[tuple, Any]] = {}
         self._mappings: _Mappings | None = None  # read at the first memmap
 
@@ -73,6 +75,8 @@ class _Pickler(GlobalsByName):
             return self._share_table(obj, modules)
         if type(obj) not in (np.ndarray, JoinedArrays, np.memmap) \
                 or obj.nbytes < SHARE_MIN_BYTES or obj.dtype.hasobject:
+            if type(obj) is np.ndarray and obj.nbytes >= NOTED_MIN_BYTES:
+                self._note(obj)  # (a copy in the pickle: as fixed as one in shared memory)
             return None
         ref, _ = self._shared.get(id(obj), (None, None))
         if ref is None and type(obj) is not JoinedArrays and overlapping(obj):
@@ -84,8 +88,10 @@ class _Pickler(GlobalsByName):
                 ends = np.cumsum([len(part) for part in obj.arrays])
                 for part, end in zip(obj.arrays, ends):
                     _copy(shared[end - len(part):end], part)
+                    self._note(part)
             else:
                 _copy(shared, obj)
+                self._note(obj)
             ref = ("shm", segment.name, segment.size, obj.shape, obj.dtype)  # (the dtype
             # itself: a bfloat16's or a structured dtype's .str is raw bytes, "<V2")
             self._shared[id(obj)] = ref, obj  # obj kept: its id is not reused while pickling
@@ -295,11 +301,13 @@ class _Unpickler(pickle.Unpickler):
         return array
 
 
-def dumps(obj: Any, keep: Callable[[Segment], None]) -> bytes:
-    """Pickles ``obj``; each shared segment is passed to ``keep`` (its owner must destroy it)."""
+def dumps(obj: Any, keep: Callable[[Segment], None],
+          note: Callable[[np.ndarray], None] | None = None) -> bytes:
+    """Pickles ``obj``; each shared segment is passed to ``keep`` (its owner must destroy it),
+    each array copied into one to ``note`` (``source_copies``)."""
     script_by_value()
     buffer = io.BytesIO()
-    _Pickler(buffer, keep).dump(obj)
+    _Pickler(buffer, keep, note).dump(obj)
     return buffer.getvalue()
 
 

@@ -24,13 +24,13 @@ batches, which then waited forever). Broken is a state: once a worker raises or 
 raises a ``WorkerError`` naming the worker, its pid, what it was doing and the remedy
 (``failures.py``), and so does every later call. A late batch is said (``StallWatch``).
 
-One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run may
-be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run holds
-``_driver`` (re-entrant) while it executes, never while suspended at a ``yield``, in ``with``
-blocks (no gap for a Ctrl-C between taking and owning it). ``close()`` takes it; if a run still
-holds it after ``_DRIVER_WAIT_S`` (a worker busy with a slow record), it kills the workers: the
-run's ``poll()`` sees their pipes close, the run breaks and closes the pool in its own thread,
-and ``close()`` gets the lock.
+One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run
+may be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run
+holds ``_driver`` (re-entrant) while it executes, never while suspended at a ``yield``, in
+``with`` blocks (no gap for a Ctrl-C between taking and owning it). ``close()`` takes it; if a
+run still holds it after ``_DRIVER_WAIT_S`` (a worker busy with a slow record), it kills the
+workers: the run's ``poll()`` sees their pipes close, the run breaks and closes the pool in
+its own thread, and ``close()`` gets the lock.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from jaxloader.workers.protocol import Done, Failed, Grow, Init, Said, Slot, Tas
 from jaxloader.workers.ring import SlotRing
 from jaxloader.workers.tasks import MAX_TASK_STEPS, Failure, InFlight, task_shape, timed_steps
 from jaxloader.workers.roster import Roster
+from jaxloader.workers.source_copies import Copies
 from jaxloader.runtime.shm import Segment, destroy_all
 from jaxloader.workers.status import StatusBoard
 
@@ -81,7 +82,8 @@ class WorkerPool:
         self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
         self._start_method, self._initial = start_method, num_workers
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
-        self._shared: list[Segment] = []  # source arrays shared with the workers
+        self._shared: list[Segment] = []  # source arrays shared with the workers, and
+        self.copies = Copies()  # their samples, looked at as each run begins and a peek
         self._broken: WorkerError | None = None
         self._closing = [False]  # close() began: a worker gone was killed by it, not dead
         self._mixed_up, self.restarts = False, 0  # a message an interrupt cut: restart them
@@ -95,7 +97,8 @@ class WorkerPool:
         self._environment = worker_environment(os.environ)  # (in the loader's thread: Roster)
         try:  # (a start refused or failed, too: its memory files and workers go with it)
             self._start()
-            self._blob = failures.pickled(maker, worker_init_fn, self._shared.append)
+            self._blob = failures.pickled(maker, worker_init_fn, self._shared.append,
+                                          self.copies.note)
         except BaseException:  # (a Ctrl-C too: a notebook keeps the frames, and the pool)
             self.close() if hasattr(self, "_finalizer") else self._destroy_shared()
             raise
@@ -122,8 +125,7 @@ class WorkerPool:
                 self._board.names(i), sys.argv, relay.settings()))
 
     @property
-    def active(self) -> int:
-        """Workers in use now."""
+    def active(self) -> int:  # workers in use now
         return self.roster.active
 
     def round_steps(self, streaming: bool) -> int:
@@ -153,6 +155,7 @@ class WorkerPool:
         """Batches of steps ``start, start+1, ...`` (to ``stop``, or endless), in order. A
         stream's run passes ``resets`` (each worker's reader state to continue from): step ``s``
         is then made by worker ``s % num_workers``, its reader state after it in ``reports``."""
+        self.copies.check()
         return self._batches(self._runs.made(), start, stop, resets, reports)
 
     def _batches(self, issued: int, start: int, stop: int | None, resets: list | None,
@@ -244,8 +247,7 @@ class WorkerPool:
 
     def _submit_block(self, start: int, stop: int | None, steps: int, run: int,
                       resets: list | None) -> int:
-        """Tasks for steps ``[start, end)``, ``steps`` a worker, each worker ``w`` those
-        ``= w mod N``; returns ``end``."""
+        """Tasks for ``[start, end)``, ``steps`` a worker ``w``, those ``= w mod N``: ``end``."""
         workers = self.roster.active
         end = start + workers * steps if stop is None else min(start + workers * steps, stop)
         for first in range(start, min(start + workers, end)):
@@ -364,7 +366,7 @@ class WorkerPool:
 
     def _restart(self) -> None:
         """New workers and ring after an interrupted run (its batches out stay readable), the
-        shared source arrays and payload reused; interrupted itself, it runs again next."""
+        shared arrays and payload reused; interrupted itself, it runs again next."""
         self._stop_workers()
         self._board.restarted()  # (before the new workers can write their rows)
         self._start()

@@ -480,3 +480,32 @@ def test_a_filtered_sources_record_is_named_by_its_pools_record_in_a_worker_too(
     finally:
         for segment in segments:
             segment.destroy()
+
+
+def test_a_source_array_changed_in_place_after_the_workers_copied_it_is_warned_of():
+    """Pseudo-labels written over labels[:] between epochs: num_workers=0 read them, the
+    workers their copy as the loader started, and peek() (made here) differed from the next()
+    after it, without a word (the workers audit). Looked at as each run begins and at a peek;
+    arrays left alone (NaN in them too) say nothing."""
+    import warnings
+
+    import jaxloader as jl
+
+    labels = np.zeros(4000, np.int64)  # (32 KB: in the pickle)
+    images = np.full((4000, 64), np.nan, np.float32)  # (1 MiB: in shared memory)
+    source = jl.ArraySource({"y": labels, "image": images})
+    with jl.DataLoader(source, batch_size=100, num_workers=2, process_index=0,
+                       process_count=1) as loader:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(2):
+                assert len(list(loader)) == 40  # (nothing changed: nothing said)
+            loader.peek()
+        labels[:] = 7
+        with pytest.warns(jl.JaxloaderWarning, match=r"the source's arrays changed since the "
+                          r"workers copied them \(an array of shape \(4000,\), int64\)"):
+            loader.peek()
+        images[5, 3] = 1.0  # (once a pool)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert int(next(iter(loader))["y"][0]) == 0  # (the copy, as said)

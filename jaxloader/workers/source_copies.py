@@ -1,0 +1,71 @@
+"""The source's arrays that the workers read copies of, looked at again as each run begins.
+
+The payload copies a source's in-memory arrays of 1 MiB or more into shared memory once, as
+the pool starts, and pickles smaller ones (``payload``): the workers read those copies. An
+array the training process changes in place afterwards (pseudo-labels written over
+``labels[:]``, a curriculum's weights) is then read changed with ``num_workers=0`` and as it
+was with workers, so the batches depend on the worker count, and ``peek()`` (made in the
+training process) differs from the ``next()`` after it, without a word. Each copied array (of
+``NOTED_MIN_BYTES`` or more, the first ``MAX_NOTED``) is sampled as it is copied (``SAMPLES``
+elements, evenly spaced, its last too), and the samples are compared as each run begins (an
+``iter()``) and at a ``peek()``: a change is warned of, once a pool. A change to fewer
+elements than the gap between samples may pass unseen.
+
+Example:
+    >>> import numpy as np, warnings
+    >>> labels = np.zeros(1 << 20, np.int8)
+    >>> copies = Copies()
+    >>> copies.note(labels)
+    >>> copies.changed()
+    []
+    >>> labels[:] = 7
+    >>> copies.changed()
+    ['an array of shape (1048576,), int8']
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
+
+SAMPLES = 4096  # elements looked at in each copied array (a fancy index: microseconds)
+NOTED_MIN_BYTES = 1024  # arrays pickled with the payload are noted from this size (labels)
+MAX_NOTED = 256  # arrays noted at most (a source of many small arrays: the first ones)
+
+
+class Copies:
+    """The arrays copied for the workers, each with its samples as copied."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._said = False
+
+    def note(self, array: np.ndarray) -> None:
+        """``array`` was copied for the workers as it is now."""
+        if array.size == 0 or array.dtype.hasobject or len(self._held) >= MAX_NOTED:
+            return
+        where = np.unique(np.linspace(0, array.size - 1, min(SAMPLES, array.size))
+                          .astype(np.int64))
+        self._held.append((array, where, array.flat[where].copy()))
+
+    def changed(self) -> list[str]:
+        """The arrays whose samples differ from their copies', each described."""
+        return [f"an array of shape {a.shape}, {a.dtype}" for a, where, then in self._held
+                if a.flat[where].tobytes() != then.tobytes()]  # (bits: NaN, NaT are alike)
+
+    def check(self) -> None:
+        """Warns, once, where an array the workers read a copy of has changed since."""
+        changed = [] if self._said or not self._held else self.changed()
+        if changed:
+            self._said = True
+            warnings.warn(
+                f"the source's arrays changed since the workers copied them "
+                f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): the workers "
+                "read the copy they took as the loader started, and num_workers=0 (and peek()) "
+                "the arrays as they are now, so the batches differ by the worker count; make a "
+                "new loader after changing the arrays (its workers copy them anew; load this "
+                "one's state_dict() into it to keep the position), or change the records in a "
+                "Map", JaxloaderWarning, stacklevel=user_stacklevel())
