@@ -47,7 +47,8 @@ class LoaderSave(ocp.args.CheckpointArgs):
     """Saves ``loader``'s position with ``LoaderCheckpointHandler``.
 
     Example:
-        >>> import tempfile, numpy as np, jaxloader as jl
+        >>> import tempfile, numpy as np, orbax.checkpoint as ocp, jaxloader as jl
+        >>> from jaxloader.checkpoint import LoaderRestore, LoaderSave
         >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
         ...                        process_index=0, process_count=1)
         >>> manager = ocp.CheckpointManager(tempfile.mkdtemp())

@@ -24,8 +24,9 @@ class WorkerStats(NamedTuple):
     """One worker process's work in the stats' window.
 
     Example:
-        >>> w = WorkerStats(worker=0, pid=123, batches=20, records=640, bytes=1 << 20,
-        ...                 busy_s=1.5, cpu_s=1.4, stages={"read": 0.5, "collate": 1.0})
+        >>> import jaxloader as jl
+        >>> w = jl.WorkerStats(worker=0, pid=123, batches=20, records=640, bytes=1 << 20,
+        ...                    busy_s=1.5, cpu_s=1.4, stages={"read": 0.5, "collate": 1.0})
         >>> w.busy_s
         1.5
     """
@@ -120,8 +121,9 @@ class LoaderStats(NamedTuple):
         window.
 
         Example:
-            >>> a = LoaderStats(batches=10, wait_s=5.0, run_s=1.0, wall_s=6.0)
-            >>> b = LoaderStats(batches=110, wait_s=5.5, run_s=10.5, wall_s=16.0)
+            >>> import jaxloader as jl
+            >>> a = jl.LoaderStats(batches=10, wait_s=5.0, run_s=1.0, wall_s=6.0)
+            >>> b = jl.LoaderStats(batches=110, wait_s=5.5, run_s=10.5, wall_s=16.0)
             >>> window = b.since(a)
             >>> window.batches, round(window.wait_fraction, 2), round(b.wait_fraction, 2)
             (100, 0.05, 0.34)

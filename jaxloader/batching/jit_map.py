@@ -92,11 +92,11 @@ class JitMap:
     integers that 32 bits cannot hold are refused, naming the leaf, not wrapped.
 
     Example:
-        >>> import jax, jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp, numpy as np, jaxloader as jl
         >>> def augment(r, key):
         ...     flip = jax.random.bernoulli(key)
         ...     return {"image": jnp.where(flip, r["image"][:, ::-1], r["image"]) / 255.0}
-        >>> t = JitMap(augment)
+        >>> t = jl.JitMap(augment)
         >>> out = t({"image": np.zeros((4, 8, 8), np.uint8)}, seed=0, epoch=0,
         ...         positions=np.arange(4))
         >>> out["image"].shape, out["image"].dtype

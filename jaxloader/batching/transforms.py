@@ -39,7 +39,8 @@ class Map:
     """A per-record transform ``fn(record) -> record``.
 
     Example:
-        >>> Map(lambda r: {"x": r["x"] / 255.0}).fn({"x": 255})
+        >>> import jaxloader as jl
+        >>> jl.Map(lambda r: {"x": r["x"] / 255.0}).fn({"x": 255})
         {'x': 1.0}
     """
 
@@ -58,9 +59,10 @@ class RandomMap:
     learning), where two loaders made with one seed draw the same numbers.
 
     Example:
-        >>> noise = RandomMap(lambda r, rng: r + rng.normal(size=r.shape))
-        >>> views = [RandomMap(lambda r, rng: {**r, "a": r["x"] * rng.uniform()}),
-        ...          RandomMap(lambda r, rng: {**r, "b": r["x"] * rng.uniform()})]
+        >>> import jaxloader as jl
+        >>> noise = jl.RandomMap(lambda r, rng: r + rng.normal(size=r.shape))
+        >>> views = [jl.RandomMap(lambda r, rng: {**r, "a": r["x"] * rng.uniform()}),
+        ...          jl.RandomMap(lambda r, rng: {**r, "b": r["x"] * rng.uniform()})]
     """
 
     def __init__(self, fn: Callable[[Any, np.random.Generator], Any]) -> None:
@@ -75,7 +77,8 @@ class BatchMap:
     """A transform of a whole collated batch ``fn(batch) -> batch`` (leaves keep the batch axis).
 
     Example:
-        >>> to_float = BatchMap(lambda b: {**b, "x": b["x"].astype("float32") / 255})
+        >>> import jaxloader as jl
+        >>> to_float = jl.BatchMap(lambda b: {**b, "x": b["x"].astype("float32") / 255})
     """
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
@@ -215,7 +218,8 @@ class Filter:
     ``DataLoader`` reads fixed positions: filter its source with ``FilteredSource`` instead.
 
     Example:
-        >>> long_enough = Filter(lambda r: len(r["text"]) >= 200)
+        >>> import jaxloader as jl
+        >>> long_enough = jl.Filter(lambda r: len(r["text"]) >= 200)
         >>> long_enough.fn({"text": "short"})
         False
     """

@@ -61,8 +61,9 @@ class Diagnosis(NamedTuple):
     table.
 
     Example:
-        >>> d = Diagnosis("workers", {"read": 0.1, "Map(decode)": 0.9}, ("num_workers=4",),
-        ...               batches=10, wait_fraction=0.5, num_workers=1)
+        >>> import jaxloader as jl
+        >>> d = jl.Diagnosis("workers", {"read": 0.1, "Map(decode)": 0.9}, ("num_workers=4",),
+        ...                  batches=10, wait_fraction=0.5, num_workers=1)
         >>> print(d)  # doctest: +NORMALIZE_WHITESPACE
         input bottleneck: workers (the consumer waited 50% of its time after the first batch;
         1 worker, 10 batches)

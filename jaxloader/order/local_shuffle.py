@@ -47,7 +47,8 @@ class LocalShuffle:
     1,024 records elsewhere.
 
     Example:
-        >>> LocalShuffle(window=4).window
+        >>> import jaxloader as jl
+        >>> jl.LocalShuffle(window=4).window
         4
     """
 

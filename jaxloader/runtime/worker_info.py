@@ -46,7 +46,8 @@ def get_worker_info() -> WorkerInfo | None:
     """``WorkerInfo(id, num_workers, seed)`` inside a worker process, ``None`` elsewhere.
 
     Example:
-        >>> get_worker_info() is None  # in the main process
+        >>> import jaxloader as jl
+        >>> jl.get_worker_info() is None  # in the main process
         True
     """
     return _INFO

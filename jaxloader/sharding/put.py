@@ -43,8 +43,9 @@ def data_sharding(mesh: Mesh, data_axis: str | tuple[str, ...] = "data") -> Name
     """The batch axis split over ``data_axis`` of ``mesh``; everything else replicated.
 
     Example:
+        >>> import jax, jaxloader as jl
         >>> mesh = jax.make_mesh((jax.device_count(), 1), ("data", "model"))
-        >>> data_sharding(mesh).spec == jax.sharding.PartitionSpec("data")
+        >>> jl.data_sharding(mesh).spec == jax.sharding.PartitionSpec("data")
         True
     """
     if not isinstance(mesh, Mesh):
@@ -346,8 +347,7 @@ class Putter:
         own part, and JAX compares none, so processes whose widths differ at a step hold
         global arrays of other shapes (each its own loss, replicated parameters drifting
         apart) until a collective's sizes differ; a width of the batch's own (a ``BatchMap``
-        padding to its batch's longest) is that, bucketing by length over the global batch
-        is not."""
+        padding to its batch's longest) is that, bucketing over the global batch is not."""
         kinds = [(np.shape(leaf)[1:], getattr(leaf, "dtype", None)) for leaf in leaves]
         if self._kinds is None or kinds == self._kinds:
             self._kinds = kinds

@@ -35,7 +35,8 @@ class ArraySource:
     what it changes.
 
     Example:
-        >>> src = ArraySource((np.arange(6).reshape(3, 2), np.array([7, 8, 9])))
+        >>> import numpy as np, jaxloader as jl
+        >>> src = jl.ArraySource((np.arange(6).reshape(3, 2), np.array([7, 8, 9])))
         >>> src[1]
         (array([2, 3]), np.int64(8))
     """

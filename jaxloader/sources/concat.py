@@ -127,8 +127,9 @@ class ConcatSource:
         fall in it and its own indices there. A cost of the batch, not of the parts.
 
         Example:
-            >>> both = ConcatSource([ArraySource(np.arange(3)), ArraySource(np.arange(2)),
-            ...                      ArraySource(np.arange(4))])
+            >>> import numpy as np, jaxloader as jl
+            >>> both = jl.ConcatSource([jl.ArraySource(np.arange(3)), jl.ArraySource(np.arange(2)),
+            ...                         jl.ArraySource(np.arange(4))])
             >>> read, rows, local = both.split(np.array([6, 0, 7]))
             >>> read, [r.tolist() for r in rows], [i.tolist() for i in local]
             ([0, 2], [[1], [0, 2]], [[0], [1, 2]])

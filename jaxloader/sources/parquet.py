@@ -60,7 +60,7 @@ class ParquetSource:
     process; with ``share_decoded`` (the default) workers decode each row group once for all.
 
     Example:
-        >>> import tempfile, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
+        >>> import tempfile, numpy as np, jaxloader as jl, pyarrow as pa, pyarrow.parquet as pq
         >>> path = tempfile.mkdtemp() + "/rows.parquet"
         >>> pq.write_table(pa.table({"id": list(range(100))}), path, row_group_size=10)
         >>> src = jl.ParquetSource(path, cache_bytes=64 << 20)

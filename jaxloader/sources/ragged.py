@@ -54,7 +54,8 @@ class RaggedSource:
         """Builds one from lists of 1-D arrays (or lists), one list per key.
 
         Example:
-            >>> RaggedSource.from_sequences({"t": [[1, 2], [3]]}, dtype=np.int32)[0]["t"]
+            >>> import numpy as np, jaxloader as jl
+            >>> jl.RaggedSource.from_sequences({"t": [[1, 2], [3]]}, dtype=np.int32)[0]["t"]
             array([1, 2], dtype=int32)
         """
         if not isinstance(columns, Mapping) and not (hasattr(columns, "columns") and callable(

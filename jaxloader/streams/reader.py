@@ -11,12 +11,12 @@
         restore reopens the shard there, reads the window again (each file checked unchanged)
         and skips `emitted`: nothing lost, nothing repeated, the state a few numbers.
 
-Each reader runs through its own epochs without end (a batch may hold the end of one epoch
-and the start of the next; an epoch whose shards hold no record is passed over), or up to the
+Each reader runs through its own epochs without end (a batch may hold the end of one epoch and
+the start of the next; an epoch whose shards hold no record is passed over), or up to the
 epoch a pass stops before (``until``; there an empty epoch is refused: a pass's last batches
-are padded with its records). Readers in one process read their own copies of the shards
-(each may be in another epoch). The order is fixed for a given ``(seed, process_count,
-num_workers)``; fewer shards than readers is refused as the loader is made.
+are padded with its records). Readers in one process read their own copies of the shards (each
+may be in another epoch). The order is fixed for a given ``(seed, process_count, num_workers)``;
+fewer shards than readers is refused as the loader is made.
 
 Example:
     >>> from jaxloader.streams.iterable_shards import IterableShard
@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxloader.base.abilities import OLDER, close_of
 from jaxloader.base.checks import check_bool, check_int
-from jaxloader.base.errors import ConfigError, JaxloaderError, JaxloaderWarning, RecordError
+from jaxloader.base.errors import ConfigError, JaxloaderError, JaxloaderWarning
 from jaxloader.base.errors import StateDictError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand, path_names
@@ -43,7 +43,7 @@ from jaxloader.streams.compressed import or_compressed
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.iterable_shards import generator_shards, mapped_shards
-from jaxloader.streams.origins import last_origin, opened, state_or_why
+from jaxloader.streams.origins import last_origin, opened, read_failed
 from jaxloader.streams.shard_state import (Crossings, checked_reader_state, copied,
                                            ends_there, left_early, plain, snapshot)
 from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
@@ -62,8 +62,9 @@ class Stream:
         shuffle_shards: reorder the shards every epoch (by the loader's seed).
 
     Example:
-        >>> stream = Stream.from_generator(lambda shard: range(shard * 10, shard * 10 + 3),
-        ...                                shards=4)
+        >>> import jaxloader as jl
+        >>> stream = jl.Stream.from_generator(lambda shard: range(shard * 10, shard * 10 + 3),
+        ...                                   shards=4)
         >>> len(stream.shards), stream.shards[1].name
         (4, '<lambda>[1]')
     """
@@ -132,9 +133,10 @@ class Stream:
         yielded again is warned of (``streams.refill_watch``).
 
         Example:
+            >>> import jaxloader as jl
             >>> def numbers(shard):
             ...     yield from range(shard * 100, shard * 100 + 3)
-            >>> Stream.from_generator(numbers, shards=2)
+            >>> jl.Stream.from_generator(numbers, shards=2)
             Stream(2 shards: numbers[0], numbers[1])
         """
         return cls(generator_shards(make, shards), **kwargs)
@@ -161,11 +163,12 @@ class Stream:
         names carry the function's code, so a state saved under another function is refused.
 
         Example:
-            >>> stream = Stream.from_generator(lambda i: ({"x": i} for _ in range(2)), shards=1)
-            >>> reader = StreamReader(stream.map(lambda r: {"y": r["x"] + 1}), reader=0,
-            ...                       readers=1)
-            >>> reader.reset(None); reader.next()
-            {'y': 1}
+            >>> import jaxloader as jl
+            >>> stream = jl.Stream.from_generator(lambda i: ({"x": i} for _ in range(2)), 1)
+            >>> loader = jl.StreamLoader(stream.map(lambda r: {"y": r["x"] + 1}), batch_size=2,
+            ...                          process_index=0, process_count=1)
+            >>> next(iter(loader))["y"].tolist()
+            [1, 1]
         """
         return Stream(mapped_shards(self.shards, fn),
                       shuffle_window=self.shuffle_window, shuffle_shards=self.shuffle_shards)
@@ -367,13 +370,7 @@ class StreamReader:
         except (StopIteration, JaxloaderError, JaxloaderWarning):  # (the last: jaxloader's
             raise  # check made an error, not the shard's)
         except Exception as e:
-            # the state is asked for here, not before every record (a Hugging Face shard's
-            # costs a copy of its state: 5 us of ~50 a record); a shard's state stays where
-            # it was when its next() raises (IterableShard counts only records returned)
-            raise RecordError(
-                f"stream shard {shard.name} (reader {self.reader}, epoch {self._epoch}) raised "
-                f"{type(e).__name__} at {state_or_why(shard)}: {e}"
-            ) from e
+            raise read_failed(shard, self.reader, self._epoch, e) from e
 
     def _start_epoch(self, epoch: int) -> None:
         n = len(self.stream.shards)

@@ -50,7 +50,8 @@ class Shard(Protocol):
         ...         self.left -= 1
         ...         return {"value": self.left + 1}
         ...     def get_state(self): return {"left": self.left}
-        >>> isinstance(Countdown(3), Shard)
+        >>> import jaxloader as jl
+        >>> isinstance(Countdown(3), jl.Shard)
         True
     """
 
@@ -260,10 +261,10 @@ class JsonlShard(_LineShard):
     ``"tokens": [5, 8, 13]`` would batch as 3 arrays of one number a record.
 
     Example:
-        >>> import tempfile, os
+        >>> import tempfile, os, jaxloader as jl
         >>> path = os.path.join(tempfile.mkdtemp(), "a.jsonl")
         >>> _ = open(path, "w").write('{"x": 1, "t": [5, 8]}\\n{"x": 2, "t": [1, 2]}\\n')
-        >>> shard = JsonlShard(path); shard.reset(); shard.next()
+        >>> shard = jl.JsonlShard(path); shard.reset(); shard.next()
         {'x': 1, 't': array([5, 8])}
     """
 
