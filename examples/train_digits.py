@@ -19,6 +19,7 @@ What it shows:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import json
 import os
@@ -99,11 +100,11 @@ def parse_args(argv: list[str] | None = None,
     ``--checkpoint-dir``'s default (the NNX example keeps its runs apart from this one's)."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1000, help="total training steps")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--steps", type=counted(1), default=1000, help="total training steps")
+    parser.add_argument("--batch-size", type=counted(1), default=64)
+    parser.add_argument("--workers", type=counted(0), default=2)
+    parser.add_argument("--seed", type=counted(0), default=0)
+    parser.add_argument("--save-every", type=counted(1), default=100)
     parser.add_argument("--checkpoint-dir", default=checkpoint_dir)
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint (the default when there is one)")
@@ -111,6 +112,20 @@ def parse_args(argv: list[str] | None = None,
                         help="delete --checkpoint-dir first and start a new run")
     parser.add_argument("--loss-log", help="append every step's loss here, as JSON lines")
     return parser.parse_args(argv)
+
+
+def counted(low: int) -> Any:
+    """An argparse type: an int of at least ``low`` (``--save-every 0`` failed inside Orbax as
+    a ZeroDivisionError)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
+        return value
+    return parse
 
 
 def digits_loader(args: argparse.Namespace, train: dict, mesh: jax.sharding.Mesh) -> jl.DataLoader:
@@ -135,10 +150,24 @@ def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
     """The run's Orbax ``CheckpointManager`` in ``--checkpoint-dir``, said where. A run found
     there is continued from its latest checkpoint (``args.resume`` set: running the command
     again after a crash or a Ctrl-C goes on); a run found finished is reported and the script
-    exits 0; ``--fresh`` deletes the directory first and starts over."""
+    exits 0; ``--fresh`` deletes the directory first and starts over. A directory this process
+    may not write, or one another run is training in, is said and the script exits 1 (Orbax's
+    save failed after the restore, and its threads then kept the process from ending)."""
     directory = os.path.abspath(args.checkpoint_dir)
     if args.fresh and os.path.isdir(directory):
         shutil.rmtree(directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        lock = open(os.path.join(directory, "run.lock"), "a")
+    except OSError as e:
+        raise SystemExit(f"cannot write checkpoints to {directory} ({e.strerror}); pass "
+                         "--checkpoint-dir a folder this process may write") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held while the process lives)
+    except BlockingIOError:
+        raise SystemExit(f"another run is training in {directory} (it holds run.lock there); "
+                         "wait for it to end, or pass another --checkpoint-dir") from None
+    _HELD.append(lock)
     manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
@@ -156,6 +185,23 @@ def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
           + (f"; continuing the run there from step {latest} (--fresh to start over)"
              if args.resume else "; run the same command again to continue after a stop"))
     return manager
+
+
+_HELD: list = []  # the run's lock, held while the process lives
+
+
+def loss_log(args: argparse.Namespace, step: int) -> Any:
+    """``--loss-log`` opened to append, past ``step`` (where the run continues): the lines of
+    later steps, a run stopped after its last checkpoint wrote them, are dropped, or the log
+    held those steps twice after a resume. ``None`` without ``--loss-log``."""
+    if not args.loss_log:
+        return None
+    if os.path.exists(args.loss_log):
+        with open(args.loss_log) as f:
+            kept = [line for line in f if json.loads(line).get("step", 0) <= step]
+        with open(args.loss_log, "w") as f:
+            f.writelines(kept)
+    return open(args.loss_log, "a")
 
 
 def report(step: int, loss: jax.Array, log: Any, progress: tqdm, loader: jl.DataLoader) -> None:
@@ -207,7 +253,7 @@ def main() -> None:
             state=ocp.args.StandardRestore(abstract), loader=LoaderRestore(loader)))
         state = restored["state"]
         print(f"resumed from step {step} (loader at epoch {loader.epoch}, step {loader.step})")
-    log = open(args.loss_log, "a") if args.loss_log else None
+    log = loss_log(args, step)
 
     with loader, jax.set_mesh(mesh):  # the mesh the jitted step's shardings refer to
         batches = iter(loader)

@@ -24,7 +24,7 @@ from jax.sharding import AxisType
 from tqdm import tqdm
 
 from jaxloader.checkpoint import LoaderRestore, LoaderSave
-from train_digits import (cross_entropy, digits_loader, digits_split, open_checkpoints,
+from train_digits import (cross_entropy, digits_loader, digits_split, loss_log, open_checkpoints,
                           parse_args, report)
 
 
@@ -68,7 +68,7 @@ def main() -> None:
         nnx.update(model, restored["state"]["model"])
         nnx.update(optimizer, restored["state"]["optimizer"])
         print(f"resumed from step {step} (loader at epoch {loader.epoch}, step {loader.step})")
-    log = open(args.loss_log, "a") if args.loss_log else None
+    log = loss_log(args, step)
 
     with loader, jax.set_mesh(mesh):
         batches = iter(loader)

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 import jaxloader as jl
 from jaxloader.checkpoint import LoaderRestore, LoaderSave
-from train_digits import open_checkpoints, report  # (examples/ is on the path when run)
+from train_digits import counted, loss_log, open_checkpoints, report  # (examples/ on the path)
 
 VOCAB = 257  # bytes + 1; 0 is padding
 
@@ -128,15 +128,16 @@ def next_token_loss(logits: jax.Array, batch: dict) -> jax.Array:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300, help="total training steps")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--length", type=int, default=256, help="tokens per packed row")
-    parser.add_argument("--files", type=int, default=200, help="standard-library modules read")
-    parser.add_argument("--held-out", type=int, default=10,
+    parser.add_argument("--steps", type=counted(1), default=300, help="total training steps")
+    parser.add_argument("--batch-size", type=counted(1), default=16)
+    parser.add_argument("--length", type=counted(1), default=256, help="tokens per packed row")
+    parser.add_argument("--files", type=counted(1), default=200,
+                        help="standard-library modules read")
+    parser.add_argument("--held-out", type=counted(0), default=10,
                         help="every n-th module is kept to evaluate on at the end (0: none)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--workers", type=counted(0), default=2)
+    parser.add_argument("--seed", type=counted(0), default=0)
+    parser.add_argument("--save-every", type=counted(1), default=50)
     parser.add_argument("--checkpoint-dir", default=os.path.join("checkpoints", "lm"))
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint (the default when there is one)")
@@ -184,7 +185,7 @@ def main() -> None:
             state=ocp.args.StandardRestore(abstract), loader=LoaderRestore(loader)))
         state = restored["state"]
         print(f"resumed from step {step} (loader at epoch {loader.epoch}, step {loader.step})")
-    log = open(args.loss_log, "a") if args.loss_log else None
+    log = loss_log(args, step)
 
     with loader, jax.set_mesh(mesh):
         batches = iter(loader)

@@ -76,6 +76,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
         done = _losses(cut / "losses.jsonl") if (cut / "losses.jsonl").exists() else []
         if done and done[-1]["step"] >= kill_after:
             break
+        assert proc.poll() is None, proc.communicate()[1][-3000:]  # (ended: said, not waited)
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
@@ -88,8 +89,9 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     assert "continuing the run there from step " in out
     resumed_from = int(out.split("resumed from step ")[1].split()[0])
     assert 0 < resumed_from <= killed_at and resumed_from % save_every == 0
-    resumed = _losses(cut / "losses.jsonl")[killed_at:]
-    assert [r["step"] for r in resumed] == list(range(resumed_from + 1, steps + 1))
+    logged = _losses(cut / "losses.jsonl")  # (each step once: the lines of the steps trained
+    assert [r["step"] for r in logged] == list(range(1, steps + 1))  # again were dropped)
+    resumed = logged[resumed_from:]
     mismatched = [r["step"] for r in resumed if r["loss"] != reference[r["step"]]]
     assert not mismatched, f"losses differ after the restore at steps {mismatched[:10]}"
     if not digits:  # the same model evaluated on the same held-out pass
@@ -186,3 +188,22 @@ def test_nnx_example_checkpoint_folder(monkeypatch, argv, expected):
     with pytest.raises(_Opened):
         train_digits_nnx.main()
     assert opened == [expected]
+
+
+def test_a_checkpoint_folder_in_use_or_a_bad_flag_is_refused(monkeypatch, tmp_path):
+    """A second run in one folder failed inside Orbax (a temporary step folder gone) and then
+    hung on Orbax's threads, as did a read-only folder; --save-every 0 was a ZeroDivisionError
+    in Orbax (the examples audit)."""
+    monkeypatch.syspath_prepend(EXAMPLES)
+    import train_digits
+
+    args = train_digits.parse_args(["--checkpoint-dir", str(tmp_path / "run"), "--steps", "5"])
+    train_digits.open_checkpoints(args).close()
+    with pytest.raises(SystemExit, match=r"another run is training in .*run \(it holds "
+                                         r"run.lock there\)"):
+        train_digits.open_checkpoints(args)
+    for flag in ("--save-every", "--steps", "--batch-size"):
+        with pytest.raises(SystemExit):
+            train_digits.parse_args([flag, "0"])
+    with pytest.raises(SystemExit):
+        train_digits.parse_args(["--workers", "-1"])

@@ -27,6 +27,7 @@ from jaxloader.loaders.diagnosis import cores_available
 from jaxloader.loaders.monitor import MAX_READ_WAIT_FACTOR
 from jaxloader.runtime.worker_info import get_worker_info
 
+MAX_DEVICE_PREFETCH = 4096  # batches kept on device at most (past 32 is warned of, elsewhere)
 StartMethod = Literal["exec", "fork"]
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
 
@@ -72,8 +73,9 @@ class LoaderOptions:
             remedy="tasks in flight per worker, a task up to 16 batches; 'auto' chooses"))
         given = self.device_prefetch is not None
         keep("device_prefetch", 2 if not given else check_int(
-            "device_prefetch", self.device_prefetch, low=0,
-            remedy="batches kept ready on device; 0 places each batch inside next()"))
+            "device_prefetch", self.device_prefetch, low=0, high=MAX_DEVICE_PREFETCH,
+            remedy="batches kept ready on device, each a batch of device memory; 0 places "
+                   "each batch inside next()"))
         if given and self.device_prefetch and self.unplaced:  # (given, to no effect)
             warnings.warn(
                 f"device_prefetch={self.device_prefetch} without a sharding: batches stay "

@@ -544,6 +544,11 @@ def test_a_device_prefetch_of_many_batches_is_warned_of():
             next(iter(loader))
     assert [str(w.message)[:45] for w in said] == [
         "device_prefetch=100 without a sharding: batch"]
+    # 10**9 was taken too, and iter() gave the device thread a permit each, for minutes (the
+    # API audit): refused past 4,096
+    with pytest.raises(jl.ConfigError, match=r"device_prefetch: expected an int in \[0, 4096\], "
+                                             r"got 1000000000; batches kept ready on device"):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, device_prefetch=10**9)
 
 
 def test_a_script_that_ends_with_its_loader_open_exits_cleanly():
