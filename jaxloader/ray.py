@@ -47,8 +47,8 @@ from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
 from jaxloader.ray_actor import MakerActor, actor_arguments, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
-from jaxloader.ray_tasks import (TaskQueues, check_session, get, lost_errors, session,
-                                 step_failed, steps_text, task_failed, task_steps)
+from jaxloader.ray_tasks import (RayStallWatch, TaskQueues, check_session, get, lost_errors,
+                                 session, step_failed, steps_text, task_failed, task_steps)
 from jaxloader.workers.failures import StallWatch, closed, unpicklable
 from jaxloader.workers.by_value import dumps_by_value
 from jaxloader.workers.payload import SHARE_MIN_BYTES
@@ -121,7 +121,7 @@ class RayWorkers:
     def engine(self, maker: Maker, stall_warning_s: float | None = None,
                label: str = "jaxloader") -> "RayEngine":
         """The engine of ``maker``'s batches on this many actors (what a loader calls)."""
-        return RayEngine(maker, self, StallWatch(stall_warning_s, None, label))
+        return RayEngine(maker, self, RayStallWatch(stall_warning_s, None, label))
 
 
 class RayEngine:

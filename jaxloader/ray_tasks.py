@@ -107,7 +107,18 @@ def get(ray: Any, ref: Any, wait_s: float | None, watch: StallWatch | None,
             if wait_s is not None and time.monotonic() - began >= wait_s:
                 raise
             watch.due(lambda: f"{said()} (Ray shows its stack: `ray stack` on its node, or the "
-                      "dashboard); RayWorkers(n, timeout_s=) kills an actor that takes longer")
+                      "dashboard)")
+
+
+class RayStallWatch(StallWatch):
+    """A ``StallWatch`` whose remedy for a wait too long is a Ray actor's (the loader's own
+    ``timeout_s`` is refused with Ray workers)."""
+
+    timed_out_by = "RayWorkers(n, timeout_s=) kills an actor that takes longer"
+
+
+SESSION_S = 1.0
+_SESSION_SEEN: dict[tuple, float] = {}  # a session -> until when it is taken as the one now
 
 
 def session(ray: Any) -> tuple:
@@ -123,12 +134,17 @@ def check_session(ray: Any, then: tuple) -> None:
     """Raises where the Ray session the actors started in (``then``) is gone: a ``ray.shutdown()``
     since (a notebook's cell), maybe a new ``ray.init()``. A task sent then started a new local
     cluster (Ray's own ``ray.init()``) and failed there after seconds, a bare ``Exception``
-    ("Can't find actor ... different cluster"), the new cluster left running."""
+    ("Can't find actor ... different cluster"), the new cluster left running. Ray shut down is
+    asked each call, another session at most every ``SESSION_S`` (Ray Client asks a server)."""
+    now = time.monotonic()
+    if ray.is_initialized() and now < _SESSION_SEEN.get(then, 0.0):
+        return
     if session(ray) != then:
         raise WorkerError(
             "the Ray session this loader's actors ran in is gone (ray.shutdown() since they "
             "started), and the actors with it; make a new loader (after ray.init()), and "
             "load this one's state_dict() into it to continue where it stopped")
+    _SESSION_SEEN[then] = now + SESSION_S
 
 
 def step_failed(actor: int, pid: int | None, failed: Any,

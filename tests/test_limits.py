@@ -83,13 +83,19 @@ def test_shared_memory_past_what_the_cgroup_leaves_is_refused_not_left_to_the_ke
     monkeypatch.setattr(limits, "_cgroups", lambda: [("", "/kubepods/pod1")])
     files["/sys/fs/cgroup/kubepods/pod1/memory.max"] = str(16 << 30)
     files["/sys/fs/cgroup/kubepods/pod1/memory.current"] = str(10 << 30)
-    files["/sys/fs/cgroup/kubepods/pod1/memory.stat"] = f"inactive_file {1 << 30}\nfile {3 << 30}\n"
-    assert limits.available_bytes() == 7 << 30 and limits.reservable_bytes() == 9 << 30
+    files["/sys/fs/cgroup/kubepods/pod1/memory.stat"] = (  # (file: shmem too, the loader's
+        f"inactive_file {1 << 30}\nactive_file {1 << 30}\nfile {5 << 30}\nshmem {3 << 30}\n")
+    assert limits.available_bytes() == 7 << 30 and limits.reservable_bytes() == 8 << 30
     monkeypatch.setattr(limits, "_meminfo", lambda key: {"MemAvailable:": 1 << 40,
                                                           "SwapFree:": 1 << 30}[key])
-    assert limits.reservable_bytes() == 10 << 30  # (shared pages may go to swap)
+    assert limits.reservable_bytes() == 9 << 30  # (shared pages may go to swap)
     monkeypatch.setattr(limits, "reservable_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(shm, "_ROOM", [0.0, 0])  # (measured again: not the last 0.5 s's)
     with pytest.raises(jl.SharedMemoryError, match=r"could not reserve 2,097,152 bytes .* "
                        r"1,048,576 bytes of memory are left"):
         shm.Segment.create(2 << 20)
-    shm.Segment.create(1 << 19).destroy()
+    shm.Segment.create(1 << 19).destroy()  # (what is left, measured again to refuse)
+    shm.Segment.create(1 << 19).destroy()  # (and what was reserved since counted: 0 left)
+    with pytest.raises(jl.SharedMemoryError):
+        monkeypatch.setattr(limits, "reservable_bytes", lambda: 0)
+        shm.Segment.create(1 << 12)

@@ -44,8 +44,9 @@ def available_bytes() -> int:
 def reservable_bytes() -> int:
     """The memory new shared pages may take before the kernel's out-of-memory killer ends a
     process (the largest, often the training process: a bare SIGKILL, no error): as
-    ``available_bytes``, but with the cgroup's whole file cache counted free (the kernel takes
-    it back before it kills) and free swap added (where shared pages may go); 2**62 where
+    ``available_bytes``, but with the cgroup's whole file cache counted free, active too (the
+    kernel takes it back before it kills; not its shared memory, the loader's own segments,
+    which the cache counts) and free swap added (where shared pages may go); 2**62 where
     unknown."""
     swap = _meminfo("SwapFree:") or 0
     available = _meminfo_available()
@@ -101,18 +102,19 @@ def _cpu_limits() -> list[float]:
 
 def _memory_limits(whole_cache: bool = False) -> list[tuple[int, int]]:
     """``(limit, used)`` of each memory limit on this process's cgroups; used less the file
-    cache the kernel takes back first (``whole_cache``: all of it)."""
+    cache the kernel takes back first (``whole_cache``: all of it, active too: never the
+    shared memory the cache counts, which no swap-less kernel takes back)."""
     found = []
     for controllers, path in _cgroups():
         for cgroup in _up(path):
             if controllers == "":
                 files = [(f"{root}{cgroup}/memory.max", f"{root}{cgroup}/memory.current",
-                          f"{root}{cgroup}/memory.stat", "file" if whole_cache else "inactive_file")
-                         for root in _ROOTS]
+                          f"{root}{cgroup}/memory.stat", ("active_file", "inactive_file")[
+                              not whole_cache:]) for root in _ROOTS]
             elif "memory" in controllers.split(","):
                 files = [(f"{folder}/memory.limit_in_bytes", f"{folder}/memory.usage_in_bytes",
                           f"{folder}/memory.stat",
-                          "total_cache" if whole_cache else "total_inactive_file")
+                          ("total_active_file", "total_inactive_file")[not whole_cache:])
                          for folder in _v1_folders(controllers, "memory", cgroup)]
             else:
                 continue
@@ -120,7 +122,8 @@ def _memory_limits(whole_cache: bool = False) -> list[tuple[int, int]]:
                 limit, used = _read(limit_file), _read(used_file)
                 if limit and used and limit.isdigit() and used.isdigit() and int(
                         limit) < 1 << 60:  # ("max"; v1's no limit is about 2**63)
-                    found.append((int(limit), max(0, int(used) - _stat(stat_file, cache))))
+                    found.append((int(limit), max(0, int(used) - sum(
+                        _stat(stat_file, key) for key in cache))))
     return found
 
 

@@ -392,5 +392,6 @@ def _names(names: Any, count: int, kind: str) -> list[str]:
     if len(listed) != count or len(set(listed)) != count:
         raise ConfigError(
             f"{kind}(names=...): expected one name a source, {count} distinct ones, got "
-            f"{names!r:.120}; pass names=['a', 'b', ...] in the sources' order, or leave it out")
+            f"{names!r:.120}; pass names=['a', 'b', ...] in the sources' order, or leave it out "
+            "(jl.mix's: its dict's keys, which must differ as str)")
     return listed

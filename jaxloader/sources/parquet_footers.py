@@ -338,14 +338,16 @@ def _chunk_bytes(chunk: Any) -> int:
     """A column chunk's decoded size: its uncompressed size, or more where its values are
     stored smaller than they decode (a dictionary's indices, runs: a label of 10 classes, a
     string repeated, 200 KB decoded from a 660-byte chunk): fixed-width values at their width,
-    a dictionary's strings at the mean length of their statistics' least and greatest. Under it,
-    a full shuffle said to fit the cache did not, unwarned."""
+    a dictionary's strings, where the chunk is smaller than plain pages' 4 bytes a value (pyarrow
+    names the dictionary of a chunk that fell back to plain pages too), at the shorter of its
+    statistics' least and greatest. Under it, a full shuffle said to fit the cache did not,
+    unwarned."""
     size, width = chunk.total_uncompressed_size, _WIDTHS.get(chunk.physical_type)
     if width is not None:
         return max(size, chunk.num_values * width)
-    stats = chunk.statistics
+    stats, values = chunk.statistics, chunk.num_values
     if chunk.physical_type != "BYTE_ARRAY" or stats is None or not stats.has_min_max or \
-            not any("DICTIONARY" in e for e in chunk.encodings):
+            size >= 4 * values or not any("DICTIONARY" in e for e in chunk.encodings):
         return size
-    ends = [len(v) for v in (stats.min_raw, stats.max_raw)]  # (bytes: not all text decodes)
-    return max(size, chunk.num_values * (4 + sum(ends) // 2))  # (4: a string's offset)
+    shorter = min(len(stats.min_raw), len(stats.max_raw))  # (bytes: not all text decodes)
+    return max(size, values * (4 + shorter))  # (4: a string's offset)

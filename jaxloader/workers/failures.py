@@ -137,6 +137,8 @@ class StallWatch:
     all are made, and a healthy worker making one every 0.1 s kept the consumer waiting 1.6 s,
     past a ``timeout_s`` of 1."""
 
+    timed_out_by = "timeout_s= makes a wait this long an error"  # (a Ray actor's: its own)
+
     def __init__(self, warn_s: float | None, timeout_s: float | None,
                  label: str = "jaxloader") -> None:
         self.warn_s, self.timeout_s, self.label = warn_s, timeout_s, label  # (label: which
@@ -195,10 +197,8 @@ class StallWatch:
                 + report() + "\n--- the loader is broken; fix what holds the worker, or raise "
                 "timeout_s, then create a new loader ---")
         if self.warn_s is not None and still >= self.warn_s * (self._warned + 1):
-            _LOG.warning(
-                "%s: %s: %s\nThe loader keeps waiting (timeout_s= makes a wait this "
-                "long an error; stall_warning_s= sets when this is said)", self.label, late,
-                report())
+            _LOG.warning("%s: %s: %s\nThe loader keeps waiting (%s; stall_warning_s= sets when "
+                         "this is said)", self.label, late, report(), self.timed_out_by)
             # the next at the first multiple of stall_warning_s after this one was made (a
             # report takes time): the (_warned + 1)-th
             self._warned = int((time.monotonic() - self._moved) // self.warn_s)

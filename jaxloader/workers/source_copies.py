@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import numpy as np
 
@@ -37,24 +38,27 @@ MAX_NOTED = 256  # arrays noted at most (a source of many small arrays: the firs
 
 
 class Copies:
-    """The arrays copied for the workers, each with its samples as copied."""
+    """The arrays copied for the workers (weakly: one made only to be pickled goes as it
+    did), each with its samples as copied."""
 
     def __init__(self) -> None:
-        self._held: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._held: dict[int, tuple[weakref.ref, np.ndarray, bytes]] = {}
         self._said = False
 
     def note(self, array: np.ndarray) -> None:
-        """``array`` was copied for the workers as it is now."""
-        if array.size == 0 or array.dtype.hasobject or len(self._held) >= MAX_NOTED:
+        """``array`` was copied for the workers as it is now (once: pickled again, by value)."""
+        if array.size == 0 or array.dtype.hasobject or len(self._held) >= MAX_NOTED or (
+                id(array) in self._held and self._held[id(array)][0]() is array):
             return
         where = np.unique(np.linspace(0, array.size - 1, min(SAMPLES, array.size))
                           .astype(np.int64))
-        self._held.append((array, where, array.flat[where].copy()))
+        self._held[id(array)] = weakref.ref(array), where, _at(array, where)
 
     def changed(self) -> list[str]:
-        """The arrays whose samples differ from their copies', each described."""
-        return [f"an array of shape {a.shape}, {a.dtype}" for a, where, then in self._held
-                if a.flat[where].tobytes() != then.tobytes()]  # (bits: NaN, NaT are alike)
+        """The arrays alive whose samples differ from their copies', each described."""
+        found = ((ref(), where, then) for ref, where, then in self._held.values())
+        return [f"an array of shape {a.shape}, {a.dtype}" for a, where, then in found
+                if a is not None and _at(a, where) != then]
 
     def check(self) -> None:
         """Warns, once, where an array the workers read a copy of has changed since."""
@@ -62,10 +66,18 @@ class Copies:
         if changed:
             self._said = True
             warnings.warn(
-                f"the source's arrays changed since the workers copied them "
-                f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): the workers "
-                "read the copy they took as the loader started, and num_workers=0 (and peek()) "
-                "the arrays as they are now, so the batches differ by the worker count; make a "
+                f"arrays the workers copied as the loader started (the source's, or a "
+                f"transform's) changed since ({', '.join(changed[:3])}"
+                f"{', ...' if len(changed) > 3 else ''}): the workers read the copy they took, "
+                "and num_workers=0 (and peek()) the arrays as they are now, so the batches "
+                "differ by the worker count; make a "
                 "new loader after changing the arrays (its workers copy them anew; load this "
                 "one's state_dict() into it to keep the position), or change the records in a "
                 "Map", JaxloaderWarning, stacklevel=user_stacklevel())
+
+
+def _at(array: np.ndarray, where: np.ndarray) -> bytes:
+    """The bytes of ``array``'s elements at flat positions ``where`` (compared as bits: NaN and
+    NaT are alike); a contiguous array's by one take (``flat`` costs ~100 us an array)."""
+    flat = array.reshape(-1) if array.flags.c_contiguous else array.flat
+    return np.asarray(flat[where]).tobytes()

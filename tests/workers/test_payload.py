@@ -502,8 +502,9 @@ def test_a_source_array_changed_in_place_after_the_workers_copied_it_is_warned_o
                 assert len(list(loader)) == 40  # (nothing changed: nothing said)
             loader.peek()
         labels[:] = 7
-        with pytest.warns(jl.JaxloaderWarning, match=r"the source's arrays changed since the "
-                          r"workers copied them \(an array of shape \(4000,\), int64\)"):
+        with pytest.warns(jl.JaxloaderWarning, match=r"arrays the workers copied as the "
+                          r"loader started \(the source's, or a transform's\) changed since "
+                          r"\(an array of shape \(4000,\), int64\)"):
             loader.peek()
         images[5, 3] = 1.0  # (once a pool)
         with warnings.catch_warnings():
