@@ -80,8 +80,8 @@ class JitMap:
     run ``jax.vmap``-ed over the batch and ``jax.jit``-compiled on the host CPU.
 
     ``key`` is a ``jax.random`` key a record, derived from ``(seed, epoch, position)``, so the
-    batch stays a pure function of its step (any worker count, a restore). Put NumPy ``Map``s
-    (decoding, Python logic) before it; ``BatchMap``s may follow. ``random``: whether ``fn``
+    batch stays a pure function of its step (any worker count, a restore). Put a NumPy ``Map``
+    (decoding, Python logic) before it; a ``BatchMap`` may follow. ``random``: whether ``fn``
     takes the key (by default: whether it takes two positional arguments without defaults, or
     ``*args``; ``fn(record, key=None)`` is warned of, left at its default key).
     ``chunk_bytes``: the batch runs a chunk of rows at a time, as many (a power of two) as
@@ -143,8 +143,8 @@ class JitMap:
 
     @property
     def settings(self) -> str:
-        """What changes the batches besides ``fn``'s code, for states' digests: ``random``
-        given against what ``fn``'s signature says (its keys, or none)."""
+        """What changes the batches besides ``fn``'s code, for states' digests (``random``
+        given against what ``fn``'s signature says, its keys or none)."""
         return "" if self.random == takes_key(self.fn) else f"random={self.random}"
 
     def fresh(self) -> JitMap:

@@ -270,7 +270,7 @@ class LoaderLifecycle(not_pickled.NotPickled):
 
     @property
     def num_epochs(self) -> int | None:
-        """Epochs per ``iter(loader)``; ``None``: endless."""
+        """Epochs per ``iter(loader)``, or ``None`` for endless."""
         return self._options.num_epochs
 
     @property

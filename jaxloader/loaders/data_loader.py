@@ -105,7 +105,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         mask_key: name of the mask leaf added by ``last_batch="pad"``.
         sharding: a ``jax.sharding.Sharding``, a pytree of them (a prefix of the batch), or
             ``jaxloader.data_sharding(mesh, "data")``; a ``PartitionSpec`` over the mesh of
-            ``jax.set_mesh``, or a device; batches are then global ``jax.Array``s
+            ``jax.set_mesh``, or a device; batches are then of global ``jax.Array`` leaves
             (``batch_size * process_count`` rows), placed ahead by a background thread (one
             device) or by ``next()`` in your thread (several devices;
             docs/guides/devices_and_hosts.md).

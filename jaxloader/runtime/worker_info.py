@@ -32,7 +32,7 @@ class WorkerInfo(NamedTuple):
 
     @property
     def dataset(self) -> NoReturn:
-        """Not given, unlike PyTorch's: raises an ``AttributeError`` that says what to do."""
+        """Not given, unlike PyTorch's (an ``AttributeError`` that says what to do)."""
         raise AttributeError(
             "WorkerInfo has no dataset (PyTorch's get_worker_info().dataset): open what a "
             "worker needs (a file, a client) lazily, on first use, in the source's "

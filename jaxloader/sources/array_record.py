@@ -84,8 +84,8 @@ class ArrayRecordSource:
 
     @property
     def fingerprint(self) -> str:
-        """The files' names (``path_names``: the same files elsewhere keep it) and record
-        counts: enough to tell other files, with no read."""
+        """The files' names (``path_names``, which the same files elsewhere keep) and record
+        counts, enough to tell other files, with no read."""
         return self._fingerprints()[0]
 
     @property

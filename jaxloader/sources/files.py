@@ -117,7 +117,7 @@ class FileListSource:
 
     @property
     def fingerprint(self) -> str:
-        """The files' names (``path_names``: the same files elsewhere keep it) and labels
+        """The files' names (``path_names``, which the same files elsewhere keep) and labels
         (reading every file would not be cheap)."""
         return self._fingerprints()[0]
 

@@ -197,7 +197,7 @@ class MapSource:
 
     @property
     def block_starts(self) -> np.ndarray | None:
-        """The source's blocks (row groups): a map keeps the records where they are."""
+        """The source's blocks (row groups), as a map keeps the records where they are."""
         return block_starts_of(self.source)
 
     def lengths(self, key: str) -> np.ndarray | None:

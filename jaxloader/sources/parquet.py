@@ -145,7 +145,7 @@ class ParquetSource:
 
     @property
     def block_starts(self) -> np.ndarray:
-        """Where each row group starts, and the row count last: ``LocalShuffle``'s blocks."""
+        """Where each row group starts, and the row count last (``LocalShuffle``'s blocks)."""
         return self._starts
 
     def file_identities(self) -> list[tuple[str, list[int]]]:
@@ -168,8 +168,8 @@ class ParquetSource:
 
     @property
     def fingerprint(self) -> str:
-        """The files' names (``path_names``), row counts and schema: other data, told with no
-        read (the files' bytes are named by ``file_identities``)."""
+        """The files' names (``path_names``), row counts and schema, which tell other data with
+        no read (the files' bytes are named by ``file_identities``)."""
         return parquet_footers.fingerprints(self)[0]
 
     @property
