@@ -429,3 +429,17 @@ def test_a_concatenations_names_are_one_a_part():
         jl.Mixture([a, a], {0: [0.5, 0.5]}, names=["a"])
     assert jl.ConcatSource([a, b], names=("first", "second")).names == ["first", "second"]
     assert jl.mix({0: a, 1: a}, {0: 0.5, 1: 0.5}).names == ["0", "1"]  # (jl.mix's keys)
+
+
+def test_labels_and_worker_counts_of_another_kind_are_refused_where_made():
+    """FileListSource(labels=0) was a bare TypeError (len of an int), and FilteredSource's
+    num_workers=[] or None ran in process, the truthiness of what was given (the API audit)."""
+    for labels in (0, "ab", {"a": 1, "b": 2}):
+        with pytest.raises(jl.ConfigError, match=r"FileListSource\(labels\): expected a list of "
+                                                 r"ints, one a path \(2\)"):
+            jl.FileListSource(["a.txt", "b.txt"], labels=labels)
+    source = jl.ArraySource({"x": np.arange(10)})
+    for count in ([], "", None, -1, 2.0):
+        with pytest.raises(jl.ConfigError, match=r"FilteredSource\(num_workers=...\): expected "
+                                                 r"an int"):
+            jl.FilteredSource(source, lambda r: True, num_workers=count)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
-from jaxloader.base.checks import record_index
+from jaxloader.base.checks import check_int, record_index
 from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
 from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
@@ -67,6 +67,8 @@ class FilteredSource:
     def __init__(self, source: Source, keep: Callable[[Any], Any] | Filter | None = None, *,
                  indices: np.ndarray | str | os.PathLike | None = None,
                  num_workers: int = 0) -> None:
+        num_workers = check_int("FilteredSource(num_workers=...)", num_workers, low=0,
+                                remedy="the workers that run keep over the source; 0: none")
         source = adapt(source)  # a datasets.Dataset: read (and kept) as NumPy
         refuse_mixture(source, "FilteredSource")
         n = check_source(source)

@@ -59,6 +59,10 @@ class FileListSource:
             raise ConfigError("FileListSource(paths): expected at least one path, got none")
         self.labels: np.ndarray | None = None
         if labels is not None:
+            if not hasattr(labels, "__len__") or isinstance(labels, (str, bytes, dict)):
+                raise ConfigError(f"FileListSource(labels): expected a list of ints, one a path "
+                                  f"({len(self.paths)}), got {type(labels).__name__} "
+                                  f"{labels!r:.80}")
             if len(labels) != len(self.paths):
                 raise ConfigError(
                     f"FileListSource(labels): expected one label per path ({len(self.paths)}), "
