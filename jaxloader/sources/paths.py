@@ -103,9 +103,13 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             if not os.path.isdir(path):
                 _no_braces(path, owner)
                 _not_expanded(path, owner, remote)
-            raise ConfigError(
-                f"{owner}(paths): {path!r} {what}; check the path, or pass the files' paths"
-            )
+            held = [f for f in left_out if f.startswith(os.path.join(path, ""))]
+            raise ConfigError(  # (a folder of TFDS's shards, x.array_record-00000-of-00002)
+                f"{owner}(paths): {path!r} {what}" + (
+                    f"; it holds {', '.join(repr(os.path.basename(f)) for f in held[:3])}"
+                    f"{f', ... ({len(held)} files)' if len(held) > 3 else ''}: to read them, "
+                    "pass a pattern that matches them (folder/*) or their paths" if held else
+                    "; check the path, or pass the files' paths"))
         out.extend(found)
         by.extend([path] * len(found))
     if not out:

@@ -107,8 +107,16 @@ def test_a_pattern_or_folder_with_no_file_is_named(tmp_path):
     with pytest.raises(jl.ConfigError, match=r"ParquetSource\(paths\): '.*nope-\*.parquet' "
                                              r"matches no file"):
         expand(str(tmp_path / "nope-*.parquet"), ".parquet", "ParquetSource")
-    with pytest.raises(jl.ConfigError, match=r"'.*empty' is a folder with no \*.parquet file"):
+    with pytest.raises(jl.ConfigError, match=r"'.*empty' is a folder with no \*.parquet file; "
+                                             r"it holds 'notes.txt': to read them, pass a "
+                                             r"pattern that matches them \(folder/\*\)"):
         expand(tmp_path / "empty", ".parquet", "ParquetSource")
+    # a folder of TFDS's shards (x.array_record-00000-of-00002) was 'a folder with no
+    # *.array_record file; check the path', naming none of them (the files audit)
+    touch(tmp_path / "tfds", "x.array_record-00000-of-00002", "x.array_record-00001-of-00002")
+    with pytest.raises(jl.ConfigError, match=r"it holds 'x.array_record-00000-of-00002', "
+                                             r"'x.array_record-00001-of-00002': to read them"):
+        expand(tmp_path / "tfds", ".array_record", "ArrayRecordSource")
     with pytest.raises(jl.ConfigError, match="expected at least one path, got none"):
         expand([], ".parquet", "ParquetSource")
 
