@@ -99,3 +99,18 @@ def test_shared_memory_past_what_the_cgroup_leaves_is_refused_not_left_to_the_ke
     with pytest.raises(jl.SharedMemoryError):
         monkeypatch.setattr(limits, "reservable_bytes", lambda: 0)
         shm.Segment.create(1 << 12)
+
+
+def test_a_containers_process_limit_is_named_beside_ulimit(files, monkeypatch):
+    """Under a pids cgroup limit (docker run --pids-limit) a worker that could not start was
+    told of ulimit -u's 96,364, nowhere near, and not of the limit reached (the workers audit)."""
+    monkeypatch.setattr(limits, "_cgroups", lambda: [("pids", "/docker/abc")])
+    assert limits.process_limits().startswith("ulimit -u ")
+    files["/sys/fs/cgroup/pids/docker/abc/pids.max"] = "11"
+    files["/sys/fs/cgroup/pids/docker/abc/pids.current"] = "11"
+    assert limits.process_limits().endswith(
+        "; a cgroup's pids.max 11, 11 in use (a container's --pids-limit)")
+    monkeypatch.setattr(limits, "_cgroups", lambda: [("", "/kubepods/pod1")])  # (v2, a pod)
+    files["/sys/fs/cgroup/kubepods/pod1/pids.max"] = "64"
+    files["/sys/fs/cgroup/kubepods/pod1/pids.current"] = "12"
+    assert "pids.max 64, 12 in use" in limits.process_limits()

@@ -55,6 +55,27 @@ def reservable_bytes() -> int:
     return min(found) if found else 1 << 62
 
 
+def process_limits() -> str:
+    """The limits on this user's processes and threads, for a message: ``ulimit -u``'s, and a
+    cgroup's ``pids.max`` with what it holds (a container's, ``docker run --pids-limit``, a
+    pod's), the limit reached there where ``ulimit -u`` was nowhere near."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    said = ["ulimit -u " + ("unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}")]
+    for controllers, path in _cgroups():
+        if controllers == "" or "pids" in controllers.split(","):
+            for cgroup in _up(path):
+                folders = [f"{root}{cgroup}" for root in _ROOTS] if controllers == "" else \
+                    _v1_folders(controllers, "pids", cgroup)
+                for folder in folders:
+                    limit, now = _read(f"{folder}/pids.max"), _read(f"{folder}/pids.current")
+                    if limit and limit.isdigit() and now and now.isdigit():
+                        said.append(f"a cgroup's pids.max {int(limit):,}, {int(now):,} in use "
+                                    "(a container's --pids-limit)")
+    return "; ".join(dict.fromkeys(said))
+
+
 def _cgroups() -> list[tuple[str, str]]:
     """``(controllers, path)`` of each of this process's cgroups (``/proc/self/cgroup``)."""
     try:  # (a cgroup's name may hold any bytes)

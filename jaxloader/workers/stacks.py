@@ -42,6 +42,7 @@ import time
 import traceback
 
 from jaxloader.runtime import shm
+from jaxloader.runtime.limits import process_limits
 
 _STACK_WAIT_S = 1.0  # how long a stall report waits for the workers' stacks (their threads)
 _STACK_SETTLE_S = 0.02  # a stack file that stopped growing this long is written
@@ -212,9 +213,8 @@ class WorkerStacks:
                 os.close(fd)
             raise RuntimeError(
                 f"{e}: a worker's own thread (its stacks, for stall reports) could not start: "
-                "this user's processes and threads are at their limit (ulimit -u "
-                f"{_process_limit()}), or memory is short; raise the limit, or use fewer "
-                "workers") from e
+                f"this user's processes and threads are at their limit ({process_limits()}), or "
+                "memory is short; raise the limit, or use fewer workers") from e
 
     def close(self) -> None:
         self._closed.set()
@@ -232,13 +232,6 @@ class WorkerStacks:
             os.close(ask_fd)
             if not self._crash_dumps:
                 os.close(self._stack_fd)
-
-
-def _process_limit() -> str:
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
 
 
 def _open_named(name: str, proc_prefix: str, flags: int) -> int:

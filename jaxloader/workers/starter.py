@@ -36,8 +36,7 @@ process leaves none of them. It ends when the training process closes its end (a
 starter per worker environment: a process whose environment changes (``OPENBLAS_NUM_THREADS``
 set between two loaders) gets a new one, since a fork would keep the libraries the first
 loaded under the old one; the old one is closed once none of its workers runs. A starter that
-has ended (killed) is replaced at the next worker's start. Only on Linux; elsewhere workers
-are exec'd one by one.
+has ended (killed) is replaced at the next worker's start. Linux only (elsewhere: exec'd).
 
 Example:
     >>> import os, sys
@@ -68,6 +67,7 @@ import threading
 from typing import Any, Mapping, NoReturn, Sequence
 
 from jaxloader.base.errors import JaxloaderError
+from jaxloader.runtime.limits import process_limits
 from jaxloader.workers import launch, protocol
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
@@ -138,8 +138,8 @@ class Starter:
                 raise
             if reply[0] != "started":
                 raise OSError(f"the worker starter (pid {self.pid}) could not fork a worker: "
-                              f"{reply[1]}; free memory or processes (ulimit -u), or ask for "
-                              "fewer num_workers")
+                              f"{reply[1]}; free memory or processes ({process_limits()}), or "
+                              "ask for fewer num_workers")
             self._running.add(reply[1])
         finally:
             with self._tally:
