@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import flax.linen as nn
@@ -154,20 +155,21 @@ def open_checkpoints(args: argparse.Namespace) -> ocp.CheckpointManager:
     may not write, or one another run is training in, is said and the script exits 1 (Orbax's
     save failed after the restore, and its threads then kept the process from ending)."""
     directory = os.path.abspath(args.checkpoint_dir)
-    if args.fresh and os.path.isdir(directory):
-        shutil.rmtree(directory)
-    try:
+    try:  # (the lock beside the folder: --fresh deletes the folder, and would its lock)
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        lock = open(directory + ".lock", "a")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held while the process lives)
+        _HELD.append(lock)
+        if args.fresh and os.path.isdir(directory):
+            shutil.rmtree(directory)
         os.makedirs(directory, exist_ok=True)
-        lock = open(os.path.join(directory, "run.lock"), "a")
+        os.unlink(tempfile.mkstemp(dir=directory)[1])  # (the folder itself is written)
+    except BlockingIOError:
+        raise SystemExit(f"another run is training in {directory} (it holds {directory}.lock); "
+                         "wait for it to end, or pass another --checkpoint-dir") from None
     except OSError as e:
         raise SystemExit(f"cannot write checkpoints to {directory} ({e.strerror}); pass "
                          "--checkpoint-dir a folder this process may write") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held while the process lives)
-    except BlockingIOError:
-        raise SystemExit(f"another run is training in {directory} (it holds run.lock there); "
-                         "wait for it to end, or pass another --checkpoint-dir") from None
-    _HELD.append(lock)
     manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(save_interval_steps=args.save_every, max_to_keep=2),
@@ -191,17 +193,27 @@ _HELD: list = []  # the run's lock, held while the process lives
 
 
 def loss_log(args: argparse.Namespace, step: int) -> Any:
-    """``--loss-log`` opened to append, past ``step`` (where the run continues): the lines of
-    later steps, a run stopped after its last checkpoint wrote them, are dropped, or the log
-    held those steps twice after a resume. ``None`` without ``--loss-log``."""
+    """``--loss-log`` opened to append; a run resumed at ``step`` first drops its lines of
+    later steps, which the run stopped after its last checkpoint wrote (the log held those
+    steps twice after a resume; lines of no step are kept). ``None`` without ``--loss-log``."""
     if not args.loss_log:
         return None
-    if os.path.exists(args.loss_log):
+    if step > 0 and os.path.exists(args.loss_log):
         with open(args.loss_log) as f:
-            kept = [line for line in f if json.loads(line).get("step", 0) <= step]
+            kept = [line for line in f if _logged_step(line) <= step]
         with open(args.loss_log, "w") as f:
             f.writelines(kept)
     return open(args.loss_log, "a")
+
+
+def _logged_step(line: str) -> int:
+    """A loss log line's step; 0 for a line of none (kept)."""
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return 0
+    return found.get("step", 0) if isinstance(found, dict) and isinstance(
+        found.get("step", 0), int) else 0
 
 
 def report(step: int, loss: jax.Array, log: Any, progress: tqdm, loader: jl.DataLoader) -> None:

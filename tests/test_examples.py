@@ -64,7 +64,7 @@ def test_killed_training_resumes_with_the_same_losses(tmp_path, run):
     digits = run.startswith("digits")
     assert ("test accuracy" if digits else "final loss") in out
     if run == "digits, Flax NNX":  # its own run's folder, not the Linen one's (it took it)
-        assert sorted(os.listdir(whole / "checkpoints")) == ["digits_nnx"]
+        assert sorted(os.listdir(whole / "checkpoints")) == ["digits_nnx", "digits_nnx.lock"]
     if not digits:  # it learns: the loss at the end is well below the start
         assert reference[steps] < 0.75 * reference[1], (reference[1], reference[steps])
         files = int(args[args.index("--files") + 1])
@@ -199,9 +199,21 @@ def test_a_checkpoint_folder_in_use_or_a_bad_flag_is_refused(monkeypatch, tmp_pa
 
     args = train_digits.parse_args(["--checkpoint-dir", str(tmp_path / "run"), "--steps", "5"])
     train_digits.open_checkpoints(args).close()
-    with pytest.raises(SystemExit, match=r"another run is training in .*run \(it holds "
-                                         r"run.lock there\)"):
-        train_digits.open_checkpoints(args)
+    (tmp_path / "run" / "kept").touch()
+    for again in ([], ["--fresh"]):  # (--fresh deleted the folder, the run's lock with it)
+        with pytest.raises(SystemExit, match=r"another run is training in .*run \(it holds "
+                                             r".*run.lock\)"):
+            train_digits.open_checkpoints(train_digits.parse_args([*again, "--checkpoint-dir",
+                                                                   str(tmp_path / "run")]))
+    assert (tmp_path / "run" / "kept").exists()
+    # a resumed run's log drops the steps past its checkpoint, keeps lines of no step; a new
+    # run's appends
+    log = tmp_path / "losses.jsonl"
+    log.write_text('{"step": 1}\n\n{"step": 2}\nnot json\n{"step": 3}\n')
+    train_digits.loss_log(train_digits.parse_args(["--loss-log", str(log)]), 2).close()
+    assert log.read_text() == '{"step": 1}\n\n{"step": 2}\nnot json\n'
+    train_digits.loss_log(train_digits.parse_args(["--loss-log", str(log)]), 0).close()
+    assert log.read_text().count("step") == 2
     for flag in ("--save-every", "--steps", "--batch-size"):
         with pytest.raises(SystemExit):
             train_digits.parse_args([flag, "0"])

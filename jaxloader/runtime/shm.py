@@ -34,7 +34,6 @@ import os
 import resource
 import secrets
 import sys
-import time
 from multiprocessing import resource_tracker
 from typing import Any
 
@@ -279,7 +278,10 @@ def reserve(fd: int, size: int, where: str) -> None:
     """Sizes the file and reserves its pages, or raises ``SharedMemoryError`` (a file-size
     limit, ``ulimit -f``, too: memory files count against it, and its bare "File too large"
     was blamed on the source's pickling)."""
-    room = _room(size)  # (a cgroup's limit fails no reservation: the kernel kills)
+    from jaxloader.runtime.limits import reservable_bytes
+
+    room = reservable_bytes()  # (a cgroup's limit fails no reservation: the kernel kills.
+    # Each time, ~0.15 ms: a measure kept 0.5 s missed what the workers took meanwhile)
     if size > room:
         raise SharedMemoryError(
             f"shared memory: could not reserve {size:,} bytes in {where}: {room:,} bytes of "
@@ -287,7 +289,6 @@ def reserve(fd: int, size: int, where: str) -> None:
             "uses, with free swap), and the kernel would end a process without an error "
             "rather than refuse the reservation. Use smaller batches, fewer workers or "
             "prefetch, or free memory (or raise the container's memory limit).")
-    _ROOM[1] -= size
     try:
         os.ftruncate(fd, size)
         if hasattr(os, "posix_fallocate"):  # (macOS has none: its pages come as written)
@@ -308,22 +309,6 @@ def reserve(fd: int, size: int, where: str) -> None:
                + ("; in a container, give it a larger /dev/shm (docker run --shm-size=2g)"
                   if where == "/dev/shm" else "")) + "."
         ) from None
-
-
-_ROOM = [0.0, 0]  # (when to measure again, bytes left then less those reserved since)
-ROOM_S = 0.5  # reservable_bytes() (~0.15 ms) is measured at most this often, unless refusing
-
-
-def _room(size: int) -> int:
-    """The memory left to reserve ``size`` in (``limits.reservable_bytes``): measured at most
-    every ``ROOM_S`` (a ring's slots are made in hundreds), less what was reserved since, and
-    measured again before a refusal (segments freed since are not counted)."""
-    from jaxloader.runtime.limits import reservable_bytes
-
-    now = time.monotonic()
-    if now >= _ROOM[0] or size > _ROOM[1]:
-        _ROOM[:] = [now + ROOM_S, reservable_bytes()]
-    return int(_ROOM[1])
 
 
 def _free(where: str) -> str:

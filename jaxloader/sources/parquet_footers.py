@@ -338,16 +338,17 @@ def _chunk_bytes(chunk: Any) -> int:
     """A column chunk's decoded size: its uncompressed size, or more where its values are
     stored smaller than they decode (a dictionary's indices, runs: a label of 10 classes, a
     string repeated, 200 KB decoded from a 660-byte chunk): fixed-width values at their width,
-    a dictionary's strings, where the chunk is smaller than plain pages' 4 bytes a value (pyarrow
-    names the dictionary of a chunk that fell back to plain pages too), at the shorter of its
-    statistics' least and greatest. Under it, a full shuffle said to fit the cache did not,
-    unwarned."""
+    a dictionary's strings, where its data pages (the chunk less its dictionary page) hold under
+    plain pages' 4 bytes a value (pyarrow names the dictionary of a chunk that fell back to
+    plain pages too), at the mean length of its statistics' least and greatest (more is a
+    warning too many; less, a slow shuffle unwarned)."""
     size, width = chunk.total_uncompressed_size, _WIDTHS.get(chunk.physical_type)
     if width is not None:
         return max(size, chunk.num_values * width)
     stats, values = chunk.statistics, chunk.num_values
     if chunk.physical_type != "BYTE_ARRAY" or stats is None or not stats.has_min_max or \
-            size >= 4 * values or not any("DICTIONARY" in e for e in chunk.encodings):
+            not chunk.has_dictionary_page or chunk.total_compressed_size - (
+                chunk.data_page_offset - chunk.dictionary_page_offset) >= 4 * values:
         return size
-    shorter = min(len(stats.min_raw), len(stats.max_raw))  # (bytes: not all text decodes)
-    return max(size, values * (4 + shorter))  # (4: a string's offset)
+    mean = (len(stats.min_raw) + len(stats.max_raw)) // 2  # (bytes: not all text decodes)
+    return max(size, values * (4 + mean))  # (4: a string's offset)

@@ -164,10 +164,11 @@ class Stream:
 
         Example:
             >>> import jaxloader as jl
-            >>> stream = jl.Stream.from_generator(lambda i: ({"x": i} for _ in range(2)), 1)
-            >>> loader = jl.StreamLoader(stream.map(lambda r: {"y": r["x"] + 1}), batch_size=2,
-            ...                          process_index=0, process_count=1)
-            >>> next(iter(loader))["y"].tolist()
+            >>> stream = jl.Stream.from_generator(lambda i: ({"x": i} for _ in range(2)),
+            ...                                   shards=1)
+            >>> with jl.StreamLoader(stream.map(lambda r: {"y": r["x"] + 1}), batch_size=2,
+            ...                      process_index=0, process_count=1) as loader:
+            ...     next(iter(loader))["y"].tolist()
             [1, 1]
         """
         return Stream(mapped_shards(self.shards, fn),
