@@ -363,12 +363,17 @@ def check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback
     # the task failed as a whole: 2 or 4 batches handed out (of the 9 before the step in
     # process and with local workers), the task's first step named, no traceback
     source = jl.ArraySource({"x": np.zeros((200, 2), np.float32), "y": np.arange(200)})
-    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(fails_at_37)],
-                       process_index=0, process_count=1, workers=RayWorkers(2)) as on_ray:
-        made = []
-        with pytest.raises(jl.WorkerError) as raised:
-            for batch in on_ray:
-                made.append(batch)
+
+    def until_raised(transform):  # the batches made, and the error
+        with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(transform)],
+                           process_index=0, process_count=1, workers=RayWorkers(2)) as on_ray:
+            made = []
+            with pytest.raises(jl.WorkerError) as raised:
+                for batch in on_ray:
+                    made.append(batch)
+        return made, raised
+
+    made, raised = until_raised(fails_at_37)
     said = str(raised.value)
     assert len(made) == 9 and "raised at step 9 " in said, (len(made), said)
     assert "ValueError: record 37 is bad" in said and "--- traceback in the actor ---" in said
@@ -376,12 +381,7 @@ def check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback
     assert re.search(r'test_ray\.py", line \d+, in fails_at_37\n +raise ValueError', said), said
     # a transform's sys.exit() ended the actors, one after another, the step never named
     # (the Ray audit): raised at its step, as a local worker's
-    with jl.DataLoader(source, batch_size=4, transforms=[jl.Map(exits_at_37)],
-                       process_index=0, process_count=1, workers=RayWorkers(2)) as on_ray:
-        made = []
-        with pytest.raises(jl.WorkerError) as raised:
-            for batch in on_ray:
-                made.append(batch)
+    made, raised = until_raised(exits_at_37)
     assert len(made) == 9 and "raised at step 9 " in str(raised.value), str(raised.value)
     assert "SystemExit: 3" in str(raised.value), str(raised.value)
     counts = []
