@@ -728,7 +728,8 @@ def test_a_loader_used_after_ray_shutdown_says_its_session_is_gone():
     running (the Ray audit)."""
     kept = builtins.print, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False,  # (its own, not the
+                 log_to_driver=False)  # cluster another test's process runs meanwhile)
         on_ray = loader(workers=RayWorkers(1))
         it = iter(on_ray)
         next(it)
