@@ -70,10 +70,10 @@ class Copies:
                 f"transform's) changed since ({', '.join(changed[:3])}"
                 f"{', ...' if len(changed) > 3 else ''}): the workers read the copy they took, "
                 "and num_workers=0 (and peek()) the arrays as they are now, so the batches "
-                "differ by the worker count; make a "
-                "new loader after changing the arrays (its workers copy them anew; load this "
-                "one's state_dict() into it to keep the position), or change the records in a "
-                "Map", JaxloaderWarning, stacklevel=user_stacklevel())
+                "differ by the worker count; make a new loader after changing the arrays (its "
+                "workers copy them anew; load this one's state_dict() into it to keep the "
+                "position), or change the records in a Map", JaxloaderWarning,
+                stacklevel=user_stacklevel())
 
 
 def _at(array: np.ndarray, where: np.ndarray) -> bytes:
