@@ -727,7 +727,8 @@ def test_a_loader_used_after_ray_shutdown_says_its_session_is_gone():
     Exception ("Can't find actor ... different cluster"), and close() started one too, left
     running (the Ray audit)."""
     kept = builtins.print, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    environment = dict(os.environ)  # (a local Ray sets PYTHONBREAKPOINT to its own debugger
+    try:  # here, which this process's later tests' scripts then inherited)
         ray.init(address="local", num_cpus=1, include_dashboard=False,  # (its own, not the
                  log_to_driver=False)  # cluster another test's process runs meanwhile)
         on_ray = loader(workers=RayWorkers(1))
@@ -742,6 +743,8 @@ def test_a_loader_used_after_ray_shutdown_says_its_session_is_gone():
         assert not ray.is_initialized()
     finally:
         ray.shutdown()
+        os.environ.clear()
+        os.environ.update(environment)
         builtins.print = kept[0]
         for number, handler in kept[1].items():
             signal.signal(number, handler)
