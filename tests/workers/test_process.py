@@ -361,8 +361,11 @@ def test_workers_are_ended_before_the_trainer_where_memory_runs_out():
 
     with jl.DataLoader(jl.ArraySource({"x": np.arange(40)}), batch_size=4,
                        num_workers=2) as loader:
-        next(iter(loader))
-        assert [adj(pid) for pid in loader.worker_pids] == [min(1000, adj("self") + 1000)] * 2
+        next(iter(loader))  # (worker 0's batch: worker 1 may be starting still)
+        deadline = time.monotonic() + 10
+        while [adj(pid) for pid in loader.worker_pids] != [min(1000, adj("self") + 1000)] * 2:
+            assert time.monotonic() < deadline, [adj(pid) for pid in loader.worker_pids]
+            time.sleep(0.01)
 
 
 def test_workers_started_from_a_thread_that_ends_outlive_that_thread():
