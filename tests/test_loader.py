@@ -614,6 +614,23 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
         ckpt.restore_into(tmp_path / "process_0-of-1.json", loader)
 
 
+@pytest.mark.parametrize("call, said", [
+    # (each was a bare ValueError from NumPy, a hang making shards, or a failure at a later step)
+    (lambda: jl.DataLoader(np.arange(10), batch_size=10**30, process_index=0, process_count=1),
+     r"batch_size: expected an int in \[1, 2147483648\], got 10{30}"),
+    (lambda: jl.DataLoader(np.arange(10), batch_size=2**40, process_index=0, process_count=1),
+     r"batch_size: expected an int in \[1, 2147483648\]"),
+    (lambda: jl.Stream.from_generator(lambda i: range(3), shards=10**30),
+     r"Stream.from_generator\(shards\): expected an int in \[1, 1048576\]"),
+    (lambda: jl.Pad("x", length=10**30), r"Pad\(length\) of 'x': expected an int <= 2\*\*62"),
+    (lambda: jl.mix([np.arange(10), np.arange(5)], weights=[1, 1], from_step={10**30: [1, 2]}),
+     r"mix\(from_step=...\) step: expected an int <= 2\*\*62"),
+], ids=["batch_size", "batch_size_2**40", "shards", "Pad_length", "from_step"])
+def test_an_absurd_size_is_refused_where_it_is_given(call, said):
+    with pytest.raises(jl.ConfigError, match=said):
+        call()
+
+
 class _OneBad:
     """13 records; record 1 cannot be read (a missing file)."""
 

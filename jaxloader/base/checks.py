@@ -28,6 +28,10 @@ Int = Union[int, np.integer, SupportsIndex]  # a count or a seed as a user's cod
 # (transforms.RecordRng): positions < 2**40 (1e12 records), epochs < 2**24 (EPOCH_LIMIT)
 POSITION_BITS = 40
 EPOCH_LIMIT = 1 << (64 - POSITION_BITS)
+# A count, size or step past 2**62 is a typo, and NumPy's int64 (positions, steps) holds none:
+# refused by check_int where it is given, not as a bare overflow or a hang later
+INT_LIMIT = 1 << 62
+BATCH_LIMIT = 1 << 31  # a batch's records: its rows are arrays of them, made at the start
 
 
 def past_epochs(step: int, epoch: int) -> ConfigError:
@@ -53,10 +57,11 @@ def check_positions(positions: int, random: bool) -> None:
 
 def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,
               error: type[Exception] = ConfigError) -> int:
-    """``value`` as an int if it is one (not a bool) in ``[low, high]``; else ``error`` naming
-    ``name``, what was expected, what came, and ``remedy``. An argument's 0-d integer array
-    (a JAX scalar, ``jnp.int32(3)``, or NumPy's) is its int, as ``range()`` takes it; a
-    state's values (``StateDictError``) are checked as they are used, Python's or NumPy's ints.
+    """``value`` as an int if it is one (not a bool) in ``[low, high]`` (``high`` None:
+    ``INT_LIMIT``, 2**62); else ``error`` naming ``name``, what was expected, what came, and
+    ``remedy``. An argument's 0-d integer array (a JAX scalar, ``jnp.int32(3)``, or NumPy's)
+    is its int, as ``range()`` takes it; a state's values (``StateDictError``) are checked as
+    they are used, Python's or NumPy's ints.
 
     Example:
         >>> check_int("seed", np.array(7, np.uint32), low=0, remedy="a seed")
@@ -66,8 +71,9 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
         value = scalar_int(value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise error(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+    if value < low or value > (INT_LIMIT if high is None else high):
+        bound = (f">= {low}" if value < low else f"<= 2**62 ({INT_LIMIT:,})") if high is None \
+            else f"in [{low}, {high}]"
         raise error(f"{name}: expected an int {bound}, got {value}; {remedy}")
     return int(value)
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
+from jaxloader.base.checks import (BATCH_LIMIT, EPOCH_LIMIT, MASK64, check_int,
+                                    past_epochs)
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
@@ -47,7 +48,7 @@ class MixtureSampler:
         order. ``memo_stride``: the steps of a span are memoised in ``memo_stride`` classes
         (``step % memo_stride``), computed when first asked for: with ``N`` workers, worker
         ``s % N`` usually makes step ``s`` (the pool prefers it), so each computes its own."""
-        batch_size = check_int("batch_size", batch_size, low=1,
+        batch_size = check_int("batch_size", batch_size, low=1, high=BATCH_LIMIT,
                                remedy="pass a positive batch size per process")
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         process_count = check_int("process_count", process_count, low=1,

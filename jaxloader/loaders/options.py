@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
-from jaxloader.base.checks import Int, check_int, is_seconds
+from jaxloader.base.checks import BATCH_LIMIT, Int, check_int, is_seconds
 from jaxloader.base.errors import (ConfigError, JaxloaderWarning, PerformanceWarning,
                                    user_stacklevel)
 from jaxloader.loaders.diagnosis import cores_available
@@ -140,7 +140,7 @@ def placement(batch_size: Int, process_index: Int | None,
         >>> placement(32, 1, 4)
         Placement(batch_size=32, process_index=1, process_count=4)
     """
-    batch_size = check_int("batch_size", batch_size, low=1,
+    batch_size = check_int("batch_size", batch_size, low=1, high=BATCH_LIMIT,
                            remedy="pass a positive batch size per process")
     counted = process_count is None  # (JAX's, where an index was given alone)
     if process_count is not None:  # (an int first: a JAX scalar's checked as one below)

@@ -18,7 +18,8 @@ from typing import Any, Callable, Literal, NamedTuple, Protocol, get_args
 
 import numpy as np
 
-from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int, past_epochs
+from jaxloader.base.checks import (BATCH_LIMIT, EPOCH_LIMIT, MASK64, check_int,
+                                    past_epochs)
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.base.tree import RecordNames
@@ -171,7 +172,7 @@ class Sampler:
         step ``s``, so each computes its own). ``rows``: this process's ``batch_size`` rows
         of each global batch, ascending (``check_rows``; default: block ``process_index``)."""
         # (as Python ints: a NumPy integer overflows in the seed's arithmetic, and is not JSON)
-        batch_size = check_int("batch_size", batch_size, low=1,
+        batch_size = check_int("batch_size", batch_size, low=1, high=BATCH_LIMIT,
                                remedy="pass a positive batch size per process")
         num_records = check_int("num_records", num_records, low=1,
                                 remedy="the source is empty: give it records")

@@ -48,8 +48,9 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
             "start again (for each shard, each worker, a restore, the next epoch); pass the "
             "generator function itself, called as make(shard): "
             f"Stream.from_generator({call}, shards={shards})")
-    shards = check_int("Stream.from_generator(shards)", shards, low=1,
-                       remedy="one shard per independent part of the generator")
+    shards = check_int("Stream.from_generator(shards)", shards, low=1, high=1 << 20,
+                       remedy="one shard per independent part of the generator (each is an "
+                       "object held by every reader; more parts: let a shard read a range)")
     name = getattr(make, "__qualname__", "generator")
     signature = refused_call(make, 0)
     if signature is not None:
