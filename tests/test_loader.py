@@ -721,6 +721,9 @@ def test_drop_without_a_shuffle_says_which_records_no_epoch_reads():
                    {"shuffle": jl.LocalShuffle(4)}):
             jl.DataLoader(list(range(127)), batch_size=64, **kw)
         jl.DataLoader(list(range(128)), batch_size=64)
+        # (a loader refused for another argument is not warned of first: it is not made)
+        with pytest.raises(jl.ConfigError, match=r"read_threads: expected an int"):
+            jl.DataLoader(list(range(127)), batch_size=64, read_threads=0)
 
 
 def test_next_from_a_second_thread_at_once_is_refused_by_name_and_loses_no_batch():

@@ -206,15 +206,6 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         record_transforms, batch_transforms = split_transforms(transforms,
                                                                process_count=process_count)
         rest = self._sampler.num_records % batch_size  # (a mixture's batches are all full)
-        dropped = self._sampler.num_records % self._sampler.global_batch_size
-        if last_batch == "drop" and dropped and not shuffle and not isinstance(source, Mixture):
-            warnings.warn(  # (PyTorch's default keeps them: an evaluation loader lost them)
-                f"DataLoader(last_batch='drop', shuffle=False): the last {dropped} of the "
-                f"{self._sampler.num_records} records are never read, in any epoch (each drops "
-                "the same short last batch); pass last_batch='pad' (every record, a mask on "
-                "the padding rows: an evaluation's)" + ("" if self._sampler.global_batch_size
-                > batch_size else " or 'partial'") + " to read them, or shuffle=True (each "
-                "epoch drops others)", JaxloaderWarning, stacklevel=user_stacklevel())
         if self._putter is not None and last_batch == "partial" and rest and \
                 not isinstance(source, Mixture):
             self._putter.check_last_batch(rest, self._sampler.num_records)
@@ -236,6 +227,17 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._progress.label = label("DataLoader", source, batch_size)
         self._active: IteratorWork | None = None
         self._pairing = Pairing("DataLoader")  # (its iter()s, for sharding.hosts)
+        # (told after the arguments' checks, so a refused loader does not warn first; before
+        # the engine's start, so a warning made an error (-W error) leaves no process started)
+        dropped = self._sampler.num_records % self._sampler.global_batch_size
+        if last_batch == "drop" and dropped and not shuffle and not isinstance(source, Mixture):
+            warnings.warn(  # (PyTorch's default keeps them: an evaluation loader lost them)
+                f"DataLoader(last_batch='drop', shuffle=False): the last {dropped} of the "
+                f"{self._sampler.num_records} records are never read, in any epoch (each drops "
+                "the same short last batch); pass last_batch='pad' (every record, a mask on "
+                "the padding rows: an evaluation's)" + ("" if self._sampler.global_batch_size
+                > batch_size else " or 'partial'") + " to read them, or shuffle=True (each "
+                "epoch drops others)", JaxloaderWarning, stacklevel=user_stacklevel())
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
     # -- sizes, placement and position ------------------------------------------------------
