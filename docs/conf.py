@@ -6,6 +6,7 @@ checked (nitpicky), others (NumPy, JAX, the standard library) are left as plain 
 
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.abspath(".."))  # the package from this checkout, installed or not
 
@@ -48,3 +49,20 @@ html_theme_options = {
     "use_download_button": False,
 }
 html_static_path: list[str] = []
+
+# What a loader calls on its parts, not what a user calls, is left off the API pages (the API
+# audit: JitMap.run, Stream.reader or ConcatSource.locate read as a user's to call), and so is
+# a named tuple's __new__ (its fields are listed).
+_INTERNAL = {"block_starts", "check_alike", "check_extra_state", "check_order", "describe",
+             "engine", "extra_state", "file_identities", "fresh", "gather_columns", "label",
+             "locate", "older_fingerprints", "reader", "run", "settings", "split", "stop_work",
+             "__new__"}
+
+
+def _skip_internal(app: object, what: str, name: str, obj: object, skip: bool,
+                   options: object) -> bool | None:
+    return True if what == "class" and name in _INTERNAL else None
+
+
+def setup(app: Any) -> None:
+    app.connect("autodoc-skip-member", _skip_internal)

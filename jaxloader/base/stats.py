@@ -31,16 +31,25 @@ class WorkerStats(NamedTuple):
         1.5
     """
 
-    worker: int  # its index (``get_worker_info().id``)
+    #: its index (``get_worker_info().id``)
+    worker: int
+    #: its process id
     pid: int
-    batches: int  # batches it made (some may still wait to be handed out)
+    #: batches it made (some may still wait to be handed out)
+    batches: int
+    #: records in those batches
     records: int
-    bytes: int  # bytes written into shared memory
-    busy_s: float  # seconds it spent on tasks (the rest it waited for one)
-    cpu_s: float  # CPU seconds of those tasks: busy_s - cpu_s is time spent waiting (reads)
-    stages: Mapping[str, float]  # seconds by stage (read, each transform, collate, slot wait)
-    queued_s: float = 0.0  # seconds it waited for a core (Linux's schedstat; 0 elsewhere): of
-    # busy_s - cpu_s, the part that is no read waiting
+    #: bytes written into shared memory
+    bytes: int
+    #: seconds it spent on tasks (the rest it waited for one)
+    busy_s: float
+    #: CPU seconds of those tasks: ``busy_s - cpu_s`` is time spent waiting (reads)
+    cpu_s: float
+    #: seconds by stage (read, each transform, collate, slot wait)
+    stages: Mapping[str, float]
+    #: seconds it waited for a core (Linux's schedstat; 0 elsewhere): of ``busy_s - cpu_s``,
+    #: the part that is no read waiting
+    queued_s: float = 0.0
 
 
 class LoaderStats(NamedTuple):
@@ -64,24 +73,37 @@ class LoaderStats(NamedTuple):
         (16, 64, True, True)
     """
 
-    batches: int  # batches handed out
-    wait_s: float  # time spent inside next(): waiting for the loader
-    run_s: float  # time between one next() returning and the following next() call
-    wall_s: float = 0.0  # from the first next() to the last batch handed out, less the time
-    # between runs (between passes, after a failed call): the loader's time in use
-    records: int = 0  # records in the batches made (by workers or in process)
-    bytes: int = 0  # bytes of the batches made
+    #: batches handed out
+    batches: int
+    #: seconds spent inside ``next()``: waiting for the loader
+    wait_s: float
+    #: seconds between one ``next()`` returning and the following ``next()`` call
+    run_s: float
+    #: from the first ``next()`` to the last batch handed out, less the time between runs
+    #: (between passes, after a failed call): the loader's time in use
+    wall_s: float = 0.0
+    #: records in the batches made (by workers or in process)
+    records: int = 0
+    #: bytes of the batches made
+    bytes: int = 0
+    #: seconds by stage, every process added up (above)
     stages: Mapping[str, float] = _EMPTY
+    #: each worker process's (``WorkerStats``)
     workers: tuple[WorkerStats, ...] = ()
-    num_workers: int = 0  # worker processes in use now (``num_workers="auto"`` changes it)
-    ready_ahead: float = 0.0  # batches made and waiting, on average, when one was handed out
-    # batches made, as reported: ahead of ``batches`` by those waiting, or behind for a moment
-    # (a worker reports its batches at most every 50 ms)
+    #: worker processes in use now (``num_workers="auto"`` changes it)
+    num_workers: int = 0
+    #: batches made and waiting, on average, when one was handed out
+    ready_ahead: float = 0.0
+    #: batches made, as reported: ahead of ``batches`` by those waiting, or behind for a
+    #: moment (a worker reports its batches at most every 50 ms)
     batches_made: int = 0
-    first_batch_s: float = 0.0  # from the first next() to its batch (workers' start included)
-    began: float = 0.0  # when these counts began (time.perf_counter(): the loader made, or
-    # reset_stats()), which tells a window's two reads apart from reads across a reset
-    window: bool = False  # a window's stats (``since``): its batches all in its wall time
+    #: from the first ``next()`` to its batch (the workers' start included)
+    first_batch_s: float = 0.0
+    #: when these counts began (``time.perf_counter()``: the loader made, or
+    #: ``reset_stats()``), which tells a window's two reads apart from reads across a reset
+    began: float = 0.0
+    #: a window's stats (``since``): its batches all in its wall time
+    window: bool = False
 
     @property
     def wait_fraction(self) -> float:

@@ -74,13 +74,22 @@ class Diagnosis(NamedTuple):
           - num_workers=4
     """
 
+    #: what limits the input: ``"step"`` (nothing: the input keeps up), ``"workers"``
+    #: (transforms, collation), ``"source"`` (its reads), ``"main"`` (the training process's
+    #: work: batches made in it, the hand-over) or ``"device"`` (placement)
     bottleneck: Bottleneck
+    #: seconds by stage (``LoaderStats.stages``)
     stages: Mapping[str, float]
+    #: what to change, most useful first
     advice: tuple[str, ...]
+    #: batches handed out in the window read
     batches: int = 0
+    #: the share of the loop's time spent waiting for input, after the first batch
     wait_fraction: float = 0.0
+    #: worker processes in use
     num_workers: int = 0
-    batches_made: int = 0  # (the makers' stages are a batch made's, not one handed out)
+    #: batches made (the makers' stages are a batch made's, not one handed out)
+    batches_made: int = 0
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))  # (a notebook cell ending in loader.diagnose(): the table)

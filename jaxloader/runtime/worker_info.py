@@ -26,8 +26,11 @@ class WorkerInfo(NamedTuple):
         ...     return {**record, "worker": -1 if info is None else info.id}
     """
 
+    #: this worker's index, 0 to ``num_workers - 1``
     id: int
+    #: the workers in use as it started
     num_workers: int
+    #: the loader's seed
     seed: int
 
     @property
