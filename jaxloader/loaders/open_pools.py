@@ -61,7 +61,9 @@ def started(label: str, pool: Any) -> None:
         "descriptor each), until each is closed or collected; close() the loaders you are "
         "done with (or make them in a 'with' block). In a notebook, a cell that ends by "
         "showing a loader or its iterator keeps it in Out[n] and _ however often the cell runs "
-        "again: end such a cell with ';', and %reset -f out lets go of those kept",
+        "again: end such a cell with ';'; Out[n].close() closes one kept, and %reset -f out "
+        "then get_ipython().user_ns_hidden.update(_='', __='', ___='') lets go of them all "
+        "(IPython keeps the last three shown there past the reset)",
         JaxloaderWarning,
         stacklevel=user_stacklevel())
 

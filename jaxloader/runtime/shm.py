@@ -239,7 +239,7 @@ def open_descriptors() -> int | None:
 
 
 _FEWER = ("close the loaders you no longer use (each keeps its slots; a notebook keeps each "
-          "loader a cell showed, in Out[n]: %reset -f out), use fewer workers, or keep fewer "
+          "loader a cell showed, in Out[n]: Out[n].close()), use fewer workers, or keep fewer "
           "batches alive (a leaf over 64 KiB that you keep, a NumPy batch's or one placed on "
           "the CPU backend, holds its batch's slot: keep a copy, np.array(leaf))")
 
