@@ -143,6 +143,19 @@ def test_iter_again_as_the_next_pass_begins_finishes_that_pass():
         assert len(counts) == 94 and counts.min() == counts.max() == 1, k
 
 
+def test_a_loop_over_epochs_around_passes_of_several_is_said_once():
+    # (as a DataLoader says it: num_epochs=2 in a loop over 3 epochs read 6, without a word)
+    for epochs, expected in ((2, ["begins epochs 2 to 3"]), (1, [])):
+        with jl.StreamLoader(uneven_stream(), batch_size=4, num_epochs=epochs,
+                             readers_per_process=2, process_index=0, process_count=1) as loader:
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                passes = [counted(list(loader)) for _ in range(3)]
+        found = [re.search(r"begins epochs \d+ to \d+", str(w.message)).group() for w in said
+                 if "a pass after the first" in str(w.message)]
+        assert found == expected and all(c.min() == c.max() == epochs for c in passes), found
+
+
 @pytest.mark.parametrize("kind", ["tar", "compressed jsonl"])
 def test_resume_of_file_streams_in_a_pass(tmp_path, kind):
     make, transforms = STREAMS[kind]

@@ -24,6 +24,7 @@ from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import (older_fingerprint, older_records, source_files,
                                           source_fingerprint)
 from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
+from jaxloader.loaders.pass_notes import say_later_pass, say_new_pass
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
@@ -290,14 +291,14 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._check_placement()
         self._check_length()
         self._invalidate()
-        self._progress.say_new_pass(self.num_epochs)
+        say_new_pass(self._progress, self.num_epochs)
         start = self._progress.step
         stop = None
         if self.num_epochs is not None:  # the pass the position is in: epochs [k n, (k+1) n)
             n = self.num_epochs
             stop = (self.epoch // n + 1) * n * self._sampler.steps_per_epoch
-            if n > 1 and not self._probing:  # (a loop over epochs around passes: said once)
-                _say_later_pass(self._progress, n, self.epoch, start == stop - n * (
+            if not self._probing:  # (a loop over epochs around passes: said once)
+                say_later_pass(self._progress, n, self.epoch, start == stop - n * (
                     self._sampler.steps_per_epoch))
         put = self._putter
         layout = self._sampler.layout  # (a LocalShuffle's blocks: the same on every process)
@@ -374,17 +375,3 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             close_source(self._source)
             if self._read_pool is not None:  # (else let go when the loader goes)
                 self._read_pool()
-
-
-def _say_later_pass(progress: Progress, epochs: int, epoch: int, at_start: bool) -> None:
-    """At ``iter()``: says, once, that a pass of several ``epochs`` after the first begins
-    (``epoch``, at its start): a loop over epochs around it reads each one's epochs."""
-    if progress.passes_said or not at_start or epoch < epochs:
-        return
-    progress.passes_said = True
-    warnings.warn(
-        f"{progress.owner}(num_epochs={epochs}): this iter() begins epochs {epoch} to "
-        f"{epoch + epochs - 1}, a pass after the first: each iter() is a pass of num_epochs "
-        "epochs, so a loop over epochs (for epoch in range(E): for batch in loader) reads "
-        f"E x {epochs} of them; pass num_epochs=1 for an epoch a loop (Grain's and tf.data's "
-        f"repeat({epochs}) is one loop over them)", JaxloaderWarning, stacklevel=user_stacklevel())

@@ -28,12 +28,11 @@ import logging
 import math
 import threading
 import time
-import warnings
 from typing import Any, Callable, Generator, Generic, Protocol, Sequence
 
 from typing_extensions import TypeVar
 
-from jaxloader.base.errors import JaxloaderError, JaxloaderWarning, WorkerError, user_stacklevel
+from jaxloader.base.errors import JaxloaderError, WorkerError
 from jaxloader.base.batch_kinds import BatchKinds
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
@@ -67,26 +66,6 @@ class Progress:
         self.at_pass_end = ""  # restored at a pass's end: the pass its next iter() begins
         self.passes_said = False  # a second pass of several epochs begun by iter(), said
         self.reset_stats()
-
-    def say_new_pass(self, epochs: int | None) -> None:
-        """At ``iter()``: says, once, that a loader restored at the end of a pass begins the
-        next one (``at_pass_end``), which a run that had ended there would train on. A pass
-        of several ``epochs`` warns (the loop over them is that one iter(): a run restarted
-        after its end would train them again); a pass of one is logged at INFO (a loop over
-        epochs restored at an epoch's end goes on as it should: the common resume)."""
-        said, self.at_pass_end = self.at_pass_end, ""
-        if not said:
-            return
-        self.passes_said = True  # (this says the pass begun: say_later_pass need not)
-        text = (f"{self.owner} was restored at the end of a pass: this iter() begins the next "
-                f"one, {said}, as a PyTorch DataLoader's next epoch does; a run that had ended "
-                "with that state trains on unless it stops before iterating (a DataLoader's "
-                "loader.epoch says where it is; or keep the epochs done in the checkpoint)")
-        if epochs is not None and epochs > 1:
-            warnings.warn(text, JaxloaderWarning, stacklevel=user_stacklevel())
-        else:
-            log.info("%s; a loop over epochs (for epoch in range(E): for batch in loader) "
-                     "goes on as it should", text)
 
     def check(self) -> None:
         """Raises the loader's failure, or that it is closed."""

@@ -36,6 +36,7 @@ from jaxloader.base.errors import ConfigError, JaxloaderError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.stream_copies import pristine
 from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
+from jaxloader.loaders.pass_notes import say_later_pass, say_new_pass
 from jaxloader.sharding.hosts import Pairing
 from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
@@ -162,14 +163,12 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._transforms_named: list[str] | None = transforms_of(self._transforms)  # (as
         # made: a memo a transform fills as it runs in this process is not another transform)
         self._stream: ReadableStream = given
-        # what hosts readers: the workers (Ray actors), or this process
-        hosts = max(1, count) if workers is None else getattr(workers, "n", 1)
+        hosts = max(1, count) if workers is None else getattr(workers, "n", 1)  # readers' hosts
         named = "num_workers" if workers is None else "RayWorkers(n)"
         if getattr(workers, "min_actors", hosts) != hosts:
             raise ConfigError(f"StreamLoader(workers={workers!r:.80}): a stream's readers are "
                               "hosted by all n actors from its start; leave min_actors out")
-        restarts = {"max_restarts", "max_task_retries"} & set(
-            getattr(workers, "actor_options", {}))
+        restarts = {"max_restarts", "max_task_retries"} & set(getattr(workers, "actor_options", {}))
         if restarts:  # (Ray's restarted actor would come back without its readers' states)
             raise ConfigError(f"StreamLoader(workers={workers!r:.80}): a stream's actor lost is "
                               "replaced by a new one continuing its readers from their states; "
@@ -271,7 +270,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
         self._progress.check()
         self._check_placement()
         self._invalidate()
-        self._progress.say_new_pass(self.num_epochs)
+        say_new_pass(self._progress, self.num_epochs)
         put = self._putter
         hosts, votes = published(self)  # (the other processes: settings, a pass's votes)
         self._votes = votes
@@ -288,6 +287,8 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 raise JaxloaderError(
                     "iter() was left: iter() or load_state_dict() was called from another "
                     "thread while it waited for the other processes; call iter() again") from None
+            say_later_pass(self._progress, self.num_epochs, min(until) - self.num_epochs,
+                           self._ended and not self._probing)  # (a loop over passes: said once)
             self._until, self._ended = until, False  # (an ended pass: until is the next's)
         active = LoaderIterator(self._progress, self._progress.step, None, ReaderRuns(self),
                                 put, cast(int, self._options.device_prefetch),  # (an int, checked)
@@ -349,8 +350,7 @@ class StreamLoader(LoaderLifecycle, Generic[BatchT]):
                 "stream": self._stream.describe()}
 
     def _named(self) -> list[str]:
-        if self._transforms_named is None:
-            self._transforms_named = transforms_of(self._transforms)
+        self._transforms_named = self._transforms_named or transforms_of(self._transforms)
         return self._transforms_named
 
     def state_dict(self) -> dict[str, Any]:
