@@ -11,10 +11,40 @@ import os
 import sys
 import sysconfig
 from types import FrameType
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 class JaxloaderError(Exception):
     """Base class of every error raised by jaxloader itself."""
+
+
+def kept(error: E) -> E:
+    """``error`` as a broken loader keeps it, to raise at every later call (``again``), with
+    its traceback as of now: the frames from where it is kept down to its raise."""
+    error.__dict__["_kept_traceback"] = error.__traceback__
+    return error
+
+
+def again(error: E) -> E:
+    """``error`` (``kept``) to raise again, with its kept traceback: a raise adds the raiser's
+    frames to an exception's traceback, so a broken loader asked five times showed five calls'
+    frames (old notebook cells' among them) and kept their locals alive.
+
+    Example:
+        >>> error = kept(WorkerError("worker 0 died"))
+        >>> for _ in range(3):
+        ...     try:
+        ...         raise again(error)
+        ...     except WorkerError as e:
+        ...         frames, tb = 0, e.__traceback__
+        ...         while tb is not None:
+        ...             frames, tb = frames + 1, tb.tb_next
+        >>> frames
+        1
+    """
+    return error.with_traceback(error.__dict__.get("_kept_traceback", error.__traceback__))
 
 
 class ConfigError(JaxloaderError, ValueError):

@@ -32,7 +32,7 @@ from typing import Any, Callable, Generator, Generic, Protocol, Sequence
 
 from typing_extensions import TypeVar
 
-from jaxloader.base.errors import JaxloaderError, WorkerError
+from jaxloader.base.errors import JaxloaderError, WorkerError, again, kept
 from jaxloader.base.batch_kinds import BatchKinds
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
@@ -70,7 +70,7 @@ class Progress:
     def check(self) -> None:
         """Raises the loader's failure, or that it is closed."""
         if self.broken is not None:
-            raise self.broken
+            raise again(self.broken)
         if self.closed:
             raise JaxloaderError(f"{self.owner} is closed; create a new one to iterate again")
 
@@ -226,7 +226,7 @@ class LoaderIterator(Generic[BatchT]):
             entered = time.perf_counter()
             progress = self._progress
             if progress.broken is not None:
-                raise progress.broken
+                raise again(progress.broken)
             if progress.generation != self._generation:
                 progress.check()
                 raise JaxloaderError(
@@ -266,7 +266,7 @@ class LoaderIterator(Generic[BatchT]):
                 if returned >= progress.check_at:  # a first batch, or the monitor's time
                     self._checks(progress, entered, returned)
             except WorkerError as e:
-                progress.broken = e
+                progress.broken = kept(e)
                 if self._failed is not None:
                     self._failed(e, self._step)
                 raise

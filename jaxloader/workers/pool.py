@@ -41,7 +41,7 @@ import threading
 from time import perf_counter
 from typing import Any, Callable, Generator, NoReturn
 
-from jaxloader.base.errors import WorkerError
+from jaxloader.base.errors import WorkerError, again, kept
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker, Runs
@@ -164,7 +164,7 @@ class WorkerPool:
             if os.getpid() != self._owner:  # (before anything the owner's workers would see)
                 raise failures.forked(self._owner)
             if self._broken is not None:
-                raise self._broken
+                raise again(self._broken)
             if self._runs.stale(issued):  # (a newer run made: this one ends; in_process.Runs)
                 return
             if self._mixed_up:
@@ -185,7 +185,7 @@ class WorkerPool:
                     if os.getpid() != self._owner:  # (one syscall a batch)
                         raise failures.forked(self._owner)
                     if self._closing[0]:  # (close() held the driver while this run waited)
-                        raise self._broken or failures.closed()
+                        raise again(self._broken) if self._broken else failures.closed()
                     if self._runs.stale(issued):
                         return
                     while stop is None or next_submit < stop:
@@ -360,7 +360,7 @@ class WorkerPool:
 
     def _break(self, error: WorkerError, cause: BaseException | None) -> NoReturn:
         error.__cause__ = cause
-        self._broken = error
+        self._broken = kept(error)
         self.close()
         raise error
 

@@ -189,6 +189,15 @@ def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
     assert again.value is e.value
     with pytest.raises(jl.WorkerError):
         next(it)
+    frames = []  # (each raise of the kept error added its raiser's frames to its traceback:
+    for _ in range(3):  # a notebook's later cell showed every earlier call's frames)
+        with pytest.raises(jl.WorkerError) as later:
+            next(iter(loader))
+        tb, n = later.value.__traceback__, 0
+        while tb is not None:
+            tb, n = tb.tb_next, n + 1
+        frames.append(n)
+    assert frames[0] == frames[1] == frames[2], frames
     loader.close()
 
 
