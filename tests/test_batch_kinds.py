@@ -24,11 +24,27 @@ def test_parts_of_other_dtypes_read_in_turn_are_refused_at_the_first_batch_that_
         assert [next(it)["x"].dtype for _ in range(2)] == [np.int64, np.int64]
         for _ in range(2):  # (the same step again: nothing lost)
             with pytest.raises(jl.CollateError, match=r"step 2 \(epoch 0, record positions "
-                                                      r"8..11\): batch leaf \['x'\] is float64 "
+                                                      r"8..11\) \(sources\[1\] record 0, .*"
+                                                      r"record 3\): batch leaf \['x'\] is float64 "
                                                       r"\(1-D\), where the first batch \(step 0\)"
                                                       r" had int64 \(1-D\).*np.asarray\(x, "
                                                       r"'float64'\)"):
                 next(it)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_batch_of_a_few_files_that_differs_names_them(tmp_path, num_workers):
+    # (the video audit: clips a batch each, one saved float32, was named by its position
+    # alone, to be found by hand in a shuffled epoch)
+    for i in range(4):
+        np.save(tmp_path / f"c{i}.npy", np.zeros((2, 3), np.float32 if i == 2 else np.uint8))
+    source = jl.FileListSource(sorted(str(p) for p in tmp_path.glob("*.npy")))
+    with jl.DataLoader(source, batch_size=1, num_workers=num_workers, process_index=0,
+                       process_count=1, transforms=[jl.Map(lambda r: np.load(r["path"]))],
+                       ) as loader:
+        with pytest.raises(jl.CollateError, match=r"step 2 \(epoch 0, record positions 2..2\) "
+                                                  r"\(\S*/c2.npy\): batch leaf <root> is float32"):
+            list(loader)
 
 
 def test_a_stream_whose_numbers_turn_to_floats_is_refused_whatever_the_batch_size(tmp_path):

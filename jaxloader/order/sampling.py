@@ -98,11 +98,16 @@ class BatchSpec(NamedTuple):
     indices: np.ndarray
     valid: np.ndarray | None
 
-    def location(self) -> str:
-        """Where this batch is, for messages: ``step 5 (epoch 0, record positions 20..23)``."""
+    def location(self, origin: Callable[[int], str | None] | None = None) -> str:
+        """Where this batch is, for messages: ``step 5 (epoch 0, record positions 20..23)``;
+        with ``origin`` (a source index's file and row: ``base.abilities.origin_of``), their
+        files too where its records are few (a batch of one clip whose dtype differs)."""
         p = self.positions
         span = f"{p[0]}..{p[-1]}" if len(p) else "none"
-        return f"step {self.step} (epoch {self.epoch}, record positions {span})"
+        named = [o for i in dict.fromkeys(self.indices.tolist()) if (o := origin(i))] if (
+            origin is not None and len(set(self.indices.tolist())) <= 4) else []
+        return f"step {self.step} (epoch {self.epoch}, record positions {span})" + (
+            f" ({', '.join(named)})" if named else "")
 
     def names(self) -> RecordNames:
         """How messages name its records: positions, and source indices where they differ."""
