@@ -63,7 +63,9 @@ def test_shape_mismatch_names_leaf_shapes_and_positions():
     for part in ["['x']['y']", "(2, 3)", "(2, 4)", "position 40", "position 41"]:
         assert part in msg
 
-    assert "PackedSource" in msg  # 1-D token arrays of other lengths are what it packs
+    assert "resize, crop or pad it" in msg  # (past the first axis: no Pad, nor packing)
+    with pytest.raises(CollateError, match=r"jaxloader.Pad\('t'\).*PackedSource"):
+        collate([{"t": np.zeros(2)}, {"t": np.zeros(3)}], positions=[0, 1])  # (1-D: tokens)
 
 
 def test_lists_of_other_lengths_are_told_they_are_nodes_not_arrays():

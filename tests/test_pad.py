@@ -173,7 +173,7 @@ def test_placement_and_records_it_cannot_pad_are_told():
             ([{"a": 1.5}] * 2, r"'a' is float of shape \(\) .* a length axis"),
             ([{"a": [1, 2], "a_length": 2}] * 2, r"already has the key 'a_length'.*length_suffix"),
             ([{"a": np.zeros((2, 3))}, {"a": np.zeros((4, 2))}],
-             r"record position 0 has shape \(2, 3\) and of record position 1 \(4, 2\): a Pad "
+             r"record position 1 has shape \(4, 2\) and of record position 0 \(2, 3\): a Pad "
              r"pads the first axis only"),
             # a reward model's responses (a bare ValueError of NumPy's, naming nothing: the
             # DPO audit), and text (told to pass value="", which a Pad refuses)
@@ -238,6 +238,38 @@ def test_an_empty_leaf_takes_the_others_trailing_shape_and_a_masked_one_is_refus
     with pytest.raises(jl.CollateError, match=r"record position 0's 't' is a masked array with "
                                               r"1 masked value.*x.filled\(0\)"):
         next(iter(jl.DataLoader(profiles, batch_size=2, transforms=[jl.Pad("t")])))
+
+
+def test_an_empty_leaf_of_a_shape_keeps_it_and_the_record_that_differs_is_named():
+    # (the detection audit: an image of no boxes, (0, 4), was made the shape of another
+    # record's rows, so a record of (3, 5) boxes beside it passed, (2, 8, 5); one box given as
+    # (4,) was 4 boxes; and the error named the empty record at a shape it never had)
+    def boxes(n, width=4):
+        return {"boxes": np.ones((n, width), np.float32)}
+
+    def first(records, **kw):
+        return next(iter(jl.DataLoader(records, batch_size=len(records), process_index=0,
+                                       process_count=1, transforms=[jl.Pad("boxes", **kw)])))
+
+    for records, said in (
+            ([boxes(0), boxes(3, 5)], r"'boxes' of record position 1 has shape \(3, 5\) "
+                                      r"and of record position 0 \(0, 4\)"),
+            ([boxes(0), {"boxes": np.ones(4, np.float32)}], r"record position 1 has shape "
+                                                            r"\(4,\) and of record position 0"),
+            ([boxes(0), boxes(9, 5), boxes(1), boxes(2)], r"record position 1 has shape "
+                                                          r"\(9, 5\) and of record position 0")):
+        with pytest.raises(jl.CollateError, match=said):
+            first(records, length=8)
+    batch = first([{"boxes": np.zeros(0)}, boxes(2), {"boxes": np.zeros((0, 0))}, boxes(0)])
+    assert batch["boxes"].shape == (4, 2, 4) and batch["boxes_length"].tolist() == [0, 2, 0, 0]
+
+
+def test_records_that_differ_past_the_first_axis_are_not_told_to_take_a_pad():
+    images = [{"image": np.zeros((4, 5, 3), np.uint8)}, {"image": np.zeros((4, 6, 3), np.uint8)}]
+    with pytest.raises(jl.CollateError, match=r"one shape in a Map: resize, crop or pad it "
+                                              r"there \(a Pad pads the first axis only") as e:
+        next(iter(jl.DataLoader(images, batch_size=2, process_index=0, process_count=1)))
+    assert "jaxloader.Pad('image')" not in str(e.value)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

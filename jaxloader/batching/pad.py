@@ -160,7 +160,7 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
     dicts; the records given are left as they are). ``names`` names a record in errors."""
     out = [_fields(pad, record, names, j) for j, record in enumerate(records)]
     for key in pad.keys:
-        leaves = _shaped_empties([record[key] for record in out])
+        leaves, first = _shaped_empties([record[key] for record in out])
         if not any(len(leaf) for leaf in leaves) and 0 in leaves[0].shape[1:]:
             raise CollateError(
                 f"{pad!r}: every record's {key!r} in this batch is empty, of shape "
@@ -171,10 +171,11 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
                 "the Pad (np.reshape(x, (-1, 4))); rows meant to hold no values: leave the key "
                 "out of the Pad")
         for j, leaf in enumerate(leaves):
-            if leaf.shape[1:] != leaves[0].shape[1:]:
+            if leaf.shape[1:] != leaves[first].shape[1:]:
                 raise CollateError(
-                    f"{pad!r}: {key!r} of {tree_lib.record_name(names, 0)} has shape "
-                    f"{leaves[0].shape} and of {tree_lib.record_name(names, j)} {leaf.shape}: "
+                    f"{pad!r}: {key!r} of {tree_lib.record_name(names, j)} has shape "
+                    f"{leaf.shape} and of {tree_lib.record_name(names, first)} "
+                    f"{leaves[first].shape}: "
                     "a Pad pads the first axis only, the others must agree; pad or crop "
                     "those in a Map before it")
         longest = max(len(leaf) for leaf in leaves)
@@ -197,14 +198,21 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
     return out
 
 
-def _shaped_empties(leaves: list[np.ndarray]) -> list[np.ndarray]:
-    """``leaves`` where an empty one (no rows: a JSON ``[]``, a Parquet row group of empty
-    lists) takes the trailing shape of the first with rows (a graph of no edges: ``(0, 2)``)."""
-    rows = next((leaf for leaf in leaves if len(leaf)), None)
-    if rows is None:
-        return leaves
-    return [leaf if len(leaf) or leaf.shape[1:] == rows.shape[1:] else
-            np.empty((0, *rows.shape[1:]), leaf.dtype) for leaf in leaves]
+def _shaped_empties(leaves: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """``leaves`` where an empty one that says no shape of its rows (a JSON ``[]``, a Parquet
+    row group of empty lists: ``(0, 0)``) takes the rows' shape the most of the others have
+    (a graph of no edges: ``(0, 2)``), and the first leaf of that shape, which the others are
+    told against. An empty one of a shape, ``(0, 4)``, is compared as it is: made another
+    record's shape, a record of 5 columns beside it passed, or was told as it."""
+    said = [j for j, leaf in enumerate(leaves) if len(leaf) or (
+        leaf.ndim > 1 and 0 not in leaf.shape[1:])]
+    if not said:
+        return leaves, 0
+    shapes = [leaves[j].shape[1:] for j in said]
+    common = max(shapes, key=shapes.count)  # (the first of the most: ties keep the order)
+    first = said[shapes.index(common)]
+    return [leaf if j in said or leaf.shape[1:] == common else
+            np.empty((0, *common), leaf.dtype) for j, leaf in enumerate(leaves)], first
 
 
 def _kind(pad: Pad, key: str, leaves: list[np.ndarray], names: Any) -> np.dtype:

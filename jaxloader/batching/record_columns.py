@@ -271,6 +271,11 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
             elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
                     v.shape == values[0].shape:  # (told to pad: Pad and batch_size=1 refuse)
                 fix = _one_dtype(values[0].dtype, v.dtype)
+            elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
+                    v.ndim == values[0].ndim > 1 and v.shape[1:] != values[0].shape[1:]:
+                fix = ("make every record's leaf one shape in a Map: resize, crop or pad it "
+                       "there (a Pad pads the first axis only, and these differ past it: "
+                       "images of other sizes, say), or use batch_size=1")
             elif _image_modes(values[0], v):
                 fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
                        "convert each as it is decoded, Image.open(...).convert('RGB')")
