@@ -402,6 +402,8 @@ def _grain(name, parent=None, length=8):
     ("WindowShuffleMapDataset", r"WindowShuffleMapDataset\(\.\.\.\).*LocalShuffle\(window=8\)"),
     ("FlatMapMapDataset", r"FlatMapMapDataset\(\.\.\.\).*a Map returning a record's examples "
                           "stacked"),
+    ("RandomMapMapDataset", r"\.random_map\(fn, seed\).*transforms=\[fn\].*new draws each "
+                            "epoch, where the dataset's are keyed by the record's index alone"),
 ])
 def test_a_grain_dataset_made_with_a_step_the_loader_takes_is_refused_with_it(step, remedy):
     # each was read as it is, its meaning lost without a word: one shuffled order read in every
@@ -413,6 +415,21 @@ def test_a_grain_dataset_made_with_a_step_the_loader_takes_is_refused_with_it(st
     kept = _grain("MapMapDataset", _grain("SliceMapDataset", _grain("RangeMapDataset")))
     with jl.DataLoader(kept, batch_size=2, process_index=0, process_count=1) as loader:
         assert len(loader) == 4
+    seeded = _grain("MapMapDataset", _grain("RangeMapDataset"))  # (.map of a RandomMap, or
+    seeded._rng_pool = object()  # given a seed: grain's draws are keyed by the index alone)
+    with pytest.raises(jl.ConfigError, match=r"a Grain MapMapDataset made with \.random_map"):
+        jl.DataLoader(seeded, batch_size=2)
+
+
+def test_a_grain_iter_dataset_is_told_to_pass_the_map_dataset_before_it():
+    # (the migration audit: the page's own .to_iter_dataset().mp_prefetch() form was told to
+    # become a stream of a generator, losing the shuffle and the restore in O(1))
+    prefetched = type("PrefetchIterDataset", (), {
+        "__module__": "grain._src.python.dataset.transformations.prefetch",
+        "__iter__": lambda self: iter(())})()
+    with pytest.raises(jl.ConfigError, match=r"a Grain IterDataset .* pass the MapDataset "
+                                             r"before \.to_iter_dataset\(\)"):
+        jl.DataLoader(prefetched, batch_size=2)
 
 
 

@@ -122,6 +122,11 @@ def check_source(source: Any) -> int:
             remedy = ("an array of a store (zarr, HDF5): a source of your own reading its rows "
                       "(__len__: shape[0]; __getitem__ and __getitems__ reading them), as "
                       "docs/files.md shows; ArraySource(array) reads it whole into memory")
+        elif type(source).__module__.split(".")[0] == "grain" and hasattr(source, "__iter__"):
+            remedy = ("a Grain IterDataset (.to_iter_dataset(), .mp_prefetch()) reads in order: "
+                      "pass the MapDataset before .to_iter_dataset() (random access: a new "
+                      "shuffle each epoch, a restore in O(1)), with num_workers= and prefetch= "
+                      "for mp_prefetch's (docs/migrating/grain.md)")
         elif hasattr(source, "__iter__"):
             remedy = ("an iterable without random access (a generator) is a stream: "
                       "jaxloader.StreamLoader(jaxloader.Stream.from_generator(make, shards=n)), "
@@ -159,20 +164,25 @@ _GRAIN_STEPS = {  # a Grain MapDataset's step -> what a loader takes for it
                          "kept, where the dataset holds a None in place of each dropped"),
     "BatchMapDataset": (".batch(n)", "batch_size=n: the loader batches (a batch of the "
                         "dataset's batches otherwise)"),
+    "RandomMapMapDataset": (".random_map(fn, seed)", "transforms=[fn] (a Grain RandomMap as it "
+                            "is, or jaxloader.RandomMap): new draws each epoch, where the "
+                            "dataset's are keyed by the record's index alone, the same draws in "
+                            "every epoch"),
 }
 
 
 def _grain_steps(source: Any) -> None:
     """Refuses a Grain ``MapDataset`` made with a step a loader takes itself (``.shuffle``,
-    ``.repeat``, ``.filter``, ``.batch``), anywhere in its chain: each read as it is lost its
-    meaning without a word (one order every epoch, a dropped record a None, batches of
-    batches)."""
+    ``.repeat``, ``.filter``, ``.batch``, ``.random_map``), anywhere in its chain: each read as
+    it is lost its meaning without a word (one order every epoch, a dropped record a None,
+    batches of batches, one draw a record for every epoch)."""
     todo, looked = [source], 0
     while todo and looked < 1024:
         dataset, looked = todo.pop(), looked + 1
         if type(dataset).__module__.split(".")[0] != "grain":
             continue
-        step = _GRAIN_STEPS.get(type(dataset).__name__)
+        step = _GRAIN_STEPS.get("RandomMapMapDataset" if getattr(  # (.map of a RandomMap, or
+            dataset, "_rng_pool", None) is not None else type(dataset).__name__)  # of a seed)
         if step is not None:
             raise ConfigError(
                 f"source: a Grain {type(source).__name__} made with {step[0]}" + (
