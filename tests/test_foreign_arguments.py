@@ -263,3 +263,18 @@ def test_pytorchs_loader_attributes_say_what_to_read_instead():
             self.dataset = dataset
     source = jl.ArraySource({"x": np.arange(8)})
     assert Keeping(source, batch_size=2).dataset is source
+
+
+def test_grains_iterator_state_calls_say_where_the_position_is_kept():
+    # (the migration audit: iter(loader).get_state(), Grain's checkpoint idiom, was a bare
+    # "'LoaderIterator' object has no attribute 'get_state'")
+    loader = jl.DataLoader(np.arange(8), batch_size=2, process_index=0, process_count=1)
+    stream = jl.StreamLoader(jl.Stream.from_generator(lambda i: range(4), shards=1),
+                             batch_size=2, process_index=0, process_count=1)
+    for owner in (loader, iter(loader), stream):
+        for name in ("get_state", "set_state"):
+            with pytest.raises(AttributeError, match=rf"{type(owner).__name__} has no {name} "
+                                                     r"\(Grain's iterator\.\w+\(.*loader\."
+                                                     r"state_dict\(\).*LoaderSave"):
+                getattr(owner, name)
+    loader.close(), stream.close()

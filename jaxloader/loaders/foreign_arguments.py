@@ -169,16 +169,22 @@ def refuse(owner: str, unknown: dict[str, Any], made: Any = None) -> None:
 _ORDER = ("the order is a function of seed= and the epoch: each iter(loader) is the next epoch, "
           "reshuffled (DistributedSampler.set_epoch's work), and process_index= and "
           "process_count= split it between hosts (left None: JAX's)")
-_ATTRIBUTES = {
-    "dataset": "keep a name for the source you passed (len(source) records); len(loader) is "
-               "the batches of an epoch, len(loader) * batch_size the records they hold",
-    "sampler": _ORDER,
-    "batch_sampler": _ORDER,
+_STATE = ("the position is the loader's, not an iterator's: loader.state_dict() (JSON-ready) "
+          "and loader.load_state_dict(state) before iter(), or checkpoint.LoaderSave(loader) "
+          "and LoaderRestore(loader) beside the model in Orbax (docs/guides/checkpointing.md)")
+_ATTRIBUTES = {  # name -> (the peer's, what to do instead)
+    "dataset": ("PyTorch's DataLoader.dataset", "keep a name for the source you passed "
+                "(len(source) records); len(loader) is the batches of an epoch, len(loader) * "
+                "batch_size the records they hold"),
+    "sampler": ("PyTorch's DataLoader.sampler", _ORDER),
+    "batch_sampler": ("PyTorch's DataLoader.batch_sampler", _ORDER),
+    "get_state": ("Grain's iterator.get_state()", _STATE),
+    "set_state": ("Grain's iterator.set_state(state)", _STATE),
 }
 
 
 class _Refused:
-    """A PyTorch loader's attribute this loader has not: reading it raises an
+    """A PyTorch or Grain loader's attribute this one has not: reading it raises an
     ``AttributeError`` saying what to do instead (Python's bare one named nothing). It holds
     no value of its own, so an assignment (a subclass's ``self.dataset = ds``) is kept and read
     as any attribute."""
@@ -188,11 +194,19 @@ class _Refused:
 
     def __get__(self, loader: object, owner: type | None = None) -> NoReturn:
         kind = type(loader).__name__ if loader is not None else getattr(owner, "__name__", "")
-        raise AttributeError(f"{kind} has no {self.name} (PyTorch's DataLoader.{self.name}): "
-                             f"{_ATTRIBUTES[self.name]}")
+        peer, remedy = _ATTRIBUTES[self.name]
+        raise AttributeError(f"{kind} has no {self.name} ({peer}): {remedy}")
 
 
-class TorchAttributes:
+class GrainAttributes:
+    """Grain's ``iterator.get_state()`` and ``set_state()``, its checkpoint idiom: each raises
+    an ``AttributeError`` saying where the position is kept instead."""
+
+    get_state = _Refused()
+    set_state = _Refused()
+
+
+class TorchAttributes(GrainAttributes):
     """PyTorch's ``DataLoader.dataset``, ``.sampler`` and ``.batch_sampler``, which a training
     loop reads (``len(loader.dataset)``, ``loader.sampler.set_epoch(epoch)``): each raises an
     ``AttributeError`` saying what to do instead."""

@@ -36,6 +36,7 @@ from jaxloader.base.errors import JaxloaderError, WorkerError, again, kept
 from jaxloader.base.batch_kinds import BatchKinds
 from jaxloader.base.stats import LoaderStats, WorkerStats, queued_s
 from jaxloader.base.timings import HANDOVER, PLACE, STEP, WAIT, Gauges
+from jaxloader.loaders.foreign_arguments import GrainAttributes
 from jaxloader.sharding.hosts import HostsCheck
 from jaxloader.sharding.prefetch import DevicePrefetcher, Stopped
 
@@ -126,7 +127,7 @@ jl.DataLoader[dict[str, np.ndarray]] = jl.DataLoader(...)`` types ``next()``, ``
 the ``for`` loop's batch."""
 
 
-class LoaderIterator(Generic[BatchT]):
+class LoaderIterator(GrainAttributes, Generic[BatchT]):
     """Yields batches from a start step; valid until the next ``iter()``, restore or close.
 
     Example:
