@@ -59,6 +59,14 @@ def test_every_remedy_names_an_argument_or_class_jaxloader_has(owner, remedies, 
         assert (arguments | classes) <= accepted, (name, (arguments | classes) - accepted)
 
 
+def test_a_grain_samplers_epochs_and_shards_are_named_for_sampler():
+    # (the migration audit: IndexSampler(num_epochs=3) was told shuffle=, seed= and a subset,
+    # and a user who dropped it trained an epoch a loop where three were meant)
+    with pytest.raises(TypeError, match=r"IndexSampler\(num_epochs=n, shard_options=...\) is "
+                                        r"num_epochs=n .* process_index=, process_count="):
+        jl.DataLoader(np.arange(8), batch_size=2, sampler=range(8))
+
+
 @pytest.mark.parametrize("name, value, remedy", [
     ("shuffle", True, "shuffle_window=1000"),
     ("drop_last", True, "num_epochs=n"),

@@ -30,7 +30,9 @@ _REMEDIES = {
     "persistent_workers": "nothing to set: workers live as long as the loader; close() ends "
                           "them",
     "sampler": "the order comes from shuffle=True or jaxloader.LocalShuffle(...) and seed=; "
-               "for a subset use jaxloader.FilteredSource(source, indices=...)",
+               "Grain's IndexSampler(num_epochs=n, shard_options=...) is num_epochs=n (epochs "
+               "an iter(loader)) and process_index=, process_count=; for a subset use "
+               "jaxloader.FilteredSource(source, indices=...)",
     "batch_sampler": "batches come from batch_size=, shuffle= and seed=; for a subset use "
                      "jaxloader.FilteredSource(source, indices=...)",
     "generator": "use seed= (an int: the order and every RandomMap draw follow from it)",
