@@ -386,12 +386,15 @@ def test_a_grain_iterators_state_is_told_for_what_it_is(tmp_path):
     # told to pass the dict state_dict() returned
     grains = {"version": 2, "last_seen_indices": {"0": 95}, "last_worker_index": 0,
               "worker_count": 0, "sampler": "IndexSampler(...)", "data_source": "..."}
-    (tmp_path / "process_0-of-1.json").write_text(json.dumps(grains))
-    with pytest.raises(jl.StateDictError, match=r"a Grain iterator's state.*state\['step'\] = "
-                                                r"n"):
-        from jaxloader.checkpoint import restore_into
+    from jaxloader.checkpoint import restore_into
 
-        restore_into(tmp_path, make(batch_size=4))
+    # (and a dataset iterator's, a prefetched one's: the migration audit)
+    for state in (grains, {"next_index": 95}, {"workers_state": {}, "iterations_to_skip": {},
+                                               "last_worker_index": 0}):
+        (tmp_path / "process_0-of-1.json").write_text(json.dumps(state))
+        with pytest.raises(jl.StateDictError, match=r"a Grain iterator's state.*state\['step'\] "
+                                                    r"= n"):
+            restore_into(tmp_path, make(batch_size=4))
 
 
 def test_a_steps_folder_given_for_its_loader_items_is_told_the_items_folder(tmp_path):
