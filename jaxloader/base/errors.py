@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import TypeVar
 
 E = TypeVar("E", bound=BaseException)
@@ -20,10 +20,24 @@ class JaxloaderError(Exception):
     """Base class of every error raised by jaxloader itself."""
 
 
+class _Kept:
+    """A kept error's traceback, which a copy of the error goes without: a traceback cannot be
+    pickled, and an error sent to another process (a loader run in a ``ProcessPoolExecutor``)
+    was a ``TypeError`` where its ``WorkerError`` should have come."""
+
+    __slots__ = ("traceback",)
+
+    def __init__(self, traceback: TracebackType | None) -> None:
+        self.traceback = traceback
+
+    def __reduce__(self) -> tuple:
+        return (_Kept, (None,))
+
+
 def kept(error: E) -> E:
     """``error`` as a broken loader keeps it, to raise at every later call (``again``), with
     its traceback as of now: the frames from where it is kept down to its raise."""
-    error.__dict__["_kept_traceback"] = error.__traceback__
+    error.__dict__["_kept_traceback"] = _Kept(error.__traceback__)
     return error
 
 
@@ -44,7 +58,8 @@ def again(error: E) -> E:
         >>> frames
         1
     """
-    return error.with_traceback(error.__dict__.get("_kept_traceback", error.__traceback__))
+    held = error.__dict__.get("_kept_traceback")
+    return error.with_traceback(error.__traceback__ if held is None else held.traceback)
 
 
 class ConfigError(JaxloaderError, ValueError):

@@ -198,6 +198,8 @@ def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
             tb, n = tb.tb_next, n + 1
         frames.append(n)
     assert frames[0] == frames[1] == frames[2], frames
+    import pickle  # (and it crosses to another process: a kept traceback cannot be pickled)
+    assert str(pickle.loads(pickle.dumps(later.value))) == str(later.value)
     loader.close()
 
 
