@@ -4,6 +4,7 @@ import functools
 import json
 import logging
 import re
+import sys
 import warnings
 
 import numpy as np
@@ -621,14 +622,21 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
     (lambda: jl.DataLoader(np.arange(10), batch_size=2**40, process_index=0, process_count=1),
      r"batch_size: expected an int in \[1, 2147483648\]"),
     (lambda: jl.Stream.from_generator(lambda i: range(3), shards=10**30),
-     r"Stream.from_generator\(shards\): expected an int in \[1, 1048576\]"),
-    (lambda: jl.Pad("x", length=10**30), r"Pad\(length\) of 'x': expected an int <= 2\*\*62"),
+     r"Stream.from_generator\(shards\): expected an int in \[1, 16777216\]"),
+    (lambda: jl.Pad("x", length=10**30), r"Pad\(length\) of 'x': expected an int <= 2\*\*63"),
     (lambda: jl.mix([np.arange(10), np.arange(5)], weights=[1, 1], from_step={10**30: [1, 2]}),
-     r"mix\(from_step=...\) step: expected an int <= 2\*\*62"),
+     r"mix\(from_step=...\) step: expected an int <= 2\*\*63 - 1"),
 ], ids=["batch_size", "batch_size_2**40", "shards", "Pad_length", "from_step"])
 def test_an_absurd_size_is_refused_where_it_is_given(call, said):
     with pytest.raises(jl.ConfigError, match=said):
         call()
+
+
+def test_sys_maxsize_for_no_bound_is_taken():
+    # (int64's largest, which may mean "no bound": taken, as before the absurd sizes' bound)
+    assert jl.LocalShuffle(window=sys.maxsize).window == sys.maxsize
+    assert jl.DataLoader(np.arange(10), batch_size=2, num_epochs=sys.maxsize, process_index=0,
+                         process_count=1).num_epochs == sys.maxsize
 
 
 class _OneBad:

@@ -28,9 +28,9 @@ Int = Union[int, np.integer, SupportsIndex]  # a count or a seed as a user's cod
 # (transforms.RecordRng): positions < 2**40 (1e12 records), epochs < 2**24 (EPOCH_LIMIT)
 POSITION_BITS = 40
 EPOCH_LIMIT = 1 << (64 - POSITION_BITS)
-# A count, size or step past 2**62 is a typo, and NumPy's int64 (positions, steps) holds none:
-# refused by check_int where it is given, not as a bare overflow or a hang later
-INT_LIMIT = 1 << 62
+# A count, size or step past int64's largest (sys.maxsize, which may mean "no bound") is a
+# typo: refused by check_int where it is given, not as a bare overflow or a hang later
+INT_LIMIT = (1 << 63) - 1
 BATCH_LIMIT = 1 << 31  # a batch's records: its rows are arrays of them, made at the start
 
 
@@ -58,7 +58,7 @@ def check_positions(positions: int, random: bool) -> None:
 def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,
               error: type[Exception] = ConfigError) -> int:
     """``value`` as an int if it is one (not a bool) in ``[low, high]`` (``high`` None:
-    ``INT_LIMIT``, 2**62); else ``error`` naming ``name``, what was expected, what came, and
+    ``INT_LIMIT``, int64's largest); else ``error`` naming ``name``, what was expected, what came, and
     ``remedy``. An argument's 0-d integer array (a JAX scalar, ``jnp.int32(3)``, or NumPy's)
     is its int, as ``range()`` takes it; a state's values (``StateDictError``) are checked as
     they are used, Python's or NumPy's ints.
@@ -72,8 +72,8 @@ def check_int(name: str, value: object, *, low: int, high: int | None = None, re
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise error(f"{name}: expected an int, got {type(value).__name__} {value!r}; {remedy}")
     if value < low or value > (INT_LIMIT if high is None else high):
-        bound = (f">= {low}" if value < low else f"<= 2**62 ({INT_LIMIT:,})") if high is None \
-            else f"in [{low}, {high}]"
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}" if value < low \
+            else f"<= 2**63 - 1 ({INT_LIMIT:,}, sys.maxsize)"
         raise error(f"{name}: expected an int {bound}, got {value}; {remedy}")
     return int(value)
 
