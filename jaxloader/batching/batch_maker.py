@@ -100,7 +100,7 @@ class BatchMaker:
 
     def location(self, step: int) -> str:
         """Where step ``step``'s batch is, for messages."""
-        return self.sampler.batch(step).location(lambda i: origin_of(self.source, i))
+        return self.sampler.batch(step).location()
 
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""
