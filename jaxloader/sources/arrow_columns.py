@@ -265,27 +265,7 @@ class ArrowRows:
                     f"{e.object[:40]!r}); Parquet strings are UTF-8: fix its writer, or read "
                     "the column as binary (cast it to bytes when writing the file), or leave "
                     "it out with columns=") from None
-        if self.ragged and self._values.dtype == object:  # (inner lists of other lengths in
-            kind = getattr(self._values[0] if len(self._values) else None, "dtype", None)
-            return [_stacked(row, kind) for row in out]  # its row group, maybe not this row)
         return out
-
-
-def _stacked(row: np.ndarray, kind: np.dtype | None) -> np.ndarray:
-    """A row of inner lists of other lengths than its row group's others (an object array of
-    arrays) as one ``(n, m)`` array where its own agree, and one of none as an empty array of
-    the values' ``kind`` (as a JSON ``[]``, which a Pad gives the others' rows' shape): a
-    record's kind is its own, so that one row of 5 among rows of 4 is told as itself, not
-    every row of its row group."""
-    if not len(row) and kind is not None and kind != object:
-        stacked = np.empty(0, kind)
-    elif len(row) and all(type(x) is np.ndarray for x in row) and len(
-            {(x.shape, x.dtype) for x in row}) == 1:
-        stacked = np.stack(list(row))
-    else:
-        return row
-    stacked.flags.writeable = False
-    return stacked
 
 
 class ArrowStruct:

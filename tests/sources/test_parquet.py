@@ -363,26 +363,6 @@ def test_lists_of_lists_of_one_length_become_one_axis_a_depth(tmp_path):
     assert [[x.tolist() for x in r["g"]] for r in rows] == [[[4], [5, 6]], [[1, 2], [3]]]
 
 
-def test_one_row_of_inner_lists_of_another_length_is_told_as_itself(tmp_path):
-    # (the detection audit: one box of 5 numbers among boxes of 4 made every row of its row
-    # group an array of arrays, and a Pad's error named row 0, which held none)
-    boxes = [[[1, 2, 3, 4]] * 2, [[5, 6, 7, 8]], [[1, 2, 3, 4, 5]], [[1, 2, 3, 4]], []]
-    path = str(tmp_path / "boxes.parquet")
-    pq.write_table(pa.table({"boxes": pa.array(boxes, pa.list_(pa.list_(pa.float32())))}), path)
-    src = jl.ParquetSource(path)
-    assert [(src[i]["boxes"].dtype, src[i]["boxes"].shape) for i in range(5)] == [
-        (np.float32, (2, 4)), (np.float32, (1, 4)), (np.float32, (1, 5)), (np.float32, (1, 4)),
-        (np.float32, (0,))]
-    with pytest.raises(jl.CollateError, match=r"'boxes' of record position 2 \(\S*boxes.parquet "
-                                              r"row 2\) has shape \(1, 5\)"):
-        list(jl.DataLoader(src, batch_size=4, transforms=[jl.Pad("boxes")], process_index=0,
-                           process_count=1))
-    kept = jl.FilteredSource(src, indices=[0, 1, 3, 4])
-    batch = next(iter(jl.DataLoader(kept, batch_size=4, transforms=[jl.Pad("boxes")],
-                                    process_index=0, process_count=1)))
-    assert batch["boxes"].shape == (4, 2, 4) and batch["boxes_length"].tolist() == [2, 1, 1, 0]
-
-
 @pytest.mark.parametrize("files", [[[10, 10, 10, 4]], [[10, 10], [10, 3]], [[10, 7], [10, 10]],
                                    [[5], [7]], [[6]], [[4, 4], [4, 4]]])
 def test_a_rows_row_group_is_found_by_division_where_they_are_of_one_size(tmp_path, files):
