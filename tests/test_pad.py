@@ -262,6 +262,9 @@ def test_an_empty_leaf_of_a_shape_keeps_it_and_the_record_that_differs_is_named(
             first(records, length=8)
     batch = first([{"boxes": np.zeros(0)}, boxes(2), {"boxes": np.zeros((0, 0))}, boxes(0)])
     assert batch["boxes"].shape == (4, 2, 4) and batch["boxes_length"].tolist() == [0, 2, 0, 0]
+    for empty in (np.zeros((0, 0), np.float32), np.zeros(0, np.float32)):  # (none has rows: the
+        batch = first([boxes(0), {"boxes": empty}])  # shape given was not written back)
+        assert batch["boxes"].shape == (2, 0, 4) and batch["boxes_length"].tolist() == [0, 0]
 
 
 def test_records_that_differ_past_the_first_axis_are_not_told_to_take_a_pad():

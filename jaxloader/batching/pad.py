@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -189,7 +190,7 @@ def pad_records(pad: Pad, records: list, names: Any = None) -> list:
         kind = pad.dtypes.get(key) or _kind(pad, key, leaves, names)
         _check_value(pad, key, kind)
         for record, leaf in zip(out, leaves):
-            if len(leaf) != width or leaf.dtype != kind:
+            if len(leaf) != width or leaf.dtype != kind or leaf is not record[key]:
                 padded = np.full((width, *leaf.shape[1:]), pad.values[key], dtype=kind)
                 padded[:len(leaf)] = leaf
                 record[key] = padded
@@ -208,10 +209,10 @@ def _shaped_empties(leaves: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
         leaf.ndim > 1 and 0 not in leaf.shape[1:])]
     if not said:
         return leaves, 0
-    shapes = [leaves[j].shape[1:] for j in said]
-    common = max(shapes, key=shapes.count)  # (the first of the most: ties keep the order)
-    first = said[shapes.index(common)]
-    return [leaf if j in said or leaf.shape[1:] == common else
+    counts = collections.Counter(leaves[j].shape[1:] for j in said)
+    common = max(counts, key=counts.__getitem__)  # (the first of the most: ties keep the order)
+    first, told = next(j for j in said if leaves[j].shape[1:] == common), set(said)
+    return [leaf if j in told or leaf.shape[1:] == common else
             np.empty((0, *common), leaf.dtype) for j, leaf in enumerate(leaves)], first
 
 
@@ -282,7 +283,7 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
                 f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
                 f"{type(record[key]).__name__} of shape {leaf.shape} and dtype {leaf.dtype}, "
                 "expected an array (or list) of numbers with a length axis to pad; make it one "
-                "in a Map before the Pad")
+                f"in a Map before the Pad{_arrays_of(leaf)}")
         suffix = pad.length_suffix
         if suffix is not None and key + suffix in record:
             raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} already has the key "
@@ -290,6 +291,22 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
                                "length_suffix=")
         record[key] = leaf
     return record
+
+
+def _arrays_of(leaf: np.ndarray) -> str:
+    """What a Pad's error adds for an array of arrays: a Parquet list of lists comes as one
+    where its row group's inner lists differ in length, maybe not this record's own (one bad
+    row made its whole row group so, and the error named a row that held none)."""
+    inner = [len(x) for x in leaf.flat if isinstance(x, np.ndarray)]
+    if not inner or len(inner) != leaf.size:
+        return ""
+    where = ("these differ" if len(set(inner)) > 1 else "these agree, so another row of its "
+             "row group differs")
+    return (f" (np.stack(list(x))); it holds {len(inner)} arrays, inner lists of lengths "
+            f"{inner[:8]}{'...' if len(inner) > 8 else ''}: a Parquet list of lists comes so "
+            f"where its row group's inner lists are not of one length ({where}; "
+            "pyarrow.compute.list_value_length(pyarrow.compute.list_flatten(column)) finds "
+            "them)")
 
 
 def _dict(given: Any) -> Any:

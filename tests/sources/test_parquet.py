@@ -363,6 +363,20 @@ def test_lists_of_lists_of_one_length_become_one_axis_a_depth(tmp_path):
     assert [[x.tolist() for x in r["g"]] for r in rows] == [[[4], [5, 6]], [[1, 2], [3]]]
 
 
+def test_a_pad_of_a_row_group_made_arrays_of_arrays_by_another_row_says_so(tmp_path):
+    # (the detection audit: one box of 5 numbers among boxes of 4 makes every row of its row
+    # group an array of arrays; a Pad's error named row 0, which held none, and said no more)
+    boxes = [[[1, 2, 3, 4]] * 2, [[5, 6, 7, 8]], [[1, 2, 3, 4, 5]], [[1, 2, 3, 4]]]
+    path = str(tmp_path / "boxes.parquet")
+    pq.write_table(pa.table({"boxes": pa.array(boxes, pa.list_(pa.list_(pa.float32())))}), path)
+    with pytest.raises(jl.CollateError, match=r"row 0\)'s 'boxes' is ndarray of shape \(2,\) "
+                                              r".*np.stack\(list\(x\)\)\); it holds 2 arrays, "
+                                              r"inner lists of lengths \[4, 4\]: a Parquet list "
+                                              r"of lists .*another row of its row group differs"):
+        list(jl.DataLoader(jl.ParquetSource(path), batch_size=2, process_index=0,
+                           process_count=1, transforms=[jl.Pad("boxes")]))
+
+
 @pytest.mark.parametrize("files", [[[10, 10, 10, 4]], [[10, 10], [10, 3]], [[10, 7], [10, 10]],
                                    [[5], [7]], [[6]], [[4, 4], [4, 4]]])
 def test_a_rows_row_group_is_found_by_division_where_they_are_of_one_size(tmp_path, files):
