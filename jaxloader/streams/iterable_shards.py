@@ -48,7 +48,7 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
             "start again (for each shard, each worker, a restore, the next epoch); pass the "
             "generator function itself, called as make(shard): "
             f"Stream.from_generator({call}, shards={shards})")
-    shards = check_int("Stream.from_generator(shards)", shards, low=1, high=1 << 24,
+    shards = check_int("Stream.from_generator(shards)", shards, low=1, high=1 << 22,
                        remedy="one shard per independent part of the generator (each is an "
                        "object held by every reader; more parts: let a shard read a range)")
     name = getattr(make, "__qualname__", "generator")
