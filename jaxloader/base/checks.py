@@ -58,10 +58,10 @@ def check_positions(positions: int, random: bool) -> None:
 def check_int(name: str, value: object, *, low: int, high: int | None = None, remedy: str,
               error: type[Exception] = ConfigError) -> int:
     """``value`` as an int if it is one (not a bool) in ``[low, high]`` (``high`` None:
-    ``INT_LIMIT``, int64's largest); else ``error`` naming ``name``, what was expected, what came, and
-    ``remedy``. An argument's 0-d integer array (a JAX scalar, ``jnp.int32(3)``, or NumPy's)
-    is its int, as ``range()`` takes it; a state's values (``StateDictError``) are checked as
-    they are used, Python's or NumPy's ints.
+    ``INT_LIMIT``, int64's largest); else ``error`` naming ``name``, what was expected, what
+    came, and ``remedy``. An argument's 0-d integer array (a JAX scalar, ``jnp.int32(3)``, or
+    NumPy's) is its int, as ``range()`` takes it; a state's values (``StateDictError``) are
+    checked as they are used, Python's or NumPy's ints.
 
     Example:
         >>> check_int("seed", np.array(7, np.uint32), low=0, remedy="a seed")
