@@ -98,9 +98,10 @@ class BatchMaker:
         nothing (``sources.parts.reads_each``: each source reads a batch at once)."""
         return self.read_threads if reads_each(self.source) else None
 
-    def location(self, step: int) -> str:
-        """Where step ``step``'s batch is, for messages."""
-        return self.sampler.batch(step).location()
+    def location(self, step: int, named: bool = True) -> str:
+        """Where step ``step``'s batch is, for messages; ``named``: its few records' files too."""
+        origin = (lambda i: origin_of(self.source, i)) if named else None
+        return self.sampler.batch(step).location(origin)
 
     def make(self, step: int, alloc: Callable[[int], Any] | None = None) -> tuple[Any, collate.Layout]:
         """The batch of ``step`` and its layout; written into ``alloc(nbytes)`` when given."""

@@ -117,8 +117,8 @@ class StreamBatchMaker:
         for step, alloc in zip(steps, allocs):
             yield self.make(step, alloc)
 
-    def location(self, step: int) -> str:
-        """Where step ``step``'s batch is, for messages."""
+    def location(self, step: int, named: bool = True) -> str:
+        """Where step ``step``'s batch is, for messages (``named``: as a map-style maker's)."""
         reader = self.process_index * self.per_process + step % self.per_process
         return f"stream step {step} (reader {reader}, its batch {step // self.per_process})"
 

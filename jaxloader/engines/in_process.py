@@ -58,8 +58,9 @@ class Maker(Protocol):
         """``make(step, alloc)`` for each of ``steps`` (a worker's task), in order."""
         ...
 
-    def location(self, step: int) -> str:
-        """Where step ``step``'s batch is, for messages."""
+    def location(self, step: int, named: bool = True) -> str:
+        """Where step ``step``'s batch is, for messages; ``named``: its records' files too,
+        where they are few and the message names no record of its own."""
         ...
 
 
@@ -117,7 +118,7 @@ def made_here(maker: Maker, step: int) -> tuple[Any, Any]:
             return made
         return holding(locks, maker.make, step)
     except CollateError as e:
-        e.args = (f"{maker.location(step)}: {e}",)
+        e.args = (f"{maker.location(step, False)}: {e}",)  # (its records named in it)
         raise
 
 

@@ -14,14 +14,13 @@ See ``jaxloader.loaders.iterator`` for iteration and ``jaxloader.engines.in_proc
 from __future__ import annotations
 
 import copy
-import functools
 import warnings
 import weakref
 from typing import Any, Callable, Generic, Literal, Never, cast
 
 import numpy as np
 
-from jaxloader.base.abilities import order_check_of, origin_of
+from jaxloader.base.abilities import order_check_of
 from jaxloader.sources.fingerprint import (older_fingerprint, older_records, source_files,
                                           source_fingerprint)
 from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
@@ -225,7 +224,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._transforms_named: list[str] | None = transforms_of(self._transforms)  # (as
         # made: a memo a transform fills as it runs in this process is not another transform)
         self._files = source_files(source)  # (path, identity) of each file it reads
-        self._progress = Progress(where=functools.partial(_named_location, self._maker))
+        self._progress = Progress(where=self._maker.location)
         self._progress.label = label("DataLoader", source, batch_size)
         self._active: IteratorWork | None = None
         self._pairing = Pairing("DataLoader")  # (its iter()s, for sharding.hosts)
@@ -376,10 +375,3 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
             close_source(self._source)
             if self._read_pool is not None:  # (else let go when the loader goes)
                 self._read_pool()
-
-
-def _named_location(maker: BatchMaker, step: int) -> str:
-    """Where step ``step``'s batch is, its records' files too where they are few, for the
-    check of its leaves against the first batch's (a batch of one clip whose dtype differs was
-    named by its positions alone); the workers' errors name a failed record themselves."""
-    return maker.sampler.batch(step).location(lambda i: origin_of(maker.source, i))

@@ -325,7 +325,7 @@ class WorkerPool:
                 self._heard.replay(message, worker)
             elif type(message) is Failed:
                 failure = Failure(*failures.raised(worker, self._workers[worker].pid, message,
-                                                   self._maker.location))
+                                                   lambda s: self._maker.location(s, False)))
                 failed_task = self._tasks.pop(message.task_id, None)
                 if failed_task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)

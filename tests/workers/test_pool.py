@@ -203,6 +203,32 @@ def test_a_raising_transform_names_worker_pid_step_position_and_traceback():
     loader.close()
 
 
+def test_a_worker_dead_on_a_file_names_it_and_a_raised_error_names_it_once(tmp_path):
+    # (the video audit: a worker killed decoding one clip, a batch each, was named by its step
+    # and positions alone; the review: the file named twice where the error names its record)
+    for i in range(4):
+        np.save(tmp_path / f"c{i}.npy", np.zeros((2, 3), np.uint8))
+
+    def load(record):
+        if record["path"].endswith("c2.npy"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.load(record["path"])
+
+    def bad(record):
+        if record["path"].endswith("c2.npy"):
+            raise ValueError("a bad clip")
+        return np.load(record["path"])
+
+    source = jl.FileListSource(sorted(str(p) for p in tmp_path.glob("*.npy")))
+    for fn, said in ((load, r"died while making step 2 \(epoch 0, record positions 2..2\) "
+                            r"\(\S*c2.npy\): killed by signal 9"), (bad, r"raised at step 2")):
+        with jl.DataLoader(source, batch_size=1, num_workers=1, process_index=0,
+                           process_count=1, transforms=[jl.Map(fn)]) as loader:
+            with pytest.raises(jl.WorkerError, match=said) as e:
+                list(loader)
+        assert str(e.value).split("--- traceback")[0].count("c2.npy") == 1, str(e.value)[:400]
+
+
 @pytest.mark.parametrize("how", ["sigkill", "exit"])
 def test_a_dead_worker_is_reported_at_once(how):
     def die(r):
