@@ -118,7 +118,7 @@ class StreamBatchMaker:
             yield self.make(step, alloc)
 
     def location(self, step: int, named: bool = True) -> str:
-        """Where step ``step``'s batch is, for messages (``named``: as a map-style maker's)."""
+        """Where step ``step``'s batch is, for messages (``named``: no files to name here)."""
         reader = self.process_index * self.per_process + step % self.per_process
         return f"stream step {step} (reader {reader}, its batch {step // self.per_process})"
 

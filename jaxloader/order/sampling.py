@@ -104,8 +104,8 @@ class BatchSpec(NamedTuple):
         files too where its records are few (a batch of one clip whose dtype differs)."""
         p = self.positions
         span = f"{p[0]}..{p[-1]}" if len(p) else "none"
-        named = [o for i in dict.fromkeys(self.indices.tolist()) if (o := origin(i))] if (
-            origin is not None and len(set(self.indices.tolist())) <= 4) else []
+        distinct = [] if origin is None else list(dict.fromkeys(self.indices.tolist()))
+        named = [o for i in distinct if (o := origin(i))] if origin and len(distinct) <= 4 else []
         return f"step {self.step} (epoch {self.epoch}, record positions {span})" + (
             f" ({', '.join(named)})" if named else "")
 

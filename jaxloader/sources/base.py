@@ -122,7 +122,7 @@ def check_source(source: Any) -> int:
             remedy = ("an array of a store (zarr, HDF5): a source of your own reading its rows "
                       "(__len__: shape[0]; __getitem__ and __getitems__ reading them), as "
                       "docs/files.md shows; ArraySource(array) reads it whole into memory")
-        elif type(source).__module__.split(".")[0] == "grain" and hasattr(source, "__iter__"):
+        elif _is_grain(source) and hasattr(source, "__iter__"):
             remedy = ("a Grain IterDataset (.to_iter_dataset(), .mp_prefetch()) reads in order: "
                       "pass the MapDataset before .to_iter_dataset() (random access: a new "
                       "shuffle each epoch, a restore in O(1)), with num_workers= and prefetch= "
@@ -171,6 +171,11 @@ _GRAIN_STEPS = {  # a Grain MapDataset's step -> what a loader takes for it
 }
 
 
+def _is_grain(obj: Any) -> bool:
+    """Whether ``obj`` is one of Grain's (told by its class's module: Grain is not imported)."""
+    return type(obj).__module__.split(".")[0] == "grain"
+
+
 def _grain_steps(source: Any) -> None:
     """Refuses a Grain ``MapDataset`` made with a step a loader takes itself (``.shuffle``,
     ``.repeat``, ``.filter``, ``.batch``, ``.random_map``), anywhere in its chain: each read as
@@ -179,7 +184,7 @@ def _grain_steps(source: Any) -> None:
     todo, looked = [source], 0
     while todo and looked < 1024:
         dataset, looked = todo.pop(), looked + 1
-        if type(dataset).__module__.split(".")[0] != "grain":
+        if not _is_grain(dataset):
             continue
         step = _GRAIN_STEPS.get("RandomMapMapDataset" if getattr(  # (.map of a RandomMap, or
             dataset, "_rng_pool", None) is not None else type(dataset).__name__)  # of a seed)
