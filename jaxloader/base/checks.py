@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import operator
@@ -19,7 +20,7 @@ from typing import Any, Callable, SupportsIndex, Union
 
 import numpy as np
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ArgumentError, ConfigError
 
 MASK64 = (1 << 64) - 1  # seeds and hash keys are 64-bit
 Int = Union[int, np.integer, SupportsIndex]  # a count or a seed as a user's code has it
@@ -184,6 +185,28 @@ def refused_call(fn: Callable[..., Any], *args: Any) -> str | None:
     except TypeError:
         return str(signature)
     return None
+
+
+def check_keywords(owner: str, given: dict[str, Any], takes: tuple[str, ...]) -> dict[str, Any]:
+    """``given`` (a method's ``**kwargs`` it hands on) if it names only ``takes``; else an
+    ``ArgumentError`` naming ``owner``, not the callee that Python's own error would name.
+
+    Example:
+        >>> check_keywords("f", {"seed": 1}, ("seed",))
+        {'seed': 1}
+        >>> check_keywords("f", {"sed": 1}, ("seed",))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        jaxloader.base.errors.ArgumentError: f() got ... 'sed' (did you mean seed=?); it takes seed=
+    """
+    for name in given:
+        if name not in takes:
+            close = difflib.get_close_matches(name, takes, n=1)
+            raise ArgumentError(
+                f"{owner}() got an unexpected keyword argument {name!r}"
+                + (f" (did you mean {close[0]}=?)" if close else "")
+                + "; it takes " + ", ".join(f"{t}=" for t in takes))
+    return given
 
 
 def released_at_least(release: str, floor: tuple[int, int, int]) -> bool:

@@ -34,9 +34,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import OLDER, close_of
-from jaxloader.base.checks import check_bool, check_int
-from jaxloader.base.errors import ConfigError, JaxloaderError, JaxloaderWarning
-from jaxloader.base.errors import StateDictError
+from jaxloader.base.checks import check_bool, check_int, check_keywords
+from jaxloader.base.errors import ConfigError, JaxloaderError, JaxloaderWarning, StateDictError
 from jaxloader.order.index_shuffle import IndexShuffle, splitmix64
 from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import or_compressed
@@ -50,6 +49,7 @@ from jaxloader.streams.shards import JsonlShard, Shard, TextShard, no_records
 from jaxloader.streams.tar import TarShard
 
 EMPTY_EPOCHS = 1000  # a reader's epochs without a record, running, before it is refused
+_OPTIONS = ("shuffle_window", "shuffle_shards")  # what Stream's class methods hand Stream()
 
 
 class Stream:
@@ -101,28 +101,29 @@ class Stream:
         (``jaxloader.streams.compressed``; a resume reads one up to its place). A restore
         over a file that changed since the state was saved is refused; ``append_only=True``
         accepts files that only grew (``shards.FileShard``)."""
-        paths = expand(paths, or_compressed(".jsonl"), "Stream.jsonl")
-        return cls([JsonlShard(p, append_only=append_only) for p in paths], **kwargs)
+        shards = [JsonlShard(p, append_only=append_only)
+                  for p in expand(paths, or_compressed(".jsonl"), "Stream.jsonl")]
+        return cls(shards, **check_keywords("Stream.jsonl", kwargs, _OPTIONS))
 
     @classmethod
     def text(cls, paths: Any, *, append_only: bool = False, **kwargs: Any) -> "Stream":
         """A stream of text files, a line a record (``paths`` and ``append_only`` as for
         ``jsonl``; ``*.txt``, compressed or not)."""
-        paths = expand(paths, or_compressed(".txt"), "Stream.text")
-        return cls([TextShard(p, append_only=append_only) for p in paths], **kwargs)
+        shards = [TextShard(p, append_only=append_only)
+                  for p in expand(paths, or_compressed(".txt"), "Stream.text")]
+        return cls(shards, **check_keywords("Stream.text", kwargs, _OPTIONS))
 
     @classmethod
     def tar(cls, paths: Any, *, tolerate_missing_end: bool = False, append_only: bool = False,
             **kwargs: Any) -> "Stream":
         """A stream of tar shards in the WebDataset layout (``paths`` and ``append_only`` as
         for ``jsonl``; ``*.tar``, compressed or not: ``*.tar.gz``, ``*.tgz``). Every host is
-        given the same list (``process_index`` deals it out). A damaged or cut shard
-        is an error naming it and the member (``jaxloader.streams.tar``);
-        ``tolerate_missing_end=True`` accepts shards written without the end-of-archive
-        marker."""
-        paths = expand(paths, (*or_compressed(".tar"), ".tgz"), "Stream.tar")
-        return cls([TarShard(p, tolerate_missing_end=tolerate_missing_end,
-                             append_only=append_only) for p in paths], **kwargs)
+        given the same list (``process_index`` deals it out). A damaged or cut shard is an
+        error naming it and the member (``jaxloader.streams.tar``); ``tolerate_missing_end=True``
+        accepts shards written without the end-of-archive marker."""
+        shards = [TarShard(p, tolerate_missing_end=tolerate_missing_end, append_only=append_only)
+                  for p in expand(paths, (*or_compressed(".tar"), ".tgz"), "Stream.tar")]
+        return cls(shards, **check_keywords("Stream.tar", kwargs, _OPTIONS))
 
     @classmethod
     def from_generator(cls, make: Callable[[int], Iterable], shards: int,
@@ -139,7 +140,8 @@ class Stream:
             >>> jl.Stream.from_generator(numbers, shards=2)
             Stream(2 shards: numbers[0], numbers[1])
         """
-        return cls(generator_shards(make, shards), **kwargs)
+        return cls(generator_shards(make, shards),
+                   **check_keywords("Stream.from_generator", kwargs, _OPTIONS))
 
     @classmethod
     def huggingface(cls, dataset: Any, **kwargs: Any) -> "Stream":
@@ -154,7 +156,7 @@ class Stream:
             loader = jl.StreamLoader(jl.Stream.huggingface(ds, shuffle_window=10_000),
                                      batch_size=256, num_workers=2)
         """
-        return cls(shards_of(dataset), **kwargs)
+        return cls(shards_of(dataset), **check_keywords("Stream.huggingface", kwargs, _OPTIONS))
 
     def map(self, fn: Callable[[Any], Any]) -> "Stream":
         """This stream with each record passed through ``fn`` in its readers, before the
@@ -221,8 +223,7 @@ class StreamReader:
                    "each row group)" if hf else " (one large file: split it, split -n l/8 "
                    "train.jsonl part-, then Stream.jsonl(sorted(glob('part-*'))); or convert it "
                    "to Parquet, read by a DataLoader)") + ", or fewer readers")
-        self.stream, self.reader, self.readers = stream, reader, readers
-        self.seed = seed
+        self.stream, self.reader, self.readers, self.seed = stream, reader, readers, seed
         self._window: list = []
         self._mine: list[int] = []
         self._current: Any = None  # the open shard: this reader's copy of it

@@ -309,6 +309,17 @@ def test_a_stream_takes_a_path_a_folder_or_a_pattern(tmp_path):
         jl.Stream.tar(tmp_path)
 
 
+def test_a_class_methods_unknown_keyword_is_named_with_the_method_and_what_it_takes(tmp_path):
+    write_jsonl(tmp_path / "part-0.jsonl", range(3))
+    with pytest.raises(TypeError, match=r"^Stream.jsonl\(\) got an unexpected keyword argument "
+                       r"'shuffle_windw' \(did you mean shuffle_window=\?\); it takes "
+                       r"shuffle_window=, shuffle_shards=$"):
+        jl.Stream.jsonl(tmp_path, shuffle_windw=8)
+    with pytest.raises(TypeError, match=r"^Stream.from_generator\(\) got .* 'bogus'; it takes"):
+        jl.Stream.from_generator(lambda shard: range(3), shards=1, bogus=1)
+    assert jl.Stream.jsonl(tmp_path, shuffle_window=8, shuffle_shards=False).shuffle_window == 8
+
+
 def test_bad_lines_and_states_are_named(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"id": 1}\n{"id": 2\n')
