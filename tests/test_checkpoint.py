@@ -395,6 +395,12 @@ def test_a_grain_iterators_state_is_told_for_what_it_is(tmp_path):
         with pytest.raises(jl.StateDictError, match=r"a Grain iterator's state.*state\['step'\] "
                                                     r"= n"):
             restore_into(tmp_path, make(batch_size=4))
+        # given straight to load_state_dict (read by hand from Grain's file): told the same
+        for loader in (make(batch_size=4), jl.StreamLoader(jl.Stream.from_generator(
+                lambda shard: range(8), shards=1), batch_size=4, process_index=0,
+                process_count=1)):
+            with pytest.raises(jl.StateDictError, match=r"a Grain iterator's state"):
+                loader.load_state_dict(state)
 
 
 def test_a_steps_folder_given_for_its_loader_items_is_told_the_items_folder(tmp_path):

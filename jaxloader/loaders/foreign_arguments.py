@@ -4,7 +4,9 @@ in jaxloader's terms.
 A PyTorch user's first loader is ``DataLoader(ds, batch_size=32, shuffle=True, drop_last=True,
 num_workers=4, pin_memory=True)``; Python alone would say only "unexpected keyword argument
 'drop_last'". ``DataLoader`` takes such names as ``**unknown: Never`` (a type checker still
-flags them) and ``refuse`` raises, naming what to pass instead.
+flags them) and ``refuse`` raises, naming what to pass instead. Their attributes
+(``loader.sampler``, ``get_state``) and a Grain iterator's state given as a loader's
+(``grain_state_hint``) are answered the same way.
 """
 
 from __future__ import annotations
@@ -226,3 +228,24 @@ def _arguments(made: Any) -> list[str]:
     return [] if made is None else [
         name for name, p in inspect.signature(made).parameters.items()
         if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
+
+
+_GRAINS = {"last_seen_indices",  # (grain.DataLoader's; a dataset iterator's, mp_prefetch's)
+           "next_index", "workers_state", "iterations_to_skip"}
+
+
+def grain_state_hint(state: Any) -> str:
+    """What to do with a Grain iterator's state (``grain.checkpoint``'s file, which has the
+    name a loader's state file has, or ``get_state()``'s) given as a loader's; ``""`` for any
+    other state.
+
+    Example:
+        >>> grain_state_hint({"next_index": 95})[:40]
+        "; this is a Grain iterator's state (grai"
+    """
+    if not (isinstance(state, dict) and _GRAINS & set(state)):
+        return ""
+    return ("; this is a Grain iterator's state (grain.checkpoint), whose order jaxloader "
+            "cannot continue: restore the model's items alone, then start the loader at the "
+            "step trained (state = loader.state_dict(); state['step'] = n; "
+            "loader.load_state_dict(state)), its own order (docs/migrating/grain.md)")

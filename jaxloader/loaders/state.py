@@ -28,6 +28,7 @@ from jaxloader.base.file_identity import as_now, check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
+from jaxloader.loaders.foreign_arguments import grain_state_hint
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.loaders.source_changes import reordered, source_differences
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
@@ -261,7 +262,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
         raise StateDictError(
             f"state: missing keys {missing}; expected keys {sorted(expected)}, received "
             f"{sorted(state)}; pass the dict that DataLoader.state_dict() returned"
-        )
+            + grain_state_hint(state))
     for key, check in _FIELDS.items():
         if key in state:
             check(f"state[{key!r}]", state[key])
@@ -345,7 +346,7 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
                else f"kind {state.get('kind')!r}")
         raise StateDictError(
             f"state: expected a StreamLoader's state_dict() (kind 'stream'), got {got}; a "
-            "DataLoader's state restores into a DataLoader")
+            "DataLoader's state restores into a DataLoader" + grain_state_hint(state))
     if state.get("version") != STATE_VERSION:
         raise StateDictError(f"state['version']: expected {STATE_VERSION}, received "
                              f"{state.get('version')!r:.120}; this state was written by another "
@@ -379,8 +380,7 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
     last = MASK64 // (config["process_count"] * config["batch_size"])
     check_int("state['step']", state.get("step"), low=0, high=last, error=StateDictError,
               remedy="pass the dict that state_dict() returned, unchanged")
-    found = state.get("readers")
-    first = process_index * readers
+    found, first = state.get("readers"), process_index * readers
     if (not isinstance(found, list) or len(found) != readers or any(
             not isinstance(r, dict) or r.get("reader") != first + i
             for i, r in enumerate(found))):

@@ -196,22 +196,12 @@ def _step_of(path: Any) -> int | None:
     return None
 
 
-_GRAINS = {"last_seen_indices",  # (grain.DataLoader's; a dataset iterator's, mp_prefetch's)
-           "next_index", "workers_state", "iterations_to_skip"}
-
-
 def apply_state(directory: PathLike, loader: Any, state: dict) -> dict:
     """Loads ``state`` (read from ``directory``) into ``loader``; returns it."""
     try:
         loader.load_state_dict(state)
     except StateDictError as e:
-        grain = isinstance(state, dict) and bool(_GRAINS & set(state))  # (its file's name
-        raise StateDictError(f"checkpoint {directory}: {e}" + (  # is a loader's state's)
-            "; this is a Grain iterator's state (grain.checkpoint), whose order jaxloader "
-            "cannot continue: restore the model's items alone, then start the loader at the "
-            "step trained (state = loader.state_dict(); state['step'] = n; "
-            "loader.load_state_dict(state)), its own order (docs/migrating/grain.md)"
-            if grain else "")) from e
+        raise StateDictError(f"checkpoint {directory}: {e}") from e
     return state
 
 
