@@ -103,6 +103,12 @@ class ParquetFiles:
                 "write the file with smaller row groups (pyarrow's row_group_size=), or read "
                 "fewer columns; a footer that counts more rows than the file holds is damaged"
             ) from e
+        counted = handle.metadata.row_group(group).num_rows
+        if table.num_rows != counted:  # (a damaged footer: the rows past the data's end would
+            raise self._changed_since(number) or RecordError(  # be gathered as its last one)
+                f"ParquetSource: file {self.paths[number]!r}, row group {group}: its footer "
+                f"counts {counted:,} rows, its data holds {table.num_rows:,}; the file is "
+                "damaged: write it again, or leave it out")
         int96 = self._int96.get(number)
         if int96 is None:  # (once a file: each top-level column the footer says otherwise
             read, said = handle.schema_arrow, handle.metadata.schema.to_arrow_schema()  # than

@@ -675,6 +675,24 @@ def test_a_footer_that_claims_rows_the_file_lacks_is_named(tmp_path):
             next(iter(loader))
 
 
+def test_a_row_group_whose_footer_counts_more_rows_than_its_data_is_refused(tmp_path):
+    # footer and file both said 800 of 777 rows: the 23 rows past the data's end were
+    # gathered as copies of its last row (clipped), trained on without a word
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "grown.parquet"
+    pq.write_table(pa.table({"x": np.arange(777)}), path)
+    _rows_claimed(path, 800, [0, -1])
+    source = jl.ParquetSource(path)
+    assert len(source) == 800
+    loader = jl.DataLoader(source, batch_size=100, shuffle=False, process_index=0,
+                           process_count=1)
+    with pytest.raises(jl.RecordError, match=r"grown.parquet', row group 0: its footer counts "
+                                             r"800 rows, its data holds 777; the file is damaged"):
+        next(iter(loader))
+
+
 def test_a_column_only_a_later_file_has_is_refused_not_dropped(tmp_path):
     # columns came from the first file: a later file's own were left out, silently (and the
     # same files in the other order were refused)
