@@ -10,13 +10,15 @@ Example:
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.columns import memmap_under
+from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.sources.frames import (arrow_columns, arrow_kind, check_aligned, frame_columns,
                                      is_data_frame, one_kind_of_numbers)
 
@@ -32,7 +34,10 @@ class ArraySource:
     not a list (a config's ``ListConfig``) is read as a list, a mapping as a dict.
 
     Records are read-only views of the arrays (also in worker processes): a transform copies
-    what it changes.
+    what it changes. A memory-mapped file (``np.load(path, mmap_mode="r")``) changed in place
+    since the source was made (cut: a read of it would kill the process with SIGBUS;
+    rewritten: a batch would mix two versions) is refused at the next batch, naming it; one
+    mapped to be written (``mmap_mode="r+"``, a replay buffer) may change, not be cut.
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -107,6 +112,7 @@ class ArraySource:
                     "(np.stack(volumes)) or pass a list of records ([{'image': v} for v in "
                     "volumes])" if listed else ""))
         self._len = arrays[0].shape[0]
+        self._stamps = _mapped_stamps(arrays)
         self._set_arrays(arrays)
 
     def _set_arrays(self, arrays: list[np.ndarray]) -> None:
@@ -117,10 +123,12 @@ class ArraySource:
         self._items = list(zip(self._treedef[1], self._arrays)) if flat else None
 
     def __getstate__(self) -> dict:
-        return {"treedef": self._treedef, "arrays": self._arrays, "len": self._len}
+        return {"treedef": self._treedef, "arrays": self._arrays, "len": self._len,
+                "stamps": self._stamps}
 
     def __setstate__(self, state: dict) -> None:
         self._treedef, self._len = state["treedef"], state["len"]
+        self._stamps = state.get("stamps", [])
         self._set_arrays(state["arrays"])  # small arrays arrive as writable copies
 
     @property
@@ -130,7 +138,10 @@ class ArraySource:
 
     @property
     def arrays(self) -> list[np.ndarray]:
-        """The leaves, in treedef order."""
+        """The leaves, in treedef order (what a batch is gathered from: a memory-mapped file
+        changed in place since is refused here)."""
+        if self._stamps:
+            _check_mapped(self._stamps)
         return self._arrays
 
     def __len__(self) -> int:
@@ -143,12 +154,51 @@ class ArraySource:
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """A batched pytree of the records at ``indices`` (one gather per leaf)."""
+        if self._stamps:
+            _check_mapped(self._stamps)
         return tree_lib.unflatten(self._treedef, [  # (take copies a strided view whole first)
             a.take(indices, axis=0) if a.flags.c_contiguous else a[indices] for a in self._arrays])
 
     def __repr__(self) -> str:
         leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)
         return f"ArraySource({self._len} records; {leaves})"
+
+
+def _mapped_stamps(arrays: list[np.ndarray]) -> list[tuple[str, tuple[int, int, int, bool]]]:
+    """Each memory-mapped file the arrays view, once, with its inode, size and time now, and
+    whether it is mapped to be written (``r+``, ``w+``: the user's own writes change it)."""
+    stamps: dict[str, tuple[int, int, int, bool]] = {}
+    for array in arrays:
+        mapped = memmap_under(array)
+        path = None if mapped is None else os.fspath(mapped.filename)  # type: ignore[arg-type]
+        if mapped is not None and path is not None and path not in stamps:
+            try:
+                found = os.stat(path)
+            except OSError:  # (gone already: the mapping keeps its pages)
+                continue
+            stamps[path] = (found.st_ino, found.st_size, found.st_mtime_ns,
+                            mapped.mode in ("r+", "w+"))
+    return list(stamps.items())
+
+
+def _check_mapped(stamps: list[tuple[str, tuple[int, int, int, bool]]]) -> None:
+    """Refuses a mapped file changed in place since its stamp (the same inode): cut shorter,
+    or, mapped read-only, of another size or time. One replaced by a rename, or deleted, is
+    not: the mapping still reads the old one; nor is one mapped to be written, written."""
+    for path, (inode, size, mtime, writable) in stamps:
+        try:
+            now = os.stat(path)
+        except OSError:
+            continue
+        if now.st_ino == inode and (now.st_size < size or not writable and (
+                now.st_size, now.st_mtime_ns) != (size, mtime)):
+            raise RecordError(
+                f"ArraySource: the memory-mapped file {path!r} changed in place since the "
+                f"source was made ({size:,} bytes then, {now.st_size:,} now; modified since):"
+                " reading it would mix versions, or kill the process (SIGBUS) where it was "
+                "cut; write a new file beside it and rename it over (os.replace), which a "
+                "mapping open on the old one keeps reading, and make the source again to "
+                "read the new one")
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -295,8 +295,16 @@ class _Unpickler(pickle.Unpickler):
                     f"({now}, expected device and inode {identity}): a worker would read "
                     "other data than the training process maps; replace files by writing a "
                     "new name, or make the loader again after replacing one")
-            mm = np.memmap(filename, dtype=np.uint8, mode="r")
-            array = np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset, strides=strides)
+            try:
+                mm = np.memmap(filename, dtype=np.uint8, mode="r")
+                array = np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset,
+                                   strides=strides)
+            except (ValueError, TypeError) as e:  # (cut since: empty, or short of the array)
+                raise ConfigError(
+                    f"{filename}: changed in place since the loader's payload was made "
+                    f"({found.st_size:,} bytes now; {type(e).__name__}: {e}): a worker cannot "
+                    "map the array the training process does; replace files by writing a new "
+                    "name, and make the loader again after replacing one") from e
         array.flags.writeable = False  # the source is shared: a transform must not write it
         return array
 

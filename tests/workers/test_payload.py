@@ -168,6 +168,13 @@ def test_a_memmap_file_replaced_before_a_worker_maps_it_is_an_error_naming_it(tm
     path.unlink()
     with pytest.raises(ConfigError, match=r"x.npy: replaced or removed .*FileNotFoundError"):
         loads(blob)
+    np.save(path, np.arange(2 * SHARE_MIN_BYTES, dtype=np.int32))
+    blob = dumps(np.load(path, mmap_mode="r"), [].append)
+    for size in (0, 4096):  # (cut in place: the worker's start failed as NumPy's bare error)
+        os.truncate(path, size)
+        with pytest.raises(ConfigError, match=rf"x.npy: changed in place since the loader's "
+                                              rf"payload was made \({size:,} bytes now; "):
+            loads(blob)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux says what is mapped")
