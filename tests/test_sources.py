@@ -87,17 +87,17 @@ def test_a_memory_mapped_file_changed_in_place_is_refused_at_the_next_batch(tmp_
     # cut while read: num_workers=0 ended the trainer by SIGBUS, printing nothing; rewritten
     # to the same size: a batch mixed the two versions without a word
     path = tmp_path / "x.npy"
-    np.save(path, np.arange(64 * 1024, dtype=np.float32).reshape(64, 1024))
+    np.save(path, np.arange(4096 * 16, dtype=np.float32).reshape(4096, 16))
     loader = jl.DataLoader(jl.ArraySource({"x": np.load(path, mmap_mode="r")}), batch_size=4,
                            shuffle=False, num_workers=num_workers, prefetch=1,
                            process_index=0, process_count=1)
     with loader:
         batches = iter(loader)
         assert next(batches)["x"][0, 1] == 1
-        np.save(path, -np.ones((64, 1024), np.float32))  # (np.save: opened "wb", cut first)
+        np.save(path, -np.ones((4096, 16), np.float32))  # (np.save: opened "wb", cut first)
         with pytest.raises(jl.JaxloaderError, match=r"memory-mapped file '.*x.npy' changed in "
                                                     r"place .*rename it over \(os.replace\)"):
-            for _ in range(16):
+            for _ in range(1024):  # (the workers may have made a few batches ahead)
                 next(batches)
     writable = np.lib.format.open_memmap(tmp_path / "buffer.npy", "w+", np.float32, (8, 2))
     batches = iter(jl.DataLoader(jl.ArraySource({"x": writable}), batch_size=4, shuffle=False,

@@ -1397,8 +1397,19 @@ def test_a_worker_killed_by_sigbus_names_a_memory_mapped_file_cut_as_it_was_read
     # check memory use and native code in transforms", naming neither the signal nor the file
     path = tmp_path / "x.npy"
     np.save(path, np.arange(64 * 8192, dtype=np.int64).reshape(64, 8192))
-    with jl.DataLoader(jl.ArraySource({"x": np.load(path, mmap_mode="r")}), batch_size=4,
-                       num_workers=1, prefetch=1, process_index=0, process_count=1) as loader:
+
+    class Rows:  # (a source of the user's: an ArraySource refuses a file cut between batches)
+        def __init__(self):
+            self.x = np.load(path, mmap_mode="r")
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"x": self.x[i]}
+
+    with jl.DataLoader(Rows(), batch_size=4, num_workers=1, prefetch=1, process_index=0,
+                       process_count=1) as loader:
         it = iter(loader)
         next(it)
         os.truncate(path, 128)
