@@ -14,6 +14,7 @@ needs no billion-entry array.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Literal, NamedTuple, Protocol, get_args
 
 import numpy as np
@@ -21,9 +22,9 @@ import numpy as np
 from jaxloader.base.checks import (BATCH_LIMIT, EPOCH_LIMIT, MASK64, check_int,
                                     past_epochs)
 from jaxloader.base.difference import differ
-from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.base.tree import RecordNames
-from jaxloader.order.index_shuffle import IndexShuffle
+from jaxloader.order.index_shuffle import EXACT_UP_TO, IndexShuffle
 from jaxloader.order.local_shuffle import same_order
 
 LastBatch = Literal["drop", "pad", "partial"]
@@ -306,15 +307,26 @@ class Sampler:
             if self._order is not None:
                 shuffled = (epoch, self._order(epoch=epoch))
             else:
-                shuffled = (epoch, IndexShuffle(self.num_records, seed=self.seed, epoch=epoch))
+                shuffled = (epoch, IndexShuffle(self.num_records, seed=self.seed, epoch=epoch,
+                                                exact=True))
             self._shuffled = shuffled
         return shuffled[1](positions)
 
     def extra_state(self) -> dict[str, Any]:
-        """A read-local order's description (a mixture's sampler adds its weights)."""
-        return {"local_shuffle": self.order_description} if self.order_description else {}
+        """A read-local order's description (a mixture's sampler adds its weights); that a
+        small source's shuffle is exact (``IndexShuffle(exact=True)``: states saved before
+        2026-12-03 had another)."""
+        if self.order_description:
+            return {"local_shuffle": self.order_description}
+        return {"exact_shuffle": True} if self._exact else {}
+
+    @property
+    def _exact(self) -> bool:
+        return self.shuffle and self._order is None and 1 < self.num_records <= EXACT_UP_TO
 
     def check_extra_state(self, state: dict, step: int) -> None:
+        if self._exact and state.get("exact_shuffle") is not True:
+            _older_shuffle(step, self.steps_per_epoch, self.num_records)
         if not same_order(state.get("local_shuffle"), self.order_description):
             raise StateDictError(
                 differ("state['local_shuffle']", self.order_description,
@@ -334,6 +346,27 @@ class Sampler:
         state = dict(self.__dict__)
         state.update(_memo=StepMemo(self._memo.stride), _shuffled=None)
         return state
+
+
+def _older_shuffle(step: int, steps_per_epoch: int, records: int) -> None:
+    """A state of a shuffled source of ``records`` (up to ``EXACT_UP_TO``) saved before its
+    shuffle was exact: at an epoch's start, the next epochs are this version's (said); within
+    one, refused: the rest of the epoch in another order would read some records twice and
+    skip others."""
+    epoch, into = divmod(step, steps_per_epoch)
+    if into:
+        raise StateDictError(
+            f"state: saved at step {step}, {into} steps into epoch {epoch}, by a jaxloader "
+            f"before 2026-12-03, whose shuffle of a source of {records:,} records (up to "
+            f"{EXACT_UP_TO:,}) was not uniform; this version shuffles it otherwise, and the "
+            "rest of the epoch would read some records twice and others never: restore it "
+            "with the jaxloader that saved it, or from the epoch's start (state['step'] = "
+            f"{step - into})")
+    warnings.warn(
+        f"state: saved by a jaxloader before 2026-12-03, whose shuffle of a source of "
+        f"{records:,} records (up to {EXACT_UP_TO:,}) was not uniform; the epochs from "
+        f"{epoch} on are shuffled uniformly, in another order than that version's",
+        JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 def check_rows(rows: np.ndarray | None, batch_size: int, process_index: int,
