@@ -163,6 +163,8 @@ class TarShard(FileShard):
                     long_name = path or long_name
                 elif kind == 0x31 or kind == 0x32:  # b"1", b"2": a hard or symbolic link
                     self._link(header, start, long_name)
+                elif kind == 0x53:  # b"S" (GNU): a sparse file, its data packed with a map
+                    raise _sparse(self.path, start, long_name or _header_name(header))
                 else:  # directories, globals, devices: no record
                     long_name = None
                     start = offset
@@ -343,11 +345,22 @@ def _pax(data: bytes, path: str, offset: int) -> tuple[str | None, int | None]:
         key, _, value = field.partition(b"=")
         if key == b"path":
             name = value.decode("utf-8", "replace")
+        elif key.startswith(b"GNU.sparse."):  # (pax's sparse files: the same, by attributes)
+            raise _sparse(path, offset, name or "after it")
         elif key == b"size":
             try:
                 size = int(value)
+                if size < 0:
+                    raise ValueError(size)
             except ValueError:
                 raise RecordError(f"{path}: byte {offset}: a pax header's size is {value!r}, "
                                   "expected a number of bytes: the header is damaged; replace "
                                   f"the shard, {_DROP}") from None
     return name, size
+
+
+def _sparse(path: str, offset: int, name: str) -> RecordError:
+    return RecordError(f"{path}: byte {offset}: member {name!r} is a sparse file (tar "
+                       "--sparse), whose bytes are stored packed, with a map of its holes, "
+                       f"which this reader does not expand: re-create the shard without "
+                       f"--sparse (-S), {_DROP}")

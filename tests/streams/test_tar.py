@@ -63,6 +63,31 @@ def test_a_pax_size_is_the_members_size_as_written_for_members_over_8_gib(tmp_pa
     path.write_bytes(bytes(raw))
     with pytest.raises(jl.RecordError, match=r"pax.tar: byte 0: a pax header's size is b'x'"):
         read_all(jl.TarShard(path))
+    raw[at:at + 7] = b"size=-5"  # (over its line break: the header's 9 bytes end at the 5;
+    # it was the bare "read length must be non-negative or -1", naming no member)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(jl.RecordError, match=r"pax.tar: byte 0: a pax header's size is b'-5'"):
+        read_all(jl.TarShard(path))
+
+
+def test_a_sparse_member_is_refused_by_name_not_dropped_or_read_packed(tmp_path):
+    # GNU tar --sparse: its 'S' member was passed over (the record lost a field), and in pax
+    # form read as its packed bytes under a made-up name (./GNUSparseFile.123/...)
+    for fmt, sparse in ((tarfile.GNU_FORMAT, {"type": tarfile.GNUTYPE_SPARSE}),
+                        (tarfile.PAX_FORMAT, {"pax_headers": {"GNU.sparse.major": "1",
+                                                              "GNU.sparse.minor": "0"}})):
+        path = tmp_path / f"sparse-{fmt}.tar"
+        with tarfile.open(path, "w", format=fmt) as tar:
+            for name, extra in (("k1.cls", {}), ("k1.bin", sparse)):
+                info = tarfile.TarInfo(name)
+                info.size = 4
+                for key, value in extra.items():
+                    setattr(info, key, value)
+                tar.addfile(info, io.BytesIO(b"data"))
+        with pytest.raises(jl.RecordError, match=r"sparse-\d.tar: byte \d+: member '(k1.bin|"
+                                                 r"after it)' is a sparse file \(tar --sparse\)"
+                                                 r".*re-create the shard without --sparse"):
+            read_all(jl.TarShard(path))
 
 
 def test_a_member_written_twice_is_an_error_not_one_of_them_lost(tmp_path):
