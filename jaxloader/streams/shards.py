@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 from typing import Any, Protocol, runtime_checkable
 
@@ -271,15 +272,20 @@ class JsonlShard(_LineShard):
     def _parse(self, raw: bytes) -> Any:
         if not raw.strip():
             return _BLANK
-        try:
-            value = json.loads(raw)
-        except ValueError as e:
-            raise RecordError(f"{self.path}: line {self._count}: not JSON ({e}): "
-                              f"{raw[:80]!r}") from None
-        try:
-            return numbers_as_arrays(value)
-        except ValueError as e:  # (booleans among a list's numbers)
-            raise RecordError(f"{self.path}: line {self._count}: {e}") from None
+        try:  # (json's parser and numbers_as_arrays recurse: a line nested past the limit)
+            try:
+                value = json.loads(raw)
+            except ValueError as e:
+                raise RecordError(f"{self.path}: line {self._count}: not JSON ({e}): "
+                                  f"{raw[:80]!r}") from None
+            try:
+                return numbers_as_arrays(value)
+            except ValueError as e:  # (booleans among a list's numbers)
+                raise RecordError(f"{self.path}: line {self._count}: {e}") from None
+        except RecursionError:
+            raise RecordError(f"{self.path}: line {self._count}: nested deeper than Python "
+                              f"reads (a limit of {sys.getrecursionlimit()} calls); flatten "
+                              f"it, or leave the line out: {raw[:80]!r}") from None
 
 
 class TextShard(_LineShard):

@@ -328,6 +328,16 @@ def test_bad_lines_and_states_are_named(tmp_path):
     shard.next()
     with pytest.raises(jl.RecordError, match=r"bad.jsonl: line 2: not JSON"):
         shard.next()
+    deep = tmp_path / "deep.jsonl"  # (a RecursionError, naming the line in a state dict only)
+    deep.write_text('{"x": 1}\n' + "[" * 100_000 + "]" * 100_000 + "\n"
+                    + '{"x": ' + "[" * 2_000 + "1" + "]" * 2_000 + "}\n")
+    nested = jl.JsonlShard(deep)
+    nested.reset()
+    nested.next()
+    for line in (2, 3):  # (json's parser; numbers_as_arrays on what it parsed)
+        with pytest.raises(jl.RecordError, match=rf"deep.jsonl: line {line}: nested deeper "
+                                                 r"than Python reads .*flatten it"):
+            nested.next()
     with pytest.raises(jl.StateDictError, match=r"JsonlShard .*bad.jsonl: expected a state with "
                                                 r"non-negative ints \['offset', 'line'\]"):
         shard.reset({"offset": -1, "line": 0})
