@@ -100,7 +100,8 @@ class BatchKinds:
                                      str(d)) + ("" if r < 0 else f" ({r}-D)")
                            for d, r in ((kind, rank), (kind0, rank0)))  # (a byte order, a
             try:  # (numbers: the dtype that holds both)  # structure: not by its name alone)
-                fix = f"np.asarray(x, {np.result_type(kind0, kind).name!r})"
+                held = np.result_type(kind0, kind)  # (text by its kind: 'str672' is no dtype)
+                fix = f"np.asarray(x, {_TEXT.get(held.kind, held.name)!r})"
             except TypeError:
                 fix = f"np.asarray(x, {_TEXT.get(kind0.kind, kind0.name)!r})"
             if kind.names is not None or kind0.names is not None:
