@@ -300,6 +300,35 @@ def test_many_loaders_with_workers_open_at_once_are_said_with_the_notebooks_reme
             loader.close()
 
 
+def test_loaders_broken_by_their_workers_error_are_not_counted_as_open(monkeypatch):
+    # a loader whose worker raised is held in a cycle (its kept error's traceback) until the
+    # collector runs: its workers ended, yet it was counted among the open, and the remedy
+    # sent the user after a leak that was not there
+    from jaxloader.loaders import open_pools
+
+    def bad(record):
+        if int(record["x"]) == 5:
+            raise ValueError("bad 5")
+        return record
+
+    monkeypatch.setattr(open_pools, "MANY_OPEN", 2)
+    gc.disable()  # (the cycles stay, as between the collector's runs)
+    try:
+        for _ in range(3):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loader = jl.DataLoader(jl.ArraySource({"x": np.arange(40)}), batch_size=4,
+                                       num_workers=1, process_index=0, process_count=1,
+                                       transforms=[jl.Map(bad)])
+            assert not [w for w in caught if "loaders with workers" in str(w.message)]
+            with pytest.raises(jl.WorkerError):
+                list(loader)
+            del loader
+    finally:
+        gc.enable()
+        gc.collect()
+
+
 @pytest.mark.e2e
 def test_the_notebooks_remedy_lets_go_of_the_loaders_cells_showed_in_a_real_kernel():
     # (the remedy said %reset -f out, after which IPython 8 and 9 keep the last three values

@@ -51,7 +51,7 @@ def started(label: str, pool: Any) -> None:
     ``MANY_OPEN`` (or twice, four times as many) pools open in this process."""
     with _LOCK:
         _POOLS.add(pool)
-        running = [len(each.pids) for each in list(_POOLS)]
+        running = [n for n in (_running(each.pids) for each in list(_POOLS)) if n]
     times, rest = divmod(len(running), MANY_OPEN)
     if not times or rest or times & (times - 1):
         return
@@ -66,6 +66,21 @@ def started(label: str, pool: Any) -> None:
         "(IPython keeps the last three shown there past the reset)",
         JaxloaderWarning,
         stacklevel=user_stacklevel())
+
+
+def _running(pids: list[int]) -> int:
+    """How many of ``pids`` run: none of a pool its workers' error broke, whose loader is not
+    collected yet (held in a cycle by the error's traceback), though its workers ended."""
+    count = 0
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            count += 1
+        except ProcessLookupError:
+            pass
+        except OSError:  # (another user's process, or not to be asked: taken as running)
+            count += 1
+    return count
 
 
 def closed(pool: Any) -> None:
