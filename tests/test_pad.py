@@ -349,8 +349,12 @@ def test_a_configs_list_and_mappings_are_taken_and_a_length_of_0_is_refused():
     assert repr(config) == repr(plain)
     got = next(iter(jl.DataLoader(records, batch_size=3, transforms=[config])))
     assert got["labels"].tolist()[0] == [0, 1] + [-100] * 6
-    with pytest.raises(jl.ConfigError, match=r"Pad\(length\) of 'ids': expected an int >= 1"):
+    with pytest.raises(jl.ConfigError, match=r"Pad\(length\) of 'ids': expected an int in "
+                                             r"\[1, 2147483647\], got 0"):
         jl.Pad("ids", length=0)
+    for huge in (2**31, __import__("sys").maxsize):  # (maxsize: NumPy's bare error at a batch)
+        with pytest.raises(jl.ConfigError, match=rf"got {huge}; .* an int32 as its lengths"):
+            jl.Pad("ids", length=huge)
     with pytest.raises(jl.ConfigError, match=r"got 'None'; a YAML file's None is null"):
         jl.Pad("ids", length_suffix="None")  # (a key 'idsNone' made)
 

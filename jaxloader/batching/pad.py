@@ -33,6 +33,8 @@ from jaxloader.base.number_kinds import (finfo_of, held_as, iinfo_of, ml_number,
                                           saturated_past)
 from jaxloader.base.errors import CollateError, ConfigError
 
+_INT32_MAX = (1 << 31) - 1
+
 
 class Pad:
     """Pads the leaves ``keys`` of each batch's records on their first axis to the batch's
@@ -115,7 +117,8 @@ class Pad:
                                        "batch's longest) or a bucket, e.g. 64")
                           for k, m in _each(named, multiple_of, "multiple_of").items()}
         self.lengths = {k: None if n is None else check_int(
-            f"Pad(length) of {k!r}", n, low=1, remedy="the length every batch is padded to")
+            f"Pad(length) of {k!r}", n, low=1, high=_INT32_MAX,  # (the lengths leaf's dtype)
+            remedy="the length every batch is padded to, an int32 as its lengths leaf is")
             for k, n in _each(named, length, "length").items()}
         self.multiple_of, self.length = multiple_of, length  # (as given: its repr's)
         if any(self.lengths[k] is not None and self.multiples[k] != 1 for k in named) and (
