@@ -623,7 +623,8 @@ def test_a_wrong_kind_of_argument_is_named_not_a_pythons_error_deep_inside(tmp_p
      r"batch_size: expected an int in \[1, 2147483648\]"),
     (lambda: jl.Stream.from_generator(lambda i: range(3), shards=10**30),
      r"Stream.from_generator\(shards\): expected an int in \[1, 4194304\]"),
-    (lambda: jl.Pad("x", length=10**30), r"Pad\(length\) of 'x': expected an int <= 2\*\*63"),
+    (lambda: jl.Pad("x", length=10**30),
+     r"Pad\(length\) of 'x': expected an int in \[1, 2147483647\]"),
     (lambda: jl.mix([np.arange(10), np.arange(5)], weights=[1, 1], from_step={10**30: [1, 2]}),
      r"mix\(from_step=...\) step: expected an int <= 2\*\*63 - 1"),
 ], ids=["batch_size", "batch_size_2**40", "shards", "Pad_length", "from_step"])
