@@ -38,14 +38,16 @@ def test_a_tight_shuffle_of_more_than_2_31_records_computes_in_64_bits(n):
 
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 5000), seed=st.integers(0, 2**64 - 1), tight=st.booleans(),
-       epochs=st.lists(st.integers(0, 2**40), min_size=1, max_size=6))
-def test_an_epoch_a_position_maps_each_as_its_own_epoch_would(n, seed, tight, epochs):
+       exact=st.booleans(), epochs=st.lists(st.integers(0, 2**40), min_size=1, max_size=6))
+def test_an_epoch_a_position_maps_each_as_its_own_epoch_would(n, seed, tight, exact, epochs):
     rng = np.random.default_rng(n)
     which = rng.integers(0, len(epochs), 3000)
     positions = rng.integers(0, n, 3000)
-    got = IndexShuffle(n, seed=seed, epoch=np.asarray(epochs)[which], tight=tight)(positions)
+    got = IndexShuffle(n, seed=seed, epoch=np.asarray(epochs)[which], tight=tight,
+                       exact=exact)(positions)
     for k, epoch in enumerate(epochs):
-        alone = IndexShuffle(n, seed=seed, epoch=epoch, tight=tight)(positions[which == k])
+        alone = IndexShuffle(n, seed=seed, epoch=epoch, tight=tight, exact=exact)(
+            positions[which == k])
         assert np.array_equal(got[which == k], alone)
 
 
@@ -145,6 +147,38 @@ def test_a_small_sources_shuffle_gives_every_order_equally_often():
             counts[orders[tuple(spec.indices.tolist())]] += 1
         chi2 = ((counts - 100) ** 2 / 100).sum()  # (119 degrees of freedom: p = 1e-5 at 190)
         assert chi2 < 190, counts  # (before: 484 and 443)
+
+
+def test_a_small_mixture_components_epochs_give_every_order_equally_often():
+    # a component's epochs were shuffled by the tight Feistel network: for 5 records some of
+    # its orders came far more often than others
+    import itertools
+
+    import jaxloader as jl
+
+    from jaxloader.batching.mixture_sampler import MixtureSampler
+
+    orders = {p: i for i, p in enumerate(itertools.permutations(range(5)))}
+    mixture = jl.mix([np.arange(5), np.arange(1000, 1995)], weights=[1, 199])
+    sampler = MixtureSampler(mixture, 1000, shuffle=True, seed=3, last_batch="drop")
+    reads = sampler._component_reads(0, np.arange(5 * 12_000))  # (its epochs, one by one)
+    counts = np.zeros(len(orders))
+    for order in reads.reshape(-1, 5).tolist():
+        counts[orders[tuple(order)]] += 1
+    chi2 = ((counts - 100) ** 2 / 100).sum()
+    assert chi2 < 190, counts  # (119 degrees of freedom: p = 1e-5 at 190)
+    loader = jl.DataLoader(mixture, batch_size=1000, shuffle=True, process_index=0,
+                           process_count=1)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert state.pop("exact_shuffle") is True  # (as written before 2026-12-03)
+    with pytest.raises(jl.StateDictError, match=r"saved at step 1 by a jaxloader before "
+                                                r"2026-12-03, .*restore it with the jaxloader "
+                                                r"that saved it"):
+        jl.DataLoader(mixture, batch_size=1000, shuffle=True, process_index=0,
+                      process_count=1).load_state_dict(state)
+    jl.DataLoader(mixture, batch_size=1000, shuffle=True, process_index=0,
+                  process_count=1).load_state_dict({**state, "step": 0})  # (no read to redo)
 
 
 def test_a_state_saved_before_the_exact_shuffle_restores_only_at_an_epochs_start():

@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from jaxloader.base.difference import differ
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
                                           same_order)
-from jaxloader.order.index_shuffle import IndexShuffle, splitmix64, splitmix64_array
+from jaxloader.order.index_shuffle import EXACT_UP_TO, IndexShuffle, splitmix64, splitmix64_array
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo, check_rows
 from jaxloader.plans.mixture import (block_size, check_weights_before,
                                       plan_regimes, regime_counts)
@@ -71,6 +71,7 @@ class MixtureSampler:
             self._local.block_starts(part, len(part)) for part in mixture.sources]
         self.layout = None if self._block_starts is None else blocks_layout(self._block_starts)
         self._block_orders: dict[tuple[int, int], BlockOrder] = {}
+        self._exact_orders: dict[tuple[int, int], IndexShuffle] = {}  # (a small component's)
         self.process_index, self.process_count = process_index, process_count
         # A mixture has no short last batch: positions run on across epochs.
         self.steps_per_epoch = max(1, self.num_records // self.global_batch_size)
@@ -111,7 +112,8 @@ class MixtureSampler:
         self._rows = check_rows(rows, batch_size, process_index, process_count)  # (its own)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
-        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {}}
+        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {},
+                "_exact_orders": {}}
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
@@ -216,35 +218,48 @@ class MixtureSampler:
             epochs, within = first, reads - first * length
         else:
             epochs, within = np.divmod(reads, length)
-        if self._local is not None:
-            within = self._read_locally(c, epochs, within)
-        elif self.shuffle:
-            within = IndexShuffle(length, seed=self._seeds[c], tight=True, epoch=epochs)(within)
+        if self._local is not None:  # (blocks permuted each epoch, records within windows)
+            within = self._by_epoch(within, epochs, lambda e: self._block_order(c, e))
+        elif self.shuffle and length <= EXACT_UP_TO and last - first < 3:  # (tables kept)
+            within = self._by_epoch(within, epochs, lambda e: self._exact_order(c, e))
+        elif self.shuffle:  # (tight; exact, a component wrapping many epochs a span at once)
+            within = IndexShuffle(length, seed=self._seeds[c], tight=True, epoch=epochs,
+                                  exact=True)(within)
         return self._offsets[c] + within
 
-    def _read_locally(self, c: int, epochs: int | np.ndarray, within: np.ndarray) -> np.ndarray:
-        """Component ``c``'s records ``within`` of ``epochs`` in its read-local order: its
-        blocks permuted each epoch, records shuffled within windows of them (``BlockOrder``,
-        keyed by the component's seed), so its consecutive reads stay in a few blocks."""
+    @staticmethod
+    def _by_epoch(within: np.ndarray, epochs: int | np.ndarray,
+                  order: Callable[[int], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
+        """``within`` mapped by the order of each one's epoch (``order(epoch)``)."""
         if isinstance(epochs, int):
-            return self._block_order(c, epochs)(within)
+            return order(epochs)(within)
         out = np.empty_like(within)
         for epoch in np.unique(epochs).tolist():
             at = epochs == epoch
-            out[at] = self._block_order(c, epoch)(within[at])
+            out[at] = order(epoch)(within[at])
         return out
+
+    def _exact_order(self, c: int, epoch: int) -> IndexShuffle:
+        """Component ``c``'s epoch shuffled exactly (a table, kept as ``_block_order``'s)."""
+        order = self._exact_orders.get((c, epoch))
+        if order is None:
+            self._forget(self._exact_orders, c, epoch)
+            order = self._exact_orders[(c, epoch)] = IndexShuffle(
+                int(self._lengths[c]), seed=self._seeds[c], epoch=epoch, exact=True)
+        return order
+
+    @staticmethod
+    def _forget(orders: dict, c: int, epoch: int) -> None:
+        # a component's reads go up by epoch: its orders of other epochs than this one's
+        # neighbours go (a cache of 8 for all, cleared when full, made every large component's
+        # order again each span, where a small one wraps many epochs: 8.8 ms against 0.3)
+        for old in [key for key in orders if key[0] == c and abs(key[1] - epoch) > 1]:
+            orders.pop(old, None)
 
     def _block_order(self, c: int, epoch: int) -> BlockOrder:
         order = self._block_orders.get((c, epoch))
         if order is None:
-            # a component's reads go up by epoch: its orders of other epochs than this one's
-            # neighbours go (three a component at most: the sum of the components' blocks;
-            # one small component wraps many epochs a span, and a cache of 8 for all,
-            # cleared when full, made every large one's order again each span: 8.8 ms
-            # against 0.3 a batch)
-            for old in [key for key in self._block_orders
-                        if key[0] == c and abs(key[1] - epoch) > 1]:
-                self._block_orders.pop(old, None)
+            self._forget(self._block_orders, c, epoch)
             assert self._local is not None and self._block_starts is not None
             order = self._block_orders[(c, epoch)] = BlockOrder(
                 self._block_starts[c], window=self._local.window, seed=self._seeds[c],
@@ -261,7 +276,14 @@ class MixtureSampler:
             "mixture": [[step, weights] for step, weights in sorted(self.schedule.items())]}
         if self._local_description is not None:
             state["local_shuffle"] = self._local_description
+        if self._exact():
+            state["exact_shuffle"] = True  # (states saved before 2026-12-03 had another)
         return state
+
+    def _exact(self) -> bool:
+        """Whether a component is shuffled exactly (``IndexShuffle(exact=True)``)."""
+        return self.shuffle and self._local is None and bool(
+            ((self._lengths > 1) & (self._lengths <= EXACT_UP_TO)).any())
 
     def check_extra_state(self, state: dict, step: int) -> None:
         if (step + 1) * self.global_batch_size > 1 << 53:  # (a state by hand: a run reads
@@ -283,6 +305,13 @@ class MixtureSampler:
                 "steps would read other records here; restore with the shuffle that wrote it"
             )
         check_weights_before(self.schedule, saved, step)
+        if self._exact() and step and state.get("exact_shuffle") is not True:
+            raise StateDictError(
+                f"state: saved at step {step} by a jaxloader before 2026-12-03, whose shuffle "
+                f"of a mixture's component of up to {EXACT_UP_TO:,} records was not uniform; "
+                "this version shuffles such components otherwise, and the epochs of theirs "
+                "under way would read some records twice and others never: restore it with "
+                "the jaxloader that saved it")
 
 
 def loose_batches(mixture: Any, global_batch: int, block: int) -> None:

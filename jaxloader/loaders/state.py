@@ -36,9 +36,9 @@ from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest
 from jaxloader.sources.fingerprint import compact_spec
 
-# The state's one version: what a step reads (the orders of ``order`` and ``plans``, the
-# layout of a state) is this number's; a change to any of them changes it, and a state of
-# another version is refused, not misread (the suite's order digests catch such a change).
+# The state's one version: what a step reads (the orders of ``order`` and ``plans``, the state's
+# layout) is this number's; a change to any of them changes it, or a key marks it (exact_shuffle),
+# and a state of another is refused, not misread (the suite's order digests catch a change).
 STATE_VERSION = 1
 # Keys whose values must equal this loader's for a step to mean the same global batch.
 _CHECKED = ("num_records", "global_batch_size", "seed", "shuffle", "last_batch")

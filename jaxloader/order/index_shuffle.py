@@ -99,12 +99,16 @@ class IndexShuffle:
         ``radix``), computed in 32-bit words up to ``n = 2**31``: almost no value lands
         outside ``[0, n)``, against up to 3 in 4 over the even power of two, whose
         cycle-walking took most of a mixture's order; another order than the default's.
-        ``exact``: up to ``EXACT_UP_TO`` records (one epoch), a uniform permutation: records
-        sorted by SplitMix64 numbers drawn from ``(seed, epoch)``; another order again."""
+        ``exact``: up to ``EXACT_UP_TO`` records, a uniform permutation: records sorted by
+        SplitMix64 numbers drawn from ``(seed, epoch)`` (a table an epoch); another order
+        again."""
         self.n = n
         self._table: np.ndarray | None = None  # exact: the permutation, made at the first call
-        self._exact_key = (splitmix64(splitmix64(seed ^ _EXACT_KEY) ^ int(epoch))
-                           if exact and n <= EXACT_UP_TO and np.ndim(epoch) == 0 else None)
+        self._exact_key: np.ndarray | None = None  # exact: each epoch's key (one: 0-d)
+        if exact and n <= EXACT_UP_TO:
+            given = np.asarray(epoch, np.uint64)  # (1-D to hash: NumPy warns of a scalar's
+            self._exact_key = splitmix64_array(  # wrapping, not an array's)
+                np.uint64(splitmix64(seed ^ _EXACT_KEY)) ^ given.reshape(-1)).reshape(given.shape)
         bits = max(2, int(n - 1).bit_length())
         low = (bits + 1) // 2
         word = self._word = _WORD32 if tight and bits <= 31 else _WORD64
@@ -119,6 +123,8 @@ class IndexShuffle:
         self._excess = (-(-n >> low) << low) - n if tight else 0  # the domain's values past n
         self._keys: list = []  # a word each round; or an array of them, one per position
         rounds, mask = _TIGHT_ROUNDS if tight else _FEISTEL_ROUNDS, np.iinfo(word.dtype).max
+        if self._exact_key is not None:
+            return  # (no rounds: a table)
         if np.ndim(epoch) == 0:
             base = splitmix64(splitmix64(seed) ^ int(epoch))
             self._keys = [word.dtype(splitmix64(base + r) & mask) for r in range(rounds)]
@@ -163,10 +169,7 @@ class IndexShuffle:
         if self.n <= 1:
             return np.asarray(positions, dtype=np.int64).copy()
         if self._exact_key is not None:
-            if self._table is None:
-                numbers = np.arange(self.n, dtype=np.uint64) * _GAMMA + np.uint64(self._exact_key)
-                self._table = np.argsort(splitmix64_array(numbers), kind="stable")
-            return self._table[np.asarray(positions, dtype=np.int64)]
+            return self._exactly(np.asarray(positions, dtype=np.int64))
         per_position = np.ndim(self.epoch) > 0
         x = self._permute_domain(np.asarray(positions).astype(self._word.dtype), self._keys)
         limit = self._word.dtype(self.n)
@@ -184,6 +187,21 @@ class IndexShuffle:
             x[at] = walked
             at = at[walked >= limit]
         return x.astype(np.int64)
+
+    def _exactly(self, positions: np.ndarray) -> np.ndarray:
+        """``exact``: each position's record, by its epoch's table (made once, for one epoch;
+        for each distinct epoch of an array of them, a row each). The numbers sorted are
+        distinct (SplitMix64 is a bijection of 64-bit words, and the key plus ``i`` steps is
+        distinct for each ``i``): any sort gives one order."""
+        assert self._exact_key is not None
+        numbers = np.arange(self.n, dtype=np.uint64) * _GAMMA
+        if self._exact_key.ndim == 0:
+            if self._table is None:
+                self._table = np.argsort(splitmix64_array(numbers + self._exact_key[()]))
+            return self._table[positions]
+        keys, which = np.unique(self._exact_key, return_inverse=True)
+        tables = np.argsort(splitmix64_array(numbers + keys[:, None]), axis=1)
+        return tables[which.reshape(-1), positions]
 
     def _walk_table(self) -> np.ndarray:
         """Tight, one epoch: for each value ``n + k`` of the domain past ``n``, the first value
