@@ -193,12 +193,13 @@ _HELD: list = []  # the run's lock, held while the process lives
 
 
 def loss_log(args: argparse.Namespace, step: int) -> Any:
-    """``--loss-log`` opened to append; a run resumed at ``step`` first drops its lines of
-    later steps, which the run stopped after its last checkpoint wrote (the log held those
-    steps twice after a resume; lines of no step are kept). ``None`` without ``--loss-log``."""
+    """``--loss-log`` opened to append; a run starting at ``step`` first drops its lines of
+    later steps: those a stopped run logged after its last checkpoint, or all of them where it
+    stopped before its first, or for ``--fresh`` (the log held those steps twice; lines of no
+    step are kept). ``None`` without ``--loss-log``."""
     if not args.loss_log:
         return None
-    if step > 0 and os.path.exists(args.loss_log):
+    if os.path.exists(args.loss_log):
         with open(args.loss_log) as f:
             kept = [line for line in f if _logged_step(line) <= step]
         with open(args.loss_log, "w") as f:
