@@ -878,3 +878,35 @@ def test_placement_that_costs_its_calls_is_not_told_to_lower_the_precision():
     assert "a lower precision (a Map to bfloat16/uint8)" in large, large
     slow = _placement_advice(150.0, 1000, True, 100e6)  # (150 ms: a slow copy, not a call's)
     assert "a lower precision (a Map to bfloat16/uint8)" in slow, slow
+
+
+def test_a_step_that_waits_for_an_accelerator_holds_no_core_in_the_verdict():
+    # the training step's wall time was counted as a core in use: a step waiting on a GPU
+    # (block_until_ready) left "every core is in use (1 workers on 2 cores)" where a second
+    # worker gave 1.3x; the process's CPU time says what it used
+    busy = WorkerStats(0, 1, 200, 1600, 1 << 20, busy_s=3.4, cpu_s=3.4,
+                       stages={"read": 0.1, "Map(heavy)": 3.3})
+    stats = LoaderStats(batches=200, wait_s=1.0, run_s=2.4, wall_s=3.5, batches_made=200,
+                        stages={"read": 0.1, "Map(heavy)": 3.3, "hand-over": 0.02,
+                                "consumer wait": 1.0, "step": 2.4}, workers=(busy,),
+                        main_cpu_s=0.06)
+    d = diagnose(stats, num_workers=1, cores=2)
+    assert d.bottleneck == "workers" and d.advice[0].startswith("1 of 2 cores idle: "
+                                                                "num_workers=2"), d.advice
+    computing = stats._replace(main_cpu_s=2.4)  # (a step on the host: its core is in use)
+    assert "every core is in use" in " ".join(diagnose(computing, num_workers=1, cores=2).advice)
+
+
+def test_the_training_processs_cpu_time_is_measured_over_the_window():
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=4, num_workers=1,
+                           process_index=0, process_count=1)
+    with loader:
+        batches = iter(loader)
+        next(batches)
+        loader.reset_stats()
+        for _ in range(8):
+            next(batches)
+            spin(0.02)  # (the step's host work: the process's CPU)
+        stats = loader.stats
+    assert 0.1 < stats.main_cpu_s <= stats.wall_s * 1.05 + 0.01, stats
+    assert stats.since(stats).main_cpu_s == 0.0

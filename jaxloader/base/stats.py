@@ -104,6 +104,10 @@ class LoaderStats(NamedTuple):
     began: float = 0.0
     #: a window's stats (``since``): its batches all in its wall time
     window: bool = False
+    #: CPU seconds of the training process, every thread, from the first batch handed out to
+    #: the last (its step's host work, the loader's threads; batches made where no workers):
+    #: the cores it used, which a step waiting for an accelerator does not (0: not measured)
+    main_cpu_s: float = 0.0
 
     @property
     def wait_fraction(self) -> float:
@@ -171,7 +175,7 @@ class LoaderStats(NamedTuple):
             self.num_workers, max(0.0, ahead / batches) if batches else 0.0,
             self.batches_made - earlier.batches_made,
             self.first_batch_s if earlier.batches == 0 else 0.0, self.began,
-            window=earlier.batches > 0)
+            window=earlier.batches > 0, main_cpu_s=self.main_cpu_s - earlier.main_cpu_s)
 
 
 def _minus(later: Mapping[str, float], earlier: Mapping[str, float]) -> Mapping[str, float]:

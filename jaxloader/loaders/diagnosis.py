@@ -159,7 +159,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     step_s = stats.run_s / per  # the training step's, between batches
     made_count = max(1, stats.batches_made)
     work_s = (max(0.0, busy_s - compiled) if stats.workers else made_total) / made_count
-    main_share = min(1.0, (stats.run_s + handover + place) / steady)
+    # the training process's cores: its CPU time where workers make the batches (a step that
+    # waits for an accelerator holds no core), else the step's and hand-over's wall time
+    main_share = min(1.0, stats.main_cpu_s / steady if stats.main_cpu_s and stats.workers else
+                     (stats.run_s + handover + place) / steady)
     # (Ray actors: the cluster's cores, not known here; more actors where they are busy)
     # a worker's cores: its busy share, or more where its threads ran beside it (GIL-free)
     used = [max(b, w.cpu_s / steady) for b, w in zip(stats.busy, stats.workers)] \

@@ -103,7 +103,7 @@ class Progress:
         wall = self.last_s - self.first_s - self.apart_s if self.first_s is not None else 0.0
         return LoaderStats(self.batches, self.wait_s, self.run_s, wall, records, nbytes,
                            stages, tuple(workers), num_workers, gauges.ready_ahead(), made,
-                           self.first_batch_s, self.began)
+                           self.first_batch_s, self.began, main_cpu_s=self.cpu_s)
 
     def reset_stats(self, pids: Sequence[int] = ()) -> None:
         """Starts the counts again (the engine's gauges are reset by the loader); ``pids``:
@@ -112,6 +112,7 @@ class Progress:
         self.began = time.perf_counter()  # when the stats began (LoaderStats.began)
         self.batches = 0  # batches handed out, time waited inside next(), run between calls
         self.wait_s = self.run_s = self.place_s = 0.0  # (placement: device_put's time)
+        self.cpu_s = 0.0  # the training process's CPU seconds over the runs (LoaderStats)
         self.first_s: float | None = None  # when the first next() of the window was entered
         self.last_s = 0.0  # when the last batch was handed out
         self.apart_s = 0.0  # between runs (an evaluation between passes): no one's, not wall
@@ -167,6 +168,7 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
         # (on the first call, and again after a call that failed: the time until the next
         # call is not the consumer's). next() tests one value, check_at, for all of it.
         self._last_return = 0.0
+        self._last_cpu = 0.0  # the training process's CPU time then (time.process_time)
         self._timing = False
         progress.check_at = 0.0
         self._interrupted = True  # no work under way yet: _start() (or the first next()) starts it
@@ -299,6 +301,8 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
             progress.wait_s += returned - entered
             progress.run_s += entered - self._last_return
             progress.last_s = self._last_return = returned
+            cpu = time.process_time()  # (the step's CPU, not its wall time: a GPU's waits)
+            progress.cpu_s, self._last_cpu = progress.cpu_s + cpu - self._last_cpu, cpu
             self._caller = None  # (no call: a signal cannot come before the return)
             return batch
         except BaseException:
@@ -311,12 +315,13 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
         monitor = self._monitor
         if not self._timing:
             self._last_return, self._timing = entered, True  # (no run time before this call)
+            self._last_cpu = time.process_time()
             if progress.first_s is not None:  # (not the window's first run)
                 progress.apart_s += max(0.0, entered - progress.last_s)
             if monitor is not None:
                 monitor.restart()
         if progress.first_s is None:  # (the window's first call: none of its run time before)
-            self._last_return = entered
+            self._last_return, self._last_cpu = entered, time.process_time()
             progress.first_s, progress.first_batch_s = entered, returned - entered
             if returned - entered > SLOW_FIRST_S:
                 log.info("%s: the first batch took %.1f s (the first reads, and the workers' "
