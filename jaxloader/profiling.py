@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import io
 import os
 import re
@@ -217,15 +218,18 @@ def profile(loader: Any, steps: int = 300, workers: Sequence[int] | None = None,
 
 
 def _made(make: Callable[..., Any], num_workers: int) -> Any:
-    """``make(num_workers=num_workers)``, checked to be a loader."""
+    """``make(num_workers=num_workers)``, checked to be a loader; one that takes no
+    ``num_workers=`` refused by its signature (a ``TypeError`` it raises is its own: a
+    loader's remedy for Grain's ``worker_count=`` names ``num_workers=`` too)."""
     try:
-        loader = make(num_workers=num_workers)
+        inspect.signature(make).bind(num_workers=num_workers)
+    except ValueError:  # (no signature to read: a builtin's, called as it is)
+        pass
     except TypeError as e:
-        if "num_workers" not in str(e):
-            raise
         raise ConfigError(f"profile: {getattr(make, '__name__', make)!r} takes no num_workers= "
                           f"({e}); profile calls make_loader(num_workers=n) for each count "
                           "tried") from e
+    loader = make(num_workers=num_workers)
     if not isinstance(loader, LoaderLifecycle):
         raise ConfigError(f"profile: {getattr(make, '__name__', make)!r}(num_workers="
                           f"{num_workers}) returned {type(loader).__name__}; expected a "

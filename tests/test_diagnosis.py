@@ -484,6 +484,13 @@ def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():
     with pytest.raises(jl.ConfigError, match=r"its folder does not exist"):
         jl.profile(make, steps=5, workers=(0,), out="/no/such/folder/p.png")
 
+    def grain_named(num_workers):  # (its own TypeError, whose remedy names num_workers=: was
+        return jl.DataLoader(np.arange(8), batch_size=2, worker_count=2)  # "takes no ...")
+    with pytest.raises(TypeError, match=r"DataLoader has no worker_count: use num_workers=") \
+            as raised:
+        jl.profile(grain_named, steps=5, workers=(0,), out=None)
+    assert "takes no num_workers" not in str(raised.value)
+
 
 @pytest.mark.parametrize("argv, said", [
     (["no_such_module_x:make"], "no module 'no_such_module_x' to import"),
