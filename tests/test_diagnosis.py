@@ -917,3 +917,23 @@ def test_the_training_processs_cpu_time_is_measured_over_the_window():
         stats = loader.stats
     assert 0.1 < stats.main_cpu_s <= stats.wall_s * 1.05 + 0.01, stats
     assert stats.since(stats).main_cpu_s == 0.0
+
+
+def test_a_workers_time_queued_for_a_core_counts_from_the_windows_first_batch(monkeypatch):
+    # counted from the worker's birth (the constructor's stats had no pids yet): the start of
+    # 8 interpreters on 2 cores made sleeping reads "queued", and the verdict "every core is
+    # in use: make reading cheaper", where more workers helped (the diagnosis audit)
+    from jaxloader.loaders import iterator
+
+    queued = [5.0]  # (a worker's schedstat: 5 s queued as it started)
+    monkeypatch.setattr(iterator, "queued_s", lambda pid: queued[0])
+    loader = jl.DataLoader(WaitingSource(4096, 0.001), batch_size=8, num_workers=1,
+                           process_index=0, process_count=1)
+    with loader:
+        batches = iter(loader)
+        next(batches)
+        queued[0] = 5.01
+        for _ in range(20):
+            next(batches)
+        worker = loader.stats.workers[0]
+    assert worker.busy_s - worker.cpu_s > 0.1 and worker.queued_s == pytest.approx(0.01)
