@@ -323,9 +323,9 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
         if progress.first_s is None:  # (the window's first call: none of its run time before)
             self._last_return, self._last_cpu = entered, time.process_time()
             progress.first_s, progress.first_batch_s = entered, returned - entered
-            if not getattr(self._engine, "remote", False):  # (their time queued for a core
-                progress.queued_from = {  # counts from here, as the window's: their start,
-                    pid: queued_s(pid) for pid in self._engine.pids}  # on every core, not)
+            progress.queued_from = {  # (the workers' time queued for a core counts from
+                pid: queued_s(pid)  # here, as the window's: their start, on every core, not)
+                for pid in getattr(self._engine, "pids", ())}
             if returned - entered > SLOW_FIRST_S:
                 log.info("%s: the first batch took %.1f s (the first reads, and the workers' "
                          "start where it has workers)", progress.label, returned - entered)
