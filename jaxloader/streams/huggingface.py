@@ -361,15 +361,15 @@ def as_declared(value: Any, plan: Any, name: str = "a record") -> Any:
     if plan is _UNKNOWN:
         return numbers_as_arrays(value)
     kind = type(value)
+    if kind is list and _holds_none(value):  # (NumPy made it NaN, or False; an int list's
+        raise RecordError(  # became a list: the batch's structure changed; as a Dataset's)
+            f"{name}: a list of {'strings' if plan is _STRINGS else plan or 'numbers'} holds a "
+            f"null (None): {value!r:.80}; fill the nulls (ds.map) or drop those rows "
+            "(ds.filter) before streaming")
     if plan is _STRINGS:
         return object_column(value) if kind is list else value
     if kind is list:
         if plan is not None:
-            if plan.kind == "f" and _holds_none(value):  # (NumPy would make it NaN)
-                raise RecordError(
-                    f"{name}: a list of {plan} holds a null (None): {value!r:.80}; expected "
-                    "numbers: "
-                    "fill the nulls (ds.map) or drop those rows (ds.filter) before streaming")
             try:
                 return np.asarray(value, plan)
             except (TypeError, ValueError):  # inner lists of other lengths, a None

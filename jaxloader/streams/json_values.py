@@ -56,6 +56,11 @@ def _all_numbers(value: list) -> bool:
     if isinstance(first, list):
         return all(isinstance(v, list) and v and _all_numbers(v) for v in value)
     kinds = set(map(type, value))
+    if type(None) in kinds and len(kinds) > 1 and kinds - {type(None)} <= _NUMBERS:
+        raise ValueError(f"a list holds null among its numbers ({value[:8]!r:.80}), which no "
+                         "array of numbers holds (as a list, its batch would change shape): "
+                         "write a number for it (NaN as a float, or a fill value) and, where "
+                         "it matters, a mask beside it")
     if bool in kinds and len(kinds) > 1 and kinds <= _NUMBERS:
         raise ValueError(f"a list mixes true/false with numbers ({value[:8]!r:.80}), which "
                          "NumPy would make all numbers: write 0 and 1, or one kind a list")

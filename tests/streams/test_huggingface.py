@@ -290,12 +290,16 @@ def test_bad_input_gets_a_clear_error():
 
 
 def test_a_null_in_a_list_of_floats_is_refused_naming_the_shard_and_the_field():
-    # NumPy made it NaN without a word
-    ds = datasets.Dataset.from_dict({"v": [[1.0, 2.0], [3.0, None]]}).to_iterable_dataset()
-    with jl.StreamLoader(ds, batch_size=2, process_index=0, process_count=1) as loader:
-        with pytest.raises(jl.JaxloaderError, match=r"HuggingFaceShard .*\['v'\]: a list of "
-                                                     r"float64 holds a null \(None\).*ds.filter"):
-            next(iter(loader))
+    # NumPy made it NaN without a word; a bool list's became False, an int list's made the
+    # leaf a list (the batch's structure changed), a string list's passed (the HF audit)
+    for values, said in (([[1.0, 2.0], [3.0, None]], "float64"), ([[True, None]] * 2, "bool"),
+                         ([[1, None]] * 2, "int64"), ([["a", None]] * 2, "strings")):
+        ds = datasets.Dataset.from_dict({"v": values}).to_iterable_dataset()
+        with jl.StreamLoader(ds, batch_size=2, process_index=0, process_count=1) as loader:
+            with pytest.raises(jl.JaxloaderError, match=rf"HuggingFaceShard .*\['v'\]: a list "
+                                                         rf"of {said} holds a null \(None\).*"
+                                                         r"ds.filter"):
+                next(iter(loader))
 
 
 @pytest.mark.parametrize("release", ["4.8.4", "3.2.0", "4.8.5rc1", "4.8.5.dev0", "4.8.5-rc1",

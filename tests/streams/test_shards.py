@@ -328,6 +328,14 @@ def test_bad_lines_and_states_are_named(tmp_path):
     shard.next()
     with pytest.raises(jl.RecordError, match=r"bad.jsonl: line 2: not JSON"):
         shard.next()
+    nulls = tmp_path / "nulls.jsonl"  # (kept as a list: [array, None] in a batch, silently)
+    nulls.write_text('{"x": [1, 2]}\n{"x": [1, null]}\n')
+    holey = jl.JsonlShard(nulls)
+    holey.reset()
+    holey.next()
+    with pytest.raises(jl.RecordError, match=r"nulls.jsonl: line 2: a list holds null among "
+                                             r"its numbers \(\[1, None\]\)"):
+        holey.next()
     deep = tmp_path / "deep.jsonl"  # (a RecursionError, naming the line in a state dict only)
     deep.write_text('{"x": 1}\n' + "[" * 100_000 + "]" * 100_000 + "\n"
                     + '{"x": ' + "[" * 2_000 + "1" + "]" * 2_000 + "}\n")
