@@ -37,10 +37,18 @@ _LENGTH_BATCH = 1 << 16  # rows a slice of the Arrow table while reading lengths
 
 
 def adapt(source: Any) -> Any:
-    """``HuggingFaceSource(source)`` for a ``datasets.Dataset``, the source itself otherwise."""
+    """``HuggingFaceSource(source)`` for a ``datasets.Dataset``, the source itself otherwise;
+    a ``Dataset``'s column (``ds["x"]``, a sequence of Python rows) refused."""
     if type(source).__module__.startswith("datasets.") and hasattr(source, "with_format") \
             and not isinstance(source, dict):  # (a DatasetDict: refused by check_source)
         return HuggingFaceSource(source)
+    if type(source).__module__.startswith("datasets.") and hasattr(source, "column_name"):
+        name = source.column_name
+        raise ConfigError(
+            f"a datasets Column (ds[{name!r}]): its rows are Python values, and a list feature "
+            "would batch as one array of shape (batch,) an item, slowly; pass the dataset, or "
+            f"ds.select_columns([{name!r}]), read as NumPy: batch[{name!r}] is one array of "
+            "shape (batch, ...)")
     return source
 
 

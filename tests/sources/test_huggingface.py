@@ -40,6 +40,15 @@ def test_list_features_batch_as_one_array_and_strings_stay_strings(fmt, num_work
     assert sorted(np.concatenate([b["label"] for b in batches]).tolist()) == list(range(40))
 
 
+def test_a_datasets_column_is_refused_with_the_dataset_as_the_remedy():
+    # ds["vector"] (datasets 4 and later: a Column of Python rows) batched as 32 arrays of
+    # shape (batch,), slowly, without a word (the Hugging Face audit)
+    column = dataset()["vector"]
+    with pytest.raises(jl.ConfigError, match=r"a datasets Column \(ds\['vector'\]\): .*pass "
+                                             r"the dataset, or ds.select_columns"):
+        jl.DataLoader(column, batch_size=8, process_index=0, process_count=1)
+
+
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.e2e)])
 def test_datasets_mixed_concatenated_filtered_or_mapped_batch_the_same_way(num_workers):
     """A Dataset inside jl.mix, ConcatSource, FilteredSource or MapSource is read as NumPy too
