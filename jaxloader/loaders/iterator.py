@@ -265,9 +265,10 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
             try:
                 batch = self._next()
                 progress.kinds.check(batch, self._step, progress.where)
-                returned = time.perf_counter()
+                # (the process's CPU time too: a step's, not its wall time, holds a core)
+                returned, cpu = time.perf_counter(), time.process_time()
                 if returned >= progress.check_at:  # a first batch, or the monitor's time
-                    self._checks(progress, entered, returned)
+                    self._checks(progress, entered, returned, cpu)
             except WorkerError as e:
                 progress.broken = kept(e)
                 if self._failed is not None:
@@ -301,7 +302,6 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
             progress.wait_s += returned - entered
             progress.run_s += entered - self._last_return
             progress.last_s = self._last_return = returned
-            cpu = time.process_time()  # (the step's CPU, not its wall time: a GPU's waits)
             progress.cpu_s, self._last_cpu = progress.cpu_s + cpu - self._last_cpu, cpu
             self._caller = None  # (no call: a signal cannot come before the return)
             return batch
@@ -309,19 +309,19 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
             self._caller = None
             raise
 
-    def _checks(self, progress: Progress, entered: float, returned: float) -> None:
+    def _checks(self, progress: Progress, entered: float, returned: float, cpu: float) -> None:
         """The first batch of the stats' window (said if slow), the consumer's time started
         (the first call, or one after a failed call), and the monitor's turn."""
         monitor = self._monitor
         if not self._timing:
             self._last_return, self._timing = entered, True  # (no run time before this call)
-            self._last_cpu = time.process_time()
+            self._last_cpu = cpu
             if progress.first_s is not None:  # (not the window's first run)
                 progress.apart_s += max(0.0, entered - progress.last_s)
             if monitor is not None:
                 monitor.restart()
         if progress.first_s is None:  # (the window's first call: none of its run time before)
-            self._last_return, self._last_cpu = entered, time.process_time()
+            self._last_return, self._last_cpu = entered, cpu
             progress.first_s, progress.first_batch_s = entered, returned - entered
             progress.queued_from = {  # (the workers' time queued for a core counts from
                 pid: queued_s(pid)  # here, as the window's: their start, on every core, not)
