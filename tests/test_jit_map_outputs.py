@@ -82,7 +82,7 @@ def test_a_restore_under_another_random_setting_is_warned_and_the_same_one_is_no
             restored.close()
         said = [w for w in caught if "transforms differ" in str(w.message)]
         assert bool(said) == told, (before, after, [str(w.message) for w in caught])
-    from jaxloader.loaders.state import older_transforms_of  # (a state saved before: silent)
+    from jaxloader.loaders.transform_names import older_transforms_of  # (a state saved before: silent)
 
     forced = [jl.JitMap(maybe_noisy, random=True)]
     with warnings.catch_warnings(record=True) as caught:
@@ -189,7 +189,7 @@ def test_a_change_past_the_repr_of_an_array_a_transform_holds_is_warned_at_a_res
         changed[-1] = 5.0
         assert restored(changed, state, kind), kind
         # a state saved before the digests held the arrays' bytes: the code's digest alone
-        from jaxloader.loaders.state import older_transforms_of
+        from jaxloader.loaders.transform_names import older_transforms_of
 
         older = {**state, "transforms": older_transforms_of([kind(scaled_by(table))])[-1]}
         assert older["transforms"] != state["transforms"]

@@ -92,7 +92,7 @@ def test_a_map_source_and_a_map_with_defaults_restore_states_of_older_digests():
                                  transforms=[jl.Map(add)])
     with make() as loader:
         state, want, _ = _saved_then(loader, lambda text: text)
-    from jaxloader.loaders.state import older_transforms_of
+    from jaxloader.loaders.transform_names import older_transforms_of
 
     for older in older_transforms_of([jl.Map(add)]):  # (a Map's change is warned of)
         assert _restored_quietly(make, {**state, "transforms": older}) == want
@@ -202,7 +202,7 @@ def test_states_of_the_thirty_fourth_session_over_long_values_restore():
     # which cut it there, are matched as written then; checked too with real states saved by
     # 74768d7 over a MapSource, a Map, a Stream.from_generator and a Stream.map)
     from jaxloader.base.abilities import OLDER_DIGESTS, fingerprint_of
-    from jaxloader.loaders.state import older_transforms_of, transforms_of
+    from jaxloader.loaders.transform_names import older_transforms_of, transforms_of
 
     source = jl.MapSource(jl.ArraySource({"x": np.arange(40)}), count_files)
     token = OLDER_DIGESTS.set(3)  # (the 34th session's)
@@ -235,7 +235,7 @@ def test_a_notebook_class_is_told_when_edited_and_its_states_of_before_restore(m
     # restore under it edited, + to -, was quiet; now told, and the states the version before
     # wrote, without its functions' text, restore as they did)
     from jaxloader.base.abilities import OLDER_DIGESTS, fingerprint_of
-    from jaxloader.loaders.state import older_transforms_of
+    from jaxloader.loaders.transform_names import older_transforms_of
     from sources.test_code_digest import notebook_class
 
     records = jl.ArraySource({"id": np.arange(40)})

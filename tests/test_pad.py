@@ -110,7 +110,7 @@ def test_a_restore_under_other_pad_settings_is_told_as_other_transforms_are():
     with pytest.warns(UserWarning, match=r"transforms differ.*value=0.1"):
         jl.DataLoader(clips(), batch_size=4, transforms=[jl.Pad(pad, value=0.1)]).load_state_dict(
             tenth.state_dict())
-    from jaxloader.loaders.state import compared_transforms
+    from jaxloader.loaders.transform_names import compared_transforms
     assert len(set(compared_transforms([f"{jl.Pad(k)!r} 0" for k in ("1.0", "1")]))) == 2
     with warnings.catch_warnings():  # (a complex value's float() warned, an error under
         warnings.simplefilter("error")  # "error"; nan is held exactly: the twenty-third

@@ -42,8 +42,9 @@ from jaxloader.loaders.record_order import sampler_for
 from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
-from jaxloader.loaders.state import (check_state, compared_transforms, make_state,
-                                     older_transforms_of, transforms_of)
+from jaxloader.loaders.state import check_state, make_state
+from jaxloader.loaders.transform_names import (compared_transforms, exact_settings,
+                                               older_transforms_of, transforms_of)
 from jaxloader.batching.transforms import Transforms, split_transforms
 from jaxloader.sharding.hosts import Pairing
 
@@ -302,11 +303,11 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
                     self._sampler.steps_per_epoch))
         put = self._putter
         layout = self._sampler.layout  # (a LocalShuffle's blocks: the same on every process)
+        named = compared_transforms(self._transforms_state())
         hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
-            {**make_state(self._sampler, start, self._source_fingerprint(),
-                          compared_transforms(self._transforms_state())),
+            {**make_state(self._sampler, start, self._source_fingerprint(), named),
              "num_epochs": self.num_epochs, **({"local_shuffle_blocks": layout} if layout
-                                              else {})},
+                                              else {}), **exact_settings(named)},
             self.process_count, index=self.process_index)
         active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,

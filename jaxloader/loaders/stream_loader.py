@@ -44,9 +44,9 @@ from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, ja
                                        placement)
 from jaxloader.loaders.foreign_arguments import REQUIRED, GrainAttributes, refuse_call
 from jaxloader.loaders.older_states import as_written_now
-from jaxloader.loaders.state import (STATE_VERSION, check_stream_state, older_transforms_of,
-                                     transforms_of, warn_changed_generators,
-                                     warn_changed_transforms)
+from jaxloader.loaders.state import STATE_VERSION, check_stream_state
+from jaxloader.loaders.transform_names import (older_transforms_of, transforms_of,
+                                               warn_changed_generators, warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.loaders.stream_runs import ReaderRuns, overlaid, published

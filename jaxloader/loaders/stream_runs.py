@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Generator
 
-from jaxloader.loaders.state import compared_transforms
+from jaxloader.loaders.transform_names import compared_transforms, exact_settings
 from jaxloader.sharding.hosts import HostsCheck, stream_settings
 from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.streams import passes
@@ -109,6 +109,7 @@ def published(loader: StreamLoader) -> tuple[HostsCheck | None, PassVotes | None
         {**config, **described, **loader._stream.extra_state(),
          "step": loader._progress.step, "num_epochs": loader.num_epochs,
          "transforms": compared_transforms(loader._named()),
+         **exact_settings(compared_transforms(loader._named())),
          "generators": codes_of(loader._stream.shards),
          **passes.to_state(loader._until, loader.num_epochs, loader._ended)},
         loader.process_count, index=loader.process_index)

@@ -1,9 +1,9 @@
 """``arrays_digest``: the NumPy arrays a transform's function holds, digested by their values.
 
 ``code_digest`` reads a value by its ``repr``, as every process writes it, which summarises a
-large array: a change deep in a large table a transform closes over is not in it. A state names its
-transforms with both (``loaders.state.transforms_of``), so that a restore under another table
-is warned of.
+large array: a change deep in a large table a transform closes over is not in it. A state names
+its transforms with both (``loaders.transform_names.transforms_of``), so that a restore under
+another table is warned of.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def older_codes_of(shards: Sequence[Any]) -> list[list[str]]:
 def codes_of(shards: Sequence[Any], before: int = 0) -> list[str]:
     """Each ``Stream.from_generator`` shard's function's digest (under any ``Stream.map``s),
     ``""`` for another shard; ``[]`` where none has one: what a stream loader's state holds,
-    so that a restore over a generator of other files is said (``loaders.state``).
+    so that a restore over a generator of other files is said (``loaders.transform_names``).
     ``before``: as versions until 2026-12-02's forty-fifth session took them (1: a notebook's
     class by its ``__call__``'s names alone), until 2026-12-01's fortieth (2: also the code's
     names and constants in each Python's order), until 2026-11-30's thirty-fifth (3)."""

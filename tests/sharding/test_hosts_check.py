@@ -323,6 +323,29 @@ def test_other_transforms_or_generators_on_another_process_are_warned_of(monkeyp
         next(its[1][1])
 
 
+def test_a_pad_of_another_length_on_another_process_is_refused_naming_it(monkeypatch):
+    # only warned of, as a digest of the whole transforms list: each host made a global batch
+    # of its own shape (8, 5) and (8, 6), and computed another loss (the multi-host audit)
+    store, me = Store(), [0]
+    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
+    its = []
+    for index in (1, 0):
+        pad = jl.Pad("t", length=5 + index, length_suffix=None)
+        data = jl.DataLoader([{"t": np.arange(3)}] * 8, batch_size=2, transforms=[pad],
+                             process_index=index, process_count=2)
+        stream = jl.StreamLoader(jl.Stream.from_generator(
+            lambda shard: ({"t": np.arange(3)} for _ in range(4)), 2), batch_size=2,
+            transforms=[pad], process_index=index, process_count=2)
+        data._pairing.name, stream._pairing.name = "DataLoader-pad", "StreamLoader-pad"
+        me[0] = index
+        its.append([iter(data), iter(stream)])
+    for it in its[1]:
+        with pytest.raises(jl.ConfigError, match=r"transforms\[0\]: process 1 has \"Pad\('t', "
+                                                  r"value=0, length=6, .*this process \(0\) "
+                                                  r"\"Pad\('t', value=0, length=5"):
+            next(it)
+
+
 class _Tokenizer:  # (a callable object: its repr holds its address, another in each process)
     def __call__(self, record):
         return record
