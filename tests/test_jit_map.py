@@ -737,3 +737,26 @@ def test_a_workers_xla_starts_without_proc():
                          timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["cpu", "True"], out.stdout
+
+
+def _cumsum(r):
+    return {"x": jnp.cumsum(r["x"])}
+
+
+def test_a_jit_map_compiled_for_many_shapes_is_warned_of_once_naming_the_leaf():
+    # records of ever other lengths (no Pad's multiple_of): a compile a batch, 50-90 ms each,
+    # and each shape's program kept, without a word (the JitMap audit)
+    varied = [{"x": np.ones(1 + i // 2, np.float32)} for i in range(40)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(jl.DataLoader(varied, batch_size=2, transforms=[jl.JitMap(_cumsum)],
+                                     process_index=0, process_count=1))
+    assert [b["x"].shape for b in batches[:2]] == [(2, 1), (2, 2)]
+    said = [str(w.message) for w in caught if "shapes of its input" in str(w.message)]
+    assert len(said) == 1 and re.search(r"JitMap\(_cumsum\): compiled for 8 shapes of its input "
+                                        r"in this process \(leaf \['x'\] a record \(7,\) then "
+                                        r"\(8,\)\).*jl.Pad\(key, multiple_of=64\)", said[0]), said
+    with warnings.catch_warnings():  # (a partial last batch, a few lengths: no word)
+        warnings.simplefilter("error")
+        list(jl.DataLoader(varied[:9], batch_size=2, transforms=[jl.JitMap(_cumsum)],
+                           last_batch="partial", process_index=0, process_count=1))

@@ -107,3 +107,26 @@ def key_by(fn: Callable[..., Any]) -> str | None:
         return "*args"
     return "default" if len(positional) >= 2 and positional[1].name.lower() in (
         "key", "rng", "prng_key", "rng_key", "prng", "random_key") else None
+
+
+MANY_SHAPES = 8  # a JitMap compiled for this many input shapes in one process is warned of
+
+
+def many_shapes(transform: Any, shapes: list[tuple], seconds: float) -> str:
+    """The warning for a ``JitMap`` compiled for ``MANY_SHAPES`` input shapes: a leaf whose
+    shape changed between the last two (``shapes``, in order: each ``(rows, ((path, row
+    shape, dtype), ...))``), what a compile costs, and the remedy.
+
+    Example:
+        >>> many_shapes("JitMap(f)", [(4, (("['x']", (3,), "float32"),)),
+        ...                           (4, (("['x']", (5,), "float32"),))], 0.05).split(" (")[0]
+        'JitMap(f): compiled for 2 shapes of its input in this process'
+    """
+    (rows, now), (rows_then, then) = shapes[-1], shapes[-2]
+    changed = next((f"leaf {path} a record {old} then {shape}" for (path, shape, _), (
+        _, old, _) in zip(now, then) if shape != old), f"chunks of {rows_then} then {rows} rows")
+    return (f"{transform}: compiled for {len(shapes)} shapes of its input in this process "
+            f"({changed}), the last in {seconds:.2f} s: a batch of a new shape waits for XLA's "
+            "compile, and each shape's program stays in memory; give the records few shapes "
+            "before it: jl.Pad(key, multiple_of=64) or a fixed length=, or crops and resizes "
+            "of fixed sizes in a Map")

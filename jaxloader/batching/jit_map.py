@@ -53,7 +53,8 @@ from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place, jax_settin
 from jaxloader.batching.jit_outputs import (aliases, host_leaves, leaf_order, record_kind,
                                              write_rows)
 from jaxloader.batching.global_draws import traced_call
-from jaxloader.batching.jit_errors import code_of, error_text, key_by, takes_key, user_line
+from jaxloader.batching.jit_errors import (MANY_SHAPES, code_of, error_text, key_by,
+                                           many_shapes, takes_key, user_line)
 from jaxloader.batching.record_columns import batch_columns
 
 # The errors of a function that does not trace: Python control flow on a traced value, a NumPy
@@ -128,7 +129,7 @@ class JitMap:
                                      remedy="pass a positive int (bytes), e.g. 1 << 20")
         self._compiled: Any = None  # jit(vmap(fn)): made in the process that runs it
         self._vmapped: Any = None
-        self._shapes: set = set()  # the chunks' shapes it was compiled for, in this process
+        self._shapes: dict = {}  # the chunks' shapes it was compiled for, in this process
         self._local = threading.local()  # a thread's chunk sizes, input buffers, last
         # output (written over by the next chunk) and batch layout
         self._likes: dict[tuple, Any] = {}  # a record's kind -> the skeleton of fn's output
@@ -163,7 +164,7 @@ class JitMap:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
         self.chunk_bytes = state["chunk_bytes"]
         self._compiled = self._vmapped = None
-        self._shapes = set()
+        self._shapes = {}
         self._local = threading.local()
         self._likes = {}
         self._jax = state.get("jax")  # the sender's settings: a worker compiles alike
@@ -232,7 +233,10 @@ class JitMap:
             last = self._call(compiled, (last, *args), where)
             if new:  # (its trace and compilation, with this one chunk's run)
                 new, compiled_s = False, perf_counter() - begun - outside
-                self._shapes.add(shape)
+                self._shapes[shape] = None
+                if len(self._shapes) == MANY_SHAPES:  # (a partial batch's, a pad's: a few)
+                    warnings.warn(many_shapes(self, [*self._shapes], compiled_s),
+                                  JaxloaderWarning, stacklevel=user_stacklevel())
             if views is None:  # the first chunk: the batch's structure (checked once), its place
                 out_treedef, full, order, batch_layout = self._output_layout(
                     last, row_out, rows, size, self._likes.get(record_kind(record, 1)))
