@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import re
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -95,6 +97,7 @@ def test_a_memory_mapped_file_changed_in_place_is_refused_at_the_next_batch(tmp_
         batches = iter(loader)
         assert next(batches)["x"][0, 1] == 1
         np.save(path, -np.ones((4096, 16), np.float32))  # (np.save: opened "wb", cut first)
+        time.sleep(0.3)  # (a process stats its mapped files each 0.25 s at most)
         with pytest.raises(jl.JaxloaderError, match=r"memory-mapped file '.*x.npy' changed in "
                                                     r"place .*rename it over \(os.replace\)"):
             for _ in range(1024):  # (the workers may have made a few batches ahead)
@@ -106,6 +109,21 @@ def test_a_memory_mapped_file_changed_in_place_is_refused_at_the_next_batch(tmp_
     writable[4:] = 7  # (a replay buffer the user writes: read as written, not refused)
     writable.flush()
     assert next(batches)["x"].tolist() == [[7, 7]] * 4
+    tokens = tmp_path / "train.bin"  # (a token file another job appends to: read as mapped,
+    np.arange(64, dtype=np.uint16).tofile(tokens)  # warned of once; it was refused)
+    batches = iter(jl.DataLoader(jl.ArraySource({"t": np.memmap(tokens, np.uint16, "r")}),
+                                 batch_size=4, shuffle=False, process_index=0, process_count=1))
+    next(batches)
+    with open(tokens, "ab") as f:
+        f.write(np.arange(64, dtype=np.uint16).tobytes())
+    time.sleep(0.3)
+    with pytest.warns(jl.JaxloaderWarning, match=r"train.bin' grew since the source was made "
+                                                 r"\(128 bytes then, 256 now\)"):
+        assert next(batches)["t"].tolist() == [4, 5, 6, 7]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        time.sleep(0.3)
+        assert [b["t"][0] for b in batches] == list(range(8, 64, 4))
 
 
 def test_array_source_leaves_of_different_lengths():

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import collections
 import os
+import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,9 +20,12 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import memmap_under
-from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
 from jaxloader.sources.frames import (arrow_columns, arrow_kind, check_aligned, frame_columns,
                                      is_data_frame, one_kind_of_numbers)
+
+
+_CHECK_EVERY_S = 0.25  # a memory-mapped file's stat, at most this often in a process
 
 
 class ArraySource:
@@ -119,6 +124,7 @@ class ArraySource:
         # Read-only views, here and in every worker: a transform that writes into a record
         # fails the same way with any number of workers, and never changes your arrays.
         self._arrays = [_read_only(a) for a in arrays]
+        self._check_at, self._said = 0.0, set[str]()  # (the mapped files' next check; grown)
         flat = tree_lib.is_flat_dict(self._treedef)
         self._items = list(zip(self._treedef[1], self._arrays)) if flat else None
 
@@ -140,8 +146,9 @@ class ArraySource:
     def arrays(self) -> list[np.ndarray]:
         """The leaves, in treedef order (what a batch is gathered from: a memory-mapped file
         changed in place since is refused here)."""
-        if self._stamps:
-            _check_mapped(self._stamps)
+        if self._stamps and (now := time.monotonic()) >= self._check_at:  # (a stat a file,
+            self._check_at = now + _CHECK_EVERY_S  # each 0.25 s: 1,000 mapped parts' stats
+            _check_mapped(self._stamps, self._said)  # cost 0.45 ms a batch)
         return self._arrays
 
     def __len__(self) -> int:
@@ -154,10 +161,8 @@ class ArraySource:
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """A batched pytree of the records at ``indices`` (one gather per leaf)."""
-        if self._stamps:
-            _check_mapped(self._stamps)
         return tree_lib.unflatten(self._treedef, [  # (take copies a strided view whole first)
-            a.take(indices, axis=0) if a.flags.c_contiguous else a[indices] for a in self._arrays])
+            a.take(indices, axis=0) if a.flags.c_contiguous else a[indices] for a in self.arrays])
 
     def __repr__(self) -> str:
         leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)
@@ -181,24 +186,37 @@ def _mapped_stamps(arrays: list[np.ndarray]) -> list[tuple[str, tuple[int, int, 
     return list(stamps.items())
 
 
-def _check_mapped(stamps: list[tuple[str, tuple[int, int, int, bool]]]) -> None:
+def _check_mapped(stamps: list[tuple[str, tuple[int, int, int, bool]]], said: set) -> None:
     """Refuses a mapped file changed in place since its stamp (the same inode): cut shorter,
-    or, mapped read-only, of another size or time. One replaced by a rename, or deleted, is
-    not: the mapping still reads the old one; nor is one mapped to be written, written."""
+    or, mapped read-only, rewritten at its size; one that grew is warned of, once (``said``:
+    an append, a token file another job writes, reads as before; a rewrite, larger, would
+    not). One replaced by a rename, or deleted, is not: the mapping still reads the old one;
+    nor is one mapped to be written, written."""
     for path, (inode, size, mtime, writable) in stamps:
         try:
             now = os.stat(path)
         except OSError:
             continue
-        if now.st_ino == inode and (now.st_size < size or not writable and (
-                now.st_size, now.st_mtime_ns) != (size, mtime)):
-            raise RecordError(
-                f"ArraySource: the memory-mapped file {path!r} changed in place since the "
-                f"source was made ({size:,} bytes then, {now.st_size:,} now; modified since):"
-                " reading it would mix versions, or kill the process (SIGBUS) where it was "
-                "cut; write a new file beside it and rename it over (os.replace), which a "
-                "mapping open on the old one keeps reading, and make the source again to "
-                "read the new one")
+        if now.st_ino != inode or writable and now.st_size >= size or (
+                now.st_size, now.st_mtime_ns) == (size, mtime):
+            continue
+        if now.st_size > size:
+            if path not in said:
+                said.add(path)
+                warnings.warn(
+                    f"ArraySource: the memory-mapped file {path!r} grew since the source was "
+                    f"made ({size:,} bytes then, {now.st_size:,} now): its first {size:,} "
+                    "bytes are read as mapped, and are the data if it was only appended to; "
+                    "if it was written again, batches mix versions: write a new file and "
+                    "rename it over (os.replace)", JaxloaderWarning, stacklevel=2)
+            continue
+        raise RecordError(
+            f"ArraySource: the memory-mapped file {path!r} changed in place since the "
+            f"source was made ({size:,} bytes then, {now.st_size:,} now; modified since):"
+            " reading it would mix versions, or kill the process (SIGBUS) where it was "
+            "cut; write a new file beside it and rename it over (os.replace), which a "
+            "mapping open on the old one keeps reading, and make the source again to "
+            "read the new one")
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
