@@ -221,8 +221,9 @@ def _made(make: Callable[..., Any], num_workers: int) -> Any:
     """``make(num_workers=num_workers)``, checked to be a loader; one that takes no
     ``num_workers=`` refused by its signature (a ``TypeError`` it raises is its own: a
     loader's remedy for Grain's ``worker_count=`` names ``num_workers=`` too)."""
-    try:
-        inspect.signature(make).bind(num_workers=num_workers)
+    try:  # (a decorator's wrapper, functools.wraps: its own signature, or the wrapped one's)
+        if _refuses(make, False):
+            inspect.signature(make).bind(num_workers=num_workers)
     except ValueError:  # (no signature to read: a builtin's, called as it is)
         pass
     except TypeError as e:
@@ -235,6 +236,15 @@ def _made(make: Callable[..., Any], num_workers: int) -> Any:
                           f"{num_workers}) returned {type(loader).__name__}; expected a "
                           "DataLoader or a StreamLoader")
     return loader
+
+
+def _refuses(make: Callable[..., Any], follow_wrapped: bool) -> bool:
+    """Whether ``make``'s own signature (``follow_wrapped=False``) takes no ``num_workers=``."""
+    try:
+        inspect.signature(make, follow_wrapped=follow_wrapped).bind(num_workers=0)
+    except (TypeError, ValueError):
+        return True
+    return False
 
 
 def _picture(runs: list[Run]) -> bytes | None:

@@ -490,6 +490,16 @@ def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():
             as raised:
         jl.profile(grain_named, steps=5, workers=(0,), out=None)
     assert "takes no num_workers" not in str(raised.value)
+    import functools  # (a decorator's wrapper takes num_workers=, the function it wraps not:
+
+    def adapted(inner):  # profiled as before, the review found it refused)
+        @functools.wraps(inner)
+        def wrapper(num_workers):
+            return inner()
+        return wrapper
+
+    assert [r.workers for r in jl.profile(adapted(lambda: make(0)), steps=5, workers=(0,),
+                                          out=None).runs] == [0]
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -936,4 +946,21 @@ def test_a_workers_time_queued_for_a_core_counts_from_the_windows_first_batch(mo
         for _ in range(20):
             next(batches)
         worker = loader.stats.workers[0]
-    assert worker.busy_s - worker.cpu_s > 0.1 and worker.queued_s == pytest.approx(0.01)
+        assert worker.busy_s - worker.cpu_s > 0.1 and worker.queued_s == pytest.approx(0.01)
+        # a Ctrl-C in next(): the workers start anew, each counted from its first batch (the
+        # review: counted from birth again)
+        before, batches._next = loader.worker_pids, _interrupted
+        with pytest.raises(KeyboardInterrupt):
+            next(batches)
+        loader._engine._restart()  # (as after a Ctrl-C that cut a message)
+        queued[0] = 9.0  # (the new worker's start: 9 s, none of it the window's)
+        next(batches)
+        queued[0] = 9.02
+        for _ in range(20):
+            next(batches)
+        assert loader.worker_pids != before
+        assert loader.stats.workers[0].queued_s == pytest.approx(0.02)
+
+
+def _interrupted():
+    raise KeyboardInterrupt

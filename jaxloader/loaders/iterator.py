@@ -323,12 +323,15 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
         if progress.first_s is None:  # (the window's first call: none of its run time before)
             self._last_return, self._last_cpu = entered, cpu
             progress.first_s, progress.first_batch_s = entered, returned - entered
-            progress.queued_from = {  # (the workers' time queued for a core counts from
-                pid: queued_s(pid)  # here, as the window's: their start, on every core, not)
-                for pid in getattr(self._engine, "pids", ())}
+            progress.queued_from = {}  # (the workers' time queued for a core counts from
+            # their first batch of the window, as its time does: their start, on every core,
+            # not; a worker started since, after a Ctrl-C or by autotune, from the next check)
             if returned - entered > SLOW_FIRST_S:
                 log.info("%s: the first batch took %.1f s (the first reads, and the workers' "
                          "start where it has workers)", progress.label, returned - entered)
+        for pid in getattr(self._engine, "pids", ()):
+            if pid not in progress.queued_from:
+                progress.queued_from[pid] = queued_s(pid)
         if monitor is not None and returned >= monitor.next_at:
             monitor.tick(returned, self._step + 1, progress.batches + 1,
                          progress.wait_s + (returned - entered))
