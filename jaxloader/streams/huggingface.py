@@ -361,11 +361,12 @@ def as_declared(value: Any, plan: Any, name: str = "a record") -> Any:
     if plan is _UNKNOWN:
         return numbers_as_arrays(value)
     kind = type(value)
-    if kind is list and _holds_none(value):  # (NumPy made it NaN, or False; an int list's
-        raise RecordError(  # became a list: the batch's structure changed; as a Dataset's)
-            f"{name}: a list of {'strings' if plan is _STRINGS else plan or 'numbers'} holds a "
-            f"null (None): {value!r:.80}; fill the nulls (ds.map) or drop those rows "
-            "(ds.filter) before streaming")
+    if kind is list and (plan is _STRINGS or isinstance(plan, np.dtype)) and _holds_none(
+            value):  # (NumPy made it NaN, or False; an int list's became a list: the batch's
+        raise RecordError(  # structure changed; refused as a Dataset's is)
+            f"{name}: a list of {'strings' if plan is _STRINGS else plan} holds a null (None): "
+            f"{value!r:.80}; fill the nulls (ds.map) or drop those rows (ds.filter) before "
+            "streaming")
     if plan is _STRINGS:
         return object_column(value) if kind is list else value
     if kind is list:
