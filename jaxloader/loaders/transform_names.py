@@ -103,10 +103,12 @@ def compared_transforms(named: list[str]) -> list[str]:
 
 
 def exact_settings(compared: list[str]) -> dict[str, str]:
-    """Of ``compared_transforms``, each ``Pad``'s settings by its place: refused where the
+    """Of ``compared_transforms``, each ``Pad``'s settings, by its order among the Pads (a
+    ``Map`` more on one process is a digest's difference, warned of): refused where the
     processes differ (a code digest, which may differ over the same code, is only warned of;
     a Pad's length, another on each host, gave each a global batch of its own shape)."""
-    return {f"transforms[{i}]": t[4:] for i, t in enumerate(compared) if t.startswith("Pad ")}
+    pads = [t[4:] for t in compared if t.startswith("Pad ")]
+    return {f"pads[{k}]": pad for k, pad in enumerate(pads)}
 
 
 def warn_changed_transforms(saved: Any, now: list[str], step: int,

@@ -106,7 +106,7 @@ class Pairing:
                 self.name = f"{self.kind}-{_named.setdefault(self.kind, 0)}"
                 _named[self.kind] += 1
         n, self.count = self.count, self.count + 1
-        text = json.dumps({**{name: _compact(value) for name, value in settings.items()},
+        text = json.dumps({**{name: _compact(value, name) for name, value in settings.items()},
                            **({_INDEX: index} if index is not None else {})},
                           sort_keys=True, default=repr)
         check = HostsCheck(store, self.name, me, process_count, json.loads(text), self.kind,
@@ -200,10 +200,10 @@ def _noted(name: str) -> bool:
     return name in NOTED or name.endswith(".shards")
 
 
-def _compact(value: Any) -> Any:
-    """``value`` as compared: itself if short, else a digest of its JSON."""
+def _compact(value: Any, name: str = "") -> Any:
+    """``value`` as compared: itself if short or a Pad's (``pads[k]``), else its JSON's digest."""
     text = json.dumps(value, sort_keys=True, default=repr)
-    if len(text) <= SHORT:
+    if len(text) <= SHORT or name.startswith("pads["):
         return value
     return "digest " + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
@@ -226,10 +226,9 @@ class HostsCheck:
         self.verdict = count > 2 and me > 0  # process 0's to hear (host_verdict; 2: no third)
 
     def due(self, call: int, gone: Callable[[], bool] = lambda: False) -> bool:
-        """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first
-        (until ``gone()``: the run was closed or restored), looks again on the 2nd, 4th,
-        8th...; raises on a difference. Whether every other process's settings are compared
-        (nothing left to do)."""
+        """At the run's ``call``-th ``next()`` (from 0): waits for the others on the first (until
+        ``gone()``: the run closed or restored), looks again on the 2nd, 4th, 8th...; raises on
+        a difference. Whether every other process's settings are compared (nothing to do)."""
         if self.failure is not None:
             self._raise()
         if call < self.next_call:
@@ -347,8 +346,8 @@ class HostsCheck:
         ``NOTED``)."""
         mine = self.settings
         return "; ".join(
-            f"{name}: process {peer} has {theirs.get(name, '(none)')!r:.70}, this process "
-            f"({self.me}) {mine.get(name, '(none)')!r:.70}"
+            f"{name}: process {peer} has {theirs.get(name, '(none)')!r:.160}, this process "
+            f"({self.me}) {mine.get(name, '(none)')!r:.160}"
             for name in sorted((set(mine) | set(theirs)) - {_INDEX})
             if mine.get(name) != theirs.get(name) and (noted or not _noted(name)))
 
@@ -362,6 +361,7 @@ class HostsCheck:
         if "files:" in fields:  # (other bytes: each reads its share of its own, the rest never)
             same += (" (the files differ: each process reads its share of its own files, and "
                      f"the others' shares of them are never read; {per_host_remedy(self.owner)})")
+        same += " (and the same settings in each Pad)" if "pads[" in fields else ""
         if "local_shuffle_blocks:" in fields:  # (the same rows in other row groups)
             same += (" (a LocalShuffle reads the source's own blocks, a Parquet file's row "
                      "groups: write each process's copy with the same row groups, or give "
@@ -386,9 +386,9 @@ class HostsCheck:
 def per_host_remedy(owner: str) -> str:
     """What to do where each host holds data of its own."""
     return (f"give every process the same data, whole (the {owner} deals each its share); for "
-            "data that lives on each host alone, make each host's loader with process_index=0,"
-            " process_count=1 and put the hosts' batches together with "
-            "jax.make_array_from_process_local_data(sharding, batch)")
+            "data that lives on each host alone, make each host's loader with process_index=0, "
+            "process_count=1 and put the hosts' batches together with jax."
+            "make_array_from_process_local_data(sharding, batch)")
 
 
 def _listed(processes: list[int]) -> str:

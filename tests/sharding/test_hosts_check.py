@@ -329,20 +329,23 @@ def test_a_pad_of_another_length_on_another_process_is_refused_naming_it(monkeyp
     store, me = Store(), [0]
     monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
     its = []
-    for index in (1, 0):
-        pad = jl.Pad("t", length=5 + index, length_suffix=None)
-        data = jl.DataLoader([{"t": np.arange(3)}] * 8, batch_size=2, transforms=[pad],
-                             process_index=index, process_count=2)
+    for index in (1, 0):  # (a Map on process 1 alone, before the Pad: warned, as before)
+        pad = jl.Pad("input_ids", length=256 * (index + 1))  # (its repr: 70 characters)
+        more = [jl.Map(_same)] if index else []
+        data = jl.DataLoader([{"input_ids": np.arange(3)}] * 8, batch_size=2,
+                             transforms=[*more, pad], process_index=index, process_count=2)
         stream = jl.StreamLoader(jl.Stream.from_generator(
-            lambda shard: ({"t": np.arange(3)} for _ in range(4)), 2), batch_size=2,
-            transforms=[pad], process_index=index, process_count=2)
+            lambda shard: ({"input_ids": np.arange(3)} for _ in range(4)), 2), batch_size=2,
+            transforms=[*more, pad], process_index=index, process_count=2)
         data._pairing.name, stream._pairing.name = "DataLoader-pad", "StreamLoader-pad"
         me[0] = index
         its.append([iter(data), iter(stream)])
     for it in its[1]:
-        with pytest.raises(jl.ConfigError, match=r"transforms\[0\]: process 1 has \"Pad\('t', "
-                                                  r"value=0, length=6, .*this process \(0\) "
-                                                  r"\"Pad\('t', value=0, length=5"):
+        with pytest.raises(jl.ConfigError, match=r"pads\[0\]: process 1 has \"Pad\('input_ids', "
+                                                  r"value=0, length=512, length_suffix='_length'"
+                                                  r"\)\", this process \(0\) \"Pad\('input_ids'"
+                                                  r", value=0, length=256, .*and the same "
+                                                  r"settings in each Pad"):
             next(it)
 
 
