@@ -109,24 +109,25 @@ def key_by(fn: Callable[..., Any]) -> str | None:
         "key", "rng", "prng_key", "rng_key", "prng", "random_key") else None
 
 
-MANY_SHAPES = 8  # a JitMap compiled for this many input shapes in one process is warned of
+MANY_SHAPES = 64  # a JitMap compiled for this many input shapes in one process is warned of
+# (a Pad's buckets of 64 up to a context of 4,096: 64 shapes; lengths unbucketed: thousands)
 
 
-def many_shapes(transform: Any, shapes: list[tuple], seconds: float) -> str:
+def many_shapes(transform: Any, shapes: list[tuple]) -> str:
     """The warning for a ``JitMap`` compiled for ``MANY_SHAPES`` input shapes: a leaf whose
     shape changed between the last two (``shapes``, in order: each ``(rows, ((path, row
-    shape, dtype), ...))``), what a compile costs, and the remedy.
+    shape, dtype), ...))``) and the remedy; the same text in every worker (said once).
 
     Example:
         >>> many_shapes("JitMap(f)", [(4, (("['x']", (3,), "float32"),)),
-        ...                           (4, (("['x']", (5,), "float32"),))], 0.05).split(" (")[0]
-        'JitMap(f): compiled for 2 shapes of its input in this process'
+        ...                           (4, (("['x']", (5,), "float32"),))]).split(":")[1]
+        " compiled for 2 shapes of its input in a process (leaf ['x'] changes shape)"
     """
     (rows, now), (rows_then, then) = shapes[-1], shapes[-2]
-    changed = next((f"leaf {path} a record {old} then {shape}" for (path, shape, _), (
-        _, old, _) in zip(now, then) if shape != old), f"chunks of {rows_then} then {rows} rows")
-    return (f"{transform}: compiled for {len(shapes)} shapes of its input in this process "
-            f"({changed}), the last in {seconds:.2f} s: a batch of a new shape waits for XLA's "
-            "compile, and each shape's program stays in memory; give the records few shapes "
-            "before it: jl.Pad(key, multiple_of=64) or a fixed length=, or crops and resizes "
-            "of fixed sizes in a Map")
+    changed = next((f"leaf {path} changes shape" for (path, shape, _), (_, old, _) in zip(
+        now, then) if shape != old), "its chunks' rows change")
+    return (f"{transform}: compiled for {len(shapes)} shapes of its input in a process "
+            f"({changed}): a batch of a new shape waits for XLA's compile (tens of ms), and "
+            "each shape's program stays in memory; give the records fewer shapes before it: "
+            "a Pad's larger multiple_of= or a fixed length=, or crops and resizes of fixed "
+            "sizes in a Map")

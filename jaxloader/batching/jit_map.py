@@ -235,7 +235,7 @@ class JitMap:
                 new, compiled_s = False, perf_counter() - begun - outside
                 self._shapes[shape] = None
                 if len(self._shapes) == MANY_SHAPES:  # (a partial batch's, a pad's: a few)
-                    warnings.warn(many_shapes(self, [*self._shapes], compiled_s),
+                    warnings.warn(many_shapes(self, [*self._shapes]),
                                   JaxloaderWarning, stacklevel=user_stacklevel())
             if views is None:  # the first chunk: the batch's structure (checked once), its place
                 out_treedef, full, order, batch_layout = self._output_layout(
