@@ -221,8 +221,8 @@ def _made(make: Callable[..., Any], num_workers: int) -> Any:
     """``make(num_workers=num_workers)``, checked to be a loader; one that takes no
     ``num_workers=`` refused by its signature (a ``TypeError`` it raises is its own: a
     loader's remedy for Grain's ``worker_count=`` names ``num_workers=`` too)."""
-    try:  # (a decorator's wrapper, functools.wraps: its own signature, or the wrapped one's)
-        if _refuses(make, False):
+    try:  # (a decorator's wrapper, functools.wraps: the wrapped one's, unless its own names
+        if not _names(make):  # num_workers: an adapter; one of *args, **kwargs tells nothing)
             inspect.signature(make).bind(num_workers=num_workers)
     except ValueError:  # (no signature to read: a builtin's, called as it is)
         pass
@@ -238,13 +238,12 @@ def _made(make: Callable[..., Any], num_workers: int) -> Any:
     return loader
 
 
-def _refuses(make: Callable[..., Any], follow_wrapped: bool) -> bool:
-    """Whether ``make``'s own signature (``follow_wrapped=False``) takes no ``num_workers=``."""
+def _names(make: Callable[..., Any]) -> bool:
+    """Whether ``make``'s own signature, not the one it wraps, names ``num_workers``."""
     try:
-        inspect.signature(make, follow_wrapped=follow_wrapped).bind(num_workers=0)
+        return "num_workers" in inspect.signature(make, follow_wrapped=False).parameters
     except (TypeError, ValueError):
-        return True
-    return False
+        return False
 
 
 def _picture(runs: list[Run]) -> bytes | None:

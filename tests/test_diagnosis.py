@@ -501,6 +501,15 @@ def test_profile_names_worker_counts_it_cannot_try_and_what_is_not_a_loader():
     assert [r.workers for r in jl.profile(adapted(lambda: make(0)), steps=5, workers=(0,),
                                           out=None).runs] == [0]
 
+    def logged(inner):  # (a wrapper of *args, **kwargs says nothing: the wrapped one's told)
+        @functools.wraps(inner)
+        def wrapper(*args, **kwargs):
+            return inner(*args, **kwargs)
+        return wrapper
+
+    with pytest.raises(jl.ConfigError, match=r"'<lambda>' takes no num_workers="):
+        jl.profile(logged(lambda: make(0)), steps=5, workers=(0,), out=None)
+
 
 @pytest.mark.parametrize("argv, said", [
     (["no_such_module_x:make"], "no module 'no_such_module_x' to import"),

@@ -123,7 +123,7 @@ def many_shapes(transform: Any, shapes: list[tuple]) -> str:
         ...                           (4, (("['x']", (5,), "float32"),))]).split(":")[1]
         " compiled for 2 shapes of its input in a process (leaf ['x'] changes shape)"
     """
-    (rows, now), (rows_then, then) = shapes[-1], shapes[-2]
+    now, then = shapes[-1][1], shapes[-2][1]
     changed = next((f"leaf {path} changes shape" for (path, shape, _), (_, old, _) in zip(
         now, then) if shape != old), "its chunks' rows change")
     return (f"{transform}: compiled for {len(shapes)} shapes of its input in a process "

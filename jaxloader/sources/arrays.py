@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,9 +22,6 @@ from jaxloader.base.columns import memmap_under
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
 from jaxloader.sources.frames import (arrow_columns, arrow_kind, check_aligned, frame_columns,
                                      is_data_frame, one_kind_of_numbers)
-
-
-_CHECK_EVERY_S = 0.25  # a memory-mapped file's stat, at most this often in a process
 
 
 class ArraySource:
@@ -124,7 +120,7 @@ class ArraySource:
         # Read-only views, here and in every worker: a transform that writes into a record
         # fails the same way with any number of workers, and never changes your arrays.
         self._arrays = [_read_only(a) for a in arrays]
-        self._check_at, self._said = 0.0, set[str]()  # (the mapped files' next check; grown)
+        self._said = set[str]()  # (the mapped files that grew, warned of)
         flat = tree_lib.is_flat_dict(self._treedef)
         self._items = list(zip(self._treedef[1], self._arrays)) if flat else None
 
@@ -146,9 +142,8 @@ class ArraySource:
     def arrays(self) -> list[np.ndarray]:
         """The leaves, in treedef order (what a batch is gathered from: a memory-mapped file
         changed in place since is refused here)."""
-        if self._stamps and (now := time.monotonic()) >= self._check_at:  # (a stat a file,
-            self._check_at = now + _CHECK_EVERY_S  # each 0.25 s: 1,000 mapped parts' stats
-            _check_mapped(self._stamps, self._said)  # cost 0.45 ms a batch)
+        if self._stamps:  # (a stat a file, ~1 us, each batch: a file cut since, read, ends
+            _check_mapped(self._stamps, self._said)  # the process by SIGBUS, with no word)
         return self._arrays
 
     def __len__(self) -> int:
@@ -169,10 +164,13 @@ class ArraySource:
         return f"ArraySource({self._len} records; {leaves})"
 
 
-def _mapped_stamps(arrays: list[np.ndarray]) -> list[tuple[str, tuple[int, int, int, bool]]]:
+_Stamp = tuple[str, tuple[int, int, int, bool, bool]]  # a file: (inode, size, mtime, written, npy)
+
+
+def _mapped_stamps(arrays: list[np.ndarray]) -> list[_Stamp]:
     """Each memory-mapped file the arrays view, once, with its inode, size and time now, and
     whether it is mapped to be written (``r+``, ``w+``: the user's own writes change it)."""
-    stamps: dict[str, tuple[int, int, int, bool]] = {}
+    stamps: dict[str, Any] = {}
     for array in arrays:
         mapped = memmap_under(array)
         path = None if mapped is None else os.fspath(mapped.filename)  # type: ignore[arg-type]
@@ -182,17 +180,27 @@ def _mapped_stamps(arrays: list[np.ndarray]) -> list[tuple[str, tuple[int, int, 
             except OSError:  # (gone already: the mapping keeps its pages)
                 continue
             stamps[path] = (found.st_ino, found.st_size, found.st_mtime_ns,
-                            mapped.mode in ("r+", "w+"))
+                            mapped.mode in ("r+", "w+"), mapped.offset > 0 and _npy(path))
     return list(stamps.items())
 
 
-def _check_mapped(stamps: list[tuple[str, tuple[int, int, int, bool]]], said: set) -> None:
+def _npy(path: str) -> bool:
+    """Whether ``path`` is a ``.npy`` file (its header fixes its shape: grown, it was written
+    again, where a raw file of numbers may be appended to)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"\x93NUMPY"
+    except OSError:
+        return False
+
+
+def _check_mapped(stamps: list[_Stamp], said: set) -> None:
     """Refuses a mapped file changed in place since its stamp (the same inode): cut shorter,
-    or, mapped read-only, rewritten at its size; one that grew is warned of, once (``said``:
-    an append, a token file another job writes, reads as before; a rewrite, larger, would
-    not). One replaced by a rename, or deleted, is not: the mapping still reads the old one;
-    nor is one mapped to be written, written."""
-    for path, (inode, size, mtime, writable) in stamps:
+    or, mapped read-only, rewritten (a ``.npy`` grown too); a raw file that grew is warned
+    of, once (``said``: an append, a token file another job writes, reads as before; a
+    rewrite, larger, would not). One replaced by a rename, or deleted, is not: the mapping
+    still reads the old one; nor is one mapped to be written, written."""
+    for path, (inode, size, mtime, writable, npy) in stamps:
         try:
             now = os.stat(path)
         except OSError:
@@ -200,7 +208,7 @@ def _check_mapped(stamps: list[tuple[str, tuple[int, int, int, bool]]], said: se
         if now.st_ino != inode or writable and now.st_size >= size or (
                 now.st_size, now.st_mtime_ns) == (size, mtime):
             continue
-        if now.st_size > size:
+        if now.st_size > size and not npy:
             if path not in said:
                 said.add(path)
                 warnings.warn(
