@@ -4,9 +4,9 @@ A Feistel network over the smallest even power of two >= n, with cycle-walking t
 ``[0, n)``: a billion-record epoch needs no billion-entry array. Its halves are a few bits each
 where n is small, and then its permutations are far from uniform (of 5 records, some orders
 came twice as often as others); ``exact=True`` shuffles up to ``EXACT_UP_TO`` records by sorting
-a random number each (a table, made once). A mixture's components and a
-read-local window use a domain just above n (``tight``), in 32-bit words: a high digit mixed
-modulo ``ceil(n / 2**k)``, a low one of k bits.
+a random number each (a table, made once). A mixture's larger components and a read-local
+window use a domain just above n (``tight``), in 32-bit words: a high digit mixed modulo
+``ceil(n / 2**k)``, a low one of k bits.
 
 Example:
     >>> perm = IndexShuffle(10, seed=0, epoch=0)(np.arange(10))

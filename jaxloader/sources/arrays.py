@@ -37,8 +37,9 @@ class ArraySource:
     Records are read-only views of the arrays (also in worker processes): a transform copies
     what it changes. A memory-mapped file (``np.load(path, mmap_mode="r")``) changed in place
     since the source was made (cut: a read of it would kill the process with SIGBUS;
-    rewritten: a batch would mix two versions) is refused at the next batch, naming it; one
-    mapped to be written (``mmap_mode="r+"``, a replay buffer) may change, not be cut.
+    rewritten: a batch would mix two versions) is refused at the next batch, naming it; a raw
+    file that grew (appended to) is warned of; one mapped to be written (``mmap_mode="r+"``,
+    a replay buffer) may change, not be cut.
 
     Example:
         >>> import numpy as np, jaxloader as jl
