@@ -22,7 +22,8 @@ Cases (jaxloader only, with 2 workers, batches of 256, as ``bench_files.py`` and
   records of 150 KiB (9.4 MiB), 60 of 16 records of 2 MiB (32 MiB), from an ``ArraySource``
   shuffled, after a warm-up;
 - ``small_here``: ``small`` made in process (``num_workers=0``): the main process's own
-  per-batch path, with nothing to overlap it.
+  per-batch path, with nothing to overlap it;
+- ``small_mapped``: ``small`` from a ``.npy`` file memory-mapped (``np.load(mmap_mode="r")``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ("parquet_local", "tar", "small", "large", "huge", "small_here")
+CASES = ("parquet_local", "tar", "small", "large", "huge", "small_here", "small_mapped")
 
 
 def child(case: str, data: str) -> dict:
@@ -66,8 +67,11 @@ def child(case: str, data: str) -> dict:
         warm, count = 20, 300
     else:
         rows, width, many = {"small": (256, 16, 40), "large": (64, 150 * 256, 40),
-                             "huge": (16, 512 * 1024, 16), "small_here": (256, 16, 40)}[case]
+                             "huge": (16, 512 * 1024, 16), "small_here": (256, 16, 40),
+                             "small_mapped": (256, 16, 40)}[case]
         x = np.random.default_rng(0).random((rows * many, width), dtype=np.float32)
+        if case == "small_mapped":
+            x = np.load(os.path.join(data, "small.npy"), mmap_mode="r")
         loader = jl.DataLoader(jl.ArraySource({"x": x, "y": np.arange(len(x))}),
                                batch_size=rows, shuffle=True, num_epochs=None,
                                num_workers=0 if case == "small_here" else 2,
@@ -93,6 +97,11 @@ def child(case: str, data: str) -> dict:
 
 def write_data(data: str, cases: list[str]) -> None:
     sys.path.insert(0, HERE)
+    if "small_mapped" in cases:
+        import numpy as np
+
+        x = np.random.default_rng(0).random((256 * 40, 16), dtype=np.float32)
+        np.save(os.path.join(data, "small.npy"), x)
     if "parquet_local" in cases:
         from bench_files import write_parquet
 
