@@ -70,8 +70,8 @@ class MixtureSampler:
         self._block_starts = None if self._local is None else [
             self._local.block_starts(part, len(part)) for part in mixture.sources]
         self.layout = None if self._block_starts is None else blocks_layout(self._block_starts)
-        self._block_orders: dict[tuple[int, int], BlockOrder] = {}
-        self._exact_orders: dict[tuple[int, int], IndexShuffle] = {}  # (a small component's)
+        # (component, epoch) -> its order: blocks read locally, or a small component exactly
+        self._orders: dict[tuple[int, int], BlockOrder | IndexShuffle] = {}
         self.process_index, self.process_count = process_index, process_count
         # A mixture has no short last batch: positions run on across epochs.
         self.steps_per_epoch = max(1, self.num_records // self.global_batch_size)
@@ -112,8 +112,7 @@ class MixtureSampler:
         self._rows = check_rows(rows, batch_size, process_index, process_count)  # (its own)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
-        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_block_orders": {},
-                "_exact_orders": {}}
+        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_orders": {}}
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
@@ -218,10 +217,9 @@ class MixtureSampler:
             epochs, within = first, reads - first * length
         else:
             epochs, within = np.divmod(reads, length)
-        if self._local is not None:  # (blocks permuted each epoch, records within windows)
-            within = self._by_epoch(within, epochs, lambda e: self._block_order(c, e))
-        elif self.shuffle and length <= EXACT_UP_TO and last - first < 3:  # (tables kept)
-            within = self._by_epoch(within, epochs, lambda e: self._exact_order(c, e))
+        # blocks permuted each epoch, records within windows; or a small one's table
+        if self._local is not None or self.shuffle and length <= EXACT_UP_TO and last - first < 3:
+            within = self._by_epoch(within, epochs, lambda e: self._order(c, e))
         elif self.shuffle:  # (tight; exact, a component wrapping many epochs a span at once)
             within = IndexShuffle(length, seed=self._seeds[c], tight=True, epoch=epochs,
                                   exact=True)(within)
@@ -239,31 +237,24 @@ class MixtureSampler:
             out[at] = order(epoch)(within[at])
         return out
 
-    def _exact_order(self, c: int, epoch: int) -> IndexShuffle:
-        """Component ``c``'s epoch shuffled exactly (a table, kept as ``_block_order``'s)."""
-        order = self._exact_orders.get((c, epoch))
+    def _order(self, c: int, epoch: int) -> BlockOrder | IndexShuffle:
+        """Component ``c``'s order of epoch ``epoch``: of its blocks read locally, or, small,
+        exact (a table). A component's reads go up by epoch: its orders of other epochs than
+        this one's neighbours go (a cache of 8 for all, cleared when full, made every large
+        component's order again each span, where a small one wraps many epochs: 8.8 ms
+        against 0.3)."""
+        order = self._orders.get((c, epoch))
         if order is None:
-            self._forget(self._exact_orders, c, epoch)
-            order = self._exact_orders[(c, epoch)] = IndexShuffle(
-                int(self._lengths[c]), seed=self._seeds[c], epoch=epoch, exact=True)
-        return order
-
-    @staticmethod
-    def _forget(orders: dict, c: int, epoch: int) -> None:
-        # a component's reads go up by epoch: its orders of other epochs than this one's
-        # neighbours go (a cache of 8 for all, cleared when full, made every large component's
-        # order again each span, where a small one wraps many epochs: 8.8 ms against 0.3)
-        for old in [key for key in orders if key[0] == c and abs(key[1] - epoch) > 1]:
-            orders.pop(old, None)
-
-    def _block_order(self, c: int, epoch: int) -> BlockOrder:
-        order = self._block_orders.get((c, epoch))
-        if order is None:
-            self._forget(self._block_orders, c, epoch)
-            assert self._local is not None and self._block_starts is not None
-            order = self._block_orders[(c, epoch)] = BlockOrder(
-                self._block_starts[c], window=self._local.window, seed=self._seeds[c],
-                epoch=epoch)
+            for old in [key for key in self._orders if key[0] == c and abs(key[1] - epoch) > 1]:
+                del self._orders[old]
+            if self._local is not None:
+                assert self._block_starts is not None
+                order = BlockOrder(self._block_starts[c], window=self._local.window,
+                                   seed=self._seeds[c], epoch=epoch)
+            else:
+                order = IndexShuffle(int(self._lengths[c]), seed=self._seeds[c], epoch=epoch,
+                                     exact=True)
+            self._orders[(c, epoch)] = order
         return order
 
     def task_indices(self, steps: list[int]) -> None:
