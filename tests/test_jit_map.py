@@ -632,6 +632,23 @@ def test_a_default_argument_is_no_key_and_a_key_returned_is_named():
             next(iter(keyed))
 
 
+def _no_return(r):
+    r["x"] * 2  # noqa: B018 - (the return forgotten)
+
+
+def test_a_function_returning_nothing_is_named_as_the_jitmaps():
+    # was the collation's "the batch is None ... the source's __getitems__, or a batch
+    # transform", which named neither the JitMap nor its function
+    source = jl.ArraySource({"x": np.arange(8, dtype=np.float32)})
+    for fn, said in [(_no_return, r"JitMap\(_no_return\) returns None, no array: .*a missing "
+                                  r"`return`"),
+                     (lambda r: {}, r"JitMap\(.*<lambda>\) returns \{\}, no array")]:
+        with jl.DataLoader(source, batch_size=4, transforms=[jl.JitMap(fn)], process_index=0,
+                           process_count=1) as loader:
+            with pytest.raises(jl.RecordError, match=said):
+                next(iter(loader))
+
+
 def _widen(r):
     return {"x": r["x"] * 1.0, "big": r["big"] + 1}
 

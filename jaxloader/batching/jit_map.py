@@ -50,8 +50,8 @@ from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
 from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place, jax_settings
-from jaxloader.batching.jit_outputs import (aliases, host_leaves, leaf_order, record_kind,
-                                             write_rows)
+from jaxloader.batching.jit_outputs import (aliases, check_row_output, host_leaves,
+                                             leaf_order, record_kind, write_rows)
 from jaxloader.batching.global_draws import traced_call
 from jaxloader.batching.jit_errors import (MANY_SHAPES, code_of, error_text, key_by,
                                            many_shapes, takes_key, user_line)
@@ -303,13 +303,7 @@ class JitMap:
                                                for c in columns])
             args = (one,) if not self.random else (one, np.zeros((1, 2), np.uint32))
             out = self._call(lambda *a: jax.eval_shape(self._vmapped, *a), args, where)
-            for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
-                if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-                    raise RecordError(
-                        f"{where()}: {self!r} returns a jax.random key at "
-                        f"{jax.tree_util.keystr(path) or '<root>'} ({x.dtype}), which a batch "
-                        "cannot hold; return jax.random.key_data(key) (its uint32 words)"
-                        + (_KEY_ARGUMENT if self.random else ""))
+            check_row_output(self, out, where, _KEY_ARGUMENT if self.random else "")
             per_row = sum(_row_bytes(x.shape, x.dtype) for x in jax.tree.leaves(out))
             per_row += sum(_row_bytes(c.shape, c.dtype) for c in columns)
             found = (1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1), out)

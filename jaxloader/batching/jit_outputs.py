@@ -9,11 +9,32 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.errors import RecordError
+
+
+def check_row_output(transform: Any, out: Any, where: Callable[[], str], hint: str) -> None:
+    """Refuses what ``transform``'s function returns for one row (``out``: its traced
+    structure) where a batch cannot hold it: nothing (``None``, a missing ``return``: was
+    refused by the collation, which named the source and the batch transforms, not the
+    JitMap) or a ``jax.random`` key (``hint``: said after the latter's remedy)."""
+    import jax
+
+    if not jax.tree.leaves(out):
+        raise RecordError(
+            f"{where()}: {transform!r} returns {'None' if out is None else repr(out)}, no "
+            "array: a JitMap's function returns the record it made, a dict or tuple of "
+            "arrays (a missing `return`?)")
+    for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            raise RecordError(
+                f"{where()}: {transform!r} returns a jax.random key at "
+                f"{jax.tree_util.keystr(path) or '<root>'} ({x.dtype}), which a batch "
+                "cannot hold; return jax.random.key_data(key) (its uint32 words)" + hint)
 
 
 def host_leaves(out: Any, order: list[int] | None) -> list[np.ndarray]:
