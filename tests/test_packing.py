@@ -476,6 +476,14 @@ def test_a_nested_list_column_is_said_to_be_one(tmp_path):
         next(iter(jl.DataLoader(packed, batch_size=1, process_index=0, process_count=1)))
     with pytest.raises(jl.ConfigError, match=r"pass its \[0\]"):
         jl.PackedSource([{"t": np.arange(1, 5).reshape(1, 4)}], "t", 8)
+    # lists of lists of other lengths (a tokenizer's batch of sentences, pre-tokenized JSON):
+    # NumPy's bare "setting an array element with a sequence", no record, key or remedy
+    with pytest.raises(jl.ConfigError, match=r"record 1\['t'\]: .* got lists of other lengths "
+                                             r"\(a list of lists: a nested column"):
+        jl.PackedSource([{"t": [1, 2, 3]}, {"t": [[4, 5], [6]]}], "t", 8)
+    # text packed untokenized: "got shape () dtype <U5", no remedy
+    with pytest.raises(jl.ConfigError, match=r"dtype <U5 \(text: tokenize it first"):
+        jl.PackedSource([{"t": "a b c"}], "t", 8)
 
 
 def test_a_mixture_of_rows_of_two_lengths_is_told_it_is_the_shape_not_a_cast():

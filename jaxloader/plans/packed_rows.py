@@ -76,15 +76,22 @@ def token_problem(value: Any, empty_of_any_dtype: bool) -> tuple[np.ndarray, str
     """``value`` as an array, and what keeps it from being a record's tokens (1-D numbers:
     ids, a loss mask, a weight a token; where ``empty_of_any_dtype``, an empty one of any
     dtype, as ``np.asarray([])`` gives), or ``None``."""
-    array = value if type(value) is np.ndarray else np.asarray(value)
+    nested = (" (a list of lists: a nested column, a tokenizer's batch of sentences; flatten "
+              "each record's, or write the column as one list a record)")
+    try:
+        array = value if type(value) is np.ndarray else np.asarray(value)
+    except ValueError:  # (lists of other lengths: NumPy 2 makes no object array of them)
+        return np.empty(0, object), f"lists of other lengths{nested}"
     if array.ndim != 1 or ((array.size or not empty_of_any_dtype)
                            and array.dtype.kind not in "biuf"):
         return array, f"shape {array.shape} dtype {array.dtype}" + (
             " (a tokenizer's return_tensors='np' gives one row of tokens: pass its [0])"
-            if array.ndim == 2 and array.shape[0] == 1 else " (a list of lists: a nested "
-            "column; flatten each record's, or write the column as one list a record)"
+            if array.ndim == 2 and array.shape[0] == 1 else nested
             if array.dtype == object and array.size and isinstance(
-                array.flat[0], (list, tuple, np.ndarray)) else "")
+                array.flat[0], (list, tuple, np.ndarray)) else " (text: tokenize it first: "
+            "a PackedStream's tokenize=, a MapSource under a PackedSource)"
+            if array.dtype.kind in "US" or array.dtype == object and array.size
+            and isinstance(array.flat[0], (str, bytes)) else "")
     return array, None
 
 

@@ -427,6 +427,12 @@ def test_a_streams_bool_tokens_a_row_of_tokens_cut_records_and_bfloat16_weights_
     with pytest.raises(jl.RecordError, match=r"return_tensors='np' gives one row of tokens: "
                                              r"pass its \[0\]"):
         next(iter(loader([{"t": np.arange(1, 5).reshape(1, 4)}])))
+    with pytest.raises(jl.RecordError, match=r"record\['t'\]: .* got lists of other lengths "
+                                             r"\(a list of lists"):  # (was NumPy's ValueError)
+        next(iter(loader([{"t": [1, 2, 3]}, {"t": [[4, 5], [6]]}])))
+    with pytest.raises(jl.RecordError, match=r"\(text: tokenize it first: a PackedStream's "
+                                             r"tokenize="):
+        next(iter(loader([{"t": "a b c"}])))
     long = [{"t": np.arange(1, 13)}, {"t": np.arange(1, 4)}]
     with pytest.warns(UserWarning, match=r"overlong='truncate'\): 1 of a window's 2 records are "
                                          r"longer than a row of 8 tokens and cut to it \(4 of "
