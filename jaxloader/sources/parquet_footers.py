@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import difflib
 import re
 import warnings
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
@@ -214,14 +215,17 @@ def lengths(source: Any, key: str) -> np.ndarray:
 
     schema = metadata(source.paths[0]).schema.to_arrow_schema()
     kind = schema.field(key).type if key in source.columns else None
-    if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-                            or pa.types.is_fixed_size_list(kind)):
+    if kind is None:
+        close = difflib.get_close_matches(key, source.columns, n=1)
+        raise ConfigError(
+            f"ParquetSource.lengths({key!r}): no such column among {source.columns}; name one "
+            "of them" + (f" ({close[0]!r}?)" if close else ""))
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+            or pa.types.is_fixed_size_list(kind)):
         raise ConfigError(
             f"ParquetSource.lengths({key!r}): expected a column of lists (token ids, samples, "
-            f"feature frames) among {source.columns}, got "
-            f"{kind if kind is not None else 'no such column'}; write the column as lists, or "
-            "measure the lengths from the records (PackedSource: pass lengths=)"
-        )
+            f"feature frames), got {kind}; write the column as lists, or measure the lengths "
+            "from the records (PackedSource: pass lengths=)")
     out = []
     for group in range(len(source._groups)):
         file_number, in_file = source._groups[group]
