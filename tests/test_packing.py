@@ -131,7 +131,7 @@ def test_each_key_pads_with_its_value_and_float_keys_pack_from_any_source():
     with pytest.raises(jl.ConfigError, match=r"'ids' holds uint16, which cannot hold value=-1"):
         jl.PackedSource(unsigned, "ids", 8, value=-1)[0]
     with pytest.raises(jl.ConfigError, match=r"record 0\['t'\]: expected a 1-D array of "
-                                             r"numbers.*<U1$"):
+                                             r"numbers.*<U1 \(text: tokenize it first"):
         jl.PackedSource([{"t": np.array(list("abc"))}], "t", 8)
 
 
