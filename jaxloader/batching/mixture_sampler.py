@@ -25,7 +25,7 @@ from jaxloader.base.checks import (BATCH_LIMIT, EPOCH_LIMIT, MASK64, check_int,
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
-                                          same_order)
+                                          exact_blocks, same_order)
 from jaxloader.order.index_shuffle import EXACT_UP_TO, IndexShuffle, splitmix64, splitmix64_array
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, BatchSpec, StepMemo, check_rows
 from jaxloader.plans.mixture import (block_size, check_weights_before,
@@ -272,9 +272,11 @@ class MixtureSampler:
         return state
 
     def _exact(self) -> bool:
-        """Whether a component is shuffled exactly (``IndexShuffle(exact=True)``)."""
-        return self.shuffle and self._local is None and bool(
-            ((self._lengths > 1) & (self._lengths <= EXACT_UP_TO)).any())
+        """Whether a component is shuffled exactly (``IndexShuffle(exact=True)``): its records,
+        or its blocks read locally."""
+        if self._block_starts is not None:
+            return any(exact_blocks(starts) for starts in self._block_starts)
+        return self.shuffle and bool(((self._lengths > 1) & (self._lengths <= EXACT_UP_TO)).any())
 
     def check_extra_state(self, state: dict, step: int) -> None:
         if (step + 1) * self.global_batch_size > 1 << 53:  # (a state by hand: a run reads
@@ -299,10 +301,10 @@ class MixtureSampler:
         if self._exact() and step and state.get("exact_shuffle") is not True:
             raise StateDictError(
                 f"state: saved at step {step} by a jaxloader before 2026-12-03, whose shuffle "
-                f"of a mixture's component of up to {EXACT_UP_TO:,} records was not uniform; "
-                "this version shuffles such components otherwise, and the epochs of theirs "
-                "under way would read some records twice and others never: restore it with "
-                "the jaxloader that saved it")
+                f"of a mixture's component of up to {EXACT_UP_TO:,} records (or blocks read "
+                "locally) was not uniform; this version shuffles such components otherwise, "
+                "and the epochs of theirs under way would read some records twice and others "
+                "never: restore it with the jaxloader that saved it")
 
 
 def loose_batches(mixture: Any, global_batch: int, block: int) -> None:

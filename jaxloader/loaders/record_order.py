@@ -18,7 +18,7 @@ import numpy as np
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
 from jaxloader.batching.mixture_sampler import MixtureSampler, idle_components
-from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout
+from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout, exact_blocks
 from jaxloader.order.sampling import Order, Sampler
 from jaxloader.sources.mixture import Mixture
 
@@ -66,6 +66,7 @@ def sampler_for(source: Any, num_records: int, batch_size: int, *,
         ) from None
     if isinstance(shuffle, LocalShuffle):
         sampler.layout = blocks_layout([starts])
+        sampler.exact_blocks = exact_blocks(starts)
     return sampler
 
 

@@ -224,6 +224,7 @@ class Sampler:
         self._order = order
         self.order_description = order_description
         self.layout: str | None = None  # a read-local order's blocks (local_shuffle's layout)
+        self.exact_blocks = False  # a read-local order's blocks permuted exactly
         # (epoch, its shuffle), replaced in one assignment (see StepMemo)
         self._shuffled: tuple[int, Callable[[np.ndarray], np.ndarray]] | None = None
 
@@ -316,17 +317,18 @@ class Sampler:
         """A read-local order's description (a mixture's sampler adds its weights); that a
         small source's shuffle is exact (``IndexShuffle(exact=True)``: states saved before
         2026-12-03 had another)."""
+        state: dict[str, Any] = {"exact_shuffle": True} if self._exact else {}
         if self.order_description:
-            return {"local_shuffle": self.order_description}
-        return {"exact_shuffle": True} if self._exact else {}
+            state["local_shuffle"] = self.order_description
+        return state
 
     @property
     def _exact(self) -> bool:
-        return self.shuffle and self._order is None and 1 < self.num_records <= EXACT_UP_TO
+        if self._order is not None:  # (a read-local order: its blocks')
+            return self.shuffle and self.exact_blocks
+        return self.shuffle and 1 < self.num_records <= EXACT_UP_TO
 
     def check_extra_state(self, state: dict, step: int) -> None:
-        if self._exact and state.get("exact_shuffle") is not True:
-            _older_shuffle(step, self.steps_per_epoch, self.num_records)
         if not same_order(state.get("local_shuffle"), self.order_description):
             raise StateDictError(
                 differ("state['local_shuffle']", self.order_description,
@@ -340,6 +342,10 @@ class Sampler:
                 "state['mixture']: this state is from a loader over a mixture (jaxloader.mix); "
                 "restore it into a loader over the same mixture"
             )
+        if self._exact and state.get("exact_shuffle") is not True:  # (the same order's)
+            _older_shuffle(step, self.steps_per_epoch, "its blocks read locally" if
+                           self._order is not None else f"a source of {self.num_records:,} "
+                           "records")
 
     def __getstate__(self) -> dict:
         # The cache is a per-process memo; a copy sent to a worker starts without it.
@@ -348,24 +354,23 @@ class Sampler:
         return state
 
 
-def _older_shuffle(step: int, steps_per_epoch: int, records: int) -> None:
-    """A state of a shuffled source of ``records`` (up to ``EXACT_UP_TO``) saved before its
-    shuffle was exact: at an epoch's start, the next epochs are this version's (said); within
-    one, refused: the rest of the epoch in another order would read some records twice and
-    skip others."""
+def _older_shuffle(step: int, steps_per_epoch: int, what: str) -> None:
+    """A state of a shuffle of ``what`` (a source's records, or its blocks read locally: up to
+    ``EXACT_UP_TO``) saved before that shuffle was exact: at an epoch's start, the next epochs
+    are this version's (said); within one, refused: the rest of the epoch in another order
+    would read some records twice and skip others."""
     epoch, into = divmod(step, steps_per_epoch)
     if into:
         raise StateDictError(
             f"state: saved at step {step}, {into} steps into epoch {epoch}, by a jaxloader "
-            f"before 2026-12-03, whose shuffle of a source of {records:,} records (up to "
-            f"{EXACT_UP_TO:,}) was not uniform; this version shuffles it otherwise, and the "
-            "rest of the epoch would read some records twice and others never: restore it "
-            "with the jaxloader that saved it, or from the epoch's start (state['step'] = "
-            f"{step - into})")
+            f"before 2026-12-03, whose shuffle of {what} (up to {EXACT_UP_TO:,}) was not "
+            "uniform; this version shuffles it otherwise, and the rest of the epoch would "
+            "read some records twice and others never: restore it with the jaxloader that "
+            f"saved it, or from the epoch's start (state['step'] = {step - into})")
     warnings.warn(
-        f"state: saved by a jaxloader before 2026-12-03, whose shuffle of a source of "
-        f"{records:,} records (up to {EXACT_UP_TO:,}) was not uniform; the epochs from "
-        f"{epoch} on are shuffled uniformly, in another order than that version's",
+        f"state: saved by a jaxloader before 2026-12-03, whose shuffle of {what} (up to "
+        f"{EXACT_UP_TO:,}) was not uniform; the epochs from {epoch} on are shuffled "
+        "uniformly, in another order than that version's",
         JaxloaderWarning, stacklevel=user_stacklevel())
 
 
