@@ -12,7 +12,8 @@ from jaxloader.plans.mixture import Weights, normalised
 from jaxloader.sources.base import Source
 from jaxloader.sources.mixture import Mixture
 from jaxloader.streams.contract import ReadableStream, StreamLike
-from jaxloader.streams.mixed import STOPPING_STRATEGIES, MixedStream, Stopping
+from jaxloader.streams.mixed import MixedStream
+from jaxloader.streams.mixed_reader import STOPPING_STRATEGIES, Stopping
 from jaxloader.streams.packed import PackedStream
 from jaxloader.streams.reader import Stream, as_stream
 
