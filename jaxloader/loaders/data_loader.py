@@ -46,7 +46,7 @@ from jaxloader.loaders.state import check_state, make_state
 from jaxloader.loaders.transform_names import (compared_transforms, exact_settings,
                                                older_transforms_of, transforms_of)
 from jaxloader.batching.transforms import Transforms, split_transforms
-from jaxloader.sharding.hosts import Pairing
+from jaxloader.sharding.pairing import Pairing
 
 
 class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
@@ -228,7 +228,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._progress = Progress(where=self._maker.location)
         self._progress.label = label("DataLoader", source, batch_size)
         self._active: IteratorWork | None = None
-        self._pairing = Pairing("DataLoader")  # (its iter()s, for sharding.hosts)
+        self._pairing = Pairing("DataLoader", self)  # (its iter()s: sharding.pairing)
         # (told after the arguments' checks, so a refused loader does not warn first; before
         # the engine's start, so a warning made an error (-W error) leaves no process started)
         dropped = self._sampler.num_records % self._sampler.global_batch_size

@@ -37,7 +37,7 @@ from jaxloader.base.state_copy import copied
 from jaxloader.loaders.stream_copies import pristine
 from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
 from jaxloader.loaders.pass_notes import say_later_pass, say_new_pass
-from jaxloader.sharding.hosts import Pairing
+from jaxloader.sharding.pairing import Pairing
 from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
@@ -193,7 +193,7 @@ class StreamLoader(LoaderLifecycle, GrainAttributes, Generic[BatchT]):
         self._ended = False  # whether the pass _until was seen to end (by every process)
         self._progress = Progress("StreamLoader", where=self._maker.location)
         self._progress.label = label("StreamLoader", given, batch_size)
-        self._pairing = Pairing("StreamLoader")  # (its iter()s, for sharding.hosts)
+        self._pairing = Pairing("StreamLoader", self)  # (its iter()s: sharding.pairing)
         self._votes: PassVotes | None = None  # (an iter()'s on its pass's end: pass_votes)
         self._base: list[dict] = self._maker.initial_states()  # as of step _base_step
         self._base_step = 0

@@ -13,7 +13,7 @@ import weakref
 from typing import Any, Callable, Generator
 
 from jaxloader.loaders.transform_names import compared_transforms, exact_settings
-from jaxloader.sharding.hosts import HostsCheck, stream_settings
+from jaxloader.sharding.hosts import HostsCheck
 from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.streams import passes
 from jaxloader.streams.iterable_shards import codes_of
@@ -118,3 +118,26 @@ def published(loader: StreamLoader) -> tuple[HostsCheck | None, PassVotes | None
         refused, at = votes.refused, loader._progress
         hosts.told = lambda e: refused(e, at.step)
     return hosts, votes
+
+
+def stream_settings(described: Any, name: str = "stream") -> dict[str, Any]:
+    """A stream's ``describe()`` as settings, one a field (``stream.shuffle_window``,
+    ``stream.mix[1].shuffle_shards``...), each list of shard names as its count (compared)
+    and its names (``....shards``, noted: told by their digest).
+
+    Example:
+        >>> stream_settings({"shards": ["a", "b"], "shuffle_window": 4})
+        {'stream.shards': ['a', 'b'], 'stream.shard_count': 2, 'stream.shuffle_window': 4}
+    """
+    if not isinstance(described, dict):
+        return {name: described}
+    out: dict[str, Any] = {}
+    for key, value in described.items():
+        if key == "shards" and isinstance(value, list):
+            out[f"{name}.shards"], out[f"{name}.shard_count"] = value, len(value)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, part in enumerate(value):
+                out.update(stream_settings(part, f"{name}.{key}[{i}]"))
+        else:
+            out.update(stream_settings(value, f"{name}.{key}"))
+    return out

@@ -14,15 +14,15 @@ came later. A difference raises ``ConfigError`` at every ``next()`` of the run, 
 and on the process that differs, naming the process, the setting and both values, and on the
 others by process 0's verdict (``host_verdict``); one in the data's digests (``NOTED``) warns.
 
-A loader's ``iter()`` calls are paired by count (``Pairing``): its k-th with the other
+A loader's ``iter()`` calls are paired by count (``pairing``): its k-th with the other
 processes' k-th of the same loader, the loaders named by kind and the order of their first
 ``iter()`` in the process. ``jaxloader.profile``'s runs, which put the position back, are not
 counted. Without ``jax.distributed`` (``process_count=`` given by hand) there is no store,
 and nothing is compared; a store that fails is said once, and the check left.
 
 Example:
-    >>> Pairing("DataLoader").publish({"seed": 0}, process_count=1) is None  # one process
-    True
+    >>> _compact("a" * 100)[:7]  # a long value: compared by its digest
+    'digest '
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
-import threading
 import time
 import warnings
 from typing import Any, Callable, NoReturn, Protocol
 
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.sharding import host_verdict
-from jaxloader.sharding.pass_votes import PassVotes
 
 log = logging.getLogger("jaxloader")
 WAIT_S = 10.0  # the run's first next() waits this long for the other processes' settings
@@ -53,8 +50,6 @@ SHORT = 60  # a value whose JSON is longer is compared by its digest
 NOTED = frozenset({"source", "record_hash", "transforms", "generators"})
 _INDEX = "process_index"  # the loader's, published beside its settings: each its own
 _PREFIX = "jaxloader/hosts"
-_named: dict[str, int] = {}  # loaders of a kind named so far in this process
-_lock = threading.Lock()
 _told = {"late": False, "store": False}  # said once at WARNING (later: at INFO)
 
 
@@ -70,123 +65,6 @@ class Store(Protocol):
     def key_value_dir_get(self, key: str) -> list[tuple[str, str]]: ...
 
     def key_value_delete(self, key: str) -> None: ...
-
-
-class Pairing:
-    """A loader's name in the store and its ``iter()`` calls so far. The name is given on
-    the first ``publish``: loaders of a kind are told apart by the order of their first
-    ``iter()`` in the process, which every process runs the same (not by their settings,
-    which may be what differs)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.name: str | None = None
-        self.count = 0  # (counted whether or not its publish got through: every process's
-        # k-th iter() stays its k-th)
-        self.voted: list[str] = []  # the pass votes it wrote, not yet deleted (pass_votes)
-
-    def publish(self, settings: dict[str, Any], process_count: int,
-                store: Store | None = None, me: int | None = None,
-                index: int | None = None) -> "HostsCheck | None":
-        """Writes this process's ``settings`` for the loader's next ``iter()`` to the store
-        (and drops its own of two ``iter()`` calls before: the store stays small) and
-        returns the check its run's ``next()`` calls make; ``None`` where there is nothing
-        to compare with (one process, or no ``jax.distributed`` and no ``store``).
-        ``process_count``: the loader's; ``me``: this process's index in the store's run;
-        ``index``: the loader's ``process_index``, which must differ from every other's."""
-        if process_count == 1:
-            return None
-        if store is None:
-            store, me = _jax_store(process_count)
-            if store is None:
-                return None
-        assert me is not None
-        if self.name is None:
-            with _lock:
-                self.name = f"{self.kind}-{_named.setdefault(self.kind, 0)}"
-                _named[self.kind] += 1
-        n, self.count = self.count, self.count + 1
-        text = json.dumps({**{name: _compact(value, name) for name, value in settings.items()},
-                           **({_INDEX: index} if index is not None else {})},
-                          sort_keys=True, default=repr)
-        check = HostsCheck(store, self.name, me, process_count, json.loads(text), self.kind,
-                           n)  # (the settings as the others read them)
-        try:
-            store.key_value_set(f"{check.prefix}{me}", text)
-        except Exception as e:  # noqa: BLE001 (the store's: said, and nothing compared)
-            _unavailable(self.kind, e)
-            return None
-        if n >= 2:
-            try:
-                store.key_value_delete(f"{_PREFIX}/{self.name}/{n - 2}/{me}")
-                if me == 0:
-                    store.key_value_delete(host_verdict.key(f"{_PREFIX}/{self.name}/{n - 2}"))
-            except Exception:  # noqa: BLE001 (the store's; a key left is no harm)
-                pass
-        return check
-
-    def votes(self, process_count: int) -> PassVotes | None:
-        """The last ``iter()``'s votes on whether a stream's pass has ended (``pass_votes``):
-        every process of a run that ``jax.distributed`` runs votes, whether or not its
-        settings got through (one left on a collective would wait for the others for good);
-        ``None`` where none does."""
-        if process_count == 1 or self.name is None:
-            return None
-        store, me = _jax_store(process_count)
-        if store is None:
-            return None
-        assert me is not None
-        n = self.count - 1
-        for key in [k for k in self.voted if int(k.split("/")[-3].split("-")[0]) <= n - 2]:
-            try:  # (an iter() two before: its votes no one waits on any more, as its
-                store.key_value_delete(key)  # settings; those of iter()s refused till now)
-            except Exception:  # noqa: BLE001 (the store's; a key left is no harm)
-                pass
-            self.voted.remove(key)
-        return PassVotes(store, f"{_PREFIX}/{self.name}/{n}-pass/", me, process_count,
-                         self.kind, self.voted)
-
-
-def _jax_store(process_count: int) -> tuple[Store | None, int | None]:
-    """JAX's key-value client and this process's index, where ``jax.distributed`` runs the
-    loader's ``process_count`` processes (JAX imported by then: a loader with several
-    processes asked it for its place, or was given it by hand)."""
-    if "jax" not in sys.modules:
-        return None, None
-    import jax
-
-    try:
-        from jax._src import distributed  # (private: the client is not public in JAX)
-
-        client = distributed.global_state.client
-    except (ImportError, AttributeError):
-        return None, None
-    if client is None or jax.process_count() != process_count:
-        return None, None
-    return client, jax.process_index()
-
-
-def stream_settings(described: Any, name: str = "stream") -> dict[str, Any]:
-    """A stream's ``describe()`` as settings, one a field (``stream.shuffle_window``,
-    ``stream.mix[1].shuffle_shards``...), each list of shard names as its count (compared)
-    and its names (``....shards``, noted: told by their digest).
-
-    Example:
-        >>> stream_settings({"shards": ["a", "b"], "shuffle_window": 4})
-        {'stream.shards': ['a', 'b'], 'stream.shard_count': 2, 'stream.shuffle_window': 4}
-    """
-    if not isinstance(described, dict):
-        return {name: described}
-    out: dict[str, Any] = {}
-    for key, value in described.items():
-        if key == "shards" and isinstance(value, list):
-            out[f"{name}.shards"], out[f"{name}.shard_count"] = value, len(value)
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for i, part in enumerate(value):
-                out.update(stream_settings(part, f"{name}.{key}[{i}]"))
-        else:
-            out.update(stream_settings(value, f"{name}.{key}"))
-    return out
 
 
 def _unavailable(owner: str, error: BaseException) -> None:

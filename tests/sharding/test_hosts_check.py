@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from jaxloader.loaders.stream_runs import stream_settings
 from jaxloader.sharding import hosts
+from jaxloader.sharding import pairing as pairs
 
 
 class Store:
@@ -46,7 +48,7 @@ class Store:
 
 def _pairings(count=2):
     """One loader's pairings in ``count`` processes (one process here: named alike by hand)."""
-    pairings = [hosts.Pairing("DataLoader") for _ in range(count)]
+    pairings = [pairs.Pairing("DataLoader") for _ in range(count)]
     for pairing in pairings:
         pairing.name = "DataLoader-0"
     return pairings
@@ -113,7 +115,7 @@ def test_a_late_process_is_waited_for_on_the_first_call_then_looked_for_at_power
     store = Store()
     monkeypatch.setattr(hosts, "WAIT_S", 0.05)
     monkeypatch.setattr(hosts, "_told", {"late": False, "store": False})
-    pairing = hosts.Pairing("DataLoader")
+    pairing = pairs.Pairing("DataLoader")
     pairing.name = "late"
     check = pairing.publish({"seed": 1}, 3, store=store, me=0)
     with caplog.at_level(logging.INFO, logger="jaxloader"):
@@ -164,8 +166,8 @@ def test_a_loader_is_named_by_kind_and_order_in_the_process_not_by_its_settings(
     # named by its length too, a host whose source had another length was never paired:
     # a wait and a warning naming the wrong cause, where the length is what differs
     store = Store()
-    a, b, c = (hosts.Pairing("DataLoader") for _ in range(3))
-    d = hosts.Pairing("StreamLoader")
+    a, b, c = (pairs.Pairing("DataLoader") for _ in range(3))
+    d = pairs.Pairing("StreamLoader")
     for pairing in (b, a, d, c):  # (named by their first publish)
         pairing.publish({"seed": 1}, 2, store=store, me=0)
     suffixes = [p.name.rsplit("-", 1) for p in (b, a, c, d)]
@@ -204,11 +206,11 @@ def test_a_streams_fields_are_compared_one_by_one_and_its_shard_names_noted():
     described = {"mix": [{"shards": ["a", "b"], "shuffle_window": 4, "shuffle_shards": True},
                          {"shards": ["c"], "shuffle_window": 1, "shuffle_shards": False}],
                  "stopping_strategy": "first_exhausted"}
-    settings = hosts.stream_settings(described)
+    settings = stream_settings(described)
     assert settings["stream.mix[0].shuffle_shards"] is True
     assert settings["stream.mix[1].shard_count"] == 1 and settings["stream.mix[1].shards"] == ["c"]
     assert settings["stream.stopping_strategy"] == "first_exhausted"
-    other = hosts.stream_settings({**described, "mix": [
+    other = stream_settings({**described, "mix": [
         {**described["mix"][0], "shuffle_shards": False}, described["mix"][1]]})
     store = Store()
     check, _ = _pair(store, settings, other)
@@ -218,8 +220,8 @@ def test_a_streams_fields_are_compared_one_by_one_and_its_shard_names_noted():
 
 
 def test_one_process_or_no_jax_distributed_compares_nothing():
-    assert hosts.Pairing("DataLoader").publish({"seed": 1}, 1, store=Store(), me=0) is None
-    assert hosts.Pairing("DataLoader").publish({"seed": 1}, 2) is None  # (no jax.distributed)
+    assert pairs.Pairing("DataLoader").publish({"seed": 1}, 1, store=Store(), me=0) is None
+    assert pairs.Pairing("DataLoader").publish({"seed": 1}, 2) is None  # (no jax.distributed)
     # a loader given its place by hand, with no store, runs as before
     with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, process_index=1,
                        process_count=2) as loader:
@@ -264,7 +266,7 @@ def test_a_local_shuffle_over_other_row_groups_on_another_process_is_refused(tmp
     import pyarrow as pa
 
     store, me = Store(), [0]
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, me[0]))
     its = []
     for index, rows in ((1, 80), (0, 50)):
         path = tmp_path / f"host{index}" / "data.parquet"
@@ -300,7 +302,7 @@ def test_other_transforms_or_generators_on_another_process_are_warned_of(monkeyp
     # one host normalised its batches and the other did not, or its generator closed over
     # another file list: neither was compared, where a restore warns of both
     store, me = Store(), [0]
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, me[0]))
 
     def loaders(index):
         data = jl.DataLoader(jl.ArraySource({"x": np.full(8, 255.0)}), batch_size=2,
@@ -327,7 +329,7 @@ def test_a_pad_of_another_length_on_another_process_is_refused_naming_it(monkeyp
     # only warned of, as a digest of the whole transforms list: each host made a global batch
     # of its own shape (8, 5) and (8, 6), and computed another loss (the multi-host audit)
     store, me = Store(), [0]
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, me[0]))
     its = []
     for index in (1, 0):  # (a Map on process 1 alone, before the Pad: warned, as before)
         pad = jl.Pad("input_ids", length=256 * (index + 1))  # (its repr: 70 characters)
@@ -356,7 +358,7 @@ class _Tokenizer:  # (a callable object: its repr holds its address, another in 
 
 def test_a_callable_objects_address_is_not_taken_for_another_transform(monkeypatch):
     store, me = Store(), [0]
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, me[0]))
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, me[0]))
     its = []
     for index in (1, 0):
         loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8.0)}), batch_size=2,
@@ -401,3 +403,24 @@ def test_a_process_alike_with_process_0_hears_that_process_0_refused_a_third(mon
     store = Store()  # (two processes: each compares the other's, with no third to hear of)
     check, other = _pair(store, {"seed": 1}, {"seed": 1})
     assert other.due(0) is True and not any(k.endswith("-verdict") for k in store.values)
+
+
+def test_a_loader_gone_leaves_no_keys_in_the_store(monkeypatch):
+    # each loader deleted its own keys of an iter() two before, so one made anew for each
+    # evaluation (as the docs suggest) left its last two iter()s' for good: 120 keys after 40
+    # evaluations on two hosts, growing (the evaluation audit). A loader gone has them deleted
+    # at the second iter() after, of any loader in the process
+    store = Store()
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, 0))
+
+    def evaluate(n):
+        for _ in range(n):
+            with jl.DataLoader(jl.ArraySource({"x": np.arange(13)}), batch_size=4,
+                               last_batch="pad", num_epochs=1, process_index=0,
+                               process_count=2) as loader:
+                iter(loader)  # (publishes: the other process's keys are never there)
+            del loader
+    evaluate(4)
+    kept = len(store.values)
+    evaluate(20)
+    assert 0 < len(store.values) <= kept <= 6, sorted(store.values)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.sharding import hosts
+from jaxloader.sharding import pairing as pairs
 from jaxloader.sharding.pass_votes import PassVotes
 from sharding.test_hosts_check import Store
 
@@ -96,7 +96,7 @@ def test_a_process_whose_settings_are_refused_tells_the_ones_that_agreed():
     # three processes, the third with another seed: process 0 and it raised, and process 1,
     # which compares with process 0 alone, waited for their votes for good
     store = Store()
-    pairings = [hosts.Pairing("StreamLoader") for _ in range(3)]
+    pairings = [pairs.Pairing("StreamLoader") for _ in range(3)]
     for pairing in pairings:
         pairing.name = "StreamLoader-told"
     checks = [pairing.publish({"seed": 1 if me == 2 else 0}, 3, store=store, me=me)
@@ -133,12 +133,12 @@ def test_every_process_votes_where_jax_distributed_runs_even_if_its_settings_fai
             super().key_value_set(key, value, allow_overwrite)
 
     store = SettingsFail()
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, 1))
-    pairing = hosts.Pairing("StreamLoader")
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, 1))
+    pairing = pairs.Pairing("StreamLoader")
     assert pairing.publish({"seed": 0}, 2) is None  # (said, and nothing compared)
     votes = pairing.votes(2)
     assert votes is not None and re.search(r"/StreamLoader-\d+/0-pass/$", votes.prefix)
-    assert hosts.Pairing("StreamLoader").votes(1) is None
+    assert pairs.Pairing("StreamLoader").votes(1) is None
 
 
 def test_a_restore_from_another_thread_while_the_pass_waits_says_the_iterator_is_stale(
@@ -147,7 +147,7 @@ def test_a_restore_from_another_thread_while_the_pass_waits_says_the_iterator_is
     from jaxloader.streams import passes
 
     store, here = Store(), threading.local()
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, here.me))
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, here.me))
     monkeypatch.setattr(passes, "check", lambda count: None)  # (two "processes" here)
     stream = jl.Stream.from_generator(lambda s: ({"id": s * 10 + i} for i in range(4)), 2)
     loaders = [jl.StreamLoader(stream, batch_size=2, num_epochs=1, process_index=i,
@@ -193,7 +193,7 @@ def test_a_close_or_restore_while_iter_waits_for_the_others_ends_the_wait(monkey
     from jaxloader.streams import passes
 
     store, here = Store(), threading.local()
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, here.me))
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, here.me))
     monkeypatch.setattr(passes, "check", lambda count: None)  # (two "processes" here)
     stream = jl.Stream.from_generator(lambda s: ({"id": s * 10 + i} for i in range(8)), 2)
 
@@ -258,8 +258,8 @@ def test_a_vote_is_kept_when_an_older_iters_refusal_is_told_after_it():
 
 def test_the_votes_of_iters_refused_again_and_again_do_not_pile_up(monkeypatch):
     store = Store()
-    monkeypatch.setattr(hosts, "_jax_store", lambda count: (store, 0))
-    pairing = hosts.Pairing("StreamLoader")
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, 0))
+    pairing = pairs.Pairing("StreamLoader")
     pairing.name = "StreamLoader-again"
     for n in range(50):  # (each iter() refused before any vote went through)
         pairing.count = n + 1
