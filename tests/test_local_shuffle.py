@@ -82,6 +82,35 @@ def test_a_parquet_epoch_reads_each_row_once_and_few_row_groups_a_batch(tmp_path
     assert np.median(spread) > 2 * np.median(groups_per_batch)  # the point of it
 
 
+def test_a_read_local_pass_decodes_each_row_group_once_in_the_cache_it_is_advised(
+        tmp_path, monkeypatch):
+    # a batch across two windows read its runs by row group number: the next window's groups,
+    # decoded first, evicted the cached window's, decoded again for the batch after (24
+    # decodes of 12 row groups, up to 3 of one, at the cache the warning calls enough; the
+    # read-local audit). Its runs go in the order it first reads them
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    sizes = [400, 1300, 700, 900, 500, 1100, 800, 600, 1000, 1200, 450, 950]
+    ids = np.arange(sum(sizes))
+    writer = None
+    for start, n in zip(np.cumsum([0, *sizes[:-1]]), sizes):
+        part = pa.table({"id": ids[start:start + n], "v": np.ones((n,), np.float64)})
+        writer = writer or pq.ParquetWriter(tmp_path / "g.parquet", part.schema)
+        writer.write_table(part)
+    writer.close()
+    advised = int(np.sort(jl.ParquetSource(tmp_path / "g.parquet")._group_bytes)[-2:].sum())
+    source = jl.ParquetSource(tmp_path / "g.parquet", cache_bytes=advised)
+    decoded = []
+    read = jl.ParquetSource._read
+    monkeypatch.setattr(jl.ParquetSource, "_read", lambda self, g: decoded.append(g) or read(
+        self, g))
+    with jl.DataLoader(source, batch_size=64, shuffle=jl.LocalShuffle(window=2), seed=0,
+                       num_workers=0, num_epochs=1, last_batch="partial", process_index=0,
+                       process_count=1) as loader:
+        assert sorted(np.concatenate([b["id"] for b in loader]).tolist()) == ids.tolist()
+    assert sorted(decoded) == list(range(12))
+
+
 @pytest.mark.parametrize("k", [2, 25])
 def test_resume_into_other_worker_and_process_counts(tmp_path, k):
     src = parquet(tmp_path)

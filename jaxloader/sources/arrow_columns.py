@@ -318,6 +318,21 @@ def join(parts: list) -> Any:
     return object_column(values)
 
 
+def runs_order(groups: np.ndarray) -> np.ndarray:
+    """The order that puts a batch's rows (of row groups ``groups``) in runs of one row group
+    each, the runs in the order the batch first reads their groups: a read-local batch across
+    two windows reads the one before's groups first, which the cache still holds; taken by
+    group number, the next window's decoded first evicted them, decoded again for the next
+    batch (~1.7x the decodes of an epoch).
+
+    Example:
+        >>> runs_order(np.array([7, 2, 7, 5, 2])).tolist()
+        [0, 2, 1, 4, 3]
+    """
+    _, first, which = np.unique(groups, return_index=True, return_inverse=True)
+    return np.argsort(first).argsort()[which.reshape(-1)].argsort(kind="stable")
+
+
 def pick(batch: dict[str, Any], at: Any) -> dict[str, Any]:
     """Every column's (and struct field's) ``column[at]``: a batch's rows reordered, with no
     pytree walk (``tree.flatten``) a batch."""

@@ -35,7 +35,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_bool, check_indices, check_int, record_index
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.order.local_shuffle import LocalShuffle
-from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick
+from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick, runs_order
 from jaxloader.sources.joined_groups import JoinedGroups
 from jaxloader.sources import parquet_footers
 from jaxloader.sources.parquet_files import ParquetFiles
@@ -274,7 +274,7 @@ class ParquetSource:
         starts = self._starts
         order = None  # file order: nothing to put back
         if len(groups) > 1 and (groups[1:] < groups[:-1]).any():
-            order = groups.argsort(kind="stable")
+            order = runs_order(groups)  # (the cached window's runs first)
             groups, indices = groups[order], indices[order]
         local = indices - starts[groups]
         edges = [0, *((groups[1:] != groups[:-1]).nonzero()[0] + 1).tolist(), len(indices)]
