@@ -264,16 +264,21 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             batch_said(t)
             # the transform that changed the batch axis named (the batch's check, after all of
             # them, names none); a 0-d leaf another transform may take up is left to it
-            rows = [shape for x in tree_lib.flatten(batch)[0] if (shape := _shape(x)) is not None]
-            bad = next((shape for shape in rows if (shape[0] != size if shape else i == last)),
-                       None)
+            leaves, treedef = tree_lib.flatten(batch)
+            rows = [(k, shape) for k, x in enumerate(leaves) if (shape := _shape(x)) is not None]
+            bad = next(((k, shape) for k, shape in rows if (
+                shape[0] != size if shape else i == last)), None)
             if bad is not None:
-                raise RecordError(f"{where()}: {t!r} returned a leaf of shape {bad}, expected "
-                                  f"{size} rows first (the batch's): a batch transform keeps "
-                                  "the batch axis; to drop rows use a FilteredSource, for "
-                                  "several examples a record return them stacked from a Map "
-                                  "(docs/troubleshooting.md, 'Several examples from one "
-                                  "record')")
+                path = tree_lib.leaf_paths(treedef)[bad[0]]
+                raise RecordError(
+                    f"{where()}: {t!r} returned a leaf of shape {bad[1]} at {path or '<root>'},"
+                    f" expected {size} rows first (the batch's): a batch transform keeps the "
+                    "batch axis" + (" (a list or tuple in a batch is a node, each item a leaf "
+                                    "of its own: return an array, np.asarray(a_list) for text)"
+                                    if path.endswith("]") and path.rsplit("[", 1)[-1][:-1]
+                                    .isdigit() else "") + "; to drop rows use a FilteredSource, "
+                    "for several examples a record return them stacked from a Map "
+                    "(docs/troubleshooting.md, 'Several examples from one record')")
         if clock is not None:  # (a timed batch; a JitMap's compilation timed apart, once)
             spent = perf_counter() - start - outside - compiled_s
             clock.add_sampled(stage_name(t), spent)
