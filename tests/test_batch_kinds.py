@@ -160,3 +160,32 @@ def test_a_batch_map_that_changes_the_structure_is_refused_naming_the_leaf():
     with pytest.raises(jl.CollateError, match=r"step 1 .*batch leaf \['extra'\] is new in this "
                                               r"batch, against the first batch \(step 0\)"):
         list(loader)
+
+
+def test_the_same_leaves_in_another_structure_are_refused_naming_where():
+    # compared by leaf path alone: tuple records then list ones, one namedtuple then another,
+    # a None dropped, a dict then an OrderedDict all passed, and a jitted step was traced
+    # again for each (the pytrees audit); dict keys in another order stay one structure
+    import collections
+
+    P, Q = collections.namedtuple("P", "a b"), collections.namedtuple("Q", "a b")
+
+    def batches(first, then):
+        records = [first(i) for i in range(2)] + [then(i) for i in range(2)]
+        with jl.DataLoader(records, batch_size=2, process_index=0, process_count=1) as loader:
+            return list(loader)
+
+    for first, then, said in [
+            (lambda i: (np.float32(i), i), lambda i: [np.float32(i), i],
+             r"structure at <root> is a list of 2, where the first batch \(step 0\) had a tuple"),
+            (lambda i: P(np.float32(i), i), lambda i: Q(np.float32(i), i), r"is a Q, .* had a P"),
+            (lambda i: {"x": np.float32(i), "aux": None}, lambda i: {"x": np.float32(i)},
+             r"is a dict of keys \['x'\], .* had a dict of keys \['aux', 'x'\]"),
+            (lambda i: {"x": np.float32(i)}, lambda i: collections.OrderedDict(x=np.float32(i)),
+             r"is an OrderedDict of keys \['x'\]"),
+            (lambda i: {"x": {"b": (1, 2)}}, lambda i: {"x": {"b": [1, 2]}},
+             r"structure at \['x'\]\['b'\] is a list of 2")]:
+        with pytest.raises(jl.CollateError, match=r"step 1 .*" + said):
+            batches(first, then)
+    got = batches(lambda i: {"x": 1.0, "y": (i, None)}, lambda i: {"y": (i, None), "x": 1.0})
+    assert [b["y"][0].tolist() for b in got] == [[0, 1], [0, 1]]

@@ -42,6 +42,7 @@ class BatchKinds:
         self._dtypes: list = []  # its leaves' dtypes and ranks (the fast path's)
         self._ranks: list = []
         self._first: dict[str, Any] | None = None  # the first batch's kinds, by leaf path
+        self._skeleton: Any = None  # its structure's (_skeleton)
         self._first_step = 0
         self._objects: list = []  # the last batch's object leaves' kinds (the fast path's)
         self._since: dict[str, int] = {}  # a leaf of objects first: the step that told its kind
@@ -61,12 +62,27 @@ class BatchKinds:
                 if dtypes == self._dtypes and ranks == self._ranks and list(batch) == self._keys \
                         and objects == self._objects:
                     return
-        kinds = ({f"[{k!r}]": _kind(v) for k, v in batch.items()} if flat
-                 else {path: _kind(leaf) for path, leaf in _leaves(batch)})
+        if flat:
+            kinds = {f"[{k!r}]": _kind(v) for k, v in batch.items()}
+            skeleton: Any = ("dict", frozenset((k, "leaf") for k in batch))
+        else:
+            leaves, treedef = tree_lib.flatten(batch)
+            kinds = {path: _kind(leaf) for path, leaf in zip(tree_lib.leaf_paths(treedef),
+                                                              leaves)}
+            skeleton = _skeleton(treedef)
         if self._first is None:
-            self._first, self._first_step = kinds, step
+            self._first, self._first_step, self._skeleton = kinds, step, skeleton
         elif kinds != self._first:
             self._compare(kinds, step, where)
+        if skeleton != self._skeleton:  # (the same leaves in another structure)
+            path, now, then = _first_difference(skeleton, self._skeleton)
+            raise CollateError(
+                f"{where(step)}: the batch's structure at {path or '<root>'} is {now}, where "
+                f"the first batch (step {self._first_step}) had {then}: every batch must "
+                "have one structure (a jitted step is compiled again for another, and a "
+                "sharding written for the first no longer fits); make each record (or each "
+                "BatchMap's batch) of one structure: one kind of container, the same keys, "
+                "None in the same places")
         if flat:
             self._keys, self._dtypes, self._ranks, self._objects = (list(batch), dtypes, ranks,
                                                                     objects)
@@ -136,6 +152,42 @@ def _kind(leaf: Any) -> Any:
     return dtype, leaf.ndim
 
 
-def _leaves(batch: Any) -> list[tuple[str, Any]]:
-    leaves, treedef = tree_lib.flatten(batch)
-    return list(zip(tree_lib.leaf_paths(treedef), leaves))
+def _skeleton(treedef: tree_lib.TreeDef) -> Any:
+    """What of a structure must stay from batch to batch: each node's kind (a tuple, not a
+    list; one namedtuple or registered class, not another; ``None`` where it was), and a
+    dict's keys in any order (JAX sorts them), each with its child's."""
+    kind = treedef[0]
+    if kind in ("leaf", "none"):
+        return kind
+    children = tuple(_skeleton(c) for c in treedef[-1])
+    if kind in ("dict", "ordered", "defaultdict"):
+        return kind, frozenset(zip(treedef[1], children))
+    return (kind, *treedef[1:-1][:1], *([treedef[3]] if kind == "node" else []), children)
+
+
+def _first_difference(now: Any, then: Any, path: str = "") -> tuple[str, str, str]:
+    """Where skeletons ``now`` and ``then`` first differ, and what each has there."""
+    def said(s: Any) -> str:
+        if isinstance(s, str):
+            return "None" if s == "none" else "a leaf"
+        kind = s[0]
+        if kind in ("dict", "ordered", "defaultdict"):
+            name = {"dict": "a dict", "ordered": "an OrderedDict", "defaultdict": "a defaultdict"}
+            return f"{name[kind]} of keys [{', '.join(sorted(repr(k) for k, _ in s[1]))}]"
+        if kind in ("namedtuple", "node"):
+            return f"a {s[1].__name__}"
+        return f"a {kind} of {len(s[-1])}"
+    if isinstance(now, str) or isinstance(then, str) or now[0] != then[0] or now[1:-1] != then[
+            1:-1] and now[0] not in ("dict", "ordered", "defaultdict"):
+        return path, said(now), said(then)
+    if now[0] in ("dict", "ordered", "defaultdict"):
+        a, b = dict(now[1]), dict(then[1])
+        if a.keys() != b.keys():
+            return path, said(now), said(then)
+        for key in a:
+            if a[key] != b[key]:
+                return _first_difference(a[key], b[key], f"{path}[{key!r}]")
+    for i, (x, y) in enumerate(zip(now[-1], then[-1])):
+        if x != y:
+            return _first_difference(x, y, f"{path}[{i}]")
+    return path, said(now), said(then)
