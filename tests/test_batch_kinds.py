@@ -189,3 +189,14 @@ def test_the_same_leaves_in_another_structure_are_refused_naming_where():
             batches(first, then)
     got = batches(lambda i: {"x": 1.0, "y": (i, None)}, lambda i: {"y": (i, None), "x": 1.0})
     assert [b["y"][0].tolist() for b in got] == [[0, 1], [0, 1]]
+
+
+def test_a_dict_whose_keys_jax_cannot_sort_is_refused_at_the_first_batch():
+    # batched as NumPy, then JAX's bare "Comparator raised exception while sorting pytree
+    # dictionary keys" from the device-put thread once a sharding was given (the pytrees audit)
+    records = [{"x": {1: np.float32(i), "a": 2.0}} for i in range(4)]
+    with jl.DataLoader(records, batch_size=2, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.CollateError, match=r"step 0 .*dict at \['x'\] has keys of int "
+                                                  r"and str \(\[1, 'a'\]\), which JAX cannot "
+                                                  r"sort.*str\(key\)"):
+            next(iter(loader))

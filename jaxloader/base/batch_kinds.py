@@ -71,6 +71,7 @@ class BatchKinds:
                                                               leaves)}
             skeleton = _skeleton(treedef)
         if self._first is None:
+            _sortable(batch, step, where)
             self._first, self._first_step, self._skeleton = kinds, step, skeleton
         elif kinds != self._first:
             self._compare(kinds, step, where)
@@ -150,6 +151,27 @@ def _kind(leaf: Any) -> Any:
     if dtype.kind in _TEXT:
         return np.dtype(dtype.kind), -1
     return dtype, leaf.ndim
+
+
+def _sortable(tree: Any, step: int, where: Callable[[int], str], path: str = "") -> None:
+    """Refuses a dict in the first batch whose keys cannot be sorted (an int key beside a str
+    one): JAX sorts a dict's keys to flatten it, so ``jax.device_put``, ``jit`` and a sharding
+    failed on it with JAX's bare "Comparator raised exception", far from the cause."""
+    if isinstance(tree, dict):
+        try:
+            sorted(tree)
+        except TypeError:
+            kinds = sorted({type(k).__name__ for k in tree})
+            raise CollateError(
+                f"{where(step)}: the batch's dict at {path or '<root>'} has keys of "
+                f"{' and '.join(kinds)} ({list(tree)[:6]}), which JAX cannot sort to flatten "
+                "it (jax.device_put, jit and shardings fail on it); make them one type in a "
+                "Map, str(key) for each") from None
+        for key, child in tree.items():
+            _sortable(child, step, where, f"{path}[{key!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, child in enumerate(tree):
+            _sortable(child, step, where, f"{path}[{i}]")
 
 
 def _skeleton(treedef: tree_lib.TreeDef) -> Any:
