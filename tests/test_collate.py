@@ -123,8 +123,8 @@ def test_scalars_of_other_dtypes_are_refused_naming_the_record_that_differs():
         collate([{"a": 1}, {"a": 2}, {"a": np.int32(3)}], positions=[0, 1, 2])
     with pytest.raises(CollateError, match=r"position 2 has float 2.5"):
         collate([{"a": 1}, {"a": 2}, {"a": 2.5}], positions=[0, 1, 2])
-    with pytest.raises(CollateError, match=r"position 1 has int 3 \(batched as int64\); make "
-                                           r"every record's leaf"):
+    with pytest.raises(CollateError, match=r"position 1 has int 3 \(batched as int64\); give "
+                                           r"every record one kind there"):
         collate([{"a": "s"}, {"a": 3}], positions=[0, 1])
     with pytest.raises(CollateError, match=r"position 1 has int 18446744073709551616"):
         collate([{"a": np.int64(1)}, {"a": 2**64}], positions=[0, 1])  # fits no int64
@@ -206,6 +206,15 @@ def test_object_arrays_of_other_lengths_are_one_entry_a_record():
     # numbers of other lengths are still refused (PackedSource packs them)
     with pytest.raises(CollateError, match=r"records differ.*PackedSource"):
         collate([{"t": np.arange(2)}, {"t": np.arange(3)}])
+
+
+def test_text_beside_a_number_is_told_to_be_made_one_kind_not_padded():
+    # was told to pad them with jaxloader.Pad('s'), which refuses text (the pytrees audit)
+    for values in (["a", 1], [2.5, b"x"]):
+        with pytest.raises(CollateError, match=r"records differ: .*give every record one kind "
+                                               r"there: parse the text to a number, or make the "
+                                               r"number text \(str\(x\)\), in a Map$"):
+            collate([{"s": v} for v in values])
 
 
 def test_other_objects_are_refused_naming_the_leaf_the_type_and_the_fix():

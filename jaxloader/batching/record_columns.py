@@ -276,6 +276,9 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
                 fix = ("make every record's leaf one shape in a Map: resize, crop or pad it "
                        "there (a Pad pads the first axis only, and these differ past it: "
                        "images of other sizes, say), or use batch_size=1")
+            elif (first[0] in (str, bytes)) != (kind(v)[0] in (str, bytes)):  # (no Pad: text)
+                fix = ("give every record one kind there: parse the text to a number, or make "
+                       "the number text (str(x)), in a Map")
             elif _image_modes(values[0], v):
                 fix = ("images of other modes (grayscale, RGBA, a palette) among RGB ones: "
                        "convert each as it is decoded, Image.open(...).convert('RGB')")
