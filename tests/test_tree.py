@@ -150,3 +150,25 @@ def test_an_unregistered_class_is_refused_naming_the_leaf_and_the_fix():
         next(iter(loader))
     for part in ["['p']", "PlainRecord", "register_dataclass", "np.asarray"]:
         assert part in str(e.value)
+
+
+def test_a_defaultdict_or_ordered_dict_batch_keeps_its_kind_when_placed_or_padded():
+    # a defaultdict's batch was a plain dict once a sharding= was given (and from a JitMap),
+    # and a Pad made an OrderedDict's records plain dicts, where the same batch without them
+    # kept its kind (the pytrees audit)
+    import jax
+
+    import jaxloader as jl
+
+    records = [collections.defaultdict(list, {"z": np.float32(i), "a": np.arange(2) + i})
+               for i in range(4)]
+    mesh = jax.make_mesh((1,), ("data",))
+    for kwargs in ({"sharding": jl.data_sharding(mesh)}, {"transforms": [jl.JitMap(lambda r: r)]}):
+        with jl.DataLoader(records, batch_size=2, process_index=0, process_count=1,
+                           **kwargs) as loader:
+            batch = next(iter(loader))
+        assert type(batch) is collections.defaultdict and batch.default_factory is list
+    ordered = [collections.OrderedDict(z=np.arange(i + 1), a=np.float32(i)) for i in range(4)]
+    with jl.DataLoader(ordered, batch_size=2, transforms=[jl.Pad("z")], process_index=0,
+                       process_count=1) as loader:
+        assert type(next(iter(loader))) is collections.OrderedDict

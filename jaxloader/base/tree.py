@@ -377,24 +377,23 @@ def skeleton(tree: Any) -> Any:
         >>> skeleton({"z": [1, 2], "a": 3})
         {'z': [None, None], 'a': None}
     """
-    if isinstance(tree, dict):
-        return {k: skeleton(v) for k, v in tree.items()}
     if type(tree) in (list, tuple):
         return type(tree)(skeleton(v) for v in tree)
-    return None
+    return {k: skeleton(v) for k, v in tree.items()} if isinstance(tree, dict) else None
 
 
 def reordered(out: Any, like: Any) -> Any:
-    """``out`` with its dicts' keys in the order of ``like`` (a ``skeleton`` of a tree of its
-    structure), the same leaves: ``jax.jit`` returns a function's dicts with their keys sorted.
+    """``out``, its dicts' keys in the order of ``like`` (its ``skeleton``): ``jax.jit`` sorts them.
 
     Example:
         >>> reordered({"a": 1, "z": {"c": 2, "b": 3}}, {"z": {"b": None, "c": None}, "a": None})
         {'z': {'b': 3, 'c': 2}, 'a': 1}
     """
     if isinstance(out, dict) and isinstance(like, dict) and like.keys() == out.keys():
-        kind = type(out) if type(out) is collections.OrderedDict else dict  # (as fn's)
-        return kind((k, reordered(out[k], like[k])) for k in like)
+        made = {k: reordered(out[k], like[k]) for k in like}  # (an OrderedDict's, a
+        return collections.defaultdict(out.default_factory, made) if isinstance(  # defaultdict's
+            out, collections.defaultdict) else collections.OrderedDict(made) if type(  # kind kept)
+                out) is collections.OrderedDict else made
     if type(out) in (list, tuple) and type(like) is type(out) and len(like) == len(out):
         return type(out)(reordered(o, lk) for o, lk in zip(out, like))
     return out

@@ -264,7 +264,7 @@ def _fields(pad: Pad, record: Any, names: Any, j: int) -> dict:
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} is a "
                            f"{type(record).__name__}, expected a dict of leaves; return a dict "
                            "from a Map before the Pad")
-    record = dict(record)
+    record = record.copy()  # (its kind kept: an OrderedDict, a defaultdict)
     for key in pad.keys:
         if key not in record:
             raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)} has no key {key!r} "
