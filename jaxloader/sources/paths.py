@@ -42,9 +42,9 @@ _BRACES = re.compile(r"\{[^{}/]*(\.\.|,)[^{}/]*\}")
 
 def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
            suffix: str | tuple[str, ...], owner: str, *, dataset: bool = False) -> list[str]:
-    """``paths`` as a list of files: folders (their files ending with ``suffix``, or any of
-    a tuple of them) and patterns expanded (sorted), in the order given; a pattern or folder
-    with no file raises naming it. ``dataset``: a folder is read as pandas and pyarrow read
+    """``paths`` as a list of files (local ones absolute): folders (their files ending with
+    ``suffix``, or any of a tuple of them) and patterns expanded (sorted), in the order given;
+    a pattern or folder with no file raises naming it. ``dataset``: a folder is read as pandas and pyarrow read
     a Parquet dataset's: names under it starting with ``_`` or ``.`` are left out (Spark's
     ``_temporary/``), and Hive partitions (``label=0/``), columns in folder names, refused."""
     if isinstance(paths, Mapping):  # (its keys were taken: "file 'train' does not exist")
@@ -114,6 +114,10 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
         by.extend([path] * len(found))
     if not out:
         raise ConfigError(f"{owner}(paths): expected at least one path, got none")
+    # local files as found from this folder: a Ray actor (its own folder, another node), a
+    # worker started after an os.chdir, opened another file or none ("check the path")
+    here = os.getcwd()  # (joined, not normalised: "link/../x" is not "x" under a symlink)
+    out = [p if "://" in p or os.path.isabs(p) else os.path.join(here, p) for p in out]
     _once_each(out, by, owner, reals)
     if left_out:
         shown = ", ".join(repr(f) for f in left_out[:3]) + (

@@ -250,7 +250,8 @@ def test_a_dataset_pattern_leaves_names_starting_with_underscore_out_as_a_folder
     touch(tmp_path / "_scratch" / "run", "a.parquet")
     monkeypatch.chdir(tmp_path / "_scratch" / "run")
     for pattern in ("*.parquet", "**/*.parquet"):
-        assert expand(pattern, ".parquet", "S", dataset=True) == ["a.parquet"]
+        assert expand(pattern, ".parquet", "S", dataset=True) == [
+            os.path.join(os.getcwd(), "a.parquet")]  # (absolute: as found from here)
 
 
 def test_a_folder_with_links_in_itself_lists_each_file_once(tmp_path):
@@ -363,3 +364,27 @@ def test_a_configs_unexpanded_home_or_variable_and_a_dict_of_splits_are_named(tm
         expand({"train": str(tmp_path / "a.parquet")}, ".parquet", "S")
     touch(tmp_path, "$x.parquet")  # (a file so named: itself)
     assert expand(str(tmp_path / "$x.parquet"), ".parquet", "S") == [str(tmp_path / "$x.parquet")]
+
+
+def test_relative_paths_are_read_from_where_they_were_given(tmp_path, monkeypatch):
+    # kept as given, a relative path was opened from each worker's folder: a Ray actor's (its
+    # own, or another node's) or, here, workers started after an os.chdir: "check the path"
+    # of a file that is there (the Ray streams audit)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"x": np.arange(8)}), data / "t.parquet")
+    (data / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(8)))
+    monkeypatch.chdir(data)
+    source = jl.ParquetSource("t.parquet")
+    stream = jl.Stream.jsonl(["a.jsonl"])
+    assert source.paths == [str(data / "t.parquet")] and os.path.isabs(stream.shards[0].name)
+    monkeypatch.chdir(tmp_path)
+    with jl.DataLoader(source, batch_size=4, num_workers=2, process_index=0,
+                       process_count=1) as loader:
+        assert sorted(np.concatenate([b["x"] for b in loader]).tolist()) == list(range(8))
+    with jl.StreamLoader(stream, batch_size=4, num_workers=1, num_epochs=1, process_index=0,
+                         process_count=1) as loader:
+        assert sorted(np.concatenate([b["x"] for b in loader]).tolist()) == list(range(8))
