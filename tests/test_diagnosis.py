@@ -652,6 +652,12 @@ def test_ray_actors_are_advised_as_actors_and_each_keeps_its_own_pid_in_the_stat
                         workers=busy, num_workers=2)
     advice = " ".join(diagnose(stats, num_workers=2, cores=8, remote=True).advice)
     assert "RayWorkers(n=4)" in advice and "num_workers" not in advice, advice
+    # a stream of 2 readers on 2 actors takes no more: it was told RayWorkers(n=2), the count
+    # it had (the Ray streams audit)
+    advice = " ".join(diagnose(stats, num_workers=2, cores=8, remote=True,
+                               counts=[1, 2]).advice)
+    assert "RayWorkers(n=2)" not in advice and "readers_per_process=4 and RayWorkers(n=4)" in \
+        advice, advice
 
     class Engine:  # a Ray engine whose actor 0 is gone: the stats named actor 1's pid for it
         remote, active, pids, maker_pids = True, 2, [202, 303], [101, 202, 303]

@@ -269,10 +269,13 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             if workers > num_workers:
                 advice.insert(0, f"{idle} of {cores} cores idle: num_workers={workers}, "
                                  f"{gain(workers)}")
-        elif remote:
-            advice.insert(0, f"the Ray actors are busy {busy:.0%} of the time: more of them "
-                             f"(the cluster's CPUs permitting), {named.format(more)}, "
-                             f"{gain(more)}")
+        elif remote:  # (a stream's actors divide its readers: none more may be all it takes)
+            advice.insert(0, f"the Ray actors are busy {busy:.0%} of the time: " + (
+                f"more of them (the cluster's CPUs permitting), {named.format(more)}, "
+                f"{gain(more)}" if more > num_workers else "each reads its share of the "
+                f"stream's readers; more readers and actors, readers_per_process="
+                f"{2 * num_workers} and RayWorkers(n={2 * num_workers}) (the batches then come "
+                "in another order), or a cheaper read or transform"))
         else:
             what = "reading (the source's own code)" if bottleneck == "source" else \
                 "the transforms and collation"
