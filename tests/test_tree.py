@@ -168,6 +168,7 @@ def test_a_defaultdict_or_ordered_dict_batch_keeps_its_kind_when_placed_or_padde
                            **kwargs) as loader:
             batch = next(iter(loader))
         assert type(batch) is collections.defaultdict and batch.default_factory is list
+        assert list(batch) == ["z", "a"]  # (a JitMap's function got its keys sorted by jit)
     ordered = [collections.OrderedDict(z=np.arange(i + 1), a=np.float32(i)) for i in range(4)]
     with jl.DataLoader(ordered, batch_size=2, transforms=[jl.Pad("z")], process_index=0,
                        process_count=1) as loader:

@@ -133,6 +133,7 @@ class JitMap:
         self._local = threading.local()  # a thread's chunk sizes, input buffers, last
         # output (written over by the next chunk) and batch layout
         self._likes: dict[tuple, Any] = {}  # a record's kind -> the skeleton of fn's output
+        self._given: dict[tuple, Any] = {}  # ... -> the record's own (its keys' order)
         code = code_of(fn)  # its file, named in errors (a pickled function's may be lost)
         self._file = None if code is None else code.co_filename
 
@@ -166,7 +167,7 @@ class JitMap:
         self._compiled = self._vmapped = None
         self._shapes = {}
         self._local = threading.local()
-        self._likes = {}
+        self._likes, self._given = {}, {}
         self._jax = state.get("jax")  # the sender's settings: a worker compiles alike
 
     def __call__(self, batch: Any, *, seed: int, epoch: int, positions: np.ndarray,
@@ -214,6 +215,7 @@ class JitMap:
         inputs, given = self._inputs(columns, rows)
         last = self._last_output(row_out, rows)
         record = tree_lib.unflatten(treedef, given[:len(columns)])
+        self._given.setdefault(record_kind(record, 1), tree_lib.skeleton(record))
         keys = record_keys(seed, epoch, positions, index) if self.random else None
         views: list | None = None
         out_treedef: Any = None
@@ -271,6 +273,8 @@ class JitMap:
             fn, random, file = self.fn, self.random, self._file
 
             def traced(record: Any, *raw: Any) -> Any:
+                # its dicts' keys in the record's order (jit sorts them), as a Map's get them
+                record = tree_lib.reordered(record, self._given.get(record_kind(record)))
                 try:
                     out = traced_call(self, lambda: fn(record, jax.random.wrap_key_data(
                         raw[0], impl="threefry2x32")) if random else fn(record))
