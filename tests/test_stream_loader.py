@@ -151,6 +151,45 @@ def test_a_state_taken_as_auto_workers_move_the_readers_names_what_was_handed_ou
         assert [np.asarray(b["id"]).tolist() for b in take(again, 4)] == rest
 
 
+def test_auto_workers_still_take_a_new_count_after_a_ctrl_c_restarted_the_pool(monkeypatch):
+    # the runs watched the roster they began with: a Ctrl-C that restarted the pool (a new
+    # roster) left autotune's next count unapplied for good (the autotune audit)
+    from jaxloader.loaders import monitor
+    from jaxloader.workers import ring
+
+    monkeypatch.setattr(monitor, "WINDOW_S", 1e6)  # (the count changed here, not by timing)
+    calls, hand_out = [0], ring.SlotRing.hand_out
+
+    def interrupted(self, *args):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise KeyboardInterrupt
+        return hand_out(self, *args)
+    monkeypatch.setattr(ring.SlotRing, "hand_out", interrupted)
+
+    def make(workers):
+        stream = jl.Stream.from_generator(
+            lambda s: ({"id": np.int64(1000 * s + i)} for i in range(10**6)), 4)
+        return jl.StreamLoader(stream, batch_size=2, num_workers=workers, readers_per_process=4,
+                               process_index=0, process_count=1)
+
+    with make(0) as plain:
+        expected = [b["id"].tolist() for b in take(plain, 40)]
+    got = []
+    with make("auto") as loader:
+        it = iter(loader)
+        while len(got) < 40:
+            try:
+                got.append(next(it)["id"].tolist())
+            except KeyboardInterrupt:
+                assert loader._engine.restarts == 0
+                continue
+            if len(got) == 10:
+                assert loader._engine.restarts == 1
+                loader._engine.roster.resize(2)  # (as autotune asks)
+        assert loader.num_workers == 2 and got == expected
+
+
 class _Landing(dict):
     """The readers' reports, with ``call`` run once as report ``at`` is read: a signal handler
     (or another thread) landing inside the loader's filing of them."""

@@ -39,8 +39,7 @@ class ReaderRuns:
         generation = loader._progress.generation  # (the runs' loader's: a restore ends them)
         if not loader._options.auto_workers:
             return self._run(start, stop, max(1, loader.num_workers), generation)
-        return rehosted(weakref.ref(loader), getattr(loader._engine, "roster"), start, stop,
-                        generation)
+        return rehosted(weakref.ref(loader), loader._engine, start, stop, generation)
 
     def _run(self, start: int, stop: int | None, hosts: int,
              generation: int) -> Generator[Any, None, None]:
@@ -60,24 +59,27 @@ class ReaderRuns:
         self._loader._engine.close()
 
 
-def rehosted(loader_ref: Callable[[], StreamLoader | None], roster: Any, start: int,
+def rehosted(loader_ref: Callable[[], StreamLoader | None], engine: Any, start: int,
              stop: int | None, generation: int) -> Generator[Any, None, None]:
-    """Runs from ``start``, a new one from the next step each time ``roster``'s count asked
-    for changes: the readers move to their new hosts from the states of what was handed out
-    (what was read ahead is made again, identically). Holds the loader weakly: a loader
-    dropped mid-run must be collected, its device-put thread (which drives this) stopped."""
+    """Runs from ``start``, a new one from the next step each time the count the engine's
+    roster asks for changes: the readers move to their new hosts from the states of what was
+    handed out (what was read ahead is made again, identically). The roster is read anew each
+    time (a run interrupted restarts the pool with a new one: the old one watched, autotune's
+    counts were never taken up). Holds the loader weakly: a loader dropped mid-run must be
+    collected, its device-put thread (which drives this) stopped."""
     step = start
     while stop is None or step < stop:
         loader = loader_ref()
         if loader is None:
             return
-        run = ReaderRuns(loader)._run(step, stop, roster.target, generation)
+        hosts = engine.roster.target
+        run = ReaderRuns(loader)._run(step, stop, hosts, generation)
         del loader
         try:
             for batch in run:
                 step += 1
                 yield batch
-                if roster.target != roster.active:
+                if engine.roster.target != hosts:
                     break
             else:
                 return
