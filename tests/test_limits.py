@@ -109,3 +109,27 @@ def test_a_containers_process_limit_is_named_beside_ulimit(files, monkeypatch):
     files["/sys/fs/cgroup/kubepods/pod1/pids.max"] = "64"
     files["/sys/fs/cgroup/kubepods/pod1/pids.current"] = "12"
     assert "pids.max 64, 12 in use" in limits.process_limits()
+
+
+def test_autotunes_memory_bound_is_half_of_what_the_workers_may_have(monkeypatch, caplog):
+    # half of what was free each window, measured after the workers took some, let them grow
+    # to ~90% of the memory (13 workers of 100 MB in 2,000 MB; the autotune audit): the free
+    # memory and the workers' own, halved
+    import logging
+
+    from jaxloader.loaders import monitor
+
+    free, each = 2000 << 20, 100 << 20
+
+    class Pool:
+        pids: list = [1]
+    tune = monitor.AutoTune(Pool(), cores=64)
+    monkeypatch.setattr(monitor, "_resident_bytes", lambda pid: each)
+    monkeypatch.setattr(monitor, "_available_bytes", lambda: free - len(Pool.pids) * each)
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
+        for _ in range(12):  # grow to the bound, as autotune does window after window
+            Pool.pids = list(range(min(tune._memory_bound(len(Pool.pids)), 2 * len(Pool.pids))))
+    assert len(Pool.pids) == 10
+    assert [r.getMessage() for r in caplog.records].count(
+        "jaxloader: autotune: memory holds the workers to 10 (100 MiB resident each, half of "
+        "what is free and theirs)") == 1

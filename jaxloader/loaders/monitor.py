@@ -88,6 +88,7 @@ class AutoTune:
         self._last: tuple | None = None  # (time, batches, wait_s, busy_s, CPU + queued s)
         self._trial: tuple[int, float] | None = None  # (the count before, its rate)
         self._settling = True  # until a change (or the start) is in use: not judged
+        self._said_memory = False  # that memory bounds the count (logged once)
 
     def capacity(self) -> int:
         """The most workers it may ever ask for (the pool's status table is this big)."""
@@ -113,11 +114,19 @@ class AutoTune:
         return max(1, min(high, self.ceiling, self.capacity()))
 
     def _memory_bound(self, active: int) -> int:
-        pids = self.pool.pids[:active]
-        each = max((_resident_bytes(p) for p in pids), default=0)
+        """The most workers in half the memory they may have: what is free now and what the
+        workers started hold (each the largest one's resident size). Half of what was free
+        each window, after the workers took some, let them grow to ~90% of it."""
+        started = self.pool.pids
+        each = max((_resident_bytes(p) for p in started[:active]), default=0)
         if not each:
             return MAX_WORKERS
-        return active + int(0.5 * _available_bytes() // each)
+        bound = max(1, int(0.5 * (_available_bytes() + len(started) * each) // each))
+        if bound <= active and not self._said_memory:
+            self._said_memory = True
+            log.info("%s: autotune: memory holds the workers to %d (%.0f MiB resident each, "
+                     "half of what is free and theirs)", self.label, bound, each / 2**20)
+        return bound
 
     def restart(self) -> None:
         """A window starts afresh: the stats were reset, or a run starts after time away (an
