@@ -377,3 +377,44 @@ def test_a_child_forked_while_another_thread_counts_the_pools_counts_its_own():
     finally:
         open_pools._LOCK.release()
     assert os.waitpid(pid, 0)[1] == 0  # (not killed by SIGALRM: 14)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_close_as_auto_workers_start_says_the_loader_was_closed(monkeypatch, caplog, inline):
+    # close() from another thread as a new worker was sent its payload raised a bare
+    # BrokenPipeError, and one in a handler run there (a signal's, a log handler's) an
+    # IndexError from the status board (the autotune audit)
+    import logging
+    import threading
+
+    from jaxloader.loaders import monitor
+
+    monkeypatch.setattr(monitor, "WINDOW_S", 1e6)  # (the count changed here, not by timing)
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(400)}), batch_size=4,
+                           num_workers="auto", num_epochs=None, process_index=0,
+                           process_count=1)
+    closer: list = []
+
+    class Closing(logging.Handler):
+        def emit(self, record):
+            if "started worker process" in record.getMessage() and not closer:
+                closer.append(threading.Thread(target=loader.close))
+                closer[0].run() if inline else (closer[0].start(), time.sleep(0.3))  # (it
+                # waits for the driver this thread holds: joined later)
+
+    handler, logger = Closing(), logging.getLogger("jaxloader")
+    logger.addHandler(handler)
+    caplog.set_level(logging.INFO, logger="jaxloader")
+    try:
+        it = iter(loader)
+        next(it)
+        loader._engine.roster.resize(2)
+        with pytest.raises(jl.JaxloaderError, match=r"the loader was closed"):
+            for _ in range(50):
+                next(it)
+    finally:
+        logger.removeHandler(handler)
+        loader.close()
+    if not inline:
+        closer[0].join(10)
+        assert not closer[0].is_alive()

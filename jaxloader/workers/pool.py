@@ -119,10 +119,11 @@ class WorkerPool:
         self._next_task, self._run, self._waiting = 0, 0, False  # (in poll(): no mess to cut)
 
     def _send_payload(self, first: int = 0) -> None:
+        if self._closing[0]:  # (close() in a handler as workers started: this run ends)
+            raise failures.closed()
         for i in range(first, len(self._workers)):
-            protocol.send(self._workers[i].conn, Init(
-                sys.path, i, self.roster.active, self._maker.seed, self._blob,
-                self._board.names(i), sys.argv, relay.settings()))
+            self._send(i, Init(sys.path, i, self.roster.active, self._maker.seed, self._blob,
+                               self._board.names(i), sys.argv, relay.settings()))
 
     @property
     def active(self) -> int:  # workers in use now
@@ -365,8 +366,7 @@ class WorkerPool:
         raise error
 
     def _restart(self) -> None:
-        """New workers and ring after an interrupted run (its batches out stay readable), the
-        shared arrays and payload reused; interrupted itself, it runs again next."""
+        """New workers and ring after an interrupted run (its batches out stay readable)."""
         self._stop_workers()
         self._board.restarted()  # (before the new workers can write their rows)
         self._start()
