@@ -68,9 +68,10 @@ def leave_signals_to_the_trainer() -> None:
     Ctrl-C, Ctrl-\\ and Ctrl-Z reach neither it nor the programs its transform runs (they
     ended such a program in flight, and a trainer that goes on after its ``KeyboardInterrupt``
     got that batch's error); terminal I/O from that group does not stop it (SIGTTIN, SIGTTOU:
-    a read there fails instead). SIGINT and SIGTERM (a scheduler's to every process of a job,
-    SLURM's preemption) are caught by a handler that does nothing: a trainer that saves on
-    SIGTERM found its workers gone before its save. They are caught, not ignored: an ignored
+    a read there fails instead). SIGINT, SIGTERM, SIGUSR1, SIGUSR2 and SIGHUP (a scheduler's
+    to every process of a job: SLURM's preemption, its `--signal=USR1@90` warning, which
+    Lightning and submitit listen for) are caught by a handler that does nothing: a trainer
+    that saves on one found its workers gone before its save. They are caught, not ignored: an ignored
     signal stays ignored in every program a transform runs (``terminate()`` and
     ``send_signal(SIGINT)`` did nothing there); a caught one is reset by exec. A system call
     the signal lands in is restarted (``siginterrupt``), as under an ignored one: a C library
@@ -81,7 +82,7 @@ def leave_signals_to_the_trainer() -> None:
         pass
     for signum in (signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(signum, signal.SIG_IGN)
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in _HELD:
         signal.signal(signum, _left_to_the_trainer)
         signal.siginterrupt(signum, False)
     _worker[0] = os.getpid()
@@ -91,7 +92,7 @@ _worker = [0]  # the worker's pid: a process it forks has another
 
 
 def _left_to_the_trainer(signum: int, frame: Any) -> None:
-    """A worker's SIGINT and SIGTERM handler: nothing to do (``leave_signals_to_the_trainer``).
+    """A worker's handler of ``_HELD``: nothing to do (``leave_signals_to_the_trainer``).
     In a process the worker forked, where the signal came before ``_signals_back`` ran (a
     ``multiprocessing.Pool`` ended as one of its children still started: ``terminate()``
     then waited for it forever), the signal does what Python's own handler would."""
@@ -117,7 +118,7 @@ def take_the_trainers(argv: list[str]) -> None:
     written a line at a time, as to a terminal (a busy worker is killed at ``close()`` and
     after a failing step, and a file's or a pipe's block of buffered ``print`` output went
     with it). (A process the user's code forks, a ``multiprocessing.Pool``'s, gets Python's
-    own SIGINT and SIGTERM handlers from ``hold_signals_across_forks``.)"""
+    own handlers of the signals held here from ``hold_signals_across_forks``.)"""
     sys.argv[:] = argv
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
@@ -130,7 +131,7 @@ def take_the_trainers(argv: list[str]) -> None:
 
 
 def hold_signals_across_forks() -> None:
-    """A process the worker forks gets Python's own SIGINT and SIGTERM handlers
+    """A process the worker forks gets Python's own handlers of ``_HELD``
     (``_signals_back``); called after the worker's other fork hooks are registered, so that
     its own runs last: a SIGINT let through before another hook's Python code (the log
     relay's) was raised there, printed and dropped."""
@@ -139,7 +140,7 @@ def hold_signals_across_forks() -> None:
                             after_in_child=_signals_back_in_child)
 
 
-_HELD = {signal.SIGINT, signal.SIGTERM}
+_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP}
 _MASKS: dict[int, Any] = {}  # a forking thread's signal mask before its fork, by thread
 
 

@@ -74,6 +74,35 @@ def test_workers_run_under_the_interpreters_flags(tmp_path):
     assert out.split("\n")[:2] == ["0 [1]", "2 [1]"]
 
 
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGUSR2", "SIGHUP"])
+def test_a_trainer_that_saves_on_a_schedulers_warning_signal_keeps_its_workers(tmp_path, name):
+    # SLURM's --signal=USR1@90 (to every process of the step), submitit's USR2 and HUP: only
+    # SIGINT and SIGTERM were left to the trainer, and these killed the workers and their
+    # starter before the trainer's save (the preemption audit)
+    out, err, code = run(tmp_path, f"""
+        told = []
+        signal.signal(signal.{name}, lambda *_: told.append(1))
+
+        def descendants(pid):  # (slurmstepd signals each process of the step)
+            return [d for t in os.listdir(f"/proc/{{pid}}/task") for c in open(
+                f"/proc/{{pid}}/task/{{t}}/children").read().split() for d in [int(c),
+                *descendants(int(c))]]
+        with loader(num_epochs=None, prefetch=1) as ld:
+            it = iter(ld)
+            for step in range(1, 200):
+                next(it)
+                if step == 5:
+                    for pid in [os.getpid(), *descendants(os.getpid())]:
+                        os.kill(pid, signal.{name})
+                    time.sleep(0.5)  # (the workers' end, if they die of it)
+                if told and step % 50 == 0:
+                    print("saved at step", ld.state_dict()["step"])
+                    break
+        """, start_new_session=True)
+    assert code == 0, err
+    assert out.split("\n")[:1] == ["saved at step 50"], (out, err)
+
+
 def test_a_trainer_that_saves_on_a_group_sigterm_keeps_its_workers(tmp_path):
     # timeout, SLURM's preemption, kill -TERM -PGID: the workers (and their starter) died of
     # it, and a trainer that goes on to its next checkpoint got a WorkerError before saving
