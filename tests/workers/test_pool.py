@@ -1310,6 +1310,32 @@ def test_an_unpicklable_part_of_a_source_made_of_others_is_named():
         jl.DataLoader(jl.MapSource(inner, lambda r: r), batch_size=2, num_workers=2)
 
 
+def test_an_open_text_file_of_a_source_is_refused_not_sent_as_its_text(tmp_path):
+    # cloudpickle sent a file opened "r" read whole, as a StringIO: the file's text in each
+    # worker, stale as the file grew, and .mode or fileno() an AttributeError there (an "rb"
+    # one was refused; the user-sources audit)
+    (tmp_path / "index.jsonl").write_text("{}\n" * 100)
+
+    class Indexed:
+        def __init__(self) -> None:
+            self.f = open(tmp_path / "index.jsonl")
+
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int):
+            return {"x": np.int64(i)}
+
+    source = Indexed()
+    try:
+        with pytest.raises(jl.WorkerError, match=r"the object at Indexed.f \(<_io.TextIOWrapper "
+                           r"name=.*\) does not pickle: TypeError: cannot pickle 'TextIOWrapper'"
+                           r".*open them lazily in the worker"):
+            jl.DataLoader(source, batch_size=2, num_workers=1, process_index=0, process_count=1)
+    finally:
+        source.f.close()
+
+
 _LOCK = threading.Lock()
 
 
