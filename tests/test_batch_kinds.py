@@ -5,6 +5,7 @@ refused."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -191,12 +192,20 @@ def test_the_same_leaves_in_another_structure_are_refused_naming_where():
     assert [b["y"][0].tolist() for b in got] == [[0, 1], [0, 1]]
 
 
-def test_a_dict_whose_keys_jax_cannot_sort_is_refused_at_the_first_batch():
+def test_a_dict_whose_keys_jax_cannot_sort_is_warned_of_at_the_first_batch():
     # batched as NumPy, then JAX's bare "Comparator raised exception while sorting pytree
-    # dictionary keys" from the device-put thread once a sharding was given (the pytrees audit)
+    # dictionary keys" from the device-put thread once a sharding was given (the pytrees audit);
+    # an OrderedDict's, which JAX does not sort, is not
+    import collections
+
     records = [{"x": {1: np.float32(i), "a": 2.0}} for i in range(4)]
     with jl.DataLoader(records, batch_size=2, process_index=0, process_count=1) as loader:
-        with pytest.raises(jl.CollateError, match=r"step 0 .*dict at \['x'\] has keys of int "
-                                                  r"and str \(\[1, 'a'\]\), which JAX cannot "
-                                                  r"sort.*str\(key\)"):
+        with pytest.warns(jl.JaxloaderWarning, match=r"step 0 .*dict at \['x'\] has keys of int "
+                                                     r"and str \(\[1, 'a'\]\), which JAX "
+                                                     r"cannot sort.*str\(key\)"):
+            assert next(iter(loader))["x"][1].tolist() == [0.0, 1.0]
+    ordered = [{"x": collections.OrderedDict([(1, np.float32(i)), ("a", 2.0)])} for i in range(4)]
+    with jl.DataLoader(ordered, batch_size=2, process_index=0, process_count=1) as loader:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
             next(iter(loader))

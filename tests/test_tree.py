@@ -169,6 +169,11 @@ def test_a_defaultdict_or_ordered_dict_batch_keeps_its_kind_when_placed_or_padde
             batch = next(iter(loader))
         assert type(batch) is collections.defaultdict and batch.default_factory is list
         assert list(batch) == ["z", "a"]  # (a JitMap's function got its keys sorted by jit)
+    first = jl.JitMap(lambda r: {"k": next(iter(r.values())).reshape(3)})  # (its first trace)
+    with jl.DataLoader([{"z": np.zeros(3, np.float32), "a": np.float32(i)} for i in range(4)],
+                       batch_size=2, transforms=[first], process_index=0,
+                       process_count=1) as loader:
+        assert next(iter(loader))["k"].shape == (2, 3)
     ordered = [collections.OrderedDict(z=np.arange(i + 1), a=np.float32(i)) for i in range(4)]
     with jl.DataLoader(ordered, batch_size=2, transforms=[jl.Pad("z")], process_index=0,
                        process_count=1) as loader:

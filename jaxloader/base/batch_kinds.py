@@ -23,12 +23,14 @@ Example:
 
 from __future__ import annotations
 
+import collections
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.errors import CollateError
+from jaxloader.base.errors import CollateError, JaxloaderWarning, user_stacklevel
 
 _TEXT = {"U": "str", "S": "bytes"}
 
@@ -154,19 +156,21 @@ def _kind(leaf: Any) -> Any:
 
 
 def _sortable(tree: Any, step: int, where: Callable[[int], str], path: str = "") -> None:
-    """Refuses a dict in the first batch whose keys cannot be sorted (an int key beside a str
-    one): JAX sorts a dict's keys to flatten it, so ``jax.device_put``, ``jit`` and a sharding
-    failed on it with JAX's bare "Comparator raised exception", far from the cause."""
+    """Warns of a dict in the first batch whose keys cannot be sorted (an int key beside a str
+    one): JAX sorts a dict's keys to flatten it (not an ``OrderedDict``'s), so
+    ``jax.device_put``, ``jit`` and a sharding failed on it with JAX's bare "Comparator raised
+    exception", far from the cause; NumPy batches are fine."""
     if isinstance(tree, dict):
         try:
-            sorted(tree)
+            sorted(tree) if not isinstance(tree, collections.OrderedDict) else None
         except TypeError:
             kinds = sorted({type(k).__name__ for k in tree})
-            raise CollateError(
+            warnings.warn(
                 f"{where(step)}: the batch's dict at {path or '<root>'} has keys of "
                 f"{' and '.join(kinds)} ({list(tree)[:6]}), which JAX cannot sort to flatten "
-                "it (jax.device_put, jit and shardings fail on it); make them one type in a "
-                "Map, str(key) for each") from None
+                "it: jax.device_put, jit and shardings fail on it; make them one type in a "
+                "Map, str(key) for each", JaxloaderWarning, stacklevel=user_stacklevel())
+            return
         for key, child in tree.items():
             _sortable(child, step, where, f"{path}[{key!r}]")
     elif isinstance(tree, (list, tuple)):

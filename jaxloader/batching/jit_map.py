@@ -215,7 +215,6 @@ class JitMap:
         inputs, given = self._inputs(columns, rows)
         last = self._last_output(row_out, rows)
         record = tree_lib.unflatten(treedef, given[:len(columns)])
-        self._given.setdefault(record_kind(record, 1), tree_lib.skeleton(record))
         keys = record_keys(seed, epoch, positions, index) if self.random else None
         views: list | None = None
         out_treedef: Any = None
@@ -305,6 +304,7 @@ class JitMap:
         if found is None:
             one = tree_lib.unflatten(treedef, [np.zeros((1, *c.shape[1:]), c.dtype)
                                                for c in columns])
+            self._given.setdefault(record_kind(one, 1), tree_lib.skeleton(one))  # (for traced)
             args = (one,) if not self.random else (one, np.zeros((1, 2), np.uint32))
             out = self._call(lambda *a: jax.eval_shape(self._vmapped, *a), args, where)
             check_row_output(self, out, where, _KEY_ARGUMENT if self.random else "")

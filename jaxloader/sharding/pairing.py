@@ -79,7 +79,8 @@ class Pairing:
         with _lock:
             _published[0] += 1
             due = [gone for gone in _gone if gone[0] <= _published[0] - 2]
-            _gone[:] = [gone for gone in _gone if gone[0] > _published[0] - 2]
+            for gone in due:  # (in place: forget() appends without the lock)
+                _gone.remove(gone)
         for _, where, keys in [*due, (0, store, self._keys(n - 2, n - 1))] if n >= 2 else due:
             for key in keys:
                 try:
@@ -96,13 +97,14 @@ class Pairing:
                 + ([host_verdict.key(f"{_PREFIX}/{self.name}/{k}")] if me == 0 else [])]
 
     def forget(self) -> None:
-        """The loader is gone: its keys of its last two ``iter()``s (and pass votes) go at the
+        """The loader is gone: its settings and verdicts of its last two ``iter()``s go at the
         second ``iter()`` after of any loader here, as its own do two ``iter()``s on (a loader
-        made anew for each evaluation left its keys for good)."""
+        made anew for each evaluation left them for good). A host that has not read them then
+        waits its bounded wait and is said to be late; pass votes, which a host waits on with
+        no bound, stay. No lock: it runs in a collection, which may come in ``publish``."""
         if self._store is not None:
-            with _lock:
-                _gone.append((_published[0], self._store[0],
-                              self._keys(max(0, self.count - 2), self.count) + self.voted))
+            _gone.append((_published[0], self._store[0],
+                          self._keys(max(0, self.count - 2), self.count)))
 
     def votes(self, process_count: int) -> PassVotes | None:
         """The last ``iter()``'s votes on whether a stream's pass has ended (``pass_votes``):
