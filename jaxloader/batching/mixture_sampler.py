@@ -246,7 +246,7 @@ class MixtureSampler:
         order = self._orders.get((c, epoch))
         if order is None:
             for old in [key for key in self._orders if key[0] == c and abs(key[1] - epoch) > 1]:
-                del self._orders[old]
+                self._orders.pop(old, None)  # (as before: another thread may take it first)
             if self._local is not None:
                 assert self._block_starts is not None
                 order = BlockOrder(self._block_starts[c], window=self._local.window,
