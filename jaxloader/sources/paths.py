@@ -44,9 +44,10 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
            suffix: str | tuple[str, ...], owner: str, *, dataset: bool = False) -> list[str]:
     """``paths`` as a list of files (local ones absolute): folders (their files ending with
     ``suffix``, or any of a tuple of them) and patterns expanded (sorted), in the order given;
-    a pattern or folder with no file raises naming it. ``dataset``: a folder is read as pandas and pyarrow read
-    a Parquet dataset's: names under it starting with ``_`` or ``.`` are left out (Spark's
-    ``_temporary/``), and Hive partitions (``label=0/``), columns in folder names, refused."""
+    a pattern or folder with no file raises naming it. ``dataset``: a folder is read as pandas
+    and pyarrow read a Parquet dataset's: names under it starting with ``_`` or ``.`` are left
+    out (Spark's ``_temporary/``), and Hive partitions (``label=0/``), columns in folder
+    names, refused."""
     if isinstance(paths, Mapping):  # (its keys were taken: "file 'train' does not exist")
         raise ConfigError(f"{owner}(paths): expected a path, a folder, a pattern or a list of "
                           f"them, got a {type(paths).__name__} of {list(paths)[:4]}; pass one "

@@ -71,8 +71,8 @@ def leave_signals_to_the_trainer() -> None:
     a read there fails instead). SIGINT, SIGTERM, SIGUSR1, SIGUSR2 and SIGHUP (a scheduler's
     to every process of a job: SLURM's preemption, its `--signal=USR1@90` warning, which
     Lightning and submitit listen for) are caught by a handler that does nothing: a trainer
-    that saves on one found its workers gone before its save. They are caught, not ignored: an ignored
-    signal stays ignored in every program a transform runs (``terminate()`` and
+    that saves on one found its workers gone before its save. They are caught, not ignored:
+    an ignored signal stays ignored in every program a transform runs (``terminate()`` and
     ``send_signal(SIGINT)`` did nothing there); a caught one is reset by exec. A system call
     the signal lands in is restarted (``siginterrupt``), as under an ignored one: a C library
     a transform calls need not retry one that fails with EINTR."""
