@@ -45,6 +45,7 @@ class BatchKinds:
         self._ranks: list = []
         self._first: dict[str, Any] | None = None  # the first batch's kinds, by leaf path
         self._skeleton: Any = None  # its structure's (_skeleton)
+        self._treedef: tuple = (None, [], None)  # the last nested batch's, its paths, skeleton
         self._first_step = 0
         self._objects: list = []  # the last batch's object leaves' kinds (the fast path's)
         self._since: dict[str, int] = {}  # a leaf of objects first: the step that told its kind
@@ -69,9 +70,10 @@ class BatchKinds:
             skeleton: Any = ("dict", frozenset((k, "leaf") for k in batch))
         else:
             leaves, treedef = tree_lib.flatten(batch)
-            kinds = {path: _kind(leaf) for path, leaf in zip(tree_lib.leaf_paths(treedef),
-                                                              leaves)}
-            skeleton = _skeleton(treedef)
+            if treedef != self._treedef[0]:  # (its paths and skeleton: once a structure)
+                self._treedef = (treedef, tree_lib.leaf_paths(treedef), _skeleton(treedef))
+            _, paths, skeleton = self._treedef
+            kinds = {path: _kind(leaf) for path, leaf in zip(paths, leaves)}
         if self._first is None:
             _sortable(batch, step, where)
             self._first, self._first_step, self._skeleton = kinds, step, skeleton
@@ -162,7 +164,8 @@ def _sortable(tree: Any, step: int, where: Callable[[int], str], path: str = "")
     exception", far from the cause; NumPy batches are fine."""
     if isinstance(tree, dict):
         try:
-            sorted(tree) if not isinstance(tree, collections.OrderedDict) else None
+            if not isinstance(tree, collections.OrderedDict):
+                sorted(tree)
         except TypeError:
             kinds = sorted({type(k).__name__ for k in tree})
             warnings.warn(
