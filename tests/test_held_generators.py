@@ -320,7 +320,7 @@ def test_the_search_reads_modules_without_running_their_code_and_follows_imports
     # __getattr__ ran and raised, a proxy global's __class__ ran and raised, and with them the
     # generator in the function's closure was lost, the workers' same draws unsaid; a name
     # imported from a project's module inside the function was no longer looked for
-    from jaxloader.batching.held_generators import held_generators
+    from jaxloader.sources.held_generators import held_generators
 
     lazy, loud, rng = _lazy_module(), _Loud(), np.random.default_rng(7)
     space = {"lazy_augs": lazy, "loud": loud, "rng": rng, "np": np}

@@ -291,7 +291,9 @@ def test_a_source_the_training_process_cannot_read_is_told_of_a_fingerprint_at_s
         assert loader.state_dict()["source"] == "rows-v1"
 
 
-def test_records_that_differ_from_read_to_read_are_told_of_a_fingerprint_at_a_restore():
+def test_records_that_differ_from_read_to_read_are_told_of_at_the_state_which_restores():
+    # (refused at the restore until 2026-12-03: the state held a hash of drawn values; a
+    # generator made anew each read is none the watch finds: the reads differ)
     class Augmented:
         def __len__(self) -> int:
             return 8
@@ -300,9 +302,15 @@ def test_records_that_differ_from_read_to_read_are_told_of_a_fingerprint_at_a_re
             return {"x": np.random.default_rng().random(3)}
 
     source = Augmented()
-    state = jl.DataLoader(source, batch_size=4).state_dict()
-    with pytest.raises(StateDictError, match=r"differ from read to read.*RandomMap.*fingerprint"):
+    with pytest.warns(jl.JaxloaderWarning, match=r"read twice, gave other values.*or its data "
+                                                 r"change.*RandomMap.*fingerprint"):
+        state = jl.DataLoader(source, batch_size=4).state_dict()
+    with pytest.warns(jl.JaxloaderWarning, match="read twice"):
         jl.DataLoader(source, batch_size=4).load_state_dict(state)
+    state["record_hash"] = state["record_hash"].removeprefix("drawn ")  # (an older state's)
+    with pytest.raises(StateDictError, match=r"differ from read to read.*RandomMap.*fingerprint"):
+        with pytest.warns(jl.JaxloaderWarning):
+            jl.DataLoader(source, batch_size=4).load_state_dict(state)
 
 
 class _SeekingSource:

@@ -77,3 +77,20 @@ def warn_at(fn: Any, text: str, default: str) -> None:
     code = getattr(fn, "__code__", None)
     warnings.warn_explicit(text, JaxloaderWarning, code.co_filename if code else default,
                            code.co_firstlineno if code else 0)
+
+
+def generator_state(generator: Any) -> Any:
+    """Where ``generator`` is (a draw moves it); ``None`` where that cannot be asked."""
+    try:
+        if isinstance(generator, random.Random):
+            state = generator.getstate()
+            return state[1][0], state[1][-1], state[2]
+        if isinstance(generator, np.random.RandomState):
+            return brief(generator.get_state(legacy=False))
+        if type(generator).__module__.startswith("torch"):  # (a torch.Generator)
+            return TorchState(generator.initial_seed(), generator.get_state())
+        bits = generator if isinstance(generator, np.random.BitGenerator) else \
+            generator.bit_generator
+        return brief(bits.state)
+    except Exception:  # noqa: BLE001 - (a SystemRandom: no state; a watch only)
+        return None

@@ -16,6 +16,7 @@ draw as it is imported: JAX does). Then the transforms run bare.
 
 Example:
     >>> import warnings
+    >>> import numpy as np
     >>> from jaxloader.batching.transforms import Map
     >>> noisy = Map(lambda r: r + np.random.randint(10))
     >>> watch = DrawWatch((noisy,))
@@ -31,18 +32,15 @@ Example:
 from __future__ import annotations
 
 import inspect
-import random
 import sys
 import threading
 import warnings
 import weakref
 from typing import Any, Callable
 
-import numpy as np
-
 from jaxloader.base.errors import JaxloaderWarning
-from jaxloader.base.random_state import TorchState, brief, draws, global_examples, warn_at
-from jaxloader.batching.held_generators import held_generators
+from jaxloader.base.random_state import draws, generator_state, global_examples, warn_at
+from jaxloader.sources.held_generators import held_generators
 
 WATCHED = 16  # records a loader's transforms are watched on, in each process
 SEEN = 2  # records a transform drew on before it is said
@@ -81,9 +79,9 @@ class DrawWatch:
         searched = [False]  # (again after its first call: a module it imports then, in a
 
         def call(*args: Any) -> Any:  # fresh worker, from augs import TRAIN, held its own)
-            before, states = draws(), [_state(g) for _, g in held]
+            before, states = draws(), [generator_state(g) for _, g in held]
             out = fn(*args)
-            moved = [where for (where, g), state in zip(held, states) if _state(g) != state]
+            moved = [where for (where, g), state in zip(held, states) if generator_state(g) != state]
             if not searched[0]:
                 searched[0] = True
                 known = {id(g) for _, g in held}
@@ -193,19 +191,3 @@ def traced_call(transform: Any, call: Callable[[], Any]) -> Any:
             "<transform>")
     return out
 
-
-def _state(generator: Any) -> Any:
-    """Where ``generator`` is (a draw moves it); ``None`` where that cannot be asked."""
-    try:
-        if isinstance(generator, random.Random):
-            state = generator.getstate()
-            return state[1][0], state[1][-1], state[2]
-        if isinstance(generator, np.random.RandomState):
-            return brief(generator.get_state(legacy=False))
-        if type(generator).__module__.startswith("torch"):  # (a torch.Generator)
-            return TorchState(generator.initial_seed(), generator.get_state())
-        bits = generator if isinstance(generator, np.random.BitGenerator) else \
-            generator.bit_generator
-        return brief(bits.state)
-    except Exception:  # noqa: BLE001 - (a SystemRandom: no state; a watch only)
-        return None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import os
+import threading
 import warnings
 from typing import Any, Sequence, cast
 
@@ -31,7 +32,9 @@ from jaxloader.base.columns import memmap_under
 from jaxloader.base.abilities import (array_likes_by_type, digest_level, file_identities_of,
                                       fingerprint_of, in_older_forms, older_digests)
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
+from jaxloader.base.random_state import draws, generator_state, global_examples
 from jaxloader.base.source_locks import holding, source_lock
+from jaxloader.sources.held_generators import held_generators
 from jaxloader.sources.parts import walk
 
 
@@ -43,7 +46,7 @@ def source_fingerprint(source: Any) -> dict[str, str]:
     own = fingerprint_of(source)
     if own is not None:
         if getattr(source, "reads_run_code", False) is True and not digest_level():
-            _read_again(source, *_leaves(source, 0))  # (a dataset's own transform may draw)
+            _first_read(source)  # (a dataset's own transform may draw)
         return {"source": own}
     locks = source_lock(source, walk)
     if any(getattr(lock, "_is_owned", lambda: False)() for lock in locks):
@@ -61,10 +64,12 @@ def _records_hash(source: Any) -> dict[str, str]:
     n = len(source)
     digest = hashlib.blake2b(digest_size=16)
     spec = ""
+    drawn = False
     for position in sorted({0, n // 2, n - 1}):
-        leaves, treedef = _leaves(source, position)
         if position == 0 and not digest_level():  # (today's form: read again once)
-            _read_again(source, leaves, treedef)
+            leaves, treedef, drawn = _first_read(source)
+        else:
+            leaves, treedef = _leaves(source, position)
         described = "; ".join(f"{path}: {_describe(leaf)}"
                               for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves))
         if not spec:  # (whole until 2026-11-30: what an older state, or file kept, holds)
@@ -73,9 +78,9 @@ def _records_hash(source: Any) -> dict[str, str]:
             if seen is not None and spec != described:
                 seen.append(source)
         digest.update(described.encode(errors="surrogatepass"))
-        for leaf in leaves:
+        for leaf in leaves if not drawn else ():  # (drawn values: by their structure alone)
             digest.update(_content(leaf))
-    return {"record_spec": spec, "record_hash": digest.hexdigest()}
+    return {"record_spec": spec, "record_hash": ("drawn " if drawn else "") + digest.hexdigest()}
 
 
 def _leaves(source: Any, position: int) -> tuple[list, tree_lib.TreeDef]:
@@ -85,26 +90,54 @@ def _leaves(source: Any, position: int) -> tuple[list, tree_lib.TreeDef]:
     return leaves, treedef
 
 
-def _read_again(source: Any, leaves: list, treedef: tree_lib.TreeDef) -> None:
-    """Warns where ``source[0]`` read again holds other values than ``leaves``: a source that
-    draws random numbers as it reads (an augmentation in ``__getitem__``) was seen only at the
-    restore, which the changed fingerprint refused, every checkpoint of the run unusable. The
-    values by their place, a number as NumPy holds it (a cache that gives its keys in another
-    order, or an ``int`` where the first read gave an ``np.int64``, changes no batch)."""
-    first, then = _values(leaves, treedef), _values(*_leaves(source, 0))
+def _first_read(source: Any) -> tuple[list, tree_lib.TreeDef, bool]:
+    """``source[0]``'s leaves and structure, and whether its values are drawn as it reads (an
+    augmentation in ``__getitem__``): it moved NumPy's, Python's or PyTorch's global generators
+    on both of two reads, or one it holds (``held_generators``), or gave other values read
+    again. Warned of here (else seen only at the restore, which the hash of drawn values
+    refused, every checkpoint of the run unusable; or never, where two reads drew alike)."""
+    held = [(where, g) for _, where, g in held_generators((_Reads(source),))]
+    main = threading.current_thread() is threading.main_thread()  # (another thread draws)
+    moved: list[str] = []
+    reads = []
+    for _ in range(2):
+        before, states = draws() if main else None, [generator_state(g) for _, g in held]
+        reads.append(_leaves(source, 0))
+        moved.append(next((where.replace("fn.__self__", "self", 1) for (where, g), state in zip(
+            held, states) if generator_state(g) != state), "") or (
+            "-" if before is not None and draws() != before else ""))
+    first, then = _values(*reads[0]), _values(*reads[1])
     differ = sorted(path for path in first.keys() | then.keys()
                     if first.get(path) != then.get(path))
-    if differ:
+    held_one = next((m for m in moved if m not in ("", "-")), "")
+    global_ = all(m == "-" for m in moved)
+    if differ or held_one or global_:
+        what = f"a random generator it holds ({held_one})" if held_one else \
+            f"the global random state ({global_examples()})" if global_ else \
+            "np.random or a generator it holds"
+        said = f"the source's record 0, read twice, gave other values ({differ[0]} differs): " \
+            "it draws random numbers as it reads (an augmentation in __getitem__, from " \
+            f"{what}){'' if held_one or global_ else ' or its data change'}" if differ else \
+            f"the source drew from {what} as it read its record 0 (an augmentation in " \
+            "__getitem__)"
         warnings.warn(
-            f"the source's record 0, read twice, gave other values ({differ[0]} differs): "
-            "it draws random numbers as it reads (an augmentation in __getitem__, from "
-            "np.random or a generator it holds) or its data change; its batches then differ "
-            "with the worker count, from run to run and after a restore, and a restore of a "
-            "state saved from it is refused (a state names the data by its records); draw in "
-            "a RandomMap (jl.RandomMap(lambda record, rng: ...): the loader's generator, a "
-            "pure function of the seed and the record's place), or, for records that "
-            "change on purpose, give the source a `fingerprint` attribute", JaxloaderWarning,
+            f"{said}; its batches then differ with the worker count, "
+            "from run to run and after a restore" + (
+                ", and each worker draws from a copy of the generator made in one state: the "
+                "same numbers, one worker's augmentations another's" if held_one else "") +
+            "; a state saved from it names its data by the records' structure alone; draw in "
+            "a RandomMap (jl.RandomMap(lambda record, rng: ...): the loader's generator, a pure "
+            "function of the seed and the record's place), or, for records that change on "
+            "purpose, give the source a `fingerprint` attribute", JaxloaderWarning,
             stacklevel=user_stacklevel())
+    return *reads[0], bool(differ or held_one or global_)
+
+
+class _Reads:
+    """A source's reads as ``held_generators`` looks into a transform: its ``fn``."""
+
+    def __init__(self, source: Any) -> None:
+        self.fn = getattr(source, "__getitem__", None)
 
 
 def _values(leaves: list, treedef: tree_lib.TreeDef) -> dict[str, bytes]:

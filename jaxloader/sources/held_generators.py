@@ -1,8 +1,8 @@
 """``held_generators``: the random generators a loader's transforms hold (an augmentation
 object's ``self.rng``, a ``random.Random`` or ``torch.Generator`` in a closure, a seeded
-pipeline in the project's own module), which ``global_draws.DrawWatch`` watches beside the
-global state: a copy of each goes to every worker in one state, so the workers draw the same
-numbers.
+pipeline in the project's own module), which ``batching.global_draws.DrawWatch`` watches beside
+the global state: a copy of each goes to every worker in one state, so the workers draw the
+same numbers. A source's own reads are watched so too (``fingerprint``: its ``__getitem__``).
 
 Example:
     >>> from jaxloader.batching.transforms import Map
