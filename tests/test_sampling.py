@@ -201,6 +201,29 @@ def test_a_state_saved_before_the_exact_shuffle_restores_only_at_an_epochs_start
     assert "exact_shuffle" not in big.state_dict()  # (its order is as it was)
 
 
+def test_a_states_exact_shuffle_mark_as_numpy_or_another_type_is_read_as_its_other_fields():
+    # np.True_ (a state through a NumPy pytree) was refused mid-epoch as "saved by a jaxloader
+    # before 2026-12-03", where shuffle=np.True_ restores; a str was taken for an older state
+    import jaxloader as jl
+
+    def loader(mixed=False):
+        source = jl.ArraySource({"x": np.arange(40)})
+        return jl.DataLoader(jl.mix([source, source], [1, 1]) if mixed else source,
+                             batch_size=8, shuffle=True, process_index=0, process_count=1)
+
+    for mixed in (False, True):
+        ran = loader(mixed)
+        it = iter(ran)
+        next(it)
+        state = ran.state_dict()
+        restored = loader(mixed)
+        restored.load_state_dict({**state, "exact_shuffle": np.True_, "shuffle": np.True_})
+        np.testing.assert_array_equal(next(iter(restored))["x"], next(it)["x"])
+        with pytest.raises(jl.StateDictError, match=r"state\['exact_shuffle'\]: expected a bool, "
+                                                    r"received str 'yes'"):
+            loader(mixed).load_state_dict({**state, "exact_shuffle": "yes"})
+
+
 @pytest.mark.parametrize("n", [10_000, 300_000, 2**18 + 1])
 @pytest.mark.parametrize("tight", [False, True])
 def test_index_shuffle_looks_shuffled(n, tight):

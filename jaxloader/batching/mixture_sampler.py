@@ -298,7 +298,7 @@ class MixtureSampler:
                 "steps would read other records here; restore with the shuffle that wrote it"
             )
         check_weights_before(self.schedule, saved, step)
-        if self._exact() and step and state.get("exact_shuffle") is not True:
+        if self._exact() and step and not state.get("exact_shuffle"):  # (a bool, checked)
             raise StateDictError(
                 f"state: saved at step {step} by a jaxloader before 2026-12-03, whose shuffle "
                 f"of a mixture's component of up to {EXACT_UP_TO:,} records (or blocks read "

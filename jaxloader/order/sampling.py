@@ -342,7 +342,7 @@ class Sampler:
                 "state['mixture']: this state is from a loader over a mixture (jaxloader.mix); "
                 "restore it into a loader over the same mixture"
             )
-        if self._exact and state.get("exact_shuffle") is not True:  # (the same order's)
+        if self._exact and not state.get("exact_shuffle"):  # (a bool, checked: np.True_ too)
             _older_shuffle(step, self.steps_per_epoch, "its blocks read locally" if
                            self._order is not None else f"a source of {self.num_records:,} "
                            "records")
