@@ -11,7 +11,10 @@ before it (3f18cdf) under 3.11 and 3.13, whose states restore as they did (the s
 
 from __future__ import annotations
 
+import collections
+import os
 import sys
+import types
 import warnings
 
 import numpy as np
@@ -132,3 +135,40 @@ def test_a_kept_file_of_an_older_version_is_taken_as_it_is(tmp_path):
         warnings.simplefilter("error")
         again = jl.FilteredSource(source, kept, indices=path)  # (found again: warned)
     assert again.indices.tolist() == first
+
+
+def labelled(r, labels=collections.OrderedDict(cat=0, dog=1, stop={"the", "a", "an", "of"}),
+             recent=collections.deque(["x", "y"], maxlen=4),
+             chained=collections.ChainMap({"k": {"p", "q", "r"}}, {"z": 1}),
+             frozen=types.MappingProxyType({"w": 2}),
+             held=np.array([{"u", "v", "w"}, None], dtype=object)):
+    return {"x": r["x"], "y": labels["cat"] + len(recent) + chained["z"] + frozen["w"] + len(held)}
+
+
+LABELLED_UNDER_311_AND_313 = "ac74fa004cbad38cadfee42fe42a07c4"
+
+
+def test_a_closures_ordered_dict_deque_chain_map_proxy_or_object_array_digests_alike_anywhere():
+    # an OrderedDict's repr changed in Python 3.12 (a MapSource's state saved under 3.11 was
+    # refused under 3.13), and sets of strings inside these were written in the run's hash
+    # order (refused in every new process); each is written item by item now, sets sorted
+    import subprocess
+
+    assert code_digest(labelled) == LABELLED_UNDER_311_AND_313
+    script = ("import sys; sys.path.insert(0, 'tests'); from test_cross_python import labelled;"
+              "from jaxloader.sources.code_digest import code_digest; print(code_digest(labelled))")
+    digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True,
+                              cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip()
+               for seed in ("1", "2", "3")}
+    assert digests == {LABELLED_UNDER_311_AND_313}
+    for i, other in enumerate([collections.OrderedDict(cat=0, dog=2, stop={"the"}),
+                               collections.deque(["x", "z"], maxlen=4),
+                               collections.ChainMap({"k": {"p"}}, {"z": 1}),
+                               types.MappingProxyType({"w": 3}),
+                               np.array([{"u", "w"}, None], dtype=object)]):
+        defaults = list(labelled.__defaults__)
+        defaults[i] = other  # (each one's values are in the digest, not its type alone)
+        changed = types.FunctionType(labelled.__code__, labelled.__globals__, "labelled",
+                                     tuple(defaults))
+        assert code_digest(changed) != LABELLED_UNDER_311_AND_313, other

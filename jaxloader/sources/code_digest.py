@@ -32,7 +32,8 @@ from typing import Any
 
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.sources.class_text import class_text, unwrapped
-from jaxloader.sources.value_text import PLACES_LEFT_OUT, SETS_AS_BEFORE, value_text, written
+from jaxloader.sources.value_text import (CONTAINERS_WRITTEN, PLACES_LEFT_OUT, SETS_AS_BEFORE,
+                                          value_text, written)
 
 
 def code_digests(fn: Any) -> tuple[str, ...]:
@@ -84,15 +85,21 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     ``methods=False``: a callable object whose class has no source Python can find (one
     defined in a notebook's cell) by its ``__call__``'s names and constants alone, not its
     class's text from its cell (``class_text``), as versions until 2026-12-02's
-    forty-fifth session took it (an edited operator, ``+`` to ``-``, went unseen).
+    forty-fifth session took it (an edited operator, ``+`` to ``-``, went unseen); and an
+    ``OrderedDict``, ``deque``, ``ChainMap``, ``mappingproxy`` or object array by its ``repr``,
+    as versions until 2026-12-03 took them (``value_text.CONTAINERS_WRITTEN``: an
+    ``OrderedDict``'s changed in Python 3.12, and a set of strings in one was in its run's
+    order).
     """
     token, places = SETS_AS_BEFORE.set(sets_as_before), PLACES_LEFT_OUT.set(methods)
+    written_ = CONTAINERS_WRITTEN.set(methods)  # (every older level wrote them by repr)
     try:
         return _Digests(deep, bound, defaults, tails, code_as_before, methods).of(
             fn, frozenset())
     finally:
         SETS_AS_BEFORE.reset(token)
         PLACES_LEFT_OUT.reset(places)
+        CONTAINERS_WRITTEN.reset(written_)
 
 
 class _Digests:

@@ -215,14 +215,15 @@ class _Written:
         if isinstance(value, (set, frozenset)) and len(value) > 1 and _hash_ordered(value):
             return self._spent(_sorted_set(value))
         items, opening, closing = _shape(value)
-        if items is None or depth >= _DEPTH or self.left is None and all(
-                type(v) in ATOMIC for v in _shape(value)[0]):  # (whole: repr's, at C speed)
+        if items is None or depth >= _DEPTH or self.left is None and kind not in _OWN_FORM \
+                and all(type(v) in ATOMIC for v in _shape(value)[0]):  # (whole: repr's, fast)
             return self._spent(repr(value))
         if id(value) in self.path:
             return self._spent(_CYCLE.get(kind, "..."))
         self.path.add(id(value))
         out = [opening]
-        names = _field_names(value) if opening.endswith("(") and kind is not tuple else None
+        names = _field_names(value) if opening.endswith("(") and kind is not tuple and \
+            kind not in _OWN_FORM else None
         try:
             for i, item in enumerate(items):  # (lazily: the first 200 characters' worth)
                 if i:
@@ -268,10 +269,24 @@ def _shape(value: Any) -> tuple[Any, str, str]:
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and \
             _generated_repr(kind):
         return (getattr(value, n) for n in _field_names(value)), f"{kind.__qualname__}(", ")"
+    if CONTAINERS_WRITTEN.get():  # (Python 3.12's repr of each, under every Python)
+        if kind is collections.OrderedDict:
+            return _items(value), "OrderedDict({", "})"
+        if kind is collections.deque:
+            return iter(value), "deque([", "])" if value.maxlen is None else \
+                f"], maxlen={value.maxlen})"
+        if kind is collections.ChainMap:
+            return iter(value.maps), "ChainMap(", ")"
+        if kind is types.MappingProxyType:
+            return iter([dict(value)]), "mappingproxy(", ")"
+        if kind is np.ndarray and value.dtype.hasobject:
+            return iter([value.tolist()]), "array(", f", dtype=object, shape={value.shape})"
     return None, "", ""
 
 
 _BRACKETS: dict[type, tuple[str, str]] = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}")}
+_OWN_FORM = (collections.OrderedDict, collections.deque, collections.ChainMap,
+             types.MappingProxyType, np.ndarray)  # (``CONTAINERS_WRITTEN``: not as repr)
 
 
 def _items(value: Any) -> Any:
@@ -361,3 +376,10 @@ SETS_AS_BEFORE: contextvars.ContextVar[bool] = contextvars.ContextVar("sets", de
 # kernel, each copy of the code, each line added above (versions until 2026-12-02's 45th
 # session kept it)
 PLACES_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("places", default=False)
+
+# set by code_digest at this version's digest level: an OrderedDict, a deque, a ChainMap, a
+# mappingproxy and an object array written item by item in one form (their sets sorted), where
+# versions until 2026-12-03 took their repr (an OrderedDict's changed in Python 3.12, and a set
+# in one was in the run's order): what every older level writes
+CONTAINERS_WRITTEN: contextvars.ContextVar[bool] = contextvars.ContextVar("written",
+                                                                         default=False)
