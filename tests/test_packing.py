@@ -81,6 +81,23 @@ def test_sequences_of_several_axes_are_refused_not_flattened():
     # (a scalar, a tokenizer's (1, T) ids and (T, 1) values have one axis of values)
 
 
+def test_a_dtype_that_does_not_hold_the_sequences_values_is_refused_naming_them():
+    # np.asarray(s, dtype) wrapped node ids past 2**31 into others, cut 1.7 to 1 and made
+    # 100000.0 inf in float16, silently (the graph audit); a Pad(dtype=) refused them
+    for values, dtype, said in [([1, 2**40], np.int32, "values"), ([0.5, 1.7], np.int32,
+                                                                    "kind"),
+                                ([100000.0], np.float16, "values"), ([-1, 300], np.uint8,
+                                                                     "values")]:
+        with pytest.raises(jl.ConfigError, match=r"from_sequences: 'ids' of sequence 1 .*"
+                                                 + ("holds values" if said == "values" else
+                                                    "would change in kind")):
+            jl.RaggedSource.from_sequences({"ids": [[3], values]}, dtype=dtype)
+    kept = jl.RaggedSource.from_sequences({"ids": [[3], [2**31 - 1, -7]]}, dtype=np.int32)
+    assert kept[1]["ids"].tolist() == [2**31 - 1, -7] and kept[1]["ids"].dtype == np.int32
+    rounded = jl.RaggedSource.from_sequences({"x": [[0.1]]}, dtype=np.float32)  # (rounds)
+    assert rounded[0]["x"].dtype == np.float32
+
+
 def test_any_source_of_dict_records_packs_like_a_ragged_one():
     source, _ = documents(60)
     records = [{"tokens": np.array(source[i]["tokens"]), "label": i} for i in range(len(source))]

@@ -109,3 +109,46 @@ def saturated_past(kind: np.dtype) -> float:
         return np.inf
     info = finfo_of(kind)  # (its largest and half the step past it: what rounds to it)
     return float(info.max) + float(info.eps) * 2.0 ** (int(info.maxexp) - 1) / 2
+
+
+_INTO = {"b": "biuf", "i": "biuf", "u": "biuf", "f": "fc", "c": "c", "m": "m", "M": "M"}
+
+
+def cast_kept(given: np.ndarray, kind: np.dtype) -> tuple[np.ndarray, str]:
+    """``given`` cast to ``kind``, and what the cast loses (``""``: nothing): ``"kind"``, a
+    cast into another kind (a float into an int: its fractions; only ints and bools go into
+    any number, floats into floats, complex into complex); ``"values"``, a value ``kind`` does
+    not hold (an int past its range, -1 in uint8, past 2**53 in float64; a float made
+    infinite, or clamped). A float rounded into a narrower float is kept: what a ``Pad``'s
+    ``dtype=`` and a ``RaggedSource``'s cast.
+
+    Example:
+        >>> cast_kept(np.array([1, 2**40]), np.dtype(np.int32))[1]
+        'values'
+        >>> cast_kept(np.array([0.5]), np.dtype(np.int32))[1], cast_kept(np.array([-1]),
+        ...     np.dtype(np.int8))[1]
+        ('kind', '')
+    """
+    if given.size and number_kind(kind) not in _INTO.get(number_kind(given.dtype), ""):
+        return given, "kind"
+    with np.errstate(all="ignore"):
+        made = given.astype(kind)
+        if not given.size:
+            return made, ""
+        if number_kind(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal;
+            lost = not np.array_equal(made.astype(given.dtype), given) or (  # -1 in uint8
+                number_kind(kind) in "iu" and not _in_range(given, kind))
+        else:  # (an overflow: inf, NaN in a type with no inf (float8_e4m3fn), or the
+            # largest, in a type of neither (float4_e2m1fn); complex: by each part)
+            part = np.maximum(np.abs(given.real), np.abs(given.imag))
+            lost = number_kind(given.dtype) in "fc" and bool(np.any(
+                (np.isinf(made) != np.isinf(given)) | (np.isnan(made) != np.isnan(given))
+                | (np.isfinite(given) & (part >= saturated_past(kind)))))
+    return made, "values" if lost else ""
+
+
+def _in_range(given: np.ndarray, kind: np.dtype) -> bool:
+    """Whether an int ``kind`` holds each of ``given``'s ints (a cast back and forth wraps
+    -1 into uint8 and back unseen)."""
+    info = iinfo_of(kind)
+    return int(info.min) <= int(given.min()) and int(given.max()) <= int(info.max)

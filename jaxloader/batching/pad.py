@@ -29,8 +29,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_int
-from jaxloader.base.number_kinds import (finfo_of, held_as, iinfo_of, ml_number, number_kind,
-                                          saturated_past)
+from jaxloader.base.number_kinds import cast_kept, finfo_of, held_as, ml_number, number_kind
 from jaxloader.base.errors import CollateError, ConfigError
 
 _INT32_MAX = (1 << 31) - 1
@@ -337,13 +336,6 @@ def _finite(kind: np.dtype) -> str:
         return "its finite values"
 
 
-def _in_range(given: np.ndarray, kind: np.dtype) -> bool:
-    """Whether an int ``kind`` holds each of ``given``'s ints (a cast back and forth wraps
-    -1 into uint8 and back unseen)."""
-    info = iinfo_of(kind)
-    return int(info.min) <= int(given.min()) and int(given.max()) <= int(info.max)
-
-
 def _in_order(given: Any, keys: tuple) -> Any:
     """A dict given for each key, in the keys' order (the same Pad, the same text)."""
     return {key: given[key] for key in keys} if isinstance(given, dict) else given
@@ -374,22 +366,11 @@ def _as_array(pad: Pad, value: Any, kind: np.dtype | None, names: Any, j: int,
         ) from None
     if kind is None or given.dtype == kind or given.dtype == object:
         return given  # (objects: refused by the caller)
-    into = {"b": "biuf", "i": "biuf", "u": "biuf", "f": "fc", "c": "c", "m": "m", "M": "M"}
-    if given.size and number_kind(kind) not in into.get(number_kind(given.dtype), ""):
+    made, lost = cast_kept(given, kind)
+    if lost == "kind":
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} is "
                            f"{given.dtype}, which dtype={kind} would change in kind; cast it "
                            "in a Map before the Pad, or give the Pad a dtype of its kind")
-    with np.errstate(all="ignore"):
-        made = given.astype(kind)
-        if number_kind(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal;
-            lost = not np.array_equal(made.astype(given.dtype), given) or (  # -1 in uint8
-                given.size > 0 and number_kind(kind) in "iu" and not _in_range(given, kind))
-        else:  # (an overflow: inf, NaN in a type with no inf (float8_e4m3fn), or the
-            # largest, in a type of neither (float4_e2m1fn); complex: by each part)
-            part = np.maximum(np.abs(given.real), np.abs(given.imag))
-            lost = number_kind(given.dtype) in "fc" and bool(np.any(
-                (np.isinf(made) != np.isinf(given)) | (np.isnan(made) != np.isnan(given))
-                | (np.isfinite(given) & (part >= saturated_past(kind)))))
     if lost:
         raise CollateError(f"{pad!r}: {tree_lib.record_name(names, j)}'s {key!r} holds values "
                            f"{kind} does not (from {np.nanmin(given)} to {np.nanmax(given)});"

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.number_kinds import cast_kept
 
 
 class RaggedSource:
@@ -70,7 +71,7 @@ class RaggedSource:
                 ": sequences})")
         pairs = {}
         for key, seqs in columns.items():
-            arrays = [np.asarray(s, dtype=dtype) for s in seqs]
+            arrays = [_as_values(s, dtype, key, i) for i, s in enumerate(seqs)]
             for i, array in enumerate(arrays):  # (reshape(-1) made a (T, 4) episode 4T steps;
                 if array.ndim != 1 and sum(n > 1 for n in array.shape) < 2:  # a scalar, a
                     arrays[i] = array = array.reshape(-1)  # tokenizer's (1, T): one axis)
@@ -157,3 +158,22 @@ def _check(key: str, values: np.ndarray, offsets: np.ndarray) -> None:
             f"({len(values)}), non-decreasing, got {offsets[:4].tolist()}...{offsets[-2:].tolist()}"
             f" (shape {offsets.shape}); offsets[i]:offsets[i + 1] are record i's values"
         )
+
+
+def _as_values(sequence: Any, dtype: Any, key: str, i: int) -> np.ndarray:
+    """A sequence's values as an array, of ``dtype`` where given: refused where the cast
+    loses what they are (as a ``Pad``'s ``dtype=``: a node id past 2**31 wrapped into another
+    in int32, 1.7 cut to 1, 1e5 made inf in float16)."""
+    given = np.asarray(sequence)
+    if dtype is None or given.dtype == object:
+        return given if dtype is None else np.asarray(sequence, dtype=dtype)
+    made, lost = cast_kept(given, np.dtype(dtype))
+    if lost:
+        held = f"from {np.nanmin(given)} to {np.nanmax(given)}" if given.size else ""
+        raise ConfigError(
+            f"RaggedSource.from_sequences: {key!r} of sequence {i} is {given.dtype} "
+            + (f"({held}), which dtype={np.dtype(dtype)} would change in kind; round or cast "
+               "the values first, or pass a dtype of their kind" if lost == "kind" else
+               f"and holds values {np.dtype(dtype)} does not ({held}); pass a dtype that "
+               "holds them (np.int64 for ids past 2**31)"))
+    return made
