@@ -35,6 +35,7 @@ from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkab
 from jaxloader.base.errors import CollateError
 from jaxloader.base.source_locks import holding, lock_of, made_under, source_lock
 from jaxloader.base.timings import Gauges, StageClock
+from jaxloader.engines.stall_watch import StallWatch
 from jaxloader.sources.parts import walk
 
 
@@ -146,8 +147,13 @@ class InProcessEngine:
     """Makes batches in the calling thread (``num_workers=0``); a stream's one host is this
     process, with all its readers (``resets[0]``)."""
 
-    def __init__(self, maker: Maker) -> None:
+    def __init__(self, maker: Maker, stall_warning_s: float | None = None,
+                 label: str = "") -> None:
+        """``stall_warning_s``: a batch made for longer is said in the log, with the stack of
+        the thread making it, and again each time as long (``StallWatch``)."""
         self._maker = maker
+        self._watch = StallWatch(stall_warning_s, label, lambda step: maker.location(step,
+                                                                                   False))
         self.gauges = Gauges(1)
         self.gauges.makers[0].pull = self._pull
         self._busy = 0.0  # seconds spent making batches since the last pull
@@ -186,7 +192,11 @@ class InProcessEngine:
                 if self._runs.stale(issued):
                     return
                 began = perf_counter()
-                batch, _ = made_here(maker, step)
+                self._watch.begin(step)
+                try:
+                    batch, _ = made_here(maker, step)
+                finally:
+                    self._watch.end()
                 if stream is not None and reports is not None:
                     reports[step] = stream.report()
                 self._busy += perf_counter() - began
@@ -199,5 +209,6 @@ class InProcessEngine:
         return (busy, busy, *self._maker.clock.take(busy))
 
     def close(self) -> None:
-        """Nothing: what a maker holds open in this process is its loader's to close, once no
-        thread reads it (``LoaderLifecycle._release``)."""
+        """Ends the stall watch; what a maker holds open in this process is its loader's to
+        close, once no thread reads it (``LoaderLifecycle._release``)."""
+        self._watch.close()

@@ -160,10 +160,10 @@ class LoaderLifecycle(not_pickled.NotPickled):
                     "so no batch is timed out (stall_warning_s still reports one that is "
                     "late); use workers to time batches out, or a source that times out its "
                     "own reads", JaxloaderWarning, stacklevel=user_stacklevel())
-            engine = InProcessEngine(maker)
+            engine = InProcessEngine(maker, options.stall_warning_s, self._progress.label)
         elif get_worker_info() is not None:
             self._made_in_a_worker()
-            engine = InProcessEngine(maker)
+            engine = InProcessEngine(maker, options.stall_warning_s, self._progress.label)
         else:
             from jaxloader.workers.pool import WorkerPool
             from jaxloader.workers.launch import hold_standard_descriptors

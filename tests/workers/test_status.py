@@ -355,6 +355,39 @@ def test_timeout_s_without_workers_is_said_to_time_nothing_out():
                       process_index=0, process_count=1).close()
 
 
+def _slow_at_5(record):
+    if int(record["x"]) == 5:
+        time.sleep(1.6)  # (a read that blocks: a mount that hangs)
+    return record
+
+
+@pytest.mark.parametrize("placed", [False, True])
+def test_a_late_batch_made_in_process_is_reported_with_the_stack_of_the_thread_making_it(
+        caplog, placed):
+    # with num_workers=0 nothing was said of a batch however late, though the timeout_s
+    # warning said stall_warning_s still reports one (the concurrency audit); with sharding=
+    # the device-put thread makes it
+    import jax
+
+    caplog.set_level(logging.WARNING, logger="jaxloader")
+    placing = {"sharding": jax.sharding.SingleDeviceSharding(jax.devices()[0])} if placed else {}
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, stall_warning_s=0.5,
+                       transforms=[jl.Map(_slow_at_5)], process_index=0, process_count=1,
+                       **placing) as loader:
+        assert [int(b["x"][0]) for b in loader] == [0, 2, 4, 6]
+    said = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
+    assert said and "step 2" in said[0] and "in _slow_at_5" in said[0], said
+    assert "num_workers=0" in said[0] and "keeps waiting" in said[0]
+    assert len(said) in (2, 3), said  # (again every stall_warning_s: at 0.5 s, 1.0 s, 1.5 s)
+    caplog.clear()
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, stall_warning_s=0.5,
+                       process_index=0, process_count=1, **placing) as loader:
+        list(loader)
+        time.sleep(1.0)  # (idle between batches: no batch is late)
+        list(loader)
+    assert not [r for r in caplog.records if "no batch for" in r.getMessage()]
+
+
 def test_without_proc_the_workers_are_still_asked_for_their_stacks(monkeypatch):
     # (the portable-paths audit) a worker's state comes from /proc/<pid>/stat; without /proc
     # (macOS, a locked-down container) none is known, and a stall report asked none of the

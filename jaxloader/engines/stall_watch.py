@@ -1,0 +1,99 @@
+"""``StallWatch``: a batch made in the process that asks for it (``num_workers=0``, in the
+training thread or the device-put thread) said in the log when it is late, with the stack of
+the thread making it, as a worker's late batch is (``workers.failures``): a source that
+blocks (a hung mount, a lock) was otherwise waited on in silence.
+
+One daemon thread (``jaxloader-stall-watch``) looks at every watch alive, a few times a
+``stall_warning_s``, and ends once none is; a batch costs its watch two assignments.
+
+Example:
+    >>> watch = StallWatch(300.0, "DataLoader 1", lambda step: f"step {step}")
+    >>> watch.begin(4); watch.end()
+    >>> watch.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Callable
+
+_LOG = logging.getLogger("jaxloader")
+_FRAMES = 12  # innermost frames of the making thread's stack said
+
+
+class StallWatch:
+    """The watch of one in-process engine's batches: each said once it has been made for
+    ``warn_s`` seconds, and again every ``warn_s`` (``None``: never); ``where(step)`` names a
+    step's batch."""
+
+    def __init__(self, warn_s: float | None, label: str, where: Callable[[int], str]) -> None:
+        self.warn_s, self.label, self._where = warn_s, label, where
+        self._making: tuple[int, float, int] | None = None  # step, since, thread ident
+        self._said = 0  # reports of the batch being made
+        if warn_s is not None:
+            _watching(self)
+
+    def begin(self, step: int) -> None:
+        """The calling thread begins making ``step``'s batch."""
+        if self.warn_s is not None:
+            self._said, self._making = 0, (step, time.monotonic(), threading.get_ident())
+
+    def end(self) -> None:
+        self._making = None
+
+    def close(self) -> None:
+        self.warn_s = self._making = None
+
+    def look(self, now: float) -> None:
+        """Says the batch being made if it is late (called by the watch thread)."""
+        making, warn_s = self._making, self.warn_s
+        if making is None or warn_s is None or now - making[1] < warn_s * (self._said + 1):
+            return
+        step, since, ident = making
+        frame = sys._current_frames().get(ident)
+        thread = next((t.name for t in threading.enumerate() if t.ident == ident), "?")
+        stack = "".join(traceback.format_stack(frame)[-_FRAMES:]) if frame is not None else ""
+        try:
+            where = self._where(step)
+        except Exception:  # noqa: BLE001 - (a report: the step alone)
+            where = f"step {step}"
+        _LOG.warning(
+            "%s: no batch for %.1f s: %s is being made in this process (num_workers=0), in "
+            "thread %r, at:\n%sThe loader keeps waiting (with num_workers=0 nothing can time "
+            "a batch out: workers and timeout_s= can; stall_warning_s= sets when this is "
+            "said)", self.label, now - since, where, thread, stack)
+        if self._making is making:
+            self._said = int((time.monotonic() - since) // warn_s)
+
+
+_WATCHES: weakref.WeakSet[StallWatch] = weakref.WeakSet()
+_LOCK = threading.Lock()
+_THREAD: list[threading.Thread] = []  # the watch thread, while it runs
+
+
+def _watching(watch: StallWatch) -> None:
+    with _LOCK:
+        _WATCHES.add(watch)
+        if not _THREAD or not _THREAD[0].is_alive():
+            _THREAD[:] = [threading.Thread(target=_run, name="jaxloader-stall-watch",
+                                           daemon=True)]
+            _THREAD[0].start()
+
+
+def _run() -> None:
+    while True:
+        with _LOCK:
+            watches = [w for w in _WATCHES if w.warn_s is not None]
+            if not watches:
+                _THREAD.clear()
+                return
+        for watch in watches:
+            watch.look(time.monotonic())
+        pause = min([1.0, *(w.warn_s / 4 for w in watches if w.warn_s is not None)])
+        del watches  # (not held while asleep: a loader dropped goes)
+        time.sleep(max(0.05, pause))
