@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import fnmatch
-import glob
 import hashlib
 import os
 import re
@@ -33,9 +32,10 @@ import warnings
 from typing import Iterable, Mapping, Sequence
 from urllib.parse import unquote
 
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
+from jaxloader.base.errors import ConfigError, JaxloaderWarning
+from jaxloader.sources.folder_walk import (PATTERN, fixed_folder, left_out, pattern_matches,
+                                           walk_folders)
 
-_PATTERN = "*?["
 # a shell's brace expansion (WebDataset's shard-{000..099}.tar), which no glob expands
 _BRACES = re.compile(r"\{[^{}/]*(\.\.|,)[^{}/]*\}")
 
@@ -76,10 +76,10 @@ def expand(paths: str | os.PathLike | Sequence[str | os.PathLike],
             by.append(path)
             continue
         suffixes = (suffix,) if isinstance(suffix, str) else suffix
-        if any(c in path for c in _PATTERN) and (remote or not os.path.isdir(path)):
+        if any(c in path for c in PATTERN) and (remote or not os.path.isdir(path)):
             # (a folder named with [ or ? is that folder: "run[1]" matched run1, silently)
             found = (_remote_glob(path, owner) if remote else sorted({  # a folder matched (a
-                g for f in glob.glob(path, recursive=True)  # Spark output's train.parquet):
+                g for f in pattern_matches(path, owner, reals)  # Spark output's train.parquet):
                 for g in (_files_in(f, suffixes, dataset, owner, left_out, reals)
                           if os.path.isdir(f)
                           else [f] if _not_folder(f, owner) else [])}))  # its files
@@ -184,7 +184,7 @@ def _once_through_links(pattern: str, found: list[str], reals: dict[str, str]) -
     ``latest -> v2`` beside ``v2``: ``v2``'s, as a folder's walk names it, ``d`` a link or
     not; a link to ``.``: not 40 folders deep), else by the first (``current`` and ``stable``
     linked to one hidden version: ``current``'s)."""
-    root = _fixed(pattern)[0]
+    root = fixed_folder(pattern)[0]
     real_root = os.path.realpath(root)
     chosen: dict[str, str] = {}
     for f in found:
@@ -196,23 +196,15 @@ def _once_through_links(pattern: str, found: list[str], reals: dict[str, str]) -
     return [f for f in found if f in kept]
 
 
-def _fixed(pattern: str) -> tuple[str, list[str]]:
-    """The folder of ``pattern`` before its first part with a wildcard, and the parts after."""
-    parts = pattern.split(os.sep)
-    fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _PATTERN))
-    return os.sep.join(parts[:fixed]) or (os.sep if os.path.isabs(pattern) else os.curdir), \
-        parts[fixed:]
-
-
 def _not_hidden(pattern: str, found: list[str]) -> list[str]:
     """A dataset pattern's files but those under a name starting with ``_`` or ``.`` below
     the pattern's fixed folder that the pattern does not name itself (``out/**/*.parquet``
     leaves a Spark job's ``out/_temporary/`` out, as a folder's listing and pyarrow's do;
     ``out/_staging*/*.parquet`` names ``_staging1``)."""
-    root, matched = _fixed(pattern)
-    named = [p for p in matched if _left_out(p, True)]
+    root, matched = fixed_folder(pattern)
+    named = [p for p in matched if left_out(p, True)]
     return [f for f in found if not any(
-        _left_out(part, True) and not any(fnmatch.fnmatchcase(part, p) for p in named)
+        left_out(part, True) and not any(fnmatch.fnmatchcase(part, p) for p in named)
         for part in os.path.relpath(f, root).split(os.sep))]
 
 
@@ -226,7 +218,7 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
     ends = tuple(s.lower() for s in suffixes)
     every: list[str] = []  # (one walk: a stat a file matched, none for the others)
     others: list[str] = []
-    for top, files in _walk(folder, dataset, owner, {} if reals is None else reals):
+    for top, files in walk_folders(folder, dataset, owner, {} if reals is None else reals):
         for name in files:
             (every if name.lower().endswith(ends) else others).append(os.path.join(top, name))
     found = sorted(f for f in every if _not_folder(f, owner))
@@ -244,73 +236,6 @@ def _files_in(folder: str, suffixes: tuple[str, ...], dataset: bool = False,
                 "as well) to read them without those columns (a MapSource over each "
                 "partition's files can add them: ConcatSource([...]))")
     return found
-
-
-def _within(real: str, inside: str, dataset: bool) -> bool:
-    """Whether a link to the folder ``real`` (its real path) leads to files the walk of
-    ``inside`` lists under their own names (``inside`` itself, or a folder in it not left
-    out): a ``latest -> v2`` beside ``v2`` read them twice a pass, a link to ``.`` forty
-    times; one to ``.versions/v3`` (left out) is their only way in."""
-    if real != inside and not real.startswith(inside.rstrip(os.sep) + os.sep):
-        return False
-    return not any(_left_out(part, dataset)
-                   for part in os.path.relpath(real, inside).split(os.sep) if part != ".")
-
-
-def _left_out(name: str, dataset: bool) -> bool:
-    """Whether a folder's listing leaves ``name`` out: a dot first (as glob's ``**``), or, for a
-    ``dataset``, an underscore (Spark's ``_temporary/``, as pandas and pyarrow)."""
-    return name[:1] == "." or (dataset and name[:1] == "_")
-
-
-def _walk(folder: str, dataset: bool, owner: str,
-          reals: dict[str, str]) -> Iterable[tuple[str, list[str]]]:
-    """``(path, names)`` of ``folder`` and each folder under it, with the names of their files
-    (a link to nothing is one) not left out (``_left_out``), depth first in name order, links
-    followed. Each real folder is walked once, by the first of its names in that order
-    (``current`` and ``stable`` linked to one hidden version read it twice a pass; a link to a
-    parent for ever); a link into ``folder``'s own files is not walked (``_within``). Only
-    links' real paths are looked up (each part of a path costs a call: one per folder made a
-    walk of 20,000 folders 60% slower); ``reals`` gets each walked folder's. A folder under
-    ``folder`` that cannot be listed is warned of (``lost+found`` is not), ``folder`` refused."""
-    inside = os.path.realpath(folder)
-    walked: set[str] = set()
-    ahead = [(folder, inside)]
-    while ahead:
-        top, real = ahead.pop()
-        if real in walked:
-            continue
-        walked.add(real)
-        reals[top] = real
-        try:
-            entries = sorted(os.scandir(top), key=lambda e: e.name)
-        except OSError as e:  # (a disk's root holds lost+found, root's alone: left out)
-            if top != folder and os.path.basename(top) != "lost+found":
-                warnings.warn(f"{owner}(paths): the folder {top!r} cannot be listed "
-                              f"({e.strerror}): its files are left out; make it readable, or "
-                              "pass a pattern or the files' paths", JaxloaderWarning,
-                              stacklevel=user_stacklevel())
-            elif top == folder:
-                raise ConfigError(f"{owner}(paths): the folder {top!r} cannot be listed "
-                                  f"({e.strerror}); make it readable, or pass the files' "
-                                  "paths") from e
-            continue
-        files, folders = [], []
-        for entry in entries:
-            if _left_out(entry.name, dataset):
-                continue
-            try:
-                is_folder = entry.is_dir()
-            except OSError:  # (a link too deep to follow: named where it is opened)
-                is_folder = False
-            if not is_folder:
-                files.append(entry.name)
-            elif not entry.is_symlink():
-                folders.append((entry.path, os.path.join(real, entry.name)))
-            elif not _within(linked := os.path.realpath(entry.path), inside, dataset):
-                folders.append((entry.path, linked))
-        yield top, files
-        ahead.extend(reversed(folders))
 
 
 def _not_folder(path: str, owner: str) -> bool:
@@ -339,7 +264,7 @@ def _remote_glob(pattern: str, owner: str) -> list[str]:
     from etils import epath
 
     folder, _, name = pattern.rpartition("/")
-    if any(c in folder.split("://", 1)[1] for c in _PATTERN):
+    if any(c in folder.split("://", 1)[1] for c in PATTERN):
         raise ConfigError(
             f"{owner}(paths): {pattern!r} has a pattern in a folder's name; a remote pattern "
             "may match file names only (gs://bucket/dir/train-*.parquet): pass one a folder"

@@ -317,6 +317,29 @@ def test_a_pattern_over_links_to_one_folder_lists_its_files_once_by_their_first_
             str(tmp_path / given), ".parquet", "S")] == ["v2"], given  # second review)
 
 
+@pytest.mark.timeout(60)
+def test_a_double_star_pattern_over_links_to_parents_returns_each_file_once(tmp_path,
+                                                                          monkeypatch):
+    # glob's ** followed links for ever: two back to parents under d/ and d/**/*.jsonl never
+    # returned (the hostile-input audit); one made each file ~40 names deep, then dropped
+    touch(tmp_path / "d", "sub/x.jsonl", "sub/deeper/y.jsonl", "top.jsonl", ".cache/h.jsonl")
+    os.symlink("..", tmp_path / "d" / "sub" / "up")
+    os.symlink(".", tmp_path / "d" / "sub" / "self")
+    names = lambda paths: [os.path.relpath(p, tmp_path) for p in paths]  # noqa: E731
+    assert names(expand(str(tmp_path / "d" / "**" / "*.jsonl"), ".jsonl", "S")) == [
+        "d/sub/deeper/y.jsonl", "d/sub/x.jsonl", "d/top.jsonl"]
+    assert names(expand(str(tmp_path / "d" / "**" / "deeper" / "*.jsonl"), ".jsonl", "S")) == [
+        "d/sub/deeper/y.jsonl"]
+    assert names(expand(str(tmp_path / "d" / "**"), ".jsonl", "S")) == [
+        "d/sub/deeper/y.jsonl", "d/sub/x.jsonl", "d/top.jsonl"]
+    assert names(expand(str(tmp_path / "d" / ".cache" / "**" / "*.jsonl"), ".jsonl", "S")) == [
+        "d/.cache/h.jsonl"]  # (a hidden part named: as glob gives it)
+    monkeypatch.chdir(tmp_path / "d")  # (a relative pattern: its files as glob names them)
+    assert names(expand("**/*.jsonl", ".jsonl", "S")) == [
+        "d/sub/deeper/y.jsonl", "d/sub/x.jsonl", "d/top.jsonl"]
+    assert jl.Stream.jsonl(str(tmp_path / "d" / "**" / "*.jsonl")) is not None
+
+
 def test_a_folder_that_cannot_be_listed_is_said_not_left_out_without_a_word(tmp_path,
                                                                             monkeypatch):
     # (os.walk's default; a disk's root holds lost+found, root's alone: left out unsaid,
