@@ -35,6 +35,7 @@ _MAGIC = {  # the first bytes of each format, as its specification gives them
 # after "BZh" and the block size (a digit), a block (pi's digits) or, in a file of nothing,
 # the end of the stream (sqrt(pi)'s): a text may begin "BZh"
 _BZIP2_NEXT = (b"1AY&SY", b"\x17rE8P\x90")
+_SKIPPABLE = {bytes([b]) for b in range(0x50, 0x60)}  # a skippable frame's first byte
 
 # suffixes a folder's compressed files may end with, after the format's own (".jsonl.gz")
 SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
@@ -52,6 +53,8 @@ def compression(raw: Any) -> str | None:
     raw.seek(0)
     if head[:3] == b"BZh" and head[3:4].isdigit() and head[4:] in _BZIP2_NEXT:
         return "bzip2"
+    if head[:1] in _SKIPPABLE and head[1:4] == b"\x2a\x4d\x18":  # (a Zstandard skippable
+        return "zstd"  # frame: pzstd's first, its sizes)
     return next((name for magic, name in _MAGIC.items() if head.startswith(magic)), None)
 
 

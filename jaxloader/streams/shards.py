@@ -206,7 +206,8 @@ class _LineShard(FileShard):
             if not self._count % self._LOOK_EVERY:
                 self._check_unmoved(f"by line {self._count}")
             try:
-                record = self._parse(raw.rstrip(b"\r\n"))
+                record = self._parse(self._first(raw) if self._count == 1 else
+                                     raw.rstrip(b"\r\n"))
             except RecordError:  # (a line of a file rewritten as read: said as that)
                 self._check_unmoved(f"by line {self._count}")
                 raise
@@ -255,6 +256,15 @@ class _LineShard(FileShard):
                 "restore the file (and resume from a state saved before), or write shards "
                 "to a new file and rename it into place")
 
+    def _first(self, raw: bytes) -> bytes:
+        """The file's first line without a UTF-8 byte order mark (a Windows tool's: it stayed
+        in a text record, '\\ufeffhello'); a UTF-16 or UTF-32 one refused."""
+        if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise RecordError(f"{self.path}: line 1: UTF-16 (or UTF-32) text, by its byte order "
+                              f"mark, where lines of UTF-8 are read; convert the file (iconv -f "
+                              "utf-16 -t utf-8)")
+        return raw.removeprefix(b"\xef\xbb\xbf").rstrip(b"\r\n")
+
 
 class JsonlShard(_LineShard):
     """A JSON value a line (``.jsonl``); blank lines are skipped. A list of numbers (or of
@@ -272,6 +282,10 @@ class JsonlShard(_LineShard):
     def _parse(self, raw: bytes) -> Any:
         if not raw.strip():
             return _BLANK
+        if b"\x00" in raw:  # (JSON of UTF-8 holds none; json.loads took one for UTF-16)
+            raise RecordError(f"{self.path}: line {self._count}: holds NUL bytes, which JSON "
+                              f"lines of UTF-8 do not (a UTF-16 or UTF-32 file?): {raw[:80]!r}; "
+                              "convert the file (iconv -f utf-16 -t utf-8)")
         try:  # (json's parser and numbers_as_arrays recurse: a line nested past the limit)
             try:
                 value = json.loads(raw)

@@ -62,6 +62,10 @@ def test_the_format_is_told_by_the_first_bytes_not_the_name(tmp_path):
     text = tmp_path / "bzh.txt"  # begins like bzip2's magic, but is text
     text.write_text("BZh9 is a block size\n")
     assert read_all(jl.TextShard(text)) == ["BZh9 is a block size"]
+    pzstd = tmp_path / "pz.jsonl.zst"  # (pzstd's: a skippable frame first, its sizes; read
+    pzstd.write_bytes(b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"\x01\x00\x00\x00"
+                      + zstd.compress(b'{"id": 3}\n'))  # as plain bytes: "not JSON")
+    assert read_all(jl.JsonlShard(pzstd)) == [{"id": 3}]
 
 
 @pytest.mark.parametrize("suffix", list(WRITE))

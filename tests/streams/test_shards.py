@@ -297,6 +297,35 @@ def test_text_that_is_not_utf8_is_named_with_its_line_and_the_remedy(tmp_path):
         shard.next()
 
 
+def test_a_byte_order_mark_is_not_text_and_a_utf16_file_is_named_as_such(tmp_path):
+    # a Windows tool's UTF-8 mark stayed in Stream.text's first record ('\ufeffhello': other
+    # tokens, silently); a UTF-16 JSONL file gave its first record, then "not JSON" naming a
+    # codec (the formats audit)
+    marked = tmp_path / "marked.txt"
+    marked.write_bytes(b"\xef\xbb\xbfhello\nworld\n")
+    assert read_all(jl.TextShard(marked)) == ["hello", "world"]
+    shard = jl.TextShard(marked)
+    shard.reset()
+    shard.next()
+    again = jl.TextShard(marked)
+    again.reset(shard.get_state())
+    assert again.next() == "world"
+    (tmp_path / "marked.jsonl").write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": 2}\n')
+    assert read_all(jl.JsonlShard(tmp_path / "marked.jsonl")) == [{"a": 1}, {"a": 2}]
+    for name, kind in (("wide.jsonl", jl.JsonlShard), ("wide.txt", jl.TextShard)):
+        (tmp_path / name).write_bytes('{"a":1}\n{"a":2}\n'.encode("utf-16"))
+        shard = kind(tmp_path / name)
+        shard.reset()
+        with pytest.raises(jl.RecordError, match=rf"{name}: line 1: UTF-16 .*iconv -f utf-16 "
+                                                 r"-t utf-8"):
+            shard.next()
+    (tmp_path / "bare.jsonl").write_bytes('{"a":1}\n{"a":2}\n'.encode("utf-16-le"))  # (no
+    shard = jl.JsonlShard(tmp_path / "bare.jsonl")  # mark: json.loads read it as UTF-16)
+    shard.reset()
+    with pytest.raises(jl.RecordError, match=r"bare.jsonl: line 1: .*NUL bytes.*iconv"):
+        shard.next()
+
+
 def test_a_stream_takes_a_path_a_folder_or_a_pattern(tmp_path):
     for k in (1, 0):
         write_jsonl(tmp_path / f"part-{k}.jsonl", range(3 * k, 3 * k + 3))
