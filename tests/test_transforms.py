@@ -55,18 +55,20 @@ def test_a_random_map_that_spawns_from_its_rng_is_told_what_works():
     assert (batch["a"] != batch["b"]).all()
 
 
-@pytest.mark.parametrize("made", ["map", "source", "batch", "jit"])
+@pytest.mark.parametrize("made", ["map", "source", "batch", "jit", "list"])
 def test_a_batch_of_no_leaves_is_refused_naming_what_made_it(made):
     # {} from a Map, a MapSource, a BatchMap or a JitMap gave the training step {} batches,
-    # without a word (the vision audit's JitMap)
+    # without a word (the vision audit's JitMap); {"a": []} beside a pad mask raised
+    # "generator raised StopIteration" (the formats audit)
     import jaxloader as jl
 
     source = jl.ArraySource({"x": np.arange(8)})
     empty = {"map": [jl.Map(lambda r: {})], "source": [], "batch": [jl.BatchMap(lambda b: {})],
-             "jit": [jl.JitMap(lambda r: {})]}[made]
+             "jit": [jl.JitMap(lambda r: {})], "list": [jl.Map(lambda r: {"a": []})]}[made]
     if made == "source":
         source = jl.MapSource(source, lambda r: {})
-    named = r"its records have no leaves \(\{\}\): the source or a Map" if made in (
+    named = r"its records have no leaves \(\{'a': \[\]\}\)" if made == "list" else \
+        r"its records have no leaves \(\{\}\): the source or a Map" if made in (
         "map", "source") else r"BatchMap\(.*<lambda>\) returned a batch of no leaves" if (
         made == "batch") else r"JitMap\(.*<lambda>\) returns \{\}, no array"
     for last_batch in ("drop", "pad"):  # (a pad mask alone: a batch of nothing too)

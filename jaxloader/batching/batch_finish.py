@@ -217,9 +217,12 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
     last batch's new shape compiles on a batch not timed)."""
     if not columns or len(columns) == 1 and columns[0].path == f"[{mask_key!r}]":  # (none
         # but a pad mask, if any: a batch of nothing, given to the step without a word)
-        raise RecordError(f"{where()}: its records have no leaves ("
-                          f"{tree_lib.unflatten(treedef, [])!r}): the source or a Map returned "
-                          "an empty record; return the arrays a step needs (a dict of them)")
+        shown = tree_lib.unflatten(treedef, [None] * len(columns))  # (the mask's leaf: left
+        if isinstance(shown, dict) and columns:  # out of what is shown, as it was made here)
+            shown = {k: v for k, v in shown.items() if k != mask_key}
+        raise RecordError(f"{where()}: its records have no leaves ({shown!r}): the source or "
+                          "a Map returned an empty record; return the arrays a step needs (a "
+                          "dict of them)")
     if not batch_transforms:
         return collate.materialize(treedef, columns, alloc)
     seed, epoch, positions = keyed
