@@ -36,6 +36,9 @@ _ZERO_BLOCK = bytes(_BLOCK)
 _READ_CHUNK = 64 << 20
 _READ_CHUNK_END = 1 << 16  # what follows the end-of-archive marker, read at a time
 _SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
+_NAMES = (0x4C, 0x4B, 0x78, 0x67)  # b"L", b"K", b"x", b"g": a long name, link, attributes
+_NAMES_UP_TO = 1 << 20  # bytes of such a member read, at most (PATH_MAX is 4,096)
+_KEPT = (0x30, 0, 0x37, 0x4C, 0x78)  # members whose data is read: files, names, attributes
 _CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is summed with its own field as 8 spaces
 # the remedy a damaged shard's error ends with: a stream's shards are part of its state
 _DROP = "or drop it from the stream (a state saved while it was in the stream is then refused)"
@@ -141,8 +144,11 @@ class TarShard(FileShard):
                     if len(block) < padded:
                         self._cut(header, offset, size, len(block))
                     data = block if padded == size else block[:size]
+                elif header[156] in _NAMES and size > _NAMES_UP_TO:  # (read whole: 3 GiB of a
+                    raise self._too_large(header, offset, size)  # "long name", an OOM kill)
                 else:
-                    data = self._read_large(header, offset, size, padded)
+                    data = self._read_large(header, offset, size, padded,
+                                            keep=header[156] in _KEPT)
                 offset += _BLOCK + padded
                 kind = header[156]
                 if kind == 0x30 or kind == 0 or kind == 0x37:  # b"0", b"\0", b"7": a file
@@ -201,27 +207,44 @@ class TarShard(FileShard):
                 "damaged; replace the shard (re-download or re-create it), or drop it from "
                 "the stream")
 
-    def _read_large(self, header: bytes, offset: int, size: int, padded: int) -> bytes:
+    def _read_large(self, header: bytes, offset: int, size: int, padded: int,
+                    keep: bool = True) -> bytes:
         """A member larger than ``_SMALL``: its data, then its padding; a file that ends first
-        (known before reading, for a local file not compressed) is an error naming it."""
+        (known before reading, for a local file not compressed) is an error naming it. Not
+        ``keep``: its data read and let go (a directory's, a device's: no record), ``b""``."""
         read = self._file.read
         if self._size_known is not None and offset + _BLOCK + padded > self._size_known:
             self._cut(header, offset, size, self._size_known - offset - _BLOCK)
-        if size <= _READ_CHUNK:
+        if size <= _READ_CHUNK and keep:
             data = read(size)
         else:  # a damaged size field (8 GiB) must not be allocated before the file runs out
-            parts, wanted = [], size
+            parts, wanted, got = [], size, 0
             while wanted:
                 part = read(min(wanted, _READ_CHUNK))
                 if not part:
                     break
-                parts.append(part)
+                if keep:
+                    parts.append(part)
                 wanted -= len(part)
+                got += len(part)
+            if not keep:  # (its length alone: what the cut check below counts)
+                if got + len(read(padded - size)) < padded:
+                    self._cut(header, offset, size, got)
+                return b""
             data = b"".join(parts)
         got = len(data) + len(read(padded - size))
         if got < padded:
             self._cut(header, offset, size, got)
         return data
+
+    def _too_large(self, header: bytes, offset: int, size: int) -> RecordError:
+        kind = {0x4C: "a GNU long name", 0x4B: "a GNU long link name", 0x78: "pax attributes",
+                0x67: "global pax attributes"}[header[156]]
+        return RecordError(
+            f"{self.path}: byte {offset}: member {_header_name(header)!r} holds {kind} of "
+            f"{size:,} bytes, where such a member takes a few hundred (read whole: up to "
+            f"{_NAMES_UP_TO:,} are): a damaged size field, or not a tar of records; "
+            + _REPLACE)
 
     def _cut(self, header: bytes, offset: int, size: int, left: int) -> None:
         raise RecordError(

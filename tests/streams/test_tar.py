@@ -330,6 +330,31 @@ def test_a_member_too_large_for_memory_is_said_so_not_a_damaged_file(tmp_path):
             shard.next()
 
 
+def test_a_long_name_or_attributes_member_of_megabytes_is_refused_and_others_not_kept(tmp_path):
+    # a GNU long name claiming 3 GiB (14 MB gzipped) was read whole, then refused as "a
+    # record" too large for memory, or an OOM kill (the hostile-input audit); a directory's
+    # data, which makes no record, was read whole too
+    path = tmp_path / "names.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        folder = tarfile.TarInfo("d")
+        folder.type, folder.size = tarfile.DIRTYPE, 3 * 2**20
+        tar.addfile(folder, io.BytesIO(b"z" * folder.size))
+        for name in ("a" * 300 + ".txt", "b.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    assert [r["__key__"][-1] for r in read_all(jl.TarShard(path))] == ["a", "b"]
+    raw = bytearray(path.read_bytes())
+    gnu = raw.index(b"././@LongLink")
+    raw[gnu + 124:gnu + 136] = b"%011o\0" % (2 * 2**20)  # (its size field, its checksum:)
+    raw[gnu + 148:gnu + 156] = b" " * 8
+    raw[gnu + 148:gnu + 155] = b"%06o\0" % sum(raw[gnu:gnu + 512])
+    path.write_bytes(bytes(raw) + b"\0" * (2 * 2**20))
+    with pytest.raises(jl.RecordError, match=r"names.tar: byte \d+: member '././@LongLink' "
+                                             r"holds a GNU long name of 2,097,152 bytes"):
+        read_all(jl.TarShard(path))
+
+
 def test_a_shard_ending_inside_a_header_or_without_its_end_marker(tmp_path):
     path = _samples(tmp_path / "end.tar", 10)
     whole = path.read_bytes()
