@@ -345,3 +345,17 @@ def test_an_epoch_past_the_last_one_a_key_holds_is_refused_as_it_is_reached(mixe
         next(it)
         with pytest.raises(ConfigError, match=f"step {last + 1:,} is in epoch 16,777,216"):
             next(it)
+
+
+def test_a_global_batch_past_the_records_is_refused_before_its_rows_are_made(monkeypatch):
+    # batch_size=10**9 over 100 records made 10**9 rows (8 GB, or a bare MemoryError) before
+    # the refusal that names it (the hostile-input audit)
+    import jaxloader as jl
+    from jaxloader.order import sampling
+
+    made = []
+    monkeypatch.setattr(sampling, "check_rows", lambda *a: made.append(a) or np.arange(1))
+    with pytest.raises(jl.ConfigError, match=r"batch_size: with last_batch='drop', the global "
+                                             r"batch \(1000000000 x 1 processes"):
+        sampling.Sampler(100, 10**9, shuffle=False, seed=0, last_batch="drop")
+    assert not made

@@ -209,15 +209,15 @@ class Sampler:
         self.last_batch = last_batch
         self.process_index = process_index
         self.process_count = process_count
-        self._rows = check_rows(rows, batch_size, process_index, process_count)
         full, rest = divmod(num_records, self.global_batch_size)
         self.steps_per_epoch = full + (1 if rest and last_batch != "drop" else 0)
-        if self.steps_per_epoch == 0:
+        if self.steps_per_epoch == 0:  # (before the rows: a batch_size of 10**9 made 8 GB)
             raise ConfigError(
                 f"batch_size: with last_batch='drop', the global batch ({batch_size} x "
                 f"{process_count} processes = {self.global_batch_size}) must be <= the number of "
                 f"records ({num_records}); use a smaller batch_size or last_batch='pad'"
             )
+        self._rows = check_rows(rows, batch_size, process_index, process_count)
         # a class of steps holds ~_CHUNK_POSITIONS of them, whatever the stride
         self._chunk_steps = max(1, _CHUNK_POSITIONS * memo_stride // self.global_batch_size)
         self._memo = StepMemo(memo_stride)  # chunk: (epoch, chunk of steps)
