@@ -53,6 +53,12 @@ def kept_or_found(given: Any, find: Callable[[], Any],
             kept_from = _kept_from(path + FROM)
             try:
                 given = np.load(path)
+            except MemoryError:  # (a header of a damaged file: 10**11 rows, 745 GiB)
+                raise ConfigError(
+                    f"{path}: its header asks for {_claimed(path)}, more memory than this "
+                    f"process has, where the file holds {os.path.getsize(path):,} bytes: a "
+                    "damaged .npy file, or not the one this reads and writes; remove it (a new "
+                    "one is written), or pass another path") from None
             except (OSError, ValueError, EOFError) as e:  # (a folder, another file's bytes)
                 raise ConfigError(
                     f"{path}: expected a .npy file of one array (np.save's), which this reads "
@@ -152,3 +158,16 @@ def _replace(path: str, write: Callable[[Any], Any]) -> None:
         if os.path.exists(partial):
             os.remove(partial)
         raise
+
+
+def _claimed(path: str) -> str:
+    """The array a ``.npy`` file's header says it holds: its dtype, shape and bytes."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+        return f"{dtype}{shape} ({int(np.prod(shape, dtype=object)) * dtype.itemsize:,} bytes)"
+    except Exception:  # noqa: BLE001 - (a header that cannot be read: the error says it)
+        return "an array"

@@ -472,3 +472,15 @@ def test_a_keep_map_or_transform_that_calls_hash_is_warned_of_unless_the_seed_is
               "lambda r: hash(str(r['u'])) % 2 == hash('a') % 2)")
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ,
                                                                    "PYTHONHASHSEED": "7"})
+
+
+def test_a_kept_file_whose_header_claims_more_than_memory_is_named(tmp_path):
+    # a .npy header of 10**11 rows gave a bare MemoryError ("Unable to allocate 745. GiB"),
+    # naming no file (the hostile-input audit)
+    path = tmp_path / "kept.npy"
+    np.save(path, np.arange(10, dtype=np.int64))
+    path.write_bytes(path.read_bytes().replace(b"(10,)", b"(100000000000,)"))
+    with pytest.raises(jl.ConfigError, match=r"kept.npy: its header asks for int64\(100000000000,"
+                                             r"\) \(800,000,000,000 bytes\), more memory than "
+                                             r"this process has, where the file holds \d+ bytes"):
+        jl.FilteredSource(jl.ArraySource({"x": np.arange(10)}), lambda r: True, indices=path)
