@@ -372,3 +372,29 @@ def test_a_state_whose_bool_came_back_as_numpys_restores():
         assert next(iter(again))["x"].tolist() == want
         with pytest.raises(jl.StateDictError, match=r"state\['shuffle'\]: expected a bool"):
             again.load_state_dict({**state, "shuffle": "yes"})
+
+
+@pytest.mark.parametrize("kind", ["data", "stream"])
+def test_a_state_nested_past_any_loaders_or_of_a_million_keys_is_refused_plainly(kind, tmp_path):
+    # a list nested 100,000 deep in any field raised RecursionError (its checks and its
+    # message's repr recurse), not the StateDictError a caller falls back from; 10**6 extra
+    # keys made a message of 11 MB (the hostile-input audit)
+    if kind == "data":
+        loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4,
+                               process_index=0, process_count=1)
+    else:
+        (tmp_path / "a.jsonl").write_text('{"x": 1}\n' * 8)
+        loader = jl.StreamLoader(jl.Stream.jsonl(str(tmp_path / "a.jsonl")), batch_size=4,
+                                 process_index=0, process_count=1)
+    state = loader.state_dict()
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    field = "transforms" if kind == "data" else "stream"
+    with pytest.raises(StateDictError, match=rf"state\['{field}'\]: nested deeper than 64 "
+                                             rf"levels"):
+        loader.load_state_dict({**state, field: deep})
+    many = {**state, **{f"k{i}": 0 for i in range(10**6)}}
+    with pytest.raises(StateDictError, match=r"unknown keys \[.*\] and 999,980 more") as e:
+        loader.load_state_dict(many)
+    assert len(str(e.value)) < 3000

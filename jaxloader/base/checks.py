@@ -20,7 +20,7 @@ from typing import Any, Callable, SupportsIndex, Union
 
 import numpy as np
 
-from jaxloader.base.errors import ArgumentError, ConfigError
+from jaxloader.base.errors import ArgumentError, ConfigError, StateDictError
 
 MASK64 = (1 << 64) - 1  # seeds and hash keys are 64-bit
 Int = Union[int, np.integer, SupportsIndex]  # a count or a seed as a user's code has it
@@ -225,3 +225,39 @@ def released_at_least(release: str, floor: tuple[int, int, int]) -> bool:
     numbers = tuple(int(n or 0) for n in parts.groups()[:3])
     early = re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", parts.group(4))
     return numbers > floor or numbers == floor and early is None
+
+
+_DEEPEST = 64  # levels of a state's nesting, at most (a mixture of mixed streams' is ~10)
+
+
+def check_bounded(state: Any, loader: str) -> None:
+    """Refuses a state nested deeper than any loader writes, naming its key: a damaged or
+    crafted one's checks and messages (which recurse) raised ``RecursionError``, not a
+    ``StateDictError`` a caller falls back from.
+
+    Example:
+        >>> check_bounded({"step": 3, "stream": {"readers": [[0, 1]]}}, "StreamLoader")
+    """
+    ahead = [(value, 1, key) for key, value in state.items()] if isinstance(state, dict) else []
+    while ahead:
+        value, depth, key = ahead.pop()
+        if depth > _DEEPEST:
+            raise StateDictError(
+                f"state[{str(key)[:60]!r}]: nested deeper than {_DEEPEST} levels, which no "
+                f"{loader}.state_dict() writes: a damaged or edited state; pass the dict that "
+                f"{loader}.state_dict() returned, unchanged")
+        if isinstance(value, dict):
+            ahead.extend((v, depth + 1, key) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            ahead.extend((v, depth + 1, key) for v in value if isinstance(v, (dict, list, tuple)))
+
+
+def shown_names(names: list[str]) -> str:
+    """Names as a message lists them: the first 20, then how many more (10**6 keys made a
+    message of 11 MB).
+
+    Example:
+        >>> shown_names(["a", "b"]), shown_names([str(i) for i in range(22)])[-12:]
+        ("['a', 'b']", ' and 2 more')
+    """
+    return repr(names) if len(names) <= 20 else f"{names[:20]!r:.2000} and {len(names) - 20:,} more"

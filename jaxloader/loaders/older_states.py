@@ -14,6 +14,7 @@ import warnings
 from typing import Any, Callable
 
 from jaxloader.base.abilities import DIGEST_LEVELS, in_older_forms
+from jaxloader.base.checks import check_bounded
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
 
 
@@ -25,6 +26,7 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     2026-11-29's twenty-second session: that state's tokenizer is not known, nor checked; a
     warning says so), or a mixture's with its ``mixture_order`` (until 2026-11-27). Other
     states as they are."""
+    check_bounded(state, "StreamLoader")  # (first: the comparisons below recurse)
     if not isinstance(state, dict) or state.get("stream") == described:
         return state
     saved = _without_mixture_order(state.get("stream"), "state['stream']")

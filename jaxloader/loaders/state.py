@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloader.base.file_identity import as_now, check_files
-from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_int
+from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_bounded, check_int, shown_names
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import StateDictError
 from jaxloader.loaders.foreign_arguments import grain_state_hint
@@ -122,6 +122,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     the source's fingerprints of older versions, which a state may hold, asked only where its
     fingerprint differs: its own, or its records' hash and structure, a dict); warns where
     it was saved under other ``transforms``; returns the step to continue from."""
+    check_bounded(state, "DataLoader")
     expected = make_state(sampler, 0, fingerprint, transforms)
     if not isinstance(state, dict):
         raise StateDictError(
@@ -135,7 +136,8 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     if missing:
         raise StateDictError(
             f"state: missing keys {missing}; expected keys {sorted(expected)}, received "
-            f"{sorted(state)}; pass the dict that DataLoader.state_dict() returned"
+            f"{shown_names(sorted(map(str, state)))}; pass the dict that DataLoader.state_dict() "
+            "returned"
             + grain_state_hint(state))
     for key, check in _FIELDS.items():
         if key in state:
@@ -266,9 +268,10 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
 def refuse_unknown(state: dict, expected: Any, loader: str) -> None:
     """Refuses keys of ``state`` that are not among ``expected``'s, naming them (checked last:
     a state of another configuration is named by what differs, not by its extra keys)."""
-    unknown = sorted(set(state) - set(expected))
+    unknown = sorted(map(str, set(state) - set(expected)))
     if unknown:
         raise StateDictError(
-            f"state: unknown keys {unknown}; expected keys {sorted(expected)}: a state edited by "
-            f"hand, or another kind of loader's; pass the dict that {loader}.state_dict() "
-            "returned, unchanged")
+            f"state: unknown keys {shown_names(unknown)}; expected keys {sorted(expected)}: a "
+            f"state edited by hand, or another kind of loader's; pass the dict that "
+            f"{loader}.state_dict() returned, unchanged")
+
