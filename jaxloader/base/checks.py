@@ -257,7 +257,7 @@ def shown_names(names: list[str]) -> str:
     message of 11 MB).
 
     Example:
-        >>> shown_names(["a", "b"]), shown_names([str(i) for i in range(22)])[-12:]
+        >>> shown_names(["a", "b"]), shown_names([str(i) for i in range(22)])[-11:]
         ("['a', 'b']", ' and 2 more')
     """
     return repr(names) if len(names) <= 20 else f"{names[:20]!r:.2000} and {len(names) - 20:,} more"
