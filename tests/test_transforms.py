@@ -466,3 +466,29 @@ def test_a_map_setting_a_key_of_a_list_of_dicts_record_leaves_the_source_as_it_w
     with jl.StreamLoader(stream, batch_size=4, num_epochs=3, process_index=0,
                          process_count=1) as loader:  # (a stream's map)
         assert {float(b["x"][0, 0]) for b in loader} == {4.0}
+
+
+def _look_up(record, vocab):
+    raise KeyError("missing")
+
+
+class _Augment:
+    def __call__(self, record):
+        return record
+
+
+def test_a_partials_or_objects_name_in_messages_is_short_and_holds_no_address():
+    # a partial over a 5,000-word vocabulary made each warning and error ~58,000 characters,
+    # with an address that changed each run (the logging audit)
+    import functools
+    import re
+
+    import jaxloader as jl
+
+    look = jl.Map(functools.partial(_look_up, vocab={i: i for i in range(5000)}))
+    assert repr(look) == "Map(partial(_look_up, vocab={0: 0, 1: 1, 2: 2, 3: 3, ...}))"
+    assert repr(jl.Map(_Augment())) == "Map(_Augment object)"
+    with pytest.raises(jl.RecordError) as e:
+        next(iter(jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2,
+                                transforms=[look], process_index=0, process_count=1)))
+    assert len(str(e.value)) < 1000 and not re.search(r"0x[0-9a-f]{6}", str(e.value))

@@ -12,10 +12,12 @@ Example:
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import math
 import operator
 import re
+import reprlib
 from typing import Any, Callable, SupportsIndex, Union
 
 import numpy as np
@@ -261,3 +263,42 @@ def shown_names(names: list[str]) -> str:
         ("['a', 'b']", ' and 2 more')
     """
     return repr(names) if len(names) <= 20 else f"{names[:20]!r:.2000} and {len(names) - 20:,} more"
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlevel = 40, 40, 2
+_BRIEF.maxdict = _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxset = _BRIEF.maxarray = 4
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def callable_name(fn: Any) -> str:
+    """A function's name for messages: its qualified name; a ``functools.partial``'s
+    function's, its arguments cut short; a callable object's ``repr`` where it names no
+    address (else its class's name), on one line, cut short. (A partial's ``repr`` held its
+    arguments whole, a vocabulary of 5,000 words a warning of 58,000 characters, and
+    addresses that change each run.)
+
+    Example:
+        >>> import functools
+        >>> callable_name(functools.partial(max, key={i: i for i in range(9)}))
+        'partial(max, key={0: 0, 1: 1, 2: 2, 3: 3, ...})'
+    """
+    if isinstance(fn, functools.partial):
+        args = [_brief(a) for a in fn.args] + [f"{k}={_brief(v)}" for k, v in fn.keywords.items()]
+        return f"partial({', '.join([callable_name(fn.func), *args])})"
+    name = getattr(fn, "__qualname__", None)
+    if isinstance(name, str):
+        return name
+    try:
+        text = " ".join(repr(fn).split())
+    except Exception:  # noqa: BLE001 - (a repr that raises: its class's name)
+        text = ""
+    return text if text and not _ADDRESS.search(text) and len(text) <= 120 else \
+        f"{type(fn).__qualname__} object" if not text or _ADDRESS.search(text) else \
+        text[:117] + "..."
+
+
+def _brief(value: Any) -> str:
+    if callable(value) and isinstance(getattr(value, "__qualname__", None), str):
+        return value.__qualname__
+    return _ADDRESS.sub("", " ".join(_BRIEF.repr(value).split()))

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_bool, check_int, refused_call
+from jaxloader.base.checks import callable_name, check_bool, check_int, refused_call
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
 from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
@@ -113,7 +113,7 @@ class JitMap:
         self.random = takes_key(fn) if random is None else check_bool("JitMap(random)", random)
         if random is None and key_by(fn) == "default":
             warnings.warn(
-                f"JitMap(fn): {getattr(fn, '__qualname__', None) or repr(fn)}'s second "
+                f"JitMap(fn): {callable_name(fn)}'s second "
                 "argument, named as a key, has a default, so fn is called fn(record) and draws "
                 "from that default, if at all (the same numbers for every record of every "
                 "batch, where it makes a key of its own); pass random=True to give each record "
@@ -122,7 +122,7 @@ class JitMap:
         if (signature := refused_call(fn, *[None] * (1 + self.random))) is not None:
             raise ConfigError(  # (as made, not at the first batch in a worker)
                 f"JitMap(fn): fn is called as fn(record{', key' * self.random}) (random="
-                f"{self.random}), but {getattr(fn, '__qualname__', None) or repr(fn)}"
+                f"{self.random}), but {callable_name(fn)}"
                 f"{signature} cannot be; pass random= as fn takes a key, or not (a key is "
                 "given by position, second: def fn(record, key), not fn(record, *, key))")
         self.chunk_bytes = check_int("JitMap(chunk_bytes)", chunk_bytes, low=1,

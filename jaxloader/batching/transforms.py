@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
-from jaxloader.base.checks import MASK64, POSITION_BITS as _POSITION_BITS, refused_call
+from jaxloader.base.checks import (MASK64, POSITION_BITS as _POSITION_BITS, callable_name,
+                                   refused_call)
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.pad import Pad, check_hosts
@@ -316,6 +317,4 @@ def _check_callable(fn: Any, kind: str) -> None:
                       f"cannot be; {remedy}")
 
 
-def fn_name(fn: Any) -> str:
-    """A function's name for messages (its qualified name, else its repr)."""
-    return getattr(fn, "__qualname__", None) or repr(fn)
+fn_name = callable_name  # (its name here: what the loaders and derived sources import)

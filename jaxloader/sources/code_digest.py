@@ -30,6 +30,7 @@ import types
 import warnings
 from typing import Any
 
+from jaxloader.base.checks import callable_name
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.sources.class_text import class_text, unwrapped
 from jaxloader.sources.value_text import (CONTAINERS_WRITTEN, PLACES_LEFT_OUT, SETS_AS_BEFORE,
@@ -359,7 +360,7 @@ def warn_hashing(fn: Any, where: str) -> None:
     space = getattr(fn, "__globals__", None) or getattr(type(fn).__call__, "__globals__", {})
     if "hash" in named and space.get("hash", builtins.hash) is builtins.hash:
         warnings.warn(
-            f"{where}: {getattr(fn, '__qualname__', None) or repr(fn)} calls hash(), whose value "
+            f"{where}: {callable_name(fn)} calls hash(), whose value "
             "for a str or bytes Python draws anew in each process: it gives other values in "
             "workers than in this process, and in each run, so the records kept or made differ "
             "there and after a restore; hash text with zlib.crc32(s.encode()) or hashlib, or "

@@ -41,7 +41,7 @@ import numpy as np
 from jaxloader.base import read_threads
 from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
-from jaxloader.base.checks import check_bool, record_index
+from jaxloader.base.checks import callable_name, check_bool, record_index
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.random_state import draws, global_examples, warn_at
@@ -238,7 +238,7 @@ class MapSource:
         return (None,) if len(set(self._fn_digests)) > 1 else None
 
     def __repr__(self) -> str:
-        name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        name = callable_name(self.fn)
         return f"MapSource({self.source!r}, {name}{', batched' if self.batched else ''})"
 
 
