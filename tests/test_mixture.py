@@ -411,6 +411,7 @@ def test_a_plain_state_is_not_restored_into_a_mixture_and_back():
     (("1", "2", "3"), r"one number per source \(3\), got tuple \('1', '2', '3'\)"),
     ((True, False, True), r"one number per source \(3\), got tuple \(True"),
     ((Fraction(1, 2), 1, 2), None),  # (numbers of any kind: accepted)
+    ((1e308, 1e308, 0), None),  # (their sum is inf: was "sum to zero ([0.0, 0.0, 0.0])")
 ])
 def test_bad_weights_are_named(weights, match):
     if match is None:

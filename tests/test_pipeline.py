@@ -83,7 +83,7 @@ def test_a_read_at_once_that_raised_and_then_did_not_is_said(tmp_path):
     maker = BatchMaker(Once(_parquet(tmp_path)),
                        Sampler(103, 2, shuffle=False, seed=0, last_batch="drop"))
     _, allocs = _slots(4)
-    with pytest.warns(RuntimeWarning, match=r"steps 17..23: their rows read at once raised "
+    with pytest.warns(jl.JaxloaderWarning, match=r"steps 17..23: their rows read at once raised "
                       r"ConnectionResetError: .*Connection reset by peer; read again step by "
                       r"step, they were not"):
         made = maker.make_steps([17, 19, 21, 23], allocs)

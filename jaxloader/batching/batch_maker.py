@@ -36,7 +36,7 @@ from jaxloader.base.read_threads import (Reads, count as threads_now, current, e
                                          pool_key, using)
 from jaxloader.base.abilities import Originating, gatherer_of, origin_of
 from jaxloader.base.checks import check_positions
-from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
+from jaxloader.base.errors import ConfigError, JaxloaderError, JaxloaderWarning, RecordError
 from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource, MapSource
@@ -167,7 +167,7 @@ class BatchMaker:
                                       f"raised {self._gather_failed}; read again step by step, "
                                       "they were not: the storage's or the network's error "
                                       "that passed, or one of so many rows at once (said once "
-                                      "a worker)", RuntimeWarning, stacklevel=2)
+                                      "a worker)", JaxloaderWarning, stacklevel=2)
                     yield made
             finally:
                 if reads is not None:  # (a task left: what is still to read is not read)
