@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, NamedTuple
+import warnings
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
+
+from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 
 
 def object_column(values: list) -> np.ndarray:
@@ -152,6 +155,49 @@ def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[Any, Any, Any] | No
     low, high = int(values.min()), int(values.max())
     bounds = _UINT32 if kind == "u" else _INT32
     return None if bounds.min <= low and high <= bounds.max else (low, high, bounds)
+
+
+def whole_past_float32(values: np.ndarray | np.generic) -> tuple[float, float] | None:
+    """``(largest magnitude, float32's step there)`` of float64 values that are all whole
+    numbers, some past 2**24, where float32 (JAX's without x64) holds no longer each whole
+    number: times in seconds, ids written as floats (pandas' ``.astype(float)``), which it
+    rounds together (a minute apart, 128 s steps, two of them one); ``None`` otherwise
+    (fractions lose precision as any cast to float32 makes them lose it).
+
+    Example:
+        >>> whole_past_float32(np.array([1.7e9, 1.7e9 + 60])), whole_past_float32(np.ones(3))
+        ((1700000060.0, 128.0), None)
+    """
+    if values.dtype != np.float64 or not values.size:
+        return None
+    finite = np.asarray(values)[np.isfinite(values)] if not np.isfinite(
+        values).all() else np.asarray(values)
+    big = float(np.abs(finite).max()) if finite.size else 0.0
+    if big <= 2.0 ** 24 or not np.array_equal(finite, np.trunc(finite)):
+        return None
+    return big, float(np.spacing(np.float32(big)))
+
+
+def warn_whole(values: Any, path: Callable[[], str], leaf: str, does: str) -> None:
+    """Warns, once a ``leaf`` in this process, where ``values`` (float64) are whole numbers
+    float32 rounds together (``whole_past_float32``)."""
+    rounded = whole_past_float32(values)
+    if rounded is None:
+        return
+    named = f"{leaf} {path()}"
+    if named in _WARNED:
+        return
+    _WARNED.add(named)
+    warnings.warn(  # (its values unsaid: the same text from every worker, said once)
+        f"{named} is float64 of whole numbers past 2**24, which JAX without x64 {does} as "
+        "float32, in steps of 2 or more there (128 near 2e9): values closer than that become "
+        "one (times in seconds, ids written as floats); subtract an offset in a Map (t - t0, "
+        "or a time since the series' start), keep ids as int32 or int64, or jax.config.update("
+        "'jax_enable_x64', True) before the loader", JaxloaderWarning,
+        stacklevel=user_stacklevel())
+
+
+_WARNED: set[str] = set()  # leaves warned of (by their path and what made them), this process
 
 
 def as_32_bits(dtype: Any) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxloader.base.checks import MASK64, POSITION_BITS
 from jaxloader.base.columns import (as_32_bits, beyond_32_bits, device_dtype_problem, host_only,
-                                    what_32_bits_do)
+                                    warn_whole, what_32_bits_do)
 from jaxloader.base.errors import RecordError
 from jaxloader.batching import collate
 from jaxloader.sources.code_digest import filled
@@ -56,6 +56,8 @@ def check_32_bits(column: Any, values: np.ndarray, t: Any, where: Callable[[], s
     """Refuses 64-bit integers that 32 bits cannot hold (JAX without x64 would wrap them), and
     finite 64-bit floats beyond float32's (it would make them infinite)."""
     beyond = beyond_32_bits(values)
+    if beyond is None and values.dtype == np.float64:
+        warn_whole(values, lambda: f"batch{column.path}", f"{t}'s input", "takes")
     if beyond is not None:
         low, high, kind = beyond
         raise RecordError(

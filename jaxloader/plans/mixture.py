@@ -94,7 +94,7 @@ def normalised(weights: Weights, count: int, name: str, names: list[str] | None 
         raise ConfigError(f"{owner}({name}): weights sum to zero ({w.tolist()}); give one a weight "
                           "> 0")
     if not np.isfinite(w.sum()):  # (weights of 1e308 summed to inf, then "sum to zero";
-        w = w / w.max()  # only then: other weights' values stay as they were, bit for bit)
+        w = w / np.max(w)  # only then: other weights' values stay as they were, bit for bit)
     return w / w.sum()
 
 

@@ -32,10 +32,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.columns import (as_32_bits, beyond_32_bits, device_dtype_problem, host_only,
-                                    what_32_bits_do)
+from jaxloader.base.columns import device_dtype_problem, host_only
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.batching.collate import own_if_small
+from jaxloader.sharding.x64 import check_32_bits
 from jaxloader.workers.ring import SMALL_LEAF  # (a leaf this small is placed from a copy)
 
 
@@ -275,7 +275,7 @@ class Putter:
         if self.process_count > 1 and not self._said_kinds:
             self._same_kinds(batch, leaves)
         if not jax.config.read("jax_enable_x64"):
-            _check_32_bits(batch, leaves)
+            check_32_bits(batch, leaves)
         sharding = self.sharding
         if self._rows_only is not None and type(batch) in (dict, OrderedDict) and any(
                 _a_row_each(leaf) for leaf in batch.values()):
@@ -376,25 +376,3 @@ def _said(rows: tuple) -> str:
     if rows[-1] - rows[0] == len(rows) - 1:
         return f"rows {rows[0]}-{rows[-1]}"
     return "rows " + ", ".join(map(str, rows[:6])) + (", ..." if len(rows) > 6 else "")
-
-
-def _check_32_bits(batch: Any, leaves: list) -> None:
-    """Refuses 64-bit integers that 32 bits cannot hold: JAX without x64 places them as 32-bit
-    and would wrap them (an id past 2**31, a time in nanoseconds) without a word; and finite
-    64-bit floats beyond float32's range, which it makes infinite. (Other 64-bit floats become
-    float32 as JAX makes them: precision lost, and those under 1.4e-45 become 0, as
-    devices_and_hosts.md says.)"""
-    for i, leaf in enumerate(leaves):
-        beyond = beyond_32_bits(leaf) if isinstance(leaf, (np.ndarray, np.generic)) else None
-        if beyond is None:
-            continue
-        low, high, kind = beyond
-        path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(batch)[0][i][0])
-        fit = (f"an offset, or a split into two {kind.dtype} leaves"
-               if kind.dtype.kind != "f" else "a scale, or a log")
-        raise ConfigError(
-            f"sharding: batch leaf {path or '<root>'} of dtype {leaf.dtype} holds values "
-            f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
-            f"{as_32_bits(leaf.dtype)} and {what_32_bits_do(kind)}; make it fit (a Map: {fit}), or "
-            "jax.config.update('jax_enable_x64', True) before the loader (or a with "
-            "jax.enable_x64(True): block entered before iter(), whose setting its thread takes)")

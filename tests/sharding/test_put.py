@@ -164,6 +164,36 @@ def test_64_bit_integers_that_32_bits_cannot_hold_are_refused_not_wrapped():
         put({"c": np.array([1 + 2j, 1e300j])})
 
 
+def test_float64_whole_numbers_float32_rounds_together_are_warned_of_once(monkeypatch):
+    # times in seconds as float64 (pandas' .astype(float)) became float32 in 128 s steps,
+    # 4 distinct of 8 a minute apart, without a word, where int64 nanoseconds are refused
+    # (the time-series audit); the same for a JitMap's input
+    import warnings
+
+    import jax
+    import numpy as np
+
+    import jaxloader as jl
+    from jaxloader.base import columns
+    from jaxloader.sharding.put import Putter
+
+    monkeypatch.setattr(columns, "_WARNED", set())
+    put = Putter(jax.devices()[0], process_count=1)
+    times = 1.7e9 + np.arange(8) * 60.0
+    with pytest.warns(jl.JaxloaderWarning, match=r"batch leaf \['t'\] is float64 of whole "
+                                                 r"numbers past 2\*\*24, .*float32.*offset"):
+        put({"t": times, "x": np.ones(8)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (once a leaf; fractions, small whole numbers: none)
+        put({"t": times, "x": np.ones(8)})
+        put({"u": times + 0.5, "w": np.arange(8.0)})
+    source = jl.ArraySource({"t": times})
+    with pytest.warns(jl.JaxloaderWarning, match=r"JitMap\(.*<lambda>\)'s input batch\['t'\] "
+                                                 r"is float64 of whole numbers past 2\*\*24"):
+        next(iter(jl.DataLoader(source, batch_size=4, process_index=0, process_count=1,
+                                transforms=[jl.JitMap(lambda r: r)])))
+
+
 def test_bad_shardings_give_clear_errors():
     out = run_with_devices("""
     import collections
