@@ -180,7 +180,10 @@ def whole_past_float32(values: np.ndarray | np.generic) -> tuple[float, float] |
 
 def warn_whole(values: Any, path: Callable[[], str], leaf: str, does: str) -> None:
     """Warns, once a ``leaf`` in this process, where ``values`` (float64) are whole numbers
-    float32 rounds together (``whole_past_float32``)."""
+    float32 rounds together (``whole_past_float32``); looks at the process's first 256."""
+    if _LOOKS_LEFT[0] <= 0:  # (its first float64 leaves: such data shows in the first
+        return  # batches; not a pass over every batch's after)
+    _LOOKS_LEFT[0] -= 1
     rounded = whole_past_float32(values)
     if rounded is None:
         return
@@ -198,6 +201,7 @@ def warn_whole(values: Any, path: Callable[[], str], leaf: str, does: str) -> No
 
 
 _WARNED: set[str] = set()  # leaves warned of (by their path and what made them), this process
+_LOOKS_LEFT = [256]  # float64 leaves ``warn_whole`` looks at in this process, at most
 
 
 def as_32_bits(dtype: Any) -> str:

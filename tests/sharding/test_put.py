@@ -178,6 +178,7 @@ def test_float64_whole_numbers_float32_rounds_together_are_warned_of_once(monkey
     from jaxloader.sharding.put import Putter
 
     monkeypatch.setattr(columns, "_WARNED", set())
+    monkeypatch.setattr(columns, "_LOOKS_LEFT", [256])
     put = Putter(jax.devices()[0], process_count=1)
     times = 1.7e9 + np.arange(8) * 60.0
     with pytest.warns(jl.JaxloaderWarning, match=r"batch leaf \['t'\] is float64 of whole "
