@@ -54,6 +54,8 @@ def watched(shard: Any) -> Any:
     return shard if isinstance(shard, (FileShard, HuggingFaceShard)) else RefillWatch(shard)
 
 
+REFILL_SAID: set[str] = set()  # shards' code (make in make[3]) warned of, in this process
+
 class RefillWatch:
     """``shard`` (any ``Shard``), whose ``next()`` warns once where the record before changed
     while the shard made the next one; the rest of the shard protocol is the shard's."""
@@ -80,14 +82,16 @@ class RefillWatch:
         record = shard.next()
         self._left -= 1
         where = None if before is None else _changed(before, last)
-        if where is not None:
+        if where is not None and self.name.partition("[")[0] not in REFILL_SAID:  # (once a
+            REFILL_SAID.add(self.name.partition("[")[0])  # shards' code: not each of 1,000)
             warnings.warn(
                 f"stream shard {self.name}: a record's leaf {where} changed as the shard made "
                 f"the next record (the shard now at {_state(shard)}): the shard's code fills one "
                 "buffer (or one dict) again and yields it again, so the records already read "
                 "(waiting in a batch or a shuffle window) each hold its last values; yield new "
-                "arrays in a new dict for each record (a copy: buf.copy())", JaxloaderWarning,
-                stacklevel=user_stacklevel())
+                "arrays in a new dict for each record (a copy: buf.copy()) (said once in this "
+                "process for the shards of this code: its other shards may do the same)",
+                JaxloaderWarning, stacklevel=user_stacklevel())
         if where is not None or self._left <= 0:
             self.next = shard.next  # type: ignore[method-assign]  # (watched enough)
             self._last = None

@@ -36,6 +36,7 @@ _ZERO_BLOCK = bytes(_BLOCK)
 _READ_CHUNK = 64 << 20
 _READ_CHUNK_END = 1 << 16  # what follows the end-of-archive marker, read at a time
 _SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
+LEFT_OUT_SAID: set[str] = set()  # folders whose shards' members left out were warned of
 _NAMES = (0x4C, 0x4B, 0x78, 0x67)  # b"L", b"K", b"x", b"g": a long name, link, attributes
 _NAMES_UP_TO = 1 << 20  # bytes of such a member read, at most (PATH_MAX is 4,096)
 _KEPT = (0x30, 0, 0x37, 0x4C, 0x78)  # members whose data is read: files, names, attributes
@@ -87,7 +88,6 @@ class TarShard(FileShard):
     def __init__(self, path: str | os.PathLike, *, tolerate_missing_end: bool = False,
                  append_only: bool = False) -> None:
         super().__init__(path, append_only=append_only)
-        self._said_left_out = False
         self.tolerate_missing_end = check_bool("TarShard(tolerate_missing_end)",
                                                tolerate_missing_end)
         # the member read ahead: (its first header's offset, key, extension, data)
@@ -182,16 +182,19 @@ class TarShard(FileShard):
         return start, name[:dot], name[dot + 1:], data
 
     def _left_out(self, name: str, offset: int) -> None:
-        """Warns, once a shard, of a member not named ``key.ext``, which no record holds (as
+        """Warns, once a folder of shards in a process, of a member not named ``key.ext``, which no record holds (as
         WebDataset leaves such members out): a record of key ``''`` or of extension ``''``
-        failed later, far from the shard (macOS's resource files ``._name`` are such)."""
-        if not self._said_left_out:
-            self._said_left_out = True
+        failed later, far from the shard (macOS's resource files ``._name`` are such). Once a
+        shard said it again for each of a thousand shards tarred on a Mac, each pass."""
+        folder = os.path.dirname(self.path)
+        if folder not in LEFT_OUT_SAID:
+            LEFT_OUT_SAID.add(folder)
             warnings.warn(
                 f"{self.path}: byte {offset}: member {name!r} is left out, as any other of this "
                 "shard whose name has no extension or starts with a dot (no key.ext: macOS's "
                 "resource files ._name are such; tar there with COPYFILE_DISABLE=1): WebDataset "
-                "leaves them out too; re-create the shard without them to silence this",
+                "leaves them out too; re-create the shard without them to silence this (said "
+                "once a folder in this process: its other shards may hold such members too)",
                 JaxloaderWarning,
                 stacklevel=2)
 

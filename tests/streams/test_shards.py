@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
+from jaxloader.streams import refill_watch
 
 
 def write_jsonl(path, ids):
@@ -188,12 +189,31 @@ def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
         firsts = [v for _ in range(5) for v in next(it)["x"][:, 0].tolist()]  # (one epoch)
     assert sorted(firsts) == sorted([*range(10), *[7] * 10])
     assert not [w for w in recwarn if "IterableShard" in str(w.message)]
+    refill_watch.REFILL_SAID.discard("_refilling")  # (said once a shards' code, a process)
     with warnings.catch_warnings():  # (made an error: the warning itself, not a RecordError
         warnings.simplefilter("error", jl.JaxloaderWarning)  # blaming the shard; the
         reader = jl.Stream.from_generator(_refilling, 1).reader(reader=0, readers=1)  # review)
         reader.reset(None)
         with pytest.raises(jl.JaxloaderWarning, match="changed as the shard made the next"):
             [reader.next() for _ in range(3)]
+
+
+def _refilling_many(shard):
+    buf = np.zeros(2)
+    for i in range(3):
+        buf[:] = i
+        yield {"x": buf}
+
+
+def test_a_refilling_generator_over_many_shards_is_said_once_not_once_a_shard_and_pass():
+    # 64 shards gave 64 warnings, 192 over three passes (the logging audit)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with jl.StreamLoader(jl.Stream.from_generator(_refilling_many, 64), batch_size=4,
+                             num_epochs=1, num_workers=0) as loader:
+            for _ in range(3):
+                list(loader)
+    assert len([w for w in said if "changed as the shard made" in str(w.message)]) == 1
 
 
 def _refilling_transposed(shard):  # a camera's frame buffer, yielded as a transposed view
