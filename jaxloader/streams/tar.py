@@ -182,10 +182,11 @@ class TarShard(FileShard):
         return start, name[:dot], name[dot + 1:], data
 
     def _left_out(self, name: str, offset: int) -> None:
-        """Warns, once a folder of shards in a process, of a member not named ``key.ext``, which no record holds (as
-        WebDataset leaves such members out): a record of key ``''`` or of extension ``''``
-        failed later, far from the shard (macOS's resource files ``._name`` are such). Once a
-        shard said it again for each of a thousand shards tarred on a Mac, each pass."""
+        """Warns, once a folder of shards in a process, of a member not named ``key.ext``,
+        which no record holds (as WebDataset leaves such members out): a record of key ``''``
+        or of extension ``''`` failed later, far from the shard (macOS's resource files
+        ``._name`` are such). Once a shard said it for each of a thousand shards tarred on a
+        Mac, each pass."""
         folder = os.path.dirname(self.path)
         if folder not in LEFT_OUT_SAID:
             LEFT_OUT_SAID.add(folder)
