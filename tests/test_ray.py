@@ -762,6 +762,11 @@ def test_bad_ray_workers_arguments_are_refused():
         loader(workers=RayWorkers(1), num_workers=2)
     with pytest.raises(jl.ConfigError, match="no worker_init_fn, timeout_s"):
         loader(workers=RayWorkers(1), timeout_s=5)
+    for given in ({"prefetch": 8}, {"start_method": "fork"}):  # (taken, to no effect: the
+        with pytest.raises(jl.ConfigError, match=r"prefetch or start_method .*in_flight"):
+            loader(workers=RayWorkers(1), **given)  # parity audit)
+        with pytest.raises(jl.ConfigError, match=r"prefetch or start_method"):
+            stream_loader(workers=RayWorkers(1), **given)
     with pytest.raises(jl.ConfigError, match=r"readers_per_process: expected a multiple of "
                                              r"RayWorkers\(n\) \(2\), got 3"):
         stream_loader(workers=RayWorkers(2), readers=3)

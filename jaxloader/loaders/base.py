@@ -21,7 +21,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
 
-from jaxloader.base.checks import Int, refused_call
+from jaxloader.base.checks import Int
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.stats import LoaderStats
@@ -29,7 +29,8 @@ from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
 from jaxloader.loaders import not_pickled, open_pools
 from jaxloader.loaders.iterator import IteratorWork, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
-from jaxloader.loaders.options import LoaderOptions, Placement, check_jax_placement
+from jaxloader.loaders.options import (LoaderOptions, Placement, check_jax_placement,
+                                      check_worker_init_fn)
 from jaxloader.runtime import shm
 from jaxloader.runtime.worker_info import get_worker_info
 
@@ -127,25 +128,18 @@ class LoaderLifecycle(not_pickled.NotPickled):
         options = self._options
         engine: Engine
         tune = None
-        if worker_init_fn is not None and not callable(worker_init_fn):  # (else: in the workers)
-            raise ConfigError(f"worker_init_fn: expected a function of the worker's id, or "
-                              f"None, got {type(worker_init_fn).__name__} {worker_init_fn!r:.60}")
-        signature = None if worker_init_fn is None else refused_call(worker_init_fn, 0)
-        if signature is not None:  # (Grain's takes (worker_index, worker_count))
-            raise ConfigError(
-                f"worker_init_fn: it is called as fn(worker_id), but "
-                f"{getattr(worker_init_fn, '__qualname__', 'it')}{signature} does not take one "
-                "argument; the count in use is jaxloader.get_worker_info().num_workers")
-        if workers is not None:
+        check_worker_init_fn(worker_init_fn)
+        if workers is not None:  # (prefetch=8, start_method='fork' were taken, to no effect)
             if not callable(getattr(workers, "engine", None)) or options.num_workers or \
-                    options.auto_workers or worker_init_fn is not None or \
-                    options.timeout_s is not None or options.auto_prefetch:
+                    options.auto_workers or worker_init_fn is not None or options.timeout_s \
+                    is not None or options.auto_prefetch or options.prefetch != 2 or \
+                    options.start_method != "exec":
                 raise ConfigError(
                     f"workers={workers!r:.60}: expected jaxloader.ray.RayWorkers(n), with "
-                    "num_workers=0, no worker_init_fn, timeout_s or prefetch='auto' (the actors "
-                    "are the workers: their environment is RayWorkers(n, runtime_env=...), "
+                    "num_workers=0, no worker_init_fn, timeout_s, prefetch or start_method (the "
+                    "actors are the workers: their environment is RayWorkers(n, runtime_env=...), "
                     "their tasks ahead RayWorkers(n, in_flight=...), a hung one's timeout "
-                    "RayWorkers(n, timeout_s=...))")
+                    "RayWorkers(n, timeout_s=...); Ray starts their processes)")
             engine = workers.engine(maker, options.stall_warning_s, self._progress.label)
         elif options.auto_prefetch and not options.auto_workers:
             raise ConfigError(

@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Any, Literal, NamedTuple, get_args
 
-from jaxloader.base.checks import BATCH_LIMIT, Int, check_int, is_seconds
+from jaxloader.base.checks import BATCH_LIMIT, Int, check_int, is_seconds, refused_call
 from jaxloader.base.errors import (ConfigError, JaxloaderWarning, PerformanceWarning,
                                    user_stacklevel)
 from jaxloader.loaders.diagnosis import cores_available
@@ -225,3 +225,21 @@ def check_jax_placement(place: Placement, pending: tuple[bool, bool]) -> tuple[b
             "process_count="
         )
     return False, False
+
+
+def check_worker_init_fn(worker_init_fn: Any) -> None:
+    """Refuses a ``worker_init_fn`` that is not a function of the worker's id, as the loader
+    is made (not in the workers, each one's error).
+
+    Example:
+        >>> check_worker_init_fn(lambda worker_id: None)
+    """
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise ConfigError(f"worker_init_fn: expected a function of the worker's id, or "
+                          f"None, got {type(worker_init_fn).__name__} {worker_init_fn!r:.60}")
+    signature = None if worker_init_fn is None else refused_call(worker_init_fn, 0)
+    if signature is not None:  # (Grain's takes (worker_index, worker_count))
+        raise ConfigError(
+            f"worker_init_fn: it is called as fn(worker_id), but "
+            f"{getattr(worker_init_fn, '__qualname__', 'it')}{signature} does not take one "
+            "argument; the count in use is jaxloader.get_worker_info().num_workers")
