@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence, cast
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.abilities import block_starts_of, lengths_of, origin_of
+from jaxloader.base.abilities import OLDER, OLDER_DIGESTS, block_starts_of, lengths_of, origin_of
 from jaxloader.base.checks import check_indices, record_index
 from jaxloader.base.columns import memmap_under, overlapping
 from jaxloader.base.errors import CollateError, ConfigError
@@ -227,6 +227,20 @@ class ConcatSource:
 
     def __repr__(self) -> str:
         return f"ConcatSource({len(self)} records in {len(self.sources)} sources)"
+
+    @property
+    def fingerprint(self) -> str | None:
+        """Its parts' fingerprints (each part's own, or three of its records), in order: a part
+        that changed is seen wherever it is. ``None`` as versions until 2026-12-03 wrote it
+        (``OLDER_DIGESTS``, ``OLDER``): three records of the whole, which a large last part
+        held (an edited function, other arrays in a part between: restored without a word)."""
+        if OLDER_DIGESTS.get() or OLDER.get():
+            return None
+        from jaxloader.sources.fingerprint import combined
+
+        return combined("concat", len(self), self.sources)
+
+    older_fingerprints = (None,)  # (its states were written otherwise: ``fingerprint``)
 
 
 def _alike_arrays(sources: list) -> bool:

@@ -236,13 +236,16 @@ def older_fingerprint(source: Any) -> tuple[str, ...]:
 
 
 def older_records(source: Any) -> list[dict]:
-    """A source without a fingerprint of its own: its records' hash and structure as older
-    versions wrote them into states, where they differ from today's (``source_fingerprint``
+    """A source without a fingerprint of its own (or without one in older versions: a
+    ``ConcatSource``'s, ``older_fingerprints`` ``(None,)``): its records' hash and structure as
+    older versions wrote them into states, where they differ from today's (``source_fingerprint``
     under ``in_older_forms``; an array-like leaf by its type before 2026-11-30's 34th session).
     """
     now = source_fingerprint(source)
-    return [] if "record_hash" not in now else [
-        then for then in in_older_forms(lambda: source_fingerprint(source)) if then != now]
+    if "record_hash" not in now and getattr(source, "older_fingerprints", None) != (None,):
+        return []  # (one named by its own always; a ConcatSource until 2026-12-03 was not)
+    return [then for then in in_older_forms(lambda: source_fingerprint(source))
+            if then != now and "record_hash" in then]
 
 
 def combined_generations(kind: str, size: int, sources: Sequence[Any],

@@ -177,3 +177,79 @@ def test_a_batch_of_alike_parts_is_split_among_the_parts_it_reads_alone():
                        process_index=0, process_count=1) as loader:
         got = np.concatenate([b["x"][b["mask"]] for b in loader])
     assert sorted(got.tolist()) == x.tolist()
+
+
+def _doubled(r):
+    return {"id": r["id"], "v": r["v"] * 2}
+
+
+def _tripled(r):
+    return {"id": r["id"], "v": r["v"] * 3}
+
+
+def _parts(fn, inner=None, n=(10, 7, 13, 1000)):
+    made = [jl.ArraySource({"id": np.arange(k), "v": np.arange(k, dtype=np.float32)})
+            for k in n]
+    if inner is not None:
+        made[1] = inner
+    made[1] = jl.MapSource(made[1], fn)
+    return jl.ConcatSource(made)
+
+
+def test_a_part_that_changed_is_seen_wherever_it_is(tmp_path):
+    # the state named a concatenation by three of its records (0, n // 2, n - 1), which a
+    # large last part held: an edited MapSource function, other arrays of the same length, a
+    # FilteredSource's kept file, in a part between them restored or was kept silently (the
+    # compositions audit)
+    import warnings
+
+    def loader(source):
+        return jl.DataLoader(source, batch_size=4, shuffle=True, process_index=0,
+                             process_count=1)
+
+    saved = loader(_parts(_doubled))
+    next(iter(saved))
+    state = saved.state_dict()
+    loader(_parts(_doubled)).load_state_dict(state)
+    other = jl.ArraySource({"id": np.arange(7) + 50, "v": np.zeros(7, np.float32)})
+    for changed in (_parts(_tripled), _parts(_doubled, other)):
+        with pytest.raises(jl.StateDictError, match="source"):
+            loader(changed).load_state_dict(state)
+    kept = str(tmp_path / "kept.npy")
+    whole = lambda r: float(r["v"]) % 4 == 0  # noqa: E731
+    jl.FilteredSource(_parts(_doubled), whole, indices=kept)
+    with pytest.warns(jl.JaxloaderWarning, match="kept.npy was found from another source"):
+        jl.FilteredSource(_parts(_tripled), whole, indices=kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the same parts: the file as kept)
+        jl.FilteredSource(_parts(_tripled), whole, indices=kept)
+
+
+def test_a_concatenations_state_saved_before_its_parts_were_named_restores(monkeypatch):
+    # (states until 2026-12-03 named it by three of its records, as OLDER_DIGESTS level 1
+    # writes them; its mixtures' and filters' too)
+    import warnings
+
+    from jaxloader.base import abilities
+
+    def loader(source):
+        return jl.DataLoader(source, batch_size=4, shuffle=True, process_index=0,
+                             process_count=1)
+
+    for make in (lambda: _parts(_doubled),
+                 lambda: jl.mix([_parts(_doubled), jl.ArraySource(
+                     {"id": np.arange(9), "v": np.ones(9, np.float32)})], [1, 1])):
+        token = abilities.OLDER_DIGESTS.set(1)
+        try:
+            before = loader(make())
+            it = iter(before)
+            next(it)
+            state = before.state_dict()
+        finally:
+            abilities.OLDER_DIGESTS.reset(token)
+        assert ("record_hash" in state) == ("mixture" not in state)
+        again = loader(make())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again.load_state_dict(state)
+        np.testing.assert_array_equal(next(iter(again))["v"], next(it)["v"])
