@@ -151,6 +151,21 @@ _LIBRARIES = tuple(p + os.sep for p in {sysconfig.get_paths().get(k) for k in (
     "stdlib", "platstdlib", "purelib", "platlib")} if p)
 
 
+def raised(error: BaseException) -> str:
+    """``error`` as a message says what a read raised: its type, its text and the notes added
+    to it on its way (``add_note``: a ``MapSource`` names its function so).
+
+    Example:
+        >>> e = ValueError("bad value 305")
+        >>> e.add_note("in MapSource(boom)'s function")
+        >>> raised(e)
+        "ValueError: bad value 305 (in MapSource(boom)'s function)"
+    """
+    notes = [n for n in getattr(error, "__notes__", ()) if isinstance(n, str)]
+    text = f"{type(error).__name__}{f': {error}' if str(error) else ''}"
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def user_stacklevel() -> int:
     """The ``stacklevel`` of a warning said by this function's caller at the first frame of
     the user's code up the stack: not jaxloader's, nor an installed library's (Orbax's, where

@@ -36,7 +36,8 @@ from jaxloader.base.read_threads import (Reads, count as threads_now, current, e
                                          pool_key, using)
 from jaxloader.base.abilities import Originating, gatherer_of, origin_of
 from jaxloader.base.checks import check_positions
-from jaxloader.base.errors import ConfigError, JaxloaderError, JaxloaderWarning, RecordError
+from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
+                                   raised)
 from jaxloader.base.source_locks import held, holding, reading
 from jaxloader.order.sampling import BatchSpec, Order
 from jaxloader.sources import ArraySource, ConcatSource, MapSource
@@ -290,7 +291,7 @@ class BatchMaker:
             where = self._where(spec)(int(spec.positions[j]), int(spec.indices[j])) if (
                 j is not None and 0 <= j < len(spec.indices)) else spec.location()
             raise RecordError(
-                f"{where}: source.{name} raised {type(e).__name__}: {e}"
+                f"{where}: source.{name} raised {raised(e)}"
                 f"{source_read_only_hint(e)}{_indices_hint(e, read)}") from e
         if read is None and isinstance(got, list):
             one_each(got, len(spec.indices), f"{spec.location()}: source")
@@ -366,9 +367,8 @@ class BatchMaker:
 
 def _read_failed(where: Callable[[int, int], str], position: int, index: int,
                  e: Exception) -> str:
-    return (f"{where(position, index)}: source[index] raised "
-            f"{type(e).__name__}: {e}{source_read_only_hint(e)}; the original error is the "
-            "cause below")
+    return (f"{where(position, index)}: source[index] raised {raised(e)}"
+            f"{source_read_only_hint(e)}; the original error is the cause below")
 
 
 def _indices_hint(e: Exception, read: Any) -> str:

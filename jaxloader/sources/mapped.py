@@ -126,9 +126,9 @@ class MapSource:
         if self.batched:  # (a float refused, not cut; -1 the last record)
             index = record_index(index, len(self), "MapSource", from_end=True)
             columns = self._columns(np.array([index], np.int64))
-            return _first_row(self._watched(lambda: self.fn(columns)))
+            return _first_row(self._watched(lambda: self._named(self.fn, columns)))
         record = top_copy(self.source[index])  # (its source's own: fn may set a key)
-        return self._watched(lambda: self.fn(record))
+        return self._watched(lambda: self._named(self.fn, record))
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """The records at ``indices``: a batch of columns through ``fn`` (``batched``), else
@@ -136,7 +136,7 @@ class MapSource:
         loader's read threads, each record read and mapped on them: ``fn`` is a read)."""
         if self.batched:
             columns = self._columns(indices)
-            return self._watched(lambda: self.fn(columns))
+            return self._watched(lambda: self._named(self.fn, columns))
         if read_threads.count() > 1 and not hasattr(self.source, "__getitems__"):
             return read_threads.each(self.__getitem__, np.asarray(indices).tolist())
         records = records_at(self.source, indices)
@@ -177,11 +177,21 @@ class MapSource:
         """``records``, each through ``fn``."""
         for j, record in enumerate(records):
             try:
-                records[j] = self.fn(top_copy(record))
+                records[j] = self._named(self.fn, top_copy(record))
             except Exception as e:  # (the batch maker's message names the record)
                 read_threads.tag_item(e, j)
                 raise
         return records
+
+    def _named(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)``; an error it raises noted with the function's name (the batch maker's
+        message said 'source.__getitems__ raised ValueError', where a Map's names it)."""
+        try:
+            return fn(arg)
+        except Exception as e:
+            if not any("MapSource(" in n for n in getattr(e, "__notes__", ())):  # (inner)
+                e.add_note(f"in MapSource({callable_name(fn)})'s function")
+            raise
 
     def _columns(self, indices: np.ndarray) -> Any:
         """The source's batch of columns at ``indices``; refused where it reads records."""

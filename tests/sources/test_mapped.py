@@ -323,3 +323,22 @@ def test_a_function_that_draws_from_the_global_state_as_it_maps_is_warned_of(wor
 
     assert next(iter(jl.DataLoader(Tagged(source, _draws), batch_size=4)))["x"].tolist() == [
         0, 1, 2, 3]
+
+
+def _boom(record):
+    if int(record["x"]) == 1:
+        raise ValueError("bad value 1")
+    return record
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_map_sources_function_that_raises_is_named_as_a_maps_is(num_workers):
+    # 'source.__getitems__ raised ValueError: bad value 1', the function unnamed, where a
+    # Map's error names it (the compositions audit); inside a ConcatSource too
+    inner = jl.MapSource(jl.ArraySource({"x": np.arange(8)}), _boom)
+    for source in (inner, jl.ConcatSource([jl.ArraySource({"x": np.arange(3)}), inner])):
+        with pytest.raises((jl.RecordError, jl.WorkerError),  # (a worker's: its RecordError)
+                           match=r"raised ValueError: bad value 1 \(in MapSource\(_boom\)'s "
+                                 r"function\)"):
+            list(jl.DataLoader(source, batch_size=4, num_workers=num_workers,
+                               process_index=0, process_count=1))

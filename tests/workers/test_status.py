@@ -386,6 +386,19 @@ def test_a_late_batch_made_in_process_is_reported_with_the_stack_of_the_thread_m
         time.sleep(1.0)  # (idle between batches: no batch is late)
         list(loader)
     assert not [r for r in caplog.records if "no batch for" in r.getMessage()]
+    import gc
+    import threading
+
+    from jaxloader.engines import stall_watch
+
+    gc.collect()
+    for _ in range(40):  # (the watch thread ends once no watch is alive: within a second;
+        if not any(t.name == "jaxloader-stall-watch" for t in threading.enumerate()) or any(
+                w.warn_s is not None for w in stall_watch._WATCHES):  # another test's loader)
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the stall watch thread outlived the loaders")
 
 
 def test_without_proc_the_workers_are_still_asked_for_their_stacks(monkeypatch):
