@@ -140,11 +140,9 @@ def _host(batch):
 
 def _new_threads(before: set[int]) -> list[threading.Thread]:
     """The loaders' threads alive now that were not in ``before`` (idents), but for the read
-    threads a loader holds while it lives (idle between batches; a closed one's end) and the
-    stall watch all in-process loaders share (it ends once none is alive)."""
+    threads a loader holds while it lives (idle between batches; a closed one's end)."""
     return [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
-            and t.name.startswith("jaxloader") and not t.name.startswith("jaxloader-read")
-            and t.name != "jaxloader-stall-watch"]
+            and t.name.startswith("jaxloader") and not t.name.startswith("jaxloader-read")]
 
 
 def _take(loader, it, n, out):

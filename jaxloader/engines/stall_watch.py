@@ -1,10 +1,12 @@
-"""``StallWatch``: a batch made in the process that asks for it (``num_workers=0``, in the
-training thread or the device-put thread) said in the log when it is late, with the stack of
-the thread making it, as a worker's late batch is (``workers.failures``): a source that
-blocks (a hung mount, a lock) was otherwise waited on in silence.
+"""``StallWatch``: a batch made in process (``num_workers=0``) on the device-put thread
+(``sharding=``) said in the log when it is late, with the stack of the thread making it, as a
+worker's late batch is (``workers.failures``): a source that blocks (a hung mount, a lock)
+was otherwise waited on in silence.
 
-One daemon thread (``jaxloader-stall-watch``) looks at every watch alive, a few times a
-``stall_warning_s``, and ends once none is; a batch costs its watch two assignments.
+The thread that waits for the batch looks (``look_all``, from the device-put thread's
+``get()``), a few times a ``stall_warning_s``: no thread of its own (one counted among the
+process's threads, and outlived a test's loaders). A batch made in the thread that asks for
+it has no one waiting to say it (Ctrl-C shows where). A batch costs its watch two assignments.
 
 Example:
     >>> watch = StallWatch(300.0, "DataLoader 1", lambda step: f"step {step}")
@@ -72,28 +74,20 @@ class StallWatch:
 
 
 _WATCHES: weakref.WeakSet[StallWatch] = weakref.WeakSet()
-_LOCK = threading.Lock()
-_THREAD: list[threading.Thread] = []  # the watch thread, while it runs
 
 
 def _watching(watch: StallWatch) -> None:
-    with _LOCK:
-        _WATCHES.add(watch)
-        if not _THREAD or not _THREAD[0].is_alive():
-            _THREAD[:] = [threading.Thread(target=_run, name="jaxloader-stall-watch",
-                                           daemon=True)]
-            _THREAD[0].start()
+    _WATCHES.add(watch)
 
 
-def _run() -> None:
-    while True:
-        with _LOCK:
-            watches = [w for w in _WATCHES if w.warn_s is not None]
-            if not watches:
-                _THREAD.clear()
-                return
-        for watch in watches:
-            watch.look(time.monotonic())
-        pause = min([1.0, *(w.warn_s / 4 for w in watches if w.warn_s is not None)])
-        del watches  # (not held while asleep: a loader dropped goes)
-        time.sleep(max(0.05, pause))
+def look_all() -> float | None:
+    """Says each live watch's batch that is late (called by a thread that waits for one: the
+    training thread in ``next()``, while the device-put thread makes it); returns how long to
+    wait before looking again, or ``None`` where no watch is live."""
+    watches = [w for w in list(_WATCHES) if w.warn_s is not None]
+    if not watches:
+        return None
+    now = time.monotonic()
+    for watch in watches:
+        watch.look(now)
+    return max(0.05, min([1.0, *(w.warn_s / 4 for w in watches if w.warn_s is not None)]))

@@ -151,9 +151,10 @@ class LoaderLifecycle(not_pickled.NotPickled):
                 warnings.warn(  # waited for good)
                     f"timeout_s={options.timeout_s}: with num_workers=0 a batch is made in the "
                     "thread that asks for it, which nothing can stop while the source blocks, "
-                    "so no batch is timed out (stall_warning_s still reports one that is "
-                    "late); use workers to time batches out, or a source that times out its "
-                    "own reads", JaxloaderWarning, stacklevel=user_stacklevel())
+                    "so no batch is timed out (stall_warning_s reports a late one only with "
+                    "sharding=, whose thread makes it); use workers to time batches out, or a "
+                    "source that times out its own reads", JaxloaderWarning,
+                    stacklevel=user_stacklevel())
             engine = InProcessEngine(maker, options.stall_warning_s, self._progress.label)
         elif get_worker_info() is not None:
             self._made_in_a_worker()

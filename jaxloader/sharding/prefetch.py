@@ -59,6 +59,7 @@ from typing import Any, Callable, Iterator
 from jaxloader.base.abilities import close_of
 from jaxloader.batching.jit_cpu import CARRIED
 from jaxloader.base.errors import JaxloaderError, JaxloaderWarning, user_stacklevel
+from jaxloader.engines.stall_watch import look_all
 
 # close() waits this long for the thread, which may be finishing a batch (then left to end by
 # itself: a worker's batch ends when close() kills the workers; an in-process one when made)
@@ -186,8 +187,17 @@ class HostPrefetcher:
         return not self._ready.empty()
 
     def get(self) -> tuple[Any, BaseException | None]:
-        """``(next host batch or _END, None)``, or ``(None, the thread's error)``."""
-        host, error = self._ready.get()
+        """``(next host batch or _END, None)``, or ``(None, the thread's error)``; while it
+        waits, a batch made in process and late is said (``look_all``)."""
+        try:
+            host, error = self._ready.get_nowait()  # (ready: nothing to look at)
+        except queue.Empty:
+            while True:
+                try:
+                    host, error = self._ready.get(timeout=look_all())
+                    break
+                except queue.Empty:  # (a timeout: looked again)
+                    continue
         if host is _STOPPED:
             self._ready.put((_STOPPED, None))  # (for a later get() too)
             raise Stopped("the device-put thread was stopped (its loader closed, restored or "
