@@ -25,7 +25,10 @@ loader with a device-put thread for a batch) may.
 
 A source made of others (a mixture, a concatenation, a filter over one) holds the lock of
 each of them, taken in one order (by ``id``: no two threads wait on each other), since two
-loaders may share a part and not the whole.
+loaders may share a part and not the whole; but for parts whose class says its reads are
+safe from any thread (``reads_thread_safe``, an ``ArraySource``'s: NumPy's reads of arrays it
+holds, read-only), not its subclasses: a concatenation of 50,000 episodes took 50,000 locks a
+batch, 42 ms.
 
 Example:
     >>> class Source: ...
@@ -75,8 +78,9 @@ def source_lock(source: Any, parts: Any) -> tuple[threading.RLock, ...]:
     """``source``'s locks, found once: each of ``parts(source)``'s (its parts and itself), in
     the order of their ids; ``holding`` takes them."""
     return _kept(("all", id(source)), source,
-                 lambda: tuple(sorted({id(lock): lock for lock in map(lock_of, parts(source))}
-                                      .values(), key=id)))
+                 lambda: tuple(sorted({id(lock): lock for lock in map(lock_of, (
+                     part for part in parts(source) if not type(part).__dict__.get(
+                         "reads_thread_safe", False)))}.values(), key=id)))
 
 
 def made_under(locks: tuple[threading.RLock, ...], fn: Callable[..., Any], *args: Any) -> Any:

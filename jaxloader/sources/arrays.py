@@ -48,6 +48,8 @@ class ArraySource:
         (array([2, 3]), np.int64(8))
     """
 
+    reads_thread_safe = True  # (its reads take no lock: ``base.source_locks``)
+
     def __init__(self, tree: Any) -> None:
         if is_data_frame(tree):
             tree = frame_columns(tree)
