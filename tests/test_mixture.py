@@ -692,3 +692,28 @@ def test_components_that_differ_across_a_change_inside_a_step_are_refused_as_mad
         jl.DataLoader(mixture, batch_size=3, process_index=0, process_count=1)
     with pytest.warns(jl.JaxloaderWarning):  # (a change at a step's start: each regime alone)
         jl.DataLoader(mixture, batch_size=6, process_index=0, process_count=1)
+
+
+def test_a_large_blocks_indices_are_made_once_not_each_span(monkeypatch):
+    # a mixture of 3,000 components laid out blocks of 8,997,000 positions, whose order was
+    # made whole again every span: a ~1 s stall every 1,024 steps at batch 32, 26 s at 10,000
+    # components (the cliffs audit); past KEPT_BLOCK it is warned of
+    from jaxloader.batching import mixture_layout, mixture_sampler
+
+    parts = [jl.ArraySource({"x": np.arange(4) + 10 * k}) for k in range(300)]  # (89,700)
+    sampler = mixture_sampler.MixtureSampler(jl.mix(parts, [1] * 300), 32, shuffle=True,
+                                             seed=3, last_batch="drop", process_index=0,
+                                             process_count=1)
+    made = []
+    table = sampler._table
+    monkeypatch.setattr(sampler, "_table", lambda *a: made.append(a) or table(*a))
+    positions = np.arange(0, 89_700, 7)
+    kept = np.concatenate([sampler.indices(p) for p in np.array_split(positions, 40)])
+    assert len(made) == 1  # (the block, once)
+    fresh = mixture_sampler.MixtureSampler(jl.mix(parts, [1] * 300), 32, shuffle=True, seed=3,
+                                           last_batch="drop", process_index=0, process_count=1)
+    monkeypatch.setattr(mixture_sampler, "_KEEP_FROM", 1 << 40)  # (as made before: the same)
+    assert np.array_equal(kept, fresh.indices(positions))
+    with pytest.warns(jl.PerformanceWarning, match=r"6,000 components lay the positions out in "
+                                                   r"blocks of 35,994,000"):
+        mixture_layout.large_blocks(6_000, 32, 6_000 * 5_999)

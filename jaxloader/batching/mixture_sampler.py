@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +22,9 @@ import numpy as np
 from jaxloader.base.checks import (BATCH_LIMIT, EPOCH_LIMIT, MASK64, check_int,
                                     past_epochs)
 from jaxloader.base.difference import differ
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
+from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.batching.mixture_layout import (KEPT_BLOCK, large_blocks, late_changes,
+                                               loose_batches)
 from jaxloader.order.local_shuffle import (BlockOrder, LocalShuffle, blocks_layout,
                                           exact_blocks, same_order)
 from jaxloader.order.index_shuffle import EXACT_UP_TO, IndexShuffle, splitmix64, splitmix64_array
@@ -34,6 +35,7 @@ from jaxloader.sources.mixture import Mixture
 
 _SPAN = 1 << 15  # positions a span of steps covers: their indices are computed at once, memoised
 _EPOCHS_A_SPAN = 64  # read locally: a component's epochs a span covers at most
+_KEEP_FROM = 1 << 16  # positions of a block from which its indices are kept whole
 
 
 class MixtureSampler:
@@ -97,6 +99,9 @@ class MixtureSampler:
                         f"{firsts[step] * self._block // self.global_batch_size:,}, whose batch "
                         f"holds both weights' components: {e}") from None
         loose_batches(mixture, self.global_batch_size, self._block)
+        large_blocks(m, self.global_batch_size, self._block)
+        self._blocks: dict[int, np.ndarray] = {}  # a large block's indices, kept whole (a
+        # mixture of thousands: made again each span, a stall of seconds every 1,024 steps)
         self._seeds = [splitmix64(seed ^ splitmix64(c + 1)) for c in range(m)]
         self._key = splitmix64(seed ^ 0x6D69787475726521)  # the blocks' permutations
         self._memo = StepMemo(memo_stride)  # chunk: the span
@@ -112,7 +117,8 @@ class MixtureSampler:
         self._rows = check_rows(rows, batch_size, process_index, process_count)  # (its own)
 
     def __getstate__(self) -> dict:  # a worker's own memo and block orders
-        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_orders": {}}
+        return {**self.__dict__, "_memo": StepMemo(self._memo.stride), "_orders": {},
+                "_blocks": {}}
 
     def batch(self, step: int) -> BatchSpec:
         epoch, k = divmod(step, self.steps_per_epoch)
@@ -160,7 +166,17 @@ class MixtureSampler:
         else:
             covered, inverse = np.unique(blocks, return_inverse=True)
             at = inverse * self._block + slots
+        if len(covered) == 1 and _KEEP_FROM <= self._block <= KEPT_BLOCK:
+            return self._whole(int(covered[0]))[at]
         return self._table(covered, at)[at]
+
+    def _whole(self, block: int) -> np.ndarray:
+        """Block ``block``'s indices, all of them, kept (the last block asked for alone)."""
+        whole = self._blocks.get(block)
+        if whole is None:
+            whole = self._table(np.array([block], np.int64), slice(0, self._block))
+            self._blocks = {block: whole}  # (replaced in one assignment: another thread)
+        return whole
 
     def _table(self, blocks: np.ndarray, asked: Any) -> np.ndarray:
         """The indices of the positions of ``blocks`` (laid end to end), filled at ``asked``.
@@ -305,86 +321,3 @@ class MixtureSampler:
                 "locally) was not uniform; this version shuffles such components otherwise, "
                 "and the epochs of theirs under way would read some records twice and others "
                 "never: restore it with the jaxloader that saved it")
-
-
-def loose_batches(mixture: Any, global_batch: int, block: int) -> None:
-    """Warns where a batch does not hold each component's share (a global batch under
-    ``m * (m - 1)``: positions laid out in blocks of 1,024, a batch a part of one), and where
-    a component is smaller than its share of a batch (each batch then holds some of its
-    records twice): class-balanced batches, in-batch negatives."""
-    m = len(mixture.sources)
-    if global_batch < block:  # (a larger one spans whole blocks: each share within a few)
-        warnings.warn(
-            f"mix: a batch of this loader does not hold each of the {m} components' share: "
-            f"positions are laid out in blocks of {block:,} (each holds every component's "
-            f"share; with {m} components a block holds at least {m * (m - 1)}, more than a "
-            f"global batch of {global_batch}), and a batch takes its {global_batch} from one, "
-            "so it may hold fewer or none of a component; a global batch that is a multiple "
-            f"of {m * (m - 1)} holds each one's share (class-balanced batches)",
-            JaxloaderWarning, stacklevel=5)
-    lengths, names = np.diff(mixture.offsets), getattr(mixture, "names", None)
-    for step, weights in sorted(mixture.schedule.items()):
-        over = [c for c in range(m) if weights[c] * global_batch > lengths[c]]
-        if over:
-            c = over[0]
-            warnings.warn(
-                f"mix: component {repr(names[c]) if names else c} holds {lengths[c]} records, fewer "
-                f"than its share of a global batch of {global_batch} (weight {weights[c]:.3g}"
-                f"{f', from step {step}' if step else ''}): every batch holds some of them "
-                "twice (an in-batch negative that is the record itself); give it more records, "
-                "or a smaller weight", JaxloaderWarning, stacklevel=5)
-            return
-
-
-def idle_components(mixture: Any) -> None:
-    """Warns of a component of weight 0 at step 0 (one to weigh in later, or never): its
-    records count in the loader's epoch, the components' lengths summed, so an epoch reads
-    the others' records several times each, and ``num_epochs=1`` and ``len(loader)`` with it
-    (asked of a loader whose passes end: one trained by steps is as it should be)."""
-    lengths, names = np.diff(mixture.offsets), getattr(mixture, "names", None)
-    weights = sorted(mixture.schedule.items())
-    idle = [c for c in range(len(lengths)) if weights[0][1][c] == 0]
-    if not idle:
-        return
-    c, total = idle[0], int(lengths.sum())
-    later = next((step for step, w in weights if w[c] > 0), None)
-    read = int(sum(n for n, w in zip(lengths, weights[0][1]) if w > 0))
-    warnings.warn(
-        f"mix: component {repr(names[c]) if names else c} has weight 0 "
-        f"{f'until step {later}' if later else 'at every step'}, but its {lengths[c]:,} records "
-        f"count in the loader's epoch, the components' lengths summed ({total:,} records): "
-        f"while its weight is 0, the epoch's steps read the other {read:,} records, each "
-        f"{total / read:.3g} times an epoch (num_epochs=1 and len(loader) count them too); "
-        "train by steps (num_epochs=None and a step count), or leave it out of the mixture "
-        "(a state then restores only into a mixture without it)",
-        JaxloaderWarning, stacklevel=user_stacklevel())
-
-
-def late_changes(firsts: dict[int, int], global_batch: int, block: int, m: int) -> None:
-    """Warns of each weight change that starts after its step: ``firsts``, each change's step
-    and the first block it is in force from (the plan's, laid out in blocks of ``block``)."""
-    in_block: dict[int, list[int]] = {}  # a block's changes, in order (one pass: a schedule
-    for step in sorted(firsts):  # of 10,000 changes took 8 s as a loop over all of them each)
-        in_block.setdefault(firsts[step], []).append(step)
-    for step in sorted(firsts):
-        first = firsts[step] * block  # the change's first position
-        later = [s for s in in_block[firsts[step]] if s > step]
-        if later:  # (plans.mixture.plan_regimes: two changes in one block, the later wins)
-            warnings.warn(
-                f"mix(from_step={{{step}: ...}}): these weights are never used: the change at "
-                f"step {max(later)} starts in the same block of {block:,} positions (from "
-                f"position {first:,}) and replaces them; with {m} components a global batch "
-                f"that is a multiple of {m * (m - 1)} starts each change at its step",
-                JaxloaderWarning,
-                stacklevel=5)
-        elif first != step * global_batch:
-            where = (f"step {first // global_batch:,}" if first % global_batch == 0 else
-                     f"position {first:,}, inside step {first // global_batch:,}")
-            warnings.warn(
-                f"mix(from_step={{{step}: ...}}): the weights change from {where}, not at step "
-                f"{step}: with {m} components, positions are laid out in blocks "
-                f"of {block:,} (a block holds each one's share; a global batch of "
-                f"{global_batch} has no divisor of at least {m * (m - 1)} up to 1,024); a global "
-                f"batch that is a multiple of {m * (m - 1)} starts each change at its step",
-                JaxloaderWarning,
-                stacklevel=5)

@@ -17,7 +17,8 @@ import numpy as np
 
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError
-from jaxloader.batching.mixture_sampler import MixtureSampler, idle_components
+from jaxloader.batching.mixture_layout import idle_components
+from jaxloader.batching.mixture_sampler import MixtureSampler
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout, exact_blocks
 from jaxloader.order.sampling import Order, Sampler
 from jaxloader.sources.mixture import Mixture
