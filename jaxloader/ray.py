@@ -156,8 +156,8 @@ class RayEngine:
         self._maker_ref: Any = ray.put((blob, arrays))
         self._remote = ray.remote(**with_worker_environment(spec.actor_options))(MakerActor)
         self._actors: list[Any] = [
-            self._remote.remote(self._maker_ref, *actor_arguments())
-            for _ in range(spec.n)]
+            self._remote.remote(self._maker_ref, *actor_arguments(i, spec.n))
+            for i in range(spec.n)]
         self._alive: list[int] = []
         self._pids: list[int | None] = [None] * spec.n
         # actors not running yet (the cluster has not placed them, or Ray restarts them):

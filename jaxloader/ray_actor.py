@@ -2,7 +2,7 @@
 
 ::
 
-    MakerActor(payload, *actor_arguments())
+    MakerActor(payload, *actor_arguments(i, n))
                                     the maker unpickled once (its arrays the object store's)
       .make(first, count)           steps first .. first + count - 1: (batches, timings, pid,
                                     failed)
@@ -26,6 +26,7 @@ import cloudpickle
 
 from jaxloader.base import read_threads
 from jaxloader.engines.in_process import Maker
+from jaxloader.runtime import worker_info
 from jaxloader.workers import relay, relay_worker
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT, jax_environment
 from jaxloader.workers.protocol import Failed, failed
@@ -37,7 +38,10 @@ class MakerActor:
     as a local worker's are); its arrays are the object store's, not copied."""
 
     def __init__(self, payload: tuple, path: list[str], argv: list[str] | None = None,
-                 settings: tuple | None = None) -> None:
+                 settings: tuple | None = None, place: tuple[int, int] | None = None) -> None:
+        """``place``: ``(this actor's index, the actors)``, what ``get_worker_info()`` says
+        in it as in a local worker (it said ``None``: code that opens a handle a worker, or
+        asks whether it runs in one, took the actor for the training process)."""
         if settings is not None:  # (a script's recursion limit for a deep transform, its
             relay_worker.apply(settings)  # warning filters: as a local worker's)
         sys.path.extend(p for p in path if p not in sys.path)
@@ -47,6 +51,8 @@ class MakerActor:
         self._maker: Maker = relay_worker.imported(
             lambda: cloudpickle.loads(blob, buffers=buffers))
         read_threads.keep()  # (its read threads stay from one task to the next)
+        if place is not None:
+            worker_info.set_info(worker_info.WorkerInfo(*place, self._maker.seed))
 
     def pid(self) -> int:
         return os.getpid()
@@ -111,10 +117,10 @@ def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | N
     return made
 
 
-def actor_arguments() -> tuple:
+def actor_arguments(index: int, count: int) -> tuple:
     """A new ``MakerActor``'s arguments past the payload: the training process's ``sys.path``,
-    ``sys.argv`` and ``relay.settings()``, as they are now."""
-    return list(sys.path), list(sys.argv), relay.settings()
+    ``sys.argv`` and ``relay.settings()``, as they are now, and its place among ``count``."""
+    return list(sys.path), list(sys.argv), relay.settings(), (index, count)
 
 
 def with_worker_environment(options: dict) -> dict:

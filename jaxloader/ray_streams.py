@@ -160,7 +160,7 @@ def restart_actor(engine: Any, actor: int, lost: str) -> None:
     ray, spec = engine._ray, engine._spec
     engine.cancel_actor(actor)
     actors = engine._actors  # (close() from another thread empties it anew: said as closed,
-    made = engine._remote.remote(engine._maker_ref, *actor_arguments())  # (the
+    made = engine._remote.remote(engine._maker_ref, *actor_arguments(actor, spec.n))  # (the
     if actor < len(actors):  # new actor killed, whether close() came before or after this)
         actors[actor] = made
     if engine._closed or actor >= len(actors):

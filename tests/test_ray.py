@@ -487,8 +487,12 @@ def scaled(r):  # a config read from the command line, as a module parsing it wh
         said = 0
     except UserWarning:
         said = 1
-    return {"x": r["x"] * np.float32(sys.argv[-1]), "y": r["y"],
-            "limit": np.int64(sys.getrecursionlimit()), "raised": np.int64(said)}
+    info = jl.get_worker_info()  # (None in an actor: it was taken for the training process;
+    return {"x": r["x"] * np.float32(sys.argv[-1]), "y": r["y"],  # the parity audit)
+            "limit": np.int64(sys.getrecursionlimit()), "raised": np.int64(said),
+            "worker": np.int64(-1 if info is None else info.id),
+            "workers": np.int64(-1 if info is None else info.num_workers),
+            "seed": np.int64(-1 if info is None else info.seed)}
 
 
 def check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path):
@@ -514,13 +518,15 @@ def check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path):
             with jl.DataLoader(jl.ArraySource({"x": np.ones(8, np.float32),
                                                "y": np.arange(8)}), batch_size=4,
                                transforms=[jl.Map(noisy_on_ray.same), jl.Map(scaled)],
-                               workers=RayWorkers(1),
+                               workers=RayWorkers(1), seed=11,
                                process_index=0, process_count=1) as on_ray:
                 batch = next(iter(on_ray))
     finally:
         sys.setrecursionlimit(before)
     assert batch["x"].tolist() == [10.0] * 4
     assert batch["limit"].tolist() == [4321] * 4 and batch["raised"].tolist() == [1] * 4
+    assert (batch["worker"].tolist(), batch["workers"].tolist(), batch["seed"].tolist()) == (
+        [0] * 4, [1] * 4, [11] * 4)
 
 
 def check_a_close_from_another_thread_says_the_loader_was_closed(cluster):
