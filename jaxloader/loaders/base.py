@@ -84,14 +84,21 @@ class LoaderLifecycle(not_pickled.NotPickled):
     # with the other processes' (sharding.hosts), as it may run on one of them alone
 
     def _putter_for(self, sharding: Any, given_index: Int | None,
-                    by_block: bool = False) -> "Putter | None":
+                    by_block: bool = False, mask: str | None = None) -> "Putter | None":
         """The placement of ``sharding`` (``None``: batches stay NumPy). ``by_block`` (a
         stream's): with several processes, this process's place is the block of the global
         batch its devices hold (``Putter.block``); a ``process_index`` given that the sharding
         places elsewhere is refused. (A ``DataLoader`` reads the rows they hold:
-        ``Putter.rows``.)"""
+        ``Putter.rows``.) ``mask``: the pad mask's key the batches hold, which a dict of
+        shardings must name (as made, not at the first batch's placement)."""
         if sharding is None:
             return None
+        if mask is not None and isinstance(sharding, dict) and mask not in sharding:
+            raise ConfigError(
+                f"sharding: a dict of shardings of keys {sorted(map(str, sharding))} without "
+                f"{mask!r}, the pad mask's leaf each batch holds (last_batch='pad', or a "
+                f"StreamLoader's num_epochs=): add {mask!r}: a sharding of the batch axis "
+                "(jaxloader.data_sharding(mesh)), or pass one sharding for every leaf")
         from jaxloader.sharding.put import Putter
 
         batch_size, index, count = self._placement

@@ -180,14 +180,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         source = huggingface.adapt(source)  # a datasets.Dataset is read in NumPy format
         self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)
-        self._putter = self._putter_for(sharding, process_index)
-        shardings = None if self._putter is None else self._putter.sharding
-        if last_batch == "pad" and isinstance(shardings, dict) and mask_key not in shardings:
-            raise ConfigError(  # (found at construction, not at the first batch's placement)
-                f"sharding: a dict of shardings of keys {sorted(shardings)} without "
-                f"{mask_key!r}, the leaf last_batch='pad' adds to each batch: add "
-                f"{mask_key!r}: a sharding of the batch axis (jaxloader.data_sharding(mesh)), "
-                "or pass one sharding for every leaf")
+        self._putter = self._putter_for(sharding, process_index,
+                                        mask=mask_key if last_batch == "pad" else None)
         batch_size, process_index, process_count = self._placement
         count, auto_workers = automatic("num_workers", num_workers, start=1)
         ahead, auto_prefetch = automatic("prefetch", prefetch, start=2)

@@ -142,7 +142,8 @@ class StreamLoader(LoaderLifecycle, GrainAttributes, Generic[BatchT]):
         seed = check_int("seed", seed, low=0, high=MASK64, remedy="use a seed in [0, 2**64)")
         self._jax_pending = jax_pending(process_index, process_count)
         self._placement = placement(batch_size, process_index, process_count)
-        self._putter = self._putter_for(sharding, process_index, by_block=True)
+        self._putter = self._putter_for(sharding, process_index, by_block=True,
+                                        mask=None if num_epochs is None else mask_key)
         batch_size, process_index, process_count = self._placement
         if num_workers == "auto" and readers_per_process is None:
             raise ConfigError("StreamLoader(num_workers='auto'): pass readers_per_process= too, "
@@ -160,8 +161,7 @@ class StreamLoader(LoaderLifecycle, GrainAttributes, Generic[BatchT]):
         record_transforms, batch_transforms = split_transforms(
             transforms, filters=True, process_count=process_count)
         self._transforms = (*record_transforms, *batch_transforms)
-        self._transforms_named: list[str] | None = transforms_of(self._transforms)  # (as
-        # made: a memo a transform fills as it runs in this process is not another transform)
+        self._transforms_named: list[str] | None = transforms_of(self._transforms)  # (as made)
         self._stream: ReadableStream = given
         hosts = max(1, count) if workers is None else getattr(workers, "n", 1)  # readers' hosts
         named = "num_workers" if workers is None else "RayWorkers(n)"

@@ -250,9 +250,18 @@ def test_bad_shardings_give_clear_errors():
         jl.DataLoader(source(10), batch_size=4, last_batch="pad", device_prefetch=0,
                       sharding={"x": jl.data_sharding(mesh), "y": jl.data_sharding(mesh)})
     except jl.ConfigError as e:
-        assert "without 'mask', the leaf last_batch='pad' adds" in str(e), e
+        assert "without 'mask', the pad mask's leaf each batch holds" in str(e), e
     else:
         raise AssertionError("a dict of shardings without the mask must be refused")
+    try:  # a stream's pass holds it too: refused at its first batch with a tree's words
+        jl.StreamLoader(jl.Stream.from_generator(lambda i: ({"x": np.float32(j)} for j in
+                                                            range(5)), shards=1),
+                        batch_size=4, num_epochs=1, sharding={"x": jl.data_sharding(mesh)})
+    except jl.ConfigError as e:
+        assert "without 'mask', the pad mask's leaf each batch holds" in str(e), e
+        assert "num_epochs" in str(e), e
+    else:
+        raise AssertionError("a stream pass's dict of shardings without the mask: refused")
     per_leaf = {"x": NamedSharding(mesh, P(None, "data")), "y": jl.data_sharding(mesh)}
     try:  # 3 columns over 4 devices: the error names the leaf, not the subtree's root
         next(iter(jl.DataLoader(source(8), batch_size=4, sharding=per_leaf, device_prefetch=0)))
