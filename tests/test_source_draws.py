@@ -65,3 +65,48 @@ def test_a_source_of_another_structure_is_still_refused_though_it_draws():
         with jl.DataLoader(Wider(), batch_size=4, **ONE) as other:
             with pytest.raises(jl.StateDictError, match="record_spec"):
                 other.load_state_dict(state)
+
+
+class _Seeded(_GlobalFlip):  # a generator it holds, seeded from the record: no draw of its own
+    def __init__(self):
+        self.rs = np.random.RandomState(0)
+
+    def __getitem__(self, i):
+        self.rs.seed(i)
+        return {"image": np.arange(6, dtype=np.uint8).reshape(2, 3) + np.uint8(
+            self.rs.randint(0, 9))}
+
+
+def test_a_source_seeding_its_generator_from_the_record_is_not_said_to_draw():
+    # its generator moved on the first read only (it was elsewhere before): said to draw,
+    # its content hash lost (the review)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with jl.DataLoader(_Seeded(), batch_size=4, **ONE) as loader:
+            next(iter(loader))
+            assert not loader.state_dict()["record_hash"].startswith("drawn ")
+
+
+@pytest.mark.parametrize("saved_drawn", [True, False])
+def test_a_state_named_drawn_or_not_by_another_runs_reads_restores(monkeypatch, saved_drawn):
+    # another thread drawing as the first state was made (a Map on the device-put thread)
+    # named a source that draws nothing 'drawn', and every restore refused it (the review)
+    from jaxloader.sources import fingerprint
+
+    first_read = fingerprint._first_read
+    monkeypatch.setattr(fingerprint, "_first_read",
+                        lambda source: (*first_read(source)[:2], saved_drawn))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with jl.DataLoader(_Seeded(), batch_size=4, **ONE) as loader:
+            state = loader.state_dict()
+    assert state["record_hash"].startswith("drawn ") == saved_drawn
+    monkeypatch.setattr(fingerprint, "_first_read",
+                        lambda source: (*first_read(source)[:2], not saved_drawn))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with jl.DataLoader(_Seeded(), batch_size=4, **ONE) as again:
+            again.load_state_dict(state)
+    with pytest.raises(jl.StateDictError, match="record"):  # (other data: still refused)
+        with jl.DataLoader(_GlobalFlip(), batch_size=4, **ONE) as other:
+            other.load_state_dict({**state, "record_hash": state["record_hash"][:-4] + "0000"})

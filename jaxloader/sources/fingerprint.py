@@ -60,14 +60,15 @@ def source_fingerprint(source: Any) -> dict[str, str]:
     return holding(locks, _records_hash, source)
 
 
-def _records_hash(source: Any) -> dict[str, str]:
+def _records_hash(source: Any, drawn: bool | None = None) -> dict[str, str]:
+    """``drawn``: named as a source that draws as it reads (by its records' structure), or
+    not (by their values too), whatever its reads show; ``None``: as they show."""
     n = len(source)
     digest = hashlib.blake2b(digest_size=16)
     spec = ""
-    drawn = False
     for position in sorted({0, n // 2, n - 1}):
-        if position == 0 and not digest_level():  # (today's form: read again once)
-            leaves, treedef, drawn = _first_read(source)
+        if position == 0 and not digest_level() and drawn is None:  # (today's form: read
+            leaves, treedef, drawn = _first_read(source)  # again once)
         else:
             leaves, treedef = _leaves(source, position)
         described = "; ".join(f"{path}: {_describe(leaf)}"
@@ -97,20 +98,21 @@ def _first_read(source: Any) -> tuple[list, tree_lib.TreeDef, bool]:
     again. Warned of here (else seen only at the restore, which the hash of drawn values
     refused, every checkpoint of the run unusable; or never, where two reads drew alike)."""
     held = [(where, g) for _, where, g in held_generators((_Reads(source),))]
-    main = threading.current_thread() is threading.main_thread()  # (another thread draws)
-    moved: list[str] = []
+    alone = threading.active_count() == 1  # (another thread may draw from the global state)
+    moved: list[list[str]] = []
     reads = []
     for _ in range(2):
-        before, states = draws() if main else None, [generator_state(g) for _, g in held]
+        before, states = draws() if alone else None, [generator_state(g) for _, g in held]
         reads.append(_leaves(source, 0))
-        moved.append(next((where.replace("fn.__self__", "self", 1) for (where, g), state in zip(
-            held, states) if generator_state(g) != state), "") or (
-            "-" if before is not None and draws() != before else ""))
+        moved.append([where.replace("fn.__self__", "self", 1) for (where, g), state in zip(
+            held, states) if generator_state(g) != state] + (
+            ["-"] if before is not None and draws() != before else []))
     first, then = _values(*reads[0]), _values(*reads[1])
     differ = sorted(path for path in first.keys() | then.keys()
                     if first.get(path) != then.get(path))
-    held_one = next((m for m in moved if m not in ("", "-")), "")
-    global_ = all(m == "-" for m in moved)
+    both = [m for m in moved[0] if m in moved[1]]  # (moved by each read: one seeded from
+    held_one = next((m for m in both if m != "-"), "")  # the record moves it by the first
+    global_ = "-" in both  # only, when it was elsewhere before)
     if differ or held_one or global_:
         what = f"a random generator it holds ({held_one})" if held_one else \
             f"the global random state ({global_examples()})" if global_ else \
@@ -244,7 +246,10 @@ def older_records(source: Any) -> list[dict]:
     now = source_fingerprint(source)
     if "record_hash" not in now and getattr(source, "older_fingerprints", None) != (None,):
         return []  # (one named by its own always; a ConcatSource until 2026-12-03 was not)
-    return [then for then in in_older_forms(lambda: source_fingerprint(source))
+    other = [] if "record_hash" not in now else [holding(  # (drawn or not, as the run that
+        source_lock(source, walk), _records_hash, source,  # saved saw its reads: another
+        not now["record_hash"].startswith("drawn "))]  # thread's draws, a seed)
+    return [then for then in [*other, *in_older_forms(lambda: source_fingerprint(source))]
             if then != now and "record_hash" in then]
 
 
