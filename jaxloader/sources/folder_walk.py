@@ -10,7 +10,10 @@ Example:
     >>> open(os.path.join(d, "a", "b", "x.jsonl"), "w").close()
     >>> os.symlink("..", os.path.join(d, "a", "up"))
     >>> [os.path.relpath(f, d) for f in pattern_matches(os.path.join(d, "**", "*.jsonl"), "X", {})]
-    ['a/b/x.jsonl']
+    ['a/b/x.jsonl', 'a/up/a/b/x.jsonl']
+
+(A link into the tree is matched by its name, one link deep: ``sources.paths`` keeps each
+file once, by its own name where the pattern reaches it.)
 """
 
 from __future__ import annotations
@@ -36,13 +39,24 @@ def pattern_matches(pattern: str, owner: str, reals: dict[str, str]) -> list[str
         return glob.glob(pattern, recursive=True)
     split = pattern.split(os.sep)  # (named as glob names them: "**/x" from the folder, not
     head = os.sep.join(split[:len(split) - len(parts)]) or root.rstrip(os.curdir)  # "./**/x")
+    folders_only = parts[-1] == ""  # ("x/**/": its folders, named with a "/" last)
+    wanted = tuple(parts[:-1] if folders_only else parts)
+    links: list[tuple[str, str]] = []  # (links into the tree, not walked: by their names too)
+    walked = list(walk_folders(root, False, owner, reals, links))
+    tops = walked + [(os.path.normpath(os.path.join(link, os.path.relpath(reals[top], real))),
+                      files) for link, real in links for top, files in walked
+                     if _under(reals[top], real)]
     found = []
-    for top, files in walk_folders(root, False, owner, reals):
+    for top, files in tops:
         inner = [] if top == root else os.path.relpath(top, root).split(os.sep)
-        for names in [inner, *(inner + [name] for name in files)]:
-            if names and _matched(tuple(names), tuple(parts)):
-                found.append(os.path.join(head, *names))
+        for names in [inner] + ([] if folders_only else [inner + [name] for name in files]):
+            if _matched(tuple(names), wanted):  # (the root too: "x/**" names "x/", as glob)
+                found.append(os.path.join(head, *names, *[""] * (folders_only or not names)))
     return found
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,8 +97,9 @@ def left_out(name: str, dataset: bool) -> bool:
     return name[:1] == "." or (dataset and name[:1] == "_")
 
 
-def walk_folders(folder: str, dataset: bool, owner: str,
-          reals: dict[str, str]) -> Iterable[tuple[str, list[str]]]:
+def walk_folders(folder: str, dataset: bool, owner: str, reals: dict[str, str],
+                 links: list[tuple[str, str]] | None = None
+                 ) -> Iterable[tuple[str, list[str]]]:
     """``(path, names)`` of ``folder`` and each folder under it, with the names of their files
     (a link to nothing is one) not left out (``_left_out``), depth first in name order, links
     followed. Each real folder is walked once, by the first of its names in that order
@@ -129,6 +144,8 @@ def walk_folders(folder: str, dataset: bool, owner: str,
                 folders.append((entry.path, os.path.join(real, entry.name)))
             elif not _within(linked := os.path.realpath(entry.path), inside, dataset):
                 folders.append((entry.path, linked))
+            elif links is not None:  # (not walked: ``links`` gets it, ``(path, real path)``)
+                links.append((entry.path, linked))
         yield top, files
         ahead.extend(reversed(folders))
 

@@ -340,6 +340,29 @@ def test_a_double_star_pattern_over_links_to_parents_returns_each_file_once(tmp_
     assert jl.Stream.jsonl(str(tmp_path / "d" / "**" / "*.jsonl")) is not None
 
 
+def test_a_double_star_pattern_lists_what_glob_lists_where_no_link_loops(tmp_path, monkeypatch):
+    # the walk first missed a pattern naming a link into the tree (runs/**/latest/*.jsonl)
+    # and a "/" last (x/**/), which glob matched (the review)
+    import glob
+
+    from jaxloader.sources import paths
+
+    touch(tmp_path / "runs", "exp/v1/a.jsonl", "exp/v2/b.jsonl", "exp/v2/deep/c.jsonl",
+          "top.jsonl", "other/d.jsonl")
+    os.symlink("v2", tmp_path / "runs" / "exp" / "latest")
+    touch(tmp_path / "outside", "o.jsonl")
+    os.symlink(tmp_path / "outside", tmp_path / "runs" / "out")
+    monkeypatch.chdir(tmp_path)
+    patterns = ["runs/**/*.jsonl", "runs/**/latest/*.jsonl", "**/latest/*.jsonl",
+                "runs/**/latest/**/*.jsonl", "runs/**/", "runs/**", "runs/exp/**/c.jsonl",
+                "runs/**/v*/*.jsonl", "**/out/*.jsonl", str(tmp_path / "runs" / "**" / "*.jsonl"),
+                str(tmp_path / "runs" / "**" / "latest" / "*.jsonl")]
+    walked = {p: expand(p, ".jsonl", "S") for p in patterns}
+    monkeypatch.setattr(paths, "pattern_matches", lambda p, o, r: glob.glob(p, recursive=True))
+    for pattern in patterns:
+        assert walked[pattern] == expand(pattern, ".jsonl", "S"), pattern
+
+
 def test_a_folder_that_cannot_be_listed_is_said_not_left_out_without_a_word(tmp_path,
                                                                             monkeypatch):
     # (os.walk's default; a disk's root holds lost+found, root's alone: left out unsaid,
