@@ -249,21 +249,19 @@ def _names(make: Callable[..., Any]) -> bool:
 def _picture(runs: list[Run]) -> bytes | None:
     """The timeline of the fastest run's workers and the rate at each count (PNG), or None
     without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:  # (a Figure of its own: no backend chosen, pyplot's left as the user set it; a
+        import matplotlib  # notebook's inline plots went Agg, shown no more)
+        from matplotlib.figure import Figure
     except ImportError:
         return None
     best = max(runs, key=lambda r: r.batches_per_s)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5),
-                                      gridspec_kw={"height_ratios": [3, 1.4]})
+    fig = Figure(figsize=(10, 6.5))
+    top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, 1.4]})
     ends = [end for spans in best.trace for _, _, end in spans]
     last = max(ends, default=0.0)
     shown = _TIMELINE_BATCHES / best.batches_per_s if best.batches_per_s else 1.0
     colours: dict[str, Any] = {}
-    palette = plt.get_cmap("tab10")
+    palette = matplotlib.colormaps["tab10"]
     for row, spans in enumerate(best.trace):
         bars: dict[str, list] = {}
         for stage, start, end in spans:
@@ -288,7 +286,6 @@ def _picture(runs: list[Run]) -> bytes | None:
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
     return buffer.getvalue()
 
 

@@ -347,8 +347,16 @@ def test_profile_runs_each_count_and_draws_the_timeline(tmp_path):
         return jl.DataLoader(arrays(), batch_size=16, transforms=[jl.Map(heavy)],
                              num_workers=num_workers, num_epochs=None, **ONE)
 
+    import matplotlib
+
+    backend = matplotlib.get_backend()  # (it was set to Agg: a notebook's inline plots gone)
+    matplotlib.use("svg")
     out = tmp_path / "profile.png"
-    report = jl.profile(make, steps=30, workers=(0, 1), out=str(out))
+    try:
+        report = jl.profile(make, steps=30, workers=(0, 1), out=str(out))
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(backend)
     assert [r.workers for r in report.runs] == [0, 1]
     assert report.runs[1].diagnosis.bottleneck == "workers"
     assert any(report.runs[1].trace[0]) and out.read_bytes()[:4] == b"\x89PNG"

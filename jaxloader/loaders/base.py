@@ -352,7 +352,10 @@ class LoaderLifecycle(not_pickled.NotPickled):
 
     # -- orbax v1 (StatefulCheckpointable) ----------------------------------------------------
     async def save(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.save``: this process's state as a JSON file.
+        """Orbax v1 ``StatefulCheckpointable.save``: this process's state as a JSON file. A
+        coroutine, for Orbax to await (``loader.save(path)`` alone writes nothing): by hand,
+        ``ocp_v1.save_checkpointables`` as below, or ``loader.state_dict()`` saved beside the
+        model (``jaxloader.checkpoint.LoaderSave`` with a ``CheckpointManager``).
 
         Example:
             >>> import tempfile, numpy as np, jaxloader as jl
@@ -373,7 +376,9 @@ class LoaderLifecycle(not_pickled.NotPickled):
         return await save_v1(self, directory)
 
     async def load(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.load``: continues from the saved position."""
+        """Orbax v1 ``StatefulCheckpointable.load``: continues from the saved position (a
+        coroutine, for Orbax to await: ``ocp_v1.load_checkpointables``, or
+        ``loader.load_state_dict(state)``)."""
         from jaxloader.loaders.state_files import load_v1
 
         return await load_v1(self, directory)

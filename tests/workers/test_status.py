@@ -380,8 +380,8 @@ def test_a_late_batch_made_on_the_device_put_thread_is_reported_with_its_stack(c
     said = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
     assert said and "step 2" in said[0] and "in _slow_at_5" in said[0], said
     assert "jaxloader-host-prefetch" in said[0] and "keeps waiting" in said[0]
-    assert len(said) in (2, 3), said  # (again every stall_warning_s: at 0.5 s, 1.0 s, 1.5 s)
-    caplog.clear()
+    assert 1 <= len(said) <= 3, said  # (again every stall_warning_s: at 0.5, 1.0, 1.5 s; a
+    caplog.clear()  # loaded machine's main thread may come to wait late)
     with jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2, stall_warning_s=0.5,
                        process_index=0, process_count=1, **placing) as loader:
         list(loader)
