@@ -29,6 +29,7 @@ from jaxloader.engines.in_process import Engine, InProcessEngine, Maker
 from jaxloader.loaders import not_pickled, open_pools
 from jaxloader.loaders.iterator import IteratorWork, Progress
 from jaxloader.loaders.monitor import AutoTune, Monitor
+from jaxloader.loaders.orbax_v1 import OrbaxV1
 from jaxloader.loaders.options import (LoaderOptions, Placement, check_jax_placement,
                                       check_worker_init_fn)
 from jaxloader.runtime import shm
@@ -68,7 +69,7 @@ def label(kind: str, source: Any, batch_size: int) -> str:
     return f"{kind} {next(_MADE[kind])} ({type(source).__name__}, batch_size {batch_size})"
 
 
-class LoaderLifecycle(not_pickled.NotPickled):
+class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
     """Position, statistics, Orbax v1 hooks and shutdown, shared by the loaders."""
 
     _progress: Progress
@@ -349,39 +350,6 @@ class LoaderLifecycle(not_pickled.NotPickled):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
-
-    # -- orbax v1 (StatefulCheckpointable) ----------------------------------------------------
-    async def save(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.save``: this process's state as a JSON file. A
-        coroutine, for Orbax to await (``loader.save(path)`` alone writes nothing): by hand,
-        ``ocp_v1.save_checkpointables`` as below, or ``loader.state_dict()`` saved beside the
-        model (``jaxloader.checkpoint.LoaderSave`` with a ``CheckpointManager``).
-
-        Example:
-            >>> import tempfile, numpy as np, jaxloader as jl
-            >>> from orbax.checkpoint.experimental import v1 as ocp_v1
-            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
-            ...                        process_index=0, process_count=1)
-            >>> _ = next(iter(loader))
-            >>> path = tempfile.mkdtemp() + "/ckpt"
-            >>> ocp_v1.save_checkpointables(path, {"loader": loader})
-            >>> fresh = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=2,
-            ...                       process_index=0, process_count=1)
-            >>> _ = ocp_v1.load_checkpointables(path, {"loader": fresh})
-            >>> fresh.step
-            1
-        """
-        from jaxloader.loaders.state_files import save_v1
-
-        return await save_v1(self, directory)
-
-    async def load(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable.load``: continues from the saved position (a
-        coroutine, for Orbax to await: ``ocp_v1.load_checkpointables``, or
-        ``loader.load_state_dict(state)``)."""
-        from jaxloader.loaders.state_files import load_v1
-
-        return await load_v1(self, directory)
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
