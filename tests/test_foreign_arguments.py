@@ -273,6 +273,21 @@ def test_pytorchs_loader_attributes_say_what_to_read_instead():
     assert Keeping(source, batch_size=2).dataset is source
 
 
+def test_a_stream_loader_asked_for_a_data_loaders_epoch_or_length_says_what_it_has():
+    # loader.epoch, len(loader), loader.device_prefetch moved from a DataLoader loop were
+    # Python's bare AttributeError and TypeError on a StreamLoader (the parity audit)
+    stream = jl.Stream.from_generator(lambda i: ({"x": np.int64(j)} for j in range(6)),
+                                      shards=1)
+    loader = jl.StreamLoader(stream, batch_size=2, process_index=0, process_count=1)
+    assert loader.device_prefetch == 2 and bool(loader)
+    for name in ("epoch", "dataset", "sampler"):
+        with pytest.raises(AttributeError, match=rf"StreamLoader has no {name} .*zip\(range"):
+            getattr(loader, name)
+    with pytest.raises(TypeError, match=r"a StreamLoader has no len\(\).*num_epochs=1"):
+        len(loader)
+    assert len(list(zip(range(3), loader))) == 3
+
+
 def test_grains_iterator_state_calls_say_where_the_position_is_kept():
     # (the migration audit: iter(loader).get_state(), Grain's checkpoint idiom, was a bare
     # "'LoaderIterator' object has no attribute 'get_state'")

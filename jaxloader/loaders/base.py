@@ -19,7 +19,7 @@ import itertools
 import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Self, cast
 
 from jaxloader.base.checks import Int
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
@@ -344,6 +344,11 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
             gone = self._active.stop(until_gone)
             self._active = None
         return gone
+
+    @property
+    def device_prefetch(self) -> int:
+        """Batches kept ready on device ahead of the consumer (2 where not given)."""
+        return cast(int, self._options.device_prefetch)
 
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -248,10 +248,6 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         return f"{source}, {len(self)} batches an epoch"
 
     @property
-    def device_prefetch(self) -> int:
-        return cast(int, self._options.device_prefetch)  # (2 where not given)
-
-    @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
         return self._progress.step // self._sampler.steps_per_epoch

@@ -220,6 +220,42 @@ class TorchAttributes(GrainAttributes):
     batch_sampler = _Refused()
 
 
+_STREAM_ORDER = ("a stream's order is its readers' (each reads its shards' epochs in turn: "
+                 "state_dict()['readers']); a step count is the stream's position, "
+                 "loader.step; loop for a number of steps (for step, batch in zip(range(n), "
+                 "loader)), or pass num_epochs=1 for one pass")
+
+
+class _StreamRefused:
+    """A ``DataLoader``'s attribute a ``StreamLoader`` has not (its source's length, its order,
+    its epoch): reading it raises an ``AttributeError`` saying what a stream has instead."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, loader: object, owner: type | None = None) -> NoReturn:
+        raise AttributeError(f"StreamLoader has no {self.name} (a DataLoader's, or PyTorch's): "
+                             + _STREAM_ORDER)
+
+
+class StreamAttributes(GrainAttributes):
+    """What a training loop moved from a ``DataLoader`` asks a ``StreamLoader`` for (its
+    ``epoch``, ``len(loader)``, PyTorch's ``dataset`` and ``sampler``): each refused saying what
+    a stream has instead (Python's bare ``AttributeError`` or ``TypeError`` named nothing)."""
+
+    epoch = _StreamRefused()
+    dataset = _StreamRefused()
+    sampler = _StreamRefused()
+    batch_sampler = _StreamRefused()
+
+    def __len__(self) -> int:
+        raise TypeError("a StreamLoader has no len(): a stream's length is not known before "
+                        "it is read; " + _STREAM_ORDER)
+
+    def __bool__(self) -> bool:  # (true, as any object: not asked of its len())
+        return True
+
+
 def _arguments(made: Any) -> list[str]:
     """The names ``made`` (the loader's class; ``None``: none known) takes, for a near miss's
     remedy."""

@@ -42,7 +42,7 @@ from jaxloader.sharding.pass_votes import PassVotes
 from jaxloader.loaders.base import LoaderLifecycle, Workers, label
 from jaxloader.loaders.options import (LoaderOptions, StartMethod, automatic, jax_pending,
                                        placement)
-from jaxloader.loaders.foreign_arguments import REQUIRED, GrainAttributes, refuse_call
+from jaxloader.loaders.foreign_arguments import REQUIRED, StreamAttributes, refuse_call
 from jaxloader.loaders.older_states import as_written_now
 from jaxloader.loaders.state import STATE_VERSION, check_stream_state
 from jaxloader.loaders.transform_names import (older_transforms_of, transforms_of,
@@ -59,7 +59,7 @@ from jaxloader.batching.transforms import Transforms, split_transforms
 
 
 
-class StreamLoader(LoaderLifecycle, GrainAttributes, Generic[BatchT]):
+class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
     """Batches of a stream of records read in order: files of lines or tar shards, generators.
 
     ``transforms``, ``num_workers``, ``prefetch``, ``worker_init_fn``, ``start_method``,
