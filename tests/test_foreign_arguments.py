@@ -286,9 +286,6 @@ def test_a_stream_loader_asked_for_a_data_loaders_epoch_or_length_says_what_it_h
     with pytest.raises(TypeError, match=r"a StreamLoader has no len\(\).*num_epochs=1"):
         len(loader)
     assert len(list(zip(range(3), loader))) == 3
-    with pytest.raises(TypeError, match=r"DataLoader has no readers_per_process: a "
-                                        r"StreamLoader's setting"):
-        jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2, readers_per_process=2)
 
 
 def test_grains_iterator_state_calls_say_where_the_position_is_kept():

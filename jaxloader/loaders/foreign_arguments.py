@@ -71,9 +71,6 @@ _REMEDIES = {
                               "batches)",
     "read_options": "use read_threads= (its num_threads: a batch's records read on threads "
                     "in each worker) and prefetch=",
-    # StreamLoader's own (a DataLoader given it: the parity audit)
-    "readers_per_process": "a StreamLoader's setting (a stream's readers a process); a "
-                           "DataLoader's order is its sampler's, split among num_workers",
 }
 
 
