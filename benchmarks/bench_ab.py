@@ -23,7 +23,9 @@ Cases (jaxloader only, with 2 workers, batches of 256, as ``bench_files.py`` and
   shuffled, after a warm-up;
 - ``small_here``: ``small`` made in process (``num_workers=0``): the main process's own
   per-batch path, with nothing to overlap it;
-- ``small_mapped``: ``small`` from a ``.npy`` file memory-mapped (``np.load(mmap_mode="r")``).
+- ``small_mapped``: ``small`` from a ``.npy`` file memory-mapped (``np.load(mmap_mode="r")``);
+- ``small_placed``: ``small`` made in process and placed on the CPU device (``sharding=``):
+  the device-put thread's path, and ``next()`` waiting on it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ("parquet_local", "tar", "small", "large", "huge", "small_here", "small_mapped")
+CASES = ("parquet_local", "tar", "small", "large", "huge", "small_here", "small_mapped",
+         "small_placed")
 
 
 def child(case: str, data: str) -> dict:
@@ -68,14 +71,19 @@ def child(case: str, data: str) -> dict:
     else:
         rows, width, many = {"small": (256, 16, 40), "large": (64, 150 * 256, 40),
                              "huge": (16, 512 * 1024, 16), "small_here": (256, 16, 40),
-                             "small_mapped": (256, 16, 40)}[case]
+                             "small_mapped": (256, 16, 40), "small_placed": (256, 16, 40)}[case]
         x = np.random.default_rng(0).random((rows * many, width), dtype=np.float32)
         if case == "small_mapped":
             x = np.load(os.path.join(data, "small.npy"), mmap_mode="r")
+        placed = {}
+        if case == "small_placed":
+            import jax
+
+            placed = {"sharding": jax.devices("cpu")[0]}
         loader = jl.DataLoader(jl.ArraySource({"x": x, "y": np.arange(len(x))}),
                                batch_size=rows, shuffle=True, num_epochs=None,
-                               num_workers=0 if case == "small_here" else 2,
-                               process_index=0, process_count=1)
+                               num_workers=0 if case in ("small_here", "small_placed") else 2,
+                               process_index=0, process_count=1, **placed)
         warm, count = 20, 2000 if case.startswith("small") else 60
     with loader:
         it = iter(loader)
