@@ -64,11 +64,11 @@ class StallWatch:
             where = self._where(step)
         except Exception:  # noqa: BLE001 - (a report: the step alone)
             where = f"step {step}"
-        _LOG.warning(
-            "%s: no batch for %.1f s: %s is being made in this process (num_workers=0), in "
-            "thread %r, at:\n%sThe loader keeps waiting (with num_workers=0 nothing can time "
-            "a batch out: workers and timeout_s= can; stall_warning_s= sets when this is "
-            "said)", self.label, now - since, where, thread, stack)
+        _LOG.warning(  # (said by a next() waiting in this process: perhaps another loader's)
+            "%s: a batch in the making for %.1f s: %s, made in this process (num_workers=0) "
+            "by thread %r, at:\n%sNothing times it out (workers and timeout_s= would); "
+            "stall_warning_s= sets when this is said", self.label, now - since, where,
+            thread, stack)
         if self._making is making:
             self._said = int((time.monotonic() - since) // warn_s)
 

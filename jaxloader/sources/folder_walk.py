@@ -43,16 +43,46 @@ def pattern_matches(pattern: str, owner: str, reals: dict[str, str]) -> list[str
     wanted = tuple(parts[:-1] if folders_only else parts)
     links: list[tuple[str, str]] = []  # (links into the tree, not walked: by their names too)
     walked = list(walk_folders(root, False, owner, reals, links))
-    tops = walked + [(os.path.normpath(os.path.join(link, os.path.relpath(reals[top], real))),
-                      files) for link, real in links for top, files in walked
-                     if _under(reals[top], real)]
     found = []
-    for top, files in tops:
+    for top, files in walked + _through_links(walked, links, reals):
         inner = [] if top == root else os.path.relpath(top, root).split(os.sep)
         for names in [inner] + ([] if folders_only else [inner + [name] for name in files]):
             if _matched(tuple(names), wanted):  # (the root too: "x/**" names "x/", as glob)
                 found.append(os.path.join(head, *names, *[""] * (folders_only or not names)))
     return found
+
+
+def _through_links(walked: list[tuple[str, list[str]]], links: list[tuple[str, str]],
+                   reals: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """The walked folders again under each link into the tree that leads to them (a link
+    under a link too, ``runs/exp/latest -> ../shared`` holding ``ext -> /data/ext``: what
+    glob names), each chain of links once through a folder (a link back to a parent: not for
+    ever), at most ``_ALIASES`` of them (then warned of)."""
+    where: dict[str, str] = {}
+    for top, _ in walked:
+        where.setdefault(reals[top], top)  # (a real folder's walked name)
+    out: list[tuple[str, list[str]]] = []
+    todo = [(link, real, frozenset[str]()) for link, real in links]
+    while todo:
+        link, real, chain = todo.pop()
+        base = where.get(real)
+        if base is None or real in chain:
+            continue
+        chain = chain | {real}
+        out.extend((link + top[len(base):], files) for top, files in walked
+                   if _under(top, base))
+        todo.extend((link + inner[len(base):], target, chain) for inner, target in links
+                    if inner != base and _under(inner, base))
+        if len(out) > _ALIASES:
+            warnings.warn(f"a pattern's ** over {len(links):,} links into its folder names "
+                          f"its files by more than {_ALIASES:,} chains of links: those past "
+                          "them are left out; pass the folder, or a pattern without **",
+                          JaxloaderWarning, stacklevel=user_stacklevel())
+            break
+    return out
+
+
+_ALIASES = 100_000  # folders named through links a pattern's ** looks at, at most
 
 
 def _under(path: str, folder: str) -> bool:

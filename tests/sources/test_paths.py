@@ -352,10 +352,16 @@ def test_a_double_star_pattern_lists_what_glob_lists_where_no_link_loops(tmp_pat
     os.symlink("v2", tmp_path / "runs" / "exp" / "latest")
     touch(tmp_path / "outside", "o.jsonl")
     os.symlink(tmp_path / "outside", tmp_path / "runs" / "out")
+    touch(tmp_path / "runs", "shared/s.jsonl")  # (a link under a link: exp1/latest/ext/...)
+    touch(tmp_path / "ext", "e.jsonl")
+    os.symlink("../shared", tmp_path / "runs" / "exp" / "shared_latest")
+    os.symlink("../../ext", tmp_path / "runs" / "shared" / "ext")
     monkeypatch.chdir(tmp_path)
     patterns = ["runs/**/*.jsonl", "runs/**/latest/*.jsonl", "**/latest/*.jsonl",
                 "runs/**/latest/**/*.jsonl", "runs/**/", "runs/**", "runs/exp/**/c.jsonl",
-                "runs/**/v*/*.jsonl", "**/out/*.jsonl", str(tmp_path / "runs" / "**" / "*.jsonl"),
+                "runs/**/v*/*.jsonl", "**/out/*.jsonl", "runs/exp*/**/*.jsonl",
+                "runs/exp/shared_latest/**/e.jsonl", "**/ext/*.jsonl",
+                str(tmp_path / "runs" / "**" / "*.jsonl"),
                 str(tmp_path / "runs" / "**" / "latest" / "*.jsonl")]
     walked = {p: expand(p, ".jsonl", "S") for p in patterns}
     monkeypatch.setattr(paths, "pattern_matches", lambda p, o, r: glob.glob(p, recursive=True))
