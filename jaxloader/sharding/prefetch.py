@@ -66,6 +66,7 @@ from jaxloader.engines.stall_watch import look_all
 _JOIN_TIMEOUT_S = 0.2
 _POLL_S = 0.1  # while waiting for the thread's end: how often to look again without a wake-up
 _BACK_OFF_S = 0.001  # see "Staying out of the way"; covers a step's dispatch, not a step
+_FIRST_LOOK = 0.1  # seconds get() waits before it looks for a late batch made in process
 _END = object()
 _STOP = object()
 _MANY_PLACED = 32  # batches kept placed ahead past which device_prefetch= is warned of
@@ -189,15 +190,13 @@ class HostPrefetcher:
     def get(self) -> tuple[Any, BaseException | None]:
         """``(next host batch or _END, None)``, or ``(None, the thread's error)``; while it
         waits, a batch made in process and late is said (``look_all``)."""
-        try:
-            host, error = self._ready.get_nowait()  # (ready: nothing to look at)
-        except queue.Empty:
-            while True:
-                try:
-                    host, error = self._ready.get(timeout=look_all())
-                    break
-                except queue.Empty:  # (a timeout: looked again)
-                    continue
+        pause: float | None = _FIRST_LOOK  # (a batch within it: nothing looked at)
+        while True:
+            try:
+                host, error = self._ready.get(timeout=pause)
+                break
+            except queue.Empty:  # (a timeout: a late batch of this process's said, and
+                pause = look_all()  # again after the pause it gives; none live: none)
         if host is _STOPPED:
             self._ready.put((_STOPPED, None))  # (for a later get() too)
             raise Stopped("the device-put thread was stopped (its loader closed, restored or "
