@@ -52,7 +52,8 @@ class StallWatch:
         self.warn_s = self._making = None
 
     def look(self, now: float) -> None:
-        """Says the batch being made if it is late (called by the watch thread)."""
+        """Says the batch being made if it is late (called by a thread that waits in this
+        process: ``look_all``)."""
         making, warn_s = self._making, self.warn_s
         if making is None or warn_s is None or now - making[1] < warn_s * (self._said + 1):
             return

@@ -98,11 +98,16 @@ def _first_read(source: Any) -> tuple[list, tree_lib.TreeDef, bool]:
     again. Warned of here (else seen only at the restore, which the hash of drawn values
     refused, every checkpoint of the run unusable; or never, where two reads drew alike)."""
     held = [(where, g) for _, where, g in held_generators((_Reads(source),))]
-    alone = threading.active_count() == 1  # (another thread may draw from the global state)
+    # (another thread's draws may be taken for the source's: the warning names one such
+    # thread, and a state named either way restores into a run whose reads showed the other,
+    # ``older_records``)
+    main = threading.current_thread() is threading.main_thread()
+    others = [t.name for t in threading.enumerate()
+              if t is not threading.current_thread() and "jaxloader" not in t.name]
     moved: list[list[str]] = []
     reads = []
     for _ in range(2):
-        before, states = draws() if alone else None, [generator_state(g) for _, g in held]
+        before, states = draws() if main else None, [generator_state(g) for _, g in held]
         reads.append(_leaves(source, 0))
         moved.append([where.replace("fn.__self__", "self", 1) for (where, g), state in zip(
             held, states) if generator_state(g) != state] + (
@@ -121,7 +126,8 @@ def _first_read(source: Any) -> tuple[list, tree_lib.TreeDef, bool]:
             "it draws random numbers as it reads (an augmentation in __getitem__, from " \
             f"{what}){'' if held_one or global_ else ' or its data change'}" if differ else \
             f"the source drew from {what} as it read its record 0 (an augmentation in " \
-            "__getitem__)"
+            "__getitem__" + (", or another of this process's threads drew meanwhile: "
+                             f"{others[0]!r}" if global_ and not held_one and others else "") + ")"
         warnings.warn(
             f"{said}; its batches then differ with the worker count, "
             "from run to run and after a restore" + (
