@@ -157,25 +157,22 @@ def beyond_32_bits(values: np.ndarray | np.generic) -> tuple[Any, Any, Any] | No
     return None if bounds.min <= low and high <= bounds.max else (low, high, bounds)
 
 
-def whole_past_float32(values: np.ndarray | np.generic) -> tuple[float, float] | None:
-    """``(largest magnitude, float32's step there)`` of float64 values that are all whole
-    numbers, some past 2**24, where float32 (JAX's without x64) holds no longer each whole
-    number: times in seconds, ids written as floats (pandas' ``.astype(float)``), which it
-    rounds together (a minute apart, 128 s steps, two of them one); ``None`` otherwise
-    (fractions lose precision as any cast to float32 makes them lose it).
+def whole_past_float32(values: np.ndarray | np.generic) -> bool:
+    """Whether float64 ``values`` are all whole numbers, some past 2**24, where float32 (JAX's
+    without x64) holds no longer each whole number: times in seconds, ids written as floats
+    (pandas' ``.astype(float)``), which it rounds together (a minute apart, 128 s steps, two
+    of them one); fractions lose precision as any cast to float32 makes them lose it.
 
     Example:
         >>> whole_past_float32(np.array([1.7e9, 1.7e9 + 60])), whole_past_float32(np.ones(3))
-        ((1700000060.0, 128.0), None)
+        (True, False)
     """
     if values.dtype != np.float64 or not values.size:
-        return None
+        return False
     finite = np.asarray(values)[np.isfinite(values)] if not np.isfinite(
         values).all() else np.asarray(values)
     big = float(np.abs(finite).max()) if finite.size else 0.0
-    if big <= 2.0 ** 24 or not np.array_equal(finite, np.trunc(finite)):
-        return None
-    return big, float(np.spacing(np.float32(big)))
+    return big > 2.0 ** 24 and np.array_equal(finite, np.trunc(finite))
 
 
 def warn_whole(values: Any, path: Callable[[], str], leaf: str, does: str) -> None:
@@ -184,8 +181,7 @@ def warn_whole(values: Any, path: Callable[[], str], leaf: str, does: str) -> No
     if _LOOKS_LEFT[0] <= 0:  # (its first float64 leaves: such data shows in the first
         return  # batches; not a pass over every batch's after)
     _LOOKS_LEFT[0] -= 1
-    rounded = whole_past_float32(values)
-    if rounded is None:
+    if not whole_past_float32(values):
         return
     named = f"{leaf} {path()}"
     if named in _WARNED:

@@ -36,7 +36,7 @@ def check_32_bits(batch: Any, leaves: list) -> None:
         fit = (f"an offset, or a split into two {kind.dtype} leaves"
                if kind.dtype.kind != "f" else "a scale, or a log")
         raise ConfigError(
-            f"sharding: batch leaf {path or '<root>'} of dtype {leaf.dtype} holds values "
+            f"sharding: batch leaf {path} of dtype {leaf.dtype} holds values "
             f"{low}..{high}, expected {kind.min}..{kind.max}: JAX without x64 places it as "
             f"{as_32_bits(leaf.dtype)} and {what_32_bits_do(kind)}; make it fit (a Map: {fit}), or "
             "jax.config.update('jax_enable_x64', True) before the loader (or a with "
