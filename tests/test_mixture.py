@@ -602,12 +602,16 @@ def test_a_restore_over_a_mixture_grown_or_a_halved_batch_says_what_changed_and_
     with loader(sources(50)) as saved:
         next(iter(saved))
         state = saved.state_dict()
-    with pytest.raises(jl.StateDictError, match=r"the mixture holds its 2 components, but one of "
-                                                r"them differs inside: its records \(num_records"):
+    with pytest.raises(jl.StateDictError, match=r"the mixture holds its 2 components, but "
+                                                r"mix\(sources\)\[0\], mix\(sources\)\[1\] "
+                                                r"differ inside: its records \(num_records"):
         loader(sources(60)).load_state_dict(state)
-    with pytest.raises(jl.StateDictError, match=r"differs inside: its records \(as many as "
+    with pytest.raises(jl.StateDictError, match=r"differ inside: its records \(as many as "
                        r"then.*or the same components in another order"):  # (a dict built
         loader(sources(50)[::-1]).load_state_dict(state)  # otherwise: the contrastive audit)
+    with pytest.raises(jl.StateDictError, match=r"its 2 components, but mix\(sources\)\[1\] "
+                                                r"differs inside: its records \(num_records"):
+        loader([sources(50)[0], sources(60)[1]]).load_state_dict(state)  # (the one named)
     with pytest.raises(jl.StateDictError, match=r"the mixture's components: 2 then, 3 now; to "
                                                 r"mix a component in later, mix it from the "
                                                 r"start at weight 0"):
@@ -619,6 +623,39 @@ def test_a_restore_over_a_mixture_grown_or_a_halved_batch_says_what_changed_and_
     with pytest.raises(jl.StateDictError) as raised:  # (a larger batch: no such remedy)
         loader(sources(50), batch_size=16).load_state_dict(state)
     assert "gradient accumulation" not in str(raised.value)
+
+
+def test_a_restore_names_the_component_or_part_that_changed():
+    # one digest for the whole mixture said "one of them differs inside": with 30 corpora, which
+    # one was edited was the user's to find (the last session's note); a ConcatSource the same
+    def part(c, scale=1):
+        return jl.MapSource(jl.ArraySource({"x": np.arange(40) + c}), lambda r: {"x": r["x"]})
+
+    def edited(c):
+        return jl.MapSource(jl.ArraySource({"x": np.arange(40) + c}), lambda r: {"x": r["x"] * 2})
+    names = ["web", "books", "code"]
+    mixed = jl.DataLoader(jl.mix(dict(zip(names, map(part, range(3)))), dict.fromkeys(names, 1)),
+                          batch_size=6)
+    state = mixed.state_dict()
+    assert len(state["parts"]) == 3 and all(len(p) == 8 for p in state["parts"])
+    mixed.load_state_dict(state)  # (the same parts: restores)
+    changed = {"web": part(0), "books": edited(1), "code": part(2)}
+    with pytest.raises(jl.StateDictError, match=r"its 3 components, but 'books' differs inside"):
+        jl.DataLoader(jl.mix(changed, dict.fromkeys(names, 1)), batch_size=6
+                      ).load_state_dict(state)
+    state = jl.DataLoader(jl.ConcatSource([part(c) for c in range(3)]), batch_size=6).state_dict()
+    with pytest.raises(jl.StateDictError, match=r"same kind \(concat\) and size, so what differs "
+                                                r"is inside it \(its part sources\[1\]\)"):
+        jl.DataLoader(jl.ConcatSource([part(0), edited(1), part(2)]), batch_size=6
+                      ).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "parts"}  # (saved before 2026-12-03)
+    with pytest.raises(jl.StateDictError, match=r"is inside it: a function"):
+        jl.DataLoader(jl.ConcatSource([part(0), edited(1), part(2)]), batch_size=6
+                      ).load_state_dict(older)
+    jl.DataLoader(jl.ConcatSource([part(c) for c in range(3)]), batch_size=6).load_state_dict(older)
+    with pytest.raises(jl.StateDictError, match=r"state\['parts'\]: expected a list of the parts"):
+        jl.DataLoader(jl.ConcatSource([part(c) for c in range(3)]), batch_size=6
+                      ).load_state_dict({**state, "parts": "abc"})
 
 
 def test_batches_that_cannot_hold_each_components_share_are_warned_of():

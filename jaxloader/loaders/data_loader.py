@@ -338,7 +338,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
                            [path for path, _ in self._files],
                            lambda: (*older_fingerprint(self._source), *older_records(
                                self._source)), self._transforms_state(),
-                           lambda: older_transforms_of(self._transforms))
+                           lambda: older_transforms_of(self._transforms),
+                           self._source.label if isinstance(self._source, ConcatSource) else None)
         self._invalidate()  # (first: a next() in another thread then cannot set its step after)
         self._progress.step = step
         n, epoch = self.num_epochs, step // self._sampler.steps_per_epoch

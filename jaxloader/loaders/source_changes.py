@@ -10,12 +10,31 @@ Example:
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
 
-def source_differences(then: str, now: str, same_size: bool = True) -> list[str]:
+
+def changed_parts(then: object, now: object, name: Callable[[int], str] | None) -> list[str]:
+    """The parts (of a ``ConcatSource`` or a mixture) whose fingerprints differ between the
+    state's ``"parts"`` and this source's, as ``name`` names them (five, then how many more):
+    none where either has none (a state saved before 2026-12-03) or their counts differ.
+
+    Example:
+        >>> changed_parts(["ab", "cd", "ef"], ["ab", "00", "ef"], lambda i: f"mix(sources)[{i}]")
+        ['mix(sources)[1]']
+    """
+    if not (isinstance(then, list) and isinstance(now, list)) or len(then) != len(now):
+        return []
+    changed = [i for i, (a, b) in enumerate(zip(then, now)) if a != b]
+    more = [f"{len(changed) - 5} more"] if len(changed) > 5 else []
+    return [name(i) if name else f"part {i}" for i in changed[:5]] + more
+
+
+def source_differences(then: str, now: str, same_size: bool = True,
+                       changed: Sequence[str] = ()) -> list[str]:
     """What differs between the saved source's fingerprint ``then`` and this one's ``now``,
     said as the state's check lists it (none where they are the same, or say nothing).
     ``same_size``: whether the records counted are (a mixture's fingerprint counts its
-    components, not its records)."""
+    components, not its records); ``changed``: the parts that differ (``changed_parts``)."""
     kind, parts = now.split(":")[0], (then.split(":")[1:2], now.split(":")[1:2])
     if then != now and kind == "mixture" and then.split(":")[0] == kind:
         if parts[0] != parts[1]:
@@ -23,7 +42,9 @@ def source_differences(then: str, now: str, same_size: bool = True) -> list[str]
                     "a component in later, mix it from the start at weight 0 and raise it "
                     "with jl.mix(..., from_step={step: weights}) (one taken out: keep it, at "
                     "weight 0 from the step)"]
-        return [f"the mixture holds its {parts[1][0]} components, but one of them differs "
+        one = (f"{', '.join(changed)} {'differ' if len(changed) > 1 else 'differs'}"
+               if changed else "one of them differs")
+        return [f"the mixture holds its {parts[1][0]} components, but {one} "
                 "inside: " + ("its records (as many as then, other values)" if same_size else
                               "its records (num_records: appended or removed)")
                 + ", a function it runs (MapSource, a filter's predicate) or its options; or "
@@ -33,9 +54,11 @@ def source_differences(then: str, now: str, same_size: bool = True) -> list[str]
         kept = ("the records it keeps (another subset of the same size, or the same in another "
                 "order: keep a round's indices beside the checkpoint and make the "
                 "FilteredSource from them), " if kind == "filtered" else "")
+        where = f" (its {'parts' if len(changed) > 1 else 'part'} {', '.join(changed)})" \
+            if changed else ""
         return [f"the source is of the same kind ({kind}) and size, so what differs is inside "
-                f"it: {kept}a function it runs (MapSource, a filter's predicate: its code as "
-                "this Python compiles it: another Python or -O differs too), its options (a "
+                f"it{where}: {kept}a function it runs (MapSource, a filter's predicate: its code "
+                "as this Python compiles it: another Python or -O differs too), its options (a "
                 "ParquetSource's columns=, in their order), or its data; or the state is older "
                 "than a change of that source's fingerprint (the checkpointing guide lists "
                 "them): restore with the jaxloader that saved it"]

@@ -28,7 +28,7 @@ from jaxloader.base.errors import StateDictError
 from jaxloader.loaders.foreign_arguments import grain_state_hint
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.loaders.transform_names import warn_changed_transforms
-from jaxloader.loaders.source_changes import reordered, source_differences
+from jaxloader.loaders.source_changes import changed_parts, reordered, source_differences
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.fingerprint import compact_spec
 
@@ -85,6 +85,13 @@ def _identities(name: str, value: Any) -> None:
             "unchanged")
 
 
+def _digests(name: str, value: Any) -> None:
+    if not isinstance(value, list) or any(type(v) is not str or len(v) > 64 for v in value):
+        raise StateDictError(
+            f"{name}: expected a list of the parts' fingerprints (short hex strings), received "
+            f"{value!r:.120}; pass the dict that DataLoader.state_dict() returned, unchanged")
+
+
 def _of_type(kind: type, choices: tuple = ()) -> Callable[[str, Any], None]:
     def check(name: str, value: Any) -> None:
         if type(value) not in (kind, np.bool_ if kind is bool else kind) or (  # (a pytree's)
@@ -109,6 +116,7 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
     "process_count": _int(1),
     **{key: _of_type(str) for key in _FINGERPRINT},
     "files": _identities,
+    "parts": _digests,
 }
 
 
@@ -116,12 +124,14 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
                 paths: Sequence[str] = (),
                 older: Callable[[], Sequence[str | dict]] = tuple,
                 transforms: list[str] | None = None,
-                older_transforms: Callable[[], list[list[str]]] | None = None) -> int:
+                older_transforms: Callable[[], list[list[str]]] | None = None,
+                part_name: Callable[[int], str] | None = None) -> int:
     """Validates ``state`` against ``sampler`` and the source's ``fingerprint`` (``paths``:
     the files its ``"files"`` are the identities of, to name one that changed; ``older()``:
     the source's fingerprints of older versions, which a state may hold, asked only where its
     fingerprint differs: its own, or its records' hash and structure, a dict); warns where
-    it was saved under other ``transforms``; returns the step to continue from."""
+    it was saved under other ``transforms``; ``part_name``: how a ``ConcatSource`` or mixture
+    names its part ``i``, to name one that changed; returns the step to continue from."""
     check_bounded(state, "DataLoader")
     expected = make_state(sampler, 0, fingerprint, transforms)
     if not isinstance(state, dict):
@@ -180,7 +190,9 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     diffs = [differ(k, expected.get(k), state.get(k))
              for k in compared if state.get(k) != expected.get(k)]
     grown = state.get("num_records") != sampler.num_records
-    diffs += source_differences(str(state.get("source")), str(expected.get("source")), not grown)
+    diffs += source_differences(str(state.get("source")), str(expected.get("source")), not grown,
+                                changed_parts(state.get("parts"), expected.get("parts"),
+                                              part_name))
     diffs += reordered(state.get("record_spec"), expected.get("record_spec"))
     if (grown or state.get("record_hash") != expected.get("record_hash")) and \
             state.get("record_spec") == expected.get("record_spec") is not None:

@@ -238,7 +238,8 @@ class ConcatSource:
             return None
         from jaxloader.sources.fingerprint import combined
 
-        return combined("concat", len(self), self.sources)
+        self.part_digests: list[str] = []  # (each part's, as this fingerprint made them)
+        return combined("concat", len(self), self.sources, parts=self.part_digests)
 
     older_fingerprints = (None,)  # (its states were written otherwise: ``fingerprint``)
 

@@ -38,6 +38,11 @@ from jaxloader.sources.held_generators import held_generators
 from jaxloader.sources.parts import walk
 
 
+# The most parts a state lists the fingerprints of (8 hex digits each), to name the part that
+# changed; a source of more is named as a whole.
+PARTS_NAMED = 4096
+
+
 def source_fingerprint(source: Any) -> dict[str, str]:
     """``{"source": its own}`` when the source has one, else ``{"record_spec", "record_hash"}``,
     its records read holding its locks (``base.source_locks``: a batch another thread makes
@@ -45,8 +50,11 @@ def source_fingerprint(source: Any) -> dict[str, str]:
     interrupted a read: reading again would move that read's file)."""
     own = fingerprint_of(source)
     if own is not None:
+        parts = getattr(source, "part_digests", None)  # (a ConcatSource's: as ``own`` made them)
         if getattr(source, "reads_run_code", False) is True and not digest_level():
             _first_read(source)  # (a dataset's own transform may draw)
+        if isinstance(parts, list) and 0 < len(parts) <= PARTS_NAMED and not digest_level():
+            return {"source": own, "parts": list(parts)}
         return {"source": own}
     locks = source_lock(source, walk)
     if any(getattr(lock, "_is_owned", lambda: False)() for lock in locks):
@@ -284,9 +292,11 @@ def combined_generations(kind: str, size: int, sources: Sequence[Any],
     return tuple(found)
 
 
-def combined(kind: str, size: int, sources: Sequence[Any], *own: bytes | str) -> str:
+def combined(kind: str, size: int, sources: Sequence[Any], *own: bytes | str,
+             parts: list[str] | None = None) -> str:
     """The fingerprint of a source made of ``sources`` (their fingerprints, in order) and its
-    ``own`` configuration: ``"<kind>:<size>:<digest>"``.
+    ``own`` configuration: ``"<kind>:<size>:<digest>"``; ``parts``, where given, gets each
+    source's fingerprint in 8 hex digits (a state names the part that changed by them).
 
     Example:
         >>> from jaxloader.sources import ArraySource
@@ -295,7 +305,10 @@ def combined(kind: str, size: int, sources: Sequence[Any], *own: bytes | str) ->
     """
     digest = hashlib.blake2b(digest_size=16)
     for source in sources:
-        digest.update(repr(sorted(source_fingerprint(source).items())).encode())
+        described = repr(sorted(source_fingerprint(source).items())).encode()
+        digest.update(described)
+        if parts is not None:
+            parts.append(hashlib.blake2b(described, digest_size=4).hexdigest())
     for part in own:
         digest.update(part if isinstance(part, bytes) else part.encode(
             errors="surrogatepass"))

@@ -56,7 +56,8 @@ class Mixture(ConcatSource):
         """The components' fingerprints; the weights are checked apart (``check_schedule``)."""
         from jaxloader.sources.fingerprint import combined
 
-        return combined("mixture", len(self.sources), self.sources)
+        self.part_digests = []  # (each component's, as this fingerprint made them)
+        return combined("mixture", len(self.sources), self.sources, parts=self.part_digests)
 
 
 def refuse_mixture(source: Any, what: str) -> None:
