@@ -562,6 +562,10 @@ def test_a_filter_that_keeps_nothing_raises_rather_than_hangs(tmp_path, monkeypa
         with pytest.raises(jl.RecordError, match=r"transforms\[0\] Filter.* returned None, "
                                                  r"expected True .* a return left out\?"):
             next(iter(loader))
+    with loader_of(generator_stream(tmp_path), [jl.Filter(lambda r: "no")],
+                   num_epochs=1) as loader:  # (true: every record kept, silently)
+        with pytest.raises(jl.RecordError, match=r"transforms\[0\] Filter.* returned 'no'"):
+            next(iter(loader))
 
 
 @settings(max_examples=60, deadline=None)

@@ -89,13 +89,8 @@ class RecordTransforms:
                     record = fn(record, self._rng.at(epoch=epoch, position=position,
                                                      transform_index=t_index + salt))
                 elif filters:
-                    kept = fn(record)
-                    if kept is None:  # (a return left out: every record dropped, silently)
-                        raise RecordError(
-                            f"{where(*where_args)}: transforms[{t_index}] "
-                            f"{self.transforms[t_index]!r} returned None, expected True (keep "
-                            "the record) or False (drop it); a return left out?")
-                    if not kept:
+                    if not kept_answer(fn(record), lambda: f"{where(*where_args)}: transforms"
+                                       f"[{t_index}] {self.transforms[t_index]!r}"):
                         return DROPPED
                 if record is None:
                     raise returned_none(where(*where_args), self.transforms[t_index], t_index)
@@ -193,3 +188,20 @@ def _in_a_worker() -> bool:
                     and ray.get_runtime_context().get_actor_id())
     except Exception:  # noqa: BLE001 (Ray's: not known to be an actor)
         return False
+
+
+def kept_answer(kept: Any, said: Callable[[], str]) -> bool:
+    """A filter's answer for a record as a bool; ``None`` (a return left out: every record
+    dropped, silently) and a string (``"no"`` is true: every record kept) refused, ``said()``
+    naming the filter and the record.
+
+    Example:
+        >>> kept_answer(0, lambda: "Filter(f)")
+        False
+    """
+    if kept is None or isinstance(kept, (str, bytes)):
+        raise RecordError(
+            f"{said()} returned {kept!r:.40}, expected True (keep the record) or False (drop "
+            "it)" + ("; a return left out?" if kept is None else
+                     ", which a string is not (any but '' is true)"))
+    return bool(kept)

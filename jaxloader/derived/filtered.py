@@ -38,6 +38,7 @@ from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.parts import read_locked
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
+from jaxloader.batching.record_transforms import kept_answer
 from jaxloader.batching.transforms import Filter, fn_name, from_grain
 
 CHUNK = 4096  # records read at once while filtering
@@ -176,7 +177,8 @@ def _kept(source: Any, keep: Callable[[Any], Any], n: int) -> np.ndarray:
         i = start  # (the record ``keep`` raised on, named in the error)
         try:  # (around the chunk, not each record: the scan reads every record)
             for i, record in enumerate(records, start):
-                if keep(record):
+                if kept_answer(keep(record), lambda: f"FilteredSource(keep) {fn_name(keep)}, "
+                               f"on record {i},"):
                     out.append(i)
         except JaxloaderError:
             raise
@@ -209,7 +211,7 @@ class _Flag:
         self.keep = keep
 
     def __call__(self, record: Any) -> np.bool_:
-        return np.bool_(bool(self.keep(record)))
+        return np.bool_(kept_answer(self.keep(record), lambda: f"{self!r}"))
 
     def __repr__(self) -> str:
         return f"FilteredSource(keep) {fn_name(self.keep)}"
