@@ -116,6 +116,7 @@ class ArraySource:
                     "(np.stack(volumes)) or pass a list of records ([{'image': v} for v in "
                     "volumes])" if listed else ""))
         self._len = arrays[0].shape[0]
+        _refuse_lists_of_records(paths, arrays, self._len)
         self._stamps = _mapped_stamps(arrays)
         self._set_arrays(arrays)
 
@@ -231,7 +232,10 @@ def _check_mapped(stamps: list[_Stamp], said: set) -> None:
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
-    view = array.view()
+    """A read-only plain ``ndarray`` view: a subclass (a ``recarray``, ``matrix``, ``memmap``)
+    reached a batch in process only (workers send plain arrays), and was pickled whole to each
+    worker, where a plain view of a memory-mapped file is mapped by its file."""
+    view = array.view(np.ndarray)
     view.flags.writeable = False
     return view
 
@@ -258,3 +262,22 @@ def _lists(tree: Any) -> Any:
                 c, (str, bytes)) for c in tree):  # (one of numbers or text is a column, as
         return [_lists(c) for c in tree]  # before: an array.array, a deque, a UserList)
     return tree
+
+
+def _refuse_lists_of_records(paths: list[str], arrays: list[np.ndarray], n: int) -> None:
+    """Refuses a list of more arrays (16 or more) than each has rows: 1,000 images in a list
+    are 1,000 leaves whose 64 rows are the records, 64 records of 1,000 leaves each, not 1,000
+    records, where a list of a few columns (``(X, y)``) is meant as it reads."""
+    lists: dict[str, list[int]] = {}
+    for i, path in enumerate(paths):
+        if path.endswith("]") and path.rsplit("[", 1)[1][:-1].isdigit():
+            lists.setdefault(path.rsplit("[", 1)[0], []).append(i)
+    for parent, items in lists.items():
+        if len(items) >= 16 and len(items) > n:
+            shape = arrays[items[0]].shape
+            raise ConfigError(
+                f"ArraySource: {parent or 'the tree'} is a list of {len(items):,} arrays (the "
+                f"first of shape {shape}), each a leaf whose {n:,} rows are the records: "
+                f"{n:,} records of {len(items):,} leaves each; for {len(items):,} records, one "
+                "array each, stack them (np.stack(arrays)) or pass a list of records "
+                "([{'image': a} for a in arrays]) to a loader")
