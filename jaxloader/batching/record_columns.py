@@ -23,6 +23,7 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import CollateError
+from jaxloader.batching.frame_leaves import frame_leaf
 
 _OBJECT = np.dtype(object)
 
@@ -223,8 +224,9 @@ def _has_array_protocol(value: Any) -> bool:
 def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
     """``value`` (a leaf with the array protocol) as NumPy's, or a ``CollateError`` naming it
     (a torch tensor of bfloat16, or one that requires grad, cannot be one)."""
-    try:
-        return np.asarray(value)
+    found = frame_leaf(value, f"batch leaf {path}: {tree_lib.record_name(names, j)}")
+    try:  # (a frame, a Series, an Arrow array: checked as ArraySource checks them)
+        return np.asarray(value) if found is None else found
     except Exception as e:  # noqa: BLE001 - (the protocol's own error, whatever it raises)
         kind = f"{_type_name(value)} of {getattr(value, 'dtype', '?')}"
         torch = type(value).__module__.startswith("torch")
@@ -375,7 +377,8 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
         if isinstance(leaf, np.ma.MaskedArray):  # (np.asarray drops its mask)
             _refuse_masked(path, [leaf], None, "the batch's column")
-        array = np.asarray(leaf)
+        found = frame_leaf(leaf, f"batch leaf {path}: the batch's column", record=False)
+        array = np.asarray(leaf) if found is None else found
         if array.ndim == 0 or array.shape[0] != size:
             if _is_sparse(leaf):  # (np.asarray: one object, "got shape ()")
                 raise CollateError(f"batch leaf {path}: a SciPy sparse {type(leaf).__name__} "

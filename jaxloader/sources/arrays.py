@@ -20,8 +20,8 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import memmap_under
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
-from jaxloader.sources.frames import (arrow_columns, arrow_kind, check_aligned, frame_columns,
-                                     is_data_frame, one_kind_of_numbers)
+from jaxloader.sources.frames import (arrow_columns, arrow_kind, as_series, check_aligned,
+                                     frame_columns, is_data_frame, one_kind_of_numbers)
 
 
 class ArraySource:
@@ -69,8 +69,10 @@ class ArraySource:
                     "record, or give its columns as leaves ({'x': table['x'], ...})")
             if arrow_kind(leaf) == "column":  # (np.asarray: a null as NaN, ints as floats)
                 leaf = arrow_columns(leaf, path)
+            leaf = as_series(leaf)  # (an Index, a Categorical: a Series' checks)
             if is_data_frame(leaf) and type(leaf).__name__ == "Series":
-                leaf = frame_columns(leaf)  # (its dtype's values, nulls refused: as alone)
+                leaf = frame_columns(leaf, f"ArraySource leaf {path}")  # (as alone: its
+                # dtype's values, nulls refused)
             elif is_data_frame(leaf) and one_kind_of_numbers(leaf):
                 leaf = leaf.to_numpy()  # (a model's X of one dtype: a matrix loses nothing)
             elif is_data_frame(leaf):  # (np.asarray: one matrix of one dtype, names lost)

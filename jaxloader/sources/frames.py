@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import sys
 from typing import Any
 
@@ -27,6 +28,16 @@ def is_data_frame(x: Any) -> bool:
         "DataFrame", "Series")
 
 
+def as_series(x: Any) -> Any:
+    """A pandas ``Index`` or array (``pd.array(.., "Int64")``, a ``Categorical``) as a
+    ``Series``, whose checks it then gets (``np.asarray``: NaN of a missing value, in
+    silence); anything else as it is."""
+    pd = sys.modules.get("pandas")
+    if pd is not None and isinstance(x, (pd.api.extensions.ExtensionArray, pd.Index)):
+        return pd.Series(x, copy=False)
+    return x
+
+
 def one_kind_of_numbers(frame: Any) -> bool:
     """Whether every column of a pandas or polars ``DataFrame`` is of one NumPy dtype of
     numbers (no nullable or other kind): its ``to_numpy()`` is exact."""
@@ -40,10 +51,17 @@ def one_kind_of_numbers(frame: Any) -> bool:
                                and kind.kind in "biufc" for kind in kinds)
 
 
-def frame_columns(frame: Any) -> Any:
+def frame_columns(frame: Any, subject: str = "") -> Any:
     """A ``DataFrame``'s columns as a dict of arrays by position (a ``Series``: its values);
-    a column NumPy cannot hold as numbers is refused, named, with what to do. A polars frame's
-    too (np.asarray of one made a float64 matrix: its ids rounded, its names lost)."""
+    a column NumPy cannot hold as numbers is refused, named, with what to do (a ``Series``
+    by ``subject`` where given). A polars frame's too (np.asarray of one made a float64
+    matrix: its ids rounded, its names lost)."""
+    if subject:
+        token = SUBJECT.set(subject)
+        try:
+            return frame_columns(frame)
+        finally:
+            SUBJECT.reset(token)
     if type(frame).__module__.startswith("polars"):
         return _polars_column(None, frame) if type(frame).__name__ == "Series" else {
             name: _polars_column(name, frame.get_column(name)) for name in frame.columns}
@@ -136,9 +154,10 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
                   f"[{name!r}]))" if name is not None else
                   "fill them (s.fillna(0)) or drop those rows (s.dropna())")
         if coded:  # (a fill of -1 among strings: refused next as objects)
+            col = "s" if name is None else f"df[{name!r}]"
             fill = ("" if column.cat.categories.dtype.kind not in "biuf" else
-                    f"fill them (df[{name!r}].cat.add_categories(-1).fillna(-1)), ")
-            remedy = (f"{fill}take its codes (df[{name!r}].cat.codes: -1 where missing), or "
+                    f"fill them ({col}.cat.add_categories(-1).fillna(-1)), ")
+            remedy = (f"{fill}take its codes ({col}.cat.codes: -1 where missing), or "
                       "drop those rows")
         raise ConfigError(
             f"{_named(name)} ({column.dtype}) has {missing.size} missing value(s), in rows "
@@ -194,8 +213,14 @@ def _pandas_remedy(name: str, column: Any, array: np.ndarray) -> str:
     return f"encode it ({col}.astype('category').cat.codes), or pass df.to_dict('records')"
 
 
+# What a message names a ``Series`` or an Arrow array taken alone by (a record's leaf: its
+# path and record, ``batching.frame_leaves``).
+SUBJECT: contextvars.ContextVar[str] = contextvars.ContextVar("subject", default="")
+
+
 def _named(name: str | None) -> str:
-    return "ArraySource(Series)" if name is None else f"ArraySource(DataFrame): column {name!r}"
+    return (SUBJECT.get() or "ArraySource(Series)") if name is None else \
+        f"ArraySource(DataFrame): column {name!r}"
 
 
 def arrow_kind(x: Any) -> str | None:
@@ -227,8 +252,9 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    kind, named = column.type, (f"ArraySource leaf {path}" if path else "ArraySource(Array)"
-                                if name is None else f"ArraySource(Table): column {name!r}")
+    kind, named = column.type, SUBJECT.get() or (f"ArraySource leaf {path}" if path else
+                                                 "ArraySource(Array)" if name is None else
+                                                 f"ArraySource(Table): column {name!r}")
     col = "array" if name is None else f"table[{name!r}]"
     drop = "drop those rows (table.drop_null())" if name is not None else "drop them"
     if pa.types.is_null(kind):  # (fill_null has no value of its type to give)

@@ -205,3 +205,60 @@ def test_arrow_embeddings_views_and_null_columns_as_the_review_read_them():
         jl.ArraySource(s)
     assert jl.ArraySource(s.dt.convert_time_zone('UTC').dt.replace_time_zone(None))[0] == \
         np.datetime64(1, "us")
+
+
+class _Records:
+    """A source whose records (or batches) are what ``make`` returns for an index."""
+
+    def __init__(self, make, batched=False):
+        self.make, self.batched = make, batched
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return self.make(int(i))
+
+    def __getitems__(self, indices):
+        return self.make(list(indices)) if self.batched else [self.make(int(i)) for i in indices]
+
+
+def _first_batch(source, num_workers=0):
+    with jl.DataLoader(source, batch_size=4, num_workers=num_workers, process_index=0,
+                       process_count=1) as loader:
+        return next(iter(loader))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_checks(
+        num_workers):
+    # a source over a frame returning {"row": df.iloc[i]} batched float64 (ids past 2**53
+    # rounded, two users one id) and a nullable leaf's null as NaN, where ArraySource refuses
+    # both (the interop audit)
+    pd = pytest.importorskip("pandas")
+    pa = pytest.importorskip("pyarrow")
+    df = pd.DataFrame({"user_id": np.arange(8) + 2**53 + 1, "score": np.linspace(0, 1, 8)})
+    with pytest.raises((jl.CollateError, jl.WorkerError), match=r"batch leaf \['row'\]: record "
+                       r"position 0 is a pandas Series indexed by \['user_id', 'score'\]: a "
+                       r"DataFrame's row.*row.to_dict\(\)"):
+        _first_batch(_Records(lambda i: {"row": df.iloc[i]}), num_workers)
+    if num_workers:
+        return
+    for leaf, said in [(lambda i: pd.array([i, None], dtype="Int64"), r"\(Int64\) has 1 missing"),
+                       (lambda i: pd.Categorical([1, None]), r"\(category\) has 1 missing.*"
+                                                             r"s.cat.codes"),
+                       (lambda i: pa.array([i, None]), r"\(int64\) has 1 null"),
+                       (lambda i: df.iloc[i:i + 2], r"is a DataFrame of columns of several")]:
+        with pytest.raises(jl.CollateError, match=r"batch leaf \['x'\]: record position 0 "
+                                                  + said):
+            _first_batch(_Records(lambda i: {"x": leaf(i)}))
+    batch = _first_batch(_Records(lambda i: {"w": df[["score"]].iloc[i:i + 2],
+                                             "a": pa.array([i, 2]), "s": df["score"].iloc[i:i + 2]}))
+    assert batch["w"].shape == (4, 2, 1) and batch["a"].tolist()[1] == [1, 2]
+    assert batch["s"].dtype == np.float64
+    with pytest.raises(jl.CollateError, match=r"batch leaf \['id'\]: the batch's column \(Int64\) "
+                                              r"has 1 missing value"):  # (__getitems__'s)
+        _first_batch(_Records(lambda rows: {"id": pd.Series([1, None, 3, 4], dtype="Int64")},
+                              batched=True))
+    with pytest.raises(jl.ConfigError, match=r"ArraySource leaf \['id'\] \(Int64\) has 1 missing"):
+        jl.ArraySource({"id": pd.Index([1, None, 3], dtype="Int64")})  # (NaN: the audit)
