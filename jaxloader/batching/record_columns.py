@@ -24,6 +24,8 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import CollateError
 from jaxloader.batching.frame_leaves import frame_leaf
+from jaxloader.batching.object_leaves import (DENSE, check_objects, has_array_protocol, is_sparse,
+                                              refuse_object, type_name)
 
 _OBJECT = np.dtype(object)
 
@@ -59,6 +61,9 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                 # array a row, as a source's batch gives them (no device form either way)
                 return Column(path, (n,), first.dtype, object_column(values))
             raise_leaf_mismatch(path, values, names)
+        if first.dtype.hasobject and first.size:  # (a lock: batched in process only)
+            check_objects(path, tree_lib.record_name(names, 0).replace("{", "{{").replace(
+                "}", "}}"), first)
         return Column(path, (n, *first.shape), first.dtype, values, names)
     if isinstance(first, np.ndarray) and first.ndim == 0 and (
             first.dtype.kind in "US"
@@ -108,10 +113,10 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                 "as a string, split it into int64 parts, or make it np.uint64(x), in a Map"
             ) from None
         return Column(path, array.shape, array.dtype, array)
-    if _has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
+    if has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
         return _record_column(path, [_as_array(path, v, j, names) for j, v in
                                      enumerate(values)], names)
-    _refuse_object(path, tree_lib.record_name(names, 0), first)
+    refuse_object(path, tree_lib.record_name(names, 0), first)
 
 
 def _refuse_masked(path: str, values: list, names: Any, whole: str | None = None) -> None:
@@ -126,30 +131,7 @@ def _refuse_masked(path: str, values: list, names: Any, whole: str | None = None
                 "(x.filled(0)) and give the mask a leaf of its own (np.ma.getmaskarray(x))")
 
 
-def _refuse_object(path: str, where: str, value: Any) -> NoReturn:
-    """The ``CollateError`` for ``value``, of a type no batch holds, at ``where``."""
-    hint = ""
-    if type(value).__module__ == "__main__":
-        hint = (" (a class from __main__ or a notebook reaches worker processes by value, "
-                "without its JAX registration: define it in a module, or use num_workers=0)")
-    elif _is_sparse(value):
-        hint = f" ({_SPARSE})"
-    elif type(value).__qualname__ == "Decimal" and value == value.to_integral_value():
-        hint = (f" ({value} is a whole number: ids written as DECIMAL(20, 0), uint64 in Hive "
-                "and Spark, lose their last digits as floats; np.uint64(int(x)) or "
-                "np.int64(int(x)) keeps them)")
-    elif type(value).__qualname__ == "Decimal":
-        hint = (f" (a decimal column's: float(x) may round {value}; str(x) keeps its digits, "
-                "and int(x.scaleb(k)), an integer of k digits after the point, keeps it exact: "
-                "np.int64 of it where it fits, else a string)")
-    raise CollateError(
-        f"batch leaf {path}: {where} holds a {_type_name(value)}, which is "
-        "neither an array (nor has the array protocol), a number, a string nor a pytree node; "
-        "convert it in a Map to numbers (float(x), np.asarray(x) of what holds them; a "
-        "datetime.time: np.timedelta64 since midnight) or a string (str(x)), or register "
-        "its class as a JAX "
-        f"pytree node (jax.tree_util.register_dataclass) in a module the workers can import{hint}"
-    )
+
 
 
 def _one_dtype(a: np.dtype, b: np.dtype) -> str:
@@ -171,19 +153,7 @@ def _one_dtype(a: np.dtype, b: np.dtype) -> str:
     return f"give every record one dtype there: cast in a Map ({both})"
 
 
-def _is_sparse(value: Any) -> bool:
-    return type(value).__module__.startswith("scipy.sparse") and hasattr(value, "toarray")
 
-
-_DENSE = "make it dense: x.toarray() (scikit-learn's encoders: sparse_output=False)"
-_SPARSE = (f"{_DENSE}, or give its parts as leaves (x.indices, x.data: jl.Pad pads them to the "
-           "batch's longest)")
-
-
-# what an array of objects a source or a batch transform gives may hold: strings, bytes, arrays
-# a row (ragged lists), dicts (a Parquet list of structs), dates; and None, left to the consumer
-_OBJECTS = (str, bytes, np.ndarray, np.generic, dict, list, tuple, bool, int, float, complex,
-            type(None))
 
 
 _PYTHON_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64),
@@ -216,9 +186,7 @@ def _scalars_of_one_dtype(path: str, values: list, names: Any) -> Column:
     return Column(path, (len(values),), dtype, np.array(values, dtype=dtype))
 
 
-def _has_array_protocol(value: Any) -> bool:
-    return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
-                                           "__array_struct__"))
+
 
 
 def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
@@ -228,7 +196,7 @@ def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
     try:  # (a frame, a Series, an Arrow array: checked as ArraySource checks them)
         return np.asarray(value) if found is None else found
     except Exception as e:  # noqa: BLE001 - (the protocol's own error, whatever it raises)
-        kind = f"{_type_name(value)} of {getattr(value, 'dtype', '?')}"
+        kind = f"{type_name(value)} of {getattr(value, 'dtype', '?')}"
         torch = type(value).__module__.startswith("torch")
         raise CollateError(
             f"batch leaf {path}: {tree_lib.record_name(names, j)} is a {kind}, which NumPy "
@@ -238,9 +206,7 @@ def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
         ) from e
 
 
-def _type_name(value: Any) -> str:
-    cls = type(value)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
 
 
 def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
@@ -256,7 +222,7 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
             return f"shape {v.shape} dtype {v.dtype}"
         dtype = _scalar_dtype(v)
         batched = f" (batched as {dtype})" if dtype is not None else ""
-        return "None" if v is None else f"{_type_name(v)} {v!r:.40}{batched}"
+        return "None" if v is None else f"{type_name(v)} {v!r:.40}{batched}"
 
     first = kind(values[0])
     for j, v in enumerate(values):
@@ -380,9 +346,9 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
         found = frame_leaf(leaf, f"batch leaf {path}: the batch's column", record=False)
         array = np.asarray(leaf) if found is None else found
         if array.ndim == 0 or array.shape[0] != size:
-            if _is_sparse(leaf):  # (np.asarray: one object, "got shape ()")
+            if is_sparse(leaf):  # (np.asarray: one object, "got shape ()")
                 raise CollateError(f"batch leaf {path}: a SciPy sparse {type(leaf).__name__} "
-                                   f"of shape {leaf.shape}, which no batch holds; {_DENSE}")
+                                   f"of shape {leaf.shape}, which no batch holds; {DENSE}")
             listed = ("; a list or tuple in a batch is a pytree node, not a column: give a "
                       "column of rows as an array (np.asarray(rows), dtype=object for "
                       "strings), or return a list of records from __getitems__"
@@ -391,10 +357,7 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
                 f"batch leaf {path}: expected {size} rows (the batch size) along axis 0, got "
                 f"shape {array.shape}; a batch transform or __getitems__ must keep the batch "
                 f"axis{listed}")
-        if array.dtype.hasobject and array.size:  # (its first value that is not None)
-            row, first = next(((i, v) for i, v in enumerate(array.flat) if v is not None),
-                              (0, None))
-            if not isinstance(first, _OBJECTS) and not _has_array_protocol(first):
-                _refuse_object(path, f"the batch's value {row}", first)  # (a Parquet decimal)
+        if array.dtype.hasobject and array.size:  # (a Parquet decimal, numbers as objects)
+            check_objects(path, "the batch's value {row}", array)
         columns.append(Column(path, array.shape, array.dtype, array))
     return treedef, columns

@@ -43,7 +43,7 @@ from jaxloader.sources.parts import walk
 PARTS_NAMED = 4096
 
 
-def source_fingerprint(source: Any) -> dict[str, str]:
+def source_fingerprint(source: Any) -> dict[str, Any]:
     """``{"source": its own}`` when the source has one, else ``{"record_spec", "record_hash"}``,
     its records read holding its locks (``base.source_locks``: a batch another thread makes
     from it waits, or this does); refused in a thread that is reading it (a signal handler that
