@@ -301,3 +301,18 @@ def test_grains_iterator_state_calls_say_where_the_position_is_kept():
                                                      r"state_dict\(\).*LoaderSave"):
                 getattr(owner, name)
     loader.close(), stream.close()
+
+
+def test_arrays_given_by_position_are_told_to_make_one_source():
+    # DataLoader(X, y, batch_size=32), TensorDataset's habit, was told to pass the label array
+    # as batch_size=, printed whole twice (the errors audit)
+    x, y = np.zeros((60000, 4)), np.arange(60000)
+    with pytest.raises(jl.ArgumentError, match=r"DataLoader\(ndarray of shape \(60000, 4\), "
+                                               r"ndarray of shape \(60000,\)\): .*"
+                                               r"DataLoader\(jl.ArraySource\(\(x, y\)\), "
+                                               r"batch_size=32\)") as raised:
+        jl.DataLoader(x, y, batch_size=32)
+    assert "batch_size=array" not in str(raised.value) and len(str(raised.value)) < 400
+    with pytest.raises(jl.ArgumentError, match=r"DataLoader\(source, 32, <ndarray of shape "
+                                               r"\(60000,\)>\): .*shuffle=<ndarray"):
+        jl.DataLoader(x, 32, y)

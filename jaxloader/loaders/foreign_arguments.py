@@ -118,6 +118,14 @@ _TORCH_ORDER = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_worker
                 "collate_fn", "pin_memory", "drop_last")
 
 
+def _shown(value: Any) -> str:
+    """``value`` as a message shows it: an array by its type and shape (its repr, twice in a
+    message, ran to its 1,000 values)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
+    return f"{value!r:.80}"
+
+
 def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[str, Any],
                 batch_size: Any, made: Any = None) -> None:
     """``refuse``, after the call's positional arguments: a second one (PyTorch's
@@ -131,12 +139,22 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
         jaxloader.base.errors.ArgumentError: DataLoader(source, 32): ... batch_size=32)
     """
     first = "stream" if owner == "StreamLoader" else "source"
+    arrays = [v for v in (source, *extra) if hasattr(v, "shape") and hasattr(v, "dtype")]
+    if extra and len(arrays) == 1 + len(extra):  # (TensorDataset(X, y), Keras' fit(X, y))
+        shapes = ", ".join(f"{type(v).__name__} of shape {tuple(v.shape)}" for v in arrays)
+        names = "x, y" if len(arrays) == 2 else ", ".join(f"x{i}" for i in range(len(arrays)))
+        raise ArgumentError(
+            f"{owner}({shapes}): {owner} takes one {first}, by position; for records of "
+            f"{len(arrays)} arrays, a row of each, make them one source: {owner}(jl."
+            f"ArraySource(({names})), batch_size=32) (a dict names them: jl.ArraySource("
+            "{'image': x, 'label': y}))")
     if extra:
-        given = ", ".join(repr(value) for value in extra)
+        given = ", ".join(_shown(value) for value in extra)
         foreign = _STREAM_REMEDIES if owner == "StreamLoader" else _REMEDIES
         pairs = list(zip(_TORCH_ORDER, extra))
-        named = ", ".join(f"{name}={value!r}" for name, value in pairs if name not in foreign)
-        other = next((f"; and {owner}(..., {name}={value!r}): {owner} has no {name}: "
+        named = ", ".join(f"{name}={_shown(value)}" for name, value in pairs
+                          if name not in foreign)
+        other = next((f"; and {owner}(..., {name}={_shown(value)}): {owner} has no {name}: "
                       f"{foreign[name]}" for name, value in pairs if name in foreign), "")
         raise ArgumentError(f"{owner}({first}, {given}): {owner} takes its {first} alone by "
                         f"position, every other argument by name: {owner}({first}, {named})"
