@@ -492,3 +492,21 @@ def test_a_partials_or_objects_name_in_messages_is_short_and_holds_no_address():
         next(iter(jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2,
                                 transforms=[look], process_index=0, process_count=1)))
     assert len(str(e.value)) < 1000 and not re.search(r"0x[0-9a-f]{6}", str(e.value))
+
+
+class _Normalize:
+    def __init__(self, mean=0.0):
+        self.mean = mean
+
+    def __call__(self, record):
+        return record
+
+
+def test_a_transform_class_given_for_its_instance_is_refused_as_made():
+    # jl.Map(Normalize) failed at the first batch: "record position 0 holds a _Normalize ...
+    # register its class as a JAX pytree node", the Map unnamed (the errors audit)
+    for kind in (jl.Map, jl.BatchMap):
+        with pytest.raises(jl.ConfigError, match=rf"{kind.__name__}\(_Normalize\): got the "
+                                                 rf"class.*{kind.__name__}\(_Normalize\(...\)\)"):
+            kind(_Normalize)
+    assert repr(jl.Map(_Normalize())) == "Map(_Normalize object)" and jl.Map(dict).fn is dict

@@ -300,6 +300,12 @@ def _check_callable(fn: Any, kind: str) -> None:
     as the transform is made, not at the first batch, in a worker)."""
     if not callable(fn):
         raise ConfigError(f"{kind}(fn): expected a callable, got {type(fn).__name__} {fn!r:.60}")
+    if isinstance(fn, type) and fn.__module__ != "builtins" and "__call__" in {
+            name for cls in fn.__mro__[:-1] for name in vars(cls)}:  # (its instances are)
+        raise ConfigError(
+            f"{kind}({fn.__qualname__}): got the class, whose instances are the transform "
+            f"(it defines __call__); pass one: {kind}({fn.__qualname__}(...)) (called, the "
+            "class would make an instance of each record)")
     called = "fn(record, rng)" if kind == "RandomMap" else "fn(batch)" if (
         kind == "BatchMap") else "fn(record)"
     signature = refused_call(fn, *[None] * called.count(","), None)
