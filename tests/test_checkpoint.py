@@ -259,6 +259,11 @@ def test_a_save_to_a_full_disk_names_the_path(tmp_path):
                            r"this process may write"):
         patch.setattr(epath.Path, "write_text", read_only)
         checkpoint.write_state(tmp_path / "elsewhere", loader)
+    (tmp_path / "a_file").write_text("")  # (a file given for the folder: told to free
+    with make() as loader, pytest.raises(OSError, match=r"\(Not a directory\); pass a directory"
+                                                        r": .*a_file or a folder above it is a "
+                                                        r"file"):  # space; the errors audit)
+        checkpoint.write_state(tmp_path / "a_file", loader)
 
 
 @pytest.mark.filterwarnings("ignore:coroutine '_create_paths' was never awaited")  # (Orbax

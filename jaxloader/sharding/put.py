@@ -110,6 +110,13 @@ def as_shardings(sharding: Any) -> Any:
                 f"create the loader inside `with jax.set_mesh(mesh):`, or pass "
                 f"NamedSharding(mesh, {x}) (jaxloader.data_sharding(mesh, 'data') for data "
                 "parallelism)")
+        named = [a for part in x if part is not None
+                 for a in (part if isinstance(part, tuple) else (part,))]
+        unknown = [a for a in named if a not in mesh.axis_names]
+        if unknown:  # (JAX's own ValueError named no remedy, unlike data_sharding's)
+            raise ConfigError(
+                f"sharding: {x} names the axis {unknown[0]!r}, which the mesh set has not: its "
+                f"axes are {tuple(mesh.axis_names)}; name one of those (a typo?)")
         return NamedSharding(mesh, x)
     return jax.tree_util.tree_map(one, sharding, is_leaf=_is_placement)
 

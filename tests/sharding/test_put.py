@@ -349,6 +349,14 @@ def test_a_partition_spec_under_set_mesh_and_a_device_place_like_their_shardings
                        process_count=1) as on_device:
         batch = next(iter(on_device))
     assert batch["x"].devices() == {device} and batch["y"].devices() == {device}
+    with jax.set_mesh(mesh):  # (a typo: JAX's ValueError, no remedy; the errors audit)
+        try:
+            jl.DataLoader(source(8), batch_size=4, sharding=P("dta"))
+        except jl.ConfigError as e:
+            assert "names the axis 'dta', which the mesh set has not: its axes are ('data',)" \
+                in str(e), e
+        else:
+            raise AssertionError("a spec naming an axis the mesh has not must be refused")
     print("ok")
     """, n=4)
     assert out.strip() == "ok"
