@@ -161,6 +161,13 @@ def test_a_batch_map_that_changes_the_structure_is_refused_naming_the_leaf():
     with pytest.raises(jl.CollateError, match=r"step 1 .*batch leaf \['extra'\] is new in this "
                                               r"batch, against the first batch \(step 0\)"):
         list(loader)
+    def renamed(batch):  # (a shard of another schema: which leaves came instead, unsaid;
+        return {"y": batch["x"]} if batch["x"][0] >= 4 else batch  # the errors audit)
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4,
+                           transforms=[jl.BatchMap(renamed)], process_index=0, process_count=1)
+    with pytest.raises(jl.CollateError, match=r"step 1 .*batch leaf \['x'\] is missing in this "
+                                              r"batch \(missing: \['x'\]; new: \['y'\]\)"):
+        list(loader)
 
 
 def test_the_same_leaves_in_another_structure_are_refused_naming_where():

@@ -73,8 +73,15 @@ def test_lists_of_other_lengths_are_told_they_are_nodes_not_arrays():
     with pytest.raises(CollateError, match=r"list of length 2.*list of length 3; a list \(of "
                                            r"numbers, say\) is a node.*np.asarray.*PackedSource"):
         collate([{"tokens": [5, 8]}, {"tokens": [5, 8, 13]}], positions=[0, 1])
-    with pytest.raises(CollateError, match=r"dict with keys.*same structure"):
+    with pytest.raises(CollateError, match=r"record position 1 lacks \['a'\] and has \['b'\], "
+                                           r"which the other lacks.*same structure"):
         collate([{"a": 1}, {"b": 1}], positions=[0, 1])  # not a sequence: the general remedy
+    # two sorted lists of 5,000 keys (88,152 characters), the one missing left to the eye
+    wide = {f"f{i}": 1 for i in range(5000)}  # (the errors audit)
+    with pytest.raises(CollateError, match=r"record position 1 lacks \['f4321'\], against "
+                                           r"record position 0;") as raised:
+        collate([wide, {k: v for k, v in wide.items() if k != "f4321"}], positions=[0, 1])
+    assert len(str(raised.value)) < 600
 
 
 def test_dtype_mismatch_is_refused_not_upcast():

@@ -99,11 +99,14 @@ class BatchKinds:
             then = (f"the first batch (step {self._first_step})" if path not in self._since
                     else f"the batch of step {self._since[path]} (the first to tell its kind)")
             if path not in kinds or path not in first:
+                gone, new = ([p for p in a if p not in b][:5] for a, b in ((first, kinds),
+                                                                           (kinds, first)))
                 raise CollateError(
                     f"{where(step)}: batch leaf {path} is "
-                    f"{'missing' if path not in kinds else 'new'} in this batch, against "
-                    f"{then}: every batch must have the same leaves; make each record (or "
-                    "each BatchMap's batch) of one structure")
+                    f"{'missing' if path not in kinds else 'new'} in this batch"
+                    + (f" (missing: {', '.join(gone)}; new: {', '.join(new)})" if gone and new
+                       else "") + f", against {then}: every batch must have the same leaves; "
+                    "make each record (or each BatchMap's batch) of one structure")
             now, before = kinds[path], first[path]
             if before is None and now is not None:  # (objects before: the first kind that
                 first[path], self._since[path] = now, step  # tells is compared from here)

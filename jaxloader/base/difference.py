@@ -34,3 +34,24 @@ def differ(key: str, expected: Any, received: Any,
         return ("..." if start else "") + text[start:start + _SHOWN] + (
             "..." if len(text) > start + _SHOWN else "")
     return f"{key}: {said[0]} {cut(want)}, {said[1]} {cut(got)}"
+
+
+def keys_apart(first: Any, other: Any) -> str | None:
+    """What the mapping treedef ``other``'s keys lack and hold beyond ``first``'s (ten of
+    each, then how many more), or ``None`` where either is no mapping: two lists of 5,000 keys
+    each, side by side, hid the one that differed.
+
+    Example:
+        >>> keys_apart(("dict", ("a", "b", "c"), ()), ("dict", ("a", "d"), ()))
+        "lacks ['b', 'c'] and has ['d'], which the other lacks"
+    """
+    if not {first[0], other[0]} <= {"dict", "ordered", "defaultdict"}:
+        return None
+    want, got = set(map(str, first[1])), set(map(str, other[1]))
+
+    def shown(keys: list[str]) -> str:
+        return repr(keys[:10])[:-1] + (f", ... {len(keys) - 10:,} more]" if len(keys) > 10
+                                       else "]")
+    apart = [f"lacks {shown(sorted(want - got))}"] if want - got else []
+    apart += [f"has {shown(sorted(got - want))}, which the other lacks"] if got - want else []
+    return " and ".join(apart) or f"has the same keys, in a {other[0]}"

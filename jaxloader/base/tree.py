@@ -38,6 +38,7 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
+from jaxloader.base.difference import keys_apart
 from jaxloader.base.errors import CollateError
 
 LEAF = ("leaf",)
@@ -362,11 +363,11 @@ def _raise_mismatch(trees: list, treedef: TreeDef, names: Any, path: str) -> NoR
                 "make every record the same structure (a Map can add missing keys; a None "
                 "where others have a value must become one: '' for a str, a fill number or "
                 "an empty or masked array, and a flag where that must be told apart)")
-            raise CollateError(
-                f"batch leaf {path or '<root>'}: records differ in structure: "
-                f"{record_name(names, 0)} has {describe(treedef)}, "
-                f"{record_name(names, j)} has {describe(got)}; {remedy}"
-            )
+            raise CollateError(  # (of 5,000 keys, the one that differs: ``keys_apart``)
+                f"batch leaf {path or '<root>'}: records differ in structure: " + (
+                    f"{record_name(names, j)} {apart}, against {record_name(names, 0)}; {remedy}" if (
+                        apart := keys_apart(treedef, got)) else f"{record_name(names, 0)} has "
+                    f"{describe(treedef)}, {record_name(names, j)} has {describe(got)}; {remedy}"))
     raise CollateError(f"batch leaf {path or '<root>'}: records differ in structure")
 
 
