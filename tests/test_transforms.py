@@ -510,3 +510,17 @@ def test_a_transform_class_given_for_its_instance_is_refused_as_made():
                                                  rf"class.*{kind.__name__}\(_Normalize\(...\)\)"):
             kind(_Normalize)
     assert repr(jl.Map(_Normalize())) == "Map(_Normalize object)" and jl.Map(dict).fn is dict
+
+
+def test_a_random_maps_generator_used_as_another_kind_is_told_its_kind():
+    # rng.randint (RandomState's) and jax.random.uniform(rng) were Python's bare errors, the
+    # RecordError around them adding nothing (the errors audit)
+    source = jl.ArraySource({"x": np.arange(8, dtype=np.float32)})
+    for fn, said in [(lambda r, rng: {"x": r["x"] + rng.randint(0, 3)},
+                      r"has no attribute 'randint' \(a RandomMap's rng is a numpy.random."
+                      r"Generator, seeded for each record: rng.integers for RandomState's"),
+                     (lambda r, rng: rng.seed(0), r"it is seeded already, from \(seed, epoch"),
+                     (lambda r, rng: {"x": r["x"] + rng.key(0)}, r"for a jax.random key, write "
+                                                                r"the transform as a jl.JitMap")]:
+        with pytest.raises(jl.RecordError, match=said):
+            jl.DataLoader(source, batch_size=4, transforms=[jl.RandomMap(fn)]).peek()

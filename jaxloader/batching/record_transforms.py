@@ -151,8 +151,20 @@ def _memory_hint(e: Exception) -> str:
 
 def arguments_hint(e: Exception, fn: Any) -> str:
     """What to do about a record transform ``fn`` called with other arguments than it takes (a
-    tf.data-style ``fn(image, label)``: its code never ran), else nothing."""
-    if not (isinstance(e, TypeError) and "positional argument" in str(e)):
+    tf.data-style ``fn(image, label)``: its code never ran), or with a generator it used as
+    another kind (``rng.randint``: the legacy ``RandomState``'s; ``jax.random.*(rng)``), else
+    nothing."""
+    said = str(e)
+    if "numpy.random._generator.Generator" in said:  # (RandomMap's rng)
+        legacy = {"randint": "integers", "rand": "random", "randn": "standard_normal",
+                  "random_sample": "random", "random_integers": "integers", "seed": ""}
+        name = said.rsplit("'", 2)[-2] if isinstance(e, AttributeError) else ""
+        return (f" (a RandomMap's rng is a numpy.random.Generator, seeded for each record"
+                + (f": rng.{legacy[name]} for RandomState's {name}" if legacy.get(name) else
+                   ": it is seeded already, from (seed, epoch, position)" if name == "seed"
+                   else "") + "; for a jax.random key, write the transform as a jl.JitMap, "
+                "fn(record, key))")
+    if not (isinstance(e, TypeError) and "positional argument" in said):
         return ""
     inner = inspect.unwrap(getattr(fn, "func", fn))  # (a partial's, a decorated function's)
     code = getattr(inner, "__code__", None) or getattr(  # (an object's __call__)
