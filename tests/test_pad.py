@@ -433,6 +433,11 @@ def test_ml_dtypes_numbers_are_a_pads_dtype():
     from jaxloader.base.columns import device_dtype_problem  # (np.save's bfloat16: |V2)
 
     assert "x.view(ml_dtypes.bfloat16)" in device_dtype_problem(np.dtype("V2"))
+    if np.dtype(np.longdouble).itemsize > 8:  # (placed under sharding=, a longdouble was
+        for kind, cast in (("f", "float64"), ("c", "complex128")):  # told to "divide evenly")
+            said = device_dtype_problem(np.dtype(f"{kind}{2 * np.dtype(np.longdouble).itemsize}"
+                                                 if kind == "c" else np.longdouble))
+            assert "extended precision (np.longdouble)" in said and cast in said, said
 
 
 def test_a_pad_value_or_dtype_that_overflows_a_float_is_refused_not_made_inf_or_nan():

@@ -108,6 +108,10 @@ def device_dtype_problem(dtype: np.dtype) -> str | None:
                  "x.view(ml_dtypes.bfloat16))" if dtype.itemsize == 2 else "")
         return (f"dtype {dtype} is raw bytes, which JAX has no type for; view them as numbers "
                 f"in a Map (x.view(np.uint8)){saved}")
+    if dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f" else 16):
+        kind = "float64" if dtype.kind == "f" else "complex128"
+        return (f"dtype {dtype} is extended precision (np.longdouble), which JAX has no type "
+                f"for; cast it in a Map (x.astype(np.{kind}))")
     return None
 
 
