@@ -373,3 +373,14 @@ def test_an_array_of_objects_in_a_record_is_checked_as_a_batchs_column_is(num_wo
             jl.DataLoader(Held(value), batch_size=4, num_workers=num_workers).peek()
     with jl.DataLoader(Held("text"), batch_size=4, num_workers=num_workers) as loader:
         assert next(iter(loader))["x"][0].tolist() == ["text", None]  # (strings: as they were)
+
+
+def test_numpy_scalars_of_two_dtypes_and_pandas_missing_values_get_their_own_remedy():
+    # datetime64 of seconds beside milliseconds, and pandas' NA among ints, were told to pad
+    # with jaxloader.Pad, which refuses both (the interop audit)
+    with pytest.raises(CollateError, match=r"give every record one dtype there: cast in a Map "
+                                           r"\(np.asarray\(x, 'datetime64\[ms\]'\)"):
+        collate([{"t": np.datetime64(1, "ms")}, {"t": np.datetime64(1, "s")}], positions=[0, 1])
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(CollateError, match=r"give every record a number .* there, not <NA>"):
+        collate([{"x": 0}, {"x": pd.NA}], positions=[0, 1])

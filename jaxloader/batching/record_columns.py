@@ -209,6 +209,10 @@ def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
 
 
 
+def _missing(value: Any) -> bool:
+    return value is None or type(value).__name__ in ("NAType", "NaTType")
+
+
 def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
     def kind(v: Any) -> tuple:  # what records must share (a value's own is its own)
         if isinstance(v, (str, bytes)):  # (np.str_ is a str)
@@ -227,17 +231,18 @@ def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
     first = kind(values[0])
     for j, v in enumerate(values):
         if kind(v) != first:
-            if v is None or values[0] is None:
-                fix = f"give every record {_none_fill(values[0] if v is None else v)} there, " \
-                    "not None"
+            if _missing(v) or _missing(values[0]):  # (None, pandas' NA and NaT)
+                fix = f"give every record {_none_fill(values[0] if _missing(v) else v)} " \
+                    f"there, not {v if _missing(v) else values[0]}"
             elif first[0] in (str, bytes) and kind(v)[0] in (str, bytes):
                 fix = ("give every record one of them there: decode the bytes (or encode the "
                        "str) in a Map")
             elif _scalar_dtype(v) is not None and (dtype := _scalar_dtype(values[0])) is not None:
                 fix = _one_dtype(np.dtype(dtype), np.dtype(_scalar_dtype(v)))  # (the first's
                 # zeroed 0.5 as uint8, wrapped a uint64 id as int64: the third review)
-            elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
-                    v.shape == values[0].shape:  # (told to pad: Pad and batch_size=1 refuse)
+            elif isinstance(v, (np.ndarray, np.generic)) and isinstance(values[0], (
+                    np.ndarray, np.generic)) and v.shape == values[0].shape:  # (told to pad:
+                # Pad and batch_size=1 refuse; datetime64 of seconds beside milliseconds)
                 fix = _one_dtype(values[0].dtype, v.dtype)
             elif isinstance(v, np.ndarray) and isinstance(values[0], np.ndarray) and \
                     v.ndim == values[0].ndim > 1 and v.shape[1:] != values[0].shape[1:]:
