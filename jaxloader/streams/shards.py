@@ -290,8 +290,12 @@ class JsonlShard(_LineShard):
             try:
                 value = json.loads(raw)
             except ValueError as e:
+                whole = raw.strip() in (b"[", b"{")  # (a .json file, pretty-printed)
                 raise RecordError(f"{self.path}: line {self._count}: not JSON ({e}): "
-                                  f"{raw[:80]!r}") from None
+                                  f"{raw[:80]!r}" + ("; JSON lines hold a whole value a line: "
+                                  "this looks like one JSON value over many lines (a .json "
+                                  "file); write it a record a line (jq -c '.[]' in.json > "
+                                  "out.jsonl)" if whole else "")) from None
             try:
                 return numbers_as_arrays(value)
             except ValueError as e:  # (booleans among a list's numbers)

@@ -375,8 +375,16 @@ def test_bad_lines_and_states_are_named(tmp_path):
     shard = jl.JsonlShard(path)
     shard.reset()
     shard.next()
-    with pytest.raises(jl.RecordError, match=r"bad.jsonl: line 2: not JSON"):
+    with pytest.raises(jl.RecordError, match=r"bad.jsonl: line 2: not JSON") as raised:
         shard.next()
+    assert "jq -c" not in str(raised.value)
+    pretty = tmp_path / "pretty.jsonl"  # (a .json array renamed: "not JSON" alone; the
+    pretty.write_text('[\n  {"id": 1},\n  {"id": 2}\n]\n')  # formats leftover)
+    whole = jl.JsonlShard(pretty)
+    whole.reset()
+    with pytest.raises(jl.RecordError, match=r"line 1: not JSON .*one JSON value over many "
+                                             r"lines .*jq -c '.\[\]' in.json > out.jsonl"):
+        whole.next()
     nulls = tmp_path / "nulls.jsonl"  # (kept as a list: [array, None] in a batch, silently)
     nulls.write_text('{"x": [1, 2]}\n{"x": [1, null]}\n')
     holey = jl.JsonlShard(nulls)
