@@ -316,3 +316,11 @@ def test_arrays_given_by_position_are_told_to_make_one_source():
     with pytest.raises(jl.ArgumentError, match=r"DataLoader\(source, 32, <ndarray of shape "
                                                r"\(60000,\)>\): .*shuffle=<ndarray"):
         jl.DataLoader(x, 32, y)
+
+
+def test_a_stream_loaders_argument_given_to_a_data_loader_is_told_whose_it_is():
+    # "got an unexpected keyword argument 'readers_per_process'" (the API parity audit)
+    with pytest.raises(jl.ArgumentError, match=r"DataLoader\(readers_per_process=4\): "
+                                               r"DataLoader has no readers_per_process: it is a "
+                                               r"StreamLoader's.*num_workers="):
+        jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, readers_per_process=4)

@@ -181,6 +181,9 @@ def refuse(owner: str, unknown: dict[str, Any], made: Any = None) -> None:
     """
     for name, value in unknown.items():
         remedy = (_STREAM_REMEDIES if owner == "StreamLoader" else _REMEDIES).get(name)
+        if owner == "DataLoader" and name == "readers_per_process":  # (the other loader's)
+            remedy = ("it is a StreamLoader's (a stream's readers); a DataLoader reads by index "
+                      "in num_workers= processes, read_threads= threads each")
         if remedy is None:  # (Python's own "Did you mean" is not said for **unknown)
             close = difflib.get_close_matches(name, _arguments(made), n=1)
             raise ArgumentError(f"{owner}() got an unexpected keyword argument {name!r}" + (
