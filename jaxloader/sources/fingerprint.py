@@ -305,7 +305,8 @@ def combined(kind: str, size: int, sources: Sequence[Any], *own: bytes | str,
     """
     digest = hashlib.blake2b(digest_size=16)
     for source in sources:
-        described = repr(sorted(source_fingerprint(source).items())).encode()
+        described = repr(sorted((key, value) for key, value in source_fingerprint(
+            source).items() if key != "parts")).encode()  # (a part's own parts: named apart)
         digest.update(described)
         if parts is not None:
             parts.append(hashlib.blake2b(described, digest_size=4).hexdigest())

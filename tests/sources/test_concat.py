@@ -253,3 +253,20 @@ def test_a_concatenations_state_saved_before_its_parts_were_named_restores(monke
             warnings.simplefilter("error")
             again.load_state_dict(state)
         np.testing.assert_array_equal(next(iter(again))["v"], next(it)["v"])
+
+
+def test_a_nested_concat_or_mixture_keeps_the_fingerprint_states_were_saved_with():
+    # the parts a state lists (to name one that changed) went into the fingerprint of a source
+    # holding a ConcatSource, so every state saved over a mixture of concats, a filter of one
+    # or a concat of concats was refused (the values: fcc8ce7's, before the parts were listed)
+    def a():
+        return jl.ArraySource({"x": np.arange(10)})
+
+    def b():
+        return jl.ArraySource({"x": np.arange(10, 30)})
+    assert jl.mix([jl.ConcatSource([a(), b()]), b()], [1, 1]).fingerprint == \
+        "mixture:2:5d4882aaa4ef611937b470fcabb1de2b"
+    assert jl.FilteredSource(jl.ConcatSource([a(), b()]), indices=np.arange(3)).fingerprint == \
+        "filtered:3:62b4d2652dd724e3668d698ef6d9f12e"
+    assert jl.ConcatSource([jl.ConcatSource([a(), b()]), a()]).fingerprint == \
+        "concat:40:0297b6affc300d660f78062eae262e2c"
