@@ -131,9 +131,6 @@ def _refuse_masked(path: str, values: list, names: Any, whole: str | None = None
                 "(x.filled(0)) and give the mask a leaf of its own (np.ma.getmaskarray(x))")
 
 
-
-
-
 def _one_dtype(a: np.dtype, b: np.dtype) -> str:
     """What to do with records whose leaf is of dtypes ``a`` and ``b`` alone: the first's cut
     a longer string, zeroed a float image as uint8; a float rounds an id past 2**53."""
@@ -151,9 +148,6 @@ def _one_dtype(a: np.dtype, b: np.dtype) -> str:
     except TypeError:  # (no dtype holds both: a date and a number)
         both = "to the one your data needs"
     return f"give every record one dtype there: cast in a Map ({both})"
-
-
-
 
 
 _PYTHON_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64),
@@ -186,9 +180,6 @@ def _scalars_of_one_dtype(path: str, values: list, names: Any) -> Column:
     return Column(path, (len(values),), dtype, np.array(values, dtype=dtype))
 
 
-
-
-
 def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
     """``value`` (a leaf with the array protocol) as NumPy's, or a ``CollateError`` naming it
     (a torch tensor of bfloat16, or one that requires grad, cannot be one)."""
@@ -204,9 +195,6 @@ def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
                 " (t.detach().cpu().numpy(); a bfloat16 one: t.float(), or t.view(torch."
                 "int16).numpy().view(ml_dtypes.bfloat16) to keep its bits)" if torch else "")
         ) from e
-
-
-
 
 
 def _missing(value: Any) -> bool:
