@@ -250,6 +250,7 @@ def _reap_exiting(wait_s: float = 0.0) -> None:
         _EXITING.remove(popen)
 
 
+@atexit.register
 def _close_starters() -> None:
     """At exit: each starter's link closed and the starter waited for (a second at most): a
     link left to the collector warned of an unclosed socket, a process of one still running."""
@@ -257,9 +258,6 @@ def _close_starters() -> None:
         starter.close()
     _STARTERS.clear()
     _reap_exiting(wait_s=1.0)
-
-
-atexit.register(_close_starters)
 
 
 def starter_for(environment: Mapping[str, str]) -> Starter:
@@ -316,8 +314,7 @@ def serve(fd: int, parent: int) -> None:
     importlib.import_module("numpy.random")  # (a RandomMap's generators: imported once for all)
     ties.die_with_parent(parent)
     ties.leave_signals_to_the_trainer()
-    # (its workers are its own to reap: a training process that ignores SIGCHLD left them to
-    # the kernel, and their exit codes were lost)
+    # (its workers its own to reap: a trainer's SIGCHLD ignored lost their exit codes)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     with socket.socket(fileno=fd) as link:
         _answer(link)
@@ -353,7 +350,10 @@ def _answer(link: socket.socket) -> None:
             reply = ("exit", _reaped(argument, exited))
             if reply[1] is not None:
                 children.discard(argument)
-        link.sendmsg([pickle.dumps((number, *reply))])
+        try:
+            link.sendmsg([pickle.dumps((number, *reply))])
+        except OSError:  # (the training process closed its end as it exits: no traceback)
+            return
 
 
 def _fork(fds: list[int]) -> int | str:

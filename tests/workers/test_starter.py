@@ -353,3 +353,16 @@ def test_thousands_of_orphans_are_asked_after_one_by_one():
         the_starter._running.update(gone)
         assert the_starter.poll(worker.pid) is None  # (the worker still runs)
         assert not the_starter._orphans & set(gone)
+
+
+def test_a_starter_whose_trainer_closed_its_end_before_a_reply_ends_quietly():
+    # a trainer that gave up on a request (interrupted) and exited: the starter's reply raised
+    # ConnectionResetError, a traceback printed at a normal exit (the frameworks audit)
+    import pickle
+    import socket
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.sendmsg([pickle.dumps((1, "children", None))])
+    theirs.close()
+    with mine:
+        starter._answer(mine)  # (returns: the link is closed)
