@@ -264,6 +264,10 @@ def test_a_save_to_a_full_disk_names_the_path(tmp_path):
                                                         r": .*a_file or a folder above it is a "
                                                         r"file"):  # space; the errors audit)
         checkpoint.write_state(tmp_path / "a_file", loader)
+    (tmp_path / "taken" / "process_0-of-1.json").mkdir(parents=True)  # (a folder in the
+    with make() as loader, pytest.raises(OSError, match=r"process_0-of-1.json is a folder: "
+                                                        r"remove or rename it"):  # file's place)
+        checkpoint.write_state(tmp_path / "taken", loader)
 
 
 @pytest.mark.filterwarnings("ignore:coroutine '_create_paths' was never awaited")  # (Orbax

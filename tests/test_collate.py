@@ -82,6 +82,8 @@ def test_lists_of_other_lengths_are_told_they_are_nodes_not_arrays():
                                            r"record position 0;") as raised:
         collate([wide, {k: v for k, v in wide.items() if k != "f4321"}], positions=[0, 1])
     assert len(str(raised.value)) < 600
+    with pytest.raises(CollateError, match=r"lacks \[1\] and has \['1'\]"):  # (alike as text)
+        collate([{1: 0}, {"1": 0}], positions=[0, 1])
 
 
 def test_dtype_mismatch_is_refused_not_upcast():

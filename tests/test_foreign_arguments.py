@@ -307,8 +307,8 @@ def test_arrays_given_by_position_are_told_to_make_one_source():
     # DataLoader(X, y, batch_size=32), TensorDataset's habit, was told to pass the label array
     # as batch_size=, printed whole twice (the errors audit)
     x, y = np.zeros((60000, 4)), np.arange(60000)
-    with pytest.raises(jl.ArgumentError, match=r"DataLoader\(ndarray of shape \(60000, 4\), "
-                                               r"ndarray of shape \(60000,\)\): .*"
+    with pytest.raises(jl.ArgumentError, match=r"DataLoader\(<ndarray of shape \(60000, 4\)>, "
+                                               r"<ndarray of shape \(60000,\)>\): .*"
                                                r"DataLoader\(jl.ArraySource\(\(x, y\)\), "
                                                r"batch_size=32\)") as raised:
         jl.DataLoader(x, y, batch_size=32)
@@ -316,6 +316,8 @@ def test_arrays_given_by_position_are_told_to_make_one_source():
     with pytest.raises(jl.ArgumentError, match=r"DataLoader\(source, 32, <ndarray of shape "
                                                r"\(60000,\)>\): .*shuffle=<ndarray"):
         jl.DataLoader(x, 32, y)
+    with pytest.raises(jl.ArgumentError, match=r"DataLoader\(source, 25\): .*batch_size=25\)"):
+        jl.DataLoader(x, np.int64(100) // 4)  # (a NumPy int: a number, not a second array)
 
 
 def test_a_stream_loaders_argument_given_to_a_data_loader_is_told_whose_it_is():

@@ -638,6 +638,9 @@ def test_a_restore_names_the_component_or_part_that_changed():
                           batch_size=6)
     state = mixed.state_dict()
     assert len(state["parts"]) == 3 and all(len(p) == 8 for p in state["parts"])
+    state["parts"].append("edited")  # (the loader's own list was every state's: the review)
+    assert len(mixed.state_dict()["parts"]) == 3
+    state = mixed.state_dict()
     mixed.load_state_dict(state)  # (the same parts: restores)
     changed = {"web": part(0), "books": edited(1), "code": part(2)}
     with pytest.raises(jl.StateDictError, match=r"its 3 components, but 'books' differs inside"):

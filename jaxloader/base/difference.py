@@ -47,11 +47,12 @@ def keys_apart(first: Any, other: Any) -> str | None:
     """
     if not {first[0], other[0]} <= {"dict", "ordered", "defaultdict"}:
         return None
-    want, got = set(map(str, first[1])), set(map(str, other[1]))
+    want, got = set(first[1]), set(other[1])  # (1 and '1' differ, as their records do)
 
-    def shown(keys: list[str]) -> str:
-        return repr(keys[:10])[:-1] + (f", ... {len(keys) - 10:,} more]" if len(keys) > 10
-                                       else "]")
-    apart = [f"lacks {shown(sorted(want - got))}"] if want - got else []
-    apart += [f"has {shown(sorted(got - want))}, which the other lacks"] if got - want else []
+    def shown(keys: set) -> str:
+        listed = sorted(keys, key=repr)
+        return "[" + ", ".join(map(repr, listed[:10])) + (
+            f", ... {len(listed) - 10:,} more]" if len(listed) > 10 else "]")
+    apart = [f"lacks {shown(want - got)}"] if want - got else []
+    apart += [f"has {shown(got - want)}, which the other lacks"] if got - want else []
     return " and ".join(apart) or f"has the same keys, in a {other[0]}"

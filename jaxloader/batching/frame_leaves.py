@@ -7,54 +7,72 @@ a null, floats of nullable ints, and one float64 array of a row of ints and floa
 
 Example:
     >>> import pandas as pd
-    >>> frame_leaf(pd.Series([1, 2], dtype="Int64"), "batch leaf ['x']").tolist()
+    >>> frame_leaf(pd.Series([1, 2], dtype="Int64"), lambda: "batch leaf ['x']").tolist()
     [1, 2]
-    >>> frame_leaf([1, 2], "batch leaf ['x']") is None
+    >>> frame_leaf([1, 2], lambda: "batch leaf ['x']") is None
     True
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from jaxloader.base.errors import CollateError, ConfigError
-from jaxloader.sources.frames import (SUBJECT, arrow_columns, arrow_kind, as_series,
-                                      frame_columns, is_data_frame, one_kind_of_numbers)
+from jaxloader.sources.frames import (FRAME_AS_ONE, SUBJECT, arrow_columns, arrow_kind,
+                                      as_series, frame_columns, is_data_frame,
+                                      one_kind_of_numbers)
 
 
-def frame_leaf(value: Any, subject: str, record: bool = True) -> np.ndarray | None:
+_FRAME_MODULES = ("pandas", "polars", "pyarrow")
+
+
+def frame_leaf(value: Any, subject: Callable[[], str]) -> np.ndarray | None:
     """``value`` as NumPy where it is a frame, a ``Series`` or an Arrow array (``None`` for
-    any other leaf), refused with a ``CollateError`` whose message starts with ``subject``
-    where ``np.asarray`` would lose or change its values; ``record``: a record's leaf (a
-    ``Series`` indexed by names is a frame's row), not a batch's column."""
+    any other leaf, told by its module first: a torch tensor or PIL image pays one look),
+    refused with a ``CollateError`` whose message starts with ``subject()`` where
+    ``np.asarray`` would lose or change its values."""
+    if type(value).__module__.partition(".")[0] not in _FRAME_MODULES:
+        return None
     kind, value = arrow_kind(value), as_series(value)
     if not is_data_frame(value) and kind is None:
         return None
     if kind == "table" or (is_data_frame(value) and type(value).__name__ == "DataFrame"
                            and not one_kind_of_numbers(value)):
         raise CollateError(
-            f"{subject} is a {type(value).__name__} of columns of several dtypes or with nulls, "
-            "which NumPy would make one array of one dtype (its column names lost, int64 ids "
-            "past 2**53 rounded in float64, a null NaN); return its columns as leaves of their "
-            "own ({'age': df['age'].to_numpy(), ...}), or read the frame with "
-            "jl.ArraySource(df), whose records are dicts of its columns")
+            f"{subject()} is a {type(value).__name__} of columns of several dtypes or with "
+            f"nulls, {FRAME_AS_ONE}; return its columns as leaves of their own ({{'age': "
+            "df['age'].to_numpy(), ...}), or read the frame with jl.ArraySource(df), whose "
+            "records are dicts of its columns")
     if is_data_frame(value) and type(value).__name__ == "DataFrame":
         return np.asarray(value.to_numpy())  # (one dtype of numbers: exact)
-    if record and type(value).__module__.startswith("pandas") and getattr(
-            value.index.dtype, "kind", "") == "O":  # (labels: objects or pandas' strings)
-        raise CollateError(  # (df.iloc[i]: its columns cast to one dtype before we see it)
-            f"{subject} is a pandas Series indexed by {list(value.index)[:5]!r:.120}: a "
-            f"DataFrame's row, whose values pandas cast to one dtype ({value.dtype}: int64 ids "
-            "past 2**53 rounded in float64, ints as floats beside a float column), its names "
-            "as an index no batch holds; return the row as a dict of its columns "
-            "(row.to_dict(), or {'age': row['age'], ...}), or read the frame with "
-            "jl.ArraySource(df), whose records are dicts of its columns")
-    token = SUBJECT.set(subject)
+    token = SUBJECT.set(subject())
     try:
         return np.asarray(arrow_columns(value) if kind else frame_columns(value))
     except ConfigError as e:
         raise CollateError(str(e)) from None
     finally:
         SUBJECT.reset(token)
+
+
+def refuse_rows(values: list, subject: str) -> None:
+    """Refuses records whose leaf is a pandas ``DataFrame``'s row (``df.iloc[i]``): ``Series``
+    of the same labels (the frame's columns) named by other rows' labels, whose values pandas
+    cast to one dtype before a loader sees them (ids past 2**53 rounded beside a float
+    column), their names an index no batch holds. Windows of a series (one name, labels that
+    move) are not rows; one record alone cannot tell."""
+    first = values[0]
+    if len(values) < 2 or not (type(first).__module__.startswith("pandas") and
+                               type(first).__name__ == "Series"):
+        return
+    if all(type(v) is type(first) and v.index.equals(first.index) for v in values[1:]) and \
+            len({v.name for v in values}) == len(values):
+        cast = (f" whose values pandas cast to one dtype ({first.dtype}: int64 ids past 2**53 "
+                "rounded beside a float column)," if first.dtype.kind in "fcO" else "")
+        raise CollateError(
+            f"{subject} is a pandas Series indexed by {list(first.index)[:5]!r:.120}, each "
+            f"record's named by its own label: a DataFrame's row,{cast} its names an index no "
+            "batch holds; return the row as a dict of its columns (row.to_dict(), or {'age': "
+            "row['age'], ...}), or read the frame with jl.ArraySource(df), whose records are "
+            "dicts of its columns")

@@ -23,7 +23,7 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import CollateError
-from jaxloader.batching.frame_leaves import frame_leaf
+from jaxloader.batching.frame_leaves import frame_leaf, refuse_rows
 from jaxloader.batching.object_leaves import (DENSE, check_objects, has_array_protocol, is_sparse,
                                               refuse_object, type_name)
 
@@ -61,9 +61,10 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                 # array a row, as a source's batch gives them (no device form either way)
                 return Column(path, (n,), first.dtype, object_column(values))
             raise_leaf_mismatch(path, values, names)
-        if first.dtype.hasobject and first.size:  # (a lock: batched in process only)
-            check_objects(path, tree_lib.record_name(names, 0).replace("{", "{{").replace(
-                "}", "}}"), first)
+        for j, v in enumerate(values):  # (a lock: batched in process only; one value each)
+            if v.dtype.hasobject and v.size:
+                check_objects(path, tree_lib.record_name(names, j).replace("{", "{{").replace(
+                    "}", "}}"), v)
         return Column(path, (n, *first.shape), first.dtype, values, names)
     if isinstance(first, np.ndarray) and first.ndim == 0 and (
             first.dtype.kind in "US"
@@ -114,6 +115,7 @@ def _record_column(path: str, values: list, names: Any) -> Column:
             ) from None
         return Column(path, array.shape, array.dtype, array)
     if has_array_protocol(first):  # a torch tensor, a PIL image, a jax.Array...
+        refuse_rows(values, f"batch leaf {path}: {tree_lib.record_name(names, 0)}")
         return _record_column(path, [_as_array(path, v, j, names) for j, v in
                                      enumerate(values)], names)
     refuse_object(path, tree_lib.record_name(names, 0), first)
@@ -183,7 +185,7 @@ def _scalars_of_one_dtype(path: str, values: list, names: Any) -> Column:
 def _as_array(path: str, value: Any, j: int, names: Any) -> np.ndarray:
     """``value`` (a leaf with the array protocol) as NumPy's, or a ``CollateError`` naming it
     (a torch tensor of bfloat16, or one that requires grad, cannot be one)."""
-    found = frame_leaf(value, f"batch leaf {path}: {tree_lib.record_name(names, j)}")
+    found = frame_leaf(value, lambda: f"batch leaf {path}: {tree_lib.record_name(names, j)}")
     try:  # (a frame, a Series, an Arrow array: checked as ArraySource checks them)
         return np.asarray(value) if found is None else found
     except Exception as e:  # noqa: BLE001 - (the protocol's own error, whatever it raises)
@@ -336,7 +338,7 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
     for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
         if isinstance(leaf, np.ma.MaskedArray):  # (np.asarray drops its mask)
             _refuse_masked(path, [leaf], None, "the batch's column")
-        found = frame_leaf(leaf, f"batch leaf {path}: the batch's column", record=False)
+        found = frame_leaf(leaf, lambda: f"batch leaf {path}: the batch's column")
         array = np.asarray(leaf) if found is None else found
         if array.ndim == 0 or array.shape[0] != size:
             if is_sparse(leaf):  # (np.asarray: one object, "got shape ()")

@@ -159,7 +159,7 @@ def arguments_hint(e: Exception, fn: Any) -> str:
         legacy = {"randint": "integers", "rand": "random", "randn": "standard_normal",
                   "random_sample": "random", "random_integers": "integers", "seed": ""}
         name = said.rsplit("'", 2)[-2] if isinstance(e, AttributeError) else ""
-        return (f" (a RandomMap's rng is a numpy.random.Generator, seeded for each record"
+        return (" (a RandomMap's rng is a numpy.random.Generator, seeded for each record"
                 + (f": rng.{legacy[name]} for RandomState's {name}" if legacy.get(name) else
                    ": it is seeded already, from (seed, epoch, position)" if name == "seed"
                    else "") + "; for a jax.random key, write the transform as a jl.JitMap, "
@@ -202,10 +202,10 @@ def _in_a_worker() -> bool:
         return False
 
 
-def kept_answer(kept: Any, said: Callable[[], str]) -> bool:
+def kept_answer(kept: Any, said: Callable[[], str], shown: str = "") -> bool:
     """A filter's answer for a record as a bool; ``None`` (a return left out: every record
     dropped, silently) and a string (``"no"`` is true: every record kept) refused, ``said()``
-    naming the filter and the record.
+    naming the filter and the record (``shown``: the answer, where it is not at hand).
 
     Example:
         >>> kept_answer(0, lambda: "Filter(f)")
@@ -213,7 +213,7 @@ def kept_answer(kept: Any, said: Callable[[], str]) -> bool:
     """
     if kept is None or isinstance(kept, (str, bytes)):
         raise RecordError(
-            f"{said()} returned {kept!r:.40}, expected True (keep the record) or False (drop "
-            "it)" + ("; a return left out?" if kept is None else
+            f"{said()} returned {shown or f'{kept!r:.40}'}, expected True (keep the record) or "
+            "False (drop it)" + ("; a return left out?" if kept is None else
                      ", which a string is not (any but '' is true)"))
     return bool(kept)

@@ -199,19 +199,27 @@ def _kept_by_workers(source: Any, keep: Callable[[Any], Any], num_workers: int) 
                     num_workers=num_workers, last_batch="partial", process_index=0,
                     process_count=1) as loader:
         for flags in loader:  # (a view of a worker's slot: not kept, so the slot goes back)
-            kept.append(np.flatnonzero(flags) + start)
+            if (flags > 1).any():  # (None or a string: refused naming its record, here)
+                bad = int(np.flatnonzero(flags > 1)[0])
+                kept_answer(None if flags[bad] == 2 else "", lambda: f"FilteredSource(keep) "
+                            f"{fn_name(keep)}, on record {start + bad},",
+                            "" if flags[bad] == 2 else "a string")
+            kept.append(np.flatnonzero(flags == 1) + start)
             start += len(flags)
     return np.concatenate(kept).astype(np.int64)
 
 
 class _Flag:
-    """``keep``'s answer for a record, as a NumPy bool (what a worker batches)."""
+    """``keep``'s answer for a record as a worker batches it: 1 keep, 0 drop, 2 ``None`` and 3
+    a string (refused where the record's number is known: ``_kept_by_workers``)."""
 
     def __init__(self, keep: Callable[[Any], Any]) -> None:
         self.keep = keep
 
-    def __call__(self, record: Any) -> np.bool_:
-        return np.bool_(kept_answer(self.keep(record), lambda: f"{self!r}"))
+    def __call__(self, record: Any) -> np.int8:
+        kept = self.keep(record)
+        return np.int8(2 if kept is None else 3 if isinstance(kept, (str, bytes)) else
+                       bool(kept))
 
     def __repr__(self) -> str:
         return f"FilteredSource(keep) {fn_name(self.keep)}"

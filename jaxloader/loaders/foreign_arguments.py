@@ -121,9 +121,9 @@ _TORCH_ORDER = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_worker
 def _shown(value: Any) -> str:
     """``value`` as a message shows it: an array by its type and shape (its repr, twice in a
     message, ran to its 1,000 values)."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
+    if hasattr(value, "shape") and hasattr(value, "dtype") and len(value.shape):
         return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
-    return f"{value!r:.80}"
+    return f"{value.item() if hasattr(value, 'item') and hasattr(value, 'dtype') else value!r:.80}"
 
 
 def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[str, Any],
@@ -139,9 +139,10 @@ def refuse_call(owner: str, source: Any, extra: tuple[Any, ...], unknown: dict[s
         jaxloader.base.errors.ArgumentError: DataLoader(source, 32): ... batch_size=32)
     """
     first = "stream" if owner == "StreamLoader" else "source"
-    arrays = [v for v in (source, *extra) if hasattr(v, "shape") and hasattr(v, "dtype")]
+    arrays = [v for v in (source, *extra) if hasattr(v, "shape") and hasattr(v, "dtype")
+              and len(v.shape)]
     if extra and len(arrays) == 1 + len(extra):  # (TensorDataset(X, y), Keras' fit(X, y))
-        shapes = ", ".join(f"{type(v).__name__} of shape {tuple(v.shape)}" for v in arrays)
+        shapes = ", ".join(map(_shown, arrays))
         names = "x, y" if len(arrays) == 2 else ", ".join(f"x{i}" for i in range(len(arrays)))
         raise ArgumentError(
             f"{owner}({shapes}): {owner} takes one {first}, by position; for records of "

@@ -63,6 +63,8 @@ def make_state(sampler: Order, step: int, fingerprint: dict[str, Any],
     }
     if "files" in state:  # the state's own lists: changing one leaves the loader's alone
         state["files"] = [list(identity) for identity in state["files"]]
+    if "parts" in state:
+        state["parts"] = list(state["parts"])
     if transforms is not None:
         state["transforms"] = list(transforms)
     return state

@@ -78,8 +78,9 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
                   if isinstance(e, FileNotFoundError) else "save the checkpoint to a directory "
                   "this process may write (its permissions, a read-only mount)" if e.errno in (
                       errno.EROFS, errno.EACCES, errno.EPERM) else "pass a directory: "
-                  f"{directory} or a folder above it is a file" if e.errno in (
-                      errno.ENOTDIR, errno.EISDIR) else "free space on that disk, or save the "
+                  f"{directory} or a folder above it is a file" if e.errno == errno.ENOTDIR
+                  else f"{path} is a folder: remove or rename it" if e.errno == errno.EISDIR
+                  else "free space on that disk, or save the "
                   "checkpoint to another directory" if e.errno in (errno.ENOSPC, errno.EDQUOT)
                   else "save the checkpoint to another directory")
         raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "

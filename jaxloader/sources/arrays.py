@@ -20,8 +20,9 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import memmap_under
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
-from jaxloader.sources.frames import (arrow_columns, arrow_kind, as_series, check_aligned,
-                                     frame_columns, is_data_frame, one_kind_of_numbers)
+from jaxloader.sources.frames import (FRAME_AS_ONE, arrow_columns, arrow_kind, as_series,
+                                     check_aligned, frame_columns, is_data_frame,
+                                     one_kind_of_numbers)
 
 
 class ArraySource:
@@ -77,9 +78,8 @@ class ArraySource:
                 leaf = leaf.to_numpy()  # (a model's X of one dtype: a matrix loses nothing)
             elif is_data_frame(leaf):  # (np.asarray: one matrix of one dtype, names lost)
                 raise ConfigError(
-                    f"ArraySource leaf {path}: a {type(leaf).__name__} inside the tree, which "
-                    "NumPy would make one array of one dtype (its column names lost, int64 "
-                    "ids past 2**53 rounded in float64); pass the frame alone, "
+                    f"ArraySource leaf {path}: a {type(leaf).__name__} inside the tree, "
+                    f"{FRAME_AS_ONE}; pass the frame alone, "
                     "ArraySource(df), for a dict of its columns a record, or give its columns "
                     "as arrays yourself (df.to_numpy(dtype) for one matrix)")
             if np.ma.is_masked(leaf):  # (its data alone would be batched: the mask lost)
@@ -118,7 +118,7 @@ class ArraySource:
                     "(np.stack(volumes)) or pass a list of records ([{'image': v} for v in "
                     "volumes])" if listed else ""))
         self._len = arrays[0].shape[0]
-        _refuse_lists_of_records(paths, arrays, self._len)
+        _refuse_lists_of_records(tree, self._len)
         self._stamps = _mapped_stamps(arrays)
         self._set_arrays(arrays)
 
@@ -266,20 +266,25 @@ def _lists(tree: Any) -> Any:
     return tree
 
 
-def _refuse_lists_of_records(paths: list[str], arrays: list[np.ndarray], n: int) -> None:
-    """Refuses a list of more arrays (16 or more) than each has rows: 1,000 images in a list
-    are 1,000 leaves whose 64 rows are the records, 64 records of 1,000 leaves each, not 1,000
-    records, where a list of a few columns (``(X, y)``) is meant as it reads."""
-    lists: dict[str, list[int]] = {}
-    for i, path in enumerate(paths):
-        if path.endswith("]") and path.rsplit("[", 1)[1][:-1].isdigit():
-            lists.setdefault(path.rsplit("[", 1)[0], []).append(i)
-    for parent, items in lists.items():
-        if len(items) >= 16 and len(items) > n:
-            shape = arrays[items[0]].shape
-            raise ConfigError(
-                f"ArraySource: {parent or 'the tree'} is a list of {len(items):,} arrays (the "
-                f"first of shape {shape}), each a leaf whose {n:,} rows are the records: "
-                f"{n:,} records of {len(items):,} leaves each; for {len(items):,} records, one "
-                "array each, stack them (np.stack(arrays)) or pass a list of records "
-                "([{'image': a} for a in arrays]) to a loader")
+def _refuse_lists_of_records(tree: Any, n: int, where: str = "the tree") -> None:
+    """Refuses a list (or tuple) of more arrays of 2 dimensions or more (16 or more) than each
+    has rows: 1,000 images in a list are 1,000 leaves whose 64 rows are the records, 64
+    records of 1,000 leaves each, not 1,000 records; a list of columns (1-D: ``(X, y)``, 20
+    sensors) is meant as it reads."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            _refuse_lists_of_records(value, n, f"[{key!r}]" if where == "the tree" else
+                                     f"{where}[{key!r}]")
+        return
+    if not isinstance(tree, (list, tuple)) or hasattr(tree, "_fields"):
+        return
+    shapes = [getattr(item, "shape", ()) for item in tree]
+    if len(tree) >= 16 and len(tree) > n and all(len(shape) >= 2 for shape in shapes):
+        raise ConfigError(
+            f"ArraySource: {where} is a list of {len(tree):,} arrays (the first of shape "
+            f"{shapes[0]}), each a leaf whose {n:,} rows are the records: {n:,} records of "
+            f"{len(tree):,} leaves each; for {len(tree):,} records, one array each, stack them "
+            "(np.stack(arrays)) or pass a list of records ([{'image': a} for a in arrays]) to "
+            "a loader")
+    for i, item in enumerate(tree):
+        _refuse_lists_of_records(item, n, f"{where}[{i}]" if where != "the tree" else f"[{i}]")

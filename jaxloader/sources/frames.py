@@ -21,6 +21,11 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.sources.arrow_numpy import numpy_of
 
 
+# What NumPy makes of a frame of several dtypes (``np.asarray``), as refusals say it.
+FRAME_AS_ONE = ("which NumPy would make one array of one dtype (its column names lost, int64 ids "
+                "past 2**53 rounded in float64, a null NaN)")
+
+
 def is_data_frame(x: Any) -> bool:
     """Whether ``x`` is a pandas or polars ``DataFrame`` or ``Series`` (neither imported)."""
     kind = type(x)
@@ -33,7 +38,8 @@ def as_series(x: Any) -> Any:
     ``Series``, whose checks it then gets (``np.asarray``: NaN of a missing value, in
     silence); anything else as it is."""
     pd = sys.modules.get("pandas")
-    if pd is not None and isinstance(x, (pd.api.extensions.ExtensionArray, pd.Index)):
+    if pd is not None and isinstance(x, (pd.api.extensions.ExtensionArray, pd.Index)) and \
+            not isinstance(x, pd.MultiIndex):  # (no Series holds one: refused as it was)
         return pd.Series(x, copy=False)
     return x
 

@@ -239,8 +239,8 @@ def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_c
     pa = pytest.importorskip("pyarrow")
     df = pd.DataFrame({"user_id": np.arange(8) + 2**53 + 1, "score": np.linspace(0, 1, 8)})
     with pytest.raises((jl.CollateError, jl.WorkerError), match=r"batch leaf \['row'\]: record "
-                       r"position 0 is a pandas Series indexed by \['user_id', 'score'\]: a "
-                       r"DataFrame's row.*row.to_dict\(\)"):
+                       r"position 0 is a pandas Series indexed by \['user_id', 'score'\], each "
+                       r"record's named by its own label: a DataFrame's row.*row.to_dict\(\)"):
         _first_batch(_Records(lambda i: {"row": df.iloc[i]}), num_workers)
     if num_workers:
         return
@@ -252,6 +252,13 @@ def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_c
         with pytest.raises(jl.CollateError, match=r"batch leaf \['x'\]: record position 0 "
                                                   + said):
             _first_batch(_Records(lambda i: {"x": leaf(i)}))
+    days = pd.Series(np.arange(8) + 2**53 + 1, index=[f"2024-01-0{d}" for d in range(1, 9)])
+    batch = _first_batch(_Records(lambda i: {"window": days.iloc[i:i + 3]}))  # (a window of
+    assert batch["window"][0].tolist() == (np.arange(3) + 2**53 + 1).tolist()  # a series
+    # indexed by strings, not a row: the review)
+    with pytest.raises(jl.ConfigError, match=r"ArraySource leaf \['v'\]: expected a NumPy"):
+        jl.ArraySource({"v": pd.MultiIndex.from_arrays([[1, 2], [3, 4]])})  # (not pandas' bare
+        # NotImplementedError from a Series of it)
     batch = _first_batch(_Records(lambda i: {"w": df[["score"]].iloc[i:i + 2],
                                              "a": pa.array([i, 2]), "s": df["score"].iloc[i:i + 2]}))
     assert batch["w"].shape == (4, 2, 1) and batch["a"].tolist()[1] == [1, 2]
