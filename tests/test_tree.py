@@ -23,7 +23,8 @@ def test_round_trip_of_every_container():
 
 def test_gather_names_the_path_and_position_of_a_structure_mismatch():
     trees = [{"a": {"b": 1}}, {"a": {"c": 1}}]
-    with pytest.raises(CollateError, match=r"\['a'\].*position 11.*position 12"):
+    with pytest.raises(CollateError, match=r"\['a'\].*position 12 lacks \['b'\] and has "
+                                           r"\['c'\].*against record position 11"):
         gather(trees, structure(trees[0]), names=[11, 12])
 
 
