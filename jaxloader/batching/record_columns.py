@@ -61,8 +61,9 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                 # array a row, as a source's batch gives them (no device form either way)
                 return Column(path, (n,), first.dtype, object_column(values))
             raise_leaf_mismatch(path, values, names)
-        for j, v in enumerate(values):  # (a lock: batched in process only; one value each)
-            if v.dtype.hasobject and v.size:
+        for j, v in enumerate(values if first.dtype.hasobject else ()):  # (a lock: batched
+            if v.dtype.hasobject and v.size:  # in process only; one value each; other
+                # dtypes: the stacking refuses them)
                 check_objects(path, tree_lib.record_name(names, j).replace("{", "{{").replace(
                     "}", "}}"), v)
         return Column(path, (n, *first.shape), first.dtype, values, names)
