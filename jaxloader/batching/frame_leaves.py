@@ -38,6 +38,8 @@ def frame_leaf(value: Any, subject: Callable[[], str]) -> np.ndarray | None:
     kind, value = arrow_kind(value), as_series(value)
     if not is_data_frame(value) and kind is None:
         return None
+    if kind == "column" and not _nulls_made_nan(value):  # (np.asarray's: strings, lists and
+        return None  # structs as objects, as before; a record's states restore)
     if kind == "table" or (is_data_frame(value) and type(value).__name__ == "DataFrame"
                            and not one_kind_of_numbers(value)):
         raise CollateError(
@@ -76,3 +78,13 @@ def refuse_rows(values: list, subject: str) -> None:
             "batch holds; return the row as a dict of its columns (row.to_dict(), or {'age': "
             "row['age'], ...}), or read the frame with jl.ArraySource(df), whose records are "
             "dicts of its columns")
+
+
+def _nulls_made_nan(array: Any) -> bool:
+    """Whether ``np.asarray`` of an Arrow array would make its nulls NaN (and its ints floats):
+    numbers with a null; other types keep theirs as ``None`` among objects."""
+    import pyarrow as pa
+
+    kind = array.type
+    return bool(array.null_count) and (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                                       or pa.types.is_boolean(kind))

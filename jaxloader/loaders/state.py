@@ -291,6 +291,7 @@ def refuse_unknown(state: dict, expected: Any, loader: str) -> None:
     if unknown:
         raise StateDictError(
             f"state: unknown keys {shown_names(unknown)}; expected keys {sorted(expected)}: a "
-            f"state edited by hand, or another kind of loader's; pass the dict that "
+            f"state edited by hand, another kind of loader's, or one a newer jaxloader saved "
+            f"(restore it with that version or a later one); pass the dict that "
             f"{loader}.state_dict() returned, unchanged")
 

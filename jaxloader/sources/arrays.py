@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import memmap_under
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
 from jaxloader.sources.frames import (FRAME_AS_ONE, arrow_columns, arrow_kind, as_series,
                                      check_aligned, frame_columns, is_data_frame,
                                      one_kind_of_numbers)
@@ -63,6 +63,7 @@ class ArraySource:
         check_aligned(paths, leaves)
         arrays = []
         for path, leaf in zip(paths, leaves):
+            given = type(leaf).__name__  # (as the user gave it: a Categorical, an Index)
             if arrow_kind(leaf) == "table":
                 raise ConfigError(
                     f"ArraySource leaf {path}: an Arrow {type(leaf).__name__} inside the tree; "
@@ -101,7 +102,7 @@ class ArraySource:
                           "(any object with __len__ and __getitem__)")
                 raise ConfigError(
                     f"ArraySource leaf {path}: expected a NumPy array of numbers or fixed-width "
-                    f"strings with records along axis 0, got {type(leaf).__name__} with shape "
+                    f"strings with records along axis 0, got {given} with shape "
                     f"{array.shape} dtype {array.dtype}; {remedy}"
                 )
             arrays.append(array)
@@ -118,7 +119,7 @@ class ArraySource:
                     "(np.stack(volumes)) or pass a list of records ([{'image': v} for v in "
                     "volumes])" if listed else ""))
         self._len = arrays[0].shape[0]
-        _refuse_lists_of_records(tree, self._len)
+        _warn_of_lists_of_records(tree, self._len)
         self._stamps = _mapped_stamps(arrays)
         self._set_arrays(arrays)
 
@@ -266,25 +267,27 @@ def _lists(tree: Any) -> Any:
     return tree
 
 
-def _refuse_lists_of_records(tree: Any, n: int, where: str = "the tree") -> None:
-    """Refuses a list (or tuple) of more arrays of 2 dimensions or more (16 or more) than each
+def _warn_of_lists_of_records(tree: Any, n: int, where: str = "the tree") -> None:
+    """Warns of a list (or tuple) of more arrays of 2 dimensions or more (16 or more) than each
     has rows: 1,000 images in a list are 1,000 leaves whose 64 rows are the records, 64
     records of 1,000 leaves each, not 1,000 records; a list of columns (1-D: ``(X, y)``, 20
     sensors) is meant as it reads."""
     if isinstance(tree, Mapping):
         for key, value in tree.items():
-            _refuse_lists_of_records(value, n, f"[{key!r}]" if where == "the tree" else
+            _warn_of_lists_of_records(value, n, f"[{key!r}]" if where == "the tree" else
                                      f"{where}[{key!r}]")
         return
     if not isinstance(tree, (list, tuple)) or hasattr(tree, "_fields"):
         return
     shapes = [getattr(item, "shape", ()) for item in tree]
     if len(tree) >= 16 and len(tree) > n and all(len(shape) >= 2 for shape in shapes):
-        raise ConfigError(
+        warnings.warn(  # (warned, not refused: a list of a few rows' columns is read as before)
             f"ArraySource: {where} is a list of {len(tree):,} arrays (the first of shape "
             f"{shapes[0]}), each a leaf whose {n:,} rows are the records: {n:,} records of "
             f"{len(tree):,} leaves each; for {len(tree):,} records, one array each, stack them "
             "(np.stack(arrays)) or pass a list of records ([{'image': a} for a in arrays]) to "
-            "a loader")
+            "a loader; for columns, name them in a dict ({'f0': a, ...}) to say so",
+            JaxloaderWarning, stacklevel=user_stacklevel())
+        return
     for i, item in enumerate(tree):
-        _refuse_lists_of_records(item, n, f"{where}[{i}]" if where != "the tree" else f"[{i}]")
+        _warn_of_lists_of_records(item, n, f"{where}[{i}]" if where != "the tree" else f"[{i}]")

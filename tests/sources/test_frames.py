@@ -262,6 +262,9 @@ def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_c
     batch = _first_batch(_Records(lambda i: {"w": df[["score"]].iloc[i:i + 2],
                                              "a": pa.array([i, 2]), "s": df["score"].iloc[i:i + 2]}))
     assert batch["w"].shape == (4, 2, 1) and batch["a"].tolist()[1] == [1, 2]
+    texts = _first_batch(_Records(lambda i: {"s": pa.array(["a" * (i + 1), None])}))  # (strings
+    assert texts["s"].dtype == object and texts["s"][1].tolist() == ["aa", None]  # as objects,
+    # as np.asarray made them: a state saved over them restores; the upgrade audit)
     assert batch["s"].dtype == np.float64
     with pytest.raises(jl.CollateError, match=r"batch leaf \['id'\]: the batch's column \(Int64\) "
                                               r"has 1 missing value"):  # (__getitems__'s)
