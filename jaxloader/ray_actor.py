@@ -125,9 +125,11 @@ def actor_arguments(index: int, count: int) -> tuple:
 
 def with_worker_environment(options: dict) -> dict:
     """``options`` with local workers' environment in ``runtime_env``'s ``env_vars`` (JAX on the
-    CPU, one thread a math library and for a JitMap's XLA), where it does not set them."""
+    CPU, one thread a math library and for a JitMap's XLA; ``-O``, which a local worker is
+    started with: a transform's ``assert`` acts alike), where it does not set them."""
     runtime_env = dict(options.get("runtime_env") or {})
-    runtime_env["env_vars"] = {**THREAD_DEFAULTS, **WORKER_ENVIRONMENT,
+    optimized = {"PYTHONOPTIMIZE": str(sys.flags.optimize)} if sys.flags.optimize else {}
+    runtime_env["env_vars"] = {**THREAD_DEFAULTS, **WORKER_ENVIRONMENT, **optimized,
                                **jax_environment(os.environ),  # (this process's 64-bit JAX...)
                                **(runtime_env.get("env_vars") or {})}
     return {**options, "runtime_env": runtime_env}

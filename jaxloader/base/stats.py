@@ -195,7 +195,7 @@ def queued_s(pid: int) -> float:
     total = 0
     for thread in threads:
         try:
-            with open(f"{_PROC}/{pid}/task/{thread}/schedstat") as f:
+            with open(f"{_PROC}/{pid}/task/{thread}/schedstat", encoding="ascii") as f:
                 total += int(f.read().split()[1])
         except (OSError, ValueError, IndexError):  # (a thread that ended meanwhile)
             continue

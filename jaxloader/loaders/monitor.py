@@ -60,7 +60,7 @@ MAX_PREFETCH = 8
 
 def _resident_bytes(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/statm") as f:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0

@@ -131,8 +131,8 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
                if _kind_and_digest(a) != _kind_and_digest(b)]
     warnings.warn(
         f"the loader's transforms differ from those of the run that saved this state, as "
-        "their code shows (a lambda's whole line, the Python version's constants), or the "
-        "arrays or settings their functions hold "
+        "their code shows (a lambda's whole line, the Python version's constants, python -O "
+        "against a run without: an assert's), or the arrays or settings their functions hold "
         f"({'; '.join(changes[:4])}{'; ...' if len(changes) > 4 else ''}): from step {step} "
         "on, the same records in the same order are made into batches by this loader's "
         "transforms, not the saved run's; restore with the same transforms for the same "

@@ -79,7 +79,7 @@ def process_limits() -> str:
 def _cgroups() -> list[tuple[str, str]]:
     """``(controllers, path)`` of each of this process's cgroups (``/proc/self/cgroup``)."""
     try:  # (a cgroup's name may hold any bytes)
-        with open("/proc/self/cgroup", errors="surrogateescape") as f:
+        with open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as f:
             lines = f.read().splitlines()
     except (OSError, ValueError):
         return []
@@ -95,7 +95,7 @@ def _up(path: str) -> list[str]:
 
 def _read(path: str) -> str | None:
     try:
-        with open(path, errors="surrogateescape") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
             return f.read().strip()
     except (OSError, ValueError):
         return None
@@ -172,7 +172,7 @@ def _meminfo_available() -> int | None:
 def _meminfo(key: str) -> int | None:
     """The bytes ``/proc/meminfo`` says for ``key`` (``"MemAvailable:"``), or ``None``."""
     try:
-        with open("/proc/meminfo") as f:
+        with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith(key):
                     return int(line.split()[1]) * 1024

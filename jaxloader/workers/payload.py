@@ -226,7 +226,7 @@ class _Mappings:
         self._starts: list[int] = []
         self._spans: list[list] = []  # [end, path, anonymous bytes]
         try:
-            with open("/proc/self/smaps") as smaps:
+            with open("/proc/self/smaps", encoding="utf-8", errors="surrogateescape") as smaps:
                 for line in smaps:
                     head = line.split(None, 5)
                     if head and ":" not in head[0]:  # a mapping's line: its span first

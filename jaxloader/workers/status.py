@@ -188,7 +188,7 @@ def process_state(pid: int) -> str:
 def _state(pid: int) -> str | None:
     """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``, ...), or ``None``."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="surrogateescape") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None

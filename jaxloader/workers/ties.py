@@ -54,9 +54,9 @@ def gone_before_the_trainer() -> None:
     signal and its step), where the training process, the largest, was ended without a word.
     A process may raise its own value without privileges (Linux alone)."""
     try:
-        with open("/proc/self/oom_score_adj") as f:
+        with open("/proc/self/oom_score_adj", encoding="ascii") as f:
             now = int(f.read().strip() or 0)
-        with open("/proc/self/oom_score_adj", "w") as f:
+        with open("/proc/self/oom_score_adj", "w", encoding="ascii") as f:
             f.write(str(min(1000, now + 1000)))
     except (OSError, ValueError):
         pass

@@ -215,11 +215,21 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
 
 
 def serve(conn: Connection) -> None:
-    """The worker loop; returns when told to stop or when the main process is gone."""
+    """The worker loop; returns when told to stop or when the main process is gone, a
+    stream's shards closed (left to the collector, each warned ``ResourceWarning``: an error
+    under ``-W error``)."""
     started = _start(conn)
     if started is None:
         return
-    maker, status = started
+    try:
+        _serve_tasks(conn, *started)
+    finally:
+        close = getattr(started[0], "close", None)
+        if callable(close):
+            close()
+
+
+def _serve_tasks(conn: Connection, maker: Maker, status: WorkerStatus) -> None:
     inbox, slots, heap, piped = _Inbox(conn), _Slots(), Heap(), _Piped()
     last_layout = None
     stream = maker if isinstance(maker, StreamMaker) else None  # its readers' states reported
