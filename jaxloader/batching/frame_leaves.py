@@ -62,19 +62,21 @@ def refuse_rows(values: list, subject: str) -> None:
     """Refuses records whose leaf is a pandas ``DataFrame``'s row (``df.iloc[i]``): ``Series``
     of the same labels (the frame's columns) named by other rows' labels, whose values pandas
     cast to one dtype before a loader sees them (ids past 2**53 rounded beside a float
-    column), their names an index no batch holds. Windows of a series (one name, labels that
-    move) are not rows; one record alone cannot tell."""
+    column), their names an index no batch holds; rows of ints or bools, cast to nothing, are
+    taken. Windows of a series (one name, labels that move) are not rows; one record alone
+    cannot tell."""
     first = values[0]
     if len(values) < 2 or not (type(first).__module__.startswith("pandas") and
                                type(first).__name__ == "Series"):
         return
-    if all(type(v) is type(first) and v.index.equals(first.index) for v in values[1:]) and \
+    if first.dtype.kind in "fcO" and all(  # (of ints or bools: nothing cast, taken as before)
+            type(v) is type(first) and v.index.equals(first.index) for v in values[1:]) and \
             len({v.name for v in values}) == len(values):
-        cast = (f" whose values pandas cast to one dtype ({first.dtype}: int64 ids past 2**53 "
-                "rounded beside a float column)," if first.dtype.kind in "fcO" else "")
         raise CollateError(
             f"{subject} is a pandas Series indexed by {list(first.index)[:5]!r:.120}, each "
-            f"record's named by its own label: a DataFrame's row,{cast} its names an index no "
+            f"record's named by its own label: a DataFrame's row, whose values pandas cast to "
+            f"one dtype ({first.dtype}: int64 ids past 2**53 rounded beside a float column, "
+            "numbers as objects beside a column of strings), its names an index no "
             "batch holds; return the row as a dict of its columns (row.to_dict(), or {'age': "
             "row['age'], ...}), or read the frame with jl.ArraySource(df), whose records are "
             "dicts of its columns")

@@ -244,6 +244,8 @@ def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_c
         _first_batch(_Records(lambda i: {"row": df.iloc[i]}), num_workers)
     if num_workers:
         return
+    ints = pd.DataFrame({"a": np.arange(8), "b": np.arange(8) * 2})  # (nothing cast: as before)
+    assert _first_batch(_Records(lambda i: {"row": ints.iloc[i]}))["row"][1].tolist() == [1, 2]
     for leaf, said in [(lambda i: pd.array([i, None], dtype="Int64"), r"\(Int64\) has 1 missing"),
                        (lambda i: pd.Categorical([1, None]), r"\(category\) has 1 missing.*"
                                                              r"s.cat.codes"),
