@@ -303,7 +303,8 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
 
         Example:
             >>> import numpy as np, jaxloader as jl
-            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=4,
+            >>> loader = jl.DataLoader(jl.ArraySource({"x": np.ones((2048, 256))}), batch_size=64,
+            ...                        transforms=[jl.Map(lambda r: {"x": np.sort(r["x"])})],
             ...                        process_index=0, process_count=1)
             >>> for batch in loader:
             ...     pass
