@@ -81,7 +81,8 @@ def write_state(directory: PathLike, loader: Any, state: dict | None = None) -> 
                   f"{directory} or a folder above it is a file" if e.errno == errno.ENOTDIR
                   else f"{path} is a folder: remove or rename it" if e.errno == errno.EISDIR
                   else "free space on that disk, or save the "
-                  "checkpoint to another directory" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                  "checkpoint to another directory" if e.errno in (errno.ENOSPC, getattr(
+                      errno, "EDQUOT", errno.ENOSPC))
                   else "save the checkpoint to another directory")
         raise OSError(e.errno, f"checkpoint: cannot write the loader's state to {path} "
                       f"({e.strerror or e}); {remedy}", str(path)) from e

@@ -110,7 +110,8 @@ def as_shardings(sharding: Any) -> Any:
                 f"create the loader inside `with jax.set_mesh(mesh):`, or pass "
                 f"NamedSharding(mesh, {x}) (jaxloader.data_sharding(mesh, 'data') for data "
                 "parallelism)")
-        named = [a for part in x if part is not None
+        free = getattr(PartitionSpec, "UNCONSTRAINED", None)  # (no axis: JAX's choice)
+        named = [a for part in x if part is not None and part is not free
                  for a in (part if isinstance(part, tuple) else (part,))]
         unknown = [a for a in named if a not in mesh.axis_names]
         if unknown:  # (JAX's own ValueError named no remedy, unlike data_sharding's)
