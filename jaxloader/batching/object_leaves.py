@@ -22,13 +22,13 @@ import numpy as np
 from jaxloader.base.errors import CollateError
 
 
-def check_objects(path: str, where: str, array: np.ndarray) -> None:
-    """Refuses an array of objects (``array``, at ``where``: ``{row}`` in it names the value's
-    place) whose first value that is not ``None`` no batch holds (a lock: taken in process,
-    unpicklable by workers; a ``Decimal`` refused as a leaf of its own), or is a number (one
-    device dtype would hold them all)."""
+def check_objects(path: str, where: str, array: np.ndarray, by_row: bool = False) -> None:
+    """Refuses an array of objects (``array``, at ``where``; ``by_row``: the value's place
+    after it, a batch's column's row) whose first value that is not ``None`` no batch holds (a
+    lock: taken in process, unpicklable by workers; a ``Decimal`` refused as a leaf of its
+    own), or is a number (one device dtype would hold them all)."""
     row, first = next(((i, v) for i, v in enumerate(array.flat) if v is not None), (0, None))
-    where = where.format(row=row)
+    where = f"{where} {row}" if by_row else where
     if isinstance(first, (bool, int, float, complex, np.number, np.bool_)):
         raise CollateError(
             f"batch leaf {path}: {where} is an array of Python objects holding numbers (a "

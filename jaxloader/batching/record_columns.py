@@ -64,8 +64,7 @@ def _record_column(path: str, values: list, names: Any) -> Column:
         for j, v in enumerate(values if first.dtype.hasobject else ()):  # (a lock: batched
             if v.dtype.hasobject and v.size:  # in process only; one value each; other
                 # dtypes: the stacking refuses them)
-                check_objects(path, tree_lib.record_name(names, j).replace("{", "{{").replace(
-                    "}", "}}"), v)
+                check_objects(path, tree_lib.record_name(names, j), v)
         return Column(path, (n, *first.shape), first.dtype, values, names)
     if isinstance(first, np.ndarray) and first.ndim == 0 and (
             first.dtype.kind in "US"
@@ -354,6 +353,6 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
                 f"shape {array.shape}; a batch transform or __getitems__ must keep the batch "
                 f"axis{listed}")
         if array.dtype.hasobject and array.size:  # (a Parquet decimal, numbers as objects)
-            check_objects(path, "the batch's value {row}", array)
+            check_objects(path, "the batch's value", array, by_row=True)
         columns.append(Column(path, array.shape, array.dtype, array))
     return treedef, columns

@@ -272,10 +272,11 @@ def _warn_of_lists_of_records(tree: Any, n: int, where: str = "the tree") -> Non
     has rows: 1,000 images in a list are 1,000 leaves whose 64 rows are the records, 64
     records of 1,000 leaves each, not 1,000 records; a list of columns (1-D: ``(X, y)``, 20
     sensors) is meant as it reads."""
+    def under(key: Any) -> str:
+        return f"{'' if where == 'the tree' else where}[{key!r}]"
     if isinstance(tree, Mapping):
         for key, value in tree.items():
-            _warn_of_lists_of_records(value, n, f"[{key!r}]" if where == "the tree" else
-                                     f"{where}[{key!r}]")
+            _warn_of_lists_of_records(value, n, under(key))
         return
     if not isinstance(tree, (list, tuple)) or hasattr(tree, "_fields"):
         return
@@ -290,4 +291,4 @@ def _warn_of_lists_of_records(tree: Any, n: int, where: str = "the tree") -> Non
             JaxloaderWarning, stacklevel=user_stacklevel())
         return
     for i, item in enumerate(tree):
-        _warn_of_lists_of_records(item, n, f"{where}[{i}]" if where != "the tree" else f"[{i}]")
+        _warn_of_lists_of_records(item, n, under(i))
