@@ -27,9 +27,9 @@ def test_parts_of_other_dtypes_read_in_turn_are_refused_at_the_first_batch_that_
             with pytest.raises(jl.CollateError, match=r"step 2 \(epoch 0, record positions "
                                                       r"8..11\) \(sources\[1\] record 0, .*"
                                                       r"record 3\): batch leaf \['x'\] is float64 "
-                                                      r"\(1-D\), where the first batch \(step 0\)"
-                                                      r" had int64 \(1-D\).*np.asarray\(x, "
-                                                      r"'float64'\)"):
+                                                      r"\(1-D\), where the first batch, step 0 \(epoch"
+                                                      r" 0, .*sources\[0\].*, had int64 \(1-D\).*"
+                                                      r"np.asarray\(x, 'float64'\)"):
                 next(it)
 
 
@@ -62,8 +62,8 @@ def test_a_stream_whose_numbers_turn_to_floats_is_refused_whatever_the_batch_siz
 def test_int64_then_uint64_is_told_to_be_uint64_not_float64_which_rounds():
     parts = jl.ConcatSource([jl.ArraySource({"x": np.arange(4)}),
                              jl.ArraySource({"x": np.arange(4, dtype=np.uint64) + 2**63})])
-    with pytest.raises(jl.CollateError, match=r"uint64 \(1-D\), where the first batch \(step 0\) "
-                                              r"had int64 \(1-D\).*hold no common int.*"
+    with pytest.raises(jl.CollateError, match=r"uint64 \(1-D\), where the first batch, step 0 "
+                                              r"\(.*\), had int64 \(1-D\).*hold no common int.*"
                                               r"np.asarray\(x, 'uint64'\)"):
         list(jl.DataLoader(parts, batch_size=4, process_index=0, process_count=1))
 
@@ -79,10 +79,13 @@ def test_a_byte_order_or_a_structure_that_differs_is_named_by_the_dtype_not_its_
         return str(caught.value)
 
     said = refused(">f4", "<f4")
-    assert "is float32 (1-D), where the first batch (step 0) had >f4 (1-D)" in said
+    assert ("is float32 (1-D), where the first batch, step 0 (epoch 0, record positions 0..3) "
+            "(sources[0] record 0, " in said)  # (the first batch's records named too)
+    assert "sources[0] record 3), had >f4 (1-D)" in said
     assert "np.asarray(x, 'float32')" in said
     said = refused([("a", "<i4")], [("a", "<f4")])
-    assert "[('a', '<f4')] (1-D), where the first batch (step 0) had [('a', '<i4')]" in said
+    assert "[('a', '<f4')] (1-D), where the first batch, step 0 (epoch 0, " in said
+    assert "had [('a', '<i4')]" in said
     assert "{f: x[f] for f in x.dtype.names}" in said and "void" not in said
 
 
@@ -112,13 +115,13 @@ def test_host_leaves_that_batches_make_in_other_forms_pass():
 def test_a_rank_or_a_text_kind_that_changes_is_refused_with_its_own_remedy():
     ranks = jl.ConcatSource([jl.ArraySource({"x": np.zeros((8, 2))}),
                              jl.ArraySource({"x": np.zeros(4)})])
-    with pytest.raises(jl.CollateError, match=r"leaf \['x'\] is 1-D, where the first batch "
-                                              r"\(step 0\) had 2-D: .* reshape or pad it"):
+    with pytest.raises(jl.CollateError, match=r"leaf \['x'\] is 1-D, where the first batch"
+                                              r", step 0 \(.*\), had 2-D: .* reshape or pad it"):
         list(jl.DataLoader(ranks, batch_size=4, process_index=0, process_count=1))
     text = jl.ConcatSource([jl.ArraySource({"x": np.array(["a"] * 8)}),
                             jl.ArraySource({"x": np.array([b"b"] * 4)})])
-    with pytest.raises(jl.CollateError, match=r"leaf \['x'\] is bytes, where the first batch "
-                                              r"\(step 0\) had str: "):
+    with pytest.raises(jl.CollateError, match=r"leaf \['x'\] is bytes, where the first batch"
+                                              r", step 0 \(.*\), had str: "):
         list(jl.DataLoader(text, batch_size=4, process_index=0, process_count=1))
 
 
@@ -132,7 +135,7 @@ def test_python_strings_bytes_and_numbers_that_change_between_batches_are_refuse
             with jl.DataLoader(records, batch_size=1, num_workers=workers, process_index=0,
                                process_count=1) as loader:
                 with pytest.raises(jl.CollateError, match=rf"step 1 .*leaf \['x'\] is {now}, "
-                                   rf"where the first batch \(step 0\) had {then}") as caught:
+                                   rf"where the first batch, step 0 \(.*\), had {then}") as caught:
                     list(loader)
             if now == "str":  # (the remedy's dtype was 'str672', which NumPy has not)
                 assert "np.asarray(x, 'str'))" in str(caught.value)
@@ -143,7 +146,7 @@ def test_python_strings_bytes_and_numbers_that_change_between_batches_are_refuse
                        process_count=1, transforms=[jl.BatchMap(
                            lambda b: {"x": told[int(b["i"][0]) // 2]})]) as loader:
         with pytest.raises(jl.CollateError, match=r"step 2 .*leaf \['x'\] is bytes, where the "
-                           r"batch of step 1 \(the first to tell its kind\) had str"):
+                           r"batch of step 1 \(the first to tell its kind\), had str"):
             list(loader)
     same = [{"x": "a"}, {"x": "bc"}, {"x": np.array(["d"])[0]}, {"x": np.array(["ef"])}]
     assert [b["x"].tolist() for b in jl.DataLoader(same, batch_size=1, process_index=0,
@@ -159,7 +162,7 @@ def test_a_batch_map_that_changes_the_structure_is_refused_naming_the_leaf():
                            transforms=[jl.BatchMap(odd_steps_more)], process_index=0,
                            process_count=1)
     with pytest.raises(jl.CollateError, match=r"step 1 .*batch leaf \['extra'\] is new in this "
-                                              r"batch, against the first batch \(step 0\)"):
+                                              r"batch, against the first batch, step 0 \(epoch 0, "):
         list(loader)
     def renamed(batch):  # (a shard of another schema: which leaves came instead, unsaid;
         return {"y": batch["x"]} if batch["x"][0] >= 4 else batch  # the errors audit)
@@ -185,7 +188,8 @@ def test_the_same_leaves_in_another_structure_are_refused_naming_where():
 
     for first, then, said in [
             (lambda i: (np.float32(i), i), lambda i: [np.float32(i), i],
-             r"structure at <root> is a list of 2, where the first batch \(step 0\) had a tuple"),
+             r"structure at <root> is a list of 2, where the first batch, step 0 \(.*\), "
+             r"had a tuple"),
             (lambda i: P(np.float32(i), i), lambda i: Q(np.float32(i), i), r"is a Q, .* had a P"),
             (lambda i: {"x": np.float32(i), "aux": None}, lambda i: {"x": np.float32(i)},
              r"is a dict of keys \['x'\], .* had a dict of keys \['aux', 'x'\]"),

@@ -290,7 +290,7 @@ def test_a_batch_of_only_empty_lists_has_the_dtype_given_or_its_error_names_the_
     assert [b["ids"].dtype for b in got] == [np.int32, np.int32]
     assert [unpadded(b, "ids") for b in got] == [[[]] * 4, [[0, 1, 2], [0, 1, 2, 3, 4], [0, 1],
                                                             [0, 1, 2, 3]]]
-    with pytest.raises(jl.CollateError, match=r"int64 \(2-D\), where the first batch .* had "
+    with pytest.raises(jl.CollateError, match=r"int64 \(2-D\), where the first batch, .*, had "
                        r"float64 .* a Pad's batch whose records all held empty lists, float64 for "
                        r"NumPy: give the Pad dtype="):
         batches(jl.Pad("ids"))

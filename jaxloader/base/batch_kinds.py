@@ -83,7 +83,7 @@ class BatchKinds:
             path, now, then = _first_difference(skeleton, self._skeleton)
             raise CollateError(
                 f"{where(step)}: the batch's structure at {path or '<root>'} is {now}, where "
-                f"the first batch (step {self._first_step}) had {then}: every batch must "
+                f"the first batch, {where(self._first_step)}, had {then}: every batch must "
                 "have one structure (a jitted step is compiled again for another, and a "
                 "sharding written for the first no longer fits); make each record (or each "
                 "BatchMap's batch) of one structure: one kind of container, the same keys, "
@@ -95,9 +95,10 @@ class BatchKinds:
     def _compare(self, kinds: dict, step: int, where: Callable[[int], str]) -> None:
         first = self._first
         assert first is not None
-        for path in {**first, **kinds}:
-            then = (f"the first batch (step {self._first_step})" if path not in self._since
-                    else f"the batch of step {self._since[path]} (the first to tell its kind)")
+        for path in {**first, **kinds}:  # (then: asked in a message only, a stream's replays)
+            then = lambda: (f"the first batch, {where(self._first_step)}"  # noqa: E731
+                            if path not in self._since else
+                            f"the batch of step {self._since[path]} (the first to tell its kind)")
             if path not in kinds or path not in first:
                 gone, new = ([p for p in a if p not in b][:5] for a, b in ((first, kinds),
                                                                            (kinds, first)))
@@ -105,7 +106,7 @@ class BatchKinds:
                     f"{where(step)}: batch leaf {path} is "
                     f"{'missing' if path not in kinds else 'new'} in this batch"
                     + (f" (missing: {', '.join(gone)}; new: {', '.join(new)})" if gone and new
-                       else "") + f", against {then}: every batch must have the same leaves; "
+                       else "") + f", against {then()}: every batch must have the same leaves; "
                     "make each record (or each BatchMap's batch) of one structure")
             now, before = kinds[path], first[path]
             if before is None and now is not None:  # (objects before: the first kind that
@@ -116,7 +117,7 @@ class BatchKinds:
             (kind, rank), (kind0, rank0) = now, before
             if kind == kind0:
                 raise CollateError(
-                    f"{where(step)}: batch leaf {path} is {rank}-D, where {then} had "
+                    f"{where(step)}: batch leaf {path} is {rank}-D, where {then()}, had "
                     f"{rank0}-D: every batch must have one rank a leaf; reshape or pad it in a "
                     "Map (or the BatchMap that made it; records that all held an empty list [] "
                     "have an axis fewer: np.reshape(x, (-1, 4)) gives one the rows' shape)")
@@ -139,7 +140,7 @@ class BatchKinds:
                 cause, fix = ("int64 and uint64 hold no common int, and float64 rounds past "
                               "2**53: 'uint64' if none is negative"), "np.asarray(x, 'uint64')"
             raise CollateError(
-                f"{where(step)}: batch leaf {path} is {name}, where {then} had {name0}: every "
+                f"{where(step)}: batch leaf {path} is {name}, where {then()}, had {name0}: every "
                 f"batch must have one dtype a leaf ({cause}); make it one in a Map ({fix}), or "
                 "in a jl.MapSource of the part that differs")
 

@@ -122,6 +122,17 @@ class StreamBatchMaker:
         reader = self.process_index * self.per_process + step % self.per_process
         return f"stream step {step} (reader {reader}, its batch {step // self.per_process})"
 
+    def first_origin(self, step: int) -> str | None:
+        """``"its first record: "`` and the shard and place of step ``step``'s batch's first
+        record, read by the reader hosted here (a copy reset to the state before the step: a
+        message about a batch made elsewhere); ``None`` where that reader names none."""
+        reader = self._hosted[step % self.per_process]
+        if getattr(reader, "origin", None) is None:  # (packed rows)
+            return None
+        reader.begin_step(step)
+        reader.next()
+        return f"its first record: {reader.origin()}"  # type: ignore[attr-defined]
+
     def report(self) -> dict:
         """The state of the last batch's reader after it; in a pass that ends, with
         ``"ended"``: whether that reader has no record left in the pass."""

@@ -1,4 +1,5 @@
-"""The copy a ``StreamLoader`` keeps of its batch maker, and the error where it cannot be made.
+"""The copy a ``StreamLoader`` keeps of its batch maker, the error where it cannot be made, and
+the copy ``peek()`` and a message about a batch read the next batch with (``at_step``).
 
 Each of a stream's readers reads its own copy of a shard, and ``peek()`` and
 ``load_state_dict()`` work on copies of the stream, with or without workers: a stream whose
@@ -22,9 +23,12 @@ Example:
 from __future__ import annotations
 
 import copy
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from jaxloader.base.errors import ArgumentError
+from jaxloader.base.state_copy import copied
+from jaxloader.loaders.stream_runs import overlaid
+from jaxloader.streams import passes
 
 T = TypeVar("T")
 
@@ -35,6 +39,31 @@ def pristine(maker: T) -> T:
         return copy.deepcopy(maker)
     except Exception as e:  # noqa: BLE001 - any copy's failure: named below, then raised
         raise _uncopyable(e, maker) from e
+
+
+def at_step(loader: Any, use: Callable[[Any, int], T], step: int | None = None) -> T | None:
+    """``use(maker, step)``, ``maker`` a copy of ``loader``'s (a ``StreamLoader``'s) pristine
+    maker hosting step ``step``'s reader at its state before it (in the pass ``next()`` is in,
+    or the one ``iter()`` starts), its shards its own (the running reader's stay put) and
+    closed after; ``step``: the next batch handed out, or one before it whose states are still
+    kept (``None`` returned for one filed past, 64 batches back or more, or not yet made)."""
+    with loader._filing:  # (the step, the states and the pass read together)
+        now = loader._progress.step
+        step = now if step is None else step
+        if not loader._base_step <= step <= now:
+            return None
+        states = [copied(s) for s in overlaid(loader._base, loader._base_step, loader._reports,
+                                               step)]
+        until, ended = loader._until, loader._ended
+    maker = copy.deepcopy(loader._pristine)
+    if loader.num_epochs is not None:
+        states = passes.stopping_at(states, passes.pass_of(
+            states, until, ended, loader.num_epochs, loader.process_count))
+    try:
+        maker.reset(states[step % loader._readers])
+        return use(maker, step)
+    finally:
+        maker.close()
 
 
 def _uncopyable(e: Exception, maker: Any) -> ArgumentError:

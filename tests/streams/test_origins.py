@@ -153,3 +153,21 @@ def test_a_shard_that_fails_to_open_is_named(num_workers):
     assert str(error).startswith("stream shard host-0 (reader 0, epoch 0) raised "
                                  "ConnectionRefusedError as it was opened (its reset(None)): "
                                  "host-0: connection refused"), str(error)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_of_other_leaves_than_the_first_names_both_batches_first_shards(tmp_path,
+                                                                               num_workers):
+    """A batch whose leaves differ from the first batch's (one shard of many written with
+    other fields) names where each batch's records came from: made in a worker, the batch
+    named its step and reader alone, and the first batch its step."""
+    paths = [write_jsonl(tmp_path / f"c{s}.jsonl", range(s * 8, s * 8 + 8)) for s in range(4)]
+    paths[2].write_text(paths[2].read_text().replace('"text"', '"txt"'))
+    loader = jl.StreamLoader(jl.Stream.jsonl(paths), batch_size=4, seed=0,
+                             num_workers=num_workers)
+    with loader, pytest.raises(jl.CollateError) as e:
+        list(zip(range(12), loader))
+    message = str(e.value)
+    firsts = [f"(its first record: {p} line 1)" for p in paths]
+    assert "'txt'" in message and "against the first batch, stream step 0" in message, message
+    assert sum(f in message for f in firsts) == 2 and firsts[2] in message, message
