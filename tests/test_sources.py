@@ -266,6 +266,12 @@ def test_a_data_frame_column_that_is_not_numbers_is_named_with_the_remedy():
         jl.ArraySource(zoned)  # (it was told to encode times as categories' codes)
     zoned["t"] = zoned["t"].dt.tz_convert(None)
     assert jl.ArraySource(zoned)[1]["t"] == np.datetime64("2020-01-01T01:00")
+    for leaf, drop in ((zoned_times := pd.Series(pd.date_range(  # a Series or an Index as a
+            "2020-01-01", periods=2, freq="h", tz="Asia/Tokyo")), "s.dt.tz_convert"),  # leaf: it
+                       (pd.DatetimeIndex(zoned_times), "idx.tz_convert")):  # was told to keep
+        with pytest.raises(jl.ConfigError, match=rf"leaf \['t'\] has dtype datetime64\[\w+, "
+                                                 rf"Asia/Tokyo\], whose zone.*{drop}\(None\)"):
+            jl.ArraySource({"t": leaf})  # objects in a source of its own, not of the zone
     with pytest.raises(jl.ConfigError, match=r"names must differ, got \['a', 'a'\]"):
         jl.ArraySource(pd.DataFrame([[1, 2]], columns=["a", "a"]))
     atoms = pd.DataFrame({"pos": [np.zeros((3, 3)), np.zeros((2, 3))]})  # (told to encode it

@@ -147,10 +147,12 @@ def _column(name: str | None, column: Any) -> np.ndarray:  # (name: None, a Seri
     """A pandas column as NumPy: a nullable dtype's of numbers (``Int64``, ``Float64``,
     ``boolean``, pyarrow's) as its NumPy dtype where it has no missing value, refused where it
     has one (``to_numpy`` gave NaN, and integers as floats: 2**53 + 1 rounded)."""
-    if getattr(getattr(column.dtype, "pyarrow_dtype", None), "tz", None) is not None:
-        raise _zoned(  # (to_numpy gave UTC's datetime64 without a word; NumPy's: objects)
+    if getattr(getattr(column.dtype, "pyarrow_dtype", column.dtype), "tz", None) is not None:
+        raise _zoned(  # (pyarrow's: to_numpy gave UTC's datetime64 without a word; pandas':
+            # objects, which a Series or an Index leaf was refused as with no word of its zone)
             f"{_named(name)} has dtype {column.dtype}",
-            f"{'s' if name is None else f'df[{name!r}]'}.dt.tz_convert(None)")
+            f"df[{name!r}].dt.tz_convert(None)" if name is not None else
+            "s.dt.tz_convert(None); an Index's: idx.tz_convert(None)")
     dtype = getattr(column.dtype, "numpy_dtype", None)
     numbers = isinstance(dtype, np.dtype) and not dtype.hasobject
     coded = type(column.dtype).__name__ == "CategoricalDtype"  # (to_numpy: floats, NaN)
@@ -196,8 +198,6 @@ def _pandas_remedy(name: str, column: Any, array: np.ndarray) -> str:
     col, kind = f"df[{name!r}]", type(column.dtype).__name__
     first = next((v for v in array if v is not None and not (isinstance(v, float) and v != v)),
                  None)  # (not None, nor NaN)
-    if getattr(column.dtype, "tz", None) is not None:
-        return f"drop the zone ({col}.dt.tz_convert(None): the instants in UTC, datetime64)"
     if isinstance(first, (np.ndarray, list, tuple)):
         return ("it holds an array a row (a molecule's atoms): pass df.to_dict('records'), a "
                 "list of records the loader reads as they are (jl.Pad pads rows of other "
