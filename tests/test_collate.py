@@ -364,10 +364,13 @@ def test_an_array_of_objects_in_a_record_is_checked_as_a_batchs_column_is(num_wo
 
         def __getitem__(self, i):  # (a lock made as read: a source holding one is refused
             value = threading.Lock() if self.value == "lock" else self.value  # at its send)
+            if self.value == "text, then a lock":  # (only its first value was looked at)
+                return {"x": np.array(["text", None, threading.Lock()], dtype=object)}
             return {"x": np.array([value, None], dtype=object)}
 
     for value, said in [(decimal.Decimal("1.10"), r"holds a decimal.Decimal"),
                         ("lock", r"holds a _thread.lock"),
+                        ("text, then a lock", r"holds a _thread.lock"),
                         (1.5, r"is an array of Python objects holding numbers \(a float first\)"
                               r".*np.asarray\(x, np.float32\)")]:
         with pytest.raises((jl.CollateError, jl.WorkerError),

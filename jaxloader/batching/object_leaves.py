@@ -24,20 +24,23 @@ from jaxloader.base.errors import CollateError
 
 def check_objects(path: str, where: str, array: np.ndarray, by_row: bool = False) -> None:
     """Refuses an array of objects (``array``, at ``where``; ``by_row``: the value's place
-    after it, a batch's column's row) whose first value that is not ``None`` no batch holds (a
-    lock: taken in process, unpicklable by workers; a ``Decimal`` refused as a leaf of its
-    own), or is a number (one device dtype would hold them all)."""
+    after it, a batch's column's row) whose first value that is not ``None`` is a number (one
+    device dtype would hold them all), or that holds a value of a type no batch holds (a lock:
+    taken in process, unpicklable by workers; a ``Decimal`` refused as a leaf of its own),
+    wherever it is (each type looked at once: ~20 ns a value)."""
     row, first = next(((i, v) for i, v in enumerate(array.flat) if v is not None), (0, None))
-    where = f"{where} {row}" if by_row else where
     if isinstance(first, (bool, int, float, complex, np.number, np.bool_)):
         raise CollateError(
-            f"batch leaf {path}: {where} is an array of Python objects holding numbers (a "
-            f"{type_name(first)} first), which a batch would carry as objects: no device "
-            "takes it, and each worker pickles it; cast it in a Map (np.asarray(x, "
-            "np.float32); pandas' df.to_numpy() of a frame with a column of strings gives "
-            "such an array: select the number columns first)")
-    if not isinstance(first, OBJECTS) and not has_array_protocol(first):
-        refuse_object(path, where, first)
+            f"batch leaf {path}: {f'{where} {row}' if by_row else where} is an array of "
+            f"Python objects holding numbers (a {type_name(first)} first), which a batch "
+            "would carry as objects: no device takes it, and each worker pickles it; cast it "
+            "in a Map (np.asarray(x, np.float32); pandas' df.to_numpy() of a frame with a "
+            "column of strings gives such an array: select the number columns first)")
+    for kind in set(map(type, array.flat)):
+        if not issubclass(kind, OBJECTS):
+            row, value = next((i, v) for i, v in enumerate(array.flat) if type(v) is kind)
+            if not has_array_protocol(value):
+                refuse_object(path, f"{where} {row}" if by_row else where, value)
 
 
 def refuse_object(path: str, where: str, value: Any) -> NoReturn:
