@@ -735,6 +735,24 @@ def test_drop_without_a_shuffle_says_which_records_no_epoch_reads():
             jl.DataLoader(list(range(127)), batch_size=64, read_threads=0)
 
 
+def test_an_evaluation_pass_over_a_mixture_is_told_its_last_positions_run_on():
+    # (a mixture of validation sets, last_batch='pad', num_epochs=1, batch 7 over 100
+    # records: 98 read a pass, other records missed each evaluation, without a word)
+    parts = [jl.ArraySource({"id": np.arange(k, k + n)}) for k, n in ((0, 60), (100, 30),
+                                                                       (200, 10))]
+    for last_batch in ("pad", "partial"):
+        with pytest.warns(UserWarning, match=rf"mix\(\.\.\.\), last_batch='{last_batch}', "
+                                             r"num_epochs=1\): .* read 98 of its 100 positions "
+                                             r"and the last 2 run on .*jl.ConcatSource"):
+            jl.DataLoader(jl.mix(parts, weights=[0.6, 0.3, 0.1]), batch_size=7,
+                          last_batch=last_batch, shuffle=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (trained by steps, or whole epochs: nothing to say)
+        jl.DataLoader(jl.mix(parts, weights=[0.6, 0.3, 0.1]), batch_size=7, last_batch="pad",
+                      num_epochs=None)
+        jl.DataLoader(jl.mix(parts, weights=[0.6, 0.3, 0.1]), batch_size=10, last_batch="pad")
+
+
 def test_next_from_a_second_thread_at_once_is_refused_by_name_and_loses_no_batch():
     # (Keras' PyDataset(workers=N) calls next() from several threads: "ValueError: generator
     # already executing", and the other thread's batch dropped with the iterator's work)

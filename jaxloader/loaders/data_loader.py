@@ -14,7 +14,6 @@ See ``jaxloader.loaders.iterator`` for iteration and ``jaxloader.engines.in_proc
 from __future__ import annotations
 
 import copy
-import warnings
 import weakref
 from typing import Any, Callable, Generic, Literal, Never, cast
 
@@ -33,12 +32,12 @@ from jaxloader.batching.batch_maker import BatchMaker
 from jaxloader.engines.in_process import made_here
 from jaxloader.base import read_threads as read_pool
 from jaxloader.base.checks import Int, check_int
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
+from jaxloader.base.errors import ConfigError
 from jaxloader.base.timings import StageClock
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.mixture import Mixture
 from jaxloader.order.sampling import LastBatch
-from jaxloader.loaders.record_order import sampler_for
+from jaxloader.loaders.record_order import sampler_for, unread_records
 from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
 from jaxloader.sources.parts import close_source
@@ -225,15 +224,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._pairing = Pairing("DataLoader", self)  # (its iter()s: sharding.pairing)
         # (told after the arguments' checks, so a refused loader does not warn first; before
         # the engine's start, so a warning made an error (-W error) leaves no process started)
-        dropped = self._sampler.num_records % self._sampler.global_batch_size
-        if last_batch == "drop" and dropped and not shuffle and not isinstance(source, Mixture):
-            warnings.warn(  # (PyTorch's default keeps them: an evaluation loader lost them)
-                f"DataLoader(last_batch='drop', shuffle=False): the last {dropped} of the "
-                f"{self._sampler.num_records} records are never read, in any epoch (each drops "
-                "the same short last batch); pass last_batch='pad' (every record, a mask on "
-                "the padding rows: an evaluation's)" + ("" if self._sampler.global_batch_size
-                > batch_size else " or 'partial'") + " to read them, or shuffle=True (each "
-                "epoch drops others)", JaxloaderWarning, stacklevel=user_stacklevel())
+        unread_records(self._sampler, source, last_batch, shuffle, num_epochs)
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
     # -- sizes, placement and position ------------------------------------------------------

@@ -11,12 +11,13 @@ Example:
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
 
 from jaxloader.base.checks import MASK64, Int, check_int
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.batching.mixture_layout import idle_components
 from jaxloader.batching.mixture_sampler import MixtureSampler
 from jaxloader.order.local_shuffle import BlockOrder, LocalShuffle, blocks_layout, exact_blocks
@@ -69,6 +70,34 @@ def sampler_for(source: Any, num_records: int, batch_size: int, *,
         sampler.layout = blocks_layout([starts])
         sampler.exact_blocks = exact_blocks(starts)
     return sampler
+
+
+def unread_records(order: Order, source: Any, last_batch: str, shuffle: Any,
+                   num_epochs: int | None) -> None:
+    """Warns of records a loader of ``order`` over ``source`` never reads, or reads in another
+    pass: a short last batch dropped in order (an evaluation loader lost them), or a
+    mixture's last positions of an epoch, which run on into the next pass (its batches are
+    whole: an evaluation over a mixture read other records each pass)."""
+    n, size = order.num_records, order.global_batch_size
+    dropped = n % size
+    if last_batch == "drop" and dropped and not shuffle and not isinstance(source, Mixture):
+        warnings.warn(  # (PyTorch's default keeps them)
+            f"DataLoader(last_batch='drop', shuffle=False): the last {dropped} of the {n} "
+            "records are never read, in any epoch (each drops the same short last batch); pass "
+            "last_batch='pad' (every record, a mask on the padding rows: an evaluation's)" + (
+                "" if size > order.batch_size else " or 'partial'") + " to read them, or "
+            "shuffle=True (each epoch drops others)", JaxloaderWarning,
+            stacklevel=user_stacklevel())
+    if last_batch != "drop" and dropped and num_epochs is not None and isinstance(
+            source, Mixture):
+        warnings.warn(
+            f"DataLoader(mix(...), last_batch={last_batch!r}, num_epochs={num_epochs}): a "
+            f"mixture's batches are all full, so an epoch's steps read {n - dropped} of its {n} "
+            f"positions and the last {dropped} run on into the next epoch: a pass of "
+            f"{num_epochs} epoch(s) reads other records each time, and not every record once; "
+            "for an evaluation over every record, pass jl.ConcatSource([...]) of the parts with "
+            "last_batch='pad' (a mask on the padding rows)", JaxloaderWarning,
+            stacklevel=user_stacklevel())
 
 
 def whole_arrays(source: Any) -> bool:
