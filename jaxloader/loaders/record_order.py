@@ -73,7 +73,7 @@ def sampler_for(source: Any, num_records: int, batch_size: int, *,
 
 
 def unread_records(order: Order, source: Any, last_batch: str, shuffle: Any,
-                   num_epochs: int | None) -> None:
+                   num_epochs: Int | None) -> None:
     """Warns of records a loader of ``order`` over ``source`` never reads, or reads in another
     pass: a short last batch dropped in order (an evaluation loader lost them), or a
     mixture's last positions of an epoch, which run on into the next pass (its batches are
