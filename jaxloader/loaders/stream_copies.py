@@ -23,12 +23,14 @@ Example:
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any, Callable, TypeVar
 
 from jaxloader.base.errors import ArgumentError
 from jaxloader.base.state_copy import copied
 from jaxloader.loaders.stream_runs import overlaid
 from jaxloader.streams import passes
+from jaxloader.streams.origins import described
 
 T = TypeVar("T")
 
@@ -64,6 +66,22 @@ def at_step(loader: Any, use: Callable[[Any, int], T], step: int | None = None) 
         return use(maker, step)
     finally:
         maker.close()
+
+
+def where_of(loader: Any) -> Callable[[int], str]:
+    """How ``loader`` (a ``StreamLoader``) names a step's batch in a message about it as a
+    whole (``BatchKinds``: other leaves than the first batch's): its reader, and where its
+    readers' states before it are still kept, its first record's shard and place, read again
+    on a copy (made in a worker, its records are not at hand here; one of thousands of shards
+    differs). Holds the loader weakly: its progress holds this, and a cycle kept a loader
+    dropped by its last name, and its workers, to the cycle collector."""
+    ref, location = weakref.ref(loader), loader._maker.location
+
+    def where(step: int) -> str:
+        live = ref()
+        return location(step) + ("" if live is None else described(
+            lambda: at_step(live, lambda maker, at: maker.first_origin(at), step)))
+    return where
 
 
 def _uncopyable(e: Exception, maker: Any) -> ArgumentError:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Generic, Literal, Never, cast
 from jaxloader.base.checks import MASK64, Int, check_int
 from jaxloader.base.errors import ConfigError, JaxloaderError
 from jaxloader.base.state_copy import copied
-from jaxloader.loaders.stream_copies import at_step, pristine
+from jaxloader.loaders.stream_copies import at_step, pristine, where_of
 from jaxloader.loaders.iterator import BatchT, IteratorWork, LoaderIterator, Progress
 from jaxloader.loaders.pass_notes import say_later_pass, say_new_pass
 from jaxloader.sharding.pairing import Pairing
@@ -54,7 +54,6 @@ from jaxloader.sharding.prefetch import Stopped
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
 from jaxloader.streams.iterable_shards import codes_of, older_codes_of
-from jaxloader.streams.origins import described
 from jaxloader.streams.reader import Stream, as_stream
 from jaxloader.batching.transforms import Transforms, split_transforms
 
@@ -192,7 +191,7 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         self._pristine = pristine(self._maker)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._ended = False  # whether the pass _until was seen to end (by every process)
-        self._progress = Progress("StreamLoader", where=self._where)
+        self._progress = Progress("StreamLoader", where=where_of(self))
         self._progress.label = label("StreamLoader", given, batch_size)
         self._pairing = Pairing("StreamLoader", self)  # (its iter()s: sharding.pairing)
         self._votes: PassVotes | None = None  # (an iter()'s on its pass's end: pass_votes)
@@ -328,14 +327,6 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         self._progress.check()
         batch, _ = cast(tuple, at_step(self, made_here))  # (the next batch's states: kept)
         return batch if self._putter is None else self._putter(batch)
-
-    def _where(self, step: int) -> str:
-        """Step ``step``'s batch named in a message about it as a whole (``BatchKinds``: other
-        leaves than the first batch's): its reader, and where its readers' states before it
-        are still kept, its first record's shard and place, read again on a copy (made in a
-        worker, its records are not at hand here; one of thousands of shards differs)."""
-        origin = described(lambda: at_step(self, StreamBatchMaker.first_origin, step))
-        return self._maker.location(step) + origin
 
     def _release(self, idle: bool) -> None:
         """Closes the shards this process's readers have open (``num_workers=0``), unless a
