@@ -6,8 +6,9 @@ interrupt at each point of ``next()``, ``peek()``, ``state_dict()``, ``iter()`` 
 points listed once by ``points_of``, each then reached by ``raised_at_place``), one run each,
 and check what the loader does next. Every place a point is at (a code location) is swept at
 its first two passes and its last (a loop's first turn, a turn after another, its end), not at
-every pass, for CI's time (a stream's ``peek()``, which reads a copy, at its first); ``JAXLOADER_EXHAUSTIVE=1`` sweeps every pass (a packing loop over
-110 records, each of its turns). What the sweep checks: the batches it hands out are the
+every pass, for CI's time (a stream's ``peek()``, which reads a copy, at its first);
+``JAXLOADER_EXHAUSTIVE=1`` sweeps every pass (a packing loop over 110 records, each of its
+turns). What the sweep checks: the batches it hands out are the
 reference stream's at their steps, with no step lost or repeated, and a restore leaves
 the old position or the new one; after an interrupted ``close()``, a second one leaves no thread
 running. ``test_interrupts.py`` fires timer interrupts at random into runs with workers and
