@@ -111,6 +111,28 @@ def test_a_generators_digest_is_what_older_versions_wrote():
     assert codes == [code_digest(functools.partial(read, K), defaults=False)[:16]] * 2
 
 
+def test_a_generators_older_digests_are_taken_and_made_only_for_a_state_that_differs():
+    # (they were made at each Stream.from_generator, three digests more than its own: a third
+    # of a small stream loader's making)
+    from jaxloader.streams.iterable_shards import older_codes_of
+
+    def read(shard, n=K):
+        yield from ({"id": np.int64(shard * 100 + i * n)} for i in range(12))
+
+    make = lambda: _stream_loader(jl.Stream.from_generator(read, shards=2))  # noqa: E731
+    with make() as loader:
+        state, want, _ = _saved_then(loader, str)
+        older = loader._stream.shards[0].code_before
+        assert older._codes is None  # (a state of this version asked for none)
+        assert _restored_quietly(make, state) == want and older._codes is None
+        forms = older_codes_of(loader._stream.shards)
+    assert len(forms) == 3 and all(codes != state["generators"] for codes in forms[1:])
+    for codes in forms:
+        assert _restored_quietly(make, {**state, "generators": codes}) == want
+    with make() as other, pytest.warns(UserWarning, match="from_generator functions differ"):
+        other.load_state_dict({**state, "generators": ["0" * 16] * 2})
+
+
 def test_a_joined_hugging_face_streams_state_of_older_names_restores(tmp_path):
     datasets = pytest.importorskip("datasets")
     paths = [str(write_jsonl(tmp_path / f"p{i}.jsonl", range(i * 100, i * 100 + 30)))

@@ -365,7 +365,7 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         warn_changed_transforms(state.get("transforms"), self._named(), state["step"],
                                 lambda: older_transforms_of(self._transforms))
         warn_changed_generators(state.get("generators"), codes_of(self._stream.shards),
-                                state["step"], older_codes_of(self._stream.shards))
+                                state["step"], lambda: older_codes_of(self._stream.shards))
         self._stream.check_extra_state(state, state["step"])
         until = passes.from_state(state, self.num_epochs)  # (checked before anything changes)
         opened = readers  # each opened in its pass (where a mixture reads its next record)

@@ -140,12 +140,13 @@ def warn_changed_transforms(saved: Any, now: list[str], step: int,
 
 
 def warn_changed_generators(saved: Any, now: list[str], step: int,
-                            before: Sequence[list[str]] = ()) -> None:
+                            before: Callable[[], Sequence[list[str]]] = tuple) -> None:
     """A warning where the stream's ``Stream.from_generator`` functions differ from the saved
     run's, by their code or what their closures hold (a list of files): the restore would read
     other records. A warning, not a refusal: a closure may hold what differs each run and
-    changes no record (parsed arguments, a time). Older states: none, or one of ``before``."""
-    if saved is None or saved == now or saved in before:
+    changes no record (parsed arguments, a time). Older states: none, or one of ``before()``
+    (made only for a state that differs)."""
+    if saved is None or saved == now or saved in before():
         return
     if not isinstance(saved, list) or not all(isinstance(c, str) for c in saved):
         raise StateDictError(f"state['generators']: expected a list of str, received "

@@ -64,10 +64,26 @@ def generator_shards(make: Callable[[int], Iterable], shards: int) -> list["Iter
         **(getattr(make, "__kwdefaults__", None) or {}))  # read(i, files=FILES); the partial
     # holds them, as it did before code_digest took defaults; and as older versions took it:
     # ``codes_of(before=)``)
-    code, *before = (code_digest(held, defaults=False, **form)[:16] for form in (
-        {}, *({**f, "methods": False} for f in OLDER_FORMS[:3])))
-    return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code,
-                          code_before=tuple(before)) for i in range(shards)]
+    code = code_digest(held, defaults=False)[:16]
+    before = _OlderCodes(held)  # (one for all shards: digested at a restore that needs them)
+    return [IterableShard(Bound(make, i), name=f"{name}[{i}]", code=code, code_before=before)
+            for i in range(shards)]
+
+
+class _OlderCodes:
+    """A generator function's digests as older versions took them (``codes_of(before=)``),
+    made when a restore first compares an older state's (a state of this version needs
+    none): three digests cost a ``Stream.from_generator`` three times its own."""
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+        self._codes: tuple[str, ...] | None = None
+
+    def __call__(self) -> tuple[str, ...]:
+        if self._codes is None:
+            self._codes = tuple(code_digest(self.held, defaults=False, methods=False, **form)[:16]
+                                for form in OLDER_FORMS[:3])
+        return self._codes
 
 
 def older_codes_of(shards: Sequence[Any]) -> list[list[str]]:
@@ -86,7 +102,8 @@ def codes_of(shards: Sequence[Any], before: int = 0) -> list[str]:
     for shard in shards:
         while isinstance(shard, MappedShard):
             shard = shard.shard
-        older = getattr(shard, "code_before", ())
+        older = getattr(shard, "code_before", ()) if before else ()
+        older = older() if callable(older) else older
         code = older[min(before, len(older)) - 1] if before and older else getattr(
             shard, "code", None)
         codes.append(code or "")
@@ -114,7 +131,8 @@ class IterableShard:
     """
 
     def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None,
-                 code: str | None = None, code_before: tuple[str, ...] = ()) -> None:
+                 code: str | None = None,
+                 code_before: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()) -> None:
         if callable(make):
             self._make = make
         elif isinstance(make, Iterable) and iter(make) is not make:  # re-iterable (a list)
