@@ -112,8 +112,8 @@ def test_a_generators_digest_is_what_older_versions_wrote():
 
 
 def test_a_generators_older_digests_are_taken_and_made_only_for_a_state_that_differs():
-    # (they were made at each Stream.from_generator, three digests more than its own: a third
-    # of a small stream loader's making)
+    # (they were made at each Stream.from_generator, three digests more than its own: about
+    # half of a small stream loader's making)
     from jaxloader.streams.iterable_shards import older_codes_of
 
     def read(shard, n=K):
@@ -123,8 +123,8 @@ def test_a_generators_older_digests_are_taken_and_made_only_for_a_state_that_dif
     with make() as loader:
         state, want, _ = _saved_then(loader, str)
         older = loader._stream.shards[0].code_before
+        loader.load_state_dict(state)  # (into this loader: its shards' digests are looked at)
         assert older._codes is None  # (a state of this version asked for none)
-        assert _restored_quietly(make, state) == want and older._codes is None
         forms = older_codes_of(loader._stream.shards)
     assert len(forms) == 3 and all(codes != state["generators"] for codes in forms[1:])
     for codes in forms:
