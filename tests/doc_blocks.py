@@ -5,6 +5,12 @@ a page (a later block uses what an earlier one defined), in a fresh empty workin
 process of its own with JAX on 8 CPU devices. A block that cannot run here (a cluster, a TPU pod)
 is written as a ``{code-block} python`` directive instead: shown, not run.
 
+A ``text`` block that is the next block after a ``python`` one is what that block prints: its
+printed output must match it, as a doctest's does (``...`` stands for any text: a pid, an
+address, a path of this machine; white space is compared as one space). Output that is the
+reader's machine's (timings) is written as a ``{code-block} text`` directive: shown, not
+compared. The printed outputs had drifted from the code unseen while the blocks still ran.
+
 ``python tests/doc_blocks.py PAGE.md ...`` runs pages by hand; ``tests/test_docs.py`` runs them
 all in the suite, so the docs cannot drift from the code.
 """
@@ -19,23 +25,43 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+_FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 
 # Run in the page's own process: each block compiled under the page's name and line, so a
-# failure's traceback points at the line of the page.
+# failure's traceback points at the line of the page. A block with an output to match prints
+# into a buffer, compared by doctest's checker (its ``...`` and white space rules: a familiar
+# notation, where a mask of our own would hide what a reader cannot see).
 _RUNNER = """
-import sys
+import doctest, io, sys
 page, blocks = sys.argv[1], eval(sys.stdin.read())
 namespace = {"__name__": "__main__"}
-for line, code in blocks:
-    exec(compile("\\n" * (line - 1) + code, page, "exec"), namespace)
+checker, flags = doctest.OutputChecker(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+differ = []
+for line, code, want in blocks:
+    shown, printed = sys.stdout, io.StringIO()
+    if want is not None:
+        sys.stdout = printed
+    try:
+        exec(compile("\\n" * (line - 1) + code, page, "exec"), namespace)
+    finally:
+        sys.stdout = shown
+        print(printed.getvalue(), end="")
+    if want is not None and not checker.check_output(want, printed.getvalue(), flags):
+        differ.append(f"{page}, the block at line {line}: its output differs from the text "
+                      "block after it\\n" + checker.output_difference(
+                          doctest.Example(code, want), printed.getvalue(), flags))
+sys.exit("\\n".join(differ) or None)
 """
 
 
-def blocks(page: Path) -> list[tuple[int, str]]:
-    """The page's runnable blocks: ``(line of the block's first code line, code)``."""
+def blocks(page: Path) -> list[tuple[int, str, str | None]]:
+    """The page's runnable blocks: ``(line of the block's first code line, code, the output it
+    prints: the text block after it, or None)``."""
     text = page.read_text()
-    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in _FENCE.finditer(text)]
+    fences = [(m.group(1).strip(), text.count("\n", 0, m.start(2)) + 1, m.group(2))
+              for m in _FENCE.finditer(text)]
+    return [(line, code, fences[i + 1][2] if fences[i + 1:] and fences[i + 1][0] == "text"
+             else None) for i, (info, line, code) in enumerate(fences) if info == "python"]
 
 
 def run_page(page: Path, timeout_s: float = 240) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """The documentation: the site builds with no warning (a broken reference or link fails), the
-API reference lists every public name, every page's Python blocks run (tests/doc_blocks.py),
-every link between README.md and docs/ resolves (files and anchors), the README stays a front
-page, and its two commands are the ones CI runs."""
+API reference lists every public name, every page's Python blocks run and print what the page
+shows (tests/doc_blocks.py), every link between README.md and docs/ resolves (files and
+anchors), the README stays a front page, and its two commands are the ones CI runs."""
 
 from __future__ import annotations
 
@@ -73,6 +73,21 @@ def test_the_readme_is_a_front_page_with_the_two_commands():
 def test_the_python_blocks_of_a_page_run(page):
     done = run_page(Path(ROOT, page))
     assert done.returncode == 0, f"{page}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+def test_a_blocks_printed_output_is_compared_with_the_text_block_after_it(tmp_path):
+    # the guides' printed outputs had drifted from the code (a shuffle made exact) while their
+    # blocks still ran: the text block after a python block is now what it must print
+    page = tmp_path / "page.md"
+    page.write_text("```python\nprint('pid', 4321, 'rows', [1, 2])\n```\n\nprose\n\n"
+                    "```text\npid ... rows  [1, 2]\n```\n\n```python\nprint(3)\n```\n\n"
+                    "```text\n4\n```\n\n```python\nprint(5)\n```\n\n"
+                    "```{code-block} text\nshown, not compared\n```\n")
+    assert [want for _, _, want in blocks(page)] == ["pid ... rows  [1, 2]\n", "4\n", None]
+    done = run_page(page)
+    assert done.returncode == 1, done.stderr
+    assert "the block at line 12: its output differs" in done.stderr and "line 2:" not in \
+        done.stderr and "Expected:\n    4\nGot:\n    3" in done.stderr, done.stderr
 
 
 @pytest.mark.e2e

@@ -182,13 +182,14 @@ def _passed_on(out: Any, held: Any) -> bool:
 
 def _changed_mask(transform: Any, mask_key: str, given: np.ndarray, out: Any) -> None:
     """Warns, once a transform (Python's rule, at the transform's line), that it returned the
-    pad mask changed: a whole-tree cast made it floats, or a mask of its own took its key."""
+    pad mask changed: a map of the whole tree changed its values (``/ 255``; a cast that keeps
+    its 0s and 1s is taken), or a mask of its own took its key."""
     out = np.asarray(out, dtype=object) if not hasattr(out, "dtype") else out
     named = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(transform))
     _warn_at(transform, f"{named} returned the {mask_key!r} leaf changed (given: the pad mask, "
              f"bool of shape {given.shape}, False on the rows that pad a batch; returned: "
              f"{out.dtype} of shape {np.shape(out)}), so it no longer tells records from "
-             "padding: a cast or map of the whole batch takes it too (leave it out: {k: v if "
+             "padding: a map of the whole batch changes it too (leave it out: {k: v if "
              f"k == {mask_key!r} else f(v) for k, v in batch.items()}}), or a mask or weights "
              f"of the transform's own took its key (name those otherwise, or pass "
              f"mask_key='pad_mask' to the loader)")
