@@ -418,3 +418,33 @@ def test_a_close_as_auto_workers_start_says_the_loader_was_closed(monkeypatch, c
     if not inline:
         closer[0].join(10)
         assert not closer[0].is_alive()
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "pad"])
+def test_a_batch_transform_is_let_go_with_its_loader_without_workers(last_batch):
+    # a BatchMap's watch for draws (and, padded, the note that it keeps the mask) held it, and
+    # all its function holds (a table), for the life of the process: in a weak dict whose value
+    # held its key, one a loader (a long-lived process making an evaluation's loader each time)
+    import weakref
+
+    from jaxloader.batching import batch_finish
+
+    class Table:
+        rows = np.ones(4)
+
+    def made(table: Table) -> jl.BatchMap:  # (a cell of its own: a del here would empty it)
+        return jl.BatchMap(lambda b: {**b, "x": b["x"] * table.rows[0]})
+
+    table = Table()
+    transform = made(table)
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(10)}), batch_size=4, last_batch=last_batch,
+                       transforms=[transform], process_index=0, process_count=1) as loader:
+        assert len(list(loader)) == 2 + (last_batch == "pad")
+    noted = [k for k in batch_finish._SAID if k[0] == id(transform)]
+    assert len(noted) == (last_batch == "pad")
+    held = weakref.ref(table)
+    del transform, table, loader
+    gc.collect()
+    gc.collect()  # (the watch, let go by the first, is a cycle of its own: its calls hold it)
+    assert held() is None
+    assert not [k for k in noted if k in batch_finish._SAID]

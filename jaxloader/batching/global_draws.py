@@ -50,8 +50,11 @@ class DrawWatch:
     """The watch of ``transforms`` (a loader's record transforms, in order)."""
 
     def __init__(self, transforms: tuple, batches: bool = False) -> None:
-        """``batches``: a ``BatchMap`` (one, ``transforms[0]``), watched on batches."""
-        self.transforms, self._batches = transforms, batches
+        """``batches``: a ``BatchMap`` (one, ``transforms[0]``), watched on batches, held
+        weakly: its watch is the value of a weak dict keyed by it, which a strong hold kept,
+        with all its function holds, for the life of the process."""
+        self._batches = batches
+        self._transforms = weakref.ref(transforms[0]) if batches else transforms
         self.said = False
         self._held: list | None = None  # (found in each process: a copy pickled with the
         # watch is not the generator an imported module's function draws from there)
@@ -59,6 +62,11 @@ class DrawWatch:
         self._from: dict[int, str] = {}  # a transform's held generator it drew from
         self._pending: int | None = None  # a transform to say, once its call has returned
         self._steps: dict[int, tuple] = {}  # id of the steps given -> them watched
+
+    @property
+    def transforms(self) -> tuple:
+        """The transforms watched (a ``BatchMap``'s watch: it, while it lives)."""
+        return (self._transforms(),) if self._batches else self._transforms
 
     def steps(self, steps: tuple) -> tuple:
         """``steps`` (``(index, (fn, kind))`` each: the bare ones, or the timed ones of a
