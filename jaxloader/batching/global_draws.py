@@ -54,7 +54,7 @@ class DrawWatch:
         weakly: its watch is the value of a weak dict keyed by it, which a strong hold kept,
         with all its function holds, for the life of the process."""
         self._batches = batches
-        self._transforms = weakref.ref(transforms[0]) if batches else transforms
+        self._transforms: Any = weakref.ref(transforms[0]) if batches else transforms
         self.said = False
         self._held: list | None = None  # (found in each process: a copy pickled with the
         # watch is not the generator an imported module's function draws from there)
