@@ -11,7 +11,8 @@
 Damage is an error, never a short record: a header whose checksum fails, a member or its
 padding cut short, a size field past the end of the file, a file that ends inside a header or
 without its end-of-archive marker (two zero blocks) each raise ``RecordError`` naming the shard,
-the member and its byte offset, as does a member stored as a link (no data of its own).
+the member and its byte offset, as does a link (no data of its own), and a member of a key read
+before (a sample's members apart: a record each part; the keys' hashes kept, ~60 B a record).
 ``tolerate_missing_end=True`` accepts a shard that stops at a member boundary without the
 marker (some writers leave it out; a member cut short is still an error). A compressed shard is
 read to its end, where gzip, xz and Zstandard (written with one) check their checksums: a tar
@@ -57,8 +58,7 @@ class TarShard(FileShard):
     The headers are parsed here (ustar, GNU long names, pax ``path``), not by ``tarfile``: a
     member costs a few reads and a slice (``tarfile`` builds an object a member, ~10x slower).
     Each header's checksum is verified. A compressed tar file (``.tar.gz``) is read as the tar
-    it holds (offsets in it); a resume then decompresses it up to its offset
-    (``jaxloader.streams.compressed``).
+    it holds (offsets in it); a resume decompresses it to its offset (``streams.compressed``).
 
     Args:
         path: the file, local or remote (``gs://``).
@@ -94,6 +94,7 @@ class TarShard(FileShard):
         self._pending: tuple[int, str, str, bytes] | None = None
         self._end: int | None = None  # where the end-of-archive marker starts, once read
         self._at = 0  # the offset of the next header to read
+        self._keys: set[int] = set()  # hashes of the keys of the records read since reset()
 
     def _check_place(self, offset: int) -> None:
         """(and inside a 512-byte block: a member's header is at a block's start)"""
@@ -102,7 +103,7 @@ class TarShard(FileShard):
             raise self._not_a_place(offset, "inside a tar block of 512 bytes")
 
     def _opened(self) -> None:
-        self._end = None
+        self._end, self._keys = None, set()
         self._at = self._file.tell()  # the next header's offset (kept here, not asked for)
         self._pending = self._member()
 
@@ -324,7 +325,13 @@ class TarShard(FileShard):
         pending = self._pending
         if pending is None:
             raise StopIteration
-        _, key, ext, data = pending
+        offset, key, ext, data = pending
+        if hash(key) in self._keys:
+            raise RecordError(  # (ray-project/ray#44068: read as two records, each half empty)
+                f"{self.path}: byte {offset}: member {key}.{ext} has the key of a record before "
+                f"it, apart from its members (a sample's members not stored together: each part "
+                f"a record lacking the others'); re-create the shard with them together, {_DROP}")
+        self._keys.add(hash(key))
         record = {"__key__": key, ext: data}
         while True:  # the members that follow with the same key
             pending = self._member()
@@ -354,7 +361,7 @@ class TarShard(FileShard):
         self._pending = None
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_pending": None, "_end": None}
+        return {**super().__getstate__(), "_pending": None, "_end": None, "_keys": set()}
 
 
 def _header_name(header: bytes) -> str:

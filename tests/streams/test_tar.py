@@ -105,6 +105,34 @@ def test_a_member_written_twice_is_an_error_not_one_of_them_lost(tmp_path):
         shard.next()
 
 
+def test_a_samples_members_stored_apart_are_an_error_not_records_each_half_empty(tmp_path):
+    # members written by extension (a.cls b.cls a.txt b.txt) were read as four records, each
+    # lacking the other's extension: with a Map that decodes with r.get, twice the samples,
+    # each half empty, without a word (ray-project/ray#44068)
+    path = tmp_path / "apart.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in ("a.cls", "b.cls", "a.txt", "b.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"1"))
+    shard = jl.TarShard(path)
+    shard.reset()
+    assert [shard.next()["__key__"] for _ in range(2)] == ["a", "b"]
+    state = shard.get_state()
+    with pytest.raises(jl.RecordError, match=r"apart.tar: byte 2048: member a.txt has the key "
+                                             r"of a record before it, apart from its members"):
+        shard.next()
+    shard.reset()  # (a pass anew: the keys read before it are not this pass's)
+    assert shard.next() == {"__key__": "a", "cls": b"1"}
+    shard.reset(state)  # (a restore knows the keys read from its place on only)
+    assert shard.next() == {"__key__": "a", "txt": b"1"}
+    tolerant = jl.Map(lambda r: {"key": r["__key__"], "txt": r.get("txt", b"")})
+    with jl.StreamLoader(jl.Stream.tar(str(path)), batch_size=2, num_epochs=1,
+                         transforms=[tolerant]) as loader:
+        with pytest.raises(jl.RecordError, match="member a.txt has the key"):
+            list(loader)
+
+
 def _dir(name):
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE
