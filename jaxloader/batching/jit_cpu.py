@@ -17,6 +17,16 @@ from typing import Any
 import numpy as np
 
 THREADS_ENV = "JAXLOADER_XLA_THREADS"  # cores a worker's XLA CPU backend is sized for
+DONATE = False  # whether the training process donates, as a worker does (``donates``)
+
+
+def donates() -> bool:
+    """Whether a ``JitMap`` here donates the chunk before's output (XLA writes over it): in a
+    worker. A jit made with ``keep_unused=True`` (which donating an argument it does not read
+    needs) is never let go by JAX 0.12 (its lowering's cache entry holds the key it keeps
+    weakly): ~1 MB a loader made in the training process, which may make one each time (an
+    evaluation's); a worker ends with its loader. Not donating there costs no measured speed."""
+    return DONATE or THREADS_ENV in os.environ
 
 
 def cpu_device() -> Any:

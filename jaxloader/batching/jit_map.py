@@ -15,12 +15,12 @@ XLA fuses the function's operations into a pass or two over memory, where a NumP
 pays Python a record and a memory pass an operation. It runs on chunks of rows whose input and
 output fit the caches (``chunk_bytes``): a whole batch at once would go through memory three
 times (gathered, run, copied into the slot), and through a fresh output each time. Each chunk's
-output is written over the chunk before's (donated to XLA: memory still in the caches, none
-allocated), so the copy into the slot reads from the caches; XLA cannot write into the slot
-itself (it takes over only memory it allocated). In a worker, freed memory stays for the next
-allocation (glibc's ``mallopt``: given back, XLA's next output is faulted in page by page).
-Compiled once a chunk shape (JAX's own
-cache; a last chunk of fewer rows runs at the chunk's shape). JAX is imported only where a
+output is written over the chunk before's (in a worker: donated to XLA, memory still in the
+caches, none allocated), so the copy into the slot reads from the caches; XLA cannot write into
+the slot itself (it takes over only memory it allocated). In a worker, freed memory stays for
+the next allocation (glibc's ``mallopt``: given back, XLA's next output is faulted in page by
+page). Compiled once a chunk shape (JAX's own cache; a last chunk of fewer rows runs at the
+chunk's shape). JAX is imported only where a
 ``JitMap`` runs, and its computation stays on the CPU: a worker's JAX is CPU-only
 (``workers/process.py``); in the training process the function is compiled for the CPU device.
 
@@ -49,7 +49,7 @@ from jaxloader.batching import collate
 from jaxloader.batching.collate import Layout
 from jaxloader.batching import jit_inputs
 from jaxloader.batching.jit_inputs import record_keys
-from jaxloader.batching.jit_cpu import aligned, cpu_device, in_place, jax_settings
+from jaxloader.batching.jit_cpu import aligned, cpu_device, donates, in_place, jax_settings
 from jaxloader.batching.jit_outputs import (aliases, check_row_output, host_leaves,
                                              leaf_order, record_kind, write_rows)
 from jaxloader.batching.global_draws import traced_call
@@ -262,7 +262,7 @@ class JitMap:
 
     def _jitted(self) -> Any:
         """``jit(vmap(fn))`` on the CPU device, made once in the process that runs it; its
-        first argument, the chunk before's output, donated (XLA writes over it)."""
+        first argument, the chunk before's output, donated in a worker (XLA writes over it)."""
         import jax
 
         if self._compiled is None:
@@ -286,9 +286,10 @@ class JitMap:
             vmapped = jax.vmap(traced)
             on_cpu = jax.sharding.SingleDeviceSharding(cpu_device())  # (NumPy inputs go there)
             self._vmapped = vmapped
-            self._compiled = jax.jit(lambda last, *args: vmapped(*args), donate_argnums=0,
-                                     keep_unused=True, in_shardings=on_cpu,
-                                     out_shardings=on_cpu)
+            donate = donates()
+            self._compiled = jax.jit(lambda last, *args: vmapped(*args),
+                                     donate_argnums=0 if donate else (), keep_unused=donate,
+                                     in_shardings=on_cpu, out_shardings=on_cpu)
         return self._compiled
 
     def _chunk_rows(self, treedef: tree_lib.TreeDef, columns: list, where: Callable[[], str],
