@@ -189,6 +189,61 @@ class _Scale:
         return {"x": r["x"] * self.k}
 
 
+class _Run:
+    """A transform's object that also holds a value of its run, which its method does not read."""
+
+    def __init__(self, k, started):
+        self.k, self.started = k, started
+
+    def times(self, r):
+        return {"x": r["x"] * self._factor()}
+
+    def _factor(self):  # (read through another method: still the object's k)
+        return self.k
+
+    def logged(self, r):  # (passes itself on: its reads are not followed, the object whole)
+        return {"x": r["x"] * _k_of(self)}
+
+
+def _k_of(run):
+    return run.k
+
+
+def test_a_bound_methods_object_is_digested_as_its_code_reads_it():
+    # an object that held a start time, a run id or a temporary folder it did not read made
+    # every restore warn that the transforms differ (huggingface/datasets#7986's defect)
+    import warnings
+
+    from jaxloader.loaders.transform_names import _digest
+
+    source = jl.ArraySource({"x": np.arange(40)})
+
+    def loader(fn):
+        return jl.DataLoader(source, batch_size=4, shuffle=True, process_index=0,
+                             process_count=1, transforms=[jl.Map(fn)])
+
+    with loader(_Run(2, 1.0).times) as there:
+        state = there.state_dict()
+    with loader(_Run(2, 2.0).times) as here, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        here.load_state_dict(state)
+    with loader(_Run(3, 1.0).times) as here, pytest.warns(UserWarning, match=r"Run.times"):
+        here.load_state_dict(state)  # (k, read through _factor: the batches differ)
+    with loader(_Run(2, 1.0).logged) as there:
+        state = there.state_dict()
+    with loader(_Run(2, 2.0).logged) as here, pytest.warns(UserWarning, match=r"Run.logged"):
+        here.load_state_dict(state)  # (the object whole: what _k_of reads is not followed)
+    # a state saved before (the object whole in the digest) restores quietly
+    with loader(_Run(2, 1.0).times) as there:
+        state = there.state_dict()
+    older = _digest(jl.Map(_Run(2, 1.0).times), whole_owner=True)
+    assert older != _digest(jl.Map(_Run(2, 1.0).times))
+    state["transforms"] = [t.rsplit(" ", 1)[0] + " " + older for t in state["transforms"]]
+    with loader(_Run(2, 1.0).times) as here, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        here.load_state_dict(state)
+
+
 def test_records_of_array_likes_are_hashed_by_their_values_and_older_states_restore():
     # (a PIL image, a jax.Array, an xarray DataArray was described by its type alone and
     # hashed as nothing: a state restored over other images, silently)

@@ -101,8 +101,9 @@ class FilteredSource:
         found, path = kept_or_found(indices, find, None if keep is None else lambda: {
             "source": combined_generations("source", n, [source], *file_stamps(source)),
             "keep function": (code_digest(keep, deep=True), *(  # (or as older versions:
-                code_digest(keep, deep=True, methods=False, **form)  # until 12-02's 45th
-                for form in OLDER_FORMS[:2]))})  # session, until 12-01's 40th)
+                code_digest(keep, deep=True, whole_owner=True, **form)  # until 12-04, 12-02's
+                for form in ({}, *({**f, "methods": False} for f in OLDER_FORMS[:2]))))})
+            # 45th session, 12-01's 40th)
         self.source, self.indices = source, _checked(found, n, path)
         if not len(self.indices):
             what = f"keep {fn_name(keep)} kept" if keep is not None else "indices name"

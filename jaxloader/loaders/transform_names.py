@@ -40,12 +40,15 @@ def transforms_of(transforms: Sequence[Any]) -> list[str]:
 
 def older_transforms_of(transforms: Sequence[Any]) -> list[list[str]]:
     """``transforms_of`` as older versions named them (``code_digest.OLDER_FORMS``): until
-    2026-12-02's 45th session, a notebook's class by its ``__call__``'s names alone; until
-    2026-12-01's 40th, also the code's names and constants in each Python's order; in
+    2026-12-04, a bound method's object whole, also what its code does not read (each form
+    below too); until 2026-12-02's 45th session, a notebook's class by its ``__call__``'s
+    names alone; until 2026-12-01's 40th, also the code's names and constants in each
+    Python's order; in
     2026-11-30's 34th, also a long value's text cut at 200 characters; in its 33rd, sets in
     their run's order too; before, no defaults either; before that day, the code's digest
     alone."""
-    forms = [{**form, "methods": False} for form in OLDER_FORMS]
+    forms = [{"whole_owner": True}] + [{**form, "methods": False, "whole_owner": True}
+                                       for form in OLDER_FORMS]
     return [[f"{t!r} {_digest(t, **f)}" for t in transforms] for f in forms] + [
         [f"{t!r} {code_digest(t.fn, bound=True, **forms[-1])[:16]}" for t in transforms]]
 

@@ -33,6 +33,7 @@ from typing import Any
 from jaxloader.base.checks import callable_name
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
 from jaxloader.sources.class_text import class_text, unwrapped
+from jaxloader.sources.owner_reads import read_names
 from jaxloader.sources.value_text import (CONTAINERS_WRITTEN, PLACES_LEFT_OUT, SETS_AS_BEFORE,
                                           value_text, written)
 
@@ -56,7 +57,8 @@ newest first: ``base.abilities.OLDER_DIGESTS`` 1 to 5."""
 
 def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool = True,
                 sets_as_before: bool = False, tails: bool = True,
-                code_as_before: bool = False, methods: bool = True) -> str:
+                code_as_before: bool = False, methods: bool = True,
+                whole_owner: bool = False) -> str:
     """A digest of ``fn``: its name, source text (where Python has it: a script's or a notebook's),
     the names and constants its code uses (nested functions' too: two lambdas on one line), its
     closure's values and default arguments' (``lambda r, m=m: ...``; a ``functools.partial``: its
@@ -71,8 +73,11 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     its closure, for a file kept from it. Not for states: a global object whose ``repr``
     changes from run to run would refuse a resume.
 
-    ``bound``: also a bound method's object (its ``repr``, or its attributes where that has an
-    address): a Grain transform's parameters, which its ``map`` method reads.
+    ``bound``: also a bound method's object as its code reads it (``owner_reads``: the
+    attributes it reads, through its methods too; where it passes the object on, the object:
+    its ``repr``, or its attributes where that has an address), a Grain transform's
+    parameters; so does ``deep``. ``whole_owner``: the object whole, as versions until
+    2026-12-04 took it (a start time it held and did not read: each restore warned).
 
     ``defaults=False``: not default arguments, as versions until 2026-11-30 digested (what a
     state saved then holds: ``base.abilities.OLDER``). ``sets_as_before``: a set of values
@@ -89,14 +94,13 @@ def code_digest(fn: Any, deep: bool = False, bound: bool = False, defaults: bool
     forty-fifth session took it (an edited operator, ``+`` to ``-``, went unseen); and an
     ``OrderedDict``, ``deque``, ``ChainMap``, ``mappingproxy`` or object array by its ``repr``,
     as versions until 2026-12-03 took them (``value_text.CONTAINERS_WRITTEN``: an
-    ``OrderedDict``'s changed in Python 3.12, and a set of strings in one was in its run's
-    order).
+    ``OrderedDict``'s changed in Python 3.12, a set of strings in one in its run's order).
     """
     token, places = SETS_AS_BEFORE.set(sets_as_before), PLACES_LEFT_OUT.set(methods)
     written_ = CONTAINERS_WRITTEN.set(methods)  # (every older level wrote them by repr)
     try:
-        return _Digests(deep, bound, defaults, tails, code_as_before, methods).of(
-            fn, frozenset())
+        return _Digests(deep, bound, defaults, tails, code_as_before, methods,
+                        whole_owner).of(fn, frozenset())
     finally:
         SETS_AS_BEFORE.reset(token)
         PLACES_LEFT_OUT.reset(places)
@@ -108,9 +112,10 @@ class _Digests:
     many places, a function that calls itself)."""
 
     def __init__(self, deep: bool, bound: bool = False, defaults: bool = True,
-                 tails: bool = True, code_as_before: bool = False, methods: bool = True) -> None:
+                 tails: bool = True, code_as_before: bool = False, methods: bool = True,
+                 whole_owner: bool = False) -> None:
         self.deep, self.bound, self.defaults, self.tails = deep, bound, defaults, tails
-        self.code_as_before, self.methods = code_as_before, methods
+        self.code_as_before, self.methods, self.whole_owner = code_as_before, methods, whole_owner
         self.done: dict[int, str] = {}
 
     def of(self, fn: Any, within: frozenset) -> str:
@@ -157,12 +162,23 @@ class _Digests:
         if self.deep:
             for value in [owner, *_globals_named(fn, code, closure)]:
                 if id(value) not in within and not isinstance(value, types.ModuleType):
-                    digest.update(self._value(value, within).encode())
+                    digest.update((self._owner(value, code, within) if value is owner else
+                                   self._value(value, within)).encode())
         elif self.bound and owner is not None and id(owner) not in within and not isinstance(
                 owner, types.ModuleType):
-            digest.update(self._value(owner, within).encode())
+            digest.update(self._owner(owner, code, within).encode())
         self.done[id(fn)] = found = digest.hexdigest()
         return found
+
+    def _owner(self, owner: Any, code: Any, within: frozenset) -> str:
+        """A bound method's object as its ``code`` reads it (``owner_reads``), else whole."""
+        held: Any = getattr(owner, "__dict__", None)  # (__slots__, or passed on: whole)
+        names = read_names(type(owner), code) if not self.whole_owner and code is not None \
+            and isinstance(held, dict) else None
+        if names is None:
+            return self._value(owner, within)
+        return repr([(name, self._value(held[name], within | {id(owner)}))
+                     for name in sorted(names) if name in held])
 
     def _value(self, value: Any, within: frozenset) -> str:
         if not callable(value):

@@ -205,6 +205,39 @@ def _third(record):
     return record["x"] % 3 == 0
 
 
+class _Keeper:
+    """A predicate's object that also holds a value of its run, which the predicate does not read."""
+
+    def __init__(self, step, started):
+        self.step, self.started = step, started
+
+    def keep(self, record):
+        return record["x"] % self.step == 0
+
+
+def test_a_bound_predicates_object_counts_by_what_it_reads_and_older_files_are_kept(
+        tmp_path, monkeypatch):
+    # its object held a start time it did not read: every run found the records again over
+    # the whole source, warning that the keep function had changed (it had not)
+    from jaxloader.sources.code_digest import code_digest
+
+    source, path = jl.ArraySource({"x": np.arange(20)}), tmp_path / "kept.npy"
+    assert len(jl.FilteredSource(source, _Keeper(2, 1.0).keep, indices=path)) == 10
+    with monkeypatch.context() as patched, warnings.catch_warnings():
+        patched.setattr("jaxloader.derived.filtered._kept", lambda *a: 1 / 0)  # (read back)
+        warnings.simplefilter("error")
+        assert len(jl.FilteredSource(source, _Keeper(2, 2.0).keep, indices=path)) == 10
+        said = json.loads((tmp_path / "kept.npy.from").read_text())
+        for key, value in said.items():  # a file an older version wrote: the object whole
+            if value == code_digest(_Keeper(2, 1.0).keep, deep=True):
+                said[key] = code_digest(_Keeper(2, 1.0).keep, deep=True, whole_owner=True)
+        assert said != json.loads((tmp_path / "kept.npy.from").read_text())
+        (tmp_path / "kept.npy.from").write_text(json.dumps(said))
+        assert len(jl.FilteredSource(source, _Keeper(2, 1.0).keep, indices=path)) == 10
+    with pytest.warns(UserWarning, match="found from another keep function"):
+        assert len(jl.FilteredSource(source, _Keeper(4, 1.0).keep, indices=path)) == 5
+
+
 def test_an_indices_file_is_found_again_when_the_data_or_the_function_change(tmp_path,
                                                                            monkeypatch):
     # read back after such a change, it would give records the predicate no longer keeps
