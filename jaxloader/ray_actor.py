@@ -25,6 +25,7 @@ from typing import Any
 import cloudpickle
 
 from jaxloader.base import read_threads
+from jaxloader.batching import jit_cpu
 from jaxloader.engines.in_process import Maker
 from jaxloader.runtime import worker_info
 from jaxloader.workers import relay, relay_worker
@@ -42,6 +43,7 @@ class MakerActor:
         """``place``: ``(this actor's index, the actors)``, what ``get_worker_info()`` says
         in it as in a local worker (it said ``None``: code that opens a handle a worker, or
         asks whether it runs in one, took the actor for the training process)."""
+        jit_cpu.IN_WORKER = True  # (its JitMaps' XLA sized to THREADS_ENV, donating)
         if settings is not None:  # (a script's recursion limit for a deep transform, its
             relay_worker.apply(settings)  # warning filters: as a local worker's)
         sys.path.extend(p for p in path if p not in sys.path)

@@ -450,9 +450,9 @@ def test_each_chunk_is_written_over_the_chunk_befores_output_never_over_a_batch_
     # The chunk before's output is donated to XLA, which writes the next chunk over it (memory
     # still in the caches, no fresh allocation): one address for every chunk of every batch. In
     # a worker: here as there (the training process does not donate: jit_cpu.donates)
-    from jaxloader.batching import jit_cpu
+    from jaxloader.batching import jit_map
 
-    monkeypatch.setattr(jit_cpu, "DONATE", True)
+    monkeypatch.setattr(jit_map, "donates", lambda: True)
     t = jl.JitMap(lambda r, key: {"y": r["x"] * 2.0}, chunk_bytes=64)  # 32 bytes a row: 2 rows
     addresses, given = [], []
     call = t._call
@@ -810,3 +810,26 @@ def test_loaders_made_one_after_another_in_the_training_process_let_go_of_their_
         one_loader()
     gc.collect()
     assert pjit._pjit_lower.cache_info().currsize - before <= 1
+
+
+def test_the_workers_xla_threads_exported_in_the_training_process_leave_it_be(monkeypatch):
+    # JAXLOADER_XLA_THREADS (the cores of a worker's XLA) exported by the user made the
+    # training process a worker too: its first JitMap (or peek()) pinned it to that many cores
+    # while its CPU backend started (XLA's threads sized so) and kept its freed memory
+    from jaxloader.batching import jit_cpu
+
+    done = []
+    monkeypatch.setenv(jit_cpu.THREADS_ENV, "1")
+    monkeypatch.setattr(jit_cpu, "_CPU", [])
+    monkeypatch.setattr(jit_cpu, "_keep_freed_memory", lambda: done.append("heap kept"))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda *a: done.append(a))
+    jit_cpu.cpu_device()
+    assert done == [] and not jit_cpu.donates()
+    # a worker is one (told as it starts, not by its environment)
+    in_worker = jl.Map(lambda r: {**r, "w": np.int64(
+        importlib.import_module("jaxloader.batching.jit_cpu").IN_WORKER)})
+    for workers in (0, 1):
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2,
+                           transforms=[in_worker], num_workers=workers, process_index=0,
+                           process_count=1) as loader:
+            assert next(iter(loader))["w"].tolist() == [workers] * 2

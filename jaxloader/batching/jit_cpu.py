@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 THREADS_ENV = "JAXLOADER_XLA_THREADS"  # cores a worker's XLA CPU backend is sized for
-DONATE = False  # whether the training process donates, as a worker does (``donates``)
+IN_WORKER = False  # set as a worker or a Ray actor starts (not read from the environment, which
+# a user may set THREADS_ENV in, and the training process then shares: it was pinned, donated)
 
 
 def donates() -> bool:
@@ -26,14 +27,14 @@ def donates() -> bool:
     needs) is never let go by JAX 0.12 (its lowering's cache entry holds the key it keeps
     weakly): ~1 MB a loader made in the training process, which may make one each time (an
     evaluation's); a worker ends with its loader. Not donating there costs no measured speed."""
-    return DONATE or THREADS_ENV in os.environ
+    return IN_WORKER
 
 
 def cpu_device() -> Any:
     """JAX's first CPU device of this process (after ``jax.distributed.initialize``,
     ``jax.devices("cpu")[0]`` is process 0's, which another process cannot address: its
     JitMap failed with num_workers=0, "UnsafeBufferPointer() is supported only for unsharded
-    arrays"). In a worker (``JAXLOADER_XLA_THREADS`` in its environment: 1
+    arrays"). In a worker (``IN_WORKER``), with ``JAXLOADER_XLA_THREADS`` in its environment (1
     by default, ``workers/process.py``), XLA's CPU backend is started while this process may
     run on that many cores only: XLA sizes its thread pools from the cores it may use, and
     flags do not bound them. Every thread may use all the cores again afterwards."""
@@ -41,7 +42,7 @@ def cpu_device() -> Any:
 
     if _CPU:
         return _CPU[0]
-    threads = os.environ.get(THREADS_ENV)
+    threads = os.environ.get(THREADS_ENV) if IN_WORKER else None
     if not threads or not hasattr(os, "sched_setaffinity"):
         _CPU.append(jax.local_devices(backend="cpu")[0])
         return _CPU[0]

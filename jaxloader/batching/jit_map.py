@@ -7,7 +7,7 @@ training process with ``num_workers=0``).
     records ──Map, RandomMap (NumPy, a record at a time)──> columns
             ──JitMap, a chunk of rows at a time: gathered into aligned buffers (reused)
               ──jit(vmap(fn))(chunk[, keys]) on the CPU device, written by XLA over the
-                chunk before's output (donated)──> copied into the slot
+                chunk before's output (donated, in a worker)──> copied into the slot
     keys: a jax.random key a record, from (seed, epoch, position, transform index): never from
           the worker, so a batch is the same with any worker count and after a restore
 
@@ -229,8 +229,8 @@ class JitMap:
                 inputs[-1][...] = keys[a:b] if b - a == rows else np.resize(keys[a:b], (rows, 2))
             args = (record,) if keys is None else (record, given[-1])
             outside += perf_counter() - start
-            # the chunk before's output is donated: XLA writes this chunk's over it, in memory
-            # still in the caches (refused, XLA allocating afresh, while a view of it lives)
+            # in a worker the chunk before's output is donated: XLA writes this chunk's over it,
+            # in memory still in the caches (refused, allocating afresh, while a view of it lives)
             last = self._call(compiled, (last, *args), where)
             if new:  # (its trace and compilation, with this one chunk's run)
                 new, compiled_s = False, perf_counter() - begun - outside

@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 
 from jaxloader.base.timings import SLOT_WAIT, StageClock
 from jaxloader.base.tree import flatten, is_flat_dict
+from jaxloader.batching import jit_cpu
 from jaxloader.engines.in_process import Maker, StreamMaker
 from jaxloader.workers import payload, protocol, relay_worker, ties
 from jaxloader.runtime import shm, worker_info
@@ -356,6 +357,7 @@ def leave() -> NoReturn:
 def main(fd: int, parent: int) -> None:
     """Entry point of a worker: ``fd`` is its end of the pipe to the main process, ``parent``
     that process's pid."""
+    jit_cpu.IN_WORKER = True  # (its JitMaps' XLA sized to its share of the cores, donating)
     ties.die_with_parent(parent)
     ties.gone_before_the_trainer()
     ties.leave_signals_to_the_trainer()
