@@ -171,14 +171,14 @@ class _Digests:
         return found
 
     def _owner(self, owner: Any, code: Any, within: frozenset) -> str:
-        """A bound method's object as its ``code`` reads it (``owner_reads``), else whole."""
+        """A bound method's object as its ``code`` reads it (``owner_reads``: those attributes'
+        values, its classes' text), else whole (``_value``)."""
         held: Any = getattr(owner, "__dict__", None)  # (__slots__, or passed on: whole)
-        names = read_names(type(owner), code) if not self.whole_owner and code is not None \
-            and isinstance(held, dict) else None
-        if names is None:
+        if self.whole_owner or code is None or not isinstance(held, dict) or (
+                names := read_names(type(owner), code)) is None:
             return self._value(owner, within)
-        return repr([(name, self._value(held[name], within | {id(owner)}))
-                     for name in sorted(names) if name in held])
+        return _methods_text(type(owner)) + repr([(name, self._value(
+            held[name], within | {id(owner)})) for name in sorted(names) if name in held])
 
     def _value(self, value: Any, within: frozenset) -> str:
         if not callable(value):

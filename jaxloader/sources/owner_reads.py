@@ -1,7 +1,9 @@
 """What a bound method reads of its object: the attributes its code names on its first argument
 (``self.scale``), with those the methods and properties it names there read in turn; ``None``
 where the object goes anywhere else (``helper(self)``, ``vars(self)``, ``self.n += 1``,
-``super()``), whose reads cannot be followed.
+``super()``), or a name it reads is one whose reads are not followed (a class with its own
+``__getattr__``, a ``cached_property``, a slot, a wrapped or cached method, a ``dict``'s
+method, a dunder: ``self.__dict__``).
 
 A transform's digest (``code_digest(bound=True)``) takes these attributes' values, not the
 whole object: an object that also holds a value of its run (a start time, a run id, a temporary
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dis
 import inspect
+import types
 from typing import Any
 
 _LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_FAST_BORROW")
@@ -37,8 +40,9 @@ def read_names(cls: type, code: Any) -> set[str] | None:
     """The attribute names ``code`` (a method of ``cls``) reads of its first argument, with
     those the methods and properties of ``cls`` it reads read in turn; ``None`` where its
     first argument goes elsewhere, or ``code`` has none."""
-    if not code.co_argcount:
-        return None
+    if not code.co_argcount or getattr(cls, "__getattribute__", None) is not \
+            object.__getattribute__ or inspect.getattr_static(cls, "__getattr__", None):
+        return None  # (its attributes are not what its __dict__ holds)
     read: set[str] = set()
     todo, seen = [(code, code.co_varnames[0])], set()
     while todo:
@@ -51,12 +55,21 @@ def read_names(cls: type, code: Any) -> set[str] | None:
             return None
         for name in names - read:
             read.add(name)
-            member = inspect.getattr_static(cls, name, None)
-            member = member.fget if isinstance(member, property) else member
-            inner = getattr(member, "__code__", None)
-            if inner is not None and inner.co_argcount:
-                todo.append((inner, inner.co_varnames[0]))
+            member = inspect.getattr_static(cls, name, _ABSENT)
+            if member is _ABSENT or isinstance(member, (staticmethod, classmethod)):
+                continue  # (the object's own, in its __dict__; or no reader of it)
+            function = member.fget if isinstance(member, property) else member
+            if isinstance(function, types.FunctionType) and function.__code__.co_argcount \
+                    and not hasattr(function, "__wrapped__") and not name.startswith("__"):
+                todo.append((function.__code__, function.__code__.co_varnames[0]))
+            elif function is member is not None and not hasattr(type(member), "__get__"):
+                continue  # (a value of its class's: in the class's text)
+            else:
+                return None
     return read
+
+
+_ABSENT = object()
 
 
 def _reads_of(code: Any, me: str, todo: list) -> set[str] | None:
