@@ -35,7 +35,8 @@ _RUNNER = """
 import doctest, io, sys
 page, blocks = sys.argv[1], eval(sys.stdin.read())
 namespace = {"__name__": "__main__"}
-checker, flags = doctest.OutputChecker(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+checker = doctest.OutputChecker()
+flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE | doctest.DONT_ACCEPT_TRUE_FOR_1
 differ = []
 for line, code, want in blocks:
     shown, printed = sys.stdout, io.StringIO()
@@ -60,8 +61,11 @@ def blocks(page: Path) -> list[tuple[int, str, str | None]]:
     text = page.read_text()
     fences = [(m.group(1).strip(), text.count("\n", 0, m.start(2)) + 1, m.group(2))
               for m in _FENCE.finditer(text)]
-    return [(line, code, fences[i + 1][2] if fences[i + 1:] and fences[i + 1][0] == "text"
-             else None) for i, (info, line, code) in enumerate(fences) if info == "python"]
+    found = [(line, code, fences[i + 1][2] if fences[i + 1:] and fences[i + 1][0] == "text"
+              else None) for i, (info, line, code) in enumerate(fences) if info == "python"]
+    opened = len(re.findall(r"^```python[ \t]*$", text, re.M))  # (one inside a longer fence
+    assert len(found) == opened, f"{page}: {opened} python blocks, {len(found)} found"  # hid it)
+    return found
 
 
 def run_page(page: Path, timeout_s: float = 240) -> subprocess.CompletedProcess:

@@ -83,7 +83,7 @@ def _say(transform: Any, mask_key: Any) -> None:
     known = _known_by(transform)
     key = (id(known), mask_key)
     try:  # (its entry goes with it: each transform ever seen kept one, for the process's life)
-        ref: Any = weakref.ref(known, lambda gone: _SAID.pop(key) if _SAID.get(key) is gone
+        ref: Any = weakref.ref(known, lambda gone: _SAID.pop(key, None) if _SAID.get(key) is gone
                                else None)
     except TypeError:  # (kept alive: its id is not another's while it is)
         ref = lambda: known  # noqa: E731
