@@ -454,3 +454,25 @@ def test_a_state_nested_past_any_loaders_or_of_a_million_keys_is_refused_plainly
     with pytest.raises(StateDictError, match=r"unknown keys \[.*\] and 999,980 more") as e:
         loader.load_state_dict(many)
     assert len(str(e.value)) < 3000
+
+
+def test_a_numpy_int_step_restores_as_the_int_it_holds():
+    # (a pytree restore gives NumPy ints) kept as one, a LocalShuffle's next() overflowed in
+    # its index shuffle (a bare OverflowError), and later states held it (no JSON)
+    import json
+
+    def make():
+        return jl.DataLoader(jl.ArraySource({"x": np.arange(200)}), batch_size=8, seed=3,
+                             shuffle=jl.LocalShuffle(window=3, block_size=16), num_epochs=None,
+                             process_index=0, process_count=1)
+
+    with make() as there:
+        it = iter(there)
+        for _ in range(7):
+            next(it)
+        state, want = there.state_dict(), next(it)["x"].tolist()
+    with make() as here:
+        here.load_state_dict({**state, "step": np.int64(state["step"])})
+        assert next(iter(here))["x"].tolist() == want
+        assert type(here.state_dict()["step"]) is int
+        json.dumps(here.state_dict())

@@ -837,3 +837,42 @@ def test_workers_close_their_shards_as_they_end(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error::ResourceWarning", "-c", script],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "unclosed file" not in done.stderr, done.stderr[-2000:]
+
+
+def _rows(i):
+    for j in range(40):
+        yield {"x": np.int64(i * 1000 + j)}
+
+
+def test_a_state_restored_as_numpy_values_or_arrays_is_taken_or_refused_by_name():
+    # (a damaged-states audit) a NumPy int step was kept as one: every later state_dict()
+    # held it and json.dumps, the next checkpoint's save, failed; a reader numbered 1.0 passed
+    # and failed the next() with a bare TypeError; a list come back as an array raised NumPy's
+    # "truth value of an array is ambiguous"
+    def make():
+        return jl.StreamLoader(jl.mix([jl.Stream.from_generator(_rows, shards=4),
+                                       jl.Stream.from_generator(_rows, shards=2)], [0.5, 0.5]),
+                               batch_size=4, seed=5, readers_per_process=2, process_index=0,
+                               process_count=1)
+
+    with make() as there:
+        it = iter(there)
+        for _ in range(5):
+            next(it)
+        state, want = there.state_dict(), next(it)["x"].tolist()
+    with make() as here:
+        here.load_state_dict({**state, "step": np.int64(state["step"])})
+        assert next(iter(here))["x"].tolist() == want
+        json.dumps(here.state_dict())
+        for bad in (1.0, np.int64(1)):
+            readers = [dict(r) for r in state["readers"]]
+            readers[1]["reader"] = bad
+            with pytest.raises(jl.StateDictError, match=r"state\['readers'\]: expected"):
+                here.load_state_dict({**state, "readers": readers})
+        stream = {**state["stream"], "mix": np.asarray([0.5, 0.5])}
+        for damaged, named in (({**state, "stream": stream}, r"state\['stream'\]\['mix'\]"),
+                               ({**state, "generators": np.asarray(state["generators"])},
+                                r"state\['generators'\]")):
+            with pytest.raises(jl.StateDictError, match=named + ": expected a list, received a "
+                                                              "NumPy array"):
+                here.load_state_dict(damaged)

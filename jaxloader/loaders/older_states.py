@@ -13,9 +13,29 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
+import numpy as np
+
 from jaxloader.base.abilities import DIGEST_LEVELS, in_older_forms
 from jaxloader.base.checks import check_bounded
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
+
+
+def refuse_arrays(value: Any, where: str) -> None:
+    """Refuses a NumPy array where a state holds lists (a pytree restore makes them arrays):
+    compared, it raised NumPy's "truth value of an array is ambiguous", not a state's error."""
+    ahead = [(value, where)]
+    while ahead:
+        value, where = ahead.pop()
+        if isinstance(value, np.ndarray) and value.ndim:
+            raise StateDictError(
+                f"{where}: expected a list, received a NumPy array of shape {value.shape} (a "
+                "restore that made the state's lists arrays); restore the loader's state as "
+                "JSON (jaxloader.checkpoint's items), or pass the dict that state_dict() "
+                "returned, unchanged")
+        if isinstance(value, dict):
+            ahead += [(v, f"{where}[{k!r}]") for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            ahead += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
 def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> Any:
@@ -27,6 +47,8 @@ def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> A
     warning says so), or a mixture's with its ``mixture_order`` (until 2026-11-27). Other
     states as they are."""
     check_bounded(state, "StreamLoader")  # (first: the comparisons below recurse)
+    for key in ("stream", "generators", "transforms"):  # (before any ==: an array's is ambiguous)
+        refuse_arrays(state.get(key) if isinstance(state, dict) else None, f"state[{key!r}]")
     if not isinstance(state, dict) or state.get("stream") == described:
         return state
     saved = _without_mixture_order(state.get("stream"), "state['stream']")

@@ -227,7 +227,7 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     if transforms is not None:
         warn_changed_transforms(state.get("transforms"), transforms, state["step"],
                                 older_transforms)
-    return state["step"]
+    return int(state["step"])  # (a NumPy int from a pytree restore: overflowed in a shuffle)
 
 
 def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
@@ -277,8 +277,8 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
               remedy="pass the dict that state_dict() returned, unchanged")
     found, first = state.get("readers"), process_index * readers
     if (not isinstance(found, list) or len(found) != readers or any(
-            not isinstance(r, dict) or r.get("reader") != first + i
-            for i, r in enumerate(found))):
+            not isinstance(r, dict) or type(r.get("reader")) is not int or r.get("reader") !=
+            first + i for i, r in enumerate(found))):  # (1.0 or np.int64(1): a slice's TypeError)
         raise StateDictError(f"state['readers']: expected the states of readers {first}.."
                              f"{first + readers - 1}, received {found!r:.200}")
     return found

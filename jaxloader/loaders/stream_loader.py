@@ -378,7 +378,7 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
                 reader.reset(copied(r))
             finally:
                 reader.close()  # (its files: a state checked leaves none open)
-        step, base, ended = state["step"], copied(readers), passes.ended(state, until)
+        step, base, ended = int(state["step"]), copied(readers), passes.ended(state, until)
         self._invalidate()
         # The pass the state was in (None: its readers' states say), the step, and the readers'
         # states as of it, set in one statement with no call inside: a Ctrl-C lands before or
