@@ -869,6 +869,11 @@ def test_a_state_restored_as_numpy_values_or_arrays_is_taken_or_refused_by_name(
             readers[1]["reader"] = bad
             with pytest.raises(jl.StateDictError, match=r"state\['readers'\]: expected"):
                 here.load_state_dict({**state, "readers": readers})
+        for bad in (None, -5, "0"):  # (a mixture's reader's epoch: a pass's end counts on it)
+            readers = [dict(r) for r in state["readers"]]
+            readers[0]["epoch"] = bad
+            with pytest.raises(jl.StateDictError, match=r"\['readers'\]\[0\]\['epoch'\]"):
+                here.load_state_dict({**state, "readers": readers})
         stream = {**state["stream"], "mix": np.asarray([0.5, 0.5])}
         for damaged, named in (({**state, "stream": stream}, r"state\['stream'\]\['mix'\]"),
                                ({**state, "generators": np.asarray(state["generators"])},

@@ -281,6 +281,10 @@ def check_stream_state(state: Any, config: dict[str, Any], process_index: int,
             first + i for i, r in enumerate(found))):  # (1.0 or np.int64(1): a slice's TypeError)
         raise StateDictError(f"state['readers']: expected the states of readers {first}.."
                              f"{first + readers - 1}, received {found!r:.200}")
+    for i, r in enumerate(found):  # (a pass's end is counted from it: None raised a TypeError)
+        check_int(f"state['readers'][{i}]['epoch']", r.get("epoch", 0), low=0, high=EPOCH_LIMIT,
+                  error=StateDictError, remedy="pass the dict that state_dict() returned, "
+                  "unchanged")
     return found
 
 

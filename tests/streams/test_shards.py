@@ -947,7 +947,8 @@ def test_hand_edited_tar_mixture_and_pass_fields_are_refused_and_long_values_cut
     with jl.StreamLoader(a, batch_size=2, num_epochs=1) as loader:
         next(iter(loader))
         state = json.loads(json.dumps(loader.state_dict()))
-        with pytest.raises(jl.StateDictError, match="stream state: expected"):
+        with pytest.raises(jl.StateDictError, match=r"state\['readers'\]\[0\]\['epoch'\]: "
+                                                    r"expected an int, got NoneType"):
             loader.load_state_dict({**state, "readers": [{**state["readers"][0],
                                                           "epoch": None}]})
     source = jl.ArraySource({"x": np.arange(64)})
