@@ -533,3 +533,30 @@ def test_a_pass_over_empty_files_is_warned_of_as_the_loader_is_made(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (endless: an epoch of empty shards is passed over)
         jl.StreamLoader(stream, batch_size=2, process_index=0, process_count=1)
+
+
+def _forty(i):
+    for j in range(40):
+        yield {"x": np.int64(i * 1000 + j)}
+
+
+def test_a_pass_end_past_the_pass_the_readers_are_in_is_refused():
+    # (a damaged-states audit) any multiple of num_epochs above the readers' epochs was taken:
+    # a restored pass of one epoch read 2 or 3 of them, or never ended, without a word
+    def make():
+        return jl.StreamLoader(jl.Stream.from_generator(_forty, shards=4, shuffle_window=5),
+                               batch_size=4, seed=5, num_epochs=1, readers_per_process=2,
+                               process_index=0, process_count=1)
+
+    with make() as there:
+        it = iter(there)
+        for _ in range(5):
+            next(it)
+        state = there.state_dict()
+        rest = len(list(it))
+    with make() as here:
+        for until in (2, 3, 2**70):
+            with pytest.raises(jl.StateDictError, match=r"state\['pass'\]: expected"):
+                here.load_state_dict({**state, "pass": {**state["pass"], "until": until}})
+        here.load_state_dict(state)
+        assert len(list(here)) == rest

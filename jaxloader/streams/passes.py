@@ -129,12 +129,17 @@ def from_state(state: dict, num_epochs: int | None) -> list[int] | None:
     until = held.get("until") if isinstance(held, dict) else None
     epochs = [r.get("epoch", 0) if isinstance(r, dict) else None for r in readers] if isinstance(
         readers, list) else [None]  # (the readers' states are checked as they are reset)
+    # ``until`` ends the pass the readers are in, or once one ended, the next (a later pass's
+    # end was taken: a restored pass read on for passes more, or for ever, without a word)
+    known = [e for e in epochs if type(e) is int]
+    ended = any(isinstance(r, dict) and r.get("ended") is True for r in readers)
     if (type(until) is not int or until < num_epochs or until % num_epochs
-            or any(type(e) is int and e >= until for e in epochs)):
+            or any(e >= until for e in known)
+            or known and until > ((max(known) + ended) // num_epochs + 1) * num_epochs):
         raise StateDictError(
             f"state['pass']: expected {{num_epochs: {num_epochs}, until: a multiple of it above "
-            f"every reader's epoch}}, received {held!r:.200}; pass the dict that state_dict() "
-            "returned, unchanged")
+            f"every reader's epoch, the end of the pass they are in}}, received {held!r:.200}; "
+            "pass the dict that state_dict() returned, unchanged")
     return [until] * len(readers)
 
 
