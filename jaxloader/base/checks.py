@@ -254,6 +254,24 @@ def check_bounded(state: Any, loader: str) -> None:
             ahead.extend((v, depth + 1, key) for v in value if isinstance(v, (dict, list, tuple)))
 
 
+def refuse_arrays(value: Any, where: str) -> None:
+    """Refuses a NumPy array where a state holds lists (a pytree restore makes them arrays):
+    compared, it raised NumPy's "truth value of an array is ambiguous", not a state's error."""
+    ahead = [(value, where)]
+    while ahead:
+        value, where = ahead.pop()
+        if isinstance(value, np.ndarray) and value.ndim:
+            raise StateDictError(
+                f"{where}: expected a list, received a NumPy array of shape {value.shape} (a "
+                "restore that made the state's lists arrays); restore the loader's state as "
+                "JSON (jaxloader.checkpoint's items), or pass the dict that state_dict() "
+                "returned, unchanged")
+        if isinstance(value, dict):
+            ahead += [(v, f"{where}[{k!r}]") for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            ahead += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
 def shown_names(names: list[str]) -> str:
     """Names as a message lists them: the first 20, then how many more (10**6 keys made a
     message of 11 MB).

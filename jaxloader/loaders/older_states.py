@@ -13,29 +13,9 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-import numpy as np
-
 from jaxloader.base.abilities import DIGEST_LEVELS, in_older_forms
-from jaxloader.base.checks import check_bounded
+from jaxloader.base.checks import check_bounded, refuse_arrays
 from jaxloader.base.errors import JaxloaderWarning, StateDictError, user_stacklevel
-
-
-def refuse_arrays(value: Any, where: str) -> None:
-    """Refuses a NumPy array where a state holds lists (a pytree restore makes them arrays):
-    compared, it raised NumPy's "truth value of an array is ambiguous", not a state's error."""
-    ahead = [(value, where)]
-    while ahead:
-        value, where = ahead.pop()
-        if isinstance(value, np.ndarray) and value.ndim:
-            raise StateDictError(
-                f"{where}: expected a list, received a NumPy array of shape {value.shape} (a "
-                "restore that made the state's lists arrays); restore the loader's state as "
-                "JSON (jaxloader.checkpoint's items), or pass the dict that state_dict() "
-                "returned, unchanged")
-        if isinstance(value, dict):
-            ahead += [(v, f"{where}[{k!r}]") for k, v in value.items()]
-        elif isinstance(value, (list, tuple)):
-            ahead += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
 def as_written_now(state: Any, described: Any, describe: Callable[[], Any]) -> Any:
