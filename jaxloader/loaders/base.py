@@ -170,6 +170,7 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         else:
             from jaxloader.workers.pool import WorkerPool
             from jaxloader.workers.launch import hold_standard_descriptors
+            from jaxloader.sharding.pinning import pinner_for
 
             hold_standard_descriptors()
             capacity = None
@@ -183,7 +184,8 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
                                     worker_init_fn=worker_init_fn,
                                     stall_warning_s=options.stall_warning_s,
                                     timeout_s=options.timeout_s, max_workers=capacity,
-                                    label=self._progress.label)
+                                    label=self._progress.label, pinner=pinner_for(
+                                        self._putter, self._progress.label))
             except OSError as e:  # (a pipe, a worker's status file: a bare "Errno 24")
                 if e.errno != errno.EMFILE:
                     raise

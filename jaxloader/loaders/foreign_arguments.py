@@ -27,7 +27,8 @@ _REMEDIES = {
                   "pad or crop them in a Map (token sequences: jaxloader.PackedSource); to "
                   "change a whole batch, pass transforms=[..., jaxloader.BatchMap(fn)]",
     "pin_memory": "pass sharding= (and device_prefetch=) to have batches placed on the "
-                  "devices by a background thread",
+                  "devices by a background thread; on a GPU the workers' slots are "
+                  "page-locked for the copies, nothing to set",
     "prefetch_factor": "use prefetch= (tasks in flight per worker, a task up to 16 batches)",
     "persistent_workers": "nothing to set: workers live as long as the loader; close() ends "
                           "them",

@@ -76,9 +76,10 @@ class WorkerPool:
     def __init__(self, maker: Maker, num_workers: int, *, prefetch: int = 2,
                  start_method: str = "exec", worker_init_fn: Callable[[int], object] | None = None,
                  stall_warning_s: float | None = None, timeout_s: float | None = None,
-                 max_workers: int | None = None, label: str = "jaxloader") -> None:
+                 max_workers: int | None = None, label: str = "jaxloader",
+                 pinner: Any = None) -> None:
         self._maker, self._owner = maker, os.getpid()  # (a fork shares pipes, not workers)
-        self._stall = failures.StallWatch(stall_warning_s, timeout_s, label)
+        self._stall, self._pinner = failures.StallWatch(stall_warning_s, timeout_s, label), pinner
         self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
         self._start_method, self._initial = start_method, num_workers
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
@@ -106,7 +107,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         """Starts the interpreters (their imports overlap with what follows), a fresh ring."""
-        self._ring = SlotRing()
+        self._ring = SlotRing(self._pinner)  # (pinner: ring.py's, batches placed on a GPU)
         self._shapes: dict[tuple[int, bool], tuple[int, int, int]] = {}  # _task_shape's
         old = getattr(self, "roster", None)  # (a restart: as many workers, as many in use)
         self._workers: list[WorkerProcess] = []  # the pool's before any starts (Roster)
@@ -318,8 +319,7 @@ class WorkerPool:
                     roster.in_flight[worker] -= 1
             elif type(message) is Grow:
                 segments = self._tasks[message.task_id].segments
-                segment = self._ring.grow(segments[message.nth], message.nbytes)
-                segments[message.nth] = segment
+                segment = segments[message.nth] = self._ring.grow(segments[message.nth], message.nbytes)
                 self._send(worker, Slot(message.task_id, message.nth, segment.name,
                                         segment.size))
             elif type(message) is Said:  # (what its code logged and warned: before its Done)
