@@ -173,24 +173,56 @@ def step_ms(step: Callable, params: Any, reps: int, x: Any, y: Any, n: int = 20,
     return (time.perf_counter() - start) / n * 1e3
 
 
-def step_wait(args: argparse.Namespace, device: Any) -> list[dict]:
+def calibrate(step: Callable, params: Any, x: Any, y: Any, warm_s: float
+              ) -> Callable[[float], int]:
+    """The step's ``reps`` for a target ms, from its time at 4 and at 32 reps."""
+    low = step_ms(step, params, 4, x, y, n=50, warm_s=warm_s)
+    high = step_ms(step, params, 32, x, y, n=50, warm_s=warm_s)
+    per_rep = max((high - low) / 28, 1e-6)
+    print(f"calibration: 4 reps {low:.3f} ms, 32 reps {high:.3f} ms", flush=True)
+    return lambda target: min(2000, max(1, round(4 + (target - low) / per_rep)))
+
+
+def arguments(batches: int, step_targets: list[float]) -> argparse.ArgumentParser:
+    """The options both GPU benchmarks take."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a dry run anywhere")
+    parser.add_argument("--batches", type=int, default=batches, help="large batches a repeat")
+    parser.add_argument("--steps", type=int, default=150, help="steps timed a repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--step-ms", type=float, nargs="+", default=step_targets)
+    parser.add_argument("--warm", type=float, default=3.0,
+                        help="seconds of warm-up for the GPU and for each loader with workers")
+    return parser
+
+
+def step_case(args: argparse.Namespace, device: Any) -> tuple:
+    """The input-wait case: ``(images, labels, batch, step, params, targets)``, ``targets()``
+    yielding each ``--step-ms``'s ``(target, reps, ms of the step alone)``."""
     rng = np.random.default_rng(1)
     side, batch = (224, 128) if not args.quick else (32, 64)
     images = rng.integers(0, 256, (batch * 40, side, side, 3), dtype=np.uint8)
     labels = rng.integers(0, 1000, batch * 40).astype(np.int32)
-    source = jl.ArraySource({"image": images, "label": labels})
-    sharding = jax.sharding.SingleDeviceSharding(device)
     step, params = make_step(side * side * 3, *((4096, 16384) if not args.quick else (256, 256)))
     x = jax.device_put(images[:batch], device)
     y = jax.device_put(labels[:batch], device)
-    low = step_ms(step, params, 4, x, y, n=50, warm_s=args.warm)
-    high = step_ms(step, params, 32, x, y, n=50, warm_s=args.warm)
-    per_rep = max((high - low) / 28, 1e-6)
-    print(f"calibration: 4 reps {low:.3f} ms, 32 reps {high:.3f} ms", flush=True)
+    reps_for = calibrate(step, params, x, y, args.warm)
+
+    def targets() -> Iterator[tuple[float, int, float]]:
+        for target in args.step_ms:
+            reps = reps_for(target)
+            yield target, reps, step_ms(step, params, reps, x, y, n=50, warm_s=args.warm)
+
+    return images, labels, batch, step, params, targets
+
+
+def step_wait(args: argparse.Namespace, device: Any) -> list[dict]:
+    images, labels, batch, step, params, targets = step_case(args, device)
+    source = jl.ArraySource({"image": images, "label": labels})
+    sharding = jax.sharding.SingleDeviceSharding(device)
     rows = []
-    for target in args.step_ms:
-        reps = min(2000, max(1, round(4 + (target - low) / per_rep)))
-        alone = step_ms(step, params, reps, x, y, n=50, warm_s=args.warm)
+    for target, reps, alone in targets():
         live: list = []
 
         def loader(workers: int, prefetch: int, placed: bool = True,
@@ -260,15 +292,7 @@ def step_wait(args: argparse.Namespace, device: Any) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes: a dry run anywhere")
-    parser.add_argument("--batches", type=int, default=60, help="large batches timed a repeat")
-    parser.add_argument("--steps", type=int, default=150, help="steps timed a repeat")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
-    parser.add_argument("--step-ms", type=float, nargs="+", default=[2.0, 5.0, 15.0])
-    parser.add_argument("--warm", type=float, default=3.0,
-                        help="seconds of warm-up for the GPU and for each loader with workers")
+    parser = arguments(60, [2.0, 5.0, 15.0])
     parser.add_argument("--skip", nargs="*", default=[], choices=["transfer", "wait"])
     args = parser.parse_args()
     device = jax.devices()[0]

@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import jaxloader as jl  # noqa: E402
-from bench_gpu import drain, flip, make_step, step_ms, warm  # noqa: E402
+from bench_gpu import arguments, drain, flip, step_case, warm  # noqa: E402
 from common import input_wait, machine, table  # noqa: E402
 from jaxloader.runtime.shm import Segment  # noqa: E402
 from jaxloader.sharding import pinning  # noqa: E402
@@ -262,21 +262,10 @@ def loader_rates(args: argparse.Namespace, device: Any, switch: Pinning) -> dict
 
 
 def step_verdicts(args: argparse.Namespace, device: Any, switch: Pinning) -> list[dict]:
-    rng = np.random.default_rng(1)
-    side, batch = (224, 128) if not args.quick else (32, 64)
-    images = rng.integers(0, 256, (batch * 40, side, side, 3), dtype=np.uint8)
-    labels = rng.integers(0, 1000, batch * 40).astype(np.int32)
+    images, labels, batch, step, params, targets = step_case(args, device)
     source = jl.ArraySource({"image": images, "label": labels})
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    step, params = make_step(side * side * 3, *((4096, 16384) if not args.quick else (256, 256)))
-    x, y = jax.device_put(images[:batch], device), jax.device_put(labels[:batch], device)
-    low = step_ms(step, params, 4, x, y, n=50, warm_s=args.warm)
-    high = step_ms(step, params, 32, x, y, n=50, warm_s=args.warm)
-    per_rep = max((high - low) / 28, 1e-6)
     rows = []
-    for target in args.step_ms:
-        reps = min(2000, max(1, round(4 + (target - low) / per_rep)))
-        alone = step_ms(step, params, reps, x, y, n=50, warm_s=args.warm)
+    for target, reps, alone in targets():
         result: dict[str, Any] = {"target_ms": target, "step_alone_ms": alone}
         for label, workers, pinned in (("in process", 0, False),
                                        (f"{args.workers} workers", args.workers, False),
@@ -285,7 +274,7 @@ def step_verdicts(args: argparse.Namespace, device: Any, switch: Pinning) -> lis
             switch.on = pinned
             loader = jl.DataLoader(source, batch_size=batch, shuffle=True, seed=0,
                                    transforms=[jl.RandomMap(flip)], num_epochs=None,
-                                   num_workers=workers, device_prefetch=2, sharding=sharding,
+                                   num_workers=workers, device_prefetch=2, sharding=device,
                                    process_index=0, process_count=1)
             try:
                 it = iter(loader)
@@ -307,15 +296,9 @@ def step_verdicts(args: argparse.Namespace, device: Any, switch: Pinning) -> lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes: a dry run anywhere")
-    parser.add_argument("--batches", type=int, default=40, help="batches timed a repeat")
-    parser.add_argument("--steps", type=int, default=150, help="steps timed a variant")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arguments(40, [2.0, 15.0])
+    parser.description = __doc__
     parser.add_argument("--turns", type=int, default=2, help="loader rounds, A B A B")
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
-    parser.add_argument("--step-ms", type=float, nargs="+", default=[2.0, 15.0])
-    parser.add_argument("--warm", type=float, default=3.0)
     parser.add_argument("--skip", nargs="*", default=[], choices=["bare", "same", "loader", "step"])
     args = parser.parse_args()
     device = jax.devices()[0]
