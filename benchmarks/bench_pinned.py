@@ -28,6 +28,7 @@ import argparse
 import collections
 import functools
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -46,7 +47,7 @@ from bench_gpu import arguments, drain, flip, step_case, warm  # noqa: E402
 from common import input_wait, machine, table  # noqa: E402
 from jaxloader.runtime.shm import Segment  # noqa: E402
 from jaxloader.sharding import pinning  # noqa: E402
-from jaxloader.workers import ring as ring_module  # noqa: E402
+from jaxloader.workers import unpinning  # noqa: E402
 
 
 def gbps(nbytes: int, seconds: float) -> float:
@@ -200,35 +201,34 @@ class Pinning:
 
 def same_batches(args: argparse.Namespace, device: Any, switch: Pinning) -> dict:
     """Three epochs (a partial last batch each) with slots pinned and not: the same bytes on
-    the device; the last batches held past ``close()``; no slot left registered after."""
+    the device. Then a pinned loader closed after 5 batches, its thread and copies ahead:
+    slots still read at ``close()`` wait, and none is left registered once they are done."""
     rng = np.random.default_rng(2)
     data = rng.integers(0, 256, (32 * 20 + 5, 64, 64, 3), dtype=np.uint8)
+
+    def loader(pinned: bool, **options: Any) -> jl.DataLoader:
+        switch.on = pinned
+        return jl.DataLoader(jl.ArraySource({"x": data}), batch_size=32, shuffle=True, seed=0,
+                             num_workers=args.workers, sharding=device, process_index=0,
+                             process_count=1, **options)
+
     runs = {}
-    for on in (False, True):
-        switch.on = on
-        loader = jl.DataLoader(jl.ArraySource({"x": data}), batch_size=32, shuffle=True,
-                               seed=0, num_epochs=3, num_workers=args.workers,
-                               last_batch="partial", sharding=device, process_index=0,
-                               process_count=1)
-        got, held = [], []
-        for b in loader:
-            got.append(np.asarray(b["x"]))
-            held = (held + [b])[-3:]
-        loader.close()
-        waiting = len(ring_module._UNPIN_LATER)
-        runs[on] = (got, [np.asarray(h["x"]) for h in held], waiting)
-        del held, b
-    (off, _, _), (on_, held, waiting) = runs[False], runs[True]
+    for pinned in (False, True):
+        with loader(pinned, num_epochs=3, last_batch="partial") as made:
+            runs[pinned] = [np.asarray(b["x"]) for b in made]
+    cut = loader(True, num_epochs=None)
+    taken = list(itertools.islice(cut, 5))
+    cut.close()
+    waiting_at_close = unpinning.waiting()
+    del taken, cut
     gc.collect()
-    looking = ring_module.SlotRing()
-    looking.take()
-    looking.close()
-    return {"batches": len(on_), "same bytes": len(off) == len(on_) and all(
-        np.array_equal(a, b) for a, b in zip(off, on_)),
-            "held past close() intact": all(np.array_equal(h, b) for h, b in zip(held,
-                                                                                  on_[-3:])),
-            "slots waiting to be unpinned at close()": waiting,
-            "left after": len(ring_module._UNPIN_LATER)}
+    drained = unpinning.wait_all(10.0)
+    pinners = [p for p in switch.made if p is not None]
+    return {"batches": len(runs[True]), "same bytes": len(runs[False]) == len(runs[True]) and all(
+        np.array_equal(a, b) for a, b in zip(runs[False], runs[True])),
+            "pinners": len(pinners), "slots waiting at close()": waiting_at_close,
+            "all unpinned once done": drained,
+            "registered left": sum(len(p._at) for p in pinners)}
 
 
 def loader_rates(args: argparse.Namespace, device: Any, switch: Pinning) -> dict:

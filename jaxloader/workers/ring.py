@@ -41,9 +41,9 @@ its descriptor until unlinked: out of them after 173 batches under a limit of 25
 
 With a ``pinner`` (batches placed on a GPU: ``jaxloader.sharding.pinning``) each slot is
 registered with the device as it is made, for copies straight from it, and unregistered before
-it is unmapped, never while its views live (a copy in flight reads it): a slot destroyed with
-views alive waits, linked no more, until they die (looked at as slots are taken, and at
-``close()``; one still read then waits in ``_UNPIN_LATER``, looked at by any ring).
+it is unmapped, never while its views live (a copy in flight reads it): only ``close()`` meets
+a slot still read (settles and grows release free slots, or slots a worker writes), which
+then waits for its views in ``workers/unpinning.py``.
 """
 
 from __future__ import annotations
@@ -59,20 +59,18 @@ import numpy as np
 
 from jaxloader.batching.collate import Layout
 from jaxloader.runtime.shm import UNTRACKED, Segment, open_descriptors
+from jaxloader.workers import unpinning
 from jaxloader.workers.tasks import ahead_slots
 
 _RINGS: weakref.WeakSet = weakref.WeakSet()  # the rings not closed, of every loader alive
 _LOCK = threading.RLock()  # (loaders made in several threads at once; reentrant: a loader
 # collected as a ring is made, its ring closed in that thread, takes it again)
-_UNPIN_LATER: list[tuple[weakref.ref, Segment, Any]] = []  # pinned slots of closed rings
-# whose views live: (the ref their views hang from, the slot, its pinner), under _LOCK
 
 
 def _forked() -> None:
     """A forked child has none of its parent's rings, nor the lock another thread held."""
     global _LOCK
     _RINGS.clear()
-    _UNPIN_LATER.clear()  # (the parent's registrations: not this process's to undo)
     _LOCK = threading.RLock()
 
 
@@ -108,7 +106,6 @@ class SlotRing:
 
     def __init__(self, pinner: Any = None) -> None:
         self._pinner = pinner  # pin(segment), unpin(segment), pinned(segment), or None
-        self._unpin_later: list[tuple[weakref.ref, Segment]] = []  # destroyed, views alive
         self._free: dict[int, list[Segment]] = {}  # by the worker that wrote them last
         self._worker_of: dict[str, int] = {}  # slot name -> the worker it was taken for last
         self._lent: dict[int, tuple[weakref.ref, Segment]] = {}  # id(ref) -> (ref, its slot)
@@ -149,8 +146,6 @@ class SlotRing:
         while self._dead:
             _, segment = self._lent.pop(id(self._dead.popleft()))
             self.give_back(segment)
-        if self._unpin_later or _UNPIN_LATER:
-            self._unpin_dead()
         for free in (self._free.get(worker), *self._free.values()):
             while free:
                 segment = free.pop()
@@ -241,35 +236,19 @@ class SlotRing:
         return segment
 
     def _destroy(self, segment: Segment) -> None:
+        self._release(segment)  # (first: cut short, it stays listed for close())
         self._segments.pop(segment.name, None)
         self._worker_of.pop(segment.name, None)
-        self._release(segment)
 
     def _release(self, segment: Segment) -> None:
         """Destroys ``segment``: unmapped now, or when the last view of it dies; a pinned one
-        is unpinned first, once no view of it is alive (module docstring)."""
+        unpinned first, once no view of it is alive (module docstring)."""
         if self._pinner is None or not self._pinner.pinned(segment):
             segment.destroy()
             return
-        read = next((ref for ref, lent in self._lent.values()
-                     if lent is segment and ref() is not None), None)
-        if read is not None:
-            segment.unlink()
-            self._unpin_later.append((read, segment))
-            return
-        self._pinner.unpin(segment)
-        segment.destroy()
-
-    def _unpin_dead(self) -> None:
-        """Unpins and destroys the pinned slots destroyed with views alive, whose views died."""
-        with _LOCK:  # (removed once done: a Ctrl-C leaves the rest, and this one, listed)
-            for ref, segment, pinner in [(*k, self._pinner) for k in self._unpin_later] + [
-                    k for k in _UNPIN_LATER]:
-                if ref() is None:  # (a view dies in any thread: one read decides)
-                    pinner.unpin(segment)
-                    segment.destroy()
-                    self._unpin_later[:] = [k for k in self._unpin_later if k[1] is not segment]
-                    _UNPIN_LATER[:] = [k for k in _UNPIN_LATER if k[1] is not segment]
+        read = next((base for ref, lent in self._lent.values()
+                     if lent is segment and (base := ref()) is not None), None)
+        unpinning.release(segment, self._pinner, read)
 
     def close(self) -> None:
         """Unlinks every segment; unmaps those no view reads (the rest when their views die).
@@ -278,10 +257,6 @@ class SlotRing:
             _RINGS.discard(self)
         for segment in list(self._segments.values()):
             self._release(segment)
-        self._unpin_dead()
-        with _LOCK:  # (still read: unpinned when their views die, by whichever ring looks)
-            _UNPIN_LATER.extend((ref, segment, self._pinner) for ref, segment in self._unpin_later)
-        self._unpin_later.clear()
         self._segments.clear()
         self._free.clear()
         self._worker_of.clear()
