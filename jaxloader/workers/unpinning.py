@@ -11,7 +11,7 @@ Why a thread: the views die wherever the user drops them, possibly long after ev
 closed, so no later call of ours is sure to come; the reference's callback is
 ``SimpleQueue.put``, a builtin, so no Python code runs where the views die (a Ctrl-C can never
 land in it, ``jaxloader.base.interrupts``, 5), and none reaches the thread. It starts with the
-first slot that waits, and waits for the next (a daemon: it ends with the process).
+first slot that waits and ends when none is left.
 
 Example:
     >>> import numpy as np
@@ -46,7 +46,7 @@ from jaxloader.runtime.shm import Segment
 _WAITING: dict[int, tuple[weakref.ref, Segment, Any]] = {}  # (its views' base, slot, pinner)
 _NUMBERS = itertools.count()  # the keys of _WAITING
 _WAKE: queue.SimpleQueue = queue.SimpleQueue()  # a base died
-_THREAD: list[threading.Thread] = []  # started once a process, at the first slot that waits
+_THREAD: list[threading.Thread] = []  # the one running, while slots wait
 
 
 def release(segment: Segment, pinner: Any, base: Any) -> None:
@@ -87,12 +87,19 @@ def _unpin(segment: Segment, pinner: Any) -> None:
 
 
 def _unpin_dead() -> None:
-    """The thread: unpins and unmaps each waiting slot whose views died, as they die."""
+    """The thread: unpins and unmaps each waiting slot whose views died, as they die; ends
+    once none waits (looked at again after it stopped counting as running: a slot filed
+    meanwhile either keeps it going or, not seeing it run, starts another)."""
     while True:
         _WAKE.get()
         for key, kept in list(_WAITING.items()):
             if kept[0]() is None and _WAITING.pop(key, None) is not None:  # (claimed)
                 _unpin(kept[1], kept[2])
+        if not _WAITING:
+            _THREAD.clear()
+            if not _WAITING:
+                return
+            _THREAD[:] = [threading.current_thread()]
 
 
 def _forked() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
+import time
 import warnings
 
 import jax
@@ -88,6 +90,10 @@ def test_a_slot_read_at_close_is_unpinned_by_a_thread_once_its_views_die():
     del batch  # (no other ring, no later call of ours: the thread does it)
     assert unpinning.wait_all(5.0)
     assert client.mapped == {} and seg.buf is None and not client.violations
+    deadline = time.monotonic() + 5.0  # and the thread ends, none waiting
+    while any(t.name == "jaxloader-unpin" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, threading.enumerate()
+        time.sleep(0.01)
 
 
 def _scenario(ring: SlotRing, held: list) -> None:
