@@ -55,8 +55,9 @@ class Pinner:
         self.failed: str | None = None  # the backend's refusal: no slot is pinned after it
 
     def pinned(self, segment: Any) -> bool:
-        """Whether ``segment`` is (or may be) registered: it must be unpinned before unmapped."""
-        return segment.name in self._at
+        """Whether ``segment`` is (or may be) registered, or kept for good: it goes through
+        ``unpin``, never straight to its unmapping."""
+        return segment.name in self._at or any(held is segment for held in _HELD)
 
     def pin(self, segment: Any) -> None:
         """Registers ``segment``'s mapping (whole pages); a refusal is warned of, once."""

@@ -38,6 +38,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -45,6 +46,9 @@ from jaxloader.runtime.shm import Segment
 
 _WAITING: dict[int, tuple[weakref.ref, Segment, Any]] = {}  # (its views' base, slot, pinner)
 _NUMBERS = itertools.count()  # the keys of _WAITING
+_DOING: dict[tuple[int, int], Any] = {}  # (key, thread) -> a slot claimed, not yet unpinned
+_KEPT: list[Segment] = []  # slots whose unpinning raised: mapped for good (not unmapped
+# registered), the error printed
 _WAKE: queue.SimpleQueue = queue.SimpleQueue()  # a base died
 _THREAD: list[threading.Thread] = []  # the one running, while slots wait
 
@@ -69,16 +73,16 @@ def release(segment: Segment, pinner: Any, base: Any) -> None:
 
 
 def waiting() -> int:
-    """Pinned slots still read, waiting to be unpinned."""
-    return len(_WAITING)
+    """Pinned slots still read, or being unpinned."""
+    return len(_WAITING) + len(_DOING)
 
 
 def wait_all(timeout_s: float) -> bool:
     """Whether every waiting slot was unpinned within ``timeout_s`` (for tests and benchmarks)."""
     deadline = time.monotonic() + timeout_s
-    while _WAITING and time.monotonic() < deadline:
+    while waiting() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return not _WAITING
+    return not waiting()
 
 
 def _unpin(segment: Segment, pinner: Any) -> None:
@@ -93,8 +97,18 @@ def _unpin_dead() -> None:
     while True:
         _WAKE.get()
         for key, kept in list(_WAITING.items()):
-            if kept[0]() is None and _WAITING.pop(key, None) is not None:  # (claimed)
-                _unpin(kept[1], kept[2])
+            if kept[0]() is not None:
+                continue
+            doing = (key, threading.get_ident())
+            _DOING[doing] = kept  # (before the claim: wait_all() never sees neither)
+            try:
+                if _WAITING.pop(key, None) is not None:  # (claimed: one thread does it)
+                    _unpin(kept[1], kept[2])
+            except Exception:  # noqa: BLE001 - said, and the thread goes on with the others
+                _KEPT.append(kept[1])
+                traceback.print_exc()
+            finally:
+                del _DOING[doing]
         if not _WAITING:
             _THREAD.clear()
             if not _WAITING:
