@@ -192,6 +192,30 @@ def no_leaks():
         gc.collect()  # (only then: a full collection takes 0.1-0.2 s in a test process)
         leaked = _segments() - before
     assert not leaked, f"shared memory left behind (/dev/shm, memory files): {sorted(leaked)}"
+    held = _locks_held()
+    assert not held, f"module locks left held by this test (a later one waits for them): {held}"
+
+
+# jaxloader's module-level locks: one a test left held (an interrupt raised where no real one
+# lands) made a later test, in the same process, wait for ever for it in another thread
+_MODULE_LOCKS = [("jaxloader.workers.ring", "_LOCK"), ("jaxloader.loaders.open_pools", "_LOCK"),
+                 ("jaxloader.workers.starter", "_LOCK"), ("jaxloader.workers.endings", "_ENDS_LOCK"),
+                 ("jaxloader.sources.block_tables", "_LOCK"),
+                 ("jaxloader.workers.process", "_SPAWNER_LOCK")]
+
+
+def _locks_held() -> list[str]:
+    held = []
+    for module, name in _MODULE_LOCKS:
+        lock = getattr(sys.modules.get(module), name, None)
+        if lock is None:  # (not imported by this process yet)
+            continue
+        owned = getattr(lock, "_is_owned", None)  # (an RLock: held by this thread)
+        if (owned is not None and owned()) or not lock.acquire(timeout=1.0):  # (another's:
+            held.append(f"{module}.{name}")  # a thread of the test's may be in it a moment)
+        else:
+            lock.release()
+    return held
 
 
 @pytest.fixture

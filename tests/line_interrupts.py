@@ -35,7 +35,7 @@ def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[
 
         def line(frame, event, arg):
             nonlocal seen
-            if event == "line":
+            if event == "line" and not _before_a_with_exit(frame.f_code, frame.f_lasti):
                 seen += 1
                 if seen == n:
                     raise Tick()
@@ -43,6 +43,34 @@ def raised_at_line(n: int, functions: list[Callable[..., Any]], call: Callable[[
         return line
 
     return _raised(tracer, call)
+
+
+def _before_a_with_exit(code: types.CodeType, offset: int) -> bool:
+    """Whether the instruction at ``offset`` starts a ``with`` statement's exit, the normal one
+    (``__exit__(None, None, None)`` loaded and called) or the handler's: the line event there
+    comes before the call that releases what the ``with`` holds, and outside the range its
+    handler covers, so a ``Tick`` raised there left a lock held for good (a later close() from
+    another thread waited for ever: CI's 600 s timeout in test_lifecycle). A real Ctrl-C does
+    not land there: no call returns between the body's end and ``__exit__``'s."""
+    ops = _instructions(code)
+    at = next((i for i, op in enumerate(ops) if op.offset == offset), None)
+    if at is None:
+        return False
+    if ops[at].opname == "PUSH_EXC_INFO":
+        return True
+    following = ops[at:at + 4]
+    return (len(following) == 4 and all(op.opname == "LOAD_CONST" and op.argval is None
+                                        for op in following[:3])
+            and following[3].opname in ("PRECALL", "CALL"))
+
+
+_INSTRUCTIONS: dict[types.CodeType, list[dis.Instruction]] = {}
+
+
+def _instructions(code: types.CodeType) -> list[dis.Instruction]:
+    if code not in _INSTRUCTIONS:
+        _INSTRUCTIONS[code] = list(dis.get_instructions(code))
+    return _INSTRUCTIONS[code]
 
 
 Place = tuple[types.CodeType, int]  # a code object and an offset in it (-1: the code's start)

@@ -37,3 +37,41 @@ def test_each_point_is_reached_alone_as_the_kth_pass_over_its_place():
         assert counted == placed, f"point {n}: {counted} against {placed}"
     assert not raised_at_point(len(places) + 1, HERE, functools.partial(_toy, []))
     assert not raised_at_place(places[0], places.count(places[0]) + 1, functools.partial(_toy, []))
+
+
+def test_a_tick_raised_by_line_never_leaves_a_with_statements_lock_held():
+    # The line event on a with's exit came before __exit__ and outside its handler: a Tick
+    # there left the lock held by this thread, and a later close() from another thread, which
+    # takes it (SlotRing.close), waited for ever (CI: test_lifecycle's 600 s timeout)
+    import threading
+
+    from line_interrupts import Tick, raised_at_line
+
+    lock = threading.RLock()
+
+    def guarded(log):
+        with lock:
+            log.append(1)
+        log.append(2)
+
+    n = 0
+    while True:
+        n += 1
+        try:
+            raised = raised_at_line(n, [guarded], functools.partial(guarded, []))
+        except Tick:
+            raised = True
+        taken: list = []
+
+        def take() -> None:
+            taken.append(lock.acquire(timeout=2.0))
+            if taken[-1]:
+                lock.release()
+
+        other = threading.Thread(target=take)
+        other.start()
+        other.join()
+        assert taken == [True], f"line {n}: the lock is still held"
+        if not raised:
+            break
+    assert n >= 4, n  # (with, the body, after it: each interrupted in turn)
