@@ -121,6 +121,7 @@ def _forked() -> None:
     global _WAKE
     _WAKE = queue.SimpleQueue()
     _WAITING.clear()
+    _DOING.clear()  # (a parent's thread's, cut by the fork: no slot of this process)
     _THREAD.clear()
 
 

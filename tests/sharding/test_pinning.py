@@ -143,6 +143,22 @@ def test_a_slot_that_cannot_be_unregistered_stays_mapped_and_is_said():
         seg.destroy()
 
 
+def test_a_forked_child_waits_for_no_slot_its_parents_thread_was_unpinning():
+    # a fork as the parent's jaxloader-unpin was between claiming a slot and finishing it left
+    # the claim in the child, where no thread ends it: its wait_all() waited out every timeout
+    import os
+
+    unpinning._DOING[(-1, threading.get_ident())] = "a claim in flight"
+    try:
+        pid = os.fork()
+        if pid == 0:  # (the child: says, by its exit code, whether it waits for nothing)
+            os._exit(0 if unpinning.waiting() == 0 and unpinning.wait_all(0.0) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        del unpinning._DOING[(-1, threading.get_ident())]
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def _batches(client, monkeypatch, keep: list | None = None):
     if client is not None:
         monkeypatch.setattr(pinning, "pinner_for",
