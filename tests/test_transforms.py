@@ -468,6 +468,68 @@ def test_a_map_setting_a_key_of_a_list_of_dicts_record_leaves_the_source_as_it_w
         assert {float(b["x"][0, 0]) for b in loader} == {4.0}
 
 
+class _OneBuffer:
+    """A fast reader's habit: each batch read into one buffer, or handed out as a view."""
+
+    def __init__(self, view: bool) -> None:
+        self.data, self.buffer, self.view = np.arange(8.0), np.empty(4), view
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.data[i]}
+
+    def __getitems__(self, indices) -> dict:
+        if self.view:
+            return {"x": self.data[indices[0]:indices[0] + len(indices)]}
+        self.buffer[:] = self.data[indices]
+        return {"x": self.buffer}
+
+
+_COLUMN = np.arange(4.0)
+
+
+def _doubled(batch):  # written into the batch it is given
+    batch["x"] *= 2
+    return batch
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_shares_no_memory_with_the_source_or_a_transform_with_0_workers_too(
+        num_workers):
+    # With 0 workers a batch was the source's __getitems__ array itself: a buffer refilled
+    # made every batch kept the last one, a batch written into wrote into the source (each
+    # epoch doubled again), and a BatchMap's array (a constant) changed; a JitMap's batch of
+    # one chunk was XLA's, read-only. A worker's batch, written into a slot, never was.
+    def loader(source, transforms=()):
+        return jl.DataLoader(source, batch_size=4, transforms=list(transforms),
+                             num_workers=num_workers, process_index=0, process_count=1)
+
+    with loader(_OneBuffer(view=False)) as dl:
+        assert [b["x"].tolist() for b in list(dl)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    source = _OneBuffer(view=True)
+    with loader(source) as dl:
+        for _ in range(2):
+            for b in dl:
+                b["x"] += 100
+        assert source.data.tolist() == list(range(8))
+    with loader(_OneBuffer(view=True), [jl.BatchMap(_doubled)]) as dl:
+        assert [b["x"].tolist() for _ in range(3) for b in dl] == [
+            [0, 2, 4, 6], [8, 10, 12, 14]] * 3  # (the worker's copy of the source kept too)
+    with loader(jl.ArraySource({"x": np.zeros(8)}),
+                [jl.BatchMap(lambda b: {**b, "c": _COLUMN})]) as dl:
+        for b in dl:
+            b["c"] += 1
+    assert _COLUMN.tolist() == [0, 1, 2, 3]
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(6.0)}), batch_size=4,
+                       last_batch="partial", transforms=[jl.JitMap(lambda r: {"x": r["x"] * 2})],
+                       num_workers=num_workers, process_index=0, process_count=1) as dl:
+        for b in dl:
+            b["x"] /= 2  # (the last batch, of 2 rows, is one chunk)
+            assert b["x"].flags.writeable
+
+
 def _look_up(record, vocab):
     raise KeyError("missing")
 

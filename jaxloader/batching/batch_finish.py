@@ -314,7 +314,8 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc
             return batch, layout
-    treedef, columns = batch_columns(batch, size)
+    # (a JitMap's batch is the loader's own arrays, or XLA's read-only ones: copied as such)
+    treedef, columns = batch_columns(batch, size, type(batch_transforms[-1]) is not JitMap)
     return collate.materialize(treedef, columns, alloc)
 
 

@@ -287,8 +287,8 @@ def _stack(column: Column, out: np.ndarray | None = None) -> np.ndarray:
             out[rows] = take_rows(array, local)
         return out
     if isinstance(values, np.ndarray):
-        if out is None:
-            return values
+        if out is None:  # (a batch in the training process, as a slot's: its own, writable)
+            return values.copy() if column.borrowed or not values.flags.writeable else values
         out[...] = values
         return out
     if out is None:

@@ -36,6 +36,9 @@ class Column(NamedTuple):
     dtype: np.dtype
     values: Any  # list of per-record values to stack, or an ndarray already batched
     names: Any = None  # tree.RecordNames (or record positions), for error messages
+    # values an ndarray of memory the loader does not own (a source's __getitems__, a batch
+    # transform's return): copied where no slot takes it, so that the batch shares nothing
+    borrowed: bool = False
 
 
 _SHAPE = attrgetter("shape")
@@ -327,8 +330,10 @@ def _deepest(records: list) -> int:
     return depths.index(max(depths))
 
 
-def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]]:
-    """Validated columns of an already batched tree whose leaves have ``size`` rows."""
+def batch_columns(batch: Any, size: int,
+                  borrowed: bool = True) -> tuple[tree_lib.TreeDef, list[Column]]:
+    """Validated columns of an already batched tree whose leaves have ``size`` rows (memory the
+    loader does not own unless ``borrowed`` is false: ``Column.borrowed``)."""
     if batch is None:  # (a tree of no leaves: a batch of None, without a word)
         raise CollateError("collate: the batch is None, expected a batch of "
                            f"{size} records; return it from what made it (a missing "
@@ -354,5 +359,5 @@ def batch_columns(batch: Any, size: int) -> tuple[tree_lib.TreeDef, list[Column]
                 f"axis{listed}")
         if array.dtype.hasobject and array.size:  # (a Parquet decimal, numbers as objects)
             check_objects(path, "the batch's value", array, by_row=True)
-        columns.append(Column(path, array.shape, array.dtype, array))
+        columns.append(Column(path, array.shape, array.dtype, array, None, borrowed))
     return treedef, columns
