@@ -65,7 +65,11 @@ class _PackingReader:
     def get_state(self) -> dict:
         if not self._holds():
             return _state(self.reader, self.inner.get_state(), self._FIELD, 0)
-        return _state(self.reader, self._replay(), self._FIELD, self._given())
+        # the epoch is the held record's (the window's first), past the inner state before it
+        # at an epoch's end: a pass that ended counts the next (passes.from_state)
+        inner = self._replay()
+        held = self.inner.get_state().get("epoch") if "epoch" in inner else None
+        return _state(self.reader, inner, self._FIELD, self._given(), held)
 
     def _replay(self) -> dict:
         """The inner state before what it holds, where it leaves each shard (``Crossings``)."""
@@ -257,11 +261,12 @@ class FitPackedReader(_PackingReader):
     _read_ahead = _read_window
 
 
-def _state(reader: int, inner: dict, field: str, count: int) -> dict:
+def _state(reader: int, inner: dict, field: str, count: int, held: int | None = None) -> dict:
     """A packing reader's state: the inner reader's place, ``field`` (tokens or rows of it
-    given) and, over a ``Stream``, its epoch (what a pass that ends counts:
-    ``jaxloader.streams.passes``; a mixture's components each have their own)."""
-    epoch = {"epoch": inner["epoch"]} if "epoch" in inner else {}
+    given) and, over a ``Stream``, the epoch (what a pass that ends counts:
+    ``jaxloader.streams.passes``; a mixture's components each have their own): the held
+    record's, ``held``, where given, else the inner place's."""
+    epoch = {"epoch": inner["epoch"] if held is None else held} if "epoch" in inner else {}
     return {"reader": reader, **epoch, "inner": inner, field: count}
 
 

@@ -487,3 +487,29 @@ def test_a_weight_change_under_a_fit_packing_is_said_to_come_a_window_late():
         jl.PackedStream(mixed, "t", 32)  # (concat: at its step)
         jl.PackedStream(jl.mix([_constant(1), _constant(2)], [0.8, 0.2]), "t", 32,
                         method="best_fit")  # (no change)
+
+
+@pytest.mark.parametrize("method", ["concat", "best_fit"])
+def test_a_state_taken_as_a_later_pass_starts_restores_and_goes_on_as_the_run(method):
+    # The state named the epoch of the inner place before the row's record: at a pass's
+    # start, the end of the pass before, so its "until" was a pass too far and the loader
+    # refused the state it had just given ("pass the dict that state_dict() returned")
+    def loader():
+        docs = jl.Stream.from_generator(lambda s: ({"t": np.arange(1, 7)} for _ in range(2)), 1)
+        return jl.StreamLoader(jl.PackedStream(docs, "t", 4, method=method, window=4),
+                               batch_size=1, num_epochs=1, process_index=0, process_count=1)
+
+    def rows(dl, passes):  # each pass's rows, and the state after each
+        got = []
+        for _ in range(passes):
+            for b in dl:
+                got.append((b["t"].tolist(), json.loads(json.dumps(dl.state_dict()))))
+        return got
+
+    with loader() as dl:
+        run = rows(dl, 3)
+    for k, (_, state) in enumerate(run[:-1]):
+        with loader() as dl:
+            dl.load_state_dict(state)
+            rest = [r for r, _ in rows(dl, 3)][:len(run) - k - 1]
+        assert rest == [r for r, _ in run[k + 1:]], k
