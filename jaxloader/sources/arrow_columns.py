@@ -59,13 +59,20 @@ def nested_nulls(array: Any) -> int:
     one, or come out as ``None``)."""
     import pyarrow as pa
 
-    if not is_list(array.type):  # (a struct's fields are decoded, and named, one by one)
+    def listed(kind: Any) -> bool:  # (a map is a list of key and item structs)
+        return is_list(kind) or pa.types.is_map(kind)
+
+    if not listed(array.type):  # (a struct's fields are decoded, and named, one by one)
         return 0
     count, inside = 0, [array]
     while inside:
         array = inside.pop()
         seen = 0  # (a null struct's fields are null there too: counted once, as the struct)
-        if is_list(array.type):
+        if pa.types.is_map(array.type):  # (its key and item structs: no list_flatten)
+            start, stop = (array.offsets[0].as_py(), array.offsets[-1].as_py()) if len(
+                array) else (0, 0)
+            parts = [array.values.slice(start, stop - start)]
+        elif is_list(array.type):
             parts = [_values(array)]
         elif pa.types.is_struct(array.type):
             parts, seen = array.flatten(), array.null_count

@@ -415,6 +415,24 @@ def test_a_sliced_fixed_size_list_decodes_its_own_rows_only():
         decode(pa.chunked_array([holed]), "v", "f.parquet")
 
 
+def test_a_null_in_a_map_column_is_refused_not_made_a_float_beside_none(tmp_path):
+    # one null item in a row group turned each of its maps' integers into floats (2**53 + 1
+    # read 2**53, in a row with no null) and the null into None, without a word
+    path = str(tmp_path / "m.parquet")
+    holed = pa.array([[("id", 2**53 + 1)], [("id", 7), ("x", None)]],
+                     pa.map_(pa.string(), pa.int64()))
+    pq.write_table(pa.table({"m": holed}), path)
+    with pytest.raises(jl.ConfigError, match=r"column 'm' of '.*m.parquet' has 1 null "
+                                             r"value\(s\) inside its lists"):
+        jl.ParquetSource(path)[0]
+    pq.write_table(pa.table({"m": pa.array([[("id", 2**53 + 1)], [("id", 7), ("x", 5)]],
+                                           pa.map_(pa.string(), pa.int64()))}), path)
+    assert jl.ParquetSource(path)[0] == {"m": [("id", 2**53 + 1)]}
+    from jaxloader.sources.arrow_columns import nested_nulls
+
+    assert nested_nulls(holed.slice(0, 1)) == 0 and nested_nulls(holed.slice(1, 1)) == 1
+
+
 def test_structs_become_dicts_of_their_fields_batched(tmp_path):
     # a struct column (SQuAD's "answers", a point) is a dict of its fields, each read as a
     # column is: numbers batched into arrays, strings str, structs in structs dicts in dicts
