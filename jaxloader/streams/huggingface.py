@@ -179,9 +179,9 @@ class HuggingFaceShard:
         given = self._checked(state)
         part = self.dataset.shard(num_shards=self.count, index=self.index)
         self._files = _local_files(part)
+        if isinstance(state, dict):  # (a state in the shard's first window has no "hf" place)
+            _check_files(self.name, state.get("files"), self._files)
         if given is not None:
-            _check_files(self.name, state.get("files") if isinstance(state, dict) else None,
-                         self._files)
             if given["epoch"] != getattr(part, "epoch", 0):  # (the dataset would start over)
                 raise StateDictError(
                     f"HuggingFaceShard {self.name}: the state is of the dataset's epoch "

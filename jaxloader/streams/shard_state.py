@@ -147,11 +147,34 @@ def left_early(shard: Any, read: int, saved: int) -> StateDictError:
         "state was saved with")
 
 
+def innermost(shard: Any) -> Any:
+    """The shard under the wrappers a reader opens it through: a ``RefillWatch`` (``_shard``)
+    and each ``Stream.map`` (``MappedShard.shard``); a file's identity, ``append_only`` and
+    path are its own.
+
+    Example:
+        >>> class Shard:
+        ...     def __init__(self, shard=None): self.shard = shard
+        ...     def next(self): ...
+        >>> file = Shard()
+        >>> innermost(Shard(Shard(file))) is file
+        True
+    """
+    for _ in range(1000):  # (a wrapper of itself would loop for ever)
+        under = getattr(shard, "_shard", None)
+        under = getattr(shard, "shard", None) if under is None else under
+        if under is None or not hasattr(under, "next"):  # (a shard: it reads records)
+            return shard
+        shard = under
+    return shard
+
+
 def ends_there(shard: Any, read: int) -> None:
     """Refuses a saved crossing, ``read`` records into a window, that leaves a file shard
     (not ``append_only``, whose size and ends the state names) before its end: the saved run
     left it at its end, so the state was edited or is another stream's (its records past
     there were left out without a word). Other shards (a generator's) may have grown."""
+    shard = innermost(shard)  # (a Stream.map's: the file's, which a record read ends)
     if getattr(shard, "append_only", True) is not False:
         return
     try:
@@ -196,6 +219,7 @@ class Crossings:
         identity kept for a state's ``crossed_files``, and a restore's checked against the
         saved one (a shard the window ran into, rewritten with as many records, repeated and
         lost records without a word: only the window's first shard was checked)."""
+        shard = innermost(shard)  # (watched for refills, and a Stream.map's: the file's)
         identity = getattr(shard, "_identity", None)  # (a FileShard's: size, head, tail)
         self.entered.append([identity.get(k) for k in _IDENTITY] if isinstance(
             identity, dict) and identity else None)  # (a list: a state of many crossings)

@@ -137,6 +137,34 @@ def test_a_restore_over_files_rewritten_since_is_refused_naming_the_file(tmp_pat
         next(iter(other))
 
 
+def test_a_restore_in_a_shards_first_window_over_its_file_rewritten_is_refused(tmp_path):
+    # a window that starts at the shard's start saves no place of the dataset's ("hf": None),
+    # and its files were checked only beside one: the first window's records were read from
+    # the new file at the saved run's place, without a word
+    path = str(tmp_path / "a.jsonl")
+
+    def write(ids):
+        with open(path, "w") as out:
+            out.write("".join(json.dumps({"id": i}) + "\n" for i in ids))
+
+    def loader():
+        ds = datasets.load_dataset("json", data_files=[path], split="train", streaming=True)
+        return jl.StreamLoader(jl.Stream.huggingface(ds, shuffle_window=4), batch_size=1,
+                               process_index=0, process_count=1)
+
+    write(range(10, 18))
+    with loader() as first:
+        it = iter(first)
+        next(it), next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+    assert state["readers"][0]["shard_state"]["hf"] is None
+    write(range(70, 90))
+    with loader() as other, pytest.raises(StateDictError, match=r"its file a.jsonl changed "
+                                                                r"since the state was saved"):
+        other.load_state_dict(state)
+        next(iter(other))
+
+
 def test_a_restore_does_not_read_the_shard_again_through_the_datasets_map():
     """The state is the dataset's own: a restore passes over the examples read before below
     the dataset's map, where skipping records (Stream.from_generator) maps every one."""
