@@ -144,7 +144,8 @@ def _one(loader: Any, steps: int, own: bool) -> Run:
             loader.close()
         else:
             engine.gauges.trace = traced
-            loader.load_state_dict(before)
+            if loader._progress.broken is None and not loader._progress.closed:  # (else its
+                loader.load_state_dict(before)  # error, raised, stays the one said)
             loader.reset_stats()  # the profile's batches are not the caller's
 
 

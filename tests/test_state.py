@@ -476,3 +476,36 @@ def test_a_numpy_int_step_restores_as_the_int_it_holds():
         assert next(iter(here))["x"].tolist() == want
         assert type(here.state_dict()["step"]) is int
         json.dumps(here.state_dict())
+
+
+def _fails_at_5(record):
+    if record["x"] == 5:
+        raise ValueError("bad record")
+    return record
+
+
+def test_a_broken_or_closed_loader_refuses_a_state_as_every_later_call_does():
+    # load_state_dict() moved a broken loader's step, without a word (iter() then raised),
+    # and a closed one's too: a restore that seemed to revive it
+    def loader(make):
+        return make(jl.ArraySource({"x": np.arange(16)}), batch_size=4,
+                    transforms=[jl.Map(_fails_at_5)], num_workers=1,
+                    process_index=0, process_count=1)
+
+    dl = loader(jl.DataLoader)
+    state = dl.state_dict()
+    with pytest.raises(jl.WorkerError):
+        list(dl)
+    with pytest.raises(jl.WorkerError, match="bad record"):
+        dl.load_state_dict(state)
+    assert dl.state_dict()["step"] == 1  # (the step it broke at: what a new loader restores)
+    dl.close()
+    stream = jl.StreamLoader(jl.Stream.from_generator(lambda s: ({"x": i} for i in range(9)), 1),
+                             batch_size=2, process_index=0, process_count=1)
+    plain = jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=4,
+                          process_index=0, process_count=1)
+    for closed in (plain, stream):
+        state = closed.state_dict()
+        closed.close()
+        with pytest.raises(jl.JaxloaderError, match="is closed; create a new one"):
+            closed.load_state_dict(state)

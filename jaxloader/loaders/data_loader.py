@@ -324,6 +324,7 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
+        self._progress.check()  # (broken or closed: it moved, and no iterator would go on)
         self._check_placement()
         step = check_state(state, self._sampler, self._source_fingerprint(),
                            [path for path, _ in self._files],

@@ -357,6 +357,7 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid."""
+        self._progress.check()  # (broken or closed: it moved, and no iterator would go on)
         self._check_placement()
         config = self._config()
         state = as_written_now(state, config["stream"], self._stream.describe)
