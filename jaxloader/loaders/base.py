@@ -163,6 +163,17 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
                     "sharding=, whose thread makes it); use workers to time batches out, or a "
                     "source that times out its own reads", JaxloaderWarning,
                     stacklevel=user_stacklevel())
+            ignored = [name for name, given in (
+                ("worker_init_fn", worker_init_fn is not None),
+                (f"prefetch={options.prefetch}", options.prefetch != 2),
+                (f"start_method={options.start_method!r}", options.start_method != "exec"))
+                if given and not options.auto_workers]  # (taken without a word, as PyTorch
+            if ignored:  # does: a worker_init_fn's setup, a connection, never ran)
+                warnings.warn(
+                    f"{', '.join(ignored)}: with num_workers=0 no worker process starts, so "
+                    "this acts on nothing (batches are made in this process); call the "
+                    "function once here if this process needs its setup, or pass num_workers="
+                    "1 or more", JaxloaderWarning, stacklevel=user_stacklevel())
             engine = InProcessEngine(maker, options.stall_warning_s, self._progress.label)
         elif get_worker_info() is not None:
             self._made_in_a_worker()

@@ -355,6 +355,26 @@ def test_timeout_s_without_workers_is_said_to_time_nothing_out():
                       process_index=0, process_count=1).close()
 
 
+def test_worker_settings_without_workers_are_said_to_act_on_nothing():
+    # num_workers=0 took a worker_init_fn, prefetch and start_method without a word (as
+    # PyTorch does): a worker_init_fn's setup (a connection, thread limits) never ran
+    import warnings
+
+    calls = []
+    with pytest.warns(jl.JaxloaderWarning, match=r"worker_init_fn, prefetch=8, start_method="
+                                                 r"'fork': with num_workers=0 no worker process "
+                                                 r"starts, so this acts on nothing"):
+        with jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2,
+                           worker_init_fn=calls.append, prefetch=8, start_method="fork",
+                           process_index=0, process_count=1) as loader:
+            list(loader)
+    assert calls == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the defaults: nothing said)
+        jl.DataLoader(jl.ArraySource({"x": np.arange(4)}), batch_size=2,
+                      process_index=0, process_count=1).close()
+
+
 def _slow_at_5(record):
     if int(record["x"]) == 5:
         time.sleep(1.6)  # (a read that blocks: a mount that hangs)
