@@ -57,6 +57,12 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     known, labels = set(available), _pandas_row_labels(schema)  # (lists: 40,000 columns 48 s)
     if isinstance(columns, str):  # one column by name (list("text") would be 4 names)
         columns = [columns]
+    if isinstance(columns, (set, frozenset)) and len(columns) > 1:  # (the hash seed's order)
+        listed = sorted(columns, key=str)
+        raise ConfigError(
+            f"ParquetSource(columns=...): got a set, {listed!r}, whose order differs from run "
+            "to run (the batch's keys and the source's fingerprint follow it: a state saved "
+            f"in one run is refused in the next); pass a list: columns={listed!r}")
     given = columns
     columns = list(columns) if isinstance(columns, Iterable) else columns
     if columns is not None and not (isinstance(columns, list) and all(
@@ -213,7 +219,11 @@ def lengths(source: Any, key: str) -> np.ndarray:
     """
     import pyarrow as pa
 
-    schema = metadata(source.paths[0]).schema.to_arrow_schema()
+    # the type in the first file with rows, as the source matched them (pandas writes an empty
+    # part whose column has no type, or none); row groups of no rows have no lengths to read
+    rows = np.diff(source._starts)
+    first = source._groups[int(np.argmax(rows > 0))][0] if rows.any() else 0
+    schema = metadata(source.paths[first]).schema.to_arrow_schema()
     kind = schema.field(key).type if key in source.columns else None
     if kind is None:
         close = difflib.get_close_matches(key, source.columns, n=1)
@@ -227,7 +237,7 @@ def lengths(source: Any, key: str) -> np.ndarray:
             f"feature frames), got {kind}; write the column as lists, or measure the lengths "
             "from the records (PackedSource: pass lengths=)")
     out = []
-    for group in range(len(source._groups)):
+    for group in np.flatnonzero(rows).tolist():
         file_number, in_file = source._groups[group]
         array = source._files.read(file_number, in_file, [key]).column(0).combine_chunks()
         if array.null_count:

@@ -1438,3 +1438,27 @@ def test_a_file_of_no_rows_may_hold_other_columns_or_types(tmp_path):
                            last_batch="partial") as loader:
             ids = np.concatenate([b["x"] for b in loader])
         assert sorted(ids.tolist()) == list(range(5)) and ids.dtype == np.int64
+
+
+def test_lengths_read_the_type_in_the_first_file_with_rows_and_pass_empty_ones_over(tmp_path):
+    # the column's type was read from the first file, an empty part of no type there (or with
+    # no such column), and lengths() refused a column of lists the source read as lists
+    pq.write_table(pa.table({"tok": pa.array([], pa.null())}), tmp_path / "a0.parquet")
+    pq.write_table(pa.table({"other": pa.array([], pa.int64())}), tmp_path / "a1.parquet")
+    pq.write_table(pa.table({"tok": pa.array([[1, 2], [3], [4, 5, 6]], pa.list_(pa.int64()))}),
+                   tmp_path / "b.parquet")
+    for first in ("a0", "a1"):
+        source = jl.ParquetSource([str(tmp_path / f"{first}.parquet"),
+                                   str(tmp_path / "b.parquet")])
+        assert source.lengths("tok").tolist() == [2, 1, 3]
+        assert jl.PackedSource(source, "tok", 4)[0]["tok"].tolist() == [4, 5, 6, 3]
+
+
+def test_columns_given_as_a_set_are_refused_with_the_list_to_pass(tmp_path):
+    # a set's order is the hash seed's: the batch's keys and the fingerprint changed from run
+    # to run, and a state saved in one run was refused in the next
+    pq.write_table(pa.table({"b": [1], "a": [2], "c": [3]}), tmp_path / "f.parquet")
+    with pytest.raises(jl.ConfigError, match=r"got a set, \['a', 'b'\], whose order differs "
+                                             r"from run to run.*columns=\['a', 'b'\]"):
+        jl.ParquetSource(str(tmp_path / "f.parquet"), columns={"b", "a"})
+    assert jl.ParquetSource(str(tmp_path / "f.parquet"), columns={"c"})[0] == {"c": 3}
