@@ -218,6 +218,28 @@ def test_object_arrays_of_other_lengths_are_one_entry_a_record():
         collate([{"t": np.arange(2)}, {"t": np.arange(3)}])
 
 
+def test_numbers_after_objects_and_numbers_in_0_d_object_arrays_are_refused_as_anywhere():
+    # an object leaf took a record of numbers after it (np.stack cast them in), though the
+    # other order was refused; and 0-d object arrays of numbers, Decimals, went into a batch
+    # of 0-d arrays unchecked, which the 1-d form refuses
+    import decimal
+
+    text = np.array(["a", "b"], dtype=object)
+    for values in ([text, np.array([1.5, 2.5])], [text, np.array([1, 2])],
+                   [np.array([1.5, 2.5]), text]):
+        with pytest.raises(CollateError, match=r"records differ: item 0 has shape \(2,\) "
+                                               r"dtype (object|float64), item 1 .*give every "
+                                               r"record one kind there: the numbers as numbers"):
+            collate([{"x": v} for v in values])
+    with pytest.raises(CollateError, match=r"is an array of Python objects holding numbers"):
+        collate([{"x": np.array(5, dtype=object)}, {"x": np.array(6, dtype=object)}])
+    with pytest.raises(CollateError, match=r"holds a decimal.Decimal"):
+        collate([{"x": np.array(decimal.Decimal("1.5"), dtype=object)}] * 2)
+    # a str, then a 0-d text array: one kind (as the other order is), not "parse the text"
+    batch, _ = collate([{"s": "a"}, {"s": np.array("bc")}, {"s": np.array("d", dtype=object)}])
+    assert batch["s"].tolist() == ["a", "bc", "d"]
+
+
 def test_text_beside_a_number_is_told_to_be_made_one_kind_not_padded():
     # was told to pad them with jaxloader.Pad('s'), which refuses text (the pytrees audit)
     for values in (["a", 1], [2.5, b"x"]):

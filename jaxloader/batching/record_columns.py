@@ -65,8 +65,9 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                 return Column(path, (n,), first.dtype, object_column(values))
             raise_leaf_mismatch(path, values, names)
         for j, v in enumerate(values if first.dtype.hasobject else ()):  # (a lock: batched
-            if v.dtype.hasobject and v.size:  # in process only; one value each; other
-                # dtypes: the stacking refuses them)
+            if not v.dtype.hasobject:  # in process only; one value each; numbers after
+                raise_leaf_mismatch(path, values, names)  # objects: np.stack took them in)
+            if v.size:
                 check_objects(path, tree_lib.record_name(names, j), v)
         return Column(path, (n, *first.shape), first.dtype, values, names)
     if isinstance(first, np.ndarray) and first.ndim == 0 and (
@@ -80,6 +81,8 @@ def _record_column(path: str, values: list, names: Any) -> Column:
         # Strings and bytes stay Python objects on purpose (an object array, one entry a
         # record): they have no device form, and fixed-width NumPy strings would pad them.
         text = str if isinstance(first, str) else bytes  # (one of them: a leaf has one type)
+        values = [v.item() if type(v) is np.ndarray and v.ndim == 0 and v.dtype.kind in "USO"
+                  else v for v in values]  # (a 0-d text array after a str, as before one)
         if not all(isinstance(v, text) for v in values):
             raise_leaf_mismatch(path, values, names)
         array = np.empty(n, dtype=object)
@@ -99,6 +102,8 @@ def _record_column(path: str, values: list, names: Any) -> Column:
                 same = False
         if not same:
             return _scalars_of_one_dtype(path, values, names)
+        for j, v in enumerate(values if first.dtype.hasobject else ()):  # (0-d: a number, a
+            check_objects(path, tree_lib.record_name(names, j), v)  # Decimal, as 1-d ones)
         return Column(path, (n, *first.shape), first.dtype, values, names)
     if isinstance(first, (bool, int, float, complex)):
         if len(set(map(type, values))) != 1:
@@ -148,6 +153,9 @@ def _one_dtype(a: np.dtype, b: np.dtype) -> str:
     if kinds == {"i", "u"}:
         return ("give every record one dtype there: cast in a Map (np.asarray(x, 'int64'); "
                 "'uint64' for ids past 2**63)")
+    if "O" in kinds:  # (objects, text say, beside numbers: an object array of them is refused)
+        return ("give every record one kind there: the numbers as numbers, the text as text "
+                "(parse it, or make the numbers text), in a Map")
     try:
         both = f"np.asarray(x, '{np.result_type(a, b)}'), say"
     except TypeError:  # (no dtype holds both: a date and a number)
