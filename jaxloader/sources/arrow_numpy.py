@@ -95,3 +95,27 @@ def no_rows(kind: Any) -> np.ndarray | None:
     out = np.empty(shape, numpy_of(pa.array([], kind)).dtype)
     out.flags.writeable = False
     return out
+
+
+def zone_in(kind: Any) -> str | None:
+    """The zone, other than UTC's, of a timestamp type ``kind`` holds at any depth (in lists,
+    structs, maps); ``None`` where none (UTC's instants are NumPy's datetime64 exactly).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> zone_in(pa.list_(pa.timestamp("us", tz="Europe/Paris"))), zone_in(pa.timestamp("s"))
+        ('Europe/Paris', None)
+    """
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(kind):
+        return kind.tz if kind.tz not in (None, "UTC", "Etc/UTC", "+00:00", "Z") else None
+    if pa.types.is_struct(kind):
+        inner = [kind.field(i).type for i in range(kind.num_fields)]
+    elif pa.types.is_map(kind):
+        inner = [kind.key_type, kind.item_type]
+    elif hasattr(kind, "value_type"):  # (lists of any kind, a dictionary's values)
+        inner = [kind.value_type]
+    else:
+        return None
+    return next((z for k in inner if (z := zone_in(k)) is not None), None)

@@ -28,7 +28,7 @@ import numpy as np
 from jaxloader.base.checks import record_index, released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError
-from jaxloader.sources.arrow_numpy import is_list, numpy_of
+from jaxloader.sources.arrow_numpy import is_list, numpy_of, zone_in
 from jaxloader.sources.huggingface_rows import failing_row, has_media, has_nulls, null_rows
 
 
@@ -81,6 +81,15 @@ class HuggingFaceSource:
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
         media = {key for key in read if has_media(self._features.get(key))}
+        zoned = [] if self.custom else [(key, zone) for key in read if (zone := zone_in(
+            dataset.data.schema.field(key).type)) is not None]
+        if zoned:  # (its times came out as UTC's datetime64, the zone dropped)
+            raise ConfigError(
+                f"a datasets.Dataset: column {zoned[0][0]!r} holds times in the zone "
+                f"{zoned[0][1]!r}, which NumPy's datetime64 has not: its values would come out "
+                "as the instants in UTC, their hours UTC's, without a word; cast it to UTC "
+                "(ds.cast_column with Value('timestamp[us, tz=UTC]')) or leave it out "
+                "(ds.remove_columns)")
         # Columns of strings or bytes are read from Arrow: NumPy format makes such a column
         # a fixed-width array first, which cut a value's trailing NULs and took the longest
         # value's width for every row (a 2 MB document in a batch of 128: 1 GiB); and times

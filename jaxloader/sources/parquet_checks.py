@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.sources.arrow_columns import null_message
+from jaxloader.sources.arrow_numpy import zone_in
 
 
 def check_chosen(paths: Sequence[str], metas: list, schemas: list, first: int,
@@ -51,6 +52,15 @@ def check_chosen(paths: Sequence[str], metas: list, schemas: list, first: int,
                 f"times (its columns: {list(other.names)}); a column is read by its name: write "
                 "the file again with names of their own (table.rename_columns), or pass "
                 "columns= others")
+    for c in chosen:
+        zone = zone_in(schema.field(c).type)
+        if zone is not None:  # (its times came out as UTC's datetime64, the zone dropped)
+            raise ConfigError(
+                f"ParquetSource: column {c!r} of {paths[first]!r} holds times in the zone "
+                f"{zone!r} ({schema.field(c).type}), which NumPy's datetime64 has not: its "
+                "values would come out as the instants in UTC, their hours UTC's, without a "
+                "word; write them in UTC (df[name].dt.tz_convert('UTC')) or as local times "
+                "without a zone (.dt.tz_localize(None)), or leave the column out with columns=")
     rows = [(other, meta) for other, meta in zip(schemas, metas) if meta.num_rows]
     empty = [c for c in chosen if rows and str(schema.field(c).type) == "null" and all(
         str(other.field(c).type) == "null" for other, _ in rows

@@ -95,6 +95,20 @@ def test_packing_a_dataset_takes_its_lengths_from_arrow_and_packs_its_rows(monke
     assert np.array_equal(shifted.plan.row_ptr, like.plan.row_ptr)
 
 
+def test_times_in_a_zone_are_refused_naming_the_column_and_the_remedy_works():
+    # they came out as UTC's datetime64, the zone dropped without a word
+    import pyarrow as pa
+
+    zoned = datasets.Dataset(pa.table({"t": pa.array([1, 2], pa.timestamp("s", tz="Asia/Tokyo")),
+                                       "x": [1, 2]}))
+    with pytest.raises(jl.ConfigError, match=r"column 't' holds times in the zone 'Asia/Tokyo'"):
+        jl.DataLoader(zoned, batch_size=2)
+    utc = zoned.cast_column("t", datasets.Value("timestamp[us, tz=UTC]"))
+    with jl.DataLoader(utc, batch_size=2, process_index=0, process_count=1) as loader:
+        times = next(iter(loader))["t"]
+    assert times.dtype == np.dtype("datetime64[us]") and times[1] == np.datetime64(2, "s")
+
+
 def test_a_null_in_a_numeric_column_is_refused_by_column_and_row_where_it_is_read():
     # NumPy format gave int64 ids through float32 (16777217 -> 16777216) and the null as
     # INT64_MIN; a float null as NaN

@@ -1462,3 +1462,20 @@ def test_columns_given_as_a_set_are_refused_with_the_list_to_pass(tmp_path):
                                              r"from run to run.*columns=\['a', 'b'\]"):
         jl.ParquetSource(str(tmp_path / "f.parquet"), columns={"b", "a"})
     assert jl.ParquetSource(str(tmp_path / "f.parquet"), columns={"c"})[0] == {"c": 3}
+
+
+def test_times_in_a_zone_are_refused_naming_it_and_utcs_are_read_exactly(tmp_path):
+    # a column of times in New York's zone came out as UTC's datetime64 (09:00 read 14:00),
+    # without a word, where an ArraySource of the same frame refuses it; UTC's (Spark's) are
+    # NumPy's datetime64 exactly
+    path = str(tmp_path / "t.parquet")
+    at = pa.array([1_704_117_600_000_000], pa.timestamp("us", tz="America/New_York"))
+    for table in (pa.table({"t": at}), pa.table({"t": pa.array([[v] for v in at.to_pylist()],
+                                                                pa.list_(at.type))})):
+        pq.write_table(table, path)
+        with pytest.raises(jl.ConfigError, match=r"column 't' of .*t.parquet' holds times in the "
+                                                 r"zone 'America/New_York' .*tz_convert\('UTC'\)"):
+            jl.ParquetSource(path)
+    pq.write_table(pa.table({"t": at.cast(pa.timestamp("us", tz="UTC")), "x": [1]}), path)
+    assert jl.ParquetSource(path)[0]["t"] == np.datetime64("2024-01-01T14:00:00", "us")
+    assert jl.ParquetSource(path, columns=["x"])[0] == {"x": 1}
