@@ -112,6 +112,8 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
         lengths = column.str.len_chars()
         _check_width(_named(name), len(array), int(lengths.sum()), int(lengths.max() or 0),
                      "df.to_dicts() (records with str leaves), datasets.Dataset.from_polars(df)")
+        _check_no_trailing_nul(_named(name), bool(column.str.ends_with("\x00").any()),
+                               "df.to_dicts() (records with str leaves)")
         return np.asarray(array, dtype=str)  # (fixed width, as np.asarray(series) gave it)
     if array.dtype.hasobject and name is not None:
         raise ConfigError(f"{_named(name)} has dtype {column.dtype}, which NumPy holds as "
@@ -121,6 +123,16 @@ def _polars_column(name: str | None, column: Any) -> np.ndarray:
 
 
 _WIDE = 64 * 2**20  # fixed-width strings up to this many bytes are taken, however wide
+
+
+def _check_no_trailing_nul(named: str, found: bool, records: str) -> None:
+    """Refuses strings that end with a NUL, which NumPy's fixed width cuts off (its padding):
+    ``'ab\\x00'`` read ``'ab'``; ``records``: the call that gives records of str leaves."""
+    if found:
+        raise ConfigError(
+            f"{named} holds strings ending with a NUL character ('\\x00'), which NumPy's "
+            f"fixed-width strings drop (their padding), so they would read shorter; pass "
+            f"{records}, whose str leaves keep them, or strip them first")
 
 
 def _check_width(named: str, n: int, chars: int, longest: int, records: str) -> None:
@@ -290,6 +302,8 @@ def _arrow_column(name: str | None, column: Any, path: str | None = None) -> np.
         lengths = pc.utf8_length(column)
         _check_width(named, len(column), pc.sum(lengths).as_py() or 0,
                      pc.max(lengths).as_py() or 0, "table.to_pylist() (records with str leaves)")
+        _check_no_trailing_nul(named, bool(pc.any(pc.ends_with(column, "\x00")).as_py()),
+                               "table.to_pylist() (records with str leaves)")
         return np.asarray(column.to_pylist(), dtype=str)
     if not _fixed_width(kind):
         remedy = (f"cast it ({col}.cast(pa.float64()); pa.int64() for whole ids, which "

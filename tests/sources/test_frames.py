@@ -274,3 +274,18 @@ def test_frames_series_and_arrow_arrays_in_records_are_checked_as_array_source_c
                               batched=True))
     with pytest.raises(jl.ConfigError, match=r"ArraySource leaf \['id'\] \(Int64\) has 1 missing"):
         jl.ArraySource({"id": pd.Index([1, None, 3], dtype="Int64")})  # (NaN: the audit)
+
+
+def test_strings_ending_with_a_nul_are_refused_where_fixed_width_would_cut_it():
+    # an Arrow table's and a polars frame's 'ab\x00' read 'ab': NumPy's fixed-width strings
+    # take a trailing NUL for their padding
+    pa = pytest.importorskip("pyarrow")
+    pl = pytest.importorskip("polars")
+    for make, remedy in ((pa.table, r"table\.to_pylist\(\)"), (pl.DataFrame, r"df\.to_dicts\(\)")):
+        with pytest.raises(jl.ConfigError, match=r"column 'tok' holds strings ending with a NUL "
+                                                 rf"character .*; pass {remedy}"):
+            jl.ArraySource(make({"tok": ["ab\x00", "c"]}))
+        assert jl.ArraySource(make({"tok": ["a\x00b", "c"]}))[0]["tok"] == "a\x00b"  # (inside)
+    records = pa.table({"tok": ["ab\x00", "c"]}).to_pylist()  # (the remedy, as written)
+    with jl.DataLoader(records, batch_size=2, process_index=0, process_count=1) as loader:
+        assert next(iter(loader))["tok"].tolist() == ["ab\x00", "c"]
