@@ -435,6 +435,7 @@ def test_a_record_read_by_a_float_or_a_str_is_refused_naming_the_source(tmp_path
     (tmp_path / "f").write_bytes(b"f")
     sources = {"ParquetSource": jl.ParquetSource(str(tmp_path / "a.parquet")),
                "ConcatSource": jl.ConcatSource([jl.ArraySource({"x": np.arange(5)})]),
+               "ArraySource": jl.ArraySource({"x": np.arange(5)}),  # (True read every record)
                "RaggedSource": jl.RaggedSource.from_sequences({"t": [[1, 2], [3]] * 2 + [[4]]}),
                "FileListSource": jl.FileListSource([str(tmp_path / "f")] * 5),
                "FilteredSource": jl.FilteredSource(jl.ArraySource({"x": np.arange(9)}),
@@ -451,6 +452,8 @@ def test_a_record_read_by_a_float_or_a_str_is_refused_naming_the_source(tmp_path
     assert sources["RaggedSource"][-1]["t"].tolist() == [4]  # (from the end, as before)
     with pytest.raises(IndexError, match=r"ParquetSource: index -1 out of range \[0, 5\)$"):
         sources["ParquetSource"][-1]
+    with pytest.raises(IndexError, match=r"ArraySource: index 5 out of range \[0, 5\) \(or "):
+        sources["ArraySource"][5]  # (NumPy's "axis 0 with size 5" named no source)
 
 
 def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
@@ -466,6 +469,14 @@ def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):
             with pytest.raises(IndexError, match=rf"{name}: index {bad} out of range "
                                                  rf"\[0, {len(src)}\)"):
                 src.__getitems__(np.array([0, bad]))
+        # floats were cut to other records, a mask read as positions 0 and 1, and a uint64
+        # past int64 named wrapped negative
+        for bad, kind in ((np.array([1.7, 2.9]), "float64"), (np.array([True, False]), "bool")):
+            with pytest.raises(TypeError, match=rf"{name}.__getitems__: expected int positions,"
+                                                rf" got an array of {kind}"):
+                src.__getitems__(bad)
+        with pytest.raises(IndexError, match=rf"{name}: index {2**63 + 1} out of range"):
+            src.__getitems__(np.array([2**63 + 1], np.uint64))
 
 
 # Grain's MapDataset steps, as their classes look to jaxloader (grain is not a test dependency;

@@ -169,6 +169,34 @@ def check_indices(indices: np.ndarray, size: int, owner: str) -> None:
         raise IndexError(f"{owner}: index {bad} out of range [0, {size})")
 
 
+def int_indices(indices: Any, size: int, owner: str) -> np.ndarray:
+    """``indices`` (a user's ``__getitems__`` argument) as int64 positions of ``owner``'s
+    ``size`` records, as ``check_indices`` checks them: an array of floats (cut to other
+    records) or of bools (a mask read as positions 0 and 1) raises a ``TypeError``; a uint64
+    past int64 an ``IndexError`` naming it as given (not wrapped negative).
+
+    Example:
+        >>> int_indices([2, 0], 3, "S").tolist()
+        [2, 0]
+        >>> int_indices(np.array([1.7]), 3, "S")
+        Traceback (most recent call last):
+        ...
+        TypeError: S.__getitems__: expected int positions, got an array of float64 (1.7); \
+pass ints (np.asarray(indices, np.int64) of whole numbers)
+    """
+    given = np.asarray(indices)
+    if given.size and given.dtype.kind not in "iu":
+        raise TypeError(f"{owner}.__getitems__: expected int positions, got an array of "
+                        f"{given.dtype} ({', '.join(map(repr, given.ravel()[:4].tolist()))}"
+                        f"{', ...' if given.size > 4 else ''}); pass ints (np.asarray(indices, "
+                        "np.int64) of whole numbers)")
+    if given.dtype.kind == "u" and given.size and int(given.max()) >= size:
+        raise IndexError(f"{owner}: index {int(given.max())} out of range [0, {size})")
+    out = given.astype(np.int64, copy=False).reshape(-1)
+    check_indices(out, size, owner)
+    return out
+
+
 def refused_call(fn: Callable[..., Any], *args: Any) -> str | None:
     """``fn``'s signature where a call with ``args`` would not bind to it (a user's function
     of the wrong arity, named before a worker or a stream calls it), else ``None``; ``None``

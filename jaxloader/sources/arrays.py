@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.checks import record_index
 from jaxloader.base.columns import memmap_under
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
 from jaxloader.sources.frames import (FRAME_AS_ONE, arrow_columns, arrow_kind, as_series,
@@ -157,9 +158,15 @@ class ArraySource:
         return self._len
 
     def __getitem__(self, index: int) -> Any:
-        if self._items is not None:  # fast path for the common flat dict
-            return {k: a[index] for k, a in self._items}
-        return tree_lib.unflatten(self._treedef, [a[index] for a in self._arrays])
+        if type(index) is not int:  # (True read every record, under one more axis; a float
+            index = record_index(index, self._len, "ArraySource", from_end=True)  # raised)
+        try:
+            if self._items is not None:  # fast path for the common flat dict
+                return {k: a[index] for k, a in self._items}
+            return tree_lib.unflatten(self._treedef, [a[index] for a in self._arrays])
+        except IndexError:  # (NumPy's names no source, nor its range)
+            record_index(index, self._len, "ArraySource", from_end=True)
+            raise
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """A batched pytree of the records at ``indices`` (one gather per leaf)."""

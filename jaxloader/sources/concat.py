@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import OLDER, OLDER_DIGESTS, block_starts_of, lengths_of, origin_of
-from jaxloader.base.checks import check_indices, record_index
+from jaxloader.base.checks import check_indices, int_indices, record_index
 from jaxloader.base.columns import memmap_under, overlapping
 from jaxloader.base.errors import CollateError, ConfigError
 from jaxloader.base.read_threads import each, item_of, tag_item
@@ -169,7 +169,7 @@ class ConcatSource:
     def __getitems__(self, indices: np.ndarray) -> Any:
         """The records at ``indices``, each part read with its own ``__getitems__`` (when it
         has one): a batched pytree when every part gives one, else a list of records."""
-        indices = np.asarray(indices, dtype=np.int64)
+        indices = int_indices(indices, len(self), "ConcatSource")
         located = self.locate(indices)
         parts, local = located[:, 0], located[:, 1]
         low, high = (int(parts.min()), int(parts.max())) if len(parts) else (0, 0)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
-from jaxloader.base.checks import check_bool, check_indices, check_int, record_index
+from jaxloader.base.checks import check_bool, check_int, int_indices, record_index
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick, runs_order
@@ -202,8 +202,7 @@ class ParquetSource:
     def __getitems__(self, indices: np.ndarray) -> Any:
         """The rows at ``indices`` as a dict of batched columns (each row group decoded once);
         a list of rows when a column holds lists of different lengths."""
-        indices = np.asarray(indices, dtype=np.int64)
-        check_indices(indices, len(self), "ParquetSource")
+        indices = int_indices(indices, len(self), "ParquetSource")
         groups = self._groups_of(indices)
         gathered = self._gather(indices, groups)
         if gathered is not None:
