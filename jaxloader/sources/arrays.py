@@ -158,8 +158,10 @@ class ArraySource:
         return self._len
 
     def __getitem__(self, index: int) -> Any:
-        if type(index) is not int:  # (True read every record, under one more axis; a float
-            index = record_index(index, self._len, "ArraySource", from_end=True)  # raised)
+        if type(index) is not int and not isinstance(index, (slice, list)) and not (
+                isinstance(index, np.ndarray) and index.ndim):  # (rows at once: NumPy's)
+            # True read every record, under one more axis; a float raised NumPy's error
+            index = record_index(index, self._len, "ArraySource", from_end=True)
         try:
             if self._items is not None:  # fast path for the common flat dict
                 return {k: a[index] for k, a in self._items}
