@@ -530,6 +530,60 @@ def test_a_batch_shares_no_memory_with_the_source_or_a_transform_with_0_workers_
             assert b["x"].flags.writeable
 
 
+class _RefilledRecords:
+    """A reader that fills one buffer for every record (__getitem__, no __getitems__)."""
+
+    def __init__(self) -> None:
+        self.buffer = np.zeros(3, np.float32)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict:
+        self.buffer[:] = i
+        return {"x": self.buffer}
+
+
+class _Decode:  # a Map writing into one array it keeps
+    def __init__(self) -> None:
+        self.out = np.zeros(3, np.float32)
+
+    def __call__(self, record):
+        self.out[:] = record["x"]
+        return {"x": self.out}
+
+
+_SHARED = np.arange(3.0)  # (one array in every record, never changed: no refill)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_source_or_a_map_that_refills_one_buffer_is_warned_of_naming_which(num_workers,
+                                                                           monkeypatch):
+    # each record of a batch held the last one's values, without a word (a stream's shards
+    # were watched for it, a DataLoader's source and Maps not)
+    from jaxloader.batching import refills
+
+    monkeypatch.setattr(refills, "SAID", set())  # (in this process; a worker's own is fresh)
+    records = [{"x": np.float32(i)} for i in range(8)]
+    for source, transforms, said in (
+            (_RefilledRecords(), [], r"changed as the source \(_RefilledRecords\) read the next "
+                                    r"record: .*a copy: buf.copy\(\)\) from __getitem__"),
+            (records, [jl.Map(_Decode())], r"changed as the record transforms \(Map\(_Decode "
+                                           r"object\)\) ran on the next record: .*from the Map")):
+        with pytest.warns(jl.JaxloaderWarning, match=said):
+            with jl.DataLoader(source, batch_size=4, transforms=transforms,
+                               num_workers=num_workers, process_index=0, process_count=1) as dl:
+                assert [b["x"][:, 0].tolist() for b in dl] == [[3] * 4, [7] * 4]  # (as said)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jl.JaxloaderWarning)
+        with jl.DataLoader(records, batch_size=4, transforms=[jl.Map(
+                lambda r: {**r, "c": _SHARED})], num_workers=num_workers, process_index=0,
+                process_count=1) as dl:
+            assert [b["x"].tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 def _look_up(record, vocab):
     raise KeyError("missing")
 

@@ -45,10 +45,12 @@ from jaxloader.sources.base import large_views, one_each
 from jaxloader.sources.parts import reads_each, walk
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock
-from jaxloader.batching.record_transforms import RecordTransforms, source_read_only_hint
+from jaxloader.batching.record_transforms import (RecordTransforms, read_failed,
+                                                  source_read_only_hint)
 from jaxloader.batching.batch_finish import finish_batch
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.pad import pad_records, split_pad
+from jaxloader.batching.refills import RecordRefills
 from jaxloader.batching.transforms import BatchMap, RandomMap
 
 
@@ -61,16 +63,15 @@ class BatchMaker:
     def __init__(self, source: Any, sampler: Order, record_transforms: tuple = (),
                  batch_transforms: tuple[BatchMap, ...] = (), mask_key: str = "mask",
                  read_threads: int = 1) -> None:
-        self.source = source
+        self.source, self.mask_key = source, mask_key
         self._origins = isinstance(source, Originating)  # (its records' files, in errors)
         self.read_threads = read_threads  # a batch's records read on so many threads at once
         self.pool_key = pool_key(read_threads)  # (its own pool of them, in each process)
         self._ahead: dict[int, tuple[Reads, int]] = {}  # a task's step -> its reads in flight
-        self.sampler = sampler
-        self.record_transforms = record_transforms
+        self.sampler, self.record_transforms = sampler, record_transforms
         self.batch_transforms = batch_transforms
         self._pad, self._finishing = split_pad(batch_transforms)  # (a Pad: on the records)
-        self.mask_key = mask_key
+        self._refills = RecordRefills()  # (its first records: a buffer filled again?)
         self._vectorised = (not record_transforms and self._pad is None
                             and hasattr(source, "__getitems__"))
         # With record transforms, a source that reads many records at once still does (a file
@@ -325,6 +326,7 @@ class BatchMaker:
             for j, (position, index) in enumerate(zip(spec.positions.tolist(),
                                                       spec.indices.tolist())):
                 try:
+                    before = self._refills.before(records, raw is None and ahead is None)
                     if raw is not None:
                         record = raw[j]
                     elif ahead is not None:
@@ -339,12 +341,14 @@ class BatchMaker:
                 except JaxloaderError:
                     raise
                 except Exception as e:
-                    raise RecordError(_read_failed(where, position, index, e)).at(
+                    raise RecordError(read_failed(where, position, index, e)).at(
                         spec.step, position, index) from e
+                self._refills.after(before, records, source, self.record_transforms)
                 try:
                     records.append(run(record, epoch, position, where, (position, index)))
                 except RecordError as e:
                     raise e.at(spec.step, position, index)
+                self._refills.after(before, records, source, self.record_transforms, back=2)
         finally:
             if ahead is not None and read is None:  # (a task's: closed as the task ends)
                 ahead.close()
@@ -359,16 +363,10 @@ class BatchMaker:
             self._where(spec)
         return each(
             self.source.__getitem__, indices,
-            lambda j, e: RecordError(_read_failed(where, positions[j], indices[j], e)).at(
+            lambda j, e: RecordError(read_failed(where, positions[j], indices[j], e)).at(
                 spec.step, positions[j], indices[j]),
             lambda j, e: e.at(spec.step, positions[j], indices[j]) if isinstance(
                 e, RecordError) else e)
-
-
-def _read_failed(where: Callable[[int, int], str], position: int, index: int,
-                 e: Exception) -> str:
-    return (f"{where(position, index)}: source[index] raised {raised(e)}"
-            f"{source_read_only_hint(e)}; the original error is the cause below")
 
 
 def _indices_hint(e: Exception, read: Any) -> str:

@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.errors import JaxloaderError, RecordError, raised
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.read_threads import count as read_threads
 from jaxloader.base.timings import stage_names, timed_calls
@@ -185,6 +185,13 @@ def source_read_only_hint(e: Exception) -> str:
                 "views; with num_workers=0 they are your own: keep what the source changes, a "
                 "cache, in arrays it makes in the worker, e.g. np.array(x) copies)")
     return ""
+
+
+def read_failed(where: Callable[[int, int], str], position: int, index: int,
+                e: Exception) -> str:
+    """The message of a record's ``source[index]`` that raised ``e`` (``where`` names it)."""
+    return (f"{where(position, index)}: source[index] raised {raised(e)}"
+            f"{source_read_only_hint(e)}; the original error is the cause below")
 
 
 def _in_a_worker() -> bool:

@@ -78,10 +78,10 @@ class RefillWatch:
 
     def next(self) -> Any:
         last, shard = self._last, self._shard
-        before = None if last is None else _samples(last)
+        before = None if last is None else samples(last)
         record = shard.next()
         self._left -= 1
-        where = None if before is None else _changed(before, last)
+        where = None if before is None else changed(before, last)
         if where is not None and self.name.partition("[")[0] not in REFILL_SAID:  # (once a
             REFILL_SAID.add(self.name.partition("[")[0])  # shards' code: not each of 1,000)
             warnings.warn(
@@ -100,7 +100,7 @@ class RefillWatch:
         return record
 
 
-def _samples(record: Any) -> list[tuple[str, np.ndarray, bytes]]:
+def samples(record: Any) -> list[tuple[str, np.ndarray, bytes]]:
     """``(path, array, sample of its bytes)`` for the numeric arrays ``record`` holds."""
     out: list[tuple[str, np.ndarray, bytes]] = []
     _walk(record, "", out, 0)
@@ -125,16 +125,16 @@ def _sample(array: np.ndarray) -> bytes:
     return spaced_values(array, _SAMPLE).tobytes()
 
 
-def _changed(samples: list[tuple[str, np.ndarray, bytes]], record: Any) -> str | None:
+def changed(taken: list[tuple[str, np.ndarray, bytes]], record: Any) -> str | None:
     """Where ``record`` (walked again: a dict or list yielded again may hold other arrays
-    now) no longer holds what ``samples`` saw."""
-    now = _samples(record)
-    for (path, array, sample), (path_now, array_now, _) in zip(samples, now):
+    now) no longer holds what ``taken`` (``samples``) saw."""
+    now = samples(record)
+    for (path, array, sample), (path_now, array_now, _) in zip(taken, now):
         if path_now != path or array_now is not array or _sample(array) != sample:
             return path or "(the record itself)"
-    if len(now) != len(samples):
-        return (now[len(samples)][0] if len(now) > len(samples)
-                else samples[len(now)][0]) or "(the record itself)"
+    if len(now) != len(taken):
+        return (now[len(taken)][0] if len(now) > len(taken)
+                else taken[len(now)][0]) or "(the record itself)"
     return None
 
 
