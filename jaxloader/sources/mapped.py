@@ -45,6 +45,7 @@ from jaxloader.base.checks import callable_name, check_bool, record_index
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.random_state import draws, global_examples, warn_at
+from jaxloader.sources.array_digest import arrays_digest
 from jaxloader.sources.base import BatchedSource, Source, check_source, records_at
 from jaxloader.sources.code_digest import code_digests, warn_hashing
 from jaxloader.sources.fingerprint import combined
@@ -117,6 +118,9 @@ class MapSource:
         # default's, must not make the state of a run that read records another source's);
         # and as versions until 2026-11-30 took it (no defaults: what their states hold)
         self._fn_digests = code_digests(fn)
+        # (and the bytes of the arrays it holds, which its code's digest reads by their repr:
+        # a lookup table changed deep inside restored without a word; "" where it holds none)
+        self._arrays = arrays_digest(fn)
         self.lengths_kept = check_bool("MapSource(lengths_kept)", lengths_kept)
 
     def __len__(self) -> int:
@@ -237,15 +241,19 @@ class MapSource:
 
     @property
     def fingerprint(self) -> str:
-        """The source's fingerprint and the function's code."""
-        return combined("map", len(self), [self.source], self._fn_digests[digest_level()],
-                        b"batched" if self.batched else b"records")
+        """The source's fingerprint, the function's code and the arrays it holds (left out
+        as older versions wrote it: at an older ``digest_level()``)."""
+        level = digest_level()
+        held = (self._arrays,) if self._arrays and not level else ()
+        return combined("map", len(self), [self.source], self._fn_digests[level],
+                        b"batched" if self.batched else b"records", *held)
 
     @property
     def older_fingerprints(self) -> tuple[None] | None:  # (base.abilities.OLDER)
         """``(None,)`` where older versions digested the function otherwise (its defaults
-        left out, sets in their run's order): theirs is ``fingerprint`` at ``digest_level()``."""
-        return (None,) if len(set(self._fn_digests)) > 1 else None
+        left out, sets in their run's order, the arrays it holds left out): theirs is
+        ``fingerprint`` at ``digest_level()``."""
+        return (None,) if len(set(self._fn_digests)) > 1 or self._arrays else None
 
     def __repr__(self) -> str:
         name = callable_name(self.fn)

@@ -170,6 +170,35 @@ def test_a_state_saved_under_another_function_is_refused(tmp_path):
         process_count=1)._files] == [path]  # the map's files: named in the state
 
 
+def test_a_state_saved_over_another_table_the_function_holds_is_refused():
+    # the function's digest read a closure's array by its repr, which summarises a large one:
+    # a lookup table changed deep inside restored, and its next batch read the new values
+    from jaxloader.sources.code_digest import code_digests
+    from jaxloader.sources.fingerprint import combined
+
+    base = jl.ArraySource({"x": np.arange(8)})
+    table = np.arange(10_000) * 10
+
+    def loader(held):
+        return jl.DataLoader(jl.MapSource(base, lambda r: {"x": held[r["x"]]}), batch_size=2,
+                             process_index=0, process_count=1)
+
+    with loader(table) as first:
+        take(first, 1)
+        state = json.loads(json.dumps(first.state_dict()))
+    changed = table.copy()
+    changed[5] = -1
+    with loader(changed) as other, pytest.raises(jl.StateDictError, match="source: expected"):
+        other.load_state_dict(state)
+    with loader(table.copy()) as same:  # (the same values: restored)
+        same.load_state_dict(state)
+        mapped = same._source
+        # a state saved before the arrays were digested restores too
+        before = combined("map", 8, [base], code_digests(mapped.fn)[0], b"records")
+        same.load_state_dict({**state, "source": before})
+        assert next(iter(same))["x"].tolist() == [20, 30]
+
+
 def test_a_function_that_fills_a_memo_it_holds_restores_in_a_fresh_process():
     # def norm(r, _cache={}): the digest read the memo as it was at state_dict(), filled by
     # the batches made in this process, and a fresh process's empty one: refused there
