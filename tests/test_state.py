@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -509,3 +511,27 @@ def test_a_broken_or_closed_loader_refuses_a_state_as_every_later_call_does():
         closed.close()
         with pytest.raises(jl.JaxloaderError, match="is closed; create a new one"):
             closed.load_state_dict(state)
+
+
+def test_the_same_files_or_parts_in_another_order_are_named_so_with_the_saved_order(tmp_path):
+    # refused (rightly) as "what differs is inside it: a function, its options or its data;
+    # or restore with the jaxloader that saved it", where a glob's order differed
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    paths = [str(tmp_path / f"p{i}.parquet") for i in range(3)]
+    for i, path in enumerate(paths):
+        pq.write_table(pa.table({"x": np.arange(10) + 100 * i}), path)
+    parts = [jl.ArraySource({"x": np.arange(4) + 10 * i}) for i in range(3)]
+    for made, other, said in (
+            (jl.ParquetSource(paths), jl.ParquetSource([paths[1], paths[0], paths[2]]),
+             r"same files in another order: the state's was " + re.escape(
+                 ", ".join(map(repr, paths))) + r"; pass them in that order \(sorted\(glob"),
+            (jl.ConcatSource(parts), jl.ConcatSource([parts[1], parts[0], parts[2]]),
+             r"same parts in another order: the state's was sources\[1\], sources\[0\], "
+             r"sources\[2\]; pass them in that order\)")):
+        with jl.DataLoader(made, batch_size=2, shuffle=True, process_index=0,
+                           process_count=1) as first:
+            state = first.state_dict()
+        with jl.DataLoader(other, batch_size=2, shuffle=True, process_index=0,
+                           process_count=1) as moved, pytest.raises(StateDictError, match=said):
+            moved.load_state_dict(state)

@@ -71,6 +71,26 @@ def source_differences(then: str, now: str, same_size: bool = True,
     return []
 
 
+def moved(then: object, now: object, name: Callable[[int], str]) -> str | None:
+    """Where the state's ``then`` and this source's ``now`` (its files' identities, its
+    parts' fingerprints) are the same in another order: the saved order, each named as
+    ``name`` names now's (five, then how many more); else ``None``.
+
+    Example:
+        >>> moved(["b", "a", "c"], ["a", "b", "c"], lambda i: f"part-{i}")
+        'part-1, part-0, part-2'
+    """
+    if not (isinstance(then, list) and isinstance(now, list)) or then == now or sorted(
+            map(str, then)) != sorted(map(str, now)):
+        return None
+    at: dict[str, list[int]] = {}
+    for i, item in enumerate(map(str, now)):
+        at.setdefault(item, []).append(i)
+    order = [at[item].pop(0) for item in map(str, then)]
+    return ", ".join(name(i) for i in order[:5]) + (f" and {len(order) - 5} more"
+                                                     if len(order) > 5 else "")
+
+
 def reordered(then: object, now: object) -> list[str]:
     """A note where two record specs (``record_spec``: ``"['a']: int64(); ..."``) hold the
     same leaves in another order: a frame's columns selected in another order, whose records

@@ -28,7 +28,8 @@ from jaxloader.base.errors import StateDictError
 from jaxloader.loaders.foreign_arguments import grain_state_hint
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.loaders.transform_names import warn_changed_transforms
-from jaxloader.loaders.source_changes import changed_parts, reordered, source_differences
+from jaxloader.loaders.source_changes import (changed_parts, moved, reordered,
+                                              source_differences)
 from jaxloader.order.sampling import LAST_BATCH_POLICIES, Order
 from jaxloader.sources.fingerprint import compact_spec
 
@@ -192,9 +193,16 @@ def check_state(state: Any, sampler: Order, fingerprint: dict[str, Any],
     diffs = [differ(k, expected.get(k), state.get(k))
              for k in compared if state.get(k) != expected.get(k)]
     grown = state.get("num_records") != sampler.num_records
-    diffs += source_differences(str(state.get("source")), str(expected.get("source")), not grown,
-                                changed_parts(state.get("parts"), expected.get("parts"),
-                                              part_name))
+    files = moved(then, now, lambda i: repr(paths[i]) if i < len(paths) else f"file {i}")
+    parts = moved(state.get("parts"), expected.get("parts"), part_name or "part {}".format)
+    if files or parts:  # (a glob's order, a list built otherwise: named, not "inside it")
+        diffs.append(f"the source reads the same {'files' if files else 'parts'} in another "
+                     f"order: the state's was {files or parts}; pass them in that order"
+                     + (" (sorted(glob(...)) gives one order on every machine)" if files else ""))
+    else:
+        diffs += source_differences(str(state.get("source")), str(expected.get("source")),
+                                    not grown, changed_parts(state.get("parts"),
+                                                             expected.get("parts"), part_name))
     diffs += reordered(state.get("record_spec"), expected.get("record_spec"))
     if (grown or state.get("record_hash") != expected.get("record_hash")) and \
             state.get("record_spec") == expected.get("record_spec") is not None:
