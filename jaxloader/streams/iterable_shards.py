@@ -11,13 +11,15 @@ import functools
 import inspect
 import logging
 import time
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of, digest_level
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.checks import check_int, refused_call
-from jaxloader.base.errors import ConfigError, StateDictError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, code_digests
+from jaxloader.streams.shard_state import innermost
 from jaxloader.streams.shards import state_ints
 
 log = logging.getLogger("jaxloader")
@@ -190,6 +192,25 @@ class IterableShard:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_it": None, "_consumed": 0}
+
+
+def warn_same_names(shards: Sequence[Any]) -> None:
+    """Warns where two generators' shards (an ``IterableShard``, under a ``Stream.map`` too)
+    share a name, their functions' (``<lambda>``): a state names each shard by its name, so
+    one restored over them in another order reads other records, without a word. (Files are
+    named by their paths: the same file twice reads the same records.)"""
+    seen: dict[str, int] = {}
+    for i, shard in enumerate(shards):
+        if isinstance(innermost(shard), IterableShard):
+            if shard.name in seen:
+                warnings.warn(
+                    f"Stream: shards {seen[shard.name]} and {i} are both named {shard.name!r}: "
+                    "a state names each shard by its name, so one restored over these shards "
+                    "in another order would read other records, without a word; give each a "
+                    "name of its own (IterableShard(fn, name='part-0'))", JaxloaderWarning,
+                    stacklevel=user_stacklevel())
+                return
+            seen[shard.name] = i
 
 
 def mapped_shards(shards: Sequence[Any], fn: Callable[[Any], Any]) -> list["MappedShard"]:

@@ -41,7 +41,7 @@ from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import or_compressed
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
 from jaxloader.streams.refill_watch import watched
-from jaxloader.streams.iterable_shards import generator_shards, mapped_shards
+from jaxloader.streams.iterable_shards import generator_shards, mapped_shards, warn_same_names
 from jaxloader.streams.origins import last_origin, opened, read_failed
 from jaxloader.streams.shard_state import (Crossings, checked_reader_state, copied,
                                            ends_there, left_early, plain, snapshot)
@@ -84,6 +84,7 @@ class Stream:
         shuffle_window = check_int("Stream(shuffle_window)", shuffle_window, low=0,
                                    remedy="records permuted together; 0 keeps the shards' order")
         self.shards = shards
+        warn_same_names(shards)  # (a state names shards by name: two '<lambda>'s, told)
         self.shuffle_window = max(1, shuffle_window)
         self.shuffle_shards = check_bool("Stream(shuffle_shards)", shuffle_shards)
 
