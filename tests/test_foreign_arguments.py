@@ -261,6 +261,10 @@ def test_pytorchs_loader_attributes_say_what_to_read_instead():
     for name in ("sampler", "batch_sampler"):
         with pytest.raises(AttributeError, match=r"each iter\(loader\) is the next epoch"):
             getattr(loader, name).set_epoch(1)
+    with pytest.raises(AttributeError, match=r"DataLoader has no set_epoch \(PyTorch's "
+                                             r"DistributedSampler.set_epoch.*each iter\(loader\) "
+                                             r"is the next epoch.*loader\.epoch is the epoch"):
+        loader.set_epoch(1)  # (Python's bare AttributeError named nothing)
     assert not hasattr(loader, "dataset")
     with pytest.raises(AttributeError, match="'DataLoader' object has no attribute 'datasets'"):
         loader.datasets  # (any other name: Python's own)
@@ -280,7 +284,7 @@ def test_a_stream_loader_asked_for_a_data_loaders_epoch_or_length_says_what_it_h
                                       shards=1)
     loader = jl.StreamLoader(stream, batch_size=2, process_index=0, process_count=1)
     assert loader.device_prefetch == 2 and bool(loader)
-    for name in ("epoch", "dataset", "sampler"):
+    for name in ("epoch", "set_epoch", "dataset", "sampler"):
         with pytest.raises(AttributeError, match=rf"StreamLoader has no {name} .*zip\(range"):
             getattr(loader, name)
     with pytest.raises(TypeError, match=r"a StreamLoader has no len\(\).*num_epochs=1"):

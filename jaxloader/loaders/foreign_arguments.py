@@ -205,6 +205,8 @@ _ATTRIBUTES = {  # name -> (the peer's, what to do instead)
                 "batch_size the records they hold"),
     "sampler": ("PyTorch's DataLoader.sampler", _ORDER),
     "batch_sampler": ("PyTorch's DataLoader.batch_sampler", _ORDER),
+    "set_epoch": ("PyTorch's DistributedSampler.set_epoch, a Hugging Face or WebDataset "
+                  "loader's", _ORDER + "; loader.epoch is the epoch of the next batch"),
     "get_state": ("Grain's iterator.get_state()", _STATE),
     "set_state": ("Grain's iterator.set_state(state)", _STATE),
 }
@@ -235,12 +237,14 @@ class GrainAttributes:
 
 class TorchAttributes(GrainAttributes):
     """PyTorch's ``DataLoader.dataset``, ``.sampler`` and ``.batch_sampler``, which a training
-    loop reads (``len(loader.dataset)``, ``loader.sampler.set_epoch(epoch)``): each raises an
-    ``AttributeError`` saying what to do instead."""
+    loop reads (``len(loader.dataset)``, ``loader.sampler.set_epoch(epoch)``), and a
+    ``set_epoch`` of the loader's own: each raises an ``AttributeError`` saying what to do
+    instead."""
 
     dataset = _Refused()
     sampler = _Refused()
     batch_sampler = _Refused()
+    set_epoch = _Refused()
 
 
 _STREAM_ORDER = ("a stream's order is its readers' (each reads its shards' epochs in turn: "
@@ -267,6 +271,7 @@ class StreamAttributes(GrainAttributes):
     a stream has instead (Python's bare ``AttributeError`` or ``TypeError`` named nothing)."""
 
     epoch = _StreamRefused()
+    set_epoch = _StreamRefused()
     dataset = _StreamRefused()
     sampler = _StreamRefused()
     batch_sampler = _StreamRefused()
