@@ -454,6 +454,10 @@ def test_a_record_read_by_a_float_or_a_str_is_refused_naming_the_source(tmp_path
         sources["ParquetSource"][-1]
     with pytest.raises(IndexError, match=r"ArraySource: index 5 out of range \[0, 5\) \(or "):
         sources["ArraySource"][5]  # (NumPy's "axis 0 with size 5" named no source)
+    assert sources["ArraySource"][[1, -1]]["x"].tolist() == [1, 4]  # (rows at once: NumPy's)
+    for rows in ([0, 10], np.array([0, 10])):
+        with pytest.raises(IndexError, match=r"ArraySource: index 10 out of range \[-5, 5\)"):
+            sources["ArraySource"][rows]
 
 
 def test_a_batched_read_out_of_range_names_the_source_and_the_range(tmp_path):

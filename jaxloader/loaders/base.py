@@ -171,9 +171,10 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
             if ignored:  # does: a worker_init_fn's setup, a connection, never ran)
                 warnings.warn(
                     f"{', '.join(ignored)}: with num_workers=0 no worker process starts, so "
-                    "this acts on nothing (batches are made in this process); call the "
-                    "function once here if this process needs its setup, or pass num_workers="
-                    "1 or more", JaxloaderWarning, stacklevel=user_stacklevel())
+                    "this acts on nothing (batches are made in this process); "
+                    + ("call the function once here if this process needs its setup, or "
+                       if worker_init_fn is not None else "") + "pass num_workers=1 or more",
+                    JaxloaderWarning, stacklevel=user_stacklevel())
             engine = InProcessEngine(maker, options.stall_warning_s, self._progress.label)
         elif get_worker_info() is not None:
             self._made_in_a_worker()

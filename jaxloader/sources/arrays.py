@@ -167,7 +167,15 @@ class ArraySource:
                 return {k: a[index] for k, a in self._items}
             return tree_lib.unflatten(self._treedef, [a[index] for a in self._arrays])
         except IndexError:  # (NumPy's names no source, nor its range)
-            record_index(index, self._len, "ArraySource", from_end=True)
+            if isinstance(index, (int, np.integer)):
+                record_index(index, self._len, "ArraySource", from_end=True)
+            else:  # (rows at once: the first out of range, as a batched read names it)
+                rows = np.asarray(index).ravel()
+                bad = rows[(rows < -self._len) | (rows >= self._len)] if rows.dtype.kind in \
+                    "iu" else rows[:0]
+                if len(bad):
+                    raise IndexError(f"ArraySource: index {bad[0]} out of range [-{self._len}, "
+                                     f"{self._len})") from None
             raise
 
     def __getitems__(self, indices: np.ndarray) -> Any:

@@ -97,6 +97,10 @@ def no_rows(kind: Any) -> np.ndarray | None:
     return out
 
 
+_UTC = {"UTC", "UCT", "Universal", "Zulu", "GMT", "GMT0", "GMT+0", "GMT-0", "Greenwich", "Z",
+        "+00:00", "-00:00", "+0000", "-0000"}  # (the zones whose offset is always 0)
+
+
 def zone_in(kind: Any) -> str | None:
     """The zone, other than UTC's, of a timestamp type ``kind`` holds at any depth (in lists,
     structs, maps); ``None`` where none (UTC's instants are NumPy's datetime64 exactly).
@@ -109,7 +113,7 @@ def zone_in(kind: Any) -> str | None:
     import pyarrow as pa
 
     if pa.types.is_timestamp(kind):
-        return kind.tz if kind.tz not in (None, "UTC", "Etc/UTC", "+00:00", "Z") else None
+        return None if kind.tz is None or kind.tz.removeprefix("Etc/") in _UTC else kind.tz
     if pa.types.is_struct(kind):
         inner = [kind.field(i).type for i in range(kind.num_fields)]
     elif pa.types.is_map(kind):

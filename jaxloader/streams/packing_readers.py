@@ -65,8 +65,9 @@ class _PackingReader:
     def get_state(self) -> dict:
         if not self._holds():
             return _state(self.reader, self.inner.get_state(), self._FIELD, 0)
-        # the epoch is the held record's (the window's first), past the inner state before it
-        # at an epoch's end: a pass that ended counts the next (passes.from_state)
+        # the epoch is the inner reader's after what it holds (the held record's; a window's
+        # last: one pass either way), not the inner place's before it, the end of the epoch
+        # before where the record starts the next: a pass there counts the next (from_state)
         inner = self._replay()
         held = self.inner.get_state().get("epoch") if "epoch" in inner else None
         return _state(self.reader, inner, self._FIELD, self._given(), held)
