@@ -175,9 +175,16 @@ def in_generation(generation: int, compute: Callable[[], Any]) -> Any:
         OLDER.reset(token)
 
 
+ARRAYS_LEFT_OUT: contextvars.ContextVar[bool] = contextvars.ContextVar("arrays_left_out",
+                                                                      default=False)
+"""Set to describe a source as versions until 2026-12-05 wrote it: a ``MapSource``'s
+fingerprint without the bytes of the arrays its function holds, the rest as today's."""
+
+
 def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
-    """``compute()`` as each older version wrote it, the newest first: today's under each
-    ``OLDER_DIGESTS`` level, then each ``OLDER`` generation's."""
+    """``compute()`` as each older version wrote it: today's under each ``OLDER_DIGESTS`` level,
+    the newest first, then each ``OLDER`` generation's, then (a change of its own, kept last so
+    that the others keep their places) with ``ARRAYS_LEFT_OUT``."""
     found = []
     for level in range(1, DIGEST_LEVELS + 1):
         token = OLDER_DIGESTS.set(level)
@@ -185,7 +192,12 @@ def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
             found.append(compute())
         finally:
             OLDER_DIGESTS.reset(token)
-    return found + [in_generation(g, compute) for g in range(1, GENERATIONS + 1)]
+    found += [in_generation(g, compute) for g in range(1, GENERATIONS + 1)]
+    token = ARRAYS_LEFT_OUT.set(True)
+    try:
+        return found + [compute()]
+    finally:
+        ARRAYS_LEFT_OUT.reset(token)
 
 
 def fingerprint_of(source: object) -> str | None:

@@ -39,7 +39,7 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from jaxloader.base import read_threads
-from jaxloader.base.abilities import (block_starts_of, digest_level, lengths_of,
+from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
 from jaxloader.base.checks import callable_name, check_bool, record_index
 from jaxloader.base.errors import ConfigError
@@ -244,7 +244,8 @@ class MapSource:
         """The source's fingerprint, the function's code and the arrays it holds (left out
         as older versions wrote it: at an older ``digest_level()``)."""
         level = digest_level()
-        held = (self._arrays,) if self._arrays and not level else ()
+        held = (self._arrays,) if self._arrays and not level and not ARRAYS_LEFT_OUT.get() \
+            else ()
         return combined("map", len(self), [self.source], self._fn_digests[level],
                         b"batched" if self.batched else b"records", *held)
 
