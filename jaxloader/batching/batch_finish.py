@@ -230,6 +230,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         return collate.materialize(treedef, columns, alloc)
     seed, epoch, positions = keyed
     last, loaders = len(batch_transforms) - 1, None  # (the loader's pad mask, as made)
+    made: list = []  # the arrays the loader made (not copied again where a transform keeps one)
     batch: Any = None  # (a JitMap first reads the columns itself, a chunk of rows at a time)
     for i, t in enumerate(batch_transforms):
         start = perf_counter()
@@ -243,6 +244,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
                         positions=np.arange(size) if positions is None else positions)
             batch, layout, outside, compiled_s = t.run(
                 treedef, columns, size, alloc=alloc if i == last else None, **keys)
+            made += tree_lib.flatten(batch)[0]
             if given is not None and not _said(t, mask_key) and not given.all():
                 records = [c._replace(values=np.ones_like(given)) if c.values is given else c
                            for c in columns]  # (every row a record: made alike, mask unused)
@@ -250,8 +252,10 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
         else:
             if batch is None:
                 batch = collate.materialize(treedef, columns)[0]
+                made += tree_lib.flatten(batch)[0]
             elif i and type(batch_transforms[i - 1]) is JitMap:  # (a batch of one chunk is
                 batch = _writable(batch)  # XLA's, read-only; of several, the loader's arrays)
+                made += tree_lib.flatten(batch)[0]
             given = _mask_of(mask_key, batch, [])  # (a mask carried in a tuple: not warned)
             held = _held(given)  # (as given: the transform may write into it)
             if mask_key is not None and isinstance(given, np.ndarray) and \
@@ -314,8 +318,7 @@ def finish_batch(treedef: tree_lib.TreeDef, columns: list, batch_transforms: tup
             mask_key = None
         if layout is not None:  # a JitMap wrote it into alloc
             return batch, layout
-    # (a JitMap's batch is the loader's own arrays, or XLA's read-only ones: copied as such)
-    treedef, columns = batch_columns(batch, size, type(batch_transforms[-1]) is not JitMap)
+    treedef, columns = batch_columns(batch, size, owned=made)  # (a transform's own: copied)
     return collate.materialize(treedef, columns, alloc)
 
 

@@ -82,9 +82,10 @@ class BatchMaker:
         self._gather = gatherer_of(source)
         self._gather_failed: str | None = None  # a task's read at once that raised,
         self._gather_said = False  # and whether one that passed step by step was said
-        self._transforms = RecordTransforms(record_transforms, sampler.seed, copies=any(
-            not type(p).__module__.startswith("jaxloader.") or isinstance(p, MapSource)
-            for p in walk(source)))  # (the user's records, or a function's: kept by it?)
+        self._borrowed = any(not type(p).__module__.startswith("jaxloader.") or isinstance(
+            p, MapSource) for p in walk(source))  # (the user's records, or a function's, kept
+        # by it? its records copied by a transform, a batch it reads where no slot takes it)
+        self._transforms = RecordTransforms(record_transforms, sampler.seed, self._borrowed)
         check_positions(sampler.steps_per_epoch * sampler.global_batch_size,
                         any(isinstance(t, RandomMap) or (isinstance(t, JitMap) and t.random)
                             for t in (*record_transforms, *batch_transforms)))
@@ -264,7 +265,7 @@ class BatchMaker:
         got = self._getitems(spec)
         if isinstance(got, list):
             return record_columns(got, self._names(spec))
-        return batch_columns(got, len(spec.indices))
+        return batch_columns(got, len(spec.indices), self._borrowed)
 
     def _where(self, spec: BatchSpec) -> Callable[[int, int], str]:
         """How an error names a record of ``spec``: its step, position and source index, and

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from operator import attrgetter
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, Sequence
 
 import numpy as np
 
@@ -338,10 +338,11 @@ def _deepest(records: list) -> int:
     return depths.index(max(depths))
 
 
-def batch_columns(batch: Any, size: int,
-                  borrowed: bool = True) -> tuple[tree_lib.TreeDef, list[Column]]:
+def batch_columns(batch: Any, size: int, borrowed: bool = True,
+                  owned: Sequence[Any] = ()) -> tuple[tree_lib.TreeDef, list[Column]]:
     """Validated columns of an already batched tree whose leaves have ``size`` rows (memory the
-    loader does not own unless ``borrowed`` is false: ``Column.borrowed``)."""
+    loader does not own, ``Column.borrowed``, unless ``borrowed`` is false or the leaf is one
+    of the arrays it made, ``owned``)."""
     if batch is None:  # (a tree of no leaves: a batch of None, without a word)
         raise CollateError("collate: the batch is None, expected a batch of "
                            f"{size} records; return it from what made it (a missing "
@@ -367,5 +368,6 @@ def batch_columns(batch: Any, size: int,
                 f"axis{listed}")
         if array.dtype.hasobject and array.size:  # (a Parquet decimal, numbers as objects)
             check_objects(path, "the batch's value", array, by_row=True)
-        columns.append(Column(path, array.shape, array.dtype, array, None, borrowed))
+        columns.append(Column(path, array.shape, array.dtype, array, None,
+                              borrowed and not any(array is made for made in owned)))
     return treedef, columns
