@@ -193,11 +193,11 @@ def in_older_forms(compute: Callable[[], Any]) -> list[Any]:
         finally:
             OLDER_DIGESTS.reset(token)
     found += [in_generation(g, compute) for g in range(1, GENERATIONS + 1)]
-    token = ARRAYS_LEFT_OUT.set(True)
+    left_out = ARRAYS_LEFT_OUT.set(True)
     try:
         return found + [compute()]
     finally:
-        ARRAYS_LEFT_OUT.reset(token)
+        ARRAYS_LEFT_OUT.reset(left_out)
 
 
 def fingerprint_of(source: object) -> str | None:
