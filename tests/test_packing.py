@@ -168,8 +168,9 @@ def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
 
     again = jl.PackedSource(Counted(records), "tokens", WIDTH, lengths=cache)
     assert np.array_equal(again.plan.record, first.plan.record)
-    assert Counted.reads <= 4  # the source's fingerprint's records (what the file was kept
-    # from; record 0 twice: a source that reads otherwise each time is warned of)
+    assert Counted.reads <= 4 + np.count_nonzero(lengths == 0)  # the source's fingerprint's
+    # records (what the file was kept from; record 0 twice: a source that reads otherwise each
+    # time is warned of), and those the file calls empty, which no row reads: checked
     assert first.fingerprint == jl.PackedSource(records, "tokens", WIDTH,
                                                 lengths=lengths).fingerprint
     os.remove(f"{cache}.from")  # a file of the user's: read as it is, checked against the data
@@ -525,3 +526,40 @@ def test_an_empty_sequence_leaves_the_tokens_dtype_as_the_others_make_it():
         assert packed[0]["t"].tolist() == [11, 12, 13, 0] and packed[0]["t"].dtype.kind == "i"
     assert jl.RaggedSource.from_sequences({"t": [[], []]})[0]["t"].dtype == np.int64
     assert jl.RaggedSource.from_sequences({"t": [[0.5], []]})[1]["t"].dtype == np.float64
+
+
+class _Tokens:  # records of token arrays, no lengths of its own (read one by one)
+    def __init__(self, sequences):
+        self.sequences = sequences
+
+    def __len__(self):
+        return len(self.sequences)
+
+    def __getitem__(self, i):
+        return {"t": np.asarray(self.sequences[i], np.int32)}
+
+
+def test_a_record_lengths_given_call_empty_is_checked_though_no_row_reads_it(tmp_path):
+    # a record given length 0 was left out of the plan and never read: its tokens were lost
+    # without a word (a stale lengths file over a record filled since too), where one given
+    # 1 for its 2 tokens was refused
+    sequences = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    for source in (jl.RaggedSource.from_sequences({"t": sequences}), _Tokens(sequences)):
+        with pytest.raises(jl.ConfigError, match=r"record 1\['t'\] has 2 tokens, its length in "
+                                                 r"lengths=\(an array\) is 0"):
+            jl.PackedSource(source, "t", 8, lengths=np.array([3, 0, 4]))
+    kept = str(tmp_path / "lengths.npy")  # (records 0, n // 2 and n - 1 name the data: the
+    before = [[1, 2], [], [3], [4, 5], [6]]  # file is found again where one of them changed)
+    jl.PackedSource(_Tokens(before), "t", 4, lengths=kept)  # (kept: 2, 0, 1, 2, 1)
+    with pytest.raises(jl.ConfigError, match=r"record 1\['t'\] has 3 tokens, its length in "
+                                             r"lengths='.*lengths.npy' is 0"):
+        jl.PackedSource(_Tokens([[1, 2], [9, 9, 9], [3], [4, 5], [6]]), "t", 4, lengths=kept)
+    packed = jl.PackedSource(_Tokens(before), "t", 4, lengths=kept)
+    assert sorted(t for i in range(len(packed)) for t in packed[i]["t"].tolist() if t) == [
+        1, 2, 3, 4, 5, 6]  # (the empty record, as kept: nothing lost)
+
+
+def test_a_key_named_twice_is_refused_naming_it_not_the_length():
+    # it said the row length 8, a valid one, was not >= 1
+    with pytest.raises(jl.ConfigError, match=r"PackedSource\(keys=...\): 't' is named twice"):
+        jl.PackedSource(_Tokens([[1, 2]]), ["t", "t"], 8)

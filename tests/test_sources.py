@@ -562,3 +562,20 @@ def test_labels_and_worker_counts_of_another_kind_are_refused_where_made():
         with pytest.raises(jl.ConfigError, match=r"FilteredSource\(num_workers=...\): expected "
                                                  r"an int"):
             jl.FilteredSource(source, lambda r: True, num_workers=count)
+
+
+def test_indices_found_from_another_source_without_keep_are_refused_naming_the_file(tmp_path):
+    # FilteredSource(other, indices=path) read the file's record numbers over another source
+    # without a word, though its .from file named the source they were found from
+    path = str(tmp_path / "kept.npy")
+    first = jl.ArraySource({"x": np.array([1, 5, 2, 8, 3])})
+    assert jl.FilteredSource(first, lambda r: r["x"] > 2, indices=path).indices.tolist() == [
+        1, 3, 4]
+    assert jl.FilteredSource(first, indices=path).indices.tolist() == [1, 3, 4]  # (the same)
+    other = jl.ArraySource({"x": np.zeros(7)})
+    with pytest.raises(jl.ConfigError, match=r"FilteredSource: .*kept.npy was found from another "
+                                             r"source than this one \(as .*kept.npy.from says\)"
+                                             r".*pass keep="):
+        jl.FilteredSource(other, indices=path)
+    np.save(str(tmp_path / "mine.npy"), np.array([0, 2]))  # (a file of the user's: no .from)
+    assert jl.FilteredSource(other, indices=str(tmp_path / "mine.npy")).indices.tolist() == [0, 2]

@@ -37,7 +37,7 @@ from jaxloader.sources.fingerprint import combined, combined_generations, file_s
 from jaxloader.sources.mixture import refuse_mixture
 from jaxloader.sources.parts import read_locked
 from jaxloader.sources.huggingface import adapt
-from jaxloader.sources.kept_arrays import kept_or_found
+from jaxloader.sources.kept_arrays import check_found_from, kept_or_found
 from jaxloader.batching.record_transforms import kept_answer
 from jaxloader.batching.transforms import Filter, fn_name, from_grain
 
@@ -98,8 +98,15 @@ class FilteredSource:
             return (_kept_by_workers(source, keep, num_workers) if num_workers
                     else _kept(source, keep, n))
 
+        def source_digest() -> tuple[str, ...]:
+            return combined_generations("source", n, [source], *file_stamps(source))
+
+        if keep is None:  # (a file of another source's records, read here as they are)
+            check_found_from(indices, lambda: {"source": source_digest()}, "FilteredSource",
+                             "pass keep= (the function that kept them) to find them for this "
+                             "source, or the file found from it")
         found, path = kept_or_found(indices, find, None if keep is None else lambda: {
-            "source": combined_generations("source", n, [source], *file_stamps(source)),
+            "source": source_digest(),
             "keep function": (code_digest(keep, deep=True), *(  # (or as older versions:
                 code_digest(keep, deep=True, whole_owner=True, **form)  # until 12-04, 12-02's
                 for form in ({}, *({**f, "methods": False} for f in OLDER_FORMS[:2]))))})

@@ -50,6 +50,7 @@ from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.sources.ragged import RaggedSource
 
 _LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
+EMPTY_CHECKED = 256  # records lengths given call empty, read to check (none reads them after)
 
 
 class PackedSource:
@@ -99,6 +100,10 @@ class PackedSource:
                               f"records' token arrays, got {keys!r:.60}; name them, e.g. "
                               f"PackedSource(source, {known[0]!r}, length)" + (
                                   f" (the records' keys: {known})" if len(known) > 1 else ""))
+        twice = next((k for i, k in enumerate(self.keys) if k in self.keys[:i]), None)
+        if twice is not None:  # (it failed as a row length, a valid one, named wrong)
+            raise ConfigError(f"PackedSource(keys=...): {twice!r} is named twice in "
+                              f"{self.keys}; name each key once")
         self.row_length = _row_lengths(length, self.keys)
         self._fills = fill_values("PackedSource(value=...)", value, self.keys)
         if seed is not None:  # (NumPy's ints too; not True)
@@ -111,6 +116,8 @@ class PackedSource:
         packing_plan.check_method("PackedSource(method=...)", method)
         packing_plan.check_overlong("PackedSource(overlong=...)", overlong, method)
         self._lengths, self._kept = _lengths(source, self.keys, n, lengths)
+        if self._kept is not None:
+            self._check_empty()
         if method == "concat":
             self.plan = packing_plan.concat(self._lengths, int(self.row_length[0]), seed)
         else:
@@ -216,6 +223,26 @@ class PackedSource:
             record = read_locked(self.source, records_at, self.source, np.array([i]))[0]
             out.append(_sequence(record, key, i).dtype)
         return out
+
+    def _check_empty(self) -> None:
+        """Checks the records that lengths given (or kept in a file) call empty: no row reads
+        them, so no batch's check would see one that holds tokens, lost without a word. All
+        of them where the source has its own lengths (from offsets), else up to
+        ``EMPTY_CHECKED`` of them, evenly spaced, read once."""
+        empty = np.flatnonzero(self._lengths.sum(axis=1) == 0)
+        if not empty.size:
+            return
+        own = [read_locked(self.source, lengths_of, self.source, k) for k in self.keys]
+        if all(o is not None for o in own):
+            for k, got in enumerate(own):
+                self._check_lengths(empty, k, np.asarray(got)[empty])
+            return
+        picked = np.unique(empty[np.linspace(0, empty.size - 1, min(
+            empty.size, EMPTY_CHECKED)).astype(np.int64)])
+        records = read_locked(self.source, records_at, self.source, picked)
+        for k, key in enumerate(self.keys):
+            self._check_lengths(picked, k, np.array([len(_sequence(r, key, int(i))) for r, i
+                                                     in zip(records, picked)], np.int64))
 
     def _check_lengths(self, records: np.ndarray, k: int, got: np.ndarray) -> None:
         """Refuses records whose ``k``-th key is not as long as the packing's lengths say

@@ -110,6 +110,24 @@ def _folder_there(path: str) -> None:
         f"{unexpanded}; make the folder, or pass another path")
 
 
+def check_found_from(given: Any, found_from: Callable[[], dict[str, Any]], owner: str,
+                     remedy: str) -> None:
+    """Refuses the file ``given`` (when it is a path) whose ``.from`` says it was found from
+    other than ``found_from()`` says, where nothing could find it again (``kept_or_found``
+    finds it again): its array would be read over other data, without a word."""
+    if not isinstance(given, (str, os.PathLike)):
+        return
+    path = os.fspath(given)
+    then = _kept_from(path + FROM) if os.path.exists(path) else None
+    if not then:  # (none, or one that cannot be read: the file as it is)
+        return
+    for what, digest in found_from().items():
+        if then.get(what) not in (digest if isinstance(digest, tuple) else (digest,)):
+            raise ConfigError(f"{owner}: {path} was found from another {what} than this one "
+                              f"(as {path + FROM} says), and nothing here can find it again; "
+                              f"{remedy}")
+
+
 def _kept_from(path: str) -> dict | None:
     """What a ``.from`` file says (``None``: there is none); one that cannot be read says
     nothing this run's digests match (the array is found again)."""
