@@ -262,8 +262,9 @@ def test_an_indices_file_is_found_again_when_the_data_or_the_function_change(tmp
                                          r"with .*found again"):
         assert jl.FilteredSource(jl.ArraySource({"x": np.arange(1, 21)}), _third,
                                  indices=path).indices.tolist() == list(range(2, 20, 3))
-    np.save(path, np.array([3, 4]))  # changed by hand: without keep, read as it is
-    assert jl.FilteredSource(source, indices=path).indices.tolist() == [3, 4]
+    np.save(path, np.array([3, 4]))  # changed by hand: without keep, read as it is (over the
+    assert jl.FilteredSource(jl.ArraySource({"x": np.arange(1, 21)}),  # source its .from names:
+                             indices=path).indices.tolist() == [3, 4]  # another one's refused)
     np.save(path, np.array(list(range(2, 20, 3))))
     (tmp_path / "kept.npy.from").unlink()  # a file of the user's: read as it is
     assert jl.FilteredSource(source, _even, indices=path).indices.tolist() == list(
