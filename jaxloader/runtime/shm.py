@@ -83,7 +83,13 @@ class Segment:
         use_memfd = MEMFD_AVAILABLE if memfd is None else memfd
         segment = (cls._create_memfd if use_memfd else cls._create_posix)(size, registry)
         if prefault:  # first touch of a fresh page costs far more than a warm write: pay it now
-            np.frombuffer(segment.memory, np.uint8).fill(0)
+            try:
+                np.frombuffer(segment.memory, np.uint8).fill(0)
+            except BaseException:  # (a Ctrl-C: its memory file was left open for good)
+                if registry is not None:
+                    registry.pop(segment.name, None)
+                segment.destroy()
+                raise
         return segment
 
     @classmethod

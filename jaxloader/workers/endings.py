@@ -20,7 +20,7 @@ import weakref
 from typing import Any, Callable
 
 from jaxloader.base.interrupts import run_all
-from jaxloader.workers.process import STOP_GRACE_S, WorkerProcess, log
+from jaxloader.workers.process import LEAVE_S, STOP_GRACE_S, WorkerProcess, log
 
 
 def owned(owner: int, closing: list[bool], fn: Callable[..., Any], *args: Any) -> None:
@@ -77,5 +77,12 @@ def stop_all(workers: list[WorkerProcess], ring: Any = None) -> None:
         log.info, "stopping worker process(es) %s", running)] if running else []  # raises)
     steps += [w.ask_to_stop for w in workers]
     steps += [functools.partial(w.let_go, deadline) for w in workers]
-    steps += [w.reap for w in workers] + ([] if ring is None else [ring.close])
+    ends: list[float] = []  # (one wait for their ends, from the first reap: not one each)
+
+    def reap(worker: WorkerProcess) -> Any:
+        ends.append(ends[0] if ends else time.monotonic() + LEAVE_S)
+        return worker.reap(ends[0])
+
+    steps += [functools.partial(reap, w) for w in workers] + ([] if ring is None else
+                                                              [ring.close])
     run_all(steps)

@@ -93,8 +93,8 @@ class WorkerPool:
         self._runs = Runs()  # the newest made is the live run (module docstring)
         self._heard = relay.Heard()  # the workers' records and warnings, said here
         self._board = StatusBoard(self._capacity)  # what each worker does (status.py)
-        self.gauges = Gauges(num_workers)  # the workers' stage timings, the hand-over's
-        self._board_finalizer = at_end(self, self._board.destroy)
+        self._board_finalizer = at_end(self, self._board.destroy)  # (at once: a Ctrl-C in
+        self.gauges = Gauges(num_workers)  # between lost its memory files and pipes)
         self._environment = worker_environment(os.environ)  # (in the loader's thread: Roster)
         try:  # (a start refused or failed, too: its memory files and workers go with it)
             self._start()

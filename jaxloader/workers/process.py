@@ -72,10 +72,9 @@ from jaxloader.workers.protocol import Stop
 
 log = logging.getLogger("jaxloader")
 
-# A worker told to stop exits within this if idle; one busy in user code (or with tasks queued
-# behind the message) is killed then: close() must not wait for work nobody wants
-STOP_GRACE_S = 0.25
+STOP_GRACE_S = 0.25  # an idle worker told to stop exits within it; a busy one is then killed
 _POLL_S = 0.005  # between two asks of a worker's exit code (its starter reaps it)
+LEAVE_S = 5.0  # a worker's end after it closed its pipe (its threads, atexit hooks): then killed
 _KILL_TIMEOUT_S = 2.0  # after SIGKILL the kernel reaps quickly; bound it so close() never hangs
 # JAX in a worker runs on the CPU; the default backend's name (deprecated) goes with it, as a
 # GPU's name there would name a backend the worker does not start
@@ -300,11 +299,21 @@ class WorkerProcess:
         if sentinel is not None:
             os.close(sentinel)
 
-    def reap(self) -> int | None:
-        """The exit code once the worker has ended (``let_go()`` first); None if a worker
-        started by ``"exec"`` is still running after ``_KILL_TIMEOUT_S``."""
+    def reap(self, deadline: float | None = None) -> int | None:
+        """The exit code once the worker has ended (``let_go()`` first), waited for until
+        ``deadline`` (by default ``LEAVE_S`` from now: its threads, atexit hooks), then killed,
+        said: a thread that never ends kept it alive, and ``close()`` waited for a forked one
+        for good, left an exec'd one running. None if it still runs after that."""
         self._close_sentinel()
-        return self.exitcode(timeout=None if self._fork_pid else _KILL_TIMEOUT_S)
+        if (code := self.exitcode(timeout=LEAVE_S if deadline is None else max(
+                0.0, deadline - time.monotonic()))) is None:
+            log.warning("worker process %s still ran %.0f s after it was asked to stop and "
+                        "closed its pipe (a thread of its own that never ends, a non-daemon one "
+                        "its worker_init_fn or a transform started, or an atexit hook that "
+                        "waits): killed; make such a thread daemon=True", self.pid, LEAVE_S)
+            self.kill()
+            code = self.exitcode(timeout=_KILL_TIMEOUT_S)
+        return code
 
     def _wait_for_eof(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

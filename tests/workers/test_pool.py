@@ -310,6 +310,45 @@ def test_broken_and_closed_pools_leave_no_descriptor_behind():
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+_NEVER_ENDING = textwrap.dedent("""
+    import os, sys, threading, time
+    import numpy as np
+    import jaxloader as jl
+    from jaxloader.workers import endings, process
+
+    process.LEAVE_S = endings.LEAVE_S = 0.5  # (5 s by default)
+
+    def init(worker_id):  # a thread of the user's, non-daemon (threading's default)
+        threading.Thread(target=lambda: [time.sleep(0.1) for _ in iter(int, 1)]).start()
+
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(16)}), batch_size=4, num_workers=2,
+                           worker_init_fn=init, start_method=sys.argv[1], process_index=0,
+                           process_count=1)
+    assert len(list(loader)) == 4
+    pids, begun = loader.worker_pids, time.monotonic()
+    loader.close()
+    took = time.monotonic() - begun
+    time.sleep(0.5)
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
+             open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    print(f"closed in {took:.1f} s, alive {alive}")
+""")
+
+
+@pytest.mark.parametrize("start_method", ["exec", "fork"])
+def test_a_worker_kept_alive_by_a_thread_that_never_ends_is_killed_at_close_and_said(
+        start_method):
+    # close() waited for a forked one for good (os.waitpid), and left one started by "exec"
+    # running, its slots mapped, for the process's life, without a word
+    done = subprocess.run([sys.executable, "-c", _NEVER_ENDING, start_method],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    took = float(re.search(r"closed in ([\d.]+) s", done.stdout).group(1))
+    assert "alive []" in done.stdout and took < 5, done.stdout
+    assert re.search(r"worker process \d+ still ran 0 s after it was asked to stop .*killed; "
+                     r"make such a thread daemon=True", done.stderr), done.stderr[-2000:]
+
+
 def test_a_worker_killed_at_close_takes_the_programs_its_transform_runs(tmp_path):
     # a worker is a process group of its own: a close() that kills it (busy past its grace)
     # left a program its transform had started running on, orphaned, in the background
@@ -1443,3 +1482,27 @@ def test_a_worker_killed_by_sigbus_names_a_memory_mapped_file_cut_as_it_was_read
         with pytest.raises(jl.WorkerError, match=r"killed by signal 7 \(SIGBUS: .*a memory-mapped "
                                                  r"file the source reads.*truncated"):
             list(it)
+
+
+def test_a_ctrl_c_as_the_pool_is_made_leaves_no_board_behind(monkeypatch):
+    # its status board was made before the finalizer that destroys it: a Ctrl-C in between
+    # (here, as the gauges are made) left its memory files and pipes open for good
+    from jaxloader.workers import pool as pool_module
+
+    def descriptors():  # (the board's memory files: its pipes went with them)
+        return sorted(name for f in os.listdir("/proc/self/fd") if os.path.exists(
+            f"/proc/self/fd/{f}") and "memfd:jaxloader" in (name := os.readlink(
+                f"/proc/self/fd/{f}")))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    before = descriptors()
+    monkeypatch.setattr(pool_module, "Gauges", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        jl.DataLoader(source(), batch_size=4, num_workers=2, process_index=0, process_count=1)
+    monkeypatch.undo()
+    import gc
+
+    gc.collect()
+    assert descriptors() == before

@@ -216,3 +216,31 @@ def test_a_file_size_limit_is_named_not_blamed_on_the_sources_pickling():
                           timeout=60)
     assert "could not reserve 1,048,576 bytes" in done.stdout, done.stderr[-2000:]
     assert "the file-size limit is 65,536 bytes (ulimit -f" in done.stdout
+
+
+def test_a_ctrl_c_in_a_segments_prefault_leaves_no_memory_file_open(monkeypatch):
+    # the prefault ran after the memory file was made, outside its failure path: each
+    # interrupted create left a memory file open for the process's life
+    from jaxloader.runtime import shm as shm_module
+
+    def files():
+        return {f for f in os.listdir("/proc/self/fd")
+                if "jaxloader" in (os.readlink(f"/proc/self/fd/{f}")
+                                   if os.path.exists(f"/proc/self/fd/{f}") else "")}
+
+    before = files()
+
+    class Interrupted:
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def frombuffer(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(shm_module, "np", Interrupted())
+    registry: dict = {}
+    for _ in range(3):
+        with pytest.raises(KeyboardInterrupt):
+            shm_module.Segment.create(4096, registry=registry)
+    monkeypatch.undo()
+    assert files() - before == set() and registry == {}
