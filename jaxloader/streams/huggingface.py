@@ -17,7 +17,8 @@ Records are read in Python format (whatever the dataset's format), converted as 
 ``Dataset``'s are (``jaxloader.sources.huggingface``): a list feature of numbers is one array
 of the dtype the features declare (a 32-float list would batch as 32 arrays of shape
 ``(batch,)``), numbers take their declared dtype, dates and times ``datetime64`` (Python
-format's ``datetime`` objects do not batch), strings stay ``str``. A list of strings is
+format's ``datetime`` objects do not batch; times in a zone other than UTC refused, as a
+``Dataset``'s are), strings stay ``str``. A list of strings is
 an object array: batched one a row when the lengths differ, stacked to ``(batch, length)``
 when they are alike (as arrays of one shape are). Where the features are unknown (a JSON file
 streamed without them), lists of numbers become arrays as ``JsonlShard`` reads them.
@@ -94,6 +95,7 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
             "records; leave out its shuffle and pass shuffle_window= (records permuted "
             "together) to Stream.huggingface, which restores exactly"
         )
+    _refuse_zones(dataset)
     # read in Python format whatever the dataset's, converted here as the features declare:
     # the dataset's NumPy format is several times slower a record, torch's would give tensors
     dataset = dataset.with_format(None)
@@ -102,6 +104,25 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
     names = (name + data_digest(dataset), name + in_generation(1, lambda: data_digest(dataset)))
     return [HuggingFaceShard(dataset, i, count, tuple(f"{n}[{i}/{count}]" for n in names))
             for i in range(count)]
+
+
+def _refuse_zones(dataset: Any) -> None:
+    """Refuses a column its features declare as times in a zone other than UTC (at any depth),
+    as a ``Dataset``'s are: NumPy's datetime64 has no zone, and each value would come out as
+    its instant in UTC, its hours UTC's. Features unknown (a JSON stream without them): its
+    ``datetime`` objects do not batch, and are refused there."""
+    from jaxloader.sources.arrow_numpy import zone_in
+
+    schema = getattr(getattr(dataset, "features", None), "arrow_schema", None)
+    zoned = [(field.name, zone) for field in schema or ()
+             if (zone := zone_in(field.type)) is not None]
+    if zoned:
+        name, zone = zoned[0]
+        raise ConfigError(
+            f"Stream.huggingface(dataset): column {name!r} holds times in the zone {zone!r}, "
+            "which NumPy's datetime64 has not: its values would come out as the instants in "
+            "UTC, their hours UTC's, without a word; cast it to UTC (ds.cast_column("
+            f"{name!r}, Value('timestamp[us, tz=UTC]'))) or leave it out (ds.remove_columns)")
 
 
 def data_digest(dataset: Any) -> str:

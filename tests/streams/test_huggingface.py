@@ -265,6 +265,25 @@ def test_dates_and_times_batch_as_datetime64_as_a_datasets_do():
         assert streamed[key].tolist() == mapped[key].tolist()
 
 
+def test_times_in_a_zone_are_refused_naming_the_column_as_a_datasets_are():
+    import pyarrow as pa
+
+    def dataset(zone):
+        times = pa.array([datetime.datetime(2024, 1, 1, h) for h in range(4)],
+                         pa.timestamp("us", tz=zone))
+        return datasets.Dataset(pa.table({"when": pa.StructArray.from_arrays(
+            [times], ["t"]), "i": list(range(4))})).to_iterable_dataset(num_shards=1)
+
+    # their hours came out as UTC's (05:00 in Paris as 04:00), the zone dropped, no word
+    with pytest.raises(ConfigError, match=r"column 'when' holds times in the zone "
+                       r"'Europe/Paris'.*ds.cast_column"):
+        jl.Stream.huggingface(dataset("Europe/Paris"))
+    with jl.StreamLoader(dataset("UTC"), batch_size=4, process_index=0,
+                         process_count=1) as loader:  # (UTC's instants are datetime64's)
+        got = next(iter(loader))["when"]["t"]
+    assert got.tolist() == [datetime.datetime(2024, 1, 1, h) for h in range(4)]
+
+
 def _rows(parts):  # shard p of the generator: records 2p and 2p + 1
     for i in (j for p in parts for j in (2 * p, 2 * p + 1)):
         yield {"x": [i, i + 1, i + 2], "name": f"r{i}"}
