@@ -52,6 +52,20 @@ def adapt(source: Any) -> Any:
     return source
 
 
+def refuse_zones(what: str, schema: Any, read: Any = None) -> None:
+    """Refuses a column of ``schema`` (of ``read``'s names, or any) that holds times in a zone
+    other than UTC's, at any depth: NumPy's datetime64 has no zone, and each value would come
+    out as its instant in UTC, its hours UTC's (``what``: the dataset, as errors name it)."""
+    for name in schema.names if read is None else read:
+        zone = zone_in(schema.field(name).type)
+        if zone is not None:
+            raise ConfigError(
+                f"{what}: column {name!r} holds times in the zone {zone!r}, which NumPy's "
+                "datetime64 has not: its values would come out as the instants in UTC, their "
+                "hours UTC's, without a word; cast it to UTC (ds.cast_column("
+                f"{name!r}, Value('timestamp[us, tz=UTC]'))) or leave it out "
+                "(ds.remove_columns)")
+
 class HuggingFaceSource:
     """A ``datasets.Dataset`` (any format) read in NumPy format, strings as ``str`` (read from
     Arrow), structs (dict features) as dicts of their fields batched, numbers of the dtypes
@@ -81,15 +95,8 @@ class HuggingFaceSource:
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
         media = {key for key in read if has_media(self._features.get(key))}
-        zoned = [] if self.custom else [(key, zone) for key in read if (zone := zone_in(
-            dataset.data.schema.field(key).type)) is not None]
-        if zoned:  # (its times came out as UTC's datetime64, the zone dropped)
-            raise ConfigError(
-                f"a datasets.Dataset: column {zoned[0][0]!r} holds times in the zone "
-                f"{zoned[0][1]!r}, which NumPy's datetime64 has not: its values would come out "
-                "as the instants in UTC, their hours UTC's, without a word; cast it to UTC "
-                "(ds.cast_column with Value('timestamp[us, tz=UTC]')) or leave it out "
-                "(ds.remove_columns)")
+        if not self.custom:
+            refuse_zones("a datasets.Dataset", dataset.data.schema, read)
         # Columns of strings or bytes are read from Arrow: NumPy format makes such a column
         # a fixed-width array first, which cut a value's trailing NULs and took the longest
         # value's width for every row (a 2 MB document in a batch of 128: 1 GiB); and times

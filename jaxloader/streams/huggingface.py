@@ -53,7 +53,7 @@ from jaxloader.base.checks import released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.base.state_copy import copied
-from jaxloader.sources.huggingface import _declared_dtype
+from jaxloader.sources.huggingface import _declared_dtype, refuse_zones
 from jaxloader.streams.json_values import numbers_as_arrays
 
 _RESTORES = (4, 8, 5)  # the first datasets release whose IterableDataset states restore right
@@ -95,7 +95,9 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
             "records; leave out its shuffle and pass shuffle_window= (records permuted "
             "together) to Stream.huggingface, which restores exactly"
         )
-    _refuse_zones(dataset)
+    features = getattr(dataset, "features", None)  # (None: a JSON stream without them, its
+    if features is not None:  # datetime objects do not batch, and are refused there)
+        refuse_zones("Stream.huggingface(dataset)", features.arrow_schema)
     # read in Python format whatever the dataset's, converted here as the features declare:
     # the dataset's NumPy format is several times slower a record, torch's would give tensors
     dataset = dataset.with_format(None)
@@ -104,25 +106,6 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
     names = (name + data_digest(dataset), name + in_generation(1, lambda: data_digest(dataset)))
     return [HuggingFaceShard(dataset, i, count, tuple(f"{n}[{i}/{count}]" for n in names))
             for i in range(count)]
-
-
-def _refuse_zones(dataset: Any) -> None:
-    """Refuses a column its features declare as times in a zone other than UTC (at any depth),
-    as a ``Dataset``'s are: NumPy's datetime64 has no zone, and each value would come out as
-    its instant in UTC, its hours UTC's. Features unknown (a JSON stream without them): its
-    ``datetime`` objects do not batch, and are refused there."""
-    from jaxloader.sources.arrow_numpy import zone_in
-
-    schema = getattr(getattr(dataset, "features", None), "arrow_schema", None)
-    zoned = [(field.name, zone) for field in schema or ()
-             if (zone := zone_in(field.type)) is not None]
-    if zoned:
-        name, zone = zoned[0]
-        raise ConfigError(
-            f"Stream.huggingface(dataset): column {name!r} holds times in the zone {zone!r}, "
-            "which NumPy's datetime64 has not: its values would come out as the instants in "
-            "UTC, their hours UTC's, without a word; cast it to UTC (ds.cast_column("
-            f"{name!r}, Value('timestamp[us, tz=UTC]'))) or leave it out (ds.remove_columns)")
 
 
 def data_digest(dataset: Any) -> str:
