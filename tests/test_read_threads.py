@@ -128,6 +128,7 @@ def test_a_workers_task_reads_the_records_of_all_its_steps_at_once():
 
     maker = BatchMaker(Together(8, timeout_s=5), Sampler(64, 4, shuffle=False, seed=0,
                                                          last_batch="drop"), read_threads=8)
+    maker._refills.left = 0  # (its first task is read a step at a time, for the refill watch)
     made = [batch for batch, _ in maker.make_steps([2, 3], [None, None])]
     assert [b["i"].tolist() for b in made] == [[8, 9, 10, 11], [12, 13, 14, 15]]
     assert maker._ahead == {}  # (the task's reads let go as it ended)

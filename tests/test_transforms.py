@@ -584,6 +584,30 @@ def test_a_source_or_a_map_that_refills_one_buffer_is_warned_of_naming_which(num
             assert [b["x"].tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_source_that_refills_one_buffer_read_on_threads_is_warned_of(num_workers,
+                                                                       monkeypatch):
+    # read_threads= read every record on its threads, which the watch stepped aside for: the
+    # records held whichever thread's values came last, without a word. A process's first
+    # batch is read whole on the threads, each record sampled as read, compared after
+    from jaxloader.batching import refills
+
+    monkeypatch.setattr(refills, "SAID", set())
+    with pytest.warns(jl.JaxloaderWarning, match=r"changed as the source \(_RefilledRecords\) "
+                                                 r"read other records on its read threads"):
+        with jl.DataLoader(_RefilledRecords(), batch_size=4, read_threads=4,
+                           num_workers=num_workers, process_index=0, process_count=1) as dl:
+            assert len(list(dl)) == 2
+    records = [{"x": np.float32(i)} for i in range(8)]
+    import warnings
+
+    with warnings.catch_warnings():  # (records of their own, on threads: no word)
+        warnings.simplefilter("error", jl.JaxloaderWarning)
+        with jl.DataLoader(records, batch_size=4, read_threads=4, num_workers=num_workers,
+                           process_index=0, process_count=1) as dl:
+            assert [b["x"].tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 def _look_up(record, vocab):
     raise KeyError("missing")
 

@@ -32,8 +32,8 @@ from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.tree import RecordNames
-from jaxloader.base.read_threads import (Reads, count as threads_now, current, each, item_of,
-                                         pool_key, using)
+from jaxloader.base.read_threads import (Reads, count as threads_now, current, item_of, pool_key,
+                                         using)
 from jaxloader.base.abilities import Originating, gatherer_of, origin_of
 from jaxloader.base.checks import check_positions
 from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
@@ -209,7 +209,7 @@ class BatchMaker:
         once, in order (``_ahead``: where each step's are): a step's reads then overlap the
         steps' before it, not only each other. ``None`` where records are read otherwise."""
         if self.read_threads < 2 or len(steps) < 2 or self._batched_reads or held() or (
-                self._vectorised):
+                self._vectorised) or self._refills.left:  # (its first records: watched)
             return None
         try:
             specs = [self.sampler.batch(step) for step in steps]
@@ -322,12 +322,13 @@ class BatchMaker:
         ahead, at = read or (None, 0)  # (in a worker, on threads: reads in flight meanwhile)
         where = self._where(spec)
         if raw is None and ahead is None and threads > 1 and len(spec.indices) > 1:
-            ahead = Reads(source.__getitem__, spec.indices.tolist(), current())
+            raw = self._read_each(spec) if self._refills.left else None  # (its first: watched)
+            ahead = None if raw else Reads(source.__getitem__, spec.indices.tolist(), current())
         try:
             for j, (position, index) in enumerate(zip(spec.positions.tolist(),
                                                       spec.indices.tolist())):
                 try:
-                    before = self._refills.before(records, raw is None and ahead is None)
+                    before = self._refills.before(records, ahead is None)
                     if raw is not None:
                         record = raw[j]
                     elif ahead is not None:
@@ -359,11 +360,11 @@ class BatchMaker:
 
     def _read_each(self, spec: BatchSpec) -> list:
         """The batch's records, ``source[index]`` each (on the batch's read threads), an error
-        naming its record."""
+        naming its record; a process's first records watched (``RecordRefills.each``)."""
         positions, indices, where = spec.positions.tolist(), spec.indices.tolist(), \
             self._where(spec)
-        return each(
-            self.source.__getitem__, indices,
+        return self._refills.each(
+            self.source, indices,
             lambda j, e: RecordError(read_failed(where, positions[j], indices[j], e)).at(
                 spec.step, positions[j], indices[j]),
             lambda j, e: e.at(spec.step, positions[j], indices[j]) if isinstance(

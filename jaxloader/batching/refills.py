@@ -8,7 +8,10 @@ process) through this watch, as a stream's reader reads a shard's (``streams.ref
 whose samples it takes): just before a record is read, a sample of each array the record
 before holds is taken, and it is compared after the read, then after the record's
 transforms. Only the source's code ran between the first two, only the transforms' between
-the last two, so a change names which refilled a buffer. Then the watch steps aside.
+the last two, so a change names which refilled a buffer. Records read on threads
+(``read_threads=``) are all read first, each sampled on its thread as it is read, and compared
+once the reads ended (``each``), before their transforms run. Then the watch steps
+aside.
 
 Example:
     >>> import warnings, numpy as np
@@ -32,10 +35,11 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 from jaxloader.base.errors import JaxloaderWarning, user_stacklevel
+from jaxloader.base.read_threads import each
 from jaxloader.streams.refill_watch import changed, samples
 
 CHECKED = 3  # records watched in each process (a buffer refilled shows at the second)
@@ -52,7 +56,8 @@ class RecordRefills:
     def before(self, records: list, watched: bool) -> list | None:
         """The samples of the record before the one about to be read, in a list ``after``
         empties once it said a change (``None``: none read, or watched enough; ``watched``:
-        read one by one, in order, not on threads)."""
+        no read on threads meanwhile; records read before, all at once, are watched for
+        their transforms)."""
         if not watched or not records or self.left <= 0:
             return None
         self.left -= 1
@@ -69,8 +74,32 @@ class RecordRefills:
         if where is None:
             return
         before.clear()  # (the source's refill, said: not the transforms' too)
+        self._say(where, source, transforms, back == 1, "read the next record")
+
+    def each(self, source: Any, items: list, failed: Callable[[int, Exception], Exception],
+             located: Callable[[int, Any], Any]) -> list:
+        """``read_threads.each(source.__getitem__, items, failed, located)``: the records read
+        on this thread's read threads; a process's first ones each sampled on its thread as it
+        is read, and compared once the reads ended (a source that fills one buffer again
+        changes the records its other threads read before)."""
+        if self.left <= 0:
+            return each(source.__getitem__, items, failed, located)
+        taken: list = []
+
+        def reading(item: Any) -> Any:
+            record = source[item]
+            taken.append((record, samples(record)))
+            return record
+        records = each(reading, items, failed, located)
+        for record, sampled in taken:
+            if (where := changed(sampled, record)) is not None:
+                self._say(where, source, (), True, "read other records on its read threads")
+                break
+        return records
+
+    def _say(self, where: str, source: Any, transforms: Sequence[Any], by_source: bool,
+             doing: str) -> None:
         self.left = 0  # (said once: its other records are as refilled)
-        by_source = back == 1
         name = (f"the source ({type(source).__qualname__})" if by_source else
                 f"the record transforms ({', '.join(repr(t) for t in transforms)})")
         if name in SAID:
@@ -78,7 +107,7 @@ class RecordRefills:
         SAID.add(name)
         warnings.warn(
             f"DataLoader: a record's leaf {where} changed as {name} "
-            + ("read the next record" if by_source else "ran on the next record")
+            + (doing if by_source else "ran on the next record")
             + ": it fills one buffer again and returns it for each record, so the records of "
             "a batch each hold the last one's values; return a new array for each record (a "
             "copy: buf.copy())" + (" from __getitem__" if by_source else " from the Map"),
