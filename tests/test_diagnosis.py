@@ -239,6 +239,16 @@ def test_diagnose_needs_batches_and_says_so():
         jl.DataLoader(arrays(), batch_size=4, **ONE).diagnose()
     empty = LoaderStats(batches=5, wait_s=0.0, run_s=1.0, wall_s=1.0)
     assert diagnose(empty, num_workers=0, cores=2).bottleneck == "step"
+    # a window of one batch was said as "since the stats began" (11 had been; the audit)
+    with jl.DataLoader(arrays(), batch_size=4, num_epochs=None, **ONE) as loader:
+        batches = iter(loader)
+        for _ in range(10):
+            next(batches)
+        earlier = loader.stats
+        next(batches)
+        with pytest.raises(jl.JaxloaderError, match=r"1 batch\(es\) handed out in the window "
+                                                    r"since the stats given"):
+            loader.diagnose(since=earlier)
 
 
 def test_placement_is_timed_where_a_sharding_places_the_batches():
@@ -987,3 +997,58 @@ def test_a_workers_time_queued_for_a_core_counts_from_the_windows_first_batch(mo
 
 def _interrupted():
     raise KeyboardInterrupt
+
+
+def test_a_slot_wait_inside_a_timed_collation_is_not_counted_twice():
+    # a slot wait is timed each time and was also inside the timed batch's collation span:
+    # read 1 s, collation 1 s and a 2 s wait inside it were split read 0.5, collate 1.5 (the
+    # stages still added up to the time worked), blaming collation for the wait (the audit)
+    from time import perf_counter
+
+    from jaxloader.base.timings import COLLATE, READ, SLOT_WAIT, StageClock
+
+    clock = StageClock()
+    clock.made += 1
+    start = clock.span(READ, perf_counter() - 0.05)  # a read of 50 ms
+    time.sleep(0.05)  # collation's own work
+    waited = perf_counter()
+    time.sleep(0.1)  # ... then a wait for a bigger slot inside it
+    clock.add(SLOT_WAIT, perf_counter() - waited)
+    clock.span(COLLATE, start)
+    clock.count(8, 100)
+    stages = dict(clock.take(busy=0.2)[0])
+    assert stages[SLOT_WAIT] >= 0.1
+    assert 0.6 < stages[READ] / stages[COLLATE] < 1.6, stages  # (was 1:3 before)
+    assert abs(sum(stages.values()) - 0.2) < 1e-9
+
+
+def test_a_jitmaps_compilation_leaves_the_workers_busy_share_of_the_steady_run():
+    # busy was capped at 100% before the compilation (in the first batch, outside the
+    # steady time) was taken off: 2.7 s busy of a 3 s steady run read as 57% busy, "they
+    # wait for tasks (prefetch)", where 3 of 4 cores were idle (the audit)
+    stages = {"read": 0.2, "JitMap(f)": 2.4, "collate": 0.1, "JitMap(f) compile": 2.0}
+    worker = WorkerStats(0, 1, 100, 3200, 1 << 20, busy_s=4.7, cpu_s=4.6, stages=stages)
+    stats = LoaderStats(batches=100, wait_s=4.6, run_s=0.4, wall_s=5.0, records=3200,
+                        bytes=1 << 20, stages={**stages, "consumer wait": 4.6, "step": 0.4},
+                        workers=(worker,), num_workers=1, batches_made=100, first_batch_s=2.0)
+    d = diagnose(stats, num_workers=1, cores=4)
+    assert d.bottleneck == "workers", d
+    assert any("cores idle: num_workers=" in a for a in d.advice), d
+    assert not any("busy only" in a for a in d.advice), d
+
+
+def test_workers_waiting_for_a_slot_wait_on_the_training_process_not_on_their_work():
+    # a slot wait (a bigger slot asked of the training process, busy placing batches) was
+    # counted as the workers' busy time and off-CPU wait: "workers", "the transforms wait
+    # (files, the network, sleeps, locks)... num_workers=4", where there are no transforms
+    # and 2 workers ran at half the speed of none (the audit: 60 small leaves, sharding=)
+    workers = tuple(WorkerStats(i, 1, 100, 800, 1 << 20, busy_s=0.9, cpu_s=0.3, stages={
+        "read": 0.1, "collate": 0.2, "slot wait": 0.6}) for i in range(2))
+    stats = LoaderStats(batches=200, wait_s=0.7, run_s=0.05, wall_s=1.1, records=1600,
+                        bytes=200 << 20, stages={"read": 0.2, "collate": 0.4, "slot wait": 1.2,
+                                                 "placement": 0.5, "hand-over": 0.05,
+                                                 "consumer wait": 0.7, "step": 0.05},
+                        workers=workers, num_workers=2, batches_made=200, first_batch_s=0.1)
+    d = diagnose(stats, num_workers=2, cores=4)
+    assert d.bottleneck == "device", d
+    assert not any("transforms wait" in a for a in d.advice), d

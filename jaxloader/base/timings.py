@@ -16,8 +16,8 @@ loop (a source's records read one by one and each transform run on it) is timed 
 (a timer a transform a record costs about what a small ``Map`` does), its split between the
 read and each transform applied to the loop's time. While tracing (a profile), every batch is
 timed (a maker asks ``made <= SAMPLE or not made % SAMPLE or trace`` inline: a call a batch
-would cost what the timers cost). A slot wait is timed each time (it is also inside the
-collation's time).
+would cost what the timers cost). A slot wait is timed each time, and taken out of the timed
+batch's collation it happens inside (``span``): counted in both, it took the rest's shares.
 
 The training process times its receipts of workers' messages by the same rule (``weight``,
 counted from the stats' reset), and on each timed one marks a batch waiting to be handed out
@@ -93,10 +93,14 @@ class StageClock:
         self.made = 0  # batches made since the clock was made (``batches``: since ``take``)
         self._taken = 0
         self._sized = [0, 0, 0]  # timed batches, their records and bytes, since made
+        self._waits: list[tuple[float, float]] = []  # (end, seconds) of slot waits, recent
 
     def add(self, stage: str, seconds: float) -> None:
         """``seconds`` of ``stage`` timed each time it happens (a task's read, a slot wait)."""
         self.exact[stage] = self.exact.get(stage, 0.0) + seconds
+        if stage == SLOT_WAIT:  # (inside a span of a timed batch: taken out of it by span())
+            self._waits.append((perf_counter(), seconds))
+            del self._waits[:-64]
 
     def add_sampled(self, stage: str, seconds: float) -> None:
         """``seconds`` of ``stage`` in a timed batch."""
@@ -104,9 +108,14 @@ class StageClock:
 
     def span(self, stage: str, start: float) -> float:
         """Adds the time from ``start`` to now to ``stage`` of this timed batch (and to the
-        trace); returns now."""
+        trace), less the slot waits inside it (timed each time: counted twice, they took the
+        rest's shares from the other stages); returns now."""
         now = perf_counter()
-        self.sampled[stage] = self.sampled.get(stage, 0.0) + (now - start)
+        spent = now - start
+        if self._waits:
+            spent = max(0.0, spent - sum(s for end, s in self._waits if end >= start))
+            self._waits.clear()
+        self.sampled[stage] = self.sampled.get(stage, 0.0) + spent
         if self.trace is not None:
             self.trace.append((stage, start, now))
         return now

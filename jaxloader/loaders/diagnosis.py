@@ -133,16 +133,19 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     reads (``mapped_functions``), timed as reading."""
     if stats.batches < 2:
         raise JaxloaderError(
-            f"diagnose(): {stats.batches} batch(es) handed out since the stats began; iterate "
-            "a few batches first (the first one includes the workers' start), or call "
-            "jl.profile(loader)")
+            f"diagnose(): {stats.batches} batch(es) handed out " + (
+                "in the window since the stats given (diagnose(since=...)); iterate a few "
+                "batches more before asking" if stats.window else "since the stats began; "
+                "iterate a few batches first (the first one includes the workers' start)")
+            + ", or call jl.profile(loader)")
     cores = cores or cores_available()
     stages = dict(stats.stages)
     per = stats.batches
     # a JitMap's compilation, once a shape (in each worker): not a batch's cost, nor its share
     compiled = sum(v for k, v in stages.items() if once(k))
     made = {k: v for k, v in stages.items() if k not in _MAIN_STAGES and not once(k)}
-    made_total = sum(made.values()) or 1e-12
+    made_total = sum(v for k, v in made.items() if k != SLOT_WAIT) or 1e-12  # (the makers'
+    # own work: a slot wait is the training process's, which it waits on)
     read = made.get(READ, 0.0)
     transforms = {k: v for k, v in made.items() if k not in (READ, COLLATE, SLOT_WAIT)}
     place, handover = stages.get(PLACE, 0.0), stages.get(HANDOVER, 0.0)
@@ -152,13 +155,19 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     wait_fraction = waited / (waited + stats.run_s) if waited + stats.run_s else 0.0
     # over the workers in use (those autotune parked keep the busy time of when they ran)
     busy_s = sum(w.busy_s for w in stats.workers)
-    busy = min(1.0, sum(stats.busy) / max(1, stats.num_workers or len(stats.busy))) * (
-        1 - min(1.0, compiled / busy_s) if busy_s else 1.0) if stats.busy else 0.0
     steady = max(1e-12, stats.wall_s - stats.first_batch_s)
+    # each worker's share of the steady run, less its JitMap compilations (in its first
+    # batch, before the steady run: taken off before the share is capped) and its slot waits
+    # (a bigger slot asked of the training process: its work, not the worker's)
+    busy = sum(min(1.0, max(0.0, w.busy_s - w.stages.get(SLOT_WAIT, 0.0) - sum(
+        v for k, v in w.stages.items() if once(k))) / steady) for w in stats.workers) / max(
+            1, stats.num_workers or len(stats.workers)) if stats.workers else 0.0
+    slot_s = sum(w.stages.get(SLOT_WAIT, 0.0) for w in stats.workers)
     now_s = steady / max(1, per - 1)  # seconds a batch now
     step_s = stats.run_s / per  # the training step's, between batches
     made_count = max(1, stats.batches_made)
-    work_s = (max(0.0, busy_s - compiled) if stats.workers else made_total) / made_count
+    work_s = (max(0.0, busy_s - compiled - slot_s) if stats.workers else made_total) / \
+        made_count
     # the training process's cores: its CPU time where workers make the batches (a step that
     # waits for an accelerator holds no core), else the step's and hand-over's wall time
     main_share = min(1.0, stats.main_cpu_s / steady if stats.main_cpu_s and stats.workers else
@@ -200,8 +209,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         # the cores mostly idle, was read as a worker short of cores)
         waits_for_core = sum(w.queued_s for w in stats.workers) / (read_threads or 1)
         cpu_s = sum(w.cpu_s for w in stats.workers) + waits_for_core  # (no read waiting)
-        off_cpu = max(0.0, busy_s - cpu_s) / busy_s if busy_s else 0.0
-        queued = waits_for_core / busy_s if busy_s else 0.0
+        working = busy_s - slot_s  # (a slot wait is off the CPU, and no read's)
+        off_cpu = max(0.0, working - cpu_s) / working if working > 0 else 0.0
+        queued = waits_for_core / working if working > 0 else 0.0
 
     bottleneck: Bottleneck
     if wait_fraction < INPUT_BOUND:
