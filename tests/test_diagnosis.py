@@ -1052,3 +1052,21 @@ def test_workers_waiting_for_a_slot_wait_on_the_training_process_not_on_their_wo
     d = diagnose(stats, num_workers=2, cores=4)
     assert d.bottleneck == "device", d
     assert not any("transforms wait" in a for a in d.advice), d
+
+
+def test_batches_ready_ahead_while_the_loop_waits_are_the_training_processs_hand_over():
+    # 2 workers 16% busy, 27 batches ready behind each one handed out, the hand-over's timers
+    # seeing a tenth of the wait: "workers" (or "source"), "a larger prefetch= helps", where
+    # num_workers=0 ran 3x faster (the audit: batches of 8 floats)
+    workers = tuple(WorkerStats(i, 1, 1000, 8000, 1 << 16, busy_s=0.04, cpu_s=0.04, stages={
+        "read": 0.02, "collate": 0.02}) for i in range(2))
+    stats = LoaderStats(batches=2000, wait_s=0.16, run_s=0.1, wall_s=0.27, records=16000,
+                        bytes=1 << 17, stages={"read": 0.04, "collate": 0.04, "hand-over": 0.015,
+                                               "consumer wait": 0.16, "step": 0.1},
+                        workers=workers, num_workers=2, ready_ahead=27.0, batches_made=2000,
+                        first_batch_s=0.01)
+    d = diagnose(stats, num_workers=2, cores=2)
+    assert d.bottleneck == "main", d
+    assert "27 batches ready behind each one" in d.advice[0], d
+    assert "num_workers=0, or larger batches" in d.advice[1], d
+    assert not any("prefetch=" in a for a in d.advice), d

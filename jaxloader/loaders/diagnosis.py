@@ -293,8 +293,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                           f"make {what} cheaper, or move work to the device")
     else:
         # The workers idle while the loop waits: the training process's own work, if it is
-        # a good part of the wait; else they wait for tasks or for a core (other processes)
-        if place + handover >= MAIN_SHARE * waited:
+        # a good part of the wait, or where batches were ready ahead as it waited (its
+        # hand-over costs more than its timers see); else they wait for tasks or for a core
+        ready = stats.ready_ahead >= 1
+        if place + handover >= MAIN_SHARE * waited or ready:
             bottleneck = "device" if place > handover else "main"
         else:
             bottleneck = "source" if read >= made_total - read else "workers"
@@ -304,7 +306,14 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         elif bottleneck == "main":
             advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
                              f"waits: the training process's hand-over takes "
-                             f"{1e3 * handover / per:.2f} ms a batch")
+                             f"{1e3 * handover / per:.2f} ms a batch" + (
+                                 f" ({stats.ready_ahead:.0f} batches ready behind each one "
+                                 f"handed out: the loop waits {1e3 * waited / per:.3f} ms a "
+                                 "batch on the training process itself)" if ready else ""))
+            if ready and work_s < waited / per:
+                advice.insert(1, f"a batch takes {1e3 * work_s:.3f} ms to make, less than the "
+                                 "loop waits for its hand-over: num_workers=0, or larger "
+                                 "batches")
         else:
             ahead = "RayWorkers(n, in_flight=)" if remote else "prefetch="
             advice.append(f"the workers are busy only {busy:.0%} of the time while the loop "
