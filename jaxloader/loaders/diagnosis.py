@@ -186,6 +186,12 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             return workers
         return min(counts, key=lambda n: (abs(n - workers), -n))
 
+    def more_readers(workers: int) -> str:
+        """A stream's ``workers`` where its readers divide among fewer (``counts``): as many
+        readers too."""
+        return (f"readers_per_process={workers} and num_workers={workers} (more readers: the "
+                "stream's batches then come in another order)")
+
     def factor(workers: int) -> float:
         """The expected gain of ``workers``: a batch then takes the longer of the step and
         the work of a batch shared by the workers (in process: their sum, now; with workers,
@@ -227,8 +233,13 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     elif num_workers == 0:
         bottleneck = "device" if place > made_total else "main"
         if bottleneck == "main":
-            workers = fit(max(1, round(cores - main_share)))
-            if factor(workers) > 1.1:
+            wanted = max(1, round(cores - main_share))
+            workers = fit(wanted)
+            if factor(workers) <= 1.1 and workers < wanted and factor(wanted) > 1.1:
+                advice.insert(0, f"batches are made in the training process (num_workers=0): "
+                                 f"{more_readers(wanted)} makes them in parallel, "
+                                 f"{gain(wanted)}")
+            elif factor(workers) > 1.1:
                 advice.insert(0, f"batches are made in the training process (num_workers=0): "
                                  f"num_workers={workers} makes them in parallel, "
                                  f"{gain(workers)}")
@@ -252,14 +263,17 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                          "batches this cheap to make, num_workers=0, or larger batches")
     elif busy >= BUSY:
         bottleneck = "source" if read >= made_total - read else "workers"
-        more = fit(2 * num_workers if remote else max(2 * num_workers, 2 * cores))
-        if off_cpu >= WAITS and stats.records and more > num_workers:
+        wanted = 2 * num_workers if remote else max(2 * num_workers, 2 * cores)
+        more = fit(wanted)
+        readers = counts is not None and not remote and more <= num_workers < wanted
+        if off_cpu >= WAITS and stats.records and (more > num_workers or readers):
             waits = 1e3 * off_cpu * sum(w.busy_s for w in stats.workers) / stats.records
             what = "reads wait" if bottleneck == "source" else \
                 "the transforms wait (files, the network, sleeps, locks)"
             advice.insert(0, f"{what} ~{waits:.2g} ms a record off the CPU: more workers "
-                             f"than cores overlap the waits: {named.format(more)}, "
-                             f"{gain(more)}")
+                             "than cores overlap the waits: " + (
+                                 f"{more_readers(wanted)}, {gain(wanted)}" if readers else
+                                 f"{named.format(more)}, {gain(more)}"))
             if bottleneck == "source" and read_threads is not None and read_threads < 1024:
                 threads = min(1024, max(16, 2 * read_threads))
                 advice.insert(1, f"or read_threads={threads}: each worker reads a batch's "
@@ -279,6 +293,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
             if workers > num_workers:
                 advice.insert(0, f"{idle} of {cores} cores idle: num_workers={workers}, "
                                  f"{gain(workers)}")
+            elif counts is not None and not remote:
+                advice.insert(0, f"{idle} of {cores} cores idle: "
+                                 f"{more_readers(num_workers + idle)}, "
+                                 f"{gain(num_workers + idle)}")
         elif remote:  # (a stream's actors divide its readers: none more may be all it takes)
             advice.insert(0, f"the Ray actors are busy {busy:.0%} of the time: " + (
                 f"more of them (the cluster's CPUs permitting), {named.format(more)}, "
