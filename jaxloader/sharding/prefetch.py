@@ -47,11 +47,13 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import math
 import os
 import queue
 import sys
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from typing import Any, Callable, Iterator
@@ -227,9 +229,13 @@ class HostPrefetcher:
             return False
         deadline = None if until_gone else by if by is not None else (
             time.monotonic() + _JOIN_TIMEOUT_S)
+        say_at = time.monotonic() + SAY_WAIT_S
         while not self._finished:
             if self._thread.ident is None and not self._thread.is_alive():
                 return True  # (start() interrupted before the thread ran: none to wait for)
+            if deadline is None and time.monotonic() >= say_at:
+                say_at = math.inf
+                _said_waiting(self._thread)
             left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
             if left <= 0:
                 return False
@@ -243,6 +249,24 @@ class HostPrefetcher:
         _drain(self._ready)  # (the batches made for no one: placed ones held device memory
         self._ready.put((_STOPPED, None))  # while an iterator of the closed loader lived)
         return True
+
+
+def _said_waiting(thread: threading.Thread) -> None:
+    """Warns that a new run (``iter()``, ``load_state_dict()``) waits for the device-put
+    thread of the run before, which has made a batch ahead for ``SAY_WAIT_S`` (it reads the
+    source, which the next run reads from its own place: it must end first); where it is."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    at = "".join(traceback.format_stack(frame)[-3:]) if frame is not None else ""
+    warnings.warn(
+        f"iter() or load_state_dict() waits for the device-put thread of the run before, "
+        f"which has been making a batch ahead for {SAY_WAIT_S:.0f} s (the source's read "
+        "blocks; the next run may read the source only once it ends): a source that waits "
+        "for data the training loop gives after this call (a queue it fills) never ends it; "
+        "give the data first, or device_prefetch=0 (no batch read ahead of next()). It "
+        f"waits at:\n{at}", JaxloaderWarning, stacklevel=user_stacklevel())
+
+
+SAY_WAIT_S = 10.0  # a new run's wait for the run before's device-put thread, then said
 
 
 def _jax_here() -> dict[str, Any]:

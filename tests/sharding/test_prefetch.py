@@ -599,3 +599,40 @@ def test_the_device_put_thread_makes_and_places_under_the_callers_jax_settings()
                                device_prefetch=ahead) as loader:
                 with pytest.raises(jl.RecordError, match=r"TypePromotionError"):
                     next(iter(loader))
+
+
+def test_a_new_run_waiting_for_a_device_put_thread_blocked_in_the_source_says_so(monkeypatch):
+    # iter() after a batch: the device-put thread read the next batch ahead from a generator
+    # waiting on a queue the loop fills later, and iter() waited for it for good, without a
+    # word (the sharding audit); it is said, with where the thread waits and the remedies
+    import queue
+    import warnings
+
+    import jax
+    import numpy as np
+
+    import jaxloader as jl
+
+    monkeypatch.setattr(prefetch, "SAY_WAIT_S", 0.3)
+    given: queue.Queue = queue.Queue()
+
+    def records(shard):
+        while True:
+            yield given.get()
+
+    for i in range(4):
+        given.put({"x": np.float32(i)})
+    with jl.StreamLoader(jl.Stream.from_generator(records, shards=1), batch_size=4,
+                         sharding=jax.devices()[0], device_prefetch=2, process_index=0,
+                         process_count=1) as loader:
+        assert np.asarray(next(iter(loader))["x"]).tolist() == [0, 1, 2, 3]
+        filler = threading.Timer(1.5, lambda: [given.put({"x": np.float32(9)})
+                                               for _ in range(8)])
+        filler.start()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            iter(loader)
+        filler.join()
+    texts = [str(w.message) for w in said if issubclass(w.category, jl.JaxloaderWarning)]
+    assert any("waits for the device-put thread of the run before" in t and
+               "device_prefetch=0" in t and "in records" in t for t in texts), texts
