@@ -38,20 +38,18 @@ import time
 from collections import deque
 from typing import Any, Generator, NoReturn
 
-import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_int, is_seconds
 from jaxloader.base.errors import ConfigError, WorkerError
 from jaxloader.base.timings import Gauges
 from jaxloader.engines.in_process import Maker
-from jaxloader.ray_actor import MakerActor, actor_arguments, with_worker_environment
+from jaxloader.ray_actor import MakerActor, actor_arguments, payload, with_worker_environment
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.ray_tasks import (RayStallWatch, TaskQueues, check_session, get, lost_errors,
                                  session, step_failed, steps_text, task_failed, task_steps)
 from jaxloader.workers.failures import StallWatch, closed, unpicklable
-from jaxloader.workers.by_value import dumps_by_value
-from jaxloader.workers.payload import SHARE_MIN_BYTES
+from jaxloader.workers.source_copies import Copies
 
 log = logging.getLogger("jaxloader")
 INSTALL = 'pip install "jaxloader[ray]"'
@@ -140,19 +138,12 @@ class RayEngine:
         self._session = session(ray)  # (a run after ray.shutdown() is refused)
         self.gauges = Gauges(spec.n)  # each actor's stage timings, sent with its tasks
         # The maker once in the object store, its arrays as out-of-band buffers: every actor
-        # on a node reads the same memory
-        buffers: list = []
-
-        def out_of_band(buffer: Any) -> bool:  # (an array under SHARE_MIN_BYTES: in the blob,
-            if buffer.raw().nbytes < SHARE_MIN_BYTES:  # writable where it lands, as locally)
-                return True
-            buffers.append(buffer)
-            return False
+        # on a node reads the same memory; the arrays it copies looked at as each run begins
+        self.copies = Copies()
         try:
-            blob = dumps_by_value(maker, out_of_band)
+            blob, arrays = payload(maker, self.copies.note)
         except Exception as e:
             raise unpicklable(e, maker, None, to="Ray actors") from e
-        arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
         self._maker_ref: Any = ray.put((blob, arrays))
         self._remote = ray.remote(**with_worker_environment(spec.actor_options))(MakerActor)
         self._actors: list[Any] = [
@@ -257,6 +248,7 @@ class RayEngine:
         """The batches of steps ``start``, ``start + 1``, ... in order; an actor's failure
         sends its tasks in flight to the others. A stream's run (``resets``: each actor's
         readers) is ``jaxloader.ray_streams``'."""
+        self.copies.check()
         if resets is not None:
             return stream_batches(self, start, stop, resets, reports)
         return self._batches(start, stop)
@@ -365,8 +357,11 @@ class RayEngine:
         owned = [(first, count) for first, count, owner, _ in flight if owner == actor]
         for first, _ in owned[:1] if hung else owned:
             self._killed[first] = self._killed.get(first, 0) + 1
-        # (hung, with no actor left to try, nor one to come: all of them in turn, fewer)
-        most = 1 if hung and not (self._alive or self._pending) else KILLS_PER_TASK
+        # (no actor left to try, nor one to come: hung, its one; dead, all of them in turn,
+        # where fewer than KILLS_PER_TASK: the steps that killed each, named)
+        last = not (self._alive or self._pending)
+        most = 1 if hung and last else min(KILLS_PER_TASK, self._spec.n) if last else \
+            KILLS_PER_TASK
         cause = [(first, count) for first, count in owned if self._killed.get(first, 0) >= most]
         if cause:  # the steps, not the actors, are the cause (one of the tasks, if several)
             raise lost_in_turn(" or ".join(steps_text(*task) for task in cause),

@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
+import numpy as np
 
 from jaxloader.base import read_threads
 from jaxloader.batching import jit_cpu
@@ -30,7 +31,10 @@ from jaxloader.engines.in_process import Maker
 from jaxloader.runtime import worker_info
 from jaxloader.workers import relay, relay_worker
 from jaxloader.workers.process import THREAD_DEFAULTS, WORKER_ENVIRONMENT, jax_environment
+from jaxloader.workers.by_value import dumps_by_value
+from jaxloader.workers.payload import SHARE_MIN_BYTES
 from jaxloader.workers.protocol import Failed, failed
+from jaxloader.workers.source_copies import NOTED_MIN_BYTES
 
 
 class MakerActor:
@@ -117,6 +121,25 @@ def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | N
         batch, _ = maker.make(first + k * stride)
         made.append((batch, maker.report()))
     return made
+
+
+def payload(maker: Any, note: Callable[[np.ndarray], None]) -> tuple[bytes, list]:
+    """``maker`` pickled for the actors (``dumps_by_value``): the blob, and its arrays of
+    ``SHARE_MIN_BYTES`` or more as out-of-band buffers (the object store's: every actor on a
+    node reads the same memory; a smaller one in the blob, writable where it lands, as
+    locally); each array of ``NOTED_MIN_BYTES`` or more given to ``note`` (``Copies``)."""
+    buffers: list = []
+
+    def out_of_band(buffer: Any) -> bool:
+        view = buffer.raw()
+        if isinstance(view.obj, np.ndarray) and view.nbytes >= NOTED_MIN_BYTES:
+            note(view.obj)
+        if view.nbytes < SHARE_MIN_BYTES:
+            return True
+        buffers.append(buffer)
+        return False
+    blob = dumps_by_value(maker, out_of_band)
+    return blob, [np.frombuffer(b.raw(), np.uint8) for b in buffers]
 
 
 def actor_arguments(index: int, count: int) -> tuple:

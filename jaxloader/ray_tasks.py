@@ -130,14 +130,23 @@ def session(ray: Any) -> tuple:
     return getattr(context, "gcs_address", None), context.get_node_id(), context.get_job_id()
 
 
+def _client(ray: Any) -> bool:
+    """Whether this process reaches its cluster through Ray Client (whose asks go to a server)."""
+    client = getattr(getattr(getattr(ray, "util", None), "client", None), "ray", None)
+    return bool(client is not None and client.is_connected())
+
+
 def check_session(ray: Any, then: tuple) -> None:
     """Raises where the Ray session the actors started in (``then``) is gone: a ``ray.shutdown()``
     since (a notebook's cell), maybe a new ``ray.init()``. A task sent then started a new local
     cluster (Ray's own ``ray.init()``) and failed there after seconds, a bare ``Exception``
     ("Can't find actor ... different cluster"), the new cluster left running. Ray shut down is
-    asked each call, another session at most every ``SESSION_S`` (Ray Client asks a server)."""
+    asked each call, and this connection's job (a reconnect within ``SESSION_S`` is another,
+    the actors gone: ~2 us); another session at most every ``SESSION_S`` (Ray Client asks a
+    server, for the job too)."""
     now = time.monotonic()
-    if ray.is_initialized() and now < _SESSION_SEEN.get(then, 0.0):
+    if ray.is_initialized() and now < _SESSION_SEEN.get(then, 0.0) and (
+            _client(ray) or ray.get_runtime_context().get_job_id() == then[2]):
         return
     if session(ray) != then:
         raise WorkerError(

@@ -544,6 +544,37 @@ def check_a_close_from_another_thread_says_the_loader_was_closed(cluster):
     assert not live_actors()
 
 
+def check_an_array_changed_after_the_actors_copied_it_is_warned_of(cluster):
+    # the actors read the copy they took, the training process the array as it is now: the
+    # batches differ from num_workers=0's (and peek()'s from next()'s), warned of with local
+    # workers, not with Ray actors (the Ray audit); in the blob (8 KB) and out of it (2.4 MB)
+    for n in (1000, 300_000):
+        labels = np.arange(n)
+        with jl.DataLoader(jl.ArraySource({"y": labels}), batch_size=8, num_epochs=1,
+                           process_index=0, process_count=1,
+                           workers=RayWorkers(1)) as on_ray:
+            next(iter(on_ray))
+            labels[:] = -1
+            with pytest.warns(jl.JaxloaderWarning, match="arrays the workers copied as the "
+                                                         "loader started"):
+                assert next(iter(on_ray))["y"][:3].tolist() == [8, 9, 10]
+
+
+def check_a_reconnect_within_a_second_is_a_session_gone(cluster):
+    # ray.shutdown() and ray.init() again within SESSION_S: the next batch was Ray's bare
+    # Exception ("Can't find actor ... different cluster"), not the session's error (the Ray
+    # audit; a reconnect after a second was said)
+    on_ray = loader(workers=RayWorkers(1))
+    it = iter(on_ray)
+    next(it)
+    ray.shutdown()
+    ray.init(address=cluster.address, log_to_driver=False)
+    with pytest.raises(jl.WorkerError, match="the Ray session this loader's actors ran in is "
+                                             "gone"):
+        next(it)
+    on_ray.close()
+
+
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch, tmp_path):
     """One test, one simulated cluster (its start is most of the cost: CI's 20 minutes)."""
@@ -566,6 +597,8 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch, t
     check_a_close_from_another_thread_says_the_loader_was_closed(cluster)
     check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path)
     check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, monkeypatch)
+    check_an_array_changed_after_the_actors_copied_it_is_warned_of(cluster)
+    check_a_reconnect_within_a_second_is_a_session_gone(cluster)
 
 
 def bookkeeping(spec):
@@ -587,6 +620,18 @@ def bookkeeping(spec):
             return first, count, actor, None
 
     return Engine()
+
+
+def test_steps_that_killed_every_actor_of_fewer_than_three_are_named():
+    """RayWorkers(2) and a record that ends the process: the second actor died on it too, and
+    the loader said "every Ray actor is gone ... steps 4..99 were in flight", the step and its
+    record unnamed, where local workers named them (the Ray audit)."""
+    engine, died = bookkeeping(RayWorkers(2)), RuntimeError("died")
+    flight = deque([(4, 1, 0, None), (5, 1, 1, None)])
+    engine._lose(0, died, flight)  # (actor 1 takes step 4)
+    with pytest.raises(jl.WorkerError, match=r"^step 4 \(a source\) were being made by 2 Ray "
+                                             r"actors in turn, and each died"):
+        engine._lose(1, died, flight)
 
 
 def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
