@@ -335,10 +335,16 @@ class Putter:
                 remedy = (f"this is an epoch's last batch, of {rows} rows, not {self.batch_size} "
                           f"(last_batch='partial'); {_PARTIAL_REMEDY}")
             elif len(spec := tuple(getattr(sharding, "spec", ()))) > np.ndim(leaf):
+                # (its rows' axis, or one it names: P(None) would place the rows whole)
+                axis = next((a for a in spec if a is not None), None)
                 remedy = (f"its spec names {len(spec)} dimensions, the leaf has "
                           f"{np.ndim(leaf)}: give this leaf a sharding of its own (a dict of "
-                          "shardings, the batch's keys: "
-                          f"NamedSharding(mesh, P({spec[0]!r})) splits its rows alone)")
+                          "shardings, the batch's keys: " + (
+                              f"NamedSharding(mesh, P({axis!r})) splits its rows alone"
+                              if axis is not None else "") + (
+                              ", or " if axis is not None and spec[0] is None else "") + (
+                              "NamedSharding(mesh, P()) places it whole on each device"
+                              if spec[0] is None else "") + ")")
             else:
                 remedy = ("the global batch (batch_size x process_count) must divide evenly "
                           "over the devices of the data axis, and each other axis over the "

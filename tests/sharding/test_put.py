@@ -286,6 +286,17 @@ def test_bad_shardings_give_clear_errors():
                 str(e) and "NamedSharding(mesh, P('data')) splits its rows alone" in str(e)), e
     else:
         raise AssertionError("a spec longer than a leaf must be refused")
+    try:  # a spec whose rows' axis is None: its remedy said P(None) "splits its rows alone",
+        # which places them whole (the sharding audit)
+        next(iter(jl.DataLoader(source(8), batch_size=4, device_prefetch=0, sharding={
+            "x": NamedSharding(grid, P()), "y": NamedSharding(grid, P(None,
+                                                                                  "data"))})))
+    except jl.ConfigError as e:
+        assert ("leaf ['y']" in str(e) and "P('data')) splits its rows alone, or "
+                "NamedSharding(mesh, P()) places it whole" in str(e) and "P(None)" not in
+                str(e)), e
+    else:
+        raise AssertionError("a spec longer than a leaf must be refused")
     try:  # two hosts by hand in one JAX process: it failed at the first batch, "divide evenly"
         jl.DataLoader(source(8), batch_size=4, sharding=jl.data_sharding(mesh),
                       process_index=0, process_count=2)
