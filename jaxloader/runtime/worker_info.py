@@ -56,9 +56,20 @@ def get_worker_info() -> WorkerInfo | None:
     return _INFO
 
 
-def set_info(info: WorkerInfo) -> None:
-    """This process is worker ``info.id`` (called once, by the worker as it starts): its read
-    threads stay from one task to the next (``base.read_threads.keep``)."""
-    global _INFO
-    _INFO = info
+def set_info(info: WorkerInfo, capacity: int | None = None) -> None:
+    """This process is worker ``info.id`` (called once, by the worker as it starts) of a pool
+    that may run ``capacity`` workers (``num_workers="auto"``'s most; ``info.num_workers`` where
+    not given): its read threads stay from one task to the next (``base.read_threads.keep``)."""
+    global _INFO, _CAPACITY
+    _INFO, _CAPACITY = info, max(info.num_workers, capacity or 0)
     read_threads.keep()
+
+
+def capacity() -> int:
+    """The most workers this worker's pool may run (0 outside a worker): a worker started first
+    under ``num_workers="auto"`` is told 1 in use, and may have others beside it later (a
+    ``ParquetSource`` shares what its workers decode where there may be more than one)."""
+    return max(_CAPACITY, _INFO.num_workers if _INFO is not None else 0)
+
+
+_CAPACITY = 0

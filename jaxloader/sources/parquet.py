@@ -44,6 +44,7 @@ from jaxloader.sources import shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
 from jaxloader.runtime import shm
+from jaxloader.runtime import worker_info
 from jaxloader.runtime.worker_info import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (a read-local window's)
@@ -321,7 +322,7 @@ class ParquetSource:
         if not self._shared_tried:
             self._shared_tried = True
             info = get_worker_info()
-            if self._table_name is not None and info is not None and info.num_workers > 1:
+            if self._table_name is not None and info is not None and worker_info.capacity() > 1:
                 try:
                     self._shared = SharedBlocks(self._table_name, len(self._groups))
                 except (OSError, ValueError):

@@ -124,7 +124,7 @@ class WorkerPool:
             raise failures.closed()
         for i in range(first, len(self._workers)):
             self._send(i, Init(sys.path, i, self.roster.active, self._maker.seed, self._blob,
-                               self._board.names(i), sys.argv, relay.settings()))
+                               self._board.names(i), sys.argv, relay.settings(), self._capacity))
 
     @property
     def active(self) -> int:  # workers in use now

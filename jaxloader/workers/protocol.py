@@ -3,7 +3,7 @@
 ::
 
     main process                                           worker
-    Init(path, worker_id, num_workers, seed, payload, status, argv, relay)
+    Init(path, worker_id, num_workers, seed, payload, status, argv, relay, capacity)
                                                       ──>  sys.path, its status row (status.py),
                                                             loads(payload), init_fn(id)
                                                       <──  Said(items, dropped)  (what its
@@ -70,6 +70,7 @@ class Init(NamedTuple):
     status: tuple  # StatusBoard.names(worker_id): where it says what it is doing
     argv: list[str]  # the main process's sys.argv (workers.ties.take_the_trainers)
     relay: tuple  # its logger levels and warning filters (relay.settings)
+    capacity: int  # the most workers the pool may run (num_workers="auto" grows to)
 
 
 class Task(NamedTuple):

@@ -195,15 +195,15 @@ def _start(conn: Connection) -> tuple[Maker, WorkerStatus] | None:
     init = protocol.receive(conn)
     if type(init) is Stop:  # stopped before its payload came (a start cut short by Ctrl-C)
         return None
-    path, worker_id, num_workers, seed, blob, status_names, argv, told = init
+    path, worker_id, num_workers, seed, blob, status_names, argv, told, capacity = init
     sys.path[:] = path
     ties.take_the_trainers(argv)
     try:
         relay_worker.take(told, worker_id, conn)
         ties.hold_signals_across_forks()  # (its hook after the relay's)
         status = WorkerStatus(status_names, worker_id, crash_dumps=True)
-        worker_info.set_info(WorkerInfo(worker_id, num_workers, seed))  # (a source may ask
-        maker: Maker  # as it is unpickled)
+        worker_info.set_info(WorkerInfo(worker_id, num_workers, seed), capacity)  # (a source
+        maker: Maker  # may ask as it is unpickled)
         maker, init_fn = relay_worker.imported(lambda: payload.loads(blob))
         if init_fn is not None:
             relay_worker.run_init(init_fn, worker_id)

@@ -292,6 +292,20 @@ def test_a_lone_worker_decodes_for_itself(tmp_path, monkeypatch):
     assert copy[60]["id"] == 60 and not copy._sharing()
 
 
+def test_a_worker_started_alone_under_auto_shares_with_those_added_later(tmp_path, monkeypatch):
+    # num_workers="auto" starts one worker, told 1 in use, and adds others: that first worker
+    # decoded every row group again, with a cache of its own, for the loader's life (the
+    # tuning audit); it shares where its pool may run more than one
+    src = jl.ParquetSource(write_parts(tmp_path))
+    copy = pickle.loads(pickle.dumps(src))
+    monkeypatch.setattr(worker_info, "_INFO", worker_info.WorkerInfo(0, 1, 0))
+    monkeypatch.setattr(worker_info, "_CAPACITY", 4)
+    assert copy[60]["id"] == 60 and copy._sharing()
+    copy._shared.close()
+    copy._reset_process_state()
+    gc.collect()
+
+
 def test_tables_share_one_file_and_a_worker_holds_max_owned_files_of_all_of_them(monkeypatch):
     # a table a memory file, and max_owned files a table: a mixture of hundreds of one-file
     # sources held a descriptor a source in the main process and hundreds in each worker
