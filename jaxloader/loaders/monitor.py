@@ -89,6 +89,7 @@ class AutoTune:
         self._trial: tuple[int, float] | None = None  # (the count before, its rate)
         self._settling = True  # until a change (or the start) is in use: not judged
         self._said_memory = False  # that memory bounds the count (logged once)
+        self._said_bound = False  # that no more workers are worth running (logged once)
 
     def capacity(self) -> int:
         """The most workers it may ever ask for (the pool's status table is this big)."""
@@ -125,7 +126,8 @@ class AutoTune:
         if bound <= active and not self._said_memory:
             self._said_memory = True
             log.info("%s: autotune: memory holds the workers to %d (%.0f MiB resident each, "
-                     "half of what is free and theirs)", self.label, bound, each / 2**20)
+                     "half of what is free and theirs): none more is started (those running "
+                     "stay: parked, a worker keeps its memory)", self.label, bound, each / 2**20)
         return bound
 
     def restart(self) -> None:
@@ -173,6 +175,17 @@ class AutoTune:
         high = min(self.bound(off_cpu), self._memory_bound(active), self.pool.roster.most)
         more = self.allowed(min(high, 2 * active if waited > 0.5 else active + 1), active + 1,
                             high)
+        if more is None and self.counts is not None and high > active:  # (a stream's next
+            # count past the cores' bound, its readers dividing among no count between: tried,
+            # and kept only if it pays)
+            more = self.allowed(active + 1, active + 1, min(self.ceiling, self.pool.roster.most,
+                                                            self._memory_bound(active)))
+        if more is None and waited > WAITING and not self._said_bound:
+            self._said_bound = True
+            log.info("%s: autotune: %d worker(s), the most worth running here (%d cores, their "
+                     "work %.0f%% off the CPU%s), while the consumer waits %.0f%%", self.label,
+                     active, self.cores, 100 * off_cpu, "" if self.counts is None else
+                     f", worker counts dividing the readers: {self.counts}", 100 * waited)
         fewer = self.allowed(active - 1, self.floor, active - 1)
         if waited > WAITING and more is not None:
             self._change(active, more, rate, f"the consumer waited {waited:.0%}, the workers "

@@ -263,6 +263,24 @@ def test_a_streams_counts_are_those_dividing_its_readers():
     assert tune.allowed(2, 4, 5) is None and tune.capacity() == 6
 
 
+def test_a_stream_whose_next_count_is_past_the_cores_tries_it_and_a_bound_is_said(caplog):
+    # readers 3 on 2 cores, a CPU-bound Map: counts [1, 3], and it stayed at 1 worker for the
+    # whole run, the loop waiting 99.6%, nothing said (the tuning audit): 3 is tried, kept
+    # only if it pays
+    pool = FakePool(capacity=3)
+    tune = monitor.AutoTune(pool, cores=2, counts=[1, 3])
+    asked = windows(tune, pool, [(100, 0.0, 1.0), (100, 0.9, 1.0), (0, 0.0, 1.0),
+                                 (105, 0.9, 1.0)])  # 3 did not pay: back to 1
+    assert asked == [1, 3, 3, 1], asked
+    pool = FakePool(active=2)  # at the cores' bound, the loop waiting: said, once
+    tune = monitor.AutoTune(pool, cores=2)
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
+        windows(tune, pool, [(100, 0.0, 1.0)] + [(100, 0.9, 1.0)] * 3)
+    said = [r.getMessage() for r in caplog.records if "the most worth running" in
+            r.getMessage()]
+    assert len(said) == 1 and "2 worker(s)" in said[0] and "2 cores" in said[0], said
+
+
 def test_a_window_across_a_reset_of_the_stats_or_time_away_is_not_judged():
     # after reset_stats() the loader's counts went back: the wait came out negative and the
     # tuner took workers away while the loop waited; a window across an evaluation between
