@@ -833,3 +833,26 @@ def test_the_workers_xla_threads_exported_in_the_training_process_leave_it_be(mo
                            transforms=[in_worker], num_workers=workers, process_index=0,
                            process_count=1) as loader:
             assert next(iter(loader))["w"].tolist() == [workers] * 2
+
+
+def test_x64_turned_on_between_two_batches_gives_the_same_dtypes_in_one_chunk_or_several():
+    # the output's structure was kept by the input's shapes alone: a batch of several chunks
+    # after a peek() outside `with jax.enable_x64(True)` was laid out 32-bit and its float64
+    # results cut to float32, where one chunk's were 64-bit (the JitMap audit)
+    import jax
+    import jax.numpy as jnp
+
+    source = jl.ArraySource({"x": np.linspace(0, 1, 16, dtype=np.float32)})
+
+    def f(r):
+        return {"i": jnp.arange(2) + 2**20, "x": r["x"] * jnp.array(1.0, jnp.float64) + 1e-9}
+
+    got = []
+    for chunk_bytes in (1 << 22, 32):  # one chunk a batch, and several
+        with jl.DataLoader(source, batch_size=8, process_index=0, process_count=1,
+                           transforms=[jl.JitMap(f, chunk_bytes=chunk_bytes)]) as loader:
+            loader.peek()
+            with jax.enable_x64(True):
+                batch = next(iter(loader))
+        got.append((batch["i"].dtype, batch["x"].dtype))
+    assert got == [(np.int64, np.float64)] * 2, got

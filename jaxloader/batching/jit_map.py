@@ -300,7 +300,10 @@ class JitMap:
         output's structure for one row (``jax.ShapeDtypeStruct`` leaves)."""
         import jax
 
-        signature = (treedef, tuple((c.shape[1:], c.dtype) for c in columns))
+        # (and this thread's JAX settings: x64 turned on between two batches changes the
+        # output's dtypes, which a multi-chunk batch's slot was laid out in from the cache)
+        signature = (treedef, tuple((c.shape[1:], c.dtype) for c in columns),
+                     tuple((jax_settings() or {}).items()))
         found = self._local.__dict__.setdefault("rows", {}).get(signature)
         if found is None:
             one = tree_lib.unflatten(treedef, [np.zeros((1, *c.shape[1:]), c.dtype)
