@@ -358,10 +358,11 @@ class RayEngine:
         for first, _ in owned[:1] if hung else owned:
             self._killed[first] = self._killed.get(first, 0) + 1
         # (no actor left to try, nor one to come: hung, its one; dead, all of them in turn,
-        # where fewer than KILLS_PER_TASK: the steps that killed each, named)
+        # two where fewer than KILLS_PER_TASK: the steps that killed each, named; a lone
+        # actor's death tells nothing of its steps)
         last = not (self._alive or self._pending)
-        most = 1 if hung and last else min(KILLS_PER_TASK, self._spec.n) if last else \
-            KILLS_PER_TASK
+        most = 1 if hung and last else max(2, min(KILLS_PER_TASK, self._spec.n)) if last \
+            else KILLS_PER_TASK
         cause = [(first, count) for first, count in owned if self._killed.get(first, 0) >= most]
         if cause:  # the steps, not the actors, are the cause (one of the tasks, if several)
             raise lost_in_turn(" or ".join(steps_text(*task) for task in cause),

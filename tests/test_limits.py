@@ -132,4 +132,5 @@ def test_autotunes_memory_bound_is_half_of_what_the_workers_may_have(monkeypatch
     assert len(Pool.pids) == 10
     assert [r.getMessage() for r in caplog.records].count(
         "jaxloader: autotune: memory holds the workers to 10 (100 MiB resident each, half of "
-        "what is free and theirs)") == 1
+        "what is free and theirs): none more is started (those running stay: parked, a worker "
+        "keeps its memory)") == 1
