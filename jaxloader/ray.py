@@ -357,12 +357,8 @@ class RayEngine:
         owned = [(first, count) for first, count, owner, _ in flight if owner == actor]
         for first, _ in owned[:1] if hung else owned:
             self._killed[first] = self._killed.get(first, 0) + 1
-        # (no actor left to try, nor one to come: hung, its one; dead, all of them in turn,
-        # two where fewer than KILLS_PER_TASK: the steps that killed each, named; a lone
-        # actor's death tells nothing of its steps)
-        last = not (self._alive or self._pending)
-        most = 1 if hung and last else max(2, min(KILLS_PER_TASK, self._spec.n)) if last \
-            else KILLS_PER_TASK
+        # (hung, with no actor left to try, nor one to come: all of them in turn, fewer)
+        most = 1 if hung and not (self._alive or self._pending) else KILLS_PER_TASK
         cause = [(first, count) for first, count in owned if self._killed.get(first, 0) >= most]
         if cause:  # the steps, not the actors, are the cause (one of the tasks, if several)
             raise lost_in_turn(" or ".join(steps_text(*task) for task in cause),

@@ -622,18 +622,6 @@ def bookkeeping(spec):
     return Engine()
 
 
-def test_steps_that_killed_every_actor_of_fewer_than_three_are_named():
-    """RayWorkers(2) and a record that ends the process: the second actor died on it too, and
-    the loader said "every Ray actor is gone ... steps 4..99 were in flight", the step and its
-    record unnamed, where local workers named them (the Ray audit)."""
-    engine, died = bookkeeping(RayWorkers(2)), RuntimeError("died")
-    flight = deque([(4, 1, 0, None), (5, 1, 1, None)])
-    engine._lose(0, died, flight)  # (actor 1 takes step 4)
-    with pytest.raises(jl.WorkerError, match=r"^step 4 \(a source\) were being made by 2 Ray "
-                                             r"actors in turn, and each died"):
-        engine._lose(1, died, flight)
-
-
 def test_an_actor_lost_is_charged_each_of_its_tasks_in_flight():
     """An actor killed making steps 6..15 while its earlier task, finished, came back lost
     with it (its reply not sent: seen 1 run in 6 on the cluster above): 6..15 is charged too,

@@ -106,6 +106,18 @@ def test_the_reads_overlap_on_the_threads(workers, wrapped):
     assert all(b["pooled"].all() for b in got)
 
 
+def test_a_task_of_one_record_batches_is_read_ahead_from_its_first():
+    # (the review:) the refill watch held a worker's first task off its read-ahead, and with
+    # a batch of one record the watch never ends: every task read a step at a time, for good
+    from jaxloader.batching.batch_maker import BatchMaker
+    from jaxloader.order.sampling import Sampler
+
+    maker = BatchMaker(Together(8, timeout_s=5), Sampler(64, 1, shuffle=False, seed=0,
+                                                         last_batch="drop"), read_threads=8)
+    made = [batch for batch, _ in maker.make_steps(list(range(8)), [None] * 8)]
+    assert [b["i"].tolist() for b in made] == [[i] for i in range(8)]
+
+
 def test_a_map_sources_function_runs_on_the_read_threads_with_each_read():
     # a waiting fetch in a MapSource (a source read record by record): its calls ran one after
     # the other on the batch's thread, the docs' remedy for a transform that waits

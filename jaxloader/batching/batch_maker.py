@@ -209,11 +209,13 @@ class BatchMaker:
         once, in order (``_ahead``: where each step's are): a step's reads then overlap the
         steps' before it, not only each other. ``None`` where records are read otherwise."""
         if self.read_threads < 2 or len(steps) < 2 or self._batched_reads or held() or (
-                self._vectorised) or self._refills.left:  # (its first records: watched)
+                self._vectorised):
             return None
         try:
             specs = [self.sampler.batch(step) for step in steps]
         except ConfigError:  # (past the last epoch: said at its own step)
+            return None
+        if self._refills.left and len(specs[0].indices) > 1:  # (its first records: watched)
             return None
         reads = Reads(self.source.__getitem__,
                       np.concatenate([spec.indices for spec in specs]).tolist(),

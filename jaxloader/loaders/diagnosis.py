@@ -187,10 +187,11 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         return min(counts, key=lambda n: (abs(n - workers), -n))
 
     def more_readers(workers: int) -> str:
-        """A stream's ``workers`` where its readers divide among fewer (``counts``): as many
-        readers too."""
-        return (f"readers_per_process={workers} and num_workers={workers} (more readers: the "
-                "stream's batches then come in another order)")
+        """A stream's ``workers`` where its readers (``max(counts)``) divide among none so
+        many: readers they divide, as many as now or more."""
+        readers = workers * -(-max(counts or [1]) // workers)
+        return (f"readers_per_process={readers} and num_workers={workers} (readers they "
+                "divide: the stream's batches then come in another order)")
 
     def factor(workers: int) -> float:
         """The expected gain of ``workers``: a batch then takes the longer of the step and
@@ -313,9 +314,12 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         # The workers idle while the loop waits: the training process's own work, if it is
         # a good part of the wait, or where batches were ready ahead as it waited (its
         # hand-over costs more than its timers see); else they wait for tasks or for a core
-        ready = stats.ready_ahead >= 1
-        if place + handover >= MAIN_SHARE * waited or ready:
-            bottleneck = "device" if place > handover else "main"
+        # (every worker idle: one busy, late, leaves the others' batches ready while the loop
+        # waits on its own)
+        ready = stats.ready_ahead >= 1 and max(stats.busy, default=0.0) < BUSY
+        main_work = place + handover >= MAIN_SHARE * waited
+        if main_work or ready:
+            bottleneck = "device" if place > handover and main_work else "main"
         else:
             bottleneck = "source" if read >= made_total - read else "workers"
         if bottleneck == "device":

@@ -256,14 +256,15 @@ def _said_waiting(thread: threading.Thread) -> None:
     thread of the run before, which has made a batch ahead for ``SAY_WAIT_S`` (it reads the
     source, which the next run reads from its own place: it must end first); where it is."""
     frame = sys._current_frames().get(thread.ident or -1)
-    at = "".join(traceback.format_stack(frame)[-3:]) if frame is not None else ""
+    at = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else ""
     warnings.warn(
-        f"iter() or load_state_dict() waits for the device-put thread of the run before, "
-        f"which has been making a batch ahead for {SAY_WAIT_S:.0f} s (the source's read "
-        "blocks; the next run may read the source only once it ends): a source that waits "
-        "for data the training loop gives after this call (a queue it fills) never ends it; "
-        "give the data first, or device_prefetch=0 (no batch read ahead of next()). It "
-        f"waits at:\n{at}", JaxloaderWarning, stacklevel=user_stacklevel())
+        f"iter(), load_state_dict() or a restart after Ctrl-C waits for the device-put "
+        f"thread of the run before, which has been making a batch ahead for {SAY_WAIT_S:.0f} "
+        "s (the next run may read the source only once it ends). A batch slow to make (a "
+        "first compilation, workers starting) ends by itself; a source that waits for data "
+        "the training loop gives after this call (a queue it fills) never does: give the "
+        "data first, or device_prefetch=0 (no batch read ahead of next()). It is at:"
+        f"\n{at}", JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 SAY_WAIT_S = 10.0  # a new run's wait for the run before's device-put thread, then said

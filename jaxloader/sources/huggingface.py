@@ -57,13 +57,16 @@ def refuse_zones(what: str, schema: Any, read: Any = None) -> None:
     other than UTC's, at any depth: NumPy's datetime64 has no zone, and each value would come
     out as its instant in UTC, its hours UTC's (``what``: the dataset, as errors name it)."""
     for name in schema.names if read is None else read:
-        zone = zone_in(schema.field(name).type)
+        kind = schema.field(name).type
+        zone = zone_in(kind)
         if zone is not None:
+            nested = "" if str(kind).startswith("timestamp") else (
+                f", its features with that Value for the times inside ({kind})")
             raise ConfigError(
                 f"{what}: column {name!r} holds times in the zone {zone!r}, which NumPy's "
                 "datetime64 has not: its values would come out as the instants in UTC, their "
-                "hours UTC's, without a word; cast it to UTC (ds.cast_column("
-                f"{name!r}, Value('timestamp[us, tz=UTC]'))) or leave it out "
+                "hours UTC's, without a word; cast them to UTC (ds.cast_column("
+                f"{name!r}, Value('timestamp[us, tz=UTC]'){nested})) or leave it out "
                 "(ds.remove_columns)")
 
 class HuggingFaceSource:

@@ -615,9 +615,12 @@ def test_a_new_run_waiting_for_a_device_put_thread_blocked_in_the_source_says_so
 
     monkeypatch.setattr(prefetch, "SAY_WAIT_S", 0.3)
     given: queue.Queue = queue.Queue()
+    waiting = threading.Event()  # (the thread blocked reading ahead, before iter() asks)
 
     def records(shard):
         while True:
+            if given.empty():
+                waiting.set()
             yield given.get()
 
     for i in range(4):
@@ -626,6 +629,7 @@ def test_a_new_run_waiting_for_a_device_put_thread_blocked_in_the_source_says_so
                          sharding=jax.devices()[0], device_prefetch=2, process_index=0,
                          process_count=1) as loader:
         assert np.asarray(next(iter(loader))["x"]).tolist() == [0, 1, 2, 3]
+        assert waiting.wait(30)
         filler = threading.Timer(1.5, lambda: [given.put({"x": np.float32(9)})
                                                for _ in range(8)])
         filler.start()
