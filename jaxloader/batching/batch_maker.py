@@ -205,21 +205,19 @@ class BatchMaker:
         return {**self.__dict__, "_ahead": {}}  # (reads in flight stay in this process)
 
     def _read_ahead(self, steps: list[int]) -> Reads | None:
-        """On read threads, in a worker, the records of all the task's ``steps`` read at
-        once, in order (``_ahead``: where each step's are): a step's reads then overlap the
-        steps' before it, not only each other. ``None`` where records are read otherwise."""
+        """On read threads, in a worker, the records of all the task's ``steps`` read at once,
+        in order (``_ahead``: each step's place), overlapping; ``None`` where read otherwise."""
         if self.read_threads < 2 or len(steps) < 2 or self._batched_reads or held() or (
                 self._vectorised):
             return None
-        try:
+        try:  # (a process's first records: watched, read a batch at a time; none at one a batch)
             specs = [self.sampler.batch(step) for step in steps]
+            if self._refills.left and len(specs[0].indices) > 1:
+                return None
         except ConfigError:  # (past the last epoch: said at its own step)
             return None
-        if self._refills.left and len(specs[0].indices) > 1:  # (its first records: watched)
-            return None
-        reads = Reads(self.source.__getitem__,
-                      np.concatenate([spec.indices for spec in specs]).tolist(),
-                      self.pool_key)
+        reads = Reads(self.source.__getitem__, np.concatenate(
+            [spec.indices for spec in specs]).tolist(), self.pool_key)
         offsets = np.cumsum([0] + [len(spec.indices) for spec in specs]).tolist()
         self._ahead = {step: (reads, offset) for step, offset in zip(steps, offsets)}
         return reads
