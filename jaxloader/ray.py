@@ -38,7 +38,6 @@ import time
 from collections import deque
 from typing import Any, Generator, NoReturn
 
-
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_int, is_seconds
 from jaxloader.base.errors import ConfigError, WorkerError

@@ -159,9 +159,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     # each worker's share of the steady run, less its JitMap compilations (in its first
     # batch, before the steady run: taken off before the share is capped) and its slot waits
     # (a bigger slot asked of the training process: its work, not the worker's)
-    busy = sum(min(1.0, max(0.0, w.busy_s - w.stages.get(SLOT_WAIT, 0.0) - sum(
-        v for k, v in w.stages.items() if once(k))) / steady) for w in stats.workers) / max(
-            1, stats.num_workers or len(stats.workers)) if stats.workers else 0.0
+    shares = [min(1.0, max(0.0, w.busy_s - w.stages.get(SLOT_WAIT, 0.0) - sum(
+        v for k, v in w.stages.items() if once(k))) / steady) for w in stats.workers]
+    busy = sum(shares) / max(1, stats.num_workers or len(shares)) if shares else 0.0
     slot_s = sum(w.stages.get(SLOT_WAIT, 0.0) for w in stats.workers)
     now_s = steady / max(1, per - 1)  # seconds a batch now
     step_s = stats.run_s / per  # the training step's, between batches

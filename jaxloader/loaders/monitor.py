@@ -172,14 +172,15 @@ class AutoTune:
             self._trial = None
             if self._judge(before, before_rate, active, rate):
                 return
-        high = min(self.bound(off_cpu), self._memory_bound(active), self.pool.roster.most)
+        memory = self._memory_bound(active)
+        high = min(self.bound(off_cpu), memory, self.pool.roster.most)
         more = self.allowed(min(high, 2 * active if waited > 0.5 else active + 1), active + 1,
                             high)
         if more is None and self.counts is not None and high > active:  # (a stream's next
             # count past the cores' bound, its readers dividing among no count between: tried,
             # and kept only if it pays)
             more = self.allowed(active + 1, active + 1, min(self.ceiling, self.pool.roster.most,
-                                                            self._memory_bound(active)))
+                                                            memory))
         if more is None and waited > WAITING and not self._said_bound:
             self._said_bound = True
             log.info("%s: autotune: %d worker(s), the most worth running here (%d cores, their "

@@ -337,14 +337,12 @@ class Putter:
             elif len(spec := tuple(getattr(sharding, "spec", ()))) > np.ndim(leaf):
                 # (its rows' axis, or one it names: P(None) would place the rows whole)
                 axis = next((a for a in spec if a is not None), None)
+                ways = [f"NamedSharding(mesh, P({axis!r})) splits its rows alone"] * (
+                    axis is not None) + ["NamedSharding(mesh, P()) places it whole on each "
+                                         "device"] * (spec[0] is None)
                 remedy = (f"its spec names {len(spec)} dimensions, the leaf has "
                           f"{np.ndim(leaf)}: give this leaf a sharding of its own (a dict of "
-                          "shardings, the batch's keys: " + (
-                              f"NamedSharding(mesh, P({axis!r})) splits its rows alone"
-                              if axis is not None else "") + (
-                              ", or " if axis is not None and spec[0] is None else "") + (
-                              "NamedSharding(mesh, P()) places it whole on each device"
-                              if spec[0] is None else "") + ")")
+                          f"shardings, the batch's keys: {', or '.join(ways)})")
             else:
                 remedy = ("the global batch (batch_size x process_count) must divide evenly "
                           "over the devices of the data axis, and each other axis over the "

@@ -60,14 +60,15 @@ def refuse_zones(what: str, schema: Any, read: Any = None) -> None:
         kind = schema.field(name).type
         zone = zone_in(kind)
         if zone is not None:
-            nested = "" if str(kind).startswith("timestamp") else (
-                f", its features with that Value for the times inside ({kind})")
+            cast = (f"ds.cast_column({name!r}, Value('timestamp[us, tz=UTC]'))"
+                    if str(kind).startswith("timestamp") else f"ds.cast_column({name!r}, "
+                    f"its features with Value('timestamp[us, tz=UTC]') for the times in {kind})")
             raise ConfigError(
                 f"{what}: column {name!r} holds times in the zone {zone!r}, which NumPy's "
                 "datetime64 has not: its values would come out as the instants in UTC, their "
-                "hours UTC's, without a word; cast them to UTC (ds.cast_column("
-                f"{name!r}, Value('timestamp[us, tz=UTC]'){nested})) or leave it out "
+                f"hours UTC's, without a word; cast them to UTC ({cast}) or leave it out "
                 "(ds.remove_columns)")
+
 
 class HuggingFaceSource:
     """A ``datasets.Dataset`` (any format) read in NumPy format, strings as ``str`` (read from
