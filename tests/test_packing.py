@@ -283,6 +283,25 @@ def test_a_state_from_other_packing_is_refused():
             loader.load_state_dict(state)
 
 
+def test_a_state_from_other_padding_is_refused():
+    """Rows padded with another value are other batches: refused, not taken silently; the
+    default padding's fingerprint is the one states were saved with before it counted."""
+    source, _ = documents(100)
+    zeros = jl.PackedSource(source, "tokens", WIDTH).fingerprint
+    assert jl.PackedSource(source, "tokens", WIDTH, value=0).fingerprint == zeros
+    assert jl.PackedSource(source, "tokens", WIDTH, value=-1).fingerprint != zeros
+    assert (jl.PackedSource(source, "tokens", WIDTH, value=-1).fingerprint
+            != jl.PackedSource(source, "tokens", WIDTH, value=-2).fingerprint)
+    with jl.DataLoader(jl.PackedSource(source, "tokens", WIDTH), batch_size=4,
+                       process_index=0, process_count=1) as loader:
+        take(loader, 2)
+        state = loader.state_dict()
+    other = jl.PackedSource(source, "tokens", WIDTH, value=-1)
+    with jl.DataLoader(other, batch_size=4, process_index=0, process_count=1) as loader:
+        with pytest.raises(jl.StateDictError, match="fingerprint|source"):
+            loader.load_state_dict(state)
+
+
 def test_a_state_from_other_ragged_data_of_the_same_lengths_is_refused():
     offsets = np.array([0, 3, 5, 9])
     saved_over = jl.RaggedSource({"tokens": (np.arange(9), offsets)})

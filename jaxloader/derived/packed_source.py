@@ -147,10 +147,13 @@ class PackedSource:
 
     @property
     def fingerprint(self) -> str:
-        """The source's fingerprint, the packing's parameters and the lengths."""
+        """The source's fingerprint, the packing's parameters, the padding (other than
+        zeros: a state saved before it counted is still taken) and the lengths."""
+        fills = [np.asarray(v).item() for v in self._fills]
+        padding = () if not any(fills) else (fills,)
         return combined("packed", self.plan.rows, [self.source],
-                        repr((self.keys, self.row_length.tolist(), sorted(self.config.items()))),
-                        np.ascontiguousarray(self._lengths).tobytes())
+                        repr((self.keys, self.row_length.tolist(), sorted(self.config.items()),
+                              *padding)), np.ascontiguousarray(self._lengths).tobytes())
 
     def __len__(self) -> int:
         return self.plan.rows

@@ -158,6 +158,9 @@ class PackedStream:
         # (a function of the data, as Stream.map's; None too: a state saved without one is
         # refused under one)
         described["tokenize"] = self._tokenize_digests[digest_level()]
+        fills = [np.asarray(v).item() for v in self.values]
+        if any(fills):  # (the rows' padding; zeros, a state saved before it counted, left out)
+            described["value"] = fills
         return described
 
     def reader(self, *, reader: int, readers: int, seed: int,

@@ -384,6 +384,23 @@ def test_keys_left_out_are_said_and_keys_of_other_lengths_refused():
     assert "keys" not in one and one["key"] == "tokens"  # same as it was)
 
 
+def test_a_state_is_refused_under_another_padding():
+    # rows padded with -1 are other batches than rows padded with 0: the value was not in
+    # the state, which restored under another without a word
+    packed = lambda value: jl.PackedStream(documents(shards=1), "tokens", 4,  # noqa: E731
+                                           value=value)
+    assert "value" not in packed(0).describe()  # (as a state saved before it counted)
+    with loader_of(packed(-1)) as loader:
+        take(loader, 2)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with loader_of(packed(-1)) as same:
+        same.load_state_dict(state)
+    for other_value in (0, -2):
+        with loader_of(packed(other_value)) as other:
+            with pytest.raises(jl.StateDictError, match="value"):
+                other.load_state_dict(state)
+
+
 @pytest.mark.parametrize("method", ["concat", "best_fit"])
 def test_a_packed_pass_over_shards_appended_to_since_the_save_starts_each_document_once(
         tmp_path, method):
