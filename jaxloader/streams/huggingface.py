@@ -202,6 +202,16 @@ class HuggingFaceShard:
         self._started = True
         return as_declared(record, self._plan, f"HuggingFaceShard {self._names[0]}: a record")
 
+    @property
+    def local_files(self) -> list | None:
+        """``[name, size, head, tail]`` of each local file it reads, as last opened: its
+        identity where a stream's window enters it (a state's ``crossed_files``)."""
+        return self._files
+
+    def check_files(self, then: Any) -> None:
+        """Refuses a state's ``local_files`` ``then`` other than those open now, naming one."""
+        _check_files(self.name, then, self._files)
+
     def get_state(self) -> dict:
         # the dataset has a state once it is iterating (its first example asked for)
         state = {"hf": self._part.state_dict() if self._started else self._start}

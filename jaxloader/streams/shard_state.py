@@ -129,12 +129,21 @@ def checked_reader_state(state: Any, reader: int) -> dict:
                              f"{crossed!r:.200}; not this stream's")
     files = state.get("crossed_files", [])
     if not isinstance(files, list) or len(files) > len(crossed) or any(
-            f is not None and not (isinstance(f, list) and len(f) == len(_IDENTITY) and all(
-                v is None or type(v) is int and v >= 0 for v in f)) for f in files):
+            f is not None and not _many_files(f) and not (
+                isinstance(f, list) and len(f) == len(_IDENTITY) and all(
+                    v is None or type(v) is int and v >= 0 for v in f)) for f in files):
         raise StateDictError(f"stream state: crossed_files: expected the identity of each file "
-                             f"the window entered ([size, head, tail], or null), got "
+                             f"the window entered ([size, head, tail], a list of [name, size, "
+                             f"head, tail] for a shard of several, or null), got "
                              f"{files!r:.200}; not this stream's")
     return state
+
+
+def _many_files(entry: Any) -> bool:
+    """Whether a crossing's ``entry`` names a shard's files (``[[name, size, head, tail],
+    ...]``: a Hugging Face shard's), not one file's ``[size, head, tail]``."""
+    return isinstance(entry, list) and bool(entry) and all(
+        isinstance(f, list) and len(f) == 4 and isinstance(f[0], str) for f in entry)
 
 
 def left_early(shard: Any, read: int, saved: int) -> StateDictError:
@@ -222,9 +231,19 @@ class Crossings:
         shard = innermost(shard)  # (watched for refills, and a Stream.map's: the file's)
         identity = getattr(shard, "_identity", None)  # (a FileShard's: size, head, tail)
         self.entered.append([identity.get(k) for k in _IDENTITY] if isinstance(
-            identity, dict) and identity else None)  # (a list: a state of many crossings)
+            identity, dict) and identity else  # (a list: a state of many crossings)
+            getattr(shard, "local_files", None))  # (a Hugging Face shard's files, each one's)
         then = self.expect.pop(0) if self.expect else None
-        if then and self.entered[-1] is not None:
+        if not then or self.entered[-1] is None:
+            return
+        if _many_files(then):
+            check_files = getattr(shard, "check_files", None)
+            if check_files is None:
+                raise StateDictError(f"stream state: crossed_files: files {then!r:.120} for "
+                                     f"shard {getattr(shard, 'name', shard)}, which reads none "
+                                     "of its own; restore a state this stream saved")
+            check_files(then)
+        else:
             check_unchanged(shard, {k: v for k, v in zip(_IDENTITY, then) if v is not None})
 
     def start(self) -> int:

@@ -4,6 +4,7 @@ restores through the dataset's own state, and clear refusals."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import re
 import shutil
@@ -160,6 +161,39 @@ def test_a_restore_in_a_shards_first_window_over_its_file_rewritten_is_refused(t
     assert state["readers"][0]["shard_state"]["hf"] is None
     write(range(70, 90))
     with loader() as other, pytest.raises(StateDictError, match=r"its file a.jsonl changed "
+                                                                r"since the state was saved"):
+        other.load_state_dict(state)
+        next(iter(other))
+
+
+def test_a_restore_over_a_file_the_window_crossed_into_rewritten_is_refused(tmp_path):
+    # a window that runs from one shard into the next reads the next one's first records
+    # again on a restore: its files were not in the state (only the window's first shard's),
+    # so records of the rewritten file came in place of the saved run's, without a word
+    paths = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+
+    def write(path, ids):
+        with open(path, "w") as out:
+            out.write("".join(json.dumps({"id": i}) + "\n" for i in ids))
+
+    def loader():
+        ds = datasets.load_dataset("json", data_files=paths, split="train", streaming=True)
+        stream = jl.Stream.huggingface(ds, shuffle_window=8, shuffle_shards=False)
+        return jl.StreamLoader(stream, batch_size=1, process_index=0, process_count=1)
+
+    write(paths[0], range(10, 15))
+    write(paths[1], range(20, 25))
+    with loader() as first:
+        it = iter(first)
+        next(it), next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        rest = [int(next(it)["id"][0]) for _ in range(6)]
+    assert state["readers"][0]["crossed"] == [5]  # (the window's 8: 5 of a, 3 of b)
+    with loader() as same:  # (the files as they were: the same records)
+        same.load_state_dict(state)
+        assert [int(b["id"][0]) for b in itertools.islice(same, 6)] == rest
+    write(paths[1], range(70, 75))  # (as many rows: its place in the window is the same)
+    with loader() as other, pytest.raises(StateDictError, match=r"its file b.jsonl changed "
                                                                 r"since the state was saved"):
         other.load_state_dict(state)
         next(iter(other))
