@@ -265,6 +265,12 @@ def test_a_collate_error_names_the_step_and_the_source_index_of_a_shuffled_recor
     msg = str(e.value)
     assert f"step {bad} (epoch 0" in msg  # (with workers, as with none)
     assert f"record position {position} (source index 17) has shape (4,)" in msg
+    # the CollateError itself (a worker's: the WorkerError's cause), as the process's: its
+    # step first (a worker's lost it, for code that logs the cause)
+    cause = e.value if num_workers == 0 else e.value.__cause__
+    assert isinstance(cause, jl.CollateError)
+    assert re.match(rf"step {bad} \(epoch 0, record positions \d+\.\.\d+\): batch leaf \['x'\]",
+                    str(cause)), str(cause)
     with jl.DataLoader(records, batch_size=8, shuffle=True, seed=1, process_index=0,
                        process_count=1) as peeked:
         peeked.load_state_dict({**peeked.state_dict(), "step": bad})

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from jaxloader.base.abilities import parts_of
-from jaxloader.base.errors import JaxloaderError, SharedMemoryError, StallError, WorkerError
+from jaxloader.base.errors import CollateError, JaxloaderError, SharedMemoryError, StallError, WorkerError
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
 from jaxloader.workers.launch import EXIT_UNKNOWN
@@ -57,6 +57,8 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
             cause = chain(failed.pickled)
         except Exception:  # noqa: BLE001 - the text below still says what happened
             pass
+    if isinstance(cause, CollateError) and failed.step is not None and doing.startswith("at "):
+        cause.args = (f"{doing[3:]}: {cause}",)  # (its step first, as in the training process)
     return WorkerError(
         f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}{_not_found(cause)}"
         f"{_DEBUGGER if 'bdb.BdbQuit' in failed.traceback else ''}\n"
