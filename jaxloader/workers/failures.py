@@ -52,19 +52,17 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
         except Exception:  # noqa: BLE001 - (said in its turn, not at once)
             doing = f"at step {failed.step:,}"
     cause = None
-    if failed.pickled is not None:
-        try:
-            cause = chain(failed.pickled)
-        except Exception:  # noqa: BLE001 - the text below still says what happened
-            pass
-    if isinstance(cause, CollateError) and failed.step is not None and doing.startswith("at "):
+    try:
+        cause = None if failed.pickled is None else chain(failed.pickled)
+    except Exception:  # noqa: BLE001 - the text below still says what happened
+        pass
+    if isinstance(cause, CollateError) and failed.step is not None:
         cause.args = (f"{doing[3:]}: {cause}",)  # (its step first, as in the training process)
     return WorkerError(
         f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}{_not_found(cause)}"
         f"{_DEBUGGER if 'bdb.BdbQuit' in failed.traceback else ''}\n"
         f"--- traceback in the {who.split()[-1]} ---\n{failed.traceback.rstrip()}\n"
-        "--- the loader is broken; fix the cause and create a new loader ---"
-    ), cause
+        "--- the loader is broken; fix the cause and create a new loader ---"), cause
 
 
 _DEBUGGER = (" (a debugger stopped in a worker, which reads no terminal of its own: debug the "
