@@ -4,6 +4,8 @@ out as the kernel's cgroup v1 and v2 lay them out."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -134,3 +136,30 @@ def test_autotunes_memory_bound_is_half_of_what_the_workers_may_have(monkeypatch
         "jaxloader: autotune: memory holds the workers to 10 (100 MiB resident each, half of "
         "what is free and theirs): none more is started (those running stay: parked, a worker "
         "keeps its memory)") == 1
+
+
+def test_a_batch_the_training_process_has_no_memory_for_names_its_step_and_the_limit():
+    # num_workers=0 under ulimit -v: NumPy's bare MemoryError from the batch's arrays, no
+    # step, no limit, no remedy, where workers said all three (the limits audit)
+    script = """
+import resource
+import numpy as np
+import jaxloader as jl
+class Big:
+    def __len__(self): return 64
+    def __getitem__(self, i): return {"x": np.zeros(4 << 20, np.uint8)}
+size = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (400 << 20), resource.RLIM_INFINITY))
+try:
+    with jl.DataLoader(Big(), batch_size=64, num_workers=0) as loader:
+        next(iter(loader))
+except MemoryError as e:
+    print(type(e).__name__, e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.startswith("SharedMemoryError step 0 (epoch 0, record positions 0..63): "
+                                 "no memory for its batch in the training process (Unable to "
+                                 "allocate 256."), (out.stdout, out.stderr[-2000:])
+    assert "address space is limited to" in out.stdout and "ulimit -v" in out.stdout
+    assert "use smaller batches" in out.stdout

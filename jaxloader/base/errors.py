@@ -119,7 +119,8 @@ class SharedMemoryError(JaxloaderError, MemoryError):
 
     Names the bytes asked for, what was free (memory, or ``/dev/shm`` on the POSIX path) and
     what to do. Raised where the memory is asked for (at construction for a shared source, at
-    the batch that needs a bigger slot), never as a SIGBUS during a copy.
+    the batch that needs a bigger slot), never as a SIGBUS during a copy; and with
+    ``num_workers=0`` where the training process has no memory for a batch's arrays.
     """
 
 

@@ -32,10 +32,11 @@ import threading
 from time import perf_counter
 from typing import Any, Callable, Generator, Iterator, Protocol, runtime_checkable
 
-from jaxloader.base.errors import CollateError
+from jaxloader.base.errors import CollateError, JaxloaderError, SharedMemoryError
 from jaxloader.base.source_locks import holding, lock_of, made_under, source_lock
 from jaxloader.base.timings import Gauges, StageClock
 from jaxloader.engines.stall_watch import StallWatch
+from jaxloader.runtime.limits import memory_left
 from jaxloader.sources.parts import walk
 
 
@@ -121,6 +122,12 @@ def made_here(maker: Maker, step: int) -> tuple[Any, Any]:
     except CollateError as e:
         e.args = (f"{maker.location(step, False)}: {e}",)  # (its records named in it)
         raise
+    except MemoryError as e:  # (the batch's arrays; a source's or transform's: a RecordError)
+        if isinstance(e, JaxloaderError):
+            raise
+        raise SharedMemoryError(
+            f"{maker.location(step, False)}: no memory for its batch in the training process "
+            f"({e}): {memory_left()}; use smaller batches, or free memory") from e
 
 
 class Runs:

@@ -41,6 +41,26 @@ def available_bytes() -> int:
     return min(known) if known else 1 << 62
 
 
+def memory_left() -> str:
+    """What memory this process may still take, for a message: its address space's limit
+    (``ulimit -v``, as HPC schedulers set it), where it has one, and ``available_bytes``.
+
+    Example:
+        >>> "bytes of memory available" in memory_left() or "not known" in memory_left()
+        True
+    """
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    said = [] if soft == resource.RLIM_INFINITY else [
+        f"this process's address space is limited to {soft:,} bytes (ulimit -v, RLIMIT_AS: "
+        "raise it)"]
+    available = available_bytes()
+    if available < 1 << 62:
+        said.append(f"{available:,} bytes of memory available to it")
+    return "; ".join(said) or "how much memory is left is not known here"
+
+
 def reservable_bytes() -> int:
     """The memory new shared pages may take before the kernel's out-of-memory killer ends a
     process (the largest, often the training process: a bare SIGKILL, no error): as
