@@ -3,8 +3,10 @@ workers 0 and 2."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
+import os
 import warnings
 
 import numpy as np
@@ -881,3 +883,40 @@ def test_a_state_restored_as_numpy_values_or_arrays_is_taken_or_refused_by_name(
             with pytest.raises(jl.StateDictError, match=named + ": expected a list, received a "
                                                               "NumPy array"):
                 here.load_state_dict(damaged)
+
+
+def _open_fds(path):
+    """This process's descriptors open on ``path``."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                fds.append(fd)
+        except OSError:  # (the listing's own, closed meanwhile)
+            pass
+    return fds
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc (Linux)")
+def test_a_shards_file_is_closed_after_a_bad_first_record_and_with_a_loader_let_go(tmp_path):
+    # a record that failed as a reader read its first window again (a reset: every run's
+    # start) left its shard's file open, past close(), held by the error's traceback; a
+    # loader let go without close() left its files to the collector's "unclosed file"
+    bad, good = tmp_path / "bad.jsonl", tmp_path / "good.jsonl"
+    bad.write_text('{"a": [1, null]}\n{"a": [1, 2]}\n')
+    good.write_text('{"a": [1, 3]}\n{"a": [1, 2]}\n')
+    with jl.StreamLoader(jl.Stream.jsonl(str(bad)), batch_size=2) as loader:
+        with pytest.raises(jl.RecordError) as raised:
+            next(iter(loader))
+        assert not _open_fds(bad)  # (the error, its traceback still alive: closed already)
+    assert raised.value is not None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        loader = jl.StreamLoader(jl.Stream.jsonl(str(good)), batch_size=2)
+        it = iter(loader)
+        next(it)
+        assert _open_fds(good)  # (its shard open: the next batch reads on)
+        del it, loader
+        gc.collect()
+    assert not _open_fds(good)
+    assert not [w for w in said if issubclass(w.category, ResourceWarning)], said

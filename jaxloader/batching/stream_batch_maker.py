@@ -102,7 +102,11 @@ class StreamBatchMaker:
         for one in state if isinstance(state, list) else [state]:
             local = (first if one is None else one.get("reader") or 0) - first
             reader = self.reader_for(local if 0 <= local < self.per_process else 0)
-            reader.reset(one)
+            try:
+                reader.reset(one)  # (opens its shard, reads its window again)
+            except BaseException:
+                reader.close()  # (not hosted yet: close() would not reach its open shard)
+                raise
             self._hosted[reader.reader - first] = reader
             self._untils[reader.reader] = {"until": one["until"]} if one and "until" in one else {}
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+import weakref
 from typing import Any, Callable, Generic, Literal, Never, cast
 
 from jaxloader.base.checks import MASK64, Int, check_int
@@ -189,6 +190,8 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         # What peek() and load_state_dict() copy: a maker no thread runs (the device-put
         # thread may be making a batch with self._maker, changing it as a copy reads it)
         self._pristine = pristine(self._maker)
+        weakref.finalize(self, self._maker.close)  # (a loader let go without close(): its
+        # readers' files closed, not left to the collector's "unclosed file" warnings)
         self._until: list[int] | None = None  # a pass: the epoch each reader stops before
         self._ended = False  # whether the pass _until was seen to end (by every process)
         self._progress = Progress("StreamLoader", where=where_of(self))

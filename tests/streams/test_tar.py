@@ -441,6 +441,7 @@ def test_members_not_named_key_ext_are_left_out_and_said_once_a_folder(tmp_path)
     shard.reset()
     shard.next()
     assert read_all(jl.TarShard(path), shard.get_state()) == records[1:]
+    shard.close()
     for i in range(3):  # (said once a folder: a thousand shards tarred on a Mac said it a
         (tmp_path / f"mac{i}.tar").write_bytes(path.read_bytes())  # thousand times a pass)
     with warnings.catch_warnings(record=True) as again:
