@@ -173,7 +173,8 @@ class AutoTune:
             if self._judge(before, before_rate, active, rate):
                 return
         memory = self._memory_bound(active)
-        high = min(self.bound(off_cpu), memory, self.pool.roster.most)
+        by_cores, most = self.bound(off_cpu), self.pool.roster.most
+        high = min(by_cores, memory, most)
         more = self.allowed(min(high, 2 * active if waited > 0.5 else active + 1), active + 1,
                             high)
         if more is None and self.counts is not None and high > active:  # (a stream's next
@@ -183,10 +184,14 @@ class AutoTune:
                                                             memory))
         if more is None and waited > WAITING and not self._said_bound:
             self._said_bound = True
-            log.info("%s: autotune: %d worker(s), the most worth running here (%d cores, their "
-                     "work %.0f%% off the CPU%s), while the consumer waits %.0f%%", self.label,
-                     active, self.cores, 100 * off_cpu, "" if self.counts is None else
-                     f", worker counts dividing the readers: {self.counts}", 100 * waited)
+            why = f"{self.cores} cores, their work {off_cpu:.0%} off the CPU"  # (what holds it)
+            if memory == high < by_cores:
+                why = "memory: half of what is free and the workers' own"
+            elif most == high < min(by_cores, self.pool.roster.capacity):  # (forked ones)
+                why = "start_method='fork' starts no more once JAX is imported"
+            log.info("%s: autotune: %d worker(s), the most worth running here (%s%s), while the "
+                     "consumer waits %.0f%%", self.label, active, why, "" if self.counts is None
+                     else f", worker counts dividing the readers: {self.counts}", 100 * waited)
         fewer = self.allowed(active - 1, self.floor, active - 1)
         if waited > WAITING and more is not None:
             self._change(active, more, rate, f"the consumer waited {waited:.0%}, the workers "

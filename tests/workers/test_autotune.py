@@ -279,6 +279,17 @@ def test_a_stream_whose_next_count_is_past_the_cores_tries_it_and_a_bound_is_sai
     said = [r.getMessage() for r in caplog.records if "the most worth running" in
             r.getMessage()]
     assert len(said) == 1 and "2 worker(s)" in said[0] and "2 cores" in said[0], said
+    # held by the memory, not the cores: the line named the cores all the same
+    pool = FakePool(active=2)
+    tune = monitor.AutoTune(pool, cores=8)
+    tune._memory_bound = lambda active: 2  # (half of what is free holds two)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
+        windows(tune, pool, [(100, 0.0, 1.0)] + [(100, 0.9, 1.0)] * 3)
+    said = [r.getMessage() for r in caplog.records if "the most worth running" in
+            r.getMessage()]
+    assert len(said) == 1 and "(memory: half of what is free" in said[0], said
+    assert "cores" not in said[0], said
 
 
 def test_a_window_across_a_reset_of_the_stats_or_time_away_is_not_judged():
