@@ -644,6 +644,29 @@ def test_the_stats_give_each_workers_time_waiting_for_a_core():
         assert all(w.queued_s < 0.05 for w in loader.stats.workers)  # (~none since the reset)
 
 
+def _asleep(record):
+    time.sleep(0.004)  # (off the CPU: a task's time a wait for a core may be)
+    return record
+
+
+def test_the_workers_wait_for_a_core_is_kept_in_the_stats_after_close(tmp_path, monkeypatch):
+    # read from their processes, which close() ends: the stats after it said 0 for each
+    from jaxloader.base import stats
+
+    monkeypatch.setattr(stats, "_PROC", str(tmp_path), raising=False)
+    loader = jl.DataLoader(arrays(128), batch_size=16, transforms=[jl.Map(_asleep)],
+                           num_workers=2, **ONE)
+    list(loader)
+    for pid in loader.worker_pids:  # (as Linux would count it: 50 ms each)
+        folder = tmp_path / str(pid) / "task" / str(pid)
+        folder.mkdir(parents=True)
+        (folder / "schedstat").write_text("910 50000000 4\n")
+    loader.close()
+    for pid in loader.worker_pids or [w.pid for w in loader.stats.workers]:
+        (tmp_path / str(pid) / "task" / str(pid) / "schedstat").unlink()  # (the process gone)
+    assert [w.queued_s for w in loader.stats.workers] == pytest.approx([0.05, 0.05])
+
+
 def test_a_workers_wait_for_a_core_is_every_threads(tmp_path, monkeypatch):
     # the main thread's alone: a JitMap's task waits off the CPU for XLA's threads, which
     # wait for a core, and the verdict said "the transforms wait (files, sleeps, locks)"

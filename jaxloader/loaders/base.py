@@ -309,6 +309,10 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         return self._progress.stats(engine.gauges, pids, engine.active,
                                     local=not getattr(engine, "remote", False))
 
+    def _local_pids(self) -> list[int]:
+        """The workers' processes on this machine (none for Ray actors)."""
+        return [] if getattr(self._engine, "remote", False) else list(self._engine.pids)
+
     def diagnose(self, since: LoaderStats | None = None) -> "Diagnosis":
         """What limits the input now, from ``stats``: ``bottleneck`` (``"step"``,
         ``"workers"``, ``"source"``, ``"main"`` or ``"device"``), seconds by stage, and advice;
@@ -341,8 +345,7 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""
-        self._progress.reset_stats(() if getattr(self._engine, "remote", False)
-                                   else self._engine.pids)
+        self._progress.reset_stats(self._local_pids())
         self._engine.gauges.reset()
         self._summarised = None  # (the periodic summary's window starts afresh too)
         if self._monitor is not None:  # (a tuning window across the reset: counts gone back)
@@ -381,7 +384,8 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         # Every call runs every step (each is idempotent): a Ctrl-C while the prefetch thread
         # is joined must not skip the workers (``jaxloader.base.interrupts``, 4), and one that lands
         # before the steps began (as ``run_all`` starts) leaves them to the next close().
-        run_all([lambda: gone.append(self._invalidate(until_gone=False)), self._engine.close,
+        run_all([lambda: self._progress.keep_queued(self._local_pids()),  # (before they end)
+                 lambda: gone.append(self._invalidate(until_gone=False)), self._engine.close,
                  lambda: self._release(bool(gone) and gone[0])])
 
     def _release(self, idle: bool) -> None:

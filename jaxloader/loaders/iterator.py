@@ -66,6 +66,7 @@ class Progress:
         self.closed = False
         self.at_pass_end = ""  # restored at a pass's end: the pass its next iter() begins
         self.passes_said = False  # a second pass of several epochs begun by iter(), said
+        self.queued_seen: dict[int, float] = {}  # (keep_queued's: a process's last read)
         self.reset_stats()
 
     def check(self) -> None:
@@ -90,7 +91,7 @@ class Progress:
                                      nbytes + totals.bytes)
             if pids:
                 pid = pids[i] if i < len(pids) else 0
-                queued = min(max(0.0, queued_s(pid) - self.queued_from.get(pid, 0.0)),
+                queued = min(max(0.0, self.keep_queued([pid]) - self.queued_from.get(pid, 0.0)),
                              max(0.0, totals.busy_s - totals.cpu_s)) if pid and local else 0.0
                 # (at most the tasks' time off their CPU: waits outside tasks are not theirs)
                 workers.append(WorkerStats(i, pid, totals.batches, totals.records, totals.bytes,
@@ -105,10 +106,18 @@ class Progress:
                            stages, tuple(workers), num_workers, gauges.ready_ahead(), made,
                            self.first_batch_s, self.began, main_cpu_s=self.cpu_s)
 
+    def keep_queued(self, pids: Sequence[int]) -> float:
+        """Reads the time the processes ``pids`` have waited for a core, kept for when they
+        are gone (stats after ``close()`` read 0 from their ended processes); the last's."""
+        found = 0.0
+        for pid in pids:
+            found = self.queued_seen[pid] = max(queued_s(pid), self.queued_seen.get(pid, 0.0))
+        return found
+
     def reset_stats(self, pids: Sequence[int] = ()) -> None:
         """Starts the counts again (the engine's gauges are reset by the loader); ``pids``:
         the workers', whose time waiting for a core counts from now."""
-        self.queued_from = {pid: queued_s(pid) for pid in pids}
+        self.queued_from = {pid: self.keep_queued([pid]) for pid in pids}
         self.began = time.perf_counter()  # when the stats began (LoaderStats.began)
         self.batches = 0  # batches handed out, time waited inside next(), run between calls
         self.wait_s = self.run_s = self.place_s = 0.0  # (placement: device_put's time)
@@ -331,7 +340,7 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
                          "start where it has workers)", progress.label, returned - entered)
         for pid in getattr(self._engine, "pids", ()):
             if pid not in progress.queued_from:
-                progress.queued_from[pid] = queued_s(pid)
+                progress.queued_from[pid] = progress.keep_queued([pid])
         if monitor is not None and returned >= monitor.next_at:
             monitor.tick(returned, self._step + 1, progress.batches + 1,
                          progress.wait_s + (returned - entered))
