@@ -47,7 +47,8 @@ from jaxloader.ray_actor import MakerActor, actor_arguments, payload, with_worke
 from jaxloader.ray_streams import KILLS_PER_TASK, lost_in_turn, stream_batches
 from jaxloader.ray_tasks import (RayStallWatch, TaskQueues, check_session, get, lost_errors,
                                  session, step_failed, steps_text, task_failed, task_steps)
-from jaxloader.workers.failures import StallWatch, closed, unpicklable
+from jaxloader.workers.failures import closed, unpicklable
+from jaxloader.workers.stalls import StallWatch
 from jaxloader.workers.source_copies import Copies
 
 log = logging.getLogger("jaxloader")

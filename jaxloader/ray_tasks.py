@@ -26,7 +26,8 @@ import time
 from typing import Any, Callable
 
 from jaxloader.base.errors import WorkerError
-from jaxloader.workers.failures import StallWatch, raised
+from jaxloader.workers.failures import raised
+from jaxloader.workers.stalls import StallWatch
 from jaxloader.workers.tasks import TASK_SECONDS  # (an actor's as a local worker's: Ray's
 # ~1 ms a call is under 0.2% of it)
 

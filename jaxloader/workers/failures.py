@@ -1,12 +1,9 @@
-"""What the pool says when a worker raises, dies, stalls or cannot be sent its work.
-
-A wait for a batch is watched (``StallWatch``): past ``stall_warning_s`` it is logged, with
-what each worker is doing (``stall_report``), again every ``stall_warning_s``; past
-``timeout_s`` it is a ``StallError``. Every message names the worker, its pid, what it was
-doing (the step and record positions, from its status row: ``status.py``) and what to do; a
-raise carries the worker's traceback and, when it pickles, the exception itself as the cause.
-A payload that does not pickle is said with the part of it that does not (``unpicklable``):
-the transform, source or ``worker_init_fn``, and in it what holds the object (``_culprit``).
+"""What the pool says when a worker raises, dies or cannot be sent its work (a late batch
+is said by ``stalls.py``). Every message names the worker, its pid, what it was doing (the
+step and record positions, from its status row: ``status.py``) and what to do; a raise
+carries the worker's traceback and, when it pickles, the exception itself as the cause. A
+payload that does not pickle is said with the part of it that does not (``unpicklable``): the
+transform, source or ``worker_init_fn``, and in it what holds the object (``_culprit``).
 
 Example:
     >>> from jaxloader.workers.protocol import Failed
@@ -22,18 +19,17 @@ import dis
 import functools
 import inspect
 import io
-import logging
 import os
 import pickle
 import signal
 import sys
-import time
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from jaxloader.base.abilities import parts_of
-from jaxloader.base.errors import CollateError, JaxloaderError, SharedMemoryError, StallError, WorkerError
+from jaxloader.base.errors import (CollateError, JaxloaderError, SharedMemoryError,
+                                   WorkerError)
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
 from jaxloader.workers.launch import EXIT_UNKNOWN
@@ -125,112 +121,6 @@ def _ended(code: int | None) -> str:
         return ("its exit code unknown (this process's children are reaped by another: "
                 "SIGCHLD ignored, or a handler of its own calling waitpid)")
     return f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
-
-
-_LOG = logging.getLogger("jaxloader")
-
-
-class StallWatch:
-    """The consumer's wait for one step: when to say it is late, and when it is an error. The
-    time counted is the time since the worker that holds the step last began a step (its
-    ``progress``), or since the wait began if later: a task of 16 small steps is reported once
-    all are made, and a healthy worker making one every 0.1 s kept the consumer waiting 1.6 s,
-    past a ``timeout_s`` of 1."""
-
-    timed_out_by = "timeout_s= makes a wait this long an error"  # (a Ray actor's: its own)
-
-    def __init__(self, warn_s: float | None, timeout_s: float | None,
-                 label: str = "jaxloader") -> None:
-        self.warn_s, self.timeout_s, self.label = warn_s, timeout_s, label  # (label: which
-        # loader waits, in the log line: a train and an eval loader may both be late)
-        self.watching = warn_s is not None or timeout_s is not None
-        self._awaited: int | None = None
-        self._since = 0.0  # when the wait for the step began
-        self._moved = 0.0  # and the holder's last step, if later
-        self._warned = 0  # reports given since then
-
-    def begin(self, awaited: int | None) -> None:
-        """Waiting for step ``awaited`` (the same as before: the clock runs on)."""
-        if awaited is None or awaited != self._awaited:
-            self._awaited, self._warned = awaited, 0
-            self._since = self._moved = time.monotonic()
-
-    def left(self) -> float:
-        """Seconds until the next report or the error is due (0 when overdue)."""
-        due = [t for t in (None if self.warn_s is None else self.warn_s * (self._warned + 1),
-                           self.timeout_s) if t is not None]
-        return max(0.0, min(due) - (time.monotonic() - self._moved))
-
-    def wait(self, poll: Callable[..., list], awaited: int | None,
-             report: Callable[[int], str], progress: Callable[[int], float | None]
-             ) -> tuple[list, StallError | None]:
-        """``poll(ms)`` until it gives events, the wait for step ``awaited`` said when late
-        (``due``, of ``report(awaited)``): the events, or the ``StallError`` past ``timeout_s``."""
-        if awaited is None or not self.watching:
-            return poll(), None
-        step = awaited
-        self.begin(step)
-        while True:
-            events = poll(min(self.left(), 3600.0) * 1000)  # (overdue: what came; ms: a C int)
-            if events:
-                return events, None
-            error = self.due(lambda: report(step), lambda: progress(step))
-            if error is not None:
-                return [], error
-
-    def due(self, report: Callable[[], str],
-            progress: Callable[[], float | None] = lambda: None) -> StallError | None:
-        """The ``StallError`` if the wait is past ``timeout_s``; else logs ``report()`` if a
-        report is due, and ``None``. ``progress()``: when the worker that holds the step began
-        its last step (``time.monotonic``), or ``None`` (idle, or starting)."""
-        moved = progress()
-        if moved is not None and moved > self._moved:
-            self._moved, self._warned = moved, 0  # (a step since: it is not stuck)
-        now = time.monotonic()
-        waited, still = now - self._since, now - self._moved
-        late = f"no batch for {waited:,.1f} s"
-        if f"{still:,.1f}" != f"{waited:,.1f}":  # (a step begun since the wait began)
-            late += f", and no step begun by its worker for {still:,.1f} s"
-        if self.timeout_s is not None and still >= self.timeout_s:
-            return StallError(
-                f"{late}, past timeout_s={self.timeout_s:g}: "
-                + report() + "\n--- the loader is broken; fix what holds the worker, or raise "
-                "timeout_s, then create a new loader ---")
-        if self.warn_s is not None and still >= self.warn_s * (self._warned + 1):
-            _LOG.warning("%s: %s: %s\nThe loader keeps waiting (%s; stall_warning_s= sets when "
-                         "this is said)", self.label, late, report(), self.timed_out_by)
-            # the next at the first multiple of stall_warning_s after this one was made (a
-            # report takes time): the (_warned + 1)-th
-            self._warned = int((time.monotonic() - self._moved) // self.warn_s)
-        return None
-
-
-def holder_progress(awaited: int, tasks: Iterable[Any], board: StatusBoard) -> float | None:
-    """When the worker that holds step ``awaited`` (in one of ``tasks``) began the step it is
-    making (``time.monotonic``), or ``None``: idle or starting, or the step in no task."""
-    task = _task_of(awaited, tasks)
-    return None if task is None else board.making_since(task.worker)
-
-
-def _task_of(awaited: int, tasks: Iterable[Any]) -> Any:
-    """The task (``tasks.InFlight``) of step ``awaited``, or ``None``."""
-    return next((t for t in tasks if awaited in range(
-        t.first, t.first + t.stride * len(t.segments), t.stride)), None)
-
-
-def stall_report(awaited: int, tasks: Iterable[Any], pids: list[int], board: StatusBoard,
-                 where: Callable[[int], str]) -> str:
-    """What the consumer awaits (step ``awaited``, in one of ``tasks``, the pool's
-    ``tasks.InFlight``) and what each worker is doing, with their stacks."""
-    task = _task_of(awaited, tasks)
-    steps = None if task is None else range(task.first, task.first + task.stride * len(
-        task.segments), task.stride)
-    sent = "" if steps is None or len(steps) == 1 else (
-        f" (in its task of steps {steps[0]}, {steps[1]}, ..., {steps[-1]}, reported once all "
-        "are made)")
-    worker = awaited % len(pids) if task is None else task.worker
-    return "\n".join([f"{where(awaited)} is awaited, from worker {worker}{sent}. "
-                      "The workers:", *board.report(pids, where)])
 
 
 def pickled(maker: Any, init_fn: Any, keep: Callable[[Any], None], note: Callable) -> bytes:

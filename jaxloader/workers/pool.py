@@ -22,7 +22,7 @@ and their slots come back, so a restore waits for one step at most; an older run
 thread still drives ends at its next turn (``in_process.Runs``: it took the live run's
 batches, which then waited forever). Broken is a state: once a worker raises or dies, the pool
 raises a ``WorkerError`` naming the worker, its pid, what it was doing and the remedy
-(``failures.py``), and so does every later call. A late batch is said (``StallWatch``).
+(``failures.py``), and so does every later call. A late batch is said (``stalls.py``).
 
 One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run
 may be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run
@@ -45,7 +45,7 @@ from jaxloader.base.errors import WorkerError, again, kept
 from jaxloader.base.interrupts import run_all
 from jaxloader.base.timings import SAMPLE, Gauges, weight
 from jaxloader.engines.in_process import Maker, Runs
-from jaxloader.workers import failures, protocol, relay
+from jaxloader.workers import failures, protocol, relay, stalls
 from jaxloader.workers.endings import at_end, forget_all, stop_all
 from jaxloader.workers.process import WorkerProcess, worker_environment
 from jaxloader.workers.protocol import Done, Failed, Grow, Init, Said, Slot, Task
@@ -79,7 +79,7 @@ class WorkerPool:
                  max_workers: int | None = None, label: str = "jaxloader",
                  pinner: Any = None) -> None:
         self._maker, self._owner = maker, os.getpid()  # (a fork shares pipes, not workers)
-        self._stall, self._pinner = failures.StallWatch(stall_warning_s, timeout_s, label), pinner
+        self._stall, self._pinner = stalls.StallWatch(stall_warning_s, timeout_s, label), pinner
         self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
         self._start_method, self._initial = start_method, num_workers
         self._capacity = max(num_workers, max_workers or 0)  # workers it may grow to
@@ -341,12 +341,12 @@ class WorkerPool:
         return True
 
     def _wait(self, awaited: int | None) -> list:
-        """``poll()`` until a worker reports; a long wait for step ``awaited`` is said, or an
-        error (``failures.StallWatch``)."""
+        """``poll()`` until a worker reports; a long wait for step ``awaited`` said (``stalls``)."""
+        on = (self._run, self._tasks.values(), self._board)  # (the run's tasks, as they are)
         events, error = self._stall.wait(self.roster.poller.poll, awaited, lambda step: (
-            failures.stall_report(step, self._tasks.values(), self.pids, self._board,
-                                  self._maker.location)),
-            lambda step: failures.holder_progress(step, self._tasks.values(), self._board))
+            stalls.stall_report(step, *on, self.pids, self._maker.location)),
+            lambda step: stalls.holder_progress(step, *on),
+            lambda step: stalls.behind(step, *on, self._maker.location))
         if error is not None:
             self._break(error, None)
         return events

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.workers import failures, stacks, status
+from jaxloader.workers import failures, stacks, stalls, status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -242,9 +242,9 @@ def test_a_crash_dump_is_said_for_the_worker_that_crashed_only():
 def _watch(monkeypatch, caplog, warn_s, timeout_s):
     """A ``StallWatch`` awaiting step 5 on a clock the test moves (``now[0]``, from 100 s)."""
     now = [100.0]
-    monkeypatch.setattr(failures.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(stalls.time, "monotonic", lambda: now[0])
     caplog.set_level(logging.WARNING, logger="jaxloader")
-    watch = failures.StallWatch(warn_s, timeout_s)
+    watch = stalls.StallWatch(warn_s, timeout_s)
     watch.begin(5)
     return watch, now
 
@@ -262,6 +262,36 @@ def test_a_stall_is_said_again_every_stall_warning_s(caplog, monkeypatch):
     assert watch.left() == pytest.approx(0.1)  # to the next, at 5 s
     now[0] = 110.0
     assert "past timeout_s=10" in str(watch.due(lambda: "step 5 is awaited"))
+
+
+def test_a_new_iterators_step_behind_a_step_of_the_one_before_is_said(tmp_path, monkeypatch,
+                                                                       caplog):
+    # Ctrl-C on a read that hangs, the cell run again: the new iterator's first step waited
+    # behind the step its worker still made for the iterator before, without a word until
+    # stall_warning_s (300 s by default: a notebook's user waited 5 minutes, the limits audit)
+    flag = tmp_path / "hung"
+
+    def hangs_once(record):
+        if int(record["x"]) == 16 and not flag.exists():  # (step 2's first record)
+            flag.touch()
+            time.sleep(3.0)
+        return record
+
+    monkeypatch.setattr(stalls, "BEHIND_S", 0.5)
+    caplog.set_level(logging.WARNING, logger="jaxloader")
+    with jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=8, num_workers=1,
+                       transforms=[jl.Map(hangs_once)], prefetch=4, stall_warning_s=60,
+                       process_index=0, process_count=1) as loader:
+        next(iter(loader))  # step 0; its worker goes on to steps 1, 2 (which hangs), ...
+        while not flag.exists():
+            time.sleep(0.01)
+        again = iter(loader)  # (the iterator before ends: its steps are stale)
+        assert int(next(again)["x"][0]) == 8  # step 1, made once step 2 of before is done
+    said = [r.getMessage() for r in caplog.records if "waits behind worker 0" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"{loader._progress.label}: step 1 (epoch 0, record positions 8..15)"
+                              " waits behind worker 0, still making step 2"), said[0]
+    assert "for an iterator before this one" in said[0] and "close() the loader" in said[0]
 
 
 def _a_little_slow(record):
