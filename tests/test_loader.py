@@ -976,6 +976,27 @@ def test_arguments_in_the_wrong_shape_or_order_are_told_the_call_that_works():
     assert len(rows) == 5
 
 
+def test_a_mask_key_given_where_no_mask_is_added_is_warned_of():
+    # mask_key="is_real" with last_batch="drop" (or an endless stream) added no mask and said
+    # nothing: an evaluation loop reading batch["is_real"] failed far from the argument
+    source = jl.ArraySource({"x": np.arange(10)})
+    for last_batch in ("drop", "partial"):
+        with pytest.warns(jl.JaxloaderWarning, match=r"mask_key='is_real': no mask is added "
+                                                     r"to these batches, which only "
+                                                     r"last_batch='pad' adds"):
+            jl.DataLoader(source, batch_size=4, mask_key="is_real", last_batch=last_batch,
+                          shuffle=True).close()
+    stream = jl.Stream.from_generator(lambda s: iter([{"x": 1}] * 4), 1)
+    with pytest.warns(jl.JaxloaderWarning, match=r"which only num_epochs=n \(a pass's end\)"):
+        jl.StreamLoader(stream, batch_size=2, mask_key="is_real").close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (where a mask is added, or none named: nothing said)
+        with jl.DataLoader(source, batch_size=4, mask_key="is_real", last_batch="pad") as pad:
+            assert "is_real" in next(iter(pad))
+        jl.DataLoader(source, batch_size=4, shuffle=True).close()
+        jl.StreamLoader(stream, batch_size=2, mask_key="is_real", num_epochs=1).close()
+
+
 def test_a_device_prefetch_given_without_a_sharding_is_warned_of():
     # it acts on placed batches alone: device_prefetch=8 for a slow copy, the sharding left out
     # (or dropped on a CPU run), kept nothing ahead, without a word

@@ -197,7 +197,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         self._options = LoaderOptions(  # (its ints made Python's as they are checked)
             count, cast("int | None", num_epochs), mask_key, ahead, start_method,
             cast("int | None", device_prefetch), stall_warning_s, timeout_s, log_every_s,
-            auto_workers, auto_prefetch, unplaced=self._putter is None)
+            auto_workers, auto_prefetch, unplaced=self._putter is None,
+            unmasked="" if last_batch == "pad" else "last_batch='pad'")
         record_transforms, batch_transforms = split_transforms(transforms,
                                                                process_count=process_count)
         rest = self._sampler.num_records % batch_size  # (a mixture's batches are all full)

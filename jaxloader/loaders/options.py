@@ -49,6 +49,7 @@ class LoaderOptions:
     auto_workers: bool = False  # (set from num_workers="auto")
     auto_prefetch: bool = False  # (set from prefetch="auto")
     unplaced: bool = False  # (no sharding: a device_prefetch given is warned of, once)
+    unmasked: str = ""  # (no mask added: what would add one, a mask_key given warned of, once)
 
     def __post_init__(self) -> None:
         def keep(name: str, value: Any) -> None:  # as a Python int (NumPy's are not JSON)
@@ -91,6 +92,11 @@ class LoaderOptions:
                 f"mask_key: expected a str (the name of the pad mask leaf), got "
                 f"{type(self.mask_key).__name__} {self.mask_key!r}"
             )
+        if self.unmasked and self.mask_key != "mask":  # (given, to no effect)
+            warnings.warn(f"mask_key={self.mask_key!r}: no mask is added to these batches, "
+                          f"which only {self.unmasked} adds; pass that, or leave mask_key out",
+                          JaxloaderWarning, stacklevel=user_stacklevel())
+        keep("unmasked", "")  # (as unplaced: once)
         for name in ("stall_warning_s", "timeout_s", "log_every_s"):
             value = getattr(self, name)
             if value is not None and not is_seconds(value):

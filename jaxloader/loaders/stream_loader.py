@@ -155,7 +155,8 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         self._options = LoaderOptions(  # (its ints made Python's as they are checked)
             count, cast("int | None", num_epochs), mask_key, ahead, start_method,
             cast("int | None", device_prefetch), stall_warning_s, timeout_s, log_every_s,
-            auto_workers, auto_prefetch, unplaced=self._putter is None)
+            auto_workers, auto_prefetch, unplaced=self._putter is None,
+            unmasked="" if num_epochs is not None else "num_epochs=n (a pass's end)")
         if num_epochs is not None:
             passes.check(process_count)
             passes.empty_files(given)

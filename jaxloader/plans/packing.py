@@ -57,6 +57,21 @@ def check_overlong(label: str, overlong: object, method: str) -> None:
             "method='best_fit' or 'first_fit'")
 
 
+def method_of(label: str, method: str | None, bins: int, window: int, window_default: int
+              ) -> str:
+    """``method``, or ``"concat"`` where it is not given (``None``); refused then with
+    ``bins`` or ``window`` other than their defaults, which only a fit reads (``bins=4``
+    asked for a fit and got concat's rows, without a word)."""
+    given = [f"{name}={value}" for name, value, default in (
+        ("bins", bins, 16), ("window", window, window_default)) if value != default]
+    if method is None and given:
+        raise ConfigError(
+            f"{label}: {' and '.join(given)} without method=, which is 'concat' by default: "
+            "records packed in their order, a row after another, reading neither; pass "
+            "method='best_fit' or 'first_fit' (what bins and window are for), or leave them out")
+    return "concat" if method is None else method
+
+
 class PackingPlan(NamedTuple):
     """Segments sorted by row: row ``r`` holds segments ``row_ptr[r]:row_ptr[r + 1]``.
 

@@ -57,9 +57,10 @@ class PackedStream:
     """Rows of ``length`` tokens of ``key`` packed from ``stream`` (a ``Stream``, or streams
     mixed by ``jl.mix``): each record, after ``tokenize`` (a function of the record returning
     a dict with ``key``: 1-D integer tokens; none: the records are such dicts already), is laid
-    after the one before and the stream is cut every ``length`` tokens (``method="concat"``).
-    ``"best_fit"`` or ``"first_fit"`` place whole records instead, ``bins`` rows open at a
-    time, over windows of ``window`` records, as ``PackedSource`` does; ``overlong`` says what
+    after the one before and the stream is cut every ``length`` tokens (``method="concat"``,
+    the default). ``"best_fit"`` or ``"first_fit"`` place whole records instead, ``bins`` rows
+    open at a time, over windows of ``window`` records, as ``PackedSource`` does (``bins`` or
+    ``window`` without a ``method`` is refused: concat reads neither); ``overlong`` says what
     becomes of a record longer than a row (``"split"`` into rows, or ``"truncate"``). Read it
     with a ``StreamLoader``; its ``transforms`` then apply to the rows.
 
@@ -87,7 +88,7 @@ class PackedStream:
     def __init__(self, stream: StreamLike, key: str | Sequence[str], length: int,
                  tokenize: Callable[[Any], Mapping[str, Any]] | None = None,
                  dtype: Any = np.int32, *,
-                 method: packing_plan.Method = "concat", bins: int = 16,
+                 method: packing_plan.Method | None = None, bins: int = 16,
                  window: int = 1000, overlong: packing_plan.Overlong = "split",
                  value: Any = 0) -> None:
         from jaxloader.streams.mixed import MixedStream
@@ -109,11 +110,12 @@ class PackedStream:
             raise ConfigError(f"PackedStream(tokenize): expected a function of a record, got "
                               f"{type(tokenize).__name__}")
         self.dtypes = _dtypes(dtype, keys)
-        packing_plan.check_method("PackedStream(method)", method)
         bins = check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
         window = check_int("PackedStream(window)", window, low=1,
                            remedy="records packed together, e.g. 1000")
-        packing_plan.check_overlong("PackedStream(overlong)", overlong, method)
+        chosen = packing_plan.method_of("PackedStream", method, bins, window, 1000)
+        packing_plan.check_method("PackedStream(method)", chosen)
+        packing_plan.check_overlong("PackedStream(overlong)", overlong, chosen)
         self.stream, self.keys, self.length = stream, keys, length
         self.key, self.dtype = keys[0], self.dtypes[0]  # (the first: the tokens)
         self.values = fill_values("PackedStream(value)", value, keys)
@@ -125,11 +127,11 @@ class PackedStream:
         self._tokenize_digests = (None,) * (DIGEST_LEVELS + 1) if tokenize is None else (
             tuple(d[:16] for d in code_digests(tokenize)))  # (as made: a memo it fills is
         # not another function; and as versions of 2026-11-30 took it, digest_level)
-        self.method, self.bins, self.window, self.overlong = method, bins, window, overlong
+        self.method, self.bins, self.window, self.overlong = chosen, bins, window, overlong
         changes = sorted(getattr(stream, "schedule", {0: None}))[1:]  # (a mixture's)
-        if changes and method != "concat":
+        if changes and chosen != "concat":
             warnings.warn(
-                f"PackedStream(method={method!r}) over streams mixed with weight changes (from "
+                f"PackedStream(method={chosen!r}) over streams mixed with weight changes (from "
                 f"step {changes[0]}): a reader packs a window of {window:,} records read ahead "
                 "of the rows it hands out, so a change reaches the batches only with the next "
                 "window, up to a window's rows after its step (hundreds of steps with rows of "

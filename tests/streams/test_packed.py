@@ -193,9 +193,16 @@ def test_bad_input_is_named():
                           (dict(window=2.5), r"PackedStream\(window\)"),
                           (dict(overlong="cut"), r"PackedStream\(overlong\).*'truncate' drops"),
                           (dict(overlong="truncate", method="concat"),
-                           r"PackedStream\(overlong\): 'truncate' with method='concat'")):
+                           r"PackedStream\(overlong\): 'truncate' with method='concat'"),
+                          # (bins and window read by a fit alone: method left out, concat's
+                          # rows were made for them without a word, the API audit)
+                          (dict(bins=4, window=8), r"PackedStream: bins=4 and window=8 without "
+                                                   r"method=, which is 'concat' by default")):
         with pytest.raises(jl.ConfigError, match=expected):
             jl.PackedStream(documents(), "tokens", 8, **bad)
+    for method in ("concat", "best_fit"):  # (named: bins taken, as a loop over methods does)
+        assert jl.PackedStream(documents(), "tokens", 8, method=method, bins=4).method == method
+    assert jl.PackedStream(documents(), "tokens", 8).method == "concat"
     with pytest.raises(jl.ConfigError, match=r"PackedStream\(stream\): expected a jl.Stream .*"
                                              r"jl.PackedSource"):
         jl.PackedStream([{"tokens": np.arange(3)}], "tokens", 8)
