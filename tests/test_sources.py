@@ -562,6 +562,11 @@ def test_labels_and_worker_counts_of_another_kind_are_refused_where_made():
         with pytest.raises(jl.ConfigError, match=r"FilteredSource\(num_workers=...\): expected "
                                                  r"an int"):
             jl.FilteredSource(source, lambda r: True, num_workers=count)
+    # indices and workers, which have no keep to run: the workers asked for, without a word
+    with pytest.warns(jl.JaxloaderWarning, match=r"FilteredSource\(num_workers=2\) without "
+                                                 r"keep: no function runs over the source"):
+        kept = jl.FilteredSource(source, indices=np.array([1, 2, 3]), num_workers=2)
+    assert len(kept) == 3
 
 
 def test_indices_found_from_another_source_without_keep_are_refused_naming_the_file(tmp_path):

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 
 from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of, origin_of
 from jaxloader.base.checks import check_int, record_index
-from jaxloader.base.errors import ConfigError, JaxloaderError, RecordError
+from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
+                                   user_stacklevel)
 from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, warn_hashing
@@ -89,6 +91,11 @@ class FilteredSource:
                 f"FilteredSource: got both keep {fn_name(keep)} and indices= record numbers, "
                 "of which only the indices would be used; pass one of them, or indices= the "
                 "path of a .npy file that keeps the records keep finds for the next run")
+        if keep is None and num_workers:  # (given, to no effect)
+            warnings.warn(f"FilteredSource(num_workers={num_workers}) without keep: no "
+                          "function runs over the source (the indices are the records); "
+                          "leave num_workers out", JaxloaderWarning,
+                          stacklevel=user_stacklevel())
 
         def find() -> np.ndarray:
             if keep is None:

@@ -10,13 +10,14 @@ import copy
 import functools
 import inspect
 import logging
+import os
 import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of, digest_level
 from jaxloader.base.own_records import top_copy
-from jaxloader.base.checks import check_int, refused_call
+from jaxloader.base.checks import callable_name, check_int, refused_call
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, code_digests
 from jaxloader.streams.shard_state import innermost
@@ -135,6 +136,24 @@ class IterableShard:
     def __init__(self, make: Callable[[], Iterable] | Iterable, name: str | None = None,
                  code: str | None = None,
                  code_before: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()) -> None:
+        if isinstance(make, (str, bytes, os.PathLike)):  # (a str's characters, records)
+            raise ConfigError(
+                f"IterableShard: got the {type(make).__name__} {make!r:.80}, whose characters "
+                "would be its records; for a file's records, read it with Stream.jsonl(paths), "
+                "Stream.text(paths) or Stream.tar(paths); for records in a list, pass the list")
+        if callable(make) and (signature := refused_call(make)) is not None:
+            raise ConfigError(
+                f"IterableShard: make is called as make(), but {callable_name(make)}"
+                f"{signature} cannot be; pass a function of no arguments that makes the "
+                "records (for one of a shard number: Stream.from_generator(make, shards=n))")
+        for label, value in (("name", name), ("code", code)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise ConfigError(f"IterableShard({label}): expected a non-empty str or None, "
+                                  f"got {type(value).__name__} {value!r:.60}")
+        if not callable(code_before) and not (isinstance(code_before, tuple) and all(
+                isinstance(c, str) for c in code_before)):
+            raise ConfigError(f"IterableShard(code_before): expected a tuple of str (the "
+                              f"digests older versions wrote), got {code_before!r:.60}")
         if callable(make):
             self._make = make
         elif isinstance(make, Iterable) and iter(make) is not make:  # re-iterable (a list)
@@ -150,6 +169,9 @@ class IterableShard:
         self.code_before = code_before  # (older versions' digests: ``codes_of(before=)``)
         self._it: Iterator | None = None
         self._consumed = 0
+
+    def __repr__(self) -> str:
+        return f"IterableShard({self.name!r})"
 
     def reset(self, state: dict | None = None) -> None:
         (skip,) = state_ints(self, state, ("consumed",))

@@ -92,6 +92,9 @@ class FileShard:
         self.path = os.fspath(path)
         self.name = self.path
         self.append_only = check_bool(f"{type(self).__name__}(append_only)", append_only)
+        if os.path.isdir(self.path):  # (as a missing file is said: a reader reached it later)
+            raise ConfigError(f"{type(self).__name__}: {self.path!r} is a folder, not a file; "
+                              "pass its files: Stream.jsonl/text/tar(folder) reads each")
         if not self.append_only and "://" not in self.path and not os.path.exists(self.path):
             warnings.warn(  # (as the stream is made: a reader reached it hours in)
                 f"{type(self).__name__}: {self.path!r} does not exist here (or links to nothing):"
@@ -104,6 +107,9 @@ class FileShard:
         self._size_known: int | None = None  # the bytes the reader reads, if known unread
         self._mtime: int | None = None  # the local plain file's st_mtime_ns as last looked at
         self._said_held = False  # a last line without its line break was said (_held_back)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
 
     def reset(self, state: dict | None = None) -> None:
         offset, count = state_ints(self, state, ("offset", self._COUNTER))

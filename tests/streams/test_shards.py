@@ -101,6 +101,32 @@ def test_a_long_resume_that_reads_records_again_says_how_far_it_is(monkeypatch, 
     assert said[0].endswith(" of 90,000"), said
 
 
+def test_a_shard_made_of_a_path_a_folder_or_a_function_of_arguments_is_refused(tmp_path):
+    # IterableShard("train.txt") read the path's characters as its records; a function of
+    # the shard number failed at the first batch; a name of 3 went into the state; a folder
+    # given to JsonlShard failed when a reader reached it (the API audit)
+    for path in ("data/train.txt", b"data/train.txt", tmp_path):
+        with pytest.raises(jl.ConfigError, match=r"IterableShard: got the \w+ .*, whose "
+                                                 r"characters would be its records"):
+            jl.IterableShard(path)
+    with pytest.raises(jl.ConfigError, match=r"make is called as make\(\), but .*<lambda>\(shard\) "
+                                             r"cannot be; .*Stream.from_generator"):
+        jl.IterableShard(lambda shard: [1])
+    for bad in (dict(name=3), dict(name=""), dict(code=3)):
+        with pytest.raises(jl.ConfigError, match=r"IterableShard\((name|code)\): expected a "
+                                                 r"non-empty str or None"):
+            jl.IterableShard([1], **bad)
+    with pytest.raises(jl.ConfigError, match=r"IterableShard\(code_before\): expected a tuple"):
+        jl.IterableShard([1], code_before="abc")
+    assert repr(jl.IterableShard([1], name="mine")) == "IterableShard('mine')"
+    for kind in (jl.JsonlShard, jl.TextShard, jl.TarShard):
+        with pytest.raises(jl.ConfigError, match=rf"{kind.__name__}: '.*' is a folder, not a "
+                                                 r"file; pass its files"):
+            kind(tmp_path)
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    assert repr(jl.JsonlShard(tmp_path / "a.jsonl")) == f"JsonlShard({str(tmp_path / 'a.jsonl')!r})"
+
+
 def test_from_generator_refuses_a_generator_object_when_the_stream_is_made():
     # it was accepted, then failed at the first next() with "'generator' object is not callable"
     def numbers(shard):
