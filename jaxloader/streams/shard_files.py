@@ -38,6 +38,11 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
         try:
             plain = compression(raw) is None
             found = file_identity.ends(raw, skip=0 if plain else _HEADER_BYTES)
+            if getattr(shard, "_PADDED", False):  # (a tar's zero blocks and padding, its last
+                # KiB in every tar, saw no edit: the tail is its data's; the older kept)
+                shard._older_tail = found["tail"] if plain else None
+                if plain:
+                    found["tail"] = _data_tail(raw, found["size"])
         except BaseException:
             raw.close()
             raise
@@ -70,10 +75,13 @@ def check_unchanged(shard: Any, state: dict) -> None:
             raise StateDictError(f"{type(shard).__name__} {shard.name}: state[{key!r}]: "
                                  f"expected a non-negative int, got {value!r:.120}")
     now = shard._identity
+    if "tail" in then and then["tail"] == getattr(shard, "_older_tail", None):  # (a tar's,
+        then["tail"] = now["tail"]  # saved before its tail was its data's: the zeros')
     if not then or then == {key: now.get(key) for key in then}:
         return
-    # it only grew if it starts as it did (its old end may be rewritten: a tar's marker)
-    grew = "size" in then and now["size"] >= then["size"] and (
+    # it only grew if it starts as it did (its old end may be rewritten: a tar's marker), and
+    # is longer (the same size and another tail: an edit, not records appended)
+    grew = "size" in then and now["size"] > then["size"] and (
         "head" not in then or prefix_head(shard, then["size"]) == then["head"])
     if shard.append_only and grew:
         return
@@ -87,7 +95,9 @@ def check_unchanged(shard: Any, state: dict) -> None:
             "the file as it was")
     changed = ([f"size {then['size']:,} bytes then, {now['size']:,} now"]
                if then.get("size", now["size"]) != now["size"] else ["the same size"])
-    changed += [f"its {'first' if key == 'head' else 'last'} KiB differs"
+    last = ("its last KiB of records (before the tar's closing zeros), or where they end, "
+            "differs" if getattr(shard, "_older_tail", None) is not None else "its last KiB differs")
+    changed += ["its first KiB differs" if key == "head" else last
                 for key in ("head", "tail") if key in then and then[key] != now.get(key)]
     kind = "shorter or rewritten" if shard.append_only else "changed"
     raise StateDictError(
@@ -114,6 +124,27 @@ def prefix_head(shard: Any, size: int) -> int:
         return shard._identity["head"]
     with file_identity.open_binary(shard.path) as raw:
         return _head(raw, min(size, file_identity.ENDS_BYTES))
+
+
+def _data_tail(raw: Any, size: int) -> int:
+    """The CRC-32 of the last KiB of the plain file ``raw`` (``size`` bytes) before the zero
+    bytes it ends with, and of where that is, looked for in its last MiB (a tar's two zero blocks and its record's
+    padding: 10 KiB by default, the same in every tar, where its last records' edits are);
+    ``raw`` left at its start."""
+    end = size
+    while end > max(0, size - (1 << 20)):
+        start = max(0, end - (64 << 10), size - (1 << 20))
+        raw.seek(start)
+        data = raw.read(end - start).rstrip(b"\0")
+        if data:
+            end = start + len(data)
+            break
+        end = start
+    raw.seek(max(0, end - file_identity.ENDS_BYTES))
+    tail = zlib.crc32(raw.read(min(end, file_identity.ENDS_BYTES)))
+    raw.seek(0)
+    return zlib.crc32(end.to_bytes(8, "little"), tail)  # (and where it ends: a record put in
+    # the middle, which the padding's room kept at the same size, moves it)
 
 
 def _head(reader: Any, count: int) -> int:

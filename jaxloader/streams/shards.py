@@ -82,6 +82,7 @@ class FileShard:
     """
 
     _COUNTER = "line"
+    _PADDED = False  # whether the file ends in zeros every such file has (``shard_files``)
     _LOOK_EVERY = 256  # records between two looks at the file's modification time
 
     def __init__(self, path: str | os.PathLike, *, append_only: bool = False) -> None:

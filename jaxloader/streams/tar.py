@@ -83,7 +83,7 @@ class TarShard(FileShard):
         (2048, 1)
     """
 
-    _COUNTER = "records"
+    _COUNTER, _PADDED = "records", True  # (its last KiB zeros in every tar: the tail its data's)
 
     def __init__(self, path: str | os.PathLike, *, tolerate_missing_end: bool = False,
                  append_only: bool = False) -> None:

@@ -8,6 +8,7 @@ import os
 import tarfile
 import tempfile
 import warnings
+import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -476,3 +477,46 @@ def test_a_cut_shards_remedy_resumes_over_the_whole_copy(tmp_path):
         read_all(jl.TarShard(path), state)
     rest = read_all(jl.TarShard(path, append_only=True), state)
     assert [r["__key__"] for r in rest] == [f"sample{i:05d}" for i in range(2, 6)]
+
+
+def _tar_of(path, names):
+    """A tar of one-member records named ``names`` (10 bytes each), padded as tarfile pads."""
+    with tarfile.open(path, "w") as tar:
+        for name in names:
+            data = name.encode().ljust(10, b".")
+            info = tarfile.TarInfo(f"{name}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("append_only", [False, True])
+def test_a_tar_edited_or_with_a_record_put_in_at_the_same_size_is_refused(tmp_path,
+                                                                          append_only):
+    # a tar's last KiB is its closing zeros and padding, the same in every tar: its identity
+    # was its size and first KiB, and an edit of its last records, or a record put in the
+    # middle (the padding's room kept the size), restored over them without a word; at the
+    # same size, append_only took any edit after the first KiB as records appended (the
+    # determinism audit)
+    path = tmp_path / "s.tar"
+    names = [f"r{i:03d}" for i in range(40)]
+    _tar_of(path, names)
+    size = path.stat().st_size
+    shard = jl.TarShard(path, append_only=append_only)
+    shard.reset()
+    for _ in range(5):
+        shard.next()
+    state = shard.get_state()
+    shard.close()
+    for changed in ([*names[:-1], "BAD"], [*names[:3], "new", *names[3:]]):
+        _tar_of(path, changed)
+        assert path.stat().st_size == size  # (the same size)
+        with pytest.raises(jl.StateDictError, match=r"the same size; its last KiB of records "
+                                                    r"\(before the tar's closing zeros\), or "
+                                                    r"where they end, differs"):
+            read_all(jl.TarShard(path, append_only=append_only), state)
+    _tar_of(path, names)  # (as it was: resumed)
+    assert [r["__key__"] for r in read_all(jl.TarShard(path), state)] == names[5:]
+    older = {**state, "tail": zlib.crc32(path.read_bytes()[-1024:])}  # (saved before: zeros)
+    assert older["tail"] != state["tail"]
+    assert [r["__key__"] for r in read_all(jl.TarShard(path), older)] == names[5:]
