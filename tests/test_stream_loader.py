@@ -910,6 +910,13 @@ def test_a_shards_file_is_closed_after_a_bad_first_record_and_with_a_loader_let_
             next(iter(loader))
         assert not _open_fds(bad)  # (the error, its traceback still alive: closed already)
     assert raised.value is not None
+    not_tar = tmp_path / "t.txt"  # (a tar whose first header fails: left open as it opened)
+    not_tar.write_text("a\nb\n")
+    with jl.StreamLoader(jl.Stream([jl.TarShard(not_tar)]), batch_size=1) as loader:
+        with pytest.raises(jl.RecordError, match="it ends inside a header") as raised:
+            next(iter(loader))
+        assert not _open_fds(not_tar)  # (the error still held, as a notebook holds it)
+    assert raised.value is not None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         loader = jl.StreamLoader(jl.Stream.jsonl(str(good)), batch_size=2)

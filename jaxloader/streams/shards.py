@@ -123,11 +123,11 @@ class FileShard:
                 check_unchanged(self, state)
                 self._check_place(offset)
             seek(self, offset)
+            self._count = count
+            self._opened()  # (a tar's first header read: one that fails leaves it closed too)
         except BaseException:  # (a shard refused is left closed: its file was left open)
             self.close()
             raise
-        self._count = count
-        self._opened()
 
     def _opened(self) -> None:
         """Called once the file is open at the state's place."""
