@@ -584,3 +584,20 @@ def test_indices_found_from_another_source_without_keep_are_refused_naming_the_f
         jl.FilteredSource(other, indices=path)
     np.save(str(tmp_path / "mine.npy"), np.array([0, 2]))  # (a file of the user's: no .from)
     assert jl.FilteredSource(other, indices=str(tmp_path / "mine.npy")).indices.tolist() == [0, 2]
+
+
+def test_array_source_getitems_refuses_a_mask_and_names_itself_out_of_range():
+    # a bool mask read as records 1 and 0, and NumPy's IndexError named no source (the API
+    # audit)
+    source = jl.ArraySource({"x": np.arange(10)})
+    with pytest.raises(TypeError, match=r"ArraySource.__getitems__: expected an array of "
+                                        r"record numbers, got dtype bool; for a mask, pass "
+                                        r"np.flatnonzero\(mask\)"):
+        source.__getitems__(np.array([True, False]))
+    with pytest.raises(TypeError, match=r"got dtype float64"):
+        source.__getitems__(np.array([1.0]))
+    with pytest.raises(IndexError, match=r"ArraySource.__getitems__: record numbers in "
+                                         r"\[0, 10\) expected, got 1 to 20"):
+        source.__getitems__(np.array([1, 20]))
+    assert source.__getitems__(np.array([3, 4]))["x"].tolist() == [3, 4]
+    assert source.__getitems__([])["x"].tolist() == []

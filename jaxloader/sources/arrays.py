@@ -180,8 +180,18 @@ class ArraySource:
 
     def __getitems__(self, indices: np.ndarray) -> Any:
         """A batched pytree of the records at ``indices`` (one gather per leaf)."""
-        return tree_lib.unflatten(self._treedef, [  # (take copies a strided view whole first)
-            a.take(indices, axis=0) if a.flags.c_contiguous else a[indices] for a in self.arrays])
+        indices = np.asarray(indices) if len(indices) else np.zeros(0, np.intp)  # ([]: floats)
+        if indices.dtype.kind not in "iu":  # (a mask's bools: records 0 and 1; floats: refused)
+            raise TypeError(f"ArraySource.__getitems__: expected an array of record numbers, got "
+                            f"dtype {indices.dtype}" + ("; for a mask, pass np.flatnonzero(mask)"
+                                                        if indices.dtype == bool else ""))
+        try:
+            return tree_lib.unflatten(self._treedef, [  # (take copies a strided view whole)
+                a.take(indices, axis=0) if a.flags.c_contiguous else a[indices]
+                for a in self.arrays])
+        except IndexError:  # (NumPy's names no source)
+            raise IndexError(f"ArraySource.__getitems__: record numbers in [0, {self._len}) "
+                             f"expected, got {indices.min()} to {indices.max()}") from None
 
     def __repr__(self) -> str:
         leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)

@@ -73,6 +73,10 @@ def read(paths: Sequence[str], columns: str | Sequence[str] | None) -> Footers:
     if columns is not None and not columns:
         raise ConfigError("ParquetSource(columns=[]): expected the names of the columns to "
                           "read, at least one; None reads them all")
+    twice = next((c for i, c in enumerate(columns or ()) if c in columns[:i]), None)
+    if twice is not None:  # (a record holds it once: the repr and fingerprint said twice)
+        raise ConfigError(f"ParquetSource(columns=...): {twice!r} is named twice in {columns}; "
+                          "name each column once")
     chosen = list(columns) if columns is not None else [
         c for c in available if c not in labels]
     check_chosen(paths, metas, schemas, first, chosen)

@@ -1462,6 +1462,10 @@ def test_columns_given_as_a_set_are_refused_with_the_list_to_pass(tmp_path):
                                              r"from run to run.*columns=\['a', 'b'\]"):
         jl.ParquetSource(str(tmp_path / "f.parquet"), columns={"b", "a"})
     assert jl.ParquetSource(str(tmp_path / "f.parquet"), columns={"c"})[0] == {"c": 3}
+    # a column named twice: read once, said twice in the repr (the API audit)
+    with pytest.raises(jl.ConfigError, match=r"columns=...\): 'a' is named twice in "
+                                             r"\['a', 'c', 'a'\]; name each column once"):
+        jl.ParquetSource(str(tmp_path / "f.parquet"), columns=["a", "c", "a"])
 
 
 def test_times_in_a_zone_are_refused_naming_it_and_utcs_are_read_exactly(tmp_path):
