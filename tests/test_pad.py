@@ -313,6 +313,11 @@ def test_a_batch_of_only_empty_lists_has_the_dtype_given_or_its_error_names_the_
                        r"of \['ids'\], got \{'x'"):
         jl.Pad("ids", dtype={"x": np.int32})
     assert "dtype={'ids': np.int16}" in repr(jl.Pad(["ids", "a"], dtype={"ids": np.int16}))
+    # a value the dtype given cannot hold, both known as the Pad is made: refused then, not at
+    # the first batch (the API audit)
+    with pytest.raises(jl.ConfigError, match=r"Pad: 'ids' is made int8 \(dtype=\), which cannot "
+                                             r"hold value=300 \(it would be 44\)"):
+        jl.Pad("ids", value=300, dtype=np.int8)
     assert repr(jl.Pad(["a", "b"], dtype={"b": np.int8, "a": "M8[ns]"})).endswith(
         "dtype={'a': np.dtype('<M8[ns]'), 'b': np.int8})")  # (the keys' order; valid Python)
 
