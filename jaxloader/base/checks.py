@@ -217,6 +217,20 @@ def refused_call(fn: Callable[..., Any], *args: Any) -> str | None:
     return None
 
 
+def check_one_argument(label: str, fn: Callable[..., Any], called: str = "fn(record)") -> None:
+    """Refuses ``fn`` that a call with one argument would not bind to (``lambda r, rng: ...``:
+    it failed at the first record, in a worker), naming ``label`` and how it is ``called``.
+
+    Example:
+        >>> check_one_argument("Stream.map(fn)", lambda r: r)
+    """
+    signature = refused_call(fn, None)
+    if signature is not None:
+        raise ConfigError(f"{label}: it is called as {called}, but {callable_name(fn)}"
+                          f"{signature} cannot be; pass a function of one argument (a "
+                          "record's parts unpacked in it: image, label = record)")
+
+
 def check_keywords(owner: str, given: dict[str, Any], takes: tuple[str, ...]) -> dict[str, Any]:
     """``given`` (a method's ``**kwargs`` it hands on) if it names only ``takes``; else an
     ``ArgumentError`` naming ``owner``, not the callee that Python's own error would name.

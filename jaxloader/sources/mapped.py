@@ -41,7 +41,7 @@ import numpy as np
 from jaxloader.base import read_threads
 from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, block_starts_of, digest_level, lengths_of,
                                       order_check_of, origin_of)
-from jaxloader.base.checks import callable_name, check_bool, record_index
+from jaxloader.base.checks import callable_name, check_bool, check_one_argument, record_index
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.random_state import draws, global_examples, warn_at
@@ -101,6 +101,7 @@ class MapSource:
                               f"batched=True, of a batch of columns), got "
                               f"{type(fn).__name__}{hint}")
         batched = check_bool("MapSource(batched)", batched)  # (before its truth is used)
+        check_one_argument("MapSource(fn)", fn, "fn(batch)" if batched else "fn(record)")
         warn_hashing(fn, "MapSource(fn)")
         if batched and isinstance(source, MapSource) and not source.batched:
             raise ConfigError(

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from jaxloader.base.abilities import close_of, digest_level
 from jaxloader.base.own_records import top_copy
-from jaxloader.base.checks import callable_name, check_int, refused_call
+from jaxloader.base.checks import (callable_name, check_int, check_one_argument,
+                                   refused_call)
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, StateDictError, user_stacklevel
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, code_digests
 from jaxloader.streams.shard_state import innermost
@@ -253,6 +254,8 @@ class MappedShard:
         if not callable(fn):  # (said where the stream is made, not at its first read)
             raise ConfigError(f"Stream.map(fn): expected a function of a record, got "
                               f"{type(fn).__name__} {fn!r:.80}")
+        if codes is None:  # (the first shard's: said once)
+            check_one_argument("Stream.map(fn)", fn)
         self.shard, self.fn = shard, fn
         self._codes = codes or tuple(d[:16] for d in code_digests(fn))
 

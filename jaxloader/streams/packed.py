@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
-from jaxloader.base.checks import check_int
+from jaxloader.base.checks import check_int, check_one_argument
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import check_fill, fill_values
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
@@ -108,7 +108,9 @@ class PackedStream:
         length = check_int("PackedStream(length)", length, low=1, remedy="tokens a row, e.g. 2048")
         if tokenize is not None and not callable(tokenize):
             raise ConfigError(f"PackedStream(tokenize): expected a function of a record, got "
-                              f"{type(tokenize).__name__}")
+                              f"{type(tokenize).__name__} {tokenize!r:.60}")
+        if tokenize is not None:
+            check_one_argument("PackedStream(tokenize)", tokenize, "tokenize(record)")
         self.dtypes = _dtypes(dtype, keys)
         bins = check_int("PackedStream(bins)", bins, low=1, remedy="rows open at a time, e.g. 16")
         window = check_int("PackedStream(window)", window, low=1,

@@ -373,3 +373,21 @@ def test_a_map_sources_function_that_raises_is_named_as_a_maps_is(num_workers):
                                  r"function\)"):
             list(jl.DataLoader(source, batch_size=4, num_workers=num_workers,
                                process_index=0, process_count=1))
+
+
+def test_functions_of_other_arities_are_refused_as_the_source_or_stream_is_made():
+    # MapSource, Stream.map and PackedStream(tokenize) given fn(record, rng) failed at the
+    # first record, in a worker, where Map and RandomMap refuse it when made (the API audit)
+    source = jl.ArraySource({"x": np.arange(4)})
+    stream = jl.Stream.from_generator(lambda i: ({"t": np.arange(3)} for _ in range(2)), 1)
+    two = lambda r, rng: r  # noqa: E731
+    for make, label in ((lambda: jl.MapSource(source, two), r"MapSource\(fn\): it is called "
+                                                              r"as fn\(record\)"),
+                        (lambda: stream.map(two),
+                         r"Stream.map\(fn\): it is called as fn\(record\)"),
+                        (lambda: jl.PackedStream(stream, "t", 4, tokenize=two),
+                         r"PackedStream\(tokenize\): it is called as tokenize\(record\)")):
+        with pytest.raises(jl.ConfigError, match=label + r", but .*<lambda>\(r, rng\) cannot "
+                                                         r"be; pass a function of one argument"):
+            make()
+    assert jl.MapSource(source, lambda r: {"y": r["x"]})[1] == {"y": 1}
