@@ -79,9 +79,9 @@ def check_unchanged(shard: Any, state: dict) -> None:
         then["tail"] = now["tail"]  # saved before its tail was its data's: the zeros')
     if not then or then == {key: now.get(key) for key in then}:
         return
-    # it only grew if it starts as it did (its old end may be rewritten: a tar's marker), and
-    # is longer (the same size and another tail: an edit, not records appended)
-    grew = "size" in then and now["size"] > then["size"] and (
+    # it only grew if it starts as it did (its old end may be rewritten: a tar's marker; a
+    # tar appended to in place keeps its size in its padding's room)
+    grew = "size" in then and now["size"] >= then["size"] and (
         "head" not in then or prefix_head(shard, then["size"]) == then["head"])
     if shard.append_only and grew:
         return
