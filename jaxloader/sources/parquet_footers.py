@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import collections
-
 import concurrent.futures
 import difflib
 import re
