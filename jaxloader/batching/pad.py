@@ -113,8 +113,9 @@ class Pad:
             held, kept = held_as(values[key], kind)  # a time's remedy is said there)
             if not kept and number_kind(kind) in "biufc":
                 raise ConfigError(f"Pad: {key!r} is made {kind} (dtype=), which cannot hold "
-                                  f"value={values[key]!r} (it would be {np.asarray(held).item()!r}); pass a "
-                                  "value of its kind, or another dtype")
+                                  f"value={values[key]!r} (it would be "
+                                  f"{np.asarray(held).item()!r}); pass a value of its kind, "
+                                  "or another dtype")
         self.keys = tuple(named)
         self.value = value
         self.values = values  # (each key's)

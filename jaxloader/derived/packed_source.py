@@ -38,7 +38,8 @@ from jaxloader.base.abilities import lengths_of
 from jaxloader.base.checks import MASK64, Int, check_int, record_index, scalar_int
 from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import PackedRows, check_fill, fill_values, record_tokens
+from jaxloader.plans.packed_rows import (PackedRows, check_fill, fill_values, fills_said,
+                                         record_tokens)
 from jaxloader.base.errors import ConfigError
 from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
@@ -149,8 +150,8 @@ class PackedSource:
     def fingerprint(self) -> str:
         """The source's fingerprint, the packing's parameters, the padding (other than
         zeros: a state saved before it counted is still taken) and the lengths."""
-        fills = [np.asarray(v).item() for v in self._fills]
-        padding = () if not any(fills) else (fills,)
+        fills = fills_said(self._fills)
+        padding = () if fills is None else (fills,)
         return combined("packed", self.plan.rows, [self.source],
                         repr((self.keys, self.row_length.tolist(), sorted(self.config.items()),
                               *padding)), np.ascontiguousarray(self._lengths).tobytes())

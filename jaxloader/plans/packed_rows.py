@@ -122,6 +122,13 @@ def fill_values(label: str, value: Any, keys: list[str]) -> list[Any]:
     return [values[k] for k in keys]
 
 
+def fills_said(fills: list[Any]) -> list[Any] | None:
+    """The keys' paddings as a state says them (Python numbers), or ``None`` where all are
+    zeros: states saved before the padding counted hold none."""
+    said = [np.asarray(v).item() for v in fills]
+    return said if any(said) else None
+
+
 def check_fill(label: str, key: str, fill: Any, dtype: np.dtype) -> None:
     """Refuses a key's padding ``fill`` its tokens' ``dtype`` cannot hold (-100 in uint16)."""
     held, kept = held_as(fill, dtype)

@@ -46,7 +46,7 @@ import numpy as np
 from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
 from jaxloader.base.checks import check_int, check_one_argument
 from jaxloader.plans import packing as packing_plan
-from jaxloader.plans.packed_rows import check_fill, fill_values
+from jaxloader.plans.packed_rows import check_fill, fill_values, fills_said
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.sources.code_digest import code_digests
 from jaxloader.streams.contract import StreamLike
@@ -162,8 +162,7 @@ class PackedStream:
         # (a function of the data, as Stream.map's; None too: a state saved without one is
         # refused under one)
         described["tokenize"] = self._tokenize_digests[digest_level()]
-        fills = [np.asarray(v).item() for v in self.values]
-        if any(fills):  # (the rows' padding; zeros, a state saved before it counted, left out)
+        if (fills := fills_said(self.values)) is not None:  # (the rows' padding)
             described["value"] = fills
         return described
 

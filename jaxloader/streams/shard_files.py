@@ -95,8 +95,8 @@ def check_unchanged(shard: Any, state: dict) -> None:
             "the file as it was")
     changed = ([f"size {then['size']:,} bytes then, {now['size']:,} now"]
                if then.get("size", now["size"]) != now["size"] else ["the same size"])
-    last = ("its last KiB of records (before the tar's closing zeros), or where they end, "
-            "differs" if getattr(shard, "_older_tail", None) is not None else "its last KiB differs")
+    last = "its last KiB differs" if getattr(shard, "_older_tail", None) is None else (
+        "its last KiB of records (before the tar's closing zeros), or where they end, differs")
     changed += ["its first KiB differs" if key == "head" else last
                 for key in ("head", "tail") if key in then and then[key] != now.get(key)]
     kind = "shorter or rewritten" if shard.append_only else "changed"
@@ -128,9 +128,9 @@ def prefix_head(shard: Any, size: int) -> int:
 
 def _data_tail(raw: Any, size: int) -> int:
     """The CRC-32 of the last KiB of the plain file ``raw`` (``size`` bytes) before the zero
-    bytes it ends with, and of where that is, looked for in its last MiB (a tar's two zero blocks and its record's
-    padding: 10 KiB by default, the same in every tar, where its last records' edits are);
-    ``raw`` left at its start."""
+    bytes it ends with, and of where that is, looked for in its last MiB (a tar's two zero
+    blocks and its record's padding: 10 KiB by default, the same in every tar, where its last
+    records' edits are); ``raw`` left at its start."""
     end = size
     while end > max(0, size - (1 << 20)):
         start = max(0, end - (64 << 10), size - (1 << 20))
