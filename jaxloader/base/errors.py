@@ -7,9 +7,11 @@ arguments and data), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import sysconfig
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import TypeVar
 
@@ -150,6 +152,30 @@ class PerformanceWarning(JaxloaderWarning):
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LIBRARIES = tuple(p + os.sep for p in {sysconfig.get_paths().get(k) for k in (
     "stdlib", "platstdlib", "purelib", "platlib")} if p)
+
+
+@contextlib.contextmanager
+def closed_on_failure(close: Callable[[], object], what: str) -> Iterator[None]:
+    """Runs the block; if it raises, calls ``close`` (what the block opened: ``what``) and
+    raises the block's error again. A ``close`` that fails too is added to that error as a note,
+    not raised in its place: the failure that came first is the one to fix.
+
+    >>> try:
+    ...     with closed_on_failure(lambda: 1 / 0, "the file"):
+    ...         raise ValueError("bad header")
+    ... except ValueError as e:
+    ...     print(e, e.__notes__)
+    bad header ['(closing the file afterwards failed too: ZeroDivisionError: division by zero)']
+    """
+    try:
+        yield
+    except BaseException as error:
+        try:
+            close()
+        except Exception as failed:
+            error.add_note(f"(closing {what} afterwards failed too: "
+                           f"{type(failed).__name__}: {failed})")
+        raise
 
 
 def raised(error: BaseException) -> str:

@@ -38,7 +38,7 @@ import numpy as np
 from jaxloader.batching import collate
 from jaxloader.batching.record_columns import record_columns
 from jaxloader.base.checks import POSITION_BITS as _POSITION_BITS
-from jaxloader.base.errors import JaxloaderError, RecordError
+from jaxloader.base.errors import JaxloaderError, RecordError, closed_on_failure
 from jaxloader.base.timings import COLLATE, LOOP, SAMPLE, StageClock
 from jaxloader.base.tree import RecordNames
 from jaxloader.batching.batch_finish import finish_batch
@@ -102,11 +102,9 @@ class StreamBatchMaker:
         for one in state if isinstance(state, list) else [state]:
             local = (first if one is None else one.get("reader") or 0) - first
             reader = self.reader_for(local if 0 <= local < self.per_process else 0)
-            try:
+            # (not hosted yet if it fails: close() would not reach its open shard)
+            with closed_on_failure(reader.close, f"reader {reader.reader}'s shard"):
                 reader.reset(one)  # (opens its shard, reads its window again)
-            except BaseException:
-                reader.close()  # (not hosted yet: close() would not reach its open shard)
-                raise
             self._hosted[reader.reader - first] = reader
             self._untils[reader.reader] = {"until": one["until"]} if one and "until" in one else {}
 

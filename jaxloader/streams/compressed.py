@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, closed_on_failure
 
 _MAGIC = {  # the first bytes of each format, as its specification gives them
     b"\x1f\x8b\x08": "gzip",  # (and deflate, its one method)
@@ -62,11 +62,8 @@ def decompressed(raw: Any, name: str) -> Any:
     """``raw`` (a binary file at its start, local or remote) as the bytes it holds: itself if
     it is not compressed, else a reader that decompresses it (``read``, ``readline``,
     ``tell`` and forward ``seek`` in decompressed bytes)."""
-    try:
+    with closed_on_failure(raw.close, repr(name)):  # (Zstandard without its module)
         return _reader(raw, name)
-    except BaseException:
-        raw.close()  # (Zstandard without its module)
-        raise
 
 
 def _reader(raw: Any, name: str) -> Any:

@@ -18,7 +18,7 @@ import zlib
 from typing import Any
 
 from jaxloader.base import file_identity
-from jaxloader.base.errors import ConfigError, RecordError, StateDictError
+from jaxloader.base.errors import ConfigError, RecordError, StateDictError, closed_on_failure
 from jaxloader.streams.compressed import compression, decompressed
 
 # a compressed file's first bytes, left out of its identity's tail: gzip's header holds the
@@ -35,7 +35,7 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
     (local, not compressed); an error naming the shard if it cannot be opened."""
     try:
         raw = file_identity.open_binary(shard.path)  # (remote: gs://, s3://)
-        try:
+        with closed_on_failure(raw.close, repr(shard.path)):
             plain = compression(raw) is None
             found = file_identity.ends(raw, skip=0 if plain else _HEADER_BYTES)
             if getattr(shard, "_PADDED", False):  # (a tar's zero blocks and padding, its last
@@ -43,9 +43,6 @@ def open_file(shard: Any) -> tuple[Any, dict[str, int], bool]:
                 shard._older_tail = found["tail"] if plain else None
                 if plain:
                     found["tail"] = _data_tail(raw, found["size"])
-        except BaseException:
-            raw.close()
-            raise
         reader = decompressed(raw, shard.path)
         if reader is not raw:
             try:

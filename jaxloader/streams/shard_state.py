@@ -243,6 +243,10 @@ class Crossings:
                                      f"shard {getattr(shard, 'name', shard)}, which reads none "
                                      "of its own; restore a state this stream saved")
             check_files(then)
+        elif not isinstance(identity, dict):
+            raise StateDictError(f"stream state: crossed_files: one file's identity {then!r:.120}"
+                                 f" for shard {getattr(shard, 'name', shard)}, which reads "
+                                 "several files of its own; restore a state this stream saved")
         else:
             check_unchanged(shard, {k: v for k, v in zip(_IDENTITY, then) if v is not None})
 

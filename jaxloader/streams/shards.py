@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import (ConfigError, JaxloaderWarning, RecordError, StateDictError,
-                                   user_stacklevel)
+                                   closed_on_failure, user_stacklevel)
 from jaxloader.streams.json_values import numbers_as_arrays
 from jaxloader.streams.shard_files import check_unchanged, open_file, prefix_head, unreadable
 
@@ -118,16 +118,14 @@ class FileShard:
         self._file, self._identity, plain = open_file(self)
         self._size_known = self._identity.get("size") if plain else None
         self._mtime = os.fstat(self._file.fileno()).st_mtime_ns if plain else None
-        try:
+        # (a shard refused is left closed: its file was left open)
+        with closed_on_failure(self.close, f"{self.path!r}"):
             if state is not None:
                 check_unchanged(self, state)
                 self._check_place(offset)
             seek(self, offset)
             self._count = count
             self._opened()  # (a tar's first header read: one that fails leaves it closed too)
-        except BaseException:  # (a shard refused is left closed: its file was left open)
-            self.close()
-            raise
 
     def _opened(self) -> None:
         """Called once the file is open at the state's place."""

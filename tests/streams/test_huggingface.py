@@ -192,6 +192,13 @@ def test_a_restore_over_a_file_the_window_crossed_into_rewritten_is_refused(tmp_
     with loader() as same:  # (the files as they were: the same records)
         same.load_state_dict(state)
         assert [int(b["id"][0]) for b in itertools.islice(same, 6)] == rest
+    edited = json.loads(json.dumps(state))  # (one file's [size, head, tail] where the
+    edited["readers"][0]["crossed_files"] = [[1, 2, 3]]  # shard's files were: AttributeError)
+    with loader() as other, pytest.raises(StateDictError, match=r"crossed_files: one file's "
+                                                                r"identity \[1, 2, 3\] for "
+                                                                r"shard .*restore a state"):
+        other.load_state_dict(edited)
+        next(iter(other))
     write(paths[1], range(70, 75))  # (as many rows: its place in the window is the same)
     with loader() as other, pytest.raises(StateDictError, match=r"its file b.jsonl changed "
                                                                 r"since the state was saved"):

@@ -630,6 +630,30 @@ def test_a_compressed_shard_compressed_again_with_the_same_records_restores(tmp_
         jl.JsonlShard(path).reset(state)
 
 
+def test_a_refused_resume_whose_close_fails_too_raises_the_refusal(tmp_path, monkeypatch):
+    # the shard's file closed on a refused state: a close that failed too was raised in the
+    # refusal's place (an OSError from closing), the change the user must fix only its context
+    path = write_jsonl(tmp_path / "a.jsonl", range(100))
+    shard = jl.JsonlShard(path)
+    shard.reset(None)
+    shard.next()
+    state = shard.get_state()
+    path.write_text(path.read_text().replace('"id": 0,', '"id": 9,'))
+    again = jl.JsonlShard(path)
+
+    def close() -> None:  # (reset closes first: fails once the file is open)
+        opened = again._file is not None
+        jl.JsonlShard.close(again)
+        if opened:
+            raise OSError("the disk went away")
+
+    monkeypatch.setattr(again, "close", close)
+    with pytest.raises(jl.StateDictError, match="changed since the state was saved") as e:
+        again.reset(state)
+    assert any("afterwards failed too: OSError: the disk went away" in note
+               for note in e.value.__notes__)
+
+
 def test_a_reader_closes_the_shard_it_watches_and_a_watch_copies(tmp_path):
     # the watch passed close() on by __getattr__, which Closable's check does not see on 3.12+:
     # a reader's close (and peek()'s copy's) left its files open there
