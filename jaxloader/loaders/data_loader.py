@@ -317,14 +317,32 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The position (next global step), the configuration it depends on and a fingerprint
-        of the source; JSON-ready."""
+        of the source; JSON-ready.
+
+        Example:
+            >>> import numpy as np, jaxloader as jl
+            >>> def make():
+            ...     return jl.DataLoader(jl.ArraySource({"x": np.arange(10)}), batch_size=2,
+            ...                          shuffle=True, seed=0, process_index=0, process_count=1)
+            >>> loader = make()
+            >>> it = iter(loader); _ = next(it)
+            >>> state = loader.state_dict()
+            >>> state["step"], next(it)["x"].tolist()
+            (1, [6, 2])
+            >>> again = make(); again.load_state_dict(state)  # (another run: the same batch)
+            >>> next(iter(again))["x"].tolist()
+            [6, 2]
+        """
         self._check_placement()
         self._check_length()
         return make_state(self._sampler, self._progress.step, self._source_fingerprint(),
                           self._transforms_state())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from ``state`` (O(1)); live iterators of this loader stop being valid."""
+        """Continues from ``state`` (O(1)); live iterators of this loader stop being valid.
+        A state of another source, batch size, seed or shuffle is refused, naming what differs
+        (``StateDictError``); one of another worker count or host count continues exactly.
+        Example: ``state_dict``'s."""
         self._progress.check()  # (broken or closed: it moved, and no iterator would go on)
         self._check_placement()
         step = check_state(state, self._sampler, self._source_fingerprint(),
