@@ -1129,3 +1129,20 @@ def test_one_late_worker_with_the_others_batches_ready_is_the_workers_not_the_ma
                         first_batch_s=0.01)
     d = diagnose(stats, num_workers=4, cores=8)
     assert d.bottleneck == "source", d
+
+
+def test_the_expected_gain_takes_the_step_over_the_steps_timed_not_the_batches():
+    # two batches, a 1 s step between them, each made in 0.1 s then 1 s in the training
+    # process: workers can at best overlap the making with the step, 2x; the step was taken
+    # as run_s over the batches (0.5 s, one step timed for two batches), and 4x advised
+    whole = LoaderStats(batches=2, wait_s=1.1, run_s=1.0, wall_s=2.1, first_batch_s=0.1,
+                        batches_made=2, stages={"read": 1.1})
+    said = "\n".join(diagnose(whole, num_workers=0, cores=4).advice)
+    assert "num_workers=4 makes them in parallel, expected ~2.0x" in said, said
+    # a window after the first batch times a step before each of its batches
+    window = LoaderStats(batches=11, wait_s=4.0, run_s=2.0, wall_s=6.0, first_batch_s=2.0,
+                         batches_made=11, stages={"read": 4.0}).since(
+        LoaderStats(batches=1, wait_s=2.0, run_s=0.0, wall_s=2.0, first_batch_s=2.0,
+                    batches_made=1, stages={"read": 2.0}))
+    said = "\n".join(diagnose(window, num_workers=0, cores=4).advice)
+    assert "num_workers=4 makes them in parallel, expected ~2.0x" in said, said

@@ -163,8 +163,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         v for k, v in w.stages.items() if once(k))) / steady) for w in stats.workers]
     busy = sum(shares) / max(1, stats.num_workers or len(shares)) if shares else 0.0
     slot_s = sum(w.stages.get(SLOT_WAIT, 0.0) for w in stats.workers)
-    now_s = steady / max(1, per - 1)  # seconds a batch now
-    step_s = stats.run_s / per  # the training step's, between batches
+    # the steps timed: one between each two batches, and one before a window's first
+    steps = max(1, per if stats.window else per - 1)
+    now_s = steady / steps  # seconds a batch now
+    step_s = stats.run_s / steps  # the training step's, between batches
     made_count = max(1, stats.batches_made)
     work_s = (max(0.0, busy_s - compiled - slot_s) if stats.workers else made_total) / \
         made_count
