@@ -49,9 +49,18 @@ def test_repr_says_what_a_loader_reads_how_and_where_it_is():
     # it was <jaxloader.loader.DataLoader object at 0x...>
     loader = jl.DataLoader(jl.ArraySource({"x": np.arange(10)}), batch_size=4,
                            process_index=0, process_count=1)
-    next(iter(loader))
-    assert repr(loader) == ("DataLoader(ArraySource(10 records; (10,):int64), 2 batches an "
+    it = iter(loader)
+    next(it)
+    assert repr(loader) == ("DataLoader(ArraySource(10 records; ['x'] (10,) int64), 2 batches an "
                             "epoch, batch_size=4, num_workers=0, step=1)")
+    # an iterator's was <jaxloader.loaders.iterator.LoaderIterator object at 0x...>
+    assert repr(it) == "LoaderIterator(DataLoader, next step 1, ends before step 2)"
+    later = iter(loader)
+    assert repr(it) == "LoaderIterator(DataLoader, stale: a later iter() or restore of its loader)"
+    loader.close()
+    assert repr(later) == "LoaderIterator(DataLoader, closed)"
+    pair = jl.ArraySource({"image": np.zeros((3, 2, 2), np.uint8), "label": np.arange(3)})
+    assert repr(pair) == "ArraySource(3 records; ['image'] (3, 2, 2) uint8, ['label'] (3,) int64)"
     digits = jl.Stream.from_generator(_digits, shards=4, shuffle_window=10)
     words = jl.Stream.from_generator(_words, shards=4)
     assert repr(digits) == ("Stream(4 shards: _digits[0], _digits[1], _digits[2], ... "

@@ -11,15 +11,7 @@ An iterator is valid while ``progress.generation`` is the one it was made with: 
 ``load_state_dict()`` and ``close()`` start a new generation. The step moves when a batch is
 handed out, never earlier, so a state taken between two ``next()`` calls names the next batch the
 user would see. What an interrupt inside ``next()`` may and may not do is written down in
-``jaxloader.base.interrupts``.
-
-Example:
-    >>> import numpy as np, jaxloader as jl
-    >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(6)}), batch_size=2,
-    ...                        process_index=0, process_count=1)
-    >>> it = iter(loader)
-    >>> next(it)["x"].tolist(), loader.step
-    ([0, 1], 1)
+``jaxloader.base.interrupts``. Example: ``LoaderIterator``'s.
 """
 
 from __future__ import annotations
@@ -145,8 +137,10 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
         >>> loader = jl.DataLoader(jl.ArraySource({"x": np.arange(6)}), batch_size=2,
         ...                        process_index=0, process_count=1)
         >>> it = iter(loader)  # a LoaderIterator
-        >>> next(it)["x"].tolist(), [b["x"].tolist() for b in it]
-        ([0, 1], [[2, 3], [4, 5]])
+        >>> next(it)["x"].tolist(), loader.step, it
+        ([0, 1], 1, LoaderIterator(DataLoader, next step 1, ends before step 3))
+        >>> [b["x"].tolist() for b in it]
+        [[2, 3], [4, 5]]
     """
 
     def __init__(self, progress: Progress, start: int, stop: int | None, engine: BatchRuns,
@@ -210,6 +204,13 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
 
     def __iter__(self) -> "LoaderIterator[BatchT]":
         return self
+
+    def __repr__(self) -> str:
+        p, stop = self._progress, "" if self._stop is None else f", ends before step {self._stop}"
+        return f"LoaderIterator({p.owner}, " + (
+            "broken" if p.broken else "closed" if p.closed else "stale: a later iter() or "
+            "restore of its loader" if p.generation != self._generation else
+            f"next step {self._step}{stop}") + ")"
 
     # Orbax v1 takes an object with save/load as a StatefulCheckpointable: an iterator given
     # for the loader (Grain's idiom) is refused with the remedy, as the classic API refuses it

@@ -194,7 +194,9 @@ class ArraySource:
                              f"expected, got {indices.min()} to {indices.max()}") from None
 
     def __repr__(self) -> str:
-        leaves = ", ".join(f"{a.shape}:{a.dtype}" for a in self._arrays)
+        paths = tree_lib.leaf_paths(self._treedef)  # (a leaf named: ['image'] (10, 4) uint8)
+        leaves = ", ".join(("" if path == "<root>" else f"{path} ") + f"{a.shape} {a.dtype}"
+                           for path, a in zip(paths, self._arrays))
         return f"ArraySource({self._len} records; {leaves})"
 
 
