@@ -262,6 +262,29 @@ def test_an_iterable_dataset_streams_a_shard_of_it_a_shard(fmt):
     assert all(type(t) is str for b in batches for t in b["text"])
 
 
+def test_array_features_batch_as_their_declared_shapes_from_a_dataset_a_stream_or_parquet(
+        tmp_path):
+    # Array2D/Array3D are Arrow extension types whose value_type is a dtype's name (a str):
+    # looking for a zone in it raised AttributeError: 'str' object has no attribute 'id'
+    rows = [np.arange(24, dtype=np.float32).reshape(2, 3, 4) + i for i in range(4)]
+    features = datasets.Features({"a": datasets.Array3D((2, 3, 4), "float32"),
+                                  "b": datasets.Array2D((2, 3), "int16"),
+                                  "y": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict(
+        {"a": rows, "b": [r[0, :2, :3].astype(np.int16) for r in rows], "y": list(range(4))},
+        features=features)
+    ds.to_parquet(tmp_path / "a.parquet")
+    made = [jl.DataLoader(ds, batch_size=2),
+            jl.DataLoader(jl.ParquetSource(tmp_path / "a.parquet"), batch_size=2),
+            jl.StreamLoader(ds.to_iterable_dataset(num_shards=1), batch_size=2)]
+    for loader in made:
+        with loader:
+            batch = next(iter(loader))
+        assert batch["a"].shape == (2, 2, 3, 4) and batch["a"].dtype == np.float32
+        assert batch["b"].shape == (2, 2, 3) and batch["b"].dtype == np.int16
+        assert np.array_equal(batch["a"], np.stack([rows[y] for y in batch["y"]]))
+
+
 def _augment(batch):  # a with_transform function: batch in, batch out (HF's convention)
     return {"scaled": [np.asarray(v, np.float32) * 10 for v in batch["vector"]],
             "label": batch["label"], "tag": [f"t{i}" for i in batch["label"]]}
