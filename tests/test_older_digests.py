@@ -139,7 +139,7 @@ def test_a_joined_hugging_face_streams_state_of_older_names_restores(tmp_path):
              for i in range(4)]
 
     def joined():
-        return datasets.interleave_datasets([
+        return datasets.concatenate_datasets([
             datasets.load_dataset("json", data_files=paths[:2], split="train", streaming=True),
             datasets.load_dataset("json", data_files=paths[2:], split="train", streaming=True)])
 

@@ -25,7 +25,9 @@ streamed without them), lists of numbers become arrays as ``JsonlShard`` reads t
 
 The dataset's own ``shuffle`` is refused: its buffer is lost at every restore (the dataset's
 documentation says so), so the rest of the stream would differ. The stream's
-``shuffle_window`` shuffles instead, and restores exactly. A restore is as exact as the
+``shuffle_window`` shuffles instead, and restores exactly. So are its ``take``, ``skip``,
+``batch`` and ``interleave_datasets``, which a stream of its shards, each read by itself,
+would apply to each shard (``jl.mix`` interleaves streams). A restore is as exact as the
 dataset's ``state_dict()``, which ``datasets`` documents as exact but for that buffer and a
 batched ``map`` over its Arrow format (which may skip a batch). ``datasets`` is not a dependency:
 an ``IterableDataset`` is recognised by its class's module.
@@ -40,10 +42,8 @@ Example (``tests/streams/test_huggingface.py`` runs it)::
 from __future__ import annotations
 
 import datetime
-import hashlib
-import os
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +54,7 @@ from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError, StateDictError
 from jaxloader.base.state_copy import copied
 from jaxloader.sources.huggingface import _declared_dtype, refuse_zones
+from jaxloader.streams import huggingface_chain
 from jaxloader.streams.json_values import numbers_as_arrays
 
 _RESTORES = (4, 8, 5)  # the first datasets release whose IterableDataset states restore right
@@ -88,13 +89,9 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
             "the hosts (process_index, process_count) and workers itself; pass the whole "
             "dataset, the same on every host"
         )
-    if _shuffled(dataset):
-        raise ConfigError(
-            "Stream.huggingface(dataset): the dataset is shuffled (IterableDataset.shuffle), "
-            "whose buffer is lost at every restore, so a restored run would read other "
-            "records; leave out its shuffle and pass shuffle_window= (records permuted "
-            "together) to Stream.huggingface, which restores exactly"
-        )
+    refused = huggingface_chain.refused(dataset)
+    if refused is not None:
+        raise ConfigError(f"Stream.huggingface(dataset): the dataset is {refused}")
     features = getattr(dataset, "features", None)  # (None: a JSON stream without them, its
     if features is not None:  # datetime objects do not batch, and are refused there)
         refuse_zones("Stream.huggingface(dataset)", features.arrow_schema)
@@ -103,58 +100,10 @@ def shards_of(dataset: Any) -> list[HuggingFaceShard]:
     dataset = dataset.with_format(None)
     count = getattr(dataset, "num_shards", None) or dataset.n_shards
     name = getattr(getattr(dataset, "info", None), "dataset_name", None) or "IterableDataset"
-    names = (name + data_digest(dataset), name + in_generation(1, lambda: data_digest(dataset)))
+    names = (name + huggingface_chain.data_digest(dataset),
+             name + in_generation(1, lambda: huggingface_chain.data_digest(dataset)))
     return [HuggingFaceShard(dataset, i, count, tuple(f"{n}[{i}/{count}]" for n in names))
             for i in range(count)]
-
-
-def data_digest(dataset: Any) -> str:
-    """``"@"`` and a digest of what the dataset reads (its files, or the fingerprints of the
-    ``Dataset``s it streams), in its shards' names, which a state is checked against: a
-    state is refused by a stream over other files, as a file source's is. Values with no
-    stable text (a generator function) are left out; ``""`` where nothing is found."""
-    digest, found = hashlib.blake2b(digest_size=6), False
-    top = getattr(dataset, "_ex_iterable", None)
-    for node in [_chain_end(top)] if older_digests() else _readers(top):  # (until 2026-11-30: the
-        for is_key, value in _walked(getattr(node, "kwargs", None) or {}):  # chain's end)
-            if is_key:
-                digest.update(str(value).encode())
-            elif isinstance(value, (str, int, float, bool)):
-                digest.update(repr(value).encode())
-                found = True
-            elif isinstance(getattr(value, "_fingerprint", None), str):
-                digest.update(value._fingerprint.encode())
-                found = True
-    return f"@{digest.hexdigest()}" if found else ""
-
-
-def _walked(value: Any) -> Iterator[tuple[bool, Any]]:
-    """A reader's arguments in order, each dict's keys sorted: ``(True, key)`` before the
-    key's value's, ``(False, value)`` for each value not a list, tuple or dict."""
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _walked(item)
-    elif isinstance(value, dict):
-        for key in sorted(value, key=str):
-            yield True, key
-            yield from _walked(value[key])
-    else:
-        yield False, value
-
-
-def _shuffled(dataset: Any) -> bool:
-    """Whether ``dataset.shuffle(...)`` was called on the dataset or below its maps: a shuffle
-    buffer in its chain of iterables (datasets >= 3), or a shuffling config (earlier ones)."""
-    if getattr(dataset, "_shuffling", None) is not None:
-        return True
-    node = getattr(dataset, "_ex_iterable", None)
-    for _ in range(64):  # (a chain of maps and filters; bounded, whatever it holds)
-        if node is None:
-            return False
-        if type(node).__name__ == "BufferShuffledExamplesIterable":
-            return True
-        node = getattr(node, "ex_iterable", None)
-    return False
 
 
 class HuggingFaceShard:
@@ -182,7 +131,7 @@ class HuggingFaceShard:
     def reset(self, state: dict | None = None) -> None:
         given = self._checked(state)
         part = self.dataset.shard(num_shards=self.count, index=self.index)
-        self._files = _local_files(part)
+        self._files = huggingface_chain.local_files(part)
         if isinstance(state, dict):  # (a state in the shard's first window has no "hf" place)
             _check_files(self.name, state.get("files"), self._files)
         if given is not None:
@@ -238,44 +187,6 @@ class HuggingFaceShard:
     def __getstate__(self) -> dict:  # the iterator stays with its process
         return {**self.__dict__, "_part": None, "_it": None, "_start": None, "_started": False,
                 "_files": None}
-
-
-def _local_files(part: Any) -> list | None:
-    """``[name, size, head, tail]`` (``file_identity.whole``) of each local file the shard
-    ``part`` reads (its data files, under its maps and filters), which its state holds: a
-    restore over a file rewritten since resumed inside the new file's rows, silently. A file is
-    named by its base name in the state (the shards' names digest the whole paths: a stream
-    over a copy elsewhere is another stream); remote ones are not looked at."""
-    paths: list[str] = []
-    for node in _readers(getattr(part, "_ex_iterable", None)):
-        for is_key, value in _walked(getattr(node, "kwargs", None) or {}):
-            if not is_key and isinstance(value, str) and "://" not in value and (
-                    value not in paths and os.path.isfile(value)):  # (base_files and
-                paths.append(value)  # original_files name one file twice)
-    return [[os.path.basename(p), *file_identity.whole(p)] for p in paths] or None
-
-
-def _chain_end(node: Any) -> Any:
-    """The end of ``node``'s chain of ``ex_iterable`` (a join's own node: not into its parts)."""
-    for _ in range(64):
-        inner = getattr(node, "ex_iterable", None)
-        if inner is None:
-            break
-        node = inner
-    return node
-
-
-def _readers(node: Any, depth: int = 0) -> list:
-    """What reads the data under ``node``, an ``IterableDataset``'s chain of iterables: down
-    its maps and filters (``ex_iterable``) and into each dataset it joins (``ex_iterables``:
-    ``concatenate_datasets``, ``interleave_datasets``)."""
-    if node is None or depth > 64:
-        return []
-    joined = getattr(node, "ex_iterables", None)
-    if isinstance(joined, (list, tuple)):
-        return [found for each in joined for found in _readers(each, depth + 1)]
-    inner = getattr(node, "ex_iterable", None)
-    return [node] if inner is None else _readers(inner, depth + 1)
 
 
 def _check_files(name: str, then: Any, now: list | None) -> None:

@@ -343,6 +343,24 @@ def test_features_unknown_lists_of_numbers_still_become_arrays(num_workers):
     assert all(type(n) is str for b in batches for n in b["name"])
 
 
+def test_a_take_skip_batch_or_interleave_a_stream_of_shards_would_change_is_refused():
+    # each shard read by itself took ds.take(6)'s 6 records of every shard (others than the
+    # dataset's first 6), interleaved within each shard, batched to each shard's end: silently
+    ds = iterable(n=20, shards=4)
+    for made, what in [(ds.take(6), r"cut by IterableDataset.take.*ds.select\(range\(n\)\)"),
+                       (ds.skip(6).map(lambda r: r), r"cut by IterableDataset.skip"),
+                       (ds.batch(3), r"batched \(IterableDataset.batch\).*batch_size="),
+                       (datasets.interleave_datasets([ds, ds]), r"interleaved.*jl.mix\("),
+                       (datasets.interleave_datasets([ds, ds], probabilities=[0.5, 0.5], seed=0),
+                        r"interleaved"),
+                       (datasets.concatenate_datasets([ds, ds.take(2)]), r"IterableDataset.take")]:
+        with pytest.raises(ConfigError, match=what):
+            jl.StreamLoader(made, batch_size=2)
+    with jl.StreamLoader(datasets.concatenate_datasets([ds, ds.filter(lambda r: True)]),
+                         batch_size=4, num_epochs=1) as loader:  # (joins and filters read all)
+        assert len(list(loader)) == 10
+
+
 def test_bad_input_gets_a_clear_error():
     with pytest.raises(ConfigError, match=r"1 shards for 2 readers.*ds.reshard\(\)"):
         jl.StreamLoader(iterable(shards=1), batch_size=2, num_workers=2, process_index=0,
@@ -354,6 +372,7 @@ def test_bad_input_gets_a_clear_error():
                         batch_size=2)
     with pytest.raises(ConfigError, match=r"random access: pass it to jl.DataLoader"):
         jl.Stream.huggingface(datasets.Dataset.from_dict({"x": [1, 2]}))
+
     with pytest.raises(ConfigError, match=r"jaxloader.StreamLoader\(ds\)"):
         jl.DataLoader(iterable(), batch_size=2)
     from datasets.distributed import split_dataset_by_node
