@@ -13,7 +13,7 @@ import logging
 import os
 import time
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from jaxloader.base.abilities import close_of, digest_level
 from jaxloader.base.own_records import top_copy
@@ -142,6 +142,10 @@ class IterableShard:
                 f"IterableShard: got the {type(make).__name__} {make!r:.80}, whose characters "
                 "would be its records; for a file's records, read it with Stream.jsonl(paths), "
                 "Stream.text(paths) or Stream.tar(paths); for records in a list, pass the list")
+        if isinstance(make, Mapping):
+            raise ConfigError(f"IterableShard: got the {type(make).__name__} {make!r:.80}, "
+                              "whose keys would be its records; pass a list of the records "
+                              "([record] for one)")
         if callable(make) and (signature := refused_call(make)) is not None:
             raise ConfigError(
                 f"IterableShard: make is called as make(), but {callable_name(make)}"
@@ -177,6 +181,12 @@ class IterableShard:
     def reset(self, state: dict | None = None) -> None:
         (skip,) = state_ints(self, state, ("consumed",))
         made = self._make()
+        if isinstance(made, (str, bytes, bytearray, Mapping)):  # (iterable: its keys or its
+            raise ConfigError(                                  # characters as records)
+                f"IterableShard {self.name}: its function returned {type(made).__name__} "
+                f"{made!r:.60}, which would be read as records one "
+                f"{'key' if isinstance(made, Mapping) else 'character'} each; return a list "
+                f"of the records ([record] for one) or yield them (a generator function)")
         try:
             self._it = iter(made)
         except TypeError:

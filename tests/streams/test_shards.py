@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import io
+import re
 import json
 import warnings
 import cloudpickle
@@ -79,6 +80,18 @@ def test_a_generator_object_is_refused_and_a_function_is_not(tmp_path):
     with pytest.raises(jl.ConfigError, match=r"returned NoneType None, expected an iterable "
                                              r"of records.*missing `return`"):
         jl.IterableShard(lambda: None).reset(None)  # it was "'NoneType' is not iterable"
+    # one record returned, or a str, was read as records of its keys or characters, silently
+    for made, what in [({"x": 1}, "dict {'x': 1}, which would be read as records one key"),
+                       ("abc", "str 'abc', which would be read as records one character"),
+                       (b"ab", "bytes b'ab', which would be read as records one character")]:
+        with pytest.raises(jl.ConfigError, match=re.escape(what) + r".*\[record\] for one"):
+            jl.IterableShard(lambda made=made: made).reset(None)
+    with pytest.raises(jl.ConfigError, match=r"returned dict.*one key each"):
+        with jl.StreamLoader(jl.Stream.from_generator(lambda i: {"x": i}, shards=1),
+                             batch_size=1) as loader:
+            next(iter(loader))
+    with pytest.raises(jl.ConfigError, match=r"got the dict \{'x': 1\}, whose keys would be"):
+        jl.IterableShard({"x": 1})
 
 
 def test_a_long_resume_that_reads_records_again_says_how_far_it_is(monkeypatch, caplog):
