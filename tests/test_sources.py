@@ -134,6 +134,39 @@ def test_a_memory_mapped_file_changed_in_place_is_refused_at_the_next_batch(tmp_
         next(batches)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_ragged_values_mapped_from_a_file_changed_in_place_are_refused(tmp_path, packed,
+                                                                       num_workers):
+    # read through np.load(mmap_mode="r"): rewritten in place, batches mixed versions without
+    # a word; cut shorter, the process died by SIGBUS (in process: printing nothing)
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.arange(4096, dtype=np.int32))
+    source = jl.RaggedSource({"ids": (np.load(path, mmap_mode="r"),
+                                      np.arange(0, 4097, 16))})
+    if packed:
+        source = jl.PackedSource(source, "ids", 32)
+    with jl.DataLoader(source, batch_size=2, shuffle=False, num_workers=num_workers,
+                       process_index=0, process_count=1) as loader:
+        batches = iter(loader)
+        assert next(batches)["ids"].min() >= 0
+        np.save(path, -np.arange(4096, dtype=np.int32))  # (the same size: a rewrite)
+        refused = r"RaggedSource: the memory-mapped file '.*tokens.npy' changed in place"
+        with pytest.raises(jl.JaxloaderError, match=refused):  # (from a worker: WorkerError)
+            for _ in range(64):  # (the workers may have made a few batches ahead)
+                assert next(batches)["ids"].min() >= 0
+    with jl.DataLoader(source, batch_size=2, shuffle=False, process_index=0,
+                       process_count=1) as loader:  # (a source made before: refused again)
+        with pytest.raises(jl.RecordError, match=refused):
+            next(iter(loader))
+    np.save(path, np.arange(4096, dtype=np.int32))
+    made = jl.RaggedSource({"ids": (np.load(path, mmap_mode="r"), np.arange(0, 4097, 16))})
+    with open(path, "r+b") as f:
+        f.truncate(256)  # (cut: refused before a read past its end)
+    with pytest.raises(jl.RecordError, match=r"\(16,512 bytes then, 256 now"):
+        made[200]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_array_subclasses_batch_as_plain_arrays_with_any_worker_count(num_workers):
     # a recarray's batch was a recarray in process and an ndarray from workers (b["r"].a failed

@@ -181,6 +181,8 @@ class PackedSource:
         rank = (seg - np.repeat(first, count) + 1).tolist()  # segment id in its row, from 1
         records = plan.record[seg]
         batch: dict[str, np.ndarray] = {}
+        if isinstance(self.source, RaggedSource):  # (a mapped file cut since: refused, not
+            self.source.check_mapped()  # read to a SIGBUS)
         for k, key in enumerate(self.keys):
             if self._flat:
                 values, offsets = self._flat[k]

@@ -10,7 +10,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,8 +18,8 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import record_index
-from jaxloader.base.columns import memmap_under
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
+from jaxloader.base.mapped_files import MappedFiles
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.sources.frames import (FRAME_AS_ONE, arrow_columns, arrow_kind, as_series,
                                      check_aligned, frame_columns, is_data_frame,
                                      one_kind_of_numbers)
@@ -121,24 +120,23 @@ class ArraySource:
                     "volumes])" if listed else ""))
         self._len = arrays[0].shape[0]
         _warn_of_lists_of_records(tree, self._len)
-        self._stamps = _mapped_stamps(arrays)
+        self._mapped = MappedFiles("ArraySource", arrays)
         self._set_arrays(arrays)
 
     def _set_arrays(self, arrays: list[np.ndarray]) -> None:
         # Read-only views, here and in every worker: a transform that writes into a record
         # fails the same way with any number of workers, and never changes your arrays.
         self._arrays = [_read_only(a) for a in arrays]
-        self._said = set[str]()  # (the mapped files that grew, warned of)
         flat = tree_lib.is_flat_dict(self._treedef)
         self._items = list(zip(self._treedef[1], self._arrays)) if flat else None
 
     def __getstate__(self) -> dict:
         return {"treedef": self._treedef, "arrays": self._arrays, "len": self._len,
-                "stamps": self._stamps}
+                "mapped": self._mapped}
 
     def __setstate__(self, state: dict) -> None:
         self._treedef, self._len = state["treedef"], state["len"]
-        self._stamps = state.get("stamps", [])
+        self._mapped = state.get("mapped") or MappedFiles("ArraySource")
         self._set_arrays(state["arrays"])  # small arrays arrive as writable copies
 
     @property
@@ -150,8 +148,8 @@ class ArraySource:
     def arrays(self) -> list[np.ndarray]:
         """The leaves, in treedef order (what a batch is gathered from: a memory-mapped file
         changed in place since is refused here)."""
-        if self._stamps:  # (a stat a file, ~1 us, each batch: a file cut since, read, ends
-            _check_mapped(self._stamps, self._said)  # the process by SIGBUS, with no word)
+        if self._mapped.stamps:  # (a stat a file each batch: a file cut since, read, ends
+            self._mapped.check()  # the process by SIGBUS, with no word)
         return self._arrays
 
     def __len__(self) -> int:
@@ -198,69 +196,6 @@ class ArraySource:
         leaves = ", ".join(("" if path == "<root>" else f"{path} ") + f"{a.shape} {a.dtype}"
                            for path, a in zip(paths, self._arrays))
         return f"ArraySource({self._len} records; {leaves})"
-
-
-_Stamp = tuple[str, tuple[int, int, int, bool, bool]]  # a file: (inode, size, mtime, written, npy)
-
-
-def _mapped_stamps(arrays: list[np.ndarray]) -> list[_Stamp]:
-    """Each memory-mapped file the arrays view, once, with its inode, size and time now, and
-    whether it is mapped to be written (``r+``, ``w+``: the user's own writes change it)."""
-    stamps: dict[str, Any] = {}
-    for array in arrays:
-        mapped = memmap_under(array)
-        path = None if mapped is None else os.fspath(mapped.filename)  # type: ignore[arg-type]
-        if mapped is not None and path is not None and path not in stamps:
-            try:
-                found = os.stat(path)
-            except OSError:  # (gone already: the mapping keeps its pages)
-                continue
-            stamps[path] = (found.st_ino, found.st_size, found.st_mtime_ns,
-                            mapped.mode in ("r+", "w+"), mapped.offset > 0 and _npy(path))
-    return list(stamps.items())
-
-
-def _npy(path: str) -> bool:
-    """Whether ``path`` is a ``.npy`` file (its header fixes its shape: grown, it was written
-    again, where a raw file of numbers may be appended to)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(6) == b"\x93NUMPY"
-    except OSError:
-        return False
-
-
-def _check_mapped(stamps: list[_Stamp], said: set) -> None:
-    """Refuses a mapped file changed in place since its stamp (the same inode): cut shorter,
-    or, mapped read-only, rewritten (a ``.npy`` grown too); a raw file that grew is warned
-    of, once (``said``: an append, a token file another job writes, reads as before; a
-    rewrite, larger, would not). One replaced by a rename, or deleted, is not: the mapping
-    still reads the old one; nor is one mapped to be written, written."""
-    for path, (inode, size, mtime, writable, npy) in stamps:
-        try:
-            now = os.stat(path)
-        except OSError:
-            continue
-        if now.st_ino != inode or writable and now.st_size >= size or (
-                now.st_size, now.st_mtime_ns) == (size, mtime):
-            continue
-        if now.st_size > size and not npy:
-            if path not in said:
-                said.add(path)
-                warnings.warn(
-                    f"ArraySource: the memory-mapped file {path!r} grew since the source was "
-                    f"made ({size:,} bytes then, {now.st_size:,} now): its first {size:,} "
-                    "bytes are read as mapped, and are the data if it was only appended to; "
-                    "if it was written again, batches mix versions: write a new file and "
-                    "rename it over (os.replace)", JaxloaderWarning, stacklevel=2)
-            continue
-        raise RecordError(
-            f"ArraySource: the memory-mapped file {path!r} changed in place since the "
-            f"source was made ({size:,} bytes then, {now.st_size:,} now; modified since):"
-            " reading it would mix versions, or kill the process (SIGBUS) where it was "
-            "cut; write a new file beside it and rename it over (os.replace), which a "
-            "mapping open on the old one keeps reading, and make the source again to "
-            "read the new one")
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ import numpy as np
 from jaxloader.base.checks import record_index, released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.mapped_files import MappedFiles
 from jaxloader.sources.arrow_numpy import is_list, numpy_of, zone_in
 from jaxloader.sources.huggingface_rows import failing_row, has_media, has_nulls, null_rows
 
@@ -95,6 +96,10 @@ class HuggingFaceSource:
                 "release for NumPy 2); pip install \"datasets>=2.21\" (the test extra's "
                 "floor is 4.8.5)")
         self.fingerprint = str(getattr(dataset, "_fingerprint", "")) or None
+        self._mapped = MappedFiles("a datasets.Dataset", paths=[  # (Arrow maps them: a file
+            f["filename"] for f in getattr(dataset, "cache_files", None) or ()],  # cut, read,
+            remedy="save it to another folder (ds.save_to_disk(new)), or load it again after "
+                   "it is written (datasets.load_from_disk)")  # is a SIGBUS, no word)
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
@@ -133,6 +138,7 @@ class HuggingFaceSource:
 
     def __getitem__(self, index: int) -> Any:
         index = record_index(index, len(self.dataset), "HuggingFaceSource", from_end=True)
+        self._mapped.check()
         row = self.dataset[index]
         if self._nulls:
             self._check_nulls(np.array([index]))
@@ -151,6 +157,7 @@ class HuggingFaceSource:
             raise failing_row(self, indices, e) from e
 
     def _getitems(self, indices: np.ndarray) -> Any:
+        self._mapped.check()
         rows = self.dataset[np.asarray(indices).tolist()]
         if self._nulls:
             self._check_nulls(np.asarray(indices))

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.mapped_files import MappedFiles
 from jaxloader.base.number_kinds import cast_kept
 
 
@@ -48,6 +49,7 @@ class RaggedSource:
             raise ConfigError(f"RaggedSource: every key must have as many records, got {counts}; "
                               "give each key n + 1 offsets for the same n records")
         self._len = next(iter(counts.values()))
+        self._mapped = MappedFiles("RaggedSource", self._values.values())
 
     @classmethod
     def from_sequences(cls, columns: Mapping[str, Sequence[Any]],
@@ -107,7 +109,23 @@ class RaggedSource:
     def __len__(self) -> int:
         return self._len
 
+    def check_mapped(self) -> None:
+        """Refuses a memory-mapped values file (``np.load(path, mmap_mode="r")``) changed in
+        place since the source was made (``MappedFiles``): read, one cut shorter ends the
+        process by SIGBUS, with no word. Once a batch (``__getitems__``, ``PackedSource``)."""
+        if self._mapped.stamps:
+            self._mapped.check()
+
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        self.check_mapped()
+        return self._record(index)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """The records ``indices``, their files checked once."""
+        self.check_mapped()
+        return [self._record(i) for i in np.asarray(indices).tolist()]
+
+    def _record(self, index: int) -> dict[str, np.ndarray]:
         index = record_index(index, self._len, "RaggedSource", from_end=True)
         out = {}
         for key, values in self._values.items():

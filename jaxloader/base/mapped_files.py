@@ -1,0 +1,99 @@
+"""Files a source reads through a memory map, stamped when the source is made and stat-ed before
+each batch it reads: a file cut shorter in place kills the process that reads past its new end
+(SIGBUS, in process with no word at all), and one written again in place mixes versions in a
+batch. A file replaced by a rename, or deleted, is not a change: the mapping still reads the
+old one. A stat is ~1-2 us, once a batch (``ArraySource``, ``RaggedSource``, a Hugging Face
+``Dataset``'s cache files).
+
+Example:
+    >>> import numpy as np, os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy"); np.save(path, np.arange(4))
+    >>> files = MappedFiles("ArraySource", [np.load(path, mmap_mode="r")])
+    >>> files.check()  # (nothing changed: nothing said)
+    >>> len(files.stamps)
+    1
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Iterable
+
+import numpy as np
+
+from jaxloader.base.columns import memmap_under
+from jaxloader.base.errors import JaxloaderWarning, RecordError
+
+_RENAME = ("write a new file beside it and rename it over (os.replace), which a mapping open on "
+           "the old one keeps reading, and make the source again to read the new one")
+
+
+class MappedFiles:
+    """The memory-mapped files under ``arrays`` (``np.load(mmap_mode=...)``, views of them), or
+    the ``paths`` given (files Arrow maps: grown, they were written again), each with its
+    inode, size and time now; ``check()`` refuses one changed in place since. Pickled with
+    its source: a worker checks the stamps the source was made with."""
+
+    def __init__(self, who: str, arrays: Iterable[np.ndarray] = (), paths: Iterable[str] = (),
+                 remedy: str = _RENAME) -> None:
+        self.who, self.remedy = who, remedy
+        stamps: dict[str, Any] = {}
+        for array in arrays:
+            mapped = memmap_under(array)
+            path = None if mapped is None else os.fspath(mapped.filename)  # type: ignore[arg-type]
+            if mapped is not None and path is not None and path not in stamps:
+                stamps[path] = _stamp(path, mapped.mode in ("r+", "w+"),
+                                      mapped.offset > 0 and _npy(path))
+        for path in paths:
+            stamps.setdefault(path, _stamp(path, False, True))
+        self.stamps = [(path, stamp) for path, stamp in stamps.items() if stamp is not None]
+        self._said = set[str]()  # (the files that grew, warned of)
+
+    def check(self) -> None:
+        """Refuses a file changed in place since its stamp (the same inode): cut shorter, or,
+        mapped read-only, rewritten (a ``.npy`` or Arrow file grown too); a raw file that grew
+        is warned of, once (an append, a token file another job writes, reads as before; a
+        rewrite, larger, would not). One mapped to be written (``r+``), written, is not."""
+        for path, (inode, size, mtime, writable, fixed) in self.stamps:
+            try:
+                now = os.stat(path)
+            except OSError:
+                continue
+            if now.st_ino != inode or writable and now.st_size >= size or (
+                    now.st_size, now.st_mtime_ns) == (size, mtime):
+                continue
+            if now.st_size > size and not fixed:
+                if path not in self._said:
+                    self._said.add(path)
+                    warnings.warn(
+                        f"{self.who}: the memory-mapped file {path!r} grew since the source "
+                        f"was made ({size:,} bytes then, {now.st_size:,} now): its first "
+                        f"{size:,} bytes are read as mapped, and are the data if it was only "
+                        "appended to; if it was written again, batches mix versions: write a "
+                        "new file and rename it over (os.replace)", JaxloaderWarning,
+                        stacklevel=2)
+                continue
+            raise RecordError(
+                f"{self.who}: the memory-mapped file {path!r} changed in place since the "
+                f"source was made ({size:,} bytes then, {now.st_size:,} now; modified since):"
+                " reading it would mix versions, or kill the process (SIGBUS) where it was "
+                f"cut; {self.remedy}")
+
+
+def _stamp(path: str, writable: bool, fixed: bool) -> tuple | None:
+    try:
+        found = os.stat(path)
+    except OSError:  # (gone already: the mapping keeps its pages)
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns, writable, fixed
+
+
+def _npy(path: str) -> bool:
+    """Whether ``path`` is a ``.npy`` file (its header fixes its shape: grown, it was written
+    again, where a raw file of numbers may be appended to)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"\x93NUMPY"
+    except OSError:
+        return False
