@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+from stat import S_ISREG
 import zlib
 from typing import Any, Sequence
 
@@ -36,12 +37,26 @@ _TAIL_BYTES = 64 << 10  # read at once from a Parquet file's end: its footer wit
 
 def open_binary(path: str) -> Any:
     """``path`` opened for reading bytes: a local file, or a remote one (``gs://``) through
-    ``etils.epath``, the path layer Orbax uses."""
+    ``etils.epath``, the path layer Orbax uses. A local one is opened without waiting (a
+    FIFO's open waits for a writer: a file replaced by one hung the loader) and refused where
+    it is not a regular file (a FIFO, a device, a socket, whose reading would wait or never
+    end); a folder is refused by ``open()`` itself, naming it."""
     if "://" in path:
         from etils import epath
 
         return epath.Path(path).open("rb")
-    return open(path, "rb")
+    raw = open(path, "rb", opener=lambda name, flags: os.open(name, flags | _NO_WAIT))
+    if not S_ISREG(os.fstat(raw.fileno()).st_mode):
+        raw.close()
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, whose "
+                                    "reading would wait or never end); put the data in a file "
+                                    "and name that", path)
+    if _NO_WAIT:
+        os.set_blocking(raw.fileno(), True)  # (a network file system may honour it)
+    return raw
+
+
+_NO_WAIT = getattr(os, "O_NONBLOCK", 0)
 
 
 def ends(raw: Any, size: int | None = None, skip: int = 0) -> dict[str, int]:
@@ -130,14 +145,22 @@ def whole(path: str) -> list[int]:
     return [found["size"], found["head"], found["tail"]]
 
 
-def change(then: list[int], now: list[int]) -> str:
-    """What differs between two identities of a file (``parquet``, ``whole``), in words."""
+def change(then: list[int], now: list[int], path: str = "", parquet: bool | None = None) -> str:
+    """What differs between two identities of a file (``parquet``, ``whole``), in words: of
+    the parts a Parquet file's identity holds or another's (told by ``parquet``, else by the
+    name ``path``: both where neither tells)."""
     if then[0] != now[0]:
         return f"size {then[0]:,} bytes then, {now[0]:,} now"
     if len(then) == 2:
         return "the same size, another footer (its row groups' sizes or statistics differ)"
-    return "the same size, other bytes at its start or end (a Parquet file: its footer, or the" \
-        " rows before it)"
+    name = os.path.basename(path).lower()
+    if parquet is None and name.endswith((".parquet", ".pq", ".parq")):
+        parquet = True
+    elif parquet is None and "array_record" in name:
+        parquet = False
+    footer, ends = "its footer, or the rows before it", "other bytes in its first or last KiB"
+    return "the same size, " + (footer if parquet else ends if parquet is False else
+                                f"{ends} (a Parquet file: {footer})")
 
 
 def as_now(then: Any, now: Any) -> Any:
@@ -176,7 +199,7 @@ def changed_error(owner: str, path: str, then: list[int], now: list[int] | None,
     its identity now, ``None`` where it cannot be read whole), whose ``held`` (its rows, its
     records) the order names."""
     what = ("it cannot be found or read whole now: moved, or being written?" if now is None
-            else change(then, now))
+            else change(then, now, path, parquet=owner == "ParquetSource"))
     return RecordError(
         f"{owner}: file {path!r} changed while the loader reads it ({what}): its {held} are no "
         "longer those the order (and a saved state) names; put the file back, or make a new "
@@ -217,7 +240,7 @@ def check_files(then: Any, now: Any, paths: Sequence[str]) -> None:
             ": the saved step would read other records than it named; restore over the files "
             "the state was saved over (a folder read whole: pass the saved files by name), or "
             "start the run again without this state")
-    changed = [f"{name}: {change(a, b)}" for name, a, b in zip(named, then, now) if a != b]
+    changed = [f"{name}: {change(a, b, name)}" for name, a, b in zip(named, then, now) if a != b]
     raise StateDictError(
         f"state['files']: {len(changed)} of the source's {len(now)} files changed since the "
         f"state was saved, or are other files ({'; '.join(changed[:3])}"

@@ -9,9 +9,7 @@ its record, naming the path.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -138,20 +136,5 @@ class FileListSource:
 
 
 def _read_bytes(path: str) -> bytes:
-    if "://" in path:
-        from etils import epath
-
-        return epath.Path(path).read_bytes()
-    # opened without waiting (a FIFO's open waits for a writer; the file object holds the
-    # descriptor from the start), then told by what it is: a FIFO or a device (/dev/zero) is
-    # read for good; a folder is refused by open() itself, naming it
-    with open(path, "rb", opener=lambda name, flags: os.open(name, flags | _NO_WAIT)) as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, "
-                                        "whose reading would wait or never end)")
-        if _NO_WAIT:
-            os.set_blocking(f.fileno(), True)  # (a network file system may honour it)
+    with file_identity.open_binary(path) as f:  # (a FIFO or a device refused: read for good)
         return f.read()
-
-
-_NO_WAIT = getattr(os, "O_NONBLOCK", 0)

@@ -66,6 +66,26 @@ def test_a_fifo_or_a_device_in_the_list_fails_at_its_record_not_waits(tmp_path):
     assert opened is None or len(os.listdir("/proc/self/fd")) == opened
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+@pytest.mark.timeout(60)
+def test_a_parquet_file_or_a_shard_replaced_by_a_fifo_is_refused_not_waited_on(tmp_path):
+    # made over a file, then the path a FIFO: the read's open() waited for a writer, for good
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": np.arange(8)}), tmp_path / "a.parquet")
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(8)))
+    made = [jl.DataLoader(jl.ParquetSource(tmp_path / "a.parquet"), batch_size=4),
+            jl.StreamLoader(jl.Stream.jsonl(str(tmp_path / "a.jsonl")), batch_size=4)]
+    for name in ("a.parquet", "a.jsonl"):
+        (tmp_path / name).unlink()
+        os.mkfifo(tmp_path / name)
+    for loader, name in zip(made, ("a.parquet", "a.jsonl")):
+        with loader, pytest.raises(jl.JaxloaderError, match=rf"not a regular file \(a FIFO.*"
+                                                            rf"put the data in a file.*{name}"):
+            next(iter(loader))
+
+
 def test_bytes_paths_as_os_listdir_gives_them_are_read_and_saved(tmp_path):
     # a name that is not UTF-8 comes from os.listdir(b'...') as bytes: taken, then a bare
     # TypeError at the first read and at state_dict()

@@ -252,7 +252,7 @@ def test_rows_moved_within_their_row_groups_are_a_changed_file(tmp_path):
     write(moved)
     assert file_identity.parquet(path)[:2] == saved[:2]  # (the footer alike: the case)
     with make() as again, pytest.raises(jl.StateDictError, match=r"features.parquet: the same "
-                                        r"size, other bytes at its start or end"):
+                                        r"size, its footer, or the rows before it"):
         again.load_state_dict(state)
     write(np.arange(1000))  # (put back: the state restores, and one written before this
     for files in (state["files"], [saved[:2]]):  # version, its footer's CRC alone, too)
