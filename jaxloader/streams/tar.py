@@ -175,9 +175,10 @@ class TarShard(FileShard):
                 else:  # directories, globals, devices: no record
                     long_name = None
                     start = offset
-        except RecordError:
-            raise
-        except Exception as e:  # a compressed file cut short or corrupt
+        except Exception as e:  # (a file rewritten while read is no damaged one: said first)
+            self._check_unmoved(f"by record {self._count}")
+            if isinstance(e, RecordError):
+                raise
             raise unreadable(self, f"the member after record {self._count}", e) from e
         self._at = offset
         return start, name[:dot], name[dot + 1:], data

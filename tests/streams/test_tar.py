@@ -264,6 +264,29 @@ def test_a_shard_cut_inside_a_member_is_an_error_naming_it(tmp_path, workers):
         _loader_reads(paths if workers else path, workers)
 
 
+def test_a_shard_rewritten_while_read_is_said_so_not_called_damaged(tmp_path):
+    # written again in place (shorter, other members): the next header read was blamed on
+    # damage ("fails its checksum", "cut short": replace the shard), the rewrite not named
+    path = _samples(tmp_path / "a.tar", 40)
+    for rewrite in ("other", "cut"):
+        shard = jl.Stream.tar(str(path)).shards[0]
+        shard.reset(None)
+        assert shard.next()["__key__"] == "sample00000"
+        whole = path.read_bytes()
+        with open(path, "r+b") as f:  # (in place: the reader's open file sees it)
+            if rewrite == "other":
+                f.truncate(0)
+                f.write(_samples(tmp_path / "b.tar", 40, size=100).read_bytes())
+            else:
+                f.truncate(_header_offset(whole, "sample00002.bin") + 600)
+        with pytest.raises(jl.RecordError, match=r"a.tar: the file was modified while read "
+                                                 r"\(by record \d+; 112,640 bytes when opened"):
+            for _ in range(40):
+                shard.next()
+        shard.close()
+        path.write_bytes(whole)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_size_field_past_the_end_of_the_file_is_an_error_not_one_huge_record(tmp_path,
                                                                                 workers):
