@@ -17,7 +17,8 @@ before (a sample's members apart: a record each part; the keys' hashes kept, ~60
 marker (some writers leave it out; a member cut short is still an error). A compressed shard is
 read to its end, where gzip, xz and Zstandard (written with one) check their checksums: a tar
 has none of its data. A member not named ``key.ext`` (no extension, or a dot first: macOS's
-``._name``) is left out, as WebDataset leaves it, and warned of once a shard.
+``._name``) is left out, as WebDataset leaves it, and warned of once a shard. A shard rewritten
+while read is said to be, not taken for a damaged one.
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ from jaxloader.streams.shards import FileShard, unreadable
 
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
-# A member's data is read at most this many bytes at a time: a damaged size field (8 GiB) must
-# not have a reader allocate it before finding the file shorter.
-_READ_CHUNK = 64 << 20
+_READ_CHUNK = 64 << 20  # a member's data read at a time: a damaged size field (8 GiB) not allocated
 _READ_CHUNK_END = 1 << 16  # what follows the end-of-archive marker, read at a time
 _SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
 LEFT_OUT_SAID: set[str] = set()  # folders whose shards' members left out were warned of
