@@ -32,6 +32,11 @@ def loader(**kw):
     ("padding_values", 0, "jaxloader.Pad(keys, value=...)"),
     ("reshuffle_each_iteration", False, "FilteredSource(source, indices=a permutation)"),
     ("deterministic", True, "a batch is a function of (seed, epoch, step)"),
+    # near misses of other meanings ("did you mean sharding=?", "did you mean workers=?")
+    ("shard_index", 1, "use process_index="),
+    ("num_shards", 2, "use process_count="),
+    ("world_size", 2, "use process_count="),
+    ("seed_worker", print, "use seed=: every random draw"),
 ])
 def test_a_peer_name_raises_naming_the_value_and_what_to_pass(name, value, remedy):
     with pytest.raises(TypeError) as info:

@@ -75,6 +75,17 @@ _REMEDIES = {
 }
 
 
+_REMEDIES.update(dict.fromkeys(("shard_index", "shard_id", "rank"), (
+    "use process_index= (this host's place among process_count= hosts; left None: JAX's "
+    "jax.process_index()): each host reads its own share of every batch")))
+_REMEDIES.update(dict.fromkeys(("num_shards", "shard_count", "world_size"), (
+    "use process_count= (the hosts that share each batch; left None: JAX's "
+    "jax.process_count())")))
+_REMEDIES.update(dict.fromkeys(("seed_worker", "worker_seed", "worker_seeds"), (
+    "use seed=: every random draw (RandomMap's rng, the order) follows from it per record, "
+    "the same with any number of workers; worker_init_fn=fn(worker_id) runs your own setup "
+    "in each worker")))
+
 _FULL = ("a stream's batches are all full (it is endless by default); a pass that ends "
          "(num_epochs=n) pads its last batches, marking the real rows in batch['mask']")
 _IN_ORDER = ("a stream is read in order, its shards dealt to the readers by seed= each epoch; "
