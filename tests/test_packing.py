@@ -152,6 +152,26 @@ def test_each_key_pads_with_its_value_and_float_keys_pack_from_any_source():
         jl.PackedSource([{"t": np.array(list("abc"))}], "t", 8)
 
 
+def test_keys_as_long_as_the_tokens_left_out_of_the_rows_are_said_once(recwarn):
+    # labels or a loss mask beside the tokens were dropped from the rows without a word (a
+    # PackedStream said so): the loss then counted every token
+    ragged = jl.RaggedSource.from_sequences({
+        "tokens": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "labels": [[2, 3, 0], [5, 0], [7, 8, 9, 0]],
+        "attention_mask": [[1, 1, 1], [1, 1], [1, 1, 1, 1]]})  # (all 1s: not a key to pack)
+    dicts = [{"tokens": np.arange(4), "loss_mask": np.array([0, 0, 1, 1]), "id": i}
+             for i in range(3)]
+    for source, left, keys in ((ragged, ["labels"], ["tokens", "labels"]),
+                               (dicts, ["loss_mask"], ["tokens", "loss_mask"])):
+        with pytest.warns(jl.JaxloaderWarning, match=re.escape(
+                f"PackedSource: the records hold {left} as long as 'tokens', which are not "
+                f"packed and left out of the rows; to pack them at the same places, pass "
+                f"keys={keys}")):
+            jl.PackedSource(source, "tokens", 8)
+        recwarn.clear()
+        jl.PackedSource(source, keys, 8)  # (packed: nothing to say)
+        assert not [w for w in recwarn if issubclass(w.category, jl.JaxloaderWarning)]
+
+
 def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
     source, lengths = documents(50)
     records = [{"tokens": np.array(source[i]["tokens"])} for i in range(len(source))]
@@ -168,9 +188,10 @@ def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
 
     again = jl.PackedSource(Counted(records), "tokens", WIDTH, lengths=cache)
     assert np.array_equal(again.plan.record, first.plan.record)
-    assert Counted.reads <= 4 + np.count_nonzero(lengths == 0)  # the source's fingerprint's
-    # records (what the file was kept from; record 0 twice: a source that reads otherwise each
-    # time is warned of), and those the file calls empty, which no row reads: checked
+    assert Counted.reads <= 4 + 8 + np.count_nonzero(lengths == 0)  # the source's
+    # fingerprint's records (what the file was kept from; record 0 twice: a source that reads
+    # otherwise each time is warned of), the first 8 looked at for keys left out, and those
+    # the file calls empty, which no row reads: checked
     assert first.fingerprint == jl.PackedSource(records, "tokens", WIDTH,
                                                 lengths=lengths).fingerprint
     os.remove(f"{cache}.from")  # a file of the user's: read as it is, checked against the data

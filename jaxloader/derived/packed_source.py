@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -40,7 +41,7 @@ from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import (PackedRows, check_fill, fill_values, fills_said,
                                          record_tokens)
-from jaxloader.base.errors import ConfigError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
 from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
@@ -49,6 +50,7 @@ from jaxloader.sources.parts import read_locked
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.sources.ragged import RaggedSource
+from jaxloader.streams.packing_checks import as_long
 
 _LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
 EMPTY_CHECKED = 256  # records lengths given call empty, read to check (none reads them after)
@@ -128,6 +130,7 @@ class PackedSource:
         if self.plan.rows == 0:
             raise ConfigError(f"PackedSource: the {n} records have no tokens under "
                               f"{self.keys}; nothing to pack")
+        _warn_left_out(source, self.keys, n)
         self._flat = ([source.flat(k) for k in self.keys]
                       if isinstance(source, RaggedSource) else None)
         # each key's token dtype, the first record with tokens' (read at the first batch, not
@@ -320,6 +323,27 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
         )
     kept = None if given is None else (repr(path) if path else "(an array)")
     return lengths.astype(np.int64), kept
+
+
+_LOOKS = 8  # the first records looked at for keys left out (read as the source is made)
+
+
+def _warn_left_out(source: Any, keys: list[str], n: int) -> None:
+    """Says which keys of the first records (``_LOOKS``) are as long as the tokens and left out
+    of the rows (a loss mask, labels: a loss over them then counts every token), as a
+    ``PackedStream`` says; a source's records not dicts are not looked at."""
+    for record in read_locked(source, records_at, source, np.arange(min(n, _LOOKS))):
+        if not isinstance(record, Mapping) or not hasattr(record.get(keys[0]), "__len__"):
+            continue
+        left = [k for k, v in record.items() if k not in keys
+                and as_long(v, len(record[keys[0]]))]
+        if left:
+            warnings.warn(
+                f"PackedSource: the records hold {left} as long as {keys[0]!r}, which are not "
+                f"packed and left out of the rows; to pack them at the same places, pass keys="
+                f"{[*keys, *left]!r} (a loss mask, labels: value= pads them)",
+                JaxloaderWarning, stacklevel=user_stacklevel())
+            return
 
 
 def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
