@@ -108,6 +108,7 @@ class FileShard:
         self._size_known: int | None = None  # the bytes the reader reads, if known unread
         self._mtime: int | None = None  # the local plain file's st_mtime_ns as last looked at
         self._said_held = False  # a last line without its line break was said (_held_back)
+        self._said_cr = False  # a line holding \r inside it was said (TextShard)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
@@ -300,7 +301,9 @@ class JsonlShard(_LineShard):
                                   f"{raw[:80]!r}" + ("; JSON lines hold a whole value a line: "
                                   "this looks like one JSON value over many lines (a .json "
                                   "file); write it a record a line (jq -c '.[]' in.json > "
-                                  "out.jsonl)" if whole else "")) from None
+                                  "out.jsonl)" if whole else "; JSON is UTF-8: convert the "
+                                  "file (iconv -f <its encoding, latin1?> -t utf-8)" if
+                                  isinstance(e, UnicodeDecodeError) else "")) from None
             try:
                 return numbers_as_arrays(value)
             except ValueError as e:  # (booleans among a list's numbers)
@@ -331,10 +334,18 @@ class TextShard(_LineShard):
 
     def _parse(self, raw: bytes) -> Any:
         try:
-            return raw.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.path}: line {self._count}: not UTF-8 ({e}): {raw[:80]!r}; "
                               "convert the file (iconv -f <its encoding> -t utf-8)") from None
+        if "\r" in text and not self._said_cr:  # (lines ended by \r alone: one record)
+            self._said_cr = True
+            warnings.warn(f"{self.path}: line {self._count} holds carriage returns (\\r) "
+                          "inside it, where lines end at \\n (or \\r\\n): a file of lines "
+                          "ended by \\r alone (classic Mac OS) reads as one record; convert it "
+                          "(tr '\\r' '\\n' < in > out) (said once a shard)", JaxloaderWarning,
+                          stacklevel=2)
+        return text
 
 
 def seek(shard: Any, offset: int) -> None:

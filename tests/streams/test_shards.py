@@ -354,6 +354,24 @@ def test_text_that_is_not_utf8_is_named_with_its_line_and_the_remedy(tmp_path):
     with pytest.raises(jl.RecordError, match=r"latin1.txt: line 2: not UTF-8 .*b'caf\\xe9'.*"
                                              r"iconv"):
         shard.next()
+    jsonl = tmp_path / "latin1.jsonl"  # (JSON lines: "not JSON", no remedy)
+    jsonl.write_bytes('{"t": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(jl.RecordError, match=r"latin1.jsonl: line 1: not JSON .*can't decode "
+                                             r".*JSON is UTF-8: convert the file \(iconv -f"):
+        read_all(jl.JsonlShard(jsonl))
+
+
+def test_lines_ended_by_a_carriage_return_alone_are_said_to_read_as_one_record(tmp_path):
+    # a classic Mac OS file (\r alone) was one record, 'a\rb\rc', without a word
+    path = tmp_path / "mac.txt"
+    path.write_bytes(b"a\rb\rc\r")
+    with pytest.warns(jl.JaxloaderWarning, match=r"mac.txt: line 1 holds carriage returns .*"
+                                                 r"reads as one record; convert it \(tr"):
+        assert read_all(jl.TextShard(path)) == ["a\rb\rc"]
+    (tmp_path / "dos.txt").write_bytes(b"a\r\nb\r\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (\r\n: lines as written, nothing said)
+        assert read_all(jl.TextShard(tmp_path / "dos.txt")) == ["a", "b"]
 
 
 def test_a_byte_order_mark_is_not_text_and_a_utf16_file_is_named_as_such(tmp_path):
