@@ -32,13 +32,14 @@ from jaxloader.base.errors import ConfigError
 from jaxloader.sources.arrow_numpy import is_list, no_rows, numpy_of
 
 
-def decode(column: Any, name: str, path: str, compact: bool = False) -> Any:
-    """One column of a row group: a read-only NumPy array, ``ArrowRows`` for strings, bytes
-    and ragged lists, or ``ArrowStruct`` for a struct. A column read from a file is copied into one compact chunk (the
-    reader's buffers hold more than their rows); a
-    ``compact`` one (in shared memory) is kept as it is."""
+def decode(column: Any, name: str, path: str, compact: bool = False,
+           group: int | None = None) -> Any:
+    """One column of a row group (``group`` of its file, which an error names): a read-only
+    NumPy array, ``ArrowRows`` for strings, bytes and ragged lists, or ``ArrowStruct`` for a
+    struct. A column read from a file is copied into one compact chunk (the reader's buffers
+    hold more than their rows); a ``compact`` one (in shared memory) is kept as it is."""
     array = column.chunk(0) if compact and column.num_chunks == 1 else column.combine_chunks()
-    return _decode_array(array, name, path)
+    return _decode_array(array, name, path, group=group)
 
 
 def _values(array: Any) -> Any:
@@ -106,7 +107,8 @@ def null_message(name: str, path: str, nulls: str, column: str | None = None,
             f"the file, or leave the column {top!r} out with columns={media}{nan}")
 
 
-def _decode_array(array: Any, name: str, path: str, column: str | None = None) -> Any:
+def _decode_array(array: Any, name: str, path: str, column: str | None = None,
+                  group: int | None = None) -> Any:
     """``decode`` of one Arrow array: lists of one length at every depth become one axis a
     depth (a list of lists of 3 numbers, 2 a row: rows of shape (2, 3)); a struct's fields
     are decoded as columns (``ArrowStruct``), named ``column.field``."""
@@ -116,14 +118,19 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None) -
     where = "" if nulls else " inside its lists"
     nulls = nulls or nested_nulls(array)
     if nulls:
+        if group is not None:  # (found as read: a file written without statistics)
+            first = np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))
+            where += f" in row group {group}" + (f", the first at its row {first[0]}"
+                                                  if len(first) else "")
         raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}", column,
                                        floats=pa.types.is_floating(array.type)))
     kind = array.type
     if pa.types.is_dictionary(kind):  # (a pandas categorical: its values, as a column of them
-        return _decode_array(array.dictionary_decode(), name, path, column)  # is decoded)
+        return _decode_array(array.dictionary_decode(), name, path, column,  # is decoded)
+                             group)
     if pa.types.is_struct(kind):
         return ArrowStruct({kind.field(i).name: _decode_array(field, f"{name}.{kind.field(i).name}",
-                                                              path, column or name)
+                                                              path, column or name, group)
                             for i, field in enumerate(array.flatten())})
     if is_list(kind) and not len(array) and (empty := no_rows(kind)) is not None:
         return empty

@@ -365,8 +365,8 @@ class ParquetSource:
                 return None
         else:
             table = self._read(group)
-        path = self.paths[self._groups[group][0]]
-        decoded = {name: decode(table.column(name), name, path, compact=shared)
+        path, in_file = self.paths[self._groups[group][0]], self._groups[group][1]
+        decoded = {name: decode(table.column(name), name, path, shared, in_file)
                    for name in self.columns}
         # Without workers a Ctrl-C may land here after any call (``jaxloader.base.interrupts``, 7):
         # a size is noted before its row group is cached (one left by an eviction cut short

@@ -599,6 +599,13 @@ def test_bad_input_names_the_file_or_the_column(tmp_path):
     pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
     with pytest.raises(jl.ConfigError, match="column 'x' of .*nulls.parquet' has 1 null"):
         jl.ParquetSource(str(nulls))[0]
+    # written without statistics: found as read, and named by its row group and row (it
+    # named neither: rows of a file of thousands of row groups)
+    pq.write_table(pa.table({"x": pa.array([1.0, 2.0, 3.0, None, 5.0, None])}), nulls,
+                   write_statistics=False, row_group_size=2)
+    with pytest.raises(jl.ConfigError, match=r"column 'x' of .*nulls.parquet' has 1 null "
+                                             r"value\(s\) in row group 1, the first at its row 1;"):
+        jl.ParquetSource(str(nulls))[2]
     # a null inside a list of numbers would turn its row group's integers into floats
     pq.write_table(pa.table({"x": pa.array([[1, 2], [3, None]])}), nulls)
     with pytest.raises(ValueError, match="'x' of .*nulls.parquet' has 1 null value.* inside"):
