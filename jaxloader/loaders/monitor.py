@@ -109,10 +109,13 @@ class AutoTune:
     def bound(self, off_cpu: float) -> int:
         """The most workers worth running now: the cores, more while reads wait (as many as
         keep each core busy, were the waits overlapped)."""
+        return max(1, min(self._by_cores(off_cpu), self.ceiling, self.capacity()))
+
+    def _by_cores(self, off_cpu: float) -> int:
+        """The cores, times the reads' waits' factor (``bound``'s first part)."""
         factor = 1 if off_cpu < READS_WAIT else min(MAX_READ_WAIT_FACTOR, max(
             READ_WAIT_FACTOR, round(1 / max(1e-9, 1.0 - off_cpu))))
-        high = self.cores * factor
-        return max(1, min(high, self.ceiling, self.capacity()))
+        return self.cores * factor
 
     def _memory_bound(self, active: int) -> int:
         """The most workers in half the memory they may have: what is free now and what the
@@ -187,6 +190,9 @@ class AutoTune:
             why = f"{self.cores} cores, their work {off_cpu:.0%} off the CPU"  # (what holds it)
             if memory == high < by_cores:
                 why = "memory: half of what is free and the workers' own"
+            elif self.ceiling == high < min(self._by_cores(off_cpu), self.capacity()):
+                why = (f"more were tried and made batches no faster; tried again in "
+                       f"{self._bounds_for} windows")
             elif most == high < min(by_cores, self.pool.roster.capacity):  # (forked ones)
                 why = "start_method='fork' starts no more once JAX is imported"
             log.info("%s: autotune: %d worker(s), the most worth running here (%s%s), while the "

@@ -290,6 +290,18 @@ def test_a_stream_whose_next_count_is_past_the_cores_tries_it_and_a_bound_is_sai
             r.getMessage()]
     assert len(said) == 1 and "(memory: half of what is free" in said[0], said
     assert "cores" not in said[0], said
+    # held by a count tried that did not pay (the ceiling): it named the cores
+    pool = FakePool(active=2)
+    tune = monitor.AutoTune(pool, cores=8)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jaxloader"):
+        asked = windows(tune, pool, [(100, 0.0, 1.0), (100, 0.9, 1.0), (100, 0.9, 1.0)]
+                        + [(100, 0.9, 1.0)] * 3)  # (4 workers: no faster, back to 2)
+    said = [r.getMessage() for r in caplog.records if "the most worth running" in
+            r.getMessage()]
+    assert asked[:4] == [2, 4, 4, 2] and len(said) == 1, (asked, said)
+    assert "(more were tried and made batches no faster; tried again in" in said[0], said
+    assert "cores" not in said[0], said
 
 
 def test_a_window_across_a_reset_of_the_stats_or_time_away_is_not_judged():
