@@ -9,7 +9,7 @@ record that failed (``described``). Nothing is done for a record that raises no 
 
 Example:
     >>> from jaxloader.streams.iterable_shards import IterableShard
-    >>> shard = IterableShard(lambda: "abc", name="letters")
+    >>> shard = IterableShard(lambda: list("abc"), name="letters")
     >>> Segments([(0, None, 0)]).place([shard], [0], 2)
     'letters record 3'
 """
