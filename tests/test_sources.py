@@ -167,6 +167,24 @@ def test_ragged_values_mapped_from_a_file_changed_in_place_are_refused(tmp_path,
         made[200]
 
 
+def test_a_costly_check_of_mapped_files_waits_a_hundred_times_its_time(tmp_path, monkeypatch):
+    # thousands of a dataset's files on a network file system were stat-ed each batch
+    from jaxloader.base import mapped_files
+
+    path = tmp_path / "a.arrow"
+    path.write_bytes(b"0" * 64)
+    files = mapped_files.MappedFiles("a source", paths=[str(path)])
+    files.check()  # (cheap: each time)
+    assert files._next_at == 0.0
+    times = iter([10.0, 11.0, 60.0, 112.0, 113.0])  # (a check of 1 s: the next from 111 s)
+    monkeypatch.setattr(mapped_files, "perf_counter", lambda: next(times))
+    files.check()
+    path.write_bytes(b"1" * 32)
+    files.check()  # (at 60 s: not looked at)
+    with pytest.raises(jl.RecordError, match=r"a.arrow' changed in place .*64 bytes then, 32"):
+        files.check()  # (at 112 s)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_array_subclasses_batch_as_plain_arrays_with_any_worker_count(num_workers):
     # a recarray's batch was a recarray in process and an ndarray from workers (b["r"].a failed

@@ -2,8 +2,10 @@
 each batch it reads: a file cut shorter in place kills the process that reads past its new end
 (SIGBUS, in process with no word at all), and one written again in place mixes versions in a
 batch. A file replaced by a rename, or deleted, is not a change: the mapping still reads the
-old one. A stat is ~1-2 us, once a batch (``ArraySource``, ``RaggedSource``, a Hugging Face
-``Dataset``'s cache files).
+old one (but for files a worker maps again by their names: a Hugging Face ``Dataset``'s).
+A stat is ~1-2 us a local file, once a batch or record (``ArraySource``, ``RaggedSource``, a
+``Dataset``'s cache files); where a check takes longer (many files, a network file system),
+at most 1% of the time.
 
 Example:
     >>> import numpy as np, os, tempfile
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from time import perf_counter
 from typing import Any, Iterable
 
 import numpy as np
@@ -25,15 +28,18 @@ import numpy as np
 from jaxloader.base.columns import memmap_under
 from jaxloader.base.errors import JaxloaderWarning, RecordError
 
+_CHEAP_S = 50e-6  # a check that took longer waits 100 times as long for the next (1%)
 _RENAME = ("write a new file beside it and rename it over (os.replace), which a mapping open on "
            "the old one keeps reading, and make the source again to read the new one")
 
 
 class MappedFiles:
     """The memory-mapped files under ``arrays`` (``np.load(mmap_mode=...)``, views of them), or
-    the ``paths`` given (files Arrow maps: grown, they were written again), each with its
-    inode, size and time now; ``check()`` refuses one changed in place since. Pickled with
-    its source: a worker checks the stamps the source was made with."""
+    the ``paths`` given (files Arrow maps: grown, they were written again; replaced, a worker,
+    which maps them again by their names, reads the new one), each with its inode, size and
+    time now; ``check()`` refuses one changed since. Pickled with its source: a worker checks
+    the stamps the source was made with. ``check()`` stats them each time where that is
+    cheap, else at most 1% of the time (thousands of files, a network file system)."""
 
     def __init__(self, who: str, arrays: Iterable[np.ndarray] = (), paths: Iterable[str] = (),
                  remedy: str = _RENAME) -> None:
@@ -44,22 +50,32 @@ class MappedFiles:
             path = None if mapped is None else os.fspath(mapped.filename)  # type: ignore[arg-type]
             if mapped is not None and path is not None and path not in stamps:
                 stamps[path] = _stamp(path, mapped.mode in ("r+", "w+"),
-                                      mapped.offset > 0 and _npy(path))
+                                      mapped.offset > 0 and _npy(path), False)
         for path in paths:
-            stamps.setdefault(path, _stamp(path, False, True))
+            stamps.setdefault(path, _stamp(path, False, True, True))
         self.stamps = [(path, stamp) for path, stamp in stamps.items() if stamp is not None]
         self._said = set[str]()  # (the files that grew, warned of)
+        self._next_at = 0.0  # (perf_counter: the next check's time, 100x the last's after it)
 
     def check(self) -> None:
         """Refuses a file changed in place since its stamp (the same inode): cut shorter, or,
-        mapped read-only, rewritten (a ``.npy`` or Arrow file grown too); a raw file that grew
-        is warned of, once (an append, a token file another job writes, reads as before; a
-        rewrite, larger, would not). One mapped to be written (``r+``), written, is not."""
-        for path, (inode, size, mtime, writable, fixed) in self.stamps:
+        mapped read-only, rewritten (a ``.npy`` or Arrow file grown too); one of ``paths``
+        replaced too. A raw file that grew is warned of, once (an append, a token file another
+        job writes, reads as before; a rewrite, larger, would not). One mapped to be written
+        (``r+``), written, is not."""
+        start = perf_counter()
+        if start < self._next_at:
+            return
+        for path, (inode, size, mtime, writable, fixed, by_name) in self.stamps:
             try:
                 now = os.stat(path)
             except OSError:
                 continue
+            if now.st_ino != inode and by_name:
+                raise RecordError(
+                    f"{self.who}: the memory-mapped file {path!r} was replaced since the "
+                    "source was made (another file by its name): a worker process maps it by "
+                    f"its name, and would read other data than this one; {self.remedy}")
             if now.st_ino != inode or writable and now.st_size >= size or (
                     now.st_size, now.st_mtime_ns) == (size, mtime):
                 continue
@@ -79,14 +95,17 @@ class MappedFiles:
                 f"source was made ({size:,} bytes then, {now.st_size:,} now; modified since):"
                 " reading it would mix versions, or kill the process (SIGBUS) where it was "
                 f"cut; {self.remedy}")
+        spent = perf_counter() - start
+        if spent > _CHEAP_S:  # (a local file or a few: each time, a change seen at once)
+            self._next_at = start + spent + 100 * spent
 
 
-def _stamp(path: str, writable: bool, fixed: bool) -> tuple | None:
+def _stamp(path: str, writable: bool, fixed: bool, by_name: bool) -> tuple | None:
     try:
         found = os.stat(path)
     except OSError:  # (gone already: the mapping keeps its pages)
         return None
-    return found.st_ino, found.st_size, found.st_mtime_ns, writable, fixed
+    return found.st_ino, found.st_size, found.st_mtime_ns, writable, fixed, by_name
 
 
 def _npy(path: str) -> bool:

@@ -137,6 +137,8 @@ class ArraySource:
     def __setstate__(self, state: dict) -> None:
         self._treedef, self._len = state["treedef"], state["len"]
         self._mapped = state.get("mapped") or MappedFiles("ArraySource")
+        if "stamps" in state:  # (pickled before MappedFiles: its stamps kept)
+            self._mapped.stamps = [(path, (*stamp, False)) for path, stamp in state["stamps"]]
         self._set_arrays(state["arrays"])  # small arrays arrive as writable copies
 
     @property

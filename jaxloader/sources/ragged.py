@@ -112,20 +112,13 @@ class RaggedSource:
     def check_mapped(self) -> None:
         """Refuses a memory-mapped values file (``np.load(path, mmap_mode="r")``) changed in
         place since the source was made (``MappedFiles``): read, one cut shorter ends the
-        process by SIGBUS, with no word. Once a batch (``__getitems__``, ``PackedSource``)."""
+        process by SIGBUS, with no word. Before each record read (a stat at most 1% of the
+        time), and each batch of a ``PackedSource`` over it."""
         if self._mapped.stamps:
             self._mapped.check()
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         self.check_mapped()
-        return self._record(index)
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """The records ``indices``, their files checked once."""
-        self.check_mapped()
-        return [self._record(i) for i in np.asarray(indices).tolist()]
-
-    def _record(self, index: int) -> dict[str, np.ndarray]:
         index = record_index(index, self._len, "RaggedSource", from_end=True)
         out = {}
         for key, values in self._values.items():

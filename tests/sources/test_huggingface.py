@@ -305,6 +305,17 @@ def test_a_saved_datasets_file_changed_in_place_is_refused_at_the_next_batch(tmp
                                                     r"file .*changed in place.*save_to_disk"):
             for _ in range(63):  # (the workers may have made a few batches ahead)
                 assert next(batches)["x"].min() >= 0
+    # replaced by a rename: a worker started after it mapped the new file by its name (datasets
+    # pickles a table by its files), the training process the old one
+    datasets.Dataset.from_dict({"x": np.arange(4096)}).save_to_disk(tmp_path / "c")
+    ds = datasets.load_from_disk(str(tmp_path / "c"))
+    with jl.DataLoader(ds, batch_size=64, num_workers=num_workers, process_index=0,
+                       process_count=1) as loader:
+        (file,) = [f["filename"] for f in ds.cache_files]
+        os.replace(tmp_path / "b" / os.path.basename(file), file)
+        with pytest.raises(jl.JaxloaderError, match=r"file .* was replaced since the source was "
+                                                    r"made .*load it again"):
+            next(iter(loader))
 
 
 def _augment(batch):  # a with_transform function: batch in, batch out (HF's convention)
