@@ -165,11 +165,15 @@ def test_keys_as_long_as_the_tokens_left_out_of_the_rows_are_said_once(recwarn):
         with pytest.warns(jl.JaxloaderWarning, match=re.escape(
                 f"PackedSource: the records hold {left} as long as 'tokens', which are not "
                 f"packed and left out of the rows; to pack them at the same places, pass "
-                f"keys={keys}")):
-            jl.PackedSource(source, "tokens", 8)
+                f"keys={keys}")):  # (a RaggedSource's said as made, others' at a first read)
+            jl.PackedSource(source, "tokens", 8)[0]
         recwarn.clear()
-        jl.PackedSource(source, keys, 8)  # (packed: nothing to say)
+        jl.PackedSource(source, keys, 8)[0]  # (packed: nothing to say)
         assert not [w for w in recwarn if issubclass(w.category, jl.JaxloaderWarning)]
+    with jl.DataLoader(jl.PackedSource(dicts, "tokens", 8), batch_size=1, num_workers=1,
+                       process_index=0, process_count=1) as loader:  # (from a worker: said)
+        with pytest.warns(jl.JaxloaderWarning, match=r"hold \['loss_mask'\] as long as"):
+            next(iter(loader))
 
 
 def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
@@ -188,10 +192,9 @@ def test_lengths_are_read_once_and_kept_next_to_the_data(tmp_path):
 
     again = jl.PackedSource(Counted(records), "tokens", WIDTH, lengths=cache)
     assert np.array_equal(again.plan.record, first.plan.record)
-    assert Counted.reads <= 4 + 8 + np.count_nonzero(lengths == 0)  # the source's
-    # fingerprint's records (what the file was kept from; record 0 twice: a source that reads
-    # otherwise each time is warned of), the first 8 looked at for keys left out, and those
-    # the file calls empty, which no row reads: checked
+    assert Counted.reads <= 4 + np.count_nonzero(lengths == 0)  # the source's fingerprint's
+    # records (what the file was kept from; record 0 twice: a source that reads otherwise each
+    # time is warned of), and those the file calls empty, which no row reads: checked
     assert first.fingerprint == jl.PackedSource(records, "tokens", WIDTH,
                                                 lengths=lengths).fingerprint
     os.remove(f"{cache}.from")  # a file of the user's: read as it is, checked against the data

@@ -130,7 +130,9 @@ class PackedSource:
         if self.plan.rows == 0:
             raise ConfigError(f"PackedSource: the {n} records have no tokens under "
                               f"{self.keys}; nothing to pack")
-        _warn_left_out(source, self.keys, n)
+        self._looked = False  # (keys left out looked for: in a RaggedSource's first records
+        if isinstance(source, RaggedSource):  # now, cheaply; else in a first batch's)
+            self._look([source[i] for i in range(min(n, 8))])
         self._flat = ([source.flat(k) for k in self.keys]
                       if isinstance(source, RaggedSource) else None)
         # each key's token dtype, the first record with tokens' (read at the first batch, not
@@ -174,6 +176,27 @@ class PackedSource:
             tag_item(e, None)
             raise
 
+    def _look(self, records: list) -> None:
+        """Says once (a process) which keys of ``records`` are as long as the tokens and left
+        out of the rows (labels, a loss mask: a loss over them then counts every token), as a
+        ``PackedStream`` says; records not dicts are not looked at."""
+        if self._looked:
+            return
+        self._looked = True
+        keys = self.keys
+        for record in records:
+            if not isinstance(record, Mapping) or not hasattr(record.get(keys[0]), "__len__"):
+                continue
+            left = [k for k, v in record.items() if k not in keys
+                    and as_long(v, len(record[keys[0]]))]
+            if left:
+                warnings.warn(
+                    f"PackedSource: the records hold {left} as long as {keys[0]!r}, which are "
+                    f"not packed and left out of the rows; to pack them at the same places, "
+                    f"pass keys={[*keys, *left]!r} (a loss mask, labels: value= pads them)",
+                    JaxloaderWarning, stacklevel=user_stacklevel())
+                return
+
     def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         plan = self.plan
         rows = np.asarray(rows, np.int64)
@@ -197,6 +220,7 @@ class PackedSource:
                     self._set_dtypes(self._token_dtypes())
                 assert self._dtypes is not None
                 values, starts, lengths = _gather_records(self.source, records, key,
+                                                          None if k else self._look,
                                                           self._dtypes[k])
                 self._check_lengths(records, k, lengths)
             begin = (starts + plan.record_offset[seg, k]).tolist()
@@ -325,27 +349,6 @@ def _lengths(source: Any, keys: list[str], n: int, given: Any) -> tuple[np.ndarr
     return lengths.astype(np.int64), kept
 
 
-_LOOKS = 8  # the first records looked at for keys left out (read as the source is made)
-
-
-def _warn_left_out(source: Any, keys: list[str], n: int) -> None:
-    """Says which keys of the first records (``_LOOKS``) are as long as the tokens and left out
-    of the rows (a loss mask, labels: a loss over them then counts every token), as a
-    ``PackedStream`` says; a source's records not dicts are not looked at."""
-    for record in read_locked(source, records_at, source, np.arange(min(n, _LOOKS))):
-        if not isinstance(record, Mapping) or not hasattr(record.get(keys[0]), "__len__"):
-            continue
-        left = [k for k, v in record.items() if k not in keys
-                and as_long(v, len(record[keys[0]]))]
-        if left:
-            warnings.warn(
-                f"PackedSource: the records hold {left} as long as {keys[0]!r}, which are not "
-                f"packed and left out of the rows; to pack them at the same places, pass keys="
-                f"{[*keys, *left]!r} (a loss mask, labels: value= pads them)",
-                JaxloaderWarning, stacklevel=user_stacklevel())
-            return
-
-
 def _read_lengths(source: Any, keys: list[str], n: int) -> np.ndarray:
     out = np.empty((n, len(keys)), np.int64)
     for start in range(0, n, _LENGTH_CHUNK):
@@ -370,12 +373,16 @@ def _sequence(record: Any, key: str, index: int) -> np.ndarray:
                                        and "[0]" not in problem else "")))
 
 
-def _gather_records(source: Any, records: np.ndarray, key: str,
+def _gather_records(source: Any, records: np.ndarray, key: str, look: Any,
                     dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sequences of ``records`` (each segment's record, each of ``dtype``) one after
-    another, where each segment's record starts in them, and its length."""
+    another, where each segment's record starts in them, and its length; ``look``: given
+    the records read, where not ``None``."""
     unique, inverse = np.unique(records, return_inverse=True)
-    seqs = [_sequence(r, key, int(i)) for r, i in zip(records_at(source, unique), unique)]
+    read = records_at(source, unique)
+    if look is not None:
+        look(read[:8])
+    seqs = [_sequence(r, key, int(i)) for r, i in zip(read, unique)]
     for i, seq in zip(unique, seqs):
         if seq.dtype != dtype and len(seq):
             raise ConfigError(
