@@ -112,8 +112,8 @@ def zone_in(kind: Any) -> str | None:
     """
     import pyarrow as pa
 
-    if isinstance(kind, pa.ExtensionType):  # (its own value_type may be anything: Hugging
-        kind = kind.storage_type            # Face's Array2D has a dtype's name there)
+    if isinstance(kind, pa.BaseExtensionType):  # (its own value_type may be anything:
+        kind = kind.storage_type                # Hugging Face's Array2D has a dtype's name)
     if pa.types.is_timestamp(kind):
         return None if kind.tz is None or kind.tz.removeprefix("Etc/") in _UTC else kind.tz
     if pa.types.is_struct(kind):

@@ -67,7 +67,12 @@ _REFUSED = {  # an iterable's class: what it does, why a stream of the shards di
     "batch": "batched (IterableDataset.batch), whose batches would end at each shard's end, "
              "each batched again by the loader; leave out its batch: the loader's batch_size= "
              "makes the batches",
+    "RepeatExamplesIterable": "repeated (IterableDataset.repeat), which each shard would do by "
+                              "itself (repeat(None): never past the first shard); leave out its "
+                              "repeat: a StreamLoader reads its shards endlessly by default, "
+                              "num_epochs=n for n passes",
 }
+_BATCHING = ("_batch_fn", "_batch_arrow_table", "_batch_accumulate_arrow_table_by_columns")
 
 
 def refused(dataset: Any) -> str | None:
@@ -77,8 +82,9 @@ def refused(dataset: Any) -> str | None:
     if getattr(dataset, "_shuffling", None) is not None:  # (datasets before 3: a config)
         return _REFUSED["BufferShuffledExamplesIterable"]
     for node in _nodes(getattr(dataset, "_ex_iterable", None)):
-        batches = getattr(getattr(node, "function", None), "__name__", "") in (
-            "_batch_fn", "_batch_arrow_table")  # (IterableDataset.batch: a batched map)
+        function = getattr(node, "function", None)  # (IterableDataset.batch: a batched map
+        function = getattr(function, "func", function)  # of its function, or a partial of it)
+        batches = getattr(function, "__name__", "") in _BATCHING
         found = _REFUSED.get("batch" if batches else type(node).__name__)
         if found is not None:
             return found

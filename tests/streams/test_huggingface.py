@@ -4,6 +4,7 @@ restores through the dataset's own state, and clear refusals."""
 from __future__ import annotations
 
 import datetime
+import inspect
 import itertools
 import json
 import re
@@ -343,17 +344,22 @@ def test_features_unknown_lists_of_numbers_still_become_arrays(num_workers):
     assert all(type(n) is str for b in batches for n in b["name"])
 
 
-def test_a_take_skip_batch_or_interleave_a_stream_of_shards_would_change_is_refused():
+def test_a_take_skip_batch_repeat_or_interleave_a_stream_of_shards_would_change_is_refused():
     # each shard read by itself took ds.take(6)'s 6 records of every shard (others than the
     # dataset's first 6), interleaved within each shard, batched to each shard's end: silently
     ds = iterable(n=20, shards=4)
-    for made, what in [(ds.take(6), r"cut by IterableDataset.take.*ds.select\(range\(n\)\)"),
-                       (ds.skip(6).map(lambda r: r), r"cut by IterableDataset.skip"),
-                       (ds.batch(3), r"batched \(IterableDataset.batch\).*batch_size="),
-                       (datasets.interleave_datasets([ds, ds]), r"interleaved.*jl.mix\("),
-                       (datasets.interleave_datasets([ds, ds], probabilities=[0.5, 0.5], seed=0),
-                        r"interleaved"),
-                       (datasets.concatenate_datasets([ds, ds.take(2)]), r"IterableDataset.take")]:
+    cases = [(ds.take(6), r"cut by IterableDataset.take.*ds.select\(range\(n\)\)"),
+             (ds.skip(6).map(lambda r: r), r"cut by IterableDataset.skip"),
+             (ds.batch(3), r"batched \(IterableDataset.batch\).*batch_size="),
+             (datasets.interleave_datasets([ds, ds]), r"interleaved.*jl.mix\("),
+             (datasets.interleave_datasets([ds, ds], probabilities=[0.5, 0.5], seed=0),
+              r"interleaved"),
+             (datasets.concatenate_datasets([ds, ds.take(2)]), r"IterableDataset.take"),
+             (ds.repeat(2), r"repeated \(IterableDataset.repeat\).*num_epochs=n")]
+    if "by_column" in inspect.signature(ds.batch).parameters:  # (datasets 5: a partial)
+        cases.append((ds.map(lambda r: {**r, "g": r["label"] // 5}).batch(by_column="g"),
+                      r"batched \(IterableDataset.batch\)"))
+    for made, what in cases:
         with pytest.raises(ConfigError, match=what):
             jl.StreamLoader(made, batch_size=2)
     with jl.StreamLoader(datasets.concatenate_datasets([ds, ds.filter(lambda r: True)]),
