@@ -45,14 +45,22 @@ def open_binary(path: str) -> Any:
         from etils import epath
 
         return epath.Path(path).open("rb")
-    raw = open(path, "rb", opener=lambda name, flags: os.open(name, flags | _NO_WAIT))
-    if not S_ISREG(os.fstat(raw.fileno()).st_mode):
-        raw.close()
-        raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, whose "
-                                    "reading would wait or never end); put the data in a file "
-                                    "and name that", path)
-    if _NO_WAIT:
-        os.set_blocking(raw.fileno(), True)  # (a network file system may honour it)
+    raw: Any
+    try:
+        raw = open(path, "rb", opener=lambda name, flags: os.open(name, flags | _NO_WAIT))
+    except BlockingIOError:  # (a lease another process holds: waited for, as before)
+        raw = open(path, "rb") if S_ISREG(os.stat(path).st_mode) else None
+    try:
+        if raw is None or not S_ISREG(os.fstat(raw.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a socket, "
+                                        "whose reading would wait or never end); put the data "
+                                        "in a file and name that", path)
+        if _NO_WAIT:
+            os.set_blocking(raw.fileno(), True)  # (a network file system may honour it)
+    except BaseException:
+        if raw is not None:
+            raw.close()
+        raise
     return raw
 
 

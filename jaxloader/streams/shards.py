@@ -108,7 +108,6 @@ class FileShard:
         self._size_known: int | None = None  # the bytes the reader reads, if known unread
         self._mtime: int | None = None  # the local plain file's st_mtime_ns as last looked at
         self._said_held = False  # a last line without its line break was said (_held_back)
-        self._said_cr = False  # a line holding \r inside it was said (TextShard)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
@@ -159,9 +158,12 @@ class FileShard:
     def _check_unmoved(self, where: str) -> None:
         """Raises if the file was modified since it was opened (or, ``append_only``, since
         the last look) other than by records appended to it."""
-        if self._mtime is None:
+        if self._mtime is None or self._file is None or self._file.closed:
             return
-        now = os.fstat(self._file.fileno())
+        try:
+            now = os.fstat(self._file.fileno())
+        except OSError:  # (not to hide the error being reported: it says what it can)
+            return
         if now.st_mtime_ns == self._mtime:
             return
         if self.append_only and now.st_size >= self._file.tell() and prefix_head(
@@ -338,14 +340,18 @@ class TextShard(_LineShard):
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.path}: line {self._count}: not UTF-8 ({e}): {raw[:80]!r}; "
                               "convert the file (iconv -f <its encoding> -t utf-8)") from None
-        if "\r" in text and not self._said_cr:  # (lines ended by \r alone: one record)
-            self._said_cr = True
-            warnings.warn(f"{self.path}: line {self._count} holds carriage returns (\\r) "
-                          "inside it, where lines end at \\n (or \\r\\n): a file of lines "
-                          "ended by \\r alone (classic Mac OS) reads as one record; convert it "
-                          "(tr '\\r' '\\n' < in > out) (said once a shard)", JaxloaderWarning,
-                          stacklevel=2)
+        if self._count == 1 and "\r" in text and (  # (lines ended by \r alone: one record)
+                folder := os.path.dirname(self.path)) not in CR_SAID:
+            CR_SAID.add(folder)
+            warnings.warn(f"{self.path}: line 1 holds carriage returns (\\r) inside it, where "
+                          "lines end at \\n (or \\r\\n): a file of lines ended by \\r alone "
+                          "(classic Mac OS) reads as one record; convert it (tr '\\r' '\\n' "
+                          "< in > out) (said once a folder)", JaxloaderWarning,
+                          stacklevel=user_stacklevel())
         return text
+
+
+CR_SAID: set[str] = set()  # folders whose shards' first lines holding \r were warned of
 
 
 def seek(shard: Any, offset: int) -> None:

@@ -189,3 +189,20 @@ def test_a_connection_error_is_told_as_the_storages(gcs, monkeypatch):
     with pytest.raises(ConnectionResetError, match=r"FileListSource: 'gs://bucket/\S+': reading "
                        r"record 4 failed .*the storage or the network failed, not the file"):
         jl.FileListSource(paths)[4]
+
+
+@pytest.mark.skipif(not hasattr(os, "O_NONBLOCK"), reason="POSIX opens")
+def test_a_file_whose_open_without_waiting_would_block_is_opened_waiting(tmp_path, monkeypatch):
+    # a lease another process holds: an open without waiting fails (EWOULDBLOCK), where the
+    # plain open waits for it; a FIFO is still refused, not waited on
+    from jaxloader.base import file_identity
+
+    real = os.open
+    monkeypatch.setattr(os, "open", lambda name, flags, *a: (_ for _ in ()).throw(
+        BlockingIOError(11, "leased")) if flags & os.O_NONBLOCK else real(name, flags, *a))
+    (tmp_path / "a.bin").write_bytes(b"data")
+    with file_identity.open_binary(str(tmp_path / "a.bin")) as raw:
+        assert raw.read() == b"data"
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(OSError, match=r"not a regular file \(a FIFO"):
+        file_identity.open_binary(str(tmp_path / "pipe"))
