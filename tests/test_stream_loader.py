@@ -319,7 +319,7 @@ def test_a_reader_dealt_empty_shards_alone_goes_on_to_its_next_epoch(monkeypatch
                                   r"dealt to it in the \d+ epoch\(s\) up to epoch \d+ shards "
                                   r"\[.*\]; give the stream shards that hold records"):
         take(loader, 1)  # (told once the reader was dealt every shard: not 1,000 epochs on)
-    monkeypatch.setattr("jaxloader.streams.reader.EMPTY_EPOCHS", 1)
+    monkeypatch.setattr("jaxloader.streams.stream_reader.EMPTY_EPOCHS", 1)
     with jl.StreamLoader(stream, batch_size=2, readers_per_process=2, seed=3, process_index=0,
                          process_count=1) as loader, pytest.raises(
             jl.ConfigError, match=r"no records in 1 epochs running, up to epoch 0, the last "
