@@ -50,7 +50,8 @@ from jaxloader.loaders.transform_names import (older_transforms_of, transforms_o
                                                warn_changed_generators, warn_changed_transforms)
 from jaxloader.batching.stream_batch_maker import StreamBatchMaker
 from jaxloader.engines.in_process import made_here
-from jaxloader.loaders.stream_runs import ReaderRuns, overlaid, published
+from jaxloader.loaders.stream_positions import StreamPositions
+from jaxloader.loaders.stream_runs import ReaderRuns, published
 from jaxloader.sharding.prefetch import Stopped
 from jaxloader.streams import passes
 from jaxloader.streams.contract import ReadableStream, StreamLike
@@ -60,7 +61,7 @@ from jaxloader.batching.transforms import Transforms, split_transforms
 
 
 
-class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
+class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[BatchT]):
     """Batches of a stream of records read in order: files of lines or tar shards, generators.
 
     ``transforms``, ``num_workers``, ``prefetch``, ``worker_init_fn``, ``start_method``,
@@ -207,61 +208,6 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         self._active: IteratorWork | None = None
         self._engine = self._start_engine(self._maker, worker_init_fn, workers)
 
-    def _states_now(self) -> tuple[int, list[dict], list[int] | None, bool]:
-        """The step of the next batch handed out, each reader's state as of it (copies) and the
-        pass (``_until``, ``_ended``), read together: another thread's ``state_dict()`` read
-        the step apart, which the states the consumer had filed since were ahead of (a restore
-        skipped the batches between), and the pass apart, which a restore may change."""
-        with self._filing:
-            step = self._progress.step
-            return step, self._states_at(step), self._until, self._ended
-
-    def _states_at(self, step: int) -> list[dict]:
-        """Each reader's state once the batches before ``step`` are handed out (copies)."""
-        return [copied(s) for s in self._fold(step)]
-
-    def _fold(self, step: int) -> list[dict]:
-        """The readers' states as of ``step`` (handed out), the reports before it filed in
-        (not copies: read them only). One thread at a time (another's state_dict(), the
-        consumer's, a run's on the device-put thread): two at once could file an older report
-        over a newer one; and within a fold on this thread (a signal handler's state_dict()),
-        read, not filed, for the same reason."""
-        with self._filing:
-            step = min(step, self._progress.step)  # (a stale run's, after a restore: not past it)
-            base, reports = self._base, self._reports
-            if self._filing_now:
-                return overlaid(base, self._base_step, reports, step)
-            self._filing_now = True
-            try:  # filed, in one slice assignment, before taken out: a Ctrl-C between the two
-                base[:] = overlaid(base, self._base_step, reports, step)  # files them again
-                for s in range(self._base_step, step):  # (no branch here: a Ctrl-C at a branch's
-                    reports.pop(s, None)  # back edge skipped the with's and finally's exits, 3.13)
-                if self._base is base:  # (not replaced meanwhile: a handler's load_state_dict())
-                    self._base_step = max(self._base_step, step)
-            finally:
-                self._filing_now = False
-            return base
-
-    def _states_ahead(self, start: int, generation: int) -> list[dict]:
-        """Each reader's state once the batches before ``start`` are made (copies), for a run
-        from ``start`` of ``generation``, the position left as it is: a run made anew on the
-        device-put thread (``stream_runs.rehosted``) starts ahead of what was handed out, and
-        filing to there moved the position past batches not handed out, which a state_dict()
-        then skipped. A run made stale meanwhile gives way (``Stopped``): a signal handler's
-        load_state_dict() within a fold waits, holding the lock, for this thread to end."""
-        while not self._filing.acquire(timeout=0.05):
-            if generation != self._progress.generation:
-                raise Stopped(f"a run of {self._progress.owner} made stale")
-        try:
-            held, self._filing_now = self._filing_now, True  # (a handler's fold within: reads)
-            try:
-                return [copied(r) for r in overlaid(self._base, self._base_step,
-                                                     self._reports, start)]
-            finally:
-                self._filing_now = held
-        finally:
-            self._filing.release()
-
     def _reads(self) -> str:
         return repr(self._stream)
 
@@ -326,7 +272,16 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         return done
 
     def peek(self) -> BatchT:
-        """The batch the next ``next()`` gives, made in this process; the position stays."""
+        """The batch the next ``next()`` gives, made in this process; the position stays.
+
+        Example:
+            >>> import jaxloader as jl
+            >>> stream = jl.Stream.from_generator(lambda i: ({"x": j} for j in range(9)), 1)
+            >>> with jl.StreamLoader(stream, batch_size=3, process_index=0,
+            ...                      process_count=1) as loader:
+            ...     loader.peek()["x"].tolist(), next(iter(loader))["x"].tolist()
+            ([0, 1, 2], [0, 1, 2])
+        """
         self._check_placement()
         self._progress.check()
         batch, _ = cast(tuple, at_step(self, made_here))  # (the next batch's states: kept)
@@ -349,7 +304,25 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
         return self._transforms_named
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's position: the step and each of its readers' state; JSON-ready."""
+        """This process's position: the step and each of its readers' state; JSON-ready.
+
+        Example:
+            >>> import jaxloader as jl
+            >>> def make():
+            ...     stream = jl.Stream.from_generator(lambda i: ({"x": j} for j in range(9)), 1,
+            ...                                       shuffle_window=3)
+            ...     return jl.StreamLoader(stream, batch_size=2, seed=0, process_index=0,
+            ...                            process_count=1)
+            >>> with make() as loader:
+            ...     it = iter(loader); _ = next(it)
+            ...     state = loader.state_dict()
+            ...     state["step"], next(it)["x"].tolist()
+            (1, [0, 3])
+            >>> with make() as again:  # (another run: the same batch)
+            ...     again.load_state_dict(state)
+            ...     next(iter(again))["x"].tolist()
+            [0, 3]
+        """
         self._check_placement()
         step, readers, until, ended = self._states_now()
         extra = self._stream.extra_state()  # a mixture's weights
@@ -360,7 +333,9 @@ class StreamLoader(LoaderLifecycle, StreamAttributes, Generic[BatchT]):
                 **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from ``state``; live iterators of this loader stop being valid."""
+        """Continues from ``state``; live iterators of this loader stop being valid. A state
+        of another stream, seed, batch size or reader count is refused, naming what differs
+        (``StateDictError``). Example: ``state_dict``'s."""
         self._progress.check()  # (broken or closed: it moved, and no iterator would go on)
         self._check_placement()
         config = self._config()
