@@ -164,12 +164,14 @@ def test_a_strided_memo_computes_only_the_class_of_steps_asked_for():
 @pytest.mark.parametrize("case, digest", [
     ("b-True-0", "c68a092d16878020"), ("b-True-1", "b6a060bd0f44b739"),
     ("b-False-1", "dda41e03a8605247"), ("c-True-0", "800f9a0204aaabee"),
-    ("d-True-0", "ef2a44130c57ac95")])
+    ("d-True-0", "71756e4f177ff41f")])
 def test_the_order_is_the_one_its_number_names(case, digest):
     # digests of the indices of the state's version (loaders.state.STATE_VERSION): a restore after
     # an upgrade must read what the checkpointed run would have read, so a change of order must
     # change the number, or mark its states (2026-12-03: components of up to 4,096 records
-    # shuffled exactly, "exact_shuffle"; a state without it refused past step 0)
+    # shuffled exactly, "exact_shuffle"; a state without it refused past step 0; 2026-12-06:
+    # blocks across batches read each component in order, "reads_in_order"; a state without
+    # it refused inside a block)
     import hashlib
 
     name, shuffle, process_index = case.split("-")
@@ -184,6 +186,36 @@ def test_the_order_is_the_one_its_number_names(case, digest):
     steps = list(range(0, 400)) + list(range(12345, 12400))
     indices = np.stack([s.batch(step).indices for step in steps]).astype("<i8")
     assert hashlib.sha256(indices.tobytes()).hexdigest()[:16] == digest
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_blocks_across_batches_read_each_component_in_its_epochs_in_turn(shuffle):
+    # 4 components of 200, batch 8 (no divisor >= 12: blocks of 1,024 across 128 batches):
+    # a component's 256 reads of a block went to positions all over it, its epoch 1's among
+    # its epoch 0's: a pass read 140 records twice and 140 never (batch 12: none)
+    parts = [jl.ArraySource({"x": np.arange(c * 1000, c * 1000 + 200)}) for c in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a batch not holding each component's share: said)
+        loader = jl.DataLoader(jl.mix(parts, [1, 1, 1, 1]), batch_size=8, shuffle=shuffle,
+                               seed=0, num_epochs=1, process_index=0, process_count=1)
+    with loader:
+        x = np.concatenate([b["x"] for b in loader])
+    for c in range(4):  # each component's reads: its epoch 0 whole before any of epoch 1
+        mine = x[x // 1000 == c]
+        first = mine[:200]
+        assert len(np.unique(first)) == len(first), (c, len(first) - len(np.unique(first)))
+        if not shuffle:
+            assert (mine[:200] == np.arange(c * 1000, c * 1000 + 200)[:len(first)]).all()
+    assert len(np.unique(x)) >= 780  # (a component's share of a pass: a block's, to a few)
+    state = dict(loader.state_dict(), step=3)  # (inside a block: refused without the mark)
+    state.pop("reads_in_order")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = jl.DataLoader(jl.mix(parts, [1, 1, 1, 1]), batch_size=8, shuffle=shuffle,
+                              seed=0, num_epochs=1, process_index=0, process_count=1)
+    with again, pytest.raises(jl.StateDictError, match=r"saved at step 3 by a jaxloader "
+                                                       r"before 2026-12-06.*blocks of 1,024"):
+        again.load_state_dict(state)
 
 
 def make(num_workers=0, batch_size=8, process_index=0, process_count=1, from_step=None):

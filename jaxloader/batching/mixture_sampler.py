@@ -82,6 +82,11 @@ class MixtureSampler:
         self._offsets = mixture.offsets[:-1]
         m = len(self._lengths)
         self._block = block_size(self.global_batch_size, m)
+        # A block larger than a step, or across steps: each component's reads in it go to its
+        # positions in order, so that it reads its epochs one after another (its reads spread
+        # over the block read a later epoch's records between an earlier one's: some twice,
+        # others never, in a pass); a step of whole blocks keeps the permutation's order.
+        self._in_order = bool(self.global_batch_size % self._block)
         # each change from the first block at or after its step's first position
         firsts = {step: -(-step * self.global_batch_size // self._block)
                   for step in mixture.schedule}
@@ -203,6 +208,8 @@ class MixtureSampler:
             runs = np.cumsum(counts) - counts  # where each block's reads start among c's
             ranks = np.arange(runs[-1] + counts[-1])
             at = position[ranks + np.repeat(first[:, c] - runs, counts)]  # c's slots, in turn
+            if self._in_order:  # (blocks across steps: its reads in the order of positions)
+                at.sort()
             reads = ranks + np.repeat(before[:, c] - runs, counts)  # ascending
             if wanted is not None:
                 keep = wanted[at]
@@ -285,6 +292,8 @@ class MixtureSampler:
             state["local_shuffle"] = self._local_description
         if self._exact():
             state["exact_shuffle"] = True  # (states saved before 2026-12-03 had another)
+        if self._in_order:
+            state["reads_in_order"] = True  # (states saved before 2026-12-06 had another)
         return state
 
     def _exact(self) -> bool:
@@ -314,6 +323,14 @@ class MixtureSampler:
                 "steps would read other records here; restore with the shuffle that wrote it"
             )
         check_weights_before(self.schedule, saved, step)
+        if self._in_order and step * self.global_batch_size % self._block and not state.get(
+                "reads_in_order"):  # (a bool, checked; at a block's start: nothing differs)
+            raise StateDictError(
+                f"state: saved at step {step} by a jaxloader before 2026-12-06, whose mixture "
+                f"laid out in blocks of {self._block:,} positions, across batches of "
+                f"{self.global_batch_size}, gave a component's reads in a block out of order; "
+                "this version reads them in order, and the block under way would read some "
+                "records twice and others never: restore it with the jaxloader that saved it")
         if self._exact() and step and not state.get("exact_shuffle"):  # (a bool, checked)
             raise StateDictError(
                 f"state: saved at step {step} by a jaxloader before 2026-12-03, whose shuffle "

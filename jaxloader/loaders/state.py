@@ -114,6 +114,7 @@ _FIELDS: dict[str, Callable[[str, Any], None]] = {
     "seed": _int(0, MASK64),
     "shuffle": _of_type(bool),
     "exact_shuffle": _of_type(bool),
+    "reads_in_order": _of_type(bool),
     "last_batch": _of_type(str, LAST_BATCH_POLICIES),
     "batch_size": _int(1),
     "process_count": _int(1),
