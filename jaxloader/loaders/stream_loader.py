@@ -161,6 +161,7 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
         if num_epochs is not None:
             passes.check(process_count)
             passes.empty_files(given)
+            passes.idle_components(given, cast(int, num_epochs))
         record_transforms, batch_transforms = split_transforms(
             transforms, filters=True, process_count=process_count)
         self._transforms = (*record_transforms, *batch_transforms)

@@ -42,6 +42,28 @@ def empty_files(stream: Any) -> None:
             JaxloaderWarning, stacklevel=user_stacklevel())
 
 
+def idle_components(stream: Any, num_epochs: int) -> None:
+    """Warns of a stream mixture's component of weight 0 from its last weight change on: a
+    pass ends once the components with weight have read their epochs, without (the rest of)
+    its records (as a source mixture's idle component is warned of); not where a pass ends at
+    the first component's end (``stopping_strategy="first_exhausted"``)."""
+    if not hasattr(stream, "schedule"):  # (a PackedStream's: of the stream it packs)
+        stream = getattr(stream, "stream", None)
+    schedule = getattr(stream, "schedule", None)
+    if not schedule or getattr(stream, "stopping_strategy", "") == "first_exhausted":
+        return
+    step, weights = max(schedule.items(), key=lambda item: item[0])
+    idle = [c for c, w in enumerate(weights) if w == 0]
+    if idle:
+        warnings.warn(
+            f"mix: component {idle[0]} of the streams has weight 0 "
+            f"{f'from step {step}' if step else 'at every step'}, so a pass (num_epochs="
+            f"{num_epochs}) ends once the components with weight have read their epochs, "
+            f"without {'the rest of ' if step else ''}its records; give it a weight to read it "
+            "whole each pass, or leave it out of the mixture", JaxloaderWarning,
+            stacklevel=user_stacklevel())
+
+
 def check(process_count: int) -> None:
     """Refuses a pass that ends (``num_epochs``) where its processes could not agree on its
     end."""
