@@ -37,8 +37,8 @@ SLOW_FIRST_S = 1.0  # a first batch slower than this is logged
 
 
 class BatchRuns(Protocol):
-    """What an iterator runs: batches of steps ``start``, ``start + 1``, ... up to ``stop``
-    (an engine, or a stream loader's runs over its engine)."""
+    """Batches of steps ``start``, ``start + 1``, ... up to ``stop`` (an engine, or a stream
+    loader's runs over its engine): what an iterator runs."""
 
     def batches(self, start: int, stop: int | None) -> Generator[Any, None, None]: ...
 
@@ -61,8 +61,7 @@ class Progress:
         self.queued_seen: dict[int, float] = {}  # (keep_queued's: a process's last read)
         self.reset_stats()
 
-    def check(self) -> None:
-        """Raises the loader's failure, or that it is closed."""
+    def check(self) -> None:  # the loader's failure, or that it is closed, raised
         if self.broken is not None:
             raise again(self.broken)
         if self.closed:
@@ -150,13 +149,9 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
                  failed: Callable[[BaseException, int], None] | None = None,
                  epochs: tuple[int, Callable[[], None]] | None = None) -> None:
         self._progress = progress
-        self._generation = progress.generation
-        self._step = self._start_step = start
-        self._stop = stop
-        self._engine = engine
-        self._put = put
-        self._depth = device_prefetch
-        self._single_device = single_device
+        self._generation, self._step, self._start_step = progress.generation, start, start
+        self._stop, self._engine, self._put = stop, engine, put
+        self._depth, self._single_device = device_prefetch, single_device
         self._ends_before = ends_before  # whether the run ends before a step (a stream's pass)
         self._monitor = monitor  # loaders/monitor: autotune, periodic summary (or None)
         self._hosts = hosts  # the other processes' settings, until compared (sharding.hosts)
@@ -188,7 +183,7 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
         self.work.batches = batches = self._engine.batches(self._step, self._stop)
         put = self._put
         if put is not None:
-            put = _timed_put(put, self._progress)
+            put = _timed_put(put, self._progress, self._step)
         if put is None:
             self._next: Callable[[], Any] = batches.__next__
         elif self._depth == 0:
@@ -385,11 +380,19 @@ class IteratorWork:
         return True
 
 
-def _timed_put(put: Callable[[Any], Any], progress: Progress) -> Callable[[Any], Any]:
-    """``put`` adding its seconds to the loader's placement time (whichever thread runs it)."""
+def _timed_put(put: Callable[[Any], Any], progress: Progress,
+               start: int) -> Callable[[Any], Any]:
+    """``put`` adding its seconds to the loader's placement time (whichever thread runs it);
+    its error of a batch (a leaf JAX would wrap) names the step, from ``start`` in order."""
+    steps = iter(range(start, 1 << 62))
+
     def timed(batch: Any) -> Any:
-        began = time.perf_counter()
-        placed = put(batch)
+        began, step = time.perf_counter(), next(steps)
+        try:
+            placed = put(batch)
+        except JaxloaderError as e:
+            e.args = (f"step {step}: {e}",) if len(e.args) == 1 else e.args
+            raise
         progress.place_s += time.perf_counter() - began
         return placed
     return timed

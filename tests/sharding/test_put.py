@@ -162,6 +162,17 @@ def test_64_bit_integers_that_32_bits_cannot_hold_are_refused_not_wrapped():
                                              r"0.0..1e\+300, .*complex64 \(its real and "
                                              r"imaginary parts float32s\) and makes them"):
         put({"c": np.array([1 + 2j, 1e300j])})
+    # a loader's names the step whose batch holds it (it named the leaf alone), placed in
+    # next() or ahead on the device-put thread
+    x = np.arange(64, dtype=np.int64)
+    x[40] = 2**40  # (record 40: step 5's)
+    for ahead in (0, 2):
+        with jl.DataLoader(jl.ArraySource({"x": x}), batch_size=8, sharding=jax.devices()[0],
+                           device_prefetch=ahead, process_index=0, process_count=1) as loader:
+            with pytest.raises(jl.ConfigError, match=r"^step 5: sharding: batch leaf \['x'\] "
+                                                     r"of dtype int64 holds values 41\.\."):
+                for _ in loader:
+                    pass
 
 
 def test_float64_whole_numbers_float32_rounds_together_are_warned_of_once(monkeypatch):
