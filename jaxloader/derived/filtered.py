@@ -265,7 +265,8 @@ def _checked(indices: Any, n: int, path: str | None) -> np.ndarray:
                   f"the source has {n} records: indices of another, larger one?")
         raise ConfigError(
             f"FilteredSource(indices){where}: expected record numbers in [0, {n}), got "
-            f"[{array.min()}, {array.max()}] (indices[{at}] is {int(array[at])}); {remedy}")
+            f"numbers from {array.min()} to {array.max()} (indices[{at}] is {int(array[at])}); "
+            f"{remedy}")
     array.flags.writeable = False
     return array
 

@@ -90,11 +90,13 @@ def normalised(weights: Weights, count: int, name: str, names: list[str] | None 
         )
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ConfigError(f"{owner}({name}): weights must be finite and >= 0, got {w.tolist()}")
-    if w.sum() <= 0:
+    if not w.any():
         raise ConfigError(f"{owner}({name}): weights sum to zero ({w.tolist()}); give one a weight "
                           "> 0")
-    if not np.isfinite(w.sum()):  # (weights of 1e308 summed to inf, then "sum to zero";
-        w = w / np.max(w)  # only then: other weights' values stay as they were, bit for bit)
+    with np.errstate(over="ignore"):  # (weights of 1e308 sum to inf, handled below: not
+        total = w.sum()  # NumPy's overflow warning)
+    if not np.isfinite(total):  # (they once summed to inf, then "sum to zero"; scaled only
+        w = w / np.max(w)  # then: other weights' values stay as they were, bit for bit)
     return w / w.sum()
 
 

@@ -132,8 +132,8 @@ def test_bad_input_is_named(tmp_path):
         jl.FilteredSource(source, "x > 3")
     with pytest.raises(jl.ConfigError, match=r"expected keep .* or indices.*does not exist yet"):
         jl.FilteredSource(source, indices=tmp_path / "none.npy")
-    with pytest.raises(jl.ConfigError, match=r"record numbers in \[0, 10\), got \[0, 12\] "
-                                             r"\(indices\[2\] is 12\); the source has 10 "
+    with pytest.raises(jl.ConfigError, match=r"record numbers in \[0, 10\), got numbers from "
+                                             r"0 to 12 \(indices\[2\] is 12\); the source has 10 "
                                              r"records: indices of another"):
         jl.FilteredSource(source, indices=[0, 3, 12])  # (not "no negative ones": the audit)
     with pytest.raises(jl.ConfigError, match=r"shape \(1, 3\).*pass np.where\(...\)\[0\]"):
