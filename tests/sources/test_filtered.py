@@ -147,8 +147,8 @@ def test_bad_input_is_named(tmp_path):
     assert len(jl.FilteredSource(source, indices=np.fromiter(sorted({3, 1}), np.int64))) == 2
     # indices in memory have no stale file to delete: a negative one (PyTorch's Subset takes
     # them) and a bool mask are named with their own remedy
-    with pytest.raises(jl.ConfigError, match=r"got numbers from -1 to 1 \(indices\[0\] is -1\); indices "
-                                             r"count from 0, with no "
+    with pytest.raises(jl.ConfigError, match=r"got numbers from -1 to 1 \(indices\[0\] is "
+                                             r"-1\); indices count from 0, with no "
                                              r"negative ones \(np.arange"):
         jl.FilteredSource(source, indices=[-1, 0, 1])
     with pytest.raises(jl.ConfigError, match=r"dtype bool; for a mask, pass np.flatnonzero"):
