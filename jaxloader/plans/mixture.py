@@ -7,7 +7,9 @@
       per block: n_c slots for component c, from the weights        (cumulative, exact)
       component c: slots [f_c, f_c + n_c) of the block, in turn
       slot s ─> position permutation_k(s) of the block; its read j = C_c(k) + s - f_c
-                       (C_c(k): component c's positions before block k, closed form)
+                       (C_c(k): component c's positions before block k, closed form); where
+                       blocks span batches (K does not divide G), c's reads go to c's
+                       positions in the block in order: j = C_c(k) + its rank among them
       record = shuffle(seed_c, j // len_c)(j % len_c)                 (c's own epochs)
 
 Each block of ``K`` positions holds each component's share of the weights exactly (up to

@@ -52,16 +52,22 @@ def idle_components(stream: Any, num_epochs: int) -> None:
     schedule = getattr(stream, "schedule", None)
     if not schedule or getattr(stream, "stopping_strategy", "") == "first_exhausted":
         return
-    step, weights = max(schedule.items(), key=lambda item: item[0])
-    idle = [c for c, w in enumerate(weights) if w == 0]
-    if idle:
-        warnings.warn(
-            f"mix: component {idle[0]} of the streams has weight 0 "
-            f"{f'from step {step}' if step else 'at every step'}, so a pass (num_epochs="
-            f"{num_epochs}) ends once the components with weight have read their epochs, "
-            f"without {'the rest of ' if step else ''}its records; give it a weight to read it "
-            "whole each pass, or leave it out of the mixture", JaxloaderWarning,
-            stacklevel=user_stacklevel())
+    steps = sorted(schedule)
+    last = [c for c, w in enumerate(schedule[steps[-1]]) if w == 0]
+    first = [c for c, w in enumerate(schedule[0]) if w == 0]
+    if last:  # (from the last change on: never read again)
+        when = f"from step {steps[-1]}" if steps[-1] else "at every step"
+        what = f"without {'the rest of ' if steps[-1] else ''}its records"
+    elif first:  # (until a later change: a pass that ends before it reads none of it)
+        later = next(s for s in steps if schedule[s][first[0]] > 0)
+        when, what = f"until step {later}", "without its records if that is before then"
+    else:
+        return
+    warnings.warn(
+        f"mix: component {(last or first)[0]} of the streams has weight 0 {when}, so a pass "
+        f"(num_epochs={num_epochs}) ends once the components with weight have read their "
+        f"epochs, {what}; give it a weight to read it whole each pass, or leave it out of "
+        "the mixture", JaxloaderWarning, stacklevel=user_stacklevel())
 
 
 def check(process_count: int) -> None:

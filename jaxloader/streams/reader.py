@@ -85,7 +85,8 @@ class Stream:
             ...     with open(os.path.join(folder, f"part-{part}.jsonl"), "w") as f:
             ...         _ = f.write("".join(json.dumps({"x": [part, i]}) + "\\n" for i in range(3)))
             >>> stream = jl.Stream.jsonl(folder, shuffle_window=4)
-            >>> with jl.StreamLoader(stream, batch_size=3, num_epochs=1) as loader:
+            >>> with jl.StreamLoader(stream, batch_size=3, num_epochs=1, process_index=0,
+            ...                      process_count=1) as loader:
             ...     [batch["x"].shape for batch in loader]
             [(3, 2), (3, 2)]
         """

@@ -378,6 +378,10 @@ def test_a_pass_over_a_mixture_ends_when_the_components_left_have_no_weight():
                                                  r"from step 3, so a pass \(num_epochs=1\) "
                                                  r"ends .*without the rest of its records"):
         loader = mixed_pass(from_step={3: [1, 0]})
+    with pytest.warns(jl.JaxloaderWarning, match=r"component 1 of the streams has weight 0 "
+                                                 r"until step 1000, .*without its records if "
+                                                 r"that is before then"):  # (it ends at ~41)
+        mixed_pass(weights=(1, 0), from_step={1000: [1, 1]}).close()
     with loader:
         batches = [{k: np.array(v) for k, v in b.items()} for b in loader]
         again = [{k: np.array(v) for k, v in b.items()} for b in loader]
@@ -450,7 +454,9 @@ def test_an_all_exhausted_pass_oversamples_until_every_component_has_read_its_ep
         counts = np.bincount(first, minlength=24)
         assert counts.min() >= 3  # oversampled: its epochs one after another
         assert abs(len(second) / len(ids) - 0.3) < 0.05
-    with mixed_pass(workers, stopping="all_exhausted", from_step={3: [1, 0]}) as loader:
+    with pytest.warns(jl.JaxloaderWarning, match=r"component 1 .* weight 0 from step 3"):
+        loader = mixed_pass(workers, stopping="all_exhausted", from_step={3: [1, 0]})
+    with loader:
         ids = pass_ids(list(loader))  # a component with no weight is not waited for
     assert set(ids.tolist()) >= set(range(24)) and (ids >= 1000).sum() < 123
 
