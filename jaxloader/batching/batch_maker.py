@@ -45,8 +45,8 @@ from jaxloader.sources.base import large_views, one_each
 from jaxloader.sources.parts import reads_each, walk
 from jaxloader.base.string_column import StringColumn
 from jaxloader.base.timings import COLLATE, LOOP, READ, SAMPLE, StageClock
-from jaxloader.batching.record_transforms import (RecordTransforms, read_failed,
-                                                  source_read_only_hint)
+from jaxloader.batching.record_transforms import (RecordTransforms, indices_hint,
+                                                  read_failed, source_read_only_hint)
 from jaxloader.batching.batch_finish import finish_batch
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.pad import pad_records, split_pad
@@ -82,6 +82,8 @@ class BatchMaker:
         self._gather = gatherer_of(source)
         self._gather_failed: str | None = None  # a task's read at once that raised,
         self._gather_said = False  # and whether one that passed step by step was said
+        # (memory-mapped files a part reads, checked each batch: base.mapped_files)
+        self._mapped = [p for p in walk(source) if callable(getattr(p, "check_mapped", None))]
         self._borrowed = any(not type(p).__module__.startswith("jaxloader.") or isinstance(
             p, MapSource) for p in walk(source))  # (the user's records, or a function's, kept
         # by it? its records copied by a transform, a batch it reads where no slot takes it)
@@ -204,6 +206,10 @@ class BatchMaker:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_ahead": {}}  # (reads in flight stay in this process)
 
+    def _check_mapped(self) -> None:
+        for part in self._mapped:  # (a file cut since, read, ends the process by SIGBUS)
+            part.check_mapped()
+
     def _read_ahead(self, steps: list[int]) -> Reads | None:
         """On read threads, in a worker, the records of all the task's ``steps`` read at once,
         in order (``_ahead``: each step's place), overlapping; ``None`` where read otherwise."""
@@ -216,6 +222,7 @@ class BatchMaker:
                 return None
         except ConfigError:  # (past the last epoch: said at its own step)
             return None
+        self._check_mapped()  # (before the task's reads: each batch's check comes after them)
         reads = Reads(self.source.__getitem__, np.concatenate(
             [spec.indices for spec in specs]).tolist(), self.pool_key)
         offsets = np.cumsum([0] + [len(spec.indices) for spec in specs]).tolist()
@@ -294,7 +301,7 @@ class BatchMaker:
                 j is not None and 0 <= j < len(spec.indices)) else spec.location()
             raise RecordError(
                 f"{where}: source.{name} raised {raised(e)}"
-                f"{source_read_only_hint(e)}{_indices_hint(e, read)}") from e
+                f"{source_read_only_hint(e)}{indices_hint(e, read)}") from e
         if read is None and isinstance(got, list):
             one_each(got, len(spec.indices), f"{spec.location()}: source")
         return got
@@ -305,6 +312,7 @@ class BatchMaker:
         ``RandomMap`` gets its record's generator (each transform timed on a ``timed``
         batch)."""
         source, epoch, run = self.source, spec.epoch, self._transforms
+        self._check_mapped()
         detail = timed and bool(run)
         run.detail(detail)  # (a loop cut short by an error leaves no timers on)
         start = perf_counter()
@@ -369,22 +377,6 @@ class BatchMaker:
                 spec.step, positions[j], indices[j]),
             lambda j, e: e.at(spec.step, positions[j], indices[j]) if isinstance(
                 e, RecordError) else e)
-
-
-def _indices_hint(e: Exception, read: Any) -> str:
-    """For a ``TypeError`` from a ``__getitems__`` of the user's (not one of jaxloader's
-    sources), at the top or under one of them: what it was given."""
-    if read is not None or not isinstance(e, TypeError):
-        return ""
-    tb = e.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name == "__getitems__" and not str(
-                frame.f_globals.get("__name__", "")).startswith("jaxloader."):
-            return (" (__getitems__ is given the indices as an int64 NumPy array, where "
-                    "PyTorch gives a list: indices.tolist() where your code needs one)")
-        tb = tb.tb_next
-    return ""
 
 
 def _real(spec: BatchSpec) -> int:

@@ -187,6 +187,22 @@ def source_read_only_hint(e: Exception) -> str:
     return ""
 
 
+def indices_hint(e: Exception, read: Any) -> str:
+    """For a ``TypeError`` from a ``__getitems__`` of the user's (not one of jaxloader's
+    sources), at the top or under one of them: what it was given."""
+    if read is not None or not isinstance(e, TypeError):
+        return ""
+    tb = e.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__getitems__" and not str(
+                frame.f_globals.get("__name__", "")).startswith("jaxloader."):
+            return (" (__getitems__ is given the indices as an int64 NumPy array, where "
+                    "PyTorch gives a list: indices.tolist() where your code needs one)")
+        tb = tb.tb_next
+    return ""
+
+
 def read_failed(where: Callable[[int, int], str], position: int, index: int,
                 e: Exception) -> str:
     """The message of a record's ``source[index]`` that raised ``e`` (``where`` names it)."""

@@ -112,13 +112,14 @@ class RaggedSource:
     def check_mapped(self) -> None:
         """Refuses a memory-mapped values file (``np.load(path, mmap_mode="r")``) changed in
         place since the source was made (``MappedFiles``): read, one cut shorter ends the
-        process by SIGBUS, with no word. Before each record read (a stat at most 1% of the
-        time), and each batch of a ``PackedSource`` over it."""
+        process by SIGBUS, with no word. Before each batch a loader makes of it (or of a
+        ``PackedSource`` over it), and a record read at most every 10 ms."""
         if self._mapped.stamps:
             self._mapped.check()
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        self.check_mapped()
+        if self._mapped.stamps:
+            self._mapped.soon()
         index = record_index(index, self._len, "RaggedSource", from_end=True)
         out = {}
         for key, values in self._values.items():
