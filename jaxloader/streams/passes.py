@@ -43,10 +43,10 @@ def empty_files(stream: Any) -> None:
 
 
 def idle_components(stream: Any, num_epochs: int) -> None:
-    """Warns of a stream mixture's component of weight 0 from its last weight change on: a
-    pass ends once the components with weight have read their epochs, without (the rest of)
-    its records (as a source mixture's idle component is warned of); not where a pass ends at
-    the first component's end (``stopping_strategy="first_exhausted"``)."""
+    """Warns of a stream mixture's component of weight 0 from its last weight change on, or
+    from step 0 until a later one: a pass ends once the components with weight have read
+    their epochs, without (the rest of) its records (as a source mixture's idle component is
+    warned of); not where a pass ends at the first component's end (``"first_exhausted"``)."""
     if not hasattr(stream, "schedule"):  # (a PackedStream's: of the stream it packs)
         stream = getattr(stream, "stream", None)
     schedule = getattr(stream, "schedule", None)
