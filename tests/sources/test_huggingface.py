@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import numpy as np
 import pytest
 
@@ -299,12 +300,14 @@ def test_a_saved_datasets_file_changed_in_place_is_refused_at_the_next_batch(tmp
         assert next(batches)["x"][:2].tolist() == [0, 1]
         datasets.Dataset.from_dict({"x": -np.arange(4096)}).save_to_disk(tmp_path / "b")
         (file,) = [f["filename"] for f in ds.cache_files]
+        time.sleep(0.05)  # (a file's time ticks every few ms: a rewrite in its tick is unseen)
         with open(file, "r+b") as out:  # (the same size, other values)
             out.write((tmp_path / "b" / os.path.basename(file)).read_bytes())
         with pytest.raises(jl.JaxloaderError, match=r"a datasets.Dataset: the memory-mapped "
                                                     r"file .*changed in place.*save_to_disk"):
             for _ in range(63):  # (the workers may have made a few batches ahead)
-                assert next(batches)["x"].min() >= 0
+                assert next(batches)["x"].min() >= 0 or num_workers  # (a worker: read as
+                # the file is written, after its check, it may have the new values)
     # replaced by a rename: a worker started after it mapped the new file by its name (datasets
     # pickles a table by its files), the training process the old one
     datasets.Dataset.from_dict({"x": np.arange(4096)}).save_to_disk(tmp_path / "c")
