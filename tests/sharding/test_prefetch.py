@@ -637,6 +637,11 @@ def test_a_new_run_waiting_for_a_device_put_thread_blocked_in_the_source_says_so
             warnings.simplefilter("always")
             iter(loader)
         filler.join()
+    deadline = time.monotonic() + 10  # (the thread, reading ahead in the source as the
+    while any(t.name == "jaxloader-host-prefetch" for t in threading.enumerate()):  # loader
+        given.put({"x": np.float32(0)})  # closed, ends its batch, then itself: left waiting,
+        assert time.monotonic() < deadline  # a later test that waits for every such thread
+        time.sleep(0.01)  # to end failed, as the tests were dealt to the processes)
     texts = [str(w.message) for w in said if issubclass(w.category, jl.JaxloaderWarning)]
     assert any("waits for the device-put thread of the run before" in t and
                "device_prefetch=0" in t and "in records" in t for t in texts), texts
