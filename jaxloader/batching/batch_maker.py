@@ -120,6 +120,7 @@ class BatchMaker:
         timed = clock.made <= SAMPLE or not clock.made % SAMPLE or clock.trace is not None
         start = perf_counter() if timed else 0.0
         spec = self.sampler.batch(step)
+        self._check_mapped()  # (each batch, on every path)
         if self._vectorised:
             treedef, columns = reading(self._read_vectorised, spec)
             if timed:
@@ -159,6 +160,7 @@ class BatchMaker:
         clock = self.clock
         start = perf_counter()
         self._gather_failed = None
+        self._check_mapped()  # (before a task's reads at once: each step's comes after them)
         gathered = self._gather_steps(steps) if len(steps) > 1 else None
         if gathered is None:
             reads = self._read_ahead(steps)
@@ -222,7 +224,6 @@ class BatchMaker:
                 return None
         except ConfigError:  # (past the last epoch: said at its own step)
             return None
-        self._check_mapped()  # (before the task's reads: each batch's check comes after them)
         reads = Reads(self.source.__getitem__, np.concatenate(
             [spec.indices for spec in specs]).tolist(), self.pool_key)
         offsets = np.cumsum([0] + [len(spec.indices) for spec in specs]).tolist()
@@ -312,7 +313,6 @@ class BatchMaker:
         ``RandomMap`` gets its record's generator (each transform timed on a ``timed``
         batch)."""
         source, epoch, run = self.source, spec.epoch, self._transforms
-        self._check_mapped()
         detail = timed and bool(run)
         run.detail(detail)  # (a loop cut short by an error leaves no timers on)
         start = perf_counter()

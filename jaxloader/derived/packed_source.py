@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -41,7 +40,7 @@ from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import (PackedRows, check_fill, fill_values, fills_said,
                                          record_tokens)
-from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
+from jaxloader.base.errors import ConfigError
 from jaxloader.base.read_threads import tag_item
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.fingerprint import combined, combined_generations, file_stamps
@@ -50,7 +49,7 @@ from jaxloader.sources.parts import read_locked
 from jaxloader.sources.huggingface import adapt
 from jaxloader.sources.kept_arrays import kept_or_found
 from jaxloader.sources.ragged import RaggedSource
-from jaxloader.streams.packing_checks import as_long
+from jaxloader.streams.packing_checks import warn_left_out
 
 _LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
 EMPTY_CHECKED = 256  # records lengths given call empty, read to check (none reads them after)
@@ -183,18 +182,10 @@ class PackedSource:
         if self._looked:
             return
         self._looked = True
-        keys = self.keys
         for record in records:
-            if not isinstance(record, Mapping) or not hasattr(record.get(keys[0]), "__len__"):
-                continue
-            left = [k for k, v in record.items() if k not in keys
-                    and as_long(v, len(record[keys[0]]))]
-            if left:
-                warnings.warn(
-                    f"PackedSource: the records hold {left} as long as {keys[0]!r}, which are "
-                    f"not packed and left out of the rows; to pack them at the same places, "
-                    f"pass keys={[*keys, *left]!r} (a loss mask, labels: value= pads them)",
-                    JaxloaderWarning, stacklevel=user_stacklevel())
+            tokens: Any = record.get(self.keys[0]) if isinstance(record, Mapping) else None
+            if hasattr(tokens, "__len__") and warn_left_out(
+                    "PackedSource", "keys", record, self.keys, len(tokens)):
                 return
 
     def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -208,7 +199,7 @@ class PackedSource:
         records = plan.record[seg]
         batch: dict[str, np.ndarray] = {}
         if isinstance(self.source, RaggedSource):  # (a mapped file cut since: refused, not
-            self.source.check_mapped()  # read to a SIGBUS)
+            self.source.check_mapped(soon=True)  # read to a SIGBUS; a loader's each batch)
         for k, key in enumerate(self.keys):
             if self._flat:
                 values, offsets = self._flat[k]

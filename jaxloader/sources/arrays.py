@@ -18,8 +18,8 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import record_index
-from jaxloader.base.mapped_files import MappedFiles
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
+from jaxloader.base.mapped_files import MappedFiles
 from jaxloader.sources.frames import (FRAME_AS_ONE, arrow_columns, arrow_kind, as_series,
                                      check_aligned, frame_columns, is_data_frame,
                                      one_kind_of_numbers)

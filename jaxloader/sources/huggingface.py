@@ -138,7 +138,7 @@ class HuggingFaceSource:
 
     def __getitem__(self, index: int) -> Any:
         index = record_index(index, len(self.dataset), "HuggingFaceSource", from_end=True)
-        self._mapped.check()
+        self._mapped.soon()  # (a record's read: its files at most every 10 ms; a batch's each)
         row = self.dataset[index]
         if self._nulls:
             self._check_nulls(np.array([index]))

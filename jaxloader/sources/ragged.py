@@ -109,17 +109,19 @@ class RaggedSource:
     def __len__(self) -> int:
         return self._len
 
-    def check_mapped(self) -> None:
+    def check_mapped(self, soon: bool = False) -> None:
         """Refuses a memory-mapped values file (``np.load(path, mmap_mode="r")``) changed in
         place since the source was made (``MappedFiles``): read, one cut shorter ends the
-        process by SIGBUS, with no word. Before each batch a loader makes of it (or of a
-        ``PackedSource`` over it), and a record read at most every 10 ms."""
-        if self._mapped.stamps:
+        process by SIGBUS, with no word. Before each batch a loader makes of it, or of a
+        source over it (``BatchMaker``); ``soon``: at most every 10 ms (a record's own read,
+        a ``PackedSource``'s rows read outside a loader)."""
+        if self._mapped.stamps and soon:
+            self._mapped.soon()
+        elif self._mapped.stamps:
             self._mapped.check()
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if self._mapped.stamps:
-            self._mapped.soon()
+        self.check_mapped(soon=True)
         index = record_index(index, self._len, "RaggedSource", from_end=True)
         out = {}
         for key, values in self._values.items():

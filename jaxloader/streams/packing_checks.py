@@ -35,14 +35,21 @@ def check_aligned(packed: Any, record: Any, tokens: list[np.ndarray]) -> None:
                 "with a PackedStream each")
     if packed.left_out_looks < LOOKS:  # (the first records a process reads: said once)
         packed.left_out_looks += 1
-        left = [k for k, v in record.items() if k not in keys and as_long(v, n)]
-        if left:
+        if warn_left_out("PackedStream", "key", record, keys, n):
             packed.left_out_looks = LOOKS
-            warnings.warn(
-                f"PackedStream: the records hold {left} as long as {keys[0]!r}, which are not "
-                f"packed and left out of the rows; to pack them at the same places, pass "
-                f"key={[*keys, *left]!r} (a loss mask, labels: value= pads them)",
-                JaxloaderWarning, stacklevel=user_stacklevel())
+
+
+def warn_left_out(owner: str, argument: str, record: Any, keys: list[str], n: int) -> bool:
+    """Warns of ``record``'s keys other than ``keys`` that are as long as its ``n`` tokens
+    (``as_long``), which ``owner`` leaves out of its rows; whether there were such keys."""
+    left = [k for k, v in record.items() if k not in keys and as_long(v, n)]
+    if left:
+        warnings.warn(
+            f"{owner}: the records hold {left} as long as {keys[0]!r}, which are not packed "
+            f"and left out of the rows; to pack them at the same places, pass {argument}="
+            f"{[*keys, *left]!r} (a loss mask, labels: value= pads them)",
+            JaxloaderWarning, stacklevel=user_stacklevel())
+    return bool(left)
 
 
 def as_long(value: Any, n: int) -> bool:
