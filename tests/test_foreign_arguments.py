@@ -335,3 +335,37 @@ def test_a_stream_loaders_argument_given_to_a_data_loader_is_told_whose_it_is():
                                                r"DataLoader has no readers_per_process: it is a "
                                                r"StreamLoader's.*num_workers="):
         jl.DataLoader(jl.ArraySource({"x": np.arange(8)}), batch_size=4, readers_per_process=4)
+
+
+@pytest.mark.parametrize("make, expected", [
+    # tf.data's dataset.map(fn, num_parallel_calls=4), torchvision's ImageFolder(transform=),
+    # a source handed the loader's batch_size=: Python's bare "unexpected keyword argument"
+    (lambda: jl.Map(lambda r: r, num_parallel_calls=4),
+     r"Map\(num_parallel_calls=4\): Map has no num_parallel_calls: .*"
+     r"DataLoader\(source, num_workers=4\) or StreamLoader\(stream, num_workers=4\)"),
+    (lambda: jl.RandomMap(lambda r, rng: r, seed=3),
+     r"RandomMap\(seed=3\): .*it is the loader's: DataLoader\(source, seed=3\)"),
+    (lambda: jl.FileListSource(["a.png"], transform=len),
+     r"FileListSource\(transform=.*DataLoader\(source, transforms=\[jaxloader.Map\(fn\)\]\)"),
+    (lambda: jl.ArraySource({"x": np.arange(8)}, batch_size=32),
+     r"ArraySource\(batch_size=32\): .*: DataLoader\(source, batch_size=32\)$"),
+    (lambda: jl.ParquetSource("a.parquet", drop_last=True), r"last_batch='drop'"),
+    (lambda: jl.JsonlShard("a.jsonl", shuffle=True),
+     r"JsonlShard\(shuffle=True\): .*shuffle_window=n .*StreamLoader's seed="),
+    (lambda: jl.Stream([], drop_last=True), r"Stream\(drop_last=True\): .*all full"),
+])
+def test_a_loaders_argument_given_to_a_source_stream_or_transform_says_whose_it_is(make,
+                                                                                   expected):
+    with pytest.raises(jl.ArgumentError, match=expected):
+        make()
+
+
+def test_a_marked_class_keeps_its_signature_and_pythons_error_for_other_names():
+    assert list(inspect.signature(jl.Map).parameters) == ["fn"]
+    assert "shuffle_window" in inspect.signature(jl.Stream).parameters
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'foo'") as raised:
+        jl.Map(lambda r: r, foo=1)
+    assert not isinstance(raised.value, jl.ArgumentError)
+    # a name the class takes is its own: PackedSource's seed=, FilteredSource's num_workers=
+    assert "seed" in inspect.signature(jl.PackedSource).parameters
+    jl.FilteredSource(jl.ArraySource({"x": np.arange(4)}), indices=np.arange(2), num_workers=0)

@@ -20,9 +20,9 @@ caches, none allocated), so the copy into the slot reads from the caches; XLA ca
 the slot itself (it takes over only memory it allocated). In a worker, freed memory stays for
 the next allocation (glibc's ``mallopt``: given back, XLA's next output is faulted in page by
 page). Compiled once a chunk shape (JAX's own cache; a last chunk of fewer rows runs at the
-chunk's shape). JAX is imported only where a
-``JitMap`` runs, and its computation stays on the CPU: a worker's JAX is CPU-only
-(``workers/process.py``); in the training process the function is compiled for the CPU device.
+chunk's shape). JAX is imported only where a ``JitMap`` runs, and its computation stays on the
+CPU: a worker's JAX is CPU-only (``workers/process.py``); in the training process the function
+is compiled for the CPU device.
 
 Example:
     >>> import numpy as np
@@ -45,9 +45,9 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import callable_name, check_bool, check_int, refused_call
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
-from jaxloader.batching import collate
+from jaxloader.base.loader_names import loader_names
+from jaxloader.batching import collate, jit_inputs
 from jaxloader.batching.collate import Layout
-from jaxloader.batching import jit_inputs
 from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import aligned, cpu_device, donates, in_place, jax_settings
 from jaxloader.batching.jit_outputs import (aliases, check_row_output, host_leaves,
@@ -66,16 +66,15 @@ CHUNK_BYTES = 4 << 20  # a chunk's input and output together: what stays in the 
 _KEY_ARGUMENT = (" (a function of two arguments is called fn(record, key): a tf.data-style "
                  "fn(image, label) gets the record as image and the key as label; take the "
                  "record whole: def f(record, key): image, label = record)")
-
 _STAR_ARGS = (" (fn takes *args, so it is called fn(record, key): a wrapper without "
               "functools.wraps, partial(model.apply, params) given the key as their next "
               "argument; pass random=False where it takes the record alone)")
-
 _MAIN_PYTREE = (" (a pytree class of your main script reaches a worker by value, without its "
                 "registration with JAX, which ran in your script only: define the class in a "
                 "module of its own, which the workers import, or return a dict)")
 
 
+@loader_names("transform")
 class JitMap:
     """A per-record transform ``fn(record)`` or ``fn(record, key)`` written with ``jax.numpy``,
     run ``jax.vmap``-ed over the batch and ``jax.jit``-compiled on the host CPU.

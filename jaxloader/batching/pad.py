@@ -29,12 +29,14 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_int
+from jaxloader.base.loader_names import loader_names
 from jaxloader.base.number_kinds import cast_kept, finfo_of, held_as, ml_number, number_kind
 from jaxloader.base.errors import CollateError, ConfigError
 
 _INT32_MAX = (1 << 31) - 1
 
 
+@loader_names("transform")
 class Pad:
     """Pads the leaves ``keys`` of each batch's records on their first axis to the batch's
     longest (rounded up to ``multiple_of``) with ``value``, and adds each record's length as the

@@ -31,11 +31,13 @@ import numpy as np
 from jaxloader.base.checks import (MASK64, POSITION_BITS as _POSITION_BITS, callable_name,
                                    refused_call)
 from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.batching.jit_map import JitMap
 from jaxloader.batching.pad import Pad, check_hosts
 from jaxloader.sources.code_digest import warn_hashing
 
 
+@loader_names("transform")
 class Map:
     """A per-record transform ``fn(record) -> record``.
 
@@ -53,6 +55,7 @@ class Map:
         return f"Map({fn_name(self.fn)})"
 
 
+@loader_names("transform")
 class RandomMap:
     """A per-record transform ``fn(record, rng) -> record`` with a per-record seeded ``rng``,
     a pure function of ``(seed, epoch, position)`` and the transform's place in the list: two
@@ -74,6 +77,7 @@ class RandomMap:
         return f"RandomMap({fn_name(self.fn)})"
 
 
+@loader_names("transform")
 class BatchMap:
     """A transform of a whole collated batch ``fn(batch) -> batch`` (leaves keep the batch axis).
 
@@ -212,6 +216,7 @@ def _grain_name(t: Any) -> str | None:
     return None
 
 
+@loader_names("transform")
 class Filter:
     """A per-record predicate ``fn(record) -> bool``: in a ``StreamLoader``'s transforms, the
     records it is false for are dropped and the batch is filled from the records after them

@@ -32,6 +32,7 @@ from jaxloader.base.abilities import block_starts_of, lengths_of, order_check_of
 from jaxloader.base.checks import check_int, record_index
 from jaxloader.base.errors import (ConfigError, JaxloaderError, JaxloaderWarning, RecordError,
                                    user_stacklevel)
+from jaxloader.base.loader_names import loader_names
 from jaxloader.base.read_threads import each
 from jaxloader.sources.base import Source, check_source, records_at
 from jaxloader.sources.code_digest import OLDER_FORMS, code_digest, warn_hashing
@@ -46,6 +47,7 @@ from jaxloader.batching.transforms import Filter, fn_name, from_grain
 CHUNK = 4096  # records read at once while filtering
 
 
+@loader_names("source")
 class FilteredSource:
     """The records of ``source`` for which ``keep(record)`` is true, in their order, found in
     one pass when it is made: in this process (through ``__getitems__`` when the source has

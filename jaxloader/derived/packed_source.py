@@ -36,6 +36,7 @@ import numpy as np
 
 from jaxloader.base.abilities import lengths_of
 from jaxloader.base.checks import MASK64, Int, check_int, record_index, scalar_int
+from jaxloader.base.loader_names import loader_names
 from jaxloader.derived.packed_order import check_packed_order
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import (PackedRows, check_fill, fill_values, fills_said,
@@ -55,6 +56,7 @@ _LENGTH_CHUNK = 4096  # records a read of the lengths asks for at once
 EMPTY_CHECKED = 256  # records lengths given call empty, read to check (none reads them after)
 
 
+@loader_names("source")
 class PackedSource:
     """Rows of ``length`` tokens (an int, or ``{key: int}``) packed from ``source``'s 1-D
     ``keys``; ``method`` is ``"best_fit"``, ``"first_fit"`` (``bins`` rows open at a time,

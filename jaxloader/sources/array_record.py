@@ -31,12 +31,14 @@ import numpy as np
 from jaxloader.base import file_identity
 from jaxloader.base.checks import check_indices, record_index
 from jaxloader.base.errors import ConfigError, RecordError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.sources.open_files import OpenFiles
 from jaxloader.sources.paths import expand, files_fingerprints
 
 _MAX_OPEN = 16  # readers a process keeps open (a full shuffle touches every file: more help)
 
 
+@loader_names("source")
 class ArrayRecordSource:
     """The records of ``paths`` (one path or a list, in that order; a folder or a glob
     pattern stands for its ``*.array_record`` files, sorted) as ``bytes``.

@@ -18,6 +18,7 @@ from jaxloader.base.abilities import OLDER, OLDER_DIGESTS, block_starts_of, leng
 from jaxloader.base.checks import check_indices, int_indices, record_index
 from jaxloader.base.columns import memmap_under, overlapping
 from jaxloader.base.errors import CollateError, ConfigError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.base.read_threads import each, item_of, tag_item
 from jaxloader.sources.arrays import ArraySource
 from jaxloader.sources.base import Source, check_source, large_views, one_each
@@ -25,6 +26,7 @@ from jaxloader.sources.concat_merge import merged
 from jaxloader.sources.huggingface import adapt
 
 
+@loader_names("source")
 class ConcatSource:
     """``sources[0]``'s records, then ``sources[1]``'s, and so on. ``names``: one a source,
     which messages name a part by (its place where left out).

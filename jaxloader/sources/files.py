@@ -17,9 +17,11 @@ import numpy as np
 from jaxloader.base import file_identity
 from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.sources.paths import files_fingerprints
 
 
+@loader_names("source")
 class FileListSource:
     """The files at ``paths``, in that order; ``labels[i]`` (ints) labels ``paths[i]``.
 

@@ -43,6 +43,7 @@ from jaxloader.base.abilities import (ARRAYS_LEFT_OUT, block_starts_of, digest_l
                                       order_check_of, origin_of)
 from jaxloader.base.checks import callable_name, check_bool, check_one_argument, record_index
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.random_state import draws, global_examples, warn_at
 from jaxloader.sources.array_digest import arrays_digest
@@ -60,6 +61,7 @@ _WATCHES: dict[int, tuple[weakref.ref, list[int]]] = {}  # id -> (the source, it
 def _forget(at: int, _: object) -> None:
     _WATCHES.pop(at, None)
 
+@loader_names("source")
 class MapSource:
     """``source``'s records through ``fn`` (a record's function; with ``batched``, a function
     of a batch of columns, as ``source.__getitems__`` gives them, whose rows are each a function

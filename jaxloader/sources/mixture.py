@@ -19,11 +19,13 @@ import numpy as np
 
 from jaxloader.base.checks import check_int
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.plans.mixture import Weights, normalised
 from jaxloader.sources.base import Source
 from jaxloader.sources.concat import ConcatSource
 
 
+@loader_names("source")
 class Mixture(ConcatSource):
     """The components as one source, and the weights (from step 0, and from later steps);
     made by ``jl.mix`` of sources.

@@ -34,17 +34,16 @@ import numpy as np
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import check_bool, check_int, int_indices, record_index
 from jaxloader.base.errors import SharedMemoryError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.order.local_shuffle import LocalShuffle
 from jaxloader.sources.arrow_columns import decode, join, leaves, nbytes_of, pick, runs_order
 from jaxloader.sources.joined_groups import JoinedGroups
-from jaxloader.sources import parquet_footers
 from jaxloader.sources.parquet_files import ParquetFiles
 from jaxloader.sources.paths import expand
-from jaxloader.sources import shared_blocks
+from jaxloader.sources import parquet_footers, shared_blocks
 from jaxloader.sources.shared_blocks import SharedBlocks
 from jaxloader.base.string_column import StringColumn
-from jaxloader.runtime import shm
-from jaxloader.runtime import worker_info
+from jaxloader.runtime import shm, worker_info
 from jaxloader.runtime.worker_info import get_worker_info
 
 _DEFAULT_CACHE_BYTES = 128 << 20  # decoded row groups kept per process (a read-local window's)
@@ -54,6 +53,7 @@ _MAX_CACHED_GROUPS = shared_blocks.MAX_CACHED_GROUPS  # (and at most this many)
 _MAX_JOINED = 64
 
 
+@loader_names("source")
 class ParquetSource:
     """Rows of ``paths`` (one path or a list, read in that order; a folder or a glob pattern
     stands for its ``*.parquet`` files, sorted: ``jaxloader.sources.paths``), ``columns`` of

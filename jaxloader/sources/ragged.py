@@ -13,10 +13,12 @@ import numpy as np
 
 from jaxloader.base.checks import record_index
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.base.mapped_files import MappedFiles
 from jaxloader.base.number_kinds import cast_kept
 
 
+@loader_names("source")
 class RaggedSource:
     """Records ``{key: 1-D array}`` cut from flat ``values`` at ``offsets`` (``n + 1`` of them,
     from 0, non-decreasing, the last ``len(values)``), one pair per key.

@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from jaxloader.base.abilities import close_of, digest_level
+from jaxloader.base.loader_names import loader_names
 from jaxloader.base.own_records import top_copy
 from jaxloader.base.checks import (callable_name, check_int, check_one_argument,
                                    refused_call)
@@ -114,6 +115,7 @@ def codes_of(shards: Sequence[Any], before: int = 0) -> list[str]:
     return codes if any(codes) else []
 
 
+@loader_names("stream")
 class IterableShard:
     """Records of ``make()`` (a function returning an iterable: a generator function, a
     simulator's reset); a list or other re-iterable object is accepted as it is. Resumes by

@@ -45,6 +45,7 @@ import numpy as np
 
 from jaxloader.base.abilities import DIGEST_LEVELS, digest_level
 from jaxloader.base.checks import check_int, check_one_argument
+from jaxloader.base.loader_names import loader_names
 from jaxloader.plans import packing as packing_plan
 from jaxloader.plans.packed_rows import check_fill, fill_values, fills_said
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, user_stacklevel
@@ -53,6 +54,7 @@ from jaxloader.streams.contract import StreamLike
 from jaxloader.streams.packing_readers import FitPackedReader, PackedReader
 
 
+@loader_names("stream")
 class PackedStream:
     """Rows of ``length`` tokens of ``key`` packed from ``stream`` (a ``Stream``, or streams
     mixed by ``jl.mix``): each record, after ``tokenize`` (a function of the record returning

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 from jaxloader.base.abilities import OLDER
 from jaxloader.base.checks import check_bool, check_int, check_keywords
 from jaxloader.base.errors import ConfigError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.sources.paths import expand, path_names
 from jaxloader.streams.compressed import or_compressed
 from jaxloader.streams.huggingface import is_iterable_dataset, shards_of
@@ -27,6 +28,7 @@ from jaxloader.streams.tar import TarShard
 _OPTIONS = ("shuffle_window", "shuffle_shards")  # what Stream's class methods hand Stream()
 
 
+@loader_names("stream")
 class Stream:
     """Shards read in sequence, each reader taking its share of them every epoch.
 

@@ -7,13 +7,12 @@ that survives JSON. A shard is picklable before it is reset (it travels to a wor
 ``name`` says which one it is in messages.
 
 Ready shards: ``JsonlShard`` (a JSON value a line), ``TextShard`` (a line, as ``str``) and
-``jaxloader.streams.tar.TarShard`` (WebDataset layout: files grouped by key), each resuming by
-seeking to a byte offset (O(1); a compressed file, ``jaxloader.streams.compressed``, is read
-up to it); ``jaxloader.streams.iterable_shards.IterableShard`` over a function that makes an
-iterable (a generator function, a simulator), resuming by skipping the records already read
-(O(n)). A file shard's state also names the file as it was opened (its size, hashes of its
-first and last KiB): a restore over a file that changed since is refused, naming it
-(``FileShard``). ``TextShard``'s docstring shows one read and resumed.
+``streams.tar.TarShard`` (WebDataset layout: files grouped by key), each resuming by seeking to
+a byte offset (O(1); a compressed file, ``streams.compressed``, is read up to it);
+``streams.iterable_shards.IterableShard`` over a function that makes an iterable (a generator
+function, a simulator), resuming by skipping the records read (O(n)). A file shard's state
+names the file as opened (its size, hashes of its first and last KiB): a restore over a file
+changed since is refused, naming it (``FileShard``; ``TextShard`` shows one read, resumed).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import (ConfigError, JaxloaderWarning, RecordError, StateDictError,
                                    closed_on_failure, user_stacklevel)
+from jaxloader.base.loader_names import loader_names
 from jaxloader.streams.json_values import numbers_as_arrays
 from jaxloader.streams.shard_files import check_unchanged, open_file, prefix_head, unreadable
 
@@ -37,9 +37,8 @@ class Shard(Protocol):
     returns the next record (``StopIteration`` at the end); ``get_state()`` says where the
     next record is, as plain JSON (dicts with string keys, lists, str, int, float, bool,
     None; NumPy scalars are made Python's; the reader keeps a copy as it reads, so a dict
-    the shard goes on changing is fine); ``name`` names it in
-    messages. A loader copies a shard (``copy.copy``) for each reader, so open files and
-    connections in ``reset``, not in ``__init__``.
+    the shard goes on changing is fine); ``name`` names it in messages. A loader copies a
+    shard (``copy.copy``) for each reader: open files and connections in ``reset``.
 
     Example:
         >>> class Countdown:
@@ -66,6 +65,7 @@ class Shard(Protocol):
     def get_state(self) -> dict: ...
 
 
+@loader_names("stream")
 class FileShard:
     """A shard read from a file (``path``: local, or remote such as ``gs://``), resumed by
     seeking to a byte offset. Its state holds the offset, a count (``_COUNTER``: lines,

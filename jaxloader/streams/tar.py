@@ -14,11 +14,10 @@ without its end-of-archive marker (two zero blocks) each raise ``RecordError`` n
 the member and its byte offset, as does a link (no data of its own), and a member of a key read
 before (a sample's members apart: a record each part; the keys' hashes kept, ~60 B a record).
 ``tolerate_missing_end=True`` accepts a shard that stops at a member boundary without the
-marker (some writers leave it out; a member cut short is still an error). A compressed shard is
-read to its end, where gzip, xz and Zstandard (written with one) check their checksums: a tar
-has none of its data. A member not named ``key.ext`` (no extension, or a dot first: macOS's
-``._name``) is left out, as WebDataset leaves it, and warned of once a shard. A shard rewritten
-while read is said to be, not taken for a damaged one.
+marker (some writers leave it out). A compressed shard is read to its end, where gzip, xz and
+Zstandard check their checksums: a tar has none of its data. A member not named ``key.ext`` (no
+extension, or a dot first: macOS's ``._name``) is left out, as WebDataset leaves it, and warned
+of once a shard. A shard rewritten while read is said to be, not taken for a damaged one.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from zlib import adler32
 
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import JaxloaderWarning, RecordError
+from jaxloader.base.loader_names import loader_names
 from jaxloader.streams.shards import FileShard, unreadable
 
 _BLOCK = 512
@@ -38,16 +38,16 @@ _READ_CHUNK_END = 1 << 16  # what follows the end-of-archive marker, read at a t
 _SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
 LEFT_OUT_SAID: set[str] = set()  # folders whose shards' members left out were warned of
 _NAMES = (0x4C, 0x4B, 0x78, 0x67)  # b"L", b"K", b"x", b"g": a long name, link, attributes
-_NAMES_UP_TO = 1 << 20  # bytes of such a member read, at most (PATH_MAX is 4,096)
+_NAMES_UP_TO = 1 << 20  # bytes of such a member read, at most (PATH_MAX: 4,096)
 _KEPT = (0x30, 0, 0x37, 0x4C, 0x78)  # members whose data is read: files, names, attributes
 _CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is summed with its own field as 8 spaces
-# the remedy a damaged shard's error ends with: a stream's shards are part of its state
+# the remedies a damaged shard's error and a cut one's end with (the whole copy: the cut grown)
 _DROP = "or drop it from the stream (a state saved while it was in the stream is then refused)"
-# ... and a shard cut short's: the whole copy is the cut one grown
 _REPLACE = ("replace the shard (re-download or re-create it; a state saved inside the cut copy "
             "resumes over the whole one read with Stream.tar(paths, append_only=True)), " + _DROP)
 
 
+@loader_names("stream")
 class TarShard(FileShard):
     """A tar file in the WebDataset layout: consecutive members sharing a key (the name up to
     the first dot of its last part) make one record ``{"__key__": key, ext: bytes, ...}``.
