@@ -535,3 +535,38 @@ def test_the_same_files_or_parts_in_another_order_are_named_so_with_the_saved_or
         with jl.DataLoader(other, batch_size=2, shuffle=True, process_index=0,
                            process_count=1) as moved, pytest.raises(StateDictError, match=said):
             moved.load_state_dict(state)
+
+
+def test_a_state_edited_in_place_leaves_the_loader_and_its_own_states_alone():
+    # state_dict() handed out a mixture's weight lists, its LocalShuffle description, a
+    # StreamLoader's transform names and a PackedStream's keys as the loader kept them: an edit
+    # of the returned dict changed every later state, and the loader refused its own (the
+    # checkpoint audit)
+    import copy
+
+    parts = [jl.ArraySource({"x": np.arange(n)}) for n in (40, 20)]
+    loader = jl.DataLoader(jl.mix(parts, [0.75, 0.25]), batch_size=4,
+                           shuffle=jl.LocalShuffle(window=2), process_index=0, process_count=1)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    saved = copy.deepcopy(state)
+    state["mixture"][0][1][0] = 0.5
+    state["local_shuffle"][0] = "edited"
+    assert loader.state_dict() == saved
+    loader.load_state_dict(saved)  # (was refused: "the weights before step 2 differ")
+    loader.close()
+
+    def tokens(i):
+        yield from ({"t": np.arange(1 + j % 4, dtype=np.int32),
+                     "u": np.arange(1 + j % 4, dtype=np.int32)} for j in range(30))
+
+    packed = jl.PackedStream(jl.Stream.from_generator(tokens, 1), ["t", "u"], 8)
+    stream_loader = jl.StreamLoader(packed, batch_size=2, transforms=[jl.Map(lambda r: r)],
+                                    process_index=0, process_count=1)
+    state = stream_loader.state_dict()
+    saved = copy.deepcopy(state)
+    state["transforms"].append("edited")
+    state["stream"]["keys"].reverse()
+    assert stream_loader.state_dict() == saved and packed.keys == ["t", "u"]
+    stream_loader.close()

@@ -25,6 +25,7 @@ from jaxloader.base.file_identity import as_now, check_files
 from jaxloader.base.checks import EPOCH_LIMIT, MASK64, check_bounded, check_int, shown_names
 from jaxloader.base.difference import differ
 from jaxloader.base.errors import StateDictError
+from jaxloader.base.state_copy import copied
 from jaxloader.loaders.foreign_arguments import grain_state_hint
 from jaxloader.loaders.older_states import check_mixture_order
 from jaxloader.loaders.transform_names import warn_changed_transforms
@@ -62,13 +63,11 @@ def make_state(sampler: Order, step: int, fingerprint: dict[str, Any],
         "batch_size": sampler.batch_size,
         "process_count": sampler.process_count,
     }
-    if "files" in state:  # the state's own lists: changing one leaves the loader's alone
-        state["files"] = [list(identity) for identity in state["files"]]
-    if "parts" in state:
-        state["parts"] = list(state["parts"])
     if transforms is not None:
-        state["transforms"] = list(transforms)
-    return state
+        state["transforms"] = transforms
+    # the caller's own: a list edited in it (a mixture's weights, a file's identity) leaves the
+    # loader's, which the next state and a restore's checks are made from, as they were
+    return copied(state)
 
 
 def _int(low: int, high: int | None = None) -> Callable[[str, Any], None]:

@@ -327,11 +327,11 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
         self._check_placement()
         step, readers, until, ended = self._states_now()
         extra = self._stream.extra_state()  # a mixture's weights
-        return {"version": STATE_VERSION, "step": step, "process_index":
-                self.process_index, **self._config(), **extra, "readers": readers,
-                **passes.to_state(until, self.num_epochs, ended),
-                "transforms": self._named(),
-                **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})}
+        return copied({  # the caller's own (a list edited in it leaves the loader's alone)
+            "version": STATE_VERSION, "step": step, "process_index": self.process_index,
+            **self._config(), **extra, "readers": readers,
+            **passes.to_state(until, self.num_epochs, ended), "transforms": self._named(),
+            **({"generators": codes} if (codes := codes_of(self._stream.shards)) else {})})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``; live iterators of this loader stop being valid. A state
