@@ -89,9 +89,10 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         """The placement of ``sharding`` (``None``: batches stay NumPy). ``by_block`` (a
         stream's): with several processes, this process's place is the block of the global
         batch its devices hold (``Putter.block``); a ``process_index`` given that the sharding
-        places elsewhere is refused. (A ``DataLoader`` reads the rows they hold:
-        ``Putter.rows``.) ``mask``: the pad mask's key the batches hold, which a dict of
-        shardings must name (as made, not at the first batch's placement)."""
+        places elsewhere is refused. (A ``DataLoader`` reads the rows they hold,
+        ``Putter.rows``: a ``process_index`` given must be JAX's.) ``mask``: the pad mask's
+        key the batches hold, which a dict of shardings must name (as made, not at the first
+        batch's placement)."""
         if sharding is None:
             return None
         if mask is not None and isinstance(sharding, dict) and mask not in sharding:
@@ -100,6 +101,7 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
                 f"{mask!r}, the pad mask's leaf each batch holds (last_batch='pad', or a "
                 f"StreamLoader's num_epochs=): add {mask!r}: a sharding of the batch axis "
                 "(jaxloader.data_sharding(mesh)), or pass one sharding for every leaf")
+        from jaxloader.sharding.process_place import process_place
         from jaxloader.sharding.put import Putter
 
         batch_size, index, count = self._placement
@@ -112,15 +114,8 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
                 "over JAX's processes; leave process_index and process_count unset (JAX's "
                 "own), or drop sharding= and place each process's NumPy batch yourself")
         putter = Putter(sharding, count, batch_size)
-        block = putter.block(index) if by_block else index
+        block = process_place(putter, index, given_index, by_block=by_block)
         if block != index:
-            if given_index is not None:
-                raise ConfigError(
-                    f"process_index={given_index}: the sharding puts this process's devices at "
-                    f"rows {block * batch_size}..{(block + 1) * batch_size - 1} of the global "
-                    f"batch, where process {given_index} reads rows {index * batch_size}.."
-                    f"{(index + 1) * batch_size - 1} (they would land out of order); leave "
-                    "process_index None: the loader takes the rows the sharding puts here")
             self._placement = self._placement._replace(process_index=block)
         return putter
 

@@ -35,6 +35,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import device_dtype_problem, host_only
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.batching.collate import own_if_small
+from jaxloader.sharding.given import as_shardings
 from jaxloader.sharding.x64 import check_32_bits
 from jaxloader.workers.ring import SMALL_LEAF  # (a leaf this small is placed from a copy)
 
@@ -79,47 +80,6 @@ def _is_sharding(x: Any) -> bool:
 def _a_row_each(leaf: Any) -> bool:
     """A 1-D bool leaf: a value a row (the pad mask), placed by the batch axis alone."""
     return isinstance(leaf, np.ndarray) and leaf.ndim == 1 and leaf.dtype == np.bool_
-
-
-def _is_placement(x: Any) -> bool:
-    return isinstance(x, (Sharding, PartitionSpec, jax.Device))
-
-
-def as_shardings(sharding: Any) -> Any:
-    """``sharding`` with each ``PartitionSpec`` made a ``NamedSharding`` over the mesh set by
-    ``jax.set_mesh`` (as ``jax.device_put(x, P("data"))`` reads it there) and each device a
-    ``SingleDeviceSharding``; other leaves as they are.
-
-    Example:
-        >>> from jax.sharding import PartitionSpec as P
-        >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
-        >>> with jax.set_mesh(mesh):
-        ...     placed = as_shardings({"x": P("data")})
-        >>> placed["x"] == data_sharding(mesh)
-        True
-    """
-    def one(x: Any) -> Any:
-        if isinstance(x, jax.Device):
-            return jax.sharding.SingleDeviceSharding(x)
-        if not isinstance(x, PartitionSpec):
-            return x
-        mesh = jax.sharding.get_mesh()
-        if not mesh.axis_names:
-            raise ConfigError(
-                f"sharding: got {x}, a PartitionSpec, with no mesh set to name its axes; "
-                f"create the loader inside `with jax.set_mesh(mesh):`, or pass "
-                f"NamedSharding(mesh, {x}) (jaxloader.data_sharding(mesh, 'data') for data "
-                "parallelism)")
-        free = getattr(PartitionSpec, "UNCONSTRAINED", None)  # (no axis: JAX's choice)
-        named = [a for part in x if part is not None and part is not free
-                 for a in (part if isinstance(part, tuple) else (part,))]
-        unknown = [a for a in named if a not in mesh.axis_names]
-        if unknown:  # (JAX's own ValueError named no remedy, unlike data_sharding's)
-            raise ConfigError(
-                f"sharding: {x} names the axis {unknown[0]!r}, which the mesh set has not: its "
-                f"axes are {tuple(mesh.axis_names)}; name one of those (a typo?)")
-        return NamedSharding(mesh, x)
-    return jax.tree_util.tree_map(one, sharding, is_leaf=_is_placement)
 
 
 def _devices_remedy(devices: list | tuple, batch: Any) -> str:

@@ -76,4 +76,10 @@ try:  # a spec of two axes for a leaf of one: JAX's bare IndexError on several p
 except jl.ConfigError as e:
     if process_id == "0":
         print("two axes refused:", e)
+try:  # the other process's index, given: its devices' rows were read, named as the other's
+    jl.DataLoader(source, batch_size=4, sharding=shardings["reversed"],
+                  process_index=1 - int(process_id))
+except jl.ConfigError as e:
+    if process_id == "0":
+        print("swapped refused:", e)
 print("done", process_id)

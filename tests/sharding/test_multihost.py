@@ -82,6 +82,11 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
     meshes = [line for line in lines if line.startswith("mixed meshes refused:")]
     assert len(meshes) == 1 and "one mesh (their specs are alike, P('data',), but their meshes " \
         "list the devices in another order)" in meshes[0], outs[0]
+    # (accepted, its process_index said the other process's; both passing 0 were refused as
+    # "both read the same rows", which they did not)
+    swapped = [line for line in lines if line.startswith("swapped refused:")]
+    assert len(swapped) == 1 and "process_index=1: this is JAX's process 0 of 2" in swapped[0] \
+        and "pass jax.process_index()" in swapped[0], outs[0]
     mixed = [line for line in lines if line.startswith("mixed rows refused:")]
     assert len(mixed) == 1 and "leaf ['x'] puts this process's devices at rows 0-3 of the " \
         "global batch of 8, leaf ['y'] at rows 0, 1, 4, 5;" in mixed[0], outs[0]

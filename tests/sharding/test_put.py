@@ -384,6 +384,31 @@ def test_a_partition_spec_under_set_mesh_and_a_device_place_like_their_shardings
     assert out.strip() == "ok"
 
 
+def test_a_sharding_over_an_abstract_mesh_is_refused_or_made_the_set_meshs():
+    # jax.typeof(x).sharding, an explicit mesh's array type's, is over an AbstractMesh: JAX's
+    # bare ValueError "device_set is not implemented" as the loader was made (the sharding audit)
+    out = run_with_devices("""
+    mesh = jax.make_mesh((4,), ("data",))
+    typed = jax.typeof(jax.device_put(np.zeros((8,)), jl.data_sharding(mesh))).sharding
+    try:
+        jl.DataLoader(source(8), batch_size=4, sharding=typed, process_index=0, process_count=1)
+    except jl.ConfigError as e:
+        assert "is over an AbstractMesh" in str(e) and "NamedSharding(mesh, P('data',))" \
+            in str(e) and "jax.set_mesh(mesh)" in str(e), e
+    else:
+        raise AssertionError("a sharding over an AbstractMesh must be refused without a mesh")
+    with jax.set_mesh(mesh):
+        loader = jl.DataLoader(source(8), batch_size=4, sharding={"x": typed, "y": typed},
+                               process_index=0, process_count=1)
+    with loader:
+        batch = next(iter(loader))
+    assert batch["y"].sharding == jl.data_sharding(mesh), batch["y"].sharding
+    assert np.array_equal(np.asarray(batch["x"]), reference(8, batch_size=4)[0]["x"])
+    print("ok")
+    """, n=4)
+    assert out.strip() == "ok"
+
+
 def test_explicit_and_auto_meshes_feed_the_same_jitted_step():
     out = run_with_devices("""
     from jax.sharding import AxisType
