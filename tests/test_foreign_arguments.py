@@ -37,6 +37,10 @@ def loader(**kw):
     ("num_shards", 2, "use process_count="),
     ("world_size", 2, "use process_count="),
     ("seed_worker", print, "use seed=: every random draw"),
+    # where to place batches ("did you mean prefetch=?", the sharding audit; or nothing)
+    ("prefetch_to_device", 2, "use device_prefetch="),
+    ("mesh", None, "sharding=jaxloader.data_sharding(mesh, 'data')"),
+    ("device", None, "pass sharding=device"),
 ])
 def test_a_peer_name_raises_naming_the_value_and_what_to_pass(name, value, remedy):
     with pytest.raises(TypeError) as info:

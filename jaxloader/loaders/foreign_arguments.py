@@ -47,6 +47,17 @@ _REMEDIES = {
     "in_order": "nothing to set: batches always come in order",
     "pin_memory_device": "pass sharding= (a device, a mesh's sharding): batches are placed "
                          "there by a background thread",
+    # flax.jax_utils.prefetch_to_device(iterator, size), a mesh or devices to place on
+    "prefetch_to_device": "use device_prefetch= (batches kept placed ahead, by a thread) with "
+                          "sharding=",
+    "mesh": "pass sharding=jaxloader.data_sharding(mesh, 'data') (the batch axis over the "
+            "mesh's 'data' axis), or a NamedSharding(mesh, spec)",
+    "data_axis": "pass sharding=jaxloader.data_sharding(mesh, 'data') (its second argument: "
+                 "the mesh axis, or a tuple of them, that the batch axis is split over)",
+    "device": "pass sharding=device (a jax.Device: the batches placed there), or "
+              "jaxloader.data_sharding(mesh) for several",
+    "devices": "pass sharding=jaxloader.data_sharding(jax.make_mesh((n,), ('data',))) (the "
+               "batch split over n devices), or sharding=device for one",
     # grain.load
     "transformations": "use transforms= (jaxloader.Map, RandomMap, BatchMap)",
     # grain.DataLoader / grain.MapDataset
