@@ -19,18 +19,17 @@ comes at once). A slot goes back to the worker that wrote it (``SlotRing.take(wo
 keeps its mapping. A new ``batches()`` run makes the old run's tasks stale
 (``StatusBoard.begin_run``): their workers skip the steps not yet made, the rest are dropped,
 and their slots come back, so a restore waits for one step at most; an older run another
-thread still drives ends at its next turn (``in_process.Runs``: it took the live run's
-batches, which then waited forever). Broken is a state: once a worker raises or dies, the pool
-raises a ``WorkerError`` naming the worker, its pid, what it was doing and the remedy
-(``failures.py``), and so does every later call. A late batch is said (``stalls.py``).
+thread still drives ends at its next turn (``in_process.Runs``). Broken is a state: once a
+worker raises or dies, the pool raises a ``WorkerError`` naming the worker, its pid, what it
+was doing (a dead one's last report first: why it ended) and the remedy (``failures.py``),
+and so does every later call. A late batch is said (``stalls.py``).
 
 One driver at a time: the pipes, the task table and the ring are not thread-safe, and a run
 may be driven by the device-prefetch thread while ``close()`` comes from the main thread. A run
 holds ``_driver`` (re-entrant) while it executes, never while suspended at a ``yield``, in
 ``with`` blocks (no gap for a Ctrl-C between taking and owning it). ``close()`` takes it; if a
 run still holds it after ``_DRIVER_WAIT_S`` (a worker busy with a slow record), it kills the
-workers: the run's ``poll()`` sees their pipes close, the run breaks and closes the pool in
-its own thread, and ``close()`` gets the lock.
+workers: the run's ``poll()`` sees their pipes close, and the run breaks and closes the pool.
 """
 
 from __future__ import annotations
@@ -79,6 +78,7 @@ class WorkerPool:
                  max_workers: int | None = None, label: str = "jaxloader",
                  pinner: Any = None) -> None:
         self._maker, self._owner = maker, os.getpid()  # (a fork shares pipes, not workers)
+        self._unnamed_location = lambda step: maker.location(step, False)  # (no files read)
         self._stall, self._pinner = stalls.StallWatch(stall_warning_s, timeout_s, label), pinner
         self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
         self._start_method, self._initial = start_method, num_workers
@@ -226,8 +226,7 @@ class WorkerPool:
                     next_yield += 1
                 yield handed.pop()
         except BaseException as e:
-            # A message may have been cut (``jaxloader.base.interrupts``, 2): unless blocked in
-            # poll(), the next run restarts the workers.
+            # a message may be cut (base.interrupts, 2): unless in poll(), next run restarts them
             if not (self._waiting or isinstance(e, (GeneratorExit, WorkerError))):
                 self._mixed_up = True
             raise
@@ -326,7 +325,7 @@ class WorkerPool:
                 self._heard.replay(message, worker)
             elif type(message) is Failed:
                 failure = Failure(*failures.raised(worker, self._workers[worker].pid, message,
-                                                   lambda s: self._maker.location(s, False)))
+                                                   self._unnamed_location))
                 failed_task = self._tasks.pop(message.task_id, None)
                 if failed_task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)
@@ -355,7 +354,8 @@ class WorkerPool:
         if self._closing[0]:  # (killed by close() from another thread, or at exit)
             raise failures.closed()
         w = self._workers[worker]
-        self._heard.last_words(w.conn, worker)  # (its last records, unread as it died)
+        if (failed := self._heard.last_words(w.conn, worker)) is not None:  # why it ended
+            self._break(*failures.raised(worker, w.pid, failed, self._unnamed_location))
         self._break(failures.died(worker, w.pid, w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S),
                                   self._board, self._maker.location, w.starter_ended()), None)
 

@@ -58,7 +58,7 @@ from typing import Any
 
 from jaxloader.base.errors import WorkerError
 from jaxloader.workers import protocol
-from jaxloader.workers.protocol import Said
+from jaxloader.workers.protocol import Failed, Said
 
 MOST_KEPT = 50_000  # records and warnings a worker keeps for the training process to read
 FLUSH_S = 0.1  # how often a worker sends the records kept, where the pipe has room
@@ -136,26 +136,32 @@ class Heard:
                          "count), or configure logging in worker_init_fn to log there",
                          worker, MOST_KEPT, said.dropped)
 
-    def last_words(self, conn: Any, worker: int) -> None:
+    def last_words(self, conn: Any, worker: int) -> Failed | None:
         """What worker ``worker``, found dead or being stopped, said and left unread in its
         pipe (``conn``): its last records, an error logged just before a kill, a thread's
-        record after its last batch; the rest dropped. Read without waiting (a message cut
-        short, whose end never comes where a process the worker forked holds the pipe)."""
+        record after its last batch, replayed; the first failure it reported (why it ended:
+        a ``worker_init_fn`` that raised, found as a task sent to it met no reader) returned;
+        the rest dropped. Read without waiting (a message cut short, whose end never comes
+        where a process the worker forked holds the pipe)."""
+        failed = None
         try:
             fd = conn.fileno()
             blocking = os.get_blocking(fd)
         except (OSError, ValueError):  # (closed)
-            return
+            return None
         os.set_blocking(fd, False)
         try:
             while conn.poll(0):
                 message = protocol.receive(conn)
                 if type(message) is Said:
                     self.replay(message, worker)
+                elif type(message) is Failed and failed is None:
+                    failed = message
         except Exception:  # noqa: BLE001 - a message cut, a record that fails: the rest goes
             pass
         finally:
             os.set_blocking(fd, blocking)
+        return failed
 
     def all_last_words(self, workers: list) -> None:
         """``last_words`` of each worker in ``workers`` (``WorkerProcess``es), as they stop."""

@@ -522,6 +522,29 @@ def test_worker_info_and_init_fn():
     assert jl.get_worker_info() is None
 
 
+def _fails_in_worker_1(worker_id):
+    if worker_id == 1:
+        raise RuntimeError("init failed in worker 1")
+
+
+def test_a_worker_init_fn_that_raised_is_reported_when_a_task_finds_its_worker_gone():
+    # worker 1 reported its failure and ended; a task sent to it then met a closed pipe, and
+    # the failure left unread in it was dropped: "died while starting: exit code 0; check
+    # memory use and native code" (1 run in 3 with the race; always once it has ended)
+    maker = BatchMaker(source(), Sampler(61, 6, shuffle=True, seed=5, last_batch="drop"), ())
+    pool = WorkerPool(maker, 2, worker_init_fn=_fails_in_worker_1)
+    try:
+        it = pool.batches(0, None)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and running(pool.pids[1]):
+            time.sleep(0.05)
+        with pytest.raises(jl.WorkerError, match=r"worker 1 \(pid \d+\) raised while starting "
+                                                 r".*RuntimeError: init failed in worker 1"):
+            next(it)
+    finally:
+        pool.close()
+
+
 def test_worker_info_dataset_names_what_to_do():
     # PyTorch's get_worker_info().dataset was a bare "'WorkerInfo' object has no attribute"
     def uses_dataset(r):
