@@ -34,14 +34,16 @@ import os
 import resource
 import secrets
 import sys
+import weakref
 from multiprocessing import resource_tracker
-from typing import Any
+from typing import Any, cast
 
 import _posixshmem  # CPython's binding of shm_open/shm_unlink (what shared_memory uses)
 import numpy as np
 
 from jaxloader.base.errors import JaxloaderError, SharedMemoryError
 from jaxloader.base.interrupts import run_all
+from jaxloader.runtime.mapping import mapped
 
 PREFIX = "jaxloader"
 _PAGE = mmap.PAGESIZE
@@ -49,7 +51,8 @@ _MEMFD = "memfd"
 # Memory files need memfd_create and a /proc to hand them over by.
 MEMFD_AVAILABLE = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 # A mapping without a descriptor of its own (Python 3.13): before, ``mmap`` keeps a duplicate
-# open, and a slot costs the owner two of the process's descriptors (often 1,024 at most)
+# open (a worker's mapping of a slot, a source's block: two of the process's descriptors,
+# often 1,024 at most); the owner's slots are mapped without one everywhere (runtime.mapping)
 UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
@@ -60,11 +63,12 @@ class Segment:
     view dies (the views keep the ``mmap`` object alive; its deallocation unmaps it).
     """
 
-    def __init__(self, name: str, mapping: mmap.mmap, size: int, fd: int = -1) -> None:
+    def __init__(self, name: str, mapping: mmap.mmap | np.ndarray, size: int,
+                 fd: int = -1) -> None:
         self.name = name
         self.size = size
-        self._mmap: mmap.mmap | None = mapping
-        self.buf: memoryview | None = memoryview(mapping)
+        self._mmap: mmap.mmap | np.ndarray | None = mapping  # (mapping.mapped's)
+        self.buf: memoryview | None = memoryview(cast(Any, mapping))  # (an array: a buffer)
         self._fd = fd  # a memory file's descriptor, held while workers may still open it
         self._linked = True
 
@@ -100,7 +104,7 @@ class Segment:
             fd = os.memfd_create(token, os.MFD_CLOEXEC)
             reserve(fd, size, "memory")
             name = f"{_MEMFD}:{os.getpid()}:{fd}:{os.fstat(fd).st_ino}"
-            segment = cls(name, mmap.mmap(fd, size, **UNTRACKED), size, fd)
+            segment = cls(name, mapped(fd, size), size, fd)
             if registry is not None:
                 registry[name] = segment
         except BaseException as e:
@@ -123,7 +127,7 @@ class Segment:
         try:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             reserve(fd, size, "/dev/shm")
-            segment = cls(name, mmap.mmap(fd, size, **UNTRACKED), size)
+            segment = cls(name, mapped(fd, size), size)
             if registry is not None:
                 registry[name] = segment
             resource_tracker.register("/" + name, "shared_memory")
@@ -184,10 +188,14 @@ class Segment:
             return True
         try:
             buf.release()
-            mapping.close()
+            if isinstance(mapping, mmap.mmap):
+                mapping.close()
+                return True
         except BufferError:
             return False
-        return True
+        gone = weakref.ref(mapping)  # an array's (runtime.mapping): unmapped with its last view
+        del mapping
+        return gone() is None
 
     def destroy(self) -> bool:
         self.unlink()
@@ -262,7 +270,7 @@ def out_of_descriptors(e: OSError, what: str = "a new segment",
                 "docker run --ulimit nofile=65536)")
     return SharedMemoryError(
         f"shared memory: no descriptor left for {what} ({e.strerror}; this process may "
-        f"hold {soft:,}, and a batch slot holds {1 if UNTRACKED else 2}): {raise_it}; "
+        f"hold {soft:,}, and a batch slot one while workers may open it): {raise_it}; "
         f"{remedy}")
 
 

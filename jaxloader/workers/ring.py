@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from jaxloader.batching.collate import Layout
-from jaxloader.runtime.shm import UNTRACKED, Segment, open_descriptors
+from jaxloader.runtime.shm import Segment, open_descriptors
 from jaxloader.workers import unpinning
 from jaxloader.workers.tasks import ahead_slots
 
@@ -85,13 +85,12 @@ def _budget(others: list[SlotRing]) -> int:
     the loop holds are not)."""
     if not others:  # (alone: a quarter of the limit, as before other loaders counted)
         return ahead_slots()
-    each = 1 if UNTRACKED else 2
     most = [r.budget * 3 // 2 for r in others]
     coming = sum(max(0, m - r.segment_count) for m, r in zip(most, others))
     opened = open_descriptors()
     if opened is None:  # (no /proc: the others' whole budgets)
         opened, coming = 0, sum(most)
-    return ahead_slots(opened + coming * each, len(others))
+    return ahead_slots(opened + coming, len(others))  # (a slot: a descriptor, runtime.mapping)
 
 _GROWTH = 1.25  # a slot that must grow gets 25% headroom, so slowly growing data grows rarely
 _SETTLE = 512  # batches handed out between looks at the slot size (module docstring)

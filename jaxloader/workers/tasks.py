@@ -46,13 +46,13 @@ TASK_SECONDS = 0.5
 
 def ahead_slots(taken: int = 0, others: int = 0) -> int:
     """``MAX_AHEAD_SLOTS``, or fewer where a quarter of this process's descriptor limit holds
-    fewer slots (a limit of 64, or 1,024 before Python 3.13); with ``others`` loaders alive,
-    ``1 / (4 + others)`` of the limit less the ``taken`` descriptors (``ring.SlotRing``): so
-    that loaders alive at once fit the table, where their slots would fill it (four task
-    loaders with workers filled 1,024 on Python 3.11)."""
+    fewer slots (a limit of 64; a slot holds one, ``runtime.mapping``); with ``others``
+    loaders alive, ``1 / (4 + others)`` of the limit less the ``taken`` descriptors
+    (``ring.SlotRing``): so that loaders alive at once fit the table, where their slots would
+    fill it (four task loaders with workers filled 1,024 on Python 3.11)."""
     from jaxloader.runtime.shm import descriptor_share
 
-    return descriptor_share(4 + others, MAX_AHEAD_SLOTS, taken=taken)
+    return descriptor_share(4 + others, MAX_AHEAD_SLOTS, untracked=True, taken=taken)
 
 
 def steps_per_task(slot_size: int, streaming: bool, tasks: int = 1,
