@@ -201,7 +201,7 @@ def no_leaks():
 _MODULE_LOCKS = [("jaxloader.workers.ring", "_LOCK"), ("jaxloader.loaders.open_pools", "_LOCK"),
                  ("jaxloader.workers.starter", "_LOCK"), ("jaxloader.workers.endings", "_ENDS_LOCK"),
                  ("jaxloader.sources.block_tables", "_LOCK"),
-                 ("jaxloader.workers.process", "_SPAWNER_LOCK")]
+                 ("jaxloader.workers.spawner", "_SPAWNER_LOCK")]
 
 
 def _locks_held() -> list[str]:

@@ -17,7 +17,7 @@ Either way the worker's link is one duplex pipe; its EOF tells each side the oth
 A worker also ends with the main process whatever it is doing (``ties.die_with_parent``: on
 Linux the kernel's parent-death signal, which fires when the *thread* that started the worker
 ends; so a worker is started from the main thread, or from a thread kept as long as the process,
-``_in_lasting_thread``, never from a short-lived one such as a device-put thread).
+``spawner.in_lasting_thread``, never from a short-lived one such as a device-put thread).
 
 Stopping is quick whatever the worker is doing: it is told to stop, and one that has not closed
 its pipe after ``STOP_GRACE_S`` (busy in a transform, with tasks queued behind the message) is
@@ -56,19 +56,18 @@ import atexit
 import logging
 import os
 import platform
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from multiprocessing.connection import Pipe, wait
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from jaxloader.base.errors import ConfigError
 from jaxloader.batching.jit_cpu import jax_settings
 from jaxloader.workers import launch, protocol, starter
 from jaxloader.workers.protocol import Stop
+from jaxloader.workers.spawner import in_lasting_thread
 
 log = logging.getLogger("jaxloader")
 
@@ -157,7 +156,7 @@ class WorkerProcess:
         if environment is None:  # (in this thread: jax.enable_x64 as a context holds here)
             environment = worker_environment(os.environ)
         try:
-            _in_lasting_thread(lambda: self._start(start_method, child, environment))
+            in_lasting_thread(lambda: self._start(start_method, child, environment))
         finally:
             child.close()
         if into is not None:
@@ -213,6 +212,8 @@ class WorkerProcess:
                 self._exitcode = launch.exit_code(self._popen, timeout)
             elif self._fork_pid is not None:
                 self._exitcode = self._fork_exitcode(timeout)
+            if self._exitcode is not None and not self._asked:  # ended unasked, just reaped:
+                _kill_group(self.pid)  # what its transform ran goes too (it ran on for good)
         return self._exitcode
 
     def _fork_exitcode(self, timeout: float | None) -> int | None:
@@ -261,14 +262,11 @@ class WorkerProcess:
     def kill(self) -> None:
         """SIGKILL, unless it is known to have exited (its pid may then be another process's).
         Only a signal: safe from a thread other than the one talking to the worker."""
-        if self._exitcode is None:
-            try:  # its process group (``ties.leave_signals_to_the_trainer``): what its
-                os.killpg(self.pid, signal.SIGKILL)  # transform runs goes with it
-            except (ProcessLookupError, PermissionError):  # (no group of its own)
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        if self._exitcode is None and not _kill_group(self.pid):  # (no group of its own)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def let_go(self, deadline: float | None = None) -> None:
         """Asks the worker to stop, waits for its pipe to close until ``deadline``
@@ -328,6 +326,16 @@ class WorkerProcess:
         return True
 
 
+def _kill_group(pid: int) -> bool:
+    """SIGKILLs worker ``pid``'s process group (``ties.leave_signals_to_the_trainer``: it and
+    what its transform runs); False where it has none."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 def _sentinel(pid: int) -> int | None:
     """A descriptor readable once process ``pid`` has ended (Linux's pidfd; ``None`` elsewhere,
     or where the kernel has none): a worker's death is seen through it even where its pipe
@@ -345,55 +353,3 @@ def _cwd() -> str | None:
         return os.getcwd()
     except FileNotFoundError:
         return None
-
-
-# The thread that starts workers when the caller's thread may end before the process does.
-_SPAWNS: queue.SimpleQueue = queue.SimpleQueue()
-_SPAWNER: list[threading.Thread] = []
-_SPAWNER_LOCK = threading.Lock()
-
-
-def _forget_spawner() -> None:
-    """In a forked child: the thread is not there (only the forking thread is), nor may its
-    lock and queue be in a state the child can use."""
-    global _SPAWNS, _SPAWNER_LOCK
-    _SPAWNS, _SPAWNER_LOCK = queue.SimpleQueue(), threading.Lock()
-    _SPAWNER.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_spawner)
-
-
-def _in_lasting_thread(start: Callable[[], None]) -> None:
-    """BatchRuns ``start`` (which starts a process) in a thread that lives as long as this process:
-    the main thread if that is the caller, else a daemon thread kept for it. The kernel's
-    parent-death signal fires when the starting thread ends (prctl(2)); a worker started from a
-    device-put thread, or a user's short-lived one, would be killed with that thread."""
-    if threading.current_thread() is threading.main_thread():
-        start()
-        return
-    with _SPAWNER_LOCK:
-        if not _SPAWNER:
-            _SPAWNER.append(threading.Thread(target=_spawn_forever, daemon=True,
-                                             name="process-starter (for jaxloader)"))
-            _SPAWNER[0].start()
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    _SPAWNS.put((start, done))
-    error = done.get()
-    if error is not None:
-        raise error
-
-
-def _spawn_forever() -> None:
-    while True:
-        start, done = _SPAWNS.get()
-        try:
-            start()
-        except BaseException as e:  # noqa: BLE001 - raised in the thread that asked
-            done.put(e)
-        else:
-            done.put(None)
-
-
-

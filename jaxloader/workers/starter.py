@@ -30,7 +30,7 @@ cut short (the pool never learned its pid: named in such a reply, or among the c
 a reply read as the interrupt came) is asked after by this end until it has been reaped.
 
 Lifetimes: the starter is started from a thread that lasts as long as the process
-(``process._in_lasting_thread``) and dies with the training process
+(``spawner.in_lasting_thread``) and dies with the training process
 (``ties.die_with_parent``), and its workers die with it the same way: a killed training
 process leaves none of them. It ends when the training process closes its end (at exit). One
 starter per worker environment: a process whose environment changes (``OPENBLAS_NUM_THREADS``

@@ -420,8 +420,8 @@ def test_a_forked_workers_end_is_waited_for_not_looked_at_once():
 
     child = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 3"])
     worker = object.__new__(WorkerProcess)
-    worker._exitcode, worker._starter, worker._popen = None, None, None
-    worker._fork_pid = child.pid
+    worker._exitcode, worker._starter, worker._popen, worker._asked = None, None, None, False
+    worker.pid = worker._fork_pid = child.pid
     assert worker.exitcode(timeout=0.0) is None
     assert worker.exitcode(timeout=10.0) == 3
     child.returncode = 3  # (reaped above)

@@ -508,3 +508,46 @@ def test_an_unclosed_loaders_workers_are_asked_to_stop_at_exit_and_said_closed_n
         done.stderr[-2000:]
     assert "out-of-memory" not in done.stderr and "ChildProcessError" not in done.stderr, \
         done.stderr[-3000:]
+
+
+def test_a_program_a_transform_ran_ends_when_its_worker_dies(tmp_path):
+    # a worker killed (the OOM killer) left the program its transform had started running
+    # until the training process ended: close() skips a worker whose end is known, its pid
+    # maybe another's now (the workers audit)
+    done = _run("""
+        import os, signal, subprocess, time, numpy as np, jaxloader as jl
+
+        class Source:
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                if i == 20:
+                    program = subprocess.Popen(["sleep", "300"])
+                    with open("program.pid", "w") as f:
+                        f.write(str(program.pid))
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return {"x": np.full(4, i)}
+
+        loader = jl.DataLoader(Source(), batch_size=4, num_workers=2, process_index=0,
+                               process_count=1)
+        try:
+            list(loader)
+        except jl.WorkerError as e:
+            print("died" if "killed by signal 9" in str(e) else e)
+        pid = int(open("program.pid").read())
+        def running():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+        deadline = time.monotonic() + 10
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("program ended before close:", not running())
+        loader.close()
+        if running():
+            os.kill(pid, signal.SIGKILL)
+    """, tmp_path)
+    assert done.stdout.splitlines()[:2] == ["died", "program ended before close: True"], (
+        done.stdout, done.stderr[-2000:])
