@@ -13,12 +13,33 @@ import pytest
 import jaxloader as jl
 
 
+class Part:
+    """A user's source of records ``{"x": x[i]}``: parts of a ConcatSource whose records are
+    known to differ without a read (ArraySources) are refused as it is made; a user's parts are
+    known as their batches are read, the case of these tests."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i]}
+
+    def __getitems__(self, indices):
+        return {"x": self.x[np.asarray(indices)]}
+
+
+def in_turn(*arrays):
+    return jl.ConcatSource([Part(x) for x in arrays])
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_parts_of_other_dtypes_read_in_turn_are_refused_at_the_first_batch_that_differs(
         num_workers):
     # int64 batches, then float64 ones, in file order; a full shuffle met both in one batch
-    parts = jl.ConcatSource([jl.ArraySource({"x": np.arange(8)}),
-                             jl.ArraySource({"x": np.arange(4.0)})])
+    parts = in_turn(np.arange(8), np.arange(4.0))
     with jl.DataLoader(parts, batch_size=4, num_workers=num_workers, process_index=0,
                        process_count=1) as loader:
         it = iter(loader)
@@ -60,8 +81,7 @@ def test_a_stream_whose_numbers_turn_to_floats_is_refused_whatever_the_batch_siz
 
 
 def test_int64_then_uint64_is_told_to_be_uint64_not_float64_which_rounds():
-    parts = jl.ConcatSource([jl.ArraySource({"x": np.arange(4)}),
-                             jl.ArraySource({"x": np.arange(4, dtype=np.uint64) + 2**63})])
+    parts = in_turn(np.arange(4), np.arange(4, dtype=np.uint64) + 2**63)
     with pytest.raises(jl.CollateError, match=r"uint64 \(1-D\), where the first batch, step 0 "
                                               r"\(.*\), had int64 \(1-D\).*hold no common int.*"
                                               r"np.asarray\(x, 'uint64'\)"):
@@ -72,8 +92,7 @@ def test_a_byte_order_or_a_structure_that_differs_is_named_by_the_dtype_not_its_
     # (">f4 then <f4" read "float32, where ... had float32", and two structures "void32 ...
     # void32" with the remedy np.asarray(x, 'void32'), which raises; the dtypes audit)
     def refused(first, then):
-        parts = jl.ConcatSource([jl.ArraySource({"x": np.zeros(4, first)}),
-                                 jl.ArraySource({"x": np.zeros(4, then)})])
+        parts = in_turn(np.zeros(4, first), np.zeros(4, then))
         with pytest.raises(jl.CollateError) as caught:
             list(jl.DataLoader(parts, batch_size=4, process_index=0, process_count=1))
         return str(caught.value)
@@ -113,13 +132,11 @@ def test_host_leaves_that_batches_make_in_other_forms_pass():
 
 
 def test_a_rank_or_a_text_kind_that_changes_is_refused_with_its_own_remedy():
-    ranks = jl.ConcatSource([jl.ArraySource({"x": np.zeros((8, 2))}),
-                             jl.ArraySource({"x": np.zeros(4)})])
+    ranks = in_turn(np.zeros((8, 2)), np.zeros(4))
     with pytest.raises(jl.CollateError, match=r"leaf \['x'\] is 1-D, where the first batch"
                                               r", step 0 \(.*\), had 2-D: .* reshape or pad it"):
         list(jl.DataLoader(ranks, batch_size=4, process_index=0, process_count=1))
-    text = jl.ConcatSource([jl.ArraySource({"x": np.array(["a"] * 8)}),
-                            jl.ArraySource({"x": np.array([b"b"] * 4)})])
+    text = in_turn(np.array(["a"] * 8), np.array([b"b"] * 4))
     with pytest.raises(jl.CollateError, match=r"leaf \['x'\] is bytes, where the first batch"
                                               r", step 0 \(.*\), had str: "):
         list(jl.DataLoader(text, batch_size=4, process_index=0, process_count=1))
