@@ -172,6 +172,24 @@ def test_ragged_values_mapped_from_a_file_changed_in_place_are_refused(tmp_path,
         made[200]
 
 
+def test_a_file_cut_between_its_mapping_and_the_source_is_refused_as_the_source_is_made(tmp_path):
+    # np.load(mmap_mode="r"), then np.save of a smaller array over it (another cell), then the
+    # source: stamped as cut, nothing later saw it, and the first read past the file's end
+    # killed the process (SIGBUS) without a word, in process
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(4096, dtype=np.int64))
+    mapped = np.load(path, mmap_mode="r")
+    np.save(path, np.arange(1024, dtype=np.int64))
+    cut = (r"the memory-mapped file '.*x.npy' holds 8,320 bytes, fewer than the 32,896 mapped "
+           r"from it \(int64 \((3996|4096),\)\): .*SIGBUS.*np.load\(path, mmap_mode='r'\)")
+    with pytest.raises(jl.ConfigError, match="ArraySource: " + cut):
+        jl.ArraySource({"x": mapped[100:]})  # (a view: its file's whole array is checked)
+    with pytest.raises(jl.ConfigError, match="RaggedSource: " + cut):
+        jl.RaggedSource({"ids": (mapped, np.arange(0, 4097, 16))})
+    whole = np.load(path, mmap_mode="r")  # (mapped again: read)
+    assert jl.ArraySource({"x": whole})[1023]["x"] == 1023
+
+
 def test_a_costly_check_of_mapped_files_waits_a_hundred_times_its_time(tmp_path, monkeypatch):
     # thousands of a dataset's files on a network file system were stat-ed each batch
     from jaxloader.base import mapped_files

@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import mmap
 import os
 import warnings
 from time import perf_counter
@@ -26,7 +28,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from jaxloader.base.columns import memmap_under
-from jaxloader.base.errors import JaxloaderWarning, RecordError
+from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
 
 _CHEAP_S = 50e-6  # a check that took longer waits 100 times as long for the next (1%)
 _SOON_S = 0.01  # soon(): a check at most this often
@@ -38,13 +40,15 @@ class MappedFiles:
     """The memory-mapped files under ``arrays`` (``np.load(mmap_mode=...)``, views of them), or
     the ``paths`` given (files Arrow maps: grown, they were written again; replaced, a worker,
     which maps them again by their names, reads the new one), each with its inode, size and
-    time now; ``check()`` refuses one changed since. Pickled with its source: a worker checks
-    the stamps the source was made with. ``check()`` stats them each time where that is
-    cheap, else at most 1% of the time (thousands of files, a network file system)."""
+    time now; ``check()`` refuses one changed since. ``addresses``: where the source reads
+    through the maps of ``paths`` (an Arrow table's buffers), to refuse a file already cut.
+    Pickled with its source: a worker checks the stamps the source was made with. ``check()``
+    stats them each time where that is cheap, else at most 1% of the time (thousands of
+    files, a network file system)."""
 
     def __init__(self, who: str, arrays: Iterable[np.ndarray] = (), paths: Iterable[str] = (),
-                 remedy: str = _RENAME) -> None:
-        self.who, self.remedy = who, remedy
+                 remedy: str = _RENAME, addresses: Iterable[int] = ()) -> None:
+        self.who, self.remedy, paths = who, remedy, list(paths)
         stamps: dict[str, Any] = {}
         for array in arrays:
             mapped = memmap_under(array)
@@ -52,8 +56,11 @@ class MappedFiles:
             if mapped is not None and path is not None and path not in stamps:
                 stamps[path] = _stamp(path, mapped.mode in ("r+", "w+"),
                                       mapped.offset > 0 and _npy(path), False)
+                _refuse_short(who, path, mapped, stamps[path])
         for path in paths:
             stamps.setdefault(path, _stamp(path, False, True, True))
+        _refuse_cut_maps(who, [p for p in paths if stamps[p] is not None], list(addresses),
+                         remedy)
         self.stamps = [(path, stamp) for path, stamp in stamps.items() if stamp is not None]
         self._said = set[str]()  # (the files that grew, warned of)
         self._next_at = 0.0  # (perf_counter: the next check's time, 100x the last's after it)
@@ -108,6 +115,56 @@ class MappedFiles:
         self._soon_at = start + _SOON_S
         if spent > _CHEAP_S:  # (a local file or a few: each time, a change seen at once)
             self._next_at = start + spent + 100 * spent
+
+
+def _refuse_short(who: str, path: str, mapped: np.memmap, stamp: tuple | None) -> None:
+    """Refuses a file cut shorter than the array mapped from it needs before the source was
+    made (``np.save`` of a smaller array over it after ``np.load(mmap_mode=...)``): stamped as
+    it is now, no later check would see it, and the first read past its end killed the process
+    (SIGBUS) without a word."""
+    held = getattr(mapped, "_mmap", None)  # (np.memmap's map, shared by its views: from the
+    # allocation boundary below its offset, through the array's end)
+    need = (mapped.offset - mapped.offset % mmap.ALLOCATIONGRANULARITY + len(held)
+            if isinstance(held, mmap.mmap) else mapped.offset + mapped.nbytes)
+    if stamp is not None and stamp[1] < need:
+        raise ConfigError(
+            f"{who}: the memory-mapped file {path!r} holds {stamp[1]:,} bytes, fewer than the "
+            f"{need:,} mapped from it ({mapped.dtype} {mapped.shape}): it was cut or written "
+            "again in place since it was mapped, and reading past its end would kill the "
+            "process (SIGBUS); map it again once it is written "
+            "(np.load(path, mmap_mode='r')), and " + _RENAME.split(", and make")[0])
+
+
+def _refuse_cut_maps(who: str, paths: list[str], addresses: list[int], remedy: str) -> None:
+    """Refuses a file of ``paths`` (Arrow's) cut since this process mapped it (``load_from_disk``,
+    then the file written again): the source's first scan of the table read the pages past its
+    end and died (SIGBUS), in process and with workers. Linux's ``/proc/self/maps`` says each
+    mapping's file and extent; the maps holding ``addresses`` (the table's buffers) are the
+    source's (another ``Dataset`` loaded before the file was written keeps its own). Elsewhere
+    nothing is checked."""
+    if not paths or not addresses:
+        return
+    maps: dict[str, list[tuple[int, int, int]]] = {}
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6:
+                    start, end = (int(a, 16) for a in fields[0].split("-"))
+                    maps.setdefault(fields[5].rstrip("\n"), []).append(
+                        (start, end, int(fields[2], 16)))
+    except OSError:
+        return
+    held = sorted(addresses)
+    for path in paths:
+        used = [offset + end - start for start, end, offset in maps.get(os.path.realpath(path), ())
+                if bisect.bisect_left(held, start) < bisect.bisect_left(held, end)]
+        size = os.stat(path).st_size
+        if used and -(-size // mmap.PAGESIZE) * mmap.PAGESIZE < max(used):
+            raise ConfigError(
+                f"{who}: the memory-mapped file {path!r} holds {size:,} bytes, fewer than the "
+                f"{max(used):,} this process mapped of it: it was cut since it was mapped, and "
+                f"reading past its end would kill the process (SIGBUS); {remedy}")
 
 
 def _stamp(path: str, writable: bool, fixed: bool, by_name: bool) -> tuple | None:

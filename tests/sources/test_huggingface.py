@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 import time
 import numpy as np
 import pytest
@@ -319,6 +322,36 @@ def test_a_saved_datasets_file_changed_in_place_is_refused_at_the_next_batch(tmp
         with pytest.raises(jl.JaxloaderError, match=r"file .* was replaced since the source was "
                                                     r"made .*load it again"):
             next(iter(loader))
+
+
+_CUT_BEFORE = """
+import os, shutil, sys, datasets, numpy as np, jaxloader as jl
+datasets.disable_progress_bars()
+here = sys.argv[1]
+datasets.Dataset.from_dict({"x": np.arange(200_000)}).save_to_disk(here + "/a")
+datasets.Dataset.from_dict({"x": np.arange(1000)}).save_to_disk(here + "/small")
+old = datasets.load_from_disk(here + "/a")
+for name in os.listdir(here + "/small"):  # (written again in place: the same inode, cut)
+    shutil.copyfile(os.path.join(here, "small", name), os.path.join(here, "a", name))
+new = datasets.load_from_disk(here + "/a")  # (mapped after: read, the old one kept its map)
+print(sum(len(b["x"]) for b in jl.DataLoader(new, batch_size=100, num_epochs=1)), flush=True)
+for batch in jl.DataLoader(old, batch_size=10_000, num_epochs=1):
+    pass
+"""
+
+
+def test_a_saved_datasets_file_cut_before_the_loader_is_refused_as_it_is_made(tmp_path):
+    # load_from_disk, then its file written again smaller in place, then a loader of it: its
+    # stamps were the cut file's, and a read past the file's end killed the process by SIGBUS,
+    # printing nothing (a list column's: as the loader was made); run apart, so the code before
+    # it died
+    done = subprocess.run([sys.executable, "-c", _CUT_BEFORE, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout == "1000\n", done.stderr[-2000:]
+    assert done.returncode == 1 and re.search(
+        r"ConfigError: a datasets.Dataset: the memory-mapped file '.*a/data-00000-of-00001."
+        r"arrow' holds [\d,]+ bytes, fewer than the [\d,]+ this process mapped of it: .*SIGBUS"
+        r".*load it again after it is written", done.stderr), done.stderr[-2000:]
 
 
 def _augment(batch):  # a with_transform function: batch in, batch out (HF's convention)
