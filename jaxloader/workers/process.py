@@ -212,8 +212,8 @@ class WorkerProcess:
                 self._exitcode = launch.exit_code(self._popen, timeout)
             elif self._fork_pid is not None:
                 self._exitcode = self._fork_exitcode(timeout)
-            if self._exitcode is not None and not self._asked:  # ended unasked, just reaped:
-                _kill_group(self.pid)  # what its transform ran goes too (it ran on for good)
+            if self._exitcode is not None:  # just reaped, asked or not: what its transform
+                _kill_group(self.pid)  # ran goes too (it ran on for good; a program kept)
         return self._exitcode
 
     def _fork_exitcode(self, timeout: float | None) -> int | None:

@@ -30,10 +30,11 @@ cut short (the pool never learned its pid: named in such a reply, or among the c
 a reply read as the interrupt came) is asked after by this end until it has been reaped.
 
 Lifetimes: the starter is started from a thread that lasts as long as the process
-(``spawner.in_lasting_thread``) and dies with the training process
-(``ties.die_with_parent``), and its workers die with it the same way: a killed training
-process leaves none of them. It ends when the training process closes its end (at exit). One
-starter per worker environment: a process whose environment changes (``OPENBLAS_NUM_THREADS``
+(``spawner.in_lasting_thread``) and dies with the training process, killing its workers'
+process groups first (``ties.die_with_parent_ending``: the programs their transforms run go
+too); its workers die with it: a killed training process leaves none of them
+(``starter_process``, the starter's side). It ends when the training process closes its end
+(at exit). One starter per worker environment: a process whose environment changes (``OPENBLAS_NUM_THREADS``
 set between two loaders) gets a new one, since a fork would keep the libraries the first
 loaded under the old one; the old one is closed once none of its workers runs. A starter that
 has ended (killed) is replaced at the next worker's start. Linux only (elsewhere: exec'd).
@@ -59,22 +60,21 @@ import atexit
 import itertools
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import Any, Mapping, Sequence
 
 from jaxloader.base.errors import JaxloaderError
 from jaxloader.runtime.limits import process_limits
 from jaxloader.workers import launch, protocol
+from jaxloader.workers.starter_process import ENDED, MESSAGE_BYTES
 
 AVAILABLE = sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
-_BOOT = "__jaxloader_boot__ = 1; from jaxloader.workers.starter import serve; serve({fd}, {parent})"
-_MESSAGE = 1 << 16  # a request or a reply is a small tuple
+_BOOT = ("__jaxloader_boot__ = 1; from jaxloader.workers.starter_process import serve; "
+         "serve({fd}, {parent})")
 _ANSWER_S = 30.0  # a starter that does not answer (stopped, stuck) is taken as ended
-_ENDED = -signal.SIGKILL  # a worker whose starter ended: killed with it (die_with_parent)
 
 
 class Starter:
@@ -160,7 +160,7 @@ class Starter:
         return code
 
     def _poll_one(self, pid: int) -> int | None:
-        code = _ENDED
+        code = ENDED
         if not self.ended:
             try:
                 code = self._ask(("poll", pid))[1]
@@ -196,7 +196,7 @@ class Starter:
                 with protocol.pipe_errors_raised():  # (a starter killed: said, not fatal)
                     socket.send_fds(self._socket, message, list(fds))
                 while True:
-                    data = self._socket.recv(_MESSAGE)
+                    data = self._socket.recv(MESSAGE_BYTES)
                     if not data:
                         raise EOFError(f"the worker starter (pid {self.pid}) has ended")
                     reply = pickle.loads(data)
@@ -300,101 +300,3 @@ def _forget_starters() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_starters)
-
-
-# -- in the starter process --------------------------------------------------------------------
-def serve(fd: int, parent: int) -> None:
-    """The starter's main: imports what every worker imports, then answers requests until the
-    training process (``parent``) closes its end. A worker forked from it does not return
-    from it: it ends as an exec'd worker does (``worker.run``)."""
-    import importlib
-
-    from jaxloader.workers import ties
-
-    importlib.import_module("numpy.random")  # (a RandomMap's generators: imported once for all)
-    ties.die_with_parent(parent)
-    ties.leave_signals_to_the_trainer()
-    # (its workers its own to reap: a trainer's SIGCHLD ignored lost their exit codes)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    with socket.socket(fileno=fd) as link:
-        _answer(link)
-
-
-def _answer(link: socket.socket) -> None:
-    """The starter's requests, answered until the link closes."""
-    exited: dict[int, int] = {}
-    children: set[int] = set()  # forked, not yet reaped: what a start cut short asks after
-    while True:
-        try:
-            data, fds, _, _ = socket.recv_fds(link, _MESSAGE, 3)
-        except OSError:
-            return
-        if not data:
-            return
-        number, kind, argument = pickle.loads(data)
-        reply: tuple[Any, ...]
-        if kind == "start":
-            (cwd, std), me, pid = argument, os.getpid(), _fork(fds)
-            if pid == 0:  # the worker
-                link.close()
-                _become_worker(fds, cwd, std, me)
-            if isinstance(pid, int):
-                exited.pop(pid, None)  # (a pid of a worker reaped before, now this one's)
-                children.add(pid)
-                reply = ("started", pid)
-            else:
-                reply = ("failed", pid)
-        elif kind == "children":
-            reply = ("children", sorted(children))
-        else:
-            reply = ("exit", _reaped(argument, exited))
-            if reply[1] is not None:
-                children.discard(argument)
-        try:
-            link.sendmsg([pickle.dumps((number, *reply))])
-        except OSError:  # (the training process closed its end as it exits: no traceback)
-            return
-
-
-def _fork(fds: list[int]) -> int | str:
-    """``os.fork()``; in the starter, the descriptors received closed (its child keeps them);
-    what went wrong, said, if the fork failed."""
-    try:
-        pid: int | str = os.fork()
-    except OSError as e:
-        pid = f"fork() raised {type(e).__name__}: {e}"
-    if pid:
-        for fd in fds:
-            os.close(fd)
-    return pid
-
-
-def _become_worker(fds: list[int], cwd: str | None, std: list[int], parent: int) -> NoReturn:
-    """In a forked child: the training process's standard output and error and directory of
-    the moment (a directory gone or closed to it: the starter's, as an exec'd worker would be
-    left in one that is gone), then the worker's life (``worker.run``, which gives NumPy's
-    global generator a state of its own)."""
-    for target, fd in zip(std, fds[1:]):
-        os.dup2(fd, target)
-        os.close(fd)
-    if cwd is not None:
-        try:
-            os.chdir(cwd)
-        except OSError:
-            pass
-    from jaxloader.workers.worker import run
-
-    run(fds[0], parent)
-
-
-def _reaped(pid: int, exited: dict[int, int]) -> int | None:
-    """Worker ``pid``'s exit code if it has exited (reaped then), else None."""
-    if pid not in exited:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return _ENDED  # (not one of this starter's: nothing to wait for)
-        if not done:
-            return None
-        exited[pid] = os.waitstatus_to_exitcode(status)
-    return exited[pid]

@@ -25,19 +25,20 @@ _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thr
 _WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its parent lives
 
 
-def die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
     """Makes this process end when process ``parent`` (the training process) ends, whatever
-    this one is doing then: on Linux the kernel sends it SIGKILL (``PR_SET_PDEATHSIG``; asked
-    for in the thread that started it, which ``process.py`` keeps alive as long as the main
-    process); elsewhere a watchdog thread exits when its parent changes. A parent that died
-    before this was asked for is seen at once (``getppid`` no longer ``parent``)."""
+    this one is doing then: on Linux the kernel sends it ``signum``, SIGKILL unless asked
+    (``PR_SET_PDEATHSIG``; asked for in the thread that started it, which ``process.py`` keeps
+    alive as long as the main process); elsewhere a watchdog thread exits when its parent
+    changes. A parent that died before this was asked for is seen at once (``getppid`` no
+    longer ``parent``)."""
     watched = False
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
             libc = ctypes.CDLL(None, use_errno=True)
-            watched = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+            watched = libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
         except (OSError, AttributeError):
             watched = False
     if not watched:
@@ -45,6 +46,34 @@ def die_with_parent(parent: int) -> None:
                          name="jaxloader-parent-watchdog").start()
     if os.getppid() != parent:
         os._exit(1)
+
+
+PARENT_GONE = getattr(signal, "SIGRTMIN", signal.SIGTERM) + 1  # the starter's, as it dies
+# with the training process: a signal no terminal or scheduler sends
+
+
+def die_with_parent_ending(parent: int, children: set[int]) -> None:
+    """``die_with_parent`` for the starter: as the training process ends, the process groups of
+    ``children`` (its workers, each a group of its own with what its transform runs) are
+    killed, then this process exits. A worker killed by the kernel with its parent left the
+    programs its transform had started (a decoder, a tokenizer server) running for good. The
+    same is done where the training process closes its end (``end_groups``)."""
+    def end(signum: int, frame: Any) -> None:
+        end_groups(children)
+        os._exit(1)
+
+    signal.signal(PARENT_GONE, end)
+    die_with_parent(parent, PARENT_GONE)
+
+
+def end_groups(pids: set[int]) -> None:
+    """SIGKILLs the process groups led by ``pids`` (none where a sandbox kept a worker in
+    the starter's group: no group then has its pid)."""
+    for pid in list(pids):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def gone_before_the_trainer() -> None:

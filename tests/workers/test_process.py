@@ -551,3 +551,65 @@ def test_a_program_a_transform_ran_ends_when_its_worker_dies(tmp_path):
     """, tmp_path)
     assert done.stdout.splitlines()[:2] == ["died", "program ended before close: True"], (
         done.stdout, done.stderr[-2000:])
+
+
+_PROGRAMS = """
+    import os, subprocess, sys, time, numpy as np, jaxloader as jl
+
+    def keep_a_program(record):  # (a tokenizer server, a decoder pipe: started once, kept)
+        global program
+        if "program" not in globals():
+            program = subprocess.Popen(["sleep", "300"])
+            with open(f"program.{os.getpid()}", "w") as f:
+                f.write(str(program.pid))
+        return record
+
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(64)}), batch_size=4, num_workers=2,
+                           transforms=[jl.Map(keep_a_program)], process_index=0, process_count=1)
+    batches = iter(loader)
+    for _ in range(8):
+        next(batches)
+    while len([n for n in os.listdir() if n.startswith("program.")]) < 2:
+        time.sleep(0.05)
+    if sys.argv[1] == "close":
+        loader.close()
+        print("closed", flush=True)
+    else:
+        print("ready", flush=True)
+        time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("end", ["close", "SIGKILL"])
+def test_the_programs_a_transform_keeps_end_with_its_loader(tmp_path, end):
+    # a program a transform started and kept ran on for good: past close() (an idle worker
+    # stopped as asked: its group was killed only where it had died unasked), and past the
+    # training process killed (its workers killed by the kernel with it, their groups not)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(jl.__file__)), os.environ.get("PYTHONPATH", "")])}
+    trainer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_PROGRAMS), end],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    programs = []
+    try:
+        assert trainer.stdout.readline().strip() == ("closed" if end == "close" else "ready")
+        programs = [int(p.read_text()) for p in tmp_path.glob("program.*")]
+        if end == "SIGKILL":
+            trainer.kill()
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in programs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(p) for p in programs)
+    finally:
+        trainer.kill()
+        trainer.wait()
+        for pid in programs:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

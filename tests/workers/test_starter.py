@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxloader as jl
-from jaxloader.workers import starter
+from jaxloader.workers import starter, starter_process
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not starter.AVAILABLE, reason="the starter is Linux's"),
@@ -365,4 +365,4 @@ def test_a_starter_whose_trainer_closed_its_end_before_a_reply_ends_quietly():
     theirs.sendmsg([pickle.dumps((1, "children", None))])
     theirs.close()
     with mine:
-        starter._answer(mine)  # (returns: the link is closed)
+        starter_process._answer(mine, set())  # (returns: the link is closed)
