@@ -466,6 +466,12 @@ def test_stale_iterators_and_close():
     stream.close()
     with pytest.raises(jl.JaxloaderError, match="^StreamLoader is closed"):
         iter(stream)
+    workers = jl.DataLoader(source(), batch_size=2, num_workers=1, process_index=0,
+                            process_count=1)
+    next(iter(workers))
+    assert len(workers.worker_pids) == 1
+    workers.close()  # (its workers' pids were still said: another process's, in time)
+    assert workers.worker_pids == []
 
 
 def test_process_defaults_come_from_jax(monkeypatch):

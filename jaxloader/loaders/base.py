@@ -287,8 +287,9 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
 
     @property
     def worker_pids(self) -> list[int]:
-        """Process ids of the worker processes (empty with ``num_workers=0``)."""
-        return self._engine.pids
+        """Process ids of the worker processes (empty with ``num_workers=0``, and once the
+        loader is closed: its workers' pids may be other processes' then)."""
+        return [] if self._progress.closed else self._engine.pids
 
     @property
     def step(self) -> int:
