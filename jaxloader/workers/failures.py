@@ -90,8 +90,9 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
          where: Callable[[int], str], starter: tuple[int, int | None] | None = None
          ) -> WorkerError:
     """The error for worker ``worker``, gone with exit code ``code`` (negative: a signal),
-    named with the step its status row says it started; ``starter``: the pid and exit code of
-    the worker starter, where it ended first (its workers end with it)."""
+    named with the step its status row says it started, else the step the loader awaited
+    (``board.awaited``); ``starter``: the pid and exit code of the worker starter, where it ended
+    first (its workers end with it)."""
     step = board.making(worker)
     how = _ended(code)
     if starter is not None:  # (not the worker's doing: it was blamed on the OOM killer)
@@ -104,7 +105,9 @@ def died(worker: int, pid: int, code: int | None, board: StatusBoard,
                 "reads, np.load(..., mmap_mode='r'), truncated or rewritten as it was read; "
                 "replace such a file by renaming a new one into place)")
     doing = f"while making {where(step)}" if step is not None else (
-        "while starting" if board.starting(worker) else "while idle")
+        "while starting" if board.starting(worker) else "while idle" + (
+            f", the loader awaiting {where(board.awaited)}" if board.awaited is not None
+            else ""))
     stacks = board.crash(worker) if code is not None and -code in _FATAL_SIGNALS else None
     return WorkerError(
         f"worker {worker} (pid {pid}) died {doing}: {how}; the loader is broken; "

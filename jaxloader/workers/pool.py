@@ -190,13 +190,13 @@ class WorkerPool:
                         raise again(self._broken) if self._broken else failures.closed()
                     if self._runs.stale(issued):
                         return
+                    self._board.awaited = next_yield  # (a worker dead while idle: named by it)
                     while stop is None or next_submit < stop:
                         steps, ahead, room = self._task_shape(streaming)
                         if next_submit - next_yield >= room:
                             break
                         roster = self.roster
-                        # A task done but not read yet still counts as in flight: read what
-                        # has come first, or its worker waits for work it could be doing
+                        # (a task done, unread, is in flight: read first, lest its worker wait)
                         if roster.busiest() >= ahead and not (
                                 self._receive(run, ready, block=False)
                                 and roster.busiest() < ahead):

@@ -56,6 +56,8 @@ class StatusBoard:
         cells = np.frombuffer(self._segment.memory, np.int64)
         self._run = cells[:1]  # the pool's run now: a worker skips the steps of one before
         self._rows = cells[1:1 + num_workers * _FIELDS].reshape(num_workers, _FIELDS)
+        self.awaited: int | None = None  # the step the run's consumer awaits (the pool's
+        # driver sets it): a worker that dies idle is named with it
         self.restarted()
 
     def names(self, worker: int) -> tuple[str, int, str, str]:
@@ -74,7 +76,7 @@ class StatusBoard:
     def begin_run(self, run: int) -> None:
         """The pool's run is ``run`` from now: the tasks of those before are stale, and their
         workers skip what they have not made of them (``WorkerStatus.stale``)."""
-        self._run[0] = run
+        self._run[0], self.awaited = run, None
 
     def making(self, worker: int) -> int | None:
         """The step worker ``worker`` is making, or ``None``."""

@@ -252,6 +252,24 @@ def test_a_dead_worker_is_reported_at_once(how):
     loader.close()
 
 
+def test_a_worker_killed_while_idle_is_named_with_the_step_the_loader_awaits():
+    # "died while idle": no step said, where the docs promise it and its records (the
+    # lifecycle audit: a long training step, the workers waiting for slots, one killed)
+    loader = jl.DataLoader(jl.ArraySource({"x": np.arange(20_000)}), batch_size=10,
+                           num_workers=2, process_index=0, process_count=1)
+    with loader:
+        batches = iter(loader)
+        for _ in range(3):
+            next(batches)
+        time.sleep(1.0)  # (a training step: its tasks made, it waits idle for slots)
+        os.kill(loader.worker_pids[1], signal.SIGKILL)
+        with pytest.raises(jl.WorkerError, match=r"worker 1 \(pid \d+\) died while (idle, the "
+                           r"loader awaiting|making) step \d+ \(epoch 0, record positions "
+                           r"\d+..\d+\): killed by signal 9"):  # (making: a loaded machine's)
+            for _ in range(2000):
+                next(batches)
+
+
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="a worker's end is seen by pidfd")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
 def test_a_dead_worker_is_reported_while_another_process_holds_its_pipe():
