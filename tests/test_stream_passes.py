@@ -130,6 +130,28 @@ def test_a_state_names_its_pass_and_a_malformed_one_is_refused():
         assert other.state_dict()["pass"] == {"num_epochs": 2, "until": 2, "ended": True}
 
 
+def test_a_state_whose_readers_are_passes_apart_under_another_num_epochs_is_refused():
+    # saved endless (or with num_epochs=2), the readers epochs apart, restored into
+    # num_epochs=1: the furthest reader's pass had the others read on through it, records
+    # two or three times in one pass (48 records in a pass of 22), without a word
+    def make(num_epochs):
+        return jl.StreamLoader(uneven_stream(), batch_size=4, num_epochs=num_epochs,
+                               readers_per_process=4, process_index=0, process_count=1)
+    for saved_with in (None, 2):
+        with make(saved_with) as loader:
+            batches = iter(loader)
+            for _ in range(12):
+                next(batches)
+            state = loader.state_dict()
+        epochs = [r["epoch"] for r in state["readers"]]
+        assert max(epochs) >= 1 > min(epochs), epochs  # (the 1-record shard's reader ahead)
+        with make(1) as other, pytest.raises(
+                jl.StateDictError, match=rf"the readers are in epochs \[.*\] \(saved with "
+                rf"num_epochs={saved_with}\); under num_epochs=1, readers \[.*\] are in a pass "
+                rf"before the others' .*restore it with num_epochs={saved_with}, as saved"):
+            other.load_state_dict(state)
+
+
 def test_iter_again_as_the_next_pass_begins_finishes_that_pass():
     for k in range(1, 4):  # batches of the second pass before iter() again
         with jl.StreamLoader(uneven_stream(shuffle_window=4), batch_size=4, num_epochs=1,

@@ -150,8 +150,10 @@ def from_state(state: dict, num_epochs: int | None) -> list[int] | None:
     has none, or was saved with passes of another ``num_epochs`` (its readers' states then
     say where the position is)."""
     held = state.get("pass")
-    if num_epochs is None or held is None or (
-            isinstance(held, dict) and held.get("num_epochs") != num_epochs):
+    if num_epochs is None:
+        return None
+    if held is None or isinstance(held, dict) and held.get("num_epochs") != num_epochs:
+        _refuse_passes_apart(state, held, num_epochs)
         return None
     readers = state["readers"]
     until = held.get("until") if isinstance(held, dict) else None
@@ -169,6 +171,29 @@ def from_state(state: dict, num_epochs: int | None) -> list[int] | None:
             f"every reader's epoch, the end of the pass they are in}}, received {held!r:.200}; "
             "pass the dict that state_dict() returned, unchanged")
     return [until] * len(readers)
+
+
+def _refuse_passes_apart(state: dict, held: Any, num_epochs: int) -> None:
+    """Refuses a state saved under another ``num_epochs`` (or endless) whose readers are in
+    passes apart under this one: the pass under way (the furthest reader's, ``stops_of``)
+    had the others read on through it, their records twice or more in one pass (readers at
+    epochs 2 and 0 restored into ``num_epochs=1``: 48 records in a pass of 22)."""
+    readers = state.get("readers")
+    if not isinstance(readers, list) or not readers or not all(
+            isinstance(r, dict) and type(r.get("epoch", 0)) is int for r in readers):
+        return  # (the readers' states are checked as they are reset)
+    start = stops_of(readers, num_epochs)[0] - num_epochs
+    behind = [i for i, r in enumerate(readers)
+              if r.get("epoch", 0) + (r.get("ended") is True) < start]
+    if behind:
+        saved = held.get("num_epochs") if isinstance(held, dict) else None
+        raise StateDictError(
+            f"state['readers']: the readers are in epochs {[r.get('epoch', 0) for r in readers]}"
+            f" (saved with num_epochs={saved}); under num_epochs={num_epochs}, readers "
+            f"{behind} are in a pass before the others' (from epoch {start}), which would read "
+            f"their records twice or more; restore it with num_epochs={saved}, as saved"
+            + (" (and change it at a pass's end)" if saved is not None else "")
+            + ", or start a loader of the new setting from the start")
 
 
 def done(states: list[dict], stops: list[int]) -> list[bool]:
