@@ -289,7 +289,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
         hosts = None if self.process_count == 1 or self._probing else self._pairing.publish(
             {**make_state(self._sampler, start, self._source_fingerprint(), named),
              "num_epochs": self.num_epochs, **({"local_shuffle_blocks": layout} if layout
-                                              else {}), **exact_settings(named)},
+                                              else {}), **exact_settings(named),
+             **({"meshes": put.meshes()} if put is not None else {})},
             self.process_count, index=self.process_index)
         active = LoaderIterator(
             self._progress, start, stop, self._engine, put, self.device_prefetch,

@@ -113,7 +113,8 @@ def published(loader: StreamLoader) -> tuple[HostsCheck | None, PassVotes | None
          "transforms": compared_transforms(loader._named()),
          **exact_settings(compared_transforms(loader._named())),
          "generators": codes_of(loader._stream.shards),
-         **passes.to_state(loader._until, loader.num_epochs, loader._ended)},
+         **passes.to_state(loader._until, loader.num_epochs, loader._ended),
+         **({"meshes": loader._putter.meshes()} if loader._putter is not None else {})},
         loader.process_count, index=loader.process_index)
     votes = None if loader.num_epochs is None else loader._pairing.votes(loader.process_count)
     if hosts is not None and votes is not None:

@@ -240,6 +240,10 @@ class HostsCheck:
             same += (" (the files differ: each process reads its share of its own files, and "
                      f"the others' shares of them are never read; {per_host_remedy(self.owner)})")
         same += " (and the same settings in each Pad)" if "pads[" in fields else ""
+        if "meshes:" in fields:  # (each reads the rows its devices hold in its own mesh)
+            same += (" (and the same mesh: spec, axes and the devices in one order, which JAX "
+                     "needs on every process; make it alike on each, jax.make_mesh(...), not "
+                     "from a process's own devices first)")
         if "local_shuffle_blocks:" in fields:  # (the same rows in other row groups)
             same += (" (a LocalShuffle reads the source's own blocks, a Parquet file's row "
                      "groups: write each process's copy with the same row groups, or give "

@@ -211,6 +211,22 @@ class Putter:
                    f"{spec}, but their meshes list the devices in another order)"))
         return np.array(next(iter(found)), np.int64) if found else None
 
+    def meshes(self) -> list | None:
+        """Each ``NamedSharding``'s spec and mesh (its axes, their sizes, its devices' ids in
+        its order), as the processes compare them (``sharding.hosts``): JAX needs the same on
+        every process, and each reads the rows its devices hold in its own (a mesh of each
+        process's devices first: the processes read the same rows, half the data never, and
+        a jitted step on the batch waited in a collective). ``None`` with one process."""
+        if self.process_count == 1:
+            return None
+        found: list = []
+        for s in jax.tree_util.tree_leaves(self.sharding, is_leaf=_is_sharding):
+            if isinstance(s, NamedSharding) and isinstance(s.mesh, Mesh):
+                said = [str(s.spec), list(s.mesh.axis_names), list(s.mesh.devices.shape),
+                        [int(d.id) for d in s.mesh.devices.flat]]
+                found += [said] if said not in found else []
+        return found or None
+
     def block(self, process_index: int) -> int:
         """The block of ``batch_size`` rows this process's devices hold (``rows``), where they
         are one; else ``process_index``: a stream's rows are its readers', its own."""

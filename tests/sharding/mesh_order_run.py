@@ -5,7 +5,8 @@ Usage: mesh_order_run.py PROCESS_ID PORT
 
 Prints, on host 0, one line a mesh and loader: its name and "same" or the batches that
 differ; and the errors of a batch replicated across the hosts, of one on one device, of
-leaves placed at different rows and of a spec of more axes than a leaf.
+leaves placed at different rows, of a spec of more axes than a leaf and (on both hosts) of
+meshes that differ between the hosts.
 """
 
 import sys
@@ -82,4 +83,11 @@ try:  # the other process's index, given: its devices' rows were read, named as 
 except jl.ConfigError as e:
     if process_id == "0":
         print("swapped refused:", e)
+mine = jax.local_devices()  # a mesh of each process's own devices first: each read the rows
+own_first = Mesh(np.array(mine + [d for d in jax.devices() if d not in mine]), ("data",))
+try:  # of its devices in its own mesh, the same rows as the other (half the data, no word)
+    with jl.DataLoader(source, batch_size=4, sharding=jl.data_sharding(own_first)) as loader:
+        next(iter(loader))
+except jl.ConfigError as e:
+    print("own meshes refused:", e)
 print("done", process_id)

@@ -87,6 +87,10 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
     swapped = [line for line in lines if line.startswith("swapped refused:")]
     assert len(swapped) == 1 and "process_index=1: this is JAX's process 0 of 2" in swapped[0] \
         and "pass jax.process_index()" in swapped[0], outs[0]
+    for out in outs:  # (each process's mesh its own devices first: both read the same rows)
+        own = [line for line in out.splitlines() if line.startswith("own meshes refused:")]
+        assert len(own) == 1 and "differ at this iter() (meshes: process" in own[0] and (
+            "the same mesh: spec, axes and the devices in one order" in own[0]), out
     mixed = [line for line in lines if line.startswith("mixed rows refused:")]
     assert len(mixed) == 1 and "leaf ['x'] puts this process's devices at rows 0-3 of the " \
         "global batch of 8, leaf ['y'] at rows 0, 1, 4, 5;" in mixed[0], outs[0]
