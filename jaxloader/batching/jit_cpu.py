@@ -30,6 +30,25 @@ def donates() -> bool:
     return IN_WORKER
 
 
+def one_device(device: Any) -> Any:
+    """``device``'s sharding, as the running JAX makes it: ``SingleDeviceSharding`` is
+    deprecated from JAX 0.12 (under ``-W error`` the loader failed), which has
+    ``make_single_device_sharding`` instead."""
+    import jax
+
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    return make(device) if make is not None else jax.sharding.SingleDeviceSharding(device)
+
+
+def is_one_device(sharding: Any) -> bool:
+    """Whether ``sharding`` is one device's (``one_device``'s kind)."""
+    import jax
+
+    check = getattr(jax.sharding, "is_single_device_sharding", None)
+    return bool(check(sharding)) if check is not None else isinstance(
+        sharding, jax.sharding.SingleDeviceSharding)
+
+
 def cpu_device() -> Any:
     """JAX's first CPU device of this process (after ``jax.distributed.initialize``,
     ``jax.devices("cpu")[0]`` is process 0's, which another process cannot address: its

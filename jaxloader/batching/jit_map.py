@@ -49,7 +49,8 @@ from jaxloader.base.loader_names import loader_names
 from jaxloader.batching import collate, jit_inputs
 from jaxloader.batching.collate import Layout
 from jaxloader.batching.jit_inputs import record_keys
-from jaxloader.batching.jit_cpu import aligned, cpu_device, donates, in_place, jax_settings
+from jaxloader.batching.jit_cpu import (aligned, cpu_device, donates, in_place, jax_settings,
+                                        one_device)
 from jaxloader.batching.jit_outputs import (aliases, check_row_output, host_leaves,
                                              leaf_order, record_kind, write_rows)
 from jaxloader.batching.global_draws import traced_call
@@ -283,7 +284,7 @@ class JitMap:
                 self._likes[record_kind(record)] = tree_lib.skeleton(out)
                 return out
             vmapped = jax.vmap(traced)
-            on_cpu = jax.sharding.SingleDeviceSharding(cpu_device())  # (NumPy inputs go there)
+            on_cpu = one_device(cpu_device())  # (NumPy inputs go there)
             self._vmapped = vmapped
             donate = donates()
             self._compiled = jax.jit(lambda last, *args: vmapped(*args),

@@ -13,6 +13,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from jaxloader.base.errors import ConfigError
+from jaxloader.batching.jit_cpu import one_device
 
 
 def _is_placement(x: Any) -> bool:
@@ -51,7 +52,7 @@ def as_shardings(sharding: Any) -> Any:
     """
     def one(x: Any) -> Any:
         if isinstance(x, jax.Device):
-            return jax.sharding.SingleDeviceSharding(x)
+            return one_device(x)
         if isinstance(x, NamedSharding) and isinstance(x.mesh, _ABSTRACT):
             return _concrete(x)
         if not isinstance(x, PartitionSpec):

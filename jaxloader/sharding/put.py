@@ -35,6 +35,7 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import device_dtype_problem, host_only
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.batching.collate import own_if_small
+from jaxloader.batching.jit_cpu import is_one_device
 from jaxloader.sharding.given import as_shardings
 from jaxloader.sharding.x64 import check_32_bits
 from jaxloader.workers.ring import SMALL_LEAF  # (a leaf this small is placed from a copy)
@@ -176,7 +177,7 @@ class Putter:
         found: dict[tuple, tuple[str, Any]] = {}  # rows -> the first leaf (path, sharding)
         for path, s in jax.tree_util.tree_flatten_with_path(self.sharding,
                                                              is_leaf=_is_sharding)[0]:
-            if isinstance(s, jax.sharding.SingleDeviceSharding):  # (one process's device)
+            if is_one_device(s):  # (one process's device)
                 shape: tuple = (G,)
             elif not isinstance(s, NamedSharding):
                 continue
