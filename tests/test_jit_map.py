@@ -733,6 +733,39 @@ def test_a_jit_map_in_process_makes_no_implicit_transfer():
         assert [b["x"].shape for b in loader] == [(4, 3), (4, 3)]
 
 
+def _fused(r):
+    return {"y": jnp.exp(-r["x"] ** 2) * jnp.tanh(r["x"] * 1.7 + 0.3), "l": jnp.log(r["x"])}
+
+
+@pytest.mark.parametrize("flag", ["jax_disable_jit", "jax_debug_nans"])
+def test_a_jit_maps_batches_are_the_workers_whatever_the_training_processs_debugging(flag):
+    # jax_disable_jit (debugging a training step) ran a JitMap op by op with num_workers=0,
+    # other bits than the workers' compiled one; jax_debug_nans raised in process where the
+    # workers gave NaN (the transforms audit)
+    x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    made = {}
+    with _flag(flag):
+        for workers in (0, 2):
+            with jl.DataLoader(jl.ArraySource({"x": x}), batch_size=4, num_workers=workers,
+                               transforms=[jl.JitMap(_fused)], process_index=0,
+                               process_count=1) as loader:
+                made[workers] = [(np.asarray(b["y"]), np.asarray(b["l"])) for b in loader]
+    assert all(np.array_equal(a, b, equal_nan=True) for one, other in zip(made[0], made[2])
+               for a, b in zip(one, other))
+
+
+class _flag:
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.was = getattr(jax.config, self.name)
+        jax.config.update(self.name, True)
+
+    def __exit__(self, *exc):
+        jax.config.update(self.name, self.was)
+
+
 _NO_PROC = """
 import os, sys
 listdir = os.listdir

@@ -11,18 +11,17 @@ training process with ``num_workers=0``).
     keys: a jax.random key a record, from (seed, epoch, position, transform index): never from
           the worker, so a batch is the same with any worker count and after a restore
 
-XLA fuses the function's operations into a pass or two over memory, where a NumPy transform
-pays Python a record and a memory pass an operation. It runs on chunks of rows whose input and
-output fit the caches (``chunk_bytes``): a whole batch at once would go through memory three
-times (gathered, run, copied into the slot), and through a fresh output each time. Each chunk's
-output is written over the chunk before's (in a worker: donated to XLA, memory still in the
-caches, none allocated), so the copy into the slot reads from the caches; XLA cannot write into
-the slot itself (it takes over only memory it allocated). In a worker, freed memory stays for
-the next allocation (glibc's ``mallopt``: given back, XLA's next output is faulted in page by
-page). Compiled once a chunk shape (JAX's own cache; a last chunk of fewer rows runs at the
-chunk's shape). JAX is imported only where a ``JitMap`` runs, and its computation stays on the
-CPU: a worker's JAX is CPU-only (``workers/process.py``); in the training process the function
-is compiled for the CPU device.
+XLA fuses the function's operations into a pass or two over memory, where a NumPy transform pays
+Python a record and a memory pass an operation. It runs on chunks of rows whose input and output
+fit the caches (``chunk_bytes``): a whole batch would go through memory three times (gathered, run,
+copied into the slot), and through a fresh output each time. Each chunk's output is written over
+the chunk before's (in a worker: donated to XLA, still in the caches, none allocated), so the copy
+into the slot reads from the caches; XLA cannot write into the slot itself (it takes over only
+memory it allocated). In a worker, freed memory stays for the next allocation (glibc's ``mallopt``:
+given back, XLA's next output is faulted in page by page). Compiled once a chunk shape (JAX's own
+cache; a last chunk of fewer rows runs at the chunk's shape). JAX is imported only where a
+``JitMap`` runs, and its computation stays on the CPU: a worker's JAX is CPU-only
+(``workers/process.py``); in the training process the function is compiled for the CPU device.
 
 Example:
     >>> import numpy as np
@@ -165,9 +164,7 @@ class JitMap:
         self.fn, self.random, self._file = state["fn"], state["random"], state["file"]
         self.chunk_bytes = state["chunk_bytes"]
         self._compiled = self._vmapped = None
-        self._shapes = {}
-        self._local = threading.local()
-        self._likes, self._given = {}, {}
+        self._shapes, self._local, self._likes, self._given = {}, threading.local(), {}, {}
         self._jax = state.get("jax")  # the sender's settings: a worker compiles alike
 
     def __call__(self, batch: Any, *, seed: int, epoch: int, positions: np.ndarray,
@@ -368,12 +365,15 @@ class JitMap:
     def _call(self, compiled: Any, args: tuple, where: Callable[[], str]) -> Any:
         """``compiled(*args)``, outside the caller's ``jax.set_mesh`` (it runs on this process's
         CPU device: under a mesh of the accelerators, or of several CPU devices, jit refused
-        its inputs as on "incompatible devices"); an error named: the batch, this transform,
-        the user's line and, for a function that does not trace, the remedies."""
+        its inputs as on "incompatible devices") and debugging settings (as in a worker:
+        ``jax_disable_jit`` ran it op by op, other bits than 2 workers', ``jax_debug_nans``
+        raised where they gave NaN); an error named: the batch, this transform, the user's
+        line and, for a function that does not trace, the remedies."""
         import jax
 
         try:
-            with jax.set_mesh(None):
+            with (jax.set_mesh(None), jax.disable_jit(False), jax.debug_nans(False),
+                  jax.debug_infs(False)):
                 return compiled(*args)
         except Exception as e:
             line = getattr(e, "jaxloader_line", None) or user_line(e, self.fn, self._file)
