@@ -40,6 +40,13 @@ class _Crop:  # an augmentation object with its own generator (torchvision, albu
         return {**record, "aug": np.float64(self.rng.random())}
 
 
+class _SharedCrop:  # the generator a class attribute: one for every instance
+    rng = np.random.default_rng(1234)
+
+    def __call__(self, record):
+        return {**record, "aug": np.float64(self.rng.random())}
+
+
 MODULE_RNG = random.Random(7)  # (made as the module is imported: in each worker the same)
 
 
@@ -61,6 +68,8 @@ def test_a_generator_a_transform_holds_is_warned_of_by_where_it_is(num_workers):
     assert any("(fn.MODULE_RNG)" in s for s in said), said
     drawn, said = _epoch([jl.RandomMap(lambda r, rng: {**r, "aug": rng.random()})], num_workers)
     assert len(set(drawn.tolist())) == 64 and not [s for s in said if "drew from" in s], said
+    drawn, said = _epoch([jl.Map(_SharedCrop())], num_workers)  # (a class attribute's: not
+    assert any("(fn.rng)" in s for s in said), said  # looked at, nothing said; the audit)
 
 
 _SCRIPT = """

@@ -89,8 +89,22 @@ def _inside(obj: Any) -> list[tuple[str, Any]]:
         return held + [(f"[{_key(k)}]", v) for k, v in itertools.islice(dict.items(obj), _ITEMS)]
     if issubclass(kind, (list, tuple, set, frozenset)):
         return held + [(f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _ITEMS))]
+    held += [(f".{k}", v) for c in kind.__mro__ if _users_class(c)  # (a class attribute:
+             for k, v in itertools.islice(c.__dict__.items(), _ITEMS)  # one for all instances)
+             if not k.startswith("__") and k not in own and not callable(v)
+             and not isinstance(v, (property, classmethod, staticmethod))]
     call = next((c.__dict__["__call__"] for c in kind.__mro__ if "__call__" in c.__dict__), None)
     return held + ([("", call)] if type(call) is types.FunctionType else [])
+
+
+def _users_class(kind: type) -> bool:
+    """Whether ``kind`` is defined in the user's code (its script, a notebook, its project's
+    modules), whose class attributes are looked at: not an installed library's."""
+    module = sys.modules.get(kind.__module__)
+    if kind.__module__ == "__main__" or module is None:  # (one that came by value: a worker's
+        return True  # copy of a class its training process's script defined)
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and users_file(file) and not file.startswith(PACKAGE)
 
 
 def _key(key: Any) -> str:
