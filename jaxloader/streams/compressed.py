@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import io
 from typing import Any
 
 from jaxloader.base.errors import ConfigError, closed_on_failure
@@ -77,14 +78,29 @@ def _reader(raw: Any, name: str) -> Any:
     elif kind == "bzip2":
         import bz2
 
-        reader = bz2.BZ2File(raw, mode="rb")
+        reader = _streams(raw, bz2.BZ2Decompressor) or bz2.BZ2File(raw, mode="rb")
     elif kind == "xz":
         import lzma
 
-        reader = lzma.LZMAFile(raw, mode="rb")
+        reader = _streams(raw, lzma.LZMADecompressor) or lzma.LZMAFile(raw, mode="rb")
     else:
         reader = _zstd_module(name).ZstdFile(raw, mode="rb")
     return _Closing(reader, raw)
+
+
+def _streams(raw: Any, decompressor: Any) -> Any:
+    """bzip2 or xz streams one after another (pbzip2's files, ``cat a.xz b.xz``), read as
+    ``BZ2File`` and ``LZMAFile`` read them, by the standard library's own stream reader, but
+    with bytes after a stream that start none refused: those readers drop them, and every
+    record after, without a word (gzip's and Zstandard's refuse them). ``None`` where this
+    Python keeps that reader elsewhere (its readers then, as they are)."""
+    for module in ("compression._common._streams", "_compression"):  # (3.14's, then before)
+        try:
+            reader = importlib.import_module(module).DecompressReader
+        except (ImportError, AttributeError):
+            continue
+        return io.BufferedReader(reader(raw, decompressor, trailing_error=()))
+    return None
 
 
 class _Closing:

@@ -119,6 +119,27 @@ def test_a_file_cut_short_names_the_shard_and_the_line(tmp_path):
         read_all(jl.TarShard(tar))
 
 
+@pytest.mark.parametrize("suffix", list(WRITE))
+def test_streams_one_after_another_are_read_and_bytes_after_them_refused(tmp_path, suffix):
+    # pbzip2's files, `cat a.xz b.xz`: read whole; the second stream's start damaged, or lines
+    # appended uncompressed: bz2's and lzma's readers dropped them and every record after, a
+    # pass read 1000 records of 2000 without a word (gzip and Zstandard refuse them)
+    lines = [write_jsonl(tmp_path / f"{part}.jsonl", range(part * 1000, part * 1000 + 1000))
+             .read_bytes() for part in (0, 1)]
+    first, second = (WRITE[suffix](part) for part in lines)
+    path = tmp_path / f"a.jsonl{suffix}"
+    path.write_bytes(first + second)
+    whole = jl.JsonlShard(path)
+    assert [r["id"] for r in read_all(whole)] == list(range(2000))
+    whole.close()
+    for after in (second[:1] + bytes([second[1] ^ 0xFF]) + second[2:], lines[1]):
+        path.write_bytes(first + after)
+        shard = jl.JsonlShard(path)
+        with pytest.raises(jl.RecordError, match=rf"a.jsonl\{suffix}: line 1001: cannot be read"):
+            read_all(shard)
+        shard.close()  # (its file: open after the error, as a loader closes it)
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".zst", ".xz"])
 def test_a_compressed_tar_whose_bytes_changed_fails_its_checksum_not_gives_wrong_records(
         tmp_path, suffix):
