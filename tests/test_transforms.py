@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import re
 
 import numpy as np
@@ -435,6 +436,19 @@ def test_a_transform_whose_function_cannot_be_called_so_is_refused_as_it_is_made
     for fn in (abs, lambda r, *more: r, lambda r, rng=None: r):  # (what can be called so)
         jl.Map(fn)
     jl.RandomMap(lambda r, rng, extra=1: r)
+
+    def crops(record):  # (a FlatMap habit: the batch refused "a generator" at record 0, with
+        for i in range(2):  # the remedy of a leaf to convert to numbers; the transforms audit)
+            yield {"x": record["x"] + i}
+
+    class Crops:
+        def __call__(self, record, rng):
+            yield record
+
+    for make, fn in ((jl.Map, crops), (jl.RandomMap, Crops()), (jl.Map, functools.partial(crops))):
+        with pytest.raises(jl.ConfigError, match=r"Map\(fn\): .* yields, so a call returns a "
+                                                 r"generator, not a record: return it; .*stacked"):
+            make(fn)
 
 
 def _set_half(record):  # the PyTorch habit: the record's key set again, the record returned

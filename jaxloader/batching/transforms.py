@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
@@ -313,6 +315,15 @@ def _check_callable(fn: Any, kind: str) -> None:
             "class would make an instance of each record)")
     called = "fn(record, rng)" if kind == "RandomMap" else "fn(batch)" if (
         kind == "BatchMap") else "fn(record)"
+    made = getattr(type(fn), "__call__", None) if not inspect.isroutine(fn) and not isinstance(
+        fn, functools.partial) else getattr(fn, "func", fn)  # (an instance: its __call__)
+    if inspect.isgeneratorfunction(made) or inspect.isasyncgenfunction(made):
+        raise ConfigError(  # (the batch refused "a generator" at record 0, naming no transform)
+            f"{kind}(fn): {fn_name(fn)} yields, so a call returns a generator, not a "
+            f"{'batch' if kind == 'BatchMap' else 'record'}: return it; several examples from "
+            "one record (crops of an image) are returned stacked, np.stack([...]), a (k, ...) "
+            "leaf folded into the batch in the step, or read from a source of (record, part) "
+            "pairs (docs/troubleshooting.md, 'Several examples from one record')")
     signature = refused_call(fn, *[None] * called.count(","), None)
     if signature is None:
         return
