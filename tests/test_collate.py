@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import decimal
+import enum
 import threading
 import re
 from collections import namedtuple
@@ -124,6 +125,9 @@ def test_python_and_numpy_scalars_of_one_dtype_batch_together():
     batch, layout = collate([{"i": np.int64(7)}, {"i": 8}],
                             alloc=lambda n: buffers.append(bytearray(n)) or buffers[-1])
     assert layout.views(buffers[0])["i"].tolist() == [7, 8]  # into shared memory too
+    label = enum.IntEnum("Label", {"CAT": 1})  # (beside a plain int: refused, with a remedy
+    batch, _ = collate([{"y": 0}, {"y": label.CAT}])  # to pad it; the transforms audit)
+    assert batch["y"].dtype == np.int64 and batch["y"].tolist() == [0, 1]
 
 
 def test_scalars_of_other_dtypes_are_refused_naming_the_record_that_differs():

@@ -171,7 +171,9 @@ def _scalar_dtype(value: Any) -> np.dtype | None:
     """The dtype a numeric scalar batches as: a NumPy scalar's (or 0-d array's) own, a Python
     one's default (``int``: int64, where it fits); ``None`` for anything else."""
     kind = type(value)
-    if kind in _PYTHON_DTYPES:
+    if kind not in _PYTHON_DTYPES and not isinstance(value, np.generic):  # (an IntEnum: int's,
+        kind = next((t for t in (int, float, complex) if isinstance(value, t)), kind)  # as
+    if kind in _PYTHON_DTYPES:  # a batch of them alone batches)
         return _PYTHON_DTYPES[kind] if kind is not int or -2**63 <= value < 2**63 else None
     if isinstance(value, (np.generic, np.ndarray)) and value.ndim == 0 and (
             value.dtype.kind in "biufc"):
