@@ -49,6 +49,23 @@ def is_one_device(sharding: Any) -> bool:
         sharding, jax.sharding.SingleDeviceSharding)
 
 
+def as_compiled() -> Any:
+    """A context in which a ``JitMap`` runs as in a worker whatever this process's debugging
+    settings (``jax_disable_jit`` ran it op by op, other bits; ``jax_debug_nans`` raised where
+    a worker gave NaN); nothing to enter where none is set (~4 us a chunk otherwise)."""
+    import contextlib
+
+    import jax
+
+    config: Any = jax.config  # (JAX 0.10's stubs name neither debug setting)
+    if not (config.jax_disable_jit or config.jax_debug_nans or config.jax_debug_infs):
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for setting in (jax.disable_jit, jax.debug_nans, jax.debug_infs):
+        stack.enter_context(setting(False))
+    return stack
+
+
 def cpu_device() -> Any:
     """JAX's first CPU device of this process (after ``jax.distributed.initialize``,
     ``jax.devices("cpu")[0]`` is process 0's, which another process cannot address: its

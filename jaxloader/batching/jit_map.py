@@ -48,8 +48,8 @@ from jaxloader.base.loader_names import loader_names
 from jaxloader.batching import collate, jit_inputs
 from jaxloader.batching.collate import Layout
 from jaxloader.batching.jit_inputs import record_keys
-from jaxloader.batching.jit_cpu import (aligned, cpu_device, donates, in_place, jax_settings,
-                                        one_device)
+from jaxloader.batching.jit_cpu import (aligned, as_compiled, cpu_device, donates, in_place,
+                                        jax_settings, one_device)
 from jaxloader.batching.jit_outputs import (aliases, check_row_output, host_leaves,
                                              leaf_order, record_kind, write_rows)
 from jaxloader.batching.global_draws import traced_call
@@ -372,8 +372,7 @@ class JitMap:
         import jax
 
         try:
-            with (jax.set_mesh(None), jax.disable_jit(False), jax.debug_nans(False),
-                  jax.debug_infs(False)):
+            with jax.set_mesh(None), as_compiled():
                 return compiled(*args)
         except Exception as e:
             line = getattr(e, "jaxloader_line", None) or user_line(e, self.fn, self._file)
