@@ -29,7 +29,6 @@ from jaxloader.base.checks import record_index, released_at_least
 from jaxloader.base.columns import object_column
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.mapped_files import MappedFiles
-from jaxloader.sources.huggingface_files import MappedAgain
 from jaxloader.sources.arrow_numpy import is_list, numpy_of, zone_in
 from jaxloader.sources.huggingface_rows import failing_row, has_media, has_nulls, null_rows
 
@@ -135,17 +134,6 @@ class HuggingFaceSource:
         self._nulls = {} if self.custom else {
             key: rows for key in read if has_nulls(dataset.data.column(key), key in media)
             and len(rows := null_rows(dataset, key, key in media))}
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)  # (a worker's failure to map the files again, named)
-        if self._mapped.stamps:
-            state["dataset"] = MappedAgain(self.dataset, [p for p, _ in self._mapped.stamps])
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        if isinstance(state["dataset"], MappedAgain):
-            state["dataset"] = state["dataset"].load(state["_mapped"])
-        self.__dict__.update(state)
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -354,25 +354,6 @@ def test_a_saved_datasets_file_cut_before_the_loader_is_refused_as_it_is_made(tm
         r".*load it again after it is written", done.stderr), done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("how", ["cut", "deleted"])
-def test_a_datasets_file_a_worker_cannot_map_again_is_named_with_the_remedy(tmp_path, how):
-    # changed between the loader and its workers' start: pyarrow's error as the worker loaded
-    # the Dataset ("Expected to be able to read ... bytes", no file; a deleted one: no remedy)
-    datasets.Dataset.from_dict({"x": np.arange(2000)}).save_to_disk(tmp_path)
-    ds = datasets.load_from_disk(str(tmp_path))
-    (file,) = [f["filename"] for f in ds.cache_files]
-    with jl.DataLoader(ds, batch_size=100, num_workers=2, process_index=0,
-                       process_count=1) as loader:
-        if how == "cut":
-            os.truncate(file, os.path.getsize(file) // 2)
-        else:
-            os.remove(file)
-        with pytest.raises(jl.WorkerError, match=r"while starting .*a datasets.Dataset: (the "
-                           r"memory-mapped file '.*arrow' changed in place|a worker could not "
-                           r"map its files again \(.*arrow\): FileNotFoundError).*load_from_disk"):
-            next(iter(loader))
-
-
 def _augment(batch):  # a with_transform function: batch in, batch out (HF's convention)
     return {"scaled": [np.asarray(v, np.float32) * 10 for v in batch["vector"]],
             "label": batch["label"], "tag": [f"t{i}" for i in batch["label"]]}
