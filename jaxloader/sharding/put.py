@@ -113,14 +113,6 @@ class Putter:
         self._devices = sharding if isinstance(sharding, (list, tuple)) and sharding and all(
             isinstance(d, jax.Device) for d in sharding) else None
         sharding = as_shardings(sharding)
-        unset = [jax.tree_util.keystr(path) for path, s in jax.tree_util.tree_flatten_with_path(
-            sharding, is_leaf=lambda x: x is None or _is_sharding(x))[0] if s is None]
-        if unset:  # (JAX takes None for a tree of no leaves: the leaf placed on one device, or
-            raise ConfigError(  # refused at the first batch, the tree not the batch's)
-                f"sharding: leaf {unset[0]} is None, which places it nowhere in particular "
-                "(on one device, or refused at the first batch); give it a Sharding: "
-                "NamedSharding(mesh, PartitionSpec()) replicates it on every device, "
-                "data_sharding(mesh) splits its rows")
         leaves = jax.tree_util.tree_leaves(sharding, is_leaf=_is_sharding)
         loose = next((s for s in leaves if isinstance(s, NamedSharding) and any(
             e is PartitionSpec.UNCONSTRAINED for e in s.spec)), None)
