@@ -212,8 +212,8 @@ class WorkerProcess:
                 self._exitcode = launch.exit_code(self._popen, timeout)
             elif self._fork_pid is not None:
                 self._exitcode = self._fork_exitcode(timeout)
-            if self._exitcode is not None:  # just reaped, asked or not: what its transform
-                _kill_group(self.pid)  # ran goes too (it ran on for good; a program kept)
+            if self._exitcode is not None:  # reaped, asked or not: what its transform ran
+                _end_group(self.pid)  # goes too (it ran on for good; a program kept)
         return self._exitcode
 
     def _fork_exitcode(self, timeout: float | None) -> int | None:
@@ -324,6 +324,20 @@ class WorkerProcess:
             except (EOFError, OSError):
                 return True
         return True
+
+
+def _end_group(pid: int) -> None:
+    """Kills the process group of reaped worker ``pid`` (what its transform runs), where no
+    process has its pid: a group's id is not given to a new process while any of its members
+    lives, so with none it is that group's; a process of that pid is another's (reaped long
+    before: its starter gone, or SIGCHLD ignored)."""
+    try:
+        os.kill(pid, 0)
+        return
+    except ProcessLookupError:
+        _kill_group(pid)
+    except PermissionError:
+        pass
 
 
 def _kill_group(pid: int) -> bool:
