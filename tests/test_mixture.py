@@ -305,7 +305,8 @@ def test_components_that_differ_are_named_and_arrays_in_memory_refused_as_mixed(
                                                 r".*\('(list|cls)' record \d+\)"):
         next(iter(jl.DataLoader(mixed, batch_size=8, shuffle=True)))
     with pytest.raises(jl.ConfigError, match=r"keys \['image', 'label'\] in sources\[0\]"):
-        jl.ConcatSource([cls, seg])  # (a batch of 7 across both, read in order: refused too)
+        jl.DataLoader(jl.ConcatSource([cls, seg]), batch_size=8)  # (read in order: refused
+        # at the batch that held both)
 
     def check(r):
         if r["label"] == 7:

@@ -625,10 +625,11 @@ def test_a_concatenations_names_are_one_a_part():
             jl.ConcatSource([a, b], names=names)
     with pytest.raises(jl.ConfigError, match=r"Mixture\(names=...\)"):
         jl.Mixture([a, a], {0: [0.5, 0.5]}, names=["a"])
+    named = jl.ConcatSource([a, b], names=("first", "second"))
+    assert named.names == ["first", "second"]
     with pytest.raises(jl.ConfigError, match=r"dict with keys \['x'\] in 'first', dict with "
                                              r"keys \['y'\] in 'second'"):  # (parts named)
-        jl.ConcatSource([a, b], names=("first", "second"))
-    assert jl.ConcatSource([a, a], names=("first", "second")).names == ["first", "second"]
+        jl.DataLoader(named, batch_size=2)
     assert jl.mix({0: a, 1: a}, {0: 0.5, 1: 0.5}).names == ["0", "1"]  # (jl.mix's keys)
 
 

@@ -40,7 +40,7 @@ from jaxloader.order.sampling import LastBatch
 from jaxloader.loaders.record_order import sampler_for, unread_records
 from jaxloader.sources import ConcatSource, check_source, huggingface
 from jaxloader.sources.base import Source
-from jaxloader.sources.parts import close_source
+from jaxloader.sources.parts import close_source, walk
 from jaxloader.loaders.state import check_state, make_state
 from jaxloader.loaders.transform_names import (compared_transforms, exact_settings,
                                                older_transforms_of, transforms_of)
@@ -189,6 +189,9 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
                                     seed=seed, last_batch=last_batch,
                                     process_index=process_index, process_count=process_count,
                                     num_workers=count, rows=rows, ends=num_epochs is not None)
+        for part in walk(source):  # (parts read together; refused at the first batch that
+            if batch_size > 1 and type(part) is ConcatSource:  # held both, hours in, in order)
+                part.check_alike(list(range(len(part.sources))))
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads
             check_order = order_check_of(part)

@@ -30,8 +30,8 @@ from jaxloader.sources.huggingface import adapt
 class ConcatSource:
     """``sources[0]``'s records, then ``sources[1]``'s, and so on. ``names``: one a source,
     which messages name a part by (its place where left out). Parts are read together in a
-    batch: ``ArraySource`` parts whose records differ (keys, dtypes, shapes) are refused as it
-    is made, with the remedy.
+    batch: a ``DataLoader`` of batches of more than one record refuses ``ArraySource`` parts
+    whose records differ (keys, dtypes, shapes) as it is made, with the remedy.
 
     Example:
         >>> import numpy as np, jaxloader as jl
@@ -73,8 +73,6 @@ class ConcatSource:
         self.names = None if names is None else _names(names, len(sources), type(self).__name__)
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.alike_arrays = _alike_arrays(self.sources)
-        if self.read_by_index:  # (a mixture checks the components its weights read together)
-            self.check_alike(list(range(len(self.sources))))
         # In a worker, alike in-memory parts arrive as one array a leaf (see __getstate__):
         # a batch is then one gather a leaf, as for one source. None in the main process.
         self.joined: Any = None

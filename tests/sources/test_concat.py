@@ -108,7 +108,7 @@ def test_strings_of_other_widths_or_forms_merge_and_other_differences_are_named(
                   {"t": np.asarray([["x", "y"], ["z", "w"]])}):
         with pytest.raises(jl.ConfigError, match=r"\['t'\]: the parts of a ConcatSource "
                                                  r"differ .*: <U3\(\) in sources\[0\], "):
-            jl.ConcatSource([narrow, jl.ArraySource(other)])  # (known as made: no read)
+            jl.DataLoader(jl.ConcatSource([narrow, jl.ArraySource(other)]), batch_size=2)
 
 
 def test_parts_are_asked_for_their_rows_ascending_over_parts_and_in_order_alone():
@@ -159,7 +159,7 @@ def test_a_loader_without_transforms_gathers_alike_parts_straight_into_the_batch
         assert_same_stream(list(joined), list(whole))
 
 
-def test_parts_that_differ_are_refused_as_made_not_at_a_batch_that_holds_both():
+def test_parts_that_differ_are_refused_as_the_loader_is_made_not_at_a_batch_of_both():
     # Read in order, batches of 10 over parts of 100 rows of 3 floats and of 4: ten batches of
     # one shape, then ten of the other, without a word; a batch of 7 (across both) was refused
     # at step 14, which may be hours into a run (a mixture's components were checked as made)
@@ -169,12 +169,18 @@ def test_parts_that_differ_are_refused_as_made_not_at_a_batch_that_holds_both():
                         (np.zeros((100, 3)), r"float32\(3,\) in 'a', float64\(3,\) in 'b'; "
                                              r".*cast with a jl.MapSource\(part, fn\)")):
         names = ["a", "b"] if other.dtype == np.float64 else None
+        both = jl.ConcatSource([a, jl.ArraySource({"x": other})], names=names)
         with pytest.raises(jl.ConfigError, match=r"batch leaf \['x'\]: the parts of a "
                                                  r"ConcatSource differ .*" + said):
-            jl.ConcatSource([a, jl.ArraySource({"x": other})], names=names)
+            jl.DataLoader(both, batch_size=10, shuffle=False)
+        if names is None:  # (one a batch: never read together; images of other sizes, records
+            # that are whole batches; another dtype is refused as its first batch comes)
+            assert len(list(jl.DataLoader(both, batch_size=1, num_epochs=1))) == 200
     with pytest.raises(jl.ConfigError, match=r"dict with keys \['x'\] in sources\[0\], dict "
                                              r"with keys \['z'\] in sources\[1\]"):
-        jl.ConcatSource([a, jl.ArraySource({"z": np.zeros((100, 3), np.float32)})])
+        jl.DataLoader(jl.FilteredSource(jl.ConcatSource(
+            [a, jl.ArraySource({"z": np.zeros((100, 3), np.float32)})]), indices=np.arange(150)),
+            batch_size=4)  # (inside another source too)
     # records of 256 KiB or more are read one by one: a record Map may make them alike
     volumes = [jl.ArraySource({"v": np.zeros((2, n, n, n), np.float32)}) for n in (64, 72)]
     crop = jl.Map(lambda r: {"v": np.ascontiguousarray(r["v"][:4, :4, :4])})
