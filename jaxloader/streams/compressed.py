@@ -99,8 +99,40 @@ def _streams(raw: Any, decompressor: Any) -> Any:
             reader = importlib.import_module(module).DecompressReader
         except (ImportError, AttributeError):
             continue
-        return io.BufferedReader(reader(raw, decompressor, trailing_error=()))
+        return io.BufferedReader(reader(raw, lambda: _AfterPadding(decompressor),
+                                        trailing_error=()))
     return None
+
+
+class _AfterPadding:
+    """A stream's decompressor that takes the zero bytes before it as padding, as bzip2's and
+    xz's readers take them between or after streams (a tape's blocks, xz's stream padding):
+    zeros alone are an end that asks for more bytes, the end of the file after them the
+    file's; any other bytes are the stream's, refused where they start none."""
+
+    def __init__(self, make: Any) -> None:
+        self._make, self._inner, self._padding = make, None, False
+
+    def decompress(self, data: bytes, max_length: int = -1) -> bytes:
+        if self._inner is None:
+            data = data.lstrip(b"\0")
+            if not data:
+                self._padding = True
+                return b""
+            self._inner = self._make()
+        return self._inner.decompress(data, max_length)
+
+    @property
+    def eof(self) -> bool:
+        return self._padding if self._inner is None else self._inner.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return b"" if self._inner is None else self._inner.unused_data
+
+    @property
+    def needs_input(self) -> bool:
+        return True if self._inner is None else self._inner.needs_input
 
 
 class _Closing:
