@@ -1,6 +1,6 @@
 """What ``sharding=`` may be given as, made the shardings ``Putter`` places by: a
 ``PartitionSpec`` (over the mesh ``jax.set_mesh`` set, as ``jax.device_put(x, P("data"))``
-reads it), a device (its ``SingleDeviceSharding``) and a ``NamedSharding`` over an
+reads it), a device (its single-device sharding) and a ``NamedSharding`` over an
 ``AbstractMesh`` (the sharding of an explicit mesh's array type, ``jax.typeof(x).sharding``:
 over the mesh set, whose devices it names), each refused with a remedy where no mesh is set.
 """
@@ -39,8 +39,8 @@ def _concrete(sharding: NamedSharding) -> NamedSharding:
 
 def as_shardings(sharding: Any) -> Any:
     """``sharding`` with each ``PartitionSpec`` made a ``NamedSharding`` over the mesh set by
-    ``jax.set_mesh`` (as ``jax.device_put(x, P("data"))`` reads it there) and each device a
-    ``SingleDeviceSharding``; other leaves as they are.
+    ``jax.set_mesh`` (as ``jax.device_put(x, P("data"))`` reads it there) and each device its
+    single-device sharding (``jit_cpu.one_device``); other leaves as they are.
 
     Example:
         >>> from jax.sharding import PartitionSpec as P

@@ -111,7 +111,8 @@ class _AfterPadding:
     file's; any other bytes are the stream's, refused where they start none."""
 
     def __init__(self, make: Any) -> None:
-        self._make, self._inner, self._padding = make, None, False
+        self._make, self._padding = make, False
+        self._inner: Any = None
 
     def decompress(self, data: bytes, max_length: int = -1) -> bytes:
         if self._inner is None:

@@ -187,12 +187,14 @@ def _refuse_passes_apart(state: dict, held: Any, num_epochs: int) -> None:
               if r.get("epoch", 0) + (r.get("ended") is True) < start]
     if behind:
         saved = held.get("num_epochs") if isinstance(held, dict) else None
+        said = (f"saved with num_epochs={saved}" if saved is not None else "its state holds "
+                "no pass: saved endless, num_epochs=None, or by an older version")
         raise StateDictError(
             f"state['readers']: the readers are in epochs {[r.get('epoch', 0) for r in readers]}"
-            f" (saved with num_epochs={saved}); under num_epochs={num_epochs}, readers "
-            f"{behind} are in a pass before the others' (from epoch {start}), which would read "
-            f"their records twice or more; restore it with num_epochs={saved}, as saved"
-            + (" (and change it at a pass's end)" if saved is not None else "")
+            f" ({said}); under num_epochs={num_epochs}, readers {behind} are in a pass before "
+            f"the others' (from epoch {start}), which would read their records twice or more; "
+            "restore it with the num_epochs it was saved with"
+            + (f" ({saved}) and change it at a pass's end" if saved is not None else "")
             + ", or start a loader of the new setting from the start")
 
 

@@ -28,7 +28,7 @@ _WATCHDOG_S = 1.0  # elsewhere than Linux: how often a worker checks that its pa
 def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
     """Makes this process end when process ``parent`` (the training process) ends, whatever
     this one is doing then: on Linux the kernel sends it ``signum``, SIGKILL unless asked
-    (``PR_SET_PDEATHSIG``; asked for in the thread that started it, which ``process.py`` keeps
+    (``PR_SET_PDEATHSIG``; asked for in the thread that started it, which ``spawner.py`` keeps
     alive as long as the main process); elsewhere a watchdog thread exits when its parent
     changes. A parent that died before this was asked for is seen at once (``getppid`` no
     longer ``parent``)."""
