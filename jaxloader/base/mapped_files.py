@@ -159,7 +159,10 @@ def _refuse_cut_maps(who: str, paths: list[str], addresses: list[int], remedy: s
     for path in paths:
         used = [offset + end - start for start, end, offset in maps.get(os.path.realpath(path), ())
                 if bisect.bisect_left(held, start) < bisect.bisect_left(held, end)]
-        size = os.stat(path).st_size
+        try:
+            size = os.stat(path).st_size
+        except OSError:  # (gone since its stamp: the mapping keeps its pages)
+            continue
         if used and -(-size // mmap.PAGESIZE) * mmap.PAGESIZE < max(used):
             raise ConfigError(
                 f"{who}: the memory-mapped file {path!r} holds {size:,} bytes, fewer than the "

@@ -101,7 +101,8 @@ class HuggingFaceSource:
             remedy="save it to another folder (ds.save_to_disk(new)), or load it again after "
                    "it is written (datasets.load_from_disk)",  # is a SIGBUS, no word)
             addresses=[b.address for column in dataset.data.table.columns[:1]
-                       for chunk in column.chunks for b in chunk.buffers() if b is not None])
+                       for chunk in column.chunks for b in chunk.buffers() if b is not None]
+            if getattr(dataset, "cache_files", None) else ())  # (mapped ones' alone)
         self._features = {} if self.custom else dict(getattr(dataset, "features", None) or {})
         read = (dataset.column_names if fmt["columns"] is None or fmt["output_all_columns"]
                 else fmt["columns"])
