@@ -17,10 +17,11 @@ picture has each worker's stages on a timeline (the fastest count's last 40 batc
 batches a second at each count.
 
 Example:
-    >>> import numpy as np, jaxloader as jl
+    >>> import time, numpy as np, jaxloader as jl
+    >>> slow = jl.Map(lambda r: time.sleep(0.001) or r)  # (a record's work: 1 ms)
     >>> make = lambda num_workers: jl.DataLoader(jl.ArraySource({"x": np.arange(256)}),
     ...     batch_size=8, num_workers=num_workers, num_epochs=None, process_index=0,
-    ...     process_count=1)
+    ...     process_count=1, transforms=[slow])
     >>> report = jl.profile(make, steps=20, workers=(0,), out=None)
     >>> report.best.workers, report.best.diagnosis.bottleneck
     (0, 'main')
