@@ -32,8 +32,9 @@ from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
 
 _CHEAP_S = 50e-6  # a check that took longer waits 100 times as long for the next (1%)
 _SOON_S = 0.01  # soon(): a check at most this often
-_RENAME = ("write a new file beside it and rename it over (os.replace), which a mapping open on "
-           "the old one keeps reading, and make the source again to read the new one")
+_REPLACE = ("write a new file beside it and rename it over (os.replace), which a mapping open "
+            "on the old one keeps reading")
+_RENAME = _REPLACE + ", and make the source again to read the new one"
 
 
 class MappedFiles:
@@ -132,7 +133,7 @@ def _refuse_short(who: str, path: str, mapped: np.memmap, stamp: tuple | None) -
             f"{need:,} mapped from it ({mapped.dtype} {mapped.shape}): it was cut or written "
             "again in place since it was mapped, and reading past its end would kill the "
             "process (SIGBUS); map it again once it is written "
-            "(np.load(path, mmap_mode='r')), and " + _RENAME.split(", and make")[0])
+            "(np.load(path, mmap_mode='r')), and " + _REPLACE)
 
 
 def _refuse_cut_maps(who: str, paths: list[str], addresses: list[int], remedy: str) -> None:

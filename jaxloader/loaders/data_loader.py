@@ -189,8 +189,8 @@ class DataLoader(LoaderLifecycle, TorchAttributes, Generic[BatchT]):
                                     seed=seed, last_batch=last_batch,
                                     process_index=process_index, process_count=process_count,
                                     num_workers=count, rows=rows, ends=num_epochs is not None)
-        for part in walk(source):  # (parts read together; refused at the first batch that
-            if batch_size > 1 and type(part) is ConcatSource:  # held both, hours in, in order)
+        for part in walk(source) if batch_size > 1 else ():  # (parts read together: refused
+            if type(part) is ConcatSource:  # at the first batch that held both, hours in)
                 part.check_alike(list(range(len(part.sources))))
         parts = source.sources if isinstance(source, ConcatSource) else ()  # a mixture too
         for part in (source, *parts):  # a file source's cache against what the order reads

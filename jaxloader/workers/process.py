@@ -66,6 +66,7 @@ from typing import Any, Mapping
 from jaxloader.base.errors import ConfigError
 from jaxloader.batching.jit_cpu import jax_settings
 from jaxloader.workers import launch, protocol, starter
+from jaxloader.workers.ties import kill_group
 from jaxloader.workers.protocol import Stop
 from jaxloader.workers.spawner import in_lasting_thread
 
@@ -262,7 +263,7 @@ class WorkerProcess:
     def kill(self) -> None:
         """SIGKILL, unless it is known to have exited (its pid may then be another process's).
         Only a signal: safe from a thread other than the one talking to the worker."""
-        if self._exitcode is None and not _kill_group(self.pid):  # (no group of its own)
+        if self._exitcode is None and not kill_group(self.pid):  # (no group of its own)
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -335,19 +336,9 @@ def _end_group(pid: int) -> None:
         os.kill(pid, 0)
         return
     except ProcessLookupError:
-        _kill_group(pid)
+        kill_group(pid)
     except PermissionError:
         pass
-
-
-def _kill_group(pid: int) -> bool:
-    """SIGKILLs worker ``pid``'s process group (``ties.leave_signals_to_the_trainer``: it and
-    what its transform runs); False where it has none."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def _sentinel(pid: int) -> int | None:

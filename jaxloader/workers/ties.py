@@ -67,13 +67,20 @@ def die_with_parent_ending(parent: int, children: set[int]) -> None:
 
 
 def end_groups(pids: set[int]) -> None:
-    """SIGKILLs the process groups led by ``pids`` (none where a sandbox kept a worker in
-    the starter's group: no group then has its pid)."""
+    """SIGKILLs the process groups led by ``pids`` (``kill_group``)."""
     for pid in list(pids):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_group(pid)
+
+
+def kill_group(pid: int) -> bool:
+    """SIGKILLs the process group worker ``pid`` leads (``leave_signals_to_the_trainer``: it
+    and what its transform runs); False where it leads none (a sandbox that kept it in its
+    parent's group: no group then has its pid)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
 
 
 def gone_before_the_trainer() -> None:
