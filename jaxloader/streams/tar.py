@@ -24,25 +24,26 @@ from __future__ import annotations
 
 import os
 import warnings
-from zlib import adler32
-
 from jaxloader.base.checks import check_bool
 from jaxloader.base.errors import JaxloaderWarning, RecordError
 from jaxloader.base.loader_names import loader_names
 from jaxloader.streams.shards import FileShard, unreadable
+from jaxloader.streams.tar_headers import BLOCK as _BLOCK
+from jaxloader.streams.tar_headers import DROP as _DROP
+from jaxloader.streams.tar_headers import CHECKSUM_SPACES as _CHECKSUM_SPACES
+from jaxloader.streams.tar_headers import check_after_end, header_sum
+from jaxloader.streams.tar_headers import header_name as _header_name
+from jaxloader.streams.tar_headers import pax as _pax
+from jaxloader.streams.tar_headers import sparse as _sparse
 
-_BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
 _READ_CHUNK = 64 << 20  # a member's data read at a time: a damaged size field (8 GiB) not allocated
-_READ_CHUNK_END = 1 << 16  # what follows the end-of-archive marker, read at a time
 _SMALL = 4096  # a member up to this is read with its padding in one call, then sliced
 LEFT_OUT_SAID: set[str] = set()  # folders whose shards' members left out were warned of
 _NAMES = (0x4C, 0x4B, 0x78, 0x67)  # b"L", b"K", b"x", b"g": a long name, link, attributes
 _NAMES_UP_TO = 1 << 20  # bytes of such a member read, at most (PATH_MAX: 4,096)
 _KEPT = (0x30, 0, 0x37, 0x4C, 0x78)  # members whose data is read: files, names, attributes
-_CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is summed with its own field as 8 spaces
 # the remedies a damaged shard's error and a cut one's end with (the whole copy: the cut grown)
-_DROP = "or drop it from the stream (a state saved while it was in the stream is then refused)"
 _REPLACE = ("replace the shard (re-download or re-create it; a state saved inside the cut copy "
             "resumes over the whole one read with Stream.tar(paths, append_only=True)), " + _DROP)
 
@@ -133,10 +134,7 @@ class TarShard(FileShard):
                     raise RecordError(
                         f"{self.path}: byte {offset}: not a tar header (size field {field!r}, "
                         f"checksum field {header[148:156]!r}); is this a tar file?") from None
-                # The bytes' sum but the checksum field's, in C: Adler-32's first half is 1 +
-                # the sum of up to 256 bytes exactly (0.5 us a header; Python's sum() 2.7)
-                if ((adler32(header[:148]) & 0xFFFF) + (adler32(header[156:412]) & 0xFFFF)
-                        + (adler32(header[412:]) & 0xFFFF) - 3 + _CHECKSUM_SPACES != stored):
+                if header_sum(header) != stored:
                     self._check_exactly(header, offset, stored)
                 padded = (size + _BLOCK - 1) & -_BLOCK
                 if padded <= _SMALL:  # one read, data and padding
@@ -304,16 +302,15 @@ class TarShard(FileShard):
             f"{flag}), {_DROP}")
 
     def _read_to_end(self, offset: int) -> None:
-        """What follows the end-of-archive marker (at ``offset``) of a compressed shard (or a
-        remote one), read to the end: gzip's CRC-32 and Zstandard's and xz's checksums are
-        checked as the end of their stream is read, and a tar holds no checksum of its data
-        (a flipped bit gave records of wrong bytes, without a word). A local tar as it is
-        has no checksum to read: what follows is left unread, as ``tarfile`` leaves it."""
-        if self._size_known is not None:
-            return
+        """What follows the end-of-archive marker (at ``offset``), read to the end: zeros or
+        an error (``tar_headers.check_after_end``: another archive joined after it, whose
+        members were left unread without a word). Read so, gzip's CRC-32 and Zstandard's and
+        xz's checksums are checked as the end of their stream is read: a tar holds no
+        checksum of its data (a flipped bit gave records of wrong bytes, without a word)."""
         try:
-            while self._file.read(_READ_CHUNK_END):
-                pass
+            check_after_end(self._file, self.path, offset)
+        except RecordError:
+            raise
         except Exception as e:  # (BadGzipFile: CRC check failed; ZstdError; LZMAError)
             raise unreadable(self, f"its compressed stream, read to its end after the "
                                    f"end-of-archive marker at byte {offset} (the records read "
@@ -363,38 +360,3 @@ class TarShard(FileShard):
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "_pending": None, "_end": None, "_keys": set()}
 
-
-def _header_name(header: bytes) -> str:
-    name = header[:100].split(b"\0", 1)[0]
-    if header[345] and header[257:262] == b"ustar":  # a ustar name's prefix
-        name = header[345:500].split(b"\0", 1)[0] + b"/" + name
-    return name.decode("utf-8", "replace")
-
-
-def _pax(data: bytes, path: str, offset: int) -> tuple[str | None, int | None]:
-    """The path and size a pax header gives the member after it (``None``: not given)."""
-    name = size = None
-    for line in data.split(b"\n"):
-        _, _, field = line.partition(b" ")
-        key, _, value = field.partition(b"=")
-        if key == b"path":
-            name = value.decode("utf-8", "replace")
-        elif key.startswith(b"GNU.sparse."):  # (pax's sparse files: the same, by attributes)
-            raise _sparse(path, offset, name or "after it")
-        elif key == b"size":
-            try:
-                size = int(value)
-                if size < 0:
-                    raise ValueError(size)
-            except ValueError:
-                raise RecordError(f"{path}: byte {offset}: a pax header's size is {value!r}, "
-                                  "expected a number of bytes: the header is damaged; replace "
-                                  f"the shard, {_DROP}") from None
-    return name, size
-
-
-def _sparse(path: str, offset: int, name: str) -> RecordError:
-    return RecordError(f"{path}: byte {offset}: member {name!r} is a sparse file (tar "
-                       "--sparse), whose bytes are stored packed, with a map of its holes, "
-                       f"which this reader does not expand: re-create the shard without "
-                       f"--sparse (-S), {_DROP}")

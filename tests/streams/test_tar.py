@@ -445,6 +445,39 @@ def test_a_state_at_the_end_of_a_shard_resumes_at_its_end(tmp_path):
     assert read_all(jl.TarShard(path), state) == []
 
 
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_archives_joined_end_to_end_are_refused_not_read_as_the_first_alone(tmp_path, gzipped):
+    # cat a.tar b.tar (or a.tar.gz b.tar.gz): tar and tarfile stop at a.tar's end-of-archive
+    # marker, and b.tar's members were never read, without a word
+    first = _samples(tmp_path / "a.tar", 3).read_bytes()
+    second = _samples(tmp_path / "b.tar", 2).read_bytes()
+    path = tmp_path / ("ab.tar.gz" if gzipped else "ab.tar")
+    path.write_bytes(gzip.compress(first) + gzip.compress(second) if gzipped
+                     else first + second)
+    assert len(_tarfile_records(path)) == 3  # (what tar reads of it: the first archive only)
+    with pytest.raises(jl.RecordError, match=r"ab.tar(.gz)?: byte \d+: the end-of-archive "
+                                             r"marker \(two zero blocks\) is followed by a tar "
+                                             r"header \(member 'sample00000.bin'\) at byte "
+                                             rf"{len(first):,}: another archive joined after "
+                                             r"this one \(cat a.tar b.tar\).*--concatenate"):
+        read_all(jl.TarShard(path))
+
+
+def test_data_after_the_end_of_archive_marker_is_refused_zeros_are_read(tmp_path):
+    first = _samples(tmp_path / "a.tar", 3).read_bytes()
+    path = tmp_path / "signed.tar"
+    path.write_bytes(first + b"signed by me")
+    with pytest.raises(jl.RecordError, match=rf"followed by data that is not zeros at byte "
+                                             rf"{len(first):,}; .*cut the file to its first "
+                                             r"archive \("):
+        read_all(jl.TarShard(path))
+    path.write_bytes(first + bytes(3 * 512 + 70000) + b"x")  # (zeros, then data)
+    with pytest.raises(jl.RecordError, match=rf"not zeros at byte {len(first) + 71536:,}"):
+        read_all(jl.TarShard(path))
+    path.write_bytes(first + bytes(100000))  # zeros past the record size: the three records
+    assert len(read_all(jl.TarShard(path))) == 3
+
+
 def test_members_not_named_key_ext_are_left_out_and_said_once_a_folder(tmp_path):
     # macOS's tar adds ._name resource files, and a member without an extension made a
     # record {'__key__': 'noext', '': ...}: records of key '' or extension '' that failed far
