@@ -124,6 +124,9 @@ class FileShard:
                 check_unchanged(self, state)
                 self._check_place(offset)
             seek(self, offset)
+            if state is not None and self._size_known is None and self._file.tell() < offset:
+                raise self._not_a_place(offset, f"past its end ({self._file.tell():,} bytes "
+                                                "read to it, decompressed)")
             self._count = count
             self._opened()  # (a tar's first header read: one that fails leaves it closed too)
 
@@ -335,6 +338,11 @@ class TextShard(_LineShard):
     """
 
     def _parse(self, raw: bytes) -> Any:
+        if b"\x00" in raw and raw.count(0) * 4 >= len(raw):  # (half of ASCII in UTF-16 is
+            raise RecordError(  # NUL, 3/4 in UTF-32; UTF-8 text rarely holds one)
+                f"{self.path}: line {self._count}: {raw.count(0)} of its {len(raw)} bytes are "
+                f"NUL, as in UTF-16 or UTF-32 text without a byte order mark, expected UTF-8: "
+                f"{raw[:80]!r}; convert the file (iconv -f utf-16le -t utf-8)")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -361,32 +369,6 @@ def seek(shard: Any, offset: int) -> None:
         shard._file.seek(offset)
     except Exception as e:
         raise unreadable(shard, f"byte {offset} (a restore's place)", e) from e
-
-
-def no_records(reader: int, epoch: int, in_pass: bool, stream: Any, dealt: list[int],
-               epochs: int, every: bool) -> ConfigError:
-    """Stream reader ``reader``'s refusal to go on: the shards of ``stream`` dealt to it
-    (``dealt``, the last epoch's: ``epoch``) held no record in ``epochs`` epochs running
-    (``every``: all the stream's shards, in them), where another epoch would not help
-    (``in_pass``: its last batches are padded with its records)."""
-    names = [stream.shards[i].name for i in dealt]
-    if every:
-        why = (f"in any of the stream's {len(stream.shards)} shards, each dealt to it in the "
-               f"{epochs} epoch(s) up to epoch {epoch}")
-    elif in_pass:
-        why = (f"in epoch {epoch}, in a pass (num_epochs, or a mixture's stopping_strategy), "
-               "whose last batches are padded with its records; it was dealt")
-    elif not stream.shuffle_shards:
-        why = (f"in epoch {epoch}, and with shuffle_shards=False every epoch deals it the "
-               "same")
-    else:
-        why = f"in {epochs} epochs running, up to epoch {epoch}, the last dealt"
-    shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
-    remedy = ("give the stream shards that hold records" if every else "remove the empty "
-              "shards (a 0-byte JSONL or text file, as Spark writes them, or a tar archive of "
-              "no members), or use fewer readers")
-    return ConfigError(f"stream reader {reader}: no records {why} shards [{shown}]; "
-                       f"{remedy}")
 
 
 def state_ints(shard: Any, state: dict | None, keys: tuple[str, ...]) -> tuple[int, ...]:

@@ -41,7 +41,6 @@ from jaxloader.streams.refill_watch import watched
 from jaxloader.streams.origins import last_origin, opened, read_failed
 from jaxloader.streams.shard_state import (Crossings, checked_reader_state, copied,
                                            ends_there, left_early, plain, snapshot)
-from jaxloader.streams.shards import no_records
 
 EMPTY_EPOCHS = 1000  # a reader's epochs without a record, running, before it is refused
 
@@ -235,3 +234,28 @@ class StreamReader:
         shard, self._current = self._current, None
         close_of(shard)
 
+
+def no_records(reader: int, epoch: int, in_pass: bool, stream: Any, dealt: list[int],
+               epochs: int, every: bool) -> ConfigError:
+    """Stream reader ``reader``'s refusal to go on: the shards of ``stream`` dealt to it
+    (``dealt``, the last epoch's: ``epoch``) held no record in ``epochs`` epochs running
+    (``every``: all the stream's shards, in them), where another epoch would not help
+    (``in_pass``: its last batches are padded with its records)."""
+    names = [stream.shards[i].name for i in dealt]
+    if every:
+        why = (f"in any of the stream's {len(stream.shards)} shards, each dealt to it in the "
+               f"{epochs} epoch(s) up to epoch {epoch}")
+    elif in_pass:
+        why = (f"in epoch {epoch}, in a pass (num_epochs, or a mixture's stopping_strategy), "
+               "whose last batches are padded with its records; it was dealt")
+    elif not stream.shuffle_shards:
+        why = (f"in epoch {epoch}, and with shuffle_shards=False every epoch deals it the "
+               "same")
+    else:
+        why = f"in {epochs} epochs running, up to epoch {epoch}, the last dealt"
+    shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+    remedy = ("give the stream shards that hold records" if every else "remove the empty "
+              "shards (a 0-byte JSONL or text file, as Spark writes them, or a tar archive of "
+              "no members), or use fewer readers")
+    return ConfigError(f"stream reader {reader}: no records {why} shards [{shown}]; "
+                       f"{remedy}")

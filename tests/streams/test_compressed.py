@@ -52,6 +52,28 @@ def test_a_compressed_shard_reads_and_resumes_as_the_plain_one(tmp_path, kind, s
         assert read_all(fresh, state) == everything[k:], k
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+def test_a_compressed_shards_state_past_its_end_is_refused_not_resumed_at_its_end(tmp_path,
+                                                                                  suffix):
+    # a plain file's size is known and such an offset was refused; a compressed one's is
+    # known only by reading, and the edited state resumed at its end: its records skipped
+    packed = compress(write_jsonl(tmp_path / "a.jsonl", range(10)), suffix)
+    shard = jl.JsonlShard(packed)
+    shard.reset(None)
+    shard.next()
+    state = shard.get_state()
+    end = dict(state, offset=len(_decompressed(packed)))
+    assert read_all(jl.JsonlShard(packed), end) == []  # (its end: a place)
+    with pytest.raises(jl.StateDictError, match=rf"offset {end['offset'] + 1} is past its end "
+                                                rf"\({end['offset']:,} bytes read to it, "
+                                                r"decompressed\), where no read of it stops"):
+        read_all(jl.JsonlShard(packed), dict(state, offset=end["offset"] + 1))
+
+
+def _decompressed(path):
+    return (gzip.decompress if path.suffix == ".gz" else lzma.decompress)(path.read_bytes())
+
+
 def test_the_format_is_told_by_the_first_bytes_not_the_name(tmp_path):
     named = tmp_path / "plain.jsonl.gz"  # not compressed, whatever its name says
     named.write_text('{"id": 1}\n')

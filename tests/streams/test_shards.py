@@ -403,6 +403,20 @@ def test_a_byte_order_mark_is_not_text_and_a_utf16_file_is_named_as_such(tmp_pat
         shard.next()
 
 
+def test_text_in_utf16_or_utf32_without_a_byte_order_mark_is_refused_not_read_as_nuls(
+        tmp_path):
+    # read as UTF-8 (NUL is a valid character), "hello" in UTF-16 gave 'h\x00e\x00l...': a
+    # record of other tokens each line, without a word
+    for codec in ("utf-16-le", "utf-16-be", "utf-32-le"):
+        (tmp_path / "bare.txt").write_bytes("hello\nworld\n".encode(codec))
+        with pytest.raises(jl.RecordError, match=r"bare.txt: line 1: \d+ of its \d+ bytes are "
+                                                 r"NUL, as in UTF-16 or UTF-32 text without a "
+                                                 r"byte order mark.*iconv -f utf-16le"):
+            read_all(jl.TextShard(tmp_path / "bare.txt"))
+    (tmp_path / "nul.txt").write_bytes(b"a line with one \x00 in it\nnext\n")  # (valid UTF-8)
+    assert read_all(jl.TextShard(tmp_path / "nul.txt")) == ["a line with one \x00 in it", "next"]
+
+
 def test_a_stream_takes_a_path_a_folder_or_a_pattern(tmp_path):
     for k in (1, 0):
         write_jsonl(tmp_path / f"part-{k}.jsonl", range(3 * k, 3 * k + 3))
