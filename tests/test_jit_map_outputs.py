@@ -300,3 +300,25 @@ def test_a_wrapper_taking_args_is_told_it_is_given_a_key_and_a_library_decorator
         with pytest.raises(jl.RecordError, match=r"test_jit_map_outputs\.py:\d+: `return \{\"x"
                                                  r"\": np\.sin"):
             next(iter(loader))
+
+
+def test_records_or_outputs_with_int_and_str_dict_keys_are_named_not_a_bare_comparator_error():
+    # JAX sorts a dict's keys to flatten it: an int key beside a str one gave its bare
+    # "Comparator raised exception while sorting pytree dictionary keys", naming no dict
+    mixed = [{1: np.float32(i), "a": np.float32(2 * i)} for i in range(8)]
+    with pytest.raises(jl.RecordError, match=r"step 0 .*: JitMap\(double\) gets records whose "
+                                             r"dict at <root> has keys of int and str "
+                                             r"\(\[1, 'a'\]\), which JAX cannot sort to flatten "
+                                             r"it; make them one type in a Map before it"):
+        with jl.DataLoader(mixed, batch_size=4, transforms=[jl.JitMap(double)], **ONE) as loader:
+            next(iter(loader))
+    with pytest.raises(jl.RecordError, match=r"Comparator raised exception.* \(JAX sorts a "
+                                             r"dict's keys to flatten it: the dicts the function "
+                                             r"returns need keys of one type, str\(key\)"):
+        with jl.DataLoader(columns(), batch_size=4, **ONE,
+                           transforms=[jl.JitMap(lambda r: {1: r["x"], "y": r["y"]})]) as loader:
+            next(iter(loader))
+
+
+def double(record):
+    return {k: v * 2 for k, v in record.items()}

@@ -161,28 +161,35 @@ def _kind(leaf: Any) -> Any:
     return dtype, leaf.ndim
 
 
-def _sortable(tree: Any, step: int, where: Callable[[int], str], path: str = "") -> None:
+def _sortable(tree: Any, step: int, where: Callable[[int], str]) -> None:
     """Warns of a dict in the first batch whose keys cannot be sorted (an int key beside a str
     one): JAX sorts a dict's keys to flatten it (not an ``OrderedDict``'s), so
     ``jax.device_put``, ``jit`` and a sharding failed on it with JAX's bare "Comparator raised
     exception", far from the cause; NumPy batches are fine."""
+    if (found := unsortable(tree)) is not None:
+        warnings.warn(f"{where(step)}: the batch's {found}: jax.device_put, jit and shardings "
+                      "fail on it; make them one type in a Map, str(key) for each",
+                      JaxloaderWarning, stacklevel=user_stacklevel())
+
+
+def unsortable(tree: Any, path: str = "") -> str | None:
+    """The first dict in ``tree`` whose keys JAX cannot sort to flatten it, said ("dict at
+    <path> has keys of int and str ([1, 'a']), which JAX cannot sort to flatten it"); None."""
     if isinstance(tree, dict):
         try:
             if not isinstance(tree, collections.OrderedDict):
                 sorted(tree)
         except TypeError:
             kinds = sorted({type(k).__name__ for k in tree})
-            warnings.warn(
-                f"{where(step)}: the batch's dict at {path or '<root>'} has keys of "
-                f"{' and '.join(kinds)} ({list(tree)[:6]}), which JAX cannot sort to flatten "
-                "it: jax.device_put, jit and shardings fail on it; make them one type in a "
-                "Map, str(key) for each", JaxloaderWarning, stacklevel=user_stacklevel())
-            return
-        for key, child in tree.items():
-            _sortable(child, step, where, f"{path}[{key!r}]")
+            return (f"dict at {path or '<root>'} has keys of {' and '.join(kinds)} "
+                    f"({list(tree)[:6]}), which JAX cannot sort to flatten it")
+        children: Any = ((f"{path}[{key!r}]", child) for key, child in tree.items())
     elif isinstance(tree, (list, tuple)):
-        for i, child in enumerate(tree):
-            _sortable(child, step, where, f"{path}[{i}]")
+        children = ((f"{path}[{i}]", child) for i, child in enumerate(tree))
+    else:
+        return None
+    return next((found for at, child in children
+                 if (found := unsortable(child, at)) is not None), None)
 
 
 def _skeleton(treedef: tree_lib.TreeDef) -> Any:

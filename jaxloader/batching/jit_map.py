@@ -50,8 +50,9 @@ from jaxloader.batching.collate import Layout
 from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import (aligned, as_compiled, cpu_device, donates, in_place,
                                         jax_settings, one_device)
-from jaxloader.batching.jit_outputs import (aliases, check_row_output, host_leaves,
-                                             leaf_order, record_kind, write_rows)
+from jaxloader.batching.jit_outputs import (UNSORTED, aliases, check_keys, check_row_output,
+                                             host_leaves, leaf_order, record_kind, row_bytes,
+                                             write_rows)
 from jaxloader.batching.global_draws import traced_call
 from jaxloader.batching.jit_errors import (MANY_SHAPES, code_of, error_text, key_by,
                                            many_shapes, takes_key, user_line)
@@ -305,12 +306,13 @@ class JitMap:
         if found is None:
             one = tree_lib.unflatten(treedef, [np.zeros((1, *c.shape[1:]), c.dtype)
                                                for c in columns])
+            check_keys(self, one, where)
             self._given.setdefault(record_kind(one, 1), tree_lib.skeleton(one))  # (for traced)
             args = (one,) if not self.random else (one, np.zeros((1, 2), np.uint32))
             out = self._call(lambda *a: jax.eval_shape(self._vmapped, *a), args, where)
             check_row_output(self, out, where, _KEY_ARGUMENT if self.random else "")
-            per_row = sum(_row_bytes(x.shape, x.dtype) for x in jax.tree.leaves(out))
-            per_row += sum(_row_bytes(c.shape, c.dtype) for c in columns)
+            per_row = sum(row_bytes(x.shape, x.dtype) for x in jax.tree.leaves(out))
+            per_row += sum(row_bytes(c.shape, c.dtype) for c in columns)
             found = (1 << max(0, (self.chunk_bytes // max(1, per_row)).bit_length() - 1), out)
             self._local.rows[signature] = found
         return max(1, min(found[0], size)), found[1]
@@ -355,7 +357,7 @@ class JitMap:
         made = self._local.__dict__.setdefault("inputs", {})
         if signature not in made:
             made.clear()  # (one signature kept: a last, partial batch's is made again)
-            buffers = [aligned(_row_bytes(c.shape, c.dtype) * rows).view(c.dtype)
+            buffers = [aligned(row_bytes(c.shape, c.dtype) * rows).view(c.dtype)
                        .reshape(rows, *c.shape[1:]) for c in columns]
             if self.random:
                 buffers.append(aligned(8 * rows).view(np.uint32).reshape(rows, 2))
@@ -389,11 +391,8 @@ class JitMap:
                 and "tuple" in str(e) else star
             if "__main__." in str(e) and "not a valid JAX type" in str(e):
                 hint += _MAIN_PYTREE
+            hint += UNSORTED if "Comparator raised exception" in str(e) else ""
             raise RecordError(f"{where()}: {self!r} raised {type(e).__name__}: {error_text(e)}"
                               f"{line}{jit_inputs.placed_elsewhere(self.fn, cpu_device())}"
                               f"{hint}; the original error is the cause below") from e
 
-
-def _row_bytes(shape: tuple, dtype: Any) -> int:
-    """Bytes of one row of a leaf of ``shape`` (rows first)."""
-    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize

@@ -14,7 +14,20 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.batch_kinds import unsortable
 from jaxloader.base.errors import RecordError
+
+# said after JAX's bare error for a dict the function returns whose keys it cannot sort
+UNSORTED = (" (JAX sorts a dict's keys to flatten it: the dicts the function returns need keys "
+            "of one type, str(key) for each)")
+
+
+def check_keys(transform: Any, record: Any, where: Callable[[], str]) -> None:
+    """Refuses records holding a dict whose keys JAX cannot sort to flatten it (an int key
+    beside a str one): its bare "Comparator raised exception" named no dict, nor the step."""
+    if (found := unsortable(record)) is not None:
+        raise RecordError(f"{where()}: {transform!r} gets records whose {found}; make them one "
+                          "type in a Map before it (str(key) for each)")
 
 
 def check_row_output(transform: Any, out: Any, where: Callable[[], str], hint: str) -> None:
@@ -90,3 +103,8 @@ def aliases(leaf: np.ndarray, inputs: list) -> bool:
     """Whether ``leaf`` is in one of ``inputs`` (an input returned as it is), which the next
     batch overwrites."""
     return any(np.may_share_memory(leaf, buffer) for buffer in inputs)
+
+
+def row_bytes(shape: tuple, dtype: Any) -> int:
+    """Bytes of one row of a leaf of ``shape`` (rows first)."""
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
