@@ -329,9 +329,10 @@ class Putter:
                           f"{np.ndim(leaf)}: give this leaf a sharding of its own (a dict of "
                           f"shardings, the batch's keys: {', or '.join(ways)})")
             else:
-                remedy = ("the global batch (batch_size x process_count) must divide evenly "
-                          "over the devices of the data axis, and each other axis over the "
-                          "mesh axes its spec names")
+                remedy = _undivided(np.shape(leaf), sharding, self.process_count) or (
+                    "the global batch (batch_size x process_count) must divide evenly over the "
+                    "devices of the data axis, and each other axis over the mesh axes its spec "
+                    "names")
             raise ConfigError(
                 f"sharding: cannot place batch leaf {path or '<root>'} (local shape "
                 f"{np.shape(leaf)}, dtype {getattr(leaf, 'dtype', type(leaf).__name__)}, "
@@ -373,3 +374,23 @@ def _said(rows: tuple) -> str:
     if rows[-1] - rows[0] == len(rows) - 1:
         return f"rows {rows[0]}-{rows[-1]}"
     return "rows " + ", ".join(map(str, rows[:6])) + (", ..." if len(rows) > 6 else "")
+
+
+def _undivided(shape: tuple, sharding: Sharding, process_count: int) -> str | None:
+    """The first axis of a leaf of local ``shape`` that ``sharding``'s mesh axes do not
+    divide, said with its remedy (a padded leaf's: a length that they divide); None."""
+    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+    if mesh is None or spec is None:
+        return None
+    for axis, names in enumerate(tuple(spec)[:len(shape)]):
+        names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+        ways = int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
+        size = shape[axis] * (process_count if axis == 0 else 1)
+        if ways > 1 and size % ways:
+            return (f"its axis {axis} ({size}{' rows, the global batch' if axis == 0 else ''}) "
+                    f"is split over mesh axis {'x'.join(map(str, names))} of {ways} devices, "
+                    f"which must divide it; " + (
+                        "make batch_size x process_count a multiple of it" if axis == 0 else
+                        f"make it a multiple of {ways} (a padded leaf: Pad(keys, multiple_of="
+                        f"{ways}), or a length= that {ways} divides)"))
+    return None

@@ -242,9 +242,22 @@ def test_bad_shardings_give_clear_errors():
     try:
         put({"x": np.zeros((6, 3, 2), np.float32)})
     except jl.ConfigError as e:
-        assert "['x']" in str(e) and "(6, 3, 2)" in str(e) and "divide evenly" in str(e), e
+        assert "['x']" in str(e) and "(6, 3, 2)" in str(e) and ("its axis 0 (6 rows, the "
+               "global batch) is split over mesh axis data of 4 devices, which must divide "
+               "it; make batch_size x process_count a multiple of it") in str(e), e
     else:
         raise AssertionError("6 rows over 4 devices must be refused")
+    grid = jax.make_mesh((2, 2), ("data", "seq"))  # a padded leaf the seq axis cannot split:
+    try:  # the remedy was the batch's alone, which divided
+        next(iter(jl.DataLoader([{"t": np.arange(k % 7 + 1)} for k in range(8)], batch_size=4,
+                                transforms=[jl.Pad("t", length=7, length_suffix=None)],
+                                sharding=NamedSharding(grid, P("data", "seq")))))
+    except jl.ConfigError as e:
+        assert ("['t'] (local shape (4, 7)" in str(e) and "its axis 1 (7) is split over mesh "
+                "axis seq of 2 devices, which must divide it; make it a multiple of 2 (a "
+                "padded leaf: Pad(keys, multiple_of=2), or a length= that 2 divides)") in str(e), e
+    else:
+        raise AssertionError("a length of 7 over 2 devices must be refused")
     try:  # the batch size divides; the epoch's last 2 rows do not: refused before an epoch
         jl.DataLoader(source(10), batch_size=4, last_batch="partial",
                       sharding=jl.data_sharding(mesh))
@@ -285,7 +298,8 @@ def test_bad_shardings_give_clear_errors():
     try:  # 3 columns over 4 devices: the error names the leaf, not the subtree's root
         next(iter(jl.DataLoader(source(8), batch_size=4, sharding=per_leaf, device_prefetch=0)))
     except jl.ConfigError as e:
-        assert "leaf ['x']" in str(e) and "axes its spec names" in str(e), e
+        assert "leaf ['x']" in str(e) and ("its axis 1 (3) is split over mesh axis data of 4 "
+                                           "devices, which must divide it") in str(e), e
     else:
         raise AssertionError("3 columns over 4 devices must be refused")
     try:
