@@ -231,8 +231,8 @@ class WorkerPool:
                 self._mixed_up = True
             raise
         finally:
-            with self._driver:
-                self._waiting = False
+            with self._driver:  # (a death between runs names no step of this one)
+                self._waiting, self._board.awaited = False, None
                 for made in ready.values():
                     if type(made) is not Failure:
                         self._ring.give_back(made[0])

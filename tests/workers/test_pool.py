@@ -270,6 +270,21 @@ def test_a_worker_killed_while_idle_is_named_with_the_step_the_loader_awaits():
                 next(batches)
 
 
+def test_a_worker_dead_between_runs_is_not_named_with_the_last_runs_step():
+    # the step the loader awaits stayed the last run's after it ended: a death noticed before
+    # the next run (a stream's payload sent to workers started between two runs) named it
+    from jaxloader.workers import failures
+
+    pool = WorkerPool(BatchMaker(source(), Sampler(61, 6, shuffle=False, seed=0,
+                                                   last_batch="drop")), num_workers=2)
+    try:
+        assert len(list(pool.batches(0, 4))) == 4
+        said = str(failures.died(1, 123, -9, pool._board, lambda step: f"step {step}"))
+        assert "died while idle: killed by signal 9" in said, said
+    finally:
+        pool.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="a worker's end is seen by pidfd")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
 def test_a_dead_worker_is_reported_while_another_process_holds_its_pipe():
