@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from jaxloader.base.abilities import parts_of
 from jaxloader.base.columns import memmap_under
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError
 
@@ -116,6 +117,21 @@ class MappedFiles:
         self._soon_at = start + _SOON_S
         if spent > _CHEAP_S:  # (a local file or a few: each time, a change seen at once)
             self._next_at = start + spent + 100 * spent
+
+
+def changed_under(source: Any) -> str | None:
+    """What changed of the memory-mapped files ``source`` (or a source it reads) was made with,
+    as ``MappedFiles.check`` says it, or None: a worker that failed to start is told it (it
+    unpickles a ``Dataset`` by mapping its files again by name, and one cut since failed in
+    Arrow's words, naming no file)."""
+    for held in (vars(source).values() if hasattr(source, "__dict__") else ()):
+        if isinstance(held, MappedFiles):
+            held._next_at = 0.0  # (checked now, whenever the last check was)
+            try:
+                held.check()
+            except RecordError as e:
+                return str(e)
+    return next((said for part in parts_of(source) if (said := changed_under(part))), None)
 
 
 def _refuse_short(who: str, path: str, mapped: np.memmap, stamp: tuple | None) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 from jaxloader.base.abilities import parts_of
 from jaxloader.base.errors import (CollateError, JaxloaderError, SharedMemoryError,
                                    WorkerError)
+from jaxloader.base.mapped_files import changed_under
 from jaxloader.runtime.shm import Segment
 from jaxloader.workers import payload
 from jaxloader.workers.launch import EXIT_UNKNOWN
@@ -38,10 +39,13 @@ from jaxloader.workers.status import StatusBoard
 
 
 def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
-           who: str = "worker") -> tuple[WorkerError, BaseException | None]:
+           who: str = "worker", maker: Any = None) -> tuple[WorkerError, BaseException | None]:
     """The error for worker ``worker``'s failure report, and its cause (``where(step)`` names
-    a step; ``who``: what the worker is, a Ray actor's ``"Ray actor"``)."""
+    a step; ``who``: what the worker is, a Ray actor's ``"Ray actor"``; ``maker``: the
+    loader's batch maker, whose source's memory-mapped files changed since it was made are
+    said where the worker failed to start)."""
     doing = "while starting (loading the payload or running worker_init_fn)"
+    changed = changed_under(getattr(maker, "source", None)) if failed.step is None else None
     if failed.step is not None:
         try:  # (a step past the epochs: its place raises as its batch did)
             doing = f"at {where(failed.step)}"
@@ -56,6 +60,7 @@ def raised(worker: int, pid: int, failed: Failed, where: Callable[[int], str],
         cause.args = (f"{doing[3:]}: {cause}",)  # (its step first, as in the training process)
     return WorkerError(
         f"{who} {worker} (pid {pid}) raised {doing}: {failed.summary}{_not_found(cause)}"
+        + (f"; in this process, {changed}" if changed else "") +
         f"{_DEBUGGER if 'bdb.BdbQuit' in failed.traceback else ''}\n"
         f"--- traceback in the {who.split()[-1]} ---\n{failed.traceback.rstrip()}\n"
         "--- the loader is broken; fix the cause and create a new loader ---"), cause

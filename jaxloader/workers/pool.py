@@ -78,7 +78,8 @@ class WorkerPool:
                  max_workers: int | None = None, label: str = "jaxloader",
                  pinner: Any = None) -> None:
         self._maker, self._owner = maker, os.getpid()  # (a fork shares pipes, not workers)
-        self._unnamed_location = lambda step: maker.location(step, False)  # (no files read)
+        self._raised = lambda worker, pid, failed: failures.raised(  # (its step named
+            worker, pid, failed, lambda step: maker.location(step, False), maker=maker)  # unread)
         self._stall, self._pinner = stalls.StallWatch(stall_warning_s, timeout_s, label), pinner
         self._prefetch, self._timed = prefetch, MAX_TASK_STEPS  # (steps a task: tasks.py)
         self._start_method, self._initial = start_method, num_workers
@@ -324,8 +325,7 @@ class WorkerPool:
             elif type(message) is Said:  # (what its code logged and warned: before its Done)
                 self._heard.replay(message, worker)
             elif type(message) is Failed:
-                failure = Failure(*failures.raised(worker, self._workers[worker].pid, message,
-                                                   self._unnamed_location))
+                failure = Failure(*self._raised(worker, self._workers[worker].pid, message))
                 failed_task = self._tasks.pop(message.task_id, None)
                 if failed_task is None:  # the worker failed to start: nothing else can run
                     self._break(*failure)
@@ -355,7 +355,7 @@ class WorkerPool:
             raise failures.closed()
         w = self._workers[worker]
         if (failed := self._heard.last_words(w.conn, worker)) is not None:  # why it ended
-            self._break(*failures.raised(worker, w.pid, failed, self._unnamed_location))
+            self._break(*self._raised(worker, w.pid, failed))
         self._break(failures.died(worker, w.pid, w.exitcode(timeout=_DEATH_REAP_TIMEOUT_S),
                                   self._board, self._maker.location, w.starter_ended()), None)
 

@@ -324,6 +324,23 @@ def test_a_saved_datasets_file_changed_in_place_is_refused_at_the_next_batch(tmp
             next(iter(loader))
 
 
+def test_a_saved_datasets_file_cut_before_its_workers_start_is_named_by_them(tmp_path):
+    # made, then its file cut, then the workers started: a worker unpickling the Dataset maps
+    # its files again and failed in Arrow's words ("Expected to read 248 metadata bytes"),
+    # naming no file
+    datasets.Dataset.from_dict({"x": np.arange(1000)}).save_to_disk(tmp_path)
+    ds = datasets.load_from_disk(str(tmp_path))
+    loader = jl.DataLoader(ds, batch_size=10, num_workers=2, process_index=0, process_count=1)
+    (file,) = [f["filename"] for f in ds.cache_files]
+    os.truncate(file, 100)
+    with loader, pytest.raises(jl.WorkerError, match=r"raised while starting .*; in this "
+                                                     r"process, a datasets.Dataset: the memory-"
+                                                     r"mapped file .*data-00000-of-00001.arrow' "
+                                                     r"changed in place since the source was made "
+                                                     r"\([\d,]+ bytes then, 100 now.*save_to_disk"):
+        next(iter(loader))
+
+
 _CUT_BEFORE = """
 import os, shutil, sys, datasets, numpy as np, jaxloader as jl
 datasets.disable_progress_bars()
