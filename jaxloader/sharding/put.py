@@ -37,6 +37,7 @@ from jaxloader.base.errors import ConfigError, JaxloaderWarning
 from jaxloader.batching.collate import own_if_small
 from jaxloader.batching.jit_cpu import is_one_device
 from jaxloader.sharding.given import as_shardings
+from jaxloader.sharding.leaf_checks import refuse_none_over_leaf, undivided
 from jaxloader.sharding.x64 import check_32_bits
 from jaxloader.workers.ring import SMALL_LEAF  # (a leaf this small is placed from a copy)
 
@@ -147,6 +148,8 @@ class Putter:
         self._copy_small = all(d.platform == "cpu" for s in leaves for d in s.device_set)
         self._kinds: list | None = None  # the first batch's leaves' shapes past rows, dtypes
         self._said_kinds = False  # (several processes: _same_kinds, said once)
+        self._nones = [path for path, s in jax.tree_util.tree_flatten_with_path(  # (checked
+            self.sharding, is_leaf=lambda x: x is None)[0] if s is None]  # at the first batch)
         if batch_size is not None:  # (refused here, not at the first batch's placement)
             for s, axes, ways in self._batch_axes():
                 if batch_size * process_count % ways:
@@ -269,6 +272,8 @@ class Putter:
             self._same_kinds(batch, leaves)
         if not jax.config.read("jax_enable_x64"):
             check_32_bits(batch, leaves)
+        if self._nones:
+            self._nones = refuse_none_over_leaf(self._nones, batch)
         sharding = self.sharding
         if self._rows_only is not None and type(batch) in (dict, OrderedDict) and any(
                 _a_row_each(leaf) for leaf in batch.values()):
@@ -329,7 +334,7 @@ class Putter:
                           f"{np.ndim(leaf)}: give this leaf a sharding of its own (a dict of "
                           f"shardings, the batch's keys: {', or '.join(ways)})")
             else:
-                remedy = _undivided(np.shape(leaf), sharding, self.process_count) or (
+                remedy = undivided(np.shape(leaf), sharding, self.process_count) or (
                     "the global batch (batch_size x process_count) must divide evenly over the "
                     "devices of the data axis, and each other axis over the mesh axes its spec "
                     "names")
@@ -375,22 +380,3 @@ def _said(rows: tuple) -> str:
         return f"rows {rows[0]}-{rows[-1]}"
     return "rows " + ", ".join(map(str, rows[:6])) + (", ..." if len(rows) > 6 else "")
 
-
-def _undivided(shape: tuple, sharding: Sharding, process_count: int) -> str | None:
-    """The first axis of a leaf of local ``shape`` that ``sharding``'s mesh axes do not
-    divide, said with its remedy (a padded leaf's: a length that they divide); None."""
-    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
-    if mesh is None or spec is None:
-        return None
-    for axis, names in enumerate(tuple(spec)[:len(shape)]):
-        names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
-        ways = int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
-        size = shape[axis] * (process_count if axis == 0 else 1)
-        if ways > 1 and size % ways:
-            return (f"its axis {axis} ({size}{' rows, the global batch' if axis == 0 else ''}) "
-                    f"is split over mesh axis {'x'.join(map(str, names))} of {ways} devices, "
-                    f"which must divide it; " + (
-                        "make batch_size x process_count a multiple of it" if axis == 0 else
-                        f"make it a multiple of {ways} (a padded leaf: Pad(keys, multiple_of="
-                        f"{ways}), or a length= that {ways} divides)"))
-    return None

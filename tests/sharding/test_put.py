@@ -247,6 +247,18 @@ def test_bad_shardings_give_clear_errors():
                "it; make batch_size x process_count a multiple of it") in str(e), e
     else:
         raise AssertionError("6 rows over 4 devices must be refused")
+    halves = {"x": jl.data_sharding(mesh), "y": None}  # (JAX put 'y' whole on device 0)
+    try:
+        next(iter(jl.DataLoader(source(8), batch_size=4, sharding=halves)))
+    except jl.ConfigError as e:
+        assert ("its tree holds None at ['y'], over the batch's leaf of shape (4,): JAX places "
+                "it whole on one device") in str(e) and "NamedSharding(mesh, P())" in str(e), e
+    else:
+        raise AssertionError("None over a leaf the devices take must be refused")
+    absent = [jl.Map(lambda r: {"x": r["x"], "y": None})]  # (a leaf absent: None over None)
+    placed = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=halves,
+                                     transforms=absent)))
+    assert placed["y"] is None and len(placed["x"].devices()) == 4
     grid = jax.make_mesh((2, 2), ("data", "seq"))  # a padded leaf the seq axis cannot split:
     try:  # the remedy was the batch's alone, which divided
         next(iter(jl.DataLoader([{"t": np.arange(k % 7 + 1)} for k in range(8)], batch_size=4,

@@ -1,0 +1,66 @@
+"""A batch's leaves against the sharding that places them (``sharding.put``): a leaf whose
+axis the mesh cannot split, told which and how to make it fit, and a ``None`` in the
+sharding's tree over a leaf the devices take, refused (JAX places that leaf on one device).
+
+Example:
+    >>> import jax, numpy as np
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jax.make_mesh((1,), ("data",))
+    >>> undivided((8, 7), NamedSharding(mesh, P("data")), process_count=1) is None
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Sharding
+
+from jaxloader.base.columns import host_only
+from jaxloader.base.errors import ConfigError
+
+
+def undivided(shape: tuple, sharding: Sharding, process_count: int) -> str | None:
+    """The first axis of a leaf of local ``shape`` that ``sharding``'s mesh axes do not
+    divide, said with its remedy (a padded leaf's: a length that they divide); None."""
+    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+    if mesh is None or spec is None:
+        return None
+    for axis, names in enumerate(tuple(spec)[:len(shape)]):
+        names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+        ways = int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
+        size = shape[axis] * (process_count if axis == 0 else 1)
+        if ways > 1 and size % ways:
+            return (f"its axis {axis} ({size}{' rows, the global batch' if axis == 0 else ''}) "
+                    f"is split over mesh axis {'x'.join(map(str, names))} of {ways} devices, "
+                    f"which must divide it; " + (
+                        "make batch_size x process_count a multiple of it" if axis == 0 else
+                        f"make it a multiple of {ways} (a padded leaf: Pad(keys, multiple_of="
+                        f"{ways}), or a length= that {ways} divides)"))
+    return None
+
+
+def refuse_none_over_leaf(paths: list[tuple], batch: Any) -> list:
+    """Refuses a ``None`` in the sharding's tree (at one of ``paths``) over a leaf of the batch
+    that goes to the devices: JAX placed it whole on one device, without a word, where the
+    rest went over the mesh (a batch's ``None``, a leaf absent, is fine). Returns ``[]``."""
+    for path in paths:
+        under: Any = batch
+        try:
+            for key in path:
+                under = (under[key.key] if hasattr(key, "key") else under[key.idx]
+                         if hasattr(key, "idx") else getattr(under, key.name))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            continue  # (not in the batch: its tree is said not to match where placed)
+        placed = [leaf for leaf in jax.tree_util.tree_leaves(under)
+                  if not host_only(getattr(leaf, "dtype", np.dtype(np.float32)))]
+        if placed:
+            raise ConfigError(
+                f"sharding: its tree holds None at {jax.tree_util.keystr(path) or '<root>'}, "
+                f"over the batch's leaf of shape {np.shape(placed[0])}: JAX places it whole on "
+                f"one device ({jax.devices()[0]}) where the rest goes over the mesh; give it a "
+                f"sharding: NamedSharding(mesh, P()) places it whole on each device, "
+                f"jl.data_sharding(mesh) splits its rows, a device itself puts it there")
+    return []
