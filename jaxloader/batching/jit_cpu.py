@@ -30,25 +30,6 @@ def donates() -> bool:
     return IN_WORKER
 
 
-def one_device(device: Any) -> Any:
-    """``device``'s sharding, as the running JAX makes it: ``SingleDeviceSharding`` is
-    deprecated from JAX 0.12 (under ``-W error`` the loader failed), which has
-    ``make_single_device_sharding`` instead."""
-    import jax
-
-    make = getattr(jax.sharding, "make_single_device_sharding", None)
-    return make(device) if make is not None else jax.sharding.SingleDeviceSharding(device)
-
-
-def is_one_device(sharding: Any) -> bool:
-    """Whether ``sharding`` is one device's (``one_device``'s kind)."""
-    import jax
-
-    check = getattr(jax.sharding, "is_single_device_sharding", None)
-    return bool(check(sharding)) if check is not None else isinstance(
-        sharding, jax.sharding.SingleDeviceSharding)
-
-
 def as_compiled() -> Any:
     """A context in which a ``JitMap`` runs as in a worker whatever this process's debugging
     settings (``jax_disable_jit`` ran it op by op, other bits; ``jax_debug_nans`` raised where

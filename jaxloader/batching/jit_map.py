@@ -45,11 +45,12 @@ from jaxloader.base import tree as tree_lib
 from jaxloader.base.checks import callable_name, check_bool, check_int, refused_call
 from jaxloader.base.errors import ConfigError, JaxloaderWarning, RecordError, user_stacklevel
 from jaxloader.base.loader_names import loader_names
+from jaxloader.base.one_device import one_device
 from jaxloader.batching import collate, jit_inputs
 from jaxloader.batching.collate import Layout
 from jaxloader.batching.jit_inputs import record_keys
 from jaxloader.batching.jit_cpu import (aligned, as_compiled, cpu_device, donates, in_place,
-                                        jax_settings, one_device)
+                                        jax_settings)
 from jaxloader.batching.jit_outputs import (UNSORTED, aliases, check_keys, check_row_output,
                                              host_leaves, leaf_order, record_kind, row_bytes,
                                              write_rows)

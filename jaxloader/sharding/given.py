@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from jaxloader.base.errors import ConfigError
-from jaxloader.batching.jit_cpu import one_device
+from jaxloader.base.one_device import one_device
 
 
 def _is_placement(x: Any) -> bool:
@@ -40,7 +40,7 @@ def _concrete(sharding: NamedSharding) -> NamedSharding:
 def as_shardings(sharding: Any) -> Any:
     """``sharding`` with each ``PartitionSpec`` made a ``NamedSharding`` over the mesh set by
     ``jax.set_mesh`` (as ``jax.device_put(x, P("data"))`` reads it there) and each device its
-    single-device sharding (``jit_cpu.one_device``); other leaves as they are.
+    single-device sharding (``base.one_device``); other leaves as they are.
 
     Example:
         >>> from jax.sharding import PartitionSpec as P

@@ -34,8 +34,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.columns import device_dtype_problem, host_only
 from jaxloader.base.errors import ConfigError, JaxloaderWarning
+from jaxloader.base.one_device import is_one_device
 from jaxloader.batching.collate import own_if_small
-from jaxloader.batching.jit_cpu import is_one_device
 from jaxloader.sharding.given import as_shardings
 from jaxloader.sharding.leaf_checks import refuse_none_over_leaf, undivided
 from jaxloader.sharding.x64 import check_32_bits
