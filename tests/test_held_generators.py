@@ -353,3 +353,39 @@ def test_a_generator_of_a_module_imported_inside_the_transform_is_found_in_fresh
     drawn, said = _epoch([jl.Map(_imports_its_noise)], 2)
     assert len(set(drawn.tolist())) < len(drawn)  # (the workers' numbers repeat)
     assert any("(fn.held_later.NOISE)" in s for s in said), said
+
+
+def _fresh_each_call(record):
+    rng = np.random.default_rng()  # (the OS's entropy: another number each run)
+    return {**record, "aug": np.float64(rng.random())}
+
+
+def _helper_made(record):
+    return {**record, "aug": np.float64(_draw() + random.Random(int(record["x"])).random())}
+
+
+def _draw():
+    return random.Random().random()
+
+
+def _seeded(record):
+    rng = np.random.default_rng(int(record["x"]))
+    return {**record, "aug": np.float64(rng.random())}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_generator_made_without_a_seed_inside_a_transform_is_warned_of_at_its_line(
+        num_workers):
+    # np.random.default_rng() in a Map: a generator no watch finds (made and dropped each
+    # call), drawing from the OS's entropy: the batches differed from run to run without a word
+    first, said = _epoch([jl.Map(_fresh_each_call)], num_workers)
+    again, _ = _epoch([jl.Map(_fresh_each_call)], num_workers)
+    assert not np.array_equal(first, again)  # (what is warned of)
+    assert any(re.search(r"transforms\[0\] Map\(_fresh_each_call\) makes a random generator "
+                         r"without a seed \(default_rng\(\) in fn\): each one draws from the "
+                         r"operating system's entropy.*jl.RandomMap", w) for w in said), said
+    _, said = _epoch([jl.Map(lambda r: r), jl.Map(_helper_made)], num_workers)
+    assert any("transforms[1] Map(_helper_made) makes a random generator without a seed "
+               "(Random() in fn._draw)" in w for w in said), said
+    _, said = _epoch([jl.Map(_seeded)], num_workers)  # (seeded from the record: fine)
+    assert not any("without a seed" in w for w in said), said

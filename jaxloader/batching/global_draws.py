@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from jaxloader.base.errors import JaxloaderWarning
 from jaxloader.base.random_state import draws, generator_state, global_examples, warn_at
-from jaxloader.sources.held_generators import held_generators
+from jaxloader.sources.held_generators import held_generators, unseeded_makers
 
 WATCHED = 16  # records a loader's transforms are watched on, in each process
 SEEN = 2  # records a transform drew on before it is said
@@ -83,6 +83,7 @@ class DrawWatch:
     def _watched(self, fn: Callable[..., Any], index: int) -> Callable[..., Any]:
         if self._held is None:
             self._held = held_generators(self.transforms)
+            self._unseeded()
         held = [(where, g) for i, where, g in self._held if i == index]
         searched = [False]  # (again after its first call: a module it imports then, in a
 
@@ -101,6 +102,20 @@ class DrawWatch:
                 self._drawn(index)
             return out
         return call
+
+    def _unseeded(self) -> None:
+        """Warns of a generator the transforms' code makes without a seed, at its line: its
+        numbers are the operating system's, not the loader's, whatever the seed."""
+        for index, where, what, file, line in unseeded_makers(self.transforms):
+            named = f"{self.transforms[index]!r}" if self._batches else \
+                f"transforms[{index}] {self.transforms[index]!r}"
+            warnings.warn_explicit(
+                f"{named} makes a random generator without a seed ({what} in {where}): each "
+                "one draws from the operating system's entropy, so the batches differ from run "
+                "to run, with the worker count and after a restore, whatever the loader's seed; "
+                "draw from the generator a RandomMap gives (jl.RandomMap(lambda record, rng: "
+                "... rng.random() ...)), or seed it from the record itself", JaxloaderWarning,
+                file, line)
 
     def _drawn(self, index: int) -> None:
         self._drew[index] = self._drew.get(index, 0) + 1

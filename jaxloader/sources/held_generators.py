@@ -13,12 +13,13 @@ Example:
 
 from __future__ import annotations
 
+import dis
 import functools
 import itertools
 import random
 import sys
 import types
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -28,7 +29,41 @@ from jaxloader.sources.value_text import attributes_of
 _GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 _LOOKED_AT = 2000  # objects a transform's search for held generators looks at, at most
 _ITEMS = 64  # a container's items it looks at, at most
+_MAKERS = {"default_rng", "RandomState", "Random", "SeedSequence", "PCG64", "PCG64DXSM", "Philox",
+           "SFC64", "MT19937"}  # a random generator's makers: seeded by the OS with no argument
 _PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
+
+
+def unseeded_makers(transforms: tuple) -> list[tuple[int, str, str, str, int]]:
+    """The generators ``transforms``' own code makes without a seed (``np.random.default_rng()``,
+    ``random.Random()``, in the user's functions ``held_generators`` walks), each as
+    ``(transform index, where, what, file, line)``: each call draws from the operating
+    system's entropy, which no seed, worker count or restore makes the same again."""
+    found = []
+    for index, transform in enumerate(transforms):
+        for where, fn in _walk(transform, _GENERATORS):
+            if type(fn) is not types.FunctionType:  # (first: a proxy's attributes run code)
+                continue
+            file = fn.__code__.co_filename
+            if users_file(file) and not file.startswith(PACKAGE):  # (a library's: its affair)
+                found += [(index, where, what, file, line)
+                          for what, line in _unseeded(fn.__code__)][:1]
+    return found
+
+
+def _unseeded(code: types.CodeType) -> list[tuple[str, int]]:
+    """The calls of no argument in ``code`` (and the functions defined in it) to a name of
+    ``_MAKERS``: the name, loaded as a global or an attribute, then the call (3.11's
+    ``PRECALL`` and the interpreters' ``CACHE`` between), each with its line."""
+    steps = [i for i in dis.get_instructions(code)
+             if i.opname not in ("CACHE", "PRECALL", "PUSH_NULL", "NOP")]
+    found = [(f"{name.argval}()", name.positions.lineno or code.co_firstlineno)
+             for name, call in zip(steps, steps[1:])
+             if name.argval in _MAKERS and name.opname in ("LOAD_ATTR", "LOAD_METHOD",
+                                                           "LOAD_GLOBAL", "LOAD_DEREF")
+             and call.opname == "CALL" and call.arg == 0 and name.positions is not None]
+    return found + [f for c in code.co_consts if isinstance(c, types.CodeType)
+                    for f in _unseeded(c)]
 
 
 def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
@@ -46,22 +81,28 @@ def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:
     globals_ = (getattr(random, "_inst", None), getattr(np.random.mtrand, "_rand", None),
                 getattr(torch, "default_generator", None))
     for index, transform in enumerate(transforms):
-        todo, seen = [("fn", getattr(transform, "fn", None), 0)], set[int]()
-        while todo and len(seen) < _LOOKED_AT:
-            where, obj, depth = todo.pop()
-            kind = type(obj)  # (not isinstance: a proxy's __class__ may run its code)
-            if id(obj) in seen or obj is None or issubclass(kind, _PLAIN):
-                continue
-            seen.add(id(obj))
-            if issubclass(kind, kinds):
-                if not any(obj is g for g in globals_):  # (the global ones: draws())
-                    found.append((index, where, obj))
-            elif depth < 5:
-                try:
-                    todo += [(where + name, child, depth + 1) for name, child in _inside(obj)]
-                except Exception:  # noqa: BLE001 - (what cannot be looked at: left out)
-                    pass
+        for where, obj in _walk(transform, kinds):
+            if issubclass(type(obj), kinds) and not any(obj is g for g in globals_):
+                found.append((index, where, obj))  # (the global ones: draws())
     return found
+
+
+def _walk(transform: Any, leaves: tuple = ()) -> Iterator[tuple[str, Any]]:
+    """What ``transform``'s function holds, a few levels down (``held_generators``), each
+    with how it is reached; an object of ``leaves``' kinds is not looked into."""
+    todo, seen = [("fn", getattr(transform, "fn", None), 0)], set[int]()
+    while todo and len(seen) < _LOOKED_AT:
+        where, obj, depth = todo.pop()
+        kind = type(obj)  # (not isinstance: a proxy's __class__ may run its code)
+        if id(obj) in seen or obj is None or issubclass(kind, _PLAIN):
+            continue
+        seen.add(id(obj))
+        yield where, obj
+        if depth < 5 and not issubclass(kind, leaves):
+            try:
+                todo += [(where + name, child, depth + 1) for name, child in _inside(obj)]
+            except Exception:  # noqa: BLE001 - (what cannot be looked at: left out)
+                pass
 
 
 def _inside(obj: Any) -> list[tuple[str, Any]]:
