@@ -98,6 +98,34 @@ def test_a_dtype_that_does_not_hold_the_sequences_values_is_refused_naming_them(
     assert rounded[0]["x"].dtype == np.float32
 
 
+def test_sequences_of_python_objects_or_of_other_dtypes_are_refused_where_values_change():
+    # (the sources audit) dtype= cast None to NaN or False and failed on 2**70 with a bare
+    # OverflowError; without dtype=, sequences of other dtypes took NumPy's common one: an id
+    # past 2**53 beside a float rounded, a uint64 past 2**63 beside int64s made float64
+    for values, dtype, said in [([1.5, None], np.float32, r"None at position 1 \(None, which "
+                                 r"dtype=float32 has no value for\)"),
+                                ([True, None], np.bool_, "None at position 1"),
+                                ([1, 2**70], np.int64, r"1180591620717411303424 at position 1 "
+                                 r"\(OverflowError"),
+                                ([1.7, 2**70 + 1], np.float64,
+                                 r"1180591620717411303425 at position 1 \(made "
+                                 r"1.1805916207174113e\+21\)")]:
+        with pytest.raises(jl.ConfigError, match=r"from_sequences: 'ids' of sequence 1 holds "
+                                                 + said + ".*pass a dtype that holds them"):
+            jl.RaggedSource.from_sequences({"ids": [[values[0]], values]}, dtype=dtype)
+    for sequences, kinds in [([[2**53 + 1], [0.5]], "'float64', 'int64'"),
+                             ([np.array([2**63 + 1], np.uint64), np.array([-1])],
+                              "'int64', 'uint64'"), ([[True, False], [2]], "'bool', 'int64'")]:
+        with pytest.raises(jl.ConfigError, match=rf"the sequences of 'ids' are of dtypes "
+                                                 rf"\[{kinds}\], which NumPy makes one .*make "
+                                                 r"them one dtype, or pass dtype="):
+            jl.RaggedSource.from_sequences({"ids": sequences})
+    mixed = jl.RaggedSource.from_sequences({"x": [[1, 2], [0.5]]})  # (kept: ints in float64)
+    assert mixed[0]["x"].tolist() == [1.0, 2.0] and mixed[1]["x"].dtype == np.float64
+    nan = jl.RaggedSource.from_sequences({"x": [[1, float("nan"), 2**60]]}, dtype=np.float32)
+    assert np.isnan(nan[0]["x"][1]) and nan[0]["x"][2] == 2.0**60
+
+
 def test_any_source_of_dict_records_packs_like_a_ragged_one():
     source, _ = documents(60)
     records = [{"tokens": np.array(source[i]["tokens"]), "label": i} for i in range(len(source))]

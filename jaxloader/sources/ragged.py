@@ -88,6 +88,7 @@ class RaggedSource:
             if dtype is None:  # (an empty record, np.asarray([]), is float64: the values' own
                 held = [a.dtype for a in arrays if a.size]  # dtype, not a float for all)
                 common = np.result_type(*held) if held else np.dtype(np.int64)
+                _check_promoted(key, arrays, common)
                 arrays = [a if a.size else a.astype(common) for a in arrays]
             values = np.concatenate(arrays) if arrays else np.zeros(0, dtype or np.int64)
             pairs[key] = (values, offsets)
@@ -181,11 +182,14 @@ def _as_values(sequence: Any, dtype: Any, key: str, i: int) -> np.ndarray:
     loses what they are (as a ``Pad``'s ``dtype=``: a node id past 2**31 wrapped into another
     in int32, 1.7 cut to 1, 1e5 made inf in float16)."""
     given = np.asarray(sequence)
-    if dtype is None or given.dtype == object:
-        return given if dtype is None else np.asarray(sequence, dtype=dtype)
+    if dtype is None:
+        return given
+    if given.dtype == object:  # (Python numbers NumPy found no one type for: None, 2**70)
+        return _objects_cast(given, np.dtype(dtype), key, i)
     made, lost = cast_kept(given, np.dtype(dtype))
     if lost:
-        held = f"from {np.nanmin(given)} to {np.nanmax(given)}" if given.size else ""
+        held = (f"from {np.nanmin(given)} to {np.nanmax(given)}" if given.dtype.kind in "biuf"
+                else f"{given.reshape(-1)[:3].tolist()}") if given.size else ""
         raise ConfigError(
             f"RaggedSource.from_sequences: {key!r} of sequence {i} is {given.dtype} "
             + (f"({held}), which dtype={np.dtype(dtype)} would change in kind; round or cast "
@@ -193,3 +197,46 @@ def _as_values(sequence: Any, dtype: Any, key: str, i: int) -> np.ndarray:
                f"and holds values {np.dtype(dtype)} does not ({held}); pass a dtype that "
                "holds them (np.int64 for ids past 2**31)"))
     return made
+
+
+def _objects_cast(given: np.ndarray, dtype: np.dtype, key: str, i: int) -> np.ndarray:
+    """A sequence of Python objects cast to ``dtype``, refused where that changes one (None
+    made NaN or False, 1.7 cut to 1, an int past 2**53 rounded) or cannot (2**70 in int64)."""
+    values = given.reshape(-1).tolist()
+    at = next((j for j, v in enumerate(values) if v is None), None)
+    why = f"None, which dtype={dtype} has no value for"
+    if at is None:
+        try:
+            made = np.asarray(values, dtype=dtype).reshape(given.shape)
+            at = next((j for j, (a, b) in enumerate(zip(made.reshape(-1).tolist(), values))
+                       if not (a == b or a != a and b != b  # (NaN is NaN; a float
+                               or type(b) is float and dtype.kind in "fc")), None)  # rounded)
+            if at is None:
+                return made
+            why = f"made {made.reshape(-1).tolist()[at]!r}"
+        except (OverflowError, ValueError, TypeError) as e:
+            why = f"{type(e).__name__}: {e}"
+            at = next((j for j, v in enumerate(values) if type(v) is int and  # (too large)
+                       not -2**63 <= v < 2**64), None)
+    raise ConfigError(
+        f"RaggedSource.from_sequences: {key!r} of sequence {i} holds "
+        + (f"{values[at]!r} at position {at}" if at is not None else "values") + f" ({why}): "
+        f"dtype={dtype} cannot hold it as it is; fill the missing values, or pass a dtype "
+        "that holds them (np.int64 for ids past 2**31, np.float64 for fractions)")
+
+
+def _check_promoted(key: str, arrays: list[np.ndarray], common: np.dtype) -> None:
+    """Refuses sequences of other dtypes that NumPy's common one (``common``) changes: ids
+    past 2**53 beside a float rounded, a uint64 past 2**63 beside an int64 made float64,
+    booleans made numbers (a mask beside ids)."""
+    for i, array in enumerate(arrays):
+        if not array.size or array.dtype == common or common == object:  # (objects: refused
+            continue  # as the source is made, naming the value)
+        _, lost = cast_kept(array, common)
+        if lost or (array.dtype == np.bool_) != (common == np.bool_):
+            raise ConfigError(
+                f"RaggedSource.from_sequences: the sequences of {key!r} are of dtypes "
+                f"{sorted({str(a.dtype) for a in arrays if a.size})}, which NumPy makes one "
+                f"{common}, changing sequence {i}'s {array.dtype} values"
+                + ("" if lost else " (booleans made numbers)") + "; make them one dtype, or "
+                "pass dtype= one that holds them all")
