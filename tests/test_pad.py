@@ -421,6 +421,28 @@ def test_each_key_may_have_its_own_value_and_times_pad_with_not_a_time():
         jl.Pad(["t", "x"], value={"t": np.datetime64("NaT", "s")})
 
 
+def test_a_time_dtype_that_cuts_the_records_times_is_refused_and_one_that_holds_them_kept():
+    # (the sources audit) Pad(dtype="M8[s]") over milliseconds failed with NumPy's bare
+    # UFuncTypeError ('absolute'), and dtype="m8[s]" cut 1500 ms to 1 s without a word
+    stamps = [{"t": np.array(["2020-01-01T00:00:00.500"], "M8[ms]")},
+              {"t": np.array(["2020-01-01T00:00:01", "2020-01-01T00:00:02"], "M8[ms]")}]
+    spans = [{"d": np.array([1500], "m8[ms]")}, {"d": np.array([2000, 3000], "m8[ms]")}]
+    for records, key, unit in ((stamps, "t", "M8"), (spans, "d", "m8")):
+        nat = np.datetime64("NaT", "s") if unit == "M8" else np.timedelta64("NaT", "s")
+        with pytest.raises(jl.CollateError, match=rf"record position 0's '{key}' holds values "
+                                                  rf"{'datetime' if unit == 'M8' else 'timedelta'}"
+                                                  r"64\[s\] does not"):
+            next(iter(jl.DataLoader(records, batch_size=2, transforms=[
+                jl.Pad(key, value=nat, dtype=f"{unit}[s]")])))
+        finer = next(iter(jl.DataLoader(records, batch_size=2, transforms=[
+            jl.Pad(key, value=nat, dtype=f"{unit}[us]")])))[key]
+        assert finer.dtype == np.dtype(f"{unit}[us]") and np.isnat(finer[0, 1])
+        assert finer[0, 0] == records[0][key][0] and finer[1].tolist() == records[1][key].tolist()
+    with pytest.raises(jl.ConfigError, match=r"'t' of sequence 0 is datetime64\[ms\] and holds "
+                                             r"values datetime64\[s\] does not .*a finer unit"):
+        jl.RaggedSource.from_sequences({"t": [stamps[0]["t"]]}, dtype="M8[s]")
+
+
 def test_ml_dtypes_numbers_are_a_pads_dtype():
     # Pad(dtype=ml_dtypes.bfloat16) was refused as "not numeric" (NumPy's kind for it is V,
     # raw bytes), and two float8 Pads had one repr, a state's settings (the diffusion audit)

@@ -119,7 +119,7 @@ def cast_kept(given: np.ndarray, kind: np.dtype) -> tuple[np.ndarray, str]:
     cast into another kind (a float into an int: its fractions; only ints and bools go into
     any number, floats into floats, complex into complex); ``"values"``, a value ``kind`` does
     not hold (an int past its range, -1 in uint8, past 2**53 in float64; a float made
-    infinite, or clamped). A float rounded into a narrower float is kept: what a ``Pad``'s
+    infinite, or clamped; a time cut to a coarser unit). A float rounded into a narrower float is kept: what a ``Pad``'s
     ``dtype=`` and a ``RaggedSource``'s cast.
 
     Example:
@@ -135,7 +135,10 @@ def cast_kept(given: np.ndarray, kind: np.dtype) -> tuple[np.ndarray, str]:
         made = given.astype(kind)
         if not given.size:
             return made, ""
-        if number_kind(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal;
+        if given.dtype.kind in "mM":  # (times: a coarser unit cuts 1500 ms to 1 s; a finer
+            back = made.astype(given.dtype)  # one overflows far dates; NaT stays NaT)
+            lost = not np.all((back == given) | (np.isnat(back) & np.isnat(given)))
+        elif number_kind(given.dtype) in "biu":  # (back: in float64 an int past 2**53 is equal;
             lost = not np.array_equal(made.astype(given.dtype), given) or (  # -1 in uint8
                 number_kind(kind) in "iu" and not _in_range(given, kind))
         else:  # (an overflow: inf, NaN in a type with no inf (float8_e4m3fn), or the

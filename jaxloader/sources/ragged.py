@@ -188,14 +188,14 @@ def _as_values(sequence: Any, dtype: Any, key: str, i: int) -> np.ndarray:
         return _objects_cast(given, np.dtype(dtype), key, i)
     made, lost = cast_kept(given, np.dtype(dtype))
     if lost:
-        held = (f"from {np.nanmin(given)} to {np.nanmax(given)}" if given.dtype.kind in "biuf"
+        held = (f"from {np.nanmin(given)} to {np.nanmax(given)}" if given.dtype.kind in "biufmM"
                 else f"{given.reshape(-1)[:3].tolist()}") if given.size else ""
         raise ConfigError(
             f"RaggedSource.from_sequences: {key!r} of sequence {i} is {given.dtype} "
             + (f"({held}), which dtype={np.dtype(dtype)} would change in kind; round or cast "
                "the values first, or pass a dtype of their kind" if lost == "kind" else
                f"and holds values {np.dtype(dtype)} does not ({held}); pass a dtype that "
-               "holds them (np.int64 for ids past 2**31)"))
+               "holds them (np.int64 for ids past 2**31, a finer unit for times)"))
     return made
 
 
