@@ -59,8 +59,9 @@ def _merged_dtype(path: str, columns: list[np.ndarray],
     with a part's Python ones (a Parquet column) become Python ones (``object``), as a
     record's strings batch; any other difference is named."""
     first = columns[0]
-    if all(c.dtype == first.dtype and c.shape[1:] == first.shape[1:] for c in columns):
-        return first.dtype
+    if all(c.dtype == first.dtype and c.shape[1:] == first.shape[1:] for c in columns) and (
+            first.dtype != object or len({_text_kind(c) for c in columns} - {"empty"}) < 2):
+        return first.dtype  # (objects: one part's str beside another's bytes differ)
     kinds = {_text_kind(c) for c in columns} - {"empty"}
     if len(kinds) == 1 and None not in kinds and all(
             c.shape[1:] == first.shape[1:] for c in columns):
@@ -68,11 +69,12 @@ def _merged_dtype(path: str, columns: list[np.ndarray],
             return np.dtype(object)
         return np.result_type(*(c.dtype for c in columns))
     i, other = next((i, c) for i, c in enumerate(columns)
-                    if c.dtype != first.dtype or c.shape[1:] != first.shape[1:])
+                    if c.dtype != first.dtype or c.shape[1:] != first.shape[1:]
+                    or _text_kind(c) not in (_text_kind(first), "empty"))
     raise CollateError(
         f"batch leaf {path}: the parts of a ConcatSource differ (a jl.mix's "
         "components are its parts): "
-        f"{first.dtype}{first.shape[1:]} in {label(0)}, {other.dtype}{other.shape[1:]} in "
+        f"{_said(first)} in {label(0)}, {_said(other)} in "
         f"{label(i)}; make the parts' records alike: " + (
             "cast with a jl.MapSource(part, fn) of the part that differs" if other.shape[1:] ==
             first.shape[1:] else "their shapes differ past the batch's axis: pad or crop them "
@@ -81,6 +83,17 @@ def _merged_dtype(path: str, columns: list[np.ndarray],
             "own, one after the other: a curriculum's phases)")
         + " (a Map on the loader cannot: parts are read together)"
     )
+
+
+def _said(column: np.ndarray) -> str:
+    """A part's column for a message: its dtype and row shape, and an object one's text kind."""
+    kind = {"U": " of str", "S": " of bytes"}.get(_text_kind(column) or "", "")
+    return f"{column.dtype}{column.shape[1:]}" + (kind if column.dtype == object else "")
+
+
+def _first_type(column: np.ndarray) -> type | None:
+    """The type of an object column's first value (``None``: it has none)."""
+    return type(column.flat[0]) if column.size else None
 
 
 def _text_kind(column: np.ndarray) -> str | None:
@@ -111,6 +124,9 @@ def _merge_flat(pieces: list, n: int) -> dict | None:
                 type(v) is np.ndarray and v.dtype == first[k].dtype
                 and v.shape[1:] == first[k].shape[1:] for k, v in got.items()):
             return None
+    if any(v.dtype == object and len({_first_type(got[k]) for _, got in pieces} - {None}) > 1
+           for k, v in first.items()):  # (a part's str beside another's bytes: named below)
+        return None
     out = {}
     for key, column in first.items():
         merged = np.empty((n, *column.shape[1:]), column.dtype)

@@ -111,6 +111,35 @@ def test_strings_of_other_widths_or_forms_merge_and_other_differences_are_named(
             jl.DataLoader(jl.ConcatSource([narrow, jl.ArraySource(other)]), batch_size=2)
 
 
+def test_parts_of_python_str_and_python_bytes_are_named_not_batched_together():
+    # (the sources audit) a Parquet string part beside a binary one (both object columns of
+    # Python values) batched one leaf of str and bytes mixed, without a word
+
+    class Objects:  # a part whose values are Python objects, batched (a Parquet column's form)
+        def __init__(self, values):
+            self.values = values
+
+        def __len__(self):
+            return len(self.values)
+
+        def __getitem__(self, i):
+            return {"t": self.values[i]}
+
+        def __getitems__(self, indices):
+            column = np.empty(len(indices), object)
+            column[:] = [self.values[int(i)] for i in indices]
+            return {"t": column}
+
+    text, raw = Objects(["a", "b", "c"]), Objects([b"d", b"e", b"f"])
+    for rows in ([0, 1, 3, 4], [5, 0]):  # (a part's rows first, and the other's)
+        with pytest.raises(jl.CollateError, match=r"\['t'\]: the parts of a ConcatSource differ"
+                                                  r" .*: object\(\) of (str|bytes) in sources\["
+                                                  r"\d\], object\(\) of (bytes|str) in "):
+            jl.ConcatSource([text, raw]).__getitems__(np.array(rows))
+    both = jl.ConcatSource([text, Objects(["g", "h"])]).__getitems__(np.array([0, 3]))["t"]
+    assert both.tolist() == ["a", "g"]
+
+
 def test_parts_are_asked_for_their_rows_ascending_over_parts_and_in_order_alone():
     # a file source sorts what it is asked for by row group and puts the rows back: over
     # several parts each is asked in ascending order (nothing to put back); one part alone
