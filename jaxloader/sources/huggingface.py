@@ -165,7 +165,8 @@ class HuggingFaceSource:
         if self._nulls:
             self._check_nulls(np.asarray(indices))
         if self.custom:  # the transform's columns: lists of rows, or arrays
-            return {key: _strings_as_objects(_rows_batched(value)) for key, value in rows.items()}
+            return {key: _strings_as_objects(_rows_batched(value, repr(key)))
+                    for key, value in rows.items()}
         batch = {key: object_column([np.asarray(v) for v in value]) if key in self._ragged
                  else _rows_batched(value) for key, value in self._numpy.format_batch(
             rows.select(self._numeric)).items()} if self._numeric else {}
@@ -252,7 +253,7 @@ def _ragged(dataset: Any, key: str) -> bool:
     return False
 
 
-def _rows_batched(column: Any) -> Any:
+def _rows_batched(column: Any, key: str = "") -> Any:
     """A column of rows as one array: rows of one shape (arrays, NumPy or Python numbers,
     tensors) stacked, strings an object array, dicts (a struct feature, which NumPy format
     gives as an object array of them) a dict of their fields batched, others an object array.
@@ -263,17 +264,30 @@ def _rows_batched(column: Any) -> Any:
     if not isinstance(column, (list, tuple)) or not column:
         return column
     if isinstance(column[0], dict):
-        return {key: _rows_batched([row[key] for row in column]) for key in column[0]}
-    if any(v is None for v in column) or all(isinstance(v, (str, bytes)) for v in column):
+        return {k: _rows_batched([row[k] for row in column], f"{key}[{k!r}]")
+                for k in column[0]}
+    if any(v is None for v in column) or all(isinstance(v, str) for v in column) or all(
+            isinstance(v, bytes) for v in column):
         return object_column(list(column))  # (a null: None, as the dataset gives it)
     try:
         rows = [np.asarray(v) for v in column]
     except (TypeError, ValueError):  # (a ragged nested list)
         return object_column(list(column))
-    return _stacked(rows)
+    return _stacked(rows, key)
 
 
-def _stacked(values: list) -> Any:
+def _stacked(values: list, key: str = "") -> Any:
+    """Rows of one shape and dtype stacked, others an object column; rows of one shape and
+    other dtypes (a transform's ints beside floats, ids past 2**63 beside ints: NumPy made
+    them float64, rounded) or of str beside bytes refused, naming the column (``key``)."""
+    kinds = {v.dtype if v.dtype.kind in "biufcmMV" else v.dtype.kind for v in values}
+    if len(kinds) > 1 and len({v.shape for v in values}) == 1 and kinds <= {
+            *(k for k in kinds if isinstance(k, np.dtype)), "U", "S"}:
+        raise RecordError(
+            f"a datasets.Dataset's transform gave column {key or '?'} rows of other kinds "
+            f"({sorted(map(str, kinds))}), which one batch cannot hold as they are (NumPy "
+            "would make them one type, changing their values); make them one dtype in the "
+            "transform (np.asarray(value, np.float32) for each row)")
     if all(isinstance(v, np.ndarray) and v.dtype.kind in "biufcmMV" for v in values) and len(
             {v.shape for v in values}) == 1:
         return np.stack(values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -374,6 +375,35 @@ def test_a_saved_datasets_file_cut_before_the_loader_is_refused_as_it_is_made(tm
 def _augment(batch):  # a with_transform function: batch in, batch out (HF's convention)
     return {"scaled": [np.asarray(v, np.float32) * 10 for v in batch["vector"]],
             "label": batch["label"], "tag": [f"t{i}" for i in batch["label"]]}
+
+
+def _uneven(batch):  # a transform whose rows differ in kind, as the sources audit wrote it
+    i = batch["i"]
+    return {"y": [1 if k % 2 == 0 else 2.5 for k in i],  # int beside float
+            "id": [2**63 + 5 if k % 2 == 0 else 1 for k in i],  # uint64 beside int64
+            "t": ["a" if k % 2 == 0 else b"b" for k in i],  # str beside bytes
+            "v": [np.ones(2, np.float32 if k % 2 == 0 else np.float64) for k in i],
+            "ok": [np.float32(k) for k in i]}
+
+
+def test_a_datasets_transform_whose_rows_differ_in_kind_is_named_not_promoted():
+    # (the sources audit) its rows were stacked by NumPy's promotion: ints beside floats made
+    # float64, an id past 2**63 rounded, float32 rows beside float64 ones made float64, str
+    # beside bytes one object leaf: the same records from a list were refused
+    ds = datasets.Dataset.from_dict({"i": [0, 1, 2, 3]})
+    for key, kinds in (("y", "'float64', 'int64'"), ("id", "'int64', 'uint64'"),
+                       ("t", "'S', 'U'"), ("v", "'float32', 'float64'")):
+        keep = functools.partial(_kept, key=key)
+        with pytest.raises(jl.RecordError, match=rf"transform gave column '{key}' rows of other "
+                                                 rf"kinds \(\[{kinds}\]\), .*make them one dtype"):
+            next(iter(jl.DataLoader(ds.with_transform(keep), batch_size=4)))
+    fine = next(iter(jl.DataLoader(ds.with_transform(functools.partial(_kept, key="ok")),
+                                   batch_size=4)))
+    assert fine["ok"].dtype == np.float32 and fine["ok"].tolist() == [0, 1, 2, 3]
+
+
+def _kept(batch, key):
+    return {key: _uneven(batch)[key]}
 
 
 @pytest.mark.parametrize("per_record", [False, True])
