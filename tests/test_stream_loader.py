@@ -927,3 +927,41 @@ def test_a_shards_file_is_closed_after_a_bad_first_record_and_with_a_loader_let_
         gc.collect()
     assert not _open_fds(good)
     assert not [w for w in said if issubclass(w.category, ResourceWarning)], said
+
+
+_MADE = {"shard 1": 10}  # records the generator's shard 1 makes (its data, changed between runs)
+
+
+def _changing(shard):
+    for j in range(_MADE["shard 1"] if shard == 1 else 10):
+        yield {"x": shard * 100 + j}
+
+
+@pytest.mark.parametrize("num_epochs", [None, 1])
+def test_a_state_whose_window_its_shard_no_longer_reaches_is_refused(num_epochs):
+    # (the checkpoint audit) a generator's shard that made fewer records on the restoring run,
+    # ending where the saved window started: endless, the state was taken and read the next
+    # epoch's records in place of the window's; in a pass, a bare StopIteration escaped
+    def loader():
+        stream = jl.Stream.from_generator(_changing, shards=2, shuffle_window=3,
+                                          shuffle_shards=False)
+        return jl.StreamLoader(stream, batch_size=1, seed=0, num_epochs=num_epochs,
+                               readers_per_process=1, process_index=0, process_count=1)
+
+    _MADE["shard 1"] = 10
+    with loader() as saving:
+        take(saving, 16)  # (its window in shard 1, at record 6: read to 5, then 3 more)
+        state = json.loads(json.dumps(saving.state_dict()))
+        after = take(saving, 2)
+    with loader() as same:
+        same.load_state_dict(state)
+        assert_same_stream(take(same, 2), after)
+    _MADE["shard 1"] = 5
+    try:
+        with loader() as restoring, pytest.raises(
+                jl.StateDictError, match=r"stream state: reader 0's window of epoch 0 starts in "
+                                         r"shard .*\[1\] at \{'consumed': 5\}, where reading it "
+                                         r"again gives no record: the shard holds fewer records"):
+            restoring.load_state_dict(state)
+    finally:
+        _MADE["shard 1"] = 10

@@ -91,11 +91,32 @@ class StreamReader:
             raise StateDictError(f"stream state: shard {self._shard} of reader {self.reader}'s "
                                  f"{len(self._mine)} in epoch {self._epoch}; not this stream's")
         self._open(self._shard, state["shard_state"])
-        self._fill()  # window read again leaves its shards where the saved one did: Crossings)
+        try:  # (the window read again leaves its shards where the saved one did: Crossings)
+            self._fill()
+        except StopIteration:
+            self._window_epoch = -1
+        if self._window_epoch != state["epoch"] and (state["shard"], state["shard_state"],
+                                                     emitted) != (0, None, 0):
+            raise self._window_gone(state)  # (a saved window held a record: read again, none,
+        # it went on to the next epoch or ended; an epoch's start, none read, may: its shards
+        # dealt empty, as a fresh reader goes on)
         if emitted > len(self._window):
             raise StateDictError(f"stream state: {emitted} records of a window of "
                                  f"{len(self._window)} handed out; not this stream's")
         self._emitted = emitted
+
+    def _window_gone(self, state: dict) -> StateDictError:
+        """The refusal of a state whose window, read again, holds no record: its shard ends
+        where the window started (a generator that now makes fewer records; an edited state)."""
+        at = state["shard"]
+        name = (self.stream.shards[self._mine[at]].name if at < len(self._mine)
+                else f"none (shard {at} of the reader's {len(self._mine)})")
+        return StateDictError(
+            f"stream state: reader {self.reader}'s window of epoch {state['epoch']} starts in "
+            f"shard {name} at {state['shard_state']!r}, where reading it again gives no "
+            "record: the shard holds fewer records than when the state was saved (a "
+            "generator's shard must make the same records each time), or the state was "
+            "edited; restore over the stream it was saved with, or start the loader afresh")
 
     def get_state(self) -> dict:
         at, state = self._window_start  # (the shard's state as read: in JSON's types now)
