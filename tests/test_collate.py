@@ -244,6 +244,23 @@ def test_numbers_after_objects_and_numbers_in_0_d_object_arrays_are_refused_as_a
     assert batch["s"].tolist() == ["a", "bc", "d"]
 
 
+def test_object_arrays_of_other_lengths_are_checked_as_arrays_of_one_length_are():
+    # (the sources audit) object arrays of numbers, Decimals or locks batched without a word
+    # where their lengths differed (a Parquet list<decimal> column's ragged rows), refused
+    # where they were alike; a lock then failed workers as "cannot pickle '_thread.lock'"
+    import threading
+
+    for values, said in (([1, 2], r"is an array of Python objects holding numbers"),
+                         ([decimal.Decimal("1.1")] * 2, r"holds a decimal.Decimal"),
+                         ([threading.Lock()] * 2, r"holds a _thread.lock")):
+        rows = [np.array(values, dtype=object), np.array(values[:1], dtype=object)]
+        with pytest.raises(CollateError, match=r"batch leaf \['x'\]: item 0 " + said):
+            collate([{"x": row} for row in rows])
+    words = [np.array(["a", "bc"], dtype=object), np.array(["d"], dtype=object)]
+    batch, _ = collate([{"w": w} for w in words])  # (lists of strings: as before)
+    assert [w.tolist() for w in batch["w"]] == [["a", "bc"], ["d"]]
+
+
 def test_text_beside_a_number_is_told_to_be_made_one_kind_not_padded():
     # was told to pad them with jaxloader.Pad('s'), which refuses text (the pytrees audit)
     for values in (["a", 1], [2.5, b"x"]):

@@ -61,7 +61,10 @@ def _record_column(path: str, values: list, names: Any) -> Column:
             if first.dtype == object and all(type(v) is np.ndarray and v.dtype == object
                                              and v.ndim == 1 for v in values):
                 # lists of strings of other lengths (a Hugging Face List(string) feature): one
-                # array a row, as a source's batch gives them (no device form either way)
+                # array a row, as a source's batch gives them (no device form either way),
+                # checked as rows of one length are (numbers, Decimals, locks refused)
+                for j, v in enumerate(values):
+                    check_objects(path, tree_lib.record_name(names, j), v)
                 return Column(path, (n,), first.dtype, object_column(values))
             raise_leaf_mismatch(path, values, names)
         for j, v in enumerate(values if first.dtype.hasobject else ()):  # (a lock: batched
