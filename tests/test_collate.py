@@ -261,6 +261,21 @@ def test_object_arrays_of_other_lengths_are_checked_as_arrays_of_one_length_are(
     assert [w.tolist() for w in batch["w"]] == [["a", "bc"], ["d"]]
 
 
+def test_a_jax_array_after_a_numpy_value_batches_as_before_one_and_its_dtype_is_named():
+    # (the sources audit) [np.int32(2), jnp.array(1, int32)] was refused, the other order
+    # batched: shuffled, some batches failed; a float32 jax.Array beside float64 NumPy rows
+    # was told to pad them, though their shapes were one
+    jnp = pytest.importorskip("jax").numpy
+    for values in ([jnp.array(1, jnp.int32), np.int32(2)],
+                   [np.int32(2), jnp.array(1, jnp.int32)]):
+        batch, _ = collate([{"y": v} for v in values])
+        assert batch["y"].dtype == np.int32 and sorted(batch["y"].tolist()) == [1, 2]
+    with pytest.raises(CollateError, match=r"item 0 has shape \(3,\) dtype float64, item 1 has "
+                                           r"shape \(3,\) dtype float32; give every record one "
+                                           r"dtype there: cast in a Map"):
+        collate([{"x": np.zeros(3)}, {"x": jnp.ones(3, jnp.float32)}])
+
+
 def test_text_beside_a_number_is_told_to_be_made_one_kind_not_padded():
     # was told to pad them with jaxloader.Pad('s'), which refuses text (the pytrees audit)
     for values in (["a", 1], [2.5, b"x"]):

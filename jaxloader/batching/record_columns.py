@@ -46,6 +46,20 @@ _SIGNATURE = attrgetter("shape", "dtype")
 
 
 def _record_column(path: str, values: list, names: Any) -> Column:
+    try:
+        return _column_of(path, values, names)
+    except CollateError:  # (a jax.Array or a tensor after a NumPy value: refused in that order
+        if not isinstance(values[0], (np.ndarray, np.generic)):  # alone, as "records differ"
+            raise  # and "pad them"; one first is made an array with the others, its checks)
+        converted = [_as_array(path, v, j, names)
+                     if not isinstance(v, (np.ndarray, np.generic))  # (a masked one: said)
+                     and has_array_protocol(v) else v for j, v in enumerate(values)]
+        if all(a is b for a, b in zip(converted, values)):
+            raise
+        return _column_of(path, converted, names)
+
+
+def _column_of(path: str, values: list, names: Any) -> Column:
     first = values[0]
     n = len(values)
     if isinstance(first, np.ndarray) and first.ndim:
@@ -220,6 +234,12 @@ def _missing(value: Any) -> bool:
 
 
 def raise_leaf_mismatch(path: str, values: list, names: Any) -> NoReturn:
+    try:  # (a jax.Array, a tensor: said and compared as the array it batches as)
+        values = [np.asarray(v) if not isinstance(v, (np.ndarray, np.generic))
+                  and has_array_protocol(v) else v for v in values]
+    except Exception:  # noqa: BLE001 - (one that does not convert: said as it is)
+        pass
+
     def kind(v: Any) -> tuple:  # what records must share (a value's own is its own)
         if isinstance(v, (str, bytes)):  # (np.str_ is a str)
             return (str if isinstance(v, str) else bytes, None)
