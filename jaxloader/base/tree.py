@@ -248,12 +248,6 @@ def _dict_columns(trees: list, keys: tuple) -> list | None:
         return None
 
 
-def split_rows(batched: Any, n: int) -> list:
-    """A batched tree (leaves with ``n`` rows) as ``n`` trees of one row each."""
-    leaves, treedef = flatten(batched)
-    return [unflatten(treedef, [leaf[j] for leaf in leaves]) for j in range(n)]
-
-
 class RecordNames:
     """How messages name a batch's records: by their positions in the epoch's order and, where
     they differ from them (a shuffled or filtered order), the source indices a user looks

@@ -31,6 +31,7 @@ import numpy as np
 from jaxloader.batching import collate
 from jaxloader.batching.record_columns import batch_columns, record_columns
 from jaxloader.base import tree as tree_lib
+from jaxloader.base.batch_rows import split_rows
 from jaxloader.base.tree import RecordNames
 from jaxloader.base.read_threads import (Reads, count as threads_now, current, item_of, pool_key,
                                          using)
@@ -319,7 +320,7 @@ class BatchMaker:
         raw = None
         if self._batched_reads:
             got = reading(self._getitems, spec)
-            raw = got if isinstance(got, list) else tree_lib.split_rows(got, len(spec.indices))
+            raw = got if isinstance(got, list) else split_rows(got, len(spec.indices))
         records: list = []
         locks = held() if raw is None else ()  # (a record's read holds them, not its transforms)
         threads = threads_now()

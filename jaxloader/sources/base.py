@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from jaxloader.base.batch_rows import split_rows
 from jaxloader.base.errors import ConfigError, RecordError
 from jaxloader.base.read_threads import each
 from jaxloader.sources.frames import arrow_kind, is_data_frame
@@ -226,9 +227,7 @@ def records_at(source: Any, indices: np.ndarray) -> list:
         got = source.__getitems__(indices)
         if isinstance(got, list):
             return one_each(got, len(indices))
-        from jaxloader.base import tree as tree_lib
-
-        return tree_lib.split_rows(got, len(indices))
+        return split_rows(got, len(indices))
     return each(source.__getitem__, np.asarray(indices).tolist())
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxloader.base import tree as tree_lib
 from jaxloader.base.abilities import OLDER, OLDER_DIGESTS, block_starts_of, lengths_of, origin_of
+from jaxloader.base.batch_rows import split_rows
 from jaxloader.base.checks import check_indices, int_indices, record_index
 from jaxloader.base.columns import memmap_under, overlapping
 from jaxloader.base.errors import CollateError, ConfigError
@@ -205,7 +206,7 @@ class ConcatSource:
         if any(isinstance(got, list) for _, got in pieces):
             records: list = [None] * len(parts)
             for run, got in pieces:
-                rows = got if isinstance(got, list) else tree_lib.split_rows(got, len(run))
+                rows = got if isinstance(got, list) else split_rows(got, len(run))
                 for j, record in zip(run, rows):
                     records[j] = record
             return records

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloader.base import tree as tree_lib
+from jaxloader.base.batch_rows import split_rows
 from jaxloader.base.checks import check_bool, check_int, int_indices, record_index
 from jaxloader.base.errors import SharedMemoryError
 from jaxloader.base.loader_names import loader_names
@@ -314,7 +314,7 @@ class ParquetSource:
             batch = pick(batch, restore)
         if any(c.dtype.hasobject and len(c) and isinstance(c[0], np.ndarray)
                for c in leaves(batch)):
-            return tree_lib.split_rows(batch, len(indices))
+            return split_rows(batch, len(indices))
         return batch
 
     def _sharing(self) -> bool:

@@ -391,3 +391,43 @@ def test_functions_of_other_arities_are_refused_as_the_source_or_stream_is_made(
                                                          r"be; pass a function of one argument"):
             make()
     assert jl.MapSource(source, lambda r: {"y": r["x"]})[1] == {"y": 1}
+
+
+def _tokenized(batch):  # a batched map returning a list of token arrays, as tokenizers do
+    return {"ids": [np.arange(int(n) + 1, dtype=np.int32) for n in batch["n"]], "n": batch["n"]}
+
+
+class _Columns:  # a source whose __getitems__ answers a dict of lists and one row too many
+    def __init__(self, extra=0):
+        self.extra = extra
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"x": np.float32(i)}
+
+    def __getitems__(self, indices):
+        return {"x": np.arange(len(indices) + self.extra, dtype=np.float32)}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_whose_leaves_hold_no_row_a_record_is_refused_before_record_transforms(
+        num_workers):
+    # (the transforms audit) with a Map or a Pad, a source's batch was split into records
+    # without a check: a batched MapSource's list of token arrays became rows of other records'
+    # tokens (Pad: ids [[0, 0, 0, 0], [1, 1, 1, 1], ...], lengths [4, 4, 4, 4]), a row too many
+    # was dropped, where the same batch without transforms is refused
+    tokens = jl.MapSource(jl.ArraySource({"n": np.arange(5, 13)}), _tokenized, batched=True)
+    for source, transforms, said in (
+            (tokens, [jl.Pad("ids")], r"batch leaf \['ids'\]\[0\]: expected 4 rows .* got shape "
+                                      r"\(6,\); .*a list or tuple in a batch is a pytree node"),
+            (_Columns(1), [jl.Map(lambda r: r)], r"batch leaf \['x'\]: expected 4 rows \(a row a "
+                                                 r"record asked for\) .* got shape \(5,\)")):
+        with jl.DataLoader(source, batch_size=4, num_workers=num_workers, transforms=transforms,
+                           process_index=0, process_count=1) as loader, pytest.raises(
+                (jl.CollateError, jl.WorkerError), match=said):
+            next(iter(loader))
+    with jl.DataLoader(_Columns(), batch_size=4, num_workers=num_workers, process_index=0,
+                       process_count=1, transforms=[jl.Map(lambda r: {"x": r["x"] * 2})]) as fine:
+        assert next(iter(fine))["x"].tolist() == [0, 2, 4, 6]
