@@ -276,6 +276,18 @@ def test_a_jax_array_after_a_numpy_value_batches_as_before_one_and_its_dtype_is_
         collate([{"x": np.zeros(3)}, {"x": jnp.ones(3, jnp.float32)}])
 
 
+def test_empty_rows_of_other_dtypes_are_refused_as_rows_with_values_are():
+    # (the sources audit) a batch of (0,) rows took the first record's dtype, float32 or
+    # int64 by the order the records came in; rows with values are refused
+    for dtypes in ((np.float32, np.int64), (np.int64, np.float32)):
+        with pytest.raises(CollateError, match=r"records differ: item 0 has shape \(0,\) dtype "
+                                               rf"{np.dtype(dtypes[0])}, item 1 has shape \(0,\) "
+                                               rf"dtype {np.dtype(dtypes[1])}"):
+            collate([{"x": np.zeros(0, d)} for d in dtypes])
+    batch, _ = collate([{"x": np.zeros((0, 4), np.float32)}] * 3)
+    assert batch["x"].shape == (3, 0, 4) and batch["x"].dtype == np.float32
+
+
 def test_text_beside_a_number_is_told_to_be_made_one_kind_not_padded():
     # was told to pad them with jaxloader.Pad('s'), which refuses text (the pytrees audit)
     for values in (["a", 1], [2.5, b"x"]):

@@ -296,6 +296,8 @@ def _stack(column: Column, out: np.ndarray | None = None) -> np.ndarray:
     if len(column.shape) == 1:  # scalars: fromiter is an order of magnitude faster than np.stack
         out[:] = np.fromiter(values, column.dtype, count=len(values))
     elif 0 in column.shape[1:] or column.dtype.hasobject:  # (no values: (3, 0) rows)
+        if not column.dtype.hasobject and any(v.dtype != column.dtype for v in values):
+            raise_leaf_mismatch(column.path, values, column.names)  # (as rows with values)
         out[...] = np.stack(values)
     else:  # rows of equal shape: one concatenate along axis 0 straight into out
         try:
