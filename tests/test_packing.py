@@ -120,6 +120,10 @@ def test_sequences_of_python_objects_or_of_other_dtypes_are_refused_where_values
                                                  rf"\[{kinds}\], which NumPy makes one .*make "
                                                  r"them one dtype, or pass dtype="):
             jl.RaggedSource.from_sequences({"ids": sequences})
+    with pytest.raises(jl.ConfigError, match=r"holds 1e\+300 at position 1 \(made inf\)"):
+        jl.RaggedSource.from_sequences({"x": [[2**70, 1e300]]}, dtype=np.float32)
+    words = jl.RaggedSource.from_sequences({"w": [["ab", "c"], ["defg"]]})  # (widened: kept)
+    assert words[1]["w"].tolist() == ["defg"] and words[0]["w"].dtype == np.dtype("<U4")
     mixed = jl.RaggedSource.from_sequences({"x": [[1, 2], [0.5]]})  # (kept: ints in float64)
     assert mixed[0]["x"].tolist() == [1.0, 2.0] and mixed[1]["x"].dtype == np.float64
     nan = jl.RaggedSource.from_sequences({"x": [[1, float("nan"), 2**60]]}, dtype=np.float32)

@@ -438,6 +438,10 @@ def test_a_time_dtype_that_cuts_the_records_times_is_refused_and_one_that_holds_
             jl.Pad(key, value=nat, dtype=f"{unit}[us]")])))[key]
         assert finer.dtype == np.dtype(f"{unit}[us]") and np.isnat(finer[0, 1])
         assert finer[0, 0] == records[0][key][0] and finer[1].tolist() == records[1][key].tolist()
+    far = [{"t": np.array(["3000-01-01"], "M8[D]")}, {"t": np.array(["2020-01-01"], "M8[D]")}]
+    with pytest.raises(jl.CollateError, match=r"holds values datetime64\[ns\] does not"):
+        next(iter(jl.DataLoader(far, batch_size=2, transforms=[  # (NumPy 2.5: its bare
+            jl.Pad("t", value=np.datetime64("NaT", "ns"), dtype="M8[ns]")])))  # OverflowError)
     with pytest.raises(jl.ConfigError, match=r"'t' of sequence 0 is datetime64\[ms\] and holds "
                                              r"values datetime64\[s\] does not .*a finer unit"):
         jl.RaggedSource.from_sequences({"t": [stamps[0]["t"]]}, dtype="M8[s]")

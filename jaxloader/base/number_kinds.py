@@ -132,7 +132,10 @@ def cast_kept(given: np.ndarray, kind: np.dtype) -> tuple[np.ndarray, str]:
     if given.size and number_kind(kind) not in _INTO.get(number_kind(given.dtype), ""):
         return given, "kind"
     with np.errstate(all="ignore"):
-        made = given.astype(kind)
+        try:
+            made = given.astype(kind)
+        except OverflowError:  # (NumPy 2.5: a date past datetime64[ns]'s years, as it casts)
+            return given, "values"
         if not given.size:
             return made, ""
         if given.dtype.kind in "mM":  # (times: a coarser unit cuts 1500 ms to 1 s; a finer

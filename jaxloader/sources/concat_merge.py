@@ -92,22 +92,23 @@ def _said(column: np.ndarray) -> str:
 
 
 def _first_type(column: np.ndarray) -> type | None:
-    """The type of an object column's first value (``None``: it has none)."""
-    return type(column.flat[0]) if column.size else None
+    """The type of an object column's first value that is not ``None`` (``None``: none)."""
+    return next((type(v) for v in column.flat if v is not None), None)
 
 
 def _text_kind(column: np.ndarray) -> str | None:
-    """``"U"`` for a column of ``str`` (fixed width, or Python objects), ``"S"`` for one of
-    ``bytes``, ``"empty"`` for an object column of no rows, ``None`` for anything else."""
+    """``"U"`` for a column of ``str`` (fixed width, or Python objects, nulls among them),
+    ``"S"`` for one of ``bytes``, ``"empty"`` for an object column of no rows or nulls alone,
+    ``None`` for anything else."""
     if column.dtype.kind in "US":
         return column.dtype.kind
     if column.dtype != object:
         return None
-    if not column.size:
+    if not column.size or all(v is None for v in column.flat):  # (a null: any kind's)
         return "empty"
-    if all(isinstance(v, str) for v in column.flat):
+    if all(isinstance(v, str) or v is None for v in column.flat):
         return "U"
-    if all(isinstance(v, bytes) for v in column.flat):
+    if all(isinstance(v, bytes) or v is None for v in column.flat):
         return "S"
     return None
 

@@ -210,7 +210,8 @@ def _objects_cast(given: np.ndarray, dtype: np.dtype, key: str, i: int) -> np.nd
             made = np.asarray(values, dtype=dtype).reshape(given.shape)
             at = next((j for j, (a, b) in enumerate(zip(made.reshape(-1).tolist(), values))
                        if not (a == b or a != a and b != b  # (NaN is NaN; a float
-                               or type(b) is float and dtype.kind in "fc")), None)  # rounded)
+                               or type(b) is float and dtype.kind in "fc"  # rounded, not made
+                               and (np.isfinite(a) or not np.isfinite(b)))), None)  # inf)
             if at is None:
                 return made
             why = f"made {made.reshape(-1).tolist()[at]!r}"
@@ -230,8 +231,9 @@ def _check_promoted(key: str, arrays: list[np.ndarray], common: np.dtype) -> Non
     past 2**53 beside a float rounded, a uint64 past 2**63 beside an int64 made float64,
     booleans made numbers (a mask beside ids)."""
     for i, array in enumerate(arrays):
-        if not array.size or array.dtype == common or common == object:  # (objects: refused
-            continue  # as the source is made, naming the value)
+        if not array.size or array.dtype == common or common == object or (  # (objects:
+                array.dtype.kind == common.kind and common.kind in "US"):  # refused as made,
+            continue  # naming the value; strings widened: kept)
         _, lost = cast_kept(array, common)
         if lost or (array.dtype == np.bool_) != (common == np.bool_):
             raise ConfigError(

@@ -138,6 +138,9 @@ def test_parts_of_python_str_and_python_bytes_are_named_not_batched_together():
             jl.ConcatSource([text, raw]).__getitems__(np.array(rows))
     both = jl.ConcatSource([text, Objects(["g", "h"])]).__getitems__(np.array([0, 3]))["t"]
     assert both.tolist() == ["a", "g"]
+    nulls = jl.ConcatSource([Objects([None, "a", "b"]), Objects(["c", "d", None])])
+    for rows, want in (([0, 3], [None, "c"]), ([1, 5], ["a", None]), ([0, 5], [None, None])):
+        assert nulls.__getitems__(np.array(rows))["t"].tolist() == want  # (a null: any kind's)
 
 
 def test_parts_are_asked_for_their_rows_ascending_over_parts_and_in_order_alone():
