@@ -42,10 +42,10 @@ def undivided(shape: tuple, sharding: Sharding, process_count: int) -> str | Non
     return None
 
 
-def refuse_none_over_leaf(paths: list[tuple], batch: Any) -> list:
+def refuse_none_over_leaf(paths: list[tuple], batch: Any, devices: list) -> list:
     """Refuses a ``None`` in the sharding's tree (at one of ``paths``) over a leaf of the batch
-    that goes to the devices: JAX placed it whole on one device, without a word, where the
-    rest went over the mesh (a batch's ``None``, a leaf absent, is fine). Returns ``[]``."""
+    that goes to the devices: JAX placed it whole on its first device, without a word, where
+    the rest went to ``devices`` (a batch's ``None``, a leaf absent, is fine). Returns ``[]``."""
     for path in paths:
         under: Any = batch
         try:
@@ -60,7 +60,14 @@ def refuse_none_over_leaf(paths: list[tuple], batch: Any) -> list:
             raise ConfigError(
                 f"sharding: its tree holds None at {jax.tree_util.keystr(path) or '<root>'}, "
                 f"over the batch's leaf of shape {np.shape(placed[0])}: JAX places it whole on "
-                f"one device ({jax.devices()[0]}) where the rest goes over the mesh; give it a "
-                f"sharding: NamedSharding(mesh, P()) places it whole on each device, "
-                f"jl.data_sharding(mesh) splits its rows, a device itself puts it there")
+                f"one device ({jax.devices()[0]}), where the other leaves go to "
+                f"{_devices_said(devices)}; give it a sharding: NamedSharding(mesh, P()) places "
+                f"it whole on each device, jl.data_sharding(mesh) splits its rows, a device "
+                f"itself puts it there")
     return []
+
+
+def _devices_said(devices: list) -> str:
+    return (f"{devices[0]}" if len(devices) == 1 else
+            f"{len(devices)} devices ({', '.join(map(str, devices[:4]))}"
+            + (", ..." if len(devices) > 4 else "") + ")")

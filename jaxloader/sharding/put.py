@@ -148,8 +148,10 @@ class Putter:
         self._copy_small = all(d.platform == "cpu" for s in leaves for d in s.device_set)
         self._kinds: list | None = None  # the first batch's leaves' shapes past rows, dtypes
         self._said_kinds = False  # (several processes: _same_kinds, said once)
+        self._placed_on = sorted({d for s in leaves for d in s.device_set}, key=lambda d: d.id)
         self._nones = [path for path, s in jax.tree_util.tree_flatten_with_path(  # (checked
-            self.sharding, is_leaf=lambda x: x is None)[0] if s is None]  # at the first batch)
+            self.sharding, is_leaf=lambda x: x is None)[0]  # at the first batch; where all go
+            if s is None] if self._placed_on != [jax.devices()[0]] else []  # to JAX's first: no)
         if batch_size is not None:  # (refused here, not at the first batch's placement)
             for s, axes, ways in self._batch_axes():
                 if batch_size * process_count % ways:
@@ -273,7 +275,7 @@ class Putter:
         if not jax.config.read("jax_enable_x64"):
             check_32_bits(batch, leaves)
         if self._nones:
-            self._nones = refuse_none_over_leaf(self._nones, batch)
+            self._nones = refuse_none_over_leaf(self._nones, batch, self._placed_on)
         sharding = self.sharding
         if self._rows_only is not None and type(batch) in (dict, OrderedDict) and any(
                 _a_row_each(leaf) for leaf in batch.values()):

@@ -255,6 +255,16 @@ def test_bad_shardings_give_clear_errors():
                 "it whole on one device") in str(e) and "NamedSharding(mesh, P())" in str(e), e
     else:
         raise AssertionError("None over a leaf the devices take must be refused")
+    first = next(iter(jl.DataLoader(source(8), batch_size=4, sharding={  # (all on JAX's
+        "x": jax.devices()[0], "y": None})))  # first device: None puts it there too, as before)
+    assert first["y"].devices() == first["x"].devices() == {jax.devices()[0]}
+    try:
+        next(iter(jl.DataLoader(source(8), batch_size=4, sharding={"x": jax.devices()[1],
+                                                                   "y": None})))
+    except jl.ConfigError as e:
+        assert "one device (cpu:0), where the other leaves go to cpu:1" in str(e), e
+    else:
+        raise AssertionError("None beside a leaf on another device must be refused")
     absent = [jl.Map(lambda r: {"x": r["x"], "y": None})]  # (a leaf absent: None over None)
     placed = next(iter(jl.DataLoader(source(8), batch_size=4, sharding=halves,
                                      transforms=absent)))
