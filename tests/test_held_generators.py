@@ -368,6 +368,12 @@ def _draw():
     return random.Random().random()
 
 
+def _seeded_after(record):
+    rng = random.Random()
+    rng.seed(int(record["x"]))
+    return {**record, "aug": np.float64(rng.random())}
+
+
 def _seeded(record):
     rng = np.random.default_rng(int(record["x"]))
     return {**record, "aug": np.float64(rng.random())}
@@ -387,5 +393,6 @@ def test_a_generator_made_without_a_seed_inside_a_transform_is_warned_of_at_its_
     _, said = _epoch([jl.Map(lambda r: r), jl.Map(_helper_made)], num_workers)
     assert any("transforms[1] Map(_helper_made) makes a random generator without a seed "
                "(Random() in fn._draw)" in w for w in said), said
-    _, said = _epoch([jl.Map(_seeded)], num_workers)  # (seeded from the record: fine)
-    assert not any("without a seed" in w for w in said), said
+    for seeded in (_seeded, _seeded_after):  # (seeded from the record, as made or after)
+        _, said = _epoch([jl.Map(seeded)], num_workers)
+        assert not any("without a seed" in w for w in said), said

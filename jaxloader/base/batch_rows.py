@@ -22,10 +22,11 @@ def split_rows(batched: Any, n: int) -> list:
     """A batched tree (leaves with ``n`` rows) as ``n`` trees of one row each; a
     ``CollateError`` naming the first leaf that does not hold ``n`` rows along axis 0."""
     leaves, treedef = tree_lib.flatten(batched)
-    for path, leaf in zip(tree_lib.leaf_paths(treedef), leaves):
+    for k, leaf in enumerate(leaves):
         shape = getattr(leaf, "shape", None)
         if not isinstance(shape, tuple) or not shape or shape[0] != n or isinstance(
                 leaf, (str, bytes)):  # (torch's Size is a tuple)
+            path = tree_lib.leaf_paths(treedef)[k]
             listed = path.endswith("]") and path.rsplit("[", 1)[1][:-1].isdigit()
             got = f"shape {shape}" if isinstance(shape, tuple) else f"a {type(leaf).__name__}"
             raise CollateError(

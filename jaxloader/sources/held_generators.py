@@ -31,6 +31,8 @@ _LOOKED_AT = 2000  # objects a transform's search for held generators looks at, 
 _ITEMS = 64  # a container's items it looks at, at most
 _MAKERS = {"default_rng", "RandomState", "Random", "SeedSequence", "PCG64", "PCG64DXSM", "Philox",
            "SFC64", "MT19937"}  # a random generator's makers: seeded by the OS with no argument
+_SEEDS = {"seed", "state", "bit_generator", "set_state", "setstate", "__setstate__"}  # a
+# generator seeded after it is made, where the code names one of these
 _PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
 
 
@@ -54,7 +56,11 @@ def unseeded_makers(transforms: tuple) -> list[tuple[int, str, str, str, int]]:
 def _unseeded(code: types.CodeType) -> list[tuple[str, int]]:
     """The calls of no argument in ``code`` (and the functions defined in it) to a name of
     ``_MAKERS``: the name, loaded as a global or an attribute, then the call (3.11's
-    ``PRECALL`` and the interpreters' ``CACHE`` between), each with its line."""
+    ``PRECALL`` and the interpreters' ``CACHE`` between), each with its line; none in code
+    that also names a way to seed one (``_SEEDS``)."""
+    nested = [f for c in code.co_consts if isinstance(c, types.CodeType) for f in _unseeded(c)]
+    if _SEEDS & set(code.co_names):  # (made, then seeded: g = random.Random(); g.seed(k))
+        return nested
     steps = [i for i in dis.get_instructions(code)
              if i.opname not in ("CACHE", "PRECALL", "PUSH_NULL", "NOP")]
     found = [(f"{name.argval}()", name.positions.lineno or code.co_firstlineno)
@@ -62,8 +68,7 @@ def _unseeded(code: types.CodeType) -> list[tuple[str, int]]:
              if name.argval in _MAKERS and name.opname in ("LOAD_ATTR", "LOAD_METHOD",
                                                            "LOAD_GLOBAL", "LOAD_DEREF")
              and call.opname == "CALL" and call.arg == 0 and name.positions is not None]
-    return found + [f for c in code.co_consts if isinstance(c, types.CodeType)
-                    for f in _unseeded(c)]
+    return found + nested
 
 
 def held_generators(transforms: tuple) -> list[tuple[int, str, Any]]:

@@ -338,8 +338,9 @@ class TextShard(_LineShard):
     """
 
     def _parse(self, raw: bytes) -> Any:
-        if b"\x00" in raw and raw.count(0) * 4 >= len(raw):  # (half of ASCII in UTF-16 is
-            raise RecordError(  # NUL, 3/4 in UTF-32; UTF-8 text rarely holds one)
+        if b"\x00" in raw and len(raw) >= 4 and 2 * max(  # (every other byte NUL: ASCII in
+                raw[::2].count(0), raw[1::2].count(0)) >= len(raw) - 1:  # UTF-16 or UTF-32)
+            raise RecordError(
                 f"{self.path}: line {self._count}: {raw.count(0)} of its {len(raw)} bytes are "
                 f"NUL, as in UTF-16 or UTF-32 text without a byte order mark, expected UTF-8: "
                 f"{raw[:80]!r}; convert the file (iconv -f utf-16le -t utf-8)")

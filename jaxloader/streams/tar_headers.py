@@ -4,8 +4,8 @@ header's path and size, and what follows the end-of-archive marker.
 After the marker (two zero blocks) a tar holds zeros up to its record size (10,240 bytes for
 GNU tar and ``tarfile``), or nothing. A file whose bytes go on is most often two archives joined
 end to end (``cat a.tar b.tar``, or ``.tar.gz`` files so joined): ``tar`` and ``tarfile`` stop
-at the first marker and read none of the second's members, without a word. So it is an error,
-naming the first byte that is not zero and whether a tar header starts there.
+at the first marker and read none of the second's members, without a word. So a tar header
+there is an error; other data (a signature some tools append) is warned of, and left unread.
 
 Example:
     >>> header = bytearray(512); header[:9] = b"key.jpg\\0\\0"
@@ -15,14 +15,16 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import BinaryIO
 from zlib import adler32
 
-from jaxloader.base.errors import RecordError
+from jaxloader.base.errors import JaxloaderWarning, RecordError
 
 BLOCK = 512
 CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is summed with its own field as 8 spaces
 READ_AFTER_END = 1 << 16  # what follows the end-of-archive marker, read at a time
+TRAILING_SAID: set[str] = set()  # files whose data after the marker was warned of
 # the remedy a damaged shard's error ends with
 DROP = "or drop it from the stream (a state saved while it was in the stream is then refused)"
 
@@ -72,29 +74,39 @@ def sparse(path: str, offset: int, name: str) -> RecordError:
 
 def check_after_end(file: BinaryIO, path: str, marker: int) -> None:
     """Reads what follows the end-of-archive marker at byte ``marker`` (``file`` is at its
-    end) to the file's end: zeros, or an error naming the first byte that is not. Read to
+    end) to the file's end: zeros; a tar header, another archive joined after it, an error;
+    other data (a signature some tools append) warned of once a file, and read past. Read to
     the end, a compressed stream's checksum is checked too (its errors are the caller's)."""
-    at = marker + 2 * BLOCK
+    at, said = marker + 2 * BLOCK, False
     while chunk := file.read(READ_AFTER_END):
         first = len(chunk) - len(chunk.lstrip(b"\0"))
-        if first < len(chunk):
+        if first < len(chunk) and not said:
             header = chunk[first:first + BLOCK]
-            _joined(path, marker, at + first, header + file.read(BLOCK - len(header)))
+            header += file.read(BLOCK - len(header))
+            said = _joined(path, marker, at + first, header)
         at += len(chunk)
 
 
-def _joined(path: str, marker: int, first: int, header: bytes) -> None:
+def _joined(path: str, marker: int, first: int, header: bytes) -> bool:
+    """Raises where a tar header starts at byte ``first`` after the marker (another archive
+    joined after this one, whose members would be lost); else warns of the data, once a file."""
     try:
         stored = int(header[148:156].rstrip(b"\0 ").strip() or b"-1", 8)
     except ValueError:
         stored = -1
-    what = (f"a tar header (member {header_name(header)!r}) at byte {first:,}: another "
-            "archive joined after this one (cat a.tar b.tar), whose members tar and tarfile "
-            "do not read either"
-            if not first % BLOCK and len(header) == BLOCK and stored == header_sum(header)
-            else f"data that is not zeros at byte {first:,}")
-    raise RecordError(
-        f"{path}: byte {marker}: the end-of-archive marker (two zero blocks) is followed by "
-        f"{what}; expected zeros to the end of the file. Make the archives one (GNU tar "
-        f"--concatenate --file=a.tar b.tar) or list each as a shard of its own; or cut the "
-        f"file to its first archive ({marker + 2 * BLOCK:,} bytes), {DROP}")
+    if not first % BLOCK and len(header) == BLOCK and stored == header_sum(header):
+        raise RecordError(
+            f"{path}: byte {marker}: the end-of-archive marker (two zero blocks) is followed by "
+            f"a tar header (member {header_name(header)!r}) at byte {first:,}: another archive "
+            f"joined after this one (cat a.tar b.tar), whose members tar and tarfile do not "
+            f"read either; make the archives one (GNU tar --concatenate --file=a.tar b.tar) or "
+            f"list each as a shard of its own, {DROP}")
+    if path not in TRAILING_SAID:
+        TRAILING_SAID.add(path)
+        warnings.warn(
+            f"{path}: byte {first:,}: data that is not a tar member follows the end-of-archive "
+            f"marker at byte {marker:,} (a signature or padding some tools append?): left "
+            f"unread, as tar and tarfile leave it; cut the file to its archive "
+            f"({marker + 2 * BLOCK:,} bytes) to silence this (said once a file)",
+            JaxloaderWarning, stacklevel=2)
+    return True

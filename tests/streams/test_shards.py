@@ -413,8 +413,9 @@ def test_text_in_utf16_or_utf32_without_a_byte_order_mark_is_refused_not_read_as
                                                  r"NUL, as in UTF-16 or UTF-32 text without a "
                                                  r"byte order mark.*iconv -f utf-16le"):
             read_all(jl.TextShard(tmp_path / "bare.txt"))
-    (tmp_path / "nul.txt").write_bytes(b"a line with one \x00 in it\nnext\n")  # (valid UTF-8)
-    assert read_all(jl.TextShard(tmp_path / "nul.txt")) == ["a line with one \x00 in it", "next"]
+    (tmp_path / "nul.txt").write_bytes(b"a line with one \x00 in it\n\x00\na\x00b\n")  # (UTF-8)
+    assert read_all(jl.TextShard(tmp_path / "nul.txt")) == ["a line with one \x00 in it",
+                                                            "\x00", "a\x00b"]
 
 
 def test_a_stream_takes_a_path_a_folder_or_a_pattern(tmp_path):
