@@ -80,8 +80,9 @@ def _is_sharding(x: Any) -> bool:
 
 
 def _a_row_each(leaf: Any) -> bool:
-    """A 1-D bool leaf: a value a row (the pad mask), placed by the batch axis alone."""
-    return isinstance(leaf, np.ndarray) and leaf.ndim == 1 and leaf.dtype == np.bool_
+    """A 1-D leaf: a value a row (the pad mask, a Pad's lengths, a label), placed by the batch
+    axis alone."""
+    return isinstance(leaf, np.ndarray) and leaf.ndim == 1
 
 
 def _devices_remedy(devices: list | tuple, batch: Any) -> str:
@@ -131,9 +132,10 @@ class Putter:
                 "jaxloader.data_sharding(mesh, 'data')"
             )
         self.sharding = sharding
-        # one sharding of several axes (a sequence's over "seq": P(None, "seq")): a 1-D bool
-        # leaf, the pad mask of a pass that ends or of last_batch='pad', a row's, takes its
-        # batch axis's part (it failed at the first padded batch, the remedy another mesh's)
+        # one sharding of several axes (a sequence's over "seq": P(None, "seq")): a 1-D leaf,
+        # a value a row (the pad mask of a pass that ends or of last_batch='pad', a Pad's
+        # lengths, a label), takes its batch axis's part (it failed at the first batch, or
+        # the first padded one, the remedy a dict of shardings or another mesh's)
         self._rows_only = NamedSharding(sharding.mesh, PartitionSpec(sharding.spec[0]),
                                         memory_kind=sharding.memory_kind) if (
             isinstance(sharding, NamedSharding) and len(sharding.spec) > 1) else None

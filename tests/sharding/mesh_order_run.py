@@ -69,10 +69,11 @@ try:  # one spec, but meshes of the devices in other orders
 except jl.ConfigError as e:
     if process_id == "0":
         print("mixed meshes refused:", e)
-try:  # a spec of two axes for a leaf of one: JAX's bare IndexError on several processes
+try:  # a spec of two axes given to a leaf of one: JAX's bare IndexError on several processes
+    both = NamedSharding(two_axes, PartitionSpec("data", "fsdp"))  # (one for all leaves: a
     with jl.DataLoader(jl.ArraySource({"x": np.zeros((22, 2), np.float32), "y": np.arange(22)}),
-                       batch_size=4, sharding=NamedSharding(two_axes, PartitionSpec(
-                           "data", "fsdp"))) as loader:
+                       batch_size=4, sharding={"x": both, "y": both}) as loader:  # 1-D one
+        # takes its rows' part)
         next(iter(loader))
 except jl.ConfigError as e:
     if process_id == "0":

@@ -333,9 +333,10 @@ def test_bad_shardings_give_clear_errors():
     grid = jax.make_mesh((2, 2), ("data", "model"))  # one spec of 2 axes over every leaf:
     try:  # a 1-dimensional leaf it fails on was said to "divide evenly" (the pad mask, a
         # row's, takes the batch axis's part: test_the_pad_mask_takes_the_batch_axis...)
-        next(iter(jl.DataLoader(source(10), batch_size=4, last_batch="pad", device_prefetch=0,
+        both = NamedSharding(grid, P("data", "model"))  # (given to the leaf itself: one
+        next(iter(jl.DataLoader(source(10), batch_size=4, device_prefetch=0,
                                 transforms=[jl.Map(lambda r: {**r, "x": r["x"][:2]})],
-                                sharding=NamedSharding(grid, P("data", "model")))))
+                                sharding={"x": both, "y": both})))  # for all: its rows' part)
     except jl.ConfigError as e:
         assert ("leaf ['y']" in str(e) and "its spec names 2 dimensions, the leaf has 1" in
                 str(e) and "NamedSharding(mesh, P('data')) splits its rows alone" in str(e)), e
@@ -588,10 +589,17 @@ def test_the_pad_mask_takes_the_batch_axis_of_a_sharding_that_also_splits_the_se
                                                   memory_kind="pinned_host")) as loader:
             last = list(loader)[-1]
         print(type(last).__name__, last["mask"].sharding.memory_kind)
+        rows = [{"t": np.arange(k % 5 + 1), "label": np.int32(k)} for k in range(8)]
+        with jl.DataLoader(rows, batch_size=4, transforms=[jl.Pad("t", length=6)],
+                           sharding=NamedSharding(mesh, P("data", "seq"))) as loader:
+            first = next(iter(loader))  # (a Pad's lengths and a label a row: rank 1, which
+        print(*(tuple(first[k].sharding.spec) for k in ("t", "t_length", "label")),  # failed
+              first["t_length"].tolist())  # as the spec named 2 dimensions)
     """, n=4)
     assert out.splitlines() == ["(None, 'seq') (None,) [True, False]",
                                 "('data', 'seq') ('data',) [True, True, False, False]",
-                                "OrderedDict pinned_host"]
+                                "OrderedDict pinned_host",
+                                "('data', 'seq') ('data',) ('data',) [1, 2, 3, 4]"]
 
 
 def test_a_jit_map_in_process_runs_inside_the_training_loops_set_mesh():
