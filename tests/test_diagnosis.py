@@ -1146,3 +1146,29 @@ def test_the_expected_gain_takes_the_step_over_the_steps_timed_not_the_batches()
                     batches_made=1, stages={"read": 2.0}))
     said = "\n".join(diagnose(window, num_workers=0, cores=4).advice)
     assert "num_workers=4 makes them in parallel, expected ~2.0x" in said, said
+
+
+def test_a_pass_starts_long_waits_are_said_not_blamed_on_the_training_process():
+    # (the API audit) one worker 2.5x faster than the step: a 230 ms wait as the pass began
+    # (its first tasks made), then none; batches were ready on average, and diagnose() said
+    # "main": "6 batches ready behind each one handed out: the loop waits ... on the
+    # training process itself"
+    idle = WorkerStats(0, 1, 30, 240, 1 << 16, busy_s=0.5, cpu_s=0.05, stages={"read": 0.5})
+    stats = LoaderStats(batches=30, wait_s=0.27, run_s=1.2, wall_s=1.47, batches_made=30,
+                        stages={"read": 0.5, "hand-over": 0.003, "consumer wait": 0.27,
+                                "step": 1.2}, workers=(idle,), ready_ahead=6.0,
+                        first_batch_s=0.03, stalls=1, stalled_s=0.23)
+    d = diagnose(stats, num_workers=1, cores=4)
+    assert d.bottleneck == "step", d
+    assert "96% of it in 1 long wait(s) (230 ms each) as a pass started" in d.advice[0], d.advice
+    assert diagnose(stats._replace(stalls=0, stalled_s=0.0), 1, 4).bottleneck == "main"  # before
+    spread = stats._replace(stalls=20, stalled_s=0.23)  # (a wait at most steps: not a stall)
+    assert diagnose(spread, num_workers=1, cores=4).bottleneck != "step"
+
+
+def test_stats_since_something_other_than_stats_is_refused_naming_what_it_takes():
+    stats = LoaderStats(batches=10, wait_s=1.0, run_s=1.0, wall_s=2.0)
+    for other in (5, {}, {"step": 10}):  # (a state_dict(): AttributeError 'began')
+        with pytest.raises(jl.ConfigError, match=r"LoaderStats.since\(earlier\): expected the "
+                                                 r"LoaderStats read earlier from loader.stats"):
+            stats.since(other)

@@ -17,6 +17,8 @@ import os
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
+from jaxloader.base.errors import ConfigError
+
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 
 
@@ -108,6 +110,11 @@ class LoaderStats(NamedTuple):
     #: the last (its step's host work, the loader's threads; batches made where no workers):
     #: the cores it used, which a step waiting for an accelerator does not (0: not measured)
     main_cpu_s: float = 0.0
+    #: batches of a pass's first 32 steps, after its first, the loop waited for over twice the
+    #: step before (and 10 ms): stalls, as the workers made their first tasks
+    stalls: int = 0
+    #: the seconds the loop waited for those batches
+    stalled_s: float = 0.0
 
     @property
     def wait_fraction(self) -> float:
@@ -156,6 +163,11 @@ class LoaderStats(NamedTuple):
             >>> window.batches_per_s  # (100 batches in its 10 s)
             10.0
         """
+        if not isinstance(earlier, LoaderStats):  # (a state_dict(), a step: AttributeError)
+            raise ConfigError(f"LoaderStats.since(earlier): expected the LoaderStats read "
+                              f"earlier from loader.stats, got {type(earlier).__name__} "
+                              f"{earlier!r:.60}; read start = loader.stats, later "
+                              "loader.stats.since(start) or loader.diagnose(since=start)")
         if self.began != earlier.began or self.batches < earlier.batches:
             return self  # (read across a reset_stats(): the counts since it)
         was = {(w.worker, w.pid): w for w in earlier.workers}
@@ -175,7 +187,8 @@ class LoaderStats(NamedTuple):
             self.num_workers, max(0.0, ahead / batches) if batches else 0.0,
             self.batches_made - earlier.batches_made,
             self.first_batch_s if earlier.batches == 0 else 0.0, self.began,
-            window=earlier.batches > 0, main_cpu_s=self.main_cpu_s - earlier.main_cpu_s)
+            window=earlier.batches > 0, main_cpu_s=self.main_cpu_s - earlier.main_cpu_s,
+            stalls=self.stalls - earlier.stalls, stalled_s=self.stalled_s - earlier.stalled_s)
 
 
 def _minus(later: Mapping[str, float], earlier: Mapping[str, float]) -> Mapping[str, float]:

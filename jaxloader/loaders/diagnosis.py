@@ -42,6 +42,8 @@ CONTENDED = 0.25  # a worker's busy time waiting for a core above this share: th
 # taken (by other processes: another loader's workers), whatever this loader's count says
 DOMINANT = 0.50  # a transform above this share of the workers' time is named
 MAIN_SHARE = 0.30  # the training process's work this share of the loop's wait: "main"/"device"
+STALL_SHARE = 0.50  # long waits (LoaderStats.stalls) this share of the loop's wait, and at
+STALLS = 0.10  # most this share of its batches: stalls (a pass's start), not the steady run
 # a batch handed over from workers costs the training process at least this (a batch of one
 # small leaf: docs/benchmarks.md, the figures behind choices): no worker count makes batches
 # sooner than that, whatever their work
@@ -153,6 +155,13 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     # After the first batch, whose wait is the workers' start
     waited = max(0.0, stats.wait_s - stats.first_batch_s)
     wait_fraction = waited / (waited + stats.run_s) if waited + stats.run_s else 0.0
+    # a few long waits most of the rest (a pass's start, as its workers' first tasks are
+    # made): the steady run's wait is the verdict's, those said (batches ready on average
+    # hid them, and the training process was blamed)
+    stall = stats.stalled_s if (stats.stalls <= max(1, STALLS * per) and
+                                stats.stalled_s >= STALL_SHARE * waited > 0) else 0.0
+    calm = max(0.0, waited - stall) / (max(0.0, waited - stall) + stats.run_s) if stats.run_s \
+        else 1.0
     # over the workers in use (those autotune parked keep the busy time of when they ran)
     busy_s = sum(w.busy_s for w in stats.workers)
     steady = max(1e-12, stats.wall_s - stats.first_batch_s)
@@ -223,10 +232,16 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         queued = waits_for_core / working if working > 0 else 0.0
 
     bottleneck: Bottleneck
-    if wait_fraction < INPUT_BOUND:
+    if wait_fraction < INPUT_BOUND or stall and calm < INPUT_BOUND and busy < BUSY:  # (busy
+        # workers: a slow stretch of the input, not a start)
         bottleneck = "step"
         advice.insert(0, f"input keeps up: the training loop waited {wait_fraction:.0%} of "
-                         "its time for batches")
+                         "its time for batches" + (
+                             f", {stall / waited:.0%} of it in {stats.stalls} long wait(s) "
+                             f"({1e3 * stall / stats.stalls:.0f} ms each) as a pass started and "
+                             f"the workers made their first tasks, {calm:.0%} "
+                             "otherwise; longer passes (num_epochs=None) stall less often"
+                             if stall else ""))
         if num_workers > 1 and busy < 0.5:
             fewer = fit(max(1, round(num_workers * busy / 0.8)))
             if fewer < num_workers:
@@ -318,7 +333,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         # hand-over costs more than its timers see); else they wait for tasks or for a core
         # (every worker idle: one busy, late, leaves the others' batches ready while the loop
         # waits on its own)
-        ready = stats.ready_ahead >= 1 and max(stats.busy, default=0.0) < BUSY
+        ready = stats.ready_ahead >= 1 and max(stats.busy, default=0.0) < BUSY and not stall
         main_work = place + handover >= MAIN_SHARE * waited
         if main_work or ready:
             bottleneck = "device" if place > handover and main_work else "main"

@@ -95,7 +95,8 @@ class Progress:
         wall = self.last_s - self.first_s - self.apart_s if self.first_s is not None else 0.0
         return LoaderStats(self.batches, self.wait_s, self.run_s, wall, records, nbytes,
                            stages, tuple(workers), num_workers, gauges.ready_ahead(), made,
-                           self.first_batch_s, self.began, main_cpu_s=self.cpu_s)
+                           self.first_batch_s, self.began, main_cpu_s=self.cpu_s,
+                           stalls=self.stalls, stalled_s=self.stalled_s)
 
     def keep_queued(self, pids: Sequence[int]) -> float:
         """Reads the time the processes ``pids`` have waited for a core, kept for when they
@@ -110,8 +111,8 @@ class Progress:
         the workers', whose time waiting for a core counts from now."""
         self.queued_from = {pid: self.keep_queued([pid]) for pid in pids}
         self.began = time.perf_counter()  # when the stats began (LoaderStats.began)
-        self.batches = 0  # batches handed out, time waited inside next(), run between calls
-        self.wait_s = self.run_s = self.place_s = 0.0  # (placement: device_put's time)
+        self.batches = self.stalls = 0  # handed out (stalls: long waits); time in next(), run
+        self.wait_s = self.run_s = self.place_s = self.stalled_s = 0.0  # between, device_put's
         self.cpu_s = 0.0  # the training process's CPU seconds over the runs (LoaderStats)
         self.first_s: float | None = None  # when the first next() of the window was entered
         self.last_s = 0.0  # when the last batch was handed out
@@ -301,11 +302,12 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
             # step (it set the step, and this iterator's batch undid it)
             if progress.generation != self._generation:
                 return self.__next__()  # (says that this iterator is stale; the batch goes)
-            self._step += 1
-            progress.step = self._step
-            progress.batches += 1
-            progress.wait_s += returned - entered
-            progress.run_s += entered - self._last_return
+            progress.step = self._step = self._step + 1
+            progress.wait_s += (waited := returned - entered)
+            ran, progress.batches = entered - self._last_return, progress.batches + 1
+            if waited > max(0.01, 2 * ran) and 1 < self._step - self._start_step <= 32:
+                progress.stalls, progress.stalled_s = progress.stalls + 1, progress.stalled_s + waited
+            progress.run_s += ran  # (a stall above: 10 ms, twice the step, as a pass starts)
             progress.last_s = self._last_return = returned
             progress.cpu_s, self._last_cpu = progress.cpu_s + cpu - self._last_cpu, cpu
             self._caller = None  # (no call: a signal cannot come before the return)
