@@ -288,6 +288,9 @@ def test_a_dict_passed_as_the_source_gets_the_array_source_hint():
         check_source({"x": [1.0, 2.0]})  # lists are columns too, not splits
     with pytest.raises(jl.ConfigError, match=r"pass one of them: source\['train'\]"):
         check_source({"train": jl.ArraySource({"x": np.zeros(3)})})  # sources by split
+    with pytest.raises(jl.ConfigError, match=r"dict of 3 entries \(0, 1, 2\).*for records keyed "
+                                             r"by their index, pass a list of them in order"):
+        check_source({i: {"a": i} for i in range(3)})  # (told "pass one: source[0]", a record)
 
 
 def test_a_tuple_of_columns_passed_as_the_source_gets_the_array_source_hint():

@@ -64,11 +64,15 @@ def check_source(source: Any) -> int:
     if isinstance(source, Mapping):
         keys = list(source)[:4]
         splits = keys and all(  # a DatasetDict: datasets by split, not arrays or lists
-            isinstance(source[k], Source) and not isinstance(source[k], (list, tuple, str))
+            isinstance(source[k], Source) and not isinstance(source[k], (list, tuple, str,
+                                                                         Mapping))
             and not hasattr(source[k], "dtype") for k in keys)
+        records = keys and all(isinstance(source[k], Mapping) for k in keys)  # (by index)
         streams = keys and all(  # an IterableDatasetDict: streams by split
             type(source[k]).__name__ == "IterableDataset" for k in keys)
         remedy = (f"pass one of them: source[{keys[0]!r}]" if splits else
+                  "for records keyed by their index, pass a list of them in order: "
+                  "[your_dict[k] for k in sorted(your_dict)]" if records else
                   f"pass one of them to a StreamLoader: jaxloader.StreamLoader("
                   f"source[{keys[0]!r}], ...)" if streams else
                   "for arrays with the records along axis 0, wrap it: "
