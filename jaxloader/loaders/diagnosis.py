@@ -158,8 +158,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     # a few long waits most of the rest (a pass's start, as its workers' first tasks are
     # made): the steady run's wait is the verdict's, those said (batches ready on average
     # hid them, and the training process was blamed)
-    stall = stats.stalled_s if (stats.stalls <= max(1, STALLS * per) and
-                                stats.stalled_s >= STALL_SHARE * waited > 0) else 0.0
+    stall = min(waited, stats.stalled_s) if (stats.stalls <= max(1, STALLS * per) and
+                                             stats.stalled_s >= STALL_SHARE * waited > 0) else 0.0
     calm = max(0.0, waited - stall) / (max(0.0, waited - stall) + stats.run_s) if stats.run_s \
         else 1.0
     # over the workers in use (those autotune parked keep the busy time of when they ran)
