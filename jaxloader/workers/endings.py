@@ -71,11 +71,14 @@ def stop_all(workers: list[WorkerProcess], ring: Any = None) -> None:
     an earlier one is interrupted (``jaxloader.base.interrupts``, 4). The workers wind down
     together: told at once, given one grace (``STOP_GRACE_S``) between them to close their pipes
     (those that have not are killed), then each waited for as it ends."""
-    running = [w.pid for w in workers if w.exitcode() is None]
     deadline = time.monotonic() + STOP_GRACE_S
-    steps: list[Callable[[], Any]] = [functools.partial(  # (a step: a log handler that
-        log.info, "stopping worker process(es) %s", running)] if running else []  # raises)
-    steps += [w.ask_to_stop for w in workers]
+
+    def said() -> None:  # (a step: an exit code is asked of the starter, a round trip a Ctrl-C
+        running = [w.pid for w in workers if w.exitcode() is None]  # may cut; a log handler
+        if running:  # may raise): cut before the others ran, a collected loader's slots and
+            log.info("stopping worker process(es) %s", running)  # pidfds stayed for good
+
+    steps: list[Callable[[], Any]] = [said] + [w.ask_to_stop for w in workers]
     steps += [functools.partial(w.let_go, deadline) for w in workers]
     ends: list[float] = []  # (one wait for their ends, from the first reap: not one each)
 

@@ -1580,3 +1580,29 @@ def test_a_ctrl_c_as_the_pool_is_made_leaves_no_board_behind(monkeypatch):
 
     gc.collect()
     assert descriptors() == before
+
+
+def test_a_ctrl_c_in_the_first_step_of_stopping_the_workers_leaves_nothing_held(monkeypatch):
+    # (the lifecycle audit) the first step, each worker's exit code asked of the starter (a
+    # round trip), ran before the others' run_all: a Ctrl-C there (a collected loader's
+    # finalizer, 1 in 2 real signals) left its slots and pidfds open for good
+    from jaxloader.workers.process import WorkerProcess
+
+    before = set(held_segments())
+    pool = WorkerPool(BatchMaker(source(), Sampler(61, 6, shuffle=False, seed=0,
+                                                   last_batch="drop")), num_workers=2)
+    assert len(list(pool.batches(0, 4))) == 4
+    mine, pids = set(held_segments()) - before, pool.pids
+    real, fired = WorkerProcess.exitcode, []
+
+    def exitcode(self, timeout=0.0):
+        if not fired:
+            fired.append(True)
+            raise KeyboardInterrupt  # (a Ctrl-C landing in the round trip)
+        return real(self, timeout)
+
+    monkeypatch.setattr(WorkerProcess, "exitcode", exitcode)
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
+    assert fired and mine
+    assert _wait_gone(pids, mine) == ([], []), "workers or slots left"
