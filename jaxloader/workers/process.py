@@ -23,7 +23,7 @@ Stopping is quick whatever the worker is doing: it is told to stop, and one that
 its pipe after ``STOP_GRACE_S`` (busy in a transform, with tasks queued behind the message) is
 killed: nothing it holds needs it to exit cleanly (its memory files and locks go with it). One
 that has is waited for as it ends (its threads, its atexit hooks: ``worker.leave``): up to
-``_KILL_TIMEOUT_S`` if started by ``"exec"``, until it ends if by ``"fork"``.
+``LEAVE_S``, then killed with a warning, however it was started.
 
 A worker's JAX, should a transform use it, runs on the CPU (``JAX_PLATFORMS=cpu``): the
 accelerators belong to the training process. A worker that started a GPU backend would take
@@ -158,10 +158,10 @@ class WorkerProcess:
             environment = worker_environment(os.environ)
         try:
             in_lasting_thread(lambda: self._start(start_method, child, environment))
-        finally:
+        finally:  # (joined first: a Ctrl-C in close() lost a forked worker's pid, a zombie)
+            if into is not None and getattr(self, "pid", None) is not None:
+                into.append(self)
             child.close()
-        if into is not None:
-            into.append(self)
         self.sentinel = _sentinel(self.pid)
 
     def _start(self, start_method: str, child: Any, environment: dict[str, str]) -> None:
