@@ -517,3 +517,22 @@ def test_a_source_array_changed_in_place_after_the_workers_copied_it_is_warned_o
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert int(next(iter(loader))["y"][0]) == 0  # (the copy, as said)
+
+
+def test_a_sources_array_the_memory_cannot_hold_a_copy_of_is_named_with_its_remedies(
+        monkeypatch):
+    # (the lifecycle audit) a 512 MB in-memory source under a 1000 MB cgroup: "Use smaller
+    # batches, fewer workers or prefetch", none of which changes the source's copy
+    from jaxloader.base.errors import SharedMemoryError
+    from jaxloader.runtime import limits
+
+    monkeypatch.setattr(limits, "reservable_bytes", lambda: 4096)
+    segments: list = []
+    with pytest.raises(SharedMemoryError) as raised:
+        dumps({"x": np.zeros(SHARE_MIN_BYTES, np.uint8)}, segments.append)
+    said = str(raised.value)
+    assert said.startswith(f"the source's array 1 ({SHARE_MIN_BYTES:,} bytes) is shared with the "
+                           "workers as a copy in memory, which could not be made: shared "
+                           f"memory: could not reserve {SHARE_MIN_BYTES:,} bytes"), said
+    assert "Read it from a memory-mapped file" in said and "smaller" not in said
+    assert segments == []

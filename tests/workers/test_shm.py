@@ -220,7 +220,8 @@ def test_memory_that_cannot_be_reserved_is_refused_at_construction_not_a_sigbus(
     # POSIX shared memory in a full /dev/shm: the limit a test can set (a memory-limited
     # cgroup would OOM-kill instead, for memory files and any other allocation alike)
     out = _in_small_dev_shm("posix")
-    assert "refused: shared memory: could not reserve" in out and "in /dev/shm" in out
+    assert "refused: the source's array 1 (" in out and "shared memory: could not reserve" \
+        in out and "in /dev/shm" in out and "np.load(path, mmap_mode='r')" in out
     assert "bytes were free in /dev/shm" in out and "--shm-size" in out
     assert "ok posix left in /dev/shm: []" in out
 
