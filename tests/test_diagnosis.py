@@ -1164,6 +1164,9 @@ def test_a_pass_starts_long_waits_are_said_not_blamed_on_the_training_process():
     assert diagnose(stats._replace(stalls=0, stalled_s=0.0), 1, 4).bottleneck == "main"  # before
     spread = stats._replace(stalls=20, stalled_s=0.23)  # (a wait at most steps: not a stall)
     assert diagnose(spread, num_workers=1, cores=4).bottleneck != "step"
+    short = stats._replace(wait_s=2.03, stalled_s=2.0)  # (most of the time: short passes'
+    d = diagnose(short, num_workers=1, cores=4)  # starts are the input's limit: the review)
+    assert d.bottleneck != "step" and "long wait(s) as passes started" in d.advice[-1], d
 
 
 def test_stats_since_something_other_than_stats_is_refused_naming_what_it_takes():

@@ -368,6 +368,12 @@ def _draw():
     return random.Random().random()
 
 
+def _global_seeded(record):
+    random.seed(0)
+    rng = np.random.default_rng()
+    return {**record, "aug": np.float64(rng.random())}
+
+
 def _seeded_after(record):
     rng = random.Random()
     rng.seed(int(record["x"]))
@@ -396,3 +402,5 @@ def test_a_generator_made_without_a_seed_inside_a_transform_is_warned_of_at_its_
     for seeded in (_seeded, _seeded_after):  # (seeded from the record, as made or after)
         _, said = _epoch([jl.Map(seeded)], num_workers)
         assert not any("without a seed" in w for w in said), said
+    _, said = _epoch([jl.Map(_global_seeded)], num_workers)  # (random.seed seeds another one)
+    assert any("Map(_global_seeded) makes a random generator" in w for w in said), said

@@ -42,8 +42,9 @@ CONTENDED = 0.25  # a worker's busy time waiting for a core above this share: th
 # taken (by other processes: another loader's workers), whatever this loader's count says
 DOMINANT = 0.50  # a transform above this share of the workers' time is named
 MAIN_SHARE = 0.30  # the training process's work this share of the loop's wait: "main"/"device"
-STALL_SHARE = 0.50  # long waits (LoaderStats.stalls) this share of the loop's wait, and at
-STALLS = 0.10  # most this share of its batches: stalls (a pass's start), not the steady run
+STALL_SHARE = 0.50  # long waits (LoaderStats.stalls) this share of the loop's wait, at most
+STALLS = 0.10  # this share of its batches, under this of its time: passes' starts, input
+STALL_BOUND = 0.50  # keeping up otherwise (above it, the starts are the input's limit)
 # a batch handed over from workers costs the training process at least this (a batch of one
 # small leaf: docs/benchmarks.md, the figures behind choices): no worker count makes batches
 # sooner than that, whatever their work
@@ -155,9 +156,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     # After the first batch, whose wait is the workers' start
     waited = max(0.0, stats.wait_s - stats.first_batch_s)
     wait_fraction = waited / (waited + stats.run_s) if waited + stats.run_s else 0.0
-    # a few long waits most of the rest (a pass's start, as its workers' first tasks are
-    # made): the steady run's wait is the verdict's, those said (batches ready on average
-    # hid them, and the training process was blamed)
+    # a few long waits most of the rest (a pass's start, its workers' first tasks made): the
+    # steady run's wait is the verdict's (batches ready on average hid them: "main" was said)
     stall = min(waited, stats.stalled_s) if (stats.stalls <= max(1, STALLS * per) and
                                              stats.stalled_s >= STALL_SHARE * waited > 0) else 0.0
     calm = max(0.0, waited - stall) / (max(0.0, waited - stall) + stats.run_s) if stats.run_s \
@@ -232,8 +232,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         queued = waits_for_core / working if working > 0 else 0.0
 
     bottleneck: Bottleneck
-    if wait_fraction < INPUT_BOUND or stall and calm < INPUT_BOUND and busy < BUSY:  # (busy
-        # workers: a slow stretch of the input, not a start)
+    if wait_fraction < INPUT_BOUND or stall and calm < INPUT_BOUND and busy < BUSY and \
+            wait_fraction < STALL_BOUND:  # (busy workers: a slow stretch, not a start)
         bottleneck = "step"
         advice.insert(0, f"input keeps up: the training loop waited {wait_fraction:.0%} of "
                          "its time for batches" + (
@@ -362,6 +362,10 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         advice.append(f"reading includes {', '.join(mapped)}: its function's CPU work (a "
                       "decoder?) is timed as reading; workers share it as they share "
                       "transforms, and a loader Map (where every part takes it) is timed apart")
+    if stall and bottleneck != "step":  # (most of the time: short passes' starts limit it)
+        advice.append(f"{stall / waited:.0%} of the wait in {stats.stalls} long wait(s) as "
+                      "passes started and the workers made their first tasks: longer passes "
+                      "(num_epochs=None, or more steps a pass) start less often")
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers, stats.batches_made)
 

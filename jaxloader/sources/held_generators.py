@@ -31,8 +31,8 @@ _LOOKED_AT = 2000  # objects a transform's search for held generators looks at, 
 _ITEMS = 64  # a container's items it looks at, at most
 _MAKERS = {"default_rng", "RandomState", "Random", "SeedSequence", "PCG64", "PCG64DXSM", "Philox",
            "SFC64", "MT19937"}  # a random generator's makers: seeded by the OS with no argument
-_SEEDS = {"seed", "state", "bit_generator", "set_state", "setstate", "__setstate__"}  # a
-# generator seeded after it is made, where the code names one of these
+_SEEDS = {"seed", "bit_generator", "set_state", "setstate"}  # a generator seeded after it is
+# made, where the code calls one on a local (g.seed(k); not random.seed, nor cfg.seed read)
 _PLAIN = (type, types.ModuleType, np.ndarray, str, bytes, int, float, complex, range)
 
 
@@ -57,12 +57,15 @@ def _unseeded(code: types.CodeType) -> list[tuple[str, int]]:
     """The calls of no argument in ``code`` (and the functions defined in it) to a name of
     ``_MAKERS``: the name, loaded as a global or an attribute, then the call (3.11's
     ``PRECALL`` and the interpreters' ``CACHE`` between), each with its line; none in code
-    that also names a way to seed one (``_SEEDS``)."""
+    that also seeds a local one (``_SEEDS``)."""
     nested = [f for c in code.co_consts if isinstance(c, types.CodeType) for f in _unseeded(c)]
-    if _SEEDS & set(code.co_names):  # (made, then seeded: g = random.Random(); g.seed(k))
-        return nested
     steps = [i for i in dis.get_instructions(code)
              if i.opname not in ("CACHE", "PRECALL", "PUSH_NULL", "NOP")]
+    if any(("LOAD_FAST" in a.opname or a.opname == "LOAD_DEREF") and (b.argval in _SEEDS and (
+            b.opname == "LOAD_METHOD" or "NULL|self" in b.argrepr or b.argval == "bit_generator")
+            or b.opname == "STORE_ATTR" and b.argval == "state")  # (made, then seeded: g =
+           for a, b in zip(steps, steps[1:])):  # Random(); g.seed(k), or g.state = saved)
+        return nested
     found = [(f"{name.argval}()", name.positions.lineno or code.co_firstlineno)
              for name, call in zip(steps, steps[1:])
              if name.argval in _MAKERS and name.opname in ("LOAD_ATTR", "LOAD_METHOD",

@@ -174,7 +174,7 @@ class TarShard(FileShard):
                     start = offset
         except Exception as e:  # (a file rewritten while read is no damaged one: said first)
             self._check_unmoved(f"by record {self._count}")
-            if isinstance(e, RecordError):
+            if isinstance(e, (RecordError, Warning)):  # (a warning made an error: as it is)
                 raise
             raise unreadable(self, f"the member after record {self._count}", e) from e
         self._at = offset
@@ -309,7 +309,7 @@ class TarShard(FileShard):
         checksum of its data (a flipped bit gave records of wrong bytes, without a word)."""
         try:
             check_after_end(self._file, self.path, offset)
-        except RecordError:
+        except (RecordError, Warning):  # (a warning made an error: its own, not a stream's)
             raise
         except Exception as e:  # (BadGzipFile: CRC check failed; ZstdError; LZMAError)
             raise unreadable(self, f"its compressed stream, read to its end after the "

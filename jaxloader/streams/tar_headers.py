@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 from zlib import adler32
 
 from jaxloader.base.errors import JaxloaderWarning, RecordError
@@ -74,39 +74,47 @@ def sparse(path: str, offset: int, name: str) -> RecordError:
 
 def check_after_end(file: BinaryIO, path: str, marker: int) -> None:
     """Reads what follows the end-of-archive marker at byte ``marker`` (``file`` is at its
-    end) to the file's end: zeros; a tar header, another archive joined after it, an error;
-    other data (a signature some tools append) warned of once a file, and read past. Read to
-    the end, a compressed stream's checksum is checked too (its errors are the caller's)."""
+    end) to the file's end: zeros; a tar header at a block's start, another archive joined
+    after it, an error; other data (a signature some tools append) warned of once a file. Read
+    to the end, a compressed stream's checksum is checked too (its errors are the caller's)."""
     at, said = marker + 2 * BLOCK, False
     while chunk := file.read(READ_AFTER_END):
-        first = len(chunk) - len(chunk.lstrip(b"\0"))
-        if first < len(chunk) and not said:
-            header = chunk[first:first + BLOCK]
-            header += file.read(BLOCK - len(header))
-            said = _joined(path, marker, at + first, header)
+        if chunk.count(0) != len(chunk):
+            for k in range(-at % BLOCK, len(chunk) - BLOCK + 1, BLOCK):  # (each block's start)
+                if chunk[k] and _is_header(chunk[k:k + BLOCK]):
+                    _joined(path, marker, at + k, chunk[k:k + BLOCK])
+            if not said:
+                first = len(chunk) - len(chunk.lstrip(b"\0"))
+                said = _trailing(path, marker, at + first)
         at += len(chunk)
 
 
-def _joined(path: str, marker: int, first: int, header: bytes) -> bool:
-    """Raises where a tar header starts at byte ``first`` after the marker (another archive
-    joined after this one, whose members would be lost); else warns of the data, once a file."""
+def _is_header(block: bytes) -> bool:
     try:
-        stored = int(header[148:156].rstrip(b"\0 ").strip() or b"-1", 8)
+        stored = int(block[148:156].rstrip(b"\0 ").strip() or b"-1", 8)
     except ValueError:
-        stored = -1
-    if not first % BLOCK and len(header) == BLOCK and stored == header_sum(header):
-        raise RecordError(
-            f"{path}: byte {marker}: the end-of-archive marker (two zero blocks) is followed by "
-            f"a tar header (member {header_name(header)!r}) at byte {first:,}: another archive "
-            f"joined after this one (cat a.tar b.tar), whose members tar and tarfile do not "
-            f"read either; make the archives one (GNU tar --concatenate --file=a.tar b.tar) or "
-            f"list each as a shard of its own, {DROP}")
+        return False
+    return stored == header_sum(block)
+
+
+def _joined(path: str, marker: int, at: int, header: bytes) -> NoReturn:
+    """The error for another archive's header at byte ``at``, after the marker."""
+    raise RecordError(
+        f"{path}: byte {marker}: the end-of-archive marker (two zero blocks) is followed by a "
+        f"tar header (member {header_name(header)!r}) at byte {at:,}: another archive joined "
+        f"after this one (cat a.tar b.tar), whose members tar and tarfile do not read either; "
+        f"make the archives one (GNU tar --concatenate --file=a.tar b.tar) or list each as a "
+        f"shard of its own, {DROP}")
+
+
+def _trailing(path: str, marker: int, first: int) -> bool:
+    """Warns, once a file in a process, of data after the marker that is no tar member."""
     if path not in TRAILING_SAID:
-        TRAILING_SAID.add(path)
         warnings.warn(
             f"{path}: byte {first:,}: data that is not a tar member follows the end-of-archive "
             f"marker at byte {marker:,} (a signature or padding some tools append?): left "
             f"unread, as tar and tarfile leave it; cut the file to its archive "
             f"({marker + 2 * BLOCK:,} bytes) to silence this (said once a file)",
-            JaxloaderWarning, stacklevel=2)
+            JaxloaderWarning, stacklevel=3)
+        TRAILING_SAID.add(path)  # (after the warning: one made an error is said again)
     return True

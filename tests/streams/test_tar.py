@@ -479,6 +479,17 @@ def test_data_after_the_end_of_archive_marker_is_warned_of_and_zeros_are_read(tm
     with warnings.catch_warnings():  # (said once a file)
         warnings.simplefilter("error")
         assert len(read_all(jl.TarShard(path))) == 3
+        path = tmp_path / "strict.tar"  # (a warning made an error is raised as it is, and
+        path.write_bytes(first + b"signed")  # said again: not "its compressed stream")
+        for _ in range(2):
+            with pytest.raises(jl.JaxloaderWarning, match="data that is not a tar member"):
+                read_all(jl.TarShard(path))
+    second = _samples(tmp_path / "b.tar", 2).read_bytes()
+    path = tmp_path / "junk_then_b.tar"  # (a block of data, then a joined archive: refused)
+    path.write_bytes(first + b"x" * 512 + second)
+    with pytest.raises(jl.RecordError, match=rf"a tar header \(member 'sample00000.bin'\) at "
+                                             rf"byte {len(first) + 512:,}: another archive"):
+        read_all(jl.TarShard(path))
         path = tmp_path / "zeros.tar"
         path.write_bytes(first + bytes(100000))  # zeros past the record size: nothing said
         assert len(read_all(jl.TarShard(path))) == 3
