@@ -305,7 +305,7 @@ class LoaderIterator(GrainAttributes, Generic[BatchT]):
             progress.step = self._step = self._step + 1
             progress.wait_s += (waited := returned - entered)
             ran, progress.batches = entered - self._last_return, progress.batches + 1
-            if waited > max(0.01, 2 * ran) and 1 < self._step - self._start_step <= 32:
+            if waited > 0.01 and waited > 2 * ran and 1 < self._step - self._start_step <= 32:
                 progress.stalls, progress.stalled_s = progress.stalls + 1, progress.stalled_s + waited
             progress.run_s += ran  # (a stall above: 10 ms, twice the step, as a pass starts)
             progress.last_s = self._last_return = returned
