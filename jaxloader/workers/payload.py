@@ -45,7 +45,10 @@ from jaxloader.workers.by_value import GlobalsByName, importable, script_by_valu
 from jaxloader.workers.source_copies import NOTED_MIN_BYTES
 from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
 
-_BATCHES = "Use smaller batches, fewer workers or prefetch, or free memory"  # (shm.reserve's)
+_BATCHES = "Use smaller batches, fewer workers or prefetch, or free memory"  # (shm.reserve's,
+_FEWER = "use smaller batches, fewer workers or prefetch"  # shm.unmappable's remedies: a batch's)
+_MAPPED = ("a memory-mapped file, which the workers map and nothing is copied (np.save(path, "
+           "array), then np.load(path, mmap_mode='r')), or num_workers=0")
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
 _ONE_EACH = ("each array of a source of 1 MiB or more goes to the workers in a memory file of "
              "its own, a descriptor each while the loader lives: hold the records' arrays in "
@@ -107,10 +110,8 @@ class _Pickler(GlobalsByName):
                 raise SharedMemoryError(  # (a batch's remedy said: smaller batches, fewer
                     f"the source's array {len(self._shared) + 1} ({nbytes:,} bytes) is shared "
                     "with the workers as a copy in memory, which could not be made: " + str(
-                        e).replace(_BATCHES, "Read it from a memory-mapped file, which the "
-                                   "workers map and nothing is copied (np.save(path, array), "
-                                   "then np.load(path, mmap_mode='r')), or num_workers=0, or "
-                                   "free memory")) from e  # workers: no change to its size)
+                        e).replace(_BATCHES, f"Read it from {_MAPPED}, or free memory").replace(
+                        _FEWER, f"read it from {_MAPPED}")) from e  # workers: not its size)
             raise out_of_descriptors(cause, f"the source's array {len(self._shared) + 1} "
                                      f"of {SHARE_MIN_BYTES >> 20} MiB or more", _ONE_EACH) \
                 from cause

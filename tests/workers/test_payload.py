@@ -536,3 +536,24 @@ def test_a_sources_array_the_memory_cannot_hold_a_copy_of_is_named_with_its_reme
                            f"memory: could not reserve {SHARE_MIN_BYTES:,} bytes"), said
     assert "Read it from a memory-mapped file" in said and "smaller" not in said
     assert segments == []
+
+
+def test_a_sources_array_the_address_space_cannot_map_is_named_with_its_remedies(monkeypatch):
+    # (the second review) ulimit -v: "raise the limit, or use smaller batches, fewer workers
+    # or prefetch", none of which but the first changes the source's copy
+    import errno
+
+    from jaxloader.base.errors import SharedMemoryError
+    from jaxloader.runtime import shm
+    from jaxloader.workers import payload
+
+    def refused(cls, nbytes, prefault=False):
+        raise shm.unmappable(nbytes, OSError(errno.ENOMEM, "Cannot allocate memory"))
+
+    monkeypatch.setattr(payload.Segment, "create", classmethod(refused))
+    with pytest.raises(SharedMemoryError) as raised:
+        dumps({"x": np.zeros(SHARE_MIN_BYTES, np.uint8)}, [].append)
+    said = str(raised.value)
+    assert said.startswith("the source's array 1 (") and "could not map" in said, said
+    assert "raise the limit, or read it from a memory-mapped file" in said and "smaller" not in \
+        said, said
