@@ -274,6 +274,11 @@ def out_of_descriptors(e: OSError, what: str = "a new segment",
         f"{remedy}")
 
 
+# what the errors below advise of the batch slots' memory (payload.py says a source's copy's
+# remedies in its place)
+SLOTS_REMEDY = "use smaller batches, fewer workers or prefetch"
+
+
 def unmappable(size: int, e: OSError) -> SharedMemoryError:
     """The error for a segment whose mapping the address space refused (``ulimit -v``, as HPC
     schedulers set it, or ``vm.max_map_count`` mappings), not the memory."""
@@ -284,8 +289,7 @@ def unmappable(size: int, e: OSError) -> SharedMemoryError:
     return SharedMemoryError(
         f"shared memory: could not map {size:,} bytes ({e.strerror}): this process's address "
         f"space is {limit} (ulimit -v, RLIMIT_AS: batch slots and the source count against "
-        "it), or it holds vm.max_map_count mappings; raise the limit, or use smaller batches, "
-        "fewer workers or prefetch")
+        f"it), or it holds vm.max_map_count mappings; raise the limit, or {SLOTS_REMEDY}")
 
 
 def reserve(fd: int, size: int, where: str) -> None:
@@ -301,8 +305,8 @@ def reserve(fd: int, size: int, where: str) -> None:
             f"shared memory: could not reserve {size:,} bytes in {where}: {room:,} bytes of "
             "memory are left to this process (its container's or cgroup's limit less what it "
             "uses, with free swap), and the kernel would end a process without an error "
-            "rather than refuse the reservation. Use smaller batches, fewer workers or "
-            "prefetch, or free memory (or raise the container's memory limit).")
+            f"rather than refuse the reservation. {SLOTS_REMEDY.capitalize()}, or free memory "
+            "(or raise the container's memory limit).")
     try:
         os.ftruncate(fd, size)
         if hasattr(os, "posix_fallocate"):  # (macOS has none: its pages come as written)
@@ -319,7 +323,7 @@ def reserve(fd: int, size: int, where: str) -> None:
                "scheduler's, LSF's bsub -F, SGE's h_fsize), which memory files count against: "
                "raise it (ulimit -f unlimited), or use smaller batches and arrays"
                if 0 <= limit < size else
-               f"{_free(where)}. Use smaller batches, fewer workers or prefetch, or free memory"
+               f"{_free(where)}. {SLOTS_REMEDY.capitalize()}, or free memory"
                + ("; in a container, give it a larger /dev/shm (docker run --shm-size=2g)"
                   if where == "/dev/shm" else "")) + "."
         ) from None

@@ -3,6 +3,8 @@ object's ``self.rng``, a ``random.Random`` or ``torch.Generator`` in a closure, 
 pipeline in the project's own module), which ``batching.global_draws.DrawWatch`` watches beside
 the global state: a copy of each goes to every worker in one state, so the workers draw the
 same numbers. A source's own reads are watched so too (``fingerprint``: its ``__getitem__``).
+And ``unseeded_makers``: the generators their code makes without a seed (read from the
+bytecode, ``np.random.default_rng()`` each call), whose numbers are the system's entropy.
 
 Example:
     >>> from jaxloader.batching.transforms import Map

@@ -43,10 +43,8 @@ from jaxloader.base.errors import ConfigError, SharedMemoryError
 from jaxloader.sources.concat import JoinedArrays
 from jaxloader.workers.by_value import GlobalsByName, importable, script_by_value
 from jaxloader.workers.source_copies import NOTED_MIN_BYTES
-from jaxloader.runtime.shm import Segment, attach, out_of_descriptors
+from jaxloader.runtime.shm import SLOTS_REMEDY, Segment, attach, out_of_descriptors
 
-_BATCHES = "Use smaller batches, fewer workers or prefetch, or free memory"  # (shm.reserve's,
-_FEWER = "use smaller batches, fewer workers or prefetch"  # shm.unmappable's remedies: a batch's)
 _MAPPED = ("a memory-mapped file, which the workers map and nothing is copied (np.save(path, "
            "array), then np.load(path, mmap_mode='r')), or num_workers=0")
 SHARE_MIN_BYTES = 1 << 20  # arrays under 1 MiB cross as plain bytes: a segment costs more
@@ -107,11 +105,11 @@ class _Pickler(GlobalsByName):
         except SharedMemoryError as e:
             cause = e.__cause__
             if not (isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE)):
-                raise SharedMemoryError(  # (a batch's remedy said: smaller batches, fewer
+                raise SharedMemoryError(  # (the slots' remedy in its place, which changes
                     f"the source's array {len(self._shared) + 1} ({nbytes:,} bytes) is shared "
                     "with the workers as a copy in memory, which could not be made: " + str(
-                        e).replace(_BATCHES, f"Read it from {_MAPPED}, or free memory").replace(
-                        _FEWER, f"read it from {_MAPPED}")) from e  # workers: not its size)
+                        e).replace(SLOTS_REMEDY.capitalize(), f"Read it from {_MAPPED}").replace(
+                        SLOTS_REMEDY, f"read it from {_MAPPED}")) from e  # nothing of its size)
             raise out_of_descriptors(cause, f"the source's array {len(self._shared) + 1} "
                                      f"of {SHARE_MIN_BYTES >> 20} MiB or more", _ONE_EACH) \
                 from cause
