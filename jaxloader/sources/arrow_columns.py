@@ -124,6 +124,7 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None,
                                                   if len(first) else "")
         raise ConfigError(null_message(name, path, f"{nulls} null value(s){where}", column,
                                        floats=pa.types.is_floating(array.type)))
+    array = _entries(array)
     kind = array.type
     if pa.types.is_dictionary(kind):  # (a pandas categorical: its values, as a column of them
         return _decode_array(array.dictionary_decode(), name, path, column,  # is decoded)
@@ -159,8 +160,23 @@ def _decode_array(array: Any, name: str, path: str, column: str | None = None,
 def _inner(values: Any, name: str, path: str, column: str | None) -> np.ndarray:
     """A list column's values as NumPy: lists of one length inside one more axis a depth,
     inner lists of other lengths an array a row."""
+    values = _entries(values)
     decoded = _decode_array(values, name, path, column) if is_list(values.type) else None
     return decoded if isinstance(decoded, np.ndarray) else numpy_of(values)
+
+
+def _entries(array: Any) -> Any:
+    """A map array as the list of its entries' structs, the same buffers: a row's entries
+    ``{'key': k, 'value': v}`` dicts, as a list of structs is read (and as Hugging Face's
+    ``datasets`` and polars read a map), the same with a ``Map`` or without; Arrow's own
+    ``(key, value)`` tuples in a Python list were a pytree a ``Map`` returning the record
+    batched by entry position, and no ``Map`` an object array of lists."""
+    import pyarrow as pa
+
+    if not pa.types.is_map(array.type):
+        return array
+    return pa.ListArray.from_arrays(array.offsets, array.values)  # (a slice's offsets index
+    # all its values, as ``values`` are)
 
 
 _NO_BYTES = np.zeros(0, np.uint8)
