@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import OrderedDict
 from typing import Any, Iterable
 
 import jax
@@ -271,7 +270,7 @@ class Putter:
     def _placed(self, batch: Any) -> Any:
         if self._copy_small:
             batch = jax.tree_util.tree_map(lambda leaf: own_if_small(leaf, SMALL_LEAF), batch)
-        leaves = jax.tree_util.tree_leaves(batch)
+        leaves, tree = jax.tree_util.tree_flatten(batch)
         if self.process_count > 1 and not self._said_kinds:
             self._same_kinds(batch, leaves)
         if not jax.config.read("jax_enable_x64"):
@@ -279,10 +278,9 @@ class Putter:
         if self._nones:
             self._nones = refuse_none_over_leaf(self._nones, batch, self._placed_on)
         sharding = self.sharding
-        if self._rows_only is not None and type(batch) in (dict, OrderedDict) and any(
-                _a_row_each(leaf) for leaf in batch.values()):
-            sharding = type(batch)((k, self._rows_only if _a_row_each(leaf) else sharding)
-                                   for k, leaf in batch.items())
+        if self._rows_only is not None and any(_a_row_each(leaf) for leaf in leaves):
+            sharding = tree.unflatten([self._rows_only if _a_row_each(leaf) else sharding
+                                       for leaf in leaves])  # (in a tuple, a nested dict too)
         if self.process_count == 1 and not any(
                 host_only(getattr(leaf, "dtype", _NUMERIC)) for leaf in leaves):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code

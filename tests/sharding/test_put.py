@@ -595,11 +595,18 @@ def test_the_pad_mask_takes_the_batch_axis_of_a_sharding_that_also_splits_the_se
             first = next(iter(loader))  # (a Pad's lengths and a label a row: rank 1, which
         print(*(tuple(first[k].sharding.spec) for k in ("t", "t_length", "label")),  # failed
               first["t_length"].tolist())  # as the spec named 2 dimensions)
+        pairs = [(np.full(6, k, np.int32), {"meta": {"id": np.int32(k)}}) for k in range(8)]
+        with jl.DataLoader(pairs, batch_size=4, device_prefetch=0,  # (a tuple, a nested dict:
+                           sharding=NamedSharding(mesh, P("data", "seq"))) as loader:
+            x, meta = next(iter(loader))  # their 1-D leaves were refused, a dict's only
+        print(tuple(x.sharding.spec), tuple(meta["meta"]["id"].sharding.spec),  # placed)
+              meta["meta"]["id"].tolist())
     """, n=4)
     assert out.splitlines() == ["(None, 'seq') (None,) [True, False]",
                                 "('data', 'seq') ('data',) [True, True, False, False]",
                                 "OrderedDict pinned_host",
-                                "('data', 'seq') ('data',) ('data',) [1, 2, 3, 4]"]
+                                "('data', 'seq') ('data',) ('data',) [1, 2, 3, 4]",
+                                "('data', 'seq') ('data',) [0, 1, 2, 3]"]
 
 
 def test_a_jit_map_in_process_runs_inside_the_training_loops_set_mesh():
