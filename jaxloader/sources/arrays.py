@@ -95,7 +95,10 @@ class ArraySource:
             if array.ndim == 0 or array.dtype.hasobject:
                 strings = array.ndim > 0 and array.size and isinstance(array.flat[0], (str, bytes))
                 in_a_list = path.endswith("]") and path.rsplit("[", 1)[1][:-1].isdigit()
-                remedy = ("for strings, np.asarray(leaf, dtype=str) (fixed width: shared with "
+                remedy = ("a Hugging Face dataset is read as it is: pass it to the DataLoader "
+                          "(or to ConcatSource, jaxloader.mix), not to ArraySource"
+                          if type(leaf).__module__.startswith("datasets.") else
+                          "for strings, np.asarray(leaf, dtype=str) (fixed width: shared with "
                           "the workers, batched as <U arrays), or pass a list of records "
                           "({'text': ..., ...}: str leaves)" if strings else
                           "a list is a node of the tree, each item a leaf: pass a column of "

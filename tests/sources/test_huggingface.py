@@ -53,6 +53,9 @@ def test_a_datasets_column_is_refused_with_the_dataset_as_the_remedy():
     with pytest.raises(jl.ConfigError, match=r"a datasets Column \(ds\['vector'\]\): .*pass "
                                              r"the dataset, or ds.select_columns"):
         jl.DataLoader(column, batch_size=8, process_index=0, process_count=1)
+    with pytest.raises(jl.ConfigError, match=r"a Hugging Face dataset is read as it is: pass "
+                                             r"it to the DataLoader"):
+        jl.ArraySource(dataset())  # (its remedy was a source of one's own, a __getitem__)
 
 
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.e2e)])
