@@ -4,7 +4,8 @@ A generator that fills one array and yields it again (or yields a new view of it
 dict) changes the records read before it, which wait in a batch or a shuffle window: each of
 them then holds the last values, without a word. A reader opens each shard through a watch:
 just before the shard is asked for a record, a sample of each array the record before holds
-is taken (what it holds now, after any transform of it); just after, it is compared. Only the
+is taken (what it holds now, after any transform of it), and each number or string it holds
+noted (a dict yielded again with new numbers holds other objects); just after, it is compared. Only the
 shard's code ran in between, so a change is a buffer refilled, never a constant shared by
 every record nor a ``Map`` that copies. The first ``CHECKED`` records of each shard opened are
 watched (a buffer refilled is refilled from the first: the second record shows it; each
@@ -100,9 +101,14 @@ class RefillWatch:
         return record
 
 
-def samples(record: Any) -> list[tuple[str, np.ndarray, bytes]]:
-    """``(path, array, sample of its bytes)`` for the numeric arrays ``record`` holds."""
-    out: list[tuple[str, np.ndarray, bytes]] = []
+_SCALARS = (int, float, complex, str, bytes, np.generic)
+
+
+def samples(record: Any) -> list[tuple[str, Any, bytes | None]]:
+    """``(path, array, sample of its bytes)`` for the numeric arrays ``record`` holds, and
+    ``(path, value, None)`` for its numbers and strings (compared as objects: the same dict
+    given new values holds new ones)."""
+    out: list[tuple[str, Any, bytes | None]] = []
     _walk(record, "", out, 0)
     return out
 
@@ -113,6 +119,8 @@ def _walk(value: Any, path: str, out: list, depth: int) -> None:
     if isinstance(value, np.ndarray):  # (a memmap's too)
         if not value.dtype.hasobject and value.size:
             out.append((path, value, _sample(value)))
+    elif isinstance(value, _SCALARS):
+        out.append((path, value, None))
     elif isinstance(value, dict):
         for key, item in value.items():
             _walk(item, f"{path}[{key!r}]", out, depth + 1)
@@ -125,12 +133,13 @@ def _sample(array: np.ndarray) -> bytes:
     return spaced_values(array, _SAMPLE).tobytes()
 
 
-def changed(taken: list[tuple[str, np.ndarray, bytes]], record: Any) -> str | None:
+def changed(taken: list[tuple[str, Any, bytes | None]], record: Any) -> str | None:
     """Where ``record`` (walked again: a dict or list yielded again may hold other arrays
     now) no longer holds what ``taken`` (``samples``) saw."""
     now = samples(record)
     for (path, array, sample), (path_now, array_now, _) in zip(taken, now):
-        if path_now != path or array_now is not array or _sample(array) != sample:
+        if path_now != path or array_now is not array or (
+                sample is not None and _sample(array) != sample):
             return path or "(the record itself)"
     if len(now) != len(taken):
         return (now[len(taken)][0] if len(now) > len(taken)

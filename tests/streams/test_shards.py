@@ -198,6 +198,13 @@ def _one_dict(shard):
         yield record
 
 
+def _one_dict_of_numbers(shard):  # (a simulator's step: one dict, new numbers and text)
+    record = {}
+    for i in range(10):
+        record["t"], record["label"] = i, f"t{i}"
+        yield record
+
+
 def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     # its batches would silently hold the buffer's last values in every row
     with jl.StreamLoader(jl.Stream.from_generator(_refilling, 1), batch_size=4,
@@ -216,6 +223,12 @@ def test_a_generator_that_refills_one_buffer_is_warned_of(recwarn):
     # one dict yielded again, a new array in it each time: as wrong, and it went unseen
     with pytest.warns(UserWarning, match=r"_one_dict\[0\]: a record's leaf \['x'\] changed"):
         reader = jl.Stream.from_generator(_one_dict, 1).reader(reader=0, readers=1)
+        reader.reset(None)
+        [reader.next() for _ in range(3)]
+    # one dict of numbers and strings yielded again: every row the last record, unseen
+    with pytest.warns(UserWarning, match=r"_one_dict_of_numbers\[0\]: a record's leaf "
+                                         r"\['t'\] changed"):
+        reader = jl.Stream.from_generator(_one_dict_of_numbers, 1).reader(reader=0, readers=1)
         reader.reset(None)
         [reader.next() for _ in range(3)]
     recwarn.clear()
