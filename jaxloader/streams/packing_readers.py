@@ -246,8 +246,9 @@ class FitPackedReader(_PackingReader):
         before, mark = self.inner.get_state(), mark_of(self.inner)
         records: list[list[np.ndarray]] = []
         try:
-            while len(records) < packed.window:
-                records.append(_next_tokens(packed, self.inner))
+            while len(records) < packed.window:  # (copies: a tokenize or shard that fills
+                # one buffer again would change the records the window holds, without a word)
+                records.append([np.array(t) for t in _next_tokens(packed, self.inner)])
         except StopIteration:
             if not records:
                 raise

@@ -90,6 +90,30 @@ def test_fitted_rows_hold_each_window_of_records_whole_and_once(workers, method)
         assert windows >= 3, windows
 
 
+_BUFFER = np.zeros(64, np.int64)
+
+
+def _into_one_buffer(record):  # a tokenizer that writes into one buffer it made once
+    n = len(record["tokens"])
+    _BUFFER[:n] = record["tokens"]
+    return {"tokens": _BUFFER[:n]}
+
+
+@pytest.mark.parametrize("method", ["concat", "best_fit", "first_fit"])
+def test_a_tokenize_that_fills_one_buffer_again_packs_each_records_own_tokens(method):
+    # a window's records were the arrays tokenize returned: a buffer it filled again made
+    # them the window's last record's tokens, duplicated, the others lost, without a word
+    fit = {} if method == "concat" else {"method": method, "window": 5}
+    rows = {}
+    for tokenize in (None, _into_one_buffer):
+        with loader_of(jl.PackedStream(documents(shards=1), "tokens", 16, tokenize=tokenize,
+                                       **fit), batch_size=2, num_epochs=1) as loader:
+            rows[tokenize] = np.concatenate([b["tokens"] for b in loader])
+    assert np.array_equal(rows[None], rows[_into_one_buffer])
+    assert np.array_equal(np.sort(rows[None][rows[None] > 0]), np.sort(np.concatenate([
+        100 * d + np.arange(1, n + 1) for d, n in enumerate(LENGTHS)])))  # (each token once)
+
+
 def test_truncate_keeps_a_long_records_first_row_of_tokens():
     with loader_of(jl.PackedStream(documents(shards=1), "tokens", 16, method="best_fit",
                                    window=len(LENGTHS), overlong="truncate"),
