@@ -50,12 +50,12 @@ _NUMBERS = {int, float, bool}
 
 def _all_numbers(value: list) -> bool:
     """Whether the list's leaves (through nested lists) are numbers, looking at every item of
-    every innermost list; a ``ValueError`` where one holds booleans among its numbers
-    (``[1, true]`` became ``[1, 1]``)."""
-    first = value[0]
-    if isinstance(first, list):
-        return all(isinstance(v, list) and v and _all_numbers(v) for v in value)
-    kinds = set(map(type, value))
+    every innermost list; a ``ValueError`` where they hold booleans among their numbers
+    (``[1, true]`` became ``[1, 1]``), one inner list's beside another's too (``[[1], [true]]``:
+    each looked at alone, they became ``[[1], [1]]``), or nulls."""
+    kinds: set[type] = set()
+    if not _kinds_inside(value, kinds):
+        return False
     if type(None) in kinds and len(kinds) > 1 and kinds - {type(None)} <= _NUMBERS:
         raise ValueError(f"a list holds null among its numbers ({value[:8]!r:.80}), which no "
                          "array of numbers holds (as a list, its batch would change shape): "
@@ -65,3 +65,12 @@ def _all_numbers(value: list) -> bool:
         raise ValueError(f"a list mixes true/false with numbers ({value[:8]!r:.80}), which "
                          "NumPy would make all numbers: write 0 and 1, or one kind a list")
     return kinds <= _NUMBERS
+
+
+def _kinds_inside(value: list, kinds: set[type]) -> bool:
+    """Adds the types of the items of ``value``'s innermost lists to ``kinds``; ``False``
+    where its lists of lists hold something else than non-empty lists."""
+    if isinstance(value[0], list):
+        return all(isinstance(v, list) and v and _kinds_inside(v, kinds) for v in value)
+    kinds.update(map(type, value))
+    return True

@@ -741,8 +741,20 @@ def test_a_json_list_of_booleans_among_numbers_is_refused_naming_the_line(tmp_pa
     shard.reset()
     assert shard.next()["t"].dtype == bool and shard.next()["t"].tolist() == [1.0, 2.5]
     with pytest.raises(jl.RecordError, match=r"flags.jsonl: line 3: a list mixes true/false with "
-                                             r"numbers \(\[True, 3\]\).*write 0 and 1"):
+                                             r"numbers \(\[\[1, 2\], \[True, 3\]\]\).*write 0 "
+                                             "and 1"):
         shard.next()
+    # the booleans in one inner list, the numbers in another: each list looked at alone, they
+    # became [[1, 2], [1, 0]]; a null in an inner list alone was kept as None
+    path.write_text('{"t": [[1, 2], [true, false]]}\n{"t": [[1], [null]]}\n'
+                    '{"t": [[true], [false]]}\n')
+    shard = jl.JsonlShard(path)
+    shard.reset()
+    with pytest.raises(jl.RecordError, match=r"line 1: a list mixes true/false with numbers"):
+        shard.next()
+    with pytest.raises(jl.RecordError, match=r"line 2: a list holds null among its numbers"):
+        shard.next()
+    assert shard.next()["t"].tolist() == [[True], [False]]
 
 
 def read_to_its_error(shard, match):
