@@ -847,6 +847,17 @@ def test_a_packed_or_mixed_stream_given_to_a_data_loader_is_named_a_stream():
                                                  r"with no random access; read it with "
                                                  r"jaxloader.StreamLoader"):
             jl.DataLoader(given, batch_size=4)
+        with pytest.raises(jl.ConfigError, match=rf"got {type(given).__name__}; a jaxloader "
+                                                 r"stream, which has no random access: read it "
+                                                 r"with jaxloader.StreamLoader; pack its tokens "
+                                                 r"with jaxloader.PackedStream"):
+            jl.PackedSource(given, "tokens", 4)  # (its remedy was ArraySource too)
+    # the other way round: a mixture of sources given to a StreamLoader, said a stream's shards
+    sources = jl.mix([jl.ArraySource({"x": np.arange(4)})] * 2, [1, 1])
+    with pytest.raises(jl.ConfigError, match=r"StreamLoader\(stream\): got a Mixture, a source "
+                                             r"with random access, not a stream; read it with "
+                                             r"jaxloader.DataLoader"):
+        jl.StreamLoader(sources, batch_size=4)
 
 
 class _NoReturn:

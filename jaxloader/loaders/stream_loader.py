@@ -134,6 +134,11 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
                         f"StreamLoader(stream): got an IterableDatasetDict of "
                         f"{list(given)}; pass one of them: stream[{next(iter(given), '')!r}]"
                         " (or load_dataset(..., split='train', streaming=True))")
+                if hasattr(given, "__len__") and hasattr(given, "__getitem__"):
+                    raise ConfigError(  # (a mix of sources, a source, a Dataset)
+                        f"StreamLoader(stream): got a {type(given).__name__}, a source with "
+                        "random access, not a stream; read it with jaxloader.DataLoader"
+                        "(source, ...) (its shuffle, epochs and restore in O(1))")
                 raise ConfigError(
                     f"StreamLoader(stream): expected a jaxloader.Stream or a list of shards, got "
                     f"{type(given).__name__}; for a generator use "

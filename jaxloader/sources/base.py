@@ -117,9 +117,14 @@ def check_source(source: Any) -> int:
             "Map), or jaxloader.Stream.jsonl(paths)/.tar(paths) for a StreamLoader")
     if not isinstance(source, Source):
         remedy = "wrap NumPy arrays as ArraySource(arrays)"
+        from jaxloader.streams.contract import ReadableStream
         from jaxloader.streams.huggingface import is_iterable_dataset
 
-        if is_iterable_dataset(source):
+        if isinstance(source, ReadableStream):  # (given to PackedSource, MapSource, ...)
+            remedy = ("a jaxloader stream, which has no random access: read it with "
+                      "jaxloader.StreamLoader; pack its tokens with jaxloader.PackedStream"
+                      "(stream, key, length), transform it with stream.map(fn)/.filter(fn)")
+        elif is_iterable_dataset(source):
             remedy = ("a Hugging Face IterableDataset is a stream: jaxloader.StreamLoader(ds) "
                       "reads it as it is (docs/guides/streams.md), or pass the Dataset itself "
                       "(random access, without streaming=True)")
