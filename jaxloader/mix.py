@@ -118,7 +118,7 @@ def mix(sources: Sequence[Source | StreamLike] | Mapping[str, Source | StreamLik
                           f"{list(STOPPING_STRATEGIES)} (Hugging Face's interleave_datasets "
                           f"names), got {stopping_strategy!r}")
     if all(streams):
-        return MixedStream(parts, schedule, stopping_strategy)
+        return MixedStream(parts, schedule, stopping_strategy, names)
     if any(isinstance(s, Mixture) for s in parts):  # read by index, it would lose its weights
         raise ConfigError(
             "mix(sources): a mixture of sources inside a mixture; mix the sources in one "

@@ -61,9 +61,11 @@ class MixedStream:
     ``StreamLoader``. ``schedule``: step -> normalised weights, from step 0."""
 
     def __init__(self, streams: Sequence[Any], schedule: dict[int, np.ndarray],
-                 stopping_strategy: str = WITHOUT_REPLACEMENT) -> None:
+                 stopping_strategy: str = WITHOUT_REPLACEMENT,
+                 names: Sequence[str] | None = None) -> None:
         self.streams, self.schedule = list(streams), schedule
         self.stopping_strategy = stopping_strategy
+        self.names = None if names is None else list(names)  # (``mix({name: stream})``'s)
 
     def __repr__(self) -> str:
         weights = [round(float(w), 3) for w in self.schedule[0]]

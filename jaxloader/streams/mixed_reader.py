@@ -24,7 +24,7 @@ import numpy as np
 from jaxloader.base.errors import ConfigError, StateDictError
 from jaxloader.plans.mixture import first_block_with, plan_regimes, regime_counts
 from jaxloader.order.index_shuffle import splitmix64, splitmix64_array
-from jaxloader.streams.origins import mixture_origin
+from jaxloader.streams.origins import component_name, mixture_origin
 
 Stopping = Literal["all_exhausted_without_replacement", "first_exhausted", "all_exhausted"]
 STOPPING_STRATEGIES: tuple[str, ...] = get_args(Stopping)  # (Hugging Face's names)
@@ -38,6 +38,7 @@ class MixedReader:
     def __init__(self, mixed: Any, *, reader: int, readers: int, seed: int,
                  batch_size: int) -> None:
         self.reader, self.readers, self.seed = reader, readers, seed
+        self.names: list[str] | None = mixed.names  # (``mix({name: stream})``'s, for errors)
         self.components = []
         for c, stream in enumerate(mixed.streams):
             try:
@@ -45,7 +46,7 @@ class MixedReader:
                     reader=reader, readers=readers, seed=splitmix64(seed ^ splitmix64(c + 1)),
                     batch_size=batch_size))
             except ConfigError as e:
-                raise ConfigError(f"mix(streams)[{c}]: {e}") from None
+                raise ConfigError(f"{component_name(self.names, c)}: {e}") from None
         m = len(mixed.streams)
         self._groups = max(1, -(-m * (m - 1) // batch_size))  # batches a group: no count < 0
         self._size = self._groups * batch_size
@@ -108,7 +109,7 @@ class MixedReader:
             try:
                 component.reset({**part, **until} if isinstance(part, dict) else part)
             except ConfigError as e:  # (a component with no record: which of them)
-                raise ConfigError(f"mix(streams)[{c}]: {e}") from None
+                raise ConfigError(f"{component_name(self.names, c)}: {e}") from None
         self._emitted = state["emitted"]
         self._out = set()  # (each component out of records is found out again)
         self._started = {0: 0, **started}
@@ -153,7 +154,7 @@ class MixedReader:
             self._out.add(c)
             return self._next_of_those_left()
         except ConfigError as e:  # (a component with no record: which of them)
-            raise ConfigError(f"mix(streams)[{c}]: {e}") from None
+            raise ConfigError(f"{component_name(self.names, c)}: {e}") from None
         self._emitted += 1
         return record
 
@@ -190,7 +191,7 @@ class MixedReader:
                 if c not in self._out and not self.components[c].has_next():
                     self._out.add(c)
             except ConfigError as e:
-                raise ConfigError(f"mix(streams)[{c}]: {e}") from None
+                raise ConfigError(f"{component_name(self.names, c)}: {e}") from None
         start = self._emitted
         while True:
             group, slot = divmod(self._emitted, self._size)

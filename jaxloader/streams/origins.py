@@ -59,12 +59,18 @@ def last_origin(reader: Any) -> str | None:
     return runs.place(reader.stream.shards, mine, int(index))
 
 
+def component_name(names: Sequence[str] | None, c: int) -> str:
+    """A mixed stream's component ``c`` as errors name it: by its name in ``mix``, else its
+    place."""
+    return f"mix(streams)[{c if names is None else names[c]!r}]"
+
+
 def mixture_origin(reader: Any) -> str | None:
     """A ``MixedReader``'s ``origin()``: its component that handed out the last record, and
     that one's origin (``None`` where it names none: packed rows)."""
     origin = getattr(reader.components[reader._served], "origin", None)
     where = origin() if origin is not None else None
-    return where and f"mix(streams)[{reader._served}]: {where}"
+    return where and f"{component_name(reader.names, reader._served)}: {where}"
 
 
 def named(name: str, state: Any) -> str:

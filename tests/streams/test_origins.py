@@ -59,6 +59,20 @@ def test_a_map_error_names_the_records_shard_and_place(tmp_path, window):
         assert expected(tmp_path, target) + ")" in message, (target, message)
 
 
+def test_a_named_component_is_named_by_its_name(tmp_path):
+    # mix({"web": ..., "code": ...}): its streams' errors named them by place, [1], where a
+    # mixture of sources names them as mix was given them
+    a, b, c = components(tmp_path, window=1)
+    named = {"web": a, "code": b, "sim": c}
+    loader = jl.StreamLoader(jl.mix(named, {"web": 0.5, "code": 0.3, "sim": 0.2}), batch_size=7,
+                             seed=3, transforms=[jl.Map(same_keys), jl.Map(failing_at(1017))])
+    assert expected(tmp_path, 1017).replace("[1]", "['code']") + ")" in error_of(loader)
+    with pytest.raises(jl.ConfigError, match=r"mix\(streams\)\['web'\]: Stream: \d+ shards for "
+                                             r"32 readers"):
+        jl.StreamLoader(jl.mix(named, [1, 1, 1]), batch_size=4, readers_per_process=32,
+                        num_workers=0)
+
+
 def test_origins_through_filters_a_restore_and_blank_lines(tmp_path):
     """Records a Filter drops are counted among those read; a loader restored mid-window
     reads its reader again from the restored state; a line count passes blank lines."""
