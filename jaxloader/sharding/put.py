@@ -279,8 +279,8 @@ class Putter:
             self._nones = refuse_none_over_leaf(self._nones, batch, self._placed_on)
         sharding = self.sharding
         if self._rows_only is not None and any(_a_row_each(leaf) for leaf in leaves):
-            sharding = tree.unflatten([self._rows_only if _a_row_each(leaf) else sharding
-                                       for leaf in leaves])  # (in a tuple, a nested dict too)
+            sharding = jax.tree_util.tree_unflatten(tree, [  # (in a tuple, a nested dict too)
+                self._rows_only if _a_row_each(leaf) else sharding for leaf in leaves])
         if self.process_count == 1 and not any(
                 host_only(getattr(leaf, "dtype", _NUMERIC)) for leaf in leaves):
             try:  # the hot path: one call, shardings matched to leaves by JAX's C++ tree code
