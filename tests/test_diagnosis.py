@@ -943,13 +943,13 @@ def run_all(loader):
 
 def test_placement_that_costs_its_calls_is_not_told_to_lower_the_precision():
     # 0.2 ms to place 33 KB (a call's cost, not its bytes') was told to cast to bfloat16/uint8
-    from jaxloader.loaders.diagnosis import _placement_advice
+    from jaxloader.loaders.advice import placement_advice
 
-    small = _placement_advice(0.2, 1000, True, 33_000)  # (0.2 ms a batch: 165 MB/s)
+    small = placement_advice(0.2, 1000, True, 33_000)  # (0.2 ms a batch: 165 MB/s)
     assert "the cost of its calls, not its bytes" in small and "bfloat16" not in small, small
-    large = _placement_advice(2.0, 1000, True, 64e6)  # (2 ms for 64 MB: 32 GB/s)
+    large = placement_advice(2.0, 1000, True, 64e6)  # (2 ms for 64 MB: 32 GB/s)
     assert "a lower precision (a Map to bfloat16/uint8)" in large, large
-    slow = _placement_advice(150.0, 1000, True, 100e6)  # (150 ms: a slow copy, not a call's)
+    slow = placement_advice(150.0, 1000, True, 100e6)  # (150 ms: a slow copy, not a call's)
     assert "a lower precision (a Map to bfloat16/uint8)" in slow, slow
 
 

@@ -32,7 +32,10 @@ from jaxloader.base.errors import JaxloaderError
 from jaxloader.base.stats import LoaderStats
 from jaxloader.base.timings import (COLLATE, HANDOVER, PLACE, READ, SLOT_WAIT, STEP, WAIT,
                                     once)
+from jaxloader.loaders.advice import mapped_functions, placement_advice
 from jaxloader.runtime import limits
+
+__all__ = ["Diagnosis", "cores_available", "diagnose", "mapped_functions"]
 
 Bottleneck = Literal["step", "workers", "source", "main", "device"]
 INPUT_BOUND = 0.10  # the consumer waiting more than this share of its time: input limits it
@@ -50,7 +53,6 @@ STALL_BOUND = 0.50  # keeping up otherwise (above it, the starts are the input's
 # sooner than that, whatever their work
 HANDOVER_FLOOR_S = 35e-6
 _MAIN_STAGES = (HANDOVER, PLACE, WAIT, STEP)
-PER_CALL_RATE = 1e9  # bytes/s under which placement costs its calls, not its bytes
 
 
 def cores_available() -> int:
@@ -270,7 +272,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                                  f"{1e3 * now_s:.2f} ms a batch: workers would not make them "
                                  "much sooner; larger batches, or less work a record")
         else:
-            advice.insert(0, _placement_advice(place, per, placed_in_thread, batch_bytes))
+            advice.insert(0, placement_advice(place, per, placed_in_thread, batch_bytes))
     elif waited / per < 2 * HANDOVER_FLOOR_S and work_s < 2 * HANDOVER_FLOOR_S and \
             stats.ready_ahead >= 1 and place <= handover:
         # the loop waits about what handing a batch over costs: its wait is the training
@@ -340,7 +342,7 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         else:
             bottleneck = "source" if read >= made_total - read else "workers"
         if bottleneck == "device":
-            said = _placement_advice(place, per, placed_in_thread, batch_bytes)
+            said = placement_advice(place, per, placed_in_thread, batch_bytes)
             advice.insert(0, f"{said}, while the workers wait ({busy:.0%} busy)")
         elif bottleneck == "main":
             advice.insert(0, f"the workers are busy {busy:.0%} of the time while the loop "
@@ -368,33 +370,3 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                       "(num_epochs=None, or more steps a pass) start less often")
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers, stats.batches_made)
-
-
-def mapped_functions(source: Any) -> list[str]:
-    """The ``MapSource`` functions ``source`` runs as it reads (``"MapSource(decode)"``)."""
-    from jaxloader.batching.transforms import fn_name
-    from jaxloader.sources.mapped import MapSource
-    from jaxloader.sources.parts import walk
-
-    return [] if source is None else list(dict.fromkeys(
-        f"MapSource({fn_name(s.fn)})" for s in walk(source) if isinstance(s, MapSource)))
-
-
-def _placement_advice(place: float, batches: int, in_thread: bool, nbytes: float) -> str:
-    """What placement costs a batch, and what makes it cheaper (a deeper ``device_prefetch``
-    only where the copies leave the training thread: one device's, on the thread; several
-    devices' are dispatched from the training thread, ahead, which overlaps them with the
-    steps on an accelerator, not on the CPU backend). A batch of ``nbytes`` placed far below
-    a copy's rate costs its calls, not its bytes: a lower precision would not help."""
-    ahead = ("a larger device_prefetch= (batches copied ahead, on a thread)" if in_thread else
-             "on an accelerator a larger device_prefetch= (several devices' copies are "
-             "dispatched ahead from the training thread, and overlap the steps)")
-    each = place / max(1, batches)
-    if each < 1e-3 and nbytes < PER_CALL_RATE * each:  # (a copy's GB/s; calls' 0.2 ms)
-        return (f"device placement takes {1e3 * each:.1f} ms a batch in the training process, "
-                f"for {nbytes / 1e3:,.0f} KB a batch: the cost of its calls, not its bytes "
-                f"(fewer leaves, or larger batches, carry it; a lower precision would not), or "
-                f"{ahead}")
-    return (f"device placement takes {1e3 * each:.1f} ms a batch in the training "
-            f"process: fewer or smaller leaves, a lower precision (a Map to bfloat16/uint8), or "
-            f"{ahead}")
