@@ -177,7 +177,9 @@ class RayEngine:
 
     @property
     def active(self) -> int:
-        return len(self._alive)
+        """Actors taking steps; once closed, those at close (what the stats, ``diagnose()``
+        and ``num_workers`` read after a ``with`` block: not 0, the in-process loader's)."""
+        return self._closed_with if self._closed else len(self._alive)
 
     @property
     def pids(self) -> list[int]:
@@ -190,6 +192,7 @@ class RayEngine:
 
     remote = True  # (its pids are other machines': no /proc of theirs here)
     _closed = False  # close() began (from another thread: a run waiting says so)
+    _closed_with = 0  # actors taking steps as it closed
 
     def _admit(self, wait_s: float = 0.0, at_least: int = 0) -> None:
         """Actors that run now (placed by the cluster since, or restarted by Ray) take steps;
@@ -317,7 +320,8 @@ class RayEngine:
         """A task of ``actor``'s came back from process ``pid``, with its stage timings and
         when it began (wall clock: machines' agree to NTP's skew); kept if since the reset."""
         if timings[-1] >= time.time() - (time.monotonic() - self.gauges.reset_at):
-            self.gauges.makers[actor].absorb(timings[:-1])
+            self.gauges.makers[actor].absorb(timings[:-2])
+            self.gauges.makers[actor].add_queued(timings[-2])
         # restarted by Ray with no task lost: it had none in flight, or Ray made them again
         # (its max_task_retries)
         if pid != self._pids[actor]:
@@ -386,6 +390,8 @@ class RayEngine:
     def close(self) -> None:
         """Kills the actors (not where Ray was shut down: its call would start Ray anew) and
         drops the maker's object; idempotent. A run waiting meanwhile says it was closed."""
+        if not self._closed:
+            self._closed_with = len(self._alive)
         self._closed = True
         for actor in range(len(self._actors) if session(self._ray) == self._session else 0):
             self.cancel_actor(actor)

@@ -26,6 +26,7 @@ import cloudpickle
 import numpy as np
 
 from jaxloader.base import read_threads
+from jaxloader.base.stats import queued_s
 from jaxloader.batching import jit_cpu
 from jaxloader.engines.in_process import Maker
 from jaxloader.runtime import worker_info
@@ -68,7 +69,7 @@ class MakerActor:
         """The batches of steps ``first .. first + count - 1`` (one object, one message),
         the task's stage timings (``jaxloader.base.timings``, as a local worker sends them)
         and this process's pid."""
-        began, cpu = self._clock(trace)
+        began, cpu, queued = self._clock(trace)
         made: list = []
         try:
             for step in range(first, first + count):
@@ -77,13 +78,13 @@ class MakerActor:
             raise
         except BaseException as e:  # noqa: BLE001 - the batches before it are handed out, then
             # this is raised (a transform's sys.exit() too, which ended the actor)
-            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
-        return made, self._timings(began, cpu), os.getpid(), None
+            return made, self._timings(began, cpu, queued), os.getpid(), failed(-1, step, e)
+        return made, self._timings(began, cpu, queued), os.getpid(), None
 
     def make_stream(self, first: int, count: int, stride: int, reset: list | None,
                     trace: bool = False) -> tuple[list, tuple, int, Failed | None]:
         """A stream's task (``make_stream`` below), its stage timings and this pid."""
-        began, cpu = self._clock(trace)
+        began, cpu, queued = self._clock(trace)
         made: list = []
         try:
             make_stream(self._maker, first, count, stride, reset, made)
@@ -91,21 +92,23 @@ class MakerActor:
             raise
         except BaseException as e:  # noqa: BLE001 - (sys.exit() too, as make's)
             step = first + len(made) * stride
-            return made, self._timings(began, cpu), os.getpid(), failed(-1, step, e)
-        return made, self._timings(began, cpu), os.getpid(), None
+            return made, self._timings(began, cpu, queued), os.getpid(), failed(-1, step, e)
+        return made, self._timings(began, cpu, queued), os.getpid(), None
 
-    def _clock(self, trace: bool) -> tuple[float, float]:
+    def _clock(self, trace: bool) -> tuple[float, float, float]:
         if (self._maker.clock.trace is not None) != trace:  # (a profile's timeline asked for)
             self._maker.clock.trace = [] if trace else None
-        return time.perf_counter(), time.process_time()
+        return time.perf_counter(), time.process_time(), queued_s(os.getpid())
 
-    def _timings(self, began: float, cpu: float) -> tuple:
-        """The task's stage timings, and when it began by the wall clock (the training
+    def _timings(self, began: float, cpu: float, queued: float) -> tuple:
+        """The task's stage timings, the seconds this process waited for a core meanwhile
+        (read here: the training process has no /proc of another machine's, and took a
+        core's wait for a read's), and when it began by the wall clock (the training
         process drops those of a task begun before its ``reset_stats()``: an actor's
         monotonic clock may be another machine's)."""
         busy = time.perf_counter() - began
         return (busy, time.process_time() - cpu, *self._maker.clock.take(busy),
-                time.time() - busy)
+                queued_s(os.getpid()) - queued, time.time() - busy)
 
 
 def make_stream(maker: Any, first: int, count: int, stride: int, reset: list | None,

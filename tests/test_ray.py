@@ -432,6 +432,21 @@ def check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster):
     assert 0 < busy <= stats.wall_s + 0.05, stats
 
 
+def check_the_actors_waits_for_a_core_are_counted_and_their_count_kept_at_close(cluster):
+    # an actor's time waiting for a core was 0 (not read where it runs), so diagnose() took
+    # three busy actors on this machine's two cores for transforms waiting on I/O, and
+    # advised more actors; and after close it took the loader for one of num_workers=0
+    source = jl.ArraySource({"x": np.arange(592)})
+    with jl.DataLoader(source, batch_size=16, num_epochs=1, transforms=[jl.Map(busy_2ms)],
+                       process_index=0, process_count=1, workers=RayWorkers(3)) as on_ray:
+        list(on_ray)
+        stats = on_ray.stats
+    assert sum(w.queued_s for w in stats.workers) > 0, stats
+    assert all(w.queued_s <= w.busy_s - w.cpu_s + 1e-9 for w in stats.workers), stats
+    assert on_ray.num_workers == on_ray.stats.num_workers == 3
+    assert on_ray.diagnose().num_workers == 3
+
+
 def check_what_cannot_go_to_the_actors_is_named(cluster):
     lock = threading.Lock()
 
@@ -594,6 +609,7 @@ def test_ray_workers_on_a_cluster_of_three_nodes(cluster, caplog, monkeypatch, t
     check_a_transform_error_comes_after_the_batches_before_it_with_its_traceback(cluster)
     check_what_cannot_go_to_the_actors_is_named(cluster)
     check_after_reset_stats_the_actors_timings_are_of_work_begun_since(cluster)
+    check_the_actors_waits_for_a_core_are_counted_and_their_count_kept_at_close(cluster)
     check_a_close_from_another_thread_says_the_loader_was_closed(cluster)
     check_actors_see_the_training_scripts_argv(cluster, monkeypatch, tmp_path)
     check_a_run_left_early_cancels_nothing_and_tasks_are_sized_by_time(cluster, monkeypatch)

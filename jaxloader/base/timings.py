@@ -227,6 +227,7 @@ class StageTotals:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.busy_s = self.cpu_s = 0.0
+        self.queued_s = 0.0  # (sent by a remote maker; a local one's read from /proc here)
         self.batches = self.records = self.bytes = 0
         self.trace: list = []  # (stage, start, end), the last TRACE_KEEP
         self._queued: deque = deque()  # absorbed, not yet added (append, popleft: atomic)
@@ -268,6 +269,11 @@ class StageTotals:
     def add(self, stage: str, seconds: float) -> None:
         with self._folding:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    def add_queued(self, seconds: float) -> None:
+        """Seconds its process waited for a core, as it measured them (a Ray actor's)."""
+        with self._folding:
+            self.queued_s += seconds
 
 
 class Gauges:

@@ -69,9 +69,8 @@ class Progress:
 
     def stats(self, gauges: Gauges, pids: list[int], num_workers: int,
               local: bool = True) -> LoaderStats:
-        """The stats of the consumer's side with the engine's ``gauges`` (see ``LoaderStats``);
-        ``pids``: the makers', in their order; ``local``: processes of this machine (their
-        time waiting for a core read from /proc; not a Ray actor's)."""
+        """The stats of the consumer's side with the engine's ``gauges`` (``LoaderStats``);
+        ``pids``: the makers', in order; ``local``: this machine's (/proc read here)."""
         stages: dict[str, float] = {}
         workers, made, records, nbytes = [], 0, 0, 0
         for i, totals in enumerate(gauges.makers):
@@ -80,10 +79,11 @@ class Progress:
                 stages[stage] = stages.get(stage, 0.0) + spent
             made, records, nbytes = (made + totals.batches, records + totals.records,
                                      nbytes + totals.bytes)
-            if pids:
+            if pids:  # (a remote maker's time waiting for a core: sent with its tasks)
                 pid = pids[i] if i < len(pids) else 0
-                queued = min(max(0.0, self.keep_queued([pid]) - self.queued_from.get(pid, 0.0)),
-                             max(0.0, totals.busy_s - totals.cpu_s)) if pid and local else 0.0
+                queued = min(max(0.0, self.keep_queued([pid]) - self.queued_from.get(pid, 0.0)
+                                 if local else totals.queued_s) if pid else 0.0,
+                             max(0.0, totals.busy_s - totals.cpu_s))
                 # (at most the tasks' time off their CPU: waits outside tasks are not theirs)
                 workers.append(WorkerStats(i, pid, totals.batches, totals.records, totals.bytes,
                                            totals.busy_s, totals.cpu_s, mine, queued))
