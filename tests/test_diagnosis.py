@@ -632,6 +632,17 @@ def test_cores_taken_by_other_processes_are_not_advised_as_idle():
     assert not any("idle" in a for a in d.advice), d
     alone = stats._replace(workers=(worker._replace(cpu_s=2.8, queued_s=0.0),))
     assert "1 of 2 cores idle" in diagnose(alone, num_workers=1, cores=2).advice[0]
+    # Ray actors (their queueing measured where they run): their nodes' cores are full, not
+    # "the transforms wait (files, the network, sleeps, locks)", nor "more of them"
+    d = diagnose(stats, num_workers=1, cores=2, remote=True)
+    assert d.advice[0].startswith("the Ray actors waited for a core 62% of their busy time: "
+                                  "their nodes' cores are taken"), d
+    assert not any("RayWorkers(n=" in a for a in d.advice), d
+    # an actor lost: three actors' shares over the two in use were "busy" above 100%
+    three = tuple(worker._replace(worker=i, busy_s=2.5, cpu_s=2.5, queued_s=0.0)
+                  for i in range(3))
+    lost = stats._replace(workers=three, num_workers=2)
+    assert "busy 100% of the time" in str(diagnose(lost, num_workers=2, cores=8, remote=True))
 
 
 def test_the_stats_give_each_workers_time_waiting_for_a_core():

@@ -172,7 +172,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     # (a bigger slot asked of the training process: its work, not the worker's)
     shares = [min(1.0, max(0.0, w.busy_s - w.stages.get(SLOT_WAIT, 0.0) - sum(
         v for k, v in w.stages.items() if once(k))) / steady) for w in stats.workers]
-    busy = sum(shares) / max(1, stats.num_workers or len(shares)) if shares else 0.0
+    busy = min(1.0, sum(shares) / max(1, stats.num_workers or len(shares))) if shares else 0.0
+    # (at most 1: a Ray actor lost, or a worker parked, leaves its share over fewer in use)
     slot_s = sum(w.stages.get(SLOT_WAIT, 0.0) for w in stats.workers)
     # the steps timed: one between each two batches, and one before a window's first
     steps = max(1, per if stats.window else per - 1)
@@ -301,13 +302,17 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                                  "more processes (a source read record by record, safe on "
                                  "several threads; a MapSource's function runs on them where "
                                  "its own source is such a one)")
-        elif queued >= CONTENDED and not remote and num_workers < cores:  # (the cores this
+        elif queued >= CONTENDED and (remote or num_workers < cores):  # (the cores this
             # loader leaves are not idle: its workers' own queueing needs more than the cores)
-            advice.insert(0, f"the workers waited for a core {queued:.0%} of their busy time: "
-                             "other processes hold the cores (another loader's workers, the "
-                             "training step's threads), so more workers would not make "
-                             "batches sooner; make the work a record cheaper, or give the "
-                             "other processes fewer cores")
+            advice.insert(0, (
+                f"the Ray actors waited for a core {queued:.0%} of their busy time: their "
+                "nodes' cores are taken (other actors, the training process on the head node), "
+                "so more actors there would not make batches sooner; add nodes or CPUs to the "
+                "cluster, or make the work a record cheaper" if remote else
+                f"the workers waited for a core {queued:.0%} of their busy time: other "
+                "processes hold the cores (another loader's workers, the training step's "
+                "threads), so more workers would not make batches sooner; make the work a "
+                "record cheaper, or give the other processes fewer cores"))
         elif idle > 0:
             workers = fit(num_workers + idle)  # (none where no count the loader takes is more)
             if workers > num_workers:
