@@ -1171,13 +1171,21 @@ def test_a_pass_starts_long_waits_are_said_not_blamed_on_the_training_process():
                         first_batch_s=0.03, stalls=1, stalled_s=0.23)
     d = diagnose(stats, num_workers=1, cores=4)
     assert d.bottleneck == "step", d
-    assert "96% of it in 1 long wait(s) (230 ms each) as a pass started" in d.advice[0], d.advice
+    assert "96% of it in 1 long wait(s) (230 ms each) as passes started" in d.advice[0], d.advice
     assert diagnose(stats._replace(stalls=0, stalled_s=0.0), 1, 4).bottleneck == "main"  # before
     spread = stats._replace(stalls=20, stalled_s=0.23)  # (a wait at most steps: not a stall)
     assert diagnose(spread, num_workers=1, cores=4).bottleneck != "step"
     short = stats._replace(wait_s=2.03, stalled_s=2.0)  # (most of the time: short passes'
     d = diagnose(short, num_workers=1, cores=4)  # starts are the input's limit: the review)
     assert d.bottleneck != "step" and "long wait(s) as passes started" in d.advice[-1], d
+    # (the Ray audit) with no workers, or an endless loader, no pass starts nor first tasks,
+    # and num_epochs=None is no remedy: the run's start, a slow first read, said as such
+    for workers, endless, said in ((0, False, "early in a pass (a slow first read"),
+                                   (1, True, "as the run started and the workers made")):
+        d = diagnose(short, num_workers=workers, cores=4, endless=endless)
+        assert said in d.advice[-1] and "num_epochs" not in d.advice[-1], d
+    d = diagnose(stats, num_workers=1, cores=4, endless=True)
+    assert "as the run started" in d.advice[0] and "num_epochs" not in d.advice[0], d
 
 
 def test_stats_since_something_other_than_stats_is_refused_naming_what_it_takes():

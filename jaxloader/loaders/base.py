@@ -337,7 +337,8 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
                         placed_in_thread=put is None or put.single_device,
                         read_threads=getattr(getattr(self, "_maker", None), "threaded_reads",
                                              None), mapped=mapped_functions(
-                                                 getattr(self, "_source", None)))
+                                                 getattr(self, "_source", None)),
+                        endless=self.num_epochs is None)
 
     def reset_stats(self) -> None:
         """Starts the counts and timings again (e.g. after a warm-up)."""

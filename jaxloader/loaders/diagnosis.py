@@ -126,7 +126,7 @@ class Diagnosis(NamedTuple):
 def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
              counts: list[int] | None = None, remote: bool = False,
              placed_in_thread: bool = True, read_threads: int | None = None,
-             mapped: Sequence[str] = ()) -> Diagnosis:
+             mapped: Sequence[str] = (), endless: bool = False) -> Diagnosis:
     """The verdict on ``stats`` of a loader with ``num_workers`` workers (see the module
     docstring); ``cores``: those this process may use (default: its affinity); ``counts``: the
     worker counts the loader takes (a ``StreamLoader``'s divide its readers; None: any), which
@@ -135,7 +135,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     the device-put thread (one device), not in the training thread (several: ``prefetch``);
     ``read_threads``: the threads a worker reads a batch's records on (a ``DataLoader``'s;
     ``None`` for a loader without them); ``mapped``: the functions the source runs as it
-    reads (``mapped_functions``), timed as reading."""
+    reads (``mapped_functions``), timed as reading; ``endless``: ``num_epochs=None`` (no
+    pass starts after the first)."""
     if stats.batches < 2:
         raise JaxloaderError(
             f"diagnose(): {stats.batches} batch(es) handed out " + (
@@ -177,7 +178,12 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
     slot_s = sum(w.stages.get(SLOT_WAIT, 0.0) for w in stats.workers)
     # the steps timed: one between each two batches, and one before a window's first
     steps = max(1, per if stats.window else per - 1)
-    now_s = steady / steps  # seconds a batch now
+    now_s = max(1e-12, steady - stall) / steps  # seconds a batch now (the start's long waits
+    # once: not a batch's)
+    # those long waits: passes' starts, each with the workers' first tasks; else the run's
+    starts = ("as passes started and the workers made their first tasks" if num_workers and
+              not endless else "as the run started and the workers made their first tasks"
+              if num_workers else "early in a pass (a slow first read or transform?)")
     step_s = stats.run_s / steps  # the training step's, between batches
     made_count = max(1, stats.batches_made)
     work_s = (max(0.0, busy_s - compiled - slot_s) if stats.workers else made_total) / \
@@ -241,9 +247,9 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
         advice.insert(0, f"input keeps up: the training loop waited {wait_fraction:.0%} of "
                          "its time for batches" + (
                              f", {stall / waited:.0%} of it in {stats.stalls} long wait(s) "
-                             f"({1e3 * stall / stats.stalls:.0f} ms each) as a pass started and "
-                             f"the workers made their first tasks, {calm:.0%} "
-                             "otherwise; longer passes (num_epochs=None) stall less often"
+                             f"({1e3 * stall / stats.stalls:.0f} ms each) {starts}, {calm:.0%} "
+                             "otherwise" + ("; longer passes (num_epochs=None) stall less "
+                                            "often" if "passes" in starts else "")
                              if stall else ""))
         if num_workers > 1 and busy < 0.5:
             fewer = fit(max(1, round(num_workers * busy / 0.8)))
@@ -370,8 +376,8 @@ def diagnose(stats: LoaderStats, num_workers: int, cores: int | None = None,
                       "decoder?) is timed as reading; workers share it as they share "
                       "transforms, and a loader Map (where every part takes it) is timed apart")
     if stall and bottleneck != "step":  # (most of the time: short passes' starts limit it)
-        advice.append(f"{stall / waited:.0%} of the wait in {stats.stalls} long wait(s) as "
-                      "passes started and the workers made their first tasks: longer passes "
-                      "(num_epochs=None, or more steps a pass) start less often")
+        advice.append(f"{stall / waited:.0%} of the wait in {stats.stalls} long wait(s) "
+                      f"{starts}" + (": longer passes (num_epochs=None, or more steps a pass) "
+                                     "start less often" if "passes" in starts else ""))
     return Diagnosis(bottleneck, stages, tuple(advice), stats.batches, wait_fraction,
                      num_workers, stats.batches_made)
