@@ -271,8 +271,9 @@ class StreamLoader(LoaderLifecycle, StreamPositions, StreamAttributes, Generic[B
         assert self._until is not None
         votes = None if self._votes is None else functools.partial(  # (names one that failed)
             self._votes.ask, step=step, gone=lambda: generation != self._progress.generation)
-        done = passes.everywhere(all(passes.done(self._fold(step), self._until)),
-                                 self.process_count, votes)
+        done = passes.everywhere(all(passes.done(self._fold(step), self._until)),  # (a profile,
+                                 1 if self._probing else self.process_count, votes)  # one
+        # process's: its own readers, not a collective the others never join)
         if generation == self._progress.generation:  # (no call between the test and the set)
             self._ended = done
         return done

@@ -90,6 +90,10 @@ profiled = loader(num_epochs=None)
 if not other:  # (a profile on one process alone puts the position back: not compared)
     jl.profile(profiled, steps=3, out=None)
 run("profiled", profiled)
+profiled_pass = jl.StreamLoader(lines, batch_size=2, num_epochs=1)
+if not other:  # (whether its pass ended was asked of every process, which never joined: hung)
+    jl.profile(profiled_pass, steps=3, out=None)
+run("profiled_pass", profiled_pass)
 assert not logged, logged  # (nothing waited for so far)
 if not other:
     from jaxloader.sharding import hosts

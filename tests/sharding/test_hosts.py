@@ -21,7 +21,7 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
     lines = [dict(line.split(" ", 1) for line in out.splitlines()
                   if line.split(" ")[0] in CASES) for out in outs]
     for host in lines:
-        for case in ("alike", "late", "stream", "profiled"):
+        for case in ("alike", "late", "stream", "profiled", "profiled_pass"):
             assert host[case].startswith("ok "), (case, host[case])
         for case in ("seed", "batch_size", "step", "stream_seed", "stream_epochs", "files",
                      "stream_shuffle", "index", "stream_index", "stream_epochs_restored"):
@@ -63,7 +63,8 @@ def test_hosts_whose_loaders_differ_are_refused_naming_the_setting_and_alike_one
 
 CASES = {"alike", "seed", "batch_size", "step", "late", "data", "data_warned", "files", "index",
          "stream_index", "stream_epochs_restored", "stream",
-         "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "missing"}
+         "stream_seed", "stream_epochs", "stream_shuffle", "profiled", "profiled_pass",
+         "missing"}
 
 
 def test_a_host_alike_with_process_0_is_told_when_process_0_refused_a_third():
