@@ -24,6 +24,7 @@ from jaxloader.sharding.pass_votes import PassVotes
 _named: dict[str, int] = {}  # loaders of a kind named so far in this process
 _published = [0]  # iter()s that published in this process, of any loader
 _gone: list[tuple[int, Store, list[str]]] = []  # keys of loaders gone: (_published then, ...)
+_gone_votes: list[tuple[Store, list[str]]] = []  # the pass votes loaders gone left
 _lock = threading.Lock()
 
 
@@ -100,11 +101,16 @@ class Pairing:
         """The loader is gone: its settings and verdicts of its last two ``iter()``s go at the
         second ``iter()`` after of any loader here, as its own do two ``iter()``s on (a loader
         made anew for each evaluation left them for good). A host that has not read them then
-        waits its bounded wait and is said to be late; pass votes, which a host waits on with
-        no bound, stay. No lock: it runs in a collection, which may come in ``publish``."""
+        waits its bounded wait and is said to be late. Its pass votes, which a host waits on
+        with no bound, go once every process has voted at a step of another ``iter()``
+        (``_drop_gone_votes``; each is then past this loader's: one made anew for each
+        evaluation left its last vote for good). No lock: it runs in a collection, which may
+        come in ``publish``."""
         if self._store is not None:
             _gone.append((_published[0], self._store[0],
                           self._keys(max(0, self.count - 2), self.count)))
+            if self.voted:
+                _gone_votes.append((self._store[0], list(self.voted)))
 
     def votes(self, process_count: int) -> PassVotes | None:
         """The last ``iter()``'s votes on whether a stream's pass has ended (``pass_votes``):
@@ -125,7 +131,19 @@ class Pairing:
                 pass
             self.voted.remove(key)
         return PassVotes(store, f"{_PREFIX}/{self.name}/{n}-pass/", me, process_count,
-                         self.kind, self.voted)
+                         self.kind, self.voted, _drop_gone_votes)
+
+
+def _drop_gone_votes() -> None:
+    """Every process voted at a step: each is past the passes of the loaders gone before
+    (their consumers asked their last votes first), whose last votes go."""
+    while _gone_votes:
+        store, keys = _gone_votes.pop()
+        for key in keys:
+            try:
+                store.key_value_delete(key)
+            except Exception:  # noqa: BLE001 (the store's; a key left is no harm)
+                pass
 
 
 def _jax_store(process_count: int) -> tuple[Store | None, int | None]:

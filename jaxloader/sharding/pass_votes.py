@@ -15,7 +15,8 @@ step. Either is written once more in a folder of its own, which a process waitin
 between waits (one late, or at another step, asks where those votes are not). Every process
 of a run votes where ``jax.distributed`` runs it (``Pairing.votes``), or none does. A
 process's older votes go once every process has voted at a step (each is then done with the
-steps before), its failures' too.
+steps before), its failures' too; a loader's last ones once it is gone and every process has
+voted at a step of another ``iter()`` (``Pairing``).
 
 Example:
     >>> class Store(dict):  # (jax.distributed's client's calls, in memory)
@@ -67,9 +68,11 @@ class PassVotes:
     wrote and has not deleted yet, kept by its loader across ``iter()`` calls."""
 
     def __init__(self, store: Any, prefix: str, me: int, count: int, owner: str,
-                 voted: list[str]) -> None:
+                 voted: list[str], all_voted: Callable[[], None] = lambda: None) -> None:
+        """``all_voted``: called where every process has voted at a step (``Pairing``'s: the
+        last votes of loaders gone before, which no process waits on any more, go then)."""
         self.store, self.prefix, self.me, self.count, self.owner = store, prefix, me, count, owner
-        self._voted = voted
+        self._voted, self._all_voted = voted, all_voted
         self._failed_at: str | None = None  # where this process's next() failed, if it did
         self._told = False
 
@@ -100,6 +103,7 @@ class PassVotes:
                     if old != mine:
                         self.store.key_value_delete(old)
                 self._voted[:] = [mine]
+                self._all_voted()
                 return all(value == "1" for value in votes.values())
             if gone():
                 from jaxloader.sharding.prefetch import Stopped

@@ -424,3 +424,32 @@ def test_a_loader_gone_leaves_no_keys_in_the_store(monkeypatch):
     kept = len(store.values)
     evaluate(20)
     assert 0 < len(store.values) <= kept <= 6, sorted(store.values)
+
+
+def test_a_stream_loader_gone_leaves_its_last_pass_votes_till_another_step_is_voted(
+        monkeypatch):
+    # a pass's votes went as every process voted at a later step of it: its last step's
+    # stayed, so a StreamLoader(num_epochs=1) made anew for each evaluation left one key a
+    # process in the store for good (30 evaluations on two hosts: 69 keys, growing; the
+    # sharding audit). Once it is gone and every process voted at another iter()'s step,
+    # each is past its pass: its last votes go then, not before
+    store = Store()
+    monkeypatch.setattr(pairs, "_jax_store", lambda count: (store, 0))
+
+    def a_pass():
+        pairing = pairs.Pairing("StreamLoader")
+        pairing.publish({"seed": 0}, 2, store=store, me=0)
+        votes = pairing.votes(2)
+        for step in range(3):
+            store.key_value_set(f"{votes.prefix}{step}/1", "1")  # (the other process's)
+            assert votes.ask(step == 2, step) is (step == 2)
+        return pairing
+
+    gone = a_pass()
+    last = [key for key in store.values if f"/{gone.name}/" in key and key.endswith("-pass/2/0")]
+    assert len(last) == 1
+    gone.forget()
+    assert last[0] in store.values  # (till every process votes at another step)
+    kept = a_pass()
+    assert last[0] not in store.values
+    assert any(key.endswith("-pass/2/0") for key in kept.voted)  # (a loader alive: its own)
