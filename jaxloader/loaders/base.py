@@ -107,7 +107,10 @@ class LoaderLifecycle(not_pickled.NotPickled, OrbaxV1):
         batch_size, index, count = self._placement
         import jax
 
-        if count != jax.process_count():  # (it failed at the first batch, "divide evenly")
+        here = [d.process_index == jax.process_index() for s in jax.tree_util.tree_leaves(
+            sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)) for d in
+                getattr(s, "device_set", ())]  # (a mesh of this process's devices alone:
+        if count != jax.process_count() and not (count == 1 and all(here)):  # its own batch)
             raise ConfigError(
                 f"sharding= with process_count={count}, where JAX runs {jax.process_count()} "
                 "process(es) (jax.process_count()): a sharded batch is one global jax.Array "

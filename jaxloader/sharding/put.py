@@ -204,15 +204,20 @@ class Putter:
                     if d.process_index == me}
             rows = tuple(sorted({r for start, stop in held for r in range(start, stop)}))
             if len(rows) != B:
+                remedy = (
+                    "its mesh holds this process's devices alone (jax.local_devices()); make "
+                    "the mesh over every process's, jax.devices() (jax.make_mesh), so that the "
+                    "batch axis spans the processes"
+                    if all(d.process_index == me for d in s.device_set) else
+                    "the batch axis is not split across the processes; shard it over a mesh "
+                    "axis that spans them (data_sharding(mesh, 'data'), 'data' first in the "
+                    "mesh), or give each process the whole batch and place it yourself: drop "
+                    f"sharding= and pass process_index=0, process_count=1, batch_size={G}, "
+                    "then each step jax.make_array_from_process_local_data(sharding, batch)")
                 raise ConfigError(
                     f"sharding: {s} gives this process's devices {len(rows)} rows of the "
                     f"global batch of {G}, where each of the {self.process_count} processes "
-                    f"reads its batch_size={B}: the batch axis is not split across the "
-                    "processes; shard it over a mesh axis that spans them "
-                    "(data_sharding(mesh, 'data'), 'data' first in the mesh), or give each "
-                    "process the whole batch and place it yourself: drop sharding= and pass "
-                    f"process_index=0, process_count=1, batch_size={G}, then each step "
-                    "jax.make_array_from_process_local_data(sharding, batch)")
+                    f"reads its batch_size={B}: {remedy}")
             found.setdefault(rows, (jax.tree_util.keystr(path), s))
         if len(found) > 1:
             (one, (at, s)), (other, (other_at, other_s)) = list(found.items())[:2]

@@ -91,4 +91,14 @@ try:  # of its devices in its own mesh, the same rows as the other (half the dat
         next(iter(loader))
 except jl.ConfigError as e:
     print("own meshes refused:", e)
+local = jl.data_sharding(Mesh(np.array(mine), ("data",)))  # this process's devices alone
+try:  # (its remedy was process_count=1 and make_array_from_process_local_data: the same rows)
+    with jl.DataLoader(source, batch_size=4, sharding=local) as loader:
+        next(iter(loader))
+except jl.ConfigError as e:
+    print("local mesh refused:", e)
+with jl.DataLoader(source, batch_size=4, sharding=local, process_index=0,  # (each process's
+                   process_count=1) as loader:  # own batch on its own devices: was refused)
+    placed = next(iter(loader))["y"]
+    print("local mesh by hand", placed.shape, placed.is_fully_addressable)
 print("done", process_id)

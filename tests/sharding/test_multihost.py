@@ -87,6 +87,11 @@ def test_a_mesh_in_another_order_than_the_processes_gives_one_process_batches(tm
     swapped = [line for line in lines if line.startswith("swapped refused:")]
     assert len(swapped) == 1 and "process_index=1: this is JAX's process 0 of 2" in swapped[0] \
         and "pass jax.process_index()" in swapped[0], outs[0]
+    for out in outs:  # a mesh of jax.local_devices(): said so; with process_count=1, placed
+        local = [line for line in out.splitlines() if line.startswith("local mesh")]
+        assert len(local) == 2 and "its mesh holds this process's devices alone (jax." \
+            "local_devices()); make the mesh over every process's" in local[0], out
+        assert local[1] == "local mesh by hand (4,) True", out
     for out in outs:  # (each process's mesh its own devices first: both read the same rows)
         own = [line for line in out.splitlines() if line.startswith("own meshes refused:")]
         assert len(own) == 1 and "differ at this iter() (meshes: process" in own[0] and (
